@@ -1,0 +1,65 @@
+"""Types shared by the corpus (search), the egress gate and the knowledge-query hooks.
+
+A :class:`Hit` is one retrieved chunk *before* the egress gate: it still knows its real
+origin (``root_path``, ``rel_path``) so the gate can check policy and serve-time origin;
+only the fields the envelope copies (source id, text preview, location, provenance) may
+leave the machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Root:
+    """A registered source root.
+
+    Attributes:
+        prefix: the virtual prefix without slashes, e.g. ``python-docs-3.11`` (DESIGN §10:
+            the basename, ``-2``, ``-3``… on collisions; persisted, never renamed).
+        path: the real absolute folder (never sent to a peer).
+        chunker: chunker name (``recursive`` in the first cut).
+        chunk_size: characters per chunk (ceiling).
+        chunk_overlap: characters of overlap (ceiling, < chunk_size).
+    """
+
+    prefix: str
+    path: str
+    chunker: str = "recursive"
+    chunk_size: int = 1200
+    chunk_overlap: int = 150
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved chunk, ordered by ``score`` (descending) then ``chunk_id``.
+
+    Attributes:
+        chunk_id: stable chunk identifier (``<doc_id>#<ordinal>``-like, opaque to peers).
+        source_id: canonical source id ``/<prefix>/<relative path>`` (DESIGN §1).
+        text: the chunk text.
+        score: fused score (> 0; a zero-score hit is never returned).
+        score_components: per-pass scores, e.g. ``{"bm25": 7.1, "exact": 0.0}``.
+        location: citation location, e.g. ``{"lineStart": 10, "lineEnd": 42,
+            "headingPath": ["tempfile", "Examples"]}``.
+        content_hash: SHA-256 hex of the document's bytes at indexing time.
+        indexed_at: RFC 3339 UTC time the document was indexed.
+        root_prefix: the root's prefix (``None`` for datasource records).
+        rel_path: path relative to the root, ``/``-separated (``None`` for records).
+        metadata: optional ``date``, ``project``, ``tags``, ``workType``, ``lifecycle``,
+            ``sourceSet``, ``agent`` values.
+    """
+
+    chunk_id: str
+    source_id: str
+    text: str
+    score: float
+    score_components: dict[str, float] = field(default_factory=dict)
+    location: dict[str, Any] = field(default_factory=dict)
+    content_hash: str = ""
+    indexed_at: str = ""
+    root_prefix: str | None = None
+    rel_path: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""Protocols shipped with Kith (package data; see protocols/*/README.md)."""
