@@ -100,12 +100,16 @@ CODES: dict[str, tuple[str, str]] = {
     "session-duplicate": ("community", "That session proof was already recorded."),
     "session-invalid": ("community", "The session proof does not verify."),
     "invitation-duplicate": ("community", "An invitation with that post_id already exists."),
+    "method-not-allowed": ("community", "That HTTP method is not allowed on this route."),
+    "server-start-failed": ("community", "The community server could not listen on that address."),
+    "server-not-public": ("community", "Refusing to serve on a non-loopback address without --public."),
     # --- corpus ---------------------------------------------------------------------------
     "root-not-found": ("corpus", "The folder to index does not exist or is not a directory."),
     "root-exists": ("corpus", "That folder is already a source root."),
     "index-locked": ("corpus", "Another process is writing the index."),
     "index-unavailable": ("corpus", "The index is missing or unreadable."),
     "query-invalid": ("corpus", "The search request is not valid."),
+    "corpus-readonly": ("corpus", "This corpus handle is read-only; it can only search."),
     # --- policy ---------------------------------------------------------------------------
     "policy-invalid": ("policy", "The policy file is not valid."),
     "policy-bad-glob": ("policy", "The policy glob is not valid."),

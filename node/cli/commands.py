@@ -1,0 +1,1 @@
+"""Core commands: init, host, join, protocol (registered on import)."""

@@ -1,0 +1,62 @@
+"""Shared CLI plumbing: the per-invocation state, JSON output, and error reporting.
+
+Every command gets the node home from :func:`home_of` and prints data with
+:func:`emit_json` (stdout carries only JSON in ``--json`` mode, DESIGN §13) or through
+:data:`console`; logs, progress and warnings go to :data:`err_console` (stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from node.home import resolve_home
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+@dataclass
+class CliState:
+    """Options given before the sub-command (``kith --home D --debug <command>``)."""
+
+    home_arg: str | None = None
+    debug: bool = False
+    _home: Path | None = None
+
+    @property
+    def home(self) -> Path:
+        """The resolved node home (created on first use)."""
+        if self._home is None:
+            self._home = resolve_home(self.home_arg)
+        return self._home
+
+
+def state_of(ctx: typer.Context) -> CliState:
+    """Return the :class:`CliState` stored on the root context."""
+    root = ctx.find_root()
+    if not isinstance(root.obj, CliState):
+        root.obj = CliState()
+    return root.obj
+
+
+def home_of(ctx: typer.Context) -> Path:
+    """Return the node home for this invocation (``--home``, ``$KITH_HOME`` or default)."""
+    return state_of(ctx).home
+
+
+def emit_json(obj: Any) -> None:
+    """Print one JSON document on one line to stdout and flush (JSON-Lines friendly)."""
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def warn(message: str) -> None:
+    """Print a warning line to stderr."""
+    err_console.print(f"[yellow]warning:[/yellow] {message}", highlight=False)

@@ -1,0 +1,104 @@
+"""The ``kith`` command: one dispatcher that maps :class:`node.errors.KithError` to a
+message on stderr (or a JSON error object in ``--json`` mode) and an exit code
+(0 ok, 1 failure, 2 usage; DESIGN §13). ``--debug`` shows tracebacks instead.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import click
+import typer
+
+from node.cli.common import err_console, state_of
+from node.errors import KithError
+
+app = typer.Typer(
+    name="kith",
+    help=(
+        "Kith: share what you know, peer to peer. A Host indexes a local folder and "
+        "publishes a signed invitation; a Guest joins it by post_id over iroh QUIC and "
+        "asks questions; an egress policy decides what may leave the Host's machine."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    home: Optional[str] = typer.Option(
+        None, "--home", envvar="KITH_HOME", metavar="DIR",
+        help="Node home (identity, corpus, policy). Default: $KITH_HOME or the platform data dir.",
+    ),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+) -> None:
+    st = state_of(ctx)
+    st.home_arg = home
+    st.debug = debug
+
+
+def _register() -> None:
+    """Attach every sub-command module (each owns its own Typer app or commands)."""
+    from node.cli import commands  # noqa: F401  (registers init/host/join/protocol)
+
+    for modname, attr, name in (
+        ("node.cli.index_cmd", "index_app", "index"),
+        ("node.cli.policy_cmd", "policy_app", "policy"),
+        ("node.cli.community_cmd", "community_app", "community"),
+    ):
+        try:
+            mod = __import__(modname, fromlist=[attr])
+        except ModuleNotFoundError as exc:
+            if exc.name != modname:
+                raise
+            continue
+        app.add_typer(getattr(mod, attr), name=name)
+    try:
+        from node.cli.index_cmd import search_cmd
+    except ImportError:
+        pass
+    else:
+        app.command("search")(search_cmd)
+
+
+def _wants_json(argv: list[str]) -> bool:
+    return "--json" in argv
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: run the CLI and exit with its status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _register()
+    debug = "--debug" in argv
+    try:
+        app(args=argv, standalone_mode=False, prog_name="kith")
+    except KithError as exc:
+        if debug:
+            raise
+        if _wants_json(argv):
+            sys.stdout.write(json.dumps({"error": exc.to_dict()}) + "\n")
+        err_console.print(f"[red]error[/red] [{exc.code}]: {exc.message}", highlight=False)
+        if exc.hint:
+            err_console.print(f"  hint: {exc.hint}", highlight=False)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        err_console.print("aborted")
+        sys.exit(1)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2 if isinstance(exc, click.UsageError) else 1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

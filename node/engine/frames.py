@@ -1,0 +1,97 @@
+"""System frames (``action`` starting with ``_``) as typed msgspec structs (DESIGN §6).
+
+One struct per frame kind, tagged by ``action``; :func:`decode_system` converts an already
+decoded JSON object strictly (unknown fields and wrong types refused). Schemas for these
+frames are published in ``specs/frames.schema.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+from node.errors import ProtocolViolation
+
+
+class _Frame(msgspec.Struct, tag_field="action", forbid_unknown_fields=True, omit_defaults=True):
+    pass
+
+
+class SessionInit(_Frame, tag="_session_init"):
+    """Guest → Host, first frame: who the guest is and which post it joins."""
+
+    post_id: str
+    protocol_id: str
+    guest_public_key: str
+    guest_nonce: str
+    capabilities: list[str] = msgspec.field(default_factory=list)
+    profile: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class SessionProof(_Frame, tag="_session_proof"):
+    """Host → Guest: the session id, host nonce and the host's signature over the payload."""
+
+    session_id: str
+    host_public_key: str
+    host_nonce: str
+    host_signature: str
+    ui_offer: dict[str, Any] | None = None
+
+
+class SessionReady(_Frame, tag="_session_ready"):
+    """Guest → Host: the guest's signature; the session is live once the host verifies it."""
+
+    session_id: str
+    guest_signature: str
+
+
+class SessionReject(_Frame, tag="_session_reject"):
+    """Either side during the handshake: a refusal with a stable code, then close."""
+
+    code: str
+    message: str
+
+
+class Error(_Frame, tag="_error"):
+    """Either side after the handshake: an invalid message was refused (no echo of data)."""
+
+    code: str
+    message: str
+
+
+class Ping(_Frame, tag="_ping"):
+    """Heartbeat request; answered with :class:`Pong`."""
+
+    t: int | None = None
+
+
+class Pong(_Frame, tag="_pong"):
+    """Heartbeat answer."""
+
+    t: int | None = None
+
+
+SystemFrame = Union[SessionInit, SessionProof, SessionReady, SessionReject, Error, Ping, Pong]
+SYSTEM_ACTIONS = frozenset({"_session_init", "_session_proof", "_session_ready", "_session_reject",
+                            "_error", "_ping", "_pong"})
+
+
+def decode_system(obj: dict[str, Any]) -> SystemFrame:
+    """Convert a decoded frame whose action starts with ``_`` into its struct.
+
+    Raises:
+        ProtocolViolation: ``message-undeclared-action`` for an unknown system action,
+            ``handshake-malformed`` for wrong or missing fields.
+    """
+    if obj.get("action") not in SYSTEM_ACTIONS:
+        raise ProtocolViolation("message-undeclared-action", "unknown system frame")
+    try:
+        return msgspec.convert(obj, SystemFrame)
+    except msgspec.ValidationError as exc:
+        raise ProtocolViolation("handshake-malformed", f"{obj['action']}: {exc}") from None
+
+
+def to_dict(frame: SystemFrame) -> dict[str, Any]:
+    """A system frame as a JSON-ready dict (with its ``action``)."""
+    return msgspec.to_builtins(frame)

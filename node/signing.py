@@ -1,0 +1,164 @@
+"""Domain-separated, line-based signed payloads (DESIGN §4).
+
+A payload is a domain tag line followed by fixed ``label:value`` lines in a fixed order,
+joined by ``\\n`` and encoded as UTF-8. It is never JSON canonicalisation. Values are
+validated *before* building: no ``\\n`` (or ``\\r``) inside a value; keys, signatures and
+nonces are strict lowercase hex of the exact length (no uppercase, whitespace or ``0x``).
+
+Signatures are Ed25519 (pynacl) as 128 lowercase hex characters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+
+import nacl.exceptions
+import nacl.signing
+
+from node.errors import SigningError
+
+PUBLIC_KEY_HEX_LEN = 64
+SIGNATURE_HEX_LEN = 128
+NONCE_HEX_LEN = 64
+SHA256_HEX_LEN = 64
+
+TAG_TRANSPORT_BINDING = "kith-transport-binding-v1"
+TAG_SESSION = "kith-session-v1"
+TAG_SESSION_HOST = "kith-session-host-v1"
+TAG_SESSION_GUEST = "kith-session-guest-v1"
+TAG_REQUEST = "kith-request-v1"
+
+_HEX_RE = {n: re.compile(rf"[0-9a-f]{{{n}}}") for n in (64, 128)}
+
+
+def check_hex(value: object, length: int, field: str) -> str:
+    """Return ``value`` if it is strict lowercase hex of exactly ``length`` characters.
+
+    Raises:
+        SigningError: ``bad-hex`` naming ``field`` (uppercase, whitespace, ``0x``, wrong
+            length or a non-string all fail).
+    """
+    pattern = _HEX_RE.get(length) or re.compile(rf"[0-9a-f]{{{length}}}")
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
+        raise SigningError("bad-hex", f"{field} must be {length} lowercase hex characters")
+    return value
+
+
+def new_nonce() -> str:
+    """Return a fresh 32-byte random nonce as 64 lowercase hex characters."""
+    return secrets.token_hex(32)
+
+
+def sha256_hex(data: bytes) -> str:
+    """SHA-256 of ``data`` as 64 lowercase hex characters."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _line_value(value: object, field: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise SigningError("bad-payload-value", f"{field} must be a string")
+    text = str(value)
+    if "\n" in text or "\r" in text:
+        raise SigningError("bad-payload-value", f"{field} must not contain a line break")
+    return text
+
+
+def build_payload(tag: str, fields: list[tuple[str, object]]) -> bytes:
+    """Build ``tag\\nlabel:value\\n...`` (no trailing newline) as UTF-8 bytes.
+
+    Raises:
+        SigningError: ``bad-payload-value`` if a value contains a line break.
+    """
+    lines = [tag] + [f"{label}:{_line_value(value, label)}" for label, value in fields]
+    return "\n".join(lines).encode("utf-8")
+
+
+def transport_binding_payload(*, host_public_key: str, transport: str, ticket: str,
+                              protocol_id: str, expires_at: str) -> bytes:
+    """The transport-binding payload an invitation's host signs (DESIGN §4).
+
+    Lines: ``kith-transport-binding-v1``, ``host_public_key``, ``transport``, ``ticket``,
+    ``protocol_id``, ``expires_at`` (RFC 3339 UTC).
+
+    Raises:
+        SigningError: ``bad-hex`` for a malformed key or protocol id, ``bad-payload-value``
+            for a value with a line break.
+    """
+    check_hex(host_public_key, PUBLIC_KEY_HEX_LEN, "host_public_key")
+    check_hex(protocol_id, SHA256_HEX_LEN, "protocol_id")
+    return build_payload(TAG_TRANSPORT_BINDING, [
+        ("host_public_key", host_public_key), ("transport", transport), ("ticket", ticket),
+        ("protocol_id", protocol_id), ("expires_at", expires_at),
+    ])
+
+
+def session_payload(*, post_id: str, protocol_id: str, host_public_key: str,
+                    guest_public_key: str, guest_nonce: str, host_nonce: str) -> bytes:
+    """The session canonical payload (DESIGN §4); ``session_id`` is its SHA-256 hex.
+
+    Raises:
+        SigningError: ``bad-hex`` for malformed keys/nonces/protocol id.
+    """
+    check_hex(protocol_id, SHA256_HEX_LEN, "protocol_id")
+    check_hex(host_public_key, PUBLIC_KEY_HEX_LEN, "host_public_key")
+    check_hex(guest_public_key, PUBLIC_KEY_HEX_LEN, "guest_public_key")
+    check_hex(guest_nonce, NONCE_HEX_LEN, "guest_nonce")
+    check_hex(host_nonce, NONCE_HEX_LEN, "host_nonce")
+    return build_payload(TAG_SESSION, [
+        ("post_id", post_id), ("protocol_id", protocol_id),
+        ("host_public_key", host_public_key), ("guest_public_key", guest_public_key),
+        ("guest_nonce", guest_nonce), ("host_nonce", host_nonce),
+    ])
+
+
+def session_id_of(payload: bytes) -> str:
+    """``session_id`` = SHA-256 hex of the session payload bytes."""
+    return sha256_hex(payload)
+
+
+def role_message(role: str, payload: bytes) -> bytes:
+    """The bytes a session participant signs: its role tag line, then the payload.
+
+    ``role`` is ``host`` or ``guest``; the tags differ so one signature can never stand
+    for the other (DESIGN §4).
+    """
+    tag = {"host": TAG_SESSION_HOST, "guest": TAG_SESSION_GUEST}[role]
+    return tag.encode() + b"\n" + payload
+
+
+def request_payload(*, method: str, path: str, timestamp: int, nonce: str, body: bytes) -> bytes:
+    """The signed-REST-request payload (DESIGN §4): method, path with query, integer Unix
+    seconds, request nonce, SHA-256 hex of the body.
+
+    Raises:
+        SigningError: ``bad-hex`` for a malformed nonce, ``bad-payload-value`` otherwise.
+    """
+    check_hex(nonce, NONCE_HEX_LEN, "nonce")
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int):
+        raise SigningError("bad-payload-value", "timestamp must be an integer")
+    return build_payload(TAG_REQUEST, [
+        ("method", method.upper()), ("path", path), ("timestamp", str(timestamp)),
+        ("nonce", nonce), ("body_sha256", sha256_hex(body)),
+    ])
+
+
+def sign(secret_seed: bytes, message: bytes) -> str:
+    """Sign ``message`` with the 32-byte Ed25519 seed; return 128 lowercase hex."""
+    return nacl.signing.SigningKey(secret_seed).sign(message).signature.hex()
+
+
+def verify(public_key: str, message: bytes, signature: str, *, field: str = "signature") -> None:
+    """Verify an Ed25519 ``signature`` (128 hex) over ``message`` by ``public_key`` (64 hex).
+
+    Raises:
+        SigningError: ``bad-hex`` if key or signature is not strict hex of the exact length;
+            ``bad-signature`` if it does not verify.
+    """
+    check_hex(public_key, PUBLIC_KEY_HEX_LEN, "public key")
+    check_hex(signature, SIGNATURE_HEX_LEN, field)
+    try:
+        nacl.signing.VerifyKey(bytes.fromhex(public_key)).verify(message, bytes.fromhex(signature))
+    except (nacl.exceptions.BadSignatureError, nacl.exceptions.ValueError, ValueError):
+        raise SigningError("bad-signature", f"{field} does not verify") from None

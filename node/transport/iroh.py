@@ -1,0 +1,228 @@
+"""The iroh QUIC transport (DESIGN §3): endpoint bound with the identity secret, one
+bi-stream per session, errors translated to :mod:`node.errors` in this one module.
+
+``local=True`` (``--local`` / ``KITH_OFFLINE=1``) means relay disabled, loopback bind,
+minimal preset: fully offline, for tests and loopback demos. Otherwise the public n0
+preset with relays is used. Importing this module applies the version-gated send-path
+patch (:mod:`node.transport.iroh_patch`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+import anyio
+import iroh
+from iroh import iroh_ffi
+
+from node.errors import TransportError
+from node.transport import iroh_patch
+from node.transport.base import DEFAULT_RECEIVE_BYTES
+
+iroh_patch.apply()
+
+CLOSE_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 15.0
+
+
+def offline_requested() -> bool:
+    """True when ``KITH_OFFLINE=1`` asks for local mode without ``--local``."""
+    return os.environ.get("KITH_OFFLINE", "") in ("1", "true", "yes")
+
+
+def _io_error(what: str) -> TransportError:
+    return TransportError("transport-io", f"the connection failed while {what}")
+
+
+def ticket_endpoint_id(ticket: str) -> str:
+    """Parse an iroh ``EndpointTicket`` string and return its endpoint id (64 hex).
+
+    Raises:
+        ValueError: if the ticket cannot be parsed.
+    """
+    if not isinstance(ticket, str) or len(ticket) > 8192:
+        raise ValueError("bad ticket")
+    try:
+        return str(iroh.EndpointTicket.from_string(ticket).endpoint_addr().id())
+    except Exception:  # noqa: BLE001 - iroh raises its own error type; translated here
+        raise ValueError("bad ticket") from None
+
+
+class IrohStream:
+    """One QUIC bi-stream as a :class:`node.transport.base.ByteStream`."""
+
+    def __init__(self, conn: iroh.Connection, bi: iroh.BiStream) -> None:
+        self._conn = conn
+        self._send = bi.send()
+        self._recv = bi.recv()
+        self.remote_id: str | None = str(conn.remote_id())
+        self._eof_sent = False
+
+    async def receive(self, max_bytes: int = DEFAULT_RECEIVE_BYTES) -> bytes:
+        """Return 1..max_bytes bytes, ``b""`` at EOF. Raises TransportError."""
+        try:
+            return await self._recv.read(max_bytes)
+        except iroh.IrohError:
+            raise _io_error("receiving") from None
+
+    async def send(self, data: bytes) -> None:
+        """Send all bytes. Raises TransportError."""
+        if not data:
+            return
+        try:
+            await self._send.write_all(data)
+        except iroh.IrohError:
+            raise _io_error("sending") from None
+
+    async def send_eof(self) -> None:
+        """Finish the send side (idempotent; errors ignored: the peer may be gone)."""
+        if self._eof_sent:
+            return
+        self._eof_sent = True
+        try:
+            await self._send.finish()
+        except iroh.IrohError:
+            pass
+
+    async def aclose(self) -> None:
+        """Finish sending and close the connection (the peer sees EOF, then close)."""
+        await self.send_eof()
+        try:
+            # give the FIN a moment to go out before the connection closes
+            with anyio.move_on_after(0.5):
+                await self._send.stopped()
+        except iroh.IrohError:
+            pass
+        try:
+            self._conn.close(0, b"done")
+        except iroh.IrohError:
+            pass
+
+
+class IrohNode:
+    """An iroh endpoint bound with the node identity.
+
+    Use :func:`bind_node` (an async context manager) to create one; it is closed under a
+    timeout on exit.
+    """
+
+    def __init__(self, endpoint: iroh.Endpoint, alpn: bytes, local: bool) -> None:
+        self.endpoint = endpoint
+        self.alpn = alpn
+        self.local = local
+
+    @property
+    def endpoint_id(self) -> str:
+        """Our endpoint id (= identity public key, 64 hex)."""
+        return str(self.endpoint.id())
+
+    def ticket(self) -> str:
+        """An ``EndpointTicket`` string for our current address."""
+        return str(iroh.EndpointTicket.from_addr(self.endpoint.addr()))
+
+    async def wait_online(self, timeout_s: float = 10.0) -> bool:
+        """Wait for relay/home addresses (non-local mode only). Never waits unbounded
+        (offline, ``online()`` never returns — DESIGN §3). Returns True if online."""
+        if self.local:
+            return True
+        with anyio.move_on_after(timeout_s):
+            await self.endpoint.online()
+            return True
+        return False
+
+    async def connect(self, ticket: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> iroh.Connection:
+        """Connect to the endpoint in ``ticket``.
+
+        Raises:
+            TransportError: ``transport-connect-failed`` (unreachable, refused, timeout).
+        """
+        try:
+            addr = iroh.EndpointTicket.from_string(ticket).endpoint_addr()
+        except iroh.IrohError:
+            raise TransportError("transport-connect-failed", "the iroh ticket cannot be parsed") from None
+        try:
+            with anyio.fail_after(timeout_s):
+                return await self.endpoint.connect(addr, self.alpn)
+        except TimeoutError:
+            raise TransportError("transport-connect-failed", f"no answer from the host within {timeout_s:.0f} s") from None
+        except iroh.IrohError:
+            raise TransportError("transport-connect-failed", "the host refused or could not be reached") from None
+
+    async def open_stream(self, conn: iroh.Connection) -> IrohStream:
+        """Open the session's bi-stream on ``conn``."""
+        try:
+            return IrohStream(conn, await conn.open_bi())
+        except iroh.IrohError:
+            raise TransportError("transport-connect-failed", "could not open a stream to the host") from None
+
+    async def accept(self) -> iroh.Connection | None:
+        """Wait for the next incoming connection (None when the endpoint closed).
+
+        Handshake failures of a single incoming connection are skipped, not raised.
+        """
+        while True:
+            try:
+                incoming = await self.endpoint.accept_next()
+            except iroh.IrohError:
+                return None
+            if incoming is None:
+                return None
+            try:
+                accepting = await incoming.accept()
+                return await accepting.connect()
+            except iroh.IrohError:
+                continue
+
+    @staticmethod
+    async def accept_stream(conn: iroh.Connection, *, timeout_s: float = 10.0) -> IrohStream:
+        """Accept the session's bi-stream on an incoming connection.
+
+        Raises:
+            TransportError: ``transport-io`` if none arrives within ``timeout_s``.
+        """
+        try:
+            with anyio.fail_after(timeout_s):
+                return IrohStream(conn, await conn.accept_bi())
+        except TimeoutError:
+            raise TransportError("transport-io", "the peer opened no stream in time") from None
+        except iroh.IrohError:
+            raise _io_error("accepting a stream") from None
+
+    async def aclose(self) -> None:
+        """Close the endpoint under :data:`CLOSE_TIMEOUT_S` (DESIGN §3)."""
+        with anyio.move_on_after(CLOSE_TIMEOUT_S):
+            try:
+                await self.endpoint.close()
+            except iroh.IrohError:
+                pass
+
+
+@asynccontextmanager
+async def bind_node(secret: bytes, alpn: bytes, *, local: bool) -> AsyncIterator[IrohNode]:
+    """Bind an iroh endpoint with the 32-byte identity ``secret`` for ``alpn``.
+
+    Args:
+        local: relay disabled + ``127.0.0.1:0`` + minimal preset (offline) when True;
+            the n0 preset with relays otherwise.
+
+    Raises:
+        TransportError: ``transport-bind-failed``.
+    """
+    iroh_ffi.uniffi_set_event_loop(asyncio.get_running_loop())
+    if local:
+        opts = iroh.EndpointOptions(preset=iroh.preset_minimal(), relay_mode=iroh.RelayMode.disabled(),
+                                    bind_addr="127.0.0.1:0", secret_key=secret, alpns=[alpn])
+    else:
+        opts = iroh.EndpointOptions(preset=iroh.preset_n0(), secret_key=secret, alpns=[alpn])
+    try:
+        endpoint = await iroh.Endpoint.bind(opts)
+    except iroh.IrohError:
+        raise TransportError("transport-bind-failed") from None
+    node = IrohNode(endpoint, alpn, local)
+    try:
+        yield node
+    finally:
+        await node.aclose()

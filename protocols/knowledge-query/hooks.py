@@ -1,0 +1,61 @@
+"""Hooks of the ``knowledge-query`` protocol (DESIGN §8; see README.md).
+
+Host: answers each ``query`` with ``results`` from ``ctx.knowledge`` — the peer-scoped
+knowledge handle, whose evidence already passed the egress gate. Hooks never touch the
+raw index.
+
+Guest: asks the questions in ``ctx.options["queries"]`` one at a time, or, when
+``ctx.options["ask"]`` is given, calls it for the next question (None ends); every
+``results`` message goes to ``ctx.options["on_results"]`` when given. It ends with ``end``.
+Options ``topK`` (1-20) and ``filters`` (a dict of the flat filter fields) apply to every
+query.
+"""
+
+import itertools
+
+_REQUEST_FIELDS = ("query", "topK", "date", "dateRange", "project", "tags", "sourceSets",
+                   "lifecycle", "workType", "sources", "remainingBudgetMs")
+
+
+def on_start(ctx):
+    if ctx.role == "guest":
+        ctx.state["ids"] = itertools.count(1)
+        ctx.state["queue"] = list(ctx.options.get("queries") or [])
+        return _next_query(ctx)
+    return None
+
+
+def on_message(ctx, message):
+    if ctx.role == "host":
+        if message["action"] != "query":
+            return None
+        request = {k: message[k] for k in _REQUEST_FIELDS if k in message}
+        answer = ctx.knowledge.search(request)
+        return {"action": "results", "query_id": message["query_id"],
+                "status": answer["status"], "envelope": answer["envelope"]}
+    if message["action"] == "results":
+        callback = ctx.options.get("on_results")
+        if callback is not None:
+            callback(message)
+        return _next_query(ctx)
+    return None
+
+
+def on_end(ctx, reason):
+    ctx.logger.info("knowledge-query session %s ended: %s", ctx.session_id[:12], reason)
+
+
+def _next_query(ctx):
+    queue = ctx.state["queue"]
+    if queue:
+        text = queue.pop(0)
+    elif ctx.options.get("ask") is not None:
+        text = ctx.options["ask"]()
+    else:
+        text = None
+    if not text:
+        return {"action": "end"}
+    message = {"action": "query", "query_id": f"q{next(ctx.state['ids'])}", "query": text,
+               "topK": int(ctx.options.get("topK", 5))}
+    message.update(ctx.options.get("filters") or {})
+    return message
