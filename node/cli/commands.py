@@ -1,1 +1,225 @@
-"""Core commands: init, host, join, protocol (registered on import)."""
+"""Core commands: ``init``, ``host``, ``join``, ``protocol test`` (registered on import)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import anyio
+import typer
+from rich.markup import escape
+
+from node.cli.common import console, emit_json, err_console, home_of, warn
+from node.cli.main import app
+from node.errors import CODES, HandshakeError, InvitationError, KithError, SessionAborted, UsageError
+
+protocol_app = typer.Typer(help="Work with protocol folders (spec.json + hooks.py).", no_args_is_help=True)
+app.add_typer(protocol_app, name="protocol")
+
+
+# ----------------------------------------------------------------------------- init
+@app.command("init")
+def init_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Create this node's Ed25519 identity (its public key is the iroh endpoint id).
+
+    On a home that already has one, prints the existing fingerprint and changes nothing.
+    """
+    from node.identity import init_identity
+
+    home = home_of(ctx)
+    ident, created = init_identity(home)
+    if json_out:
+        emit_json({"public_key": ident.public_key, "fingerprint": ident.fingerprint, "created": created,
+                   "home": str(home)})
+        return
+    verb = "Created" if created else "Existing"
+    console.print(f"{verb} identity in {home}")
+    console.print(f"  public key:  {ident.public_key}")
+    console.print(f"  fingerprint: {ident.fingerprint}")
+
+
+# ----------------------------------------------------------------------------- host
+async def _until_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            err_console.print("stopping: closing sessions and the endpoint…")
+            scope.cancel()
+            return
+
+
+@app.command("host")
+def host_cmd(
+    ctx: typer.Context,
+    protocol: str = typer.Option("knowledge-query", "--protocol", help="Protocol to serve."),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="Community server to publish the invitation to."),
+    invite_file: Optional[Path] = typer.Option(None, "--invite-file", metavar="FILE", help="Write the invitation to FILE (paired peers, no server)."),
+    local: bool = typer.Option(False, "--local", envvar="KITH_OFFLINE", help="iroh local mode: relay disabled, loopback bind, offline."),
+    ttl: int = typer.Option(24 * 3600, "--ttl", min=60, max=30 * 24 * 3600, help="Invitation lifetime in seconds."),
+    message: Optional[str] = typer.Option(None, "--message", help="A line shown with the invitation."),
+    tag: list[str] = typer.Option([], "--tag", help="Tag the invitation (repeatable)."),
+    json_out: bool = typer.Option(False, "--json", help="Invitation as JSON on the first stdout line, then one event object per line."),
+) -> None:
+    """Share this node's corpus: publish an invitation and serve guests until Ctrl-C/SIGTERM."""
+    from node.host import HostOptions, serve_host
+
+    if not server and invite_file is None:
+        raise UsageError("usage", "give --server URL (publish) or --invite-file FILE (paired peers, no server)")
+    home = home_of(ctx)
+    opts = HostOptions(protocol=protocol, server_url=server, invite_file=invite_file, local=local, ttl_s=ttl,
+                       message=message, tags=list(tag))
+
+    def on_invitation(inv: dict[str, Any]) -> None:
+        if json_out:
+            emit_json(inv)
+        else:
+            console.print(f"[bold]Hosting[/bold] {inv['protocol']['name']} as {inv['host_public_key'][:16]}…")
+            console.print(f"  post_id: [bold]{inv['post_id']}[/bold]  (expires {inv['expires_at']})")
+            if server:
+                console.print(f"  join with: kith join {inv['post_id']} --server {server}" + (" --local" if local else ""))
+            if invite_file is not None:
+                console.print(f"  invitation file: {invite_file}  (kith join {invite_file}" + (" --local)" if local else ")"))
+            console.print("  Ctrl-C to stop.")
+
+    def on_event(ev: dict[str, Any]) -> None:
+        if json_out:
+            emit_json(ev)
+        else:
+            if ev["event"] == "session-started":
+                err_console.print(f"session {ev['session_id'][:12]} started with {ev['peer'][:16]}…")
+            else:
+                err_console.print(f"session {(ev.get('session_id') or '-')[:12]} ended: {ev.get('code') or ev['reason']}")
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_until_signal, tg.cancel_scope)
+            await serve_host(home, opts, on_invitation=on_invitation, on_event=on_event, warn=warn)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main, backend="asyncio")
+
+
+# ----------------------------------------------------------------------------- join
+def _print_results(message: dict[str, Any]) -> None:
+    env = message.get("envelope") or {}
+    results = env.get("results") or []
+    console.print(f"[bold]{escape('[' + str(message.get('query_id')) + ']')} {escape(str(message.get('status')))}[/bold]"
+                  f" — {len(results)} result(s)", highlight=False)
+    for i, r in enumerate(results, 1):
+        console.print(f"  {i}. [cyan]{escape(str(r.get('source')))}[/cyan]  score {r.get('score', 0):.3f}", highlight=False)
+        preview = " ".join(str(r.get("textPreview") or "").split())[:240]
+        if preview:
+            console.print(f"     {preview}", highlight=False, markup=False)
+    synth = (env.get("answerSynthesis") or {})
+    sentences = synth.get("sentences") if isinstance(synth, dict) else None
+    if sentences:
+        console.print("  answer (extractive):")
+        for s in sentences[:3]:
+            if isinstance(s, dict):
+                console.print(f"   - {s.get('text')} [{s.get('citationId') or s.get('citation')}]", highlight=False, markup=False)
+
+
+@app.command("join")
+def join_cmd(
+    ctx: typer.Context,
+    target: str = typer.Argument(..., metavar="POST_ID|INVITE_FILE|JSON", help="A post_id (needs --server), an invitation file, or an invitation JSON string."),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="Community server to fetch the post_id from and record the session proof."),
+    local: bool = typer.Option(False, "--local", envvar="KITH_OFFLINE", help="iroh local mode: relay disabled, loopback bind, offline."),
+    trust: bool = typer.Option(False, "--trust", help="Trust an unknown host key without asking."),
+    query: list[str] = typer.Option([], "--query", "-q", help="Ask this question (repeatable); without it, an interactive prompt."),
+    top_k: int = typer.Option(5, "--top-k", min=1, max=20, help="Results per question (1-20)."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON object per line: each results message."),
+) -> None:
+    """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
+    from node.guest import check_invitation, check_pinned_name, join_session, resolve_invitation, trust_status
+    from node.identity import fingerprint, load_or_init_identity
+
+    home = home_of(ctx)
+    identity = load_or_init_identity(home)
+
+    async def main() -> Any:
+        inv = await resolve_invitation(target, server_url=server)
+        pdir, spec = check_invitation(inv, home)
+        name = trust_status(inv, home)
+        if name is not None:
+            check_pinned_name(name, inv, home)
+        elif not trust:
+            fp = fingerprint(inv.host_public_key)
+            err_console.print(f"Unknown host {inv.host_public_key[:16]}… fingerprint [bold]{fp}[/bold]", highlight=False)
+            if not sys.stdin.isatty():
+                raise InvitationError("host-not-trusted", "unknown host key; pass --trust to connect anyway",
+                                      hint=f"check the fingerprint {fp} with the host's owner")
+            answer = await anyio.to_thread.run_sync(lambda: input("Trust this host and connect? [y/N] "))
+            if answer.strip().lower() not in ("y", "yes"):
+                raise InvitationError("host-not-trusted", "you did not trust the host")
+
+        def on_results(message: dict[str, Any]) -> None:
+            if json_out:
+                emit_json(message)
+            else:
+                _print_results(message)
+
+        def ask() -> str | None:
+            try:
+                text = input("ask> ")
+            except EOFError:
+                return None
+            return text.strip() or None
+
+        interactive = not query
+        options: dict[str, Any] = {"queries": list(query), "on_results": on_results, "topK": top_k}
+        if interactive:
+            options["ask"] = ask
+            err_console.print("Connected questions go to the host; an empty line or Ctrl-D ends the session.")
+        return await join_session(home, identity, inv, pdir, spec, local=local, server_url=server, options=options,
+                                  interactive=interactive)
+
+    outcome = anyio.run(main, backend="asyncio")
+    if outcome.ok:
+        return
+    code = outcome.code if outcome.code in CODES else "handshake-rejected"
+    if outcome.reason == "rejected":
+        raise HandshakeError(code, f"the session was refused: {outcome.message or CODES[code][1]}")
+    raise SessionAborted(code, outcome.message or CODES[code][1])
+
+
+# ----------------------------------------------------------------------------- protocol test
+@protocol_app.command("test")
+def protocol_test_cmd(
+    ctx: typer.Context,
+    directory: Path = typer.Argument(..., metavar="DIR", help="Protocol folder with spec.json and hooks.py."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Run both roles of a protocol over the in-memory pipe with the real engine and its
+    test/ fixtures; exit 1 on any failure."""
+    from node.protocol_test import run_protocol_test
+
+    report = anyio.run(run_protocol_test, directory, backend="asyncio")
+    if json_out:
+        emit_json(report.to_dict())
+    else:
+        console.print(f"protocol [bold]{report.protocol}[/bold] ({report.protocol_id[:16]}…)")
+        for c in report.checks:
+            mark = "[green]PASS[/green]" if c.passed else "[red]FAIL[/red]"
+            console.print(f"  {mark} {c.name}" + (f" — {c.detail}" if c.detail else ""), highlight=False)
+    if not report.passed:
+        raise KithError("protocol-test-failed", f"{sum(not c.passed for c in report.checks)} check(s) failed")
+
+
+@protocol_app.command("id")
+def protocol_id_cmd(
+    ctx: typer.Context,
+    directory: Path = typer.Argument(..., metavar="DIR"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Print a protocol's name, version and protocol_id (SHA-256 of its canonical spec)."""
+    from node.spec import load_spec
+
+    spec = load_spec(directory)
+    if json_out:
+        emit_json({"name": spec.name, "version": spec.version, "protocol_id": spec.protocol_id})
+    else:
+        console.print(f"{spec.name} {spec.version} {spec.protocol_id}")
+
+

@@ -11,6 +11,7 @@ from typing import Optional
 
 import click
 import typer
+from rich.markup import escape
 
 from node.cli.common import err_console, state_of
 from node.errors import KithError
@@ -83,9 +84,9 @@ def main(argv: list[str] | None = None) -> None:
             raise
         if _wants_json(argv):
             sys.stdout.write(json.dumps({"error": exc.to_dict()}) + "\n")
-        err_console.print(f"[red]error[/red] [{exc.code}]: {exc.message}", highlight=False)
+        err_console.print(f"[red]error[/red] {escape('[' + exc.code + ']')}: {escape(exc.message)}", highlight=False)
         if exc.hint:
-            err_console.print(f"  hint: {exc.hint}", highlight=False)
+            err_console.print(f"  hint: {escape(exc.hint)}", highlight=False)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         err_console.print("aborted")

@@ -61,11 +61,9 @@ class Event:
 
 @dataclass(frozen=True)
 class ProofVerified(Event):
-    """Guest only: the host's proof verified. The driver may submit ``proof`` to the
-    community server, then must call :meth:`SessionEngine.confirm_ready`.
-
-    ``proof`` has the fields of ``POST /api/v1/sessions`` except ``guest_signature``,
-    which :meth:`SessionEngine.confirm_ready` adds.
+    """Guest only: the host's proof verified and the guest signed. The driver may submit
+    ``proof`` (every field of ``POST /api/v1/sessions``, both signatures) to the community
+    server, then must call :meth:`SessionEngine.confirm_ready`.
     """
 
     proof: dict[str, Any]
@@ -252,12 +250,10 @@ class SessionEngine:
                            "the peer closed the connection during the handshake")
 
     def confirm_ready(self) -> list[Event]:
-        """Guest: after :class:`ProofVerified`, sign and send ``_session_ready``."""
+        """Guest: after :class:`ProofVerified`, send ``_session_ready`` with our signature."""
         assert self._guest is not None and self.state is State.AWAIT_CONFIRM
         assert self._payload is not None and self.session_id is not None
-        sig = self._sign(role_message("guest", self._payload))
-        self._proof["guest_signature"] = sig
-        self._queue(F.SessionReady(session_id=self.session_id, guest_signature=sig))
+        self._queue(F.SessionReady(session_id=self.session_id, guest_signature=self._proof["guest_signature"]))
         self.state = State.READY
         return [SessionReady(self.session_id, self.peer_public_key or "", dict(self.peer_profile), [],
                              dict(self._proof))]
@@ -526,7 +522,8 @@ class SessionEngine:
         self._proof = {"session_id": sid, "post_id": g.post_id, "protocol_id": self.spec.protocol_id,
                        "host_public_key": frame.host_public_key, "guest_public_key": self.public_key,
                        "guest_nonce": self._payload_fields["guest_nonce"], "host_nonce": frame.host_nonce,
-                       "host_signature": frame.host_signature}
+                       "host_signature": frame.host_signature,
+                       "guest_signature": self._sign(role_message("guest", payload))}
         self.state = State.AWAIT_CONFIRM
         return [ProofVerified(dict(self._proof))]
 

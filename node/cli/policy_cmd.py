@@ -1,0 +1,148 @@
+"""``kith policy``: edit and explain the egress policy (``<home>/policy.toml``, DESIGN §10)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from node.cli.common import console, emit_json, home_of, warn
+from node.corpus.types import Root
+from node.errors import KithError, UsageError
+from node.policy.store import Decision, Policy, Rule
+
+policy_app = typer.Typer(
+    help=(
+        "Decide what may leave this machine: map source globs (/<root>/..., datasource ids, "
+        "absolute paths) to tiers public, peers, ask, private (the default) or never."
+    ),
+    no_args_is_help=True,
+)
+
+
+class TierChoice(str, Enum):
+    """The tiers a rule may give (DESIGN §10)."""
+
+    public = "public"
+    peers = "peers"
+    ask = "ask"
+    private = "private"
+    never = "never"
+
+
+_JSON = typer.Option(False, "--json", help="Print one JSON object on stdout.")
+
+
+def _rule_dict(rule: Rule) -> dict:
+    return {"glob": rule.glob, "tier": rule.tier, "peers": list(rule.peers)}
+
+
+def _corpus_roots(home: Path) -> list[Root]:
+    """Roots from the corpus database, or ``[]`` when there is no corpus (yet)."""
+    try:
+        from node.corpus.store import Corpus
+    except ModuleNotFoundError as exc:
+        if exc.name != "node.corpus.store":
+            raise
+        return []
+    try:
+        corpus = Corpus(home, readonly=True)
+    except KithError:
+        return []
+    try:
+        return list(corpus.roots())
+    except KithError:
+        return []
+    finally:
+        close = getattr(corpus, "close", None)
+        if callable(close):
+            close()
+
+
+@policy_app.command("set")
+def set_cmd(
+    ctx: typer.Context,
+    glob: str = typer.Argument(..., help="Source glob, e.g. '/docs/**' ('*', '?' stay in a segment)."),
+    tier: TierChoice = typer.Argument(..., help="Tier for sources the glob matches."),
+    peer: Optional[List[str]] = typer.Option(
+        None, "--peer", metavar="NAME", help="Registry name allowed by tier 'peers' (repeatable)."),
+    as_json: bool = _JSON,
+) -> None:
+    """Add or replace the rule for GLOB."""
+    peers = list(peer or [])
+    if tier is TierChoice.peers and not peers:
+        raise UsageError("usage", "tier 'peers' needs at least one --peer NAME")
+    if tier is not TierChoice.peers and peers:
+        raise UsageError("usage", "--peer is only allowed with tier 'peers'")
+    policy = Policy.load(home_of(ctx))
+    rule = policy.set(glob, tier.value, peers or None)
+    policy.save()
+    if as_json:
+        emit_json(_rule_dict(rule))
+    else:
+        extra = f" (peers: {', '.join(rule.peers)})" if rule.peers else ""
+        console.print(f"{rule.glob} → {rule.tier}{extra}", highlight=False, markup=False)
+
+
+@policy_app.command("unset")
+def unset_cmd(
+    ctx: typer.Context,
+    glob: str = typer.Argument(..., help="The glob of the rule to remove."),
+    as_json: bool = _JSON,
+) -> None:
+    """Remove the rule for GLOB (a warning, not an error, when there is none)."""
+    policy = Policy.load(home_of(ctx))
+    removed = policy.unset(glob)
+    if removed:
+        policy.save()
+    else:
+        warn(f"no rule for {glob!r}; nothing changed")
+    if as_json:
+        emit_json({"glob": glob, "removed": removed})
+    elif removed:
+        console.print(f"removed {glob}", highlight=False, markup=False)
+
+
+@policy_app.command("list")
+def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
+    """Show the rules in file order (and the quota table, if any)."""
+    policy = Policy.load(home_of(ctx))
+    if as_json:
+        emit_json({"rules": [_rule_dict(r) for r in policy.rules], "quota": policy.quota})
+        return
+    if not policy.rules:
+        console.print("no rules: every source is private", highlight=False)
+        return
+    table = Table("glob", "tier", "peers", box=None, header_style="bold")
+    for rule in policy.rules:
+        table.add_row(rule.glob, rule.tier, ", ".join(rule.peers))
+    console.print(table)
+
+
+@policy_app.command("explain")
+def explain_cmd(
+    ctx: typer.Context,
+    source: str = typer.Argument(..., help="A source id (/<root>/...), datasource id or absolute path."),
+    peer: Optional[str] = typer.Option(
+        None, "--peer", metavar="NAME", help="Answer for this registry name (default: an anonymous peer)."),
+    as_json: bool = _JSON,
+) -> None:
+    """Show how SOURCE normalizes and which rule and tier apply for a peer."""
+    home = home_of(ctx)
+    policy = Policy.load(home)
+    decision: Decision = policy.decide(source, peer, roots=_corpus_roots(home))
+    if as_json:
+        emit_json({"canonical": decision.canonical, "tier": decision.tier,
+                   "allowed": decision.allowed, "matched": decision.matched})
+        return
+    who = f"peer {peer!r}" if peer is not None else "an anonymous peer"
+    lines = [
+        f"canonical: {decision.canonical if decision.canonical is not None else '(invalid source)'}",
+        f"tier:      {decision.tier}",
+        f"allowed:   {'yes' if decision.allowed else 'no'} (for {who})",
+        f"matched:   {decision.matched if decision.matched is not None else '(no rule: default private)'}",
+    ]
+    console.print("\n".join(lines), highlight=False, markup=False)

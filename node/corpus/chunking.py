@@ -1,0 +1,266 @@
+"""The recursive chunker (DESIGN §9).
+
+Text is first cut into *sections* at headings (Markdown ATX/setext, reStructuredText
+over/underlined titles), so a heading stays with its section and every chunk knows its
+heading path. Each section is then split recursively on the coarsest separator that
+works — paragraphs, then lines, then sentences, then words, then characters — and the
+pieces are packed greedily into chunks of at most ``chunk_size`` characters. A new chunk
+starts by repeating whole trailing pieces of the previous one, up to ``chunk_overlap``
+characters: the overlap is a ceiling, not a guarantee.
+
+CRLF and lone CR are normalised to LF before anything else, so a CRLF file yields exactly
+the chunks (text, offsets, line ranges) of its LF twin. Every chunk is an exact slice of
+the normalised text (leading/trailing whitespace trimmed) and carries its 1-based line
+range.
+
+Defaults (``chunk_size`` 1200, ``chunk_overlap`` 150; see specs/corpus.md): about one
+documentation subsection or 3–6 paragraphs, i.e. ~250 English tokens — small enough for
+BM25 length normalisation to favour the focused passage over a whole page, big enough
+that a citation excerpt still reads as context.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass
+
+DEFAULT_CHUNK_SIZE = 1200
+DEFAULT_CHUNK_OVERLAP = 150
+#: Bumped whenever the chunker's output changes for the same input (part of chunk ids).
+CHUNKER_VERSION = 1
+
+# paragraphs -> lines -> sentences -> words -> characters
+_SEPARATORS: tuple[re.Pattern[str], ...] = (
+    re.compile(r"\n[ \t]*\n\s*"),
+    re.compile(r"\n"),
+    re.compile(r"(?<=[.!?;:。！？])\s+"),
+    re.compile(r"\s+"),
+)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk of a document.
+
+    Attributes:
+        ordinal: 0-based position in the document.
+        text: the chunk text (an exact, trimmed slice of the LF-normalised text).
+        char_start / char_end: offsets of ``text`` in the LF-normalised text.
+        line_start / line_end: 1-based inclusive line range.
+        heading_path: titles of the enclosing headings, outermost first (empty for text).
+    """
+
+    ordinal: int
+    text: str
+    char_start: int
+    char_end: int
+    line_start: int
+    line_end: int
+    heading_path: tuple[str, ...] = ()
+
+
+def normalize_newlines(text: str) -> str:
+    """Return ``text`` with CRLF and lone CR turned into LF."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def validate_params(chunk_size: int, chunk_overlap: int) -> None:
+    """Raise ``ValueError`` unless ``0 <= chunk_overlap < chunk_size`` and size >= 50."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 50:
+        raise ValueError("chunk_size must be an integer >= 50")
+    if (isinstance(chunk_overlap, bool) or not isinstance(chunk_overlap, int)
+            or not 0 <= chunk_overlap < chunk_size):
+        raise ValueError("chunk_overlap must be an integer with 0 <= overlap < chunk_size")
+
+
+# --- sections --------------------------------------------------------------------------
+
+_ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?[ \t#]*$")
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_SETEXT = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
+_RST_ADORN = re.compile(r"^([=\-`:'\"~^_*+#<>.!$%&(),/;?@\[\\\]{|}])\1{2,}[ \t]*$")
+_RST_ROLE = re.compile(r":[\w.+:-]+:`([^`<]*?)(?:\s*<[^>]*>)?`")
+_RST_LITERAL = re.compile(r"``([^`]*)``")
+
+
+def _clean_title(title: str) -> str:
+    title = _RST_ROLE.sub(r"\1", title)
+    title = _RST_LITERAL.sub(r"\1", title)
+    return " ".join(title.replace("`", "").split())
+
+
+def _line_offsets(text: str) -> list[int]:
+    starts = [0]
+    pos = text.find("\n")
+    while pos != -1:
+        starts.append(pos + 1)
+        pos = text.find("\n", pos + 1)
+    return starts
+
+
+def _markdown_headings(lines: list[str]) -> list[tuple[int, int, str]]:
+    """Return (line index where the section starts, level, title) for Markdown."""
+    out: list[tuple[int, int, str]] = []
+    fence: str | None = None
+    prev_blank = True
+    for i, line in enumerate(lines):
+        m = _FENCE.match(line)
+        if m:
+            marker = m.group(1)[0] * 3
+            if fence is None:
+                fence = marker
+            elif marker == fence:
+                fence = None
+            prev_blank = False
+            continue
+        if fence is not None:
+            continue
+        m = _ATX.match(line)
+        if m:
+            out.append((i, len(m.group(1)), _clean_title(m.group(2) or "")))
+            prev_blank = False
+            continue
+        m = _SETEXT.match(line)
+        if (m and i > 0 and not prev_blank and lines[i - 1].strip()
+                and not (out and out[-1][0] == i - 1)):
+            level = 1 if m.group(1)[0] == "=" else 2
+            # a setext title is one line here (multi-line paragraphs rarely end in ===)
+            out.append((i - 1, level, _clean_title(lines[i - 1])))
+            prev_blank = False
+            continue
+        prev_blank = not line.strip()
+    return out
+
+
+def _rst_headings(lines: list[str]) -> list[tuple[int, int, str]]:
+    """Return (line index where the section starts, level, title) for RST."""
+    out: list[tuple[int, int, str]] = []
+    styles: dict[tuple[str, bool], int] = {}
+    n = len(lines)
+    i = 0
+    while i < n - 1:
+        title = lines[i]
+        under = lines[i + 1]
+        m = _RST_ADORN.match(under)
+        if (m and title.strip() and not title[:1].isspace() and not _RST_ADORN.match(title)
+                and len(under.rstrip()) >= min(len(title.rstrip()), 3)):
+            over = i > 0 and lines[i - 1].rstrip() == under.rstrip()
+            before = i - 2 if over else i - 1
+            if before < 0 or not lines[before].strip():
+                style = (m.group(1), over)
+                level = styles.setdefault(style, len(styles) + 1)
+                out.append((i - 1 if over else i, level, _clean_title(title)))
+                i += 2
+                continue
+        i += 1
+    return out
+
+
+def _sections(text: str, kind: str) -> list[tuple[int, int, tuple[str, ...]]]:
+    """Split text into (start, end, heading_path) sections covering all of it."""
+    if kind not in ("markdown", "rst"):
+        return [(0, len(text), ())]
+    lines = text.split("\n")
+    heads = _markdown_headings(lines) if kind == "markdown" else _rst_headings(lines)
+    if not heads:
+        return [(0, len(text), ())]
+    offsets = _line_offsets(text)
+    out: list[tuple[int, int, tuple[str, ...]]] = []
+    stack: list[tuple[int, str]] = []
+    first = offsets[heads[0][0]]
+    if first > 0:
+        out.append((0, first, ()))
+    for idx, (line_no, level, title) in enumerate(heads):
+        while stack and stack[-1][0] >= level:
+            stack.pop()
+        stack.append((level, title))
+        start = offsets[line_no]
+        end = offsets[heads[idx + 1][0]] if idx + 1 < len(heads) else len(text)
+        out.append((start, end, tuple(t for _, t in stack if t)))
+    return out
+
+
+# --- recursive split -----------------------------------------------------------------
+
+
+def _split(text: str, start: int, end: int, size: int, level: int) -> list[tuple[int, int]]:
+    """Split [start, end) into contiguous spans each <= size characters."""
+    if end - start <= size:
+        return [(start, end)]
+    if level >= len(_SEPARATORS):
+        return [(s, min(s + size, end)) for s in range(start, end, size)]
+    pattern = _SEPARATORS[level]
+    cuts = [m.end() for m in pattern.finditer(text, start, end) if start < m.end() < end]
+    if not cuts:
+        return _split(text, start, end, size, level + 1)
+    spans: list[tuple[int, int]] = []
+    prev = start
+    for cut in [*cuts, end]:
+        if cut <= prev:
+            continue
+        if cut - prev > size:
+            spans.extend(_split(text, prev, cut, size, level + 1))
+        else:
+            spans.append((prev, cut))
+        prev = cut
+    return spans
+
+
+def _pack(pieces: list[tuple[int, int]], size: int, overlap: int) -> list[tuple[int, int]]:
+    """Greedily pack contiguous pieces into spans <= size, repeating <= overlap chars."""
+    out: list[tuple[int, int]] = []
+    n = len(pieces)
+    i = 0
+    while i < n:
+        j = i + 1
+        while j < n and pieces[j][1] - pieces[i][0] <= size:
+            j += 1
+        out.append((pieces[i][0], pieces[j - 1][1]))
+        if j >= n:
+            break
+        k = j
+        while k - 1 > i and pieces[j - 1][1] - pieces[k - 1][0] <= overlap:
+            k -= 1
+        while k < j and pieces[j][1] - pieces[k][0] > size:
+            k += 1
+        i = k
+    return out
+
+
+def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK_SIZE,
+               chunk_overlap: int = DEFAULT_CHUNK_OVERLAP) -> list[Chunk]:
+    """Chunk a document.
+
+    Args:
+        text: decoded text (any newline convention).
+        kind: ``text``, ``markdown`` or ``rst`` (headings recognised for the last two).
+        chunk_size: maximum characters per chunk (>= 50).
+        chunk_overlap: maximum characters repeated from the previous chunk (< chunk_size).
+
+    Returns:
+        The chunks in document order; empty when the text is only whitespace.
+
+    Raises:
+        ValueError: on invalid size/overlap.
+    """
+    validate_params(chunk_size, chunk_overlap)
+    text = normalize_newlines(text)
+    line_starts = _line_offsets(text)
+    chunks: list[Chunk] = []
+    for sec_start, sec_end, path in _sections(text, kind):
+        pieces = _split(text, sec_start, sec_end, chunk_size, 0)
+        for s, e in _pack(pieces, chunk_size, chunk_overlap):
+            raw = text[s:e]
+            stripped = raw.strip()
+            if not stripped:
+                continue
+            s2 = s + (len(raw) - len(raw.lstrip()))
+            e2 = s2 + len(stripped)
+            chunks.append(Chunk(
+                ordinal=len(chunks), text=stripped, char_start=s2, char_end=e2,
+                line_start=bisect.bisect_right(line_starts, s2),
+                line_end=bisect.bisect_right(line_starts, e2 - 1),
+                heading_path=path,
+            ))
+    return chunks

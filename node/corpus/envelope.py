@@ -1,0 +1,475 @@
+"""The read-only search contract: request validation and the ``schemaVersion`` 2 envelope.
+
+DESIGN §8 / §11 and seed ``rag-external-agent-contract``. The same envelope answers
+``kith search --json``, ``POST /search`` on the local API, the MCP tool and the
+knowledge-query protocol's ``results`` message. Whatever the outcome, an envelope has
+the same keys (:data:`ENVELOPE_KEYS`); ``specs/search-envelope.schema.json`` is its
+JSON Schema.
+
+No-oracle rule: an envelope with no results is built by :func:`empty_envelope` from the
+reason and the normalized request ONLY — never from hits, candidate counts or timing —
+so "nothing matched" and "matches existed but policy dropped them all" are
+byte-identical. No envelope ever carries a timing. The local controller report's counts
+(candidates, withheld, deduped…) are not copied into envelopes either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import date as _date
+from typing import Any
+
+from node.corpus import search
+from node.corpus.types import Hit
+from node.errors import CorpusError
+
+SCHEMA_VERSION = 2
+MAX_QUERY_CHARS = 2000
+TOP_K_DEFAULT = 5
+TOP_K_MAX = 20
+MAX_FILTER_VALUES = 50
+MAX_FILTER_VALUE_CHARS = 200
+MAX_GLOB_CHARS = 1000
+PREVIEW_CHARS = 280
+EXCERPT_CHARS = 600
+MAX_SYNTHESIS_SENTENCES = 5
+
+ENVELOPE_KEYS = (
+    "schemaVersion", "available", "reason", "results", "queryPlan", "citationPack",
+    "eventAggregation", "answerSynthesis", "quality", "retrievalController", "agentic",
+    "externalAgentContract",
+)
+#: Reasons whose empty envelope still says ``available: true`` (the backend answered).
+AVAILABLE_REASONS = frozenset({"no-verified-results"})
+#: Reason codes this module knows; others (kebab-case) are accepted as given.
+KNOWN_REASONS = (
+    "no-verified-results", "index-unavailable", "budget-exhausted", "invalid-request",
+    "policy-denied", "pending-approval", "rate-limited", "timeout", "internal-error",
+)
+
+_FILTER_KEYS = ("date", "dateRange", "project", "tags", "sourceSets", "lifecycle",
+                "workType", "sources")
+_ALLOWED_KEYS = frozenset(("query", "topK", "remainingBudgetMs", *_FILTER_KEYS))
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
+_KEBAB = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*\Z")
+_SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")
+
+USAGE_PROMPT = (
+    "Kith search is auxiliary, read-only memory from a peer's or your own indexed "
+    "folders. Use evidence in this order: (1) the current conversation, user-provided "
+    "material and local authoritative files; (2) the host agent runtime's own memory or "
+    "history retrieval; (3) Kith search only when those are not enough, or when the user "
+    "explicitly asks for it. Treat results as evidence, not authority; cite "
+    "citationPack citation ids; when available is false or quality.needsMoreEvidence is "
+    "true after at most three searches in one 90-second budget, report that Kith did not "
+    "provide reliable evidence instead of inventing facts."
+)
+
+
+def _bad(field: str, rule: str) -> CorpusError:
+    return CorpusError("query-invalid", f"The field '{field}' {rule}.")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_date(field: str, v: Any) -> str:
+    if not isinstance(v, str) or not _DATE.match(v):
+        raise _bad(field, "must be a date as YYYY-MM-DD")
+    try:
+        _date.fromisoformat(v)
+    except ValueError:
+        raise _bad(field, "must be a real calendar date as YYYY-MM-DD") from None
+    return v
+
+
+def _string_list(field: str, v: Any, *, max_chars: int = MAX_FILTER_VALUE_CHARS) -> list[str]:
+    values = [v] if isinstance(v, str) else v
+    if not isinstance(values, list):
+        raise _bad(field, "must be a string or a list of strings")
+    if not values:
+        raise _bad(field, "must not be an empty list (omit the filter to match everything)")
+    if len(values) > MAX_FILTER_VALUES:
+        raise _bad(field, f"must have at most {MAX_FILTER_VALUES} values")
+    out: list[str] = []
+    for item in values:
+        if not isinstance(item, str) or not item.strip():
+            raise _bad(field, "must contain only non-empty strings")
+        if len(item) > max_chars or "\x00" in item:
+            raise _bad(field, f"values must be at most {max_chars} characters without NUL")
+        if item not in out:
+            out.append(item)
+    return out
+
+
+def validate_search_request(body: Any) -> dict[str, Any]:
+    """Validate and normalize a search request (flat body, DESIGN §8).
+
+    Args:
+        body: the JSON object: ``query`` (required, non-empty string, <= 2000 chars),
+            ``topK`` (int 1–20, default 5; a bool is not an int), optional filters
+            ``date`` (YYYY-MM-DD or list), ``dateRange`` ({``from``, ``to``}: at least
+            one, from <= to), ``project``, ``tags``, ``sourceSets``, ``lifecycle``,
+            ``workType`` (string or non-empty list of strings), ``sources`` (source-id
+            globs starting with ``/``), ``remainingBudgetMs`` (int >= 0). Protocol
+            envelope fields (``action``, ``query_id``) must be removed by the caller.
+
+    Returns:
+        ``{"query": str, "topK": int, "filters": {name: normalized value},
+        "remainingBudgetMs": int | None}``; list filters are deduplicated lists.
+
+    Raises:
+        CorpusError: ``query-invalid`` with a message naming the offending field (unknown
+            keys and empty filter lists are refused).
+    """
+    if not isinstance(body, dict):
+        raise CorpusError("query-invalid", "The search request must be a JSON object.")
+    unknown = sorted(str(k) for k in body if k not in _ALLOWED_KEYS)
+    if unknown:
+        raise CorpusError("query-invalid",
+                          f"The field '{unknown[0][:40]}' is not part of a search request.")
+    query = body.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise _bad("query", "must be a non-empty string")
+    query = query.strip()
+    if len(query) > MAX_QUERY_CHARS:
+        raise _bad("query", f"must be at most {MAX_QUERY_CHARS} characters")
+    if "\x00" in query:
+        raise _bad("query", "must not contain NUL characters")
+    top_k = body.get("topK", TOP_K_DEFAULT)
+    if not _is_int(top_k) or not 1 <= top_k <= TOP_K_MAX:
+        raise _bad("topK", f"must be an integer from 1 to {TOP_K_MAX}")
+    budget = body.get("remainingBudgetMs")
+    if budget is not None and (not _is_int(budget) or budget < 0):
+        raise _bad("remainingBudgetMs", "must be an integer >= 0")
+    filters: dict[str, Any] = {}
+    for key in _FILTER_KEYS:
+        if key not in body:
+            continue
+        v = body[key]
+        if key == "date":
+            filters[key] = [_check_date(key, d) for d in _string_list(key, v)]
+        elif key == "dateRange":
+            if not isinstance(v, dict) or not v or set(v) - {"from", "to"}:
+                raise _bad(key, "must be an object with 'from' and/or 'to' dates")
+            rng = {k: _check_date(f"{key}.{k}", v[k]) for k in ("from", "to") if k in v}
+            if "from" in rng and "to" in rng and rng["from"] > rng["to"]:
+                raise _bad(key, "must have 'from' on or before 'to'")
+            filters[key] = rng
+        elif key == "sources":
+            globs = _string_list(key, v, max_chars=MAX_GLOB_CHARS)
+            for g in globs:
+                if not g.startswith("/"):
+                    raise _bad(key, "globs must start with '/' (they match source ids)")
+            filters[key] = globs
+        else:
+            filters[key] = _string_list(key, v)
+    return {"query": query, "topK": top_k, "filters": filters, "remainingBudgetMs": budget}
+
+
+# --- envelope parts ------------------------------------------------------------------
+
+def _citation_id(chunk_id: str) -> str:
+    return "kc-" + hashlib.sha256(f"cite\0{chunk_id}".encode()).hexdigest()[:12]
+
+
+def _squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    cut = text[:limit].rsplit(" ", 1)[0] or text[:limit]
+    return cut + "…"
+
+
+_PARAGRAPH = re.compile(r"\n[ \t]*\n|\n(?=[=\-~^\"'`#*+:.]{3,}[ \t]*(?:\n|$))|^[=\-~^\"'`#*+:.]{3,}[ \t]*$",
+                        re.MULTILINE)
+
+
+def _sentences(text: str) -> list[str]:
+    """Sentences of a chunk: paragraphs (blank lines, heading adornments) then sentence
+    ends; whitespace collapsed."""
+    out = []
+    for para in _PARAGRAPH.split(text):
+        for s in _SENTENCE.split(para or ""):
+            s = _squash(s)
+            if s:
+                out.append(s)
+    return out
+
+
+def _stems(text: str) -> set[str]:
+    return set(search.query_terms(text))
+
+
+def _key_stems(query: str) -> list[tuple[str, set[str]]]:
+    """(key term, its stems) pairs for coverage checks."""
+    return [(t, _stems(t)) for t in search.key_terms(query)]
+
+
+def _coverage(keys: list[tuple[str, set[str]]], stems: set[str]) -> list[str]:
+    return [t for t, s in keys if s and s <= stems]
+
+
+def _preview(text: str, keys: list[tuple[str, set[str]]], limit: int) -> str:
+    sents = _sentences(text)
+    if not sents:
+        return ""
+    best = max(range(len(sents)), key=lambda i: (len(_coverage(keys, _stems(sents[i]))), -i))
+    body = _cut(" ".join(sents[best:]), limit)
+    return ("…" + body) if best > 0 else body
+
+
+def _query_plan(request: dict[str, Any] | None) -> dict[str, Any]:
+    if request is None:
+        return {"query": None, "topK": None, "filters": {}, "keyTerms": [],
+                "analyzedTerms": [], "exactUnits": [], "stages": [], "subqueries": [],
+                "interpretation": "invalid-request"}
+    q = request["query"]
+    return {
+        "query": q,
+        "topK": request["topK"],
+        "filters": request.get("filters") or {},
+        "keyTerms": search.key_terms(q),
+        "analyzedTerms": search.query_terms(q),
+        "exactUnits": [" ".join(u) for u in search.exact_units(q)],
+        "stages": search.plan_passes(q),
+        "subqueries": [],
+        "interpretation": "bm25-keywords" + ("+exact" if search.exact_units(q) else ""),
+    }
+
+
+def _controller(request: dict[str, Any] | None, reason: str | None,
+                controller: dict[str, Any] | None, returned: int) -> dict[str, Any]:
+    base = {"mode": "bounded-multi-pass", "fusion": {"method": "rrf", "k": search.RRF_K},
+            "dedupe": {"level": "document", "maxPerDocument": search.MAX_PER_DOCUMENT}}
+    if controller is not None:
+        passes = [{"name": str(p.get("name")), "status": str(p.get("status"))}
+                  for p in controller.get("passes", [])]
+        md = controller.get("maxPerDocument", search.MAX_PER_DOCUMENT)
+        base["dedupe"]["maxPerDocument"] = md if _is_int(md) else search.MAX_PER_DOCUMENT
+        return {**base, "passes": passes, "fusedResults": returned,
+                "earlyStop": bool(controller.get("earlyStop")),
+                "stopReason": controller.get("stopReason") if controller.get("earlyStop") else None}
+    planned = search.plan_passes(request["query"]) if request else []
+    status = "ran" if reason == "no-verified-results" else "not-run"
+    return {**base, "passes": [{"name": p, "status": status} for p in planned],
+            "fusedResults": 0, "earlyStop": reason == "budget-exhausted",
+            "stopReason": "budget-exhausted" if reason == "budget-exhausted" else None}
+
+
+def _external_contract() -> dict[str, Any]:
+    return {
+        "name": "kith-read-only-search",
+        "schemaVersion": SCHEMA_VERSION,
+        "readOnly": True,
+        "usagePrompt": USAGE_PROMPT,
+        "recallPriority": ["conversation-and-local-files", "agent-runtime-memory", "kith-search"],
+        "allowedOperations": ["GET /health", "GET /stats", "GET /contract", "POST /search"],
+        "citeWith": "citationPack.citations[].citationId",
+        "maxSearchCalls": 3,
+        "clientDeadlineSeconds": 90,
+    }
+
+
+def _agentic(status: str, recommendations: list[str]) -> dict[str, Any]:
+    return {
+        "readOnly": True,
+        "evidenceStatus": status,
+        "followUpOptions": ["exact-pass", "rewrite-pass", "filtered-pass"],
+        "recommendedNext": recommendations[0] if recommendations else None,
+        "maxSearchCalls": 3,
+        "mutations": [],
+    }
+
+
+def empty_envelope(reason: str, request: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An envelope with no results; depends ONLY on ``reason`` and ``request``.
+
+    Args:
+        reason: a kebab-case reason code: ``no-verified-results`` (``available`` stays
+            true: the search ran and nothing may be shown), or ``index-unavailable``,
+            ``budget-exhausted``, ``invalid-request``, ``policy-denied``,
+            ``pending-approval``, ``rate-limited``, ``timeout``, ``internal-error``…
+            (``available`` false).
+        request: the normalized request (from :func:`validate_search_request`), or None
+            when there is none (e.g. ``invalid-request``).
+
+    Returns:
+        A dict with exactly :data:`ENVELOPE_KEYS`, stable defaults and no timing.
+
+    Raises:
+        ValueError: if ``reason`` is not kebab-case (a programming error).
+    """
+    if not isinstance(reason, str) or not _KEBAB.match(reason):
+        raise ValueError("reason must be a kebab-case code")
+    available = reason in AVAILABLE_REASONS
+    evidence = "no-evidence" if available else reason
+    recs = ["report-no-evidence"] if available else ["report-unavailable"]
+    keys = search.key_terms(request["query"]) if request else []
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "available": available,
+        "reason": reason,
+        "results": [],
+        "queryPlan": _query_plan(request),
+        "citationPack": {"citations": [], "count": 0},
+        "eventAggregation": {"method": "by-source", "groups": [], "groupCount": 0},
+        "answerSynthesis": {"mode": "extractive", "status": evidence, "sentences": [],
+                            "note": "No evidence to summarize."},
+        "quality": {
+            "status": "none" if available else "unavailable",
+            "keyTermCoverage": {"terms": keys, "covered": [], "missing": keys,
+                                "ratio": 0.0, "topResultRatio": 0.0},
+            "needsMoreEvidence": True,
+            "flags": {"metaDiscussionTop": False, "hasNonMetaExactEvidence": False,
+                      "hasAuthoritativeEvidence": False, "exactPassMatched": False},
+            "recommendations": recs,
+        },
+        "retrievalController": _controller(request, reason, None, 0),
+        "agentic": _agentic(evidence, recs),
+        "externalAgentContract": _external_contract(),
+    }
+
+
+def build_envelope(request: dict[str, Any], hits: list[Hit],
+                   controller: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Build the ``schemaVersion`` 2 envelope for hits that may be shown.
+
+    Args:
+        request: the normalized request (:func:`validate_search_request`).
+        hits: the hits to show, best first (already through the egress gate when they
+            go to a peer). Only source ids, previews, locations and provenance are
+            copied — never ``root_prefix``/``rel_path`` beyond the source id, never a
+            real path.
+        controller: the controller report from ``Corpus.search_hits``; only pass names
+            and statuses, the fusion method and the early-stop flag are copied.
+
+    Returns:
+        The envelope (keys :data:`ENVELOPE_KEYS`). With no hits it is exactly
+        ``empty_envelope("no-verified-results", request)`` whatever the controller says.
+    """
+    if not hits:
+        return empty_envelope("no-verified-results", request)
+    q = request["query"]
+    keys = _key_stems(q)
+    key_names = [t for t, _ in keys]
+    results: list[dict[str, Any]] = []
+    citations: list[dict[str, Any]] = []
+    covered_all: set[str] = set()
+    top_ratio = 0.0
+    exact_matched = False
+    candidates: list[tuple[int, int, int, str, str, str]] = []
+    for rank, hit in enumerate(hits):
+        cid = _citation_id(hit.chunk_id)
+        meta = hit.metadata or {}
+        stems = _stems(hit.text)
+        cov = _coverage(keys, stems)
+        covered_all.update(cov)
+        if rank == 0:
+            top_ratio = len(cov) / len(keys) if keys else 1.0
+        comps = {k: round(float(v), 6) for k, v in (hit.score_components or {}).items()}
+        if comps.get("exact", 0.0) > 0:
+            exact_matched = True
+        provenance = {
+            "sourceId": hit.source_id,
+            "location": dict(hit.location),
+            "contentHash": hit.content_hash,
+            "indexedAt": hit.indexed_at,
+            "dedupeKey": hashlib.sha256(_squash(hit.text).encode()).hexdigest()[:16],
+            "citationId": cid,
+        }
+        tags = meta.get("tags") or []
+        results.append({
+            "id": hit.chunk_id,
+            "score": round(float(hit.score), 6),
+            "scoreComponents": comps,
+            "source": hit.source_id,
+            "date": meta.get("date"),
+            "agent": meta.get("agent"),
+            "project": meta.get("project"),
+            "tags": list(tags) if isinstance(tags, (list, tuple)) else [tags],
+            "workType": meta.get("workType"),
+            "textPreview": _preview(hit.text, keys, PREVIEW_CHARS),
+            "provenance": provenance,
+        })
+        citations.append({
+            "citationId": cid,
+            "resultId": hit.chunk_id,
+            "source": hit.source_id,
+            "location": dict(hit.location),
+            "excerpt": _preview(hit.text, keys, EXCERPT_CHARS),
+            "scoreComponents": comps,
+            "provenance": provenance,
+        })
+        for pos, sent in enumerate(_sentences(hit.text)):
+            n = len(_coverage(keys, _stems(sent))) if len(sent) >= 20 else 0
+            if n:
+                candidates.append((n, rank, pos, sent, cid, hit.source_id))
+    # extractive synthesis: best-covering sentences, at most 2 per result
+    candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
+    per_result: dict[int, int] = {}
+    sentences: list[dict[str, Any]] = []
+    seen_text: set[str] = set()
+    for n, rank, _pos, sent, cid, source in candidates:
+        if len(sentences) >= MAX_SYNTHESIS_SENTENCES:
+            break
+        if per_result.get(rank, 0) >= 2 or sent in seen_text:
+            continue
+        per_result[rank] = per_result.get(rank, 0) + 1
+        seen_text.add(sent)
+        sentences.append({"text": _cut(sent, 400), "citationId": cid, "source": source})
+    # event aggregation: group by source
+    groups: dict[str, dict[str, Any]] = {}
+    for res in results:
+        g = groups.setdefault(res["source"], {"key": res["source"], "source": res["source"],
+                                              "citationIds": [], "count": 0, "headingPaths": []})
+        g["citationIds"].append(res["provenance"]["citationId"])
+        g["count"] += 1
+        hp = res["provenance"]["location"].get("headingPath")
+        if hp and hp not in g["headingPaths"]:
+            g["headingPaths"].append(hp)
+    covered = [t for t in key_names if t in covered_all]
+    missing = [t for t in key_names if t not in covered_all]
+    ratio = len(covered) / len(key_names) if key_names else 1.0
+    whole = any(len(_coverage(keys, _stems(h.text))) == len(keys) for h in hits) if keys else True
+    strong = ratio >= 0.75 and top_ratio >= 0.5
+    recs: list[str] = []
+    if missing:
+        recs.append("retry-with-exact-pass")
+    if not strong:
+        recs.append("retry-with-rewrite-pass")
+    status = "evidence" if strong else "weak-evidence"
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "available": True,
+        "reason": None,
+        "results": results,
+        "queryPlan": _query_plan(request),
+        "citationPack": {"citations": citations, "count": len(citations)},
+        "eventAggregation": {"method": "by-source", "groups": list(groups.values()),
+                             "groupCount": len(groups)},
+        "answerSynthesis": {
+            "mode": "extractive", "status": status, "sentences": sentences,
+            "note": "Sentences are copied from the cited results; this is not a generated "
+                    "answer.",
+        },
+        "quality": {
+            "status": "strong" if strong else "weak",
+            "keyTermCoverage": {"terms": key_names, "covered": covered, "missing": missing,
+                                "ratio": round(ratio, 4), "topResultRatio": round(top_ratio, 4)},
+            "needsMoreEvidence": not strong,
+            "flags": {"metaDiscussionTop": False,
+                      "hasNonMetaExactEvidence": bool(exact_matched or whole),
+                      "hasAuthoritativeEvidence": False, "exactPassMatched": exact_matched},
+            "recommendations": recs,
+        },
+        "retrievalController": _controller(request, None, controller or {"passes": []},
+                                           len(results)),
+        "agentic": _agentic(status, recs),
+        "externalAgentContract": _external_contract(),
+    }

@@ -1,0 +1,225 @@
+"""Source identifiers: the single normalization point (DESIGN §1, §10; seed p2p-path-standard).
+
+Every source that policy, the egress gate or the wire sees goes through
+:func:`normalize_source` first. It returns a *canonical source id* or ``None``; it never
+raises and never hands back a real path of a root.
+
+Canonical forms (all start with ``/``, use ``/`` only, are NFC, have no empty, ``.`` or
+``..`` segment and no trailing slash):
+
+* virtual id ``/<root-prefix>/<relative path>`` — a file inside a source root;
+* datasource id ``/<kind>/<instance>/...`` — passes through unchanged;
+* an absolute path outside every root, as itself with ``\\`` turned into ``/``;
+  a Windows drive path ``c:\\x\\y`` becomes ``/C:/x/y`` (drive letter upper-cased, leading
+  ``/`` so that every canonical id starts with ``/``) and a UNC path ``\\\\srv\\share\\x``
+  becomes ``//srv/share/x`` (exactly two leading slashes), on every host.
+
+The full input → output table is in ``specs/policy.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import unicodedata
+from collections.abc import Sequence
+from pathlib import Path
+
+from node.corpus.types import Root
+
+#: Longest accepted source (characters, after NFC); longer input normalizes to ``None``.
+MAX_SOURCE_CHARS = 4096
+
+_DRIVE = re.compile(r"^([A-Za-z]):[\\/]")
+_SEPS = "/\\"
+_MULTI_SLASH = re.compile(r"/{2,}")
+_CANON_DRIVE = re.compile(r"^/[A-Z]:(/|$)")
+
+
+def lexical_form(source: object) -> str | None:
+    """Canonicalize ``source`` without touching the file system (no roots involved).
+
+    This is the purely textual half of :func:`normalize_source`; policy globs use the same
+    canonicalization (``node.policy.store``).
+
+    Returns the canonical absolute form (see module docstring) or ``None`` for anything
+    that is not an absolute path / id: empty, NUL, too long, URL or ``kind:`` scheme,
+    relative path (with or without backslashes), drive-relative ``C:x``, a lone leading
+    backslash, ``.``/``..`` segments, or a path with no segment at all (``/``).
+    """
+    if not isinstance(source, str) or not source or "\x00" in source:
+        return None
+    s = unicodedata.normalize("NFC", source)
+    if len(s) > MAX_SOURCE_CHARS:
+        return None
+    m = _DRIVE.match(s)
+    if m:
+        head, body = f"/{m.group(1).upper()}:", s[2:]
+    elif len(s) > 2 and s[0] in _SEPS and s[1] in _SEPS and s[2] not in _SEPS:
+        head, body = "/", s[1:]  # UNC: keep exactly two leading slashes
+    elif s[0] == "/":
+        head, body = "", s
+    else:
+        # relative path, scheme (http:, file:, kind:rest), C:x, or a lone leading "\"
+        return None
+    body = _MULTI_SLASH.sub("/", body.replace("\\", "/")).rstrip("/")
+    if not body:
+        return None
+    segments = body.split("/")[1:]
+    if any(seg in (".", "..") for seg in segments):
+        return None
+    return head + body
+
+
+def _first_segment(canon: str) -> str | None:
+    """Return the first segment of a canonical id (``None`` for a UNC id)."""
+    if canon.startswith("//"):
+        return None
+    return canon[1:].split("/", 1)[0]
+
+
+def _native(canon: str) -> str | None:
+    """This host's spelling of canonical absolute ``canon``, or ``None`` if foreign.
+
+    On POSIX, drive (``/C:/...``) and UNC (``//srv/...``) ids are foreign; on Windows,
+    ``/C:/x`` is ``C:/x`` and POSIX-style ids are foreign.
+    """
+    drive = _CANON_DRIVE.match(canon) is not None
+    if os.name == "nt":
+        if drive:
+            return canon[1:]
+        return canon if canon.startswith("//") else None
+    if drive or canon.startswith("//"):
+        return None
+    return canon
+
+
+def _realpath(path: str) -> str | None:
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError, RuntimeError):
+        return None
+
+
+def _inside(path: str, folder: str) -> str | None:
+    """Return ``path`` relative to ``folder`` ('' for the folder itself), or ``None``."""
+    if path == folder:
+        return ""
+    base = folder if folder.endswith(os.sep) else folder + os.sep
+    if path.startswith(base):
+        return path[len(base):]
+    return None
+
+
+class SourceNormalizer:
+    """:func:`normalize_source` / :func:`resolve_source_id` with the roots prepared once.
+
+    The roots' real paths (symlinks resolved) are computed at construction; build a new
+    normalizer when the roots change. Instances are immutable and thread-safe.
+
+    Args:
+        roots: the registered source roots (prefix + real absolute folder).
+    """
+
+    def __init__(self, roots: Sequence[Root]) -> None:
+        self.roots: tuple[Root, ...] = tuple(roots)
+        self._by_prefix: dict[str, Root] = {}
+        for root in self.roots:
+            self._by_prefix.setdefault(root.prefix, root)
+        # (real folder, root), longest first: the longest containing root wins
+        real = [(_realpath(r.path), r) for r in self.roots]
+        self._real: list[tuple[str, Root]] = sorted(
+            ((p, r) for p, r in real if p), key=lambda pr: len(pr[0]), reverse=True)
+        self._names: set[str] = {r.path.rstrip(_SEPS) or "/" for r in self.roots}
+        self._names.update(p for p, _ in self._real)
+
+    def _virtual_of(self, real: str) -> str | None:
+        for folder, root in self._real:
+            rel = _inside(real, folder)
+            if rel is not None:
+                rel = unicodedata.normalize("NFC", rel.replace("\\", "/")).strip("/")
+                return lexical_form(f"/{root.prefix}/{rel}" if rel else f"/{root.prefix}")
+        return None
+
+    def _target(self, canon: str) -> tuple[Root, str | None] | None:
+        first = _first_segment(canon)
+        root = self._by_prefix.get(first) if first is not None else None
+        if root is None:
+            return None
+        rel = canon[len(root.prefix) + 2:]
+        return root, _realpath(os.path.join(root.path, *rel.split("/")) if rel else root.path)
+
+    def __call__(self, source: str) -> str | None:
+        """Return the canonical id of ``source`` or ``None``; see :func:`normalize_source`."""
+        canon = lexical_form(source)
+        if canon is None or not self.roots:
+            return canon
+        virtual = self._target(canon)
+        if virtual is not None:
+            target = virtual[1]
+            return self._virtual_of(target) if target is not None else None
+        native = _native(canon)
+        if native is None:
+            return canon  # another host's path form (drive/UNC on POSIX): never a root here
+        resolved = _realpath(native)
+        if resolved is None:
+            return None
+        found = self._virtual_of(resolved)
+        if found is not None:
+            return found
+        if any(_inside(native, name) is not None for name in self._names):
+            return None  # inside a root by name, outside every root after symlinks
+        return canon
+
+    def resolve(self, source_id: str) -> Path | None:
+        """Return the real path of virtual id ``source_id``; see :func:`resolve_source_id`."""
+        canon = lexical_form(source_id)
+        virtual = self._target(canon) if canon is not None else None
+        if virtual is None or virtual[1] is None:
+            return None
+        root, target = virtual
+        real_root = _realpath(root.path)
+        if real_root is None or _inside(target, real_root) is None:
+            return None
+        return Path(target)
+
+
+def normalize_source(source: str, roots: Sequence[Root]) -> str | None:
+    """Return the canonical source id of ``source`` or ``None`` (DESIGN §10).
+
+    Args:
+        source: a virtual id, a datasource id, or an OS-absolute path (any host's form).
+        roots: the registered source roots (prefix + real folder).
+
+    Returns:
+        * first segment names a root prefix (a virtual id; seed rule 1) → the virtual id of
+          the file it resolves to: itself normally, the nested root's id when a longer root
+          contains it, ``None`` when symlinks take it outside every root;
+        * a real path inside a root, symlinks resolved before the containment test, the
+          longest containing root winning (seed rule 2) → ``/<prefix>/<rel>``;
+        * any other absolute path or datasource id (seed rules 3, 4) → itself, canonicalized
+          (``\\`` → ``/``, repeated slashes collapsed, trailing slash dropped, NFC) — except a
+          path that lies inside a root by name but outside every root after symlinks →
+          ``None``;
+        * anything else (``.``/``..`` segments, URL or ``kind:`` schemes, relative paths,
+          NUL, empty, longer than :data:`MAX_SOURCE_CHARS`) → ``None``.
+
+        Never raises; never returns a root's real path. With no roots only the lexical
+        rules apply (no file-system access).
+    """
+    return SourceNormalizer(roots)(source)
+
+
+def resolve_source_id(source_id: str, roots: Sequence[Root]) -> Path | None:
+    """Map virtual id ``/<prefix>/<rel>`` to the real file inside its root.
+
+    Args:
+        source_id: a virtual id (non-canonical spellings such as doubled slashes are
+            accepted; real paths and datasource ids are not virtual ids).
+        roots: the registered source roots.
+
+    Returns:
+        The symlink-resolved real path, or ``None`` when the id is invalid, names no known
+        root, or resolves outside its own root (symlink escape). Never raises.
+    """
+    return SourceNormalizer(roots).resolve(source_id)

@@ -1,0 +1,604 @@
+"""The corpus store: SQLite (the record) plus a tantivy BM25 index derived from it.
+
+Layout under ``<home>/corpus/`` (DESIGN §9, §13):
+
+- ``corpus.sqlite3`` (WAL): ``roots``, ``documents`` (the tracking rows), ``chunks``,
+  ``changes`` (the change log) and ``meta`` (``index_applied_seq``: the last change the
+  tantivy index holds; ``last_sync``; schema versions);
+- ``tantivy/``: the BM25 index, rebuildable from SQLite at any time;
+- ``writer.lock``: held (``flock``) by the one process writing; names its owner.
+
+Disagreement between the two is safe by construction (seed ``provider-origins``):
+SQLite is written first and is authoritative; a tantivy hit whose chunk is not in
+SQLite (or whose document is not ``done``) is ignored; chunk ids change when content
+changes, so a stale tantivy document can never be mistaken for a current chunk; and
+when a writer starts it replays every change after ``index_applied_seq`` (or rebuilds
+the index when its document count disagrees with SQLite or its schema is older).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import tantivy
+
+from node.corpus import ingest, search
+from node.corpus.types import Hit, Root
+from node.errors import CorpusError
+
+try:  # POSIX advisory lock; on other platforms the tantivy writer lock alone applies
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+SCHEMA_VERSION = 1
+_WRITER_HEAP = 128_000_000
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS roots(
+    prefix TEXT PRIMARY KEY, path TEXT NOT NULL UNIQUE, chunker TEXT NOT NULL,
+    chunk_size INTEGER NOT NULL, chunk_overlap INTEGER NOT NULL, added_at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS documents(
+    doc_id TEXT PRIMARY KEY, source_id TEXT NOT NULL UNIQUE,
+    root_prefix TEXT NOT NULL, rel_path TEXT NOT NULL, kind TEXT,
+    size INTEGER, mtime_ns INTEGER, content_hash TEXT,
+    status TEXT NOT NULL CHECK (status IN ('processing', 'done', 'error')),
+    chunk_count INTEGER NOT NULL DEFAULT 0, error_code TEXT, error_message TEXT,
+    encoding TEXT, encoding_fallback INTEGER NOT NULL DEFAULT 0, chunker_sig TEXT,
+    stale INTEGER NOT NULL DEFAULT 0, indexed_at TEXT, updated_at TEXT NOT NULL,
+    metadata TEXT NOT NULL DEFAULT '{}');
+CREATE INDEX IF NOT EXISTS documents_root ON documents(root_prefix);
+CREATE TABLE IF NOT EXISTS chunks(
+    chunk_id TEXT PRIMARY KEY, doc_id TEXT NOT NULL, ordinal INTEGER NOT NULL,
+    text TEXT NOT NULL, line_start INTEGER, line_end INTEGER,
+    heading_path TEXT NOT NULL DEFAULT '[]');
+CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);
+CREATE TABLE IF NOT EXISTS changes(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, doc_id TEXT NOT NULL, op TEXT NOT NULL);
+"""
+
+
+class Corpus:
+    """The local corpus: roots, sync and search.
+
+    Args:
+        home: the node home; data lives in ``<home>/corpus/``.
+        readonly: search-only handle (the host's): never creates files, never takes the
+            writer lock; :meth:`add_root` and :meth:`sync` raise ``corpus-readonly``.
+
+    Usable as a context manager; thread-safe (one internal lock).
+    """
+
+    def __init__(self, home: Path | str, *, readonly: bool = False) -> None:
+        self.home = Path(home)
+        self.readonly = readonly
+        self.dir = self.home / "corpus"
+        self.db_path = self.dir / "corpus.sqlite3"
+        self.index_dir = self.dir / "tantivy"
+        self.lock_path = self.dir / "writer.lock"
+        self._lock = threading.RLock()
+        self._db: sqlite3.Connection | None = None
+        self._index: Any = None
+        self._writer: Any = None
+        self._wlock_fd: int | None = None
+        if readonly and not self.db_path.exists():
+            return
+        if not readonly:
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._db = sqlite3.connect(self.db_path, timeout=10.0, isolation_level=None,
+                                   check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA busy_timeout=10000")
+        if not readonly:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_DDL)
+            if self._get_meta("schema_version") is None:
+                self._set_meta("schema_version", str(SCHEMA_VERSION))
+
+    # -- plumbing ---------------------------------------------------------------------
+    def __enter__(self) -> Corpus:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the writer (if held) and close SQLite. Idempotent."""
+        with self._lock:
+            self._release_writer()
+            self._index = None
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        assert self._db is not None
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _get_meta(self, key: str) -> str | None:
+        if self._db is None:
+            return None
+        try:
+            row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        except sqlite3.OperationalError:
+            return None
+        return row[0] if row else None
+
+    def _set_meta(self, key: str, value: str) -> None:
+        with self._tx():
+            self._db.execute(  # type: ignore[union-attr]
+                "INSERT INTO meta(key, value) VALUES (?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
+
+    def _require_writable(self) -> sqlite3.Connection:
+        if self.readonly or self._db is None:
+            raise CorpusError("corpus-readonly")
+        return self._db
+
+    # -- roots --------------------------------------------------------------------------
+    def add_root(self, path: str | Path) -> Root:
+        """Register a folder as a source root (DESIGN §1, §9).
+
+        Args:
+            path: an existing directory (``~`` expanded, resolved to an absolute path).
+
+        Returns:
+            The persisted :class:`Root`; its prefix is the folder's basename, then
+            ``-2``, ``-3``… when taken.
+
+        Raises:
+            CorpusError: ``root-not-found`` (missing or not a directory), ``root-exists``
+                (same resolved folder already registered), ``corpus-readonly``.
+        """
+        with self._lock:
+            db = self._require_writable()
+            p = Path(path).expanduser()
+            if not p.is_dir():
+                raise CorpusError("root-not-found",
+                                  "The folder to index does not exist or is not a directory.")
+            real = p.resolve()
+            base = real.name or "root"
+            with self._tx():
+                if db.execute("SELECT 1 FROM roots WHERE path=?", (str(real),)).fetchone():
+                    raise CorpusError("root-exists", "That folder is already a source root.")
+                taken = {r[0] for r in db.execute("SELECT prefix FROM roots")}
+                prefix, n = base, 1
+                while prefix in taken:
+                    n += 1
+                    prefix = f"{base}-{n}"
+                root = Root(prefix=prefix, path=str(real))
+                db.execute(
+                    "INSERT INTO roots(prefix, path, chunker, chunk_size, chunk_overlap, added_at)"
+                    " VALUES (?,?,?,?,?,?)",
+                    (root.prefix, root.path, root.chunker, root.chunk_size, root.chunk_overlap,
+                     ingest.now_rfc3339()))
+            return root
+
+    def roots(self) -> list[Root]:
+        """The registered roots, in the order they were added."""
+        with self._lock:
+            if self._db is None:
+                return []
+            try:
+                rows = self._db.execute(
+                    "SELECT prefix, path, chunker, chunk_size, chunk_overlap FROM roots "
+                    "ORDER BY rowid").fetchall()
+            except sqlite3.OperationalError:
+                return []
+            return [Root(prefix=r[0], path=r[1], chunker=r[2], chunk_size=r[3],
+                         chunk_overlap=r[4]) for r in rows]
+
+    # -- the writer -----------------------------------------------------------------------
+    def _owner_text(self) -> str:
+        try:
+            info = json.loads(self.lock_path.read_text("utf-8") or "{}")
+            return (f"pid {int(info.get('pid', 0))}, {str(info.get('command', '?'))[:60]}, "
+                    f"since {str(info.get('since', '?'))[:20]}")
+        except (OSError, ValueError):
+            return "owner unknown"
+
+    def _locked(self) -> CorpusError:
+        return CorpusError(
+            "index-locked",
+            f"Another process is writing this corpus index ({self._owner_text()}).",
+            hint="Wait for that sync to finish (or stop it), then run the command again.")
+
+    def _acquire_writer(self) -> None:
+        """Take the writer lock, open/create the index, and repair it from SQLite."""
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if fcntl is not None:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise self._locked() from None
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"pid": os.getpid(),
+                                     "command": " ".join(["kith", *sys.argv[1:3]]),
+                                     "since": ingest.now_rfc3339()}).encode())
+            self._wlock_fd = fd
+        try:
+            rebuild = self._get_meta("index_schema_version") != str(search.INDEX_SCHEMA_VERSION)
+            index = None
+            if not rebuild and tantivy.Index.exists(str(self.index_dir)):
+                try:
+                    index = tantivy.Index.open(str(self.index_dir))
+                except ValueError:
+                    rebuild = True
+            if index is None:
+                if self.index_dir.exists():
+                    shutil.rmtree(self.index_dir)
+                self.index_dir.mkdir(parents=True)
+                index = tantivy.Index(search.build_schema(), path=str(self.index_dir))
+                rebuild = True
+            search.register_analyzers(index)
+            try:
+                self._writer = index.writer(_WRITER_HEAP, 0)
+            except ValueError as exc:
+                if "LockBusy" in str(exc):
+                    raise self._locked() from None
+                raise
+            self._index = index
+            self._repair(full=rebuild)
+        except BaseException:
+            self._release_writer()
+            raise
+
+    def _release_writer(self) -> None:
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            with contextlib.suppress(Exception):
+                writer.rollback()
+            with contextlib.suppress(Exception):
+                writer.wait_merging_threads()
+            del writer
+        if self._wlock_fd is not None:
+            fd, self._wlock_fd = self._wlock_fd, None
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            os.close(fd)  # closing releases the flock
+
+    def _commit_index(self) -> None:
+        """Commit tantivy, then record the last applied change in SQLite."""
+        db = self._db
+        assert db is not None and self._writer is not None
+        seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+        self._writer.commit()
+        with self._tx():
+            db.execute("INSERT INTO meta(key, value) VALUES ('index_applied_seq', ?) "
+                       "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (str(seq),))
+            db.execute("DELETE FROM changes WHERE seq <= ?", (seq,))
+
+    def _repair(self, *, full: bool) -> None:
+        """Bring tantivy in line with SQLite (replay the change log, or rebuild)."""
+        db = self._db
+        assert db is not None and self._writer is not None and self._index is not None
+        w = self._writer
+        if not full:
+            applied = int(self._get_meta("index_applied_seq") or 0)
+            pending = [r[0] for r in db.execute(
+                "SELECT DISTINCT doc_id FROM changes WHERE seq > ?", (applied,))]
+            if pending:
+                for doc_id in pending:
+                    w.delete_documents_by_term("doc_id", doc_id)
+                for cid, did, text, title in ingest.iter_chunks_for_index(db, pending):
+                    w.add_document(search.make_document(cid, did, text, title))
+                self._commit_index()
+            self._index.reload()
+            expected = db.execute("SELECT COUNT(*) FROM chunks c JOIN documents d "
+                                  "ON d.doc_id = c.doc_id WHERE d.status='done'").fetchone()[0]
+            full = self._index.searcher().num_docs != expected
+        if full:
+            w.delete_all_documents()
+            for cid, did, text, title in ingest.iter_chunks_for_index(db):
+                w.add_document(search.make_document(cid, did, text, title))
+            self._commit_index()
+            self._set_meta("index_schema_version", str(search.INDEX_SCHEMA_VERSION))
+
+    def rebuild_index(self) -> None:
+        """Rebuild the tantivy index from SQLite (takes the writer lock).
+
+        Raises:
+            CorpusError: ``index-locked``, ``corpus-readonly``.
+        """
+        with self._lock:
+            self._require_writable()
+            self._acquire_writer()
+            try:
+                self._repair(full=True)
+            finally:
+                self._release_writer()
+
+    # -- sync -------------------------------------------------------------------------------
+    def sync(self, *, progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
+        """Walk every root and update the record and the index (DESIGN §9, mode new_only).
+
+        Args:
+            progress: called as ``progress(done, total, source_id)`` before each file and
+                once with ``done == total`` at the end.
+
+        Returns:
+            ``{"indexed", "updated", "skipped", "removed", "failed", "empty", "chunks":
+            int, "skippedReasons": {reason: int}, "errors": [{"source", "code",
+            "message"}], "seconds": float}``. ``failed`` files and ``empty`` ones have an
+            ``error`` tracking row; neither stops the batch.
+
+        Raises:
+            CorpusError: ``index-locked`` when another process holds the writer,
+                ``corpus-readonly`` on a read-only handle.
+        """
+        with self._lock:
+            self._require_writable()
+            self._acquire_writer()
+            try:
+                return ingest.run_sync(self, progress)
+            except BaseException:
+                # what SQLite already holds must reach the index (or be replayed later)
+                with contextlib.suppress(Exception):
+                    self._commit_index()
+                raise
+            finally:
+                self._release_writer()
+
+    # -- search -----------------------------------------------------------------------------
+    def _searcher(self) -> Any:
+        if self._db is None or self._get_meta("index_schema_version") != str(
+                search.INDEX_SCHEMA_VERSION):
+            raise CorpusError("index-unavailable",
+                              "The corpus index is missing or out of date; run `kith index sync`.")
+        if self._index is None:
+            try:
+                index = tantivy.Index.open(str(self.index_dir))
+            except ValueError:
+                raise CorpusError("index-unavailable",
+                                  "The corpus index is unreadable; run `kith index sync`.") from None
+            search.register_analyzers(index)
+            self._index = index
+        self._index.reload()
+        return self._index.searcher()
+
+    def _run_pass(self, searcher: Any, query: Any, depth: int) -> list[tuple[str, float]]:
+        out = []
+        for score, addr in searcher.search(query, depth).hits:
+            if score > 0:
+                out.append((searcher.doc(addr)["chunk_id"][0], float(score)))
+        out.sort(key=lambda x: (-x[1], x[0]))
+        return out
+
+    def _serve_ok(self, row: sqlite3.Row, roots: dict[str, str]) -> bool:
+        """Serve-time origin check: the file is still inside its root and unchanged."""
+        root = roots.get(row["root_prefix"])
+        if root is None:
+            return False
+        try:
+            base = Path(root).resolve(strict=True)
+            real = (base / row["rel_path"]).resolve(strict=True)
+            if not real.is_relative_to(base) or not real.is_file():
+                return False
+            st = real.stat()
+            if st.st_size == row["size"] and st.st_mtime_ns == row["mtime_ns"]:
+                return True
+            if st.st_size != row["size"]:
+                return False
+            return hashlib.sha256(real.read_bytes()).hexdigest() == row["content_hash"]
+        except OSError:
+            return False
+
+    def _flag_stale(self, doc_ids: list[str]) -> None:
+        if not doc_ids or self._db is None:
+            return
+        try:  # best effort: a busy writer must not fail a search
+            self._db.execute("PRAGMA busy_timeout=200")
+            with self._tx():
+                self._db.executemany("UPDATE documents SET stale=1 WHERE doc_id=?",
+                                     [(d,) for d in doc_ids])
+        except sqlite3.Error:
+            pass
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("PRAGMA busy_timeout=10000")
+
+    def search_hits(self, query: str, *, limit: int, filters: dict[str, Any] | None = None,
+                    deadline: float | None = None,
+                    max_per_document: int = search.MAX_PER_DOCUMENT,
+                    ) -> tuple[list[Hit], dict[str, Any]]:
+        """Search the corpus (no policy: the caller/egress gate applies it).
+
+        Args:
+            query: user text (any characters; never parsed by tantivy's query parser).
+            limit: number of hits wanted (1–100).
+            filters: normalized filters from :func:`node.corpus.envelope.validate_search_request`
+                (``sources`` globs; metadata filters fail closed, DESIGN §9).
+            deadline: ``time.monotonic()`` instant after which no further pass starts.
+            max_per_document: document-level dedup cap.
+
+        Returns:
+            ``(hits, controller)``: hits best first, sorted by (−score, chunk_id), every
+            score > 0; ``controller`` is the local ``retrievalController`` report:
+            ``mode``, ``passes`` [{name, status, candidates}], ``fusion``, counts
+            (``candidates``, ``orphaned``, ``filteredOut``, ``withheldStale``,
+            ``dedupedPerDocument``, ``returned``), ``earlyStop``, ``stopReason``,
+            ``indexLag``. Its counts are for local diagnostics only (see envelope.py).
+
+        Raises:
+            CorpusError: ``query-invalid`` (empty query / bad limit), ``index-unavailable``.
+        """
+        if not isinstance(query, str) or not query.strip():
+            raise CorpusError("query-invalid", "The field 'query' must be a non-empty string.")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100:
+            raise CorpusError("query-invalid", "The limit must be an integer from 1 to 100.")
+        filters = filters or {}
+        with self._lock:
+            controller: dict[str, Any] = {
+                "mode": "bounded-multi-pass", "passes": [],
+                "fusion": {"method": "rrf", "k": search.RRF_K},
+                "maxPerDocument": max_per_document, "candidates": 0, "orphaned": 0,
+                "filteredOut": 0, "withheldStale": 0, "dedupedPerDocument": 0,
+                "returned": 0, "earlyStop": False, "stopReason": None, "indexLag": 0,
+            }
+            if deadline is not None and time.monotonic() >= deadline:
+                controller.update(earlyStop=True, stopReason="budget-exhausted")
+                controller["passes"] = [{"name": p, "status": "skipped", "candidates": 0}
+                                        for p in search.plan_passes(query)]
+                return [], controller
+            searcher = self._searcher()
+            schema = self._index.schema
+            depth = min(max(limit * 10, 50), 500)
+            ranked: dict[str, list[tuple[str, float]]] = {}
+            bq, field = search.baseline_query(schema, query)
+            base = self._run_pass(searcher, bq, depth) if bq is not None else []
+            ranked["baseline-bm25"] = base
+            controller["passes"].append({"name": "baseline-bm25", "status": "ran",
+                                         "field": field, "candidates": len(base)})
+            eq = search.exact_query(schema, query)
+            if eq is not None:
+                if deadline is not None and time.monotonic() >= deadline:
+                    controller["passes"].append({"name": "exact-entity", "status": "skipped",
+                                                 "candidates": 0})
+                    controller.update(earlyStop=True, stopReason="budget-exhausted")
+                else:
+                    ex = self._run_pass(searcher, eq, depth)
+                    ranked["exact-entity"] = ex
+                    controller["passes"].append({"name": "exact-entity", "status": "ran",
+                                                 "candidates": len(ex)})
+            raw = {name: dict(hits) for name, hits in ranked.items()}
+            fused = search.rrf_fuse(ranked)
+            order = sorted(fused, key=lambda c: (-fused[c], c))
+            controller["candidates"] = len(order)
+            hits = self._materialize(order, fused, raw, filters, limit, max_per_document,
+                                     controller)
+            applied = int(self._get_meta("index_applied_seq") or 0)
+            try:
+                top = self._db.execute(  # type: ignore[union-attr]
+                    "SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+            except sqlite3.Error:
+                top = applied
+            controller["indexLag"] = max(0, top - applied)
+            controller["returned"] = len(hits)
+            return hits, controller
+
+    def _materialize(self, order: list[str], fused: dict[str, float],
+                     raw: dict[str, dict[str, float]], filters: dict[str, Any], limit: int,
+                     max_per_document: int, controller: dict[str, Any]) -> list[Hit]:
+        db = self._db
+        assert db is not None
+        rows: dict[str, sqlite3.Row] = {}
+        for i in range(0, len(order), 500):
+            part = order[i:i + 500]
+            for r in db.execute(
+                    "SELECT c.chunk_id, c.doc_id, c.text, c.line_start, c.line_end, "
+                    "c.heading_path, d.source_id, d.root_prefix, d.rel_path, d.size, "
+                    "d.mtime_ns, d.content_hash, d.indexed_at, d.metadata "
+                    "FROM chunks c JOIN documents d ON d.doc_id = c.doc_id "
+                    f"WHERE d.status = 'done' AND c.chunk_id IN ({','.join('?' * len(part))})",
+                    part):
+                rows[r["chunk_id"]] = r
+        roots = {r.prefix: r.path for r in self.roots()}
+        serve: dict[str, bool] = {}
+        per_doc: dict[str, int] = {}
+        stale: list[str] = []
+        hits: list[Hit] = []
+        for cid in order:
+            if len(hits) >= limit:
+                break
+            row = rows.get(cid)
+            if row is None:  # SQLite is authoritative: not there, not served
+                controller["orphaned"] += 1
+                continue
+            meta = json.loads(row["metadata"] or "{}")
+            if filters and not search.passes_filters(row["source_id"], meta, filters):
+                controller["filteredOut"] += 1
+                continue
+            doc_id = row["doc_id"]
+            if per_doc.get(doc_id, 0) >= max_per_document:
+                controller["dedupedPerDocument"] += 1
+                continue
+            if doc_id not in serve:
+                serve[doc_id] = self._serve_ok(row, roots)
+                if not serve[doc_id]:
+                    stale.append(doc_id)
+            if not serve[doc_id]:
+                controller["withheldStale"] += 1
+                continue
+            per_doc[doc_id] = per_doc.get(doc_id, 0) + 1
+            components = {"bm25": round(raw.get("baseline-bm25", {}).get(cid, 0.0), 6)}
+            if "exact-entity" in raw:
+                components["exact"] = round(raw["exact-entity"].get(cid, 0.0), 6)
+            components["rrf"] = round(fused[cid], 6)
+            hits.append(Hit(
+                chunk_id=cid, source_id=row["source_id"], text=row["text"],
+                score=fused[cid], score_components=components,
+                location={"lineStart": row["line_start"], "lineEnd": row["line_end"],
+                          "headingPath": json.loads(row["heading_path"])},
+                content_hash=row["content_hash"] or "", indexed_at=row["indexed_at"] or "",
+                root_prefix=row["root_prefix"], rel_path=row["rel_path"], metadata=meta,
+            ))
+        self._flag_stale(stale)
+        return hits
+
+    # -- stats ------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Counts and readiness.
+
+        Returns:
+            ``{"roots", "documents", "done", "chunks", "failed", "empty", "processing",
+            "stale": int, "ready": bool, "last_sync": str | None, "index_lag": int}``;
+            ``ready`` is True when a sync has completed and the index is present and of
+            the current schema. Never raises for a missing corpus (all zero, not ready).
+        """
+        with self._lock:
+            out: dict[str, Any] = {"roots": 0, "documents": 0, "done": 0, "chunks": 0,
+                                   "failed": 0, "empty": 0, "processing": 0, "stale": 0,
+                                   "ready": False, "last_sync": None, "index_lag": 0}
+            if self._db is None:
+                return out
+            db = self._db
+            try:
+                out["roots"] = db.execute("SELECT COUNT(*) FROM roots").fetchone()[0]
+                for status, code, stale, n, chunks in db.execute(
+                        "SELECT status, error_code = 'empty-document', stale, COUNT(*), "
+                        "SUM(chunk_count) FROM documents GROUP BY 1, 2, 3"):
+                    out["documents"] += n
+                    if status == "done":
+                        out["done"] += n
+                        out["chunks"] += chunks or 0
+                    elif status == "processing":
+                        out["processing"] += n
+                    elif code:
+                        out["empty"] += n
+                    else:
+                        out["failed"] += n
+                    if stale:
+                        out["stale"] += n
+                applied = int(self._get_meta("index_applied_seq") or 0)
+                top = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+                out["index_lag"] = max(0, top - applied)
+            except sqlite3.OperationalError:
+                return out
+            out["last_sync"] = self._get_meta("last_sync")
+            out["ready"] = bool(
+                out["last_sync"]
+                and self._get_meta("index_schema_version") == str(search.INDEX_SCHEMA_VERSION)
+                and tantivy.Index.exists(str(self.index_dir)))
+            return out

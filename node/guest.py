@@ -1,0 +1,138 @@
+"""The Guest role: resolve and verify an invitation, connect over iroh, run the session.
+
+``kith join ARG`` (DESIGN §5): ARG naming an existing file → an invitation file; ARG
+starting with ``{`` → an invitation JSON string; anything else → a ``post_id`` fetched
+from the community server.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+from node.driver import SessionOutcome, run_session
+from node.engine.session import GuestConfig, SessionEngine, SessionReady
+from node.errors import ConfigError, InvitationError
+from node.hooks import HookContext, PeerInfo, load_hooks
+from node.identity import Identity
+from node.invitation import POST_ID_RE, Invitation, parse_invitation, verify_invitation
+from node.peers import PeerRegistry
+from node.spec import ProtocolSpec, find_protocol_dir, load_spec
+
+log = logging.getLogger("kith.guest")
+
+
+async def resolve_invitation(arg: str, *, server_url: str | None) -> Invitation:
+    """Turn ``kith join``'s argument into a parsed (not yet verified) invitation.
+
+    Raises:
+        InvitationError: ``invitation-malformed`` / ``invitation-not-found``.
+        ConfigError: ``no-server`` when ARG is a post_id and no server is given.
+        CommunityError: the server is unreachable or refuses.
+    """
+    path = Path(arg)
+    if arg.lstrip().startswith("{"):
+        return parse_invitation(arg)
+    if path.is_file():
+        try:
+            data = path.read_bytes()
+        except OSError:
+            raise ConfigError("file-not-found", f"cannot read invitation file {arg}") from None
+        return parse_invitation(data)
+    if not POST_ID_RE.fullmatch(arg):
+        raise InvitationError("invitation-malformed",
+                              f"{arg!r} is neither an invitation file, an invitation JSON string nor a post_id")
+    if not server_url:
+        raise ConfigError("no-server", "a post_id needs a community server: pass --server URL "
+                                       "(or join with an invitation file)")
+    from node.community.client import CommunityClient
+
+    async with CommunityClient(server_url) as client:
+        return await client.get_invitation(arg)
+
+
+def check_invitation(inv: Invitation, home: Path) -> tuple[Path, ProtocolSpec]:
+    """Every check of DESIGN §5 before connecting, plus the pinned-key check.
+
+    Returns:
+        ``(protocol_dir, spec)`` of the local protocol the invitation names.
+
+    Raises:
+        InvitationError: any ``invitation-*`` code, or ``host-key-changed``.
+    """
+    from node.transport.iroh import ticket_endpoint_id
+
+    pdir = find_protocol_dir(inv.protocol.name, home)
+    spec = load_spec(pdir) if pdir is not None else None
+    verify_invitation(inv, ticket_endpoint_id=ticket_endpoint_id,
+                      local_protocol_id=spec.protocol_id if spec else None)
+    assert pdir is not None and spec is not None
+    return pdir, spec
+
+
+def trust_status(inv: Invitation, home: Path) -> str | None:
+    """The registry name pinned to the host key, or None for an unknown host.
+
+    Raises:
+        InvitationError: ``host-key-changed`` is raised by the pinned-name check in
+            :func:`check_pinned_name`, not here.
+    """
+    rec = PeerRegistry.load(home).by_key(inv.host_public_key)
+    return rec.name if rec else None
+
+
+def check_pinned_name(name: str, inv: Invitation, home: Path) -> None:
+    """Refuse when ``name`` is pinned in the registry to a different key (DESIGN §5).
+
+    Raises:
+        InvitationError: ``host-key-changed``.
+    """
+    rec = PeerRegistry.load(home).by_name(name)
+    if rec is not None and rec.public_key != inv.host_public_key:
+        raise InvitationError("host-key-changed",
+                              f"{name!r} is pinned to a different key; the host key changed")
+
+
+async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Path, spec: ProtocolSpec, *,
+                       local: bool, server_url: str | None, options: dict[str, Any],
+                       interactive: bool = False,
+                       on_ready: Callable[[str], None] | None = None) -> SessionOutcome:
+    """Connect to the host of ``inv`` and run one session with the protocol's guest hooks.
+
+    Args:
+        options: the guest hooks' options (e.g. ``queries``, ``on_results``, ``ask``).
+        interactive: no hook timeout (the hook waits on its user).
+        on_ready: called with the session id once the handshake completed.
+
+    Raises:
+        TransportError: bind/connect failures (``transport-*``).
+    """
+    from node.transport.iroh import bind_node
+
+    hooks = load_hooks(pdir)
+    name = trust_status(inv, home)
+
+    async def on_proof(proof: dict[str, Any]) -> None:
+        if server_url:
+            from node.community.client import CommunityClient
+
+            async with CommunityClient(server_url, identity) as client:
+                await client.submit_session(proof)
+
+    def make_context(ev: SessionReady) -> HookContext:
+        if on_ready is not None:
+            on_ready(ev.session_id)
+        return HookContext(role="guest", session_id=ev.session_id,
+                           peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile), options=options,
+                           logger=logging.getLogger("kith.hooks." + spec.name))
+
+    async with bind_node(identity.secret, spec.alpn, local=local) as node:
+        conn = await node.connect(inv.transport_info.ticket)
+        stream = await node.open_stream(conn)
+        engine = SessionEngine("guest", spec, public_key=identity.public_key, sign=identity.sign,
+                               guest=GuestConfig(remote_id=stream.remote_id or "", post_id=inv.post_id,
+                                                 host_public_key=inv.host_public_key))
+        return await run_session(stream, engine, hooks, make_context=make_context, on_proof=on_proof,
+                                 hook_timeout_s=None if interactive else "spec",
+                                 idle_timeout_s="spec")

@@ -1,0 +1,176 @@
+"""The egress gate: the last check before anything leaves the machine (DESIGN §1, §10).
+
+Two duties, built once per (roots, policy, home) and cheap to call:
+
+* :meth:`EgressGate.filter_hits` — per hit: normalize the source id, check it against the
+  hit's own origin (``root_prefix``/``rel_path``), decide the tier for (peer, source), keep
+  only allowed hits, with their canonical (wire) id, in the original order.
+* :meth:`EgressGate.check_outgoing` — refuse an outgoing message (``egress-leak``) that
+  contains the real absolute path of a source root or of the node home, in any spelling a
+  serializer may produce (raw, symlink-resolved, NFC/NFD, ``\\`` or ``/`` separators, JSON
+  escapes incl. ``\\/`` and ``\\uXXXX``, percent-encoding), matched ASCII-case-insensitively.
+
+``ask`` hits are withheld for now; :meth:`EgressGate.decide_hits` exposes every decision
+so the approvals work (issue 5) can turn ``ask`` ones into approval requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import unicodedata
+import urllib.parse
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from node.corpus.sources import SourceNormalizer
+from node.corpus.types import Hit, Root
+from node.errors import EgressRefused
+from node.policy.store import DEFAULT_TIER, Decision, Policy
+
+_INVALID = Decision(None, DEFAULT_TIER, False, None)
+
+
+def _path_spellings(path: str) -> set[str]:
+    """Textual spellings of one real path (before byte-level encodings)."""
+    bases = {path}
+    try:
+        bases.add(os.path.realpath(path))
+    except (OSError, ValueError):
+        pass
+    out: set[str] = set()
+    for base in bases:
+        base = base.rstrip("/\\") or base
+        for form in ("NFC", "NFD"):
+            text = unicodedata.normalize(form, base)
+            out.update({text, text.replace("\\", "/"), text.replace("/", "\\")})
+    return out
+
+
+def leak_needles(paths: Iterable[str]) -> set[bytes]:
+    """Every byte string whose presence in an outgoing message reveals one of ``paths``.
+
+    Args:
+        paths: real absolute paths (roots, the node home).
+
+    Returns:
+        UTF-8 needles: each spelling from raw text, JSON string escapes (``ensure_ascii`` on
+        and off, with ``/`` and with ``\\/``), and percent-encoding (``/`` kept or ``%2F``).
+        Needles shorter than 2 bytes (a root at ``/``) are skipped: they would refuse
+        everything.
+    """
+    needles: set[str] = set()
+    for path in paths:
+        for text in _path_spellings(str(path)):
+            forms = {text, urllib.parse.quote(text), urllib.parse.quote(text, safe="")}
+            for ascii_only in (True, False):
+                escaped = json.dumps(text, ensure_ascii=ascii_only)[1:-1]
+                forms.update({escaped, escaped.replace("/", "\\/")})
+            needles.update(forms)
+    return {n.encode("utf-8", "surrogatepass") for n in needles if len(n) >= 2}
+
+
+_END = -1
+
+
+def _trie_pattern(needles: Iterable[bytes]) -> bytes:
+    """One regex alternation with common prefixes factored out (a trie in regex form).
+
+    A needle that is a prefix of another makes the longer one redundant (any occurrence of
+    the longer contains the shorter), so the trie is cut at the first end marker.
+    """
+    trie: dict[int, dict] = {}
+    for needle in sorted(needles, key=len):
+        node = trie
+        for byte in needle:
+            if _END in node:
+                break
+            node = node.setdefault(byte, {})
+        else:
+            node.clear()
+            node[_END] = {}
+
+    def build(node: dict[int, dict]) -> bytes:
+        if _END in node:
+            return b""
+        branches = [re.escape(bytes([b])) + build(child) for b, child in sorted(node.items())]
+        return branches[0] if len(branches) == 1 else b"(?:" + b"|".join(branches) + b")"
+
+    return build(trie)
+
+
+class EgressGate:
+    """Policy per hit and a leak scan per outgoing message (DESIGN §10).
+
+    Args:
+        roots: the registered source roots (real folders are never sent).
+        policy: the loaded :class:`node.policy.store.Policy`.
+        home: the node home (its real path is never sent either).
+
+    The leak scanner is one compiled bytes regex built here; build a new gate when the
+    roots or the policy change.
+    """
+
+    def __init__(self, roots: Sequence[Root], policy: Policy, home: Path) -> None:
+        self.roots: tuple[Root, ...] = tuple(roots)
+        self.policy = policy
+        self.home = Path(home)
+        self._normalize = SourceNormalizer(self.roots)
+        paths = [r.path for r in self.roots] + [str(self.home)]
+        needles = leak_needles(paths)
+        self._leak: re.Pattern[bytes] | None = (
+            re.compile(_trie_pattern(needles), re.IGNORECASE) if needles else None)
+
+    # --- policy per hit -----------------------------------------------------------------
+    def decide(self, source: str | None, peer_name: str | None) -> Decision:
+        """Normalize ``source`` against the roots and decide it for ``peer_name``."""
+        canonical = self._normalize(source) if source is not None else None
+        return self.policy.decide(canonical, peer_name) if canonical is not None else _INVALID
+
+    def decide_hits(self, hits: Sequence[Hit], peer_name: str | None) -> list[tuple[Hit, Decision]]:
+        """Decide every hit for ``peer_name`` (``None``: an anonymous peer), in order.
+
+        A hit whose source id does not normalize, or whose normalized id differs from the
+        id of its own origin (``/<root_prefix>/<rel_path>``, when ``root_prefix`` is set),
+        gets the invalid decision (``private``, not allowed). Returned hits carry their
+        canonical ``source_id``.
+        """
+        out: list[tuple[Hit, Decision]] = []
+        for hit in hits:
+            decision = self.decide(hit.source_id, peer_name)
+            if decision.canonical is not None and hit.root_prefix is not None:
+                origin = f"/{hit.root_prefix}/{hit.rel_path}" if hit.rel_path else f"/{hit.root_prefix}"
+                if self._normalize(origin) != decision.canonical:
+                    decision = _INVALID
+            if decision.canonical is not None and decision.canonical != hit.source_id:
+                hit = dataclasses.replace(hit, source_id=decision.canonical)
+            out.append((hit, decision))
+        return out
+
+    def filter_hits(self, hits: Sequence[Hit], peer_name: str | None) -> list[Hit]:
+        """Keep the hits ``peer_name`` may receive, order preserved, with canonical ids.
+
+        Dropped: invalid or origin-mismatched sources, ``never``, ``private`` (incl. no
+        matching rule), ``peers`` without this peer listed, and ``ask`` (held back until
+        approvals exist, issue 5).
+        """
+        return [hit for hit, decision in self.decide_hits(hits, peer_name) if decision.allowed]
+
+    # --- leak scan ----------------------------------------------------------------------
+    def check_outgoing(self, data: bytes | str) -> None:
+        """Refuse ``data`` if it contains a real path of a root or of the home.
+
+        Args:
+            data: the serialized outgoing message (UTF-8 bytes or text).
+
+        Raises:
+            EgressRefused: ``egress-leak``; the message names no path.
+        """
+        if self._leak is None:
+            return
+        if isinstance(data, str):
+            data = data.encode("utf-8", "surrogatepass")
+        if self._leak.search(data) is not None:
+            raise EgressRefused("egress-leak")

@@ -1,0 +1,386 @@
+"""The egress policy: ``<home>/policy.toml`` rules mapping source globs to tiers (DESIGN §10).
+
+A rule is ``glob`` + ``tier`` (+ ``peers`` for the ``peers`` tier). :meth:`Policy.decide`
+answers, for one (source, peer), which tier applies and whether the source may leave.
+The exact glob, specificity and tie rules are in ``specs/policy.md``; in short:
+
+* ``*`` and ``?`` never cross ``/``; ``**`` (a whole segment) matches zero or more whole
+  segments; every other character is literal (no ``[...]`` classes, no escapes).
+* The most specific matching glob wins: specificity = the number of literal characters
+  (every character that is not ``*`` or ``?``, ``/`` included). Ties → the more
+  restrictive tier (never > private > ask > peers > public), then the earlier rule.
+* No match, or a source that does not normalize → ``private``.
+
+The file is read with stdlib :mod:`tomllib` and written with ``tomli-w`` through
+:func:`node.home.atomic_write` (0600, tmp+rename). Comments are not preserved on save.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from node.corpus.sources import lexical_form, normalize_source
+from node.corpus.types import Root
+from node.errors import PolicyError
+from node.home import atomic_write
+
+POLICY_FILE = "policy.toml"
+
+#: All tiers, least restrictive first (the index is the restrictiveness rank).
+TIERS: tuple[str, ...] = ("public", "peers", "ask", "private", "never")
+_RANK = {tier: i for i, tier in enumerate(TIERS)}
+DEFAULT_TIER = "private"
+
+#: Bounds on what a policy may contain (DESIGN §14).
+MAX_POLICY_BYTES = 1 << 20
+MAX_GLOB_CHARS = 1024
+MAX_DOUBLE_STARS = 8
+
+_RULE_KEYS = {"glob", "tier", "peers"}
+_QUOTA_KEYS = {"queries_per_hour", "burst", "max_message_bytes"}
+
+
+def _glob_error(glob: object, why: str, where: str = "") -> PolicyError:
+    return PolicyError("policy-bad-glob", f"{where}invalid glob {glob!r}: {why}")
+
+
+def canonical_glob(glob: str, *, where: str = "") -> str:
+    """Validate ``glob`` and return its canonical form (DESIGN §10).
+
+    The glob is canonicalized like a source (:func:`node.corpus.sources.lexical_form`): NFC,
+    ``\\`` → ``/``, repeated slashes collapsed, trailing slash dropped, ``C:\\x`` →
+    ``/C:/x``, ``\\\\srv\\x`` → ``//srv/x``. Consecutive ``**`` segments collapse to one.
+
+    Args:
+        glob: the glob as written by the owner.
+        where: a prefix for the error message (e.g. ``"policy.toml: rule #2: "``).
+
+    Returns:
+        The canonical glob (always starts with ``/``).
+
+    Raises:
+        PolicyError: ``policy-bad-glob`` when the glob is not a string, is empty, contains
+            NUL, is longer than :data:`MAX_GLOB_CHARS`, does not start with ``/`` (or a
+            drive/UNC prefix), has a ``.``/``..`` segment, has ``**`` inside a segment, or
+            more than :data:`MAX_DOUBLE_STARS` ``**`` segments.
+    """
+    if not isinstance(glob, str) or not glob:
+        raise _glob_error(glob, "must be a non-empty string", where)
+    if "\x00" in glob:
+        raise _glob_error(glob, "contains NUL", where)
+    if len(glob) > MAX_GLOB_CHARS:
+        raise _glob_error(glob[:40] + "...", f"longer than {MAX_GLOB_CHARS} characters", where)
+    canon = lexical_form(glob)
+    if canon is None:
+        s = unicodedata.normalize("NFC", glob).replace("\\", "/")
+        if s.startswith("/") and any(seg in (".", "..") for seg in s.split("/")):
+            raise _glob_error(glob, "'.' and '..' segments are not allowed", where)
+        raise _glob_error(glob, "must be absolute: start with '/' (or C:/..., //server/...)", where)
+    head = "/" if canon.startswith("//") else ""
+    segments: list[str] = []
+    for seg in canon[len(head) + 1:].split("/"):
+        if "**" in seg and seg != "**":
+            raise _glob_error(glob, "'**' must be a whole segment (use '*' inside a name)", where)
+        if seg == "**" and segments and segments[-1] == "**":
+            continue
+        segments.append(seg)
+    if segments.count("**") > MAX_DOUBLE_STARS:
+        raise _glob_error(glob, f"more than {MAX_DOUBLE_STARS} '**' segments", where)
+    return head + "/" + "/".join(segments)
+
+
+def compile_glob(canon: str) -> re.Pattern[str]:
+    """Compile a canonical glob (from :func:`canonical_glob`) to a regex for ``fullmatch``.
+
+    ``*`` → ``[^/]*``, ``?`` → ``[^/]``, a ``**`` segment → zero or more whole segments,
+    anything else literal.
+    """
+    head = "/" if canon.startswith("//") else ""
+    parts = [re.escape(head)]
+    for seg in canon[len(head) + 1:].split("/"):
+        if seg == "**":
+            parts.append("(?:/[^/]+)*")
+            continue
+        parts.append("/")
+        for ch in seg:
+            parts.append("[^/]*" if ch == "*" else "[^/]" if ch == "?" else re.escape(ch))
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def specificity(canon: str) -> int:
+    """Number of literal characters of a canonical glob (all but ``*`` and ``?``)."""
+    return len(canon) - canon.count("*") - canon.count("?")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One ``[[rule]]``: canonical ``glob``, ``tier``, and ``peers`` (registry names).
+
+    ``peers`` is non-empty exactly when ``tier == "peers"``.
+    """
+
+    glob: str
+    tier: str
+    peers: tuple[str, ...] = ()
+    pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    specificity: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pattern", compile_glob(self.glob))
+        object.__setattr__(self, "specificity", specificity(self.glob))
+
+    def to_toml(self) -> dict[str, Any]:
+        """The rule as a TOML table (``peers`` only when non-empty)."""
+        out: dict[str, Any] = {"glob": self.glob, "tier": self.tier}
+        if self.peers:
+            out["peers"] = list(self.peers)
+        return out
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The policy outcome for one (source, peer) (DESIGN §10).
+
+    Attributes:
+        canonical: the normalized source id, ``None`` when the source is invalid.
+        tier: the tier that applies (``private`` when nothing matched or invalid).
+        allowed: whether the source may be sent to this peer now (``public``, or ``peers``
+            with the peer listed). ``ask`` is ``False`` until approvals exist (issue 5).
+        matched: the canonical glob of the winning rule, ``None`` when nothing matched.
+    """
+
+    canonical: str | None
+    tier: str
+    allowed: bool
+    matched: str | None
+
+
+def _make_rule(glob: object, tier: object, peers: object, where: str) -> Rule:
+    canon = canonical_glob(glob, where=where)  # type: ignore[arg-type]
+    if not isinstance(tier, str) or tier not in _RANK:
+        raise PolicyError("policy-bad-tier",
+                          f"{where}tier {tier!r} is not one of {', '.join(TIERS)}")
+    if peers is None:
+        names: tuple[str, ...] = ()
+    elif isinstance(peers, (list, tuple)) and all(
+            isinstance(p, str) and p and "\x00" not in p for p in peers):
+        names = tuple(dict.fromkeys(peers))
+    else:
+        raise PolicyError("policy-invalid", f"{where}'peers' must be a list of peer names")
+    if tier == "peers" and not names:
+        raise PolicyError("policy-invalid", f"{where}tier 'peers' needs a non-empty 'peers' list")
+    if tier != "peers" and names:
+        raise PolicyError("policy-invalid", f"{where}'peers' is only allowed with tier 'peers'")
+    return Rule(canon, tier, names)
+
+
+def _check_quota_values(table: object, where: str, *, allow_peer: bool) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise PolicyError("policy-invalid", f"{where}must be a table")
+    allowed = _QUOTA_KEYS | ({"peer"} if allow_peer else set())
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in allowed:
+            raise PolicyError("policy-invalid", f"{where}unknown key {key!r}")
+        if key == "peer":
+            if not isinstance(value, dict):
+                raise PolicyError("policy-invalid", f"{where}'peer' must be a table of tables")
+            out["peer"] = {name: _check_quota_values(sub, f"{where}peer.{name}: ", allow_peer=False)
+                           for name, sub in value.items()}
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise PolicyError("policy-invalid", f"{where}{key!r} must be a non-negative integer")
+        else:
+            out[key] = value
+    return out
+
+
+class Policy:
+    """The rules of ``<home>/policy.toml`` plus its (not yet used) ``[quota]`` table.
+
+    Args:
+        rules: the rules in file order.
+        quota: the parsed ``[quota]`` table (kept and written back; used by issue 5).
+        path: where :meth:`save` writes; ``None`` for an in-memory policy.
+    """
+
+    def __init__(self, rules: Iterable[Rule] = (), quota: dict[str, Any] | None = None,
+                 path: Path | None = None) -> None:
+        self._rules: list[Rule] = list(rules)
+        self.quota: dict[str, Any] = dict(quota or {})
+        self.path = path
+
+    # --- loading / saving -------------------------------------------------------------
+    @classmethod
+    def load(cls, home: Path) -> Policy:
+        """Read ``<home>/policy.toml``; a missing file is an empty policy.
+
+        Raises:
+            PolicyError: ``policy-invalid`` (unreadable, too large, not UTF-8, bad TOML,
+                unknown key, wrong type), ``policy-bad-tier``, ``policy-bad-glob``; the
+                message names the file and the key or the 1-based ``[[rule]]`` number.
+        """
+        path = Path(home) / POLICY_FILE
+        try:
+            with path.open("rb") as fh:
+                raw = fh.read(MAX_POLICY_BYTES + 1)
+        except FileNotFoundError:
+            return cls(path=path)
+        except OSError as exc:
+            raise PolicyError("policy-invalid", f"{path}: cannot be read ({exc.strerror})") from None
+        if len(raw) > MAX_POLICY_BYTES:
+            raise PolicyError("policy-invalid", f"{path}: larger than {MAX_POLICY_BYTES} bytes")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise PolicyError("policy-invalid", f"{path}: not UTF-8") from None
+        return cls.from_toml(text, path=path)
+
+    @classmethod
+    def from_toml(cls, text: str, *, path: Path | None = None) -> Policy:
+        """Parse policy TOML ``text`` (see :meth:`load` for errors); ``path`` names it."""
+        name = str(path) if path is not None else POLICY_FILE
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise PolicyError("policy-invalid", f"{name}: not valid TOML: {exc}") from None
+        for key in doc:
+            if key not in ("rule", "quota"):
+                raise PolicyError("policy-invalid", f"{name}: unknown key {key!r}")
+        tables = doc.get("rule", [])
+        if not isinstance(tables, list):
+            raise PolicyError("policy-invalid", f"{name}: 'rule' must be an array of tables ([[rule]])")
+        rules = []
+        for i, table in enumerate(tables, start=1):
+            where = f"{name}: [[rule]] #{i}: "
+            if not isinstance(table, dict):
+                raise PolicyError("policy-invalid", f"{where}must be a table")
+            for key in table:
+                if key not in _RULE_KEYS:
+                    raise PolicyError("policy-invalid", f"{where}unknown key {key!r}")
+            for key in ("glob", "tier"):
+                if key not in table:
+                    raise PolicyError("policy-invalid", f"{where}missing key {key!r}")
+            rules.append(_make_rule(table["glob"], table["tier"], table.get("peers"), where))
+        quota = (_check_quota_values(doc["quota"], f"{name}: [quota]: ", allow_peer=True)
+                 if "quota" in doc else {})
+        return cls(rules, quota, path)
+
+    def to_toml(self) -> str:
+        """Serialize to TOML (a header comment, ``[[rule]]`` tables, then ``[quota]``)."""
+        doc: dict[str, Any] = {}
+        if self._rules:
+            doc["rule"] = [r.to_toml() for r in self._rules]
+        if self.quota:
+            doc["quota"] = self.quota
+        header = ("# Kith egress policy (DESIGN §10). Written by `kith policy`; "
+                  "comments are not kept.\n")
+        return header + tomli_w.dumps(doc)
+
+    def save(self) -> None:
+        """Write the policy to :attr:`path` atomically with mode 0600 (DESIGN §13).
+
+        Raises:
+            ValueError: if the policy has no path (built in memory).
+        """
+        if self.path is None:
+            raise ValueError("in-memory policy has no path to save to")
+        atomic_write(self.path, self.to_toml().encode("utf-8"), mode=0o600)
+
+    # --- editing ------------------------------------------------------------------------
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        """The rules in file order."""
+        return tuple(self._rules)
+
+    def set(self, glob: str, tier: str, peers: Sequence[str] | None = None) -> Rule:
+        """Add or replace the rule for ``glob`` (compared in canonical form).
+
+        A replaced rule keeps its position; later duplicates of the same glob are removed.
+        Does not save.
+
+        Returns:
+            The new :class:`Rule`.
+
+        Raises:
+            PolicyError: ``policy-bad-glob``, ``policy-bad-tier``, or ``policy-invalid``
+                (``peers`` tier without peers, or peers with another tier).
+        """
+        if isinstance(peers, str):
+            peers = [peers]
+        rule = _make_rule(glob, tier, list(peers) if peers else None, "")
+        kept: list[Rule] = []
+        placed = False
+        for old in self._rules:
+            if old.glob == rule.glob:
+                if not placed:
+                    kept.append(rule)
+                    placed = True
+                continue
+            kept.append(old)
+        if not placed:
+            kept.append(rule)
+        self._rules = kept
+        return rule
+
+    def unset(self, glob: str) -> bool:
+        """Remove every rule whose canonical glob equals ``glob``'s; ``True`` if any was.
+
+        Raises:
+            PolicyError: ``policy-bad-glob`` when ``glob`` itself is invalid.
+        """
+        canon = canonical_glob(glob)
+        before = len(self._rules)
+        self._rules = [r for r in self._rules if r.glob != canon]
+        return len(self._rules) != before
+
+    # --- deciding -------------------------------------------------------------------------
+    def match(self, canonical: str) -> Rule | None:
+        """The winning rule for an already-canonical source id, or ``None``.
+
+        Winner: highest :attr:`Rule.specificity`, then the most restrictive tier, then the
+        earliest rule in the file.
+        """
+        best: tuple[int, int, int] | None = None
+        winner: Rule | None = None
+        for i, rule in enumerate(self._rules):
+            if rule.pattern.fullmatch(canonical) is None:
+                continue
+            key = (-rule.specificity, -_RANK[rule.tier], i)
+            if best is None or key < best:
+                best, winner = key, rule
+        return winner
+
+    def decide(self, source_id: str | None, peer_name: str | None, *,
+               roots: Sequence[Root] = ()) -> Decision:
+        """Decide whether ``source_id`` may be sent to ``peer_name`` (DESIGN §10).
+
+        Args:
+            source_id: any source form; normalized with
+                :func:`node.corpus.sources.normalize_source` against ``roots`` first.
+            peer_name: the peer's registry name, ``None`` for an anonymous peer.
+            roots: source roots for normalization (empty: textual rules only).
+
+        Returns:
+            A :class:`Decision`. Invalid source → ``Decision(None, "private", False, None)``.
+        """
+        canonical = normalize_source(source_id, roots) if source_id is not None else None
+        if canonical is None:
+            return Decision(None, DEFAULT_TIER, False, None)
+        rule = self.match(canonical)
+        if rule is None:
+            return Decision(canonical, DEFAULT_TIER, False, None)
+        if rule.tier == "public":
+            allowed = True
+        elif rule.tier == "peers":
+            allowed = peer_name is not None and peer_name in rule.peers
+        else:  # ask (until approvals exist), private, never
+            allowed = False
+        return Decision(canonical, rule.tier, allowed, rule.glob)
