@@ -45,6 +45,7 @@ LEXICAL = [
     ("http://example.com/a", None),
     ("kakao:chat/sender/chunk-1", None),
     ("/docs/a\x00.md", None),
+    ("/docs/a\udcff.md", None),
     ("/" + "a" * 5000, None),
 ]
 

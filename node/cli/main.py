@@ -9,7 +9,6 @@ import json
 import sys
 from typing import Optional
 
-import click
 import typer
 from rich.markup import escape
 
@@ -73,33 +72,32 @@ def _wants_json(argv: list[str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: run the CLI and exit with its status."""
+    """Console-script entry point: run the CLI and exit with its status.
+
+    Usage errors and ``--help`` are handled by the CLI library (exit 2 / 0); a
+    :class:`KithError` prints ``error [code]: message`` (and a hint) on stderr — plus
+    ``{"error": {...}}`` on stdout in ``--json`` mode — and exits with its exit code.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     _register()
     debug = "--debug" in argv
     try:
-        app(args=argv, standalone_mode=False, prog_name="kith")
+        app(args=argv, prog_name="kith", standalone_mode=True)
     except KithError as exc:
         if debug:
             raise
         if _wants_json(argv):
             sys.stdout.write(json.dumps({"error": exc.to_dict()}) + "\n")
+            sys.stdout.flush()
         err_console.print(f"[red]error[/red] {escape('[' + exc.code + ']')}: {escape(exc.message)}", highlight=False)
         if exc.hint:
             err_console.print(f"  hint: {escape(exc.hint)}", highlight=False)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        err_console.print("aborted")
-        sys.exit(1)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(2 if isinstance(exc, click.UsageError) else 1)
     except KeyboardInterrupt:
         sys.exit(130)
-    sys.exit(0)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()
+if __name__ == "__main__":  # pragma: no cover - `python -m node.cli.main`
+    from node.cli.main import main as _main  # the importable module, not __main__
+
+    _main()

@@ -143,9 +143,10 @@ def _rst_headings(lines: list[str]) -> list[tuple[int, int, str]]:
         title = lines[i]
         under = lines[i + 1]
         m = _RST_ADORN.match(under)
-        if (m and title.strip() and not title[:1].isspace() and not _RST_ADORN.match(title)
+        over = bool(m) and i > 0 and lines[i - 1].rstrip() == under.rstrip()
+        if (m and title.strip() and (over or not title[:1].isspace())
+                and not _RST_ADORN.match(title)
                 and len(under.rstrip()) >= min(len(title.rstrip()), 3)):
-            over = i > 0 and lines[i - 1].rstrip() == under.rstrip()
             before = i - 2 if over else i - 1
             if before < 0 or not lines[before].strip():
                 style = (m.group(1), over)

@@ -34,6 +34,7 @@ _DRIVE = re.compile(r"^([A-Za-z]):[\\/]")
 _SEPS = "/\\"
 _MULTI_SLASH = re.compile(r"/{2,}")
 _CANON_DRIVE = re.compile(r"^/[A-Z]:(/|$)")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # undecodable file-name bytes: not UTF-8 on the wire
 
 
 def lexical_form(source: object) -> str | None:
@@ -43,14 +44,15 @@ def lexical_form(source: object) -> str | None:
     canonicalization (``node.policy.store``).
 
     Returns the canonical absolute form (see module docstring) or ``None`` for anything
-    that is not an absolute path / id: empty, NUL, too long, URL or ``kind:`` scheme,
+    that is not an absolute path / id: empty, NUL, lone surrogates (undecodable file-name
+    bytes), too long, URL or ``kind:`` scheme,
     relative path (with or without backslashes), drive-relative ``C:x``, a lone leading
     backslash, ``.``/``..`` segments, or a path with no segment at all (``/``).
     """
     if not isinstance(source, str) or not source or "\x00" in source:
         return None
     s = unicodedata.normalize("NFC", source)
-    if len(s) > MAX_SOURCE_CHARS:
+    if len(s) > MAX_SOURCE_CHARS or _SURROGATE.search(s):
         return None
     m = _DRIVE.match(s)
     if m:

@@ -417,7 +417,7 @@ class SessionEngine:
         try:
             frame = F.decode_system(obj)
         except ProtocolViolation as exc:
-            if first and self.role == "host":
+            if first and self.role == "host" and action != "_session_init":
                 return self._fail(HandshakeError("handshake-first-frame"))
             return self._fail(HandshakeError("handshake-malformed", exc.message))
         if isinstance(frame, F.SessionReject):

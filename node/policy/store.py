@@ -97,22 +97,97 @@ def canonical_glob(glob: str, *, where: str = "") -> str:
     return head + "/" + "/".join(segments)
 
 
-def compile_glob(canon: str) -> re.Pattern[str]:
-    """Compile a canonical glob (from :func:`canonical_glob`) to a regex for ``fullmatch``.
+def _piece(text: str) -> re.Pattern[str]:
+    """Regex for a fixed-length piece of a segment: literal characters and ``?``."""
+    return re.compile("".join("." if ch == "?" else re.escape(ch) for ch in text), re.DOTALL)
 
-    ``*`` → ``[^/]*``, ``?`` → ``[^/]``, a ``**`` segment → zero or more whole segments,
-    anything else literal.
+
+class _SegmentGlob:
+    """One glob segment (no ``/``, not ``**``): literals, ``?`` and ``*``.
+
+    ``a*b?*c`` is split at ``*`` into fixed-length pieces (``a``, ``b?``, ``c``) compiled to
+    regexes: the first must match at the start, the last at the end, the middle ones are
+    found left to right (leftmost placement is optimal for fixed-length pieces), so a match
+    costs O(len(segment) * len(glob)) — no backtracking blow-up.
     """
-    head = "/" if canon.startswith("//") else ""
-    parts = [re.escape(head)]
-    for seg in canon[len(head) + 1:].split("/"):
-        if seg == "**":
-            parts.append("(?:/[^/]+)*")
-            continue
-        parts.append("/")
-        for ch in seg:
-            parts.append("[^/]*" if ch == "*" else "[^/]" if ch == "?" else re.escape(ch))
-    return re.compile("".join(parts), re.DOTALL)
+
+    __slots__ = ("_fixed", "_first", "_last", "_middle", "_first_len", "_last_len")
+
+    def __init__(self, glob: str) -> None:
+        if "*" not in glob:
+            self._fixed: re.Pattern[str] | None = _piece(glob)
+            return
+        self._fixed = None
+        parts = glob.split("*")
+        self._first, self._last = _piece(parts[0]), _piece(parts[-1])
+        self._first_len, self._last_len = len(parts[0]), len(parts[-1])
+        self._middle = [_piece(p) for p in parts[1:-1] if p]
+
+    def match(self, segment: str) -> bool:
+        if self._fixed is not None:
+            return self._fixed.fullmatch(segment) is not None
+        end = len(segment) - self._last_len
+        if end < self._first_len:
+            return False
+        if self._first.match(segment) is None or self._last.fullmatch(segment, end) is None:
+            return False
+        pos = self._first_len
+        for piece in self._middle:
+            found = piece.search(segment, pos, end)
+            if found is None:
+                return False
+            pos = found.end()
+        return True
+
+
+class GlobMatcher:
+    """A compiled canonical glob (from :func:`canonical_glob`); :meth:`match` tests an id.
+
+    The glob is split at ``**`` segments into groups of fixed length (in segments); the
+    first group must match at the start, the last at the end, middle groups are placed
+    leftmost in order. Each segment is matched by a :class:`_SegmentGlob`. This is the same
+    language as the regex ``*`` → ``[^/]*``, ``?`` → ``[^/]``, ``/**`` → ``(?:/[^/]+)*``, but
+    without the backtracking regex engines need for chained ``**``. A UNC glob
+    (``//...``) matches only UNC ids and vice versa.
+    """
+
+    __slots__ = ("glob", "_unc", "_groups")
+
+    def __init__(self, canon: str) -> None:
+        self.glob = canon
+        self._unc = canon.startswith("//")
+        groups: list[list[_SegmentGlob]] = [[]]
+        for seg in canon[2 if self._unc else 1:].split("/"):
+            if seg == "**":
+                groups.append([])
+            else:
+                groups[-1].append(_SegmentGlob(seg))
+        self._groups = groups
+
+    @staticmethod
+    def _fits(group: list[_SegmentGlob], segments: list[str], at: int) -> bool:
+        return all(g.match(segments[at + j]) for j, g in enumerate(group))
+
+    def match(self, canonical: str) -> bool:
+        """Whether canonical source id ``canonical`` matches the glob."""
+        if canonical.startswith("//") != self._unc:
+            return False
+        segments = canonical[2 if self._unc else 1:].split("/")
+        groups = self._groups
+        first, last = groups[0], groups[-1]
+        if len(groups) == 1:
+            return len(segments) == len(first) and self._fits(first, segments, 0)
+        end = len(segments) - len(last)
+        if end < len(first) or not self._fits(first, segments, 0) or not self._fits(last, segments, end):
+            return False
+        pos = len(first)
+        for group in groups[1:-1]:
+            while pos + len(group) <= end and not self._fits(group, segments, pos):
+                pos += 1
+            if pos + len(group) > end:
+                return False
+            pos += len(group)
+        return True
 
 
 def specificity(canon: str) -> int:
@@ -130,11 +205,11 @@ class Rule:
     glob: str
     tier: str
     peers: tuple[str, ...] = ()
-    pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    matcher: GlobMatcher = field(init=False, repr=False, compare=False)
     specificity: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "pattern", compile_glob(self.glob))
+        object.__setattr__(self, "matcher", GlobMatcher(self.glob))
         object.__setattr__(self, "specificity", specificity(self.glob))
 
     def to_toml(self) -> dict[str, Any]:
@@ -351,7 +426,7 @@ class Policy:
         best: tuple[int, int, int] | None = None
         winner: Rule | None = None
         for i, rule in enumerate(self._rules):
-            if rule.pattern.fullmatch(canonical) is None:
+            if not rule.matcher.match(canonical):
                 continue
             key = (-rule.specificity, -_RANK[rule.tier], i)
             if best is None or key < best:

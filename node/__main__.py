@@ -1,0 +1,5 @@
+"""``python -m node`` runs the ``kith`` command."""
+
+from node.cli.main import main
+
+main()

@@ -1,0 +1,38 @@
+"""Shared fixtures: identities, protocol dirs, and the `shared` corpus skip rule."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from node.identity import Identity
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+PYDOCS = SHARED / "corpora" / "python-docs-3.11"
+PROTOCOLS = REPO / "protocols"
+
+
+def new_identity() -> Identity:
+    """A fresh random Ed25519 identity (not written anywhere)."""
+    return Identity(os.urandom(32))
+
+
+@pytest.fixture
+def host_id() -> Identity:
+    return new_identity()
+
+
+@pytest.fixture
+def guest_id() -> Identity:
+    return new_identity()
+
+
+@pytest.fixture
+def pydocs() -> Path:
+    """The real python-docs corpus from ../shared; skipped with a reason when absent."""
+    if not PYDOCS.is_dir():
+        pytest.skip("../shared/corpora/python-docs-3.11 is not present (only CI and dev machines have ../shared)")
+    return PYDOCS

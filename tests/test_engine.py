@@ -1,0 +1,387 @@
+"""The sans-I/O engine: handshake checks, business-loop validation, limits and endings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from node.engine.framing import LineFramer, decode_frame, encode_frame
+from node.engine.session import (
+    MessageReceived,
+    MessageRefused,
+    RemoteError,
+    SessionClosed,
+    SessionReady,
+    State,
+)
+from node.errors import EgressRefused, HookError, ProtocolViolation
+from node.signing import role_message, session_id_of, session_payload
+from node.spec import load_spec
+
+from conftest import PROTOCOLS, REPO, new_identity
+from helpers import POST_ID, EnginePair
+
+
+@pytest.fixture(scope="module")
+def echo():
+    return load_spec(PROTOCOLS / "echo")
+
+
+@pytest.fixture(scope="module")
+def kq():
+    return load_spec(PROTOCOLS / "knowledge-query")
+
+
+def frames(data: bytes) -> list[dict]:
+    return [json.loads(line) for line in data.decode().splitlines()]
+
+
+def test_engine_imports_no_io_libraries():
+    code = ("import sys, node.engine.session, node.engine.framing, node.engine.frames;"
+            "bad=[m for m in ('anyio','iroh','socket','asyncio','httpx') if m in sys.modules];"
+            "print(','.join(bad)); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, f"node.engine imported I/O modules: {proc.stdout}"
+
+
+# ------------------------------------------------------------------------ handshake
+def test_handshake_completes_and_both_sides_agree_on_session_id(echo, host_id, guest_id):
+    pair = EnginePair(echo, host_id, guest_id)
+    pair.handshake()
+    assert pair.host.state is State.READY and pair.guest.state is State.READY
+    ready_h = pair.of(pair.host_events, SessionReady)[0]
+    ready_g = pair.of(pair.guest_events, SessionReady)[0]
+    assert ready_h.session_id == ready_g.session_id == pair.host.session_id
+    assert ready_h.peer_public_key == guest_id.public_key
+    proof = ready_h.proof
+    payload = session_payload(post_id=POST_ID, protocol_id=echo.protocol_id, host_public_key=host_id.public_key,
+                              guest_public_key=guest_id.public_key, guest_nonce=proof["guest_nonce"],
+                              host_nonce=proof["host_nonce"])
+    assert session_id_of(payload) == ready_h.session_id
+    # role tags: the host signature does not verify as a guest signature
+    from node.signing import verify
+    from node.errors import SigningError
+    verify(host_id.public_key, role_message("host", payload), proof["host_signature"])
+    with pytest.raises(SigningError):
+        verify(host_id.public_key, role_message("guest", payload), proof["host_signature"])
+
+
+def reject_code(pair: EnginePair, side: str = "host") -> str | None:
+    events = pair.host_events if side == "host" else pair.guest_events
+    closed = pair.of(events, SessionClosed)
+    assert closed, f"{side} did not close"
+    assert closed[0].reason == "rejected"
+    return closed[0].code
+
+
+def test_first_frame_must_be_session_init(echo, host_id, guest_id):
+    pair = EnginePair(echo, host_id, guest_id)
+    pair.host_events += pair.host.receive_data(encode_frame({"action": "say", "text": "hi"}))
+    assert reject_code(pair) == "handshake-first-frame"
+    assert frames(pair.host.data_to_send())[0]["action"] == "_session_reject"
+
+
+def test_first_frame_other_system_frame_is_refused(echo, host_id, guest_id):
+    pair = EnginePair(echo, host_id, guest_id)
+    pair.host_events += pair.host.receive_data(encode_frame({"action": "_ping"}))
+    assert reject_code(pair) == "handshake-first-frame"
+
+
+def test_claimed_key_must_equal_quic_remote_id(echo, host_id, guest_id):
+    other = new_identity()
+    pair = EnginePair(echo, host_id, guest_id, claimed_guest_key=other.public_key)
+    pair.handshake()
+    assert reject_code(pair) == "handshake-key-mismatch"
+    assert reject_code(pair, "guest") == "handshake-key-mismatch"
+
+
+def test_unknown_post_is_refused(echo, host_id, guest_id):
+    pair = EnginePair(echo, host_id, guest_id, post_id="not-this-post")
+    pair.handshake()
+    assert reject_code(pair) == "handshake-unknown-post"
+
+
+def test_protocol_mismatch_is_refused(echo, kq, host_id, guest_id):
+    pair = EnginePair(echo, host_id, guest_id)
+    pair.guest.spec = kq  # the guest speaks another protocol
+    pair.handshake()
+    assert reject_code(pair) == "handshake-protocol-mismatch"
+
+
+def test_replayed_nonce_is_refused(echo, host_id, guest_id):
+    seen: set[str] = set()
+    first = EnginePair(echo, host_id, guest_id, seen=seen)
+    first.guest.initiate()
+    init = first.guest.data_to_send()
+    first.host.receive_data(init)
+    replay = EnginePair(echo, host_id, guest_id, seen=seen)
+    replay.host_events += replay.host.receive_data(init)
+    assert reject_code(replay) == "handshake-nonce-reused"
+
+
+@pytest.mark.parametrize("nonce", ["AB" * 32, "ab" * 31, "0x" + "ab" * 31, " " + "ab" * 31 + "a", "zz" * 32])
+def test_malformed_nonce_is_refused(echo, host_id, guest_id, nonce):
+    pair = EnginePair(echo, host_id, guest_id)
+    init = {"action": "_session_init", "post_id": POST_ID, "protocol_id": echo.protocol_id,
+            "guest_public_key": guest_id.public_key, "guest_nonce": nonce}
+    pair.host_events += pair.host.receive_data(encode_frame(init))
+    assert reject_code(pair) == "handshake-bad-nonce"
+
+
+def test_unknown_field_in_session_init_is_refused(echo, host_id, guest_id):
+    pair = EnginePair(echo, host_id, guest_id)
+    init = {"action": "_session_init", "post_id": POST_ID, "protocol_id": echo.protocol_id,
+            "guest_public_key": guest_id.public_key, "guest_nonce": "ab" * 32, "sneaky": 1}
+    pair.host_events += pair.host.receive_data(encode_frame(init))
+    assert reject_code(pair) == "handshake-malformed"
+
+
+def test_bad_guest_signature_is_refused(echo, host_id, guest_id):
+    pair = EnginePair(echo, host_id, guest_id)
+    pair.guest.initiate()
+    pair.pump()
+    sid = pair.host.session_id
+    forged = {"action": "_session_ready", "session_id": sid, "guest_signature": "00" * 64}
+    pair.host_events += pair.host.receive_data(encode_frame(forged))
+    assert reject_code(pair) == "handshake-bad-signature"
+
+
+def test_guest_signature_with_host_role_tag_is_refused(echo, host_id, guest_id):
+    pair = EnginePair(echo, host_id, guest_id)
+    pair.guest.initiate()
+    pair.pump()
+    payload = pair.host._payload
+    wrong_role = guest_id.sign(role_message("host", payload))
+    pair.host_events += pair.host.receive_data(encode_frame(
+        {"action": "_session_ready", "session_id": pair.host.session_id, "guest_signature": wrong_role}))
+    assert reject_code(pair) == "handshake-bad-signature"
+
+
+def test_ready_with_wrong_session_id_is_refused(echo, host_id, guest_id):
+    pair = EnginePair(echo, host_id, guest_id)
+    pair.guest.initiate()
+    pair.pump()
+    pair.host_events += pair.host.receive_data(encode_frame(
+        {"action": "_session_ready", "session_id": "ab" * 32, "guest_signature": "00" * 64}))
+    assert reject_code(pair) == "handshake-session-mismatch"
+
+
+def _proof_for(pair: EnginePair, **override) -> bytes:
+    pair.guest.initiate()
+    init = frames(pair.guest.data_to_send())[0]
+    pair.host.receive_data(encode_frame(init))
+    proof = frames(pair.host.data_to_send())[0]
+    proof.update(override)
+    return encode_frame(proof)
+
+
+def test_guest_refuses_tampered_host_signature(echo, host_id, guest_id):
+    pair = EnginePair(echo, host_id, guest_id)
+    data = _proof_for(pair, host_signature="11" * 64)
+    pair.guest_events += pair.guest.receive_data(data)
+    assert reject_code(pair, "guest") == "handshake-bad-signature"
+
+
+def test_guest_refuses_wrong_session_id(echo, host_id, guest_id):
+    pair = EnginePair(echo, host_id, guest_id)
+    data = _proof_for(pair, session_id="cd" * 32)
+    pair.guest_events += pair.guest.receive_data(data)
+    assert reject_code(pair, "guest") == "handshake-session-mismatch"
+
+
+def test_guest_refuses_host_key_other_than_invitation(echo, host_id, guest_id):
+    pair = EnginePair(echo, host_id, guest_id, guest_expects_host=new_identity().public_key)
+    pair.handshake()
+    assert reject_code(pair, "guest") == "handshake-key-mismatch"
+
+
+def test_business_frame_before_ready_is_a_protocol_error(echo, host_id, guest_id):
+    pair = EnginePair(echo, host_id, guest_id)
+    pair.guest.initiate()
+    pair.pump()
+    pair.host_events += pair.host.receive_data(encode_frame({"action": "say", "text": "early"}))
+    assert reject_code(pair) == "message-before-ready"
+
+
+def test_rejected_guest_sees_the_hosts_code(echo, host_id, guest_id):
+    pair = EnginePair(echo, host_id, guest_id, post_id="gone-post")
+    pair.handshake()
+    closed = pair.of(pair.guest_events, SessionClosed)[0]
+    assert (closed.reason, closed.code) == ("rejected", "handshake-unknown-post")
+
+
+# ------------------------------------------------------------------------ business loop
+def ready_pair(spec, host_id, guest_id) -> EnginePair:
+    pair = EnginePair(spec, host_id, guest_id)
+    pair.handshake()
+    assert pair.host.state is State.READY
+    return pair
+
+
+def test_valid_message_reaches_hook_and_reply_flows(echo, host_id, guest_id):
+    pair = ready_pair(echo, host_id, guest_id)
+    pair.guest.send_message({"action": "say", "text": "hello"})
+    pair.pump()
+    got = pair.of(pair.host_events, MessageReceived)
+    assert [m.message for m in got] == [{"action": "say", "text": "hello"}]
+    pair.host.send_message({"action": "echo", "text": "HELLO", "count": 1})
+    pair.pump()
+    assert pair.of(pair.guest_events, MessageReceived)[0].message["text"] == "HELLO"
+
+
+@pytest.mark.parametrize("line, code", [
+    (b'{"action":"say","text":"hi","extra":1}', "message-schema-invalid"),          # unknown field
+    (b'{"action":"say"}', "message-schema-invalid"),                                 # missing field
+    (b'{"action":"say","text":5}', "message-schema-invalid"),                        # wrong type
+    (b'{"action":"say","text":""}', "message-schema-invalid"),                       # out of range
+    (b'{"action":"shout","text":"hi"}', "message-undeclared-action"),               # undeclared
+    (b'{"action":"echo","text":"hi","count":1}', "message-wrong-direction"),         # host's message
+    (b'{"action":"_session_init","post_id":"x"}', "message-unexpected-system-frame"),  # system frame mid-session
+    (b'{"action":"say","text":"\xff\xfe"}', "frame-invalid-utf8"),
+    (b'{"action":"say",', "frame-invalid-json"),
+    (b'[1,2,3]', "frame-invalid-json"),
+    (b'{"text":"no action"}', "frame-missing-action"),
+])
+def test_invalid_messages_are_refused_before_hooks(echo, host_id, guest_id, line, code):
+    pair = ready_pair(echo, host_id, guest_id)
+    events = pair.host.receive_data(line + b"\n")
+    assert not [e for e in events if isinstance(e, MessageReceived)]
+    refused = [e for e in events if isinstance(e, (MessageRefused, SessionClosed))]
+    assert refused and refused[0].code == code
+    reply = frames(pair.host.data_to_send())[-1]
+    assert reply["action"] == "_error" and reply["code"] == code
+    assert "\xff" not in reply["message"] and "no action" not in reply["message"]  # no echo of data
+
+
+def test_oversize_line_aborts_the_session(echo, host_id, guest_id):
+    pair = ready_pair(echo, host_id, guest_id)
+    big = b'{"action":"say","text":"' + b"x" * (echo.limits.max_message_bytes + 10) + b'"}\n'
+    events = pair.host.receive_data(big[:5000]) + pair.host.receive_data(big[5000:])
+    closed = [e for e in events if isinstance(e, SessionClosed)]
+    assert closed and closed[0].code == "frame-too-large" and pair.host.closed
+
+
+def test_too_many_invalid_messages_abort(echo, host_id, guest_id):
+    pair = ready_pair(echo, host_id, guest_id)  # echo: max_invalid = 1
+    pair.host.receive_data(b'{"action":"nope"}\n')
+    assert not pair.host.closed
+    events = pair.host.receive_data(b'{"action":"nope"}\n')
+    assert pair.host.closed and events[-1].code == "too-many-invalid"
+
+
+def test_turn_rules_refuse_a_second_request_before_the_reply(echo, host_id, guest_id):
+    pair = ready_pair(echo, host_id, guest_id)
+    pair.guest.send_message({"action": "say", "text": "one"})
+    with pytest.raises(HookError) as exc:
+        pair.guest.send_message({"action": "say", "text": "two"})
+    assert "out-of-turn" in exc.value.message or "wait" in exc.value.message
+
+
+def test_hook_output_is_validated(echo, host_id, guest_id):
+    pair = ready_pair(echo, host_id, guest_id)
+    with pytest.raises(HookError):
+        pair.guest.send_message({"action": "say", "text": 42})
+    with pytest.raises(HookError):
+        pair.guest.send_message({"action": "echo", "text": "x", "count": 1})  # wrong direction for the guest
+
+
+def test_egress_check_refuses_outgoing_message(echo, host_id, guest_id):
+    pair = EnginePair(echo, host_id, guest_id)
+
+    def no_secrets(data: bytes) -> None:
+        if b"/home/owner" in data:
+            raise EgressRefused("egress-leak")
+
+    pair.host._egress_check = no_secrets
+    pair.handshake()
+    pair.guest.send_message({"action": "say", "text": "hi"})
+    pair.pump()
+    with pytest.raises(EgressRefused):
+        pair.host.send_message({"action": "echo", "text": "/home/owner/secret.txt", "count": 1})
+    assert pair.host.data_to_send() == b""
+
+
+def test_terminal_message_closes_both_sides(echo, host_id, guest_id):
+    pair = ready_pair(echo, host_id, guest_id)
+    events = pair.guest.send_message({"action": "bye"})
+    assert events[-1].reason == "completed" and pair.guest.closed
+    pair.pump()
+    assert pair.host.closed and pair.of(pair.host_events, SessionClosed)[0].reason == "completed"
+
+
+def test_eof_mid_session_is_peer_disconnected(echo, host_id, guest_id):
+    pair = ready_pair(echo, host_id, guest_id)
+    events = pair.host.receive_eof()
+    assert events[0].reason == "peer-disconnected" and events[0].code == "peer-disconnected"
+
+
+def test_partial_line_at_eof_is_a_protocol_error(echo, host_id, guest_id):
+    pair = ready_pair(echo, host_id, guest_id)
+    pair.host.receive_data(b'{"action":"say"')
+    events = pair.host.receive_eof()
+    assert events[0].code == "frame-truncated"
+
+
+def test_ping_is_answered_and_error_reported(echo, host_id, guest_id):
+    pair = ready_pair(echo, host_id, guest_id)
+    assert pair.host.receive_data(b'{"action":"_ping","t":7}\n') == []
+    assert frames(pair.host.data_to_send()) == [{"action": "_pong", "t": 7}]
+    events = pair.host.receive_data(b'{"action":"_error","code":"x","message":"y"}\n')
+    assert isinstance(events[0], RemoteError)
+
+
+def test_message_limit_aborts(host_id, guest_id):
+    raw = json.loads((PROTOCOLS / "echo" / "spec.json").read_text())
+    raw["limits"]["max_messages"] = 2
+    from node.spec import parse_spec
+    spec = parse_spec(raw)
+    pair = ready_pair(spec, host_id, guest_id)
+    pair.guest.send_message({"action": "say", "text": "1"})
+    pair.pump()
+    events = pair.host.send_message({"action": "echo", "text": "1", "count": 1})
+    assert events and events[-1].code == "message-limit-exceeded"
+
+
+def test_send_before_ready_raises(echo, host_id, guest_id):
+    pair = EnginePair(echo, host_id, guest_id)
+    with pytest.raises(ProtocolViolation):
+        pair.guest.send_message({"action": "say", "text": "x"})
+
+
+# ------------------------------------------------------------------------ framing
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.dictionaries(st.text(max_size=5), st.text(max_size=20), max_size=4), max_size=6),
+       st.lists(st.integers(min_value=1, max_value=50), min_size=1, max_size=20))
+def test_framer_reassembles_any_split(objs, cuts):
+    data = b"".join(encode_frame({"action": "x", **o}) for o in objs)
+    framer = LineFramer(1 << 20)
+    out, pos, i = [], 0, 0
+    while pos < len(data):
+        step = cuts[i % len(cuts)]
+        out += framer.feed(data[pos:pos + step])
+        pos += step
+        i += 1
+    framer.eof()
+    assert [decode_frame(line) for line in out] == [msgspec.json.decode(encode_frame({"action": "x", **o})) for o in objs]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_framer_and_decoder_never_crash_on_garbage(data):
+    framer = LineFramer(128)
+    try:
+        lines = framer.feed(data)
+    except ProtocolViolation as exc:
+        assert exc.code == "frame-too-large"
+        return
+    for line in lines:
+        try:
+            decode_frame(line)
+        except ProtocolViolation as exc:
+            assert exc.code.startswith("frame-")

@@ -1,0 +1,159 @@
+"""Egress gate: per-hit policy for a peer, and the leak scan on outgoing bytes (DESIGN §10)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+from node.corpus.types import Hit, Root
+from node.errors import EgressRefused
+from node.policy.gate import EgressGate
+from node.policy.store import Policy
+
+
+@pytest.fixture()
+def setup(tmp_path: Path) -> tuple[EgressGate, Path, Path]:
+    docs = tmp_path / "My Docs"
+    home = tmp_path / "home"
+    (docs / "team").mkdir(parents=True)
+    home.mkdir()
+    (tmp_path / "outside").mkdir()
+    (docs / "escape").symlink_to(tmp_path / "outside")
+    policy = Policy()
+    policy.set("/docs/**", "public")
+    policy.set("/docs/team/**", "peers", ["alice"])
+    policy.set("/docs/ask/**", "ask")
+    policy.set("/docs/**/secret.md", "never")
+    policy.set("/kakao/**", "public")
+    gate = EgressGate([Root("docs", str(docs))], policy, home)
+    return gate, docs, home
+
+
+def _hit(source_id: str, n: int = 0, **kw: object) -> Hit:
+    return Hit(chunk_id=f"c{n}", source_id=source_id, text="t", score=1.0 - n / 100, **kw)
+
+
+def test_filter_hits_keeps_allowed_in_order_per_peer(setup) -> None:
+    gate, docs, _ = setup
+    hits = [
+        _hit("/docs/a.md", 0),
+        _hit("/docs/team/plan.md", 1),
+        _hit("/docs/team/secret.md", 2),
+        _hit("/docs/ask/q.md", 3),
+        _hit("/private/x.md", 4),
+        _hit("/kakao/personal/chunks/chunk-1", 5),
+        _hit("/docs/b.md", 6),
+    ]
+    anon = [h.chunk_id for h in gate.filter_hits(hits, None)]
+    assert anon == ["c0", "c5", "c6"]
+    alice = [h.chunk_id for h in gate.filter_hits(hits, "alice")]
+    assert alice == ["c0", "c1", "c5", "c6"]
+    assert gate.filter_hits([], "alice") == []
+
+
+def test_real_path_sources_leave_as_wire_ids_or_not_at_all(setup) -> None:
+    gate, docs, _ = setup
+    hits = [
+        _hit(str(docs / "a.md"), 0, root_prefix="docs", rel_path="a.md"),
+        _hit(str(docs / "escape" / "k.md"), 1),                 # symlink out of the root
+        _hit("/docs/../etc/passwd", 2),
+        _hit("file:///docs/a.md", 3),
+        _hit("", 4),
+    ]
+    out = gate.filter_hits(hits, "alice")
+    assert [(h.chunk_id, h.source_id) for h in out] == [("c0", "/docs/a.md")]
+    decisions = gate.decide_hits(hits, "alice")
+    assert [d.canonical for _, d in decisions] == ["/docs/a.md", None, None, None, None]
+
+
+def test_hit_whose_id_disagrees_with_its_origin_is_dropped(setup) -> None:
+    gate, _, _ = setup
+    honest = _hit("/docs/a.md", 0, root_prefix="docs", rel_path="a.md")
+    forged = _hit("/docs/a.md", 1, root_prefix="docs", rel_path="team/secret-plan.md")
+    assert [h.chunk_id for h in gate.filter_hits([honest, forged], None)] == ["c0"]
+
+
+def test_ask_is_withheld_but_visible_to_the_approvals_layer(setup) -> None:
+    gate, _, _ = setup
+    [(hit, decision)] = gate.decide_hits([_hit("/docs/ask/q.md")], "alice")
+    assert decision.tier == "ask" and not decision.allowed and decision.matched == "/docs/ask/**"
+
+
+# --- leak scan -------------------------------------------------------------------------------
+
+
+def _leaks(gate: EgressGate, data: bytes | str) -> bool:
+    try:
+        gate.check_outgoing(data)
+    except EgressRefused as exc:
+        assert exc.code == "egress-leak"
+        assert "/" not in exc.message  # the refusal names no path
+        return True
+    return False
+
+
+def test_leak_scan_catches_every_spelling(setup) -> None:
+    gate, docs, home = setup
+    root = str(docs)
+    spellings = [
+        root,
+        root + "/a.md",
+        json.dumps({"source": root + "/a.md"}),
+        json.dumps({"source": root}).replace("/", "\\/"),
+        root.replace("/", "\\"),
+        json.dumps(root.replace("/", "\\")),                     # doubled backslashes
+        "file://" + root.replace(" ", "%20") + "/a.md",
+        root.replace("/", "%2F").replace(" ", "%20"),
+        root.upper(),
+        str(home) + "/identity.key",
+        json.dumps({"h": str(home)}),
+        os.path.realpath(root),
+    ]
+    for text in spellings:
+        assert _leaks(gate, "prefix " + text + " suffix"), text
+        assert _leaks(gate, ("prefix " + text).encode()), text
+
+
+def test_leak_scan_catches_unicode_spellings(tmp_path: Path) -> None:
+    docs = tmp_path / "Caf\u00e9"
+    docs.mkdir()
+    gate = EgressGate([Root("cafe", str(docs))], Policy(), tmp_path / "home")
+    root = str(docs)
+    for text in (root, unicodedata.normalize("NFD", root), json.dumps(root),
+                 json.dumps(root, ensure_ascii=False), json.dumps(root).replace("\\u00e9", "\\u00E9")):
+        assert _leaks(gate, text), text
+
+
+def test_symlinked_root_is_caught_in_both_forms(tmp_path: Path) -> None:
+    real = tmp_path / "real-notes"
+    real.mkdir()
+    (tmp_path / "notes").symlink_to(real)
+    gate = EgressGate([Root("notes", str(tmp_path / "notes"))], Policy(), tmp_path / "home")
+    assert _leaks(gate, str(tmp_path / "notes") + "/x")
+    assert _leaks(gate, str(real) + "/x")
+
+
+def test_wire_ids_and_ordinary_text_pass(setup) -> None:
+    gate, docs, _ = setup
+    envelope = {"results": [{"source": "/docs/a.md", "textPreview": "see /etc/hosts and C:\\x"}]}
+    assert not _leaks(gate, json.dumps(envelope))
+    assert not _leaks(gate, str(docs.parent / "other-folder"))
+    assert not _leaks(gate, b"")
+
+
+def test_check_outgoing_is_fast_on_64_kib(setup) -> None:
+    gate, _, _ = setup
+    chunk = json.dumps({"source": "/docs/a.md", "textPreview": "lorem ipsum /usr/share/doc " * 8})
+    payload = (chunk * (65536 // len(chunk) + 1))[:65536].encode()
+    gate.check_outgoing(payload)
+    runs = 50
+    start = time.perf_counter()
+    for _ in range(runs):
+        gate.check_outgoing(payload)
+    per_call = (time.perf_counter() - start) / runs
+    assert per_call < 0.02, f"{per_call * 1000:.2f} ms per 64 KiB"

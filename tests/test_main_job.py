@@ -1,0 +1,180 @@
+"""The main job end to end, through the real `kith` command: host → invitation → join →
+handshake → validated query → gated answer, over iroh on loopback (relay disabled)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from node.community.server import run_server_in_thread
+
+from conftest import PROTOCOLS
+
+pytestmark = pytest.mark.iroh
+
+KITH = [sys.executable, "-m", "node.cli.main"]
+FIXTURE = PROTOCOLS / "knowledge-query" / "test" / "corpus"
+
+
+def kith(home: Path, *args: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, timeout=timeout,
+                          input=input, stdin=None if input is not None else subprocess.DEVNULL)
+
+
+def prepare_host(tmp: Path, corpus: Path, glob_tier: tuple[str, str] | None = None) -> Path:
+    home = tmp / "host-home"
+    assert kith(home, "init").returncode == 0
+    r = kith(home, "index", "add", str(corpus))
+    assert r.returncode == 0, r.stderr
+    r = kith(home, "index", "sync", timeout=600)
+    assert r.returncode == 0, r.stderr
+    glob, tier = glob_tier or (f"/{corpus.name}/**", "public")
+    r = kith(home, "policy", "set", glob, tier)
+    assert r.returncode == 0, r.stderr
+    return home
+
+
+class Host:
+    """A `kith host --json` subprocess; its first stdout line is the invitation."""
+
+    def __init__(self, home: Path, *args: str) -> None:
+        self.proc = subprocess.Popen([*KITH, "--home", str(home), "host", "--local", "--json", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     stdin=subprocess.DEVNULL)
+        self.invitation = json.loads(self.readline(30))
+
+    def readline(self, timeout: float) -> str:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            self.proc.kill()
+            raise AssertionError(f"host printed nothing in {timeout}s; stderr: {self.proc.stderr.read()}")
+        line = self.proc.stdout.readline()
+        assert line, f"host exited: {self.proc.stderr.read()}"
+        return line
+
+    def stop(self) -> tuple[int, str, str]:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            out, err = self.proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError("host did not stop within 20 s of SIGINT")
+        return self.proc.returncode, out, err
+
+
+@pytest.fixture
+def server(tmp_path):
+    with run_server_in_thread(tmp_path / "server" / "community.sqlite3") as url:
+        yield url
+
+
+def json_lines(text: str) -> list[dict]:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return [json.loads(line) for line in lines]  # every stdout line must be JSON
+
+
+def assert_no_real_paths(text: str, *paths: Path) -> None:
+    for p in paths:
+        for form in {str(p), str(p.resolve())}:
+            assert form not in text, f"real path {form} leaked"
+
+
+def test_join_by_post_id_gets_gated_cited_answers(tmp_path, server):
+    corpus = tmp_path / "corpus"
+    shutil.copytree(FIXTURE, corpus)
+    home = prepare_host(tmp_path, corpus, ("/corpus/*.md", "public"))  # notes/ stays private
+    host = Host(home, "--server", server)
+    try:
+        post_id = host.invitation["post_id"]
+        r = kith(tmp_path / "guest", "join", post_id, "--server", server, "--local", "--trust",
+                 "--query", "temporary directory deleted automatically", "--query", "salary bands bonus pool",
+                 "--json")
+        assert r.returncode == 0, r.stderr
+        msgs = json_lines(r.stdout)
+        assert [m["query_id"] for m in msgs] == ["q1", "q2"]
+        assert msgs[0]["status"] == "ok"
+        sources = [res["source"] for res in msgs[0]["envelope"]["results"]]
+        assert "/corpus/tempfiles.md" in sources
+        assert msgs[0]["envelope"]["citationPack"]
+        # the private note matched the words but must not be revealed
+        assert msgs[1]["status"] == "no-verified-results" and msgs[1]["envelope"]["results"] == []
+        # ...and the answer is exactly what a query with no match at all gets (no oracle)
+        from node.corpus.envelope import empty_envelope, validate_search_request
+        req = validate_search_request({"query": "salary bands bonus pool", "topK": 5})
+        assert msgs[1]["envelope"] == json.loads(json.dumps(empty_envelope("no-verified-results", req)))
+        assert "Bonus pool" not in r.stdout and "confidential" not in r.stdout
+        assert_no_real_paths(r.stdout + r.stderr, corpus, home)
+    finally:
+        code, out, err = host.stop()
+    assert code == 0, err
+    events = json_lines(out)
+    assert [e["event"] for e in events] == ["session-started", "session-ended"]
+    assert events[1]["reason"] == "completed"
+
+
+def test_file_mode_and_tampered_ticket(tmp_path):
+    corpus = tmp_path / "corpus"
+    shutil.copytree(FIXTURE, corpus)
+    home = prepare_host(tmp_path, corpus)
+    invite = tmp_path / "invite.json"
+    host = Host(home, "--invite-file", str(invite))
+    try:
+        assert json.loads(invite.read_text()) == host.invitation
+        r = kith(tmp_path / "guest", "join", str(invite), "--local", "--trust", "--query", "WAL readers", "--json")
+        assert r.returncode == 0, r.stderr
+        assert json_lines(r.stdout)[0]["envelope"]["results"][0]["source"] == "/corpus/sqlite.md"
+
+        doc = json.loads(invite.read_text())
+        t = doc["transport_info"]["ticket"]
+        i = len(t) - 10
+        doc["transport_info"]["ticket"] = doc["iroh_ticket"] = t[:i] + ("q" if t[i] != "q" else "r") + t[i + 1:]
+        bad = tmp_path / "tampered.json"
+        bad.write_text(json.dumps(doc))
+        r = kith(tmp_path / "guest", "join", str(bad), "--local", "--trust", "--query", "x", "--json")
+        assert r.returncode == 1
+        assert "invitation-bad-signature" in r.stderr
+        assert json.loads(r.stdout)["error"]["code"] == "invitation-bad-signature"
+    finally:
+        host.stop()
+
+
+def test_unknown_host_needs_trust_and_post_id_needs_server(tmp_path):
+    corpus = tmp_path / "corpus"
+    shutil.copytree(FIXTURE, corpus)
+    home = prepare_host(tmp_path, corpus)
+    invite = tmp_path / "invite.json"
+    host = Host(home, "--invite-file", str(invite))
+    try:
+        r = kith(tmp_path / "guest", "join", str(invite), "--local", "--query", "x", input="")
+        assert r.returncode == 1 and "host-not-trusted" in r.stderr
+        assert "SHA256:" in r.stderr  # the fingerprint is shown
+        r = kith(tmp_path / "guest", "join", host.invitation["post_id"], "--local", "--trust", "--query", "x")
+        assert r.returncode == 1 and "no-server" in r.stderr
+    finally:
+        host.stop()
+
+
+@pytest.mark.shared
+@pytest.mark.slow
+def test_python_docs_tempfile_question(tmp_path, server, pydocs):
+    home = prepare_host(tmp_path, pydocs)
+    host = Host(home, "--server", server)
+    try:
+        r = kith(tmp_path / "guest", "join", host.invitation["post_id"], "--server", server, "--local", "--trust",
+                 "--query", "temporary directory that is deleted automatically", "--json")
+        assert r.returncode == 0, r.stderr
+        msg = json_lines(r.stdout)[0]
+        sources = [res["source"] for res in msg["envelope"]["results"]]
+        assert "/python-docs-3.11/library/tempfile.rst.txt" in sources
+        assert_no_real_paths(r.stdout, pydocs, home)
+    finally:
+        host.stop()
