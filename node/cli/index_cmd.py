@@ -114,7 +114,8 @@ def search_cmd(
             emit_json(empty_envelope("index-unavailable", request))
             err_console.print(f"[red]error[/red] {escape(f'[{exc.code}]')}: {escape(exc.message)}",
                               highlight=False)
-            raise SystemExit(1) from None  # (typer.Exit is swallowed by main in standalone_mode=False)
+            # typer.Exit would be turned into status 0 by main() (standalone_mode=False)
+            raise SystemExit(1) from None
         envelope = build_envelope(request, hits, controller)
     if json_out:
         emit_json(envelope)

@@ -105,6 +105,15 @@ _ANY_DECODER = msgspec.json.Decoder()
 
 
 # --- responses -----------------------------------------------------------------------------
+def new_post_id() -> str:
+    """A fresh server-assigned ``post_id``: 32 lowercase hex characters (128 random bits).
+
+    Hex, not base64url: an id starting with ``-`` would read as an option on a command line
+    (``kith join -5C9...``).
+    """
+    return secrets.token_hex(POST_ID_BYTES)
+
+
 def error_response(code: str, message: str, status: int,
                    headers: dict[str, str] | None = None) -> JSONResponse:
     """The one error shape: ``{"error": {"code": code, "message": message}}``."""
@@ -203,7 +212,7 @@ class _App:
             raise CommunityError("request-invalid", "the body is not JSON", status=400) from None
         if not isinstance(data, dict):
             raise CommunityError("request-invalid", "the body must be a JSON object", status=400)
-        post_id = secrets.token_urlsafe(POST_ID_BYTES)
+        post_id = new_post_id()
         data["post_id"] = post_id  # any client-side post_id is ignored: the server assigns it
         inv = parse_invitation(data)  # InvitationError invitation-malformed → 400
         if signed.public_key != inv.host_public_key:
@@ -217,7 +226,7 @@ class _App:
                               protocol_id=inv.protocol.protocol_id, document=document,
                               expires_unix=expires_unix, now=self.clock()):
                 break
-            inv.post_id = document["post_id"] = secrets.token_urlsafe(POST_ID_BYTES)
+            inv.post_id = document["post_id"] = new_post_id()
         else:
             raise CommunityError("internal-error", "could not assign a post_id", status=500)
         return JSONResponse(document, status_code=201,

@@ -26,7 +26,7 @@ from typing import Any
 import tantivy
 
 #: Bump when the schema or analyzers change: an index of another version is rebuilt.
-INDEX_SCHEMA_VERSION = 1
+INDEX_SCHEMA_VERSION = 2
 RRF_K = 60
 #: Default cap of chunks per document in one result list (document-level dedup).
 MAX_PER_DOCUMENT = 2
@@ -66,11 +66,11 @@ def analyzers() -> tuple[Any, Any]:
 
 
 def build_schema() -> Any:
-    """The tantivy schema: ``chunk_id`` (raw, stored), ``doc_id`` (raw), ``body`` and
+    """The tantivy schema: ``chunk_id`` and ``doc_id`` (raw, stored), ``body`` and
     ``title`` (``kith_en``), ``exact`` (``kith_exact`` with positions)."""
     sb = tantivy.SchemaBuilder()
     sb.add_text_field("chunk_id", stored=True, tokenizer_name="raw")
-    sb.add_text_field("doc_id", tokenizer_name="raw", index_option="basic")
+    sb.add_text_field("doc_id", stored=True, tokenizer_name="raw", index_option="basic")
     sb.add_text_field("body", tokenizer_name="kith_en", index_option="freq")
     sb.add_text_field("title", tokenizer_name="kith_en", index_option="freq")
     sb.add_text_field("exact", tokenizer_name="kith_exact", index_option="position")

@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import sqlite3
+import stat
 import sys
 import threading
 import time
@@ -378,31 +379,37 @@ class Corpus:
         self._index.reload()
         return self._index.searcher()
 
-    def _run_pass(self, searcher: Any, query: Any, depth: int) -> list[tuple[str, float]]:
+    def _run_pass(self, searcher: Any, query: Any, depth: int,
+                  doc_of: dict[str, str]) -> tuple[list[tuple[str, float]], bool]:
+        """Run one pass: ``([(chunk_id, score)] best first, saturated)``; fills ``doc_of``."""
         out = []
-        for score, addr in searcher.search(query, depth).hits:
+        result = searcher.search(query, depth).hits
+        for score, addr in result:
             if score > 0:
-                out.append((searcher.doc(addr)["chunk_id"][0], float(score)))
+                doc = searcher.doc(addr)
+                cid = doc["chunk_id"][0]
+                doc_of[cid] = doc["doc_id"][0]
+                out.append((cid, float(score)))
         out.sort(key=lambda x: (-x[1], x[0]))
-        return out
+        return out, len(result) >= depth
 
-    def _serve_ok(self, row: sqlite3.Row, roots: dict[str, str]) -> bool:
-        """Serve-time origin check: the file is still inside its root and unchanged."""
-        root = roots.get(row["root_prefix"])
-        if root is None:
+    def _serve_ok(self, row: sqlite3.Row, base: str | None) -> bool:
+        """Serve-time origin check: the file is still inside its (resolved) root and
+        unchanged — same size and mtime, or same size and SHA-256 (DESIGN §9)."""
+        if base is None:
             return False
         try:
-            base = Path(root).resolve(strict=True)
-            real = (base / row["rel_path"]).resolve(strict=True)
-            if not real.is_relative_to(base) or not real.is_file():
+            real = os.path.realpath(os.path.join(base, row["rel_path"]), strict=True)
+            if os.path.commonpath([base, real]) != base:
                 return False
-            st = real.stat()
-            if st.st_size == row["size"] and st.st_mtime_ns == row["mtime_ns"]:
+            st = os.stat(real)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != row["size"]:
+                return False
+            if st.st_mtime_ns == row["mtime_ns"]:
                 return True
-            if st.st_size != row["size"]:
-                return False
-            return hashlib.sha256(real.read_bytes()).hexdigest() == row["content_hash"]
-        except OSError:
+            with open(real, "rb") as fh:
+                return hashlib.file_digest(fh, "sha256").hexdigest() == row["content_hash"]
+        except (OSError, ValueError):
             return False
 
     def _flag_stale(self, doc_ids: list[str]) -> None:
@@ -431,15 +438,17 @@ class Corpus:
             filters: normalized filters from :func:`node.corpus.envelope.validate_search_request`
                 (``sources`` globs; metadata filters fail closed, DESIGN §9).
             deadline: ``time.monotonic()`` instant after which no further pass starts.
-            max_per_document: document-level dedup cap.
+            max_per_document: document-level dedup cap (default 2).
 
         Returns:
             ``(hits, controller)``: hits best first, sorted by (−score, chunk_id), every
-            score > 0; ``controller`` is the local ``retrievalController`` report:
-            ``mode``, ``passes`` [{name, status, candidates}], ``fusion``, counts
-            (``candidates``, ``orphaned``, ``filteredOut``, ``withheldStale``,
-            ``dedupedPerDocument``, ``returned``), ``earlyStop``, ``stopReason``,
-            ``indexLag``. Its counts are for local diagnostics only (see envelope.py).
+            score > 0 (score = reciprocal-rank-fusion value; raw per-pass scores in
+            ``score_components``). ``controller`` is the local ``retrievalController``
+            report: ``mode``, ``passes`` [{name, status, candidates}], ``fusion``,
+            ``maxPerDocument``, counts (``candidates``, ``orphaned``, ``filteredOut``,
+            ``withheldStale``, ``dedupedPerDocument``, ``returned``), ``rounds``,
+            ``earlyStop``, ``stopReason``, ``indexLag``. Its counts are for local
+            diagnostics only (envelope.py copies none of them).
 
         Raises:
             CorpusError: ``query-invalid`` (empty query / bad limit), ``index-unavailable``.
@@ -455,39 +464,55 @@ class Corpus:
                 "fusion": {"method": "rrf", "k": search.RRF_K},
                 "maxPerDocument": max_per_document, "candidates": 0, "orphaned": 0,
                 "filteredOut": 0, "withheldStale": 0, "dedupedPerDocument": 0,
-                "returned": 0, "earlyStop": False, "stopReason": None, "indexLag": 0,
+                "returned": 0, "rounds": 0, "earlyStop": False, "stopReason": None,
+                "indexLag": 0,
             }
+            planned = search.plan_passes(query)
             if deadline is not None and time.monotonic() >= deadline:
                 controller.update(earlyStop=True, stopReason="budget-exhausted")
                 controller["passes"] = [{"name": p, "status": "skipped", "candidates": 0}
-                                        for p in search.plan_passes(query)]
+                                        for p in planned]
                 return [], controller
             searcher = self._searcher()
             schema = self._index.schema
-            depth = min(max(limit * 10, 50), 500)
-            ranked: dict[str, list[tuple[str, float]]] = {}
             bq, field = search.baseline_query(schema, query)
-            base = self._run_pass(searcher, bq, depth) if bq is not None else []
-            ranked["baseline-bm25"] = base
-            controller["passes"].append({"name": "baseline-bm25", "status": "ran",
-                                         "field": field, "candidates": len(base)})
             eq = search.exact_query(schema, query)
-            if eq is not None:
-                if deadline is not None and time.monotonic() >= deadline:
-                    controller["passes"].append({"name": "exact-entity", "status": "skipped",
-                                                 "candidates": 0})
-                    controller.update(earlyStop=True, stopReason="budget-exhausted")
-                else:
-                    ex = self._run_pass(searcher, eq, depth)
-                    ranked["exact-entity"] = ex
-                    controller["passes"].append({"name": "exact-entity", "status": "ran",
-                                                 "candidates": len(ex)})
-            raw = {name: dict(hits) for name, hits in ranked.items()}
-            fused = search.rrf_fuse(ranked)
-            order = sorted(fused, key=lambda c: (-fused[c], c))
+            depth = max(limit * 4, 40)
+            while True:  # widen the candidate pool only when filtering/dedup starved it
+                controller["rounds"] += 1
+                doc_of: dict[str, str] = {}
+                ranked: dict[str, list[tuple[str, float]]] = {}
+                passes = []
+                saturated = False
+                if bq is not None:
+                    ranked["baseline-bm25"], sat = self._run_pass(searcher, bq, depth, doc_of)
+                    saturated |= sat
+                passes.append({"name": "baseline-bm25", "status": "ran", "field": field,
+                               "candidates": len(ranked.get("baseline-bm25", []))})
+                if eq is not None:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        passes.append({"name": "exact-entity", "status": "skipped",
+                                       "candidates": 0})
+                        controller.update(earlyStop=True, stopReason="budget-exhausted")
+                    else:
+                        ranked["exact-entity"], sat = self._run_pass(searcher, eq, depth, doc_of)
+                        saturated |= sat
+                        passes.append({"name": "exact-entity", "status": "ran",
+                                       "candidates": len(ranked["exact-entity"])})
+                raw = {name: dict(hits) for name, hits in ranked.items()}
+                fused = search.rrf_fuse(ranked)
+                order = sorted(fused, key=lambda c: (-fused[c], c))
+                counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
+                                         "dedupedPerDocument")}
+                hits = self._materialize(order, doc_of, fused, raw, filters, limit,
+                                         max_per_document, counts)
+                if (len(hits) >= limit or not saturated or depth >= 2000
+                        or (deadline is not None and time.monotonic() >= deadline)):
+                    break
+                depth *= 4
+            controller["passes"] = passes
             controller["candidates"] = len(order)
-            hits = self._materialize(order, fused, raw, filters, limit, max_per_document,
-                                     controller)
+            controller.update(counts)
             applied = int(self._get_meta("index_applied_seq") or 0)
             try:
                 top = self._db.execute(  # type: ignore[union-attr]
@@ -498,62 +523,88 @@ class Corpus:
             controller["returned"] = len(hits)
             return hits, controller
 
-    def _materialize(self, order: list[str], fused: dict[str, float],
+    def _materialize(self, order: list[str], doc_of: dict[str, str], fused: dict[str, float],
                      raw: dict[str, dict[str, float]], filters: dict[str, Any], limit: int,
-                     max_per_document: int, controller: dict[str, Any]) -> list[Hit]:
+                     max_per_document: int, counts: dict[str, int]) -> list[Hit]:
+        """Turn fused candidates into hits: document checks first (SQLite row, filters,
+        per-document cap, serve-time origin), then chunk rows for the survivors only.
+        A candidate whose document or chunk is not in SQLite is ignored (authoritative)."""
         db = self._db
         assert db is not None
-        rows: dict[str, sqlite3.Row] = {}
-        for i in range(0, len(order), 500):
-            part = order[i:i + 500]
+        doc_ids = list(dict.fromkeys(doc_of[c] for c in order))
+        docs: dict[str, sqlite3.Row] = {}
+        for i in range(0, len(doc_ids), 500):
+            part = doc_ids[i:i + 500]
             for r in db.execute(
-                    "SELECT c.chunk_id, c.doc_id, c.text, c.line_start, c.line_end, "
-                    "c.heading_path, d.source_id, d.root_prefix, d.rel_path, d.size, "
-                    "d.mtime_ns, d.content_hash, d.indexed_at, d.metadata "
-                    "FROM chunks c JOIN documents d ON d.doc_id = c.doc_id "
-                    f"WHERE d.status = 'done' AND c.chunk_id IN ({','.join('?' * len(part))})",
-                    part):
-                rows[r["chunk_id"]] = r
-        roots = {r.prefix: r.path for r in self.roots()}
+                    "SELECT doc_id, source_id, root_prefix, rel_path, size, mtime_ns, "
+                    "content_hash, indexed_at, metadata FROM documents WHERE status = 'done' "
+                    f"AND doc_id IN ({','.join('?' * len(part))})", part):
+                docs[r["doc_id"]] = r
+        bases: dict[str, str | None] = {}
+        for r in self.roots():
+            try:
+                bases[r.prefix] = os.path.realpath(r.path, strict=True)
+            except OSError:
+                bases[r.prefix] = None
         serve: dict[str, bool] = {}
+        meta_of: dict[str, dict[str, Any]] = {}
         per_doc: dict[str, int] = {}
         stale: list[str] = []
         hits: list[Hit] = []
-        for cid in order:
-            if len(hits) >= limit:
+        i = 0
+        while len(hits) < limit and i < len(order):
+            batch: list[str] = []
+            while i < len(order) and len(hits) + len(batch) < limit:
+                cid = order[i]
+                i += 1
+                did = doc_of[cid]
+                drow = docs.get(did)
+                if drow is None:
+                    counts["orphaned"] += 1
+                    continue
+                if did not in meta_of:
+                    meta_of[did] = json.loads(drow["metadata"] or "{}")
+                if filters and not search.passes_filters(drow["source_id"], meta_of[did], filters):
+                    counts["filteredOut"] += 1
+                    continue
+                if per_doc.get(did, 0) >= max_per_document:
+                    counts["dedupedPerDocument"] += 1
+                    continue
+                if did not in serve:
+                    serve[did] = self._serve_ok(drow, bases.get(drow["root_prefix"]))
+                    if not serve[did]:
+                        stale.append(did)
+                if not serve[did]:
+                    counts["withheldStale"] += 1
+                    continue
+                per_doc[did] = per_doc.get(did, 0) + 1
+                batch.append(cid)
+            if not batch:
                 break
-            row = rows.get(cid)
-            if row is None:  # SQLite is authoritative: not there, not served
-                controller["orphaned"] += 1
-                continue
-            meta = json.loads(row["metadata"] or "{}")
-            if filters and not search.passes_filters(row["source_id"], meta, filters):
-                controller["filteredOut"] += 1
-                continue
-            doc_id = row["doc_id"]
-            if per_doc.get(doc_id, 0) >= max_per_document:
-                controller["dedupedPerDocument"] += 1
-                continue
-            if doc_id not in serve:
-                serve[doc_id] = self._serve_ok(row, roots)
-                if not serve[doc_id]:
-                    stale.append(doc_id)
-            if not serve[doc_id]:
-                controller["withheldStale"] += 1
-                continue
-            per_doc[doc_id] = per_doc.get(doc_id, 0) + 1
-            components = {"bm25": round(raw.get("baseline-bm25", {}).get(cid, 0.0), 6)}
-            if "exact-entity" in raw:
-                components["exact"] = round(raw["exact-entity"].get(cid, 0.0), 6)
-            components["rrf"] = round(fused[cid], 6)
-            hits.append(Hit(
-                chunk_id=cid, source_id=row["source_id"], text=row["text"],
-                score=fused[cid], score_components=components,
-                location={"lineStart": row["line_start"], "lineEnd": row["line_end"],
-                          "headingPath": json.loads(row["heading_path"])},
-                content_hash=row["content_hash"] or "", indexed_at=row["indexed_at"] or "",
-                root_prefix=row["root_prefix"], rel_path=row["rel_path"], metadata=meta,
-            ))
+            rows = {r["chunk_id"]: r for r in db.execute(
+                "SELECT chunk_id, doc_id, text, line_start, line_end, heading_path FROM chunks "
+                f"WHERE chunk_id IN ({','.join('?' * len(batch))})", batch)}
+            for cid in batch:
+                row = rows.get(cid)
+                did = doc_of[cid]
+                if row is None or row["doc_id"] != did:
+                    counts["orphaned"] += 1
+                    per_doc[did] -= 1
+                    continue
+                drow = docs[did]
+                components = {"bm25": round(raw.get("baseline-bm25", {}).get(cid, 0.0), 6)}
+                if "exact-entity" in raw:
+                    components["exact"] = round(raw["exact-entity"].get(cid, 0.0), 6)
+                components["rrf"] = round(fused[cid], 6)
+                hits.append(Hit(
+                    chunk_id=cid, source_id=drow["source_id"], text=row["text"],
+                    score=fused[cid], score_components=components,
+                    location={"lineStart": row["line_start"], "lineEnd": row["line_end"],
+                              "headingPath": json.loads(row["heading_path"])},
+                    content_hash=drow["content_hash"] or "", indexed_at=drow["indexed_at"] or "",
+                    root_prefix=drow["root_prefix"], rel_path=drow["rel_path"],
+                    metadata=meta_of[did],
+                ))
         self._flag_stale(stale)
         return hits
 

@@ -151,11 +151,17 @@ class GlobMatcher:
     (``//...``) matches only UNC ids and vice versa.
     """
 
-    __slots__ = ("glob", "_unc", "_groups")
+    __slots__ = ("glob", "_unc", "_groups", "_head", "_tail")
 
     def __init__(self, canon: str) -> None:
         self.glob = canon
         self._unc = canon.startswith("//")
+        # cheap necessary conditions: the literal text before the first wildcard (up to its
+        # last "/", which a zero-segment "**" may drop) and after the last wildcard
+        first = min((i for i in (canon.find("*"), canon.find("?")) if i >= 0), default=len(canon))
+        self._head = canon if first == len(canon) else canon[:canon.rfind("/", 0, first)]
+        last = max(canon.rfind("*"), canon.rfind("?"))
+        self._tail = canon[last + 1:] if last >= 0 else canon
         groups: list[list[_SegmentGlob]] = [[]]
         for seg in canon[2 if self._unc else 1:].split("/"):
             if seg == "**":
@@ -170,7 +176,8 @@ class GlobMatcher:
 
     def match(self, canonical: str) -> bool:
         """Whether canonical source id ``canonical`` matches the glob."""
-        if canonical.startswith("//") != self._unc:
+        if (canonical.startswith("//") != self._unc or not canonical.startswith(self._head)
+                or not canonical.endswith(self._tail)):
             return False
         segments = canonical[2 if self._unc else 1:].split("/")
         groups = self._groups
