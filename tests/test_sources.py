@@ -155,8 +155,10 @@ def _sources(tree: dict[str, Path]) -> st.SearchStrategy[str]:
          "/kakao", str(tree["docs"]), str(tree["base"]), str(tree["base"] / "docs-link"),
          str(tree["inner"]), str(tree["outside"])])
     seps = st.sampled_from(["/", "\\", "//"])
-    built = st.tuples(bases, st.lists(st.tuples(seps, _SEGMENTS), max_size=6), st.sampled_from(["", "/"]))
-    joined = built.map(lambda t: t[0] + "".join(s + seg for s, seg in t[1]) + t[2])
+    first = st.sampled_from(["escape", "to-notes", "sub", "inner", "a.md", "..", "", "docs-link"])
+    built = st.tuples(bases, seps, first, st.lists(st.tuples(seps, _SEGMENTS), max_size=5),
+                      st.sampled_from(["", "/"]))
+    joined = built.map(lambda t: t[0] + t[1] + t[2] + "".join(s + seg for s, seg in t[3]) + t[4])
     return st.one_of(joined, st.text(max_size=40))
 
 

@@ -45,9 +45,9 @@ def lexical_form(source: object) -> str | None:
 
     Returns the canonical absolute form (see module docstring) or ``None`` for anything
     that is not an absolute path / id: empty, NUL, lone surrogates (undecodable file-name
-    bytes), too long, URL or ``kind:`` scheme,
-    relative path (with or without backslashes), drive-relative ``C:x``, a lone leading
-    backslash, ``.``/``..`` segments, or a path with no segment at all (``/``).
+    bytes), too long, URL or ``kind:`` scheme, relative path (with or without backslashes),
+    drive-relative ``C:x``, a lone leading backslash, ``.``/``..`` segments, or a path with
+    no segment at all (``/``).
     """
     if not isinstance(source, str) or not source or "\x00" in source:
         return None
@@ -170,7 +170,7 @@ class SourceNormalizer:
         if found is not None:
             return found
         if any(_inside(native, name) is not None for name in self._names):
-            return None  # inside a root by name, outside every root after symlinks
+            return canon
         return canon
 
     def resolve(self, source_id: str) -> Path | None:
