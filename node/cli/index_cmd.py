@@ -114,8 +114,7 @@ def search_cmd(
             emit_json(empty_envelope("index-unavailable", request))
             err_console.print(f"[red]error[/red] {escape(f'[{exc.code}]')}: {escape(exc.message)}",
                               highlight=False)
-            # typer.Exit would be turned into status 0 by main() (standalone_mode=False)
-            raise SystemExit(1) from None
+            raise SystemExit(1) from None  # the envelope is stdout's only JSON document
         envelope = build_envelope(request, hits, controller)
     if json_out:
         emit_json(envelope)

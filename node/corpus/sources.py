@@ -170,7 +170,7 @@ class SourceNormalizer:
         if found is not None:
             return found
         if any(_inside(native, name) is not None for name in self._names):
-            return canon
+            return None  # inside a root by name, outside every root after symlinks
         return canon
 
     def resolve(self, source_id: str) -> Path | None:

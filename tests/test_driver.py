@@ -1,0 +1,176 @@
+"""run_session over the memory pipe: hooks, timeouts, disconnects, hook failures."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from node.driver import run_session
+from node.engine.session import GuestConfig, HostConfig, SessionEngine
+from node.hooks import HookContext, Hooks, PeerInfo, load_hooks
+from node.spec import load_spec
+from node.transport.memory import memory_pipe
+
+from conftest import PROTOCOLS
+from helpers import POST_ID
+
+ECHO = PROTOCOLS / "echo"
+
+
+def engines(spec, host_id, guest_id):
+    seen: set[str] = set()
+
+    def unseen(n: str) -> bool:
+        ok = n not in seen
+        seen.add(n)
+        return ok
+
+    host = SessionEngine("host", spec, public_key=host_id.public_key, sign=host_id.sign,
+                         host=HostConfig(remote_id=guest_id.public_key, post_protocol={POST_ID: spec.protocol_id}.get,
+                                         nonce_unseen=unseen))
+    guest = SessionEngine("guest", spec, public_key=guest_id.public_key, sign=guest_id.sign,
+                          guest=GuestConfig(remote_id=host_id.public_key, post_id=POST_ID,
+                                            host_public_key=host_id.public_key))
+    return host, guest
+
+
+def ctx_factory(role, options=None, ended=None):
+    def make(ev):
+        ctx = HookContext(role=role, session_id=ev.session_id, peer=PeerInfo(ev.peer_public_key),
+                          options=dict(options or {}))
+        return ctx
+    return make
+
+
+def recording(hooks: Hooks, ended: list) -> Hooks:
+    def on_end(ctx, reason):
+        ended.append(reason)
+        if hooks.on_end:
+            hooks.on_end(ctx, reason)
+    return Hooks(on_start=hooks.on_start, on_message=hooks.on_message, on_end=on_end, module=hooks.module)
+
+
+async def run_pair(spec, host_id, guest_id, host_hooks, guest_hooks, guest_options=None, **kw):
+    h_eng, g_eng = engines(spec, host_id, guest_id)
+    g_stream, h_stream = memory_pipe(guest_id.public_key, host_id.public_key)
+    out = {}
+
+    async def host():
+        out["host"] = await run_session(h_stream, h_eng, host_hooks, make_context=ctx_factory("host"), **kw)
+
+    async def guest():
+        out["guest"] = await run_session(g_stream, g_eng, guest_hooks,
+                                         make_context=ctx_factory("guest", guest_options), **kw)
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host)
+            tg.start_soon(guest)
+    return out
+
+
+def test_echo_session_completes_and_on_end_gets_completed(host_id, guest_id):
+    spec = load_spec(ECHO)
+    h_end, g_end, got = [], [], []
+    out = anyio.run(run_pair, spec, host_id, guest_id, recording(load_hooks(ECHO), h_end),
+                    recording(load_hooks(ECHO), g_end), {"texts": ["a", "b", "c"], "on_message": got.append})
+    assert out["host"].ok and out["guest"].ok
+    assert [m["text"] for m in got] == ["A", "B", "C"]
+    assert h_end == ["completed"] and g_end == ["completed"]
+    assert out["host"].session_id == out["guest"].session_id
+
+
+def test_dropped_connection_ends_with_peer_disconnected(host_id, guest_id):
+    spec = load_spec(ECHO)
+    h_end = []
+
+    async def scenario():
+        h_eng, g_eng = engines(spec, host_id, guest_id)
+        g_stream, h_stream = memory_pipe(guest_id.public_key, host_id.public_key)
+
+        async with anyio.create_task_group() as tg:
+            result = {}
+
+            async def host():
+                result["host"] = await run_session(h_stream, h_eng, recording(load_hooks(ECHO), h_end),
+                                                   make_context=ctx_factory("host"))
+
+            async def guest():
+                # run the handshake by hand, then drop the pipe without a terminal message
+                g_eng.initiate()
+                await g_stream.send(g_eng.data_to_send())
+                while g_eng.state.value != "await-confirm":
+                    g_eng.receive_data(await g_stream.receive())
+                g_eng.confirm_ready()
+                await g_stream.send(g_eng.data_to_send())
+                await anyio.sleep(0.05)
+                await g_stream.aclose()
+
+            tg.start_soon(host)
+            tg.start_soon(guest)
+        return result
+
+    async def bounded():
+        with anyio.fail_after(20):
+            return await scenario()
+
+    result = anyio.run(bounded)
+    assert result["host"].reason == "peer-disconnected"
+    assert h_end == ["peer-disconnected"]
+
+
+def test_silent_guest_hits_the_handshake_timeout(host_id, guest_id):
+    spec = load_spec(ECHO)
+
+    async def scenario():
+        h_eng, _ = engines(spec, host_id, guest_id)
+        _g, h_stream = memory_pipe(guest_id.public_key, host_id.public_key)
+        t0 = time.monotonic()
+        out = await run_session(h_stream, h_eng, load_hooks(ECHO), make_context=ctx_factory("host"),
+                                handshake_timeout_s=0.3)
+        return out, time.monotonic() - t0
+
+    out, elapsed = anyio.run(scenario)
+    assert (out.reason, out.code) == ("rejected", "handshake-timeout")
+    assert elapsed < 5
+
+
+def test_slow_hook_is_aborted_with_hook_timeout(host_id, guest_id):
+    spec = load_spec(ECHO)
+
+    def slow(ctx, message):
+        time.sleep(2)
+        return {"action": "echo", "text": "late", "count": 1}
+
+    host_hooks = Hooks(on_message=slow)
+    out = anyio.run(lambda: run_pair(spec, host_id, guest_id, host_hooks, load_hooks(ECHO), {"texts": ["x"]},
+                                     hook_timeout_s=0.2))
+    assert out["host"].code == "hook-timeout"
+    assert ("hook-timeout" in [c for c, _ in out["guest"].remote_errors]) or out["guest"].reason != "completed"
+
+
+def test_crashing_hook_aborts_without_leaking_exception_text(host_id, guest_id):
+    spec = load_spec(ECHO)
+
+    def boom(ctx, message):
+        raise RuntimeError("/home/owner/secret.txt exploded")
+
+    out = anyio.run(lambda: run_pair(spec, host_id, guest_id, Hooks(on_message=boom), load_hooks(ECHO),
+                                     {"texts": ["x"]}))
+    assert out["host"].code == "hook-failed"
+    for code, message in out["guest"].remote_errors:
+        assert "secret" not in message and "/home" not in message
+
+
+def test_invalid_hook_output_is_refused_before_sending(host_id, guest_id):
+    spec = load_spec(ECHO)
+
+    def wrong(ctx, message):
+        return {"action": "echo", "text": "x"}  # missing required "count"
+
+    out = anyio.run(lambda: run_pair(spec, host_id, guest_id, Hooks(on_message=wrong), load_hooks(ECHO),
+                                     {"texts": ["x"]}))
+    assert out["host"].code == "hook-output-invalid"

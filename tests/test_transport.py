@@ -1,0 +1,194 @@
+"""Both transports honour one stream contract; iroh binds with the identity key; the
+send-path patch is correct and version-gated."""
+
+from __future__ import annotations
+
+import os
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+
+from node.driver import run_session
+from node.engine.session import GuestConfig, HostConfig, SessionEngine
+from node.hooks import HookContext, PeerInfo, load_hooks
+from node.spec import load_spec
+from node.transport import iroh_patch
+from node.transport.iroh import bind_node, ticket_endpoint_id
+from node.transport.memory import memory_pipe
+
+from conftest import PROTOCOLS, new_identity
+from helpers import POST_ID
+
+ALPN = b"kith/test/1"
+
+
+@asynccontextmanager
+async def iroh_pair():
+    """(client_stream, server_stream, server_id, client_id) over real iroh on loopback."""
+    a, b = new_identity(), new_identity()
+    async with bind_node(a.secret, ALPN, local=True) as server, bind_node(b.secret, ALPN, local=True) as client:
+        accepted = {}
+
+        async def accept():
+            s_conn = await server.accept()
+            accepted["stream"] = await server.accept_stream(s_conn)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(accept)
+            conn = await client.connect(server.ticket())
+            c_stream = await client.open_stream(conn)
+            await c_stream.send(b"x")  # QUIC streams open on the first write
+        s_stream = accepted["stream"]
+        assert await s_stream.receive(1) == b"x"
+        yield c_stream, s_stream, a, b
+
+
+@asynccontextmanager
+async def memory_streams():
+    a, b = new_identity(), new_identity()
+    c, s = memory_pipe(b.public_key, a.public_key)
+    yield c, s, a, b
+
+
+async def check_stream_contract(factory) -> None:
+    async with factory() as (client, server, server_id, client_id):
+        assert client.remote_id == server_id.public_key
+        assert server.remote_id == client_id.public_key
+        payload = os.urandom(300_000)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.send, payload)
+            got = bytearray()
+            while len(got) < len(payload):
+                chunk = await server.receive(65536)
+                assert chunk, "early EOF"
+                assert len(chunk) <= 65536
+                got += chunk
+        assert bytes(got) == payload
+        await server.send(b"reply\n")
+        assert await client.receive() == b"reply\n"
+        await client.send_eof()
+        assert await server.receive() == b""  # EOF is b""
+        await server.aclose()
+        await client.aclose()
+
+
+@pytest.mark.parametrize("name", ["memory", pytest.param("iroh", marks=pytest.mark.iroh)])
+def test_stream_contract(name):
+    factory = memory_streams if name == "memory" else iroh_pair
+
+    async def main():
+        with anyio.fail_after(30):
+            await check_stream_contract(factory)
+
+    anyio.run(main, backend="asyncio")
+
+
+@pytest.mark.iroh
+def test_endpoint_id_is_the_identity_key_and_ticket_names_it():
+    ident = new_identity()
+
+    async def main():
+        async with bind_node(ident.secret, ALPN, local=True) as node:
+            assert node.endpoint_id == ident.public_key
+            ticket = node.ticket()
+            assert ticket_endpoint_id(ticket) == ident.public_key
+            return ticket
+
+    ticket = anyio.run(main, backend="asyncio")
+    with pytest.raises(ValueError):
+        ticket_endpoint_id(ticket[:-3] + "zzz")
+
+
+@pytest.mark.iroh
+def test_connect_to_a_closed_endpoint_fails_cleanly():
+    from node.errors import TransportError
+
+    async def main():
+        async with bind_node(new_identity().secret, ALPN, local=True) as gone:
+            ticket = gone.ticket()
+        async with bind_node(new_identity().secret, ALPN, local=True) as client:
+            with pytest.raises(TransportError) as exc:
+                await client.connect(ticket, timeout_s=3)
+            return exc.value.code
+
+    assert anyio.run(main, backend="asyncio") == "transport-connect-failed"
+
+
+@pytest.mark.iroh
+def test_quic_remote_id_check_refuses_a_guest_claiming_another_key():
+    """The host compares `_session_init.guest_public_key` with the QUIC-proven remote id."""
+    spec = load_spec(PROTOCOLS / "echo")
+    host_id, guest_id, impostor = new_identity(), new_identity(), new_identity()
+
+    async def main():
+        async with bind_node(host_id.secret, spec.alpn, local=True) as h, \
+                bind_node(guest_id.secret, spec.alpn, local=True) as g:
+            # the guest claims to be `impostor` but its QUIC identity is guest_id
+            g_eng = SessionEngine("guest", spec, public_key=impostor.public_key, sign=impostor.sign,
+                                  guest=GuestConfig(remote_id=host_id.public_key, post_id=POST_ID,
+                                                    host_public_key=host_id.public_key))
+            out = {}
+
+            async def host_side():
+                s_conn = await h.accept()
+                s_stream = await h.accept_stream(s_conn)
+                eng = SessionEngine("host", spec, public_key=host_id.public_key, sign=host_id.sign,
+                                    host=HostConfig(remote_id=s_stream.remote_id,
+                                                    post_protocol={POST_ID: spec.protocol_id}.get,
+                                                    nonce_unseen=lambda n: True))
+                out["host"] = await run_session(s_stream, eng, load_hooks(PROTOCOLS / "echo"),
+                                                make_context=lambda ev: HookContext("host", ev.session_id,
+                                                                                    PeerInfo(ev.peer_public_key)))
+
+            async def guest_side():
+                conn = await g.connect(h.ticket())
+                g_stream = await g.open_stream(conn)
+                out["guest"] = await run_session(g_stream, g_eng, load_hooks(PROTOCOLS / "echo"),
+                                                 make_context=lambda ev: HookContext("guest", ev.session_id,
+                                                                                     PeerInfo(ev.peer_public_key)))
+
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(host_side)
+                    tg.start_soon(guest_side)
+            return out
+
+    out = anyio.run(main, backend="asyncio")
+    assert out["host"].code == "handshake-key-mismatch"
+    assert out["guest"].code == "handshake-key-mismatch"
+
+
+# --------------------------------------------------------------------------- the patch
+def test_patch_is_active_on_the_verified_iroh_version():
+    assert iroh_patch.iroh_version() in iroh_patch.VERIFIED_VERSIONS
+    assert iroh_patch.is_applied()
+
+
+def test_patch_is_not_applied_on_an_unverified_version(monkeypatch):
+    iroh_patch.revert()
+    try:
+        monkeypatch.setattr(iroh_patch, "iroh_version", lambda: "9.9.9")
+        assert iroh_patch.apply() is False
+        assert not iroh_patch.is_applied()
+    finally:
+        monkeypatch.undo()
+        assert iroh_patch.apply() is True
+
+
+def test_patched_buffer_writes_the_same_bytes():
+    from iroh import iroh_ffi
+
+    data = os.urandom(100_003)
+    results = []
+    for patched in (False, True):
+        iroh_patch.revert() if not patched else iroh_patch.apply()
+        builder = iroh_ffi._UniffiRustBufferBuilder()
+        builder.write(b"head")
+        builder.write(data)
+        builder.write(bytearray(b"tail"))
+        rbuf = builder.finalize()
+        results.append(bytes(rbuf.data[: rbuf.len]))
+        rbuf.free()
+    assert iroh_patch.is_applied()
+    assert results[0] == results[1] == b"head" + data + b"tail"
