@@ -65,12 +65,27 @@ class _EmptyKnowledge:
         return {"status": "no-verified-results", "envelope": empty_envelope("no-verified-results", req)}
 
 
-def open_knowledge(home: Path, warn: Callable[[str], None]) -> tuple[Callable[[str | None], Any], Callable[[], None]]:
+@dataclass
+class Knowledge:
+    """The host's view of its corpus.
+
+    Attributes:
+        handle_for: ``peer_name | None`` → a peer-scoped knowledge handle for ``ctx.knowledge``.
+        egress_check: the gate's last check on every outgoing business frame (raises
+            ``EgressRefused`` when a real root or home path is in it), or None.
+        close: releases the corpus.
+    """
+
+    handle_for: Callable[[str | None], Any]
+    egress_check: Callable[[bytes], None] | None
+    close: Callable[[], None]
+
+
+def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
     """Open the corpus read-only with its policy and gate.
 
-    Returns:
-        ``(handle_for(peer_name), close)``. Warns (via ``warn``) when the index is empty
-        or not ready (DESIGN §10).
+    Warns (via ``warn``) when the index is empty or not ready, or when no policy rule
+    shares anything (DESIGN §10).
     """
     from node.corpus.store import Corpus
     from node.policy.gate import EgressGate
@@ -83,7 +98,8 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> tuple[Callable[[s
     except KithError as exc:
         warn(f"the index is not available ({exc.code}); guests will get no results. "
              "Run `kith index add PATH` and `kith index sync`.")
-        return (lambda peer: _EmptyKnowledge()), (lambda: None)
+        gate = EgressGate([], policy, home)
+        return Knowledge(lambda peer: _EmptyKnowledge(), gate.check_outgoing, lambda: None)
     stats = corpus.stats()
     if not stats.get("chunks"):
         warn("the index is empty; guests will get no results. Run `kith index add PATH` and `kith index sync`.")
@@ -93,7 +109,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> tuple[Callable[[s
         warn("no policy rules: everything is private and guests will get no results. "
              "Share with e.g. `kith policy set '/<root>/**' public`.")
     gate = EgressGate(corpus.roots(), policy, home)
-    return (lambda peer: KnowledgeHandle(corpus, gate, peer)), corpus.close
+    return Knowledge(lambda peer: KnowledgeHandle(corpus, gate, peer), gate.check_outgoing, corpus.close)
 
 
 async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[dict[str, Any]], None],
@@ -117,7 +133,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
         raise SpecError("protocol-not-found", f"no protocol named {opts.protocol!r}")
     spec = load_spec(pdir)
     hooks = load_hooks(pdir)
-    handle_for, close_knowledge = open_knowledge(home, warn)
+    knowledge = open_knowledge(home, warn)
     registry = PeerRegistry.load(home)
     seen_nonces: set[str] = set()
     limiter = anyio.CapacityLimiter(opts.max_sessions)
@@ -154,7 +170,8 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     remote = stream.remote_id or ""
                     engine = SessionEngine(
                         "host", spec, public_key=identity.public_key, sign=identity.sign,
-                        host=HostConfig(remote_id=remote, post_protocol=live.get, nonce_unseen=nonce_unseen))
+                        host=HostConfig(remote_id=remote, post_protocol=live.get, nonce_unseen=nonce_unseen),
+                        egress_check=knowledge.egress_check)
 
                     def make_context(ev: SessionReady) -> HookContext:
                         rec = registry.by_key(ev.peer_public_key)
@@ -163,7 +180,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                                   "peer": ev.peer_public_key, "peer_name": name})
                         return HookContext(role="host", session_id=ev.session_id,
                                            peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile),
-                                           knowledge=handle_for(name),
+                                           knowledge=knowledge.handle_for(name),
                                            logger=logging.getLogger("kith.hooks." + spec.name))
 
                     outcome = await run_session(stream, engine, hooks, make_context=make_context)
@@ -177,7 +194,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                         break
                     tg.start_soon(serve_connection, conn)
     finally:
-        close_knowledge()
+        knowledge.close()
 
 
 def _json(obj: Any) -> bytes:

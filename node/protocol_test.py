@@ -114,7 +114,7 @@ def _load_script(pdir: Path) -> dict[str, Any]:
 
 def _prepare_host_home(pdir: Path, home: Path) -> Any:
     """Index ``test/corpus`` and install ``test/policy.toml`` into the throwaway home.
-    Returns a ``handle_for(peer_name)`` factory or None (no corpus fixture)."""
+    Returns the host's :class:`node.host.Knowledge`, or None (no corpus fixture)."""
     corpus_dir = pdir / "test" / "corpus"
     policy = pdir / "test" / "policy.toml"
     if policy.is_file():
@@ -131,8 +131,7 @@ def _prepare_host_home(pdir: Path, home: Path) -> Any:
         corpus.sync()
     from node.host import open_knowledge
 
-    handle_for, close = open_knowledge(home, lambda _msg: None)
-    return handle_for, close
+    return open_knowledge(home, lambda _msg: None)
 
 
 async def run_protocol_test(pdir: Path) -> ProtocolTestReport:
@@ -154,8 +153,10 @@ async def run_protocol_test(pdir: Path) -> ProtocolTestReport:
 
     with tempfile.TemporaryDirectory(prefix="kith-protocol-test-") as tmp:
         home = Path(tmp)
-        prepared = _prepare_host_home(pdir, home)
-        handle_for, close = prepared if prepared else ((lambda peer: None), (lambda: None))
+        knowledge = _prepare_host_home(pdir, home)
+        handle_for = knowledge.handle_for if knowledge else (lambda peer: None)
+        close = knowledge.close if knowledge else (lambda: None)
+        egress_check = knowledge.egress_check if knowledge else None
         received: list[dict[str, Any]] = report.received
         original = guest_hooks.on_message
 
@@ -176,7 +177,8 @@ async def run_protocol_test(pdir: Path) -> ProtocolTestReport:
         host_engine = SessionEngine("host", spec, public_key=host_id.public_key, sign=host_id.sign,
                                     host=HostConfig(remote_id=guest_id.public_key,
                                                     post_protocol={TEST_POST_ID: spec.protocol_id}.get,
-                                                    nonce_unseen=unseen))
+                                                    nonce_unseen=unseen),
+                                    egress_check=egress_check)
         guest_engine = SessionEngine("guest", spec, public_key=guest_id.public_key, sign=guest_id.sign,
                                      guest=GuestConfig(remote_id=host_id.public_key, post_id=TEST_POST_ID,
                                                        host_public_key=host_id.public_key))

@@ -225,4 +225,7 @@ async def bind_node(secret: bytes, alpn: bytes, *, local: bool) -> AsyncIterator
     try:
         yield node
     finally:
-        await node.aclose()
+        # shielded: on Ctrl-C the surrounding scope is cancelled, and an unshielded close
+        # would be cancelled too, leaving peers to wait for QUIC's idle timeout
+        with anyio.CancelScope(shield=True):
+            await node.aclose()
