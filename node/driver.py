@@ -27,7 +27,7 @@ from node.engine.session import (
     SessionEngine,
     SessionReady,
 )
-from node.errors import EgressRefused, HookError, KithError, TransportError
+from node.errors import CODES, EgressRefused, HookError, KithError, TransportError
 from node.hooks import HookContext, HookResult, Hooks, normalize_result
 
 log = logging.getLogger("kith.session")
@@ -135,7 +135,9 @@ async def run_session(
                 log.warning("egress gate refused an outgoing message")
                 out.extend(engine.abort(exc.code, exc.message))
         if result.abort and not engine.closed:
-            out.extend(engine.abort(result.abort))
+            # a hook may only abort with a registered code; anything else is a hook bug
+            code = result.abort if result.abort in CODES else "hook-failed"
+            out.extend(engine.abort(code))
         elif result.completed and not engine.closed:
             out.extend(engine.finish())
         return out
@@ -179,8 +181,17 @@ async def run_session(
         if engine.role == "guest":
             engine.initiate()
             await flush()
+        step_key: object = None
+        step_deadline = 0.0
         while not engine.closed:
-            timeout = handshake_timeout_s if ctx is None else idle_t
+            if ctx is None:
+                # one deadline per handshake step: bytes trickling in do not extend it
+                key = (engine.state, engine.session_id)
+                if key != step_key:
+                    step_key, step_deadline = key, anyio.current_time() + handshake_timeout_s
+                timeout: float | None = max(0.0, step_deadline - anyio.current_time())
+            else:
+                timeout = idle_t
             try:
                 with anyio.fail_after(timeout):
                     data = await stream.receive()

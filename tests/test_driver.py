@@ -174,3 +174,44 @@ def test_invalid_hook_output_is_refused_before_sending(host_id, guest_id):
     out = anyio.run(lambda: run_pair(spec, host_id, guest_id, Hooks(on_message=wrong), load_hooks(ECHO),
                                      {"texts": ["x"]}))
     assert out["host"].code == "hook-output-invalid"
+
+
+def test_trickling_bytes_do_not_extend_the_handshake_step(host_id, guest_id):
+    spec = load_spec(ECHO)
+
+    async def scenario():
+        h_eng, _ = engines(spec, host_id, guest_id)
+        g_stream, h_stream = memory_pipe(guest_id.public_key, host_id.public_key)
+        result = {}
+
+        async def host():
+            result["out"] = await run_session(h_stream, h_eng, load_hooks(ECHO), make_context=ctx_factory("host"),
+                                              handshake_timeout_s=0.5)
+
+        async def trickle():
+            for _ in range(60):  # one byte every 0.1 s for 6 s, never a whole frame
+                try:
+                    await g_stream.send(b" ")
+                except Exception:
+                    return
+                await anyio.sleep(0.1)
+
+        t0 = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host)
+            tg.start_soon(trickle)
+        return result["out"], time.monotonic() - t0
+
+    out, elapsed = anyio.run(scenario)
+    assert out.code == "handshake-timeout"
+    assert elapsed < 4  # the step deadline (0.5 s) fired long before the trickle (6 s) ended
+
+
+def test_hook_abort_with_an_unregistered_code_becomes_hook_failed(host_id, guest_id):
+    from node.hooks import HookResult
+
+    spec = load_spec(ECHO)
+    out = anyio.run(lambda: run_pair(spec, host_id, guest_id,
+                                     Hooks(on_message=lambda ctx, m: HookResult(abort="made-up-code")),
+                                     load_hooks(ECHO), {"texts": ["x"]}))
+    assert out["host"].code == "hook-failed"

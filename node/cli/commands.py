@@ -181,6 +181,11 @@ def join_cmd(
     code = outcome.code if outcome.code in CODES else "handshake-rejected"
     if outcome.reason == "rejected":
         raise HandshakeError(code, f"the session was refused: {outcome.message or CODES[code][1]}")
+    if outcome.remote_errors and outcome.reason == "peer-disconnected":
+        # the host said why before it hung up: show its code, not just the hang-up
+        rcode, rmessage = outcome.remote_errors[-1]
+        shown = rcode if rcode in CODES else "remote-error"
+        raise SessionAborted("remote-error", f"the host ended the session: [{shown}] {rmessage}"[:300])
     raise SessionAborted(code, outcome.message or CODES[code][1])
 
 

@@ -431,7 +431,16 @@ class SessionEngine:
                 return self._host_handshake(frame, first)
             return self._guest_handshake(frame)
         except SigningError as exc:
-            code = "handshake-bad-nonce" if exc.code == "bad-hex" else "handshake-bad-signature"
+            # strict-hex failures name their field: a nonce → bad-nonce, a signature →
+            # bad-signature, a key or id → malformed (DESIGN §6 stable codes)
+            if exc.code != "bad-hex":
+                code = "handshake-malformed"
+            elif "nonce" in exc.message:
+                code = "handshake-bad-nonce"
+            elif "signature" in exc.message:
+                code = "handshake-bad-signature"
+            else:
+                code = "handshake-malformed"
             return self._fail(HandshakeError(code, exc.message))
         except HandshakeError as exc:
             return self._fail(exc)
