@@ -5,13 +5,22 @@ It reads bytes from a :class:`node.transport.base.ByteStream`, feeds them to a
 engine reports (sync hooks in a worker thread, all hooks under ``hook_timeout_s``), hands
 hook output back to the engine (which validates it), and writes what the engine queued.
 Every wait is bounded: each handshake step by ``handshake_timeout_s`` (10 s), the business
-loop by the protocol's ``idle_timeout_s``.
+loop by the protocol's ``idle_timeout_s``, the peer's liveness by the heartbeat
+(``_ping`` every 10 s, no frame for 30 s → ``peer-unresponsive``; DESIGN §3), every send by
+``send_timeout_s``. The timing decisions are the engine's (``node.engine.timers``, time
+as input); the driver only sleeps until the engine's next deadline.
+
+Three tasks share one engine (all in one event loop, engine calls never interleave): a
+*receiver* that reads and feeds bytes (so pings are answered even while a hook runs), a
+*ticker* that applies the timers, and a *processor* that runs hooks for the events in
+order. Outgoing bytes go through one lock, so frames are never interleaved.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -26,13 +35,25 @@ from node.engine.session import (
     SessionClosed,
     SessionEngine,
     SessionReady,
+    UiArtifactReceived,
+    UiArtifactRefused,
 )
+from node.engine.timers import PING_INTERVAL_S, UNRESPONSIVE_S, Timeouts, heartbeat_from_env
 from node.errors import CODES, EgressRefused, HookError, KithError, TransportError
 from node.hooks import HookContext, HookResult, Hooks, normalize_result
 
 log = logging.getLogger("kith.session")
 
 HANDSHAKE_TIMEOUT_S = 10.0
+#: Events the receiver may queue ahead of the processor before it stops reading (the
+#: transport's flow control then pushes back on the peer).
+MAX_QUEUED_EVENTS = 64
+
+
+def default_heartbeat() -> tuple[float, float]:
+    """``(ping_interval_s, unresponsive_s)``: (10, 30) unless the test-only
+    ``KITH_TEST_HEARTBEAT`` variable overrides it (``node.engine.timers``)."""
+    return heartbeat_from_env() or (PING_INTERVAL_S, UNRESPONSIVE_S)
 
 
 @dataclass
@@ -47,6 +68,9 @@ class SessionOutcome:
         proof: the session proof (both signatures) once the handshake completed.
         remote_errors: ``(code, message)`` pairs the peer reported with ``_error``.
         refused: codes of incoming messages the engine refused before hooks.
+        ui_refused: ``(code, side)`` when the UI branch failed (side that refused).
+        ui_received: bytes of UI bundle received and verified (guest), 0 otherwise.
+        ui_path: where the guest installed the UI (``on_ui``'s return value), or None.
     """
 
     session_id: str | None
@@ -56,6 +80,9 @@ class SessionOutcome:
     proof: dict[str, Any] | None = None
     remote_errors: list[tuple[str, str]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    ui_refused: list[tuple[str, str]] = field(default_factory=list)
+    ui_received: int = 0
+    ui_path: Any = None
 
     @property
     def ok(self) -> bool:
@@ -91,9 +118,13 @@ async def run_session(
     *,
     make_context: Callable[[SessionReady], HookContext],
     on_proof: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+    on_ui: Callable[[UiArtifactReceived, str], Any] | None = None,
     handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
     hook_timeout_s: float | None | str = "spec",
     idle_timeout_s: float | None | str = "spec",
+    heartbeat: tuple[float, float] | None | str = "default",
+    send_timeout_s: float | None | str = "default",
+    stop: anyio.Event | None = None,
 ) -> SessionOutcome:
     """Run one session to its end over ``stream`` and return how it ended.
 
@@ -104,22 +135,59 @@ async def run_session(
         make_context: builds the :class:`HookContext` once the session is ready.
         on_proof: guest only — called with the verified proof before ``_session_ready``
             (submits it to the community server); its errors are logged, not fatal.
+        on_ui: guest only — called (in a worker thread) with the verified UI bundle and
+            the session id; installs it and returns where (kept in ``outcome.ui_path``).
+            A :class:`node.errors.KithError` from it is logged, not fatal.
+        handshake_timeout_s: bound of each handshake step (s).
         hook_timeout_s / idle_timeout_s: seconds; ``"spec"`` takes the protocol's limits,
             None disables the bound (an interactive guest waiting on its user).
+        heartbeat: ``(ping_interval_s, unresponsive_s)``; ``"default"`` = (10, 30) or the
+            test-only ``KITH_TEST_HEARTBEAT`` override; None disables it.
+        send_timeout_s: bound of one send (s); ``"default"`` = the unresponsive bound. A
+            peer that stops reading is aborted with ``peer-unresponsive``.
+        stop: when set, the session ends cleanly after the current hook: the protocol's
+            terminal message (``end``) or ``_error session-shutdown`` is sent.
 
     Never raises for peer behaviour; transport failures end the session as
-    ``peer-disconnected``. The stream is closed on return.
+    ``peer-disconnected``. The stream is closed on return; ``on_end`` gets the reason
+    (``completed``, ``peer-disconnected``, ``peer-unresponsive``, ``idle-timeout``,
+    ``session-shutdown``, or the abort code).
     """
     limits = engine.spec.limits
     hook_t = limits.hook_timeout_s if hook_timeout_s == "spec" else hook_timeout_s
     idle_t = limits.idle_timeout_s if idle_timeout_s == "spec" else idle_timeout_s
+    hb = default_heartbeat() if heartbeat == "default" else heartbeat
+    send_t = (hb[1] if hb else None) if send_timeout_s == "default" else send_timeout_s
+    engine.set_timeouts(Timeouts(handshake_step_s=handshake_timeout_s, ping_interval_s=hb[0] if hb else None,
+                                 unresponsive_s=hb[1] if hb else None, idle_s=idle_t))
+    tick_cap = min(1.0, hb[0]) if hb else 1.0
     outcome = SessionOutcome(session_id=None, reason="aborted")
     ctx: HookContext | None = None
+    send_lock = anyio.Lock()
+    queue_in, queue_out = anyio.create_memory_object_stream[Any](math.inf)
+    shutdown_marker = object()
+    write_dead = False
+
+    def emit(events: list[Event]) -> None:
+        for ev in events:
+            queue_in.send_nowait(ev)
 
     async def flush() -> None:
-        data = engine.data_to_send()
-        if data:
-            await stream.send(data)
+        nonlocal write_dead
+        async with send_lock:
+            data = engine.data_to_send()
+            if not data or write_dead:
+                return
+            try:
+                with anyio.fail_after(send_t):
+                    await stream.send(data)
+            except TimeoutError:
+                write_dead = True
+                emit(engine.abort("peer-unresponsive", "the peer stopped reading"))
+                engine.data_to_send()
+            except TransportError:
+                write_dead = True
+                emit(engine.connection_lost())
 
     async def deliver(result: HookResult) -> list[Event]:
         out: list[Event] = []
@@ -148,68 +216,111 @@ async def run_session(
         except HookError as exc:
             return engine.abort(exc.code, exc.message)
 
-    async def process(events: list[Event]) -> None:
+    async def handle(ev: Any) -> list[Event]:
         nonlocal ctx
-        queue = list(events)
-        while queue:
-            ev = queue.pop(0)
-            if isinstance(ev, ProofVerified):
-                if on_proof is not None:
-                    try:
-                        await on_proof(ev.proof)
-                    except KithError as exc:
-                        log.warning("could not record the session proof: %s", exc.message)
-                queue[:0] = engine.confirm_ready()
-            elif isinstance(ev, SessionReady):
-                outcome.session_id = ev.session_id
-                outcome.proof = ev.proof
-                ctx = make_context(ev)
-                queue[:0] = await hook(hooks.on_start, ctx)
-            elif isinstance(ev, MessageReceived):
-                assert ctx is not None
-                queue[:0] = await hook(hooks.on_message, ctx, ev.message)
-            elif isinstance(ev, MessageRefused):
-                outcome.refused.append(ev.code)
-            elif isinstance(ev, RemoteError):
-                outcome.remote_errors.append((ev.code, ev.message))
-            elif isinstance(ev, SessionClosed):
-                outcome.reason, outcome.code, outcome.message = ev.reason, ev.code, ev.message
+        if ev is shutdown_marker:
+            return engine.shutdown()
+        if isinstance(ev, ProofVerified):
+            if on_proof is not None:
+                try:
+                    await on_proof(ev.proof)
+                except KithError as exc:
+                    log.warning("could not record the session proof: %s", exc.message)
+            return [] if engine.closed else engine.confirm_ready()
+        if isinstance(ev, SessionReady):
+            outcome.session_id = ev.session_id
+            outcome.proof = ev.proof
+            ctx = make_context(ev)
+            return await hook(hooks.on_start, ctx)
+        if isinstance(ev, MessageReceived):
+            if ctx is None or (engine.closed and not ev.terminal):
+                return []
+            return await hook(hooks.on_message, ctx, ev.message)
+        if isinstance(ev, MessageRefused):
+            outcome.refused.append(ev.code)
+        elif isinstance(ev, RemoteError):
+            outcome.remote_errors.append((ev.code, ev.message))
+        elif isinstance(ev, UiArtifactRefused):
+            outcome.ui_refused.append((ev.code, ev.by))
+        elif isinstance(ev, UiArtifactReceived):
+            outcome.ui_received = ev.total_bytes
+            if on_ui is not None:
+                try:
+                    outcome.ui_path = await anyio.to_thread.run_sync(on_ui, ev, engine.session_id or "")
+                except KithError as exc:
+                    log.warning("could not install the host's UI: %s", exc.message)
+        elif isinstance(ev, SessionClosed):
+            outcome.reason, outcome.code, outcome.message = ev.reason, ev.code, ev.message
+        return []
+
+    async def processor(scope: anyio.CancelScope) -> None:
+        async for first in queue_out:
+            pending = [first]
+            while pending:
+                ev = pending.pop(0)
+                pending[:0] = await handle(ev)
+                await flush()
+            if engine.closed and engine.close_event is not None and outcome.reason == engine.close_event.reason \
+                    and outcome.code == engine.close_event.code:
+                break
+        scope.cancel()
+
+    def abandon_hooks_if_aborted(scope: anyio.CancelScope) -> None:
+        # the peer is gone or broke the rules: a hook still running has no one to answer
+        # (only a clean `completed` end lets the processor finish its queue)
+        if engine.closed and engine.close_event is not None and engine.close_event.reason != "completed":
+            scope.cancel()
+
+    async def receiver(scope: anyio.CancelScope) -> None:
+        while not engine.closed:
+            try:
+                data = await stream.receive()
+            except TransportError:
+                data = b""
+            if engine.closed:
+                return
+            events = engine.receive_data(data) if data else engine.receive_eof()
             await flush()
-        await flush()
+            emit(events)
+            abandon_hooks_if_aborted(scope)
+            if not data:
+                return
+            while queue_out.statistics().current_buffer_used > MAX_QUEUED_EVENTS and not engine.closed:
+                await anyio.sleep(0.005)
+
+    async def ticker(scope: anyio.CancelScope) -> None:
+        clock = engine.clock
+        while not engine.closed:
+            deadline = engine.next_deadline()
+            delay = tick_cap if deadline is None else min(max(deadline - clock(), 0.0), tick_cap)
+            await anyio.sleep(delay)
+            events = engine.tick()
+            await flush()
+            emit(events)
+            abandon_hooks_if_aborted(scope)
+
+    async def stopper() -> None:
+        assert stop is not None
+        await stop.wait()
+        queue_in.send_nowait(shutdown_marker)
 
     try:
         if engine.role == "guest":
             engine.initiate()
             await flush()
-        step_key: object = None
-        step_deadline = 0.0
-        while not engine.closed:
-            if ctx is None:
-                # one deadline per handshake step: bytes trickling in do not extend it
-                key = (engine.state, engine.session_id)
-                if key != step_key:
-                    step_key, step_deadline = key, anyio.current_time() + handshake_timeout_s
-                timeout: float | None = max(0.0, step_deadline - anyio.current_time())
-            else:
-                timeout = idle_t
-            try:
-                with anyio.fail_after(timeout):
-                    data = await stream.receive()
-            except TimeoutError:
-                code = "handshake-timeout" if ctx is None else "idle-timeout"
-                await process(engine.abort(code))
-                break
-            except TransportError:
-                data = b""
-            await process(engine.receive_data(data) if data else engine.receive_eof())
-    except TransportError:
-        if not engine.closed:
-            engine.receive_eof()
-        if engine.close_event is not None:
-            ev = engine.close_event
-            outcome.reason, outcome.code, outcome.message = ev.reason, ev.code, ev.message
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(processor, tg.cancel_scope)
+            tg.start_soon(receiver, tg.cancel_scope)
+            tg.start_soon(ticker, tg.cancel_scope)
+            if stop is not None:
+                tg.start_soon(stopper)
     finally:
         with anyio.CancelScope(shield=True):
+            if not engine.closed:  # cancelled from outside (Ctrl-C): end cleanly
+                engine.shutdown()
+            if engine.close_event is not None and outcome.reason == "aborted" and outcome.code is None:
+                ev = engine.close_event
+                outcome.reason, outcome.code, outcome.message = ev.reason, ev.code, ev.message
             try:
                 with anyio.move_on_after(2):
                     await flush()
@@ -224,4 +335,6 @@ async def run_session(
                     log.warning("on_end failed: %s", exc.message)
             with anyio.move_on_after(2):
                 await stream.aclose()
+            queue_in.close()
+            queue_out.close()
     return outcome

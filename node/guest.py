@@ -13,11 +13,11 @@ from typing import Any, Callable
 
 from node.driver import SessionOutcome, run_session
 from node.engine.session import GuestConfig, SessionEngine, SessionReady
-from node.errors import ConfigError, InvitationError
+from node.errors import ConfigError, HandshakeError, InvitationError
 from node.hooks import HookContext, PeerInfo, load_hooks
 from node.identity import Identity
 from node.invitation import POST_ID_RE, Invitation, parse_invitation, verify_invitation
-from node.peers import PeerRegistry
+from node.peers import PeerRegistry, clean_profile, load_own_profile
 from node.spec import ProtocolSpec, find_protocol_dir, load_spec
 
 log = logging.getLogger("kith.guest")
@@ -85,6 +85,9 @@ def trust_status(inv: Invitation, home: Path) -> str | None:
 def check_pinned_name(name: str, inv: Invitation, home: Path) -> None:
     """Refuse when ``name`` is pinned in the registry to a different key (DESIGN §5).
 
+    ``kith join --pin NAME`` calls it before connecting: a name already pinned to another
+    key is never silently re-pinned.
+
     Raises:
         InvitationError: ``host-key-changed``.
     """
@@ -97,21 +100,40 @@ def check_pinned_name(name: str, inv: Invitation, home: Path) -> None:
 async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Path, spec: ProtocolSpec, *,
                        local: bool, server_url: str | None, options: dict[str, Any],
                        interactive: bool = False,
-                       on_ready: Callable[[str], None] | None = None) -> SessionOutcome:
+                       on_ready: Callable[[str], None] | None = None,
+                       host_seen: dict[str, Any] | None = None,
+                       accept_host_ui: bool = False,
+                       heartbeat: Any = "default") -> SessionOutcome:
     """Connect to the host of ``inv`` and run one session with the protocol's guest hooks.
 
     Args:
         options: the guest hooks' options (e.g. ``queries``, ``on_results``, ``ask``).
         interactive: no hook timeout (the hook waits on its user).
         on_ready: called with the session id once the handshake completed.
+        host_seen: when given, filled with ``{"public_key", "profile"}`` of the host once
+            the handshake completed (``kith join`` offers to pin the host with it).
+        accept_host_ui: advertise ``p2p_ui_v1`` (``--accept-host-ui``); the host's UI is
+            requested only when the protocol has no local ``ui/`` (DESIGN §6), verified by
+            the engine, and installed under ``<home>/ui/sessions/<session_id>/``
+            (``outcome.ui_path`` is its ``index.html``).
+        heartbeat: ``(ping_interval_s, unresponsive_s)`` or ``"default"`` (10, 30).
+
+    The guest shares its own profile (``<home>/profile.json``) in ``_session_init``; the
+    host's shared profile is merged into the registry only when the host key is already
+    pinned. A host whose key is not pinned but whose ``displayName`` claims a pinned name
+    is refused (``host-key-changed``) before ``_session_ready``.
 
     Raises:
         TransportError: bind/connect failures (``transport-*``).
     """
+    from node.engine.ui import CAPABILITY as UI_CAPABILITY
     from node.transport.iroh import bind_node
+    from node.ui_artifacts import install_bundle, local_ui_dir
 
     hooks = load_hooks(pdir)
     name = trust_status(inv, home)
+
+    recorded: list[str] = []  # session ids whose proof the server recorded
 
     async def on_proof(proof: dict[str, Any]) -> None:
         if server_url:
@@ -119,8 +141,19 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
 
             async with CommunityClient(server_url, identity) as client:
                 await client.submit_session(proof)
+            recorded.append(proof["session_id"])
+
+    def admit_host(key: str, profile: dict[str, Any]) -> bool:
+        claimed = PeerRegistry.load(home).claimed_by_other(key, profile)
+        if claimed is not None:
+            raise HandshakeError("host-key-changed",
+                                 f"the host calls itself {claimed.name!r}, which is pinned to a different key")
+        return True
 
     def make_context(ev: SessionReady) -> HookContext:
+        PeerRegistry.load(home).merge_profile(ev.peer_public_key, ev.peer_profile)
+        if host_seen is not None:
+            host_seen.update({"public_key": ev.peer_public_key, "profile": clean_profile(ev.peer_profile)})
         if on_ready is not None:
             on_ready(ev.session_id)
         return HookContext(role="guest", session_id=ev.session_id,
@@ -132,7 +165,20 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
         stream = await node.open_stream(conn)
         engine = SessionEngine("guest", spec, public_key=identity.public_key, sign=identity.sign,
                                guest=GuestConfig(remote_id=stream.remote_id or "", post_id=inv.post_id,
-                                                 host_public_key=inv.host_public_key))
-        return await run_session(stream, engine, hooks, make_context=make_context, on_proof=on_proof,
-                                 hook_timeout_s=None if interactive else "spec",
-                                 idle_timeout_s="spec")
+                                                 host_public_key=inv.host_public_key,
+                                                 profile=load_own_profile(home), admit_host=admit_host,
+                                                 capabilities=[UI_CAPABILITY] if accept_host_ui else [],
+                                                 want_ui=accept_host_ui and local_ui_dir(pdir) is None))
+
+        def on_ui(ev: Any, session_id: str) -> Path:
+            return install_bundle(home, session_id, ev.files)
+
+        outcome = await run_session(stream, engine, hooks, make_context=make_context, on_proof=on_proof,
+                                    on_ui=on_ui, hook_timeout_s=None if interactive else "spec",
+                                    idle_timeout_s=None if interactive else "spec", heartbeat=heartbeat)
+    if server_url and outcome.session_id in recorded:  # session status → closed (DESIGN §12)
+        from node.community.client import close_session_quietly
+
+        await close_session_quietly(server_url, identity, outcome.session_id,
+                                    outcome.code or outcome.reason)
+    return outcome

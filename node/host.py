@@ -20,12 +20,14 @@ from node.home import atomic_write
 from node.hooks import HookContext, PeerInfo, load_hooks
 from node.identity import load_or_init_identity
 from node.invitation import DEFAULT_TTL_S, Invitation, create_invitation
-from node.peers import PeerRegistry
+from node.peers import PeerRegistry, load_own_profile
 from node.spec import find_protocol_dir, load_spec
 
 log = logging.getLogger("kith.host")
 
 MAX_CONCURRENT_SESSIONS = 64
+MAX_SESSIONS_PER_PEER = 4
+SHUTDOWN_GRACE_S = 10.0
 
 
 @dataclass
@@ -40,6 +42,19 @@ class HostOptions:
         ttl_s: invitation lifetime in seconds.
         message / tags: shown to guests browsing invitations.
         max_sessions: concurrent sessions served at once.
+        post_max_sessions: the invitation's ``max_sessions`` — sessions the community
+            server records for one ``post_id`` (1 = single-use); None = unlimited. With a
+            server, a consumed or expired post is republished under a new ``post_id``
+            (a ``republished`` event; :class:`node.community.keeper.PostKeeper`).
+        peers_only: admit only guests whose key is in the peer registry (``--peers-only``).
+        max_sessions_per_peer: concurrent sessions of one peer key (more →
+            ``handshake-peer-busy``; more than ``max_sessions`` → ``handshake-host-busy``).
+        share_ui: offer the protocol's ``ui/`` bundle to guests that advertise
+            ``p2p_ui_v1`` (``--share-ui``, DESIGN §6).
+        heartbeat: ``(ping_interval_s, unresponsive_s)``, or ``"default"`` (10, 30).
+        shutdown_grace_s: on stop, how long live sessions get to end cleanly (s).
+        watch: re-index the corpus live while hosting (``--watch``); the host then holds
+            the index writer lock (DESIGN §9) and emits ``index-updated`` events.
     """
 
     protocol: str = "knowledge-query"
@@ -50,6 +65,13 @@ class HostOptions:
     message: str | None = None
     tags: list[str] = field(default_factory=list)
     max_sessions: int = MAX_CONCURRENT_SESSIONS
+    post_max_sessions: int | None = None
+    peers_only: bool = False
+    max_sessions_per_peer: int = MAX_SESSIONS_PER_PEER
+    share_ui: bool = False
+    heartbeat: Any = "default"
+    shutdown_grace_s: float = SHUTDOWN_GRACE_S
+    watch: bool = False
 
 
 class _EmptyKnowledge:
@@ -70,13 +92,14 @@ class Knowledge:
     """The host's view of its corpus.
 
     Attributes:
-        handle_for: ``peer_name | None`` → a peer-scoped knowledge handle for ``ctx.knowledge``.
+        handle_for: ``(peer_name | None, peer_key)`` → a peer-scoped knowledge handle for
+            ``ctx.knowledge`` (quotas and approvals are per key).
         egress_check: the gate's last check on every outgoing business frame (raises
             ``EgressRefused`` when a real root or home path is in it), or None.
         close: releases the corpus.
     """
 
-    handle_for: Callable[[str | None], Any]
+    handle_for: Callable[[str | None, str | None], Any]
     egress_check: Callable[[bytes], None] | None
     close: Callable[[], None]
 
@@ -99,7 +122,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
         warn(f"the index is not available ({exc.code}); guests will get no results. "
              "Run `kith index add PATH` and `kith index sync`.")
         gate = EgressGate([], policy, home)
-        return Knowledge(lambda peer: _EmptyKnowledge(), gate.check_outgoing, lambda: None)
+        return Knowledge(lambda peer, key=None: _EmptyKnowledge(), gate.check_outgoing, lambda: None)
     stats = corpus.stats()
     if not stats.get("chunks"):
         warn("the index is empty; guests will get no results. Run `kith index add PATH` and `kith index sync`.")
@@ -108,19 +131,53 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
     if not policy.rules:
         warn("no policy rules: everything is private and guests will get no results. "
              "Share with e.g. `kith policy set '/<root>/**' public`.")
-    gate = EgressGate(corpus.roots(), policy, home)
-    return Knowledge(lambda peer: KnowledgeHandle(corpus, gate, peer), gate.check_outgoing, corpus.close)
+    from node.policy.approvals import Approvals
+    from node.policy.quota import RateLimiter
+
+    gate = EgressGate(corpus.roots(), policy, home, approvals=Approvals(home))
+    limiter = RateLimiter()  # one per host process: a new session does not refill a bucket
+    return Knowledge(lambda peer, key=None: KnowledgeHandle(corpus, gate, peer, peer_key=key, limiter=limiter),
+                     gate.check_outgoing, corpus.close)
+
+
+def admission(registry: PeerRegistry, peers_only: bool) -> Callable[[str, dict[str, Any]], bool]:
+    """The host's ``HostConfig.admit`` (DESIGN §6, §10).
+
+    Refuses (``peer-key-changed``) a guest whose key is not pinned but whose shared
+    ``displayName`` claims a pinned name; with ``peers_only``, refuses every guest whose
+    key is not in the registry (``handshake-not-admitted``).
+    """
+    from node.errors import HandshakeError
+
+    def admit(key: str, profile: dict[str, Any]) -> bool:
+        if registry.claimed_by_other(key, profile) is not None:
+            raise HandshakeError("peer-key-changed", "a pinned peer name with a different key")
+        return not peers_only or registry.by_key(key) is not None
+
+    return admit
 
 
 async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[dict[str, Any]], None],
-                     on_event: Callable[[dict[str, Any]], None], warn: Callable[[str], None]) -> None:
-    """Serve guests until cancelled (SIGINT/SIGTERM handling is the caller's).
+                     on_event: Callable[[dict[str, Any]], None], warn: Callable[[str], None],
+                     stop: anyio.Event | None = None) -> None:
+    """Serve guests until ``stop`` is set (or until cancelled).
+
+    On ``stop`` (the CLI sets it on SIGINT/SIGTERM): no new connection is accepted, every
+    live session ends cleanly after its current hook (the protocol's terminal ``end``, or
+    ``_error session-shutdown``), sessions still running after ``opts.shutdown_grace_s``
+    are cancelled, and the endpoint is closed under a timeout (DESIGN §3). Each guest
+    nonce is committed to ``<home>/seen-nonces.sqlite`` before the proof is sent
+    (:class:`node.seen_nonces.SeenNonces`), so replay protection survives restarts.
+    Concurrency is bounded overall (``opts.max_sessions``) and per peer key
+    (``opts.max_sessions_per_peer``); a guest over a bound gets ``_session_reject``
+    ``handshake-host-busy`` / ``handshake-peer-busy`` at once.
 
     Args:
         on_invitation: called once with the published/written invitation dict.
         on_event: called with one dict per session event (``session-started``,
-            ``session-ended``).
+            ``session-ended`` with ``reason``/``code``, ``session-refused`` with ``code``).
         warn: prints a warning for the owner (stderr).
+        stop: set it to shut down cleanly.
 
     Raises:
         KithError: protocol not found/invalid, bind failure, server refusal.
@@ -134,17 +191,36 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     spec = load_spec(pdir)
     hooks = load_hooks(pdir)
     knowledge = open_knowledge(home, warn)
-    registry = PeerRegistry.load(home)
-    seen_nonces: set[str] = set()
-    limiter = anyio.CapacityLimiter(opts.max_sessions)
+    PeerRegistry.load(home)  # a broken registry fails here, before binding
+    own_profile = load_own_profile(home)
+    ui_bundle = None
+    if opts.share_ui:
+        from node.ui_artifacts import load_bundle
+
+        ui_bundle = load_bundle(pdir)
+    from node.seen_nonces import SeenNonces
+
+    seen_nonces = SeenNonces(home)
+    active: dict[str, int] = {}  # peer key -> live sessions
+    pending = [0]  # connections accepted whose stream is not open yet
+    session_stop = anyio.Event()
+    watcher = None
 
     try:
+        if opts.watch:  # take the index writer before publishing: index-locked fails fast
+            from node.corpus.watch import host_watcher
+
+            watcher = await anyio.to_thread.run_sync(host_watcher, home, on_event, warn)
         async with bind_node(identity.secret, spec.alpn, local=opts.local) as node:
             if not await node.wait_online():
                 warn("the iroh endpoint is not online yet (no relay); guests may not reach it")
-            inv = create_invitation(identity, protocol_name=spec.name, protocol_version=spec.version,
-                                    protocol_id=spec.protocol_id, ticket=node.ticket(), ttl_s=opts.ttl_s,
-                                    message=opts.message, tags=opts.tags)
+            def new_invitation() -> Invitation:
+                return create_invitation(identity, protocol_name=spec.name, protocol_version=spec.version,
+                                         protocol_id=spec.protocol_id, ticket=node.ticket(), ttl_s=opts.ttl_s,
+                                         message=opts.message, tags=opts.tags,
+                                         max_sessions=opts.post_max_sessions)
+
+            inv = new_invitation()
             if opts.server_url:
                 from node.community.client import CommunityClient
 
@@ -154,47 +230,158 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                 atomic_write(Path(opts.invite_file), _json(inv.to_dict()), mode=0o644)
             on_invitation(inv.to_dict())
             live = {inv.post_id: spec.protocol_id}
+            keeper = None
+            if opts.server_url:  # republish a consumed/expired post; close ended sessions
+                from node.community.keeper import PostKeeper
+
+                emit_event = on_event
+
+                def republished(previous: str, reason: str, fresh: Invitation) -> None:
+                    live.pop(previous, None)  # a consumed/expired post is not joinable here either
+                    live[fresh.post_id] = spec.protocol_id
+                    if opts.invite_file is not None:
+                        atomic_write(Path(opts.invite_file), _json(fresh.to_dict()), mode=0o644)
+                    emit_event({"event": "republished", "post_id": fresh.post_id, "previous_post_id": previous,
+                                "reason": reason, "expires_at": fresh.expires_at})
+
+                keeper = PostKeeper(opts.server_url, identity, inv, make_invitation=new_invitation,
+                                    on_republished=republished)
+
+                def on_event(ev: dict[str, Any]) -> None:
+                    emit_event(ev)
+                    keeper.observe(ev)
+
+            expiry = {inv.post_id: _unix(inv.expires_at)}
+            judged_post: list[str] = [""]
+
+            def post_protocol(post_id: str) -> str | None:
+                judged_post[0] = post_id  # the engine asks this right before nonce_unseen
+                return live.get(post_id)
 
             def nonce_unseen(nonce: str) -> bool:
-                if nonce in seen_nonces:
-                    return False
-                seen_nonces.add(nonce)
-                return True
+                post_id = judged_post[0]
+                return seen_nonces.record(post_id, nonce, expiry.get(post_id) or _now() + opts.ttl_s)
+
+            async def refuse(stream: Any, code: str) -> None:
+                engine = SessionEngine("host", spec, public_key=identity.public_key, sign=identity.sign,
+                                       host=HostConfig(remote_id="", post_protocol=lambda _p: None,
+                                                       nonce_unseen=lambda _n: False))
+                engine.abort(code)
+                with anyio.move_on_after(2):
+                    try:
+                        await stream.send(engine.data_to_send())
+                    except KithError:
+                        pass
+                    await stream.aclose()
+                on_event({"event": "session-refused", "peer": stream.remote_id, "code": code})
 
             async def serve_connection(conn: Any) -> None:
-                async with limiter:
-                    try:
-                        stream = await node.accept_stream(conn)
-                    except KithError:
-                        return
-                    remote = stream.remote_id or ""
+                try:
+                    stream = await node.accept_stream(conn)
+                except KithError:
+                    return
+                finally:
+                    pending[0] -= 1
+                remote = stream.remote_id or ""
+                if session_stop.is_set():
+                    await refuse(stream, "session-shutdown")
+                    return
+                if sum(active.values()) >= opts.max_sessions:
+                    await refuse(stream, "handshake-host-busy")
+                    return
+                if active.get(remote, 0) >= opts.max_sessions_per_peer:
+                    await refuse(stream, "handshake-peer-busy")
+                    return
+                active[remote] = active.get(remote, 0) + 1
+                try:
+                    registry = PeerRegistry.load(home)  # re-read: `kith peers` may have changed it
+                    admit = admission(registry, opts.peers_only)
                     engine = SessionEngine(
                         "host", spec, public_key=identity.public_key, sign=identity.sign,
-                        host=HostConfig(remote_id=remote, post_protocol=live.get, nonce_unseen=nonce_unseen),
+                        host=HostConfig(remote_id=remote, post_protocol=post_protocol, nonce_unseen=nonce_unseen,
+                                        admit=admit, profile=own_profile, ui_bundle=ui_bundle),
                         egress_check=knowledge.egress_check)
 
                     def make_context(ev: SessionReady) -> HookContext:
-                        rec = registry.by_key(ev.peer_public_key)
+                        rec = registry.merge_profile(ev.peer_public_key, ev.peer_profile) or \
+                            registry.by_key(ev.peer_public_key)
                         name = rec.name if rec else None
                         on_event({"event": "session-started", "session_id": ev.session_id,
                                   "peer": ev.peer_public_key, "peer_name": name})
                         return HookContext(role="host", session_id=ev.session_id,
                                            peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile),
-                                           knowledge=knowledge.handle_for(name),
+                                           knowledge=knowledge.handle_for(name, ev.peer_public_key),
                                            logger=logging.getLogger("kith.hooks." + spec.name))
 
-                    outcome = await run_session(stream, engine, hooks, make_context=make_context)
-                    on_event({"event": "session-ended", "session_id": outcome.session_id, "peer": remote,
-                              "reason": outcome.reason, "code": outcome.code})
+                    outcome = await run_session(stream, engine, hooks, make_context=make_context,
+                                                heartbeat=opts.heartbeat, stop=session_stop)
+                    ended: dict[str, Any] = {"event": "session-ended", "session_id": outcome.session_id,
+                                             "peer": remote, "reason": outcome.reason, "code": outcome.code}
+                    if engine.ui_bytes_sent:
+                        ended["ui_bytes_sent"] = engine.ui_bytes_sent
+                    on_event(ended)
+                finally:
+                    active[remote] -= 1
+                    if not active[remote]:
+                        del active[remote]
 
-            async with anyio.create_task_group() as tg:
+            async def accept_loop(tg: Any) -> None:
                 while True:
                     conn = await node.accept()
                     if conn is None:
-                        break
+                        return
+                    if pending[0] >= opts.max_sessions:  # connections that opened no stream yet
+                        try:
+                            conn.close(1, b"busy")
+                        except Exception:  # noqa: BLE001 - iroh error on an already-closed connection
+                            pass
+                        continue
+                    pending[0] += 1
                     tg.start_soon(serve_connection, conn)
+
+            async def stop_watch(accepting: anyio.CancelScope) -> None:
+                assert stop is not None
+                await stop.wait()
+                accepting.cancel()
+
+            async with anyio.create_task_group() as tg:
+                if keeper is not None:
+                    tg.start_soon(keeper.run)
+                if watcher is not None:
+                    tg.start_soon(watcher.arun)
+                async with anyio.create_task_group() as accepting:
+                    if stop is not None:
+                        accepting.start_soon(stop_watch, accepting.cancel_scope)
+                    await accept_loop(tg)
+                    accepting.cancel_scope.cancel()
+                # stopped (or the endpoint closed): sessions end cleanly, then the rest is cancelled
+                session_stop.set()
+                with anyio.move_on_after(opts.shutdown_grace_s):
+                    while active:
+                        await anyio.sleep(0.02)
+                if keeper is not None:
+                    keeper.stop()
+                tg.cancel_scope.cancel()
     finally:
+        if watcher is not None:
+            watcher.close()
         knowledge.close()
+        seen_nonces.close()
+
+
+def _unix(rfc3339: str) -> float:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+    except (ValueError, AttributeError):
+        return 0.0
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
 
 
 def _json(obj: Any) -> bytes:

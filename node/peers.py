@@ -1,7 +1,11 @@
 """The trusted peer registry ``<home>/peers.json`` (0600, tmp+rename; DESIGN §10).
 
-Local name → public key (+ note, shared profile, ``profileSyncedAt``). This first cut
-gives lookups and pinning; ``kith peers`` commands build on it.
+Local name → public key (+ note, shared profile, ``profileSyncedAt``). ``kith peers``
+edits it; the Host admits by it (``--peers-only``) and names peers by it; both sides merge
+the profile a *known* peer shares in the handshake (an unknown peer is never added by
+itself); a name pinned to one key refuses another key on both sides.
+
+The node's own shared profile is ``<home>/profile.json`` (same four fields).
 
 File shape: ``{"peers": {"alice": {"publicKey": "<64 hex>", "note": "", "profile": {},
 "profileSyncedAt": null, "addedAt": "<RFC 3339>"}}}``.
@@ -11,17 +15,75 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from node.errors import ConfigError
+from node.errors import ConfigError, PolicyError
 from node.home import atomic_write
 from node.signing import PUBLIC_KEY_HEX_LEN, check_hex
 
 PEERS_FILE = "peers.json"
+PROFILE_FILE = "profile.json"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+#: Shared profile fields and their maximum length (characters) — DESIGN §10.
+PROFILE_FIELDS: dict[str, int] = {"displayName": 64, "fullName": 128, "shortDescr": 160, "description": 1000}
+MAX_NOTE_CHARS = 1000
+MAX_REGISTRY_BYTES = 4 << 20
+
+
+def _clean_text(value: str, limit: int, *, multiline: bool = False) -> str:
+    text = unicodedata.normalize("NFC", value)
+    keep = []
+    for ch in text:
+        cat = unicodedata.category(ch)
+        if ch == "\n" and multiline:
+            keep.append(ch)
+        elif cat in ("Cc", "Zl", "Zp"):
+            keep.append(" ")  # tabs, newlines, other controls: a space
+        elif cat in ("Cf", "Cs", "Co"):
+            continue  # bidi overrides, zero-width characters, surrogates: dropped
+        else:
+            keep.append(ch)
+    return "".join(keep).strip()[:limit]
+
+
+def clean_profile(raw: Any) -> dict[str, str]:
+    """The shareable part of an (untrusted) profile: only :data:`PROFILE_FIELDS`, strings,
+    NFC, control and format characters (bidi overrides, zero-width) removed or turned into
+    spaces, each cut to its maximum length; empty values dropped. Anything else → ``{}``."""
+    if not isinstance(raw, dict):
+        return {}
+    out: dict[str, str] = {}
+    for key, limit in PROFILE_FIELDS.items():
+        value = raw.get(key)
+        if isinstance(value, str):
+            text = _clean_text(value, limit, multiline=key == "description")
+            if text:
+                out[key] = text
+    return out
+
+
+def load_own_profile(home: Path) -> dict[str, str]:
+    """This node's shared profile (``<home>/profile.json``; missing or invalid → ``{}``)."""
+    try:
+        raw = json.loads((Path(home) / PROFILE_FILE).read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return clean_profile(raw)
+
+
+def save_own_profile(home: Path, profile: dict[str, Any]) -> dict[str, str]:
+    """Write this node's shared profile (cleaned with :func:`clean_profile`; 0600)."""
+    clean = clean_profile(profile)
+    atomic_write(Path(home) / PROFILE_FILE, json.dumps(clean, indent=2, ensure_ascii=False).encode("utf-8") + b"\n")
+    return clean
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -49,21 +111,35 @@ class PeerRegistry:
 
     @classmethod
     def load(cls, home: Path) -> "PeerRegistry":
-        """Read ``<home>/peers.json`` (missing → empty registry)."""
+        """Read ``<home>/peers.json`` (missing → empty registry).
+
+        Raises:
+            ConfigError: ``config-invalid`` naming the file (bad JSON, bad name or key, a
+                key pinned under two names, larger than 4 MiB).
+        """
         path = Path(home) / PEERS_FILE
         try:
-            raw = json.loads(path.read_text("utf-8"))
+            data = path.read_bytes()
+            if len(data) > MAX_REGISTRY_BYTES:
+                raise ConfigError("config-invalid", f"{PEERS_FILE} is larger than {MAX_REGISTRY_BYTES} bytes")
+            raw = json.loads(data.decode("utf-8"))
         except FileNotFoundError:
             return cls(path, {})
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             raise ConfigError("config-invalid", f"{PEERS_FILE} is not valid JSON") from None
         peers: dict[str, PeerRecord] = {}
         try:
+            keys: set[str] = set()
             for name, rec in raw.get("peers", {}).items():
                 if not NAME_RE.fullmatch(name):
                     raise ValueError(f"bad peer name {name!r}")
                 check_hex(rec["publicKey"], PUBLIC_KEY_HEX_LEN, f"peers.{name}.publicKey")
-                peers[name] = PeerRecord(name, rec["publicKey"], rec.get("note", ""), dict(rec.get("profile") or {}),
+                if rec["publicKey"] in keys:
+                    raise ValueError(f"the key of {name!r} is pinned under another name too")
+                keys.add(rec["publicKey"])
+                note = rec.get("note", "")
+                peers[name] = PeerRecord(name, rec["publicKey"], note if isinstance(note, str) else "",
+                                         clean_profile(rec.get("profile")),
                                          rec.get("profileSyncedAt"), rec.get("addedAt", ""))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ConfigError("config-invalid", f"{PEERS_FILE}: {exc}") from None
@@ -80,19 +156,122 @@ class PeerRegistry:
         return self.peers.get(name)
 
     def pin(self, name: str, public_key: str, note: str = "") -> PeerRecord:
-        """Add (or replace) ``name`` → ``public_key`` and save atomically."""
-        if not NAME_RE.fullmatch(name):
-            raise ConfigError("config-invalid", "a peer name is 1-64 of [A-Za-z0-9_.-], starting alphanumeric")
+        """Add (or replace) ``name`` → ``public_key`` and save atomically.
+
+        Prefer :meth:`add`, which refuses to re-pin a name or a key.
+        """
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise PolicyError("peer-bad-name", "a peer name is 1-64 of [A-Za-z0-9_.-], starting alphanumeric")
         check_hex(public_key, PUBLIC_KEY_HEX_LEN, "public key")
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        rec = PeerRecord(name, public_key, note, added_at=now)
+        rec = PeerRecord(name, public_key, _clean_text(note, MAX_NOTE_CHARS, multiline=True), added_at=_now())
         self.peers[name] = rec
         self.save()
         return rec
+
+    def add(self, name: str, public_key: str, note: str = "", *, profile: dict[str, Any] | None = None) -> PeerRecord:
+        """Pin a new peer ``name`` → ``public_key`` (DESIGN §10) and save.
+
+        Args:
+            profile: a profile already received from this peer (e.g. after ``join``);
+                stored with ``profileSyncedAt`` = now.
+
+        Raises:
+            PolicyError: ``peer-bad-name``; ``peer-exists`` (the name is taken — remove it
+                first; a pinned name never silently changes key); ``peer-key-pinned``
+                (the key is already pinned under another name).
+            SigningError: ``bad-hex`` for a key that is not 64 lowercase hex.
+        """
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise PolicyError("peer-bad-name", "a peer name is 1-64 of [A-Za-z0-9_.-], starting alphanumeric")
+        check_hex(public_key, PUBLIC_KEY_HEX_LEN, "public key")
+        if name in self.peers:
+            raise PolicyError("peer-exists", f"a peer named {name!r} is already pinned",
+                              hint="`kith peers remove NAME` first to pin another key")
+        other = self.by_key(public_key)
+        if other is not None:
+            raise PolicyError("peer-key-pinned", f"that key is already pinned as {other.name!r}")
+        rec = PeerRecord(name, public_key, _clean_text(note, MAX_NOTE_CHARS, multiline=True), added_at=_now())
+        if profile:
+            rec.profile, rec.profile_synced_at = clean_profile(profile), _now()
+        self.peers[name] = rec
+        self.save()
+        return rec
+
+    def remove(self, name: str) -> PeerRecord:
+        """Remove ``name`` and save.
+
+        Raises:
+            PolicyError: ``peer-not-found``.
+        """
+        rec = self.peers.pop(name, None) if isinstance(name, str) else None
+        if rec is None:
+            raise PolicyError("peer-not-found", f"no peer named {name!r}")
+        self.save()
+        return rec
+
+    def merge_profile(self, public_key: str, profile: Any) -> PeerRecord | None:
+        """Merge the profile a peer shared in the handshake into its record (DESIGN §10).
+
+        Only a peer already in the registry is updated (``profile`` replaced by the cleaned
+        shared profile, ``profileSyncedAt`` = now, saved); an unknown key is never added.
+        An empty shared profile changes nothing.
+
+        Returns:
+            The updated record, or ``None`` (unknown peer or nothing shared).
+        """
+        rec = self.by_key(public_key)
+        clean = clean_profile(profile)
+        if rec is None or not clean:
+            return None
+        rec.profile, rec.profile_synced_at = clean, _now()
+        self.save()
+        return rec
+
+    def claimed_by_other(self, public_key: str, profile: Any) -> PeerRecord | None:
+        """The record a peer with an unknown key *claims* to be, or ``None``.
+
+        A peer whose key is not pinned but whose shared ``displayName`` equals
+        (case-insensitively) a registry name, or the ``displayName`` a pinned peer shared,
+        claims a pinned name with a changed key: both sides refuse it (DESIGN §5, §10).
+        """
+        if self.by_key(public_key) is not None:
+            return None
+        claimed = clean_profile(profile).get("displayName")
+        if not claimed:
+            return None
+        key = claimed.casefold()
+        for rec in self.peers.values():
+            if rec.name.casefold() == key or (rec.profile.get("displayName") or "").casefold() == key:
+                return rec
+        return None
+
+    def rank(self, query: str) -> list[tuple[float, PeerRecord]]:
+        """Peers matching ``query``, best first (``kith peers list --rank``).
+
+        Each query word (casefolded) scores 3 in the local name, 2 in the own note, 1 in
+        each shared profile field (substring match); a record with score 0 is left out.
+        Ties → name order.
+        """
+        words = [w for w in query.casefold().split() if w]
+        out: list[tuple[float, PeerRecord]] = []
+        for rec in self.peers.values():
+            score = 0.0
+            for w in words:
+                score += 3 * (w in rec.name.casefold()) + 2 * (w in rec.note.casefold())
+                score += sum(w in v.casefold() for v in rec.profile.values())
+            if score > 0:
+                out.append((score, rec))
+        out.sort(key=lambda sr: (-sr[0], sr[1].name))
+        return out
+
+    def to_json(self, rec: PeerRecord) -> dict[str, Any]:
+        """One record as ``kith peers list --json`` prints it."""
+        return {"name": rec.name, "publicKey": rec.public_key, "note": rec.note, "profile": rec.profile,
+                "profileSyncedAt": rec.profile_synced_at, "addedAt": rec.added_at}
 
     def save(self) -> None:
         """Write the registry (0600, tmp+rename)."""
         data = {"peers": {n: {"publicKey": p.public_key, "note": p.note, "profile": p.profile,
                               "profileSyncedAt": p.profile_synced_at, "addedAt": p.added_at}
                           for n, p in sorted(self.peers.items())}}
-        atomic_write(self.path, json.dumps(data, indent=2).encode("utf-8") + b"\n")
+        atomic_write(self.path, json.dumps(data, indent=2, ensure_ascii=False).encode("utf-8") + b"\n")

@@ -263,7 +263,7 @@ def test_query_syntax_never_raises_and_no_zero_scores(home: Path, notes: Path) -
 def test_exact_pass_for_identifiers_and_quotes(home: Path, notes: Path) -> None:
     with _synced(home, notes) as c:
         hits, ctl = c.search_hits("os.path.join", limit=5)
-        assert [p["name"] for p in ctl["passes"]] == ["baseline-bm25", "exact-entity"]
+        assert [p["name"] for p in ctl["passes"]][:2] == ["baseline-bm25", "exact-entity"]
         assert hits[0].source_id == "/notes/guide.rst"
         assert hits[0].score_components["exact"] > 0
         hits, ctl = c.search_hits('"deleted automatically"', limit=5)
@@ -376,7 +376,7 @@ def test_filters_sources_globs_and_fail_closed_metadata(home: Path, notes: Path)
 def test_second_writer_gets_index_locked_and_readers_keep_working(home: Path, notes: Path) -> None:
     seen: dict[str, object] = {}
 
-    def progress(done: int, total: int, source: str) -> None:
+    def progress(done: int, total: int, source: str, *_bytes: int) -> None:
         if done == 1 and "locked" not in seen:
             other = Corpus(home)
             try:
@@ -410,7 +410,7 @@ def test_readonly_search_during_sync(home: Path, notes: Path) -> None:
         (notes / "more.txt").write_text("another unicorn\n")
         ro = Corpus(home, readonly=True)
 
-        def progress(done: int, total: int, source: str) -> None:
+        def progress(done: int, total: int, source: str, *_bytes: int) -> None:
             if done == 1:
                 results.append(_sources(ro, "staging server"))
 

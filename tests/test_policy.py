@@ -264,3 +264,84 @@ def test_decide_normalizes_real_paths_with_roots(tmp_path: Path) -> None:
     assert policy.decide(str(tmp_path / "docs" / "a.md"), None, roots=roots) == Decision(
         "/docs/a.md", "public", True, "/docs/**")
     assert policy.decide(str(tmp_path / "elsewhere" / "k"), None, roots=roots).tier == "never"
+
+
+# --- issue 5: per-peer overrides, quotas -------------------------------------------------------
+
+OVERRIDES = """\
+[[rule]]
+glob = "/docs/**"
+tier = "public"
+[[rule]]
+glob = "/docs/drafts/**"
+tier = "private"
+[[rule]]
+glob = "/docs/hr/**"
+tier = "never"
+[[override]]
+peer = "alice"
+glob = "/docs/drafts/**"
+tier = "public"
+[[override]]
+peer = "mallory"
+glob = "/docs/**"
+tier = "never"
+[[override]]
+peer = "alice"
+glob = "/docs/**"
+tier = "ask"
+"""
+
+
+def test_per_peer_overrides(tmp_path: Path) -> None:
+    (tmp_path / "policy.toml").write_text(OVERRIDES)
+    policy = Policy.load(tmp_path)
+    assert [(r.peer, r.glob, r.tier) for r in policy.overrides] == [
+        ("alice", "/docs/drafts/**", "public"), ("mallory", "/docs/**", "never"), ("alice", "/docs/**", "ask")]
+    # alice: her override at equal specificity beats the global rule (both ways)
+    d = policy.decide("/docs/drafts/x.md", "alice")
+    assert (d.tier, d.allowed, d.matched, d.override) == ("public", True, "/docs/drafts/**", "alice")
+    assert policy.decide("/docs/a.md", "alice").tier == "ask"
+    # a more specific global rule still wins over a less specific override
+    assert policy.decide("/docs/hr/pay.md", "alice").tier == "never"
+    # others are untouched; mallory is shut out of /docs
+    assert policy.decide("/docs/drafts/x.md", "bob").tier == "private"
+    assert policy.decide("/docs/drafts/x.md", None).override is None
+    assert policy.decide("/docs/a.md", "mallory").allowed is False
+    assert policy.decide("/docs/a.md", "bob").allowed is True
+    # round trip keeps overrides; unset --for removes only that peer's override
+    policy.save()
+    again = Policy.load(tmp_path)
+    assert again.overrides == policy.overrides and again.rules == policy.rules
+    assert again.unset("/docs/**", for_peer="mallory") is True
+    assert again.decide("/docs/a.md", "mallory").allowed is True
+    assert [r.glob for r in again.rules] == ["/docs/**", "/docs/drafts/**", "/docs/hr/**"]
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("[[override]]\nglob='/a'\ntier='public'\n", "[[override]] #1: missing key 'peer'"),
+    ("[[override]]\npeer='a'\nglob='/a'\ntier='peers'\n", "[[override]] #1: an override already names"),
+    ("[[override]]\npeer=''\nglob='/a'\ntier='public'\n", "'peer' must be"),
+    ("[[override]]\npeer='a'\nglob='/a'\ntier='public'\nx=1\n", "unknown key 'x'"),
+    ("override = 3\n", "'override' must be an array"),
+    ("[quota]\nburst = -1\n", "'burst' must be an integer"),
+    ("[quota]\nmax_message_bytes = 100\n", "at least 8192"),
+    ("[quota.anonymous]\nfoo = 1\n", "anonymous: unknown key 'foo'"),
+])
+def test_bad_overrides_and_quotas(tmp_path: Path, text: str, where: str) -> None:
+    (tmp_path / "policy.toml").write_text(text)
+    with pytest.raises(PolicyError) as exc:
+        Policy.load(tmp_path)
+    assert exc.value.code == "policy-invalid" and where in exc.value.message
+    assert str(tmp_path / "policy.toml") in exc.value.message
+
+
+def test_quota_defaults_and_overrides(tmp_path: Path) -> None:
+    from node.policy.store import DEFAULT_QUOTA, Quota
+
+    assert Policy().quota_for(None) == Quota(**DEFAULT_QUOTA)
+    (tmp_path / "policy.toml").write_text(DESIGN_EXAMPLE + "[quota.anonymous]\nburst = 3\n")
+    policy = Policy.load(tmp_path)
+    assert policy.quota_for("alice") == Quota(1000, 10, 65536)
+    assert policy.quota_for("bob") == Quota(120, 10, 65536)
+    assert policy.anonymous_quota() == Quota(480, 3, 65536)

@@ -192,3 +192,135 @@ def test_properties_idempotent_and_never_escaping(tree, roots) -> None:
         _check(source, roots, real_roots)
 
     run()
+
+
+# --- issue 5: the full fixture tree (nested roots, same basenames, symlink out, NFD,
+# --- case variants, datasource ids) and case-insensitive resolution ------------------------
+
+from node.corpus.sources import SourceNormalizer, detect_case_insensitive, plan_root_prefixes  # noqa: E402
+
+NFD_NAME = unicodedata.normalize("NFD", "Résumé.md")
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """a/docs (nested root a/docs/team), b/docs (same basename → docs-2), a symlink out,
+    an NFD file name, and a folder whose name differs from a deny glob only by case."""
+    base = tmp_path_factory.mktemp("full")
+    a, b, team, outside = base / "a" / "docs", base / "b" / "docs", base / "a" / "docs" / "team", base / "out"
+    for d in (a / "secret", b, team, outside):
+        d.mkdir(parents=True)
+    (a / "secret" / "plan.md").write_text("p")
+    (a / "Readme.md").write_text("r")
+    (a / NFD_NAME).write_text("n")
+    (b / "b.md").write_text("b")
+    (team / "t.md").write_text("t")
+    (outside / "k.pem").write_text("k")
+    (a / "out-link").symlink_to(outside)
+    prefixes = plan_root_prefixes([a, b, team])
+    roots = [Root(p, str(d)) for p, d in zip(prefixes, (a, b, team))]
+    return {"base": base, "a": a, "b": b, "team": team, "outside": outside, "roots": roots}
+
+
+def test_prefixes_basename_then_numbered_in_addition_order(full) -> None:
+    assert [r.prefix for r in full["roots"]] == ["docs", "docs-2", "team"]
+    # adding a root later never renames an earlier one; taken prefixes are skipped
+    assert plan_root_prefixes(["/x/docs", "/y/docs"], taken=["docs", "docs-2"]) == ["docs-3", "docs-4"]
+    assert plan_root_prefixes(["/"]) == ["root"]
+
+
+def test_prefixes_agree_with_the_corpus_store(tmp_path: Path, full) -> None:
+    from node.corpus.store import Corpus
+
+    with Corpus(tmp_path / "home") as corpus:
+        got = [corpus.add_root(full[k]).prefix for k in ("a", "b", "team")]
+    assert got == [r.prefix for r in full["roots"]]
+
+
+def test_full_tree_table(full) -> None:
+    roots, a, b, team = full["roots"], full["a"], full["b"], full["team"]
+    cases = {
+        str(a / "secret" / "plan.md"): "/docs/secret/plan.md",
+        str(b / "b.md"): "/docs-2/b.md",                       # same basename, second root
+        "/docs-2/b.md": "/docs-2/b.md",
+        str(team / "t.md"): "/team/t.md",                      # nested root: longest wins
+        "/docs/team/t.md": "/team/t.md",
+        str(a / "out-link" / "k.pem"): None,                   # symlink out of a root
+        "/docs/out-link/k.pem": None,
+        str(full["outside"] / "k.pem"): str(full["outside"] / "k.pem"),
+        str(a / NFD_NAME): "/docs/R\u00e9sum\u00e9.md",         # NFD on disk → NFC id
+        "/docs/" + NFD_NAME: "/docs/R\u00e9sum\u00e9.md",
+        "/kakao/personal/chunks/chunk-1": "/kakao/personal/chunks/chunk-1",  # datasource id
+        "/kakao/personal/chunks//chunk-1/": "/kakao/personal/chunks/chunk-1",
+        "kakao:personal/chunk-1": None,
+        "/docs/secret/what?#1.md": "/docs/secret/what?#1.md",
+    }
+    for source, expected in cases.items():
+        assert normalize_source(source, roots) == expected, source
+
+
+def _folding_listdir(calls: list[str]):
+    def listdir(folder: str) -> list[str]:
+        calls.append(folder)
+        return os.listdir(folder)
+    return listdir
+
+
+def test_case_insensitive_fs_resolves_to_on_disk_case(full) -> None:
+    """This machine's file system is case-sensitive, so a case-insensitive one is simulated:
+    the normalizer is told the FS folds case and matches names through a directory listing
+    with NFC+casefold comparison — exactly the lookup a case-insensitive FS does. The real
+    symlink/containment checks still run on the real files."""
+    calls: list[str] = []
+    n = SourceNormalizer(full["roots"], case_insensitive=True, listdir=_folding_listdir(calls))
+    a = full["a"]
+    for spelling in ("/docs/SECRET/plan.md", "/docs/Secret/PLAN.MD", "/docs/sEcReT/plan.md",
+                     str(a).upper() + "/SECRET/plan.md", str(a) + "/secret/Plan.md"):
+        assert n(spelling) == "/docs/secret/plan.md", spelling
+    assert calls, "the on-disk case came from directory listings"
+    # a name that exists only in another case is still found; one that does not exist keeps its spelling
+    assert n("/docs/readme.md") == "/docs/Readme.md"
+    assert n("/docs/SECRET/new.md") == "/docs/secret/new.md"
+    # the symlink out of the root is followed in any case spelling → fail closed
+    assert n("/docs/OUT-LINK/k.pem") is None
+    assert n(str(a) + "/Out-Link/k.pem") is None
+    # the virtual prefix itself is ours, not the FS's: /DOCS is a different (datasource-like) id
+    assert n("/DOCS/secret/plan.md") == "/DOCS/secret/plan.md"
+    # on a case-sensitive FS (the default detection here) the spelling is kept as given
+    assert SourceNormalizer(full["roots"])("/docs/SECRET/plan.md") == "/docs/SECRET/plan.md"
+
+
+def test_case_insensitive_ambiguity_fails_closed(tmp_path: Path) -> None:
+    # two entries differing only by case cannot exist on a real case-insensitive FS; if the
+    # view is wrong, the normalizer refuses to pick one
+    (tmp_path / "r" / "Dir").mkdir(parents=True)
+    (tmp_path / "r" / "dir").mkdir()
+    n = SourceNormalizer([Root("r", str(tmp_path / "r"))], case_insensitive=True)
+    assert n("/r/DIR/x.md") is None
+    assert n("/r/Dir/x.md") == "/r/Dir/x.md"  # an exact name is used as is
+
+
+def test_detect_case_insensitive_on_this_machine(tmp_path: Path) -> None:
+    probe = tmp_path / "Probe"
+    probe.mkdir()
+    expected = os.path.exists(str(probe).swapcase())
+    assert detect_case_insensitive(str(probe)) is expected
+    assert detect_case_insensitive("/123/456") is False  # nothing to swap
+
+
+def test_properties_hold_on_a_simulated_case_insensitive_fs(tree, roots) -> None:
+    n = SourceNormalizer(roots, case_insensitive=True)
+    real_roots = [os.path.realpath(r.path) for r in roots] + [r.path for r in roots]
+    folded = [r.casefold() for r in real_roots]
+
+    @settings(max_examples=300, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(_sources(tree).map(lambda s: s.swapcase() if len(s) % 2 else s))
+    def run(source: str) -> None:
+        out = n(source)
+        if out is None:
+            return
+        assert n(out) == out, "idempotent"
+        assert not any(out.casefold() == r or out.casefold().startswith(r + "/") for r in folded), out
+
+    run()

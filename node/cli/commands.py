@@ -49,6 +49,19 @@ async def _until_signal(scope: anyio.CancelScope) -> None:
             return
 
 
+def _redacted_log_handler(home: Path) -> None:
+    """Show the node's warnings on stderr with real paths, keys, hosts and URL query
+    strings redacted (issue 5 rule 7: host logs are often pasted to others)."""
+    import logging
+
+    from node.policy.redact import RedactingFilter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.addFilter(RedactingFilter([str(home)]))
+    logging.getLogger("kith").addHandler(handler)
+
+
 @app.command("host")
 def host_cmd(
     ctx: typer.Context,
@@ -60,6 +73,10 @@ def host_cmd(
     message: Optional[str] = typer.Option(None, "--message", help="A line shown with the invitation."),
     tag: list[str] = typer.Option([], "--tag", help="Tag the invitation (repeatable)."),
     json_out: bool = typer.Option(False, "--json", help="Invitation as JSON on the first stdout line, then one event object per line."),
+    peers_only: bool = typer.Option(False, "--peers-only", help="Admit only guests pinned in the peer registry (kith peers add)."),
+    share_ui: bool = typer.Option(False, "--share-ui", help="Offer the protocol's ui/ bundle to guests that join with --accept-host-ui."),
+    max_sessions: Optional[int] = typer.Option(None, "--max-sessions", min=1, max=1_000_000, help="Sessions one post_id allows (1 = single-use); with --server a used-up or expired post is republished under a new post_id."),
+    watch: bool = typer.Option(False, "--watch", help="Re-index added, changed and deleted files live (holds the index writer lock while hosting)."),
 ) -> None:
     """Share this node's corpus: publish an invitation and serve guests until Ctrl-C/SIGTERM."""
     from node.host import HostOptions, serve_host
@@ -67,8 +84,11 @@ def host_cmd(
     if not server and invite_file is None:
         raise UsageError("usage", "give --server URL (publish) or --invite-file FILE (paired peers, no server)")
     home = home_of(ctx)
+    _redacted_log_handler(home)
     opts = HostOptions(protocol=protocol, server_url=server, invite_file=invite_file, local=local, ttl_s=ttl,
-                       message=message, tags=list(tag))
+                       message=message, tags=list(tag), peers_only=peers_only, post_max_sessions=max_sessions)
+    opts.share_ui = share_ui
+    opts.watch = watch
 
     def on_invitation(inv: dict[str, Any]) -> None:
         if json_out:
@@ -86,15 +106,34 @@ def host_cmd(
         if json_out:
             emit_json(ev)
         else:
-            if ev["event"] == "session-started":
-                err_console.print(f"session {ev['session_id'][:12]} started with {ev['peer'][:16]}…")
+            if ev["event"] == "republished":
+                console.print(f"  new post_id: [bold]{ev['post_id']}[/bold]  ({ev['previous_post_id']} was {ev['reason']};"
+                              f" expires {ev['expires_at']})")
+            elif ev["event"] == "session-started":
+                err_console.print(f"session {ev['session_id']} started with {ev['peer'][:16]}…")
+            elif ev["event"] == "session-refused":
+                err_console.print(f"refused a session from {(ev.get('peer') or '?')[:16]}…: {ev['code']}")
+            elif ev["event"] == "index-updated":
+                err_console.print(f"index: indexed {ev['indexed']}, updated {ev['updated']}, removed "
+                                  f"{ev['removed']}, failed {ev['failed'] + ev['empty']}", highlight=False)
             else:
                 err_console.print(f"session {(ev.get('session_id') or '-')[:12]} ended: {ev.get('code') or ev['reason']}")
 
     async def main() -> None:
+        stop = anyio.Event()
+
+        async def until_signal() -> None:  # 1st signal: end sessions cleanly; 2nd: stop now
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    if stop.is_set():
+                        tg.cancel_scope.cancel()
+                        return
+                    err_console.print("stopping: ending sessions and closing the endpoint…")
+                    stop.set()
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_until_signal, tg.cancel_scope)
-            await serve_host(home, opts, on_invitation=on_invitation, on_event=on_event, warn=warn)
+            tg.start_soon(until_signal)
+            await serve_host(home, opts, on_invitation=on_invitation, on_event=on_event, warn=warn, stop=stop)
             tg.cancel_scope.cancel()
 
     anyio.run(main, backend="asyncio")
@@ -120,6 +159,31 @@ def _print_results(message: dict[str, Any]) -> None:
                 console.print(f"   - {s.get('text')} [{s.get('citationId') or s.get('citation')}]", highlight=False, markup=False)
 
 
+def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None) -> None:
+    """After a successful session with an unpinned host: pin it as ``pin``, or (on a TTY)
+    ask for a name; otherwise say how to pin it later. Messages go to stderr."""
+    import re
+
+    from node.peers import NAME_RE, PeerRegistry
+
+    registry = PeerRegistry.load(home)
+    if pin is None:
+        if not sys.stdin.isatty():
+            err_console.print(f"to pin this host: kith peers add NAME {key}", highlight=False)
+            return
+        suggested = re.sub(r"[^A-Za-z0-9_.-]+", "-", profile.get("displayName", "")).strip("-._")[:64]
+        suggested = suggested if NAME_RE.fullmatch(suggested or "-") and suggested not in registry.peers else ""
+        shown = f" (it calls itself {suggested!r})" if suggested else ""
+        try:
+            pin = input(f"Pin this host in your peer registry{shown}? Type a name, or Enter to skip: ").strip()
+        except EOFError:
+            return
+        if not pin:
+            return
+    rec = registry.add(pin, key, profile=profile)
+    err_console.print(f"pinned the host as {rec.name!r}", highlight=False, markup=False)
+
+
 @app.command("join")
 def join_cmd(
     ctx: typer.Context,
@@ -130,6 +194,8 @@ def join_cmd(
     query: list[str] = typer.Option([], "--query", "-q", help="Ask this question (repeatable); without it, an interactive prompt."),
     top_k: int = typer.Option(5, "--top-k", min=1, max=20, help="Results per question (1-20)."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object per line: each results message."),
+    pin: Optional[str] = typer.Option(None, "--pin", metavar="NAME", help="After a successful session, pin the host in the peer registry as NAME (a name pinned to another key is refused)."),
+    accept_host_ui: bool = typer.Option(False, "--accept-host-ui", help="Advertise p2p_ui_v1: accept the host's UI bundle when this protocol has no local ui/ (verified, installed per session under the home)."),
 ) -> None:
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
     from node.guest import check_invitation, check_pinned_name, join_session, resolve_invitation, trust_status
@@ -142,6 +208,12 @@ def join_cmd(
         inv = await resolve_invitation(target, server_url=server)
         pdir, spec = check_invitation(inv, home)
         name = trust_status(inv, home)
+        if pin is not None:
+            from node.peers import NAME_RE
+
+            if not NAME_RE.fullmatch(pin):
+                raise UsageError("usage", "--pin NAME: 1-64 of [A-Za-z0-9_.-], starting with a letter or digit")
+            check_pinned_name(pin, inv, home)
         if name is not None:
             check_pinned_name(name, inv, home)
         elif not trust:
@@ -154,7 +226,10 @@ def join_cmd(
             if answer.strip().lower() not in ("y", "yes"):
                 raise InvitationError("host-not-trusted", "you did not trust the host")
 
+        shown_results: list[dict[str, Any]] = []
+
         def on_results(message: dict[str, Any]) -> None:
+            shown_results.append(message)
             if json_out:
                 emit_json(message)
             else:
@@ -172,9 +247,23 @@ def join_cmd(
         if interactive:
             options["ask"] = ask
             err_console.print("Connected questions go to the host; an empty line or Ctrl-D ends the session.")
-        return await join_session(home, identity, inv, pdir, spec, local=local, server_url=server, options=options,
-                                  interactive=interactive)
+        outcome = await join_session(home, identity, inv, pdir, spec, local=local, server_url=server,
+                                     options=options, interactive=interactive, host_seen=host_seen,
+                                     on_ready=lambda sid: err_console.print(f"session {sid}", highlight=False),
+                                     accept_host_ui=accept_host_ui)
+        if outcome.ui_path is not None:
+            from node.ui_artifacts import write_results_js
 
+            write_results_js(outcome.ui_path.parent, shown_results)
+            err_console.print(f"host UI installed for this session: {outcome.ui_path.as_uri()}",
+                              highlight=False, markup=False)
+        for code, side in outcome.ui_refused:
+            err_console.print(f"host UI not installed: {code} (refused by the {side})", highlight=False, markup=False)
+        if outcome.ok and name is None:
+            _offer_pin(home, inv.host_public_key, host_seen.get("profile") or {}, pin)
+        return outcome
+
+    host_seen: dict[str, Any] = {}
     outcome = anyio.run(main, backend="asyncio")
     if outcome.ok:
         return

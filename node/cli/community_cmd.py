@@ -1,13 +1,28 @@
-"""``kith community``: run the community server (DESIGN §12; ``specs/community-api.md``)."""
+"""``kith community``: run the community server and talk to one (DESIGN §12;
+``specs/community-api.md``).
+
+``serve`` runs the server (SQLite in the home by default, ``--database-url`` for
+PostgreSQL). The other sub-commands are clients: ``register`` / ``identity`` (profiles),
+``publish-protocol`` / ``fetch-protocol`` (specs by content), ``status`` / ``renew`` /
+``withdraw`` (a Host's posts), ``session`` / ``close`` (session status). ``kith browse``
+and ``kith feedback`` live in :mod:`node.cli.browse_cmd`.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Optional, TypeVar
 
+import anyio
 import typer
+from rich.markup import escape
 
-from node.cli.common import emit_json, err_console, home_of
+from node.cli.common import console, emit_json, err_console, home_of
+from node.community.ratelimit import RateLimit, RateLimits
 from node.community.server import (
     DEFAULT_PORT,
     base_url_of,
@@ -17,18 +32,53 @@ from node.community.server import (
     serve_forever,
 )
 from node.community.store import default_db_path
-from node.errors import UsageError
+from node.errors import ConfigError, SpecError, UsageError
 
 community_app = typer.Typer(
     name="community",
     help=(
-        "The community server: helps peers find each other (invitations, session proofs). "
-        "It never sees a query or an answer."
+        "The community server: helps peers find each other (identities, protocol specs, "
+        "invitations, session proofs, feedback). It never sees a query or an answer."
     ),
     no_args_is_help=True,
 )
 
+T = TypeVar("T")
 
+#: ``--server URL`` (or ``$KITH_SERVER``) for every client command.
+SERVER_HELP = "Community server URL (default: $KITH_SERVER)."
+
+
+def server_url_of(server: str | None) -> str:
+    """The server URL to use, or ConfigError ``no-server`` (DESIGN §5)."""
+    if not server:
+        raise ConfigError("no-server", "this command needs a community server: pass "
+                                       "--server URL (or set KITH_SERVER)")
+    return server
+
+
+def run_client(server: str | None, home: Path | None,
+               call: Callable[[Any], Awaitable[T]], *, signed: bool = False) -> T:
+    """Open a :class:`CommunityClient` (signing with the home's identity when ``signed``),
+    run ``call(client)`` and return its result."""
+    from node.community.client import CommunityClient
+
+    url = server_url_of(server)
+    identity = None
+    if signed:
+        from node.identity import load_or_init_identity
+
+        assert home is not None
+        identity = load_or_init_identity(home)
+
+    async def main() -> T:
+        async with CommunityClient(url, identity) as client:
+            return await call(client)
+
+    return anyio.run(main, backend="asyncio")
+
+
+# ----------------------------------------------------------------------------- serve
 @community_app.command("serve")
 def serve(
     ctx: typer.Context,
@@ -46,14 +96,26 @@ def serve(
             "it behind a TLS reverse proxy before exposing it beyond this machine."
         ),
     ),
+    database_url: Optional[str] = typer.Option(
+        None, "--database-url", metavar="URL", envvar="KITH_COMMUNITY_DATABASE_URL",
+        help=(
+            "postgresql://user:pass@host:5432/db (needs kith-node[postgres]) or "
+            "sqlite:///ABS/PATH. Default: SQLite in <home>/community/."
+        ),
+    ),
+    key_rate: float = typer.Option(5.0, "--key-rate", min=0, help="Signed requests per second per key (0: no limit)."),
+    key_burst: int = typer.Option(30, "--key-burst", min=1, help="Burst of signed requests per key."),
+    address_rate: float = typer.Option(50.0, "--address-rate", min=0, help="Requests per second per client address (0: no limit)."),
+    address_burst: int = typer.Option(200, "--address-burst", min=1, help="Burst of requests per client address."),
     json_out: bool = typer.Option(
-        False, "--json", help='Print {"url": ...} on stdout once listening (stdout: JSON only).',
+        False, "--json", help='Print {"url": ..., "database": ...} on stdout once listening (stdout: JSON only).',
     ),
     access_log: bool = typer.Option(False, "--access-log", help="Log each request on stderr."),
 ) -> None:
-    """Serve the community REST API (/api/v1) from this home's database until Ctrl-C/SIGTERM.
+    """Serve the community REST API (/api/v1) until Ctrl-C/SIGTERM.
 
-    Database: <home>/community/community.sqlite3 (SQLite, WAL). The URL goes to stderr.
+    Database: <home>/community/community.sqlite3 (SQLite, WAL) unless --database-url. The
+    URL goes to stderr.
     """
     if not is_loopback(host) and not public:
         raise UsageError("server-not-public",
@@ -61,16 +123,210 @@ def serve(
                          hint="pass --public to serve beyond this machine (behind TLS)")
     if access_log:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-    db_path = default_db_path(home_of(ctx))
-    app = create_app(db_path)
-    sock = bind_socket(host, port)
-    url = base_url_of(sock)
+    database: Path | str = database_url if database_url else default_db_path(home_of(ctx))
+    limits = RateLimits(per_key=RateLimit(key_rate, key_burst),
+                        per_address=RateLimit(address_rate, address_burst))
+    app = create_app(database, rate_limits=limits)
+    store = app.state.store
     try:
-        err_console.print(f"kith community server listening on {url} (Ctrl-C to stop)",
-                          highlight=False)
-        if json_out:
-            emit_json({"url": url})
-        serve_forever(app, sock, access_log=access_log)
+        sock = bind_socket(host, port)
+        url = base_url_of(sock)
+        try:
+            err_console.print(f"kith community server listening on {url} ({store.describe()}; "
+                              "Ctrl-C to stop)", highlight=False, markup=False)
+            if json_out:
+                emit_json({"url": url, "database": store.dialect})
+            serve_forever(app, sock, access_log=access_log)
+        finally:
+            sock.close()
     finally:
-        sock.close()
+        store.close()
     err_console.print("kith community server stopped", highlight=False)
+
+
+# ----------------------------------------------------------------------------- identities
+@community_app.command("register")
+def register_cmd(
+    ctx: typer.Context,
+    name: str = typer.Option(..., "--name", help="Display name shown with your invitations (1-64 characters)."),
+    about: str = typer.Option("", "--about", help="A short profile text (at most 500 characters)."),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the stored identity as JSON."),
+) -> None:
+    """Register this node's key with a profile (the signed request proves you hold the key);
+    run again to change the profile."""
+    record = run_client(server, home_of(ctx), lambda c: c.register_identity(name, about),
+                        signed=True)
+    if json_out:
+        emit_json(record)
+    else:
+        console.print(f"registered {record['public_key'][:16]}… as {escape(record['display_name'])}",
+                      highlight=False)
+
+
+@community_app.command("identity")
+def identity_cmd(
+    ctx: typer.Context,
+    public_key: str = typer.Argument(..., metavar="PUBLIC_KEY", help="64-hex public key."),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the identity as JSON."),
+) -> None:
+    """Show a registered identity: profile and the ratings it received."""
+    record = run_client(server, None, lambda c: c.get_identity(public_key))
+    if json_out:
+        emit_json(record)
+        return
+    ratings = record["ratings"]
+    avg = f"{ratings['average']:.2f}" if ratings["average"] is not None else "-"
+    console.print(f"{escape(record['display_name'])}  {record['public_key']}", highlight=False)
+    if record["about"]:
+        console.print(f"  {escape(record['about'])}", highlight=False)
+    console.print(f"  ratings: {ratings['count']} (average {avg}); since {record['created_at']}",
+                  highlight=False)
+
+
+# ----------------------------------------------------------------------------- protocols
+def _spec_of(target: str, home: Path) -> dict[str, Any]:
+    from node.spec import find_protocol_dir, load_spec
+
+    path = Path(target)
+    pdir = path if (path / "spec.json").is_file() else find_protocol_dir(target, home)
+    if pdir is None:
+        raise SpecError("protocol-not-found",
+                        f"{target!r} is neither a protocol folder nor an installed protocol")
+    return load_spec(pdir).raw
+
+
+@community_app.command("publish-protocol")
+def publish_protocol_cmd(
+    ctx: typer.Context,
+    target: str = typer.Argument(..., metavar="DIR|NAME", help="A protocol folder or an installed protocol name."),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the published record as JSON."),
+) -> None:
+    """Publish a protocol's spec.json by content; anyone can fetch it by protocol_id."""
+    spec = _spec_of(target, home_of(ctx))
+    record = run_client(server, home_of(ctx), lambda c: c.publish_protocol(spec), signed=True)
+    if json_out:
+        emit_json({k: v for k, v in record.items() if k != "spec"})
+    else:
+        console.print(f"published {record['name']} {record['version']}  {record['protocol_id']}",
+                      highlight=False)
+
+
+@community_app.command("fetch-protocol")
+def fetch_protocol_cmd(
+    ctx: typer.Context,
+    protocol_id: str = typer.Argument(..., metavar="PROTOCOL_ID", help="64-hex protocol_id."),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Write DIR/spec.json (the folder is created)."),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the record (with the spec) as JSON."),
+) -> None:
+    """Fetch a published spec by protocol_id; its hash is checked before it is shown or written."""
+    from node.home import atomic_write
+
+    record = run_client(server, None, lambda c: c.get_protocol(protocol_id))
+    if out is not None:
+        if (out / "spec.json").exists():
+            raise UsageError("usage", f"{out / 'spec.json'} exists; choose another --out folder")
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / "spec.json",
+                     (json.dumps(record["spec"], indent=2, ensure_ascii=False) + "\n").encode(),
+                     mode=0o644)
+    if json_out:
+        emit_json(record)
+    else:
+        console.print(f"{record['name']} {record['version']}  {record['protocol_id']}"
+                      + (f"  → {out / 'spec.json'}" if out is not None else ""), highlight=False)
+
+
+# ----------------------------------------------------------------------------- posts
+def _print_post(post: dict[str, Any]) -> None:
+    cap = post["max_sessions"] if post["max_sessions"] is not None else "∞"
+    console.print(f"{post['post_id']}  {post['state']}  sessions {post['sessions']}/{cap}  "
+                  f"expires {post['expires_at']}"
+                  + (f"  withdrawn {post['withdrawn_at']}" if post["withdrawn_at"] else ""),
+                  highlight=False)
+
+
+@community_app.command("status")
+def status_cmd(
+    ctx: typer.Context,
+    post_id: str = typer.Argument(..., metavar="POST_ID"),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the post as JSON."),
+) -> None:
+    """Show a post's state (live, expired, withdrawn, consumed) and its session count."""
+    post = run_client(server, None, lambda c: c.invitation_status(post_id))
+    emit_json(post) if json_out else _print_post(post)
+
+
+@community_app.command("renew")
+def renew_cmd(
+    ctx: typer.Context,
+    post_id: str = typer.Argument(..., metavar="POST_ID"),
+    ttl: int = typer.Option(24 * 3600, "--ttl", min=60, max=30 * 24 * 3600, help="New lifetime from now, in seconds."),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the renewed invitation as JSON."),
+) -> None:
+    """Extend your post's expiry (re-signs the transport binding; the host key only)."""
+    from node.invitation import parse_invitation
+
+    async def call(client: Any) -> Any:
+        post = await client.invitation_status(post_id)
+        return await client.renew_invitation(parse_invitation(post["invitation"]), ttl_s=ttl)
+
+    inv = run_client(server, home_of(ctx), call, signed=True)
+    if json_out:
+        emit_json(inv.to_dict())
+    else:
+        console.print(f"{inv.post_id} now expires {inv.expires_at}", highlight=False)
+
+
+@community_app.command("withdraw")
+def withdraw_cmd(
+    ctx: typer.Context,
+    post_id: str = typer.Argument(..., metavar="POST_ID"),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the post as JSON."),
+) -> None:
+    """Withdraw your post: it leaves browse and can no longer be joined (recorded sessions
+    stay valid for feedback)."""
+    post = run_client(server, home_of(ctx), lambda c: c.withdraw_invitation(post_id), signed=True)
+    emit_json(post) if json_out else _print_post(post)
+
+
+# ----------------------------------------------------------------------------- sessions
+def _print_session(record: dict[str, Any]) -> None:
+    console.print(f"session {record['session_id']}  {record['state']}"
+                  + (f" ({record['close_reason']}, {record['closed_at']})" if record["closed_at"] else ""),
+                  highlight=False)
+    console.print(f"  post {record['post_id']}  started {record['created_at']}", highlight=False)
+    console.print(f"  host  {record['host_public_key']}\n  guest {record['guest_public_key']}",
+                  highlight=False)
+
+
+@community_app.command("session")
+def session_cmd(
+    ctx: typer.Context,
+    session_id: str = typer.Argument(..., metavar="SESSION_ID"),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the session record as JSON."),
+) -> None:
+    """Show a recorded session: participants, start, open or closed (and why)."""
+    record = run_client(server, None, lambda c: c.get_session(session_id))
+    emit_json(record) if json_out else _print_session(record)
+
+
+@community_app.command("close")
+def close_cmd(
+    ctx: typer.Context,
+    session_id: str = typer.Argument(..., metavar="SESSION_ID"),
+    reason: str = typer.Option("closed", "--reason", help="A short code: a-z 0-9 - (e.g. completed)."),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the session record as JSON."),
+) -> None:
+    """Mark a session you took part in as closed (host and guest do it at the end anyway)."""
+    record = run_client(server, home_of(ctx), lambda c: c.close_session(session_id, reason),
+                        signed=True)
+    emit_json(record) if json_out else _print_session(record)

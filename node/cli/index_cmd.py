@@ -1,76 +1,146 @@
-"""``kith index add|sync|status`` and ``kith search`` (DESIGN §9, §11, §13).
+"""``kith index add|config|sync|status|import|watch`` and ``kith search`` (DESIGN §9, §11, §13).
 
 The owner's local search sees every tier: no policy applies here (the egress gate
 only guards what leaves the machine). In ``--json`` mode stdout carries only JSON
-(``search`` prints the bare envelope as one document); progress goes to stderr.
+(``search`` and ``sync`` print one document; ``watch`` one object per line); progress
+goes to stderr, and only on a terminal.
 """
 
 from __future__ import annotations
 
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from node.cli.common import console, emit_json, err_console, home_of
-from node.corpus.envelope import build_envelope, empty_envelope, validate_search_request
-from node.corpus.store import Corpus
 from node.errors import CorpusError
 
 index_app = typer.Typer(
     name="index",
-    help="Manage the local corpus: add source folders, sync them, show status.",
+    help="Manage the local corpus: add source folders, sync, import records, watch, show status.",
     no_args_is_help=True,
 )
+
+
+
+class SyncMode(str, Enum):
+    """``kith index sync --mode`` (DESIGN §9 table)."""
+
+    new_only = "new_only"
+    update_only = "update_only"
+    full = "full"
+
+
+_CHUNKER_HELP = "Chunker: recursive (default), markdown or fixed."
+
+
+def _root_json(root: Any) -> dict[str, Any]:
+    return {"prefix": root.prefix, "sourcePrefix": f"/{root.prefix}/", "chunker": root.chunker,
+            "chunkSize": root.chunk_size, "chunkOverlap": root.chunk_overlap}
 
 
 @index_app.command("add")
 def add_cmd(
     ctx: typer.Context,
     path: str = typer.Argument(..., help="Folder to index (its basename becomes the source prefix)."),
+    chunker: str = typer.Option("recursive", "--chunker", help=_CHUNKER_HELP),
+    chunk_size: int = typer.Option(1200, "--chunk-size", help="Characters per chunk (a ceiling)."),
+    chunk_overlap: int = typer.Option(150, "--chunk-overlap",
+                                      help="Characters repeated from the previous chunk (a ceiling, < size)."),
     json_out: bool = typer.Option(False, "--json", help="Print the new root as JSON."),
 ) -> None:
     """Register a folder as a source root (run `kith index sync` next)."""
+    from node.corpus.store import Corpus
+
     with Corpus(home_of(ctx)) as corpus:
-        root = corpus.add_root(path)
+        root = corpus.add_root(path, chunker=chunker, chunk_size=chunk_size,
+                               chunk_overlap=chunk_overlap)
     if json_out:
-        emit_json({"prefix": root.prefix, "sourcePrefix": f"/{root.prefix}/",
-                   "chunker": root.chunker, "chunkSize": root.chunk_size,
-                   "chunkOverlap": root.chunk_overlap})
+        emit_json(_root_json(root))
     else:
-        console.print(f"added root [bold]/{root.prefix}/[/bold] (run `kith index sync`)",
-                      highlight=False)
+        console.print(f"added root [bold]/{escape(root.prefix)}/[/bold] (run `kith index sync`)",
+                      highlight=False, soft_wrap=True)
+
+
+@index_app.command("config")
+def config_cmd(
+    ctx: typer.Context,
+    prefix: str = typer.Argument(..., help="The root's prefix (as in `kith index status`)."),
+    chunker: Optional[str] = typer.Option(None, "--chunker", help=_CHUNKER_HELP),
+    chunk_size: Optional[int] = typer.Option(None, "--chunk-size", help="Characters per chunk."),
+    chunk_overlap: Optional[int] = typer.Option(None, "--chunk-overlap", help="Overlap characters."),
+    json_out: bool = typer.Option(False, "--json", help="Print the root's settings as JSON."),
+) -> None:
+    """Change a root's chunker settings; the next sync re-chunks its documents."""
+    from node.corpus.store import Corpus
+
+    with Corpus(home_of(ctx)) as corpus:
+        root = corpus.configure_root(prefix.strip("/"), chunker=chunker, chunk_size=chunk_size,
+                                     chunk_overlap=chunk_overlap)
+    if json_out:
+        emit_json(_root_json(root))
+    else:
+        console.print(f"/{escape(root.prefix)}/: {root.chunker}, size {root.chunk_size}, "
+                      f"overlap {root.chunk_overlap} (run `kith index sync`)", highlight=False, soft_wrap=True)
+
+
+def _summary(report: dict[str, Any]) -> str:
+    arch = report.get("archives") or {}
+    extra = (f", archives {arch.get('indexed', 0)} indexed / {arch.get('refused', 0)} refused"
+             if arch.get("indexed") or arch.get("refused") else "")
+    return (f"indexed {report['indexed']}, updated {report['updated']}, skipped "
+            f"{report['skipped']}, removed {report['removed']}, failed {report['failed']}, "
+            f"empty {report['empty']}{extra}; {report['chunks']} chunks written "
+            f"in {report['seconds']:.2f} s")
+
+
+def _print_errors(report: dict[str, Any]) -> None:
+    for err in report["errors"]:
+        err_console.print(f"  [yellow]{escape(err['code'])}[/yellow] {escape(err['source'])}: "
+                          f"{escape(err['message'])}", highlight=False, soft_wrap=True)
 
 
 @index_app.command("sync")
 def sync_cmd(
     ctx: typer.Context,
-    json_out: bool = typer.Option(False, "--json", help="Print the sync report as JSON."),
+    mode: SyncMode = typer.Option(SyncMode.new_only, "--mode",
+                             help="new_only (default): index new, replace changed; update_only: "
+                                  "only replace changed; full: re-index everything. All remove "
+                                  "files that are gone."),
+    json_out: bool = typer.Option(False, "--json", help="Print the sync report as JSON (no progress bar)."),
 ) -> None:
     """Index new and changed files, drop removed ones. Exit 0 even when some files
     failed (they are listed); 1 only when the sync itself could not run."""
+    from node.corpus.store import Corpus
+
     with Corpus(home_of(ctx)) as corpus:
-        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                      MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
-                      transient=True) as bar:
-            task = bar.add_task("syncing", total=None)
+        if json_out or not err_console.is_terminal:
+            report = corpus.sync(mode=mode.value)
+        else:
+            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
+                                       TimeElapsedColumn, TransferSpeedColumn)
 
-            def _progress(done: int, total: int, source: str) -> None:
-                bar.update(task, completed=done, total=total,
-                           description=(source[-40:] if source else "syncing"))
+            with Progress(TextColumn("{task.fields[files]}"), BarColumn(), DownloadColumn(),
+                          TransferSpeedColumn(), TimeElapsedColumn(),
+                          TextColumn("{task.description}"), console=err_console,
+                          transient=True) as bar:
+                task = bar.add_task("", total=None, files="files 0/?")
 
-            report = corpus.sync(progress=_progress)
+                def _progress(done: int, total: int, source: str, done_b: int, total_b: int) -> None:
+                    bar.update(task, completed=done_b, total=total_b or None,
+                               files=f"files {done}/{total}",
+                               description=escape(source[-40:]) if source else "")
+
+                report = corpus.sync(progress=_progress, mode=mode.value)
     if json_out:
         emit_json(report)
         return
-    console.print(
-        f"indexed {report['indexed']}, updated {report['updated']}, skipped "
-        f"{report['skipped']}, removed {report['removed']}, failed {report['failed']}, "
-        f"empty {report['empty']}; {report['chunks']} chunks written "
-        f"in {report['seconds']:.2f} s", highlight=False)
-    for err in report["errors"]:
-        err_console.print(f"  [yellow]{err['code']}[/yellow] {escape(err['source'])}: "
-                          f"{escape(err['message'])}",
-                          highlight=False)
+    console.print(_summary(report) + f" ({report['files']} files, {report['bytes']:,} bytes read)",
+                  highlight=False, soft_wrap=True)
+    _print_errors(report)
 
 
 @index_app.command("status")
@@ -78,20 +148,98 @@ def status_cmd(
     ctx: typer.Context,
     json_out: bool = typer.Option(False, "--json", help="Print status as JSON."),
 ) -> None:
-    """Show roots, document/chunk counts and whether the index is ready."""
+    """Show roots, per-root and per-status counts, failed and stale documents with reasons."""
+    from node.corpus.store import Corpus
+
     with Corpus(home_of(ctx), readonly=True) as corpus:
-        stats = corpus.stats()
-        roots = [{"prefix": r.prefix, "path": r.path} for r in corpus.roots()]
+        st = corpus.status_report()
     if json_out:
-        emit_json({**stats, "rootList": roots})
+        emit_json(st)
         return
-    for r in roots:
-        console.print(f"/{r['prefix']}/  <- {r['path']}", highlight=False, markup=False)
+    for r in st["rootList"]:
+        bs = r["byStatus"]
+        console.print(f"/{r['prefix']}/  <- {r['path']}  [{r['chunker']} {r['chunkSize']}/"
+                      f"{r['chunkOverlap']}]  documents {r['documents']} (done {bs['done']}, "
+                      f"error {bs['error']}, processing {bs['processing']}, stale {r['stale']}), "
+                      f"chunks {r['chunks']}", highlight=False, markup=False, soft_wrap=True)
+    for d in st["datasources"]:
+        console.print(f"/{d['kind']}/{d['instance']}/  records {d['documents']}, chunks {d['chunks']}",
+                      highlight=False, markup=False, soft_wrap=True)
     console.print(
-        f"documents {stats['documents']} (done {stats['done']}, failed {stats['failed']}, "
-        f"empty {stats['empty']}, stale {stats['stale']}), chunks {stats['chunks']}, "
-        f"ready {'yes' if stats['ready'] else 'no'}, last sync {stats['last_sync'] or 'never'}",
-        highlight=False)
+        f"documents {st['documents']} (done {st['done']}, failed {st['failed']}, "
+        f"empty {st['empty']}, processing {st['processing']}, stale {st['stale']}), "
+        f"chunks {st['chunks']}, ready {'yes' if st['ready'] else 'no'}, "
+        f"last sync {st['last_sync'] or 'never'}", highlight=False, soft_wrap=True)
+    for f in st["failedDocuments"]:
+        console.print(f"  {f['code']} {f['source']}: {f['message']}", highlight=False, markup=False, soft_wrap=True)
+    for s in st["staleDocuments"]:
+        console.print(f"  stale {s} (changed since indexing; run `kith index sync`)",
+                      highlight=False, markup=False, soft_wrap=True)
+    for s in st["processingDocuments"]:
+        console.print(f"  processing {s} (interrupted; the next sync redoes it)",
+                      highlight=False, markup=False, soft_wrap=True)
+
+
+@index_app.command("import")
+def import_cmd(
+    ctx: typer.Context,
+    file: Path = typer.Argument(..., help="JSON Lines file: one {id, text, ...} object per line."),
+    kind: str = typer.Option(..., "--kind", help="Datasource kind, e.g. tickets (ids /<kind>/<instance>/<id>)."),
+    instance: str = typer.Option(..., "--instance", help="Datasource instance, e.g. acme."),
+    replace: bool = typer.Option(False, "--replace",
+                                 help="Remove records of this kind/instance that are not in the file."),
+    json_out: bool = typer.Option(False, "--json", help="Print the import report as JSON."),
+) -> None:
+    """Import datasource records (id, text, optional date/tags/project/workType/lifecycle/sourceSet)."""
+    from node.corpus.store import Corpus
+
+    with Corpus(home_of(ctx)) as corpus:
+        report = corpus.import_records(file, kind=kind, instance=instance, replace=replace)
+    if json_out:
+        emit_json(report)
+        return
+    console.print(f"/{kind}/{instance}/: {report['records']} records; indexed {report['indexed']}, "
+                  f"updated {report['updated']}, unchanged {report['skipped']}, removed "
+                  f"{report['removed']}, failed {report['failed']}; {report['chunks']} chunks "
+                  f"in {report['seconds']:.2f} s", highlight=False, markup=False, soft_wrap=True)
+    for err in report["errors"]:
+        err_console.print(f"  line {err.get('line')}: {err['code']} - {err['message']}",
+                          highlight=False, markup=False, soft_wrap=True)
+
+
+@index_app.command("watch")
+def watch_cmd(
+    ctx: typer.Context,
+    debounce_ms: int = typer.Option(400, "--debounce-ms", min=50, max=60000,
+                                    help="Batch changes arriving within this many ms."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON report per line (catch-up sync, then each batch)."),
+) -> None:
+    """Keep the index current: sync once, then re-index added, changed and deleted files
+    as they happen (holds the index writer until Ctrl-C)."""
+    from node.corpus.watch import CorpusWatcher
+
+    def on_report(report: dict[str, Any]) -> None:
+        if json_out:
+            emit_json({"event": "index-updated", **report})
+        else:
+            console.print(_summary(report), highlight=False, soft_wrap=True)
+            _print_errors(report)
+
+    watcher = CorpusWatcher(home_of(ctx), debounce_ms=debounce_ms, on_report=on_report)
+    try:
+        report = watcher.start()
+        if json_out:
+            emit_json({"event": "index-synced", **report})
+        else:
+            console.print("catch-up: " + _summary(report), highlight=False, soft_wrap=True)
+            _print_errors(report)
+            err_console.print(f"watching {len(watcher.paths())} root(s); Ctrl-C to stop",
+                              highlight=False, soft_wrap=True)
+        watcher.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        watcher.close()
 
 
 def search_cmd(
@@ -101,6 +249,9 @@ def search_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the bare envelope as one JSON document."),
 ) -> None:
     """Search the local corpus (the owner sees everything; no policy applies)."""
+    from node.corpus.envelope import build_envelope, empty_envelope, validate_search_request
+    from node.corpus.store import Corpus
+
     request = validate_search_request({"query": query, "topK": top_k})
     with Corpus(home_of(ctx), readonly=True) as corpus:
         try:
@@ -113,17 +264,18 @@ def search_cmd(
                 raise
             emit_json(empty_envelope("index-unavailable", request))
             err_console.print(f"[red]error[/red] {escape(f'[{exc.code}]')}: {escape(exc.message)}",
-                              highlight=False)
+                              highlight=False, soft_wrap=True)
             raise SystemExit(1) from None  # the envelope is stdout's only JSON document
         envelope = build_envelope(request, hits, controller)
     if json_out:
         emit_json(envelope)
         return
     if not envelope["results"]:
-        console.print(f"no results ({envelope['reason']})", highlight=False)
+        console.print(f"no results ({envelope['reason']})", highlight=False, soft_wrap=True)
         return
     for i, res in enumerate(envelope["results"], start=1):
         loc = res["provenance"]["location"]
+        page = f" p.{loc['page']}" if loc.get("page") else ""
         console.print(f"[bold]{i}. {escape(res['source'])}[/bold]:{loc.get('lineStart')}-"
-                      f"{loc.get('lineEnd')}  score {res['score']:.4f}", highlight=False)
-        console.print(f"   {res['textPreview']}", highlight=False, markup=False)
+                      f"{loc.get('lineEnd')}{page}  score {res['score']:.4f}", highlight=False, soft_wrap=True)
+        console.print(f"   {res['textPreview']}", highlight=False, markup=False, soft_wrap=True)

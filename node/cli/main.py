@@ -50,7 +50,10 @@ def _register() -> None:
     for modname, attr, name in (
         ("node.cli.index_cmd", "index_app", "index"),
         ("node.cli.policy_cmd", "policy_app", "policy"),
+        ("node.cli.peers_cmd", "peers_app", "peers"),
+        ("node.cli.approvals_cmd", "approvals_app", "approvals"),
         ("node.cli.community_cmd", "community_app", "community"),
+        ("node.cli.api_cmd", "api_app", "api"),
     ):
         try:
             mod = __import__(modname, fromlist=[attr])
@@ -65,6 +68,13 @@ def _register() -> None:
         pass
     else:
         app.command("search")(search_cmd)
+    from node.cli.browse_cmd import browse_cmd, feedback_cmd
+
+    app.command("browse")(browse_cmd)
+    app.command("feedback")(feedback_cmd)
+    from node.cli.api_cmd import mcp_cmd
+
+    app.command("mcp")(mcp_cmd)
 
 
 def _wants_json(argv: list[str]) -> bool:

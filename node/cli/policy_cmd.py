@@ -37,7 +37,10 @@ _JSON = typer.Option(False, "--json", help="Print one JSON object on stdout.")
 
 
 def _rule_dict(rule: Rule) -> dict:
-    return {"glob": rule.glob, "tier": rule.tier, "peers": list(rule.peers)}
+    out = {"glob": rule.glob, "tier": rule.tier, "peers": list(rule.peers)}
+    if rule.peer is not None:
+        out["for"] = rule.peer
+    return out
 
 
 def _corpus_roots(home: Path) -> list[Root]:
@@ -69,21 +72,27 @@ def set_cmd(
     tier: TierChoice = typer.Argument(..., help="Tier for sources the glob matches."),
     peer: Optional[List[str]] = typer.Option(
         None, "--peer", metavar="NAME", help="Registry name allowed by tier 'peers' (repeatable)."),
+    for_peer: Optional[str] = typer.Option(
+        None, "--for", metavar="NAME", help="A per-peer override: applies to this registry name only."),
     as_json: bool = _JSON,
 ) -> None:
-    """Add or replace the rule for GLOB."""
+    """Add or replace the rule for GLOB (with --for NAME: that peer's override)."""
     peers = list(peer or [])
-    if tier is TierChoice.peers and not peers:
+    if for_peer is not None:
+        if tier is TierChoice.peers or peers:
+            raise UsageError("usage", "--for NAME already names the peer: use tier public, ask, private or never")
+    elif tier is TierChoice.peers and not peers:
         raise UsageError("usage", "tier 'peers' needs at least one --peer NAME")
     if tier is not TierChoice.peers and peers:
         raise UsageError("usage", "--peer is only allowed with tier 'peers'")
     policy = Policy.load(home_of(ctx))
-    rule = policy.set(glob, tier.value, peers or None)
+    rule = policy.set(glob, tier.value, peers or None, for_peer=for_peer)
     policy.save()
     if as_json:
         emit_json(_rule_dict(rule))
     else:
         extra = f" (peers: {', '.join(rule.peers)})" if rule.peers else ""
+        extra += f" (override for {rule.peer})" if rule.peer else ""
         console.print(f"{rule.glob} → {rule.tier}{extra}", highlight=False, markup=False)
 
 
@@ -91,11 +100,12 @@ def set_cmd(
 def unset_cmd(
     ctx: typer.Context,
     glob: str = typer.Argument(..., help="The glob of the rule to remove."),
+    for_peer: Optional[str] = typer.Option(None, "--for", metavar="NAME", help="Remove that peer's override instead."),
     as_json: bool = _JSON,
 ) -> None:
     """Remove the rule for GLOB (a warning, not an error, when there is none)."""
     policy = Policy.load(home_of(ctx))
-    removed = policy.unset(glob)
+    removed = policy.unset(glob, for_peer=for_peer)
     if removed:
         policy.save()
     else:
@@ -108,17 +118,18 @@ def unset_cmd(
 
 @policy_app.command("list")
 def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
-    """Show the rules in file order (and the quota table, if any)."""
+    """Show the rules in file order, then per-peer overrides (and the quota table, if any)."""
     policy = Policy.load(home_of(ctx))
     if as_json:
-        emit_json({"rules": [_rule_dict(r) for r in policy.rules], "quota": policy.quota})
+        emit_json({"rules": [_rule_dict(r) for r in policy.rules],
+                   "overrides": [_rule_dict(r) for r in policy.overrides], "quota": policy.quota})
         return
-    if not policy.rules:
+    if not policy.rules and not policy.overrides:
         console.print("no rules: every source is private", highlight=False)
         return
-    table = Table("glob", "tier", "peers", box=None, header_style="bold")
-    for rule in policy.rules:
-        table.add_row(rule.glob, rule.tier, ", ".join(rule.peers))
+    table = Table("glob", "tier", "peers", "for", box=None, header_style="bold")
+    for rule in (*policy.rules, *policy.overrides):
+        table.add_row(rule.glob, rule.tier, ", ".join(rule.peers), rule.peer or "")
     console.print(table)
 
 
@@ -135,14 +146,20 @@ def explain_cmd(
     policy = Policy.load(home)
     decision: Decision = policy.decide(source, peer, roots=_corpus_roots(home))
     if as_json:
-        emit_json({"canonical": decision.canonical, "tier": decision.tier,
-                   "allowed": decision.allowed, "matched": decision.matched})
+        out = {"canonical": decision.canonical, "tier": decision.tier,
+               "allowed": decision.allowed, "matched": decision.matched}
+        if decision.override is not None:
+            out["override"] = decision.override  # only when a per-peer override decided
+        emit_json(out)
         return
     who = f"peer {peer!r}" if peer is not None else "an anonymous peer"
     lines = [
         f"canonical: {decision.canonical if decision.canonical is not None else '(invalid source)'}",
         f"tier:      {decision.tier}",
         f"allowed:   {'yes' if decision.allowed else 'no'} (for {who})",
-        f"matched:   {decision.matched if decision.matched is not None else '(no rule: default private)'}",
+        f"matched:   {decision.matched if decision.matched is not None else '(no rule: default private)'}"
+        + (f" (override for {decision.override})" if decision.override else ""),
     ]
+    if decision.tier == "ask":
+        lines.append("note:      'ask' sources open per request: kith approvals list / approve ID")
     console.print("\n".join(lines), highlight=False, markup=False)

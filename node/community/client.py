@@ -16,19 +16,24 @@ Mutations are signed with the client's identity (:func:`node.community.requests.
 from __future__ import annotations
 
 import json
+import logging
+import re
+from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import httpx
 import msgspec
 
 from node.community.requests import signed_headers
-from node.errors import CODES, CommunityError, InvitationError, UsageError
+from node.errors import CODES, CommunityError, InvitationError, KithError, UsageError
 from node.identity import Identity
-from node.invitation import POST_ID_RE, Invitation, parse_invitation
+from node.invitation import POST_ID_RE, Invitation, parse_invitation, rfc3339
+from node.spec import parse_spec, protocol_id_of
 
 API_PREFIX = "/api/v1"
+_log = logging.getLogger("kith.community.client")
 #: Largest response body the client reads, in bytes.
 MAX_RESPONSE_BYTES = 1024 * 1024
 _MAX_MESSAGE_CHARS = 300
@@ -245,18 +250,302 @@ class CommunityClient:
                                  "session record", status=status)
         return data
 
-    async def get_session(self, session_id: str) -> dict[str, str]:
-        """``GET /api/v1/sessions/{session_id}`` → the stored record.
+    async def get_session(self, session_id: str) -> dict[str, Any]:
+        """``GET /api/v1/sessions/{session_id}`` → the session record and its status
+        (``state`` ``open``/``closed``, ``closed_at``, ``closed_by``, ``close_reason``).
 
         Raises:
-            CommunityError: ``not-found`` (404), ``server-unreachable``, ``server-error``.
+            CommunityError: ``session-not-found`` (404; also for a malformed id, without
+                asking the server), ``server-unreachable``, ``server-error``.
         """
-        if not isinstance(session_id, str) or len(session_id) != 64 or not all(
-                c in "0123456789abcdef" for c in session_id):
-            raise CommunityError("not-found", "a session_id is 64 lowercase hex characters",
-                                 status=404)
+        _check_session_id(session_id)
         status, data = await self._request("GET", f"/sessions/{session_id}")
+        return self._session_of(data, status, session_id)
+
+    def _session_of(self, data: Any, status: int, session_id: str) -> dict[str, Any]:
         if not isinstance(data, dict) or data.get("session_id") != session_id:
             raise CommunityError("server-error", "the community server answered with another "
                                  "session record", status=status)
         return data
+
+    async def close_session(self, session_id: str, reason: str = "closed") -> dict[str, Any]:
+        """``POST /api/v1/sessions/{session_id}/close`` (signed by a participant).
+
+        Args:
+            reason: 1-64 of ``a-z 0-9 -`` (e.g. ``completed``, ``peer-unresponsive``).
+
+        Returns:
+            The session record, now ``state: closed``.
+
+        Raises:
+            CommunityError: ``session-not-found`` (404), ``forbidden`` (403),
+                ``session-closed`` (409), ``request-*``, ``server-unreachable``,
+                ``server-error``.
+        """
+        _check_session_id(session_id)
+        body = json.dumps({"reason": reason}).encode()
+        status, data = await self._request("POST", f"/sessions/{session_id}/close", body=body,
+                                           signed=True)
+        return self._session_of(data, status, session_id)
+
+    async def submit_feedback(self, session_id: str, rating: int,
+                              comment: str | None = None) -> dict[str, Any]:
+        """``POST /api/v1/sessions/{session_id}/feedback`` (signed by a participant).
+
+        Args:
+            rating: 1-5. comment: at most 1000 characters, no control characters.
+
+        Returns:
+            ``{"session_id", "feedback": [{"rater_public_key", "rater_role", "rating",
+            "comment", "created_at"}, ...]}`` — every rating of the session so far.
+
+        Raises:
+            CommunityError: ``session-not-found`` (404), ``forbidden`` (403, not a
+                participant), ``feedback-duplicate`` (409), ``request-invalid`` (400),
+                ``request-*``, ``server-unreachable``, ``server-error``.
+        """
+        _check_session_id(session_id)
+        doc: dict[str, Any] = {"rating": rating}
+        if comment is not None:
+            doc["comment"] = comment
+        status, data = await self._request("POST", f"/sessions/{session_id}/feedback",
+                                           body=json.dumps(doc).encode(), signed=True)
+        return self._feedback_of(data, status, session_id)
+
+    async def get_feedback(self, session_id: str) -> dict[str, Any]:
+        """``GET /api/v1/sessions/{session_id}/feedback`` → the session's ratings.
+
+        Raises:
+            CommunityError: ``session-not-found``, ``server-unreachable``, ``server-error``.
+        """
+        _check_session_id(session_id)
+        status, data = await self._request("GET", f"/sessions/{session_id}/feedback")
+        return self._feedback_of(data, status, session_id)
+
+    def _feedback_of(self, data: Any, status: int, session_id: str) -> dict[str, Any]:
+        if (not isinstance(data, dict) or data.get("session_id") != session_id
+                or not isinstance(data.get("feedback"), list)):
+            raise CommunityError("server-error", "the community server answered with another "
+                                 "feedback list", status=status)
+        return data
+
+    # --- identities ------------------------------------------------------------------------
+    async def register_identity(self, display_name: str, about: str = "") -> dict[str, Any]:
+        """``POST /api/v1/identities``: register (or update) this client's key with a
+        profile. The signed request is the proof of possession of the key.
+
+        Returns:
+            ``{"public_key", "display_name", "about", "created_at", "updated_at",
+            "ratings": {"count", "average"}}``.
+
+        Raises:
+            CommunityError: ``request-invalid`` (a blank, over-long or control-character
+                name/about), ``request-*``, ``server-unreachable``, ``server-error``.
+            UsageError: the client has no identity.
+        """
+        body = json.dumps({"display_name": display_name, "about": about}).encode()
+        status, data = await self._request("POST", "/identities", body=body, signed=True)
+        assert self.identity is not None
+        return self._identity_of(data, status, self.identity.public_key)
+
+    async def get_identity(self, public_key: str) -> dict[str, Any]:
+        """``GET /api/v1/identities/{public_key}`` → the profile and ratings received.
+
+        Raises:
+            CommunityError: ``identity-not-found`` (404; also for a malformed key, without
+                asking), ``server-unreachable``, ``server-error``.
+        """
+        if not isinstance(public_key, str) or not _HEX64.fullmatch(public_key):
+            raise CommunityError("identity-not-found", "a public key is 64 lowercase hex "
+                                 "characters", status=404)
+        status, data = await self._request("GET", f"/identities/{public_key}")
+        return self._identity_of(data, status, public_key)
+
+    def _identity_of(self, data: Any, status: int, public_key: str) -> dict[str, Any]:
+        if not isinstance(data, dict) or data.get("public_key") != public_key:
+            raise CommunityError("server-error", "the community server answered with another "
+                                 "identity", status=status)
+        return data
+
+    # --- protocols -------------------------------------------------------------------------
+    async def publish_protocol(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """``POST /api/v1/protocols``: publish a spec.json object by content.
+
+        Returns:
+            ``{"protocol_id", "name", "version", "spec", "published_by", "created_at"}``;
+            ``protocol_id`` is checked to be the SHA-256 of the spec's canonical JSON.
+
+        Raises:
+            CommunityError: ``spec-invalid`` is raised by the server as a 400 with that
+                code; ``request-*``, ``server-unreachable``, ``server-error``.
+        """
+        body = json.dumps(spec, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        status, data = await self._request("POST", "/protocols", body=body, signed=True)
+        return self._protocol_of(data, status, protocol_id_of(spec))
+
+    async def get_protocol(self, protocol_id: str) -> dict[str, Any]:
+        """``GET /api/v1/protocols/{protocol_id}`` → the published spec, verified here: its
+        recomputed ``protocol_id`` must equal the one asked for and it must load as a spec
+        (a lying server answers ``server-error``).
+
+        Raises:
+            CommunityError: ``protocol-id-not-found`` (404; also for a malformed id),
+                ``server-unreachable``, ``server-error``.
+        """
+        if not isinstance(protocol_id, str) or not _HEX64.fullmatch(protocol_id):
+            raise CommunityError("protocol-id-not-found", "a protocol_id is 64 lowercase hex "
+                                 "characters", status=404)
+        status, data = await self._request("GET", f"/protocols/{protocol_id}")
+        return self._protocol_of(data, status, protocol_id)
+
+    def _protocol_of(self, data: Any, status: int, protocol_id: str) -> dict[str, Any]:
+        spec = data.get("spec") if isinstance(data, dict) else None
+        try:
+            ok = (isinstance(spec, dict) and data.get("protocol_id") == protocol_id
+                  and protocol_id_of(spec) == protocol_id)
+            if ok:
+                parse_spec(spec, origin="published spec")
+        except (KithError, ValueError, TypeError, RecursionError):
+            ok = False
+        if not ok:
+            raise CommunityError("server-error", "the community server answered with a spec "
+                                 "that does not hash to that protocol_id", status=status)
+        return data
+
+    # --- invitations: browse, status, renew, withdraw ---------------------------------------
+    async def browse(self, *, protocol: str | None = None, tag: str | None = None,
+                     host: str | None = None, limit: int | None = None,
+                     cursor: str | None = None) -> dict[str, Any]:
+        """``GET /api/v1/invitations?...`` → ``{"invitations": [post, ...],
+        "next_cursor": str | None}``, live posts only, newest first.
+
+        Each post: ``post_id``, ``state``, ``sessions``, ``max_sessions``, ``expires_at``,
+        ``withdrawn_at``, ``host_display_name``, ``invitation`` (the document; invalid
+        documents are dropped here, not trusted).
+
+        Args:
+            protocol: a protocol name or a 64-hex protocol_id. tag: one tag.
+            host: a host public key. limit: 1-100. cursor: ``next_cursor`` of a page.
+
+        Raises:
+            CommunityError: ``request-invalid`` (a bad filter), ``server-unreachable``,
+                ``server-error``.
+        """
+        params = {k: str(v) for k, v in (("protocol", protocol), ("tag", tag), ("host", host),
+                                          ("limit", limit), ("cursor", cursor)) if v is not None}
+        path = "/invitations" + (f"?{urlencode(params)}" if params else "")
+        status, data = await self._request("GET", path)
+        posts = data.get("invitations") if isinstance(data, dict) else None
+        if not isinstance(posts, list):
+            raise CommunityError("server-error", "the community server answered browse with "
+                                 "something else", status=status)
+        kept = []
+        for post in posts:
+            try:
+                inv = parse_invitation(post.get("invitation") if isinstance(post, dict) else {})
+            except InvitationError:
+                continue
+            if post.get("post_id") == inv.post_id:
+                kept.append(post)
+        next_cursor = data.get("next_cursor")
+        return {"invitations": kept,
+                "next_cursor": next_cursor if isinstance(next_cursor, str) else None}
+
+    async def invitation_status(self, post_id: str) -> dict[str, Any]:
+        """``GET /api/v1/invitations/{post_id}/status`` → the post (``state`` one of
+        ``live``, ``expired``, ``withdrawn``, ``consumed``; see :meth:`browse`).
+
+        Raises:
+            CommunityError: ``invitation-not-found``, ``server-unreachable``,
+                ``server-error``.
+        """
+        _check_post_id(post_id)
+        status, data = await self._request("GET", f"/invitations/{post_id}/status")
+        return self._post_of(data, status, post_id)
+
+    def _post_of(self, data: Any, status: int, post_id: str) -> dict[str, Any]:
+        if (not isinstance(data, dict) or data.get("post_id") != post_id
+                or data.get("state") not in ("live", "expired", "withdrawn", "consumed")):
+            raise CommunityError("server-error", "the community server answered with another "
+                                 "post", status=status)
+        return data
+
+    async def renew_invitation(self, inv: Invitation, *, ttl_s: int,
+                               now: datetime | None = None) -> Invitation:
+        """``POST /api/v1/invitations/{post_id}/renew``: move ``expires_at`` to
+        ``now + ttl_s`` and re-sign the transport binding (the identity must be the host).
+
+        Returns:
+            The renewed invitation as stored.
+
+        Raises:
+            CommunityError: ``forbidden``, ``invitation-withdrawn`` / ``invitation-consumed``
+                (410), ``invitation-malformed`` (more than 30 days), ``request-*``,
+                ``server-unreachable``, ``server-error``.
+            UsageError: the client has no identity.
+        """
+        if self.identity is None:
+            raise UsageError("usage", "renewing an invitation needs the host identity")
+        renewed = parse_invitation(inv.to_dict())
+        renewed.expires_at = rfc3339((now or datetime.now(timezone.utc))
+                                     + timedelta(seconds=ttl_s))
+        renewed.transport_binding_signature = self.identity.sign(renewed.binding_payload())
+        body = json.dumps({"expires_at": renewed.expires_at,
+                           "transport_binding_signature":
+                               renewed.transport_binding_signature}).encode()
+        status, data = await self._request("POST", f"/invitations/{inv.post_id}/renew",
+                                           body=body, signed=True)
+        stored = self._invitation_of(data, status)
+        if stored.to_dict() != renewed.to_dict():
+            raise CommunityError("server-error", "the community server stored a different "
+                                 "renewal than the one sent", status=status)
+        return stored
+
+    async def withdraw_invitation(self, post_id: str) -> dict[str, Any]:
+        """``POST /api/v1/invitations/{post_id}/withdraw`` (signed by the host; idempotent).
+
+        Returns:
+            The post, ``state: withdrawn``.
+
+        Raises:
+            CommunityError: ``invitation-not-found``, ``forbidden``, ``request-*``,
+                ``server-unreachable``, ``server-error``.
+        """
+        _check_post_id(post_id)
+        status, data = await self._request("POST", f"/invitations/{post_id}/withdraw",
+                                           body=b"{}", signed=True)
+        return self._post_of(data, status, post_id)
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+async def close_session_quietly(server_url: str, identity: Identity, session_id: str,
+                                reason: str, *, timeout_s: float = 5.0) -> bool:
+    """Close a session on the server at its end, never failing the caller.
+
+    ``reason`` is folded to ``a-z 0-9 -`` (at most 64). Returns True if this call closed
+    it; False if it was already closed, unknown (no proof recorded), or the server could
+    not be reached within ``timeout_s`` seconds (logged at debug level).
+    """
+    folded = "".join(c if c.isalnum() or c == "-" else "-"
+                     for c in reason.lower() if c.isascii())[:64].strip("-") or "closed"
+    try:
+        async with CommunityClient(server_url, identity, timeout_s=timeout_s) as client:
+            await client.close_session(session_id, reason=folded)
+    except KithError as exc:
+        _log.debug("session %s not closed on the server: %s", session_id[:12], exc.code)
+        return False
+    return True
+
+
+def _check_session_id(session_id: object) -> None:
+    if not isinstance(session_id, str) or not _HEX64.fullmatch(session_id):
+        raise CommunityError("session-not-found", "a session_id is 64 lowercase hex characters",
+                             status=404)
+
+
+def _check_post_id(post_id: object) -> None:
+    if not isinstance(post_id, str) or not POST_ID_RE.fullmatch(post_id):
+        raise CommunityError("invitation-not-found",
+                             "a post_id is 8-64 characters of A-Z a-z 0-9 _ -", status=404)

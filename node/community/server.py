@@ -1,27 +1,31 @@
-"""The community server, first cut: an ASGI app (Starlette) over a SQLite store (DESIGN §12).
+"""The community server: an ASGI app (Starlette) over a SQLite or PostgreSQL store (DESIGN §12).
 
-It helps peers find each other and nothing more: Hosts publish signed invitations, Guests
-fetch them by ``post_id``, participants record session proofs. It never receives a query,
-an answer or corpus data, and has nowhere to store one. Routes, bodies, statuses and error
-codes are specified in ``specs/community-api.md``.
+It helps peers find each other and nothing more: identities (a key and a profile),
+protocol specs by content, invitations (publish, browse, get, status, renew, withdraw,
+``max_sessions``), session proofs (submit, status, close) and feedback (one rating per
+participant per session). It never receives a query, an answer or corpus data, and has
+nowhere to store one. Routes, bodies, statuses, error codes and the order of every check
+are specified in ``specs/community-api.md``.
 
 Rules enforced here (all answers are JSON; every error is
 ``{"error": {"code": ..., "message": ...}}`` with a code registered in
 :data:`node.errors.CODES`):
 
+- every request takes a token from its client address's bucket, every signed request one
+  from its key's bucket; an empty bucket answers 429 ``rate-limited`` with ``Retry-After``
+  (:mod:`node.community.ratelimit`);
 - mutations are signed requests (DESIGN §4; :mod:`node.community.requests`), with nonces
   remembered for the ±300 s window so a replay answers 409 ``request-replayed``;
 - bodies are bounded (``Content-Length`` over the cap answers 413 before reading; a
-  streamed body is cut off at the cap);
+  streamed body is cut off at the cap); JSON nesting is bounded too;
 - an invitation is verified like ``kith join`` would, except that the iroh ticket is never
-  parsed here (this module does not import iroh): binding signature over the §4 lines,
-  ``iroh_ticket == transport_info.ticket``, ``transport_info.endpoint_id ==
-  host_public_key``, not expired; the server assigns the ``post_id``;
+  parsed here (this module does not import iroh); the server assigns the ``post_id``;
 - a session proof is accepted only if ``session_id`` is the SHA-256 of the recomputed
-  payload and both role signatures verify (DESIGN §4, §6).
+  payload, both role signatures verify (DESIGN §4, §6) and its invitation is neither
+  withdrawn nor consumed (``max_sessions`` proofs already recorded).
 
-SQLite work runs in worker threads (``anyio.to_thread.run_sync``) with a bounded busy
-timeout, so the event loop never blocks on the database.
+Database work runs in worker threads (``anyio.to_thread.run_sync``) so the event loop never
+blocks on it.
 
 Embedding: :func:`run_server_in_thread` serves an app on loopback in a daemon thread
 (tests, the demo); ``kith community serve`` uses :func:`serve_forever`.
@@ -33,12 +37,14 @@ import contextlib
 import functools
 import ipaddress
 import logging
+import re
 import secrets
 import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+import unicodedata
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
@@ -54,9 +60,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import node
+from node.community.ratelimit import RateLimits, TokenBuckets, retry_after_header
 from node.community.requests import REQUEST_WINDOW_S, SignedRequest, check_signed_request
-from node.community.store import CommunityStore
-from node.errors import CommunityError, InvitationError, KithError, SigningError
+from node.community.store import CommunityStore, InvitationRow, open_store
+from node.errors import CommunityError, InvitationError, KithError, SigningError, SpecError
 from node.invitation import (
     MAX_INVITATION_BYTES,
     POST_ID_RE,
@@ -75,13 +82,31 @@ from node.signing import (
     session_payload,
     verify,
 )
+from node.spec import MAX_SPEC_BYTES, parse_spec
 
 SERVICE = "kith-community"
 API_PREFIX = "/api/v1"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
+#: Largest protocol spec body accepted by ``POST /protocols`` (bytes).
+DEFAULT_MAX_SPEC_BYTES = 256 * 1024
 DEFAULT_PORT = 8787
-#: Bytes of randomness in a server-assigned post_id (16 bytes → 22 url-safe characters).
+#: Bytes of randomness in a server-assigned post_id (16 bytes → 32 lowercase hex).
 POST_ID_BYTES = 16
+#: Deepest JSON nesting accepted in any body (objects and arrays).
+MAX_JSON_DEPTH = 32
+#: Latest accepted ``expires_at``: 30 days after the server clock (+ the request window).
+MAX_INVITATION_TTL_S = 30 * 24 * 3600 + REQUEST_WINDOW_S
+MAX_SESSIONS_LIMIT = 1_000_000
+MAX_TAGS = 16
+TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,31}")
+PROTOCOL_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+CLOSE_REASON_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+MAX_MESSAGE_CHARS = 1000
+MAX_DISPLAY_NAME_CHARS = 64
+MAX_ABOUT_CHARS = 500
+MAX_COMMENT_CHARS = 1000
+DEFAULT_BROWSE_LIMIT = 20
+MAX_BROWSE_LIMIT = 100
 
 log = logging.getLogger("kith.community")
 
@@ -100,8 +125,35 @@ class SessionProof(msgspec.Struct, forbid_unknown_fields=True):
     guest_signature: str
 
 
-_SESSION_PROOF_DECODER = msgspec.json.Decoder(SessionProof)
-_ANY_DECODER = msgspec.json.Decoder()
+class ProfileBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of ``POST /api/v1/identities``: the profile of the signing key."""
+
+    display_name: str
+    about: str = ""
+
+
+class RenewBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of ``POST /api/v1/invitations/{post_id}/renew``: the new expiry, re-signed."""
+
+    expires_at: str
+    transport_binding_signature: str
+
+
+class EmptyBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of ``.../withdraw``: empty or ``{}``."""
+
+
+class CloseBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of ``POST /api/v1/sessions/{session_id}/close``: an optional reason code."""
+
+    reason: str = "closed"
+
+
+class FeedbackBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of ``POST /api/v1/sessions/{session_id}/feedback``."""
+
+    rating: int
+    comment: str | None = None
 
 
 # --- responses -----------------------------------------------------------------------------
@@ -121,10 +173,21 @@ def error_response(code: str, message: str, status: int,
                         headers=headers)
 
 
+class RateLimited(CommunityError):
+    """429 ``rate-limited`` carrying the seconds until the bucket has a token."""
+
+    def __init__(self, wait_s: float, what: str) -> None:
+        super().__init__("rate-limited", f"too many requests from this {what}; retry later",
+                         status=429)
+        self.wait_s = wait_s
+
+
 async def _on_kith_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, KithError)
     status = exc.status if isinstance(exc, CommunityError) else 400
-    return error_response(exc.code, exc.message, status)
+    headers = ({"Retry-After": retry_after_header(exc.wait_s)}
+               if isinstance(exc, RateLimited) else None)
+    return error_response(exc.code, exc.message, status, headers)
 
 
 async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -140,6 +203,10 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response("internal-error", "an internal error occurred", 500)
+
+
+def _time(unix: float | None) -> str | None:
+    return None if unix is None else rfc3339(datetime.fromtimestamp(unix, timezone.utc))
 
 
 # --- request plumbing ---------------------------------------------------------------------
@@ -171,24 +238,113 @@ def _raw_path(request: Request) -> str:
     return f"{path}?{query.decode('latin-1')}" if query else path
 
 
-class _App:
-    """Route handlers sharing one store, body cap and clock."""
+def _too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True if ``value`` nests objects/arrays deeper than ``limit`` (iterative)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
-    def __init__(self, store: CommunityStore, max_body_bytes: int,
-                 clock: Callable[[], float]) -> None:
+
+def decode_json(body: bytes, kind: type | None = None, *, what: str = "body",
+                empty: bool = False) -> Any:
+    """Decode a request body as a JSON object (or into the msgspec ``kind``).
+
+    Args:
+        empty: accept an empty body as ``{}``.
+
+    Raises:
+        CommunityError: 400 ``request-invalid`` — not JSON, not UTF-8, not an object,
+            nested deeper than :data:`MAX_JSON_DEPTH`, or not the shape of ``kind``
+            (the message names the field).
+    """
+    if empty and not body.strip():
+        body = b"{}"
+    try:
+        data = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        raise CommunityError("request-invalid", f"the {what} is not JSON", status=400) from None
+    if not isinstance(data, dict):
+        raise CommunityError("request-invalid", f"the {what} must be a JSON object", status=400)
+    if _too_deep(data):
+        raise CommunityError("request-invalid",
+                             f"the {what} nests deeper than {MAX_JSON_DEPTH} levels", status=400)
+    if kind is None:
+        return data
+    try:
+        return msgspec.convert(data, kind)
+    except msgspec.ValidationError as exc:
+        raise CommunityError("request-invalid", f"{what}: {exc}", status=400) from None
+
+
+def _plain_text(value: str, field: str, max_chars: int, *, code: str = "request-invalid",
+                allow_empty: bool = True) -> str:
+    """Refuse control characters, over-long or (unless allowed) blank text."""
+    if len(value) > max_chars:
+        raise CommunityError(code, f"{field} is longer than {max_chars} characters", status=400)
+    if not allow_empty and not value.strip():
+        raise CommunityError(code, f"{field} must not be empty", status=400)
+    if any(unicodedata.category(ch) == "Cc" for ch in value):
+        raise CommunityError(code, f"{field} must not contain control characters", status=400)
+    return value
+
+
+def _public_key_param(value: str) -> str | None:
+    try:
+        return check_hex(value, PUBLIC_KEY_HEX_LEN, "public key")
+    except SigningError:
+        return None
+
+
+class _App:
+    """Route handlers sharing one store, body caps, rate limits and clock."""
+
+    def __init__(self, store: CommunityStore, *, max_body_bytes: int, max_spec_bytes: int,
+                 rate_limits: RateLimits, clock: Callable[[], float]) -> None:
         self.store = store
         self.max_body_bytes = max_body_bytes
+        self.max_spec_bytes = max_spec_bytes
         self.clock = clock
+        self.key_buckets = TokenBuckets(rate_limits.per_key)
+        self.address_buckets = TokenBuckets(rate_limits.per_address)
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
 
-    async def _signed_body(self, request: Request) -> tuple[SignedRequest, bytes]:
-        """Read the bounded body, verify the request signature, refuse a replayed nonce."""
-        body = await _read_body(request, self.max_body_bytes)
+    def limited(self, handler: Callable[[Request], Awaitable[JSONResponse]]
+                ) -> Callable[[Request], Awaitable[JSONResponse]]:
+        """Wrap a route handler with the per-address bucket (checked before the body)."""
+
+        @functools.wraps(handler)
+        async def wrapper(request: Request) -> JSONResponse:
+            address = request.client.host if request.client else "unknown"
+            wait = self.address_buckets.take(address)
+            if wait:
+                raise RateLimited(wait, "address")
+            return await handler(request)
+
+        return wrapper
+
+    async def _signed_body(self, request: Request, cap: int | None = None
+                           ) -> tuple[SignedRequest, bytes]:
+        """Read the bounded body, verify the request signature, take a token from the
+        key's bucket, refuse a replayed nonce."""
+        body = await _read_body(request, cap or self.max_body_bytes)
         now = self.clock()
         signed = check_signed_request(request.headers, method=request.method,
                                       path=_raw_path(request), body=body, now=now)
+        wait = self.key_buckets.take(signed.public_key)
+        if wait:
+            raise RateLimited(wait, "key")
         fresh = await self._db(self.store.remember_nonce, signed.nonce, signed.public_key,
                                signed.timestamp, now=now, window_s=REQUEST_WINDOW_S)
         if not fresh:
@@ -200,31 +356,79 @@ class _App:
     async def health(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "service": SERVICE, "version": node.__version__})
 
+    # --- identities ------------------------------------------------------------------------
+    # POST /api/v1/identities
+    async def register_identity(self, request: Request) -> JSONResponse:
+        signed, body = await self._signed_body(request)
+        profile = decode_json(body, ProfileBody, what="profile")
+        _plain_text(profile.display_name, "display_name", MAX_DISPLAY_NAME_CHARS,
+                    allow_empty=False)
+        _plain_text(profile.about, "about", MAX_ABOUT_CHARS)
+        created = await self._db(self.store.upsert_identity, signed.public_key,
+                                 display_name=profile.display_name, about=profile.about,
+                                 now=self.clock())
+        record = await self._db(self.store.get_identity, signed.public_key)
+        return JSONResponse(_identity_json(record), status_code=201 if created else 200,
+                            headers={"Location": f"{API_PREFIX}/identities/{signed.public_key}"})
+
+    # GET /api/v1/identities/{public_key}
+    async def get_identity(self, request: Request) -> JSONResponse:
+        key = _public_key_param(request.path_params["public_key"])
+        record = await self._db(self.store.get_identity, key) if key else None
+        if record is None:
+            raise CommunityError("identity-not-found", "no identity with that public key",
+                                 status=404)
+        return JSONResponse(_identity_json(record))
+
+    # --- protocols -------------------------------------------------------------------------
+    # POST /api/v1/protocols
+    async def publish_protocol(self, request: Request) -> JSONResponse:
+        signed, body = await self._signed_body(request, self.max_spec_bytes)
+        raw = decode_json(body, what="spec")
+        spec = parse_published_spec(raw)
+        created = await self._db(self.store.insert_protocol, protocol_id=spec.protocol_id,
+                                 name=spec.name, version=spec.version, spec=raw,
+                                 published_by=signed.public_key, now=self.clock())
+        record = await self._db(self.store.get_protocol, spec.protocol_id)
+        return JSONResponse(_protocol_json(record), status_code=201 if created else 200,
+                            headers={"Location": f"{API_PREFIX}/protocols/{spec.protocol_id}"})
+
+    # GET /api/v1/protocols/{protocol_id}
+    async def get_protocol(self, request: Request) -> JSONResponse:
+        protocol_id = request.path_params["protocol_id"]
+        record = None
+        if _public_key_param(protocol_id):  # same shape: 64 lowercase hex
+            record = await self._db(self.store.get_protocol, protocol_id)
+        if record is None:
+            raise CommunityError("protocol-id-not-found", "no protocol spec with that "
+                                 "protocol_id was published here", status=404)
+        return JSONResponse(_protocol_json(record))
+
+    # --- invitations -----------------------------------------------------------------------
     # POST /api/v1/invitations
     async def publish_invitation(self, request: Request) -> JSONResponse:
         signed, body = await self._signed_body(request)
         if len(body) > MAX_INVITATION_BYTES:
             raise CommunityError("request-too-large", "an invitation is at most 64 KiB",
                                  status=413)
-        try:
-            data = _ANY_DECODER.decode(body)
-        except msgspec.DecodeError:
-            raise CommunityError("request-invalid", "the body is not JSON", status=400) from None
-        if not isinstance(data, dict):
-            raise CommunityError("request-invalid", "the body must be a JSON object", status=400)
+        data = decode_json(body, what="invitation")
         post_id = new_post_id()
         data["post_id"] = post_id  # any client-side post_id is ignored: the server assigns it
         inv = parse_invitation(data)  # InvitationError invitation-malformed → 400
         if signed.public_key != inv.host_public_key:
             raise CommunityError("forbidden", "only the invitation's host key may publish it",
                                  status=403)
-        expires_unix = check_invitation(inv, now=self.clock())
+        now = self.clock()
+        expires_unix = check_invitation(inv, now=now)
+        check_invitation_fields(inv, expires_unix=expires_unix, now=now)
         document = inv.to_dict()
         for _ in range(3):  # a collision of 128 random bits does not happen; stay correct anyway
             if await self._db(self.store.insert_invitation, post_id=inv.post_id,
                               host_public_key=inv.host_public_key,
-                              protocol_id=inv.protocol.protocol_id, document=document,
-                              expires_unix=expires_unix, now=self.clock()):
+                              protocol_id=inv.protocol.protocol_id,
+                              protocol_name=inv.protocol.name, document=document,
+                              expires_unix=expires_unix, max_sessions=inv.max_sessions,
+                              tags=inv.tags, now=now):
                 break
             inv.post_id = document["post_id"] = new_post_id()
         else:
@@ -232,59 +436,128 @@ class _App:
         return JSONResponse(document, status_code=201,
                             headers={"Location": f"{API_PREFIX}/invitations/{inv.post_id}"})
 
-    # GET /api/v1/invitations/{post_id}
-    async def get_invitation(self, request: Request) -> JSONResponse:
-        post_id = request.path_params["post_id"]
-        found = None
-        if POST_ID_RE.fullmatch(post_id):
-            found = await self._db(self.store.get_invitation, post_id)
-        if found is None:
+    # GET /api/v1/invitations
+    async def browse_invitations(self, request: Request) -> JSONResponse:
+        query = parse_browse_query(request.query_params.multi_items())
+        rows = await self._db(self.store.browse_invitations, now=self.clock(), **query)
+        now = self.clock()
+        items = [_post_json(row, now) for row in rows]
+        next_cursor = str(rows[-1].seq) if len(rows) == query["limit"] else None
+        return JSONResponse({"invitations": items, "next_cursor": next_cursor})
+
+    async def _invitation(self, post_id: str) -> InvitationRow:
+        row = await self._db(self.store.get_invitation, post_id) \
+            if POST_ID_RE.fullmatch(post_id) else None
+        if row is None:
             raise CommunityError("invitation-not-found", "no invitation with that post_id",
                                  status=404)
-        document, expires_unix = found
-        if expires_unix <= self.clock():
-            raise CommunityError("invitation-expired",
-                                 f"the invitation expired at {document.get('expires_at')}",
+        return row
+
+    # GET /api/v1/invitations/{post_id}
+    async def get_invitation(self, request: Request) -> JSONResponse:
+        row = await self._invitation(request.path_params["post_id"])
+        state = row.state(self.clock())
+        if state == "withdrawn":
+            raise CommunityError("invitation-withdrawn", "the host withdrew this invitation",
                                  status=410)
+        if state == "consumed":
+            raise CommunityError("invitation-consumed",
+                                 f"the invitation allowed {row.max_sessions} session(s) and "
+                                 "they were used; ask the host for a new post_id", status=410)
+        if state == "expired":
+            raise CommunityError("invitation-expired",
+                                 f"the invitation expired at {row.document.get('expires_at')}",
+                                 status=410)
+        return JSONResponse(row.document)
+
+    # GET /api/v1/invitations/{post_id}/status
+    async def invitation_status(self, request: Request) -> JSONResponse:
+        row = await self._invitation(request.path_params["post_id"])
+        return JSONResponse(_post_json(row, self.clock()))
+
+    async def _own_invitation(self, request: Request, signed: SignedRequest) -> InvitationRow:
+        row = await self._invitation(request.path_params["post_id"])
+        if row.document.get("host_public_key") != signed.public_key:
+            raise CommunityError("forbidden", "only the invitation's host key may change it",
+                                 status=403)
+        return row
+
+    # POST /api/v1/invitations/{post_id}/renew
+    async def renew_invitation(self, request: Request) -> JSONResponse:
+        signed, body = await self._signed_body(request)
+        renew = decode_json(body, RenewBody, what="renewal")
+        row = await self._own_invitation(request, signed)
+        now = self.clock()
+        state = row.state(now)
+        if state in ("withdrawn", "consumed"):
+            raise CommunityError(f"invitation-{state}",
+                                 f"a {state} invitation cannot be renewed; publish a new one",
+                                 status=410)
+        document = dict(row.document)
+        document["expires_at"] = renew.expires_at
+        document["transport_binding_signature"] = renew.transport_binding_signature
+        inv = parse_invitation(document)
+        expires_unix = check_invitation(inv, now=now)
+        check_invitation_fields(inv, expires_unix=expires_unix, now=now)
+        if not await self._db(self.store.renew_invitation, inv.post_id, document=document,
+                              expires_unix=expires_unix):
+            raise CommunityError("invitation-consumed", "the invitation was withdrawn or "
+                                 "consumed meanwhile; publish a new one", status=410)
         return JSONResponse(document)
 
+    # POST /api/v1/invitations/{post_id}/withdraw
+    async def withdraw_invitation(self, request: Request) -> JSONResponse:
+        signed, body = await self._signed_body(request)
+        decode_json(body, EmptyBody, what="withdrawal", empty=True)
+        row = await self._own_invitation(request, signed)
+        post_id = row.document["post_id"]
+        await self._db(self.store.withdraw_invitation, post_id, now=self.clock())
+        row = await self._invitation(post_id)
+        return JSONResponse(_post_json(row, self.clock()))
+
+    # --- sessions --------------------------------------------------------------------------
     # POST /api/v1/sessions
     async def submit_session(self, request: Request) -> JSONResponse:
         signed, body = await self._signed_body(request)
-        try:
-            proof = _SESSION_PROOF_DECODER.decode(body)
-        except msgspec.ValidationError as exc:
-            raise CommunityError("request-invalid", f"session proof: {exc}", status=400) from None
-        except msgspec.DecodeError:
-            raise CommunityError("request-invalid", "the body is not JSON", status=400) from None
+        proof = decode_json(body, SessionProof, what="session proof")
         if signed.public_key not in (proof.host_public_key, proof.guest_public_key):
             raise CommunityError("forbidden", "only a session participant may submit its proof",
                                  status=403)
         check_session_proof(proof)
         if not POST_ID_RE.fullmatch(proof.post_id):
             raise CommunityError("session-invalid", "post_id is not a valid post_id", status=400)
-        found = await self._db(self.store.get_invitation, proof.post_id)
-        if found is None:
+        row = await self._db(self.store.get_invitation, proof.post_id)
+        if row is None:
             raise CommunityError("invitation-not-found", "no invitation with that post_id",
                                  status=404)
-        document = found[0]
-        if document.get("host_public_key") != proof.host_public_key:
+        if row.document.get("host_public_key") != proof.host_public_key:
             raise CommunityError("session-invalid",
                                  "host_public_key differs from the invitation's host",
                                  status=400)
-        if document.get("protocol", {}).get("protocol_id") != proof.protocol_id:
+        if row.document.get("protocol", {}).get("protocol_id") != proof.protocol_id:
             raise CommunityError("session-invalid",
                                  "protocol_id differs from the invitation's protocol", status=400)
         record = msgspec.to_builtins(proof)
-        record["created_at"] = rfc3339(datetime.fromtimestamp(self.clock(), timezone.utc))
-        if not await self._db(self.store.insert_session, record):
+        record["created_at"] = _time(self.clock())
+        outcome = await self._db(self.store.insert_session, record)
+        if outcome == "duplicate":
             raise CommunityError("session-duplicate", "that session proof was already recorded",
                                  status=409)
-        return JSONResponse(record, status_code=201,
+        if outcome == "withdrawn":
+            raise CommunityError("invitation-withdrawn", "the host withdrew this invitation",
+                                 status=410)
+        if outcome == "consumed":
+            raise CommunityError("invitation-consumed",
+                                 f"the invitation allowed {row.max_sessions} session(s) and "
+                                 "they were used", status=409)
+        if outcome == "no-invitation":  # pragma: no cover - invitations are never deleted
+            raise CommunityError("invitation-not-found", "no invitation with that post_id",
+                                 status=404)
+        stored = await self._db(self.store.get_session, proof.session_id)
+        return JSONResponse(_session_json(stored), status_code=201,
                             headers={"Location": f"{API_PREFIX}/sessions/{proof.session_id}"})
 
-    # GET /api/v1/sessions/{session_id}
-    async def get_session(self, request: Request) -> JSONResponse:
+    async def _session(self, request: Request) -> dict[str, Any]:
         session_id = request.path_params["session_id"]
         record = None
         try:
@@ -294,11 +567,186 @@ class _App:
         else:
             record = await self._db(self.store.get_session, session_id)
         if record is None:
-            raise CommunityError("not-found", "no session with that session_id", status=404)
-        return JSONResponse(record)
+            raise CommunityError("session-not-found", "no session with that session_id",
+                                 status=404)
+        return record
+
+    @staticmethod
+    def _participant(record: dict[str, Any], signed: SignedRequest, action: str) -> str:
+        """The signer's role in the session, or 403 ``forbidden``."""
+        if signed.public_key == record["host_public_key"]:
+            return "host"
+        if signed.public_key == record["guest_public_key"]:
+            return "guest"
+        raise CommunityError("forbidden", f"only a session participant may {action} it",
+                             status=403)
+
+    # GET /api/v1/sessions/{session_id}
+    async def get_session(self, request: Request) -> JSONResponse:
+        return JSONResponse(_session_json(await self._session(request)))
+
+    # POST /api/v1/sessions/{session_id}/close
+    async def close_session(self, request: Request) -> JSONResponse:
+        signed, body = await self._signed_body(request)
+        close = decode_json(body, CloseBody, what="close request", empty=True)
+        if not CLOSE_REASON_RE.fullmatch(close.reason):
+            raise CommunityError("request-invalid", "reason must be 1-64 of a-z 0-9 - "
+                                 "starting with a letter or digit", status=400)
+        record = await self._session(request)
+        self._participant(record, signed, "close")
+        if not await self._db(self.store.close_session, record["session_id"],
+                              closed_by=signed.public_key, reason=close.reason,
+                              now=self.clock()):
+            raise CommunityError("session-closed", "the session is already closed", status=409)
+        return JSONResponse(_session_json(await self._session(request)))
+
+    # POST /api/v1/sessions/{session_id}/feedback
+    async def submit_feedback(self, request: Request) -> JSONResponse:
+        signed, body = await self._signed_body(request)
+        feedback = decode_json(body, FeedbackBody, what="feedback")
+        if not 1 <= feedback.rating <= 5:
+            raise CommunityError("request-invalid", "rating must be an integer from 1 to 5",
+                                 status=400)
+        if feedback.comment is not None:
+            _plain_text(feedback.comment, "comment", MAX_COMMENT_CHARS)
+        record = await self._session(request)
+        role = self._participant(record, signed, "rate")
+        subject = record["guest_public_key" if role == "host" else "host_public_key"]
+        if not await self._db(self.store.insert_feedback, session_id=record["session_id"],
+                              rater_public_key=signed.public_key, subject_public_key=subject,
+                              rater_role=role, rating=feedback.rating,
+                              comment=feedback.comment, now=self.clock()):
+            raise CommunityError("feedback-duplicate",
+                                 "you already rated this session (one rating per participant)",
+                                 status=409)
+        return JSONResponse(await self._feedback_json(record["session_id"]), status_code=201)
+
+    # GET /api/v1/sessions/{session_id}/feedback
+    async def get_feedback(self, request: Request) -> JSONResponse:
+        record = await self._session(request)
+        return JSONResponse(await self._feedback_json(record["session_id"]))
+
+    async def _feedback_json(self, session_id: str) -> dict[str, Any]:
+        rows = await self._db(self.store.list_feedback, session_id)
+        return {"session_id": session_id, "feedback": [
+            {"rater_public_key": r["rater_public_key"], "rater_role": r["rater_role"],
+             "rating": r["rating"], "comment": r["comment"],
+             "created_at": _time(r["created_unix"])} for r in rows]}
+
+
+# --- JSON shapes ---------------------------------------------------------------------------
+def _identity_json(record: dict[str, Any]) -> dict[str, Any]:
+    count = record["ratings_count"]
+    return {"public_key": record["public_key"], "display_name": record["display_name"],
+            "about": record["about"], "created_at": _time(record["created_unix"]),
+            "updated_at": _time(record["updated_unix"]),
+            "ratings": {"count": count,
+                        "average": round(record["ratings_sum"] / count, 2) if count else None}}
+
+
+def _protocol_json(record: dict[str, Any]) -> dict[str, Any]:
+    return {"protocol_id": record["protocol_id"], "name": record["name"],
+            "version": record["version"], "spec": record["spec"],
+            "published_by": record["published_by"], "created_at": _time(record["created_unix"])}
+
+
+def _post_json(row: InvitationRow, now: float) -> dict[str, Any]:
+    """A post: the invitation document with its server-side state (browse, status)."""
+    return {"post_id": row.document["post_id"], "state": row.state(now),
+            "sessions": row.sessions_count, "max_sessions": row.max_sessions,
+            "expires_at": row.document.get("expires_at"),
+            "withdrawn_at": _time(row.withdrawn_unix),
+            "host_display_name": row.host_display_name, "invitation": row.document}
+
+
+def _session_json(record: dict[str, Any]) -> dict[str, Any]:
+    out = {k: record[k] for k in (
+        "session_id", "post_id", "protocol_id", "host_public_key", "guest_public_key",
+        "guest_nonce", "host_nonce", "host_signature", "guest_signature", "created_at")}
+    out["state"] = "open" if record["closed_unix"] is None else "closed"
+    out["closed_at"] = _time(record["closed_unix"])
+    out["closed_by"] = record["closed_by"]
+    out["close_reason"] = record["close_reason"]
+    return out
 
 
 # --- verification (pure) ------------------------------------------------------------------
+def parse_browse_query(items: list[tuple[str, str]]) -> dict[str, Any]:
+    """Check the browse query string: ``protocol`` (a name, or a 64-hex protocol_id),
+    ``tag``, ``host`` (64 hex), ``limit`` (1-100, default 20), ``cursor`` (from
+    ``next_cursor``); each at most once, nothing else.
+
+    Returns:
+        Keyword arguments for :meth:`CommunityStore.browse_invitations` (without ``now``).
+
+    Raises:
+        CommunityError: 400 ``request-invalid`` naming the parameter.
+    """
+    allowed = ("protocol", "tag", "host", "limit", "cursor")
+    seen: dict[str, str] = {}
+    for name, value in items:
+        if name not in allowed:
+            raise CommunityError("request-invalid", f"unknown query parameter {name[:32]!r}; "
+                                 f"use {', '.join(allowed)}", status=400)
+        if name in seen:
+            raise CommunityError("request-invalid", f"query parameter {name} given twice",
+                                 status=400)
+        seen[name] = value
+    out: dict[str, Any] = {"limit": DEFAULT_BROWSE_LIMIT}
+    if "protocol" in seen:
+        value = seen["protocol"]
+        if re.fullmatch(r"[0-9a-f]{64}", value):
+            out["protocol_id"] = value
+        elif PROTOCOL_NAME_RE.fullmatch(value):
+            out["protocol_name"] = value
+        else:
+            raise CommunityError("request-invalid", "protocol must be a protocol name or a "
+                                 "64-hex protocol_id", status=400)
+    if "tag" in seen:
+        if not TAG_RE.fullmatch(seen["tag"]):
+            raise CommunityError("request-invalid", "tag must be 1-32 of A-Z a-z 0-9 . _ + - "
+                                 "starting with a letter or digit", status=400)
+        out["tag"] = seen["tag"]
+    if "host" in seen:
+        if _public_key_param(seen["host"]) is None:
+            raise CommunityError("request-invalid", "host must be a 64-hex public key",
+                                 status=400)
+        out["host_public_key"] = seen["host"]
+    if "limit" in seen:
+        value = seen["limit"]
+        if not re.fullmatch(r"[0-9]{1,3}", value) or not 1 <= int(value) <= MAX_BROWSE_LIMIT:
+            raise CommunityError("request-invalid",
+                                 f"limit must be an integer from 1 to {MAX_BROWSE_LIMIT}",
+                                 status=400)
+        out["limit"] = int(value)
+    if "cursor" in seen:
+        if not re.fullmatch(r"[1-9][0-9]{0,17}", seen["cursor"]):
+            raise CommunityError("request-invalid", "cursor must be a next_cursor value",
+                                 status=400)
+        out["before_seq"] = int(seen["cursor"])
+    return out
+
+
+def parse_published_spec(raw: dict[str, Any]) -> Any:
+    """Check a published protocol spec like a local ``spec.json`` (DESIGN §7) and compute
+    its ``protocol_id`` (SHA-256 of the RFC 8785 canonical JSON, DESIGN §4).
+
+    Returns:
+        The :class:`node.spec.ProtocolSpec`.
+
+    Raises:
+        SpecError: 400 ``spec-invalid`` (meta-schema, reserved actions, message schemas,
+            or a value RFC 8785 cannot canonicalise, e.g. an integer beyond 2**53).
+    """
+    try:
+        return parse_spec(raw, origin="spec")
+    except SpecError:
+        raise
+    except (ValueError, TypeError, RecursionError):
+        raise SpecError("spec-invalid", "spec: a value cannot be canonicalised "
+                                        "(RFC 8785: integers within 2**53, finite numbers)") from None
+
+
 def check_invitation(inv: Invitation, *, now: float) -> float:
     """Verify a published invitation without parsing its iroh ticket (DESIGN §5, §12).
 
@@ -348,6 +796,35 @@ def check_invitation(inv: Invitation, *, now: float) -> float:
     return expires
 
 
+def check_invitation_fields(inv: Invitation, *, expires_unix: float, now: float) -> None:
+    """The server's bounds on what it lists (after :func:`check_invitation`).
+
+    Checks, in order: ``expires_at`` at most 30 days ahead; ``max_sessions`` absent or
+    1-1,000,000; at most 16 ``tags``, each 1-32 of ``A-Z a-z 0-9 . _ + -`` starting with a
+    letter or digit; ``message`` at most 1000 characters without control characters.
+
+    Raises:
+        InvitationError: 400 ``invitation-malformed`` naming the field.
+    """
+    if expires_unix > now + MAX_INVITATION_TTL_S:
+        raise InvitationError("invitation-malformed",
+                              "expires_at is more than 30 days after the server clock")
+    if inv.max_sessions is not None and not 1 <= inv.max_sessions <= MAX_SESSIONS_LIMIT:
+        raise InvitationError("invitation-malformed",
+                              f"max_sessions must be from 1 to {MAX_SESSIONS_LIMIT}")
+    if len(inv.tags) > MAX_TAGS:
+        raise InvitationError("invitation-malformed", f"at most {MAX_TAGS} tags")
+    for tag in inv.tags:
+        if not TAG_RE.fullmatch(tag):
+            raise InvitationError("invitation-malformed", "a tag is 1-32 of A-Z a-z 0-9 . _ + - "
+                                  "starting with a letter or digit")
+    if inv.message is not None:
+        try:
+            _plain_text(inv.message, "message", MAX_MESSAGE_CHARS)
+        except CommunityError as exc:
+            raise InvitationError("invitation-malformed", exc.message) from None
+
+
 def check_session_proof(proof: SessionProof) -> None:
     """Recompute the session payload and verify ``session_id`` and both role signatures.
 
@@ -378,32 +855,69 @@ def check_session_proof(proof: SessionProof) -> None:
 
 
 # --- the app ---------------------------------------------------------------------------------
-def create_app(db_path: Path, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+def create_app(database: Path | str | CommunityStore, *,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES,
+               rate_limits: RateLimits | None = None,
                clock: Callable[[], float] = time.time) -> Starlette:
     """Build the community server ASGI app.
 
     Args:
-        db_path: the SQLite database (created with its folder if missing); usually
-            :func:`node.community.store.default_db_path` of the server's home.
+        database: a SQLite file path (created with its folder if missing; usually
+            :func:`node.community.store.default_db_path` of the server's home), a database
+            URL (``postgresql://...``, ``sqlite:///...``) or an open store.
         max_body_bytes: the largest accepted request body, in bytes (default 64 KiB).
+        max_spec_bytes: the largest accepted protocol spec body, in bytes (default 256 KiB).
+        rate_limits: per-key and per-address token buckets (default :class:`RateLimits`).
         clock: returns the current Unix time in seconds (tests inject one).
 
     Returns:
-        A Starlette app serving the routes of ``specs/community-api.md``.
+        A Starlette app serving the routes of ``specs/community-api.md``; its store is
+        ``app.state.store`` (close it with ``app.state.store.close()`` when done).
+
+    Raises:
+        UsageError / ConfigError / CommunityError: from :func:`open_store`.
     """
-    handlers = _App(CommunityStore(db_path), max_body_bytes, clock)
-    routes = [
-        Route(f"{API_PREFIX}/health", handlers.health, methods=["GET"]),
-        Route(f"{API_PREFIX}/invitations", handlers.publish_invitation, methods=["POST"]),
-        Route(f"{API_PREFIX}/invitations/{{post_id}}", handlers.get_invitation, methods=["GET"]),
-        Route(f"{API_PREFIX}/sessions", handlers.submit_session, methods=["POST"]),
-        Route(f"{API_PREFIX}/sessions/{{session_id}}", handlers.get_session, methods=["GET"]),
+    store = database if isinstance(database, CommunityStore) else open_store(database)
+    h = _App(store, max_body_bytes=max_body_bytes, max_spec_bytes=max_spec_bytes,
+             rate_limits=rate_limits or RateLimits(), clock=clock)
+    p = API_PREFIX
+    table: list[tuple[str, Callable[[Request], Awaitable[JSONResponse]], str]] = [
+        (f"{p}/health", h.health, "GET"),
+        (f"{p}/identities", h.register_identity, "POST"),
+        (f"{p}/identities/{{public_key}}", h.get_identity, "GET"),
+        (f"{p}/protocols", h.publish_protocol, "POST"),
+        (f"{p}/protocols/{{protocol_id}}", h.get_protocol, "GET"),
+        (f"{p}/invitations", h.publish_invitation, "POST"),
+        (f"{p}/invitations", h.browse_invitations, "GET"),
+        (f"{p}/invitations/{{post_id}}", h.get_invitation, "GET"),
+        (f"{p}/invitations/{{post_id}}/status", h.invitation_status, "GET"),
+        (f"{p}/invitations/{{post_id}}/renew", h.renew_invitation, "POST"),
+        (f"{p}/invitations/{{post_id}}/withdraw", h.withdraw_invitation, "POST"),
+        (f"{p}/sessions", h.submit_session, "POST"),
+        (f"{p}/sessions/{{session_id}}", h.get_session, "GET"),
+        (f"{p}/sessions/{{session_id}}/close", h.close_session, "POST"),
+        (f"{p}/sessions/{{session_id}}/feedback", h.submit_feedback, "POST"),
+        (f"{p}/sessions/{{session_id}}/feedback", h.get_feedback, "GET"),
     ]
-    return Starlette(routes=routes, exception_handlers={
+    # one Route per path with a method dispatcher, so a wrong method answers 405 (not 404)
+    by_path: dict[str, dict[str, Callable[[Request], Awaitable[JSONResponse]]]] = {}
+    for path, handler, method in table:
+        by_path.setdefault(path, {})[method] = h.limited(handler)
+    routes = []
+    for path, methods in by_path.items():
+        async def dispatch(request: Request, _methods=methods) -> JSONResponse:
+            method = "GET" if request.method == "HEAD" else request.method
+            return await _methods[method](request)
+
+        routes.append(Route(path, dispatch, methods=list(methods)))
+    app = Starlette(routes=routes, exception_handlers={
         KithError: _on_kith_error,
         HTTPException: _on_http_error,
         Exception: _on_unexpected,
     })
+    app.state.store = store
+    return app
 
 
 # --- serving ----------------------------------------------------------------------------------
@@ -484,15 +998,19 @@ def serve_forever(app: Starlette, sock: socket.socket, *, access_log: bool = Fal
 
 
 @contextlib.contextmanager
-def run_server_in_thread(db_path: Path, host: str = "127.0.0.1", port: int = 0, *,
-                         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+def run_server_in_thread(database: Path | str | CommunityStore, host: str = "127.0.0.1",
+                         port: int = 0, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                         max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES,
+                         rate_limits: RateLimits | None = None,
                          clock: Callable[[], float] = time.time,
                          startup_timeout_s: float = 10.0) -> Iterator[str]:
     """Serve a community app in a daemon thread for the duration of a ``with`` block.
 
     Args:
-        db_path: the SQLite database. host, port: where to listen (port 0 = a free port).
-        max_body_bytes, clock: passed to :func:`create_app`.
+        database: a SQLite path, a database URL or an open store (see :func:`create_app`;
+            a store opened here is closed on exit, a store passed in is left open).
+        host, port: where to listen (port 0 = a free port).
+        max_body_bytes, max_spec_bytes, rate_limits, clock: passed to :func:`create_app`.
         startup_timeout_s: how long to wait for the server to start, in seconds.
 
     Yields:
@@ -502,8 +1020,15 @@ def run_server_in_thread(db_path: Path, host: str = "127.0.0.1", port: int = 0, 
         CommunityError: ``server-start-failed`` if the address cannot be bound or the
             server does not start in time.
     """
-    app = create_app(db_path, max_body_bytes=max_body_bytes, clock=clock)
-    sock = bind_socket(host, port)
+    app = create_app(database, max_body_bytes=max_body_bytes, max_spec_bytes=max_spec_bytes,
+                     rate_limits=rate_limits, clock=clock)
+    owned = not isinstance(database, CommunityStore)
+    try:
+        sock = bind_socket(host, port)
+    except BaseException:
+        if owned:
+            app.state.store.close()
+        raise
     url = base_url_of(sock)
     server = _Server(_config(app, access_log=False))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
@@ -521,3 +1046,5 @@ def run_server_in_thread(db_path: Path, host: str = "127.0.0.1", port: int = 0, 
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+        if owned:
+            app.state.store.close()

@@ -1,4 +1,13 @@
-"""The recursive chunker (DESIGN §9).
+"""The chunkers ``recursive``, ``markdown`` and ``fixed`` (DESIGN §9).
+
+- ``recursive`` (default): cut at the headings the parser reports (Markdown, RST, and the
+  Markdown-style headings that HTML/DOCX are rendered with), then split as below.
+- ``markdown``: like ``recursive`` but every document is read as Markdown (``#``/setext
+  headings are recognised even in ``.txt``; RST keeps its titles): a chunk never
+  crosses a heading and the heading stays with its section.
+- ``fixed``: no headings, no paragraphs — lines are packed up to ``chunk_size``; a line
+  longer than ``chunk_size`` is cut by characters.
+
 
 Text is first cut into *sections* at headings (Markdown ATX/setext, reStructuredText
 over/underlined titles), so a heading stays with its section and every chunk knows its
@@ -49,6 +58,7 @@ class Chunk:
         char_start / char_end: offsets of ``text`` in the LF-normalised text.
         line_start / line_end: 1-based inclusive line range.
         heading_path: titles of the enclosing headings, outermost first (empty for text).
+        page_start / page_end: 1-based page range (PDF), else ``None``.
     """
 
     ordinal: int
@@ -58,6 +68,8 @@ class Chunk:
     line_start: int
     line_end: int
     heading_path: tuple[str, ...] = ()
+    page_start: int | None = None
+    page_end: int | None = None
 
 
 def normalize_newlines(text: str) -> str:
@@ -65,13 +77,28 @@ def normalize_newlines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def validate_params(chunk_size: int, chunk_overlap: int) -> None:
-    """Raise ``ValueError`` unless ``0 <= chunk_overlap < chunk_size`` and size >= 50."""
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 50:
-        raise ValueError("chunk_size must be an integer >= 50")
-    if (isinstance(chunk_overlap, bool) or not isinstance(chunk_overlap, int)
-            or not 0 <= chunk_overlap < chunk_size):
-        raise ValueError("chunk_overlap must be an integer with 0 <= overlap < chunk_size")
+CHUNKERS = ("recursive", "markdown", "fixed")
+#: Largest accepted ``chunk_size`` (characters).
+MAX_CHUNK_SIZE = 1_000_000
+
+
+def validate_params(chunk_size: int, chunk_overlap: int, chunker: str = "recursive") -> None:
+    """Check a chunker configuration (called when a root is configured, DESIGN §9).
+
+    Raises:
+        ValueError: unknown ``chunker``; ``chunk_size`` not an integer in
+            1..:data:`MAX_CHUNK_SIZE`; ``chunk_overlap`` not an integer with
+            ``0 <= chunk_overlap < chunk_size``. The message names the setting.
+    """
+    if chunker not in CHUNKERS:
+        raise ValueError(f"chunker must be one of {', '.join(CHUNKERS)}")
+    if (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
+            or not 1 <= chunk_size <= MAX_CHUNK_SIZE):
+        raise ValueError(f"chunk_size must be an integer from 1 to {MAX_CHUNK_SIZE}")
+    if isinstance(chunk_overlap, bool) or not isinstance(chunk_overlap, int) or chunk_overlap < 0:
+        raise ValueError("chunk_overlap must be an integer >= 0")
+    if chunk_overlap >= chunk_size:
+        raise ValueError("chunk_overlap must be smaller than chunk_size")
 
 
 # --- sections --------------------------------------------------------------------------
@@ -158,12 +185,12 @@ def _rst_headings(lines: list[str]) -> list[tuple[int, int, str]]:
     return out
 
 
-def _sections(text: str, kind: str) -> list[tuple[int, int, tuple[str, ...]]]:
+def _sections(text: str, structure: str) -> list[tuple[int, int, tuple[str, ...]]]:
     """Split text into (start, end, heading_path) sections covering all of it."""
-    if kind not in ("markdown", "rst"):
+    if structure not in ("markdown", "rst"):
         return [(0, len(text), ())]
     lines = text.split("\n")
-    heads = _markdown_headings(lines) if kind == "markdown" else _rst_headings(lines)
+    heads = _markdown_headings(lines) if structure == "markdown" else _rst_headings(lines)
     if not heads:
         return [(0, len(text), ())]
     offsets = _line_offsets(text)
@@ -229,28 +256,62 @@ def _pack(pieces: list[tuple[int, int]], size: int, overlap: int) -> list[tuple[
     return out
 
 
+def _fixed_spans(text: str, size: int) -> list[tuple[int, int]]:
+    """Lines (each with its newline) as pieces; a line over ``size`` cut by characters."""
+    spans: list[tuple[int, int]] = []
+    start = 0
+    n = len(text)
+    while start < n:
+        nl = text.find("\n", start)
+        end = n if nl == -1 else nl + 1
+        for s in range(start, end, size):
+            spans.append((s, min(s + size, end)))
+        start = end
+    return spans
+
+
+def structure_for(kind: str) -> str:
+    """Heading structure of a parser kind: ``markdown``, ``rst`` or ``plain``."""
+    return {"markdown": "markdown", "html": "markdown", "docx": "markdown",
+            "rst": "rst"}.get(kind, "plain")
+
+
 def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK_SIZE,
-               chunk_overlap: int = DEFAULT_CHUNK_OVERLAP) -> list[Chunk]:
+               chunk_overlap: int = DEFAULT_CHUNK_OVERLAP, chunker: str = "recursive",
+               structure: str | None = None, page_starts: tuple[int, ...] = ()) -> list[Chunk]:
     """Chunk a document.
 
     Args:
         text: decoded text (any newline convention).
-        kind: ``text``, ``markdown`` or ``rst`` (headings recognised for the last two).
-        chunk_size: maximum characters per chunk (>= 50).
+        kind: parser kind; decides the heading structure unless ``structure`` is given.
+        chunk_size: maximum characters per chunk (1..:data:`MAX_CHUNK_SIZE`).
         chunk_overlap: maximum characters repeated from the previous chunk (< chunk_size).
+        chunker: ``recursive``, ``markdown`` or ``fixed`` (see the module docstring).
+        structure: ``markdown``, ``rst`` or ``plain`` (default: from ``kind``).
+        page_starts: offsets where pages start (PDF); chunks then carry page numbers.
 
     Returns:
         The chunks in document order; empty when the text is only whitespace.
 
     Raises:
-        ValueError: on invalid size/overlap.
+        ValueError: on an invalid configuration (see :func:`validate_params`).
     """
-    validate_params(chunk_size, chunk_overlap)
+    validate_params(chunk_size, chunk_overlap, chunker)
     text = normalize_newlines(text)
     line_starts = _line_offsets(text)
+    structure = structure or structure_for(kind)
+    if chunker == "markdown" and structure == "plain":
+        structure = "markdown"
+    if chunker == "fixed":
+        sections: list[tuple[int, int, tuple[str, ...]]] = [(0, len(text), ())]
+    else:
+        sections = _sections(text, structure)
     chunks: list[Chunk] = []
-    for sec_start, sec_end, path in _sections(text, kind):
-        pieces = _split(text, sec_start, sec_end, chunk_size, 0)
+    for sec_start, sec_end, path in sections:
+        if chunker == "fixed":
+            pieces = _fixed_spans(text, chunk_size)
+        else:
+            pieces = _split(text, sec_start, sec_end, chunk_size, 0)
         for s, e in _pack(pieces, chunk_size, chunk_overlap):
             raw = text[s:e]
             stripped = raw.strip()
@@ -258,10 +319,14 @@ def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK
                 continue
             s2 = s + (len(raw) - len(raw.lstrip()))
             e2 = s2 + len(stripped)
+            page_start = page_end = None
+            if page_starts:
+                page_start = bisect.bisect_right(page_starts, s2)
+                page_end = bisect.bisect_right(page_starts, e2 - 1)
             chunks.append(Chunk(
                 ordinal=len(chunks), text=stripped, char_start=s2, char_end=e2,
                 line_start=bisect.bisect_right(line_starts, s2),
                 line_end=bisect.bisect_right(line_starts, e2 - 1),
-                heading_path=path,
+                heading_path=path, page_start=page_start, page_end=page_end,
             ))
     return chunks

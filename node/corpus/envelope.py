@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from functools import lru_cache
 from datetime import date as _date
 from typing import Any
 
@@ -35,6 +36,9 @@ PREVIEW_CHARS = 280
 EXCERPT_CHARS = 600
 MAX_SYNTHESIS_SENTENCES = 5
 
+#: ``lifecycle`` values that count as authoritative evidence (quality flag).
+AUTHORITATIVE_LIFECYCLES = frozenset({"current-state", "canonical", "authoritative"})
+
 ENVELOPE_KEYS = (
     "schemaVersion", "available", "reason", "results", "queryPlan", "citationPack",
     "eventAggregation", "answerSynthesis", "quality", "retrievalController", "agentic",
@@ -44,13 +48,21 @@ ENVELOPE_KEYS = (
 AVAILABLE_REASONS = frozenset({"no-verified-results"})
 #: Reason codes this module knows; others (kebab-case) are accepted as given.
 KNOWN_REASONS = (
-    "no-verified-results", "index-unavailable", "budget-exhausted", "invalid-request",
+    "no-verified-results", "index-unavailable", "index-syncing", "budget-exhausted", "invalid-request",
     "policy-denied", "pending-approval", "rate-limited", "timeout", "internal-error",
 )
 
 _FILTER_KEYS = ("date", "dateRange", "project", "tags", "sourceSets", "lifecycle",
                 "workType", "sources")
-_ALLOWED_KEYS = frozenset(("query", "topK", "remainingBudgetMs", *_FILTER_KEYS))
+_ALLOWED_KEYS = frozenset(("query", "topK", "remainingBudgetMs", "dedupe", *_FILTER_KEYS))
+#: ``dedupe`` values a caller may ask for → chunks allowed per document in the results
+#: (``chunk``: distinct chunks, at most 2 per document; ``document``: one per document).
+DEDUPE_LEVELS = {"chunk": search.MAX_PER_DOCUMENT, "document": 1}
+#: Server-side cap of one search's budget (ms); a larger remainingBudgetMs is clamped.
+MAX_SERVER_BUDGET_MS = 60_000
+#: The client-side loop: at most this many searches inside one deadline (seconds).
+MAX_SEARCH_CALLS = 3
+CLIENT_DEADLINE_S = 90
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
 _KEBAB = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*\Z")
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")
@@ -113,12 +125,15 @@ def validate_search_request(body: Any) -> dict[str, Any]:
             ``date`` (YYYY-MM-DD or list), ``dateRange`` ({``from``, ``to``}: at least
             one, from <= to), ``project``, ``tags``, ``sourceSets``, ``lifecycle``,
             ``workType`` (string or non-empty list of strings), ``sources`` (source-id
-            globs starting with ``/``), ``remainingBudgetMs`` (int >= 0). Protocol
-            envelope fields (``action``, ``query_id``) must be removed by the caller.
+            globs starting with ``/``), ``remainingBudgetMs`` (int >= 0, ms),
+            ``dedupe`` (``"chunk"`` default, or ``"document"``: one result per
+            document). Protocol envelope fields (``action``, ``query_id``) must be
+            removed by the caller.
 
     Returns:
         ``{"query": str, "topK": int, "filters": {name: normalized value},
-        "remainingBudgetMs": int | None}``; list filters are deduplicated lists.
+        "remainingBudgetMs": int | None, "dedupe": "chunk" | "document"}``; list
+        filters are deduplicated lists.
 
     Raises:
         CorpusError: ``query-invalid`` with a message naming the offending field (unknown
@@ -166,7 +181,70 @@ def validate_search_request(body: Any) -> dict[str, Any]:
             filters[key] = globs
         else:
             filters[key] = _string_list(key, v)
-    return {"query": query, "topK": top_k, "filters": filters, "remainingBudgetMs": budget}
+    dedupe = body.get("dedupe", "chunk")
+    if dedupe not in DEDUPE_LEVELS:
+        raise _bad("dedupe", "must be 'chunk' or 'document'")
+    return {"query": query, "topK": top_k, "filters": filters, "remainingBudgetMs": budget,
+            "dedupe": dedupe}
+
+
+def server_deadline(request: dict[str, Any], now: float | None = None) -> float | None:
+    """The ``time.monotonic()`` instant after which no search pass may start, from the
+    request's ``remainingBudgetMs`` (clamped to :data:`MAX_SERVER_BUDGET_MS`); None when
+    the caller gave no budget (the server cap then applies alone)."""
+    import time
+
+    now = time.monotonic() if now is None else now
+    budget = request.get("remainingBudgetMs")
+    ms = MAX_SERVER_BUDGET_MS if budget is None else min(budget, MAX_SERVER_BUDGET_MS)
+    return now + ms / 1000.0
+
+
+class SearchBudget:
+    """The client side of the budget rule (seed rag-external-agent-contract): ONE
+    monotonic deadline across every search of a follow-up loop, at most
+    :data:`MAX_SEARCH_CALLS` attempts; ``remainingBudgetMs`` only goes down.
+
+    Args:
+        seconds: the whole loop's wall-clock budget (default 90 s).
+        max_calls: attempts allowed (default 3).
+        clock: a monotonic clock in seconds (tests inject one).
+
+    Use :meth:`next_request` before each call: it returns the body with the current
+    ``remainingBudgetMs`` or raises ``CorpusError("budget-exhausted")`` when the deadline
+    passed or the calls are used up (the caller reports that, it does not reset).
+    """
+
+    def __init__(self, seconds: float = CLIENT_DEADLINE_S, *, max_calls: int = MAX_SEARCH_CALLS,
+                 clock: Any = None) -> None:
+        import time
+
+        self._clock = clock or time.monotonic
+        self.deadline = self._clock() + seconds
+        self.max_calls = max_calls
+        self.calls = 0
+        self._last_ms: int | None = None
+
+    def remaining_ms(self) -> int:
+        """Milliseconds left (>= 0), never more than the previous answer."""
+        ms = max(0, int((self.deadline - self._clock()) * 1000))
+        if self._last_ms is not None:
+            ms = min(ms, self._last_ms)
+        self._last_ms = ms
+        return ms
+
+    def next_request(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` plus ``remainingBudgetMs`` for the next attempt (counts the attempt).
+
+        Raises:
+            CorpusError: ``budget-exhausted`` when no time or no attempt is left.
+        """
+        ms = self.remaining_ms()
+        if ms <= 0 or self.calls >= self.max_calls:
+            raise CorpusError("budget-exhausted",
+                              "The search budget is used up (time or number of searches).")
+        self.calls += 1
+        return {**body, "remainingBudgetMs": ms}
 
 
 # --- envelope parts ------------------------------------------------------------------
@@ -202,8 +280,24 @@ def _sentences(text: str) -> list[str]:
     return out
 
 
+_WORD = re.compile(r"[^\W_]+")
+_NON_ASCII_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+
+
+@lru_cache(maxsize=65536)
+def _word_stems(word: str) -> tuple[str, ...]:
+    return tuple(search.text_stems(word))
+
+
 def _stems(text: str) -> set[str]:
-    return set(search.query_terms(text))
+    """The analyzer's stems of ``text`` (word by word through a cache: the envelope
+    analyzes every sentence of every result, and words repeat)."""
+    if _NON_ASCII_CJK.search(text):
+        return search.text_stems(text)
+    out: set[str] = set()
+    for w in _WORD.findall(text):
+        out.update(_word_stems(w))
+    return out
 
 
 def _key_stems(query: str) -> list[tuple[str, set[str]]]:
@@ -211,54 +305,125 @@ def _key_stems(query: str) -> list[tuple[str, set[str]]]:
     return [(t, _stems(t)) for t in search.key_terms(query)]
 
 
+def _key_matcher(keys: list[tuple[str, set[str]]]) -> re.Pattern[str] | None:
+    """A regex finding the words that may carry a key stem (stem prefixes); each found
+    word is then checked with the analyzer, so it only saves time, never changes
+    results for ASCII text."""
+    prefixes = {st[:max(3, len(st) - 1)] for _, ss in keys for st in ss}
+    if not prefixes:
+        return None
+    alt = "|".join(re.escape(x) for x in sorted(prefixes, key=len, reverse=True))
+    return re.compile(rf"\b(?:{alt})[^\W_]*")
+
+
+def _text_coverage(text: str, keys: list[tuple[str, set[str]]],
+                   matcher: re.Pattern[str] | None) -> list[str]:
+    """Key terms whose stems all occur in ``text``."""
+    if matcher is None:
+        return []
+    if not text.isascii():
+        return _coverage(keys, _stems(text))
+    stems: set[str] = set()
+    for w in set(matcher.findall(text.lower())):
+        stems.update(_word_stems(w))
+    return _coverage(keys, stems)
+
+
 def _coverage(keys: list[tuple[str, set[str]]], stems: set[str]) -> list[str]:
     return [t for t, s in keys if s and s <= stems]
 
 
-def _preview(text: str, keys: list[tuple[str, set[str]]], limit: int) -> str:
-    sents = _sentences(text)
-    if not sents:
+def _preview(text: str, keys: list[tuple[str, set[str]]], limit: int,
+             analyzed: list[tuple[str, int]] | None = None) -> str:
+    """The chunk from its best-covering sentence on, cut to ``limit`` characters.
+    ``analyzed`` is ``[(sentence, covered key terms)]`` when already computed."""
+    if analyzed is None:
+        m = _key_matcher(keys)
+        analyzed = [(x, len(_text_coverage(x, keys, m))) for x in _sentences(text)]
+    if not analyzed:
         return ""
-    best = max(range(len(sents)), key=lambda i: (len(_coverage(keys, _stems(sents[i]))), -i))
-    body = _cut(" ".join(sents[best:]), limit)
+    best = max(range(len(analyzed)), key=lambda i: (analyzed[i][1], -i))
+    body = _cut(" ".join(x for x, _ in analyzed[best:]), limit)
     return ("…" + body) if best > 0 else body
 
 
+def _interpretation(plan: Any) -> str:
+    parts = ["keywords"] if plan.stems else ["stopwords-only"]
+    if plan.exact_units:
+        parts.append("exact-entities")
+    if plan.expansions:
+        parts.append("expanded")
+    return "+".join(parts)
+
+
 def _query_plan(request: dict[str, Any] | None) -> dict[str, Any]:
+    """``queryPlan``: how the server read the request (depends on the request only)."""
+    from node.corpus import retrieval
+
     if request is None:
-        return {"query": None, "topK": None, "filters": {}, "keyTerms": [],
-                "analyzedTerms": [], "exactUnits": [], "stages": [], "subqueries": [],
-                "interpretation": "invalid-request"}
-    q = request["query"]
+        return {"query": None, "topK": None, "filters": {}, "dedupe": None, "keyTerms": [],
+                "analyzedTerms": [], "exactUnits": [], "expansions": [], "stages": [],
+                "subqueries": [], "interpretation": "invalid-request"}
+    plan = retrieval.make_plan(request["query"])
     return {
-        "query": q,
+        "query": request["query"],
         "topK": request["topK"],
         "filters": request.get("filters") or {},
-        "keyTerms": search.key_terms(q),
-        "analyzedTerms": search.query_terms(q),
-        "exactUnits": [" ".join(u) for u in search.exact_units(q)],
-        "stages": search.plan_passes(q),
-        "subqueries": [],
-        "interpretation": "bm25-keywords" + ("+exact" if search.exact_units(q) else ""),
+        "dedupe": request.get("dedupe", "chunk"),
+        "keyTerms": plan.key_terms,
+        "analyzedTerms": plan.stems,
+        "exactUnits": [" ".join(u) for u in plan.exact_units],
+        "expansions": plan.expansions,
+        "stages": plan.passes,
+        "subqueries": plan.subqueries(),
+        "interpretation": _interpretation(plan),
     }
+
+
+_PASS_STATUSES = ("ran", "skipped", "not-run")
 
 
 def _controller(request: dict[str, Any] | None, reason: str | None,
                 controller: dict[str, Any] | None, returned: int) -> dict[str, Any]:
-    base = {"mode": "bounded-multi-pass", "fusion": {"method": "rrf", "k": search.RRF_K},
-            "dedupe": {"level": "document", "maxPerDocument": search.MAX_PER_DOCUMENT}}
+    """``retrievalController``: passes run and fused. Copies only pass names/statuses/skip
+    reasons, fusion and the early-stop flag — never a count taken before the gate."""
+    from node.corpus import retrieval
+
+    level = (request or {}).get("dedupe", "chunk")
+    base = {"mode": "bounded-multi-pass",
+            "fusion": {"method": "rrf", "k": search.RRF_K},
+            "dedupe": {"level": level, "maxPerDocument": DEDUPE_LEVELS.get(level, 2)}}
+    planned = retrieval.make_plan(request["query"]).passes if request else []
+    base["fusion"]["weights"] = {p: retrieval.PASS_WEIGHTS.get(p, 1.0) for p in planned}
     if controller is not None:
-        passes = [{"name": str(p.get("name")), "status": str(p.get("status"))}
-                  for p in controller.get("passes", [])]
-        md = controller.get("maxPerDocument", search.MAX_PER_DOCUMENT)
-        base["dedupe"]["maxPerDocument"] = md if _is_int(md) else search.MAX_PER_DOCUMENT
-        return {**base, "passes": passes, "fusedResults": returned,
-                "earlyStop": bool(controller.get("earlyStop")),
-                "stopReason": controller.get("stopReason") if controller.get("earlyStop") else None}
-    planned = search.plan_passes(request["query"]) if request else []
+        passes = []
+        for p in controller.get("passes", []):
+            status = str(p.get("status"))
+            entry = {"name": str(p.get("name")),
+                     "status": status if status in _PASS_STATUSES else "ran"}
+            if p.get("reason") and _KEBAB.match(str(p["reason"])):
+                entry["reason"] = str(p["reason"])
+            passes.append(entry)
+            if entry["name"] not in base["fusion"]["weights"]:
+                base["fusion"]["weights"][entry["name"]] = retrieval.PASS_WEIGHTS.get(
+                    entry["name"], 1.0)
+        md = controller.get("maxPerDocument")
+        if _is_int(md) and md >= 1:
+            base["dedupe"]["maxPerDocument"] = md
+        stop = controller.get("stopReason")
+        return {**base, "passes": passes, "passesRun": sum(p["status"] == "ran" for p in passes),
+                "fusedResults": returned, "earlyStop": bool(controller.get("earlyStop")),
+                "stopReason": str(stop) if controller.get("earlyStop") and stop else None}
     status = "ran" if reason == "no-verified-results" else "not-run"
-    return {**base, "passes": [{"name": p, "status": status} for p in planned],
-            "fusedResults": 0, "earlyStop": reason == "budget-exhausted",
+    if reason == "budget-exhausted":
+        status = "skipped"
+    passes = [{"name": p, "status": status} for p in planned]
+    if status == "skipped":
+        for p in passes:
+            p["reason"] = "budget-exhausted"
+    return {**base, "passes": passes, "passesRun": sum(p["status"] == "ran" for p in passes),
+            "fusedResults": 0,
+            "earlyStop": reason == "budget-exhausted",
             "stopReason": "budget-exhausted" if reason == "budget-exhausted" else None}
 
 
@@ -271,8 +436,14 @@ def _external_contract() -> dict[str, Any]:
         "recallPriority": ["conversation-and-local-files", "agent-runtime-memory", "kith-search"],
         "allowedOperations": ["GET /health", "GET /stats", "GET /contract", "POST /search"],
         "citeWith": "citationPack.citations[].citationId",
-        "maxSearchCalls": 3,
-        "clientDeadlineSeconds": 90,
+        "refusedOperations": ["POST /index", "POST /sync", "PUT /settings", "POST /memory",
+                              "POST /server/stop", "DELETE *", "any method but GET, except "
+                              "POST /search"],
+        "maxSearchCalls": MAX_SEARCH_CALLS,
+        "clientDeadlineSeconds": CLIENT_DEADLINE_S,
+        "serverBudgetCapSeconds": MAX_SERVER_BUDGET_MS // 1000,
+        "budgetRule": "one monotonic client deadline across retries; remainingBudgetMs only "
+                      "goes down; 0 answers budget-exhausted without searching",
     }
 
 
@@ -357,6 +528,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
         return empty_envelope("no-verified-results", request)
     q = request["query"]
     keys = _key_stems(q)
+    matcher = _key_matcher(keys)
     key_names = [t for t, _ in keys]
     results: list[dict[str, Any]] = []
     citations: list[dict[str, Any]] = []
@@ -364,12 +536,19 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     top_ratio = 0.0
     exact_matched = False
     candidates: list[tuple[int, int, int, str, str, str]] = []
+    whole = not keys
+    authoritative = False
     for rank, hit in enumerate(hits):
         cid = _citation_id(hit.chunk_id)
         meta = hit.metadata or {}
-        stems = _stems(hit.text)
-        cov = _coverage(keys, stems)
+        heading = " ".join(hit.location.get("headingPath") or [])
+        cov = _text_coverage(hit.text + " " + heading, keys, matcher)
         covered_all.update(cov)
+        whole = whole or len(cov) == len(keys)
+        if str(meta.get("lifecycle")) in AUTHORITATIVE_LIFECYCLES:
+            authoritative = True
+        analyzed = [(x, len(_text_coverage(x, keys, matcher)) if len(x) >= 20 else 0)
+                    for x in _sentences(hit.text)]
         if rank == 0:
             top_ratio = len(cov) / len(keys) if keys else 1.0
         comps = {k: round(float(v), 6) for k, v in (hit.score_components or {}).items()}
@@ -394,7 +573,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
             "project": meta.get("project"),
             "tags": list(tags) if isinstance(tags, (list, tuple)) else [tags],
             "workType": meta.get("workType"),
-            "textPreview": _preview(hit.text, keys, PREVIEW_CHARS),
+            "textPreview": _preview(hit.text, keys, PREVIEW_CHARS, analyzed),
             "provenance": provenance,
         })
         citations.append({
@@ -402,12 +581,11 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
             "resultId": hit.chunk_id,
             "source": hit.source_id,
             "location": dict(hit.location),
-            "excerpt": _preview(hit.text, keys, EXCERPT_CHARS),
+            "excerpt": _preview(hit.text, keys, EXCERPT_CHARS, analyzed),
             "scoreComponents": comps,
             "provenance": provenance,
         })
-        for pos, sent in enumerate(_sentences(hit.text)):
-            n = len(_coverage(keys, _stems(sent))) if len(sent) >= 20 else 0
+        for pos, (sent, n) in enumerate(analyzed):
             if n:
                 candidates.append((n, rank, pos, sent, cid, hit.source_id))
     # extractive synthesis: best-covering sentences, at most 2 per result
@@ -436,13 +614,14 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     covered = [t for t in key_names if t in covered_all]
     missing = [t for t in key_names if t not in covered_all]
     ratio = len(covered) / len(key_names) if key_names else 1.0
-    whole = any(len(_coverage(keys, _stems(h.text))) == len(keys) for h in hits) if keys else True
     strong = ratio >= 0.75 and top_ratio >= 0.5
     recs: list[str] = []
     if missing:
         recs.append("retry-with-exact-pass")
     if not strong:
         recs.append("retry-with-rewrite-pass")
+    if not authoritative and any((h.metadata or {}).get("lifecycle") for h in hits):
+        recs.append("retry-with-authoritative-source-pass")
     status = "evidence" if strong else "weak-evidence"
     return {
         "schemaVersion": SCHEMA_VERSION,
@@ -465,7 +644,8 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
             "needsMoreEvidence": not strong,
             "flags": {"metaDiscussionTop": False,
                       "hasNonMetaExactEvidence": bool(exact_matched or whole),
-                      "hasAuthoritativeEvidence": False, "exactPassMatched": exact_matched},
+                      "hasAuthoritativeEvidence": authoritative,
+                      "exactPassMatched": exact_matched},
             "recommendations": recs,
         },
         "retrievalController": _controller(request, None, controller or {"passes": []},

@@ -1,21 +1,33 @@
-"""Sync: walk the source roots and bring SQLite (the record) and tantivy up to date.
+"""Sync: bring SQLite (the record) and tantivy up to date with the roots (DESIGN §9).
 
-Called by :meth:`node.corpus.store.Corpus.sync` with the tantivy writer already held
-(one writer per index, DESIGN §9). Per file, in this order:
+Called by :class:`node.corpus.store.Corpus` with the tantivy writer already held (one
+writer per index). Modes (``new_only`` default, ``update_only``, ``full``):
+
+| mode | new file | changed file | unchanged file | file gone (complete listing) |
+|---|---|---|---|---|
+| ``new_only`` | index | replace | skip | remove |
+| ``update_only`` | ignore | replace | skip | remove |
+| ``full`` | index | replace | re-index | remove |
+
+Per file, in this order:
 
 1. unchanged (same size + mtime, same chunker settings, status ``done``/``error``):
-   skipped, no write at all;
+   skipped, no write at all (``full`` re-indexes);
 2. same bytes (SHA-256) despite a new mtime: only the tracking row's size/mtime are
    refreshed, no chunk or index write;
-3. otherwise the tracking row is opened as ``processing`` first (so a crash leaves a
+3. otherwise the tracking row is opened as ``processing`` first (a crash leaves a
    visible ``processing`` row, never an untracked indexed file), the file is parsed and
-   chunked, and ONE SQLite transaction inserts the new chunks, deletes the old ones,
-   marks the row ``done`` and appends to the ``changes`` log; tantivy then gets the
-   delete-by-``doc_id`` and the new chunk documents in the same (atomic) commit.
+   chunked, and ONE SQLite transaction *inserts the new chunks, then deletes the old
+   ones*, marks the row ``done`` and appends to the ``changes`` log; tantivy then gets
+   the delete-by-``doc_id`` and the new chunk documents in the same (atomic) commit.
 
-A file that fails (unreadable, not text, empty, …) gets status ``error`` and an
-``error_message`` of *stage: ExceptionType - advice* (never exception text), and the
-batch goes on. Files gone from a root that could be listed completely are removed.
+A file that fails gets status ``error`` and an ``error_message`` of
+*stage: ExceptionType-or-reason - advice* (never exception text, never a path) and the
+batch goes on; a file yielding no chunk is ``error``/``empty-document``, not ``done``.
+Archives (``.zip``, ``.tar.gz``) are scanned whole under :mod:`node.corpus.archives` and
+their members become documents ``/<root>/<archive path>/<member path>``; a refused
+archive indexes nothing. Files gone from a root that could be listed completely are
+removed (with an archive, its members).
 """
 
 from __future__ import annotations
@@ -24,12 +36,13 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from node.corpus import chunking, parsers, search
+from node.corpus import archives, chunking, parsers, search
 from node.corpus.types import Root
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,20 +50,35 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: tantivy commit every this many added chunks (bounds memory and the repair window).
 COMMIT_EVERY_CHUNKS = 20_000
+MODES = ("new_only", "update_only", "full")
+
+#: ``progress(done_files, total_files, source_id, done_bytes, total_bytes)``
+Progress = Callable[[int, int, str, int, int], None]
 
 _ADVICE = {
     "read": "the file could not be read; check its permissions and sync again",
-    "parse": "the file could not be decoded as text; convert it to UTF-8 and sync again",
+    "parse": "the file could not be parsed; check that it opens in its usual program, "
+             "or convert it, and sync again",
     "chunk": "the file could not be split into chunks; report this with the file type",
     "record": "the result could not be recorded; check free disk space and sync again",
 }
 _REASON_MESSAGE = {
-    "unsupported-type": "parse: unsupported-type - this file type is not indexed yet",
+    "unsupported-type": "parse: unsupported-type - this file type is not indexed",
     "binary": "parse: binary - the file contains NUL bytes and is not text; remove it "
               "from the root or ignore the error",
-    "too-large": "parse: too-large - the file is larger than the text size limit; split it",
+    "too-large": "parse: too-large - the file is larger than the size limit; split it",
+    "encrypted": "parse: encrypted - the document is password-protected; save an "
+                 "unprotected copy to index it",
+    "not-a-document": "parse: not-a-document - the bytes are not the format the file name "
+                      "says; rename or re-export it",
+    "archive-refused": "parse: archive-refused - the document's zip container breaks the "
+                       "archive rules (size, ratio, entries); re-save it",
+    "no-text-layer": "parse: no-text-layer - the PDF has no text layer (a scan?); run OCR "
+                     "on it to index it",
     "empty-document": "chunk: empty-document - the file has no text to index; add content "
                       "or remove it",
+    "empty-archive": "chunk: empty-document - the archive holds no file type that is "
+                     "indexed",
 }
 
 
@@ -84,13 +112,51 @@ def error_message(stage: str, exc: BaseException) -> str:
     return f"{stage}: {type(exc).__name__} - {_ADVICE.get(stage, 'sync again')}"
 
 
-def walk_root(root_path: Path) -> tuple[list[tuple[str, Path]], bool]:
-    """List the candidate files of a root: ``([(rel_path, real_path)], complete)``.
+def archive_message(reason: str) -> str:
+    """Tracking-row message of a refused archive (path-free; member names never appear)."""
+    detail = archives.ArchiveRefused(reason).detail
+    return (f"archive: {reason} - {detail}; nothing from this archive is indexed - repack "
+            "it without that and sync again")
+
+
+def hidden(rel: str) -> bool:
+    """True when any segment of a ``/``-separated relative path starts with ``.``."""
+    return any(part.startswith(".") for part in rel.split("/"))
+
+
+def _inside(path: Path, base: Path) -> bool:
+    try:
+        return path.is_relative_to(base)
+    except ValueError:  # pragma: no cover
+        return False
+
+
+def accept_file(full: Path, base: Path, exclude: Path | None = None) -> bool:
+    """True when ``full`` is a regular file to index: not a symlink leaving ``base``
+    (resolved), not inside ``exclude`` (the node's own corpus folder)."""
+    try:
+        if full.is_symlink():
+            target = full.resolve()
+            if not _inside(target, base) or not target.is_file():
+                return False
+        elif not full.is_file():
+            return False
+        if exclude is not None and _inside(full.resolve(), exclude):
+            return False
+    except OSError:
+        return False
+    return True
+
+
+def walk_root(root_path: Path, exclude: Path | None = None
+              ) -> tuple[list[tuple[str, Path]], bool]:
+    """List the candidate files of a root: ``([(rel_path, path)], complete)``.
 
     Hidden files and folders (name starting with ``.``) are skipped; folder symlinks
     are not followed; a file symlink is kept only when it resolves to a regular file
-    inside the (resolved) root. ``complete`` is False when some folder could not be
-    listed, in which case nothing of that root may be removed as gone.
+    inside the (resolved) root; anything inside ``exclude`` is skipped. ``complete`` is
+    False when some folder could not be listed: nothing of that root may then be
+    removed as gone.
     """
     base = root_path.resolve()
     out: list[tuple[str, Path]] = []
@@ -102,198 +168,406 @@ def walk_root(root_path: Path) -> tuple[list[tuple[str, Path]], bool]:
 
     for dirpath, dirnames, filenames in os.walk(base, onerror=_onerror, followlinks=False):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        if exclude is not None and _inside(Path(dirpath), exclude):
+            dirnames[:] = []
+            continue
         for name in sorted(filenames):
             if name.startswith("."):
                 continue
             full = Path(dirpath) / name
-            try:
-                if full.is_symlink():
-                    target = full.resolve()
-                    if not target.is_relative_to(base) or not target.is_file():
-                        continue
-                elif not full.is_file():
-                    continue
-            except OSError:
+            if not accept_file(full, base, exclude):
                 continue
-            rel = full.relative_to(base).as_posix()
-            out.append((rel, full))
+            out.append((full.relative_to(base).as_posix(), full))
     out.sort(key=lambda x: x[0])
     return out, complete
 
 
-class _Sync:
-    """One sync run (internal); see the module docstring for the per-file rules."""
+@dataclass(frozen=True)
+class DocRef:
+    """Where a document lives: ids, origin and the chunker settings it is cut with."""
 
-    def __init__(self, corpus: Corpus, progress: Callable[[int, int, str], None] | None):
+    source_id: str
+    root_prefix: str
+    rel_path: str
+    origin: str  # "file" | "archive" | "member" | "record"
+    chunker: str
+    chunk_size: int
+    chunk_overlap: int
+    parent_doc_id: str | None = None
+
+    @property
+    def doc_id(self) -> str:
+        return doc_id_for(self.source_id)
+
+    @property
+    def sig(self) -> str:
+        return (f"{self.chunker}:v{chunking.CHUNKER_VERSION}:{self.chunk_size}:"
+                f"{self.chunk_overlap}")
+
+
+def file_ref(root: Root, rel: str, origin: str = "file") -> DocRef:
+    """The :class:`DocRef` of a file (or archive) at ``rel`` in ``root``."""
+    return DocRef(f"/{root.prefix}/{rel}", root.prefix, rel, origin, root.chunker,
+                  root.chunk_size, root.chunk_overlap)
+
+
+_ROW_COLUMNS = ("doc_id, source_id, root_prefix, rel_path, status, size, mtime_ns, "
+                "content_hash, chunker_sig, stale, origin, parent_doc_id")
+
+
+class Writer:
+    """SQLite + tantivy writing primitives shared by sync, watch and datasource import.
+
+    ``report`` accumulates the counts of one run (see :meth:`Corpus.sync`).
+    """
+
+    def __init__(self, corpus: Corpus) -> None:
         self.c = corpus
         self.db = corpus._db
         self.writer = corpus._writer
-        self.progress = progress
         self.report: dict[str, Any] = {
             "indexed": 0, "updated": 0, "skipped": 0, "removed": 0, "failed": 0,
-            "empty": 0, "chunks": 0, "errors": [],
-            "skippedReasons": {"unchanged": 0, "unsupported-type": 0},
+            "empty": 0, "chunks": 0, "files": 0, "bytes": 0, "errors": [],
+            "skippedReasons": {"unchanged": 0, "unsupported-type": 0, "new-ignored": 0},
+            "archives": {"indexed": 0, "refused": 0},
         }
         self.pending_chunks = 0
         self.dirty = False  # any index operation since the last tantivy commit
 
     # -- helpers --------------------------------------------------------------------
-    def _log_change(self, doc_id: str, op: str) -> None:
+    def log_change(self, doc_id: str, op: str) -> None:
         self.dirty = True
         self.db.execute("INSERT INTO changes(doc_id, op) VALUES (?, ?)", (doc_id, op))
 
-    def _fail(self, source_id: str, doc_id: str, root: Root, rel: str, st: os.stat_result | None,
-              code: str, message: str, *, content_hash: str | None, empty: bool = False) -> None:
+    def row(self, source_id: str) -> Any | None:
+        return self.db.execute(f"SELECT {_ROW_COLUMNS} FROM documents WHERE source_id=?",
+                               (source_id,)).fetchone()
+
+    def skip(self, reason: str) -> None:
+        self.report["skipped"] += 1
+        self.report["skippedReasons"][reason] = self.report["skippedReasons"].get(reason, 0) + 1
+
+    def fail(self, doc: DocRef, size: int | None, mtime_ns: int | None, code: str, message: str,
+             *, content_hash: str | None, empty: bool = False, reason: str | None = None,
+             kind: str | None = None) -> None:
+        """Record an ``error`` row (dropping any chunks the document had) and report it."""
+        doc_id = doc.doc_id
         with self.c._tx():
             had = self.db.execute("SELECT COUNT(*) FROM chunks WHERE doc_id=?", (doc_id,)).fetchone()[0]
             if had:
                 self.db.execute("DELETE FROM chunks WHERE doc_id=?", (doc_id,))
-                self._log_change(doc_id, "remove")
+                self.log_change(doc_id, "remove")
             self.db.execute(
-                """INSERT INTO documents(doc_id, source_id, root_prefix, rel_path, size, mtime_ns,
-                       content_hash, status, chunk_count, error_code, error_message, chunker_sig,
-                       stale, updated_at)
-                   VALUES (?,?,?,?,?,?,?, 'error', 0, ?, ?, ?, 0, ?)
+                """INSERT INTO documents(doc_id, source_id, root_prefix, rel_path, kind, size,
+                       mtime_ns, content_hash, status, chunk_count, error_code, error_message,
+                       chunker_sig, stale, updated_at, origin, parent_doc_id)
+                   VALUES (?,?,?,?,?,?,?,?, 'error', 0, ?, ?, ?, 0, ?, ?, ?)
                    ON CONFLICT(doc_id) DO UPDATE SET size=excluded.size, mtime_ns=excluded.mtime_ns,
+                       kind=COALESCE(excluded.kind, kind),
                        content_hash=excluded.content_hash, status='error', chunk_count=0,
                        error_code=excluded.error_code, error_message=excluded.error_message,
-                       chunker_sig=excluded.chunker_sig, stale=0, updated_at=excluded.updated_at""",
-                (doc_id, source_id, root.prefix, rel, st.st_size if st else None,
-                 st.st_mtime_ns if st else None, content_hash, code, message,
-                 chunker_signature(root), now_rfc3339()))
+                       chunker_sig=excluded.chunker_sig, stale=0, updated_at=excluded.updated_at,
+                       origin=excluded.origin, parent_doc_id=excluded.parent_doc_id""",
+                (doc_id, doc.source_id, doc.root_prefix, doc.rel_path, kind, size, mtime_ns,
+                 content_hash, code, message, doc.sig, now_rfc3339(), doc.origin,
+                 doc.parent_doc_id))
         if had:
             self.writer.delete_documents_by_term("doc_id", doc_id)
-        if empty:
-            self.report["empty"] += 1
-        else:
-            self.report["failed"] += 1
-        self.report["errors"].append({"source": source_id, "code": code, "message": message})
+        self.report["empty" if empty else "failed"] += 1
+        entry = {"source": doc.source_id, "code": code, "message": message}
+        if reason:
+            entry["reason"] = reason
+        self.report["errors"].append(entry)
 
-    def _maybe_commit(self, force: bool = False) -> None:
+    def open_row(self, doc: DocRef, kind: str | None) -> None:
+        """Open (or re-open) the tracking row as ``processing`` before any indexing."""
+        with self.c._tx():
+            self.db.execute(
+                """INSERT INTO documents(doc_id, source_id, root_prefix, rel_path, kind, status,
+                       updated_at, origin, parent_doc_id) VALUES (?,?,?,?,?, 'processing', ?, ?, ?)
+                   ON CONFLICT(doc_id) DO UPDATE SET status='processing', kind=excluded.kind,
+                       updated_at=excluded.updated_at, origin=excluded.origin,
+                       parent_doc_id=excluded.parent_doc_id""",
+                (doc.doc_id, doc.source_id, doc.root_prefix, doc.rel_path, kind, now_rfc3339(),
+                 doc.origin, doc.parent_doc_id))
+
+    def refresh_stat(self, doc_id: str, size: int | None, mtime_ns: int | None) -> None:
+        with self.c._tx():
+            self.db.execute("UPDATE documents SET size=?, mtime_ns=?, stale=0 WHERE doc_id=?",
+                            (size, mtime_ns, doc_id))
+
+    def maybe_commit(self, force: bool = False) -> None:
         if self.dirty and (force or self.pending_chunks >= COMMIT_EVERY_CHUNKS):
             self.c._commit_index()
             self.pending_chunks = 0
             self.dirty = False
 
+    # -- one document ------------------------------------------------------------------
+    def index(self, doc: DocRef, *, kind: str, size: int | None, mtime_ns: int | None,
+              content_hash: str, existed: bool, parse: Callable[[], parsers.ParsedDocument],
+              metadata: dict[str, Any] | None = None) -> str:
+        """Open the row, parse, chunk and write one document (insert before delete).
+
+        Returns:
+            ``indexed``/``updated`` (written), ``failed`` or ``empty``.
+        """
+        doc_id = doc.doc_id
+        self.open_row(doc, kind)
+        try:
+            parsed = parse()
+        except parsers.Unsupported as exc:
+            self.fail(doc, size, mtime_ns, exc.reason,
+                      _REASON_MESSAGE.get(exc.reason, f"parse: {exc.reason} - sync again"),
+                      content_hash=content_hash, kind=kind)
+            return "failed"
+        except Exception as exc:  # a bad file never stops the batch
+            self.fail(doc, size, mtime_ns, "parse-failed", error_message("parse", exc),
+                      content_hash=content_hash, kind=kind)
+            return "failed"
+        try:
+            chunks = chunking.chunk_text(parsed.text, kind=parsed.kind, structure=parsed.structure,
+                                         chunker=doc.chunker, chunk_size=doc.chunk_size,
+                                         chunk_overlap=doc.chunk_overlap,
+                                         page_starts=parsed.page_starts)
+        except Exception as exc:
+            self.fail(doc, size, mtime_ns, "chunk-failed", error_message("chunk", exc),
+                      content_hash=content_hash, kind=kind)
+            return "failed"
+        if not chunks:
+            self.fail(doc, size, mtime_ns, "empty-document", _REASON_MESSAGE["empty-document"],
+                      content_hash=content_hash, empty=True, kind=kind)
+            return "empty"
+        sig = doc.sig
+        ids = [chunk_id_for(doc.source_id, content_hash, sig, ch.ordinal) for ch in chunks]
+        indexed_at = now_rfc3339()
+        with self.c._tx():
+            # insert the new chunks BEFORE deleting the old ones (DESIGN §9): a crash
+            # between the two can only leave a duplicate, never a gap
+            self.db.executemany(
+                """INSERT OR REPLACE INTO chunks(chunk_id, doc_id, ordinal, text, line_start,
+                       line_end, heading_path, page_start, page_end) VALUES (?,?,?,?,?,?,?,?,?)""",
+                [(cid, doc_id, ch.ordinal, ch.text, ch.line_start, ch.line_end,
+                  json.dumps(list(ch.heading_path), ensure_ascii=False), ch.page_start,
+                  ch.page_end) for cid, ch in zip(ids, chunks)])
+            if existed:
+                self.db.execute(
+                    f"DELETE FROM chunks WHERE doc_id=? AND chunk_id NOT IN ({','.join('?' * len(ids))})",
+                    (doc_id, *ids))
+            self.db.execute(
+                """UPDATE documents SET kind=?, size=?, mtime_ns=?, content_hash=?, status='done',
+                       chunk_count=?, error_code=NULL, error_message=NULL, encoding=?,
+                       encoding_fallback=?, chunker_sig=?, stale=0, indexed_at=?, updated_at=?,
+                       metadata=? WHERE doc_id=?""",
+                (parsed.kind, size, mtime_ns, content_hash, len(chunks), parsed.encoding,
+                 1 if parsed.fallback else 0, sig, indexed_at, indexed_at,
+                 json.dumps(metadata or {}, ensure_ascii=False, sort_keys=True), doc_id))
+            self.log_change(doc_id, "upsert")
+        # tantivy: one atomic commit holds the delete of the old and the add of the new
+        if existed:
+            self.writer.delete_documents_by_term("doc_id", doc_id)
+        for cid, ch in zip(ids, chunks):
+            self.writer.add_document(search.make_document(
+                cid, doc_id, ch.text, search.title_text(doc.source_id, ch.heading_path)))
+        self.pending_chunks += len(chunks)
+        self.report["chunks"] += len(chunks)
+        outcome = "updated" if existed else "indexed"
+        self.report[outcome] += 1
+        self.maybe_commit()
+        return outcome
+
+    def remove(self, doc_id: str, *, count: bool = True) -> None:
+        """Remove a document (and, for an archive, its members) from both stores."""
+        children = [r[0] for r in self.db.execute(
+            "SELECT doc_id FROM documents WHERE parent_doc_id=?", (doc_id,))]
+        for child in children:
+            self.remove(child, count=count)
+        with self.c._tx():
+            self.db.execute("DELETE FROM chunks WHERE doc_id=?", (doc_id,))
+            self.db.execute("DELETE FROM documents WHERE doc_id=?", (doc_id,))
+            self.log_change(doc_id, "remove")
+        self.writer.delete_documents_by_term("doc_id", doc_id)
+        if count:
+            self.report["removed"] += 1
+
+
+class Sync(Writer):
+    """One sync run over the roots (full walk) or over a set of changed paths (watch)."""
+
+    def __init__(self, corpus: Corpus, progress: Progress | None = None, mode: str = "new_only",
+                 limits: archives.ArchiveLimits = archives.DEFAULT_LIMITS) -> None:
+        super().__init__(corpus)
+        self.progress = progress
+        self.mode = mode
+        self.limits = limits
+        self.report["mode"] = mode
+        self.exclude = corpus.dir.resolve() if corpus.dir.exists() else None
+
     # -- one file -------------------------------------------------------------------
     def file(self, root: Root, rel: str, real: Path, row: Any | None) -> None:
-        source_id = f"/{root.prefix}/{rel}"
-        doc_id = doc_id_for(source_id)
-        sig = chunker_signature(root)
+        """Sync one file of ``root`` (``row``: its tracking row, or None)."""
+        akind = archives.archive_kind(rel.rsplit("/", 1)[-1])
+        doc = file_ref(root, rel, "archive" if akind else "file")
+        if row is None and self.mode == "update_only":
+            self.skip("new-ignored")
+            return
         try:
             st = os.stat(real)
         except OSError as exc:
-            self._fail(source_id, doc_id, root, rel, None, "read-failed",
-                       error_message("read", exc), content_hash=None)
+            self.fail(doc, None, None, "read-failed", error_message("read", exc), content_hash=None)
             return
-        if (row is not None and row["status"] in ("done", "error")
+        if (row is not None and self.mode != "full" and row["status"] in ("done", "error")
                 and row["size"] == st.st_size and row["mtime_ns"] == st.st_mtime_ns
-                and row["chunker_sig"] == sig):
+                and row["chunker_sig"] == doc.sig):
             if row["stale"]:
                 with self.c._tx():
-                    self.db.execute("UPDATE documents SET stale=0 WHERE doc_id=?", (doc_id,))
-            self.report["skipped"] += 1
-            self.report["skippedReasons"]["unchanged"] += 1
+                    self.db.execute("UPDATE documents SET stale=0 WHERE doc_id=?", (doc.doc_id,))
+            self.skip("unchanged")
+            return
+        if akind:
+            self.archive(root, rel, real, row, st, akind)
             return
         kind = parsers.kind_for(rel.rsplit("/", 1)[-1])
         if kind is None:
-            self.report["skipped"] += 1
-            self.report["skippedReasons"]["unsupported-type"] += 1
+            self.skip("unsupported-type")
             return
-        if st.st_size > parsers.MAX_TEXT_BYTES:
-            self._fail(source_id, doc_id, root, rel, st, "too-large",
-                       _REASON_MESSAGE["too-large"], content_hash=None)
+        if st.st_size > parsers.size_limit(kind):
+            self.fail(doc, st.st_size, st.st_mtime_ns, "too-large", _REASON_MESSAGE["too-large"],
+                      content_hash=None, kind=kind)
             return
         try:
             data = real.read_bytes()
         except OSError as exc:
-            self._fail(source_id, doc_id, root, rel, st, "read-failed",
-                       error_message("read", exc), content_hash=None)
+            self.fail(doc, st.st_size, st.st_mtime_ns, "read-failed", error_message("read", exc),
+                      content_hash=None, kind=kind)
             return
+        self.report["bytes"] += len(data)
         content_hash = hashlib.sha256(data).hexdigest()
-        if (row is not None and row["status"] == "done" and row["content_hash"] == content_hash
-                and row["chunker_sig"] == sig):
-            with self.c._tx():
-                self.db.execute("UPDATE documents SET size=?, mtime_ns=?, stale=0 WHERE doc_id=?",
-                                (st.st_size, st.st_mtime_ns, doc_id))
-            self.report["skipped"] += 1
-            self.report["skippedReasons"]["unchanged"] += 1
+        if (row is not None and self.mode != "full" and row["status"] == "done"
+                and row["content_hash"] == content_hash and row["chunker_sig"] == doc.sig):
+            self.refresh_stat(doc.doc_id, st.st_size, st.st_mtime_ns)
+            self.skip("unchanged")
             return
-        # open the tracking row before indexing (a crash leaves "processing", never a gap)
-        with self.c._tx():
-            self.db.execute(
-                """INSERT INTO documents(doc_id, source_id, root_prefix, rel_path, kind, status,
-                       updated_at) VALUES (?,?,?,?,?, 'processing', ?)
-                   ON CONFLICT(doc_id) DO UPDATE SET status='processing', kind=excluded.kind,
-                       updated_at=excluded.updated_at""",
-                (doc_id, source_id, root.prefix, rel, kind, now_rfc3339()))
-        try:
-            parsed = parsers.parse_bytes(data, kind)
-        except parsers.Unsupported as exc:
-            self._fail(source_id, doc_id, root, rel, st, exc.reason,
-                       _REASON_MESSAGE.get(exc.reason, f"parse: {exc.reason}"),
-                       content_hash=content_hash)
-            return
-        except Exception as exc:  # a bad file never stops the batch
-            self._fail(source_id, doc_id, root, rel, st, "parse-failed",
-                       error_message("parse", exc), content_hash=content_hash)
+        name = rel.rsplit("/", 1)[-1]
+        self.index(doc, kind=kind, size=st.st_size, mtime_ns=st.st_mtime_ns,
+                   content_hash=content_hash, existed=row is not None,
+                   parse=lambda: parsers.parse_bytes(data, kind, name))
+
+    # -- archives ---------------------------------------------------------------------
+    def archive(self, root: Root, rel: str, real: Path, row: Any | None, st: os.stat_result,
+                akind: str) -> None:
+        """Sync an archive: scan it whole, then index its members (all or nothing)."""
+        doc = file_ref(root, rel, "archive")
+        doc_id = doc.doc_id
+        if st.st_size > self.limits.max_archive_bytes:
+            self._refuse_archive(doc, st, None, "archive-too-large")
             return
         try:
-            chunks = chunking.chunk_text(parsed.text, kind=parsed.kind,
-                                         chunk_size=root.chunk_size,
-                                         chunk_overlap=root.chunk_overlap)
-        except Exception as exc:
-            self._fail(source_id, doc_id, root, rel, st, "chunk-failed",
-                       error_message("chunk", exc), content_hash=content_hash)
+            data = real.read_bytes()
+        except OSError as exc:
+            self.fail(doc, st.st_size, st.st_mtime_ns, "read-failed", error_message("read", exc),
+                      content_hash=None, kind="archive")
             return
-        if not chunks:
-            self._fail(source_id, doc_id, root, rel, st, "empty-document",
-                       _REASON_MESSAGE["empty-document"], content_hash=content_hash, empty=True)
+        self.report["bytes"] += len(data)
+        content_hash = hashlib.sha256(data).hexdigest()
+        if (row is not None and self.mode != "full" and row["status"] in ("done", "error")
+                and row["content_hash"] == content_hash and row["chunker_sig"] == doc.sig):
+            self.refresh_stat(doc_id, st.st_size, st.st_mtime_ns)
+            self.skip("unchanged")
             return
-        ids = [chunk_id_for(source_id, content_hash, sig, ch.ordinal) for ch in chunks]
-        indexed_at = now_rfc3339()
+        self.open_row(doc, "archive")
+        try:
+            members = archives.scan(data, akind, self.limits)
+        except archives.ArchiveRefused as exc:
+            self._refuse_archive(doc, st, content_hash, exc.reason)
+            return
+        wanted: dict[str, tuple[archives.MemberInfo, str]] = {}
+        for info in members:
+            name = info.path.rsplit("/", 1)[-1]
+            kind = parsers.kind_for(name)
+            if hidden(info.path) or kind is None or archives.archive_kind(name):
+                self.skip("unsupported-type")
+                continue
+            wanted[info.path] = (info, kind)
+        old = {r["rel_path"]: r for r in self.db.execute(
+            f"SELECT {_ROW_COLUMNS} FROM documents WHERE parent_doc_id=?", (doc_id,))}
+        for rel_member, mrow in old.items():
+            if rel_member[len(rel) + 1:] not in wanted:
+                self.remove(mrow["doc_id"])
+        todo: set[str] = set()
+        for mpath, (info, _kind) in wanted.items():
+            mrow = old.get(f"{rel}/{mpath}")
+            if (mrow is not None and self.mode != "full" and mrow["status"] in ("done", "error")
+                    and mrow["content_hash"] == info.sha256 and mrow["chunker_sig"] == doc.sig):
+                self.skip("unchanged")
+                continue
+            todo.add(mpath)
+        total = 0
+        try:
+            for info, body in archives.read_members(data, akind, todo, self.limits):
+                kind = wanted[info.path][1]
+                mdoc = DocRef(f"{doc.source_id}/{info.path}", root.prefix, f"{rel}/{info.path}",
+                              "member", root.chunker, root.chunk_size, root.chunk_overlap,
+                              parent_doc_id=doc_id)
+                mname = info.path.rsplit("/", 1)[-1]
+                self.index(mdoc, kind=kind, size=info.size, mtime_ns=None,
+                           content_hash=info.sha256, existed=f"{rel}/{info.path}" in old,
+                           parse=lambda body=body, kind=kind, mname=mname:
+                           parsers.parse_bytes(body, kind, mname))
+        except archives.ArchiveRefused as exc:  # pragma: no cover - scan() saw the same bytes
+            self._refuse_archive(doc, st, content_hash, exc.reason)
+            return
+        total = self.db.execute(
+            "SELECT COALESCE(SUM(chunk_count), 0) FROM documents WHERE parent_doc_id=? "
+            "AND status='done'", (doc_id,)).fetchone()[0]
+        if not total:
+            self.fail(doc, st.st_size, st.st_mtime_ns, "empty-document",
+                      _REASON_MESSAGE["empty-archive"], content_hash=content_hash, empty=True,
+                      kind="archive")
+            return
+        now = now_rfc3339()
         with self.c._tx():
-            # insert the new chunks before deleting the old ones (same transaction)
-            self.db.executemany(
-                """INSERT OR REPLACE INTO chunks(chunk_id, doc_id, ordinal, text, line_start,
-                       line_end, heading_path) VALUES (?,?,?,?,?,?,?)""",
-                [(cid, doc_id, ch.ordinal, ch.text, ch.line_start, ch.line_end,
-                  json.dumps(list(ch.heading_path), ensure_ascii=False))
-                 for cid, ch in zip(ids, chunks)])
             self.db.execute(
-                f"DELETE FROM chunks WHERE doc_id=? AND chunk_id NOT IN ({','.join('?' * len(ids))})",
-                (doc_id, *ids))
-            self.db.execute(
-                """UPDATE documents SET kind=?, size=?, mtime_ns=?, content_hash=?, status='done',
-                       chunk_count=?, error_code=NULL, error_message=NULL, encoding=?,
-                       encoding_fallback=?, chunker_sig=?, stale=0, indexed_at=?, updated_at=?
-                   WHERE doc_id=?""",
-                (parsed.kind, st.st_size, st.st_mtime_ns, content_hash, len(chunks),
-                 parsed.encoding, 1 if parsed.fallback else 0, sig, indexed_at, indexed_at,
-                 doc_id))
-            self._log_change(doc_id, "upsert")
-        # tantivy: one atomic commit holds the delete of the old and the add of the new
-        self.writer.delete_documents_by_term("doc_id", doc_id)
-        for cid, ch in zip(ids, chunks):
-            self.writer.add_document(search.make_document(
-                cid, doc_id, ch.text, search.title_text(source_id, ch.heading_path)))
-        self.pending_chunks += len(chunks)
-        self.report["chunks"] += len(chunks)
-        self.report["updated" if row is not None else "indexed"] += 1
-        self._maybe_commit()
+                """UPDATE documents SET kind='archive', size=?, mtime_ns=?, content_hash=?,
+                       status='done', chunk_count=?, error_code=NULL, error_message=NULL,
+                       chunker_sig=?, stale=0, indexed_at=?, updated_at=? WHERE doc_id=?""",
+                (st.st_size, st.st_mtime_ns, content_hash, total, doc.sig, now, now, doc_id))
+        self.report["archives"]["indexed"] += 1
 
-    def remove(self, doc_id: str, source_id: str) -> None:
-        with self.c._tx():
-            self.db.execute("DELETE FROM chunks WHERE doc_id=?", (doc_id,))
-            self.db.execute("DELETE FROM documents WHERE doc_id=?", (doc_id,))
-            self._log_change(doc_id, "remove")
-        self.writer.delete_documents_by_term("doc_id", doc_id)
-        self.report["removed"] += 1
+    def _refuse_archive(self, doc: DocRef, st: os.stat_result, content_hash: str | None,
+                        reason: str) -> None:
+        for (child,) in self.db.execute("SELECT doc_id FROM documents WHERE parent_doc_id=?",
+                                        (doc.doc_id,)).fetchall():
+            self.remove(child)
+        self.fail(doc, st.st_size, st.st_mtime_ns, "archive-refused", archive_message(reason),
+                  content_hash=content_hash, reason=reason, kind="archive")
+        self.report["archives"]["refused"] += 1
 
-    # -- the run ----------------------------------------------------------------------
+    # -- runs ----------------------------------------------------------------------------
+    def _tracked(self, where: str = "", params: Iterable[Any] = ()) -> dict[str, Any]:
+        return {r["source_id"]: r for r in self.db.execute(
+            f"SELECT {_ROW_COLUMNS} FROM documents WHERE origin IN ('file', 'archive') {where}",
+            tuple(params))}
+
+    def _emit(self, done: int, total: int, source: str, done_bytes: int, total_bytes: int) -> None:
+        if self.progress:
+            self.progress(done, total, source, done_bytes, total_bytes)
+
+    def _process(self, plan: list[tuple[Root, str, Path, int]], rows: dict[str, Any]) -> None:
+        total = len(plan)
+        total_bytes = sum(p[3] for p in plan)
+        done_bytes = 0
+        self.report["files"] += total
+        for i, (root, rel, real, size) in enumerate(plan):
+            source_id = f"/{root.prefix}/{rel}"
+            self._emit(i, total, source_id, done_bytes, total_bytes)
+            self.file(root, rel, real, rows.get(source_id))
+            done_bytes += size
+        self._emit(total, total, "", done_bytes, total_bytes)
+
     def run(self) -> dict[str, Any]:
+        """Walk every root; see the module docstring."""
         started = time.monotonic()
-        plan: list[tuple[Root, str, Path]] = []
+        plan: list[tuple[Root, str, Path, int]] = []
         listed: dict[str, set[str] | None] = {}
         for root in self.c.roots():
             rp = Path(root.path)
@@ -304,35 +578,95 @@ class _Sync:
                     "message": "sync: root-not-found - the folder is missing; its documents "
                                "are kept until it is back or removed"})
                 continue
-            files, complete = walk_root(rp)
+            files, complete = walk_root(rp, self.exclude)
             listed[root.prefix] = {rel for rel, _ in files} if complete else None
-            plan.extend((root, rel, real) for rel, real in files)
-        rows = {r["source_id"]: r for r in self.db.execute(
-            "SELECT doc_id, source_id, root_prefix, rel_path, status, size, mtime_ns, "
-            "content_hash, chunker_sig, stale FROM documents")}
-        total = len(plan)
-        for i, (root, rel, real) in enumerate(plan):
-            source_id = f"/{root.prefix}/{rel}"
-            if self.progress:
-                self.progress(i, total, source_id)
-            self.file(root, rel, real, rows.get(source_id))
-        for source_id, row in rows.items():
+            for rel, real in files:
+                try:
+                    size = real.stat().st_size
+                except OSError:
+                    size = 0
+                plan.append((root, rel, real, size))
+        rows = self._tracked()
+        self._process(plan, rows)
+        for row in rows.values():
             seen = listed.get(row["root_prefix"], set())
             if seen is None:
                 continue  # root missing or not completely listed: remove nothing
             if row["rel_path"] not in seen:
-                self.remove(row["doc_id"], source_id)
-        if self.progress:
-            self.progress(total, total, "")
-        self._maybe_commit(force=True)
+                self.remove(row["doc_id"])
+        self.maybe_commit(force=True)
         self.c._set_meta("last_sync", now_rfc3339())
         self.report["seconds"] = round(time.monotonic() - started, 3)
         return self.report
 
+    def run_paths(self, paths: Iterable[str | Path]) -> dict[str, Any]:
+        """Sync only ``paths`` (absolute; files or folders, present or deleted) — the
+        watcher's batch. A present folder is walked; a missing path removes its
+        document, or every document below it."""
+        started = time.monotonic()
+        bases: list[tuple[Root, Path]] = []
+        for root in self.c.roots():
+            try:
+                bases.append((root, Path(root.path).resolve(strict=True)))
+            except OSError:
+                continue
+        plan: dict[str, tuple[Root, str, Path, int]] = {}
+        gone: list[tuple[Root, str]] = []
+        for raw in paths:
+            p = Path(os.path.abspath(raw))
+            for root, base in bases:
+                if not _inside(p, base) or p == base:
+                    continue
+                rel = p.relative_to(base).as_posix()
+                if hidden(rel) or (self.exclude is not None and _inside(p, self.exclude)):
+                    break
+                if p.is_dir() and not p.is_symlink():
+                    files, _ = walk_root(p, self.exclude)
+                    for sub, real in files:
+                        r = f"{rel}/{sub}"
+                        plan[f"/{root.prefix}/{r}"] = (root, r, real, _size(real))
+                    gone.append((root, rel + "/"))  # documents below that are gone
+                elif accept_file(p, base, self.exclude):
+                    plan[f"/{root.prefix}/{rel}"] = (root, rel, p, _size(p))
+                else:
+                    gone.append((root, rel))
+                    gone.append((root, rel + "/"))
+                break
+        ids = list(plan)
+        rows: dict[str, Any] = {}
+        for i in range(0, len(ids), 500):
+            part = ids[i:i + 500]
+            rows.update(self._tracked(f"AND source_id IN ({','.join('?' * len(part))})", part))
+        self._process(sorted(plan.values(), key=lambda p: (p[0].prefix, p[1])), rows)
+        for root, rel in gone:
+            if rel.endswith("/"):
+                cands = self.db.execute(
+                    "SELECT doc_id, source_id FROM documents WHERE origin IN ('file', 'archive') "
+                    "AND root_prefix=? AND substr(rel_path, 1, ?)=?",
+                    (root.prefix, len(rel), rel)).fetchall()
+            else:
+                cands = self.db.execute(
+                    "SELECT doc_id, source_id FROM documents WHERE origin IN ('file', 'archive') "
+                    "AND root_prefix=? AND rel_path=?", (root.prefix, rel)).fetchall()
+            for doc_id, source_id in cands:
+                if source_id not in plan:
+                    self.remove(doc_id)
+        self.maybe_commit(force=True)
+        self.report["seconds"] = round(time.monotonic() - started, 3)
+        return self.report
 
-def run_sync(corpus: Corpus, progress: Callable[[int, int, str], None] | None) -> dict[str, Any]:
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def run_sync(corpus: Corpus, progress: Progress | None, mode: str = "new_only",
+             limits: archives.ArchiveLimits = archives.DEFAULT_LIMITS) -> dict[str, Any]:
     """Run one sync with the writer held by ``corpus``; returns the sync report."""
-    return _Sync(corpus, progress).run()
+    return Sync(corpus, progress, mode, limits).run()
 
 
 def iter_chunks_for_index(db: Any, doc_ids: list[str] | None = None) -> Iterator[tuple[str, str, str, str]]:

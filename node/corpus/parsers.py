@@ -1,42 +1,75 @@
-"""Parsers, first cut: plain text, Markdown and reStructuredText (DESIGN §9).
+"""Parsers: turn one file's bytes into text plus what the chunker needs (DESIGN §9).
 
-A parser turns a file's bytes into one text string plus what the chunker needs to know
-(the ``kind`` decides whether headings are recognised). Decoding is UTF-8 (a BOM is
-honoured, UTF-16 with a BOM too); bytes that are not UTF-8 fall back to cp1252 and the
-fallback is recorded on the document's tracking row. Anything else is refused with a
-:class:`Unsupported` reason, never a crash of the batch.
+Kinds and the library behind each (all imported lazily, inside the parser, so the CLI
+starts fast):
 
-Later parsers (HTML, JSON/CSV, PDF, DOCX, archives) plug in by adding a kind to
-:func:`kind_for` and a branch to :func:`parse_bytes`.
+| kind | suffixes | library |
+|---|---|---|
+| ``text`` | ``.txt`` ``.text`` ``.log`` | stdlib codecs + ``charset-normalizer`` for non-UTF-8 |
+| ``markdown`` | ``.md`` ``.markdown`` | as text; headings recognised by the chunker |
+| ``rst`` | ``.rst`` ``.rst.txt`` | as text; titles recognised by the chunker |
+| ``html`` | ``.html`` ``.htm`` ``.xhtml`` | ``beautifulsoup4`` with the ``lxml`` parser: main text only |
+| ``json`` | ``.json`` ``.jsonl`` ``.ndjson`` | stdlib ``json``: one ``path: value`` line per scalar |
+| ``csv`` | ``.csv`` ``.tsv`` | stdlib ``csv`` (dialect sniffed): one ``column: value`` line per row |
+| ``pdf`` | ``.pdf`` | ``pypdf``: the text layer, page by page (page numbers kept) |
+| ``docx`` | ``.docx`` | ``python-docx``: paragraphs, headings (as Markdown ``#``), tables |
+
+Decoding of text kinds: UTF-8 (BOM stripped), UTF-16 with a BOM; otherwise
+``charset-normalizer`` is asked and its guess is kept when it recognises a language
+(e.g. cp1251 Russian, cp932 Japanese, GB18030); a Latin guess without a language is
+replaced by cp1252 (the common Windows default; short Western text is where detectors
+guess wrong). Either way ``fallback`` is recorded on the tracking row; undefined bytes
+become U+FFFD (``replaced``) — never a crash.
+
+A parser never writes a file. Refusals are :class:`Unsupported` with a stable reason.
 """
 
 from __future__ import annotations
 
 import codecs
+import io
+import re
 from dataclasses import dataclass
 
-#: Largest file read as text (bytes). Bigger files are skipped with reason ``too-large``.
+#: Largest text-like file read (bytes); bigger files get reason ``too-large``.
 MAX_TEXT_BYTES = 20 * 1024 * 1024
+#: Largest PDF/DOCX file read (bytes).
+MAX_BINARY_DOC_BYTES = 50 * 1024 * 1024
+#: Most PDF pages read; the rest is left out (the text ends with a note).
+MAX_PDF_PAGES = 2000
+#: Most characters of extracted text kept per document.
+MAX_EXTRACTED_CHARS = 20_000_000
 
 _SUFFIX_KIND = {
-    ".txt": "text",
-    ".text": "text",
-    ".md": "markdown",
-    ".markdown": "markdown",
+    ".txt": "text", ".text": "text", ".log": "text",
+    ".md": "markdown", ".markdown": "markdown",
     ".rst": "rst",
+    ".html": "html", ".htm": "html", ".xhtml": "html",
+    ".json": "json", ".jsonl": "json", ".ndjson": "json",
+    ".csv": "csv", ".tsv": "csv",
+    ".pdf": "pdf",
+    ".docx": "docx",
 }
+#: Heading structure the chunker should look for, per kind.
+STRUCTURE = {"markdown": "markdown", "html": "markdown", "docx": "markdown", "rst": "rst"}
+
+_LANGUAGE_AGNOSTIC = {"Unknown", ""}
 
 
 class Unsupported(Exception):
-    """The file cannot be parsed by this cut; ``reason`` is a stable kebab-case code.
+    """The file cannot be indexed; ``reason`` is a stable kebab-case code.
 
-    Reasons: ``unsupported-type`` (extension not handled), ``binary`` (NUL bytes in a
-    text file), ``too-large`` (over :data:`MAX_TEXT_BYTES`).
+    Reasons: ``unsupported-type``, ``binary`` (NUL bytes in a text file), ``too-large``,
+    ``encrypted`` (a password-protected PDF/DOCX), ``not-a-document`` (the bytes are not
+    the format the name says), ``archive-refused`` (a DOCX whose zip breaks the archive
+    rules), ``no-text-layer`` (a PDF with pages but no extractable text: a scan).
+    ``detail`` is a short, path-free explanation for the tracking row.
     """
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
+        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -44,12 +77,15 @@ class ParsedDocument:
     """A decoded document.
 
     Attributes:
-        text: the decoded text (newlines untouched; the chunker normalises CRLF/CR).
-        kind: ``text``, ``markdown`` or ``rst``.
-        encoding: the codec that decoded it (``utf-8``, ``utf-8-sig``, ``utf-16``, ``cp1252``).
-        fallback: True when UTF-8 failed and cp1252 was used.
-        replaced: True when some bytes could not be decoded even by the fallback and were
-            replaced with U+FFFD.
+        text: the text (newlines untouched for text kinds; LF for extracted kinds).
+        kind: the parser kind (see the module table).
+        encoding: codec that decoded it (``utf-8``, ``cp1252``, ...), or the format for
+            extracted kinds (``pdf``, ``docx``).
+        fallback: True when the bytes were not UTF-8 and a detected/fallback codec was used.
+        replaced: True when some bytes were undecodable and became U+FFFD.
+        page_starts: for PDFs, the offset in ``text`` where each page starts (page
+            ``i + 1`` starts at ``page_starts[i]``); empty otherwise.
+        structure: heading structure for the chunker: ``markdown``, ``rst`` or ``plain``.
     """
 
     text: str
@@ -57,10 +93,12 @@ class ParsedDocument:
     encoding: str
     fallback: bool = False
     replaced: bool = False
+    page_starts: tuple[int, ...] = ()
+    structure: str = "plain"
 
 
 def kind_for(name: str) -> str | None:
-    """Return the parser kind for a file name, or ``None`` when this cut cannot read it.
+    """Return the parser kind for a file name, or ``None`` when no parser reads it.
 
     ``name.rst.txt`` (Sphinx ``_sources`` as in the python-docs corpus) is RST.
     """
@@ -73,11 +111,16 @@ def kind_for(name: str) -> str | None:
     return _SUFFIX_KIND.get(low[dot:])
 
 
+def size_limit(kind: str) -> int:
+    """Largest file (bytes) read for ``kind``."""
+    return MAX_BINARY_DOC_BYTES if kind in ("pdf", "docx") else MAX_TEXT_BYTES
+
+
+# --- decoding -------------------------------------------------------------------------
+
+
 def decode_text(data: bytes) -> tuple[str, str, bool, bool]:
     """Decode bytes as text: ``(text, encoding, fallback, replaced)``.
-
-    UTF-8 (BOM stripped), UTF-16 when a UTF-16 BOM is present, otherwise cp1252 with
-    undefined bytes replaced (``replaced`` True then).
 
     Raises:
         Unsupported: ``binary`` when the bytes contain NUL and no UTF-16 BOM.
@@ -91,29 +134,253 @@ def decode_text(data: bytes) -> tuple[str, str, bool, bool]:
         try:
             return data.decode("utf-16"), "utf-16", False, False
         except UnicodeDecodeError as exc:
-            raise Unsupported("binary") from exc
+            raise Unsupported("binary", "undecodable UTF-16") from exc
     if b"\x00" in data:
-        raise Unsupported("binary")
+        raise Unsupported("binary", "the file contains NUL bytes and is not text")
     try:
         return data.decode("utf-8"), "utf-8", False, False
     except UnicodeDecodeError:
         pass
+    encoding = "cp1252"
     try:
-        return data.decode("cp1252"), "cp1252", True, False
-    except UnicodeDecodeError:
-        return data.decode("cp1252", errors="replace"), "cp1252", True, True
+        import charset_normalizer
+
+        best = charset_normalizer.from_bytes(data[:262_144]).best()
+        if best is not None and (best.language or "") not in _LANGUAGE_AGNOSTIC:
+            encoding = best.encoding
+    except Exception:  # detection is advice; cp1252 is the recorded fallback
+        encoding = "cp1252"
+    try:
+        return data.decode(encoding), encoding, True, False
+    except (UnicodeDecodeError, LookupError):
+        pass
+    if encoding != "cp1252":
+        try:
+            return data.decode("cp1252"), "cp1252", True, False
+        except UnicodeDecodeError:
+            pass
+    return data.decode("cp1252", errors="replace"), "cp1252", True, True
 
 
-def parse_bytes(data: bytes, kind: str) -> ParsedDocument:
+# --- extracted kinds ------------------------------------------------------------------
+
+_BLOCK_TAGS = ("p", "div", "section", "article", "main", "li", "pre", "blockquote", "tr",
+               "table", "dl", "dt", "dd", "figcaption", "br", "hr", "ul", "ol", "td", "th")
+_DROP_TAGS = ("script", "style", "noscript", "template", "svg", "canvas", "iframe", "nav",
+              "header", "footer", "aside", "form", "button", "select", "head", "object")
+_WS = re.compile(r"[ \t\u00a0]+")
+
+
+def _html(data: bytes) -> ParsedDocument:
+    """HTML main text: drop scripts/styles/navigation, keep headings as Markdown ``#``."""
+    from bs4 import BeautifulSoup, Comment
+
+    soup = BeautifulSoup(data, "lxml")
+    encoding = (soup.original_encoding or "utf-8").lower()
+    title = soup.title.get_text(" ", strip=True) if soup.title else ""
+    for tag in soup(_DROP_TAGS):
+        tag.decompose()
+    for c in soup.find_all(string=lambda s: isinstance(s, Comment)):
+        c.extract()
+    main = soup.find("main") or soup.find("article") or soup.find(attrs={"role": "main"}) \
+        or soup.body or soup
+    for level in range(1, 7):
+        for h in main.find_all(f"h{level}"):
+            text = " ".join(h.get_text(" ", strip=True).split())
+            h.replace_with(f"\n\n{'#' * level} {text}\n\n" if text else "")
+    for tag in main.find_all(_BLOCK_TAGS):
+        tag.insert_before("\n\n" if tag.name not in ("li", "tr", "br", "dt", "dd") else "\n")
+        tag.insert_after("\n")
+    for tag in main.find_all(("td", "th")):
+        tag.insert_after("\t")
+    raw = main.get_text()
+    lines = [_WS.sub(" ", line).strip() for line in raw.replace("\r", "\n").split("\n")]
+    text = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+    if title and not text.lstrip().startswith("# "):
+        text = f"# {title}\n\n{text}" if text else f"# {title}"
+    return ParsedDocument(text=text, kind="html", encoding=encoding,
+                          fallback=encoding not in ("utf-8", "ascii", "utf-8-sig"),
+                          structure="markdown")
+
+
+def _json_lines(value: object, path: str, out: list[str]) -> None:
+    if isinstance(value, dict):
+        if not value:
+            out.append(f"{path or '.'}: {{}}")
+        for k, v in value.items():
+            _json_lines(v, f"{path}.{k}" if path else str(k), out)
+    elif isinstance(value, list):
+        if not value:
+            out.append(f"{path or '.'}: []")
+        for i, v in enumerate(value):
+            _json_lines(v, f"{path}[{i}]", out)
+    elif isinstance(value, str):
+        out.append(f"{path or '.'}: {' '.join(value.split())}")
+    else:
+        out.append(f"{path or '.'}: {'null' if value is None else value}")
+
+
+def _json(data: bytes, name_is_lines: bool) -> ParsedDocument:
+    """JSON (or JSON Lines): one ``path: value`` line per scalar; top-level array items
+    and JSONL records are separated by a blank line (paragraphs for the chunker)."""
+    import json
+
+    text, encoding, fallback, replaced = decode_text(data)
+    blocks: list[str] = []
+    if name_is_lines:
+        for n, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                out: list[str] = []
+                _json_lines(json.loads(line), f"[{n}]", out)
+                blocks.append("\n".join(out))
+    else:
+        value = json.loads(text)
+        items = value if isinstance(value, list) else [value]
+        for i, item in enumerate(items):
+            out = []
+            _json_lines(item, f"[{i}]" if isinstance(value, list) else "", out)
+            blocks.append("\n".join(out))
+    return ParsedDocument(text="\n\n".join(blocks), kind="json", encoding=encoding,
+                          fallback=fallback, replaced=replaced)
+
+
+def _csv(data: bytes, tab: bool) -> ParsedDocument:
+    """CSV/TSV: the header line, then one ``column: value | ...`` line per row (line N of
+    the text is row N of the file for single-line records)."""
+    import csv
+
+    text, encoding, fallback, replaced = decode_text(data)
+    sample = text[:65536]
+    try:
+        dialect: type[csv.Dialect] | csv.Dialect = csv.Sniffer().sniff(
+            sample, delimiters="\t" if tab else ",;\t|")
+    except csv.Error:
+        dialect = csv.excel_tab if tab else csv.excel
+    csv.field_size_limit(MAX_TEXT_BYTES)
+    rows = csv.reader(io.StringIO(text, newline=""), dialect)
+    header: list[str] | None = None
+    lines: list[str] = []
+    for row in rows:
+        cells = [" ".join(c.split()) for c in row]
+        if header is None:
+            header = cells
+            lines.append(" | ".join(cells))
+            continue
+        named = [f"{header[i] if i < len(header) and header[i] else f'column {i + 1}'}: {c}"
+                 for i, c in enumerate(cells) if c]
+        lines.append(" | ".join(named))
+    return ParsedDocument(text="\n".join(lines), kind="csv", encoding=encoding,
+                          fallback=fallback, replaced=replaced)
+
+
+def _pdf(data: bytes) -> ParsedDocument:
+    """PDF text layer with page starts; encrypted PDFs are refused."""
+    import logging
+
+    from pypdf import PdfReader
+    from pypdf.errors import PdfReadError
+
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
+    try:
+        reader = PdfReader(io.BytesIO(data), strict=False)
+        if reader.is_encrypted:
+            raise Unsupported("encrypted", "the PDF is password-protected")
+        pages = reader.pages
+        count = len(pages)
+    except PdfReadError as exc:
+        raise Unsupported("not-a-document", "the bytes are not a readable PDF") from exc
+    parts: list[str] = []
+    starts: list[int] = []
+    pos = 0
+    for i in range(min(count, MAX_PDF_PAGES)):
+        page_text = (pages[i].extract_text() or "").replace("\r\n", "\n").replace("\r", "\n")
+        page_text = page_text.replace("\x00", "").strip("\n")
+        starts.append(pos)
+        parts.append(page_text)
+        pos += len(page_text) + 2  # the "\n\n" between pages
+        if pos > MAX_EXTRACTED_CHARS:
+            break
+    text = "\n\n".join(parts)
+    if count and not text.strip():
+        raise Unsupported("no-text-layer", "the PDF has no text layer (a scan?)")
+    return ParsedDocument(text=text, kind="pdf", encoding="pdf", page_starts=tuple(starts))
+
+
+def _docx(data: bytes) -> ParsedDocument:
+    """DOCX body in order: headings as Markdown ``#``, paragraphs, tables (tab-separated).
+
+    The zip is checked against the archive rules first (python-docx inflates it whole).
+    """
+    from node.corpus import archives
+
+    try:
+        archives.check_zip_bytes(data)
+    except archives.ArchiveRefused as exc:
+        reason = {"encrypted": "encrypted", "not-an-archive": "not-a-document"}.get(
+            exc.reason, "archive-refused")
+        raise Unsupported(reason, exc.detail) from exc
+    import docx
+    from docx.oxml.ns import qn
+    from docx.table import Table
+    from docx.text.paragraph import Paragraph
+
+    try:
+        document = docx.Document(io.BytesIO(data))
+    except Exception as exc:  # python-docx raises several types for a bad package
+        raise Unsupported("not-a-document", "the bytes are not a readable DOCX") from exc
+    blocks: list[str] = []
+    body = document.element.body
+    for child in body.iterchildren():
+        if child.tag == qn("w:p"):
+            para = Paragraph(child, document)
+            text = " ".join(para.text.split())
+            if not text:
+                continue
+            style = (para.style.name if para.style is not None else "") or ""
+            m = re.match(r"Heading (\d)", style)
+            if style == "Title":
+                blocks.append(f"# {text}")
+            elif m:
+                blocks.append(f"{'#' * min(6, int(m.group(1)) + 1)} {text}")
+            else:
+                blocks.append(text)
+        elif child.tag == qn("w:tbl"):
+            table = Table(child, document)
+            rows = ["\t".join(" ".join(c.text.split()) for c in row.cells) for row in table.rows]
+            if rows:
+                blocks.append("\n".join(rows))
+    return ParsedDocument(text="\n\n".join(blocks), kind="docx", encoding="docx",
+                          structure="markdown")
+
+
+def parse_bytes(data: bytes, kind: str, name: str = "") -> ParsedDocument:
     """Parse one file's bytes of a known ``kind`` (see :func:`kind_for`).
 
+    Args:
+        data: the whole file.
+        kind: a kind from :func:`kind_for`.
+        name: the file name (decides JSON vs JSON Lines, CSV vs TSV); never stored.
+
     Raises:
-        Unsupported: ``too-large``, ``binary`` or ``unsupported-type``.
+        Unsupported: ``too-large``, ``binary``, ``unsupported-type``, ``encrypted``,
+            ``not-a-document``, ``archive-refused``, ``no-text-layer``.
+        Exception: any parser exception (the caller records its type, never its text).
     """
-    if kind not in ("text", "markdown", "rst"):
+    if kind not in set(_SUFFIX_KIND.values()):
         raise Unsupported("unsupported-type")
-    if len(data) > MAX_TEXT_BYTES:
+    if len(data) > size_limit(kind):
         raise Unsupported("too-large")
+    low = name.lower()
+    if kind == "html":
+        return _html(data)
+    if kind == "json":
+        return _json(data, low.endswith((".jsonl", ".ndjson")))
+    if kind == "csv":
+        return _csv(data, low.endswith(".tsv"))
+    if kind == "pdf":
+        return _pdf(data)
+    if kind == "docx":
+        return _docx(data)
     text, encoding, fallback, replaced = decode_text(data)
     return ParsedDocument(text=text, kind=kind, encoding=encoding, fallback=fallback,
-                          replaced=replaced)
+                          replaced=replaced, structure=STRUCTURE.get(kind, "plain"))

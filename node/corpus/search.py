@@ -30,13 +30,17 @@ INDEX_SCHEMA_VERSION = 2
 RRF_K = 60
 #: Default cap of chunks per document in one result list (document-level dedup).
 MAX_PER_DOCUMENT = 2
-#: Boost of heading-path/file-name matches relative to body matches.
-TITLE_BOOST = 0.6
+#: Boost of heading-path/file-name matches relative to body matches (scripts/eval).
+TITLE_BOOST = 0.3
+#: Boost of a match on the user's unstemmed word form (``exact`` field) in the baseline:
+#: stemming conflates ``prints`` with the ubiquitous ``print``; the exact form keeps the
+#: user's precision (measured with scripts/eval).
+EXACT_FORM_BOOST = 1.0
 
 # CJK Unified Ideographs (+ext A), Hiragana, Katakana, Hangul syllables.
 _CJK_RUN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]{2,}")
 _QUOTED = re.compile(r"\"([^\"]+)\"|“([^”]+)”")
-_IDENT = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w*(?:[.:/_-]\w+)+|\w*\d\w*)(?![\w])")
+_IDENT = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w*(?:[.:/_-]\w+)+|\w*\d\w*(?:[.:/_-]\w+)*)(?![\w])")
 
 
 def cjk_bigrams(text: str) -> str:
@@ -111,25 +115,49 @@ def _unique(items: Iterable[str]) -> list[str]:
     return out
 
 
+#: Query-side stopwords (folded): the question and function words people type in plain
+#: requests ("how do I…", "what is my…") on top of the index analyzer's short list. They
+#: are dropped from queries only (the index keeps them, so the exact pass and phrase
+#: matching still see them); a query made only of them falls back to its exact words.
+QUERY_STOPWORDS = frozenset("""
+a about above after again against all am an and any are as at be because been before
+being below between both but by can could did do does doing done down during each else
+ever every few for from further get gets getting got had has have having he her here
+hers herself him himself his how i if in into is it its itself just let lets like make
+makes making me more most much must my myself need needs no nor not now of off on once
+one only or other our ours ourselves out over own same shall she should so some such
+than that the their theirs them themselves then there these they this those through to
+too under until up upon us use used using very want wants was way we were what when
+where whether which while who whom why will with within without would you your yours
+yourself yourselves
+""".split())
+
+
+def text_stems(text: str) -> set[str]:
+    """Every stemmed, folded term of a text (the index analyzer's view; for coverage)."""
+    return set(analyzers()[0].analyze(cjk_bigrams(text)))
+
+
+def key_terms(query: str) -> list[str]:
+    """The user's key terms, for display and coverage: folded words that survive both the
+    analyzer's stopword filter and :data:`QUERY_STOPWORDS`, in query order (unstemmed)."""
+    en, exact = analyzers()
+    out = []
+    for word in exact.analyze(cjk_bigrams(query)):
+        if word not in QUERY_STOPWORDS and en.analyze(word):
+            out.append(word)
+    return _unique(out)
+
+
 def query_terms(query: str) -> list[str]:
-    """Stemmed, folded, stopword-free terms of ``query`` (dedup, in order)."""
-    return _unique(analyzers()[0].analyze(cjk_bigrams(query)))
+    """Stemmed, folded, stopword-free terms of ``query`` (dedup, in query order)."""
+    en = analyzers()[0]
+    return _unique(t for w in key_terms(query) for t in en.analyze(w))
 
 
 def exact_terms(text: str) -> list[str]:
     """Folded terms without stemming or stopword removal (positions kept, not dedup)."""
     return list(analyzers()[1].analyze(cjk_bigrams(text)))
-
-
-def key_terms(query: str) -> list[str]:
-    """The user's key terms, for display and coverage: folded words that survive the
-    stopword filter, in query order (unstemmed)."""
-    en, exact = analyzers()
-    out = []
-    for word in exact.analyze(cjk_bigrams(query)):
-        if en.analyze(word):
-            out.append(word)
-    return _unique(out)
 
 
 def exact_units(query: str) -> list[list[str]]:
@@ -164,7 +192,8 @@ def baseline_query(schema: Any, query: str) -> tuple[Any | None, str]:
     """Build the baseline BM25 query: ``(query or None, field_used)``.
 
     OR of the stemmed terms over ``body`` plus ``title`` (boosted by
-    :data:`TITLE_BOOST`). A query of stopwords only falls back to the ``exact`` field.
+    :data:`TITLE_BOOST`) plus the unstemmed key words on ``exact`` (boosted by
+    :data:`EXACT_FORM_BOOST`). A query of stopwords only falls back to the ``exact`` field.
     """
     terms = query_terms(query)
     Q = tantivy.Query
@@ -174,6 +203,9 @@ def baseline_query(schema: Any, query: str) -> tuple[Any | None, str]:
             subs.append((tantivy.Occur.Should, Q.term_query(schema, "body", t)))
             subs.append((tantivy.Occur.Should,
                          Q.boost_query(Q.term_query(schema, "title", t), TITLE_BOOST)))
+        for t in key_terms(query):  # the user's exact word form scores on top of its stem
+            subs.append((tantivy.Occur.Should,
+                         Q.boost_query(Q.term_query(schema, "exact", t), EXACT_FORM_BOOST)))
         return Q.boolean_query(subs), "body"
     fallback = _unique(exact_terms(query))
     if not fallback:

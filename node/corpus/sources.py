@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from node.corpus.types import Root
@@ -113,6 +113,72 @@ def _inside(path: str, folder: str) -> str | None:
     return None
 
 
+def _fold(name: str) -> str:
+    """The comparison key of a file name on a case-insensitive file system (NFC + casefold)."""
+    return unicodedata.normalize("NFC", name).casefold()
+
+
+def _inside_folded(path: str, folder: str) -> str | None:
+    """:func:`_inside`, comparing whole segments case-insensitively (NFC + casefold).
+
+    Returns the relative part spelled as in ``path`` (its case is corrected later).
+    """
+    exact = _inside(path, folder)
+    if exact is not None:
+        return exact
+    parts = [p for p in path.split(os.sep) if p]
+    fparts = [p for p in folder.split(os.sep) if p]
+    if len(parts) < len(fparts) or not path.startswith(os.sep):
+        return None
+    if any(_fold(a) != _fold(b) for a, b in zip(parts, fparts)):
+        return None
+    return os.sep.join(parts[len(fparts):])
+
+
+def plan_root_prefixes(paths: Iterable[str | os.PathLike[str]],
+                       taken: Iterable[str] = ()) -> list[str]:
+    """Virtual prefixes for roots added in the order given (DESIGN §10).
+
+    A root's prefix is its folder's basename (``root`` for ``/``); when that prefix is
+    already taken (by ``taken`` — the persisted prefixes — or an earlier path of this
+    call) it becomes ``<basename>-2``, ``-3``… The order is the order of addition, so a
+    later root never renames an earlier one.
+
+    Args:
+        paths: root folders in the order they are added (only their basenames are used).
+        taken: prefixes already persisted.
+
+    Returns:
+        One prefix per path, same order.
+    """
+    used = set(taken)
+    out: list[str] = []
+    for path in paths:
+        base = Path(os.fspath(path)).name or "root"
+        prefix, n = base, 1
+        while prefix in used:
+            n += 1
+            prefix = f"{base}-{n}"
+        used.add(prefix)
+        out.append(prefix)
+    return out
+
+
+def detect_case_insensitive(folder: str) -> bool:
+    """Whether the file system holding ``folder`` ignores case (macOS, Windows defaults).
+
+    Probes the folder's own path with its letters' case swapped: the same file → case
+    insensitive. A path with no cased letter, or any ``OSError``, counts as sensitive.
+    """
+    swapped = folder.swapcase()
+    if swapped == folder:
+        return False
+    try:
+        return os.path.samefile(swapped, folder)
+    except (OSError, ValueError):
+        return False
+
+
 class SourceNormalizer:
     """:func:`normalize_source` / :func:`resolve_source_id` with the roots prepared once.
 
@@ -121,9 +187,18 @@ class SourceNormalizer:
 
     Args:
         roots: the registered source roots (prefix + real absolute folder).
+        case_insensitive: whether the roots live on a case-insensitive file system; ``None``
+            (default) probes the first root with :func:`detect_case_insensitive`. When true,
+            a path inside a root is compared with the root case-insensitively and each
+            segment that exists on disk is rewritten to its on-disk spelling before policy
+            sees it (so ``/docs/SECRET/x`` is ``/docs/secret/x`` and a deny glob on
+            ``/docs/secret/**`` still applies). Globs themselves are never case-folded.
+        listdir: lists a folder's entry names (default :func:`os.listdir`; tests inject a
+            case-folding view to simulate a case-insensitive file system).
     """
 
-    def __init__(self, roots: Sequence[Root]) -> None:
+    def __init__(self, roots: Sequence[Root], *, case_insensitive: bool | None = None,
+                 listdir: Callable[[str], Iterable[str]] = os.listdir) -> None:
         self.roots: tuple[Root, ...] = tuple(roots)
         self._by_prefix: dict[str, Root] = {}
         for root in self.roots:
@@ -134,13 +209,63 @@ class SourceNormalizer:
             ((p, r) for p, r in real if p), key=lambda pr: len(pr[0]), reverse=True)
         self._names: set[str] = {r.path.rstrip(_SEPS) or "/" for r in self.roots}
         self._names.update(p for p, _ in self._real)
+        if case_insensitive is None:
+            case_insensitive = bool(self._real) and detect_case_insensitive(self._real[0][0])
+        self.case_insensitive = case_insensitive
+        self._listdir = listdir
+        self._contains = _inside_folded if case_insensitive else _inside
 
-    def _virtual_of(self, real: str) -> str | None:
+    def _on_disk(self, folder: str, rel: str) -> str | None:
+        """``rel`` (inside ``folder``) with each existing segment in its on-disk case.
+
+        Segments from the first one that does not exist on are kept as written. Two
+        entries that differ only by case (possible when the "insensitive" view is wrong)
+        → ``None``: fail closed rather than pick one.
+        """
+        parts = [p for p in rel.split(os.sep) if p]
+        cur = folder
+        out: list[str] = []
+        for i, part in enumerate(parts):
+            try:
+                entries = list(self._listdir(cur))
+            except (OSError, ValueError):
+                out.extend(parts[i:])
+                break
+            if part in entries:
+                name = part
+            else:
+                key = _fold(part)
+                found = [e for e in entries if _fold(e) == key]
+                if len(found) > 1:
+                    return None
+                if not found:
+                    out.extend(parts[i:])
+                    break
+                name = found[0]
+            out.append(name)
+            cur = os.path.join(cur, name)
+        return os.sep.join(out)
+
+    def _virtual_of(self, real: str, depth: int = 0) -> str | None:
         for folder, root in self._real:
-            rel = _inside(real, folder)
-            if rel is not None:
-                rel = unicodedata.normalize("NFC", rel.replace("\\", "/")).strip("/")
-                return lexical_form(f"/{root.prefix}/{rel}" if rel else f"/{root.prefix}")
+            rel = self._contains(real, folder)
+            if rel is None:
+                continue
+            if self.case_insensitive and rel:
+                fixed = self._on_disk(folder, rel)
+                if fixed is None:
+                    return None
+                if fixed != rel:
+                    # the on-disk spelling may name a symlink the first resolution did not
+                    # see: resolve again and re-check containment (bounded)
+                    again = _realpath(os.path.join(folder, fixed))
+                    if again is None or depth >= 4:
+                        return None
+                    if again != os.path.join(folder, fixed):
+                        return self._virtual_of(again, depth + 1)
+                    rel = fixed
+            rel = unicodedata.normalize("NFC", rel.replace("\\", "/")).strip("/")
+            return lexical_form(f"/{root.prefix}/{rel}" if rel else f"/{root.prefix}")
         return None
 
     def _target(self, canon: str) -> tuple[Root, str | None] | None:
@@ -169,7 +294,7 @@ class SourceNormalizer:
         found = self._virtual_of(resolved)
         if found is not None:
             return found
-        if any(_inside(native, name) is not None for name in self._names):
+        if any(self._contains(native, name) is not None for name in self._names):
             return None  # inside a root by name, outside every root after symlinks
         return canon
 

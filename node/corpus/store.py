@@ -28,13 +28,13 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import tantivy
 
-from node.corpus import ingest, search
+from node.corpus import archives, chunking, ingest, search
 from node.corpus.types import Hit, Root
 from node.errors import CorpusError
 
@@ -43,7 +43,7 @@ try:  # POSIX advisory lock; on other platforms the tantivy writer lock alone ap
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _WRITER_HEAP = 128_000_000
 
 _DDL = """
@@ -59,16 +59,41 @@ CREATE TABLE IF NOT EXISTS documents(
     chunk_count INTEGER NOT NULL DEFAULT 0, error_code TEXT, error_message TEXT,
     encoding TEXT, encoding_fallback INTEGER NOT NULL DEFAULT 0, chunker_sig TEXT,
     stale INTEGER NOT NULL DEFAULT 0, indexed_at TEXT, updated_at TEXT NOT NULL,
-    metadata TEXT NOT NULL DEFAULT '{}');
+    metadata TEXT NOT NULL DEFAULT '{}', origin TEXT NOT NULL DEFAULT 'file',
+    parent_doc_id TEXT);
 CREATE INDEX IF NOT EXISTS documents_root ON documents(root_prefix);
 CREATE TABLE IF NOT EXISTS chunks(
     chunk_id TEXT PRIMARY KEY, doc_id TEXT NOT NULL, ordinal INTEGER NOT NULL,
     text TEXT NOT NULL, line_start INTEGER, line_end INTEGER,
-    heading_path TEXT NOT NULL DEFAULT '[]');
+    heading_path TEXT NOT NULL DEFAULT '[]', page_start INTEGER, page_end INTEGER);
 CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);
 CREATE TABLE IF NOT EXISTS changes(
     seq INTEGER PRIMARY KEY AUTOINCREMENT, doc_id TEXT NOT NULL, op TEXT NOT NULL);
 """
+# columns added after schema 1 (added in place on an older record; nothing is rewritten)
+_ADDED_COLUMNS = {
+    "documents": (("origin", "TEXT NOT NULL DEFAULT 'file'"), ("parent_doc_id", "TEXT")),
+    "chunks": (("page_start", "INTEGER"), ("page_end", "INTEGER")),
+}
+_POST_DDL = "CREATE INDEX IF NOT EXISTS documents_parent ON documents(parent_doc_id);"
+
+
+def _location(row: sqlite3.Row) -> dict[str, Any]:
+    """Citation location of a chunk row: line range, heading path, and the page range
+    for a PDF (``page``/``pageEnd``, 1-based)."""
+    loc: dict[str, Any] = {"lineStart": row["line_start"], "lineEnd": row["line_end"],
+                           "headingPath": json.loads(row["heading_path"])}
+    if row["page_start"] is not None:
+        loc["page"] = row["page_start"]
+        loc["pageEnd"] = row["page_end"]
+    return loc
+
+
+def _check_chunking(chunker: str, chunk_size: int, chunk_overlap: int) -> None:
+    try:
+        chunking.validate_params(chunk_size, chunk_overlap, chunker)
+    except ValueError as exc:
+        raise CorpusError("chunking-invalid", f"Invalid chunking: {exc}.") from None
 
 
 class Corpus:
@@ -78,13 +103,18 @@ class Corpus:
         home: the node home; data lives in ``<home>/corpus/``.
         readonly: search-only handle (the host's): never creates files, never takes the
             writer lock; :meth:`add_root` and :meth:`sync` raise ``corpus-readonly``.
+        archive_limits: bounds on archives in roots (DESIGN §9; defaults from seed
+            ``file-processing``).
 
     Usable as a context manager; thread-safe (one internal lock).
     """
 
-    def __init__(self, home: Path | str, *, readonly: bool = False) -> None:
+    def __init__(self, home: Path | str, *, readonly: bool = False,
+                 archive_limits: archives.ArchiveLimits = archives.DEFAULT_LIMITS) -> None:
         self.home = Path(home)
         self.readonly = readonly
+        self.archive_limits = archive_limits
+        self._held = False  # the writer is kept between calls (watch)
         self.dir = self.home / "corpus"
         self.db_path = self.dir / "corpus.sqlite3"
         self.index_dir = self.dir / "tantivy"
@@ -102,14 +132,29 @@ class Corpus:
                                    check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA busy_timeout=10000")
+        if readonly and self._get_meta("schema_version") != str(SCHEMA_VERSION):
+            with contextlib.suppress(sqlite3.Error):  # an older record: add the new columns
+                self._migrate()
         if not readonly:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_DDL)
-            if self._get_meta("schema_version") is None:
+            self._migrate()
+            if self._get_meta("schema_version") != str(SCHEMA_VERSION):
                 self._set_meta("schema_version", str(SCHEMA_VERSION))
 
     # -- plumbing ---------------------------------------------------------------------
+    def _migrate(self) -> None:
+        """Add the columns newer schemas have to an older record (idempotent)."""
+        db = self._db
+        assert db is not None
+        for table, cols in _ADDED_COLUMNS.items():
+            have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+            for name, decl in cols:
+                if name not in have:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+        db.executescript(_POST_DDL)
+
     def __enter__(self) -> Corpus:
         return self
 
@@ -157,20 +202,28 @@ class Corpus:
         return self._db
 
     # -- roots --------------------------------------------------------------------------
-    def add_root(self, path: str | Path) -> Root:
+    def add_root(self, path: str | Path, *, chunker: str = "recursive",
+                 chunk_size: int = chunking.DEFAULT_CHUNK_SIZE,
+                 chunk_overlap: int = chunking.DEFAULT_CHUNK_OVERLAP) -> Root:
         """Register a folder as a source root (DESIGN §1, §9).
 
         Args:
             path: an existing directory (``~`` expanded, resolved to an absolute path).
+            chunker: ``recursive`` (default), ``markdown`` or ``fixed``.
+            chunk_size: characters per chunk (ceiling), 1..1 000 000.
+            chunk_overlap: characters repeated from the previous chunk (ceiling),
+                ``0 <= overlap < chunk_size``.
 
         Returns:
             The persisted :class:`Root`; its prefix is the folder's basename, then
-            ``-2``, ``-3``… when taken.
+            ``-2``, ``-3``… when taken (also when a datasource kind has that name).
 
         Raises:
-            CorpusError: ``root-not-found`` (missing or not a directory), ``root-exists``
-                (same resolved folder already registered), ``corpus-readonly``.
+            CorpusError: ``chunking-invalid`` (checked first, before anything is stored),
+                ``root-not-found`` (missing or not a directory), ``root-exists`` (same
+                resolved folder already registered), ``corpus-readonly``.
         """
+        _check_chunking(chunker, chunk_size, chunk_overlap)
         with self._lock:
             db = self._require_writable()
             p = Path(path).expanduser()
@@ -183,17 +236,46 @@ class Corpus:
                 if db.execute("SELECT 1 FROM roots WHERE path=?", (str(real),)).fetchone():
                     raise CorpusError("root-exists", "That folder is already a source root.")
                 taken = {r[0] for r in db.execute("SELECT prefix FROM roots")}
+                taken |= {r[0].split("/")[1] for r in db.execute(
+                    "SELECT source_id FROM documents WHERE origin='record'")}
                 prefix, n = base, 1
                 while prefix in taken:
                     n += 1
                     prefix = f"{base}-{n}"
-                root = Root(prefix=prefix, path=str(real))
+                root = Root(prefix=prefix, path=str(real), chunker=chunker,
+                            chunk_size=chunk_size, chunk_overlap=chunk_overlap)
                 db.execute(
                     "INSERT INTO roots(prefix, path, chunker, chunk_size, chunk_overlap, added_at)"
                     " VALUES (?,?,?,?,?,?)",
                     (root.prefix, root.path, root.chunker, root.chunk_size, root.chunk_overlap,
                      ingest.now_rfc3339()))
             return root
+
+    def configure_root(self, prefix: str, *, chunker: str | None = None,
+                       chunk_size: int | None = None, chunk_overlap: int | None = None) -> Root:
+        """Change a root's chunker settings; its documents are re-chunked by the next sync.
+
+        The merged settings are checked as a pair (an overlap legal alone may not be
+        legal with the root's size), before anything is stored.
+
+        Raises:
+            CorpusError: ``root-unknown``, ``chunking-invalid``, ``corpus-readonly``.
+        """
+        with self._lock:
+            db = self._require_writable()
+            current = next((r for r in self.roots() if r.prefix == prefix), None)
+            if current is None:
+                raise CorpusError("root-unknown", "No source root has that prefix.")
+            new = Root(prefix=current.prefix, path=current.path,
+                       chunker=current.chunker if chunker is None else chunker,
+                       chunk_size=current.chunk_size if chunk_size is None else chunk_size,
+                       chunk_overlap=(current.chunk_overlap if chunk_overlap is None
+                                      else chunk_overlap))
+            _check_chunking(new.chunker, new.chunk_size, new.chunk_overlap)
+            with self._tx():
+                db.execute("UPDATE roots SET chunker=?, chunk_size=?, chunk_overlap=? WHERE prefix=?",
+                           (new.chunker, new.chunk_size, new.chunk_overlap, prefix))
+            return new
 
     def roots(self) -> list[Root]:
         """The registered roots, in the order they were added."""
@@ -267,6 +349,7 @@ class Corpus:
             raise
 
     def _release_writer(self) -> None:
+        self._held = False
         if self._writer is not None:
             writer, self._writer = self._writer, None
             with contextlib.suppress(Exception):
@@ -317,50 +400,111 @@ class Corpus:
             self._commit_index()
             self._set_meta("index_schema_version", str(search.INDEX_SCHEMA_VERSION))
 
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Hold the writer for one operation (or reuse the one :meth:`hold_writer` keeps)."""
+        self._require_writable()
+        if self._held:
+            try:
+                yield
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self._commit_index()
+                raise
+            return
+        self._acquire_writer()
+        try:
+            yield
+        except BaseException:
+            # what SQLite already holds must reach the index (or be replayed later)
+            with contextlib.suppress(Exception):
+                self._commit_index()
+            raise
+        finally:
+            self._release_writer()
+
+    def hold_writer(self) -> None:
+        """Take the writer lock now and keep it until :meth:`close` (``kith index watch``,
+        ``kith host --watch``); start-up repair of the index runs here.
+
+        Raises:
+            CorpusError: ``index-locked`` (naming the owner), ``corpus-readonly``.
+        """
+        with self._lock:
+            self._require_writable()
+            if not self._held:
+                self._acquire_writer()
+                self._held = True
+
     def rebuild_index(self) -> None:
         """Rebuild the tantivy index from SQLite (takes the writer lock).
 
         Raises:
             CorpusError: ``index-locked``, ``corpus-readonly``.
         """
-        with self._lock:
-            self._require_writable()
-            self._acquire_writer()
-            try:
-                self._repair(full=True)
-            finally:
-                self._release_writer()
+        with self._lock, self._writing():
+            self._repair(full=True)
 
     # -- sync -------------------------------------------------------------------------------
-    def sync(self, *, progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
-        """Walk every root and update the record and the index (DESIGN §9, mode new_only).
+    def sync(self, *, progress: ingest.Progress | None = None,
+             mode: str = "new_only") -> dict[str, Any]:
+        """Walk every root and update the record and the index (DESIGN §9).
 
         Args:
-            progress: called as ``progress(done, total, source_id)`` before each file and
-                once with ``done == total`` at the end.
+            progress: called as ``progress(done_files, total_files, source_id,
+                done_bytes, total_bytes)`` before each file and once with
+                ``done_files == total_files`` at the end.
+            mode: ``new_only`` (default), ``update_only`` or ``full`` (the table in
+                :mod:`node.corpus.ingest`).
 
         Returns:
-            ``{"indexed", "updated", "skipped", "removed", "failed", "empty", "chunks":
-            int, "skippedReasons": {reason: int}, "errors": [{"source", "code",
-            "message"}], "seconds": float}``. ``failed`` files and ``empty`` ones have an
-            ``error`` tracking row; neither stops the batch.
+            ``{"mode", "indexed", "updated", "skipped", "removed", "failed", "empty",
+            "chunks", "files", "bytes": int, "skippedReasons": {reason: int},
+            "archives": {"indexed", "refused"}, "errors": [{"source", "code", "message"
+            [, "reason"]}], "seconds": float}``. ``failed`` files and ``empty`` ones
+            have an ``error`` tracking row; neither stops the batch.
 
         Raises:
-            CorpusError: ``index-locked`` when another process holds the writer,
-                ``corpus-readonly`` on a read-only handle.
+            CorpusError: ``sync-mode-invalid``; ``index-locked`` when another process
+                holds the writer; ``corpus-readonly`` on a read-only handle.
         """
+        if mode not in ingest.MODES:
+            raise CorpusError("sync-mode-invalid",
+                              f"The sync mode must be one of {', '.join(ingest.MODES)}.")
+        with self._lock, self._writing():
+            return ingest.run_sync(self, progress, mode, self.archive_limits)
+
+    def sync_paths(self, paths: Iterable[str | Path]) -> dict[str, Any]:
+        """Sync only the given absolute paths (the watcher's debounced batch): changed
+        or added files are indexed, a deleted file or folder removes its documents; no
+        other part of any root is listed.
+
+        Returns:
+            The sync report (as :meth:`sync`, mode ``new_only``, without ``last_sync``).
+
+        Raises:
+            CorpusError: ``index-locked``, ``corpus-readonly``.
+        """
+        with self._lock, self._writing():
+            return ingest.Sync(self, None, "new_only", self.archive_limits).run_paths(paths)
+
+    def import_records(self, path: str | Path, *, kind: str, instance: str,
+                       replace: bool = False) -> dict[str, Any]:
+        """Import datasource records from a JSON Lines file (DESIGN §9); see
+        :func:`node.corpus.datasource.import_jsonl` for the record rules.
+
+        Raises:
+            CorpusError: ``import-invalid``, ``import-not-found``, ``index-locked``,
+                ``corpus-readonly``.
+        """
+        from node.corpus import datasource
+
         with self._lock:
             self._require_writable()
-            self._acquire_writer()
-            try:
-                return ingest.run_sync(self, progress)
-            except BaseException:
-                # what SQLite already holds must reach the index (or be replayed later)
-                with contextlib.suppress(Exception):
-                    self._commit_index()
-                raise
-            finally:
-                self._release_writer()
+            datasource.check_names(kind, instance, {r.prefix for r in self.roots()})
+            with self._writing():
+                return datasource.import_jsonl(self, Path(path), kind=kind, instance=instance,
+                                               replace=replace)
 
     # -- search -----------------------------------------------------------------------------
     def _searcher(self) -> Any:
@@ -394,8 +538,24 @@ class Corpus:
         return out, len(result) >= depth
 
     def _serve_ok(self, row: sqlite3.Row, base: str | None) -> bool:
-        """Serve-time origin check: the file is still inside its (resolved) root and
-        unchanged — same size and mtime, or same size and SHA-256 (DESIGN §9)."""
+        """Serve-time origin check (DESIGN §9, seed ``provider-origins``).
+
+        A file chunk is served only while its file is still inside its (resolved) root
+        — symlinks resolved — and unchanged: same size and mtime, or same size and
+        SHA-256. An archive member is checked through its archive's row the same way.
+        A datasource record's origin is its record id: it is served while its row is
+        ``done`` (the caller only passes ``done`` rows).
+        """
+        keys = row.keys()
+        origin = row["origin"] if "origin" in keys else "file"
+        if origin == "record":
+            return True
+        if origin == "member":
+            parent = self._db.execute(  # type: ignore[union-attr]
+                "SELECT rel_path, size, mtime_ns, content_hash, origin FROM documents "
+                "WHERE doc_id=? AND status='done' AND origin='archive'",
+                (row["parent_doc_id"],)).fetchone()
+            return parent is not None and self._serve_ok(parent, base)
         if base is None:
             return False
         try:
@@ -447,81 +607,17 @@ class Corpus:
             report: ``mode``, ``passes`` [{name, status, candidates}], ``fusion``,
             ``maxPerDocument``, counts (``candidates``, ``orphaned``, ``filteredOut``,
             ``withheldStale``, ``dedupedPerDocument``, ``returned``), ``rounds``,
-            ``earlyStop``, ``stopReason``, ``indexLag``. Its counts are for local
-            diagnostics only (envelope.py copies none of them).
+            ``earlyStop``, ``stopReason``, ``indexLag``, ``subqueries``. Its counts are
+            for local diagnostics only (envelope.py copies none of them). The passes,
+            fusion and early stop are :func:`node.corpus.retrieval.run_search`'s.
 
         Raises:
             CorpusError: ``query-invalid`` (empty query / bad limit), ``index-unavailable``.
         """
-        if not isinstance(query, str) or not query.strip():
-            raise CorpusError("query-invalid", "The field 'query' must be a non-empty string.")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100:
-            raise CorpusError("query-invalid", "The limit must be an integer from 1 to 100.")
-        filters = filters or {}
-        with self._lock:
-            controller: dict[str, Any] = {
-                "mode": "bounded-multi-pass", "passes": [],
-                "fusion": {"method": "rrf", "k": search.RRF_K},
-                "maxPerDocument": max_per_document, "candidates": 0, "orphaned": 0,
-                "filteredOut": 0, "withheldStale": 0, "dedupedPerDocument": 0,
-                "returned": 0, "rounds": 0, "earlyStop": False, "stopReason": None,
-                "indexLag": 0,
-            }
-            planned = search.plan_passes(query)
-            if deadline is not None and time.monotonic() >= deadline:
-                controller.update(earlyStop=True, stopReason="budget-exhausted")
-                controller["passes"] = [{"name": p, "status": "skipped", "candidates": 0}
-                                        for p in planned]
-                return [], controller
-            searcher = self._searcher()
-            schema = self._index.schema
-            bq, field = search.baseline_query(schema, query)
-            eq = search.exact_query(schema, query)
-            depth = max(limit * 4, 40)
-            while True:  # widen the candidate pool only when filtering/dedup starved it
-                controller["rounds"] += 1
-                doc_of: dict[str, str] = {}
-                ranked: dict[str, list[tuple[str, float]]] = {}
-                passes = []
-                saturated = False
-                if bq is not None:
-                    ranked["baseline-bm25"], sat = self._run_pass(searcher, bq, depth, doc_of)
-                    saturated |= sat
-                passes.append({"name": "baseline-bm25", "status": "ran", "field": field,
-                               "candidates": len(ranked.get("baseline-bm25", []))})
-                if eq is not None:
-                    if deadline is not None and time.monotonic() >= deadline:
-                        passes.append({"name": "exact-entity", "status": "skipped",
-                                       "candidates": 0})
-                        controller.update(earlyStop=True, stopReason="budget-exhausted")
-                    else:
-                        ranked["exact-entity"], sat = self._run_pass(searcher, eq, depth, doc_of)
-                        saturated |= sat
-                        passes.append({"name": "exact-entity", "status": "ran",
-                                       "candidates": len(ranked["exact-entity"])})
-                raw = {name: dict(hits) for name, hits in ranked.items()}
-                fused = search.rrf_fuse(ranked)
-                order = sorted(fused, key=lambda c: (-fused[c], c))
-                counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
-                                         "dedupedPerDocument")}
-                hits = self._materialize(order, doc_of, fused, raw, filters, limit,
-                                         max_per_document, counts)
-                if (len(hits) >= limit or not saturated or depth >= 2000
-                        or (deadline is not None and time.monotonic() >= deadline)):
-                    break
-                depth *= 4
-            controller["passes"] = passes
-            controller["candidates"] = len(order)
-            controller.update(counts)
-            applied = int(self._get_meta("index_applied_seq") or 0)
-            try:
-                top = self._db.execute(  # type: ignore[union-attr]
-                    "SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
-            except sqlite3.Error:
-                top = applied
-            controller["indexLag"] = max(0, top - applied)
-            controller["returned"] = len(hits)
-            return hits, controller
+        from node.corpus import retrieval  # the multi-pass controller (issue 4)
+
+        return retrieval.run_search(self, query, limit=limit, filters=filters,
+                                    deadline=deadline, max_per_document=max_per_document)
 
     def _materialize(self, order: list[str], doc_of: dict[str, str], fused: dict[str, float],
                      raw: dict[str, dict[str, float]], filters: dict[str, Any], limit: int,
@@ -537,7 +633,8 @@ class Corpus:
             part = doc_ids[i:i + 500]
             for r in db.execute(
                     "SELECT doc_id, source_id, root_prefix, rel_path, size, mtime_ns, "
-                    "content_hash, indexed_at, metadata FROM documents WHERE status = 'done' "
+                    "content_hash, indexed_at, metadata, origin, parent_doc_id FROM documents "
+                    "WHERE status = 'done' "
                     f"AND doc_id IN ({','.join('?' * len(part))})", part):
                 docs[r["doc_id"]] = r
         bases: dict[str, str | None] = {}
@@ -582,7 +679,8 @@ class Corpus:
             if not batch:
                 break
             rows = {r["chunk_id"]: r for r in db.execute(
-                "SELECT chunk_id, doc_id, text, line_start, line_end, heading_path FROM chunks "
+                "SELECT chunk_id, doc_id, text, line_start, line_end, heading_path, page_start, "
+                "page_end FROM chunks "
                 f"WHERE chunk_id IN ({','.join('?' * len(batch))})", batch)}
             for cid in batch:
                 row = rows.get(cid)
@@ -599,10 +697,10 @@ class Corpus:
                 hits.append(Hit(
                     chunk_id=cid, source_id=drow["source_id"], text=row["text"],
                     score=fused[cid], score_components=components,
-                    location={"lineStart": row["line_start"], "lineEnd": row["line_end"],
-                              "headingPath": json.loads(row["heading_path"])},
+                    location=_location(row),
                     content_hash=drow["content_hash"] or "", indexed_at=drow["indexed_at"] or "",
-                    root_prefix=drow["root_prefix"], rel_path=drow["rel_path"],
+                    root_prefix=None if drow["origin"] == "record" else drow["root_prefix"],
+                    rel_path=None if drow["origin"] == "record" else drow["rel_path"],
                     metadata=meta_of[did],
                 ))
         self._flag_stale(stale)
@@ -629,7 +727,8 @@ class Corpus:
                 out["roots"] = db.execute("SELECT COUNT(*) FROM roots").fetchone()[0]
                 for status, code, stale, n, chunks in db.execute(
                         "SELECT status, error_code = 'empty-document', stale, COUNT(*), "
-                        "SUM(chunk_count) FROM documents GROUP BY 1, 2, 3"):
+                        "SUM(CASE WHEN origin = 'archive' THEN 0 ELSE chunk_count END) "
+                        "FROM documents GROUP BY 1, 2, 3"):
                     out["documents"] += n
                     if status == "done":
                         out["done"] += n
@@ -653,3 +752,74 @@ class Corpus:
                 and self._get_meta("index_schema_version") == str(search.INDEX_SCHEMA_VERSION)
                 and tantivy.Index.exists(str(self.index_dir)))
             return out
+
+    def status_report(self, *, max_listed: int = 1000) -> dict[str, Any]:
+        """What ``kith index status`` shows (DESIGN §9 tracking).
+
+        Args:
+            max_listed: most entries in each of ``failedDocuments``, ``staleDocuments``,
+                ``processingDocuments``.
+
+        Returns:
+            :meth:`stats` plus ``"byStatus": {"processing", "done", "error": int}``,
+            ``"rootList": [{"prefix", "path", "chunker", "chunkSize", "chunkOverlap",
+            "documents", "chunks", "stale", "byStatus": {...}}]``, ``"datasources":
+            [{"kind", "instance", "documents", "chunks"}]``, ``"failedDocuments":
+            [{"source", "status", "code", "message"}]`` (errors and empty documents,
+            with their reasons), ``"staleDocuments": [source]``,
+            ``"processingDocuments": [source]``. Never raises for a missing corpus.
+        """
+        out = self.stats()
+        out.update(byStatus={"processing": 0, "done": 0, "error": 0}, rootList=[],
+                   datasources=[], failedDocuments=[], staleDocuments=[],
+                   processingDocuments=[])
+        with self._lock:
+            db = self._db
+            if db is None:
+                return out
+            try:
+                per_root: dict[str, dict[str, Any]] = {}
+                for r in self.roots():
+                    per_root[r.prefix] = {
+                        "prefix": r.prefix, "path": r.path, "chunker": r.chunker,
+                        "chunkSize": r.chunk_size, "chunkOverlap": r.chunk_overlap,
+                        "documents": 0, "chunks": 0, "stale": 0,
+                        "byStatus": {"processing": 0, "done": 0, "error": 0}}
+                ds: dict[str, dict[str, Any]] = {}
+                for prefix, origin, sid, status, stale, n, chunks in db.execute(
+                        "SELECT root_prefix, origin, CASE WHEN origin='record' THEN source_id "
+                        "ELSE '' END, status, stale, COUNT(*), SUM(CASE WHEN origin='archive' "
+                        "THEN 0 ELSE chunk_count END) FROM documents GROUP BY 1, 2, 3, 4, 5"):
+                    out["byStatus"][status] = out["byStatus"].get(status, 0) + n
+                    if origin == "record":
+                        _, kind, instance = sid.split("/", 3)[:3]
+                        d = ds.setdefault(f"{kind}/{instance}", {
+                            "kind": kind, "instance": instance, "documents": 0, "chunks": 0})
+                        d["documents"] += n
+                        d["chunks"] += (chunks or 0) if status == "done" else 0
+                        continue
+                    entry = per_root.get(prefix)
+                    if entry is None:
+                        continue
+                    entry["documents"] += n
+                    entry["byStatus"][status] = entry["byStatus"].get(status, 0) + n
+                    if status == "done":
+                        entry["chunks"] += chunks or 0
+                    if stale:
+                        entry["stale"] += n
+                out["rootList"] = list(per_root.values())
+                out["datasources"] = sorted(ds.values(), key=lambda d: (d["kind"], d["instance"]))
+                out["failedDocuments"] = [
+                    {"source": r[0], "status": r[1], "code": r[2], "message": r[3]}
+                    for r in db.execute(
+                        "SELECT source_id, status, error_code, error_message FROM documents "
+                        "WHERE status='error' ORDER BY source_id LIMIT ?", (max_listed,))]
+                out["staleDocuments"] = [r[0] for r in db.execute(
+                    "SELECT source_id FROM documents WHERE stale=1 ORDER BY source_id LIMIT ?",
+                    (max_listed,))]
+                out["processingDocuments"] = [r[0] for r in db.execute(
+                    "SELECT source_id FROM documents WHERE status='processing' "
+                    "ORDER BY source_id LIMIT ?", (max_listed,))]
+            except sqlite3.OperationalError:
+                return out
+        return out

@@ -37,6 +37,7 @@ class SessionProof(_Frame, tag="_session_proof"):
     host_nonce: str
     host_signature: str
     ui_offer: dict[str, Any] | None = None
+    profile: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class SessionReady(_Frame, tag="_session_ready"):
@@ -72,9 +73,58 @@ class Pong(_Frame, tag="_pong"):
     t: int | None = None
 
 
-SystemFrame = Union[SessionInit, SessionProof, SessionReady, SessionReject, Error, Ping, Pong]
+class UiManifestFile(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """One entry of a UI manifest: relative POSIX ``path``, ``size`` (bytes), ``sha256``
+    (64 hex) and ``type`` (only ``file`` is accepted; anything else is a link/dir/device)."""
+
+    path: str
+    size: int
+    sha256: str
+    type: str = "file"
+
+
+class UiArtifactRequest(_Frame, tag="_ui_artifact_request"):
+    """Guest → Host, after ``_session_proof`` carried a ``ui_offer``: send me your UI."""
+
+
+class UiArtifactBegin(_Frame, tag="_ui_artifact_begin"):
+    """Host → Guest: the manifest (paths, sizes, SHA-256) and the total in bytes."""
+
+    files: list[UiManifestFile]
+    total_bytes: int
+
+
+class UiArtifactFile(_Frame, tag="_ui_artifact_file"):
+    """Host → Guest: one chunk of one file (``data`` is base64 on the wire)."""
+
+    path: str
+    offset: int
+    data: bytes
+
+
+class UiArtifactEnd(_Frame, tag="_ui_artifact_end"):
+    """Host → Guest: every file was sent."""
+
+
+class UiArtifactAck(_Frame, tag="_ui_artifact_ack"):
+    """Guest → Host: the bundle verified (paths, sizes, hashes, index.html)."""
+
+
+class UiArtifactError(_Frame, tag="_ui_artifact_error"):
+    """Either side: the UI branch failed with a stable code; the handshake continues
+    without a UI."""
+
+    code: str
+    message: str
+
+
+SystemFrame = Union[SessionInit, SessionProof, SessionReady, SessionReject, Error, Ping, Pong,
+                    UiArtifactRequest, UiArtifactBegin, UiArtifactFile, UiArtifactEnd, UiArtifactAck,
+                    UiArtifactError]
 SYSTEM_ACTIONS = frozenset({"_session_init", "_session_proof", "_session_ready", "_session_reject",
-                            "_error", "_ping", "_pong"})
+                            "_error", "_ping", "_pong", "_ui_artifact_request", "_ui_artifact_begin",
+                            "_ui_artifact_file", "_ui_artifact_end", "_ui_artifact_ack",
+                            "_ui_artifact_error"})
 
 
 def decode_system(obj: dict[str, Any]) -> SystemFrame:

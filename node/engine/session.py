@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import enum
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import msgspec
+
 from node.errors import (
+    CODES,
     EgressRefused,
     HandshakeError,
     HookError,
@@ -28,7 +32,9 @@ from node.errors import (
     SigningError,
 )
 from node.engine import frames as F
+from node.engine import ui as UI
 from node.engine.framing import LineFramer, decode_frame, encode_frame
+from node.engine.timers import PING, SessionTimers, Timeouts
 from node.signing import (
     NONCE_HEX_LEN,
     PUBLIC_KEY_HEX_LEN,
@@ -39,6 +45,8 @@ from node.signing import (
     session_payload,
     verify,
 )
+
+_struct_encoder = msgspec.json.Encoder()
 
 # Fatal framing problems: the stream cannot be resynchronised.
 _FATAL = frozenset({"frame-too-large", "frame-truncated"})
@@ -51,6 +59,12 @@ class State(enum.Enum):
     AWAIT_CONFIRM = "await-confirm"  # guest: proof verified, waiting for the driver
     READY = "ready"
     CLOSED = "closed"
+
+
+def _peer_message(code: str) -> str:
+    """What a peer is told about ``code``: the code's fixed message from CODES, never the
+    local message (which may carry exception text, names or paths) — issue 5, rule 7."""
+    return CODES.get(code, CODES["internal-error"])[1]
 
 
 # ---------------------------------------------------------------- events
@@ -105,10 +119,33 @@ class RemoteError(Event):
 
 
 @dataclass(frozen=True)
+class UiArtifactReceived(Event):
+    """Guest only: the Host's UI bundle arrived and verified (paths, sizes, SHA-256,
+    ``index.html``); ``_ui_artifact_ack`` is queued. ``files``: path → bytes, in manifest
+    order; the driver installs them (``node.ui_artifacts``). Never part of the session
+    payload or proof."""
+
+    files: dict[str, bytes]
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class UiArtifactRefused(Event):
+    """The UI branch failed; the handshake goes on without a UI. ``by`` is the side that
+    refused (``guest``/``host``), ``code`` the stable ``ui-*`` code."""
+
+    code: str
+    message: str
+    by: str
+
+
+@dataclass(frozen=True)
 class SessionClosed(Event):
     """The session ended. ``reason``: ``completed`` (a terminal message), ``rejected``
-    (handshake refused by either side), ``aborted`` (limits/invalid input/local abort),
-    ``peer-disconnected`` (EOF without a terminal message). ``code`` is the stable code."""
+    (handshake refused by either side), ``aborted`` (limits/invalid input/local abort,
+    including ``peer-unresponsive``, ``idle-timeout`` and ``handshake-timeout``),
+    ``peer-disconnected`` (EOF without a terminal message), ``shutdown`` (we are shutting
+    down: :meth:`SessionEngine.shutdown`). ``code`` is the stable code."""
 
     reason: str
     code: str | None = None
@@ -124,13 +161,20 @@ class HostConfig:
         remote_id: the QUIC-authenticated peer id (``Connection.remote_id()``), 64 hex.
         post_protocol: ``post_id`` → the protocol_id of that live post, or None.
         nonce_unseen: records a guest nonce and returns False if it was seen before.
-        admit: ``(guest_key, profile)`` → True if the peer may open a session.
+        admit: ``(guest_key, profile)`` → True if the peer may open a session (False →
+            ``handshake-not-admitted``; it may raise :class:`HandshakeError` itself for a
+            more precise code).
+        profile: the host's shared profile, sent in ``_session_proof`` (omitted if empty).
+        ui_bundle: the protocol's UI bundle when the host runs with ``--share-ui``
+            (offered only to guests advertising ``p2p_ui_v1``), else None.
     """
 
     remote_id: str
     post_protocol: Callable[[str], str | None]
     nonce_unseen: Callable[[str], bool]
     admit: Callable[[str, dict[str, Any]], bool] = lambda key, profile: True
+    ui_bundle: UI.Bundle | None = None
+    profile: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -142,7 +186,12 @@ class GuestConfig:
         post_id: the invitation's post id.
         host_public_key: the invitation's host key (must equal ``remote_id``).
         profile: shared profile fields sent in ``_session_init``.
-        capabilities: e.g. ``["p2p_ui_v1"]``.
+        capabilities: e.g. ``["p2p_ui_v1"]`` (``--accept-host-ui``).
+        want_ui: request the host's UI when it offers one (``p2p_ui_v1`` advertised and no
+            local UI for the protocol). Without it no transfer ever happens.
+        admit_host: ``(host_key, host_profile)`` → True to go on once the proof verified;
+            it may raise :class:`HandshakeError` (e.g. ``host-key-changed``); False →
+            ``handshake-not-admitted``.
     """
 
     remote_id: str
@@ -150,6 +199,8 @@ class GuestConfig:
     host_public_key: str
     profile: dict[str, Any] = field(default_factory=dict)
     capabilities: list[str] = field(default_factory=list)
+    want_ui: bool = False
+    admit_host: Callable[[str, dict[str, Any]], bool] = lambda key, profile: True
 
 
 class SessionEngine:
@@ -164,12 +215,17 @@ class SessionEngine:
         random_bytes: source of randomness (default ``os.urandom``).
         egress_check: called with each outgoing business frame's bytes; raises
             :class:`node.errors.EgressRefused` to refuse it.
+        clock: monotonic time in seconds (time is an input: tests pass a fake clock).
+        timeouts: the session bounds (:class:`node.engine.timers.Timeouts`); None = no
+            timers until :meth:`set_timeouts` (the driver sets them).
     """
 
     def __init__(self, role: str, spec: Any, *, public_key: str, sign: Callable[[bytes], str],
                  host: HostConfig | None = None, guest: GuestConfig | None = None,
                  random_bytes: Callable[[int], bytes] = os.urandom,
-                 egress_check: Callable[[bytes], None] | None = None) -> None:
+                 egress_check: Callable[[bytes], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 timeouts: Timeouts | None = None) -> None:
         if role not in ("guest", "host"):
             raise ValueError("role must be 'guest' or 'host'")
         if (role == "host") != (host is not None) or (role == "guest") != (guest is not None):
@@ -198,8 +254,72 @@ class SessionEngine:
         self._awaiting: str | None = None  # role whose reply is due (turn rules)
         self._capabilities: list[str] = []
         self.close_event: SessionClosed | None = None
+        self._clock = clock
+        self.timers = SessionTimers(timeouts or Timeouts(None, None, None, None), clock())
+        # UI branch: host None|"offered"|"sent"|"done"; guest None|"requested"|"receiving"|"draining"|"done"
+        self._ui_state: str | None = None
+        self._ui_receiver: UI.BundleReceiver | None = None
+        self._ui_offer: dict[str, Any] | None = None
+        self._pending_proof: list[Event] = []
+        self.ui_bytes_sent = 0
 
     # ------------------------------------------------------------ public API
+    def set_timeouts(self, timeouts: Timeouts) -> None:
+        """Apply session bounds; the current handshake step starts now."""
+        now = self._clock()
+        ready = self.timers.ready
+        self.timers = SessionTimers(timeouts, now)
+        if ready:
+            self.timers.session_ready(now)
+
+    def next_deadline(self) -> float | None:
+        """The clock time at which :meth:`tick` may have something to do (None: never)."""
+        if self.closed:
+            return None
+        return self.timers.next_deadline()
+
+    def tick(self) -> list[Event]:
+        """Apply the timers at the current clock time: queue a ``_ping`` when one is due,
+        or end the session with ``handshake-timeout`` / ``peer-unresponsive`` /
+        ``idle-timeout`` (DESIGN §3, §6, §7)."""
+        if self.closed:
+            return []
+        now = self._clock()
+        due = self.timers.due(now)
+        if due is None:
+            return []
+        if due == PING:
+            self.timers.ping_sent(now)
+            self._queue(F.Ping(t=int(now * 1000)))
+            return []
+        return self._fail(KithError(due))
+
+    def shutdown(self, code: str = "session-shutdown") -> list[Event]:
+        """End the session because we are shutting down (SIGINT/SIGTERM).
+
+        After the handshake, the protocol's terminal message for our role is sent when the
+        protocol has one whose schema accepts ``{"action", "reason": "shutdown"}`` or the
+        bare ``{"action"}`` (for knowledge-query: ``end``), so the peer sees a clean end;
+        otherwise ``_error`` with ``code``. During the handshake: ``_session_reject``.
+        The close event has reason ``shutdown`` and ``code``.
+        """
+        if self.closed:
+            return []
+        if self.state is State.READY:
+            for action, m in self.spec.messages.items():
+                if not (m.terminal and m.allowed_from(self.role)):
+                    continue
+                for cand in ({"action": action, "reason": "shutdown"}, {"action": action}):
+                    if not m.validator.is_valid(cand):
+                        continue
+                    try:
+                        self.send_message(cand)
+                    except KithError:
+                        continue
+                    return self._close("shutdown", code, "the session ended because this node is shutting down")
+        self._fail(KithError(code))
+        return self._close("shutdown", code, "the session ended because this node is shutting down")
+
     def initiate(self) -> None:
         """Guest: queue ``_session_init``. Call once, before any data is received."""
         assert self._guest is not None
@@ -230,8 +350,15 @@ class SessionEngine:
             lines = self._framer.feed(data)
         except ProtocolViolation as exc:
             return self._fail(exc)
+        if lines:
+            self.timers.frame_received(self._clock())
         for line in lines:
             if self.closed:
+                break
+            if len(line) > self.spec.limits.max_message_bytes and self._ui_state not in ("requested", "receiving",
+                                                                                          "draining"):
+                events.extend(self._fail(ProtocolViolation(
+                    "frame-too-large", f"a line is longer than {self.spec.limits.max_message_bytes} bytes")))
                 break
             events.extend(self._receive_line(line))
         return events
@@ -249,12 +376,25 @@ class SessionEngine:
         return self._close("peer-disconnected", "peer-disconnected",
                            "the peer closed the connection during the handshake")
 
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The engine's clock (monotonic seconds); drivers schedule :meth:`tick` with it."""
+        return self._clock
+
+    def connection_lost(self) -> list[Event]:
+        """The transport failed (reset, write to a gone peer): close as
+        ``peer-disconnected`` without queueing anything."""
+        if self.closed:
+            return []
+        return self._close("peer-disconnected", "peer-disconnected", "the connection was lost")
+
     def confirm_ready(self) -> list[Event]:
         """Guest: after :class:`ProofVerified`, send ``_session_ready`` with our signature."""
         assert self._guest is not None and self.state is State.AWAIT_CONFIRM
         assert self._payload is not None and self.session_id is not None
         self._queue(F.SessionReady(session_id=self.session_id, guest_signature=self._proof["guest_signature"]))
         self.state = State.READY
+        self.timers.session_ready(self._clock())
         return [SessionReady(self.session_id, self.peer_public_key or "", dict(self.peer_profile), [],
                              dict(self._proof))]
 
@@ -285,6 +425,7 @@ class SessionEngine:
             self._egress_check(data)
         self._out += data
         self._messages += 1
+        self.timers.business(self._clock())
         self._advance_turn(self.role, terminal)
         if terminal:
             return self._close("completed", None)
@@ -307,7 +448,8 @@ class SessionEngine:
 
     # ------------------------------------------------------------ internals
     def _queue(self, frame: F.SystemFrame) -> None:
-        self._out += encode_frame(F.to_dict(frame))
+        self._out += _struct_encoder.encode(frame)
+        self._out += b"\n"
 
     def _close(self, reason: str, code: str | None, message: str = "") -> list[Event]:
         self.state = State.CLOSED
@@ -316,11 +458,11 @@ class SessionEngine:
         return [ev]
 
     def _fail(self, exc: KithError) -> list[Event]:
-        """Fatal: tell the peer, then close."""
+        """Fatal: tell the peer (the code and its fixed message only), then close."""
         if self.state in (State.HANDSHAKE, State.AWAIT_CONFIRM):
-            self._queue(F.SessionReject(code=exc.code, message=exc.message))
+            self._queue(F.SessionReject(code=exc.code, message=_peer_message(exc.code)))
             return self._close("rejected", exc.code, exc.message)
-        self._queue(F.Error(code=exc.code, message=exc.message))
+        self._queue(F.Error(code=exc.code, message=_peer_message(exc.code)))
         return self._close("aborted", exc.code, exc.message)
 
     def _receive_line(self, line: bytes) -> list[Event]:
@@ -338,6 +480,7 @@ class SessionEngine:
         except ProtocolViolation as exc:
             return self._invalid_input(exc)
         self._messages += 1
+        self.timers.business(self._clock())
         self._advance_turn(self.peer_role, terminal)
         events: list[Event] = [MessageReceived(obj, terminal)]
         if terminal:
@@ -352,7 +495,7 @@ class SessionEngine:
         self._invalid += 1
         if self._invalid > self.spec.limits.max_invalid:
             return self._fail(ProtocolViolation("too-many-invalid"))
-        self._queue(F.Error(code=exc.code, message=exc.message))
+        self._queue(F.Error(code=exc.code, message=_peer_message(exc.code)))
         return [MessageRefused(exc.code, exc.message)]
 
     def _check_message_limit(self) -> list[Event]:
@@ -428,8 +571,12 @@ class SessionEngine:
             return []
         try:
             if self.role == "host":
-                return self._host_handshake(frame, first)
-            return self._guest_handshake(frame)
+                events = self._host_handshake(frame, first)
+            else:
+                events = self._guest_handshake(frame)
+            if not self.closed and not isinstance(frame, F.UiArtifactFile):
+                self.timers.handshake_step(self._clock())
+            return events
         except SigningError as exc:
             # strict-hex failures name their field: a nonce → bad-nonce, a signature →
             # bad-signature, a key or id → malformed (DESIGN §6 stable codes)
@@ -480,9 +627,32 @@ class SessionEngine:
                            "protocol_id": self.spec.protocol_id, "host_public_key": self.public_key,
                            "guest_public_key": frame.guest_public_key, "guest_nonce": frame.guest_nonce,
                            "host_nonce": host_nonce, "host_signature": sig}
+            offer = None
+            if h.ui_bundle is not None and UI.CAPABILITY in self._capabilities:
+                offer = {"files": len(h.ui_bundle.files), "total_bytes": h.ui_bundle.total_bytes}
+                self._ui_state = "offered"
             self._queue(F.SessionProof(session_id=self.session_id, host_public_key=self.public_key,
-                                       host_nonce=host_nonce, host_signature=sig))
+                                       host_nonce=host_nonce, host_signature=sig, ui_offer=offer,
+                                       profile=dict(h.profile)))
             return []
+        if isinstance(frame, F.UiArtifactRequest):
+            if self._ui_state == "offered":
+                self._send_bundle()
+                return []
+            if self._ui_state is None:
+                self._ui_state = "done"
+                self._queue(F.UiArtifactError(code="ui-not-offered", message="this host offered no UI"))
+                return [UiArtifactRefused("ui-not-offered", "this host offered no UI", "host")]
+            raise HandshakeError("handshake-unexpected-frame", "a second _ui_artifact_request")
+        if isinstance(frame, (F.UiArtifactAck, F.UiArtifactError)):
+            if self._ui_state != "sent":
+                raise HandshakeError("handshake-unexpected-frame", "a UI answer without a UI transfer")
+            self._ui_state = "done"
+            if isinstance(frame, F.UiArtifactError):
+                return [UiArtifactRefused(frame.code[:64], frame.message[:500], "guest")]
+            return []
+        if self._ui_state == "sent":
+            raise HandshakeError("handshake-unexpected-frame", "expected _ui_artifact_ack or _ui_artifact_error")
         if not isinstance(frame, F.SessionReady):
             raise HandshakeError("handshake-unexpected-frame", f"expected _session_ready, got {frame.__struct_config__.tag}")
         if frame.session_id != self.session_id:
@@ -496,12 +666,15 @@ class SessionEngine:
             raise HandshakeError("handshake-bad-signature", "the guest signature does not verify") from None
         self._proof["guest_signature"] = frame.guest_signature
         self.state = State.READY
+        self.timers.session_ready(self._clock())
         return [SessionReady(self.session_id, self.peer_public_key, dict(self.peer_profile),
                              list(self._capabilities), dict(self._proof))]
 
     def _guest_handshake(self, frame: F.SystemFrame) -> list[Event]:
         g = self._guest
         assert g is not None
+        if isinstance(frame, (F.UiArtifactBegin, F.UiArtifactFile, F.UiArtifactEnd, F.UiArtifactError)):
+            return self._guest_ui(frame)
         if self.state is not State.HANDSHAKE or not isinstance(frame, F.SessionProof):
             raise HandshakeError("handshake-unexpected-frame",
                                  f"expected _session_proof, got {frame.__struct_config__.tag}")
@@ -525,6 +698,9 @@ class SessionEngine:
                    field="host_signature")
         except SigningError:
             raise HandshakeError("handshake-bad-signature", "the host signature does not verify") from None
+        if not g.admit_host(frame.host_public_key, dict(frame.profile)):
+            raise HandshakeError("handshake-not-admitted", "this guest does not accept the host")
+        self.peer_profile = dict(frame.profile)
         self._payload = payload
         self.session_id = sid
         self.peer_public_key = frame.host_public_key
@@ -534,10 +710,90 @@ class SessionEngine:
                        "host_signature": frame.host_signature,
                        "guest_signature": self._sign(role_message("guest", payload))}
         self.state = State.AWAIT_CONFIRM
-        return [ProofVerified(dict(self._proof))]
+        verified: list[Event] = [ProofVerified(dict(self._proof))]
+        if g.want_ui and UI.CAPABILITY in g.capabilities and isinstance(frame.ui_offer, dict):
+            # the UI branch runs before _session_ready; ProofVerified waits for its end
+            self._queue(F.UiArtifactRequest())
+            self._ui_state = "requested"
+            self._framer.max_line_bytes = max(self.spec.limits.max_message_bytes, UI.UI_LINE_BYTES)
+            self._pending_proof = verified
+            return []
+        return verified
+
+    # ------------------------------------------------------------ UI branch
+    def _send_bundle(self) -> None:
+        b = self._host.ui_bundle if self._host else None
+        assert b is not None
+        self._queue(F.UiArtifactBegin(files=[F.UiManifestFile(f.path, f.size, f.sha256) for f in b.files],
+                                      total_bytes=b.total_bytes))
+        for f in b.files:
+            data = b.data[f.path]
+            for off in range(0, len(data), UI.CHUNK_BYTES):
+                self._queue(F.UiArtifactFile(path=f.path, offset=off, data=data[off:off + UI.CHUNK_BYTES]))
+        self._queue(F.UiArtifactEnd())
+        self._ui_state = "sent"
+        self.ui_bytes_sent += b.total_bytes
+
+    def _ui_finish(self, events: list[Event]) -> list[Event]:
+        self._ui_state = "done"
+        self._ui_receiver = None
+        self._framer.max_line_bytes = self.spec.limits.max_message_bytes
+        out, self._pending_proof = events + self._pending_proof, []
+        return out
+
+    def _ui_refuse(self, exc: HandshakeError) -> list[Event]:
+        """We refuse the bundle: tell the host, ignore the rest of the transfer."""
+        self._queue(F.UiArtifactError(code=exc.code, message=exc.message))
+        self._ui_state = "draining"
+        self._ui_receiver = None
+        return [UiArtifactRefused(exc.code, exc.message, "guest")]
+
+    def _guest_ui(self, frame: F.SystemFrame) -> list[Event]:
+        st = self._ui_state
+        if st is None:
+            raise HandshakeError("ui-not-requested", "the host sent UI data that was not requested")
+        if isinstance(frame, F.UiArtifactError):
+            if st not in ("requested", "receiving", "draining"):
+                raise HandshakeError("handshake-unexpected-frame", "a UI error after the UI branch")
+            return self._ui_finish([UiArtifactRefused(frame.code[:64], frame.message[:500], "host")])
+        if isinstance(frame, F.UiArtifactBegin):
+            if st != "requested":
+                raise HandshakeError("handshake-unexpected-frame", "a second _ui_artifact_begin")
+            entries = [UI.FileEntry(f.path, f.size, f.sha256) for f in frame.files]
+            try:
+                UI.check_manifest(entries, frame.total_bytes, [f.type for f in frame.files])
+            except HandshakeError as exc:
+                return self._ui_refuse(exc)
+            self._ui_receiver = UI.BundleReceiver(entries, frame.total_bytes)
+            self._ui_state = "receiving"
+            return []
+        if isinstance(frame, F.UiArtifactFile):
+            if st == "draining":
+                return []
+            if st != "receiving" or self._ui_receiver is None:
+                raise HandshakeError("handshake-unexpected-frame", "UI file data before the manifest")
+            try:
+                self._ui_receiver.add(frame.path, frame.offset, frame.data)
+            except HandshakeError as exc:
+                return self._ui_refuse(exc)
+            return []
+        assert isinstance(frame, F.UiArtifactEnd)
+        if st == "draining":
+            return self._ui_finish([])
+        if st != "receiving" or self._ui_receiver is None:
+            raise HandshakeError("handshake-unexpected-frame", "_ui_artifact_end before the manifest")
+        receiver = self._ui_receiver
+        try:
+            files = receiver.finish()
+        except HandshakeError as exc:
+            events = self._ui_refuse(exc)
+            return self._ui_finish(events)
+        self._queue(F.UiArtifactAck())
+        return self._ui_finish([UiArtifactReceived(files, receiver.total_bytes)])
 
 
 __all__ = [
     "EgressRefused", "Event", "GuestConfig", "HostConfig", "MessageReceived", "MessageRefused",
     "ProofVerified", "RemoteError", "SessionClosed", "SessionEngine", "SessionReady", "State",
+    "Timeouts", "UiArtifactReceived", "UiArtifactRefused",
 ]

@@ -10,8 +10,9 @@ Two duties, built once per (roots, policy, home) and cheap to call:
   serializer may produce (raw, symlink-resolved, NFC/NFD, ``\\`` or ``/`` separators, JSON
   escapes incl. ``\\/`` and ``\\uXXXX``, percent-encoding), matched ASCII-case-insensitively.
 
-``ask`` hits are withheld for now; :meth:`EgressGate.decide_hits` exposes every decision
-so the approvals work (issue 5) can turn ``ask`` ones into approval requests.
+``ask`` hits are withheld by :meth:`EgressGate.filter_hits`; :meth:`EgressGate.screen`
+applies the owner's approvals (``node.policy.approvals``) per (peer key, query) and tells
+the knowledge handle which ``ask`` hits still wait for a decision.
 """
 
 from __future__ import annotations
@@ -24,11 +25,15 @@ import unicodedata
 import urllib.parse
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from node.corpus.sources import SourceNormalizer
 from node.corpus.types import Hit, Root
 from node.errors import EgressRefused
 from node.policy.store import DEFAULT_TIER, Decision, Policy
+
+#: States :meth:`EgressGate.screen` gives a hit.
+VISIBLE, PENDING = "visible", "pending"
 
 _INVALID = Decision(None, DEFAULT_TIER, False, None)
 
@@ -113,10 +118,12 @@ class EgressGate:
     roots or the policy change.
     """
 
-    def __init__(self, roots: Sequence[Root], policy: Policy, home: Path) -> None:
+    def __init__(self, roots: Sequence[Root], policy: Policy, home: Path, *,
+                 approvals: Any = None) -> None:
         self.roots: tuple[Root, ...] = tuple(roots)
         self.policy = policy
         self.home = Path(home)
+        self.approvals = approvals
         self._normalize = SourceNormalizer(self.roots)
         paths = [r.path for r in self.roots] + [str(self.home)]
         needles = leak_needles(paths)
@@ -157,6 +164,39 @@ class EgressGate:
         approvals exist, issue 5).
         """
         return [hit for hit, decision in self.decide_hits(hits, peer_name) if decision.allowed]
+
+    def screen(self, hits: Sequence[Hit], peer_name: str | None, peer_key: str | None,
+               query: str) -> list[tuple[Hit, str]]:
+        """The hits this peer may see now or could after an approval, in ranked order.
+
+        Args:
+            hits: ranked hits from the corpus.
+            peer_name: registry name, ``None`` for an anonymous peer.
+            peer_key: the peer's public key (approvals are per key); ``None`` → no
+                approval applies.
+            query: the query text (approvals without ``--remember`` are per query).
+
+        Returns:
+            ``(hit, state)`` pairs with canonical ids: :data:`VISIBLE` for hits allowed by
+            policy or opened by an approval/promotion of an ``ask`` source, :data:`PENDING`
+            for ``ask`` hits nobody decided yet. Everything else (``never``, ``private``,
+            ``peers`` without this peer, ``ask`` the owner denied, invalid) is absent.
+        """
+        verdicts = None
+        if self.approvals is not None and peer_key is not None:
+            verdicts = self.approvals.verdicts(peer_key, query)
+        out: list[tuple[Hit, str]] = []
+        for hit, decision in self.decide_hits(hits, peer_name):
+            if decision.allowed:
+                out.append((hit, VISIBLE))
+            elif decision.tier == "ask" and decision.canonical is not None:
+                if verdicts is not None and decision.canonical in verdicts.deny:
+                    continue
+                if verdicts is not None and decision.canonical in verdicts.allow:
+                    out.append((hit, VISIBLE))
+                else:
+                    out.append((hit, PENDING))
+        return out
 
     # --- leak scan ----------------------------------------------------------------------
     def check_outgoing(self, data: bytes | str) -> None:

@@ -7,6 +7,13 @@ wire ids → envelope → leak scan. Hooks get a :class:`KnowledgeHandle` in
 
 No oracle: when policy drops every match, the answer is ``no-verified-results`` with the
 very same envelope as when nothing matched at all (it depends only on the request).
+
+Before searching, the peer's quota is charged (``node.policy.quota``): over it →
+``rate-limited`` with ``retry_after_s``; a zero quota → ``policy-denied``. When the best
+evidence the peer could see is an ``ask`` source nobody decided yet, the answer is
+``pending-approval`` with an ``approval_id`` and ``approvals/requests/<id>.json`` is
+written (``node.policy.approvals``); once the owner approves, the same query gets the
+evidence. Answers are trimmed (lowest results first) to the peer's ``max_message_bytes``.
 """
 
 from __future__ import annotations
@@ -23,6 +30,10 @@ log = logging.getLogger("kith.knowledge")
 #: candidates fetched before the gate, per requested result (bounded).
 CANDIDATES_PER_RESULT = 10
 MIN_CANDIDATES = 50
+MAX_CANDIDATES = 100  # the corpus search's own bound on ``limit``
+#: bytes of the ``results`` message outside the envelope (action, query_id ≤ 64, status,
+#: retry/approval fields), counted against ``max_message_bytes``.
+MESSAGE_OVERHEAD_BYTES = 256
 
 
 class KnowledgeHandle:
@@ -33,52 +44,116 @@ class KnowledgeHandle:
         gate: a :class:`node.policy.gate.EgressGate`.
         peer_name: the peer's registry name, or None for an anonymous peer (sees ``public``
             sources only).
+        peer_key: the peer's public key (64 hex): quotas and approvals are per key. None
+            (tests, local tools) → no quota and no approvals.
+        limiter: a shared :class:`node.policy.quota.RateLimiter` (one per Host process),
+            or None for no rate limit.
     """
 
-    __slots__ = ("__corpus", "__gate", "peer_name")
+    __slots__ = ("__corpus", "__gate", "__limiter", "peer_name", "peer_key")
 
-    def __init__(self, corpus: Any, gate: Any, peer_name: str | None) -> None:
+    def __init__(self, corpus: Any, gate: Any, peer_name: str | None, *, peer_key: str | None = None,
+                 limiter: Any = None) -> None:
         self.__corpus = corpus
         self.__gate = gate
+        self.__limiter = limiter
         self.peer_name = peer_name
+        self.peer_key = peer_key
+
+    def _admit(self) -> dict[str, Any] | None:
+        """Charge one query to the peer's quota; an answer when refused, else None."""
+        if self.__limiter is None or self.peer_key is None:
+            return None
+        policy = self.__gate.policy
+        shared = policy.anonymous_quota() if self.peer_name is None else None
+        verdict = self.__limiter.take(self.peer_key, policy.quota_for(self.peer_name), shared)
+        if verdict.ok:
+            return None
+        if verdict.denied:
+            return {"status": "policy-denied", "envelope": None}
+        return {"status": "rate-limited", "envelope": None, "retry_after_s": verdict.retry_after_s}
 
     def search(self, request: dict[str, Any]) -> dict[str, Any]:
         """Answer one search request (the flat body of DESIGN §8 without ``action``).
 
         Returns:
             ``{"status": <status>, "envelope": <envelope>}`` with status one of ``ok``,
-            ``no-verified-results``, ``invalid-request``, ``budget-exhausted``,
+            ``no-verified-results``, ``pending-approval`` (plus ``approval_id`` when a
+            request file was written), ``rate-limited`` (plus ``retry_after_s``, whole
+            seconds), ``policy-denied``, ``invalid-request``, ``budget-exhausted``,
             ``internal-error``. Never raises for bad input; error text never carries
             exception messages, keys or real paths.
         """
+        refused = self._admit()
         try:
             req = validate_search_request(request)
         except CorpusError as exc:
-            env = empty_envelope("invalid-request", None)
-            env["reason"] = "invalid-request"
-            return {"status": "invalid-request", "envelope": env}
+            status = refused["status"] if refused else "invalid-request"
+            env = empty_envelope(status, None)
+            return {**(refused or {}), "status": status, "envelope": env}
+        if refused is not None:
+            return {**refused, "envelope": empty_envelope(refused["status"], req)}
         budget = req.get("remainingBudgetMs")
         if budget == 0:
             return {"status": "budget-exhausted", "envelope": empty_envelope("budget-exhausted", req)}
         deadline = time.monotonic() + budget / 1000.0 if budget else None
-        limit = max(MIN_CANDIDATES, req["topK"] * CANDIDATES_PER_RESULT)
+        limit = min(MAX_CANDIDATES, max(MIN_CANDIDATES, req["topK"] * CANDIDATES_PER_RESULT))
         try:
             hits, controller = self.__corpus.search_hits(req["query"], limit=limit, filters=req.get("filters") or None,
                                                         deadline=deadline)
         except CorpusError as exc:
+            if exc.code == "query-invalid":  # e.g. a query of stop words only
+                return {"status": "invalid-request", "envelope": empty_envelope("invalid-request", req)}
             log.warning("search failed: %s", exc.code)
             return {"status": "internal-error", "envelope": empty_envelope("index-unavailable", req)}
-        allowed = self.__gate.filter_hits(hits, self.peer_name)
+        from node.policy.gate import PENDING
+
+        screened = self.__gate.screen(hits, self.peer_name, self.peer_key, req["query"])
+        if screened and screened[0][1] == PENDING:
+            return self._pending(req, screened)
+        allowed = [hit for hit, state in screened if state != PENDING]
         if not allowed:
             return {"status": "no-verified-results", "envelope": empty_envelope("no-verified-results", req)}
         top = allowed[: req["topK"]]
-        envelope = build_envelope(req, top, _gated_controller(controller, len(allowed), len(top)))
+        limit = None
+        if self.peer_key is not None:
+            limit = self.__gate.policy.quota_for(self.peer_name).max_message_bytes - MESSAGE_OVERHEAD_BYTES
+        while True:
+            envelope = build_envelope(req, top, _gated_controller(controller, len(allowed), len(top)))
+            data = _dumps(envelope)
+            if limit is None or len(data) <= limit or not top:
+                break
+            top = top[:-1]  # drop the lowest-ranked result until the answer fits
+        if not top:
+            return {"status": "no-verified-results", "envelope": empty_envelope("no-verified-results", req)}
         try:
-            self.__gate.check_outgoing(_dumps(envelope))
+            self.__gate.check_outgoing(data)
         except EgressRefused:
             log.error("egress gate refused an envelope (a real path was about to leave)")
             return {"status": "internal-error", "envelope": empty_envelope("internal-error", req)}
         return {"status": "ok", "envelope": envelope}
+
+    def _pending(self, req: dict[str, Any], screened: list[tuple[Any, str]]) -> dict[str, Any]:
+        """``pending-approval``: record the undecided ``ask`` sources among the top results."""
+        from node.policy.gate import PENDING
+
+        answer: dict[str, Any] = {"status": "pending-approval",
+                                  "envelope": empty_envelope("pending-approval", req)}
+        approvals = self.__gate.approvals
+        if approvals is None or self.peer_key is None:
+            return answer
+        sources = list(dict.fromkeys(hit.source_id for hit, state in screened[: req["topK"]] if state == PENDING))
+        try:
+            record = approvals.request(self.peer_key, self.peer_name, req["query"], sources)
+        except OSError:
+            log.error("could not write an approval request")
+            return answer
+        if record is None:
+            log.warning("too many open approval requests; not recording another")
+        else:
+            answer["approval_id"] = record.id
+            log.warning("approval request %s waits for `kith approvals approve|deny`", record.id)
+        return answer
 
 
 def _gated_controller(controller: dict[str, Any], allowed: int, returned: int) -> dict[str, Any]:

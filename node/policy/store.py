@@ -10,6 +10,10 @@ The exact glob, specificity and tie rules are in ``specs/policy.md``; in short:
   (every character that is not ``*`` or ``?``, ``/`` included). Ties → the more
   restrictive tier (never > private > ask > peers > public), then the earlier rule.
 * No match, or a source that does not normalize → ``private``.
+* ``[[override]]`` tables (``peer`` + ``glob`` + ``tier``) apply only to that registry
+  name; they compete with the rules on specificity and win ties (DESIGN §10 "optionally
+  per peer").
+* ``never`` differs from ``private`` in that no approval or promotion can open it.
 
 The file is read with stdlib :mod:`tomllib` and written with ``tomli-w`` through
 :func:`node.home.atomic_write` (0600, tmp+rename). Comments are not preserved on save.
@@ -45,7 +49,16 @@ MAX_GLOB_CHARS = 1024
 MAX_DOUBLE_STARS = 8
 
 _RULE_KEYS = {"glob", "tier", "peers"}
+_OVERRIDE_KEYS = {"peer", "glob", "tier"}
 _QUOTA_KEYS = {"queries_per_hour", "burst", "max_message_bytes"}
+
+#: Quota defaults (DESIGN §10 example): per peer, queries per hour, burst, bytes per answer.
+DEFAULT_QUOTA = {"queries_per_hour": 120, "burst": 10, "max_message_bytes": 65536}
+#: Anonymous peers (not in the registry) also share one bucket, this many times the
+#: default (a peer that rotates keys cannot multiply its quota).
+ANONYMOUS_SHARED_FACTOR = 4
+#: Smallest accepted ``max_message_bytes`` (an empty answer must still fit).
+MIN_MESSAGE_BYTES = 8192
 
 
 def _glob_error(glob: object, why: str, where: str = "") -> PolicyError:
@@ -206,12 +219,14 @@ def specificity(canon: str) -> int:
 class Rule:
     """One ``[[rule]]``: canonical ``glob``, ``tier``, and ``peers`` (registry names).
 
-    ``peers`` is non-empty exactly when ``tier == "peers"``.
+    ``peers`` is non-empty exactly when ``tier == "peers"``. ``peer`` is set only for an
+    ``[[override]]`` (the one registry name it applies to; its tier is never ``peers``).
     """
 
     glob: str
     tier: str
     peers: tuple[str, ...] = ()
+    peer: str | None = None
     matcher: GlobMatcher = field(init=False, repr=False, compare=False)
     specificity: int = field(init=False, repr=False, compare=False)
 
@@ -221,7 +236,8 @@ class Rule:
 
     def to_toml(self) -> dict[str, Any]:
         """The rule as a TOML table (``peers`` only when non-empty)."""
-        out: dict[str, Any] = {"glob": self.glob, "tier": self.tier}
+        out: dict[str, Any] = {"peer": self.peer} if self.peer is not None else {}
+        out.update({"glob": self.glob, "tier": self.tier})
         if self.peers:
             out["peers"] = list(self.peers)
         return out
@@ -237,19 +253,33 @@ class Decision:
         allowed: whether the source may be sent to this peer now (``public``, or ``peers``
             with the peer listed). ``ask`` is ``False`` until approvals exist (issue 5).
         matched: the canonical glob of the winning rule, ``None`` when nothing matched.
+        override: the registry name of the ``[[override]]`` that decided, else ``None``.
     """
 
     canonical: str | None
     tier: str
     allowed: bool
     matched: str | None
+    override: str | None = None
 
 
-def _make_rule(glob: object, tier: object, peers: object, where: str) -> Rule:
+def _check_peer_name(peer: object, where: str) -> str:
+    if not isinstance(peer, str) or not peer or "\x00" in peer or len(peer) > 64:
+        raise PolicyError("policy-invalid", f"{where}'peer' must be a registry name (1-64 characters)")
+    return peer
+
+
+def _make_rule(glob: object, tier: object, peers: object, where: str, *,
+               peer: str | None = None) -> Rule:
     canon = canonical_glob(glob, where=where)  # type: ignore[arg-type]
     if not isinstance(tier, str) or tier not in _RANK:
         raise PolicyError("policy-bad-tier",
                           f"{where}tier {tier!r} is not one of {', '.join(TIERS)}")
+    if peer is not None:
+        if tier == "peers" or peers:
+            raise PolicyError("policy-invalid",
+                              f"{where}an override already names its peer: tier 'peers' and 'peers' are not allowed")
+        return Rule(canon, tier, (), peer)
     if peers is None:
         names: tuple[str, ...] = ()
     elif isinstance(peers, (list, tuple)) and all(
@@ -267,7 +297,7 @@ def _make_rule(glob: object, tier: object, peers: object, where: str) -> Rule:
 def _check_quota_values(table: object, where: str, *, allow_peer: bool) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise PolicyError("policy-invalid", f"{where}must be a table")
-    allowed = _QUOTA_KEYS | ({"peer"} if allow_peer else set())
+    allowed = _QUOTA_KEYS | ({"peer", "anonymous"} if allow_peer else set())
     out: dict[str, Any] = {}
     for key, value in table.items():
         if key not in allowed:
@@ -277,11 +307,32 @@ def _check_quota_values(table: object, where: str, *, allow_peer: bool) -> dict[
                 raise PolicyError("policy-invalid", f"{where}'peer' must be a table of tables")
             out["peer"] = {name: _check_quota_values(sub, f"{where}peer.{name}: ", allow_peer=False)
                            for name, sub in value.items()}
-        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise PolicyError("policy-invalid", f"{where}{key!r} must be a non-negative integer")
+        elif key == "anonymous":
+            out["anonymous"] = _check_quota_values(value, f"{where}anonymous: ", allow_peer=False)
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 10**9:
+            raise PolicyError("policy-invalid", f"{where}{key!r} must be an integer from 0 to 10^9")
+        elif key == "max_message_bytes" and value < MIN_MESSAGE_BYTES:
+            raise PolicyError("policy-invalid", f"{where}'max_message_bytes' must be at least {MIN_MESSAGE_BYTES}")
         else:
             out[key] = value
     return out
+
+
+@dataclass(frozen=True)
+class Quota:
+    """One peer's quota (DESIGN §10).
+
+    Attributes:
+        queries_per_hour: sustained rate (a token bucket refilled at this rate); 0 = the
+            peer may not query at all.
+        burst: bucket size (queries allowed back to back); at least 1 when the rate > 0.
+        max_message_bytes: largest ``results`` message sent to this peer (bytes of the
+            encoded JSON line); results are dropped from the end until it fits.
+    """
+
+    queries_per_hour: int
+    burst: int
+    max_message_bytes: int
 
 
 class Policy:
@@ -294,8 +345,9 @@ class Policy:
     """
 
     def __init__(self, rules: Iterable[Rule] = (), quota: dict[str, Any] | None = None,
-                 path: Path | None = None) -> None:
+                 path: Path | None = None, overrides: Iterable[Rule] = ()) -> None:
         self._rules: list[Rule] = list(rules)
+        self._overrides: list[Rule] = list(overrides)
         self.quota: dict[str, Any] = dict(quota or {})
         self.path = path
 
@@ -334,7 +386,7 @@ class Policy:
         except tomllib.TOMLDecodeError as exc:
             raise PolicyError("policy-invalid", f"{name}: not valid TOML: {exc}") from None
         for key in doc:
-            if key not in ("rule", "quota"):
+            if key not in ("rule", "override", "quota"):
                 raise PolicyError("policy-invalid", f"{name}: unknown key {key!r}")
         tables = doc.get("rule", [])
         if not isinstance(tables, list):
@@ -351,15 +403,33 @@ class Policy:
                 if key not in table:
                     raise PolicyError("policy-invalid", f"{where}missing key {key!r}")
             rules.append(_make_rule(table["glob"], table["tier"], table.get("peers"), where))
+        otables = doc.get("override", [])
+        if not isinstance(otables, list):
+            raise PolicyError("policy-invalid", f"{name}: 'override' must be an array of tables ([[override]])")
+        overrides = []
+        for i, table in enumerate(otables, start=1):
+            where = f"{name}: [[override]] #{i}: "
+            if not isinstance(table, dict):
+                raise PolicyError("policy-invalid", f"{where}must be a table")
+            for key in table:
+                if key not in _OVERRIDE_KEYS:
+                    raise PolicyError("policy-invalid", f"{where}unknown key {key!r}")
+            for key in ("peer", "glob", "tier"):
+                if key not in table:
+                    raise PolicyError("policy-invalid", f"{where}missing key {key!r}")
+            overrides.append(_make_rule(table["glob"], table["tier"], None, where,
+                                        peer=_check_peer_name(table["peer"], where)))
         quota = (_check_quota_values(doc["quota"], f"{name}: [quota]: ", allow_peer=True)
                  if "quota" in doc else {})
-        return cls(rules, quota, path)
+        return cls(rules, quota, path, overrides)
 
     def to_toml(self) -> str:
         """Serialize to TOML (a header comment, ``[[rule]]`` tables, then ``[quota]``)."""
         doc: dict[str, Any] = {}
         if self._rules:
             doc["rule"] = [r.to_toml() for r in self._rules]
+        if self._overrides:
+            doc["override"] = [r.to_toml() for r in self._overrides]
         if self.quota:
             doc["quota"] = self.quota
         header = ("# Kith egress policy (DESIGN §10). Written by `kith policy`; "
@@ -382,11 +452,18 @@ class Policy:
         """The rules in file order."""
         return tuple(self._rules)
 
-    def set(self, glob: str, tier: str, peers: Sequence[str] | None = None) -> Rule:
+    @property
+    def overrides(self) -> tuple[Rule, ...]:
+        """The ``[[override]]`` rules in file order."""
+        return tuple(self._overrides)
+
+    def set(self, glob: str, tier: str, peers: Sequence[str] | None = None, *,
+            for_peer: str | None = None) -> Rule:
         """Add or replace the rule for ``glob`` (compared in canonical form).
 
-        A replaced rule keeps its position; later duplicates of the same glob are removed.
-        Does not save.
+        With ``for_peer``, add or replace the ``[[override]]`` for (that peer, ``glob``)
+        instead. A replaced rule keeps its position; later duplicates of the same glob are
+        removed. Does not save.
 
         Returns:
             The new :class:`Rule`.
@@ -397,11 +474,14 @@ class Policy:
         """
         if isinstance(peers, str):
             peers = [peers]
-        rule = _make_rule(glob, tier, list(peers) if peers else None, "")
+        if for_peer is not None:
+            _check_peer_name(for_peer, "")
+        rule = _make_rule(glob, tier, list(peers) if peers else None, "", peer=for_peer)
         kept: list[Rule] = []
         placed = False
-        for old in self._rules:
-            if old.glob == rule.glob:
+        current = self._rules if for_peer is None else self._overrides
+        for old in current:
+            if old.glob == rule.glob and old.peer == rule.peer:
                 if not placed:
                     kept.append(rule)
                     placed = True
@@ -409,33 +489,64 @@ class Policy:
             kept.append(old)
         if not placed:
             kept.append(rule)
-        self._rules = kept
+        if for_peer is None:
+            self._rules = kept
+        else:
+            self._overrides = kept
         return rule
 
-    def unset(self, glob: str) -> bool:
-        """Remove every rule whose canonical glob equals ``glob``'s; ``True`` if any was.
+    def unset(self, glob: str, *, for_peer: str | None = None) -> bool:
+        """Remove every rule (or, with ``for_peer``, every override for that peer) whose
+        canonical glob equals ``glob``'s; ``True`` if any was.
 
         Raises:
             PolicyError: ``policy-bad-glob`` when ``glob`` itself is invalid.
         """
         canon = canonical_glob(glob)
+        if for_peer is not None:
+            before = len(self._overrides)
+            self._overrides = [r for r in self._overrides if not (r.glob == canon and r.peer == for_peer)]
+            return len(self._overrides) != before
         before = len(self._rules)
         self._rules = [r for r in self._rules if r.glob != canon]
         return len(self._rules) != before
 
+    def quota_for(self, peer_name: str | None) -> Quota:
+        """The quota of ``peer_name`` (``None``: an anonymous peer): ``[quota.peer.<name>]``
+        over ``[quota]`` over :data:`DEFAULT_QUOTA`, key by key."""
+        merged = dict(DEFAULT_QUOTA)
+        merged.update({k: v for k, v in self.quota.items() if k in _QUOTA_KEYS})
+        if peer_name is not None:
+            merged.update((self.quota.get("peer") or {}).get(peer_name) or {})
+        return Quota(**merged)
+
+    def anonymous_quota(self) -> Quota:
+        """The bucket all anonymous peers share: ``[quota.anonymous]``, else the anonymous
+        per-peer quota's rate and burst times :data:`ANONYMOUS_SHARED_FACTOR`."""
+        base = self.quota_for(None)
+        merged = {"queries_per_hour": base.queries_per_hour * ANONYMOUS_SHARED_FACTOR,
+                  "burst": base.burst * ANONYMOUS_SHARED_FACTOR,
+                  "max_message_bytes": base.max_message_bytes}
+        merged.update(self.quota.get("anonymous") or {})
+        return Quota(**merged)
+
     # --- deciding -------------------------------------------------------------------------
-    def match(self, canonical: str) -> Rule | None:
+    def match(self, canonical: str, peer_name: str | None = None) -> Rule | None:
         """The winning rule for an already-canonical source id, or ``None``.
 
-        Winner: highest :attr:`Rule.specificity`, then the most restrictive tier, then the
-        earliest rule in the file.
+        Candidates: every ``[[rule]]`` plus the ``[[override]]`` tables of ``peer_name``.
+        Winner: highest :attr:`Rule.specificity`, then an override before a rule, then the
+        most restrictive tier, then the earliest in the file.
         """
-        best: tuple[int, int, int] | None = None
+        best: tuple[int, int, int, int] | None = None
         winner: Rule | None = None
-        for i, rule in enumerate(self._rules):
+        candidates = [(1, i, r) for i, r in enumerate(self._rules)]
+        if peer_name is not None:
+            candidates += [(0, i, r) for i, r in enumerate(self._overrides) if r.peer == peer_name]
+        for kind, i, rule in candidates:
             if not rule.matcher.match(canonical):
                 continue
-            key = (-rule.specificity, -_RANK[rule.tier], i)
+            key = (-rule.specificity, kind, -_RANK[rule.tier], i)
             if best is None or key < best:
                 best, winner = key, rule
         return winner
@@ -456,13 +567,13 @@ class Policy:
         canonical = normalize_source(source_id, roots) if source_id is not None else None
         if canonical is None:
             return Decision(None, DEFAULT_TIER, False, None)
-        rule = self.match(canonical)
+        rule = self.match(canonical, peer_name)
         if rule is None:
             return Decision(canonical, DEFAULT_TIER, False, None)
         if rule.tier == "public":
             allowed = True
         elif rule.tier == "peers":
             allowed = peer_name is not None and peer_name in rule.peers
-        else:  # ask (until approvals exist), private, never
+        else:  # ask (opened per peer by approvals, see node.policy.approvals), private, never
             allowed = False
-        return Decision(canonical, rule.tier, allowed, rule.glob)
+        return Decision(canonical, rule.tier, allowed, rule.glob, rule.peer)

@@ -31,8 +31,12 @@ def on_message(ctx, message):
             return None
         request = {k: message[k] for k in _REQUEST_FIELDS if k in message}
         answer = ctx.knowledge.search(request)
-        return {"action": "results", "query_id": message["query_id"],
-                "status": answer["status"], "envelope": answer["envelope"]}
+        reply = {"action": "results", "query_id": message["query_id"],
+                 "status": answer["status"], "envelope": answer["envelope"]}
+        for key in ("retry_after_s", "approval_id"):  # rate-limited / pending-approval
+            if answer.get(key) is not None:
+                reply[key] = answer[key]
+        return reply
     if message["action"] == "results":
         callback = ctx.options.get("on_results")
         if callback is not None:

@@ -1,0 +1,382 @@
+"""The local read-only API (DESIGN §11, seed ``rag-external-agent-contract``).
+
+``kith api serve`` serves the node's OWN corpus to local agents over HTTP on loopback:
+
+- ``GET /health`` — readiness, the usage policy (``externalAgentContract``);
+- ``GET /stats`` — corpus counts (no paths);
+- ``GET /contract`` — the read-only contract: routes, the request shape, the budget rule;
+- ``GET /openapi.json`` — the OpenAPI 3.1 document (kept as ``specs/openapi.json``);
+- ``POST /search`` — the flat request of DESIGN §8 → the ``schemaVersion`` 2 envelope.
+
+Everything else is refused before any handler runs and changes nothing: any method other
+than GET/HEAD on any path but ``POST /search`` answers 403 ``api-read-only`` (index, sync,
+settings, memory, server lifecycle…); an unknown GET answers 404 ``not-found``; a client
+whose address is not loopback answers 403 ``api-loopback-only`` (checked first, on every
+request); a body over the limit (64 KiB by default) answers 413 ``request-too-large``.
+Errors are ``{"error": {"code", "message"}}``; messages never carry paths or exception
+text. The corpus is opened read-only (the API never takes the index writer lock).
+
+Serving reuses the community server's plumbing (:func:`node.community.server.bind_socket`,
+its uvicorn config and signal handling).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from node.community.server import (
+    _config,
+    _read_body,
+    _Server,
+    base_url_of,
+    bind_socket,
+    error_response,
+    is_loopback,
+    serve_forever,
+)
+from node.corpus import envelope as env_mod
+from node.corpus import retrieval
+from node.errors import CommunityError, CorpusError, KithError
+
+DEFAULT_PORT = 8765
+DEFAULT_MAX_BODY_BYTES = 64 * 1024
+SERVICE = "kith-local-api"
+#: the only non-GET route
+SEARCH_PATH = "/search"
+GET_PATHS = ("/health", "/stats", "/contract", "/openapi.json")
+
+
+class _CorpusHolder:
+    """Opens the home's corpus read-only on first use, and again once a corpus appears
+    (``kith index sync`` may run after the API started)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = Path(home)
+        self._corpus: Any = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        from node.corpus.store import Corpus
+
+        with self._lock:
+            if self._corpus is None or self._corpus._db is None:
+                if self._corpus is not None:
+                    self._corpus.close()
+                self._corpus = Corpus(self.home, readonly=True)
+            return self._corpus
+
+    def close(self) -> None:
+        with self._lock:
+            if self._corpus is not None:
+                self._corpus.close()
+                self._corpus = None
+
+
+# --- the OpenAPI document ---------------------------------------------------------------
+def _err_schema() -> dict[str, Any]:
+    return {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["code", "message"],
+        "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}}
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of this API (``specs/openapi.json`` is a copy of it)."""
+    err = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    envelope_ref = {"$ref": "https://kith.invalid/specs/search-envelope.schema.json"}
+    refused = {"description": "Read-only API: refused, nothing changed (api-read-only), or a "
+                              "non-loopback client (api-loopback-only).", **err}
+    filters = {k: {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1,
+                                                  "items": {"type": "string"}}]}
+               for k in ("project", "tags", "sourceSets", "lifecycle", "workType", "sources",
+                         "date")}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Kith local read-only API", "version": str(env_mod.SCHEMA_VERSION),
+                 "description": (
+            "Loopback-only, read-only search over the node's own corpus (DESIGN §11). Every "
+            "method other than GET on any path but POST /search answers 403.")},
+        "servers": [{"url": f"http://127.0.0.1:{DEFAULT_PORT}"}],
+        "paths": {
+            "/health": {"get": {"summary": "Readiness and the usage policy", "responses": {
+                "200": {"description": "ready or not; see available/reason",
+                        "content": {"application/json": {"schema": {"type": "object"}}}},
+                "403": refused}}},
+            "/stats": {"get": {"summary": "Corpus counts (no paths)", "responses": {
+                "200": {"description": "counts",
+                        "content": {"application/json": {"schema": {"type": "object"}}}},
+                "403": refused}}},
+            "/contract": {"get": {"summary": "The read-only search contract", "responses": {
+                "200": {"description": "contract",
+                        "content": {"application/json": {"schema": {"type": "object"}}}},
+                "403": refused}}},
+            "/openapi.json": {"get": {"summary": "This document", "responses": {
+                "200": {"description": "OpenAPI 3.1",
+                        "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+            SEARCH_PATH: {"post": {
+                "summary": "Search the local corpus; answers the schemaVersion 2 envelope",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/SearchRequest"}}}},
+                "responses": {
+                    "200": {"description": "an envelope (also when unavailable: "
+                                           "available=false with a reason)",
+                            "content": {"application/json": {"schema": envelope_ref}}},
+                    "400": {"description": "invalid request (query-invalid) or malformed JSON",
+                            **err},
+                    "403": refused,
+                    "413": {"description": "body over the limit (request-too-large)", **err}}}},
+        },
+        "components": {"schemas": {
+            "Error": _err_schema(),
+            "SearchRequest": {
+                "type": "object", "required": ["query"], "additionalProperties": False,
+                "properties": {
+                    "query": {"type": "string", "minLength": 1,
+                              "maxLength": env_mod.MAX_QUERY_CHARS},
+                    "topK": {"type": "integer", "minimum": 1, "maximum": env_mod.TOP_K_MAX,
+                             "default": env_mod.TOP_K_DEFAULT},
+                    "remainingBudgetMs": {"type": "integer", "minimum": 0},
+                    "dedupe": {"enum": ["chunk", "document"], "default": "chunk"},
+                    "dateRange": {"type": "object", "minProperties": 1,
+                                  "additionalProperties": False,
+                                  "properties": {"from": {"type": "string", "format": "date"},
+                                                 "to": {"type": "string", "format": "date"}}},
+                    **filters,
+                }},
+        }},
+    }
+
+
+# --- handlers ----------------------------------------------------------------------------
+def _contract() -> dict[str, Any]:
+    return {
+        "service": SERVICE,
+        "schemaVersion": env_mod.SCHEMA_VERSION,
+        "readOnly": True,
+        "routes": {"GET": list(GET_PATHS), "POST": [SEARCH_PATH]},
+        "refused": "any other method on any path answers 403 api-read-only and changes nothing",
+        "request": openapi_document()["components"]["schemas"]["SearchRequest"],
+        "envelopeKeys": list(env_mod.ENVELOPE_KEYS),
+        "reasons": list(env_mod.KNOWN_REASONS),
+        "externalAgentContract": env_mod._external_contract(),
+    }
+
+
+class _Handlers:
+    def __init__(self, holder: _CorpusHolder, max_body_bytes: int) -> None:
+        self.holder = holder
+        self.max_body_bytes = max_body_bytes
+
+    async def health(self, request: Request) -> JSONResponse:
+        st = await anyio.to_thread.run_sync(lambda: self.holder.get().stats())
+        reason = None if st["ready"] else ("index-syncing" if st["processing"]
+                                           else "index-unavailable")
+        return JSONResponse({"service": SERVICE, "status": "ok" if st["ready"] else "unavailable",
+                             "available": bool(st["ready"]), "reason": reason,
+                             "schemaVersion": env_mod.SCHEMA_VERSION, "readOnly": True,
+                             "externalAgentContract": env_mod._external_contract()})
+
+    async def stats(self, request: Request) -> JSONResponse:
+        st = await anyio.to_thread.run_sync(lambda: self.holder.get().stats())
+        keep = ("roots", "documents", "done", "chunks", "failed", "empty", "processing",
+                "stale", "ready", "last_sync", "index_lag")
+        return JSONResponse({k: st.get(k) for k in keep})
+
+    async def contract(self, request: Request) -> JSONResponse:
+        return JSONResponse(_contract())
+
+    async def openapi(self, request: Request) -> JSONResponse:
+        return JSONResponse(openapi_document())
+
+    async def search(self, request: Request) -> JSONResponse:
+        raw = await _read_body(request, self.max_body_bytes)
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            return error_response("query-invalid", "the body is not a JSON object", 400)
+        answer = await anyio.to_thread.run_sync(
+            lambda: retrieval.local_search(self.holder.get(), body))
+        if answer["status"] == "invalid-request":
+            err = answer.get("error") or {"code": "query-invalid", "message": "invalid request"}
+            return JSONResponse({"error": err, "envelope": answer["envelope"]}, status_code=400)
+        return JSONResponse(answer["envelope"], headers={"X-Kith-Status": answer["status"]})
+
+
+async def _on_kith_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, KithError)
+    status = exc.status if isinstance(exc, CommunityError) and exc.status else 400
+    return error_response(exc.code, exc.message, status)
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    return error_response("internal-error", "an internal error occurred", 500)
+
+
+class _Guard:
+    """Outer ASGI layer: loopback clients only, then read-only routing — before Starlette
+    (so no handler, body read or corpus access happens for a refused request)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        if not client or not is_loopback(str(client[0])):
+            await error_response("api-loopback-only", "the local API answers loopback "
+                                 "clients only", 403)(scope, receive, send)
+            return
+        method = scope["method"].upper()
+        path = scope["path"]
+        if method == "POST" and path == SEARCH_PATH:
+            await self.app(scope, receive, send)
+            return
+        if method not in ("GET", "HEAD"):
+            await error_response("api-read-only", "the local API is read-only: "
+                                 f"{method} is refused here", 403)(scope, receive, send)
+            return
+        if path not in GET_PATHS:
+            await error_response("not-found", "no such route", 404)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def create_app(home: Path | str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> ASGIApp:
+    """Build the local API for the node home ``home`` (its corpus, opened read-only).
+
+    Args:
+        home: the node home (``<home>/corpus/``).
+        max_body_bytes: the largest ``POST /search`` body, in bytes (default 64 KiB).
+
+    Returns:
+        An ASGI app (the loopback/read-only guard around a Starlette app).
+    """
+    h = _Handlers(_CorpusHolder(Path(home)), max_body_bytes)
+    routes = [
+        Route("/health", h.health, methods=["GET"]),
+        Route("/stats", h.stats, methods=["GET"]),
+        Route("/contract", h.contract, methods=["GET"]),
+        Route("/openapi.json", h.openapi, methods=["GET"]),
+        Route(SEARCH_PATH, h.search, methods=["POST"]),
+    ]
+    inner = Starlette(routes=routes, exception_handlers={
+        KithError: _on_kith_error, Exception: _on_unexpected})
+    guard = _Guard(inner)
+    guard.holder = h.holder  # type: ignore[attr-defined]
+    return guard
+
+
+def check_host(host: str) -> None:
+    """Refuse a non-loopback listen address (DESIGN §11).
+
+    Raises:
+        CorpusError: ``api-loopback-only``.
+    """
+    if not is_loopback(host):
+        raise CorpusError("api-loopback-only",
+                          f"refusing to serve the local API on non-loopback address {host}")
+
+
+def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
+          on_listening: Any = None, access_log: bool = False) -> None:
+    """Serve the API in this (main) thread until SIGINT/SIGTERM.
+
+    Args:
+        home: the node home. host: a loopback address. port: TCP port (0 = a free one).
+        on_listening: called with the base URL once the socket is bound.
+
+    Raises:
+        CorpusError: ``api-loopback-only`` for a non-loopback ``host``.
+        CommunityError: ``server-start-failed`` when the address cannot be bound.
+    """
+    check_host(host)
+    app = create_app(home)
+    sock = bind_socket(host, port)
+    try:
+        if on_listening is not None:
+            on_listening(base_url_of(sock))
+        serve_forever(app, sock, access_log=access_log)  # type: ignore[arg-type]
+    finally:
+        sock.close()
+        app.holder.close()  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def run_api_in_thread(home: Path | str, host: str = "127.0.0.1", port: int = 0, *,
+                      max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                      startup_timeout_s: float = 10.0) -> Iterator[str]:
+    """Serve the API in a daemon thread for a ``with`` block (tests, embedding).
+
+    Yields:
+        The base URL, e.g. ``"http://127.0.0.1:41234"``.
+
+    Raises:
+        CorpusError: ``api-loopback-only``. CommunityError: ``server-start-failed``.
+    """
+    check_host(host)
+    app = create_app(home, max_body_bytes=max_body_bytes)
+    sock = bind_socket(host, port)
+    url = base_url_of(sock)
+    server = _Server(_config(app, access_log=False))  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                              name=f"kith-api {url}", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise CommunityError("server-start-failed",
+                                     f"the local API at {url} did not start", status=0)
+            time.sleep(0.01)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+        app.holder.close()  # type: ignore[attr-defined]
+
+
+def search_via_api(base_url: str, body: dict[str, Any], budget: env_mod.SearchBudget,
+                   *, timeout_s: float = 65.0) -> dict[str, Any]:
+    """Client helper: one ``POST /search`` inside a shared :class:`SearchBudget`.
+
+    Args:
+        base_url: the API's base URL. body: the request (without ``remainingBudgetMs``).
+        budget: the loop's budget; its deadline is never reset.
+        timeout_s: HTTP timeout (s), never longer than the budget left.
+
+    Returns:
+        The envelope.
+
+    Raises:
+        CorpusError: ``budget-exhausted`` (no request is sent), ``query-invalid`` (400).
+    """
+    import httpx
+
+    req = budget.next_request(body)
+    timeout = min(timeout_s, req["remainingBudgetMs"] / 1000.0 + 5.0)
+    r = httpx.post(base_url.rstrip("/") + SEARCH_PATH, json=req, timeout=timeout)
+    if r.status_code == 400:
+        raise CorpusError("query-invalid", str(r.json().get("error", {}).get("message", ""))[:200]
+                          or None)
+    r.raise_for_status()
+    return r.json()
+
+
+__all__ = ["DEFAULT_PORT", "check_host", "create_app", "openapi_document",
+           "run_api_in_thread", "search_via_api", "serve"]

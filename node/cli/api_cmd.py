@@ -1,0 +1,55 @@
+"""``kith api serve`` (the local read-only API) and ``kith mcp`` (the MCP tool), DESIGN §11."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+
+from node.cli.common import emit_json, err_console, home_of
+from node.errors import UsageError
+
+api_app = typer.Typer(help="The local read-only API for agents on this machine (loopback only).",
+                      no_args_is_help=True)
+
+
+@api_app.command("serve")
+def serve_cmd(
+    ctx: typer.Context,
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR",
+                             help="Loopback address to listen on (a non-loopback one is refused)."),
+    port: int = typer.Option(8765, "--port", min=0, max=65535, help="TCP port (0 picks a free one)."),
+    json_out: bool = typer.Option(False, "--json", help='Print {"url": ...} on stdout once listening.'),
+    access_log: bool = typer.Option(False, "--access-log", help="Log each request on stderr."),
+) -> None:
+    """Serve GET /health, /stats, /contract, /openapi.json and POST /search over this home's
+    corpus until Ctrl-C/SIGTERM. Every other method answers 403 and changes nothing."""
+    from node.api import is_loopback, serve
+
+    if not is_loopback(host):
+        raise UsageError("api-loopback-only",
+                         f"refusing to serve the local API on non-loopback address {host}",
+                         hint="use 127.0.0.1 or ::1; the API is for agents on this machine")
+    if access_log:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+
+    def listening(url: str) -> None:
+        err_console.print(f"kith local API listening on {url} (read-only; Ctrl-C to stop)",
+                          highlight=False)
+        if json_out:
+            emit_json({"url": url})
+
+    serve(home_of(ctx), host, port, on_listening=listening, access_log=access_log)
+    err_console.print("kith local API stopped", highlight=False)
+
+
+def mcp_cmd(
+    ctx: typer.Context,
+    local: bool = typer.Option(False, "--local", envvar="KITH_OFFLINE",
+                               help="iroh local mode for peer searches (relay disabled, loopback)."),
+) -> None:
+    """Serve the read-only `search` tool over MCP stdio (local corpus and joined peers)."""
+    from node.mcp_server import run_stdio
+
+    run_stdio(home_of(ctx), local=local)

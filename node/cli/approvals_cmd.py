@@ -1,0 +1,87 @@
+"""``kith approvals``: decide the requests ``ask``-tier sources create (DESIGN §10, specs/approvals.md)."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from node.cli.common import console, emit_json, home_of, warn
+from node.policy.approvals import Approvals, ApprovalRequest
+
+approvals_app = typer.Typer(
+    help=(
+        "When a peer's query is best answered by an 'ask' source, the host answers "
+        "pending-approval and records a request here. Approve it and the same query gets "
+        "the evidence; --remember opens (or closes) those sources for that peer for good."
+    ),
+    no_args_is_help=True,
+)
+
+_JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
+
+
+def _row(req: ApprovalRequest) -> dict:
+    return req.to_dict() | {"status": req.decision or "pending"}
+
+
+@approvals_app.command("list")
+def list_cmd(
+    ctx: typer.Context,
+    all_: bool = typer.Option(False, "--all", help="Also show decided requests."),
+    as_json: bool = _JSON,
+) -> None:
+    """List pending approval requests (oldest first)."""
+    store = Approvals(home_of(ctx))
+    reqs = sorted(store.requests().values(), key=lambda r: (r.created_at, r.id)) if all_ else store.pending()
+    if as_json:
+        emit_json({"requests": [_row(r) for r in reqs]})
+        return
+    if not reqs:
+        console.print("no pending approval requests" if not all_ else "no approval requests", highlight=False)
+        return
+    table = Table("id", "status", "peer", "query", "sources", "created", box=None, header_style="bold")
+    for r in reqs:
+        who = r.peer_name or f"(anonymous) {r.peer_key[:12]}…"
+        table.add_row(r.id, r.decision or "pending", who, r.query[:60], "\n".join(r.sources), r.created_at)
+    console.print(table)
+
+
+def _decide(ctx: typer.Context, rid: str, approve: bool, remember: bool, as_json: bool) -> None:
+    from node.policy.store import Policy
+
+    home = home_of(ctx)
+    req = Approvals(home).decide(rid, approve, remember=remember)
+    if approve:
+        policy = Policy.load(home)
+        closed = [s for s in req.sources if policy.decide(s, req.peer_name).tier != "ask"]
+        if closed:
+            warn(f"{len(closed)} source(s) are no longer 'ask' in policy.toml and stay closed: "
+                 + ", ".join(closed[:5]))
+    if as_json:
+        emit_json(_row(req))
+    else:
+        verb = "approved" if approve else "denied"
+        scope = "for every query of this peer (remembered)" if remember else "for this query"
+        console.print(f"{verb} {req.id} {scope}: {len(req.sources)} source(s)", highlight=False, markup=False)
+
+
+@approvals_app.command("approve")
+def approve_cmd(
+    ctx: typer.Context,
+    rid: str = typer.Argument(..., metavar="ID", help="The request id (16 hex, from `kith approvals list`)."),
+    remember: bool = typer.Option(False, "--remember", help="Promote these sources for this peer for any query."),
+    as_json: bool = _JSON,
+) -> None:
+    """Approve request ID: the same peer asking the same query gets the evidence."""
+    _decide(ctx, rid, True, remember, as_json)
+
+
+@approvals_app.command("deny")
+def deny_cmd(
+    ctx: typer.Context,
+    rid: str = typer.Argument(..., metavar="ID", help="The request id (16 hex)."),
+    remember: bool = typer.Option(False, "--remember", help="Refuse these sources to this peer for any query."),
+    as_json: bool = _JSON,
+) -> None:
+    """Deny request ID: the sources stay withheld (no new request for the same query)."""
+    _decide(ctx, rid, False, remember, as_json)

@@ -1,0 +1,69 @@
+"""``kith browse`` and ``kith feedback``: find live invitations, rate a session
+(DESIGN §12; ``specs/community-api.md``). Registered by :func:`node.cli.main._register`."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import typer
+from rich.markup import escape
+
+from node.cli.common import console, emit_json, home_of
+from node.cli.community_cmd import SERVER_HELP, run_client
+
+
+def browse_cmd(
+    ctx: typer.Context,
+    protocol: Optional[str] = typer.Option(None, "--protocol", metavar="P", help="A protocol name or a 64-hex protocol_id."),
+    tag: Optional[str] = typer.Option(None, "--tag", metavar="T", help="Only invitations with this tag."),
+    host: Optional[str] = typer.Option(None, "--host", metavar="KEY", help="Only this host's invitations (64-hex key)."),
+    limit: int = typer.Option(20, "--limit", min=1, max=100, help="At most this many (1-100)."),
+    cursor: Optional[str] = typer.Option(None, "--cursor", help="Continue from a previous page's next_cursor."),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    json_out: bool = typer.Option(False, "--json", help='Print {"invitations": [...], "next_cursor": ...} as one JSON document.'),
+) -> None:
+    """List live invitations on the community server, newest first (join one with
+    `kith join POST_ID --server URL`)."""
+    page = run_client(server, None, lambda c: c.browse(protocol=protocol, tag=tag, host=host,
+                                                         limit=limit, cursor=cursor))
+    if json_out:
+        emit_json(page)
+        return
+    posts = page["invitations"]
+    if not posts:
+        console.print("no live invitations match", highlight=False)
+    for post in posts:
+        inv = post["invitation"]
+        who = post["host_display_name"] or inv["host_public_key"][:16] + "…"
+        cap = f"{post['sessions']}/{post['max_sessions']}" if post["max_sessions"] else str(post["sessions"])
+        console.print(f"[bold]{post['post_id']}[/bold]  {escape(inv['protocol']['name'])} "
+                      f"{escape(inv['protocol']['version'])}  by {escape(who)}  sessions {cap}  "
+                      f"expires {post['expires_at']}", highlight=False)
+        line = " ".join(f"#{escape(t)}" for t in inv.get("tags") or [])
+        if inv.get("message"):
+            line = f"{escape(inv['message'])}  {line}".strip()
+        if line:
+            console.print(f"    {line}", highlight=False)
+    if page["next_cursor"]:
+        console.print(f"more: --cursor {page['next_cursor']}", highlight=False)
+
+
+def feedback_cmd(
+    ctx: typer.Context,
+    session_id: str = typer.Argument(..., metavar="SESSION_ID", help="The session's 64-hex id (printed by join and host)."),
+    rating: int = typer.Option(..., "--rating", min=1, max=5, help="1 (bad) to 5 (great)."),
+    comment: Optional[str] = typer.Option(None, "--comment", help="At most 1000 characters."),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    json_out: bool = typer.Option(False, "--json", help="Print the session's ratings as JSON."),
+) -> None:
+    """Rate a session you took part in (once; signed with your key)."""
+
+    async def call(client: Any) -> Any:
+        return await client.submit_feedback(session_id, rating, comment)
+
+    result = run_client(server, home_of(ctx), call, signed=True)
+    if json_out:
+        emit_json(result)
+    else:
+        console.print(f"rated session {session_id[:16]}… {rating}/5 "
+                      f"({len(result['feedback'])} rating(s) recorded)", highlight=False)

@@ -1,0 +1,481 @@
+"""The bounded multi-pass retrieval controller (DESIGN §9 "Search", issue 4).
+
+One search runs at most three passes over the tantivy index, fuses them with weighted
+reciprocal-rank fusion (RRF), dedupes by chunk and caps chunks per document, and reports
+what it did in the ``retrievalController`` report:
+
+1. ``baseline-bm25`` — always: OR of the query's stemmed, folded, stopword-free terms over
+   the chunk body plus the heading path / file name (``title``, boosted by
+   :data:`node.corpus.search.TITLE_BOOST`). Stopword-only queries fall back to the
+   unstemmed ``exact`` field.
+2. ``exact-entity`` — when the query has quoted phrases or identifier-like tokens
+   (``os.path.join``, ``E1234``, ``8080``, ``2024-03-01``, ``deploy.sh``): phrase/term
+   queries on the unstemmed ``exact`` field, so ``"deleted automatically"`` means those
+   words in that order.
+3. ``rewrite-expanded`` — a field-aware, expanded rewrite of the query: every query stem
+   plus plain-language → documentation-vocabulary expansions from :data:`LEXICON`
+   (``folder`` → ``directory``, ``fake`` → ``mock``…; weighted below the user's own
+   words), each searched in ``body`` and with a stronger boost in ``title``, plus
+   adjacent key-term pairs as sloppy phrases (terms near each other score higher).
+
+Early stop: when the baseline pass is already strong — each of its top two chunks
+contains every key term and the query has no expansion — the other passes are skipped
+(``stopReason`` ``baseline-strong``). A deadline (``time.monotonic()`` instant) is checked
+before every pass; a pass that would start after it is ``skipped`` and the controller
+reports ``budget-exhausted``.
+
+Candidate pools are widened (×4, up to 2000) only when filters, stale-file withholding or
+the per-document cap starved the result list and a pass was saturated.
+
+The per-pass raw scores of every returned hit are in ``Hit.score_components``
+(``bm25``, ``exact``, ``rewrite``, ``dense``, ``rrf``; 0.0 when a pass ran and did not
+find the chunk; absent when the pass did not run).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any
+
+import tantivy
+
+from node.corpus import search
+from node.corpus.types import Hit
+from node.errors import CorpusError
+
+#: RRF weight per pass (a pass's contribution is ``weight / (RRF_K + rank)``).
+PASS_WEIGHTS = {"baseline-bm25": 1.0, "exact-entity": 1.0, "rewrite-expanded": 1.0,
+                "dense": 1.0}
+#: Score-component key per pass.
+COMPONENT = {"baseline-bm25": "bm25", "exact-entity": "exact", "rewrite-expanded": "rewrite",
+             "dense": "dense"}
+#: Boost of an expansion term relative to the user's own term.
+EXPANSION_WEIGHT = 0.7
+#: Boost of a title (heading path / file name) match in the rewrite pass.
+REWRITE_TITLE_BOOST = 1.5
+#: Boost and slop of the adjacent key-term pair phrases in the rewrite pass.
+PAIR_BOOST = 0.5
+PAIR_SLOP = 2
+#: Largest candidate pool per pass when widening.
+MAX_DEPTH = 2000
+#: Dedupe levels a caller may ask for, as chunks allowed per document.
+DEDUPE_LEVELS = {"chunk": search.MAX_PER_DOCUMENT, "document": 1}
+
+# Plain-language words users type → the vocabulary technical documentation uses.
+# Generic software vocabulary (not tied to one corpus); keys and values are plain words,
+# analyzed with the index's own analyzer at first use. Expansions are weighted below the
+# user's own words (EXPANSION_WEIGHT) and only ever ADD candidates to a separate pass.
+LEXICON: dict[str, tuple[str, ...]] = {
+    "folder": ("directory",), "folders": ("directories",), "subfolder": ("subdirectory",),
+    "subfolders": ("subdirectories",), "dir": ("directory",),
+    "program": ("process", "command"), "app": ("application", "program"),
+    "crash": ("exception", "error"), "crashes": ("exception", "error"),
+    "error": ("exception",), "errors": ("exceptions",), "fail": ("exception", "error"),
+    "fake": ("mock",), "stub": ("mock",), "dummy": ("mock",), "double": ("mock",),
+    "slow": ("performance", "profile"), "slower": ("performance",), "speed": ("performance",),
+    "website": ("url", "http"), "webpage": ("url", "http", "html"), "web": ("url", "http"),
+    "page": ("html",), "link": ("url",), "address": ("url",), "download": ("fetch", "url"),
+    "internet": ("network",), "online": ("network",),
+    "clean": ("remove", "delete", "cleanup"), "cleans": ("removed", "deleted", "cleanup"),
+    "erase": ("delete", "remove"), "wipe": ("delete", "remove"),
+    "temp": ("temporary",), "tmp": ("temporary",),
+    "save": ("write", "serialize", "store"), "store": ("write", "serialize"),
+    "load": ("read", "deserialize"),
+    "text": ("string", "str"), "texts": ("strings",), "word": ("string", "token"),
+    "words": ("strings", "tokens"), "number": ("integer", "int", "float"),
+    "numbers": ("integers", "floats"),
+    "check": ("test", "validate", "verify"), "pattern": ("regular", "expression", "regex"),
+    "wildcard": ("glob", "pattern"), "wildcards": ("glob", "patterns"),
+    "spreadsheet": ("csv", "excel"), "settings": ("configuration", "config"),
+    "config": ("configuration",), "flags": ("options", "arguments"), "flag": ("option", "argument"),
+    "parallel": ("concurrent", "processes"), "cores": ("processors", "processes"),
+    "cpu": ("processor",), "simultaneously": ("concurrently",),
+    "unzip": ("extract", "zip"), "unpack": ("extract",), "shrink": ("compress", "compression"),
+    "smaller": ("compress",), "checksum": ("hash", "digest"), "fingerprint": ("hash", "digest"),
+    "timezone": ("tzinfo", "zone"), "combination": ("combinations", "permutations", "product"),
+    "combinations": ("permutations", "product"), "pair": ("tuple", "combinations"),
+    "pairs": ("tuples", "combinations"), "count": ("counter", "tally"),
+    "remember": ("cache", "memoize"), "memoize": ("cache",), "cache": ("memoize",),
+    "quit": ("exit", "signal"), "terminate": ("signal", "exit"), "kill": ("signal",),
+    "ctrl": ("keyboardinterrupt", "sigint"), "dictionary": ("dict", "mapping"),
+    "dictionaries": ("dicts", "mappings"), "bug": ("debugger", "debug"),
+    "bugs": ("debugger", "debug"), "step": ("breakpoint", "debugger"),
+    "changed": ("diff", "differences"), "changes": ("diff", "differences"),
+    "difference": ("diff",), "differences": ("diff",), "compare": ("diff", "comparison"),
+    "readable": ("pretty", "format"), "pretty": ("pprint", "format"),
+    "wrap": ("fill", "width"), "columns": ("width",), "fit": ("width",),
+    "install": ("pip", "installation"), "package": ("module", "library", "distribution"),
+    "packages": ("modules", "libraries", "distributions"), "isolated": ("virtual",),
+    "environment": ("virtual", "venv"), "share": ("serve", "server"),
+    "email": ("smtp", "mail", "message"), "mail": ("smtp", "email"),
+    "database": ("sql", "db"), "javascript": ("json",), "js": ("json",),
+    "constants": ("enumeration", "enum"), "constant": ("enumeration", "enum"),
+    "thread": ("threading",), "threads": ("threading",), "lock": ("mutex",),
+    "hash": ("digest",), "password": ("secure", "token"), "passwords": ("secure", "tokens"),
+    "leak": ("allocation",), "timer": ("timing",), "measure": ("timing", "benchmark"),
+}
+
+
+@lru_cache(maxsize=1)
+def _lexicon_stems() -> dict[str, tuple[str, ...]]:
+    """LEXICON keyed and valued by analyzed stems (computed once)."""
+    out: dict[str, list[str]] = {}
+    for word, targets in LEXICON.items():
+        keys = search.query_terms(word) or search.exact_terms(word)
+        stems = [s for t in targets for s in (search.query_terms(t) or search.exact_terms(t))]
+        for k in keys:
+            bucket = out.setdefault(k, [])
+            for s in stems:
+                if s != k and s not in bucket:
+                    bucket.append(s)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def expansions(query: str) -> list[str]:
+    """Expansion stems for ``query`` (not already among its own stems), in query order."""
+    own = search.query_terms(query)
+    lex = _lexicon_stems()
+    out: list[str] = []
+    for raw in search.exact_terms(query):
+        for stem in lex.get(raw, ()) + lex.get(next(iter(search.query_terms(raw)), ""), ()):
+            if stem not in own and stem not in out:
+                out.append(stem)
+    return out
+
+
+@dataclass
+class Plan:
+    """What the controller will try for one query (request-only; no index access).
+
+    Attributes:
+        query: the user text. stems: its analyzed terms (``kith_en``). key_terms: folded
+        unstemmed key words. exact_units: exact-pass phrases. expansions: rewrite stems.
+        pairs: adjacent key-term pairs (exact terms) for proximity phrases.
+    """
+
+    query: str
+    stems: list[str]
+    key_terms: list[str]
+    exact_units: list[list[str]]
+    expansions: list[str]
+    pairs: list[list[str]] = field(default_factory=list)
+
+    @property
+    def passes(self) -> list[str]:
+        """Pass names that may run, in order."""
+        out = ["baseline-bm25"]
+        if self.exact_units:
+            out.append("exact-entity")
+        if self.stems and (self.expansions or self.pairs or len(self.stems) > 1):
+            out.append("rewrite-expanded")
+        return out
+
+    def subqueries(self) -> list[dict[str, Any]]:
+        """The subqueries as a caller may see them (``queryPlan.subqueries``)."""
+        subs: list[dict[str, Any]] = [{"pass": "baseline-bm25", "terms": list(self.stems),
+                                       "fields": ["body", "title"]}]
+        if self.exact_units:
+            subs.append({"pass": "exact-entity", "phrases": [" ".join(u) for u in self.exact_units],
+                         "fields": ["exact"]})
+        if "rewrite-expanded" in self.passes:
+            subs.append({"pass": "rewrite-expanded", "terms": list(self.stems),
+                         "expansions": list(self.expansions),
+                         "proximityPairs": [" ".join(p) for p in self.pairs],
+                         "fields": ["body", "title", "exact"]})
+        return subs
+
+
+@lru_cache(maxsize=512)
+def make_plan(query: str) -> Plan:
+    """Analyze ``query`` into a :class:`Plan` (pure: no index access; cached — callers
+    must not mutate the returned plan)."""
+    keys = search.key_terms(query)
+    words = [k for k in keys if not k.isdigit()]
+    pairs = [[a, b] for a, b in zip(words, words[1:])]
+    return Plan(query=query, stems=search.query_terms(query), key_terms=keys,
+                exact_units=search.exact_units(query), expansions=expansions(query),
+                pairs=pairs)
+
+
+def _should(subs: Iterable[Any]) -> Any:
+    return tantivy.Query.boolean_query([(tantivy.Occur.Should, q) for q in subs])
+
+
+def rewrite_query(schema: Any, plan: Plan) -> Any | None:
+    """The ``rewrite-expanded`` query: own stems (body + boosted title), expansion stems
+    at :data:`EXPANSION_WEIGHT`, and sloppy phrases of adjacent key-term pairs."""
+    Q = tantivy.Query
+    subs = []
+    for t in plan.stems:
+        subs.append(Q.term_query(schema, "body", t))
+        if not t.isdigit():  # "3" in a question must not pick "whatsnew/3.1" by its name
+            subs.append(Q.boost_query(Q.term_query(schema, "title", t), REWRITE_TITLE_BOOST))
+    for t in plan.expansions:
+        subs.append(Q.boost_query(Q.term_query(schema, "body", t), EXPANSION_WEIGHT))
+        subs.append(Q.boost_query(Q.term_query(schema, "title", t),
+                                  EXPANSION_WEIGHT * REWRITE_TITLE_BOOST))
+    for a, b in plan.pairs:
+        subs.append(Q.boost_query(Q.phrase_query(schema, "exact", [a, b], PAIR_SLOP), PAIR_BOOST))
+    return _should(subs) if subs else None
+
+
+def run_pass(searcher: Any, query: Any, depth: int,
+             doc_of: dict[str, str]) -> tuple[list[tuple[str, float]], bool]:
+    """Run one pass: ``([(chunk_id, score)] best first, saturated)``; fills ``doc_of``.
+
+    Zero-score hits are dropped (never evidence); ties sort by chunk id; no total count
+    is collected (``count=False``: it costs time and nothing uses it).
+    """
+    out = []
+    result = searcher.search(query, depth, count=False).hits
+    for score, addr in result:
+        if score > 0:
+            doc = searcher.doc(addr)
+            cid = doc["chunk_id"][0]
+            doc_of[cid] = doc["doc_id"][0]
+            out.append((cid, float(score)))
+    out.sort(key=lambda x: (-x[1], x[0]))
+    return out, len(result) >= depth
+
+
+def weighted_rrf(ranked: dict[str, list[tuple[str, float]]],
+                 k: int = search.RRF_K) -> dict[str, float]:
+    """Weighted RRF: ``{chunk_id: sum over passes of weight/(k + rank)}``."""
+    fused: dict[str, float] = {}
+    for name, hits in ranked.items():
+        w = PASS_WEIGHTS.get(name, 1.0)
+        for rank, (cid, _s) in enumerate(hits, start=1):
+            fused[cid] = fused.get(cid, 0.0) + w / (k + rank)
+    return fused
+
+
+def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str]) -> bool:
+    """True when every chunk in ``chunk_ids`` contains every stem (body or heading)."""
+    if not chunk_ids or not stems:
+        return False
+    db = corpus._db
+    rows = db.execute(
+        "SELECT text, heading_path FROM chunks WHERE chunk_id IN "
+        f"({','.join('?' * len(chunk_ids))})", chunk_ids).fetchall()
+    if len(rows) < len(chunk_ids):
+        return False
+    want = set(stems)
+    for text, heading in rows:
+        have = search.text_stems(text + " " + " ".join(json.loads(heading or "[]")))
+        if not want <= have:
+            return False
+    return True
+
+
+def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] | None = None,
+               deadline: float | None = None,
+               max_per_document: int = search.MAX_PER_DOCUMENT,
+               extra_passes: dict[str, list[tuple[str, float]]] | None = None,
+               ) -> tuple[list[Hit], dict[str, Any]]:
+    """Run the controller on ``corpus`` (a :class:`node.corpus.store.Corpus`).
+
+    Args:
+        corpus: the corpus (its SQLite record and tantivy index).
+        query: user text (never parsed by tantivy's query parser).
+        limit: hits wanted, 1–100.
+        filters: normalized filters (``validate_search_request``); fail closed.
+        deadline: ``time.monotonic()`` instant; no pass starts after it.
+        max_per_document: chunks allowed per document (2 = chunk-level dedupe,
+            1 = document-level).
+        extra_passes: ranked lists from outside tantivy (``{"dense": [(chunk_id, score)]}``,
+            the optional hybrid extra) fused like any pass.
+
+    Returns:
+        ``(hits, controller)`` as documented on ``Corpus.search_hits``; ``controller``
+        also has ``plan`` (the :class:`Plan` subqueries) and per-pass ``candidates``.
+
+    Raises:
+        CorpusError: ``query-invalid``, ``index-unavailable``.
+    """
+    if not isinstance(query, str) or not query.strip():
+        raise CorpusError("query-invalid", "The field 'query' must be a non-empty string.")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100:
+        raise CorpusError("query-invalid", "The limit must be an integer from 1 to 100.")
+    if (isinstance(max_per_document, bool) or not isinstance(max_per_document, int)
+            or max_per_document < 1):
+        raise CorpusError("query-invalid", "maxPerDocument must be an integer >= 1.")
+    filters = filters or {}
+    plan = make_plan(query)
+    controller: dict[str, Any] = {
+        "mode": "bounded-multi-pass", "passes": [],
+        "fusion": {"method": "rrf", "k": search.RRF_K,
+                   "weights": {p: PASS_WEIGHTS[p] for p in plan.passes}},
+        "maxPerDocument": max_per_document, "candidates": 0, "orphaned": 0,
+        "filteredOut": 0, "withheldStale": 0, "dedupedPerDocument": 0,
+        "returned": 0, "rounds": 0, "earlyStop": False, "stopReason": None,
+        "indexLag": 0, "subqueries": plan.subqueries(),
+    }
+
+    def expired() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
+
+    with corpus._lock:
+        if expired():
+            controller.update(earlyStop=True, stopReason="budget-exhausted")
+            controller["passes"] = [{"name": p, "status": "skipped", "candidates": 0}
+                                    for p in plan.passes]
+            return [], controller
+        searcher = corpus._searcher()
+        schema = corpus._index.schema
+        bq, field_used = search.baseline_query(schema, query)
+        queries: dict[str, Any] = {"baseline-bm25": bq}
+        if "exact-entity" in plan.passes:
+            queries["exact-entity"] = search.exact_query(schema, query)
+        if "rewrite-expanded" in plan.passes:
+            queries["rewrite-expanded"] = rewrite_query(schema, plan)
+        depth = max(limit * 4, 40)
+        hits: list[Hit] = []
+        order: list[str] = []
+        counts: dict[str, int] = {}
+        while True:
+            controller["rounds"] += 1
+            doc_of: dict[str, str] = {}
+            ranked: dict[str, list[tuple[str, float]]] = {}
+            passes: list[dict[str, Any]] = []
+            saturated = False
+            stop: str | None = None
+            for name in plan.passes:
+                if stop is not None:
+                    passes.append({"name": name, "status": "skipped", "candidates": 0,
+                                   "reason": stop})
+                    continue
+                if name != "baseline-bm25" and expired():
+                    stop = "budget-exhausted"
+                    passes.append({"name": name, "status": "skipped", "candidates": 0,
+                                   "reason": stop})
+                    continue
+                q = queries.get(name)
+                if q is None:  # nothing searchable (e.g. only punctuation): ran, found nothing
+                    passes.append({"name": name, "status": "ran", "candidates": 0})
+                    continue
+                ranked[name], sat = run_pass(searcher, q, depth, doc_of)
+                saturated |= sat
+                entry = {"name": name, "status": "ran", "candidates": len(ranked[name])}
+                if name == "baseline-bm25":
+                    entry["field"] = field_used
+                passes.append(entry)
+                if (name == "baseline-bm25" and not plan.exact_units and not plan.expansions
+                        and controller["rounds"] == 1
+                        and _covers_all(corpus, [c for c, _ in ranked[name][:2]], plan.stems)):
+                    stop = "baseline-strong"
+            if extra_passes:
+                for name, extra in extra_passes.items():
+                    known = [(c, s) for c, s in extra if c in doc_of or _doc_of(corpus, c, doc_of)]
+                    ranked[name] = known
+                    passes.append({"name": name, "status": "ran", "candidates": len(known)})
+            if stop is not None:
+                controller.update(earlyStop=True, stopReason=stop)
+            raw = {name: dict(h) for name, h in ranked.items()}
+            fused = weighted_rrf(ranked)
+            order = sorted(fused, key=lambda c: (-fused[c], c))
+            counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
+                                     "dedupedPerDocument")}
+            hits = corpus._materialize(order, doc_of, fused, raw, filters, limit,
+                                       max_per_document, counts)
+            if len(hits) >= limit or not saturated or depth >= MAX_DEPTH or expired():
+                break
+            depth = min(depth * 4, MAX_DEPTH)
+        hits = [replace(h, score_components=_components(h.chunk_id, raw, fused)) for h in hits]
+        controller["passes"] = passes
+        controller["candidates"] = len(order)
+        controller.update(counts)
+        controller["indexLag"] = _index_lag(corpus)
+        controller["returned"] = len(hits)
+        return hits, controller
+
+
+def _components(cid: str, raw: dict[str, dict[str, float]], fused: dict[str, float]
+                ) -> dict[str, float]:
+    out = {COMPONENT.get(name, name): round(scores.get(cid, 0.0), 6) for name, scores in raw.items()}
+    out.setdefault("bm25", 0.0)
+    out["rrf"] = round(fused[cid], 6)
+    return out
+
+
+def _doc_of(corpus: Any, cid: str, doc_of: dict[str, str]) -> bool:
+    row = corpus._db.execute("SELECT doc_id FROM chunks WHERE chunk_id=?", (cid,)).fetchone()
+    if row is None:
+        return False
+    doc_of[cid] = row[0]
+    return True
+
+
+def _index_lag(corpus: Any) -> int:
+    import sqlite3
+
+    applied = int(corpus._get_meta("index_applied_seq") or 0)
+    try:
+        top = corpus._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+    except sqlite3.Error:
+        top = applied
+    return max(0, top - applied)
+
+
+def local_search(corpus: Any, body: Any) -> dict[str, Any]:
+    """Answer one search request over the LOCAL corpus (the owner's own agents: the local
+    API, ``kith mcp``): no policy, same envelope and statuses as the peer path (DESIGN §8).
+
+    Args:
+        corpus: a :class:`node.corpus.store.Corpus` (usually read-only), or None when the
+            home has no corpus yet.
+        body: the flat request body (DESIGN §8) — ``query``, ``topK``, filters,
+            ``remainingBudgetMs`` (ms), ``dedupe``.
+
+    Returns:
+        ``{"status": str, "envelope": dict}`` plus ``"error": {"code", "message"}`` when
+        the request is invalid. Statuses: ``ok``, ``no-verified-results``,
+        ``invalid-request``, ``budget-exhausted`` (``remainingBudgetMs`` 0: the index is not
+        touched), ``index-unavailable`` / ``index-syncing`` (envelope ``available`` false).
+        Never raises for bad input; never carries a path or exception text.
+    """
+    from node.corpus import envelope as env
+
+    try:
+        req = env.validate_search_request(body)
+    except CorpusError as exc:
+        return {"status": "invalid-request", "envelope": env.empty_envelope("invalid-request"),
+                "error": {"code": exc.code, "message": exc.message}}
+    if req.get("remainingBudgetMs") == 0:
+        return {"status": "budget-exhausted",
+                "envelope": env.empty_envelope("budget-exhausted", req)}
+    deadline = env.server_deadline(req)
+    try:
+        if corpus is None:
+            raise CorpusError("index-unavailable")
+        hits, controller = run_search(corpus, req["query"], limit=req["topK"],
+                                      filters=req["filters"] or None, deadline=deadline,
+                                      max_per_document=env.DEDUPE_LEVELS[req["dedupe"]])
+    except CorpusError as exc:
+        if exc.code == "query-invalid":
+            return {"status": "invalid-request", "envelope": env.empty_envelope("invalid-request"),
+                    "error": {"code": exc.code, "message": exc.message}}
+        reason = _unavailable_reason(corpus)
+        return {"status": reason, "envelope": env.empty_envelope(reason, req)}
+    if not hits:
+        if controller.get("stopReason") == "budget-exhausted" and not any(
+                p.get("status") == "ran" for p in controller.get("passes", [])):
+            return {"status": "budget-exhausted",
+                    "envelope": env.empty_envelope("budget-exhausted", req)}
+        return {"status": "no-verified-results",
+                "envelope": env.empty_envelope("no-verified-results", req)}
+    return {"status": "ok", "envelope": env.build_envelope(req, hits, controller)}
+
+
+def _unavailable_reason(corpus: Any) -> str:
+    """``index-syncing`` while a first sync is under way, else ``index-unavailable``."""
+    if corpus is None:
+        return "index-unavailable"
+    try:
+        st = corpus.stats()
+    except Exception:  # noqa: BLE001 - a broken store is simply unavailable
+        return "index-unavailable"
+    return "index-syncing" if st.get("processing") else "index-unavailable"

@@ -1,0 +1,143 @@
+"""Session timing decisions, with time as an input (DESIGN §3 heartbeat, §6 handshake
+steps, §7 idle limit). No I/O, no clock of its own: every method takes ``now`` (seconds on
+a monotonic clock) and answers what is due.
+
+Rules:
+
+- handshake: every step (waiting for the peer's next handshake frame, or for the local
+  driver to confirm) must finish within ``handshake_step_s`` → ``handshake-timeout``;
+- after the handshake, a ``_ping`` is due every ``ping_interval_s``;
+- no complete frame from the peer for ``unresponsive_s`` → ``peer-unresponsive``
+  (a killed peer sends nothing, not even a QUIC close, so this is how it is noticed);
+- no business message in either direction for ``idle_s`` → ``idle-timeout``.
+
+Any bound may be None (disabled).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+PING_INTERVAL_S = 10.0
+UNRESPONSIVE_S = 30.0
+HANDSHAKE_STEP_S = 10.0
+
+#: Test-only override of the heartbeat, ``"<ping_interval_s>,<unresponsive_s>"`` (e.g.
+#: ``"0.2,1"``), so that tests and the load script can watch a killed ``kith join``
+#: being detected in about a second instead of 30. Never set it in production.
+TEST_HEARTBEAT_ENV = "KITH_TEST_HEARTBEAT"
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """The bounds of one session, in seconds (None = no bound).
+
+    Attributes:
+        handshake_step_s: each handshake step (default 10 s, DESIGN §6).
+        ping_interval_s: ``_ping`` period after the handshake (default 10 s, DESIGN §3).
+        unresponsive_s: silence after which the peer is declared gone (default 30 s).
+        idle_s: business silence after which the session ends (the protocol's
+            ``idle_timeout_s``; None for an interactive guest).
+    """
+
+    handshake_step_s: float | None = HANDSHAKE_STEP_S
+    ping_interval_s: float | None = PING_INTERVAL_S
+    unresponsive_s: float | None = UNRESPONSIVE_S
+    idle_s: float | None = None
+
+
+def heartbeat_from_env(environ: dict[str, str] | None = None) -> tuple[float, float] | None:
+    """Parse the test-only :data:`TEST_HEARTBEAT_ENV` override.
+
+    Returns:
+        ``(ping_interval_s, unresponsive_s)``, or None when unset or malformed (a malformed
+        value is ignored so a typo can never disable the heartbeat).
+    """
+    raw = (environ if environ is not None else os.environ).get(TEST_HEARTBEAT_ENV, "")
+    if not raw:
+        return None
+    try:
+        ping, dead = (float(x) for x in raw.split(","))
+    except ValueError:
+        return None
+    if not (0 < ping < dead <= 3600):
+        return None
+    return ping, dead
+
+
+PING = "ping"
+
+
+class SessionTimers:
+    """Tracks the last activity of one session and says what is due.
+
+    Args:
+        timeouts: the bounds.
+        now: the current time (s, monotonic); the first handshake step starts here.
+    """
+
+    def __init__(self, timeouts: Timeouts, now: float) -> None:
+        self.timeouts = timeouts
+        self.ready = False
+        self.step_started = now
+        self.last_frame_in = now
+        self.last_ping_out = now
+        self.last_business = now
+
+    # ------------------------------------------------------------------ activity
+    def frame_received(self, now: float) -> None:
+        """A complete frame (any kind) arrived from the peer."""
+        self.last_frame_in = now
+
+    def handshake_step(self, now: float) -> None:
+        """The handshake advanced; the next step starts now."""
+        self.step_started = now
+
+    def session_ready(self, now: float) -> None:
+        """The handshake completed; heartbeat and idle bounds apply from now."""
+        self.ready = True
+        self.last_frame_in = self.last_ping_out = self.last_business = now
+
+    def business(self, now: float) -> None:
+        """A business message was sent or received."""
+        self.last_business = now
+
+    def ping_sent(self, now: float) -> None:
+        """We queued a ``_ping``."""
+        self.last_ping_out = now
+
+    # ------------------------------------------------------------------ decisions
+    def due(self, now: float) -> str | None:
+        """What must happen at ``now``.
+
+        Returns:
+            None (nothing), :data:`PING`, or an abort code: ``handshake-timeout``,
+            ``peer-unresponsive`` or ``idle-timeout``.
+        """
+        t = self.timeouts
+        if not self.ready:
+            if t.handshake_step_s is not None and now - self.step_started >= t.handshake_step_s:
+                return "handshake-timeout"
+            return None
+        if t.unresponsive_s is not None and now - self.last_frame_in >= t.unresponsive_s:
+            return "peer-unresponsive"
+        if t.idle_s is not None and now - self.last_business >= t.idle_s:
+            return "idle-timeout"
+        if t.ping_interval_s is not None and now - self.last_ping_out >= t.ping_interval_s:
+            return PING
+        return None
+
+    def next_deadline(self) -> float | None:
+        """The earliest time at which :meth:`due` may answer something (None: never)."""
+        t = self.timeouts
+        if not self.ready:
+            return None if t.handshake_step_s is None else self.step_started + t.handshake_step_s
+        cands = []
+        if t.unresponsive_s is not None:
+            cands.append(self.last_frame_in + t.unresponsive_s)
+        if t.idle_s is not None:
+            cands.append(self.last_business + t.idle_s)
+        if t.ping_interval_s is not None:
+            cands.append(self.last_ping_out + t.ping_interval_s)
+        return min(cands) if cands else None

@@ -1,0 +1,307 @@
+"""Approvals of ``ask``-tier sources and per-peer promotion (DESIGN §10, §13).
+
+Layout under ``<home>/approvals/`` (every file 0600, written tmp+rename):
+
+* ``requests/<id>.json`` — written by the Host when a query's best evidence is ``ask``:
+  ``{"id", "peer": {"key", "name"}, "query", "sources": [ids], "createdAt"}``. No chunk
+  text, no real path: ``sources`` are canonical (wire) ids.
+* ``decisions/<id>.json`` — written by ``kith approvals approve|deny ID [--remember]``:
+  the request's fields plus ``{"decision": "approved"|"denied", "remember", "decidedAt"}``.
+* ``promoted.json`` — ``{"peers": {"<key>": {"name", "allow": [ids], "deny": [ids]}}}``:
+  what ``--remember`` decided for a peer, for every future query (survives restarts).
+
+A decision without ``--remember`` applies to the same peer asking the same query again
+(whitespace, Unicode form and case of the query do not matter) for
+:data:`DECISION_TTL_S`; with ``--remember`` the sources are promoted (or refused) for
+that peer for any query. Only ``ask``-tier sources are ever opened this way: a source
+whose rule later becomes ``private`` or ``never`` stays closed whatever was approved.
+Peers are identified by public key (a registry name can be re-pinned to another key).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import threading
+import unicodedata
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from node.errors import PolicyError
+from node.home import atomic_write
+
+APPROVALS_DIR = "approvals"
+PROMOTED_FILE = "promoted.json"
+#: How long a decision without ``--remember`` answers a repeated query (seconds).
+DECISION_TTL_S = 7 * 24 * 3600
+#: Open requests kept at once, per peer and in total; beyond, no new file is written
+#: (the peer still gets ``pending-approval``; a hostile peer cannot fill the disk).
+MAX_PENDING_PER_PEER = 20
+MAX_PENDING_TOTAL = 500
+#: Sources recorded per request.
+MAX_SOURCES_PER_REQUEST = 20
+ID_RE = re.compile(r"[0-9a-f]{16}")
+MAX_FILE_BYTES = 1 << 20
+
+
+def query_key(query: str) -> str:
+    """The form in which two queries count as "the same query": NFKC, casefolded,
+    whitespace runs collapsed to one space, trimmed."""
+    return " ".join(unicodedata.normalize("NFKC", query).casefold().split())
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _stamp(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_stamp(text: Any) -> datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
+@dataclass
+class ApprovalRequest:
+    """One request for the owner's decision.
+
+    Attributes:
+        id: 16 lowercase hex (random).
+        peer_key: the asking peer's public key (64 hex).
+        peer_name: its registry name, or ``None`` for an anonymous peer.
+        query: the query text as asked.
+        sources: the canonical ids of the ``ask`` sources that would answer it.
+        created_at: RFC 3339 UTC.
+        decision: ``None`` while pending, else ``"approved"`` / ``"denied"``.
+        remember: whether the decision was remembered (promotion).
+        decided_at: RFC 3339 UTC of the decision, or ``None``.
+    """
+
+    id: str
+    peer_key: str
+    peer_name: str | None
+    query: str
+    sources: list[str]
+    created_at: str
+    decision: str | None = None
+    remember: bool = False
+    decided_at: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape of the request (plus the decision fields once decided)."""
+        out: dict[str, Any] = {"id": self.id, "peer": {"key": self.peer_key, "name": self.peer_name},
+                               "query": self.query, "sources": list(self.sources),
+                               "createdAt": self.created_at}
+        if self.decision is not None:
+            out.update({"decision": self.decision, "remember": self.remember, "decidedAt": self.decided_at})
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> ApprovalRequest | None:
+        """Parse a request/decision file's JSON; ``None`` when it is not one."""
+        try:
+            peer = raw["peer"]
+            rid, key, query, sources = raw["id"], peer["key"], raw["query"], raw["sources"]
+            if not (isinstance(rid, str) and ID_RE.fullmatch(rid) and isinstance(key, str)
+                    and isinstance(query, str) and isinstance(sources, list)
+                    and all(isinstance(s, str) for s in sources)):
+                return None
+            name = peer.get("name")
+            decision = raw.get("decision")
+            if decision not in (None, "approved", "denied"):
+                return None
+            return cls(rid, key, name if isinstance(name, str) else None, query, list(sources),
+                       str(raw.get("createdAt") or ""), decision, bool(raw.get("remember", False)),
+                       raw.get("decidedAt") if isinstance(raw.get("decidedAt"), str) else None)
+        except (KeyError, TypeError, AttributeError):
+            return None
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """What the owner decided for one (peer, query): ids opened and ids refused."""
+
+    allow: frozenset[str] = frozenset()
+    deny: frozenset[str] = frozenset()
+
+
+class Approvals:
+    """The approvals folder of one home. Safe to share between sessions of one process.
+
+    Reads are cached per folder modification time, so the Host sees a decision made by
+    ``kith approvals`` in another process at its next query.
+
+    Args:
+        home: the node home.
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.root = Path(home) / APPROVALS_DIR
+        self.requests_dir = self.root / "requests"
+        self.decisions_dir = self.root / "decisions"
+        self.promoted_path = self.root / PROMOTED_FILE
+        self._lock = threading.Lock()
+        self._cache: dict[Path, tuple[tuple[int, int, frozenset[str]], dict[str, ApprovalRequest]]] = {}
+        self._promoted_cache: tuple[tuple[int, int], dict[str, Any]] | None = None
+
+    # --- reading ------------------------------------------------------------------------
+    @staticmethod
+    def _read_json(path: Path) -> Any:
+        try:
+            with path.open("rb") as fh:
+                data = fh.read(MAX_FILE_BYTES + 1)
+            if len(data) > MAX_FILE_BYTES:
+                return None
+            return json.loads(data.decode("utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return None
+
+    def _load_dir(self, folder: Path) -> dict[str, ApprovalRequest]:
+        try:
+            st = folder.stat()
+            names = frozenset(n for n in os.listdir(folder) if n.endswith(".json"))
+        except OSError:
+            return {}
+        # the names are part of the key: a coarse directory mtime cannot hide a new file
+        sig = (st.st_mtime_ns, st.st_ino, names)
+        cached = self._cache.get(folder)
+        if cached is not None and cached[0] == sig:
+            return cached[1]
+        out: dict[str, ApprovalRequest] = {}
+        for name in names:
+            entry = folder / name
+            stem = name[:-5]
+            if not ID_RE.fullmatch(stem):
+                continue
+            req = ApprovalRequest.from_dict(self._read_json(entry))
+            if req is not None and req.id == stem:
+                out[stem] = req
+        self._cache[folder] = (sig, out)
+        return out
+
+    def requests(self) -> dict[str, ApprovalRequest]:
+        """Every request by id, with its decision merged in when there is one."""
+        with self._lock:
+            reqs = {k: dataclasses.replace(v) for k, v in self._load_dir(self.requests_dir).items()}
+            for rid, dec in self._load_dir(self.decisions_dir).items():
+                base = reqs.get(rid) or dataclasses.replace(dec)
+                base.decision, base.remember, base.decided_at = dec.decision, dec.remember, dec.decided_at
+                reqs[rid] = base
+            return reqs
+
+    def get(self, rid: str) -> ApprovalRequest | None:
+        """The request ``rid`` (any spelling that is not 16 lowercase hex → ``None``)."""
+        if not isinstance(rid, str) or not ID_RE.fullmatch(rid):
+            return None
+        return self.requests().get(rid)
+
+    def promoted(self, peer_key: str) -> Verdicts:
+        """What ``--remember`` decided for ``peer_key``."""
+        with self._lock:
+            try:
+                st = self.promoted_path.stat()
+                sig = (st.st_mtime_ns, st.st_ino)
+            except OSError:
+                return Verdicts()
+            if self._promoted_cache is None or self._promoted_cache[0] != sig:
+                raw = self._read_json(self.promoted_path)
+                peers = raw.get("peers") if isinstance(raw, dict) else None
+                self._promoted_cache = (sig, peers if isinstance(peers, dict) else {})
+            rec = self._promoted_cache[1].get(peer_key)
+        if not isinstance(rec, dict):
+            return Verdicts()
+        allow = [s for s in rec.get("allow") or [] if isinstance(s, str)]
+        deny = [s for s in rec.get("deny") or [] if isinstance(s, str)]
+        return Verdicts(frozenset(allow), frozenset(deny))
+
+    def verdicts(self, peer_key: str, query: str, *, now: datetime | None = None) -> Verdicts:
+        """Sources opened / refused for ``peer_key`` asking ``query``: remembered decisions
+        for any query, plus unexpired decisions on the same query (:func:`query_key`)."""
+        now = now or _now()
+        qk = query_key(query)
+        promoted = self.promoted(peer_key)
+        allow, deny = set(promoted.allow), set(promoted.deny)
+        for req in self.requests().values():
+            if req.decision is None or req.peer_key != peer_key or query_key(req.query) != qk:
+                continue
+            when = _parse_stamp(req.decided_at)
+            if not req.remember and (when is None or now - when > timedelta(seconds=DECISION_TTL_S)):
+                continue
+            (allow if req.decision == "approved" else deny).update(req.sources)
+        return Verdicts(frozenset(allow - deny), frozenset(deny))
+
+    def pending(self) -> list[ApprovalRequest]:
+        """Undecided requests, oldest first."""
+        return sorted((r for r in self.requests().values() if r.decision is None),
+                      key=lambda r: (r.created_at, r.id))
+
+    # --- writing --------------------------------------------------------------------------
+    def request(self, peer_key: str, peer_name: str | None, query: str,
+                sources: list[str]) -> ApprovalRequest | None:
+        """Record (or reuse) the pending request of ``peer_key`` for ``query``.
+
+        An undecided request of the same peer for the same query whose sources include
+        ``sources`` is reused (asking again does not pile up files). Returns ``None`` when
+        the caps (:data:`MAX_PENDING_PER_PEER`, :data:`MAX_PENDING_TOTAL`) are reached.
+        """
+        sources = list(dict.fromkeys(sources))[:MAX_SOURCES_PER_REQUEST]
+        qk = query_key(query)
+        pending = self.pending()
+        for req in pending:
+            if req.peer_key == peer_key and query_key(req.query) == qk and set(sources) <= set(req.sources):
+                return req
+        if (len(pending) >= MAX_PENDING_TOTAL
+                or sum(r.peer_key == peer_key for r in pending) >= MAX_PENDING_PER_PEER):
+            return None
+        req = ApprovalRequest(os.urandom(8).hex(), peer_key, peer_name, query, sources, _stamp(_now()))
+        with self._lock:
+            atomic_write(self.requests_dir / f"{req.id}.json",
+                         json.dumps(req.to_dict(), indent=2, ensure_ascii=False).encode("utf-8") + b"\n")
+        return req
+
+    def decide(self, rid: str, approve: bool, *, remember: bool = False) -> ApprovalRequest:
+        """Write ``decisions/<rid>.json``; with ``remember`` also promote (or refuse) the
+        request's sources for that peer in ``promoted.json``.
+
+        Raises:
+            PolicyError: ``approval-not-found`` (unknown or malformed id),
+                ``approval-decided`` (already decided).
+        """
+        req = self.get(rid)
+        if req is None:
+            raise PolicyError("approval-not-found", f"no approval request {rid!r}")
+        if req.decision is not None:
+            raise PolicyError("approval-decided", f"request {rid} was already {req.decision}")
+        req.decision = "approved" if approve else "denied"
+        req.remember = remember
+        req.decided_at = _stamp(_now())
+        with self._lock:
+            atomic_write(self.decisions_dir / f"{req.id}.json",
+                         json.dumps(req.to_dict(), indent=2, ensure_ascii=False).encode("utf-8") + b"\n")
+            if remember:
+                raw = self._read_json(self.promoted_path)
+                peers = raw.get("peers") if isinstance(raw, dict) and isinstance(raw.get("peers"), dict) else {}
+                rec = peers.get(req.peer_key) if isinstance(peers.get(req.peer_key), dict) else {}
+                allow = [s for s in rec.get("allow") or [] if isinstance(s, str)]
+                deny = [s for s in rec.get("deny") or [] if isinstance(s, str)]
+                for s in req.sources:
+                    if approve:
+                        deny = [d for d in deny if d != s]
+                        allow = allow if s in allow else allow + [s]
+                    else:
+                        allow = [a for a in allow if a != s]
+                        deny = deny if s in deny else deny + [s]
+                peers[req.peer_key] = {"name": req.peer_name, "allow": allow, "deny": deny}
+                atomic_write(self.promoted_path,
+                             json.dumps({"peers": peers}, indent=2, ensure_ascii=False).encode("utf-8") + b"\n")
+        return req

@@ -1,0 +1,198 @@
+"""The local read-only API (DESIGN §11): a real uvicorn server on 127.0.0.1, real corpus."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import jsonschema
+import pytest
+
+from node.api import create_app, openapi_document, run_api_in_thread, search_via_api
+from node.corpus.envelope import ENVELOPE_KEYS, SearchBudget
+from node.corpus.store import Corpus
+from node.errors import CorpusError
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((REPO / "specs" / "search-envelope.schema.json").read_text())
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+
+
+def _valid(env: dict) -> None:
+    errors = sorted(VALIDATOR.iter_errors(env), key=lambda e: list(e.path))
+    assert not errors, [f"{list(e.path)}: {e.message}" for e in errors[:5]]
+    assert tuple(env) == ENVELOPE_KEYS
+
+
+def _snapshot(home: Path) -> dict[str, tuple[int, int]]:
+    """Every file under the home with its size and mtime (to prove nothing changed)."""
+    out = {}
+    for p in sorted(home.rglob("*")):
+        if p.is_file() and not p.name.endswith(("-wal", "-shm")):
+            st = p.stat()
+            out[str(p.relative_to(home))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    base = tmp_path_factory.mktemp("api")
+    root = base / "kb"
+    root.mkdir()
+    (root / "deploy.md").write_text("# Deploy\n\nThe staging server is deleted automatically "
+                                    "every night.\n")
+    (root / "notes.txt").write_text("Temporary directories are removed on exit.\n")
+    home = base / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+    with run_api_in_thread(home, max_body_bytes=4096) as url:
+        yield url, home, root
+
+
+def test_read_routes_answer(served) -> None:
+    url, home, root = served
+    h = httpx.get(url + "/health").json()
+    assert h["status"] == "ok" and h["available"] is True and h["readOnly"] is True
+    assert h["externalAgentContract"]["readOnly"] is True
+    s = httpx.get(url + "/stats").json()
+    assert s["done"] == 2 and s["ready"] is True
+    c = httpx.get(url + "/contract").json()
+    assert c["routes"] == {"GET": ["/health", "/stats", "/contract", "/openapi.json"],
+                           "POST": ["/search"]}
+    for r in (h, s, c):
+        assert str(root) not in json.dumps(r) and str(home) not in json.dumps(r)
+
+
+def test_served_openapi_equals_the_spec_file(served) -> None:
+    url, _, _ = served
+    served_doc = httpx.get(url + "/openapi.json").json()
+    on_disk = json.loads((REPO / "specs" / "openapi.json").read_text())
+    assert served_doc == on_disk == json.loads(json.dumps(openapi_document()))
+    assert set(served_doc["paths"]) == {"/health", "/stats", "/contract", "/openapi.json", "/search"}
+
+
+def test_search_returns_a_valid_envelope(served) -> None:
+    url, _, root = served
+    r = httpx.post(url + "/search", json={"query": "staging server deleted", "topK": 3})
+    assert r.status_code == 200 and r.headers["x-kith-status"] == "ok"
+    env = r.json()
+    _valid(env)
+    assert env["results"][0]["source"] == "/kb/deploy.md"
+    assert str(root) not in r.text
+
+
+@pytest.mark.parametrize("body, reason", [
+    ({"query": "zzzqqqxx", "topK": 3}, "no-verified-results"),
+    ({"query": "staging", "remainingBudgetMs": 0}, "budget-exhausted"),
+])
+def test_search_without_results_keeps_every_key(served, body: dict, reason: str) -> None:
+    url, _, _ = served
+    r = httpx.post(url + "/search", json=body)
+    assert r.status_code == 200
+    env = r.json()
+    _valid(env)
+    assert env["reason"] == reason and env["results"] == []
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b'{"query": "q", "topK": 21}',
+                                     b'{"query": "q", "tags": []}'])
+def test_bad_search_bodies_are_400_with_a_code(served, content: bytes) -> None:
+    url, _, _ = served
+    r = httpx.post(url + "/search", content=content,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "query-invalid"
+
+
+@pytest.mark.parametrize("method, path", [
+    ("POST", "/index"), ("POST", "/index/run"), ("POST", "/index/rebuild"), ("POST", "/sync"),
+    ("PUT", "/settings"), ("PATCH", "/settings"), ("POST", "/memory/write"), ("POST", "/memories"),
+    ("POST", "/server/start"), ("POST", "/server/stop"), ("POST", "/source/create"),
+    ("DELETE", "/search"), ("PUT", "/search"), ("PATCH", "/search"), ("POST", "/health"),
+    ("DELETE", "/stats"), ("POST", "/contract"), ("OPTIONS", "/search"), ("POST", "/search/"),
+    ("DELETE", "/"), ("POST", "/../search"),
+])
+def test_every_mutation_is_403_and_changes_nothing(served, method: str, path: str) -> None:
+    url, home, _ = served
+    before = _snapshot(home)
+    r = httpx.request(method, url + path, json={"query": "x", "root": "/etc"})
+    assert r.status_code == 403
+    assert r.json()["error"]["code"] == "api-read-only"
+    assert _snapshot(home) == before
+
+
+def test_unknown_get_is_404(served) -> None:
+    url, _, _ = served
+    r = httpx.get(url + "/index")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not-found"
+
+
+def test_body_over_the_limit_is_413(served) -> None:
+    url, _, _ = served
+    big = json.dumps({"query": "q" * 5000}).encode()
+    r = httpx.post(url + "/search", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request-too-large"
+
+    def chunks():  # no Content-Length: cut off while reading
+        for _ in range(10):
+            yield b" " * 1000
+    r = httpx.post(url + "/search", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_non_loopback_client_is_403(served) -> None:
+    _, home, _ = served
+    app = create_app(home)
+    transport = httpx.ASGITransport(app=app, client=("192.0.2.7", 40000))
+    import anyio
+
+    async def go() -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=transport, base_url="http://kith") as client:
+            return [await client.get("/health"),
+                    await client.post("/search", json={"query": "staging"})]
+
+    for r in anyio.run(go):
+        assert r.status_code == 403 and r.json()["error"]["code"] == "api-loopback-only"
+    app.holder.close()
+
+
+def test_non_loopback_bind_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CorpusError) as e:
+        with run_api_in_thread(tmp_path, host="0.0.0.0"):
+            pass
+    assert e.value.code == "api-loopback-only"
+
+
+def test_api_without_a_corpus_is_unavailable_not_an_error(tmp_path: Path) -> None:
+    with run_api_in_thread(tmp_path / "fresh-home") as url:
+        assert httpx.get(url + "/health").json()["available"] is False
+        env = httpx.post(url + "/search", json={"query": "anything"}).json()
+        _valid(env)
+        assert env["available"] is False and env["reason"] == "index-unavailable"
+    assert not (tmp_path / "fresh-home" / "corpus").exists()  # the API created nothing
+
+
+def test_client_budget_spans_retries(served) -> None:
+    url, _, _ = served
+    budget = SearchBudget(90)
+    sent = []
+    for _ in range(3):
+        env = search_via_api(url, {"query": "staging", "topK": 2}, budget)
+        _valid(env)
+        sent.append(budget._last_ms)
+    assert sent == sorted(sent, reverse=True)
+    with pytest.raises(CorpusError) as e:
+        search_via_api(url, {"query": "staging"}, budget)
+    assert e.value.code == "budget-exhausted"
+
+
+def test_api_holds_no_writer_lock(served) -> None:
+    _, home, _ = served
+    # a writer can sync while the API is serving (the API opened the corpus read-only)
+    with Corpus(home) as c:
+        rep = c.sync()
+    assert rep["failed"] == 0
+    assert os.path.exists(home / "corpus" / "corpus.sqlite3")

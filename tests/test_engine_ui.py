@@ -1,0 +1,286 @@
+"""The optional UI artifact branch of the handshake (DESIGN §6), engine level: who may ask,
+what the host sends, and every refusal of a hostile bundle."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+
+import pytest
+
+from node.engine import ui as UI
+from node.engine.session import (
+    GuestConfig,
+    HostConfig,
+    ProofVerified,
+    SessionClosed,
+    SessionEngine,
+    SessionReady,
+    State,
+    UiArtifactReceived,
+    UiArtifactRefused,
+)
+from node.signing import session_id_of, session_payload
+from node.spec import load_spec
+
+from conftest import PROTOCOLS
+from helpers import POST_ID
+
+FILES = {"index.html": b"<!doctype html><p>hi</p>", "app.js": b"console.log(1)\n" * 1000,
+         "img/logo.svg": b"<svg/>", "empty.txt": b""}
+
+
+@pytest.fixture(scope="module")
+def echo():
+    return load_spec(PROTOCOLS / "echo")
+
+
+class Pair:
+    """Host and guest engines wired back to back, with UI options."""
+
+    def __init__(self, spec, host_id, guest_id, *, bundle=None, caps=(UI.CAPABILITY,), want=True):
+        seen: set[str] = set()
+
+        def unseen(n):
+            ok = n not in seen
+            seen.add(n)
+            return ok
+
+        self.host = SessionEngine("host", spec, public_key=host_id.public_key, sign=host_id.sign,
+                                  host=HostConfig(remote_id=guest_id.public_key,
+                                                  post_protocol={POST_ID: spec.protocol_id}.get,
+                                                  nonce_unseen=unseen, ui_bundle=bundle))
+        self.guest = SessionEngine("guest", spec, public_key=guest_id.public_key, sign=guest_id.sign,
+                                   guest=GuestConfig(remote_id=host_id.public_key, post_id=POST_ID,
+                                                     host_public_key=host_id.public_key,
+                                                     capabilities=list(caps), want_ui=want))
+        self.he: list = []
+        self.ge: list = []
+        self.wire_h2g = bytearray()
+
+    def pump(self, tamper=None):
+        for _ in range(200):
+            g, h = self.guest.data_to_send(), self.host.data_to_send()
+            if not g and not h:
+                return
+            if g:
+                self.he += self.host.receive_data(g)
+            if h:
+                if tamper is not None:
+                    h = tamper(h)
+                self.wire_h2g += h
+                self.ge += self.guest.receive_data(h)
+            if self.guest.state is State.AWAIT_CONFIRM and any(isinstance(e, ProofVerified) for e in self.ge) \
+                    and not any(isinstance(e, SessionReady) for e in self.ge):
+                self.ge += self.guest.confirm_ready()
+        raise AssertionError("did not settle")
+
+    def run(self, tamper=None):
+        self.guest.initiate()
+        self.pump(tamper)
+        return self
+
+    def of(self, events, kind):
+        return [e for e in events if isinstance(e, kind)]
+
+    def h2g_actions(self):
+        return [json.loads(line)["action"] for line in bytes(self.wire_h2g).splitlines()]
+
+
+def test_bundle_transfers_and_verifies_before_session_ready(echo, host_id, guest_id):
+    pair = Pair(echo, host_id, guest_id, bundle=UI.Bundle.from_files(FILES)).run()
+    got = pair.of(pair.ge, UiArtifactReceived)
+    assert len(got) == 1 and got[0].files == FILES and got[0].total_bytes == sum(map(len, FILES.values()))
+    assert pair.host.state is State.READY and pair.guest.state is State.READY
+    # order: proof, begin, file*, end; the guest's ack precedes its _session_ready
+    acts = pair.h2g_actions()
+    assert acts[0] == "_session_proof" and acts[1] == "_ui_artifact_begin" and acts[-1] == "_ui_artifact_end"
+    assert pair.host.ui_bytes_sent == got[0].total_bytes
+    assert not pair.of(pair.ge, UiArtifactRefused) and not pair.of(pair.he, UiArtifactRefused)
+
+
+def test_ui_data_is_not_in_the_session_payload(echo, host_id, guest_id):
+    pair = Pair(echo, host_id, guest_id, bundle=UI.Bundle.from_files(FILES)).run()
+    proof = pair.of(pair.he, SessionReady)[0].proof
+    payload = session_payload(post_id=POST_ID, protocol_id=echo.protocol_id, host_public_key=host_id.public_key,
+                              guest_public_key=guest_id.public_key, guest_nonce=proof["guest_nonce"],
+                              host_nonce=proof["host_nonce"])
+    assert session_id_of(payload) == proof["session_id"]
+    assert not any(k.startswith("ui") for k in proof)
+
+
+def test_large_bundle_is_chunked_beyond_the_protocol_line_limit(echo, host_id, guest_id):
+    big = {"index.html": b"x" * (3 * UI.CHUNK_BYTES + 17)}
+    pair = Pair(echo, host_id, guest_id, bundle=UI.Bundle.from_files(big)).run()
+    assert pair.of(pair.ge, UiArtifactReceived)[0].files == big
+    assert pair.h2g_actions().count("_ui_artifact_file") == 4
+    # after the branch the guest's line limit is the protocol's again
+    assert pair.guest._framer.max_line_bytes == echo.limits.max_message_bytes
+
+
+@pytest.mark.parametrize("caps,want", [((), True), ((UI.CAPABILITY,), False)])
+def test_no_request_means_no_transfer(echo, host_id, guest_id, caps, want):
+    pair = Pair(echo, host_id, guest_id, bundle=UI.Bundle.from_files(FILES), caps=caps, want=want).run()
+    assert pair.guest.state is State.READY
+    assert not any(a.startswith("_ui_artifact") for a in pair.h2g_actions())
+    assert not pair.of(pair.ge, UiArtifactReceived)
+
+
+def test_guest_without_offer_never_asks(echo, host_id, guest_id):
+    pair = Pair(echo, host_id, guest_id, bundle=None).run()
+    assert pair.guest.state is State.READY
+    assert b"_ui_artifact" not in bytes(pair.wire_h2g)
+
+
+def test_request_without_offer_is_answered_ui_not_offered(echo, host_id, guest_id):
+    pair = Pair(echo, host_id, guest_id, bundle=None)
+    pair.guest.initiate()
+    pair.host.receive_data(pair.guest.data_to_send())
+    proof = pair.host.data_to_send()
+    pair.ge += pair.guest.receive_data(proof)
+    pair.he += pair.host.receive_data(b'{"action":"_ui_artifact_request"}\n')
+    out = pair.host.data_to_send()
+    assert json.loads(out)["code"] == "ui-not-offered"
+    assert pair.host.state is State.HANDSHAKE  # the session may still complete
+    pair.ge += pair.guest.confirm_ready()
+    pair.he += pair.host.receive_data(pair.guest.data_to_send())
+    assert pair.host.state is State.READY
+
+
+def _frame(obj) -> bytes:
+    return (json.dumps(obj) + "\n").encode()
+
+
+def _manifest(files, **over):
+    entries = [{"path": p, "size": len(b), "sha256": hashlib.sha256(b).hexdigest()} for p, b in files.items()]
+    d = {"action": "_ui_artifact_begin", "files": entries, "total_bytes": sum(len(b) for b in files.values())}
+    d.update(over)
+    return d
+
+
+def _chunks(files):
+    return [_frame({"action": "_ui_artifact_file", "path": p, "offset": 0, "data": base64.b64encode(b).decode()})
+            for p, b in files.items() if b]
+
+
+def hostile(echo, host_id, guest_id, frames: list[bytes]):
+    """A host that answers the UI request with ``frames`` instead of its real bundle."""
+    pair = Pair(echo, host_id, guest_id, bundle=UI.Bundle.from_files(FILES))
+
+    def tamper(data: bytes) -> bytes:
+        lines = data.splitlines(keepends=True)
+        if any(b'"_ui_artifact_begin"' in ln for ln in lines):
+            return b"".join(frames)
+        return data
+
+    return pair.run(tamper)
+
+
+GOOD = {"index.html": b"<p>ok</p>"}
+
+
+@pytest.mark.parametrize("path", ["../evil.html", "a/../../x", "/etc/passwd", "C:evil", "c:/x", "a\\b", "a//b",
+                                  "./index.html", "a/./b", "", "x" * 300, "bad\x00name", "bad\nname", " lead",
+                                  "a/\u202eevil"])
+def test_guest_refuses_bad_paths(echo, host_id, guest_id, path):
+    files = {"index.html": b"<p>ok</p>", path: b"data"}
+    pair = hostile(echo, host_id, guest_id, [_frame(_manifest(files)), *_chunks(files),
+                                             _frame({"action": "_ui_artifact_end"})])
+    refused = pair.of(pair.ge, UiArtifactRefused)
+    assert [r.code for r in refused] == ["ui-path-invalid"] and refused[0].by == "guest"
+    assert not pair.of(pair.ge, UiArtifactReceived)
+    # the UI is refused, the session still starts (no UI) and the host learns the code
+    assert pair.guest.state is State.READY and pair.host.state is State.READY
+    assert [r.code for r in pair.of(pair.he, UiArtifactRefused)] == ["ui-path-invalid"]
+
+
+def test_guest_refuses_case_duplicates(echo, host_id, guest_id):
+    files = {"index.html": b"a", "INDEX.html": b"b"}
+    pair = hostile(echo, host_id, guest_id, [_frame(_manifest(files)), _frame({"action": "_ui_artifact_end"})])
+    assert [r.code for r in pair.of(pair.ge, UiArtifactRefused)] == ["ui-path-invalid"]
+
+
+@pytest.mark.parametrize("kind", ["symlink", "link", "dir", "device"])
+def test_guest_refuses_links_and_special_entries(echo, host_id, guest_id, kind):
+    m = _manifest(GOOD)
+    m["files"].append({"path": "ln", "size": 0, "sha256": hashlib.sha256(b"").hexdigest(), "type": kind})
+    pair = hostile(echo, host_id, guest_id, [_frame(m), _frame({"action": "_ui_artifact_end"})])
+    assert [r.code for r in pair.of(pair.ge, UiArtifactRefused)] == ["ui-link-refused"]
+
+
+@pytest.mark.parametrize("m,code", [
+    (lambda: _manifest(GOOD, total_bytes=UI.MAX_TOTAL_BYTES + 1), "ui-too-large"),
+    (lambda: {"action": "_ui_artifact_begin", "total_bytes": UI.MAX_FILE_BYTES + 1,
+              "files": [{"path": "index.html", "size": UI.MAX_FILE_BYTES + 1, "sha256": "0" * 64}]}, "ui-too-large"),
+    (lambda: {"action": "_ui_artifact_begin", "total_bytes": 0,
+              "files": [{"path": f"f{i}", "size": 0, "sha256": "0" * 64} for i in range(UI.MAX_FILES + 1)]},
+     "ui-too-large"),
+    (lambda: _manifest(GOOD, total_bytes=3), "ui-manifest-mismatch"),
+    (lambda: {"action": "_ui_artifact_begin", "total_bytes": 1,
+              "files": [{"path": "index.html", "size": 1, "sha256": "A" * 64}]}, "ui-manifest-mismatch"),
+    (lambda: _manifest({"app.js": b"x"}), "ui-no-index"),
+    (lambda: _manifest({"sub/index.html": b"x"}), "ui-no-index"),
+])
+def test_guest_refuses_bad_manifests(echo, host_id, guest_id, m, code):
+    pair = hostile(echo, host_id, guest_id, [_frame(m()), _frame({"action": "_ui_artifact_end"})])
+    assert [r.code for r in pair.of(pair.ge, UiArtifactRefused)] == [code]
+    assert pair.guest.state is State.READY
+
+
+def test_guest_refuses_hash_mismatch(echo, host_id, guest_id):
+    m = _manifest(GOOD)
+    tampered = {"index.html": b"<p>XX</p>"}  # same size, other bytes
+    pair = hostile(echo, host_id, guest_id, [_frame(m), *_chunks(tampered), _frame({"action": "_ui_artifact_end"})])
+    assert [r.code for r in pair.of(pair.ge, UiArtifactRefused)] == ["ui-hash-mismatch"]
+    assert not pair.of(pair.ge, UiArtifactReceived)
+
+
+@pytest.mark.parametrize("frames", [
+    # data beyond the declared size
+    lambda: [_frame(_manifest(GOOD)), *_chunks({"index.html": b"<p>ok</p>!!"}), _frame({"action": "_ui_artifact_end"})],
+    # wrong offset
+    lambda: [_frame(_manifest(GOOD)), _frame({"action": "_ui_artifact_file", "path": "index.html", "offset": 5,
+                                              "data": base64.b64encode(b"<p>ok</p>").decode()}),
+             _frame({"action": "_ui_artifact_end"})],
+    # a file not in the manifest
+    lambda: [_frame(_manifest(GOOD)), *_chunks({"other.html": b"<p>ok</p>"}), _frame({"action": "_ui_artifact_end"})],
+    # end before every file arrived
+    lambda: [_frame(_manifest(GOOD)), _frame({"action": "_ui_artifact_end"})],
+])
+def test_guest_refuses_transfers_that_break_the_manifest(echo, host_id, guest_id, frames):
+    pair = hostile(echo, host_id, guest_id, frames())
+    assert [r.code for r in pair.of(pair.ge, UiArtifactRefused)] == ["ui-manifest-mismatch"]
+    assert pair.guest.state is State.READY
+
+
+def test_unrequested_ui_data_rejects_the_session(echo, host_id, guest_id):
+    pair = Pair(echo, host_id, guest_id, bundle=None, caps=(), want=False)
+
+    def tamper(data: bytes) -> bytes:
+        if b'"_session_proof"' in data:
+            return data + _frame(_manifest(GOOD))
+        return data
+
+    pair.run(tamper)
+    closed = pair.of(pair.ge, SessionClosed)
+    assert closed and closed[0].reason == "rejected" and closed[0].code == "ui-not-requested"
+
+
+def test_host_refuses_ready_before_the_ui_answer(echo, host_id, guest_id):
+    pair = Pair(echo, host_id, guest_id, bundle=UI.Bundle.from_files(FILES))
+    pair.guest.initiate()
+    pair.host.receive_data(pair.guest.data_to_send())
+    pair.guest.receive_data(pair.host.data_to_send())
+    pair.host.receive_data(pair.guest.data_to_send())  # the request → the bundle is queued
+    ready = {"action": "_session_ready", "session_id": pair.host.session_id, "guest_signature": "0" * 128}
+    events = pair.host.receive_data(_frame(ready))
+    assert events[-1].code == "handshake-unexpected-frame"
+
+
+def test_host_bundle_of_the_shipped_protocol_has_an_index():
+    from node.ui_artifacts import load_bundle
+
+    b = load_bundle(PROTOCOLS / "knowledge-query")
+    assert "index.html" in b.data and b.total_bytes > 0
+    UI.check_manifest(list(b.files), b.total_bytes)

@@ -1,0 +1,261 @@
+"""Trusted peers, profiles in the handshake, approvals CLI, leak-free diagnostics (issue 5)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import stat
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from node.cli import main as cli_main
+from node.engine.session import SessionReady
+from node.errors import CODES, KithError, PolicyError
+from node.host import admission
+from node.peers import PeerRegistry, clean_profile, load_own_profile, save_own_profile
+from node.policy.approvals import Approvals
+from node.policy.redact import RedactingFilter, redact
+from node.spec import load_spec
+
+from conftest import PROTOCOLS, new_identity
+from helpers import EnginePair
+
+ALICE, BOB, EVE = "a1" * 32, "b2" * 32, "e5" * 32
+
+
+@pytest.fixture(scope="module")
+def kith():
+    cli_main._register()
+    runner = CliRunner()
+
+    def run(home: Path, *args: str):
+        return runner.invoke(cli_main.app, ["--home", str(home), *args])
+
+    return run
+
+
+# --- registry ------------------------------------------------------------------------------------
+
+
+def test_add_list_rank_remove(tmp_path: Path) -> None:
+    reg = PeerRegistry.load(tmp_path)
+    reg.add("alice", ALICE, "works on storage engines")
+    reg.add("bob", BOB, "frontend", profile={"displayName": "Bobby", "shortDescr": "SQLite fan"})
+    assert stat.S_IMODE((tmp_path / "peers.json").stat().st_mode) == 0o600
+    again = PeerRegistry.load(tmp_path)
+    assert again.by_key(BOB).profile == {"displayName": "Bobby", "shortDescr": "SQLite fan"}
+    assert again.by_key(BOB).profile_synced_at
+    assert [r.name for _, r in again.rank("sqlite")] == ["bob"]          # shared profile
+    assert [r.name for _, r in again.rank("storage")] == ["alice"]      # own note
+    assert [r.name for _, r in again.rank("ali")] == ["alice"]          # local name
+    assert again.rank("nothing-like-it") == []
+    for call, code in ((lambda: again.add("alice", EVE), "peer-exists"),
+                       (lambda: again.add("carol", ALICE), "peer-key-pinned"),
+                       (lambda: again.add("-bad", EVE), "peer-bad-name"),
+                       (lambda: again.add("x" * 65, EVE), "peer-bad-name"),
+                       (lambda: again.remove("carol"), "peer-not-found")):
+        with pytest.raises(KithError) as exc:
+            call()
+        assert exc.value.code == code
+    with pytest.raises(KithError) as exc:
+        again.add("carol", "A1" * 32)
+    assert exc.value.code == "bad-hex"
+    again.remove("alice")
+    assert PeerRegistry.load(tmp_path).by_name("alice") is None
+
+
+def test_broken_registry_is_a_typed_error(tmp_path: Path) -> None:
+    for text in ("{not json", '{"peers": {"../x": {"publicKey": "%s"}}}' % ALICE,
+                 '{"peers": {"a": {"publicKey": "%s"}, "b": {"publicKey": "%s"}}}' % (ALICE, ALICE)):
+        (tmp_path / "peers.json").write_text(text)
+        with pytest.raises(KithError) as exc:
+            PeerRegistry.load(tmp_path)
+        assert exc.value.code == "config-invalid" and "peers.json" in exc.value.message
+
+
+def test_profiles_are_cleaned_and_merged_only_for_known_peers(tmp_path: Path) -> None:
+    hostile = {"displayName": "Al\u202eice\u200b\x1b[31m", "fullName": "A" * 500, "role": "admin",
+               "description": "line1\nline2", "shortDescr": 42}
+    clean = clean_profile(hostile)
+    assert clean == {"displayName": "Alice [31m", "fullName": "A" * 128, "description": "line1\nline2"}
+    reg = PeerRegistry.load(tmp_path)
+    reg.add("alice", ALICE)
+    assert reg.merge_profile(EVE, {"displayName": "Eve"}) is None          # unknown: never added
+    assert reg.merge_profile(ALICE, {}) is None                           # nothing shared: no change
+    rec = reg.merge_profile(ALICE, hostile)
+    assert rec.profile == clean and rec.profile_synced_at
+    loaded = PeerRegistry.load(tmp_path)
+    assert set(loaded.peers) == {"alice"} and loaded.by_key(ALICE).profile == clean
+
+
+def test_claimed_pinned_name_with_other_key(tmp_path: Path) -> None:
+    reg = PeerRegistry.load(tmp_path)
+    reg.add("alice", ALICE, profile={"displayName": "Ally"})
+    assert reg.claimed_by_other(EVE, {"displayName": "ALICE"}).name == "alice"
+    assert reg.claimed_by_other(EVE, {"displayName": "ally"}).name == "alice"
+    assert reg.claimed_by_other(EVE, {"displayName": "Eve"}) is None
+    assert reg.claimed_by_other(ALICE, {"displayName": "alice"}) is None  # the pinned key itself
+    admit = admission(reg, peers_only=False)
+    assert admit(EVE, {}) is True
+    with pytest.raises(KithError) as exc:
+        admit(EVE, {"displayName": "alice"})
+    assert exc.value.code == "peer-key-changed"
+    only = admission(reg, peers_only=True)
+    assert only(ALICE, {}) is True and only(EVE, {}) is False
+
+
+def test_own_profile_round_trip(tmp_path: Path) -> None:
+    assert load_own_profile(tmp_path) == {}
+    save_own_profile(tmp_path, {"displayName": "Host", "extra": 1})
+    assert load_own_profile(tmp_path) == {"displayName": "Host"}
+    assert stat.S_IMODE((tmp_path / "profile.json").stat().st_mode) == 0o600
+
+
+# --- profiles travel in the handshake (engine, memory) -------------------------------------------
+
+
+def test_profiles_travel_both_ways_in_the_handshake() -> None:
+    spec = load_spec(PROTOCOLS / "echo")
+    host, guest = new_identity(), new_identity()
+    pair = EnginePair(spec, host, guest)
+    pair.host._host.profile = {"displayName": "Host H"}
+    pair.guest._guest.profile = {"displayName": "Guest G"}
+    pair.handshake()
+    [h_ready] = pair.of(pair.host_events, SessionReady)
+    [g_ready] = pair.of(pair.guest_events, SessionReady)
+    assert h_ready.peer_profile == {"displayName": "Guest G"}
+    assert g_ready.peer_profile == {"displayName": "Host H"}
+
+
+def test_guest_refuses_a_host_claiming_a_pinned_name() -> None:
+    from node.errors import HandshakeError
+
+    spec = load_spec(PROTOCOLS / "echo")
+    host, guest = new_identity(), new_identity()
+    pair = EnginePair(spec, host, guest)
+    pair.host._host.profile = {"displayName": "alice"}
+
+    def admit_host(key, profile):
+        raise HandshakeError("host-key-changed", "'alice' is pinned to " + ALICE)
+
+    pair.guest._guest.admit_host = admit_host
+    pair.handshake()
+    assert pair.guest.close_event.code == "host-key-changed"
+    assert pair.host.close_event.code == "host-key-changed"
+    # the host learns only the code and its fixed text, never the guest's local message
+    assert pair.host.close_event.message == CODES["host-key-changed"][1]
+
+
+# --- leaks: peers get fixed messages; logs are redacted ------------------------------------------
+
+
+def test_peer_sees_code_and_fixed_message_only() -> None:
+    from node.errors import HandshakeError
+
+    spec = load_spec(PROTOCOLS / "echo")
+    host, guest = new_identity(), new_identity()
+    pair = EnginePair(spec, host, guest)
+
+    def admit(key, profile):
+        raise HandshakeError("handshake-not-admitted", "/home/owner/secret at 10.0.0.5:4433 key " + ALICE)
+
+    pair.host._host.admit = admit
+    pair.handshake()
+    assert pair.host.close_event.message.startswith("/home/owner")  # the local outcome keeps detail
+    assert pair.guest.close_event.code == "handshake-not-admitted"
+    assert pair.guest.close_event.message == CODES["handshake-not-admitted"][1]
+
+
+def test_redact() -> None:
+    text = (f"failed reading /home/owner/docs/notes/a.md for {ALICE} via "
+            "https://kith.example.org:8443/api/v1/sessions?token=abc&x=1 from 192.168.1.20:51000 "
+            "and [fe80::1]:443 and relay.example.net:3340 and C:\\Users\\me\\x.txt")
+    out = redact(text, ["/home/owner/docs"])
+    for secret in ("/home/owner", ALICE, "kith.example.org", "token=abc", "192.168.1.20", "fe80::1",
+                   "relay.example.net", "Users\\me"):
+        assert secret not in out, secret
+    assert "https://<host>/api/v1/sessions?<redacted>" in out
+    assert redact("code handshake-not-admitted: ok") == "code handshake-not-admitted: ok"
+
+
+def test_redacting_filter_on_a_handler(tmp_path: Path) -> None:
+    import io
+
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    handler.addFilter(RedactingFilter([str(tmp_path)]))
+    log = logging.getLogger("kith.test.redact")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        log.warning("cannot open %s (peer %s)", tmp_path / "x.md", ALICE)
+    finally:
+        log.removeHandler(handler)
+    assert str(tmp_path) not in buf.getvalue() and ALICE not in buf.getvalue()
+    assert "cannot open <path>" in buf.getvalue()
+
+
+# --- CLI: kith peers, kith approvals, kith policy --for ----------------------------------------------
+
+
+def test_peers_cli(kith, tmp_path: Path) -> None:
+    r = kith(tmp_path, "peers", "add", "alice", ALICE, "--note", "storage team", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["publicKey"] == ALICE
+    assert kith(tmp_path, "peers", "add", "bob", BOB).exit_code == 0
+    r = kith(tmp_path, "peers", "add", "alice", EVE)
+    assert r.exit_code == 1 and "peer-exists" in r.output
+    listed = json.loads(kith(tmp_path, "peers", "list", "--json").stdout)["peers"]
+    assert [p["name"] for p in listed] == ["alice", "bob"]
+    ranked = json.loads(kith(tmp_path, "peers", "list", "--rank", "storage", "--json").stdout)["peers"]
+    assert [p["name"] for p in ranked] == ["alice"] and ranked[0]["score"] > 0
+    assert "alice" in kith(tmp_path, "peers", "list").stdout
+    assert kith(tmp_path, "peers", "remove", "bob").exit_code == 0
+    r = kith(tmp_path, "peers", "remove", "bob")
+    assert r.exit_code == 1 and "peer-not-found" in r.output
+    r = kith(tmp_path, "peers", "profile", "--display-name", "Me", "--json")
+    assert json.loads(r.stdout) == {"displayName": "Me"}
+
+
+def test_approvals_cli(kith, tmp_path: Path) -> None:
+    store = Approvals(tmp_path)
+    req = store.request(ALICE, "alice", "salary bands", ["/docs/ask/salary.md"])
+    other = store.request(BOB, None, "roadmap", ["/docs/ask/roadmap.md"])
+    listed = json.loads(kith(tmp_path, "approvals", "list", "--json").stdout)["requests"]
+    assert [(r["id"], r["status"]) for r in listed] == [(req.id, "pending"), (other.id, "pending")]
+    assert req.id in kith(tmp_path, "approvals", "list").stdout
+    r = kith(tmp_path, "approvals", "approve", req.id, "--remember", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["status"] == "approved"
+    assert kith(tmp_path, "approvals", "deny", other.id).exit_code == 0
+    assert json.loads(kith(tmp_path, "approvals", "list", "--json").stdout)["requests"] == []
+    everything = json.loads(kith(tmp_path, "approvals", "list", "--all", "--json").stdout)["requests"]
+    assert {r["status"] for r in everything} == {"approved", "denied"}
+    r = kith(tmp_path, "approvals", "approve", req.id)
+    assert r.exit_code == 1 and "approval-decided" in r.output
+    r = kith(tmp_path, "approvals", "approve", "../../peers")
+    assert r.exit_code == 1 and "approval-not-found" in r.output
+    assert Approvals(tmp_path).promoted(ALICE).allow == {"/docs/ask/salary.md"}
+
+
+def test_policy_for_override_cli(kith, tmp_path: Path) -> None:
+    assert kith(tmp_path, "policy", "set", "/docs/**", "private").exit_code == 0
+    r = kith(tmp_path, "policy", "set", "/docs/**", "public", "--for", "alice", "--json")
+    assert json.loads(r.stdout) == {"glob": "/docs/**", "tier": "public", "peers": [], "for": "alice"}
+    r = kith(tmp_path, "policy", "explain", "/docs/a.md", "--peer", "alice", "--json")
+    assert json.loads(r.stdout) == {"canonical": "/docs/a.md", "tier": "public", "allowed": True,
+                                    "matched": "/docs/**", "override": "alice"}
+    r = kith(tmp_path, "policy", "explain", "/docs/a.md", "--peer", "bob", "--json")
+    assert json.loads(r.stdout)["allowed"] is False
+    assert kith(tmp_path, "policy", "set", "/docs/**", "peers", "--for", "alice").exit_code == 2
+    listed = json.loads(kith(tmp_path, "policy", "list", "--json").stdout)
+    assert listed["overrides"] == [{"glob": "/docs/**", "tier": "public", "peers": [], "for": "alice"}]
+    assert json.loads(kith(tmp_path, "policy", "unset", "/docs/**", "--for", "alice", "--json").stdout)["removed"]
+    assert json.loads(kith(tmp_path, "policy", "list", "--json").stdout)["rules"] == [
+        {"glob": "/docs/**", "tier": "private", "peers": []}]
+
+
+def test_policy_error_is_a_policy_error() -> None:
+    assert issubclass(PolicyError, KithError)
