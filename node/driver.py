@@ -48,6 +48,8 @@ HANDSHAKE_TIMEOUT_S = 10.0
 #: Events the receiver may queue ahead of the processor before it stops reading (the
 #: transport's flow control then pushes back on the peer).
 MAX_QUEUED_EVENTS = 64
+#: After the peer ended the session cleanly, how long hooks still queued may run (s).
+DRAIN_GRACE_S = 1.0
 
 
 def default_heartbeat() -> tuple[float, float]:
@@ -266,10 +268,15 @@ async def run_session(
         scope.cancel()
 
     def abandon_hooks_if_aborted(scope: anyio.CancelScope) -> None:
-        # the peer is gone or broke the rules: a hook still running has no one to answer
-        # (only a clean `completed` end lets the processor finish its queue)
-        if engine.closed and engine.close_event is not None and engine.close_event.reason != "completed":
-            scope.cancel()
+        # the session ended under the processor (peer's terminal message, abort, timeout):
+        # a hook still running has no one to answer. After a clean `completed` end the
+        # processor gets DRAIN_GRACE_S to run the queued hooks (the terminal message's
+        # on_message); after anything else it stops now.
+        if engine.closed and engine.close_event is not None:
+            if engine.close_event.reason != "completed":
+                scope.cancel()
+            else:
+                scope.deadline = min(scope.deadline, anyio.current_time() + DRAIN_GRACE_S)
 
     async def receiver(scope: anyio.CancelScope) -> None:
         while not engine.closed:

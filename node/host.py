@@ -95,12 +95,13 @@ class Knowledge:
         handle_for: ``(peer_name | None, peer_key)`` → a peer-scoped knowledge handle for
             ``ctx.knowledge`` (quotas and approvals are per key).
         egress_check: the gate's last check on every outgoing business frame (raises
-            ``EgressRefused`` when a real root or home path is in it), or None.
+            ``EgressRefused`` when a real root or home path is in it), or None. Called as
+            ``egress_check(data, echoes)`` with the session's peer-request strings.
         close: releases the corpus.
     """
 
     handle_for: Callable[[str | None, str | None], Any]
-    egress_check: Callable[[bytes], None] | None
+    egress_check: Callable[..., None] | None
     close: Callable[[], None]
 
 
@@ -122,7 +123,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
         warn(f"the index is not available ({exc.code}); guests will get no results. "
              "Run `kith index add PATH` and `kith index sync`.")
         gate = EgressGate([], policy, home)
-        return Knowledge(lambda peer, key=None: _EmptyKnowledge(), gate.check_outgoing, lambda: None)
+        return Knowledge(lambda peer, key=None, echoes=None: _EmptyKnowledge(), gate.check_outgoing, lambda: None)
     stats = corpus.stats()
     if not stats.get("chunks"):
         warn("the index is empty; guests will get no results. Run `kith index add PATH` and `kith index sync`.")
@@ -136,7 +137,8 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
 
     gate = EgressGate(corpus.roots(), policy, home, approvals=Approvals(home))
     limiter = RateLimiter()  # one per host process: a new session does not refill a bucket
-    return Knowledge(lambda peer, key=None: KnowledgeHandle(corpus, gate, peer, peer_key=key, limiter=limiter),
+    return Knowledge(lambda peer, key=None, echoes=None: KnowledgeHandle(corpus, gate, peer, peer_key=key,
+                                                                        limiter=limiter, echoes=echoes),
                      gate.check_outgoing, corpus.close)
 
 
@@ -296,11 +298,13 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                 try:
                     registry = PeerRegistry.load(home)  # re-read: `kith peers` may have changed it
                     admit = admission(registry, opts.peers_only)
+                    echoes: set[bytes] = set()  # the peer's own request strings (not a leak when echoed)
+                    check = knowledge.egress_check
                     engine = SessionEngine(
                         "host", spec, public_key=identity.public_key, sign=identity.sign,
                         host=HostConfig(remote_id=remote, post_protocol=post_protocol, nonce_unseen=nonce_unseen,
                                         admit=admit, profile=own_profile, ui_bundle=ui_bundle),
-                        egress_check=knowledge.egress_check)
+                        egress_check=(lambda data: check(data, echoes)) if check is not None else None)
 
                     def make_context(ev: SessionReady) -> HookContext:
                         rec = registry.merge_profile(ev.peer_public_key, ev.peer_profile) or \
@@ -310,7 +314,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                                   "peer": ev.peer_public_key, "peer_name": name})
                         return HookContext(role="host", session_id=ev.session_id,
                                            peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile),
-                                           knowledge=knowledge.handle_for(name, ev.peer_public_key),
+                                           knowledge=knowledge.handle_for(name, ev.peer_public_key, echoes),
                                            logger=logging.getLogger("kith.hooks." + spec.name))
 
                     outcome = await run_session(stream, engine, hooks, make_context=make_context,

@@ -112,6 +112,7 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
         An ``mcp.server.mcpserver.MCPServer``; ``run("stdio")`` serves it.
     """
     from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
     from mcp.types import ToolAnnotations
 
     home = Path(home)
@@ -150,7 +151,7 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
         try:
             answer = await peer_search(home, peer, body, server=server, local=local)
         except KithError as exc:
-            raise ValueError(f"[{exc.code}] {exc.message}") from None
+            raise ToolError(f"[{exc.code}] {exc.message}") from None
         envelope = answer["envelope"]
         if not isinstance(envelope, dict):
             return env_mod.empty_envelope(answer["status"] if answer["status"] else "internal-error")

@@ -97,3 +97,59 @@ def test_invalid_top_k_is_refused(env) -> None:
     run, _ = env
     r = run("search", "staging", "--top-k", "0")
     assert r.exit_code == 1 and getattr(r.exception, "code", None) == "query-invalid"
+
+
+def test_add_with_chunker_config_and_refusals(env) -> None:
+    run, root = env
+    r = run("index", "add", str(root), "--chunker", "fixed", "--chunk-size", "300",
+            "--chunk-overlap", "0", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["chunker"] == "fixed"
+    r = run("index", "config", "kb", "--chunk-overlap", "300")
+    assert r.exit_code == 1 and getattr(r.exception, "code", None) == "chunking-invalid"
+    r = run("index", "config", "/kb/", "--chunker", "markdown", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["chunker"] == "markdown"
+    r = run("index", "config", "nope", "--chunk-size", "10")
+    assert r.exit_code == 1 and getattr(r.exception, "code", None) == "root-unknown"
+
+
+def test_sync_modes_json_counts_and_status(env) -> None:
+    run, root = env
+    run("index", "add", str(root))
+    r = run("index", "sync", "--mode", "bogus")
+    assert r.exit_code == 2  # a usage error
+    r = run("index", "sync", "--json")
+    rep = json.loads(r.stdout)  # plain counts, one JSON document, no progress bar
+    assert rep["mode"] == "new_only" and rep["files"] == 2 and rep["bytes"] > 0
+    (root / "new.md").write_text("# New\n\nthe gerenuk\n")
+    r = run("index", "sync", "--mode", "update_only", "--json")
+    rep = json.loads(r.stdout)
+    assert rep["indexed"] == 0 and rep["skippedReasons"]["new-ignored"] == 1
+    r = run("index", "sync", "--mode", "full", "--json")
+    rep = json.loads(r.stdout)
+    assert rep["indexed"] == 1 and rep["updated"] == 1
+    r = run("index", "status", "--json")
+    st = json.loads(r.stdout)
+    assert st["rootList"][0]["byStatus"] == {"processing": 0, "done": 2, "error": 1}
+    assert st["failedDocuments"][0]["source"] == "/kb/bad.txt"
+    r = run("index", "status")
+    assert "binary /kb/bad.txt: parse: binary" in r.stdout and "done 2" in r.stdout
+
+
+def test_import_command(env, tmp_path: Path) -> None:
+    run, _ = env
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"id": "1", "text": "the saola sighting", "project": "zoo"}\n{"bad": 1}\n')
+    r = run("index", "import", str(f), "--kind", "tickets", "--instance", "acme", "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["indexed"] == 1 and rep["errors"][0]["line"] == 2
+    r = run("search", "saola", "--json")
+    assert json.loads(r.stdout)["results"][0]["source"] == "/tickets/acme/1"
+    r = run("index", "import", str(f), "--kind", "tickets", "--instance", "acme")
+    assert r.exit_code == 0 and "unchanged 1" in r.stdout
+    r = run("index", "import", str(tmp_path / "missing.jsonl"), "--kind", "t", "--instance", "a")
+    assert r.exit_code == 1 and getattr(r.exception, "code", None) == "import-not-found"
+    r = run("index", "status", "--json")
+    assert json.loads(r.stdout)["datasources"] == [
+        {"kind": "tickets", "instance": "acme", "documents": 1, "chunks": 1}]

@@ -68,7 +68,6 @@ def test_serve_reports_a_busy_port(tmp_path: Path) -> None:
 # =============================================================================================
 import asyncio  # noqa: E402
 import os  # noqa: E402
-import select  # noqa: E402
 import time  # noqa: E402
 
 from typer.testing import CliRunner  # noqa: E402
@@ -81,6 +80,7 @@ from node.identity import load_or_init_identity  # noqa: E402
 from node.spec import load_spec, protocol_id_of  # noqa: E402
 
 from conftest import PROTOCOLS  # noqa: E402
+from test_community_backends import _fresh_pg_database, pg_server  # noqa: E402,F401
 from test_community_server import invitation, session_proof  # noqa: E402
 
 NO_LIMITS = RateLimits(per_key=RateLimit(0, 1), per_address=RateLimit(0, 1))
@@ -132,7 +132,7 @@ def test_client_commands_round_trip(cli, tmp_path: Path, server_url: str) -> Non
     assert r.exit_code == 0, r.output
     assert protocol_id_of(json.loads((out / "spec.json").read_text())) == echo.protocol_id
     r = cli(guest_home, "community", "fetch-protocol", echo.protocol_id, "--out", str(out), *s)
-    assert r.exit_code == 2  # never overwrites
+    assert code_of(r) == "usage"  # never overwrites
     # a post: browse, status, renew, withdraw
     tag = "cli" + os.urandom(3).hex()
 
@@ -194,10 +194,8 @@ def test_serve_refuses_a_bad_database_url(tmp_path: Path) -> None:
     assert json.loads(result.stdout)["error"]["code"] == "database-url-invalid"
 
 
-def test_serve_on_postgresql(tmp_path: Path, request) -> None:
-    from test_community_backends import _fresh_pg_database
-
-    url = _fresh_pg_database(request.getfixturevalue("pg_server"))
+def test_serve_on_postgresql(tmp_path: Path, pg_server: str) -> None:
+    url = _fresh_pg_database(pg_server)
     proc = subprocess.Popen(kith(tmp_path, "community", "serve", "--port", "0", "--json",
                                  "--database-url", url),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -218,16 +216,32 @@ def test_serve_on_postgresql(tmp_path: Path, request) -> None:
 
 # --- kith host republishes a consumed single-use post --------------------------------------------
 class _Host:
+    """A `kith host --json` process; a thread reads its stdout lines into a queue."""
+
     def __init__(self, home: Path, *args: str) -> None:
+        import queue
+        import threading
+
         self.proc = subprocess.Popen(kith(home, "host", "--local", "--json", *args),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      stdin=subprocess.DEVNULL)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+
+        def pump() -> None:
+            for line in self.proc.stdout:
+                self.lines.put(line)
+
+        threading.Thread(target=pump, daemon=True).start()
 
     def next_json(self, timeout: float) -> dict:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        assert ready, "host printed nothing in time"
-        line = self.proc.stdout.readline()
-        assert line, f"host exited: {self.proc.stderr.read()}"
+        import queue
+
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"host printed nothing in time; before: {self.seen}") from None
+        self.seen.append(line)
         return json.loads(line)
 
     def until(self, event: str, timeout: float = 30) -> dict:
@@ -237,14 +251,14 @@ class _Host:
             if ev.get("event") == event:
                 return ev
 
-    def stop(self) -> tuple[int, str, str]:
+    def stop(self) -> tuple[int, str]:
         self.proc.send_signal(signal.SIGINT)
         try:
-            out, err = self.proc.communicate(timeout=20)
+            self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise AssertionError("host did not stop within 20 s of SIGINT")
-        return self.proc.returncode, out, err
+        return self.proc.returncode, self.proc.stderr.read()
 
 
 @pytest.mark.iroh
@@ -254,10 +268,12 @@ def test_host_republishes_a_consumed_single_use_post(tmp_path: Path, server_url:
     try:
         first = host.next_json(60)
         assert first["max_sessions"] == 1
-        join = [*kith(guest_home, "join"), "--server", server_url, "--local", "--trust",
-                "--query", "anything", "--json"]
-        r = subprocess.run([*join[:5], first["post_id"], *join[5:]], capture_output=True,
-                           text=True, timeout=90)
+        def join(post_id: str) -> list[str]:
+            return [*kith(guest_home, "join", post_id), "--server", server_url, "--local",
+                    "--trust", "--query", "anything", "--json"]
+
+        r = subprocess.run(join(first["post_id"]), capture_output=True, text=True,
+                           timeout=90)
         assert r.returncode == 0, r.stderr
         sid = next(line.split()[1] for line in r.stderr.splitlines()
                    if line.startswith("session "))
@@ -266,15 +282,14 @@ def test_host_republishes_a_consumed_single_use_post(tmp_path: Path, server_url:
         new_post = ev["post_id"]
         assert new_post != first["post_id"]
         # the consumed post can't be joined again...
-        r = subprocess.run([*join[:5], first["post_id"], *join[5:]], capture_output=True,
-                           text=True, timeout=90)
+        r = subprocess.run(join(first["post_id"]), capture_output=True, text=True,
+                           timeout=90)
         assert r.returncode == 1
         assert json.loads(r.stdout.splitlines()[-1])["error"]["code"] == "invitation-consumed"
         # ...the new one can, and browse shows only it
         listed = httpx.get(f"{server_url}/api/v1/invitations", params={"tag": "single"}).json()
         assert [p["post_id"] for p in listed["invitations"]] == [new_post]
-        r = subprocess.run([*join[:5], new_post, *join[5:]], capture_output=True, text=True,
-                           timeout=90)
+        r = subprocess.run(join(new_post), capture_output=True, text=True, timeout=90)
         assert r.returncode == 0, r.stderr
         # the first session is closed on the server and still takes feedback
         session = httpx.get(f"{server_url}/api/v1/sessions/{sid}").json()
@@ -284,5 +299,5 @@ def test_host_republishes_a_consumed_single_use_post(tmp_path: Path, server_url:
                            timeout=60)
         assert r.returncode == 0, r.stderr
     finally:
-        code, out, err = host.stop()
+        code, err = host.stop()
     assert code == 0, err

@@ -366,6 +366,16 @@ def test_swapped_role_signatures_are_refused(http: httpx.Client, host: Identity,
     assert response.status_code == 400 and error_of(response) == "session-invalid"
 
 
+def test_a_session_with_oneself_is_refused(http: httpx.Client, host: Identity) -> None:
+    post = published(http, host)
+    response = submit_raw(http, session_proof(host, host, post["post_id"]), host)
+    assert response.status_code == 400 and error_of(response) == "session-invalid"
+
+
+def submit_raw(http: httpx.Client, proof: dict, signer: Identity) -> httpx.Response:
+    return signed_post(http, "/api/v1/sessions", json.dumps(proof).encode(), signer)
+
+
 def test_session_submitted_by_a_non_participant_is_forbidden(
         http: httpx.Client, host: Identity, guest: Identity, tmp_path: Path) -> None:
     post = published(http, host)
@@ -615,6 +625,7 @@ def test_an_identity_is_only_ever_the_signing_key(http: httpx.Client, host: Iden
     {"display_name": ""}, {"display_name": "   "}, {"display_name": "a" * 65},
     {"display_name": "bell\x07"}, {"display_name": "ok", "about": "x" * 501},
     {"display_name": "ok", "about": "line\nbreak"}, {"display_name": 5}, {},
+    {"display_name": "evil\u202etxt.exe"}, {"display_name": "\x1b[31mred"},
 ])
 def test_register_refuses_a_bad_profile(http: httpx.Client, host: Identity, profile) -> None:
     response = signed(http, "POST", "/api/v1/identities", profile, host)
@@ -1118,3 +1129,61 @@ def test_error_messages_never_echo_secrets_or_paths(http: httpx.Client, host: Id
     ):
         text = response.text
         assert str(db) not in text and "Traceback" not in text and "/work" not in text
+
+
+# --- the host's post keeper ------------------------------------------------------------------------
+def test_keeper_republishes_expired_and_consumed_posts_and_closes_sessions(
+        url: str, host: Identity, guest: Identity, clock: Clock) -> None:
+    import anyio
+
+    from node.community.keeper import PostKeeper
+
+    republished: list[tuple[str, str, str]] = []
+
+    async def scenario() -> None:
+        async with CommunityClient(url, host) as client:
+            first = await client.publish_invitation(invitation(host, ttl_s=60))
+        keeper = PostKeeper(url, host, first, make_invitation=lambda: invitation(host, max_sessions=1),
+                            on_republished=lambda prev, why, new: republished.append(
+                                (prev, why, new.post_id)),
+                            poll_s=30)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(keeper.run)
+            clock.offset = 120  # the server now sees the first post expired
+            keeper.observe({"event": "session-started"})
+            with anyio.fail_after(10):
+                while not republished:
+                    await anyio.sleep(0.02)
+            clock.offset = 0
+            second = keeper.current
+            assert republished == [(first.post_id, "expired", second.post_id)]
+            # a session on the single-use second post consumes it → a third post
+            proof = session_proof(host, guest, second.post_id)
+            async with CommunityClient(url, guest) as gc:
+                await gc.submit_session(proof)
+            keeper.observe({"event": "session-started", "session_id": proof["session_id"]})
+            keeper.observe({"event": "session-ended", "session_id": proof["session_id"],
+                            "reason": "aborted", "code": "peer-unresponsive"})
+            with anyio.fail_after(10):
+                while len(republished) < 2:
+                    await anyio.sleep(0.02)
+            assert republished[1][:2] == (second.post_id, "consumed")
+            with anyio.fail_after(10):
+                while True:
+                    async with CommunityClient(url) as anon:
+                        record = await anon.get_session(proof["session_id"])
+                    if record["state"] == "closed":
+                        break
+                    await anyio.sleep(0.02)
+            assert record["close_reason"] == "peer-unresponsive"
+            assert record["closed_by"] == host.public_key
+            # the owner withdraws the current post: the keeper stops, no republish
+            async with CommunityClient(url, host) as client:
+                await client.withdraw_invitation(keeper.current.post_id)
+            keeper.observe({"event": "session-started"})
+            with anyio.fail_after(10):
+                while keeper.stopped_reason is None:
+                    await anyio.sleep(0.02)
+            assert len(republished) == 2
+
+    asyncio.run(scenario())

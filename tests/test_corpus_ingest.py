@@ -350,14 +350,14 @@ def test_row_opened_before_indexing_and_insert_before_delete(home: Path, tmp_pat
         c.sync()
         c._db.set_trace_callback(None)
 
-        def first(prefix: str) -> int:
-            return next(i for i, s in enumerate(trace) if s.lstrip().startswith(prefix)
-                        or prefix in s)
+        def first(prefix: str, needle: str = "") -> int:
+            return next(i for i, s in enumerate(trace)
+                        if s.lstrip().startswith(prefix) and needle in s)
 
-        opened = first("'processing'")
+        opened = first("INSERT INTO documents", "'processing'")
         inserted = first("INSERT OR REPLACE INTO chunks")
-        deleted = first("AND chunk_id NOT IN")
-        done = first("status='done'")
+        deleted = first("DELETE FROM chunks", "AND chunk_id NOT IN")
+        done = first("UPDATE documents SET", "status='done'")
         assert opened < inserted < deleted < done
         assert _sources(c, "serval") == ["/t/doc.md"] and _sources(c, "lynx") == []
 
@@ -670,3 +670,18 @@ def test_old_schema_record_is_upgraded_in_place(home: Path, tmp_path: Path) -> N
         assert _sources(ro, "dodo") == ["/old/a.txt"]
     with Corpus(home) as c:
         assert c.sync()["chunks"] == 0 and _sources(c, "dodo") == ["/old/a.txt"]
+
+
+def test_fifo_and_own_home_inside_a_root_are_never_read(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    root.mkdir()
+    (root / "note.txt").write_text("the genet note\n")
+    os.mkfifo(root / "pipe.txt")  # reading it would block the sync forever
+    home = root / "kith-home"  # the node's own home inside its root
+    with Corpus(home) as c:
+        c.add_root(root)
+        rep = c.sync()
+        assert rep["indexed"] == 1 and rep["failed"] == 0
+        assert set(_rows(c)) == {"/r/note.txt"}  # not tantivy's meta.json, not the pipe
+        rep = c.sync_paths([home / "corpus" / "tantivy" / "meta.json", root / "pipe.txt"])
+        assert (rep["indexed"], rep["failed"]) == (0, 0)

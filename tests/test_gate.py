@@ -157,3 +157,25 @@ def test_check_outgoing_is_fast_on_64_kib(setup) -> None:
         gate.check_outgoing(payload)
     per_call = (time.perf_counter() - start) / runs
     assert per_call < 0.02, f"{per_call * 1000:.2f} ms per 64 KiB"
+
+
+# --- issue 5: a peer's own words echoed back are not an oracle on the real path ----------------
+
+
+def test_peer_echo_of_a_real_path_is_exempt_but_cannot_hide_ours(setup) -> None:
+    from node.policy.gate import echoes_of
+
+    gate, docs, home = setup
+    request = {"query": f"where is {docs}", "sources": [str(home) + "/**"]}
+    echoes = echoes_of(request)
+    envelope = json.dumps({"queryPlan": request, "results": []})
+    assert _leaks(gate, envelope)                 # without the exemption: refused (an oracle)
+    gate.check_outgoing(envelope, echoes)         # the peer's own words: answered like any other
+    # our own path elsewhere in the message is still caught
+    with pytest.raises(EgressRefused):
+        gate.check_outgoing(json.dumps({"queryPlan": request, "preview": str(docs / "team" / "x.md")})
+                            .replace(f"where is {docs}", "where"), echoes)
+    # a peer string that is only a piece of a root path does not blank our path out
+    tricky = echoes_of({"query": "My Docs", "tags": ["home", "/", "Docs"]})
+    with pytest.raises(EgressRefused):
+        gate.check_outgoing(json.dumps({"q": "My Docs", "preview": str(docs / "a.md")}), tricky)

@@ -31,7 +31,7 @@ def kith():
     runner = CliRunner()
 
     def run(home: Path, *args: str):
-        return runner.invoke(cli_main.app, ["--home", str(home), *args])
+        return runner.invoke(cli_main.app, ["--home", str(home), *args], env={"COLUMNS": "250"})
 
     return run
 
@@ -206,7 +206,7 @@ def test_peers_cli(kith, tmp_path: Path) -> None:
     assert json.loads(r.stdout)["publicKey"] == ALICE
     assert kith(tmp_path, "peers", "add", "bob", BOB).exit_code == 0
     r = kith(tmp_path, "peers", "add", "alice", EVE)
-    assert r.exit_code == 1 and "peer-exists" in r.output
+    assert r.exit_code == 1 and r.exception.code == "peer-exists"
     listed = json.loads(kith(tmp_path, "peers", "list", "--json").stdout)["peers"]
     assert [p["name"] for p in listed] == ["alice", "bob"]
     ranked = json.loads(kith(tmp_path, "peers", "list", "--rank", "storage", "--json").stdout)["peers"]
@@ -214,7 +214,7 @@ def test_peers_cli(kith, tmp_path: Path) -> None:
     assert "alice" in kith(tmp_path, "peers", "list").stdout
     assert kith(tmp_path, "peers", "remove", "bob").exit_code == 0
     r = kith(tmp_path, "peers", "remove", "bob")
-    assert r.exit_code == 1 and "peer-not-found" in r.output
+    assert r.exit_code == 1 and r.exception.code == "peer-not-found"
     r = kith(tmp_path, "peers", "profile", "--display-name", "Me", "--json")
     assert json.loads(r.stdout) == {"displayName": "Me"}
 
@@ -234,9 +234,9 @@ def test_approvals_cli(kith, tmp_path: Path) -> None:
     everything = json.loads(kith(tmp_path, "approvals", "list", "--all", "--json").stdout)["requests"]
     assert {r["status"] for r in everything} == {"approved", "denied"}
     r = kith(tmp_path, "approvals", "approve", req.id)
-    assert r.exit_code == 1 and "approval-decided" in r.output
+    assert r.exit_code == 1 and r.exception.code == "approval-decided"
     r = kith(tmp_path, "approvals", "approve", "../../peers")
-    assert r.exit_code == 1 and "approval-not-found" in r.output
+    assert r.exit_code == 1 and r.exception.code == "approval-not-found"
     assert Approvals(tmp_path).promoted(ALICE).allow == {"/docs/ask/salary.md"}
 
 
@@ -249,7 +249,7 @@ def test_policy_for_override_cli(kith, tmp_path: Path) -> None:
                                     "matched": "/docs/**", "override": "alice"}
     r = kith(tmp_path, "policy", "explain", "/docs/a.md", "--peer", "bob", "--json")
     assert json.loads(r.stdout)["allowed"] is False
-    assert kith(tmp_path, "policy", "set", "/docs/**", "peers", "--for", "alice").exit_code == 2
+    assert kith(tmp_path, "policy", "set", "/docs/**", "peers", "--for", "alice").exception.code == "usage"
     listed = json.loads(kith(tmp_path, "policy", "list", "--json").stdout)
     assert listed["overrides"] == [{"glob": "/docs/**", "tier": "public", "peers": [], "for": "alice"}]
     assert json.loads(kith(tmp_path, "policy", "unset", "/docs/**", "--for", "alice", "--json").stdout)["removed"]

@@ -237,7 +237,9 @@ def join_cmd(
 
         def ask() -> str | None:
             try:
-                text = input("ask> ")
+                sys.stderr.write("ask> ")  # stdout carries only JSON in --json mode (DESIGN §13)
+                sys.stderr.flush()
+                text = input()
             except EOFError:
                 return None
             return text.strip() or None
@@ -284,21 +286,36 @@ def protocol_test_cmd(
     ctx: typer.Context,
     directory: Path = typer.Argument(..., metavar="DIR", help="Protocol folder with spec.json and hooks.py."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    adversarial: bool = typer.Option(False, "--adversarial", help="Also send malformed variants of every guest→host message and require each to be refused before hooks (prints a variant → refusal code table)."),
 ) -> None:
     """Run both roles of a protocol over the in-memory pipe with the real engine and its
     test/ fixtures; exit 1 on any failure."""
     from node.protocol_test import run_protocol_test
 
     report = anyio.run(run_protocol_test, directory, backend="asyncio")
+    adv = None
+    if adversarial:
+        from node.protocol_adversarial import render_table, run_adversarial
+
+        adv = anyio.run(run_adversarial, directory, backend="asyncio")
     if json_out:
-        emit_json(report.to_dict())
+        out = report.to_dict()
+        if adv is not None:
+            out["adversarial"] = adv.to_dict()
+            out["passed"] = out["passed"] and adv.passed
+        emit_json(out)
     else:
         console.print(f"protocol [bold]{report.protocol}[/bold] ({report.protocol_id[:16]}…)")
         for c in report.checks:
             mark = "[green]PASS[/green]" if c.passed else "[red]FAIL[/red]"
             console.print(f"  {mark} {c.name}" + (f" — {c.detail}" if c.detail else ""), highlight=False)
-    if not report.passed:
-        raise KithError("protocol-test-failed", f"{sum(not c.passed for c in report.checks)} check(s) failed")
+        if adv is not None:
+            console.print("adversarial variants (each must be refused before hooks):")
+            for row in render_table(adv):
+                console.print("  " + row, highlight=False, markup=False, soft_wrap=True)
+    failed = sum(not c.passed for c in report.checks) + (sum(not r.passed for r in adv.rows) if adv else 0)
+    if failed:
+        raise KithError("protocol-test-failed", f"{failed} check(s) failed")
 
 
 @protocol_app.command("id")

@@ -133,7 +133,7 @@ def serve(
         url = base_url_of(sock)
         try:
             err_console.print(f"kith community server listening on {url} ({store.describe()}; "
-                              "Ctrl-C to stop)", highlight=False, markup=False)
+                              "Ctrl-C to stop)", highlight=False, markup=False, soft_wrap=True)
             if json_out:
                 emit_json({"url": url, "database": store.dialect})
             serve_forever(app, sock, access_log=access_log)

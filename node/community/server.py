@@ -293,9 +293,14 @@ def _plain_text(value: str, field: str, max_chars: int, *, code: str = "request-
         raise CommunityError(code, f"{field} is longer than {max_chars} characters", status=400)
     if not allow_empty and not value.strip():
         raise CommunityError(code, f"{field} must not be empty", status=400)
-    if any(unicodedata.category(ch) == "Cc" for ch in value):
+    if any(unicodedata.category(ch) == "Cc" or ch in _BIDI_CONTROLS for ch in value):
         raise CommunityError(code, f"{field} must not contain control characters", status=400)
     return value
+
+
+#: Bidirectional-text controls: they can make a name or comment display as another.
+_BIDI_CONTROLS = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
+                           "\u2066\u2067\u2068\u2069")
 
 
 def _public_key_param(value: str) -> str | None:
@@ -832,6 +837,8 @@ def check_session_proof(proof: SessionProof) -> None:
     ``host_public_key`` and the guest signature over ``role_message("guest", payload)`` with
     ``guest_public_key`` (DESIGN §4), so one can never stand for the other.
 
+    A proof whose host and guest are the same key is refused too (nobody rates themselves).
+
     Raises:
         CommunityError: ``session-invalid`` (400) naming the first check that failed.
     """
@@ -842,6 +849,8 @@ def check_session_proof(proof: SessionProof) -> None:
             guest_nonce=proof.guest_nonce, host_nonce=proof.host_nonce)
     except SigningError as exc:
         raise CommunityError("session-invalid", exc.message, status=400) from None
+    if proof.host_public_key == proof.guest_public_key:
+        raise CommunityError("session-invalid", "host and guest are the same key", status=400)
     if session_id_of(payload) != proof.session_id:
         raise CommunityError("session-invalid",
                              "session_id is not the SHA-256 of the session payload", status=400)

@@ -31,6 +31,7 @@ that a citation excerpt still reads as context.
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -107,6 +108,7 @@ _ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?[ \t#]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _SETEXT = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
 _RST_ADORN = re.compile(r"^([=\-`:'\"~^_*+#<>.!$%&(),/;?@\[\\\]{|}])\1{2,}[ \t]*$")
+_RST_ADORN_ML = re.compile(r"^([=\-`:'\"~^_*+#<>.!$%&(),/;?@\[\\\]{|}])\1{2,}[ \t]*$", re.M)
 _RST_ROLE = re.compile(r":[\w.+:-]+:`([^`<]*?)(?:\s*<[^>]*>)?`")
 _RST_LITERAL = re.compile(r"``([^`]*)``")
 
@@ -118,12 +120,11 @@ def _clean_title(title: str) -> str:
 
 
 def _line_offsets(text: str) -> list[int]:
-    starts = [0]
-    pos = text.find("\n")
-    while pos != -1:
-        starts.append(pos + 1)
-        pos = text.find("\n", pos + 1)
-    return starts
+    """Offset where each line starts (line ``i + 1`` starts at ``out[i]``)."""
+    out = [0]
+    out.extend(itertools.accumulate(len(line) + 1 for line in text.split("\n")))
+    out.pop()
+    return out
 
 
 def _markdown_headings(lines: list[str]) -> list[tuple[int, int, str]]:
@@ -160,18 +161,28 @@ def _markdown_headings(lines: list[str]) -> list[tuple[int, int, str]]:
     return out
 
 
-def _rst_headings(lines: list[str]) -> list[tuple[int, int, str]]:
-    """Return (line index where the section starts, level, title) for RST."""
+def _rst_headings(lines: list[str], text: str, offsets: list[int]) -> list[tuple[int, int, str]]:
+    """Return (line index where the section starts, level, title) for RST.
+
+    Only lines that are adornments (found with one multi-line regex over ``text``) are
+    looked at, so the cost is per heading, not per line.
+    """
     out: list[tuple[int, int, str]] = []
     styles: dict[tuple[str, bool], int] = {}
     n = len(lines)
-    i = 0
-    while i < n - 1:
+    skip_until = 0
+    for am in _RST_ADORN_ML.finditer(text):
+        k = bisect.bisect_right(offsets, am.start()) - 1  # the adornment's line
+        i = k - 1  # the title candidate
+        if i < skip_until or k >= n:
+            continue
         title = lines[i]
-        under = lines[i + 1]
+        under = lines[k]
         m = _RST_ADORN.match(under)
-        over = bool(m) and i > 0 and lines[i - 1].rstrip() == under.rstrip()
-        if (m and title.strip() and (over or not title[:1].isspace())
+        if m is None:
+            continue
+        over = i > 0 and lines[i - 1].rstrip() == under.rstrip()
+        if (title.strip() and (over or not title[:1].isspace())
                 and not _RST_ADORN.match(title)
                 and len(under.rstrip()) >= min(len(title.rstrip()), 3)):
             before = i - 2 if over else i - 1
@@ -179,21 +190,22 @@ def _rst_headings(lines: list[str]) -> list[tuple[int, int, str]]:
                 style = (m.group(1), over)
                 level = styles.setdefault(style, len(styles) + 1)
                 out.append((i - 1 if over else i, level, _clean_title(title)))
-                i += 2
-                continue
-        i += 1
+                skip_until = i + 2
     return out
 
 
-def _sections(text: str, structure: str) -> list[tuple[int, int, tuple[str, ...]]]:
+def _sections(text: str, structure: str, offsets: list[int] | None = None
+              ) -> list[tuple[int, int, tuple[str, ...]]]:
     """Split text into (start, end, heading_path) sections covering all of it."""
     if structure not in ("markdown", "rst"):
         return [(0, len(text), ())]
     lines = text.split("\n")
-    heads = _markdown_headings(lines) if structure == "markdown" else _rst_headings(lines)
+    if offsets is None:
+        offsets = _line_offsets(text)
+    heads = (_markdown_headings(lines) if structure == "markdown"
+             else _rst_headings(lines, text, offsets))
     if not heads:
         return [(0, len(text), ())]
-    offsets = _line_offsets(text)
     out: list[tuple[int, int, tuple[str, ...]]] = []
     stack: list[tuple[int, str]] = []
     first = offsets[heads[0][0]]
@@ -305,7 +317,7 @@ def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK
     if chunker == "fixed":
         sections: list[tuple[int, int, tuple[str, ...]]] = [(0, len(text), ())]
     else:
-        sections = _sections(text, structure)
+        sections = _sections(text, structure, line_starts)
     chunks: list[Chunk] = []
     for sec_start, sec_end, path in sections:
         if chunker == "fixed":

@@ -15,10 +15,10 @@ starts fast):
 | ``docx`` | ``.docx`` | ``python-docx``: paragraphs, headings (as Markdown ``#``), tables |
 
 Decoding of text kinds: UTF-8 (BOM stripped), UTF-16 with a BOM; otherwise
-``charset-normalizer`` is asked and its guess is kept when it recognises a language
-(e.g. cp1251 Russian, cp932 Japanese, GB18030); a Latin guess without a language is
-replaced by cp1252 (the common Windows default; short Western text is where detectors
-guess wrong). Either way ``fallback`` is recorded on the tracking row; undefined bytes
+``charset-normalizer`` is asked: cp1252 (the Windows default) is taken whenever it is
+among its candidates and as plausible as the best one — short Western text is where
+detectors guess cp1250/mac-roman wrong — otherwise its best guess is kept when it
+recognises a language (cp1251 Russian, cp932 Japanese, GB18030...), else cp1252. Either way ``fallback`` is recorded on the tracking row; undefined bytes
 become U+FFFD (``replaced``) — never a crash.
 
 A parser never writes a file. Refusals are :class:`Unsupported` with a stable reason.
@@ -145,8 +145,12 @@ def decode_text(data: bytes) -> tuple[str, str, bool, bool]:
     try:
         import charset_normalizer
 
-        best = charset_normalizer.from_bytes(data[:262_144]).best()
-        if best is not None and (best.language or "") not in _LANGUAGE_AGNOSTIC:
+        matches = list(charset_normalizer.from_bytes(data[:262_144]))
+        best = matches[0] if matches else None
+        western = next((m for m in matches if m.encoding == "cp1252"), None)
+        if western is not None and best is not None and western.chaos <= best.chaos + 0.01:
+            encoding = "cp1252"  # as plausible as the best guess: the Windows default wins
+        elif best is not None and (best.language or "") not in _LANGUAGE_AGNOSTIC:
             encoding = best.encoding
     except Exception:  # detection is advice; cp1252 is the recorded fallback
         encoding = "cp1252"

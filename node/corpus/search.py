@@ -45,6 +45,9 @@ _IDENT = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w*(?:[.:/_-]\w+)+|\w*\d\w*(?:[.:/_-
 
 def cjk_bigrams(text: str) -> str:
     """Replace each run of >= 2 CJK characters with its space-separated bigrams."""
+    if text.isascii():  # the common case, checked at C speed
+        return text
+
     def _bi(m: re.Match[str]) -> str:
         run = m.group(0)
         return " " + " ".join(run[i:i + 2] for i in range(len(run) - 1)) + " "
@@ -91,7 +94,8 @@ def register_analyzers(index: Any) -> None:
 def title_text(source_id: str, heading_path: Sequence[str]) -> str:
     """Text of the ``title`` field: heading path plus the file name's words."""
     name = source_id.rsplit("/", 1)[-1]
-    for suffix in (".rst.txt", ".markdown", ".md", ".rst", ".txt", ".text"):
+    for suffix in (".rst.txt", ".markdown", ".md", ".rst", ".txt", ".text", ".html", ".htm",
+                   ".pdf", ".docx", ".json", ".jsonl", ".csv", ".tsv"):
         if name.lower().endswith(suffix):
             name = name[: -len(suffix)]
             break

@@ -199,11 +199,17 @@ class EgressGate:
         return out
 
     # --- leak scan ----------------------------------------------------------------------
-    def check_outgoing(self, data: bytes | str) -> None:
+    def check_outgoing(self, data: bytes | str, exempt: Iterable[bytes] = ()) -> None:
         """Refuse ``data`` if it contains a real path of a root or of the home.
 
         Args:
             data: the serialized outgoing message (UTF-8 bytes or text).
+            exempt: byte strings the *peer* sent (its query and filter values as JSON
+                string bodies, see :func:`echoes_of`). Those that themselves name a root or
+                the home are cut out (exact occurrences) before the scan: the envelope
+                echoes the request, and refusing a peer's own words because they happen to
+                name a root would tell it that they do (an oracle on the real path). Our
+                content around them is still scanned; other peer strings are not cut.
 
         Raises:
             EgressRefused: ``egress-leak``; the message names no path.
@@ -212,5 +218,31 @@ class EgressGate:
             return
         if isinstance(data, str):
             data = data.encode("utf-8", "surrogatepass")
+        # only a peer string that itself names a root/home is cut out: cutting any other
+        # (say "home") could break up one of our own paths and hide it from the scan
+        for echo in sorted({e for e in exempt if self._leak.search(e)}, key=len, reverse=True):
+            data = data.replace(echo, b"\x00")
         if self._leak.search(data) is not None:
             raise EgressRefused("egress-leak")
+
+
+def echoes_of(request: Any) -> set[bytes]:
+    """The JSON string bodies (as ``msgspec``/``json`` encode them) of every string in a
+    peer's request — what an envelope may echo back (see :meth:`EgressGate.check_outgoing`)."""
+    import msgspec
+
+    out: set[bytes] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            out.add(msgspec.json.encode(value)[1:-1])
+            out.add(json.dumps(value, ensure_ascii=True)[1:-1].encode("ascii"))
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+
+    walk(request)
+    return out

@@ -48,15 +48,19 @@ class KnowledgeHandle:
             (tests, local tools) → no quota and no approvals.
         limiter: a shared :class:`node.policy.quota.RateLimiter` (one per Host process),
             or None for no rate limit.
+        echoes: a per-session set this handle adds the peer's request strings to (see
+            :func:`node.policy.gate.echoes_of`); the Host's frame-level egress check
+            exempts them. None → a private set.
     """
 
-    __slots__ = ("__corpus", "__gate", "__limiter", "peer_name", "peer_key")
+    __slots__ = ("__corpus", "__gate", "__limiter", "__echoes", "peer_name", "peer_key")
 
     def __init__(self, corpus: Any, gate: Any, peer_name: str | None, *, peer_key: str | None = None,
-                 limiter: Any = None) -> None:
+                 limiter: Any = None, echoes: set[bytes] | None = None) -> None:
         self.__corpus = corpus
         self.__gate = gate
         self.__limiter = limiter
+        self.__echoes = echoes if echoes is not None else set()
         self.peer_name = peer_name
         self.peer_key = peer_key
 
@@ -84,7 +88,10 @@ class KnowledgeHandle:
             ``internal-error``. Never raises for bad input; error text never carries
             exception messages, keys or real paths.
         """
+        from node.policy.gate import echoes_of
+
         refused = self._admit()
+        self.__echoes.update(echoes_of(request))
         try:
             req = validate_search_request(request)
         except CorpusError as exc:
@@ -127,7 +134,7 @@ class KnowledgeHandle:
         if not top:
             return {"status": "no-verified-results", "envelope": empty_envelope("no-verified-results", req)}
         try:
-            self.__gate.check_outgoing(data)
+            self.__gate.check_outgoing(data, self.__echoes)
         except EgressRefused:
             log.error("egress gate refused an envelope (a real path was about to leave)")
             return {"status": "internal-error", "envelope": empty_envelope("internal-error", req)}

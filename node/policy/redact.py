@@ -24,7 +24,7 @@ _HEX = re.compile(r"\b[0-9a-fA-F]{32,}\b")
 _IPV4 = re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?\b")
 _IPV6 = re.compile(r"\[[0-9a-fA-F:.]+\](?::\d{1,5})?")
 _HOSTPORT = re.compile(r"\b[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+:\d{1,5}\b")
-_POSIX_PATH = re.compile(r"(?<![\w<])/(?:[^\s/'\"<>]+/)+[^\s/'\"<>]*")
+_POSIX_PATH = re.compile(r"(?<![\w<>:/])/(?:[^\s/'\"<>]+/)+[^\s/'\"<>]*")
 _WIN_PATH = re.compile(r"\b[A-Za-z]:[\\/](?:[^\s\\/'\"<>]+[\\/])*[^\s\\/'\"<>]*")
 
 

@@ -25,6 +25,15 @@ from node.transport.base import DEFAULT_RECEIVE_BYTES
 iroh_patch.apply()
 
 CLOSE_TIMEOUT_S = 5.0
+#: Adaptive read size (bytes): each ``read`` crosses the FFI, so during a bulk transfer (a
+#: UI bundle) reads grow up to MAX while they come back full, and shrink back when small
+#: frames are flowing (a large request allocates that much on the Rust side).
+MIN_READ_BYTES = 64 * 1024
+MAX_READ_BYTES = 1024 * 1024
+#: Large sends go out in pieces of this size: one ``write_all`` of many MiB is several times
+#: slower through the FFI than 256 KiB writes (measured 27 vs 83 MB/s for 16 MiB, both ends
+#: in one process).
+MAX_WRITE_BYTES = 256 * 1024
 CONNECT_TIMEOUT_S = 15.0
 
 
@@ -60,20 +69,38 @@ class IrohStream:
         self._recv = bi.recv()
         self.remote_id: str | None = str(conn.remote_id())
         self._eof_sent = False
+        self._read_size = MIN_READ_BYTES
 
-    async def receive(self, max_bytes: int = DEFAULT_RECEIVE_BYTES) -> bytes:
-        """Return 1..max_bytes bytes, ``b""`` at EOF. Raises TransportError."""
+    async def receive(self, max_bytes: int | None = None) -> bytes:
+        """Return 1..max_bytes bytes, ``b""`` at EOF. Raises TransportError.
+
+        Without ``max_bytes`` the read size adapts between :data:`MIN_READ_BYTES` and
+        :data:`MAX_READ_BYTES` (bulk transfers need large reads: measured 36 → 68 MB/s
+        for 64 KiB → 1 MiB reads with both ends in one process).
+        """
+        size = max_bytes if max_bytes is not None else self._read_size
         try:
-            return await self._recv.read(max_bytes)
+            data = await self._recv.read(size)
         except iroh.IrohError:
             raise _io_error("receiving") from None
+        if max_bytes is None:
+            if len(data) * 2 > size:
+                self._read_size = min(size * 2, MAX_READ_BYTES)
+            elif len(data) * 8 < size:
+                self._read_size = max(size // 2, MIN_READ_BYTES)
+        return data
 
     async def send(self, data: bytes) -> None:
         """Send all bytes. Raises TransportError."""
         if not data:
             return
         try:
-            await self._send.write_all(data)
+            if len(data) <= MAX_WRITE_BYTES:
+                await self._send.write_all(data)
+                return
+            view = memoryview(data)
+            for i in range(0, len(data), MAX_WRITE_BYTES):
+                await self._send.write_all(bytes(view[i:i + MAX_WRITE_BYTES]))
         except iroh.IrohError:
             raise _io_error("sending") from None
 

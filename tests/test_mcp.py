@@ -1,0 +1,86 @@
+"""``kith mcp``: the read-only search tool over real MCP stdio (official SDK 2.x client)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import anyio
+import jsonschema
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from node.corpus.store import Corpus
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((REPO / "specs" / "search-envelope.schema.json").read_text())
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("mcp")
+    root = base / "kb"
+    root.mkdir()
+    (root / "deploy.md").write_text("# Deploy\n\nThe staging server is deleted automatically "
+                                    "every night.\n")
+    h = base / "home"
+    with Corpus(h) as c:
+        c.add_root(root)
+        c.sync()
+    return h
+
+
+def _session(home: Path, calls):
+    """Start `run_stdio(home)` as a child process and run ``calls(session)``."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-c", f"from node.mcp_server import run_stdio; run_stdio({str(home)!r})"],
+        cwd=str(REPO))
+
+    async def main():
+        async with stdio_client(params) as (r, w):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                return await calls(s)
+
+    return anyio.run(main)
+
+
+def _structured(result) -> dict:
+    assert not result.is_error, result.content
+    return result.structured_content
+
+
+def test_one_read_only_search_tool_returning_the_envelope(home: Path) -> None:
+    async def calls(s):
+        tools = (await s.list_tools()).tools
+        ok = await s.call_tool("search", {"query": "staging server deleted", "topK": 3})
+        bad = await s.call_tool("search", {"query": "staging", "topK": 50})
+        spent = await s.call_tool("search", {"query": "staging", "remainingBudgetMs": 0})
+        return tools, ok, bad, spent
+
+    tools, ok, bad, spent = _session(home, calls)
+    assert [t.name for t in tools] == ["search"]
+    ann = tools[0].annotations
+    assert ann.read_only_hint is True and ann.destructive_hint is False
+    assert {"query", "topK", "tags", "dateRange", "peer", "server"} <= set(
+        tools[0].input_schema["properties"])
+    for res, reason in ((ok, None), (bad, "invalid-request"), (spent, "budget-exhausted")):
+        env = _structured(res)
+        VALIDATOR.validate(env)
+        assert env["reason"] == reason
+    assert _structured(ok)["results"][0]["source"] == "/kb/deploy.md"
+    assert str(home) not in json.dumps(_structured(ok))
+
+
+def test_peer_search_refuses_a_bad_invitation_without_connecting(home: Path) -> None:
+    async def calls(s):
+        return await s.call_tool("search", {"query": "staging", "peer": "/nonexistent/invite.json"})
+
+    res = _session(home, calls)
+    assert res.is_error
+    text = res.content[0].text
+    assert "[invitation-malformed]" in text and str(home) not in text
