@@ -45,6 +45,8 @@ from node.hooks import HookContext, HookResult, Hooks, normalize_result
 log = logging.getLogger("kith.session")
 
 HANDSHAKE_TIMEOUT_S = 10.0
+#: ``_error`` frames kept in the outcome per session (the rest are dropped: bounded memory)
+MAX_REMOTE_ERRORS = 32
 #: Events the receiver may queue ahead of the processor before it stops reading (the
 #: transport's flow control then pushes back on the peer).
 MAX_QUEUED_EVENTS = 64
@@ -241,7 +243,8 @@ async def run_session(
         if isinstance(ev, MessageRefused):
             outcome.refused.append(ev.code)
         elif isinstance(ev, RemoteError):
-            outcome.remote_errors.append((ev.code, ev.message))
+            if len(outcome.remote_errors) < MAX_REMOTE_ERRORS:  # a peer may send thousands
+                outcome.remote_errors.append((ev.code, ev.message))
         elif isinstance(ev, UiArtifactRefused):
             outcome.ui_refused.append((ev.code, ev.by))
         elif isinstance(ev, UiArtifactReceived):

@@ -22,6 +22,7 @@ CODES: dict[str, tuple[str, str]] = {
     "home-not-initialized": ("config", "This Kith home has no identity yet; run `kith init`."),
     "no-server": ("config", "No community server is configured; pass --server URL."),
     "file-not-found": ("config", "The file does not exist."),
+    "io-error": ("config", "A local file or folder could not be read or written."),
     # --- identity / signing ----------------------------------------------------------
     "identity-corrupt": ("identity", "The identity key file is unreadable or malformed."),
     "bad-hex": ("signing", "A key, signature or nonce is not strict lowercase hex of the exact length."),

@@ -11,7 +11,7 @@ import anyio
 import typer
 from rich.markup import escape
 
-from node.cli.common import console, emit_json, err_console, home_of, warn
+from node.cli.common import console, emit_json, err_console, home_of, safe_text, warn
 from node.cli.main import app
 from node.errors import CODES, HandshakeError, InvitationError, KithError, SessionAborted, UsageError
 
@@ -140,23 +140,42 @@ def host_cmd(
 
 
 # ----------------------------------------------------------------------------- join
+def _prompt(text: str) -> str:
+    """Ask on stderr and read a line from stdin (stdout carries only data; DESIGN §13).
+
+    Raises:
+        EOFError: stdin closed.
+    """
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line.rstrip("\n")
+
+
 def _print_results(message: dict[str, Any]) -> None:
-    env = message.get("envelope") or {}
-    results = env.get("results") or []
-    console.print(f"[bold]{escape('[' + str(message.get('query_id')) + ']')} {escape(str(message.get('status')))}[/bold]"
-                  f" — {len(results)} result(s)", highlight=False)
+    """Print one ``results`` message for a person. Everything in it came from the peer:
+    control characters are neutralised (:func:`safe_text`) and markup is never parsed."""
+    env = message.get("envelope") if isinstance(message.get("envelope"), dict) else {}
+    results = [r for r in (env.get("results") or []) if isinstance(r, dict)]
+    head = f"[{safe_text(message.get('query_id'))}] {safe_text(message.get('status'))}"
+    console.print(head + f" — {len(results)} result(s)", highlight=False, markup=False, style="bold")
     for i, r in enumerate(results, 1):
-        console.print(f"  {i}. [cyan]{escape(str(r.get('source')))}[/cyan]  score {r.get('score', 0):.3f}", highlight=False)
-        preview = " ".join(str(r.get("textPreview") or "").split())[:240]
+        score = r.get("score")
+        shown = f"{score:.3f}" if isinstance(score, (int, float)) else "?"
+        console.print(f"  {i}. {safe_text(r.get('source'))}  score {shown}", highlight=False, markup=False)
+        preview = " ".join(safe_text(r.get("textPreview") or "").split())[:240]
         if preview:
             console.print(f"     {preview}", highlight=False, markup=False)
-    synth = (env.get("answerSynthesis") or {})
-    sentences = synth.get("sentences") if isinstance(synth, dict) else None
-    if sentences:
-        console.print("  answer (extractive):")
-        for s in sentences[:3]:
-            if isinstance(s, dict):
-                console.print(f"   - {s.get('text')} [{s.get('citationId') or s.get('citation')}]", highlight=False, markup=False)
+    synth = env.get("answerSynthesis") if isinstance(env.get("answerSynthesis"), dict) else {}
+    sentences = synth.get("sentences")
+    if isinstance(sentences, list) and sentences:
+        console.print("  answer (extractive):", highlight=False, markup=False)
+        for sent in sentences[:3]:
+            if isinstance(sent, dict):
+                cite = sent.get("citationId") or sent.get("citation")
+                console.print(f"   - {safe_text(sent.get('text'))} [{safe_text(cite)}]", highlight=False, markup=False)
 
 
 def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None) -> None:
@@ -175,7 +194,7 @@ def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None) -
         suggested = suggested if NAME_RE.fullmatch(suggested or "-") and suggested not in registry.peers else ""
         shown = f" (it calls itself {suggested!r})" if suggested else ""
         try:
-            pin = input(f"Pin this host in your peer registry{shown}? Type a name, or Enter to skip: ").strip()
+            pin = _prompt(f"Pin this host in your peer registry{shown}? Type a name, or Enter to skip: ").strip()
         except EOFError:
             return
         if not pin:
@@ -222,11 +241,14 @@ def join_cmd(
             if not sys.stdin.isatty():
                 raise InvitationError("host-not-trusted", "unknown host key; pass --trust to connect anyway",
                                       hint=f"check the fingerprint {fp} with the host's owner")
-            answer = await anyio.to_thread.run_sync(lambda: input("Trust this host and connect? [y/N] "))
+            try:
+                answer = await anyio.to_thread.run_sync(_prompt, "Trust this host and connect? [y/N] ")
+            except EOFError:
+                answer = ""
             if answer.strip().lower() not in ("y", "yes"):
                 raise InvitationError("host-not-trusted", "you did not trust the host")
 
-        shown_results: list[dict[str, Any]] = []
+        shown_results = answered
 
         def on_results(message: dict[str, Any]) -> None:
             shown_results.append(message)
@@ -248,7 +270,7 @@ def join_cmd(
         options: dict[str, Any] = {"queries": list(query), "on_results": on_results, "topK": top_k}
         if interactive:
             options["ask"] = ask
-            err_console.print("Connected questions go to the host; an empty line or Ctrl-D ends the session.")
+            err_console.print("Type a question at each ask> prompt; an empty line or Ctrl-D ends the session.")
         outcome = await join_session(home, identity, inv, pdir, spec, local=local, server_url=server,
                                      options=options, interactive=interactive, host_seen=host_seen,
                                      on_ready=lambda sid: err_console.print(f"session {sid}", highlight=False),
@@ -266,7 +288,11 @@ def join_cmd(
         return outcome
 
     host_seen: dict[str, Any] = {}
+    answered: list[dict[str, Any]] = []
     outcome = anyio.run(main, backend="asyncio")
+    if outcome.ok and query and len(answered) < len(query):
+        raise SessionAborted("remote-error", f"the host ended the session after answering "
+                                             f"{len(answered)} of {len(query)} question(s)")
     if outcome.ok:
         return
     code = outcome.code if outcome.code in CODES else "handshake-rejected"

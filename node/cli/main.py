@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from node.cli.common import err_console, state_of
+from node.cli.common import err_console, safe_text, state_of
 from node.errors import KithError
 
 app = typer.Typer(
@@ -81,11 +81,36 @@ def _wants_json(argv: list[str]) -> bool:
     return "--json" in argv
 
 
+def _as_kith_error(exc: BaseException) -> KithError | None:
+    """The refusal to report for ``exc``: a KithError itself, the first KithError inside an
+    exception group (anyio task groups wrap what a task raised), or a local I/O failure
+    (read-only home, permission denied) as ``io-error``. None: not ours — re-raise."""
+    if isinstance(exc, KithError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _as_kith_error(inner)
+            if found is not None:
+                return found
+        return None
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        return KithError("io-error", f"{exc.strerror or type(exc).__name__}{where}",
+                         hint="check that the Kith home and the files named are writable by you")
+    import sqlite3
+
+    if isinstance(exc, sqlite3.OperationalError) and "readonly" in str(exc):
+        return KithError("io-error", "the database in the Kith home is read-only",
+                         hint="check that the Kith home is writable by you")
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the CLI and exit with its status.
 
     Usage errors and ``--help`` are handled by the CLI library (exit 2 / 0); a
-    :class:`KithError` prints ``error [code]: message`` (and a hint) on stderr — plus
+    :class:`KithError` (also when raised inside a task group, or a local I/O failure mapped
+    to ``io-error``) prints ``error [code]: message`` (and a hint) on stderr — plus
     ``{"error": {...}}`` on stdout in ``--json`` mode — and exits with its exit code.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -93,18 +118,22 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in argv
     try:
         app(args=argv, prog_name="kith", standalone_mode=True)
-    except KithError as exc:
-        if debug:
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except BaseException as raw:
+        exc = _as_kith_error(raw)
+        if exc is None or debug:
             raise
         if _wants_json(argv):
             sys.stdout.write(json.dumps({"error": exc.to_dict()}) + "\n")
             sys.stdout.flush()
-        err_console.print(f"[red]error[/red] {escape('[' + exc.code + ']')}: {escape(exc.message)}", highlight=False)
+        err_console.print(f"[red]error[/red] {escape('[' + exc.code + ']')}: {escape(safe_text(exc.message))}",
+                          highlight=False)
         if exc.hint:
-            err_console.print(f"  hint: {escape(exc.hint)}", highlight=False)
+            err_console.print(f"  hint: {escape(safe_text(exc.hint))}", highlight=False)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m node.cli.main`

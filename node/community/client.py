@@ -135,7 +135,7 @@ class CommunityClient:
                                  status=0) from None
         try:
             data = json.loads(bytes(raw))
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: a hostile, deeply nested answer
             data = None
         if 200 <= status < 300:
             if data is None:

@@ -89,7 +89,9 @@ def decode_frame(line: bytes) -> dict[str, Any]:
         raise ProtocolViolation("frame-invalid-utf8") from None
     try:
         obj = _decoder.decode(line)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError, ValueError):
+        # RecursionError: deeply nested arrays/objects (a few KB of "[[[[…") must be a
+        # refusal, never a crash of the session task
         raise ProtocolViolation("frame-invalid-json") from None
     if not isinstance(obj, dict):
         raise ProtocolViolation("frame-invalid-json", "a frame must be a JSON object")

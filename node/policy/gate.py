@@ -149,7 +149,7 @@ class EgressGate:
             decision = self.decide(hit.source_id, peer_name)
             if decision.canonical is not None and hit.root_prefix is not None:
                 origin = f"/{hit.root_prefix}/{hit.rel_path}" if hit.rel_path else f"/{hit.root_prefix}"
-                if self._normalize(origin) != decision.canonical:
+                if origin != hit.source_id and self._normalize(origin) != decision.canonical:
                     decision = _INVALID
             if decision.canonical is not None and decision.canonical != hit.source_id:
                 hit = dataclasses.replace(hit, source_id=decision.canonical)

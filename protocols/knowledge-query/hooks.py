@@ -13,6 +13,8 @@ query.
 
 import itertools
 
+from node.hooks import HookResult
+
 _REQUEST_FIELDS = ("query", "topK", "date", "dateRange", "project", "tags", "sourceSets",
                    "lifecycle", "workType", "sources", "remainingBudgetMs")
 
@@ -38,6 +40,10 @@ def on_message(ctx, message):
                 reply[key] = answer[key]
         return reply
     if message["action"] == "results":
+        if message["query_id"] != ctx.state.get("pending"):
+            # an answer to a question we did not ask (or asked earlier): refuse it
+            return HookResult(abort="message-out-of-turn")
+        ctx.state["pending"] = None
         callback = ctx.options.get("on_results")
         if callback is not None:
             callback(message)
@@ -59,7 +65,9 @@ def _next_query(ctx):
         text = None
     if not text:
         return {"action": "end"}
-    message = {"action": "query", "query_id": f"q{next(ctx.state['ids'])}", "query": text,
+    query_id = f"q{next(ctx.state['ids'])}"
+    ctx.state["pending"] = query_id
+    message = {"action": "query", "query_id": query_id, "query": text,
                "topK": int(ctx.options.get("topK", 5))}
     message.update(ctx.options.get("filters") or {})
     return message
