@@ -83,6 +83,8 @@ def host_cmd(
 
     if not server and invite_file is None:
         raise UsageError("usage", "give --server URL (publish) or --invite-file FILE (paired peers, no server)")
+    if invite_file is not None and not invite_file.resolve().parent.is_dir():
+        raise UsageError("usage", f"--invite-file: the folder {invite_file.parent} does not exist")
     home = home_of(ctx)
     _redacted_log_handler(home)
     opts = HostOptions(protocol=protocol, server_url=server, invite_file=invite_file, local=local, ttl_s=ttl,

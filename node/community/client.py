@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
+import anyio
 import httpx
 import msgspec
 
@@ -115,17 +116,20 @@ class CommunityClient:
             signed_path = self._path_prefix + API_PREFIX + path
             headers.update(signed_headers(self.identity, method, signed_path, body or b""))
         try:
-            async with self._http.stream(method, API_PREFIX + path, content=body,
-                                         headers=headers) as response:
-                raw = bytearray()
-                async for chunk in response.aiter_bytes():
-                    raw += chunk
-                    if len(raw) > MAX_RESPONSE_BYTES:
-                        raise CommunityError("server-error",
-                                             f"the community server at {self.display_url} sent "
-                                             "an oversize answer", status=response.status_code)
-                status = response.status_code
-        except httpx.TimeoutException:
+            # one total deadline per request: a server dripping a byte at a time cannot
+            # stretch httpx's per-read timeout into a hang
+            with anyio.fail_after(self.timeout_s):
+                async with self._http.stream(method, API_PREFIX + path, content=body,
+                                             headers=headers) as response:
+                    raw = bytearray()
+                    async for chunk in response.aiter_bytes():
+                        raw += chunk
+                        if len(raw) > MAX_RESPONSE_BYTES:
+                            raise CommunityError("server-error",
+                                                 f"the community server at {self.display_url} sent "
+                                                 "an oversize answer", status=response.status_code)
+                    status = response.status_code
+        except (httpx.TimeoutException, TimeoutError):
             raise CommunityError("server-unreachable",
                                  f"the community server at {self.display_url} did not answer "
                                  f"within {self.timeout_s:g} s", status=0) from None

@@ -153,6 +153,7 @@ class Approvals:
         self._lock = threading.Lock()
         self._cache: dict[Path, tuple[tuple[int, int, frozenset[str]], dict[str, ApprovalRequest]]] = {}
         self._promoted_cache: tuple[tuple[int, int], dict[str, Any]] | None = None
+        self._merged_cache: tuple[tuple[Any, Any], Any] | None = None
 
     # --- reading ------------------------------------------------------------------------
     @staticmethod
@@ -189,15 +190,30 @@ class Approvals:
         self._cache[folder] = (sig, out)
         return out
 
+    def _merged(self) -> tuple[dict[str, ApprovalRequest], dict[tuple[str, str], list[ApprovalRequest]]]:
+        """Requests by id with decisions merged in, and the decided ones by (peer key,
+        query key); rebuilt only when a folder changed. Callers must not mutate them."""
+        reqs_dir, decs_dir = self._load_dir(self.requests_dir), self._load_dir(self.decisions_dir)
+        cached = self._merged_cache
+        if cached is not None and cached[0][0] is reqs_dir and cached[0][1] is decs_dir:
+            return cached[1]
+        key = (reqs_dir, decs_dir)  # the very dicts _load_dir cached (identity, not equality)
+        reqs = {k: dataclasses.replace(v) for k, v in reqs_dir.items()}
+        for rid, dec in decs_dir.items():
+            base = reqs.get(rid) or dataclasses.replace(dec)
+            base.decision, base.remember, base.decided_at = dec.decision, dec.remember, dec.decided_at
+            reqs[rid] = base
+        decided: dict[tuple[str, str], list[ApprovalRequest]] = {}
+        for req in reqs.values():
+            if req.decision is not None:
+                decided.setdefault((req.peer_key, query_key(req.query)), []).append(req)
+        self._merged_cache = (key, (reqs, decided))
+        return reqs, decided
+
     def requests(self) -> dict[str, ApprovalRequest]:
-        """Every request by id, with its decision merged in when there is one."""
+        """Every request by id (copies), with its decision merged in when there is one."""
         with self._lock:
-            reqs = {k: dataclasses.replace(v) for k, v in self._load_dir(self.requests_dir).items()}
-            for rid, dec in self._load_dir(self.decisions_dir).items():
-                base = reqs.get(rid) or dataclasses.replace(dec)
-                base.decision, base.remember, base.decided_at = dec.decision, dec.remember, dec.decided_at
-                reqs[rid] = base
-            return reqs
+            return {k: dataclasses.replace(v) for k, v in self._merged()[0].items()}
 
     def get(self, rid: str) -> ApprovalRequest | None:
         """The request ``rid`` (any spelling that is not 16 lowercase hex → ``None``)."""
@@ -231,9 +247,9 @@ class Approvals:
         qk = query_key(query)
         promoted = self.promoted(peer_key)
         allow, deny = set(promoted.allow), set(promoted.deny)
-        for req in self.requests().values():
-            if req.decision is None or req.peer_key != peer_key or query_key(req.query) != qk:
-                continue
+        with self._lock:
+            decided = list(self._merged()[1].get((peer_key, qk), ()))
+        for req in decided:
             when = _parse_stamp(req.decided_at)
             if not req.remember and (when is None or now - when > timedelta(seconds=DECISION_TTL_S)):
                 continue
