@@ -224,7 +224,7 @@ def test_approvals_cli(kith, tmp_path: Path) -> None:
     req = store.request(ALICE, "alice", "salary bands", ["/docs/ask/salary.md"])
     other = store.request(BOB, None, "roadmap", ["/docs/ask/roadmap.md"])
     listed = json.loads(kith(tmp_path, "approvals", "list", "--json").stdout)["requests"]
-    assert [(r["id"], r["status"]) for r in listed] == [(req.id, "pending"), (other.id, "pending")]
+    assert sorted((r["id"], r["status"]) for r in listed) == sorted([(req.id, "pending"), (other.id, "pending")])
     assert req.id in kith(tmp_path, "approvals", "list").stdout
     r = kith(tmp_path, "approvals", "approve", req.id, "--remember", "--json")
     assert r.exit_code == 0, r.output
