@@ -271,6 +271,12 @@ def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str]) -> bool:
     return True
 
 
+def baseline_strong(corpus: Any, plan: Plan, ranked: list[tuple[str, float]]) -> bool:
+    """The early-stop rule: True when the baseline pass alone is strong enough."""
+    return (not plan.exact_units and not plan.expansions
+            and _covers_all(corpus, [c for c, _ in ranked[:2]], plan.stems))
+
+
 def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] | None = None,
                deadline: float | None = None,
                max_per_document: int = search.MAX_PER_DOCUMENT,
@@ -363,9 +369,8 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                 if name == "baseline-bm25":
                     entry["field"] = field_used
                 passes.append(entry)
-                if (name == "baseline-bm25" and not plan.exact_units and not plan.expansions
-                        and controller["rounds"] == 1
-                        and _covers_all(corpus, [c for c, _ in ranked[name][:2]], plan.stems)):
+                if (name == "baseline-bm25" and controller["rounds"] == 1
+                        and baseline_strong(corpus, plan, ranked[name])):
                     stop = "baseline-strong"
             if extra_passes:
                 for name, extra in extra_passes.items():
