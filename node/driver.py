@@ -107,8 +107,11 @@ async def _call_hook(fn: Callable[..., Any] | None, args: tuple[Any, ...], timeo
                     value = await value
     except TimeoutError:
         raise HookError("hook-timeout", f"{getattr(fn, '__name__', 'hook')} did not finish within {timeout_s} s") from None
-    except KithError:
+    except HookError:
         raise
+    except KithError as exc:  # e.g. a CorpusError inside a hook: still the hook's failure
+        log.warning("hook %s refused: %s", getattr(fn, "__name__", "hook"), exc.code)
+        raise HookError("hook-failed", f"{getattr(fn, '__name__', 'hook')} failed ({exc.code})") from None
     except Exception as exc:  # a hook bug must not crash the node
         log.warning("hook %s raised %s", getattr(fn, "__name__", "hook"), type(exc).__name__, exc_info=True)
         raise HookError("hook-failed", f"{getattr(fn, '__name__', 'hook')} raised {type(exc).__name__}") from None

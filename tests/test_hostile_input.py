@@ -138,3 +138,19 @@ def test_terminal_control_sequences_are_neutralised():
     assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown and "\x9b" not in shown
     assert shown.startswith("ok") and "evil" in shown
     assert safe_text("line\ttab\nnext") == "line\ttab\nnext"
+
+
+def test_a_hook_raising_a_kith_error_ends_as_hook_failed(host_id, guest_id):
+    from node.errors import CorpusError
+    from node.hooks import Hooks, load_hooks
+    from node.spec import load_spec
+    from conftest import PROTOCOLS
+    from test_driver import run_pair
+
+    def refuses(ctx, message):
+        raise CorpusError("index-unavailable")
+
+    spec = load_spec(PROTOCOLS / "echo")
+    out = anyio.run(lambda: run_pair(spec, host_id, guest_id, Hooks(on_message=refuses),
+                                     load_hooks(PROTOCOLS / "echo"), {"texts": ["x"]}))
+    assert out["host"].code == "hook-failed"
