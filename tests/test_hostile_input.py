@@ -154,3 +154,32 @@ def test_a_hook_raising_a_kith_error_ends_as_hook_failed(host_id, guest_id):
     out = anyio.run(lambda: run_pair(spec, host_id, guest_id, Hooks(on_message=refuses),
                                      load_hooks(PROTOCOLS / "echo"), {"texts": ["x"]}))
     assert out["host"].code == "hook-failed"
+
+
+def test_withheld_and_missing_answers_take_the_same_time_floor(tmp_path):
+    """No timing oracle: 'only private sources matched' and 'nothing matched' both wait
+    for the floor, so both take at least NO_RESULT_FLOOR_S."""
+    from node.corpus.store import Corpus
+    from node.policy.gate import EgressGate
+    from node.policy.knowledge import NO_RESULT_FLOOR_S, KnowledgeHandle
+    from node.policy.store import Policy
+
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "secret.md").write_text("# Salary bands\n\nThe salary bands are confidential.\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    with Corpus(home) as corpus:
+        corpus.add_root(root)
+        corpus.sync()
+    corpus = Corpus(home, readonly=True)
+    try:
+        gate = EgressGate(corpus.roots(), Policy.load(home), home)  # no rules: all private
+        handle = KnowledgeHandle(corpus, gate, None)
+        for query in ("salary bands", "zzqx nothing at all"):
+            t0 = time.monotonic()
+            answer = handle.search({"query": query, "topK": 3})
+            assert answer["status"] == "no-verified-results"
+            assert time.monotonic() - t0 >= NO_RESULT_FLOOR_S
+    finally:
+        corpus.close()

@@ -31,6 +31,10 @@ log = logging.getLogger("kith.knowledge")
 CANDIDATES_PER_RESULT = 10
 MIN_CANDIDATES = 50
 MAX_CANDIDATES = 100  # the corpus search's own bound on ``limit``
+#: seconds a ``no-verified-results`` answer takes at least, counted from the request: the
+#: search plus the gate's work on withheld candidates stays under it, so "nothing matched"
+#: and "only private sources matched" take the same time.
+NO_RESULT_FLOOR_S = 0.030
 #: bytes of the ``results`` message outside the envelope (action, query_id ≤ 64, status,
 #: retry/approval fields), counted against ``max_message_bytes``.
 MESSAGE_OVERHEAD_BYTES = 256
@@ -90,6 +94,7 @@ class KnowledgeHandle:
         """
         from node.policy.gate import echoes_of
 
+        started = time.monotonic()
         refused = self._admit()
         self.__echoes.update(echoes_of(request))
         try:
@@ -120,6 +125,9 @@ class KnowledgeHandle:
             return self._pending(req, screened)
         allowed = [hit for hit, state in screened if state != PENDING]
         if not allowed:
+            # same time floor whether nothing matched or policy withheld every match, so
+            # the answer's timing is no oracle either (DESIGN §8)
+            _wait_until(started + NO_RESULT_FLOOR_S)
             return {"status": "no-verified-results", "envelope": empty_envelope("no-verified-results", req)}
         top = allowed[: req["topK"]]
         limit = None
@@ -177,6 +185,13 @@ def _gated_controller(controller: dict[str, Any], allowed: int, returned: int) -
     out["candidates"] = allowed
     out["returned"] = returned
     return out
+
+
+def _wait_until(when: float) -> None:
+    """Sleep until ``time.monotonic()`` reaches ``when`` (no-op when already past)."""
+    delay = when - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
 
 
 def _dumps(obj: Any) -> bytes:
