@@ -256,8 +256,12 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
             expiry = {inv.post_id: _unix(inv.expires_at)}
             judged_post: list[str] = [""]
 
+            started: dict[str, int] = {}  # post_id -> sessions that completed the handshake
+
             def post_protocol(post_id: str) -> str | None:
                 judged_post[0] = post_id  # the engine asks this right before nonce_unseen
+                if opts.post_max_sessions is not None and started.get(post_id, 0) >= opts.post_max_sessions:
+                    return None  # consumed here: the host enforces max_sessions itself, not only the server
                 return live.get(post_id)
 
             def nonce_unseen(nonce: str) -> bool:
@@ -310,6 +314,8 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                         rec = registry.merge_profile(ev.peer_public_key, ev.peer_profile) or \
                             registry.by_key(ev.peer_public_key)
                         name = rec.name if rec else None
+                        post = ev.proof.get("post_id", "")
+                        started[post] = started.get(post, 0) + 1
                         on_event({"event": "session-started", "session_id": ev.session_id,
                                   "peer": ev.peer_public_key, "peer_name": name})
                         return HookContext(role="host", session_id=ev.session_id,

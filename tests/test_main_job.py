@@ -178,3 +178,21 @@ def test_python_docs_tempfile_question(tmp_path, server, pydocs):
         assert_no_real_paths(r.stdout, pydocs, home)
     finally:
         host.stop()
+
+
+def test_single_use_invitation_is_refused_by_the_host_itself(tmp_path):
+    """max_sessions is enforced by the host, not only by the community server: a guest
+    that never submits its proof still cannot join a consumed invitation again."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(FIXTURE, corpus)
+    home = prepare_host(tmp_path, corpus)
+    invite = tmp_path / "invite.json"
+    host = Host(home, "--invite-file", str(invite), "--max-sessions", "1")
+    try:
+        first = kith(tmp_path / "guest", "join", str(invite), "--local", "--trust", "--query", "WAL", "--json")
+        assert first.returncode == 0, first.stderr
+        second = kith(tmp_path / "guest2", "join", str(invite), "--local", "--trust", "--query", "WAL", "--json")
+        assert second.returncode == 1
+        assert json.loads(second.stdout.splitlines()[-1])["error"]["code"] == "handshake-unknown-post"
+    finally:
+        host.stop()

@@ -15,8 +15,9 @@ what it did in the ``retrievalController`` report:
 3. ``rewrite-expanded`` — a field-aware, expanded rewrite of the query: every query stem
    plus plain-language → documentation-vocabulary expansions from :data:`LEXICON`
    (``folder`` → ``directory``, ``fake`` → ``mock``…; weighted below the user's own
-   words), each searched in ``body`` and with a stronger boost in ``title``, plus
-   adjacent key-term pairs as sloppy phrases (terms near each other score higher).
+   words), each searched in ``body`` and with a stronger boost in ``title``. (Adjacent
+   key-term pairs as sloppy phrases were tried and are off — :data:`PROXIMITY_PAIRS`:
+   on ``scripts/eval`` they cost nDCG@10/MRR@10 and took half of the pass's time.)
 
 Early stop: when the baseline pass is already strong — each of its top two chunks
 contains every key term and the query has no expansion — the other passes are skipped
@@ -57,7 +58,11 @@ COMPONENT = {"baseline-bm25": "bm25", "exact-entity": "exact", "rewrite-expanded
 EXPANSION_WEIGHT = 0.7
 #: Boost of a title (heading path / file name) match in the rewrite pass.
 REWRITE_TITLE_BOOST = 1.5
-#: Boost and slop of the adjacent key-term pair phrases in the rewrite pass.
+#: Adjacent key-term pairs as sloppy phrases in the rewrite pass (boost, slop). Off:
+#: measured with scripts/eval (53 questions, python-docs) they LOWER quality (nDCG@10
+#: 0.684 → 0.668, MRR@10 0.729 → 0.687; Recall@10 0.821 → 0.830) while the phrase
+#: queries cost about as much as the rest of the rewrite pass (positions are read).
+PROXIMITY_PAIRS = False
 PAIR_BOOST = 0.5
 PAIR_SLOP = 2
 #: Largest candidate pool per pass when widening.
@@ -154,7 +159,8 @@ class Plan:
     Attributes:
         query: the user text. stems: its analyzed terms (``kith_en``). key_terms: folded
         unstemmed key words. exact_units: exact-pass phrases. expansions: rewrite stems.
-        pairs: adjacent key-term pairs (exact terms) for proximity phrases.
+        pairs: adjacent key-term pairs (exact terms) for proximity phrases (empty
+        unless :data:`PROXIMITY_PAIRS`).
     """
 
     query: str
@@ -195,7 +201,7 @@ def make_plan(query: str) -> Plan:
     must not mutate the returned plan)."""
     keys = search.key_terms(query)
     words = [k for k in keys if not k.isdigit()]
-    pairs = [[a, b] for a, b in zip(words, words[1:])]
+    pairs = [[a, b] for a, b in zip(words, words[1:])] if PROXIMITY_PAIRS else []
     return Plan(query=query, stems=search.query_terms(query), key_terms=keys,
                 exact_units=search.exact_units(query), expansions=expansions(query),
                 pairs=pairs)
@@ -223,21 +229,30 @@ def rewrite_query(schema: Any, plan: Plan) -> Any | None:
     return _should(subs) if subs else None
 
 
-def run_pass(searcher: Any, query: Any, depth: int,
-             doc_of: dict[str, str]) -> tuple[list[tuple[str, float]], bool]:
+def run_pass(searcher: Any, query: Any, depth: int, doc_of: dict[str, str],
+             stored: dict[tuple[int, int], tuple[str, str]] | None = None,
+             ) -> tuple[list[tuple[str, float]], bool]:
     """Run one pass: ``([(chunk_id, score)] best first, saturated)``; fills ``doc_of``.
 
     Zero-score hits are dropped (never evidence); ties sort by chunk id; no total count
-    is collected (``count=False``: it costs time and nothing uses it).
+    is collected (``count=False``: it costs time and nothing uses it). ``stored`` caches
+    ``(segment, doc) -> (chunk_id, doc_id)`` across the passes of ONE request (they share
+    ``searcher``, so an address means the same document): passes overlap, and each
+    stored document is then read once.
     """
     out = []
+    if stored is None:
+        stored = {}
     result = searcher.search(query, depth, count=False).hits
     for score, addr in result:
         if score > 0:
-            doc = searcher.doc(addr)
-            cid = doc["chunk_id"][0]
-            doc_of[cid] = doc["doc_id"][0]
-            out.append((cid, float(score)))
+            key = (addr.segment_ord, addr.doc)
+            ids = stored.get(key)
+            if ids is None:
+                doc = searcher.doc(addr)
+                ids = stored[key] = (doc["chunk_id"][0], doc["doc_id"][0])
+            doc_of[ids[0]] = ids[1]
+            out.append((ids[0], float(score)))
     out.sort(key=lambda x: (-x[1], x[0]))
     return out, len(result) >= depth
 
@@ -342,6 +357,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
         hits: list[Hit] = []
         order: list[str] = []
         counts: dict[str, int] = {}
+        stored: dict[tuple[int, int], tuple[str, str]] = {}
         while True:
             controller["rounds"] += 1
             doc_of: dict[str, str] = {}
@@ -363,7 +379,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                 if q is None:  # nothing searchable (e.g. only punctuation): ran, found nothing
                     passes.append({"name": name, "status": "ran", "candidates": 0})
                     continue
-                ranked[name], sat = run_pass(searcher, q, depth, doc_of)
+                ranked[name], sat = run_pass(searcher, q, depth, doc_of, stored)
                 saturated |= sat
                 entry = {"name": name, "status": "ran", "candidates": len(ranked[name])}
                 if name == "baseline-bm25":
