@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,13 +37,12 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from node.community.server import (
-    _config,
     _read_body,
-    _Server,
     base_url_of,
     bind_socket,
     error_response,
     is_loopback,
+    serve_app_in_thread,
     serve_forever,
 )
 from node.corpus import envelope as env_mod
@@ -331,23 +329,10 @@ def run_api_in_thread(home: Path | str, host: str = "127.0.0.1", port: int = 0, 
     check_host(host)
     app = create_app(home, max_body_bytes=max_body_bytes)
     sock = bind_socket(host, port)
-    url = base_url_of(sock)
-    server = _Server(_config(app, access_log=False))  # type: ignore[arg-type]
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                              name=f"kith-api {url}", daemon=True)
-    thread.start()
     try:
-        deadline = time.monotonic() + startup_timeout_s
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise CommunityError("server-start-failed",
-                                     f"the local API at {url} did not start", status=0)
-            time.sleep(0.01)
-        yield url
+        with serve_app_in_thread(app, sock, what="the local API", startup_timeout_s=startup_timeout_s) as url:
+            yield url
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
         app.holder.close()  # type: ignore[attr-defined]
 
 

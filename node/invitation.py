@@ -167,21 +167,16 @@ def parse_invitation(data: bytes | str | dict[str, Any]) -> Invitation:
     return inv
 
 
-def verify_invitation(inv: Invitation, *, ticket_endpoint_id: Callable[[str], str],
-                      local_protocol_id: str | None, now: datetime | None = None) -> None:
-    """Run every check ``kith join`` needs before connecting (DESIGN §5), in this order.
-
-    Args:
-        ticket_endpoint_id: parses an iroh ticket and returns its endpoint id (64 hex);
-            raises ``ValueError`` on a bad ticket. Called only after the signature verified.
-        local_protocol_id: ``protocol_id`` of the local protocol with the invitation's
-            name, or None if there is no such protocol.
+def check_binding(inv: Invitation) -> None:
+    """The checks every verifier of an invitation makes first (``kith join`` and the
+    community server alike), in this order: strict lowercase hex of the exact length for
+    keys, signature and protocol id; the transport binding signature (DESIGN §4) over
+    ``transport_info.ticket``; ``iroh_ticket`` equal to ``transport_info.ticket`` when
+    present. The ticket itself is not parsed here.
 
     Raises:
         InvitationError: ``invitation-bad-hex``, ``invitation-bad-signature``,
-            ``invitation-ticket-mismatch``, ``invitation-bad-ticket``,
-            ``invitation-endpoint-mismatch``, ``invitation-expired``,
-            ``invitation-unknown-protocol``, ``invitation-protocol-mismatch``.
+            ``invitation-ticket-mismatch``.
     """
     try:
         check_hex(inv.host_public_key, PUBLIC_KEY_HEX_LEN, "host_public_key")
@@ -199,6 +194,25 @@ def verify_invitation(inv: Invitation, *, ticket_endpoint_id: Callable[[str], st
                               "(the ticket or another signed field was changed)") from None
     if inv.iroh_ticket is not None and inv.iroh_ticket != inv.transport_info.ticket:
         raise InvitationError("invitation-ticket-mismatch")
+
+
+def verify_invitation(inv: Invitation, *, ticket_endpoint_id: Callable[[str], str],
+                      local_protocol_id: str | None, now: datetime | None = None) -> None:
+    """Run every check ``kith join`` needs before connecting (DESIGN §5), in this order.
+
+    Args:
+        ticket_endpoint_id: parses an iroh ticket and returns its endpoint id (64 hex);
+            raises ``ValueError`` on a bad ticket. Called only after the signature verified.
+        local_protocol_id: ``protocol_id`` of the local protocol with the invitation's
+            name, or None if there is no such protocol.
+
+    Raises:
+        InvitationError: ``invitation-bad-hex``, ``invitation-bad-signature``,
+            ``invitation-ticket-mismatch``, ``invitation-bad-ticket``,
+            ``invitation-endpoint-mismatch``, ``invitation-expired``,
+            ``invitation-unknown-protocol``, ``invitation-protocol-mismatch``.
+    """
+    check_binding(inv)
     try:
         ticket_id = ticket_endpoint_id(inv.transport_info.ticket)
     except ValueError:

@@ -9,7 +9,6 @@ from typing import Any, Optional
 
 import anyio
 import typer
-from rich.markup import escape
 
 from node.cli.common import console, emit_json, err_console, home_of, safe_text, warn
 from node.cli.main import app

@@ -68,6 +68,7 @@ from node.invitation import (
     MAX_INVITATION_BYTES,
     POST_ID_RE,
     Invitation,
+    check_binding,
     parse_invitation,
     parse_rfc3339,
     rfc3339,
@@ -75,14 +76,13 @@ from node.invitation import (
 from node.signing import (
     PUBLIC_KEY_HEX_LEN,
     SHA256_HEX_LEN,
-    SIGNATURE_HEX_LEN,
     check_hex,
     role_message,
     session_id_of,
     session_payload,
     verify,
 )
-from node.spec import MAX_SPEC_BYTES, parse_spec
+from node.spec import parse_spec
 
 SERVICE = "kith-community"
 API_PREFIX = "/api/v1"
@@ -773,22 +773,7 @@ def check_invitation(inv: Invitation, *, now: float) -> float:
             ``invitation-ticket-mismatch``, ``invitation-endpoint-mismatch``,
             ``invitation-malformed`` (bad ``expires_at``), ``invitation-expired`` (all 400).
     """
-    try:
-        check_hex(inv.host_public_key, PUBLIC_KEY_HEX_LEN, "host_public_key")
-        check_hex(inv.transport_info.endpoint_id, PUBLIC_KEY_HEX_LEN, "transport_info.endpoint_id")
-        check_hex(inv.transport_binding_signature, SIGNATURE_HEX_LEN, "transport_binding_signature")
-        check_hex(inv.protocol.protocol_id, SHA256_HEX_LEN, "protocol.protocol_id")
-    except SigningError as exc:
-        raise InvitationError("invitation-bad-hex", exc.message) from None
-    try:
-        verify(inv.host_public_key, inv.binding_payload(), inv.transport_binding_signature,
-               field="transport_binding_signature")
-    except SigningError:
-        raise InvitationError("invitation-bad-signature",
-                              "the transport binding signature does not verify (the ticket or "
-                              "another signed field was changed)") from None
-    if inv.iroh_ticket is not None and inv.iroh_ticket != inv.transport_info.ticket:
-        raise InvitationError("invitation-ticket-mismatch")
+    check_binding(inv)
     if inv.transport_info.endpoint_id != inv.host_public_key:
         raise InvitationError("invitation-endpoint-mismatch",
                               "transport_info.endpoint_id differs from host_public_key")
@@ -1007,6 +992,40 @@ def serve_forever(app: Starlette, sock: socket.socket, *, access_log: bool = Fal
 
 
 @contextlib.contextmanager
+def serve_app_in_thread(app: Any, sock: socket.socket, *, what: str,
+                        startup_timeout_s: float = 10.0) -> Iterator[str]:
+    """Serve an ASGI ``app`` on an already bound ``sock`` with uvicorn in a daemon thread
+    for a ``with`` block; the socket is closed on exit. Used by the community server and
+    the local read-only API.
+
+    Args:
+        what: how to name the server in an error, e.g. ``"the local API"``.
+        startup_timeout_s: how long to wait for uvicorn to start, in seconds.
+
+    Yields:
+        The base URL, e.g. ``"http://127.0.0.1:41234"``.
+
+    Raises:
+        CommunityError: ``server-start-failed`` if it does not start in time.
+    """
+    url = base_url_of(sock)
+    server = _Server(_config(app, access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"kith {url}", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise CommunityError("server-start-failed", f"{what} at {url} did not start", status=0)
+            time.sleep(0.01)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+@contextlib.contextmanager
 def run_server_in_thread(database: Path | str | CommunityStore, host: str = "127.0.0.1",
                          port: int = 0, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                          max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES,
@@ -1038,22 +1057,10 @@ def run_server_in_thread(database: Path | str | CommunityStore, host: str = "127
         if owned:
             app.state.store.close()
         raise
-    url = base_url_of(sock)
-    server = _Server(_config(app, access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                              name=f"kith-community {url}", daemon=True)
-    thread.start()
     try:
-        deadline = time.monotonic() + startup_timeout_s
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise CommunityError("server-start-failed",
-                                     f"the community server at {url} did not start", status=0)
-            time.sleep(0.01)
-        yield url
+        with serve_app_in_thread(app, sock, what="the community server",
+                                 startup_timeout_s=startup_timeout_s) as url:
+            yield url
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
         if owned:
             app.state.store.close()

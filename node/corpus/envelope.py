@@ -270,14 +270,43 @@ _PARAGRAPH = re.compile(r"\n[ \t]*\n|\n(?=[=\-~^\"'`#*+:.]{3,}[ \t]*(?:\n|$))|^[
 
 def _sentences(text: str) -> list[str]:
     """Sentences of a chunk: paragraphs (blank lines, heading adornments) then sentence
-    ends; whitespace collapsed."""
-    out = []
-    for para in _PARAGRAPH.split(text):
-        for s in _SENTENCE.split(para or ""):
-            s = _squash(s)
-            if s:
-                out.append(s)
+    ends; whitespace collapsed.
+
+    Works line by line (the same paragraphs as splitting with :data:`_PARAGRAPH`, whose
+    matches fall exactly between two content lines separated by at least one blank
+    (spaces/tabs only) or adornment line, and which always removes adornment lines); each
+    paragraph is collapsed once and then split at "end mark + space" (the same sentences
+    as splitting at "end mark + whitespace run" and collapsing each piece: ``str.split()``
+    and ``\\s`` agree on what whitespace is).
+    """
+    out: list[str] = []
+    group: list[str] = []
+    for line in text.split("\n"):
+        if not line.strip(" \t") or (line[0] in _ADORN_CHARS and _ADORN_LINE.fullmatch(line)):
+            if group:
+                _split_paragraph(" ".join(group), out)
+                group = []
+        else:
+            group.append(line)
+    if group:
+        _split_paragraph(" ".join(group), out)
     return out
+
+
+_ADORN_CHARS = frozenset("=-~^\"'`#*+:.")
+_ADORN_LINE = re.compile(r"[=\-~^\"'`#*+:.]{3,}[ \t]*")
+_SENTENCE_END = re.compile(r"[.!?。！？] ")
+
+
+def _split_paragraph(para: str, out: list[str]) -> None:
+    """Append the sentences of one paragraph (collapsed first) to ``out``."""
+    para = " ".join(para.split())
+    start = 0
+    for m in _SENTENCE_END.finditer(para):
+        out.append(para[start:m.start() + 1])
+        start = m.end()
+    if start < len(para):
+        out.append(para[start:])
 
 
 _WORD = re.compile(r"[^\W_]+")
@@ -305,11 +334,24 @@ def _key_stems(query: str) -> list[tuple[str, set[str]]]:
     return [(t, _stems(t)) for t in search.key_terms(query)]
 
 
+@lru_cache(maxsize=512)
+def _query_keys(query: str) -> tuple[list[tuple[str, set[str]]], re.Pattern[str] | None,
+                                     tuple[str, ...]]:
+    """Per-query analysis reused by every envelope for ``query`` (pure; cached — callers
+    must not mutate it): ``(key stems, key matcher, matcher prefixes)``."""
+    keys = _key_stems(query)
+    return keys, _key_matcher(keys), _key_prefixes(keys)
+
+
+def _key_prefixes(keys: list[tuple[str, set[str]]]) -> tuple[str, ...]:
+    return tuple(sorted({st[:max(3, len(st) - 1)] for _, ss in keys for st in ss}))
+
+
 def _key_matcher(keys: list[tuple[str, set[str]]]) -> re.Pattern[str] | None:
     """A regex finding the words that may carry a key stem (stem prefixes); each found
     word is then checked with the analyzer, so it only saves time, never changes
     results for ASCII text."""
-    prefixes = {st[:max(3, len(st) - 1)] for _, ss in keys for st in ss}
+    prefixes = _key_prefixes(keys)
     if not prefixes:
         return None
     alt = "|".join(re.escape(x) for x in sorted(prefixes, key=len, reverse=True))
@@ -340,11 +382,81 @@ def _preview(text: str, keys: list[tuple[str, set[str]]], limit: int,
     if analyzed is None:
         m = _key_matcher(keys)
         analyzed = [(x, len(_text_coverage(x, keys, m))) for x in _sentences(text)]
+    return _previews(analyzed, (limit,))[0]
+
+
+def _previews(analyzed: list[tuple[str, int]], limits: tuple[int, ...]) -> list[str]:
+    """:func:`_preview` for several limits from one ``analyzed`` list (one join)."""
     if not analyzed:
-        return ""
-    best = max(range(len(analyzed)), key=lambda i: (analyzed[i][1], -i))
-    body = _cut(" ".join(x for x, _ in analyzed[best:]), limit)
-    return ("…" + body) if best > 0 else body
+        return ["" for _ in limits]
+    best = 0
+    for i in range(1, len(analyzed)):  # first sentence with the most covered key terms
+        if analyzed[i][1] > analyzed[best][1]:
+            best = i
+    tail = analyzed[best:]
+    size = max(limits) + 1
+    parts: list[str] = []
+    for x, _ in tail:  # only what the longest cut can show (+1: _cut sees the overflow)
+        parts.append(x)
+        size -= len(x) + 1
+        if size < 0:
+            break
+    whole = " ".join(parts)
+    out = []
+    for limit in limits:
+        body = _cut(whole, limit)
+        out.append(("…" + body) if best > 0 else body)
+    return out
+
+
+def _analyze_hit(text: str, heading: str, keys: list[tuple[str, set[str]]],
+                 matcher: re.Pattern[str] | None, prefixes: tuple[str, ...],
+                 ) -> tuple[list[str], list[tuple[str, int]]]:
+    """Analyze one result text ONCE: ``(key terms covered by text + heading,
+    [(sentence, covered key terms, 0 under 20 characters)])``.
+
+    Same answers as :func:`_text_coverage` on the whole text and on each sentence: for
+    ASCII text the whole text's words are exactly its sentences' words (sentences split
+    only at whitespace and at adornment lines, which hold no word character), so the
+    whole coverage is the union of the sentences' stems; a sentence holding none of the
+    matcher's prefixes is skipped without running the regex. Non-ASCII text takes the
+    general path, unchanged.
+    """
+    sentences = _sentences(text)
+    if matcher is None:
+        return [], [(x, 0) for x in sentences]
+    whole_ascii = text.isascii() and heading.isascii()
+    if whole_ascii:
+        low = text.lower()
+        present = tuple(p for p in prefixes if p in low)
+        if not present and not any(p in heading.lower() for p in prefixes):
+            return [], [(x, 0) for x in sentences]
+    union: set[str] = set()
+    analyzed: list[tuple[str, int]] = []
+    for x in sentences:
+        if x.isascii():
+            if whole_ascii and not present:
+                analyzed.append((x, 0))
+                continue
+            lx = x.lower()
+            if whole_ascii and not any(p in lx for p in present):
+                analyzed.append((x, 0))
+                continue
+            stems: set[str] = set()
+            for w in set(matcher.findall(lx)):
+                stems.update(_word_stems(w))
+        else:
+            stems = _stems(x)
+        if whole_ascii:
+            union |= stems
+        analyzed.append((x, len(_coverage(keys, stems)) if len(x) >= 20 else 0))
+    if whole_ascii:
+        for w in set(matcher.findall(heading.lower())):
+            union.update(_word_stems(w))
+        covered = _coverage(keys, union)
+    else:
+        covered = _text_coverage(text + " " + heading, keys, matcher)
+    return covered, analyzed
 
 
 def _interpretation(plan: Any) -> str:
@@ -527,8 +639,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     if not hits:
         return empty_envelope("no-verified-results", request)
     q = request["query"]
-    keys = _key_stems(q)
-    matcher = _key_matcher(keys)
+    keys, matcher, prefixes = _query_keys(q)
     key_names = [t for t, _ in keys]
     results: list[dict[str, Any]] = []
     citations: list[dict[str, Any]] = []
@@ -542,13 +653,11 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
         cid = _citation_id(hit.chunk_id)
         meta = hit.metadata or {}
         heading = " ".join(hit.location.get("headingPath") or [])
-        cov = _text_coverage(hit.text + " " + heading, keys, matcher)
+        cov, analyzed = _analyze_hit(hit.text, heading, keys, matcher, prefixes)
         covered_all.update(cov)
         whole = whole or len(cov) == len(keys)
         if str(meta.get("lifecycle")) in AUTHORITATIVE_LIFECYCLES:
             authoritative = True
-        analyzed = [(x, len(_text_coverage(x, keys, matcher)) if len(x) >= 20 else 0)
-                    for x in _sentences(hit.text)]
         if rank == 0:
             top_ratio = len(cov) / len(keys) if keys else 1.0
         comps = {k: round(float(v), 6) for k, v in (hit.score_components or {}).items()}
@@ -563,6 +672,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
             "citationId": cid,
         }
         tags = meta.get("tags") or []
+        preview, excerpt = _previews(analyzed, (PREVIEW_CHARS, EXCERPT_CHARS))
         results.append({
             "id": hit.chunk_id,
             "score": round(float(hit.score), 6),
@@ -573,7 +683,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
             "project": meta.get("project"),
             "tags": list(tags) if isinstance(tags, (list, tuple)) else [tags],
             "workType": meta.get("workType"),
-            "textPreview": _preview(hit.text, keys, PREVIEW_CHARS, analyzed),
+            "textPreview": preview,
             "provenance": provenance,
         })
         citations.append({
@@ -581,7 +691,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
             "resultId": hit.chunk_id,
             "source": hit.source_id,
             "location": dict(hit.location),
-            "excerpt": _preview(hit.text, keys, EXCERPT_CHARS, analyzed),
+            "excerpt": excerpt,
             "scoreComponents": comps,
             "provenance": provenance,
         })

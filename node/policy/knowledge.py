@@ -99,7 +99,7 @@ class KnowledgeHandle:
         self.__echoes.update(echoes_of(request))
         try:
             req = validate_search_request(request)
-        except CorpusError as exc:
+        except CorpusError:
             status = refused["status"] if refused else "invalid-request"
             env = empty_envelope(status, None)
             return {**(refused or {}), "status": status, "envelope": env}

@@ -20,7 +20,6 @@ from iroh import iroh_ffi
 
 from node.errors import TransportError
 from node.transport import iroh_patch
-from node.transport.base import DEFAULT_RECEIVE_BYTES
 
 iroh_patch.apply()
 
