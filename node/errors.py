@@ -143,6 +143,7 @@ CODES: dict[str, tuple[str, str]] = {
     "api-read-only": ("corpus", "The local API is read-only; this route or method changes nothing."),
     "api-loopback-only": ("corpus", "The local API answers loopback clients only."),
     "peer-search-failed": ("corpus", "The search over a joined peer did not complete."),
+    "dense-unavailable": ("corpus", "The optional dense pass (kith-node[hybrid]) is not installed."),
     # --- policy ---------------------------------------------------------------------------
     "policy-invalid": ("policy", "The policy file is not valid."),
     "policy-bad-glob": ("policy", "The policy glob is not valid."),

@@ -183,3 +183,12 @@ def test_withheld_and_missing_answers_take_the_same_time_floor(tmp_path):
             assert time.monotonic() - t0 >= NO_RESULT_FLOOR_S
     finally:
         corpus.close()
+
+
+def test_untrusted_console_never_emits_escapes_or_parses_markup(capsys):
+    from node.cli.common import untrusted_console
+
+    untrusted_console.print("[bold]name[/bold] \x1b[2J\x1b]8;;http://x\x07link")
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "[bold]name[/bold]" in out  # shown literally, not interpreted

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from node.cli.common import console, emit_json, home_of, warn
+from node.cli.common import untrusted_console as console, emit_json, home_of, warn
 from node.policy.approvals import Approvals, ApprovalRequest
 
 approvals_app = typer.Typer(

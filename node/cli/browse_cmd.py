@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import typer
-from rich.markup import escape
 
-from node.cli.common import console, emit_json, home_of
+from node.cli.common import untrusted_console as console, emit_json, home_of
 from node.cli.community_cmd import SERVER_HELP, run_client
 
 
@@ -36,12 +35,12 @@ def browse_cmd(
         inv = post["invitation"]
         who = post["host_display_name"] or inv["host_public_key"][:16] + "…"
         cap = f"{post['sessions']}/{post['max_sessions']}" if post["max_sessions"] else str(post["sessions"])
-        console.print(f"[bold]{post['post_id']}[/bold]  {escape(inv['protocol']['name'])} "
-                      f"{escape(inv['protocol']['version'])}  by {escape(who)}  sessions {cap}  "
+        console.print(f"{post['post_id']}  {inv['protocol']['name']} "
+                      f"{inv['protocol']['version']}  by {who}  sessions {cap}  "
                       f"expires {post['expires_at']}", highlight=False)
-        line = " ".join(f"#{escape(t)}" for t in inv.get("tags") or [])
+        line = " ".join(f"#{t}" for t in inv.get("tags") or [])
         if inv.get("message"):
-            line = f"{escape(inv['message'])}  {line}".strip()
+            line = f"{inv['message']}  {line}".strip()
         if line:
             console.print(f"    {line}", highlight=False)
     if page["next_cursor"]:

@@ -26,11 +26,25 @@ _CONTROL = dict.fromkeys([*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0
                           0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)], "\ufffd")
 
 
+class _UntrustedConsole(Console):
+    """A console for text that came from a peer, a server or a file: every string is
+    passed through :func:`safe_text` and rich markup is never parsed."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        kwargs["markup"] = False
+        kwargs.setdefault("highlight", False)
+        super().print(*(safe_text(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
+
 def safe_text(text: object) -> str:
     """``text`` with control characters (C0 except tab/newline, DEL, C1) and bidirectional
     overrides replaced by U+FFFD, for printing text that came from a peer, a server or a
     file: terminal escape sequences never reach the terminal."""
     return str(text).translate(_CONTROL)
+
+
+#: stdout for data shown to a person that includes peer/server-supplied text
+untrusted_console = _UntrustedConsole()
 
 
 @dataclass

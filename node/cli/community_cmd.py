@@ -19,9 +19,8 @@ from typing import Any, Optional, TypeVar
 
 import anyio
 import typer
-from rich.markup import escape
 
-from node.cli.common import console, emit_json, err_console, home_of
+from node.cli.common import untrusted_console as console, emit_json, err_console, home_of
 from node.community.ratelimit import RateLimit, RateLimits
 from node.community.server import (
     DEFAULT_PORT,
@@ -160,7 +159,7 @@ def register_cmd(
     if json_out:
         emit_json(record)
     else:
-        console.print(f"registered {record['public_key'][:16]}… as {escape(record['display_name'])}",
+        console.print(f"registered {record['public_key'][:16]}… as {record['display_name']}",
                       highlight=False)
 
 
@@ -178,9 +177,9 @@ def identity_cmd(
         return
     ratings = record["ratings"]
     avg = f"{ratings['average']:.2f}" if ratings["average"] is not None else "-"
-    console.print(f"{escape(record['display_name'])}  {record['public_key']}", highlight=False)
+    console.print(f"{record['display_name']}  {record['public_key']}", highlight=False)
     if record["about"]:
-        console.print(f"  {escape(record['about'])}", highlight=False)
+        console.print(f"  {record['about']}", highlight=False)
     console.print(f"  ratings: {ratings['count']} (average {avg}); since {record['created_at']}",
                   highlight=False)
 

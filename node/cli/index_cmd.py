@@ -1,4 +1,4 @@
-"""``kith index add|config|sync|status|import|watch`` and ``kith search`` (DESIGN §9, §11, §13).
+"""``kith index add|config|sync|embed|status|import|watch`` and ``kith search`` (DESIGN §9, §11, §13).
 
 The owner's local search sees every tier: no policy applies here (the egress gate
 only guards what leaves the machine). In ``--json`` mode stdout carries only JSON
@@ -65,18 +65,44 @@ def add_cmd(
                       highlight=False, soft_wrap=True)
 
 
+class DenseSwitch(str, Enum):
+    """``kith index config --dense`` (the optional dense/hybrid pass)."""
+
+    on = "on"
+    off = "off"
+
+
 @index_app.command("config")
 def config_cmd(
     ctx: typer.Context,
-    prefix: str = typer.Argument(..., help="The root's prefix (as in `kith index status`)."),
+    prefix: Optional[str] = typer.Argument(None, help="The root's prefix (as in `kith index status`)."),
     chunker: Optional[str] = typer.Option(None, "--chunker", help=_CHUNKER_HELP),
     chunk_size: Optional[int] = typer.Option(None, "--chunk-size", help="Characters per chunk."),
     chunk_overlap: Optional[int] = typer.Option(None, "--chunk-overlap", help="Overlap characters."),
+    dense_switch: Optional[DenseSwitch] = typer.Option(
+        None, "--dense", help="Turn the optional dense/hybrid pass on or off (needs "
+                              "kith-node[hybrid]; `kith index embed` computes the vectors)."),
     json_out: bool = typer.Option(False, "--json", help="Print the root's settings as JSON."),
 ) -> None:
-    """Change a root's chunker settings; the next sync re-chunks its documents."""
+    """Change a root's chunker settings (the next sync re-chunks its documents), or turn
+    the optional dense pass on or off (`--dense on|off`, no prefix needed)."""
     from node.corpus.store import Corpus
 
+    if prefix is None:
+        if dense_switch is None:
+            raise typer.BadParameter("give a root prefix, or --dense on|off", param_hint="PREFIX")
+        from node.corpus import dense
+
+        with Corpus(home_of(ctx)) as corpus:
+            st = dense.set_enabled(corpus, dense_switch is DenseSwitch.on)
+        if json_out:
+            emit_json({"dense": st})
+        else:
+            console.print(_dense_line(st), highlight=False, markup=False, soft_wrap=True)
+        return
+    if dense_switch is not None:
+        raise typer.BadParameter("--dense takes no root prefix (it applies to the whole corpus)",
+                                 param_hint="--dense")
     with Corpus(home_of(ctx)) as corpus:
         root = corpus.configure_root(prefix.strip("/"), chunker=chunker, chunk_size=chunk_size,
                                      chunk_overlap=chunk_overlap)
@@ -85,6 +111,61 @@ def config_cmd(
     else:
         console.print(f"/{escape(root.prefix)}/: {root.chunker}, size {root.chunk_size}, "
                       f"overlap {root.chunk_overlap} (run `kith index sync`)", highlight=False, soft_wrap=True)
+
+
+def _dense_line(st: dict[str, Any]) -> str:
+    state = "on" if st["enabled"] else "off"
+    extra = "" if st["installed"] else " (kith-node[hybrid] not installed: the pass is skipped)"
+    todo = f"; run `kith index embed` for {st['missing']} chunk(s)" if st["enabled"] and st["missing"] else ""
+    return (f"dense pass {state}{extra}: {st['vectors']}/{st['chunks']} chunks embedded "
+            f"({st['model']}){todo}")
+
+
+def _embed(corpus: Any, *, json_out: bool, batch_size: int, enable: bool) -> dict[str, Any]:
+    """Embed the missing vectors, with a progress bar on a terminal (stderr)."""
+    from node.corpus import dense
+
+    if json_out or not err_console.is_terminal:
+        return dense.embed_missing(corpus, batch_size=batch_size, enable=enable)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("embedding"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task("", total=None)
+
+        def _progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return dense.embed_missing(corpus, batch_size=batch_size, progress=_progress,
+                                   enable=enable)
+
+
+def _embed_summary(rep: dict[str, Any]) -> str:
+    return (f"embedded {rep['embedded']} chunk(s), {rep['current']} already current, "
+            f"{rep['pruned']} stale vector(s) pruned, in {rep['seconds']:.1f} s "
+            f"({rep['chunksPerSecond']:.1f} chunks/s); dense pass "
+            f"{'on' if rep['enabled'] else 'off'}")
+
+
+@index_app.command("embed")
+def embed_cmd(
+    ctx: typer.Context,
+    batch_size: int = typer.Option(32, "--batch-size", min=1, max=1024, help="Chunks per model call."),
+    json_out: bool = typer.Option(False, "--json", help="Print the embedding report as JSON."),
+) -> None:
+    """Compute the missing vectors of the optional dense/hybrid pass and turn it on
+    (needs `pip install 'kith-node[hybrid]'`; runs offline on the CPU)."""
+    from node.corpus import dense
+    from node.corpus.store import Corpus
+
+    if not dense.extra_available():
+        raise dense.unavailable_error()
+    with Corpus(home_of(ctx)) as corpus:
+        rep = _embed(corpus, json_out=json_out, batch_size=batch_size, enable=True)
+    if json_out:
+        emit_json(rep)
+    else:
+        console.print(_embed_summary(rep), highlight=False, markup=False, soft_wrap=True)
 
 
 def _summary(report: dict[str, Any]) -> str:
@@ -135,6 +216,11 @@ def sync_cmd(
                                description=escape(source[-40:]) if source else "")
 
                 report = corpus.sync(progress=_progress, mode=mode.value)
+        from node.corpus import dense  # light; the model loads only when the pass is on
+
+        if dense.enabled(corpus) and dense.extra_available():
+            report["dense"] = _embed(corpus, json_out=json_out, batch_size=dense.BATCH_SIZE,
+                                     enable=False)
     if json_out:
         emit_json(report)
         return
@@ -151,8 +237,11 @@ def status_cmd(
     """Show roots, per-root and per-status counts, failed and stale documents with reasons."""
     from node.corpus.store import Corpus
 
+    from node.corpus import dense
+
     with Corpus(home_of(ctx), readonly=True) as corpus:
         st = corpus.status_report()
+        st["dense"] = dense.status(corpus)
     if json_out:
         emit_json(st)
         return
@@ -170,6 +259,8 @@ def status_cmd(
         f"empty {st['empty']}, processing {st['processing']}, stale {st['stale']}), "
         f"chunks {st['chunks']}, ready {'yes' if st['ready'] else 'no'}, "
         f"last sync {st['last_sync'] or 'never'}", highlight=False, soft_wrap=True)
+    if st["dense"]["enabled"] or st["dense"]["vectors"]:
+        console.print(_dense_line(st["dense"]), highlight=False, markup=False, soft_wrap=True)
     for f in st["failedDocuments"]:
         console.print(f"  {f['code']} {f['source']}: {f['message']}", highlight=False, markup=False, soft_wrap=True)
     for s in st["staleDocuments"]:

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from node.cli.common import console, emit_json, home_of
+from node.cli.common import untrusted_console as console, emit_json, home_of
 from node.peers import PeerRegistry, load_own_profile, save_own_profile
 
 peers_app = typer.Typer(

@@ -393,6 +393,12 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
         if "rewrite-expanded" in plan.passes:
             queries["rewrite-expanded"] = rewrite_query(schema, plan)
         depth = max(limit * 4, 40)
+        dense_entry: dict[str, Any] | None = None
+        if extra_passes is None:  # the optional dense pass (only when the owner turned it on)
+            from node.corpus import dense
+
+            extra_passes, dense_entry = dense.auto_pass(corpus, query, k=depth,
+                                                        deadline=deadline)
         hits: list[Hit] = []
         order: list[str] = []
         counts: dict[str, int] = {}
@@ -448,7 +454,11 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                 for name, extra in extra_passes.items():
                     known = [(c, s) for c, s in extra if c in doc_of or _doc_of(corpus, c, doc_of)]
                     ranked[name] = known
-                    passes.append({"name": name, "status": "ran", "candidates": len(known)})
+                    passes.append({**(dense_entry or {}), "name": name, "status": "ran",
+                                   "candidates": len(known)})
+                    controller["fusion"]["weights"].setdefault(name, PASS_WEIGHTS.get(name, 1.0))
+            elif dense_entry is not None:  # dense on but skipped: say why
+                passes.append(dict(dense_entry))
             if stop is not None:
                 controller.update(earlyStop=True, stopReason=stop)
             raw = {name: dict(h) for name, h in ranked.items()}

