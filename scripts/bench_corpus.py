@@ -3,7 +3,7 @@
 Usage::
 
     .venv/bin/python scripts/bench_corpus.py [--corpus DIR] [--sizes 1200:150]
-        [--repeat 30] [--synthetic-chunks 100000] [--targets-only]
+        [--repeat 30] [--synthetic-chunks 100000] [--targets-only] [--breakdown]
 
 Part 1 (issue 3 targets, one run, all timings in process — interpreter start-up excluded):
 
@@ -16,6 +16,14 @@ Part 1 (issue 3 targets, one run, all timings in process — interpreter start-u
   temporary folder that is removed afterwards;
 - watch latency: a file written into a watched root until it is searchable.
 
+``--breakdown`` (instead of part 1 and 2) explains the full-sync ratio: the raw build, and
+the chunks already in SQLite put into tantivy with Kith's schema and analyzers, then
+with one field or writer setting changed at a time (no ``exact`` field, ``exact``
+without positions, no ``title``, 1 writer thread, a 256 MB heap), each the best of
+``--repeat-builds`` runs, wall and process CPU time (CPU is steadier on a shared
+machine). No variant is the product: ``exact`` (unstemmed, with positions) serves quoted
+phrases and identifiers, which the issue requires.
+
 Part 2 (per ``--sizes``): full sync, re-sync, warm query p50/p95 over questions with
 known answers, hit@5 and MRR@10, next to a bare single-pass tantivy baseline over the
 same chunks. Timings are wall-clock on this machine; nothing here is part of the product.
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -201,6 +210,85 @@ def kith_schema_build(db_path: Path, workdir: Path) -> float:
     return time.perf_counter() - t0
 
 
+def _schema_variant(rows: list[tuple[str, str, str, str]], workdir: Path, *,
+                    fields: tuple[str, ...] = ("body", "title", "exact"),
+                    exact_option: str = "position", heap: int = 128_000_000,
+                    threads: int = 0) -> tuple[float, float]:
+    """(wall s, process CPU s) to index ``rows`` with Kith's analyzers and a variant of
+    its schema (``fields`` kept, ``exact`` index option, writer heap and threads)."""
+    from node.corpus import search
+
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    t0, c0 = time.perf_counter(), time.process_time()
+    sb = tantivy.SchemaBuilder()
+    sb.add_text_field("chunk_id", stored=True, tokenizer_name="raw")
+    sb.add_text_field("doc_id", stored=True, tokenizer_name="raw", index_option="basic")
+    for name in fields:
+        analyzer = "kith_exact" if name == "exact" else "kith_en"
+        option = exact_option if name == "exact" else "freq"
+        sb.add_text_field(name, tokenizer_name=analyzer, index_option=option)
+    index = tantivy.Index(sb.build(), path=str(workdir))
+    search.register_analyzers(index)
+    writer = index.writer(heap, threads)
+    for cid, did, text, title in rows:
+        body = search.cjk_bigrams(text)
+        values = {"body": body, "title": search.cjk_bigrams(title), "exact": body}
+        writer.add_document(tantivy.Document(chunk_id=cid, doc_id=did,
+                                             **{f: values[f] for f in fields}))
+    writer.commit()
+    writer.wait_merging_threads()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def _raw_cpu(corpus_dir: Path, workdir: Path) -> tuple[float, float]:
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    c0 = time.process_time()
+    wall, _ = raw_tantivy_build(corpus_dir, workdir)
+    return wall, time.process_time() - c0
+
+
+def breakdown(corpus_dir: Path, repeat: int) -> None:
+    """Print where a full sync's time goes relative to the raw build (see module doc)."""
+    from node.corpus import ingest
+
+    print(f"== full-sync breakdown (best of {repeat}; wall / process CPU; ratio to raw)")
+    with tempfile.TemporaryDirectory(prefix="kith-bench-") as tmp:
+        syncs = []
+        for i in range(repeat):
+            with Corpus(Path(tmp) / f"home{i}") as c:
+                c.add_root(corpus_dir)
+                t0, c0 = time.perf_counter(), time.process_time()
+                c.sync()
+                syncs.append((time.perf_counter() - t0, time.process_time() - c0))
+                db_path = c.db_path
+        db = sqlite3.connect(db_path)
+        rows = list(ingest.iter_chunks_for_index(db))
+        db.close()
+        variants = {
+            "raw tantivy (files, default tokenizer)": lambda p: _raw_cpu(corpus_dir, p),
+            "kith schema (body+title+exact)": lambda p: _schema_variant(rows, p),
+            "  without the exact field": lambda p: _schema_variant(rows, p, fields=("body", "title")),
+            "  exact without positions": lambda p: _schema_variant(rows, p, exact_option="freq"),
+            "  without the title field": lambda p: _schema_variant(rows, p, fields=("body", "exact")),
+            "  writer: 1 thread": lambda p: _schema_variant(rows, p, threads=1),
+            "  writer: 256 MB heap": lambda p: _schema_variant(rows, p, heap=256_000_000),
+        }
+        best: dict[str, tuple[float, float]] = {}
+        for _ in range(repeat):  # interleaved: every variant sees the same machine state
+            for name, run in variants.items():
+                w, c = run(Path(tmp) / "variant")
+                old = best.get(name, (w, c))
+                best[name] = (min(old[0], w), min(old[1], c))
+        best["full sync (parse, chunk, SQLite, tantivy)"] = (min(w for w, _ in syncs),
+                                                             min(c for _, c in syncs))
+    rw, rc = best["raw tantivy (files, default tokenizer)"]
+    for name, (w, c) in best.items():
+        print(f"{name:44} {w:6.2f} s {w / rw:5.2f}x | cpu {c:6.2f} s {c / rc:5.2f}x")
+
+
 def _rss_child(n_chunks: int, workdir: Path) -> None:
     """(child process) Build a synthetic corpus of about ``n_chunks`` chunks, sync it,
     print ``chunks peak_rss_mb seconds``."""
@@ -307,6 +395,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--synthetic-chunks", type=int, default=100_000)
     ap.add_argument("--targets-only", action="store_true", help="only part 1")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="only the full-sync breakdown by schema/writer variant")
+    ap.add_argument("--repeat-builds", type=int, default=3,
+                    help="runs per variant in --breakdown (the best is kept)")
     ap.add_argument("--rss-child", nargs=2, metavar=("CHUNKS", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rss_child:
@@ -314,6 +406,9 @@ def main() -> None:
         return
     if not args.corpus.is_dir():
         sys.exit(f"corpus folder not found: {args.corpus}")
+    if args.breakdown:
+        breakdown(args.corpus, args.repeat_builds)
+        return
     targets(args.corpus, args.synthetic_chunks)
     if args.targets_only:
         return

@@ -182,3 +182,18 @@ def test_exact_pass_reported_in_envelope(corpus) -> None:
         ["baseline-bm25", "exact-entity"]
     assert env["quality"]["flags"]["exactPassMatched"] is True
     assert env["results"][0]["provenance"]["location"]["headingPath"] == ["Deploy", "Rollback"]
+
+
+def test_sentences_split_at_blank_lines_adornments_and_sentence_ends() -> None:
+    """The synthesis/preview sentence splitter (envelope._sentences, rewritten line by line
+    for speed) keeps the paragraph rules: blank lines (spaces/tabs only) and RST heading
+    adornments end a paragraph and adornments vanish; other whitespace-only lines do not
+    split; whitespace collapses; a sentence ends at . ! ? (or 。！？) + whitespace."""
+    from node.corpus.envelope import _sentences
+
+    text = ("Title\n=====\nFirst  line\ncontinues here. Second sentence!\n \t\n"
+            "Third? yes\n\x0c\nsame paragraph 。 end\n---\n\n   \n")
+    assert _sentences(text) == ["Title", "First line continues here.", "Second sentence!",
+                                "Third?", "yes same paragraph 。", "end"]
+    assert _sentences("a\r\n\r\nb") == ["a b"]  # CR is not a blank line (chunks are LF)
+    assert _sentences("") == [] and _sentences("===\n \n") == []

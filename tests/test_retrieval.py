@@ -329,3 +329,29 @@ def test_eval_set_answered_in_top_ten(pydocs_corpus) -> None:
         got = {h.source_id.split("/", 2)[2] for h in hits}
         answered += any(q["judgments"].get(d, 0) == 3 for d in got)
     assert answered / len(spec["queries"]) >= 0.9
+
+
+# --- speed work must not change answers (issue 4 speed target) -------------------------
+
+
+@pytest.mark.parametrize("query", ['temporary folder "removed automatically"',
+                                   "port 8080 metrics", "walrus swims", "queue incident"])
+def test_concurrent_passes_give_the_same_envelope_as_sequential(corpus, query: str) -> None:
+    saved = retrieval.PARALLEL_PASSES
+    try:
+        retrieval.PARALLEL_PASSES = False
+        one = retrieval.local_search(corpus, {"query": query, "topK": 10})
+        retrieval.PARALLEL_PASSES = True
+        two = retrieval.local_search(corpus, {"query": query, "topK": 10})
+    finally:
+        retrieval.PARALLEL_PASSES = saved
+    assert one["status"] == "ok" and json.dumps(one) == json.dumps(two)
+
+
+def test_proximity_pairs_are_off_and_not_reported(corpus) -> None:
+    """Adjacent-pair phrases lowered scripts/eval quality and cost half the rewrite pass:
+    the plan must not claim them."""
+    plan = retrieval.make_plan("temporary folder cleans itself")
+    assert plan.pairs == [] and "rewrite-expanded" in plan.passes
+    rewrite = next(s for s in plan.subqueries() if s["pass"] == "rewrite-expanded")
+    assert rewrite["proximityPairs"] == []

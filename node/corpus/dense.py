@@ -68,6 +68,9 @@ DIM = 384
 MODEL_ID = f"all-MiniLM-L6-v2-onnx-int8:{MODEL_SHA256[:12]}:t{MAX_TOKENS}"
 #: Texts per model call in :func:`embed_missing`.
 BATCH_SIZE = 32
+#: Smallest cosine a dense candidate needs (below it a chunk is unrelated noise, and a
+#: query with no real match must not get "results" from the dense pass alone).
+MIN_SIMILARITY = 0.0
 #: Size up to which brute-force search is the documented design (not enforced).
 BRUTE_FORCE_LIMIT = 100_000
 #: Meta keys in the corpus SQLite.
@@ -452,7 +455,8 @@ def load_matrix(corpus: Any, model_id: str) -> _Matrix:
 
 def dense_rank(corpus: Any, query: str, embedder: Embedder, k: int) -> list[tuple[str, float]]:
     """The ``dense`` ranked list: ``[(chunk_id, cosine)]`` best first, at most ``k``,
-    cosine > 0 only (ties by chunk id). Brute force over :func:`load_matrix`.
+    cosine above :data:`MIN_SIMILARITY` (and > 0) only, ties by chunk id. Brute force
+    over :func:`load_matrix`.
 
     Args:
         corpus: the corpus (read-only handles work).
@@ -471,7 +475,8 @@ def dense_rank(corpus: Any, query: str, embedder: Embedder, k: int) -> list[tupl
     scores = m.mat @ q
     k = min(max(1, k), len(m.ids))
     top = np.argpartition(-scores, k - 1)[:k] if k < len(m.ids) else np.arange(len(m.ids))
-    out = [(m.ids[i], float(scores[i])) for i in top if scores[i] > 0]
+    floor = max(0.0, MIN_SIMILARITY)
+    out = [(m.ids[i], float(scores[i])) for i in top if scores[i] > floor]
     out.sort(key=lambda x: (-x[1], x[0]))
     return out
 

