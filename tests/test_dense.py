@@ -123,6 +123,12 @@ def test_stale_or_foreign_vectors_are_never_used(kb) -> None:
         # a broken row (truncated blob) is skipped, not a crash
         c._db.execute("UPDATE chunk_vectors SET vec = ? WHERE chunk_id = ?", (b"\x00" * 6, car))
         assert car not in {cid for cid, _ in dense.dense_rank(c, "automobile", fake, 5)}
+        assert dense.embed_missing(c, fake)["embedded"] == 1  # and gets recomputed
+        # a NaN row never poisons the ranking
+        nan = np.full(fake.dim, np.nan, dtype=np.float32).tobytes()
+        pets = next(iter(_chunk_ids(c, "pets.md")))
+        c._db.execute("UPDATE chunk_vectors SET vec = ? WHERE chunk_id = ?", (nan, pets))
+        assert [cid for cid, _ in dense.dense_rank(c, "automobile", fake, 1)] == [car]
         # vectors of another model are never compared with this one's
         other = ConceptEmbedder("test-concepts-v2")
         assert dense.dense_rank(c, "automobile", other, 5) == []

@@ -345,7 +345,8 @@ def embed_missing(corpus: Any, embedder: Embedder | None = None, *,
 
     Returns:
         ``{"model": str, "chunks": int, "embedded": int, "current": int (already valid),
-        "pruned": int, "seconds": float, "chunksPerSecond": float, "enabled": bool}``.
+        "pruned": int, "seconds": float (s, all of it), "chunksPerSecond": float (embedded
+        chunks per second of model time, model loading excluded), "enabled": bool}``.
 
     Raises:
         CorpusError: ``dense-unavailable`` (no embedder given and the extra missing),
@@ -365,10 +366,14 @@ def embed_missing(corpus: Any, embedder: Embedder | None = None, *,
                 "DELETE FROM chunk_vectors WHERE model != ? OR chunk_id NOT IN "
                 "(SELECT chunk_id FROM chunks)", (model.model_id,)).rowcount
         rows = _chunk_rows(db, model.model_id)
-    todo = [(cid, txt) for cid, txt, th, _v in rows if th != text_hash(txt)]
+    size = model.dim * 4  # float32
+    todo = [(cid, txt) for cid, txt, th, vec in rows
+            if th != text_hash(txt) or vec is None or len(vec) != size]
     todo.sort(key=lambda r: (len(r[1]), r[0]))
     if progress:
         progress(0, len(todo))
+    if todo:
+        model.embed([])  # load the model first: chunksPerSecond is the model's throughput
     embed_started = time.perf_counter()
     done = 0
     for i in range(0, len(todo), batch_size):
@@ -448,6 +453,10 @@ def load_matrix(corpus: Any, model_id: str) -> _Matrix:
             blobs.append(vec)
         mat = (np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(ids), dim)
                if ids else np.zeros((0, DIM), dtype=np.float32))
+        finite = np.isfinite(mat).all(axis=1)
+        if not finite.all():  # a damaged row (NaN/inf) would poison the top-k: drop it
+            ids = [cid for cid, ok in zip(ids, finite) if ok]
+            mat = mat[finite]
         entry = _Matrix(key, ids, mat, len(rows))
         _CACHE[corpus] = entry
         return entry

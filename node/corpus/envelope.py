@@ -23,7 +23,7 @@ from typing import Any
 
 from node.corpus import search
 from node.corpus.types import Hit
-from node.errors import CorpusError
+from node.errors import CorpusError, KithError
 
 SCHEMA_VERSION = 2
 MAX_QUERY_CHARS = 2000
@@ -178,6 +178,11 @@ def validate_search_request(body: Any) -> dict[str, Any]:
             for g in globs:
                 if not g.startswith("/"):
                     raise _bad(key, "globs must start with '/' (they match source ids)")
+                try:
+                    search.source_glob(g)  # the policy's glob language and linear matcher
+                except KithError:
+                    raise _bad(key, "globs use '*', '?' within a segment and '**' as a whole "
+                                    "segment, without '.' or '..' segments") from None
             filters[key] = globs
         else:
             filters[key] = _string_list(key, v)

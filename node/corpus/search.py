@@ -18,6 +18,7 @@ CJK runs are pre-split in Python into overlapping bigrams (``故乡`` stays ``�
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
@@ -244,22 +245,19 @@ def rrf_fuse(ranked: dict[str, list[tuple[str, float]]], k: int = RRF_K) -> dict
 # --- filters -------------------------------------------------------------------------
 
 @lru_cache(maxsize=256)
-def glob_regex(glob: str) -> re.Pattern[str]:
-    """Compile a source-id glob: ``**`` crosses ``/``, ``*`` and ``?`` do not; a glob
-    ending in ``/`` matches everything below that folder."""
-    if glob.endswith("/"):
-        glob += "**"
-    out = []
-    i = 0
-    while i < len(glob):
-        c = glob[i]
-        if glob.startswith("**", i):
-            out.append(".*")
-            i += 2
-            continue
-        out.append("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c))
-        i += 1
-    return re.compile("".join(out) + r"\Z", re.DOTALL)
+@functools.lru_cache(maxsize=512)
+def source_glob(glob: str) -> Any:
+    """The ``sources`` filter glob as a compiled matcher: the policy's glob language
+    (``*``/``?`` within a segment, ``**`` a whole segment; a trailing ``/`` means everything
+    below) and its linear-time :class:`node.policy.store.GlobMatcher` — never a
+    backtracking regex a peer could make explode.
+
+    Raises:
+        PolicyError: ``policy-bad-glob`` for a glob outside that language.
+    """
+    from node.policy.store import GlobMatcher, canonical_glob
+
+    return GlobMatcher(canonical_glob(glob + "**" if glob.endswith("/") else glob))
 
 
 _META_KEYS = {"project": "project", "lifecycle": "lifecycle", "workType": "workType",
@@ -275,7 +273,7 @@ def passes_filters(source_id: str, metadata: dict[str, Any], filters: dict[str, 
     """
     for key, want in filters.items():
         if key == "sources":
-            if not any(glob_regex(g).match(source_id) for g in want):
+            if not any(source_glob(g).match(source_id) for g in want):
                 return False
         elif key in _META_KEYS:
             have = metadata.get(_META_KEYS[key])
