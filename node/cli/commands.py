@@ -283,7 +283,8 @@ def join_cmd(
             err_console.print(f"host UI installed for this session: {outcome.ui_path.as_uri()}",
                               highlight=False, markup=False)
         for code, side in outcome.ui_refused:
-            err_console.print(f"host UI not installed: {code} (refused by the {side})", highlight=False, markup=False)
+            err_console.print(f"host UI not installed: {safe_text(code)[:64]} (refused by the {safe_text(side)[:16]})",
+                              highlight=False, markup=False)
         if outcome.ok and name is None:
             _offer_pin(home, inv.host_public_key, host_seen.get("profile") or {}, pin)
         return outcome
