@@ -8,13 +8,20 @@
 - ``GET /openapi.json`` — the OpenAPI 3.1 document (kept as ``specs/openapi.json``);
 - ``POST /search`` — the flat request of DESIGN §8 → the ``schemaVersion`` 2 envelope.
 
-Everything else is refused before any handler runs and changes nothing: any method other
-than GET/HEAD on any path but ``POST /search`` answers 403 ``api-read-only`` (index, sync,
-settings, memory, server lifecycle…); an unknown GET answers 404 ``not-found``; a client
-whose address is not loopback answers 403 ``api-loopback-only`` (checked first, on every
-request); a body over the limit (64 KiB by default) answers 413 ``request-too-large``.
-Errors are ``{"error": {"code", "message"}}``; messages never carry paths or exception
-text. The corpus is opened read-only (the API never takes the index writer lock).
+Everything else is refused before any handler runs and changes nothing: a client whose
+address is not loopback answers 403 ``api-loopback-only`` (checked first, on every
+request); a ``Host`` header that is not a loopback name with the server's port, or an
+``Origin`` header that is not such a loopback origin, answers 403 ``api-bad-host`` (DNS
+rebinding: a web page on ``attacker.example`` resolved to 127.0.0.1 must not read the
+corpus); any method other than GET/HEAD on any path but ``POST /search`` answers 403
+``api-read-only`` (index, sync, settings, memory, server lifecycle…); an unknown GET
+answers 404 ``not-found``; ``POST /search`` without ``Content-Type: application/json``
+answers 415 ``api-content-type`` (a browser cannot send that cross-origin without a
+preflight, which is refused); a body over the limit (64 KiB by default) answers 413
+``request-too-large``. Errors are ``{"error": {"code", "message"}}``; messages never
+carry paths or exception text. The corpus is opened read-only; the only write the API
+ever does is the non-blocking start-up repair of a lagging index
+(:meth:`node.corpus.store.Corpus.repair_lag`).
 
 Serving reuses the community server's plumbing (:func:`node.community.server.bind_socket`,
 its uvicorn config and signal handling).
@@ -23,13 +30,13 @@ its uvicorn config and signal handling).
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
+import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -37,7 +44,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from node.community.server import (
+    MAX_JSON_DEPTH,
     _read_body,
+    _too_deep,
     base_url_of,
     bind_socket,
     error_response,
@@ -55,6 +64,8 @@ SERVICE = "kith-local-api"
 #: the only non-GET route
 SEARCH_PATH = "/search"
 GET_PATHS = ("/health", "/stats", "/contract", "/openapi.json")
+#: Host names the API answers to (with the server's own port); DNS rebinding defence.
+LOOPBACK_HOST_NAMES = ("127.0.0.1", "localhost", "[::1]")
 
 
 class _CorpusHolder:
@@ -65,6 +76,16 @@ class _CorpusHolder:
         self.home = Path(home)
         self._corpus: Any = None
         self._lock = threading.Lock()
+
+    def start(self, warn: Callable[[str], None] | None = None) -> str:
+        """Open the corpus and repair a lagging index now if the writer lock is free
+        (never waits for it). Returns :meth:`Corpus.repair_lag`'s outcome; ``locked``
+        is reported through ``warn``."""
+        outcome = self.get().repair_lag()
+        if outcome == "locked" and warn is not None:
+            warn("the index is behind its record and another process holds the writer "
+                 "(a sync is running?); searches say index-syncing until it finishes")
+        return outcome
 
     def get(self) -> Any:
         from node.corpus.store import Corpus
@@ -94,8 +115,10 @@ def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document of this API (``specs/openapi.json`` is a copy of it)."""
     err = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     envelope_ref = {"$ref": "https://kith.invalid/specs/search-envelope.schema.json"}
-    refused = {"description": "Read-only API: refused, nothing changed (api-read-only), or a "
-                              "non-loopback client (api-loopback-only).", **err}
+    refused = {"description": "Read-only API: refused, nothing changed (api-read-only), a "
+                              "non-loopback client (api-loopback-only), or a Host/Origin "
+                              "header that is not loopback with this port (api-bad-host).",
+               **err}
     filters = {k: {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1,
                                                   "items": {"type": "string"}}]}
                for k in ("project", "tags", "sourceSets", "lifecycle", "workType", "sources",
@@ -131,13 +154,21 @@ def openapi_document() -> dict[str, Any]:
                     "200": {"description": "an envelope (also when unavailable: "
                                            "available=false with a reason)",
                             "content": {"application/json": {"schema": envelope_ref}}},
-                    "400": {"description": "invalid request (query-invalid) or malformed JSON",
-                            **err},
+                    "400": {"description": "invalid request, malformed or too deeply "
+                                           "nested JSON (query-invalid); the body also "
+                                           "carries the invalid-request envelope",
+                            "content": {"application/json": {"schema": {
+                                "$ref": "#/components/schemas/InvalidRequest"}}}},
                     "403": refused,
-                    "413": {"description": "body over the limit (request-too-large)", **err}}}},
+                    "413": {"description": "body over the limit (request-too-large)", **err},
+                    "415": {"description": "Content-Type is not application/json "
+                                           "(api-content-type)", **err}}}},
         },
         "components": {"schemas": {
             "Error": _err_schema(),
+            "InvalidRequest": {**_err_schema(), "required": ["error", "envelope"],
+                               "properties": {**_err_schema()["properties"],
+                                              "envelope": envelope_ref}},
             "SearchRequest": {
                 "type": "object", "required": ["query"], "additionalProperties": False,
                 "properties": {
@@ -179,7 +210,9 @@ class _Handlers:
 
     async def health(self, request: Request) -> JSONResponse:
         st = await anyio.to_thread.run_sync(lambda: self.holder.get().stats())
-        reason = None if st["ready"] else ("index-syncing" if st["processing"]
+        syncing = st["processing"] or st["index_lag"] or (st["last_sync"] is None
+                                                          and st["documents"])
+        reason = None if st["ready"] else ("index-syncing" if syncing
                                            else "index-unavailable")
         return JSONResponse({"service": SERVICE, "status": "ok" if st["ready"] else "unavailable",
                              "available": bool(st["ready"]), "reason": reason,
@@ -201,15 +234,24 @@ class _Handlers:
     async def search(self, request: Request) -> JSONResponse:
         raw = await _read_body(request, self.max_body_bytes)
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            return error_response("query-invalid", "the body is not a JSON object", 400)
+            body = msgspec.json.decode(raw)
+        except (msgspec.DecodeError, RecursionError):
+            return _invalid("The body is not JSON.")
+        if _too_deep(body):
+            return _invalid(f"The body nests deeper than {MAX_JSON_DEPTH} levels.")
         answer = await anyio.to_thread.run_sync(
             lambda: retrieval.local_search(self.holder.get(), body))
         if answer["status"] == "invalid-request":
             err = answer.get("error") or {"code": "query-invalid", "message": "invalid request"}
             return JSONResponse({"error": err, "envelope": answer["envelope"]}, status_code=400)
         return JSONResponse(answer["envelope"], headers={"X-Kith-Status": answer["status"]})
+
+
+def _invalid(message: str) -> JSONResponse:
+    """400 ``query-invalid`` with the invalid-request envelope (specs/local-api.md)."""
+    return JSONResponse({"error": {"code": "query-invalid", "message": message},
+                         "envelope": env_mod.empty_envelope("invalid-request")},
+                        status_code=400)
 
 
 async def _on_kith_error(request: Request, exc: Exception) -> JSONResponse:
@@ -222,9 +264,60 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     return error_response("internal-error", "an internal error occurred", 500)
 
 
+def _header(scope: Scope, name: bytes) -> str | None:
+    """The first value of header ``name`` (lowercase bytes), or None."""
+    for key, value in scope.get("headers") or ():
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _loopback_authority(authority: str, port: int | None) -> bool:
+    """True for ``NAME[:PORT]`` where NAME is a loopback name of
+    :data:`LOOPBACK_HOST_NAMES` and PORT (80 when absent) is the server's ``port``."""
+    authority = authority.strip().lower()
+    if authority.startswith("["):
+        name, _, rest = authority.partition("]")
+        name += "]"
+        if rest and not rest.startswith(":"):
+            return False
+        port_text = rest[1:] if rest else ""
+    else:
+        name, _, port_text = authority.partition(":")
+    if name not in LOOPBACK_HOST_NAMES:
+        return False
+    if not port_text:
+        return port in (None, 80)
+    return port_text.isdigit() and len(port_text) <= 5 and int(port_text) == port
+
+
+def _host_refusal(scope: Scope) -> str | None:
+    """Why the Host/Origin headers are refused (DNS rebinding), or None when they are a
+    loopback name with the server's port (an absent Origin is fine: not a browser)."""
+    server = scope.get("server")
+    port = int(server[1]) if server and server[1] is not None else None
+    host = _header(scope, b"host")
+    if host is None or not _loopback_authority(host, port):
+        return "the Host header must be 127.0.0.1, localhost or [::1] with this port"
+    origin = _header(scope, b"origin")
+    if origin is not None:
+        scheme, sep, authority = origin.partition("://")
+        if (not sep or scheme.lower() != "http" or "/" in authority
+                or not _loopback_authority(authority, port)):
+            return "cross-origin requests are refused (the Origin is not this loopback server)"
+    return None
+
+
+def _json_content_type(scope: Scope) -> bool:
+    """True when the request's media type is ``application/json`` (parameters allowed)."""
+    value = _header(scope, b"content-type")
+    return value is not None and value.split(";", 1)[0].strip().lower() == "application/json"
+
+
 class _Guard:
-    """Outer ASGI layer: loopback clients only, then read-only routing — before Starlette
-    (so no handler, body read or corpus access happens for a refused request)."""
+    """Outer ASGI layer: loopback clients only, loopback Host/Origin only, then read-only
+    routing and the JSON content type — before Starlette (so no handler, body read or
+    corpus access happens for a refused request)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -239,9 +332,17 @@ class _Guard:
             await error_response("api-loopback-only", "the local API answers loopback "
                                  "clients only", 403)(scope, receive, send)
             return
+        refusal = _host_refusal(scope)
+        if refusal is not None:
+            await error_response("api-bad-host", refusal, 403)(scope, receive, send)
+            return
         method = scope["method"].upper()
         path = scope["path"]
         if method == "POST" and path == SEARCH_PATH:
+            if not _json_content_type(scope):
+                await error_response("api-content-type", "POST /search takes "
+                                     "Content-Type: application/json", 415)(scope, receive, send)
+                return
             await self.app(scope, receive, send)
             return
         if method not in ("GET", "HEAD"):
@@ -291,12 +392,17 @@ def check_host(host: str) -> None:
 
 
 def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
-          on_listening: Any = None, access_log: bool = False) -> None:
+          on_listening: Any = None, access_log: bool = False,
+          warn: Callable[[str], None] | None = None) -> None:
     """Serve the API in this (main) thread until SIGINT/SIGTERM.
+
+    Before listening, a lagging index is repaired if the writer lock is free (never
+    waiting for it); otherwise ``warn`` is called with one line.
 
     Args:
         home: the node home. host: a loopback address. port: TCP port (0 = a free one).
         on_listening: called with the base URL once the socket is bound.
+        warn: called with a one-line warning (start-up repair not possible).
 
     Raises:
         CorpusError: ``api-loopback-only`` for a non-loopback ``host``.
@@ -304,7 +410,12 @@ def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *
     """
     check_host(host)
     app = create_app(home)
-    sock = bind_socket(host, port)
+    try:
+        app.holder.start(warn)  # type: ignore[attr-defined]
+        sock = bind_socket(host, port)
+    except BaseException:
+        app.holder.close()  # type: ignore[attr-defined]
+        raise
     try:
         if on_listening is not None:
             on_listening(base_url_of(sock))
@@ -317,8 +428,10 @@ def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *
 @contextlib.contextmanager
 def run_api_in_thread(home: Path | str, host: str = "127.0.0.1", port: int = 0, *,
                       max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                      startup_timeout_s: float = 10.0) -> Iterator[str]:
-    """Serve the API in a daemon thread for a ``with`` block (tests, embedding).
+                      startup_timeout_s: float = 10.0,
+                      warn: Callable[[str], None] | None = None) -> Iterator[str]:
+    """Serve the API in a daemon thread for a ``with`` block (tests, embedding); a lagging
+    index is repaired first when the writer lock is free (see :func:`serve`).
 
     Yields:
         The base URL, e.g. ``"http://127.0.0.1:41234"``.
@@ -328,7 +441,12 @@ def run_api_in_thread(home: Path | str, host: str = "127.0.0.1", port: int = 0, 
     """
     check_host(host)
     app = create_app(home, max_body_bytes=max_body_bytes)
-    sock = bind_socket(host, port)
+    try:
+        app.holder.start(warn)  # type: ignore[attr-defined]
+        sock = bind_socket(host, port)
+    except BaseException:
+        app.holder.close()  # type: ignore[attr-defined]
+        raise
     try:
         with serve_app_in_thread(app, sock, what="the local API", startup_timeout_s=startup_timeout_s) as url:
             yield url

@@ -75,6 +75,9 @@ class SessionOutcome:
         ui_refused: ``(code, side)`` when the UI branch failed (side that refused).
         ui_received: bytes of UI bundle received and verified (guest), 0 otherwise.
         ui_path: where the guest installed the UI (``on_ui``'s return value), or None.
+        peer_end: the peer's terminal message when the *peer* ended the session (e.g. a
+            host on SIGTERM: ``{"action": "end", "reason": "shutdown"}``), else None —
+            recorded as it arrives, even while a hook is still running.
     """
 
     session_id: str | None
@@ -87,6 +90,7 @@ class SessionOutcome:
     ui_refused: list[tuple[str, str]] = field(default_factory=list)
     ui_received: int = 0
     ui_path: Any = None
+    peer_end: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -177,6 +181,8 @@ async def run_session(
 
     def emit(events: list[Event]) -> None:
         for ev in events:
+            if isinstance(ev, MessageReceived) and ev.terminal and outcome.peer_end is None:
+                outcome.peer_end = ev.message
             queue_in.send_nowait(ev)
 
     async def flush() -> None:

@@ -142,6 +142,8 @@ CODES: dict[str, tuple[str, str]] = {
     "budget-exhausted": ("corpus", "The search budget (time or number of searches) is used up."),
     "api-read-only": ("corpus", "The local API is read-only; this route or method changes nothing."),
     "api-loopback-only": ("corpus", "The local API answers loopback clients only."),
+    "api-bad-host": ("corpus", "The local API answers only a loopback Host/Origin with its own port."),
+    "api-content-type": ("corpus", "POST /search on the local API takes Content-Type: application/json."),
     "peer-search-failed": ("corpus", "The search over a joined peer did not complete."),
     "dense-unavailable": ("corpus", "The optional dense pass (kith-node[hybrid]) is not installed."),
     # --- policy ---------------------------------------------------------------------------

@@ -28,6 +28,11 @@ log = logging.getLogger("kith.host")
 MAX_CONCURRENT_SESSIONS = 64
 MAX_SESSIONS_PER_PEER = 4
 SHUTDOWN_GRACE_S = 10.0
+#: How long an accepted connection may take to open its session stream (s). An honest
+#: guest opens it within milliseconds; a silent one is closed after this.
+FIRST_STREAM_TIMEOUT_S = 3.0
+#: On SIGINT/SIGTERM, how long withdrawing the host's posts on the server may take (s).
+WITHDRAW_TIMEOUT_S = 3.0
 
 
 @dataclass
@@ -172,12 +177,24 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     (:class:`node.seen_nonces.SeenNonces`), so replay protection survives restarts.
     Concurrency is bounded overall (``opts.max_sessions``) and per peer key
     (``opts.max_sessions_per_peer``); a guest over a bound gets ``_session_reject``
-    ``handshake-host-busy`` / ``handshake-peer-busy`` at once.
+    ``handshake-host-busy`` / ``handshake-peer-busy`` at once. Connections that have not
+    opened their stream yet are bounded too (``opts.max_sessions`` of them, each for at
+    most :data:`FIRST_STREAM_TIMEOUT_S`): when that pool is full the *oldest* is closed
+    (QUIC reason ``handshake-host-busy``; a ``session-refused`` event with ``reason``
+    ``evicted``), so idle connections cannot lock honest guests out.
+
+    A post with ``opts.post_max_sessions`` admits that many handshakes: a slot is reserved
+    when ``_session_init`` is accepted and given back if that session never becomes
+    ready, so concurrent handshakes cannot overshoot it. With a server, the host records
+    each session proof itself (a guest that joined by file records nothing) and, once a
+    post is used up here, the :class:`node.community.keeper.PostKeeper` republishes it;
+    on stop the host's posts are withdrawn (bounded by :data:`WITHDRAW_TIMEOUT_S`).
 
     Args:
         on_invitation: called once with the published/written invitation dict.
         on_event: called with one dict per session event (``session-started``,
-            ``session-ended`` with ``reason``/``code``, ``session-refused`` with ``code``).
+            ``session-ended`` with ``reason``/``code``, ``session-refused`` with ``code``
+            and, for an evicted idle connection, ``reason: "evicted"``).
         warn: prints a warning for the owner (stderr).
         stop: set it to shut down cleanly.
 
@@ -204,9 +221,22 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
 
     seen_nonces = SeenNonces(home)
     active: dict[str, int] = {}  # peer key -> live sessions
-    pending = [0]  # connections accepted whose stream is not open yet
+    # connections accepted whose stream is not open yet, oldest first: token -> (conn, scope)
+    pending: dict[int, tuple[Any, anyio.CancelScope]] = {}
     session_stop = anyio.Event()
     watcher = None
+    live: dict[str, str] = {}  # post_id -> protocol_id of the posts guests may join
+    withdrawn = [not opts.server_url]  # the posts were withdrawn on stop (or there is no server)
+
+    async def withdraw_posts() -> None:
+        """Withdraw this host's posts on the server, bounded; failures are only logged."""
+        if withdrawn[0]:
+            return
+        withdrawn[0] = True
+        from node.community.keeper import withdraw_posts as withdraw
+
+        assert opts.server_url is not None
+        await withdraw(opts.server_url, identity, list(live), timeout_s=WITHDRAW_TIMEOUT_S)
 
     try:
         if opts.watch:  # take the index writer before publishing: index-locked fails fast
@@ -231,7 +261,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
             if opts.invite_file is not None:
                 atomic_write(Path(opts.invite_file), _json(inv.to_dict()), mode=0o644)
             on_invitation(inv.to_dict())
-            live = {inv.post_id: spec.protocol_id}
+            live[inv.post_id] = spec.protocol_id
             keeper = None
             if opts.server_url:  # republish a consumed/expired post; close ended sessions
                 from node.community.keeper import PostKeeper
@@ -254,19 +284,8 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     keeper.observe(ev)
 
             expiry = {inv.post_id: _unix(inv.expires_at)}
-            judged_post: list[str] = [""]
-
-            started: dict[str, int] = {}  # post_id -> sessions that completed the handshake
-
-            def post_protocol(post_id: str) -> str | None:
-                judged_post[0] = post_id  # the engine asks this right before nonce_unseen
-                if opts.post_max_sessions is not None and started.get(post_id, 0) >= opts.post_max_sessions:
-                    return None  # consumed here: the host enforces max_sessions itself, not only the server
-                return live.get(post_id)
-
-            def nonce_unseen(nonce: str) -> bool:
-                post_id = judged_post[0]
-                return seen_nonces.record(post_id, nonce, expiry.get(post_id) or _now() + opts.ttl_s)
+            # post_id -> sessions admitted (reserved at _session_init, kept once ready)
+            claimed: dict[str, int] = {}
 
             async def refuse(stream: Any, code: str) -> None:
                 engine = SessionEngine("host", spec, public_key=identity.public_key, sign=identity.sign,
@@ -281,24 +300,46 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     await stream.aclose()
                 on_event({"event": "session-refused", "peer": stream.remote_id, "code": code})
 
-            async def serve_connection(conn: Any) -> None:
+            async def serve_connection(conn: Any, token: int, scope: anyio.CancelScope) -> None:
+                stream = None
                 try:
-                    stream = await node.accept_stream(conn)
+                    with scope:  # cancelled when evicted from the pending pool
+                        stream = await node.accept_stream(conn, timeout_s=FIRST_STREAM_TIMEOUT_S)
                 except KithError:
-                    return
+                    pass
                 finally:
-                    pending[0] -= 1
+                    pending.pop(token, None)
+                if stream is None:
+                    _close_quietly(conn, b"no-stream")
+                    return
                 remote = stream.remote_id or ""
                 if session_stop.is_set():
                     await refuse(stream, "session-shutdown")
                     return
-                if sum(active.values()) >= opts.max_sessions:
+                if sum(active.values()) >= opts.max_sessions and not evict_oldest_handshake():
                     await refuse(stream, "handshake-host-busy")
                     return
                 if active.get(remote, 0) >= opts.max_sessions_per_peer:
                     await refuse(stream, "handshake-peer-busy")
                     return
                 active[remote] = active.get(remote, 0) + 1
+                reserved: list[str] = []  # the post this connection's _session_init took a slot of
+                ready = [False]
+
+                def post_protocol(post_id: str) -> str | None:
+                    protocol = live.get(post_id)
+                    if protocol is None or reserved:
+                        return None
+                    if opts.post_max_sessions is not None and claimed.get(post_id, 0) >= opts.post_max_sessions:
+                        return None  # used up here: the host enforces max_sessions itself, not only the server
+                    claimed[post_id] = claimed.get(post_id, 0) + 1  # reserved now, released if never ready
+                    reserved.append(post_id)
+                    return protocol
+
+                def nonce_unseen(nonce: str) -> bool:
+                    post_id = reserved[0] if reserved else ""
+                    return seen_nonces.record(post_id, nonce, expiry.get(post_id) or _now() + opts.ttl_s)
+
                 try:
                     registry = PeerRegistry.load(home)  # re-read: `kith peers` may have changed it
                     admit = admission(registry, opts.peers_only)
@@ -309,13 +350,20 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                         host=HostConfig(remote_id=remote, post_protocol=post_protocol, nonce_unseen=nonce_unseen,
                                         admit=admit, profile=own_profile, ui_bundle=ui_bundle),
                         egress_check=(lambda data: check(data, echoes)) if check is not None else None)
+                    session_scope = anyio.CancelScope()
+                    handshaking[token] = (engine, session_scope, remote)
 
                     def make_context(ev: SessionReady) -> HookContext:
                         rec = registry.merge_profile(ev.peer_public_key, ev.peer_profile) or \
                             registry.by_key(ev.peer_public_key)
                         name = rec.name if rec else None
+                        ready[0] = True
+                        handshaking.pop(token, None)
                         post = ev.proof.get("post_id", "")
-                        started[post] = started.get(post, 0) + 1
+                        if keeper is not None:  # the guest may have joined by file: record the proof here
+                            used_up = opts.post_max_sessions is not None and \
+                                claimed.get(post, 0) >= opts.post_max_sessions
+                            keeper.record_proof(ev.proof, used_up=used_up)
                         on_event({"event": "session-started", "session_id": ev.session_id,
                                   "peer": ev.peer_public_key, "peer_name": name})
                         return HookContext(role="host", session_id=ev.session_id,
@@ -323,31 +371,60 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                                            knowledge=knowledge.handle_for(name, ev.peer_public_key, echoes),
                                            logger=logging.getLogger("kith.hooks." + spec.name))
 
-                    outcome = await run_session(stream, engine, hooks, make_context=make_context,
-                                                heartbeat=opts.heartbeat, stop=session_stop)
+                    with session_scope:  # cancelled when evicted while still in the handshake
+                        outcome = await run_session(stream, engine, hooks, make_context=make_context,
+                                                    heartbeat=opts.heartbeat, stop=session_stop)
+                    if session_scope.cancelled_caught:
+                        return  # evicted: reported as session-refused already
                     ended: dict[str, Any] = {"event": "session-ended", "session_id": outcome.session_id,
                                              "peer": remote, "reason": outcome.reason, "code": outcome.code}
                     if engine.ui_bytes_sent:
                         ended["ui_bytes_sent"] = engine.ui_bytes_sent
                     on_event(ended)
                 finally:
+                    handshaking.pop(token, None)
                     active[remote] -= 1
                     if not active[remote]:
                         del active[remote]
+                    if reserved and not ready[0]:  # admitted, but the session never became ready
+                        claimed[reserved[0]] -= 1
+
+            # sessions still in the handshake, oldest first: token -> (engine, scope, peer key)
+            handshaking: dict[int, tuple[SessionEngine, anyio.CancelScope, str]] = {}
+
+            def evict_oldest_handshake() -> bool:
+                """Every session slot is taken: end the oldest session still in its handshake
+                (an honest one takes milliseconds) with ``handshake-host-busy``. False: all
+                slots hold ready sessions."""
+                while handshaking:
+                    oldest = next(iter(handshaking))
+                    engine, scope, peer = handshaking.pop(oldest)
+                    if engine.closed:
+                        continue
+                    engine.abort("handshake-host-busy", "evicted: the host is full and this handshake is the oldest")
+                    scope.cancel()  # run_session's cleanup still sends the queued _session_reject
+                    on_event({"event": "session-refused", "peer": peer, "code": "handshake-host-busy",
+                              "reason": "evicted"})
+                    return True
+                return False
 
             async def accept_loop(tg: Any) -> None:
+                token = 0
                 while True:
                     conn = await node.accept()
                     if conn is None:
                         return
-                    if pending[0] >= opts.max_sessions:  # connections that opened no stream yet
-                        try:
-                            conn.close(1, b"busy")
-                        except Exception:  # noqa: BLE001 - iroh error on an already-closed connection
-                            pass
-                        continue
-                    pending[0] += 1
-                    tg.start_soon(serve_connection, conn)
+                    if len(pending) >= opts.max_sessions:  # evict the oldest connection without a stream
+                        oldest = next(iter(pending))
+                        old_conn, old_scope = pending.pop(oldest)
+                        old_scope.cancel()
+                        _close_quietly(old_conn, b"handshake-host-busy")
+                        on_event({"event": "session-refused", "peer": _remote_of(old_conn),
+                                  "code": "handshake-host-busy", "reason": "evicted"})
+                    token += 1
+                    scope = anyio.CancelScope()
+                    pending[token] = (conn, scope)
+                    tg.start_soon(serve_connection, conn, token, scope)
 
             async def stop_watch(accepting: anyio.CancelScope) -> None:
                 assert stop is not None
@@ -366,6 +443,9 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     accepting.cancel_scope.cancel()
                 # stopped (or the endpoint closed): sessions end cleanly, then the rest is cancelled
                 session_stop.set()
+                if keeper is not None:
+                    keeper.retire()  # no republish from now on
+                await withdraw_posts()
                 with anyio.move_on_after(opts.shutdown_grace_s):
                     while active:
                         await anyio.sleep(0.02)
@@ -373,10 +453,28 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     keeper.stop()
                 tg.cancel_scope.cancel()
     finally:
+        if not withdrawn[0] and live:  # cancelled before the clean stop (a second Ctrl-C)
+            with anyio.CancelScope(shield=True):
+                await withdraw_posts()
         if watcher is not None:
             watcher.close()
         knowledge.close()
         seen_nonces.close()
+
+
+def _close_quietly(conn: Any, reason: bytes) -> None:
+    """Close an iroh connection with a QUIC application ``reason`` (a stable code)."""
+    try:
+        conn.close(1, reason)
+    except Exception:  # noqa: BLE001 - iroh error on an already-closed connection
+        pass
+
+
+def _remote_of(conn: Any) -> str:
+    try:
+        return str(conn.remote_id())
+    except Exception:  # noqa: BLE001 - iroh error on a closed connection
+        return ""
 
 
 def _unix(rfc3339: str) -> float:

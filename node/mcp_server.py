@@ -15,12 +15,16 @@ Built on the official MCP Python SDK 2.x (``mcp.server.mcpserver.MCPServer``,
 
 Read-only: the tool never indexes, syncs, writes settings or memory, or starts servers;
 its annotations say so (``readOnlyHint``). Bad input gets the same typed refusal as the
-API (an ``invalid-request`` envelope; tool errors carry a code and one line, never a
-path or exception text).
+API: a tool error (``is_error`` true) whose text is ``[code] message`` — e.g.
+``[query-invalid] The field 'topK' must be an integer from 1 to 20.`` — with the
+``invalid-request`` envelope as structured content; ``topK`` is a strict integer
+(``"5"``, ``true`` refused) and unknown arguments are refused. Tool errors never carry
+a path or exception text.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +106,122 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
     return {"status": str(msg.get("status")), "envelope": msg.get("envelope")}
 
 
+def input_schema() -> dict[str, Any]:
+    """The tool's JSON input schema: the local API's ``SearchRequest`` (strict: ``topK``
+    an integer 1–20, no other keys) plus ``peer`` (a non-empty string — invitation file,
+    invitation JSON or ``post_id`` — or an invitation object) and ``server`` (a URL)."""
+    import copy
+
+    from node.api import openapi_document
+
+    schema = copy.deepcopy(openapi_document()["components"]["schemas"]["SearchRequest"])
+    schema["properties"]["peer"] = {
+        "description": "Search a joined, pinned peer: an invitation file, invitation JSON "
+                       "(a string or an object) or a post_id (with 'server').",
+        "oneOf": [{"type": "string", "minLength": 1}, {"type": "object"}]}
+    schema["properties"]["server"] = {"type": "string", "minLength": 1,
+                                      "description": "Community server URL (for a post_id)."}
+    return schema
+
+
+_Filter = list[str] | str | None
+
+
+def _signature(query: str, topK: int = env_mod.TOP_K_DEFAULT,  # noqa: N803
+               tags: _Filter = None, project: _Filter = None, sourceSets: _Filter = None,  # noqa: N803
+               lifecycle: _Filter = None, workType: _Filter = None, date: _Filter = None,  # noqa: N803
+               dateRange: dict[str, str] | None = None, sources: _Filter = None,  # noqa: N803
+               remainingBudgetMs: int | None = None, dedupe: str = "chunk",  # noqa: N803
+               peer: str | dict[str, Any] | None = None,
+               server: str | None = None) -> dict[str, Any]:  # pragma: no cover - types only
+    """Only its annotations are used: the SDK pre-parses a JSON string sent for a
+    non-string field (``tags: '["a"]'``, an invitation JSON for ``peer``) and derives the
+    output schema from them; values are then validated by :func:`call_search`."""
+    raise NotImplementedError
+
+
+def _result(envelope: dict[str, Any]) -> Any:
+    from mcp.types import CallToolResult, TextContent
+
+    return CallToolResult(content=[TextContent(type="text", text=json.dumps(envelope))],
+                          structured_content=envelope)
+
+
+def _refusal(code: str, message: str, envelope: dict[str, Any] | None = None) -> Any:
+    """A tool error: ``is_error`` true, text ``[code] message`` (one line, no path) and,
+    for an invalid request, the ``invalid-request`` envelope as structured content."""
+    from mcp.types import CallToolResult, TextContent
+
+    return CallToolResult(content=[TextContent(type="text", text=f"[{code}] {message}")],
+                          structured_content=envelope, is_error=True)
+
+
+def _invalid(message: str) -> Any:
+    return _refusal("query-invalid", message, env_mod.empty_envelope("invalid-request"))
+
+
+async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = False) -> Any:
+    """Run one ``search`` tool call on the raw (JSON-decoded) ``arguments``.
+
+    Validation is the local API's (:func:`node.corpus.envelope.validate_search_request`:
+    ``topK`` a strict integer 1–20 — ``"5"`` and ``true`` are refused — and unknown
+    arguments refused), plus ``peer`` (non-empty string or invitation object) and
+    ``server`` (string, only with ``peer``).
+
+    Returns:
+        A ``CallToolResult``: the envelope as structured content, or ``is_error`` true
+        with ``[code] message`` (an invalid request also carries the ``invalid-request``
+        envelope).
+    """
+    import anyio
+
+    args = dict(arguments)
+    peer = args.pop("peer", None)
+    server = args.pop("server", None)
+    if server is not None and (not isinstance(server, str) or not server.strip()):
+        return _invalid("The field 'server' must be a community server URL.")
+    if peer is None:
+        if server is not None:
+            return _invalid("The field 'server' is only used with 'peer'.")
+        answer = await anyio.to_thread.run_sync(_local, home, args)
+        if answer["status"] == "invalid-request":
+            err = answer.get("error") or {}
+            return _refusal(str(err.get("code") or "query-invalid"),
+                            str(err.get("message") or "The search request is not valid."),
+                            answer["envelope"])
+        return _result(answer["envelope"])
+    if isinstance(peer, dict):
+        try:
+            peer = json.dumps(peer, ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError):
+            return _refusal("invitation-malformed", "the invitation object is not valid JSON")
+    elif not isinstance(peer, str) or not peer.strip():
+        return _invalid("The field 'peer' must be an invitation file, invitation JSON (a "
+                        "string or an object) or a post_id.")
+    try:
+        env_mod.validate_search_request(args)
+    except CorpusError as exc:
+        return _invalid(exc.message)
+    try:
+        answer = await peer_search(home, peer, args, server=server, local=local)
+    except KithError as exc:
+        return _refusal(exc.code, exc.message)
+    envelope = answer["envelope"]
+    if not isinstance(envelope, dict):
+        reason = answer["status"] if answer["status"] else "internal-error"
+        try:
+            return _result(env_mod.empty_envelope(reason))
+        except ValueError:  # not a kebab-case code from the peer
+            return _result(env_mod.empty_envelope("internal-error"))
+    return _result(envelope)
+
+
 def build_server(home: Path | str, *, local: bool = False) -> Any:
     """Build the MCP server (``MCPServer`` named ``kith``) with its ``search`` tool.
+
+    The tool's arguments are validated by Kith, not coerced by the SDK: its input schema
+    is :func:`input_schema` and each call goes to :func:`call_search` with the arguments
+    as sent (after the SDK's usual JSON-string pre-parsing of non-string fields).
 
     Args:
         home: the node home. local: iroh local mode for peer searches.
@@ -112,54 +230,52 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
         An ``mcp.server.mcpserver.MCPServer``; ``run("stdio")`` serves it.
     """
     from mcp.server.mcpserver import MCPServer
-    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.server.mcpserver.tools import Tool
+    from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
     from mcp.types import ToolAnnotations
 
     home = Path(home)
-    app = MCPServer(name="kith", instructions=env_mod.USAGE_PROMPT)
 
-    @app.tool(name="search", description=TOOL_DESCRIPTION,
-              annotations=ToolAnnotations(title="Kith search (read-only)", readOnlyHint=True,
-                                          destructiveHint=False, idempotentHint=True,
-                                          openWorldHint=False))
-    async def search(query: str, topK: int = 5, tags: list[str] | None = None,  # noqa: N803
-                     project: list[str] | None = None, sourceSets: list[str] | None = None,  # noqa: N803
-                     lifecycle: list[str] | None = None, workType: list[str] | None = None,  # noqa: N803
-                     date: list[str] | None = None, dateRange: dict[str, str] | None = None,  # noqa: N803
-                     sources: list[str] | None = None, remainingBudgetMs: int | None = None,  # noqa: N803
-                     dedupe: str = "chunk", peer: str | None = None,
-                     server: str | None = None) -> dict[str, Any]:
-        """Search the local corpus or a joined peer; returns the evidence envelope."""
-        import anyio
+    class _RawArguments(FuncMetadata):
+        """Hands the tool the arguments as sent (no pydantic coercion, extras kept)."""
 
-        body: dict[str, Any] = {"query": query, "topK": topK}
-        for key, value in (("tags", tags), ("project", project), ("sourceSets", sourceSets),
-                           ("lifecycle", lifecycle), ("workType", workType), ("date", date),
-                           ("dateRange", dateRange), ("sources", sources),
-                           ("remainingBudgetMs", remainingBudgetMs)):
-            if value is not None:
-                body[key] = value
-        if dedupe != "chunk":
-            body["dedupe"] = dedupe
-        if peer is None:
-            answer = await anyio.to_thread.run_sync(_local, home, body)
-            return answer["envelope"]
-        try:
-            env_mod.validate_search_request(body)
-        except CorpusError:
-            return env_mod.empty_envelope("invalid-request")
-        try:
-            answer = await peer_search(home, peer, body, server=server, local=local)
-        except KithError as exc:
-            raise ToolError(f"[{exc.code}] {exc.message}") from None
-        envelope = answer["envelope"]
-        if not isinstance(envelope, dict):
-            return env_mod.empty_envelope(answer["status"] if answer["status"] else "internal-error")
-        return envelope
+        def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
+            return {"arguments": self.pre_parse_json(dict(arguments_to_validate))}
 
-    return app
+    async def search(arguments: dict[str, Any]) -> Any:
+        return await call_search(home, arguments, local=local)
+
+    base = Tool.from_function(
+        _signature, name="search", description=TOOL_DESCRIPTION,
+        annotations=ToolAnnotations(title="Kith search (read-only)", readOnlyHint=True,
+                                    destructiveHint=False, idempotentHint=True,
+                                    openWorldHint=False))
+    meta = base.fn_metadata
+    raw = _RawArguments(arg_model=meta.arg_model, output_schema=meta.output_schema,
+                        output_model=meta.output_model, wrap_output=meta.wrap_output)
+    tool = base.model_copy(update={"fn": search, "is_async": True, "fn_metadata": raw,
+                                   "parameters": input_schema()})
+    return MCPServer(name="kith", instructions=env_mod.USAGE_PROMPT, tools=[tool])
+
+
+def startup_repair(home: Path | str, warn: Any = None) -> str:
+    """Repair a lagging index at start-up if the writer lock is free (never waits);
+    ``warn(line)`` when another process holds it. Returns the outcome
+    (:meth:`node.corpus.store.Corpus.repair_lag`)."""
+    from node.corpus.store import Corpus
+
+    with Corpus(Path(home), readonly=True) as corpus:
+        outcome = corpus.repair_lag()
+    if outcome == "locked" and warn is not None:
+        warn("kith mcp: the index is behind its record and another process holds the "
+             "writer; searches say index-syncing until that sync finishes")
+    return outcome
 
 
 def run_stdio(home: Path | str, *, local: bool = False) -> None:
-    """Serve the MCP tool over stdio until the client closes it."""
+    """Serve the MCP tool over stdio until the client closes it (after the start-up
+    repair of a lagging index; warnings go to stderr, stdout carries the protocol)."""
+    import sys
+
+    startup_repair(home, lambda line: print(line, file=sys.stderr))
     build_server(home, local=local).run("stdio")

@@ -9,6 +9,11 @@ host→guest message sent by the guest), ``system-frame-mid-session`` (``_sessio
 and ``_ui_artifact_begin`` after the handshake), ``oversize-line``, ``invalid-utf8``,
 ``invalid-json``, ``non-object-json``, ``missing-action``. A variant that does not apply
 (no range constraint, no host→guest message) is reported as ``n/a`` and not counted.
+
+When the protocol's ``max_invalid`` is 0, the first invalid message already aborts the
+session with ``too-many-invalid`` (specs/session.md §6.3), so that code is a correct
+refusal of every variant whose own code is not fatal by itself (framing errors like
+``frame-too-large`` keep their code). It must still come before any hook.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import anyio
 
 from node.driver import run_session
 from node.engine.framing import LineFramer
+from node.engine.session import _FATAL as FATAL_FRAME_CODES
 from node.engine.session import GuestConfig, HostConfig, SessionEngine
 from node.hooks import HookContext, Hooks, PeerInfo, load_hooks
 from node.identity import Identity
@@ -221,6 +227,10 @@ def build_variants(spec: ProtocolSpec) -> list[Variant]:
     out.append(Variant("invalid-json", "-", b'{"action": "x",', frozenset({"frame-invalid-json"})))
     out.append(Variant("non-object-json", "-", b"[1,2,3]", frozenset({"frame-invalid-json"})))
     out.append(Variant("missing-action", "-", b'{"query":"x"}', frozenset({"frame-missing-action"})))
+    if spec.limits.max_invalid == 0:  # the first invalid message aborts: too-many-invalid
+        for v in out:
+            if v.applicable and not v.expect <= FATAL_FRAME_CODES:
+                v.expect = v.expect | {"too-many-invalid"}
     return out
 
 

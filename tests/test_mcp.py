@@ -68,10 +68,14 @@ def test_one_read_only_search_tool_returning_the_envelope(home: Path) -> None:
     assert ann.read_only_hint is True and ann.destructive_hint is False
     assert {"query", "topK", "tags", "dateRange", "peer", "server"} <= set(
         tools[0].input_schema["properties"])
-    for res, reason in ((ok, None), (bad, "invalid-request"), (spent, "budget-exhausted")):
+    for res, reason in ((ok, None), (spent, "budget-exhausted")):
         env = _structured(res)
         VALIDATOR.validate(env)
         assert env["reason"] == reason
+    # an invalid request is a tool error with the stable code (and the invalid-request envelope)
+    assert bad.is_error and bad.content[0].text.startswith("[query-invalid] ")
+    VALIDATOR.validate(bad.structured_content)
+    assert bad.structured_content["reason"] == "invalid-request"
     assert _structured(ok)["results"][0]["source"] == "/kb/deploy.md"
     assert str(home) not in json.dumps(_structured(ok))
 

@@ -24,7 +24,9 @@ def serve_cmd(
     access_log: bool = typer.Option(False, "--access-log", help="Log each request on stderr."),
 ) -> None:
     """Serve GET /health, /stats, /contract, /openapi.json and POST /search over this home's
-    corpus until Ctrl-C/SIGTERM. Every other method answers 403 and changes nothing."""
+    corpus until Ctrl-C/SIGTERM. Every other method answers 403 and changes nothing; only a
+    loopback Host/Origin with this port is answered. A lagging index is repaired at start
+    when no other process is writing it (else a warning)."""
     from node.api import is_loopback, serve
 
     if not is_loopback(host):
@@ -40,7 +42,10 @@ def serve_cmd(
         if json_out:
             emit_json({"url": url})
 
-    serve(home_of(ctx), host, port, on_listening=listening, access_log=access_log)
+    def warn(line: str) -> None:
+        err_console.print(f"warning: {line}", highlight=False)
+
+    serve(home_of(ctx), host, port, on_listening=listening, access_log=access_log, warn=warn)
     err_console.print("kith local API stopped", highlight=False)
 
 

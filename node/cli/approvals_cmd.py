@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from node.cli.common import untrusted_console as console, emit_json, home_of, warn
+from node.cli.common import err_console, safe_text, untrusted_console as console, emit_json, home_of
 from node.policy.approvals import Approvals, ApprovalRequest
 
 approvals_app = typer.Typer(
@@ -22,6 +22,18 @@ _JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
 
 def _row(req: ApprovalRequest) -> dict:
     return req.to_dict() | {"status": req.decision or "pending"}
+
+
+def _status(req: ApprovalRequest) -> str:
+    if req.decision is None:
+        return "pending"
+    return f"{req.decision} (with {req.via})" if req.via else req.decision
+
+
+def _warn(message: str) -> None:
+    """A warning on stderr: plain text (source ids come from file names, which may hold
+    '[' or control characters; neither is interpreted)."""
+    err_console.print(safe_text(f"warning: {message}"), markup=False, highlight=False)
 
 
 @approvals_app.command("list")
@@ -42,7 +54,9 @@ def list_cmd(
     table = Table("id", "status", "peer", "query", "sources", "created", box=None, header_style="bold")
     for r in reqs:
         who = r.peer_name or f"(anonymous) {r.peer_key[:12]}…"
-        table.add_row(r.id, r.decision or "pending", who, r.query[:60], "\n".join(r.sources), r.created_at)
+        # every cell is sanitized by the untrusted console (control, C1, bidi → U+FFFD;
+        # no markup): the query is the peer's text, source ids come from file names
+        table.add_row(r.id, _status(r), who, r.query[:60], "\n".join(r.sources), r.created_at)
     console.print(table)
 
 
@@ -50,19 +64,24 @@ def _decide(ctx: typer.Context, rid: str, approve: bool, remember: bool, as_json
     from node.policy.store import Policy
 
     home = home_of(ctx)
-    req = Approvals(home).decide(rid, approve, remember=remember)
+    store = Approvals(home)
+    req = store.decide(rid, approve, remember=remember)
+    settled = [r.id for r in store.requests().values() if r.via == req.id] if remember else []
     if approve:
         policy = Policy.load(home)
         closed = [s for s in req.sources if policy.decide(s, req.peer_name).tier != "ask"]
         if closed:
-            warn(f"{len(closed)} source(s) are no longer 'ask' in policy.toml and stay closed: "
-                 + ", ".join(closed[:5]))
+            _warn(f"{len(closed)} source(s) are no longer 'ask' in policy.toml and stay closed: "
+                  + ", ".join(closed[:5]))
     if as_json:
-        emit_json(_row(req))
+        emit_json(_row(req) | {"settled": sorted(settled)})
     else:
         verb = "approved" if approve else "denied"
         scope = "for every query of this peer (remembered)" if remember else "for this query"
         console.print(f"{verb} {req.id} {scope}: {len(req.sources)} source(s)", highlight=False, markup=False)
+        if settled:
+            console.print(f"also {verb} {len(settled)} other pending request(s) of this peer for the same "
+                          f"source(s): {', '.join(sorted(settled))}", highlight=False, markup=False)
 
 
 @approvals_app.command("approve")

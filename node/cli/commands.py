@@ -204,6 +204,40 @@ def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None) -
     err_console.print(f"pinned the host as {rec.name!r}", highlight=False, markup=False)
 
 
+def _host_end_reason(end: dict[str, Any]) -> str:
+    """What the host's terminal message says about why it ended the session. A host that
+    shuts down sends ``end`` with reason ``shutdown`` (specs/session.md): shown as the
+    code ``session-shutdown``."""
+    reason = end.get("reason")
+    if reason == "shutdown":
+        return "session-shutdown"
+    return safe_text(reason)[:200] if isinstance(reason, str) and reason.strip() else "no reason given"
+
+
+def _exit_now(exc: KithError | None, json_out: bool, status: int | None = None) -> None:
+    """Report ``exc`` like ``kith``'s dispatcher does, flush, and end the process at once.
+
+    Only for an interactive ``kith join`` whose ``ask>`` prompt is still waiting in
+    ``input()`` on a worker thread: a normal exit would wait for that thread, i.e. for
+    the user's next line."""
+    import os
+
+    from rich.markup import escape
+
+    if exc is not None:
+        if json_out:
+            import json
+
+            sys.stdout.write(json.dumps({"error": exc.to_dict()}) + "\n")
+        err_console.print(f"[red]error[/red] {escape('[' + exc.code + ']')}: {escape(safe_text(exc.message))}",
+                          highlight=False)
+        if exc.hint:
+            err_console.print(f"  hint: {escape(safe_text(exc.hint))}", highlight=False)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status if status is not None else (exc.exit_code if exc is not None else 0))
+
+
 @app.command("join")
 def join_cmd(
     ctx: typer.Context,
@@ -262,12 +296,14 @@ def join_cmd(
             try:
                 sys.stderr.write("ask> ")  # stdout carries only JSON in --json mode (DESIGN §13)
                 sys.stderr.flush()
+                at_prompt[0] = True
                 text = input()
             except EOFError:
                 return None
+            finally:
+                at_prompt[0] = False
             return text.strip() or None
 
-        interactive = not query
         options: dict[str, Any] = {"queries": list(query), "on_results": on_results, "topK": top_k}
         if interactive:
             options["ask"] = ask
@@ -285,13 +321,37 @@ def join_cmd(
         for code, side in outcome.ui_refused:
             err_console.print(f"host UI not installed: {safe_text(code)[:64]} (refused by the {safe_text(side)[:16]})",
                               highlight=False, markup=False)
-        if outcome.ok and name is None:
+        if outcome.ok and name is None and not (interactive and outcome.peer_end is not None):
             _offer_pin(home, inv.host_public_key, host_seen.get("profile") or {}, pin)
         return outcome
 
     host_seen: dict[str, Any] = {}
     answered: list[dict[str, Any]] = []
-    outcome = anyio.run(main, backend="asyncio")
+    interactive = not query
+    at_prompt = [False]  # the ask> prompt's input() is waiting on a worker thread
+    try:
+        outcome = anyio.run(main, backend="asyncio")
+    except (KeyboardInterrupt, KithError) as exc:
+        if interactive and at_prompt[0]:  # the session ended (Ctrl-C, error) under the prompt
+            _exit_now(exc if isinstance(exc, KithError) else None, json_out,
+                      130 if isinstance(exc, KeyboardInterrupt) else None)
+        raise
+    try:
+        _join_result(outcome, query, answered, interactive)
+    except KithError as exc:
+        if interactive and at_prompt[0]:  # say why now, not after the user's next line
+            _exit_now(exc, json_out)
+        raise
+    if interactive and at_prompt[0]:
+        _exit_now(None, json_out)
+
+
+def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]], interactive: bool) -> None:
+    """Raise the refusal ``kith join`` ends with for ``outcome`` (None: success)."""
+    if outcome.ok and interactive and outcome.peer_end is not None:
+        reason = _host_end_reason(outcome.peer_end)
+        raise SessionAborted("session-shutdown" if reason == "session-shutdown" else "remote-error",
+                             f"the host ended the session: {reason}")
     if outcome.ok and query and len(answered) < len(query):
         raise SessionAborted("remote-error", f"the host ended the session after answering "
                                              f"{len(answered)} of {len(query)} question(s)")

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
+from rich.segment import Segment
+from rich.text import Text
 
 from node.home import resolve_home
 
@@ -28,10 +31,31 @@ _CONTROL = dict.fromkeys([*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0
 
 class _UntrustedConsole(Console):
     """A console for text that came from a peer, a server or a file: every string is
-    passed through :func:`safe_text` and rich markup is never parsed."""
+    passed through :func:`safe_text` and rich markup and emoji codes are never parsed —
+    also the strings inside renderables (table cells, headers, titles), which rich turns
+    into text through :meth:`render_str`, and :class:`rich.text.Text` objects printed
+    directly."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("markup", False)
+        kwargs.setdefault("emoji", False)
+        kwargs.setdefault("highlight", False)
+        super().__init__(*args, **kwargs)
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:  # type: ignore[override]
+        kwargs["markup"] = False
+        kwargs["emoji"] = False
+        return super().render_str(safe_text(text), **kwargs)
+
+    def render(self, renderable: Any, options: Any = None) -> Iterable[Segment]:  # type: ignore[override]
+        # every piece of text of every renderable (incl. Text objects in table cells) is
+        # sanitized at the segment level; rich's own control segments are kept
+        for seg in super().render(renderable, options):
+            yield seg if seg.control else Segment(safe_text(seg.text), seg.style, seg.control)
 
     def print(self, *objects: Any, **kwargs: Any) -> None:  # type: ignore[override]
         kwargs["markup"] = False
+        kwargs["emoji"] = False
         kwargs.setdefault("highlight", False)
         super().print(*(safe_text(o) if isinstance(o, str) else o for o in objects), **kwargs)
 

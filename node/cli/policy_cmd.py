@@ -9,10 +9,23 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from node.cli.common import console, emit_json, home_of, warn
+from node.cli.common import err_console, safe_text, untrusted_console as console, emit_json, home_of
 from node.corpus.types import Root
 from node.errors import KithError, UsageError
-from node.policy.store import Decision, Policy, Rule
+from node.policy.store import Decision, Policy, Rule, check_peer_names
+
+#: said after every change: a running host re-reads policy.toml at its next query
+LIVE_NOTE = "a running `kith host` applies this from its next query (no restart needed)"
+
+
+def _note(message: str) -> None:
+    """A note on stderr (plain text: a glob may contain '[' and must not be read as markup)."""
+    err_console.print(safe_text(f"note: {message}"), markup=False, highlight=False)
+
+
+def _warn(message: str) -> None:
+    """A warning on stderr (plain text, see :func:`_note`)."""
+    err_console.print(safe_text(f"warning: {message}"), markup=False, highlight=False)
 
 policy_app = typer.Typer(
     help=(
@@ -85,6 +98,8 @@ def set_cmd(
         raise UsageError("usage", "tier 'peers' needs at least one --peer NAME")
     if tier is not TierChoice.peers and peers:
         raise UsageError("usage", "--peer is only allowed with tier 'peers'")
+    check_peer_names([for_peer] if for_peer is not None else [], "--for name")
+    check_peer_names(peers, "--peer name")
     policy = Policy.load(home_of(ctx))
     rule = policy.set(glob, tier.value, peers or None, for_peer=for_peer)
     policy.save()
@@ -94,6 +109,7 @@ def set_cmd(
         extra = f" (peers: {', '.join(rule.peers)})" if rule.peers else ""
         extra += f" (override for {rule.peer})" if rule.peer else ""
         console.print(f"{rule.glob} → {rule.tier}{extra}", highlight=False, markup=False)
+    _note(LIVE_NOTE)
 
 
 @policy_app.command("unset")
@@ -109,11 +125,13 @@ def unset_cmd(
     if removed:
         policy.save()
     else:
-        warn(f"no rule for {glob!r}; nothing changed")
+        _warn(f"no rule for {glob!r}; nothing changed")
     if as_json:
         emit_json({"glob": glob, "removed": removed})
     elif removed:
         console.print(f"removed {glob}", highlight=False, markup=False)
+    if removed:
+        _note(LIVE_NOTE)
 
 
 @policy_app.command("list")
@@ -143,6 +161,8 @@ def explain_cmd(
 ) -> None:
     """Show how SOURCE normalizes and which rule and tier apply for a peer."""
     home = home_of(ctx)
+    if peer is not None:
+        check_peer_names([peer], "--peer name")
     policy = Policy.load(home)
     decision: Decision = policy.decide(source, peer, roots=_corpus_roots(home))
     if as_json:

@@ -9,10 +9,14 @@ status reads ``closed`` even when the Guest was killed (the ``session_id`` stays
 feedback).
 
 It checks the post's status when nudged (after each session starts — the Guest records
-its proof before ``_session_ready``, so the count is already up to date), when the post
-expires, and every ``poll_s`` seconds otherwise. A withdrawn post is not republished: the
-owner withdrew it on purpose. Server trouble is logged and retried at the next check; it
-never stops the Host.
+its proof before ``_session_ready``, and the Host records it too (:meth:`PostKeeper.record_proof`:
+a Guest that joined by file has no server), so the count is up to date), when the post
+expires, and every ``poll_s`` seconds otherwise. A post the Host used up itself
+(:meth:`PostKeeper.consumed_here`) is republished even if the server still lists it as
+live (the old one is withdrawn first). A withdrawn post is not republished: the owner
+withdrew it on purpose. Server trouble is logged and retried at the next check; it never
+stops the Host. On shutdown the Host calls :meth:`PostKeeper.retire` (no more
+republishing) and :func:`withdraw_posts`.
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ class PostKeeper:
         self.poll_s = poll_s
         self.clock = clock
         self.stopped_reason: str | None = None
+        self._consumed_here: set[str] = set()
+        self._retiring = False
         self._scope = anyio.CancelScope()
         self._send, self._receive = anyio.create_memory_object_stream[tuple[str, Any]](
             QUEUE_SIZE)
@@ -87,6 +93,35 @@ class PostKeeper:
                 self._send.send_nowait(("close", (event["session_id"], reason)))
         except anyio.WouldBlock:
             log.warning("community keeper queue full; dropped a %s event", kind)
+
+    def record_proof(self, proof: dict[str, Any], *, used_up: bool = False) -> None:
+        """Queue ``POST /api/v1/sessions`` of a ready session's proof, signed by the Host
+        (a ``session-duplicate`` answer — the Guest recorded it first — is normal).
+
+        Call it before the ``session-started`` event is observed, so the status check that
+        event nudges sees the new count. ``used_up``: the Host admitted the last session
+        its post allows (see :meth:`consumed_here`).
+        """
+        try:
+            self._send.send_nowait(("proof", dict(proof)))
+        except anyio.WouldBlock:
+            log.warning("community keeper queue full; a session proof was not recorded")
+        if used_up and proof.get("post_id"):
+            self.consumed_here(str(proof["post_id"]))
+
+    def consumed_here(self, post_id: str) -> None:
+        """The Host admitted the last session ``post_id`` allows: republish it at the next
+        check even if the server still counts it live (the proof may not have reached it)."""
+        self._consumed_here.add(post_id)
+        try:
+            self._send.send_nowait(("check", None))
+        except anyio.WouldBlock:
+            log.warning("community keeper queue full; dropped a check")
+
+    def retire(self) -> None:
+        """The Host is stopping: never republish from now on (a republish in flight is
+        withdrawn again instead of reported). Closing sessions goes on until :meth:`stop`."""
+        self._retiring = True
 
     def _seconds_to_expiry(self) -> float:
         try:
@@ -114,6 +149,9 @@ class PostKeeper:
                 if item[0] == "close":
                     await self._close(client, *item[1])
                     continue
+                if item[0] == "proof":
+                    await self._submit(client, item[1])
+                    continue
                 if not await self._check(client):
                     return
 
@@ -128,8 +166,20 @@ class PostKeeper:
                 log.warning("could not close session %s on the server: %s", session_id[:12],
                             exc.message)
 
+    async def _submit(self, client: CommunityClient, proof: dict[str, Any]) -> None:
+        try:
+            await client.submit_session(proof)
+        except KithError as exc:
+            # session-duplicate: the guest recorded it first; invitation-consumed: counted
+            # already (the republish check follows) — both are normal.
+            if exc.code not in ("session-duplicate", "invitation-consumed"):
+                log.warning("could not record session %s on the server: %s",
+                            str(proof.get("session_id", ""))[:12], exc.message)
+
     async def _check(self, client: CommunityClient) -> bool:
         """Check the current post; republish if consumed or expired. False → stop."""
+        if self._retiring:
+            return True
         try:
             post = await client.invitation_status(self.current.post_id)
         except KithError as exc:
@@ -138,7 +188,13 @@ class PostKeeper:
             await anyio.sleep(min(5.0, self.poll_s))
             return True
         state = post["state"]
-        if state == "withdrawn":
+        if state == "live" and self.current.post_id in self._consumed_here:
+            state = "consumed"  # used up here; the server did not count it (yet)
+            try:
+                await client.withdraw_invitation(self.current.post_id)  # browse stops listing it
+            except KithError as exc:
+                log.warning("could not withdraw used-up post %s: %s", self.current.post_id, exc.message)
+        elif state == "withdrawn":
             log.warning("post %s was withdrawn; not republishing", self.current.post_id)
             self.stopped_reason = "withdrawn"
             return False
@@ -151,7 +207,34 @@ class PostKeeper:
             log.warning("could not republish post %s: %s", previous, exc.message)
             await anyio.sleep(min(5.0, self.poll_s))
             return True
+        if self._retiring:  # the Host stopped while this was being published
+            await withdraw_posts(self.server_url, self.identity, [fresh.post_id])
+            return True
         self.current = fresh
         self.on_republished(previous, state, fresh)
         return True
+
+
+async def withdraw_posts(server_url: str, identity: Identity, post_ids: list[str], *,
+                         timeout_s: float = 3.0) -> list[str]:
+    """Withdraw ``post_ids`` on the server (the Host is stopping: a later ``kith join
+    <post_id>`` is refused at once instead of waiting for a dead Host).
+
+    Bounded by ``timeout_s`` seconds in all; failures are logged, never raised.
+
+    Returns:
+        The post ids the server confirmed withdrawn.
+    """
+    done: list[str] = []
+    with anyio.move_on_after(timeout_s):
+        async with CommunityClient(server_url, identity, timeout_s=timeout_s) as client:
+            for post_id in post_ids:
+                try:
+                    await client.withdraw_invitation(post_id)
+                    done.append(post_id)
+                except KithError as exc:
+                    log.warning("could not withdraw post %s: %s", post_id, exc.message)
+    if len(done) < len(post_ids):
+        log.warning("%d post(s) were not withdrawn on the server", len(post_ids) - len(done))
+    return done
 

@@ -981,8 +981,10 @@ class _Server(uvicorn.Server):
 def _config(app: Starlette, *, access_log: bool) -> uvicorn.Config:
     # log_config=None: leave the embedding process's logging alone (uvicorn's default config
     # would send access lines to stdout, which must carry only JSON in --json mode).
+    from node.httpbounds import UVICORN_LIMITS  # slowloris: head deadline, connection cap
+
     return uvicorn.Config(app, lifespan="off", log_config=None, access_log=access_log,
-                          server_header=False, timeout_graceful_shutdown=5)
+                          server_header=False, timeout_graceful_shutdown=5, **UVICORN_LIMITS)
 
 
 def serve_forever(app: Starlette, sock: socket.socket, *, access_log: bool = False) -> None:

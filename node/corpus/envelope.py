@@ -464,6 +464,13 @@ def _analyze_hit(text: str, heading: str, keys: list[tuple[str, set[str]]],
     return covered, analyzed
 
 
+def _exact_units(query: str) -> list[list[str]]:
+    """The query's exact units (quoted phrases, identifiers, dates, numbers)."""
+    from node.corpus import retrieval
+
+    return retrieval.make_plan(query).exact_units
+
+
 def _interpretation(plan: Any) -> str:
     parts = ["keywords"] if plan.stems else ["stopwords-only"]
     if plan.exact_units:
@@ -624,6 +631,26 @@ def empty_envelope(reason: str, request: dict[str, Any] | None = None) -> dict[s
     }
 
 
+#: ``quality.flags`` key set (true) when the index was behind its record while searching.
+INDEX_SYNCING_FLAG = "indexSyncing"
+#: Recommendation added to an envelope served while the index is syncing.
+RETRY_AFTER_SYNC = "retry-after-index-sync"
+
+
+def mark_index_syncing(envelope: dict[str, Any]) -> dict[str, Any]:
+    """Mark an envelope served while the index lags its SQLite record (a sync running or
+    a crash not yet replayed): ``quality.flags.indexSyncing`` true and the recommendation
+    ``retry-after-index-sync`` appended (some documents may not be searchable yet; the
+    shown results are still verified against the record). Depends on the index state
+    only, never on content. Returns ``envelope`` (changed in place)."""
+    quality = envelope["quality"]
+    quality["flags"][INDEX_SYNCING_FLAG] = True
+    if RETRY_AFTER_SYNC not in quality["recommendations"]:
+        quality["recommendations"].append(RETRY_AFTER_SYNC)
+    envelope["agentic"]["recommendedNext"] = quality["recommendations"][0]
+    return envelope
+
+
 def build_envelope(request: dict[str, Any], hits: list[Hit],
                    controller: dict[str, Any] | None = None) -> dict[str, Any]:
     """Build the ``schemaVersion`` 2 envelope for hits that may be shown.
@@ -640,6 +667,14 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     Returns:
         The envelope (keys :data:`ENVELOPE_KEYS`). With no hits it is exactly
         ``empty_envelope("no-verified-results", request)`` whatever the controller says.
+
+    Quality gate (``quality``): ``strong`` only when the query has key terms, at least
+    75 % of them are covered by the results and half by the top result, and — when the
+    query names an exact unit (quoted phrase, identifier, date, number) — the exact pass
+    matched a shown result. A query without key terms (stop words only) has coverage
+    ratios 0.0 and ``needsMoreEvidence`` true (``retry-with-rewrite-pass``); an exact unit
+    not matched adds ``retry-with-exact-pass``. ``hasNonMetaExactEvidence`` is the exact
+    pass's match when an exact unit was asked for, else "a result covers every key term".
     """
     if not hits:
         return empty_envelope("no-verified-results", request)
@@ -652,7 +687,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     top_ratio = 0.0
     exact_matched = False
     candidates: list[tuple[int, int, int, str, str, str]] = []
-    whole = not keys
+    whole = False  # some result covers every key term (never true without key terms)
     authoritative = False
     for rank, hit in enumerate(hits):
         cid = _citation_id(hit.chunk_id)
@@ -660,11 +695,11 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
         heading = " ".join(hit.location.get("headingPath") or [])
         cov, analyzed = _analyze_hit(hit.text, heading, keys, matcher, prefixes)
         covered_all.update(cov)
-        whole = whole or len(cov) == len(keys)
+        whole = whole or (bool(keys) and len(cov) == len(keys))
         if str(meta.get("lifecycle")) in AUTHORITATIVE_LIFECYCLES:
             authoritative = True
         if rank == 0:
-            top_ratio = len(cov) / len(keys) if keys else 1.0
+            top_ratio = len(cov) / len(keys) if keys else 0.0
         comps = {k: round(float(v), 6) for k, v in (hit.score_components or {}).items()}
         if comps.get("exact", 0.0) > 0:
             exact_matched = True
@@ -728,10 +763,15 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
             g["headingPaths"].append(hp)
     covered = [t for t in key_names if t in covered_all]
     missing = [t for t in key_names if t not in covered_all]
-    ratio = len(covered) / len(key_names) if key_names else 1.0
-    strong = ratio >= 0.75 and top_ratio >= 0.5
+    ratio = len(covered) / len(key_names) if key_names else 0.0
+    exact_wanted = bool(_exact_units(q))
+    # strong needs key terms to measure (a stop-word-only query matches arbitrary chunks),
+    # and, when the query named an exact unit (quoted phrase, identifier, date, number),
+    # a result the exact pass matched.
+    strong = (bool(key_names) and ratio >= 0.75 and top_ratio >= 0.5
+              and (exact_matched or not exact_wanted))
     recs: list[str] = []
-    if missing:
+    if missing or (exact_wanted and not exact_matched):
         recs.append("retry-with-exact-pass")
     if not strong:
         recs.append("retry-with-rewrite-pass")
@@ -758,7 +798,8 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
                                 "ratio": round(ratio, 4), "topResultRatio": round(top_ratio, 4)},
             "needsMoreEvidence": not strong,
             "flags": {"metaDiscussionTop": False,
-                      "hasNonMetaExactEvidence": bool(exact_matched or whole),
+                      "hasNonMetaExactEvidence": bool(exact_matched if exact_wanted
+                                                      else whole),
                       "hasAuthoritativeEvidence": authoritative,
                       "exactPassMatched": exact_matched},
             "recommendations": recs,

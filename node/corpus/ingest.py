@@ -131,13 +131,50 @@ def _inside(path: Path, base: Path) -> bool:
         return False
 
 
-def accept_file(full: Path, base: Path, exclude: Path | None = None) -> bool:
+#: A folder holding this file is a Kith node home (identity, peers, policy, approvals):
+#: never indexed, wherever it lies (DESIGN §9, §13).
+HOME_MARKER = "identity.key"
+
+
+def is_kith_home(folder: Path, own_home: Path | None = None) -> bool:
+    """True when ``folder`` is the node's own home (``own_home``; both paths resolved —
+    the walk lists real folders only) or any Kith home (it holds :data:`HOME_MARKER`)."""
+    try:
+        if own_home is not None and folder == own_home:
+            return True
+        return (folder / HOME_MARKER).exists()
+    except OSError:
+        return False
+
+
+def _in_kith_home(path: Path, base: Path, own_home: Path | None) -> bool:
+    """True when a folder between ``base`` (included) and ``path`` (excluded) is a Kith
+    home — for a symlink's target or a watched path (a walk prunes homes itself)."""
+    try:
+        rel = path.relative_to(base)
+    except ValueError:
+        return False
+    folder = base
+    if is_kith_home(folder, own_home):
+        return True
+    for part in rel.parts[:-1]:
+        folder = folder / part
+        if is_kith_home(folder, own_home):
+            return True
+    return False
+
+
+def accept_file(full: Path, base: Path, exclude: Path | None = None,
+                own_home: Path | None = None) -> bool:
     """True when ``full`` is a regular file to index: not a symlink leaving ``base``
-    (resolved), not inside ``exclude`` (the node's own corpus folder)."""
+    (resolved) or pointing into a Kith home, not inside ``exclude`` (the node's own
+    corpus folder)."""
     try:
         if full.is_symlink():
             target = full.resolve()
             if not _inside(target, base) or not target.is_file():
+                return False
+            if _in_kith_home(target, base, own_home):
                 return False
         elif not full.is_file():
             return False
@@ -148,15 +185,19 @@ def accept_file(full: Path, base: Path, exclude: Path | None = None) -> bool:
     return True
 
 
-def walk_root(root_path: Path, exclude: Path | None = None
-              ) -> tuple[list[tuple[str, Path]], bool]:
+def walk_root(root_path: Path, exclude: Path | None = None, *, own_home: Path | None = None,
+              skipped: list[str] | None = None) -> tuple[list[tuple[str, Path]], bool]:
     """List the candidate files of a root: ``([(rel_path, path)], complete)``.
 
     Hidden files and folders (name starting with ``.``) are skipped; folder symlinks
     are not followed; a file symlink is kept only when it resolves to a regular file
-    inside the (resolved) root; anything inside ``exclude`` is skipped. ``complete`` is
-    False when some folder could not be listed: nothing of that root may then be
-    removed as gone.
+    inside the (resolved) root and outside any Kith home; anything inside ``exclude`` is
+    skipped. A folder that is a Kith home — ``own_home`` (the node's own, resolved) or
+    any folder holding :data:`HOME_MARKER` — is never entered (the root itself included:
+    then nothing is listed); its path relative to the root (``""`` for the root) is
+    appended to ``skipped``. ``complete`` is False when some folder could not be listed:
+    nothing of that root may then be removed as gone (a skipped home does not make a
+    listing incomplete: what was indexed from it before is removed).
     """
     base = root_path.resolve()
     out: list[tuple[str, Path]] = []
@@ -166,16 +207,30 @@ def walk_root(root_path: Path, exclude: Path | None = None
         nonlocal complete
         complete = False
 
+    if is_kith_home(base, own_home):
+        if skipped is not None:
+            skipped.append("")
+        return out, True
     for dirpath, dirnames, filenames in os.walk(base, onerror=_onerror, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        if exclude is not None and _inside(Path(dirpath), exclude):
+        here = Path(dirpath)
+        keep = []
+        for d in sorted(dirnames):
+            if d.startswith("."):
+                continue
+            if is_kith_home(here / d, own_home):
+                if skipped is not None:
+                    skipped.append((here / d).relative_to(base).as_posix())
+                continue
+            keep.append(d)
+        dirnames[:] = keep
+        if exclude is not None and _inside(here, exclude):
             dirnames[:] = []
             continue
         for name in sorted(filenames):
             if name.startswith("."):
                 continue
-            full = Path(dirpath) / name
-            if not accept_file(full, base, exclude):
+            full = here / name
+            if not accept_file(full, base, exclude, own_home):
                 continue
             out.append((full.relative_to(base).as_posix(), full))
     out.sort(key=lambda x: x[0])
@@ -404,7 +459,20 @@ class Sync(Writer):
         self.mode = mode
         self.limits = limits
         self.report["mode"] = mode
+        self.report["skippedFolders"] = []
         self.exclude = corpus.dir.resolve() if corpus.dir.exists() else None
+        try:
+            self.own_home: Path | None = corpus.home.resolve()
+        except OSError:  # pragma: no cover
+            self.own_home = None
+
+    def _skipped_homes(self, root: Root, rels: list[str]) -> None:
+        """Report folders not entered because they are Kith homes (source ids only)."""
+        for rel in rels:
+            source = f"/{root.prefix}/{rel}" if rel else f"/{root.prefix}"
+            self.report["skippedFolders"].append({"source": source, "reason": "kith-home"})
+            self.report["skippedReasons"]["kith-home"] = (
+                self.report["skippedReasons"].get("kith-home", 0) + 1)
 
     # -- one file -------------------------------------------------------------------
     def file(self, root: Root, rel: str, real: Path, row: Any | None) -> None:
@@ -582,7 +650,10 @@ class Sync(Writer):
                     "message": "sync: root-not-found - the folder is missing; its documents "
                                "are kept until it is back or removed"})
                 continue
-            files, complete = walk_root(rp, self.exclude)
+            homes: list[str] = []
+            files, complete = walk_root(rp, self.exclude, own_home=self.own_home,
+                                        skipped=homes)
+            self._skipped_homes(root, homes)
             listed[root.prefix] = {rel for rel, _ in files} if complete else None
             for rel, real in files:
                 try:
@@ -624,13 +695,18 @@ class Sync(Writer):
                 rel = p.relative_to(base).as_posix()
                 if hidden(rel) or (self.exclude is not None and _inside(p, self.exclude)):
                     break
+                if _in_kith_home(p, base, self.own_home):
+                    break  # inside a Kith home: never indexed
                 if p.is_dir() and not p.is_symlink():
-                    files, _ = walk_root(p, self.exclude)
+                    homes: list[str] = []
+                    files, _ = walk_root(p, self.exclude, own_home=self.own_home,
+                                         skipped=homes)
+                    self._skipped_homes(root, [f"{rel}/{h}" if h else rel for h in homes])
                     for sub, real in files:
                         r = f"{rel}/{sub}"
                         plan[f"/{root.prefix}/{r}"] = (root, r, real, _size(real))
                     gone.append((root, rel + "/"))  # documents below that are gone
-                elif accept_file(p, base, self.exclude):
+                elif accept_file(p, base, self.exclude, self.own_home):
                     plan[f"/{root.prefix}/{rel}"] = (root, rel, p, _size(p))
                 else:
                     gone.append((root, rel))

@@ -522,6 +522,10 @@ def local_search(corpus: Any, body: Any) -> dict[str, Any]:
         the request is invalid. Statuses: ``ok``, ``no-verified-results``,
         ``invalid-request``, ``budget-exhausted`` (``remainingBudgetMs`` 0: the index is not
         touched), ``index-unavailable`` / ``index-syncing`` (envelope ``available`` false).
+        While the index is not settled (no completed sync yet, or it lags the record:
+        :meth:`Corpus.index_syncing`) an empty answer is ``index-syncing``, not
+        ``no-verified-results``, and a non-empty one carries ``quality.flags.indexSyncing``
+        (:func:`node.corpus.envelope.mark_index_syncing`). Index state only: no oracle.
         Never raises for bad input; never carries a path or exception text.
     """
     from node.corpus import envelope as env
@@ -547,22 +551,38 @@ def local_search(corpus: Any, body: Any) -> dict[str, Any]:
                     "error": {"code": exc.code, "message": exc.message}}
         reason = _unavailable_reason(corpus)
         return {"status": reason, "envelope": env.empty_envelope(reason, req)}
+    syncing = _syncing(corpus)
     if not hits:
         if controller.get("stopReason") == "budget-exhausted" and not any(
                 p.get("status") == "ran" for p in controller.get("passes", [])):
             return {"status": "budget-exhausted",
                     "envelope": env.empty_envelope("budget-exhausted", req)}
+        if syncing:  # the index may not hold what the record has yet: say so
+            return {"status": "index-syncing",
+                    "envelope": env.empty_envelope("index-syncing", req)}
         return {"status": "no-verified-results",
                 "envelope": env.empty_envelope("no-verified-results", req)}
-    return {"status": "ok", "envelope": env.build_envelope(req, hits, controller)}
+    envelope = env.build_envelope(req, hits, controller)
+    if syncing:
+        env.mark_index_syncing(envelope)
+    return {"status": "ok", "envelope": envelope}
+
+
+def _syncing(corpus: Any) -> bool:
+    """True while the corpus index is not settled (:meth:`Corpus.index_syncing`)."""
+    try:
+        return bool(corpus.index_syncing())
+    except Exception:  # noqa: BLE001 - a store that cannot say is treated as settled
+        return False
 
 
 def _unavailable_reason(corpus: Any) -> str:
-    """``index-syncing`` while a first sync is under way, else ``index-unavailable``."""
+    """``index-syncing`` while a sync is under way (rows ``processing``, or changes the
+    index does not hold yet), else ``index-unavailable``."""
     if corpus is None:
         return "index-unavailable"
     try:
         st = corpus.stats()
     except Exception:  # noqa: BLE001 - a broken store is simply unavailable
         return "index-unavailable"
-    return "index-syncing" if st.get("processing") else "index-unavailable"
+    return "index-syncing" if st.get("processing") or st.get("index_lag") else "index-unavailable"

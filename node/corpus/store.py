@@ -489,9 +489,12 @@ class Corpus:
         Returns:
             ``{"mode", "indexed", "updated", "skipped", "removed", "failed", "empty",
             "chunks", "files", "bytes": int, "skippedReasons": {reason: int},
+            "skippedFolders": [{"source", "reason": "kith-home"}],
             "archives": {"indexed", "refused"}, "errors": [{"source", "code", "message"
             [, "reason"]}], "seconds": float}``. ``failed`` files and ``empty`` ones
-            have an ``error`` tracking row; neither stops the batch.
+            have an ``error`` tracking row; neither stops the batch. Folders that are a
+            Kith home (this node's, or any holding ``identity.key``) are never entered
+            (``skippedFolders``; ``skippedReasons["kith-home"]`` counts them).
 
         Raises:
             CorpusError: ``sync-mode-invalid``; ``index-locked`` when another process
@@ -761,8 +764,11 @@ class Corpus:
         Returns:
             ``{"roots", "documents", "done", "chunks", "failed", "empty", "processing",
             "stale": int, "ready": bool, "last_sync": str | None, "index_lag": int}``;
-            ``ready`` is True when a sync has completed and the index is present and of
-            the current schema. Never raises for a missing corpus (all zero, not ready).
+            ``ready`` is True when a sync has completed, the index is present and of
+            the current schema, and it holds every change of the record
+            (``index_lag`` 0: false while a sync is writing or after a crash left
+            tantivy behind SQLite). Never raises for a missing corpus (all zero, not
+            ready).
         """
         with self._lock:
             out: dict[str, Any] = {"roots": 0, "documents": 0, "done": 0, "chunks": 0,
@@ -796,10 +802,62 @@ class Corpus:
                 return out
             out["last_sync"] = self._get_meta("last_sync")
             out["ready"] = bool(
-                out["last_sync"]
+                out["last_sync"] and not out["index_lag"]
                 and self._get_meta("index_schema_version") == str(search.INDEX_SCHEMA_VERSION)
                 and tantivy.Index.exists(str(self.index_dir)))
             return out
+
+    def index_lag(self) -> int:
+        """Changes the record holds that the tantivy index does not (0 when current or
+        when there is no corpus). Cheap: two reads of ``meta`` and ``changes``' key."""
+        with self._lock:
+            if self._db is None:
+                return 0
+            try:
+                applied = int(self._get_meta("index_applied_seq") or 0)
+                top = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+            except sqlite3.Error:
+                return 0
+            return max(0, top - applied)
+
+    def index_syncing(self) -> bool:
+        """True while the index is not settled: no sync has completed yet (a first sync
+        may be running) or the index lags the record (:meth:`index_lag` > 0: a sync is
+        writing, or a crash left changes to replay). Depends on index state only."""
+        with self._lock:
+            if self._db is None:
+                return False
+            return self._get_meta("last_sync") is None or self.index_lag() > 0
+
+    def repair_lag(self) -> str:
+        """Replay the changes the index lacks now, if the writer lock is free — without
+        waiting for it (DESIGN §9 start-up repair, for read-only openers: the host,
+        ``kith api serve``, ``kith mcp``). The handle stays read-only for everything else.
+
+        Returns:
+            ``"current"`` (nothing to repair), ``"repaired"``, ``"locked"`` (another
+            process holds the writer; it replays the changes itself — callers warn), or
+            ``"unavailable"`` (no corpus).
+
+        Raises:
+            CorpusError: only for a corrupt index the writer cannot open.
+        """
+        with self._lock:
+            if self._db is None:
+                return "unavailable"
+            if self._writer is not None or self.index_lag() == 0:
+                return "current"
+            if self._get_meta("index_schema_version") is None:
+                return "current"  # never indexed: `kith index sync` builds it
+            try:
+                self._acquire_writer()  # non-blocking flock; replays the change log
+            except CorpusError as exc:
+                if exc.code == "index-locked":
+                    return "locked"
+                raise
+            self._release_writer()
+            self._index = None  # reopened (and reloaded) by the next search
+            return "repaired" if self.index_lag() == 0 else "locked"
 
     def status_report(self, *, max_listed: int = 1000) -> dict[str, Any]:
         """What ``kith index status`` shows (DESIGN §9 tracking).

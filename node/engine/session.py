@@ -50,6 +50,9 @@ _struct_encoder = msgspec.json.Encoder()
 
 # Fatal framing problems: the stream cannot be resynchronised.
 _FATAL = frozenset({"frame-too-large", "frame-truncated"})
+# Host → guest UI transfer frames; malformed ones end only the UI branch while it runs.
+_UI_DATA_ACTIONS = frozenset({"_ui_artifact_begin", "_ui_artifact_file", "_ui_artifact_end"})
+_UI_RECEIVING = frozenset({"requested", "receiving", "draining"})
 
 
 class State(enum.Enum):
@@ -562,6 +565,8 @@ class SessionEngine:
         except ProtocolViolation as exc:
             if first and self.role == "host" and action != "_session_init":
                 return self._fail(HandshakeError("handshake-first-frame"))
+            if self.role == "guest" and action in _UI_DATA_ACTIONS and self._ui_state in _UI_RECEIVING:
+                return self._ui_malformed(action, exc.message)  # ends the UI branch only (DESIGN §6)
             return self._fail(HandshakeError("handshake-malformed", exc.message))
         if isinstance(frame, F.SessionReject):
             return self._close("rejected", frame.code[:64], frame.message[:500])
@@ -747,6 +752,15 @@ class SessionEngine:
         self._ui_state = "draining"
         self._ui_receiver = None
         return [UiArtifactRefused(exc.code, exc.message, "guest")]
+
+    def _ui_malformed(self, action: str, detail: str) -> list[Event]:
+        """A UI frame with wrong/missing/extra fields (e.g. ``"size": true``): refuse the
+        bundle with ``ui-manifest-mismatch`` and go on without a UI; while draining a
+        refused bundle, a malformed frame is ignored (a malformed end ends the drain)."""
+        if self._ui_state == "draining":
+            return self._ui_finish([]) if action == "_ui_artifact_end" else []
+        events = self._ui_refuse(HandshakeError("ui-manifest-mismatch", f"a malformed {action}: {detail}"[:500]))
+        return self._ui_finish(events) if action == "_ui_artifact_end" else events
 
     def _guest_ui(self, frame: F.SystemFrame) -> list[Event]:
         st = self._ui_state

@@ -85,6 +85,9 @@ class ApprovalRequest:
         decision: ``None`` while pending, else ``"approved"`` / ``"denied"``.
         remember: whether the decision was remembered (promotion).
         decided_at: RFC 3339 UTC of the decision, or ``None``.
+        via: the id of the remembered decision that settled this request too (it was
+            pending for the same peer and only asked about sources that decision
+            promoted or refused), else ``None``.
     """
 
     id: str
@@ -96,6 +99,7 @@ class ApprovalRequest:
     decision: str | None = None
     remember: bool = False
     decided_at: str | None = None
+    via: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON shape of the request (plus the decision fields once decided)."""
@@ -104,6 +108,8 @@ class ApprovalRequest:
                                "createdAt": self.created_at}
         if self.decision is not None:
             out.update({"decision": self.decision, "remember": self.remember, "decidedAt": self.decided_at})
+            if self.via is not None:
+                out["via"] = self.via
         return out
 
     @classmethod
@@ -120,9 +126,11 @@ class ApprovalRequest:
             decision = raw.get("decision")
             if decision not in (None, "approved", "denied"):
                 return None
+            via = raw.get("via")
             return cls(rid, key, name if isinstance(name, str) else None, query, list(sources),
                        str(raw.get("createdAt") or ""), decision, bool(raw.get("remember", False)),
-                       raw.get("decidedAt") if isinstance(raw.get("decidedAt"), str) else None)
+                       raw.get("decidedAt") if isinstance(raw.get("decidedAt"), str) else None,
+                       via if isinstance(via, str) and ID_RE.fullmatch(via) else None)
         except (KeyError, TypeError, AttributeError):
             return None
 
@@ -202,6 +210,7 @@ class Approvals:
         for rid, dec in decs_dir.items():
             base = reqs.get(rid) or dataclasses.replace(dec)
             base.decision, base.remember, base.decided_at = dec.decision, dec.remember, dec.decided_at
+            base.via = dec.via
             reqs[rid] = base
         decided: dict[tuple[str, str], list[ApprovalRequest]] = {}
         for req in reqs.values():
@@ -242,18 +251,29 @@ class Approvals:
 
     def verdicts(self, peer_key: str, query: str, *, now: datetime | None = None) -> Verdicts:
         """Sources opened / refused for ``peer_key`` asking ``query``: remembered decisions
-        for any query, plus unexpired decisions on the same query (:func:`query_key`)."""
+        for any query, plus unexpired decisions on the same query (:func:`query_key`).
+
+        ``promoted.json`` holds the *latest* remembered decision per source, so a
+        remembered decision file counts only for sources ``promoted.json`` does not name
+        (e.g. when it was lost): ``deny --remember`` followed later by
+        ``approve --remember`` of the same source opens it for every query, including
+        the first one."""
         now = now or _now()
         qk = query_key(query)
         promoted = self.promoted(peer_key)
         allow, deny = set(promoted.allow), set(promoted.deny)
+        named = promoted.allow | promoted.deny
         with self._lock:
             decided = list(self._merged()[1].get((peer_key, qk), ()))
         for req in decided:
             when = _parse_stamp(req.decided_at)
-            if not req.remember and (when is None or now - when > timedelta(seconds=DECISION_TTL_S)):
+            if req.remember:
+                sources = [s for s in req.sources if s not in named]
+            elif when is None or now - when > timedelta(seconds=DECISION_TTL_S):
                 continue
-            (allow if req.decision == "approved" else deny).update(req.sources)
+            else:
+                sources = req.sources
+            (allow if req.decision == "approved" else deny).update(sources)
         return Verdicts(frozenset(allow - deny), frozenset(deny))
 
     def pending(self) -> list[ApprovalRequest]:
@@ -289,6 +309,10 @@ class Approvals:
         """Write ``decisions/<rid>.json``; with ``remember`` also promote (or refuse) the
         request's sources for that peer in ``promoted.json``.
 
+        With ``remember``, the peer's other pending requests that only ask about sources
+        now promoted (approve) or refused (deny) for it are decided the same way, with
+        ``via`` = ``rid`` (specs/approvals.md §3).
+
         Raises:
             PolicyError: ``approval-not-found`` (unknown or malformed id),
                 ``approval-decided`` (already decided).
@@ -320,4 +344,22 @@ class Approvals:
                 peers[req.peer_key] = {"name": req.peer_name, "allow": allow, "deny": deny}
                 atomic_write(self.promoted_path,
                              json.dumps({"peers": peers}, indent=2, ensure_ascii=False).encode("utf-8") + b"\n")
+        if remember:
+            self._settle_covered(req, set(allow if approve else deny))
         return req
+
+    def _settle_covered(self, decided: ApprovalRequest, covered: set[str]) -> None:
+        """After a remembered decision, decide the same way every other pending request of
+        that peer (by key) whose sources are all in ``covered`` (now promoted, or refused,
+        for that peer): they would otherwise stay listed as pending though nothing is left
+        to decide. Each gets ``decisions/<id>.json`` with ``remember`` and ``via`` = the
+        deciding request's id."""
+        for other in self.pending():
+            if (other.id == decided.id or other.peer_key != decided.peer_key
+                    or not other.sources or not set(other.sources) <= covered):
+                continue
+            other.decision, other.remember = decided.decision, True
+            other.decided_at, other.via = decided.decided_at, decided.id
+            with self._lock:
+                atomic_write(self.decisions_dir / f"{other.id}.json",
+                             json.dumps(other.to_dict(), indent=2, ensure_ascii=False).encode("utf-8") + b"\n")

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
+import threading
 import unicodedata
 import urllib.parse
 from collections.abc import Iterable, Sequence
@@ -29,8 +31,10 @@ from typing import Any
 
 from node.corpus.sources import SourceNormalizer
 from node.corpus.types import Hit, Root
-from node.errors import EgressRefused
-from node.policy.store import DEFAULT_TIER, Decision, Policy
+from node.errors import EgressRefused, PolicyError
+from node.policy.store import DEFAULT_TIER, Decision, Policy, file_stamp
+
+log = logging.getLogger("kith.policy")
 
 #: States :meth:`EgressGate.screen` gives a hit.
 VISIBLE, PENDING = "visible", "pending"
@@ -115,7 +119,8 @@ class EgressGate:
         home: the node home (its real path is never sent either).
 
     The leak scanner is one compiled bytes regex built here; build a new gate when the
-    roots or the policy change.
+    roots change. A policy loaded from a file (:meth:`Policy.load`) is re-read when that
+    file changes (:meth:`current_policy`, one ``os.stat`` per query).
     """
 
     def __init__(self, roots: Sequence[Root], policy: Policy, home: Path, *,
@@ -124,29 +129,74 @@ class EgressGate:
         self.policy = policy
         self.home = Path(home)
         self.approvals = approvals
+        self._reload_lock = threading.Lock()
+        self._bad_stamp: tuple[Any, ...] | None = None  # a changed file that failed to parse
         self._normalize = SourceNormalizer(self.roots)
         paths = [r.path for r in self.roots] + [str(self.home)]
         needles = leak_needles(paths)
         self._leak: re.Pattern[bytes] | None = (
             re.compile(_trie_pattern(needles), re.IGNORECASE) if needles else None)
 
-    # --- policy per hit -----------------------------------------------------------------
-    def decide(self, source: str | None, peer_name: str | None) -> Decision:
-        """Normalize ``source`` against the roots and decide it for ``peer_name``."""
-        canonical = self._normalize(source) if source is not None else None
-        return self.policy.decide(canonical, peer_name) if canonical is not None else _INVALID
+    # --- the current policy ---------------------------------------------------------------
+    def current_policy(self) -> Policy:
+        """The policy to apply to the query being answered (DESIGN §10; specs/policy.md §2.1).
 
-    def decide_hits(self, hits: Sequence[Hit], peer_name: str | None) -> list[tuple[Hit, Decision]]:
-        """Decide every hit for ``peer_name`` (``None``: an anonymous peer), in order.
+        When :attr:`policy` was loaded from ``policy.toml`` (it has a ``source_stamp``) and
+        the file's stamp (inode, size, mtime, ctime; one ``os.stat``) differs, the file is
+        read again and replaces :attr:`policy` — rules and quotas alike — so
+        ``kith policy set`` reaches a running host at its next query. A changed file that
+        fails to load keeps the last good policy; a warning is logged once per change.
+        A deleted file is an empty policy (everything private). Thread-safe.
+
+        Returns:
+            The :class:`Policy` to use for the whole query (take it once per query).
+        """
+        policy = self.policy
+        if policy.source_stamp is None or policy.path is None:
+            return policy
+        stamp = file_stamp(policy.path)
+        if stamp == policy.source_stamp or stamp == self._bad_stamp:
+            return policy
+        with self._reload_lock:
+            policy = self.policy
+            if stamp == policy.source_stamp or stamp == self._bad_stamp:
+                return policy
+            try:
+                fresh = Policy.load(policy.path.parent)
+            except PolicyError as exc:
+                self._bad_stamp = stamp
+                log.warning("policy.toml changed but does not load (%s: %s); the last good policy "
+                            "stays in force until it is fixed", exc.code, exc.message)
+                return policy
+            self._bad_stamp = None
+            self.policy = fresh
+            log.info("policy.toml changed: the new policy applies from this query on")
+            return fresh
+
+    # --- policy per hit -----------------------------------------------------------------
+    def decide(self, source: str | None, peer_name: str | None, *, policy: Policy | None = None) -> Decision:
+        """Normalize ``source`` against the roots and decide it for ``peer_name`` (under
+        ``policy``, default :attr:`policy`)."""
+        canonical = self._normalize(source) if source is not None else None
+        if canonical is None:
+            return _INVALID
+        return (policy or self.policy).decide(canonical, peer_name)
+
+    def decide_hits(self, hits: Sequence[Hit], peer_name: str | None, *,
+                    policy: Policy | None = None) -> list[tuple[Hit, Decision]]:
+        """Decide every hit for ``peer_name`` (``None``: an anonymous peer), in order, under
+        ``policy`` (default :attr:`policy`; callers answering a query pass
+        :meth:`current_policy`).
 
         A hit whose source id does not normalize, or whose normalized id differs from the
         id of its own origin (``/<root_prefix>/<rel_path>``, when ``root_prefix`` is set),
         gets the invalid decision (``private``, not allowed). Returned hits carry their
         canonical ``source_id``.
         """
+        policy = policy or self.policy
         out: list[tuple[Hit, Decision]] = []
         for hit in hits:
-            decision = self.decide(hit.source_id, peer_name)
+            decision = self.decide(hit.source_id, peer_name, policy=policy)
             if decision.canonical is not None and hit.root_prefix is not None:
                 origin = f"/{hit.root_prefix}/{hit.rel_path}" if hit.rel_path else f"/{hit.root_prefix}"
                 if origin != hit.source_id and self._normalize(origin) != decision.canonical:
@@ -166,7 +216,7 @@ class EgressGate:
         return [hit for hit, decision in self.decide_hits(hits, peer_name) if decision.allowed]
 
     def screen(self, hits: Sequence[Hit], peer_name: str | None, peer_key: str | None,
-               query: str) -> list[tuple[Hit, str]]:
+               query: str, *, policy: Policy | None = None) -> list[tuple[Hit, str]]:
         """The hits this peer may see now or could after an approval, in ranked order.
 
         Args:
@@ -175,6 +225,8 @@ class EgressGate:
             peer_key: the peer's public key (approvals are per key); ``None`` → no
                 approval applies.
             query: the query text (approvals without ``--remember`` are per query).
+            policy: the policy to apply; default :meth:`current_policy` (re-read when
+                ``policy.toml`` changed).
 
         Returns:
             ``(hit, state)`` pairs with canonical ids: :data:`VISIBLE` for hits allowed by
@@ -186,7 +238,8 @@ class EgressGate:
         if self.approvals is not None and peer_key is not None:
             verdicts = self.approvals.verdicts(peer_key, query)
         out: list[tuple[Hit, str]] = []
-        for hit, decision in self.decide_hits(hits, peer_name):
+        policy = policy or self.current_policy()
+        for hit, decision in self.decide_hits(hits, peer_name, policy=policy):
             if decision.allowed:
                 out.append((hit, VISIBLE))
             elif decision.tier == "ask" and decision.canonical is not None:

@@ -8,7 +8,8 @@ wire ids → envelope → leak scan. Hooks get a :class:`KnowledgeHandle` in
 No oracle: when policy drops every match, the answer is ``no-verified-results`` with the
 very same envelope as when nothing matched at all (it depends only on the request).
 
-Before searching, the peer's quota is charged (``node.policy.quota``): over it →
+Every query applies the current ``policy.toml`` (the gate re-reads it when the file
+changed, :meth:`node.policy.gate.EgressGate.current_policy`). Before searching, the peer's quota is charged (``node.policy.quota``): over it →
 ``rate-limited`` with ``retry_after_s``; a zero quota → ``policy-denied``. When the best
 evidence the peer could see is an ``ask`` source nobody decided yet, the answer is
 ``pending-approval`` with an ``approval_id`` and ``approvals/requests/<id>.json`` is
@@ -68,11 +69,11 @@ class KnowledgeHandle:
         self.peer_name = peer_name
         self.peer_key = peer_key
 
-    def _admit(self) -> dict[str, Any] | None:
-        """Charge one query to the peer's quota; an answer when refused, else None."""
+    def _admit(self, policy: Any) -> dict[str, Any] | None:
+        """Charge one query to the peer's quota (under ``policy``); an answer when
+        refused, else None."""
         if self.__limiter is None or self.peer_key is None:
             return None
-        policy = self.__gate.policy
         shared = policy.anonymous_quota() if self.peer_name is None else None
         verdict = self.__limiter.take(self.peer_key, policy.quota_for(self.peer_name), shared)
         if verdict.ok:
@@ -95,7 +96,9 @@ class KnowledgeHandle:
         from node.policy.gate import echoes_of
 
         started = time.monotonic()
-        refused = self._admit()
+        # one policy for the whole query, re-read when policy.toml changed (DESIGN §10)
+        policy = self.__gate.current_policy()
+        refused = self._admit(policy)
         self.__echoes.update(echoes_of(request))
         try:
             req = validate_search_request(request)
@@ -120,7 +123,7 @@ class KnowledgeHandle:
             return {"status": "internal-error", "envelope": empty_envelope("index-unavailable", req)}
         from node.policy.gate import PENDING
 
-        screened = self.__gate.screen(hits, self.peer_name, self.peer_key, req["query"])
+        screened = self.__gate.screen(hits, self.peer_name, self.peer_key, req["query"], policy=policy)
         if screened and screened[0][1] == PENDING:
             return self._pending(req, screened)
         allowed = [hit for hit, state in screened if state != PENDING]
@@ -132,7 +135,7 @@ class KnowledgeHandle:
         top = allowed[: req["topK"]]
         limit = None
         if self.peer_key is not None:
-            limit = self.__gate.policy.quota_for(self.peer_name).max_message_bytes - MESSAGE_OVERHEAD_BYTES
+            limit = policy.quota_for(self.peer_name).max_message_bytes - MESSAGE_OVERHEAD_BYTES
         while True:
             envelope = build_envelope(req, top, _gated_controller(controller, len(allowed), len(top)))
             data = _dumps(envelope)

@@ -21,6 +21,7 @@ The file is read with stdlib :mod:`tomllib` and written with ``tomli-w`` through
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 import unicodedata
@@ -59,6 +60,20 @@ DEFAULT_QUOTA = {"queries_per_hour": 120, "burst": 10, "max_message_bytes": 6553
 ANONYMOUS_SHARED_FACTOR = 4
 #: Smallest accepted ``max_message_bytes`` (an empty answer must still fit).
 MIN_MESSAGE_BYTES = 8192
+
+
+def file_stamp(path: Path) -> tuple[Any, ...]:
+    """A cheap identity of the file at ``path`` (one ``os.stat``): device, inode, size,
+    mtime and ctime in ns; ``("missing",)`` when absent, ``("error", errno)`` when it
+    cannot be stat'ed. Two equal stamps mean "unchanged" (DESIGN §10: a running host
+    applies the current policy, specs/policy.md §2.1)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return ("missing",)
+    except OSError as exc:
+        return ("error", exc.errno)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _glob_error(glob: object, why: str, where: str = "") -> PolicyError:
@@ -263,10 +278,32 @@ class Decision:
     override: str | None = None
 
 
+_NAME_RULE = "1-64 of [A-Za-z0-9_.-], starting with a letter or digit"
+
+
+def _is_peer_name(name: object) -> bool:
+    from node.peers import NAME_RE  # late: keep the policy store importable on its own
+
+    return isinstance(name, str) and NAME_RE.fullmatch(name) is not None
+
+
+def check_peer_names(names: Iterable[str], what: str = "peer name") -> None:
+    """Refuse any of ``names`` that could never be a registry name (specs/peers.md §1:
+    :data:`node.peers.NAME_RE`) — a rule naming it would silently match nobody.
+
+    Raises:
+        PolicyError: ``peer-bad-name`` naming the first bad name (shown with ``repr``,
+            control characters escaped).
+    """
+    for name in names:
+        if not _is_peer_name(name):
+            raise PolicyError("peer-bad-name", f"{what} {str(name)[:80]!a} is not a registry name ({_NAME_RULE})")
+
+
 def _check_peer_name(peer: object, where: str) -> str:
-    if not isinstance(peer, str) or not peer or "\x00" in peer or len(peer) > 64:
-        raise PolicyError("policy-invalid", f"{where}'peer' must be a registry name (1-64 characters)")
-    return peer
+    if not _is_peer_name(peer):
+        raise PolicyError("policy-invalid", f"{where}'peer' must be a registry name ({_NAME_RULE})")
+    return peer  # type: ignore[return-value]
 
 
 def _make_rule(glob: object, tier: object, peers: object, where: str, *,
@@ -282,11 +319,10 @@ def _make_rule(glob: object, tier: object, peers: object, where: str, *,
         return Rule(canon, tier, (), peer)
     if peers is None:
         names: tuple[str, ...] = ()
-    elif isinstance(peers, (list, tuple)) and all(
-            isinstance(p, str) and p and "\x00" not in p for p in peers):
+    elif isinstance(peers, (list, tuple)) and all(_is_peer_name(p) for p in peers):
         names = tuple(dict.fromkeys(peers))
     else:
-        raise PolicyError("policy-invalid", f"{where}'peers' must be a list of peer names")
+        raise PolicyError("policy-invalid", f"{where}'peers' must be a list of registry names ({_NAME_RULE})")
     if tier == "peers" and not names:
         raise PolicyError("policy-invalid", f"{where}tier 'peers' needs a non-empty 'peers' list")
     if tier != "peers" and names:
@@ -305,7 +341,8 @@ def _check_quota_values(table: object, where: str, *, allow_peer: bool) -> dict[
         if key == "peer":
             if not isinstance(value, dict):
                 raise PolicyError("policy-invalid", f"{where}'peer' must be a table of tables")
-            out["peer"] = {name: _check_quota_values(sub, f"{where}peer.{name}: ", allow_peer=False)
+            out["peer"] = {_check_peer_name(name, f"{where}peer.{name!a}: "):
+                           _check_quota_values(sub, f"{where}peer.{name}: ", allow_peer=False)
                            for name, sub in value.items()}
         elif key == "anonymous":
             out["anonymous"] = _check_quota_values(value, f"{where}anonymous: ", allow_peer=False)
@@ -350,6 +387,10 @@ class Policy:
         self._overrides: list[Rule] = list(overrides)
         self.quota: dict[str, Any] = dict(quota or {})
         self.path = path
+        #: :func:`file_stamp` of :attr:`path` taken just before :meth:`load` read it;
+        #: ``None`` for a policy not loaded from a file (never re-read, see
+        #: :meth:`node.policy.gate.EgressGate.current_policy`).
+        self.source_stamp: tuple[Any, ...] | None = None
 
     # --- loading / saving -------------------------------------------------------------
     @classmethod
@@ -362,11 +403,14 @@ class Policy:
                 message names the file and the key or the 1-based ``[[rule]]`` number.
         """
         path = Path(home) / POLICY_FILE
+        stamp = file_stamp(path)  # before reading: a change after this is seen as a change
         try:
             with path.open("rb") as fh:
                 raw = fh.read(MAX_POLICY_BYTES + 1)
         except FileNotFoundError:
-            return cls(path=path)
+            empty = cls(path=path)
+            empty.source_stamp = stamp
+            return empty
         except OSError as exc:
             raise PolicyError("policy-invalid", f"{path}: cannot be read ({exc.strerror})") from None
         if len(raw) > MAX_POLICY_BYTES:
@@ -375,7 +419,9 @@ class Policy:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise PolicyError("policy-invalid", f"{path}: not UTF-8") from None
-        return cls.from_toml(text, path=path)
+        policy = cls.from_toml(text, path=path)
+        policy.source_stamp = stamp
+        return policy
 
     @classmethod
     def from_toml(cls, text: str, *, path: Path | None = None) -> Policy:
@@ -469,13 +515,16 @@ class Policy:
             The new :class:`Rule`.
 
         Raises:
-            PolicyError: ``policy-bad-glob``, ``policy-bad-tier``, or ``policy-invalid``
-                (``peers`` tier without peers, or peers with another tier).
+            PolicyError: ``policy-bad-glob``, ``policy-bad-tier``, ``peer-bad-name`` (a
+                ``for_peer`` or ``peers`` name that is not a registry name,
+                :data:`node.peers.NAME_RE`), or ``policy-invalid`` (``peers`` tier without
+                peers, or peers with another tier).
         """
         if isinstance(peers, str):
             peers = [peers]
         if for_peer is not None:
-            _check_peer_name(for_peer, "")
+            check_peer_names([for_peer], "--for name")
+        check_peer_names(peers or (), "--peer name")
         rule = _make_rule(glob, tier, list(peers) if peers else None, "", peer=for_peer)
         kept: list[Rule] = []
         placed = False
@@ -500,10 +549,12 @@ class Policy:
         canonical glob equals ``glob``'s; ``True`` if any was.
 
         Raises:
-            PolicyError: ``policy-bad-glob`` when ``glob`` itself is invalid.
+            PolicyError: ``policy-bad-glob`` when ``glob`` itself is invalid;
+                ``peer-bad-name`` when ``for_peer`` is not a registry name.
         """
         canon = canonical_glob(glob)
         if for_peer is not None:
+            check_peer_names([for_peer], "--for name")
             before = len(self._overrides)
             self._overrides = [r for r in self._overrides if not (r.glob == canon and r.peer == for_peer)]
             return len(self._overrides) != before

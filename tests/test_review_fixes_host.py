@@ -1,0 +1,464 @@
+"""Fixes from the adversarial review of the host/session layer, each over real iroh on
+loopback (relay disabled) or the real engine:
+
+1. idle QUIC connections that never open a stream cannot lock legitimate guests out;
+2. a single-use invitation admits exactly one of several concurrent handshakes, the host
+   records the proof on the server itself and republishes the consumed post;
+3. ``kith host --server`` withdraws its post on SIGINT;
+4. an interactive ``kith join`` whose session ends under its ``ask>`` prompt says why and
+   exits at once;
+5. ``--adversarial`` accepts ``too-many-invalid`` when the protocol's ``max_invalid`` is 0;
+6. a malformed UI manifest ends only the UI branch, not the handshake.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from node.community.client import CommunityClient
+from node.community.keeper import PostKeeper
+from node.community.ratelimit import RateLimit, RateLimits
+from node.community.server import run_server_in_thread
+from node.driver import run_session
+from node.engine.session import GuestConfig, SessionEngine, State, UiArtifactRefused
+from node.guest import check_invitation, join_session, resolve_invitation
+from node.hooks import HookContext, Hooks, PeerInfo
+from node.host import HostOptions, serve_host
+from node.identity import Identity, load_or_init_identity
+from node.invitation import create_invitation, parse_invitation
+from node.protocol_adversarial import run_adversarial
+from node.spec import load_spec
+from node.transport.iroh import bind_node
+
+from conftest import PROTOCOLS
+from test_engine_ui import GOOD, _frame, _manifest, hostile
+
+KITH = [sys.executable, "-m", "node.cli.main"]
+FAST = (0.2, 1.0)
+ENV = {**os.environ, "KITH_TEST_HEARTBEAT": "0.2,1.0"}
+NO_LIMITS = RateLimits(per_key=RateLimit(0, 1), per_address=RateLimit(0, 1))
+
+
+def _home(tmp: Path, name: str) -> Path:
+    home = tmp / name
+    home.mkdir(mode=0o700)
+    return home
+
+
+class InProcessHost:
+    """``serve_host`` in this event loop; ``events`` collects what it reports."""
+
+    def __init__(self, home: Path, tmp: Path, **opts: Any) -> None:
+        self.home = home
+        self.invite = tmp / f"invite-{os.urandom(3).hex()}.json"
+        self.opts = HostOptions(local=True, invite_file=self.invite, heartbeat=FAST, **opts)
+        self.events: list[dict] = []
+        self.stop = anyio.Event()
+        self.ready = anyio.Event()
+        self.invitation: dict = {}
+
+    async def run(self) -> None:
+        def on_inv(inv):
+            self.invitation = inv
+            self.ready.set()
+
+        await serve_host(self.home, self.opts, on_invitation=on_inv, on_event=self.events.append,
+                         warn=lambda _m: None, stop=self.stop)
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["event"] == kind]
+
+    async def wait_for(self, pred, timeout: float = 15.0) -> dict:
+        with anyio.fail_after(timeout):
+            while True:
+                for e in self.events:
+                    if pred(e):
+                        return e
+                await anyio.sleep(0.02)
+
+
+async def _raw_guest(inv, spec, ident: Identity, *, on_proof=None, hang_up_after_proof: bool = False):
+    """A guest driven by the real engine: ends with ``end`` at once, or hangs up right
+    after the host's proof (never sending ``_session_ready``)."""
+    async with bind_node(ident.secret, spec.alpn, local=True) as node:
+        stream = await node.open_stream(await node.connect(inv.transport_info.ticket))
+        engine = SessionEngine("guest", spec, public_key=ident.public_key, sign=ident.sign,
+                               guest=GuestConfig(remote_id=stream.remote_id, post_id=inv.post_id,
+                                                 host_public_key=inv.host_public_key))
+        if hang_up_after_proof:
+            engine.initiate()
+            await stream.send(engine.data_to_send())
+            with anyio.fail_after(10):
+                while engine.state is State.HANDSHAKE:
+                    data = await stream.receive()
+                    if not data:
+                        break
+                    engine.receive_data(data)
+            state = engine.state
+            await stream.aclose()
+            return state
+        return await run_session(stream, engine, Hooks(on_start=lambda ctx: {"action": "end"}),
+                                 make_context=lambda ev: HookContext(role="guest", session_id=ev.session_id,
+                                                                     peer=PeerInfo(ev.peer_public_key)),
+                                 on_proof=on_proof, heartbeat=FAST)
+
+
+# ------------------------------------------------------------------------------------ 1
+@pytest.mark.iroh
+def test_silent_connections_do_not_lock_out_a_real_guest(tmp_path):
+    """70 connections (more than the 64 pending slots) that open a stream and send
+    nothing: the oldest are evicted and the honest guest that comes next is served."""
+
+    async def scenario():
+        host = InProcessHost(_home(tmp_path, "host"), tmp_path)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(20):
+                await host.ready.wait()
+            inv = parse_invitation(host.invitation)
+            guest_home = _home(tmp_path, "guest")
+            pdir, spec = check_invitation(inv, guest_home)
+            async with bind_node(os.urandom(32), spec.alpn, local=True) as a, \
+                    bind_node(os.urandom(32), spec.alpn, local=True) as b:
+                held = []  # kept alive: a dropped stream is finished, which the host would see
+                for i in range(70):
+                    attacker = a if i % 2 else b
+                    conn = await attacker.connect(inv.transport_info.ticket)
+                    held.append(await attacker.open_stream(conn))  # nothing sent: the host never sees it
+                await anyio.sleep(0.3)
+                got: list = []
+                t0 = time.monotonic()
+                honest = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True,
+                                            server_url=None, heartbeat=FAST,
+                                            options={"queries": ["one"], "on_results": got.append})
+                took = time.monotonic() - t0
+            host.stop.set()
+        return honest, got, took, host
+
+    honest, got, took, host = anyio.run(scenario, backend="asyncio")
+    assert honest.ok, (honest.reason, honest.code)
+    assert len(got) == 1 and took < 3
+    evicted = [e for e in host.of("session-refused") if e.get("reason") == "evicted"]
+    assert len(evicted) >= 70 - 64
+    assert {e["code"] for e in evicted} == {"handshake-host-busy"}
+
+
+# ------------------------------------------------------------------------------------ 2
+@pytest.mark.iroh
+def test_single_use_post_admits_exactly_one_of_concurrent_handshakes(tmp_path):
+    async def scenario():
+        host = InProcessHost(_home(tmp_path, "host"), tmp_path, post_max_sessions=1)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(20):
+                await host.ready.wait()
+            inv = parse_invitation(host.invitation)
+            _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+            # a guest that takes the slot but never sends _session_ready gives it back
+            assert await _raw_guest(inv, spec, Identity(os.urandom(32)), hang_up_after_proof=True) \
+                is State.AWAIT_CONFIRM
+            await anyio.sleep(0.3)
+            outs: list = []
+
+            async def slow_proof(_proof):  # every guest holds its proof a while before ready
+                await anyio.sleep(1.0)
+
+            async def one():
+                outs.append(await _raw_guest(inv, spec, Identity(os.urandom(32)), on_proof=slow_proof))
+
+            async with anyio.create_task_group() as guests:
+                for _ in range(3):
+                    guests.start_soon(one)
+            later = await _raw_guest(inv, spec, Identity(os.urandom(32)))
+            host.stop.set()
+        return outs, later, host
+
+    outs, later, host = anyio.run(scenario, backend="asyncio")
+    assert len(host.of("session-started")) == 1
+    assert sorted((o.reason, o.code) for o in outs) == [
+        ("completed", None), ("rejected", "handshake-unknown-post"), ("rejected", "handshake-unknown-post")]
+    assert (later.reason, later.code) == ("rejected", "handshake-unknown-post")
+
+
+@pytest.fixture
+def server_url(tmp_path: Path):
+    with run_server_in_thread(tmp_path / "srv" / "community.sqlite3", rate_limits=NO_LIMITS) as url:
+        yield url
+
+
+@pytest.mark.iroh
+def test_host_records_the_proof_and_republishes_when_the_guest_joined_by_file(tmp_path, server_url):
+    async def scenario():
+        host = InProcessHost(_home(tmp_path, "host"), tmp_path, server_url=server_url, post_max_sessions=1)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(20):
+                await host.ready.wait()
+            inv = parse_invitation(host.invite.read_text())  # joined by file, no --server
+            guest_home = _home(tmp_path, "guest")
+            pdir, spec = check_invitation(inv, guest_home)
+            first = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True,
+                                       server_url=None, heartbeat=FAST, options={"queries": ["q"]})
+            ev = await host.wait_for(lambda e: e["event"] == "republished", timeout=10)
+            fresh = await resolve_invitation(ev["post_id"], server_url=server_url)
+            second = await join_session(guest_home, Identity(os.urandom(32)), fresh, pdir, spec, local=True,
+                                        server_url=server_url, heartbeat=FAST, options={"queries": ["q"]})
+            host.stop.set()
+        return inv, first, ev, second
+
+    inv, first, ev, second = anyio.run(scenario, backend="asyncio")
+    assert first.ok and second.ok
+    assert ev["previous_post_id"] == inv.post_id and ev["reason"] == "consumed"
+    recorded = httpx.get(f"{server_url}/api/v1/sessions/{first.session_id}").json()
+    assert recorded["session_id"] == first.session_id  # the host submitted it
+    assert httpx.get(f"{server_url}/api/v1/invitations/{inv.post_id}/status").json()["state"] == "consumed"
+
+
+def test_keeper_republishes_a_post_consumed_here_that_the_server_still_lists(tmp_path, server_url):
+    """The host's own count is the authority: a post it consumed locally is retired on the
+    server and republished even when no proof reached the server."""
+    ident = load_or_init_identity(tmp_path / "h")
+    spec = load_spec(PROTOCOLS / "knowledge-query")
+    ticket = _ticket(ident)
+
+    def make():
+        return create_invitation(ident, protocol_name=spec.name, protocol_version=spec.version,
+                                 protocol_id=spec.protocol_id, ticket=ticket, ttl_s=3600,
+                                 max_sessions=1)
+
+    async def scenario():
+        async with CommunityClient(server_url, ident) as client:
+            inv = await client.publish_invitation(make())
+        seen: list = []
+        keeper = PostKeeper(server_url, ident, inv, make_invitation=make,
+                            on_republished=lambda prev, reason, fresh: seen.append((prev, reason, fresh.post_id)))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(keeper.run)
+            keeper.consumed_here(inv.post_id)
+            with anyio.fail_after(10):
+                while not seen:
+                    await anyio.sleep(0.02)
+            keeper.stop()
+        return inv, seen
+
+    inv, seen = anyio.run(scenario, backend="asyncio")
+    assert seen[0][:2] == (inv.post_id, "consumed")
+    listed = httpx.get(f"{server_url}/api/v1/invitations").json()["invitations"]
+    assert [p["post_id"] for p in listed] == [seen[0][2]]
+
+
+def _ticket(ident: Identity) -> str:
+    async def bind():
+        async with bind_node(ident.secret, b"kith/test", local=True) as node:
+            return node.ticket()
+
+    return anyio.run(bind, backend="asyncio")
+
+
+# ------------------------------------------------------------------------------------ 3
+@pytest.mark.iroh
+def test_sigint_withdraws_the_hosts_post(tmp_path, server_url):
+    home = _home(tmp_path, "host")
+    proc = subprocess.Popen([*KITH, "--home", str(home), "host", "--local", "--json", "--server", server_url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "host printed no invitation"
+        post_id = json.loads(proc.stdout.readline())["post_id"]
+        status = f"{server_url}/api/v1/invitations/{post_id}/status"
+        assert httpx.get(status).json()["state"] == "live"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert httpx.get(status).json()["state"] == "withdrawn"
+    t0 = time.monotonic()
+    r = subprocess.run([*KITH, "--home", str(tmp_path / "g"), "join", post_id, "--server", server_url, "--local",
+                        "--trust", "--query", "x", "--json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and time.monotonic() - t0 < 10  # refused by the server, no 15 s wait
+    assert json.loads(r.stdout.splitlines()[-1])["error"]["code"] == "invitation-withdrawn"
+
+
+# ------------------------------------------------------------------------------------ 4
+def _start_host(home: Path, invite: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([*KITH, "--home", str(home), "host", "--local", "--json", "--invite-file", str(invite)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            env=ENV)
+    ready, _, _ = select.select([proc.stdout], [], [], 60)
+    assert ready, "host printed no invitation"
+    json.loads(proc.stdout.readline())
+    return proc
+
+
+def _interactive_join(home: Path, invite: Path) -> tuple[int, int, int]:
+    """``kith join`` on a pty (stdin and stdout a terminal); stderr goes to a pipe.
+    Returns ``(pid, pty master fd, stderr read fd)``."""
+    err_r, err_w = os.pipe()
+    pid, master = pty.fork()
+    if pid == 0:  # child
+        os.dup2(err_w, 2)
+        os.execvpe(sys.executable, [*KITH, "--home", str(home), "join", str(invite), "--local", "--trust"], ENV)
+    os.close(err_w)
+    return pid, master, err_r
+
+
+def _read_until(fd: int, needle: bytes, timeout: float, buf: bytearray) -> None:
+    deadline = time.monotonic() + timeout
+    while needle not in buf:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{needle!r} not seen; got {bytes(buf)!r}"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 65536)
+            assert chunk, f"EOF before {needle!r}; got {bytes(buf)!r}"
+            buf += chunk
+
+
+def _wait_exit(pid: int, timeout: float) -> int | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    return None
+
+
+@pytest.mark.iroh
+@pytest.mark.parametrize("how,expect", [(signal.SIGTERM, b"the host ended the session: session-shutdown"),
+                                        (signal.SIGKILL, b"peer-unresponsive"),
+                                        ("ctrl-c", b"")])
+def test_interactive_join_reports_the_end_and_exits_while_at_the_prompt(tmp_path, how, expect):
+    host_home, invite = _home(tmp_path, "host"), tmp_path / "invite.json"
+    host = _start_host(host_home, invite)
+    pid, master, err = _interactive_join(tmp_path / "guest", invite)
+    buf = bytearray()
+    code = None
+    try:
+        _read_until(err, b"\nask> ", 30, buf)  # the prompt itself, after "session <id>"
+        if how == "ctrl-c":
+            os.write(master, b"\x03")  # the terminal sends SIGINT to kith join
+        else:
+            host.send_signal(how)
+        t0 = time.monotonic()
+        code = _wait_exit(pid, 8)
+        took = time.monotonic() - t0
+        while select.select([err], [], [], 0.2)[0]:
+            chunk = os.read(err, 65536)
+            if not chunk:
+                break
+            buf += chunk
+    finally:
+        if code is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(master)
+        os.close(err)
+        host.kill()
+        host.wait()
+    assert code is not None, f"kith join still running 8 s after the host went away; stderr: {bytes(buf)!r}"
+    assert code == (130 if how == "ctrl-c" else 1) and took < 5, (code, took)
+    assert expect in bytes(buf), bytes(buf)
+
+
+# ------------------------------------------------------------------------------------ 5
+def test_adversarial_accepts_too_many_invalid_when_max_invalid_is_zero(tmp_path):
+    pdir = tmp_path / "strict-echo"
+    shutil.copytree(PROTOCOLS / "echo", pdir)
+    spec = json.loads((pdir / "spec.json").read_text())
+    spec["name"] = "strict-echo"
+    spec.setdefault("limits", {})["max_invalid"] = 0
+    (pdir / "spec.json").write_text(json.dumps(spec))
+
+    report = anyio.run(run_adversarial, pdir, backend="asyncio")
+    rows = [r for r in report.rows if r.got is not None]
+    assert report.passed, [(r.variant, r.got) for r in report.rows if not r.passed]
+    assert {r.got for r in rows if r.variant != "oversize-line"} == {"too-many-invalid"}
+    assert not any(r.reached_hook for r in report.rows)
+
+
+# ------------------------------------------------------------------------------------ 6
+@pytest.fixture(scope="module")
+def echo():
+    return load_spec(PROTOCOLS / "echo")
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: {"action": "_ui_artifact_begin", "total_bytes": 9,
+             "files": [{"path": "index.html", "size": True, "sha256": "0" * 64}]},
+    lambda: _manifest(GOOD, total_bytes="9"),
+    lambda: _manifest(GOOD, extra_field=1),
+])
+def test_a_malformed_ui_manifest_ends_the_ui_branch_not_the_handshake(echo, host_id, guest_id, bad):
+    chunks = [_frame({"action": "_ui_artifact_file", "path": "index.html", "offset": 0, "data": "PHA+b2s8L3A+"})]
+    pair = hostile(echo, host_id, guest_id, [_frame(bad()), *chunks, _frame({"action": "_ui_artifact_end"})])
+    refused = [e for e in pair.ge if isinstance(e, UiArtifactRefused)]
+    assert [(r.code, r.by) for r in refused] == [("ui-manifest-mismatch", "guest")], pair.ge
+    # the host learns why, and the session goes on without a UI
+    assert [r.code for r in pair.he if isinstance(r, UiArtifactRefused)] == ["ui-manifest-mismatch"]
+    assert pair.guest.state is State.READY and pair.host.state is State.READY
+
+
+@pytest.mark.iroh
+def test_stalled_handshakes_are_evicted_with_host_busy_for_a_real_guest(tmp_path):
+    """Streams that send a partial first frame hold session slots in the handshake: when
+    every slot is taken, the oldest is refused with ``handshake-host-busy`` (it has a
+    stream, so it is told) and the honest guest is served."""
+    from node.engine.framing import LineFramer
+
+    async def scenario():
+        host = InProcessHost(_home(tmp_path, "host"), tmp_path, max_sessions=3)
+        told: list[str] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(20):
+                await host.ready.wait()
+            inv = parse_invitation(host.invitation)
+            guest_home = _home(tmp_path, "guest")
+            pdir, spec = check_invitation(inv, guest_home)
+
+            async def stall(node):
+                stream = await node.open_stream(await node.connect(inv.transport_info.ticket))
+                await stream.send(b'{"action":')  # never a whole line
+                framer = LineFramer(1 << 20)
+                with anyio.move_on_after(4):
+                    while True:
+                        data = await stream.receive()
+                        if not data:
+                            break
+                        for line in framer.feed(data):
+                            told.append(json.loads(line).get("code"))
+
+            async with bind_node(os.urandom(32), spec.alpn, local=True) as a, \
+                    anyio.create_task_group() as stallers:
+                for _ in range(3):
+                    stallers.start_soon(stall, a)
+                    await anyio.sleep(0.1)
+                await anyio.sleep(0.3)
+                honest = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True,
+                                            server_url=None, heartbeat=FAST, options={"queries": ["one"]})
+                await anyio.sleep(0.3)
+                stallers.cancel_scope.cancel()
+            host.stop.set()
+        return honest, told, host
+
+    honest, told, host = anyio.run(scenario, backend="asyncio")
+    assert honest.ok, (honest.reason, honest.code)
+    assert told == ["handshake-host-busy"]  # exactly the oldest stalled handshake, told why
+    assert [e["code"] for e in host.of("session-refused")] == ["handshake-host-busy"]
