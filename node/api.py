@@ -272,9 +272,10 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def _loopback_authority(authority: str, port: int | None) -> bool:
-    """True for ``NAME[:PORT]`` where NAME is a loopback name of
-    :data:`LOOPBACK_HOST_NAMES` and PORT (80 when absent) is the server's ``port``."""
+def _loopback_authority(authority: str, port: int | None,
+                        names: tuple[str, ...] = LOOPBACK_HOST_NAMES) -> bool:
+    """True for ``NAME[:PORT]`` where NAME is one of ``names`` (loopback names, lowercase)
+    and PORT (80 when absent) is the server's ``port``."""
     authority = authority.strip().lower()
     if authority.startswith("["):
         name, _, rest = authority.partition("]")
@@ -284,7 +285,7 @@ def _loopback_authority(authority: str, port: int | None) -> bool:
         port_text = rest[1:] if rest else ""
     else:
         name, _, port_text = authority.partition(":")
-    if name not in LOOPBACK_HOST_NAMES:
+    if name not in names:
         return False
     if not port_text:
         return port in (None, 80)
@@ -296,14 +297,18 @@ def _host_refusal(scope: Scope) -> str | None:
     loopback name with the server's port (an absent Origin is fine: not a browser)."""
     server = scope.get("server")
     port = int(server[1]) if server and server[1] is not None else None
+    names = LOOPBACK_HOST_NAMES
+    if server and server[0] and is_loopback(str(server[0])):  # the bound address too
+        bound = str(server[0]).lower()
+        names = (*names, f"[{bound}]" if ":" in bound else bound)
     host = _header(scope, b"host")
-    if host is None or not _loopback_authority(host, port):
+    if host is None or not _loopback_authority(host, port, names):
         return "the Host header must be 127.0.0.1, localhost or [::1] with this port"
     origin = _header(scope, b"origin")
     if origin is not None:
         scheme, sep, authority = origin.partition("://")
         if (not sep or scheme.lower() != "http" or "/" in authority
-                or not _loopback_authority(authority, port)):
+                or not _loopback_authority(authority, port, names)):
             return "cross-origin requests are refused (the Origin is not this loopback server)"
     return None
 

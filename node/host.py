@@ -129,6 +129,11 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
              "Run `kith index add PATH` and `kith index sync`.")
         gate = EgressGate([], policy, home)
         return Knowledge(lambda peer, key=None, echoes=None: _EmptyKnowledge(), gate.check_outgoing, lambda: None)
+    # a crash between SQLite and tantivy leaves the index behind its record: catch up now
+    # when no other process is writing (never waits for the lock)
+    if corpus.repair_lag() == "locked":
+        warn("the index is behind its record and another process is writing it; "
+             "guests may miss documents until that sync finishes.")
     stats = corpus.stats()
     if not stats.get("chunks"):
         warn("the index is empty; guests will get no results. Run `kith index add PATH` and `kith index sync`.")
@@ -181,7 +186,9 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     opened their stream yet are bounded too (``opts.max_sessions`` of them, each for at
     most :data:`FIRST_STREAM_TIMEOUT_S`): when that pool is full the *oldest* is closed
     (QUIC reason ``handshake-host-busy``; a ``session-refused`` event with ``reason``
-    ``evicted``), so idle connections cannot lock honest guests out.
+    ``evicted``), so idle connections cannot lock honest guests out. Likewise, when every
+    session slot is taken, the oldest session still in its handshake is ended with
+    ``handshake-host-busy`` to make room before a new guest is refused.
 
     A post with ``opts.post_max_sessions`` admits that many handshakes: a slot is reserved
     when ``_session_init`` is accepted and given back if that session never becomes
@@ -194,7 +201,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
         on_invitation: called once with the published/written invitation dict.
         on_event: called with one dict per session event (``session-started``,
             ``session-ended`` with ``reason``/``code``, ``session-refused`` with ``code``
-            and, for an evicted idle connection, ``reason: "evicted"``).
+            and, for an evicted idle connection or stalled handshake, ``reason: "evicted"``).
         warn: prints a warning for the owner (stderr).
         stop: set it to shut down cleanly.
 

@@ -475,3 +475,17 @@ def test_exact_unit_matched_can_be_strong(quality_corpus: Corpus) -> None:
 def test_no_hits_envelope_is_still_the_empty_one() -> None:
     req = validate_search_request({"query": "the the the"})
     assert build_envelope(req, []) == empty_envelope("no-verified-results", req)
+
+
+def test_a_server_bound_to_another_loopback_address_answers_its_own_name(tmp_path: Path) -> None:
+    try:
+        ctx = run_api_in_thread(tmp_path / "home", host="127.0.0.2")
+        url = ctx.__enter__()
+    except Exception as exc:  # noqa: BLE001 - not every system routes all of 127/8
+        pytest.skip(f"127.0.0.2 cannot be bound here ({type(exc).__name__})")
+    try:
+        assert HTTP.get(url + "/health").status_code == 200  # Host: 127.0.0.2:PORT
+        r = HTTP.get(url + "/health", headers={"Host": f"127.0.0.3:{_port(url)}"})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "api-bad-host"
+    finally:
+        ctx.__exit__(None, None, None)
