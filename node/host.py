@@ -417,21 +417,19 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
 
             async def accept_loop(tg: Any) -> None:
                 token = 0
-                while True:
-                    conn = await node.accept()
-                    if conn is None:
-                        return
-                    if len(pending) >= opts.max_sessions:  # evict the oldest connection without a stream
-                        oldest = next(iter(pending))
-                        old_conn, old_scope = pending.pop(oldest)
-                        old_scope.cancel()
-                        _close_quietly(old_conn, b"handshake-host-busy")
-                        on_event({"event": "session-refused", "peer": _remote_of(old_conn),
-                                  "code": "handshake-host-busy", "reason": "evicted"})
-                    token += 1
-                    scope = anyio.CancelScope()
-                    pending[token] = (conn, scope)
-                    tg.start_soon(serve_connection, conn, token, scope)
+                async with node.connections() as incoming:  # QUIC handshakes complete concurrently
+                    async for conn in incoming:
+                        if len(pending) >= opts.max_sessions:  # evict the oldest connection without a stream
+                            oldest = next(iter(pending))
+                            old_conn, old_scope = pending.pop(oldest)
+                            old_scope.cancel()
+                            _close_quietly(old_conn, b"handshake-host-busy")
+                            on_event({"event": "session-refused", "peer": _remote_of(old_conn),
+                                      "code": "handshake-host-busy", "reason": "evicted"})
+                        token += 1
+                        scope = anyio.CancelScope()
+                        pending[token] = (conn, scope)
+                        tg.start_soon(serve_connection, conn, token, scope)
 
             async def stop_watch(accepting: anyio.CancelScope) -> None:
                 assert stop is not None

@@ -108,4 +108,8 @@ def emit_json(obj: Any) -> None:
 
 def warn(message: str) -> None:
     """Print a warning line to stderr."""
-    err_console.print(f"[yellow]warning:[/yellow] {message}", highlight=False)
+    from rich.text import Text
+
+    line = Text("warning: ", style="yellow")
+    line.append(safe_text(message))  # plain text: no markup, no control characters
+    err_console.print(line, highlight=False)

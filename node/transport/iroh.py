@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
 import anyio
+import anyio.abc
 import iroh
 from iroh import iroh_ffi
 
@@ -24,6 +25,10 @@ from node.transport import iroh_patch
 iroh_patch.apply()
 
 CLOSE_TIMEOUT_S = 5.0
+#: seconds an incoming QUIC handshake may take before the connection is dropped
+QUIC_HANDSHAKE_TIMEOUT_S = 5.0
+#: incoming QUIC handshakes completed at once by :meth:`IrohNode.connections`
+MAX_CONCURRENT_QUIC_HANDSHAKES = 128
 #: Adaptive read size (bytes): each ``read`` crosses the FFI, so during a bulk transfer (a
 #: UI bundle) reads grow up to MAX while they come back full, and shrink back when small
 #: frames are flowing (a large request allocates that much on the Rust side).
@@ -57,6 +62,16 @@ def ticket_endpoint_id(ticket: str) -> str:
         return str(iroh.EndpointTicket.from_string(ticket).endpoint_addr().id())
     except Exception:  # noqa: BLE001 - iroh raises its own error type; translated here
         raise ValueError("bad ticket") from None
+
+
+async def _complete(incoming: iroh.Incoming, timeout_s: float) -> iroh.Connection | None:
+    """Finish one incoming QUIC handshake; None if it fails or takes over ``timeout_s`` s."""
+    try:
+        with anyio.fail_after(timeout_s):
+            accepting = await incoming.accept()
+            return await accepting.connect()
+    except (iroh.IrohError, TimeoutError):
+        return None
 
 
 class IrohStream:
@@ -184,10 +199,12 @@ class IrohNode:
         except iroh.IrohError:
             raise TransportError("transport-connect-failed", "could not open a stream to the host") from None
 
-    async def accept(self) -> iroh.Connection | None:
+    async def accept(self, *, handshake_timeout_s: float = QUIC_HANDSHAKE_TIMEOUT_S) -> iroh.Connection | None:
         """Wait for the next incoming connection (None when the endpoint closed).
 
-        Handshake failures of a single incoming connection are skipped, not raised.
+        One at a time (tests, simple servers); a host uses :meth:`connections`, which
+        completes QUIC handshakes concurrently. A handshake that fails or does not finish
+        within ``handshake_timeout_s`` seconds is skipped, not raised.
         """
         while True:
             try:
@@ -196,11 +213,57 @@ class IrohNode:
                 return None
             if incoming is None:
                 return None
+            conn = await _complete(incoming, handshake_timeout_s)
+            if conn is not None:
+                return conn
+
+    @asynccontextmanager
+    async def connections(self, *, handshake_timeout_s: float = QUIC_HANDSHAKE_TIMEOUT_S,
+                          max_handshakes: int = MAX_CONCURRENT_QUIC_HANDSHAKES
+                          ) -> AsyncIterator[anyio.abc.ObjectReceiveStream[iroh.Connection]]:
+        """Accept incoming connections in the background for a ``with`` block; yields a
+        receive stream of established connections (it ends when the endpoint closes).
+
+        Each QUIC handshake completes in its own task under ``handshake_timeout_s``
+        seconds, at most ``max_handshakes`` at once: a peer that starts a handshake and
+        stalls delays nobody else (the sequential :meth:`accept` would wait for it).
+        """
+        send, recv = anyio.create_memory_object_stream[iroh.Connection](max_handshakes)
+        limiter = anyio.CapacityLimiter(max_handshakes)
+
+        async def complete(incoming: iroh.Incoming) -> None:
             try:
-                accepting = await incoming.accept()
-                return await accepting.connect()
-            except iroh.IrohError:
-                continue
+                conn = await _complete(incoming, handshake_timeout_s)
+                if conn is not None:
+                    try:
+                        await send.send(conn)
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        pass
+            finally:
+                limiter.release_on_behalf_of(incoming)
+
+        async def acceptor(tg: anyio.abc.TaskGroup) -> None:
+            while True:
+                token = object()
+                await limiter.acquire_on_behalf_of(token)
+                try:
+                    incoming = await self.endpoint.accept_next()
+                except iroh.IrohError:
+                    incoming = None
+                limiter.release_on_behalf_of(token)
+                if incoming is None:
+                    send.close()
+                    return
+                await limiter.acquire_on_behalf_of(incoming)
+                tg.start_soon(complete, incoming)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(acceptor, tg)
+            try:
+                yield recv
+            finally:
+                tg.cancel_scope.cancel()
+                send.close()
 
     @staticmethod
     async def accept_stream(conn: iroh.Connection, *, timeout_s: float = 10.0) -> IrohStream:
