@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -78,6 +79,8 @@ class SessionOutcome:
         peer_end: the peer's terminal message when the *peer* ended the session (e.g. a
             host on SIGTERM: ``{"action": "end", "reason": "shutdown"}``), else None —
             recorded as it arrives, even while a hook is still running.
+        ended_at: Unix time (s) when the engine ended the session — before the stream is
+            flushed and closed, which may take up to a few seconds with a dead peer.
     """
 
     session_id: str | None
@@ -91,6 +94,7 @@ class SessionOutcome:
     ui_received: int = 0
     ui_path: Any = None
     peer_end: dict[str, Any] | None = None
+    ended_at: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -265,6 +269,8 @@ async def run_session(
                     log.warning("could not install the host's UI: %s", exc.message)
         elif isinstance(ev, SessionClosed):
             outcome.reason, outcome.code, outcome.message = ev.reason, ev.code, ev.message
+            if outcome.ended_at is None:
+                outcome.ended_at = time.time()
         return []
 
     async def processor(scope: anyio.CancelScope) -> None:

@@ -384,7 +384,8 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     if session_scope.cancelled_caught:
                         return  # evicted: reported as session-refused already
                     ended: dict[str, Any] = {"event": "session-ended", "session_id": outcome.session_id,
-                                             "peer": remote, "reason": outcome.reason, "code": outcome.code}
+                                             "peer": remote, "reason": outcome.reason, "code": outcome.code,
+                                             "ended_at": outcome.ended_at}
                     if engine.ui_bytes_sent:
                         ended["ui_bytes_sent"] = engine.ui_bytes_sent
                     on_event(ended)
