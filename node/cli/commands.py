@@ -214,6 +214,22 @@ def _host_end_reason(end: dict[str, Any]) -> str:
     return safe_text(reason)[:200] if isinstance(reason, str) and reason.strip() else "no reason given"
 
 
+def _install_interactive_sigint(grace_s: float = 3.0) -> None:
+    """Ctrl-C in an interactive ``kith join``: raise KeyboardInterrupt as usual (the
+    session is cancelled and cleaned up), and make sure the process ends within
+    ``grace_s`` seconds even if a worker thread is still blocked in ``input()``."""
+    import os
+    import threading
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        timer = threading.Timer(grace_s, lambda: (sys.stderr.flush(), os._exit(130)))
+        timer.daemon = True
+        timer.start()
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+
 def _exit_now(exc: KithError | None, json_out: bool, status: int | None = None) -> None:
     """Report ``exc`` like ``kith``'s dispatcher does, flush, and end the process at once.
 
@@ -329,6 +345,8 @@ def join_cmd(
     answered: list[dict[str, Any]] = []
     interactive = not query
     at_prompt = [False]  # the ask> prompt's input() is waiting on a worker thread
+    if interactive:
+        _install_interactive_sigint()
     try:
         outcome = anyio.run(main, backend="asyncio")
     except (KeyboardInterrupt, KithError) as exc:
