@@ -23,7 +23,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import anyio
 import httpx
@@ -37,7 +36,7 @@ from node.driver import run_session
 from node.engine.session import GuestConfig, SessionEngine, State, UiArtifactRefused
 from node.guest import check_invitation, join_session, resolve_invitation
 from node.hooks import HookContext, Hooks, PeerInfo
-from node.host import HostOptions, serve_host
+
 from node.identity import Identity, load_or_init_identity
 from node.invitation import create_invitation, parse_invitation
 from node.protocol_adversarial import run_adversarial
@@ -46,49 +45,9 @@ from node.transport.iroh import bind_node
 
 from conftest import PROTOCOLS
 from test_engine_ui import GOOD, _frame, _manifest, hostile
+from test_transport_session import ENV, FAST, KITH, InProcessHost, _home
 
-KITH = [sys.executable, "-m", "node.cli.main"]
-FAST = (0.2, 1.0)
-ENV = {**os.environ, "KITH_TEST_HEARTBEAT": "0.2,1.0"}
 NO_LIMITS = RateLimits(per_key=RateLimit(0, 1), per_address=RateLimit(0, 1))
-
-
-def _home(tmp: Path, name: str) -> Path:
-    home = tmp / name
-    home.mkdir(mode=0o700)
-    return home
-
-
-class InProcessHost:
-    """``serve_host`` in this event loop; ``events`` collects what it reports."""
-
-    def __init__(self, home: Path, tmp: Path, **opts: Any) -> None:
-        self.home = home
-        self.invite = tmp / f"invite-{os.urandom(3).hex()}.json"
-        self.opts = HostOptions(local=True, invite_file=self.invite, heartbeat=FAST, **opts)
-        self.events: list[dict] = []
-        self.stop = anyio.Event()
-        self.ready = anyio.Event()
-        self.invitation: dict = {}
-
-    async def run(self) -> None:
-        def on_inv(inv):
-            self.invitation = inv
-            self.ready.set()
-
-        await serve_host(self.home, self.opts, on_invitation=on_inv, on_event=self.events.append,
-                         warn=lambda _m: None, stop=self.stop)
-
-    def of(self, kind: str) -> list[dict]:
-        return [e for e in self.events if e["event"] == kind]
-
-    async def wait_for(self, pred, timeout: float = 15.0) -> dict:
-        with anyio.fail_after(timeout):
-            while True:
-                for e in self.events:
-                    if pred(e):
-                        return e
-                await anyio.sleep(0.02)
 
 
 async def _raw_guest(inv, spec, ident: Identity, *, on_proof=None, hang_up_after_proof: bool = False):

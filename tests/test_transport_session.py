@@ -63,8 +63,11 @@ class InProcessHost:
         await serve_host(self.home, self.opts, on_invitation=on_inv, on_event=self.events.append,
                          warn=lambda _m: None, stop=self.stop)
 
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["event"] == kind]
+
     def ended(self) -> list[dict]:
-        return [e for e in self.events if e["event"] == "session-ended"]
+        return self.of("session-ended")
 
     async def wait_for(self, pred, timeout: float = 15.0) -> dict:
         with anyio.fail_after(timeout):
