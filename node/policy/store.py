@@ -372,6 +372,32 @@ class Quota:
     max_message_bytes: int
 
 
+def _array_of_tables(doc: dict[str, Any], key: str, name: str, allowed: Any,
+                     required: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:
+    """The ``[[key]]`` tables of a policy document, each checked for unknown and missing
+    keys, paired with the ``where`` prefix its errors use (``"<file>: [[rule]] #2: "``).
+
+    Raises:
+        PolicyError: ``policy-invalid`` naming the file, the table and the key.
+    """
+    tables = doc.get(key, [])
+    if not isinstance(tables, list):
+        raise PolicyError("policy-invalid", f"{name}: '{key}' must be an array of tables ([[{key}]])")
+    out = []
+    for i, table in enumerate(tables, start=1):
+        where = f"{name}: [[{key}]] #{i}: "
+        if not isinstance(table, dict):
+            raise PolicyError("policy-invalid", f"{where}must be a table")
+        for k in table:
+            if k not in allowed:
+                raise PolicyError("policy-invalid", f"{where}unknown key {k!r}")
+        for k in required:
+            if k not in table:
+                raise PolicyError("policy-invalid", f"{where}missing key {k!r}")
+        out.append((where, table))
+    return out
+
+
 class Policy:
     """The rules of ``<home>/policy.toml`` plus its (not yet used) ``[quota]`` table.
 
@@ -434,37 +460,11 @@ class Policy:
         for key in doc:
             if key not in ("rule", "override", "quota"):
                 raise PolicyError("policy-invalid", f"{name}: unknown key {key!r}")
-        tables = doc.get("rule", [])
-        if not isinstance(tables, list):
-            raise PolicyError("policy-invalid", f"{name}: 'rule' must be an array of tables ([[rule]])")
-        rules = []
-        for i, table in enumerate(tables, start=1):
-            where = f"{name}: [[rule]] #{i}: "
-            if not isinstance(table, dict):
-                raise PolicyError("policy-invalid", f"{where}must be a table")
-            for key in table:
-                if key not in _RULE_KEYS:
-                    raise PolicyError("policy-invalid", f"{where}unknown key {key!r}")
-            for key in ("glob", "tier"):
-                if key not in table:
-                    raise PolicyError("policy-invalid", f"{where}missing key {key!r}")
-            rules.append(_make_rule(table["glob"], table["tier"], table.get("peers"), where))
-        otables = doc.get("override", [])
-        if not isinstance(otables, list):
-            raise PolicyError("policy-invalid", f"{name}: 'override' must be an array of tables ([[override]])")
-        overrides = []
-        for i, table in enumerate(otables, start=1):
-            where = f"{name}: [[override]] #{i}: "
-            if not isinstance(table, dict):
-                raise PolicyError("policy-invalid", f"{where}must be a table")
-            for key in table:
-                if key not in _OVERRIDE_KEYS:
-                    raise PolicyError("policy-invalid", f"{where}unknown key {key!r}")
-            for key in ("peer", "glob", "tier"):
-                if key not in table:
-                    raise PolicyError("policy-invalid", f"{where}missing key {key!r}")
-            overrides.append(_make_rule(table["glob"], table["tier"], None, where,
-                                        peer=_check_peer_name(table["peer"], where)))
+        rules = [_make_rule(t["glob"], t["tier"], t.get("peers"), where)
+                 for where, t in _array_of_tables(doc, "rule", name, _RULE_KEYS, ("glob", "tier"))]
+        overrides = [_make_rule(t["glob"], t["tier"], None, where, peer=_check_peer_name(t["peer"], where))
+                     for where, t in _array_of_tables(doc, "override", name, _OVERRIDE_KEYS,
+                                                      ("peer", "glob", "tier"))]
         quota = (_check_quota_values(doc["quota"], f"{name}: [quota]: ", allow_peer=True)
                  if "quota" in doc else {})
         return cls(rules, quota, path, overrides)
