@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from node.corpus.store import Corpus  # noqa: E402
 from node.policy.approvals import Approvals  # noqa: E402
 from node.policy.gate import EgressGate  # noqa: E402
-from node.policy.knowledge import KnowledgeHandle  # noqa: E402
+from node.answer.knowledge import KnowledgeHandle  # noqa: E402
 from node.policy.quota import RateLimiter  # noqa: E402
 from node.policy.store import Policy  # noqa: E402
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from node.identity import Identity
+from node.trust.identity import Identity
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

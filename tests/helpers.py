@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from node.engine.session import Event, GuestConfig, HostConfig, SessionEngine
-from node.identity import Identity
-from node.spec import ProtocolSpec
+from node.trust.identity import Identity
+from node.protocol.spec import ProtocolSpec
 
 POST_ID = "post-0001"
 

@@ -12,8 +12,8 @@ import sys
 import anyio
 import pytest
 
-from node.protocol_adversarial import build_variants, run_adversarial
-from node.spec import load_spec
+from node.protocol.adversarial import build_variants, run_adversarial
+from node.protocol.spec import load_spec
 
 from conftest import PROTOCOLS, REPO
 

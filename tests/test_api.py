@@ -10,10 +10,10 @@ import httpx
 import jsonschema
 import pytest
 
-from node.api import create_app, openapi_document, run_api_in_thread, search_via_api
-from node.corpus.envelope import ENVELOPE_KEYS, SearchBudget
+from node.local.api import create_app, openapi_document, run_api_in_thread, search_via_api
+from node.answer.envelope import ENVELOPE_KEYS, SearchBudget
 from node.corpus.store import Corpus
-from node.errors import CorpusError
+from node.common.errors import CorpusError
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "specs" / "search-envelope.schema.json").read_text())

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from node.corpus.envelope import empty_envelope, validate_search_request
+from node.answer.envelope import empty_envelope, validate_search_request
 from node.corpus.store import Corpus
-from node.errors import PolicyError
+from node.common.errors import PolicyError
 from node.policy.approvals import DECISION_TTL_S, MAX_PENDING_PER_PEER, Approvals, query_key
 from node.policy.gate import PENDING, VISIBLE, EgressGate
-from node.policy.knowledge import KnowledgeHandle
+from node.answer.knowledge import KnowledgeHandle
 from node.policy.quota import RateLimiter
 from node.policy.store import Policy, Quota
 

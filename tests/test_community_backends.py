@@ -29,8 +29,8 @@ from node.community.ratelimit import RateLimit, RateLimits
 from node.community.requests import signed_headers
 from node.community.server import run_server_in_thread
 from node.community.store import TABLES, PostgresStore, open_store
-from node.errors import CommunityError, UsageError
-from node.identity import Identity
+from node.common.errors import CommunityError, UsageError
+from node.trust.identity import Identity
 
 from conftest import new_identity
 from test_community_server import (
@@ -292,7 +292,7 @@ def test_first_cut_sqlite_database_is_migrated(tmp_path: Path) -> None:
 def test_postgres_without_psycopg_names_the_extra(tmp_path: Path) -> None:
     code = ("import sys; sys.modules['psycopg'] = None; sys.modules['psycopg_pool'] = None\n"
             "from node.community.store import open_store\n"
-            "from node.errors import ConfigError\n"
+            "from node.common.errors import ConfigError\n"
             "try:\n    open_store('postgresql://u@localhost/db')\n"
             "except ConfigError as e:\n    print(e.code, e.hint)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

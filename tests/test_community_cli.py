@@ -76,8 +76,8 @@ from node.cli import main as cli_main  # noqa: E402
 from node.community.client import CommunityClient  # noqa: E402
 from node.community.ratelimit import RateLimit, RateLimits  # noqa: E402
 from node.community.server import run_server_in_thread  # noqa: E402
-from node.identity import load_or_init_identity  # noqa: E402
-from node.spec import load_spec, protocol_id_of  # noqa: E402
+from node.trust.identity import load_or_init_identity  # noqa: E402
+from node.protocol.spec import load_spec, protocol_id_of  # noqa: E402
 
 from conftest import PROTOCOLS  # noqa: E402
 from test_community_backends import _fresh_pg_database, pg_server  # noqa: E402,F401

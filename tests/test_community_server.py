@@ -24,11 +24,11 @@ from node.community.ratelimit import RateLimit, RateLimits, TokenBuckets
 from node.community.requests import REQUEST_WINDOW_S, signed_headers
 from node.community.server import run_server_in_thread
 from node.community.store import TABLES, SqliteStore
-from node.errors import CommunityError, UsageError
-from node.identity import Identity, init_identity
-from node.invitation import POST_ID_RE, Invitation, create_invitation
-from node.signing import new_nonce, role_message, session_id_of, session_payload
-from node.spec import load_spec
+from node.common.errors import CommunityError, UsageError
+from node.trust.identity import Identity, init_identity
+from node.trust.invitation import POST_ID_RE, Invitation, create_invitation
+from node.trust.signing import new_nonce, role_message, session_id_of, session_payload
+from node.protocol.spec import load_spec
 
 from conftest import PROTOCOLS
 
@@ -493,7 +493,7 @@ def test_client_maps_an_unregistered_server_code_to_server_error(tmp_path: Path)
     config = uvicorn.Config(Starlette(routes=[Route("/api/v1/health", bad)]), host="127.0.0.1",
                             port=0, log_config=None, lifespan="off")
     srv = uvicorn.Server(config)
-    from node.community.server import bind_socket, base_url_of
+    from node.common.http import base_url_of, bind_socket
     sock = bind_socket("127.0.0.1", 0)
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -731,7 +731,7 @@ def _tiny_server(app):
 
     import uvicorn
 
-    from node.community.server import base_url_of, bind_socket
+    from node.common.http import base_url_of, bind_socket
     srv = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off"))
     sock = bind_socket("127.0.0.1", 0)
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -16,7 +16,7 @@ import pytest
 from node.corpus import parsers
 from node.corpus.chunking import chunk_text
 from node.corpus.store import Corpus
-from node.errors import CorpusError
+from node.common.errors import CorpusError
 
 # --- fixtures ---------------------------------------------------------------------------
 

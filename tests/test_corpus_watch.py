@@ -13,7 +13,7 @@ import pytest
 
 from node.corpus.store import Corpus
 from node.corpus.watch import CorpusWatcher, host_watcher
-from node.errors import CorpusError
+from node.common.errors import CorpusError
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 15.0) -> bool:

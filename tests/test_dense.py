@@ -24,7 +24,8 @@ from typer.testing import CliRunner
 
 from node.cli import main as cli_main
 from node.cli.index_cmd import index_app, search_cmd
-from node.corpus import dense, envelope, retrieval
+from node.answer import envelope
+from node.corpus import dense, retrieval
 from node.corpus.store import Corpus
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,10 +1,10 @@
 """Docs that are tested (the datasette habit): what the code has, the docs name.
 
-- every error code in ``node.errors.CODES`` is documented in ``specs/error-codes.md``, under
+- every error code in ``node.common.errors.CODES`` is documented in ``specs/error-codes.md``, under
   its category, and every code documented there exists;
 - every ``kith`` command and sub-command appears in ``README.md`` as ``kith <command>``;
 - every command's ``--help`` works and has a help text;
-- ``specs/protocol-spec.schema.json`` is byte-for-byte ``node.spec.META_SCHEMA``;
+- ``specs/protocol-spec.schema.json`` is byte-for-byte ``node.protocol.spec.META_SCHEMA``;
 - ``specs/README.md`` indexes every file in ``specs/``.
 """
 
@@ -19,7 +19,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from node.errors import CODES
+from node.common.errors import CODES
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = REPO / "specs"
@@ -56,7 +56,7 @@ def test_every_error_code_is_documented():
 
 def test_every_documented_error_code_exists():
     unknown = sorted(set(documented_codes()) - set(CODES))
-    assert not unknown, f"specs/error-codes.md documents codes not in node.errors.CODES: {unknown}"
+    assert not unknown, f"specs/error-codes.md documents codes not in node.common.errors.CODES: {unknown}"
 
 
 def test_error_codes_are_documented_under_their_category():
@@ -117,11 +117,11 @@ def test_every_command_help_works_and_has_text(cli):
 
 # ---------------------------------------------------------------------------------- specs
 def test_meta_schema_file_is_byte_for_byte_META_SCHEMA():
-    from node.spec import META_SCHEMA
+    from node.protocol.spec import META_SCHEMA
 
     expected = json.dumps(META_SCHEMA, indent=2) + "\n"
     assert (SPECS / "protocol-spec.schema.json").read_text("utf-8") == expected, (
-        "regenerate: python -c 'import json; from node.spec import META_SCHEMA; "
+        "regenerate: python -c 'import json; from node.protocol.spec import META_SCHEMA; "
         "print(json.dumps(META_SCHEMA, indent=2))' > specs/protocol-spec.schema.json")
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from node.driver import run_session
+from node.runtime.driver import run_session
 from node.engine.session import GuestConfig, HostConfig, SessionEngine
-from node.hooks import HookContext, Hooks, PeerInfo, load_hooks
-from node.spec import load_spec
+from node.runtime.hooks import HookContext, Hooks, PeerInfo, load_hooks
+from node.protocol.spec import load_spec
 from node.transport.memory import memory_pipe
 
 from conftest import PROTOCOLS
@@ -208,7 +208,7 @@ def test_trickling_bytes_do_not_extend_the_handshake_step(host_id, guest_id):
 
 
 def test_hook_abort_with_an_unregistered_code_becomes_hook_failed(host_id, guest_id):
-    from node.hooks import HookResult
+    from node.runtime.hooks import HookResult
 
     spec = load_spec(ECHO)
     out = anyio.run(lambda: run_pair(spec, host_id, guest_id,

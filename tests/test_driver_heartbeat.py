@@ -7,9 +7,9 @@ import time
 
 import anyio
 
-from node.driver import run_session
-from node.hooks import HookContext, HookResult, Hooks, PeerInfo, load_hooks
-from node.spec import load_spec
+from node.runtime.driver import run_session
+from node.runtime.hooks import HookContext, HookResult, Hooks, PeerInfo, load_hooks
+from node.protocol.spec import load_spec
 from node.transport.memory import memory_pipe
 
 from conftest import PROTOCOLS

@@ -20,9 +20,9 @@ from node.engine.session import (
     SessionReady,
     State,
 )
-from node.errors import EgressRefused, HookError, ProtocolViolation
-from node.signing import role_message, session_id_of, session_payload
-from node.spec import load_spec
+from node.common.errors import EgressRefused, HookError, ProtocolViolation
+from node.trust.signing import role_message, session_id_of, session_payload
+from node.protocol.spec import load_spec
 
 from conftest import PROTOCOLS, REPO, new_identity
 from helpers import POST_ID, EnginePair
@@ -65,8 +65,8 @@ def test_handshake_completes_and_both_sides_agree_on_session_id(echo, host_id, g
                               host_nonce=proof["host_nonce"])
     assert session_id_of(payload) == ready_h.session_id
     # role tags: the host signature does not verify as a guest signature
-    from node.signing import verify
-    from node.errors import SigningError
+    from node.trust.signing import verify
+    from node.common.errors import SigningError
     verify(host_id.public_key, role_message("host", payload), proof["host_signature"])
     with pytest.raises(SigningError):
         verify(host_id.public_key, role_message("guest", payload), proof["host_signature"])
@@ -339,7 +339,7 @@ def test_ping_is_answered_and_error_reported(echo, host_id, guest_id):
 def test_message_limit_aborts(host_id, guest_id):
     raw = json.loads((PROTOCOLS / "echo" / "spec.json").read_text())
     raw["limits"]["max_messages"] = 2
-    from node.spec import parse_spec
+    from node.protocol.spec import parse_spec
     spec = parse_spec(raw)
     pair = ready_pair(spec, host_id, guest_id)
     pair.guest.send_message({"action": "say", "text": "1"})

@@ -28,9 +28,9 @@ from node.engine.session import (
     State,
     UiArtifactReceived,
 )
-from node.errors import CODES
-from node.identity import Identity
-from node.spec import load_spec
+from node.common.errors import CODES
+from node.trust.identity import Identity
+from node.protocol.spec import load_spec
 
 from conftest import PROTOCOLS
 from helpers import POST_ID

@@ -9,7 +9,7 @@ import pytest
 
 from node.engine.session import GuestConfig, HostConfig, SessionClosed, SessionEngine, State
 from node.engine.timers import PING, SessionTimers, Timeouts, heartbeat_from_env
-from node.spec import load_spec
+from node.protocol.spec import load_spec
 
 from conftest import PROTOCOLS
 from helpers import POST_ID

@@ -21,8 +21,8 @@ from node.engine.session import (
     UiArtifactReceived,
     UiArtifactRefused,
 )
-from node.signing import session_id_of, session_payload
-from node.spec import load_spec
+from node.trust.signing import session_id_of, session_payload
+from node.protocol.spec import load_spec
 
 from conftest import PROTOCOLS
 from helpers import POST_ID
@@ -279,7 +279,7 @@ def test_host_refuses_ready_before_the_ui_answer(echo, host_id, guest_id):
 
 
 def test_host_bundle_of_the_shipped_protocol_has_an_index():
-    from node.ui_artifacts import load_bundle
+    from node.runtime.ui_artifacts import load_bundle
 
     b = load_bundle(PROTOCOLS / "knowledge-query")
     assert "index.html" in b.data and b.total_bytes > 0

@@ -8,14 +8,14 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from node.corpus.envelope import (
+from node.answer.envelope import (
     ENVELOPE_KEYS,
     build_envelope,
     empty_envelope,
     validate_search_request,
 )
 from node.corpus.store import Corpus
-from node.errors import CorpusError
+from node.common.errors import CorpusError
 
 SCHEMA = json.loads(
     (Path(__file__).resolve().parents[1] / "specs" / "search-envelope.schema.json").read_text())
@@ -189,7 +189,7 @@ def test_sentences_split_at_blank_lines_adornments_and_sentence_ends() -> None:
     for speed) keeps the paragraph rules: blank lines (spaces/tabs only) and RST heading
     adornments end a paragraph and adornments vanish; other whitespace-only lines do not
     split; whitespace collapses; a sentence ends at . ! ? (or 。！？) + whitespace."""
-    from node.corpus.envelope import _sentences
+    from node.answer.envelope import _sentences
 
     text = ("Title\n=====\nFirst  line\ncontinues here. Second sentence!\n \t\n"
             "Third? yes\n\x0c\nsame paragraph 。 end\n---\n\n   \n")

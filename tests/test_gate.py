@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from node.corpus.types import Hit, Root
-from node.errors import EgressRefused
+from node.common.errors import EgressRefused
 from node.policy.gate import EgressGate
 from node.policy.store import Policy
 

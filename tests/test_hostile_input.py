@@ -17,7 +17,7 @@ import pytest
 from node.cli.common import safe_text
 from node.community.client import CommunityClient
 from node.engine.framing import decode_frame
-from node.errors import CommunityError, ProtocolViolation
+from node.common.errors import CommunityError, ProtocolViolation
 
 KITH = [sys.executable, "-m", "node.cli.main"]
 
@@ -141,9 +141,9 @@ def test_terminal_control_sequences_are_neutralised():
 
 
 def test_a_hook_raising_a_kith_error_ends_as_hook_failed(host_id, guest_id):
-    from node.errors import CorpusError
-    from node.hooks import Hooks, load_hooks
-    from node.spec import load_spec
+    from node.common.errors import CorpusError
+    from node.runtime.hooks import Hooks, load_hooks
+    from node.protocol.spec import load_spec
     from conftest import PROTOCOLS
     from test_driver import run_pair
 
@@ -161,7 +161,7 @@ def test_withheld_and_missing_answers_take_the_same_time_floor(tmp_path):
     for the floor, so both take at least NO_RESULT_FLOOR_S."""
     from node.corpus.store import Corpus
     from node.policy.gate import EgressGate
-    from node.policy.knowledge import NO_RESULT_FLOOR_S, KnowledgeHandle
+    from node.answer.knowledge import NO_RESULT_FLOOR_S, KnowledgeHandle
     from node.policy.store import Policy
 
     root = tmp_path / "notes"

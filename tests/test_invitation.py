@@ -8,8 +8,8 @@ from datetime import datetime, timedelta, timezone
 import iroh
 import pytest
 
-from node.errors import InvitationError
-from node.invitation import create_invitation, parse_invitation, verify_invitation
+from node.common.errors import InvitationError
+from node.trust.invitation import create_invitation, parse_invitation, verify_invitation
 from node.transport.iroh import ticket_endpoint_id
 
 from conftest import new_identity

@@ -37,7 +37,7 @@ def _session(home: Path, calls):
     """Start `run_stdio(home)` as a child process and run ``calls(session)``."""
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-c", f"from node.mcp_server import run_stdio; run_stdio({str(home)!r})"],
+        args=["-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"],
         cwd=str(REPO))
 
     async def main():

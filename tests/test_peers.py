@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 
 from node.cli import main as cli_main
 from node.engine.session import SessionReady
-from node.errors import CODES, KithError, PolicyError
-from node.host import admission
-from node.peers import PeerRegistry, clean_profile, load_own_profile, save_own_profile
+from node.common.errors import CODES, KithError, PolicyError
+from node.runtime.host import admission
+from node.trust.peers import PeerRegistry, clean_profile, load_own_profile, save_own_profile
 from node.policy.approvals import Approvals
 from node.policy.redact import RedactingFilter, redact
-from node.spec import load_spec
+from node.protocol.spec import load_spec
 
 from conftest import PROTOCOLS, new_identity
 from helpers import EnginePair
@@ -130,7 +130,7 @@ def test_profiles_travel_both_ways_in_the_handshake() -> None:
 
 
 def test_guest_refuses_a_host_claiming_a_pinned_name() -> None:
-    from node.errors import HandshakeError
+    from node.common.errors import HandshakeError
 
     spec = load_spec(PROTOCOLS / "echo")
     host, guest = new_identity(), new_identity()
@@ -152,7 +152,7 @@ def test_guest_refuses_a_host_claiming_a_pinned_name() -> None:
 
 
 def test_peer_sees_code_and_fixed_message_only() -> None:
-    from node.errors import HandshakeError
+    from node.common.errors import HandshakeError
 
     spec = load_spec(PROTOCOLS / "echo")
     host, guest = new_identity(), new_identity()

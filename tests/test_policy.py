@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.errors import PolicyError
+from node.common.errors import PolicyError
 from node.policy.store import Decision, GlobMatcher, Policy, canonical_glob, specificity
 
 DESIGN_EXAMPLE = """\

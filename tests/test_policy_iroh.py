@@ -13,8 +13,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from node.corpus.envelope import empty_envelope, validate_search_request
-from node.errors import KithError
+from node.answer.envelope import empty_envelope, validate_search_request
+from node.common.errors import KithError
 
 from test_main_job import KITH, Host, assert_no_real_paths, json_lines, kith
 
@@ -185,8 +185,8 @@ def test_deny_glob_on_a_folder_is_not_bypassed_by_any_spelling(world) -> None:
     """Every spelling rides in the query's `sources` filter (and, where it is text, as the
     query itself); the answer never carries the secret, and equals byte for byte what a
     request for a source that does not exist gets (only the request shapes the envelope)."""
-    from node.guest import check_invitation, join_session, resolve_invitation
-    from node.identity import load_or_init_identity
+    from node.runtime.guest import check_invitation, join_session, resolve_invitation
+    from node.trust.identity import load_or_init_identity
 
     home = world["guests"]["alice"]  # the most trusted guest: public + peers + approvals
     identity = load_or_init_identity(home)

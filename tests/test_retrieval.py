@@ -12,9 +12,9 @@ import jsonschema
 import pytest
 
 from node.corpus import retrieval, search
-from node.corpus.envelope import SearchBudget, empty_envelope, validate_search_request
+from node.answer.envelope import SearchBudget, empty_envelope, validate_search_request
 from node.corpus.store import Corpus
-from node.errors import CorpusError
+from node.common.errors import CorpusError
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -26,10 +26,10 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-import node.httpbounds as httpbounds
-from node.api import run_api_in_thread
+import node.common.http as httpbounds
+from node.local.api import run_api_in_thread
 from node.corpus import retrieval
-from node.corpus.envelope import (ENVELOPE_KEYS, build_envelope, empty_envelope,
+from node.answer.envelope import (ENVELOPE_KEYS, build_envelope, empty_envelope,
                                   validate_search_request)
 from node.corpus.store import Corpus
 
@@ -192,7 +192,7 @@ def test_connections_that_never_finish_headers_are_bounded_and_dropped(
 def test_both_servers_run_with_the_bounds() -> None:
     from starlette.applications import Starlette
 
-    from node.community.server import _config
+    from node.common.http import _config
 
     cfg = _config(Starlette(), access_log=False)
     assert cfg.http is httpbounds.BoundedH11Protocol
@@ -222,7 +222,7 @@ def test_malformed_or_deep_bodies_are_400_with_the_envelope(served, content: byt
 def _mcp(home: Path, calls):
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-c", f"from node.mcp_server import run_stdio; run_stdio({str(home)!r})"],
+        args=["-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"],
         cwd=str(REPO))
 
     async def main():
@@ -235,9 +235,9 @@ def _mcp(home: Path, calls):
 
 
 def _invitation() -> dict:
-    from node.identity import Identity
-    from node.invitation import create_invitation
-    from node.spec import bundled_protocols_dir, load_spec
+    from node.trust.identity import Identity
+    from node.trust.invitation import create_invitation
+    from node.protocol.spec import bundled_protocols_dir, load_spec
 
     host = Identity(os.urandom(32))
     spec = load_spec(bundled_protocols_dir() / "knowledge-query")

@@ -32,15 +32,15 @@ from node.community.client import CommunityClient
 from node.community.keeper import PostKeeper
 from node.community.ratelimit import RateLimit, RateLimits
 from node.community.server import run_server_in_thread
-from node.driver import run_session
+from node.runtime.driver import run_session
 from node.engine.session import GuestConfig, SessionEngine, State, UiArtifactRefused
-from node.guest import check_invitation, join_session, resolve_invitation
-from node.hooks import HookContext, Hooks, PeerInfo
+from node.runtime.guest import check_invitation, join_session, resolve_invitation
+from node.runtime.hooks import HookContext, Hooks, PeerInfo
 
-from node.identity import Identity, load_or_init_identity
-from node.invitation import create_invitation, parse_invitation
-from node.protocol_adversarial import run_adversarial
-from node.spec import load_spec
+from node.trust.identity import Identity, load_or_init_identity
+from node.trust.invitation import create_invitation, parse_invitation
+from node.protocol.adversarial import run_adversarial
+from node.protocol.spec import load_spec
 from node.transport.iroh import bind_node
 
 from conftest import PROTOCOLS

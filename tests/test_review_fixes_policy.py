@@ -26,13 +26,13 @@ from typer.testing import CliRunner
 
 from node.cli import main as cli_main
 from node.cli.common import _UntrustedConsole
-from node.corpus.envelope import empty_envelope, validate_search_request
+from node.answer.envelope import empty_envelope, validate_search_request
 from node.corpus.store import Corpus
-from node.errors import PolicyError
-from node.peers import PeerRegistry
+from node.common.errors import PolicyError
+from node.trust.peers import PeerRegistry
 from node.policy.approvals import MAX_PENDING_PER_PEER, MAX_PENDING_TOTAL, Approvals
 from node.policy.gate import EgressGate
-from node.policy.knowledge import KnowledgeHandle
+from node.answer.knowledge import KnowledgeHandle
 from node.policy.quota import RateLimiter
 from node.policy.store import Policy
 
@@ -423,7 +423,7 @@ def test_claimed_name_with_confusable_letters_is_caught(tmp_path: Path) -> None:
         assert registry.claimed_by_other(other, {"displayName": fine}) is None, fine
     # the pinned key itself may use any display name
     assert registry.claimed_by_other(ALICE, {"displayName": "guеst"}) is None
-    from node.peers import name_skeletons
+    from node.trust.peers import name_skeletons
 
     assert name_skeletons("ALICE") & name_skeletons("alice")
     assert not name_skeletons("ali") & name_skeletons("all")

@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from node.engine.framing import encode_frame  # noqa: E402
 from node.engine.session import GuestConfig, HostConfig, SessionEngine, State  # noqa: E402
-from node.identity import Identity  # noqa: E402
-from node.invitation import create_invitation, parse_invitation  # noqa: E402
-from node.signing import (  # noqa: E402
+from node.trust.identity import Identity  # noqa: E402
+from node.trust.invitation import create_invitation, parse_invitation  # noqa: E402
+from node.trust.signing import (  # noqa: E402
     TAG_REQUEST,
     request_payload,
     role_message,
@@ -43,7 +43,7 @@ from node.signing import (  # noqa: E402
     sha256_hex,
     transport_binding_payload,
 )
-from node.spec import load_spec, parse_spec  # noqa: E402
+from node.protocol.spec import load_spec, parse_spec  # noqa: E402
 
 SPECS = REPO / "specs"
 PROTOCOLS = REPO / "protocols"
@@ -341,7 +341,7 @@ def test_broken_invitations_do_not_validate(invitation_schema, invitation, label
 
 def test_schema_refusals_are_code_refusals_too(invitation):
     """Structural refusals of the schema are refusals of parse_invitation (same contract)."""
-    from node.errors import InvitationError
+    from node.common.errors import InvitationError
 
     for label, mutate in _mutations():
         if label in ("uppercase host key", "0x-prefixed signature", "short protocol_id", "expires_at without zone"):
@@ -469,7 +469,7 @@ def test_generated_examples_match_the_code(fname):
 
 def test_worked_example_signatures_verify():
     """The hex in the doc is not just equal to the generator: it verifies independently."""
-    from node.signing import verify
+    from node.trust.signing import verify
 
     _, body, _ = _split((SPECS / "signed-payloads.md").read_text("utf-8"), "worked-example")
     blocks = body.split("```text\n")[1:]

@@ -9,10 +9,10 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
-from node.driver import run_session
+from node.runtime.driver import run_session
 from node.engine.session import GuestConfig, HostConfig, SessionEngine
-from node.hooks import HookContext, PeerInfo, load_hooks
-from node.spec import load_spec
+from node.runtime.hooks import HookContext, PeerInfo, load_hooks
+from node.protocol.spec import load_spec
 from node.transport import iroh_patch
 from node.transport.iroh import bind_node, ticket_endpoint_id
 from node.transport.memory import memory_pipe
@@ -102,7 +102,7 @@ def test_endpoint_id_is_the_identity_key_and_ticket_names_it():
 
 @pytest.mark.iroh
 def test_connect_to_a_closed_endpoint_fails_cleanly():
-    from node.errors import TransportError
+    from node.common.errors import TransportError
 
     async def main():
         async with bind_node(new_identity().secret, ALPN, local=True) as gone:

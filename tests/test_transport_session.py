@@ -21,12 +21,12 @@ import anyio
 import pytest
 
 from node.engine.session import GuestConfig, SessionEngine
-from node.driver import run_session
-from node.guest import check_invitation, join_session
-from node.hooks import Hooks
-from node.host import HostOptions, serve_host
-from node.identity import Identity, load_or_init_identity
-from node.invitation import parse_invitation
+from node.runtime.driver import run_session
+from node.runtime.guest import check_invitation, join_session
+from node.runtime.hooks import Hooks
+from node.runtime.host import HostOptions, serve_host
+from node.trust.identity import Identity, load_or_init_identity
+from node.trust.invitation import parse_invitation
 
 from conftest import PROTOCOLS
 
@@ -233,9 +233,9 @@ def test_replayed_session_init_is_refused_even_after_a_host_restart(tmp_path):
                                    guest=GuestConfig(remote_id=stream.remote_id, post_id=inv.post_id,
                                                      host_public_key=inv.host_public_key))
             return await run_session(stream, engine, Hooks(on_start=lambda ctx: {"action": "end"}),
-                                     make_context=lambda ev: __import__("node.hooks").hooks.HookContext(
+                                     make_context=lambda ev: __import__("node.runtime.hooks").runtime.hooks.HookContext(
                                          role="guest", session_id=ev.session_id,
-                                         peer=__import__("node.hooks").hooks.PeerInfo(ev.peer_public_key)),
+                                         peer=__import__("node.runtime.hooks").runtime.hooks.PeerInfo(ev.peer_public_key)),
                                      heartbeat=FAST)
 
     async def run_host_and(fn):

@@ -11,8 +11,8 @@ import re
 import pytest
 
 from node.engine import ui as UI
-from node.errors import HandshakeError
-from node.ui_artifacts import install_bundle, load_bundle, local_ui_dir, write_results_js
+from node.common.errors import HandshakeError
+from node.runtime.ui_artifacts import install_bundle, load_bundle, local_ui_dir, write_results_js
 
 from conftest import PROTOCOLS
 

@@ -8,7 +8,7 @@ import sys
 import typer
 
 from node.cli.common import emit_json, err_console, home_of
-from node.errors import UsageError
+from node.common.errors import UsageError
 
 api_app = typer.Typer(help="The local read-only API for agents on this machine (loopback only).",
                       no_args_is_help=True)
@@ -27,7 +27,7 @@ def serve_cmd(
     corpus until Ctrl-C/SIGTERM. Every other method answers 403 and changes nothing; only a
     loopback Host/Origin with this port is answered. A lagging index is repaired at start
     when no other process is writing it (else a warning)."""
-    from node.api import is_loopback, serve
+    from node.local.api import is_loopback, serve
 
     if not is_loopback(host):
         raise UsageError("api-loopback-only",
@@ -55,6 +55,6 @@ def mcp_cmd(
                                help="iroh local mode for peer searches (relay disabled, loopback)."),
 ) -> None:
     """Serve the read-only `search` tool over MCP stdio (local corpus and joined peers)."""
-    from node.mcp_server import run_stdio
+    from node.local.mcp import run_stdio
 
     run_stdio(home_of(ctx), local=local)

@@ -12,7 +12,7 @@ import typer
 
 from node.cli.common import console, emit_json, err_console, home_of, safe_text, warn
 from node.cli.main import app
-from node.errors import CODES, HandshakeError, InvitationError, KithError, SessionAborted, UsageError
+from node.common.errors import CODES, HandshakeError, InvitationError, KithError, SessionAborted, UsageError
 
 protocol_app = typer.Typer(help="Work with protocol folders (spec.json + hooks.py).", no_args_is_help=True)
 app.add_typer(protocol_app, name="protocol")
@@ -25,7 +25,7 @@ def init_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", 
 
     On a home that already has one, prints the existing fingerprint and changes nothing.
     """
-    from node.identity import init_identity
+    from node.trust.identity import init_identity
 
     home = home_of(ctx)
     ident, created = init_identity(home)
@@ -78,7 +78,7 @@ def host_cmd(
     watch: bool = typer.Option(False, "--watch", help="Re-index added, changed and deleted files live (holds the index writer lock while hosting)."),
 ) -> None:
     """Share this node's corpus: publish an invitation and serve guests until Ctrl-C/SIGTERM."""
-    from node.host import HostOptions, serve_host
+    from node.runtime.host import HostOptions, serve_host
 
     if not server and invite_file is None:
         raise UsageError("usage", "give --server URL (publish) or --invite-file FILE (paired peers, no server)")
@@ -184,7 +184,7 @@ def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None) -
     ask for a name; otherwise say how to pin it later. Messages go to stderr."""
     import re
 
-    from node.peers import NAME_RE, PeerRegistry
+    from node.trust.peers import NAME_RE, PeerRegistry
 
     registry = PeerRegistry.load(home)
     if pin is None:
@@ -268,8 +268,8 @@ def join_cmd(
     accept_host_ui: bool = typer.Option(False, "--accept-host-ui", help="Advertise p2p_ui_v1: accept the host's UI bundle when this protocol has no local ui/ (verified, installed per session under the home)."),
 ) -> None:
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
-    from node.guest import check_invitation, check_pinned_name, join_session, resolve_invitation, trust_status
-    from node.identity import fingerprint, load_or_init_identity
+    from node.runtime.guest import check_invitation, check_pinned_name, join_session, resolve_invitation, trust_status
+    from node.trust.identity import fingerprint, load_or_init_identity
 
     home = home_of(ctx)
     identity = load_or_init_identity(home)
@@ -279,7 +279,7 @@ def join_cmd(
         pdir, spec = check_invitation(inv, home)
         name = trust_status(inv, home)
         if pin is not None:
-            from node.peers import NAME_RE
+            from node.trust.peers import NAME_RE
 
             if not NAME_RE.fullmatch(pin):
                 raise UsageError("usage", "--pin NAME: 1-64 of [A-Za-z0-9_.-], starting with a letter or digit")
@@ -329,7 +329,7 @@ def join_cmd(
                                      on_ready=lambda sid: err_console.print(f"session {sid}", highlight=False),
                                      accept_host_ui=accept_host_ui)
         if outcome.ui_path is not None:
-            from node.ui_artifacts import write_results_js
+            from node.runtime.ui_artifacts import write_results_js
 
             write_results_js(outcome.ui_path.parent, shown_results)
             err_console.print(f"host UI installed for this session: {outcome.ui_path.as_uri()}",
@@ -396,12 +396,12 @@ def protocol_test_cmd(
 ) -> None:
     """Run both roles of a protocol over the in-memory pipe with the real engine and its
     test/ fixtures; exit 1 on any failure."""
-    from node.protocol_test import run_protocol_test
+    from node.protocol.harness import run_protocol_test
 
     report = anyio.run(run_protocol_test, directory, backend="asyncio")
     adv = None
     if adversarial:
-        from node.protocol_adversarial import render_table, run_adversarial
+        from node.protocol.adversarial import render_table, run_adversarial
 
         adv = anyio.run(run_adversarial, directory, backend="asyncio")
     if json_out:
@@ -431,7 +431,7 @@ def protocol_id_cmd(
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Print a protocol's name, version and protocol_id (SHA-256 of its canonical spec)."""
-    from node.spec import load_spec
+    from node.protocol.spec import load_spec
 
     spec = load_spec(directory)
     if json_out:

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.segment import Segment
 from rich.text import Text
 
-from node.home import resolve_home
+from node.common.home import resolve_home
 
 console = Console()
 #: stderr; soft_wrap so a one-line error stays one line when stderr is a file or pipe

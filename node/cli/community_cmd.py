@@ -20,18 +20,13 @@ from typing import Any, Optional, TypeVar
 import anyio
 import typer
 
-from node.cli.common import untrusted_console as console, emit_json, err_console, home_of
+from node.cli.common import emit_json, err_console, home_of
+from node.cli.common import untrusted_console as console
+from node.common.errors import ConfigError, SpecError, UsageError
+from node.common.http import base_url_of, bind_socket, is_loopback, serve_forever
 from node.community.ratelimit import RateLimit, RateLimits
-from node.community.server import (
-    DEFAULT_PORT,
-    base_url_of,
-    bind_socket,
-    create_app,
-    is_loopback,
-    serve_forever,
-)
+from node.community.server import DEFAULT_PORT, create_app
 from node.community.store import default_db_path
-from node.errors import ConfigError, SpecError, UsageError
 
 community_app = typer.Typer(
     name="community",
@@ -65,7 +60,7 @@ def run_client(server: str | None, home: Path | None,
     url = server_url_of(server)
     identity = None
     if signed:
-        from node.identity import load_or_init_identity
+        from node.trust.identity import load_or_init_identity
 
         assert home is not None
         identity = load_or_init_identity(home)
@@ -186,7 +181,7 @@ def identity_cmd(
 
 # ----------------------------------------------------------------------------- protocols
 def _spec_of(target: str, home: Path) -> dict[str, Any]:
-    from node.spec import find_protocol_dir, load_spec
+    from node.protocol.spec import find_protocol_dir, load_spec
 
     path = Path(target)
     pdir = path if (path / "spec.json").is_file() else find_protocol_dir(target, home)
@@ -222,7 +217,7 @@ def fetch_protocol_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the record (with the spec) as JSON."),
 ) -> None:
     """Fetch a published spec by protocol_id; its hash is checked before it is shown or written."""
-    from node.home import atomic_write
+    from node.common.home import atomic_write
 
     record = run_client(server, None, lambda c: c.get_protocol(protocol_id))
     if out is not None:
@@ -269,7 +264,7 @@ def renew_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the renewed invitation as JSON."),
 ) -> None:
     """Extend your post's expiry (re-signs the transport binding; the host key only)."""
-    from node.invitation import parse_invitation
+    from node.trust.invitation import parse_invitation
 
     async def call(client: Any) -> Any:
         post = await client.invitation_status(post_id)

@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from node.cli.common import console, emit_json, err_console, home_of
-from node.errors import CorpusError
+from node.common.errors import CorpusError
 
 index_app = typer.Typer(
     name="index",
@@ -340,7 +340,7 @@ def search_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the bare envelope as one JSON document."),
 ) -> None:
     """Search the local corpus (the owner sees everything; no policy applies)."""
-    from node.corpus.envelope import build_envelope, empty_envelope, validate_search_request
+    from node.answer.envelope import build_envelope, empty_envelope, validate_search_request
     from node.corpus.store import Corpus
 
     request = validate_search_request({"query": query, "topK": top_k})

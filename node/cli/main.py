@@ -1,4 +1,4 @@
-"""The ``kith`` command: one dispatcher that maps :class:`node.errors.KithError` to a
+"""The ``kith`` command: one dispatcher that maps :class:`node.common.errors.KithError` to a
 message on stderr (or a JSON error object in ``--json`` mode) and an exit code
 (0 ok, 1 failure, 2 usage; DESIGN §13). ``--debug`` shows tracebacks instead.
 """
@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from node.cli.common import err_console, safe_text, state_of
-from node.errors import KithError
+from node.common.errors import KithError
 
 app = typer.Typer(
     name="kith",

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from node.cli.common import untrusted_console as console, emit_json, home_of
-from node.peers import PeerRegistry, load_own_profile, save_own_profile
+from node.trust.peers import PeerRegistry, load_own_profile, save_own_profile
 
 peers_app = typer.Typer(
     help=(

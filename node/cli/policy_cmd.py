@@ -11,7 +11,7 @@ from rich.table import Table
 
 from node.cli.common import err_console, safe_text, untrusted_console as console, emit_json, home_of
 from node.corpus.types import Root
-from node.errors import KithError, UsageError
+from node.common.errors import KithError, UsageError
 from node.policy.store import Decision, Policy, Rule, check_peer_names
 
 #: said after every change: a running host re-reads policy.toml at its next query

@@ -1,12 +1,12 @@
 """Async client for the community server (``specs/community-api.md``; DESIGN §12).
 
-Every failure is a :class:`~node.errors.CommunityError`:
+Every failure is a :class:`~node.common.errors.CommunityError`:
 
 - no answer (connection refused, DNS, TLS, timeout, dropped connection) →
   ``server-unreachable`` with a message naming the server URL (never exception text),
   ``status`` 0;
 - an error answer → the server's ``code`` when it is registered in
-  :data:`node.errors.CODES` (else ``server-error``), the server's message, and the HTTP
+  :data:`node.common.errors.CODES` (else ``server-error``), the server's message, and the HTTP
   ``status``;
 - a success answer that is not what the API promises → ``server-error``.
 
@@ -28,10 +28,10 @@ import httpx
 import msgspec
 
 from node.community.requests import signed_headers
-from node.errors import CODES, CommunityError, InvitationError, KithError, UsageError
-from node.identity import Identity
-from node.invitation import POST_ID_RE, Invitation, parse_invitation, rfc3339
-from node.spec import parse_spec, protocol_id_of
+from node.common.errors import CODES, CommunityError, InvitationError, KithError, UsageError
+from node.trust.identity import Identity
+from node.trust.invitation import POST_ID_RE, Invitation, parse_invitation, rfc3339
+from node.protocol.spec import parse_spec, protocol_id_of
 
 API_PREFIX = "/api/v1"
 _log = logging.getLogger("kith.community.client")
@@ -212,7 +212,7 @@ class CommunityClient:
         """``GET /api/v1/invitations/{post_id}``.
 
         Only the structure is checked here; ``kith join`` verifies the signature, ticket,
-        expiry and protocol (:func:`node.invitation.verify_invitation`).
+        expiry and protocol (:func:`node.trust.invitation.verify_invitation`).
 
         Raises:
             CommunityError: ``invitation-not-found`` (404; also for a malformed post_id,

@@ -29,9 +29,9 @@ from typing import Any
 import anyio
 
 from node.community.client import CommunityClient
-from node.errors import KithError
-from node.identity import Identity
-from node.invitation import Invitation, parse_rfc3339
+from node.common.errors import KithError
+from node.trust.identity import Identity
+from node.trust.invitation import Invitation, parse_rfc3339
 
 log = logging.getLogger("kith.community.keeper")
 

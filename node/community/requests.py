@@ -6,12 +6,12 @@ A mutation carries four headers:
 - ``X-Kith-Timestamp``: integer Unix seconds;
 - ``X-Kith-Nonce``: 32 random bytes as 64 lowercase hex;
 - ``X-Kith-Signature``: Ed25519 (128 lowercase hex) over
-  :func:`node.signing.request_payload` (method, path with query, timestamp, nonce,
+  :func:`node.trust.signing.request_payload` (method, path with query, timestamp, nonce,
   SHA-256 of the body).
 
 The client side is :func:`signed_headers`. The server side is :func:`check_signed_request`,
 which is pure (headers, request line, body and the current time in; the verified
-:class:`SignedRequest` or a :class:`~node.errors.CommunityError` out). Remembering nonces
+:class:`SignedRequest` or a :class:`~node.common.errors.CommunityError` out). Remembering nonces
 to refuse replays needs state, so it lives in the store
 (:meth:`node.community.store.CommunityStore.remember_nonce`); the server calls it only
 after this check passed, so unauthenticated requests never touch the nonce table.
@@ -24,9 +24,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from node.errors import CommunityError, SigningError
-from node.identity import Identity
-from node.signing import (
+from node.common.errors import CommunityError, SigningError
+from node.trust.identity import Identity
+from node.trust.signing import (
     NONCE_HEX_LEN,
     PUBLIC_KEY_HEX_LEN,
     SIGNATURE_HEX_LEN,

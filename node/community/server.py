@@ -9,7 +9,7 @@ are specified in ``specs/community-api.md``.
 
 Rules enforced here (all answers are JSON; every error is
 ``{"error": {"code": ..., "message": ...}}`` with a code registered in
-:data:`node.errors.CODES`):
+:data:`node.common.errors.CODES`):
 
 - every request takes a token from its client address's bucket, every signed request one
   from its key's bucket; an empty bucket answers 429 ``rate-limited`` with ``Retry-After``
@@ -28,31 +28,25 @@ Database work runs in worker threads (``anyio.to_thread.run_sync``) so the event
 blocks on it.
 
 Embedding: :func:`run_server_in_thread` serves an app on loopback in a daemon thread
-(tests, the demo); ``kith community serve`` uses :func:`serve_forever`.
+(tests, the demo); ``kith community serve`` uses :func:`node.common.http.serve_forever`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import ipaddress
 import logging
 import re
 import secrets
-import signal
-import socket
-import threading
 import time
 import unicodedata
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import anyio.to_thread
 import msgspec
-import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -60,11 +54,30 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import node
+from node.common.errors import (
+    CommunityError,
+    InvitationError,
+    KithError,
+    SigningError,
+    SpecError,
+)
+from node.common.http import (
+    MAX_JSON_DEPTH,
+    bind_socket,
+    error_response,
+    read_body,
+    serve_app_in_thread,
+    too_deep,
+)
 from node.community.ratelimit import RateLimits, TokenBuckets, retry_after_header
-from node.community.requests import REQUEST_WINDOW_S, SignedRequest, check_signed_request
+from node.community.requests import (
+    REQUEST_WINDOW_S,
+    SignedRequest,
+    check_signed_request,
+)
 from node.community.store import CommunityStore, InvitationRow, open_store
-from node.errors import CommunityError, InvitationError, KithError, SigningError, SpecError
-from node.invitation import (
+from node.protocol.spec import parse_spec
+from node.trust.invitation import (
     MAX_INVITATION_BYTES,
     POST_ID_RE,
     Invitation,
@@ -73,7 +86,7 @@ from node.invitation import (
     parse_rfc3339,
     rfc3339,
 )
-from node.signing import (
+from node.trust.signing import (
     PUBLIC_KEY_HEX_LEN,
     SHA256_HEX_LEN,
     check_hex,
@@ -82,7 +95,6 @@ from node.signing import (
     session_payload,
     verify,
 )
-from node.spec import parse_spec
 
 SERVICE = "kith-community"
 API_PREFIX = "/api/v1"
@@ -93,7 +105,6 @@ DEFAULT_PORT = 8787
 #: Bytes of randomness in a server-assigned post_id (16 bytes → 32 lowercase hex).
 POST_ID_BYTES = 16
 #: Deepest JSON nesting accepted in any body (objects and arrays).
-MAX_JSON_DEPTH = 32
 #: Latest accepted ``expires_at``: 30 days after the server clock (+ the request window).
 MAX_INVITATION_TTL_S = 30 * 24 * 3600 + REQUEST_WINDOW_S
 MAX_SESSIONS_LIMIT = 1_000_000
@@ -166,13 +177,6 @@ def new_post_id() -> str:
     return secrets.token_hex(POST_ID_BYTES)
 
 
-def error_response(code: str, message: str, status: int,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    """The one error shape: ``{"error": {"code": code, "message": message}}``."""
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status,
-                        headers=headers)
-
-
 class RateLimited(CommunityError):
     """429 ``rate-limited`` carrying the seconds until the bucket has a token."""
 
@@ -210,49 +214,12 @@ def _time(unix: float | None) -> str | None:
 
 
 # --- request plumbing ---------------------------------------------------------------------
-async def _read_body(request: Request, cap: int) -> bytes:
-    """Read at most ``cap`` bytes of body; refuse more with 413 ``request-too-large``."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise CommunityError("request-invalid", "Content-Length is not a number", status=400)
-        if int(declared) > cap:
-            raise CommunityError("request-too-large", f"the body is larger than {cap} bytes",
-                                 status=413)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise CommunityError("request-too-large", f"the body is larger than {cap} bytes",
-                                 status=413)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _raw_path(request: Request) -> str:
     """The path exactly as received (percent-encoded), with ``?query`` when present."""
     raw = request.scope.get("raw_path") or request.url.path.encode("utf-8")
     path = raw.decode("latin-1")
     query = request.scope.get("query_string", b"")
     return f"{path}?{query.decode('latin-1')}" if query else path
-
-
-def _too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """True if ``value`` nests objects/arrays deeper than ``limit`` (iterative)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
 
 
 def decode_json(body: bytes, kind: type | None = None, *, what: str = "body",
@@ -275,7 +242,7 @@ def decode_json(body: bytes, kind: type | None = None, *, what: str = "body",
         raise CommunityError("request-invalid", f"the {what} is not JSON", status=400) from None
     if not isinstance(data, dict):
         raise CommunityError("request-invalid", f"the {what} must be a JSON object", status=400)
-    if _too_deep(data):
+    if too_deep(data):
         raise CommunityError("request-invalid",
                              f"the {what} nests deeper than {MAX_JSON_DEPTH} levels", status=400)
     if kind is None:
@@ -343,7 +310,7 @@ class _App:
                            ) -> tuple[SignedRequest, bytes]:
         """Read the bounded body, verify the request signature, take a token from the
         key's bucket, refuse a replayed nonce."""
-        body = await _read_body(request, cap or self.max_body_bytes)
+        body = await read_body(request, cap or self.max_body_bytes)
         now = self.clock()
         signed = check_signed_request(request.headers, method=request.method,
                                       path=_raw_path(request), body=body, now=now)
@@ -737,7 +704,7 @@ def parse_published_spec(raw: dict[str, Any]) -> Any:
     its ``protocol_id`` (SHA-256 of the RFC 8785 canonical JSON, DESIGN §4).
 
     Returns:
-        The :class:`node.spec.ProtocolSpec`.
+        The :class:`node.protocol.spec.ProtocolSpec`.
 
     Raises:
         SpecError: 400 ``spec-invalid`` (meta-schema, reserved actions, message schemas,
@@ -912,119 +879,6 @@ def create_app(database: Path | str | CommunityStore, *,
     })
     app.state.store = store
     return app
-
-
-# --- serving ----------------------------------------------------------------------------------
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback IP literals (``127.0.0.0/8``, ``::1``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind a listening TCP socket (``port`` 0 picks a free port).
-
-    Raises:
-        CommunityError: ``server-start-failed`` if the address cannot be bound (the message
-            names the address, not the OS error text).
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted sockets only for that proto
-    # (without it every answer waits ~40 ms for a delayed ACK, measured).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-        sock.set_inheritable(True)
-    except OSError:
-        sock.close()
-        raise CommunityError("server-start-failed",
-                             f"cannot listen on {host}:{port} (in use or not a local address)",
-                             status=0) from None
-    return sock
-
-
-def base_url_of(sock: socket.socket) -> str:
-    """``http://HOST:PORT`` for a bound socket (IPv6 hosts in brackets)."""
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-class _Server(uvicorn.Server):
-    """uvicorn.Server that stops on SIGINT/SIGTERM without re-raising the signal afterwards
-    (so ``kith community serve`` exits 0 after a clean shutdown)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def on_signal(sig: int, frame: FrameType | None) -> None:
-            if self.should_exit:
-                self.force_exit = True
-            self.should_exit = True
-
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-
-def _config(app: Starlette, *, access_log: bool) -> uvicorn.Config:
-    # log_config=None: leave the embedding process's logging alone (uvicorn's default config
-    # would send access lines to stdout, which must carry only JSON in --json mode).
-    from node.httpbounds import UVICORN_LIMITS  # slowloris: head deadline, connection cap
-
-    return uvicorn.Config(app, lifespan="off", log_config=None, access_log=access_log,
-                          server_header=False, timeout_graceful_shutdown=5, **UVICORN_LIMITS)
-
-
-def serve_forever(app: Starlette, sock: socket.socket, *, access_log: bool = False) -> None:
-    """Serve ``app`` on the bound ``sock`` in this (main) thread until SIGINT/SIGTERM."""
-    server = _Server(_config(app, access_log=access_log))
-    server.run(sockets=[sock])
-
-
-@contextlib.contextmanager
-def serve_app_in_thread(app: Any, sock: socket.socket, *, what: str,
-                        startup_timeout_s: float = 10.0) -> Iterator[str]:
-    """Serve an ASGI ``app`` on an already bound ``sock`` with uvicorn in a daemon thread
-    for a ``with`` block; the socket is closed on exit. Used by the community server and
-    the local read-only API.
-
-    Args:
-        what: how to name the server in an error, e.g. ``"the local API"``.
-        startup_timeout_s: how long to wait for uvicorn to start, in seconds.
-
-    Yields:
-        The base URL, e.g. ``"http://127.0.0.1:41234"``.
-
-    Raises:
-        CommunityError: ``server-start-failed`` if it does not start in time.
-    """
-    url = base_url_of(sock)
-    server = _Server(_config(app, access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"kith {url}", daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + startup_timeout_s
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise CommunityError("server-start-failed", f"{what} at {url} did not start", status=0)
-            time.sleep(0.01)
-        yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 @contextlib.contextmanager

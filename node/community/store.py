@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from node.errors import CommunityError, ConfigError, UsageError
+from node.common.errors import CommunityError, ConfigError, UsageError
 
 SCHEMA_VERSION = 2
 DB_DIR = "community"

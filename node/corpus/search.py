@@ -249,13 +249,13 @@ def rrf_fuse(ranked: dict[str, list[tuple[str, float]]], k: int = RRF_K) -> dict
 def source_glob(glob: str) -> Any:
     """The ``sources`` filter glob as a compiled matcher: the policy's glob language
     (``*``/``?`` within a segment, ``**`` a whole segment; a trailing ``/`` means everything
-    below) and its linear-time :class:`node.policy.store.GlobMatcher` — never a
+    below) and its linear-time :class:`node.corpus.globs.GlobMatcher` — never a
     backtracking regex a peer could make explode.
 
     Raises:
         PolicyError: ``policy-bad-glob`` for a glob outside that language.
     """
-    from node.policy.store import GlobMatcher, canonical_glob
+    from node.corpus.globs import GlobMatcher, canonical_glob
 
     return GlobMatcher(canonical_glob(glob + "**" if glob.endswith("/") else glob))
 

@@ -27,7 +27,6 @@ import sqlite3
 import stat
 import sys
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ import tantivy
 
 from node.corpus import archives, chunking, ingest, search
 from node.corpus.types import Hit, Root
-from node.errors import CorpusError
+from node.common.errors import CorpusError
 
 try:  # POSIX advisory lock; on other platforms the tantivy writer lock alone applies
     import fcntl
@@ -626,7 +625,7 @@ class Corpus:
         Args:
             query: user text (any characters; never parsed by tantivy's query parser).
             limit: number of hits wanted (1–100).
-            filters: normalized filters from :func:`node.corpus.envelope.validate_search_request`
+            filters: normalized filters from :func:`node.answer.envelope.validate_search_request`
                 (``sources`` globs; metadata filters fail closed, DESIGN §9).
             deadline: ``time.monotonic()`` instant after which no further pass starts.
             max_per_document: document-level dedup cap (default 2).

@@ -11,7 +11,7 @@ from typing import Any, Union
 
 import msgspec
 
-from node.errors import ProtocolViolation
+from node.common.errors import ProtocolViolation
 
 
 class _Frame(msgspec.Struct, tag_field="action", forbid_unknown_fields=True, omit_defaults=True):

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from node.errors import ProtocolViolation
+from node.common.errors import ProtocolViolation
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()

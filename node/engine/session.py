@@ -4,7 +4,7 @@ Feed it bytes with :meth:`SessionEngine.receive_data` / :meth:`receive_eof`, giv
 messages your hooks produce with :meth:`send_message`, and write whatever
 :meth:`data_to_send` returns to the stream. It returns :class:`Event` objects telling the
 driver what happened. Time, randomness and signing come in as arguments, so the same
-engine runs over the memory pipe and over iroh (``node.driver`` pumps it).
+engine runs over the memory pipe and over iroh (``node.runtime.driver`` pumps it).
 
 Order on every incoming frame: line framing → JSON decode → system/business split →
 action declared for the sender's direction → jsonschema → state/turn rules → event for
@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import msgspec
 
-from node.errors import (
+from node.common.errors import (
     CODES,
     EgressRefused,
     HandshakeError,
@@ -35,7 +35,7 @@ from node.engine import frames as F
 from node.engine import ui as UI
 from node.engine.framing import LineFramer, decode_frame, encode_frame
 from node.engine.timers import PING, SessionTimers, Timeouts
-from node.signing import (
+from node.trust.signing import (
     NONCE_HEX_LEN,
     PUBLIC_KEY_HEX_LEN,
     SIGNATURE_HEX_LEN,
@@ -125,7 +125,7 @@ class RemoteError(Event):
 class UiArtifactReceived(Event):
     """Guest only: the Host's UI bundle arrived and verified (paths, sizes, SHA-256,
     ``index.html``); ``_ui_artifact_ack`` is queued. ``files``: path → bytes, in manifest
-    order; the driver installs them (``node.ui_artifacts``). Never part of the session
+    order; the driver installs them (``node.runtime.ui_artifacts``). Never part of the session
     payload or proof."""
 
     files: dict[str, bytes]
@@ -211,13 +211,13 @@ class SessionEngine:
 
     Args:
         role: ``"guest"`` or ``"host"``.
-        spec: the loaded :class:`node.spec.ProtocolSpec`.
+        spec: the loaded :class:`node.protocol.spec.ProtocolSpec`.
         public_key: our identity public key (64 hex).
         sign: signs bytes with our identity, returning 128 hex.
         host / guest: the role's :class:`HostConfig` / :class:`GuestConfig`.
         random_bytes: source of randomness (default ``os.urandom``).
         egress_check: called with each outgoing business frame's bytes; raises
-            :class:`node.errors.EgressRefused` to refuse it.
+            :class:`node.common.errors.EgressRefused` to refuse it.
         clock: monotonic time in seconds (time is an input: tests pass a fake clock).
         timeouts: the session bounds (:class:`node.engine.timers.Timeouts`); None = no
             timers until :meth:`set_timeouts` (the driver sets them).

@@ -1,6 +1,6 @@
 """UI artifact rules (DESIGN §6, optional UI branch). No I/O: paths, manifests and bytes
 in, verdicts out. The Host's bundle loader and the Guest's installer
-(``node/ui_artifacts.py``) do the file work around these checks.
+(``node/runtime/ui_artifacts.py``) do the file work around these checks.
 
 A bundle is a flat list of regular files with relative POSIX paths; ``index.html`` must be
 among them. The Guest refuses, with a stable code (``_ui_artifact_error``):
@@ -25,7 +25,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 
-from node.errors import HandshakeError
+from node.common.errors import HandshakeError
 
 MAX_FILES = 256
 MAX_FILE_BYTES = 4 * 1024 * 1024

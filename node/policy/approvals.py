@@ -31,8 +31,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from node.errors import PolicyError
-from node.home import atomic_write
+from node.common.errors import PolicyError
+from node.common.home import atomic_write
 
 APPROVALS_DIR = "approvals"
 PROMOTED_FILE = "promoted.json"

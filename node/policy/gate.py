@@ -31,7 +31,7 @@ from typing import Any
 
 from node.corpus.sources import SourceNormalizer
 from node.corpus.types import Hit, Root
-from node.errors import EgressRefused, PolicyError
+from node.common.errors import EgressRefused, PolicyError
 from node.policy.store import DEFAULT_TIER, Decision, Policy, file_stamp
 
 log = logging.getLogger("kith.policy")

@@ -2,7 +2,7 @@
 
 ``receive(max_bytes)`` returns at least one byte, or ``b""`` at EOF; ``send(data)`` writes
 all of ``data``; ``send_eof()`` closes our sending side; ``aclose()`` releases everything.
-Transport failures surface as :class:`node.errors.TransportError` (``transport-io``),
+Transport failures surface as :class:`node.common.errors.TransportError` (``transport-io``),
 translated in one place per transport.
 """
 

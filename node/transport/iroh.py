@@ -1,5 +1,5 @@
 """The iroh QUIC transport (DESIGN §3): endpoint bound with the identity secret, one
-bi-stream per session, errors translated to :mod:`node.errors` in this one module.
+bi-stream per session, errors translated to :mod:`node.common.errors` in this one module.
 
 ``local=True`` (``--local`` / ``KITH_OFFLINE=1``) means relay disabled, loopback bind,
 minimal preset: fully offline, for tests and loopback demos. Otherwise the public n0
@@ -19,7 +19,7 @@ import anyio.abc
 import iroh
 from iroh import iroh_ffi
 
-from node.errors import TransportError
+from node.common.errors import TransportError
 from node.transport import iroh_patch
 
 iroh_patch.apply()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from node.errors import TransportError
+from node.common.errors import TransportError
 from node.transport.base import DEFAULT_RECEIVE_BYTES
 
 

@@ -13,7 +13,7 @@ query.
 
 import itertools
 
-from node.hooks import HookResult
+from node.runtime.hooks import HookResult
 
 _REQUEST_FIELDS = ("query", "topK", "date", "dateRange", "project", "tags", "sourceSets",
                    "lifecycle", "workType", "sources", "remainingBudgetMs")

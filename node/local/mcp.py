@@ -8,7 +8,7 @@ Built on the official MCP Python SDK 2.x (``mcp.server.mcpserver.MCPServer``,
   (:func:`node.corpus.retrieval.local_search`);
 - with ``peer`` (an invitation file, an invitation JSON string, or a ``post_id`` with
   ``server``): one knowledge-query session with that Host via
-  :func:`node.guest.join_session` — the Host's policy decides what comes back. Only
+  :func:`node.runtime.guest.join_session` — the Host's policy decides what comes back. Only
   peers the user has joined and pinned (``kith join … --pin NAME``) are searched; any
   other Host is refused with ``host-not-trusted`` (an agent must not open sessions to
   strangers). The answer is the Host's envelope plus nothing else.
@@ -28,9 +28,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from node.corpus import envelope as env_mod
+from node.answer import envelope as env_mod
 from node.corpus import retrieval
-from node.errors import CorpusError, KithError
+from node.common.errors import CorpusError, KithError
 
 #: Seconds a peer search may take end to end (connect + handshake + one answer).
 PEER_TIMEOUT_S = 30.0
@@ -77,9 +77,9 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
     """
     import anyio
 
-    from node.errors import InvitationError
-    from node.guest import check_invitation, join_session, resolve_invitation, trust_status
-    from node.identity import load_or_init_identity
+    from node.common.errors import InvitationError
+    from node.runtime.guest import check_invitation, join_session, resolve_invitation, trust_status
+    from node.trust.identity import load_or_init_identity
 
     identity = load_or_init_identity(home)
     inv = await resolve_invitation(peer, server_url=server)
@@ -112,7 +112,7 @@ def input_schema() -> dict[str, Any]:
     invitation JSON or ``post_id`` — or an invitation object) and ``server`` (a URL)."""
     import copy
 
-    from node.api import openapi_document
+    from node.local.api import openapi_document
 
     schema = copy.deepcopy(openapi_document()["components"]["schemas"]["SearchRequest"])
     schema["properties"]["peer"] = {
@@ -163,7 +163,7 @@ def _invalid(message: str) -> Any:
 async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = False) -> Any:
     """Run one ``search`` tool call on the raw (JSON-decoded) ``arguments``.
 
-    Validation is the local API's (:func:`node.corpus.envelope.validate_search_request`:
+    Validation is the local API's (:func:`node.answer.envelope.validate_search_request`:
     ``topK`` a strict integer 1–20 — ``"5"`` and ``true`` are refused — and unknown
     arguments refused), plus ``peer`` (non-empty string or invitation object) and
     ``server`` (string, only with ``peer``).

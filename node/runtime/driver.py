@@ -40,8 +40,8 @@ from node.engine.session import (
     UiArtifactRefused,
 )
 from node.engine.timers import PING_INTERVAL_S, UNRESPONSIVE_S, Timeouts, heartbeat_from_env
-from node.errors import CODES, EgressRefused, HookError, KithError, TransportError
-from node.hooks import HookContext, HookResult, Hooks, normalize_result
+from node.common.errors import CODES, EgressRefused, HookError, KithError, TransportError
+from node.runtime.hooks import HookContext, HookResult, Hooks, normalize_result
 
 log = logging.getLogger("kith.session")
 
@@ -152,7 +152,7 @@ async def run_session(
             (submits it to the community server); its errors are logged, not fatal.
         on_ui: guest only — called (in a worker thread) with the verified UI bundle and
             the session id; installs it and returns where (kept in ``outcome.ui_path``).
-            A :class:`node.errors.KithError` from it is logged, not fatal.
+            A :class:`node.common.errors.KithError` from it is logged, not fatal.
         handshake_timeout_s: bound of each handshake step (s).
         hook_timeout_s / idle_timeout_s: seconds; ``"spec"`` takes the protocol's limits,
             None disables the bound (an interactive guest waiting on its user).

@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import rfc8785
 
-from node.errors import SpecError
+from node.common.errors import SpecError
 
 MAX_SPEC_BYTES = 1024 * 1024
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024

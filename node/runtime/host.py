@@ -13,15 +13,15 @@ from typing import Any, Callable
 
 import anyio
 
-from node.driver import run_session
+from node.runtime.driver import run_session
 from node.engine.session import HostConfig, SessionEngine, SessionReady
-from node.errors import KithError, SpecError
-from node.home import atomic_write
-from node.hooks import HookContext, PeerInfo, load_hooks
-from node.identity import load_or_init_identity
-from node.invitation import DEFAULT_TTL_S, Invitation, create_invitation
-from node.peers import PeerRegistry, load_own_profile
-from node.spec import find_protocol_dir, load_spec
+from node.common.errors import KithError, SpecError
+from node.common.home import atomic_write
+from node.runtime.hooks import HookContext, PeerInfo, load_hooks
+from node.trust.identity import load_or_init_identity
+from node.trust.invitation import DEFAULT_TTL_S, Invitation, create_invitation
+from node.trust.peers import PeerRegistry, load_own_profile
+from node.protocol.spec import find_protocol_dir, load_spec
 
 log = logging.getLogger("kith.host")
 
@@ -83,7 +83,7 @@ class _EmptyKnowledge:
     """Stand-in handle when this home has no corpus yet: answers like an empty index."""
 
     def search(self, request: dict[str, Any]) -> dict[str, Any]:
-        from node.corpus.envelope import empty_envelope, validate_search_request
+        from node.answer.envelope import empty_envelope, validate_search_request
 
         try:
             req = validate_search_request(request)
@@ -118,7 +118,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
     """
     from node.corpus.store import Corpus
     from node.policy.gate import EgressGate
-    from node.policy.knowledge import KnowledgeHandle
+    from node.answer.knowledge import KnowledgeHandle
     from node.policy.store import Policy
 
     policy = Policy.load(home)
@@ -159,7 +159,7 @@ def admission(registry: PeerRegistry, peers_only: bool) -> Callable[[str, dict[s
     ``displayName`` claims a pinned name; with ``peers_only``, refuses every guest whose
     key is not in the registry (``handshake-not-admitted``).
     """
-    from node.errors import HandshakeError
+    from node.common.errors import HandshakeError
 
     def admit(key: str, profile: dict[str, Any]) -> bool:
         if registry.claimed_by_other(key, profile) is not None:
@@ -179,7 +179,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     ``_error session-shutdown``), sessions still running after ``opts.shutdown_grace_s``
     are cancelled, and the endpoint is closed under a timeout (DESIGN §3). Each guest
     nonce is committed to ``<home>/seen-nonces.sqlite`` before the proof is sent
-    (:class:`node.seen_nonces.SeenNonces`), so replay protection survives restarts.
+    (:class:`node.trust.seen_nonces.SeenNonces`), so replay protection survives restarts.
     Concurrency is bounded overall (``opts.max_sessions``) and per peer key
     (``opts.max_sessions_per_peer``); a guest over a bound gets ``_session_reject``
     ``handshake-host-busy`` / ``handshake-peer-busy`` at once. Connections that have not
@@ -221,10 +221,10 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     own_profile = load_own_profile(home)
     ui_bundle = None
     if opts.share_ui:
-        from node.ui_artifacts import load_bundle
+        from node.runtime.ui_artifacts import load_bundle
 
         ui_bundle = load_bundle(pdir)
-    from node.seen_nonces import SeenNonces
+    from node.trust.seen_nonces import SeenNonces
 
     seen_nonces = SeenNonces(home)
     active: dict[str, int] = {}  # peer key -> live sessions

@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import msgspec
 
-from node.errors import InvitationError, SigningError
-from node.identity import Identity
-from node.signing import (
+from node.common.errors import InvitationError, SigningError
+from node.trust.identity import Identity
+from node.trust.signing import (
     PUBLIC_KEY_HEX_LEN,
     SHA256_HEX_LEN,
     SIGNATURE_HEX_LEN,

@@ -23,8 +23,8 @@ carry paths or exception text. The corpus is opened read-only; the only write th
 ever does is the non-blocking start-up repair of a lagging index
 (:meth:`node.corpus.store.Corpus.repair_lag`).
 
-Serving reuses the community server's plumbing (:func:`node.community.server.bind_socket`,
-its uvicorn config and signal handling).
+Serving uses the HTTP plumbing shared with the community server (:mod:`node.common.http`:
+socket binding, the uvicorn config with its connection bounds, signal handling).
 """
 
 from __future__ import annotations
@@ -43,20 +43,20 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from node.community.server import (
+from node.answer import envelope as env_mod
+from node.common.errors import CommunityError, CorpusError, KithError
+from node.common.http import (
     MAX_JSON_DEPTH,
-    _read_body,
-    _too_deep,
     base_url_of,
     bind_socket,
     error_response,
     is_loopback,
+    read_body,
     serve_app_in_thread,
     serve_forever,
+    too_deep,
 )
-from node.corpus import envelope as env_mod
 from node.corpus import retrieval
-from node.errors import CommunityError, CorpusError, KithError
 
 DEFAULT_PORT = 8765
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
@@ -232,12 +232,12 @@ class _Handlers:
         return JSONResponse(openapi_document())
 
     async def search(self, request: Request) -> JSONResponse:
-        raw = await _read_body(request, self.max_body_bytes)
+        raw = await read_body(request, self.max_body_bytes)
         try:
             body = msgspec.json.decode(raw)
         except (msgspec.DecodeError, RecursionError):
             return _invalid("The body is not JSON.")
-        if _too_deep(body):
+        if too_deep(body):
             return _invalid(f"The body nests deeper than {MAX_JSON_DEPTH} levels.")
         answer = await anyio.to_thread.run_sync(
             lambda: retrieval.local_search(self.holder.get(), body))

@@ -17,7 +17,7 @@ import secrets
 import nacl.exceptions
 import nacl.signing
 
-from node.errors import SigningError
+from node.common.errors import SigningError
 
 PUBLIC_KEY_HEX_LEN = 64
 SIGNATURE_HEX_LEN = 128

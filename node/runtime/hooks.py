@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from node.errors import HookError, SpecError
+from node.common.errors import HookError, SpecError
 
 HOOK_NAMES = ("on_start", "on_message", "on_end")
 
@@ -54,7 +54,7 @@ class HookContext:
         state: a per-session dict the hooks may use freely.
         logger: a ``logging.Logger`` for this session.
         knowledge: on the Host, the peer-scoped knowledge handle
-            (:class:`node.policy.knowledge.KnowledgeHandle`); None on the Guest.
+            (:class:`node.answer.knowledge.KnowledgeHandle`); None on the Guest.
     """
 
     role: str

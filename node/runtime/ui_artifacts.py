@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from node.engine import ui as UI
-from node.errors import HandshakeError
+from node.common.errors import HandshakeError
 
 #: Installed session UIs kept under ``<home>/ui/sessions`` (older ones are removed).
 KEEP_SESSIONS = 20
@@ -138,7 +138,7 @@ def write_results_js(ui_dir: Path, messages: list[dict]) -> Path:
     """
     import json
 
-    from node.home import atomic_write
+    from node.common.home import atomic_write
 
     payload = json.dumps(messages, ensure_ascii=True).replace("<", "\\u003c").replace(">", "\\u003e")
     path = Path(ui_dir) / "results.js"

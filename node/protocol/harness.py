@@ -28,12 +28,12 @@ from typing import Any
 
 import anyio
 
-from node.driver import SessionOutcome, run_session
+from node.runtime.driver import SessionOutcome, run_session
 from node.engine.session import GuestConfig, HostConfig, SessionEngine, SessionReady
-from node.errors import SpecError
-from node.hooks import HookContext, Hooks, PeerInfo, load_hooks
-from node.identity import Identity
-from node.spec import load_spec
+from node.common.errors import SpecError
+from node.runtime.hooks import HookContext, Hooks, PeerInfo, load_hooks
+from node.trust.identity import Identity
+from node.protocol.spec import load_spec
 from node.transport.memory import memory_pipe
 
 TEST_TIMEOUT_S = 60.0
@@ -114,7 +114,7 @@ def _load_script(pdir: Path) -> dict[str, Any]:
 
 def _prepare_host_home(pdir: Path, home: Path) -> Any:
     """Index ``test/corpus`` and install ``test/policy.toml`` into the throwaway home.
-    Returns the host's :class:`node.host.Knowledge`, or None (no corpus fixture)."""
+    Returns the host's :class:`node.runtime.host.Knowledge`, or None (no corpus fixture)."""
     corpus_dir = pdir / "test" / "corpus"
     policy = pdir / "test" / "policy.toml"
     if policy.is_file():
@@ -129,7 +129,7 @@ def _prepare_host_home(pdir: Path, home: Path) -> Any:
     with Corpus(home) as corpus:
         corpus.add_root(work)
         corpus.sync()
-    from node.host import open_knowledge
+    from node.runtime.host import open_knowledge
 
     return open_knowledge(home, lambda _msg: None)
 

@@ -28,13 +28,13 @@ from typing import Any
 
 import anyio
 
-from node.driver import run_session
+from node.runtime.driver import run_session
 from node.engine.framing import LineFramer
 from node.engine.session import _FATAL as FATAL_FRAME_CODES
 from node.engine.session import GuestConfig, HostConfig, SessionEngine
-from node.hooks import HookContext, Hooks, PeerInfo, load_hooks
-from node.identity import Identity
-from node.spec import ProtocolSpec, load_spec
+from node.runtime.hooks import HookContext, Hooks, PeerInfo, load_hooks
+from node.trust.identity import Identity
+from node.protocol.spec import ProtocolSpec, load_spec
 from node.transport.memory import memory_pipe
 
 POST_ID = "adversarial-post"

@@ -11,14 +11,14 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from node.driver import SessionOutcome, run_session
+from node.runtime.driver import SessionOutcome, run_session
 from node.engine.session import GuestConfig, SessionEngine, SessionReady
-from node.errors import ConfigError, HandshakeError, InvitationError
-from node.hooks import HookContext, PeerInfo, load_hooks
-from node.identity import Identity
-from node.invitation import POST_ID_RE, Invitation, parse_invitation, verify_invitation
-from node.peers import PeerRegistry, clean_profile, load_own_profile
-from node.spec import ProtocolSpec, find_protocol_dir, load_spec
+from node.common.errors import ConfigError, HandshakeError, InvitationError
+from node.runtime.hooks import HookContext, PeerInfo, load_hooks
+from node.trust.identity import Identity
+from node.trust.invitation import POST_ID_RE, Invitation, parse_invitation, verify_invitation
+from node.trust.peers import PeerRegistry, clean_profile, load_own_profile
+from node.protocol.spec import ProtocolSpec, find_protocol_dir, load_spec
 
 log = logging.getLogger("kith.guest")
 
@@ -128,7 +128,7 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
     """
     from node.engine.ui import CAPABILITY as UI_CAPABILITY
     from node.transport.iroh import bind_node
-    from node.ui_artifacts import install_bundle, local_ui_dir
+    from node.runtime.ui_artifacts import install_bundle, local_ui_dir
 
     hooks = load_hooks(pdir)
     name = trust_status(inv, home)

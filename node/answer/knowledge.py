@@ -23,8 +23,8 @@ import logging
 import time
 from typing import Any
 
-from node.corpus.envelope import build_envelope, empty_envelope, validate_search_request
-from node.errors import CorpusError, EgressRefused
+from node.answer.envelope import build_envelope, empty_envelope, validate_search_request
+from node.common.errors import CorpusError, EgressRefused
 
 log = logging.getLogger("kith.knowledge")
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from node.corpus import search
 from node.corpus.types import Hit
-from node.errors import CorpusError, KithError
+from node.common.errors import CorpusError, KithError
 
 SCHEMA_VERSION = 2
 MAX_QUERY_CHARS = 2000

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import nacl.signing
 
-from node.errors import ConfigError, KithError
-from node.home import atomic_write
-from node.signing import sign
+from node.common.errors import ConfigError, KithError
+from node.common.home import atomic_write
+from node.trust.signing import sign
 
 KEY_FILE = "identity.key"
 

@@ -1,0 +1,268 @@
+"""Bounds on the HTTP connections of Kith's uvicorn servers (the community server and the
+local read-only API, DESIGN §11/§12): a slow or idle client cannot pin the process.
+
+uvicorn bounds *requests* (``limit_concurrency`` answers 503 beyond it) and idle
+keep-alive connections (``timeout_keep_alive``), but a connection that never finishes its
+request head (slowloris) stays open forever and counts against ``limit_concurrency``. The
+protocol here adds two rules to uvicorn's h11 protocol:
+
+- **head deadline**: a connection must deliver a complete request head within
+  :data:`HEADER_TIMEOUT_S` seconds of opening (and of the previous response on a
+  keep-alive connection), else it is closed — dribbling bytes does not extend it;
+- **connection cap**: beyond :data:`MAX_CONNECTIONS` open connections a new one is closed
+  at once (before it can use memory), so the file descriptors the process holds stay
+  bounded.
+
+Used through :data:`UVICORN_LIMITS` (``uvicorn.Config(..., **UVICORN_LIMITS)``) by :func:`_config`, which both servers use.
+The module also holds the plumbing both servers share: body reading, the error shape,
+socket binding and uvicorn in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from node.common.errors import CommunityError
+
+#: Deepest nesting of objects/arrays a JSON request body may have.
+MAX_JSON_DEPTH = 32
+
+#: Seconds a connection may take to send a complete request head.
+HEADER_TIMEOUT_S = 10.0
+#: Open connections beyond which a new connection is closed immediately.
+MAX_CONNECTIONS = 512
+#: Requests (and connections) in flight beyond which uvicorn answers 503.
+LIMIT_CONCURRENCY = 256
+#: Seconds an idle keep-alive connection is kept after a response.
+KEEP_ALIVE_S = 5
+
+
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a request-head deadline and a connection cap (reads
+    :data:`HEADER_TIMEOUT_S` and :data:`MAX_CONNECTIONS` at each connection)."""
+
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > MAX_CONNECTIONS:
+            transport.close()  # connection_lost() removes it from the set
+            return
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        before = self.cycle
+        super().handle_events()
+        if self.cycle is not before:  # a complete request head arrived
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        if not self.transport.is_closing():
+            self._arm()  # the next request's head must come in time too
+        super().on_response_complete()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(HEADER_TIMEOUT_S, self._head_timeout)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+#: Keyword arguments for ``uvicorn.Config``: the bounded protocol, 503 beyond
+#: :data:`LIMIT_CONCURRENCY`, idle keep-alive connections closed after :data:`KEEP_ALIVE_S`.
+UVICORN_LIMITS: dict[str, Any] = {"http": BoundedH11Protocol,
+                                  "limit_concurrency": LIMIT_CONCURRENCY,
+                                  "timeout_keep_alive": KEEP_ALIVE_S}
+
+async def read_body(request: Request, cap: int) -> bytes:
+    """Read at most ``cap`` bytes of a Starlette request body (shared by the community server
+    and the local API).
+
+    Raises:
+        CommunityError: ``request-too-large`` (413) beyond ``cap``, ``request-invalid``
+            (400) for a Content-Length that is not a number.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise CommunityError("request-invalid", "Content-Length is not a number", status=400)
+        if int(declared) > cap:
+            raise CommunityError("request-too-large", f"the body is larger than {cap} bytes",
+                                 status=413)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise CommunityError("request-too-large", f"the body is larger than {cap} bytes",
+                                 status=413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def error_response(code: str, message: str, status: int,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    """The one error shape: ``{"error": {"code": code, "message": message}}``."""
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status,
+                        headers=headers)
+
+
+def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True if ``value`` nests objects/arrays deeper than ``limit`` (iterative)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+# --- serving ----------------------------------------------------------------------------------
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals (``127.0.0.0/8``, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind a listening TCP socket (``port`` 0 picks a free port).
+
+    Raises:
+        CommunityError: ``server-start-failed`` if the address cannot be bound (the message
+            names the address, not the OS error text).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted sockets only for that proto
+    # (without it every answer waits ~40 ms for a delayed ACK, measured).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.set_inheritable(True)
+    except OSError:
+        sock.close()
+        raise CommunityError("server-start-failed",
+                             f"cannot listen on {host}:{port} (in use or not a local address)",
+                             status=0) from None
+    return sock
+
+
+def base_url_of(sock: socket.socket) -> str:
+    """``http://HOST:PORT`` for a bound socket (IPv6 hosts in brackets)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn.Server that stops on SIGINT/SIGTERM without re-raising the signal afterwards
+    (so ``kith community serve`` exits 0 after a clean shutdown)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_signal(sig: int, frame: FrameType | None) -> None:
+            if self.should_exit:
+                self.force_exit = True
+            self.should_exit = True
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def _config(app: Starlette, *, access_log: bool) -> uvicorn.Config:
+    # log_config=None: leave the embedding process's logging alone (uvicorn's default config
+    # would send access lines to stdout, which must carry only JSON in --json mode).
+    return uvicorn.Config(app, lifespan="off", log_config=None, access_log=access_log,
+                          server_header=False, timeout_graceful_shutdown=5, **UVICORN_LIMITS)
+
+
+def serve_forever(app: Starlette, sock: socket.socket, *, access_log: bool = False) -> None:
+    """Serve ``app`` on the bound ``sock`` in this (main) thread until SIGINT/SIGTERM."""
+    server = _Server(_config(app, access_log=access_log))
+    server.run(sockets=[sock])
+
+
+@contextlib.contextmanager
+def serve_app_in_thread(app: Any, sock: socket.socket, *, what: str,
+                        startup_timeout_s: float = 10.0) -> Iterator[str]:
+    """Serve an ASGI ``app`` on an already bound ``sock`` with uvicorn in a daemon thread
+    for a ``with`` block; the socket is closed on exit. Used by the community server and
+    the local read-only API.
+
+    Args:
+        what: how to name the server in an error, e.g. ``"the local API"``.
+        startup_timeout_s: how long to wait for uvicorn to start, in seconds.
+
+    Yields:
+        The base URL, e.g. ``"http://127.0.0.1:41234"``.
+
+    Raises:
+        CommunityError: ``server-start-failed`` if it does not start in time.
+    """
+    url = base_url_of(sock)
+    server = _Server(_config(app, access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"kith {url}", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise CommunityError("server-start-failed", f"{what} at {url} did not start", status=0)
+            time.sleep(0.01)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+__all__ = ["BoundedH11Protocol", "HEADER_TIMEOUT_S", "KEEP_ALIVE_S", "LIMIT_CONCURRENCY",
+           "MAX_CONNECTIONS", "MAX_JSON_DEPTH", "UVICORN_LIMITS", "base_url_of", "bind_socket",
+           "error_response", "is_loopback", "read_body", "serve_app_in_thread", "serve_forever",
+           "too_deep"]
