@@ -159,7 +159,8 @@ def test_generated_documents_are_written_and_hold_their_text(tmp_path: Path) -> 
     from docx import Document
     from pypdf import PdfReader
 
-    loader = importlib.machinery.SourceFileLoader("kith_scripts_eval", str(REPO / "scripts" / "eval"))
+    loader = importlib.machinery.SourceFileLoader("kith_scripts_eval",
+                                                  str(REPO / "scripts" / "eval"))
     spec = importlib.util.spec_from_loader(loader.name, loader)
     assert spec is not None
     mod = importlib.util.module_from_spec(spec)
