@@ -40,14 +40,6 @@ def init_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", 
 
 
 # ----------------------------------------------------------------------------- host
-async def _until_signal(scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            err_console.print("stopping: closing sessions and the endpoint…")
-            scope.cancel()
-            return
-
-
 def _redacted_log_handler(home: Path) -> None:
     """Show the node's warnings on stderr with real paths, keys, hosts and URL query
     strings redacted (issue 5 rule 7: host logs are often pasted to others)."""
