@@ -114,7 +114,6 @@ def serve(
     if not is_loopback(host) and not public:
         raise CommunityError("server-not-public",
                              f"refusing to listen on non-loopback address {host} without --public",
-                             hint="pass --public to serve beyond this machine (behind TLS)",
                              exit_code=2)
     if access_log:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")

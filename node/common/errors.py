@@ -40,7 +40,8 @@ class Code(NamedTuple):
     hint: str | None = None
 
 
-# code -> (category, default one-line message[, default hint])
+# code -> (category, default one-line message[, default hint]); a raise site may pass its
+# own message (with the detail it knows) and, rarely, its own hint.
 _ROWS: dict[str, tuple[str, ...]] = {
     # --- usage / configuration -------------------------------------------------------
     "usage": ("usage", "The command line is not valid."),
@@ -142,7 +143,8 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "invitation-duplicate": ("community", "An invitation with that post_id already exists."),
     "method-not-allowed": ("community", "That HTTP method is not allowed on this route."),
     "server-start-failed": ("community", "The community server could not listen on that address."),
-    "server-not-public": ("community", "Refusing to serve on a non-loopback address without --public."),
+    "server-not-public": ("community", "Refusing to serve on a non-loopback address without --public.",
+                          "pass --public to serve beyond this machine (behind TLS)"),
     "rate-limited": ("community", "Too many requests; retry after the Retry-After delay."),
     "invitation-withdrawn": ("community", "The host withdrew this invitation."),
     "invitation-consumed": ("community", "The invitation's max_sessions were all used."),
@@ -152,7 +154,8 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "protocol-id-not-found": ("community", "No protocol spec with that protocol_id was published."),
     "database-url-invalid": ("community", "The database URL is not postgresql://, postgres:// or sqlite:///."),
     "database-unavailable": ("community", "The community database cannot be opened or reached."),
-    "database-driver-missing": ("community", "The PostgreSQL driver is not installed (kith-node[postgres])."),
+    "database-driver-missing": ("community", "The PostgreSQL driver is not installed (kith-node[postgres]).",
+                                "pip install 'kith-node[postgres]'"),
     # --- corpus ---------------------------------------------------------------------------
     "root-not-found": ("corpus", "The folder to index does not exist or is not a directory."),
     "root-exists": ("corpus", "That folder is already a source root."),

@@ -617,8 +617,7 @@ class PostgresStore(CommunityStore):
             from psycopg_pool import ConnectionPool
         except ImportError:
             raise CommunityError("database-driver-missing",
-                                 "a postgresql:// database needs psycopg 3",
-                                 hint="pip install 'kith-node[postgres]'") from None
+                                 "a postgresql:// database needs psycopg 3") from None
         self._display = display_database_url(url)
         self._pool = ConnectionPool(url, min_size=min_size, max_size=max_size, open=False,
                                     timeout=BUSY_TIMEOUT_S, name="kith-community")
