@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measure the cost the egress policy adds to one answer (issue 5), side by side.
 
-Prints per-query milliseconds for: corpus search alone, search + gate.filter_hits, and
+Prints per-query milliseconds for: corpus search alone, search + gate.screen (no approvals), and
 search + the full knowledge handle (quota, screen with approvals, envelope, leak scan),
 plus the approvals lookup with many decided requests on disk. Run:
     .venv/bin/python scripts/bench_policy.py
@@ -64,12 +64,12 @@ def main() -> None:
     hits, _ = corpus.search_hits(q, limit=100)
     print(f"candidates per query: {len(hits)}")
     search = timed(lambda: corpus.search_hits(q, limit=100))
-    gated = timed(lambda: gate.filter_hits(corpus.search_hits(q, limit=100)[0], "alice"))
+    gated = timed(lambda: gate.screen(corpus.search_hits(q, limit=100)[0], "alice", None, q))
     full = timed(lambda: handle.search({"query": q, "topK": 10}))
     screen = timed(lambda: gate.screen(hits, "alice", "a1" * 32, q))
     verdicts = timed(lambda: approvals.verdicts("a1" * 32, q))
     print(f"{'search only':32s} {search:7.2f} ms  1.00x")
-    print(f"{'search + filter_hits':32s} {gated:7.2f} ms  {gated / search:.2f}x")
+    print(f"{'search + screen (no approvals)':32s} {gated:7.2f} ms  {gated / search:.2f}x")
     print(f"{'knowledge handle (full answer)':32s} {full:7.2f} ms  {full / search:.2f}x")
     print(f"{'screen 100 hits (w/ approvals)':32s} {screen:7.2f} ms")
     print(f"{'approvals.verdicts, ~500 on disk':32s} {verdicts:7.2f} ms")

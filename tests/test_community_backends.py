@@ -29,7 +29,7 @@ from node.community.ratelimit import RateLimit, RateLimits
 from node.community.requests import signed_headers
 from node.community.server import run_server_in_thread
 from node.community.store import TABLES, PostgresStore, open_store
-from node.common.errors import CommunityError, UsageError
+from node.common.errors import CommunityError
 from node.trust.identity import Identity
 
 from conftest import new_identity
@@ -222,7 +222,7 @@ def test_reopening_keeps_the_data(database) -> None:
 # --- database URLs ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("url", ["mysql://x/y", "sqlite://relative.db", "sqlite:///", "nonsense"])
 def test_a_bad_database_url_is_a_usage_error(url: str) -> None:
-    with pytest.raises(UsageError) as err:
+    with pytest.raises(CommunityError) as err:
         open_store(url)
     assert err.value.code == "database-url-invalid"
 
@@ -292,9 +292,9 @@ def test_first_cut_sqlite_database_is_migrated(tmp_path: Path) -> None:
 def test_postgres_without_psycopg_names_the_extra(tmp_path: Path) -> None:
     code = ("import sys; sys.modules['psycopg'] = None; sys.modules['psycopg_pool'] = None\n"
             "from node.community.store import open_store\n"
-            "from node.common.errors import ConfigError\n"
+            "from node.common.errors import CommunityError\n"
             "try:\n    open_store('postgresql://u@localhost/db')\n"
-            "except ConfigError as e:\n    print(e.code, e.hint)\n")
+            "except CommunityError as e:\n    print(e.code, e.hint)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert out.stdout.strip() == "database-driver-missing pip install 'kith-node[postgres]'"

@@ -24,7 +24,7 @@ from node.community.ratelimit import RateLimit, RateLimits, TokenBuckets
 from node.community.requests import REQUEST_WINDOW_S, signed_headers
 from node.community.server import run_server_in_thread
 from node.community.store import TABLES, SqliteStore
-from node.common.errors import CommunityError, UsageError
+from node.common.errors import CommunityError, InvitationError, ProtocolViolation, UsageError
 from node.trust.identity import Identity, init_identity
 from node.trust.invitation import POST_ID_RE, Invitation, create_invitation
 from node.trust.signing import new_nonce, role_message, session_id_of, session_payload
@@ -425,7 +425,7 @@ def test_client_roundtrip_and_error_mapping(url: str, host: Identity, guest: Ide
             assert (await client.health())["service"] == "kith-community"
             stored = await client.publish_invitation(invitation(host))
             assert await client.get_invitation(stored.post_id) == stored
-            with pytest.raises(CommunityError) as err:
+            with pytest.raises(InvitationError) as err:
                 await client.get_invitation("abcdefghijklmnopqrstuv")
             assert err.value.code == "invitation-not-found" and err.value.status == 404
             with pytest.raises(CommunityError) as err:
@@ -1015,7 +1015,7 @@ def test_client_session_close_and_feedback(url: str, host: Identity, guest: Iden
             sid = proof["session_id"]
             closed = await gc.close_session(sid, "completed")
             assert closed["state"] == "closed" and closed["close_reason"] == "completed"
-            with pytest.raises(CommunityError) as err:
+            with pytest.raises(ProtocolViolation) as err:
                 await hc.close_session(sid)
             assert err.value.code == "session-closed" and err.value.status == 409
             got = await gc.submit_feedback(sid, 4, "good")

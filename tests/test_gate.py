@@ -12,7 +12,7 @@ import pytest
 
 from node.corpus.types import Hit, Root
 from node.common.errors import EgressRefused
-from node.policy.gate import EgressGate
+from node.policy.gate import VISIBLE, EgressGate
 from node.policy.store import Policy
 
 
@@ -38,7 +38,12 @@ def _hit(source_id: str, n: int = 0, **kw: object) -> Hit:
     return Hit(chunk_id=f"c{n}", source_id=source_id, text="t", score=1.0 - n / 100, **kw)
 
 
-def test_filter_hits_keeps_allowed_in_order_per_peer(setup) -> None:
+def visible(gate: EgressGate, hits: list[Hit], peer: str | None) -> list[Hit]:
+    """What ``gate.screen`` (the knowledge handle's path) lets a peer see now, no approvals."""
+    return [h for h, state in gate.screen(hits, peer, None, "q") if state == VISIBLE]
+
+
+def test_screen_keeps_allowed_in_order_per_peer(setup) -> None:
     gate, docs, _ = setup
     hits = [
         _hit("/docs/a.md", 0),
@@ -49,11 +54,11 @@ def test_filter_hits_keeps_allowed_in_order_per_peer(setup) -> None:
         _hit("/kakao/personal/chunks/chunk-1", 5),
         _hit("/docs/b.md", 6),
     ]
-    anon = [h.chunk_id for h in gate.filter_hits(hits, None)]
+    anon = [h.chunk_id for h in visible(gate, hits, None)]
     assert anon == ["c0", "c5", "c6"]
-    alice = [h.chunk_id for h in gate.filter_hits(hits, "alice")]
+    alice = [h.chunk_id for h in visible(gate, hits, "alice")]
     assert alice == ["c0", "c1", "c5", "c6"]
-    assert gate.filter_hits([], "alice") == []
+    assert gate.screen([], "alice", None, "q") == []
 
 
 def test_real_path_sources_leave_as_wire_ids_or_not_at_all(setup) -> None:
@@ -65,7 +70,7 @@ def test_real_path_sources_leave_as_wire_ids_or_not_at_all(setup) -> None:
         _hit("file:///docs/a.md", 3),
         _hit("", 4),
     ]
-    out = gate.filter_hits(hits, "alice")
+    out = visible(gate, hits, "alice")
     assert [(h.chunk_id, h.source_id) for h in out] == [("c0", "/docs/a.md")]
     decisions = gate.decide_hits(hits, "alice")
     assert [d.canonical for _, d in decisions] == ["/docs/a.md", None, None, None, None]
@@ -75,7 +80,7 @@ def test_hit_whose_id_disagrees_with_its_origin_is_dropped(setup) -> None:
     gate, _, _ = setup
     honest = _hit("/docs/a.md", 0, root_prefix="docs", rel_path="a.md")
     forged = _hit("/docs/a.md", 1, root_prefix="docs", rel_path="team/secret-plan.md")
-    assert [h.chunk_id for h in gate.filter_hits([honest, forged], None)] == ["c0"]
+    assert [h.chunk_id for h in visible(gate, [honest, forged], None)] == ["c0"]
 
 
 def test_ask_is_withheld_but_visible_to_the_approvals_layer(setup) -> None:

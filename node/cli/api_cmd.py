@@ -8,7 +8,7 @@ import sys
 import typer
 
 from node.cli.common import emit_json, err_console, home_of
-from node.common.errors import UsageError
+from node.common.errors import CorpusError
 
 api_app = typer.Typer(help="The local read-only API for agents on this machine (loopback only).",
                       no_args_is_help=True)
@@ -30,9 +30,10 @@ def serve_cmd(
     from node.local.api import is_loopback, serve
 
     if not is_loopback(host):
-        raise UsageError("api-loopback-only",
-                         f"refusing to serve the local API on non-loopback address {host}",
-                         hint="use 127.0.0.1 or ::1; the API is for agents on this machine")
+        raise CorpusError("api-loopback-only",
+                          f"refusing to serve the local API on non-loopback address {host}",
+                          hint="use 127.0.0.1 or ::1; the API is for agents on this machine",
+                          exit_code=2)
     if access_log:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
 

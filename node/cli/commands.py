@@ -12,7 +12,7 @@ import typer
 
 from node.cli.common import console, emit_json, err_console, home_of, safe_text, warn
 from node.cli.main import app
-from node.common.errors import CODES, HandshakeError, InvitationError, KithError, SessionAborted, UsageError
+from node.common.errors import CODES, InvitationError, KithError, SessionAborted, SpecError, UsageError, error_for
 
 protocol_app = typer.Typer(help="Work with protocol folders (spec.json + hooks.py).", no_args_is_help=True)
 app.add_typer(protocol_app, name="protocol")
@@ -40,14 +40,6 @@ def init_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", 
 
 
 # ----------------------------------------------------------------------------- host
-async def _until_signal(scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            err_console.print("stopping: closing sessions and the endpoint…")
-            scope.cancel()
-            return
-
-
 def _redacted_log_handler(home: Path) -> None:
     """Show the node's warnings on stderr with real paths, keys, hosts and URL query
     strings redacted (issue 5 rule 7: host logs are often pasted to others)."""
@@ -377,13 +369,13 @@ def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]],
         return
     code = outcome.code if outcome.code in CODES else "handshake-rejected"
     if outcome.reason == "rejected":
-        raise HandshakeError(code, f"the session was refused: {outcome.message or CODES[code][1]}")
+        raise error_for(code, f"the session was refused: {outcome.message or CODES[code][1]}")
     if outcome.remote_errors and outcome.reason == "peer-disconnected":
         # the host said why before it hung up: show its code, not just the hang-up
         rcode, rmessage = outcome.remote_errors[-1]
         shown = rcode if rcode in CODES else "remote-error"
         raise SessionAborted("remote-error", f"the host ended the session: [{shown}] {rmessage}"[:300])
-    raise SessionAborted(code, outcome.message or CODES[code][1])
+    raise error_for(code, outcome.message or CODES[code][1])
 
 
 # ----------------------------------------------------------------------------- protocol test
@@ -421,7 +413,7 @@ def protocol_test_cmd(
                 console.print("  " + row, highlight=False, markup=False, soft_wrap=True)
     failed = sum(not c.passed for c in report.checks) + (sum(not r.passed for r in adv.rows) if adv else 0)
     if failed:
-        raise KithError("protocol-test-failed", f"{failed} check(s) failed")
+        raise SpecError("protocol-test-failed", f"{failed} check(s) failed")
 
 
 @protocol_app.command("id")

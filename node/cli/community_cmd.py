@@ -22,7 +22,7 @@ import typer
 
 from node.cli.common import emit_json, err_console, home_of
 from node.cli.common import untrusted_console as console
-from node.common.errors import ConfigError, SpecError, UsageError
+from node.common.errors import CommunityError, ConfigError, SpecError, UsageError
 from node.common.http import base_url_of, bind_socket, is_loopback, serve_forever
 from node.community.ratelimit import RateLimit, RateLimits
 from node.community.server import DEFAULT_PORT, create_app
@@ -112,9 +112,9 @@ def serve(
     URL goes to stderr.
     """
     if not is_loopback(host) and not public:
-        raise UsageError("server-not-public",
-                         f"refusing to listen on non-loopback address {host} without --public",
-                         hint="pass --public to serve beyond this machine (behind TLS)")
+        raise CommunityError("server-not-public",
+                             f"refusing to listen on non-loopback address {host} without --public",
+                             exit_code=2)
     if access_log:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     database: Path | str = database_url if database_url else default_db_path(home_of(ctx))

@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from node.cli.common import err_console, safe_text, state_of
-from node.common.errors import KithError
+from node.common.errors import ConfigError, KithError
 
 app = typer.Typer(
     name="kith",
@@ -95,13 +95,13 @@ def _as_kith_error(exc: BaseException) -> KithError | None:
         return None
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-        return KithError("io-error", f"{exc.strerror or type(exc).__name__}{where}",
-                         hint="check that the Kith home and the files named are writable by you")
+        return ConfigError("io-error", f"{exc.strerror or type(exc).__name__}{where}",
+                           hint="check that the Kith home and the files named are writable by you")
     import sqlite3
 
     if isinstance(exc, sqlite3.OperationalError) and "readonly" in str(exc):
-        return KithError("io-error", "the database in the Kith home is read-only",
-                         hint="check that the Kith home is writable by you")
+        return ConfigError("io-error", "the database in the Kith home is read-only",
+                           hint="check that the Kith home is writable by you")
     return None
 
 

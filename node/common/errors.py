@@ -1,21 +1,48 @@
-"""The whole Kith error taxonomy.
+"""The whole Kith error taxonomy: one table, one class per category.
 
 Every refusal Kith can produce is a :class:`KithError` carrying a stable kebab-case
-``code`` (listed in :data:`CODES` and documented in ``specs/error-codes.md``), a one-line
-human ``message`` and an optional ``hint`` saying what to do about it. The CLI maps these
-to messages and exit codes in one place (``node/cli/main.py``); peers see only ``code`` and
-``message`` (never exception text, hosts, keys or real paths).
+``code``, a one-line human ``message`` and an optional ``hint`` saying what to do about it.
+:data:`CODES` states each code's category, default message and default hint ONCE (the pip
+``exceptions.py`` habit); ``specs/error-codes.md`` documents the same table. Each category
+has one class (``category`` → class in :data:`CATEGORY_CLASSES`): constructing a class with
+a code of another category is a programming error (``ValueError``), so a raise site cannot
+disagree with the table; :func:`error_for` builds the right class for a code only known at
+run time (a code a peer or the community server sent). ``tests/test_error_table.py`` scans
+``node/`` for raise sites and codes that the table does not hold.
 
-This module imports nothing else from Kith (the pip ``exceptions.py`` habit).
+The CLI maps these to messages and exit codes in one place (``node/cli/main.py``); peers
+see only ``code`` and ``message`` (never exception text, hosts, keys or real paths).
 
-To add a refusal: add its code to :data:`CODES` (code → category, default message) and a
-line to ``specs/error-codes.md``; ``tests/test_docs.py`` checks both stay in step.
+This module imports nothing else from Kith.
+
+To add a refusal: add its code to :data:`CODES` (code → category, default message,
+optional default hint) and a row to ``specs/error-codes.md`` under that category;
+``tests/test_docs.py`` checks both stay in step.
 """
 
 from __future__ import annotations
 
-# code -> (category, default one-line message)
-CODES: dict[str, tuple[str, str]] = {
+from typing import ClassVar, NamedTuple
+
+
+class Code(NamedTuple):
+    """One row of the error table.
+
+    Attributes:
+        category: the ``## section`` of ``specs/error-codes.md`` and the class raised
+            (:data:`CATEGORY_CLASSES`).
+        message: the default one-line message (what a peer is told for this code).
+        hint: the default advice shown by the CLI, or None.
+    """
+
+    category: str
+    message: str
+    hint: str | None = None
+
+
+# code -> (category, default one-line message[, default hint]); a raise site may pass its
+# own message (with the detail it knows) and, rarely, its own hint.
+_ROWS: dict[str, tuple[str, ...]] = {
     # --- usage / configuration -------------------------------------------------------
     "usage": ("usage", "The command line is not valid."),
     "config-invalid": ("config", "A configuration file is not valid."),
@@ -39,7 +66,7 @@ CODES: dict[str, tuple[str, str]] = {
     "invitation-unknown-protocol": ("invitation", "The invitation names a protocol that is not installed here."),
     "invitation-bad-hex": ("invitation", "A key or signature in the invitation is not strict lowercase hex of the exact length."),
     "invitation-not-found": ("invitation", "No invitation with that post_id exists on the server."),
-    "host-key-changed": ("invitation", "The host key differs from the key pinned for that peer name."),
+    "host-key-changed": ("handshake", "The host key differs from the key pinned for that peer name."),
     "host-not-trusted": ("invitation", "The host key is not trusted; pass --trust or answer yes at the prompt."),
     # --- handshake (_session_reject codes) -----------------------------------------
     "handshake-first-frame": ("handshake", "The first frame of a session must be _session_init."),
@@ -90,7 +117,7 @@ CODES: dict[str, tuple[str, str]] = {
     # --- protocol specs / hooks --------------------------------------------------------
     "spec-invalid": ("spec", "The protocol's spec.json is not valid."),
     "protocol-not-found": ("spec", "No protocol with that name is installed."),
-    "hooks-invalid": ("hook", "The protocol's hooks.py cannot be loaded."),
+    "hooks-invalid": ("spec", "The protocol's hooks.py cannot be loaded."),
     "hook-failed": ("hook", "A protocol hook raised an error."),
     "hook-timeout": ("hook", "A protocol hook did not finish in time."),
     "hook-output-invalid": ("hook", "A protocol hook produced a message that does not match the protocol."),
@@ -116,7 +143,8 @@ CODES: dict[str, tuple[str, str]] = {
     "invitation-duplicate": ("community", "An invitation with that post_id already exists."),
     "method-not-allowed": ("community", "That HTTP method is not allowed on this route."),
     "server-start-failed": ("community", "The community server could not listen on that address."),
-    "server-not-public": ("community", "Refusing to serve on a non-loopback address without --public."),
+    "server-not-public": ("community", "Refusing to serve on a non-loopback address without --public.",
+                          "pass --public to serve beyond this machine (behind TLS)"),
     "rate-limited": ("community", "Too many requests; retry after the Retry-After delay."),
     "invitation-withdrawn": ("community", "The host withdrew this invitation."),
     "invitation-consumed": ("community", "The invitation's max_sessions were all used."),
@@ -126,7 +154,8 @@ CODES: dict[str, tuple[str, str]] = {
     "protocol-id-not-found": ("community", "No protocol spec with that protocol_id was published."),
     "database-url-invalid": ("community", "The database URL is not postgresql://, postgres:// or sqlite:///."),
     "database-unavailable": ("community", "The community database cannot be opened or reached."),
-    "database-driver-missing": ("community", "The PostgreSQL driver is not installed (kith-node[postgres])."),
+    "database-driver-missing": ("community", "The PostgreSQL driver is not installed (kith-node[postgres]).",
+                                "pip install 'kith-node[postgres]'"),
     # --- corpus ---------------------------------------------------------------------------
     "root-not-found": ("corpus", "The folder to index does not exist or is not a directory."),
     "root-exists": ("corpus", "That folder is already a source root."),
@@ -156,39 +185,62 @@ CODES: dict[str, tuple[str, str]] = {
     "peer-exists": ("policy", "A peer with that name is already pinned."),
     "peer-key-pinned": ("policy", "That public key is already pinned under another name."),
     "peer-not-found": ("policy", "No peer with that name is in the registry."),
-    "peer-key-changed": ("policy", "This peer claims a pinned name but presents a different key."),
+    "peer-key-changed": ("handshake", "This peer claims a pinned name but presents a different key."),
     # --- generic ----------------------------------------------------------------------------
     "internal-error": ("internal", "An internal error occurred."),
 }
+
+CODES: dict[str, Code] = {code: Code(*row) for code, row in _ROWS.items()}
+"""code → :class:`Code` (category, default message, default hint): the one error table."""
 
 
 class KithError(Exception):
     """A typed refusal with a stable code.
 
+    Raise the class of the code's category (:data:`CATEGORY_CLASSES`); ``KithError`` itself
+    accepts any code, and :func:`error_for` picks the class when the code is only known at
+    run time.
+
     Args:
         code: a key of :data:`CODES` (kebab-case, stable; documented in specs/).
         message: one line for a human; defaults to the code's default message. Must not
             contain secrets or real paths when it can reach a peer.
-        hint: optional advice on what to do next (shown by the CLI).
-        exit_code: CLI exit status (1 failure, 2 usage).
+        hint: advice on what to do next (shown by the CLI); defaults to the code's hint.
+        exit_code: CLI exit status (1 failure, 2 usage); defaults to the class's.
+        status: the HTTP status when the refusal is answered (or was received) over HTTP
+            (the community server, the local API); 400 unless given.
+
+    Attributes:
+        category: the code's category from :data:`CODES` (never stated at the raise site).
 
     Raises:
-        ValueError: if ``code`` is not registered in :data:`CODES` (a programming error).
+        ValueError: if ``code`` is not registered in :data:`CODES`, or belongs to another
+            category than the class raised (a programming error).
     """
 
-    category = "internal"
+    _category: ClassVar[str | None] = None  # the category a subclass stands for; None: any
     exit_code = 1
 
     def __init__(self, code: str, message: str | None = None, *, hint: str | None = None,
-                 exit_code: int | None = None) -> None:
-        if code not in CODES:
+                 exit_code: int | None = None, status: int = 400) -> None:
+        row = CODES.get(code)
+        if row is None:
             raise ValueError(f"unregistered error code {code!r}")
+        if self._category is not None and self._category != row.category:
+            raise ValueError(f"{code!r} is a {row.category!r} code; raise it as "
+                             f"{CATEGORY_CLASSES[row.category].__name__}, not {type(self).__name__}")
         self.code = code
-        self.message = message or CODES[code][1]
-        self.hint = hint
+        self.message = message or row.message
+        self.hint = hint or row.hint
+        self.status = status
         if exit_code is not None:
             self.exit_code = exit_code
         super().__init__(f"[{code}] {self.message}")
+
+    @property
+    def category(self) -> str:
+        """The code's category, from :data:`CODES`."""
+        return CODES[self.code].category
 
     def to_dict(self) -> dict[str, str]:
         """Return ``{"code": ..., "message": ...}`` (plus ``hint`` when set) for JSON output."""
@@ -201,68 +253,68 @@ class KithError(Exception):
 class UsageError(KithError):
     """Bad command-line usage (exit status 2)."""
 
-    category = "usage"
+    _category = "usage"
     exit_code = 2
 
 
 class ConfigError(KithError):
     """A missing or invalid local configuration, home or file."""
 
-    category = "config"
+    _category = "config"
 
 
 class SigningError(KithError):
     """Strict-hex or signature verification failure (DESIGN §4)."""
 
-    category = "signing"
+    _category = "signing"
 
 
 class InvitationError(KithError):
     """An invitation that ``kith join`` refuses (DESIGN §5)."""
 
-    category = "invitation"
+    _category = "invitation"
 
 
 class HandshakeError(KithError):
     """A handshake refusal; its code travels in ``_session_reject`` (DESIGN §6)."""
 
-    category = "handshake"
+    _category = "handshake"
 
 
 class ProtocolViolation(KithError):
     """A frame or message that breaks framing, the spec or the session rules (DESIGN §7)."""
 
-    category = "protocol"
+    _category = "protocol"
 
 
 class SessionAborted(KithError):
     """The session ended abnormally (peer gone, unresponsive, idle, remote error)."""
 
-    category = "session"
+    _category = "session"
 
 
 class SpecError(KithError):
     """A protocol directory whose spec.json or hooks.py cannot be used."""
 
-    category = "spec"
+    _category = "spec"
 
 
 class HookError(KithError):
     """A protocol hook failed, timed out, or produced an invalid message."""
 
-    category = "hook"
+    _category = "hook"
 
 
 class EgressRefused(KithError):
     """The egress gate refused an outgoing message (DESIGN §10)."""
 
-    category = "egress"
+    _category = "egress"
 
 
 class TransportError(KithError):
     """An iroh/memory transport failure, translated in one place (node/transport)."""
 
-    category = "transport"
+    _category = "transport"
 
 
 class CommunityError(KithError):
@@ -271,21 +323,52 @@ class CommunityError(KithError):
     ``status`` is the HTTP status the server answers with (or received by the client).
     """
 
-    category = "community"
-
-    def __init__(self, code: str, message: str | None = None, *, status: int = 400,
-                 hint: str | None = None) -> None:
-        super().__init__(code, message, hint=hint)
-        self.status = status
+    _category = "community"
 
 
 class CorpusError(KithError):
     """A corpus/index refusal (roots, sync, search requests)."""
 
-    category = "corpus"
+    _category = "corpus"
 
 
 class PolicyError(KithError):
     """An invalid policy file, glob or tier."""
 
-    category = "policy"
+    _category = "policy"
+
+
+CATEGORY_CLASSES: dict[str, type[KithError]] = {
+    "internal": KithError,
+    "identity": KithError,
+    **{cls._category: cls for cls in (UsageError, ConfigError, SigningError, InvitationError,
+                                      HandshakeError, ProtocolViolation, SessionAborted,
+                                      SpecError, HookError, EgressRefused, TransportError,
+                                      CommunityError, CorpusError, PolicyError)
+       if cls._category is not None},
+}
+"""category → the one class raised for its codes (``internal`` and ``identity`` codes have no
+class of their own: they are raised as ``KithError``)."""
+
+
+def error_for(code: str, message: str | None = None, *, hint: str | None = None,
+              exit_code: int | None = None, status: int = 400) -> KithError:
+    """The refusal for a code known only at run time, as the class of its category.
+
+    Args:
+        code: a key of :data:`CODES` (e.g. a code the community server or a peer sent,
+            already checked to be registered).
+        message, hint, exit_code, status: as for :class:`KithError`.
+
+    Returns:
+        An instance of ``CATEGORY_CLASSES[CODES[code].category]`` (``KithError`` when the
+        category has no class of its own).
+
+    Raises:
+        ValueError: if ``code`` is not registered.
+    """
+    row = CODES.get(code)
+    if row is None:
+        raise ValueError(f"unregistered error code {code!r}")
+    cls = CATEGORY_CLASSES.get(row.category, KithError)
+    return cls(code, message, hint=hint, exit_code=exit_code, status=status)

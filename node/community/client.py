@@ -28,7 +28,7 @@ import httpx
 import msgspec
 
 from node.community.requests import signed_headers
-from node.common.errors import CODES, CommunityError, InvitationError, KithError, UsageError
+from node.common.errors import CODES, CommunityError, InvitationError, KithError, UsageError, error_for
 from node.trust.identity import Identity
 from node.trust.invitation import POST_ID_RE, Invitation, parse_invitation, rfc3339
 from node.protocol.spec import parse_spec, protocol_id_of
@@ -149,13 +149,13 @@ class CommunityClient:
             return status, data
         raise self._error_of(status, data)
 
-    def _error_of(self, status: int, data: Any) -> CommunityError:
+    def _error_of(self, status: int, data: Any) -> KithError:
         err = data.get("error") if isinstance(data, dict) else None
         if isinstance(err, dict) and isinstance(err.get("code"), str):
             code = err["code"] if err["code"] in CODES else "server-error"
             message = err.get("message")
             text = _one_line(message) if isinstance(message, str) and message.strip() else None
-            return CommunityError(code, text or CODES[code][1], status=status)
+            return error_for(code, text, status=status)
         return CommunityError("server-error", f"the community server at {self.display_url} "
                               f"answered HTTP {status}", status=status)
 
@@ -221,8 +221,8 @@ class CommunityClient:
                 invitation with that post_id).
         """
         if not isinstance(post_id, str) or not POST_ID_RE.fullmatch(post_id):
-            raise CommunityError("invitation-not-found",
-                                 "a post_id is 8-64 characters of A-Z a-z 0-9 _ -", status=404)
+            raise InvitationError("invitation-not-found",
+                                  "a post_id is 8-64 characters of A-Z a-z 0-9 _ -", status=404)
         status, data = await self._request("GET", f"/invitations/{post_id}")
         inv = self._invitation_of(data, status)
         if inv.post_id != post_id:
@@ -551,5 +551,5 @@ def _check_session_id(session_id: object) -> None:
 
 def _check_post_id(post_id: object) -> None:
     if not isinstance(post_id, str) or not POST_ID_RE.fullmatch(post_id):
-        raise CommunityError("invitation-not-found",
-                             "a post_id is 8-64 characters of A-Z a-z 0-9 _ -", status=404)
+        raise InvitationError("invitation-not-found",
+                              "a post_id is 8-64 characters of A-Z a-z 0-9 _ -", status=404)

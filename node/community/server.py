@@ -58,6 +58,7 @@ from node.common.errors import (
     CommunityError,
     InvitationError,
     KithError,
+    ProtocolViolation,
     SigningError,
     SpecError,
 )
@@ -188,7 +189,7 @@ class RateLimited(CommunityError):
 
 async def _on_kith_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, KithError)
-    status = exc.status if isinstance(exc, CommunityError) else 400
+    status = exc.status  # 400 unless the raise site gave one (KithError.status)
     headers = ({"Retry-After": retry_after_header(exc.wait_s)}
                if isinstance(exc, RateLimited) else None)
     return error_response(exc.code, exc.message, status, headers)
@@ -404,7 +405,7 @@ class _App:
                 break
             inv.post_id = document["post_id"] = new_post_id()
         else:
-            raise CommunityError("internal-error", "could not assign a post_id", status=500)
+            raise KithError("internal-error", "could not assign a post_id", status=500)
         return JSONResponse(document, status_code=201,
                             headers={"Location": f"{API_PREFIX}/invitations/{inv.post_id}"})
 
@@ -421,8 +422,8 @@ class _App:
         row = await self._db(self.store.get_invitation, post_id) \
             if POST_ID_RE.fullmatch(post_id) else None
         if row is None:
-            raise CommunityError("invitation-not-found", "no invitation with that post_id",
-                                 status=404)
+            raise InvitationError("invitation-not-found", "no invitation with that post_id",
+                                  status=404)
         return row
 
     # GET /api/v1/invitations/{post_id}
@@ -437,9 +438,9 @@ class _App:
                                  f"the invitation allowed {row.max_sessions} session(s) and "
                                  "they were used; ask the host for a new post_id", status=410)
         if state == "expired":
-            raise CommunityError("invitation-expired",
-                                 f"the invitation expired at {row.document.get('expires_at')}",
-                                 status=410)
+            raise InvitationError("invitation-expired",
+                                  f"the invitation expired at {row.document.get('expires_at')}",
+                                  status=410)
         return JSONResponse(row.document)
 
     # GET /api/v1/invitations/{post_id}/status
@@ -500,8 +501,8 @@ class _App:
             raise CommunityError("session-invalid", "post_id is not a valid post_id", status=400)
         row = await self._db(self.store.get_invitation, proof.post_id)
         if row is None:
-            raise CommunityError("invitation-not-found", "no invitation with that post_id",
-                                 status=404)
+            raise InvitationError("invitation-not-found", "no invitation with that post_id",
+                                  status=404)
         if row.document.get("host_public_key") != proof.host_public_key:
             raise CommunityError("session-invalid",
                                  "host_public_key differs from the invitation's host",
@@ -523,8 +524,8 @@ class _App:
                                  f"the invitation allowed {row.max_sessions} session(s) and "
                                  "they were used", status=409)
         if outcome == "no-invitation":  # pragma: no cover - invitations are never deleted
-            raise CommunityError("invitation-not-found", "no invitation with that post_id",
-                                 status=404)
+            raise InvitationError("invitation-not-found", "no invitation with that post_id",
+                                  status=404)
         stored = await self._db(self.store.get_session, proof.session_id)
         return JSONResponse(_session_json(stored), status_code=201,
                             headers={"Location": f"{API_PREFIX}/sessions/{proof.session_id}"})
@@ -569,7 +570,7 @@ class _App:
         if not await self._db(self.store.close_session, record["session_id"],
                               closed_by=signed.public_key, reason=close.reason,
                               now=self.clock()):
-            raise CommunityError("session-closed", "the session is already closed", status=409)
+            raise ProtocolViolation("session-closed", "the session is already closed", status=409)
         return JSONResponse(_session_json(await self._session(request)))
 
     # POST /api/v1/sessions/{session_id}/feedback

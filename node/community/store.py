@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from node.common.errors import CommunityError, ConfigError, UsageError
+from node.common.errors import CommunityError
 
 SCHEMA_VERSION = 2
 DB_DIR = "community"
@@ -616,9 +616,8 @@ class PostgresStore(CommunityStore):
             import psycopg  # noqa: F401
             from psycopg_pool import ConnectionPool
         except ImportError:
-            raise ConfigError("database-driver-missing",
-                              "a postgresql:// database needs psycopg 3",
-                              hint="pip install 'kith-node[postgres]'") from None
+            raise CommunityError("database-driver-missing",
+                                 "a postgresql:// database needs psycopg 3") from None
         self._display = display_database_url(url)
         self._pool = ConnectionPool(url, min_size=min_size, max_size=max_size, open=False,
                                     timeout=BUSY_TIMEOUT_S, name="kith-community")
@@ -706,8 +705,9 @@ def open_store(target: Path | str) -> CommunityStore:
     if scheme == "sqlite":
         path = target[len("sqlite://"):] if target.startswith("sqlite://") else ""
         if not path.startswith("/") or path == "/":
-            raise UsageError("database-url-invalid",
-                             "a SQLite database URL is sqlite:///ABSOLUTE/PATH")
+            raise CommunityError("database-url-invalid",
+                                 "a SQLite database URL is sqlite:///ABSOLUTE/PATH", exit_code=2)
         return SqliteStore(Path(path))
-    raise UsageError("database-url-invalid",
-                     "the database URL must start with postgresql://, postgres:// or sqlite:///")
+    raise CommunityError("database-url-invalid",
+                         "the database URL must start with postgresql://, postgres:// or sqlite:///",
+                         exit_code=2)

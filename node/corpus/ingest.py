@@ -92,11 +92,6 @@ def doc_id_for(source_id: str) -> str:
     return "d" + hashlib.sha256(source_id.encode("utf-8")).hexdigest()[:24]
 
 
-def chunker_signature(root: Root) -> str:
-    """Chunker identity stored per document; a change re-chunks the document."""
-    return f"{root.chunker}:v{chunking.CHUNKER_VERSION}:{root.chunk_size}:{root.chunk_overlap}"
-
-
 def chunk_id_for(source_id: str, content_hash: str, sig: str, ordinal: int) -> str:
     """Stable chunk id: 32 hex of SHA-256(source id, content hash, chunker, ordinal).
 

@@ -185,14 +185,6 @@ def exact_units(query: str) -> list[list[str]]:
     return out
 
 
-def plan_passes(query: str) -> list[str]:
-    """Names of the passes the controller will run for ``query`` (request-only)."""
-    passes = ["baseline-bm25"]
-    if exact_units(query):
-        passes.append("exact-entity")
-    return passes
-
-
 def baseline_query(schema: Any, query: str) -> tuple[Any | None, str]:
     """Build the baseline BM25 query: ``(query or None, field_used)``.
 
@@ -228,18 +220,6 @@ def exact_query(schema: Any, query: str) -> Any | None:
              else Q.phrase_query(schema, "exact", unit))
         subs.append((tantivy.Occur.Should, q))
     return Q.boolean_query(subs) if subs else None
-
-
-def rrf_fuse(ranked: dict[str, list[tuple[str, float]]], k: int = RRF_K) -> dict[str, float]:
-    """Reciprocal-rank fusion: ``{chunk_id: sum over passes of 1/(k + rank)}``.
-
-    ``ranked`` maps a pass name to its hits ``[(chunk_id, raw score)]`` best first.
-    """
-    fused: dict[str, float] = {}
-    for hits in ranked.values():
-        for rank, (cid, _score) in enumerate(hits, start=1):
-            fused[cid] = fused.get(cid, 0.0) + 1.0 / (k + rank)
-    return fused
 
 
 # --- filters -------------------------------------------------------------------------

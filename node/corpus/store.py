@@ -464,15 +464,6 @@ class Corpus:
                 self._acquire_writer()
                 self._held = True
 
-    def rebuild_index(self) -> None:
-        """Rebuild the tantivy index from SQLite (takes the writer lock).
-
-        Raises:
-            CorpusError: ``index-locked``, ``corpus-readonly``.
-        """
-        with self._lock, self._writing():
-            self._repair(full=True)
-
     # -- sync -------------------------------------------------------------------------------
     def sync(self, *, progress: ingest.Progress | None = None,
              mode: str = "new_only") -> dict[str, Any]:
@@ -553,20 +544,6 @@ class Corpus:
             self._index = index
         self._index.reload()
         return self._index.searcher()
-
-    def _run_pass(self, searcher: Any, query: Any, depth: int,
-                  doc_of: dict[str, str]) -> tuple[list[tuple[str, float]], bool]:
-        """Run one pass: ``([(chunk_id, score)] best first, saturated)``; fills ``doc_of``."""
-        out = []
-        result = searcher.search(query, depth).hits
-        for score, addr in result:
-            if score > 0:
-                doc = searcher.doc(addr)
-                cid = doc["chunk_id"][0]
-                doc_of[cid] = doc["doc_id"][0]
-                out.append((cid, float(score)))
-        out.sort(key=lambda x: (-x[1], x[0]))
-        return out, len(result) >= depth
 
     def _serve_ok(self, row: sqlite3.Row, base: str | None) -> bool:
         """Serve-time origin check (DESIGN §9, seed ``provider-origins``).

@@ -11,7 +11,7 @@ from typing import Any, Union
 
 import msgspec
 
-from node.common.errors import ProtocolViolation
+from node.common.errors import HandshakeError, ProtocolViolation
 
 
 class _Frame(msgspec.Struct, tag_field="action", forbid_unknown_fields=True, omit_defaults=True):
@@ -131,15 +131,15 @@ def decode_system(obj: dict[str, Any]) -> SystemFrame:
     """Convert a decoded frame whose action starts with ``_`` into its struct.
 
     Raises:
-        ProtocolViolation: ``message-undeclared-action`` for an unknown system action,
-            ``handshake-malformed`` for wrong or missing fields.
+        ProtocolViolation: ``message-undeclared-action`` for an unknown system action.
+        HandshakeError: ``handshake-malformed`` for wrong or missing fields.
     """
     if obj.get("action") not in SYSTEM_ACTIONS:
         raise ProtocolViolation("message-undeclared-action", "unknown system frame")
     try:
         return msgspec.convert(obj, SystemFrame)
     except msgspec.ValidationError as exc:
-        raise ProtocolViolation("handshake-malformed", f"{obj['action']}: {exc}") from None
+        raise HandshakeError("handshake-malformed", f"{obj['action']}: {exc}") from None
 
 
 def to_dict(frame: SystemFrame) -> dict[str, Any]:

@@ -541,7 +541,7 @@ class SessionEngine:
         if action in ("_ping", "_pong", "_error"):
             try:
                 frame = F.decode_system(obj)
-            except ProtocolViolation as exc:
+            except (ProtocolViolation, HandshakeError) as exc:
                 return self._invalid_input(exc)
             if isinstance(frame, F.Ping):
                 self._queue(F.Pong(t=frame.t))
@@ -562,7 +562,7 @@ class SessionEngine:
             return self._fail(ProtocolViolation("message-before-ready"))
         try:
             frame = F.decode_system(obj)
-        except ProtocolViolation as exc:
+        except (ProtocolViolation, HandshakeError) as exc:
             if first and self.role == "host" and action != "_session_init":
                 return self._fail(HandshakeError("handshake-first-frame"))
             if self.role == "guest" and action in _UI_DATA_ACTIONS and self._ui_state in _UI_RECEIVING:

@@ -44,7 +44,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from node.answer import envelope as env_mod
-from node.common.errors import CommunityError, CorpusError, KithError
+from node.common.errors import CorpusError, KithError
 from node.common.http import (
     MAX_JSON_DEPTH,
     base_url_of,
@@ -256,7 +256,7 @@ def _invalid(message: str) -> JSONResponse:
 
 async def _on_kith_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, KithError)
-    status = exc.status if isinstance(exc, CommunityError) and exc.status else 400
+    status = exc.status  # 400 unless the raise site gave one (KithError.status)
     return error_response(exc.code, exc.message, status)
 
 

@@ -2,17 +2,18 @@
 
 Two duties, built once per (roots, policy, home) and cheap to call:
 
-* :meth:`EgressGate.filter_hits` — per hit: normalize the source id, check it against the
-  hit's own origin (``root_prefix``/``rel_path``), decide the tier for (peer, source), keep
-  only allowed hits, with their canonical (wire) id, in the original order.
+* :meth:`EgressGate.screen` — per hit: normalize the source id, check it against the
+  hit's own origin (``root_prefix``/``rel_path``), decide the tier for (peer, source)
+  (:meth:`EgressGate.decide_hits`), keep only allowed hits, with their canonical (wire)
+  id, in the original order, plus ``ask`` hits the owner's approvals opened.
 * :meth:`EgressGate.check_outgoing` — refuse an outgoing message (``egress-leak``) that
   contains the real absolute path of a source root or of the node home, in any spelling a
   serializer may produce (raw, symlink-resolved, NFC/NFD, ``\\`` or ``/`` separators, JSON
   escapes incl. ``\\/`` and ``\\uXXXX``, percent-encoding), matched ASCII-case-insensitively.
 
-``ask`` hits are withheld by :meth:`EgressGate.filter_hits`; :meth:`EgressGate.screen`
-applies the owner's approvals (``node.policy.approvals``) per (peer key, query) and tells
-the knowledge handle which ``ask`` hits still wait for a decision.
+``ask`` hits are withheld by policy alone; :meth:`EgressGate.screen` applies the owner's
+approvals (``node.policy.approvals``) per (peer key, query) and tells the knowledge handle
+which ``ask`` hits still wait for a decision.
 """
 
 from __future__ import annotations
@@ -205,15 +206,6 @@ class EgressGate:
                 hit = dataclasses.replace(hit, source_id=decision.canonical)
             out.append((hit, decision))
         return out
-
-    def filter_hits(self, hits: Sequence[Hit], peer_name: str | None) -> list[Hit]:
-        """Keep the hits ``peer_name`` may receive, order preserved, with canonical ids.
-
-        Dropped: invalid or origin-mismatched sources, ``never``, ``private`` (incl. no
-        matching rule), ``peers`` without this peer listed, and ``ask`` (held back until
-        approvals exist, issue 5).
-        """
-        return [hit for hit, decision in self.decide_hits(hits, peer_name) if decision.allowed]
 
     def screen(self, hits: Sequence[Hit], peer_name: str | None, peer_key: str | None,
                query: str, *, policy: Policy | None = None) -> list[tuple[Hit, str]]:

@@ -110,7 +110,8 @@ class Decision:
         canonical: the normalized source id, ``None`` when the source is invalid.
         tier: the tier that applies (``private`` when nothing matched or invalid).
         allowed: whether the source may be sent to this peer now (``public``, or ``peers``
-            with the peer listed). ``ask`` is ``False`` until approvals exist (issue 5).
+            with the peer listed). ``ask`` is always ``False`` here: an ``ask`` source is
+            opened only by an owner's approval (:meth:`node.policy.gate.EgressGate.screen`).
         matched: the canonical glob of the winning rule, ``None`` when nothing matched.
         override: the registry name of the ``[[override]]`` that decided, else ``None``.
     """
@@ -243,11 +244,12 @@ def _array_of_tables(doc: dict[str, Any], key: str, name: str, allowed: Any,
 
 
 class Policy:
-    """The rules of ``<home>/policy.toml`` plus its (not yet used) ``[quota]`` table.
+    """The rules of ``<home>/policy.toml`` plus its ``[quota]`` table.
 
     Args:
         rules: the rules in file order.
-        quota: the parsed ``[quota]`` table (kept and written back; used by issue 5).
+        quota: the parsed ``[quota]`` table (kept and written back; the per-peer rate
+            limit of :mod:`node.policy.quota`).
         path: where :meth:`save` writes; ``None`` for an in-memory policy.
     """
 

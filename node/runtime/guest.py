@@ -59,7 +59,7 @@ def check_invitation(inv: Invitation, home: Path) -> tuple[Path, ProtocolSpec]:
         ``(protocol_dir, spec)`` of the local protocol the invitation names.
 
     Raises:
-        InvitationError: any ``invitation-*`` code, or ``host-key-changed``.
+        InvitationError: any ``invitation-*`` code.
     """
     from node.transport.iroh import ticket_endpoint_id
 
@@ -75,7 +75,7 @@ def trust_status(inv: Invitation, home: Path) -> str | None:
     """The registry name pinned to the host key, or None for an unknown host.
 
     Raises:
-        InvitationError: ``host-key-changed`` is raised by the pinned-name check in
+        HandshakeError: ``host-key-changed`` is raised by the pinned-name check in
             :func:`check_pinned_name`, not here.
     """
     rec = PeerRegistry.load(home).by_key(inv.host_public_key)
@@ -89,12 +89,12 @@ def check_pinned_name(name: str, inv: Invitation, home: Path) -> None:
     key is never silently re-pinned.
 
     Raises:
-        InvitationError: ``host-key-changed``.
+        HandshakeError: ``host-key-changed``.
     """
     rec = PeerRegistry.load(home).by_name(name)
     if rec is not None and rec.public_key != inv.host_public_key:
-        raise InvitationError("host-key-changed",
-                              f"{name!r} is pinned to a different key; the host key changed")
+        raise HandshakeError("host-key-changed",
+                             f"{name!r} is pinned to a different key; the host key changed")
 
 
 async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Path, spec: ProtocolSpec, *,

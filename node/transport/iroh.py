@@ -10,7 +10,6 @@ patch (:mod:`node.transport.iroh_patch`).
 from __future__ import annotations
 
 import asyncio
-import os
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -39,11 +38,6 @@ MAX_READ_BYTES = 1024 * 1024
 #: in one process).
 MAX_WRITE_BYTES = 256 * 1024
 CONNECT_TIMEOUT_S = 15.0
-
-
-def offline_requested() -> bool:
-    """True when ``KITH_OFFLINE=1`` asks for local mode without ``--local``."""
-    return os.environ.get("KITH_OFFLINE", "") in ("1", "true", "yes")
 
 
 def _io_error(what: str) -> TransportError:

@@ -79,8 +79,8 @@ def load_identity(home: Path) -> Identity:
         raise ConfigError("home-not-initialized", hint="run `kith init` (or pass --home)") from None
     except PermissionError:
         # unreadable is not corrupt: never suggest replacing an identity we cannot read
-        raise KithError("io-error", f"{KEY_FILE} in this home is not readable (permission denied)",
-                        hint="run kith as the user who owns this home, or fix the file's permissions") from None
+        raise ConfigError("io-error", f"{KEY_FILE} in this home is not readable (permission denied)",
+                          hint="run kith as the user who owns this home, or fix the file's permissions") from None
     except (OSError, UnicodeDecodeError):
         raise KithError("identity-corrupt") from None
     if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):

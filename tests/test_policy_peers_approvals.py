@@ -1,4 +1,4 @@
-"""Fixes from the adversarial review of the policy / peers / approvals layer.
+"""The policy / peers / approvals layer as a running host and the CLI apply it.
 
 1. a running host applies the *current* policy.toml to every query (rules and quotas);
 2. peer-supplied text printed by `kith approvals list` / `kith peers list` carries no

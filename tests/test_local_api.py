@@ -1,7 +1,7 @@
-"""Fixes from the adversarial review of the local API, the MCP tool and the corpus.
+"""The local API's boundary (and the MCP tool and corpus rules it relies on).
 
 Real uvicorn servers on 127.0.0.1, real MCP stdio, real SQLite/tantivy in tmp_path; no
-mocks. Each test names the review item it covers:
+mocks. The sections:
 
 1. DNS rebinding (Host / Origin / Content-Type) — 2. slowloris bounds — 3. deep JSON —
 4. MCP arguments — 5. Kith homes inside a root — 6. index readiness honesty —

@@ -1,5 +1,4 @@
-"""Fixes from the adversarial review of the host/session layer, each over real iroh on
-loopback (relay disabled) or the real engine:
+"""Serving as a host, over real iroh on loopback (relay disabled) or the real engine:
 
 1. idle QUIC connections that never open a stream cannot lock legitimate guests out;
 2. a single-use invitation admits exactly one of several concurrent handshakes, the host
