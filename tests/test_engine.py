@@ -388,3 +388,14 @@ def test_framer_and_decoder_never_crash_on_garbage(data):
             decode_frame(line)
         except ProtocolViolation as exc:
             assert exc.code.startswith("frame-")
+
+
+def test_bench_engine_runs_and_reports_both_validation_paths():
+    """``scripts/bench_engine`` runs end to end (tiny parameters; it measures, never asserts time)."""
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_engine"), "--rounds", "20", "--repeats", "1",
+                           "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for mode in ("compiled", "jsonschema"):
+        assert {"exchange", "send query", "receive results", "validate query"} <= set(out[mode])
+    assert out["results_bytes"] > 1000

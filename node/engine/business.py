@@ -71,7 +71,7 @@ class BusinessLoop:
         if not mspec.allowed_from(sender):
             raise ProtocolViolation("message-wrong-direction",
                                     f"{action!r} may not be sent by the {sender}")
-        err = next(iter(mspec.validator.iter_errors(msg)), None)
+        err = mspec.first_error(msg)
         if err is not None:
             raise ProtocolViolation("message-schema-invalid",
                                     f"{action!r} does not match its schema at {_schema_path(err.absolute_path)} "

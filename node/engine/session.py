@@ -197,9 +197,7 @@ class SessionEngine:
                 if not (m.terminal and m.allowed_from(self.role)):
                     continue
                 for cand in ({"action": action, "reason": "shutdown"}, {"action": action}):
-                    if not m.validator.is_valid(cand):
-                        continue
-                    try:
+                    try:  # send_message validates it (once)
                         self.send_message(cand)
                     except KithError:
                         continue
