@@ -96,42 +96,72 @@ def _compile(schema: Any) -> Check:
         if not isinstance(schema["enum"], list):
             raise _Unsupported
         eqs = [_equal_check(v) for v in schema["enum"]]
-        checks.append(lambda x: any(eq(x) for eq in eqs))
+        if all(isinstance(v, str) for v in schema["enum"]):
+            names = frozenset(schema["enum"])
+            checks.append(lambda x: isinstance(x, str) and x in names)
+        else:
+            checks.append(lambda x: any(eq(x) for eq in eqs))
     checks.extend(_object_checks(schema))
     checks.extend(_string_checks(schema))
     checks.extend(_number_checks(schema))
     checks.extend(_array_checks(schema))
+    return _all(checks)
+
+
+def _all(checks: list[Check]) -> Check:
+    """One check that passes when every one of ``checks`` does (plain loops: this runs
+    for every message)."""
     if not checks:
         return lambda x: True
     if len(checks) == 1:
         return checks[0]
-    return lambda x: all(c(x) for c in checks)
+    if len(checks) == 2:
+        a, b = checks
+        return lambda x: a(x) and b(x)
+    seq = tuple(checks)
+
+    def every(x: Any) -> bool:
+        for c in seq:
+            if not c(x):
+                return False
+        return True
+
+    return every
 
 
 def _object_checks(schema: dict[str, Any]) -> list[Check]:
-    out: list[Check] = []
     props = schema.get("properties", {})
     if not isinstance(props, dict):
         raise _Unsupported
     compiled = {k: _compile(v) for k, v in props.items()}
-    if compiled:
-        items = tuple(compiled.items())
-        out.append(lambda x: not isinstance(x, dict) or all(c(x[k]) for k, c in items if k in x))
     required = schema.get("required", [])
     if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
         raise _Unsupported
-    if required:
-        req = tuple(required)
-        out.append(lambda x: not isinstance(x, dict) or all(r in x for r in req))
-    if "additionalProperties" in schema:
-        extra = _compile(schema["additionalProperties"])
-        known = frozenset(props)
-        out.append(lambda x: not isinstance(x, dict) or all(extra(v) for k, v in x.items() if k not in known))
-    for key, op in (("minProperties", lambda n, m: n >= m), ("maxProperties", lambda n, m: n <= m)):
-        if key in schema:
-            m = _count(schema[key])
-            out.append(lambda x, m=m, op=op: not isinstance(x, dict) or op(len(x), m))
-    return out
+    extra = _compile(schema["additionalProperties"]) if "additionalProperties" in schema else None
+    low = _count(schema["minProperties"]) if "minProperties" in schema else None
+    high = _count(schema["maxProperties"]) if "maxProperties" in schema else None
+    if not compiled and not required and extra is None and low is None and high is None:
+        return []
+    req = tuple(required)
+
+    def check_object(x: Any) -> bool:
+        if not isinstance(x, dict):
+            return True
+        for r in req:
+            if r not in x:
+                return False
+        if low is not None and len(x) < low or high is not None and len(x) > high:
+            return False
+        for k, v in x.items():
+            c = compiled.get(k)
+            if c is not None:
+                if not c(v):
+                    return False
+            elif extra is not None and not extra(v):
+                return False
+        return True
+
+    return [check_object]
 
 
 def _string_checks(schema: dict[str, Any]) -> list[Check]:
@@ -165,7 +195,15 @@ def _array_checks(schema: dict[str, Any]) -> list[Check]:
     out: list[Check] = []
     if "items" in schema:
         item = _compile(schema["items"])
-        out.append(lambda x: not isinstance(x, list) or all(item(v) for v in x))
+
+        def check_items(x: Any) -> bool:
+            if isinstance(x, list):
+                for v in x:
+                    if not item(v):
+                        return False
+            return True
+
+        out.append(check_items)
     for key, op in (("minItems", lambda n, m: n >= m), ("maxItems", lambda n, m: n <= m)):
         if key in schema:
             m = _count(schema[key])
