@@ -48,7 +48,10 @@ def frames(data: bytes) -> list[dict]:
 
 
 def test_engine_imports_no_io_libraries():
-    code = ("import sys, node.engine.session, node.engine.framing, node.engine.frames;"
+    # every module of the engine package, not only the ones that exist today
+    code = ("import sys, importlib, pkgutil, node.engine;"
+            "[importlib.import_module('node.engine.' + m.name) for m in pkgutil.iter_modules(node.engine.__path__)];"
+            "assert 'node.engine.ui_branch' in sys.modules and 'node.engine.handshake' in sys.modules;"
             "bad=[m for m in ('anyio','iroh','socket','asyncio','httpx') if m in sys.modules];"
             "print(','.join(bad)); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
@@ -564,3 +567,13 @@ def test_shutdown_during_the_handshake_rejects(echo, host_id, guest_id):
     guest.initiate()
     host.shutdown()
     assert json.loads(host.data_to_send())["code"] == "session-shutdown"
+
+def test_bench_engine_runs_and_reports_both_validation_paths():
+    """``scripts/bench_engine`` runs end to end (tiny parameters; it measures, never asserts time)."""
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_engine"), "--rounds", "20", "--repeats", "1",
+                           "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for mode in ("compiled", "jsonschema"):
+        assert {"exchange", "send query", "receive results", "validate query"} <= set(out[mode])
+    assert out["results_bytes"] > 1000

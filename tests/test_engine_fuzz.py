@@ -189,3 +189,69 @@ def test_guest_ui_branch_only_accepts_what_the_manifest_promised(files, total_de
                 UI.check_path(p)
         if isinstance(ev, SessionClosed):
             assert ev.code in CODES
+
+
+# ------------------------------------------------------------------ compiled schema checks
+# The engine validates with schemas compiled once per spec (node/protocol/schema_check.py);
+# their verdict must be jsonschema's on every message, valid or not.
+_likely = st.one_of(st.sampled_from(["q1", "q1\n", "", "x" * 65, "ok", "query", "results", "end", "shutdown",
+                                     "no-verified-results", "é", "/kb/**"]),
+                    st.integers(-3, 25), st.sampled_from([0, 1, 5.0, 5.5, 20, 21, 600000, 600001, 2**70, True, False]),
+                    st.lists(st.sampled_from(["a", "", "x" * 300]), max_size=34),
+                    st.dictionaries(st.sampled_from(["from", "to", "zz"]), st.sampled_from(["2026", 3, ""]), max_size=3))
+
+
+def _instances(mspec):
+    props = sorted(mspec.schema.get("properties", {})) + ["zz"]
+    return st.one_of(
+        json_value,
+        st.builds(lambda extra, keep_action: ({"action": mspec.action} if keep_action else {}) | extra,
+                  st.dictionaries(st.sampled_from(props), st.one_of(_likely, json_value), max_size=6),
+                  st.booleans()))
+
+
+MESSAGE_SPECS = [(n, m) for n, spec in SPECS.items() for m in spec.messages.values()]
+
+
+@FUZZ
+@given(data=st.data())
+def test_compiled_schema_checks_agree_with_jsonschema(data):
+    name, mspec = data.draw(st.sampled_from(MESSAGE_SPECS))
+    assert mspec.check is not None, f"{name}/{mspec.action}: the shipped schemas compile"
+    instance = data.draw(_instances(mspec))
+    assert mspec.check(instance) == mspec.validator.is_valid(instance), (name, mspec.action, instance)
+
+
+KEYWORDS_SCHEMA = {
+    "type": "object", "required": ["a"], "additionalProperties": {"type": ["integer", "null"]},
+    "minProperties": 1, "maxProperties": 4,
+    "properties": {
+        "a": {"enum": ["x", "y", 3]}, "b": {"const": 2}, "c": {"type": "number", "exclusiveMinimum": 0,
+                                                                 "exclusiveMaximum": 10},
+        "d": {"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 4},
+        "e": {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 2},
+        "f": {"minimum": -1, "maximum": 1}, "g": False, "h": True, "i": {"type": "object", "properties": {}},
+    },
+}
+
+
+@FUZZ
+@given(instance=st.one_of(json_value, st.dictionaries(st.sampled_from("abcdefghiz"), st.one_of(_likely, json_value),
+                                                      max_size=5)))
+def test_every_compiled_keyword_agrees_with_jsonschema(instance):
+    import jsonschema
+
+    from node.protocol.schema_check import compile_check
+
+    check = compile_check(KEYWORDS_SCHEMA)
+    assert check is not None
+    assert check(instance) == jsonschema.Draft202012Validator(KEYWORDS_SCHEMA).is_valid(instance), instance
+
+
+def test_schemas_with_other_keywords_are_left_to_jsonschema():
+    from node.protocol.schema_check import compile_check
+
+    for schema in ({"$ref": "#/$defs/x", "$defs": {"x": {}}}, {"type": "string", "format": "email"},
+                   {"patternProperties": {"^x": {}}}, {"prefixItems": [{}]}, {"allOf": [{}]},
+                   {"const": [1]}, {"enum": [{"a": 1}]}, {"properties": {"a": {"anyOf": [{}]}}}):
+        assert compile_check(schema) is None, schema

@@ -284,3 +284,37 @@ def test_host_bundle_of_the_shipped_protocol_has_an_index():
     b = load_bundle(PROTOCOLS / "knowledge-query")
     assert "index.html" in b.data and b.total_bytes > 0
     UI.check_manifest(list(b.files), b.total_bytes)
+
+
+_BEGIN, _END = _frame(_manifest(GOOD)), _frame({"action": "_ui_artifact_end"})
+_ERROR = _frame({"action": "_ui_artifact_error", "code": "ui-too-large", "message": "x"})
+
+
+@pytest.mark.parametrize("frames", [
+    [_chunks(GOOD)[0]],                                 # file data before the manifest
+    [_END],                                             # end before the manifest
+    [_BEGIN, _BEGIN],                                   # a second manifest while receiving
+    [_BEGIN, *_chunks(GOOD), _END, _BEGIN],             # a second manifest after the branch
+    [_BEGIN, *_chunks(GOOD), _END, _ERROR],             # a UI error after the branch
+], ids=["file-first", "end-first", "begin-twice", "begin-after-end", "error-after-end"])
+def test_ui_frames_out_of_the_branch_order_reject_the_handshake(echo, host_id, guest_id, frames):
+    """Every UI frame that has no row in the guest's transition table
+    (node/engine/ui_branch.py) ends the whole handshake, not only the branch."""
+    pair = hostile(echo, host_id, guest_id, frames)
+    closed = pair.of(pair.ge, SessionClosed)
+    assert closed and closed[0].reason == "rejected" and closed[0].code == "handshake-unexpected-frame"
+    assert not pair.of(pair.ge, SessionReady)
+
+
+def test_ui_branch_states_and_tables_cover_every_state():
+    """The UI states are an enum and each role's table only names them: every state but
+    DONE can be left, every state but NONE can be reached."""
+    from node.engine.ui_branch import GUEST_TRANSITIONS, HOST_TRANSITIONS, UiState
+
+    for table, states in ((HOST_TRANSITIONS, {UiState.NONE, UiState.OFFERED, UiState.SENT, UiState.DONE}),
+                          (GUEST_TRANSITIONS, {UiState.NONE, UiState.REQUESTED, UiState.RECEIVING,
+                                               UiState.DRAINING, UiState.DONE})):
+        left = {s for s, _ in table}
+        reached = set(table.values())
+        assert left == states - {UiState.DONE}
+        assert reached == states - {UiState.NONE}

@@ -14,6 +14,7 @@ from node.engine.session import GuestConfig, HostConfig, SessionEngine
 from node.runtime.hooks import HookContext, PeerInfo, load_hooks
 from node.protocol.spec import load_spec
 from node.transport import iroh_patch
+from node.transport.base import ByteStream
 from node.transport.iroh import bind_node, ticket_endpoint_id
 from node.transport.memory import memory_pipe
 
@@ -53,6 +54,7 @@ async def memory_streams():
 
 async def check_stream_contract(factory) -> None:
     async with factory() as (client, server, server_id, client_id):
+        assert isinstance(client, ByteStream) and isinstance(server, ByteStream)
         assert client.remote_id == server_id.public_key
         assert server.remote_id == client_id.public_key
         payload = os.urandom(300_000)

@@ -260,16 +260,15 @@ def join_cmd(
     accept_host_ui: bool = typer.Option(False, "--accept-host-ui", help="Advertise p2p_ui_v1: accept the host's UI bundle when this protocol has no local ui/ (verified, installed per session under the home)."),
 ) -> None:
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
-    from node.runtime.guest import check_invitation, check_pinned_name, join_session, resolve_invitation, trust_status
+    from node.runtime.guest import GuestOptions, ask, check_pinned_name, open_target
     from node.trust.identity import fingerprint, load_or_init_identity
 
     home = home_of(ctx)
     identity = load_or_init_identity(home)
 
     async def main() -> Any:
-        inv = await resolve_invitation(target, server_url=server)
-        pdir, spec = check_invitation(inv, home)
-        name = trust_status(inv, home)
+        host = await open_target(target, home, server_url=server)
+        inv, name = host.invitation, host.pinned_name
         if pin is not None:
             from node.trust.peers import NAME_RE
 
@@ -300,7 +299,7 @@ def join_cmd(
             else:
                 _print_results(message)
 
-        def ask() -> str | None:
+        def next_question() -> str | None:
             try:
                 sys.stderr.write("ask> ")  # stdout carries only JSON in --json mode (DESIGN §13)
                 sys.stderr.flush()
@@ -312,14 +311,15 @@ def join_cmd(
                 at_prompt[0] = False
             return text.strip() or None
 
-        options: dict[str, Any] = {"queries": list(query), "on_results": on_results, "topK": top_k}
+        options = GuestOptions(queries=tuple(query), on_results=on_results, top_k=top_k,
+                               next_question=next_question if interactive else None)
         if interactive:
-            options["ask"] = ask
             err_console.print("Type a question at each ask> prompt; an empty line or Ctrl-D ends the session.")
-        outcome = await join_session(home, identity, inv, pdir, spec, local=local, server_url=server,
-                                     options=options, interactive=interactive, host_seen=host_seen,
-                                     on_ready=lambda sid: err_console.print(f"session {sid}", highlight=False),
-                                     accept_host_ui=accept_host_ui)
+        asked = await ask(home, identity, host, options, local=local, server_url=server, host_seen=host_seen,
+                          on_ready=lambda sid: err_console.print(f"session {sid}", highlight=False),
+                          accept_host_ui=accept_host_ui)
+        outcome = asked.outcome
+        assert outcome is not None  # no timeout_s: the session always ends with an outcome
         if outcome.ui_path is not None:
             from node.runtime.ui_artifacts import write_results_js
 

@@ -8,10 +8,11 @@ Built on the official MCP Python SDK 2.x (``mcp.server.mcpserver.MCPServer``,
   (:func:`node.corpus.retrieval.local_search`);
 - with ``peer`` (an invitation file, an invitation JSON string, or a ``post_id`` with
   ``server``): one knowledge-query session with that Host via
-  :func:`node.runtime.guest.join_session` — the Host's policy decides what comes back. Only
-  peers the user has joined and pinned (``kith join … --pin NAME``) are searched; any
-  other Host is refused with ``host-not-trusted`` (an agent must not open sessions to
-  strangers). The answer is the Host's envelope plus nothing else.
+  :func:`node.runtime.guest.ask` (the guest API ``kith join`` uses too) — the Host's
+  policy decides what comes back. Only peers the user has joined and pinned (``kith join
+  … --pin NAME``) are searched; any other Host is refused with ``host-not-trusted`` (an
+  agent must not open sessions to strangers). The answer is the Host's envelope plus
+  nothing else.
 
 Read-only: the tool never indexes, syncs, writes settings or memory, or starts servers;
 its annotations say so (``readOnlyHint``). Bad input gets the same typed refusal as the
@@ -75,34 +76,27 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
         KithError: ``host-not-trusted`` (not a pinned peer), invitation errors,
             ``peer-search-failed`` (no answer in time / session failed).
     """
-    import anyio
-
     from node.common.errors import InvitationError
-    from node.runtime.guest import check_invitation, join_session, resolve_invitation, trust_status
+    from node.runtime.guest import GuestOptions, ask, open_target
     from node.trust.identity import load_or_init_identity
 
     identity = load_or_init_identity(home)
-    inv = await resolve_invitation(peer, server_url=server)
-    pdir, spec = check_invitation(inv, home)
-    if trust_status(inv, home) is None:
+    target = await open_target(peer, home, server_url=server)
+    if target.pinned_name is None:
         raise InvitationError("host-not-trusted",
                               "that host is not a pinned peer; join it with `kith join "
                               "--pin NAME` first")
-    answers: list[dict[str, Any]] = []
     filters = {k: v for k, v in body.items() if k not in ("query", "topK", "dedupe")}
-    options: dict[str, Any] = {"queries": [body["query"]], "topK": body.get("topK", 5),
-                               "filters": filters, "on_results": answers.append}
     budget = body.get("remainingBudgetMs")
     limit = timeout_s if budget is None else min(timeout_s, budget / 1000.0)
-    outcome = None
-    with anyio.move_on_after(limit):
-        outcome = await join_session(home, identity, inv, pdir, spec, local=local,
-                                     server_url=server, options=options)
-    if not answers:
-        code = getattr(outcome, "code", None) or "timeout"
+    asked = await ask(home, identity, target,
+                      GuestOptions(queries=(body["query"],), top_k=body.get("topK", 5), filters=filters),
+                      local=local, server_url=server, timeout_s=limit)
+    if not asked.answers:
+        code = getattr(asked.outcome, "code", None) or "timeout"
         raise CorpusError("peer-search-failed",
                           f"the peer gave no answer ({code if isinstance(code, str) else 'failed'})")
-    msg = answers[-1]
+    msg = asked.answers[-1]
     return {"status": str(msg.get("status")), "envelope": msg.get("envelope")}
 
 

@@ -30,7 +30,7 @@ import anyio
 
 from node.runtime.driver import run_session
 from node.engine.framing import LineFramer
-from node.engine.session import _FATAL as FATAL_FRAME_CODES
+from node.engine.business import FATAL_FRAME_CODES
 from node.engine.session import GuestConfig, HostConfig, SessionEngine
 from node.runtime.hooks import HookContext, Hooks, PeerInfo, load_hooks
 from node.trust.identity import Identity

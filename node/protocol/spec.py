@@ -13,12 +13,13 @@ import json
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jsonschema
 import rfc8785
 
 from node.common.errors import SpecError
+from node.protocol.schema_check import compile_check
 
 MAX_SPEC_BYTES = 1024 * 1024
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
@@ -93,17 +94,35 @@ class Limits:
 @dataclass(frozen=True)
 class MessageSpec:
     """One declared business message: who may send it, whether it ends the session, and
-    its compiled Draft 2020-12 validator."""
+    its Draft 2020-12 validator, both built once when the spec loads.
+
+    Attributes:
+        validator: the ``jsonschema`` validator (the reference; gives the error path).
+        check: the same schema compiled to plain Python by
+            :func:`node.protocol.schema_check.compile_check` (instance → valid?), or None
+            when the schema uses keywords it does not compile.
+    """
 
     action: str
     direction: str
     terminal: bool
     schema: dict[str, Any]
     validator: Any = field(repr=False, compare=False)
+    check: Callable[[Any], bool] | None = field(default=None, repr=False, compare=False)
 
     def allowed_from(self, role: str) -> bool:
         """True if ``role`` (``guest``/``host``) may send this message."""
         return self.direction == "both" or self.direction == f"{role}_to_{_other(role)}"
+
+    def first_error(self, instance: Any) -> jsonschema.ValidationError | None:
+        """The first schema error of ``instance``, or None when it is valid.
+
+        The compiled :attr:`check` answers valid messages; an instance it refuses (or
+        every instance, without it) goes to :attr:`validator`, whose verdict and error
+        are the reference."""
+        if self.check is not None and self.check(instance):
+            return None
+        return next(iter(self.validator.iter_errors(instance)), None)
 
 
 def _other(role: str) -> str:
@@ -176,7 +195,7 @@ def parse_spec(raw: dict[str, Any], *, origin: str = "spec.json") -> ProtocolSpe
                                             f"requires 'action' and pins it with const {action!r}")
         messages[action] = MessageSpec(
             action=action, direction=m["direction"], terminal=m["terminal"], schema=schema,
-            validator=jsonschema.Draft202012Validator(schema),
+            validator=jsonschema.Draft202012Validator(schema), check=compile_check(schema),
         )
     limits = Limits(**raw.get("limits", {}))
     return ProtocolSpec(

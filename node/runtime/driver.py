@@ -42,6 +42,7 @@ from node.engine.session import (
 from node.engine.timers import PING_INTERVAL_S, UNRESPONSIVE_S, Timeouts, heartbeat_from_env
 from node.common.errors import CODES, EgressRefused, HookError, KithError, TransportError
 from node.runtime.hooks import HookContext, HookResult, Hooks, normalize_result
+from node.transport.base import ByteStream
 
 log = logging.getLogger("kith.session")
 
@@ -127,7 +128,7 @@ async def _call_hook(fn: Callable[..., Any] | None, args: tuple[Any, ...], timeo
 
 
 async def run_session(
-    stream: Any,
+    stream: ByteStream,
     engine: SessionEngine,
     hooks: Hooks,
     *,
@@ -144,7 +145,7 @@ async def run_session(
     """Run one session to its end over ``stream`` and return how it ended.
 
     Args:
-        stream: a ByteStream (``receive``/``send``/``send_eof``/``aclose``).
+        stream: the session's :class:`node.transport.base.ByteStream` (memory pipe, iroh).
         engine: a fresh engine for our role (the guest's sends ``_session_init`` here).
         hooks: the protocol's loaded hooks.
         make_context: builds the :class:`HookContext` once the session is ready.

@@ -3,13 +3,19 @@
 ``kith join ARG`` (DESIGN §5): ARG naming an existing file → an invitation file; ARG
 starting with ``{`` → an invitation JSON string; anything else → a ``post_id`` fetched
 from the community server.
+
+Asking a Host questions is one API for every caller (``kith join`` and the MCP server's
+peer search): :func:`open_target` resolves and verifies the invitation, :func:`ask` runs
+one knowledge-query session with typed :class:`GuestOptions` and returns every answer.
+:func:`join_session` is the protocol-generic session underneath.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from node.runtime.driver import SessionOutcome, run_session
 from node.engine.session import GuestConfig, SessionEngine, SessionReady
@@ -21,6 +27,71 @@ from node.trust.peers import PeerRegistry, clean_profile, load_own_profile
 from node.protocol.spec import ProtocolSpec, find_protocol_dir, load_spec
 
 log = logging.getLogger("kith.guest")
+
+
+@dataclass(frozen=True)
+class GuestOptions:
+    """What a knowledge-query guest asks, and where the answers go.
+
+    Attributes:
+        queries: questions asked in this order.
+        next_question: when given, called (in a worker thread) for the next question once
+            ``queries`` are used up; None or ``""`` ends the session. A guest with it is
+            interactive: no hook or idle timeout (it waits on its user).
+        on_results: called with each ``results`` message as it arrives.
+        top_k: results per question, 1–20 (the ``query`` schema's ``topK``).
+        filters: the flat filter fields sent beside every question (``date``,
+            ``dateRange``, ``project``, ``tags``, ``sourceSets``, ``lifecycle``,
+            ``workType``, ``sources``, ``remainingBudgetMs``; protocols/knowledge-query).
+
+    The engine validates each ``query`` message against the protocol's schema before it
+    is sent (``hook-output-invalid`` otherwise).
+    """
+
+    queries: tuple[str, ...] = ()
+    next_question: Callable[[], str | None] | None = None
+    on_results: Callable[[dict[str, Any]], None] | None = None
+    top_k: int = 5
+    filters: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def interactive(self) -> bool:
+        """True when questions come from :attr:`next_question` (a person typing)."""
+        return self.next_question is not None
+
+    def hook_options(self) -> dict[str, Any]:
+        """The ``ctx.options`` mapping the knowledge-query guest hooks read
+        (``queries``, ``ask``, ``on_results``, ``topK``, ``filters``; its README)."""
+        out: dict[str, Any] = {"queries": list(self.queries), "topK": self.top_k, "filters": dict(self.filters)}
+        if self.next_question is not None:
+            out["ask"] = self.next_question
+        if self.on_results is not None:
+            out["on_results"] = self.on_results
+        return out
+
+
+@dataclass(frozen=True)
+class Target:
+    """A Host to ask: its verified invitation, the local protocol it names, and the
+    registry name pinned to its key (None for a host never pinned)."""
+
+    invitation: Invitation
+    protocol_dir: Path
+    spec: ProtocolSpec
+    pinned_name: str | None
+
+
+@dataclass
+class AskResult:
+    """What :func:`ask` got back.
+
+    Attributes:
+        outcome: how the session ended, or None when ``timeout_s`` expired first.
+        answers: every ``results`` message, in arrival order.
+    """
+
+    outcome: SessionOutcome | None
+    answers: list[dict[str, Any]] = field(default_factory=list)
 
 
 async def resolve_invitation(arg: str, *, server_url: str | None) -> Invitation:
@@ -97,6 +168,64 @@ def check_pinned_name(name: str, inv: Invitation, home: Path) -> None:
                              f"{name!r} is pinned to a different key; the host key changed")
 
 
+async def open_target(arg: str, home: Path, *, server_url: str | None) -> Target:
+    """Resolve ``arg`` (:func:`resolve_invitation`), verify it against the local protocol
+    (:func:`check_invitation`) and look up the host's pinned name (:func:`trust_status`).
+
+    Raises:
+        InvitationError: any ``invitation-*`` code, or ``host-key-changed``.
+        ConfigError: ``no-server`` / ``file-not-found``.
+        CommunityError: fetching a ``post_id`` failed.
+    """
+    inv = await resolve_invitation(arg, server_url=server_url)
+    pdir, spec = check_invitation(inv, home)
+    return Target(inv, pdir, spec, trust_status(inv, home))
+
+
+async def ask(home: Path, identity: Identity, target: Target, options: GuestOptions, *,
+              local: bool, server_url: str | None = None, timeout_s: float | None = None,
+              on_ready: Callable[[str], None] | None = None,
+              host_seen: dict[str, Any] | None = None,
+              accept_host_ui: bool = False,
+              heartbeat: Any = "default") -> AskResult:
+    """Ask ``target`` the questions of ``options`` in one session; the one guest API of
+    ``kith join`` and of the MCP server's peer search.
+
+    Args:
+        home, identity: this node's home and identity.
+        target: from :func:`open_target` (the caller decides whether an unpinned host is
+            acceptable: ``kith join`` asks its user, MCP refuses it).
+        options: the questions and callbacks (:class:`GuestOptions`).
+        local: iroh local mode (relay disabled, loopback).
+        server_url: community server that records the session proof, or None.
+        timeout_s: end-to-end bound in seconds (connect, handshake, every answer); on
+            expiry the session is cancelled and ``outcome`` is None. None: no bound.
+        on_ready, host_seen, accept_host_ui, heartbeat: as :func:`join_session`.
+
+    Returns:
+        :class:`AskResult` with the session outcome and every ``results`` message.
+
+    Raises:
+        TransportError: bind/connect failures (``transport-*``).
+    """
+    import anyio
+
+    result = AskResult(outcome=None)
+
+    def on_results(message: dict[str, Any]) -> None:
+        result.answers.append(message)
+        if options.on_results is not None:
+            options.on_results(message)
+
+    hook_options = {**options.hook_options(), "on_results": on_results}
+    with anyio.move_on_after(timeout_s):
+        result.outcome = await join_session(
+            home, identity, target.invitation, target.protocol_dir, target.spec, local=local,
+            server_url=server_url, options=hook_options, interactive=options.interactive,
+            on_ready=on_ready, host_seen=host_seen, accept_host_ui=accept_host_ui, heartbeat=heartbeat)
+    return result
+
+
 async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Path, spec: ProtocolSpec, *,
                        local: bool, server_url: str | None, options: dict[str, Any],
                        interactive: bool = False,
@@ -107,7 +236,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
     """Connect to the host of ``inv`` and run one session with the protocol's guest hooks.
 
     Args:
-        options: the guest hooks' options (e.g. ``queries``, ``on_results``, ``ask``).
+        options: the guest hooks' ``ctx.options`` as the protocol defines them (for
+            knowledge-query, :meth:`GuestOptions.hook_options`; echo: ``texts``).
         interactive: no hook timeout (the hook waits on its user).
         on_ready: called with the session id once the handshake completed.
         host_seen: when given, filled with ``{"public_key", "profile"}`` of the host once

@@ -2,6 +2,10 @@
 
 ``receive(max_bytes)`` returns at least one byte, or ``b""`` at EOF; ``send(data)`` writes
 all of ``data``; ``send_eof()`` closes our sending side; ``aclose()`` releases everything.
+Both transports (:class:`node.transport.memory.MemoryStream`,
+:class:`node.transport.iroh.IrohStream`) subclass :class:`ByteStream`, and
+:func:`node.runtime.driver.run_session` takes nothing else; ``tests/test_transport.py``
+runs both through the same contract check.
 Transport failures surface as :class:`node.common.errors.TransportError` (``transport-io``),
 translated in one place per transport.
 """
@@ -23,8 +27,11 @@ class ByteStream(Protocol):
 
     remote_id: str | None
 
-    async def receive(self, max_bytes: int = DEFAULT_RECEIVE_BYTES) -> bytes:
-        """Return 1..max_bytes bytes, or ``b""`` at EOF. Raises TransportError."""
+    async def receive(self, max_bytes: int | None = None) -> bytes:
+        """Return 1..max_bytes bytes, or ``b""`` at EOF. Raises TransportError.
+
+        ``max_bytes`` None lets the transport choose (the memory pipe:
+        :data:`DEFAULT_RECEIVE_BYTES`; iroh: an adaptive read size)."""
         ...
 
     async def send(self, data: bytes) -> None:

@@ -20,6 +20,7 @@ from iroh import iroh_ffi
 
 from node.common.errors import TransportError
 from node.transport import iroh_patch
+from node.transport.base import ByteStream
 
 iroh_patch.apply()
 
@@ -68,7 +69,7 @@ async def _complete(incoming: iroh.Incoming, timeout_s: float) -> iroh.Connectio
         return None
 
 
-class IrohStream:
+class IrohStream(ByteStream):
     """One QUIC bi-stream as a :class:`node.transport.base.ByteStream`."""
 
     def __init__(self, conn: iroh.Connection, bi: iroh.BiStream) -> None:

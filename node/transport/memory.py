@@ -7,10 +7,10 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from node.common.errors import TransportError
-from node.transport.base import DEFAULT_RECEIVE_BYTES
+from node.transport.base import DEFAULT_RECEIVE_BYTES, ByteStream
 
 
-class MemoryStream:
+class MemoryStream(ByteStream):
     """One end of a memory pipe. ``remote_id`` is set by :func:`memory_pipe`."""
 
     def __init__(self, send: MemoryObjectSendStream[bytes], recv: MemoryObjectReceiveStream[bytes],
@@ -20,8 +20,11 @@ class MemoryStream:
         self._pending = b""
         self.remote_id = remote_id
 
-    async def receive(self, max_bytes: int = DEFAULT_RECEIVE_BYTES) -> bytes:
-        """Return up to ``max_bytes`` bytes, or ``b""`` once the peer sent EOF."""
+    async def receive(self, max_bytes: int | None = None) -> bytes:
+        """Return up to ``max_bytes`` bytes (None: :data:`DEFAULT_RECEIVE_BYTES`), or ``b""``
+        once the peer sent EOF."""
+        if max_bytes is None:
+            max_bytes = DEFAULT_RECEIVE_BYTES
         if not self._pending:
             try:
                 self._pending = await self._recv.receive()

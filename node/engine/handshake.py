@@ -1,0 +1,300 @@
+"""The two handshakes (DESIGN §6) as step functions: one frame in, events out. No I/O.
+
+:class:`HostHandshake` judges ``_session_init`` and sends ``_session_proof``, then
+verifies ``_session_ready``; :class:`GuestHandshake` sends ``_session_init``, verifies
+``_session_proof`` and signs. Both build the same session payload
+(:func:`node.trust.signing.session_payload`) and proof. A refusal is raised as
+:class:`node.common.errors.HandshakeError` with its stable code (the engine sends
+``_session_reject`` and closes); :func:`signing_refusal` maps strict-hex failures to
+theirs. The optional UI branch between proof and ready is :mod:`node.engine.ui_branch`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from node.common.errors import HandshakeError, SigningError
+from node.engine import frames as F
+from node.engine import ui as UI
+from node.engine.events import Event, ProofVerified, SessionReady
+from node.engine.ui_branch import GuestUiBranch, HostUiBranch
+
+from node.trust.signing import (
+    NONCE_HEX_LEN,
+    PUBLIC_KEY_HEX_LEN,
+    SIGNATURE_HEX_LEN,
+    check_hex,
+    role_message,
+    session_id_of,
+    session_payload,
+    verify,
+)
+
+if TYPE_CHECKING:
+    from node.protocol.spec import ProtocolSpec
+
+
+@dataclass
+class HostConfig:
+    """What the host needs to judge a ``_session_init``.
+
+    Attributes:
+        remote_id: the QUIC-authenticated peer id (``Connection.remote_id()``), 64 hex.
+        post_protocol: ``post_id`` → the protocol_id of that live post, or None.
+        nonce_unseen: records a guest nonce and returns False if it was seen before.
+        admit: ``(guest_key, profile)`` → True if the peer may open a session (False →
+            ``handshake-not-admitted``; it may raise :class:`HandshakeError` itself for a
+            more precise code).
+        profile: the host's shared profile, sent in ``_session_proof`` (omitted if empty).
+        ui_bundle: the protocol's UI bundle when the host runs with ``--share-ui``
+            (offered only to guests advertising ``p2p_ui_v1``), else None.
+    """
+
+    remote_id: str
+    post_protocol: Callable[[str], str | None]
+    nonce_unseen: Callable[[str], bool]
+    admit: Callable[[str, dict[str, Any]], bool] = lambda key, profile: True
+    ui_bundle: UI.Bundle | None = None
+    profile: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GuestConfig:
+    """What the guest sends and expects.
+
+    Attributes:
+        remote_id: the QUIC-authenticated host id, 64 hex.
+        post_id: the invitation's post id.
+        host_public_key: the invitation's host key (must equal ``remote_id``).
+        profile: shared profile fields sent in ``_session_init``.
+        capabilities: e.g. ``["p2p_ui_v1"]`` (``--accept-host-ui``).
+        want_ui: request the host's UI when it offers one (``p2p_ui_v1`` advertised and no
+            local UI for the protocol). Without it no transfer ever happens.
+        admit_host: ``(host_key, host_profile)`` → True to go on once the proof verified;
+            it may raise :class:`HandshakeError` (e.g. ``host-key-changed``); False →
+            ``handshake-not-admitted``.
+    """
+
+    remote_id: str
+    post_id: str
+    host_public_key: str
+    profile: dict[str, Any] = field(default_factory=dict)
+    capabilities: list[str] = field(default_factory=list)
+    want_ui: bool = False
+    admit_host: Callable[[str, dict[str, Any]], bool] = lambda key, profile: True
+
+
+
+def signing_refusal(exc: SigningError) -> HandshakeError:
+    """The handshake code of a strict-hex/signature failure: a nonce → ``handshake-bad-nonce``,
+    a signature → ``handshake-bad-signature``, a key or id → ``handshake-malformed``
+    (DESIGN §6 stable codes)."""
+    if exc.code != "bad-hex":
+        code = "handshake-malformed"
+    elif "nonce" in exc.message:
+        code = "handshake-bad-nonce"
+    elif "signature" in exc.message:
+        code = "handshake-bad-signature"
+    else:
+        code = "handshake-malformed"
+    return HandshakeError(code, exc.message)
+
+
+class _Handshake:
+    """What both handshakes learn: the session id, the peer, the payload and the proof.
+
+    Args:
+        spec: the loaded protocol spec. public_key: ours (64 hex). sign: signs bytes with
+            our identity (128 hex). random_bytes: randomness source (nonces).
+        queue: queues one system frame for the peer.
+    """
+
+    def __init__(self, spec: "ProtocolSpec", public_key: str, sign: Callable[[bytes], str],
+                 random_bytes: Callable[[int], bytes], queue: Callable[[F.SystemFrame], None]) -> None:
+        self.spec = spec
+        self.public_key = public_key
+        self._sign = sign
+        self._random = random_bytes
+        self._queue = queue
+        self.session_id: str | None = None
+        self.peer_public_key: str | None = None
+        self.peer_profile: dict[str, Any] = {}
+        self.capabilities: list[str] = []
+        self.payload: bytes | None = None
+        self.proof: dict[str, Any] = {}
+
+
+class HostHandshake(_Handshake):
+    """The host's steps: ``_session_init`` → ``_session_proof`` (→ UI branch) →
+    ``_session_ready``. :attr:`ready` turns True when the guest's signature verified."""
+
+    def __init__(self, config: HostConfig, ui: HostUiBranch, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.config = config
+        self.ui = ui
+        self.ready = False
+
+    def step(self, frame: F.SystemFrame, first: bool) -> list[Event]:
+        """Judge one system frame from the guest (``first``: the session's first frame).
+
+        Returns:
+            ``[SessionReady]`` when the handshake completed, UI events, or nothing.
+
+        Raises:
+            HandshakeError: any ``handshake-*`` refusal (or ``ui-*`` through the UI branch).
+            SigningError: a field that is not strict hex (see :func:`signing_refusal`).
+        """
+        if first:
+            return self._init(frame)
+        if isinstance(frame, F.UiArtifactRequest):
+            return self.ui.on_request()
+        if isinstance(frame, (F.UiArtifactAck, F.UiArtifactError)):
+            return self.ui.on_answer(frame)
+        if self.ui.awaiting_answer:
+            raise HandshakeError("handshake-unexpected-frame", "expected _ui_artifact_ack or _ui_artifact_error")
+        if not isinstance(frame, F.SessionReady):
+            raise HandshakeError("handshake-unexpected-frame", f"expected _session_ready, got {frame.__struct_config__.tag}")
+        return self._ready(frame)
+
+    def _init(self, frame: F.SystemFrame) -> list[Event]:
+        h = self.config
+        if not isinstance(frame, F.SessionInit):
+            raise HandshakeError("handshake-first-frame")
+        check_hex(frame.guest_public_key, PUBLIC_KEY_HEX_LEN, "guest_public_key")
+        if frame.guest_public_key != h.remote_id:
+            raise HandshakeError("handshake-key-mismatch")
+        check_hex(frame.guest_nonce, NONCE_HEX_LEN, "guest_nonce")
+        live_protocol = h.post_protocol(frame.post_id)
+        if live_protocol is None:
+            raise HandshakeError("handshake-unknown-post")
+        if frame.protocol_id != live_protocol or frame.protocol_id != self.spec.protocol_id:
+            raise HandshakeError("handshake-protocol-mismatch")
+        if not h.nonce_unseen(frame.guest_nonce):
+            raise HandshakeError("handshake-nonce-reused")
+        if not h.admit(frame.guest_public_key, frame.profile):
+            raise HandshakeError("handshake-not-admitted")
+        host_nonce = self._random(32).hex()
+        if host_nonce == frame.guest_nonce:  # pragma: no cover - 2^-256
+            raise HandshakeError("handshake-nonce-reused")
+        self.payload = session_payload(
+            post_id=frame.post_id, protocol_id=self.spec.protocol_id,
+            host_public_key=self.public_key, guest_public_key=frame.guest_public_key,
+            guest_nonce=frame.guest_nonce, host_nonce=host_nonce)
+        self.session_id = session_id_of(self.payload)
+        self.peer_public_key = frame.guest_public_key
+        self.peer_profile = dict(frame.profile)
+        self.capabilities = list(frame.capabilities)
+        sig = self._sign(role_message("host", self.payload))
+        self.proof = {"session_id": self.session_id, "post_id": frame.post_id,
+                      "protocol_id": self.spec.protocol_id, "host_public_key": self.public_key,
+                      "guest_public_key": frame.guest_public_key, "guest_nonce": frame.guest_nonce,
+                      "host_nonce": host_nonce, "host_signature": sig}
+        self.ui.bundle = h.ui_bundle
+        offer = self.ui.offer(self.capabilities)
+        self._queue(F.SessionProof(session_id=self.session_id, host_public_key=self.public_key,
+                                   host_nonce=host_nonce, host_signature=sig, ui_offer=offer,
+                                   profile=dict(h.profile)))
+        return []
+
+    def _ready(self, frame: F.SessionReady) -> list[Event]:
+        if frame.session_id != self.session_id:
+            raise HandshakeError("handshake-session-mismatch")
+        assert self.payload is not None and self.peer_public_key is not None and self.session_id is not None
+        check_hex(frame.guest_signature, SIGNATURE_HEX_LEN, "guest_signature")
+        try:
+            verify(self.peer_public_key, role_message("guest", self.payload), frame.guest_signature,
+                   field="guest_signature")
+        except SigningError:
+            raise HandshakeError("handshake-bad-signature", "the guest signature does not verify") from None
+        self.proof["guest_signature"] = frame.guest_signature
+        self.ready = True
+        return [SessionReady(self.session_id, self.peer_public_key, dict(self.peer_profile),
+                             list(self.capabilities), dict(self.proof))]
+
+
+class GuestHandshake(_Handshake):
+    """The guest's steps: ``_session_init`` → verify ``_session_proof`` and sign (→ UI
+    branch) → :class:`ProofVerified`; after the driver's confirmation, ``_session_ready``.
+    :attr:`verified` turns True once the host's proof verified."""
+
+    def __init__(self, config: GuestConfig, ui: GuestUiBranch, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.config = config
+        self.ui = ui
+        self.verified = False
+        self._nonce = ""
+
+    def initiate(self) -> None:
+        """Queue ``_session_init`` with a fresh 32-byte nonce."""
+        g = self.config
+        self._nonce = self._random(32).hex()
+        self._queue(F.SessionInit(post_id=g.post_id, protocol_id=self.spec.protocol_id,
+                                  guest_public_key=self.public_key, guest_nonce=self._nonce,
+                                  capabilities=list(g.capabilities), profile=dict(g.profile)))
+
+    def step(self, frame: F.SystemFrame) -> list[Event]:
+        """Judge one system frame from the host.
+
+        Returns:
+            ``[ProofVerified]`` (held back until a requested UI branch ends), UI events,
+            or nothing.
+
+        Raises:
+            HandshakeError: any ``handshake-*`` refusal (or ``ui-*`` through the UI branch).
+            SigningError: a field that is not strict hex (see :func:`signing_refusal`).
+        """
+        if isinstance(frame, (F.UiArtifactBegin, F.UiArtifactFile, F.UiArtifactEnd, F.UiArtifactError)):
+            return self.ui.on_frame(frame)
+        if self.verified or not isinstance(frame, F.SessionProof):
+            raise HandshakeError("handshake-unexpected-frame",
+                                 f"expected _session_proof, got {frame.__struct_config__.tag}")
+        return self._proof(frame)
+
+    def _proof(self, frame: F.SessionProof) -> list[Event]:
+        g = self.config
+        check_hex(frame.host_public_key, PUBLIC_KEY_HEX_LEN, "host_public_key")
+        if not (frame.host_public_key == g.host_public_key == g.remote_id):
+            raise HandshakeError("handshake-key-mismatch",
+                                 "the host key differs from the invitation's key or the QUIC remote id")
+        check_hex(frame.host_nonce, NONCE_HEX_LEN, "host_nonce")
+        if frame.host_nonce == self._nonce:
+            raise HandshakeError("handshake-nonce-reused", "the host echoed our nonce")
+        payload = session_payload(
+            post_id=g.post_id, protocol_id=self.spec.protocol_id, host_public_key=frame.host_public_key,
+            guest_public_key=self.public_key, guest_nonce=self._nonce, host_nonce=frame.host_nonce)
+        sid = session_id_of(payload)
+        if frame.session_id != sid:
+            raise HandshakeError("handshake-session-mismatch")
+        check_hex(frame.host_signature, SIGNATURE_HEX_LEN, "host_signature")
+        try:
+            verify(frame.host_public_key, role_message("host", payload), frame.host_signature,
+                   field="host_signature")
+        except SigningError:
+            raise HandshakeError("handshake-bad-signature", "the host signature does not verify") from None
+        if not g.admit_host(frame.host_public_key, dict(frame.profile)):
+            raise HandshakeError("handshake-not-admitted", "this guest does not accept the host")
+        self.peer_profile = dict(frame.profile)
+        self.payload = payload
+        self.session_id = sid
+        self.peer_public_key = frame.host_public_key
+        self.proof = {"session_id": sid, "post_id": g.post_id, "protocol_id": self.spec.protocol_id,
+                      "host_public_key": frame.host_public_key, "guest_public_key": self.public_key,
+                      "guest_nonce": self._nonce, "host_nonce": frame.host_nonce,
+                      "host_signature": frame.host_signature,
+                      "guest_signature": self._sign(role_message("guest", payload))}
+        self.verified = True
+        verified: list[Event] = [ProofVerified(dict(self.proof))]
+        if g.want_ui and UI.CAPABILITY in g.capabilities and isinstance(frame.ui_offer, dict):
+            # the UI branch runs before _session_ready; ProofVerified waits for its end
+            self.ui.ask(verified)
+            return []
+        return verified
+
+    def ready_frame(self) -> tuple[F.SessionReady, SessionReady]:
+        """After :class:`ProofVerified`: the ``_session_ready`` frame to send and the
+        :class:`SessionReady` event to report."""
+        assert self.verified and self.session_id is not None
+        frame = F.SessionReady(session_id=self.session_id, guest_signature=self.proof["guest_signature"])
+        return frame, SessionReady(self.session_id, self.peer_public_key or "", dict(self.peer_profile), [],
+                                   dict(self.proof))
