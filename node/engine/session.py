@@ -216,7 +216,9 @@ class SessionEngine:
         sign: signs bytes with our identity, returning 128 hex.
         host / guest: the role's :class:`HostConfig` / :class:`GuestConfig`.
         random_bytes: source of randomness (default ``os.urandom``).
-        egress_check: called with each outgoing business frame's bytes; raises
+        egress_check: called with each outgoing business frame's bytes and the peer's
+            last business message (the one it answers; None before any) — the gate seam,
+            :meth:`node.policy.gate.EgressGate.check_frame`; raises
             :class:`node.common.errors.EgressRefused` to refuse it.
         clock: monotonic time in seconds (time is an input: tests pass a fake clock).
         timeouts: the session bounds (:class:`node.engine.timers.Timeouts`); None = no
@@ -226,7 +228,7 @@ class SessionEngine:
     def __init__(self, role: str, spec: Any, *, public_key: str, sign: Callable[[bytes], str],
                  host: HostConfig | None = None, guest: GuestConfig | None = None,
                  random_bytes: Callable[[int], bytes] = os.urandom,
-                 egress_check: Callable[[bytes], None] | None = None,
+                 egress_check: Callable[[bytes, dict[str, Any] | None], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  timeouts: Timeouts | None = None) -> None:
         if role not in ("guest", "host"):
@@ -242,6 +244,7 @@ class SessionEngine:
         self._guest = guest
         self._random = random_bytes
         self._egress_check = egress_check
+        self._last_received: dict[str, Any] | None = None  # the peer's last business message
         self._framer = LineFramer(spec.limits.max_message_bytes)
         self._out = bytearray()
         self.state = State.HANDSHAKE
@@ -425,7 +428,7 @@ class SessionEngine:
         if len(data) - 1 > self.spec.limits.max_message_bytes:
             raise HookError("hook-output-invalid", "our message is larger than max_message_bytes")
         if self._egress_check is not None:
-            self._egress_check(data)
+            self._egress_check(data, self._last_received)
         self._out += data
         self._messages += 1
         self.timers.business(self._clock())
@@ -483,6 +486,7 @@ class SessionEngine:
         except ProtocolViolation as exc:
             return self._invalid_input(exc)
         self._messages += 1
+        self._last_received = obj
         self.timers.business(self._clock())
         self._advance_turn(self.peer_role, terminal)
         events: list[Event] = [MessageReceived(obj, terminal)]

@@ -45,6 +45,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from node.answer import contract
 from node.answer import envelope as env_mod
+from node.answer.service import answer_local
 from node.common.errors import CommunityError, CorpusError, KithError
 from node.common.http import (
     MAX_JSON_DEPTH,
@@ -57,7 +58,6 @@ from node.common.http import (
     serve_forever,
     too_deep,
 )
-from node.corpus import retrieval
 
 DEFAULT_PORT = 8765
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
@@ -225,7 +225,7 @@ class _Handlers:
         if too_deep(body):
             return _invalid(f"The body nests deeper than {MAX_JSON_DEPTH} levels.")
         answer = await anyio.to_thread.run_sync(
-            lambda: retrieval.local_search(self.holder.get(), body))
+            lambda: answer_local(self.holder.get(), body))
         if answer["status"] == "invalid-request":
             err = answer.get("error") or {"code": "query-invalid", "message": "invalid request"}
             return JSONResponse({"error": err, "envelope": answer["envelope"]}, status_code=400)

@@ -1,7 +1,7 @@
 """Hooks of the ``knowledge-query`` protocol (DESIGN §8; see README.md).
 
-Host: answers each ``query`` with ``results`` from ``ctx.knowledge`` — the peer-scoped
-knowledge handle, whose evidence already passed the egress gate. Hooks never touch the
+Host: answers each ``query`` with ``results`` from ``ctx.knowledge`` — the peer's view of
+the answer service (node/answer/service.py), whose evidence already passed the policy. Hooks never touch the
 raw index.
 
 Guest: asks the questions in ``ctx.options["queries"]`` one at a time, or, when
