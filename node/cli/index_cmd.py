@@ -338,6 +338,9 @@ def search_cmd(
     query: str = typer.Argument(..., help="What to look for."),
     top_k: int = typer.Option(5, "--top-k", help="Number of results (1-20)."),
     json_out: bool = typer.Option(False, "--json", help="Print the bare envelope as one JSON document."),
+    dedupe: str = typer.Option("chunk", "--dedupe", help="'chunk' (at most 2 per document) or 'document' (one)."),
+    budget_ms: Optional[int] = typer.Option(None, "--budget-ms", help="remainingBudgetMs: search time allowed (ms; 0 = none)."),
+    sources: Optional[list[str]] = typer.Option(None, "--source", help="Only sources matching this glob (repeatable)."),
 ) -> None:
     """Search the local corpus (the owner sees everything; no policy applies).
 
@@ -346,7 +349,11 @@ def search_cmd(
     from node.answer.service import answer_local
     from node.corpus.store import Corpus
 
-    body = {"query": query, "topK": top_k}
+    body: dict[str, Any] = {"query": query, "topK": top_k, "dedupe": dedupe}
+    if budget_ms is not None:
+        body["remainingBudgetMs"] = budget_ms
+    if sources:
+        body["sources"] = list(sources)
     opened: CorpusError | None = None
     try:
         corpus = Corpus(home_of(ctx), readonly=True)
