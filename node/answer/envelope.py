@@ -325,11 +325,14 @@ def _analyze_hit(text: str, heading: str, keys: list[tuple[str, set[str]]],
     return covered, analyzed
 
 
-def _exact_units(query: str) -> list[list[str]]:
-    """The query's exact units (quoted phrases, identifiers, dates, numbers)."""
+def _plan(request: dict[str, Any], plan: Any = None) -> Any:
+    """The query plan of ``request``: ``plan`` when the caller has it (the search made it,
+    :func:`node.corpus.retrieval.make_plan`), else made (cached) here."""
+    if plan is not None:
+        return plan
     from node.corpus import retrieval
 
-    return retrieval.make_plan(query).exact_units
+    return retrieval.make_plan(request["query"])
 
 
 def _interpretation(plan: Any) -> str:
@@ -341,15 +344,13 @@ def _interpretation(plan: Any) -> str:
     return "+".join(parts)
 
 
-def _query_plan(request: dict[str, Any] | None) -> dict[str, Any]:
+def _query_plan(request: dict[str, Any] | None, plan: Any = None) -> dict[str, Any]:
     """``queryPlan``: how the server read the request (depends on the request only)."""
-    from node.corpus import retrieval
-
     if request is None:
         return {"query": None, "topK": None, "filters": {}, "dedupe": None, "keyTerms": [],
                 "analyzedTerms": [], "exactUnits": [], "expansions": [], "stages": [],
                 "subqueries": [], "interpretation": "invalid-request"}
-    plan = retrieval.make_plan(request["query"])
+    plan = _plan(request, plan)
     return {
         "query": request["query"],
         "topK": request["topK"],
@@ -369,7 +370,7 @@ _PASS_STATUSES = ("ran", "skipped", "not-run")
 
 
 def _controller(request: dict[str, Any] | None, reason: str | None,
-                controller: dict[str, Any] | None, returned: int) -> dict[str, Any]:
+                controller: dict[str, Any] | None, returned: int, plan: Any = None) -> dict[str, Any]:
     """``retrievalController``: passes run and fused. Copies only pass names/statuses/skip
     reasons, fusion and the early-stop flag — never a count taken before the gate."""
     from node.corpus import retrieval
@@ -378,7 +379,7 @@ def _controller(request: dict[str, Any] | None, reason: str | None,
     base = {"mode": "bounded-multi-pass",
             "fusion": {"method": "rrf", "k": search.RRF_K},
             "dedupe": {"level": level, "maxPerDocument": DEDUPE_LEVELS.get(level, 2)}}
-    planned = retrieval.make_plan(request["query"]).passes if request else []
+    planned = _plan(request, plan).passes if request else []
     base["fusion"]["weights"] = {p: retrieval.PASS_WEIGHTS.get(p, 1.0) for p in planned}
     if controller is not None:
         passes = []
@@ -443,7 +444,8 @@ def _agentic(status: str, recommendations: list[str]) -> dict[str, Any]:
     }
 
 
-def empty_envelope(reason: str, request: dict[str, Any] | None = None) -> dict[str, Any]:
+def empty_envelope(reason: str, request: dict[str, Any] | None = None, *,
+                   plan: Any = None) -> dict[str, Any]:
     """An envelope with no results; depends ONLY on ``reason`` and ``request``.
 
     Args:
@@ -454,6 +456,8 @@ def empty_envelope(reason: str, request: dict[str, Any] | None = None) -> dict[s
             (``available`` false).
         request: the normalized request (from :func:`validate_search_request`), or None
             when there is none (e.g. ``invalid-request``).
+        plan: the request's query plan when the caller already has it
+            (:func:`node.corpus.retrieval.make_plan`; it depends on the query only).
 
     Returns:
         A dict with exactly :data:`ENVELOPE_KEYS`, stable defaults and no timing.
@@ -466,13 +470,13 @@ def empty_envelope(reason: str, request: dict[str, Any] | None = None) -> dict[s
     available = reason in AVAILABLE_REASONS
     evidence = "no-evidence" if available else reason
     recs = ["report-no-evidence"] if available else ["report-unavailable"]
-    keys = search.key_terms(request["query"]) if request else []
+    keys = list(_plan(request, plan).key_terms) if request else []
     return {
         "schemaVersion": SCHEMA_VERSION,
         "available": available,
         "reason": reason,
         "results": [],
-        "queryPlan": _query_plan(request),
+        "queryPlan": _query_plan(request, plan),
         "citationPack": {"citations": [], "count": 0},
         "eventAggregation": {"method": "by-source", "groups": [], "groupCount": 0},
         "answerSynthesis": {"mode": "extractive", "status": evidence, "sentences": [],
@@ -486,7 +490,7 @@ def empty_envelope(reason: str, request: dict[str, Any] | None = None) -> dict[s
                       "hasAuthoritativeEvidence": False, "exactPassMatched": False},
             "recommendations": recs,
         },
-        "retrievalController": _controller(request, reason, None, 0),
+        "retrievalController": _controller(request, reason, None, 0, plan),
         "agentic": _agentic(evidence, recs),
         "externalAgentContract": _external_contract(),
     }
@@ -513,7 +517,7 @@ def mark_index_syncing(envelope: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_envelope(request: dict[str, Any], hits: list[Hit],
-                   controller: dict[str, Any] | None = None) -> dict[str, Any]:
+                   controller: dict[str, Any] | None = None, *, plan: Any = None) -> dict[str, Any]:
     """Build the ``schemaVersion`` 2 envelope for hits that may be shown.
 
     Args:
@@ -524,6 +528,8 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
             real path.
         controller: the controller report from ``Corpus.search_hits``; only pass names
             and statuses, the fusion method and the early-stop flag are copied.
+        plan: the query plan the search made (:func:`node.corpus.retrieval.make_plan`),
+            or None to make (cached) it here.
 
     Returns:
         The envelope (keys :data:`ENVELOPE_KEYS`). With no hits it is exactly
@@ -538,7 +544,8 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     pass's match when an exact unit was asked for, else "a result covers every key term".
     """
     if not hits:
-        return empty_envelope("no-verified-results", request)
+        return empty_envelope("no-verified-results", request, plan=plan)
+    plan = _plan(request, plan)
     q = request["query"]
     keys, matcher, prefixes = _query_keys(q)
     key_names = [t for t, _ in keys]
@@ -625,7 +632,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     covered = [t for t in key_names if t in covered_all]
     missing = [t for t in key_names if t not in covered_all]
     ratio = len(covered) / len(key_names) if key_names else 0.0
-    exact_wanted = bool(_exact_units(q))
+    exact_wanted = bool(plan.exact_units)
     # strong needs key terms to measure (a stop-word-only query matches arbitrary chunks),
     # and, when the query named an exact unit (quoted phrase, identifier, date, number),
     # a result the exact pass matched.
@@ -644,7 +651,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
         "available": True,
         "reason": None,
         "results": results,
-        "queryPlan": _query_plan(request),
+        "queryPlan": _query_plan(request, plan),
         "citationPack": {"citations": citations, "count": len(citations)},
         "eventAggregation": {"method": "by-source", "groups": list(groups.values()),
                              "groupCount": len(groups)},
@@ -666,7 +673,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
             "recommendations": recs,
         },
         "retrievalController": _controller(request, None, controller or {"passes": []},
-                                           len(results)),
+                                           len(results), plan),
         "agentic": _agentic(status, recs),
         "externalAgentContract": _external_contract(),
     }

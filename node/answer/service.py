@@ -46,13 +46,21 @@ import msgspec
 from node.answer import contract
 from node.answer import envelope as env
 from node.common.errors import CorpusError
+from node.corpus.retrieval import make_plan
 
 log = logging.getLogger("kith.answer")
 
-#: candidates fetched before the gate, per requested result (bounded), for a peer.
+#: candidates fetched before the gate, per requested result (bounded), for a peer whose
+#: search cannot run on its own view (a corpus without the ``visible`` predicate).
 CANDIDATES_PER_RESULT = 10
 MIN_CANDIDATES = 50
 MAX_CANDIDATES = 100  # the corpus search's own bound on ``limit``
+#: hits asked of a view's own search per requested result: the view already holds only
+#: sources the peer may see or ask about; the margin covers ``ask`` sources the owner
+#: denied and hits the gate's origin check drops.
+VIEW_CANDIDATES_PER_RESULT = 2
+#: view predicates kept per service (one per (policy, peer name)).
+MAX_PREDICATES = 256
 #: seconds a peer's answer with nothing to show takes at least, counted from the request:
 #: the search plus the gate's work on withheld candidates (≈0.1 ms each, at most 100) stays
 #: under it on a typical corpus, so "nothing matched" and "only private sources matched"
@@ -122,7 +130,7 @@ class AnswerService:
         self._gate = gate
         self._limiter = limiter
         self._normalize: Callable[[str], str | None] | None = None
-        self._visible_cache: tuple[Any, dict[tuple[str | None, str], bool]] | None = None
+        self._predicates: dict[tuple[int, str | None], tuple[Any, Callable[[str], bool]]] = {}
         self._lock = threading.Lock()
         try:
             params = inspect.signature(corpus.search_hits).parameters if corpus is not None else {}
@@ -147,25 +155,24 @@ class AnswerService:
 
     def _visible(self, view: PeerView, policy: Any) -> Callable[[str], bool]:
         """``source_id → may this peer see it or be asked about it (ask tier)``, from the
-        gate's per-source decision under ``policy``; cached per policy object."""
+        gate's per-source decision under ``policy``. The same predicate object is returned
+        for the same (policy, peer name), so the corpus's per-view caches apply; at most
+        :data:`MAX_PREDICATES` are kept (oldest dropped)."""
+        key = (id(policy), view.name)
         with self._lock:
-            cache = self._visible_cache
-            if cache is None or cache[0] is not policy:
-                cache = self._visible_cache = (policy, {})
-        decisions = cache[1]
-        gate, name = self._gate, view.name
+            entry = self._predicates.get(key)
+            if entry is not None and entry[0] is policy:
+                return entry[1]
+            gate, name = self._gate, view.name
 
-        def visible(source_id: str) -> bool:
-            key = (name, source_id)
-            seen = decisions.get(key)
-            if seen is None:
+            def visible(source_id: str) -> bool:
                 d = gate.decide(source_id, name, policy=policy)
-                seen = decisions[key] = bool(d.allowed or (d.tier == "ask" and d.canonical is not None))
-                if len(decisions) > 100_000:  # bounded: start over
-                    decisions.clear()
-            return seen
+                return bool(d.allowed or (d.tier == "ask" and d.canonical is not None))
 
-        return visible
+            if len(self._predicates) >= MAX_PREDICATES:
+                self._predicates.pop(next(iter(self._predicates)))
+            self._predicates[key] = (policy, visible)
+            return visible
 
     # --- the answer ---------------------------------------------------------------------
     def answer(self, body: Any, view: View = OWNER) -> dict[str, Any]:
@@ -194,20 +201,22 @@ class AnswerService:
             if refused is not None:
                 return {**refused, "envelope": env.empty_envelope(refused["status"], None)}
             return _invalid(exc)
+        plan = make_plan(req["query"])  # the one plan: the search's (cached) and the envelope's
         if refused is not None:
-            return {**refused, "envelope": env.empty_envelope(refused["status"], req)}
+            return {**refused, "envelope": env.empty_envelope(refused["status"], req, plan=plan)}
         if req["remainingBudgetMs"] == 0:
-            return _empty("budget-exhausted", req)
+            return _empty("budget-exhausted", req, plan)
         corpus = self._corpus
         if corpus is None:
-            return self._nothing("index-unavailable", req, peer, started)
+            return self._nothing("index-unavailable", req, plan, peer, started)
+        kwargs: dict[str, Any] = {}
         if peer is None:
             limit = req["topK"]
+        elif self._fuse_visible:  # ranked on the peer's own view (post-gate ranking)
+            limit = min(MAX_CANDIDATES, req["topK"] * VIEW_CANDIDATES_PER_RESULT)
+            kwargs["visible"] = self._visible(peer, policy)
         else:
             limit = min(MAX_CANDIDATES, max(MIN_CANDIDATES, req["topK"] * CANDIDATES_PER_RESULT))
-        kwargs: dict[str, Any] = {}
-        if peer is not None and self._fuse_visible:
-            kwargs["visible"] = self._visible(peer, policy)
         try:
             hits, controller = corpus.search_hits(
                 req["query"], limit=limit, filters=req["filters"] or None,
@@ -217,33 +226,33 @@ class AnswerService:
             if exc.code == "query-invalid":  # e.g. a query of stop words only
                 return _invalid(exc, req)
             log.warning("search failed: %s", exc.code)
-            return self._nothing(_unavailable_reason(corpus), req, peer, started)
+            return self._nothing(_unavailable_reason(corpus), req, plan, peer, started)
         if not hits and controller.get("stopReason") == "budget-exhausted" and not any(
                 p.get("status") == "ran" for p in controller.get("passes", [])):
-            return _empty("budget-exhausted", req)
+            return _empty("budget-exhausted", req, plan)
         if peer is not None:
             from node.policy.gate import PENDING
 
             screened = self._gate.screen(hits, peer.name, peer.key, req["query"], policy=policy)
             if screened and screened[0][1] == PENDING:
-                return self._pending(peer, req, screened)
+                return self._pending(peer, req, plan, screened)
             shown = [hit for hit, state in screened if state != PENDING]
             controller = _gated_controller(controller, len(shown))
         else:
             shown = [_with_id(h, self._canonical(h.source_id)) for h in hits]
         top = shown[: req["topK"]]
         if not top:
-            return self._nothing(None, req, peer, started)
-        envelope = env.build_envelope(req, top, controller)
+            return self._nothing(None, req, plan, peer, started)
+        envelope = env.build_envelope(req, top, controller, plan=plan)
         if peer is not None:
-            envelope = self._fit(envelope, req, top, controller, peer, policy)
+            envelope = self._fit(envelope, req, plan, top, controller, peer, policy)
             if envelope is None:
-                return self._nothing(None, req, peer, started)
+                return self._nothing(None, req, plan, peer, started)
         if _syncing(corpus):
             env.mark_index_syncing(envelope)
         return {"status": "ok", "envelope": envelope}
 
-    def _fit(self, envelope: dict[str, Any], req: dict[str, Any], top: list[Any],
+    def _fit(self, envelope: dict[str, Any], req: dict[str, Any], plan: Any, top: list[Any],
              controller: dict[str, Any], peer: PeerView, policy: Any) -> dict[str, Any] | None:
         """Drop the lowest-ranked results until the ``results`` message fits the peer's
         ``max_message_bytes`` (quota); None when not even one result fits."""
@@ -254,11 +263,11 @@ class AnswerService:
             top = top[:-1]
             if not top:
                 return None
-            envelope = env.build_envelope(req, top, controller)
+            envelope = env.build_envelope(req, top, controller, plan=plan)
         return envelope
 
-    def _nothing(self, reason: str | None, req: dict[str, Any], peer: PeerView | None,
-                 started: float) -> dict[str, Any]:
+    def _nothing(self, reason: str | None, req: dict[str, Any], plan: Any,
+                 peer: PeerView | None, started: float) -> dict[str, Any]:
         """An answer with nothing to show: ``reason``, or ``index-syncing`` while the index
         lags its record, else ``no-verified-results``; for a peer after the time floor."""
         if reason is None:
@@ -267,7 +276,7 @@ class AnswerService:
             # same time floor whether nothing matched or policy withheld every match, so
             # the answer's timing is no oracle either (DESIGN §8)
             _wait_until(started + NO_RESULT_FLOOR_S)
-        return _empty(reason, req)
+        return _empty(reason, req, plan)
 
     def _admit(self, peer: PeerView, policy: Any) -> dict[str, Any] | None:
         """Charge one query to the peer's quota (under ``policy``); the refusal, or None."""
@@ -281,12 +290,12 @@ class AnswerService:
             return {"status": "policy-denied"}
         return {"status": "rate-limited", "retry_after_s": verdict.retry_after_s}
 
-    def _pending(self, peer: PeerView, req: dict[str, Any],
+    def _pending(self, peer: PeerView, req: dict[str, Any], plan: Any,
                  screened: list[tuple[Any, str]]) -> dict[str, Any]:
         """``pending-approval``: record the undecided ``ask`` sources among the top results."""
         from node.policy.gate import PENDING
 
-        answer = _empty("pending-approval", req)
+        answer = _empty("pending-approval", req, plan)
         approvals = self._gate.approvals
         if approvals is None or peer.key is None:
             return answer
@@ -355,8 +364,8 @@ def answer_local(corpus: Any, body: Any) -> dict[str, Any]:
 
 # --- helpers -------------------------------------------------------------------------------
 
-def _empty(reason: str, req: dict[str, Any] | None) -> dict[str, Any]:
-    return {"status": reason, "envelope": env.empty_envelope(reason, req)}
+def _empty(reason: str, req: dict[str, Any] | None, plan: Any = None) -> dict[str, Any]:
+    return {"status": reason, "envelope": env.empty_envelope(reason, req, plan=plan)}
 
 
 def _invalid(exc: CorpusError, req: dict[str, Any] | None = None) -> dict[str, Any]:
