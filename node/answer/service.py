@@ -209,19 +209,12 @@ class AnswerService:
         corpus = self._corpus
         if corpus is None:
             return self._nothing("index-unavailable", req, plan, peer, started)
-        kwargs: dict[str, Any] = {}
-        if peer is None:
-            limit = req["topK"]
-        elif self._fuse_visible:  # ranked on the peer's own view (post-gate ranking)
-            limit = min(MAX_CANDIDATES, req["topK"] * VIEW_CANDIDATES_PER_RESULT)
-            kwargs["visible"] = self._visible(peer, policy)
-        else:
-            limit = min(MAX_CANDIDATES, max(MIN_CANDIDATES, req["topK"] * CANDIDATES_PER_RESULT))
         try:
             hits, controller = corpus.search_hits(
-                req["query"], limit=limit, filters=req["filters"] or None,
+                req["query"], filters=req["filters"] or None,
                 deadline=contract.server_deadline(req, started),
-                max_per_document=contract.DEDUPE_LEVELS[req["dedupe"]], **kwargs)
+                max_per_document=contract.DEDUPE_LEVELS[req["dedupe"]],
+                **self.search_args(req["topK"], view, policy))
         except CorpusError as exc:
             if exc.code == "query-invalid":  # e.g. a query of stop words only
                 return _invalid(exc, req)
@@ -251,6 +244,19 @@ class AnswerService:
         if _syncing(corpus):
             env.mark_index_syncing(envelope)
         return {"status": "ok", "envelope": envelope}
+
+    def search_args(self, top_k: int, view: View, policy: Any = None) -> dict[str, Any]:
+        """The ``Corpus.search_hits`` arguments an answer for ``view`` uses besides the
+        request's own: ``limit`` (hits asked for) and, for a peer when the corpus ranks
+        on a view, ``visible`` (its predicate under ``policy``, default the gate's
+        current policy). ``scripts/bench`` measures its baseline with the same."""
+        if not isinstance(view, PeerView):
+            return {"limit": top_k}
+        if self._fuse_visible:  # ranked on the peer's own view (post-gate ranking)
+            policy = policy if policy is not None else self._gate.current_policy()
+            return {"limit": min(MAX_CANDIDATES, top_k * VIEW_CANDIDATES_PER_RESULT),
+                    "visible": self._visible(view, policy)}
+        return {"limit": min(MAX_CANDIDATES, max(MIN_CANDIDATES, top_k * CANDIDATES_PER_RESULT))}
 
     def _fit(self, envelope: dict[str, Any], req: dict[str, Any], plan: Any, top: list[Any],
              controller: dict[str, Any], peer: PeerView, policy: Any) -> dict[str, Any] | None:

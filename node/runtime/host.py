@@ -90,11 +90,13 @@ class Knowledge:
             (:meth:`node.policy.gate.EgressGate.check_frame`: raises ``EgressRefused``
             when a real root or home path is in it), given to the engine as is.
         close: releases the corpus.
+        service: the :class:`node.answer.service.AnswerService` behind ``handle_for``.
     """
 
     handle_for: Callable[[str | None, str | None], Any]
     egress_check: Callable[[bytes, Any], None] | None
     close: Callable[[], None]
+    service: Any = None
 
 
 def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
@@ -122,7 +124,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
         gate = EgressGate([], policy, home)
         service = AnswerService(None, gate, limiter=limiter)
         return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
-                         gate.check_frame, lambda: None)
+                         gate.check_frame, lambda: None, service)
     # a crash between SQLite and tantivy leaves the index behind its record: catch up now
     # when no other process is writing (never waits for the lock)
     if corpus.repair_lag() == "locked":
@@ -139,7 +141,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
     gate = EgressGate(corpus.roots(), policy, home, approvals=Approvals(home))
     service = AnswerService(corpus, gate, limiter=limiter)
     return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
-                     gate.check_frame, corpus.close)
+                     gate.check_frame, corpus.close, service)
 
 
 def admission(registry: PeerRegistry, peers_only: bool) -> Callable[[str, dict[str, Any]], bool]:
