@@ -192,12 +192,16 @@ class EgressGate:
         A hit whose source id does not normalize, or whose normalized id differs from the
         id of its own origin (``/<root_prefix>/<rel_path>``, when ``root_prefix`` is set),
         gets the invalid decision (``private``, not allowed). Returned hits carry their
-        canonical ``source_id``.
+        canonical ``source_id``. Each distinct source is normalized and decided once per
+        call (a document's chunks share it), at serve time.
         """
         policy = policy or self.policy
         out: list[tuple[Hit, Decision]] = []
+        decided: dict[str, Decision] = {}  # chunks of one source: one decision per call
         for hit in hits:
-            decision = self.decide(hit.source_id, peer_name, policy=policy)
+            decision = decided.get(hit.source_id)
+            if decision is None:
+                decision = decided[hit.source_id] = self.decide(hit.source_id, peer_name, policy=policy)
             if decision.canonical is not None and hit.root_prefix is not None:
                 origin = f"/{hit.root_prefix}/{hit.rel_path}" if hit.rel_path else f"/{hit.root_prefix}"
                 if origin != hit.source_id and self._normalize(origin) != decision.canonical:
