@@ -214,3 +214,21 @@ def test_an_old_decomposed_id_is_replaced_at_the_next_sync(tmp_path: Path, monke
         found = answer_local(c, {"query": "espresso"})["envelope"]["results"]
     assert before == [unicodedata.normalize("NFD", NFC_ID)]
     assert ids == [NFC_ID] and [r["source"] for r in found] == [NFC_ID]
+
+
+def test_a_peer_view_predicate_follows_the_gate(home: Path) -> None:
+    """The predicate a peer's search is ranked on (``visible``): the gate's decision per
+    source, one object per (gate, policy, peer) so per-view caches apply."""
+    from node.answer.service import PeerView
+
+    knowledge = open_knowledge(home, lambda _m: None)
+    try:
+        service = knowledge.service
+        policy = service._gate.current_policy()
+        visible = service._visible(PeerView(None), policy)
+        assert service._visible(PeerView(None, "ab" * 32), policy) is visible
+        assert service._visible(PeerView("alice"), policy) is not visible
+        assert visible("/kb/deploy.md") and visible(NFC_ID)
+        assert not visible("/elsewhere/x.md") and not visible("/kb/../etc/passwd")
+    finally:
+        knowledge.close()

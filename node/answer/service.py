@@ -59,8 +59,10 @@ MAX_CANDIDATES = 100  # the corpus search's own bound on ``limit``
 #: sources the peer may see or ask about; the margin covers ``ask`` sources the owner
 #: denied and hits the gate's origin check drops.
 VIEW_CANDIDATES_PER_RESULT = 2
-#: view predicates kept per service (one per (policy, peer name)).
+#: view predicates kept (one per (gate, policy, peer name)).
 MAX_PREDICATES = 256
+_predicates: dict[tuple[int, int, str | None], tuple[Any, Any, Callable[[str], bool]]] = {}
+_predicates_lock = threading.Lock()
 #: seconds a peer's answer with nothing to show takes at least, counted from the request:
 #: the search plus the gate's work on withheld candidates (≈0.1 ms each, at most 100) stays
 #: under it on a typical corpus, so "nothing matched" and "only private sources matched"
@@ -130,8 +132,6 @@ class AnswerService:
         self._gate = gate
         self._limiter = limiter
         self._normalize: Callable[[str], str | None] | None = None
-        self._predicates: dict[tuple[int, str | None], tuple[Any, Callable[[str], bool]]] = {}
-        self._lock = threading.Lock()
         try:
             params = inspect.signature(corpus.search_hits).parameters if corpus is not None else {}
         except (TypeError, ValueError):
@@ -156,22 +156,22 @@ class AnswerService:
     def _visible(self, view: PeerView, policy: Any) -> Callable[[str], bool]:
         """``source_id → may this peer see it or be asked about it (ask tier)``, from the
         gate's per-source decision under ``policy``. The same predicate object is returned
-        for the same (policy, peer name), so the corpus's per-view caches apply; at most
-        :data:`MAX_PREDICATES` are kept (oldest dropped)."""
-        key = (id(policy), view.name)
-        with self._lock:
-            entry = self._predicates.get(key)
-            if entry is not None and entry[0] is policy:
-                return entry[1]
-            gate, name = self._gate, view.name
+        for the same (gate, policy, peer name) — across services too — so the corpus's
+        per-view caches apply; at most :data:`MAX_PREDICATES` are kept (oldest dropped)."""
+        gate, name = self._gate, view.name
+        key = (id(gate), id(policy), name)
+        with _predicates_lock:
+            entry = _predicates.get(key)
+            if entry is not None and entry[0] is gate and entry[1] is policy:
+                return entry[2]
 
             def visible(source_id: str) -> bool:
                 d = gate.decide(source_id, name, policy=policy)
                 return bool(d.allowed or (d.tier == "ask" and d.canonical is not None))
 
-            if len(self._predicates) >= MAX_PREDICATES:
-                self._predicates.pop(next(iter(self._predicates)))
-            self._predicates[key] = (policy, visible)
+            if len(_predicates) >= MAX_PREDICATES:
+                _predicates.pop(next(iter(_predicates)))
+            _predicates[key] = (gate, policy, visible)
             return visible
 
     # --- the answer ---------------------------------------------------------------------
