@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from node.corpus.store import Corpus  # noqa: E402
 from node.policy.approvals import Approvals  # noqa: E402
 from node.policy.gate import EgressGate  # noqa: E402
-from node.answer.knowledge import KnowledgeHandle  # noqa: E402
+from node.answer.service import peer_knowledge  # noqa: E402
 from node.policy.quota import RateLimiter  # noqa: E402
 from node.policy.store import Policy  # noqa: E402
 
@@ -59,7 +59,7 @@ def main() -> None:
         if req is not None:
             approvals.decide(req.id, True)
     gate = EgressGate(corpus.roots(), policy, home, approvals=approvals)
-    handle = KnowledgeHandle(corpus, gate, "alice", peer_key="a1" * 32, limiter=RateLimiter())
+    handle = peer_knowledge(corpus, gate, "alice", peer_key="a1" * 32, limiter=RateLimiter())
     q = "release train widget telemetry platform"
     hits, _ = corpus.search_hits(q, limit=100)
     print(f"candidates per query: {len(hits)}")

@@ -17,7 +17,7 @@ from node.corpus.store import Corpus
 from node.common.errors import PolicyError
 from node.policy.approvals import DECISION_TTL_S, MAX_PENDING_PER_PEER, Approvals, query_key
 from node.policy.gate import PENDING, VISIBLE, EgressGate
-from node.answer.knowledge import KnowledgeHandle
+from node.answer.service import peer_knowledge
 from node.policy.quota import RateLimiter
 from node.policy.store import Policy, Quota
 
@@ -72,7 +72,7 @@ def world(indexed, tmp_path: Path):
 
 
 def _ask(corpus, gate, name, key, query, limiter=None, top_k=5):
-    handle = KnowledgeHandle(corpus, gate, name, peer_key=key, limiter=limiter)
+    handle = peer_knowledge(corpus, gate, name, peer_key=key, limiter=limiter)
     return handle.search({"query": query, "topK": top_k})
 
 
@@ -257,7 +257,7 @@ def test_rate_limit_burst_then_retry_after(world) -> None:
     # invalid requests are charged too (no free flooding)
     clock.t += 3600
     for _ in range(2):
-        KnowledgeHandle(corpus, gate, "alice", peer_key=ALICE, limiter=limiter).search({"query": ""})
+        peer_knowledge(corpus, gate, "alice", peer_key=ALICE, limiter=limiter).search({"query": ""})
     assert _ask(corpus, gate, "alice", ALICE, "write ahead log", limiter)["status"] == "rate-limited"
 
 
@@ -308,7 +308,7 @@ def test_limiter_is_bounded() -> None:
 
 def test_the_handle_exposes_only_search(world) -> None:
     corpus, gate, _, _ = world
-    handle = KnowledgeHandle(corpus, gate, "alice", peer_key=ALICE)
+    handle = peer_knowledge(corpus, gate, "alice", peer_key=ALICE)
     public = {n for n in dir(handle) if not n.startswith("_")}
     assert public == {"search", "peer_name", "peer_key"}
     for attr in ("corpus", "gate", "index", "search_hits", "_corpus", "__dict__"):

@@ -302,7 +302,10 @@ def test_hook_output_is_validated(echo, host_id, guest_id):
 def test_egress_check_refuses_outgoing_message(echo, host_id, guest_id):
     pair = EnginePair(echo, host_id, guest_id)
 
-    def no_secrets(data: bytes) -> None:
+    answered: list = []
+
+    def no_secrets(data: bytes, replying_to: dict | None) -> None:
+        answered.append(replying_to)
         if b"/home/owner" in data:
             raise EgressRefused("egress-leak")
 
@@ -313,6 +316,7 @@ def test_egress_check_refuses_outgoing_message(echo, host_id, guest_id):
     with pytest.raises(EgressRefused):
         pair.host.send_message({"action": "echo", "text": "/home/owner/secret.txt", "count": 1})
     assert pair.host.data_to_send() == b""
+    assert answered == [{"action": "say", "text": "hi"}]  # the seam sees what it answers
 
 
 def test_terminal_message_closes_both_sides(echo, host_id, guest_id):

@@ -65,7 +65,7 @@ def test_request_defaults_and_normalization() -> None:
     ({"query": "q", "topK": True}, "topK"),
     ({"query": "q", "topK": 0}, "topK"),
     ({"query": "q", "topK": 21}, "topK"),
-    ({"query": "q", "topK": 5.0}, "topK"),
+    ({"query": "q", "topK": 5.5}, "topK"),
     ({"query": "q", "tags": []}, "tags"),
     ({"query": "q", "sources": []}, "sources"),
     ({"query": "q", "sources": ["notes/*"]}, "sources"),

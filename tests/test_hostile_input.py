@@ -161,7 +161,7 @@ def test_withheld_and_missing_answers_take_the_same_time_floor(tmp_path):
     for the floor, so both take at least NO_RESULT_FLOOR_S."""
     from node.corpus.store import Corpus
     from node.policy.gate import EgressGate
-    from node.answer.knowledge import NO_RESULT_FLOOR_S, KnowledgeHandle
+    from node.answer.service import NO_RESULT_FLOOR_S, peer_knowledge
     from node.policy.store import Policy
 
     root = tmp_path / "notes"
@@ -175,7 +175,7 @@ def test_withheld_and_missing_answers_take_the_same_time_floor(tmp_path):
     corpus = Corpus(home, readonly=True)
     try:
         gate = EgressGate(corpus.roots(), Policy.load(home), home)  # no rules: all private
-        handle = KnowledgeHandle(corpus, gate, None)
+        handle = peer_knowledge(corpus, gate, None)
         for query in ("salary bands", "zzqx nothing at all"):
             t0 = time.monotonic()
             answer = handle.search({"query": query, "topK": 3})

@@ -27,6 +27,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 import node.common.http as httpbounds
+from node.answer.service import answer_local
 from node.local.api import run_api_in_thread
 from node.corpus import retrieval
 from node.answer.envelope import (ENVELOPE_KEYS, build_envelope, empty_envelope,
@@ -372,16 +373,16 @@ def test_a_lagging_index_is_reported_not_hidden(tmp_path: Path) -> None:
     with Corpus(home, readonly=True) as ro:
         st = ro.stats()
         assert st["index_lag"] > 0 and st["ready"] is False
-        missing = retrieval.local_search(ro, {"query": "narwhal migration"})
+        missing = answer_local(ro, {"query": "narwhal migration"})
         assert missing["status"] == "index-syncing"
         env = missing["envelope"]
         _valid(env)
         assert env["available"] is False and env["reason"] == "index-syncing"
         # the reason is the index state's, not the content's: a query matching nothing
         # anywhere gets the same envelope shape and reason
-        nothing = retrieval.local_search(ro, {"query": "narwhal migration"})
+        nothing = answer_local(ro, {"query": "narwhal migration"})
         assert nothing == missing
-        found = retrieval.local_search(ro, {"query": "staging server"})
+        found = answer_local(ro, {"query": "staging server"})
         assert found["status"] == "ok"
         _valid(found["envelope"])
         assert found["envelope"]["quality"]["flags"]["indexSyncing"] is True
@@ -425,7 +426,7 @@ def test_first_sync_not_finished_is_syncing(tmp_path: Path) -> None:
     db.close()
     with Corpus(home, readonly=True) as ro:
         assert ro.stats()["ready"] is False
-        assert retrieval.local_search(ro, {"query": "zzzqqq"})["status"] == "index-syncing"
+        assert answer_local(ro, {"query": "zzzqqq"})["status"] == "index-syncing"
 
 
 # --- 7. the quality gate ------------------------------------------------------------------
@@ -439,7 +440,7 @@ def quality_corpus(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _quality(c: Corpus, query: str) -> dict:
-    answer = retrieval.local_search(c, {"query": query, "topK": 10})
+    answer = answer_local(c, {"query": query, "topK": 10})
     assert answer["status"] == "ok", answer["status"]
     _valid(answer["envelope"])
     return answer["envelope"]["quality"]

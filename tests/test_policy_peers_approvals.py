@@ -32,7 +32,7 @@ from node.common.errors import PolicyError
 from node.trust.peers import PeerRegistry
 from node.policy.approvals import MAX_PENDING_PER_PEER, MAX_PENDING_TOTAL, Approvals
 from node.policy.gate import EgressGate
-from node.answer.knowledge import KnowledgeHandle
+from node.answer.service import peer_knowledge
 from node.policy.quota import RateLimiter
 from node.policy.store import Policy
 
@@ -105,7 +105,7 @@ def _expected(status: str, query: str = Q) -> dict:
 
 def test_tightened_policy_applies_to_the_next_query_of_the_same_handle(live) -> None:
     home, corpus, gate = live
-    handle = KnowledgeHandle(corpus, gate, "alice", peer_key=ALICE, limiter=RateLimiter())
+    handle = peer_knowledge(corpus, gate, "alice", peer_key=ALICE, limiter=RateLimiter())
     first = handle.search({"query": Q, "topK": 5})
     assert first["status"] == "ok" and first["envelope"]["results"][0]["source"] == "/docs/public/intro.md"
     policy = Policy.load(home)
@@ -124,7 +124,7 @@ def test_tightened_policy_applies_to_the_next_query_of_the_same_handle(live) -> 
 def test_broken_policy_file_keeps_the_last_good_policy_and_warns_once(live, caplog) -> None:
     home, corpus, gate = live
     _write_policy(home, "[[rule]]\nglob = '/docs/public/**'\ntier = 'never'\n")
-    handle = KnowledgeHandle(corpus, gate, None, peer_key=BOB)
+    handle = peer_knowledge(corpus, gate, None, peer_key=BOB)
     assert handle.search({"query": Q, "topK": 5})["status"] == "no-verified-results"
     _write_policy(home, "[[rule]]\nglob = '/docs/**'\ntier = 'public'\nthis is not toml\n")
     with caplog.at_level(logging.WARNING, logger="kith.policy"):
@@ -139,13 +139,13 @@ def test_broken_policy_file_keeps_the_last_good_policy_and_warns_once(live, capl
 def test_quota_changes_apply_without_a_restart(live) -> None:
     home, corpus, gate = live
     limiter = RateLimiter()
-    handle = KnowledgeHandle(corpus, gate, "alice", peer_key=ALICE, limiter=limiter)
+    handle = peer_knowledge(corpus, gate, "alice", peer_key=ALICE, limiter=limiter)
     assert handle.search({"query": Q, "topK": 5})["status"] == "ok"
     _write_policy(home, "[[rule]]\nglob = '/docs/**'\ntier = 'public'\n"
                         "[quota.peer.alice]\nqueries_per_hour = 0\n")
     assert handle.search({"query": Q, "topK": 5})["status"] == "policy-denied"
     # another peer is unaffected by alice's quota
-    assert KnowledgeHandle(corpus, gate, "bob", peer_key=BOB, limiter=limiter).search(
+    assert peer_knowledge(corpus, gate, "bob", peer_key=BOB, limiter=limiter).search(
         {"query": Q, "topK": 5})["status"] == "ok"
 
 
@@ -153,7 +153,7 @@ def test_in_memory_policy_edits_are_not_replaced_by_an_unchanged_file(live) -> N
     """Only a change of the file reloads it (one stat per query, no re-parse)."""
     home, corpus, gate = live
     gate.policy.set("/docs/public/**", "never")  # in memory only
-    assert KnowledgeHandle(corpus, gate, None).search({"query": Q, "topK": 5})["status"] == "no-verified-results"
+    assert peer_knowledge(corpus, gate, None).search({"query": Q, "topK": 5})["status"] == "no-verified-results"
     assert gate.current_policy() is gate.policy
 
 
@@ -375,7 +375,7 @@ def test_later_remembered_approval_overrides_an_earlier_remembered_denial(indexe
         policy = Policy()
         policy.set("/docs/ask/**", "ask")
         gate = EgressGate(corpus.roots(), policy, home, approvals=approvals)
-        answer = KnowledgeHandle(corpus, gate, "alice", peer_key=ALICE).search({"query": q1, "topK": 5})
+        answer = peer_knowledge(corpus, gate, "alice", peer_key=ALICE).search({"query": q1, "topK": 5})
     assert answer["status"] == "ok" and answer["envelope"]["results"][0]["source"] == salary
 
 
@@ -388,7 +388,7 @@ def test_ask_probe_writes_bounded_request_files_and_is_documented(indexed, tmp_p
     policy = Policy()
     policy.set("/docs/ask/**", "ask")
     gate = EgressGate(corpus.roots(), policy, home, approvals=Approvals(tmp_path))
-    handle = KnowledgeHandle(corpus, gate, None, peer_key=BOB)
+    handle = peer_knowledge(corpus, gate, None, peer_key=BOB)
     statuses = [handle.search({"query": f"bonus pool {w}", "topK": 5})
                 for w in [f"w{i}" for i in range(MAX_PENDING_PER_PEER + 5)]]
     # the probe is real (documented): a word in an ask source answers pending-approval ...

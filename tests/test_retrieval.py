@@ -11,6 +11,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from node.answer.service import answer_local
 from node.corpus import retrieval, search
 from node.answer.envelope import SearchBudget, empty_envelope, validate_search_request
 from node.corpus.store import Corpus
@@ -163,7 +164,7 @@ def test_one_long_document_does_not_fill_the_top_ten(corpus) -> None:
 
 
 def test_dedupe_document_is_a_request_option(corpus) -> None:
-    answer = retrieval.local_search(corpus, {"query": "walrus", "topK": 10, "dedupe": "document"})
+    answer = answer_local(corpus, {"query": "walrus", "topK": 10, "dedupe": "document"})
     env = answer["envelope"]
     _valid(env)
     sources = [r["source"] for r in env["results"]]
@@ -211,7 +212,7 @@ def test_filters_fail_closed_when_a_chunk_lacks_the_field(corpus) -> None:
     {"query": "q", "color": "red"}, {"query": "q", "remainingBudgetMs": -1},
 ])
 def test_bad_requests_are_refused_with_a_stable_code(corpus, body: dict) -> None:
-    answer = retrieval.local_search(corpus, body)
+    answer = answer_local(corpus, body)
     assert answer["status"] == "invalid-request"
     assert answer["error"]["code"] == "query-invalid"
     _valid(answer["envelope"])
@@ -223,7 +224,7 @@ def test_bad_requests_are_refused_with_a_stable_code(corpus, body: dict) -> None
 
 def test_zero_budget_never_touches_the_index(tmp_path: Path) -> None:
     # no corpus at all: a 0 budget still answers budget-exhausted, not index-unavailable
-    answer = retrieval.local_search(None, {"query": "anything", "remainingBudgetMs": 0})
+    answer = answer_local(None, {"query": "anything", "remainingBudgetMs": 0})
     assert answer["status"] == "budget-exhausted"
     env = answer["envelope"]
     _valid(env)
@@ -242,7 +243,7 @@ def test_expired_deadline_runs_no_pass(corpus) -> None:
 
 def test_missing_index_is_an_unavailable_envelope(tmp_path: Path) -> None:
     c = Corpus(tmp_path / "empty-home", readonly=True)
-    answer = retrieval.local_search(c, {"query": "walrus", "topK": 3})
+    answer = answer_local(c, {"query": "walrus", "topK": 3})
     assert answer["status"] == "index-unavailable"
     _valid(answer["envelope"])
     assert answer["envelope"] == empty_envelope("index-unavailable",
@@ -270,7 +271,7 @@ def test_client_budget_is_one_monotonic_deadline() -> None:
 
 
 def test_real_envelope_reports_passes_and_plan(corpus) -> None:
-    answer = retrieval.local_search(corpus, {"query": 'temporary folder "removed automatically"',
+    answer = answer_local(corpus, {"query": 'temporary folder "removed automatically"',
                                              "topK": 5})
     env = answer["envelope"]
     _valid(env)
@@ -289,7 +290,7 @@ def test_real_envelope_reports_passes_and_plan(corpus) -> None:
 
 
 def test_authoritative_lifecycle_is_flagged(corpus) -> None:
-    env = retrieval.local_search(corpus, {"query": "queue faster", "topK": 3})["envelope"]
+    env = answer_local(corpus, {"query": "queue faster", "topK": 3})["envelope"]
     _valid(env)
     assert env["results"][0]["source"] == "/tickets/main/r2"
     assert env["quality"]["flags"]["hasAuthoritativeEvidence"] is True
@@ -311,7 +312,7 @@ def pydocs_corpus(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.mark.shared
 def test_plain_language_question_finds_tempfile(pydocs_corpus) -> None:
-    env = retrieval.local_search(pydocs_corpus, {
+    env = answer_local(pydocs_corpus, {
         "query": "how do I make a temporary folder that cleans itself up", "topK": 10})["envelope"]
     _valid(env)
     assert "/python-docs-3.11/library/tempfile.rst.txt" in [r["source"] for r in env["results"]]
@@ -340,9 +341,9 @@ def test_concurrent_passes_give_the_same_envelope_as_sequential(corpus, query: s
     saved = retrieval.PARALLEL_PASSES
     try:
         retrieval.PARALLEL_PASSES = False
-        one = retrieval.local_search(corpus, {"query": query, "topK": 10})
+        one = answer_local(corpus, {"query": query, "topK": 10})
         retrieval.PARALLEL_PASSES = True
-        two = retrieval.local_search(corpus, {"query": query, "topK": 10})
+        two = answer_local(corpus, {"query": query, "topK": 10})
     finally:
         retrieval.PARALLEL_PASSES = saved
     assert one["status"] == "ok" and json.dumps(one) == json.dumps(two)

@@ -1,4 +1,4 @@
-"""The read-only search contract: request validation and the ``schemaVersion`` 2 envelope.
+"""The ``schemaVersion`` 2 search envelope (the request is :mod:`node.answer.contract`).
 
 DESIGN §8 / §11 and seed ``rag-external-agent-contract``. The same envelope answers
 ``kith search --json``, ``POST /search`` on the local API, the MCP tool and the
@@ -18,20 +18,16 @@ from __future__ import annotations
 import hashlib
 import re
 from functools import lru_cache
-from datetime import date as _date
 from typing import Any
 
+from node.answer.contract import (  # noqa: F401 - the request contract, re-exported
+    DEDUPE_LEVELS, MAX_QUERY_CHARS, MAX_SERVER_BUDGET_MS, TOP_K_DEFAULT, TOP_K_MAX, server_deadline)
+from node.answer.contract import validate as validate_search_request
 from node.corpus import search
 from node.corpus.types import Hit
-from node.common.errors import CorpusError, KithError
+from node.common.errors import CorpusError
 
 SCHEMA_VERSION = 2
-MAX_QUERY_CHARS = 2000
-TOP_K_DEFAULT = 5
-TOP_K_MAX = 20
-MAX_FILTER_VALUES = 50
-MAX_FILTER_VALUE_CHARS = 200
-MAX_GLOB_CHARS = 1000
 PREVIEW_CHARS = 280
 EXCERPT_CHARS = 600
 MAX_SYNTHESIS_SENTENCES = 5
@@ -52,18 +48,9 @@ KNOWN_REASONS = (
     "policy-denied", "pending-approval", "rate-limited", "timeout", "internal-error",
 )
 
-_FILTER_KEYS = ("date", "dateRange", "project", "tags", "sourceSets", "lifecycle",
-                "workType", "sources")
-_ALLOWED_KEYS = frozenset(("query", "topK", "remainingBudgetMs", "dedupe", *_FILTER_KEYS))
-#: ``dedupe`` values a caller may ask for → chunks allowed per document in the results
-#: (``chunk``: distinct chunks, at most 2 per document; ``document``: one per document).
-DEDUPE_LEVELS = {"chunk": search.MAX_PER_DOCUMENT, "document": 1}
-#: Server-side cap of one search's budget (ms); a larger remainingBudgetMs is clamped.
-MAX_SERVER_BUDGET_MS = 60_000
 #: The client-side loop: at most this many searches inside one deadline (seconds).
 MAX_SEARCH_CALLS = 3
 CLIENT_DEADLINE_S = 90
-_DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
 _KEBAB = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*\Z")
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")
 
@@ -77,132 +64,6 @@ USAGE_PROMPT = (
     "true after at most three searches in one 90-second budget, report that Kith did not "
     "provide reliable evidence instead of inventing facts."
 )
-
-
-def _bad(field: str, rule: str) -> CorpusError:
-    return CorpusError("query-invalid", f"The field '{field}' {rule}.")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check_date(field: str, v: Any) -> str:
-    if not isinstance(v, str) or not _DATE.match(v):
-        raise _bad(field, "must be a date as YYYY-MM-DD")
-    try:
-        _date.fromisoformat(v)
-    except ValueError:
-        raise _bad(field, "must be a real calendar date as YYYY-MM-DD") from None
-    return v
-
-
-def _string_list(field: str, v: Any, *, max_chars: int = MAX_FILTER_VALUE_CHARS) -> list[str]:
-    values = [v] if isinstance(v, str) else v
-    if not isinstance(values, list):
-        raise _bad(field, "must be a string or a list of strings")
-    if not values:
-        raise _bad(field, "must not be an empty list (omit the filter to match everything)")
-    if len(values) > MAX_FILTER_VALUES:
-        raise _bad(field, f"must have at most {MAX_FILTER_VALUES} values")
-    out: list[str] = []
-    for item in values:
-        if not isinstance(item, str) or not item.strip():
-            raise _bad(field, "must contain only non-empty strings")
-        if len(item) > max_chars or "\x00" in item:
-            raise _bad(field, f"values must be at most {max_chars} characters without NUL")
-        if item not in out:
-            out.append(item)
-    return out
-
-
-def validate_search_request(body: Any) -> dict[str, Any]:
-    """Validate and normalize a search request (flat body, DESIGN §8).
-
-    Args:
-        body: the JSON object: ``query`` (required, non-empty string, <= 2000 chars),
-            ``topK`` (int 1–20, default 5; a bool is not an int), optional filters
-            ``date`` (YYYY-MM-DD or list), ``dateRange`` ({``from``, ``to``}: at least
-            one, from <= to), ``project``, ``tags``, ``sourceSets``, ``lifecycle``,
-            ``workType`` (string or non-empty list of strings), ``sources`` (source-id
-            globs starting with ``/``), ``remainingBudgetMs`` (int >= 0, ms),
-            ``dedupe`` (``"chunk"`` default, or ``"document"``: one result per
-            document). Protocol envelope fields (``action``, ``query_id``) must be
-            removed by the caller.
-
-    Returns:
-        ``{"query": str, "topK": int, "filters": {name: normalized value},
-        "remainingBudgetMs": int | None, "dedupe": "chunk" | "document"}``; list
-        filters are deduplicated lists.
-
-    Raises:
-        CorpusError: ``query-invalid`` with a message naming the offending field (unknown
-            keys and empty filter lists are refused).
-    """
-    if not isinstance(body, dict):
-        raise CorpusError("query-invalid", "The search request must be a JSON object.")
-    unknown = sorted(str(k) for k in body if k not in _ALLOWED_KEYS)
-    if unknown:
-        raise CorpusError("query-invalid",
-                          f"The field '{unknown[0][:40]}' is not part of a search request.")
-    query = body.get("query")
-    if not isinstance(query, str) or not query.strip():
-        raise _bad("query", "must be a non-empty string")
-    query = query.strip()
-    if len(query) > MAX_QUERY_CHARS:
-        raise _bad("query", f"must be at most {MAX_QUERY_CHARS} characters")
-    if "\x00" in query:
-        raise _bad("query", "must not contain NUL characters")
-    top_k = body.get("topK", TOP_K_DEFAULT)
-    if not _is_int(top_k) or not 1 <= top_k <= TOP_K_MAX:
-        raise _bad("topK", f"must be an integer from 1 to {TOP_K_MAX}")
-    budget = body.get("remainingBudgetMs")
-    if budget is not None and (not _is_int(budget) or budget < 0):
-        raise _bad("remainingBudgetMs", "must be an integer >= 0")
-    filters: dict[str, Any] = {}
-    for key in _FILTER_KEYS:
-        if key not in body:
-            continue
-        v = body[key]
-        if key == "date":
-            filters[key] = [_check_date(key, d) for d in _string_list(key, v)]
-        elif key == "dateRange":
-            if not isinstance(v, dict) or not v or set(v) - {"from", "to"}:
-                raise _bad(key, "must be an object with 'from' and/or 'to' dates")
-            rng = {k: _check_date(f"{key}.{k}", v[k]) for k in ("from", "to") if k in v}
-            if "from" in rng and "to" in rng and rng["from"] > rng["to"]:
-                raise _bad(key, "must have 'from' on or before 'to'")
-            filters[key] = rng
-        elif key == "sources":
-            globs = _string_list(key, v, max_chars=MAX_GLOB_CHARS)
-            for g in globs:
-                if not g.startswith("/"):
-                    raise _bad(key, "globs must start with '/' (they match source ids)")
-                try:
-                    search.source_glob(g)  # the policy's glob language and linear matcher
-                except KithError:
-                    raise _bad(key, "globs use '*', '?' within a segment and '**' as a whole "
-                                    "segment, without '.' or '..' segments") from None
-            filters[key] = globs
-        else:
-            filters[key] = _string_list(key, v)
-    dedupe = body.get("dedupe", "chunk")
-    if dedupe not in DEDUPE_LEVELS:
-        raise _bad("dedupe", "must be 'chunk' or 'document'")
-    return {"query": query, "topK": top_k, "filters": filters, "remainingBudgetMs": budget,
-            "dedupe": dedupe}
-
-
-def server_deadline(request: dict[str, Any], now: float | None = None) -> float | None:
-    """The ``time.monotonic()`` instant after which no search pass may start, from the
-    request's ``remainingBudgetMs`` (clamped to :data:`MAX_SERVER_BUDGET_MS`); None when
-    the caller gave no budget (the server cap then applies alone)."""
-    import time
-
-    now = time.monotonic() if now is None else now
-    budget = request.get("remainingBudgetMs")
-    ms = MAX_SERVER_BUDGET_MS if budget is None else min(budget, MAX_SERVER_BUDGET_MS)
-    return now + ms / 1000.0
 
 
 class SearchBudget:
@@ -464,11 +325,14 @@ def _analyze_hit(text: str, heading: str, keys: list[tuple[str, set[str]]],
     return covered, analyzed
 
 
-def _exact_units(query: str) -> list[list[str]]:
-    """The query's exact units (quoted phrases, identifiers, dates, numbers)."""
+def _plan(request: dict[str, Any], plan: Any = None) -> Any:
+    """The query plan of ``request``: ``plan`` when the caller has it (the search made it,
+    :func:`node.corpus.retrieval.make_plan`), else made (cached) here."""
+    if plan is not None:
+        return plan
     from node.corpus import retrieval
 
-    return retrieval.make_plan(query).exact_units
+    return retrieval.make_plan(request["query"])
 
 
 def _interpretation(plan: Any) -> str:
@@ -480,15 +344,13 @@ def _interpretation(plan: Any) -> str:
     return "+".join(parts)
 
 
-def _query_plan(request: dict[str, Any] | None) -> dict[str, Any]:
+def _query_plan(request: dict[str, Any] | None, plan: Any = None) -> dict[str, Any]:
     """``queryPlan``: how the server read the request (depends on the request only)."""
-    from node.corpus import retrieval
-
     if request is None:
         return {"query": None, "topK": None, "filters": {}, "dedupe": None, "keyTerms": [],
                 "analyzedTerms": [], "exactUnits": [], "expansions": [], "stages": [],
                 "subqueries": [], "interpretation": "invalid-request"}
-    plan = retrieval.make_plan(request["query"])
+    plan = _plan(request, plan)
     return {
         "query": request["query"],
         "topK": request["topK"],
@@ -508,7 +370,7 @@ _PASS_STATUSES = ("ran", "skipped", "not-run")
 
 
 def _controller(request: dict[str, Any] | None, reason: str | None,
-                controller: dict[str, Any] | None, returned: int) -> dict[str, Any]:
+                controller: dict[str, Any] | None, returned: int, plan: Any = None) -> dict[str, Any]:
     """``retrievalController``: passes run and fused. Copies only pass names/statuses/skip
     reasons, fusion and the early-stop flag — never a count taken before the gate."""
     from node.corpus import retrieval
@@ -517,7 +379,7 @@ def _controller(request: dict[str, Any] | None, reason: str | None,
     base = {"mode": "bounded-multi-pass",
             "fusion": {"method": "rrf", "k": search.RRF_K},
             "dedupe": {"level": level, "maxPerDocument": DEDUPE_LEVELS.get(level, 2)}}
-    planned = retrieval.make_plan(request["query"]).passes if request else []
+    planned = _plan(request, plan).passes if request else []
     base["fusion"]["weights"] = {p: retrieval.PASS_WEIGHTS.get(p, 1.0) for p in planned}
     if controller is not None:
         passes = []
@@ -532,7 +394,7 @@ def _controller(request: dict[str, Any] | None, reason: str | None,
                 base["fusion"]["weights"][entry["name"]] = retrieval.PASS_WEIGHTS.get(
                     entry["name"], 1.0)
         md = controller.get("maxPerDocument")
-        if _is_int(md) and md >= 1:
+        if isinstance(md, int) and not isinstance(md, bool) and md >= 1:
             base["dedupe"]["maxPerDocument"] = md
         stop = controller.get("stopReason")
         return {**base, "passes": passes, "passesRun": sum(p["status"] == "ran" for p in passes),
@@ -582,7 +444,8 @@ def _agentic(status: str, recommendations: list[str]) -> dict[str, Any]:
     }
 
 
-def empty_envelope(reason: str, request: dict[str, Any] | None = None) -> dict[str, Any]:
+def empty_envelope(reason: str, request: dict[str, Any] | None = None, *,
+                   plan: Any = None) -> dict[str, Any]:
     """An envelope with no results; depends ONLY on ``reason`` and ``request``.
 
     Args:
@@ -593,6 +456,8 @@ def empty_envelope(reason: str, request: dict[str, Any] | None = None) -> dict[s
             (``available`` false).
         request: the normalized request (from :func:`validate_search_request`), or None
             when there is none (e.g. ``invalid-request``).
+        plan: the request's query plan when the caller already has it
+            (:func:`node.corpus.retrieval.make_plan`; it depends on the query only).
 
     Returns:
         A dict with exactly :data:`ENVELOPE_KEYS`, stable defaults and no timing.
@@ -605,13 +470,13 @@ def empty_envelope(reason: str, request: dict[str, Any] | None = None) -> dict[s
     available = reason in AVAILABLE_REASONS
     evidence = "no-evidence" if available else reason
     recs = ["report-no-evidence"] if available else ["report-unavailable"]
-    keys = search.key_terms(request["query"]) if request else []
+    keys = list(_plan(request, plan).key_terms) if request else []
     return {
         "schemaVersion": SCHEMA_VERSION,
         "available": available,
         "reason": reason,
         "results": [],
-        "queryPlan": _query_plan(request),
+        "queryPlan": _query_plan(request, plan),
         "citationPack": {"citations": [], "count": 0},
         "eventAggregation": {"method": "by-source", "groups": [], "groupCount": 0},
         "answerSynthesis": {"mode": "extractive", "status": evidence, "sentences": [],
@@ -625,7 +490,7 @@ def empty_envelope(reason: str, request: dict[str, Any] | None = None) -> dict[s
                       "hasAuthoritativeEvidence": False, "exactPassMatched": False},
             "recommendations": recs,
         },
-        "retrievalController": _controller(request, reason, None, 0),
+        "retrievalController": _controller(request, reason, None, 0, plan),
         "agentic": _agentic(evidence, recs),
         "externalAgentContract": _external_contract(),
     }
@@ -652,7 +517,7 @@ def mark_index_syncing(envelope: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_envelope(request: dict[str, Any], hits: list[Hit],
-                   controller: dict[str, Any] | None = None) -> dict[str, Any]:
+                   controller: dict[str, Any] | None = None, *, plan: Any = None) -> dict[str, Any]:
     """Build the ``schemaVersion`` 2 envelope for hits that may be shown.
 
     Args:
@@ -663,6 +528,8 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
             real path.
         controller: the controller report from ``Corpus.search_hits``; only pass names
             and statuses, the fusion method and the early-stop flag are copied.
+        plan: the query plan the search made (:func:`node.corpus.retrieval.make_plan`),
+            or None to make (cached) it here.
 
     Returns:
         The envelope (keys :data:`ENVELOPE_KEYS`). With no hits it is exactly
@@ -677,7 +544,8 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     pass's match when an exact unit was asked for, else "a result covers every key term".
     """
     if not hits:
-        return empty_envelope("no-verified-results", request)
+        return empty_envelope("no-verified-results", request, plan=plan)
+    plan = _plan(request, plan)
     q = request["query"]
     keys, matcher, prefixes = _query_keys(q)
     key_names = [t for t, _ in keys]
@@ -764,7 +632,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     covered = [t for t in key_names if t in covered_all]
     missing = [t for t in key_names if t not in covered_all]
     ratio = len(covered) / len(key_names) if key_names else 0.0
-    exact_wanted = bool(_exact_units(q))
+    exact_wanted = bool(plan.exact_units)
     # strong needs key terms to measure (a stop-word-only query matches arbitrary chunks),
     # and, when the query named an exact unit (quoted phrase, identifier, date, number),
     # a result the exact pass matched.
@@ -783,7 +651,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
         "available": True,
         "reason": None,
         "results": results,
-        "queryPlan": _query_plan(request),
+        "queryPlan": _query_plan(request, plan),
         "citationPack": {"citations": citations, "count": len(citations)},
         "eventAggregation": {"method": "by-source", "groups": list(groups.values()),
                              "groupCount": len(groups)},
@@ -805,7 +673,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
             "recommendations": recs,
         },
         "retrievalController": _controller(request, None, controller or {"passes": []},
-                                           len(results)),
+                                           len(results), plan),
         "agentic": _agentic(status, recs),
         "externalAgentContract": _external_contract(),
     }

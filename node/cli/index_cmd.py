@@ -338,26 +338,45 @@ def search_cmd(
     query: str = typer.Argument(..., help="What to look for."),
     top_k: int = typer.Option(5, "--top-k", help="Number of results (1-20)."),
     json_out: bool = typer.Option(False, "--json", help="Print the bare envelope as one JSON document."),
+    dedupe: str = typer.Option("chunk", "--dedupe", help="'chunk' (at most 2 per document) or 'document' (one)."),
+    budget_ms: Optional[int] = typer.Option(None, "--budget-ms", help="remainingBudgetMs: search time allowed (ms; 0 = none)."),
+    sources: Optional[list[str]] = typer.Option(None, "--source", help="Only sources matching this glob (repeatable)."),
 ) -> None:
-    """Search the local corpus (the owner sees everything; no policy applies)."""
-    from node.answer.envelope import build_envelope, empty_envelope, validate_search_request
+    """Search the local corpus (the owner sees everything; no policy applies).
+
+    Answered by the one answer service as the owner (:func:`node.answer.service.answer_local`):
+    the same statuses, budgets, dedupe and index-syncing rules as ``POST /search``."""
+    from node.answer.service import answer_local
     from node.corpus.store import Corpus
 
-    request = validate_search_request({"query": query, "topK": top_k})
-    with Corpus(home_of(ctx), readonly=True) as corpus:
-        try:
-            hits, controller = corpus.search_hits(request["query"], limit=request["topK"],
-                                                  filters=request["filters"])
-        except CorpusError as exc:
-            if exc.code != "index-unavailable":
-                raise
-            if not json_out:
-                raise
-            emit_json(empty_envelope("index-unavailable", request))
-            err_console.print(f"[red]error[/red] {escape(f'[{exc.code}]')}: {escape(exc.message)}",
-                              highlight=False, soft_wrap=True)
-            raise SystemExit(1) from None  # the envelope is stdout's only JSON document
-        envelope = build_envelope(request, hits, controller)
+    body: dict[str, Any] = {"query": query, "topK": top_k, "dedupe": dedupe}
+    if budget_ms is not None:
+        body["remainingBudgetMs"] = budget_ms
+    if sources:
+        body["sources"] = list(sources)
+    opened: CorpusError | None = None
+    try:
+        corpus = Corpus(home_of(ctx), readonly=True)
+    except CorpusError as exc:
+        corpus, opened = None, exc  # answered as index-unavailable, like the local API
+    try:
+        answer = answer_local(corpus, body)
+    finally:
+        if corpus is not None:
+            corpus.close()
+    envelope = answer["envelope"]
+    status = answer["status"]
+    if status == "invalid-request":
+        err = answer.get("error") or {"code": "query-invalid", "message": "invalid request"}
+        raise CorpusError(err["code"], err["message"])
+    if status == "index-unavailable":
+        exc = opened or CorpusError("index-unavailable")
+        if not json_out:
+            raise exc
+        emit_json(envelope)
+        err_console.print(f"[red]error[/red] {escape(f'[{exc.code}]')}: {escape(exc.message)}",
+                          highlight=False, soft_wrap=True)
+        raise SystemExit(1)  # the envelope is stdout's only JSON document
     if json_out:
         emit_json(envelope)
         return

@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import time
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -255,9 +256,17 @@ class DocRef:
                 f"{self.chunk_overlap}")
 
 
+def source_id_of(prefix: str, rel: str) -> str:
+    """The source id of the file at ``rel`` (its on-disk spelling) in the root ``prefix``:
+    ``/<prefix>/<rel>`` in NFC, so a name stored decomposed (NFD) has the same id in the
+    index listing, local search, filters and peer answers (the gate's canonical form,
+    :mod:`node.corpus.sources`). ``rel_path`` keeps the on-disk spelling."""
+    return unicodedata.normalize("NFC", f"/{prefix}/{rel}" if rel else f"/{prefix}")
+
+
 def file_ref(root: Root, rel: str, origin: str = "file") -> DocRef:
     """The :class:`DocRef` of a file (or archive) at ``rel`` in ``root``."""
-    return DocRef(f"/{root.prefix}/{rel}", root.prefix, rel, origin, root.chunker,
+    return DocRef(source_id_of(root.prefix, rel), root.prefix, rel, origin, root.chunker,
                   root.chunk_size, root.chunk_overlap)
 
 
@@ -464,7 +473,7 @@ class Sync(Writer):
     def _skipped_homes(self, root: Root, rels: list[str]) -> None:
         """Report folders not entered because they are Kith homes (source ids only)."""
         for rel in rels:
-            source = f"/{root.prefix}/{rel}" if rel else f"/{root.prefix}"
+            source = source_id_of(root.prefix, rel)
             self.report["skippedFolders"].append({"source": source, "reason": "kith-home"})
             self.report["skippedReasons"]["kith-home"] = (
                 self.report["skippedReasons"].get("kith-home", 0) + 1)
@@ -625,7 +634,7 @@ class Sync(Writer):
         done_bytes = 0
         self.report["files"] += total
         for i, (root, rel, real, size) in enumerate(plan):
-            source_id = f"/{root.prefix}/{rel}"
+            source_id = source_id_of(root.prefix, rel)
             self._emit(i, total, source_id, done_bytes, total_bytes)
             self.file(root, rel, real, rows.get(source_id))
             done_bytes += size
@@ -662,7 +671,8 @@ class Sync(Writer):
             seen = listed.get(row["root_prefix"], set())
             if seen is None:
                 continue  # root missing or not completely listed: remove nothing
-            if row["rel_path"] not in seen:
+            if row["rel_path"] not in seen or (  # an id from before ids were NFC: replaced
+                    row["source_id"] != source_id_of(row["root_prefix"], row["rel_path"])):
                 self.remove(row["doc_id"])
         self.maybe_commit(force=True)
         self.c._set_meta("last_sync", now_rfc3339())
@@ -699,10 +709,10 @@ class Sync(Writer):
                     self._skipped_homes(root, [f"{rel}/{h}" if h else rel for h in homes])
                     for sub, real in files:
                         r = f"{rel}/{sub}"
-                        plan[f"/{root.prefix}/{r}"] = (root, r, real, _size(real))
+                        plan[source_id_of(root.prefix, r)] = (root, r, real, _size(real))
                     gone.append((root, rel + "/"))  # documents below that are gone
                 elif accept_file(p, base, self.exclude, self.own_home):
-                    plan[f"/{root.prefix}/{rel}"] = (root, rel, p, _size(p))
+                    plan[source_id_of(root.prefix, rel)] = (root, rel, p, _size(p))
                 else:
                     gone.append((root, rel))
                     gone.append((root, rel + "/"))

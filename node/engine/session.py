@@ -72,7 +72,9 @@ class SessionEngine:
         sign: signs bytes with our identity, returning 128 hex.
         host / guest: the role's :class:`HostConfig` / :class:`GuestConfig`.
         random_bytes: source of randomness (default ``os.urandom``).
-        egress_check: called with each outgoing business frame's bytes; raises
+        egress_check: called with each outgoing business frame's bytes and the peer's
+            last business message (the one it answers; None before any) — the gate seam,
+            :meth:`node.policy.gate.EgressGate.check_frame`; raises
             :class:`node.common.errors.EgressRefused` to refuse it.
         clock: monotonic time in seconds (time is an input: tests pass a fake clock).
         timeouts: the session bounds (:class:`node.engine.timers.Timeouts`); None = no
@@ -82,7 +84,7 @@ class SessionEngine:
     def __init__(self, role: str, spec: Any, *, public_key: str, sign: Callable[[bytes], str],
                  host: HostConfig | None = None, guest: GuestConfig | None = None,
                  random_bytes: Callable[[int], bytes] = os.urandom,
-                 egress_check: Callable[[bytes], None] | None = None,
+                 egress_check: Callable[[bytes, dict[str, Any] | None], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  timeouts: Timeouts | None = None) -> None:
         if role not in ("guest", "host"):
@@ -96,6 +98,7 @@ class SessionEngine:
         self._host = host
         self._guest = guest
         self._egress_check = egress_check
+        self._last_received: dict[str, Any] | None = None  # the peer's last business message
         self._framer = LineFramer(spec.limits.max_message_bytes)
         self._out = bytearray()
         self.state = State.HANDSHAKE
@@ -300,7 +303,7 @@ class SessionEngine:
         if len(data) - 1 > self.spec.limits.max_message_bytes:
             raise HookError("hook-output-invalid", "our message is larger than max_message_bytes")
         if self._egress_check is not None:
-            self._egress_check(data)
+            self._egress_check(data, self._last_received)
         self._out += data
         self._loop.accept(self.role, terminal)
         self.timers.business(self._clock())
@@ -360,6 +363,7 @@ class SessionEngine:
         except (ProtocolViolation, HandshakeError) as exc:
             return self._invalid_input(exc)
         self._loop.accept(self.peer_role, terminal)
+        self._last_received = obj
         self.timers.business(self._clock())
         events: list[Event] = [MessageReceived(obj, terminal)]
         if terminal:

@@ -43,7 +43,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from node.answer import contract
 from node.answer import envelope as env_mod
+from node.answer.service import answer_local
 from node.common.errors import CorpusError, KithError
 from node.common.http import (
     MAX_JSON_DEPTH,
@@ -56,7 +58,6 @@ from node.common.http import (
     serve_forever,
     too_deep,
 )
-from node.corpus import retrieval
 
 DEFAULT_PORT = 8765
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
@@ -119,10 +120,6 @@ def openapi_document() -> dict[str, Any]:
                               "non-loopback client (api-loopback-only), or a Host/Origin "
                               "header that is not loopback with this port (api-bad-host).",
                **err}
-    filters = {k: {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1,
-                                                  "items": {"type": "string"}}]}
-               for k in ("project", "tags", "sourceSets", "lifecycle", "workType", "sources",
-                         "date")}
     return {
         "openapi": "3.1.0",
         "info": {"title": "Kith local read-only API", "version": str(env_mod.SCHEMA_VERSION),
@@ -169,21 +166,9 @@ def openapi_document() -> dict[str, Any]:
             "InvalidRequest": {**_err_schema(), "required": ["error", "envelope"],
                                "properties": {**_err_schema()["properties"],
                                               "envelope": envelope_ref}},
-            "SearchRequest": {
-                "type": "object", "required": ["query"], "additionalProperties": False,
-                "properties": {
-                    "query": {"type": "string", "minLength": 1,
-                              "maxLength": env_mod.MAX_QUERY_CHARS},
-                    "topK": {"type": "integer", "minimum": 1, "maximum": env_mod.TOP_K_MAX,
-                             "default": env_mod.TOP_K_DEFAULT},
-                    "remainingBudgetMs": {"type": "integer", "minimum": 0},
-                    "dedupe": {"enum": ["chunk", "document"], "default": "chunk"},
-                    "dateRange": {"type": "object", "minProperties": 1,
-                                  "additionalProperties": False,
-                                  "properties": {"from": {"type": "string", "format": "date"},
-                                                 "to": {"type": "string", "format": "date"}}},
-                    **filters,
-                }},
+            # the request contract's core, unchanged (node.answer.contract); local-only
+            # fields would be added to its properties here, never a core limit changed
+            "SearchRequest": contract.core_schema(),
         }},
     }
 
@@ -240,7 +225,7 @@ class _Handlers:
         if too_deep(body):
             return _invalid(f"The body nests deeper than {MAX_JSON_DEPTH} levels.")
         answer = await anyio.to_thread.run_sync(
-            lambda: retrieval.local_search(self.holder.get(), body))
+            lambda: answer_local(self.holder.get(), body))
         if answer["status"] == "invalid-request":
             err = answer.get("error") or {"code": "query-invalid", "message": "invalid request"}
             return JSONResponse({"error": err, "envelope": answer["envelope"]}, status_code=400)

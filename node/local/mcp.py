@@ -5,7 +5,7 @@ Built on the official MCP Python SDK 2.x (``mcp.server.mcpserver.MCPServer``,
 ``schemaVersion`` 2 envelope (as structured content):
 
 - without ``peer``: the node's own corpus, exactly as ``POST /search`` answers
-  (:func:`node.corpus.retrieval.local_search`);
+  (:func:`node.answer.service.answer_local`);
 - with ``peer`` (an invitation file, an invitation JSON string, or a ``post_id`` with
   ``server``): one knowledge-query session with that Host via
   :func:`node.runtime.guest.ask` (the guest API ``kith join`` uses too) — the Host's
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from node.answer import envelope as env_mod
-from node.corpus import retrieval
+from node.answer.service import answer_local
 from node.common.errors import CorpusError, KithError
 
 #: Seconds a peer search may take end to end (connect + handshake + one answer).
@@ -52,7 +52,7 @@ def _local(home: Path, body: dict[str, Any]) -> dict[str, Any]:
 
     corpus = Corpus(home, readonly=True)
     try:
-        answer = retrieval.local_search(corpus, body)
+        answer = answer_local(corpus, body)
     finally:
         corpus.close()
     return answer

@@ -12,8 +12,9 @@ Two duties, built once per (roots, policy, home) and cheap to call:
   escapes incl. ``\\/`` and ``\\uXXXX``, percent-encoding), matched ASCII-case-insensitively.
 
 ``ask`` hits are withheld by policy alone; :meth:`EgressGate.screen` applies the owner's
-approvals (``node.policy.approvals``) per (peer key, query) and tells the knowledge handle
-which ``ask`` hits still wait for a decision.
+approvals (``node.policy.approvals``) per (peer key, query) and tells the answer service
+which ``ask`` hits still wait for a decision. :meth:`EgressGate.check_frame` is the one
+seam every outgoing business frame of a Host session passes.
 """
 
 from __future__ import annotations
@@ -192,12 +193,16 @@ class EgressGate:
         A hit whose source id does not normalize, or whose normalized id differs from the
         id of its own origin (``/<root_prefix>/<rel_path>``, when ``root_prefix`` is set),
         gets the invalid decision (``private``, not allowed). Returned hits carry their
-        canonical ``source_id``.
+        canonical ``source_id``. Each distinct source is normalized and decided once per
+        call (a document's chunks share it), at serve time.
         """
         policy = policy or self.policy
         out: list[tuple[Hit, Decision]] = []
+        decided: dict[str, Decision] = {}  # chunks of one source: one decision per call
         for hit in hits:
-            decision = self.decide(hit.source_id, peer_name, policy=policy)
+            decision = decided.get(hit.source_id)
+            if decision is None:
+                decision = decided[hit.source_id] = self.decide(hit.source_id, peer_name, policy=policy)
             if decision.canonical is not None and hit.root_prefix is not None:
                 origin = f"/{hit.root_prefix}/{hit.rel_path}" if hit.rel_path else f"/{hit.root_prefix}"
                 if origin != hit.source_id and self._normalize(origin) != decision.canonical:
@@ -263,12 +268,34 @@ class EgressGate:
             return
         if isinstance(data, str):
             data = data.encode("utf-8", "surrogatepass")
+        if self._leak.search(data) is None:  # the common case: one scan, nothing to cut
+            return
         # only a peer string that itself names a root/home is cut out: cutting any other
         # (say "home") could break up one of our own paths and hide it from the scan
         for echo in sorted({e for e in exempt if self._leak.search(e)}, key=len, reverse=True):
             data = data.replace(echo, b"\x00")
         if self._leak.search(data) is not None:
             raise EgressRefused("egress-leak")
+
+
+    def check_frame(self, data: bytes, replying_to: Any = None) -> None:
+        """The gate seam: the last check before an outgoing business frame leaves
+        (DESIGN §1, §10). The session engine calls it with every such frame's bytes and
+        the peer's business message it answers; there is no other leak scan on the
+        answer path.
+
+        Args:
+            data: the encoded frame (UTF-8 JSON line).
+            replying_to: the last business message the peer sent in this session (a
+                decoded JSON object), or None: its strings are the echo exemption
+                (:func:`echoes_of`, :meth:`check_outgoing`).
+
+        Raises:
+            EgressRefused: ``egress-leak``.
+        """
+        if self._leak is None or self._leak.search(data) is None:
+            return  # the common case: one scan, and no echo set to build
+        self.check_outgoing(data, echoes_of(replying_to) if replying_to is not None else ())
 
 
 def echoes_of(request: Any) -> set[bytes]:

@@ -20,9 +20,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from node.common.errors import HookError, SpecError
+
+if TYPE_CHECKING:
+    from node.answer.service import Knowledge
 
 HOOK_NAMES = ("on_start", "on_message", "on_end")
 
@@ -54,7 +57,7 @@ class HookContext:
         state: a per-session dict the hooks may use freely.
         logger: a ``logging.Logger`` for this session.
         knowledge: on the Host, the peer-scoped knowledge handle
-            (:class:`node.answer.knowledge.KnowledgeHandle`); None on the Guest.
+            (:class:`node.answer.service.Knowledge`: ``search(request)``); None on the Guest.
     """
 
     role: str
@@ -63,7 +66,7 @@ class HookContext:
     options: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("kith.hooks"))
-    knowledge: Any = None
+    knowledge: Knowledge | None = None
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The Host role: bind iroh, publish (or write) an invitation, serve guests until cancelled.
 
 ``serve_host`` is transport orchestration only; every protocol rule lives in the engine,
-every content rule in the knowledge handle and egress gate.
+every content rule in the answer service (node/answer/service.py) and the egress gate.
 """
 
 from __future__ import annotations
@@ -79,56 +79,52 @@ class HostOptions:
     watch: bool = False
 
 
-class _EmptyKnowledge:
-    """Stand-in handle when this home has no corpus yet: answers like an empty index."""
-
-    def search(self, request: dict[str, Any]) -> dict[str, Any]:
-        from node.answer.envelope import empty_envelope, validate_search_request
-
-        try:
-            req = validate_search_request(request)
-        except KithError:
-            return {"status": "invalid-request", "envelope": empty_envelope("invalid-request", None)}
-        return {"status": "no-verified-results", "envelope": empty_envelope("no-verified-results", req)}
-
-
 @dataclass
 class Knowledge:
     """The host's view of its corpus.
 
     Attributes:
-        handle_for: ``(peer_name | None, peer_key)`` → a peer-scoped knowledge handle for
-            ``ctx.knowledge`` (quotas and approvals are per key).
-        egress_check: the gate's last check on every outgoing business frame (raises
-            ``EgressRefused`` when a real root or home path is in it), or None. Called as
-            ``egress_check(data, echoes)`` with the session's peer-request strings.
+        handle_for: ``(peer_name | None, peer_key)`` → the peer's ``ctx.knowledge``
+            (:class:`node.answer.service.Knowledge`; quotas and approvals are per key).
+        egress_check: the gate seam every outgoing business frame passes
+            (:meth:`node.policy.gate.EgressGate.check_frame`: raises ``EgressRefused``
+            when a real root or home path is in it), given to the engine as is.
         close: releases the corpus.
+        service: the :class:`node.answer.service.AnswerService` behind ``handle_for``.
     """
 
     handle_for: Callable[[str | None, str | None], Any]
-    egress_check: Callable[..., None] | None
+    egress_check: Callable[[bytes, Any], None] | None
     close: Callable[[], None]
+    service: Any = None
 
 
 def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
-    """Open the corpus read-only with its policy and gate.
+    """Open the corpus read-only with its policy and gate, behind one
+    :class:`node.answer.service.AnswerService` (a home without a corpus answers every
+    query ``index-unavailable``).
 
     Warns (via ``warn``) when the index is empty or not ready, or when no policy rule
     shares anything (DESIGN §10).
     """
+    from node.answer.service import AnswerService, PeerView
     from node.corpus.store import Corpus
+    from node.policy.approvals import Approvals
     from node.policy.gate import EgressGate
-    from node.answer.knowledge import KnowledgeHandle
+    from node.policy.quota import RateLimiter
     from node.policy.store import Policy
 
     policy = Policy.load(home)
+    limiter = RateLimiter()  # one per host process: a new session does not refill a bucket
     try:
         corpus = Corpus(home, readonly=True)
     except KithError as exc:
         warn(f"the index is not available ({exc.code}); guests will get no results. "
              "Run `kith index add PATH` and `kith index sync`.")
         gate = EgressGate([], policy, home)
-        return Knowledge(lambda peer, key=None, echoes=None: _EmptyKnowledge(), gate.check_outgoing, lambda: None)
+        service = AnswerService(None, gate, limiter=limiter)
+        return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
+                         gate.check_frame, lambda: None, service)
     # a crash between SQLite and tantivy leaves the index behind its record: catch up now
     # when no other process is writing (never waits for the lock)
     if corpus.repair_lag() == "locked":
@@ -142,14 +138,10 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
     if not policy.rules:
         warn("no policy rules: everything is private and guests will get no results. "
              "Share with e.g. `kith policy set '/<root>/**' public`.")
-    from node.policy.approvals import Approvals
-    from node.policy.quota import RateLimiter
-
     gate = EgressGate(corpus.roots(), policy, home, approvals=Approvals(home))
-    limiter = RateLimiter()  # one per host process: a new session does not refill a bucket
-    return Knowledge(lambda peer, key=None, echoes=None: KnowledgeHandle(corpus, gate, peer, peer_key=key,
-                                                                        limiter=limiter, echoes=echoes),
-                     gate.check_outgoing, corpus.close)
+    service = AnswerService(corpus, gate, limiter=limiter)
+    return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
+                     gate.check_frame, corpus.close, service)
 
 
 def admission(registry: PeerRegistry, peers_only: bool) -> Callable[[str, dict[str, Any]], bool]:
@@ -350,13 +342,11 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                 try:
                     registry = PeerRegistry.load(home)  # re-read: `kith peers` may have changed it
                     admit = admission(registry, opts.peers_only)
-                    echoes: set[bytes] = set()  # the peer's own request strings (not a leak when echoed)
-                    check = knowledge.egress_check
                     engine = SessionEngine(
                         "host", spec, public_key=identity.public_key, sign=identity.sign,
                         host=HostConfig(remote_id=remote, post_protocol=post_protocol, nonce_unseen=nonce_unseen,
                                         admit=admit, profile=own_profile, ui_bundle=ui_bundle),
-                        egress_check=(lambda data: check(data, echoes)) if check is not None else None)
+                        egress_check=knowledge.egress_check)
                     session_scope = anyio.CancelScope()
                     handshaking[token] = (engine, session_scope, remote)
 
@@ -375,7 +365,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                                   "peer": ev.peer_public_key, "peer_name": name})
                         return HookContext(role="host", session_id=ev.session_id,
                                            peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile),
-                                           knowledge=knowledge.handle_for(name, ev.peer_public_key, echoes),
+                                           knowledge=knowledge.handle_for(name, ev.peer_public_key),
                                            logger=logging.getLogger("kith.hooks." + spec.name))
 
                     with session_scope:  # cancelled when evicted while still in the handshake

@@ -1,7 +1,7 @@
 """Hooks of the ``knowledge-query`` protocol (DESIGN §8; see README.md).
 
-Host: answers each ``query`` with ``results`` from ``ctx.knowledge`` — the peer-scoped
-knowledge handle, whose evidence already passed the egress gate. Hooks never touch the
+Host: answers each ``query`` with ``results`` from ``ctx.knowledge`` — the peer's view of
+the answer service (node/answer/service.py), whose evidence already passed the policy. Hooks never touch the
 raw index.
 
 Guest: asks the questions in ``ctx.options["queries"]`` one at a time, or, when
@@ -15,8 +15,9 @@ import itertools
 
 from node.runtime.hooks import HookResult
 
-_REQUEST_FIELDS = ("query", "topK", "date", "dateRange", "project", "tags", "sourceSets",
-                   "lifecycle", "workType", "sources", "remainingBudgetMs")
+#: The ``query`` message's own fields; everything else in it is the search request
+#: (``node.answer.contract``; the engine already checked it against spec.json).
+_MESSAGE_FIELDS = ("action", "query_id")
 
 
 def on_start(ctx):
@@ -31,7 +32,7 @@ def on_message(ctx, message):
     if ctx.role == "host":
         if message["action"] != "query":
             return None
-        request = {k: message[k] for k in _REQUEST_FIELDS if k in message}
+        request = {k: v for k, v in message.items() if k not in _MESSAGE_FIELDS}
         answer = ctx.knowledge.search(request)
         reply = {"action": "results", "query_id": message["query_id"],
                  "status": answer["status"], "envelope": answer["envelope"]}

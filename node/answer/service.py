@@ -1,0 +1,431 @@
+"""The answer service: the ONE place a search is answered (DESIGN §8, §10, §11; issue 9).
+
+Every entry point hands a request and a *view* to :meth:`AnswerService.answer` and only
+adapts input and output:
+
+* the owner's view (:data:`OWNER`) — ``kith search``, the local API's ``POST /search``,
+  MCP's local search: sees every tier, no quota, no approvals;
+* a peer's view (:class:`PeerView`: key + registry name) — the knowledge-query ``query``
+  through ``ctx.knowledge`` (:meth:`AnswerService.knowledge_for`): the current policy per
+  (peer, source), the peer's quota, ``ask`` approvals, answers trimmed to the peer's
+  ``max_message_bytes``, and the no-oracle time floor.
+
+The same steps run for both, in this order: charge the quota (peers) → validate the
+request (:func:`node.answer.contract.validate`) → ``remainingBudgetMs`` 0 answers
+``budget-exhausted`` without touching the index → search with the budget's deadline and
+the request's ``dedupe`` → the view's gate (peers: :meth:`node.policy.gate.EgressGate.screen`)
+→ canonical (NFC) source ids → the envelope, built from the plan the search made →
+``index-syncing`` when nothing may be shown while the index lags its record, or
+``quality.flags.indexSyncing`` on a non-empty answer. The leak scan is NOT here: it is the
+gate seam every outgoing frame passes (:class:`node.policy.gate.SessionEgress`).
+
+No oracle: an answer with nothing to show is :func:`node.answer.envelope.empty_envelope`
+of the reason and the request only; for a peer it also takes at least
+:data:`NO_RESULT_FLOOR_S` from the request, whether nothing matched or policy withheld
+every match.
+
+Statuses: ``ok``, ``no-verified-results``, ``invalid-request`` (plus ``error``:
+``{"code", "message"}``), ``budget-exhausted``, ``index-syncing``, ``index-unavailable``,
+``pending-approval`` (plus ``approval_id`` when a request file was written),
+``rate-limited`` (plus ``retry_after_s``, whole seconds), ``policy-denied``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+
+from node.answer import contract
+from node.answer import envelope as env
+from node.common.errors import CorpusError
+from node.corpus.retrieval import make_plan
+
+log = logging.getLogger("kith.answer")
+
+#: candidates fetched before the gate, per requested result (bounded), for a peer whose
+#: search cannot run on its own view (a corpus without the ``visible`` predicate).
+CANDIDATES_PER_RESULT = 10
+MIN_CANDIDATES = 50
+MAX_CANDIDATES = 100  # the corpus search's own bound on ``limit``
+#: hits asked of a view's own search per requested result: the view already holds only
+#: sources the peer may see or ask about; the margin covers ``ask`` sources the owner
+#: denied and hits the gate's origin check drops.
+VIEW_CANDIDATES_PER_RESULT = 2
+#: view predicates kept (one per (gate, policy, peer name)).
+MAX_PREDICATES = 256
+_predicates: dict[tuple[int, int, str | None], tuple[Any, Any, Callable[[str], bool]]] = {}
+_predicates_lock = threading.Lock()
+#: seconds a peer's answer with nothing to show takes at least, counted from the request:
+#: the search plus the gate's work on withheld candidates (≈0.1 ms each, at most 100) stays
+#: under it on a typical corpus, so "nothing matched" and "only private sources matched"
+#: take the same time. A larger floor hides more but every empty answer pays it (the load
+#: benchmark: 30 ms cost join→first-answer 16 → 49 ms); 10 ms covers the measured gap
+#: (private match 4.6 ms vs no match 1.8 ms over iroh).
+NO_RESULT_FLOOR_S = 0.010
+#: bytes of the ``results`` message outside the envelope (action, query_id ≤ 64, status,
+#: retry/approval fields), counted against ``max_message_bytes``.
+MESSAGE_OVERHEAD_BYTES = 256
+
+_encode = msgspec.json.Encoder().encode
+
+
+class Knowledge(Protocol):
+    """What a Host's hooks get in ``HookContext.knowledge`` (DESIGN §10): the corpus as
+    one peer may see it, and nothing else."""
+
+    def search(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Answer one search request (the flat body of DESIGN §8 without ``action`` /
+        ``query_id``): ``{"status": str, "envelope": dict, ...}`` (module docstring).
+        Never raises for bad input."""
+        ...
+
+
+@dataclass(frozen=True)
+class OwnerView:
+    """The node owner's own view: every tier, no quota, no approvals."""
+
+
+#: The owner's view (one instance; views are compared by type).
+OWNER = OwnerView()
+
+
+@dataclass(frozen=True)
+class PeerView:
+    """One peer's view.
+
+    Attributes:
+        name: the peer's registry name, or None for an anonymous peer (sees ``public``
+            sources only).
+        key: the peer's public key (64 hex): quotas and approvals are per key. None
+            (tests, tools) → no quota and no approvals.
+    """
+
+    name: str | None
+    key: str | None = None
+
+
+View = OwnerView | PeerView
+
+
+class AnswerService:
+    """Answers every search of one node (module docstring).
+
+    Args:
+        corpus: a :class:`node.corpus.store.Corpus` (usually read-only), or None when the
+            home has no corpus yet (every search answers ``index-unavailable``).
+        gate: the :class:`node.policy.gate.EgressGate` applying the policy for peer views;
+            None when only the owner's view is answered (local tools).
+        limiter: a shared :class:`node.policy.quota.RateLimiter` (one per Host process),
+            or None for no rate limit.
+    """
+
+    def __init__(self, corpus: Any, gate: Any = None, *, limiter: Any = None) -> None:
+        self._corpus = corpus
+        self._gate = gate
+        self._limiter = limiter
+        self._normalize: Callable[[str], str | None] | None = None
+        try:
+            params = inspect.signature(corpus.search_hits).parameters if corpus is not None else {}
+        except (TypeError, ValueError):
+            params = {}
+        #: whether the corpus fuses over the view's visible candidates only (the
+        #: ``visible`` predicate of ``Corpus.search_hits``)
+        self._fuse_visible = "visible" in params
+
+    # --- views --------------------------------------------------------------------------
+    def knowledge_for(self, view: PeerView) -> Knowledge:
+        """The ``ctx.knowledge`` handle answering as ``view`` (see :class:`Knowledge`)."""
+        return _Handle(self, view)
+
+    def _canonical(self, source_id: str) -> str:
+        """The owner view's wire id of a source: the same NFC id the gate gives peers."""
+        if self._normalize is None:
+            from node.corpus.sources import SourceNormalizer
+
+            self._normalize = SourceNormalizer(self._corpus.roots())
+        return self._normalize(source_id) or source_id
+
+    def _visible(self, view: PeerView, policy: Any) -> Callable[[str], bool]:
+        """``source_id → may this peer see it or be asked about it (ask tier)``, from the
+        gate's per-source decision under ``policy``. The same predicate object is returned
+        for the same (gate, policy, peer name) — across services too — so the corpus's
+        per-view caches apply; at most :data:`MAX_PREDICATES` are kept (oldest dropped)."""
+        gate, name = self._gate, view.name
+        key = (id(gate), id(policy), name)
+        with _predicates_lock:
+            entry = _predicates.get(key)
+            if entry is not None and entry[0] is gate and entry[1] is policy:
+                return entry[2]
+
+            def visible(source_id: str) -> bool:
+                d = gate.decide(source_id, name, policy=policy)
+                return bool(d.allowed or (d.tier == "ask" and d.canonical is not None))
+
+            if len(_predicates) >= MAX_PREDICATES:
+                _predicates.pop(next(iter(_predicates)))
+            _predicates[key] = (gate, policy, visible)
+            return visible
+
+    # --- the answer ---------------------------------------------------------------------
+    def answer(self, body: Any, view: View = OWNER) -> dict[str, Any]:
+        """Answer one search request as ``view``.
+
+        Args:
+            body: the flat request body (:mod:`node.answer.contract`), unvalidated.
+            view: :data:`OWNER` or a :class:`PeerView`.
+
+        Returns:
+            ``{"status": str, "envelope": dict}`` plus ``error`` / ``approval_id`` /
+            ``retry_after_s`` by status (module docstring). Never raises for bad input;
+            never carries a path or exception text.
+        """
+        started = time.monotonic()
+        peer = view if isinstance(view, PeerView) else None
+        policy = refused = None
+        if peer is not None:
+            if self._gate is None:
+                raise ValueError("a peer view needs a gate")
+            policy = self._gate.current_policy()  # one policy for the whole query (DESIGN §10)
+            refused = self._admit(peer, policy)
+        try:
+            req = contract.validate(body)
+        except CorpusError as exc:
+            if refused is not None:
+                return {**refused, "envelope": env.empty_envelope(refused["status"], None)}
+            return _invalid(exc)
+        plan = make_plan(req["query"])  # the one plan: the search's (cached) and the envelope's
+        if refused is not None:
+            return {**refused, "envelope": env.empty_envelope(refused["status"], req, plan=plan)}
+        if req["remainingBudgetMs"] == 0:
+            return _empty("budget-exhausted", req, plan)
+        corpus = self._corpus
+        if corpus is None:
+            return self._nothing("index-unavailable", req, plan, peer, started)
+        try:
+            hits, controller = corpus.search_hits(
+                req["query"], filters=req["filters"] or None,
+                deadline=contract.server_deadline(req, started),
+                max_per_document=contract.DEDUPE_LEVELS[req["dedupe"]],
+                **self.search_args(req["topK"], view, policy))
+        except CorpusError as exc:
+            if exc.code == "query-invalid":  # e.g. a query of stop words only
+                return _invalid(exc, req)
+            log.warning("search failed: %s", exc.code)
+            return self._nothing(_unavailable_reason(corpus), req, plan, peer, started)
+        if not hits and controller.get("stopReason") == "budget-exhausted" and not any(
+                p.get("status") == "ran" for p in controller.get("passes", [])):
+            return _empty("budget-exhausted", req, plan)
+        if peer is not None:
+            from node.policy.gate import PENDING
+
+            screened = self._gate.screen(hits, peer.name, peer.key, req["query"], policy=policy)
+            if screened and screened[0][1] == PENDING:
+                return self._pending(peer, req, plan, screened)
+            shown = [hit for hit, state in screened if state != PENDING]
+            controller = _gated_controller(controller, len(shown))
+        else:
+            shown = [_with_id(h, self._canonical(h.source_id)) for h in hits]
+        top = shown[: req["topK"]]
+        if not top:
+            return self._nothing(None, req, plan, peer, started)
+        envelope = env.build_envelope(req, top, controller, plan=plan)
+        if peer is not None:
+            envelope = self._fit(envelope, req, plan, top, controller, peer, policy)
+            if envelope is None:
+                return self._nothing(None, req, plan, peer, started)
+        if _syncing(corpus):
+            env.mark_index_syncing(envelope)
+        return {"status": "ok", "envelope": envelope}
+
+    def search_args(self, top_k: int, view: View, policy: Any = None) -> dict[str, Any]:
+        """The ``Corpus.search_hits`` arguments an answer for ``view`` uses besides the
+        request's own: ``limit`` (hits asked for) and, for a peer when the corpus ranks
+        on a view, ``visible`` (its predicate under ``policy``, default the gate's
+        current policy). ``scripts/bench`` measures its baseline with the same."""
+        if not isinstance(view, PeerView):
+            return {"limit": top_k}
+        if self._fuse_visible:  # ranked on the peer's own view (post-gate ranking)
+            policy = policy if policy is not None else self._gate.current_policy()
+            return {"limit": min(MAX_CANDIDATES, top_k * VIEW_CANDIDATES_PER_RESULT),
+                    "visible": self._visible(view, policy)}
+        return {"limit": min(MAX_CANDIDATES, max(MIN_CANDIDATES, top_k * CANDIDATES_PER_RESULT))}
+
+    def _fit(self, envelope: dict[str, Any], req: dict[str, Any], plan: Any, top: list[Any],
+             controller: dict[str, Any], peer: PeerView, policy: Any) -> dict[str, Any] | None:
+        """Drop the lowest-ranked results until the ``results`` message fits the peer's
+        ``max_message_bytes`` (quota); None when not even one result fits."""
+        if peer.key is None:
+            return envelope
+        limit = policy.quota_for(peer.name).max_message_bytes - MESSAGE_OVERHEAD_BYTES
+        while len(_encode(envelope)) > limit:
+            top = top[:-1]
+            if not top:
+                return None
+            envelope = env.build_envelope(req, top, controller, plan=plan)
+        return envelope
+
+    def _nothing(self, reason: str | None, req: dict[str, Any], plan: Any,
+                 peer: PeerView | None, started: float) -> dict[str, Any]:
+        """An answer with nothing to show: ``reason``, or ``index-syncing`` while the index
+        lags its record, else ``no-verified-results``; for a peer after the time floor."""
+        if reason is None:
+            reason = "index-syncing" if _syncing(self._corpus) else "no-verified-results"
+        if peer is not None:
+            # same time floor whether nothing matched or policy withheld every match, so
+            # the answer's timing is no oracle either (DESIGN §8)
+            _wait_until(started + NO_RESULT_FLOOR_S)
+        return _empty(reason, req, plan)
+
+    def _admit(self, peer: PeerView, policy: Any) -> dict[str, Any] | None:
+        """Charge one query to the peer's quota (under ``policy``); the refusal, or None."""
+        if self._limiter is None or peer.key is None:
+            return None
+        shared = policy.anonymous_quota() if peer.name is None else None
+        verdict = self._limiter.take(peer.key, policy.quota_for(peer.name), shared)
+        if verdict.ok:
+            return None
+        if verdict.denied:
+            return {"status": "policy-denied"}
+        return {"status": "rate-limited", "retry_after_s": verdict.retry_after_s}
+
+    def _pending(self, peer: PeerView, req: dict[str, Any], plan: Any,
+                 screened: list[tuple[Any, str]]) -> dict[str, Any]:
+        """``pending-approval``: record the undecided ``ask`` sources among the top results."""
+        from node.policy.gate import PENDING
+
+        answer = _empty("pending-approval", req, plan)
+        approvals = self._gate.approvals
+        if approvals is None or peer.key is None:
+            return answer
+        sources = list(dict.fromkeys(hit.source_id for hit, state in screened[: req["topK"]]
+                                     if state == PENDING))
+        try:
+            record = approvals.request(peer.key, peer.name, req["query"], sources)
+        except OSError:
+            log.error("could not write an approval request")
+            return answer
+        if record is None:
+            log.warning("too many open approval requests; not recording another")
+        else:
+            answer["approval_id"] = record.id
+            log.warning("approval request %s waits for `kith approvals approve|deny`", record.id)
+        return answer
+
+
+class _Handle:
+    """:class:`Knowledge` for one peer view (holds the service privately)."""
+
+    __slots__ = ("__service", "__view")
+
+    def __init__(self, service: AnswerService, view: PeerView) -> None:
+        self.__service = service
+        self.__view = view
+
+    @property
+    def peer_name(self) -> str | None:
+        """The peer's registry name (None: anonymous)."""
+        return self.__view.name
+
+    @property
+    def peer_key(self) -> str | None:
+        """The peer's public key (64 hex), or None."""
+        return self.__view.key
+
+    def search(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """:meth:`Knowledge.search` as this peer."""
+        return self.__service.answer(request, self.__view)
+
+
+def peer_knowledge(corpus: Any, gate: Any, peer_name: str | None, *, peer_key: str | None = None,
+                   limiter: Any = None) -> Knowledge:
+    """Shorthand: ``AnswerService(corpus, gate, limiter=limiter).knowledge_for(
+    PeerView(peer_name, peer_key))`` (tools and tests answering as one peer)."""
+    return AnswerService(corpus, gate, limiter=limiter).knowledge_for(PeerView(peer_name, peer_key))
+
+
+_local_services: weakref.WeakKeyDictionary[Any, AnswerService] = weakref.WeakKeyDictionary()
+_local_lock = threading.Lock()
+
+
+def answer_local(corpus: Any, body: Any) -> dict[str, Any]:
+    """Answer ``body`` over ``corpus`` (or None: no corpus yet) as the owner
+    (:data:`OWNER`) — ``kith search``, ``POST /search``, MCP's local search. One service
+    per corpus object is kept while the corpus lives."""
+    if corpus is None:
+        return AnswerService(None).answer(body, OWNER)
+    with _local_lock:
+        service = _local_services.get(corpus)
+        if service is None:
+            service = _local_services[corpus] = AnswerService(corpus)
+    return service.answer(body, OWNER)
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+def _empty(reason: str, req: dict[str, Any] | None, plan: Any = None) -> dict[str, Any]:
+    return {"status": reason, "envelope": env.empty_envelope(reason, req, plan=plan)}
+
+
+def _invalid(exc: CorpusError, req: dict[str, Any] | None = None) -> dict[str, Any]:
+    # the invalid-request envelope never echoes the request (there may be none)
+    return {"status": "invalid-request", "envelope": env.empty_envelope("invalid-request"),
+            "error": {"code": exc.code, "message": exc.message}}
+
+
+def _with_id(hit: Any, source_id: str) -> Any:
+    if source_id == hit.source_id:
+        return hit
+    import dataclasses
+
+    return dataclasses.replace(hit, source_id=source_id)
+
+
+def _gated_controller(controller: dict[str, Any], allowed: int) -> dict[str, Any]:
+    """The controller report as a peer may see it: which passes ran and how they were
+    fused, but never a count taken before the gate (that would reveal how much policy
+    withheld)."""
+    keep = ("mode", "fusion", "maxPerDocument", "earlyStop", "stopReason")
+    out: dict[str, Any] = {k: controller[k] for k in keep if k in controller}
+    out["passes"] = [{k: v for k, v in p.items() if k in ("name", "status", "field", "reason")}
+                     for p in controller.get("passes") or [] if isinstance(p, dict)]
+    out["candidates"] = allowed
+    return out
+
+
+def _wait_until(when: float) -> None:
+    """Sleep until ``time.monotonic()`` reaches ``when`` (no-op when already past)."""
+    delay = when - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def _syncing(corpus: Any) -> bool:
+    """True while the corpus index is not settled (:meth:`Corpus.index_syncing`)."""
+    if corpus is None:
+        return False
+    try:
+        return bool(corpus.index_syncing())
+    except Exception:  # noqa: BLE001 - a store that cannot say is treated as settled
+        return False
+
+
+def _unavailable_reason(corpus: Any) -> str:
+    """``index-syncing`` while a sync is under way (rows ``processing``, or changes the
+    index does not hold yet), else ``index-unavailable``."""
+    try:
+        st = corpus.stats()
+    except Exception:  # noqa: BLE001 - a broken store is simply unavailable
+        return "index-unavailable"
+    return "index-syncing" if st.get("processing") or st.get("index_lag") else "index-unavailable"
+
+
+__all__ = ["AnswerService", "Knowledge", "MESSAGE_OVERHEAD_BYTES", "NO_RESULT_FLOOR_S", "OWNER",
+           "OwnerView", "PeerView", "View", "answer_local", "peer_knowledge"]

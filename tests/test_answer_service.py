@@ -1,0 +1,234 @@
+"""One answer service behind every entry point (issue 9, item 1): the same requests sent
+through a peer's ``query`` (engine over the in-memory pipe, the knowledge-query hooks,
+``ctx.knowledge``), ``kith search --json``, the local API over real HTTP on 127.0.0.1 and
+the MCP tool function get the same answers; and one source id everywhere for a file whose
+name is stored decomposed (NFD)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from node.answer.service import answer_local
+from node.cli import main as cli_main
+from node.cli.index_cmd import search_cmd
+from node.corpus.store import Corpus
+from node.engine.session import GuestConfig, HostConfig, SessionEngine, SessionReady
+from node.local.api import run_api_in_thread
+from node.local.mcp import call_search
+from node.protocol.spec import load_spec
+from node.runtime.driver import run_session
+from node.runtime.hooks import HookContext, PeerInfo, load_hooks
+from node.runtime.host import open_knowledge
+from node.transport.memory import memory_pipe
+from node.trust.identity import Identity
+
+KQ = Path(__file__).resolve().parents[1] / "protocols" / "knowledge-query"
+NFD_NAME = unicodedata.normalize("NFD", "café-menu.md")
+NFC_ID = unicodedata.normalize("NFC", "/kb/café-menu.md")
+POST = "answer-service-post"
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("answers")
+    root = base / "kb"
+    root.mkdir()
+    (root / "deploy.md").write_text("# Deploy\n\nThe staging server is deleted automatically "
+                                    "every night.\n\n## Rollback\n\nRun deploy.sh to restore "
+                                    "the staging server.\n")
+    (root / "notes.txt").write_text("Temporary directories are removed on exit. The staging "
+                                    "area is kept.\n")
+    (root / NFD_NAME).write_text("The cafe menu lists espresso and the staging kitchen.\n")
+    home = base / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+    (home / "policy.toml").write_text('[[rule]]\nglob = "/kb/**"\ntier = "public"\n')
+    os.chmod(home / "policy.toml", 0o600)
+    return home
+
+
+def _peer(home: Path, request: dict[str, Any]) -> dict[str, Any]:
+    """One knowledge-query session over the memory pipe; the ``results`` message."""
+    spec, hooks = load_spec(KQ), load_hooks(KQ)
+    knowledge = open_knowledge(home, lambda _m: None)
+    host_id, guest_id = Identity(os.urandom(32)), Identity(os.urandom(32))
+    got: list[dict[str, Any]] = []
+    options = {"queries": [request["query"]], "topK": request.get("topK", 5),
+               "filters": {k: v for k, v in request.items() if k not in ("query", "topK")},
+               "on_results": got.append}
+    seen: set[str] = set()
+
+    def unseen(nonce: str) -> bool:
+        ok = nonce not in seen
+        seen.add(nonce)
+        return ok
+
+    host = SessionEngine("host", spec, public_key=host_id.public_key, sign=host_id.sign,
+                         host=HostConfig(remote_id=guest_id.public_key,
+                                         post_protocol={POST: spec.protocol_id}.get,
+                                         nonce_unseen=unseen),
+                         egress_check=knowledge.egress_check)
+    guest = SessionEngine("guest", spec, public_key=guest_id.public_key, sign=guest_id.sign,
+                          guest=GuestConfig(remote_id=host_id.public_key, post_id=POST,
+                                            host_public_key=host_id.public_key))
+
+    def ctx(role: str):
+        def make(ev: SessionReady) -> HookContext:
+            return HookContext(role=role, session_id=ev.session_id, peer=PeerInfo(ev.peer_public_key),
+                               options=options if role == "guest" else {},
+                               knowledge=knowledge.handle_for(None, ev.peer_public_key)
+                               if role == "host" else None)
+        return make
+
+    async def main() -> None:
+        g, h = memory_pipe(guest_id.public_key, host_id.public_key)
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(run_session, h, host, hooks, make_context=ctx("host")))
+                await run_session(g, guest, hooks, make_context=ctx("guest"))
+
+    try:
+        anyio.run(main)
+    finally:
+        knowledge.close()
+    assert len(got) == 1
+    return got[0]
+
+
+def _cli(home: Path, request: dict[str, Any]) -> dict[str, Any]:
+    app = typer.Typer()
+    app.callback()(cli_main._root)  # the real --home callback
+    app.command("search")(search_cmd)
+    args = ["--home", str(home), "search", request["query"], "--json",
+            "--top-k", str(request.get("topK", 5)), "--dedupe", request.get("dedupe", "chunk")]
+    if "remainingBudgetMs" in request:
+        args += ["--budget-ms", str(request["remainingBudgetMs"])]
+    for glob in request.get("sources", []):
+        args += ["--source", glob]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def _mcp(home: Path, request: dict[str, Any]) -> dict[str, Any]:
+    result = anyio.run(call_search, home, dict(request))
+    assert not result.is_error
+    return result.structured_content
+
+
+REQUESTS = [
+    {"query": "staging server", "topK": 3},
+    {"query": "staging", "topK": 5, "dedupe": "document"},
+    {"query": "staging", "topK": 5, "sources": ["/kb/*.md"]},
+    {"query": "espresso menu", "topK": 2, "sources": [NFC_ID]},
+    {"query": "zzqqx nothing like this", "topK": 5},
+    {"query": "staging server", "topK": 3, "remainingBudgetMs": 0},
+]
+
+
+def _comparable(env: dict[str, Any]) -> dict[str, Any]:
+    out = dict(env)
+    out.pop("externalAgentContract")  # names the local API's routes; same object everywhere
+    return out
+
+
+def test_every_entry_point_gives_the_same_answer(home: Path) -> None:
+    from node.answer.contract import core_schema
+
+    with run_api_in_thread(home) as url:
+        for request in REQUESTS:
+            assert set(request) <= set(core_schema()["properties"])
+            api = httpx.post(url + "/search", json=request)
+            assert api.status_code == 200
+            envelopes = {"api": api.json(), "cli": _cli(home, request), "mcp": _mcp(home, request)}
+            peer = _peer(home, request)
+            envelopes["peer"] = peer["envelope"]
+            status = api.headers["x-kith-status"]
+            assert peer["status"] == status, request
+            first = _comparable(envelopes["api"])
+            for name, env in envelopes.items():
+                assert _comparable(env) == first, (name, request)
+            if request["query"].startswith("zz"):
+                assert status == "no-verified-results"
+            elif request.get("remainingBudgetMs") == 0:
+                assert status == "budget-exhausted"
+            else:
+                assert status == "ok" and first["results"], request
+            if request.get("dedupe") == "document":
+                sources = [r["source"] for r in first["results"]]
+                assert len(sources) == len(set(sources))
+
+
+def test_refused_the_same_way_everywhere(home: Path) -> None:
+    """A request over a limit: the local entry points answer invalid-request; the peer's
+    engine refuses the message against the same schema before any hook runs."""
+    request = {"query": "staging", "tags": [f"t{i}" for i in range(40)]}
+    local = answer_local(Corpus(home, readonly=True), request)
+    assert local["status"] == "invalid-request" and local["error"]["code"] == "query-invalid"
+    result = anyio.run(call_search, home, dict(request))
+    assert result.is_error and "[query-invalid]" in result.content[0].text
+    with run_api_in_thread(home) as url:
+        assert httpx.post(url + "/search", json=request).status_code == 400
+    spec = load_spec(KQ)
+    assert not spec.messages["query"].validator.is_valid(
+        {"action": "query", "query_id": "q1", **request})
+
+
+def test_one_source_id_for_a_decomposed_file_name(home: Path) -> None:
+    with Corpus(home, readonly=True) as corpus:
+        listed = [r[0] for r in corpus._db.execute("SELECT source_id FROM documents")]
+        local = answer_local(corpus, {"query": "espresso", "topK": 3})
+    assert NFC_ID in listed and unicodedata.normalize("NFD", NFC_ID) not in listed
+    assert [r["source"] for r in local["envelope"]["results"]] == [NFC_ID]
+    peer = _peer(home, {"query": "espresso", "topK": 3, "sources": [NFC_ID]})
+    assert [r["source"] for r in peer["envelope"]["results"]] == [NFC_ID]
+
+
+def test_an_old_decomposed_id_is_replaced_at_the_next_sync(tmp_path: Path, monkeypatch) -> None:
+    from node.corpus import ingest
+
+    root = tmp_path / "kb"
+    root.mkdir()
+    (root / NFD_NAME).write_text("espresso\n")
+    home = tmp_path / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        with monkeypatch.context() as m:  # an index written before source ids were NFC
+            m.setattr(ingest, "source_id_of", lambda prefix, rel: f"/{prefix}/{rel}")
+            c.sync()
+        before = [r[0] for r in c._db.execute("SELECT source_id FROM documents")]
+        c.sync()
+        ids = [r[0] for r in c._db.execute("SELECT source_id FROM documents")]
+        found = answer_local(c, {"query": "espresso"})["envelope"]["results"]
+    assert before == [unicodedata.normalize("NFD", NFC_ID)]
+    assert ids == [NFC_ID] and [r["source"] for r in found] == [NFC_ID]
+
+
+def test_a_peer_view_predicate_follows_the_gate(home: Path) -> None:
+    """The predicate a peer's search is ranked on (``visible``): the gate's decision per
+    source, one object per (gate, policy, peer) so per-view caches apply."""
+    from node.answer.service import PeerView
+
+    knowledge = open_knowledge(home, lambda _m: None)
+    try:
+        service = knowledge.service
+        policy = service._gate.current_policy()
+        visible = service._visible(PeerView(None), policy)
+        assert service._visible(PeerView(None, "ab" * 32), policy) is visible
+        assert service._visible(PeerView("alice"), policy) is not visible
+        assert visible("/kb/deploy.md") and visible(NFC_ID)
+        assert not visible("/elsewhere/x.md") and not visible("/kb/../etc/passwd")
+    finally:
+        knowledge.close()
