@@ -28,10 +28,14 @@ from node.common.errors import CorpusError, EgressRefused
 
 log = logging.getLogger("kith.knowledge")
 
-#: candidates fetched before the gate, per requested result (bounded).
-CANDIDATES_PER_RESULT = 10
-MIN_CANDIDATES = 50
+#: hits asked of the view's search per requested result (bounded): the view already holds
+#: only sources the peer may see or ask about; the margin covers ``ask`` sources the owner
+#: denied and hits the gate's origin check drops.
+CANDIDATES_PER_RESULT = 2
 MAX_CANDIDATES = 100  # the corpus search's own bound on ``limit``
+#: (policy, peer name) -> visible predicate, so repeated queries share one view (bounded).
+_PREDICATES: dict[tuple[int, str | None], tuple[Any, Any, Any]] = {}
+_PREDICATES_MAX = 256
 #: seconds a ``no-verified-results`` answer takes at least, counted from the request: the
 #: search plus the gate's work on withheld candidates (≈0.1 ms each, at most 100) stays
 #: under it on a typical corpus, so "nothing matched" and "only private sources matched"
@@ -115,10 +119,13 @@ class KnowledgeHandle:
         if budget == 0:
             return {"status": "budget-exhausted", "envelope": empty_envelope("budget-exhausted", req)}
         deadline = time.monotonic() + budget / 1000.0 if budget else None
-        limit = min(MAX_CANDIDATES, max(MIN_CANDIDATES, req["topK"] * CANDIDATES_PER_RESULT))
+        # the search runs on the peer's view (never/private sources are not candidates,
+        # scores use the view's statistics); the gate still screens every hit
+        limit = min(MAX_CANDIDATES, req["topK"] * CANDIDATES_PER_RESULT)
         try:
             hits, controller = self.__corpus.search_hits(req["query"], limit=limit, filters=req.get("filters") or None,
-                                                        deadline=deadline)
+                                                        deadline=deadline,
+                                                        visible=visible_for(self.__gate, policy, self.peer_name))
         except CorpusError as exc:
             if exc.code == "query-invalid":  # e.g. a query of stop words only
                 return {"status": "invalid-request", "envelope": empty_envelope("invalid-request", req)}
@@ -175,6 +182,27 @@ class KnowledgeHandle:
             answer["approval_id"] = record.id
             log.warning("approval request %s waits for `kith approvals approve|deny`", record.id)
         return answer
+
+
+def visible_for(gate: Any, policy: Any, peer_name: str | None) -> Any:
+    """The view predicate of ``peer_name`` under ``policy``: ``visible(source_id)`` is True
+    when the gate's decision for that source lets the peer see it (``public``, ``peers``
+    listing it) or ask about it (``ask``); ``never``, ``private``, unlisted ``peers`` and
+    invalid ids are False. The same predicate object is returned for the same (gate,
+    policy, peer) so the corpus's per-view caches apply (:mod:`node.corpus.views`)."""
+    key = (id(policy), peer_name)
+    entry = _PREDICATES.get(key)
+    if entry is not None and entry[0] is policy and entry[1] is gate:
+        return entry[2]
+
+    def visible(source_id: str) -> bool:
+        decision = gate.decide(source_id, peer_name, policy=policy)
+        return decision.allowed or (decision.tier == "ask" and decision.canonical is not None)
+
+    if len(_PREDICATES) >= _PREDICATES_MAX:
+        _PREDICATES.pop(next(iter(_PREDICATES)))
+    _PREDICATES[key] = (policy, gate, visible)
+    return visible
 
 
 def _gated_controller(controller: dict[str, Any], allowed: int, returned: int) -> dict[str, Any]:

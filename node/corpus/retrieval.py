@@ -39,7 +39,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -335,6 +335,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                deadline: float | None = None,
                max_per_document: int = search.MAX_PER_DOCUMENT,
                extra_passes: dict[str, list[tuple[str, float]]] | None = None,
+               visible: Callable[[str], bool] | None = None,
                ) -> tuple[list[Hit], dict[str, Any]]:
     """Run the controller on ``corpus`` (a :class:`node.corpus.store.Corpus`).
 
@@ -348,6 +349,13 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             1 = document-level).
         extra_passes: ranked lists from outside tantivy (``{"dense": [(chunk_id, score)]}``,
             the optional hybrid extra) fused like any pass.
+        visible: the view — ``visible(source_id)`` is True when the view may see the
+            document (or be asked about it: the ``ask`` tier). None = the owner's view
+            (everything, on the whole-corpus index). With a predicate every pass runs on
+            the view's own index (:mod:`node.corpus.views`): candidates, early stop,
+            fusion, ``Hit.score`` and ``Hit.score_components`` (BM25 with the view's
+            statistics, ranks over the view's lists) depend only on documents the view
+            may see. ``extra_passes`` given by a caller are restricted to those too.
 
     Returns:
         ``(hits, controller)`` as documented on ``Corpus.search_hits``; ``controller``
@@ -384,7 +392,13 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             controller["passes"] = [{"name": p, "status": "skipped", "candidates": 0}
                                     for p in plan.passes]
             return [], controller
-        searcher = corpus._searcher()
+        view = None
+        if visible is None:
+            searcher = corpus._searcher()
+        else:
+            corpus._searcher()  # the same availability rules as the owner's search
+            view = corpus._view(visible)
+            searcher = view.searcher()
         schema = corpus._index.schema
         bq, field_used = search.baseline_query(schema, query)
         queries: dict[str, Any] = {"baseline-bm25": bq}
@@ -398,7 +412,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             from node.corpus import dense
 
             extra_passes, dense_entry = dense.auto_pass(corpus, query, k=depth,
-                                                        deadline=deadline)
+                                                        deadline=deadline, view=view)
         hits: list[Hit] = []
         order: list[str] = []
         counts: dict[str, int] = {}
@@ -452,7 +466,9 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                 fut.exception()
             if extra_passes:
                 for name, extra in extra_passes.items():
-                    known = [(c, s) for c, s in extra if c in doc_of or _doc_of(corpus, c, doc_of)]
+                    known = [(c, s) for c, s in extra
+                             if (c in doc_of or _doc_of(corpus, c, doc_of))
+                             and (view is None or doc_of[c] in view.docs)]
                     ranked[name] = known
                     passes.append({**(dense_entry or {}), "name": name, "status": "ran",
                                    "candidates": len(known)})

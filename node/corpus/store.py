@@ -152,6 +152,7 @@ class Corpus:
         self._index: Any = None
         self._writer: Any = None
         self._wlock_fd: int | None = None
+        self._views: Any = None  # node.corpus.views.Views, made at a view's first search
         if readonly and not self.db_path.exists():
             return
         if not readonly:
@@ -194,6 +195,8 @@ class Corpus:
         with self._lock:
             self._release_writer()
             self._index = None
+            if self._views is not None:
+                self._views.clear()
             if self._db is not None:
                 self._db.close()
                 self._db = None
@@ -554,6 +557,16 @@ class Corpus:
         self._index.reload()
         return self._index.searcher()
 
+    def _view(self, visible: Any) -> Any:
+        """The :class:`node.corpus.views.ViewIndex` of the documents ``visible`` lets a view
+        see, current with the record (callers hold :attr:`_lock`)."""
+        from node.corpus import views
+
+        if self._views is None:
+            self._views = views.Views()
+        assert self._db is not None
+        return self._views.index_for(self._db, visible)
+
     def _run_pass(self, searcher: Any, query: Any, depth: int,
                   doc_of: dict[str, str]) -> tuple[list[tuple[str, float]], bool]:
         """Run one pass: ``([(chunk_id, score)] best first, saturated)``; fills ``doc_of``."""
@@ -619,8 +632,10 @@ class Corpus:
     def search_hits(self, query: str, *, limit: int, filters: dict[str, Any] | None = None,
                     deadline: float | None = None,
                     max_per_document: int = search.MAX_PER_DOCUMENT,
+                    visible: Any = None,
                     ) -> tuple[list[Hit], dict[str, Any]]:
-        """Search the corpus (no policy: the caller/egress gate applies it).
+        """Search the corpus as one view sees it (no policy here: the caller builds the
+        view's predicate and the egress gate screens the hits).
 
         Args:
             query: user text (any characters; never parsed by tantivy's query parser).
@@ -629,6 +644,12 @@ class Corpus:
                 (``sources`` globs; metadata filters fail closed, DESIGN §9).
             deadline: ``time.monotonic()`` instant after which no further pass starts.
             max_per_document: document-level dedup cap (default 2).
+            visible: ``Callable[[str], bool] | None`` — the view (``visible(source_id)``
+                True when it may see the document or be asked about it, the ``ask``
+                tier); None = the owner's view. See
+                :func:`node.corpus.retrieval.run_search`: with a predicate the search runs
+                on the view's own index, so candidates and scores depend only on the
+                documents the view may see.
 
         Returns:
             ``(hits, controller)``: hits best first, sorted by (−score, chunk_id), every
@@ -647,7 +668,8 @@ class Corpus:
         from node.corpus import retrieval  # the multi-pass controller (issue 4)
 
         return retrieval.run_search(self, query, limit=limit, filters=filters,
-                                    deadline=deadline, max_per_document=max_per_document)
+                                    deadline=deadline, max_per_document=max_per_document,
+                                    visible=visible)
 
     def _materialize(self, order: list[str], doc_of: dict[str, str], fused: dict[str, float],
                      raw: dict[str, dict[str, float]], filters: dict[str, Any], limit: int,
