@@ -153,6 +153,7 @@ class Corpus:
         self._writer: Any = None
         self._wlock_fd: int | None = None
         self._views: Any = None  # node.corpus.views.Views, made at a view's first search
+        self._reader: tuple[Any, Any] | None = None  # (meta.json stamp, searcher)
         if readonly and not self.db_path.exists():
             return
         if not readonly:
@@ -374,6 +375,7 @@ class Corpus:
                     raise self._locked() from None
                 raise
             self._index = index
+            self._reader = None
             self._repair(full=rebuild)
         except BaseException:
             self._release_writer()
@@ -554,8 +556,18 @@ class Corpus:
                                   "The corpus index is unreadable; run `kith index sync`.") from None
             search.register_analyzers(index)
             self._index = index
-        self._index.reload()
-        return self._index.searcher()
+            self._reader = None
+        # tantivy rewrites meta.json (a new file, renamed into place) at every commit: the
+        # reader is reloaded only when it changed (one stat instead of a reload per search)
+        try:
+            st = os.stat(self.index_dir / "meta.json")
+            stamp: tuple[int, ...] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            stamp = None
+        if self._reader is None or stamp is None or self._reader[0] != stamp:
+            self._index.reload()
+            self._reader = (stamp, self._index.searcher())
+        return self._reader[1]
 
     def _view(self, visible: Any) -> Any:
         """The :class:`node.corpus.views.ViewIndex` of the documents ``visible`` lets a view
@@ -604,7 +616,8 @@ class Corpus:
             return False
         try:
             real, st = _resolve(os.path.join(base, row["rel_path"]))
-            if os.path.commonpath([base, real]) != base:
+            # both are absolute and normalized (resolved): inside = equal or below base
+            if real != base and not real.startswith(base.rstrip(os.sep) + os.sep):
                 return False
             if not stat.S_ISREG(st.st_mode) or st.st_size != row["size"]:
                 return False

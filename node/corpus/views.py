@@ -69,10 +69,13 @@ class ViewIndex:
     docs: dict[str, tuple[Any, ...]]
     chunk_ids: set[str] | None = None
     masks: dict[int, Any] = field(default_factory=dict)
+    _searcher: Any = None
 
     def searcher(self) -> Any:
-        """A searcher over the view's current state."""
-        return self.index.searcher()
+        """A searcher over the view's current state (made again after each update)."""
+        if self._searcher is None:
+            self._searcher = self.index.searcher()
+        return self._searcher
 
 
 def generation(db: sqlite3.Connection) -> int:
@@ -188,6 +191,7 @@ def _update(db: sqlite3.Connection, view: ViewIndex, docs: dict[str, tuple[Any, 
     writer.commit()
     writer.wait_merging_threads()
     view.index.reload()
+    view._searcher = None
     view.docs = dict(docs)
     view.chunk_ids = None
     view.masks.clear()
