@@ -27,7 +27,7 @@ import sqlite3
 import stat
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -579,20 +579,6 @@ class Corpus:
         assert self._db is not None
         return self._views.index_for(self._db, visible)
 
-    def _run_pass(self, searcher: Any, query: Any, depth: int,
-                  doc_of: dict[str, str]) -> tuple[list[tuple[str, float]], bool]:
-        """Run one pass: ``([(chunk_id, score)] best first, saturated)``; fills ``doc_of``."""
-        out = []
-        result = searcher.search(query, depth).hits
-        for score, addr in result:
-            if score > 0:
-                doc = searcher.doc(addr)
-                cid = doc["chunk_id"][0]
-                doc_of[cid] = doc["doc_id"][0]
-                out.append((cid, float(score)))
-        out.sort(key=lambda x: (-x[1], x[0]))
-        return out, len(result) >= depth
-
     def _serve_ok(self, row: sqlite3.Row, base: str | None) -> bool:
         """Serve-time origin check (DESIGN §9, seed ``provider-origins``).
 
@@ -684,12 +670,16 @@ class Corpus:
                                     deadline=deadline, max_per_document=max_per_document,
                                     visible=visible)
 
-    def _materialize(self, order: list[str], doc_of: dict[str, str], fused: dict[str, float],
-                     raw: dict[str, dict[str, float]], filters: dict[str, Any], limit: int,
+    def _materialize(self, order: Sequence[str], doc_of: dict[str, str],
+                     score_of: Callable[[str], float], filters: dict[str, Any], limit: int,
                      max_per_document: int, counts: dict[str, int]) -> list[Hit]:
         """Turn fused candidates into hits: document checks first (SQLite row, filters,
         per-document cap, serve-time origin), then chunk rows for the survivors only.
-        A candidate whose document or chunk is not in SQLite is ignored (authoritative)."""
+        A candidate whose document or chunk is not in SQLite is ignored (authoritative).
+
+        ``order`` is read front to back (it may resolve chunk ids as it is read, filling
+        ``doc_of`` for each id it hands out); ``score_of(chunk_id)`` is the fused score.
+        Hits carry no ``score_components`` (the controller adds them)."""
         db = self._db
         assert db is not None
         docs: dict[str, sqlite3.Row] = {}
@@ -775,13 +765,9 @@ class Corpus:
                     per_doc[did] -= 1
                     continue
                 drow = docs[did]
-                components = {"bm25": round(raw.get("baseline-bm25", {}).get(cid, 0.0), 6)}
-                if "exact-entity" in raw:
-                    components["exact"] = round(raw["exact-entity"].get(cid, 0.0), 6)
-                components["rrf"] = round(fused[cid], 6)
                 hits.append(Hit(
                     chunk_id=cid, source_id=drow["source_id"], text=row["text"],
-                    score=fused[cid], score_components=components,
+                    score=score_of(cid),
                     location=_location(row),
                     content_hash=drow["content_hash"] or "", indexed_at=drow["indexed_at"] or "",
                     root_prefix=None if drow["origin"] == "record" else drow["root_prefix"],
