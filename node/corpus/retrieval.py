@@ -298,16 +298,32 @@ def run_pass(searcher: Any, query: Any, depth: int, ids: StoredIds,
 
 
 class _Order:
-    """The fused candidate order as chunk ids, resolved from addresses as it is read
-    (what :meth:`node.corpus.store.Corpus._materialize` walks); fills ``doc_of`` and
-    ``key_of`` (chunk id → fusion key) for every id it hands out."""
+    """The fused candidate order as chunk ids — (−score, chunk id) — resolved as it is read
+    (what :meth:`node.corpus.store.Corpus._materialize` walks): items are sorted by score
+    alone up front, and a run of equal scores is put in chunk-id order (reading its ids)
+    only when a position inside it is first read. Fills ``doc_of`` and ``key_of`` (chunk
+    id → fusion key) for every id it hands out."""
 
-    def __init__(self, keys: list[Any], ids: StoredIds, doc_of: dict[str, str],
+    def __init__(self, fused: dict[Any, float], ids: StoredIds, doc_of: dict[str, str],
                  key_of: dict[str, Any]) -> None:
-        self.keys, self._ids, self.doc_of, self.key_of = keys, ids, doc_of, key_of
+        self.keys = sorted(fused, key=lambda k: -fused[k])
+        self._fused, self._ids, self.doc_of, self.key_of = fused, ids, doc_of, key_of
+        self._done = 0  # keys[:_done] are in their final order
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def _settle(self, upto: int) -> None:
+        """Put ``keys[:upto]`` (and the rest of the run of ties it ends in) in final order."""
+        keys, fused, n = self.keys, self._fused, len(self.keys)
+        while self._done < min(upto, n):
+            i = self._done
+            j = i + 1
+            while j < n and fused[keys[j]] == fused[keys[i]]:
+                j += 1
+            if j - i > 1:
+                keys[i:j] = sorted(keys[i:j], key=self._ids.cid)
+            self._done = j
 
     def _one(self, key: Any) -> str:
         if isinstance(key, str):
@@ -320,7 +336,10 @@ class _Order:
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
-            return [self._one(k) for k in self.keys[i]]
+            start, stop, _ = i.indices(len(self.keys))
+            self._settle(stop)
+            return [self._one(k) for k in self.keys[start:stop]]
+        self._settle(i + 1)
         return self._one(self.keys[i])
 
 
@@ -542,9 +561,8 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             if stop is not None:
                 controller.update(earlyStop=True, stopReason=stop)
             fused = weighted_rrf(ranked)
-            keys = [k for k, _ in _tie_sorted(list(fused.items()), ids.cid)]
             key_of: dict[str, Any] = {}
-            order = _Order(keys, ids, doc_of, key_of)
+            order = _Order(fused, ids, doc_of, key_of)
             counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
                                      "dedupedPerDocument")}
             hits = corpus._materialize(order, doc_of, lambda c: fused[key_of[c]], filters,
@@ -556,7 +574,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
         hits = [replace(h, score_components=_components(key_of[h.chunk_id], raw, fused))
                 for h in hits]
         controller["passes"] = passes
-        controller["candidates"] = len(keys)
+        controller["candidates"] = len(order)
         controller.update(counts)
         controller["indexLag"] = _index_lag(corpus)
         controller["returned"] = len(hits)

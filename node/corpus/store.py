@@ -684,7 +684,7 @@ class Corpus:
         assert db is not None
         docs: dict[str, sqlite3.Row] = {}
         looked: set[str] = set()
-        window = max(4 * limit, 40)  # document rows are read for this many candidates at a time
+        window = max(2 * limit, 20)  # document rows are read for this many candidates at a time
         seen_to = 0
 
         def load_docs(upto: int) -> None:
