@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -571,8 +571,8 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                 break
             depth = min(depth * 4, MAX_DEPTH)
         raw = {name: dict(h) for name, h in ranked.items()}
-        hits = [replace(h, score_components=_components(key_of[h.chunk_id], raw, fused))
-                for h in hits]
+        for h in hits:  # each hit's dict is its own (made empty by _materialize)
+            h.score_components.update(_components(key_of[h.chunk_id], raw, fused))
         controller["passes"] = passes
         controller["candidates"] = len(order)
         controller.update(counts)

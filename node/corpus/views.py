@@ -97,6 +97,8 @@ class Views:
             weakref.WeakKeyDictionary())
         self._plain: dict[int, tuple[Any, int, dict[str, tuple[Any, ...]]]] = {}
         self._indexes: OrderedDict[frozenset[str], ViewIndex] = OrderedDict()
+        #: (the visible-docs dict last served, its view): same dict object → same view
+        self._last: tuple[dict[str, tuple[Any, ...]], ViewIndex] | None = None
 
     def visible_docs(self, db: sqlite3.Connection, visible: Visible) -> dict[str, tuple[Any, ...]]:
         """``{doc_id: signature}`` of the ``done`` documents ``visible`` lets the view see
@@ -127,12 +129,15 @@ class Views:
         """The view index holding exactly the chunks ``visible`` may see, current with the
         SQLite record (built or brought up to date here)."""
         docs = self.visible_docs(db, visible)
+        if self._last is not None and self._last[0] is docs:  # the common case: nothing moved
+            return self._last[1]
         key = frozenset(docs)
         view = self._indexes.get(key)
         if view is not None:
             self._indexes.move_to_end(key)
             if view.docs != docs:
                 _update(db, view, docs)
+            self._last = (docs, view)
             return view
         nearest = None
         best = 0.0
@@ -148,11 +153,13 @@ class Views:
         self._indexes[key] = view
         while len(self._indexes) > MAX_VIEWS:
             self._indexes.popitem(last=False)
+        self._last = (docs, view)
         return view
 
     def clear(self) -> None:
         """Forget every view (the corpus is closing)."""
         self._indexes.clear()
+        self._last = None
         self._sets = weakref.WeakKeyDictionary()
         self._plain.clear()
 
