@@ -28,6 +28,10 @@ reports ``budget-exhausted``.
 Candidate pools are widened (×4, up to 2000) only when filters, stale-file withholding or
 the per-document cap starved the result list and a pass was saturated.
 
+A search with a view predicate (``visible``, a peer's view) runs every pass on the view's
+own index (:mod:`node.corpus.views`), so candidates, early stop, fusion and scores depend
+only on the documents the view may see (specs/policy.md §6.1).
+
 The per-pass raw scores of every returned hit are in ``Hit.score_components``
 (``bm25``, ``exact``, ``rewrite``, ``dense``, ``rrf``; 0.0 when a pass ran and did not
 find the chunk; absent when the pass did not run).
