@@ -32,6 +32,7 @@ def public(source_id: str) -> bool:
 def test_a_view_sees_only_its_documents_and_the_owner_sees_all(tmp_path):
     _, home = _corpus(tmp_path, {"pub/a.md": "walrus notes\n", "priv/b.md": "walrus secret\n"})
     with Corpus(home, readonly=True) as corpus:
+        assert corpus.warm_view(public) == 1
         owner, _ = corpus.search_hits("walrus", limit=5)
         peer, ctl = corpus.search_hits("walrus", limit=5, visible=public)
         assert {h.source_id for h in owner} == {"/notes/pub/a.md", "/notes/priv/b.md"}

@@ -569,6 +569,23 @@ class Corpus:
             self._reader = (stamp, self._index.searcher())
         return self._reader[1]
 
+    def warm_view(self, visible: Any) -> int:
+        """Build (or bring up to date) the index of the view ``visible`` now, so its first
+        search does not pay for it (a host can warm the anonymous view at start).
+
+        Args:
+            visible: the view predicate, as for :meth:`search_hits`.
+
+        Returns:
+            The number of documents in the view.
+
+        Raises:
+            CorpusError: ``index-unavailable`` (no corpus or no index yet).
+        """
+        with self._lock:
+            self._searcher()
+            return len(self._view(visible).docs)
+
     def _view(self, visible: Any) -> Any:
         """The :class:`node.corpus.views.ViewIndex` of the documents ``visible`` lets a view
         see, current with the record (callers hold :attr:`_lock`)."""
