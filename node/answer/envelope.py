@@ -22,7 +22,6 @@ from typing import Any
 
 from node.answer.contract import (  # noqa: F401 - the request contract, re-exported
     DEDUPE_LEVELS, MAX_QUERY_CHARS, MAX_SERVER_BUDGET_MS, TOP_K_DEFAULT, TOP_K_MAX, server_deadline)
-from node.answer.contract import validate as validate_search_request
 from node.corpus import search
 from node.corpus.types import Hit
 from node.common.errors import CorpusError

@@ -32,7 +32,6 @@ Statuses: ``ok``, ``no-verified-results``, ``invalid-request`` (plus ``error``:
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 import time
@@ -50,10 +49,6 @@ from node.corpus.retrieval import make_plan
 
 log = logging.getLogger("kith.answer")
 
-#: candidates fetched before the gate, per requested result (bounded), for a peer whose
-#: search cannot run on its own view (a corpus without the ``visible`` predicate).
-CANDIDATES_PER_RESULT = 10
-MIN_CANDIDATES = 50
 MAX_CANDIDATES = 100  # the corpus search's own bound on ``limit``
 #: hits asked of a view's own search per requested result: the view already holds only
 #: sources the peer may see or ask about; the margin covers ``ask`` sources the owner
@@ -132,13 +127,6 @@ class AnswerService:
         self._gate = gate
         self._limiter = limiter
         self._normalize: Callable[[str], str | None] | None = None
-        try:
-            params = inspect.signature(corpus.search_hits).parameters if corpus is not None else {}
-        except (TypeError, ValueError):
-            params = {}
-        #: whether the corpus fuses over the view's visible candidates only (the
-        #: ``visible`` predicate of ``Corpus.search_hits``)
-        self._fuse_visible = "visible" in params
 
     # --- views --------------------------------------------------------------------------
     def knowledge_for(self, view: PeerView) -> Knowledge:
@@ -247,16 +235,15 @@ class AnswerService:
 
     def search_args(self, top_k: int, view: View, policy: Any = None) -> dict[str, Any]:
         """The ``Corpus.search_hits`` arguments an answer for ``view`` uses besides the
-        request's own: ``limit`` (hits asked for) and, for a peer when the corpus ranks
-        on a view, ``visible`` (its predicate under ``policy``, default the gate's
-        current policy). ``scripts/bench`` measures its baseline with the same."""
+        request's own: ``limit`` (hits asked for) and, for a peer, ``visible`` (its
+        predicate under ``policy``, default the gate's current policy): a peer is ranked
+        on its own view (post-gate ranking, :mod:`node.corpus.views`). ``scripts/bench``
+        measures its baseline with the same."""
         if not isinstance(view, PeerView):
             return {"limit": top_k}
-        if self._fuse_visible:  # ranked on the peer's own view (post-gate ranking)
-            policy = policy if policy is not None else self._gate.current_policy()
-            return {"limit": min(MAX_CANDIDATES, top_k * VIEW_CANDIDATES_PER_RESULT),
-                    "visible": self._visible(view, policy)}
-        return {"limit": min(MAX_CANDIDATES, max(MIN_CANDIDATES, top_k * CANDIDATES_PER_RESULT))}
+        policy = policy if policy is not None else self._gate.current_policy()
+        return {"limit": min(MAX_CANDIDATES, top_k * VIEW_CANDIDATES_PER_RESULT),
+                "visible": self._visible(view, policy)}
 
     def _fit(self, envelope: dict[str, Any], req: dict[str, Any], plan: Any, top: list[Any],
              controller: dict[str, Any], peer: PeerView, policy: Any) -> dict[str, Any] | None:

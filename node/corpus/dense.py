@@ -484,7 +484,8 @@ def load_matrix(corpus: Any, model_id: str, dim: int = DIM) -> _Matrix:
         return entry
 
 
-def dense_rank(corpus: Any, query: str, embedder: Embedder, k: int) -> list[tuple[str, float]]:
+def dense_rank(corpus: Any, query: str, embedder: Embedder, k: int, *,
+               view: Any = None) -> list[tuple[str, float]]:
     """The ``dense`` ranked list: ``[(chunk_id, cosine)]`` best first, at most ``k``,
     cosine above :data:`MIN_SIMILARITY` (and > 0) only, ties by chunk id. Brute force
     over :func:`load_matrix`.
@@ -494,6 +495,7 @@ def dense_rank(corpus: Any, query: str, embedder: Embedder, k: int) -> list[tupl
         query: user text (non-empty).
         embedder: the model; only vectors of its ``model_id`` are compared.
         k: list length, >= 1.
+        view: a :class:`node.corpus.views.ViewIndex`; only its chunks are ranked.
     """
     import numpy as np
 
@@ -504,6 +506,8 @@ def dense_rank(corpus: Any, query: str, embedder: Embedder, k: int) -> list[tupl
     if q.shape[0] != m.mat.shape[1]:
         return []
     scores = m.mat @ q
+    if view is not None:
+        scores = np.where(_view_mask(corpus, view, m), scores, -np.inf)
     k = min(max(1, k), len(m.ids))
     top = np.argpartition(-scores, k - 1)[:k] if k < len(m.ids) else np.arange(len(m.ids))
     floor = max(0.0, MIN_SIMILARITY)
@@ -512,8 +516,29 @@ def dense_rank(corpus: Any, query: str, embedder: Embedder, k: int) -> list[tupl
     return out
 
 
+def _view_mask(corpus: Any, view: Any, m: Any) -> Any:
+    """Boolean mask over ``m.ids``: True for the chunks of ``view`` (cached on the view)."""
+    import numpy as np
+
+    entry = view.masks.get(id(m))
+    mask = entry[1] if entry is not None and entry[0] is m.ids else None
+    if mask is None:
+        if view.chunk_ids is None:
+            ids: set[str] = set()
+            docs = list(view.docs)
+            for i in range(0, len(docs), 500):
+                part = docs[i:i + 500]
+                ids.update(r[0] for r in corpus._db.execute(
+                    f"SELECT chunk_id FROM chunks WHERE doc_id IN ({','.join('?' * len(part))})",
+                    part))
+            view.chunk_ids = ids
+        mask = np.fromiter((c in view.chunk_ids for c in m.ids), dtype=bool, count=len(m.ids))
+        view.masks = {id(m): (m.ids, mask)}
+    return mask
+
+
 def auto_pass(corpus: Any, query: str, *, k: int, deadline: float | None = None,
-              embedder: Embedder | None = None,
+              embedder: Embedder | None = None, view: Any = None,
               ) -> tuple[dict[str, list[tuple[str, float]]] | None, dict[str, Any] | None]:
     """The dense pass as :func:`node.corpus.retrieval.run_search` runs it on its own.
 
@@ -523,6 +548,8 @@ def auto_pass(corpus: Any, query: str, *, k: int, deadline: float | None = None,
         k: candidates wanted (the lexical passes' depth).
         deadline: ``time.monotonic()`` instant; the pass does not start after it.
         embedder: the model (default: the real one when installed).
+        view: a :class:`node.corpus.views.ViewIndex`: only its chunks compete for the
+            ``k`` places (hidden chunks never take a visible one's place); None = all.
 
     Returns:
         ``(extra_passes, entry)``: ``(None, None)`` when the owner has not turned the
@@ -554,7 +581,7 @@ def auto_pass(corpus: Any, query: str, *, k: int, deadline: float | None = None,
     started = time.perf_counter()
     try:
         model = embedder if embedder is not None else shared_embedder()
-        ranked = dense_rank(corpus, query, model, k)
+        ranked = dense_rank(corpus, query, model, k, view=view)
     except Exception:  # noqa: BLE001 - a broken model never fails a search
         return skipped("dense-model-unavailable")
     entry = {"name": PASS_NAME, "status": "ran", "vectors": len(matrix.ids),

@@ -28,6 +28,10 @@ reports ``budget-exhausted``.
 Candidate pools are widened (×4, up to 2000) only when filters, stale-file withholding or
 the per-document cap starved the result list and a pass was saturated.
 
+A search with a view predicate (``visible``, a peer's view) runs every pass on the view's
+own index (:mod:`node.corpus.views`), so candidates, early stop, fusion and scores depend
+only on the documents the view may see (specs/policy.md §6.1).
+
 The per-pass raw scores of every returned hit are in ``Hit.score_components``
 (``bm25``, ``exact``, ``rewrite``, ``dense``, ``rrf``; 0.0 when a pass ran and did not
 find the chunk; absent when the pass did not run).
@@ -39,9 +43,9 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -239,38 +243,115 @@ def rewrite_query(schema: Any, plan: Plan) -> Any | None:
     return _should(subs) if subs else None
 
 
-def run_pass(searcher: Any, query: Any, depth: int, doc_of: dict[str, str],
-             stored: dict[tuple[int, int], tuple[str, str]] | None = None,
-             ) -> tuple[list[tuple[str, float]], bool]:
-    """Run one pass: ``([(chunk_id, score)] best first, saturated)``; fills ``doc_of``.
+class StoredIds:
+    """``(segment, doc)`` address → ``(chunk_id, doc_id)``, read from tantivy's doc store on
+    first use and kept for ONE request (its passes share one searcher, so an address means
+    the same document). Passes rank and fuse by address; a stored document is read only
+    when its ids are needed — to break a score tie by chunk id, for the candidates the
+    materialization walks, for the early-stop check — so most candidates are never read.
+    Thread-safe enough for the pass threads (dict writes under the GIL; a race reads a
+    document twice, with the same answer)."""
 
-    Zero-score hits are dropped (never evidence); ties sort by chunk id; no total count
-    is collected (``count=False``: it costs time and nothing uses it). ``stored`` caches
-    ``(segment, doc) -> (chunk_id, doc_id)`` across the passes of ONE request (they share
-    ``searcher``, so an address means the same document): passes overlap, and each
-    stored document is then read once.
+    __slots__ = ("searcher", "ids")
+
+    def __init__(self, searcher: Any) -> None:
+        self.searcher = searcher
+        self.ids: dict[tuple[int, int], tuple[str, str]] = {}
+
+    def __call__(self, key: tuple[int, int]) -> tuple[str, str]:
+        ids = self.ids.get(key)
+        if ids is None:
+            doc = self.searcher.doc(tantivy.DocAddress(key[0], key[1]))
+            ids = self.ids[key] = (doc["chunk_id"][0], doc["doc_id"][0])
+        return ids
+
+    def cid(self, key: Any) -> str:
+        """The chunk id of ``key`` (an address, or a chunk id already)."""
+        return key if isinstance(key, str) else self(key)[0]
+
+
+def _tie_sorted(items: list[tuple[Any, float]], cid: Callable[[Any], str]) -> list[tuple[Any, float]]:
+    """``items`` sorted by (−score, chunk id), reading chunk ids only inside runs of equal
+    scores (a run of one needs none)."""
+    items.sort(key=lambda x: -x[1])
+    out: list[tuple[Any, float]] = []
+    i, n = 0, len(items)
+    while i < n:
+        j = i + 1
+        while j < n and items[j][1] == items[i][1]:
+            j += 1
+        if j - i > 1:
+            out.extend(sorted(items[i:j], key=lambda x: cid(x[0])))
+        else:
+            out.append(items[i])
+        i = j
+    return out
+
+
+def run_pass(searcher: Any, query: Any, depth: int, ids: StoredIds,
+             ) -> tuple[list[tuple[tuple[int, int], float]], bool]:
+    """Run one pass: ``([(address, score)] best first, saturated)``.
+
+    Zero-score hits are dropped (never evidence); ties sort by chunk id (read through
+    ``ids`` only for tied hits); no total count is collected (``count=False``: it costs
+    time and nothing uses it).
     """
-    out = []
-    if stored is None:
-        stored = {}
     result = searcher.search(query, depth, count=False).hits
-    for score, addr in result:
-        if score > 0:
-            key = (addr.segment_ord, addr.doc)
-            ids = stored.get(key)
-            if ids is None:
-                doc = searcher.doc(addr)
-                ids = stored[key] = (doc["chunk_id"][0], doc["doc_id"][0])
-            doc_of[ids[0]] = ids[1]
-            out.append((ids[0], float(score)))
-    out.sort(key=lambda x: (-x[1], x[0]))
-    return out, len(result) >= depth
+    out = [((addr.segment_ord, addr.doc), float(score)) for score, addr in result if score > 0]
+    return _tie_sorted(out, ids.cid), len(result) >= depth
 
 
-def weighted_rrf(ranked: dict[str, list[tuple[str, float]]],
-                 k: int = search.RRF_K) -> dict[str, float]:
-    """Weighted RRF: ``{chunk_id: sum over passes of weight/(k + rank)}``."""
-    fused: dict[str, float] = {}
+class _Order:
+    """The fused candidate order as chunk ids — (−score, chunk id) — resolved as it is read
+    (what :meth:`node.corpus.store.Corpus._materialize` walks): items are sorted by score
+    alone up front, and a run of equal scores is put in chunk-id order (reading its ids)
+    only when a position inside it is first read. Fills ``doc_of`` and ``key_of`` (chunk
+    id → fusion key) for every id it hands out."""
+
+    def __init__(self, fused: dict[Any, float], ids: StoredIds, doc_of: dict[str, str],
+                 key_of: dict[str, Any]) -> None:
+        self.keys = sorted(fused, key=lambda k: -fused[k])
+        self._fused, self._ids, self.doc_of, self.key_of = fused, ids, doc_of, key_of
+        self._done = 0  # keys[:_done] are in their final order
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def _settle(self, upto: int) -> None:
+        """Put ``keys[:upto]`` (and the rest of the run of ties it ends in) in final order."""
+        keys, fused, n = self.keys, self._fused, len(self.keys)
+        while self._done < min(upto, n):
+            i = self._done
+            j = i + 1
+            while j < n and fused[keys[j]] == fused[keys[i]]:
+                j += 1
+            if j - i > 1:
+                keys[i:j] = sorted(keys[i:j], key=self._ids.cid)
+            self._done = j
+
+    def _one(self, key: Any) -> str:
+        if isinstance(key, str):
+            self.key_of[key] = key
+            return key
+        cid, did = self._ids(key)
+        self.doc_of[cid] = did
+        self.key_of[cid] = key
+        return cid
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            start, stop, _ = i.indices(len(self.keys))
+            self._settle(stop)
+            return [self._one(k) for k in self.keys[start:stop]]
+        self._settle(i + 1)
+        return self._one(self.keys[i])
+
+
+def weighted_rrf(ranked: dict[str, list[tuple[Any, float]]],
+                 k: int = search.RRF_K) -> dict[Any, float]:
+    """Weighted RRF: ``{key: sum over passes of weight/(k + rank)}`` (a key names one
+    chunk: its chunk id, or its tantivy address within one request)."""
+    fused: dict[Any, float] = {}
     for name, hits in ranked.items():
         w = PASS_WEIGHTS.get(name, 1.0)
         for rank, (cid, _s) in enumerate(hits, start=1):
@@ -335,6 +416,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                deadline: float | None = None,
                max_per_document: int = search.MAX_PER_DOCUMENT,
                extra_passes: dict[str, list[tuple[str, float]]] | None = None,
+               visible: Callable[[str], bool] | None = None,
                ) -> tuple[list[Hit], dict[str, Any]]:
     """Run the controller on ``corpus`` (a :class:`node.corpus.store.Corpus`).
 
@@ -348,6 +430,13 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             1 = document-level).
         extra_passes: ranked lists from outside tantivy (``{"dense": [(chunk_id, score)]}``,
             the optional hybrid extra) fused like any pass.
+        visible: the view — ``visible(source_id)`` is True when the view may see the
+            document (or be asked about it: the ``ask`` tier). None = the owner's view
+            (everything, on the whole-corpus index). With a predicate every pass runs on
+            the view's own index (:mod:`node.corpus.views`): candidates, early stop,
+            fusion, ``Hit.score`` and ``Hit.score_components`` (BM25 with the view's
+            statistics, ranks over the view's lists) depend only on documents the view
+            may see. ``extra_passes`` given by a caller are restricted to those too.
 
     Returns:
         ``(hits, controller)`` as documented on ``Corpus.search_hits``; ``controller``
@@ -384,7 +473,13 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             controller["passes"] = [{"name": p, "status": "skipped", "candidates": 0}
                                     for p in plan.passes]
             return [], controller
-        searcher = corpus._searcher()
+        view = None
+        if visible is None:
+            searcher = corpus._searcher()
+        else:
+            corpus._searcher()  # the same availability rules as the owner's search
+            view = corpus._view(visible)
+            searcher = view.searcher()
         schema = corpus._index.schema
         bq, field_used = search.baseline_query(schema, query)
         queries: dict[str, Any] = {"baseline-bm25": bq}
@@ -398,25 +493,25 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             from node.corpus import dense
 
             extra_passes, dense_entry = dense.auto_pass(corpus, query, k=depth,
-                                                        deadline=deadline)
+                                                        deadline=deadline, view=view)
         hits: list[Hit] = []
         order: list[str] = []
         counts: dict[str, int] = {}
-        stored: dict[tuple[int, int], tuple[str, str]] = {}
+        ids = StoredIds(searcher)
         while True:
             controller["rounds"] += 1
             doc_of: dict[str, str] = {}
-            ranked: dict[str, list[tuple[str, float]]] = {}
+            ranked: dict[str, list[tuple[Any, float]]] = {}
             passes: list[dict[str, Any]] = []
             saturated = False
             stop: str | None = None
-            ahead: dict[str, Future[tuple[list[tuple[str, float]], bool]]] = {}
+            ahead: dict[str, Future[tuple[list[tuple[Any, float]], bool]]] = {}
             if PARALLEL_PASSES and (controller["rounds"] > 1 or not may_stop_early(plan)):
                 # every planned pass runs: start the others now, beside the baseline
                 for name in plan.passes[1:]:
                     if queries.get(name) is not None and not expired():
                         ahead[name] = _executor().submit(run_pass, searcher, queries[name],
-                                                         depth, doc_of, stored)
+                                                         depth, ids)
             for name in plan.passes:
                 if stop is not None:
                     passes.append({"name": name, "status": "skipped", "candidates": 0,
@@ -435,7 +530,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                     ranked[name], sat = ahead[name].result()
                 else:
                     try:
-                        ranked[name], sat = run_pass(searcher, q, depth, doc_of, stored)
+                        ranked[name], sat = run_pass(searcher, q, depth, ids)
                     except BaseException:
                         for fut in ahead.values():  # never leave a pass running unowned
                             fut.cancel() or fut.exception()
@@ -446,13 +541,21 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                     entry["field"] = field_used
                 passes.append(entry)
                 if (name == "baseline-bm25" and controller["rounds"] == 1
-                        and baseline_strong(corpus, plan, ranked[name])):
+                        and may_stop_early(plan)
+                        and baseline_strong(corpus, plan,
+                                            [(ids.cid(k), sc) for k, sc in ranked[name][:2]])):
                     stop = "baseline-strong"
             for fut in ahead.values():  # all started passes are finished before fusion
                 fut.exception()
             if extra_passes:
+                # lists from outside tantivy name chunks: fuse everything by chunk id
+                for name in list(ranked):
+                    ranked[name] = [(ids.cid(k), sc) for k, sc in ranked[name]]
+                doc_of.update(ids.ids.values())
                 for name, extra in extra_passes.items():
-                    known = [(c, s) for c, s in extra if c in doc_of or _doc_of(corpus, c, doc_of)]
+                    known = [(c, s) for c, s in extra
+                             if (c in doc_of or _doc_of(corpus, c, doc_of))
+                             and (view is None or doc_of[c] in view.docs)]
                     ranked[name] = known
                     passes.append({**(dense_entry or {}), "name": name, "status": "ran",
                                    "candidates": len(known)})
@@ -461,17 +564,19 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                 passes.append(dict(dense_entry))
             if stop is not None:
                 controller.update(earlyStop=True, stopReason=stop)
-            raw = {name: dict(h) for name, h in ranked.items()}
             fused = weighted_rrf(ranked)
-            order = sorted(fused, key=lambda c: (-fused[c], c))
+            key_of: dict[str, Any] = {}
+            order = _Order(fused, ids, doc_of, key_of)
             counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
                                      "dedupedPerDocument")}
-            hits = corpus._materialize(order, doc_of, fused, raw, filters, limit,
-                                       max_per_document, counts)
+            hits = corpus._materialize(order, doc_of, lambda c: fused[key_of[c]], filters,
+                                       limit, max_per_document, counts)
             if len(hits) >= limit or not saturated or depth >= MAX_DEPTH or expired():
                 break
             depth = min(depth * 4, MAX_DEPTH)
-        hits = [replace(h, score_components=_components(h.chunk_id, raw, fused)) for h in hits]
+        raw = {name: dict(h) for name, h in ranked.items()}
+        for h in hits:  # each hit's dict is its own (made empty by _materialize)
+            h.score_components.update(_components(key_of[h.chunk_id], raw, fused))
         controller["passes"] = passes
         controller["candidates"] = len(order)
         controller.update(counts)
@@ -480,7 +585,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
         return hits, controller
 
 
-def _components(cid: str, raw: dict[str, dict[str, float]], fused: dict[str, float]
+def _components(cid: Any, raw: dict[str, dict[Any, float]], fused: dict[Any, float]
                 ) -> dict[str, float]:
     out = {COMPONENT.get(name, name): round(scores.get(cid, 0.0), 6) for name, scores in raw.items()}
     out.setdefault("bm25", 0.0)

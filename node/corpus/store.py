@@ -27,7 +27,7 @@ import sqlite3
 import stat
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +152,8 @@ class Corpus:
         self._index: Any = None
         self._writer: Any = None
         self._wlock_fd: int | None = None
+        self._views: Any = None  # node.corpus.views.Views, made at a view's first search
+        self._reader: tuple[Any, Any] | None = None  # (meta.json stamp, searcher)
         if readonly and not self.db_path.exists():
             return
         if not readonly:
@@ -194,6 +196,8 @@ class Corpus:
         with self._lock:
             self._release_writer()
             self._index = None
+            if self._views is not None:
+                self._views.clear()
             if self._db is not None:
                 self._db.close()
                 self._db = None
@@ -371,6 +375,7 @@ class Corpus:
                     raise self._locked() from None
                 raise
             self._index = index
+            self._reader = None
             self._repair(full=rebuild)
         except BaseException:
             self._release_writer()
@@ -542,8 +547,45 @@ class Corpus:
                                   "The corpus index is unreadable; run `kith index sync`.") from None
             search.register_analyzers(index)
             self._index = index
-        self._index.reload()
-        return self._index.searcher()
+            self._reader = None
+        # tantivy rewrites meta.json (a new file, renamed into place) at every commit: the
+        # reader is reloaded only when it changed (one stat instead of a reload per search)
+        try:
+            st = os.stat(self.index_dir / "meta.json")
+            stamp: tuple[int, ...] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            stamp = None
+        if self._reader is None or stamp is None or self._reader[0] != stamp:
+            self._index.reload()
+            self._reader = (stamp, self._index.searcher())
+        return self._reader[1]
+
+    def warm_view(self, visible: Any) -> int:
+        """Build (or bring up to date) the index of the view ``visible`` now, so its first
+        search does not pay for it (a host can warm the anonymous view at start).
+
+        Args:
+            visible: the view predicate, as for :meth:`search_hits`.
+
+        Returns:
+            The number of documents in the view.
+
+        Raises:
+            CorpusError: ``index-unavailable`` (no corpus or no index yet).
+        """
+        with self._lock:
+            self._searcher()
+            return len(self._view(visible).docs)
+
+    def _view(self, visible: Any) -> Any:
+        """The :class:`node.corpus.views.ViewIndex` of the documents ``visible`` lets a view
+        see, current with the record (callers hold :attr:`_lock`)."""
+        from node.corpus import views
+
+        if self._views is None:
+            self._views = views.Views()
+        assert self._db is not None
+        return self._views.index_for(self._db, visible)
 
     def _serve_ok(self, row: sqlite3.Row, base: str | None) -> bool:
         """Serve-time origin check (DESIGN §9, seed ``provider-origins``).
@@ -568,7 +610,8 @@ class Corpus:
             return False
         try:
             real, st = _resolve(os.path.join(base, row["rel_path"]))
-            if os.path.commonpath([base, real]) != base:
+            # both are absolute and normalized (resolved): inside = equal or below base
+            if real != base and not real.startswith(base.rstrip(os.sep) + os.sep):
                 return False
             if not stat.S_ISREG(st.st_mode) or st.st_size != row["size"]:
                 return False
@@ -596,8 +639,10 @@ class Corpus:
     def search_hits(self, query: str, *, limit: int, filters: dict[str, Any] | None = None,
                     deadline: float | None = None,
                     max_per_document: int = search.MAX_PER_DOCUMENT,
+                    visible: Any = None,
                     ) -> tuple[list[Hit], dict[str, Any]]:
-        """Search the corpus (no policy: the caller/egress gate applies it).
+        """Search the corpus as one view sees it (no policy here: the caller builds the
+        view's predicate and the egress gate screens the hits).
 
         Args:
             query: user text (any characters; never parsed by tantivy's query parser).
@@ -606,6 +651,12 @@ class Corpus:
                 (``sources`` globs; metadata filters fail closed, DESIGN §9).
             deadline: ``time.monotonic()`` instant after which no further pass starts.
             max_per_document: document-level dedup cap (default 2).
+            visible: ``Callable[[str], bool] | None`` — the view (``visible(source_id)``
+                True when it may see the document or be asked about it, the ``ask``
+                tier); None = the owner's view. See
+                :func:`node.corpus.retrieval.run_search`: with a predicate the search runs
+                on the view's own index, so candidates and scores depend only on the
+                documents the view may see.
 
         Returns:
             ``(hits, controller)``: hits best first, sorted by (−score, chunk_id), every
@@ -624,19 +675,24 @@ class Corpus:
         from node.corpus import retrieval  # the multi-pass controller (issue 4)
 
         return retrieval.run_search(self, query, limit=limit, filters=filters,
-                                    deadline=deadline, max_per_document=max_per_document)
+                                    deadline=deadline, max_per_document=max_per_document,
+                                    visible=visible)
 
-    def _materialize(self, order: list[str], doc_of: dict[str, str], fused: dict[str, float],
-                     raw: dict[str, dict[str, float]], filters: dict[str, Any], limit: int,
+    def _materialize(self, order: Sequence[str], doc_of: dict[str, str],
+                     score_of: Callable[[str], float], filters: dict[str, Any], limit: int,
                      max_per_document: int, counts: dict[str, int]) -> list[Hit]:
         """Turn fused candidates into hits: document checks first (SQLite row, filters,
         per-document cap, serve-time origin), then chunk rows for the survivors only.
-        A candidate whose document or chunk is not in SQLite is ignored (authoritative)."""
+        A candidate whose document or chunk is not in SQLite is ignored (authoritative).
+
+        ``order`` is read front to back (it may resolve chunk ids as it is read, filling
+        ``doc_of`` for each id it hands out); ``score_of(chunk_id)`` is the fused score.
+        Hits carry no ``score_components`` (the controller adds them)."""
         db = self._db
         assert db is not None
         docs: dict[str, sqlite3.Row] = {}
         looked: set[str] = set()
-        window = max(4 * limit, 40)  # document rows are read for this many candidates at a time
+        window = max(2 * limit, 20)  # document rows are read for this many candidates at a time
         seen_to = 0
 
         def load_docs(upto: int) -> None:
@@ -717,13 +773,9 @@ class Corpus:
                     per_doc[did] -= 1
                     continue
                 drow = docs[did]
-                components = {"bm25": round(raw.get("baseline-bm25", {}).get(cid, 0.0), 6)}
-                if "exact-entity" in raw:
-                    components["exact"] = round(raw["exact-entity"].get(cid, 0.0), 6)
-                components["rrf"] = round(fused[cid], 6)
                 hits.append(Hit(
                     chunk_id=cid, source_id=drow["source_id"], text=row["text"],
-                    score=fused[cid], score_components=components,
+                    score=score_of(cid),
                     location=_location(row),
                     content_hash=drow["content_hash"] or "", indexed_at=drow["indexed_at"] or "",
                     root_prefix=None if drow["origin"] == "record" else drow["root_prefix"],

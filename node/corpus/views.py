@@ -1,0 +1,204 @@
+"""Per-view indexes: the index a peer's search runs on (issue 9 item 3; specs/policy.md
+"What a peer's scores are computed over").
+
+A peer may only be ranked against what it may see. Filtering the whole-corpus tantivy
+index is not enough: tantivy's BM25 carries statistics of the *whole* index (the number
+of chunks ``N``, each term's document frequency ``n`` per field, each field's average
+length ``avgdl``, deleted chunks included until a merge), so a hidden chunk that contains
+a query word would still move the score — and, across fields, the order — of a visible
+one. A view's search therefore runs on a tantivy index in RAM holding exactly the chunks
+of the documents the view may see (same schema, same analyzers, built from the SQLite
+record): every statistic tantivy uses is a statistic *of the view*, so nothing hidden can
+move what the peer receives — for single-word and multi-word queries alike.
+
+A view is named by a predicate ``visible(source_id) -> bool`` (see
+:func:`node.corpus.retrieval.run_search`). Its visible document set is evaluated once per
+(predicate object, corpus generation) — the generation is the change log's sequence, so a
+sync, a watch batch or an import makes it current again — and view indexes are shared by
+every predicate that sees the same set (all anonymous guests share one). At most
+:data:`MAX_VIEWS` indexes are kept (least recently used evicted). When the set or the
+documents changed, the nearest kept index is brought up to date by document (delete a
+changed or removed document, add a changed or new one) instead of being rebuilt, so a
+watch batch costs what it changes. Documents deleted that way stay in the view's tantivy
+statistics until a merge, exactly like the main index — they are documents the view could
+see, never hidden ones.
+
+Cost: building a view copies its chunks into RAM once (about as fast as ``kith index
+sync``'s tantivy part; ``scripts/bench_search`` prints it); a search on it costs what a
+search on the main index costs.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import tantivy
+
+from node.corpus import ingest, search
+
+#: View indexes kept per corpus handle (least recently used evicted).
+MAX_VIEWS = 4
+#: tantivy writer heap for a view index update, bytes (tantivy's floor is 15 MB/thread).
+VIEW_WRITER_HEAP = 64_000_000
+#: Update a kept view in place when at least this share of its documents survive;
+#: otherwise build a new one.
+REUSE_OVERLAP = 0.5
+
+Visible = Callable[[str], bool]
+
+
+@dataclass
+class ViewIndex:
+    """One view's RAM index.
+
+    Attributes:
+        index: the tantivy index (schema :func:`node.corpus.search.build_schema`).
+        docs: ``{doc_id: signature}`` of the documents it holds.
+        chunk_ids: the chunk ids it holds (for the dense pass's mask), or None until
+            asked for.
+        masks: dense-pass masks per vector matrix (``id(matrix) -> (matrix ids, numpy
+            bool array)``).
+    """
+
+    index: Any
+    docs: dict[str, tuple[Any, ...]]
+    chunk_ids: set[str] | None = None
+    masks: dict[int, Any] = field(default_factory=dict)
+    _searcher: Any = None
+
+    def searcher(self) -> Any:
+        """A searcher over the view's current state (made again after each update)."""
+        if self._searcher is None:
+            self._searcher = self.index.searcher()
+        return self._searcher
+
+
+def generation(db: sqlite3.Connection) -> int:
+    """The corpus generation: the last sequence number the change log handed out (every
+    indexed, updated or removed document appends to it; it never goes back)."""
+    try:
+        row = db.execute("SELECT seq FROM sqlite_sequence WHERE name='changes'").fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(row[0]) if row else 0
+
+
+class Views:
+    """The view indexes of one :class:`node.corpus.store.Corpus` handle (callers hold the
+    corpus lock)."""
+
+    def __init__(self) -> None:
+        self._sets: weakref.WeakKeyDictionary[Any, tuple[int, dict[str, tuple[Any, ...]]]] = (
+            weakref.WeakKeyDictionary())
+        self._plain: dict[int, tuple[Any, int, dict[str, tuple[Any, ...]]]] = {}
+        self._indexes: OrderedDict[frozenset[str], ViewIndex] = OrderedDict()
+        #: (the visible-docs dict last served, its view): same dict object → same view
+        self._last: tuple[dict[str, tuple[Any, ...]], ViewIndex] | None = None
+
+    def visible_docs(self, db: sqlite3.Connection, visible: Visible) -> dict[str, tuple[Any, ...]]:
+        """``{doc_id: signature}`` of the ``done`` documents ``visible`` lets the view see
+        (cached per predicate object and corpus generation)."""
+        gen = generation(db)
+        try:
+            cached = self._sets.get(visible)
+        except TypeError:  # not weak-referenceable: keep it (bounded) by id
+            entry = self._plain.get(id(visible))
+            cached = (entry[1], entry[2]) if entry is not None and entry[0] is visible else None
+        if cached is not None and cached[0] == gen:
+            return cached[1]
+        docs = {}
+        for doc_id, source_id, content_hash, indexed_at, chunks in db.execute(
+                "SELECT doc_id, source_id, content_hash, indexed_at, chunk_count FROM documents "
+                "WHERE status = 'done' AND chunk_count > 0"):
+            if visible(source_id):
+                docs[doc_id] = (content_hash, indexed_at, chunks)
+        try:
+            self._sets[visible] = (gen, docs)
+        except TypeError:
+            if len(self._plain) >= 64:
+                self._plain.pop(next(iter(self._plain)))
+            self._plain[id(visible)] = (visible, gen, docs)
+        return docs
+
+    def index_for(self, db: sqlite3.Connection, visible: Visible) -> ViewIndex:
+        """The view index holding exactly the chunks ``visible`` may see, current with the
+        SQLite record (built or brought up to date here)."""
+        docs = self.visible_docs(db, visible)
+        if self._last is not None and self._last[0] is docs:  # the common case: nothing moved
+            return self._last[1]
+        key = frozenset(docs)
+        view = self._indexes.get(key)
+        if view is not None:
+            self._indexes.move_to_end(key)
+            if view.docs != docs:
+                _update(db, view, docs)
+            self._last = (docs, view)
+            return view
+        nearest = None
+        best = 0.0
+        for k, v in self._indexes.items():
+            share = len(k & key) / max(1, len(k | key))
+            if share > best:
+                nearest, best = k, share
+        if nearest is not None and best >= REUSE_OVERLAP:
+            view = self._indexes.pop(nearest)
+            _update(db, view, docs)
+        else:
+            view = _build(db, docs)
+        self._indexes[key] = view
+        while len(self._indexes) > MAX_VIEWS:
+            self._indexes.popitem(last=False)
+        self._last = (docs, view)
+        return view
+
+    def clear(self) -> None:
+        """Forget every view (the corpus is closing)."""
+        self._indexes.clear()
+        self._last = None
+        self._sets = weakref.WeakKeyDictionary()
+        self._plain.clear()
+
+
+def _new_index() -> Any:
+    index = tantivy.Index(search.build_schema())
+    search.register_analyzers(index)
+    return index
+
+
+def _add(writer: Any, db: sqlite3.Connection, doc_ids: list[str]) -> None:
+    for cid, did, text, title in ingest.iter_chunks_for_index(db, sorted(doc_ids)):
+        writer.add_document(search.make_document(cid, did, text, title))
+
+
+def _build(db: sqlite3.Connection, docs: dict[str, tuple[Any, ...]]) -> ViewIndex:
+    index = _new_index()
+    writer = index.writer(VIEW_WRITER_HEAP, 1)
+    _add(writer, db, list(docs))
+    writer.commit()
+    writer.wait_merging_threads()
+    index.reload()
+    return ViewIndex(index=index, docs=dict(docs))
+
+
+def _update(db: sqlite3.Connection, view: ViewIndex, docs: dict[str, tuple[Any, ...]]) -> None:
+    gone = [d for d in view.docs if docs.get(d) != view.docs[d]]
+    new = [d for d in docs if view.docs.get(d) != docs[d]]
+    if not gone and not new:
+        view.docs = dict(docs)
+        return
+    writer = view.index.writer(VIEW_WRITER_HEAP, 1)
+    for doc_id in gone:
+        writer.delete_documents_by_term("doc_id", doc_id)
+    _add(writer, db, new)
+    writer.commit()
+    writer.wait_merging_threads()
+    view.index.reload()
+    view._searcher = None
+    view.docs = dict(docs)
+    view.chunk_ids = None
+    view.masks.clear()

@@ -1,0 +1,95 @@
+"""View indexes (node.corpus.views): a view's search sees exactly its documents, stays
+current when they change, and shares or bounds its indexes (specs/corpus.md "Views")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from node.corpus import views
+from node.corpus.store import Corpus
+
+
+def _corpus(tmp_path: Path, files: dict[str, str]) -> tuple[Path, Path]:
+    root, home = tmp_path / "notes", tmp_path / "home"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, encoding="utf-8")
+    with Corpus(home) as writer:
+        writer.add_root(root)
+        writer.sync()
+    return root, home
+
+
+def _resync(home: Path) -> None:
+    with Corpus(home) as writer:
+        writer.sync()
+
+
+def public(source_id: str) -> bool:
+    return source_id.startswith("/notes/pub/")
+
+
+def test_a_view_sees_only_its_documents_and_the_owner_sees_all(tmp_path):
+    _, home = _corpus(tmp_path, {"pub/a.md": "walrus notes\n", "priv/b.md": "walrus secret\n"})
+    with Corpus(home, readonly=True) as corpus:
+        assert corpus.warm_view(public) == 1
+        owner, _ = corpus.search_hits("walrus", limit=5)
+        peer, ctl = corpus.search_hits("walrus", limit=5, visible=public)
+        assert {h.source_id for h in owner} == {"/notes/pub/a.md", "/notes/priv/b.md"}
+        assert [h.source_id for h in peer] == ["/notes/pub/a.md"]
+        assert ctl["candidates"] == 1  # the hidden chunk was never a candidate
+
+
+def test_a_kept_view_follows_changed_added_and_removed_visible_documents(tmp_path):
+    root, home = _corpus(tmp_path, {"pub/a.md": "walrus one\n", "pub/b.md": "otter two\n"})
+    with Corpus(home, readonly=True) as corpus:
+        assert [h.source_id for h in corpus.search_hits("walrus", limit=5, visible=public)[0]] == [
+            "/notes/pub/a.md"]
+        (root / "pub" / "a.md").write_text("otter now\n", encoding="utf-8")
+        (root / "pub" / "c.md").write_text("walrus three\n", encoding="utf-8")
+        (root / "pub" / "b.md").unlink()
+        _resync(home)
+        hits, _ = corpus.search_hits("walrus", limit=5, visible=public)
+        assert [h.source_id for h in hits] == ["/notes/pub/c.md"]
+        otters, _ = corpus.search_hits("otter", limit=5, visible=public)
+        assert [(h.source_id, h.text.strip()) for h in otters] == [("/notes/pub/a.md", "otter now")]
+        with Corpus(home, readonly=True) as fresh:  # a view built from scratch agrees
+            again, _ = fresh.search_hits("otter", limit=5, visible=public)
+            assert [(h.source_id, h.score, h.score_components) for h in again] == [
+                (h.source_id, h.score, h.score_components) for h in otters]
+
+
+def test_predicates_with_the_same_documents_share_one_index_and_at_most_max_views_are_kept(
+        tmp_path):
+    _, home = _corpus(tmp_path, {f"d{i}/x.md": f"walrus {i}\n" for i in range(views.MAX_VIEWS + 2)})
+    with Corpus(home, readonly=True) as corpus:
+        corpus.search_hits("walrus", limit=5, visible=lambda s: s.startswith("/notes/d0/"))
+        corpus.search_hits("walrus", limit=5, visible=lambda s: s.startswith("/notes/d0"))
+        assert len(corpus._views._indexes) == 1
+        for i in range(views.MAX_VIEWS + 2):
+            def only(s: str, i: int = i) -> bool:
+                return s.startswith(f"/notes/d{i}/")
+
+            hits, _ = corpus.search_hits("walrus", limit=5, visible=only)
+            assert [h.source_id for h in hits] == [f"/notes/d{i}/x.md"]
+        assert len(corpus._views._indexes) == views.MAX_VIEWS
+
+
+def test_a_policy_change_reaches_the_next_query_of_a_peer(tmp_path):
+    from node.answer.service import peer_knowledge
+    from node.policy.gate import EgressGate
+    from node.policy.store import Policy
+
+    _, home = _corpus(tmp_path, {"pub/a.md": "walrus notes\n", "priv/b.md": "walrus more\n"})
+    with Corpus(home, readonly=True) as corpus:
+        policy = Policy()
+        policy.set("/notes/pub/**", "public")
+        gate = EgressGate(corpus.roots(), policy, home)
+        first = peer_knowledge(corpus, gate, None).search({"query": "walrus", "topK": 5})
+        assert [r["source"] for r in first["envelope"]["results"]] == ["/notes/pub/a.md"]
+        wider = Policy()
+        wider.set("/notes/**", "public")
+        gate.policy = wider  # what current_policy() does when policy.toml changed
+        second = peer_knowledge(corpus, gate, None).search({"query": "walrus", "topK": 5})
+        assert sorted(r["source"] for r in second["envelope"]["results"]) == [
+            "/notes/priv/b.md", "/notes/pub/a.md"]
