@@ -410,8 +410,10 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     with session_scope:  # cancelled when evicted while still in the handshake
                         outcome = await run_session(stream, engine, hooks, make_context=make_context,
                                                     heartbeat=opts.heartbeat, stop=session_stop)
-                    if session_scope.cancelled_caught and live_sessions.revoked(token) is None:
-                        return  # evicted: reported as session-refused already
+                    if session_scope.cancelled_caught:
+                        outcome = live_sessions.revoked_outcome(token)  # issue 11: revoked, or
+                        if outcome is None:
+                            return  # evicted: reported as session-refused already
                     ended: dict[str, Any] = {"event": "session-ended", "session_id": outcome.session_id,
                                              "peer": remote, "reason": outcome.reason, "code": outcome.code,
                                              "ended_at": outcome.ended_at}

@@ -14,6 +14,7 @@ registry for every connection, so they never depend on the watcher.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -39,6 +40,7 @@ class _Live:
     name: str | None  # the registry name the peer had when it connected
     session_id: str | None = None
     revoked: str | None = None  # the code it was ended with
+    ended_at: float | None = None  # Unix time (s) of the revocation
 
 
 class LiveSessions:
@@ -70,6 +72,18 @@ class LiveSessions:
         """The code the session of ``token`` was ended with by :meth:`end_sessions`, or None."""
         live = self._by_token.get(token)
         return live.revoked if live is not None else None
+
+    def revoked_outcome(self, token: int) -> Any:
+        """How a session ended by :meth:`end_sessions` ended, as the driver would have
+        said (a :class:`node.runtime.driver.SessionOutcome`), or None when it was not."""
+        from node.runtime.driver import SessionOutcome
+
+        live = self._by_token.get(token)
+        if live is None or live.revoked is None:
+            return None
+        ev = live.engine.close_event
+        return SessionOutcome(session_id=live.session_id, reason=ev.reason if ev else "aborted",
+                              code=live.revoked, message=ev.message if ev else "", ended_at=live.ended_at)
 
     def peers(self) -> dict[str, set[str | None]]:
         """Live peer key → the registry names its sessions were admitted under."""
@@ -106,7 +120,7 @@ class LiveSessions:
                 continue
             sent = code if live.session_id is not None else (handshake_code or code)
             live.engine.abort(sent, "the host revoked this peer")
-            live.revoked = sent
+            live.revoked, live.ended_at = sent, time.time()
             live.scope.cancel()
             n += 1
         return n
