@@ -241,3 +241,44 @@ def test_watcher_reports_policy_reloads(tmp_path):
     watcher.poll()
     assert events == [{"event": "policy-reloaded", "ok": True, "rules": 1},
                       {"event": "policy-reloaded", "ok": False, "code": "policy-invalid"}]
+
+
+# ------------------------------------------------- ending sessions in every state (memory pipe)
+@pytest.mark.parametrize("stage", ["handshake", "ready"])
+def test_end_sessions_rejects_a_handshake_and_errors_a_ready_session(stage, host_id, guest_id):
+    from helpers import EnginePair
+    from node.engine.session import RemoteError, SessionClosed
+    from node.protocol.spec import load_spec
+
+    from conftest import PROTOCOLS
+
+    async def body() -> None:  # cancel scopes need an event loop
+        pair = EnginePair(load_spec(PROTOCOLS / "echo"), host_id, guest_id)
+        if stage == "handshake":  # the host has the guest's _session_init, nothing more
+            pair.guest.initiate()
+            pair.host_events += pair.host.receive_data(pair.guest.data_to_send())
+        else:
+            pair.handshake()
+            assert pair.host.state.value == "ready"
+        sessions = LiveSessions()
+        scope = anyio.CancelScope()
+        sessions.add(7, pair.host, scope, guest_id.public_key, "alice")
+        sessions.add(8, object(), anyio.CancelScope(), A, None)  # another peer: untouched
+        if stage == "ready":
+            sessions.ready(7, pair.host.session_id)
+        assert sessions.end_sessions(guest_id.public_key, "session-revoked", handshake_code="handshake-peer-blocked") == 1
+        assert scope.cancel_called and sessions.revoked(7) is not None and sessions.revoked(8) is None
+        assert sessions.end_sessions(guest_id.public_key) == 0  # idempotent
+        pair.guest_events += pair.guest.receive_data(pair.host.data_to_send())
+        if stage == "handshake":
+            (closed,) = pair.of(pair.guest_events, SessionClosed)
+            assert (closed.reason, closed.code) == ("rejected", "handshake-peer-blocked")
+            assert sessions.revoked_outcome(7).code == "handshake-peer-blocked"
+        else:
+            assert [e.code for e in pair.of(pair.guest_events, RemoteError)] == ["session-revoked"]
+            out = sessions.revoked_outcome(7)
+            assert (out.session_id, out.reason, out.code) == (pair.host.session_id, "aborted", "session-revoked")
+        sessions.discard(7)
+        assert sessions.peers() == {A: {None}}
+
+    anyio.run(body, backend="asyncio")
