@@ -75,8 +75,12 @@ def test_block_unblock_and_code_refusals_through_the_cli(tmp_path):
     r = kith(home, "peers", "unblock", A)
     assert r.returncode == 1 and "error [peer-not-blocked]" in r.stderr
     assert kith(home, "peers", "add", "bob", B).returncode == 0
+    from node.policy.approvals import Approvals
+
+    pending = Approvals(home).request(B, "bob", "salary", ["/docs/salary.md"])
     r = kith(home, "peers", "block", "bob", "--note", "left the team", "--json")
     assert r.returncode == 0, r.stderr
+    assert Approvals(home).get(pending.id).decision == "denied"  # no host needs to run for that
     assert json.loads(r.stdout) == {"publicKey": B, "name": "bob", "note": "left the team",
                                     "blockedAt": json.loads(r.stdout)["blockedAt"], "blocked": True}
     listed = json.loads(kith(home, "peers", "list", "--json").stdout)
@@ -84,8 +88,9 @@ def test_block_unblock_and_code_refusals_through_the_cli(tmp_path):
     assert kith(home, "peers", "remove", "bob").returncode == 0
     assert kith(home, "peers", "unblock", "bob").returncode == 0  # by the name it was blocked under
     # the owner's actions are in the audit log
-    events = [r["event"] for r in json.loads(kith(home, "audit", "--json").stdout)["records"]]
-    assert events == ["peer-blocked", "peer-removed", "peer-unblocked"]
+    recs = json.loads(kith(home, "audit", "--json").stdout)["records"]
+    assert [r["event"] for r in recs] == ["peer-blocked", "peer-removed", "peer-unblocked"]
+    assert recs[0]["approvals_cancelled"] == [pending.id] and recs[0]["note"] == "left the team"
 
 
 # ------------------------------------------------------------------------------ pairing

@@ -7,8 +7,19 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from node.cli.common import untrusted_console as console, emit_json, home_of
+from node.cli.common import err_console, untrusted_console as console, emit_json, home_of
 from node.trust.peers import PeerRegistry, load_own_profile, save_own_profile
+
+
+def _cancel_approvals(home, key: str) -> list[str]:
+    """Deny the peer's pending approval requests now (a running host also does it when it
+    sees the change; specs/peers.md §5), and say so on stderr."""
+    from node.runtime.revocation import cancel_approvals
+
+    ids = cancel_approvals(home, key)
+    if ids:
+        err_console.print(f"cancelled {len(ids)} pending approval request(s) of that peer", highlight=False)
+    return ids
 
 
 def _audit(home, event: str, **fields) -> None:
@@ -59,7 +70,8 @@ def remove_cmd(
     home = home_of(ctx)
     registry = PeerRegistry.load(home)
     rec = registry.remove(name)
-    _audit(home, "peer-removed", peer=rec.public_key, peer_name=rec.name)
+    cancelled = _cancel_approvals(home, rec.public_key)
+    _audit(home, "peer-removed", peer=rec.public_key, peer_name=rec.name, approvals_cancelled=cancelled or None)
     if as_json:
         emit_json({"name": rec.name, "removed": True})
     else:
@@ -79,7 +91,9 @@ def block_cmd(
     home = home_of(ctx)
     registry = PeerRegistry.load(home)
     rec = registry.block(target, note)
-    _audit(home, "peer-blocked", peer=rec.public_key, peer_name=rec.name, note=rec.note or None)
+    cancelled = _cancel_approvals(home, rec.public_key)
+    _audit(home, "peer-blocked", peer=rec.public_key, peer_name=rec.name, note=rec.note or None,
+           approvals_cancelled=cancelled or None)
     if as_json:
         emit_json({**registry.block_json(rec), "blocked": True})
     else:
