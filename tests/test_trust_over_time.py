@@ -150,25 +150,26 @@ def test_corrupt_and_truncated_lines_are_reported_and_skipped(tmp_path):
         fh.write(b"{not json\n")
         fh.write(b'["a list"]\n')
         fh.write(b"\xff\xfe\n")
+        fh.write(b"{" + b"x" * (200 << 10) + b"\n")  # a 200 KiB line: skipped whole, memory bounded
         fh.write(b'{"ts": "2026-12-01T00:00:00Z", "event": "session-ended", "sess')  # a crash mid-write
     problems: list[AuditProblem] = []
     assert [r["event"] for r in read_audit(tmp_path, problems)] == ["session-started"]
     assert [(p.line, p.message) for p in problems] == [
         (2, "not valid JSON"), (3, "not an audit record (no ts/event)"), (4, "not valid JSON"),
-        (5, "truncated (no end of line)")]
+        (5, "longer than a record may be"), (6, "truncated (no end of line)")]
     # the next record starts on a line of its own: only the broken line is lost
     log = AuditLog(tmp_path)
     log.record("session-ended", session_id="1" * 64, peer=A, sync=True)
     log.close()
     problems = []
     assert [r["event"] for r in read_audit(tmp_path, problems)] == ["session-started", "session-ended"]
-    assert [p.line for p in problems] == [2, 3, 4, 5]
+    assert [p.line for p in problems] == [2, 3, 4, 5, 6]
     r = kith(tmp_path, "audit", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert [rec["event"] for rec in out["records"]] == ["session-started", "session-ended"]
     assert {s["code"] for s in out["skipped"]} == {"audit-line-invalid"}
-    assert "warning [audit-line-invalid]: audit.jsonl line 5: not valid JSON (skipped)" in r.stderr
+    assert "warning [audit-line-invalid]: audit.jsonl line 6: not valid JSON (skipped)" in r.stderr
 
 
 def test_kith_audit_filters_and_refuses_bad_options(tmp_path):

@@ -125,7 +125,7 @@ def host_cmd(
                                   f"{len(ev['approvals_cancelled'])} pending approval(s)", highlight=False, markup=False)
             elif ev["event"] == "policy-reloaded":
                 err_console.print("policy.toml changed: " + (f"{ev['rules']} rule(s) in force" if ev["ok"] else
-                                  f"not valid ({ev['code']}); guests get no results until it is fixed"),
+                                  f"not valid ({ev['code']}); the last good policy stays in force"),
                                   highlight=False, markup=False)
             elif ev["event"] == "config-invalid":
                 err_console.print(f"{ev['file']} is not valid; the host keeps the registry it last read",

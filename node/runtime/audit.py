@@ -232,14 +232,21 @@ def read_audit(home: Path, problems: list[AuditProblem]) -> Iterator[dict[str, A
             problems.append(AuditProblem(path.name, 0, f"cannot be read ({exc.strerror})"))
             continue
         with fh:
-            for n, raw in enumerate(fh, 1):
+            n = 0
+            while True:
+                raw = fh.readline(MAX_LINE_BYTES + 1)  # bounded: never a whole corrupt file at once
+                if not raw:
+                    break
+                n += 1
+                if len(raw) > MAX_LINE_BYTES:
+                    while raw and not raw.endswith(b"\n"):  # skip the rest of the overlong line
+                        raw = fh.readline(MAX_LINE_BYTES + 1)
+                    problems.append(AuditProblem(path.name, n, "longer than a record may be"))
+                    continue
                 if not raw.endswith(b"\n"):
                     problems.append(AuditProblem(path.name, n, "truncated (no end of line)"))
                     break
                 if raw.strip() == b"":
-                    continue
-                if len(raw) > MAX_LINE_BYTES:
-                    problems.append(AuditProblem(path.name, n, "longer than a record may be"))
                     continue
                 try:
                     rec = json.loads(raw.decode("utf-8"))
