@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from node.answer.envelope import empty_envelope, validate_search_request
+from node.answer.envelope import empty_envelope
+from node.answer.contract import validate as validate_search_request
 from node.corpus.store import Corpus
 from node.common.errors import PolicyError
 from node.policy.approvals import DECISION_TTL_S, MAX_PENDING_PER_PEER, Approvals, query_key

@@ -8,7 +8,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from node.answer.envelope import build_envelope, validate_search_request
+from node.answer.envelope import build_envelope
+from node.answer.contract import validate as validate_search_request
 from node.corpus.store import Corpus
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from node.cli import main as cli_main
 from node.cli.index_cmd import index_app, search_cmd
-from node.answer import envelope
+from node.answer import contract, envelope
 from node.corpus import dense, retrieval
 from node.corpus.store import Corpus
 
@@ -183,7 +183,7 @@ def test_dense_pass_fuses_with_bm25_and_is_reported(kb) -> None:
         assert hits[0].source_id == "/kb/car.md"
         assert hits[0].score_components["bm25"] > 0 and hits[0].score_components["dense"] > 0
         # the envelope reports it and validates
-        req = envelope.validate_search_request({"query": "automobile upkeep", "topK": 5})
+        req = contract.validate({"query": "automobile upkeep", "topK": 5})
         hits, ctl = retrieval.run_search(c, req["query"], limit=5, extra_passes=extra)
         env = envelope.build_envelope(req, hits, ctl)
         jsonschema.Draft202012Validator(SCHEMA).validate(env)
@@ -211,7 +211,7 @@ def test_on_but_not_runnable_is_skipped_with_a_reason_and_changes_nothing(kb) ->
                                      "reason": want}
         assert [(h.chunk_id, h.score) for h in hits] == [(h.chunk_id, h.score) for h in before]
         env = envelope.build_envelope(
-            envelope.validate_search_request({"query": "car oil", "topK": 5}), hits, ctl)
+            contract.validate({"query": "car oil", "topK": 5}), hits, ctl)
         jsonschema.Draft202012Validator(SCHEMA).validate(env)
         assert env["retrievalController"]["passes"][-1] == {
             "name": "dense", "status": "skipped", "reason": want}

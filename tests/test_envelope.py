@@ -8,12 +8,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from node.answer.envelope import (
-    ENVELOPE_KEYS,
-    build_envelope,
-    empty_envelope,
-    validate_search_request,
-)
+from node.answer.envelope import ENVELOPE_KEYS, build_envelope, empty_envelope
+from node.answer.contract import validate as validate_search_request
 from node.corpus.store import Corpus
 from node.common.errors import CorpusError
 

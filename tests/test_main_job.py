@@ -108,7 +108,8 @@ def test_join_by_post_id_gets_gated_cited_answers(tmp_path, server):
         # the private note matched the words but must not be revealed
         assert msgs[1]["status"] == "no-verified-results" and msgs[1]["envelope"]["results"] == []
         # ...and the answer is exactly what a query with no match at all gets (no oracle)
-        from node.answer.envelope import empty_envelope, validate_search_request
+        from node.answer.envelope import empty_envelope
+        from node.answer.contract import validate as validate_search_request
         req = validate_search_request({"query": "salary bands bonus pool", "topK": 5})
         assert msgs[1]["envelope"] == json.loads(json.dumps(empty_envelope("no-verified-results", req)))
         assert "Bonus pool" not in r.stdout and "confidential" not in r.stdout

@@ -13,7 +13,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from node.answer.envelope import empty_envelope, validate_search_request
+from node.answer.envelope import empty_envelope
+from node.answer.contract import validate as validate_search_request
 from node.common.errors import KithError
 
 from test_main_job import KITH, Host, assert_no_real_paths, json_lines, kith

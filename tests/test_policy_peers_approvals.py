@@ -26,7 +26,8 @@ from typer.testing import CliRunner
 
 from node.cli import main as cli_main
 from node.cli.common import _UntrustedConsole
-from node.answer.envelope import empty_envelope, validate_search_request
+from node.answer.envelope import empty_envelope
+from node.answer.contract import validate as validate_search_request
 from node.corpus.store import Corpus
 from node.common.errors import PolicyError
 from node.trust.peers import PeerRegistry

@@ -13,7 +13,8 @@ import pytest
 
 from node.answer.service import answer_local
 from node.corpus import retrieval, search
-from node.answer.envelope import SearchBudget, empty_envelope, validate_search_request
+from node.answer.envelope import SearchBudget, empty_envelope
+from node.answer.contract import validate as validate_search_request
 from node.corpus.store import Corpus
 from node.common.errors import CorpusError
 

@@ -453,7 +453,7 @@ def empty_envelope(reason: str, request: dict[str, Any] | None = None, *,
             ``budget-exhausted``, ``invalid-request``, ``policy-denied``,
             ``pending-approval``, ``rate-limited``, ``timeout``, ``internal-error``…
             (``available`` false).
-        request: the normalized request (from :func:`validate_search_request`), or None
+        request: the normalized request (from :func:`node.answer.contract.validate`), or None
             when there is none (e.g. ``invalid-request``).
         plan: the request's query plan when the caller already has it
             (:func:`node.corpus.retrieval.make_plan`; it depends on the query only).
@@ -520,7 +520,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     """Build the ``schemaVersion`` 2 envelope for hits that may be shown.
 
     Args:
-        request: the normalized request (:func:`validate_search_request`).
+        request: the normalized request (:func:`node.answer.contract.validate`).
         hits: the hits to show, best first (already through the egress gate when they
             go to a peer). Only source ids, previews, locations and provenance are
             copied — never ``root_prefix``/``rel_path`` beyond the source id, never a

@@ -67,6 +67,12 @@ def _decide(ctx: typer.Context, rid: str, approve: bool, remember: bool, as_json
     store = Approvals(home)
     req = store.decide(rid, approve, remember=remember)
     settled = [r.id for r in store.requests().values() if r.via == req.id] if remember else []
+    from node.runtime.audit import AuditLog  # issue 11: decisions are audited
+
+    audit = AuditLog(home)
+    audit.record("approval-decided", sync=True, approval_id=req.id, peer=req.peer_key, peer_name=req.peer_name,
+                 decision=req.decision, remember=remember, sources=req.sources, settled=sorted(settled) or None)
+    audit.close()
     if approve:
         policy = Policy.load(home)
         closed = [s for s in req.sources if policy.decide(s, req.peer_name).tier != "ask"]

@@ -68,6 +68,7 @@ def host_cmd(
     share_ui: bool = typer.Option(False, "--share-ui", help="Offer the protocol's ui/ bundle to guests that join with --accept-host-ui."),
     max_sessions: Optional[int] = typer.Option(None, "--max-sessions", min=1, max=1_000_000, help="Sessions one post_id allows (1 = single-use); with --server a used-up or expired post is republished under a new post_id."),
     watch: bool = typer.Option(False, "--watch", help="Re-index added, changed and deleted files live (holds the index writer lock while hosting)."),
+    audit_queries: bool = typer.Option(False, "--audit-queries", help="Record each query's text in the audit log (default: only a keyed hash of it; `kith audit`)."),
 ) -> None:
     """Share this node's corpus: publish an invitation and serve guests until Ctrl-C/SIGTERM."""
     from node.runtime.host import HostOptions, serve_host
@@ -82,6 +83,8 @@ def host_cmd(
                        message=message, tags=list(tag), peers_only=peers_only, post_max_sessions=max_sessions)
     opts.share_ui = share_ui
     opts.watch = watch
+    opts.audit_queries = audit_queries
+    codes_shown: set[str] = set()  # unknown guests whose pairing code was printed
 
     def on_invitation(inv: dict[str, Any]) -> None:
         if json_out:
@@ -104,6 +107,21 @@ def host_cmd(
                               f" expires {ev['expires_at']})")
             elif ev["event"] == "session-started":
                 err_console.print(f"session {ev['session_id']} started with {ev['peer'][:16]}…")
+                if ev.get("peer_name") is None and ev.get("pairing_code") and ev["peer"] not in codes_shown:
+                    codes_shown.add(ev["peer"])
+                    err_console.print(f"  unknown guest {ev['peer'][:16]}… pairing code: [bold]{ev['pairing_code']}[/bold]"
+                                      " (compare it with the guest's; `kith peers code KEY`)", highlight=False)
+            elif ev["event"] == "peer-revoked":
+                who = ev.get("peer_name") or ev["peer"][:16] + "…"
+                err_console.print(f"{ev['cause']} {who}: ended {ev['sessions_ended']} session(s), cancelled "
+                                  f"{len(ev['approvals_cancelled'])} pending approval(s)", highlight=False, markup=False)
+            elif ev["event"] == "policy-reloaded":
+                err_console.print("policy.toml changed: " + (f"{ev['rules']} rule(s) in force" if ev["ok"] else
+                                  f"not valid ({ev['code']}); the last good policy stays in force"),
+                                  highlight=False, markup=False)
+            elif ev["event"] == "config-invalid":
+                err_console.print(f"{ev['file']} is not valid; the host keeps the registry it last read",
+                                  highlight=False, markup=False)
             elif ev["event"] == "session-refused":
                 err_console.print(f"refused a session from {(ev.get('peer') or '?')[:16]}…: {ev['code']}")
             elif ev["event"] == "index-updated":
@@ -262,6 +280,7 @@ def join_cmd(
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
     from node.runtime.guest import GuestOptions, ask, check_pinned_name, open_target
     from node.trust.identity import fingerprint, load_or_init_identity
+    from node.trust.pairing import pairing_code
 
     home = home_of(ctx)
     identity = load_or_init_identity(home)
@@ -277,12 +296,19 @@ def join_cmd(
             check_pinned_name(pin, inv, home)
         if name is not None:
             check_pinned_name(name, inv, home)
-        elif not trust:
+        else:
             fp = fingerprint(inv.host_public_key)
+            code = pairing_code(identity.public_key, inv.host_public_key)
             err_console.print(f"Unknown host {inv.host_public_key[:16]}… fingerprint [bold]{fp}[/bold]", highlight=False)
+            err_console.print(f"  pairing code: [bold]{code}[/bold] (the host's owner sees the same words)",
+                              highlight=False)
+            if json_out and not trust:  # before the prompt / the refusal (with --trust: stderr only)
+                emit_json({"event": "host-pairing-code", "host_public_key": inv.host_public_key,
+                           "pairing_code": code})
+        if name is None and not trust:
             if not sys.stdin.isatty():
                 raise InvitationError("host-not-trusted", "unknown host key; pass --trust to connect anyway",
-                                      hint=f"check the fingerprint {fp} with the host's owner")
+                                      hint=f"check the pairing code '{code}' (fingerprint {fp}) with the host's owner")
             try:
                 answer = await anyio.to_thread.run_sync(_prompt, "Trust this host and connect? [y/N] ")
             except EOFError:
@@ -373,6 +399,10 @@ def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]],
     if outcome.remote_errors and outcome.reason == "peer-disconnected":
         # the host said why before it hung up: show its code, not just the hang-up
         rcode, rmessage = outcome.remote_errors[-1]
+        if rcode == "session-revoked":  # the host's owner removed or blocked this node
+            raise SessionAborted("session-revoked", "the host revoked this node's access and ended the session",
+                                 hint="ask the host's owner; `kith peers remove` leaves public sources only, "
+                                      "`kith peers block` refuses every new session")
         shown = rcode if rcode in CODES else "remote-error"
         raise SessionAborted("remote-error", f"the host ended the session: [{shown}] {rmessage}"[:300])
     raise error_for(code, outcome.message or CODES[code][1])

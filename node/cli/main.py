@@ -75,6 +75,9 @@ def _register() -> None:
     from node.cli.api_cmd import mcp_cmd
 
     app.command("mcp")(mcp_cmd)
+    from node.cli.audit_cmd import audit_cmd
+
+    app.command("audit")(audit_cmd)
 
 
 def _wants_json(argv: list[str]) -> bool:

@@ -7,8 +7,28 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from node.cli.common import untrusted_console as console, emit_json, home_of
+from node.cli.common import err_console, untrusted_console as console, emit_json, home_of
 from node.trust.peers import PeerRegistry, load_own_profile, save_own_profile
+
+
+def _cancel_approvals(home, key: str) -> list[str]:
+    """Deny the peer's pending approval requests now (a running host also does it when it
+    sees the change; specs/peers.md §5), and say so on stderr."""
+    from node.runtime.revocation import cancel_approvals
+
+    ids = cancel_approvals(home, key)
+    if ids:
+        err_console.print(f"cancelled {len(ids)} pending approval request(s) of that peer", highlight=False)
+    return ids
+
+
+def _audit(home, event: str, **fields) -> None:
+    """Record an owner's registry change in ``<home>/audit.jsonl`` (node/runtime/audit.py)."""
+    from node.runtime.audit import AuditLog
+
+    log = AuditLog(home)
+    log.record(event, sync=True, **fields)
+    log.close()
 
 peers_app = typer.Typer(
     help=(
@@ -45,13 +65,78 @@ def remove_cmd(
     name: str = typer.Argument(..., help="The local name to remove."),
     as_json: bool = _JSON,
 ) -> None:
-    """Remove NAME from the registry."""
-    registry = PeerRegistry.load(home_of(ctx))
+    """Remove NAME from the registry. A running host ends its sessions admitted under
+    NAME within seconds (session-revoked); it may join again as an anonymous peer."""
+    home = home_of(ctx)
+    registry = PeerRegistry.load(home)
     rec = registry.remove(name)
+    cancelled = _cancel_approvals(home, rec.public_key)
+    _audit(home, "peer-removed", peer=rec.public_key, peer_name=rec.name, approvals_cancelled=cancelled or None)
     if as_json:
         emit_json({"name": rec.name, "removed": True})
     else:
         console.print(f"removed {rec.name}", highlight=False, markup=False)
+
+
+@peers_app.command("block")
+def block_cmd(
+    ctx: typer.Context,
+    target: str = typer.Argument(..., metavar="KEY|NAME", help="A pinned name, or a public key (64 lowercase hex)."),
+    note: str = typer.Option("", "--note", help="Why (your own note, never sent)."),
+    as_json: bool = _JSON,
+) -> None:
+    """Block a key: a running host ends its sessions within seconds (session-revoked),
+    cancels its pending approvals and refuses its new handshakes (handshake-peer-blocked)
+    until `kith peers unblock`. A pinned peer stays pinned."""
+    home = home_of(ctx)
+    registry = PeerRegistry.load(home)
+    rec = registry.block(target, note)
+    cancelled = _cancel_approvals(home, rec.public_key)
+    _audit(home, "peer-blocked", peer=rec.public_key, peer_name=rec.name, note=rec.note or None,
+           approvals_cancelled=cancelled or None)
+    if as_json:
+        emit_json({**registry.block_json(rec), "blocked": True})
+    else:
+        who = rec.name or rec.public_key[:16] + "…"
+        console.print(f"blocked {who} ({rec.public_key[:16]}…)", highlight=False, markup=False)
+
+
+@peers_app.command("unblock")
+def unblock_cmd(
+    ctx: typer.Context,
+    target: str = typer.Argument(..., metavar="KEY|NAME", help="The blocked key, or the name it was blocked under."),
+    as_json: bool = _JSON,
+) -> None:
+    """Lift a block (peer-not-blocked when that key is not blocked)."""
+    home = home_of(ctx)
+    registry = PeerRegistry.load(home)
+    rec = registry.unblock(target)
+    _audit(home, "peer-unblocked", peer=rec.public_key, peer_name=rec.name)
+    if as_json:
+        emit_json({**registry.block_json(rec), "blocked": False})
+    else:
+        console.print(f"unblocked {rec.name or rec.public_key[:16] + '…'}", highlight=False, markup=False)
+
+
+@peers_app.command("code")
+def code_cmd(
+    ctx: typer.Context,
+    target: str = typer.Argument(..., metavar="NAME|KEY", help="A pinned name, or a public key (64 lowercase hex)."),
+    as_json: bool = _JSON,
+) -> None:
+    """Print the pairing code of this node and a peer: five words both owners read aloud
+    to check they hold each other's real key (specs/peers.md §6)."""
+    from node.trust.identity import load_identity
+    from node.trust.pairing import pairing_code
+
+    home = home_of(ctx)
+    key, name = PeerRegistry.load(home).resolve(target)
+    own = load_identity(home).public_key
+    code = pairing_code(own, key)
+    if as_json:
+        emit_json({"name": name, "publicKey": key, "ownPublicKey": own, "pairing_code": code})
+    else:
+        console.print(code, highlight=False, markup=False)
 
 
 @peers_app.command("list")
@@ -74,10 +159,16 @@ def list_cmd(
             if score is not None:
                 item["score"] = score
             out.append(item)
-        emit_json({"peers": out})
+        emit_json({"peers": out, "blocked": [registry.block_json(b) for _, b in sorted(registry.blocked.items())]})
         return
+    blocked = sorted(registry.blocked.values(), key=lambda b: (b.name or "", b.public_key))
     if not rows:
         console.print("no peers" + (" match" if rank is not None else " pinned"), highlight=False)
+    if blocked and rank is None:
+        for b in blocked:
+            console.print(f"blocked: {b.public_key[:16]}…" + (f" ({b.name})" if b.name else "") +
+                          (f" — {b.note}" if b.note else "") + f"  since {b.blocked_at}", highlight=False, markup=False)
+    if not rows:
         return
     table = Table("name", "key", "display name", "note", "profile synced", box=None, header_style="bold")
     for _, rec in rows:

@@ -46,6 +46,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     # --- usage / configuration -------------------------------------------------------
     "usage": ("usage", "The command line is not valid."),
     "config-invalid": ("config", "A configuration file is not valid."),
+    "audit-line-invalid": ("config", "A line of the audit log is not a valid record; it was skipped."),
     "home-not-initialized": ("config", "This Kith home has no identity yet; run `kith init`."),
     "no-server": ("config", "No community server is configured; pass --server URL."),
     "file-not-found": ("config", "The file does not exist."),
@@ -84,6 +85,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "handshake-unexpected-frame": ("handshake", "A frame arrived out of order during the handshake."),
     "handshake-host-busy": ("handshake", "The host is serving its maximum number of sessions; try again later."),
     "handshake-peer-busy": ("handshake", "This peer already has the maximum number of sessions open with the host."),
+    "handshake-peer-blocked": ("handshake", "This peer's key is blocked by the host."),
     "ui-path-invalid": ("handshake", "A UI bundle path is absolute, names a drive, escapes the bundle or is unsafe."),
     "ui-link-refused": ("handshake", "A UI bundle entry is a link or another non-regular file."),
     "ui-too-large": ("handshake", "A UI bundle has too many files, a file too large, or is too large in total."),
@@ -114,6 +116,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "idle-timeout": ("session", "The session was idle for too long."),
     "remote-error": ("session", "The peer reported an error."),
     "session-shutdown": ("session", "The session ended because the node is shutting down."),
+    "session-revoked": ("session", "The host revoked this peer's access and ended the session."),
     # --- protocol specs / hooks --------------------------------------------------------
     "spec-invalid": ("spec", "The protocol's spec.json is not valid."),
     "protocol-not-found": ("spec", "No protocol with that name is installed."),
@@ -185,6 +188,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "peer-exists": ("policy", "A peer with that name is already pinned."),
     "peer-key-pinned": ("policy", "That public key is already pinned under another name."),
     "peer-not-found": ("policy", "No peer with that name is in the registry."),
+    "peer-not-blocked": ("policy", "That peer's key is not blocked."),
     "peer-key-changed": ("handshake", "This peer claims a pinned name but presents a different key."),
     # --- generic ----------------------------------------------------------------------------
     "internal-error": ("internal", "An internal error occurred."),

@@ -424,7 +424,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
         corpus: the corpus (its SQLite record and tantivy index).
         query: user text (never parsed by tantivy's query parser).
         limit: hits wanted, 1–100.
-        filters: normalized filters (``validate_search_request``); fail closed.
+        filters: normalized filters (:func:`node.answer.contract.validate`); fail closed.
         deadline: ``time.monotonic()`` instant; no pass starts after it.
         max_per_document: chunks allowed per document (2 = chunk-level dedupe,
             1 = document-level).

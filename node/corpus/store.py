@@ -647,7 +647,7 @@ class Corpus:
         Args:
             query: user text (any characters; never parsed by tantivy's query parser).
             limit: number of hits wanted (1–100).
-            filters: normalized filters from :func:`node.answer.envelope.validate_search_request`
+            filters: normalized filters from :func:`node.answer.contract.validate`
                 (``sources`` globs; metadata filters fail closed, DESIGN §9).
             deadline: ``time.monotonic()`` instant after which no further pass starts.
             max_per_document: document-level dedup cap (default 2).

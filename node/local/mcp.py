@@ -29,6 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from node.answer import contract
 from node.answer import envelope as env_mod
 from node.answer.service import answer_local
 from node.common.errors import CorpusError, KithError
@@ -157,7 +158,8 @@ def _invalid(message: str) -> Any:
 async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = False) -> Any:
     """Run one ``search`` tool call on the raw (JSON-decoded) ``arguments``.
 
-    Validation is the local API's (:func:`node.answer.envelope.validate_search_request`:
+    Validation is the local API's (:func:`node.answer.contract.validate`, the one request
+    contract:
     ``topK`` a strict integer 1–20 — ``"5"`` and ``true`` are refused — and unknown
     arguments refused), plus ``peer`` (non-empty string or invitation object) and
     ``server`` (string, only with ``peer``).
@@ -193,7 +195,7 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
         return _invalid("The field 'peer' must be an invitation file, invitation JSON (a "
                         "string or an object) or a post_id.")
     try:
-        env_mod.validate_search_request(args)
+        contract.validate(args)  # refused here with the local API's message, before connecting
     except CorpusError as exc:
         return _invalid(exc.message)
     try:

@@ -72,7 +72,8 @@ class SessionOutcome:
         code: the stable code of a rejection/abort (None when completed).
         message: human text for ``code``.
         proof: the session proof (both signatures) once the handshake completed.
-        remote_errors: ``(code, message)`` pairs the peer reported with ``_error``.
+        remote_errors: ``(code, message)`` pairs the peer reported with ``_error`` —
+            recorded as they arrive, even while a hook is still running.
         refused: codes of incoming messages the engine refused before hooks.
         ui_refused: ``(code, side)`` when the UI branch failed (side that refused).
         ui_received: bytes of UI bundle received and verified (guest), 0 otherwise.
@@ -188,6 +189,10 @@ async def run_session(
         for ev in events:
             if isinstance(ev, MessageReceived) and ev.terminal and outcome.peer_end is None:
                 outcome.peer_end = ev.message
+            elif isinstance(ev, RemoteError) and len(outcome.remote_errors) < MAX_REMOTE_ERRORS:
+                # recorded as it arrives: the peer's reason for hanging up (e.g. session-revoked)
+                # must survive even while a hook (the guest's ask> prompt) is still running
+                outcome.remote_errors.append((ev.code, ev.message))
             queue_in.send_nowait(ev)
 
     async def flush() -> None:
@@ -257,8 +262,7 @@ async def run_session(
         if isinstance(ev, MessageRefused):
             outcome.refused.append(ev.code)
         elif isinstance(ev, RemoteError):
-            if len(outcome.remote_errors) < MAX_REMOTE_ERRORS:  # a peer may send thousands
-                outcome.remote_errors.append((ev.code, ev.message))
+            pass  # recorded in emit() (bounded by MAX_REMOTE_ERRORS: a peer may send thousands)
         elif isinstance(ev, UiArtifactRefused):
             outcome.ui_refused.append((ev.code, ev.by))
         elif isinstance(ev, UiArtifactReceived):

@@ -60,6 +60,8 @@ class HostOptions:
         shutdown_grace_s: on stop, how long live sessions get to end cleanly (s).
         watch: re-index the corpus live while hosting (``--watch``); the host then holds
             the index writer lock (DESIGN §9) and emits ``index-updated`` events.
+        audit_queries: record query text in ``<home>/audit.jsonl`` instead of its keyed
+            hash (``--audit-queries``; node/runtime/audit.py).
     """
 
     protocol: str = "knowledge-query"
@@ -77,6 +79,7 @@ class HostOptions:
     heartbeat: Any = "default"
     shutdown_grace_s: float = SHUTDOWN_GRACE_S
     watch: bool = False
+    audit_queries: bool = False
 
 
 @dataclass
@@ -147,13 +150,16 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
 def admission(registry: PeerRegistry, peers_only: bool) -> Callable[[str, dict[str, Any]], bool]:
     """The host's ``HostConfig.admit`` (DESIGN §6, §10).
 
-    Refuses (``peer-key-changed``) a guest whose key is not pinned but whose shared
+    Refuses a blocked key (``handshake-peer-blocked``; ``kith peers block``), and
+    (``peer-key-changed``) a guest whose key is not pinned but whose shared
     ``displayName`` claims a pinned name; with ``peers_only``, refuses every guest whose
     key is not in the registry (``handshake-not-admitted``).
     """
     from node.common.errors import HandshakeError
 
     def admit(key: str, profile: dict[str, Any]) -> bool:
+        if registry.is_blocked(key):  # issue 11: `kith peers block`
+            raise HandshakeError("handshake-peer-blocked", "this key is blocked")
         if registry.claimed_by_other(key, profile) is not None:
             raise HandshakeError("peer-key-changed", "a pinned peer name with a different key")
         return not peers_only or registry.by_key(key) is not None
@@ -219,6 +225,17 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     from node.trust.seen_nonces import SeenNonces
 
     seen_nonces = SeenNonces(home)
+    # --- issue 11: audit log + live revocation (node/runtime/audit.py, revocation.py) ---
+    from node.runtime.audit import AuditLog, HostAudit
+    from node.runtime.revocation import LiveSessions, PeersWatcher
+    from node.trust.pairing import pairing_code
+
+    audit = HostAudit(AuditLog(home, audit_queries=opts.audit_queries))
+    on_event = audit.observe(on_event)
+    hooks = audit.wrap_hooks(hooks)
+    live_sessions = LiveSessions()
+    peers_watcher = PeersWatcher(home, live_sessions, on_event=on_event)
+    # --- end issue 11 ---
     active: dict[str, int] = {}  # peer key -> live sessions
     # connections accepted whose stream is not open yet, oldest first: token -> (conn, scope)
     pending: dict[int, tuple[Any, anyio.CancelScope]] = {}
@@ -342,13 +359,23 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                 try:
                     registry = PeerRegistry.load(home)  # re-read: `kith peers` may have changed it
                     admit = admission(registry, opts.peers_only)
+                    check = knowledge.egress_check
+                    tap = audit.tap(remote)  # issue 11: records the results frames queued to send
+
+                    def egress(data: bytes, replying_to: Any = None) -> None:
+                        if check is not None:
+                            check(data, replying_to)
+                        tap.outgoing(data)
+
                     engine = SessionEngine(
                         "host", spec, public_key=identity.public_key, sign=identity.sign,
                         host=HostConfig(remote_id=remote, post_protocol=post_protocol, nonce_unseen=nonce_unseen,
                                         admit=admit, profile=own_profile, ui_bundle=ui_bundle),
-                        egress_check=knowledge.egress_check)
+                        egress_check=egress)
                     session_scope = anyio.CancelScope()
                     handshaking[token] = (engine, session_scope, remote)
+                    admitted = registry.by_key(remote)  # issue 11: revocable until the session ends
+                    live_sessions.add(token, engine, session_scope, remote, admitted.name if admitted else None)
 
                     def make_context(ev: SessionReady) -> HookContext:
                         rec = registry.merge_profile(ev.peer_public_key, ev.peer_profile) or \
@@ -361,8 +388,11 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                             used_up = opts.post_max_sessions is not None and \
                                 claimed.get(post, 0) >= opts.post_max_sessions
                             keeper.record_proof(ev.proof, used_up=used_up)
+                        live_sessions.ready(token, ev.session_id)  # issue 11
+                        tap.ready(ev.session_id, name)
                         on_event({"event": "session-started", "session_id": ev.session_id,
-                                  "peer": ev.peer_public_key, "peer_name": name})
+                                  "peer": ev.peer_public_key, "peer_name": name, "post_id": post,
+                                  "pairing_code": pairing_code(identity.public_key, ev.peer_public_key)})
                         return HookContext(role="host", session_id=ev.session_id,
                                            peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile),
                                            knowledge=knowledge.handle_for(name, ev.peer_public_key),
@@ -372,7 +402,9 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                         outcome = await run_session(stream, engine, hooks, make_context=make_context,
                                                     heartbeat=opts.heartbeat, stop=session_stop)
                     if session_scope.cancelled_caught:
-                        return  # evicted: reported as session-refused already
+                        outcome = live_sessions.revoked_outcome(token)  # issue 11: revoked, or
+                        if outcome is None:
+                            return  # evicted: reported as session-refused already
                     ended: dict[str, Any] = {"event": "session-ended", "session_id": outcome.session_id,
                                              "peer": remote, "reason": outcome.reason, "code": outcome.code,
                                              "ended_at": outcome.ended_at}
@@ -381,6 +413,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     on_event(ended)
                 finally:
                     handshaking.pop(token, None)
+                    live_sessions.discard(token)  # issue 11
                     active[remote] -= 1
                     if not active[remote]:
                         del active[remote]
@@ -432,6 +465,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     tg.start_soon(keeper.run)
                 if watcher is not None:
                     tg.start_soon(watcher.arun)
+                tg.start_soon(peers_watcher.run)  # issue 11: peers.json / policy.toml by stat
                 async with anyio.create_task_group() as accepting:
                     if stop is not None:
                         accepting.start_soon(stop_watch, accepting.cancel_scope)
@@ -456,6 +490,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
             watcher.close()
         knowledge.close()
         seen_nonces.close()
+        audit.close()  # issue 11
 
 
 def _close_quietly(conn: Any, reason: bytes) -> None:

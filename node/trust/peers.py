@@ -7,8 +7,11 @@ itself); a name pinned to one key refuses another key on both sides.
 
 The node's own shared profile is ``<home>/profile.json`` (same four fields).
 
-File shape: ``{"peers": {"alice": {"publicKey": "<64 hex>", "note": "", "profile": {},
-"profileSyncedAt": null, "addedAt": "<RFC 3339>"}}}``.
+File shape (version 2, specs/peers.md §1): ``{"version": 2, "peers": {"alice":
+{"publicKey": "<64 hex>", "note": "", "profile": {}, "profileSyncedAt": null, "addedAt":
+"<RFC 3339>"}}, "blocked": {"<64 hex>": {"name": "alice" | null, "note": "", "blockedAt":
+"<RFC 3339>"}}}``. A file without ``version`` is version 1 (no ``blocked``) and is still
+read; every save writes version 2.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 PROFILE_FIELDS: dict[str, int] = {"displayName": 64, "fullName": 128, "shortDescr": 160, "description": 1000}
 MAX_NOTE_CHARS = 1000
 MAX_REGISTRY_BYTES = 4 << 20
+#: The ``peers.json`` format written by :meth:`PeerRegistry.save`; 1 (no ``version``
+#: field, no ``blocked``) is still read.
+REGISTRY_VERSION = 2
 
 
 
@@ -101,6 +107,23 @@ class PeerRecord:
     added_at: str = ""
 
 
+@dataclass
+class BlockRecord:
+    """One blocked key (``peers.json`` ``blocked``; ``kith peers block``).
+
+    Attributes:
+        public_key: 64 lowercase hex.
+        name: the registry name the key had when it was blocked, or None.
+        note: the owner's note (``--note``), never sent.
+        blocked_at: RFC 3339 UTC.
+    """
+
+    public_key: str
+    name: str | None = None
+    note: str = ""
+    blocked_at: str = ""
+
+
 class PeerRegistry:
     """Load, query and update ``peers.json``.
 
@@ -108,9 +131,11 @@ class PeerRegistry:
         ConfigError: ``config-invalid`` naming the file when it is not valid.
     """
 
-    def __init__(self, path: Path, peers: dict[str, PeerRecord]) -> None:
+    def __init__(self, path: Path, peers: dict[str, PeerRecord],
+                 blocked: dict[str, BlockRecord] | None = None) -> None:
         self.path = path
         self.peers = peers
+        self.blocked: dict[str, BlockRecord] = blocked or {}
 
     @classmethod
     def load(cls, home: Path) -> "PeerRegistry":
@@ -118,7 +143,8 @@ class PeerRegistry:
 
         Raises:
             ConfigError: ``config-invalid`` naming the file (bad JSON, bad name or key, a
-                key pinned under two names, larger than 4 MiB).
+                key pinned under two names, a bad ``blocked`` entry, a ``version`` other
+                than 1 or 2, larger than 4 MiB).
         """
         path = Path(home) / PEERS_FILE
         try:
@@ -131,7 +157,11 @@ class PeerRegistry:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             raise ConfigError("config-invalid", f"{PEERS_FILE} is not valid JSON") from None
         peers: dict[str, PeerRecord] = {}
+        blocked: dict[str, BlockRecord] = {}
         try:
+            version = raw.get("version", 1)
+            if version not in (1, REGISTRY_VERSION) or isinstance(version, bool):
+                raise ValueError(f"unknown version {str(version)[:20]!r} (this Kith reads 1 and {REGISTRY_VERSION})")
             keys: set[str] = set()
             for name, rec in raw.get("peers", {}).items():
                 if not NAME_RE.fullmatch(name):
@@ -144,11 +174,16 @@ class PeerRegistry:
                 peers[name] = PeerRecord(name, rec["publicKey"], note if isinstance(note, str) else "",
                                          clean_profile(rec.get("profile")),
                                          rec.get("profileSyncedAt"), rec.get("addedAt", ""))
+            for key, rec in (raw.get("blocked") or {}).items():
+                check_hex(key, PUBLIC_KEY_HEX_LEN, f"blocked.{str(key)[:70]}")
+                name, note = rec.get("name"), rec.get("note", "")
+                blocked[key] = BlockRecord(key, name if isinstance(name, str) and NAME_RE.fullmatch(name) else None,
+                                           note if isinstance(note, str) else "", str(rec.get("blockedAt", "")))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ConfigError("config-invalid", f"{PEERS_FILE}: {exc}") from None
         except Exception as exc:  # SigningError from check_hex
             raise ConfigError("config-invalid", f"{PEERS_FILE}: {getattr(exc, 'message', type(exc).__name__)}") from None
-        return cls(path, peers)
+        return cls(path, peers, blocked)
 
     def by_key(self, public_key: str) -> PeerRecord | None:
         """The entry whose key is ``public_key``, or None."""
@@ -211,6 +246,71 @@ class PeerRegistry:
             raise PolicyError("peer-not-found", f"no peer named {name!r}")
         self.save()
         return rec
+
+    def resolve(self, key_or_name: str) -> tuple[str, str | None]:
+        """``KEY|NAME`` (``kith peers block|unblock|code``) → ``(public_key, name | None)``.
+
+        A pinned name is looked up first; an argument of exactly 64 characters that is
+        not a pinned name is a KEY and must be 64 lowercase hex; anything else is a name.
+        A name that is not pinned but was blocked under that name resolves to the
+        blocked key (so ``unblock NAME`` works after ``remove`` + ``block``).
+
+        Raises:
+            SigningError: ``bad-hex`` for a 64-character KEY that is not lowercase hex.
+            PolicyError: ``peer-not-found`` for an unknown name.
+        """
+        if not isinstance(key_or_name, str):
+            raise PolicyError("peer-not-found", "give a peer name or a 64-hex public key")
+        rec = self.peers.get(key_or_name)
+        if rec is not None:
+            return rec.public_key, rec.name
+        if len(key_or_name) == PUBLIC_KEY_HEX_LEN:
+            check_hex(key_or_name, PUBLIC_KEY_HEX_LEN, "public key")
+            pinned = self.by_key(key_or_name)
+            return key_or_name, pinned.name if pinned else None
+        for blk in self.blocked.values():
+            if blk.name == key_or_name:
+                return blk.public_key, blk.name
+        raise PolicyError("peer-not-found", f"no peer named {key_or_name[:70]!r}",
+                          hint="give the peer's 64-hex public key to block a key that is not pinned")
+
+    def is_blocked(self, public_key: str) -> bool:
+        """True when ``public_key`` is blocked (``kith peers block``)."""
+        return public_key in self.blocked
+
+    def block(self, key_or_name: str, note: str = "") -> BlockRecord:
+        """Block a key (by KEY or pinned NAME, :meth:`resolve`) and save. A pinned peer
+        stays pinned (``unblock`` restores it as it was); blocking again updates the note.
+
+        Raises:
+            SigningError / PolicyError: from :meth:`resolve`.
+        """
+        key, name = self.resolve(key_or_name)
+        prev = self.blocked.get(key)
+        rec = BlockRecord(key, name or (prev.name if prev else None),
+                          _clean_text(note, MAX_NOTE_CHARS, multiline=True) if note else (prev.note if prev else ""),
+                          prev.blocked_at if prev else _now())
+        self.blocked[key] = rec
+        self.save()
+        return rec
+
+    def unblock(self, key_or_name: str) -> BlockRecord:
+        """Lift a block (by KEY or NAME) and save.
+
+        Raises:
+            PolicyError: ``peer-not-blocked`` (that key is not blocked), ``peer-not-found``.
+            SigningError: ``bad-hex``.
+        """
+        key, _name = self.resolve(key_or_name)
+        rec = self.blocked.pop(key, None)
+        if rec is None:
+            raise PolicyError("peer-not-blocked", "that peer is not blocked")
+        self.save()
+        return rec
+
+    def block_json(self, rec: BlockRecord) -> dict[str, Any]:
+        """One blocked key as ``kith peers list --json`` / ``block --json`` print it."""
+        return {"publicKey": rec.public_key, "name": rec.name, "note": rec.note, "blockedAt": rec.blocked_at}
 
     def merge_profile(self, public_key: str, profile: Any) -> PeerRecord | None:
         """Merge the profile a peer shared in the handshake into its record (DESIGN §10).
@@ -278,8 +378,11 @@ class PeerRegistry:
                 "profileSyncedAt": rec.profile_synced_at, "addedAt": rec.added_at}
 
     def save(self) -> None:
-        """Write the registry (0600, tmp+rename)."""
-        data = {"peers": {n: {"publicKey": p.public_key, "note": p.note, "profile": p.profile,
+        """Write the registry (version 2, 0600, tmp+rename)."""
+        data = {"version": REGISTRY_VERSION,
+                "peers": {n: {"publicKey": p.public_key, "note": p.note, "profile": p.profile,
                               "profileSyncedAt": p.profile_synced_at, "addedAt": p.added_at}
-                          for n, p in sorted(self.peers.items())}}
+                          for n, p in sorted(self.peers.items())},
+                "blocked": {k: {"name": b.name, "note": b.note, "blockedAt": b.blocked_at}
+                            for k, b in sorted(self.blocked.items())}}
         atomic_write(self.path, json.dumps(data, indent=2, ensure_ascii=False).encode("utf-8") + b"\n")
