@@ -253,5 +253,5 @@ def test_schemas_with_other_keywords_are_left_to_jsonschema():
 
     for schema in ({"$ref": "#/$defs/x", "$defs": {"x": {}}}, {"type": "string", "format": "email"},
                    {"patternProperties": {"^x": {}}}, {"prefixItems": [{}]}, {"allOf": [{}]},
-                   {"const": [1]}, {"enum": [{"a": 1}]}, {"properties": {"a": {"anyOf": [{}]}}}):
+                   {"const": [1]}, {"enum": [{"a": 1}]}, {"properties": {"a": {"not": {}}}}, {"oneOf": []}):
         assert compile_check(schema) is None, schema

@@ -33,7 +33,7 @@ Check = Callable[[Any], bool]
 SUPPORTED = frozenset({
     "type", "const", "enum", "properties", "required", "additionalProperties", "pattern",
     "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "minItems", "maxItems", "items", "minProperties", "maxProperties",
+    "minItems", "maxItems", "items", "minProperties", "maxProperties", "oneOf", "anyOf",
 })
 ANNOTATIONS = frozenset({"description", "title", "default", "examples", "$comment", "deprecated",
                          "readOnly", "writeOnly"})
@@ -105,6 +105,16 @@ def _compile(schema: Any) -> Check:
     checks.extend(_string_checks(schema))
     checks.extend(_number_checks(schema))
     checks.extend(_array_checks(schema))
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            subs = schema[key]
+            if not isinstance(subs, list) or not subs:
+                raise _Unsupported
+            branches = tuple(_compile(s) for s in subs)
+            if key == "anyOf":
+                checks.append(lambda x, b=branches: any(c(x) for c in b))
+            else:  # exactly one branch (JSON Schema 2020-12 §10.2.1.3)
+                checks.append(lambda x, b=branches: sum(1 for c in b if c(x)) == 1)
     return _all(checks)
 
 
