@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import anyio
 
+from node.runtime.admission import MAX_CONCURRENT_SESSIONS, MAX_SESSIONS_PER_PEER, Admission, AdmissionLimits, \
+    admission
 from node.runtime.driver import run_session
 from node.engine.session import HostConfig, SessionEngine, SessionReady
 from node.common.errors import KithError, SpecError
@@ -25,8 +27,6 @@ from node.protocol.spec import find_protocol_dir, load_spec
 
 log = logging.getLogger("kith.host")
 
-MAX_CONCURRENT_SESSIONS = 64
-MAX_SESSIONS_PER_PEER = 4
 SHUTDOWN_GRACE_S = 10.0
 #: How long an accepted connection may take to open its session stream (s). An honest
 #: guest opens it within milliseconds; a silent one is closed after this.
@@ -152,23 +152,6 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
                      gate.check_outgoing, corpus.close)
 
 
-def admission(registry: PeerRegistry, peers_only: bool) -> Callable[[str, dict[str, Any]], bool]:
-    """The host's ``HostConfig.admit`` (DESIGN §6, §10).
-
-    Refuses (``peer-key-changed``) a guest whose key is not pinned but whose shared
-    ``displayName`` claims a pinned name; with ``peers_only``, refuses every guest whose
-    key is not in the registry (``handshake-not-admitted``).
-    """
-    from node.common.errors import HandshakeError
-
-    def admit(key: str, profile: dict[str, Any]) -> bool:
-        if registry.claimed_by_other(key, profile) is not None:
-            raise HandshakeError("peer-key-changed", "a pinned peer name with a different key")
-        return not peers_only or registry.by_key(key) is not None
-
-    return admit
-
-
 async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[dict[str, Any]], None],
                      on_event: Callable[[dict[str, Any]], None], warn: Callable[[str], None],
                      stop: anyio.Event | None = None) -> None:
@@ -227,9 +210,6 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     from node.trust.seen_nonces import SeenNonces
 
     seen_nonces = SeenNonces(home)
-    active: dict[str, int] = {}  # peer key -> live sessions
-    # connections accepted whose stream is not open yet, oldest first: token -> (conn, scope)
-    pending: dict[int, tuple[Any, anyio.CancelScope]] = {}
     session_stop = anyio.Event()
     watcher = None
     live: dict[str, str] = {}  # post_id -> protocol_id of the posts guests may join
@@ -291,8 +271,9 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     keeper.observe(ev)
 
             expiry = {inv.post_id: _unix(inv.expires_at)}
-            # post_id -> sessions admitted (reserved at _session_init, kept once ready)
-            claimed: dict[str, int] = {}
+            slots = Admission(AdmissionLimits(max_sessions=opts.max_sessions,
+                                              max_sessions_per_peer=opts.max_sessions_per_peer,
+                                              post_max_sessions=opts.post_max_sessions), on_event=on_event)
 
             async def refuse(stream: Any, code: str) -> None:
                 engine = SessionEngine("host", spec, public_key=identity.public_key, sign=identity.sign,
@@ -315,7 +296,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                 except KithError:
                     pass
                 finally:
-                    pending.pop(token, None)
+                    slots.connection_done(token)
                 if stream is None:
                     _close_quietly(conn, b"no-stream")
                     return
@@ -323,28 +304,30 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                 if session_stop.is_set():
                     await refuse(stream, "session-shutdown")
                     return
-                if sum(active.values()) >= opts.max_sessions and not evict_oldest_handshake():
-                    await refuse(stream, "handshake-host-busy")
+                session_scope = anyio.CancelScope()
+                engine_cell: list[SessionEngine] = []
+
+                def end(code: str, message: str) -> None:
+                    # evicted while still in the handshake: run_session's cleanup still
+                    # sends the queued _session_reject
+                    if engine_cell and not engine_cell[0].closed:
+                        engine_cell[0].abort(code, message or None)
+                    session_scope.cancel()
+
+                refusal = slots.open_session(token, remote, end,
+                                             alive=lambda: not (engine_cell and engine_cell[0].closed))
+                if refusal is not None:
+                    await refuse(stream, refusal)
                     return
-                if active.get(remote, 0) >= opts.max_sessions_per_peer:
-                    await refuse(stream, "handshake-peer-busy")
-                    return
-                active[remote] = active.get(remote, 0) + 1
-                reserved: list[str] = []  # the post this connection's _session_init took a slot of
-                ready = [False]
 
                 def post_protocol(post_id: str) -> str | None:
                     protocol = live.get(post_id)
-                    if protocol is None or reserved:
+                    if protocol is None or not slots.claim_post(token, post_id):
                         return None
-                    if opts.post_max_sessions is not None and claimed.get(post_id, 0) >= opts.post_max_sessions:
-                        return None  # used up here: the host enforces max_sessions itself, not only the server
-                    claimed[post_id] = claimed.get(post_id, 0) + 1  # reserved now, released if never ready
-                    reserved.append(post_id)
                     return protocol
 
                 def nonce_unseen(nonce: str) -> bool:
-                    post_id = reserved[0] if reserved else ""
+                    post_id = slots.reserved_post(token) or ""
                     return seen_nonces.record(post_id, nonce, expiry.get(post_id) or _now() + opts.ttl_s)
 
                 try:
@@ -357,19 +340,14 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                         host=HostConfig(remote_id=remote, post_protocol=post_protocol, nonce_unseen=nonce_unseen,
                                         admit=admit, profile=own_profile, ui_bundle=ui_bundle),
                         egress_check=(lambda data: check(data, echoes)) if check is not None else None)
-                    session_scope = anyio.CancelScope()
-                    handshaking[token] = (engine, session_scope, remote)
+                    engine_cell.append(engine)
 
                     def make_context(ev: SessionReady) -> HookContext:
                         rec = registry.merge_profile(ev.peer_public_key, ev.peer_profile) or \
                             registry.by_key(ev.peer_public_key)
                         name = rec.name if rec else None
-                        ready[0] = True
-                        handshaking.pop(token, None)
-                        post = ev.proof.get("post_id", "")
+                        used_up = slots.session_ready(token)
                         if keeper is not None:  # the guest may have joined by file: record the proof here
-                            used_up = opts.post_max_sessions is not None and \
-                                claimed.get(post, 0) >= opts.post_max_sessions
                             keeper.record_proof(ev.proof, used_up=used_up)
                         on_event({"event": "session-started", "session_id": ev.session_id,
                                   "peer": ev.peer_public_key, "peer_name": name})
@@ -390,46 +368,20 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                         ended["ui_bytes_sent"] = engine.ui_bytes_sent
                     on_event(ended)
                 finally:
-                    handshaking.pop(token, None)
-                    active[remote] -= 1
-                    if not active[remote]:
-                        del active[remote]
-                    if reserved and not ready[0]:  # admitted, but the session never became ready
-                        claimed[reserved[0]] -= 1
-
-            # sessions still in the handshake, oldest first: token -> (engine, scope, peer key)
-            handshaking: dict[int, tuple[SessionEngine, anyio.CancelScope, str]] = {}
-
-            def evict_oldest_handshake() -> bool:
-                """Every session slot is taken: end the oldest session still in its handshake
-                (an honest one takes milliseconds) with ``handshake-host-busy``. False: all
-                slots hold ready sessions."""
-                while handshaking:
-                    oldest = next(iter(handshaking))
-                    engine, scope, peer = handshaking.pop(oldest)
-                    if engine.closed:
-                        continue
-                    engine.abort("handshake-host-busy", "evicted: the host is full and this handshake is the oldest")
-                    scope.cancel()  # run_session's cleanup still sends the queued _session_reject
-                    on_event({"event": "session-refused", "peer": peer, "code": "handshake-host-busy",
-                              "reason": "evicted"})
-                    return True
-                return False
+                    slots.close_session(token)
 
             async def accept_loop(tg: Any) -> None:
                 token = 0
                 async with node.connections() as incoming:  # QUIC handshakes complete concurrently
                     async for conn in incoming:
-                        if len(pending) >= opts.max_sessions:  # evict the oldest connection without a stream
-                            oldest = next(iter(pending))
-                            old_conn, old_scope = pending.pop(oldest)
-                            old_scope.cancel()
-                            _close_quietly(old_conn, b"handshake-host-busy")
-                            on_event({"event": "session-refused", "peer": _remote_of(old_conn),
-                                      "code": "handshake-host-busy", "reason": "evicted"})
                         token += 1
                         scope = anyio.CancelScope()
-                        pending[token] = (conn, scope)
+
+                        def evict(conn: Any = conn, scope: anyio.CancelScope = scope) -> None:
+                            scope.cancel()
+                            _close_quietly(conn, b"handshake-host-busy")
+
+                        slots.connection_arrived(token, _remote_of(conn), evict)
                         tg.start_soon(serve_connection, conn, token, scope)
 
             async def stop_watch(accepting: anyio.CancelScope) -> None:
@@ -453,7 +405,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     keeper.retire()  # no republish from now on
                 await withdraw_posts()
                 with anyio.move_on_after(opts.shutdown_grace_s):
-                    while active:
+                    while slots.sessions:
                         await anyio.sleep(0.02)
                 if keeper is not None:
                     keeper.stop()
