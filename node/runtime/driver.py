@@ -187,6 +187,10 @@ async def run_session(
         for ev in events:
             if isinstance(ev, MessageReceived) and ev.terminal and outcome.peer_end is None:
                 outcome.peer_end = ev.message
+            if isinstance(ev, RemoteError) and len(outcome.remote_errors) < MAX_REMOTE_ERRORS:
+                # recorded as it arrives: the peer's `_error` just before it hangs up (e.g.
+                # session-evicted) must survive the processor being cancelled by the hang-up
+                outcome.remote_errors.append((ev.code, ev.message))
             queue_in.send_nowait(ev)
 
     async def flush() -> None:
@@ -256,8 +260,7 @@ async def run_session(
         if isinstance(ev, MessageRefused):
             outcome.refused.append(ev.code)
         elif isinstance(ev, RemoteError):
-            if len(outcome.remote_errors) < MAX_REMOTE_ERRORS:  # a peer may send thousands
-                outcome.remote_errors.append((ev.code, ev.message))
+            pass  # recorded in emit(), bounded by MAX_REMOTE_ERRORS (a peer may send thousands)
         elif isinstance(ev, UiArtifactRefused):
             outcome.ui_refused.append((ev.code, ev.by))
         elif isinstance(ev, UiArtifactReceived):

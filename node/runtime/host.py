@@ -7,17 +7,18 @@ every content rule in the knowledge handle and egress gate.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import anyio
 
-from node.runtime.admission import MAX_CONCURRENT_SESSIONS, MAX_SESSIONS_PER_PEER, Admission, AdmissionLimits, \
-    admission
+from node.runtime.admission import EVICT_IDLE_AFTER_S, FAILURE_COOLDOWN_S, MAX_CONCURRENT_SESSIONS, \
+    MAX_FAILED_HANDSHAKES, MAX_SESSIONS_PER_PEER, ActivityTracked, Admission, AdmissionLimits, admission
 from node.runtime.driver import run_session
 from node.engine.session import HostConfig, SessionEngine, SessionReady
-from node.common.errors import KithError, SpecError
+from node.common.errors import HandshakeError, KithError, SpecError
 from node.common.home import atomic_write
 from node.runtime.hooks import HookContext, PeerInfo, load_hooks
 from node.trust.identity import load_or_init_identity
@@ -54,6 +55,15 @@ class HostOptions:
         peers_only: admit only guests whose key is in the peer registry (``--peers-only``).
         max_sessions_per_peer: concurrent sessions of one peer key (more →
             ``handshake-peer-busy``; more than ``max_sessions`` → ``handshake-host-busy``).
+        anonymous_sessions: session slots anonymous peers (keys not in the registry) may
+            hold together (``--anonymous-slots``); None = 3/4 of ``max_sessions``.
+        evict_idle_after_s: a READY anonymous session that answered no query for this
+            long (s) may be evicted (``session-evicted``) for a newcomer
+            (``--evict-idle-after``); :class:`node.runtime.admission.Admission`.
+        max_failed_handshakes / failure_cooldown_s: after that many failed handshakes a
+            key is refused for that long (``handshake-too-many-failures``); a single-use
+            or file-mode post with that many failures from any keys is retired
+            (``--max-failed-handshakes``, ``--failure-cooldown``).
         share_ui: offer the protocol's ``ui/`` bundle to guests that advertise
             ``p2p_ui_v1`` (``--share-ui``, DESIGN §6).
         heartbeat: ``(ping_interval_s, unresponsive_s)``, or ``"default"`` (10, 30).
@@ -73,6 +83,10 @@ class HostOptions:
     post_max_sessions: int | None = None
     peers_only: bool = False
     max_sessions_per_peer: int = MAX_SESSIONS_PER_PEER
+    anonymous_sessions: int | None = None
+    evict_idle_after_s: float = EVICT_IDLE_AFTER_S
+    max_failed_handshakes: int = MAX_FAILED_HANDSHAKES
+    failure_cooldown_s: float = FAILURE_COOLDOWN_S
     share_ui: bool = False
     heartbeat: Any = "default"
     shutdown_grace_s: float = SHUTDOWN_GRACE_S
@@ -258,6 +272,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                 def republished(previous: str, reason: str, fresh: Invitation) -> None:
                     live.pop(previous, None)  # a consumed/expired post is not joinable here either
                     live[fresh.post_id] = spec.protocol_id
+                    expiry[fresh.post_id] = _unix(fresh.expires_at)
                     if opts.invite_file is not None:
                         atomic_write(Path(opts.invite_file), _json(fresh.to_dict()), mode=0o644)
                     emit_event({"event": "republished", "post_id": fresh.post_id, "previous_post_id": previous,
@@ -273,16 +288,27 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
             expiry = {inv.post_id: _unix(inv.expires_at)}
             slots = Admission(AdmissionLimits(max_sessions=opts.max_sessions,
                                               max_sessions_per_peer=opts.max_sessions_per_peer,
-                                              post_max_sessions=opts.post_max_sessions), on_event=on_event)
+                                              post_max_sessions=opts.post_max_sessions,
+                                              anonymous_sessions=opts.anonymous_sessions,
+                                              evict_idle_after_s=opts.evict_idle_after_s,
+                                              max_failures=opts.max_failed_handshakes,
+                                              failure_cooldown_s=opts.failure_cooldown_s,
+                                              # a public multi-use post must never be rotatable by strangers
+                                              retire_on_failures=not opts.server_url or opts.post_max_sessions == 1),
+                              on_event=lambda ev: on_event(ev))  # late-bound: the keeper wraps on_event
 
-            async def refuse(stream: Any, code: str) -> None:
-                engine = SessionEngine("host", spec, public_key=identity.public_key, sign=identity.sign,
-                                       host=HostConfig(remote_id="", post_protocol=lambda _p: None,
-                                                       nonce_unseen=lambda _n: False))
-                engine.abort(code)
+            async def refuse(stream: Any, code: str, message: str | None = None) -> None:
+                if message is None:
+                    engine = SessionEngine("host", spec, public_key=identity.public_key, sign=identity.sign,
+                                           host=HostConfig(remote_id="", post_protocol=lambda _p: None,
+                                                           nonce_unseen=lambda _n: False))
+                    engine.abort(code)
+                    data = engine.data_to_send()
+                else:  # a refusal whose peer message carries a number (the cool-down left)
+                    data = _reject_frame(code, message)
                 with anyio.move_on_after(2):
                     try:
-                        await stream.send(engine.data_to_send())
+                        await stream.send(data)
                     except KithError:
                         pass
                     await stream.aclose()
@@ -308,21 +334,36 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                 engine_cell: list[SessionEngine] = []
 
                 def end(code: str, message: str) -> None:
-                    # evicted while still in the handshake: run_session's cleanup still
-                    # sends the queued _session_reject
+                    # evicted (or revoked): run_session's cleanup still sends the queued
+                    # _session_reject (in the handshake) or _error (once ready)
                     if engine_cell and not engine_cell[0].closed:
                         engine_cell[0].abort(code, message or None)
                     session_scope.cancel()
 
+                registry = PeerRegistry.load(home)  # re-read: `kith peers` may have changed it
                 refusal = slots.open_session(token, remote, end,
-                                             alive=lambda: not (engine_cell and engine_cell[0].closed))
+                                             alive=lambda: not (engine_cell and engine_cell[0].closed),
+                                             anonymous=registry.by_key(remote) is None)
+                if refusal == "handshake-too-many-failures":
+                    left = max(1, math.ceil(slots.cooldown_left(remote)))
+                    await refuse(stream, refusal, f"Too many failed handshakes from this key; try again in {left} s.")
+                    return
                 if refusal is not None:
                     await refuse(stream, refusal)
                     return
+                named: list[str] = []  # the live post this connection's _session_init named
+
+                def named_post(post_id: str) -> None:
+                    if post_id in live and not slots.retired(post_id):
+                        named.append(post_id)
 
                 def post_protocol(post_id: str) -> str | None:
                     protocol = live.get(post_id)
-                    if protocol is None or not slots.claim_post(token, post_id):
+                    if protocol is None or slots.retired(post_id):
+                        return None
+                    if expiry.get(post_id, math.inf) <= _now():
+                        raise HandshakeError("handshake-post-expired", "the invitation expired on this host")
+                    if not slots.claim_post(token, post_id):
                         return None
                     return protocol
 
@@ -331,14 +372,14 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     return seen_nonces.record(post_id, nonce, expiry.get(post_id) or _now() + opts.ttl_s)
 
                 try:
-                    registry = PeerRegistry.load(home)  # re-read: `kith peers` may have changed it
                     admit = admission(registry, opts.peers_only)
                     echoes: set[bytes] = set()  # the peer's own request strings (not a leak when echoed)
                     check = knowledge.egress_check
                     engine = SessionEngine(
                         "host", spec, public_key=identity.public_key, sign=identity.sign,
                         host=HostConfig(remote_id=remote, post_protocol=post_protocol, nonce_unseen=nonce_unseen,
-                                        admit=admit, profile=own_profile, ui_bundle=ui_bundle),
+                                        admit=admit, profile=own_profile, ui_bundle=ui_bundle,
+                                        named_post=named_post),
                         egress_check=(lambda data: check(data, echoes)) if check is not None else None)
                     engine_cell.append(engine)
 
@@ -347,20 +388,31 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                             registry.by_key(ev.peer_public_key)
                         name = rec.name if rec else None
                         used_up = slots.session_ready(token)
+                        slots.succeeded(remote)
                         if keeper is not None:  # the guest may have joined by file: record the proof here
                             keeper.record_proof(ev.proof, used_up=used_up)
                         on_event({"event": "session-started", "session_id": ev.session_id,
                                   "peer": ev.peer_public_key, "peer_name": name})
                         return HookContext(role="host", session_id=ev.session_id,
                                            peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile),
-                                           knowledge=knowledge.handle_for(name, ev.peer_public_key, echoes),
+                                           knowledge=ActivityTracked(
+                                               knowledge.handle_for(name, ev.peer_public_key, echoes),
+                                               lambda: slots.note_activity(token)),
                                            logger=logging.getLogger("kith.hooks." + spec.name))
 
                     with session_scope:  # cancelled when evicted while still in the handshake
                         outcome = await run_session(stream, engine, hooks, make_context=make_context,
                                                     heartbeat=opts.heartbeat, stop=session_stop)
                     if session_scope.cancelled_caught:
-                        return  # evicted: reported as session-refused already
+                        cut = engine.close_event
+                        if cut is None or cut.reason != "aborted":
+                            return  # evicted in the handshake: reported as session-refused already
+                        # ended from outside once ready (session-evicted, a revocation)
+                        on_event({"event": "session-ended", "session_id": engine.session_id, "peer": remote,
+                                  "reason": cut.reason, "code": cut.code, "ended_at": _now()})
+                        return
+                    if named and outcome.session_id is None:  # named a live post, never became ready
+                        failed_post(remote, named[0], outcome.code or "")
                     ended: dict[str, Any] = {"event": "session-ended", "session_id": outcome.session_id,
                                              "peer": remote, "reason": outcome.reason, "code": outcome.code,
                                              "ended_at": outcome.ended_at}
@@ -369,6 +421,36 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     on_event(ended)
                 finally:
                     slots.close_session(token)
+
+            def failed_post(peer: str, post_id: str, code: str) -> None:
+                """Count a failed handshake; retire the post when it collected too many."""
+                retired = slots.record_failure(peer, post_id, code)
+                if retired is None:
+                    return
+                live.pop(retired, None)
+                on_event({"event": "post-retired", "post_id": retired, "reason": "too-many-failures"})
+                if keeper is not None:
+                    keeper.replace(retired, "too-many-failures")  # withdrawn, then republished
+                else:
+                    warn(f"post {retired} had {opts.max_failed_handshakes} failed handshakes and is no longer "
+                         "honoured; restart `kith host` for a new invitation")
+
+            async def watch_expiry() -> None:
+                """Say so when a post expires: with a server the keeper republishes it; in file
+                mode no new guest can join any more (refused with handshake-post-expired)."""
+                told: set[str] = set()
+                while True:
+                    now = _now()
+                    for post_id, at in list(expiry.items()):
+                        if post_id in live and post_id not in told and at <= now:
+                            told.add(post_id)
+                            on_event({"event": "post-expired", "post_id": post_id,
+                                      "expires_at": _rfc3339(at)})
+                            if keeper is None and not any(expiry.get(p, 0) > now for p in live):
+                                warn("the invitation expired: no new guest can join; restart `kith host` "
+                                     "for a new one")
+                    upcoming = [at - now for p, at in expiry.items() if p in live and p not in told]
+                    await anyio.sleep(min([60.0] + [max(0.05, t) for t in upcoming]))
 
             async def accept_loop(tg: Any) -> None:
                 token = 0
@@ -394,6 +476,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     tg.start_soon(keeper.run)
                 if watcher is not None:
                     tg.start_soon(watcher.arun)
+                tg.start_soon(watch_expiry)
                 async with anyio.create_task_group() as accepting:
                     if stop is not None:
                         accepting.start_soon(stop_watch, accepting.cancel_scope)
@@ -442,6 +525,21 @@ def _unix(rfc3339: str) -> float:
         return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
     except (ValueError, AttributeError):
         return 0.0
+
+
+def _rfc3339(unix: float) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(unix, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _reject_frame(code: str, message: str) -> bytes:
+    """One ``_session_reject`` frame (the engine's own encoding of it)."""
+    import msgspec
+
+    from node.engine.frames import SessionReject
+
+    return msgspec.json.encode(SessionReject(code=code, message=message[:500])) + b"\n"
 
 
 def _now() -> float:
