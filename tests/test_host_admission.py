@@ -197,3 +197,35 @@ def test_sixteen_keys_times_four_sessions_do_not_lock_out_honest_guests(tmp_path
     assert {e["code"] for e in host.of("session-refused")} <= {"handshake-host-busy"}
     # an evicted attacker was told why before the host closed its stream
     assert any(("session-evicted" in [c for c, _m in o.remote_errors]) for o in attacked)
+
+
+def test_the_nonce_table_stays_bounded_under_a_flood_of_abandoned_handshakes(tmp_path):
+    """30 `_session_init`s from 30 keys, each answered with the host's proof and then
+    abandoned, add no row to seen-nonces.sqlite: only the session that reached READY is
+    recorded (the flood of issue 11 grew it by one row per init)."""
+    from node.engine.session import State
+    from node.trust.seen_nonces import SeenNonces
+    from test_review_fixes_host import _raw_guest
+
+    host_home = _home(tmp_path, "host")
+
+    async def scenario():
+        host = InProcessHost(host_home, tmp_path, max_failed_handshakes=1000)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            await _started(host)
+            inv = parse_invitation(host.invitation)
+            _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+            completed = await _guest(inv, spec, Identity(os.urandom(32)))
+            states = [await _raw_guest(inv, spec, Identity(os.urandom(32)), hang_up_after_proof=True)
+                      for _ in range(30)]
+            await host.wait_for(lambda _e: len(host.ended()) >= 31)
+            host.stop.set()
+        return completed, states
+
+    completed, states = anyio.run(scenario, backend="asyncio")
+    assert completed.ok
+    assert states == [State.AWAIT_CONFIRM] * 30  # each got a proof: its nonce passed the check
+    table = SeenNonces(host_home)
+    assert len(table) == 1 and table.reserved == 0
+    table.close()

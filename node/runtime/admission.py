@@ -49,6 +49,7 @@ FAILURE_CODES = frozenset({
     "handshake-key-mismatch", "handshake-bad-nonce", "handshake-nonce-reused", "handshake-bad-signature",
     "handshake-malformed", "handshake-protocol-mismatch", "handshake-session-mismatch",
     "handshake-unexpected-frame", "handshake-timeout", "handshake-first-frame",
+    "peer-disconnected",  # hung up before _session_ready: the proof is missing
 })
 
 

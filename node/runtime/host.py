@@ -175,8 +175,10 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     live session ends cleanly after its current hook (the protocol's terminal ``end``, or
     ``_error session-shutdown``), sessions still running after ``opts.shutdown_grace_s``
     are cancelled, and the endpoint is closed under a timeout (DESIGN §3). Each guest
-    nonce is committed to ``<home>/seen-nonces.sqlite`` before the proof is sent
-    (:class:`node.trust.seen_nonces.SeenNonces`), so replay protection survives restarts.
+    nonce is reserved when its ``_session_init`` is read and committed to
+    ``<home>/seen-nonces.sqlite`` once the session is ready
+    (:class:`node.trust.seen_nonces.SeenNonces`, purged every minute), so replay
+    protection survives restarts and the table stays bounded.
     Concurrency is bounded overall (``opts.max_sessions``) and per peer key
     (``opts.max_sessions_per_peer``); a guest over a bound gets ``_session_reject``
     ``handshake-host-busy`` / ``handshake-peer-busy`` at once. Connections that have not
@@ -367,9 +369,13 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                         return None
                     return protocol
 
+                held: set[str] = set()  # the guest nonce this handshake reserved
+
                 def nonce_unseen(nonce: str) -> bool:
-                    post_id = slots.reserved_post(token) or ""
-                    return seen_nonces.record(post_id, nonce, expiry.get(post_id) or _now() + opts.ttl_s)
+                    if not seen_nonces.reserve(nonce):  # recorded for good once the session is ready
+                        return False
+                    held.add(nonce)
+                    return True
 
                 try:
                     admit = admission(registry, opts.peers_only)
@@ -389,6 +395,10 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                         name = rec.name if rec else None
                         used_up = slots.session_ready(token)
                         slots.succeeded(remote)
+                        post = ev.proof.get("post_id", "")
+                        for nonce in held:  # a proof signed by both sides exists now: remember it
+                            seen_nonces.commit(post, nonce, expiry.get(post) or _now() + opts.ttl_s)
+                        held.clear()
                         if keeper is not None:  # the guest may have joined by file: record the proof here
                             keeper.record_proof(ev.proof, used_up=used_up)
                         on_event({"event": "session-started", "session_id": ev.session_id,
@@ -421,6 +431,8 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     on_event(ended)
                 finally:
                     slots.close_session(token)
+                    for nonce in held:
+                        seen_nonces.release(nonce)
 
             def failed_post(peer: str, post_id: str, code: str) -> None:
                 """Count a failed handshake; retire the post when it collected too many."""
@@ -452,6 +464,14 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     upcoming = [at - now for p, at in expiry.items() if p in live and p not in told]
                     await anyio.sleep(min([60.0] + [max(0.05, t) for t in upcoming]))
 
+            async def purge_nonces() -> None:
+                """Keep the seen-nonce table bounded while hosting (expired rows go)."""
+                from node.trust.seen_nonces import PURGE_INTERVAL_S
+
+                while True:
+                    await anyio.sleep(PURGE_INTERVAL_S)
+                    await anyio.to_thread.run_sync(seen_nonces.purge)
+
             async def accept_loop(tg: Any) -> None:
                 token = 0
                 async with node.connections() as incoming:  # QUIC handshakes complete concurrently
@@ -477,6 +497,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                 if watcher is not None:
                     tg.start_soon(watcher.arun)
                 tg.start_soon(watch_expiry)
+                tg.start_soon(purge_nonces)
                 async with anyio.create_task_group() as accepting:
                     if stop is not None:
                         accepting.start_soon(stop_watch, accepting.cancel_scope)
