@@ -5,22 +5,79 @@ Each peer (by public key) has a bucket of ``burst`` tokens refilled at
 (not in the registry) additionally draw from one shared bucket
 (:meth:`node.policy.store.Policy.anonymous_quota`), so rotating keys does not multiply
 a quota. Over quota → the answer is ``rate-limited`` with ``retry_after_s`` (whole
-seconds until a token is back). Buckets live in memory: a restart refills them.
+seconds until a token is back).
+
+The host's limiter (:meth:`RateLimiter.persistent`) also keeps its buckets in
+``<home>/quota.sqlite`` (:class:`QuotaStore`, 0600, written through on every token taken),
+so a host restart does not refill them (issue 11). A bucket not used for
+:data:`QuotaStore.MAX_AGE_S` is forgotten (counted full again).
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from node.policy.store import Quota
 
 #: Buckets kept at once; the least recently used is dropped beyond (bounded memory).
 MAX_BUCKETS = 4096
 ANONYMOUS = "\x00anonymous"
+
+
+class QuotaStore:
+    """Token buckets on disk: ``<home>/quota.sqlite`` (0600), one row per peer key (and one
+    for the shared anonymous bucket): ``(key, tokens, stamp)`` with ``stamp`` in Unix seconds.
+
+    Bounded: at open, rows older than :data:`MAX_AGE_S` are deleted and at most
+    :data:`MAX_ROWS` are kept (the most recently used).
+
+    Args:
+        home: the Kith home.
+        clock: wall-clock seconds (Unix time).
+    """
+
+    FILE_NAME = "quota.sqlite"
+    #: A bucket untouched this long (s) is forgotten: it is full again for any sane quota.
+    MAX_AGE_S = 7 * 24 * 3600.0
+    #: Rows kept at most.
+    MAX_ROWS = 65_536
+
+    def __init__(self, home: Path, *, clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(home) / self.FILE_NAME
+        fresh = not self.path.exists()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        if fresh:
+            os.chmod(self.path, 0o600)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS bucket (key TEXT PRIMARY KEY, tokens REAL NOT NULL,"
+                         " stamp REAL NOT NULL)")
+        self._db.execute("DELETE FROM bucket WHERE stamp < ?", (clock() - self.MAX_AGE_S,))
+        self._db.execute("DELETE FROM bucket WHERE key NOT IN (SELECT key FROM bucket ORDER BY stamp DESC LIMIT ?)",
+                         (self.MAX_ROWS,))
+
+    def load(self, key: str) -> tuple[float, float] | None:
+        """``(tokens, stamp)`` of ``key``'s bucket, or None when none is stored."""
+        row = self._db.execute("SELECT tokens, stamp FROM bucket WHERE key = ?", (key,)).fetchone()
+        return (float(row[0]), float(row[1])) if row else None
+
+    def save(self, rows: list[tuple[str, float, float]]) -> None:
+        """Store ``(key, tokens, stamp)`` rows in one transaction."""
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany("INSERT INTO bucket (key, tokens, stamp) VALUES (?, ?, ?) ON CONFLICT(key) "
+                                 "DO UPDATE SET tokens = excluded.tokens, stamp = excluded.stamp", rows)
+
+    def close(self) -> None:
+        """Close the database (idempotent)."""
+        self._db.close()
 
 
 @dataclass
@@ -48,21 +105,40 @@ class RateLimiter:
     """Token buckets keyed by peer key (thread-safe; hooks run in worker threads).
 
     Args:
-        clock: monotonic seconds (injectable for tests).
+        clock: seconds (monotonic by default; injectable for tests). With a ``store`` it
+            must be wall-clock Unix time, as the stored stamps are.
+        store: where buckets survive a restart (:class:`QuotaStore`), or None (memory only).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, store: QuotaStore | None = None) -> None:
         self._clock = clock
+        self._store = store
         self._buckets: dict[str, _Bucket] = {}
         self._lock = threading.Lock()
 
+    @classmethod
+    def persistent(cls, home: Path, *, clock: Callable[[], float] = time.time) -> "RateLimiter":
+        """The host's limiter: buckets kept in ``<home>/quota.sqlite`` across restarts."""
+        return cls(clock, QuotaStore(home, clock=clock))
+
+    def close(self) -> None:
+        """Close the store, if any (idempotent)."""
+        if self._store is not None:
+            with self._lock:
+                self._store.close()
+
     def _state(self, key: str, quota: Quota, now: float) -> _Bucket:
         bucket = self._buckets.pop(key, None)
+        if bucket is None and self._store is not None:
+            stored = self._store.load(key)
+            if stored is not None:
+                bucket = _Bucket(*stored)
         if bucket is None:
             bucket = _Bucket(float(max(quota.burst, 1)), now)
         else:
             rate = quota.queries_per_hour / 3600.0
-            bucket.tokens = min(float(max(quota.burst, 1)), bucket.tokens + (now - bucket.stamp) * rate)
+            elapsed = max(0.0, now - bucket.stamp)  # a wall clock set back refills nothing
+            bucket.tokens = min(float(max(quota.burst, 1)), bucket.tokens + elapsed * rate)
             bucket.stamp = now
         self._buckets[key] = bucket  # re-insert: most recently used last
         while len(self._buckets) > MAX_BUCKETS:
@@ -93,4 +169,9 @@ class RateLimiter:
             own.tokens -= 1.0
             if pool is not None:
                 pool.tokens -= 1.0
+            if self._store is not None:  # written through: a restart keeps what was taken
+                rows = [(peer_key, own.tokens, own.stamp)]
+                if pool is not None:
+                    rows.append((ANONYMOUS, pool.tokens, pool.stamp))
+                self._store.save(rows)
             return Admission(True)

@@ -160,10 +160,16 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
     from node.policy.quota import RateLimiter
 
     gate = EgressGate(corpus.roots(), policy, home, approvals=Approvals(home))
-    limiter = RateLimiter()  # one per host process: a new session does not refill a bucket
+    # one per host process, kept in <home>/quota.sqlite: neither a new session nor a restart refills a bucket
+    limiter = RateLimiter.persistent(home)
+
+    def close() -> None:
+        corpus.close()
+        limiter.close()
+
     return Knowledge(lambda peer, key=None, echoes=None: KnowledgeHandle(corpus, gate, peer, peer_key=key,
                                                                         limiter=limiter, echoes=echoes),
-                     gate.check_outgoing, corpus.close)
+                     gate.check_outgoing, close)
 
 
 async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[dict[str, Any]], None],
