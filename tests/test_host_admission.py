@@ -229,3 +229,42 @@ def test_the_nonce_table_stays_bounded_under_a_flood_of_abandoned_handshakes(tmp
     table = SeenNonces(host_home)
     assert len(table) == 1 and table.reserved == 0
     table.close()
+
+
+def test_a_single_use_server_post_with_too_many_failures_is_withdrawn_and_replaced(tmp_path):
+    """With --server and --max-sessions 1, a post that collects --max-failed-handshakes
+    failed handshakes (from several keys) is retired: the host reports `post-retired`, the
+    keeper withdraws it and publishes a new post (`republished`, reason
+    `too-many-failures`), and an honest guest joins the new post."""
+    import httpx
+
+    from node.community.server import run_server_in_thread
+
+    from test_review_fixes_host import NO_LIMITS
+
+    with run_server_in_thread(tmp_path / "community.sqlite3", rate_limits=NO_LIMITS) as server_url:
+        async def scenario():
+            host = InProcessHost(_home(tmp_path, "host"), tmp_path, server_url=server_url, post_max_sessions=1,
+                                 max_failed_handshakes=2)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(host.run)
+                await _started(host)
+                inv = parse_invitation(host.invitation)
+                _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+                failed = [await _guest(inv, spec, Identity(os.urandom(32)), claimed=Identity(os.urandom(32)))
+                          for _ in range(2)]
+                fresh = await host.wait_for(lambda e: e["event"] == "republished")
+                late = await _guest(inv, spec, Identity(os.urandom(32)))
+                joined = await _guest(inv, spec, Identity(os.urandom(32)), post_id=fresh["post_id"])
+                host.stop.set()
+            return inv, failed, fresh, late, joined, host
+
+        inv, failed, fresh, late, joined, host = anyio.run(scenario, backend="asyncio")
+        old_state = httpx.get(f"{server_url}/api/v1/invitations/{inv.post_id}/status").json()["state"]
+    assert [(o.reason, o.code) for o in failed] == [("rejected", "handshake-key-mismatch")] * 2
+    assert host.of("post-retired") == [{"event": "post-retired", "post_id": inv.post_id,
+                                        "reason": "too-many-failures"}]
+    assert fresh["previous_post_id"] == inv.post_id and fresh["reason"] == "too-many-failures"
+    assert (late.reason, late.code) == ("rejected", "handshake-unknown-post")
+    assert joined.ok, (joined.reason, joined.code)
+    assert old_state == "withdrawn"
