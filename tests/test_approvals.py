@@ -286,6 +286,25 @@ def test_buckets_survive_a_host_restart(world, tmp_path: Path) -> None:
     second.close()
 
 
+def test_buckets_are_written_within_a_second_without_a_clean_stop(world, tmp_path: Path) -> None:
+    """A host killed outright (no close) loses at most FLUSH_INTERVAL_S of bucket changes."""
+    from node.policy.quota import FLUSH_INTERVAL_S
+
+    corpus, gate, _, _ = world
+    gate.policy.quota = {"queries_per_hour": 1, "burst": 3}
+    home = tmp_path / "killed"
+    home.mkdir()
+    clock = Clock()
+    first = RateLimiter.persistent(home, clock=clock)
+    assert _ask(corpus, gate, "alice", ALICE, "wal", first)["status"] == "ok"
+    clock.t += FLUSH_INTERVAL_S
+    assert _ask(corpus, gate, "alice", ALICE, "wal", first)["status"] == "ok"  # flushed with this one
+    second = RateLimiter.persistent(home, clock=clock)  # `first` was never closed
+    assert [_ask(corpus, gate, "alice", ALICE, "wal", second)["status"] for _ in range(2)] == ["ok", "rate-limited"]
+    second.close()
+    first.close()
+
+
 def test_per_peer_override_and_zero_quota(world) -> None:
     corpus, gate, _, _ = world
     gate.policy.quota = {"burst": 1, "peer": {"alice": {"burst": 3}, "bob": {"queries_per_hour": 0}}}
