@@ -262,6 +262,50 @@ def test_rate_limit_burst_then_retry_after(world) -> None:
     assert _ask(corpus, gate, "alice", ALICE, "write ahead log", limiter)["status"] == "rate-limited"
 
 
+def test_buckets_survive_a_host_restart(world, tmp_path: Path) -> None:
+    """Issue 11: the host's limiter keeps its buckets in <home>/quota.sqlite, so a new host
+    process on the same home does not refill a peer's quota (the anonymous pool too)."""
+    corpus, gate, _, _ = world
+    gate.policy.quota = {"queries_per_hour": 60, "burst": 2, "anonymous": {"queries_per_hour": 60, "burst": 3}}
+    home = tmp_path / "host-home"
+    home.mkdir()
+    clock = Clock()
+    first = RateLimiter.persistent(home, clock=clock)
+    assert [_ask(corpus, gate, "alice", ALICE, "wal", first)["status"] for _ in range(2)] == ["ok", "ok"]
+    assert [_ask(corpus, gate, None, ANON, "wal", first)["status"] for _ in range(2)] == ["ok", "ok"]
+    first.close()
+    assert oct((home / "quota.sqlite").stat().st_mode & 0o777) == "0o600"
+    clock.t += 30  # half a token back
+    second = RateLimiter.persistent(home, clock=clock)  # the restarted host
+    limited = _ask(corpus, gate, "alice", ALICE, "wal", second)
+    assert limited["status"] == "rate-limited" and limited["retry_after_s"] == 30
+    other = "e" * 64  # a fresh anonymous key: its own bucket is full, the shared pool has 1 left
+    assert _ask(corpus, gate, None, other, "wal", second)["status"] == "ok"
+    assert _ask(corpus, gate, None, "f" * 64, "wal", second)["status"] == "rate-limited"
+    clock.t += 30
+    assert _ask(corpus, gate, "alice", ALICE, "wal", second)["status"] == "ok"
+    second.close()
+
+
+def test_buckets_are_written_within_a_second_without_a_clean_stop(world, tmp_path: Path) -> None:
+    """A host killed outright (no close) loses at most FLUSH_INTERVAL_S of bucket changes."""
+    from node.policy.quota import FLUSH_INTERVAL_S
+
+    corpus, gate, _, _ = world
+    gate.policy.quota = {"queries_per_hour": 1, "burst": 3}
+    home = tmp_path / "killed"
+    home.mkdir()
+    clock = Clock()
+    first = RateLimiter.persistent(home, clock=clock)
+    assert _ask(corpus, gate, "alice", ALICE, "wal", first)["status"] == "ok"
+    clock.t += FLUSH_INTERVAL_S
+    assert _ask(corpus, gate, "alice", ALICE, "wal", first)["status"] == "ok"  # flushed with this one
+    second = RateLimiter.persistent(home, clock=clock)  # `first` was never closed
+    assert [_ask(corpus, gate, "alice", ALICE, "wal", second)["status"] for _ in range(2)] == ["ok", "rate-limited"]
+    second.close()
+    first.close()
+
+
 def test_per_peer_override_and_zero_quota(world) -> None:
     corpus, gate, _, _ = world
     gate.policy.quota = {"burst": 1, "peer": {"alice": {"burst": 3}, "bob": {"queries_per_hour": 0}}}

@@ -1187,3 +1187,26 @@ def test_keeper_republishes_expired_and_consumed_posts_and_closes_sessions(
             assert len(republished) == 2
 
     asyncio.run(scenario())
+
+
+def test_x_forwarded_for_is_ignored_unless_a_proxy_is_trusted(tmp_path: Path) -> None:
+    """Issue 11: a fresh X-Forwarded-For per request does not get a fresh address bucket
+    by default; with --trust-proxy 127.0.0.1 the header names the client."""
+    limits = RateLimits(per_key=RateLimit(1000, 1000), per_address=RateLimit(0.2, 5))
+
+    def codes(**kw) -> list[int]:
+        with run_server_in_thread(tmp_path / f"xff{len(kw)}.sqlite3", rate_limits=limits, **kw) as base, \
+                httpx.Client(base_url=base, timeout=10) as http:
+            return [http.get("/api/v1/health", headers={"X-Forwarded-For": f"203.0.113.{i}"}).status_code
+                    for i in range(8)]
+
+    assert codes() == [200] * 5 + [429] * 3
+    assert codes(trust_proxy=["127.0.0.0/8"]) == [200] * 8
+
+
+def test_trust_proxy_values_are_checked() -> None:
+    from node.common.http import parse_trust_proxy
+
+    assert parse_trust_proxy(["127.0.0.1", "10.1.2.3/8", "::1"]) == ["127.0.0.1/32", "10.0.0.0/8", "::1/128"]
+    with pytest.raises(UsageError):
+        parse_trust_proxy(["localhost"])

@@ -381,7 +381,8 @@ def test_stalled_handshakes_are_evicted_with_host_busy_for_a_real_guest(tmp_path
     from node.engine.framing import LineFramer
 
     async def scenario():
-        host = InProcessHost(_home(tmp_path, "host"), tmp_path, max_sessions=3)
+        host = InProcessHost(_home(tmp_path, "host"), tmp_path, max_sessions=3,
+                             anonymous_sessions=3)  # every guest here is anonymous
         told: list[str] = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
@@ -408,7 +409,7 @@ def test_stalled_handshakes_are_evicted_with_host_busy_for_a_real_guest(tmp_path
                 for _ in range(3):
                     stallers.start_soon(stall, a)
                     await anyio.sleep(0.1)
-                await anyio.sleep(0.3)
+                await anyio.sleep(1.2)  # older than HANDSHAKE_GRACE_S: a stalled handshake, evictable
                 honest = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True,
                                             server_url=None, heartbeat=FAST, options={"queries": ["one"]})
                 await anyio.sleep(0.3)

@@ -174,7 +174,8 @@ def test_sigkilled_host_is_detected_by_the_guest_and_sigterm_ends_sessions_clean
 
 def test_concurrency_bounds_per_peer_and_overall(tmp_path):
     async def scenario():
-        host = InProcessHost(_home(tmp_path, "host"), tmp_path, max_sessions=3, max_sessions_per_peer=2)
+        host = InProcessHost(_home(tmp_path, "host"), tmp_path, max_sessions=3, max_sessions_per_peer=2,
+                             anonymous_sessions=3)  # every guest here is anonymous
         results: dict[str, Any] = {}
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)

@@ -69,6 +69,10 @@ def host_cmd(
     max_sessions: Optional[int] = typer.Option(None, "--max-sessions", min=1, max=1_000_000, help="Sessions one post_id allows (1 = single-use); with --server a used-up or expired post is republished under a new post_id."),
     watch: bool = typer.Option(False, "--watch", help="Re-index added, changed and deleted files live (holds the index writer lock while hosting)."),
     audit_queries: bool = typer.Option(False, "--audit-queries", help="Record each query's text in the audit log (default: only a keyed hash of it; `kith audit`)."),
+    anonymous_slots: Optional[int] = typer.Option(None, "--anonymous-slots", min=0, max=1_000_000, help="Session slots anonymous guests (keys not in the peer registry) may hold together; the rest stay free for pinned peers. Default: 3/4 of the 64 slots (48)."),
+    evict_idle_after: float = typer.Option(30.0, "--evict-idle-after", min=0.0, max=86_400.0, metavar="SECONDS", help="An anonymous session that answered no query (rate-limited answers do not count) for this long may be ended with session-evicted when a newcomer needs its slot."),
+    max_failed_handshakes: int = typer.Option(10, "--max-failed-handshakes", min=1, max=1_000_000, help="Failed handshakes (a live post named, then verification failed) before a key is refused for --failure-cooldown, and before a single-use or file-mode post is retired."),
+    failure_cooldown: float = typer.Option(600.0, "--failure-cooldown", min=1.0, max=30 * 86_400.0, metavar="SECONDS", help="How long a key over --max-failed-handshakes is refused (handshake-too-many-failures)."),
 ) -> None:
     """Share this node's corpus: publish an invitation and serve guests until Ctrl-C/SIGTERM."""
     from node.runtime.host import HostOptions, serve_host
@@ -85,6 +89,10 @@ def host_cmd(
     opts.watch = watch
     opts.audit_queries = audit_queries
     codes_shown: set[str] = set()  # unknown guests whose pairing code was printed
+    opts.anonymous_sessions = anonymous_slots
+    opts.evict_idle_after_s = evict_idle_after
+    opts.max_failed_handshakes = max_failed_handshakes
+    opts.failure_cooldown_s = failure_cooldown
 
     def on_invitation(inv: dict[str, Any]) -> None:
         if json_out:
@@ -122,6 +130,14 @@ def host_cmd(
             elif ev["event"] == "config-invalid":
                 err_console.print(f"{ev['file']} is not valid; the host keeps the registry it last read",
                                   highlight=False, markup=False)
+            elif ev["event"] == "session-evicted":
+                err_console.print(f"evicted an idle anonymous session of {ev['peer'][:16]}… for a newcomer")
+            elif ev["event"] == "post-retired":
+                err_console.print(f"post {ev['post_id']} is no longer honoured: {ev['reason']}"
+                                  + (" (a new one replaces it)" if server else ""))
+            elif ev["event"] == "post-expired":
+                err_console.print(f"post {ev['post_id']} expired"
+                                  + ("; republishing" if server else "; no new guest can join (restart kith host)"))
             elif ev["event"] == "session-refused":
                 err_console.print(f"refused a session from {(ev.get('peer') or '?')[:16]}…: {ev['code']}")
             elif ev["event"] == "index-updated":

@@ -23,7 +23,7 @@ import typer
 from node.cli.common import emit_json, err_console, home_of
 from node.cli.common import untrusted_console as console
 from node.common.errors import CommunityError, ConfigError, SpecError, UsageError
-from node.common.http import base_url_of, bind_socket, is_loopback, serve_forever
+from node.common.http import base_url_of, bind_socket, is_loopback, parse_trust_proxy, serve_forever
 from node.community.ratelimit import RateLimit, RateLimits
 from node.community.server import DEFAULT_PORT, create_app
 from node.community.store import default_db_path
@@ -105,6 +105,7 @@ def serve(
         False, "--json", help='Print {"url": ..., "database": ...} on stdout once listening (stdout: JSON only).',
     ),
     access_log: bool = typer.Option(False, "--access-log", help="Log each request on stderr."),
+    trust_proxy: list[str] = typer.Option([], "--trust-proxy", metavar="CIDR", help="A reverse proxy (IP or CIDR network, repeatable) whose X-Forwarded-For header names the client for the per-address limit. Without it the header is ignored."),
 ) -> None:
     """Serve the community REST API (/api/v1) until Ctrl-C/SIGTERM.
 
@@ -114,7 +115,8 @@ def serve(
     if not is_loopback(host) and not public:
         raise CommunityError("server-not-public",
                              f"refusing to listen on non-loopback address {host} without --public",
-                             exit_code=2)
+                             exit_code=2, hint="pass --public to serve beyond this machine (behind TLS)")
+    proxies = parse_trust_proxy(trust_proxy)
     if access_log:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     database: Path | str = database_url if database_url else default_db_path(home_of(ctx))
@@ -130,7 +132,7 @@ def serve(
                               "Ctrl-C to stop)", highlight=False, markup=False, soft_wrap=True)
             if json_out:
                 emit_json({"url": url, "database": store.dialect})
-            serve_forever(app, sock, access_log=access_log)
+            serve_forever(app, sock, access_log=access_log, trust_proxy=proxies)
         finally:
             sock.close()
     finally:

@@ -86,6 +86,8 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "handshake-host-busy": ("handshake", "The host is serving its maximum number of sessions; try again later."),
     "handshake-peer-busy": ("handshake", "This peer already has the maximum number of sessions open with the host."),
     "handshake-peer-blocked": ("handshake", "This peer's key is blocked by the host."),
+    "handshake-post-expired": ("handshake", "The invitation has expired on this host."),
+    "handshake-too-many-failures": ("handshake", "Too many failed handshakes from this key; try again after the cool-down."),
     "ui-path-invalid": ("handshake", "A UI bundle path is absolute, names a drive, escapes the bundle or is unsafe."),
     "ui-link-refused": ("handshake", "A UI bundle entry is a link or another non-regular file."),
     "ui-too-large": ("handshake", "A UI bundle has too many files, a file too large, or is too large in total."),
@@ -117,6 +119,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "remote-error": ("session", "The peer reported an error."),
     "session-shutdown": ("session", "The session ended because the node is shutting down."),
     "session-revoked": ("session", "The host revoked this peer's access and ended the session."),
+    "session-evicted": ("session", "The host ended this idle anonymous session to make room for another guest; join again."),
     # --- protocol specs / hooks --------------------------------------------------------
     "spec-invalid": ("spec", "The protocol's spec.json is not valid."),
     "protocol-not-found": ("spec", "No protocol with that name is installed."),

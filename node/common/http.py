@@ -215,22 +215,50 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def _config(app: Starlette, *, access_log: bool) -> uvicorn.Config:
+def _config(app: Starlette, *, access_log: bool, trust_proxy: list[str] | None = None) -> uvicorn.Config:
     # log_config=None: leave the embedding process's logging alone (uvicorn's default config
     # would send access lines to stdout, which must carry only JSON in --json mode).
+    # proxy_headers: uvicorn trusts X-Forwarded-For/-Proto from 127.0.0.1 by default, which
+    # lets any local client pick its "address" (issue 11): off unless proxies are named.
+    proxies = {"proxy_headers": True, "forwarded_allow_ips": list(trust_proxy)} if trust_proxy else \
+        {"proxy_headers": False}
     return uvicorn.Config(app, lifespan="off", log_config=None, access_log=access_log,
-                          server_header=False, timeout_graceful_shutdown=5, **UVICORN_LIMITS)
+                          server_header=False, timeout_graceful_shutdown=5, **proxies, **UVICORN_LIMITS)
 
 
-def serve_forever(app: Starlette, sock: socket.socket, *, access_log: bool = False) -> None:
-    """Serve ``app`` on the bound ``sock`` in this (main) thread until SIGINT/SIGTERM."""
-    server = _Server(_config(app, access_log=access_log))
+def parse_trust_proxy(values: list[str]) -> list[str]:
+    """Check ``--trust-proxy`` values: each an IP address or CIDR network (``10.0.0.0/8``,
+    ``::1``). Returns them normalised (``10.0.0.0/8``).
+
+    Raises:
+        UsageError: ``usage`` for a value that is neither.
+    """
+    import ipaddress
+
+    from node.common.errors import UsageError
+
+    out = []
+    for value in values:
+        try:
+            out.append(str(ipaddress.ip_network(value.strip(), strict=False)))
+        except ValueError:
+            raise UsageError("usage", f"--trust-proxy: {value!r} is not an IP address or CIDR network") from None
+    return out
+
+
+def serve_forever(app: Starlette, sock: socket.socket, *, access_log: bool = False,
+                  trust_proxy: list[str] | None = None) -> None:
+    """Serve ``app`` on the bound ``sock`` in this (main) thread until SIGINT/SIGTERM.
+
+    ``trust_proxy``: addresses/CIDR networks of reverse proxies whose ``X-Forwarded-For``
+    names the client; None or empty = the header is ignored (the TCP peer is the client)."""
+    server = _Server(_config(app, access_log=access_log, trust_proxy=trust_proxy))
     server.run(sockets=[sock])
 
 
 @contextlib.contextmanager
 def serve_app_in_thread(app: Any, sock: socket.socket, *, what: str,
-                        startup_timeout_s: float = 10.0) -> Iterator[str]:
+                        startup_timeout_s: float = 10.0, trust_proxy: list[str] | None = None) -> Iterator[str]:
     """Serve an ASGI ``app`` on an already bound ``sock`` with uvicorn in a daemon thread
     for a ``with`` block; the socket is closed on exit. Used by the community server and
     the local read-only API.
@@ -238,6 +266,7 @@ def serve_app_in_thread(app: Any, sock: socket.socket, *, what: str,
     Args:
         what: how to name the server in an error, e.g. ``"the local API"``.
         startup_timeout_s: how long to wait for uvicorn to start, in seconds.
+        trust_proxy: as :func:`serve_forever` (default: ``X-Forwarded-For`` ignored).
 
     Yields:
         The base URL, e.g. ``"http://127.0.0.1:41234"``.
@@ -246,7 +275,7 @@ def serve_app_in_thread(app: Any, sock: socket.socket, *, what: str,
         CommunityError: ``server-start-failed`` if it does not start in time.
     """
     url = base_url_of(sock)
-    server = _Server(_config(app, access_log=False))
+    server = _Server(_config(app, access_log=False, trust_proxy=trust_proxy))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"kith {url}", daemon=True)
     thread.start()
     try:
@@ -264,5 +293,5 @@ def serve_app_in_thread(app: Any, sock: socket.socket, *, what: str,
 
 __all__ = ["BoundedH11Protocol", "HEADER_TIMEOUT_S", "KEEP_ALIVE_S", "LIMIT_CONCURRENCY",
            "MAX_CONNECTIONS", "MAX_JSON_DEPTH", "UVICORN_LIMITS", "base_url_of", "bind_socket",
-           "error_response", "is_loopback", "read_body", "serve_app_in_thread", "serve_forever",
+           "error_response", "is_loopback", "parse_trust_proxy", "read_body", "serve_app_in_thread", "serve_forever",
            "too_deep"]

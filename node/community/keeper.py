@@ -50,7 +50,7 @@ class PostKeeper:
         make_invitation: builds a fresh signed invitation for the same endpoint (called on
             republish; its ``post_id`` is replaced by the server's).
         on_republished: called with ``(previous_post_id, reason, new_invitation)`` after a
-            republish; ``reason`` is ``consumed`` or ``expired``.
+            republish; ``reason`` is ``consumed``, ``expired`` or ``too-many-failures``.
         poll_s: seconds between checks when nothing nudges (default 60).
         clock: Unix seconds (tests inject one).
 
@@ -71,7 +71,7 @@ class PostKeeper:
         self.poll_s = poll_s
         self.clock = clock
         self.stopped_reason: str | None = None
-        self._consumed_here: set[str] = set()
+        self._replace: dict[str, str] = {}  # post_id -> why the host gave it up (consumed, too-many-failures)
         self._retiring = False
         self._scope = anyio.CancelScope()
         self._send, self._receive = anyio.create_memory_object_stream[tuple[str, Any]](
@@ -112,7 +112,13 @@ class PostKeeper:
     def consumed_here(self, post_id: str) -> None:
         """The Host admitted the last session ``post_id`` allows: republish it at the next
         check even if the server still counts it live (the proof may not have reached it)."""
-        self._consumed_here.add(post_id)
+        self.replace(post_id, "consumed")
+
+    def replace(self, post_id: str, reason: str) -> None:
+        """The Host gave ``post_id`` up (``consumed``, or ``too-many-failures``: a single-use
+        post that collected too many failed handshakes): at the next check it is withdrawn
+        and republished under a new ``post_id`` (``on_republished`` gets ``reason``)."""
+        self._replace.setdefault(post_id, reason)
         try:
             self._send.send_nowait(("check", None))
         except anyio.WouldBlock:
@@ -188,8 +194,8 @@ class PostKeeper:
             await anyio.sleep(min(5.0, self.poll_s))
             return True
         state = post["state"]
-        if state == "live" and self.current.post_id in self._consumed_here:
-            state = "consumed"  # used up here; the server did not count it (yet)
+        if state == "live" and self.current.post_id in self._replace:
+            state = self._replace[self.current.post_id]  # given up here; the server did not count it (yet)
             try:
                 await client.withdraw_invitation(self.current.post_id)  # browse stops listing it
             except KithError as exc:
@@ -198,7 +204,7 @@ class PostKeeper:
             log.warning("post %s was withdrawn; not republishing", self.current.post_id)
             self.stopped_reason = "withdrawn"
             return False
-        if state not in ("consumed", "expired"):
+        if state not in ("consumed", "expired") and self.current.post_id not in self._replace:
             return True
         previous = self.current.post_id
         try:

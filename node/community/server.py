@@ -888,7 +888,8 @@ def run_server_in_thread(database: Path | str | CommunityStore, host: str = "127
                          max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES,
                          rate_limits: RateLimits | None = None,
                          clock: Callable[[], float] = time.time,
-                         startup_timeout_s: float = 10.0) -> Iterator[str]:
+                         startup_timeout_s: float = 10.0,
+                         trust_proxy: list[str] | None = None) -> Iterator[str]:
     """Serve a community app in a daemon thread for the duration of a ``with`` block.
 
     Args:
@@ -897,6 +898,8 @@ def run_server_in_thread(database: Path | str | CommunityStore, host: str = "127
         host, port: where to listen (port 0 = a free port).
         max_body_bytes, max_spec_bytes, rate_limits, clock: passed to :func:`create_app`.
         startup_timeout_s: how long to wait for the server to start, in seconds.
+        trust_proxy: reverse proxies (IP/CIDR) whose ``X-Forwarded-For`` is taken as the
+            client address; default none (``kith community serve --trust-proxy``).
 
     Yields:
         The base URL, e.g. ``"http://127.0.0.1:41234"`` (the real port).
@@ -916,7 +919,7 @@ def run_server_in_thread(database: Path | str | CommunityStore, host: str = "127
         raise
     try:
         with serve_app_in_thread(app, sock, what="the community server",
-                                 startup_timeout_s=startup_timeout_s) as url:
+                                 startup_timeout_s=startup_timeout_s, trust_proxy=trust_proxy) as url:
             yield url
     finally:
         if owned:

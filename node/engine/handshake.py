@@ -49,12 +49,16 @@ class HostConfig:
         profile: the host's shared profile, sent in ``_session_proof`` (omitted if empty).
         ui_bundle: the protocol's UI bundle when the host runs with ``--share-ui``
             (offered only to guests advertising ``p2p_ui_v1``), else None.
+        named_post: called with the ``post_id`` of a decoded ``_session_init`` before any
+            check of it, so the host can count a handshake that names its post and then
+            fails (the failed-handshake cap, specs/session.md).
     """
 
     remote_id: str
     post_protocol: Callable[[str], str | None]
     nonce_unseen: Callable[[str], bool]
     admit: Callable[[str, dict[str, Any]], bool] = lambda key, profile: True
+    named_post: Callable[[str], None] = lambda post_id: None
     ui_bundle: UI.Bundle | None = None
     profile: dict[str, Any] = field(default_factory=dict)
 
@@ -161,6 +165,7 @@ class HostHandshake(_Handshake):
         h = self.config
         if not isinstance(frame, F.SessionInit):
             raise HandshakeError("handshake-first-frame")
+        h.named_post(frame.post_id)
         check_hex(frame.guest_public_key, PUBLIC_KEY_HEX_LEN, "guest_public_key")
         if frame.guest_public_key != h.remote_id:
             raise HandshakeError("handshake-key-mismatch")

@@ -5,22 +5,83 @@ Each peer (by public key) has a bucket of ``burst`` tokens refilled at
 (not in the registry) additionally draw from one shared bucket
 (:meth:`node.policy.store.Policy.anonymous_quota`), so rotating keys does not multiply
 a quota. Over quota → the answer is ``rate-limited`` with ``retry_after_s`` (whole
-seconds until a token is back). Buckets live in memory: a restart refills them.
+seconds until a token is back).
+
+The host's limiter (:meth:`RateLimiter.persistent`) also keeps its buckets in
+``<home>/quota.sqlite`` (:class:`QuotaStore`, 0600), so a host restart does not refill them
+(issue 11). Buckets changed are written at most every :data:`FLUSH_INTERVAL_S` (on the next
+token taken after it) and on close: a host killed outright loses at most that much. A bucket not used for
+:data:`QuotaStore.MAX_AGE_S` is forgotten (counted full again).
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from node.policy.store import Quota
 
 #: Buckets kept at once; the least recently used is dropped beyond (bounded memory).
 MAX_BUCKETS = 4096
 ANONYMOUS = "\x00anonymous"
+#: Changed buckets are written to the store at most this often (s): one SQLite write per
+#: query would cost about 0.2 ms on the answer path.
+FLUSH_INTERVAL_S = 1.0
+
+
+class QuotaStore:
+    """Token buckets on disk: ``<home>/quota.sqlite`` (0600), one row per peer key (and one
+    for the shared anonymous bucket): ``(key, tokens, stamp)`` with ``stamp`` in Unix seconds.
+
+    Bounded: at open, rows older than :data:`MAX_AGE_S` are deleted and at most
+    :data:`MAX_ROWS` are kept (the most recently used).
+
+    Args:
+        home: the Kith home.
+        clock: wall-clock seconds (Unix time).
+    """
+
+    FILE_NAME = "quota.sqlite"
+    #: A bucket untouched this long (s) is forgotten: it is full again for any sane quota.
+    MAX_AGE_S = 7 * 24 * 3600.0
+    #: Rows kept at most.
+    MAX_ROWS = 65_536
+
+    def __init__(self, home: Path, *, clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(home) / self.FILE_NAME
+        fresh = not self.path.exists()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        if fresh:
+            os.chmod(self.path, 0o600)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS bucket (key TEXT PRIMARY KEY, tokens REAL NOT NULL,"
+                         " stamp REAL NOT NULL)")
+        self._db.execute("DELETE FROM bucket WHERE stamp < ?", (clock() - self.MAX_AGE_S,))
+        self._db.execute("DELETE FROM bucket WHERE key NOT IN (SELECT key FROM bucket ORDER BY stamp DESC LIMIT ?)",
+                         (self.MAX_ROWS,))
+
+    def load(self, key: str) -> tuple[float, float] | None:
+        """``(tokens, stamp)`` of ``key``'s bucket, or None when none is stored."""
+        row = self._db.execute("SELECT tokens, stamp FROM bucket WHERE key = ?", (key,)).fetchone()
+        return (float(row[0]), float(row[1])) if row else None
+
+    def save(self, rows: list[tuple[str, float, float]]) -> None:
+        """Store ``(key, tokens, stamp)`` rows in one transaction."""
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany("INSERT INTO bucket (key, tokens, stamp) VALUES (?, ?, ?) ON CONFLICT(key) "
+                                 "DO UPDATE SET tokens = excluded.tokens, stamp = excluded.stamp", rows)
+
+    def close(self) -> None:
+        """Close the database (idempotent)."""
+        self._db.close()
 
 
 @dataclass
@@ -48,25 +109,60 @@ class RateLimiter:
     """Token buckets keyed by peer key (thread-safe; hooks run in worker threads).
 
     Args:
-        clock: monotonic seconds (injectable for tests).
+        clock: seconds (monotonic by default; injectable for tests). With a ``store`` it
+            must be wall-clock Unix time, as the stored stamps are.
+        store: where buckets survive a restart (:class:`QuotaStore`), or None (memory only).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, store: QuotaStore | None = None) -> None:
         self._clock = clock
+        self._store = store
         self._buckets: dict[str, _Bucket] = {}
+        self._dirty: set[str] = set()
+        self._flushed = clock()
         self._lock = threading.Lock()
+
+    @classmethod
+    def persistent(cls, home: Path, *, clock: Callable[[], float] = time.time) -> "RateLimiter":
+        """The host's limiter: buckets kept in ``<home>/quota.sqlite`` across restarts."""
+        return cls(clock, QuotaStore(home, clock=clock))
+
+    def close(self) -> None:
+        """Write the changed buckets and close the store, if any (idempotent)."""
+        if self._store is not None:
+            with self._lock:
+                self._flush()
+                self._store.close()
+
+    def _flush(self) -> None:
+        assert self._store is not None
+        rows = [(k, self._buckets[k].tokens, self._buckets[k].stamp) for k in self._dirty if k in self._buckets]
+        if rows:
+            self._store.save(rows)
+        self._dirty.clear()
+        self._flushed = self._clock()
 
     def _state(self, key: str, quota: Quota, now: float) -> _Bucket:
         bucket = self._buckets.pop(key, None)
+        if bucket is None and self._store is not None:
+            stored = self._store.load(key)
+            if stored is not None:
+                bucket = _Bucket(*stored)
         if bucket is None:
             bucket = _Bucket(float(max(quota.burst, 1)), now)
         else:
             rate = quota.queries_per_hour / 3600.0
-            bucket.tokens = min(float(max(quota.burst, 1)), bucket.tokens + (now - bucket.stamp) * rate)
+            elapsed = max(0.0, now - bucket.stamp)  # a wall clock set back refills nothing
+            bucket.tokens = min(float(max(quota.burst, 1)), bucket.tokens + elapsed * rate)
             bucket.stamp = now
         self._buckets[key] = bucket  # re-insert: most recently used last
         while len(self._buckets) > MAX_BUCKETS:
-            self._buckets.pop(next(iter(self._buckets)))
+            dropped = next(iter(self._buckets))
+            if dropped in self._dirty and self._store is not None:  # keep what it took
+                b = self._buckets[dropped]
+                self._store.save([(dropped, b.tokens, b.stamp)])
+                self._dirty.discard(dropped)
+            self._buckets.pop(dropped)
         return bucket
 
     @staticmethod
@@ -93,4 +189,10 @@ class RateLimiter:
             own.tokens -= 1.0
             if pool is not None:
                 pool.tokens -= 1.0
+            if self._store is not None:  # a restart keeps what was taken
+                self._dirty.add(peer_key)
+                if pool is not None:
+                    self._dirty.add(ANONYMOUS)
+                if now - self._flushed >= FLUSH_INTERVAL_S or now < self._flushed:
+                    self._flush()
             return Admission(True)

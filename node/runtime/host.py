@@ -7,15 +7,18 @@ every content rule in the answer service (node/answer/service.py) and the egress
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import anyio
 
+from node.runtime.admission import EVICT_IDLE_AFTER_S, FAILURE_COOLDOWN_S, MAX_CONCURRENT_SESSIONS, \
+    MAX_FAILED_HANDSHAKES, MAX_SESSIONS_PER_PEER, ActivityTracked, Admission, AdmissionLimits, admission
 from node.runtime.driver import run_session
 from node.engine.session import HostConfig, SessionEngine, SessionReady
-from node.common.errors import KithError, SpecError
+from node.common.errors import HandshakeError, KithError, SpecError
 from node.common.home import atomic_write
 from node.runtime.hooks import HookContext, PeerInfo, load_hooks
 from node.trust.identity import load_or_init_identity
@@ -25,8 +28,6 @@ from node.protocol.spec import find_protocol_dir, load_spec
 
 log = logging.getLogger("kith.host")
 
-MAX_CONCURRENT_SESSIONS = 64
-MAX_SESSIONS_PER_PEER = 4
 SHUTDOWN_GRACE_S = 10.0
 #: How long an accepted connection may take to open its session stream (s). An honest
 #: guest opens it within milliseconds; a silent one is closed after this.
@@ -54,14 +55,23 @@ class HostOptions:
         peers_only: admit only guests whose key is in the peer registry (``--peers-only``).
         max_sessions_per_peer: concurrent sessions of one peer key (more →
             ``handshake-peer-busy``; more than ``max_sessions`` → ``handshake-host-busy``).
+        anonymous_sessions: session slots anonymous peers (keys not in the registry) may
+            hold together (``--anonymous-slots``); None = 3/4 of ``max_sessions``.
+        evict_idle_after_s: a READY anonymous session that answered no query for this
+            long (s) may be evicted (``session-evicted``) for a newcomer
+            (``--evict-idle-after``); :class:`node.runtime.admission.Admission`.
+        max_failed_handshakes / failure_cooldown_s: after that many failed handshakes a
+            key is refused for that long (``handshake-too-many-failures``); a single-use
+            or file-mode post with that many failures from any keys is retired
+            (``--max-failed-handshakes``, ``--failure-cooldown``).
+        audit_queries: record query text in ``<home>/audit.jsonl`` instead of its keyed
+            hash (``--audit-queries``; node/runtime/audit.py).
         share_ui: offer the protocol's ``ui/`` bundle to guests that advertise
             ``p2p_ui_v1`` (``--share-ui``, DESIGN §6).
         heartbeat: ``(ping_interval_s, unresponsive_s)``, or ``"default"`` (10, 30).
         shutdown_grace_s: on stop, how long live sessions get to end cleanly (s).
         watch: re-index the corpus live while hosting (``--watch``); the host then holds
             the index writer lock (DESIGN §9) and emits ``index-updated`` events.
-        audit_queries: record query text in ``<home>/audit.jsonl`` instead of its keyed
-            hash (``--audit-queries``; node/runtime/audit.py).
     """
 
     protocol: str = "knowledge-query"
@@ -75,11 +85,15 @@ class HostOptions:
     post_max_sessions: int | None = None
     peers_only: bool = False
     max_sessions_per_peer: int = MAX_SESSIONS_PER_PEER
+    anonymous_sessions: int | None = None
+    evict_idle_after_s: float = EVICT_IDLE_AFTER_S
+    max_failed_handshakes: int = MAX_FAILED_HANDSHAKES
+    failure_cooldown_s: float = FAILURE_COOLDOWN_S
+    audit_queries: bool = False
     share_ui: bool = False
     heartbeat: Any = "default"
     shutdown_grace_s: float = SHUTDOWN_GRACE_S
     watch: bool = False
-    audit_queries: bool = False
 
 
 @dataclass
@@ -118,7 +132,8 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
     from node.policy.store import Policy
 
     policy = Policy.load(home)
-    limiter = RateLimiter()  # one per host process: a new session does not refill a bucket
+    # one per host process, kept in <home>/quota.sqlite: neither a new session nor a restart refills a bucket
+    limiter = RateLimiter.persistent(home)
     try:
         corpus = Corpus(home, readonly=True)
     except KithError as exc:
@@ -127,7 +142,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
         gate = EgressGate([], policy, home)
         service = AnswerService(None, gate, limiter=limiter)
         return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
-                         gate.check_frame, lambda: None, service)
+                         gate.check_frame, limiter.close, service)
     # a crash between SQLite and tantivy leaves the index behind its record: catch up now
     # when no other process is writing (never waits for the lock)
     if corpus.repair_lag() == "locked":
@@ -143,28 +158,13 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
              "Share with e.g. `kith policy set '/<root>/**' public`.")
     gate = EgressGate(corpus.roots(), policy, home, approvals=Approvals(home))
     service = AnswerService(corpus, gate, limiter=limiter)
+
+    def close() -> None:
+        corpus.close()
+        limiter.close()
+
     return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
-                     gate.check_frame, corpus.close, service)
-
-
-def admission(registry: PeerRegistry, peers_only: bool) -> Callable[[str, dict[str, Any]], bool]:
-    """The host's ``HostConfig.admit`` (DESIGN §6, §10).
-
-    Refuses a blocked key (``handshake-peer-blocked``; ``kith peers block``), and
-    (``peer-key-changed``) a guest whose key is not pinned but whose shared
-    ``displayName`` claims a pinned name; with ``peers_only``, refuses every guest whose
-    key is not in the registry (``handshake-not-admitted``).
-    """
-    from node.common.errors import HandshakeError
-
-    def admit(key: str, profile: dict[str, Any]) -> bool:
-        if registry.is_blocked(key):  # issue 11: `kith peers block`
-            raise HandshakeError("handshake-peer-blocked", "this key is blocked")
-        if registry.claimed_by_other(key, profile) is not None:
-            raise HandshakeError("peer-key-changed", "a pinned peer name with a different key")
-        return not peers_only or registry.by_key(key) is not None
-
-    return admit
+                     gate.check_frame, close, service)
 
 
 async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[dict[str, Any]], None],
@@ -176,8 +176,10 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     live session ends cleanly after its current hook (the protocol's terminal ``end``, or
     ``_error session-shutdown``), sessions still running after ``opts.shutdown_grace_s``
     are cancelled, and the endpoint is closed under a timeout (DESIGN §3). Each guest
-    nonce is committed to ``<home>/seen-nonces.sqlite`` before the proof is sent
-    (:class:`node.trust.seen_nonces.SeenNonces`), so replay protection survives restarts.
+    nonce is reserved when its ``_session_init`` is read and committed to
+    ``<home>/seen-nonces.sqlite`` once the session is ready
+    (:class:`node.trust.seen_nonces.SeenNonces`, purged every minute), so replay
+    protection survives restarts and the table stays bounded.
     Concurrency is bounded overall (``opts.max_sessions``) and per peer key
     (``opts.max_sessions_per_peer``); a guest over a bound gets ``_session_reject``
     ``handshake-host-busy`` / ``handshake-peer-busy`` at once. Connections that have not
@@ -225,7 +227,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     from node.trust.seen_nonces import SeenNonces
 
     seen_nonces = SeenNonces(home)
-    # --- issue 11: audit log + live revocation (node/runtime/audit.py, revocation.py) ---
+    # audit log and live revocation (issue 11: node/runtime/audit.py, revocation.py)
     from node.runtime.audit import AuditLog, HostAudit
     from node.runtime.revocation import LiveSessions, PeersWatcher
     from node.trust.pairing import pairing_code
@@ -235,10 +237,6 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     hooks = audit.wrap_hooks(hooks)
     live_sessions = LiveSessions()
     peers_watcher = PeersWatcher(home, live_sessions, on_event=on_event)
-    # --- end issue 11 ---
-    active: dict[str, int] = {}  # peer key -> live sessions
-    # connections accepted whose stream is not open yet, oldest first: token -> (conn, scope)
-    pending: dict[int, tuple[Any, anyio.CancelScope]] = {}
     session_stop = anyio.Event()
     watcher = None
     live: dict[str, str] = {}  # post_id -> protocol_id of the posts guests may join
@@ -287,6 +285,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                 def republished(previous: str, reason: str, fresh: Invitation) -> None:
                     live.pop(previous, None)  # a consumed/expired post is not joinable here either
                     live[fresh.post_id] = spec.protocol_id
+                    expiry[fresh.post_id] = _unix(fresh.expires_at)
                     if opts.invite_file is not None:
                         atomic_write(Path(opts.invite_file), _json(fresh.to_dict()), mode=0o644)
                     emit_event({"event": "republished", "post_id": fresh.post_id, "previous_post_id": previous,
@@ -300,17 +299,29 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     keeper.observe(ev)
 
             expiry = {inv.post_id: _unix(inv.expires_at)}
-            # post_id -> sessions admitted (reserved at _session_init, kept once ready)
-            claimed: dict[str, int] = {}
+            slots = Admission(AdmissionLimits(max_sessions=opts.max_sessions,
+                                              max_sessions_per_peer=opts.max_sessions_per_peer,
+                                              post_max_sessions=opts.post_max_sessions,
+                                              anonymous_sessions=opts.anonymous_sessions,
+                                              evict_idle_after_s=opts.evict_idle_after_s,
+                                              max_failures=opts.max_failed_handshakes,
+                                              failure_cooldown_s=opts.failure_cooldown_s,
+                                              # a public multi-use post must never be rotatable by strangers
+                                              retire_on_failures=not opts.server_url or opts.post_max_sessions == 1),
+                              on_event=lambda ev: on_event(ev))  # late-bound: the keeper wraps on_event
 
-            async def refuse(stream: Any, code: str) -> None:
-                engine = SessionEngine("host", spec, public_key=identity.public_key, sign=identity.sign,
-                                       host=HostConfig(remote_id="", post_protocol=lambda _p: None,
-                                                       nonce_unseen=lambda _n: False))
-                engine.abort(code)
+            async def refuse(stream: Any, code: str, message: str | None = None) -> None:
+                if message is None:
+                    engine = SessionEngine("host", spec, public_key=identity.public_key, sign=identity.sign,
+                                           host=HostConfig(remote_id="", post_protocol=lambda _p: None,
+                                                           nonce_unseen=lambda _n: False))
+                    engine.abort(code)
+                    data = engine.data_to_send()
+                else:  # a refusal whose peer message carries a number (the cool-down left)
+                    data = _reject_frame(code, message)
                 with anyio.move_on_after(2):
                     try:
-                        await stream.send(engine.data_to_send())
+                        await stream.send(data)
                     except KithError:
                         pass
                     await stream.aclose()
@@ -324,7 +335,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                 except KithError:
                     pass
                 finally:
-                    pending.pop(token, None)
+                    slots.connection_done(token)
                 if stream is None:
                     _close_quietly(conn, b"no-stream")
                     return
@@ -332,79 +343,112 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                 if session_stop.is_set():
                     await refuse(stream, "session-shutdown")
                     return
-                if sum(active.values()) >= opts.max_sessions and not evict_oldest_handshake():
-                    await refuse(stream, "handshake-host-busy")
+                session_scope = anyio.CancelScope()
+                engine_cell: list[SessionEngine] = []
+
+                def end(code: str, message: str) -> None:
+                    # evicted (or revoked): run_session's cleanup still sends the queued
+                    # _session_reject (in the handshake) or _error (once ready)
+                    if engine_cell and not engine_cell[0].closed:
+                        engine_cell[0].abort(code, message or None)
+                    session_scope.cancel()
+
+                registry = PeerRegistry.load(home)  # re-read: `kith peers` may have changed it
+                refusal = slots.open_session(token, remote, end,
+                                             alive=lambda: not (engine_cell and engine_cell[0].closed),
+                                             anonymous=registry.by_key(remote) is None)
+                if refusal == "handshake-too-many-failures":
+                    left = max(1, math.ceil(slots.cooldown_left(remote)))
+                    await refuse(stream, refusal, f"Too many failed handshakes from this key; try again in {left} s.")
                     return
-                if active.get(remote, 0) >= opts.max_sessions_per_peer:
-                    await refuse(stream, "handshake-peer-busy")
+                if refusal is not None:
+                    await refuse(stream, refusal)
                     return
-                active[remote] = active.get(remote, 0) + 1
-                reserved: list[str] = []  # the post this connection's _session_init took a slot of
-                ready = [False]
+                named: list[str] = []  # the live post this connection's _session_init named
+
+                def named_post(post_id: str) -> None:
+                    if post_id in live and not slots.retired(post_id):
+                        named.append(post_id)
 
                 def post_protocol(post_id: str) -> str | None:
                     protocol = live.get(post_id)
-                    if protocol is None or reserved:
+                    if protocol is None or slots.retired(post_id):
                         return None
-                    if opts.post_max_sessions is not None and claimed.get(post_id, 0) >= opts.post_max_sessions:
-                        return None  # used up here: the host enforces max_sessions itself, not only the server
-                    claimed[post_id] = claimed.get(post_id, 0) + 1  # reserved now, released if never ready
-                    reserved.append(post_id)
+                    if expiry.get(post_id, math.inf) <= _now():
+                        raise HandshakeError("handshake-post-expired", "the invitation expired on this host")
+                    if not slots.claim_post(token, post_id):
+                        return None
                     return protocol
 
+                held: set[str] = set()  # the guest nonce this handshake reserved
+
                 def nonce_unseen(nonce: str) -> bool:
-                    post_id = reserved[0] if reserved else ""
-                    return seen_nonces.record(post_id, nonce, expiry.get(post_id) or _now() + opts.ttl_s)
+                    if not seen_nonces.reserve(nonce):  # recorded for good once the session is ready
+                        return False
+                    held.add(nonce)
+                    return True
 
                 try:
-                    registry = PeerRegistry.load(home)  # re-read: `kith peers` may have changed it
                     admit = admission(registry, opts.peers_only)
                     check = knowledge.egress_check
-                    tap = audit.tap(remote)  # issue 11: records the results frames queued to send
+                    tap = audit.tap(remote)  # records the results frames queued to send (audit log)
 
                     def egress(data: bytes, replying_to: Any = None) -> None:
                         if check is not None:
-                            check(data, replying_to)
+                            check(data, replying_to)  # the gate seam (EgressGate.check_frame)
                         tap.outgoing(data)
 
                     engine = SessionEngine(
                         "host", spec, public_key=identity.public_key, sign=identity.sign,
                         host=HostConfig(remote_id=remote, post_protocol=post_protocol, nonce_unseen=nonce_unseen,
-                                        admit=admit, profile=own_profile, ui_bundle=ui_bundle),
+                                        admit=admit, profile=own_profile, ui_bundle=ui_bundle,
+                                        named_post=named_post),
                         egress_check=egress)
-                    session_scope = anyio.CancelScope()
-                    handshaking[token] = (engine, session_scope, remote)
-                    admitted = registry.by_key(remote)  # issue 11: revocable until the session ends
+                    engine_cell.append(engine)
+                    admitted = registry.by_key(remote)  # revocable until the session ends
                     live_sessions.add(token, engine, session_scope, remote, admitted.name if admitted else None)
 
                     def make_context(ev: SessionReady) -> HookContext:
                         rec = registry.merge_profile(ev.peer_public_key, ev.peer_profile) or \
                             registry.by_key(ev.peer_public_key)
                         name = rec.name if rec else None
-                        ready[0] = True
-                        handshaking.pop(token, None)
+                        used_up = slots.session_ready(token)
+                        slots.succeeded(remote)
                         post = ev.proof.get("post_id", "")
+                        for nonce in held:  # a proof signed by both sides exists now: remember it
+                            seen_nonces.commit(post, nonce, expiry.get(post) or _now() + opts.ttl_s)
+                        held.clear()
                         if keeper is not None:  # the guest may have joined by file: record the proof here
-                            used_up = opts.post_max_sessions is not None and \
-                                claimed.get(post, 0) >= opts.post_max_sessions
                             keeper.record_proof(ev.proof, used_up=used_up)
-                        live_sessions.ready(token, ev.session_id)  # issue 11
+                        live_sessions.ready(token, ev.session_id)
                         tap.ready(ev.session_id, name)
                         on_event({"event": "session-started", "session_id": ev.session_id,
                                   "peer": ev.peer_public_key, "peer_name": name, "post_id": post,
                                   "pairing_code": pairing_code(identity.public_key, ev.peer_public_key)})
                         return HookContext(role="host", session_id=ev.session_id,
                                            peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile),
-                                           knowledge=knowledge.handle_for(name, ev.peer_public_key),
+                                           knowledge=ActivityTracked(
+                                               knowledge.handle_for(name, ev.peer_public_key),
+                                               lambda: slots.note_activity(token)),
                                            logger=logging.getLogger("kith.hooks." + spec.name))
 
                     with session_scope:  # cancelled when evicted while still in the handshake
                         outcome = await run_session(stream, engine, hooks, make_context=make_context,
                                                     heartbeat=opts.heartbeat, stop=session_stop)
                     if session_scope.cancelled_caught:
-                        outcome = live_sessions.revoked_outcome(token)  # issue 11: revoked, or
-                        if outcome is None:
-                            return  # evicted: reported as session-refused already
+                        revoked = live_sessions.revoked_outcome(token)  # `kith peers remove|block`
+                        if revoked is not None:
+                            outcome = revoked
+                        else:
+                            cut = engine.close_event
+                            if cut is None or cut.reason != "aborted":
+                                return  # evicted in the handshake: reported as session-refused already
+                            # ended from outside once ready (session-evicted)
+                            on_event({"event": "session-ended", "session_id": engine.session_id, "peer": remote,
+                                      "reason": cut.reason, "code": cut.code, "ended_at": _now()})
+                            return
+                    if named and outcome.session_id is None:  # named a live post, never became ready
+                        failed_post(remote, named[0], outcome.code or "")
                     ended: dict[str, Any] = {"event": "session-ended", "session_id": outcome.session_id,
                                              "peer": remote, "reason": outcome.reason, "code": outcome.code,
                                              "ended_at": outcome.ended_at}
@@ -412,47 +456,61 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                         ended["ui_bytes_sent"] = engine.ui_bytes_sent
                     on_event(ended)
                 finally:
-                    handshaking.pop(token, None)
-                    live_sessions.discard(token)  # issue 11
-                    active[remote] -= 1
-                    if not active[remote]:
-                        del active[remote]
-                    if reserved and not ready[0]:  # admitted, but the session never became ready
-                        claimed[reserved[0]] -= 1
+                    slots.close_session(token)
+                    live_sessions.discard(token)
+                    for nonce in held:
+                        seen_nonces.release(nonce)
 
-            # sessions still in the handshake, oldest first: token -> (engine, scope, peer key)
-            handshaking: dict[int, tuple[SessionEngine, anyio.CancelScope, str]] = {}
+            def failed_post(peer: str, post_id: str, code: str) -> None:
+                """Count a failed handshake; retire the post when it collected too many."""
+                retired = slots.record_failure(peer, post_id, code)
+                if retired is None:
+                    return
+                live.pop(retired, None)
+                on_event({"event": "post-retired", "post_id": retired, "reason": "too-many-failures"})
+                if keeper is not None:
+                    keeper.replace(retired, "too-many-failures")  # withdrawn, then republished
+                else:
+                    warn(f"post {retired} had {opts.max_failed_handshakes} failed handshakes and is no longer "
+                         "honoured; restart `kith host` for a new invitation")
 
-            def evict_oldest_handshake() -> bool:
-                """Every session slot is taken: end the oldest session still in its handshake
-                (an honest one takes milliseconds) with ``handshake-host-busy``. False: all
-                slots hold ready sessions."""
-                while handshaking:
-                    oldest = next(iter(handshaking))
-                    engine, scope, peer = handshaking.pop(oldest)
-                    if engine.closed:
-                        continue
-                    engine.abort("handshake-host-busy", "evicted: the host is full and this handshake is the oldest")
-                    scope.cancel()  # run_session's cleanup still sends the queued _session_reject
-                    on_event({"event": "session-refused", "peer": peer, "code": "handshake-host-busy",
-                              "reason": "evicted"})
-                    return True
-                return False
+            async def watch_expiry() -> None:
+                """Say so when a post expires: with a server the keeper republishes it; in file
+                mode no new guest can join any more (refused with handshake-post-expired)."""
+                told: set[str] = set()
+                while True:
+                    now = _now()
+                    for post_id, at in list(expiry.items()):
+                        if post_id in live and post_id not in told and at <= now:
+                            told.add(post_id)
+                            on_event({"event": "post-expired", "post_id": post_id,
+                                      "expires_at": _rfc3339(at)})
+                            if keeper is None and not any(expiry.get(p, 0) > now for p in live):
+                                warn("the invitation expired: no new guest can join; restart `kith host` "
+                                     "for a new one")
+                    upcoming = [at - now for p, at in expiry.items() if p in live and p not in told]
+                    await anyio.sleep(min([60.0] + [max(0.05, t) for t in upcoming]))
+
+            async def purge_nonces() -> None:
+                """Keep the seen-nonce table bounded while hosting (expired rows go)."""
+                from node.trust.seen_nonces import PURGE_INTERVAL_S
+
+                while True:
+                    await anyio.sleep(PURGE_INTERVAL_S)
+                    await anyio.to_thread.run_sync(seen_nonces.purge)
 
             async def accept_loop(tg: Any) -> None:
                 token = 0
                 async with node.connections() as incoming:  # QUIC handshakes complete concurrently
                     async for conn in incoming:
-                        if len(pending) >= opts.max_sessions:  # evict the oldest connection without a stream
-                            oldest = next(iter(pending))
-                            old_conn, old_scope = pending.pop(oldest)
-                            old_scope.cancel()
-                            _close_quietly(old_conn, b"handshake-host-busy")
-                            on_event({"event": "session-refused", "peer": _remote_of(old_conn),
-                                      "code": "handshake-host-busy", "reason": "evicted"})
                         token += 1
                         scope = anyio.CancelScope()
-                        pending[token] = (conn, scope)
+
+                        def evict(conn: Any = conn, scope: anyio.CancelScope = scope) -> None:
+                            scope.cancel()
+                            _close_quietly(conn, b"handshake-host-busy")
+
+                        slots.connection_arrived(token, _remote_of(conn), evict)
                         tg.start_soon(serve_connection, conn, token, scope)
 
             async def stop_watch(accepting: anyio.CancelScope) -> None:
@@ -465,7 +523,9 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     tg.start_soon(keeper.run)
                 if watcher is not None:
                     tg.start_soon(watcher.arun)
-                tg.start_soon(peers_watcher.run)  # issue 11: peers.json / policy.toml by stat
+                tg.start_soon(watch_expiry)
+                tg.start_soon(purge_nonces)
+                tg.start_soon(peers_watcher.run)  # peers.json / policy.toml by stat
                 async with anyio.create_task_group() as accepting:
                     if stop is not None:
                         accepting.start_soon(stop_watch, accepting.cancel_scope)
@@ -477,7 +537,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                     keeper.retire()  # no republish from now on
                 await withdraw_posts()
                 with anyio.move_on_after(opts.shutdown_grace_s):
-                    while active:
+                    while slots.sessions:
                         await anyio.sleep(0.02)
                 if keeper is not None:
                     keeper.stop()
@@ -490,7 +550,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
             watcher.close()
         knowledge.close()
         seen_nonces.close()
-        audit.close()  # issue 11
+        audit.close()
 
 
 def _close_quietly(conn: Any, reason: bytes) -> None:
@@ -515,6 +575,21 @@ def _unix(rfc3339: str) -> float:
         return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
     except (ValueError, AttributeError):
         return 0.0
+
+
+def _rfc3339(unix: float) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(unix, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _reject_frame(code: str, message: str) -> bytes:
+    """One ``_session_reject`` frame (the engine's own encoding of it)."""
+    import msgspec
+
+    from node.engine.frames import SessionReject
+
+    return msgspec.json.encode(SessionReject(code=code, message=message[:500])) + b"\n"
 
 
 def _now() -> float:

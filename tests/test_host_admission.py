@@ -1,0 +1,269 @@
+"""Issue 11 over real iroh (loopback, relay disabled), with ``serve_host`` in process:
+an expired invitation is refused on the host (``handshake-post-expired``); failed
+handshakes cool a key down (``handshake-too-many-failures``) and retire a file-mode post;
+the 16 keys × 4 sessions slot-exhaustion attack fails — an honest pinned guest and an
+honest anonymous guest both get in. The rules themselves are unit-tested without iroh in
+tests/test_admission.py."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import anyio
+import pytest
+
+from node.corpus.store import Corpus
+from node.engine.session import GuestConfig, SessionEngine
+from node.runtime.driver import run_session
+from node.runtime.guest import check_invitation, join_session
+from node.runtime.hooks import HookContext, Hooks, PeerInfo
+from node.transport.iroh import bind_node
+from node.trust.identity import Identity
+from node.trust.invitation import parse_invitation
+from node.trust.peers import PeerRegistry
+
+from test_transport_session import FAST, InProcessHost, _home
+
+pytestmark = pytest.mark.iroh
+
+
+async def _guest(inv, spec, quic: Identity, claimed: Identity | None = None, post_id: str | None = None):
+    """A guest driven by the real engine that ends with ``end`` at once. ``claimed``: the
+    key it says it has in ``_session_init`` (≠ its QUIC key → a failed handshake)."""
+    claimed = claimed or quic
+    async with bind_node(quic.secret, spec.alpn, local=True) as node:
+        stream = await node.open_stream(await node.connect(inv.transport_info.ticket))
+        engine = SessionEngine("guest", spec, public_key=claimed.public_key, sign=claimed.sign,
+                               guest=GuestConfig(remote_id=stream.remote_id, post_id=post_id or inv.post_id,
+                                                 host_public_key=inv.host_public_key))
+        return await run_session(stream, engine, Hooks(on_start=lambda ctx: {"action": "end"}),
+                                 make_context=lambda ev: HookContext(role="guest", session_id=ev.session_id,
+                                                                     peer=PeerInfo(ev.peer_public_key)),
+                                 heartbeat=FAST)
+
+
+async def _started(host: InProcessHost) -> None:
+    with anyio.fail_after(20):
+        await host.ready.wait()
+
+
+def test_an_expired_invitation_is_refused_by_the_host(tmp_path):
+    """`kith host --ttl` end to end: after the post's expires_at a raw `_session_init`
+    with the old post_id (no guest-side expiry check) gets `handshake-post-expired`, and
+    the host said the post expired."""
+
+    async def scenario():
+        host = InProcessHost(_home(tmp_path, "host"), tmp_path, ttl_s=2)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            await _started(host)
+            inv = parse_invitation(host.invitation)
+            _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+            before = await _guest(inv, spec, Identity(os.urandom(32)))
+            expired = await host.wait_for(lambda e: e["event"] == "post-expired")
+            after = await _guest(inv, spec, Identity(os.urandom(32)))
+            host.stop.set()
+        return inv, before, expired, after, host
+
+    inv, before, expired, after, host = anyio.run(scenario, backend="asyncio")
+    assert before.ok, (before.reason, before.code)
+    assert expired["post_id"] == inv.post_id
+    assert (after.reason, after.code) == ("rejected", "handshake-post-expired")
+    assert len(host.of("session-started")) == 1
+
+
+def test_failed_handshakes_cool_a_key_down_and_retire_a_file_mode_post(tmp_path):
+    """Three handshakes that name the live post and claim a key that is not the QUIC
+    remote id: the fourth attempt of that key is refused with the time left; the file-mode
+    post collected three failures and is retired, so an honest guest is refused too (the
+    owner restarts `kith host` for a new invitation)."""
+
+    async def scenario():
+        host = InProcessHost(_home(tmp_path, "host"), tmp_path, max_failed_handshakes=3, failure_cooldown_s=600)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            await _started(host)
+            inv = parse_invitation(host.invitation)
+            _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+            attacker, other = Identity(os.urandom(32)), Identity(os.urandom(32))
+            unknown = [await _guest(inv, spec, attacker, post_id="0" * 32)]  # not a live post: not counted
+            failed = [await _guest(inv, spec, attacker, claimed=other) for _ in range(3)]
+            cooled = await _guest(inv, spec, attacker)
+            honest = await _guest(inv, spec, Identity(os.urandom(32)))
+            host.stop.set()
+        return unknown, failed, cooled, honest, host
+
+    unknown, failed, cooled, honest, host = anyio.run(scenario, backend="asyncio")
+    assert [(o.reason, o.code) for o in unknown] == [("rejected", "handshake-unknown-post")]
+    assert [(o.reason, o.code) for o in failed] == [("rejected", "handshake-key-mismatch")] * 3
+    assert (cooled.reason, cooled.code) == ("rejected", "handshake-too-many-failures")
+    assert "try again in" in cooled.message and " s." in cooled.message
+    assert (honest.reason, honest.code) == ("rejected", "handshake-unknown-post")
+    retired = host.of("post-retired")
+    assert [e["reason"] for e in retired] == ["too-many-failures"]
+
+
+def test_sixteen_keys_times_four_sessions_do_not_lock_out_honest_guests(tmp_path):
+    """The slot-exhaustion attack of issue 11: 16 throw-away keys × 4 sessions each, every
+    session asking as fast as the host answers (far more than the quota allows), hold
+    the host's 64 slots as long as they can. A pinned guest still finds a slot (the
+    anonymous peers share 48), and an anonymous guest gets in by evicting the attacker
+    session idle the longest (rate-limited answers are not activity)."""
+    host_home = _home(tmp_path, "host")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "alpha.md").write_text("# Alpha\n\nalpha beta gamma, the shared notes.\n")
+    with Corpus(host_home) as corpus:
+        corpus.add_root(docs)
+        corpus.sync()
+    (host_home / "policy.toml").write_text("[[rule]]\nglob = '/docs/**'\ntier = 'public'\n")
+    friend = Identity(os.urandom(32))
+    registry = PeerRegistry.load(host_home)
+    registry.add("friend", friend.public_key)
+
+    attackers = [Identity(os.urandom(32)) for _ in range(16)]
+    done = threading.Event()
+    asked = [0]
+
+    def flood() -> str | None:
+        if done.wait(0.05):
+            return None
+        asked[0] += 1
+        return "alpha"
+
+    async def scenario():
+        host = InProcessHost(host_home, tmp_path, evict_idle_after_s=3.0)
+        outcomes: dict[str, object] = {}
+        attacked: list = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            await _started(host)
+            inv = parse_invitation(host.invitation)
+            guest_home = _home(tmp_path, "guest")
+            pdir, spec = check_invitation(inv, guest_home)
+
+            async def attack(i: int, ident: Identity):
+                # an attacker that comes back whenever it is refused or evicted
+                while not done.is_set():
+                    attacked.append(await join_session(
+                        guest_home, ident, inv, pdir, spec, local=True, server_url=None,
+                        options={"queries": [], "ask": flood}, interactive=True, heartbeat=FAST))
+                    await anyio.sleep(0.2)
+
+            async with anyio.create_task_group() as attack_tg:
+                for n, ident in enumerate(attackers):
+                    for k in range(4):
+                        attack_tg.start_soon(attack, n * 4 + k, ident)
+                # the attackers fill the anonymous share (and are refused beyond it)
+                await host.wait_for(lambda _e: len(host.of("session-started")) >= 48
+                                    and host.of("session-refused"), timeout=60)
+                got: dict[str, list] = {"pinned": [], "anonymous": []}
+                outcomes["pinned"] = await join_session(
+                    guest_home, friend, inv, pdir, spec, local=True, server_url=None, heartbeat=FAST,
+                    options={"queries": ["alpha"], "on_results": got["pinned"].append})
+                # the anonymous share is full of attackers asking (rate-limited from now on);
+                # the honest anonymous guest comes once they have asked far beyond the quota
+                await host.wait_for(lambda _e: asked[0] > 300, timeout=60)
+                honest = Identity(os.urandom(32))
+                outcomes["anonymous"] = await join_session(
+                    guest_home, honest, inv, pdir, spec, local=True, server_url=None, heartbeat=FAST,
+                    options={"queries": ["alpha"], "on_results": got["anonymous"].append})
+                done.set()
+            host.stop.set()
+        return outcomes, got, host, honest, attacked
+
+    outcomes, got, host, honest, attacked = anyio.run(scenario, backend="asyncio")
+    assert outcomes["pinned"].ok, (outcomes["pinned"].reason, outcomes["pinned"].code)
+    assert outcomes["anonymous"].ok, (outcomes["anonymous"].reason, outcomes["anonymous"].code)
+    assert len(got["pinned"]) == 1 and len(got["anonymous"]) == 1
+    started = {e["peer"] for e in host.of("session-started")}
+    assert friend.public_key in started and honest.public_key in started
+    # anonymous peers never held more than their share (48 of 64) at once
+    attacker_keys = {a.public_key for a in attackers} | {honest.public_key}
+    live, most = 0, 0
+    for e in host.events:
+        if e.get("peer") in attacker_keys and e["event"] == "session-started":
+            live += 1
+            most = max(most, live)
+        elif e.get("peer") in attacker_keys and e["event"] == "session-ended" and e.get("session_id"):
+            live -= 1
+    assert most <= 48
+    evicted = host.of("session-evicted")
+    assert evicted and {e["peer"] for e in evicted} <= {a.public_key for a in attackers}
+    cut = [e for e in host.ended() if e.get("code") == "session-evicted"]
+    assert len(cut) == len(evicted)
+    assert {e["code"] for e in host.of("session-refused")} <= {"handshake-host-busy"}
+    # an evicted attacker was told why before the host closed its stream
+    assert any(("session-evicted" in [c for c, _m in o.remote_errors]) for o in attacked)
+
+
+def test_the_nonce_table_stays_bounded_under_a_flood_of_abandoned_handshakes(tmp_path):
+    """30 `_session_init`s from 30 keys, each answered with the host's proof and then
+    abandoned, add no row to seen-nonces.sqlite: only the session that reached READY is
+    recorded (the flood of issue 11 grew it by one row per init)."""
+    from node.engine.session import State
+    from node.trust.seen_nonces import SeenNonces
+    from test_host_serving import _raw_guest
+
+    host_home = _home(tmp_path, "host")
+
+    async def scenario():
+        host = InProcessHost(host_home, tmp_path, max_failed_handshakes=1000)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            await _started(host)
+            inv = parse_invitation(host.invitation)
+            _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+            completed = await _guest(inv, spec, Identity(os.urandom(32)))
+            states = [await _raw_guest(inv, spec, Identity(os.urandom(32)), hang_up_after_proof=True)
+                      for _ in range(30)]
+            await host.wait_for(lambda _e: len(host.ended()) >= 31)
+            host.stop.set()
+        return completed, states
+
+    completed, states = anyio.run(scenario, backend="asyncio")
+    assert completed.ok
+    assert states == [State.AWAIT_CONFIRM] * 30  # each got a proof: its nonce passed the check
+    table = SeenNonces(host_home)
+    assert len(table) == 1 and table.reserved == 0
+    table.close()
+
+
+def test_a_single_use_server_post_with_too_many_failures_is_withdrawn_and_replaced(tmp_path):
+    """With --server and --max-sessions 1, a post that collects --max-failed-handshakes
+    failed handshakes (from several keys) is retired: the host reports `post-retired`, the
+    keeper withdraws it and publishes a new post (`republished`, reason
+    `too-many-failures`), and an honest guest joins the new post."""
+    import httpx
+
+    from node.community.server import run_server_in_thread
+
+    from test_host_serving import NO_LIMITS
+
+    with run_server_in_thread(tmp_path / "community.sqlite3", rate_limits=NO_LIMITS) as server_url:
+        async def scenario():
+            host = InProcessHost(_home(tmp_path, "host"), tmp_path, server_url=server_url, post_max_sessions=1,
+                                 max_failed_handshakes=2)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(host.run)
+                await _started(host)
+                inv = parse_invitation(host.invitation)
+                _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+                failed = [await _guest(inv, spec, Identity(os.urandom(32)), claimed=Identity(os.urandom(32)))
+                          for _ in range(2)]
+                fresh = await host.wait_for(lambda e: e["event"] == "republished")
+                late = await _guest(inv, spec, Identity(os.urandom(32)))
+                joined = await _guest(inv, spec, Identity(os.urandom(32)), post_id=fresh["post_id"])
+                host.stop.set()
+            return inv, failed, fresh, late, joined, host
+
+        inv, failed, fresh, late, joined, host = anyio.run(scenario, backend="asyncio")
+        old_state = httpx.get(f"{server_url}/api/v1/invitations/{inv.post_id}/status").json()["state"]
+    assert [(o.reason, o.code) for o in failed] == [("rejected", "handshake-key-mismatch")] * 2
+    assert host.of("post-retired") == [{"event": "post-retired", "post_id": inv.post_id,
+                                        "reason": "too-many-failures"}]
+    assert fresh["previous_post_id"] == inv.post_id and fresh["reason"] == "too-many-failures"
+    assert (late.reason, late.code) == ("rejected", "handshake-unknown-post")
+    assert joined.ok, (joined.reason, joined.code)
+    assert old_state == "withdrawn"
