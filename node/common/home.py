@@ -42,3 +42,62 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def acquire_owner_lock(path: Path, command: str) -> int | None:
+    """Take an exclusive, non-blocking ``flock`` on ``path`` (created 0600) and write the
+    owner into it: ``{"pid", "command", "since"}`` (JSON), so a refused second process can
+    say who holds it (:func:`lock_owner`). The lock lives as long as the returned file
+    descriptor: close it (:func:`release_owner_lock`) or exit to release it — a crashed
+    owner never leaves a stale lock.
+
+    Args:
+        path: the lock file (e.g. ``<home>/host.lock``).
+        command: what the owner runs, shown to a refused process (e.g. ``"kith host"``).
+
+    Returns:
+        The descriptor holding the lock, or None when another process holds it. On a
+        platform without ``fcntl`` no lock is taken and ``-1`` is returned.
+    """
+    import json
+    import time
+
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        return -1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    os.write(fd, json.dumps({"pid": os.getpid(), "command": command[:200], "since": since}).encode())
+    return fd
+
+
+def release_owner_lock(fd: int | None) -> None:
+    """Release a lock taken by :func:`acquire_owner_lock` (its owner text is cleared)."""
+    if fd is None or fd < 0:
+        return
+    try:
+        os.ftruncate(fd, 0)
+    except OSError:
+        pass
+    os.close(fd)  # closing releases the flock
+
+
+def lock_owner(path: Path) -> str:
+    """Who holds the lock at ``path``, for an error message: ``"pid N, COMMAND, since T"``
+    (``"owner unknown"`` when the file cannot be read)."""
+    import json
+
+    try:
+        info = json.loads(path.read_text("utf-8") or "{}")
+        return (f"pid {int(info.get('pid', 0))}, {str(info.get('command', '?'))[:60]}, "
+                f"since {str(info.get('since', '?'))[:20]}")
+    except (OSError, ValueError, TypeError, AttributeError):
+        return "owner unknown"

@@ -36,11 +36,7 @@ import tantivy
 from node.corpus import archives, chunking, ingest, search
 from node.corpus.types import Hit, Root
 from node.common.errors import CorpusError
-
-try:  # POSIX advisory lock; on other platforms the tantivy writer lock alone applies
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
+from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
 
 SCHEMA_VERSION = 2
 _WRITER_HEAP = 128_000_000
@@ -325,12 +321,7 @@ class Corpus:
 
     # -- the writer -----------------------------------------------------------------------
     def _owner_text(self) -> str:
-        try:
-            info = json.loads(self.lock_path.read_text("utf-8") or "{}")
-            return (f"pid {int(info.get('pid', 0))}, {str(info.get('command', '?'))[:60]}, "
-                    f"since {str(info.get('since', '?'))[:20]}")
-        except (OSError, ValueError):
-            return "owner unknown"
+        return lock_owner(self.lock_path)
 
     def _locked(self) -> CorpusError:
         return CorpusError(
@@ -341,18 +332,10 @@ class Corpus:
     def _acquire_writer(self) -> None:
         """Take the writer lock, open/create the index, and repair it from SQLite."""
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if fcntl is not None:
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                raise self._locked() from None
-            os.ftruncate(fd, 0)
-            os.write(fd, json.dumps({"pid": os.getpid(),
-                                     "command": " ".join(["kith", *sys.argv[1:3]]),
-                                     "since": ingest.now_rfc3339()}).encode())
-            self._wlock_fd = fd
+        fd = acquire_owner_lock(self.lock_path, " ".join(["kith", *sys.argv[1:3]]))
+        if fd is None:
+            raise self._locked()
+        self._wlock_fd = fd
         try:
             rebuild = self._get_meta("index_schema_version") != str(search.INDEX_SCHEMA_VERSION)
             index = None
@@ -392,9 +375,7 @@ class Corpus:
             del writer
         if self._wlock_fd is not None:
             fd, self._wlock_fd = self._wlock_fd, None
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-            os.close(fd)  # closing releases the flock
+            release_owner_lock(fd)
 
     def _commit_index(self) -> None:
         """Commit tantivy, then record the last applied change in SQLite."""

@@ -18,8 +18,8 @@ from node.runtime.admission import EVICT_IDLE_AFTER_S, FAILURE_COOLDOWN_S, MAX_C
     MAX_FAILED_HANDSHAKES, MAX_SESSIONS_PER_PEER, ActivityTracked, Admission, AdmissionLimits, admission
 from node.runtime.driver import run_session
 from node.engine.session import HostConfig, SessionEngine, SessionReady
-from node.common.errors import HandshakeError, KithError, SpecError
-from node.common.home import atomic_write
+from node.common.errors import ConfigError, HandshakeError, KithError, SpecError
+from node.common.home import acquire_owner_lock, atomic_write, lock_owner, release_owner_lock
 from node.runtime.hooks import HookContext, PeerInfo, load_hooks
 from node.trust.identity import load_or_init_identity
 from node.trust.invitation import DEFAULT_TTL_S, Invitation, create_invitation
@@ -34,6 +34,8 @@ SHUTDOWN_GRACE_S = 10.0
 FIRST_STREAM_TIMEOUT_S = 3.0
 #: On SIGINT/SIGTERM, how long withdrawing the host's posts on the server may take (s).
 WITHDRAW_TIMEOUT_S = 3.0
+#: The lock a serving ``kith host`` holds in its home (a second one gets ``home-in-use``).
+HOST_LOCK_FILE = "host.lock"
 
 
 @dataclass
@@ -158,6 +160,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
              "Share with e.g. `kith policy set '/<root>/**' public`.")
     gate = EgressGate(corpus.roots(), policy, home, approvals=Approvals(home))
     service = AnswerService(corpus, gate, limiter=limiter)
+    _warm_in_background(service)
 
     def close() -> None:
         corpus.close()
@@ -205,12 +208,30 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
         warn: prints a warning for the owner (stderr).
         stop: set it to shut down cleanly.
 
+    One ``kith host`` serves a home at a time: it holds ``<home>/host.lock`` (``flock``,
+    naming its pid) while serving.
+
     Raises:
-        KithError: protocol not found/invalid, bind failure, server refusal.
+        KithError: ``home-in-use`` (another process serves this home), protocol not
+            found/invalid, bind failure, server refusal.
     """
+    identity = load_or_init_identity(home)
+    host_lock = acquire_owner_lock(home / HOST_LOCK_FILE, "kith host")
+    if host_lock is None:
+        raise ConfigError("home-in-use", f"Another `kith host` is serving this home ({lock_owner(home / HOST_LOCK_FILE)}).",
+                          hint="Stop it first, or host from another home (--home DIR).")
+    try:
+        await _serve(home, opts, identity, on_invitation=on_invitation, on_event=on_event, warn=warn, stop=stop)
+    finally:
+        release_owner_lock(host_lock)
+
+
+async def _serve(home: Path, opts: HostOptions, identity: Any, *, on_invitation: Callable[[dict[str, Any]], None],
+                 on_event: Callable[[dict[str, Any]], None], warn: Callable[[str], None],
+                 stop: anyio.Event | None) -> None:
+    """:func:`serve_host` once this process holds the home's host lock."""
     from node.transport.iroh import bind_node
 
-    identity = load_or_init_identity(home)
     pdir = find_protocol_dir(opts.protocol, home)
     if pdir is None:
         raise SpecError("protocol-not-found", f"no protocol named {opts.protocol!r}")
@@ -353,7 +374,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                         engine_cell[0].abort(code, message or None)
                     session_scope.cancel()
 
-                registry = PeerRegistry.load(home)  # re-read: `kith peers` may have changed it
+                registry = peers_watcher.current()  # re-read: `kith peers` may have changed it
                 refusal = slots.open_session(token, remote, end,
                                              alive=lambda: not (engine_cell and engine_cell[0].closed),
                                              anonymous=registry.by_key(remote) is None)
@@ -551,6 +572,23 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
         knowledge.close()
         seen_nonces.close()
         audit.close()
+
+
+def _warm_in_background(service: Any) -> None:
+    """Build the anonymous guests' view index in a daemon thread (a peer is ranked on its
+    own view, node/corpus/views.py): the first guest then does not wait for it. A failure
+    (no index yet, the corpus closed by a quick stop) is only logged."""
+    import threading
+
+    from node.answer.service import PeerView
+
+    def run() -> None:
+        try:
+            service.warm(PeerView(None, None))
+        except Exception as exc:  # noqa: BLE001 - warming is an optimisation only
+            log.debug("could not warm the anonymous view: %s", type(exc).__name__)
+
+    threading.Thread(target=run, name="kith-warm-view", daemon=True).start()
 
 
 def _close_quietly(conn: Any, reason: bytes) -> None:

@@ -166,9 +166,20 @@ class PeersWatcher:
         self._peers_stamp = file_stamp(self.home / PEERS_FILE)
         self._policy_stamp = file_stamp(self.home / "policy.toml")
         registry = PeerRegistry.load(self.home)
+        self._registry = registry
         self._pinned = {r.public_key: r.name for r in registry.peers.values()}
         self._blocked = set(registry.blocked)
         self._bad_stamp: Any = None
+
+    def current(self) -> PeerRegistry:
+        """The registry as ``peers.json`` says now; the last one that loaded when the file
+        is broken (a corrupt or half-edited ``peers.json`` never stops the host)."""
+        try:
+            registry = PeerRegistry.load(self.home)
+        except ConfigError:
+            return self._registry
+        self._registry = registry
+        return registry
 
     async def run(self) -> None:
         """Poll until cancelled; never raises for a bad file."""
@@ -194,6 +205,7 @@ class PeersWatcher:
                 self.on_event({"event": "config-invalid", "file": PEERS_FILE})
             return []
         self._peers_stamp = stamp
+        self._registry = registry
         pinned = {r.public_key: r.name for r in registry.peers.values()}
         blocked = set(registry.blocked)
         out: list[dict[str, Any]] = []
