@@ -282,7 +282,11 @@ def test_first_cut_sqlite_database_is_migrated(tmp_path: Path) -> None:
         conn.execute(f"INSERT INTO sessions ({', '.join(cols)}, created_at) VALUES "
                      f"({', '.join('?' for _ in cols)}, '2030-01-01T00:00:00Z')",
                      tuple(proof[c] for c in cols))
-    store = open_store(db)
+    with pytest.raises(CommunityError) as err:  # serving an old schema is refused...
+        open_store(db)
+    assert err.value.code == "database-schema-old" and "kith community migrate" in err.value.message
+    store = open_store(db, migrate=True)  # ...`kith community migrate` brings it forward
+    assert store.applied == [2, 3] and store.schema_version() == 3
     row = store.get_invitation(inv.post_id)
     assert row is not None and row.sessions_count == 1 and row.document["post_id"] == inv.post_id
     assert store.get_session(proof["session_id"])["closed_unix"] is None
