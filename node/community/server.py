@@ -391,8 +391,8 @@ class _App:
         _plain_text(profile.about, "about", MAX_ABOUT_CHARS)
         skeletons = name_skeletons(profile.display_name)
         if not skeletons:
-            raise CommunityError("request-invalid", "display_name must contain a letter or "
-                                 "digit", status=400)
+            raise CommunityError("request-invalid", "display_name must contain something "
+                                 "besides spaces and format characters", status=400)
         created = await self._db(self.store.upsert_identity, signed.public_key,
                                  display_name=profile.display_name, about=profile.about,
                                  now=self.clock(), skeletons=skeletons)
