@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -960,6 +961,8 @@ class PostgresStore(CommunityStore):
         statement_timeout_s: PostgreSQL's ``statement_timeout`` for every connection, in
             seconds (a statement cancelled by it answers 503 ``database-timeout``).
         migrate: bring an older schema forward (``kith community migrate``).
+        pool_timeout_s: how long a request waits for a pooled connection before it answers
+            503 ``database-unavailable``, in seconds.
 
     Raises:
         ConfigError: ``database-driver-missing`` when psycopg is not installed (install
@@ -978,7 +981,7 @@ class PostgresStore(CommunityStore):
     def __init__(self, url: str, *, pool_size: int = DEFAULT_POOL_SIZE,
                  connect_timeout_s: float = BUSY_TIMEOUT_S,
                  statement_timeout_s: float = STATEMENT_TIMEOUT_S,
-                 migrate: bool = False) -> None:
+                 migrate: bool = False, pool_timeout_s: float = BUSY_TIMEOUT_S) -> None:
         try:
             import psycopg
             from psycopg_pool import ConnectionPool
@@ -987,11 +990,19 @@ class PostgresStore(CommunityStore):
                               "a postgresql:// database needs psycopg 3",
                               hint="pip install 'kith-node[postgres]'") from None
         try:
-            psycopg.conninfo.conninfo_to_dict(url)
+            params = psycopg.conninfo.conninfo_to_dict(url)
+            ports = str(params.get("port") or "0").split(",")
+            if not all(p.strip().isdigit() for p in ports):
+                raise psycopg.ProgrammingError("port")
         except psycopg.Error:
             raise UsageError("database-url-invalid",
                              "the postgresql:// database URL cannot be parsed (not repeated "
                              "here: it may hold a password)") from None
+        # the pool's own warnings name hosts and sockets on each failed try; the server
+        # reports an unavailable database itself (503s, the start-up retry lines)
+        pool_log = logging.getLogger("psycopg.pool")
+        if not pool_log.handlers:
+            pool_log.addHandler(logging.NullHandler())
         self._display = display_database_url(url)
         self.applied: list[int] = []
         timeout_ms = max(1, int(statement_timeout_s * 1000))
@@ -1001,7 +1012,7 @@ class PostgresStore(CommunityStore):
             conn.commit()
 
         self._pool = ConnectionPool(url, min_size=1, max_size=max(1, pool_size), open=False,
-                                    timeout=BUSY_TIMEOUT_S, name="kith-community",
+                                    timeout=pool_timeout_s, name="kith-community",
                                     configure=configure, check=ConnectionPool.check_connection,
                                     kwargs={"connect_timeout": max(1, int(connect_timeout_s))})
         try:
