@@ -166,6 +166,10 @@ class PostKeeper:
 
     async def _run(self) -> None:
         async with CommunityClient(self.server_url, self.identity) as client:
+            # refresh at once: the answer says how often this server wants it (its lease
+            # may be shorter than the default interval)
+            if not await self._check(client):
+                return
             while True:
                 timeout = min(self.poll_s, self.refresh_s, self._seconds_to_expiry() + 0.5)
                 item: tuple[str, Any] = ("check", None)
