@@ -487,18 +487,30 @@ class CommunityStore:
         """Store an invitation (and its lower-cased tags) under ``post_id``; False if that
         id is taken. ``lease_unix``: the first liveness lease's end (Unix s)."""
         with self._write() as conn:
-            cur = conn.execute(
-                "INSERT INTO invitations (post_id, host_public_key, protocol_id, protocol_name, "
-                "document, expires_unix, created_unix, max_sessions, lease_unix) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (post_id) DO NOTHING",
-                (post_id, host_public_key, protocol_id, protocol_name, _dumps(document),
-                 expires_unix, now, max_sessions, lease_unix))
-            if cur.rowcount != 1:
-                return False
-            for tag in sorted({t.lower() for t in tags}):
-                conn.execute("INSERT INTO invitation_tags (post_id, tag) VALUES (?, ?)",
-                             (post_id, tag))
-            return True
+            return self._insert_invitation(
+                conn, post_id=post_id, host_public_key=host_public_key,
+                protocol_id=protocol_id, protocol_name=protocol_name, document=document,
+                expires_unix=expires_unix, max_sessions=max_sessions, tags=tags, now=now,
+                lease_unix=lease_unix)
+
+    @staticmethod
+    def _insert_invitation(conn: _Conn, *, post_id: str, host_public_key: str,
+                           protocol_id: str, protocol_name: str, document: dict[str, Any],
+                           expires_unix: float, max_sessions: int | None, tags: list[str],
+                           now: float, lease_unix: float | None) -> bool:
+        """:meth:`insert_invitation` inside the caller's transaction (bulk seeding)."""
+        cur = conn.execute(
+            "INSERT INTO invitations (post_id, host_public_key, protocol_id, protocol_name, "
+            "document, expires_unix, created_unix, max_sessions, lease_unix) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (post_id) DO NOTHING",
+            (post_id, host_public_key, protocol_id, protocol_name, _dumps(document),
+             expires_unix, now, max_sessions, lease_unix))
+        if cur.rowcount != 1:
+            return False
+        for tag in sorted({t.lower() for t in tags}):
+            conn.execute("INSERT INTO invitation_tags (post_id, tag) VALUES (?, ?)",
+                         (post_id, tag))
+        return True
 
     _INVITATION_COLS = ("i.document, i.expires_unix, i.created_unix, i.max_sessions, "
                         "i.sessions_count, i.withdrawn_unix, d.display_name, i.seq, "
@@ -882,8 +894,8 @@ class SqliteStore(CommunityStore):
 
     @contextlib.contextmanager
     def _connect(self, timeout_s: float | None = None) -> Iterator[sqlite3.Connection]:
-        """A short-lived connection whose statements are interrupted after ``timeout_s``
-        seconds in all (default: the store's statement timeout)."""
+        """A short-lived connection whose statements are each interrupted after
+        ``timeout_s`` seconds (default: the store's statement timeout)."""
         conn = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         try:
             conn.execute("PRAGMA synchronous=NORMAL")
@@ -892,7 +904,13 @@ class SqliteStore(CommunityStore):
             def over_time() -> int:  # checked every 10,000 VM steps: 1 interrupts
                 return 1 if time.monotonic() > deadline[0] else 0
 
-            deadline[0] = time.monotonic() + (timeout_s or self.statement_timeout_s)
+            limit = timeout_s or self.statement_timeout_s
+
+            def statement_starts(_sql: str) -> None:  # each statement gets its own deadline
+                deadline[0] = time.monotonic() + limit
+
+            statement_starts("")
+            conn.set_trace_callback(statement_starts)
             conn.set_progress_handler(over_time, 10_000)
             yield conn
         finally:
