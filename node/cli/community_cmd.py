@@ -354,9 +354,11 @@ def fetch_protocol_cmd(
 # ----------------------------------------------------------------------------- posts
 def _print_post(post: dict[str, Any]) -> None:
     cap = post["max_sessions"] if post["max_sessions"] is not None else "∞"
+    lease = post.get("lease_expires_at")
     console.print(f"{post['post_id']}  {post['state']}  sessions {post['sessions']}/{cap}  "
                   f"expires {post['expires_at']}"
-                  + (f"  withdrawn {post['withdrawn_at']}" if post["withdrawn_at"] else ""),
+                  + (f"  withdrawn {post['withdrawn_at']}" if post["withdrawn_at"] else "")
+                  + (f"  lease to {lease}" if lease else "  no lease"),
                   highlight=False)
 
 
