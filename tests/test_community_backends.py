@@ -61,59 +61,86 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class PgCluster:
+    """A throwaway PostgreSQL cluster on a unix socket in a temporary folder, run with the
+    real ``initdb``/``pg_ctl`` (as the ``postgres`` user when the tests run as root).
+    :meth:`stop` and :meth:`start` let a test take the database away and bring it back.
+
+    Raises:
+        pytest.skip.Exception: when psycopg, the binaries or an unprivileged account are
+            missing, or initdb/pg_ctl fail here (with the reason).
+    """
+
+    def __init__(self) -> None:
+        try:
+            import psycopg  # noqa: F401
+            import psycopg_pool  # noqa: F401
+        except ImportError:
+            pytest.skip("psycopg 3 is not installed (pip install 'kith-node[postgres]')")
+        bindir = _pg_bindir()
+        if bindir is None:
+            pytest.skip("PostgreSQL server binaries (initdb, pg_ctl, postgres) are not "
+                        "installed (Debian: apt-get install postgresql)")
+        self.bindir = bindir
+        self.prefix: list[str] = []
+        self.root = Path(tempfile.mkdtemp(prefix="kith-pg-"))
+        if os.geteuid() == 0:  # postgres refuses to run as root: use an unprivileged account
+            try:
+                account = pwd.getpwnam("postgres")
+            except KeyError:
+                self.remove()
+                pytest.skip("running as root and there is no 'postgres' account to run PostgreSQL")
+            runuser = shutil.which("runuser") or shutil.which("setpriv")
+            if runuser is None:
+                self.remove()
+                pytest.skip("running as root without runuser/setpriv to drop privileges")
+            self.prefix = ([runuser, "-u", "postgres", "--"] if runuser.endswith("runuser") else
+                           [runuser, f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}",
+                            "--clear-groups", "--"])
+            os.chown(self.root, account.pw_uid, account.pw_gid)
+        self.root.chmod(0o700)
+        self.data, self.port = self.root / "data", _free_port()
+        self.running = False
+        r = self._run(str(bindir / "initdb"), "-D", str(self.data), "-U", "kith", "-A", "trust",
+                      "-E", "UTF8", "--no-sync")
+        if r.returncode != 0:
+            self.remove()
+            pytest.skip(f"initdb failed here: {r.stderr.strip().splitlines()[-1:]}")
+        self.url = f"postgresql:///postgres?host={self.root}&port={self.port}&user=kith"
+
+    def _run(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*self.prefix, *args], capture_output=True, text=True,
+                              timeout=120, cwd=self.root)
+
+    def start(self) -> None:
+        r = self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l",
+                      str(self.root / "log"), "-w", "-t", "60", "-o",
+                      f"-c listen_addresses='' -k {self.root} -p {self.port} -c fsync=off "
+                      "-c full_page_writes=off -c max_connections=60", "start")
+        if r.returncode != 0:
+            pytest.skip(f"pg_ctl start failed here: {r.stderr.strip().splitlines()[-1:]}")
+        self.running = True
+
+    def stop(self) -> None:
+        if self.running:
+            self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
+                      "-w", "stop")
+            self.running = False
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[str]:
     """A base libpq URL (``postgresql:///postgres?host=SOCKDIR&port=N&user=kith``)."""
+    cluster = PgCluster()
     try:
-        import psycopg  # noqa: F401
-        import psycopg_pool  # noqa: F401
-    except ImportError:
-        pytest.skip("psycopg 3 is not installed (pip install 'kith-node[postgres]')")
-    bindir = _pg_bindir()
-    if bindir is None:
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl, postgres) are not installed "
-                    "(Debian: apt-get install postgresql)")
-    prefix: list[str] = []
-    root = Path(tempfile.mkdtemp(prefix="kith-pg-"))
-    if os.geteuid() == 0:  # postgres refuses to run as root: use an unprivileged account
-        try:
-            account = pwd.getpwnam("postgres")
-        except KeyError:
-            shutil.rmtree(root, ignore_errors=True)
-            pytest.skip("running as root and there is no 'postgres' account to run PostgreSQL")
-        runuser = shutil.which("runuser") or shutil.which("setpriv")
-        if runuser is None:
-            shutil.rmtree(root, ignore_errors=True)
-            pytest.skip("running as root without runuser/setpriv to drop privileges")
-        prefix = ([runuser, "-u", "postgres", "--"] if runuser.endswith("runuser") else
-                  [runuser, f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}",
-                   "--clear-groups", "--"])
-        os.chown(root, account.pw_uid, account.pw_gid)
-    root.chmod(0o700)
-    data, port = root / "data", _free_port()
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=120,
-                              cwd=root)
-
-    started = False
-    try:
-        r = run(str(bindir / "initdb"), "-D", str(data), "-U", "kith", "-A", "trust",
-                "-E", "UTF8", "--no-sync")
-        if r.returncode != 0:
-            pytest.skip(f"initdb failed here: {r.stderr.strip().splitlines()[-1:]}")
-        r = run(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w",
-                "-t", "60", "-o",
-                f"-c listen_addresses='' -k {root} -p {port} -c fsync=off "
-                "-c full_page_writes=off -c max_connections=60", "start")
-        if r.returncode != 0:
-            pytest.skip(f"pg_ctl start failed here: {r.stderr.strip().splitlines()[-1:]}")
-        started = True
-        yield f"postgresql:///postgres?host={root}&port={port}&user=kith"
+        cluster.start()
+        yield cluster.url
     finally:
-        if started:
-            run(str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
-        shutil.rmtree(root, ignore_errors=True)
+        cluster.remove()
 
 
 def _fresh_pg_database(base: str) -> str:
@@ -282,7 +309,11 @@ def test_first_cut_sqlite_database_is_migrated(tmp_path: Path) -> None:
         conn.execute(f"INSERT INTO sessions ({', '.join(cols)}, created_at) VALUES "
                      f"({', '.join('?' for _ in cols)}, '2030-01-01T00:00:00Z')",
                      tuple(proof[c] for c in cols))
-    store = open_store(db)
+    with pytest.raises(CommunityError) as err:  # serving an old schema is refused...
+        open_store(db)
+    assert err.value.code == "database-schema-old" and "kith community migrate" in err.value.message
+    store = open_store(db, migrate=True)  # ...`kith community migrate` brings it forward
+    assert store.applied == [2, 3] and store.schema_version() == 3
     row = store.get_invitation(inv.post_id)
     assert row is not None and row.sessions_count == 1 and row.document["post_id"] == inv.post_id
     assert store.get_session(proof["session_id"])["closed_unix"] is None

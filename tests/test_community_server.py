@@ -20,7 +20,7 @@ import msgspec
 import pytest
 
 from node.community.client import CommunityClient
-from node.community.ratelimit import RateLimit, RateLimits, TokenBuckets
+from node.community.ratelimit import RateLimit, RateLimits
 from node.community.requests import REQUEST_WINDOW_S, signed_headers
 from node.community.server import run_server_in_thread
 from node.community.store import TABLES, SqliteStore
@@ -51,8 +51,9 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     clock = Clock()
     db = tmp_path_factory.mktemp("community") / "community" / "community.sqlite3"
     no_limits = RateLimits(per_key=RateLimit(0, 1), per_address=RateLimit(0, 1))
+    # leases far longer than any clock move here: these tests are about expiry, not liveness
     with run_server_in_thread(db, max_body_bytes=MAX_BODY, clock=clock,
-                              rate_limits=no_limits) as url:
+                              rate_limits=no_limits, lease_ttl_s=60 * 24 * 3600.0) as url:
         yield url, clock, db
 
 
@@ -1041,18 +1042,23 @@ def test_client_session_close_and_feedback(url: str, host: Identity, guest: Iden
 
 
 # --- rate limits ----------------------------------------------------------------------------------
-def test_token_bucket_refills_and_stays_bounded() -> None:
-    now = [0.0]
-    buckets = TokenBuckets(RateLimit(2.0, 3), max_buckets=100, clock=lambda: now[0])
-    assert [buckets.take("k") for _ in range(3)] == [0.0, 0.0, 0.0]
-    assert buckets.take("k") == pytest.approx(0.5)   # empty: half a second to the next token
-    now[0] += 0.5
-    assert buckets.take("k") == 0.0
-    assert buckets.take("other") == 0.0              # per key
-    for i in range(500):
-        buckets.take(f"key{i}")
-    assert len(buckets) == 100
-    assert TokenBuckets(RateLimit(0, 1)).take("k") == 0.0  # rate 0: no limit
+def test_shared_bucket_refills_and_stays_bounded(tmp_path: Path) -> None:
+    """The database bucket (GCRA) grants a burst, then one token per 1/rate seconds; buckets
+    that are full again are pruned, so the table stays bounded."""
+    store = SqliteStore(tmp_path / "rl.sqlite3")
+
+    def take(key: str, now: float) -> float:
+        return store.take_token(key, rate_per_s=2.0, burst=3, now=now)
+
+    assert [take("k", 0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert take("k", 0.0) == pytest.approx(0.5)   # empty: half a second to the next token
+    assert take("k", 0.5) == 0.0
+    assert take("other", 0.5) == 0.0              # per key
+    for i in range(200):
+        take(f"key{i}", 1.0)
+    take("late", 1000.0)                          # long after: the refilled buckets go
+    with sqlite3.connect(tmp_path / "rl.sqlite3") as conn:
+        assert conn.execute("SELECT count(*) FROM rate_limits").fetchone()[0] == 1
 
 
 def test_per_key_rate_limit_answers_429_with_retry_after(tmp_path: Path, host: Identity,

@@ -104,6 +104,9 @@ def test_failed_handshakes_cool_a_key_down_and_retire_a_file_mode_post(tmp_path)
     assert [e["reason"] for e in retired] == ["too-many-failures"]
 
 
+IDLE_S = 3.0  # the attack test's --evict-idle-after
+
+
 def test_sixteen_keys_times_four_sessions_do_not_lock_out_honest_guests(tmp_path):
     """The slot-exhaustion attack of issue 11: 16 throw-away keys × 4 sessions each, every
     session asking as fast as the host answers (far more than the quota allows), hold
@@ -133,7 +136,7 @@ def test_sixteen_keys_times_four_sessions_do_not_lock_out_honest_guests(tmp_path
         return "alpha"
 
     async def scenario():
-        host = InProcessHost(host_home, tmp_path, evict_idle_after_s=3.0)
+        host = InProcessHost(host_home, tmp_path, evict_idle_after_s=IDLE_S)
         outcomes: dict[str, object] = {}
         attacked: list = []
         async with anyio.create_task_group() as tg:
@@ -165,6 +168,9 @@ def test_sixteen_keys_times_four_sessions_do_not_lock_out_honest_guests(tmp_path
                 # the anonymous share is full of attackers asking (rate-limited from now on);
                 # the honest anonymous guest comes once they have asked far beyond the quota
                 await host.wait_for(lambda _e: asked[0] > 300, timeout=60)
+                # every attacker answer is rate-limited by now (the anonymous bucket holds 40):
+                # their sessions count as idle from here; let them pass --evict-idle-after
+                await anyio.sleep(IDLE_S + 1.0)
                 honest = Identity(os.urandom(32))
                 outcomes["anonymous"] = await join_session(
                     guest_home, honest, inv, pdir, spec, local=True, server_url=None, heartbeat=FAST,

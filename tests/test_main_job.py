@@ -50,7 +50,11 @@ class Host:
         self.proc = subprocess.Popen([*KITH, "--home", str(home), "host", "--local", "--json", *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      stdin=subprocess.DEVNULL)
-        self.invitation = json.loads(self.readline(30))
+        first = json.loads(self.readline(30))
+        if "post_id" not in first:  # e.g. {"error": {"code": "home-in-use", ...}}
+            self.proc.kill()
+            raise AssertionError(f"kith host did not start: {first}")
+        self.invitation = first
 
     def readline(self, timeout: float) -> str:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import unicodedata
 from pathlib import Path
@@ -239,7 +240,12 @@ def test_peers_only_and_pinned_names(world) -> None:
     tmp = world["tmp"]
     # --peers-only: the registry is the allowlist
     invite2 = tmp / "invite-peers-only.json"
-    host2 = Host(world["home"], "--invite-file", str(invite2), "--peers-only")
+    # a second host of the same identity, registry and corpus: one `kith host` per home
+    # (home-in-use), so it serves a copy of the home
+    home2 = tmp / "host-peers-only"
+    if not home2.exists():
+        shutil.copytree(world["home"], home2, ignore=shutil.ignore_patterns("host.lock", "*.lock"))
+    host2 = Host(home2, "--invite-file", str(invite2), "--peers-only")
     try:
         r = kith(world["guests"]["bob"], "join", str(invite2), "--local", "--trust", "--query", "roadmap", "--json")
         assert r.returncode == 1 and "handshake-not-admitted" in r.stderr

@@ -35,9 +35,13 @@ def browse_cmd(
         inv = post["invitation"]
         who = post["host_display_name"] or inv["host_public_key"][:16] + "…"
         cap = f"{post['sessions']}/{post['max_sessions']}" if post["max_sessions"] else str(post["sessions"])
+        online = post.get("online")
+        alive = ("online" if online else "offline" if online is False else "liveness unknown")
+        if online and post.get("lease_expires_at"):
+            alive = f"online (lease to {post['lease_expires_at']})"
         console.print(f"{post['post_id']}  {inv['protocol']['name']} "
                       f"{inv['protocol']['version']}  by {who}  sessions {cap}  "
-                      f"expires {post['expires_at']}", highlight=False)
+                      f"expires {post['expires_at']}  {alive}", highlight=False)
         line = " ".join(f"#{t}" for t in inv.get("tags") or [])
         if inv.get("message"):
             line = f"{inv['message']}  {line}".strip()

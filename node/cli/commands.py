@@ -113,6 +113,11 @@ def host_cmd(
             if ev["event"] == "republished":
                 console.print(f"  new post_id: [bold]{ev['post_id']}[/bold]  ({ev['previous_post_id']} was {ev['reason']};"
                               f" expires {ev['expires_at']})")
+            elif ev["event"] == "post-ended":
+                console.print(f"  post {ev['post_id']} {ev['reason']}"
+                              + ("; republishing" if ev["republish"] else "; not republishing"))
+            elif ev["event"] == "post-renewed":
+                console.print(f"  post {ev['post_id']} now expires {ev['expires_at']}")
             elif ev["event"] == "session-started":
                 err_console.print(f"session {ev['session_id']} started with {ev['peer'][:16]}…")
                 if ev.get("peer_name") is None and ev.get("pairing_code") and ev["peer"] not in codes_shown:

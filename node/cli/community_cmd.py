@@ -2,7 +2,8 @@
 ``specs/community-api.md``).
 
 ``serve`` runs the server (SQLite in the home by default, ``--database-url`` for
-PostgreSQL). The other sub-commands are clients: ``register`` / ``identity`` (profiles),
+PostgreSQL; several ``serve`` processes may share one PostgreSQL database), ``migrate``
+brings a database's schema forward, ``backup`` copies a SQLite database online. The other sub-commands are clients: ``register`` / ``identity`` (profiles),
 ``publish-protocol`` / ``fetch-protocol`` (specs by content), ``status`` / ``renew`` /
 ``withdraw`` (a Host's posts), ``session`` / ``close`` (session status). ``kith browse``
 and ``kith feedback`` live in :mod:`node.cli.browse_cmd`.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -25,8 +27,14 @@ from node.cli.common import untrusted_console as console
 from node.common.errors import CommunityError, ConfigError, SpecError, UsageError
 from node.common.http import base_url_of, bind_socket, is_loopback, parse_trust_proxy, serve_forever
 from node.community.ratelimit import RateLimit, RateLimits
-from node.community.server import DEFAULT_PORT, create_app
-from node.community.store import default_db_path
+from node.community.server import DEFAULT_LEASE_TTL_S, DEFAULT_PORT, create_app
+from node.community.store import (
+    DEFAULT_POOL_SIZE,
+    CommunityStore,
+    SqliteStore,
+    default_db_path,
+    open_store,
+)
 
 community_app = typer.Typer(
     name="community",
@@ -73,6 +81,43 @@ def run_client(server: str | None, home: Path | None,
 
 
 # ----------------------------------------------------------------------------- serve
+DATABASE_HELP = ("postgresql://user:pass@host:5432/db (needs kith-node[postgres]) or "
+                 "sqlite:///ABS/PATH. Default: SQLite in <home>/community/.")
+#: First and largest pause between attempts to reach a database that is down, in seconds.
+RETRY_FIRST_S, RETRY_MAX_S = 0.5, 8.0
+
+
+def _database_of(ctx: typer.Context, database_url: str | None) -> Path | str:
+    return database_url if database_url else default_db_path(home_of(ctx))
+
+
+def open_store_retrying(database: Path | str, *, wait_s: float, migrate: bool = False,
+                        pool_size: int = DEFAULT_POOL_SIZE) -> CommunityStore:
+    """Open the store; a PostgreSQL database that cannot be reached is retried with
+    exponential backoff (0.5 s doubling to 8 s) for up to ``wait_s`` seconds, one line on
+    stderr per attempt (never the URL's password), then refused.
+
+    Raises:
+        CommunityError: ``database-unavailable`` after ``wait_s``; any other refusal of
+            :func:`node.community.store.open_store` at once.
+    """
+    deadline = time.monotonic() + wait_s
+    delay = RETRY_FIRST_S
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            return open_store(database, migrate=migrate, pool_size=pool_size,
+                              connect_timeout_s=max(1.0, min(5.0, remaining)))
+        except CommunityError as exc:
+            retry = isinstance(database, str) and not database.startswith("sqlite:")
+            if exc.code != "database-unavailable" or not retry or remaining <= delay:
+                raise
+            err_console.print(f"{exc.message}; retrying in {delay:g} s", highlight=False,
+                              markup=False, soft_wrap=True)
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+
 @community_app.command("serve")
 def serve(
     ctx: typer.Context,
@@ -92,10 +137,19 @@ def serve(
     ),
     database_url: Optional[str] = typer.Option(
         None, "--database-url", metavar="URL", envvar="KITH_COMMUNITY_DATABASE_URL",
-        help=(
-            "postgresql://user:pass@host:5432/db (needs kith-node[postgres]) or "
-            "sqlite:///ABS/PATH. Default: SQLite in <home>/community/."
-        ),
+        help=DATABASE_HELP,
+    ),
+    pool_size: int = typer.Option(
+        DEFAULT_POOL_SIZE, "--pool-size", min=1, max=1000,
+        help="PostgreSQL connections this process keeps at most (N instances: N x this).",
+    ),
+    database_wait: float = typer.Option(
+        30.0, "--database-wait", min=0, metavar="SECONDS",
+        help="How long to keep retrying a PostgreSQL database that is down at start.",
+    ),
+    lease_ttl: float = typer.Option(
+        DEFAULT_LEASE_TTL_S, "--lease-ttl", min=3, max=24 * 3600, metavar="SECONDS",
+        help="A post leaves browse this long after its host's last lease refresh (hosts refresh every third of it).",
     ),
     key_rate: float = typer.Option(5.0, "--key-rate", min=0, help="Signed requests per second per key (0: no limit)."),
     key_burst: int = typer.Option(30, "--key-burst", min=1, help="Burst of signed requests per key."),
@@ -119,12 +173,14 @@ def serve(
     proxies = parse_trust_proxy(trust_proxy)
     if access_log:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-    database: Path | str = database_url if database_url else default_db_path(home_of(ctx))
+    database = _database_of(ctx, database_url)
     limits = RateLimits(per_key=RateLimit(key_rate, key_burst),
                         per_address=RateLimit(address_rate, address_burst))
-    app = create_app(database, rate_limits=limits)
-    store = app.state.store
+    store = open_store_retrying(database, wait_s=database_wait, pool_size=pool_size)
     try:
+        if isinstance(store, SqliteStore):
+            store.lock_single_writer()  # a second serve on this file is refused clearly
+        app = create_app(store, rate_limits=limits, lease_ttl_s=lease_ttl)
         sock = bind_socket(host, port)
         url = base_url_of(sock)
         try:
@@ -138,6 +194,61 @@ def serve(
     finally:
         store.close()
     err_console.print("kith community server stopped", highlight=False)
+
+
+@community_app.command("migrate")
+def migrate_cmd(
+    ctx: typer.Context,
+    database_url: Optional[str] = typer.Option(
+        None, "--database-url", metavar="URL", envvar="KITH_COMMUNITY_DATABASE_URL",
+        help=DATABASE_HELP,
+    ),
+    json_out: bool = typer.Option(False, "--json", help='Print {"applied": [...], "schema_version": N}.'),
+) -> None:
+    """Bring the community database's schema forward (ordered migrations, in one
+    transaction). Stop the servers and back the database up first; `serve` refuses an
+    older schema with this command."""
+    store = open_store_retrying(_database_of(ctx, database_url), wait_s=0, migrate=True)
+    try:
+        applied, version = list(getattr(store, "applied", [])), store.schema_version()
+    finally:
+        store.close()
+    if json_out:
+        emit_json({"applied": applied, "schema_version": version})
+    elif applied:
+        console.print(f"migrated {store.describe()} to schema version {version} "
+                      f"(applied {', '.join(map(str, applied))})", highlight=False)
+    else:
+        console.print(f"{store.describe()} is at schema version {version}; nothing to do",
+                      highlight=False)
+
+
+@community_app.command("backup")
+def backup_cmd(
+    ctx: typer.Context,
+    path: Path = typer.Argument(..., metavar="PATH", help="The new backup file (must not exist)."),
+    database_url: Optional[str] = typer.Option(
+        None, "--database-url", metavar="URL", envvar="KITH_COMMUNITY_DATABASE_URL",
+        help="sqlite:///ABS/PATH (default: SQLite in <home>/community/).",
+    ),
+    json_out: bool = typer.Option(False, "--json", help='Print {"backup": PATH, "bytes": N}.'),
+) -> None:
+    """Copy a SQLite community database with SQLite's online backup API (safe while the
+    server runs). For PostgreSQL use pg_dump."""
+    database = _database_of(ctx, database_url)
+    if isinstance(database, str) and not database.startswith("sqlite:"):
+        raise UsageError("usage", "kith community backup copies a SQLite database; back up "
+                                  "PostgreSQL with pg_dump")
+    store = open_store(database)
+    try:
+        assert isinstance(store, SqliteStore)
+        size = store.backup(path)
+    finally:
+        store.close()
+    if json_out:
+        emit_json({"backup": str(path), "bytes": size})
+    else:
+        console.print(f"backed up {store.describe()} to {path} ({size} bytes)", highlight=False)
 
 
 # ----------------------------------------------------------------------------- identities
@@ -239,9 +350,11 @@ def fetch_protocol_cmd(
 # ----------------------------------------------------------------------------- posts
 def _print_post(post: dict[str, Any]) -> None:
     cap = post["max_sessions"] if post["max_sessions"] is not None else "∞"
+    lease = post.get("lease_expires_at")
     console.print(f"{post['post_id']}  {post['state']}  sessions {post['sessions']}/{cap}  "
                   f"expires {post['expires_at']}"
-                  + (f"  withdrawn {post['withdrawn_at']}" if post["withdrawn_at"] else ""),
+                  + (f"  withdrawn {post['withdrawn_at']}" if post["withdrawn_at"] else "")
+                  + (f"  lease to {lease}" if lease else "  no lease"),
                   highlight=False)
 
 

@@ -163,6 +163,12 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "database-unavailable": ("community", "The community database cannot be opened or reached."),
     "database-driver-missing": ("community", "The PostgreSQL driver is not installed (kith-node[postgres]).",
                                 "pip install 'kith-node[postgres]'"),
+    "database-schema-old": ("community", "The community database's schema is older than this server's; run kith community migrate."),
+    "database-schema-newer": ("community", "The community database's schema is newer than this server's; upgrade kith-node."),
+    "database-in-use": ("community", "Another server process is using this SQLite database."),
+    "database-timeout": ("community", "A database statement took too long and was cancelled."),
+    "invitation-host-offline": ("community", "The host of this invitation is not refreshing its lease (offline)."),
+    "display-name-taken": ("community", "Another identity already uses a display name that looks like this one."),
     # --- corpus ---------------------------------------------------------------------------
     "root-not-found": ("corpus", "The folder to index does not exist or is not a directory."),
     "root-exists": ("corpus", "That folder is already a source root."),

@@ -424,8 +424,9 @@ class CommunityClient:
         "next_cursor": str | None}``, live posts only, newest first.
 
         Each post: ``post_id``, ``state``, ``sessions``, ``max_sessions``, ``expires_at``,
-        ``withdrawn_at``, ``host_display_name``, ``invitation`` (the document; invalid
-        documents are dropped here, not trusted).
+        ``withdrawn_at``, ``online`` (True while the host's liveness lease holds, None when
+        the server has no lease for it), ``lease_expires_at``, ``host_display_name``,
+        ``invitation`` (the document; invalid documents are dropped here, not trusted).
 
         Args:
             protocol: a protocol name or a 64-hex protocol_id. tag: one tag.
@@ -457,7 +458,8 @@ class CommunityClient:
 
     async def invitation_status(self, post_id: str) -> dict[str, Any]:
         """``GET /api/v1/invitations/{post_id}/status`` → the post (``state`` one of
-        ``live``, ``expired``, ``withdrawn``, ``consumed``; see :meth:`browse`).
+        ``live``, ``offline``, ``expired``, ``withdrawn``, ``consumed``; ``online`` and
+        ``lease_expires_at`` its liveness; see :meth:`browse`).
 
         Raises:
             CommunityError: ``invitation-not-found``, ``server-unreachable``,
@@ -469,7 +471,7 @@ class CommunityClient:
 
     def _post_of(self, data: Any, status: int, post_id: str) -> dict[str, Any]:
         if (not isinstance(data, dict) or data.get("post_id") != post_id
-                or data.get("state") not in ("live", "expired", "withdrawn", "consumed")):
+                or data.get("state") not in POST_STATES):
             raise CommunityError("server-error", "the community server answered with another "
                                  "post", status=status)
         return data
@@ -521,6 +523,35 @@ class CommunityClient:
         return self._post_of(data, status, post_id)
 
 
+    async def refresh_lease(self, post_id: str) -> dict[str, Any]:
+        """``POST /api/v1/invitations/{post_id}/lease`` (signed by the host): extend the
+        post's liveness lease; the answer says what became of the post meanwhile.
+
+        Returns:
+            The post (its ``state``, ``expires_at`` — moved by a renew elsewhere —
+            ``online``, ``lease_expires_at``) plus ``lease``: ``{"ttl_s", "refresh_s"}``, the
+            server's lease length and how often to refresh, in seconds.
+
+        Raises:
+            CommunityError: ``invitation-not-found`` (the server lost the post),
+                ``forbidden`` (another key's post), ``rate-limited``, ``request-*``,
+                ``database-*`` (503), ``server-unreachable``, ``server-error``.
+        """
+        _check_post_id(post_id)
+        status, data = await self._request("POST", f"/invitations/{post_id}/lease",
+                                           body=b"{}", signed=True)
+        post = self._post_of(data, status, post_id)
+        lease = post.get("lease")
+        if (not isinstance(lease, dict) or not all(
+                isinstance(lease.get(k), (int, float)) and not isinstance(lease.get(k), bool)
+                and 0 < lease[k] <= 1e8 for k in ("ttl_s", "refresh_s"))):
+            raise CommunityError("server-error", "the community server answered a lease "
+                                 "refresh without its lease", status=status)
+        return post
+
+
+#: The states a post can be in (``specs/community-api.md``, "Post states").
+POST_STATES = ("live", "offline", "expired", "withdrawn", "consumed")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 

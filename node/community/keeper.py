@@ -8,15 +8,26 @@ Invitation"). It also closes each session on the server when the Host sees it en
 status reads ``closed`` even when the Guest was killed (the ``session_id`` stays valid for
 feedback).
 
-It checks the post's status when nudged (after each session starts — the Guest records
-its proof before ``_session_ready``, and the Host records it too (:meth:`PostKeeper.record_proof`:
-a Guest that joined by file has no server), so the count is up to date), when the post
-expires, and every ``poll_s`` seconds otherwise. A post the Host used up itself
-(:meth:`PostKeeper.consumed_here`) is republished even if the server still lists it as
-live (the old one is withdrawn first). A withdrawn post is not republished: the owner
-withdrew it on purpose. Server trouble is logged and retried at the next check; it never
-stops the Host. On shutdown the Host calls :meth:`PostKeeper.retire` (no more
-republishing) and :func:`withdraw_posts`.
+Each check refreshes the post's liveness lease (``POST .../lease``; the server lists a post
+only while its host keeps refreshing, so a crashed Host's post leaves browse within the
+lease time) and reads the post's state from the answer. It checks when nudged (after each
+session starts — the Guest records its proof before ``_session_ready``, and the Host
+records it too (:meth:`PostKeeper.record_proof`: a Guest that joined by file has no
+server), so the count is up to date), when the post expires, and every ``refresh_s``
+seconds otherwise (the server says how often; 30 s by default). What the answer says:
+
+- ``live`` with another ``expires_at`` (a ``kith community renew`` elsewhere): the Host
+  follows it (a ``post-renewed`` notice);
+- ``consumed`` / ``expired``: a ``post-ended`` notice, then a fresh invitation is published
+  (``on_republished``). A post the Host used up itself (:meth:`PostKeeper.consumed_here`)
+  is republished even if the server still lists it as live (the old one is withdrawn);
+- ``invitation-not-found`` (the server lost the post, e.g. a restored database):
+  ``post-ended`` with reason ``lost``, then republished;
+- ``withdrawn``: ``post-ended`` and the keeper stops — the owner withdrew it on purpose.
+
+Server trouble is logged and retried at the next check; it never stops the Host. On
+shutdown the Host calls :meth:`PostKeeper.retire` (no more republishing) and
+:func:`withdraw_posts`.
 """
 
 from __future__ import annotations
@@ -31,12 +42,17 @@ import anyio
 from node.community.client import CommunityClient
 from node.common.errors import KithError
 from node.trust.identity import Identity
-from node.trust.invitation import Invitation, parse_rfc3339
+from node.trust.invitation import Invitation, parse_invitation, parse_rfc3339
 
 log = logging.getLogger("kith.community.keeper")
 
-#: Seconds between status checks when nothing nudges the keeper.
+#: Seconds between status checks when nothing nudges the keeper (an upper bound: the
+#: lease refresh interval the server asks for is used when shorter).
 DEFAULT_POLL_S = 60.0
+#: Lease refresh interval until the server has said its own, in seconds.
+DEFAULT_REFRESH_S = 30.0
+#: Bounds on the refresh interval a server may ask for, in seconds.
+MIN_REFRESH_S, MAX_REFRESH_S = 0.2, 3600.0
 #: How many pending nudges/closes are queued at most (more are dropped, with a log line).
 QUEUE_SIZE = 1024
 
@@ -50,8 +66,13 @@ class PostKeeper:
         make_invitation: builds a fresh signed invitation for the same endpoint (called on
             republish; its ``post_id`` is replaced by the server's).
         on_republished: called with ``(previous_post_id, reason, new_invitation)`` after a
-            republish; ``reason`` is ``consumed``, ``expired`` or ``too-many-failures``.
-        poll_s: seconds between checks when nothing nudges (default 60).
+            republish; ``reason`` is ``consumed``, ``expired``, ``lost`` or ``too-many-failures``.
+        on_notice: called with a host event dict: ``{"event": "post-ended", "post_id",
+            "reason": "withdrawn"|"consumed"|"expired"|"lost", "republish": bool}`` when the
+            server says the post ended, ``{"event": "post-renewed", "post_id",
+            "expires_at"}`` when its expiry moved (the Host's own expiry check follows).
+        poll_s: longest wait between checks when nothing nudges (default 60; the server's
+            lease refresh interval when shorter).
         clock: Unix seconds (tests inject one).
 
     Run :meth:`run` in a task group for the Host's lifetime; feed it session events with
@@ -61,6 +82,7 @@ class PostKeeper:
     def __init__(self, server_url: str, identity: Identity, current: Invitation, *,
                  make_invitation: Callable[[], Invitation],
                  on_republished: Callable[[str, str, Invitation], None],
+                 on_notice: Callable[[dict[str, Any]], None] = lambda _ev: None,
                  poll_s: float = DEFAULT_POLL_S,
                  clock: Callable[[], float] = time.time) -> None:
         self.server_url = server_url
@@ -68,10 +90,13 @@ class PostKeeper:
         self.current = current
         self.make_invitation = make_invitation
         self.on_republished = on_republished
+        self.on_notice = on_notice
         self.poll_s = poll_s
+        self.refresh_s = DEFAULT_REFRESH_S
         self.clock = clock
         self.stopped_reason: str | None = None
         self._replace: dict[str, str] = {}  # post_id -> why the host gave it up (consumed, too-many-failures)
+        self._announced: set[str] = set()  # post ids whose post-ended was emitted
         self._retiring = False
         self._scope = anyio.CancelScope()
         self._send, self._receive = anyio.create_memory_object_stream[tuple[str, Any]](
@@ -147,10 +172,14 @@ class PostKeeper:
 
     async def _run(self) -> None:
         async with CommunityClient(self.server_url, self.identity) as client:
+            # refresh at once: the answer says how often this server wants it (its lease
+            # may be shorter than the default interval)
+            if not await self._check(client):
+                return
             while True:
-                timeout = min(self.poll_s, self._seconds_to_expiry() + 0.5)
+                timeout = min(self.poll_s, self.refresh_s, self._seconds_to_expiry() + 0.5)
                 item: tuple[str, Any] = ("check", None)
-                with anyio.move_on_after(max(1.0, timeout)):
+                with anyio.move_on_after(max(MIN_REFRESH_S, timeout)):
                     item = await self._receive.receive()
                 if item[0] == "close":
                     await self._close(client, *item[1])
@@ -183,42 +212,72 @@ class PostKeeper:
                             str(proof.get("session_id", ""))[:12], exc.message)
 
     async def _check(self, client: CommunityClient) -> bool:
-        """Check the current post; republish if consumed or expired. False → stop."""
+        """Refresh the current post's lease and act on its state. False → stop."""
         if self._retiring:
             return True
+        post_id = self.current.post_id
         try:
-            post = await client.invitation_status(self.current.post_id)
+            post = await client.refresh_lease(post_id)
         except KithError as exc:
-            log.warning("could not check post %s on the server: %s", self.current.post_id,
-                        exc.message)
-            await anyio.sleep(min(5.0, self.poll_s))
-            return True
-        state = post["state"]
-        if state == "live" and self.current.post_id in self._replace:
-            state = self._replace[self.current.post_id]  # given up here; the server did not count it (yet)
+            if exc.code != "invitation-not-found":
+                log.warning("could not refresh post %s on the server: %s", post_id, exc.message)
+                await anyio.sleep(min(5.0, self.poll_s, self.refresh_s))
+                return True
+            state = "lost"  # the server no longer knows it (a restored or reset database)
+        else:
+            self.refresh_s = min(MAX_REFRESH_S, max(MIN_REFRESH_S,
+                                                    float(post["lease"]["refresh_s"])))
+            state = post["state"]
+            self._follow_renewal(post)
+        if state == "live" and post_id in self._replace:
+            state = self._replace[post_id]  # given up here; the server did not count it (yet)
             try:
-                await client.withdraw_invitation(self.current.post_id)  # browse stops listing it
+                await client.withdraw_invitation(post_id)  # browse stops listing it
             except KithError as exc:
-                log.warning("could not withdraw used-up post %s: %s", self.current.post_id, exc.message)
+                log.warning("could not withdraw used-up post %s: %s", post_id, exc.message)
         elif state == "withdrawn":
-            log.warning("post %s was withdrawn; not republishing", self.current.post_id)
+            log.warning("post %s was withdrawn; not republishing", post_id)
             self.stopped_reason = "withdrawn"
+            self.on_notice({"event": "post-ended", "post_id": post_id, "reason": "withdrawn",
+                            "republish": False})
             return False
-        if state not in ("consumed", "expired") and self.current.post_id not in self._replace:
+        if state not in ("consumed", "expired", "lost") and post_id not in self._replace:
             return True
-        previous = self.current.post_id
+        if post_id not in self._announced:
+            self._announced.add(post_id)
+            self.on_notice({"event": "post-ended", "post_id": post_id, "reason": state,
+                            "republish": True})
         try:
             fresh = await client.publish_invitation(self.make_invitation())
         except KithError as exc:
-            log.warning("could not republish post %s: %s", previous, exc.message)
-            await anyio.sleep(min(5.0, self.poll_s))
+            log.warning("could not republish post %s: %s", post_id, exc.message)
+            await anyio.sleep(min(5.0, self.poll_s, self.refresh_s))
             return True
         if self._retiring:  # the Host stopped while this was being published
             await withdraw_posts(self.server_url, self.identity, [fresh.post_id])
             return True
         self.current = fresh
-        self.on_republished(previous, state, fresh)
+        self.on_republished(post_id, state, fresh)
         return True
+
+    def _follow_renewal(self, post: dict[str, Any]) -> None:
+        """Adopt the server's document when its ``expires_at`` moved (a renew elsewhere)."""
+        doc = post.get("invitation")
+        if post.get("state") != "live" or not isinstance(doc, dict) or \
+                doc.get("expires_at") == self.current.expires_at:
+            return
+        try:
+            renewed = parse_invitation(doc)
+            parse_rfc3339(renewed.expires_at)
+        except (KithError, ValueError):
+            log.warning("the server answered post %s with an invalid invitation", post["post_id"])
+            return
+        if renewed.post_id != self.current.post_id or \
+                renewed.host_public_key != self.current.host_public_key:
+            return
+        self.current = renewed
+        self.on_notice({"event": "post-renewed", "post_id": renewed.post_id,
+                        "expires_at": renewed.expires_at})
 
 
 async def withdraw_posts(server_url: str, identity: Identity, post_ids: list[str], *,

@@ -1,4 +1,5 @@
-"""Token-bucket rate limits for the community server (DESIGN §12: per-key rate limits).
+"""Rate limits for the community server, shared by every instance (DESIGN §12: per-key
+rate limits).
 
 Each bucket holds at most ``burst`` tokens and refills at ``rate_per_s`` tokens per second;
 a request takes one token or is refused with the number of seconds until one is available
@@ -7,25 +8,30 @@ families of buckets: one per signing key (every signed request, after its signat
 verified, so nobody can drain another key's bucket) and one per client address (every
 request, before its body is read).
 
-Buckets live in memory, per server process (a deployment with several processes behind a
-load balancer gets one set per process). The table is bounded: past ``max_buckets`` the
-least recently used bucket is forgotten (its owner starts again with a full bucket).
+Buckets live in the database (:meth:`node.community.store.CommunityStore.take_token`, GCRA:
+one number per bucket, one UPSERT per take), so any number of server processes on one
+PostgreSQL database enforce one limit together — a client that spreads its requests over
+the instances gets the configured rate, not N times it. The table is bounded: buckets that
+are full again are pruned every 30 s.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import anyio.to_thread
+
+from node.community.store import CommunityStore
 
 
 @dataclass(frozen=True)
 class RateLimit:
     """One bucket shape: ``rate_per_s`` tokens per second, at most ``burst`` tokens.
 
-    ``rate_per_s`` 0 disables the limit.
+    ``rate_per_s`` 0 disables the limit (and its database cost).
     """
 
     rate_per_s: float
@@ -48,48 +54,38 @@ class RateLimits:
     per_address: RateLimit = RateLimit(50.0, 200)
 
 
-class TokenBuckets:
-    """A bounded table of token buckets sharing one :class:`RateLimit`.
+class SharedBuckets:
+    """One family of buckets (``prefix``) in the store, all of one :class:`RateLimit`.
 
     Args:
+        store: the community store (its ``rate_limits`` table).
         limit: the bucket shape.
-        max_buckets: how many buckets are remembered (least recently used forgotten first).
-        clock: monotonic seconds (tests inject one).
-
-    Not thread-safe: the server calls it from its event loop only.
+        prefix: the family's name in the table (``key``, ``addr``).
+        clock: Unix seconds (the server's clock; tests inject one).
     """
 
-    def __init__(self, limit: RateLimit, *, max_buckets: int = 100_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, store: CommunityStore, limit: RateLimit, prefix: str, *,
+                 clock: Callable[[], float]) -> None:
+        self.store = store
         self.limit = limit
-        self.max_buckets = max_buckets
+        self.prefix = prefix
         self.clock = clock
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
 
-    def take(self, key: str) -> float:
-        """Take one token from ``key``'s bucket.
+    async def take(self, key: str) -> float:
+        """Take one token from ``key``'s bucket (in a worker thread: it is a database write).
 
         Returns:
             0.0 if the request may proceed, else the seconds until a token is available
             (the request must be refused).
+
+        Raises:
+            CommunityError: 503 ``database-unavailable`` / ``database-timeout``.
         """
         if not self.limit.enabled:
             return 0.0
-        now = self.clock()
-        tokens, last = self._buckets.pop(key, (float(self.limit.burst), now))
-        tokens = min(float(self.limit.burst), tokens + (now - last) * self.limit.rate_per_s)
-        if tokens >= 1.0:
-            self._buckets[key] = (tokens - 1.0, now)
-            wait = 0.0
-        else:
-            self._buckets[key] = (tokens, now)
-            wait = (1.0 - tokens) / self.limit.rate_per_s
-        while len(self._buckets) > self.max_buckets:
-            self._buckets.popitem(last=False)
-        return wait
-
-    def __len__(self) -> int:
-        return len(self._buckets)
+        return await anyio.to_thread.run_sync(functools.partial(
+            self.store.take_token, f"{self.prefix}:{key}", rate_per_s=self.limit.rate_per_s,
+            burst=self.limit.burst, now=self.clock()))
 
 
 def retry_after_header(wait_s: float) -> str:

@@ -13,7 +13,12 @@ Rules enforced here (all answers are JSON; every error is
 
 - every request takes a token from its client address's bucket, every signed request one
   from its key's bucket; an empty bucket answers 429 ``rate-limited`` with ``Retry-After``
-  (:mod:`node.community.ratelimit`);
+  (:mod:`node.community.ratelimit`; the buckets live in the database, so every instance on
+  one database shares them — nothing that affects an answer is kept in the process);
+- a post carries a liveness lease its running host refreshes (``POST .../lease``); a post
+  whose lease lapsed leaves browse and answers 410 ``invitation-host-offline``;
+- a database that is unavailable (or a statement over its timeout) answers 503
+  ``database-unavailable`` / ``database-timeout`` with ``Retry-After``;
 - mutations are signed requests (DESIGN §4; :mod:`node.community.requests`), with nonces
   remembered for the ±300 s window so a replay answers 409 ``request-replayed``;
 - bodies are bounded (``Content-Length`` over the cap answers 413 before reading; a
@@ -70,7 +75,7 @@ from node.common.http import (
     serve_app_in_thread,
     too_deep,
 )
-from node.community.ratelimit import RateLimits, TokenBuckets, retry_after_header
+from node.community.ratelimit import RateLimits, SharedBuckets, retry_after_header
 from node.community.requests import (
     REQUEST_WINDOW_S,
     SignedRequest,
@@ -96,6 +101,7 @@ from node.trust.signing import (
     session_payload,
     verify,
 )
+from node.common.names import name_skeletons  # the node's look-alike fold, shared (not copied)
 
 SERVICE = "kith-community"
 API_PREFIX = "/api/v1"
@@ -119,6 +125,14 @@ MAX_ABOUT_CHARS = 500
 MAX_COMMENT_CHARS = 1000
 DEFAULT_BROWSE_LIMIT = 20
 MAX_BROWSE_LIMIT = 100
+#: How long a liveness lease holds after the host's last refresh, in seconds. The host
+#: refreshes every third of it (:data:`LEASE_REFRESH_DIVISOR`: every 30 s by default), so
+#: two refreshes may be lost before a live post drops out, and a dead host's post leaves
+#: browse at most this long after its last refresh (90 s: within the "~2 minutes").
+DEFAULT_LEASE_TTL_S = 90.0
+LEASE_REFRESH_DIVISOR = 3.0
+#: ``Retry-After`` of a 503 (the database is unavailable or a statement timed out), seconds.
+RETRY_AFTER_UNAVAILABLE_S = 2
 
 log = logging.getLogger("kith.community")
 
@@ -152,7 +166,7 @@ class RenewBody(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class EmptyBody(msgspec.Struct, forbid_unknown_fields=True):
-    """Body of ``.../withdraw``: empty or ``{}``."""
+    """Body of ``.../withdraw`` and ``.../lease``: empty or ``{}``."""
 
 
 class CloseBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -192,6 +206,8 @@ async def _on_kith_error(request: Request, exc: Exception) -> JSONResponse:
     status = exc.status  # 400 unless the raise site gave one (KithError.status)
     headers = ({"Retry-After": retry_after_header(exc.wait_s)}
                if isinstance(exc, RateLimited) else None)
+    if status == 503:
+        headers = {"Retry-After": str(RETRY_AFTER_UNAVAILABLE_S)}
     return error_response(exc.code, exc.message, status, headers)
 
 
@@ -282,13 +298,17 @@ class _App:
     """Route handlers sharing one store, body caps, rate limits and clock."""
 
     def __init__(self, store: CommunityStore, *, max_body_bytes: int, max_spec_bytes: int,
-                 rate_limits: RateLimits, clock: Callable[[], float]) -> None:
+                 rate_limits: RateLimits, clock: Callable[[], float],
+                 lease_ttl_s: float) -> None:
         self.store = store
         self.max_body_bytes = max_body_bytes
         self.max_spec_bytes = max_spec_bytes
         self.clock = clock
-        self.key_buckets = TokenBuckets(rate_limits.per_key)
-        self.address_buckets = TokenBuckets(rate_limits.per_address)
+        self.lease_ttl_s = lease_ttl_s
+        # in the database, so every instance on it shares them
+        self.key_buckets = SharedBuckets(store, rate_limits.per_key, "key", clock=clock)
+        self.address_buckets = SharedBuckets(store, rate_limits.per_address, "addr",
+                                             clock=clock)
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
@@ -300,7 +320,7 @@ class _App:
         @functools.wraps(handler)
         async def wrapper(request: Request) -> JSONResponse:
             address = request.client.host if request.client else "unknown"
-            wait = self.address_buckets.take(address)
+            wait = await self.address_buckets.take(address)
             if wait:
                 raise RateLimited(wait, "address")
             return await handler(request)
@@ -315,7 +335,7 @@ class _App:
         now = self.clock()
         signed = check_signed_request(request.headers, method=request.method,
                                       path=_raw_path(request), body=body, now=now)
-        wait = self.key_buckets.take(signed.public_key)
+        wait = await self.key_buckets.take(signed.public_key)
         if wait:
             raise RateLimited(wait, "key")
         fresh = await self._db(self.store.remember_nonce, signed.nonce, signed.public_key,
@@ -337,9 +357,17 @@ class _App:
         _plain_text(profile.display_name, "display_name", MAX_DISPLAY_NAME_CHARS,
                     allow_empty=False)
         _plain_text(profile.about, "about", MAX_ABOUT_CHARS)
+        skeletons = name_skeletons(profile.display_name)
+        if not skeletons:
+            raise CommunityError("request-invalid", "display_name must contain something "
+                                 "besides spaces and format characters", status=400)
         created = await self._db(self.store.upsert_identity, signed.public_key,
                                  display_name=profile.display_name, about=profile.about,
-                                 now=self.clock())
+                                 now=self.clock(), skeletons=skeletons)
+        if created is None:
+            raise CommunityError("display-name-taken", "another identity already uses a "
+                                 "display name that looks like this one; choose another",
+                                 status=409)
         record = await self._db(self.store.get_identity, signed.public_key)
         return JSONResponse(_identity_json(record), status_code=201 if created else 200,
                             headers={"Location": f"{API_PREFIX}/identities/{signed.public_key}"})
@@ -401,7 +429,7 @@ class _App:
                               protocol_id=inv.protocol.protocol_id,
                               protocol_name=inv.protocol.name, document=document,
                               expires_unix=expires_unix, max_sessions=inv.max_sessions,
-                              tags=inv.tags, now=now):
+                              tags=inv.tags, now=now, lease_unix=now + self.lease_ttl_s):
                 break
             inv.post_id = document["post_id"] = new_post_id()
         else:
@@ -441,7 +469,13 @@ class _App:
             raise InvitationError("invitation-expired",
                                   f"the invitation expired at {row.document.get('expires_at')}",
                                   status=410)
-        return JSONResponse(row.document)
+        if state == "offline":
+            raise CommunityError("invitation-host-offline",
+                                 "the host has not refreshed this post's liveness lease since "
+                                 f"{_time(row.lease_unix)}: it is not running", status=410)
+        headers = ({"Kith-Lease-Expires-At": _time(row.lease_unix)}
+                   if row.lease_unix is not None else None)
+        return JSONResponse(row.document, headers=headers)
 
     # GET /api/v1/invitations/{post_id}/status
     async def invitation_status(self, request: Request) -> JSONResponse:
@@ -473,10 +507,26 @@ class _App:
         expires_unix = check_invitation(inv, now=now)
         check_invitation_fields(inv, expires_unix=expires_unix, now=now)
         if not await self._db(self.store.renew_invitation, inv.post_id, document=document,
-                              expires_unix=expires_unix):
+                              expires_unix=expires_unix, lease_unix=now + self.lease_ttl_s):
             raise CommunityError("invitation-consumed", "the invitation was withdrawn or "
                                  "consumed meanwhile; publish a new one", status=410)
         return JSONResponse(document)
+
+    # POST /api/v1/invitations/{post_id}/lease
+    async def refresh_lease(self, request: Request) -> JSONResponse:
+        signed, body = await self._signed_body(request)
+        decode_json(body, EmptyBody, what="lease refresh", empty=True)
+        row = await self._own_invitation(request, signed)
+        post_id = row.document["post_id"]
+        now = self.clock()
+        if row.state(now) in ("live", "offline"):  # a host back after a partition revives it
+            await self._db(self.store.refresh_lease, post_id, lease_unix=now + self.lease_ttl_s,
+                           now=now)
+            row = await self._invitation(post_id)
+        out = _post_json(row, self.clock())
+        out["lease"] = {"ttl_s": self.lease_ttl_s,
+                        "refresh_s": round(self.lease_ttl_s / LEASE_REFRESH_DIVISOR, 3)}
+        return JSONResponse(out)
 
     # POST /api/v1/invitations/{post_id}/withdraw
     async def withdraw_invitation(self, request: Request) -> JSONResponse:
@@ -624,11 +674,16 @@ def _protocol_json(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _post_json(row: InvitationRow, now: float) -> dict[str, Any]:
-    """A post: the invitation document with its server-side state (browse, status)."""
+    """A post: the invitation document with its server-side state (browse, status, lease).
+
+    ``online`` is True while the host's liveness lease holds, False once it lapsed, None
+    for a post published before leases (liveness unknown)."""
     return {"post_id": row.document["post_id"], "state": row.state(now),
             "sessions": row.sessions_count, "max_sessions": row.max_sessions,
             "expires_at": row.document.get("expires_at"),
             "withdrawn_at": _time(row.withdrawn_unix),
+            "online": None if row.lease_unix is None else row.lease_unix > now,
+            "lease_expires_at": _time(row.lease_unix),
             "host_display_name": row.host_display_name, "invitation": row.document}
 
 
@@ -821,7 +876,8 @@ def create_app(database: Path | str | CommunityStore, *,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES,
                rate_limits: RateLimits | None = None,
-               clock: Callable[[], float] = time.time) -> Starlette:
+               clock: Callable[[], float] = time.time,
+               lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> Starlette:
     """Build the community server ASGI app.
 
     Args:
@@ -832,6 +888,8 @@ def create_app(database: Path | str | CommunityStore, *,
         max_spec_bytes: the largest accepted protocol spec body, in bytes (default 256 KiB).
         rate_limits: per-key and per-address token buckets (default :class:`RateLimits`).
         clock: returns the current Unix time in seconds (tests inject one).
+        lease_ttl_s: how long a post's liveness lease holds after a refresh, in seconds
+            (default 90; hosts refresh every third of it).
 
     Returns:
         A Starlette app serving the routes of ``specs/community-api.md``; its store is
@@ -842,7 +900,7 @@ def create_app(database: Path | str | CommunityStore, *,
     """
     store = database if isinstance(database, CommunityStore) else open_store(database)
     h = _App(store, max_body_bytes=max_body_bytes, max_spec_bytes=max_spec_bytes,
-             rate_limits=rate_limits or RateLimits(), clock=clock)
+             rate_limits=rate_limits or RateLimits(), clock=clock, lease_ttl_s=lease_ttl_s)
     p = API_PREFIX
     table: list[tuple[str, Callable[[Request], Awaitable[JSONResponse]], str]] = [
         (f"{p}/health", h.health, "GET"),
@@ -856,6 +914,7 @@ def create_app(database: Path | str | CommunityStore, *,
         (f"{p}/invitations/{{post_id}}/status", h.invitation_status, "GET"),
         (f"{p}/invitations/{{post_id}}/renew", h.renew_invitation, "POST"),
         (f"{p}/invitations/{{post_id}}/withdraw", h.withdraw_invitation, "POST"),
+        (f"{p}/invitations/{{post_id}}/lease", h.refresh_lease, "POST"),
         (f"{p}/sessions", h.submit_session, "POST"),
         (f"{p}/sessions/{{session_id}}", h.get_session, "GET"),
         (f"{p}/sessions/{{session_id}}/close", h.close_session, "POST"),
@@ -888,6 +947,7 @@ def run_server_in_thread(database: Path | str | CommunityStore, host: str = "127
                          max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES,
                          rate_limits: RateLimits | None = None,
                          clock: Callable[[], float] = time.time,
+                         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
                          startup_timeout_s: float = 10.0,
                          trust_proxy: list[str] | None = None) -> Iterator[str]:
     """Serve a community app in a daemon thread for the duration of a ``with`` block.
@@ -896,7 +956,8 @@ def run_server_in_thread(database: Path | str | CommunityStore, host: str = "127
         database: a SQLite path, a database URL or an open store (see :func:`create_app`;
             a store opened here is closed on exit, a store passed in is left open).
         host, port: where to listen (port 0 = a free port).
-        max_body_bytes, max_spec_bytes, rate_limits, clock: passed to :func:`create_app`.
+        max_body_bytes, max_spec_bytes, rate_limits, clock, lease_ttl_s: passed to
+            :func:`create_app`.
         startup_timeout_s: how long to wait for the server to start, in seconds.
         trust_proxy: reverse proxies (IP/CIDR) whose ``X-Forwarded-For`` is taken as the
             client address; default none (``kith community serve --trust-proxy``).
@@ -909,7 +970,7 @@ def run_server_in_thread(database: Path | str | CommunityStore, host: str = "127
             server does not start in time.
     """
     app = create_app(database, max_body_bytes=max_body_bytes, max_spec_bytes=max_spec_bytes,
-                     rate_limits=rate_limits, clock=clock)
+                     rate_limits=rate_limits, clock=clock, lease_ttl_s=lease_ttl_s)
     owned = not isinstance(database, CommunityStore)
     try:
         sock = bind_socket(host, port)

@@ -23,18 +23,23 @@ Open either with :func:`open_store` (a path or a database URL).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import logging
+import os
 import re
 import sqlite3
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from node.common.errors import CommunityError
+from node.common.errors import CommunityError, UsageError
 
-SCHEMA_VERSION = 2
+#: The schema this code reads and writes; :data:`MIGRATIONS` lead up to it.
+SCHEMA_VERSION = 3
 DB_DIR = "community"
 DB_FILE = "community.sqlite3"
 #: How long a connection waits for another writer (SQLite) or for a pooled connection
@@ -46,11 +51,23 @@ SESSION_FIELDS = ("session_id", "post_id", "protocol_id", "host_public_key",
                   "guest_public_key", "guest_nonce", "host_nonce", "host_signature",
                   "guest_signature")
 
-#: Tables of the schema, for tests and stats; nothing else is ever created.
-TABLES = ("meta", "identities", "protocols", "invitations", "invitation_tags", "sessions",
-          "feedback", "request_nonces")
+#: Longest a single SQL statement may run before it is cancelled (a ``503
+#: database-timeout`` answer), in seconds; ``statement_timeout`` on PostgreSQL, a progress
+#: handler on SQLite.
+STATEMENT_TIMEOUT_S = 5.0
+#: Connections a PostgreSQL store keeps at most, per server process (PostgreSQL's
+#: ``max_connections`` is the scarce part: N instances use at most N × this).
+DEFAULT_POOL_SIZE = 10
+#: How often a store forgets refilled rate-limit buckets, in seconds (one DELETE each time).
+RATE_PRUNE_EVERY_S = 30.0
 
-# One schema for both dialects; {AUTO_PK}, {REAL} and {TEXT_PK} differ.
+#: Tables of the schema, for tests and stats; nothing else is ever created.
+TABLES = ("meta", "schema_migrations", "identities", "identity_skeletons", "protocols",
+          "invitations", "invitation_tags", "sessions", "feedback", "request_nonces",
+          "rate_limits")
+
+# Schema version 2 (the base every migration starts from), one text for both dialects;
+# {AUTO_PK} and {REAL} differ.
 _SCHEMA_TEMPLATE = """
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
@@ -130,6 +147,32 @@ CREATE TABLE IF NOT EXISTS request_nonces (
 CREATE INDEX IF NOT EXISTS request_nonces_time ON request_nonces (timestamp);
 """
 
+# Version 3: stateless instances. Liveness leases on invitations (NULL: a post published
+# before leases, listed until it expires), rate-limit buckets shared by every instance
+# (GCRA: one "theoretical arrival time" per bucket), and the look-alike skeletons of display
+# names (one owner per skeleton, enforced by the primary key).
+_MIGRATION_3 = """
+ALTER TABLE invitations ADD COLUMN lease_unix {REAL};
+CREATE TABLE IF NOT EXISTS rate_limits (
+    bucket  TEXT PRIMARY KEY,        -- "key:<hex>" or "addr:<ip>"
+    tat     {REAL} NOT NULL,         -- when the bucket is full again (Unix s)
+    granted INTEGER NOT NULL         -- did the last take succeed (1) or not (0)
+);
+CREATE TABLE IF NOT EXISTS identity_skeletons (
+    skeleton   TEXT PRIMARY KEY,
+    public_key TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS identity_skeletons_key ON identity_skeletons (public_key)
+"""
+
+_SCHEMA_MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version      INTEGER PRIMARY KEY,
+    name         TEXT NOT NULL,
+    applied_unix {REAL} NOT NULL
+)
+"""
+
 
 def default_db_path(home: Path) -> Path:
     """``<home>/community/community.sqlite3`` (DESIGN §13)."""
@@ -148,6 +191,8 @@ class InvitationRow:
         withdrawn_unix: when the host withdrew it (Unix s) or None.
         host_display_name: the host identity's registered display name, or None.
         seq: the server's publish sequence number (browse cursor).
+        lease_unix: until when the host's liveness lease holds (Unix s), or None for a
+            post published before leases existed (its liveness is unknown).
     """
 
     document: dict[str, Any]
@@ -158,15 +203,19 @@ class InvitationRow:
     withdrawn_unix: float | None
     host_display_name: str | None = None
     seq: int = 0
+    lease_unix: float | None = None
 
     def state(self, now: float) -> str:
-        """``withdrawn`` > ``consumed`` > ``expired`` > ``live`` (first that holds)."""
+        """``withdrawn`` > ``consumed`` > ``expired`` > ``offline`` (the liveness lease
+        lapsed) > ``live`` (first that holds)."""
         if self.withdrawn_unix is not None:
             return "withdrawn"
         if self.max_sessions is not None and self.sessions_count >= self.max_sessions:
             return "consumed"
         if self.expires_unix <= now:
             return "expired"
+        if self.lease_unix is not None and self.lease_unix <= now:
+            return "offline"
         return "live"
 
 
@@ -202,16 +251,79 @@ class CommunityStore:
         beyond what the operator gave)."""
         raise NotImplementedError
 
-    def _apply_schema(self, conn: _Conn) -> None:
-        for statement in self._schema_sql().split(";"):
+    # --- schema versions and migrations ----------------------------------------------------
+    _greatest = "max"  # the two-argument maximum: max() in SQLite, greatest() in PostgreSQL
+
+    def _sql(self, template: str) -> str:
+        """A dialect's text of a schema template ({AUTO_PK}, {REAL})."""
+        raise NotImplementedError
+
+    def _has_table(self, conn: _Conn, name: str) -> bool:
+        raise NotImplementedError
+
+    def _has_column(self, conn: _Conn, table: str, column: str) -> bool:
+        raise NotImplementedError
+
+    def _run_script(self, conn: _Conn, template: str) -> None:
+        for statement in self._sql(template).split(";"):
             if statement.strip():
                 conn.execute(statement)
-        conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
-                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                     (str(SCHEMA_VERSION),))
 
-    def _schema_sql(self) -> str:
-        raise NotImplementedError
+    def _version(self, conn: _Conn) -> int:
+        """The schema version of the open database: the highest row of
+        ``schema_migrations``, else ``meta.schema_version`` (versions 1-2 kept it there),
+        else 1 for a first-cut file with tables but no ``meta``, else 0 (empty)."""
+        if self._has_table(conn, "schema_migrations"):
+            row = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()
+            if row is not None and row[0] is not None:
+                return int(row[0])
+        if self._has_table(conn, "meta"):
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is not None and str(row[0]).isdigit():
+                return int(row[0])
+        return 1 if self._has_table(conn, "invitations") else 0
+
+    def schema_version(self) -> int:
+        """The database's schema version (0: empty)."""
+        with self._read() as conn:
+            return self._version(conn)
+
+    def _migrate(self, conn: _Conn, *, now: float) -> list[int]:
+        """Apply every migration the open database lacks, in order, in the caller's
+        transaction (all or nothing). Returns the versions applied."""
+        version = self._version(conn)
+        if version > SCHEMA_VERSION:
+            raise _schema_newer(version)
+        applied = []
+        for target, name, step in MIGRATIONS:
+            if version < target:
+                step(self, conn, version)
+                self._run_script(conn, _SCHEMA_MIGRATIONS_TABLE)
+                conn.execute("INSERT INTO schema_migrations (version, name, applied_unix) "
+                             "VALUES (?, ?, ?) ON CONFLICT (version) DO NOTHING",
+                             (target, name, now))
+                conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
+                             "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                             (str(target),))
+                applied.append(target)
+                version = target
+        return applied
+
+    def _open_schema(self, conn: _Conn, *, migrate: bool) -> list[int]:
+        """At open: create an empty database at :data:`SCHEMA_VERSION`; with ``migrate``
+        bring an older one forward; otherwise refuse an older or a newer one."""
+        version = self._version(conn)
+        if version == SCHEMA_VERSION:
+            return []
+        if version > SCHEMA_VERSION:
+            raise _schema_newer(version)
+        if version == 0 or migrate:
+            return self._migrate(conn, now=time.time())
+        raise CommunityError(
+            "database-schema-old",
+            f"the community database is at schema version {version}; this server needs "
+            f"version {SCHEMA_VERSION}: stop the servers, back it up, then run "
+            "`kith community migrate` with the same --database-url", status=0)
 
     # --- introspection (tests) ------------------------------------------------------------
     def columns(self) -> dict[str, list[str]]:
@@ -240,24 +352,93 @@ class CommunityStore:
         with self._read() as conn:
             return int(conn.execute("SELECT count(*) FROM request_nonces").fetchone()[0])
 
-    # --- identities -----------------------------------------------------------------------
-    def upsert_identity(self, public_key: str, *, display_name: str, about: str,
-                        now: float) -> bool:
-        """Register ``public_key`` with a profile, or replace its profile.
+    # --- rate limits --------------------------------------------------------------------
+    def take_token(self, bucket: str, *, rate_per_s: float, burst: int, now: float) -> float:
+        """Take one token from a bucket shared by every server instance on this database.
+
+        The bucket is GCRA (a token bucket kept as one number): ``tat`` is when the bucket
+        would be full again; a take moves it ``1/rate_per_s`` later and is granted while
+        that stays at most ``burst/rate_per_s`` after ``now``. One UPSERT per call (the row
+        lock serialises instances); every :data:`RATE_PRUNE_EVERY_S` seconds one DELETE
+        forgets buckets that are full again, so the table holds only buckets used within
+        their refill time.
+
+        Args:
+            bucket: the bucket's name (``key:<hex>``, ``addr:<ip>``).
+            rate_per_s: tokens per second (> 0). burst: bucket size (>= 1).
+            now: Unix seconds.
 
         Returns:
-            True if the identity was created, False if an existing profile was replaced.
+            0.0 if the token was taken, else the seconds until one is available.
+
+        Raises:
+            CommunityError: ``database-unavailable`` / ``database-timeout`` (503).
         """
+        interval = 1.0 / rate_per_s
+        tolerance = burst * interval + 1e-9
+        g = self._greatest
         with self._write() as conn:
-            cur = conn.execute(
-                "INSERT INTO identities (public_key, display_name, about, created_unix, "
-                "updated_unix) VALUES (?, ?, ?, ?, ?) ON CONFLICT (public_key) DO NOTHING",
-                (public_key, display_name, about, now, now))
-            if cur.rowcount == 1:
-                return True
-            conn.execute("UPDATE identities SET display_name = ?, about = ?, updated_unix = ? "
-                         "WHERE public_key = ?", (display_name, about, now, public_key))
-            return False
+            if now - self._last_rate_prune >= RATE_PRUNE_EVERY_S:
+                self._last_rate_prune = now
+                conn.execute("DELETE FROM rate_limits WHERE tat < ?", (now,))
+            row = conn.execute(
+                "INSERT INTO rate_limits (bucket, tat, granted) VALUES (?, ?, 1) "
+                "ON CONFLICT (bucket) DO UPDATE SET "
+                f"granted = CASE WHEN {g}(rate_limits.tat, ?) + ? - ? <= ? THEN 1 ELSE 0 END, "
+                f"tat = CASE WHEN {g}(rate_limits.tat, ?) + ? - ? <= ? "
+                f"THEN {g}(rate_limits.tat, ?) + ? ELSE rate_limits.tat END "
+                "RETURNING granted, tat",
+                (bucket, now + interval, now, interval, now, tolerance,
+                 now, interval, now, tolerance, now, interval)).fetchone()
+        granted, tat = int(row[0]), float(row[1])
+        if granted:
+            return 0.0
+        return max(1e-3, max(tat, now) + interval - now - tolerance)
+
+    _last_rate_prune = 0.0
+
+    # --- identities -----------------------------------------------------------------------
+    def upsert_identity(self, public_key: str, *, display_name: str, about: str,
+                        now: float, skeletons: frozenset[str] = frozenset()) -> bool | None:
+        """Register ``public_key`` with a profile, or replace its profile.
+
+        Args:
+            skeletons: the look-alike forms of ``display_name``
+                (:func:`node.trust.peers.name_skeletons`); each may belong to one key only.
+
+        Returns:
+            True if the identity was created, False if an existing profile was replaced,
+            None if another key's display name looks like this one (nothing stored).
+        """
+        try:
+            with self._write() as conn:
+                return self._upsert_identity(conn, public_key, display_name, about, now,
+                                             skeletons)
+        except _NameTaken:
+            return None
+
+    @staticmethod
+    def _upsert_identity(conn: _Conn, public_key: str, display_name: str, about: str,
+                         now: float, skeletons: frozenset[str]) -> bool:
+        conn.execute("DELETE FROM identity_skeletons WHERE public_key = ?", (public_key,))
+        for skeleton in sorted(skeletons):
+            # the primary key decides between racing instances: the loser's insert does
+            # nothing, it sees the other owner and its whole transaction rolls back
+            conn.execute("INSERT INTO identity_skeletons (skeleton, public_key) VALUES (?, ?) "
+                         "ON CONFLICT (skeleton) DO NOTHING", (skeleton, public_key))
+            owner = conn.execute("SELECT public_key FROM identity_skeletons WHERE skeleton = ?",
+                                 (skeleton,)).fetchone()[0]
+            if owner != public_key:
+                raise _NameTaken
+        cur = conn.execute(
+            "INSERT INTO identities (public_key, display_name, about, created_unix, "
+            "updated_unix) VALUES (?, ?, ?, ?, ?) ON CONFLICT (public_key) DO NOTHING",
+            (public_key, display_name, about, now, now))
+        if cur.rowcount == 1:
+            return True
+        conn.execute("UPDATE identities SET display_name = ?, about = ?, updated_unix = ? "
+                     "WHERE public_key = ?", (display_name, about, now, public_key))
+        return False
 
     def get_identity(self, public_key: str) -> dict[str, Any] | None:
         """Return ``{public_key, display_name, about, created_unix, updated_unix,
@@ -301,32 +482,46 @@ class CommunityStore:
     # --- invitations ----------------------------------------------------------------------
     def insert_invitation(self, *, post_id: str, host_public_key: str, protocol_id: str,
                           protocol_name: str, document: dict[str, Any], expires_unix: float,
-                          max_sessions: int | None, tags: list[str], now: float) -> bool:
+                          max_sessions: int | None, tags: list[str], now: float,
+                          lease_unix: float | None = None) -> bool:
         """Store an invitation (and its lower-cased tags) under ``post_id``; False if that
-        id is taken."""
+        id is taken. ``lease_unix``: the first liveness lease's end (Unix s)."""
         with self._write() as conn:
-            cur = conn.execute(
-                "INSERT INTO invitations (post_id, host_public_key, protocol_id, protocol_name, "
-                "document, expires_unix, created_unix, max_sessions) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (post_id) DO NOTHING",
-                (post_id, host_public_key, protocol_id, protocol_name, _dumps(document),
-                 expires_unix, now, max_sessions))
-            if cur.rowcount != 1:
-                return False
-            for tag in sorted({t.lower() for t in tags}):
-                conn.execute("INSERT INTO invitation_tags (post_id, tag) VALUES (?, ?)",
-                             (post_id, tag))
-            return True
+            return self._insert_invitation(
+                conn, post_id=post_id, host_public_key=host_public_key,
+                protocol_id=protocol_id, protocol_name=protocol_name, document=document,
+                expires_unix=expires_unix, max_sessions=max_sessions, tags=tags, now=now,
+                lease_unix=lease_unix)
+
+    @staticmethod
+    def _insert_invitation(conn: _Conn, *, post_id: str, host_public_key: str,
+                           protocol_id: str, protocol_name: str, document: dict[str, Any],
+                           expires_unix: float, max_sessions: int | None, tags: list[str],
+                           now: float, lease_unix: float | None) -> bool:
+        """:meth:`insert_invitation` inside the caller's transaction (bulk seeding)."""
+        cur = conn.execute(
+            "INSERT INTO invitations (post_id, host_public_key, protocol_id, protocol_name, "
+            "document, expires_unix, created_unix, max_sessions, lease_unix) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (post_id) DO NOTHING",
+            (post_id, host_public_key, protocol_id, protocol_name, _dumps(document),
+             expires_unix, now, max_sessions, lease_unix))
+        if cur.rowcount != 1:
+            return False
+        for tag in sorted({t.lower() for t in tags}):
+            conn.execute("INSERT INTO invitation_tags (post_id, tag) VALUES (?, ?)",
+                         (post_id, tag))
+        return True
 
     _INVITATION_COLS = ("i.document, i.expires_unix, i.created_unix, i.max_sessions, "
-                        "i.sessions_count, i.withdrawn_unix, d.display_name, i.seq")
+                        "i.sessions_count, i.withdrawn_unix, d.display_name, i.seq, "
+                        "i.lease_unix")
 
     @staticmethod
     def _invitation_row(row: Any) -> InvitationRow:
         return InvitationRow(document=json.loads(row[0]), expires_unix=row[1],
                              created_unix=row[2], max_sessions=row[3],
                              sessions_count=int(row[4]), withdrawn_unix=row[5],
-                             host_display_name=row[6], seq=int(row[7]))
+                             host_display_name=row[6], seq=int(row[7]), lease_unix=row[8])
 
     def get_invitation(self, post_id: str) -> InvitationRow | None:
         """Return the stored invitation with its state fields, or None if unknown."""
@@ -340,7 +535,8 @@ class CommunityStore:
                            protocol_name: str | None = None, tag: str | None = None,
                            host_public_key: str | None = None,
                            before_seq: int | None = None) -> list[InvitationRow]:
-        """Live invitations (not withdrawn, not consumed, not expired), newest first.
+        """Live invitations (not withdrawn, not consumed, not expired, lease not lapsed),
+        newest first.
 
         Args:
             now: Unix seconds. limit: at most this many rows.
@@ -349,8 +545,9 @@ class CommunityStore:
                 sequence number (the cursor of the previous page).
         """
         where = ["i.withdrawn_unix IS NULL", "i.expires_unix > ?",
+                 "(i.lease_unix IS NULL OR i.lease_unix > ?)",
                  "(i.max_sessions IS NULL OR i.sessions_count < i.max_sessions)"]
-        params: list[Any] = [now]
+        params: list[Any] = [now, now]
         if protocol_id is not None:
             where.append("i.protocol_id = ?")
             params.append(protocol_id)
@@ -376,16 +573,30 @@ class CommunityStore:
         return [self._invitation_row(r) for r in rows]
 
     def renew_invitation(self, post_id: str, *, document: dict[str, Any],
-                         expires_unix: float) -> bool:
-        """Replace a live-or-expired invitation's document and expiry (a renew); False if
-        it is unknown, withdrawn or consumed (checked again under the write lock)."""
+                         expires_unix: float, lease_unix: float | None = None) -> bool:
+        """Replace a live-or-expired invitation's document and expiry (a renew, which also
+        refreshes the lease to ``lease_unix`` when given); False if it is unknown,
+        withdrawn or consumed (checked again under the write lock)."""
         with self._write() as conn:
             cur = conn.execute(
-                "UPDATE invitations SET document = ?, expires_unix = ? WHERE post_id = ? "
+                "UPDATE invitations SET document = ?, expires_unix = ?, "
+                "lease_unix = coalesce(?, lease_unix) WHERE post_id = ? "
                 "AND withdrawn_unix IS NULL "
                 "AND (max_sessions IS NULL OR sessions_count < max_sessions)",
-                (_dumps(document), expires_unix, post_id))
+                (_dumps(document), expires_unix, lease_unix, post_id))
             return cur.rowcount == 1
+
+    def refresh_lease(self, post_id: str, *, lease_unix: float, now: float) -> None:
+        """Extend a post's liveness lease to ``lease_unix`` (Unix s) unless it is withdrawn,
+        consumed or expired. A refresh that would move the lease by less than a second
+        writes nothing, so a storm of refreshes costs reads, not writes."""
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE invitations SET lease_unix = ? WHERE post_id = ? "
+                "AND withdrawn_unix IS NULL AND expires_unix > ? "
+                "AND (max_sessions IS NULL OR sessions_count < max_sessions) "
+                "AND (lease_unix IS NULL OR lease_unix < ?)",
+                (lease_unix, post_id, now, lease_unix - 1.0))
 
     def withdraw_invitation(self, post_id: str, *, now: float) -> float | None:
         """Mark an invitation withdrawn (idempotent); return when it was withdrawn, or
@@ -485,30 +696,101 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
+class _NameTaken(Exception):
+    """Inside a write: another key owns a skeleton of this display name (roll back)."""
+
+
+def _schema_newer(version: int) -> CommunityError:
+    return CommunityError(
+        "database-schema-newer",
+        f"the community database is at schema version {version}, newer than this server's "
+        f"{SCHEMA_VERSION}: upgrade kith-node on every instance (or restore a backup)",
+        status=0)
+
+
+# --- migrations -------------------------------------------------------------------------------
+def _to_v2(store: CommunityStore, conn: _Conn, from_version: int) -> None:
+    """The base schema; a first-cut (version 1) SQLite file is rebuilt keeping its rows."""
+    if from_version == 1:
+        if store.dialect != "sqlite":
+            raise CommunityError("database-schema-old", "a schema-1 database exists only on "
+                                 "SQLite; this PostgreSQL database cannot be migrated", status=0)
+        SqliteStore._migrate_v1(conn)  # type: ignore[arg-type]
+    store._run_script(conn, _SCHEMA_TEMPLATE)
+
+
+def _to_v3(store: CommunityStore, conn: _Conn, from_version: int) -> None:
+    """Leases, shared rate limits, display-name skeletons (existing names keep their
+    skeletons; of two existing look-alikes the older registration keeps it)."""
+    from node.common.names import name_skeletons  # the node's look-alike fold, shared (not copied)
+
+    if not store._has_column(conn, "invitations", "lease_unix"):
+        store._run_script(conn, _MIGRATION_3)
+    rows = conn.execute("SELECT public_key, display_name FROM identities "
+                        "ORDER BY created_unix, public_key").fetchall()
+    for public_key, display_name in rows:
+        for skeleton in sorted(name_skeletons(display_name)):
+            conn.execute("INSERT INTO identity_skeletons (skeleton, public_key) VALUES (?, ?) "
+                         "ON CONFLICT (skeleton) DO NOTHING", (skeleton, public_key))
+
+
+#: ``(version, name, step)`` in order; ``step(store, conn, from_version)`` brings the
+#: database from the previous version to ``version`` inside the migration's transaction.
+MIGRATIONS: tuple[tuple[int, str, Callable[[CommunityStore, _Conn, int], None]], ...] = (
+    (2, "base schema: identities, protocols, invitations, sessions, feedback, nonces", _to_v2),
+    (3, "stateless instances: liveness leases, shared rate limits, name skeletons", _to_v3),
+)
+
+
 # --- SQLite ---------------------------------------------------------------------------------
+#: Statement time allowed to a migration or a backup, in seconds.
+_MAINTENANCE_TIMEOUT_S = 3600.0
+_SQLITE_TYPES = {"AUTO_PK": "INTEGER PRIMARY KEY AUTOINCREMENT", "REAL": "REAL"}
+
+
+def _sqlite_unavailable(exc: sqlite3.Error) -> CommunityError:
+    if "interrupted" in str(exc):
+        return CommunityError("database-timeout", "a database statement took longer than "
+                              f"{STATEMENT_TIMEOUT_S:g} s and was cancelled; retry later",
+                              status=503)
+    return CommunityError("database-unavailable",
+                          "the community database is unavailable; retry later", status=503)
+
+
 class SqliteStore(CommunityStore):
-    """The default store: one SQLite file in WAL mode.
+    """The default store: one SQLite file in WAL mode, for one server process.
 
     Args:
-        db_path: the SQLite file; its folder is created (mode 0700) and the schema applied
-            (or a first-cut schema version 1 migrated) on construction.
+        db_path: the SQLite file; its folder is created (mode 0700). An empty file gets the
+            current schema; an older one is refused unless ``migrate`` (see
+            :meth:`CommunityStore._open_schema`).
+        migrate: bring an older schema forward (``kith community migrate``).
+        statement_timeout_s: a statement running longer is interrupted (503
+            ``database-timeout``), in seconds.
 
     Raises:
         CommunityError: ``database-unavailable`` if the file cannot be opened or is not a
-            Kith community database.
+            Kith community database; ``database-schema-old`` / ``database-schema-newer``.
     """
 
     dialect = "sqlite"
 
-    def __init__(self, db_path: Path) -> None:
+    def __init__(self, db_path: Path, *, migrate: bool = False,
+                 statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> None:
         self.db_path = Path(db_path)
+        self.statement_timeout_s = statement_timeout_s
+        self.applied: list[int] = []
+        self._lock_fd: int | None = None
         try:
             self.db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with self._connect() as conn:
+            with self._connect(timeout_s=_MAINTENANCE_TIMEOUT_S) as conn:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("BEGIN IMMEDIATE")
-                self._migrate_v1(conn)
-                self._apply_schema(conn)
+                try:
+                    self.applied = self._open_schema(conn, migrate=migrate)
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
                 conn.execute("COMMIT")
         except (sqlite3.Error, OSError):
             raise CommunityError("database-unavailable",
@@ -519,8 +801,72 @@ class SqliteStore(CommunityStore):
     def describe(self) -> str:
         return f"SQLite {self.db_path}"
 
-    def _schema_sql(self) -> str:
-        return _SCHEMA_TEMPLATE.format(AUTO_PK="INTEGER PRIMARY KEY AUTOINCREMENT", REAL="REAL")
+    def _sql(self, template: str) -> str:
+        return template.format(**_SQLITE_TYPES)
+
+    def _has_table(self, conn: _Conn, name: str) -> bool:
+        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                            (name,)).fetchone() is not None
+
+    def _has_column(self, conn: _Conn, table: str, column: str) -> bool:
+        return column in [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+
+    def lock_single_writer(self) -> None:
+        """Hold ``<db>.lock`` (an exclusive ``flock``) until :meth:`close`: SQLite serves
+        one server process; several instances need PostgreSQL.
+
+        Raises:
+            CommunityError: ``database-in-use`` if another process holds it.
+        """
+        path = self.db_path.with_name(self.db_path.name + ".lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise CommunityError(
+                "database-in-use",
+                f"another kith community server is using {self.db_path.name}; SQLite serves "
+                "one process — run several instances on PostgreSQL (--database-url)",
+                status=0) from None
+        self._lock_fd = fd
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def backup(self, target: Path) -> int:
+        """Copy the database to ``target`` with SQLite's online backup API (consistent even
+        while a server writes); written to a temporary file beside ``target`` and renamed
+        into place, so ``target`` is never half-written.
+
+        Returns:
+            The size of the copy in bytes.
+
+        Raises:
+            UsageError: ``usage`` if ``target`` exists.
+            CommunityError: ``database-unavailable`` if the copy fails.
+        """
+        target = Path(target)
+        if target.exists():
+            raise UsageError("usage", f"{target} exists; back up to a new file")
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            with self._connect(timeout_s=_MAINTENANCE_TIMEOUT_S) as src:
+                dst = sqlite3.connect(tmp)
+                try:
+                    src.backup(dst, pages=1024)
+                finally:
+                    dst.close()
+            os.replace(tmp, target)
+        except (sqlite3.Error, OSError):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise CommunityError("database-unavailable",
+                                 f"could not back up {self.db_path.name} to {target.name}",
+                                 status=0) from None
+        return target.stat().st_size
 
     @staticmethod
     def _migrate_v1(conn: sqlite3.Connection) -> None:
@@ -530,7 +876,7 @@ class SqliteStore(CommunityStore):
             return
         conn.execute("ALTER TABLE invitations RENAME TO invitations_v1")
         conn.execute("DROP INDEX IF EXISTS invitations_host")
-        for statement in SqliteStore._schema_sql(None).split(";"):  # type: ignore[arg-type]
+        for statement in _SCHEMA_TEMPLATE.format(**_SQLITE_TYPES).split(";"):
             if "invitations (" in statement and "CREATE TABLE" in statement:
                 conn.execute(statement)
         conn.execute(
@@ -547,30 +893,51 @@ class SqliteStore(CommunityStore):
                      "WHERE s.post_id = invitations.post_id)")
 
     @contextlib.contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
+    def _connect(self, timeout_s: float | None = None) -> Iterator[sqlite3.Connection]:
+        """A short-lived connection whose statements are each interrupted after
+        ``timeout_s`` seconds (default: the store's statement timeout)."""
         conn = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         try:
             conn.execute("PRAGMA synchronous=NORMAL")
+            deadline = [0.0]
+
+            def over_time() -> int:  # checked every 10,000 VM steps: 1 interrupts
+                return 1 if time.monotonic() > deadline[0] else 0
+
+            limit = timeout_s or self.statement_timeout_s
+
+            def statement_starts(_sql: str) -> None:  # each statement gets its own deadline
+                deadline[0] = time.monotonic() + limit
+
+            statement_starts("")
+            conn.set_trace_callback(statement_starts)
+            conn.set_progress_handler(over_time, 10_000)
             yield conn
         finally:
             conn.close()
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
-        with self._connect() as conn:
-            yield conn
+        try:
+            with self._connect() as conn:
+                yield conn
+        except sqlite3.Error as exc:
+            raise _sqlite_unavailable(exc) from None
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction: committed on success, rolled back on error."""
-        with self._connect() as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+        try:
+            with self._connect() as conn:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise _sqlite_unavailable(exc) from None
 
     def columns(self) -> dict[str, list[str]]:
         with self._read() as conn:
@@ -581,6 +948,12 @@ class SqliteStore(CommunityStore):
 
 
 # --- PostgreSQL -----------------------------------------------------------------------------
+_PG_TYPES = {"AUTO_PK": "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
+             "REAL": "DOUBLE PRECISION"}
+#: An advisory lock key: one migrator at a time across instances.
+_MIGRATION_LOCK = 7464327
+
+
 class _PgConn:
     """Adapts a psycopg connection to the ``?`` placeholders the shared SQL uses."""
 
@@ -592,40 +965,82 @@ class _PgConn:
 
 
 class PostgresStore(CommunityStore):
-    """The deployment store: PostgreSQL through psycopg 3 and a connection pool.
+    """The deployment store: PostgreSQL through psycopg 3 and a capped connection pool;
+    any number of server processes may share one database.
 
     Args:
         url: ``postgresql://user:password@host:port/dbname`` (or ``postgres://``; libpq
             query options such as ``?host=/run/postgresql`` work).
-        min_size / max_size: pooled connections.
+        pool_size: connections this process keeps at most (default
+            :data:`DEFAULT_POOL_SIZE`; one is opened at start, more on demand). A request
+            waits up to :data:`BUSY_TIMEOUT_S` for a free one, then answers 503
+            ``database-unavailable``.
         connect_timeout_s: how long to keep trying to connect at start, in seconds.
+        statement_timeout_s: PostgreSQL's ``statement_timeout`` for every connection, in
+            seconds (a statement cancelled by it answers 503 ``database-timeout``).
+        migrate: bring an older schema forward (``kith community migrate``).
+        pool_timeout_s: how long a request waits for a pooled connection before it answers
+            503 ``database-unavailable``, in seconds.
 
     Raises:
         ConfigError: ``database-driver-missing`` when psycopg is not installed (install
             ``kith-node[postgres]``).
+        UsageError: ``database-url-invalid`` when libpq cannot parse the URL (the URL is
+            not repeated).
         CommunityError: ``database-unavailable`` when no connection can be made within
-            :data:`BUSY_TIMEOUT_S` (the message never contains the password or host).
+            ``connect_timeout_s`` (the message never contains the password);
+            ``database-schema-old`` / ``database-schema-newer``.
     """
 
     dialect = "postgresql"
     _for_update = " FOR UPDATE"
+    _greatest = "greatest"
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10,
-                 connect_timeout_s: float = BUSY_TIMEOUT_S) -> None:
+    def __init__(self, url: str, *, pool_size: int = DEFAULT_POOL_SIZE,
+                 connect_timeout_s: float = BUSY_TIMEOUT_S,
+                 statement_timeout_s: float = STATEMENT_TIMEOUT_S,
+                 migrate: bool = False, pool_timeout_s: float = BUSY_TIMEOUT_S) -> None:
         try:
-            import psycopg  # noqa: F401
+            import psycopg
             from psycopg_pool import ConnectionPool
         except ImportError:
             raise CommunityError("database-driver-missing",
                                  "a postgresql:// database needs psycopg 3") from None
+        try:
+            params = psycopg.conninfo.conninfo_to_dict(url)
+            ports = str(params.get("port") or "0").split(",")
+            if not all(p.strip().isdigit() for p in ports):
+                raise psycopg.ProgrammingError("port")
+        except psycopg.Error:
+            raise CommunityError("database-url-invalid",
+                                 "the postgresql:// database URL cannot be parsed (not repeated "
+                                 "here: it may hold a password)", exit_code=2) from None
+        # the pool's own warnings name hosts and sockets on each failed try; the server
+        # reports an unavailable database itself (503s, the start-up retry lines)
+        pool_log = logging.getLogger("psycopg.pool")
+        if not pool_log.handlers:
+            pool_log.addHandler(logging.NullHandler())
         self._display = display_database_url(url)
-        self._pool = ConnectionPool(url, min_size=min_size, max_size=max_size, open=False,
-                                    timeout=BUSY_TIMEOUT_S, name="kith-community")
+        self.applied: list[int] = []
+        timeout_ms = max(1, int(statement_timeout_s * 1000))
+
+        def configure(conn: Any) -> None:
+            conn.execute(f"SET statement_timeout = {timeout_ms}")
+            conn.commit()
+
+        self._pool = ConnectionPool(url, min_size=1, max_size=max(1, pool_size), open=False,
+                                    timeout=pool_timeout_s, name="kith-community",
+                                    configure=configure, check=ConnectionPool.check_connection,
+                                    kwargs={"connect_timeout": max(1, int(connect_timeout_s))})
         try:
             self._pool.open(wait=True, timeout=connect_timeout_s)
-            with self._write() as conn:
-                conn.execute("SELECT pg_advisory_xact_lock(7464327)")  # one migrator at a time
-                self._apply_schema(conn)
+            with self._pool.connection() as raw:
+                conn = _PgConn(raw)
+                conn.execute(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+                self.applied = self._open_schema(conn, migrate=migrate)
+        except CommunityError:
+            self._pool.close()
+            raise
         except Exception:
             self._pool.close()
             raise CommunityError("database-unavailable",
@@ -635,21 +1050,39 @@ class PostgresStore(CommunityStore):
     def describe(self) -> str:
         return f"PostgreSQL {self._display}"
 
-    def _schema_sql(self) -> str:
-        return _SCHEMA_TEMPLATE.format(
-            AUTO_PK="BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
-            REAL="DOUBLE PRECISION")
+    def _sql(self, template: str) -> str:
+        return template.format(**_PG_TYPES)
+
+    def _has_table(self, conn: _Conn, name: str) -> bool:
+        return conn.execute("SELECT 1 FROM information_schema.tables WHERE table_schema = "
+                            "current_schema() AND table_name = ?", (name,)).fetchone() is not None
+
+    def _has_column(self, conn: _Conn, table: str, column: str) -> bool:
+        return conn.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = "
+                            "current_schema() AND table_name = ? AND column_name = ?",
+                            (table, column)).fetchone() is not None
 
     @contextlib.contextmanager
-    def _read(self) -> Iterator[_PgConn]:
-        with self._pool.connection() as conn:
-            yield _PgConn(conn)
+    def _connection(self) -> Iterator[_PgConn]:
+        """A pooled connection in one transaction (committed on success, rolled back on
+        error); a lost server or an exhausted pool answers 503."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
 
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[_PgConn]:
-        """One transaction per call: the pool commits on success and rolls back on error."""
-        with self._pool.connection() as conn:
-            yield _PgConn(conn)
+        try:
+            with self._pool.connection() as conn:
+                yield _PgConn(conn)
+        except psycopg.errors.QueryCanceled:
+            raise CommunityError("database-timeout", "a database statement took longer than "
+                                 "the statement timeout and was cancelled; retry later",
+                                 status=503) from None
+        except (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout):
+            raise CommunityError("database-unavailable",
+                                 "the community database is unavailable; retry later",
+                                 status=503) from None
+
+    _read = _connection
+    _write = _connection
 
     def close(self) -> None:
         self._pool.close()
@@ -684,30 +1117,41 @@ def display_database_url(url: str) -> str:
     return f"{parts.scheme}://{netloc}{parts.path}"
 
 
-def open_store(target: Path | str) -> CommunityStore:
+def open_store(target: Path | str, *, migrate: bool = False,
+               pool_size: int = DEFAULT_POOL_SIZE,
+               connect_timeout_s: float = BUSY_TIMEOUT_S,
+               statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> CommunityStore:
     """Open the store named by a path or a database URL.
 
     Args:
         target: a filesystem path (SQLite), ``sqlite:///ABSOLUTE/PATH`` or
             ``postgresql://...`` / ``postgres://...``.
+        migrate: apply pending migrations (else an older schema is refused; an empty
+            database always gets the current schema).
+        pool_size, connect_timeout_s: PostgreSQL only (see :class:`PostgresStore`).
+        statement_timeout_s: longest statement, in seconds.
 
     Raises:
-        UsageError: ``database-url-invalid`` for any other URL scheme or an empty path.
+        UsageError: ``database-url-invalid`` for any other URL scheme, an empty path or a
+            URL libpq cannot parse.
         ConfigError: ``database-driver-missing`` (PostgreSQL without psycopg).
-        CommunityError: ``database-unavailable``.
+        CommunityError: ``database-unavailable``, ``database-schema-old``,
+            ``database-schema-newer``.
     """
     if isinstance(target, Path):
-        return SqliteStore(target)
+        return SqliteStore(target, migrate=migrate, statement_timeout_s=statement_timeout_s)
     scheme = target.split(":", 1)[0].lower() if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:",
                                                           target) else ""
     if scheme in _PG_SCHEMES:
-        return PostgresStore(target)
+        return PostgresStore(target, migrate=migrate, pool_size=pool_size,
+                             connect_timeout_s=connect_timeout_s,
+                             statement_timeout_s=statement_timeout_s)
     if scheme == "sqlite":
         path = target[len("sqlite://"):] if target.startswith("sqlite://") else ""
         if not path.startswith("/") or path == "/":
             raise CommunityError("database-url-invalid",
                                  "a SQLite database URL is sqlite:///ABSOLUTE/PATH", exit_code=2)
-        return SqliteStore(Path(path))
+        return SqliteStore(Path(path), migrate=migrate, statement_timeout_s=statement_timeout_s)
     raise CommunityError("database-url-invalid",
                          "the database URL must start with postgresql://, postgres:// or sqlite:///",
                          exit_code=2)

@@ -312,8 +312,15 @@ async def _serve(home: Path, opts: HostOptions, identity: Any, *, on_invitation:
                     emit_event({"event": "republished", "post_id": fresh.post_id, "previous_post_id": previous,
                                 "reason": reason, "expires_at": fresh.expires_at})
 
+                def noticed(ev: dict[str, Any]) -> None:  # the server's word on the post
+                    if ev["event"] == "post-renewed":  # renewed elsewhere: follow its expiry
+                        expiry[ev["post_id"]] = _unix(ev["expires_at"])
+                    elif ev["event"] == "post-ended" and not ev["republish"]:
+                        live.pop(ev["post_id"], None)  # withdrawn: nobody can join it
+                    emit_event(ev)
+
                 keeper = PostKeeper(opts.server_url, identity, inv, make_invitation=new_invitation,
-                                    on_republished=republished)
+                                    on_republished=republished, on_notice=noticed)
 
                 def on_event(ev: dict[str, Any]) -> None:
                     emit_event(ev)
