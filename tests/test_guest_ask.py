@@ -111,3 +111,27 @@ def test_mcp_peer_search_asks_a_pinned_peer_and_refuses_a_stranger(tmp_path):
     assert env["schemaVersion"] == 2 and env["available"] is True
     assert [r["source"] for r in env["results"]][0] == "/kb/deploy.md"
     assert len(env["results"]) <= 2
+
+
+def test_mcp_peer_search_carries_dedupe_and_budget_like_a_local_search(tmp_path):
+    """MCP's peer search sends the whole request: ``dedupe`` reaches the host's answer
+    service (its queryPlan says so) and ``remainingBudgetMs`` 0 is the host's
+    ``budget-exhausted`` answer, not a session timeout."""
+    async def scenario(host, guest_home):
+        target = await open_target(str(host.invite), guest_home, server_url=None)
+        PeerRegistry.load(guest_home).add("hosty", target.invitation.host_public_key)
+        deduped = await call_search(guest_home, {"query": "staging server deleted", "dedupe": "document",
+                                                 "peer": str(host.invite)}, local=True)
+        spent = await call_search(guest_home, {"query": "staging server deleted", "remainingBudgetMs": 0,
+                                               "peer": str(host.invite)}, local=True)
+        return deduped, spent
+
+    deduped, spent = _run_with_host(tmp_path, scenario)
+    assert not deduped.is_error, deduped.content
+    env = deduped.structured_content
+    sources = [r["source"] for r in env["results"]]
+    assert sources and len(sources) == len(set(sources))  # one result per document
+    assert env["queryPlan"]["dedupe"] == "document"
+    assert not spent.is_error, spent.content
+    assert spent.structured_content["available"] is False
+    assert spent.structured_content["reason"] == "budget-exhausted"

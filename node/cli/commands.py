@@ -305,6 +305,10 @@ def join_cmd(
 
     home = home_of(ctx)
     identity = load_or_init_identity(home)
+    from node.answer import contract
+
+    for text in query:  # refused here, with the code every entry point uses, before connecting
+        contract.validate({"query": text, "topK": top_k})
 
     async def main() -> Any:
         host = await open_target(target, home, server_url=server)

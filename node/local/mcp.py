@@ -68,7 +68,10 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
         home: the node home (identity, peers registry). peer: invitation file / JSON /
             ``post_id``. body: the validated flat request. server: community server URL
             (needed for a ``post_id``). local: iroh local mode (tests, offline).
-        timeout_s: end-to-end limit in seconds (also bounded by ``remainingBudgetMs``).
+        timeout_s: end-to-end limit in seconds (connect, handshake, answer). The request's
+            ``remainingBudgetMs`` is sent to the host and bounds its search, exactly as for
+            any other entry point (0 → ``budget-exhausted``); it does not shorten the
+            connection, which is not part of the search.
 
     Returns:
         ``{"status": <host status>, "envelope": <host envelope>}``.
@@ -87,9 +90,10 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
         raise InvitationError("host-not-trusted",
                               "that host is not a pinned peer; join it with `kith join "
                               "--pin NAME` first")
-    filters = {k: v for k, v in body.items() if k not in ("query", "topK", "dedupe")}
-    budget = body.get("remainingBudgetMs")
-    limit = timeout_s if budget is None else min(timeout_s, budget / 1000.0)
+    # everything but the question and topK travels in the query message (dedupe and
+    # remainingBudgetMs included: the host's answer service applies them)
+    filters = {k: v for k, v in body.items() if k not in ("query", "topK")}
+    limit = timeout_s
     asked = await ask(home, identity, target,
                       GuestOptions(queries=(body["query"],), top_k=body.get("topK", 5), filters=filters),
                       local=local, server_url=server, timeout_s=limit)
