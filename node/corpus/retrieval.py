@@ -55,8 +55,15 @@ from node.corpus import search
 from node.corpus.types import Hit
 from node.common.errors import CorpusError
 
-#: RRF weight per pass (a pass's contribution is ``weight / (RRF_K + rank)``).
-PASS_WEIGHTS = {"baseline-bm25": 1.0, "exact-entity": 1.0, "rewrite-expanded": 1.0,
+#: RRF weight per pass (a pass's contribution is ``weight / (RRF_K + rank)``). The exact
+#: and rewrite passes are near-identical keyword searches of the baseline's terms: at equal
+#: weight their agreement on a distractor turned the baseline's clear margin into a
+#: near-tie; at 0.3 they still add the candidates only they find and break ties
+#: (scripts/eval --split dev, kith nDCG@10 python-docs / postgresql / generated:
+#: 1,1,1 → 0.608 / 0.613 / 0.934; 1,.3,.3 → 0.617 / 0.613 / 0.948; with document
+#: aggregation 0.628 / 0.640 / 0.934 → 0.678 / 0.672 / 0.880 (see DOC_SUPPORT). Dropping
+#: either pass loses on dev (exact 0 → postgresql −0.01; rewrite 0 → −0.04), so both stay).
+PASS_WEIGHTS = {"baseline-bm25": 1.0, "exact-entity": 0.3, "rewrite-expanded": 0.3,
                 "dense": 1.0}
 #: Score-component key per pass.
 COMPONENT = {"baseline-bm25": "bm25", "exact-entity": "exact", "rewrite-expanded": "rewrite",
@@ -79,6 +86,21 @@ PAIR_SLOP = 2
 #: measures without it.
 PARALLEL_PASSES = True
 PASS_WORKERS = 2
+#: Document-level aggregation (:func:`aggregate_documents`): a document's further chunks
+#: are scored at SECOND_CHUNK_FACTOR × their fused score (a page's second chunk no longer
+#: pushes another page out of the top k), its best chunk gains DOC_SUPPORT × the score of
+#: each of its next DOC_SUPPORT_CHUNKS chunks (a page about the question usually matches in
+#: more than one section; a release note or FAQ entry in one). Applied to the top
+#: ``AGGREGATE_WINDOW × limit`` fused candidates. On scripts/eval --split dev (weights as
+#: above) nDCG@10 python-docs / postgresql / generated: off 0.617 / 0.613 / 0.948;
+#: factor 0.5 alone 0.639 / 0.632 / 0.948; + support 0.5 0.678 / 0.672 / 0.880 (pooled
+#: 0.655 → 0.700; the 10-file generated set loses: its pages are 3 chunks each and a
+#: weak two-chunk match outvotes a strong one-chunk match); support over 2-3 chunks or
+#: factor 0.3/0.7 were no better.
+SECOND_CHUNK_FACTOR = 0.5
+DOC_SUPPORT = 0.5
+DOC_SUPPORT_CHUNKS = 1
+AGGREGATE_WINDOW = 8
 #: Largest candidate pool per pass when widening.
 MAX_DEPTH = 2000
 #: Dedupe levels a caller may ask for, as chunks allowed per document.
@@ -359,6 +381,40 @@ def weighted_rrf(ranked: dict[str, list[tuple[Any, float]]],
     return fused
 
 
+def aggregate_documents(fused: dict[Any, float], doc_key: Callable[[Any], str | None],
+                        window: int) -> dict[Any, float]:
+    """Document-level aggregation of chunk scores over the top ``window`` fused candidates
+    (the rest are left as they are: they are below every candidate aggregated here).
+
+    A document's best chunk gets ``best + DOC_SUPPORT * second-best`` (a page with two
+    strong chunks beats a page with one); each further chunk of the same document gets
+    ``SECOND_CHUNK_FACTOR * its score``, so a page's second chunk only takes a place above
+    another page's best chunk when it is clearly stronger. ``doc_key(key)`` names a
+    candidate's document (None: unknown, left alone). Returns a new dict; cost: one
+    stored-document read per candidate in the window.
+    """
+    if SECOND_CHUNK_FACTOR == 1.0 and DOC_SUPPORT == 0.0:
+        return fused
+    top = sorted(fused, key=lambda k: -fused[k])[:window]
+    out = dict(fused)
+    best: dict[str, Any] = {}
+    seconds: dict[Any, int] = {}
+    for k in top:
+        d = doc_key(k)
+        if d is None:
+            continue
+        first = best.get(d)
+        if first is None:
+            best[d] = k
+            continue
+        n = seconds.get(first, 0)
+        if n < DOC_SUPPORT_CHUNKS:
+            seconds[first] = n + 1
+            out[first] += DOC_SUPPORT * fused[k]
+        out[k] = fused[k] * SECOND_CHUNK_FACTOR
+    return out
+
+
 def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str]) -> bool:
     """True when every chunk in ``chunk_ids`` contains every stem (body or heading)."""
     if not chunk_ids or not stems:
@@ -565,6 +621,9 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             if stop is not None:
                 controller.update(earlyStop=True, stopReason=stop)
             fused = weighted_rrf(ranked)
+            fused = aggregate_documents(
+                fused, lambda k: (ids(k)[1] if not isinstance(k, str)
+                                  else doc_of.get(k)), AGGREGATE_WINDOW * limit)
             key_of: dict[str, Any] = {}
             order = _Order(fused, ids, doc_of, key_of)
             counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
