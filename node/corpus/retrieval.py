@@ -70,8 +70,10 @@ COMPONENT = {"baseline-bm25": "bm25", "exact-entity": "exact", "rewrite-expanded
              "dense": "dense"}
 #: Boost of an expansion term relative to the user's own term.
 EXPANSION_WEIGHT = 0.7
-#: Boost of a title (heading path / file name) match in the rewrite pass.
+#: Boost of a page-title (first heading / file name) match and of a section-heading match
+#: in the rewrite pass.
 REWRITE_TITLE_BOOST = 1.5
+REWRITE_SECTION_BOOST = 1.5
 #: Adjacent key-term pairs as sloppy phrases in the rewrite pass (boost, slop). Off:
 #: measured with scripts/eval (53 questions, python-docs) they LOWER quality (nDCG@10
 #: 0.684 → 0.668, MRR@10 0.729 → 0.687; Recall@10 0.821 → 0.830) while the phrase
@@ -256,10 +258,16 @@ def rewrite_query(schema: Any, plan: Plan) -> Any | None:
         subs.append(Q.term_query(schema, "body", t))
         if not t.isdigit():  # "3" in a question must not pick "whatsnew/3.1" by its name
             subs.append(Q.boost_query(Q.term_query(schema, "title", t), REWRITE_TITLE_BOOST))
+            if REWRITE_SECTION_BOOST:
+                subs.append(Q.boost_query(Q.term_query(schema, "section", t),
+                                          REWRITE_SECTION_BOOST))
     for t in plan.expansions:
         subs.append(Q.boost_query(Q.term_query(schema, "body", t), EXPANSION_WEIGHT))
         subs.append(Q.boost_query(Q.term_query(schema, "title", t),
                                   EXPANSION_WEIGHT * REWRITE_TITLE_BOOST))
+        if REWRITE_SECTION_BOOST:
+            subs.append(Q.boost_query(Q.term_query(schema, "section", t),
+                                      EXPANSION_WEIGHT * REWRITE_SECTION_BOOST))
     for a, b in plan.pairs:
         subs.append(Q.boost_query(Q.phrase_query(schema, "exact", [a, b], PAIR_SLOP), PAIR_BOOST))
     return _should(subs) if subs else None
