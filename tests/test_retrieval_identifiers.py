@@ -101,3 +101,31 @@ def test_odd_queries_never_raise_nor_return_zero_scores(corpus, query: str) -> N
     answer = answer_local(corpus, {"query": query, "topK": 5, "remainingBudgetMs": 5000})
     assert answer["status"] != "error", answer
     assert all(r["score"] > 0 for r in answer["envelope"].get("results", []))
+
+
+@pytest.mark.parametrize("text", ["café noir", "résumé été", "Grüße"])
+def test_a_short_cp1252_note_decodes_as_cp1252(text: str) -> None:
+    from node.corpus.parsers import decode_text
+
+    assert decode_text(text.encode("cp1252"))[:3] == (text, "cp1252", True)
+
+
+def test_mostly_high_byte_text_keeps_the_detectors_guess() -> None:
+    from node.corpus.parsers import decode_text
+
+    text = "Καλημέρα κόσμε, τι κάνεις σήμερα; Ο καιρός είναι καλός."
+    assert decode_text(text.encode("cp1253"))[:2] == (text, "cp1253")
+
+
+def test_a_two_word_cp1252_note_is_found_by_its_accented_word(tmp_path: Path) -> None:
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "note.txt").write_bytes("café noir\n".encode("cp1252"))
+    with Corpus(tmp_path / "home") as c:
+        c.add_root(root)
+        c.sync()
+        hits, _ctl = c.search_hits("café", limit=3)
+        assert [h.source_id for h in hits] == ["/notes/note.txt"]
+        assert "café" in hits[0].text
+        row = c._db.execute("SELECT encoding FROM documents").fetchone()
+        assert row[0] == "cp1252"
