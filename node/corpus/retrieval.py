@@ -19,6 +19,13 @@ what it did in the ``retrievalController`` report:
    key-term pairs as sloppy phrases were tried and are off — :data:`PROXIMITY_PAIRS`:
    on ``scripts/eval`` they cost nDCG@10/MRR@10 and took half of the pass's time.)
 
+Fusion is weighted RRF (:data:`PASS_WEIGHTS`: the baseline at 1.0, the two near-identical
+keyword passes at 0.3), then document-level aggregation of chunk scores
+(:func:`aggregate_documents`). The baseline also matches whole identifiers
+(``os.path.join``, ``__init__``, ``max_connections``, ``3.11``) on the ``ident`` field
+(:func:`node.corpus.search.identifiers`); a page title (``title``) counts, a section
+heading (``section``) only in the rewrite pass.
+
 Early stop: when the baseline pass is already strong — each of its top two chunks
 contains every key term and the query has no expansion — the other passes are skipped
 (``stopReason`` ``baseline-strong``). A deadline (``time.monotonic()`` instant) is checked
@@ -60,9 +67,11 @@ from node.common.errors import CorpusError
 #: weight their agreement on a distractor turned the baseline's clear margin into a
 #: near-tie; at 0.3 they still add the candidates only they find and break ties
 #: (scripts/eval --split dev, kith nDCG@10 python-docs / postgresql / generated:
-#: 1,1,1 → 0.608 / 0.613 / 0.934; 1,.3,.3 → 0.617 / 0.613 / 0.948; with document
-#: aggregation 0.628 / 0.640 / 0.934 → 0.678 / 0.672 / 0.880 (see DOC_SUPPORT). Dropping
-#: either pass loses on dev (exact 0 → postgresql −0.01; rewrite 0 → −0.04), so both stay).
+#: 1,1,1 → 0.608 / 0.613 / 0.934; 1,.3,.3 → 0.617 / 0.613 / 0.948; score-normalized
+#: fusion instead of RRF was lower (0.610 / 0.594 / 0.947), RRF k 10/20 mixed. Dropping
+#: the rewrite pass loses 0.04 on postgresql; the exact pass is neutral on dev (its
+#: questions are plain language; w 0 / 0.15 / 0.3 score the same, 0.5 +0.005 on
+#: postgresql) and stays for what only it does: quoted phrases in order.
 PASS_WEIGHTS = {"baseline-bm25": 1.0, "exact-entity": 0.3, "rewrite-expanded": 0.3,
                 "dense": 1.0}
 #: Score-component key per pass.
@@ -90,19 +99,21 @@ PARALLEL_PASSES = True
 PASS_WORKERS = 2
 #: Document-level aggregation (:func:`aggregate_documents`): a document's further chunks
 #: are scored at SECOND_CHUNK_FACTOR × their fused score (a page's second chunk no longer
-#: pushes another page out of the top k), its best chunk gains DOC_SUPPORT × the score of
-#: each of its next DOC_SUPPORT_CHUNKS chunks (a page about the question usually matches in
-#: more than one section; a release note or FAQ entry in one). Applied to the top
-#: ``AGGREGATE_WINDOW × limit`` fused candidates. On scripts/eval --split dev (weights as
-#: above) nDCG@10 python-docs / postgresql / generated: off 0.617 / 0.613 / 0.948;
-#: factor 0.5 alone 0.639 / 0.632 / 0.948; + support 0.5 0.678 / 0.672 / 0.880 (pooled
-#: 0.655 → 0.700; the 10-file generated set loses: its pages are 3 chunks each and a
-#: weak two-chunk match outvotes a strong one-chunk match); support over 2-3 chunks or
-#: factor 0.3/0.7 were no better.
+#: pushes another page out of the top k), and its best chunk gains DOC_SUPPORT × the
+#: fused score of each of its next DOC_SUPPORT_CHUNKS chunks × (that chunk's baseline BM25
+#: / the best baseline BM25) ** SUPPORT_POWER — a page about the question usually matches
+#: in more than one section, a release note or FAQ entry in one; the BM25 ratio keeps a
+#: weak second match (RRF flattens it to a near-equal rank score) from outvoting a strong
+#: single match. Applied to the top ``AGGREGATE_WINDOW × limit`` fused candidates.
+#: scripts/eval --split dev nDCG@10 python-docs / postgresql / generated (weights above):
+#: off 0.617 / 0.613 / 0.948; factor 0.5 alone 0.639 / 0.632 / 0.948; + support 0.5
+#: (power 0) 0.678 / 0.672 / 0.880; support 1.0, power 3 0.683 / 0.683 / 0.934 (pooled
+#: 0.655 → 0.713); support over 2-3 chunks, factor 0.3/0.7, power 1/2/4 were no better.
 SECOND_CHUNK_FACTOR = 0.5
-DOC_SUPPORT = 0.5
+DOC_SUPPORT = 1.0
 DOC_SUPPORT_CHUNKS = 1
 AGGREGATE_WINDOW = 8
+SUPPORT_POWER = 3.0
 #: Largest candidate pool per pass when widening.
 MAX_DEPTH = 2000
 #: Dedupe levels a caller may ask for, as chunks allowed per document.
@@ -390,16 +401,19 @@ def weighted_rrf(ranked: dict[str, list[tuple[Any, float]]],
 
 
 def aggregate_documents(fused: dict[Any, float], doc_key: Callable[[Any], str | None],
-                        window: int) -> dict[Any, float]:
+                        window: int, strength: Callable[[Any], float] | None = None,
+                        ) -> dict[Any, float]:
     """Document-level aggregation of chunk scores over the top ``window`` fused candidates
     (the rest are left as they are: they are below every candidate aggregated here).
 
-    A document's best chunk gets ``best + DOC_SUPPORT * second-best`` (a page with two
-    strong chunks beats a page with one); each further chunk of the same document gets
-    ``SECOND_CHUNK_FACTOR * its score``, so a page's second chunk only takes a place above
-    another page's best chunk when it is clearly stronger. ``doc_key(key)`` names a
-    candidate's document (None: unknown, left alone). Returns a new dict; cost: one
-    stored-document read per candidate in the window.
+    A document's best chunk gets ``best + DOC_SUPPORT * strength(second) * second`` (a
+    page with two strong chunks beats a page with one); each further chunk of the same
+    document gets ``SECOND_CHUNK_FACTOR * its score``, so a page's second chunk only takes
+    a place above another page's best chunk when it is clearly stronger. ``doc_key(key)``
+    names a candidate's document (None: unknown, left alone); ``strength(key)`` in 0..1
+    (None: 1) — :func:`run_search` passes (baseline BM25 / best baseline BM25) **
+    :data:`SUPPORT_POWER`. Returns a new dict; cost: one stored-document read per
+    candidate in the window.
     """
     if SECOND_CHUNK_FACTOR == 1.0 and DOC_SUPPORT == 0.0:
         return fused
@@ -418,7 +432,7 @@ def aggregate_documents(fused: dict[Any, float], doc_key: Callable[[Any], str | 
         n = seconds.get(first, 0)
         if n < DOC_SUPPORT_CHUNKS:
             seconds[first] = n + 1
-            out[first] += DOC_SUPPORT * fused[k]
+            out[first] += DOC_SUPPORT * fused[k] * (1.0 if strength is None else strength(k))
         out[k] = fused[k] * SECOND_CHUNK_FACTOR
     return out
 
@@ -629,9 +643,14 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             if stop is not None:
                 controller.update(earlyStop=True, stopReason=stop)
             fused = weighted_rrf(ranked)
+            base = ranked.get("baseline-bm25") or []
+            top_bm25 = base[0][1] if base else 0.0
+            bm25_of = dict(base) if SUPPORT_POWER and top_bm25 > 0 else {}
             fused = aggregate_documents(
                 fused, lambda k: (ids(k)[1] if not isinstance(k, str)
-                                  else doc_of.get(k)), AGGREGATE_WINDOW * limit)
+                                  else doc_of.get(k)), AGGREGATE_WINDOW * limit,
+                (lambda k: (bm25_of.get(k, 0.0) / top_bm25) ** SUPPORT_POWER)
+                if bm25_of else None)
             key_of: dict[str, Any] = {}
             order = _Order(fused, ids, doc_of, key_of)
             counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
