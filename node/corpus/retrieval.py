@@ -404,7 +404,7 @@ def aggregate_documents(fused: dict[Any, float], doc_key: Callable[[Any], str | 
                         window: int, strength: Callable[[Any], float] | None = None,
                         ) -> dict[Any, float]:
     """Document-level aggregation of chunk scores over the top ``window`` fused candidates
-    (the rest are left as they are: they are below every candidate aggregated here).
+    (candidates below the window keep their fused score).
 
     A document's best chunk gets ``best + DOC_SUPPORT * strength(second) * second`` (a
     page with two strong chunks beats a page with one); each further chunk of the same
@@ -645,12 +645,16 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             fused = weighted_rrf(ranked)
             base = ranked.get("baseline-bm25") or []
             top_bm25 = base[0][1] if base else 0.0
-            bm25_of = dict(base) if SUPPORT_POWER and top_bm25 > 0 else {}
+            bm25_of = dict(base)
+
+            def strength(k: Any) -> float:  # 0 when the baseline did not find the chunk
+                if top_bm25 <= 0:
+                    return 0.0
+                return (bm25_of.get(k, 0.0) / top_bm25) ** SUPPORT_POWER
+
             fused = aggregate_documents(
                 fused, lambda k: (ids(k)[1] if not isinstance(k, str)
-                                  else doc_of.get(k)), AGGREGATE_WINDOW * limit,
-                (lambda k: (bm25_of.get(k, 0.0) / top_bm25) ** SUPPORT_POWER)
-                if bm25_of else None)
+                                  else doc_of.get(k)), AGGREGATE_WINDOW * limit, strength)
             key_of: dict[str, Any] = {}
             order = _Order(fused, ids, doc_of, key_of)
             counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
