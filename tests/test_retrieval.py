@@ -138,8 +138,23 @@ def test_weighted_rrf_sums_reciprocal_ranks() -> None:
     fused = retrieval.weighted_rrf({"baseline-bm25": [("a", 9.0), ("b", 5.0)],
                                     "rewrite-expanded": [("b", 3.0)]}, k=60)
     assert fused["a"] == pytest.approx(1 / 61)
-    assert fused["b"] == pytest.approx(1 / 62 + 1 / 61)
+    w = retrieval.PASS_WEIGHTS["rewrite-expanded"]
+    assert fused["b"] == pytest.approx(1 / 62 + w / 61)
     assert max(fused, key=fused.get) == "b"  # found by two passes beats one
+
+
+def test_document_aggregation_prefers_the_page_over_its_second_chunk() -> None:
+    """A page's second chunk drops below another page's best chunk; a page matched in two
+    sections gains on a page matched in one (retrieval.aggregate_documents)."""
+    fused = {"a1": 1.0, "b1": 0.97, "a2": 0.95, "c1": 0.93, "c2": 0.92}
+    doc = {"a1": "A", "a2": "A", "b1": "B", "c1": "C", "c2": "C"}
+    out = retrieval.aggregate_documents(fused, doc.get, 10)
+    order = sorted(out, key=lambda k: -out[k])
+    # C (two strong sections) passes B (one); a2 and c2 fall below every page's best chunk
+    assert order == ["a1", "c1", "b1", "a2", "c2"]
+    assert out["a2"] == pytest.approx(0.95 * retrieval.SECOND_CHUNK_FACTOR)
+    assert out["c1"] == pytest.approx(0.93 + retrieval.DOC_SUPPORT * 0.92)
+    assert retrieval.aggregate_documents(fused, lambda k: None, 10) == fused
 
 
 def test_early_stop_when_the_baseline_is_strong(corpus) -> None:

@@ -424,12 +424,12 @@ class Writer:
         # tantivy: one atomic commit holds the delete of the old and the add of the new
         if existed:
             self.writer.delete_documents_by_term("doc_id", doc_id)
-        titles: dict[tuple[str, ...], str] = {}  # chunks of a section share a heading path
+        titles: dict[tuple[str, ...], tuple[str, str]] = {}  # chunks of a section share a heading path
         for cid, ch in zip(ids, chunks):
             hp = tuple(ch.heading_path)
             title = titles.get(hp)
             if title is None:
-                title = titles[hp] = search.title_text(doc.source_id, hp)
+                title = titles[hp] = search.index_title(doc.source_id, hp)
             self.writer.add_document(search.make_document(cid, doc_id, ch.text, title))
         self.pending_chunks += len(chunks)
         self.report["chunks"] += len(chunks)
@@ -754,8 +754,10 @@ def run_sync(corpus: Corpus, progress: Progress | None, mode: str = "new_only",
     return Sync(corpus, progress, mode, limits).run()
 
 
-def iter_chunks_for_index(db: Any, doc_ids: list[str] | None = None) -> Iterator[tuple[str, str, str, str]]:
-    """Yield ``(chunk_id, doc_id, text, title)`` of ``done`` documents (all, or ``doc_ids``)."""
+def iter_chunks_for_index(db: Any, doc_ids: list[str] | None = None,
+                          ) -> Iterator[tuple[str, str, str, tuple[str, str]]]:
+    """Yield ``(chunk_id, doc_id, text, (page title, section))`` of ``done`` documents
+    (all, or ``doc_ids``; :func:`node.corpus.search.index_title`)."""
     sql = ("SELECT c.chunk_id, c.doc_id, c.text, c.heading_path, d.source_id FROM chunks c "
            "JOIN documents d ON d.doc_id = c.doc_id WHERE d.status = 'done'")
     if doc_ids is None:
@@ -767,4 +769,4 @@ def iter_chunks_for_index(db: Any, doc_ids: list[str] | None = None) -> Iterator
             batches.append((sql + f" AND c.doc_id IN ({','.join('?' * len(part))})", tuple(part)))
     for q, params in batches:
         for cid, did, text, hp, sid in db.execute(q, params):
-            yield cid, did, text, search.title_text(sid, json.loads(hp))
+            yield cid, did, text, search.index_title(sid, json.loads(hp))

@@ -14,7 +14,10 @@ starts fast):
 | ``pdf`` | ``.pdf`` | ``pypdf``: the text layer, page by page (page numbers kept) |
 | ``docx`` | ``.docx`` | ``python-docx``: paragraphs, headings (as Markdown ``#``), tables |
 
-Decoding of text kinds: UTF-8 (BOM stripped), UTF-16 with a BOM; otherwise
+Decoding of text kinds: UTF-8 (BOM stripped), UTF-16 with a BOM; otherwise, when the
+text is mostly ASCII (under :data:`SPARSE_NON_ASCII` high bytes) and cp1252 reads its
+high bytes as Latin letters, cp1252 — a detector cannot tell a code page from a few
+accented letters; otherwise
 ``charset-normalizer`` is asked: cp1252 (the Windows default) is taken whenever it is
 among its candidates and as plausible as the best one — short Western text is where
 detectors guess cp1250/mac-roman wrong — otherwise its best guess is kept when it
@@ -29,6 +32,7 @@ from __future__ import annotations
 import codecs
 import io
 import re
+import unicodedata
 from dataclasses import dataclass
 
 #: Largest text-like file read (bytes); bigger files get reason ``too-large``.
@@ -54,6 +58,14 @@ _SUFFIX_KIND = {
 STRUCTURE = {"markdown": "markdown", "html": "markdown", "docx": "markdown", "rst": "rst"}
 
 _LANGUAGE_AGNOSTIC = {"Unknown", ""}
+#: Below this share of non-ASCII bytes (of the non-blank bytes), when every non-ASCII
+#: character cp1252 reads is a Latin letter, a text is Western text with accented letters
+#: — where a detector's guess from a handful of high bytes is noise (a two-word cp1252
+#: note was read as cp1006, its ``é`` an Arabic-script letter). Cyrillic, Greek and CJK
+#: text is (nearly) all high bytes, cp1250 text read as cp1252 shows symbols (``¿ ³ ¹``):
+#: those keep the detector's guess (issue 10 "Bad input").
+SPARSE_NON_ASCII = 0.6
+_CP1252_UNDEFINED = frozenset(b"\x81\x8d\x8f\x90\x9d")
 
 
 class Unsupported(Exception):
@@ -142,6 +154,13 @@ def decode_text(data: bytes) -> tuple[str, str, bool, bool]:
     except UnicodeDecodeError:
         pass
     encoding = "cp1252"
+    sample = data[:262_144]
+    solid = len(sample) - sum(sample.count(c) for c in b" \t\r\n")
+    high = sum(1 for b in sample if b >= 0x80)
+    if high <= SPARSE_NON_ASCII * max(solid, 1) and not _CP1252_UNDEFINED & set(sample):
+        western = data.decode("cp1252")
+        if all("LATIN" in unicodedata.name(ch, "") for ch in set(western) if ord(ch) >= 0x80):
+            return western, "cp1252", True, False  # the detector would guess: the common one
     try:
         import charset_normalizer
 

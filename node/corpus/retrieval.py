@@ -19,6 +19,13 @@ what it did in the ``retrievalController`` report:
    key-term pairs as sloppy phrases were tried and are off — :data:`PROXIMITY_PAIRS`:
    on ``scripts/eval`` they cost nDCG@10/MRR@10 and took half of the pass's time.)
 
+Fusion is weighted RRF (:data:`PASS_WEIGHTS`: the baseline at 1.0, the two near-identical
+keyword passes at 0.3), then document-level aggregation of chunk scores
+(:func:`aggregate_documents`). The baseline also matches whole identifiers
+(``os.path.join``, ``__init__``, ``max_connections``, ``3.11``) on the ``ident`` field
+(:func:`node.corpus.search.identifiers`); a page title (``title``) counts, a section
+heading (``section``) only in the rewrite pass.
+
 Early stop: when the baseline pass is already strong — each of its top two chunks
 contains every key term and the query has no expansion — the other passes are skipped
 (``stopReason`` ``baseline-strong``). A deadline (``time.monotonic()`` instant) is checked
@@ -55,16 +62,27 @@ from node.corpus import search
 from node.corpus.types import Hit
 from node.common.errors import CorpusError
 
-#: RRF weight per pass (a pass's contribution is ``weight / (RRF_K + rank)``).
-PASS_WEIGHTS = {"baseline-bm25": 1.0, "exact-entity": 1.0, "rewrite-expanded": 1.0,
+#: RRF weight per pass (a pass's contribution is ``weight / (RRF_K + rank)``). The exact
+#: and rewrite passes are near-identical keyword searches of the baseline's terms: at equal
+#: weight their agreement on a distractor turned the baseline's clear margin into a
+#: near-tie; at 0.3 they still add the candidates only they find and break ties
+#: (scripts/eval --split dev, kith nDCG@10 python-docs / postgresql / generated:
+#: 1,1,1 → 0.608 / 0.613 / 0.934; 1,.3,.3 → 0.617 / 0.613 / 0.948; score-normalized
+#: fusion instead of RRF was lower (0.610 / 0.594 / 0.947), RRF k 10/20 mixed. Dropping
+#: the rewrite pass loses 0.04 on postgresql; the exact pass is neutral on dev (its
+#: questions are plain language; w 0 / 0.15 / 0.3 score the same, 0.5 +0.005 on
+#: postgresql) and stays for what only it does: quoted phrases in order.
+PASS_WEIGHTS = {"baseline-bm25": 1.0, "exact-entity": 0.3, "rewrite-expanded": 0.3,
                 "dense": 1.0}
 #: Score-component key per pass.
 COMPONENT = {"baseline-bm25": "bm25", "exact-entity": "exact", "rewrite-expanded": "rewrite",
              "dense": "dense"}
 #: Boost of an expansion term relative to the user's own term.
 EXPANSION_WEIGHT = 0.7
-#: Boost of a title (heading path / file name) match in the rewrite pass.
+#: Boost of a page-title (first heading / file name) match and of a section-heading match
+#: in the rewrite pass.
 REWRITE_TITLE_BOOST = 1.5
+REWRITE_SECTION_BOOST = 1.5
 #: Adjacent key-term pairs as sloppy phrases in the rewrite pass (boost, slop). Off:
 #: measured with scripts/eval (53 questions, python-docs) they LOWER quality (nDCG@10
 #: 0.684 → 0.668, MRR@10 0.729 → 0.687; Recall@10 0.821 → 0.830) while the phrase
@@ -79,6 +97,23 @@ PAIR_SLOP = 2
 #: measures without it.
 PARALLEL_PASSES = True
 PASS_WORKERS = 2
+#: Document-level aggregation (:func:`aggregate_documents`): a document's further chunks
+#: are scored at SECOND_CHUNK_FACTOR × their fused score (a page's second chunk no longer
+#: pushes another page out of the top k), and its best chunk gains DOC_SUPPORT × the
+#: fused score of each of its next DOC_SUPPORT_CHUNKS chunks × (that chunk's baseline BM25
+#: / the best baseline BM25) ** SUPPORT_POWER — a page about the question usually matches
+#: in more than one section, a release note or FAQ entry in one; the BM25 ratio keeps a
+#: weak second match (RRF flattens it to a near-equal rank score) from outvoting a strong
+#: single match. Applied to the top ``AGGREGATE_WINDOW × limit`` fused candidates.
+#: scripts/eval --split dev nDCG@10 python-docs / postgresql / generated (weights above):
+#: off 0.617 / 0.613 / 0.948; factor 0.5 alone 0.639 / 0.632 / 0.948; + support 0.5
+#: (power 0) 0.678 / 0.672 / 0.880; support 1.0, power 3 0.683 / 0.683 / 0.934 (pooled
+#: 0.655 → 0.713); support over 2-3 chunks, factor 0.3/0.7, power 1/2/4 were no better.
+SECOND_CHUNK_FACTOR = 0.5
+DOC_SUPPORT = 1.0
+DOC_SUPPORT_CHUNKS = 1
+AGGREGATE_WINDOW = 8
+SUPPORT_POWER = 3.0
 #: Largest candidate pool per pass when widening.
 MAX_DEPTH = 2000
 #: Dedupe levels a caller may ask for, as chunks allowed per document.
@@ -234,10 +269,16 @@ def rewrite_query(schema: Any, plan: Plan) -> Any | None:
         subs.append(Q.term_query(schema, "body", t))
         if not t.isdigit():  # "3" in a question must not pick "whatsnew/3.1" by its name
             subs.append(Q.boost_query(Q.term_query(schema, "title", t), REWRITE_TITLE_BOOST))
+            if REWRITE_SECTION_BOOST:
+                subs.append(Q.boost_query(Q.term_query(schema, "section", t),
+                                          REWRITE_SECTION_BOOST))
     for t in plan.expansions:
         subs.append(Q.boost_query(Q.term_query(schema, "body", t), EXPANSION_WEIGHT))
         subs.append(Q.boost_query(Q.term_query(schema, "title", t),
                                   EXPANSION_WEIGHT * REWRITE_TITLE_BOOST))
+        if REWRITE_SECTION_BOOST:
+            subs.append(Q.boost_query(Q.term_query(schema, "section", t),
+                                      EXPANSION_WEIGHT * REWRITE_SECTION_BOOST))
     for a, b in plan.pairs:
         subs.append(Q.boost_query(Q.phrase_query(schema, "exact", [a, b], PAIR_SLOP), PAIR_BOOST))
     return _should(subs) if subs else None
@@ -357,6 +398,43 @@ def weighted_rrf(ranked: dict[str, list[tuple[Any, float]]],
         for rank, (cid, _s) in enumerate(hits, start=1):
             fused[cid] = fused.get(cid, 0.0) + w / (k + rank)
     return fused
+
+
+def aggregate_documents(fused: dict[Any, float], doc_key: Callable[[Any], str | None],
+                        window: int, strength: Callable[[Any], float] | None = None,
+                        ) -> dict[Any, float]:
+    """Document-level aggregation of chunk scores over the top ``window`` fused candidates
+    (candidates below the window keep their fused score).
+
+    A document's best chunk gets ``best + DOC_SUPPORT * strength(second) * second`` (a
+    page with two strong chunks beats a page with one); each further chunk of the same
+    document gets ``SECOND_CHUNK_FACTOR * its score``, so a page's second chunk only takes
+    a place above another page's best chunk when it is clearly stronger. ``doc_key(key)``
+    names a candidate's document (None: unknown, left alone); ``strength(key)`` in 0..1
+    (None: 1) — :func:`run_search` passes (baseline BM25 / best baseline BM25) **
+    :data:`SUPPORT_POWER`. Returns a new dict; cost: one stored-document read per
+    candidate in the window.
+    """
+    if SECOND_CHUNK_FACTOR == 1.0 and DOC_SUPPORT == 0.0:
+        return fused
+    top = sorted(fused, key=lambda k: -fused[k])[:window]
+    out = dict(fused)
+    best: dict[str, Any] = {}
+    seconds: dict[Any, int] = {}
+    for k in top:
+        d = doc_key(k)
+        if d is None:
+            continue
+        first = best.get(d)
+        if first is None:
+            best[d] = k
+            continue
+        n = seconds.get(first, 0)
+        if n < DOC_SUPPORT_CHUNKS:
+            seconds[first] = n + 1
+            out[first] += DOC_SUPPORT * fused[k] * (1.0 if strength is None else strength(k))
+        out[k] = fused[k] * SECOND_CHUNK_FACTOR
+    return out
 
 
 def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str]) -> bool:
@@ -565,6 +643,18 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             if stop is not None:
                 controller.update(earlyStop=True, stopReason=stop)
             fused = weighted_rrf(ranked)
+            base = ranked.get("baseline-bm25") or []
+            top_bm25 = base[0][1] if base else 0.0
+            bm25_of = dict(base)
+
+            def strength(k: Any) -> float:  # 0 when the baseline did not find the chunk
+                if top_bm25 <= 0:
+                    return 0.0
+                return (bm25_of.get(k, 0.0) / top_bm25) ** SUPPORT_POWER
+
+            fused = aggregate_documents(
+                fused, lambda k: (ids(k)[1] if not isinstance(k, str)
+                                  else doc_of.get(k)), AGGREGATE_WINDOW * limit, strength)
             key_of: dict[str, Any] = {}
             order = _Order(fused, ids, doc_of, key_of)
             counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",

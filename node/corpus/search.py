@@ -26,13 +26,30 @@ from typing import Any
 
 import tantivy
 
-#: Bump when the schema or analyzers change: an index of another version is rebuilt.
-INDEX_SCHEMA_VERSION = 2
+#: Bump when the schema or analyzers change: an index of another version is rebuilt by
+#: the next writer (``kith index sync``, start-up repair) and refused with
+#: ``index-unavailable`` by a reader until then (node/corpus/store.py). 3 (issue 10): the
+#: ``title`` field holds the page title only, section headings moved to ``section``, and
+#: the ``ident`` field holds whole identifiers.
+INDEX_SCHEMA_VERSION = 3
 RRF_K = 60
 #: Default cap of chunks per document in one result list (document-level dedup).
 MAX_PER_DOCUMENT = 2
-#: Boost of heading-path/file-name matches relative to body matches (scripts/eval).
+#: Boost of a page-title match (the document's first heading and its file name's words)
+#: relative to body matches, and of a section-heading match (the rest of the heading
+#: path). A release note, tutorial or FAQ *section* titled after a module no longer
+#: scores like the module's own page. scripts/eval --split dev nDCG@10 python-docs /
+#: postgresql (with the retrieval weights and document aggregation of issue 10): one
+#: field for the whole path at 0.3 → 0.678 / 0.672; page 0.3 + section 0.3 → 0.661 /
+#: 0.682; page 0.3 + section 0.1 → 0.677 / 0.674; page 0.3 + section 0 → 0.679 / 0.674;
+#: page 0.6 or 1.0 lower on both. Section headings still count in the rewrite pass.
 TITLE_BOOST = 0.3
+SECTION_BOOST = 0.0
+#: Boost of a whole-identifier match (``ident`` field: ``os.path.join``, ``__init__``,
+#: ``max_connections``, ``3.11``) on top of the split parts' body matches. The dev split
+#: has almost no identifier questions (0.5, 1 and 2 score the same there); 2 is what makes
+#: the defining page beat a page repeating the parts (tests/test_retrieval_identifiers.py).
+IDENT_BOOST = 2.0
 #: Boost of a match on the user's unstemmed word form (``exact`` field) in the baseline:
 #: stemming conflates ``prints`` with the ubiquitous ``print``; the exact form keeps the
 #: user's precision (measured with scripts/eval).
@@ -41,6 +58,10 @@ EXACT_FORM_BOOST = 1.0
 # CJK Unified Ideographs (+ext A), Hiragana, Katakana, Hangul syllables.
 _CJK_RUN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]{2,}")
 _QUOTED = re.compile(r"\"([^\"]+)\"|“([^”]+)”")
+#: A whole identifier: a dotted name (``os.path.join``, ``pg_stat_activity.query``), a
+#: name with underscores (``__init__``, ``max_connections``, ``PYTHON_GIL``), a number with
+#: separators (``3.11``, ``1,000``, ``1e-5``) — what the simple tokenizer splits.
+_WHOLE = re.compile(r"(?<![\w.])(?:_*[A-Za-z][\w]*(?:\.\w+)+|\w*_\w*|\d+(?:[.,:eE-]\d+)+)(?![\w])")
 _IDENT = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w*(?:[.:/_-]\w+)+|\w*\d\w*(?:[.:/_-]\w+)*)(?![\w])")
 
 
@@ -73,14 +94,35 @@ def analyzers() -> tuple[Any, Any]:
     return en, exact
 
 
+def identifiers(text: str) -> list[str]:
+    """The whole identifiers of ``text`` (:data:`_WHOLE`), lowercased, in order, for the
+    ``ident`` field; a dotted name also yields each of its dotted suffixes
+    (``os.path.join`` → ``os.path.join``, ``path.join``), so ``path.join`` finds it.
+    Pure underscores and identifiers over 64 characters are skipped."""
+    out: list[str] = []
+    for m in _WHOLE.finditer(text):
+        word = m.group(0).lower().strip(".,:-")
+        if not word.strip("_") or len(word) > 64 or (
+                "." in word and max(map(len, word.split("."))) < 2):  # e.g, i.e
+            continue
+        out.append(word)
+        if "." in word and not word[0].isdigit():
+            parts = word.split(".")
+            out.extend(".".join(parts[i:]) for i in range(1, len(parts) - 1))
+    return out
+
+
 def build_schema() -> Any:
-    """The tantivy schema: ``chunk_id`` and ``doc_id`` (raw, stored), ``body`` and
-    ``title`` (``kith_en``), ``exact`` (``kith_exact`` with positions)."""
+    """The tantivy schema: ``chunk_id`` and ``doc_id`` (raw, stored), ``body``, ``title``
+    (page title) and ``section`` (section headings) with ``kith_en``, ``exact``
+    (``kith_exact`` with positions), ``ident`` (raw, one token per whole identifier)."""
     sb = tantivy.SchemaBuilder()
     sb.add_text_field("chunk_id", stored=True, tokenizer_name="raw")
     sb.add_text_field("doc_id", stored=True, tokenizer_name="raw", index_option="basic")
     sb.add_text_field("body", tokenizer_name="kith_en", index_option="freq")
     sb.add_text_field("title", tokenizer_name="kith_en", index_option="freq")
+    sb.add_text_field("section", tokenizer_name="kith_en", index_option="freq")
+    sb.add_text_field("ident", tokenizer_name="raw", index_option="freq")
     sb.add_text_field("exact", tokenizer_name="kith_exact", index_option="position")
     return sb.build()
 
@@ -93,21 +135,39 @@ def register_analyzers(index: Any) -> None:
 
 
 def title_text(source_id: str, heading_path: Sequence[str]) -> str:
-    """Text of the ``title`` field: heading path plus the file name's words."""
+    """A chunk's title as one line: heading path plus the file name's words (what the
+    dense pass embeds; the index splits it, :func:`index_title`)."""
+    return " / ".join([*heading_path, _name_words(source_id)])
+
+
+def index_title(source_id: str, heading_path: Sequence[str]) -> tuple[str, str]:
+    """``(page, section)`` text of a chunk's ``title`` and ``section`` fields: the page's
+    first heading plus the file name's words, and the rest of the heading path (a
+    heading repeating the page title is dropped)."""
+    page = [*heading_path[:1], _name_words(source_id)]
+    rest = [h for h in heading_path[1:] if h not in heading_path[:1]]
+    return " / ".join(page), " / ".join(rest)
+
+
+def _name_words(source_id: str) -> str:
     name = source_id.rsplit("/", 1)[-1]
     for suffix in (".rst.txt", ".markdown", ".md", ".rst", ".txt", ".text", ".html", ".htm",
                    ".pdf", ".docx", ".json", ".jsonl", ".csv", ".tsv"):
         if name.lower().endswith(suffix):
             name = name[: -len(suffix)]
             break
-    return " / ".join([*heading_path, name.replace("_", " ").replace("-", " ")])
+    return name.replace("_", " ").replace("-", " ")
 
 
-def make_document(chunk_id: str, doc_id: str, text: str, title: str) -> Any:
-    """Build the tantivy document for one chunk."""
+def make_document(chunk_id: str, doc_id: str, text: str, title: tuple[str, str]) -> Any:
+    """Build the tantivy document for one chunk (``title``: :func:`index_title`)."""
     body = cjk_bigrams(text)
-    return tantivy.Document(chunk_id=chunk_id, doc_id=doc_id, body=body,
-                            title=cjk_bigrams(title), exact=body)
+    page, section = title
+    doc = tantivy.Document(chunk_id=chunk_id, doc_id=doc_id, body=body,
+                           title=cjk_bigrams(page), section=cjk_bigrams(section), exact=body)
+    for word in identifiers(text):
+        doc.add_text("ident", word)
+    return doc
 
 
 def _unique(items: Iterable[str]) -> list[str]:
@@ -200,6 +260,12 @@ def baseline_query(schema: Any, query: str) -> tuple[Any | None, str]:
             subs.append((tantivy.Occur.Should, Q.term_query(schema, "body", t)))
             subs.append((tantivy.Occur.Should,
                          Q.boost_query(Q.term_query(schema, "title", t), TITLE_BOOST)))
+            if SECTION_BOOST:
+                subs.append((tantivy.Occur.Should,
+                             Q.boost_query(Q.term_query(schema, "section", t), SECTION_BOOST)))
+        for t in _unique(identifiers(query)):  # the whole name on top of its parts
+            subs.append((tantivy.Occur.Should,
+                         Q.boost_query(Q.term_query(schema, "ident", t), IDENT_BOOST)))
         for t in key_terms(query):  # the user's exact word form scores on top of its stem
             subs.append((tantivy.Occur.Should,
                          Q.boost_query(Q.term_query(schema, "exact", t), EXACT_FORM_BOOST)))
