@@ -428,6 +428,9 @@ def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]],
             raise SessionAborted("session-revoked", "the host revoked this node's access and ended the session",
                                  hint="ask the host's owner; `kith peers remove` leaves public sources only, "
                                       "`kith peers block` refuses every new session")
+        if rcode == "session-evicted":  # an idle anonymous session made room for another guest
+            raise SessionAborted("session-evicted", "the host ended this idle session to make room for another guest",
+                                 hint="join again; a pinned peer (`kith peers add` on the host) is never evicted")
         shown = rcode if rcode in CODES else "remote-error"
         raise SessionAborted("remote-error", f"the host ended the session: [{shown}] {rmessage}"[:300])
     raise error_for(code, outcome.message or CODES[code][1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
@@ -101,3 +102,23 @@ def lock_owner(path: Path) -> str:
                 f"since {str(info.get('since', '?'))[:20]}")
     except (OSError, ValueError, TypeError, AttributeError):
         return "owner unknown"
+
+
+def open_home_db(path: Path) -> Any:
+    """Open (or create) a small SQLite file of the home the way Kith keeps its state files:
+    0600 from creation, autocommit (``isolation_level=None``), WAL journal, synchronous
+    NORMAL, usable from any thread (callers serialise access themselves). Used by the
+    seen-nonce table and the quota buckets.
+
+    Returns:
+        The :class:`sqlite3.Connection`.
+    """
+    import sqlite3
+
+    fresh = not path.exists()
+    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    if fresh:
+        os.chmod(path, 0o600)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    return db

@@ -17,14 +17,13 @@ token taken after it) and on close: a host killed outright loses at most that mu
 from __future__ import annotations
 
 import math
-import os
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from node.common.home import open_home_db
 from node.policy.store import Quota
 
 #: Buckets kept at once; the least recently used is dropped beyond (bounded memory).
@@ -55,12 +54,7 @@ class QuotaStore:
 
     def __init__(self, home: Path, *, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(home) / self.FILE_NAME
-        fresh = not self.path.exists()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        if fresh:
-            os.chmod(self.path, 0o600)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db = open_home_db(self.path)  # 0600, WAL
         self._db.execute("CREATE TABLE IF NOT EXISTS bucket (key TEXT PRIMARY KEY, tokens REAL NOT NULL,"
                          " stamp REAL NOT NULL)")
         self._db.execute("DELETE FROM bucket WHERE stamp < ?", (clock() - self.MAX_AGE_S,))

@@ -36,6 +36,8 @@ FIRST_STREAM_TIMEOUT_S = 3.0
 WITHDRAW_TIMEOUT_S = 3.0
 #: The lock a serving ``kith host`` holds in its home (a second one gets ``home-in-use``).
 HOST_LOCK_FILE = "host.lock"
+#: Expired-and-republished post ids remembered to answer ``handshake-post-expired``.
+MAX_EXPIRED_POSTS = 1024
 
 
 @dataclass
@@ -261,6 +263,7 @@ async def _serve(home: Path, opts: HostOptions, identity: Any, *, on_invitation:
     session_stop = anyio.Event()
     watcher = None
     live: dict[str, str] = {}  # post_id -> protocol_id of the posts guests may join
+    expired_posts: set[str] = set()  # posts that expired and were republished (bounded)
     withdrawn = [not opts.server_url]  # the posts were withdrawn on stop (or there is no server)
 
     async def withdraw_posts() -> None:
@@ -305,6 +308,8 @@ async def _serve(home: Path, opts: HostOptions, identity: Any, *, on_invitation:
 
                 def republished(previous: str, reason: str, fresh: Invitation) -> None:
                     live.pop(previous, None)  # a consumed/expired post is not joinable here either
+                    if reason == "expired" and len(expired_posts) < MAX_EXPIRED_POSTS:
+                        expired_posts.add(previous)  # still refused as expired, not as unknown
                     live[fresh.post_id] = spec.protocol_id
                     expiry[fresh.post_id] = _unix(fresh.expires_at)
                     if opts.invite_file is not None:
@@ -400,6 +405,8 @@ async def _serve(home: Path, opts: HostOptions, identity: Any, *, on_invitation:
 
                 def post_protocol(post_id: str) -> str | None:
                     protocol = live.get(post_id)
+                    if protocol is None and post_id in expired_posts:  # expired, then republished
+                        raise HandshakeError("handshake-post-expired", "the invitation expired on this host")
                     if protocol is None or slots.retired(post_id):
                         return None
                     if expiry.get(post_id, math.inf) <= _now():

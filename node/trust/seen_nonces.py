@@ -20,11 +20,11 @@ Bounded while the host runs (issue 11), by two rules:
 
 from __future__ import annotations
 
-import os
-import sqlite3
 import threading
 import time
 from pathlib import Path
+
+from node.common.home import open_home_db
 
 FILE_NAME = "seen-nonces.sqlite"
 #: Rows kept at most (about 220 bytes each: ~22 MB); beyond, those closest to expiry go.
@@ -51,12 +51,7 @@ class SeenNonces:
         self._max_rows = max_rows
         self._lock = threading.Lock()
         self._reserved: set[str] = set()
-        fresh = not self.path.exists()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        if fresh:
-            os.chmod(self.path, 0o600)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db = open_home_db(self.path)  # 0600, WAL
         self._db.execute("CREATE TABLE IF NOT EXISTS seen_nonce (nonce TEXT PRIMARY KEY, post_id TEXT NOT NULL,"
                          " expires_at REAL NOT NULL)")
         self._db.execute("CREATE INDEX IF NOT EXISTS seen_nonce_expiry ON seen_nonce (expires_at)")
