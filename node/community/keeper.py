@@ -216,6 +216,10 @@ class PostKeeper:
         if self._retiring:
             return True
         post_id = self.current.post_id
+        # what the host gave up BEFORE this check: a post given up while the refresh is in
+        # flight is acted on by the check queued behind its proof, so the proof reaches the
+        # server before the post is withdrawn
+        given_up = dict(self._replace)
         try:
             post = await client.refresh_lease(post_id)
         except KithError as exc:
@@ -229,8 +233,8 @@ class PostKeeper:
                                                     float(post["lease"]["refresh_s"])))
             state = post["state"]
             self._follow_renewal(post)
-        if state == "live" and post_id in self._replace:
-            state = self._replace[post_id]  # given up here; the server did not count it (yet)
+        if state == "live" and post_id in given_up:
+            state = given_up[post_id]  # given up here; the server did not count it (yet)
             try:
                 await client.withdraw_invitation(post_id)  # browse stops listing it
             except KithError as exc:
@@ -241,7 +245,7 @@ class PostKeeper:
             self.on_notice({"event": "post-ended", "post_id": post_id, "reason": "withdrawn",
                             "republish": False})
             return False
-        if state not in ("consumed", "expired", "lost") and post_id not in self._replace:
+        if state not in ("consumed", "expired", "lost") and post_id not in given_up:
             return True
         if post_id not in self._announced:
             self._announced.add(post_id)
