@@ -259,3 +259,28 @@ def test_failure_memory_is_bounded():
     for i in range(MAX_FAILURE_KEYS + 10):
         adm.record_failure(f"{i:064x}", "p", "handshake-timeout")
     assert len(adm._failures) == MAX_FAILURE_KEYS
+
+
+def test_a_key_whose_session_was_evicted_cannot_evict_in_turn():
+    """Throw-away attackers reconnecting after an eviction must not keep every anonymous
+    slot young by evicting each other: an evicted key takes only free slots for a while,
+    and an honest newcomer can still evict the idle sessions they hold."""
+    from node.runtime.admission import EVICTED_KEY_PAUSE
+
+    adm, s, _ = make(max_sessions=8, max_sessions_per_peer=4, anonymous_sessions=2, evict_idle_after_s=5)
+    a1, _ = s.open(A, anonymous=True)
+    b1, _ = s.open(B, anonymous=True)
+    adm.session_ready(a1)
+    adm.session_ready(b1)
+    adm.clock.t += 10
+    c1, r = s.open(C, anonymous=True)  # C evicts A's idle session
+    assert r is None and s.ended == {a1: "session-evicted"}
+    adm.session_ready(c1)
+    adm.clock.t += 10
+    assert s.open(A, anonymous=True)[1] == "handshake-host-busy"  # A was just evicted: no eviction for it
+    assert b1 not in s.ended and c1 not in s.ended
+    honest = "d" * 64
+    assert s.open(honest, anonymous=True)[1] is None  # a new key still gets in
+    assert s.ended[b1] == "session-evicted"
+    adm.clock.t += EVICTED_KEY_PAUSE * 5
+    assert s.open(A, anonymous=True)[1] is None  # the pause is over: A may evict again

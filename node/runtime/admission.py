@@ -13,6 +13,8 @@ guest key may open a session once its ``_session_init`` is read (DESIGN §6, §1
 
 from __future__ import annotations
 
+import math
+
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -33,6 +35,9 @@ EVICT_IDLE_AFTER_S = 30.0
 #: an honest handshake takes milliseconds on loopback and a few round trips elsewhere, so a
 #: flood of newcomers cannot evict honest handshakes, only stalled ones.
 HANDSHAKE_GRACE_S = 1.0
+#: An anonymous key one of whose sessions was evicted may not evict an idle session itself
+#: for this many ``evict_idle_after_s`` (it may still take a free slot).
+EVICTED_KEY_PAUSE = 4
 #: Failed handshakes (a live post named, then verification failed) one key may have before
 #: it is refused for :data:`FAILURE_COOLDOWN_S` (``kith host --max-failed-handshakes``);
 #: also what retires a single-use or file-mode post.
@@ -143,6 +148,8 @@ class Admission:
     _failures: dict[str, tuple[int, float]] = field(default_factory=dict)
     #: post_id -> failed handshakes that named it; and the posts retired for it
     _post_failures: dict[str, int] = field(default_factory=dict)
+    #: anonymous key -> when one of its sessions was last evicted (bounded, oldest dropped)
+    _evicted: dict[str, float] = field(default_factory=dict)
     _retired: set[str] = field(default_factory=set)
 
     # ------------------------------------------------------------ pending connections
@@ -182,8 +189,9 @@ class Admission:
         event, ``reason: "evicted"``), else the
         READY anonymous session idle the longest — if idle for at least
         ``evict_idle_after_s`` — is ended with ``session-evicted`` (``session-evicted``
-        event). A pinned peer's READY session is never evicted, and an anonymous newcomer
-        only ever evicts anonymous sessions.
+        event). A pinned peer's READY session is never evicted, an anonymous newcomer
+        only ever evicts anonymous sessions, and a key one of whose sessions was evicted
+        evicts none itself for :data:`EVICTED_KEY_PAUSE` × ``evict_idle_after_s``.
 
         Returns:
             None when a slot was taken (release it with :meth:`close_session`), else the
@@ -196,18 +204,23 @@ class Admission:
             return "handshake-too-many-failures"
         if self.sessions_of(peer) >= self.limits.max_sessions_per_peer:
             return "handshake-peer-busy"
+        # a key whose session was just evicted may not evict another one in turn: throw-away
+        # attackers would otherwise keep every anonymous slot young by evicting each other
+        evicts = not (anonymous and self.clock() - self._evicted.get(peer, -math.inf)
+                      < EVICTED_KEY_PAUSE * self.limits.evict_idle_after_s)
         if anonymous and self.anonymous_sessions >= self.limits.anonymous_limit \
-                and not self._make_room(anonymous_only=True):
+                and not self._make_room(anonymous_only=True, idle=evicts):
             return "handshake-host-busy"
-        if len(self._slots) >= self.limits.max_sessions and not self._make_room(anonymous_only=anonymous):
+        if len(self._slots) >= self.limits.max_sessions and \
+                not self._make_room(anonymous_only=anonymous, idle=evicts):
             return "handshake-host-busy"
         now = self.clock()
         self._slots[token] = _Slot(peer=peer, end=end, alive=alive, anonymous=anonymous, last_active=now,
                                    opened=now)
         return None
 
-    def _make_room(self, *, anonymous_only: bool) -> bool:
-        return self._evict_oldest_handshake(anonymous_only) or self._evict_idlest(anonymous_only)
+    def _make_room(self, *, anonymous_only: bool, idle: bool = True) -> bool:
+        return self._evict_oldest_handshake(anonymous_only) or (idle and self._evict_idlest(anonymous_only))
 
     def _evict_oldest_handshake(self, anonymous_only: bool) -> bool:
         now = self.clock()
@@ -236,6 +249,10 @@ class Admission:
         slot.ended = True
         slot.end("session-evicted", "evicted: the host needed this idle anonymous session's slot")
         self._release(token)
+        self._evicted.pop(slot.peer, None)
+        self._evicted[slot.peer] = now
+        while len(self._evicted) > MAX_FAILURE_KEYS:
+            self._evicted.pop(next(iter(self._evicted)))
         self.on_event({"event": "session-evicted", "peer": slot.peer, "code": "session-evicted",
                        "idle_s": round(now - last_active, 3)})
         return True
