@@ -341,3 +341,26 @@ def test_local_corpus_joins_the_fusion_as_a_trusted_row(tmp_path):
     assert rows["local"]["self"] is True and rows["local"]["status"] == "ok"
     by_peer = {r["peer"]["name"]: r for r in env["results"]}
     assert by_peer["local"]["untrusted"] is False and by_peer["alice"]["untrusted"] is True
+
+
+def test_peers_add_with_an_invitation_keeps_it_and_checks_its_key(tmp_path):
+    async def scenario(hosts, guest_home):
+        def run(*args):
+            return subprocess.run([*KITH, "--home", str(guest_home), "peers", *args], capture_output=True,
+                                  text=True, env=ENV, timeout=60)
+
+        key = parse_invitation(hosts["alice"].invite.read_bytes()).host_public_key
+        wrong = await anyio.to_thread.run_sync(run, "add", "al2", Identity(os.urandom(32)).public_key,
+                                               "--invite", str(hosts["alice"].invite))
+        PeerRegistry.load(guest_home).remove("alice")
+        ok = await anyio.to_thread.run_sync(run, "add", "al", key, "--invite", str(hosts["alice"].invite), "--json")
+        ident = load_or_init_identity(guest_home)
+        async with SessionPool(guest_home, ident, local=True, heartbeat=FAST) as pool:
+            env = await fan_out(pool, {"query": "staging server", "topK": 2}, ["al"], timeout_s=20)
+        return wrong, ok, env
+
+    wrong, ok, env = _run(tmp_path, scenario, names=("alice",))
+    assert wrong.returncode == 1 and "host-key-changed" in wrong.stderr
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["invitation"]  # the post_id of the kept invitation
+    assert env["peers"][0]["status"] == "ok" and env["results"][0]["peer"]["name"] == "al"
