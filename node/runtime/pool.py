@@ -17,8 +17,8 @@ handshake). Rules (specs/ask.md §4, DESIGN §3):
   seconds is ended cleanly with ``end``.
 - One question at a time per session (the protocol is request/response).
 
-:class:`BackgroundPool` runs a pool on its own event-loop thread (anyio blocking portal)
-for callers that live in another loop or in threads (MCP tool calls, local API requests).
+``kith mcp`` and the local API enter one pool in their server's lifespan (same event
+loop as their requests: iroh's callbacks go to one loop per process).
 """
 
 from __future__ import annotations
@@ -26,16 +26,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import threading
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import anyio
 
-from node.common.errors import HandshakeError, InvitationError, KithError, SessionAborted, TransportError
+from node.common.errors import InvitationError, KithError, SessionAborted, TransportError
 from node.runtime.guest import Target, join_session, resolve_peer
 from node.trust.identity import Identity
 
@@ -199,10 +198,10 @@ class SessionPool:
         self.node: Any = None
         self._stack: AsyncExitStack | None = None
         self._tg: Any = None
+        self._bind_lock = anyio.Lock()
 
     async def __aenter__(self) -> "SessionPool":
         from node.protocol.spec import find_protocol_dir, load_spec
-        from node.transport.iroh import bind_node
 
         pdir = find_protocol_dir(PROTOCOL, self.home)
         if pdir is None:
@@ -211,9 +210,6 @@ class SessionPool:
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:
-            self.node = await stack.enter_async_context(bind_node(self.identity.secret, self.spec.alpn,
-                                                                  local=self.local))
-            self.stats.endpoints += 1
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             self._tg.start_soon(self._sweep)
         except BaseException:
@@ -221,6 +217,18 @@ class SessionPool:
             raise
         self._stack = stack
         return self
+
+    async def _ensure_node(self) -> None:
+        """Bind the pool's one endpoint on first use (a caller that never asks a peer
+        binds nothing)."""
+        from node.transport.iroh import bind_node
+
+        async with self._bind_lock:
+            if self.node is None:
+                assert self._stack is not None
+                self.node = await self._stack.enter_async_context(
+                    bind_node(self.identity.secret, self.spec.alpn, local=self.local))
+                self.stats.endpoints += 1
 
     async def __aexit__(self, *exc: Any) -> None:
         for s in list(self.sessions.values()):
@@ -233,6 +241,7 @@ class SessionPool:
         self._tg.cancel_scope.cancel()
         assert self._stack is not None
         await self._stack.__aexit__(None, None, None)
+        self.node = None
 
     def _forget(self, s: PeerSession) -> None:
         if self.sessions.get(s.key) is s:
@@ -297,6 +306,7 @@ class SessionPool:
                 ``host-key-changed``, ``invitation-*``, ``ask-protocol-unsupported``,
                 community errors), ``ask-pool-full``.
         """
+        await self._ensure_node()
         name = peer if isinstance(peer, str) else None
         rec = None
         skip_saved = False
@@ -352,62 +362,4 @@ def classify_gone(gone: PeerGone) -> tuple[str, str | None]:
     return "unreachable", (getattr(out, "code", None) or getattr(out, "reason", None)) if out is not None else None
 
 
-class BackgroundPool:
-    """A :class:`SessionPool` on its own event-loop thread, for callers in other loops or
-    threads (``kith mcp`` tool calls, local API requests). Started on first use, closed by
-    :meth:`close` (or at interpreter exit).
-
-    Args:
-        home, identity, local, heartbeat: as :class:`SessionPool`.
-    """
-
-    def __init__(self, home: Path, identity: Identity, *, local: bool, heartbeat: Any = "default",
-                 idle_s: float = IDLE_S) -> None:
-        self._args = dict(home=Path(home), identity=identity, local=local, heartbeat=heartbeat, idle_s=idle_s)
-        self._lock = threading.Lock()
-        self._portal_cm: Any = None
-        self._portal: Any = None
-        self._pool_cm: Any = None
-        self.pool: SessionPool | None = None
-
-    def _start(self) -> None:
-        with self._lock:
-            if self._portal is not None:
-                return
-            import atexit
-
-            self._portal_cm = anyio.from_thread.start_blocking_portal(backend="asyncio")
-            self._portal = self._portal_cm.__enter__()
-            self.pool = SessionPool(**self._args)
-            self._pool_cm = self._portal.wrap_async_context_manager(self.pool)
-            try:
-                self._pool_cm.__enter__()
-            except BaseException:
-                self._portal_cm.__exit__(None, None, None)
-                self._portal = None
-                raise
-            atexit.register(self.close)
-
-    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run ``await fn(pool, *args, **kwargs)`` on the pool's loop; blocks this thread.
-        From async code: ``await anyio.to_thread.run_sync(bg.call, fn, ...)``."""
-        self._start()
-
-        async def run() -> Any:
-            return await fn(self.pool, *args, **kwargs)
-
-        return self._portal.call(run)
-
-    def close(self) -> None:
-        """End every session (``end``) and close the endpoint and the thread; idempotent."""
-        with self._lock:
-            if self._portal is None:
-                return
-            try:
-                self._pool_cm.__exit__(None, None, None)
-            finally:
-                self._portal_cm.__exit__(None, None, None)
-                self._portal = None
-
-
-__all__ = ["SessionPool", "BackgroundPool", "PeerGone", "PoolStats", "classify_gone", "HandshakeError"]
+__all__ = ["SessionPool", "PeerGone", "PoolStats", "classify_gone"]
