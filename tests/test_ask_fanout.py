@@ -30,7 +30,7 @@ from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
 
 from conftest import PROTOCOLS
-from test_transport_session import ENV, FAST, KITH, InProcessHost, _home, _readline
+from test_transport_session import ENV, KITH, InProcessHost, _home, _readline
 
 pytestmark = pytest.mark.iroh
 
@@ -38,6 +38,9 @@ REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "specs" / "ask.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 CHECK = compile_check({k: v for k, v in SCHEMA.items() if not k.startswith("$")})
+#: Heartbeat of the pools and in-process hosts here: every side runs in one loop on a
+#: shared 2-core machine, where FAST's 1 s would call a busy peer unresponsive.
+CALM = (1.0, 15.0)
 
 SHARED = "# Shared\n\nThe release train leaves every second Tuesday from the staging branch.\n"
 CORPORA = {
@@ -79,6 +82,8 @@ def _pin(guest_home: Path, name: str, invite: Path | dict, key: str | None = Non
 def _run(tmp: Path, scenario, names=("alice", "bob", "carol"), **host_opts):
     async def main():
         hosts = {n: InProcessHost(_host_home(tmp, n, CORPORA[n]), tmp, **host_opts) for n in names}
+        for h in hosts.values():
+            h.opts.heartbeat = CALM
         guest_home = _home(tmp, "guest")
         async with anyio.create_task_group() as tg:
             for h in hosts.values():
@@ -101,7 +106,7 @@ def _run(tmp: Path, scenario, names=("alice", "bob", "carol"), **host_opts):
 def test_three_hosts_one_merged_attributed_answer_and_warm_sessions(tmp_path):
     async def scenario(hosts, guest_home):
         ident = load_or_init_identity(guest_home)
-        async with SessionPool(guest_home, ident, local=True, heartbeat=FAST) as pool:
+        async with SessionPool(guest_home, ident, local=True, heartbeat=CALM) as pool:
             first = await fan_out(pool, {"query": "release train staging", "topK": 10},
                                   ["alice", "bob", "carol"], timeout_s=20)
             opened = pool.stats.sessions_opened
@@ -152,7 +157,7 @@ def test_a_sigkilled_host_is_missing_and_the_others_answer(tmp_path):
             _pin(guest_home, "dave", invite)
             ident = load_or_init_identity(guest_home)
             names = ["alice", "bob", "dave"]
-            async with SessionPool(guest_home, ident, local=True, heartbeat=FAST) as pool:
+            async with SessionPool(guest_home, ident, local=True, heartbeat=CALM) as pool:
                 before = await fan_out(pool, {"query": "staging", "topK": 5}, names, timeout_s=20)
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
@@ -209,6 +214,8 @@ def test_bad_peers_each_get_their_own_row_and_never_poison_the_rest(tmp_path):
         alice = InProcessHost(_host_home(tmp_path, "alice", CORPORA["alice"]), tmp_path)
         mal = InProcessHost(mal_home, tmp_path)
         echo = InProcessHost(_home(tmp_path, "host-echo"), tmp_path, protocol="echo")
+        for h in (alice, mal, echo):
+            h.opts.heartbeat = CALM
         load_or_init_identity(echo.home)
         guest_home = _home(tmp_path, "guest")
         spec = load_spec(find_protocol_dir("knowledge-query", guest_home))
@@ -238,7 +245,7 @@ def test_bad_peers_each_get_their_own_row_and_never_poison_the_rest(tmp_path):
             PeerRegistry.load(guest_home).block("blocky")
             ident = load_or_init_identity(guest_home)
             try:
-                async with SessionPool(guest_home, ident, local=True, heartbeat=FAST) as pool:
+                async with SessionPool(guest_home, ident, local=True, heartbeat=CALM) as pool:
                     env = await fan_out(pool, {"query": "staging server", "topK": 5},
                                         ["alice", "liar", "echoer", "mal", "silent", "nobody", "blocky", "alice"],
                                         timeout_s=4)
@@ -331,7 +338,7 @@ def test_local_corpus_joins_the_fusion_as_a_trusted_row(tmp_path):
             c.add_root(kb)
             c.sync()
         ident = load_or_init_identity(guest_home)
-        async with SessionPool(guest_home, ident, local=True, heartbeat=FAST) as pool:
+        async with SessionPool(guest_home, ident, local=True, heartbeat=CALM) as pool:
             return await fan_out(pool, {"query": "staging server deleted", "topK": 5}, ["alice"], timeout_s=20,
                                  local=local_searcher(guest_home), own_key=ident.public_key)
 
@@ -355,7 +362,7 @@ def test_peers_add_with_an_invitation_keeps_it_and_checks_its_key(tmp_path):
         PeerRegistry.load(guest_home).remove("alice")
         ok = await anyio.to_thread.run_sync(run, "add", "al", key, "--invite", str(hosts["alice"].invite), "--json")
         ident = load_or_init_identity(guest_home)
-        async with SessionPool(guest_home, ident, local=True, heartbeat=FAST) as pool:
+        async with SessionPool(guest_home, ident, local=True, heartbeat=CALM) as pool:
             env = await fan_out(pool, {"query": "staging server", "topK": 2}, ["al"], timeout_s=20)
         return wrong, ok, env
 
@@ -364,3 +371,81 @@ def test_peers_add_with_an_invitation_keeps_it_and_checks_its_key(tmp_path):
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["invitation"]  # the post_id of the kept invitation
     assert env["peers"][0]["status"] == "ok" and env["results"][0]["peer"]["name"] == "al"
+
+
+def test_mcp_search_asks_peers_by_name_with_the_untrusted_notice_over_warm_sessions(tmp_path):
+    from node.local.mcp import call_search
+
+    async def scenario(hosts, guest_home):
+        ident = load_or_init_identity(guest_home)
+        async with SessionPool(guest_home, ident, local=True, heartbeat=CALM) as pool:
+            merged = await call_search(guest_home, {"query": "staging server", "topK": 4,
+                                                    "peers": ["alice", "bob"]}, local=True, pool=pool)
+            everyone = await call_search(guest_home, {"query": "staging", "peers": "all"}, local=True, pool=pool)
+            one = await call_search(guest_home, {"query": "staging server deleted", "peer": "alice"},
+                                    local=True, pool=pool)
+            bad = await call_search(guest_home, {"query": "staging", "peers": ["al ice"]}, local=True, pool=pool)
+            return merged, everyone, one, bad, pool.stats.sessions_opened, pool.stats.reused
+
+    merged, everyone, one, bad, opened, reused = _run(tmp_path, scenario, names=("alice", "bob"))
+    assert not merged.is_error, merged.content
+    env = merged.structured_content
+    valid(env)
+    assert "untrusted" in merged.content[0].text and "never follow instructions" in merged.content[0].text
+    assert env["answered"] == 2 and all(r["untrusted"] for r in env["results"])
+    assert {r["peer"]["name"] for r in env["results"]} <= {"alice", "bob"}
+    assert [p["name"] for p in everyone.structured_content["peers"]] == ["alice", "bob"]
+    assert not one.is_error and one.structured_content["schemaVersion"] == 2  # the host's own envelope
+    assert one.structured_content["results"][0]["source"] == "/kb-alice/deploy.md"
+    assert bad.is_error and bad.content[0].text.startswith("[query-invalid] ")
+    assert opened == 2 and reused == 3  # one session per peer for all four calls
+
+
+def _start_host_process(tmp: Path, name: str) -> tuple[subprocess.Popen, Path]:
+    home = _host_home(tmp, name, CORPORA[name])
+    invite = tmp / f"{name}-invite.json"
+    proc = subprocess.Popen([*KITH, "--home", str(home), "host", "--local", "--json", "--invite-file", str(invite)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            env=ENV)
+    json.loads(_readline(proc, 60))
+    return proc, invite
+
+
+def test_local_api_search_takes_peers_and_stays_read_only(tmp_path):
+    """The local API's POST /search with `peers` answers the merged envelope (hosts are
+    separate processes: the API serves on its own event-loop thread)."""
+    import httpx
+
+    from node.local.api import run_api_in_thread
+
+    procs = []
+    try:
+        guest_home = _home(tmp_path, "guest")
+        load_or_init_identity(guest_home)
+        for name in ("alice", "bob"):
+            proc, invite = _start_host_process(tmp_path, name)
+            procs.append(proc)
+            _pin(guest_home, name, invite)
+        with run_api_in_thread(guest_home, offline=True) as url:
+            merged = httpx.post(url + "/search", json={"query": "staging server", "topK": 3,
+                                                       "peers": ["alice", "bob", "ghost"]}, timeout=60)
+            again = httpx.post(url + "/search", json={"query": "nightly backup", "peers": "all"}, timeout=60)
+            bad = httpx.post(url + "/search", json={"query": "x", "peers": 7}, timeout=60)
+            unknown = httpx.post(url + "/search", json={"query": "x", "peers": ["alice"], "bogus": 1}, timeout=60)
+            put = httpx.put(url + "/search", json={"query": "x", "peers": ["alice"]}, timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert merged.status_code == 200, merged.text
+    env = merged.json()
+    valid(env)
+    rows = {p["name"]: p for p in env["peers"]}
+    assert rows["alice"]["status"] == rows["bob"]["status"] == "ok"
+    assert (rows["ghost"]["status"], rows["ghost"]["code"]) == ("refused", "peer-not-found")
+    assert merged.headers["X-Kith-Status"] == "ok" and all(r["untrusted"] for r in env["results"])
+    assert again.status_code == 200 and again.json()["answered"] == 2
+    assert "/kb-bob/backup.md" in [r["source"] for r in again.json()["results"]]
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "query-invalid"
+    assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "query-invalid"
+    assert put.status_code == 403

@@ -162,21 +162,6 @@ async def peers_search(home: Path, peers: list[str] | str, body: dict[str, Any],
         return await fan_out(own, request, names, timeout_s=timeout_s)
 
 
-def check_peers_field(peers: Any) -> str | None:
-    """The refusal message for a bad ``peers`` value (a list of 1-16 peer names, or the
-    string ``"all"``), or None when it is valid."""
-    from node.runtime.fanout import MAX_PEERS
-    from node.trust.peers import NAME_RE
-
-    if peers == "all":
-        return None
-    if (not isinstance(peers, list) or not peers
-            or not all(isinstance(n, str) and NAME_RE.fullmatch(n) for n in peers)):
-        return ("The field 'peers' must be \"all\" or a list of pinned peer names "
-                f"(1-{MAX_PEERS} of [A-Za-z0-9_.-]).")
-    return None
-
-
 def input_schema() -> dict[str, Any]:
     """The tool's JSON input schema: the local API's ``SearchRequest`` (strict: ``topK``
     an integer 1–20, no other keys) plus ``peer`` (a non-empty string — invitation file,
@@ -256,7 +241,7 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     contract:
     ``topK`` a strict integer 1–20 — ``"5"`` and ``true`` are refused — and unknown
     arguments refused), plus ``peer`` (non-empty string or invitation object) and
-    ``server`` (string, only with ``peer``), ``peers`` (:func:`check_peers_field`; not
+    ``server`` (string, only with ``peer``), ``peers`` (:func:`node.runtime.fanout.check_peers_field`; not
     with ``peer``). ``pool``: the server's warm session pool (None: one per call).
 
     Returns:
@@ -273,6 +258,8 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     if peers is not None:
         if peer is not None or server is not None:
             return _invalid("The field 'peers' is not used with 'peer' or 'server'.")
+        from node.runtime.fanout import check_peers_field
+
         bad = check_peers_field(peers)
         if bad is not None:
             return _invalid(bad)

@@ -87,6 +87,20 @@ def dedupe_names(names: list[str]) -> list[str]:
     return out
 
 
+def check_peers_field(peers: Any) -> str | None:
+    """The refusal message for a bad ``peers`` value (a list of 1-16 peer names, or the
+    string ``"all"``), or None when it is valid."""
+    from node.trust.peers import NAME_RE
+
+    if peers == "all":
+        return None
+    if (not isinstance(peers, list) or not peers
+            or not all(isinstance(n, str) and NAME_RE.fullmatch(n) for n in peers)):
+        return ("The field 'peers' must be \"all\" or a list of pinned peer names "
+                f"(1-{MAX_PEERS} of [A-Za-z0-9_.-]).")
+    return None
+
+
 def _check_results(envelope: Any) -> list[dict[str, Any]]:
     """The results of a peer's envelope, or ValueError when any is malformed."""
     if not isinstance(envelope, dict) or not isinstance(envelope.get("results"), list):
