@@ -360,13 +360,20 @@ def test_peers_add_with_an_invitation_keeps_it_and_checks_its_key(tmp_path):
         wrong = await anyio.to_thread.run_sync(run, "add", "al2", Identity(os.urandom(32)).public_key,
                                                "--invite", str(hosts["alice"].invite))
         PeerRegistry.load(guest_home).remove("alice")
+        joined = await anyio.to_thread.run_sync(lambda: subprocess.run(
+            [*KITH, "--home", str(guest_home), "join", str(hosts["alice"].invite), "--local", "--trust",
+             "--pin", "al3", "-q", "staging server"], capture_output=True, text=True, env=ENV, timeout=60))
+        pinned = PeerRegistry.load(guest_home).by_name("al3")
+        PeerRegistry.load(guest_home).remove("al3")
         ok = await anyio.to_thread.run_sync(run, "add", "al", key, "--invite", str(hosts["alice"].invite), "--json")
         ident = load_or_init_identity(guest_home)
         async with SessionPool(guest_home, ident, local=True, heartbeat=CALM) as pool:
             env = await fan_out(pool, {"query": "staging server", "topK": 2}, ["al"], timeout_s=20)
-        return wrong, ok, env
+        return wrong, ok, env, joined, pinned
 
-    wrong, ok, env = _run(tmp_path, scenario, names=("alice",))
+    wrong, ok, env, joined, pinned = _run(tmp_path, scenario, names=("alice",))
+    assert joined.returncode == 0, joined.stderr
+    assert pinned is not None and pinned.invitation["host_public_key"] == pinned.public_key  # kept by join --pin
     assert wrong.returncode == 1 and "host-key-changed" in wrong.stderr
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["invitation"]  # the post_id of the kept invitation
@@ -449,3 +456,60 @@ def test_local_api_search_takes_peers_and_stays_read_only(tmp_path):
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "query-invalid"
     assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "query-invalid"
     assert put.status_code == 403
+
+
+def test_a_restarted_host_is_re_resolved_from_the_community_server_never_resumed(tmp_path):
+    """The host ends its warm session (shutdown): the next ask re-resolves; while it is
+    down it is unreachable; once it runs again (new address, new post on the server) the
+    saved invitation fails to connect and the server's newer one is used and saved."""
+    from node.community.server import run_server_in_thread
+
+    from test_community_backends import NO_LIMITS
+
+    with run_server_in_thread(tmp_path / "community.db", rate_limits=NO_LIMITS) as url:
+        async def main():
+            home = _host_home(tmp_path, "alice", CORPORA["alice"])
+            guest_home = _home(tmp_path, "guest")
+            ident = load_or_init_identity(guest_home)
+            request = {"query": "staging server deleted", "topK": 2}
+
+            async def serve(host, done):
+                try:
+                    await host.run()
+                finally:
+                    done.set()
+
+            async with anyio.create_task_group() as tg:
+                h1, h1_done = InProcessHost(home, tmp_path, server_url=url), anyio.Event()
+                h1.opts.heartbeat = CALM
+                tg.start_soon(serve, h1, h1_done)
+                with anyio.fail_after(30):
+                    await h1.ready.wait()
+                inv1 = parse_invitation(h1.invite.read_bytes())
+                PeerRegistry.load(guest_home).add("alice", inv1.host_public_key, invitation=inv1.to_dict(),
+                                                  server=url)
+                async with SessionPool(guest_home, ident, local=True, heartbeat=CALM) as pool:
+                    first = await fan_out(pool, request, ["alice"], timeout_s=20)
+                    h1.stop.set()  # the host ends the session with `end` and withdraws its post
+                    with anyio.fail_after(30):
+                        await h1_done.wait()
+                    down = await fan_out(pool, request, ["alice"], timeout_s=20)
+                    h2, h2_done = InProcessHost(home, tmp_path, server_url=url), anyio.Event()
+                    h2.opts.heartbeat = CALM
+                    tg.start_soon(serve, h2, h2_done)
+                    with anyio.fail_after(30):
+                        await h2.ready.wait()
+                    up = await fan_out(pool, request, ["alice"], timeout_s=20)
+                    h2.stop.set()
+                    saved = PeerRegistry.load(guest_home).by_name("alice").invitation["post_id"]
+                    return first, down, up, inv1.post_id, h2.invitation["post_id"], saved, \
+                        len(h2.of("session-started"))
+
+        first, down, up, post1, post2, saved, h2_sessions = anyio.run(main, backend="asyncio")
+    for env in (first, down, up):
+        valid(env)
+    assert first["peers"][0]["status"] == "ok"
+    assert down["peers"][0]["status"] == "unreachable" and down["missing"] == ["alice"]
+    assert up["peers"][0]["status"] == "ok" and up["results"][0]["source"] == "/kb-alice/deploy.md"
+    assert post1 != post2 and saved == post2  # the server's invitation is now the saved one
+    assert h2_sessions == 1  # a new session on the new host, nothing resumed

@@ -111,6 +111,10 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
             raise InvitationError("host-not-trusted",
                                   "that host is not a pinned peer; join it with `kith join "
                                   "--pin NAME` first")
+        if PeerRegistry.load(home).is_blocked(target.invitation.host_public_key):
+            from node.common.errors import HandshakeError
+
+            raise HandshakeError("ask-peer-blocked", f"{target.pinned_name!r} is blocked")
     # everything travels in the query message (dedupe and remainingBudgetMs included: the
     # host's answer service applies them)
     request = {**body, "topK": body.get("topK", 5)}

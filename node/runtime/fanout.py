@@ -236,6 +236,8 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
 
             row.status = "unreachable" if isinstance(exc, (TransportError, CommunityError)) else "refused"
             row.code = exc.code
+        except Exception:  # noqa: BLE001 - one peer's failure never ends the others' asks
+            row.status, row.code = "refused", "internal-error"
         else:
             answers[i] = _row_from_message(row, message)
         row.latency_ms = (time.perf_counter() - start) * 1000

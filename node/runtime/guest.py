@@ -311,7 +311,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
                        on_ready: Callable[[str], None] | None = None,
                        host_seen: dict[str, Any] | None = None,
                        accept_host_ui: bool = False,
-                       heartbeat: Any = "default", node: Any = None) -> SessionOutcome:
+                       heartbeat: Any = "default", node: Any = None,
+                       connect_timeout_s: float | None = None) -> SessionOutcome:
     """Connect to the host of ``inv`` and run one session with the protocol's guest hooks.
 
     Args:
@@ -329,6 +330,7 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
         node: an already bound :class:`node.transport.iroh.IrohNode` for ``spec.alpn``
             (the warm pool's one endpoint, node/runtime/pool.py): the session opens its own
             connection on it and leaves the endpoint open. None: bind one for this session.
+        connect_timeout_s: bound on connecting, seconds (None: the transport's 15 s).
 
     The guest shares its own profile (``<home>/profile.json``) in ``_session_init``; the
     host's shared profile is merged into the registry only when the host key is already
@@ -384,7 +386,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
 
     shared = node is not None
     async with _endpoint() as node:
-        conn = await node.connect(inv.transport_info.ticket)
+        conn = await (node.connect(inv.transport_info.ticket) if connect_timeout_s is None
+                      else node.connect(inv.transport_info.ticket, timeout_s=connect_timeout_s))
         stream = await node.open_stream(conn)
         engine = SessionEngine("guest", spec, public_key=identity.public_key, sign=identity.sign,
                                guest=GuestConfig(remote_id=stream.remote_id or "", post_id=inv.post_id,

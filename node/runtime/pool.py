@@ -43,8 +43,9 @@ log = logging.getLogger("kith.pool")
 #: The protocol every pooled session speaks (its ALPN is the endpoint's).
 PROTOCOL = "knowledge-query"
 #: Default bound on live sessions (one per peer); ≥ :data:`node.runtime.fanout.MAX_PEERS`
-#: so one fan-out always fits.
-MAX_SESSIONS = 32
+#: so one fan-out always fits, and below anyio's 40 worker threads (each live session's
+#: guest hook waits for its next question in one).
+MAX_SESSIONS = 24
 #: Default idle time (seconds) after which a pooled session is ended with ``end``.
 IDLE_S = 120.0
 
@@ -121,7 +122,7 @@ class PeerSession:
                     self.pool.home, self.pool.identity, self.target.invitation, self.target.protocol_dir,
                     self.target.spec, local=self.pool.local, server_url=None, options=options,
                     interactive=True, on_ready=self._on_ready, heartbeat=self.pool.heartbeat,
-                    node=self.pool.node)
+                    node=self.pool.node, connect_timeout_s=self.pool.connect_timeout_s)
         except KithError as exc:
             self.error = exc
         except Exception as exc:  # noqa: BLE001 - a session's crash must not end the pool
@@ -183,6 +184,9 @@ class SessionPool:
         local: iroh local mode (relay disabled, loopback).
         max_sessions: bound on live sessions. idle_s: idle close, seconds.
         heartbeat: ``(ping_interval_s, unresponsive_s)`` or ``"default"``.
+        connect_timeout_s: bound on one connection attempt, seconds (shorter than
+            ``kith join``'s 15 s: a saved address that does not answer leaves time for the
+            community server's newer invitation within one ask's deadline).
     """
 
     home: Path
@@ -191,6 +195,7 @@ class SessionPool:
     max_sessions: int = MAX_SESSIONS
     idle_s: float = IDLE_S
     heartbeat: Any = "default"
+    connect_timeout_s: float = 5.0
     stats: PoolStats = field(default_factory=PoolStats)
 
     def __post_init__(self) -> None:
@@ -309,8 +314,9 @@ class SessionPool:
         await self._ensure_node()
         name = peer if isinstance(peer, str) else None
         rec = None
-        skip_saved = False
-        for attempt in range(2):
+        skip_saved = retried_warm = False
+        last_gone: PeerGone | None = None
+        while True:
             if name is not None:
                 from node.trust.peers import PeerRegistry
 
@@ -319,8 +325,14 @@ class SessionPool:
                 warm = self.sessions.get(rec.public_key) if rec is not None else None
                 if warm is not None and not registry.is_blocked(rec.public_key) and not warm.closed.is_set():
                     session = warm
+                elif skip_saved:
+                    try:
+                        target = await resolve_peer(name, self.home, skip_saved=True)
+                    except KithError:  # the server has nothing newer: the host is unreachable
+                        raise last_gone from None
+                    session = self._session_for(target)
                 else:
-                    target = await resolve_peer(name, self.home, skip_saved=skip_saved)
+                    target = await resolve_peer(name, self.home)
                     session = self._session_for(target)
             else:
                 assert isinstance(peer, Target)
@@ -329,15 +341,15 @@ class SessionPool:
             try:
                 return await session.ask(request)
             except PeerGone as gone:
-                # a warm session the host ended: re-resolve and open a new one, once; a
-                # cold one that never came up with the saved invitation: try the server
-                retry = attempt == 0 and (warm_before or (name is not None and not gone.reached
-                                                          and _connect_failed(gone)
-                                                          and rec is not None and bool(rec.server)))
-                if not retry:
-                    raise
-                skip_saved = not warm_before  # the saved invitation's address did not answer
-        raise AssertionError("unreachable")  # pragma: no cover
+                last_gone = gone
+                if warm_before and not retried_warm:
+                    retried_warm = True  # the host ended a warm session: re-resolve, new session
+                    continue
+                if (name is not None and not skip_saved and not gone.reached and _connect_failed(gone)
+                        and rec is not None and rec.server):
+                    skip_saved = True  # the saved invitation's address did not answer: the server
+                    continue
+                raise
 
 
 def _connect_failed(gone: PeerGone) -> bool:
@@ -359,7 +371,11 @@ def classify_gone(gone: PeerGone) -> tuple[str, str | None]:
         code = out.remote_errors[-1][0]
         if code not in ("session-evicted", "session-shutdown"):
             return "refused", code
-    return "unreachable", (getattr(out, "code", None) or getattr(out, "reason", None)) if out is not None else None
+    if out is not None and out.code:
+        return "unreachable", out.code
+    if out is not None and isinstance(out.peer_end, dict):
+        return "unreachable", "session-shutdown" if out.peer_end.get("reason") == "shutdown" else "peer-disconnected"
+    return "unreachable", "peer-disconnected"
 
 
 __all__ = ["SessionPool", "PeerGone", "PoolStats", "classify_gone"]
