@@ -163,15 +163,19 @@ def test_a_sigkilled_host_is_missing_and_the_others_answer(tmp_path):
                 proc.wait()
                 after = await fan_out(pool, {"query": "staging", "topK": 5}, names, timeout_s=3)
                 again = await fan_out(pool, {"query": "staging nightly", "topK": 5}, names, timeout_s=3)
-            return before, after, again
+                # its address did not answer a new session: not tried again for a while
+                third = await fan_out(pool, {"query": "staging backup", "topK": 5}, names, timeout_s=3)
+            return before, after, again, third, pool.stats.down_skips
 
-        before, after, again = _run(tmp_path, scenario, names=("alice", "bob"))
+        before, after, again, third, skips = _run(tmp_path, scenario, names=("alice", "bob"))
     finally:
         proc.kill()
         proc.wait()
     valid(before)
     assert before["answered"] == 3
-    for env in (after, again):
+    dead = next(p for p in third["peers"] if p["name"] == "dave")
+    assert (dead["status"], dead["code"]) == ("unreachable", "transport-connect-failed") and skips == 1
+    for env in (after, again, third):
         valid(env)
         rows = {p["name"]: p for p in env["peers"]}
         assert rows["alice"]["status"] == rows["bob"]["status"] == "ok"

@@ -245,8 +245,13 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
     async def ask_local(i: int, row: PeerRow) -> None:
         start = time.perf_counter()
         assert local is not None
-        answer = await anyio.to_thread.run_sync(local, dict(request), abandon_on_cancel=True)
-        answers[i] = _row_from_message(row, {"status": answer.get("status"), "envelope": answer.get("envelope")})
+        try:
+            answer = await anyio.to_thread.run_sync(local, dict(request), abandon_on_cancel=True)
+        except KithError as exc:  # e.g. no corpus here: this row only
+            row.status, row.code = "refused", exc.code
+        else:
+            answers[i] = _row_from_message(row, {"status": answer.get("status"),
+                                                 "envelope": answer.get("envelope")})
         row.latency_ms = (time.perf_counter() - start) * 1000
 
     with anyio.move_on_after(timeout_s):
@@ -265,6 +270,9 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
                 rows.append(PeerRow(LOCAL_NAME, own_key, own=True))
                 tg.start_soon(ask_local, len(rows) - 1, rows[-1])
     elapsed = (time.perf_counter() - t0) * 1000
+    for row in rows:  # asked, still out at the deadline: it took (at least) the whole time
+        if row.status == "peer-timeout" and row.latency_ms is None:
+            row.latency_ms = elapsed
     return build_envelope(request, rows, answers, timeout_s=timeout_s, elapsed_ms=elapsed, top_k=top_k)
 
 

@@ -48,6 +48,9 @@ PROTOCOL = "knowledge-query"
 MAX_SESSIONS = 24
 #: Default idle time (seconds) after which a pooled session is ended with ``end``.
 IDLE_S = 120.0
+#: Seconds an address whose new session never came up is not tried again (its peer is
+#: ``unreachable`` at once meanwhile, instead of costing every ask its whole deadline).
+DOWN_S = 15.0
 
 
 class PeerGone(Exception):
@@ -69,11 +72,13 @@ class PoolStats:
         sessions_opened: sessions (= iroh connections: one per session) opened so far.
         reused: questions sent over a session that had answered before.
         endpoints: iroh endpoints bound (1 for a pool's life).
+        down_skips: questions answered ``unreachable`` at once (address down, :data:`DOWN_S`).
     """
 
     sessions_opened: int = 0
     reused: int = 0
     endpoints: int = 0
+    down_skips: int = 0
 
 
 class PeerSession:
@@ -125,6 +130,8 @@ class PeerSession:
                     node=self.pool.node, connect_timeout_s=self.pool.connect_timeout_s)
         except KithError as exc:
             self.error = exc
+            if isinstance(exc, TransportError) and self.session_id is None:
+                self.pool.mark_down(self)
         except Exception as exc:  # noqa: BLE001 - a session's crash must not end the pool
             log.warning("pooled session to %s… failed: %s", self.key[:12], type(exc).__name__)
             self.error = KithError("internal-error", "the session failed")
@@ -164,6 +171,8 @@ class PeerSession:
             except PeerGone:
                 raise
             except BaseException:  # the caller's deadline (cancelled): never reuse this session
+                if self.session_id is None:  # not even the handshake came back
+                    self.pool.mark_down(self)
                 self.close(clean=False)
                 raise
             finally:
@@ -204,6 +213,7 @@ class SessionPool:
         self._stack: AsyncExitStack | None = None
         self._tg: Any = None
         self._bind_lock = anyio.Lock()
+        self._down: dict[tuple[str, str], float] = {}
 
     async def __aenter__(self) -> "SessionPool":
         from node.protocol.spec import find_protocol_dir, load_spec
@@ -265,12 +275,29 @@ class SessionPool:
         return len(self.sessions)
 
     def _session_for(self, target: Target) -> PeerSession:
-        """The live session to ``target``'s host, or a new one (no await: atomic)."""
+        """The live session to ``target``'s host, or a new one (no await: atomic).
+
+        Raises:
+            PeerGone: the host's address did not answer a new session within the last
+                :data:`DOWN_S` seconds (``transport-connect-failed``; no new attempt yet).
+        """
         key = target.invitation.host_public_key
         session = self.sessions.get(key)
         if session is None or session.closed.is_set():
+            until = self._down.get((key, target.invitation.transport_info.ticket))
+            if until is not None and time.monotonic() < until:
+                self.stats.down_skips += 1
+                raise PeerGone(None, TransportError("transport-connect-failed",
+                                                    "the host did not answer a new session moments ago"), False)
             session = self._open(key, target)
         return session
+
+    def mark_down(self, s: PeerSession) -> None:
+        """Remember that ``s`` never came up (connect failed, or no handshake by its
+        question's deadline): the same address is not tried again for :data:`DOWN_S` s."""
+        if len(self._down) > 4 * self.max_sessions:
+            self._down.clear()
+        self._down[(s.key, s.target.invitation.transport_info.ticket)] = time.monotonic() + DOWN_S
 
     def _open(self, key: str, target: Target) -> PeerSession:
         if target.spec.name != PROTOCOL or target.spec.alpn != self.spec.alpn:
@@ -317,30 +344,33 @@ class SessionPool:
         skip_saved = retried_warm = False
         last_gone: PeerGone | None = None
         while True:
-            if name is not None:
-                from node.trust.peers import PeerRegistry
-
-                registry = PeerRegistry.load(self.home)
-                rec = registry.by_name(name)
-                warm = self.sessions.get(rec.public_key) if rec is not None else None
-                if warm is not None and not registry.is_blocked(rec.public_key) and not warm.closed.is_set():
-                    session = warm
-                elif skip_saved:
-                    try:
-                        target = await resolve_peer(name, self.home, skip_saved=True)
-                    except KithError:  # the server has nothing newer: the host is unreachable
-                        raise last_gone from None
-                    session = self._session_for(target)
-                else:
-                    target = await resolve_peer(name, self.home)
-                    session = self._session_for(target)
-            else:
-                assert isinstance(peer, Target)
-                session = self._session_for(peer)
-            warm_before = session.answered > 0
+            warm_before = False
             try:
+                if name is not None:
+                    from node.trust.peers import PeerRegistry
+
+                    registry = PeerRegistry.load(self.home)
+                    rec = registry.by_name(name)
+                    warm = self.sessions.get(rec.public_key) if rec is not None else None
+                    if warm is not None and not registry.is_blocked(rec.public_key) and not warm.closed.is_set():
+                        session = warm
+                    elif skip_saved:
+                        try:
+                            target = await resolve_peer(name, self.home, skip_saved=True)
+                        except KithError:  # the server has nothing newer: the host is unreachable
+                            assert last_gone is not None
+                            raise last_gone from None
+                        session = self._session_for(target)
+                    else:
+                        session = self._session_for(await resolve_peer(name, self.home))
+                else:
+                    assert isinstance(peer, Target)
+                    session = self._session_for(peer)
+                warm_before = session.answered > 0
                 return await session.ask(request)
             except PeerGone as gone:
+                if skip_saved and gone is last_gone:
+                    raise
                 last_gone = gone
                 if warm_before and not retried_warm:
                     retried_warm = True  # the host ended a warm session: re-resolve, new session
