@@ -452,7 +452,7 @@ class Corpus:
 
     # -- sync -------------------------------------------------------------------------------
     def sync(self, *, progress: ingest.Progress | None = None,
-             mode: str = "new_only") -> dict[str, Any]:
+             mode: str = "new_only", timings: dict[str, float] | None = None) -> dict[str, Any]:
         """Walk every root and update the record and the index (DESIGN §9).
 
         Args:
@@ -461,6 +461,9 @@ class Corpus:
                 ``done_files == total_files`` at the end.
             mode: ``new_only`` (default), ``update_only`` or ``full`` (the table in
                 :mod:`node.corpus.ingest`).
+            timings: when given, filled with the seconds spent per stage
+                (:data:`node.corpus.ingest.STAGES`: walk, read, parse, chunk, record,
+                index, commit) — ``scripts/bench_corpus.py --breakdown``.
 
         Returns:
             ``{"mode", "indexed", "updated", "skipped", "removed", "failed", "empty",
@@ -480,7 +483,7 @@ class Corpus:
             raise CorpusError("sync-mode-invalid",
                               f"The sync mode must be one of {', '.join(ingest.MODES)}.")
         with self._lock, self._writing():
-            return ingest.run_sync(self, progress, mode, self.archive_limits)
+            return ingest.run_sync(self, progress, mode, self.archive_limits, timings)
 
     def sync_paths(self, paths: Iterable[str | Path]) -> dict[str, Any]:
         """Sync only the given absolute paths (the watcher's debounced batch): changed
