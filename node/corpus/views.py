@@ -63,9 +63,11 @@ Visible = Callable[[str], bool]
 
 class _Docs(dict):  # type: ignore[type-arg]
     """A view's ``{doc_id: signature}``; ``whole`` is True when it holds every ``done``
-    document of the record at its generation (the view sees the whole corpus)."""
+    document of the record at its generation (the view sees the whole corpus);
+    ``chunks`` is the sum of its documents' chunk counts."""
 
     whole = False
+    chunks = 0
 
 
 @dataclass
@@ -130,7 +132,7 @@ class Views:
             cached = (entry[1], entry[2]) if entry is not None and entry[0] is visible else None
         if cached is not None and cached[0] == gen:
             return cached[1]
-        docs = _Docs()
+        docs: _Docs = _Docs()
         total = 0
         for doc_id, source_id, content_hash, indexed_at, chunks in db.execute(
                 "SELECT doc_id, source_id, content_hash, indexed_at, chunk_count FROM documents "
@@ -138,6 +140,7 @@ class Views:
             total += 1
             if visible(source_id):
                 docs[doc_id] = (content_hash, indexed_at, chunks)
+                docs.chunks += chunks
         docs.whole = len(docs) == total
         try:
             self._sets[visible] = (gen, docs)
@@ -161,7 +164,7 @@ class Views:
         """
         docs = self.visible_docs(db, visible)
         if main is not None and getattr(docs, "whole", False):
-            searcher = main(sum(v[2] for v in docs.values()))
+            searcher = main(docs.chunks)
             if searcher is not None:
                 view = self._main
                 if view is None or view.docs is not docs or view._searcher is not searcher:
