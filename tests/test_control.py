@@ -100,6 +100,20 @@ def test_status_without_a_host_says_not_running_and_sessions_refuses(tmp_path):
     assert err.value.code == "host-not-running"
     assert "host: not running" in kith(home, "status").stdout
 
+    # a new host replaces the stale socket, and removes its own on stop
+    async def restart() -> dict:
+        host = InProcessHost(home, tmp_path)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(30):
+                await host.ready.wait()
+            state = await _poll_state(home, lambda s: True)
+            host.stop.set()
+        return state
+
+    assert anyio.run(restart, backend="asyncio")["node"]["pid"] == os.getpid()
+    assert not control_socket_path(home).exists()
+
 
 def test_session_ids_resolve_by_unique_prefix():
     a, b, c = "abcd" + "0" * 60, "abcd" + "1" * 60, "ef01" + "2" * 60
