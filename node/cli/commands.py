@@ -10,7 +10,7 @@ from typing import Any, Optional
 import anyio
 import typer
 
-from node.cli.common import console, emit_json, err_console, home_of, safe_text, warn
+from node.cli.common import console, emit_json, err_console, home_of, identity_home_of, safe_text, warn
 from node.cli.main import app
 from node.common.errors import CODES, InvitationError, KithError, SessionAborted, SpecError, UsageError, error_for
 
@@ -81,7 +81,7 @@ def host_cmd(
         raise UsageError("usage", "give --server URL (publish) or --invite-file FILE (paired peers, no server)")
     if invite_file is not None and not invite_file.resolve().parent.is_dir():
         raise UsageError("usage", f"--invite-file: the folder {invite_file.parent} does not exist")
-    home = home_of(ctx)
+    home = identity_home_of(ctx)
     _redacted_log_handler(home)
     opts = HostOptions(protocol=protocol, server_url=server, invite_file=invite_file, local=local, ttl_s=ttl,
                        message=message, tags=list(tag), peers_only=peers_only, post_max_sessions=max_sessions)
@@ -300,11 +300,11 @@ def join_cmd(
 ) -> None:
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
     from node.runtime.guest import GuestOptions, ask, check_pinned_name, open_target
-    from node.trust.identity import fingerprint, load_or_init_identity
+    from node.trust.identity import fingerprint, load_identity
     from node.trust.pairing import pairing_code
 
-    home = home_of(ctx)
-    identity = load_or_init_identity(home)
+    home = identity_home_of(ctx)
+    identity = load_identity(home)
     from node.answer import contract
 
     for text in query:  # refused here, with the code every entry point uses, before connecting

@@ -100,6 +100,26 @@ def home_of(ctx: typer.Context) -> Path:
     return state_of(ctx).home
 
 
+def identity_home_of(ctx: typer.Context) -> Path:
+    """The node home of a command that needs this node's identity (``host``, ``join``,
+    ``mcp``, signed community calls): never created here — a home without
+    ``identity.key`` (a typo in ``--home``, a fresh ``$KITH_HOME``) is refused instead of
+    becoming a new, empty node (issue 12). ``init`` and ``community serve`` create theirs.
+
+    Raises:
+        ConfigError: ``home-not-initialized``, with the ``kith --home DIR init`` hint.
+    """
+    from node.common.errors import ConfigError
+    from node.trust.identity import init_hint, key_path
+
+    st = state_of(ctx)
+    home = st._home or resolve_home(st.home_arg, create=False)
+    if not key_path(home).is_file():
+        raise ConfigError("home-not-initialized", f"The Kith home {home} has no identity yet.",
+                          hint=init_hint(home))
+    return home
+
+
 def emit_json(obj: Any) -> None:
     """Print one JSON document on one line to stdout and flush (JSON-Lines friendly)."""
     sys.stdout.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from node.cli.common import console, emit_json, err_console, home_of
+from node.cli.common import console, emit_json, err_console, home_of, warn
 from node.common.errors import CorpusError
 
 index_app = typer.Typer(
@@ -46,23 +46,80 @@ def _root_json(root: Any) -> dict[str, Any]:
 def add_cmd(
     ctx: typer.Context,
     path: str = typer.Argument(..., help="Folder to index (its basename becomes the source prefix)."),
+    name: Optional[str] = typer.Option(None, "--name", metavar="PREFIX",
+                                       help="Source prefix to use instead of the folder's basename."),
+    force: bool = typer.Option(False, "--force", help="Accept / or your home directory as a root."),
     chunker: str = typer.Option("recursive", "--chunker", help=_CHUNKER_HELP),
     chunk_size: int = typer.Option(1200, "--chunk-size", help="Characters per chunk (a ceiling)."),
     chunk_overlap: int = typer.Option(150, "--chunk-overlap",
                                       help="Characters repeated from the previous chunk (a ceiling, < size)."),
     json_out: bool = typer.Option(False, "--json", help="Print the new root as JSON."),
 ) -> None:
-    """Register a folder as a source root (run `kith index sync` next)."""
+    """Register a folder as a source root (run `kith index sync` next).
+
+    A sync skips hidden files and folders (.git, .venv), virtualenvs, node_modules,
+    __pycache__ and Kith homes, and whatever the folder's .kithignore (gitignore syntax)
+    lists."""
     from node.corpus.store import Corpus
 
     with Corpus(home_of(ctx)) as corpus:
         root = corpus.add_root(path, chunker=chunker, chunk_size=chunk_size,
-                               chunk_overlap=chunk_overlap)
+                               chunk_overlap=chunk_overlap, name=name, force=force)
+        overlaps = corpus.overlapping(root.path)
+    for other in overlaps:
+        inside = Path(root.path).is_relative_to(other.path)
+        warn(f"/{root.prefix}/ overlaps the root /{other.prefix}/ ({other.path}): "
+             + ("it lies inside it" if inside else "that root lies inside it")
+             + "; its files are indexed twice, under both prefixes (`kith index remove PREFIX`)")
     if json_out:
-        emit_json(_root_json(root))
+        emit_json({**_root_json(root), "overlaps": [o.prefix for o in overlaps]})
     else:
-        console.print(f"added root [bold]/{escape(root.prefix)}/[/bold] (run `kith index sync`)",
-                      highlight=False, soft_wrap=True)
+        console.print(f"added root /{root.prefix}/ <- {root.path} (run `kith index sync`)",
+                      highlight=False, markup=False, soft_wrap=True)
+
+
+def _rules_naming(home: Path, prefix: str) -> list[str]:
+    """Policy rules and overrides whose glob names the root ``prefix`` (``/prefix`` or
+    below), as ``glob -> tier`` lines; [] when the policy cannot be read."""
+    from node.common.errors import KithError
+    from node.policy.store import Policy
+
+    try:
+        policy = Policy.load(home)
+    except KithError:
+        return []
+    out = []
+    for rule in (*policy.rules, *policy.overrides):
+        if rule.glob == f"/{prefix}" or rule.glob.startswith(f"/{prefix}/"):
+            out.append(f"{rule.glob} -> {rule.tier}" + (f" (override for {rule.peer})" if rule.peer else ""))
+    return out
+
+
+@index_app.command("remove")
+def remove_cmd(
+    ctx: typer.Context,
+    prefix: str = typer.Argument(..., help="The root's prefix (as in `kith index status`)."),
+    json_out: bool = typer.Option(False, "--json", help="Print what was removed as JSON."),
+) -> None:
+    """Remove a source root and every document and chunk indexed from it (the files
+    themselves are not touched). Its prefix is never given to a later root; policy rules
+    that named it are listed (they then match nothing)."""
+    from node.corpus.store import Corpus
+
+    home = home_of(ctx)
+    with Corpus(home) as corpus:
+        rep = corpus.remove_root(prefix)
+    rules = _rules_naming(home, rep["prefix"])
+    if json_out:
+        emit_json({**rep, "policyRules": rules})
+        return
+    console.print(f"removed root /{rep['prefix']}/ ({rep['path']}): {rep['documents']} document(s), "
+                  f"{rep['chunks']} chunk(s)", highlight=False, markup=False, soft_wrap=True)
+    if rules:
+        console.print(f"policy rules naming /{rep['prefix']}/ (they match nothing now; "
+                      "`kith policy unset GLOB` removes one):", highlight=False, markup=False, soft_wrap=True)
+        for line in rules:
+            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 class DenseSwitch(str, Enum):
@@ -172,6 +229,10 @@ def _summary(report: dict[str, Any]) -> str:
     arch = report.get("archives") or {}
     extra = (f", archives {arch.get('indexed', 0)} indexed / {arch.get('refused', 0)} refused"
              if arch.get("indexed") or arch.get("refused") else "")
+    ign = report.get("ignored") or {}
+    if ign:
+        extra += (f", not read {sum(ign.values())} ("
+                  + ", ".join(f"{n} {why}" for why, n in sorted(ign.items())) + ")")
     return (f"indexed {report['indexed']}, updated {report['updated']}, skipped "
             f"{report['skipped']}, removed {report['removed']}, failed {report['failed']}, "
             f"empty {report['empty']}{extra}; {report['chunks']} chunks written "

@@ -179,6 +179,11 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "chunking-invalid": ("corpus", "The chunker settings are not valid."),
     "sync-mode-invalid": ("corpus", "The sync mode is not one of new_only, update_only, full."),
     "root-unknown": ("corpus", "No source root has that prefix."),
+    "root-too-broad": ("corpus", "That folder is the filesystem root or your home directory.",
+                       "index the folders you mean to share, or pass --force (the default "
+                       "excludes and .kithignore still apply)"),
+    "root-name-invalid": ("corpus", "A root prefix must be 1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit."),
+    "root-name-taken": ("corpus", "That prefix is in use or was used by a removed root."),
     "import-invalid": ("corpus", "The datasource import is not valid."),
     "import-not-found": ("corpus", "The file to import does not exist or cannot be read."),
     "budget-exhausted": ("corpus", "The search budget (time or number of searches) is used up."),

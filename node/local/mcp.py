@@ -82,9 +82,9 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
     """
     from node.common.errors import InvitationError
     from node.runtime.guest import GuestOptions, ask, open_target
-    from node.trust.identity import load_or_init_identity
+    from node.trust.identity import load_identity
 
-    identity = load_or_init_identity(home)
+    identity = load_identity(home)
     target = await open_target(peer, home, server_url=server)
     if target.pinned_name is None:
         raise InvitationError("host-not-trusted",
