@@ -146,7 +146,13 @@ def host_cmd(
             elif ev["event"] == "session-refused":
                 err_console.print(f"refused a session from {(ev.get('peer') or '?')[:16]}…: {ev['code']}")
             elif ev["event"] == "index-updated":
-                err_console.print(f"index: indexed {ev['indexed']}, updated {ev['updated']}, removed "
+                from node.cli.index_cmd import _stamp
+
+                stamp = _stamp()
+                for change in ev.get("changes") or []:
+                    err_console.print(f"{stamp} index: {change['op']} {safe_text(change['source'])}",
+                                      highlight=False, markup=False)
+                err_console.print(f"{stamp} index: indexed {ev['indexed']}, updated {ev['updated']}, removed "
                                   f"{ev['removed']}, failed {ev['failed'] + ev['empty']}", highlight=False)
             else:
                 err_console.print(f"session {(ev.get('session_id') or '-')[:12]} ended: {ev.get('code') or ev['reason']}")
@@ -440,13 +446,16 @@ def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]],
 @protocol_app.command("test")
 def protocol_test_cmd(
     ctx: typer.Context,
-    directory: Path = typer.Argument(..., metavar="DIR", help="Protocol folder with spec.json and hooks.py."),
+    target: str = typer.Argument(..., metavar="DIR|NAME", help="Protocol folder with spec.json and hooks.py, or a protocol name (as `kith host --protocol` takes)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     adversarial: bool = typer.Option(False, "--adversarial", help="Also send malformed variants of every guest→host message and require each to be refused before hooks (prints a variant → refusal code table)."),
 ) -> None:
     """Run both roles of a protocol over the in-memory pipe with the real engine and its
     test/ fixtures; exit 1 on any failure."""
     from node.protocol.harness import run_protocol_test
+    from node.protocol.spec import resolve_protocol_dir
+
+    directory = resolve_protocol_dir(target, home_of(ctx))
 
     report = anyio.run(run_protocol_test, directory, backend="asyncio")
     adv = None
@@ -477,13 +486,13 @@ def protocol_test_cmd(
 @protocol_app.command("id")
 def protocol_id_cmd(
     ctx: typer.Context,
-    directory: Path = typer.Argument(..., metavar="DIR"),
-    json_out: bool = typer.Option(False, "--json"),
+    target: str = typer.Argument(..., metavar="DIR|NAME", help="Protocol folder or protocol name."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Print a protocol's name, version and protocol_id (SHA-256 of its canonical spec)."""
-    from node.protocol.spec import load_spec
+    from node.protocol.spec import load_spec, resolve_protocol_dir
 
-    spec = load_spec(directory)
+    spec = load_spec(resolve_protocol_dir(target, home_of(ctx)))
     if json_out:
         emit_json({"name": spec.name, "version": spec.version, "protocol_id": spec.protocol_id})
     else:

@@ -294,14 +294,9 @@ def identity_cmd(
 
 # ----------------------------------------------------------------------------- protocols
 def _spec_of(target: str, home: Path) -> dict[str, Any]:
-    from node.protocol.spec import find_protocol_dir, load_spec
+    from node.protocol.spec import load_spec, resolve_protocol_dir
 
-    path = Path(target)
-    pdir = path if (path / "spec.json").is_file() else find_protocol_dir(target, home)
-    if pdir is None:
-        raise SpecError("protocol-not-found",
-                        f"{target!r} is neither a protocol folder nor an installed protocol")
-    return load_spec(pdir).raw
+    return load_spec(resolve_protocol_dir(target, home)).raw
 
 
 @community_app.command("publish-protocol")

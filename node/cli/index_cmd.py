@@ -138,7 +138,7 @@ def config_cmd(
     chunk_overlap: Optional[int] = typer.Option(None, "--chunk-overlap", help="Overlap characters."),
     dense_switch: Optional[DenseSwitch] = typer.Option(
         None, "--dense", help="Turn the optional dense/hybrid pass on or off (needs "
-                              "kith-node[hybrid]; `kith index embed` computes the vectors)."),
+                              "the hybrid extra: scripts/setup --hybrid; `kith index embed` computes the vectors)."),
     json_out: bool = typer.Option(False, "--json", help="Print the root's settings as JSON."),
 ) -> None:
     """Change a root's chunker settings (the next sync re-chunks its documents), or turn
@@ -172,7 +172,7 @@ def config_cmd(
 
 def _dense_line(st: dict[str, Any]) -> str:
     state = "on" if st["enabled"] else "off"
-    extra = "" if st["installed"] else " (kith-node[hybrid] not installed: the pass is skipped)"
+    extra = "" if st["installed"] else " (the hybrid extra is not installed: the pass is skipped; scripts/setup --hybrid)"
     todo = f"; run `kith index embed` for {st['missing']} chunk(s)" if st["enabled"] and st["missing"] else ""
     return (f"dense pass {state}{extra}: {st['vectors']}/{st['chunks']} chunks embedded "
             f"({st['model']}){todo}")
@@ -211,7 +211,8 @@ def embed_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the embedding report as JSON."),
 ) -> None:
     """Compute the missing vectors of the optional dense/hybrid pass and turn it on
-    (needs `pip install 'kith-node[hybrid]'`; runs offline on the CPU)."""
+    (needs the hybrid extra, installed from the checkout: `scripts/setup --hybrid` or
+    `pip install '.[hybrid]'`; runs offline on the CPU)."""
     from node.corpus import dense
     from node.corpus.store import Corpus
 
@@ -239,6 +240,25 @@ def _summary(report: dict[str, Any]) -> str:
             f"in {report['seconds']:.2f} s")
 
 
+def _stamp() -> str:
+    """The local time of a log line, ``2026-12-01 11:40:02``."""
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def watch_lines(report: dict[str, Any]) -> list[str]:
+    """The log lines of one watched batch: a timestamped line per document touched
+    (``<time> updated /docs/a.md``), then the batch's summary (also used by
+    ``kith host --watch``)."""
+    stamp = _stamp()
+    lines = [f"{stamp} {c['op']} {c['source']}" for c in report.get("changes") or []]
+    if report.get("changesMore"):
+        lines.append(f"{stamp} ... and {report['changesMore']} more")
+    lines.append(f"{stamp} " + _summary(report))
+    return lines
+
+
 def _print_errors(report: dict[str, Any]) -> None:
     for err in report["errors"]:
         err_console.print(f"  [yellow]{escape(err['code'])}[/yellow] {escape(err['source'])}: "
@@ -255,7 +275,19 @@ def sync_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the sync report as JSON (no progress bar)."),
 ) -> None:
     """Index new and changed files, drop removed ones. Exit 0 even when some files
-    failed (they are listed); 1 only when the sync itself could not run."""
+    failed (they are listed); 1 only when the sync itself could not run; 130 when
+    interrupted (Ctrl-C: what was done is kept; run sync again for the rest)."""
+    from node.corpus.ingest import SyncInterrupted
+
+    try:
+        _sync(ctx, mode, json_out)
+    except SyncInterrupted as stop:
+        err_console.print(f"stopped after {stop.done} files; run sync again", highlight=False,
+                          markup=False, soft_wrap=True)
+        raise SystemExit(130) from None
+
+
+def _sync(ctx: typer.Context, mode: SyncMode, json_out: bool) -> None:
     from node.corpus.store import Corpus
 
     with Corpus(home_of(ctx)) as corpus:
@@ -374,7 +406,8 @@ def watch_cmd(
         if json_out:
             emit_json({"event": "index-updated", **report})
         else:
-            console.print(_summary(report), highlight=False, soft_wrap=True)
+            for line in watch_lines(report):
+                console.print(line, highlight=False, markup=False, soft_wrap=True)
             _print_errors(report)
 
     watcher = CorpusWatcher(home_of(ctx), debounce_ms=debounce_ms, on_report=on_report)
@@ -383,7 +416,8 @@ def watch_cmd(
         if json_out:
             emit_json({"event": "index-synced", **report})
         else:
-            console.print("catch-up: " + _summary(report), highlight=False, soft_wrap=True)
+            console.print(f"{_stamp()} catch-up: " + _summary(report), highlight=False,
+                          markup=False, soft_wrap=True)
             _print_errors(report)
             err_console.print(f"watching {len(watcher.paths())} root(s); Ctrl-C to stop",
                               highlight=False, soft_wrap=True)

@@ -332,6 +332,22 @@ class Writer:
         }
         self.pending_chunks = 0
         self.dirty = False  # any index operation since the last tantivy commit
+        #: when a list: each document written, failed or removed is noted in it (the
+        #: watcher's log names the files it touched), at most MAX_NOTED entries
+        self.changes: list[dict[str, str]] | None = None
+
+    #: Most ``changes`` entries one report lists (the rest are counted in ``changesMore``).
+    MAX_NOTED = 50
+
+    def note(self, source_id: str, op: str) -> None:
+        """Note ``op`` (``indexed``, ``updated``, ``failed``, ``empty``, ``removed``) on
+        ``source_id`` in ``report["changes"]`` when the run lists its changes."""
+        if self.changes is None:
+            return
+        if len(self.changes) < self.MAX_NOTED:
+            self.changes.append({"source": source_id, "op": op})
+        else:
+            self.report["changesMore"] = self.report.get("changesMore", 0) + 1
 
     # -- helpers --------------------------------------------------------------------
     def log_change(self, doc_id: str, op: str) -> None:
@@ -373,6 +389,7 @@ class Writer:
         if had:
             self.writer.delete_documents_by_term("doc_id", doc_id)
         self.report["empty" if empty else "failed"] += 1
+        self.note(doc.source_id, "empty" if empty else "failed")
         entry = {"source": doc.source_id, "code": code, "message": message}
         if reason:
             entry["reason"] = reason
@@ -480,6 +497,7 @@ class Writer:
         self.report["chunks"] += len(chunks)
         outcome = "updated" if existed else "indexed"
         self.report[outcome] += 1
+        self.note(doc.source_id, outcome)
         self.maybe_commit()
         return outcome
 
@@ -489,6 +507,10 @@ class Writer:
             "SELECT doc_id FROM documents WHERE parent_doc_id=?", (doc_id,))]
         for child in children:
             self.remove(child, count=count)
+        if self.changes is not None:
+            sid = self.db.execute("SELECT source_id FROM documents WHERE doc_id=?", (doc_id,)).fetchone()
+            if sid is not None:
+                self.note(sid[0], "removed")
         with self.c._tx():
             self.db.execute("DELETE FROM chunks WHERE doc_id=?", (doc_id,))
             self.db.execute("DELETE FROM documents WHERE doc_id=?", (doc_id,))
@@ -783,8 +805,11 @@ class Sync(Writer):
     def run_paths(self, paths: Iterable[str | Path]) -> dict[str, Any]:
         """Sync only ``paths`` (absolute; files or folders, present or deleted) — the
         watcher's batch. A present folder is walked; a missing path removes its
-        document, or every document below it."""
+        document, or every document below it. The report also lists the documents
+        touched: ``"changes": [{"source", "op"}]`` (at most :attr:`MAX_NOTED`; more are
+        counted in ``"changesMore"``)."""
         started = time.monotonic()
+        self.changes = self.report["changes"] = []
         bases: list[tuple[Root, Path]] = []
         for root in self.c.roots():
             try:

@@ -255,7 +255,14 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
                         output_model=meta.output_model, wrap_output=meta.wrap_output)
     tool = base.model_copy(update={"fn": search, "is_async": True, "fn_metadata": raw,
                                    "parameters": input_schema()})
-    return MCPServer(name="kith", instructions=env_mod.USAGE_PROMPT, tools=[tool])
+    # WARNING, not the SDK's INFO default: a peer call must not print httpx's
+    # "HTTP Request: ..." line (or the SDK's per-request lines) on the owner's stderr
+    server = MCPServer(name="kith", instructions=env_mod.USAGE_PROMPT, tools=[tool],
+                       log_level="WARNING")
+    import logging
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    return server
 
 
 def startup_repair(home: Path | str, warn: Any = None) -> str:
