@@ -24,7 +24,7 @@ import typer
 
 from node.cli.common import emit_json, err_console, home_of, identity_home_of
 from node.cli.common import untrusted_console as console
-from node.common.errors import CommunityError, ConfigError, SpecError, UsageError
+from node.common.errors import CommunityError, ConfigError, UsageError
 from node.common.http import base_url_of, bind_socket, is_loopback, parse_trust_proxy, serve_forever
 from node.community.ratelimit import RateLimit, RateLimits
 from node.community.server import DEFAULT_LEASE_TTL_S, DEFAULT_PORT, create_app

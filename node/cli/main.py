@@ -23,7 +23,7 @@ app = typer.Typer(
         "asks questions; an egress policy decides what may leave the Host's machine."
     ),
     no_args_is_help=True,
-    # help text is printed as written: no rich markup (`kith-node[hybrid]` keeps its
+    # help text is printed as written: no rich markup (`.[hybrid]` keeps its
     # brackets), no panels or colour, so `--help` reads the same in a pipe (issue 12)
     rich_markup_mode=None,
     pretty_exceptions_enable=False,

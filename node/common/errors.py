@@ -192,7 +192,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "api-bad-host": ("corpus", "The local API answers only a loopback Host/Origin with its own port."),
     "api-content-type": ("corpus", "POST /search on the local API takes Content-Type: application/json."),
     "peer-search-failed": ("corpus", "The search over a joined peer did not complete."),
-    "dense-unavailable": ("corpus", "The optional dense pass (kith-node[hybrid]) is not installed."),
+    "dense-unavailable": ("corpus", "The optional dense pass (the hybrid extra) is not installed."),
     # --- policy ---------------------------------------------------------------------------
     "policy-invalid": ("policy", "The policy file is not valid."),
     "policy-bad-glob": ("policy", "The policy glob is not valid."),
