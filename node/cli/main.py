@@ -65,8 +65,16 @@ def _root(
     st.debug = debug
 
 
+_REGISTERED = False
+
+
 def _register() -> None:
-    """Attach every sub-command module (each owns its own Typer app or commands)."""
+    """Attach every sub-command module (each owns its own Typer app or commands); once per
+    process (:func:`main` may run several times in one process, e.g. in tests)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    _REGISTERED = True
     from node.cli import commands  # noqa: F401  (registers init/host/join/protocol)
 
     for modname, attr, name in (
