@@ -3,7 +3,7 @@
 1. a community server on 127.0.0.1 (its own home),
 2. a Host home: `kith init`, `kith index add <corpus>`, `kith index sync`,
    `kith policy set '/<root>/**' public`, then `kith host --server URL --local --json`,
-3. a Guest home: `kith join <post_id> --server URL --local --trust --query ...`,
+3. a Guest home: `kith init`, `kith join <post_id> --server URL --local --trust --query ...`,
    which prints cited answers,
 4. everything is stopped (SIGINT) and the workspace removed (unless --keep).
 
@@ -36,8 +36,18 @@ QUESTIONS = [
 KITH = [sys.executable, "-m", "node.cli.main"]
 
 
+def _bold_ok() -> bool:
+    """Bold step titles only on a terminal that can show them (never into a pipe or a
+    file, never with NO_COLOR set or TERM=dumb)."""
+    return (sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+            and os.environ.get("TERM", "") != "dumb")
+
+
 def say(text: str) -> None:
-    print(f"\n\033[1m== {text}\033[0m", flush=True)
+    if _bold_ok():
+        print(f"\n\033[1m== {text}\033[0m", flush=True)
+    else:
+        print(f"\n== {text}", flush=True)
 
 
 def show(cmd: list[str]) -> None:
@@ -110,6 +120,7 @@ def main() -> int:
         print(f"   published invitation post_id={post_id} (host key {host.first['host_public_key'][:16]}…)")
 
         say("3. Guest: join by post_id over iroh and ask")
+        run([*KITH, "--home", str(guest_home), "init"])
         cmd = [*KITH, "--home", str(guest_home), "join", post_id, "--server", url, "--local", "--trust"]
         for q in questions:
             cmd += ["--query", q]

@@ -15,6 +15,15 @@ PYDOCS = SHARED / "corpora" / "python-docs-3.11"
 PROTOCOLS = REPO / "protocols"
 
 
+def initialized(home: Path) -> Path:
+    """``home`` with an identity, as `kith init` leaves it (commands that need one —
+    join, host — refuse a home without it); returned for use inline."""
+    from node.trust.identity import init_identity
+
+    init_identity(Path(home))
+    return Path(home)
+
+
 def new_identity() -> Identity:
     """A fresh random Ed25519 identity (not written anywhere)."""
     return Identity(os.urandom(32))

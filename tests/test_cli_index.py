@@ -47,7 +47,7 @@ def test_add_sync_status_search_json(env) -> None:
     r = run("index", "add", str(root), "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout) == {"prefix": "kb", "sourcePrefix": "/kb/", "chunker": "recursive",
-                                    "chunkSize": 1200, "chunkOverlap": 150}
+                                    "chunkSize": 1200, "chunkOverlap": 150, "overlaps": []}
     r = run("index", "add", str(root))
     assert r.exit_code == 1 and getattr(r.exception, "code", None) == "root-exists"
 

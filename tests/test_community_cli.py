@@ -79,7 +79,7 @@ from node.community.server import run_server_in_thread  # noqa: E402
 from node.trust.identity import load_or_init_identity  # noqa: E402
 from node.protocol.spec import load_spec, protocol_id_of  # noqa: E402
 
-from conftest import PROTOCOLS  # noqa: E402
+from conftest import PROTOCOLS, initialized  # noqa: E402
 from test_community_backends import _fresh_pg_database, pg_server  # noqa: E402,F401
 from test_community_server import invitation, session_proof  # noqa: E402
 
@@ -112,7 +112,7 @@ def code_of(result) -> str:
 
 
 def test_client_commands_round_trip(cli, tmp_path: Path, server_url: str) -> None:
-    host_home, guest_home, stranger_home = tmp_path / "h", tmp_path / "g", tmp_path / "s"
+    host_home, guest_home, stranger_home = tmp_path / "h", tmp_path / "g", initialized(tmp_path / "s")
     host_id = load_or_init_identity(host_home)
     guest_id = load_or_init_identity(guest_home)
     s = ("--server", server_url)
@@ -263,7 +263,7 @@ class _Host:
 
 @pytest.mark.iroh
 def test_host_republishes_a_consumed_single_use_post(tmp_path: Path, server_url: str) -> None:
-    host_home, guest_home = tmp_path / "host", tmp_path / "guest"
+    host_home, guest_home = initialized(tmp_path / "host"), initialized(tmp_path / "guest")
     host = _Host(host_home, "--server", server_url, "--max-sessions", "1", "--tag", "single")
     try:
         first = host.next_json(60)

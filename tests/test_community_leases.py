@@ -29,7 +29,7 @@ from node.community.requests import signed_headers
 from node.community.server import run_server_in_thread
 from node.trust.identity import Identity
 
-from conftest import new_identity
+from conftest import initialized, new_identity
 from test_community_backends import NO_LIMITS, _fresh_pg_database, pg_server  # noqa: F401
 from test_community_server import error_of, invitation
 
@@ -91,7 +91,7 @@ def test_a_post_whose_lease_lapses_leaves_browse_and_is_refused_at_once(
         gone = httpx.get(f"{base}/api/v1/invitations/{post_id}")
         assert gone.status_code == 410 and error_of(gone) == "invitation-host-offline"
         # kith join fails with that code instead of trying to reach a dead host
-        r = subprocess.run([*kith(tmp_path / "guest", "join", post_id), "--server", base,
+        r = subprocess.run([*kith(initialized(tmp_path / "guest"), "join", post_id), "--server", base,
                             "--local", "--trust", "--query", "anything", "--json"],
                            capture_output=True, text=True, timeout=90)
         assert r.returncode == 1
@@ -248,7 +248,7 @@ def test_the_keeper_republishes_a_post_the_server_lost(tmp_path: Path) -> None:
 def test_a_killed_host_leaves_browse(tmp_path: Path) -> None:
     with run_server_in_thread(tmp_path / "srv.sqlite3", rate_limits=NO_LIMITS,
                               lease_ttl_s=3.0) as base:
-        proc = subprocess.Popen([*kith(tmp_path / "host", "host", "--local", "--json"),
+        proc = subprocess.Popen([*kith(initialized(tmp_path / "host"), "host", "--local", "--json"),
                                  "--server", base, "--tag", "killed"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 stdin=subprocess.DEVNULL)

@@ -103,7 +103,7 @@ def test_host_watcher_holds_the_writer_and_reports_events(setup) -> None:
         assert e.value.code == "index-locked"
         watcher.apply([(None, str(root / "a.md"))])  # what a batch from awatch does
         assert events == [{"event": "index-updated", "indexed": 0, "updated": 0, "removed": 0,
-                           "failed": 0, "empty": 0, "chunks": 0}]
+                           "failed": 0, "empty": 0, "chunks": 0, "changes": []}]
     finally:
         watcher.close()
     with Corpus(home) as c:

@@ -296,7 +296,7 @@ def test_cli_config_dense_and_status(kb) -> None:
 def test_real_model_embeds_and_fuses(kb) -> None:
     if not dense.extra_available():
         pytest.skip("kith-node[hybrid] is not installed (missing: "
-                    f"{', '.join(dense.missing_modules())}); pip install 'kith-node[hybrid]'")
+                    f"{', '.join(dense.missing_modules())}); install it with scripts/setup --hybrid")
     home, _root = kb
     run = _cli(home)
     r = run("index", "embed", "--json")

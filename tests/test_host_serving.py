@@ -42,7 +42,7 @@ from node.protocol.adversarial import run_adversarial
 from node.protocol.spec import load_spec
 from node.transport.iroh import bind_node
 
-from conftest import PROTOCOLS
+from conftest import PROTOCOLS, initialized
 from test_engine_ui import GOOD, _frame, _manifest, hostile
 from test_transport_session import ENV, FAST, KITH, InProcessHost, _home
 
@@ -247,7 +247,7 @@ def test_sigint_withdraws_the_hosts_post(tmp_path, server_url):
             proc.wait()
     assert httpx.get(status).json()["state"] == "withdrawn"
     t0 = time.monotonic()
-    r = subprocess.run([*KITH, "--home", str(tmp_path / "g"), "join", post_id, "--server", server_url, "--local",
+    r = subprocess.run([*KITH, "--home", str(initialized(tmp_path / "g")), "join", post_id, "--server", server_url, "--local",
                         "--trust", "--query", "x", "--json"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and time.monotonic() - t0 < 10  # refused by the server, no 15 s wait
     assert json.loads(r.stdout.splitlines()[-1])["error"]["code"] == "invitation-withdrawn"
@@ -305,7 +305,7 @@ def _wait_exit(pid: int, timeout: float) -> int | None:
 def test_interactive_join_reports_the_end_and_exits_while_at_the_prompt(tmp_path, how, expect):
     host_home, invite = _home(tmp_path, "host"), tmp_path / "invite.json"
     host = _start_host(host_home, invite)
-    pid, master, err = _interactive_join(tmp_path / "guest", invite)
+    pid, master, err = _interactive_join(_home(tmp_path, "guest"), invite)
     buf = bytearray()
     code = None
     try:

@@ -19,6 +19,8 @@ from node.community.client import CommunityClient
 from node.engine.framing import decode_frame
 from node.common.errors import CommunityError, ProtocolViolation
 
+from conftest import initialized
+
 KITH = [sys.executable, "-m", "node.cli.main"]
 
 
@@ -101,7 +103,7 @@ def test_dripping_server_hits_one_total_deadline():
 
 def test_join_against_a_hostile_server_prints_a_code_not_a_traceback(tmp_path):
     with fake_server(nested_answer) as url:
-        r = subprocess.run([*KITH, "--home", str(tmp_path / "g"), "join", "0123456789abcdef0123456789abcdef",
+        r = subprocess.run([*KITH, "--home", str(initialized(tmp_path / "g")), "join", "0123456789abcdef0123456789abcdef",
                             "--server", url, "--local", "--trust", "--query", "x", "--json"],
                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert r.returncode == 1
@@ -110,7 +112,7 @@ def test_join_against_a_hostile_server_prints_a_code_not_a_traceback(tmp_path):
 
 
 def test_host_refusal_inside_the_task_group_is_reported_with_its_code(tmp_path):
-    r = subprocess.run([*KITH, "--home", str(tmp_path / "h"), "host", "--server", "http://127.0.0.1:9",
+    r = subprocess.run([*KITH, "--home", str(initialized(tmp_path / "h")), "host", "--server", "http://127.0.0.1:9",
                         "--local", "--json"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert r.returncode == 1
     assert "Traceback" not in r.stderr and "error [server-unreachable]" in r.stderr
@@ -118,7 +120,7 @@ def test_host_refusal_inside_the_task_group_is_reported_with_its_code(tmp_path):
 
 
 def test_unknown_protocol_for_host_is_a_coded_error(tmp_path):
-    r = subprocess.run([*KITH, "--home", str(tmp_path / "h"), "host", "--invite-file", str(tmp_path / "i.json"),
+    r = subprocess.run([*KITH, "--home", str(initialized(tmp_path / "h")), "host", "--invite-file", str(tmp_path / "i.json"),
                         "--protocol", "nope", "--local"], capture_output=True, text=True, timeout=60,
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 1 and "error [protocol-not-found]" in r.stderr and "Traceback" not in r.stderr

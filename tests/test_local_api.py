@@ -253,6 +253,9 @@ def _invitation() -> dict:
 
 def test_mcp_arguments_are_validated_like_the_api(tmp_path: Path) -> None:
     home, _ = _make_corpus(tmp_path)
+    from node.trust.identity import init_identity
+
+    init_identity(home)  # peer calls sign with the home's identity (`kith init`)
     invitation = _invitation()
 
     async def calls(s):

@@ -17,7 +17,7 @@ import pytest
 
 from node.community.server import run_server_in_thread
 
-from conftest import PROTOCOLS
+from conftest import PROTOCOLS, initialized
 
 pytestmark = pytest.mark.iroh
 
@@ -99,7 +99,7 @@ def test_join_by_post_id_gets_gated_cited_answers(tmp_path, server):
     host = Host(home, "--server", server)
     try:
         post_id = host.invitation["post_id"]
-        r = kith(tmp_path / "guest", "join", post_id, "--server", server, "--local", "--trust",
+        r = kith(initialized(tmp_path / "guest"), "join", post_id, "--server", server, "--local", "--trust",
                  "--query", "temporary directory deleted automatically", "--query", "salary bands bonus pool",
                  "--json")
         assert r.returncode == 0, r.stderr
@@ -134,7 +134,7 @@ def test_file_mode_and_tampered_ticket(tmp_path):
     host = Host(home, "--invite-file", str(invite))
     try:
         assert json.loads(invite.read_text()) == host.invitation
-        r = kith(tmp_path / "guest", "join", str(invite), "--local", "--trust", "--query", "WAL readers", "--json")
+        r = kith(initialized(tmp_path / "guest"), "join", str(invite), "--local", "--trust", "--query", "WAL readers", "--json")
         assert r.returncode == 0, r.stderr
         assert json_lines(r.stdout)[0]["envelope"]["results"][0]["source"] == "/corpus/sqlite.md"
 
@@ -144,7 +144,7 @@ def test_file_mode_and_tampered_ticket(tmp_path):
         doc["transport_info"]["ticket"] = doc["iroh_ticket"] = t[:i] + ("q" if t[i] != "q" else "r") + t[i + 1:]
         bad = tmp_path / "tampered.json"
         bad.write_text(json.dumps(doc))
-        r = kith(tmp_path / "guest", "join", str(bad), "--local", "--trust", "--query", "x", "--json")
+        r = kith(initialized(tmp_path / "guest"), "join", str(bad), "--local", "--trust", "--query", "x", "--json")
         assert r.returncode == 1
         assert "invitation-bad-signature" in r.stderr
         assert json.loads(r.stdout)["error"]["code"] == "invitation-bad-signature"
@@ -159,10 +159,10 @@ def test_unknown_host_needs_trust_and_post_id_needs_server(tmp_path):
     invite = tmp_path / "invite.json"
     host = Host(home, "--invite-file", str(invite))
     try:
-        r = kith(tmp_path / "guest", "join", str(invite), "--local", "--query", "x", input="")
+        r = kith(initialized(tmp_path / "guest"), "join", str(invite), "--local", "--query", "x", input="")
         assert r.returncode == 1 and "host-not-trusted" in r.stderr
         assert "SHA256:" in r.stderr  # the fingerprint is shown
-        r = kith(tmp_path / "guest", "join", host.invitation["post_id"], "--local", "--trust", "--query", "x")
+        r = kith(initialized(tmp_path / "guest"), "join", host.invitation["post_id"], "--local", "--trust", "--query", "x")
         assert r.returncode == 1 and "no-server" in r.stderr
     finally:
         host.stop()
@@ -174,7 +174,7 @@ def test_python_docs_tempfile_question(tmp_path, server, pydocs):
     home = prepare_host(tmp_path, pydocs)
     host = Host(home, "--server", server)
     try:
-        r = kith(tmp_path / "guest", "join", host.invitation["post_id"], "--server", server, "--local", "--trust",
+        r = kith(initialized(tmp_path / "guest"), "join", host.invitation["post_id"], "--server", server, "--local", "--trust",
                  "--query", "temporary directory that is deleted automatically", "--json")
         assert r.returncode == 0, r.stderr
         msg = json_lines(r.stdout)[0]
@@ -194,9 +194,9 @@ def test_single_use_invitation_is_refused_by_the_host_itself(tmp_path):
     invite = tmp_path / "invite.json"
     host = Host(home, "--invite-file", str(invite), "--max-sessions", "1")
     try:
-        first = kith(tmp_path / "guest", "join", str(invite), "--local", "--trust", "--query", "WAL", "--json")
+        first = kith(initialized(tmp_path / "guest"), "join", str(invite), "--local", "--trust", "--query", "WAL", "--json")
         assert first.returncode == 0, first.stderr
-        second = kith(tmp_path / "guest2", "join", str(invite), "--local", "--trust", "--query", "WAL", "--json")
+        second = kith(initialized(tmp_path / "guest2"), "join", str(invite), "--local", "--trust", "--query", "WAL", "--json")
         assert second.returncode == 1
         assert json.loads(second.stdout.splitlines()[-1])["error"]["code"] == "handshake-unknown-post"
     finally:

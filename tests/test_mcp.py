@@ -14,6 +14,8 @@ from mcp.client.stdio import stdio_client
 
 from node.corpus.store import Corpus
 
+from conftest import initialized
+
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "specs" / "search-envelope.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -26,7 +28,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root.mkdir()
     (root / "deploy.md").write_text("# Deploy\n\nThe staging server is deleted automatically "
                                     "every night.\n")
-    h = base / "home"
+    h = initialized(base / "home")  # peer calls sign with the home's identity
     with Corpus(h) as c:
         c.add_root(root)
         c.sync()

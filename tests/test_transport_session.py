@@ -38,8 +38,10 @@ ENV = {**os.environ, "KITH_TEST_HEARTBEAT": "0.2,1.0"}
 
 
 def _home(tmp: Path, name: str) -> Path:
+    """A node home with an identity (`kith init`): host and join refuse one without."""
     home = tmp / name
     home.mkdir(mode=0o700)
+    load_or_init_identity(home)
     return home
 
 

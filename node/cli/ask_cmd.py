@@ -62,7 +62,7 @@ def ask_cmd(
     from node.common.errors import UsageError
     from node.runtime.fanout import fan_out, local_searcher
     from node.runtime.pool import SessionPool
-    from node.trust.identity import load_or_init_identity
+    from node.trust.identity import load_identity
     from node.trust.peers import PeerRegistry
 
     home = home_of(ctx)
@@ -74,7 +74,7 @@ def ask_cmd(
         raise UsageError("usage", "name a peer (--peer NAME, repeatable), --all-peers or --local")
     request = {"query": question, "topK": top_k}
     contract.validate(request)
-    identity = load_or_init_identity(home)
+    identity = load_identity(home)
 
     async def main() -> dict[str, Any]:
         from node.runtime.fanout import dedupe_names

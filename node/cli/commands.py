@@ -10,7 +10,7 @@ from typing import Any, Optional
 import anyio
 import typer
 
-from node.cli.common import console, emit_json, err_console, home_of, safe_text, warn
+from node.cli.common import console, emit_json, err_console, home_of, identity_home_of, safe_text, warn
 from node.cli.main import app
 from node.common.errors import CODES, InvitationError, KithError, SessionAborted, SpecError, UsageError, error_for
 
@@ -81,7 +81,7 @@ def host_cmd(
         raise UsageError("usage", "give --server URL (publish) or --invite-file FILE (paired peers, no server)")
     if invite_file is not None and not invite_file.resolve().parent.is_dir():
         raise UsageError("usage", f"--invite-file: the folder {invite_file.parent} does not exist")
-    home = home_of(ctx)
+    home = identity_home_of(ctx)
     _redacted_log_handler(home)
     opts = HostOptions(protocol=protocol, server_url=server, invite_file=invite_file, local=local, ttl_s=ttl,
                        message=message, tags=list(tag), peers_only=peers_only, post_max_sessions=max_sessions)
@@ -146,7 +146,13 @@ def host_cmd(
             elif ev["event"] == "session-refused":
                 err_console.print(f"refused a session from {(ev.get('peer') or '?')[:16]}…: {ev['code']}")
             elif ev["event"] == "index-updated":
-                err_console.print(f"index: indexed {ev['indexed']}, updated {ev['updated']}, removed "
+                from node.cli.index_cmd import _stamp
+
+                stamp = _stamp()
+                for change in ev.get("changes") or []:
+                    err_console.print(f"{stamp} index: {change['op']} {safe_text(change['source'])}",
+                                      highlight=False, markup=False)
+                err_console.print(f"{stamp} index: indexed {ev['indexed']}, updated {ev['updated']}, removed "
                                   f"{ev['removed']}, failed {ev['failed'] + ev['empty']}", highlight=False)
             else:
                 err_console.print(f"session {(ev.get('session_id') or '-')[:12]} ended: {ev.get('code') or ev['reason']}")
@@ -301,11 +307,11 @@ def join_cmd(
 ) -> None:
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
     from node.runtime.guest import GuestOptions, ask, check_pinned_name, open_target
-    from node.trust.identity import fingerprint, load_or_init_identity
+    from node.trust.identity import fingerprint, load_identity
     from node.trust.pairing import pairing_code
 
-    home = home_of(ctx)
-    identity = load_or_init_identity(home)
+    home = identity_home_of(ctx)
+    identity = load_identity(home)
     from node.answer import contract
 
     for text in query:  # refused here, with the code every entry point uses, before connecting
@@ -448,13 +454,16 @@ def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]],
 @protocol_app.command("test")
 def protocol_test_cmd(
     ctx: typer.Context,
-    directory: Path = typer.Argument(..., metavar="DIR", help="Protocol folder with spec.json and hooks.py."),
+    target: str = typer.Argument(..., metavar="DIR|NAME", help="Protocol folder with spec.json and hooks.py, or a protocol name (as `kith host --protocol` takes)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     adversarial: bool = typer.Option(False, "--adversarial", help="Also send malformed variants of every guest→host message and require each to be refused before hooks (prints a variant → refusal code table)."),
 ) -> None:
     """Run both roles of a protocol over the in-memory pipe with the real engine and its
     test/ fixtures; exit 1 on any failure."""
     from node.protocol.harness import run_protocol_test
+    from node.protocol.spec import resolve_protocol_dir
+
+    directory = resolve_protocol_dir(target, home_of(ctx))
 
     report = anyio.run(run_protocol_test, directory, backend="asyncio")
     adv = None
@@ -485,13 +494,13 @@ def protocol_test_cmd(
 @protocol_app.command("id")
 def protocol_id_cmd(
     ctx: typer.Context,
-    directory: Path = typer.Argument(..., metavar="DIR"),
-    json_out: bool = typer.Option(False, "--json"),
+    target: str = typer.Argument(..., metavar="DIR|NAME", help="Protocol folder or protocol name."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Print a protocol's name, version and protocol_id (SHA-256 of its canonical spec)."""
-    from node.protocol.spec import load_spec
+    from node.protocol.spec import load_spec, resolve_protocol_dir
 
-    spec = load_spec(directory)
+    spec = load_spec(resolve_protocol_dir(target, home_of(ctx)))
     if json_out:
         emit_json({"name": spec.name, "version": spec.version, "protocol_id": spec.protocol_id})
     else:

@@ -21,15 +21,50 @@ from rich.text import Text
 
 from node.common.home import resolve_home
 
-console = Console()
+#: Width a console lays out to when its stream is not a terminal: long lines (a `kith
+#: join ...` command to copy, a table row) must not be cut at 80 columns in a pipe or file.
+PIPE_WIDTH = 4096
+
+
+class _KithConsole(Console):
+    """A console that never decorates what it prints: no highlighter (rich's colours
+    random digits and ids), and off a terminal no colour (rich's own rule, also for
+    ``TERM=dumb``), no soft wrapping and no 80-column layout — what lands in a pipe or a
+    file is the text as written (issue 12). On a terminal lines wrap as usual."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("highlight", False)
+        self._wrap_on_tty = kwargs.pop("soft_wrap", False)
+        super().__init__(*args, soft_wrap=self._wrap_on_tty, **kwargs)
+
+    @property  # type: ignore[override]
+    def soft_wrap(self) -> bool:
+        return self._wrap_on_tty or not self.is_terminal
+
+    @soft_wrap.setter
+    def soft_wrap(self, value: bool) -> None:
+        self._wrap_on_tty = value
+
+    @property
+    def width(self) -> int:  # type: ignore[override]
+        if self._width is None and not self.is_terminal:
+            return PIPE_WIDTH
+        return super().width
+
+    @width.setter
+    def width(self, value: int) -> None:
+        self._width = value
+
+
+console = _KithConsole()
 #: stderr; soft_wrap so a one-line error stays one line when stderr is a file or pipe
-err_console = Console(stderr=True, soft_wrap=True)
+err_console = _KithConsole(stderr=True, soft_wrap=True)
 
 _CONTROL = dict.fromkeys([*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0),
                           0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)], "\ufffd")
 
 
-class _UntrustedConsole(Console):
+class _UntrustedConsole(_KithConsole):
     """A console for text that came from a peer, a server or a file: every string is
     passed through :func:`safe_text` and rich markup and emoji codes are never parsed —
     also the strings inside renderables (table cells, headers, titles), which rich turns
@@ -98,6 +133,26 @@ def state_of(ctx: typer.Context) -> CliState:
 def home_of(ctx: typer.Context) -> Path:
     """Return the node home for this invocation (``--home``, ``$KITH_HOME`` or default)."""
     return state_of(ctx).home
+
+
+def identity_home_of(ctx: typer.Context) -> Path:
+    """The node home of a command that needs this node's identity (``host``, ``join``,
+    ``mcp``, signed community calls): never created here — a home without
+    ``identity.key`` (a typo in ``--home``, a fresh ``$KITH_HOME``) is refused instead of
+    becoming a new, empty node (issue 12). ``init`` and ``community serve`` create theirs.
+
+    Raises:
+        ConfigError: ``home-not-initialized``, with the ``kith --home DIR init`` hint.
+    """
+    from node.common.errors import ConfigError
+    from node.trust.identity import init_hint, key_path
+
+    st = state_of(ctx)
+    home = st._home or resolve_home(st.home_arg, create=False)
+    if not key_path(home).is_file():
+        raise ConfigError("home-not-initialized", f"The Kith home {home} has no identity yet.",
+                          hint=init_hint(home))
+    return home
 
 
 def emit_json(obj: Any) -> None:

@@ -22,9 +22,9 @@ from typing import Any, Optional, TypeVar
 import anyio
 import typer
 
-from node.cli.common import emit_json, err_console, home_of
+from node.cli.common import emit_json, err_console, home_of, identity_home_of
 from node.cli.common import untrusted_console as console
-from node.common.errors import CommunityError, ConfigError, SpecError, UsageError
+from node.common.errors import CommunityError, ConfigError, UsageError
 from node.common.http import base_url_of, bind_socket, is_loopback, parse_trust_proxy, serve_forever
 from node.community.ratelimit import RateLimit, RateLimits
 from node.community.server import DEFAULT_LEASE_TTL_S, DEFAULT_PORT, create_app
@@ -68,10 +68,10 @@ def run_client(server: str | None, home: Path | None,
     url = server_url_of(server)
     identity = None
     if signed:
-        from node.trust.identity import load_or_init_identity
+        from node.trust.identity import load_identity
 
         assert home is not None
-        identity = load_or_init_identity(home)
+        identity = load_identity(home)
 
     async def main() -> T:
         async with CommunityClient(url, identity) as client:
@@ -262,7 +262,7 @@ def register_cmd(
 ) -> None:
     """Register this node's key with a profile (the signed request proves you hold the key);
     run again to change the profile."""
-    record = run_client(server, home_of(ctx), lambda c: c.register_identity(name, about),
+    record = run_client(server, identity_home_of(ctx), lambda c: c.register_identity(name, about),
                         signed=True)
     if json_out:
         emit_json(record)
@@ -294,14 +294,9 @@ def identity_cmd(
 
 # ----------------------------------------------------------------------------- protocols
 def _spec_of(target: str, home: Path) -> dict[str, Any]:
-    from node.protocol.spec import find_protocol_dir, load_spec
+    from node.protocol.spec import load_spec, resolve_protocol_dir
 
-    path = Path(target)
-    pdir = path if (path / "spec.json").is_file() else find_protocol_dir(target, home)
-    if pdir is None:
-        raise SpecError("protocol-not-found",
-                        f"{target!r} is neither a protocol folder nor an installed protocol")
-    return load_spec(pdir).raw
+    return load_spec(resolve_protocol_dir(target, home)).raw
 
 
 @community_app.command("publish-protocol")
@@ -313,7 +308,7 @@ def publish_protocol_cmd(
 ) -> None:
     """Publish a protocol's spec.json by content; anyone can fetch it by protocol_id."""
     spec = _spec_of(target, home_of(ctx))
-    record = run_client(server, home_of(ctx), lambda c: c.publish_protocol(spec), signed=True)
+    record = run_client(server, identity_home_of(ctx), lambda c: c.publish_protocol(spec), signed=True)
     if json_out:
         emit_json({k: v for k, v in record.items() if k != "spec"})
     else:
@@ -385,7 +380,7 @@ def renew_cmd(
         post = await client.invitation_status(post_id)
         return await client.renew_invitation(parse_invitation(post["invitation"]), ttl_s=ttl)
 
-    inv = run_client(server, home_of(ctx), call, signed=True)
+    inv = run_client(server, identity_home_of(ctx), call, signed=True)
     if json_out:
         emit_json(inv.to_dict())
     else:
@@ -401,7 +396,7 @@ def withdraw_cmd(
 ) -> None:
     """Withdraw your post: it leaves browse and can no longer be joined (recorded sessions
     stay valid for feedback)."""
-    post = run_client(server, home_of(ctx), lambda c: c.withdraw_invitation(post_id), signed=True)
+    post = run_client(server, identity_home_of(ctx), lambda c: c.withdraw_invitation(post_id), signed=True)
     emit_json(post) if json_out else _print_post(post)
 
 
@@ -436,6 +431,6 @@ def close_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the session record as JSON."),
 ) -> None:
     """Mark a session you took part in as closed (host and guest do it at the end anyway)."""
-    record = run_client(server, home_of(ctx), lambda c: c.close_session(session_id, reason),
+    record = run_client(server, identity_home_of(ctx), lambda c: c.close_session(session_id, reason),
                         signed=True)
     emit_json(record) if json_out else _print_session(record)

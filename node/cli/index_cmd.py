@@ -15,7 +15,7 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from node.cli.common import console, emit_json, err_console, home_of
+from node.cli.common import console, emit_json, err_console, home_of, warn
 from node.common.errors import CorpusError
 
 index_app = typer.Typer(
@@ -46,23 +46,80 @@ def _root_json(root: Any) -> dict[str, Any]:
 def add_cmd(
     ctx: typer.Context,
     path: str = typer.Argument(..., help="Folder to index (its basename becomes the source prefix)."),
+    name: Optional[str] = typer.Option(None, "--name", metavar="PREFIX",
+                                       help="Source prefix to use instead of the folder's basename."),
+    force: bool = typer.Option(False, "--force", help="Accept / or your home directory as a root."),
     chunker: str = typer.Option("recursive", "--chunker", help=_CHUNKER_HELP),
     chunk_size: int = typer.Option(1200, "--chunk-size", help="Characters per chunk (a ceiling)."),
     chunk_overlap: int = typer.Option(150, "--chunk-overlap",
                                       help="Characters repeated from the previous chunk (a ceiling, < size)."),
     json_out: bool = typer.Option(False, "--json", help="Print the new root as JSON."),
 ) -> None:
-    """Register a folder as a source root (run `kith index sync` next)."""
+    """Register a folder as a source root (run `kith index sync` next).
+
+    A sync skips hidden files and folders (.git, .venv), virtualenvs, node_modules,
+    __pycache__ and Kith homes, and whatever the folder's .kithignore (gitignore syntax)
+    lists."""
     from node.corpus.store import Corpus
 
     with Corpus(home_of(ctx)) as corpus:
         root = corpus.add_root(path, chunker=chunker, chunk_size=chunk_size,
-                               chunk_overlap=chunk_overlap)
+                               chunk_overlap=chunk_overlap, name=name, force=force)
+        overlaps = corpus.overlapping(root.path)
+    for other in overlaps:
+        inside = Path(root.path).is_relative_to(other.path)
+        warn(f"/{root.prefix}/ overlaps the root /{other.prefix}/ ({other.path}): "
+             + ("it lies inside it" if inside else "that root lies inside it")
+             + "; its files are indexed twice, under both prefixes (`kith index remove PREFIX`)")
     if json_out:
-        emit_json(_root_json(root))
+        emit_json({**_root_json(root), "overlaps": [o.prefix for o in overlaps]})
     else:
-        console.print(f"added root [bold]/{escape(root.prefix)}/[/bold] (run `kith index sync`)",
-                      highlight=False, soft_wrap=True)
+        console.print(f"added root /{root.prefix}/ <- {root.path} (run `kith index sync`)",
+                      highlight=False, markup=False, soft_wrap=True)
+
+
+def _rules_naming(home: Path, prefix: str) -> list[str]:
+    """Policy rules and overrides whose glob names the root ``prefix`` (``/prefix`` or
+    below), as ``glob -> tier`` lines; [] when the policy cannot be read."""
+    from node.common.errors import KithError
+    from node.policy.store import Policy
+
+    try:
+        policy = Policy.load(home)
+    except KithError:
+        return []
+    out = []
+    for rule in (*policy.rules, *policy.overrides):
+        if rule.glob == f"/{prefix}" or rule.glob.startswith(f"/{prefix}/"):
+            out.append(f"{rule.glob} -> {rule.tier}" + (f" (override for {rule.peer})" if rule.peer else ""))
+    return out
+
+
+@index_app.command("remove")
+def remove_cmd(
+    ctx: typer.Context,
+    prefix: str = typer.Argument(..., help="The root's prefix (as in `kith index status`)."),
+    json_out: bool = typer.Option(False, "--json", help="Print what was removed as JSON."),
+) -> None:
+    """Remove a source root and every document and chunk indexed from it (the files
+    themselves are not touched). Its prefix is never given to a later root; policy rules
+    that named it are listed (they then match nothing)."""
+    from node.corpus.store import Corpus
+
+    home = home_of(ctx)
+    with Corpus(home) as corpus:
+        rep = corpus.remove_root(prefix)
+    rules = _rules_naming(home, rep["prefix"])
+    if json_out:
+        emit_json({**rep, "policyRules": rules})
+        return
+    console.print(f"removed root /{rep['prefix']}/ ({rep['path']}): {rep['documents']} document(s), "
+                  f"{rep['chunks']} chunk(s)", highlight=False, markup=False, soft_wrap=True)
+    if rules:
+        console.print(f"policy rules naming /{rep['prefix']}/ (they match nothing now; "
+                      "`kith policy unset GLOB` removes one):", highlight=False, markup=False, soft_wrap=True)
+        for line in rules:
+            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 class DenseSwitch(str, Enum):
@@ -81,7 +138,7 @@ def config_cmd(
     chunk_overlap: Optional[int] = typer.Option(None, "--chunk-overlap", help="Overlap characters."),
     dense_switch: Optional[DenseSwitch] = typer.Option(
         None, "--dense", help="Turn the optional dense/hybrid pass on or off (needs "
-                              "kith-node[hybrid]; `kith index embed` computes the vectors)."),
+                              "the hybrid extra: scripts/setup --hybrid; `kith index embed` computes the vectors)."),
     json_out: bool = typer.Option(False, "--json", help="Print the root's settings as JSON."),
 ) -> None:
     """Change a root's chunker settings (the next sync re-chunks its documents), or turn
@@ -115,7 +172,7 @@ def config_cmd(
 
 def _dense_line(st: dict[str, Any]) -> str:
     state = "on" if st["enabled"] else "off"
-    extra = "" if st["installed"] else " (kith-node[hybrid] not installed: the pass is skipped)"
+    extra = "" if st["installed"] else " (the hybrid extra is not installed: the pass is skipped; scripts/setup --hybrid)"
     todo = f"; run `kith index embed` for {st['missing']} chunk(s)" if st["enabled"] and st["missing"] else ""
     return (f"dense pass {state}{extra}: {st['vectors']}/{st['chunks']} chunks embedded "
             f"({st['model']}){todo}")
@@ -154,7 +211,8 @@ def embed_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the embedding report as JSON."),
 ) -> None:
     """Compute the missing vectors of the optional dense/hybrid pass and turn it on
-    (needs `pip install 'kith-node[hybrid]'`; runs offline on the CPU)."""
+    (needs the hybrid extra, installed from the checkout: `scripts/setup --hybrid` or
+    `pip install '.[hybrid]'`; runs offline on the CPU)."""
     from node.corpus import dense
     from node.corpus.store import Corpus
 
@@ -172,10 +230,33 @@ def _summary(report: dict[str, Any]) -> str:
     arch = report.get("archives") or {}
     extra = (f", archives {arch.get('indexed', 0)} indexed / {arch.get('refused', 0)} refused"
              if arch.get("indexed") or arch.get("refused") else "")
+    ign = report.get("ignored") or {}
+    if ign:
+        extra += (f", not read {sum(ign.values())} ("
+                  + ", ".join(f"{n} {why}" for why, n in sorted(ign.items())) + ")")
     return (f"indexed {report['indexed']}, updated {report['updated']}, skipped "
             f"{report['skipped']}, removed {report['removed']}, failed {report['failed']}, "
             f"empty {report['empty']}{extra}; {report['chunks']} chunks written "
             f"in {report['seconds']:.2f} s")
+
+
+def _stamp() -> str:
+    """The local time of a log line, ``2026-12-01 11:40:02``."""
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def watch_lines(report: dict[str, Any]) -> list[str]:
+    """The log lines of one watched batch: a timestamped line per document touched
+    (``<time> updated /docs/a.md``), then the batch's summary (also used by
+    ``kith host --watch``)."""
+    stamp = _stamp()
+    lines = [f"{stamp} {c['op']} {c['source']}" for c in report.get("changes") or []]
+    if report.get("changesMore"):
+        lines.append(f"{stamp} ... and {report['changesMore']} more")
+    lines.append(f"{stamp} " + _summary(report))
+    return lines
 
 
 def _print_errors(report: dict[str, Any]) -> None:
@@ -194,7 +275,19 @@ def sync_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the sync report as JSON (no progress bar)."),
 ) -> None:
     """Index new and changed files, drop removed ones. Exit 0 even when some files
-    failed (they are listed); 1 only when the sync itself could not run."""
+    failed (they are listed); 1 only when the sync itself could not run; 130 when
+    interrupted (Ctrl-C: what was done is kept; run sync again for the rest)."""
+    from node.corpus.ingest import SyncInterrupted
+
+    try:
+        _sync(ctx, mode, json_out)
+    except SyncInterrupted as stop:
+        err_console.print(f"stopped after {stop.done} files; run sync again", highlight=False,
+                          markup=False, soft_wrap=True)
+        raise SystemExit(130) from None
+
+
+def _sync(ctx: typer.Context, mode: SyncMode, json_out: bool) -> None:
     from node.corpus.store import Corpus
 
     with Corpus(home_of(ctx)) as corpus:
@@ -313,7 +406,8 @@ def watch_cmd(
         if json_out:
             emit_json({"event": "index-updated", **report})
         else:
-            console.print(_summary(report), highlight=False, soft_wrap=True)
+            for line in watch_lines(report):
+                console.print(line, highlight=False, markup=False, soft_wrap=True)
             _print_errors(report)
 
     watcher = CorpusWatcher(home_of(ctx), debounce_ms=debounce_ms, on_report=on_report)
@@ -322,7 +416,8 @@ def watch_cmd(
         if json_out:
             emit_json({"event": "index-synced", **report})
         else:
-            console.print("catch-up: " + _summary(report), highlight=False, soft_wrap=True)
+            console.print(f"{_stamp()} catch-up: " + _summary(report), highlight=False,
+                          markup=False, soft_wrap=True)
             _print_errors(report)
             err_console.print(f"watching {len(watcher.paths())} root(s); Ctrl-C to stop",
                               highlight=False, soft_wrap=True)

@@ -23,10 +23,30 @@ app = typer.Typer(
         "asks questions; an egress policy decides what may leave the Host's machine."
     ),
     no_args_is_help=True,
+    # help text is printed as written: no rich markup (`.[hybrid]` keeps its
+    # brackets), no panels or colour, so `--help` reads the same in a pipe (issue 12)
+    rich_markup_mode=None,
     pretty_exceptions_enable=False,
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def version_text() -> str:
+    """``kith <version> (Python <version>)``: the installed kith-node's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("kith-node")
+    except PackageNotFoundError:  # pragma: no cover - run from a checkout without install
+        ver = "unknown (not installed)"
+    return f"kith {ver} (Python {sys.version.split()[0]})"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(version_text() + "\n")
+        raise typer.Exit(0)
 
 
 @app.callback()
@@ -37,14 +57,24 @@ def _root(
         help="Node home (identity, corpus, policy). Default: $KITH_HOME or the platform data dir.",
     ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+    _version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                  help="Print the version and exit."),
 ) -> None:
     st = state_of(ctx)
     st.home_arg = home
     st.debug = debug
 
 
+_REGISTERED = False
+
+
 def _register() -> None:
-    """Attach every sub-command module (each owns its own Typer app or commands)."""
+    """Attach every sub-command module (each owns its own Typer app or commands); once per
+    process (:func:`main` may run several times in one process, e.g. in tests)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    _REGISTERED = True
     from node.cli import commands  # noqa: F401  (registers init/host/join/protocol)
 
     for modname, attr, name in (

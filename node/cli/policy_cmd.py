@@ -12,7 +12,8 @@ from rich.table import Table
 from node.cli.common import err_console, safe_text, untrusted_console as console, emit_json, home_of
 from node.corpus.types import Root
 from node.common.errors import KithError, UsageError
-from node.policy.store import Decision, Policy, Rule, check_peer_names
+from node.policy.store import (ANONYMOUS_SHARED_FACTOR, MIN_MESSAGE_BYTES, Decision, Policy, Quota, Rule,
+                               check_peer_names)
 
 #: said after every change: a running host re-reads policy.toml at its next query
 LIVE_NOTE = "a running `kith host` applies this from its next query (no restart needed)"
@@ -134,9 +135,31 @@ def unset_cmd(
         _note(LIVE_NOTE)
 
 
+def _quota_text(q: Quota) -> str:
+    rate = "no queries" if q.queries_per_hour <= 0 else f"{q.queries_per_hour} queries/hour"
+    return f"{rate}, burst {q.burst}, at most {q.max_message_bytes} bytes per answer"
+
+
+def _quota_lines(policy: Policy) -> list[str]:
+    """The effective quotas, one line each: every peer's default, each named peer's, and
+    the bucket anonymous peers share (defaults included: a guest over quota is told
+    ``rate-limited``, and the owner should see why)."""
+    table = policy.quota
+    own = {k: v for k, v in table.items() if k not in ("peer", "anonymous")}
+    lines = [f"  {'every peer':<18} {_quota_text(policy.quota_for(None))}"
+             + ("" if own else "  (built-in default)")]
+    for name in sorted(table.get("peer") or {}):
+        lines.append(f"  {'peer ' + name:<18} {_quota_text(policy.quota_for(name))}")
+    lines.append(f"  {'anonymous, shared':<18} {_quota_text(policy.anonymous_quota())}"
+                 + ("" if table.get("anonymous") else
+                    f"  ({ANONYMOUS_SHARED_FACTOR}x rate and burst)"))
+    return lines
+
+
 @policy_app.command("list")
 def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
-    """Show the rules in file order, then per-peer overrides (and the quota table, if any)."""
+    """Show the rules in file order, then per-peer overrides, then the quotas in force
+    (the [quota] table, built-in defaults where it sets nothing)."""
     policy = Policy.load(home_of(ctx))
     if as_json:
         emit_json({"rules": [_rule_dict(r) for r in policy.rules],
@@ -144,11 +167,54 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         return
     if not policy.rules and not policy.overrides:
         console.print("no rules: every source is private", highlight=False)
-        return
-    table = Table("glob", "tier", "peers", "for", box=None, header_style="bold")
-    for rule in (*policy.rules, *policy.overrides):
-        table.add_row(rule.glob, rule.tier, ", ".join(rule.peers), rule.peer or "")
-    console.print(table)
+    else:
+        table = Table("glob", "tier", "peers", "for", box=None, header_style="bold")
+        for rule in (*policy.rules, *policy.overrides):
+            table.add_row(rule.glob, rule.tier, ", ".join(rule.peers), rule.peer or "")
+        console.print(table)
+    console.print("quota (`kith policy quota` changes it):\n" + "\n".join(_quota_lines(policy)),
+                  highlight=False, markup=False, soft_wrap=True)
+
+
+@policy_app.command("quota")
+def quota_cmd(
+    ctx: typer.Context,
+    for_peer: Optional[str] = typer.Option(
+        None, "--for", metavar="NAME", help="Set this registry name's quota ([quota.peer.NAME]) instead of every peer's."),
+    anonymous: bool = typer.Option(
+        False, "--anonymous", help="Set the one bucket all anonymous peers share ([quota.anonymous])."),
+    per_hour: Optional[int] = typer.Option(
+        None, "--per-hour", metavar="N", help="Queries per hour, sustained (0: no queries at all)."),
+    burst: Optional[int] = typer.Option(
+        None, "--burst", metavar="N", help="Queries allowed back to back (the bucket size)."),
+    max_bytes: Optional[int] = typer.Option(
+        None, "--max-bytes", metavar="N", help=f"Largest answer message in bytes (at least {MIN_MESSAGE_BYTES})."),
+    as_json: bool = _JSON,
+) -> None:
+    """Set the per-peer query quota (token bucket): every peer's, one peer's (--for NAME)
+    or the anonymous peers' shared bucket (--anonymous). Keys not given keep their value;
+    with none given, show the quota in force."""
+    if for_peer is not None and anonymous:
+        raise UsageError("usage", "give --for NAME or --anonymous, not both")
+    values = {k: v for k, v in (("queries_per_hour", per_hour), ("burst", burst),
+                                ("max_message_bytes", max_bytes)) if v is not None}
+    policy = Policy.load(home_of(ctx))
+    if values:
+        policy.set_quota(values, for_peer=for_peer, anonymous=anonymous)
+        policy.save()
+    elif for_peer is not None:
+        check_peer_names([for_peer], "--for name")
+    q = policy.anonymous_quota() if anonymous else policy.quota_for(for_peer)
+    if as_json:
+        emit_json({"for": for_peer, "anonymous": anonymous, "changed": bool(values),
+                   "queries_per_hour": q.queries_per_hour, "burst": q.burst,
+                   "max_message_bytes": q.max_message_bytes})
+    else:
+        who = (f"peer {for_peer}" if for_peer is not None else
+               "anonymous peers (shared)" if anonymous else "every peer")
+        console.print(f"quota for {who}: {_quota_text(q)}", highlight=False, markup=False, soft_wrap=True)
+    if values:
+        _note(LIVE_NOTE)
 
 
 @policy_app.command("explain")

@@ -190,6 +190,11 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "chunking-invalid": ("corpus", "The chunker settings are not valid."),
     "sync-mode-invalid": ("corpus", "The sync mode is not one of new_only, update_only, full."),
     "root-unknown": ("corpus", "No source root has that prefix."),
+    "root-too-broad": ("corpus", "That folder is the filesystem root or your home directory.",
+                       "index the folders you mean to share, or pass --force (the default "
+                       "excludes and .kithignore still apply)"),
+    "root-name-invalid": ("corpus", "A root prefix must be 1-64 of A-Z a-z 0-9 . _ -, starting with a letter or digit."),
+    "root-name-taken": ("corpus", "That prefix is in use or was used by a removed root."),
     "import-invalid": ("corpus", "The datasource import is not valid."),
     "import-not-found": ("corpus", "The file to import does not exist or cannot be read."),
     "budget-exhausted": ("corpus", "The search budget (time or number of searches) is used up."),
@@ -198,7 +203,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "api-bad-host": ("corpus", "The local API answers only a loopback Host/Origin with its own port."),
     "api-content-type": ("corpus", "POST /search on the local API takes Content-Type: application/json."),
     "peer-search-failed": ("corpus", "The search over a joined peer did not complete."),
-    "dense-unavailable": ("corpus", "The optional dense pass (kith-node[hybrid]) is not installed."),
+    "dense-unavailable": ("corpus", "The optional dense pass (the hybrid extra) is not installed."),
     # --- policy ---------------------------------------------------------------------------
     "policy-invalid": ("policy", "The policy file is not valid."),
     "policy-bad-glob": ("policy", "The policy glob is not valid."),

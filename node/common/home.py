@@ -10,15 +10,17 @@ from typing import Any
 import platformdirs
 
 
-def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """Return the node home directory (created with mode 0700 if missing).
+def resolve_home(explicit: str | os.PathLike[str] | None = None, *, create: bool = True) -> Path:
+    """Return the node home directory (created with mode 0700 if missing, unless
+    ``create`` is False).
 
     Order: ``explicit`` (the ``--home`` option), then ``$KITH_HOME``, then
     ``platformdirs.user_data_dir("kith")``.
     """
     raw = explicit or os.environ.get("KITH_HOME") or platformdirs.user_data_dir("kith")
     home = Path(raw).expanduser().resolve()
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if create:
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
     return home
 
 

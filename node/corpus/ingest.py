@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from node.corpus import archives, chunking, parsers, search
+from node.corpus.ignore import RootFilter
 from node.corpus.types import Root
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -122,6 +123,12 @@ def chunk_id_for(source_id: str, content_hash: str, sig: str, ordinal: int) -> s
 def error_message(stage: str, exc: BaseException) -> str:
     """``stage: ExceptionType - advice`` (DESIGN §9: never the exception's own text)."""
     return f"{stage}: {type(exc).__name__} - {_ADVICE.get(stage, 'sync again')}"
+
+
+def too_large_message(size: int, limit: int, kind: str) -> str:
+    """Tracking-row message of a file over its kind's size limit, naming both sizes."""
+    return (f"parse: too-large - the file is {size:,} bytes, over the {limit:,}-byte limit "
+            f"for {kind} files; split it")
 
 
 def archive_message(reason: str) -> str:
@@ -198,7 +205,10 @@ def accept_file(full: Path, base: Path, exclude: Path | None = None,
 
 
 def walk_root(root_path: Path, exclude: Path | None = None, *, own_home: Path | None = None,
-              skipped: list[str] | None = None) -> tuple[list[tuple[str, Path]], bool]:
+              skipped: list[str] | None = None, filt: RootFilter | None = None,
+              rel_prefix: str = "", ignored: dict[str, int] | None = None,
+              unreadable: list[tuple[str, str]] | None = None,
+              ) -> tuple[list[tuple[str, Path]], bool]:
     """List the candidate files of a root: ``([(rel_path, path)], complete)``.
 
     Hidden files and folders (name starting with ``.``) are skipped; folder symlinks
@@ -207,17 +217,35 @@ def walk_root(root_path: Path, exclude: Path | None = None, *, own_home: Path | 
     skipped. A folder that is a Kith home — ``own_home`` (the node's own, resolved) or
     any folder holding :data:`HOME_MARKER` — is never entered (the root itself included:
     then nothing is listed); its path relative to the root (``""`` for the root) is
-    appended to ``skipped``. ``complete`` is False when some folder could not be listed:
-    nothing of that root may then be removed as gone (a skipped home does not make a
-    listing incomplete: what was indexed from it before is removed).
+    appended to ``skipped``. ``filt`` (:class:`node.corpus.ignore.RootFilter`) prunes the
+    default excludes and the root's ``.kithignore``; each folder or file it drops adds 1
+    to ``ignored[reason]``. ``rel_prefix``: where ``root_path`` lies inside its root
+    (``""`` for the root itself; the watcher walks sub-folders), for matching.
+    ``complete`` is False when some folder could not be listed: nothing of that root may
+    then be removed as gone (a skipped home does not make a listing incomplete: what was
+    indexed from it before is removed); each such folder is appended to ``unreadable``
+    as ``(rel_path, reason)`` (``reason``: the OS's words, e.g. ``Permission denied``).
     """
     base = root_path.resolve()
     out: list[tuple[str, Path]] = []
     complete = True
+    lead = f"{rel_prefix}/" if rel_prefix else ""
 
-    def _onerror(_exc: OSError) -> None:
+    def _count(reason: str) -> None:
+        if ignored is not None:
+            ignored[reason] = ignored.get(reason, 0) + 1
+
+    def _onerror(exc: OSError) -> None:
         nonlocal complete
         complete = False
+        if unreadable is not None:
+            where = Path(exc.filename) if exc.filename else base
+            try:
+                rel = where.relative_to(base).as_posix()
+            except ValueError:
+                rel = ""
+            rel = lead + rel if rel != "." else rel_prefix
+            unreadable.append((rel.rstrip("/"), exc.strerror or type(exc).__name__))
 
     if is_kith_home(base, own_home):
         if skipped is not None:
@@ -225,6 +253,10 @@ def walk_root(root_path: Path, exclude: Path | None = None, *, own_home: Path | 
         return out, True
     for dirpath, dirnames, filenames in os.walk(base, onerror=_onerror, followlinks=False):
         here = Path(dirpath)
+        here_rel = here.relative_to(base).as_posix()
+        here_rel = lead + ("" if here_rel == "." else here_rel)
+        if here_rel.endswith("/"):
+            here_rel = here_rel[:-1]
         keep = []
         for d in sorted(dirnames):
             if d.startswith("."):
@@ -233,6 +265,11 @@ def walk_root(root_path: Path, exclude: Path | None = None, *, own_home: Path | 
                 if skipped is not None:
                     skipped.append((here / d).relative_to(base).as_posix())
                 continue
+            if filt is not None:
+                why = filt.dir_reason(f"{here_rel}/{d}" if here_rel else d, here / d)
+                if why is not None:
+                    _count(why)
+                    continue
             keep.append(d)
         dirnames[:] = keep
         if exclude is not None and _inside(here, exclude):
@@ -240,6 +277,9 @@ def walk_root(root_path: Path, exclude: Path | None = None, *, own_home: Path | 
             continue
         for name in sorted(filenames):
             if name.startswith("."):
+                continue
+            if filt is not None and filt.file_ignored(f"{here_rel}/{name}" if here_rel else name):
+                _count("kithignore")
                 continue
             full = here / name
             if not accept_file(full, base, exclude, own_home):
@@ -308,6 +348,9 @@ class Writer:
         }
         self.pending_chunks = 0
         self.dirty = False  # any index operation since the last tantivy commit
+        #: when a list: each document written, failed or removed is noted in it (the
+        #: watcher's log names the files it touched), at most MAX_NOTED entries
+        self.changes: list[dict[str, str]] | None = None
         #: seconds spent per stage (:data:`STAGES`) in this run (``scripts/bench_corpus.py
         #: --breakdown``): walk (list the roots, stat), read (bytes + SHA-256), parse
         #: (decode + parse), chunk, record (SQLite), index (tantivy documents), commit
@@ -362,6 +405,19 @@ class Writer:
             with contextlib.suppress(Exception):
                 self.db.execute("ROLLBACK")
 
+    #: Most ``changes`` entries one report lists (the rest are counted in ``changesMore``).
+    MAX_NOTED = 50
+
+    def note(self, source_id: str, op: str) -> None:
+        """Note ``op`` (``indexed``, ``updated``, ``failed``, ``empty``, ``removed``) on
+        ``source_id`` in ``report["changes"]`` when the run lists its changes."""
+        if self.changes is None:
+            return
+        if len(self.changes) < self.MAX_NOTED:
+            self.changes.append({"source": source_id, "op": op})
+        else:
+            self.report["changesMore"] = self.report.get("changesMore", 0) + 1
+
     # -- helpers --------------------------------------------------------------------
     def log_change(self, doc_id: str, op: str) -> None:
         self.dirty = True
@@ -402,13 +458,19 @@ class Writer:
         if had:
             self.writer.delete_documents_by_term("doc_id", doc_id)
         self.report["empty" if empty else "failed"] += 1
+        self.note(doc.source_id, "empty" if empty else "failed")
         entry = {"source": doc.source_id, "code": code, "message": message}
         if reason:
             entry["reason"] = reason
         self.report["errors"].append(entry)
 
     def open_row(self, doc: DocRef, kind: str | None) -> None:
-        """Open (or re-open) the tracking row as ``processing`` before any indexing."""
+        """Open (or re-open) the tracking row as ``processing`` before any indexing (its
+        status before is remembered, see :meth:`Sync._settle_opened`)."""
+        opened = getattr(self, "_opened", None)
+        if opened is not None and doc.doc_id not in opened:
+            opened[doc.doc_id] = self.db.execute(
+                "SELECT status, kind FROM documents WHERE doc_id=?", (doc.doc_id,)).fetchone()
         with self.tx():
             self.db.execute(
                 """INSERT INTO documents(doc_id, source_id, root_prefix, rel_path, kind, status,
@@ -527,6 +589,7 @@ class Writer:
         self.report["chunks"] += len(chunks)
         outcome = "updated" if existed else "indexed"
         self.report[outcome] += 1
+        self.note(doc.source_id, outcome)
         self.maybe_commit()
         return outcome
 
@@ -536,6 +599,10 @@ class Writer:
             "SELECT doc_id FROM documents WHERE parent_doc_id=?", (doc_id,))]
         for child in children:
             self.remove(child, count=count)
+        if self.changes is not None:
+            sid = self.db.execute("SELECT source_id FROM documents WHERE doc_id=?", (doc_id,)).fetchone()
+            if sid is not None:
+                self.note(sid[0], "removed")
         with self.tx():
             self.db.execute("DELETE FROM chunks WHERE doc_id=?", (doc_id,))
             self.db.execute("DELETE FROM documents WHERE doc_id=?", (doc_id,))
@@ -543,6 +610,21 @@ class Writer:
         self.writer.delete_documents_by_term("doc_id", doc_id)
         if count:
             self.report["removed"] += 1
+
+
+class SyncInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped a sync between or during files; what was done is kept and
+    committed, the file being worked on is put back as it was.
+
+    Attributes:
+        done: files of the run finished before the interrupt.
+        total: files the run had listed.
+    """
+
+    def __init__(self, done: int, total: int) -> None:
+        super().__init__(f"stopped after {done} files")
+        self.done = done
+        self.total = total
 
 
 class Sync(Writer):
@@ -556,6 +638,9 @@ class Sync(Writer):
         self.limits = limits
         self.report["mode"] = mode
         self.report["skippedFolders"] = []
+        #: folders and files not read because of the default excludes or .kithignore
+        self.report["ignored"] = {}
+        self._opened: dict[str, Any] = {}
         self.exclude = corpus.dir.resolve() if corpus.dir.exists() else None
         try:
             self.own_home: Path | None = corpus.home.resolve()
@@ -569,6 +654,14 @@ class Sync(Writer):
             self.report["skippedFolders"].append({"source": source, "reason": "kith-home"})
             self.report["skippedReasons"]["kith-home"] = (
                 self.report["skippedReasons"].get("kith-home", 0) + 1)
+
+    def _unreadable(self, root: Root, folders: list[tuple[str, str]]) -> None:
+        """Report folders that could not be listed, with the OS's reason (issue 12)."""
+        for rel, why in folders:
+            self.report["errors"].append({
+                "source": source_id_of(root.prefix, rel), "code": "folder-unreadable",
+                "message": f"sync: folder-unreadable - {why}; its files are not indexed, and "
+                           "nothing of this root is removed until every folder can be read"})
 
     # -- one file -------------------------------------------------------------------
     def file(self, root: Root, rel: str, real: Path, row: Any | None) -> None:
@@ -599,7 +692,8 @@ class Sync(Writer):
             self.skip("unsupported-type")
             return
         if st.st_size > parsers.size_limit(kind):
-            self.fail(doc, st.st_size, st.st_mtime_ns, "too-large", _REASON_MESSAGE["too-large"],
+            self.fail(doc, st.st_size, st.st_mtime_ns, "too-large",
+                      too_large_message(st.st_size, parsers.size_limit(kind), kind),
                       content_hash=None, kind=kind)
             return
         t0 = time.perf_counter()
@@ -733,13 +827,39 @@ class Sync(Writer):
                 self.end_batch()
                 self._emit(i, total, source_id, done_bytes, total_bytes)
                 self.begin_batch()
-                self.file(root, rel, real, rows.get(source_id))
+                try:
+                    self.file(root, rel, real, rows.get(source_id))
+                except KeyboardInterrupt:
+                    self.abort_batch()  # every file in the batch is whole: keep them
+                    self._settle_opened()
+                    self.maybe_commit(force=True)
+                    raise SyncInterrupted(i, total) from None
+                self._opened.clear()
                 done_bytes += size
         except BaseException:
             self.abort_batch()
             raise
         self.end_batch(force=True)
         self._emit(total, total, "", done_bytes, total_bytes)
+
+    def _settle_opened(self) -> None:
+        """After an interrupt: put every row this file opened as ``processing`` back as it
+        was (a new one is dropped), so ``index status`` stays true — the file's old chunks
+        are still there, and its changed size/mtime makes the next sync redo it."""
+        for doc_id, before in reversed(list(self._opened.items())):
+            with self.tx():
+                now = self.db.execute("SELECT status FROM documents WHERE doc_id=?",
+                                      (doc_id,)).fetchone()
+                if now is None or now[0] != "processing":
+                    continue
+                if before is None:
+                    self.db.execute("DELETE FROM chunks WHERE doc_id=?", (doc_id,))
+                    self.db.execute("DELETE FROM documents WHERE doc_id=?", (doc_id,))
+                    self.log_change(doc_id, "remove")
+                else:
+                    self.db.execute("UPDATE documents SET status=?, kind=? WHERE doc_id=?",
+                                    (before[0], before[1], doc_id))
+        self._opened.clear()
 
     def run(self) -> dict[str, Any]:
         """Walk every root; see the module docstring."""
@@ -753,13 +873,17 @@ class Sync(Writer):
                 listed[root.prefix] = None
                 self.report["errors"].append({
                     "source": f"/{root.prefix}", "code": "root-not-found",
-                    "message": "sync: root-not-found - the folder is missing; its documents "
-                               "are kept until it is back or removed"})
+                    "message": f"sync: root-not-found - the folder {root.path} is missing or not "
+                               "a folder; its documents are kept until it is back or the root "
+                               f"is removed (`kith index remove {root.prefix}`)"})
                 continue
             homes: list[str] = []
+            unreadable: list[tuple[str, str]] = []
             files, complete = walk_root(rp, self.exclude, own_home=self.own_home,
-                                        skipped=homes)
+                                        skipped=homes, filt=RootFilter.for_root(rp.resolve()),
+                                        ignored=self.report["ignored"], unreadable=unreadable)
             self._skipped_homes(root, homes)
+            self._unreadable(root, unreadable)
             listed[root.prefix] = {rel for rel, _ in files} if complete else None
             for rel, real in files:
                 try:
@@ -785,8 +909,11 @@ class Sync(Writer):
     def run_paths(self, paths: Iterable[str | Path]) -> dict[str, Any]:
         """Sync only ``paths`` (absolute; files or folders, present or deleted) — the
         watcher's batch. A present folder is walked; a missing path removes its
-        document, or every document below it."""
+        document, or every document below it. The report also lists the documents
+        touched: ``"changes": [{"source", "op"}]`` (at most :attr:`MAX_NOTED`; more are
+        counted in ``"changesMore"``)."""
         started = time.monotonic()
+        self.changes = self.report["changes"] = []
         bases: list[tuple[Root, Path]] = []
         for root in self.c.roots():
             try:
@@ -795,6 +922,7 @@ class Sync(Writer):
                 continue
         plan: dict[str, tuple[Root, str, Path, int]] = {}
         gone: list[tuple[Root, str]] = []
+        filters: dict[str, RootFilter] = {}
         for raw in paths:
             p = Path(os.path.abspath(raw))
             for root, base in bases:
@@ -805,11 +933,19 @@ class Sync(Writer):
                     break
                 if _in_kith_home(p, base, self.own_home):
                     break  # inside a Kith home: never indexed
+                filt = filters.get(root.prefix)
+                if filt is None:
+                    filt = filters[root.prefix] = RootFilter.for_root(base)
+                if filt.path_reason(rel, base) is not None:
+                    break  # default exclude or .kithignore: never indexed
                 if p.is_dir() and not p.is_symlink():
                     homes: list[str] = []
+                    unreadable: list[tuple[str, str]] = []
                     files, _ = walk_root(p, self.exclude, own_home=self.own_home,
-                                         skipped=homes)
+                                         skipped=homes, filt=filt, rel_prefix=rel,
+                                         ignored=self.report["ignored"], unreadable=unreadable)
                     self._skipped_homes(root, [f"{rel}/{h}" if h else rel for h in homes])
+                    self._unreadable(root, unreadable)
                     for sub, real in files:
                         r = f"{rel}/{sub}"
                         plan[source_id_of(root.prefix, r)] = (root, r, real, _size(real))

@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import stat
@@ -62,6 +63,7 @@ CREATE TABLE IF NOT EXISTS chunks(
     text TEXT NOT NULL, line_start INTEGER, line_end INTEGER,
     heading_path TEXT NOT NULL DEFAULT '[]', page_start INTEGER, page_end INTEGER);
 CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);
+CREATE TABLE IF NOT EXISTS removed_prefixes(prefix TEXT PRIMARY KEY, removed_at TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS changes(
     seq INTEGER PRIMARY KEY AUTOINCREMENT, doc_id TEXT NOT NULL, op TEXT NOT NULL);
 """
@@ -111,6 +113,28 @@ def _resolve(path: str) -> tuple[str, os.stat_result]:
             os.close(fd)
     real = os.path.realpath(path, strict=True)
     return real, os.stat(real)
+
+
+#: ``kith index add --name``: what a chosen prefix may be (one path segment, no markup).
+PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def too_broad(real: Path) -> str | None:
+    """Why indexing the folder ``real`` (resolved) would read far more than documents:
+    ``"the filesystem root"``, ``"your home directory"`` or ``"a folder holding your home
+    directory"``; None when it is a normal folder (``kith index add`` refuses these
+    without ``--force``, issue 12)."""
+    if real == Path(real.anchor):
+        return "the filesystem root"
+    try:
+        home = Path.home().resolve()
+    except (RuntimeError, OSError):  # pragma: no cover - no home directory known
+        return None
+    if real == home:
+        return "your home directory"
+    if home.is_relative_to(real):
+        return "a folder holding your home directory"
+    return None
 
 
 def _check_chunking(chunker: str, chunk_size: int, chunk_overlap: int) -> None:
@@ -233,7 +257,8 @@ class Corpus:
     # -- roots --------------------------------------------------------------------------
     def add_root(self, path: str | Path, *, chunker: str = "recursive",
                  chunk_size: int = chunking.DEFAULT_CHUNK_SIZE,
-                 chunk_overlap: int = chunking.DEFAULT_CHUNK_OVERLAP) -> Root:
+                 chunk_overlap: int = chunking.DEFAULT_CHUNK_OVERLAP,
+                 name: str | None = None, force: bool = False) -> Root:
         """Register a folder as a source root (DESIGN §1, §9).
 
         Args:
@@ -242,31 +267,52 @@ class Corpus:
             chunk_size: characters per chunk (ceiling), 1..1 000 000.
             chunk_overlap: characters repeated from the previous chunk (ceiling),
                 ``0 <= overlap < chunk_size``.
+            name: the prefix to use (:data:`PREFIX_RE`) instead of the basename.
+            force: accept a folder :func:`too_broad` refuses (``/``, the home directory).
 
         Returns:
-            The persisted :class:`Root`; its prefix is the folder's basename, then
-            ``-2``, ``-3``… when taken (also when a datasource kind has that name).
+            The persisted :class:`Root`; its prefix is ``name``, else the folder's
+            basename, then ``-2``, ``-3``… when taken — by a root, a datasource kind, or a
+            root removed before (a removed prefix is never reused: policy rules and
+            peers' citations naming it must not point at another folder).
 
         Raises:
             CorpusError: ``chunking-invalid`` (checked first, before anything is stored),
-                ``root-not-found`` (missing or not a directory), ``root-exists`` (same
+                ``root-not-found`` (missing or not a directory; names the path),
+                ``root-too-broad`` (without ``force``), ``root-name-invalid``,
+                ``root-name-taken`` (``name`` in use or used before), ``root-exists`` (same
                 resolved folder already registered), ``corpus-readonly``.
         """
         _check_chunking(chunker, chunk_size, chunk_overlap)
+        if name is not None and not PREFIX_RE.fullmatch(name):
+            raise CorpusError("root-name-invalid",
+                              f"--name {name!r}: use 1-64 of A-Z a-z 0-9 . _ -, starting with a "
+                              "letter or digit.")
         with self._lock:
             db = self._require_writable()
             p = Path(path).expanduser()
             if not p.is_dir():
                 raise CorpusError("root-not-found",
-                                  "The folder to index does not exist or is not a directory.")
+                                  f"{os.path.abspath(p)} does not exist or is not a folder.")
             real = p.resolve()
+            broad = too_broad(real)
+            if broad is not None and not force:
+                raise CorpusError("root-too-broad", f"{real} is {broad}: indexing it would read "
+                                  "everything below it (virtualenvs, caches, other people's files).")
             base = real.name or "root"
             with self._tx():
                 if db.execute("SELECT 1 FROM roots WHERE path=?", (str(real),)).fetchone():
-                    raise CorpusError("root-exists", "That folder is already a source root.")
+                    raise CorpusError("root-exists", f"{real} is already a source root.")
                 taken = {r[0] for r in db.execute("SELECT prefix FROM roots")}
                 taken |= {r[0].split("/")[1] for r in db.execute(
                     "SELECT source_id FROM documents WHERE origin='record'")}
+                taken |= {r[0] for r in db.execute("SELECT prefix FROM removed_prefixes")}
+                if name is not None:
+                    if name in taken:
+                        raise CorpusError("root-name-taken",
+                                          f"The prefix /{name}/ is in use or was used by a removed "
+                                          "root; choose another --name.")
+                    base = name
                 prefix, n = base, 1
                 while prefix in taken:
                     n += 1
@@ -279,6 +325,60 @@ class Corpus:
                     (root.prefix, root.path, root.chunker, root.chunk_size, root.chunk_overlap,
                      ingest.now_rfc3339()))
             return root
+
+    def overlapping(self, path: str | Path) -> list[Root]:
+        """The registered roots that contain the folder ``path`` or lie inside it (the
+        same files would be indexed twice under two prefixes); ``path`` itself excluded."""
+        real = Path(path).expanduser().resolve()
+        out = []
+        for r in self.roots():
+            other = Path(r.path)
+            if other != real and (real.is_relative_to(other) or other.is_relative_to(real)):
+                out.append(r)
+        return out
+
+    def remove_root(self, prefix: str) -> dict[str, Any]:
+        """Remove a source root and every document and chunk indexed from it, from SQLite
+        and the index in one writer session; the prefix is recorded as used, so a later
+        root never gets it (``kith index remove``; the dashboard calls this too).
+
+        Args:
+            prefix: the root's prefix, with or without slashes (``docs`` or ``/docs/``).
+
+        Returns:
+            ``{"prefix", "path", "documents": int, "chunks": int}`` removed.
+
+        Raises:
+            CorpusError: ``root-unknown``, ``index-locked``, ``corpus-readonly``.
+        """
+        prefix = prefix.strip("/")
+        with self._lock:
+            db = self._require_writable()
+            root = next((r for r in self.roots() if r.prefix == prefix), None)
+            if root is None:
+                raise CorpusError("root-unknown", f"No source root has the prefix /{prefix}/.",
+                                  hint="`kith index status` lists the roots")
+            with self._writing():
+                rows = db.execute("SELECT doc_id, chunk_count FROM documents WHERE root_prefix=? "
+                                  "AND origin != 'record'", (prefix,)).fetchall()
+                chunks = db.execute("SELECT COUNT(*) FROM chunks c JOIN documents d ON "
+                                    "d.doc_id = c.doc_id WHERE d.root_prefix=? AND d.origin != 'record'",
+                                    (prefix,)).fetchone()[0]
+                with self._tx():
+                    for (doc_id, _n) in rows:
+                        db.execute("DELETE FROM chunks WHERE doc_id=?", (doc_id,))
+                        db.execute("DELETE FROM documents WHERE doc_id=?", (doc_id,))
+                        db.execute("INSERT INTO changes(doc_id, op) VALUES (?, 'remove')", (doc_id,))
+                    db.execute("DELETE FROM roots WHERE prefix=?", (prefix,))
+                    db.execute("INSERT OR REPLACE INTO removed_prefixes(prefix, removed_at) VALUES (?, ?)",
+                               (prefix, ingest.now_rfc3339()))
+                assert self._writer is not None
+                for (doc_id, _n) in rows:
+                    self._writer.delete_documents_by_term("doc_id", doc_id)
+                self._commit_index()
+            if self._views is not None:
+                self._views.clear()
+            return {"prefix": prefix, "path": root.path, "documents": len(rows), "chunks": chunks}
 
     def configure_root(self, prefix: str, *, chunker: str | None = None,
                        chunk_size: int | None = None, chunk_overlap: int | None = None) -> Root:

@@ -156,7 +156,9 @@ def host_watcher(home: Path | str, on_event: Callable[[dict[str, Any]], None],
                  warn: Callable[[str], None]) -> CorpusWatcher:
     """Start the watcher of ``kith host --watch``: takes the writer lock and catches up
     (warning about failed files), then reports each batch as an ``index-updated`` event
-    ``{"event", "indexed", "updated", "removed", "failed", "empty", "chunks"}``.
+    ``{"event", "indexed", "updated", "removed", "failed", "empty", "chunks", "changes":
+    [{"source", "op"}]}`` (the documents touched, at most 50, see
+    :meth:`node.corpus.ingest.Sync.run_paths`).
 
     Raises:
         CorpusError: ``index-locked`` when another process writes the index.
@@ -164,7 +166,8 @@ def host_watcher(home: Path | str, on_event: Callable[[dict[str, Any]], None],
     keys = ("indexed", "updated", "removed", "failed", "empty", "chunks")
 
     def on_report(report: dict[str, Any]) -> None:
-        on_event({"event": "index-updated", **{k: report[k] for k in keys}})
+        on_event({"event": "index-updated", **{k: report[k] for k in keys},
+                  "changes": list(report.get("changes") or [])})
 
     watcher = CorpusWatcher(home, on_report=on_report)
     report = watcher.start()

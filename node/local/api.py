@@ -219,10 +219,10 @@ class _PoolKeeper:
 
     async def _keep(self, ready: Any) -> None:
         from node.runtime.pool import SessionPool
-        from node.trust.identity import load_or_init_identity
+        from node.trust.identity import load_identity
 
         try:
-            async with SessionPool(self.home, load_or_init_identity(self.home), local=self.offline) as pool:
+            async with SessionPool(self.home, load_identity(self.home), local=self.offline) as pool:
                 self.pool = pool
                 ready.set()
                 await anyio.sleep_forever()

@@ -97,12 +97,12 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
     from node.common.errors import InvitationError
     from node.runtime.guest import open_target
     from node.runtime.pool import PeerGone, SessionPool, classify_gone
-    from node.trust.identity import load_or_init_identity
+    from node.trust.identity import load_identity
     from node.trust.peers import PeerRegistry
 
     import anyio
 
-    identity = load_or_init_identity(home)
+    identity = load_identity(home)
     if PeerRegistry.load(home).by_name(peer) is not None:
         target: Any = peer  # a pinned name: resolved by the pool (saved invitation, then server)
     else:
@@ -151,7 +151,7 @@ async def peers_search(home: Path, peers: list[str] | str, body: dict[str, Any],
     """
     from node.runtime.fanout import fan_out
     from node.runtime.pool import SessionPool
-    from node.trust.identity import load_or_init_identity
+    from node.trust.identity import load_identity
     from node.trust.peers import PeerRegistry
 
     if peers == "all":
@@ -162,7 +162,7 @@ async def peers_search(home: Path, peers: list[str] | str, body: dict[str, Any],
     request = {**body, "topK": body.get("topK", 5)}
     if pool is not None:
         return await fan_out(pool, request, names, timeout_s=timeout_s)
-    async with SessionPool(home, load_or_init_identity(home), local=local) as own:
+    async with SessionPool(home, load_identity(home), local=local) as own:
         return await fan_out(own, request, names, timeout_s=timeout_s)
 
 
@@ -378,7 +378,14 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
                         output_model=meta.output_model, wrap_output=meta.wrap_output)
     tool = base.model_copy(update={"fn": search, "is_async": True, "fn_metadata": raw,
                                    "parameters": input_schema()})
-    return MCPServer(name="kith", instructions=env_mod.USAGE_PROMPT, tools=[tool], lifespan=lifespan)
+    # WARNING, not the SDK's INFO default: a peer call must not print httpx's
+    # "HTTP Request: ..." line (or the SDK's per-request lines) on the owner's stderr
+    server = MCPServer(name="kith", instructions=env_mod.USAGE_PROMPT, tools=[tool],
+                       lifespan=lifespan, log_level="WARNING")
+    import logging
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    return server
 
 
 def startup_repair(home: Path | str, warn: Any = None) -> str:

@@ -408,6 +408,43 @@ class Policy:
         self._rules = [r for r in self._rules if r.glob != canon]
         return len(self._rules) != before
 
+    def set_quota(self, values: dict[str, int], *, for_peer: str | None = None,
+                  anonymous: bool = False) -> dict[str, Any]:
+        """Set keys of the ``[quota]`` table (``kith policy quota``); does not save.
+
+        Args:
+            values: some of ``queries_per_hour``, ``burst``, ``max_message_bytes``
+                (integers, the rules of :func:`_check_quota_values`: 0…10^9,
+                ``max_message_bytes`` ≥ :data:`MIN_MESSAGE_BYTES`); keys not given keep
+                their value.
+            for_peer: set ``[quota.peer.<name>]`` (that registry name only) instead.
+            anonymous: set ``[quota.anonymous]`` (the bucket all anonymous peers share).
+
+        Returns:
+            The table as now stored (only the keys it sets itself).
+
+        Raises:
+            PolicyError: ``policy-invalid`` for a value out of range or an unknown key,
+                ``peer-bad-name`` for a ``for_peer`` that is not a registry name. Nothing
+                changes when one is raised.
+        """
+        if for_peer is not None and anonymous:
+            raise ValueError("for_peer and anonymous exclude each other")
+        checked = _check_quota_values(dict(values), "quota: ", allow_peer=False)
+        if for_peer is not None:
+            check_peer_names([for_peer], "--for name")
+            peers = dict(self.quota.get("peer") or {})
+            table = {**(peers.get(for_peer) or {}), **checked}
+            peers[for_peer] = table
+            self.quota = {**self.quota, "peer": peers}
+        elif anonymous:
+            table = {**(self.quota.get("anonymous") or {}), **checked}
+            self.quota = {**self.quota, "anonymous": table}
+        else:
+            self.quota = {**self.quota, **checked}
+            table = {k: v for k, v in self.quota.items() if k in _QUOTA_KEYS}
+        return dict(table)
+
     def quota_for(self, peer_name: str | None) -> Quota:
         """The quota of ``peer_name`` (``None``: an anonymous peer): ``[quota.peer.<name>]``
         over ``[quota]`` over :data:`DEFAULT_QUOTA`, key by key."""

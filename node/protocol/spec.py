@@ -246,3 +246,24 @@ def find_protocol_dir(name: str, home: Path | None) -> Path | None:
         if (c / "spec.json").is_file():
             return c
     return None
+
+
+def resolve_protocol_dir(target: str | Path, home: Path | None) -> Path:
+    """A protocol folder given as a path (a folder with ``spec.json``) or as a name (the
+    home's ``protocols/<name>``, then the bundled ones, :func:`find_protocol_dir`) — what
+    ``kith protocol test|id``, ``kith host --protocol`` and ``community publish-protocol``
+    accept.
+
+    Raises:
+        SpecError: ``protocol-not-found`` naming ``target``.
+    """
+    path = Path(target)
+    if (path / "spec.json").is_file():
+        return path
+    found = find_protocol_dir(str(target), home)
+    if found is None:
+        raise SpecError("protocol-not-found",
+                        f"{str(target)!r} is neither a protocol folder (with spec.json) nor an "
+                        "installed or bundled protocol name")
+    return found
+

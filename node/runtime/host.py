@@ -21,7 +21,7 @@ from node.engine.session import HostConfig, SessionEngine, SessionReady
 from node.common.errors import ConfigError, HandshakeError, KithError, SpecError
 from node.common.home import acquire_owner_lock, atomic_write, lock_owner, release_owner_lock
 from node.runtime.hooks import HookContext, PeerInfo, load_hooks
-from node.trust.identity import load_or_init_identity
+from node.trust.identity import load_identity
 from node.trust.invitation import DEFAULT_TTL_S, Invitation, create_invitation
 from node.trust.peers import PeerRegistry, load_own_profile
 from node.protocol.spec import find_protocol_dir, load_spec
@@ -248,7 +248,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
             (``<home>/run`` is not a 0700 folder of this user), protocol not
             found/invalid, bind failure, server refusal.
     """
-    identity = load_or_init_identity(home)
+    identity = load_identity(home)  # never created here: a typo in --home is refused
     host_lock = acquire_owner_lock(home / HOST_LOCK_FILE, "kith host")
     if host_lock is None:
         raise ConfigError("home-in-use", f"Another `kith host` is serving this home ({lock_owner(home / HOST_LOCK_FILE)}).",

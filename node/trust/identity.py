@@ -65,6 +65,13 @@ def key_path(home: Path) -> Path:
     return home / KEY_FILE
 
 
+def init_hint(home: Path) -> str:
+    """The advice for a home without an identity: create one there, or fix the path (a typo
+    in ``--home`` must not silently become a new node, issue 12)."""
+    return (f"run `kith --home {home} init` to create one there, or check --home / $KITH_HOME "
+            "for a typo")
+
+
 def load_identity(home: Path) -> Identity:
     """Load the identity from ``home``.
 
@@ -76,7 +83,8 @@ def load_identity(home: Path) -> Identity:
     try:
         text = path.read_text("ascii").strip()
     except FileNotFoundError:
-        raise ConfigError("home-not-initialized", hint="run `kith init` (or pass --home)") from None
+        raise ConfigError("home-not-initialized", f"The Kith home {home} has no identity yet.",
+                          hint=init_hint(home)) from None
     except PermissionError:
         # unreadable is not corrupt: never suggest replacing an identity we cannot read
         raise ConfigError("io-error", f"{KEY_FILE} in this home is not readable (permission denied)",
@@ -106,5 +114,6 @@ def init_identity(home: Path) -> tuple[Identity, bool]:
 
 
 def load_or_init_identity(home: Path) -> Identity:
-    """Load the identity, creating it on first use (used by ``host``/``join``)."""
+    """Load the identity, creating it on first use (tests and load scripts; the CLI's
+    ``host``/``join``/``mcp`` use :func:`load_identity` and refuse a home without one)."""
     return init_identity(home)[0]
