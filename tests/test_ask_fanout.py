@@ -539,3 +539,13 @@ def test_kith_ask_bad_question_or_bad_peer_name_is_a_usage_error(tmp_path):
         r = run("staging", "--peer", "alice", "--peer", bad)
         assert r.returncode == 2, (bad, r.stdout, r.stderr)
         assert "peer-bad-name" in r.stdout + r.stderr and "Traceback" not in r.stderr
+
+
+def test_kith_ask_all_peers_with_nobody_pinned_says_so(tmp_path):
+    """--all-peers on a home with no pinned peer is a usage error (exit 2) that says no
+    peer is pinned, not one that asks for --all-peers again."""
+    home = tmp_path / "guest"
+    load_or_init_identity(home)
+    r = subprocess.run([*KITH, "--home", str(home), "ask", "staging", "--all-peers", "--offline"],
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 2 and "usage" in r.stderr and "no unblocked peer is pinned" in r.stderr

@@ -73,6 +73,9 @@ def ask_cmd(
     registry = PeerRegistry.load(home)
     names = sorted(n for n, r in registry.peers.items() if not registry.is_blocked(r.public_key)) if all_peers else list(peer)
     if not names and not local_corpus:
+        if all_peers:
+            raise UsageError("usage", "--all-peers: no unblocked peer is pinned here "
+                             "(`kith join --pin NAME`, `kith peers add NAME KEY --invite ...`)")
         raise UsageError("usage", "name a peer (--peer NAME, repeatable), --all-peers or --local")
     request = {"query": question, "topK": top_k}
     try:
