@@ -549,3 +549,22 @@ def test_kith_ask_all_peers_with_nobody_pinned_says_so(tmp_path):
     r = subprocess.run([*KITH, "--home", str(home), "ask", "staging", "--all-peers", "--offline"],
                        capture_output=True, text=True, env=ENV, timeout=120)
     assert r.returncode == 2 and "usage" in r.stderr and "no unblocked peer is pinned" in r.stderr
+
+
+def test_mcp_peer_that_is_an_unknown_name_is_peer_not_found(tmp_path):
+    """MCP ``search`` with ``peer`` = a name nobody pinned (and no invitation file of that
+    name) is refused ``peer-not-found``, not ``invitation-malformed``; garbage that cannot
+    be a name stays an invitation error."""
+    from node.local.mcp import call_search
+
+    home = tmp_path / "guest"
+    load_or_init_identity(home)
+
+    async def main():
+        unknown = await call_search(home, {"query": "staging", "peer": "nosuch"}, local=True)
+        garbage = await call_search(home, {"query": "staging", "peer": "not a name!"}, local=True)
+        return unknown, garbage
+
+    unknown, garbage = anyio.run(main)
+    assert unknown.is_error and unknown.content[0].text.startswith("[peer-not-found] ")
+    assert garbage.is_error and garbage.content[0].text.startswith("[invitation-malformed] ")
