@@ -518,3 +518,53 @@ def test_a_restarted_host_is_re_resolved_from_the_community_server_never_resumed
     assert up["peers"][0]["status"] == "ok" and up["results"][0]["source"] == "/kb-alice/deploy.md"
     assert post1 != post2 and saved == post2  # the server's invitation is now the saved one
     assert h2_sessions == 1  # a new session on the new host, nothing resumed
+
+
+def test_kith_ask_bad_question_or_bad_peer_name_is_a_usage_error(tmp_path):
+    """specs/ask.md §6: a question the request contract refuses is exit 2 (``query-invalid``);
+    a name no peer can be pinned under ('', too long, bad characters) is exit 2
+    (``peer-bad-name``), never a per-peer row whose name the envelope schema refuses."""
+    home = tmp_path / "guest"
+    load_or_init_identity(home)
+
+    def run(*args):
+        return subprocess.run([*KITH, "--home", str(home), "ask", *args, "--offline", "--json"],
+                              capture_output=True, text=True, env=ENV, timeout=120)
+
+    empty = run("", "--peer", "alice")
+    assert empty.returncode == 2 and "query-invalid" in empty.stdout + empty.stderr
+    long_q = run("x" * 3000, "--peer", "alice")
+    assert long_q.returncode == 2 and "query-invalid" in long_q.stdout + long_q.stderr
+    for bad in ("", "n" * 80, "bad name!", "-dash"):
+        r = run("staging", "--peer", "alice", "--peer", bad)
+        assert r.returncode == 2, (bad, r.stdout, r.stderr)
+        assert "peer-bad-name" in r.stdout + r.stderr and "Traceback" not in r.stderr
+
+
+def test_kith_ask_all_peers_with_nobody_pinned_says_so(tmp_path):
+    """--all-peers on a home with no pinned peer is a usage error (exit 2) that says no
+    peer is pinned, not one that asks for --all-peers again."""
+    home = tmp_path / "guest"
+    load_or_init_identity(home)
+    r = subprocess.run([*KITH, "--home", str(home), "ask", "staging", "--all-peers", "--offline"],
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 2 and "usage" in r.stderr and "no unblocked peer is pinned" in r.stderr
+
+
+def test_mcp_peer_that_is_an_unknown_name_is_peer_not_found(tmp_path):
+    """MCP ``search`` with ``peer`` = a name nobody pinned (and no invitation file of that
+    name) is refused ``peer-not-found``, not ``invitation-malformed``; garbage that cannot
+    be a name stays an invitation error."""
+    from node.local.mcp import call_search
+
+    home = tmp_path / "guest"
+    load_or_init_identity(home)
+
+    async def main():
+        unknown = await call_search(home, {"query": "staging", "peer": "nosuch"}, local=True)
+        garbage = await call_search(home, {"query": "staging", "peer": "not a name!"}, local=True)
+        return unknown, garbage
+
+    unknown, garbage = anyio.run(main)
+    assert unknown.is_error and unknown.content[0].text.startswith("[peer-not-found] ")
+    assert garbage.is_error and garbage.content[0].text.startswith("[invitation-malformed] ")

@@ -3,11 +3,13 @@ answer (specs/ask.md; node/runtime/fanout.py).
 
 Exit status (specs/ask.md §6): 0 when at least one peer (or ``--local``) answered ``ok``;
 1 otherwise (every peer refused, was unreachable or timed out, or had no verified
-results); 2 for a bad command line (``usage``, ``ask-too-many-peers``, ``query-invalid``).
+results); 2 for a bad command line (``usage``, ``ask-too-many-peers``, ``peer-bad-name``,
+``query-invalid``).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import anyio
@@ -59,7 +61,7 @@ def ask_cmd(
 ) -> None:
     """Ask pinned peers one question at once; print one merged answer citing who said what."""
     from node.answer import contract
-    from node.common.errors import UsageError
+    from node.common.errors import KithError, UsageError, error_for
     from node.runtime.fanout import fan_out, local_searcher
     from node.runtime.pool import SessionPool
     from node.trust.identity import load_identity
@@ -71,27 +73,40 @@ def ask_cmd(
     registry = PeerRegistry.load(home)
     names = sorted(n for n, r in registry.peers.items() if not registry.is_blocked(r.public_key)) if all_peers else list(peer)
     if not names and not local_corpus:
+        if all_peers:
+            raise UsageError("usage", "--all-peers: no unblocked peer is pinned here "
+                             "(`kith join --pin NAME`, `kith peers add NAME KEY --invite ...`)")
         raise UsageError("usage", "name a peer (--peer NAME, repeatable), --all-peers or --local")
     request = {"query": question, "topK": top_k}
-    contract.validate(request)
+    try:
+        contract.validate(request)
+    except KithError as exc:  # a bad question is a bad command line: exit 2 (specs/ask.md §6)
+        raise error_for(exc.code, exc.message, hint=exc.hint, exit_code=2) from None
     identity = load_identity(home)
+
+    def show(env: dict[str, Any]) -> None:
+        if json_out:
+            emit_json(env)
+        else:
+            render(env)
+            for p in env["peers"]:
+                if p["status"] == "pending-approval" and p["approvalId"]:
+                    err_console.print(f"{safe_text(p['name'])}: waiting for its owner's approval ({p['approvalId']})",
+                                      highlight=False, markup=False)
+        sys.stdout.flush()
 
     async def main() -> dict[str, Any]:
         from node.runtime.fanout import dedupe_names
 
         dedupe_names(names)  # ask-too-many-peers before binding anything
         async with SessionPool(home, identity, local=offline) as pool:
-            return await fan_out(pool, request, names, timeout_s=timeout,
-                                 local=local_searcher(home) if local_corpus else None, own_key=identity.public_key)
+            env = await fan_out(pool, request, names, timeout_s=timeout,
+                                local=local_searcher(home) if local_corpus else None, own_key=identity.public_key)
+            # The answer is printed at the deadline, not after the pool has closed its
+            # sessions (closing a session to a silent host can take seconds).
+            show(env)
+        return env
 
     env = anyio.run(main, backend="asyncio")
-    if json_out:
-        emit_json(env)
-    else:
-        render(env)
-        for p in env["peers"]:
-            if p["status"] == "pending-approval" and p["approvalId"]:
-                err_console.print(f"{safe_text(p['name'])}: waiting for its owner's approval ({p['approvalId']})",
-                                  highlight=False, markup=False)
     if env["answered"] == 0:
         raise typer.Exit(1)

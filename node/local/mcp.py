@@ -91,7 +91,8 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
         ``{"status": <host status>, "envelope": <host envelope>}``.
 
     Raises:
-        KithError: ``host-not-trusted`` (not a pinned peer), invitation errors,
+        KithError: ``peer-not-found`` (a name that is neither pinned nor an invitation),
+            ``host-not-trusted`` (not a pinned peer), invitation errors,
             ``peer-search-failed`` (no answer in time / session failed).
     """
     from node.common.errors import InvitationError
@@ -106,7 +107,18 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
     if PeerRegistry.load(home).by_name(peer) is not None:
         target: Any = peer  # a pinned name: resolved by the pool (saved invitation, then server)
     else:
-        target = await open_target(peer, home, server_url=server)
+        try:
+            target = await open_target(peer, home, server_url=server)
+        except InvitationError as exc:
+            from node.trust.peers import NAME_RE
+
+            if exc.code == "invitation-malformed" and NAME_RE.fullmatch(peer) and not Path(peer).exists():
+                # neither a pinned name nor an invitation: most likely a mistyped name
+                from node.common.errors import PolicyError
+
+                raise PolicyError("peer-not-found", f"no peer named {peer!r} is pinned here "
+                                  "(`kith peers list`), and it is not an invitation") from None
+            raise
         if target.pinned_name is None:
             raise InvitationError("host-not-trusted",
                                   "that host is not a pinned peer; join it with `kith join "

@@ -80,7 +80,17 @@ def dedupe_names(names: list[str]) -> list[str]:
 
     Raises:
         UsageError: ``ask-too-many-peers`` for more than :data:`MAX_PEERS` distinct names.
+        PolicyError: ``peer-bad-name`` (exit 2) for a name no peer can be pinned under
+            (``node.trust.peers.NAME_RE``): its row could not be reported (the envelope's
+            names are 1-64 characters, specs/ask.schema.json).
     """
+    from node.common.errors import PolicyError
+    from node.trust.peers import NAME_RE
+
+    for name in names:
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise PolicyError("peer-bad-name", f"{str(name)[:80]!r} is not a peer name (1-64 of "
+                              "[A-Za-z0-9_.-], starting alphanumeric)", exit_code=2)
     out = list(dict.fromkeys(names))
     if len(out) > MAX_PEERS:
         raise UsageError("ask-too-many-peers", f"{len(out)} peers named; one ask takes at most {MAX_PEERS}")
