@@ -293,6 +293,7 @@ def test_cli_config_dense_and_status(kb) -> None:
 
 # -- the real model (optional extra) ----------------------------------------------------------
 @pytest.mark.hybrid
+@pytest.mark.timeout(1200)  # distils the static table: ~1 min of CPU, minutes on shared cores
 def test_real_model_embeds_and_fuses(kb) -> None:
     if not dense.extra_available():
         pytest.skip("kith-node[hybrid] is not installed (missing: "
