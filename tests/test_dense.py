@@ -230,8 +230,8 @@ def test_off_by_default_imports_nothing_heavy(kb) -> None:
     assert out.stdout.strip() == "[]"
     with Corpus(home, readonly=True) as c:
         assert dense.status(c) == {"enabled": False, "installed": dense.extra_available(),
-                                   "model": dense.MODEL_ID, "vectors": 0, "chunks": 3,
-                                   "missing": 3}
+                                   "model": dense.STATIC_MODEL_PREFIX, "vectors": 0,
+                                   "chunks": 3, "missing": 3}
 
 
 def test_embed_refuses_bad_input_and_readonly(kb) -> None:
@@ -293,6 +293,7 @@ def test_cli_config_dense_and_status(kb) -> None:
 
 # -- the real model (optional extra) ----------------------------------------------------------
 @pytest.mark.hybrid
+@pytest.mark.timeout(1200)  # distils the static table: ~1 min of CPU, minutes on shared cores
 def test_real_model_embeds_and_fuses(kb) -> None:
     if not dense.extra_available():
         pytest.skip("kith-node[hybrid] is not installed (missing: "
@@ -302,7 +303,12 @@ def test_real_model_embeds_and_fuses(kb) -> None:
     r = run("index", "embed", "--json")
     assert r.exit_code == 0, r.output
     rep = json.loads(r.stdout)
-    assert rep["embedded"] == 3 and rep["enabled"] is True and rep["model"] == dense.MODEL_ID
+    # kith index embed distils the static table from the installed model, then embeds
+    assert rep["embedded"] == 3 and rep["enabled"] is True
+    assert rep["model"].startswith(dense.STATIC_MODEL_PREFIX) and rep["distillSeconds"] > 0
+    static = dense.static_embedder(home)
+    sv = static.embed(["a car", "an automobile", "a kitten"])
+    assert sv.shape == (3, dense.STATIC_DIM)
     model = dense.shared_embedder()
     v = model.embed(["a car", "an automobile", "a kitten"])
     assert v.shape == (3, 384) and np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-4)
@@ -312,3 +318,73 @@ def test_real_model_embeds_and_fuses(kb) -> None:
         dense_entry = next(p for p in ctl["passes"] if p["name"] == "dense")
         assert dense_entry["status"] == "ran" and dense_entry["vectors"] == 3
         assert hits[0].source_id == "/kb/car.md" and hits[0].score_components["dense"] > 0
+
+
+# -- the static table (issue 10 item 3) -------------------------------------------------------
+def _static_or_skip():
+    if not dense.extra_available():
+        pytest.skip("kith-node[hybrid] is not installed (missing: "
+                    f"{', '.join(dense.missing_modules())})")
+
+
+def _seed_table(home: Path) -> Path:
+    """A stored table (random rows; the distillation itself needs the real model and is
+    covered by the hybrid-marked test): the checks, weights and search are real."""
+    rng = np.random.default_rng(10)
+    table = rng.normal(size=(30522, dense.STATIC_DIM)).astype(np.float16)
+    emb = dense.StaticMiniLM(home)
+    emb._save(emb.path, table)
+    return emb.path
+
+
+def test_static_embedder_fits_weights_embeds_and_fuses(kb) -> None:
+    _static_or_skip()
+    home, root = kb
+    _seed_table(home)
+    with Corpus(home) as c:
+        rep = dense.embed_missing(c, enable=True)
+        assert rep["embedded"] == 3 and rep["distillSeconds"] == 0.0  # the stored table
+        assert rep["model"].startswith(dense.STATIC_MODEL_PREFIX + ":")
+        again = dense.embed_missing(c)
+        assert again["embedded"] == 0 and again["current"] == 3 and again["model"] == rep["model"]
+        assert dense.status(c)["vectors"] == 3 and dense.status(c)["model"] == rep["model"]
+    emb = dense.StaticMiniLM(home)
+    vecs = emb.embed(["car oil", "", "car oil"])
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(dense.TOKENIZER_PATH))
+    tok.no_padding()
+    tok.no_truncation()
+    for text in ("Change the car's engine-oil: every spring (twice)!",
+                 "os.path.join(a, b) → PYTHONPATH=__init__ 3.14e-2 naïve café 日本"):
+        assert emb._ids(text) == tok.encode(text, add_special_tokens=False).ids
+    assert np.allclose(np.linalg.norm(vecs[0]), 1.0, atol=1e-5) and not vecs[1].any()
+    assert np.array_equal(vecs[0], vecs[2])
+    assert not emb.needs_fit(3) and emb.needs_fit(4)  # 3 -> 4 chunks is over 20 %
+    with Corpus(home, readonly=True) as c:
+        hits, ctl = c.search_hits("car oil", limit=3)
+        entry = next(p for p in ctl["passes"] if p["name"] == "dense")
+        assert entry["status"] == "ran" and entry["vectors"] == 3
+
+
+def test_static_table_that_fails_its_checksum_is_never_used(kb) -> None:
+    _static_or_skip()
+    home, _root = kb
+    path = _seed_table(home)
+    with Corpus(home) as c:
+        dense.embed_missing(c, enable=True)
+        before, _ = c.search_hits("car oil", limit=3)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01  # one bit of one weight
+    path.write_bytes(bytes(data))
+    fresh = dense.StaticMiniLM(home)
+    with pytest.raises(Exception) as exc:
+        _ = fresh.model_id
+    assert getattr(exc.value, "code", None) == "dense-unavailable"
+    with Corpus(home, readonly=True) as c:
+        extra, entry = dense.auto_pass(c, "car oil", k=5, embedder=fresh)
+        assert extra is None and entry["reason"] == "dense-model-unavailable"
+    with Corpus(home) as c:  # embed makes the table again (here: refuses the bad one)
+        assert fresh.needs_fit(3) is False
+        with pytest.raises(Exception):
+            fresh._read(fresh.path)

@@ -188,8 +188,10 @@ def test_sentences_split_at_blank_lines_adornments_and_sentence_ends() -> None:
     from node.answer.envelope import _sentences
 
     text = ("Title\n=====\nFirst  line\ncontinues here. Second sentence!\n \t\n"
-            "Third? yes\n\x0c\nsame paragraph 。 end\n---\n\n   \n")
+            "Third? Yes\n\x0c\nsame paragraph 。 end\n---\n\n   \n")
     assert _sentences(text) == ["Title", "First line continues here.", "Second sentence!",
-                                "Third?", "yes same paragraph 。", "end"]
+                                "Third?", "Yes same paragraph 。", "end"]
+    assert _sentences("Use e.g. the os module. By Fred L. Drake. See foo. bar too.") == [
+        "Use e.g. the os module.", "By Fred L. Drake.", "See foo. bar too."]
     assert _sentences("a\r\n\r\nb") == ["a b"]  # CR is not a blank line (chunks are LF)
     assert _sentences("") == [] and _sentences("===\n \n") == []

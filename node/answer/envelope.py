@@ -20,6 +20,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
+from node.answer import readable
 from node.answer.contract import (  # noqa: F401 - the request contract, re-exported
     DEDUPE_LEVELS, MAX_QUERY_CHARS, MAX_SERVER_BUDGET_MS, TOP_K_DEFAULT, TOP_K_MAX, server_deadline)
 from node.corpus import search
@@ -27,8 +28,11 @@ from node.corpus.types import Hit
 from node.common.errors import CorpusError
 
 SCHEMA_VERSION = 2
+#: Longest ``textPreview`` / citation ``excerpt`` / synthesis sentence, in characters
+#: (ellipses included): what the byte fit in :mod:`node.answer.service` counts on.
 PREVIEW_CHARS = 280
 EXCERPT_CHARS = 600
+SYNTHESIS_CHARS = 400
 MAX_SYNTHESIS_SENTENCES = 5
 
 #: ``lifecycle`` values that count as authoritative evidence (quality flag).
@@ -122,13 +126,6 @@ def _squash(text: str) -> str:
     return " ".join(text.split())
 
 
-def _cut(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    cut = text[:limit].rsplit(" ", 1)[0] or text[:limit]
-    return cut + "…"
-
-
 _PARAGRAPH = re.compile(r"\n[ \t]*\n|\n(?=[=\-~^\"'`#*+:.]{3,}[ \t]*(?:\n|$))|^[=\-~^\"'`#*+:.]{3,}[ \t]*$",
                         re.MULTILINE)
 
@@ -160,7 +157,10 @@ def _sentences(text: str) -> list[str]:
 
 _ADORN_CHARS = frozenset("=-~^\"'`#*+:.")
 _ADORN_LINE = re.compile(r"[=\-~^\"'`#*+:.]{3,}[ \t]*")
-_SENTENCE_END = re.compile(r"[.!?。！？] ")
+#: A sentence ends at an end mark and a space, unless a lower-case letter follows ("e.g.
+#: the", "(see foo. bar)" go on) or the mark ends an initial or a short abbreviation
+#: ("Fred L. Drake", "e.g. The", "vs. Python").
+_SENTENCE_END = re.compile(r"(?<![.\s][a-zA-Z])(?<!\b(?:vs|cf|Mr|Dr|St))[.!?] (?![a-z])|[。！？] ")
 
 
 def _split_paragraph(para: str, out: list[str]) -> None:
@@ -261,17 +261,41 @@ def _previews(analyzed: list[tuple[str, int]], limits: tuple[int, ...]) -> list[
     tail = analyzed[best:]
     size = max(limits) + 1
     parts: list[str] = []
-    for x, _ in tail:  # only what the longest cut can show (+1: _cut sees the overflow)
+    for x, _ in tail:  # only what the longest cut can show (+1: cut sees the overflow)
         parts.append(x)
-        size -= len(x) + 1
+        size -= len(x) + 3
         if size < 0:
             break
-    whole = " ".join(parts)
+    whole = _join(parts)
     out = []
-    for limit in limits:
-        body = _cut(whole, limit)
-        out.append(("…" + body) if best > 0 else body)
+    for limit in limits:  # the leading ellipsis counts toward the limit
+        if best > 0:
+            out.append(readable.ELLIPSIS + readable.cut(whole, limit - len(readable.ELLIPSIS)))
+        else:
+            out.append(readable.cut(whole, limit))
     return out
+
+
+def _whole_sentence(sent: str) -> bool:
+    """A complete prose sentence: starts with a capital, digit or quote, ends with an end
+    mark and fits :data:`SYNTHESIS_CHARS` (so the synthesis shows it uncut)."""
+    return (len(sent) <= SYNTHESIS_CHARS and sent[-1:] in ".!?。！？"
+            and (sent[:1].isupper() or sent[:1].isdigit() or sent[:1] in "\"'(“"))
+
+
+def _join(parts: list[str]) -> str:
+    """Sentences joined for reading: a space after a sentence end, " - " after a piece
+    that ends without one (a heading, a signature, a list item)."""
+    out: list[str] = []
+    for i, x in enumerate(parts):
+        if i:
+            out.append(" " if parts[i - 1][-1:] in _SENTENCE_MARKS else " - ")
+        out.append(x)
+    return "".join(out)
+
+
+#: Characters after which the next sentence follows with a plain space.
+_SENTENCE_MARKS = frozenset(".!?:;…,。！？")
 
 
 def _analyze_hit(text: str, heading: str, keys: list[tuple[str, set[str]]],
@@ -560,7 +584,9 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
         cid = _citation_id(hit.chunk_id)
         meta = hit.metadata or {}
         heading = " ".join(hit.location.get("headingPath") or [])
-        cov, analyzed = _analyze_hit(hit.text, heading, keys, matcher, prefixes)
+        # what is read (previews, excerpts, synthesis, coverage) is the text without
+        # markup; the dedupe key and the location stay those of the stored chunk
+        cov, analyzed = _analyze_hit(readable.clean(hit.text), heading, keys, matcher, prefixes)
         covered_all.update(cov)
         whole = whole or (bool(keys) and len(cov) == len(keys))
         if str(meta.get("lifecycle")) in AUTHORITATIVE_LIFECYCLES:
@@ -605,8 +631,9 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
         for pos, (sent, n) in enumerate(analyzed):
             if n:
                 candidates.append((n, rank, pos, sent, cid, hit.source_id))
-    # extractive synthesis: best-covering sentences, at most 2 per result
-    candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
+    # extractive synthesis: best-covering sentences, at most 2 per result; among equal
+    # coverage a whole sentence (ends with an end mark, fits SYNTHESIS_CHARS) goes first
+    candidates.sort(key=lambda c: (-c[0], not _whole_sentence(c[3]), c[1], c[2]))
     per_result: dict[int, int] = {}
     sentences: list[dict[str, Any]] = []
     seen_text: set[str] = set()
@@ -617,7 +644,8 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
             continue
         per_result[rank] = per_result.get(rank, 0) + 1
         seen_text.add(sent)
-        sentences.append({"text": _cut(sent, 400), "citationId": cid, "source": source})
+        sentences.append({"text": readable.cut(sent, SYNTHESIS_CHARS), "citationId": cid,
+                          "source": source})
     # event aggregation: group by source
     groups: dict[str, dict[str, Any]] = {}
     for res in results:

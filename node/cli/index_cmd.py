@@ -198,7 +198,9 @@ def _embed(corpus: Any, *, json_out: bool, batch_size: int, enable: bool) -> dic
 
 
 def _embed_summary(rep: dict[str, Any]) -> str:
-    return (f"embedded {rep['embedded']} chunk(s), {rep['current']} already current, "
+    made = (f"distilled the static table from the installed model in "
+            f"{rep['distillSeconds']:.1f} s; " if rep.get("distillSeconds") else "")
+    return (f"{made}embedded {rep['embedded']} chunk(s), {rep['current']} already current, "
             f"{rep['pruned']} stale vector(s) pruned, in {rep['seconds']:.1f} s "
             f"({rep['chunksPerSecond']:.1f} chunks/s); dense pass "
             f"{'on' if rep['enabled'] else 'off'}")

@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -76,6 +77,28 @@ BATCH_SIZE = 32
 MIN_SIMILARITY = 0.3
 #: Size up to which brute-force search is the documented design (not enforced).
 BRUTE_FORCE_LIMIT = 100_000
+#: The static token table distilled once from the model (issue 10 item 3; the model2vec
+#: method): every WordPiece token of the vocabulary run through the model alone
+#: (``[CLS] token [SEP]``, mean-pooled like a sentence), PCA to :data:`STATIC_DIM`
+#: dimensions; rows weighted by the tokens' inverse document frequency in the corpus;
+#: a text's vector is the L2-normalised weighted sum of its tokens' rows
+#: (:class:`StaticMiniLM`). Made on the owner's machine from the installed model
+#: (nothing downloaded), cached in the home (:data:`STATIC_DIR`) with SHA-256 records
+#: checked on every load.
+STATIC_DIM = 256
+STATIC_RECIPE = "m2v-mean3-pca256-idf-v1"
+STATIC_DIR = "models"
+STATIC_FILE = "minilm-l6-static-v1.npy"
+STATIC_WEIGHTS_FILE = "minilm-l6-static-v1-idf.npy"
+#: Relative change of the chunk count after which :func:`embed_missing` fits the token
+#: weights again (and so embeds every chunk again; a few seconds for 13 000 chunks).
+STATIC_REFIT_CHANGE = 0.2
+#: Distinct word pieces kept in the tokenization cache (cleared when full).
+STATIC_PIECE_CACHE = 500_000
+#: Vector-space id prefix of the static table (the table's own hash completes it).
+STATIC_MODEL_PREFIX = f"all-MiniLM-L6-v2-static:{MODEL_SHA256[:12]}:{STATIC_RECIPE}"
+#: Tokens per text for the static table (texts are chunks or queries; bounds the work).
+STATIC_MAX_TOKENS = 8192
 #: Meta keys in the corpus SQLite.
 META_ENABLED = "dense_enabled"
 META_MODEL = "dense_model"
@@ -242,6 +265,322 @@ def shared_embedder() -> OnnxMiniLM:
         return _SHARED
 
 
+def _special_ids() -> list[int]:
+    """Ids of the vocabulary's special tokens ([PAD], [unusedN], [UNK], [CLS], [SEP],
+    [MASK]): their table rows are zero (they carry no meaning)."""
+    vocab = json.loads(TOKENIZER_PATH.read_text(encoding="utf-8"))["model"]["vocab"]
+    return [i for tok, i in vocab.items() if tok.startswith("[") and tok.endswith("]")]
+
+
+def distill_static_table(model: OnnxMiniLM | None = None, *, batch_size: int = 512) -> Any:
+    """Distil the static token table from the real model (pure computation, no I/O
+    beyond loading the model).
+
+    Every vocabulary id ``t`` is embedded as the 3-token text ``[CLS] t [SEP]`` and
+    mean-pooled (the model's own sentence pooling); :func:`project_static_table` then
+    centres and projects the rows.
+
+    Args:
+        model: the loaded model (default: :func:`shared_embedder`).
+        batch_size: token texts per model call.
+
+    Returns:
+        float32 array ``(vocab size, STATIC_DIM)``.
+
+    Raises:
+        CorpusError: ``dense-unavailable`` when the model cannot load.
+    """
+    import numpy as np
+
+    model = model if model is not None else shared_embedder()
+    model._load()
+    vocab = model._tokenizer.get_vocab_size()
+    cls, sep = model._tokenizer.token_to_id("[CLS]"), model._tokenizer.token_to_id("[SEP]")
+    raw = np.zeros((vocab, DIM), dtype=np.float32)
+    for start in range(0, vocab, batch_size):
+        ids = np.arange(start, min(vocab, start + batch_size), dtype=np.int64)
+        x = np.stack([np.full_like(ids, cls), ids, np.full_like(ids, sep)], axis=1)
+        feeds = {"input_ids": x, "attention_mask": np.ones_like(x)}
+        if "token_type_ids" in model._inputs:
+            feeds["token_type_ids"] = np.zeros_like(x)
+        raw[start:start + len(ids)] = model._session.run(None, feeds)[0].mean(axis=1)
+    return project_static_table(raw)
+
+
+def project_static_table(raw: Any) -> Any:
+    """The PCA step of :func:`distill_static_table` on the model's per-token outputs
+    ``raw`` (float32 ``(vocab size, DIM)``): rows centred on the mean of the ordinary
+    tokens and projected on their first :data:`STATIC_DIM` principal components
+    (eigenvectors of the 384 x 384 covariance); special tokens get zero rows.
+
+    Returns:
+        float32 ``(vocab size, STATIC_DIM)``.
+    """
+    import numpy as np
+
+    special = _special_ids()
+    keep = np.ones(raw.shape[0], dtype=bool)
+    keep[special] = False
+    centred = raw - raw[keep].mean(axis=0)
+    cov = (centred[keep].T @ centred[keep]).astype(np.float64)
+    _w, vecs = np.linalg.eigh(cov)  # ascending eigenvalues
+    table = centred @ vecs[:, ::-1][:, :STATIC_DIM].astype(np.float32)
+    table[special] = 0.0
+    return table.astype(np.float32)
+
+
+_PIECE = re.compile(r"[^\W_]+|[^\w\s]|_")
+
+
+class StaticMiniLM:
+    """The static token-table embedder, cached in a home.
+
+    Two files in ``<home>/models/``, each with a ``.json`` record of its SHA-256 that is
+    checked on every load:
+
+    - the table (:data:`STATIC_FILE`, float16 ``.npy``), distilled once from the
+      installed model by :meth:`ensure` (:func:`distill_static_table`; nothing is
+      downloaded);
+    - the token weights (:data:`STATIC_WEIGHTS_FILE`): the inverse document frequency
+      ``ln((N + 1) / (df + 1))`` of each token over the corpus's ``N`` chunks, fitted by
+      :meth:`fit` (weights from the corpus itself beat the vocabulary's Zipf order:
+      scripts/eval, specs/corpus.md).
+
+    A text's vector is the L2-normalised sum of ``weight[t] * table[t]`` over its
+    WordPiece tokens ``t`` (every occurrence; all tokens, no 256-token cut). Measured
+    on the dev split (specs/corpus.md): corpus IDF beats the vocabulary's Zipf order;
+    a sub-linear ``1 + ln tf`` ranks better alone but fuses worse with BM25. The vector space id
+    (:attr:`model_id`) includes both files' hashes, so vectors made with another table
+    or other weights are never compared.
+
+    Words are split as the model's pre-tokenizer does (letters/digits runs; every other
+    non-space character alone) and each distinct piece is WordPiece-encoded once by the
+    shipped tokenizer (cached): the same ids as encoding the whole text for ordinary
+    text, several times faster.
+
+    Args:
+        home: the Kith home.
+
+    Raises:
+        CorpusError: ``dense-unavailable`` from :attr:`model_id` / :meth:`embed` when the
+            extra is missing or a file is absent or does not match its record.
+    """
+
+    dim = STATIC_DIM
+    #: Rows per SQLite commit in :func:`embed_missing` (embedding is cheap).
+    preferred_batch = 2048
+
+    def __init__(self, home: Path) -> None:
+        folder = Path(home) / STATIC_DIR
+        self.path = folder / STATIC_FILE
+        self.weights_path = folder / STATIC_WEIGHTS_FILE
+        self._table: Any = None
+        self._tokenizer: Any = None
+        self._pieces: dict[str, tuple[int, ...]] = {}
+        self._id = ""
+        self.fitted_chunks = 0
+        self._lock = threading.RLock()
+
+    # -- files ------------------------------------------------------------------------
+    @staticmethod
+    def _record(path: Path) -> Path:
+        return path.with_suffix(".json")
+
+    def _save(self, path: Path, array: Any, **extra: Any) -> None:
+        import io
+
+        import numpy as np
+
+        from node.common.home import atomic_write
+
+        buf = io.BytesIO()
+        np.save(buf, array, allow_pickle=False)
+        data = buf.getvalue()
+        atomic_write(path, data, 0o644)
+        atomic_write(self._record(path), json.dumps({
+            "recipe": STATIC_RECIPE, "sourceModelSha256": MODEL_SHA256,
+            "tokenizerSha256": TOKENIZER_SHA256, "sha256": hashlib.sha256(data).hexdigest(),
+            "shape": list(array.shape), **extra}, indent=1).encode(), 0o644)
+        with self._lock:
+            self._table = None
+
+    def _read(self, path: Path) -> tuple[Any, dict[str, Any], str]:
+        """``(array, record, sha256)`` of a checked file; CorpusError when it does not
+        match its record."""
+        import io
+
+        import numpy as np
+
+        bad = CorpusError("dense-unavailable", "The static dense table is missing or does "
+                                               "not match its recorded checksum.",
+                          hint="Run `kith index embed` to make it again.")
+        try:
+            rec = json.loads(self._record(path).read_text(encoding="utf-8"))
+            data = path.read_bytes()
+        except (OSError, ValueError):
+            raise bad from None
+        digest = hashlib.sha256(data).hexdigest()
+        if (not isinstance(rec, dict) or rec.get("sha256") != digest
+                or rec.get("recipe") != STATIC_RECIPE
+                or rec.get("sourceModelSha256") != MODEL_SHA256
+                or rec.get("tokenizerSha256") != TOKENIZER_SHA256):
+            raise bad
+        try:
+            array = np.load(io.BytesIO(data), allow_pickle=False).astype(np.float32)
+        except ValueError:
+            raise bad from None
+        if not np.isfinite(array).all():
+            raise bad
+        return array, rec, digest
+
+    def has_table(self) -> bool:
+        """True when the distilled table's file is present (not checked)."""
+        return self.path.is_file()
+
+    def ensure(self, model: OnnxMiniLM | None = None) -> float:
+        """Distil and store the table when it is missing or fails its check; returns the
+        distillation time in seconds (0.0 when the cached table was used).
+
+        Raises:
+            CorpusError: ``dense-unavailable`` when the extra is missing.
+        """
+        if not extra_available():
+            raise unavailable_error()
+        try:
+            table, _rec, _d = self._read(self.path)
+            if table.shape[1:] == (STATIC_DIM,):
+                return 0.0
+        except CorpusError:
+            pass
+        started = time.perf_counter()
+        import numpy as np
+
+        self._save(self.path, distill_static_table(model).astype(np.float16))
+        return round(time.perf_counter() - started, 3)
+
+    def needs_fit(self, chunks: int) -> bool:
+        """True when the token weights are missing, fail their check, or were fitted on
+        a corpus whose chunk count differs from ``chunks`` by more than
+        :data:`STATIC_REFIT_CHANGE` (then every vector is embedded again)."""
+        try:
+            _w, rec, _d = self._read(self.weights_path)
+        except CorpusError:
+            return True
+        fitted = rec.get("chunks")
+        if not isinstance(fitted, int) or fitted <= 0:
+            return True
+        return abs(chunks - fitted) > STATIC_REFIT_CHANGE * fitted
+
+    def fit(self, texts: Sequence[str]) -> None:
+        """Fit and store the token weights (inverse document frequency over ``texts``,
+        the corpus's embedded chunk texts); special tokens weigh 0."""
+        import numpy as np
+
+        self._load_tokenizer()
+        df = np.zeros(self._tokenizer.get_vocab_size(), dtype=np.float64)
+        for text in texts:
+            ids = self._ids(text)
+            if ids:
+                df[np.unique(np.asarray(ids, dtype=np.int64))] += 1.0
+        n = len(texts)
+        idf = np.log((n + 1.0) / (df + 1.0))
+        idf[_special_ids()] = 0.0
+        self._save(self.weights_path, idf.astype(np.float32), chunks=n)
+
+    # -- embedding --------------------------------------------------------------------
+    def _load_tokenizer(self) -> None:
+        with self._lock:
+            if self._tokenizer is not None:
+                return
+            if not extra_available():
+                raise unavailable_error()
+            if _sha256_file(TOKENIZER_PATH) != TOKENIZER_SHA256:
+                raise CorpusError("dense-unavailable", "The tokenizer file does not match its "
+                                                       "pinned checksum.")
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(str(TOKENIZER_PATH))
+            tok.no_padding()
+            tok.no_truncation()
+            self._tokenizer = tok
+
+    def _ids(self, text: str) -> list[int]:
+        """WordPiece ids of ``text`` (no [CLS]/[SEP]), each distinct piece encoded once."""
+        pieces = self._pieces
+        out: list[int] = []
+        for piece in _PIECE.findall(text):
+            ids = pieces.get(piece)
+            if ids is None:
+                if len(pieces) >= STATIC_PIECE_CACHE:
+                    pieces.clear()
+                ids = pieces[piece] = tuple(self._tokenizer.encode(
+                    piece, add_special_tokens=False).ids)
+            out.extend(ids)
+        return out
+
+    def _load(self) -> None:
+        if self._table is not None:
+            return
+        with self._lock:
+            if self._table is not None:
+                return
+            self._load_tokenizer()
+            table, _r, table_sha = self._read(self.path)
+            weights, rec, weights_sha = self._read(self.weights_path)
+            if (table.ndim != 2 or table.shape[1] != STATIC_DIM
+                    or weights.shape != (table.shape[0],)):
+                raise CorpusError("dense-unavailable", "The static dense table and its "
+                                                       "weights do not fit together.",
+                                  hint="Run `kith index embed` to make them again.")
+            self._id = f"{STATIC_MODEL_PREFIX}:{table_sha[:12]}:{weights_sha[:12]}"
+            self.fitted_chunks = int(rec.get("chunks") or 0)
+            self._table = table * weights[:, None]
+
+    @property
+    def model_id(self) -> str:
+        """The vector space id (loads the table and weights)."""
+        self._load()
+        return self._id
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        """Embed ``texts``: float32 ``(n, STATIC_DIM)``, rows L2-normalised (a text with
+        no weighted token gets a zero row, which never passes :data:`MIN_SIMILARITY`)."""
+        import numpy as np
+
+        self._load()
+        out = np.zeros((len(texts), STATIC_DIM), dtype=np.float32)
+        table = self._table
+        with self._lock:  # the piece cache is shared
+            seqs = [self._ids(t) for t in texts]
+        for i, ids in enumerate(seqs):
+            if ids:
+                out[i] = table[ids].sum(axis=0)
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        return out / np.clip(norms, 1e-12, None)
+
+
+_STATIC: dict[str, StaticMiniLM] = {}
+
+
+def static_embedder(home: Path) -> StaticMiniLM:
+    """The process-wide static embedder of ``home`` (one per home; loads on first use)."""
+    key = str(Path(home).resolve())
+    with _SHARED_LOCK:
+        emb = _STATIC.get(key)
+        if emb is None:
+            emb = _STATIC[key] = StaticMiniLM(Path(home))
+        return emb
+
+
+def corpus_embedder(corpus: Any) -> Embedder:
+    """The model a corpus's vectors were made with: the full model when its recorded
+    ``dense_model`` is :data:`MODEL_ID` (vectors embedded before the static table), else
+    the static table of its home (what ``kith index embed`` makes)."""
+    if corpus._get_meta(META_MODEL) == MODEL_ID:
+        return shared_embedder()
+    return static_embedder(corpus.home)
+
+
 # -- the vector table ---------------------------------------------------------------------
 def embed_input(source_id: str, heading_path: Sequence[str], text: str) -> str:
     """The exact text embedded for a chunk: its title (heading path / file name words,
@@ -314,12 +653,13 @@ def status(corpus: Any) -> dict[str, Any]:
         ``text_hash`` (:func:`embed_missing` does that). Never raises for a missing
         corpus.
     """
-    out: dict[str, Any] = {"enabled": False, "installed": extra_available(), "model": MODEL_ID,
-                           "vectors": 0, "chunks": 0, "missing": 0}
+    out: dict[str, Any] = {"enabled": False, "installed": extra_available(),
+                           "model": STATIC_MODEL_PREFIX, "vectors": 0, "chunks": 0, "missing": 0}
     db = corpus._db
     if db is None:
         return out
     out["enabled"] = enabled(corpus)
+    out["model"] = corpus._get_meta(META_MODEL) or STATIC_MODEL_PREFIX
     try:
         out["chunks"] = db.execute(
             "SELECT COUNT(*) FROM chunks c JOIN documents d ON d.doc_id = c.doc_id "
@@ -328,7 +668,7 @@ def status(corpus: Any) -> dict[str, Any]:
             out["vectors"] = db.execute(
                 "SELECT COUNT(*) FROM chunk_vectors v JOIN chunks c ON c.chunk_id = v.chunk_id "
                 "JOIN documents d ON d.doc_id = c.doc_id "
-                "WHERE d.status = 'done' AND v.model = ?", (MODEL_ID,)).fetchone()[0]
+                "WHERE d.status = 'done' AND v.model = ?", (out["model"],)).fetchone()[0]
     except sqlite3.Error:
         return out
     out["missing"] = max(0, out["chunks"] - out["vectors"])
@@ -367,8 +707,22 @@ def embed_missing(corpus: Any, embedder: Embedder | None = None, *,
             or not 1 <= batch_size <= 1024):
         raise CorpusError("query-invalid", "The batch size must be an integer from 1 to 1024.")
     db = corpus._require_writable()
-    model = embedder if embedder is not None else shared_embedder()
     started = time.perf_counter()
+    distill = 0.0
+    if embedder is None:
+        if not extra_available():
+            raise unavailable_error()
+        static = static_embedder(corpus.home)
+        distill = static.ensure()
+        with corpus._lock:
+            ensure_schema(db)
+            texts = [txt for _c, txt, _h, _v in _chunk_rows(db, "")]
+        if static.needs_fit(len(texts)):
+            static.fit(texts)
+        model: Embedder = static
+    else:
+        model = embedder
+    batch_size = max(batch_size, int(getattr(model, "preferred_batch", 0) or 0))
     with corpus._lock:
         ensure_schema(db)
         with corpus._tx():
@@ -409,6 +763,7 @@ def embed_missing(corpus: Any, embedder: Embedder | None = None, *,
     return {"model": model.model_id, "chunks": len(rows), "embedded": len(todo),
             "current": len(rows) - len(todo), "pruned": max(0, pruned),
             "seconds": round(time.perf_counter() - started, 3),
+            "distillSeconds": round(distill, 3),
             "chunksPerSecond": (round(len(todo) / embed_seconds, 2)
                                 if todo and embed_seconds else 0.0),
             "enabled": enabled(corpus)}
@@ -575,9 +930,15 @@ def auto_pass(corpus: Any, query: str, *, k: int, deadline: float | None = None,
 
     if embedder is None and not extra_available():
         return skipped("dense-extra-missing")
-    model_id = embedder.model_id if embedder is not None else MODEL_ID
     try:
-        matrix = load_matrix(corpus, model_id, embedder.dim if embedder is not None else DIM)
+        model = embedder if embedder is not None else corpus_embedder(corpus)
+        if isinstance(model, StaticMiniLM) and not model.has_table():
+            return skipped("no-vectors")  # `kith index embed` has not run in this home
+        model_id = model.model_id
+    except CorpusError:  # the static table is missing or fails its checksum
+        return skipped("dense-model-unavailable")
+    try:
+        matrix = load_matrix(corpus, model_id, model.dim)
     except (sqlite3.Error, ValueError):
         return skipped("no-vectors")
     if not matrix.ids:
@@ -586,7 +947,6 @@ def auto_pass(corpus: Any, query: str, *, k: int, deadline: float | None = None,
         return skipped("budget-exhausted")
     started = time.perf_counter()
     try:
-        model = embedder if embedder is not None else shared_embedder()
         ranked = dense_rank(corpus, query, model, k, view=view)
     except Exception:  # noqa: BLE001 - a broken model never fails a search
         return skipped("dense-model-unavailable")

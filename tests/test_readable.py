@@ -1,0 +1,269 @@
+"""Readable evidence (issue 10 item 4): previews, excerpts and the extractive synthesis
+show text without reST/Markdown/HTML markup, cut at sentence or word boundaries."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from node.answer import readable
+from node.answer.contract import validate
+from node.answer.envelope import EXCERPT_CHARS, PREVIEW_CHARS, SYNTHESIS_CHARS, build_envelope
+from node.corpus.types import Hit
+
+#: Markup that must never reach a reader.
+MARKUP = re.compile(
+    r":[a-z][\w:.-]*:`|``|`|\*\*|(?:^|\s)\.\. |::|\]\(|!\[|&(?:amp|lt|gt|quot|#\d+);|"
+    r"</?(?:b|i|em|strong|p|br|code|a|span|div)\b[^>]*>|```|~~~|^\s*#{1,6}\s|"
+    r"^\s*([=\-~^*+#])\1{2,}\s*$|<https?:", re.MULTILINE)
+
+WORDS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=12)
+PHRASE = st.lists(WORDS, min_size=1, max_size=6).map(" ".join)
+
+
+def _sentence(words: list[str]) -> str:
+    return words[0].capitalize() + " " + " ".join(words[1:]) + "."
+
+
+@st.composite
+def rest_document(draw: st.DrawFn) -> tuple[str, list[str]]:
+    """A generated reST chunk and the words a reader must still see, in order."""
+    parts: list[str] = []
+    words: list[str] = []
+    for _ in range(draw(st.integers(1, 8))):
+        kind = draw(st.sampled_from(["para", "role", "literal", "emph", "heading", "note",
+                                     "version", "index", "function", "link", "target",
+                                     "comment", "field"]))
+        w = draw(st.lists(WORDS, min_size=2, max_size=8))
+        if kind == "para":
+            parts.append(_sentence(w))
+            words += w
+        elif kind == "role":
+            role = draw(st.sampled_from(["func", "class", "mod", "meth", "data", "attr",
+                                         "exc", "envvar", "file", "py:func", "const"]))
+            parts.append(f"{_sentence(w)[:-1]} :{role}:`{w[0]}.{w[1]}` end.")
+            words += w + [w[0], w[1], "end"]
+        elif kind == "literal":
+            parts.append(f"Use ``{w[0]}`` and `{w[1]}` here.")
+            words += ["Use", w[0], "and", w[1], "here"]
+        elif kind == "emph":
+            parts.append(f"A **{w[0]} {w[1]}** and *{w[0]}* text.")
+            words += ["A", w[0], w[1], "and", w[0], "text"]
+        elif kind == "heading":
+            title = " ".join(w)
+            parts.append(f"{title}\n{draw(st.sampled_from('=-~^*'))* max(3, len(title))}")
+            words += w
+        elif kind == "note":
+            name = draw(st.sampled_from(["note", "warning", "seealso", "tip"]))
+            parts.append(f".. {name}::\n\n   {_sentence(w)}")
+            words += w
+        elif kind == "version":
+            parts.append(f".. versionadded:: 3.{len(w)}\n   {_sentence(w)}")
+            words += w
+        elif kind == "index":
+            parts.append(f".. index::\n   single: {w[0]}\n   pair: {w[1]}; {w[0]}")
+        elif kind == "function":
+            parts.append(f".. function:: {w[0]}({w[1]})\n   :noindex:\n\n   {_sentence(w)}")
+            words += [w[0]] + w
+        elif kind == "link":
+            parts.append(f"See `{w[0]} {w[1]} <https://example.org/{w[0]}>`_ now.")
+            words += ["See", w[0], w[1], "now"]
+        elif kind == "target":
+            parts.append(f".. _{w[0]}-{w[1]}:")
+        elif kind == "comment":
+            parts.append(f".. {w[0]} {w[1]}\n   {w[0]}")
+        else:
+            parts.append(f":{w[0]}: {_sentence(w)}")
+            words += w
+    return "\n\n".join(parts), words
+
+
+@st.composite
+def markdown_document(draw: st.DrawFn) -> tuple[str, list[str]]:
+    """A generated Markdown (with some HTML) chunk and the words a reader must see."""
+    parts: list[str] = []
+    words: list[str] = []
+    for _ in range(draw(st.integers(1, 8))):
+        kind = draw(st.sampled_from(["para", "heading", "emph", "link", "image", "fence",
+                                     "code", "html", "entity", "list", "quote", "refdef"]))
+        w = draw(st.lists(WORDS, min_size=2, max_size=8))
+        if kind == "para":
+            parts.append(_sentence(w))
+            words += w
+        elif kind == "heading":
+            parts.append("#" * draw(st.integers(1, 6)) + " " + " ".join(w))
+            words += w
+        elif kind == "emph":
+            parts.append(f"Some **{w[0]}** and *{w[1]}* and _{w[0]} {w[1]}_ too.")
+            words += ["Some", w[0], "and", w[1], "and", w[0], w[1], "too"]
+        elif kind == "link":
+            parts.append(f"Read [{w[0]} {w[1]}](https://example.org/{w[0]}?a=1) or "
+                         f"[{w[1]}][ref] or <https://example.org/{w[1]}>.")
+            words += ["Read", w[0], w[1], "or", w[1], "or"]
+        elif kind == "image":
+            parts.append(f"![{w[0]}](img/{w[1]}.png) {_sentence(w)}")
+            words += [w[0]] + w
+        elif kind == "fence":
+            lang = draw(st.sampled_from(["", "python", "sh"]))
+            parts.append(f"```{lang}\n{w[0]} = {w[1]}\n```")
+            words += [w[0], w[1]]
+        elif kind == "code":
+            parts.append(f"Call `{w[0]}` first.")
+            words += ["Call", w[0], "first"]
+        elif kind == "html":
+            parts.append(f"<p>{w[0]} <b>{w[1]}</b><br/>end</p>")
+            words += [w[0], w[1], "end"]
+        elif kind == "entity":
+            parts.append(f"{w[0]} &amp; {w[1]} &lt;x&gt; &#233;t&eacute;.")
+            words += [w[0], "&", w[1], "<x>", "été"]
+        elif kind == "list":
+            parts.append("\n".join(f"* {x}" for x in w))
+            words += w
+        elif kind == "quote":
+            parts.append(f"> {_sentence(w)}")
+            words += w
+        else:
+            parts.append(f"[{w[0]}]: https://example.org/{w[1]}")
+    return "\n\n".join(parts), words
+
+
+def _in_order(expected: list[str], text: str) -> bool:
+    """Every expected word occurs in ``text`` as a whole token, in order."""
+    tokens = re.findall(r"[\w&<>é]+", text.lower())
+    i = 0
+    for tok in tokens:
+        if i < len(expected) and tok == re.sub(r"[^\w&<>é]", "", expected[i].lower()):
+            i += 1
+    return i == len(expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rest_document())
+def test_clean_rest_removes_markup_and_keeps_the_words(doc: tuple[str, list[str]]) -> None:
+    text, words = doc
+    out = readable.clean(text)
+    assert not MARKUP.search(out), (text, out)
+    assert _in_order(words, out), (text, out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(markdown_document())
+def test_clean_markdown_and_html_removes_markup_and_keeps_the_words(
+        doc: tuple[str, list[str]]) -> None:
+    text, words = doc
+    out = readable.clean(text)
+    assert not MARKUP.search(out), (text, out)
+    assert _in_order(words, out), (text, out)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(WORDS, st.sampled_from([" ", " ", " ", ". ", ", ", "\n", "  "])),
+                min_size=1, max_size=80), st.integers(min_value=14, max_value=300))
+def test_cut_never_cuts_inside_a_word(pieces: list[tuple[str, str]], limit: int) -> None:
+    text = "".join(w + sep for w, sep in pieces).rstrip()
+    out = readable.cut(text, limit)
+    assert len(out) <= limit
+    if len(text) <= limit:
+        assert out == text
+        return
+    assert out.endswith(readable.ELLIPSIS)
+    kept = out[:-len(readable.ELLIPSIS)].rstrip()
+    assert text.startswith(kept)
+    # the kept part ends where the text had a boundary: whitespace follows it (every
+    # generated word is at most 12 letters, so a boundary always fits)
+    assert text[len(kept)].isspace() or text[len(kept) - 1] in ".,", (text, out)
+
+
+def _hit(text: str, n: int = 0) -> Hit:
+    return Hit(chunk_id=f"c{n}", source_id=f"/docs/page{n}.rst", text=text, score=1.0 - n / 100,
+               location={"lineStart": 3 + n, "lineEnd": 9 + n, "headingPath": ["Top", f"Sec {n}"]},
+               content_hash="0" * 64, indexed_at="2026-01-01T00:00:00Z")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(rest_document(), markdown_document()), st.data())
+def test_envelope_evidence_is_clean_and_cut_at_words(doc: tuple[str, list[str]],
+                                                     data: st.DataObject) -> None:
+    """textPreview, excerpt and synthesis sentences never carry markup, keep the limits
+    and never end (or start) with part of a word; the location stays for citation."""
+    text, words = doc
+    query_words = data.draw(st.lists(st.sampled_from(words), min_size=1, max_size=3)) \
+        if words else ["anything"]
+    req = validate({"query": " ".join(query_words)})
+    env = build_envelope(req, [_hit(text), _hit("\n\n".join([text] * 3), 1)])
+    clean_tokens = set(readable.clean(text).split())
+    shown: list[tuple[str, int]] = []
+    for res, cite in zip(env["results"], env["citationPack"]["citations"]):
+        shown += [(res["textPreview"], PREVIEW_CHARS), (cite["excerpt"], EXCERPT_CHARS)]
+        assert res["provenance"]["location"]["headingPath"] == cite["location"]["headingPath"]
+        assert "lineStart" in res["provenance"]["location"]
+    shown += [(s["text"], SYNTHESIS_CHARS) for s in env["answerSynthesis"]["sentences"]]
+    for shown_text, limit in shown:
+        assert len(shown_text) <= limit
+        assert not MARKUP.search(shown_text), (text, shown_text)
+        body = shown_text.strip(readable.ELLIPSIS + " ")
+        for tok in body.split():
+            if tok != "-":  # the " - " joining a heading/list item to what follows
+                assert tok in clean_tokens, (tok, text, shown_text)
+
+
+# --- concrete cases --------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw, clean", [
+    (":func:`os.path.join` joins", "os.path.join() joins"),
+    (":class:`~collections.OrderedDict` keeps", "OrderedDict keeps"),
+    (":ref:`the tutorial <tut-intro>` says", "the tutorial says"),
+    (":pep:`8` and :rfc:`2616#section-1`", "PEP 8 and RFC 2616"),
+    (":meth:`!str.join` and :class:`.HTMLParser`", "str.join() and HTMLParser"),
+    ("Use ``None`` or `x`.", "Use None or x."),
+    ("see `Python <https://python.org>`_ and `foo`_", "see Python and foo"),
+    ("A footnote [#]_ and [1]_ here.", "A footnote and here."),
+    ("Example::\n\n   x = 1", "Example:\n\n x = 1"),
+    (".. note::\n\n   Be careful.", "Note:\n\n Be careful."),
+    (".. versionadded:: 3.2\n   The *key* argument.", "New in version 3.2.\n The key argument."),
+    (".. deprecated-removed:: 3.11 3.13", "Deprecated since version 3.11, will be removed in "
+                                          "version 3.13:"),
+    (".. index:: single: foo\n   pair: a; b\n\nText.", "\nText."),
+    (".. function:: f(x, *args, **kwargs)\n   :noindex:\n\n   Does f.",
+     "f(x, *args, **kwargs)\n\n Does f."),
+    (".. audit-event:: os.open path,mode os.open", "Raises an auditing event os.open with "
+                                                   "arguments path, mode."),
+    (":mod:`os` --- Misc\n==========\n\nBody", "os - Misc\n\n\nBody"),
+    ("# Title\n\nSome **bold** and _two words_ and __init__ and snake_case_name.",
+     "Title\n\nSome bold and two words and __init__ and snake_case_name."),
+    ("[text](https://x.org/a_(b)) ![alt](i.png) <https://y.org>", "text alt https://y.org"),
+    ("```python\nprint(1)\n```", "\nprint(1)\n"),
+    ("AT&amp;T &lt;tag&gt; caf&eacute; <b>bold</b><br>", "AT&T <tag> café bold "),
+    ("f(*args, **kwargs) and 2 * 3 * 4", "f(*args, **kwargs) and 2 * 3 * 4"),
+    (">>> print('a')\na", ">>> print('a')\na"),
+    ("| a | b |\n+---+---+\n| c |   |", "a; b\n\nc"),
+])
+def test_clean_concrete(raw: str, clean: str) -> None:
+    assert readable.clean(raw) == clean
+
+
+def test_cut_prefers_a_sentence_end_and_never_splits_a_word() -> None:
+    text = "The first sentence is here. The second one is rather longer than the room."
+    assert readable.cut(text, 50) == "The first sentence is here. …"
+    assert readable.cut("alpha beta gamma delta", 15) == "alpha beta…"
+    assert readable.cut("short", 10) == "short"
+    assert readable.cut("https://example.org/a/very/long/path", 20) == "https://example.org…"
+
+
+def test_python_docs_preview_reads_cleanly() -> None:
+    """A real chunk: getpass's reference (reST with module/author directives and roles)."""
+    root = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "python-docs-3.11"
+    page = root / "library" / "getpass.rst.txt"
+    if not page.is_file():
+        pytest.skip(f"the python-docs corpus is not at {root}")
+    text = page.read_text(encoding="utf-8")[:1500]
+    env = build_envelope(validate({"query": "read a password without echoing"}), [_hit(text)])
+    preview = env["results"][0]["textPreview"]
+    assert "Prompt the user for a password without echoing." in preview
+    assert not MARKUP.search(preview) and "moduleauthor" not in preview
+    assert env["answerSynthesis"]["sentences"][0]["text"] == (
+        "Prompt the user for a password without echoing.")
