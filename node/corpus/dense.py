@@ -142,7 +142,7 @@ def missing_modules() -> tuple[str, ...]:
 
 
 def extra_available() -> bool:
-    """True when ``kith-node[hybrid]`` is installed (found, not imported)."""
+    """True when the ``hybrid`` extra is installed (``scripts/setup --hybrid``) (found, not imported)."""
     return not missing_modules()
 
 
