@@ -167,6 +167,7 @@ def _sources(home: Path) -> set[str]:
     ("host", "--invite-file", "inv.json", "--local"),
     ("join", "0123456789abcdef0123456789abcdef", "--server", "http://127.0.0.1:9", "--local"),
     ("community", "register", "--server", "http://127.0.0.1:9", "--name", "x"),
+    ("ask", "where is it", "--peer", "alice"),
 ])
 def test_a_home_without_identity_is_refused_not_created(tmp_path: Path, command: tuple) -> None:
     typo = tmp_path / "hmoe"

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import typer
 
-from node.cli.common import console, emit_json, err_console, home_of, safe_text
+from node.cli.common import console, emit_json, err_console, identity_home_of, safe_text
 
 
 def render(env: dict[str, Any]) -> None:
@@ -67,7 +67,7 @@ def ask_cmd(
     from node.trust.identity import load_identity
     from node.trust.peers import PeerRegistry
 
-    home = home_of(ctx)
+    home = identity_home_of(ctx)
     if all_peers and peer:
         raise UsageError("usage", "give --peer NAME... or --all-peers, not both")
     registry = PeerRegistry.load(home)
