@@ -66,7 +66,9 @@ def add_cmd(
 
         inv = anyio.run(lambda: resolve_invitation(invite, server_url=server), backend="asyncio")
         if inv.host_public_key != key:
-            raise HandshakeError("host-key-changed", "the invitation's host key is not KEY")
+            raise HandshakeError("host-key-changed",
+                                 f"the invitation is signed by host key {inv.host_public_key}, "
+                                 f"not by the key given ({key})")
         check_invitation(inv, home)  # binding signature, expiry, protocol id (as `kith join`)
         inv_doc = inv.to_dict()
     elif server is not None:
