@@ -264,6 +264,7 @@ class Corpus:
                 if db.execute("SELECT 1 FROM roots WHERE path=?", (str(real),)).fetchone():
                     raise CorpusError("root-exists", "That folder is already a source root.")
                 taken = {r[0] for r in db.execute("SELECT prefix FROM roots")}
+                taken |= set(json.loads(self._get_meta("retired_prefixes") or "[]"))
                 taken |= {r[0].split("/")[1] for r in db.execute(
                     "SELECT source_id FROM documents WHERE origin='record'")}
                 prefix, n = base, 1
@@ -304,6 +305,51 @@ class Corpus:
                 db.execute("UPDATE roots SET chunker=?, chunk_size=?, chunk_overlap=? WHERE prefix=?",
                            (new.chunker, new.chunk_size, new.chunk_overlap, prefix))
             return new
+
+    def remove_root(self, prefix: str) -> dict[str, Any]:
+        """Remove a source root: its registration, its documents (archive members too) and
+        their chunks, from SQLite and the index (the folder on disk is not touched). The
+        prefix is retired: a later root with the same folder name gets ``NAME-2``… so an old
+        source id (and a policy rule naming it) never points at other files.
+
+        Args:
+            prefix: the root's prefix as shown by ``kith index status`` (no slashes).
+
+        Returns:
+            ``{"prefix": str, "path": str, "documents": int}`` (documents removed).
+
+        Raises:
+            CorpusError: ``root-unknown``; ``index-locked`` when another process holds the
+                writer; ``corpus-readonly``.
+        """
+        with self._lock:
+            db = self._require_writable()
+            root = next((r for r in self.roots() if r.prefix == prefix), None)
+            if root is None:
+                raise CorpusError("root-unknown", "No source root has that prefix.")
+            with self._writing():
+                w = ingest.Writer(self)
+                top = [r[0] for r in db.execute(
+                    "SELECT doc_id FROM documents WHERE root_prefix=? AND parent_doc_id IS NULL "
+                    "AND origin != 'record'",
+                    (prefix,))]
+                for doc_id in top:
+                    w.remove(doc_id)
+                with self._tx():
+                    # members whose archive row is gone already (none expected; never left behind)
+                    for (doc_id,) in db.execute("SELECT doc_id FROM documents WHERE root_prefix=? "
+                                                "AND origin != 'record'", (prefix,)).fetchall():
+                        db.execute("DELETE FROM chunks WHERE doc_id=?", (doc_id,))
+                        db.execute("DELETE FROM documents WHERE doc_id=?", (doc_id,))
+                        w.log_change(doc_id, "remove")
+                    db.execute("DELETE FROM roots WHERE prefix=?", (prefix,))
+                    retired = set(json.loads(self._get_meta("retired_prefixes") or "[]"))
+                    retired.add(prefix)
+                    db.execute("INSERT INTO meta(key, value) VALUES ('retired_prefixes', ?) "
+                               "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                               (json.dumps(sorted(retired)),))
+                self._commit_index()
+            return {"prefix": root.prefix, "path": root.path, "documents": len(top)}
 
     def roots(self) -> list[Root]:
         """The registered roots, in the order they were added."""
