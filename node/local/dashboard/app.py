@@ -259,7 +259,7 @@ class _Pages:
 
             policy = Policy.load(self.home)
             names = sorted(PeerRegistry.load(self.home).peers)
-            quotas = [("default (any pinned peer)", policy.quota_for(None)),
+            quotas = [("default (each peer, each anonymous key)", policy.quota_for(None)),
                       ("anonymous peers together", policy.anonymous_quota()),
                       *((name, policy.quota_for(name)) for name in names)]
             explained = error = None

@@ -37,13 +37,14 @@ from node.local.api import host_refusal
 
 #: the session cookie's name
 COOKIE = "kith_dashboard"
-#: headers on every dashboard response: no caching, no framing, no referrer (the login URL
-#: carries the token), and only the dashboard's own CSS and script
+#: headers on every dashboard response: no caching, no framing, no referrer to another site,
+#: and only the dashboard's own CSS and script. (Not ``no-referrer``: with it Chromium sends
+#: ``Origin: null`` on the dashboard's own forms, which the Origin check must refuse.)
 SECURITY_HEADERS = {
     "Cache-Control": "no-store",
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",
     "Content-Security-Policy": ("default-src 'none'; style-src 'self'; script-src 'self'; "
                                 "img-src 'self'; form-action 'self'; frame-ancestors 'none'; "
                                 "base-uri 'none'"),
