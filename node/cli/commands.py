@@ -431,6 +431,9 @@ def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]],
         if rcode == "session-evicted":  # an idle anonymous session made room for another guest
             raise SessionAborted("session-evicted", "the host ended this idle session to make room for another guest",
                                  hint="join again; a pinned peer (`kith peers add` on the host) is never evicted")
+        if rcode == "session-ended-by-owner":  # the host's owner ran `kith sessions end`
+            raise SessionAborted("session-ended-by-owner", "the host's owner ended this session",
+                                 hint="ask the host's owner before joining again")
         shown = rcode if rcode in CODES else "remote-error"
         raise SessionAborted("remote-error", f"the host ended the session: [{shown}] {rmessage}"[:300])
     raise error_for(code, outcome.message or CODES[code][1])

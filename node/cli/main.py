@@ -54,6 +54,7 @@ def _register() -> None:
         ("node.cli.approvals_cmd", "approvals_app", "approvals"),
         ("node.cli.community_cmd", "community_app", "community"),
         ("node.cli.api_cmd", "api_app", "api"),
+        ("node.cli.status_cmd", "sessions_app", "sessions"),
     ):
         try:
             mod = __import__(modname, fromlist=[attr])
@@ -78,6 +79,9 @@ def _register() -> None:
     from node.cli.audit_cmd import audit_cmd
 
     app.command("audit")(audit_cmd)
+    from node.cli.status_cmd import status_cmd
+
+    app.command("status")(status_cmd)
     from node.cli.dashboard_cmd import dashboard_cmd
 
     app.command("dashboard")(dashboard_cmd)

@@ -52,6 +52,11 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "file-not-found": ("config", "The file does not exist."),
     "io-error": ("config", "A local file or folder could not be read or written."),
     "home-in-use": ("config", "Another `kith host` is already serving this home."),
+    "host-not-running": ("config", "No `kith host` is running for this home.", "start one with `kith host`"),
+    "control-dir-unsafe": ("config", "The control folder <home>/run is not a 0700 directory of yours."),
+    "control-forbidden": ("config", "The host's control channel refused this client."),
+    "live-session-not-found": ("config", "No live session of the running host has that id."),
+    "live-session-ambiguous": ("config", "Several live sessions start with that id prefix; give more digits."),
     # --- identity / signing ----------------------------------------------------------
     "identity-corrupt": ("identity", "The identity key file is unreadable or malformed."),
     "bad-hex": ("signing", "A key, signature or nonce is not strict lowercase hex of the exact length."),
@@ -121,6 +126,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "session-shutdown": ("session", "The session ended because the node is shutting down."),
     "session-revoked": ("session", "The host revoked this peer's access and ended the session."),
     "session-evicted": ("session", "The host ended this idle anonymous session to make room for another guest; join again."),
+    "session-ended-by-owner": ("session", "The host's owner ended this session."),
     # --- protocol specs / hooks --------------------------------------------------------
     "spec-invalid": ("spec", "The protocol's spec.json is not valid."),
     "protocol-not-found": ("spec", "No protocol with that name is installed."),

@@ -164,6 +164,30 @@ class RateLimiter:
         rate = quota.queries_per_hour / 3600.0
         return max(1, math.ceil((1.0 - bucket.tokens) / rate))
 
+    def left(self, peer_key: str, quota: Quota, shared: Quota | None = None) -> int:
+        """Whole queries ``peer_key`` may ask now under ``quota`` (and the shared anonymous
+        bucket under ``shared``): the smaller bucket's tokens, rounded down. Reads only —
+        nothing is taken, nothing is stored (the owner's view, specs/control.md)."""
+        if quota.queries_per_hour <= 0 or (shared is not None and shared.queries_per_hour <= 0):
+            return 0
+        with self._lock:
+            now = self._clock()
+            tokens = [self._peek(peer_key, quota, now)]
+            if shared is not None:
+                tokens.append(self._peek(ANONYMOUS, shared, now))
+        return max(0, math.floor(min(tokens) + 1e-9))
+
+    def _peek(self, key: str, quota: Quota, now: float) -> float:
+        bucket = self._buckets.get(key)
+        if bucket is None and self._store is not None:
+            stored = self._store.load(key)
+            if stored is not None:
+                bucket = _Bucket(*stored)
+        full = float(max(quota.burst, 1))
+        if bucket is None:
+            return full
+        return min(full, bucket.tokens + max(0.0, now - bucket.stamp) * quota.queries_per_hour / 3600.0)
+
     def take(self, peer_key: str, quota: Quota, shared: Quota | None = None) -> Admission:
         """Take one token from ``peer_key``'s bucket (and from the shared anonymous bucket
         when ``shared`` is given); both must have one, else nothing is taken."""

@@ -408,18 +408,26 @@ class Admission:
 class ActivityTracked:
     """A knowledge handle that tells :class:`Admission` when it answered a query: every
     ``search`` whose status is not ``rate-limited`` calls ``note()`` (a rate-limited
-    answer is not activity, so a session kept alive by over-quota queries stays idle).
+    answer is not activity, so a session kept alive by over-quota queries stays idle), and
+    every ``search`` calls ``count(status)`` when given.
     Other attributes pass through to ``inner``."""
 
-    def __init__(self, inner: Any, note: Callable[[], None]) -> None:
+    def __init__(self, inner: Any, note: Callable[[], None],
+                 count: Callable[[str], None] | None = None) -> None:
         self._inner = inner
         self._note = note
+        self._count = count
 
     def search(self, request: dict[str, Any]) -> dict[str, Any]:
-        """``inner.search(request)``; see :meth:`node.answer.knowledge.KnowledgeHandle.search`."""
+        """``inner.search(request)``; see :meth:`node.answer.knowledge.KnowledgeHandle.search`.
+        ``count(status)`` (when given) is told every answer's status (the owner's per-session
+        counts, :meth:`node.runtime.revocation.LiveSessions.count`)."""
         result = self._inner.search(request)
-        if not (isinstance(result, dict) and result.get("status") == "rate-limited"):
+        status = result.get("status") if isinstance(result, dict) else None
+        if status != "rate-limited":
             self._note()
+        if self._count is not None:
+            self._count(str(status or "unknown")[:64])
         return result
 
     def __getattr__(self, name: str) -> Any:

@@ -112,12 +112,20 @@ class Knowledge:
             when a real root or home path is in it), given to the engine as is.
         close: releases the corpus.
         service: the :class:`node.answer.service.AnswerService` behind ``handle_for``.
+        quota_left: ``(peer_name | None, peer_key)`` → ``{"queries", "burst",
+            "queriesPerHour"}``: what that peer may still ask now under the current policy
+            (nothing is taken; specs/control.md).
+        index: ``()`` → ``{"ready", "warmed", "roots", "documents", "chunks"}`` (reads the
+            corpus; call it from a worker thread).
     """
 
     handle_for: Callable[[str | None, str | None], Any]
     egress_check: Callable[[bytes, Any], None] | None
     close: Callable[[], None]
     service: Any = None
+    quota_left: Callable[[str | None, str], dict[str, Any]] | None = None
+    index: Callable[[], dict[str, Any]] = lambda: {"ready": False, "warmed": False, "roots": [],
+                                                   "documents": 0, "chunks": 0}
 
 
 def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
@@ -146,7 +154,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
         gate = EgressGate([], policy, home)
         service = AnswerService(None, gate, limiter=limiter)
         return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
-                         gate.check_frame, limiter.close, service)
+                         gate.check_frame, limiter.close, service, _quota_left(gate, limiter))
     # a crash between SQLite and tantivy leaves the index behind its record: catch up now
     # when no other process is writing (never waits for the lock)
     if corpus.repair_lag() == "locked":
@@ -162,14 +170,33 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
              "Share with e.g. `kith policy set '/<root>/**' public`.")
     gate = EgressGate(corpus.roots(), policy, home, approvals=Approvals(home))
     service = AnswerService(corpus, gate, limiter=limiter)
-    _warm_in_background(service)
+    warmed = _warm_in_background(service)
 
     def close() -> None:
         corpus.close()
         limiter.close()
 
+    def index() -> dict[str, Any]:
+        now = corpus.stats()
+        return {"ready": bool(now.get("ready")) and warmed.is_set(), "warmed": warmed.is_set(),
+                "roots": [f"/{r.prefix}/" for r in corpus.roots()],
+                "documents": now.get("documents", 0), "chunks": now.get("chunks", 0)}
+
     return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
-                     gate.check_frame, close, service)
+                     gate.check_frame, close, service, _quota_left(gate, limiter), index)
+
+
+def _quota_left(gate: Any, limiter: Any) -> Callable[[str | None, str], dict[str, Any]]:
+    """:attr:`Knowledge.quota_left` for ``gate``'s current policy and the host's limiter."""
+
+    def left(name: str | None, key: str) -> dict[str, Any]:
+        policy = gate.current_policy()
+        quota = policy.quota_for(name)
+        shared = policy.anonymous_quota() if name is None else None
+        return {"queries": limiter.left(key, quota, shared), "burst": quota.burst,
+                "queriesPerHour": quota.queries_per_hour}
+
+    return left
 
 
 async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[dict[str, Any]], None],
@@ -234,6 +261,10 @@ async def _serve(home: Path, opts: HostOptions, identity: Any, *, on_invitation:
     """:func:`serve_host` once this process holds the home's host lock."""
     from node.transport.iroh import bind_node
 
+    started_at = _now()
+    from node.runtime.control import check_run_dir, control_socket_path
+
+    check_run_dir(control_socket_path(home).parent, create=True)  # control-dir-unsafe before publishing
     pdir = find_protocol_dir(opts.protocol, home)
     if pdir is None:
         raise SpecError("protocol-not-found", f"no protocol named {opts.protocol!r}")
@@ -298,7 +329,6 @@ async def _serve(home: Path, opts: HostOptions, identity: Any, *, on_invitation:
                     inv = await client.publish_invitation(inv)
             if opts.invite_file is not None:
                 atomic_write(Path(opts.invite_file), _json(inv.to_dict()), mode=0o644)
-            on_invitation(inv.to_dict())
             live[inv.post_id] = spec.protocol_id
             keeper = None
             if opts.server_url:  # republish a consumed/expired post; close ended sessions
@@ -455,16 +485,18 @@ async def _serve(home: Path, opts: HostOptions, identity: Any, *, on_invitation:
                         held.clear()
                         if keeper is not None:  # the guest may have joined by file: record the proof here
                             keeper.record_proof(ev.proof, used_up=used_up)
-                        live_sessions.ready(token, ev.session_id)
+                        code = pairing_code(identity.public_key, ev.peer_public_key)
+                        live_sessions.ready(token, ev.session_id, code)
                         tap.ready(ev.session_id, name)
                         on_event({"event": "session-started", "session_id": ev.session_id,
                                   "peer": ev.peer_public_key, "peer_name": name, "post_id": post,
-                                  "pairing_code": pairing_code(identity.public_key, ev.peer_public_key)})
+                                  "pairing_code": code})
                         return HookContext(role="host", session_id=ev.session_id,
                                            peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile),
                                            knowledge=ActivityTracked(
                                                knowledge.handle_for(name, ev.peer_public_key),
-                                               lambda: slots.note_activity(token)),
+                                               lambda: slots.note_activity(token),
+                                               lambda status: live_sessions.count(token, status)),
                                            logger=logging.getLogger("kith.hooks." + spec.name))
 
                     with session_scope:  # cancelled when evicted while still in the handshake
@@ -554,6 +586,17 @@ async def _serve(home: Path, opts: HostOptions, identity: Any, *, on_invitation:
                 accepting.cancel()
 
             async with anyio.create_task_group() as tg:
+                from node.runtime.control import HostControl, serve_control
+
+                def posts() -> list[dict[str, Any]]:
+                    return [{"postId": p, "server": opts.server_url,
+                             "expiresAt": _rfc3339(expiry[p]) if p in expiry else None}
+                            for p in live if not slots.retired(p)]
+
+                # the owner's control channel (<home>/run/control.sock; node/runtime/control.py)
+                await tg.start(serve_control, HostControl(home, identity, live_sessions, posts, knowledge.index,
+                                                          knowledge.quota_left, started_at=started_at))
+                on_invitation(inv.to_dict())  # once `kith status` can see this host
                 if keeper is not None:
                     tg.start_soon(keeper.run)
                 if watcher is not None:
@@ -588,21 +631,30 @@ async def _serve(home: Path, opts: HostOptions, identity: Any, *, on_invitation:
         audit.close()
 
 
-def _warm_in_background(service: Any) -> None:
+def _warm_in_background(service: Any) -> Any:
     """Build the anonymous guests' view index in a daemon thread (a peer is ranked on its
     own view, node/corpus/views.py): the first guest then does not wait for it. A failure
-    (no index yet, the corpus closed by a quick stop) is only logged."""
+    (no index yet, the corpus closed by a quick stop) is only logged.
+
+    Returns:
+        A :class:`threading.Event` set once the view is built (not set if warming failed).
+    """
     import threading
 
     from node.answer.service import PeerView
+
+    done = threading.Event()
 
     def run() -> None:
         try:
             service.warm(PeerView(None, None))
         except Exception as exc:  # noqa: BLE001 - warming is an optimisation only
             log.debug("could not warm the anonymous view: %s", type(exc).__name__)
+        else:
+            done.set()
 
     threading.Thread(target=run, name="kith-warm-view", daemon=True).start()
+    return done
 
 
 def _close_quietly(conn: Any, reason: bytes) -> None:

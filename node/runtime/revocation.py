@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,14 +41,21 @@ class _Live:
     session_id: str | None = None
     revoked: str | None = None  # the code it was ended with
     ended_at: float | None = None  # Unix time (s) of the revocation
+    since: float | None = None  # Unix time (s) it became ready
+    pairing_code: str | None = None
+    queries: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
 
 
 class LiveSessions:
     """The host's sessions by connection token, from the first frame to their end.
 
     The host calls :meth:`add` once the session's engine exists, :meth:`ready` when it
-    is ready, :meth:`discard` when it ended; :meth:`end_sessions` ends the ones of a key.
-    All calls run in the host's event loop.
+    is ready, :meth:`discard` when it ended; :meth:`end_sessions` ends the ones of a key
+    (revocation), :meth:`end_session` one session by id (the owner's ``kith sessions
+    end``), both through the same abort. :meth:`listing` is what the control channel
+    shows (node/runtime/control.py). All calls run in the host's event loop, except
+    :meth:`count`, which a hook's worker thread calls.
     """
 
     def __init__(self) -> None:
@@ -58,23 +65,68 @@ class LiveSessions:
         """Track a new session of ``peer`` admitted under registry ``name`` (or None)."""
         self._by_token[token] = _Live(engine, scope, peer, name)
 
-    def ready(self, token: int, session_id: str) -> None:
-        """The session of ``token`` finished its handshake."""
+    def ready(self, token: int, session_id: str, pairing_code: str | None = None) -> None:
+        """The session of ``token`` finished its handshake (``pairing_code``: the safety
+        code both sides can compare, :func:`node.trust.pairing.pairing_code`)."""
         live = self._by_token.get(token)
         if live is not None:
             live.session_id = session_id
+            live.since = time.time()
+            live.pairing_code = pairing_code
+
+    def count(self, token: int, status: str) -> None:
+        """The session of ``token`` answered one query with ``status`` (``ok``,
+        ``rate-limited``, ...). Called from a hook's worker thread (GIL-atomic updates)."""
+        live = self._by_token.get(token)
+        if live is not None:
+            live.queries += 1
+            live.statuses[status] = live.statuses.get(status, 0) + 1
+
+    def listing(self) -> list[dict[str, Any]]:
+        """The ready sessions still running, oldest first: ``[{"id", "peer": {"name",
+        "key"}, "tier" ("pinned" | "anonymous"), "since" (RFC 3339), "queries",
+        "statuses", "safetyCode"}]`` (the control channel's shape, specs/control.md)."""
+        from node.runtime.control import rfc3339
+
+        out = []
+        for live in self._by_token.values():
+            if live.session_id is None or live.revoked is not None or live.engine.closed:
+                continue
+            row: dict[str, Any] = {"id": live.session_id, "peer": {"name": live.name, "key": live.peer},
+                                   "tier": "pinned" if live.name is not None else "anonymous",
+                                   "since": rfc3339(live.since or time.time()), "queries": live.queries,
+                                   "statuses": dict(live.statuses)}
+            if live.pairing_code:
+                row["safetyCode"] = live.pairing_code
+            out.append(row)
+        return out
+
+    def end_session(self, session_id: str, code: str, message: str) -> bool:
+        """End the ready session ``session_id`` now with ``code`` (as :meth:`end_sessions`
+        ends a key's). Returns False when no such session is running."""
+        for live in self._by_token.values():
+            if live.session_id == session_id and live.revoked is None and not live.engine.closed:
+                self._end(live, code, message)
+                return True
+        return False
+
+    def _end(self, live: _Live, code: str, message: str) -> None:
+        live.engine.abort(code, message)
+        live.revoked, live.ended_at = code, time.time()
+        live.scope.cancel()
 
     def discard(self, token: int) -> None:
         """The session of ``token`` ended (idempotent)."""
         self._by_token.pop(token, None)
 
     def revoked(self, token: int) -> str | None:
-        """The code the session of ``token`` was ended with by :meth:`end_sessions`, or None."""
+        """The code the session of ``token`` was ended with by :meth:`end_sessions` or
+        :meth:`end_session`, or None."""
         live = self._by_token.get(token)
         return live.revoked if live is not None else None
 
     def revoked_outcome(self, token: int) -> Any:
-        """How a session ended by :meth:`end_sessions` ended, as the driver would have
+        """How a session ended by :meth:`end_sessions` / :meth:`end_session` ended, as the driver would have
         said (a :class:`node.runtime.driver.SessionOutcome`), or None when it was not."""
         from node.runtime.driver import SessionOutcome
 
@@ -119,9 +171,7 @@ class LiveSessions:
             if admitted_as is not None and live.name != admitted_as:
                 continue
             sent = code if live.session_id is not None else (handshake_code or code)
-            live.engine.abort(sent, "the host revoked this peer")
-            live.revoked, live.ended_at = sent, time.time()
-            live.scope.cancel()
+            self._end(live, sent, "the host revoked this peer")
             n += 1
         return n
 

@@ -1,0 +1,164 @@
+"""``kith status`` and ``kith sessions``: the owner's view of this node and of its running
+host (read over the control channel, node/runtime/control.py; specs/control.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from node.cli.common import emit_json, home_of, untrusted_console
+from node.common.errors import KithError
+
+sessions_app = typer.Typer(help="Live sessions of the running `kith host` (list; `end ID`).",
+                           invoke_without_command=True, no_args_is_help=False)
+
+
+def _print(line: str) -> None:
+    # peer names and ids come from peers: never markup, never control characters, never wrapped
+    untrusted_console.print(line, soft_wrap=True)
+
+
+def _identity(home: Path) -> dict[str, Any] | None:
+    from node.trust.identity import load_identity
+
+    try:
+        ident = load_identity(home)
+    except KithError as exc:
+        if exc.code == "home-not-initialized":
+            return None
+        raise
+    return {"fingerprint": ident.fingerprint, "key": ident.public_key}
+
+
+def _index(home: Path) -> dict[str, Any]:
+    """The corpus as this home's files say (``kith index status`` in short)."""
+    from node.corpus.store import Corpus
+
+    try:
+        with Corpus(home, readonly=True) as corpus:
+            stats = corpus.stats()
+            roots = [f"/{r.prefix}/" for r in corpus.roots()]
+    except KithError as exc:
+        return {"ready": False, "roots": [], "documents": 0, "chunks": 0, "failed": 0, "lastSync": None,
+                "error": exc.code}
+    return {"ready": bool(stats.get("ready")), "roots": roots, "documents": stats.get("documents", 0),
+            "chunks": stats.get("chunks", 0), "failed": stats.get("failed", 0), "lastSync": stats.get("last_sync")}
+
+
+def _host_state(home: Path) -> dict[str, Any] | None:
+    """The running host's state, or None when no host runs (``host-not-running``)."""
+    from node.runtime.control import ControlClient
+
+    try:
+        return ControlClient(home).state()
+    except KithError as exc:
+        if exc.code == "host-not-running":
+            return None
+        raise
+
+
+def status_report(home: Path) -> dict[str, Any]:
+    """``kith status --json``: ``{"home", "identity": {"fingerprint", "key"} | null,
+    "index": {...}, "host": <state document> | null, "approvals": [...]}``
+    (specs/control.md). Works without a running host (``host`` null)."""
+    from node.runtime.control import pending_approvals
+
+    host = _host_state(home)
+    return {"home": str(home), "identity": _identity(home), "index": _index(home), "host": host,
+            "approvals": host["approvals"] if host is not None else pending_approvals(home)}
+
+
+def _peer(row: dict[str, Any]) -> str:
+    peer = row.get("peer") or {}
+    name = peer.get("name")
+    key = str(peer.get("key") or "")
+    return f"{name} ({key[:16]}…)" if name else f"anonymous {key[:16]}…"
+
+
+def _session_lines(sessions: list[dict[str, Any]]) -> list[str]:
+    from node.runtime.control import short_ids
+
+    ids = short_ids([s["id"] for s in sessions])
+    out = []
+    for s in sessions:
+        statuses = ", ".join(f"{k} {v}" for k, v in sorted(s.get("statuses", {}).items())) or "none"
+        quota = s.get("quotaLeft") or {}
+        left = f"{quota['queries']}/{quota['burst']} (refills {quota['queriesPerHour']}/h)" \
+            if "queries" in quota else "?"
+        line = (f"  {ids[s['id']]}  {_peer(s)}  {s['tier']}  since {s['since']}  queries {s['queries']} "
+                f"({statuses})  quota left {left}")
+        if s.get("safetyCode"):
+            line += f"  safety code {s['safetyCode']}"
+        out.append(line)
+    return out
+
+
+def status_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Show this node: identity, roots and index, the running host with its posts, live
+    sessions and pending approvals ("host: not running" when no `kith host` runs)."""
+    report = status_report(home_of(ctx))
+    if json_out:
+        emit_json(report)
+        return
+    ident, index, host = report["identity"], report["index"], report["host"]
+    _print(f"home: {report['home']}")
+    _print(f"identity: {ident['fingerprint']}  ({ident['key']})" if ident else
+           "identity: none (run `kith init`)")
+    roots = " ".join(index["roots"]) or "none (`kith index add PATH`)"
+    _print(f"index: {'ready' if index['ready'] else 'not ready'}, roots {roots}, documents {index['documents']}, "
+           f"chunks {index['chunks']}" + (f", failed {index['failed']}" if index.get("failed") else ""))
+    if host is None:
+        _print("host: not running")
+    else:
+        node = host["node"]
+        warm = "ready" if host["index"].get("ready") else "warming up" if host["index"].get("documents") else \
+            "no index"
+        _print(f"host: running (pid {node['pid']}, since {node['startedAt']}), index {warm}")
+        for post in host["posts"]:
+            where = f" on {post['server']}" if post.get("server") else " (invitation file)"
+            _print(f"  post {post['postId']}{where}, expires {post.get('expiresAt') or '?'}")
+        _print(f"sessions: {len(host['sessions'])}")
+        for line in _session_lines(host["sessions"]):
+            _print(line)
+    _print(f"approvals pending: {len(report['approvals'])}")
+    for a in report["approvals"]:
+        _print(f"  {a['id']}  {_peer(a)}  since {a['since']}  {a.get('source') or ''}")
+
+
+@sessions_app.callback()
+def sessions_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List the running host's live sessions (ids, peer, since, queries, statuses, quota left)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from node.runtime.control import ControlClient
+
+    sessions = ControlClient(home_of(ctx)).state()["sessions"]
+    if json_out:
+        emit_json({"sessions": sessions})
+        return
+    if not sessions:
+        _print("no live sessions")
+        return
+    for line in _session_lines(sessions):
+        _print(line.strip())
+
+
+@sessions_app.command("end")
+def sessions_end_cmd(
+    ctx: typer.Context,
+    session_id: str = typer.Argument(..., metavar="ID", help="Session id, or a unique prefix of it (≥ 4 digits)."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """End one live session now: the guest is told `session-ended-by-owner`."""
+    from node.runtime.control import ControlClient
+
+    out = ControlClient(home_of(ctx)).end_session(session_id)
+    if json_out:
+        emit_json(out)
+        return
+    _print(f"ended session {out['ended']} of {_peer(out)}")
+
+
+__all__ = ["sessions_app", "status_cmd", "status_report"]

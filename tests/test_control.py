@@ -1,0 +1,324 @@
+"""Issue 12 items 1-2: the owner's control channel (<home>/run/control.sock), `kith status`
+and `kith sessions [end]`, over real iroh on loopback (relay disabled) with a real
+`kith join` process. Changes are awaited with bounded deadlines, never timed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from conftest import PROTOCOLS
+from test_transport_session import ENV, KITH, InProcessHost, _readline
+
+from node.common.errors import KithError
+from node.runtime.control import ControlClient, control_socket_path, resolve_id, short_ids
+
+FIXTURE = PROTOCOLS / "knowledge-query" / "test" / "corpus"
+#: Only a deadline (s) for a change to show; never asserted as a speed.
+DEADLINE_S = 20.0
+REPO = Path(__file__).resolve().parent.parent
+
+
+def kith(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, env=ENV)
+
+
+def _init(home: Path) -> str:
+    r = kith(home, "init", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["public_key"]
+
+
+@pytest.fixture
+def homes(tmp_path):
+    """A host sharing the fixture corpus publicly, and an anonymous guest's home."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(FIXTURE, corpus)
+    host, guest = tmp_path / "host", tmp_path / "guest"
+    _init(host)
+    for args in (("index", "add", str(corpus)), ("index", "sync"), ("policy", "set", "/corpus/**", "public")):
+        r = kith(host, *args, timeout=300)
+        assert r.returncode == 0, (args, r.stderr)
+    key = _init(guest)
+    return {"tmp": tmp_path, "host": host, "guest": guest, "key": key}
+
+
+async def _poll_state(home: Path, pred, timeout: float = DEADLINE_S) -> dict:
+    """The first state document (read through ControlClient) for which ``pred`` holds."""
+    with anyio.fail_after(timeout):
+        while True:
+            state = await anyio.to_thread.run_sync(ControlClient(home).state)
+            if pred(state):
+                return state
+            await anyio.sleep(0.05)
+
+
+async def _wait_exit(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
+    def wait() -> tuple[int, str, str]:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err
+
+    return await anyio.to_thread.run_sync(wait)
+
+
+# ------------------------------------------------------------------------ no host
+def test_status_without_a_host_says_not_running_and_sessions_refuses(tmp_path):
+    home = tmp_path / "h"
+    _init(home)
+    r = kith(home, "status")
+    assert r.returncode == 0, r.stderr
+    assert "host: not running" in r.stdout and "identity: SHA256:" in r.stdout
+    r = kith(home, "status", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["host"] is None and report["identity"]["fingerprint"].startswith("SHA256:")
+    assert report["index"]["roots"] == [] and report["approvals"] == []
+    for args in (("sessions",), ("sessions", "end", "abcd1234")):
+        r = kith(home, *args)
+        assert r.returncode == 1 and "error [host-not-running]" in r.stderr, (args, r.stderr)
+
+    # a stale socket a killed host left: nothing listens on it -> the same code
+    run = home / "run"
+    run.mkdir(mode=0o700)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(control_socket_path(home)))
+    stale.close()
+    with pytest.raises(KithError) as err:
+        ControlClient(home).state()
+    assert err.value.code == "host-not-running"
+    assert "host: not running" in kith(home, "status").stdout
+
+
+def test_session_ids_resolve_by_unique_prefix():
+    a, b, c = "abcd" + "0" * 60, "abcd" + "1" * 60, "ef01" + "2" * 60
+    assert resolve_id([a, b, c], a) == a
+    assert resolve_id([a, b, c], "ef01") == c
+    assert resolve_id([a, b, c], "ABCD1") == b
+    for given, code in (("abcd", "live-session-ambiguous"), ("9999", "live-session-not-found"),
+                        ("ab", "usage"), ("xyz1", "usage")):
+        with pytest.raises(KithError) as err:
+            resolve_id([a, b, c], given)
+        assert err.value.code == code, given
+    d, e = "abcdabcd0" + "3" * 55, "abcdabcd1" + "3" * 55
+    shown = short_ids([c, d, e])
+    assert shown == {c: c[:8], d: d[:9], e: e[:9]}
+
+
+# ------------------------------------------------------------------------ live host
+def test_status_and_sessions_show_a_live_guest_and_sessions_end_tells_the_guest(homes):
+    async def scenario():
+        host = InProcessHost(homes["host"], homes["tmp"])
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(30):
+                await host.ready.wait()
+            # the host's state before any guest: its post, its index, no session
+            before = await _poll_state(homes["host"], lambda s: s["index"]["ready"])
+            proc = subprocess.Popen([*KITH, "--home", str(homes["guest"]), "join", str(host.invite), "--local",
+                                     "--trust", "--json"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=ENV)
+            try:
+                proc.stdin.write("what is in the corpus\n")
+                proc.stdin.flush()
+                first = json.loads(await anyio.to_thread.run_sync(_readline, proc, 60))
+                live = await _poll_state(homes["host"], lambda s: s["sessions"] and s["sessions"][0]["queries"])
+                status = await anyio.to_thread.run_sync(lambda: kith(homes["host"], "status", "--json"))
+                human = await anyio.to_thread.run_sync(lambda: kith(homes["host"], "status"))
+                listed = await anyio.to_thread.run_sync(lambda: kith(homes["host"], "sessions", "--json"))
+                lines = await anyio.to_thread.run_sync(lambda: kith(homes["host"], "sessions"))
+                sid = live["sessions"][0]["id"]
+                bad = await anyio.to_thread.run_sync(lambda: kith(homes["host"], "sessions", "end", "0000000"))
+                ended = await anyio.to_thread.run_sync(
+                    lambda: kith(homes["host"], "sessions", "end", sid[:8], "--json"))
+                after = await _poll_state(homes["host"], lambda s: not s["sessions"])
+                rc, _out, err = await _wait_exit(proc, DEADLINE_S)
+                event = await host.wait_for(lambda e: e["event"] == "session-ended")
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            host.stop.set()
+        return host, before, first, live, status, human, listed, lines, bad, ended, after, rc, err, event
+
+    (host, before, first, live, status, human, listed, lines, bad, ended, after, rc, err,
+     event) = anyio.run(scenario, backend="asyncio")
+    post_id = host.invitation["post_id"]
+    assert before["sessions"] == [] and before["posts"] == [
+        {"postId": post_id, "server": None, "expiresAt": host.invitation["expires_at"]}]
+    assert before["node"]["key"] == host.invitation["host_public_key"] and before["node"]["pid"] == os.getpid()
+    assert before["index"]["roots"] == ["/corpus/"] and before["index"]["chunks"] > 0
+    assert first["action"] == "results"
+
+    (session,) = live["sessions"]
+    assert session["peer"] == {"name": None, "key": homes["key"]} and session["tier"] == "anonymous"
+    assert session["queries"] == 1 and session["statuses"] == {first["status"]: 1}
+    quota = session["quotaLeft"]
+    assert quota["burst"] >= 1 and 0 <= quota["queries"] < quota["burst"]  # the query took a token
+    assert len(session["safetyCode"]) > 0 and session["since"].endswith("Z")
+
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert [s["id"] for s in report["host"]["sessions"]] == [session["id"]]
+    assert report["identity"]["key"] == before["node"]["key"] and report["index"]["roots"] == ["/corpus/"]
+    assert human.returncode == 0 and "host: running" in human.stdout and post_id in human.stdout
+    assert session["id"][:8] in human.stdout and "sessions: 1" in human.stdout
+    assert listed.returncode == 0 and [s["id"] for s in json.loads(listed.stdout)["sessions"]] == [session["id"]]
+    assert lines.returncode == 0 and session["id"][:8] in lines.stdout and "anonymous" in lines.stdout
+
+    assert bad.returncode == 1 and "error [live-session-not-found]" in bad.stderr, bad.stderr
+    assert ended.returncode == 0, ended.stderr
+    assert json.loads(ended.stdout) == {"ended": session["id"], "peer": session["peer"]}
+    assert after["sessions"] == []
+    assert rc == 1 and "error [session-ended-by-owner]" in err, err
+    assert (event["session_id"], event["code"]) == (session["id"], "session-ended-by-owner")
+    # the host removed its socket on stop
+    assert not control_socket_path(homes["host"]).exists()
+
+
+# ------------------------------------------------------------------------ refusals
+def _raw_request(path: Path, headers: dict[str, str]) -> httpx.Response:
+    transport = httpx.HTTPTransport(uds=str(path))
+    with httpx.Client(transport=transport, base_url="http://localhost", timeout=5) as client:
+        return client.get("/v1/state", headers=headers)
+
+
+def _nobody() -> tuple[int, int]:
+    import pwd
+
+    try:
+        pw = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no `nobody` user on this machine")
+    return pw.pw_uid, pw.pw_gid
+
+
+def _as_nobody(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a Python that starts as root (so it can import the repo and the
+    standard library under /root) and then drops to ``nobody`` where the snippet says so
+    (``drop()``); what it needs later must be imported before."""
+    uid, gid = _nobody()
+    prelude = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(REPO)!r})
+        def drop():
+            os.setgroups([])
+            os.setgid({gid})
+            os.setuid({uid})
+    """)
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=60, env=ENV, cwd="/")
+
+
+def test_control_channel_refuses_a_foreign_host_header_an_origin_and_another_user(tmp_path):
+    home = tmp_path / "h"
+    _init(home)
+    path = control_socket_path(home)
+
+    async def scenario():
+        host = InProcessHost(home, tmp_path)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(30):
+                await host.ready.wait()
+            mode_dir = stat.S_IMODE(os.stat(path.parent).st_mode)
+            mode_sock = stat.S_IMODE(os.stat(path).st_mode)
+            ok = await anyio.to_thread.run_sync(_raw_request, path, {})
+            foreign = await anyio.to_thread.run_sync(_raw_request, path, {"Host": "evil.example"})
+            rebound = await anyio.to_thread.run_sync(_raw_request, path, {"Host": "127.0.0.1.evil.example:80"})
+            origin = await anyio.to_thread.run_sync(_raw_request, path, {"Origin": "http://localhost:8080"})
+            others = None
+            if os.geteuid() == 0:
+                others = await anyio.to_thread.run_sync(_other_user_attempts, home, path)
+            host.stop.set()
+        return mode_dir, mode_sock, ok, foreign, rebound, origin, others
+
+    mode_dir, mode_sock, ok, foreign, rebound, origin, others = anyio.run(scenario, backend="asyncio")
+    assert (mode_dir, mode_sock) == (0o700, 0o600)
+    assert ok.status_code == 200 and ok.json()["node"]["pid"] == os.getpid()
+    for response in (foreign, rebound, origin):
+        assert response.status_code == 403 and response.json()["error"]["code"] == "control-forbidden"
+    if others is None:
+        pytest.skip("refusing another user needs root here (to run a client as `nobody`)")
+    client, peercred = others
+    # with the folder as the host made it, `nobody` cannot even reach the socket
+    assert client.returncode == 0, client.stderr
+    assert client.stdout.strip() == "control-forbidden", client.stdout
+    # with the folder and socket opened up by hand, SO_PEERCRED still refuses it
+    assert peercred.returncode == 0, peercred.stderr
+    status, body = peercred.stdout.strip().split(" ", 1)
+    assert status == "403" and json.loads(body)["error"]["code"] == "control-forbidden"
+
+
+def _other_user_attempts(home: Path, path: Path) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    client = _as_nobody(f"""
+        import httpx, httpx._transports.default  # noqa: F401  (imported while /root is readable)
+        from node.common.errors import KithError
+        from node.runtime.control import ControlClient
+        ControlClient({str(home)!r})  # warm every import
+        drop()
+        try:
+            ControlClient({str(home)!r}).state()
+            print("answered")
+        except KithError as exc:
+            print(exc.code)
+    """)
+    # open the way to the socket for everyone: only the peer-uid check is left
+    os.chmod(path.parent, 0o711)
+    os.chmod(path, 0o666)
+    try:
+        peercred = _as_nobody(f"""
+            import socket
+            fd = os.open({str(path.parent)!r}, os.O_PATH)  # as root: a handle on the folder
+            drop()
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(f"/proc/self/fd/{{fd}}/control.sock")
+            s.sendall(b"GET /v1/state HTTP/1.1\\r\\nHost: localhost\\r\\nConnection: close\\r\\n\\r\\n")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            head, _, body = data.partition(b"\\r\\n\\r\\n")
+            print(head.split()[1].decode(), body.decode())
+        """)
+    finally:
+        os.chmod(path, 0o600)
+        os.chmod(path.parent, 0o700)
+    return client, peercred
+
+
+def test_host_and_client_refuse_a_control_folder_open_to_others(tmp_path):
+    home = tmp_path / "h"
+    _init(home)
+    run = home / "run"
+    run.mkdir(mode=0o700)
+    os.chmod(run, 0o755)
+
+    async def start() -> None:
+        await InProcessHost(home, tmp_path).run()
+
+    with pytest.raises(KithError) as err:
+        anyio.run(start, backend="asyncio")
+    assert err.value.code == "control-dir-unsafe" and "0755" in err.value.message
+    with pytest.raises(KithError) as err:
+        ControlClient(home).state()
+    assert err.value.code == "control-dir-unsafe"
+    r = kith(home, "status")
+    assert r.returncode == 1 and "error [control-dir-unsafe]" in r.stderr, r.stderr
+    if os.geteuid() == 0:  # a folder of another owner, even 0700
+        uid, gid = _nobody()
+        os.chmod(run, 0o700)
+        os.chown(run, uid, gid)
+        with pytest.raises(KithError) as err:
+            ControlClient(home).state()
+        assert err.value.code == "control-dir-unsafe" and "owned by uid" in err.value.message
