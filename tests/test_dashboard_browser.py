@@ -233,7 +233,6 @@ def test_roots_page_lists_the_root(world, page) -> None:
 
 
 def test_end_a_live_session(world, page) -> None:
-    pytest.importorskip("node.runtime.control", reason="the host control channel (issue-12-control) is not merged")
     guest = Guest(world["alice"], world["invite"])
     try:
         assert guest.ask("temporary directory cleanup")["status"] == "ok"
@@ -244,7 +243,8 @@ def test_end_a_live_session(world, page) -> None:
         shot(world, page, "09-sessions-live")
         row.first.get_by_role("button", name="End").click()
         page.wait_for_url(world["base"] + "/sessions")
-        assert "ended session" in page.locator("#notice").inner_text()
+        assert "of alice" in page.locator("#notice").inner_text()
+        assert page.locator("#sessions tbody tr", has_text="alice").count() == 0
         shot(world, page, "10-sessions-ended")
         code, err = guest.wait()
         assert code == 1 and "session-ended-by-owner" in err, err

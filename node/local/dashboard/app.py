@@ -77,14 +77,11 @@ def check_host(host: str) -> None:
 
 def live_state(home: Path) -> tuple[dict[str, Any] | None, str | None]:
     """The running host's live state from its control channel
-    (:class:`node.runtime.control.ControlClient`), or ``(None, why)``: ``why`` is
-    ``"host not running"`` when no host serves this home."""
-    try:
-        from node.runtime.control import ControlClient
-    except ModuleNotFoundError as exc:
-        if exc.name != "node.runtime.control":
-            raise
-        return None, "host not running (this build has no control channel)"
+    (:meth:`node.runtime.control.ControlClient.state`, specs/control.md), or
+    ``(None, why)``: ``why`` is ``"host not running"`` when no host serves this home, else
+    the channel's refusal as ``"code: message"``."""
+    from node.runtime.control import ControlClient
+
     try:
         return ControlClient(home).state(), None
     except KithError as exc:
@@ -94,19 +91,15 @@ def live_state(home: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def end_live_session(home: Path, session_id: str) -> dict[str, Any]:
-    """End one live session through the host's control channel.
+    """End one live session through the host's control channel (the guest is told
+    ``session-ended-by-owner``). Returns ``{"ended": id, "peer": {"key", "name"}}``.
 
     Raises:
-        KithError: ``host-not-running`` (also when this build has no control channel)
-            and the control channel's own refusals (an unknown session id).
+        KithError: ``host-not-running``, ``live-session-not-found``,
+            ``live-session-ambiguous`` (:meth:`ControlClient.end_session`).
     """
-    try:
-        from node.runtime.control import ControlClient
-    except ModuleNotFoundError as exc:
-        if exc.name != "node.runtime.control":
-            raise
-        raise CorpusError("dashboard-form-invalid", "this build has no control channel: no live session "
-                        "can be ended") from None
+    from node.runtime.control import ControlClient
+
     return ControlClient(home).end_session(session_id)
 
 
@@ -337,8 +330,9 @@ class _Pages:
     async def sessions_end(self, request: Request) -> Response:
         def action(form: dict[str, str]) -> str:
             sid = self._field(form, "session")
-            end_live_session(self.home, sid)
-            return f"ended session {sid}"
+            done = end_live_session(self.home, sid)
+            who = done["peer"].get("name") or "an anonymous peer"
+            return f"ended session {done['ended'][:12]} of {who}"
 
         return await self._act(request, "/sessions", action)
 
