@@ -234,3 +234,60 @@ def test_sessions_page_without_a_host_says_so(dash) -> None:
     client = _logged_in(base, login)
     assert "host not running" in client.get("/sessions").text
     assert "host not running" in client.get("/").text
+
+
+def test_remove_root_drops_archive_members_and_retires_the_prefix(tmp_path: Path) -> None:
+    """Corpus.remove_root (the dashboard's remove): documents, archive members and chunks
+    leave SQLite and the index; the other root stays searchable; the prefix is not reused."""
+    import zipfile
+
+    a, b = tmp_path / "a" / "notes", tmp_path / "b" / "other"
+    a.mkdir(parents=True)
+    b.mkdir(parents=True)
+    (a / "x.md").write_text("# X\n\nquokka migration patterns in spring.\n")
+    with zipfile.ZipFile(a / "bundle.zip", "w") as zf:
+        zf.writestr("inner.md", "# Inner\n\nquokka burrows inside the archive.\n")
+    (b / "y.md").write_text("# Y\n\nquokka facts kept elsewhere.\n")
+    with Corpus(tmp_path / "home") as corpus:
+        corpus.add_root(a)
+        corpus.add_root(b)
+        corpus.sync()
+        before = {h.source_id for h in corpus.search_hits("quokka", limit=20)[0]}
+        assert {"/notes/x.md", "/other/y.md"} <= before and any("bundle.zip" in s for s in before)
+        out = corpus.remove_root("notes")
+        assert out["prefix"] == "notes" and out["documents"] == 2  # x.md and the archive
+        after = {h.source_id for h in corpus.search_hits("quokka", limit=20)[0]}
+        assert after == {"/other/y.md"}
+        st = corpus.status_report()
+        assert [r["prefix"] for r in st["rootList"]] == ["other"] and st["documents"] == 1
+        again = corpus.add_root(a)
+        assert again.prefix == "notes-2"
+        from node.common.errors import KithError
+
+        with pytest.raises(KithError) as info:
+            corpus.remove_root("notes")
+        assert info.value.code == "root-unknown"
+    with Corpus(tmp_path / "home", readonly=True) as ro:  # the index agrees after reopening
+        assert {h.source_id for h in ro.search_hits("quokka", limit=20)[0]} == {"/other/y.md"}
+
+
+def test_the_kith_dashboard_command_prints_a_login_url_that_works(home: Path) -> None:
+    import select
+    import signal
+
+    proc = subprocess.Popen([*KITH, "--home", str(home), "dashboard", "--port", "0", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "kith dashboard printed nothing in 60 s"
+        info = json.loads(proc.stdout.readline())
+        assert info["login"].startswith(info["url"] + "/login?token=") and info["url"].startswith("http://127.0.0.1:")
+        with httpx.Client(timeout=30) as client:
+            r = client.get(info["login"], follow_redirects=True)
+            assert r.status_code == 200 and "This node" in r.text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert info["login"] in err  # the URL is on stderr too, whole, on its own line
+    assert info["login"] in err.splitlines()

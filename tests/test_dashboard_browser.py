@@ -40,6 +40,7 @@ DOCS = {
     "public/intro.md": "# Intro\n\nHow the temporary directory cleanup works in our tools.\n",
     "ask/salary.md": "# Salary review\n\nThe salary bands for next year and the bonus pool.\n",
     "secret/launch.md": "# Launch\n\nThe zebra launch codes are kept here.\n",
+    "public/broken.pdf": "%PDF-1.4 this is not a PDF",
 }
 
 
@@ -223,13 +224,35 @@ def test_remove_a_rule_and_the_peer_view_changes(world, page) -> None:
     shot(world, page, "07-search-as-anonymous")
 
 
-def test_roots_page_lists_the_root(world, page) -> None:
-    page.goto(world["base"] + "/roots")
-    row = page.locator('#roots tr[data-prefix="docs"]')
-    assert "/docs/" in row.inner_text()
-    shot(world, page, "08-roots")
-    page.goto(world["base"] + "/peers")
+def test_roots_page_shows_failed_documents_and_removes_a_root_after_confirming(world, page, tmp_path) -> None:
+    base = world["base"]
+    page.goto(base + "/roots")
+    assert "/docs/" in page.locator('#roots tr[data-prefix="docs"]').inner_text()
+    failed = page.locator("#failed").inner_text()
+    assert "/docs/public/broken.pdf" in failed  # with its code and reason
+    extra = tmp_path / "scratch"
+    extra.mkdir()
+    (extra / "n.md").write_text("# N\n\nA scratch note about walruses.\n")
+    page.locator('input[name="path"]').fill(str(extra))
+    page.get_by_role("button", name="Add").click()
+    page.wait_for_url(base + "/roots")
+    page.get_by_role("button", name="Sync now").click()
+    page.wait_for_url(base + "/roots")
+    assert "indexed 1" in page.locator("#notice").inner_text()
+    shot(world, page, "08-roots-failed-documents")
+    row = page.locator('#roots tr[data-prefix="scratch"]')
+    page.once("dialog", lambda dialog: dialog.dismiss())  # the owner says no: nothing happens
+    row.get_by_role("button", name="Remove").click()
+    page.goto(base + "/roots")
+    assert page.locator('#roots tr[data-prefix="scratch"]').count() == 1
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.get_by_role("button", name="Remove").click()
+    page.wait_for_url(base + "/roots")
+    assert "removed root /scratch/" in page.locator("#notice").inner_text()
+    assert page.locator('#roots tr[data-prefix="scratch"]').count() == 0
+    page.goto(base + "/peers")
     assert page.locator('#pinned tr[data-name="alice"]').count() == 1
+    shot(world, page, "09-peers")
 
 
 def test_end_a_live_session(world, page) -> None:
@@ -240,12 +263,12 @@ def test_end_a_live_session(world, page) -> None:
         row = page.locator("#sessions tbody tr", has_text="alice")
         row.first.wait_for()
         assert "alice" in row.first.inner_text()
-        shot(world, page, "09-sessions-live")
+        shot(world, page, "10-sessions-live")
         row.first.get_by_role("button", name="End").click()
         page.wait_for_url(world["base"] + "/sessions")
         assert "of alice" in page.locator("#notice").inner_text()
         assert page.locator("#sessions tbody tr", has_text="alice").count() == 0
-        shot(world, page, "10-sessions-ended")
+        shot(world, page, "11-sessions-ended")
         code, err = guest.wait()
         assert code == 1 and "session-ended-by-owner" in err, err
     finally:

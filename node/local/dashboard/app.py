@@ -223,7 +223,8 @@ class _Pages:
                 out = corpus.remove_root(prefix)
             from node.policy.store import Policy
 
-            named = [r.glob for r in (*Policy.load(self.home).rules, *Policy.load(self.home).overrides)
+            policy = Policy.load(self.home)
+            named = [r.glob for r in (*policy.rules, *policy.overrides)
                      if r.glob == f"/{prefix}" or r.glob.startswith(f"/{prefix}/")]
             extra = f"; policy rules that named it: {', '.join(named)}" if named else ""
             return f"removed root /{out['prefix']}/ and its {out['documents']} document(s){extra}"
