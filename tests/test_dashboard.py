@@ -188,7 +188,7 @@ def test_policy_page_explains_adds_and_removes_rules(home: Path, dash) -> None:
     assert [(r.glob, r.tier, r.peers) for r in Policy.load(home).rules if r.glob == "/docs/public/**"] == \
         [("/docs/public/**", "peers", ("alice",))]
     client.post("/policy/set", data={"csrf": csrf, "glob": "/docs/x/**", "tier": "peers"})
-    assert "usage" in client.get("/policy").text  # tier peers without names: refused, shown
+    assert "policy-invalid" in client.get("/policy").text  # tier peers without names: refused, shown
     client.post("/policy/unset", data={"csrf": csrf, "glob": "/docs/ask/**", "for": ""})
     assert "/docs/ask/**" not in [r.glob for r in Policy.load(home).rules]
     listed = json.loads(kith(home, "policy", "list", "--json").stdout)

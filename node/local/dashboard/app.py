@@ -44,7 +44,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from node.common.errors import CorpusError, KithError, UsageError
+from node.common.errors import CorpusError, KithError
 from node.common.http import base_url_of, bind_socket, is_loopback, read_body, serve_app_in_thread, serve_forever
 from node.local.api import CorpusHolder
 from node.local.dashboard.guard import COOKIE, SECURITY_HEADERS, Door, Guard, refusal_page
@@ -70,9 +70,9 @@ def check_host(host: str) -> None:
     """
     if not is_loopback(host):
         raise CorpusError("dashboard-loopback-only",
-                        f"refusing to serve the dashboard on non-loopback address {host}",
-                        hint="use 127.0.0.1 or ::1: the dashboard is for this machine's owner only",
-                        exit_code=2)
+                          f"refusing to serve the dashboard on non-loopback address {host}",
+                          hint="use 127.0.0.1 or ::1: the dashboard is for this machine's owner only",
+                          exit_code=2)
 
 
 def live_state(home: Path) -> tuple[dict[str, Any] | None, str | None]:
@@ -143,7 +143,7 @@ class _Pages:
         form = dict(pairs)
         if not self.door.csrf_ok(form.get("csrf")):
             raise CorpusError("dashboard-csrf", "the form's CSRF token is missing or wrong; reload "
-                            "the page and send it again", status=403)
+                              "the page and send it again", status=403)
         return form
 
     @staticmethod
@@ -274,19 +274,12 @@ class _Pages:
 
     async def policy_set(self, request: Request) -> Response:
         def action(form: dict[str, str]) -> str:
-            from node.policy.store import Policy, check_peer_names
+            from node.policy.store import Policy
 
             glob, tier = self._field(form, "glob"), self._field(form, "tier")
             peers = [p.strip() for p in form.get("peers", "").replace(",", " ").split() if p.strip()]
             for_peer = form.get("for", "").strip() or None
-            if tier == "peers" and not peers and for_peer is None:
-                raise UsageError("usage", "tier 'peers' needs at least one peer name")
-            if tier != "peers" and peers:
-                raise UsageError("usage", "peer names are only for tier 'peers'")
-            if for_peer is not None and tier == "peers":
-                raise UsageError("usage", "an override for one peer takes tier public, ask, private or never")
-            check_peer_names([for_peer] if for_peer else [], "override peer name")
-            check_peer_names(peers, "peer name")
+            # Policy.set checks the glob, the tier, the names and their combination
             policy = Policy.load(self.home)
             rule = policy.set(glob, tier, peers or None, for_peer=for_peer)
             policy.save()
