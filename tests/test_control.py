@@ -100,6 +100,20 @@ def test_status_without_a_host_says_not_running_and_sessions_refuses(tmp_path):
     assert err.value.code == "host-not-running"
     assert "host: not running" in kith(home, "status").stdout
 
+    # a new host replaces the stale socket, and removes its own on stop
+    async def restart() -> dict:
+        host = InProcessHost(home, tmp_path)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(30):
+                await host.ready.wait()
+            state = await _poll_state(home, lambda s: True)
+            host.stop.set()
+        return state
+
+    assert anyio.run(restart, backend="asyncio")["node"]["pid"] == os.getpid()
+    assert not control_socket_path(home).exists()
+
 
 def test_session_ids_resolve_by_unique_prefix():
     a, b, c = "abcd" + "0" * 60, "abcd" + "1" * 60, "ef01" + "2" * 60
@@ -322,3 +336,22 @@ def test_host_and_client_refuse_a_control_folder_open_to_others(tmp_path):
         with pytest.raises(KithError) as err:
             ControlClient(home).state()
         assert err.value.code == "control-dir-unsafe" and "owned by uid" in err.value.message
+
+
+def test_quota_left_reads_a_bucket_without_taking_from_it():
+    from node.policy.quota import RateLimiter
+    from node.policy.store import Quota
+
+    now = [1000.0]
+    limiter = RateLimiter(clock=lambda: now[0])
+    own, shared = Quota(3600, 3, 65536), Quota(3600, 2, 65536)
+    key = "a" * 64
+    assert limiter.left(key, own) == 3 and limiter.left(key, own) == 3  # reading takes nothing
+    assert limiter.take(key, own).ok
+    assert limiter.left(key, own) == 2
+    assert limiter.left(key, own, shared) == 2  # the shared anonymous bucket is still full (2)
+    assert limiter.take(key, own, shared).ok
+    assert limiter.left(key, own, shared) == 1 and limiter.left("b" * 64, own, shared) == 1
+    now[0] += 1.0  # one token back per second at 3600/h
+    assert limiter.left(key, own) == 2
+    assert limiter.left(key, Quota(0, 3, 65536)) == 0

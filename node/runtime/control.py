@@ -197,7 +197,12 @@ class HostControl:
 
     async def state(self) -> dict[str, Any]:
         """The state document (specs/control.md): node, posts, index, sessions, approvals."""
-        index = await anyio.to_thread.run_sync(self.index)
+        try:
+            index = await anyio.to_thread.run_sync(self.index)
+        except Exception as exc:  # noqa: BLE001 - e.g. the corpus closed by a stop: the rest still shows
+            log.debug("control state: index unreadable: %s", type(exc).__name__)
+            index = {"ready": False, "warmed": False, "roots": [], "documents": 0, "chunks": 0,
+                     "error": exc.code if isinstance(exc, KithError) else "index-unavailable"}
         approvals = await anyio.to_thread.run_sync(pending_approvals, self.home)
         sessions = []
         for s in self.sessions.listing():
@@ -380,16 +385,22 @@ async def serve_control(control: HostControl, *, task_status: Any = anyio.TASK_S
     server = QuietServer(uvicorn.Config(_app(control), lifespan="off", log_config=None, access_log=False,
                                         server_header=False, timeout_graceful_shutdown=1, proxy_headers=False,
                                         **limits))
+    finished = []
+
+    async def serve() -> None:
+        await server.serve([sock])
+        finished.append(True)  # uvicorn shut itself down
+
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(server.serve, [sock])
+            tg.start_soon(serve)
             with anyio.fail_after(10):
                 while not server.started:
                     await anyio.sleep(0.01)
             task_status.started(path)
     finally:
         with anyio.CancelScope(shield=True):
-            if server.started and not getattr(server, "_kith_shut", False):
+            if server.started and not finished:  # cancelled (the host stopped): close connections, bounded
                 with anyio.move_on_after(2):
                     await server.shutdown([sock])
             sock.close()

@@ -238,10 +238,14 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
         stop: set it to shut down cleanly.
 
     One ``kith host`` serves a home at a time: it holds ``<home>/host.lock`` (``flock``,
-    naming its pid) while serving.
+    naming its pid) while serving. While it serves, its owner's control channel listens on
+    ``<home>/run/control.sock`` (live sessions, posts, index readiness, approvals; ending a
+    session with ``session-ended-by-owner``): :mod:`node.runtime.control`, specs/control.md;
+    ``on_invitation`` is called once that channel answers.
 
     Raises:
-        KithError: ``home-in-use`` (another process serves this home), protocol not
+        KithError: ``home-in-use`` (another process serves this home), ``control-dir-unsafe``
+            (``<home>/run`` is not a 0700 folder of this user), protocol not
             found/invalid, bind failure, server refusal.
     """
     identity = load_or_init_identity(home)
