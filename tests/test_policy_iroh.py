@@ -244,7 +244,7 @@ def test_peers_only_and_pinned_names(world) -> None:
     # (home-in-use), so it serves a copy of the home
     home2 = tmp / "host-peers-only"
     if not home2.exists():
-        shutil.copytree(world["home"], home2, ignore=shutil.ignore_patterns("host.lock", "*.lock"))
+        shutil.copytree(world["home"], home2, ignore=shutil.ignore_patterns("host.lock", "*.lock", "run"))
     host2 = Host(home2, "--invite-file", str(invite2), "--peers-only")
     try:
         r = kith(world["guests"]["bob"], "join", str(invite2), "--local", "--trust", "--query", "roadmap", "--json")

@@ -82,6 +82,9 @@ def _register() -> None:
     from node.cli.status_cmd import status_cmd
 
     app.command("status")(status_cmd)
+    from node.cli.ask_cmd import ask_cmd
+
+    app.command("ask")(ask_cmd)
     from node.cli.dashboard_cmd import dashboard_cmd
 
     app.command("dashboard")(dashboard_cmd)
