@@ -61,24 +61,13 @@ def list_cmd(
 
 
 def _decide(ctx: typer.Context, rid: str, approve: bool, remember: bool, as_json: bool) -> None:
-    from node.policy.store import Policy
+    from node.policy.approvals import decide_as_owner
 
-    home = home_of(ctx)
-    store = Approvals(home)
-    req = store.decide(rid, approve, remember=remember)
-    settled = [r.id for r in store.requests().values() if r.via == req.id] if remember else []
-    from node.runtime.audit import AuditLog  # issue 11: decisions are audited
-
-    audit = AuditLog(home)
-    audit.record("approval-decided", sync=True, approval_id=req.id, peer=req.peer_key, peer_name=req.peer_name,
-                 decision=req.decision, remember=remember, sources=req.sources, settled=sorted(settled) or None)
-    audit.close()
-    if approve:
-        policy = Policy.load(home)
-        closed = [s for s in req.sources if policy.decide(s, req.peer_name).tier != "ask"]
-        if closed:
-            _warn(f"{len(closed)} source(s) are no longer 'ask' in policy.toml and stay closed: "
-                  + ", ".join(closed[:5]))
+    done = decide_as_owner(home_of(ctx), rid, approve, remember=remember)
+    req, settled, closed = done.request, done.settled, done.closed
+    if closed:
+        _warn(f"{len(closed)} source(s) are no longer 'ask' in policy.toml and stay closed: "
+              + ", ".join(closed[:5]))
     if as_json:
         emit_json(_row(req) | {"settled": sorted(settled)})
     else:

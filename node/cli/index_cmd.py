@@ -88,11 +88,7 @@ def _rules_naming(home: Path, prefix: str) -> list[str]:
         policy = Policy.load(home)
     except KithError:
         return []
-    out = []
-    for rule in (*policy.rules, *policy.overrides):
-        if rule.glob == f"/{prefix}" or rule.glob.startswith(f"/{prefix}/"):
-            out.append(f"{rule.glob} -> {rule.tier}" + (f" (override for {rule.peer})" if rule.peer else ""))
-    return out
+    return policy.rules_naming(prefix)
 
 
 @index_app.command("remove")

@@ -115,6 +115,9 @@ def _register() -> None:
     from node.cli.ask_cmd import ask_cmd
 
     app.command("ask")(ask_cmd)
+    from node.cli.dashboard_cmd import dashboard_cmd
+
+    app.command("dashboard")(dashboard_cmd)
 
 
 def _wants_json(argv: list[str]) -> bool:

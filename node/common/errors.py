@@ -204,6 +204,12 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "api-content-type": ("corpus", "POST /search on the local API takes Content-Type: application/json."),
     "peer-search-failed": ("corpus", "The search over a joined peer did not complete."),
     "dense-unavailable": ("corpus", "The optional dense pass (the hybrid extra) is not installed."),
+    "dashboard-loopback-only": ("corpus", "The dashboard binds and answers loopback only."),
+    "dashboard-bad-host": ("corpus", "The dashboard answers only a loopback Host/Origin with its own port."),
+    "dashboard-login-required": ("corpus", "Open the dashboard's login URL first (it works once)."),
+    "dashboard-login-invalid": ("corpus", "The dashboard login token is wrong or was used already."),
+    "dashboard-csrf": ("corpus", "The dashboard form's CSRF token is missing or wrong."),
+    "dashboard-form-invalid": ("corpus", "The dashboard form is not valid."),
     # --- policy ---------------------------------------------------------------------------
     "policy-invalid": ("policy", "The policy file is not valid."),
     "policy-bad-glob": ("policy", "The policy glob is not valid."),

@@ -338,9 +338,11 @@ class Corpus:
         return out
 
     def remove_root(self, prefix: str) -> dict[str, Any]:
-        """Remove a source root and every document and chunk indexed from it, from SQLite
-        and the index in one writer session; the prefix is recorded as used, so a later
-        root never gets it (``kith index remove``; the dashboard calls this too).
+        """Remove a source root and every document (archive members too) and chunk indexed
+        from it, from SQLite and the index in one writer session (the folder on disk is not
+        touched). The prefix is retired (table ``removed_prefixes``): a later root with the
+        same folder name gets ``NAME-2``…, so an old source id (and a policy rule naming it)
+        never points at other files (``kith index remove``; the dashboard calls this too).
 
         Args:
             prefix: the root's prefix, with or without slashes (``docs`` or ``/docs/``).

@@ -71,7 +71,7 @@ GET_PATHS = ("/health", "/stats", "/contract", "/openapi.json")
 LOOPBACK_HOST_NAMES = ("127.0.0.1", "localhost", "[::1]")
 
 
-class _CorpusHolder:
+class CorpusHolder:
     """Opens the home's corpus read-only on first use, and again once a corpus appears
     (``kith index sync`` may run after the API started)."""
 
@@ -235,7 +235,7 @@ class _PoolKeeper:
 
 
 class _Handlers:
-    def __init__(self, holder: _CorpusHolder, max_body_bytes: int, pools: _PoolKeeper | None = None) -> None:
+    def __init__(self, holder: CorpusHolder, max_body_bytes: int, pools: _PoolKeeper | None = None) -> None:
         self.holder = holder
         self.max_body_bytes = max_body_bytes
         self.pools = pools
@@ -347,7 +347,7 @@ def _loopback_authority(authority: str, port: int | None,
     return port_text.isdigit() and len(port_text) <= 5 and int(port_text) == port
 
 
-def _host_refusal(scope: Scope) -> str | None:
+def host_refusal(scope: Scope) -> str | None:
     """Why the Host/Origin headers are refused (DNS rebinding), or None when they are a
     loopback name with the server's port (an absent Origin is fine: not a browser)."""
     server = scope.get("server")
@@ -392,7 +392,7 @@ class _Guard:
             await error_response("api-loopback-only", "the local API answers loopback "
                                  "clients only", 403)(scope, receive, send)
             return
-        refusal = _host_refusal(scope)
+        refusal = host_refusal(scope)
         if refusal is not None:
             await error_response("api-bad-host", refusal, 403)(scope, receive, send)
             return
@@ -427,7 +427,7 @@ def create_app(home: Path | str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     Returns:
         An ASGI app (the loopback/read-only guard around a Starlette app).
     """
-    h = _Handlers(_CorpusHolder(Path(home)), max_body_bytes, _PoolKeeper(Path(home), offline))
+    h = _Handlers(CorpusHolder(Path(home)), max_body_bytes, _PoolKeeper(Path(home), offline))
     routes = [
         Route("/health", h.health, methods=["GET"]),
         Route("/stats", h.stats, methods=["GET"]),
@@ -544,5 +544,5 @@ def search_via_api(base_url: str, body: dict[str, Any], budget: env_mod.SearchBu
     return r.json()
 
 
-__all__ = ["DEFAULT_PORT", "check_host", "create_app", "openapi_document",
+__all__ = ["DEFAULT_PORT", "CorpusHolder", "check_host", "create_app", "host_refusal", "openapi_document",
            "run_api_in_thread", "search_via_api", "serve"]

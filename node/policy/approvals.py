@@ -363,3 +363,47 @@ class Approvals:
             with self._lock:
                 atomic_write(self.decisions_dir / f"{other.id}.json",
                              json.dumps(other.to_dict(), indent=2, ensure_ascii=False).encode("utf-8") + b"\n")
+
+
+@dataclass
+class OwnerDecision:
+    """What :func:`decide_as_owner` did.
+
+    Attributes:
+        request: the decided request.
+        settled: ids of the peer's other pending requests the remembered decision settled.
+        closed: the request's sources that are no longer ``ask`` in ``policy.toml`` and
+            stay closed although approved (the owner should be told).
+    """
+
+    request: ApprovalRequest
+    settled: list[str]
+    closed: list[str]
+
+
+def decide_as_owner(home: Path, rid: str, approve: bool, *, remember: bool = False) -> OwnerDecision:
+    """The owner's decision on request ``rid`` (``kith approvals approve|deny``, the
+    dashboard): :meth:`Approvals.decide`, then the ``approval-decided`` audit record
+    (issue 11), then the check of which approved sources policy now keeps closed.
+
+    Raises:
+        PolicyError: ``approval-not-found``, ``approval-decided``.
+    """
+    from node.policy.store import Policy
+    from node.runtime.audit import AuditLog
+
+    store = Approvals(home)
+    req = store.decide(rid, approve, remember=remember)
+    settled = sorted(r.id for r in store.requests().values() if r.via == req.id) if remember else []
+    audit = AuditLog(home)
+    try:
+        audit.record("approval-decided", sync=True, approval_id=req.id, peer=req.peer_key,
+                     peer_name=req.peer_name, decision=req.decision, remember=remember,
+                     sources=req.sources, settled=settled or None)
+    finally:
+        audit.close()
+    closed: list[str] = []
+    if approve:
+        policy = Policy.load(home)
+        closed = [s for s in req.sources if policy.decide(s, req.peer_name).tier != "ask"]
+    return OwnerDecision(req, settled, closed)

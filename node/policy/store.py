@@ -349,6 +349,16 @@ class Policy:
         """The ``[[override]]`` rules in file order."""
         return tuple(self._overrides)
 
+    def rules_naming(self, prefix: str) -> list[str]:
+        """Rules and overrides whose glob names the source root ``prefix`` (``/prefix`` or
+        below), as ``"GLOB -> TIER"`` lines (``" (override for NAME)"`` appended for an
+        override): what a removed root leaves matching nothing (``kith index remove``,
+        the dashboard's *Remove*)."""
+        prefix = prefix.strip("/")
+        return [f"{r.glob} -> {r.tier}" + (f" (override for {r.peer})" if r.peer else "")
+                for r in (*self._rules, *self._overrides)
+                if r.glob == f"/{prefix}" or r.glob.startswith(f"/{prefix}/")]
+
     def set(self, glob: str, tier: str, peers: Sequence[str] | None = None, *,
             for_peer: str | None = None) -> Rule:
         """Add or replace the rule for ``glob`` (compared in canonical form).

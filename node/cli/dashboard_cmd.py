@@ -1,0 +1,40 @@
+"""``kith dashboard``: the owner's loopback dashboard in the browser (issue 12; specs/dashboard.md)."""
+
+from __future__ import annotations
+
+import typer
+
+from node.cli.common import emit_json, err_console, home_of
+
+
+def dashboard_cmd(
+    ctx: typer.Context,
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR",
+                             help="Loopback address to listen on (a non-loopback one is refused)."),
+    port: int = typer.Option(8766, "--port", min=0, max=65535, help="TCP port (0 picks a free one)."),
+    open_browser: bool = typer.Option(False, "--open", help="Open the login URL in the default browser."),
+    json_out: bool = typer.Option(False, "--json", help='Print {"url", "login"} on stdout once listening.'),
+) -> None:
+    """Serve the owner's dashboard on loopback until Ctrl-C: overview, roots, policy, peers,
+    live sessions, approvals and a search "as a peer sees it". Prints a login URL that
+    works once (it sets a session cookie); every form carries a CSRF token; a foreign
+    Host or Origin is refused."""
+    from node.local.dashboard.app import check_host, serve
+
+    check_host(host)
+    home = home_of(ctx)
+
+    def listening(base: str, login: str) -> None:
+        err_console.print(f"kith dashboard on {base} (Ctrl-C to stop); open once to log in:",
+                          highlight=False, markup=False)
+        # the URL alone on its own line, never wrapped, so it can be copied off a terminal
+        err_console.print(login, highlight=False, markup=False, soft_wrap=True)
+        if json_out:
+            emit_json({"url": base, "login": login})
+        if open_browser:
+            import webbrowser
+
+            webbrowser.open(login)
+
+    serve(home, host, port, on_listening=listening)
+    err_console.print("kith dashboard stopped", highlight=False)

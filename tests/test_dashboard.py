@@ -1,0 +1,293 @@
+"""``kith dashboard`` over real HTTP (a real uvicorn on 127.0.0.1, a real corpus, policy and
+approvals in tmp_path): every refusal of the door, and each page's change reaching the
+home's files the CLI reads. The browser tests are tests/test_dashboard_browser.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from node.corpus.store import Corpus
+from node.local.dashboard.app import run_dashboard_in_thread
+from node.policy.approvals import Approvals
+from node.policy.store import Policy
+
+KITH = [sys.executable, "-m", "node.cli.main"]
+DOCS = {
+    "public/intro.md": "# Intro\n\nHow the temporary directory cleanup works in our tools.\n",
+    "ask/salary.md": "# Salary review\n\nThe salary bands for next year and the bonus pool.\n",
+    "secret/launch.md": "# Launch\n\nThe zebra launch codes are kept here.\n",
+}
+PEER_KEY = "ab" * 32
+
+
+def kith(home: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    docs = tmp_path / "docs"
+    for rel, text in DOCS.items():
+        (docs / rel).parent.mkdir(parents=True, exist_ok=True)
+        (docs / rel).write_text(text)
+    (docs / "public" / "bad.pdf").write_bytes(b"%PDF-1.4 not really a pdf")
+    h = tmp_path / "home"
+    assert kith(h, "init").returncode == 0
+    with Corpus(h) as corpus:
+        corpus.add_root(docs)
+        corpus.sync()
+    policy = Policy.load(h)
+    policy.set("/docs/**", "public")
+    policy.set("/docs/secret/**", "never")
+    policy.set("/docs/ask/**", "ask")
+    policy.save()
+    assert kith(h, "peers", "add", "alice", PEER_KEY).returncode == 0
+    return h
+
+
+@pytest.fixture
+def dash(home: Path):
+    with run_dashboard_in_thread(home) as (base, login):
+        yield base, login
+
+
+def _logged_in(base: str, login: str) -> httpx.Client:
+    client = httpx.Client(base_url=base, timeout=30, follow_redirects=False)
+    r = client.get(login)
+    assert r.status_code == 303 and r.headers["location"] == "/"
+    cookie = r.headers["set-cookie"]
+    assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
+    return client
+
+
+def _csrf(page: str) -> str:
+    m = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert m, "no CSRF field in the page"
+    return m.group(1)
+
+
+def _code(r: httpx.Response) -> str | None:
+    return r.headers.get("x-kith-error")
+
+
+# --- the door -----------------------------------------------------------------------------
+def test_login_token_works_once_and_pages_need_the_cookie(dash) -> None:
+    base, login = dash
+    anon = httpx.Client(base_url=base, timeout=30)
+    for path in ("/", "/roots", "/policy", "/approvals", "/search?q=x"):
+        r = anon.get(path)
+        assert r.status_code == 401 and _code(r) == "dashboard-login-required", path
+        assert "dashboard-login-required" in r.text
+    assert _code(anon.get("/login?token=wrong")) == "dashboard-login-invalid"
+    client = _logged_in(base, login)
+    r = client.get("/")
+    assert r.status_code == 200 and "This node" in r.text
+    assert r.headers["x-frame-options"] == "DENY" and "default-src 'none'" in r.headers["content-security-policy"]
+    # the token is spent: a second browser (or a replay of the URL) gets no session
+    again = httpx.get(login)
+    assert again.status_code == 403 and _code(again) == "dashboard-login-invalid"
+    assert "set-cookie" not in again.headers
+    # a forged cookie is no session
+    assert _code(httpx.get(base + "/", cookies={"kith_dashboard": "forged"})) == "dashboard-login-required"
+
+
+def test_foreign_host_and_origin_are_refused_before_the_login(home: Path, dash) -> None:
+    base, login = dash
+    port = base.rsplit(":", 1)[1]
+    client = _logged_in(base, login)
+    # DNS rebinding: a page on attacker.example resolved to 127.0.0.1
+    r = client.get("/", headers={"Host": f"attacker.example:{port}"})
+    assert r.status_code == 403 and _code(r) == "dashboard-bad-host"
+    r = client.get("/", headers={"Host": "127.0.0.1:1"})  # another port
+    assert _code(r) == "dashboard-bad-host"
+    # the login URL itself is refused under a foreign Host (the token is not spent)
+    r = httpx.get(login, headers={"Host": f"evil.example:{port}"})
+    assert _code(r) == "dashboard-bad-host"
+    # a cross-site form post, even with the cookie and the right CSRF token
+    csrf = _csrf(client.get("/policy").text)
+    r = client.post("/policy/unset", data={"csrf": csrf, "glob": "/docs/secret/**"},
+                    headers={"Origin": "http://attacker.example"})
+    assert r.status_code == 403 and _code(r) == "dashboard-bad-host"
+    r = client.post("/policy/unset", data={"csrf": csrf, "glob": "/docs/secret/**"},
+                    headers={"Origin": "null"})
+    assert _code(r) == "dashboard-bad-host"
+    assert [r.glob for r in Policy.load(home).rules].count("/docs/secret/**") == 1
+
+
+def test_post_without_or_with_a_wrong_csrf_token_changes_nothing(home: Path, dash) -> None:
+    base, login = dash
+    client = _logged_in(base, login)
+    for data in ({"glob": "/docs/secret/**"}, {"glob": "/docs/secret/**", "csrf": "nope"}):
+        r = client.post("/policy/unset", data=data)
+        assert r.status_code == 403 and _code(r) == "dashboard-csrf"
+    r = client.post("/policy/unset", content=json.dumps({"glob": "/docs/secret/**"}),
+                    headers={"Content-Type": "application/json"})
+    assert r.status_code == 415 and _code(r) == "dashboard-form-invalid"
+    assert [r.glob for r in Policy.load(home).rules].count("/docs/secret/**") == 1
+
+
+def test_non_loopback_bind_is_refused_with_a_typed_error(home: Path) -> None:
+    from node.common.errors import KithError
+
+    with pytest.raises(KithError) as info:
+        with run_dashboard_in_thread(home, host="0.0.0.0"):
+            pass
+    assert info.value.code == "dashboard-loopback-only"
+    r = kith(home, "dashboard", "--host", "192.168.1.10", "--port", "0")
+    assert r.returncode == 2 and "dashboard-loopback-only" in r.stderr
+
+
+# --- the pages ------------------------------------------------------------------------------
+def test_roots_page_shows_failed_documents_and_removes_a_root(home: Path, dash, tmp_path: Path) -> None:
+    base, login = dash
+    client = _logged_in(base, login)
+    page = client.get("/roots").text
+    assert "/docs/" in page and "bad.pdf" in page  # the failed PDF with its reason
+    csrf = _csrf(page)
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "a.md").write_text("# A\n\nwalrus notes about the harbour.\n")
+    r = client.post("/roots/add", data={"csrf": csrf, "path": str(other)})
+    assert r.status_code == 303
+    assert "added root /notes/" in client.get("/roots").text
+    client.post("/roots/sync", data={"csrf": csrf, "mode": "new_only"})
+    with Corpus(home, readonly=True) as corpus:
+        assert corpus.search_hits("walrus harbour", limit=5)[0]
+    r = client.post("/roots/remove", data={"csrf": csrf, "prefix": "docs"})
+    page = client.get("/roots").text
+    assert "removed root /docs/ and its" in page and "/docs/**" in page  # rules that named it are listed
+    with Corpus(home, readonly=True) as corpus:
+        assert [r.prefix for r in corpus.roots()] == ["notes"]
+        hits, _ = corpus.search_hits("salary bands bonus pool", limit=5)
+        assert not [h for h in hits if h.source_id.startswith("/docs/")]
+    # a prefix once removed is never given to a later root
+    r = client.post("/roots/add", data={"csrf": csrf, "path": str(tmp_path / "docs")})
+    with Corpus(home, readonly=True) as corpus:
+        assert [r.prefix for r in corpus.roots()] == ["notes", "docs-2"]
+    # a wrong prefix is a notice with its code, not a crash
+    client.post("/roots/remove", data={"csrf": csrf, "prefix": "nope"})
+    assert "root-unknown" in client.get("/roots").text
+
+
+def test_policy_page_explains_adds_and_removes_rules(home: Path, dash) -> None:
+    base, login = dash
+    client = _logged_in(base, login)
+    page = client.get("/policy").text
+    assert "/docs/ask/**" in page and "anonymous peers together" in page  # rules and quotas
+    r = client.get("/policy", params={"source": "/docs/secret/launch.md", "peer": "alice"})
+    assert re.search(r"<dt>tier</dt><dd>never</dd>", r.text) and "/docs/secret/**" in r.text
+    csrf = _csrf(page)
+    client.post("/policy/set", data={"csrf": csrf, "glob": "/docs/public/**", "tier": "peers", "peers": "alice"})
+    assert [(r.glob, r.tier, r.peers) for r in Policy.load(home).rules if r.glob == "/docs/public/**"] == \
+        [("/docs/public/**", "peers", ("alice",))]
+    client.post("/policy/set", data={"csrf": csrf, "glob": "/docs/x/**", "tier": "peers"})
+    assert "policy-invalid" in client.get("/policy").text  # tier peers without names: refused, shown
+    client.post("/policy/unset", data={"csrf": csrf, "glob": "/docs/ask/**", "for": ""})
+    assert "/docs/ask/**" not in [r.glob for r in Policy.load(home).rules]
+    listed = json.loads(kith(home, "policy", "list", "--json").stdout)
+    assert "/docs/ask/**" not in [r["glob"] for r in listed["rules"]]
+
+
+def test_approvals_page_approves_and_the_cli_sees_it(home: Path, dash) -> None:
+    base, login = dash
+    store = Approvals(home)
+    req = store.request(PEER_KEY, "alice", "salary bands bonus pool", ["/docs/ask/salary.md"])
+    client = _logged_in(base, login)
+    page = client.get("/approvals").text
+    assert req.id in page and "salary bands bonus pool" in page
+    r = client.post("/approvals/decide", data={"csrf": _csrf(page), "id": req.id, "decision": "approve"})
+    assert r.status_code == 303
+    assert f"approved {req.id}" in client.get("/approvals").text
+    listed = json.loads(kith(home, "approvals", "list", "--all", "--json").stdout)["requests"]
+    assert [x["status"] for x in listed if x["id"] == req.id] == ["approved"]
+    audit = (home / "audit.jsonl").read_text()
+    assert '"approval-decided"' in audit and req.id in audit
+    client.post("/approvals/decide", data={"csrf": _csrf(page), "id": req.id, "decision": "deny"})
+    assert "approval-decided" in client.get("/approvals").text
+
+
+def test_search_as_a_peer_shows_what_the_peer_would_get(home: Path, dash) -> None:
+    base, login = dash
+    client = _logged_in(base, login)
+    owner = client.get("/search", params={"q": "zebra launch codes", "as": "owner"}).text
+    assert "/docs/secret/launch.md" in owner
+    anon = client.get("/search", params={"q": "zebra launch codes", "as": "anonymous"}).text
+    assert "/docs/secret/launch.md" not in anon and "no-verified-results" in anon
+    alice = client.get("/search", params={"q": "salary bands bonus pool", "as": "alice"}).text
+    assert "pending-approval" in alice and "salary.md" not in alice
+    public = client.get("/search", params={"q": "temporary directory cleanup", "as": "alice"}).text
+    assert "/docs/public/intro.md" in public
+    # a preview never writes an approval request
+    assert Approvals(home).pending() == []
+    assert "peer-not-found" in client.get("/search", params={"q": "x", "as": "mallory"}).text
+
+
+def test_sessions_page_without_a_host_says_so(dash) -> None:
+    base, login = dash
+    client = _logged_in(base, login)
+    assert "host not running" in client.get("/sessions").text
+    assert "host not running" in client.get("/").text
+
+
+def test_remove_root_drops_archive_members_and_retires_the_prefix(tmp_path: Path) -> None:
+    """Corpus.remove_root (the dashboard's remove): documents, archive members and chunks
+    leave SQLite and the index; the other root stays searchable; the prefix is not reused."""
+    import zipfile
+
+    a, b = tmp_path / "a" / "notes", tmp_path / "b" / "other"
+    a.mkdir(parents=True)
+    b.mkdir(parents=True)
+    (a / "x.md").write_text("# X\n\nquokka migration patterns in spring.\n")
+    with zipfile.ZipFile(a / "bundle.zip", "w") as zf:
+        zf.writestr("inner.md", "# Inner\n\nquokka burrows inside the archive.\n")
+    (b / "y.md").write_text("# Y\n\nquokka facts kept elsewhere.\n")
+    with Corpus(tmp_path / "home") as corpus:
+        corpus.add_root(a)
+        corpus.add_root(b)
+        corpus.sync()
+        before = {h.source_id for h in corpus.search_hits("quokka", limit=20)[0]}
+        assert {"/notes/x.md", "/other/y.md"} <= before and any("bundle.zip" in s for s in before)
+        out = corpus.remove_root("notes")
+        assert out["prefix"] == "notes" and out["documents"] == 2  # x.md and the archive
+        after = {h.source_id for h in corpus.search_hits("quokka", limit=20)[0]}
+        assert after == {"/other/y.md"}
+        st = corpus.status_report()
+        assert [r["prefix"] for r in st["rootList"]] == ["other"] and st["documents"] == 1
+        again = corpus.add_root(a)
+        assert again.prefix == "notes-2"
+        from node.common.errors import KithError
+
+        with pytest.raises(KithError) as info:
+            corpus.remove_root("notes")
+        assert info.value.code == "root-unknown"
+    with Corpus(tmp_path / "home", readonly=True) as ro:  # the index agrees after reopening
+        assert {h.source_id for h in ro.search_hits("quokka", limit=20)[0]} == {"/other/y.md"}
+
+
+def test_the_kith_dashboard_command_prints_a_login_url_that_works(home: Path) -> None:
+    import select
+    import signal
+
+    proc = subprocess.Popen([*KITH, "--home", str(home), "dashboard", "--port", "0", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "kith dashboard printed nothing in 60 s"
+        info = json.loads(proc.stdout.readline())
+        assert info["login"].startswith(info["url"] + "/login?token=") and info["url"].startswith("http://127.0.0.1:")
+        with httpx.Client(timeout=30) as client:
+            r = client.get(info["login"], follow_redirects=True)
+            assert r.status_code == 200 and "This node" in r.text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert info["login"] in err  # the URL is on stderr too, whole, on its own line
+    assert info["login"] in err.splitlines()
