@@ -255,7 +255,7 @@ def test_remove_root_drops_archive_members_and_retires_the_prefix(tmp_path: Path
         before = {h.source_id for h in corpus.search_hits("quokka", limit=20)[0]}
         assert {"/notes/x.md", "/other/y.md"} <= before and any("bundle.zip" in s for s in before)
         out = corpus.remove_root("notes")
-        assert out["prefix"] == "notes" and out["documents"] == 2  # x.md and the archive
+        assert out["prefix"] == "notes" and out["documents"] == 3  # x.md, the archive and its member
         after = {h.source_id for h in corpus.search_hits("quokka", limit=20)[0]}
         assert after == {"/other/y.md"}
         st = corpus.status_report()
