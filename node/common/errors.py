@@ -121,6 +121,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "session-shutdown": ("session", "The session ended because the node is shutting down."),
     "session-revoked": ("session", "The host revoked this peer's access and ended the session."),
     "session-evicted": ("session", "The host ended this idle anonymous session to make room for another guest; join again."),
+    "questions-unanswered": ("session", "The host did not answer every question (rate-limited, pending approval, refused, ...; the status of each is shown)."),
     # --- protocol specs / hooks --------------------------------------------------------
     "spec-invalid": ("spec", "The protocol's spec.json is not valid."),
     "protocol-not-found": ("spec", "No protocol with that name is installed."),
@@ -194,6 +195,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "policy-bad-tier": ("policy", "The policy tier is not one of public, peers, ask, private, never."),
     "approval-not-found": ("policy", "No approval request with that id exists."),
     "approval-decided": ("policy", "That approval request was already decided."),
+    "approval-id-ambiguous": ("policy", "That id prefix matches more than one approval request; type more of the id."),
     "peer-bad-name": ("policy", "A peer name is 1-64 of [A-Za-z0-9_.-], starting with a letter or digit."),
     "peer-exists": ("policy", "A peer with that name is already pinned."),
     "peer-key-pinned": ("policy", "That public key is already pinned under another name."),
