@@ -174,7 +174,14 @@ def format_lines(lines: Sequence[Line], width: int | None) -> list[str]:
 def print_answer(message: Mapping[str, Any], console: Any) -> None:
     """Print one ``results`` message on ``console`` (a :class:`rich.console.Console`):
     on a terminal wrapped to its width, with bold headings; off a terminal plain and
-    unwrapped (module docstring). Never parses markup in the peer's text."""
+    unwrapped (module docstring). Never parses markup in the peer's text.
+
+    Args:
+        message: ``{"query_id", "status", "envelope"[, "retry_after_s", "approval_id"]}``
+            (:func:`answer_lines`); to show a bare envelope (``kith ask``, ``kith search``)
+            pass ``{"query_id": LABEL, "status": STATUS, "envelope": ENVELOPE}``.
+        console: where to print (usually stdout's console).
+    """
     lines = answer_lines(message)
     if not console.is_terminal:
         console.file.write("".join(t + "\n" for t in format_lines(lines, None)))
