@@ -685,3 +685,56 @@ def test_fifo_and_own_home_inside_a_root_are_never_read(tmp_path: Path) -> None:
         assert set(_rows(c)) == {"/r/note.txt"}  # not tantivy's meta.json, not the pipe
         rep = c.sync_paths([home / "corpus" / "tantivy" / "meta.json", root / "pipe.txt"])
         assert (rep["indexed"], rep["failed"]) == (0, 0)
+
+
+_KILL_CHILD = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[3])
+from node.corpus.store import Corpus
+
+def progress(done, total, source, *_):
+    if done == int(sys.argv[2]):
+        os.kill(os.getpid(), signal.SIGKILL)  # mid-batch: files before it are in the open batch
+
+c = Corpus(sys.argv[1])
+c.sync(progress=progress)
+"""
+
+
+@pytest.mark.parametrize("kill_at", [1, 7, 23])
+def test_a_kill_mid_batch_loses_nothing_and_half_writes_nothing(tmp_path: Path,
+                                                                 kill_at: int) -> None:
+    """A sync killed (SIGKILL) while files share an open SQLite batch: the record holds
+    only whole files, the index nothing the record lacks, and the next sync makes both
+    complete — every file searchable once, no ``processing`` row left behind."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "kb"
+    root.mkdir()
+    for i in range(30):
+        (root / f"n{i:02d}.md").write_text(f"# Note {i}\n\nkillword{i} appears here.\n\n"
+                                           + "filler text for the chunker. " * 40)
+    home = tmp_path / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", _KILL_CHILD, str(home), str(kill_at), str(repo)],
+                         capture_output=True, timeout=120)
+    assert out.returncode == -9
+    with Corpus(home) as c:
+        db = sqlite3.connect(c.db_path)
+        try:  # whatever the killed run recorded is whole: done rows have all their chunks
+            for doc_id, n in db.execute("SELECT doc_id, chunk_count FROM documents "
+                                        "WHERE status='done'"):
+                assert db.execute("SELECT COUNT(*) FROM chunks WHERE doc_id=?",
+                                  (doc_id,)).fetchone()[0] == n
+        finally:
+            db.close()
+        rep = c.sync()
+        assert rep["failed"] == 0
+        st = c.status_report()
+        assert st["byStatus"] == {"processing": 0, "done": 30, "error": 0}
+        assert c.stats()["index_lag"] == 0
+        for i in range(30):
+            assert _sources(c, f"killword{i}") == [f"/kb/n{i:02d}.md"]

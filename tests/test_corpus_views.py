@@ -93,3 +93,63 @@ def test_a_policy_change_reaches_the_next_query_of_a_peer(tmp_path):
         second = peer_knowledge(corpus, gate, None).search({"query": "walrus", "topK": 5})
         assert sorted(r["source"] for r in second["envelope"]["results"]) == [
             "/notes/priv/b.md", "/notes/pub/a.md"]
+
+
+def everything(source_id: str) -> bool:
+    return True
+
+
+def _ranked(corpus: Corpus, query: str, visible) -> list[tuple[str, float, object]]:
+    hits, _ = corpus.search_hits(query, limit=10, visible=visible)
+    return [(h.source_id, h.score, h.score_components) for h in hits]
+
+
+def _deleted_in_main(home: Path) -> int:
+    import json
+
+    meta = json.loads((home / "corpus" / "tantivy" / "meta.json").read_text())
+    return sum((sg.get("deletes") or {}).get("num_deleted_docs", 0) for sg in meta["segments"])
+
+
+def test_a_view_seeing_everything_is_served_from_the_main_index_with_the_same_ranking(
+        tmp_path, monkeypatch):
+    """A view that sees every document, on an index holding exactly the record, runs on
+    the main on-disk index (no RAM copy, issue 10 item 5) and ranks exactly as its own
+    RAM index would; while the main index counts a deleted document (a removed private
+    file, until a merge drops it) or lags the record, the view gets its own index; a
+    view that does not see everything never runs on the main index."""
+    import sqlite3
+
+    root, home = _corpus(tmp_path, {
+        "pub/a.md": "# Walrus\n\nwalrus walrus tusk\n", "pub/b.md": "walrus and otter\n",
+        "priv/c.md": "walrus secret otter otter\n"})
+
+    def both(public_is_partial: bool) -> list:
+        with Corpus(home, readonly=True) as corpus:
+            corpus._searcher()
+            view = corpus._view(everything)
+            assert view.on_main == (_deleted_in_main(home) == 0)
+            if public_is_partial:
+                assert not corpus._view(public).on_main
+            served = _ranked(corpus, "walrus otter", everything)
+        with Corpus(home, readonly=True) as corpus:  # the same view on its own RAM index
+            monkeypatch.setattr(corpus, "_main_searcher_for", lambda chunks: None)
+            corpus._searcher()
+            assert not corpus._view(everything).on_main
+            assert _ranked(corpus, "walrus otter", everything) == served
+        return served
+
+    assert _deleted_in_main(home) == 0
+    assert [s for s, _, _ in both(True)] == ["/notes/priv/c.md", "/notes/pub/b.md",
+                                         "/notes/pub/a.md"]
+    (root / "priv" / "c.md").unlink()  # deleted in the main index until a merge
+    _resync(home)
+    # the public view now sees everything too
+    assert [s for s, _, _ in both(False)] == ["/notes/pub/b.md", "/notes/pub/a.md"]
+    db = sqlite3.connect(home / "corpus" / "corpus.sqlite3")  # a change not yet applied
+    db.execute("INSERT INTO changes(doc_id, op) SELECT doc_id, 'upsert' FROM documents")
+    db.commit()
+    db.close()
+    with Corpus(home, readonly=True) as corpus:
+        corpus._searcher()
+        assert not corpus._view(everything).on_main

@@ -129,3 +129,20 @@ def test_a_two_word_cp1252_note_is_found_by_its_accented_word(tmp_path: Path) ->
         assert "café" in hits[0].text
         row = c._db.execute("SELECT encoding FROM documents").fetchone()
         assert row[0] == "cp1252"
+
+
+def test_identifier_scan_finds_exactly_what_the_whole_text_scan_finds() -> None:
+    """The per-token scan (speed, issue 10 item 6) keeps every match of the one regex over
+    the whole text: same words, same order — on seeded random text over the characters
+    the pattern and its look-arounds care about, and on real prose."""
+    import random
+
+    rnd = random.Random(10)
+    alphabet = "ab_Z.,:-eE019 é\u00a0x(\n\t\u2028\x1c)é_"
+    samples = ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 40)))
+               for _ in range(20_000)]
+    samples += [FILES["reference.md"], "see os.path.join(a, b). 1,000 items, 1e-5 or 2-3; "
+                "e.g. __init__ and max_connections at 10:30 in 3.11.", "end.", "a.b.", "x_"]
+    for text in samples:
+        assert [m.group(0) for m in search._whole_matches(text)] == \
+            [m.group(0) for m in search._WHOLE.finditer(text)], repr(text)

@@ -22,6 +22,7 @@ def serve_cmd(
     port: int = typer.Option(8765, "--port", min=0, max=65535, help="TCP port (0 picks a free one)."),
     json_out: bool = typer.Option(False, "--json", help='Print {"url": ...} on stdout once listening.'),
     access_log: bool = typer.Option(False, "--access-log", help="Log each request on stderr."),
+    offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help="iroh local mode for `peers` searches (relay disabled, loopback)."),
 ) -> None:
     """Serve GET /health, /stats, /contract, /openapi.json and POST /search over this home's
     corpus until Ctrl-C/SIGTERM. Every other method answers 403 and changes nothing; only a
@@ -46,7 +47,7 @@ def serve_cmd(
     def warn(line: str) -> None:
         err_console.print(f"warning: {line}", highlight=False)
 
-    serve(home_of(ctx), host, port, on_listening=listening, access_log=access_log, warn=warn)
+    serve(home_of(ctx), host, port, on_listening=listening, access_log=access_log, warn=warn, offline=offline)
     err_console.print("kith local API stopped", highlight=False)
 
 

@@ -187,7 +187,8 @@ def _prompt(text: str) -> str:
     return line.rstrip("\n")
 
 
-def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None) -> None:
+def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None,
+               invitation: dict[str, Any] | None = None, server: str | None = None) -> None:
     """After a successful session with an unpinned host: pin it as ``pin``, or (on a TTY)
     ask for a name; otherwise say how to pin it later. Messages go to stderr."""
     import re
@@ -208,7 +209,7 @@ def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None) -
             return
         if not pin:
             return
-    rec = registry.add(pin, key, profile=profile)
+    rec = registry.add(pin, key, profile=profile, invitation=invitation, server=server)
     err_console.print(f"pinned the host as {rec.name!r}", highlight=False, markup=False)
 
 
@@ -393,7 +394,11 @@ def join_cmd(
             err_console.print(f"host UI not installed: {safe_text(code)[:64]} (refused by the {safe_text(side)[:16]})",
                               highlight=False, markup=False)
         if outcome.ok and name is None and not (interactive and outcome.peer_end is not None):
-            _offer_pin(home, inv.host_public_key, host_seen.get("profile") or {}, pin)
+            _offer_pin(home, inv.host_public_key, host_seen.get("profile") or {}, pin, inv.to_dict(), server)
+        elif outcome.ok and name is not None:  # a pinned host: keep its last invitation (`kith ask`)
+            from node.trust.peers import PeerRegistry
+
+            PeerRegistry.load(home).remember_invitation(inv.host_public_key, inv.to_dict(), server)
         return outcome
 
     host_seen: dict[str, Any] = {}

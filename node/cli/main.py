@@ -78,6 +78,9 @@ def _register() -> None:
     from node.cli.audit_cmd import audit_cmd
 
     app.command("audit")(audit_cmd)
+    from node.cli.ask_cmd import ask_cmd
+
+    app.command("ask")(ask_cmd)
 
 
 def _wants_json(argv: list[str]) -> bool:

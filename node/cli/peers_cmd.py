@@ -48,11 +48,30 @@ def add_cmd(
     name: str = typer.Argument(..., help="Local name: 1-64 of [A-Za-z0-9_.-], starting alphanumeric."),
     key: str = typer.Argument(..., help="The peer's public key (64 lowercase hex; `kith init` prints it)."),
     note: str = typer.Option("", "--note", help="Your own note about this peer (never sent)."),
+    invite: Optional[str] = typer.Option(None, "--invite", metavar="FILE|POST_ID", help="Keep this invitation of the peer (verified: its host key must be KEY) so `kith ask --peer NAME` can reach it."),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="The community server the invitation comes from (fetches a POST_ID; asked for a newer invitation when the saved one no longer works)."),
     as_json: bool = _JSON,
 ) -> None:
     """Pin NAME to KEY (refused when NAME or KEY is already pinned)."""
-    registry = PeerRegistry.load(home_of(ctx))
-    rec = registry.add(name, key, note)
+    from node.common.errors import UsageError
+
+    home = home_of(ctx)
+    registry = PeerRegistry.load(home)
+    inv_doc = None
+    if invite is not None:
+        import anyio
+
+        from node.common.errors import HandshakeError
+        from node.runtime.guest import check_invitation, resolve_invitation
+
+        inv = anyio.run(lambda: resolve_invitation(invite, server_url=server), backend="asyncio")
+        if inv.host_public_key != key:
+            raise HandshakeError("host-key-changed", "the invitation's host key is not KEY")
+        check_invitation(inv, home)  # binding signature, expiry, protocol id (as `kith join`)
+        inv_doc = inv.to_dict()
+    elif server is not None:
+        raise UsageError("usage", "--server is used with --invite")
+    rec = registry.add(name, key, note, invitation=inv_doc, server=server)
     if as_json:
         emit_json(registry.to_json(rec))
     else:

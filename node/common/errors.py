@@ -45,6 +45,7 @@ class Code(NamedTuple):
 _ROWS: dict[str, tuple[str, ...]] = {
     # --- usage / configuration -------------------------------------------------------
     "usage": ("usage", "The command line is not valid."),
+    "ask-too-many-peers": ("usage", "One ask names more peers than it may (16)."),
     "config-invalid": ("config", "A configuration file is not valid."),
     "audit-line-invalid": ("config", "A line of the audit log is not a valid record; it was skipped."),
     "home-not-initialized": ("config", "This Kith home has no identity yet; run `kith init`."),
@@ -69,7 +70,9 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "invitation-bad-hex": ("invitation", "A key or signature in the invitation is not strict lowercase hex of the exact length."),
     "invitation-not-found": ("invitation", "No invitation with that post_id exists on the server."),
     "host-key-changed": ("handshake", "The host key differs from the key pinned for that peer name."),
+    "ask-peer-blocked": ("handshake", "That peer name is blocked; it is not asked."),
     "host-not-trusted": ("invitation", "The host key is not trusted; pass --trust or answer yes at the prompt."),
+    "ask-protocol-unsupported": ("invitation", "That peer's invitation is for another protocol than knowledge-query; it cannot be asked."),
     # --- handshake (_session_reject codes) -----------------------------------------
     "handshake-first-frame": ("handshake", "The first frame of a session must be _session_init."),
     "handshake-timeout": ("handshake", "A handshake step did not complete in time."),
@@ -122,6 +125,8 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "session-revoked": ("session", "The host revoked this peer's access and ended the session."),
     "session-evicted": ("session", "The host ended this idle anonymous session to make room for another guest; join again."),
     "questions-unanswered": ("session", "The host did not answer every question (rate-limited, pending approval, refused, ...; the status of each is shown)."),
+    "ask-pool-full": ("session", "Every pooled peer session is busy; the peer was not asked."),
+    "peer-answer-invalid": ("session", "The peer's answer has a malformed result; none of its results were used."),
     # --- protocol specs / hooks --------------------------------------------------------
     "spec-invalid": ("spec", "The protocol's spec.json is not valid."),
     "protocol-not-found": ("spec", "No protocol with that name is installed."),

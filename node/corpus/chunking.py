@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 import re
 from dataclasses import dataclass
 
@@ -121,8 +122,9 @@ def _clean_title(title: str) -> str:
 
 def _line_offsets(text: str) -> list[int]:
     """Offset where each line starts (line ``i + 1`` starts at ``out[i]``)."""
-    out = [0]
-    out.extend(itertools.accumulate(len(line) + 1 for line in text.split("\n")))
+    out = [0]  # each line's length + 1 (its newline), summed at C speed
+    out.extend(itertools.accumulate(map(operator.add, map(len, text.split("\n")),
+                                        itertools.repeat(1))))
     out.pop()
     return out
 

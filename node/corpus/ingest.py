@@ -15,11 +15,18 @@ Per file, in this order:
    skipped, no write at all (``full`` re-indexes);
 2. same bytes (SHA-256) despite a new mtime: only the tracking row's size/mtime are
    refreshed, no chunk or index write;
-3. otherwise the tracking row is opened as ``processing`` first (a crash leaves a
-   visible ``processing`` row, never an untracked indexed file), the file is parsed and
-   chunked, and ONE SQLite transaction *inserts the new chunks, then deletes the old
-   ones*, marks the row ``done`` and appends to the ``changes`` log; tantivy then gets
-   the delete-by-``doc_id`` and the new chunk documents in the same (atomic) commit.
+3. otherwise the tracking row is opened as ``processing`` first, the file is parsed and
+   chunked, and the record *inserts the new chunks, then deletes the old ones*, marks
+   the row ``done`` and appends to the ``changes`` log — one savepoint per file, so a
+   file is recorded whole or not at all; tantivy then gets the delete-by-``doc_id`` and
+   the new chunk documents in the same (atomic) commit.
+
+Files share one SQLite transaction (a batch, :data:`BATCH_CHUNKS` / :data:`BATCH_SECONDS`)
+— per-file transactions were a large part of a full sync (issue 10 item 6). The batch
+commits before every tantivy commit (the index never holds what the record does not). A
+kill loses the open batch: its files are untracked and unindexed, so the next sync
+indexes them (never an untracked indexed file, never a gap); an exception or interrupt
+commits the batch, so a file cut off mid-parse leaves a visible ``processing`` row.
 
 A file that fails gets status ``error`` and an ``error_message`` of
 *stage: ExceptionType-or-reason - advice* (never exception text, never a path) and the
@@ -32,6 +39,7 @@ removed (with an archive, its members).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -51,6 +59,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: tantivy commit every this many added chunks (bounds memory and the repair window).
 COMMIT_EVERY_CHUNKS = 20_000
+#: Files of a sync share one SQLite transaction until it holds this many chunks or has
+#: been open this long (seconds): each file's writes stay all-or-nothing (a savepoint),
+#: a kill loses at most the open batch — files neither recorded nor indexed, so the next
+#: sync indexes them — and another writer of the record waits at most about this long.
+BATCH_CHUNKS = 2_000
+BATCH_SECONDS = 0.25
+#: Stages of :attr:`Writer.stages` (seconds spent in each during one run).
+STAGES = ("walk", "read", "parse", "chunk", "record", "index", "commit")
 MODES = ("new_only", "update_only", "full")
 
 #: ``progress(done_files, total_files, source_id, done_bytes, total_bytes)``
@@ -292,6 +308,59 @@ class Writer:
         }
         self.pending_chunks = 0
         self.dirty = False  # any index operation since the last tantivy commit
+        #: seconds spent per stage (:data:`STAGES`) in this run (``scripts/bench_corpus.py
+        #: --breakdown``): walk (list the roots, stat), read (bytes + SHA-256), parse
+        #: (decode + parse), chunk, record (SQLite), index (tantivy documents), commit
+        self.stages: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        self._batch: tuple[float, int] | None = None  # (opened at, chunks) of the open batch
+
+    # -- transactions -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def tx(self) -> Iterator[None]:
+        """One all-or-nothing group of writes: a savepoint inside the open batch
+        (:meth:`begin_batch`), else its own ``BEGIN IMMEDIATE`` transaction."""
+        if self._batch is None:
+            with self.c._tx():
+                yield
+            return
+        self.db.execute("SAVEPOINT w")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK TO w")
+            self.db.execute("RELEASE w")
+            raise
+        self.db.execute("RELEASE w")
+
+    def begin_batch(self) -> None:
+        """Open the batch transaction the next files share (no-op when one is open)."""
+        if self._batch is None:
+            self.db.execute("BEGIN IMMEDIATE")
+            self._batch = (time.monotonic(), 0)
+
+    def end_batch(self, *, force: bool = False) -> None:
+        """Commit the open batch when it is full (:data:`BATCH_CHUNKS`,
+        :data:`BATCH_SECONDS`) or ``force``."""
+        if self._batch is None:
+            return
+        opened, chunks = self._batch
+        if force or chunks >= BATCH_CHUNKS or time.monotonic() - opened >= BATCH_SECONDS:
+            self._batch = None
+            t0 = time.perf_counter()
+            self.db.execute("COMMIT")
+            self.stages["record"] += time.perf_counter() - t0
+
+    def abort_batch(self) -> None:
+        """After an exception between files: keep what the batch holds (every file in it
+        is whole: each was one savepoint), or roll it back when it cannot commit."""
+        if self._batch is None:
+            return
+        self._batch = None
+        try:
+            self.db.execute("COMMIT")
+        except Exception:
+            with contextlib.suppress(Exception):
+                self.db.execute("ROLLBACK")
 
     # -- helpers --------------------------------------------------------------------
     def log_change(self, doc_id: str, op: str) -> None:
@@ -311,7 +380,7 @@ class Writer:
              kind: str | None = None) -> None:
         """Record an ``error`` row (dropping any chunks the document had) and report it."""
         doc_id = doc.doc_id
-        with self.c._tx():
+        with self.tx():
             had = self.db.execute("SELECT COUNT(*) FROM chunks WHERE doc_id=?", (doc_id,)).fetchone()[0]
             if had:
                 self.db.execute("DELETE FROM chunks WHERE doc_id=?", (doc_id,))
@@ -340,7 +409,7 @@ class Writer:
 
     def open_row(self, doc: DocRef, kind: str | None) -> None:
         """Open (or re-open) the tracking row as ``processing`` before any indexing."""
-        with self.c._tx():
+        with self.tx():
             self.db.execute(
                 """INSERT INTO documents(doc_id, source_id, root_prefix, rel_path, kind, status,
                        updated_at, origin, parent_doc_id) VALUES (?,?,?,?,?, 'processing', ?, ?, ?)
@@ -351,13 +420,18 @@ class Writer:
                  doc.origin, doc.parent_doc_id))
 
     def refresh_stat(self, doc_id: str, size: int | None, mtime_ns: int | None) -> None:
-        with self.c._tx():
+        with self.tx():
             self.db.execute("UPDATE documents SET size=?, mtime_ns=?, stale=0 WHERE doc_id=?",
                             (size, mtime_ns, doc_id))
 
     def maybe_commit(self, force: bool = False) -> None:
+        """Commit tantivy every :data:`COMMIT_EVERY_CHUNKS` (or now, ``force``) — the
+        open SQLite batch first: the index never holds what the record does not."""
         if self.dirty and (force or self.pending_chunks >= COMMIT_EVERY_CHUNKS):
+            self.end_batch(force=True)
+            t0 = time.perf_counter()
             self.c._commit_index()
+            self.stages["commit"] += time.perf_counter() - t0
             self.pending_chunks = 0
             self.dirty = False
 
@@ -371,7 +445,11 @@ class Writer:
             ``indexed``/``updated`` (written), ``failed`` or ``empty``.
         """
         doc_id = doc.doc_id
+        stages = self.stages
+        t0 = time.perf_counter()
         self.open_row(doc, kind)
+        t1 = time.perf_counter()
+        stages["record"] += t1 - t0
         try:
             parsed = parse()
         except parsers.Unsupported as exc:
@@ -383,6 +461,8 @@ class Writer:
             self.fail(doc, size, mtime_ns, "parse-failed", error_message("parse", exc),
                       content_hash=content_hash, kind=kind)
             return "failed"
+        t2 = time.perf_counter()
+        stages["parse"] += t2 - t1
         try:
             chunks = chunking.chunk_text(parsed.text, kind=parsed.kind, structure=parsed.structure,
                                          chunker=doc.chunker, chunk_size=doc.chunk_size,
@@ -392,6 +472,8 @@ class Writer:
             self.fail(doc, size, mtime_ns, "chunk-failed", error_message("chunk", exc),
                       content_hash=content_hash, kind=kind)
             return "failed"
+        t3 = time.perf_counter()
+        stages["chunk"] += t3 - t2
         if not chunks:
             self.fail(doc, size, mtime_ns, "empty-document", _REASON_MESSAGE["empty-document"],
                       content_hash=content_hash, empty=True, kind=kind)
@@ -399,15 +481,19 @@ class Writer:
         sig = doc.sig
         ids = [chunk_id_for(doc.source_id, content_hash, sig, ch.ordinal) for ch in chunks]
         indexed_at = now_rfc3339()
-        with self.c._tx():
+        paths: dict[tuple[str, ...], str] = {}  # chunks of a section share a heading path
+        for ch in chunks:
+            if ch.heading_path not in paths:
+                paths[ch.heading_path] = json.dumps(list(ch.heading_path), ensure_ascii=False)
+        with self.tx():
             # insert the new chunks BEFORE deleting the old ones (DESIGN §9): a crash
             # between the two can only leave a duplicate, never a gap
             self.db.executemany(
                 """INSERT OR REPLACE INTO chunks(chunk_id, doc_id, ordinal, text, line_start,
                        line_end, heading_path, page_start, page_end) VALUES (?,?,?,?,?,?,?,?,?)""",
                 [(cid, doc_id, ch.ordinal, ch.text, ch.line_start, ch.line_end,
-                  json.dumps(list(ch.heading_path), ensure_ascii=False), ch.page_start,
-                  ch.page_end) for cid, ch in zip(ids, chunks)])
+                  paths[ch.heading_path], ch.page_start, ch.page_end)
+                 for cid, ch in zip(ids, chunks)])
             if existed:
                 self.db.execute(
                     f"DELETE FROM chunks WHERE doc_id=? AND chunk_id NOT IN ({','.join('?' * len(ids))})",
@@ -421,16 +507,22 @@ class Writer:
                  1 if parsed.fallback else 0, sig, indexed_at, indexed_at,
                  json.dumps(metadata or {}, ensure_ascii=False, sort_keys=True), doc_id))
             self.log_change(doc_id, "upsert")
+        t4 = time.perf_counter()
+        stages["record"] += t4 - t3
         # tantivy: one atomic commit holds the delete of the old and the add of the new
         if existed:
             self.writer.delete_documents_by_term("doc_id", doc_id)
-        titles: dict[tuple[str, ...], tuple[str, str]] = {}  # chunks of a section share a heading path
+        add, make = self.writer.add_document, search.make_document
+        titles: dict[tuple[str, ...], tuple[str, str]] = {}
         for cid, ch in zip(ids, chunks):
-            hp = tuple(ch.heading_path)
+            hp = ch.heading_path
             title = titles.get(hp)
             if title is None:
                 title = titles[hp] = search.index_title(doc.source_id, hp)
-            self.writer.add_document(search.make_document(cid, doc_id, ch.text, title))
+            add(make(cid, doc_id, ch.text, title))
+        stages["index"] += time.perf_counter() - t4
+        if self._batch is not None:
+            self._batch = (self._batch[0], self._batch[1] + len(chunks))
         self.pending_chunks += len(chunks)
         self.report["chunks"] += len(chunks)
         outcome = "updated" if existed else "indexed"
@@ -444,7 +536,7 @@ class Writer:
             "SELECT doc_id FROM documents WHERE parent_doc_id=?", (doc_id,))]
         for child in children:
             self.remove(child, count=count)
-        with self.c._tx():
+        with self.tx():
             self.db.execute("DELETE FROM chunks WHERE doc_id=?", (doc_id,))
             self.db.execute("DELETE FROM documents WHERE doc_id=?", (doc_id,))
             self.log_change(doc_id, "remove")
@@ -495,7 +587,7 @@ class Sync(Writer):
                 and row["size"] == st.st_size and row["mtime_ns"] == st.st_mtime_ns
                 and row["chunker_sig"] == doc.sig):
             if row["stale"]:
-                with self.c._tx():
+                with self.tx():
                     self.db.execute("UPDATE documents SET stale=0 WHERE doc_id=?", (doc.doc_id,))
             self.skip("unchanged")
             return
@@ -510,6 +602,7 @@ class Sync(Writer):
             self.fail(doc, st.st_size, st.st_mtime_ns, "too-large", _REASON_MESSAGE["too-large"],
                       content_hash=None, kind=kind)
             return
+        t0 = time.perf_counter()
         try:
             data = real.read_bytes()
         except OSError as exc:
@@ -518,6 +611,7 @@ class Sync(Writer):
             return
         self.report["bytes"] += len(data)
         content_hash = hashlib.sha256(data).hexdigest()
+        self.stages["read"] += time.perf_counter() - t0
         if (row is not None and self.mode != "full" and row["status"] == "done"
                 and row["content_hash"] == content_hash and row["chunker_sig"] == doc.sig):
             self.refresh_stat(doc.doc_id, st.st_size, st.st_mtime_ns)
@@ -601,7 +695,7 @@ class Sync(Writer):
                       kind="archive")
             return
         now = now_rfc3339()
-        with self.c._tx():
+        with self.tx():
             self.db.execute(
                 """UPDATE documents SET kind='archive', size=?, mtime_ns=?, content_hash=?,
                        status='done', chunk_count=?, error_code=NULL, error_message=NULL,
@@ -633,16 +727,24 @@ class Sync(Writer):
         total_bytes = sum(p[3] for p in plan)
         done_bytes = 0
         self.report["files"] += total
-        for i, (root, rel, real, size) in enumerate(plan):
-            source_id = source_id_of(root.prefix, rel)
-            self._emit(i, total, source_id, done_bytes, total_bytes)
-            self.file(root, rel, real, rows.get(source_id))
-            done_bytes += size
+        try:
+            for i, (root, rel, real, size) in enumerate(plan):
+                source_id = source_id_of(root.prefix, rel)
+                self.end_batch()
+                self._emit(i, total, source_id, done_bytes, total_bytes)
+                self.begin_batch()
+                self.file(root, rel, real, rows.get(source_id))
+                done_bytes += size
+        except BaseException:
+            self.abort_batch()
+            raise
+        self.end_batch(force=True)
         self._emit(total, total, "", done_bytes, total_bytes)
 
     def run(self) -> dict[str, Any]:
         """Walk every root; see the module docstring."""
         started = time.monotonic()
+        t_walk = time.perf_counter()
         plan: list[tuple[Root, str, Path, int]] = []
         listed: dict[str, set[str] | None] = {}
         for root in self.c.roots():
@@ -666,6 +768,7 @@ class Sync(Writer):
                     size = 0
                 plan.append((root, rel, real, size))
         rows = self._tracked()
+        self.stages["walk"] += time.perf_counter() - t_walk
         self._process(plan, rows)
         for row in rows.values():
             seen = listed.get(row["root_prefix"], set())
@@ -749,9 +852,16 @@ def _size(p: Path) -> int:
 
 
 def run_sync(corpus: Corpus, progress: Progress | None, mode: str = "new_only",
-             limits: archives.ArchiveLimits = archives.DEFAULT_LIMITS) -> dict[str, Any]:
-    """Run one sync with the writer held by ``corpus``; returns the sync report."""
-    return Sync(corpus, progress, mode, limits).run()
+             limits: archives.ArchiveLimits = archives.DEFAULT_LIMITS,
+             timings: dict[str, float] | None = None) -> dict[str, Any]:
+    """Run one sync with the writer held by ``corpus``; returns the sync report
+    (``timings``, when given, gets :attr:`Writer.stages`, also when the run fails)."""
+    run = Sync(corpus, progress, mode, limits)
+    try:
+        return run.run()
+    finally:
+        if timings is not None:
+            timings.update(run.stages)
 
 
 def iter_chunks_for_index(db: Any, doc_ids: list[str] | None = None,

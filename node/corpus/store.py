@@ -150,6 +150,7 @@ class Corpus:
         self._wlock_fd: int | None = None
         self._views: Any = None  # node.corpus.views.Views, made at a view's first search
         self._reader: tuple[Any, Any] | None = None  # (meta.json stamp, searcher)
+        self._segments: tuple[Any, int, int] | None = None  # (stamp, max_doc sum, deleted)
         if readonly and not self.db_path.exists():
             return
         if not readonly:
@@ -452,7 +453,7 @@ class Corpus:
 
     # -- sync -------------------------------------------------------------------------------
     def sync(self, *, progress: ingest.Progress | None = None,
-             mode: str = "new_only") -> dict[str, Any]:
+             mode: str = "new_only", timings: dict[str, float] | None = None) -> dict[str, Any]:
         """Walk every root and update the record and the index (DESIGN §9).
 
         Args:
@@ -461,6 +462,9 @@ class Corpus:
                 ``done_files == total_files`` at the end.
             mode: ``new_only`` (default), ``update_only`` or ``full`` (the table in
                 :mod:`node.corpus.ingest`).
+            timings: when given, filled with the seconds spent per stage
+                (:data:`node.corpus.ingest.STAGES`: walk, read, parse, chunk, record,
+                index, commit) — ``scripts/bench_corpus.py --breakdown``.
 
         Returns:
             ``{"mode", "indexed", "updated", "skipped", "removed", "failed", "empty",
@@ -480,7 +484,7 @@ class Corpus:
             raise CorpusError("sync-mode-invalid",
                               f"The sync mode must be one of {', '.join(ingest.MODES)}.")
         with self._lock, self._writing():
-            return ingest.run_sync(self, progress, mode, self.archive_limits)
+            return ingest.run_sync(self, progress, mode, self.archive_limits, timings)
 
     def sync_paths(self, paths: Iterable[str | Path]) -> dict[str, Any]:
         """Sync only the given absolute paths (the watcher's debounced batch): changed
@@ -566,7 +570,33 @@ class Corpus:
         if self._views is None:
             self._views = views.Views()
         assert self._db is not None
-        return self._views.index_for(self._db, visible)
+        return self._views.index_for(self._db, visible, self._main_searcher_for)
+
+    def _main_searcher_for(self, chunks: int) -> Any | None:
+        """The main index's searcher when it holds exactly ``chunks`` live documents,
+        none deleted-but-counted and no change pending (``index_lag`` 0), else None —
+        then a view seeing every ``done`` document ranks exactly as on its own index
+        (:mod:`node.corpus.views`). Reads ``meta.json`` once per index generation."""
+        searcher = self._searcher()
+        if self.index_lag():
+            return None
+        stamp = self._reader[0] if self._reader is not None else None
+        if stamp is None:
+            return None
+        if self._segments is None or self._segments[0] != stamp:
+            try:
+                meta = json.loads((self.index_dir / "meta.json").read_text("utf-8"))
+                segs = meta.get("segments", [])
+                live = sum(int(sg.get("max_doc", 0)) for sg in segs)
+                deleted = sum(int((sg.get("deletes") or {}).get("num_deleted_docs", 0))
+                              for sg in segs)
+            except (OSError, ValueError, TypeError, AttributeError):
+                return None
+            self._segments = (stamp, live, deleted)
+        _, live, deleted = self._segments
+        if deleted or live != chunks or searcher.num_docs != chunks:
+            return None
+        return searcher
 
     def _serve_ok(self, row: sqlite3.Row, base: str | None) -> bool:
         """Serve-time origin check (DESIGN §9, seed ``provider-origins``).

@@ -26,6 +26,15 @@ see, never hidden ones.
 Cost: building a view copies its chunks into RAM once (about as fast as ``kith index
 sync``'s tantivy part; ``scripts/bench_search`` prints it); a search on it costs what a
 search on the main index costs.
+
+A view that sees the whole corpus (every ``done`` document) is served from the main
+on-disk index instead, when that index holds exactly the record's chunks: no change
+waiting to be applied, no deleted document still counted (tantivy's ``meta.json``), and
+as many documents as the record's ``done`` chunks. Its BM25 statistics are then those
+the view's own index would have, so nothing changes for the peer (tests/
+test_answer_noninterference.py), and a host serving a million chunks to peers that see
+everything holds no copy of them in RAM (issue 10 item 5). Otherwise the view gets its
+RAM index as above.
 """
 
 from __future__ import annotations
@@ -52,6 +61,15 @@ REUSE_OVERLAP = 0.5
 Visible = Callable[[str], bool]
 
 
+class _Docs(dict):  # type: ignore[type-arg]
+    """A view's ``{doc_id: signature}``; ``whole`` is True when it holds every ``done``
+    document of the record at its generation (the view sees the whole corpus);
+    ``chunks`` is the sum of its documents' chunk counts."""
+
+    whole = False
+    chunks = 0
+
+
 @dataclass
 class ViewIndex:
     """One view's RAM index.
@@ -70,6 +88,8 @@ class ViewIndex:
     chunk_ids: set[str] | None = None
     masks: dict[int, Any] = field(default_factory=dict)
     _searcher: Any = None
+    #: True when this view is served by the main on-disk index (``index`` is None)
+    on_main: bool = False
 
     def searcher(self) -> Any:
         """A searcher over the view's current state (made again after each update)."""
@@ -99,6 +119,7 @@ class Views:
         self._indexes: OrderedDict[frozenset[str], ViewIndex] = OrderedDict()
         #: (the visible-docs dict last served, its view): same dict object → same view
         self._last: tuple[dict[str, tuple[Any, ...]], ViewIndex] | None = None
+        self._main: ViewIndex | None = None  # the view served by the main index
 
     def visible_docs(self, db: sqlite3.Connection, visible: Visible) -> dict[str, tuple[Any, ...]]:
         """``{doc_id: signature}`` of the ``done`` documents ``visible`` lets the view see
@@ -111,12 +132,16 @@ class Views:
             cached = (entry[1], entry[2]) if entry is not None and entry[0] is visible else None
         if cached is not None and cached[0] == gen:
             return cached[1]
-        docs = {}
+        docs: _Docs = _Docs()
+        total = 0
         for doc_id, source_id, content_hash, indexed_at, chunks in db.execute(
                 "SELECT doc_id, source_id, content_hash, indexed_at, chunk_count FROM documents "
                 "WHERE status = 'done' AND chunk_count > 0"):
+            total += 1
             if visible(source_id):
                 docs[doc_id] = (content_hash, indexed_at, chunks)
+                docs.chunks += chunks
+        docs.whole = len(docs) == total
         try:
             self._sets[visible] = (gen, docs)
         except TypeError:
@@ -125,10 +150,27 @@ class Views:
             self._plain[id(visible)] = (visible, gen, docs)
         return docs
 
-    def index_for(self, db: sqlite3.Connection, visible: Visible) -> ViewIndex:
+    def index_for(self, db: sqlite3.Connection, visible: Visible,
+                  main: Callable[[int], Any] | None = None) -> ViewIndex:
         """The view index holding exactly the chunks ``visible`` may see, current with the
-        SQLite record (built or brought up to date here)."""
+        SQLite record (built or brought up to date here).
+
+        Args:
+            main: ``main(chunks) -> searcher | None``: the main index's searcher when it
+                holds exactly ``chunks`` live documents and nothing deleted or pending
+                (:meth:`node.corpus.store.Corpus._main_searcher_for`); asked only when
+                the view sees every ``done`` document. A view it answers is served from
+                the main index (:attr:`ViewIndex.on_main`), not copied into RAM.
+        """
         docs = self.visible_docs(db, visible)
+        if main is not None and getattr(docs, "whole", False):
+            searcher = main(docs.chunks)
+            if searcher is not None:
+                view = self._main
+                if view is None or view.docs is not docs or view._searcher is not searcher:
+                    view = self._main = ViewIndex(index=None, docs=docs, _searcher=searcher,
+                                                  on_main=True)
+                return view
         if self._last is not None and self._last[0] is docs:  # the common case: nothing moved
             return self._last[1]
         key = frozenset(docs)
@@ -160,6 +202,7 @@ class Views:
         """Forget every view (the corpus is closing)."""
         self._indexes.clear()
         self._last = None
+        self._main = None
         self._sets = weakref.WeakKeyDictionary()
         self._plain.clear()
 

@@ -6,7 +6,9 @@
 - ``GET /stats`` — corpus counts (no paths);
 - ``GET /contract`` — the read-only contract: routes, the request shape, the budget rule;
 - ``GET /openapi.json`` — the OpenAPI 3.1 document (kept as ``specs/openapi.json``);
-- ``POST /search`` — the flat request of DESIGN §8 → the ``schemaVersion`` 2 envelope.
+- ``POST /search`` — the flat request of DESIGN §8 → the ``schemaVersion`` 2 envelope;
+  with ``peers`` (pinned names or ``"all"``, a local-only extension) the merged envelope
+  of several peers (specs/ask.md §5) over the API's warm session pool.
 
 Everything else is refused before any handler runs and changes nothing: a client whose
 address is not loopback answers 403 ``api-loopback-only`` (checked first, on every
@@ -188,10 +190,55 @@ def _contract() -> dict[str, Any]:
     }
 
 
+class _PoolKeeper:
+    """The API's one warm session pool for ``peers`` searches (node/runtime/pool.py),
+    started on the server's event loop by the first such request and kept by a
+    background task until the server stops (the loop's end cancels it)."""
+
+    def __init__(self, home: Path, offline: bool) -> None:
+        self.home = Path(home)
+        self.offline = offline
+        self.pool: Any = None
+        self._lock: Any = None
+        self._error: BaseException | None = None
+
+    async def get(self) -> Any:
+        import asyncio
+
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            if self.pool is None:
+                ready = anyio.Event()
+                self._task = asyncio.get_running_loop().create_task(self._keep(ready))
+                await ready.wait()
+                if self.pool is None:
+                    error, self._error = self._error, None
+                    raise error if error is not None else RuntimeError("pool did not start")
+        return self.pool
+
+    async def _keep(self, ready: Any) -> None:
+        from node.runtime.pool import SessionPool
+        from node.trust.identity import load_or_init_identity
+
+        try:
+            async with SessionPool(self.home, load_or_init_identity(self.home), local=self.offline) as pool:
+                self.pool = pool
+                ready.set()
+                await anyio.sleep_forever()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting request
+            self._error = exc
+            raise
+        finally:
+            self.pool = None
+            ready.set()
+
+
 class _Handlers:
-    def __init__(self, holder: _CorpusHolder, max_body_bytes: int) -> None:
+    def __init__(self, holder: _CorpusHolder, max_body_bytes: int, pools: _PoolKeeper | None = None) -> None:
         self.holder = holder
         self.max_body_bytes = max_body_bytes
+        self.pools = pools
 
     async def health(self, request: Request) -> JSONResponse:
         st = await anyio.to_thread.run_sync(lambda: self.holder.get().stats())
@@ -224,12 +271,35 @@ class _Handlers:
             return _invalid("The body is not JSON.")
         if too_deep(body):
             return _invalid(f"The body nests deeper than {MAX_JSON_DEPTH} levels.")
+        if isinstance(body, dict) and "peers" in body and self.pools is not None:
+            return await self._peers_search(body)
         answer = await anyio.to_thread.run_sync(
             lambda: answer_local(self.holder.get(), body))
         if answer["status"] == "invalid-request":
             err = answer.get("error") or {"code": "query-invalid", "message": "invalid request"}
             return JSONResponse({"error": err, "envelope": answer["envelope"]}, status_code=400)
         return JSONResponse(answer["envelope"], headers={"X-Kith-Status": answer["status"]})
+
+
+    async def _peers_search(self, body: dict[str, Any]) -> JSONResponse:
+        """``peers`` (a local-only extension, specs/ask.md §5): taken off, the rest checked
+        against the one request contract, then every named pinned peer asked at once."""
+        from node.local.mcp import PEERS_TIMEOUT_S, peers_search
+        from node.runtime.fanout import check_peers_field
+
+        body = dict(body)
+        peers = body.pop("peers")
+        bad = check_peers_field(peers)
+        if bad is not None:
+            return _invalid(bad)
+        try:
+            contract.validate(body)
+        except CorpusError as exc:
+            return _invalid(exc.message)
+        assert self.pools is not None
+        pool = await self.pools.get()
+        merged = await peers_search(self.holder.home, peers, body, pool=pool, timeout_s=PEERS_TIMEOUT_S)
+        return JSONResponse(merged, headers={"X-Kith-Status": "ok" if merged["answered"] else "no-verified-results"})
 
 
 def _invalid(message: str) -> JSONResponse:
@@ -345,17 +415,19 @@ class _Guard:
         await self.app(scope, receive, send)
 
 
-def create_app(home: Path | str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> ASGIApp:
+def create_app(home: Path | str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               offline: bool = False) -> ASGIApp:
     """Build the local API for the node home ``home`` (its corpus, opened read-only).
 
     Args:
         home: the node home (``<home>/corpus/``).
         max_body_bytes: the largest ``POST /search`` body, in bytes (default 64 KiB).
+        offline: iroh local mode (relay disabled, loopback) for ``peers`` searches.
 
     Returns:
         An ASGI app (the loopback/read-only guard around a Starlette app).
     """
-    h = _Handlers(_CorpusHolder(Path(home)), max_body_bytes)
+    h = _Handlers(_CorpusHolder(Path(home)), max_body_bytes, _PoolKeeper(Path(home), offline))
     routes = [
         Route("/health", h.health, methods=["GET"]),
         Route("/stats", h.stats, methods=["GET"]),
@@ -383,7 +455,7 @@ def check_host(host: str) -> None:
 
 def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
           on_listening: Any = None, access_log: bool = False,
-          warn: Callable[[str], None] | None = None) -> None:
+          warn: Callable[[str], None] | None = None, offline: bool = False) -> None:
     """Serve the API in this (main) thread until SIGINT/SIGTERM.
 
     Before listening, a lagging index is repaired if the writer lock is free (never
@@ -393,13 +465,14 @@ def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *
         home: the node home. host: a loopback address. port: TCP port (0 = a free one).
         on_listening: called with the base URL once the socket is bound.
         warn: called with a one-line warning (start-up repair not possible).
+        offline: iroh local mode for ``peers`` searches.
 
     Raises:
         CorpusError: ``api-loopback-only`` for a non-loopback ``host``.
         CommunityError: ``server-start-failed`` when the address cannot be bound.
     """
     check_host(host)
-    app = create_app(home)
+    app = create_app(home, offline=offline)
     try:
         app.holder.start(warn)  # type: ignore[attr-defined]
         sock = bind_socket(host, port)
@@ -419,7 +492,7 @@ def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *
 def run_api_in_thread(home: Path | str, host: str = "127.0.0.1", port: int = 0, *,
                       max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                       startup_timeout_s: float = 10.0,
-                      warn: Callable[[str], None] | None = None) -> Iterator[str]:
+                      warn: Callable[[str], None] | None = None, offline: bool = False) -> Iterator[str]:
     """Serve the API in a daemon thread for a ``with`` block (tests, embedding); a lagging
     index is repaired first when the writer lock is free (see :func:`serve`).
 
@@ -430,7 +503,7 @@ def run_api_in_thread(home: Path | str, host: str = "127.0.0.1", port: int = 0, 
         CorpusError: ``api-loopback-only``. CommunityError: ``server-start-failed``.
     """
     check_host(host)
-    app = create_app(home, max_body_bytes=max_body_bytes)
+    app = create_app(home, max_body_bytes=max_body_bytes, offline=offline)
     try:
         app.holder.start(warn)  # type: ignore[attr-defined]
         sock = bind_socket(host, port)

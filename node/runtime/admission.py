@@ -416,7 +416,7 @@ class ActivityTracked:
         self._note = note
 
     def search(self, request: dict[str, Any]) -> dict[str, Any]:
-        """``inner.search(request)``; see :meth:`node.answer.knowledge.KnowledgeHandle.search`."""
+        """``inner.search(request)``; see :meth:`node.answer.service.Knowledge.search`."""
         result = self._inner.search(request)
         if not (isinstance(result, dict) and result.get("status") == "rate-limited"):
             self._note()

@@ -182,6 +182,85 @@ async def open_target(arg: str, home: Path, *, server_url: str | None) -> Target
     return Target(inv, pdir, spec, trust_status(inv, home))
 
 
+def _pinned_record(name: str, registry: PeerRegistry) -> Any:
+    """The registry record called ``name``, refusing an unknown or blocked name."""
+    from node.common.errors import PolicyError
+
+    rec = registry.by_name(name) if isinstance(name, str) else None
+    if rec is None:
+        raise PolicyError("peer-not-found", f"no peer named {str(name)[:70]!r}",
+                          hint="pin it first: `kith join --pin NAME` or `kith peers add NAME KEY --invite FILE`")
+    if registry.is_blocked(rec.public_key):
+        raise HandshakeError("ask-peer-blocked", f"{name!r} is blocked (`kith peers unblock {name}`)")
+    return rec
+
+
+def _pinned_target(inv: Invitation, rec: Any, home: Path) -> Target:
+    """Every check of ``kith join`` on ``inv`` (:func:`check_invitation`), plus: its host
+    key is the key pinned for ``rec`` (``host-key-changed`` otherwise)."""
+    if inv.host_public_key != rec.public_key:
+        raise HandshakeError("host-key-changed",
+                             f"the invitation for {rec.name!r} names another host key than the pinned one")
+    pdir, spec = check_invitation(inv, home)
+    return Target(inv, pdir, spec, rec.name)
+
+
+async def resolve_peer(name: str, home: Path, *, skip_saved: bool = False) -> Target:
+    """A pinned peer's current invitation, verified: the saved one first, then the newest
+    live post of its key on the community server it came from (``browse --host KEY``),
+    in that order (issue 13; specs/peers.md §1, specs/ask.md §2). Every check of
+    ``kith join`` applies to either (binding signature, expiry, protocol id) plus key =
+    pinned key. A server invitation that passes is saved as the peer's last one.
+
+    Args:
+        name: a registry name. home: this node's home.
+        skip_saved: go to the server at once (the saved invitation verified but its host
+            could not be reached: it restarted with a new address).
+
+    Returns:
+        A :class:`Target` whose ``pinned_name`` is ``name``.
+
+    Raises:
+        PolicyError: ``peer-not-found`` (unknown name).
+        HandshakeError: ``ask-peer-blocked``; ``host-key-changed`` (the invitation names
+            another key).
+        InvitationError: the saved invitation's refusal when there is no server to ask
+            (``invitation-*``), ``invitation-not-found`` (neither works).
+        CommunityError: the server could not be asked and nothing was saved.
+    """
+    registry = PeerRegistry.load(home)
+    rec = _pinned_record(name, registry)
+    first: Exception | None = None
+    if rec.invitation is not None and not skip_saved:
+        try:
+            return _pinned_target(parse_invitation(rec.invitation), rec, home)
+        except HandshakeError:
+            raise  # a saved invitation for another key: never fall back silently
+        except InvitationError as exc:
+            first = exc
+    if not rec.server:
+        if first is not None:
+            raise first
+        raise InvitationError("invitation-not-found",
+                              f"no invitation is saved for {name!r} and it has no community server",
+                              hint=f"`kith peers add {name} KEY --invite FILE|POST_ID --server URL` after removing it")
+    from node.community.client import CommunityClient
+
+    async with CommunityClient(rec.server) as client:
+        page = await client.browse(host=rec.public_key, limit=20)
+    for post in page["invitations"]:
+        try:
+            target = _pinned_target(parse_invitation(post["invitation"]), rec, home)
+        except (InvitationError, HandshakeError) as exc:
+            first = first or exc
+            continue
+        PeerRegistry.load(home).remember_invitation(rec.public_key, target.invitation.to_dict(), rec.server)
+        return target
+    if isinstance(first, (InvitationError, HandshakeError)):
+        raise first
+    raise InvitationError("invitation-not-found", f"the community server has no live invitation of {name!r}")
+
+
 async def ask(home: Path, identity: Identity, target: Target, options: GuestOptions, *,
               local: bool, server_url: str | None = None, timeout_s: float | None = None,
               on_ready: Callable[[str], None] | None = None,
@@ -232,7 +311,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
                        on_ready: Callable[[str], None] | None = None,
                        host_seen: dict[str, Any] | None = None,
                        accept_host_ui: bool = False,
-                       heartbeat: Any = "default") -> SessionOutcome:
+                       heartbeat: Any = "default", node: Any = None,
+                       connect_timeout_s: float | None = None) -> SessionOutcome:
     """Connect to the host of ``inv`` and run one session with the protocol's guest hooks.
 
     Args:
@@ -247,6 +327,10 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             the engine, and installed under ``<home>/ui/sessions/<session_id>/``
             (``outcome.ui_path`` is its ``index.html``).
         heartbeat: ``(ping_interval_s, unresponsive_s)`` or ``"default"`` (10, 30).
+        node: an already bound :class:`node.transport.iroh.IrohNode` for ``spec.alpn``
+            (the warm pool's one endpoint, node/runtime/pool.py): the session opens its own
+            connection on it and leaves the endpoint open. None: bind one for this session.
+        connect_timeout_s: bound on connecting, seconds (None: the transport's 15 s).
 
     The guest shares its own profile (``<home>/profile.json``) in ``_session_init``; the
     host's shared profile is merged into the registry only when the host key is already
@@ -290,8 +374,20 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
                            peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile), options=options,
                            logger=logging.getLogger("kith.hooks." + spec.name))
 
-    async with bind_node(identity.secret, spec.alpn, local=local) as node:
-        conn = await node.connect(inv.transport_info.ticket)
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def _endpoint():
+        if node is not None:
+            yield node
+        else:
+            async with bind_node(identity.secret, spec.alpn, local=local) as bound:
+                yield bound
+
+    shared = node is not None
+    async with _endpoint() as node:
+        conn = await (node.connect(inv.transport_info.ticket) if connect_timeout_s is None
+                      else node.connect(inv.transport_info.ticket, timeout_s=connect_timeout_s))
         stream = await node.open_stream(conn)
         engine = SessionEngine("guest", spec, public_key=identity.public_key, sign=identity.sign,
                                guest=GuestConfig(remote_id=stream.remote_id or "", post_id=inv.post_id,
@@ -303,9 +399,16 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
         def on_ui(ev: Any, session_id: str) -> Path:
             return install_bundle(home, session_id, ev.files)
 
-        outcome = await run_session(stream, engine, hooks, make_context=make_context, on_proof=on_proof,
-                                    on_ui=on_ui, hook_timeout_s=None if interactive else "spec",
-                                    idle_timeout_s=None if interactive else "spec", heartbeat=heartbeat)
+        try:
+            outcome = await run_session(stream, engine, hooks, make_context=make_context, on_proof=on_proof,
+                                        on_ui=on_ui, hook_timeout_s=None if interactive else "spec",
+                                        idle_timeout_s=None if interactive else "spec", heartbeat=heartbeat)
+        finally:
+            if shared:  # the endpoint stays open: this session's connection must not
+                try:
+                    conn.close(0, b"done")
+                except Exception:  # noqa: BLE001 - already closed / endpoint gone
+                    pass
     if server_url and outcome.session_id in recorded:  # session status → closed (DESIGN §12)
         from node.community.client import close_session_quietly
 

@@ -9,9 +9,13 @@ The node's own shared profile is ``<home>/profile.json`` (same four fields).
 
 File shape (version 2, specs/peers.md §1): ``{"version": 2, "peers": {"alice":
 {"publicKey": "<64 hex>", "note": "", "profile": {}, "profileSyncedAt": null, "addedAt":
-"<RFC 3339>"}}, "blocked": {"<64 hex>": {"name": "alice" | null, "note": "", "blockedAt":
-"<RFC 3339>"}}}``. A file without ``version`` is version 1 (no ``blocked``) and is still
-read; every save writes version 2.
+"<RFC 3339>", "invitation": {...} | absent, "server": "<URL>" | absent}}, "blocked":
+{"<64 hex>": {"name": "alice" | null, "note": "", "blockedAt": "<RFC 3339>"}}}``. A file
+without ``version`` is version 1 (no ``blocked``) and is still read; every save writes
+version 2. ``invitation`` / ``server`` (how to reach a pinned peer: its last invitation
+document and the community server it came from; ``kith ask --peer NAME``) are optional
+version-2 fields: a file written before them is read unchanged and gains them when a
+peer is pinned or joined again.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 PROFILE_FIELDS: dict[str, int] = {"displayName": 64, "fullName": 128, "shortDescr": 160, "description": 1000}
 MAX_NOTE_CHARS = 1000
 MAX_REGISTRY_BYTES = 4 << 20
+#: Largest saved invitation document (UTF-8 JSON bytes); a real one is ≈1 KiB.
+MAX_SAVED_INVITATION_BYTES = 16 << 10
+#: Longest saved community server URL (characters).
+MAX_SERVER_URL_CHARS = 2048
 #: The ``peers.json`` format written by :meth:`PeerRegistry.save`; 1 (no ``version``
 #: field, no ``blocked``) is still read.
 REGISTRY_VERSION = 2
@@ -91,6 +99,17 @@ def save_own_profile(home: Path, profile: dict[str, Any]) -> dict[str, str]:
     return clean
 
 
+def _bounded_invitation(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` when its JSON is at most :data:`MAX_SAVED_INVITATION_BYTES`, else ValueError."""
+    if len(json.dumps(doc, ensure_ascii=False).encode("utf-8")) > MAX_SAVED_INVITATION_BYTES:
+        raise ValueError("the invitation is too large to keep")
+    return doc
+
+
+def _bounded_server(url: str | None) -> str | None:
+    return url if isinstance(url, str) and 0 < len(url) <= MAX_SERVER_URL_CHARS else None
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -105,6 +124,11 @@ class PeerRecord:
     profile: dict[str, Any] = field(default_factory=dict)
     profile_synced_at: str | None = None
     added_at: str = ""
+    #: The peer's last invitation document (parsed and verified only when used), or None.
+    invitation: dict[str, Any] | None = None
+    #: The community server ``invitation`` came from (``browse --host KEY`` there when
+    #: the saved one no longer works), or None.
+    server: str | None = None
 
 
 @dataclass
@@ -171,9 +195,14 @@ class PeerRegistry:
                     raise ValueError(f"the key of {name!r} is pinned under another name too")
                 keys.add(rec["publicKey"])
                 note = rec.get("note", "")
+                inv, server = rec.get("invitation"), rec.get("server")
+                if inv is not None and not isinstance(inv, dict):
+                    raise ValueError(f"peers.{name}.invitation is not an object")
+                if server is not None and not (isinstance(server, str) and 0 < len(server) <= MAX_SERVER_URL_CHARS):
+                    raise ValueError(f"peers.{name}.server is not a URL")
                 peers[name] = PeerRecord(name, rec["publicKey"], note if isinstance(note, str) else "",
                                          clean_profile(rec.get("profile")),
-                                         rec.get("profileSyncedAt"), rec.get("addedAt", ""))
+                                         rec.get("profileSyncedAt"), rec.get("addedAt", ""), inv, server)
             for key, rec in (raw.get("blocked") or {}).items():
                 check_hex(key, PUBLIC_KEY_HEX_LEN, f"blocked.{str(key)[:70]}")
                 name, note = rec.get("name"), rec.get("note", "")
@@ -206,12 +235,15 @@ class PeerRegistry:
         self.save()
         return rec
 
-    def add(self, name: str, public_key: str, note: str = "", *, profile: dict[str, Any] | None = None) -> PeerRecord:
+    def add(self, name: str, public_key: str, note: str = "", *, profile: dict[str, Any] | None = None,
+            invitation: dict[str, Any] | None = None, server: str | None = None) -> PeerRecord:
         """Pin a new peer ``name`` → ``public_key`` (DESIGN §10) and save.
 
         Args:
             profile: a profile already received from this peer (e.g. after ``join``);
                 stored with ``profileSyncedAt`` = now.
+            invitation, server: how to reach the peer (:meth:`remember_invitation`); the
+                caller has verified the invitation and that its host key is ``public_key``.
 
         Raises:
             PolicyError: ``peer-bad-name``; ``peer-exists`` (the name is taken — remove it
@@ -231,7 +263,32 @@ class PeerRegistry:
         rec = PeerRecord(name, public_key, _clean_text(note, MAX_NOTE_CHARS, multiline=True), added_at=_now())
         if profile:
             rec.profile, rec.profile_synced_at = clean_profile(profile), _now()
+        if invitation is not None:
+            rec.invitation, rec.server = _bounded_invitation(invitation), _bounded_server(server)
         self.peers[name] = rec
+        self.save()
+        return rec
+
+    def remember_invitation(self, public_key: str, invitation: dict[str, Any], server: str | None) -> PeerRecord | None:
+        """Keep ``invitation`` (a verified invitation document of the host ``public_key``)
+        and the community ``server`` it came from as how to reach that pinned peer, and
+        save. An unknown key is never added (like :meth:`merge_profile`).
+
+        Returns:
+            The updated record, or None (the key is not pinned, or the document is larger
+            than :data:`MAX_SAVED_INVITATION_BYTES`).
+        """
+        rec = self.by_key(public_key)
+        if rec is None or invitation.get("host_public_key") != public_key:
+            return None
+        try:
+            doc = _bounded_invitation(invitation)
+        except ValueError:
+            return None
+        server = _bounded_server(server) if server else rec.server
+        if rec.invitation == doc and rec.server == server:
+            return rec
+        rec.invitation, rec.server = doc, server
         self.save()
         return rec
 
@@ -375,13 +432,16 @@ class PeerRegistry:
     def to_json(self, rec: PeerRecord) -> dict[str, Any]:
         """One record as ``kith peers list --json`` prints it."""
         return {"name": rec.name, "publicKey": rec.public_key, "note": rec.note, "profile": rec.profile,
-                "profileSyncedAt": rec.profile_synced_at, "addedAt": rec.added_at}
+                "profileSyncedAt": rec.profile_synced_at, "addedAt": rec.added_at,
+                "invitation": (rec.invitation or {}).get("post_id"), "server": rec.server}
 
     def save(self) -> None:
         """Write the registry (version 2, 0600, tmp+rename)."""
         data = {"version": REGISTRY_VERSION,
                 "peers": {n: {"publicKey": p.public_key, "note": p.note, "profile": p.profile,
-                              "profileSyncedAt": p.profile_synced_at, "addedAt": p.added_at}
+                              "profileSyncedAt": p.profile_synced_at, "addedAt": p.added_at,
+                              **({"invitation": p.invitation} if p.invitation is not None else {}),
+                              **({"server": p.server} if p.server is not None else {})}
                           for n, p in sorted(self.peers.items())},
                 "blocked": {k: {"name": b.name, "note": b.note, "blockedAt": b.blocked_at}
                             for k, b in sorted(self.blocked.items())}}

@@ -5,7 +5,8 @@ the answer service (node/answer/service.py), whose evidence already passed the p
 raw index.
 
 Guest: asks the questions in ``ctx.options["queries"]`` one at a time, or, when
-``ctx.options["ask"]`` is given, calls it for the next question (None ends); every
+``ctx.options["ask"]`` is given, calls it for the next question (None ends; a dict is a
+whole flat request: ``query``, ``topK`` and filters for that question alone); every
 ``results`` message goes to ``ctx.options["on_results"]`` when given. It ends with ``end``.
 Options ``topK`` (1-20) and ``filters`` (a dict of the flat filter fields) apply to every
 query.
@@ -68,6 +69,12 @@ def _next_query(ctx):
         return {"action": "end"}
     query_id = f"q{next(ctx.state['ids'])}"
     ctx.state["pending"] = query_id
+    if isinstance(text, dict):  # a whole request (the warm pool: topK and filters per question)
+        request = dict(text)
+        message = {"action": "query", "query_id": query_id, "query": request.pop("query"),
+                   "topK": int(request.pop("topK", ctx.options.get("topK", 5)))}
+        message.update(request)
+        return message
     message = {"action": "query", "query_id": query_id, "query": text,
                "topK": int(ctx.options.get("topK", 5))}
     message.update(ctx.options.get("filters") or {})

@@ -1,0 +1,97 @@
+"""``kith ask``: one question to several pinned peers at once, one merged, attributed
+answer (specs/ask.md; node/runtime/fanout.py).
+
+Exit status (specs/ask.md §6): 0 when at least one peer (or ``--local``) answered ``ok``;
+1 otherwise (every peer refused, was unreachable or timed out, or had no verified
+results); 2 for a bad command line (``usage``, ``ask-too-many-peers``, ``query-invalid``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import typer
+
+from node.cli.common import console, emit_json, err_console, home_of, safe_text
+
+
+def render(env: dict[str, Any]) -> None:
+    """Print the merged answer for a person: results (who said it), then the per-peer
+    table. Peer text is neutralised (:func:`safe_text`) and never parsed as markup."""
+    from rich.table import Table
+
+    results = env["results"]
+    head = f"{len(results)} result(s) from {env['answered']} of {len(env['peers'])} source(s)"
+    if env["missing"]:
+        head += " — missing: " + ", ".join(safe_text(n) for n in env["missing"])
+    console.print(head, highlight=False, markup=False, style="bold")
+    for r in results:
+        who = ", ".join(safe_text(a["peer"]["name"]) for a in r["attributions"])
+        console.print(f"  {r['rank']}. [{who}] {safe_text(r['source'])}", highlight=False, markup=False)
+        preview = " ".join(safe_text(r["textPreview"]).split())[:240]
+        if preview:
+            console.print(f"     {preview}", highlight=False, markup=False)
+    if any(r["untrusted"] for r in results):
+        console.print(env["notice"], highlight=False, markup=False, style="dim")
+    table = Table("peer", "status", "detail", "latency", "results", box=None, header_style="bold")
+    for p in env["peers"]:
+        detail = p["code"] or ""
+        if p["approvalId"]:
+            detail = f"approval {p['approvalId']}"
+        if p["retryAfterS"] is not None:
+            detail = f"retry in {p['retryAfterS']} s"
+        latency = "-" if p["latencyMs"] is None else f"{p['latencyMs']:.0f} ms"
+        table.add_row(safe_text(p["name"]), p["status"], safe_text(detail), latency, str(p["results"]))
+    console.print(table)
+
+
+def ask_cmd(
+    ctx: typer.Context,
+    question: str = typer.Argument(..., metavar="QUESTION", help="The question, in plain words."),
+    peer: list[str] = typer.Option([], "--peer", "-p", metavar="NAME", help="A pinned peer to ask (repeatable; `kith peers list`)."),
+    all_peers: bool = typer.Option(False, "--all-peers", help="Ask every pinned, unblocked peer."),
+    local_corpus: bool = typer.Option(False, "--local", help="Search this node's own corpus too."),
+    top_k: int = typer.Option(5, "--top-k", min=1, max=20, help="Merged results to keep (1-20); each peer is asked for as many."),
+    timeout: float = typer.Option(10.0, "--timeout", min=0.1, max=120.0, metavar="SECONDS", help="One deadline for every peer; the answer comes then with what arrived."),
+    offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help="iroh local mode: relay disabled, loopback bind."),
+    json_out: bool = typer.Option(False, "--json", help="Print the merged envelope (specs/ask.schema.json) as JSON."),
+) -> None:
+    """Ask pinned peers one question at once; print one merged answer citing who said what."""
+    from node.answer import contract
+    from node.common.errors import UsageError
+    from node.runtime.fanout import fan_out, local_searcher
+    from node.runtime.pool import SessionPool
+    from node.trust.identity import load_or_init_identity
+    from node.trust.peers import PeerRegistry
+
+    home = home_of(ctx)
+    if all_peers and peer:
+        raise UsageError("usage", "give --peer NAME... or --all-peers, not both")
+    registry = PeerRegistry.load(home)
+    names = sorted(n for n, r in registry.peers.items() if not registry.is_blocked(r.public_key)) if all_peers else list(peer)
+    if not names and not local_corpus:
+        raise UsageError("usage", "name a peer (--peer NAME, repeatable), --all-peers or --local")
+    request = {"query": question, "topK": top_k}
+    contract.validate(request)
+    identity = load_or_init_identity(home)
+
+    async def main() -> dict[str, Any]:
+        from node.runtime.fanout import dedupe_names
+
+        dedupe_names(names)  # ask-too-many-peers before binding anything
+        async with SessionPool(home, identity, local=offline) as pool:
+            return await fan_out(pool, request, names, timeout_s=timeout,
+                                 local=local_searcher(home) if local_corpus else None, own_key=identity.public_key)
+
+    env = anyio.run(main, backend="asyncio")
+    if json_out:
+        emit_json(env)
+    else:
+        render(env)
+        for p in env["peers"]:
+            if p["status"] == "pending-approval" and p["approvalId"]:
+                err_console.print(f"{safe_text(p['name'])}: waiting for its owner's approval ({p['approvalId']})",
+                                  highlight=False, markup=False)
+    if env["answered"] == 0:
+        raise typer.Exit(1)

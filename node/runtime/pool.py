@@ -1,0 +1,411 @@
+"""Warm connections to pinned peers: one iroh endpoint, one live session per peer, bounded.
+
+A long-running caller (``kith mcp``, the local API, ``kith ask``) asks peers through a
+:class:`SessionPool`: the first question to a peer resolves it
+(:func:`node.runtime.guest.resolve_peer` for a name, or a :class:`~node.runtime.guest.Target`
+the caller verified), opens one knowledge-query session on the pool's endpoint and keeps
+it; the next question to that peer goes over the same session (one round trip, no
+handshake). Rules (specs/ask.md §4, DESIGN §3):
+
+- **No session is ever resumed.** When the host ended a session (``end``, shutdown,
+  ``session-evicted``, restart, heartbeat loss) the pool forgets it; the next question
+  re-resolves the peer and opens a new session, or the peer is ``unreachable``.
+- A question that is not answered by its deadline poisons its session (a late answer
+  must never be taken for the next question's): the session is cancelled and forgotten.
+- Bounded: at most ``max_sessions`` sessions (least recently used idle one closed for a
+  newcomer; ``ask-pool-full`` when every one is busy); a session idle for ``idle_s``
+  seconds is ended cleanly with ``end``.
+- One question at a time per session (the protocol is request/response).
+
+``kith mcp`` and the local API enter one pool in their server's lifespan (same event
+loop as their requests: iroh's callbacks go to one loop per process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from node.common.errors import InvitationError, KithError, SessionAborted, TransportError
+from node.runtime.guest import Target, join_session, resolve_peer
+from node.trust.identity import Identity
+
+log = logging.getLogger("kith.pool")
+
+#: The protocol every pooled session speaks (its ALPN is the endpoint's).
+PROTOCOL = "knowledge-query"
+#: Default bound on live sessions (one per peer); ≥ :data:`node.runtime.fanout.MAX_PEERS`
+#: so one fan-out always fits, and below anyio's 40 worker threads (each live session's
+#: guest hook waits for its next question in one).
+MAX_SESSIONS = 24
+#: Default idle time (seconds) after which a pooled session is ended with ``end``.
+IDLE_S = 120.0
+#: Seconds an address whose new session never came up is not tried again (its peer is
+#: ``unreachable`` at once meanwhile, instead of costing every ask its whole deadline).
+DOWN_S = 15.0
+
+
+class PeerGone(Exception):
+    """The session ended before answering (``outcome`` says how; ``reached`` is True when
+    it had completed its handshake, i.e. the host was reachable)."""
+
+    def __init__(self, outcome: Any, error: KithError | None, reached: bool) -> None:
+        super().__init__("session ended")
+        self.outcome = outcome
+        self.error = error
+        self.reached = reached
+
+
+@dataclass
+class PoolStats:
+    """Counters a test or benchmark reads (no timing).
+
+    Attributes:
+        sessions_opened: sessions (= iroh connections: one per session) opened so far.
+        reused: questions sent over a session that had answered before.
+        endpoints: iroh endpoints bound (1 for a pool's life).
+        down_skips: questions answered ``unreachable`` at once (address down, :data:`DOWN_S`).
+    """
+
+    sessions_opened: int = 0
+    reused: int = 0
+    endpoints: int = 0
+    down_skips: int = 0
+
+
+class PeerSession:
+    """One live knowledge-query session of the pool (internal; use :meth:`SessionPool.ask`)."""
+
+    def __init__(self, pool: "SessionPool", key: str, target: Target) -> None:
+        self.pool = pool
+        self.key = key
+        self.target = target
+        self.questions: "queue.Queue[dict[str, Any] | None]" = queue.Queue()
+        self.lock = anyio.Lock()
+        self.ready = anyio.Event()
+        self.closed = anyio.Event()
+        self.session_id: str | None = None
+        self.outcome: Any = None
+        self.error: KithError | None = None
+        self.answered = 0
+        self.last_used = time.monotonic()
+        self._waiter: asyncio.Future[dict[str, Any]] | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._loop = asyncio.get_running_loop()
+
+    # --- hook side (worker threads) ---------------------------------------------------
+    def _next_question(self) -> dict[str, Any] | None:
+        return self.questions.get()
+
+    def _on_results(self, message: dict[str, Any]) -> None:
+        def deliver() -> None:
+            if self._waiter is not None and not self._waiter.done():
+                self._waiter.set_result(message)
+        self._loop.call_soon_threadsafe(deliver)
+
+    def _on_ready(self, session_id: str) -> None:
+        self.session_id = session_id
+        self._loop.call_soon_threadsafe(self.ready.set)
+
+    # --- event loop side --------------------------------------------------------------
+    async def run(self) -> None:
+        """The session task: join, serve questions from :attr:`questions`, then mark closed."""
+        options = {"queries": [], "topK": 5, "filters": {}, "ask": self._next_question,
+                   "on_results": self._on_results}
+        try:
+            with anyio.CancelScope() as scope:
+                self._scope = scope
+                self.outcome = await join_session(
+                    self.pool.home, self.pool.identity, self.target.invitation, self.target.protocol_dir,
+                    self.target.spec, local=self.pool.local, server_url=None, options=options,
+                    interactive=True, on_ready=self._on_ready, heartbeat=self.pool.heartbeat,
+                    node=self.pool.node, connect_timeout_s=self.pool.connect_timeout_s)
+        except KithError as exc:
+            self.error = exc
+            if isinstance(exc, TransportError) and self.session_id is None:
+                self.pool.mark_down(self)
+        except Exception as exc:  # noqa: BLE001 - a session's crash must not end the pool
+            log.warning("pooled session to %s… failed: %s", self.key[:12], type(exc).__name__)
+            self.error = KithError("internal-error", "the session failed")
+        finally:
+            self.closed.set()
+            self.ready.set()
+            self.questions.put(None)  # release a hook thread still waiting for a question
+            if self._waiter is not None and not self._waiter.done():
+                self._waiter.set_exception(PeerGone(self.outcome, self.error, self.session_id is not None))
+            self.pool._forget(self)
+
+    def close(self, *, clean: bool) -> None:
+        """End the session: ``clean`` sends ``end`` (the hook gets None), otherwise cancel."""
+        if clean and not self.lock.locked():
+            self.questions.put(None)
+        elif self._scope is not None:
+            self._scope.cancel()
+        else:
+            self.questions.put(None)
+
+    async def ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send one flat request and wait for its ``results`` message (the caller bounds
+        the wait). A wait that is cancelled poisons the session (it is cancelled).
+
+        Raises:
+            PeerGone: the session ended before answering.
+        """
+        async with self.lock:
+            if self.closed.is_set():
+                raise PeerGone(self.outcome, self.error, self.session_id is not None)
+            self._waiter = self._loop.create_future()
+            if self.answered:
+                self.pool.stats.reused += 1
+            self.questions.put(dict(request))
+            try:
+                message = await self._waiter
+            except PeerGone:
+                raise
+            except BaseException:  # the caller's deadline (cancelled): never reuse this session
+                if self.session_id is None:  # not even the handshake came back
+                    self.pool.mark_down(self)
+                self.close(clean=False)
+                raise
+            finally:
+                self.last_used = time.monotonic()
+            self.answered += 1
+            return message
+
+
+@dataclass
+class SessionPool:
+    """One iroh endpoint and at most ``max_sessions`` warm sessions, keyed by host key.
+
+    Use as ``async with SessionPool(home, identity, local=...) as pool``; on exit every
+    session is ended with ``end`` (bounded wait) and the endpoint closed.
+
+    Attributes:
+        home, identity: this node's home and identity.
+        local: iroh local mode (relay disabled, loopback).
+        max_sessions: bound on live sessions. idle_s: idle close, seconds.
+        heartbeat: ``(ping_interval_s, unresponsive_s)`` or ``"default"``.
+        connect_timeout_s: bound on one connection attempt, seconds (shorter than
+            ``kith join``'s 15 s: a saved address that does not answer leaves time for the
+            community server's newer invitation within one ask's deadline).
+    """
+
+    home: Path
+    identity: Identity
+    local: bool = False
+    max_sessions: int = MAX_SESSIONS
+    idle_s: float = IDLE_S
+    heartbeat: Any = "default"
+    connect_timeout_s: float = 5.0
+    stats: PoolStats = field(default_factory=PoolStats)
+
+    def __post_init__(self) -> None:
+        self.sessions: dict[str, PeerSession] = {}
+        self.node: Any = None
+        self._stack: AsyncExitStack | None = None
+        self._tg: Any = None
+        self._bind_lock = anyio.Lock()
+        self._down: dict[tuple[str, str], float] = {}
+
+    async def __aenter__(self) -> "SessionPool":
+        from node.protocol.spec import find_protocol_dir, load_spec
+
+        pdir = find_protocol_dir(PROTOCOL, self.home)
+        if pdir is None:
+            raise InvitationError("invitation-unknown-protocol", f"protocol {PROTOCOL!r} is not installed here")
+        self.spec = load_spec(pdir)
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+            self._tg.start_soon(self._sweep)
+        except BaseException:
+            await stack.__aexit__(None, None, None)
+            raise
+        self._stack = stack
+        return self
+
+    async def _ensure_node(self) -> None:
+        """Bind the pool's one endpoint on first use (a caller that never asks a peer
+        binds nothing)."""
+        from node.transport.iroh import bind_node
+
+        async with self._bind_lock:
+            if self.node is None:
+                assert self._stack is not None
+                self.node = await self._stack.enter_async_context(
+                    bind_node(self.identity.secret, self.spec.alpn, local=self.local))
+                self.stats.endpoints += 1
+
+    async def __aexit__(self, *exc: Any) -> None:
+        for s in list(self.sessions.values()):
+            s.close(clean=True)
+        with anyio.move_on_after(3):
+            for s in list(self.sessions.values()):
+                await s.closed.wait()
+        for s in list(self.sessions.values()):
+            s.close(clean=False)
+        self._tg.cancel_scope.cancel()
+        assert self._stack is not None
+        await self._stack.__aexit__(None, None, None)
+        self.node = None
+
+    def _forget(self, s: PeerSession) -> None:
+        if self.sessions.get(s.key) is s:
+            del self.sessions[s.key]
+
+    async def _sweep(self) -> None:
+        while True:
+            await anyio.sleep(max(0.05, min(self.idle_s / 4, 5.0)))
+            now = time.monotonic()
+            for s in list(self.sessions.values()):
+                if not s.lock.locked() and now - s.last_used >= self.idle_s:
+                    s.close(clean=True)
+
+    def live(self) -> int:
+        """Sessions open now."""
+        return len(self.sessions)
+
+    def _session_for(self, target: Target) -> PeerSession:
+        """The live session to ``target``'s host, or a new one (no await: atomic).
+
+        Raises:
+            PeerGone: the host's address did not answer a new session within the last
+                :data:`DOWN_S` seconds (``transport-connect-failed``; no new attempt yet).
+        """
+        key = target.invitation.host_public_key
+        session = self.sessions.get(key)
+        if session is None or session.closed.is_set():
+            until = self._down.get((key, target.invitation.transport_info.ticket))
+            if until is not None and time.monotonic() < until:
+                self.stats.down_skips += 1
+                raise PeerGone(None, TransportError("transport-connect-failed",
+                                                    "the host did not answer a new session moments ago"), False)
+            session = self._open(key, target)
+        return session
+
+    def mark_down(self, s: PeerSession) -> None:
+        """Remember that ``s`` never came up (connect failed, or no handshake by its
+        question's deadline): the same address is not tried again for :data:`DOWN_S` s."""
+        if len(self._down) > 4 * self.max_sessions:
+            self._down.clear()
+        self._down[(s.key, s.target.invitation.transport_info.ticket)] = time.monotonic() + DOWN_S
+
+    def _open(self, key: str, target: Target) -> PeerSession:
+        if target.spec.name != PROTOCOL or target.spec.alpn != self.spec.alpn:
+            raise InvitationError("ask-protocol-unsupported",
+                                  f"that peer's invitation is for {target.spec.name!r}; only "
+                                  f"{PROTOCOL} hosts can be asked")
+        if len(self.sessions) >= self.max_sessions:
+            idle = [s for s in self.sessions.values() if not s.lock.locked()]
+            if not idle:
+                raise SessionAborted("ask-pool-full", f"all {self.max_sessions} pooled sessions are busy")
+            victim = min(idle, key=lambda s: s.last_used)
+            self._forget(victim)
+            victim.close(clean=True)
+        s = PeerSession(self, key, target)
+        self.sessions[key] = s
+        self.stats.sessions_opened += 1
+        self._tg.start_soon(s.run)
+        return s
+
+    async def ask(self, peer: str | Target, request: dict[str, Any]) -> dict[str, Any]:
+        """Ask ``peer`` one flat request (``query``, ``topK``, filters; the one request
+        contract, already validated) over its warm session, opening one when needed.
+
+        Args:
+            peer: a registry name (resolved with :func:`resolve_peer`, re-checked against
+                the registry on every question: a removed or blocked name is refused even
+                with a warm session) or a verified :class:`Target` (pinned by the caller).
+            request: the flat request.
+
+        Returns:
+            The host's ``results`` message (``status``, ``envelope``, ``retry_after_s`` /
+            ``approval_id``); the caller bounds the wait (cancel = poisoned session).
+
+        Raises:
+            PeerGone: the session ended (or never came up) before answering; ``reached``
+                says whether its handshake had completed.
+            KithError: resolution refusals (``peer-not-found``, ``ask-peer-blocked``,
+                ``host-key-changed``, ``invitation-*``, ``ask-protocol-unsupported``,
+                community errors), ``ask-pool-full``.
+        """
+        await self._ensure_node()
+        name = peer if isinstance(peer, str) else None
+        rec = None
+        skip_saved = retried_warm = False
+        last_gone: PeerGone | None = None
+        while True:
+            warm_before = False
+            try:
+                if name is not None:
+                    from node.trust.peers import PeerRegistry
+
+                    registry = PeerRegistry.load(self.home)
+                    rec = registry.by_name(name)
+                    warm = self.sessions.get(rec.public_key) if rec is not None else None
+                    if warm is not None and not registry.is_blocked(rec.public_key) and not warm.closed.is_set():
+                        session = warm
+                    elif skip_saved:
+                        try:
+                            target = await resolve_peer(name, self.home, skip_saved=True)
+                        except KithError:  # the server has nothing newer: the host is unreachable
+                            assert last_gone is not None
+                            raise last_gone from None
+                        session = self._session_for(target)
+                    else:
+                        session = self._session_for(await resolve_peer(name, self.home))
+                else:
+                    assert isinstance(peer, Target)
+                    session = self._session_for(peer)
+                warm_before = session.answered > 0
+                return await session.ask(request)
+            except PeerGone as gone:
+                if skip_saved and gone is last_gone:
+                    raise
+                last_gone = gone
+                if warm_before and not retried_warm:
+                    retried_warm = True  # the host ended a warm session: re-resolve, new session
+                    continue
+                if (name is not None and not skip_saved and not gone.reached and _connect_failed(gone)
+                        and rec is not None and rec.server):
+                    skip_saved = True  # the saved invitation's address did not answer: the server
+                    continue
+                raise
+
+
+def _connect_failed(gone: PeerGone) -> bool:
+    return isinstance(gone.error, TransportError)
+
+
+def classify_gone(gone: PeerGone) -> tuple[str, str | None]:
+    """``(status, code)`` of the per-peer table for a session that ended unanswered
+    (specs/ask.md §3): a refused handshake is ``refused`` with its code; a failed
+    connection or a session the host dropped is ``unreachable``."""
+    out = gone.outcome
+    if gone.error is not None:
+        if isinstance(gone.error, TransportError):
+            return "unreachable", gone.error.code
+        return "refused", gone.error.code
+    if out is not None and getattr(out, "reason", None) == "rejected":
+        return "refused", out.code or "handshake-rejected"
+    if out is not None and out.remote_errors:
+        code = out.remote_errors[-1][0]
+        if code not in ("session-evicted", "session-shutdown"):
+            return "refused", code
+    if out is not None and out.code:
+        return "unreachable", out.code
+    if out is not None and isinstance(out.peer_end, dict):
+        return "unreachable", "session-shutdown" if out.peer_end.get("reason") == "shutdown" else "peer-disconnected"
+    return "unreachable", "peer-disconnected"
+
+
+__all__ = ["SessionPool", "PeerGone", "PoolStats", "classify_gone"]
