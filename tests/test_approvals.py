@@ -122,6 +122,29 @@ def test_approve_then_the_same_query_gets_the_evidence_in_a_new_handle(world, in
     assert _ask(corpus, gate2, "alice", ALICE, "bonus pool salary review")["status"] == "pending-approval"
 
 
+def test_pending_answer_carries_the_results_the_peer_may_see_now(world) -> None:
+    """The best hit is an undecided ``ask`` source, a public one matches too: the answer is
+    ``pending-approval`` with the id AND the public result — the very envelope an ``ok``
+    answer carries once the ask source is denied (nothing about the pending source in it)."""
+    corpus, gate, approvals, state = world
+    q = "salary bands for next year temporary directory"
+    pending = _ask(corpus, gate, None, ANON, q)
+    assert pending["status"] == "pending-approval" and len(pending["approval_id"]) == 16
+    assert _sources(pending) == ["/docs/public/tempfiles.md"]
+    assert "salary" not in json.dumps(pending["envelope"]["results"]).lower()
+    approvals.decide(pending["approval_id"], False)
+    denied = _ask(corpus, gate, None, ANON, q)
+    assert denied["status"] == "ok"
+    volatile = {"indexedAt"}
+
+    def strip(v):
+        if isinstance(v, dict):
+            return {k: strip(x) for k, x in v.items() if k not in volatile}
+        return [strip(x) for x in v] if isinstance(v, list) else v
+
+    assert strip(denied["envelope"]) == strip(pending["envelope"])
+
+
 def test_deny_withholds_without_a_new_request(world) -> None:
     corpus, gate, approvals, state = world
     rid = _ask(corpus, gate, None, ANON, "salary bands bonus pool")["approval_id"]

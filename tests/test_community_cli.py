@@ -274,7 +274,10 @@ def test_host_republishes_a_consumed_single_use_post(tmp_path: Path, server_url:
 
         r = subprocess.run(join(first["post_id"]), capture_output=True, text=True,
                            timeout=90)
-        assert r.returncode == 0, r.stderr
+        # a host with no corpus answers index-unavailable: the session counts, the question
+        # was not answered (exit 1, specs/exit-codes.md)
+        assert r.returncode == 1 and "q1 index-unavailable" in r.stderr, r.stderr
+        assert json.loads(r.stdout)["status"] == "index-unavailable"
         sid = next(line.split()[1] for line in r.stderr.splitlines()
                    if line.startswith("session "))
         ev = host.until("republished")
@@ -290,7 +293,7 @@ def test_host_republishes_a_consumed_single_use_post(tmp_path: Path, server_url:
         listed = httpx.get(f"{server_url}/api/v1/invitations", params={"tag": "single"}).json()
         assert [p["post_id"] for p in listed["invitations"]] == [new_post]
         r = subprocess.run(join(new_post), capture_output=True, text=True, timeout=90)
-        assert r.returncode == 0, r.stderr
+        assert r.returncode == 1 and "q1 index-unavailable" in r.stderr, r.stderr  # joined; no corpus
         # the first session is closed on the server and still takes feedback
         session = httpx.get(f"{server_url}/api/v1/sessions/{sid}").json()
         assert session["state"] == "closed" and session["close_reason"] == "completed"

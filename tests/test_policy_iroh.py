@@ -109,8 +109,9 @@ def test_peers_source_only_for_listed_peer_and_profile_merge(world) -> None:
 def test_ask_source_approve_then_requery_gets_evidence(world) -> None:
     q = "salary bands bonus pool"
     r = join(world, "alice", q)
-    assert r.returncode == 0, r.stderr
-    [msg] = json_lines(r.stdout)
+    assert r.returncode == 1, r.stderr  # pending-approval did not answer (specs/exit-codes.md)
+    assert "error [questions-unanswered]" in r.stderr
+    [msg] = json_lines(r.stdout)  # --json: no {"error"} line added
     assert msg["status"] == "pending-approval" and msg["envelope"] == _expected(q, "pending-approval")
     rid = msg["approval_id"]
     assert "salary.md" not in r.stdout  # the pending answer names no source
@@ -131,7 +132,8 @@ def test_ask_source_approve_then_requery_gets_evidence(world) -> None:
 
 def test_quota_rate_limited_with_retry_after(world) -> None:
     r = join(world, "carol", "temporary directory", "temporary directory", "temporary directory")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr  # a rate-limited answer fails the run (specs/exit-codes.md)
+    assert "q3 rate-limited (retry in" in r.stderr
     msgs = json_lines(r.stdout)
     assert [m["status"] for m in msgs] == ["ok", "ok", "rate-limited"]
     assert msgs[2]["retry_after_s"] >= 3000  # 1 query per hour: about an hour
@@ -161,7 +163,8 @@ def test_ask_approved_within_the_same_session(world) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err
+    assert proc.returncode == 1, err  # the first answer was pending-approval (specs/exit-codes.md)
+    assert "1 of 2 question(s) not answered: q1 pending-approval" in err
 
 
 def _spellings(docs: Path) -> list[str]:

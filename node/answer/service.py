@@ -26,7 +26,8 @@ every match.
 
 Statuses: ``ok``, ``no-verified-results``, ``invalid-request`` (plus ``error``:
 ``{"code", "message"}``), ``budget-exhausted``, ``index-syncing``, ``index-unavailable``,
-``pending-approval`` (plus ``approval_id`` when a request file was written),
+``pending-approval`` (plus ``approval_id`` when a request file was written; the envelope
+holds the results the peer may see now, empty when there are none),
 ``rate-limited`` (plus ``retry_after_s``, whole seconds), ``policy-denied``.
 """
 
@@ -211,26 +212,30 @@ class AnswerService:
         if not hits and controller.get("stopReason") == "budget-exhausted" and not any(
                 p.get("status") == "ran" for p in controller.get("passes", [])):
             return _empty("budget-exhausted", req, plan)
+        pending: dict[str, Any] | None = None  # the pending-approval answer, when the best hit waits
         if peer is not None:
             from node.policy.gate import PENDING
 
             screened = self._gate.screen(hits, peer.name, peer.key, req["query"], policy=policy)
             if screened and screened[0][1] == PENDING:
-                return self._pending(peer, req, plan, screened)
+                pending = self._pending(peer, req, plan, screened)
             shown = [hit for hit, state in screened if state != PENDING]
             controller = _gated_controller(controller, len(shown))
         else:
             shown = [_with_id(h, self._canonical(h.source_id)) for h in hits]
         top = shown[: req["topK"]]
         if not top:
-            return self._nothing(None, req, plan, peer, started)
+            return pending or self._nothing(None, req, plan, peer, started)
         envelope = env.build_envelope(req, top, controller, plan=plan)
         if peer is not None:
             envelope = self._fit(envelope, req, plan, top, controller, peer, policy)
             if envelope is None:
-                return self._nothing(None, req, plan, peer, started)
+                return pending or self._nothing(None, req, plan, peer, started)
         if _syncing(corpus):
             env.mark_index_syncing(envelope)
+        if pending is not None:
+            # what the peer may see now goes with the pending status (specs/approvals.md §1)
+            return {**pending, "envelope": envelope}
         return {"status": "ok", "envelope": envelope}
 
     def warm(self, view: PeerView) -> int:
@@ -300,7 +305,9 @@ class AnswerService:
 
     def _pending(self, peer: PeerView, req: dict[str, Any], plan: Any,
                  screened: list[tuple[Any, str]]) -> dict[str, Any]:
-        """``pending-approval``: record the undecided ``ask`` sources among the top results."""
+        """``pending-approval`` with the empty envelope (:meth:`answer` puts the visible
+        results in it when there are any): record the undecided ``ask`` sources among the
+        top results and name the request in ``approval_id``."""
         from node.policy.gate import PENDING
 
         answer = _empty("pending-approval", req, plan)

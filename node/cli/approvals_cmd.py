@@ -51,7 +51,11 @@ def list_cmd(
     if not reqs:
         console.print("no pending approval requests" if not all_ else "no approval requests", highlight=False)
         return
-    table = Table("id", "status", "peer", "query", "sources", "created", box=None, header_style="bold")
+    table = Table(box=None, header_style="bold")
+    # the id is what the owner types: never wrapped or cut, whatever the width
+    table.add_column("id", no_wrap=True, min_width=16)
+    for name in ("status", "peer", "query", "sources", "created"):
+        table.add_column(name, overflow="fold")
     for r in reqs:
         who = r.peer_name or f"(anonymous) {r.peer_key[:12]}…"
         # every cell is sanitized by the untrusted console (control, C1, bidi → U+FFFD;
@@ -82,7 +86,7 @@ def _decide(ctx: typer.Context, rid: str, approve: bool, remember: bool, as_json
 @approvals_app.command("approve")
 def approve_cmd(
     ctx: typer.Context,
-    rid: str = typer.Argument(..., metavar="ID", help="The request id (16 hex, from `kith approvals list`)."),
+    rid: str = typer.Argument(..., metavar="ID", help="The request id (16 hex, from `kith approvals list`), or a unique prefix of it (4 or more)."),
     remember: bool = typer.Option(False, "--remember", help="Promote these sources for this peer for any query."),
     as_json: bool = _JSON,
 ) -> None:
@@ -93,7 +97,7 @@ def approve_cmd(
 @approvals_app.command("deny")
 def deny_cmd(
     ctx: typer.Context,
-    rid: str = typer.Argument(..., metavar="ID", help="The request id (16 hex)."),
+    rid: str = typer.Argument(..., metavar="ID", help="The request id (16 hex), or a unique prefix of it (4 or more)."),
     remember: bool = typer.Option(False, "--remember", help="Refuse these sources to this peer for any query."),
     as_json: bool = _JSON,
 ) -> None:

@@ -11,6 +11,7 @@ import anyio
 import typer
 
 from node.cli.common import console, emit_json, err_console, home_of, identity_home_of, safe_text, warn
+from node.cli.render import CONNECTING_NOTICE_S, Waiting, print_answer
 from node.cli.main import app
 from node.common.errors import CODES, InvitationError, KithError, SessionAborted, SpecError, UsageError, error_for
 
@@ -192,30 +193,6 @@ def _prompt(text: str) -> str:
     return line.rstrip("\n")
 
 
-def _print_results(message: dict[str, Any]) -> None:
-    """Print one ``results`` message for a person. Everything in it came from the peer:
-    control characters are neutralised (:func:`safe_text`) and markup is never parsed."""
-    env = message.get("envelope") if isinstance(message.get("envelope"), dict) else {}
-    results = [r for r in (env.get("results") or []) if isinstance(r, dict)]
-    head = f"[{safe_text(message.get('query_id'))}] {safe_text(message.get('status'))}"
-    console.print(head + f" — {len(results)} result(s)", highlight=False, markup=False, style="bold")
-    for i, r in enumerate(results, 1):
-        score = r.get("score")
-        shown = f"{score:.3f}" if isinstance(score, (int, float)) else "?"
-        console.print(f"  {i}. {safe_text(r.get('source'))}  score {shown}", highlight=False, markup=False)
-        preview = " ".join(safe_text(r.get("textPreview") or "").split())[:240]
-        if preview:
-            console.print(f"     {preview}", highlight=False, markup=False)
-    synth = env.get("answerSynthesis") if isinstance(env.get("answerSynthesis"), dict) else {}
-    sentences = synth.get("sentences")
-    if isinstance(sentences, list) and sentences:
-        console.print("  answer (extractive):", highlight=False, markup=False)
-        for sent in sentences[:3]:
-            if isinstance(sent, dict):
-                cite = sent.get("citationId") or sent.get("citation")
-                console.print(f"   - {safe_text(sent.get('text'))} [{safe_text(cite)}]", highlight=False, markup=False)
-
-
 def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None,
                invitation: dict[str, Any] | None = None, server: str | None = None) -> None:
     """After a successful session with an unpinned host: pin it as ``pin``, or (on a TTY)
@@ -279,7 +256,7 @@ def _exit_now(exc: KithError | None, json_out: bool, status: int | None = None) 
     from rich.markup import escape
 
     if exc is not None:
-        if json_out:
+        if json_out and getattr(exc, "json_line", True):
             import json
 
             sys.stdout.write(json.dumps({"error": exc.to_dict()}) + "\n")
@@ -348,14 +325,41 @@ def join_cmd(
             if answer.strip().lower() not in ("y", "yes"):
                 raise InvitationError("host-not-trusted", "you did not trust the host")
 
+        from node.runtime.driver import default_heartbeat
+        from node.transport.iroh import CONNECT_TIMEOUT_S
+
+        unresponsive_s = default_heartbeat()[1]
         shown_results = answered
+        waiting = Waiting(err_console)
+        ready = anyio.Event()
+
+        def wait_for_answer() -> None:
+            waiting.start(f"waiting for the answer to q{len(shown_results) + 1} "
+                          f"(up to {unresponsive_s:.0f} s of silence)…")
+
+        def on_ready(sid: str) -> None:
+            ready.set()
+            waiting.stop()
+            err_console.print(f"session {sid}", highlight=False)
+            if query:  # the first question goes out now
+                wait_for_answer()
 
         def on_results(message: dict[str, Any]) -> None:
+            waiting.stop()
             shown_results.append(message)
             if json_out:
                 emit_json(message)
             else:
-                _print_results(message)
+                print_answer(message, console)
+            if len(shown_results) < len(query):
+                wait_for_answer()
+
+        async def say_connecting() -> None:
+            await anyio.sleep(CONNECTING_NOTICE_S)
+            if not ready.is_set():
+                err_console.print(f"connecting to {inv.host_public_key[:16]}… (gives up after "
+                                  f"{CONNECT_TIMEOUT_S:.0f} s)", highlight=False, markup=False)
+                waiting.start("connecting…")
 
         def next_question() -> str | None:
             try:
@@ -367,15 +371,23 @@ def join_cmd(
                 return None
             finally:
                 at_prompt[0] = False
-            return text.strip() or None
+            text = text.strip()
+            if text:
+                wait_for_answer()
+            return text or None
 
         options = GuestOptions(queries=tuple(query), on_results=on_results, top_k=top_k,
                                next_question=next_question if interactive else None)
         if interactive:
             err_console.print("Type a question at each ask> prompt; an empty line or Ctrl-D ends the session.")
-        asked = await ask(home, identity, host, options, local=local, server_url=server, host_seen=host_seen,
-                          on_ready=lambda sid: err_console.print(f"session {sid}", highlight=False),
-                          accept_host_ui=accept_host_ui)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(say_connecting)
+                asked = await ask(home, identity, host, options, local=local, server_url=server,
+                                  host_seen=host_seen, on_ready=on_ready, accept_host_ui=accept_host_ui)
+                tg.cancel_scope.cancel()
+        finally:
+            waiting.stop()
         outcome = asked.outcome
         assert outcome is not None  # no timeout_s: the session always ends with an outcome
         if outcome.ui_path is not None:
@@ -419,7 +431,9 @@ def join_cmd(
 
 
 def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]], interactive: bool) -> None:
-    """Raise the refusal ``kith join`` ends with for ``outcome`` (None: success)."""
+    """Raise the refusal ``kith join`` ends with for ``outcome`` (None: success): the
+    session's own failure first, else ``questions-unanswered`` when an answer's status is
+    not in :data:`node.cli.render.ANSWERED_STATUSES` (specs/exit-codes.md)."""
     if outcome.ok and interactive and outcome.peer_end is not None:
         reason = _host_end_reason(outcome.peer_end)
         raise SessionAborted("session-shutdown" if reason == "session-shutdown" else "remote-error",
@@ -428,6 +442,7 @@ def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]],
         raise SessionAborted("remote-error", f"the host ended the session after answering "
                                              f"{len(answered)} of {len(query)} question(s)")
     if outcome.ok:
+        _check_statuses(answered)
         return
     code = outcome.code if outcome.code in CODES else "handshake-rejected"
     if outcome.reason == "rejected":
@@ -448,6 +463,34 @@ def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]],
         shown = rcode if rcode in CODES else "remote-error"
         raise SessionAborted("remote-error", f"the host ended the session: [{shown}] {rmessage}"[:300])
     raise error_for(code, outcome.message or CODES[code][1])
+
+
+def _check_statuses(answered: list[dict[str, Any]]) -> None:
+    """Raise ``questions-unanswered`` (exit 1) when any answer's status says the question
+    was not answered (rate-limited, pending-approval, policy-denied, …; the table of
+    specs/exit-codes.md). In ``--json`` mode no ``{"error"}`` line is added to stdout:
+    each ``results`` line already carries its status."""
+    from node.cli.render import ANSWERED_STATUSES
+
+    failed = [m for m in answered if m.get("status") not in ANSWERED_STATUSES]
+    if not failed:
+        return
+
+    def one(m: dict[str, Any]) -> str:
+        text = f"{safe_text(m.get('query_id'))[:64]} {safe_text(m.get('status'))[:64]}"
+        if m.get("status") == "rate-limited" and isinstance(m.get("retry_after_s"), int):
+            text += f" (retry in {m['retry_after_s']} s)"
+        return text
+
+    listed = ", ".join(one(m) for m in failed[:5]) + (", …" if len(failed) > 5 else "")
+    ids = list(dict.fromkeys(safe_text(m["approval_id"])[:16] for m in failed
+                             if m.get("status") == "pending-approval" and isinstance(m.get("approval_id"), str)))
+    hint = ("ask the host's owner to run: " + "; ".join(f"kith approvals approve {i}" for i in ids[:3])
+            if ids else None)
+    exc = SessionAborted("questions-unanswered", f"{len(failed)} of {len(answered)} question(s) not answered: "
+                                                 f"{listed}", hint=hint)
+    exc.json_line = False  # each results line on stdout already carries its status
+    raise exc
 
 
 # ----------------------------------------------------------------------------- protocol test

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         exc = _as_kith_error(raw)
         if exc is None or debug:
             raise
-        if _wants_json(argv):
+        if _wants_json(argv) and getattr(exc, "json_line", True):  # False: stdout already says why
             sys.stdout.write(json.dumps({"error": exc.to_dict()}) + "\n")
             sys.stdout.flush()
         err_console.print(f"[red]error[/red] {escape('[' + exc.code + ']')}: {escape(safe_text(exc.message))}",

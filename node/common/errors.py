@@ -130,6 +130,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "session-revoked": ("session", "The host revoked this peer's access and ended the session."),
     "session-evicted": ("session", "The host ended this idle anonymous session to make room for another guest; join again."),
     "session-ended-by-owner": ("session", "The host's owner ended this session."),
+    "questions-unanswered": ("session", "The host did not answer every question (rate-limited, pending approval, refused, ...; the status of each is shown)."),
     "ask-pool-full": ("session", "Every pooled peer session is busy; the peer was not asked."),
     "peer-answer-invalid": ("session", "The peer's answer has a malformed result; none of its results were used."),
     # --- protocol specs / hooks --------------------------------------------------------
@@ -216,6 +217,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "policy-bad-tier": ("policy", "The policy tier is not one of public, peers, ask, private, never."),
     "approval-not-found": ("policy", "No approval request with that id exists."),
     "approval-decided": ("policy", "That approval request was already decided."),
+    "approval-id-ambiguous": ("policy", "That id prefix matches more than one approval request; type more of the id."),
     "peer-bad-name": ("policy", "A peer name is 1-64 of [A-Za-z0-9_.-], starting with a letter or digit."),
     "peer-exists": ("policy", "A peer with that name is already pinned."),
     "peer-key-pinned": ("policy", "That public key is already pinned under another name."),

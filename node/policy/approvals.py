@@ -45,6 +45,9 @@ MAX_PENDING_TOTAL = 500
 #: Sources recorded per request.
 MAX_SOURCES_PER_REQUEST = 20
 ID_RE = re.compile(r"[0-9a-f]{16}")
+#: the shortest id prefix :meth:`Approvals.resolve` accepts
+MIN_ID_PREFIX = 4
+PREFIX_RE = re.compile(r"[0-9a-f]{%d,16}" % MIN_ID_PREFIX)
 MAX_FILE_BYTES = 1 << 20
 
 
@@ -52,6 +55,11 @@ def query_key(query: str) -> str:
     """The form in which two queries count as "the same query": NFKC, casefolded,
     whitespace runs collapsed to one space, trimmed."""
     return " ".join(unicodedata.normalize("NFKC", query).casefold().split())
+
+
+def safe_id(text: Any) -> str:
+    """``text`` cut to 40 printable ASCII characters, for naming a bad id in a message."""
+    return "".join(c if " " <= c <= "~" else "?" for c in str(text)[:40])
 
 
 def _now() -> datetime:
@@ -230,6 +238,28 @@ class Approvals:
             return None
         return self.requests().get(rid)
 
+    def resolve(self, ref: str) -> str:
+        """The full id of the one request whose id starts with ``ref`` (the whole id, or a
+        prefix of at least :data:`MIN_ID_PREFIX` hex characters; case-insensitive), so
+        the owner can type what ``kith approvals list`` shows or the guest was told.
+
+        Raises:
+            PolicyError: ``approval-not-found`` (no match, or ``ref`` is not 4-16 hex),
+                ``approval-id-ambiguous`` (more than one request matches).
+        """
+        text = ref.strip().lower() if isinstance(ref, str) else ""
+        if not PREFIX_RE.fullmatch(text):
+            raise PolicyError("approval-not-found", f"no approval request {safe_id(ref)!r} "
+                                                    f"(an id is 16 hex characters; a unique prefix of "
+                                                    f"{MIN_ID_PREFIX} or more also works)")
+        matches = sorted(rid for rid in self.requests() if rid.startswith(text))
+        if not matches:
+            raise PolicyError("approval-not-found", f"no approval request {text!r}")
+        if len(matches) > 1:
+            shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+            raise PolicyError("approval-id-ambiguous", f"{text!r} matches {len(matches)} requests: {shown}")
+        return matches[0]
+
     def promoted(self, peer_key: str) -> Verdicts:
         """What ``--remember`` decided for ``peer_key``."""
         with self._lock:
@@ -382,18 +412,19 @@ class OwnerDecision:
 
 
 def decide_as_owner(home: Path, rid: str, approve: bool, *, remember: bool = False) -> OwnerDecision:
-    """The owner's decision on request ``rid`` (``kith approvals approve|deny``, the
-    dashboard): :meth:`Approvals.decide`, then the ``approval-decided`` audit record
+    """The owner's decision on request ``rid`` — the whole id or a unique prefix,
+    :meth:`Approvals.resolve` — (``kith approvals approve|deny``, the dashboard):
+    :meth:`Approvals.decide`, then the ``approval-decided`` audit record
     (issue 11), then the check of which approved sources policy now keeps closed.
 
     Raises:
-        PolicyError: ``approval-not-found``, ``approval-decided``.
+        PolicyError: ``approval-not-found``, ``approval-id-ambiguous``, ``approval-decided``.
     """
     from node.policy.store import Policy
     from node.runtime.audit import AuditLog
 
     store = Approvals(home)
-    req = store.decide(rid, approve, remember=remember)
+    req = store.decide(store.resolve(rid), approve, remember=remember)
     settled = sorted(r.id for r in store.requests().values() if r.via == req.id) if remember else []
     audit = AuditLog(home)
     try:

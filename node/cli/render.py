@@ -1,0 +1,244 @@
+"""Rendering a Host's answers for a person: the one place ``kith join`` (and ``kith ask``)
+turn a knowledge-query ``results`` message into terminal lines.
+
+Everything in a ``results`` message came from the peer: every string passes through
+:func:`node.cli.common.safe_text` and rich markup is never parsed. ``--json`` output never
+goes through here (stdout then carries the messages verbatim).
+
+Layout (specs/exit-codes.md shows an example)::
+
+    [q1] ok: 2 result(s)
+      #1 /docs/library/tempfile.rst  lines 120-145
+         tempfile > Examples
+         Here are some examples of typical usage of the tempfile module ...
+      #2 ...
+
+Results are numbered by rank (``#1`` is the host's best match); the fused ``score`` is a
+relative number that means nothing across queries, so it is not shown (``--json`` has it).
+On a terminal long lines wrap to its width with a hanging indent; off a terminal (a pipe,
+a file) nothing is wrapped and no colour is written, so every line can be copied or grepped
+whole.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from node.cli.common import safe_text
+
+#: characters of a result's ``textPreview`` shown (the envelope's own preview is ≤ 240)
+PREVIEW_CHARS = 400
+#: extractive answer sentences shown
+MAX_SENTENCES = 3
+#: statuses that answered the question (exit 0); every other status makes ``kith join``
+#: exit 1 (specs/exit-codes.md)
+ANSWERED_STATUSES = frozenset({"ok", "no-verified-results"})
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line to print: its first-line ``indent`` and the ``hang`` (indent of wrapped
+    continuation lines), both in columns; ``style`` is a rich style used on a terminal
+    only (None: plain)."""
+
+    text: str
+    indent: int = 0
+    hang: int = 0
+    style: str | None = None
+
+
+def _clean(value: Any, limit: int | None = None) -> str:
+    """``value`` as one line of safe text (control characters neutralised, whitespace runs
+    collapsed), cut to ``limit`` characters with an ellipsis."""
+    text = " ".join(safe_text("" if value is None else value).split())
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1].rstrip() + "…"
+    return text
+
+
+def location_text(location: Any) -> str:
+    """Where in its source a result is: ``lines A-B`` (``line A`` for one line) and, for a
+    paged document (PDF), ``page P`` / ``pages P-Q``; ``""`` when the location names
+    neither. ``location`` is an envelope ``provenance.location`` object
+    (specs/search-envelope.schema.json)."""
+    if not isinstance(location, Mapping):
+        return ""
+    parts: list[str] = []
+
+    def span(first: Any, last: Any, one: str, many: str) -> None:
+        if isinstance(first, int) and not isinstance(first, bool):
+            if isinstance(last, int) and not isinstance(last, bool) and last > first:
+                parts.append(f"{many} {first}-{last}")
+            else:
+                parts.append(f"{one} {first}")
+
+    span(location.get("page"), location.get("pageEnd"), "page", "pages")
+    span(location.get("lineStart"), location.get("lineEnd"), "line", "lines")
+    return ", ".join(parts)
+
+
+def heading_text(location: Any) -> str:
+    """The result's heading path joined with `` > `` (``""`` when it has none)."""
+    path = location.get("headingPath") if isinstance(location, Mapping) else None
+    if not isinstance(path, list):
+        return ""
+    return " > ".join(p for p in (_clean(h, 120) for h in path) if p)
+
+
+def status_line(message: Mapping[str, Any], shown: int) -> str:
+    """The heading line of one answer: ``[q1] ok: 2 result(s)``, or what the status means
+    for the person who asked (``rate-limited, retry in N s``; ``pending-approval``)."""
+    qid = _clean(message.get("query_id"), 64) or "?"
+    status = _clean(message.get("status"), 64) or "?"
+    if status == "rate-limited":
+        retry = message.get("retry_after_s")
+        if isinstance(retry, int) and not isinstance(retry, bool):
+            wait = f", retry in {retry} s" + (f" (about {round(retry / 60)} min)" if retry >= 120 else "")
+        else:
+            wait = ", retry later"
+        return f"[{qid}] rate-limited{wait}"
+    if status == "pending-approval":
+        rid = _clean(message.get("approval_id"), 64)
+        waits = f"better evidence waits for the host owner's approval (request {rid})" if rid else \
+            "better evidence waits for the host owner's approval (the host recorded no request: too many are open)"
+        return f"[{qid}] pending-approval: {waits}; {shown} result(s) you may see now"
+    if status == "policy-denied":
+        return f"[{qid}] policy-denied: the host does not answer this node's questions"
+    if status == "no-verified-results":
+        return f"[{qid}] no-verified-results: nothing the host may show matched"
+    return f"[{qid}] {status}: {shown} result(s)"
+
+
+def answer_lines(message: Mapping[str, Any]) -> list[Line]:
+    """The lines that show one ``results`` message (module docstring): the status line,
+    for ``pending-approval`` what to tell the host's owner, each result (rank, source,
+    location, heading path, preview) and the extractive answer's sentences.
+
+    Args:
+        message: a knowledge-query ``results`` message (``query_id``, ``status``,
+            ``envelope``, optional ``retry_after_s`` / ``approval_id``), untrusted.
+
+    Returns:
+        :class:`Line` objects, unwrapped (:func:`format_lines` wraps them).
+    """
+    env = message.get("envelope") if isinstance(message.get("envelope"), Mapping) else {}
+    results = [r for r in (env.get("results") or []) if isinstance(r, Mapping)]
+    out = [Line(status_line(message, len(results)), hang=4, style="bold")]
+    rid = _clean(message.get("approval_id"), 64)
+    if message.get("status") == "pending-approval" and rid:
+        out.append(Line("ask the host's owner to run this, then ask again:", indent=2, hang=4))
+        out.append(Line(f"kith approvals approve {rid}", indent=4, hang=6))
+    for rank, r in enumerate(results, 1):
+        prov = r.get("provenance") if isinstance(r.get("provenance"), Mapping) else {}
+        loc = prov.get("location")
+        where = location_text(loc)
+        head = f"#{rank} {_clean(r.get('source'), 300) or '?'}" + (f"  {where}" if where else "")
+        out.append(Line(head, indent=2, hang=len(f"#{rank} ") + 2, style="bold"))
+        body = len(f"#{rank} ") + 2
+        heading = heading_text(loc)
+        if heading:
+            out.append(Line(heading, indent=body, hang=body, style="cyan"))
+        preview = _clean(r.get("textPreview"), PREVIEW_CHARS)
+        if preview:
+            out.append(Line(preview, indent=body, hang=body))
+    synth = env.get("answerSynthesis") if isinstance(env.get("answerSynthesis"), Mapping) else {}
+    sentences = [s for s in (synth.get("sentences") or []) if isinstance(s, Mapping)]
+    if sentences:
+        out.append(Line("answer (sentences copied from the results above):", indent=2, hang=4))
+        ranks = {_clean((r.get("provenance") or {}).get("citationId") if isinstance(r.get("provenance"), Mapping)
+                        else None): i for i, r in enumerate(results, 1)}
+        for sent in sentences[:MAX_SENTENCES]:
+            cite = _clean(sent.get("citationId"), 64)
+            ref = f"#{ranks[cite]}" if cite in ranks else (cite or "?")
+            out.append(Line(f"- {_clean(sent.get('text'), 400)} [{ref}]", indent=4, hang=6))
+    return out
+
+
+def format_lines(lines: Sequence[Line], width: int | None) -> list[str]:
+    """``lines`` as printable strings: wrapped to ``width`` columns with each line's
+    hanging indent, or (``width`` None: off a terminal) indented but never wrapped."""
+    out: list[str] = []
+    for line in lines:
+        first, rest = " " * line.indent, " " * line.hang
+        if width is None or len(first) + len(line.text) <= width:
+            out.append(first + line.text)
+            continue
+        out.extend(textwrap.wrap(line.text, width=max(width, line.hang + 20), initial_indent=first,
+                                 subsequent_indent=rest, break_long_words=True, break_on_hyphens=False))
+    return out
+
+
+def print_answer(message: Mapping[str, Any], console: Any) -> None:
+    """Print one ``results`` message on ``console`` (a :class:`rich.console.Console`):
+    on a terminal wrapped to its width, with bold headings; off a terminal plain and
+    unwrapped (module docstring). Never parses markup in the peer's text.
+
+    Args:
+        message: ``{"query_id", "status", "envelope"[, "retry_after_s", "approval_id"]}``
+            (:func:`answer_lines`); to show a bare envelope (``kith ask``, ``kith search``)
+            pass ``{"query_id": LABEL, "status": STATUS, "envelope": ENVELOPE}``.
+        console: where to print (usually stdout's console).
+    """
+    lines = answer_lines(message)
+    if not console.is_terminal:
+        console.file.write("".join(t + "\n" for t in format_lines(lines, None)))
+        console.file.flush()
+        return
+    from rich.text import Text
+
+    for line in lines:  # each wrapped piece keeps its line's style
+        for piece in format_lines([line], console.width):
+            console.print(Text(piece, style=line.style or ""), soft_wrap=True, highlight=False)
+
+#: seconds a connection may take before ``kith join`` says it is connecting
+CONNECTING_NOTICE_S = 1.0
+
+
+class Waiting:
+    """The sign of life while the guest waits on the host: a rich status spinner on
+    ``console`` (stderr) — only when it is a terminal; off a terminal nothing is drawn.
+    Thread-safe: the session calls :meth:`start` / :meth:`stop` from the event loop and
+    from the hooks' worker thread.
+
+    Args:
+        console: a :class:`rich.console.Console` on stderr.
+    """
+
+    def __init__(self, console: Any) -> None:
+        import threading
+
+        self._console = console
+        self._lock = threading.Lock()
+        self._status: Any = None
+
+    @property
+    def enabled(self) -> bool:
+        """True when a spinner is drawn (the console is a terminal)."""
+        return bool(self._console.is_terminal)
+
+    def start(self, text: str) -> None:
+        """Show the spinner with ``text`` (plain, no markup), replacing any shown."""
+        if not self.enabled:
+            return
+        from rich.text import Text
+
+        with self._lock:
+            if self._status is None:
+                self._status = self._console.status(Text(text), spinner="dots")
+                self._status.start()
+            else:
+                self._status.update(Text(text))
+
+    def stop(self) -> None:
+        """Remove the spinner (no-op when none is shown)."""
+        with self._lock:
+            if self._status is not None:
+                self._status.stop()
+                self._status = None
+
+
+__all__ = ["ANSWERED_STATUSES", "CONNECTING_NOTICE_S", "Line", "Waiting", "answer_lines", "format_lines", "heading_text", "location_text",
+           "print_answer", "status_line"]

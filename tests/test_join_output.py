@@ -1,0 +1,430 @@
+"""What a person sees from `kith join` (issue 12 problems 1, 3, 4, 6; specs/exit-codes.md):
+
+1. a rate-limited answer says `rate-limited, retry in N s` and the run exits 1; the
+   per-question status table decides the exit code;
+2. each result shows its rank, source, line range and heading path — no bare score —
+   wrapped with a hanging indent on a terminal, never wrapped nor coloured off one;
+3. pending-approval names the approval id and what to tell the host's owner, and the
+   public results of the same query are still shown; `kith approvals list` never cuts an
+   id and approve/deny take a unique prefix (an ambiguous one is refused);
+4. waits are never silent: "connecting to …" after 1 s, a spinner on a terminal while a
+   question is out, and a dead host ends the run with a stable code in bounded time.
+
+The rendering units run in process; the rest over real iroh on loopback (relay disabled)
+through the real `kith` command, a host and guests in their own homes. Terminal runs use a
+real pseudo-terminal.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import termios
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from node.cli import main as cli_main
+from node.cli.render import ANSWERED_STATUSES, Waiting, answer_lines, format_lines, print_answer
+from node.common.errors import KithError
+from node.policy.approvals import Approvals
+
+ESC = "\x1b"
+LONG = ("The cleanup of the temporary directory runs after every build, and this sentence is long on "
+        "purpose so that a narrow terminal has to wrap it over several lines with a hanging indent.")
+DOCS = {
+    "public/intro.md": f"# Tools\n\n## Cleanup\n\nHow the temporary directory cleanup works. {LONG}\n",
+    "ask/salary.md": "# Salary review\n\nThe salary bands for next year and the bonus pool.\n",
+}
+
+
+def _message(status: str = "ok", **extra) -> dict:
+    """A `results` message as a host sends it (the shape of node/answer/envelope.py)."""
+    results = [{
+        "id": "c1", "score": 0.0327, "source": "/docs/public/intro.md", "textPreview": f"…{LONG}",
+        "provenance": {"location": {"lineStart": 3, "lineEnd": 5, "headingPath": ["Tools", "Cleanup"]},
+                       "citationId": "cit-1"},
+    }, {
+        "id": "c2", "score": 0.0161, "source": "/docs/manual.pdf", "textPreview": "Page text.",
+        "provenance": {"location": {"lineStart": 1, "lineEnd": 1, "page": 4, "pageEnd": 5, "headingPath": []},
+                       "citationId": "cit-2"},
+    }] if status in ("ok", "pending-approval") else []
+    env = {"results": results, "answerSynthesis": {"sentences": [{"text": "How it works.", "citationId": "cit-1"}]
+                                                   if results else []}}
+    return {"action": "results", "query_id": "q1", "status": status, "envelope": env, **extra}
+
+
+def _plain(message: dict) -> str:
+    buf = io.StringIO()
+    print_answer(message, Console(file=buf, force_terminal=False, width=60))
+    return buf.getvalue()
+
+
+def _tty(message: dict, width: int) -> str:
+    buf = io.StringIO()
+    print_answer(message, Console(file=buf, force_terminal=True, width=width, color_system="standard"))
+    return buf.getvalue()
+
+
+# --- 2. rendering (in process) ---------------------------------------------------------------------
+
+
+def test_result_shows_rank_source_lines_heading_and_no_bare_score() -> None:
+    out = _plain(_message())
+    lines = out.splitlines()
+    assert lines[0] == "[q1] ok: 2 result(s)"
+    assert "  #1 /docs/public/intro.md  lines 3-5" in lines
+    assert "     Tools > Cleanup" in lines
+    assert "  #2 /docs/manual.pdf  pages 4-5, line 1" in lines
+    assert "score" not in out and "0.03" not in out  # --json carries the score
+    assert "    - How it works. [#1]" in lines  # the answer cites a rank, not an opaque id
+
+
+def test_off_a_terminal_nothing_wraps_and_no_colour() -> None:
+    out = _plain(_message())
+    assert ESC not in out
+    preview = [line for line in out.splitlines() if LONG in line]
+    assert preview == [f"     …{LONG}"]  # one line, longer than the console's 60 columns
+
+
+def test_on_a_terminal_long_lines_wrap_with_a_hanging_indent() -> None:
+    out = _tty(_message(), 50)
+    assert ESC in out  # bold headings on a terminal
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    lines = text.splitlines()
+    assert all(len(line) <= 50 for line in lines), lines
+    first = next(i for i, line in enumerate(lines) if line.startswith("     …The cleanup"))
+    assert lines[first + 1].startswith("     ") and not lines[first + 1].startswith("      ")
+    joined = " ".join(line.strip() for line in lines[first:first + 5])
+    assert LONG[:120] in joined  # the text is all there, only wrapped
+
+
+def test_rate_limited_says_when_to_retry() -> None:
+    assert _plain(_message("rate-limited", retry_after_s=8)).splitlines() == ["[q1] rate-limited, retry in 8 s"]
+    assert "retry in 3600 s (about 60 min)" in _plain(_message("rate-limited", retry_after_s=3600))
+
+
+def test_pending_approval_names_the_id_and_keeps_the_visible_results() -> None:
+    rid = "0123456789abcdef"
+    lines = _plain(_message("pending-approval", approval_id=rid)).splitlines()
+    assert lines[0].startswith("[q1] pending-approval: ") and f"(request {rid})" in lines[0]
+    assert "2 result(s) you may see now" in lines[0]
+    assert f"    kith approvals approve {rid}" in lines
+    assert "  #1 /docs/public/intro.md  lines 3-5" in lines
+
+
+def test_peer_text_cannot_reach_the_terminal() -> None:
+    msg = _message()
+    msg["envelope"]["results"][0]["source"] = "/x/[bold]y\x1b[2J\u202e.md"
+    msg["envelope"]["results"][0]["provenance"]["location"]["headingPath"] = ["[red]H\x07"]
+    for out in (_plain(msg), _tty(msg, 80)):
+        shown = re.sub(r"\x1b\[[0-9;]*m", "", out)  # our own styles only
+        assert ESC not in shown and "\x07" not in shown and "\u202e" not in shown
+        assert "/x/[bold]y\ufffd[2J\ufffd.md" in shown and "[red]H\ufffd" in shown
+
+
+def test_format_lines_never_wraps_without_a_width() -> None:
+    [line] = answer_lines(_message("rate-limited", retry_after_s=5))
+    long = type(line)(text="word " * 50, indent=2, hang=4)
+    assert format_lines([long], None) == ["  " + "word " * 50]
+    wrapped = format_lines([long], 30)
+    assert len(wrapped) > 1 and all(w.startswith("    ") for w in wrapped[1:])
+
+
+def test_spinner_only_on_a_terminal() -> None:
+    off, on = io.StringIO(), io.StringIO()
+    for buf, terminal in ((off, False), (on, True)):
+        waiting = Waiting(Console(file=buf, force_terminal=terminal, width=80))
+        waiting.start("waiting for the answer to q1")
+        deadline = time.monotonic() + 10
+        while terminal and "waiting for the answer" not in buf.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        waiting.stop()
+        waiting.stop()  # idempotent
+    assert off.getvalue() == ""
+    assert "waiting for the answer to q1" in on.getvalue()
+
+
+# --- 1. the exit-code table (in process) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", ["ok", "no-verified-results", "rate-limited", "pending-approval",
+                                    "policy-denied", "budget-exhausted", "timeout", "index-syncing",
+                                    "index-unavailable", "invalid-request", "internal-error"])
+def test_each_status_exit_code_is_the_documented_one(status: str) -> None:
+    from node.cli.commands import _check_statuses
+
+    table = (Path(__file__).resolve().parents[1] / "specs" / "exit-codes.md").read_text("utf-8")
+    row = next(line for line in table.splitlines() if line.startswith("| `") and f"`{status}`" in line.split("|")[1])
+    documented = int(row.split("|")[2])
+    ok = _message("ok")
+    msg = _message(status, **({"retry_after_s": 9} if status == "rate-limited" else {}))
+    if documented == 0:
+        assert status in ANSWERED_STATUSES
+        _check_statuses([ok, msg])
+        return
+    with pytest.raises(KithError) as info:
+        _check_statuses([ok, msg])
+    assert info.value.code == "questions-unanswered" and info.value.exit_code == 1
+    assert f"1 of 2 question(s) not answered: q1 {status}" in info.value.message
+    if status == "rate-limited":
+        assert "(retry in 9 s)" in info.value.message
+
+
+# --- 3. approvals ids on the host (CLI in process) -----------------------------------------------
+
+
+def _requests(home: Path, ids: list[str]) -> None:
+    folder = home / "approvals" / "requests"
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, rid in enumerate(ids):
+        doc = {"id": rid, "peer": {"key": "a1" * 32, "name": None}, "query": f"query number {i} " * 5,
+               "sources": [f"/docs/ask/a-rather-long-folder-name/and-a-long-file-name-{i}.md"],
+               "createdAt": "2026-12-01T10:00:00Z"}
+        (folder / f"{rid}.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("columns", ["40", "80"])
+def test_approvals_list_prints_ids_whole_at_any_width(tmp_path: Path, columns: str) -> None:
+    ids = ["0123456789abcdef", "0123ffffffffffff"]
+    _requests(tmp_path, ids)
+    cli_main._register()
+    r = CliRunner().invoke(cli_main.app, ["--home", str(tmp_path), "approvals", "list"], env={"COLUMNS": columns})
+    assert r.exit_code == 0, r.output
+    for rid in ids:
+        assert re.search(rf"(^|\s){rid}(\s|$)", r.output, re.M), r.output
+
+
+def test_approve_accepts_a_unique_prefix_and_refuses_an_ambiguous_one(tmp_path: Path) -> None:
+    _requests(tmp_path, ["0123456789abcdef", "0123ffffffffffff", "abcdef0123456789"])
+    cli_main._register()
+
+    def run(*args: str):
+        return CliRunner().invoke(cli_main.app, ["--home", str(tmp_path), "approvals", *args, "--json"])
+
+    r = run("approve", "0123")
+    assert r.exit_code == 1 and isinstance(r.exception, KithError)
+    assert r.exception.code == "approval-id-ambiguous"
+    assert "0123456789abcdef" in r.exception.message and "0123ffffffffffff" in r.exception.message
+    r = run("approve", "01234")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["id"] == "0123456789abcdef"
+    r = run("deny", "ABCDEF01")  # case-insensitive
+    assert r.exit_code == 0 and json.loads(r.stdout)["id"] == "abcdef0123456789"
+    for bad in ("abc", "zzzz", "9999", "0123456789abcdef0"):
+        r = run("approve", bad)
+        assert isinstance(r.exception, KithError) and r.exception.code == "approval-not-found", bad
+    assert Approvals(tmp_path).get("0123ffffffffffff").decision is None  # untouched
+
+
+# --- over iroh: a real host and guests --------------------------------------------------------------
+
+
+def _kith():
+    from test_main_job import KITH, Host, kith
+
+    return KITH, Host, kith
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory):
+    """A host sharing /docs/public (public) and /docs/ask (ask), a pinned guest `carol`
+    with a quota of one query, and an anonymous guest `anon`."""
+    _, Host, kith = _kith()
+    tmp = tmp_path_factory.mktemp("join-out")
+    docs = tmp / "docs"
+    for rel, text in DOCS.items():
+        (docs / rel).parent.mkdir(parents=True, exist_ok=True)
+        (docs / rel).write_text(text)
+    home = tmp / "host"
+    for args in (("init",), ("index", "add", str(docs)), ("index", "sync"),
+                 ("policy", "set", "/docs/**", "public"), ("policy", "set", "/docs/ask/**", "ask")):
+        r = kith(home, *args, timeout=300)
+        assert r.returncode == 0, (args, r.stderr)
+    with (home / "policy.toml").open("a") as fh:
+        fh.write("\n[quota]\nqueries_per_hour = 100000\nburst = 1000\n"
+                 "[quota.anonymous]\nqueries_per_hour = 100000\nburst = 1000\n"
+                 "[quota.peer.carol]\nqueries_per_hour = 1\nburst = 1\n")
+    guests = {"carol": tmp / "carol", "anon": tmp / "anon"}
+    for g in guests.values():
+        assert kith(g, "init").returncode == 0
+    carol_key = json.loads(kith(guests["carol"], "init", "--json").stdout)["public_key"]
+    assert kith(home, "peers", "add", "carol", carol_key).returncode == 0
+    invite = tmp / "invite.json"
+    host = Host(home, "--invite-file", str(invite))
+    try:
+        yield {"tmp": tmp, "home": home, "guests": guests, "invite": invite, "host": host}
+    finally:
+        host.stop()
+
+
+def _join(world, who: str, *queries: str, json_out: bool = False) -> subprocess.CompletedProcess:
+    _, _, kith = _kith()
+    args = ["join", str(world["invite"]), "--local", "--trust", *(["--json"] if json_out else [])]
+    for q in queries:
+        args += ["--query", q]
+    return kith(world["guests"][who], *args)
+
+
+def _in_pty(argv: list[str], *, columns: int, env: dict[str, str] | None = None, timeout: float = 90,
+            replies: list[tuple[str, str | Callable[[], str]]] = ()) -> tuple[str, int]:
+    """Run ``argv`` with stdin/stdout/stderr on a pseudo-terminal of ``columns`` columns;
+    each ``(pattern, text)`` of ``replies`` types ``text`` (or what the callable returns,
+    called then) once ``pattern`` appeared in the output after the previous reply. Returns (everything written, exit code)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, close_fds=True,
+                            env={**os.environ, "COLUMNS": str(columns), "TERM": "xterm", **(env or {})},
+                            start_new_session=True)
+    os.close(slave)
+    out, pending, seen_from = b"", list(replies), 0
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    chunk = b""
+                if not chunk and proc.poll() is not None:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+            if pending and pending[0][0].encode() in out[seen_from:]:
+                seen_from = len(out)
+                reply = pending.pop(0)[1]
+                os.write(master, (reply if isinstance(reply, str) else reply()).encode())
+        else:
+            raise AssertionError(f"{argv[3:]} still running after {timeout} s: {out.decode(errors='replace')!r}")
+        return out.decode("utf-8", errors="replace"), proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+
+
+@pytest.mark.iroh
+@pytest.mark.slow
+def test_rate_limited_guest_is_told_when_to_retry_and_exits_1(world) -> None:
+    r = _join(world, "carol", "temporary directory", "temporary directory")
+    assert r.returncode == 1, r.stderr
+    assert r.stdout.startswith("[q1] ok: 1 result(s)\n")
+    assert re.search(r"^\[q2\] rate-limited, retry in \d+ s", r.stdout, re.M), r.stdout
+    assert re.search(r"error \[questions-unanswered\]: 1 of 2 question\(s\) not answered: "
+                     r"q2 rate-limited \(retry in \d+ s\)", r.stderr), r.stderr
+    # --json: stdout is unchanged (one results object per line, no error line), still exit 1
+    r = _join(world, "carol", "temporary directory", json_out=True)
+    assert r.returncode == 1
+    [msg] = [json.loads(line) for line in r.stdout.splitlines()]
+    assert msg["status"] == "rate-limited" and msg["retry_after_s"] >= 1
+
+
+@pytest.mark.iroh
+@pytest.mark.slow
+def test_pending_approval_shows_the_id_the_hint_and_the_public_results(world) -> None:
+    _, _, kith = _kith()
+    q = "salary bands next year cleanup"  # best: the ask source; also matches the public one
+    r = _join(world, "anon", q)
+    assert r.returncode == 1, r.stderr
+    m = re.search(r"^\[q1\] pending-approval: .*\(request ([0-9a-f]{16})\); 1 result\(s\) you may see now$",
+                  r.stdout, re.M)
+    assert m, r.stdout
+    rid = m.group(1)
+    assert f"    kith approvals approve {rid}\n" in r.stdout
+    assert "  #1 /docs/public/intro.md  lines 3-5\n" in r.stdout  # the public result is still there
+    assert "salary.md" not in r.stdout and "salary bands for next year" not in r.stdout
+    assert f"hint: ask the host's owner to run: kith approvals approve {rid}" in r.stderr
+    # --json carries the same: status, id and the visible results in the envelope
+    r = _join(world, "anon", q, json_out=True)
+    [msg] = [json.loads(line) for line in r.stdout.splitlines()]
+    assert msg["status"] == "pending-approval" and msg["approval_id"] == rid
+    assert [x["source"] for x in msg["envelope"]["results"]] == ["/docs/public/intro.md"]
+    # the host's owner approves by the prefix the guest was shown; the same question now answers
+    listed = kith(world["home"], "approvals", "list")
+    assert rid in listed.stdout
+    assert kith(world["home"], "approvals", "approve", rid[:6]).returncode == 0
+    r = _join(world, "anon", q)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("[q1] ok: 2 result(s)\n  #1 /docs/ask/salary.md  line")
+
+
+@pytest.mark.iroh
+@pytest.mark.slow
+def test_terminal_output_wraps_to_the_width_and_a_pipe_gets_whole_lines(world) -> None:
+    KITH, _, _ = _kith()
+    q = "temporary directory cleanup"
+    piped = _join(world, "anon", q)
+    assert piped.returncode == 0, piped.stderr
+    assert ESC not in piped.stdout and ESC not in piped.stderr
+    assert any(LONG in line for line in piped.stdout.splitlines())  # not wrapped at 80
+    out, code = _in_pty([*KITH, "--home", str(world["guests"]["anon"]), "join", str(world["invite"]), "--local",
+                         "--trust", "--query", q], columns=50, replies=[("Type a name", "\n")])
+    assert code == 0, out
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out).replace("\r", "")
+    lines = [line for line in text.split("\n") if line.strip()]
+    assert "  #1 /docs/public/intro.md  lines 3-5" in lines
+    assert "     Tools > Cleanup" in lines
+    body = [line for line in lines if line.startswith("     ")]
+    assert body and all(len(line) <= 50 for line in body), body
+    assert sum(1 for line in body if "hanging indent" in line or "wrap it" in line) >= 1
+
+
+@pytest.mark.iroh
+@pytest.mark.slow
+def test_a_host_that_dies_is_never_a_silent_wait(tmp_path: Path) -> None:
+    """A host killed mid-session: a spinner while the question waits, then
+    peer-unresponsive; joining it again: "connecting to …" after 1 s, then
+    transport-connect-failed. (The heartbeat is shortened through its test-only variable.)"""
+    KITH, Host, kith = _kith()
+    docs = tmp_path / "docs"
+    (docs / "public").mkdir(parents=True)
+    (docs / "public" / "intro.md").write_text(DOCS["public/intro.md"])
+    home, guest = tmp_path / "host", tmp_path / "guest"
+    for args in (("init",), ("index", "add", str(docs)), ("index", "sync"), ("policy", "set", "/docs/**", "public")):
+        assert kith(home, *args, timeout=300).returncode == 0, args
+    assert kith(guest, "init").returncode == 0
+    invite = tmp_path / "invite.json"
+    host = Host(home, "--invite-file", str(invite))
+    killed = []
+
+    def kill_host() -> str:
+        host.proc.kill()
+        host.proc.wait(timeout=10)
+        killed.append(True)
+        return "cleanup\n"
+
+    try:
+        # interactive, on a terminal: one question answered, then the host is killed and a
+        # second question asked
+        argv = [*KITH, "--home", str(guest), "join", str(invite), "--local", "--trust"]
+        master_out, code = _in_pty(argv, columns=100, env={"KITH_TEST_HEARTBEAT": "0.5,3"},
+                                   replies=[("ask> ", "cleanup\n"), ("[q1] ok", kill_host)])
+    finally:
+        if host.proc.poll() is None:
+            host.stop()
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", master_out)
+    assert killed and code == 1, text
+    assert "[q1] ok: 1 result(s)" in text
+    assert "waiting for the answer to q2 (up to 3 s of silence)" in text
+    assert "error [peer-unresponsive]" in text
+    # the host is gone: a new join says it is connecting, then gives up with a stable code
+    r = kith(guest, "join", str(invite), "--local", "--trust", "--query", "cleanup", timeout=120)
+    assert r.returncode == 1
+    assert "connecting to " in r.stderr and "(gives up after 15 s)" in r.stderr
+    assert "error [transport-connect-failed]" in r.stderr
+    assert r.stdout == ""
+
