@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -128,6 +129,8 @@ def test_three_hosts_one_merged_attributed_answer_and_warm_sessions(tmp_path):
     assert sorted(a["peer"]["name"] for a in top["attributions"]) == ["alice", "bob"]
     assert top["peer"]["name"] in ("alice", "bob") and top["untrusted"] is True
     assert {a["source"] for a in top["attributions"]} == {"/kb-alice/train.md", "/kb-bob/train.md"}
+    # the citation keeps where in the peer's file it is: line range (and heading path)
+    assert all(isinstance(r["location"], dict) and r["location"]["lineStart"] >= 1 for r in first["results"])
     previews = [r["textPreview"] for r in first["results"]]
     assert len(previews) == len(set(previews))
     # every result says who said it, with the peer's own source id and key
@@ -331,6 +334,8 @@ def test_kith_ask_cli_json_exit_codes_and_local(tmp_path):
     assert json.loads(nobody.stdout)["peers"][0]["code"] == "peer-not-found"
     assert many.returncode == 2 and "ask-too-many-peers" in many.stderr
     assert human.returncode == 0 and "alice" in human.stdout and "/kb-alice/deploy.md" in human.stdout
+    # off a terminal: rank, peer, source and its line range on one unwrapped line
+    assert re.search(r"^  #1 \[alice\] /kb-alice/\S+  lines? \d+", human.stdout, re.M), human.stdout
 
 
 def test_local_corpus_joins_the_fusion_as_a_trusted_row(tmp_path):

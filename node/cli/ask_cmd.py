@@ -28,12 +28,23 @@ def render(env: dict[str, Any]) -> None:
     if env["missing"]:
         head += " — missing: " + ", ".join(safe_text(n) for n in env["missing"])
     console.print(head, highlight=False, markup=False, style="bold")
+    from node.cli.render import Line, format_lines, heading_text, location_text
+
+    lines: list[Line] = []
     for r in results:
         who = ", ".join(safe_text(a["peer"]["name"]) for a in r["attributions"])
-        console.print(f"  {r['rank']}. [{who}] {safe_text(r['source'])}", highlight=False, markup=False)
-        preview = " ".join(safe_text(r["textPreview"]).split())[:240]
+        where = location_text(r.get("location"))
+        lines.append(Line(f"#{r['rank']} [{who}] {safe_text(r['source'])}" + (f"  {where}" if where else ""),
+                          indent=2, hang=5))
+        heading = heading_text(r.get("location"))
+        if heading:
+            lines.append(Line(heading, indent=5, hang=5))
+        preview = " ".join(safe_text(r["textPreview"]).split())
         if preview:
-            console.print(f"     {preview}", highlight=False, markup=False)
+            lines.append(Line(preview, indent=5, hang=5))
+    width = console.width if console.is_terminal else None
+    for text in format_lines(lines, width):
+        console.print(text, highlight=False, markup=False, soft_wrap=True)
     if any(r["untrusted"] for r in results):
         console.print(env["notice"], highlight=False, markup=False, style="dim")
     table = Table("peer", "status", "detail", "latency", "results", box=None, header_style="bold")

@@ -156,6 +156,28 @@ def _row_from_message(row: PeerRow, message: dict[str, Any]) -> list[dict[str, A
     return []
 
 
+def _location(result: dict[str, Any]) -> dict[str, Any] | None:
+    """A peer result's ``provenance.location`` reduced to what a citation needs — heading
+    path (≤ 16 strings of ≤ 200 characters), ``lineStart``/``lineEnd``, ``page``/``pageEnd``
+    (positive integers) — or None when it has none of them (peer text is never trusted
+    in shape)."""
+    prov = result.get("provenance")
+    loc = prov.get("location") if isinstance(prov, dict) else None
+    if not isinstance(loc, dict):
+        return None
+    out: dict[str, Any] = {}
+    path = loc.get("headingPath")
+    if isinstance(path, list):
+        heads = [h[:200] for h in path[:16] if isinstance(h, str)]
+        if heads:
+            out["headingPath"] = heads
+    for k in ("lineStart", "lineEnd", "page", "pageEnd"):
+        v = loc.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**31:
+            out[k] = v
+    return out or None
+
+
 def _content_key(text: str) -> str:
     return hashlib.sha256(" ".join(text.casefold().split()).encode("utf-8")).hexdigest()
 
@@ -170,7 +192,7 @@ def fuse(per_peer: list[tuple[PeerRow, list[dict[str, Any]], bool]], top_k: int)
 
     Returns:
         Merged results, best first: ``rank``, ``fusedScore``, ``peer``, ``source``, ``id``,
-        ``textPreview``, ``date``, ``tags``, ``peerScore``, ``untrusted``,
+        ``location`` (heading path and line range or page, or None), ``textPreview``, ``date``, ``tags``, ``peerScore``, ``untrusted``,
         ``attributions`` (every peer that returned the same content).
     """
     merged: dict[str, dict[str, Any]] = {}
@@ -186,12 +208,13 @@ def fuse(per_peer: list[tuple[PeerRow, list[dict[str, Any]], bool]], top_k: int)
                 tags = r.get("tags")
                 merged[ck] = m = {
                     "fusedScore": 0.0, "peer": who, "source": r["source"], "id": r["id"],
-                    "textPreview": text, "date": r.get("date") if isinstance(r.get("date"), str) else None,
+                    "location": _location(r), "textPreview": text, "date": r.get("date") if isinstance(r.get("date"), str) else None,
                     "tags": [t for t in tags if isinstance(t, str)][:32] if isinstance(tags, list) else [],
                     "peerScore": score if isinstance(score, (int, float)) and not isinstance(score, bool) else None,
                     "untrusted": untrusted, "attributions": [], "_best": (rank, order)}
             elif (rank, order) < m["_best"]:
-                m.update(peer=who, source=r["source"], id=r["id"], _best=(rank, order))
+                m.update(peer=who, source=r["source"], id=r["id"], location=_location(r),
+                         _best=(rank, order))
             if all(a["peer"]["key"] != row.key for a in m["attributions"]):
                 m["attributions"].append(attribution)
                 m["fusedScore"] += 1.0 / (RRF_K + rank)
