@@ -824,10 +824,10 @@ class Sync(Writer):
         try:
             for i, (root, rel, real, size) in enumerate(plan):
                 source_id = source_id_of(root.prefix, rel)
-                self.end_batch()
-                self._emit(i, total, source_id, done_bytes, total_bytes)
-                self.begin_batch()
                 try:
+                    self.end_batch()
+                    self._emit(i, total, source_id, done_bytes, total_bytes)
+                    self.begin_batch()
                     self.file(root, rel, real, rows.get(source_id))
                 except KeyboardInterrupt:
                     self.abort_batch()  # every file in the batch is whole: keep them
