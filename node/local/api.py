@@ -368,6 +368,20 @@ def host_refusal(scope: Scope) -> str | None:
     return None
 
 
+def loopback_refusal(scope: Scope) -> tuple[str, str] | None:
+    """The first check of every owner-only loopback server (the local API, the dashboard):
+    ``("loopback-only", message)`` for a client that is not a loopback address,
+    ``("bad-host", message)`` for a foreign Host/Origin (:func:`host_refusal`), None when
+    the request may go on. Each server prefixes its own code (``api-``, ``dashboard-``)."""
+    client = scope.get("client")
+    if not client or not is_loopback(str(client[0])):
+        return "loopback-only", "this server answers loopback clients only"
+    refusal = host_refusal(scope)
+    if refusal is not None:
+        return "bad-host", refusal
+    return None
+
+
 def _json_content_type(scope: Scope) -> bool:
     """True when the request's media type is ``application/json`` (parameters allowed)."""
     value = _header(scope, b"content-type")
@@ -387,14 +401,9 @@ class _Guard:
             if scope["type"] == "lifespan":
                 await self.app(scope, receive, send)
             return
-        client = scope.get("client")
-        if not client or not is_loopback(str(client[0])):
-            await error_response("api-loopback-only", "the local API answers loopback "
-                                 "clients only", 403)(scope, receive, send)
-            return
-        refusal = host_refusal(scope)
-        if refusal is not None:
-            await error_response("api-bad-host", refusal, 403)(scope, receive, send)
+        refused = loopback_refusal(scope)
+        if refused is not None:
+            await error_response(f"api-{refused[0]}", refused[1], 403)(scope, receive, send)
             return
         method = scope["method"].upper()
         path = scope["path"]
@@ -544,5 +553,5 @@ def search_via_api(base_url: str, body: dict[str, Any], budget: env_mod.SearchBu
     return r.json()
 
 
-__all__ = ["DEFAULT_PORT", "CorpusHolder", "check_host", "create_app", "host_refusal", "openapi_document",
+__all__ = ["DEFAULT_PORT", "CorpusHolder", "check_host", "create_app", "host_refusal", "loopback_refusal", "openapi_document",
            "run_api_in_thread", "search_via_api", "serve"]

@@ -32,8 +32,7 @@ from starlette.responses import HTMLResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from node.common.errors import CODES
-from node.common.http import is_loopback
-from node.local.api import host_refusal
+from node.local.api import loopback_refusal
 
 #: the session cookie's name
 COOKIE = "kith_dashboard"
@@ -127,14 +126,9 @@ class Guard:
             if scope["type"] == "lifespan":
                 await self.app(scope, receive, send)
             return
-        client = scope.get("client")
-        if not client or not is_loopback(str(client[0])):
-            await refusal_page("dashboard-loopback-only", "the dashboard answers loopback clients "
-                               "only", 403)(scope, receive, send)
-            return
-        refusal = host_refusal(scope)
-        if refusal is not None:
-            await refusal_page("dashboard-bad-host", refusal, 403)(scope, receive, send)
+        refused = loopback_refusal(scope)
+        if refused is not None:
+            await refusal_page(f"dashboard-{refused[0]}", refused[1], 403)(scope, receive, send)
             return
         path, method = scope["path"], scope["method"].upper()
         if path.startswith("/static/") or path == "/login":
