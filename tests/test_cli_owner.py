@@ -245,6 +245,27 @@ def test_rich_output_never_colours_or_wraps_off_a_terminal() -> None:
     assert cap.get() == long + "\n"
 
 
+def test_a_table_in_a_pipe_is_not_wrapped_at_80_columns() -> None:
+    # rich lays tables out to ``console.size``, not ``console.width``: `kith approvals
+    # list | cat` wrapped every cell (peer key, query, source) at 80 columns (review of #12)
+    from rich.table import Table
+
+    from node.cli.common import _KithConsole
+
+    pipe = _KithConsole(file=open(os.devnull, "w"))
+    table = Table(box=None)
+    for name in ("id", "peer", "query", "sources"):
+        table.add_column(name)
+    row = ("4d7c40fe6f407a03", "(anonymous) " + "b" * 64, "how do I make a temporary directory " * 3,
+           "/plans/some/long/path/plan.md")
+    table.add_row(*row)
+    with pipe.capture() as cap:
+        pipe.print(table)
+    lines = cap.get().splitlines()
+    assert len(lines) == 2, lines  # header + one row, nothing wrapped
+    assert all(cell.strip() in lines[1] for cell in row)
+
+
 def test_demo_writes_no_colour_codes_into_a_pipe() -> None:
     r = subprocess.run([sys.executable, "-c", "import importlib.util as u, sys; "
                         f"s = u.spec_from_file_location('d', {str(REPO / 'scripts' / 'demo.py')!r}); "

@@ -121,10 +121,15 @@ def test_session_ids_resolve_by_unique_prefix():
     assert resolve_id([a, b, c], "ef01") == c
     assert resolve_id([a, b, c], "ABCD1") == b
     for given, code in (("abcd", "live-session-ambiguous"), ("9999", "live-session-not-found"),
-                        ("ab", "usage"), ("xyz1", "usage")):
+                        ("ab", "usage"), ("xyz1", "usage"), ("a" * 65, "usage")):
         with pytest.raises(KithError) as err:
             resolve_id([a, b, c], given)
         assert err.value.code == code, given
+    # the client checks before sending: a long argument is a usage error, not the
+    # channel's request-too-large (review of #12: `kith sessions end <5000 hex digits>`)
+    with pytest.raises(KithError) as err:
+        ControlClient(Path("/nonexistent-kith-home")).end_session("a" * 5000)
+    assert err.value.code == "usage"
     d, e = "abcdabcd0" + "3" * 55, "abcdabcd1" + "3" * 55
     shown = short_ids([c, d, e])
     assert shown == {c: c[:8], d: d[:9], e: e[:9]}

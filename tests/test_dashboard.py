@@ -144,6 +144,14 @@ def test_non_loopback_bind_is_refused_with_a_typed_error(home: Path) -> None:
     assert r.returncode == 2 and "dashboard-loopback-only" in r.stderr
 
 
+def test_a_home_without_identity_is_refused_and_not_created(tmp_path: Path) -> None:
+    # review of #12: `kith --home TYPO dashboard` made the folder and served an empty node
+    typo = tmp_path / "hmoe"
+    r = kith(typo, "dashboard", "--port", "0")
+    assert r.returncode == 1 and "error [home-not-initialized]" in r.stderr, r.stderr
+    assert not typo.exists()
+
+
 # --- the pages ------------------------------------------------------------------------------
 def test_roots_page_shows_failed_documents_and_removes_a_root(home: Path, dash, tmp_path: Path) -> None:
     base, login = dash

@@ -5,7 +5,8 @@
 - every ``kith`` command and sub-command appears in ``README.md`` as ``kith <command>``;
 - every command's ``--help`` works and has a help text;
 - ``specs/protocol-spec.schema.json`` is byte-for-byte ``node.protocol.spec.META_SCHEMA``;
-- ``specs/README.md`` indexes every file in ``specs/``.
+- ``specs/README.md`` indexes every file in ``specs/``;
+- the README's captured ``kith join`` output is what ``node/cli/render.py`` prints now.
 """
 
 from __future__ import annotations
@@ -133,3 +134,24 @@ def test_specs_index_lists_every_spec_file():
     linked = re.findall(r"\]\(([^)/]+)\)", index)
     dangling = [f for f in linked if not (SPECS / f).is_file()]
     assert not dangling, f"specs/README.md links to missing files: {dangling}"
+
+
+def test_readme_join_example_is_what_kith_join_prints_now():
+    """The README's captured ``kith join`` output uses today's rendering
+    (``node/cli/render.py``): the status line, ``#N SOURCE  lines A-B`` heads, no score, the
+    answer header; a stale capture (``ok — N result(s)``, ``score 0.040``) fails."""
+    from node.cli.render import answer_lines, format_lines, status_line
+
+    text = (REPO / "README.md").read_text("utf-8")
+    start = text.index("[q1] ok")
+    block = text[start:text.index("to pin this host:", start)].splitlines()
+    heads = [ln for ln in block if re.match(r"^  #\d+ ", ln)]
+    assert heads, "no result heads in the README's join example"
+    assert block[0] == status_line({"query_id": "q1", "status": "ok"}, len(heads))
+    for rank, ln in enumerate(heads, 1):
+        assert re.fullmatch(rf"  #{rank} /\S+  lines? \d+(-\d+)?", ln), ln
+    assert not any("score" in ln for ln in block)
+    sample = {"query_id": "q1", "status": "ok", "envelope": {
+        "results": [], "answerSynthesis": {"sentences": [{"text": "x", "citationId": "c"}]}}}
+    header = format_lines(answer_lines(sample), None)[1]
+    assert header in block

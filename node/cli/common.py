@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.segment import Segment
 from rich.text import Text
 
@@ -54,6 +54,19 @@ class _KithConsole(Console):
     @width.setter
     def width(self, value: int) -> None:
         self._width = value
+
+    @property  # type: ignore[override]
+    def size(self) -> ConsoleDimensions:
+        # rich lays out renderables (tables) to ``options.max_width``, which it takes from
+        # ``size``, not ``width``: without this a table in a pipe still wraps at 80 columns
+        dims = super().size
+        if self._width is None and not self.is_terminal:
+            return ConsoleDimensions(PIPE_WIDTH, dims.height)
+        return dims
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
 
 
 console = _KithConsole()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from node.cli.common import emit_json, err_console, home_of
+from node.cli.common import emit_json, err_console, identity_home_of
 
 
 def dashboard_cmd(
@@ -22,7 +22,8 @@ def dashboard_cmd(
     from node.local.dashboard.app import check_host, serve
 
     check_host(host)
-    home = home_of(ctx)
+    # a typo in --home must not serve (and create) an empty node (issue 12, item 7)
+    home = identity_home_of(ctx)
 
     def listening(base: str, login: str) -> None:
         err_console.print(f"kith dashboard on {base} (Ctrl-C to stop); open once to log in:",

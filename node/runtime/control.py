@@ -141,6 +141,22 @@ def short_ids(ids: list[str]) -> dict[str, str]:
     return out
 
 
+def check_id_text(given: str) -> str:
+    """``given`` stripped and lower-cased, if it can be a session id or a prefix of one:
+    :data:`MIN_PREFIX` to 64 hex digits (a session id is 64).
+
+    Raises:
+        UsageError: ``usage`` otherwise (the message shows at most 70 characters of it).
+    """
+    from node.common.errors import UsageError
+
+    given = given.strip().lower()
+    if not MIN_PREFIX <= len(given) <= 64 or any(c not in "0123456789abcdef" for c in given):
+        raise UsageError("usage", f"a session id (or a prefix of at least {MIN_PREFIX} hex digits) was expected, "
+                                  f"not {given[:70]!r}")
+    return given
+
+
 def resolve_id(candidates: list[str], given: str) -> str:
     """The one id in ``candidates`` equal to ``given`` or starting with it.
 
@@ -149,12 +165,7 @@ def resolve_id(candidates: list[str], given: str) -> str:
         ConfigError: ``live-session-not-found`` (no match), ``live-session-ambiguous``
             (several; the message lists their short ids).
     """
-    from node.common.errors import UsageError
-
-    given = given.strip().lower()
-    if len(given) < MIN_PREFIX or any(c not in "0123456789abcdef" for c in given):
-        raise UsageError("usage", f"a session id (or a prefix of at least {MIN_PREFIX} hex digits) was expected, "
-                                  f"not {given[:70]!r}")
+    given = check_id_text(given)
     if given in candidates:
         return given
     matches = [c for c in candidates if c.startswith(given)]
@@ -442,7 +453,7 @@ class ControlClient:
             KithError: ``live-session-not-found``, ``live-session-ambiguous``, ``usage``,
                 plus those of the class docstring.
         """
-        return self._request("POST", "/v1/sessions/end", {"id": session_id})
+        return self._request("POST", "/v1/sessions/end", {"id": check_id_text(session_id)})
 
     def running(self) -> bool:
         """True when a host answers on the channel (``host-not-running`` → False)."""
@@ -497,4 +508,4 @@ class ControlClient:
 
 
 __all__ = ["ControlClient", "HostControl", "MIN_PREFIX", "SHORT_ID", "check_run_dir", "control_socket_path",
-           "peer_uid", "pending_approvals", "resolve_id", "serve_control", "short_ids"]
+           "check_id_text", "peer_uid", "pending_approvals", "resolve_id", "serve_control", "short_ids"]
