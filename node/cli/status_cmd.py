@@ -74,7 +74,7 @@ def _peer(row: dict[str, Any]) -> str:
     peer = row.get("peer") or {}
     name = peer.get("name")
     key = str(peer.get("key") or "")
-    return f"{name} ({key[:16]}…)" if name else f"anonymous {key[:16]}…"
+    return f"{name} ({key[:16]}…)" if name else f"{key[:16]}…"  # the tier column says anonymous
 
 
 def _session_lines(sessions: list[dict[str, Any]]) -> list[str]:
