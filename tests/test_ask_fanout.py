@@ -573,3 +573,15 @@ def test_mcp_peer_that_is_an_unknown_name_is_peer_not_found(tmp_path):
     unknown, garbage = anyio.run(main)
     assert unknown.is_error and unknown.content[0].text.startswith("[peer-not-found] ")
     assert garbage.is_error and garbage.content[0].text.startswith("[invitation-malformed] ")
+
+
+def test_kith_ask_local_row_name_cannot_collide_with_a_peer_named_local(tmp_path):
+    """A pinned peer named `local` asked together with --local would give two rows named
+    `local` (ambiguous `missing` and citations): a usage error, exit 2."""
+    home = tmp_path / "g"
+    subprocess.run([*KITH, "--home", str(home), "init"], check=True, capture_output=True, env=ENV, timeout=120)
+    subprocess.run([*KITH, "--home", str(home), "peers", "add", "local", "ab" * 32], check=True,
+                   capture_output=True, env=ENV, timeout=120)
+    r = subprocess.run([*KITH, "--home", str(home), "ask", "anything", "--peer", "local", "--local", "--offline"],
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 2 and "--local" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -88,6 +88,11 @@ def ask_cmd(
             raise UsageError("usage", "--all-peers: no unblocked peer is pinned here "
                              "(`kith join --pin NAME`, `kith peers add NAME KEY --invite ...`)")
         raise UsageError("usage", "name a peer (--peer NAME, repeatable), --all-peers or --local")
+    from node.runtime.fanout import LOCAL_NAME
+
+    if local_corpus and LOCAL_NAME in names:  # two rows named `local`: citations ambiguous
+        raise UsageError("usage", f"a pinned peer is named {LOCAL_NAME!r}, the name of --local's row; "
+                         f"ask it without --local, or pin it under another name")
     request = {"query": question, "topK": top_k}
     try:
         contract.validate(request)
