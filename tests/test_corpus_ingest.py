@@ -155,6 +155,67 @@ def test_html_main_text_not_markup(home: Path, tmp_path: Path) -> None:
     assert parsed.text.startswith("# Install") and "## Configure" in parsed.text
 
 
+#: A generated manual page in DocBook's layout (the PostgreSQL HTML manual): prev/up/next
+#: navigation with the neighbouring pages' titles above and below the content, a section
+#: heading that repeats the <title>, a shell example whose comment lines start with '#',
+#: psql output with a '----' rule, and a table cell holding the '#' operator.
+DOCBOOK = """<html><head><title>20.4.\u00a0Resource Consumption</title></head><body>
+<div class="navheader"><table><tr><th>20.4. Resource Consumption</th></tr><tr>
+<td><a accesskey="p" href="a.html" title="20.3. Connections and Authentication">Prev</a></td>
+<th>Chapter 20. Server Configuration</th><td><a href="b.html">Next</a></td></tr></table></div>
+<div class="sect1"><h2 class="title">20.4. Resource Consumption</h2>
+<div class="sect2"><h3 class="title">20.4.1. Memory</h3><p>The quokka buffers setting.</p>
+<pre class="screen"># restart the quokka server
+# so the setting counts
+sysctl -w kern.quokka=1</pre>
+<pre>  name  | value
+--------+-------
+ quokka | 1</pre>
+<table><tr><td>bit</td></tr><tr><td>#</td><td>xor of the quokka bits</td></tr></table>
+<p>More about the quokka buffers.</p></div></div>
+<div class="navfooter"><table><tr><td>20.3. Connections and Authentication</td>
+<td>20.5. Write Ahead Log wallabyfooter</td></tr></table></div></body></html>"""
+
+
+def test_html_page_furniture_and_code_are_not_headings(home: Path, tmp_path: Path) -> None:
+    """Navigation boxes are not indexed (a page does not match its neighbours' titles);
+    the page title heads every chunk's heading path, never a '#' line of a code example,
+    a '---' rule of psql output or a '#' table cell."""
+    parsed = parsers.parse_bytes(DOCBOOK.encode(), "html", "runtime-config-resource.html")
+    assert "Prev" not in parsed.text and "wallabyfooter" not in parsed.text
+    assert "Chapter 20" not in parsed.text
+    chunks = chunk_text(parsed.text, kind="html", structure=parsed.structure, chunk_size=120,
+                        chunk_overlap=0)
+    assert len(chunks) >= 3
+    for ch in chunks:
+        assert ch.heading_path[0] == "20.4. Resource Consumption", ch
+        assert set(ch.heading_path) <= {"20.4. Resource Consumption", "20.4.1. Memory"}, ch
+    # the title heading goes with the first section's text: no chunk of only a title
+    assert all(ch.text.strip("#\n ") != "20.4. Resource Consumption" for ch in chunks)
+    root = tmp_path / "manual"
+    root.mkdir()
+    (root / "runtime-config-resource.html").write_text(DOCBOOK, "utf-8")
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+        assert _sources(c, "quokka") == ["/manual/runtime-config-resource.html"]
+        for word in ("wallabyfooter", "Write Ahead Log", "Connections Authentication"):
+            assert _sources(c, word) == [], word
+
+
+def test_heading_only_section_goes_with_its_first_subsection() -> None:
+    """A Markdown title directly followed by a subheading is not a chunk of its own (a
+    title-only chunk is no evidence); a title with text of its own still is."""
+    chunks = chunk_text("# Guide\n\n## Setup\n\nInstall it.\n\n## Use\n\nRun it.\n",
+                        kind="markdown")
+    assert [(c.heading_path, c.text) for c in chunks] == [
+        (("Guide", "Setup"), "# Guide\n\n## Setup\n\nInstall it."),
+        (("Guide", "Use"), "## Use\n\nRun it.")]
+    assert chunks[0].line_start == 1
+    chunks = chunk_text("# Guide\n\nIntro.\n\n## Setup\n\nInstall it.\n", kind="markdown")
+    assert [c.heading_path for c in chunks] == [("Guide",), ("Guide", "Setup")]
+
+
 def test_json_jsonl_and_csv(home: Path, tmp_path: Path) -> None:
     root = tmp_path / "data"
     root.mkdir()

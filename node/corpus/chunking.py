@@ -39,7 +39,9 @@ from dataclasses import dataclass
 DEFAULT_CHUNK_SIZE = 1200
 DEFAULT_CHUNK_OVERLAP = 150
 #: Bumped whenever the chunker's output changes for the same input (part of chunk ids).
-CHUNKER_VERSION = 1
+CHUNKER_VERSION = 2
+# 2 (issue 10): HTML/DOCX headings are ATX only (``atx``), and the HTML parser drops page
+# furniture and fences <pre> blocks — every document is re-chunked once.
 
 # paragraphs -> lines -> sentences -> words -> characters
 _SEPARATORS: tuple[re.Pattern[str], ...] = (
@@ -129,8 +131,9 @@ def _line_offsets(text: str) -> list[int]:
     return out
 
 
-def _markdown_headings(lines: list[str]) -> list[tuple[int, int, str]]:
-    """Return (line index where the section starts, level, title) for Markdown."""
+def _markdown_headings(lines: list[str], setext: bool = True) -> list[tuple[int, int, str]]:
+    """Return (line index where the section starts, level, title) for Markdown (ATX
+    headings; setext ones too unless ``setext`` is False)."""
     out: list[tuple[int, int, str]] = []
     fence: str | None = None
     prev_blank = True
@@ -151,7 +154,7 @@ def _markdown_headings(lines: list[str]) -> list[tuple[int, int, str]]:
             out.append((i, len(m.group(1)), _clean_title(m.group(2) or "")))
             prev_blank = False
             continue
-        m = _SETEXT.match(line)
+        m = _SETEXT.match(line) if setext else None
         if (m and i > 0 and not prev_blank and lines[i - 1].strip()
                 and not (out and out[-1][0] == i - 1)):
             level = 1 if m.group(1)[0] == "=" else 2
@@ -198,14 +201,16 @@ def _rst_headings(lines: list[str], text: str, offsets: list[int]) -> list[tuple
 
 def _sections(text: str, structure: str, offsets: list[int] | None = None
               ) -> list[tuple[int, int, tuple[str, ...]]]:
-    """Split text into (start, end, heading_path) sections covering all of it."""
-    if structure not in ("markdown", "rst"):
+    """Split text into (start, end, heading_path) sections covering all of it. A Markdown
+    or ATX heading with no text before its first subheading starts that subsection's
+    section instead of a section of its own."""
+    if structure not in ("markdown", "atx", "rst"):
         return [(0, len(text), ())]
     lines = text.split("\n")
     if offsets is None:
         offsets = _line_offsets(text)
-    heads = (_markdown_headings(lines) if structure == "markdown"
-             else _rst_headings(lines, text, offsets))
+    heads = (_rst_headings(lines, text, offsets) if structure == "rst"
+             else _markdown_headings(lines, setext=structure == "markdown"))
     if not heads:
         return [(0, len(text), ())]
     out: list[tuple[int, int, tuple[str, ...]]] = []
@@ -213,12 +218,21 @@ def _sections(text: str, structure: str, offsets: list[int] | None = None
     first = offsets[heads[0][0]]
     if first > 0:
         out.append((0, first, ()))
+    carry: int | None = None  # start of a heading-only parent section held for its child
     for idx, (line_no, level, title) in enumerate(heads):
         while stack and stack[-1][0] >= level:
             stack.pop()
         stack.append((level, title))
-        start = offsets[line_no]
+        start = offsets[line_no] if carry is None else carry
+        carry = None
         end = offsets[heads[idx + 1][0]] if idx + 1 < len(heads) else len(text)
+        if (structure != "rst" and idx + 1 < len(heads) and heads[idx + 1][1] > level
+                and not text[offsets[line_no + 1]:end].strip()):
+            # a Markdown/ATX heading right before its first subsection: it goes with the
+            # subsection's text (a chunk of nothing but a title is no evidence, and its
+            # shortness made it outscore the page's real text on a title word)
+            carry = start
+            continue
         out.append((start, end, tuple(t for _, t in stack if t)))
     return out
 
@@ -285,8 +299,10 @@ def _fixed_spans(text: str, size: int) -> list[tuple[int, int]]:
 
 
 def structure_for(kind: str) -> str:
-    """Heading structure of a parser kind: ``markdown``, ``rst`` or ``plain``."""
-    return {"markdown": "markdown", "html": "markdown", "docx": "markdown",
+    """Heading structure of a parser kind: ``markdown``, ``atx`` (the ATX ``#`` headings
+    HTML and DOCX are rendered with: a ``---``/``===`` line from a table cell or an
+    operator is not a setext heading there), ``rst`` or ``plain``."""
+    return {"markdown": "markdown", "html": "atx", "docx": "atx",
             "rst": "rst"}.get(kind, "plain")
 
 
@@ -301,7 +317,7 @@ def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK
         chunk_size: maximum characters per chunk (1..:data:`MAX_CHUNK_SIZE`).
         chunk_overlap: maximum characters repeated from the previous chunk (< chunk_size).
         chunker: ``recursive``, ``markdown`` or ``fixed`` (see the module docstring).
-        structure: ``markdown``, ``rst`` or ``plain`` (default: from ``kind``).
+        structure: ``markdown``, ``atx``, ``rst`` or ``plain`` (default: from ``kind``).
         page_starts: offsets where pages start (PDF); chunks then carry page numbers.
 
     Returns:

@@ -55,7 +55,7 @@ _SUFFIX_KIND = {
     ".docx": "docx",
 }
 #: Heading structure the chunker should look for, per kind.
-STRUCTURE = {"markdown": "markdown", "html": "markdown", "docx": "markdown", "rst": "rst"}
+STRUCTURE = {"markdown": "markdown", "html": "atx", "docx": "atx", "rst": "rst"}
 
 _LANGUAGE_AGNOSTIC = {"Unknown", ""}
 #: Below this share of non-ASCII bytes (of the non-blank bytes), when every non-ASCII
@@ -97,7 +97,8 @@ class ParsedDocument:
         replaced: True when some bytes were undecodable and became U+FFFD.
         page_starts: for PDFs, the offset in ``text`` where each page starts (page
             ``i + 1`` starts at ``page_starts[i]``); empty otherwise.
-        structure: heading structure for the chunker: ``markdown``, ``rst`` or ``plain``.
+        structure: heading structure for the chunker: ``markdown``, ``atx`` (ATX headings
+            only: HTML, DOCX), ``rst`` or ``plain``.
     """
 
     text: str
@@ -192,38 +193,92 @@ _BLOCK_TAGS = ("p", "div", "section", "article", "main", "li", "pre", "blockquot
 _DROP_TAGS = ("script", "style", "noscript", "template", "svg", "canvas", "iframe", "nav",
               "header", "footer", "aside", "form", "button", "select", "head", "object")
 _WS = re.compile(r"[ \t\u00a0]+")
+#: ARIA landmark roles of page furniture, not content (dropped like ``<nav>``/``<footer>``).
+_DROP_ROLES = frozenset(("navigation", "banner", "contentinfo", "search", "complementary"))
+#: Class or id words of navigation and page furniture in generated documentation sites —
+#: DocBook's ``navheader``/``navfooter`` (prev/up/next links and the neighbouring pages'
+#: titles), Sphinx's ``related``/``sphinxsidebar``, breadcrumbs, skip links, site headers
+#: and footers. Indexed as body they put the neighbours' titles on every page and a tiny
+#: title-only chunk before every real one. Matched per class word, case-insensitively.
+_DROP_CLASSES = frozenset((
+    "navheader", "navfooter", "navbar", "navigation", "nav", "breadcrumb", "breadcrumbs",
+    "sidebar", "sphinxsidebar", "related", "skip-link", "skiplink", "site-header",
+    "site-footer", "footer", "header-nav", "headerlink", "toc-sidebar"))
+
+
+def _is_furniture(tag: object) -> bool:
+    """True for an element that is page navigation/furniture (:data:`_DROP_ROLES`,
+    :data:`_DROP_CLASSES` in its ``class`` or ``id``)."""
+    attrs = getattr(tag, "attrs", None)
+    if not attrs:
+        return False
+    role = attrs.get("role")
+    if isinstance(role, str) and role.lower() in _DROP_ROLES:
+        return True
+    words = attrs.get("class") or []
+    if isinstance(words, str):
+        words = words.split()
+    ident = attrs.get("id")
+    names = [w.lower() for w in words] + ([ident.lower()] if isinstance(ident, str) else [])
+    return any(n in _DROP_CLASSES for n in names)
 
 
 def _html(data: bytes) -> ParsedDocument:
-    """HTML main text: drop scripts/styles/navigation, keep headings as Markdown ``#``."""
+    """HTML main text: drop scripts/styles, navigation and page furniture
+    (:func:`_is_furniture`), keep headings as Markdown ``#`` and ``<pre>`` blocks as
+    fenced code (their lines are never headings); the ``<title>`` becomes the level-1
+    heading at the root of every heading path unless the text starts with its own."""
     from bs4 import BeautifulSoup, Comment
 
     soup = BeautifulSoup(data, "lxml")
     encoding = (soup.original_encoding or "utf-8").lower()
-    title = soup.title.get_text(" ", strip=True) if soup.title else ""
+    title = " ".join(soup.title.get_text(" ", strip=True).split()) if soup.title else ""
     for tag in soup(_DROP_TAGS):
         tag.decompose()
+    for tag in soup.find_all(_is_furniture):
+        if not tag.decomposed:
+            tag.decompose()
     for c in soup.find_all(string=lambda s: isinstance(s, Comment)):
         c.extract()
     main = soup.find("main") or soup.find("article") or soup.find(attrs={"role": "main"}) \
         or soup.body or soup
+    for pre in main.find_all("pre"):
+        # code/config/output examples as a fenced block: a ``# comment`` or a ``-----``
+        # line under a psql result header inside is never read as a heading (it used to
+        # replace the page title at the root of every later chunk's heading path)
+        code = pre.get_text().replace("\r", "\n").strip("\n")
+        fence = "~~~" if "```" in code else "```"
+        pre.replace_with(f"\n\n{fence}\n{code}\n{fence}\n\n" if code.strip() else "")
     for level in range(1, 7):
         for h in main.find_all(f"h{level}"):
             text = " ".join(h.get_text(" ", strip=True).split())
-            h.replace_with(f"\n\n{'#' * level} {text}\n\n" if text else "")
+            h.replace_with(f"\n\n\x00{'#' * level} {text}\n\n" if text else "")
     for tag in main.find_all(_BLOCK_TAGS):
         tag.insert_before("\n\n" if tag.name not in ("li", "tr", "br", "dt", "dd") else "\n")
         tag.insert_after("\n")
     for tag in main.find_all(("td", "th")):
         tag.insert_after("\t")
     raw = main.get_text()
-    lines = [_WS.sub(" ", line).strip() for line in raw.replace("\r", "\n").split("\n")]
+    lines = []
+    fence = ""
+    for line in raw.replace("\r", "\n").split("\n"):
+        line = _WS.sub(" ", line).strip()
+        if line in ("```", "~~~") and (not fence or line == fence):
+            fence = "" if fence else line
+        elif line.startswith("\x00"):  # a real heading (marked above)
+            line = line[1:]
+        elif line.startswith("#") and not fence:  # e.g. the '#' operator in a table cell
+            line = "\\" + line
+        lines.append(line)
     text = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
-    if title and not text.lstrip().startswith("# "):
+    first = re.match(r"(#{2,6}) (.*)", text)
+    if title and first and first.group(2) == title:  # the page's own title heading
+        text = "#" + text[len(first.group(1)):]  # at the root, without a title-only chunk
+    elif title and not text.startswith("# "):
         text = f"# {title}\n\n{text}" if text else f"# {title}"
     return ParsedDocument(text=text, kind="html", encoding=encoding,
                           fallback=encoding not in ("utf-8", "ascii", "utf-8-sig"),
-                          structure="markdown")
+                          structure="atx")
 
 
 def _json_lines(value: object, path: str, out: list[str]) -> None:
@@ -373,7 +428,7 @@ def _docx(data: bytes) -> ParsedDocument:
             if rows:
                 blocks.append("\n".join(rows))
     return ParsedDocument(text="\n\n".join(blocks), kind="docx", encoding="docx",
-                          structure="markdown")
+                          structure="atx")
 
 
 def parse_bytes(data: bytes, kind: str, name: str = "") -> ParsedDocument:
