@@ -21,11 +21,14 @@ from node.common.errors import CorpusError
 # --- fixtures ---------------------------------------------------------------------------
 
 
-def make_pdf(path: Path, pages: list[str], *, password: str | None = None) -> Path:
-    """A real PDF with a text layer, one string per page (fpdf2)."""
+def make_pdf(path: Path, pages: list[str], *, password: str | None = None,
+             title: str | None = None) -> Path:
+    """A real PDF with a text layer, one string per page (fpdf2); ``title``: its /Title."""
     from fpdf import FPDF
 
     pdf = FPDF()
+    if title is not None:
+        pdf.set_title(title)
     pdf.set_font("Helvetica", size=12)
     for text in pages:
         pdf.add_page()
@@ -103,6 +106,27 @@ def test_pdf_text_layer_with_page_numbers(home: Path, tmp_path: Path) -> None:
         assert q1.source_id == q2.source_id == "/docs/report.pdf"
         assert (q1.location["page"], q1.location["pageEnd"]) == (1, 1)
         assert (q2.location["page"], q2.location["pageEnd"]) == (2, 2)
+
+
+def test_pdf_metadata_title_heads_its_chunks(home: Path, tmp_path: Path) -> None:
+    """A PDF has no headings: its /Title is the heading path of its chunks (cited with the
+    hit, and a page-title match for search); a tool's placeholder title is not."""
+    root = tmp_path / "docs"
+    root.mkdir()
+    make_pdf(root / "leave.pdf", ["Sixteen weeks for the birth parent."], title="Parental Leave")
+    make_pdf(root / "scan.pdf", ["Eight weeks for the second parent."],
+             title="Microsoft Word - leave_v2.docx")
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+        hit = _hits(c, "parental leave")[0]
+        assert hit.source_id == "/docs/leave.pdf"
+        assert list(hit.location["headingPath"]) == ["Parental Leave"]
+        other = _hits(c, "second parent")[0]
+        assert other.source_id == "/docs/scan.pdf" and not other.location["headingPath"]
+    assert parsers.pdf_title("  Travel \n and  Expenses ") == "Travel and Expenses"
+    assert parsers.pdf_title("untitled") == parsers.pdf_title("report.pdf") == ""
+    assert parsers.pdf_title(None) == parsers.pdf_title("12 / 34") == ""
 
 
 def test_pdf_refusals_encrypted_scanned_and_fake(home: Path, tmp_path: Path) -> None:

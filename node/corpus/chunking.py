@@ -308,7 +308,8 @@ def structure_for(kind: str) -> str:
 
 def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK_SIZE,
                chunk_overlap: int = DEFAULT_CHUNK_OVERLAP, chunker: str = "recursive",
-               structure: str | None = None, page_starts: tuple[int, ...] = ()) -> list[Chunk]:
+               structure: str | None = None, page_starts: tuple[int, ...] = (),
+               title: str = "") -> list[Chunk]:
     """Chunk a document.
 
     Args:
@@ -319,6 +320,8 @@ def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK
         chunker: ``recursive``, ``markdown`` or ``fixed`` (see the module docstring).
         structure: ``markdown``, ``atx``, ``rst`` or ``plain`` (default: from ``kind``).
         page_starts: offsets where pages start (PDF); chunks then carry page numbers.
+        title: the document's title from its metadata (a PDF's ``/Title``), or ``""``:
+            the heading path of every chunk that has none (a PDF has no headings).
 
     Returns:
         The chunks in document order; empty when the text is only whitespace.
@@ -338,6 +341,8 @@ def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK
         sections = _sections(text, structure, line_starts)
     chunks: list[Chunk] = []
     for sec_start, sec_end, path in sections:
+        if not path and title:
+            path = (title,)
         if chunker == "fixed":
             pieces = _fixed_spans(text, chunk_size)
         else:

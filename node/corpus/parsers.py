@@ -99,6 +99,8 @@ class ParsedDocument:
             ``i + 1`` starts at ``page_starts[i]``); empty otherwise.
         structure: heading structure for the chunker: ``markdown``, ``atx`` (ATX headings
             only: HTML, DOCX), ``rst`` or ``plain``.
+        title: a PDF's document title from its metadata (:func:`pdf_title`), else ``""``;
+            the chunker puts it at the root of the heading path of chunks without one.
     """
 
     text: str
@@ -108,6 +110,7 @@ class ParsedDocument:
     replaced: bool = False
     page_starts: tuple[int, ...] = ()
     structure: str = "plain"
+    title: str = ""
 
 
 def kind_for(name: str) -> str | None:
@@ -381,7 +384,30 @@ def _pdf(data: bytes) -> ParsedDocument:
     text = "\n\n".join(parts)
     if count and not text.strip():
         raise Unsupported("no-text-layer", "the PDF has no text layer (a scan?)")
-    return ParsedDocument(text=text, kind="pdf", encoding="pdf", page_starts=tuple(starts))
+    try:
+        meta = reader.metadata
+        title = pdf_title(meta.title if meta is not None else None)
+    except Exception:  # a damaged info dictionary only costs the title
+        title = ""
+    return ParsedDocument(text=text, kind="pdf", encoding="pdf", page_starts=tuple(starts),
+                          title=title)
+
+
+#: Metadata titles that name a tool or a file rather than the document.
+_JUNK_TITLE = re.compile(r"^(untitled|document\d*|microsoft (word|powerpoint|excel)\b.*|"
+                         r".*\.(docx?|pdf|odt|rtf|tex|dvi|pptx?|xlsx?|txt|indd|qxd))$", re.I)
+
+
+def pdf_title(value: object) -> str:
+    """A PDF's ``/Title`` as a heading: whitespace collapsed, at most 200 characters;
+    ``""`` when missing, not text, without a letter, or a tool's placeholder
+    (``Untitled``, ``Microsoft Word - report.docx``, a file name)."""
+    if not isinstance(value, str):
+        return ""
+    title = " ".join(value.replace("\x00", "").split())[:200]
+    if not any(ch.isalpha() for ch in title) or _JUNK_TITLE.match(title):
+        return ""
+    return title
 
 
 def _docx(data: bytes) -> ParsedDocument:
