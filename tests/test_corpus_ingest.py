@@ -188,6 +188,7 @@ DOCBOOK = """<html><head><title>20.4.\u00a0Resource Consumption</title></head><b
 <td><a accesskey="p" href="a.html" title="20.3. Connections and Authentication">Prev</a></td>
 <th>Chapter 20. Server Configuration</th><td><a href="b.html">Next</a></td></tr></table></div>
 <div class="sect1"><h2 class="title">20.4. Resource Consumption</h2>
+<div class="toc"><dl class="toc"><dt><a href="#m">20.4.1. Memory numbatlink</a></dt></dl></div>
 <div class="sect2"><h3 class="title">20.4.1. Memory</h3><p>The quokka buffers setting.</p>
 <pre class="screen"># restart the quokka server
 # so the setting counts
@@ -202,7 +203,8 @@ sysctl -w kern.quokka=1</pre>
 
 
 def test_html_page_furniture_and_code_are_not_headings(home: Path, tmp_path: Path) -> None:
-    """Navigation boxes are not indexed (a page does not match its neighbours' titles);
+    """Navigation boxes and link lists (a table of contents) are not indexed (a page does
+    not match its neighbours' titles);
     the page title heads every chunk's heading path, never a '#' line of a code example,
     a '---' rule of psql output or a '#' table cell."""
     parsed = parsers.parse_bytes(DOCBOOK.encode(), "html", "runtime-config-resource.html")
@@ -223,7 +225,8 @@ def test_html_page_furniture_and_code_are_not_headings(home: Path, tmp_path: Pat
         c.add_root(root)
         c.sync()
         assert _sources(c, "quokka") == ["/manual/runtime-config-resource.html"]
-        for word in ("wallabyfooter", "Write Ahead Log", "Connections Authentication"):
+        for word in ("wallabyfooter", "Write Ahead Log", "Connections Authentication",
+                     "numbatlink"):
             assert _sources(c, word) == [], word
 
 
