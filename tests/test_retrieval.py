@@ -157,6 +157,19 @@ def test_document_aggregation_prefers_the_page_over_its_second_chunk() -> None:
     assert retrieval.aggregate_documents(fused, lambda k: None, 10) == fused
 
 
+def test_document_aggregation_counts_the_next_two_chunks() -> None:
+    """A page matched in three sections passes one matched in two slightly stronger ones
+    (DOC_SUPPORT_CHUNKS = 2: the best chunk gains from the next two); a fourth chunk adds
+    nothing more."""
+    assert retrieval.DOC_SUPPORT_CHUNKS == 2
+    fused = {"b1": 0.99, "c1": 0.98, "b2": 0.6, "c2": 0.5, "c3": 0.5, "c4": 0.5}
+    doc = {k: k[0].upper() for k in fused}
+    out = retrieval.aggregate_documents(fused, doc.get, 10)
+    assert out["c1"] == pytest.approx(0.98 + retrieval.DOC_SUPPORT * (0.5 + 0.5))
+    assert out["b1"] == pytest.approx(0.99 + retrieval.DOC_SUPPORT * 0.6)
+    assert max(out, key=out.get) == "c1"
+
+
 def test_early_stop_when_the_baseline_is_strong(corpus) -> None:
     hits, ctl = corpus.search_hits("staging server nightly", limit=3)
     # top hits contain every key term and nothing needs expanding → rewrite skipped

@@ -109,11 +109,20 @@ PASS_WORKERS = 2
 #: off 0.617 / 0.613 / 0.948; factor 0.5 alone 0.639 / 0.632 / 0.948; + support 0.5
 #: (power 0) 0.678 / 0.672 / 0.880; support 1.0, power 3 0.683 / 0.683 / 0.934 (pooled
 #: 0.655 → 0.713); support over 2-3 chunks, factor 0.3/0.7, power 1/2/4 were no better.
+#: Re-measured once the HTML manual's heading paths were clean (page furniture and tables
+#: of contents out, the page title at the root of every chunk, node/corpus/parsers.py):
+#: support over 1 chunk 0.683 / 0.674 / 0.934 (legacy set 0.694), over 2 chunks 0.703 /
+#: 0.681 / 0.934 (legacy 0.707), over 3 0.711 / 0.680 / 0.934 (legacy 0.698); factor
+#: 0.3/0.7 and power 2/4 with 2 chunks no better.
 SECOND_CHUNK_FACTOR = 0.5
 DOC_SUPPORT = 1.0
-DOC_SUPPORT_CHUNKS = 1
+DOC_SUPPORT_CHUNKS = 2
 AGGREGATE_WINDOW = 8
 SUPPORT_POWER = 3.0
+#: (Pseudo-relevance feedback — the best 5 idf-weighted stems of the baseline's top 5
+#: chunks added at 0.3 to the baseline query, fused as a pass at 0.5 — was measured and
+#: left out: dev nDCG@10 0.703 / 0.681 / 0.934 → 0.710 / 0.668 / 0.949, 18 questions
+#: better and 18 worse, at +2 ms p50 for its sequential pass.)
 #: Largest candidate pool per pass when widening.
 MAX_DEPTH = 2000
 #: Dedupe levels a caller may ask for, as chunks allowed per document.
@@ -406,8 +415,9 @@ def aggregate_documents(fused: dict[Any, float], doc_key: Callable[[Any], str | 
     """Document-level aggregation of chunk scores over the top ``window`` fused candidates
     (candidates below the window keep their fused score).
 
-    A document's best chunk gets ``best + DOC_SUPPORT * strength(second) * second`` (a
-    page with two strong chunks beats a page with one); each further chunk of the same
+    A document's best chunk gets ``best + DOC_SUPPORT * sum(strength(c) * c)`` over its
+    next :data:`DOC_SUPPORT_CHUNKS` chunks in the window (a page with two or three strong
+    chunks beats a page with one); each further chunk of the same
     document gets ``SECOND_CHUNK_FACTOR * its score``, so a page's second chunk only takes
     a place above another page's best chunk when it is clearly stronger. ``doc_key(key)``
     names a candidate's document (None: unknown, left alone); ``strength(key)`` in 0..1
