@@ -182,7 +182,8 @@ def test_html_main_text_not_markup(home: Path, tmp_path: Path) -> None:
 #: A generated manual page in DocBook's layout (the PostgreSQL HTML manual): prev/up/next
 #: navigation with the neighbouring pages' titles above and below the content, a section
 #: heading that repeats the <title>, a shell example whose comment lines start with '#',
-#: psql output with a '----' rule, and a table cell holding the '#' operator.
+#: psql output with a '----' rule, a table cell holding the '#' operator, and a note box
+#: whose title "Note" is a label, not a section.
 DOCBOOK = """<html><head><title>20.4.\u00a0Resource Consumption</title></head><body>
 <div class="navheader"><table><tr><th>20.4. Resource Consumption</th></tr><tr>
 <td><a accesskey="p" href="a.html" title="20.3. Connections and Authentication">Prev</a></td>
@@ -197,6 +198,7 @@ sysctl -w kern.quokka=1</pre>
 --------+-------
  quokka | 1</pre>
 <table><tr><td>bit</td></tr><tr><td>#</td><td>xor of the quokka bits</td></tr></table>
+<div class="note"><h3 class="title">Note</h3><p>Quokka buffers are shared.</p></div>
 <p>More about the quokka buffers.</p></div></div>
 <div class="navfooter"><table><tr><td>20.3. Connections and Authentication</td>
 <td>20.5. Write Ahead Log wallabyfooter</td></tr></table></div></body></html>"""
@@ -206,10 +208,10 @@ def test_html_page_furniture_and_code_are_not_headings(home: Path, tmp_path: Pat
     """Navigation boxes and link lists (a table of contents) are not indexed (a page does
     not match its neighbours' titles);
     the page title heads every chunk's heading path, never a '#' line of a code example,
-    a '---' rule of psql output or a '#' table cell."""
+    a '---' rule of psql output or a '#' table cell, and a note box's title is no section."""
     parsed = parsers.parse_bytes(DOCBOOK.encode(), "html", "runtime-config-resource.html")
     assert "Prev" not in parsed.text and "wallabyfooter" not in parsed.text
-    assert "Chapter 20" not in parsed.text
+    assert "Chapter 20" not in parsed.text and "\nNote\n" in parsed.text
     chunks = chunk_text(parsed.text, kind="html", structure=parsed.structure, chunk_size=120,
                         chunk_overlap=0)
     assert len(chunks) >= 3

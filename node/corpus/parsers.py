@@ -211,6 +211,25 @@ _DROP_CLASSES = frozenset((
     "site-footer", "footer", "header-nav", "headerlink", "toc-sidebar", "toc"))
 
 
+#: Class words of admonition boxes (DocBook ``note``/``tip``/``warning``…, Sphinx
+#: ``admonition``): the title of one ("Note", "Tip") is a label, not a section heading —
+#: as a heading it became the section of every chunk after the box up to the next real
+#: heading (13 % of the PostgreSQL manual's chunks).
+_ADMONITION_CLASSES = frozenset(("note", "tip", "warning", "caution", "important",
+                                 "admonition", "hint", "attention", "danger", "seealso"))
+
+
+def _in_admonition(tag: object) -> bool:
+    """True when ``tag`` sits inside an admonition box (:data:`_ADMONITION_CLASSES`)."""
+    for parent in getattr(tag, "parents", ()):
+        words = (getattr(parent, "attrs", None) or {}).get("class") or []
+        if isinstance(words, str):
+            words = words.split()
+        if any(w.lower() in _ADMONITION_CLASSES for w in words):
+            return True
+    return False
+
+
 def _is_furniture(tag: object) -> bool:
     """True for an element that is page navigation/furniture (:data:`_DROP_ROLES`,
     :data:`_DROP_CLASSES` in its ``class`` or ``id``)."""
@@ -230,7 +249,8 @@ def _is_furniture(tag: object) -> bool:
 
 def _html(data: bytes) -> ParsedDocument:
     """HTML main text: drop scripts/styles, navigation and page furniture
-    (:func:`_is_furniture`), keep headings as Markdown ``#`` and ``<pre>`` blocks as
+    (:func:`_is_furniture`), keep headings as Markdown ``#`` (not an admonition box's
+    title, :data:`_ADMONITION_CLASSES`) and ``<pre>`` blocks as
     fenced code (their lines are never headings); the ``<title>`` becomes the level-1
     heading at the root of every heading path unless the text starts with its own."""
     from bs4 import BeautifulSoup, Comment
@@ -257,6 +277,9 @@ def _html(data: bytes) -> ParsedDocument:
     for level in range(1, 7):
         for h in main.find_all(f"h{level}"):
             text = " ".join(h.get_text(" ", strip=True).split())
+            if text and _in_admonition(h):  # a box's label stays text
+                h.replace_with(f"\n\n{text}\n\n")
+                continue
             h.replace_with(f"\n\n\x00{'#' * level} {text}\n\n" if text else "")
     for tag in main.find_all(_BLOCK_TAGS):
         tag.insert_before("\n\n" if tag.name not in ("li", "tr", "br", "dt", "dd") else "\n")
