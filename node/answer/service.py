@@ -222,7 +222,10 @@ class AnswerService:
             shown = [hit for hit, state in screened if state != PENDING]
             controller = _gated_controller(controller, len(shown))
         else:
-            shown = [_with_id(h, self._canonical(h.source_id)) for h in hits]
+            canonical: dict[str, str] = {}  # one normalization per source per answer
+            shown = [_with_id(h, canonical.get(h.source_id)
+                              or canonical.setdefault(h.source_id, self._canonical(h.source_id)))
+                     for h in hits]
         top = shown[: req["topK"]]
         if not top:
             return pending or self._nothing(None, req, plan, peer, started)

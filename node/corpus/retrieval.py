@@ -584,14 +584,18 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             saturated = False
             stop: str | None = None
             ahead: dict[str, Future[tuple[list[tuple[Any, float]], bool]]] = {}
-            if PARALLEL_PASSES and (controller["rounds"] > 1 or not may_stop_early(plan)):
-                # every planned pass runs: start the others now, beside the baseline
+            if PARALLEL_PASSES:
+                # start the other passes now, beside the baseline; when the early stop
+                # fires after all, a pass started this way is dropped unread (skipped)
                 for name in plan.passes[1:]:
                     if queries.get(name) is not None and not expired():
                         ahead[name] = _executor().submit(run_pass, searcher, queries[name],
                                                          depth, ids)
             for name in plan.passes:
                 if stop is not None:
+                    if name in ahead:  # started beside the baseline; the early stop drops it
+                        fut = ahead.pop(name)
+                        fut.cancel() or fut.exception()
                     passes.append({"name": name, "status": "skipped", "candidates": 0,
                                    "reason": stop})
                     continue
