@@ -90,11 +90,11 @@ REWRITE_SECTION_BOOST = 1.5
 PROXIMITY_PAIRS = False
 PAIR_BOOST = 0.5
 PAIR_SLOP = 2
-#: Run the passes of one search concurrently (tantivy releases the GIL while it searches)
-#: when the early-stop rule cannot fire for the query, i.e. when every planned pass will
-#: run anyway: the same passes, results and report, in less wall time. Uses at most
-#: :data:`PASS_WORKERS` extra threads per process. ``scripts/bench_search --sequential``
-#: measures without it.
+#: Run the passes of one search concurrently (tantivy releases the GIL while it searches):
+#: the other passes start beside the baseline, also when the early-stop rule may fire —
+#: when it fires, a pass started that way is dropped unread and reported ``skipped``. The
+#: same passes, results and report, in less wall time. Uses at most :data:`PASS_WORKERS`
+#: extra threads per process. ``scripts/bench_search --sequential`` measures without it.
 PARALLEL_PASSES = True
 PASS_WORKERS = 2
 #: Document-level aggregation (:func:`aggregate_documents`): a document's further chunks
