@@ -303,7 +303,7 @@ class StoredIds:
         ids = self.ids.get(key)
         if ids is None:
             doc = self.searcher.doc(tantivy.DocAddress(key[0], key[1]))
-            ids = self.ids[key] = (doc["chunk_id"][0], doc["doc_id"][0])
+            ids = self.ids[key] = (doc.get_first("chunk_id"), doc.get_first("doc_id"))
         return ids
 
     def cid(self, key: Any) -> str:
