@@ -378,6 +378,32 @@ def test_concurrent_passes_give_the_same_envelope_as_sequential(corpus, query: s
     assert one["status"] == "ok" and json.dumps(one) == json.dumps(two)
 
 
+@pytest.mark.parametrize("query", ["walrus swims", "staging server nightly"])
+def test_a_pass_started_beside_the_baseline_is_dropped_when_the_early_stop_fires(
+        corpus, query: str) -> None:
+    """The rewrite pass starts beside the baseline even when the early stop may fire; when
+    it fires, what the rewrite found is dropped: same hits, scores and report as running
+    the baseline alone (and the next search is not disturbed by the dropped pass)."""
+    saved = retrieval.PARALLEL_PASSES
+    try:
+        retrieval.PARALLEL_PASSES = False
+        one = corpus.search_hits(query, limit=5)
+        alone = answer_local(corpus, {"query": query, "topK": 5})
+        retrieval.PARALLEL_PASSES = True
+        two = corpus.search_hits(query, limit=5)
+        beside = answer_local(corpus, {"query": query, "topK": 5})
+        after = corpus.search_hits("walrus", limit=5)
+    finally:
+        retrieval.PARALLEL_PASSES = saved
+    assert retrieval.may_stop_early(retrieval.make_plan(query))
+    assert [(h.chunk_id, h.score, h.score_components) for h in one[0]] == [
+        (h.chunk_id, h.score, h.score_components) for h in two[0]]
+    assert one[1] == two[1] and json.dumps(alone) == json.dumps(beside)
+    if one[1]["stopReason"] == "baseline-strong":
+        assert "rewrite" not in two[0][0].score_components
+    assert after[0] == corpus.search_hits("walrus", limit=5)[0]
+
+
 def test_proximity_pairs_are_off_and_not_reported(corpus) -> None:
     """Adjacent-pair phrases lowered scripts/eval quality and cost half the rewrite pass:
     the plan must not claim them."""

@@ -324,3 +324,37 @@ def test_properties_hold_on_a_simulated_case_insensitive_fs(tree, roots) -> None
         assert not any(out.casefold() == r or out.casefold().startswith(r + "/") for r in folded), out
 
     run()
+
+
+def test_folders_resolved_once_gives_what_realpath_gives(tmp_path: Path) -> None:
+    """The visible-set scan resolves each folder once (sources.folders_resolved_once): the
+    answers must be os.path.realpath's, through file and folder symlinks, relative links,
+    loops, missing parts and a file used as a folder — and a symlink escaping the root
+    still normalizes to nothing."""
+    from node.corpus import sources
+
+    d = tmp_path
+    (d / "a" / "b" / "c").mkdir(parents=True)
+    (d / "x").mkdir()
+    (d / "a" / "b" / "c" / "f.txt").write_text("f")
+    (d / "a" / "file").write_text("g")
+    os.symlink(d / "x", d / "a" / "lnk")
+    os.symlink("../b/c/f.txt", d / "a" / "b" / "rel")
+    os.symlink(d / "loop2", d / "loop1")
+    os.symlink(d / "loop1", d / "loop2")
+    os.symlink("c", d / "a" / "b" / "cl")
+    os.symlink(d / "a" / "b" / "cl" / "f.txt", d / "fl")
+    paths = [f"{d}/a/b/c/f.txt", f"{d}/a/lnk/q", f"{d}/a/b/rel", f"{d}/loop1/z", f"{d}/loop1",
+             f"{d}/a/file/x", f"{d}/nope/x/y", f"{d}/a/b/cl/f.txt", f"{d}/fl", "/", f"{d}/a/b/",
+             f"{d}//a//b", f"{d}/a/b/c/../c/f.txt"]
+    plain = [sources._realpath(p) for p in paths]
+    assert plain == [os.path.realpath(p) for p in paths]
+    with sources.folders_resolved_once():
+        with sources.folders_resolved_once():  # nested: still one memo, still the same
+            twice = [sources._realpath(p) for p in paths] + [sources._realpath(p) for p in paths]
+    assert twice == plain + plain
+    roots = [Root("a", str(d / "a"))]
+    with sources.folders_resolved_once():
+        assert normalize_source("/a/lnk/q", roots) is None  # escapes the root
+        assert normalize_source("/a/b/rel", roots) == "/a/b/c/f.txt"
+    assert getattr(sources._scan, "folders", None) is None  # forgotten after the block

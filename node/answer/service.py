@@ -47,6 +47,7 @@ from node.answer import contract
 from node.answer import envelope as env
 from node.common.errors import CorpusError
 from node.corpus.retrieval import make_plan
+from node.corpus.sources import folders_resolved_once
 
 log = logging.getLogger("kith.answer")
 
@@ -216,13 +217,18 @@ class AnswerService:
         if peer is not None:
             from node.policy.gate import PENDING
 
-            screened = self._gate.screen(hits, peer.name, peer.key, req["query"], policy=policy)
+            with folders_resolved_once():  # the hits' folders are resolved once per answer
+                screened = self._gate.screen(hits, peer.name, peer.key, req["query"],
+                                             policy=policy)
             if screened and screened[0][1] == PENDING:
                 pending = self._pending(peer, req, plan, screened)
             shown = [hit for hit, state in screened if state != PENDING]
             controller = _gated_controller(controller, len(shown))
         else:
-            shown = [_with_id(h, self._canonical(h.source_id)) for h in hits]
+            canonical: dict[str, str] = {}  # one normalization per source per answer
+            with folders_resolved_once():
+                shown = [_with_id(h, canonical.get(h.source_id) or canonical.setdefault(
+                    h.source_id, self._canonical(h.source_id))) for h in hits]
         top = shown[: req["topK"]]
         if not top:
             return pending or self._nothing(None, req, plan, peer, started)

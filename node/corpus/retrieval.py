@@ -90,11 +90,11 @@ REWRITE_SECTION_BOOST = 1.5
 PROXIMITY_PAIRS = False
 PAIR_BOOST = 0.5
 PAIR_SLOP = 2
-#: Run the passes of one search concurrently (tantivy releases the GIL while it searches)
-#: when the early-stop rule cannot fire for the query, i.e. when every planned pass will
-#: run anyway: the same passes, results and report, in less wall time. Uses at most
-#: :data:`PASS_WORKERS` extra threads per process. ``scripts/bench_search --sequential``
-#: measures without it.
+#: Run the passes of one search concurrently (tantivy releases the GIL while it searches):
+#: the other passes start beside the baseline, also when the early-stop rule may fire —
+#: when it fires, a pass started that way is dropped unread and reported ``skipped``. The
+#: same passes, results and report, in less wall time. Uses at most :data:`PASS_WORKERS`
+#: extra threads per process. ``scripts/bench_search --sequential`` measures without it.
 PARALLEL_PASSES = True
 PASS_WORKERS = 2
 #: Document-level aggregation (:func:`aggregate_documents`): a document's further chunks
@@ -312,7 +312,7 @@ class StoredIds:
         ids = self.ids.get(key)
         if ids is None:
             doc = self.searcher.doc(tantivy.DocAddress(key[0], key[1]))
-            ids = self.ids[key] = (doc["chunk_id"][0], doc["doc_id"][0])
+            ids = self.ids[key] = (doc.get_first("chunk_id"), doc.get_first("doc_id"))
         return ids
 
     def cid(self, key: Any) -> str:
@@ -594,14 +594,18 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             saturated = False
             stop: str | None = None
             ahead: dict[str, Future[tuple[list[tuple[Any, float]], bool]]] = {}
-            if PARALLEL_PASSES and (controller["rounds"] > 1 or not may_stop_early(plan)):
-                # every planned pass runs: start the others now, beside the baseline
+            if PARALLEL_PASSES:
+                # start the other passes now, beside the baseline; when the early stop
+                # fires after all, a pass started this way is dropped unread (skipped)
                 for name in plan.passes[1:]:
                     if queries.get(name) is not None and not expired():
                         ahead[name] = _executor().submit(run_pass, searcher, queries[name],
                                                          depth, ids)
             for name in plan.passes:
                 if stop is not None:
+                    if name in ahead:  # started beside the baseline; the early stop drops it
+                        fut = ahead.pop(name)
+                        fut.cancel() or fut.exception()
                     passes.append({"name": name, "status": "skipped", "candidates": 0,
                                    "reason": stop})
                     continue

@@ -48,7 +48,7 @@ from typing import Any
 
 import tantivy
 
-from node.corpus import ingest, search
+from node.corpus import ingest, search, sources
 
 #: View indexes kept per corpus handle (least recently used evicted).
 MAX_VIEWS = 4
@@ -134,13 +134,14 @@ class Views:
             return cached[1]
         docs: _Docs = _Docs()
         total = 0
-        for doc_id, source_id, content_hash, indexed_at, chunks in db.execute(
-                "SELECT doc_id, source_id, content_hash, indexed_at, chunk_count FROM documents "
-                "WHERE status = 'done' AND chunk_count > 0"):
-            total += 1
-            if visible(source_id):
-                docs[doc_id] = (content_hash, indexed_at, chunks)
-                docs.chunks += chunks
+        with sources.folders_resolved_once():  # one real-path lookup per folder, not per file
+            for doc_id, source_id, content_hash, indexed_at, chunks in db.execute(
+                    "SELECT doc_id, source_id, content_hash, indexed_at, chunk_count FROM "
+                    "documents WHERE status = 'done' AND chunk_count > 0"):
+                total += 1
+                if visible(source_id):
+                    docs[doc_id] = (content_hash, indexed_at, chunks)
+                    docs.chunks += chunks
         docs.whole = len(docs) == total
         try:
             self._sets[visible] = (gen, docs)
