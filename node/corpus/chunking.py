@@ -109,7 +109,10 @@ _ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?[ \t#]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _SETEXT = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
 _RST_ADORN = re.compile(r"^([=\-`:'\"~^_*+#<>.!$%&(),/;?@\[\\\]{|}])\1{2,}[ \t]*$")
-_RST_ADORN_ML = re.compile(r"^([=\-`:'\"~^_*+#<>.!$%&(),/;?@\[\\\]{|}])\1{2,}[ \t]*$", re.M)
+#: An adornment line after a newline (the first line is never an underline: no title
+#: above it). The leading ``\n`` is a literal prefix ``re`` searches for at C speed; a
+#: ``^`` with ``re.M`` made the scan try the whole pattern at every character.
+_RST_ADORN_ML = re.compile(r"\n([=\-`:'\"~^_*+#<>.!$%&(),/;?@\[\\\]{|}])\1{2,}[ \t]*$", re.M)
 _RST_ROLE = re.compile(r":[\w.+:-]+:`([^`<]*?)(?:\s*<[^>]*>)?`")
 _RST_LITERAL = re.compile(r"``([^`]*)``")
 
@@ -174,7 +177,7 @@ def _rst_headings(lines: list[str], text: str, offsets: list[int]) -> list[tuple
     n = len(lines)
     skip_until = 0
     for am in _RST_ADORN_ML.finditer(text):
-        k = bisect.bisect_right(offsets, am.start()) - 1  # the adornment's line
+        k = bisect.bisect_right(offsets, am.start() + 1) - 1  # the adornment's line
         i = k - 1  # the title candidate
         if i < skip_until or k >= n:
             continue
