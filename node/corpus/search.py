@@ -96,8 +96,12 @@ def analyzers() -> tuple[Any, Any]:
 
 _DIGIT_SEP = re.compile(r"\d[,:eE-]\d")
 #: Where a whitespace-separated token can hold a :data:`_WHOLE` match: a ``_``, a ``.``
-#: before another character of the token, or a digit-separator-digit.
-_CANDIDATE = re.compile(r"_|\.\S|\d[,:eE-]\d")
+#: before another character of the token, or a digit-separator-digit. Led by one
+#: character class, which ``re`` scans for at C speed (an alternation is tried whole at
+#: every character); ASCII digits for ASCII text, Unicode ``\d`` (what :data:`_WHOLE`
+#: and :data:`_DIGIT_SEP` mean) otherwise.
+_CANDIDATE_ASCII = re.compile(r"[_.0-9](?:(?<=_)|(?<=\.)\S|(?<=[0-9])[,:eE-][0-9])")
+_CANDIDATE = re.compile(r"[_.\d](?:(?<=_)|(?<=\.)\S|(?<=\d)[,:eE-]\d)")
 _RUN = re.compile(r"\S*")
 
 
@@ -108,7 +112,8 @@ def _candidate_tokens(text: str) -> Iterator[str]:
     Found from the candidates outwards (``\\S`` is ``str.split()``'s whitespace test,
     ``Py_UNICODE_ISSPACE``): the text is scanned once at C speed and only the few tokens
     that can hold an identifier are looked at in Python, instead of every token."""
-    hit = _CANDIDATE.search(text)
+    search = (_CANDIDATE_ASCII if text.isascii() else _CANDIDATE).search
+    hit = search(text)
     if hit is None:
         return
     run = _RUN.match
@@ -119,7 +124,7 @@ def _candidate_tokens(text: str) -> Iterator[str]:
         start = p + 1 - (run(rev, last - p).end() - (last - p))
         end = run(text, p).end()
         yield text[start:end]
-        hit = _CANDIDATE.search(text, end)
+        hit = search(text, end)
 
 
 def _whole_matches(text: str) -> Iterator[re.Match[str]]:
