@@ -76,6 +76,8 @@ class Chunk:
 
 def normalize_newlines(text: str) -> str:
     """Return ``text`` with CRLF and lone CR turned into LF."""
+    if "\r" not in text:  # the common case, checked at C speed
+        return text
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -123,10 +125,13 @@ def _clean_title(title: str) -> str:
     return " ".join(title.replace("`", "").split())
 
 
-def _line_offsets(text: str) -> list[int]:
-    """Offset where each line starts (line ``i + 1`` starts at ``out[i]``)."""
+def _line_offsets(text: str, lines: list[str] | None = None) -> list[int]:
+    """Offset where each line starts (line ``i + 1`` starts at ``out[i]``); ``lines``:
+    ``text.split("\\n")`` when the caller has it already."""
+    if lines is None:
+        lines = text.split("\n")
     out = [0]  # each line's length + 1 (its newline), summed at C speed
-    out.extend(itertools.accumulate(map(operator.add, map(len, text.split("\n")),
+    out.extend(itertools.accumulate(map(operator.add, map(len, lines),
                                         itertools.repeat(1))))
     out.pop()
     return out
@@ -199,14 +204,16 @@ def _rst_headings(lines: list[str], text: str, offsets: list[int]) -> list[tuple
     return out
 
 
-def _sections(text: str, structure: str, offsets: list[int] | None = None
-              ) -> list[tuple[int, int, tuple[str, ...]]]:
-    """Split text into (start, end, heading_path) sections covering all of it."""
+def _sections(text: str, structure: str, offsets: list[int] | None = None,
+              lines: list[str] | None = None) -> list[tuple[int, int, tuple[str, ...]]]:
+    """Split text into (start, end, heading_path) sections covering all of it
+    (``offsets``/``lines``: :func:`_line_offsets` and the lines, when known)."""
     if structure not in ("markdown", "rst"):
         return [(0, len(text), ())]
-    lines = text.split("\n")
+    if lines is None:
+        lines = text.split("\n")
     if offsets is None:
-        offsets = _line_offsets(text)
+        offsets = _line_offsets(text, lines)
     heads = (_markdown_headings(lines) if structure == "markdown"
              else _rst_headings(lines, text, offsets))
     if not heads:
@@ -315,14 +322,15 @@ def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK
     """
     validate_params(chunk_size, chunk_overlap, chunker)
     text = normalize_newlines(text)
-    line_starts = _line_offsets(text)
+    lines = text.split("\n")  # split once: line offsets and heading scan share it
+    line_starts = _line_offsets(text, lines)
     structure = structure or structure_for(kind)
     if chunker == "markdown" and structure == "plain":
         structure = "markdown"
     if chunker == "fixed":
         sections: list[tuple[int, int, tuple[str, ...]]] = [(0, len(text), ())]
     else:
-        sections = _sections(text, structure, line_starts)
+        sections = _sections(text, structure, line_starts, lines)
     chunks: list[Chunk] = []
     for sec_start, sec_end, path in sections:
         if chunker == "fixed":
