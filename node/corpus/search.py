@@ -128,26 +128,23 @@ def _candidate_tokens(text: str) -> Iterator[str]:
 
 
 def _whole_matches(text: str) -> Iterator[re.Match[str]]:
-    """The matches of :data:`_WHOLE` in ``text``, in order (each relative to its token):
-    the same words as ``_WHOLE.finditer(text)`` (see :func:`identifiers`)."""
-    for token in _candidate_tokens(text):
-        yield from _WHOLE.finditer(token)
+    """The matches of :data:`_WHOLE` in ``text``, in order: one scan over its candidate
+    tokens joined by spaces (positions are in that string; the words are those of
+    ``_WHOLE.finditer(text)``, see :func:`identifiers`)."""
+    return _WHOLE.finditer(" ".join(_candidate_tokens(text)))
 
 
 @lru_cache(maxsize=65_536)
-def _token_identifiers(token: str) -> tuple[str, ...]:
-    """:func:`identifiers` of one whitespace-free token (cached: names repeat)."""
-    out: list[str] = []
-    for m in _WHOLE.finditer(token):
-        word = m.group(0).lower().strip(".,:-")
-        if not word.strip("_") or len(word) > 64 or (
-                "." in word and max(map(len, word.split("."))) < 2):  # e.g, i.e
-            continue
-        out.append(word)
-        if "." in word and not word[0].isdigit():
-            parts = word.split(".")
-            out.extend(".".join(parts[i:]) for i in range(1, len(parts) - 1))
-    return tuple(out)
+def _word_identifiers(whole: str) -> tuple[str, ...]:
+    """What one :data:`_WHOLE` match adds to :func:`identifiers` (cached: names repeat)."""
+    word = whole.lower().strip(".,:-")
+    if not word.strip("_") or len(word) > 64 or (
+            "." in word and max(map(len, word.split("."))) < 2):  # e.g, i.e
+        return ()
+    if "." in word and not word[0].isdigit():
+        parts = word.split(".")
+        return (word, *(".".join(parts[i:]) for i in range(1, len(parts) - 1)))
+    return (word,)
 
 
 def identifiers(text: str) -> list[str]:
@@ -157,14 +154,14 @@ def identifiers(text: str) -> list[str]:
     Pure underscores and identifiers over 64 characters are skipped.
 
     A match consists of ``[\\w.,:-]`` only, so it never spans whitespace, and whitespace
-    satisfies both of its look-arounds: matching each whitespace-separated token on its own
-    gives exactly the matches of the whole text. Only tokens that can hold one are matched
-    (:func:`_candidate_tokens`; Python's ``re`` with Unicode ``\\w`` costs ~100 ns per
-    character of a scan, which made this the largest part of a full sync, issue 10 item
-    6), and a token's result is cached."""
+    satisfies both of its look-arounds: scanning only the whitespace-separated tokens that
+    can hold one (:func:`_candidate_tokens`), joined by single spaces, gives exactly the
+    matches of the whole text. Python's ``re`` with Unicode ``\\w`` costs ~100 ns per
+    character of a scan, which made this the largest part of a full sync (issue 10 item
+    6)."""
     out: list[str] = []
-    for token in _candidate_tokens(text):
-        out.extend(_token_identifiers(token))
+    for m in _whole_matches(text):
+        out.extend(_word_identifiers(m.group(0)))
     return out
 
 
