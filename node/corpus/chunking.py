@@ -236,6 +236,9 @@ def _sections(text: str, structure: str, offsets: list[int] | None = None,
 # --- recursive split -----------------------------------------------------------------
 
 
+_END = re.Match.end  # each match's end, taken at C speed by map()
+
+
 def _split(text: str, start: int, end: int, size: int, level: int) -> list[tuple[int, int]]:
     """Split [start, end) into contiguous spans each <= size characters."""
     if end - start <= size:
@@ -243,7 +246,7 @@ def _split(text: str, start: int, end: int, size: int, level: int) -> list[tuple
     if level >= len(_SEPARATORS):
         return [(s, min(s + size, end)) for s in range(start, end, size)]
     pattern = _SEPARATORS[level]
-    cuts = [m.end() for m in pattern.finditer(text, start, end) if start < m.end() < end]
+    cuts = [c for c in map(_END, pattern.finditer(text, start, end)) if start < c < end]
     if not cuts:
         return _split(text, start, end, size, level + 1)
     spans: list[tuple[int, int]] = []
