@@ -194,7 +194,8 @@ def raw_tantivy_build(corpus_dir: Path, workdir: Path) -> tuple[float, int]:
 
 def kith_schema_build(db_path: Path, workdir: Path) -> float:
     """Seconds to put the chunks already in SQLite into a fresh index with Kith's schema
-    and analyzers (the part of a sync that is tantivy's work alone)."""
+    and analyzers, through a writer set up as the sync's (heap, indexing threads): the
+    part of a sync that is tantivy's work alone."""
     from node.corpus import ingest, search, store
 
     workdir.mkdir(parents=True, exist_ok=True)
