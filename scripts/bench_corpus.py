@@ -194,8 +194,9 @@ def raw_tantivy_build(corpus_dir: Path, workdir: Path) -> tuple[float, int]:
 
 def kith_schema_build(db_path: Path, workdir: Path) -> float:
     """Seconds to put the chunks already in SQLite into a fresh index with Kith's schema
-    and analyzers (the part of a sync that is tantivy's work alone)."""
-    from node.corpus import ingest, search
+    and analyzers, through a writer set up as the sync's (heap, indexing threads): the
+    part of a sync that is tantivy's work alone."""
+    from node.corpus import ingest, search, store
 
     workdir.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(db_path)
@@ -204,7 +205,7 @@ def kith_schema_build(db_path: Path, workdir: Path) -> float:
     t0 = time.perf_counter()
     index = tantivy.Index(search.build_schema(), path=str(workdir))
     search.register_analyzers(index)
-    writer = index.writer(128_000_000, 0)
+    writer = index.writer(store._WRITER_HEAP, store._WRITER_THREADS)  # the sync's writer
     for cid, did, text, title in rows:
         writer.add_document(search.make_document(cid, did, text, title))
     writer.commit()

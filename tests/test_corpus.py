@@ -71,6 +71,27 @@ def test_rst_heading_paths_with_overline() -> None:
     assert chunks[1].line_start == 7
 
 
+
+def test_rst_adornment_scan_finds_every_adornment_line_but_the_first() -> None:
+    """The adornment scan searches for ``\\n`` + adornment (speed, issue 10 item 6): on
+    seeded random RST-like text it finds exactly the lines after the first that are
+    adornments, line by line (the first line is never an underline: no title above it)."""
+    import random
+
+    from node.corpus import chunking
+
+    rnd = random.Random(6)
+    pieces = ["Title", "=====", "-----", "~~~", "==", "=====  ", "***", "", "text line",
+              "  indented", "::", "A", "#####", "=-=-=", "\t"]
+    for _ in range(5000):
+        text = "\n".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 25)))
+        offsets = chunking._line_offsets(text)
+        found = [offsets.index(m.start() + 1) for m in chunking._RST_ADORN_ML.finditer(text)]
+        want = [k for k, line in enumerate(text.split("\n"))
+                if k > 0 and chunking._RST_ADORN.match(line)]
+        assert found == want, repr(text)
+
+
 # --- fixtures ------------------------------------------------------------------------
 
 

@@ -78,6 +78,8 @@ class Chunk:
 
 def normalize_newlines(text: str) -> str:
     """Return ``text`` with CRLF and lone CR turned into LF."""
+    if "\r" not in text:  # the common case, checked at C speed
+        return text
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -111,7 +113,10 @@ _ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?[ \t#]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _SETEXT = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
 _RST_ADORN = re.compile(r"^([=\-`:'\"~^_*+#<>.!$%&(),/;?@\[\\\]{|}])\1{2,}[ \t]*$")
-_RST_ADORN_ML = re.compile(r"^([=\-`:'\"~^_*+#<>.!$%&(),/;?@\[\\\]{|}])\1{2,}[ \t]*$", re.M)
+#: An adornment line after a newline (the first line is never an underline: no title
+#: above it). The leading ``\n`` is a literal prefix ``re`` searches for at C speed; a
+#: ``^`` with ``re.M`` made the scan try the whole pattern at every character.
+_RST_ADORN_ML = re.compile(r"\n([=\-`:'\"~^_*+#<>.!$%&(),/;?@\[\\\]{|}])\1{2,}[ \t]*$", re.M)
 _RST_ROLE = re.compile(r":[\w.+:-]+:`([^`<]*?)(?:\s*<[^>]*>)?`")
 _RST_LITERAL = re.compile(r"``([^`]*)``")
 
@@ -122,10 +127,13 @@ def _clean_title(title: str) -> str:
     return " ".join(title.replace("`", "").split())
 
 
-def _line_offsets(text: str) -> list[int]:
-    """Offset where each line starts (line ``i + 1`` starts at ``out[i]``)."""
+def _line_offsets(text: str, lines: list[str] | None = None) -> list[int]:
+    """Offset where each line starts (line ``i + 1`` starts at ``out[i]``); ``lines``:
+    ``text.split("\\n")`` when the caller has it already."""
+    if lines is None:
+        lines = text.split("\n")
     out = [0]  # each line's length + 1 (its newline), summed at C speed
-    out.extend(itertools.accumulate(map(operator.add, map(len, text.split("\n")),
+    out.extend(itertools.accumulate(map(operator.add, map(len, lines),
                                         itertools.repeat(1))))
     out.pop()
     return out
@@ -177,7 +185,7 @@ def _rst_headings(lines: list[str], text: str, offsets: list[int]) -> list[tuple
     n = len(lines)
     skip_until = 0
     for am in _RST_ADORN_ML.finditer(text):
-        k = bisect.bisect_right(offsets, am.start()) - 1  # the adornment's line
+        k = bisect.bisect_right(offsets, am.start() + 1) - 1  # the adornment's line
         i = k - 1  # the title candidate
         if i < skip_until or k >= n:
             continue
@@ -199,16 +207,18 @@ def _rst_headings(lines: list[str], text: str, offsets: list[int]) -> list[tuple
     return out
 
 
-def _sections(text: str, structure: str, offsets: list[int] | None = None
-              ) -> list[tuple[int, int, tuple[str, ...]]]:
-    """Split text into (start, end, heading_path) sections covering all of it. A Markdown
+def _sections(text: str, structure: str, offsets: list[int] | None = None,
+              lines: list[str] | None = None) -> list[tuple[int, int, tuple[str, ...]]]:
+    """Split text into (start, end, heading_path) sections covering all of it
+    (``offsets``/``lines``: :func:`_line_offsets` and the lines, when known). A Markdown
     or ATX heading with no text before its first subheading starts that subsection's
     section instead of a section of its own."""
     if structure not in ("markdown", "atx", "rst"):
         return [(0, len(text), ())]
-    lines = text.split("\n")
+    if lines is None:
+        lines = text.split("\n")
     if offsets is None:
-        offsets = _line_offsets(text)
+        offsets = _line_offsets(text, lines)
     heads = (_rst_headings(lines, text, offsets) if structure == "rst"
              else _markdown_headings(lines, setext=structure == "markdown"))
     if not heads:
@@ -240,6 +250,9 @@ def _sections(text: str, structure: str, offsets: list[int] | None = None
 # --- recursive split -----------------------------------------------------------------
 
 
+_END = re.Match.end  # each match's end, taken at C speed by map()
+
+
 def _split(text: str, start: int, end: int, size: int, level: int) -> list[tuple[int, int]]:
     """Split [start, end) into contiguous spans each <= size characters."""
     if end - start <= size:
@@ -247,7 +260,7 @@ def _split(text: str, start: int, end: int, size: int, level: int) -> list[tuple
     if level >= len(_SEPARATORS):
         return [(s, min(s + size, end)) for s in range(start, end, size)]
     pattern = _SEPARATORS[level]
-    cuts = [m.end() for m in pattern.finditer(text, start, end) if start < m.end() < end]
+    cuts = [c for c in map(_END, pattern.finditer(text, start, end)) if start < c < end]
     if not cuts:
         return _split(text, start, end, size, level + 1)
     spans: list[tuple[int, int]] = []
@@ -331,14 +344,15 @@ def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK
     """
     validate_params(chunk_size, chunk_overlap, chunker)
     text = normalize_newlines(text)
-    line_starts = _line_offsets(text)
+    lines = text.split("\n")  # split once: line offsets and heading scan share it
+    line_starts = _line_offsets(text, lines)
     structure = structure or structure_for(kind)
     if chunker == "markdown" and structure == "plain":
         structure = "markdown"
     if chunker == "fixed":
         sections: list[tuple[int, int, tuple[str, ...]]] = [(0, len(text), ())]
     else:
-        sections = _sections(text, structure, line_starts)
+        sections = _sections(text, structure, line_starts, lines)
     chunks: list[Chunk] = []
     for sec_start, sec_end, path in sections:
         if not path and title:

@@ -95,42 +95,73 @@ def analyzers() -> tuple[Any, Any]:
 
 
 _DIGIT_SEP = re.compile(r"\d[,:eE-]\d")
+#: Where a whitespace-separated token can hold a :data:`_WHOLE` match: a ``_``, a ``.``
+#: before another character of the token, or a digit-separator-digit. Led by one
+#: character class, which ``re`` scans for at C speed (an alternation is tried whole at
+#: every character); ASCII digits for ASCII text, Unicode ``\d`` (what :data:`_WHOLE`
+#: and :data:`_DIGIT_SEP` mean) otherwise.
+_CANDIDATE_ASCII = re.compile(r"[_.0-9](?:(?<=_)|(?<=\.)\S|(?<=[0-9])[,:eE-][0-9])")
+_CANDIDATE = re.compile(r"[_.\d](?:(?<=_)|(?<=\.)\S|(?<=\d)[,:eE-]\d)")
+_RUN = re.compile(r"\S*")
+
+
+def _candidate_tokens(text: str) -> Iterator[str]:
+    """The whitespace-separated tokens of ``text`` (``str.split()``'s) that contain a
+    :data:`_CANDIDATE`, in order, each once.
+
+    Found from the candidates outwards (``\\S`` is ``str.split()``'s whitespace test,
+    ``Py_UNICODE_ISSPACE``): the text is scanned once at C speed and only the few tokens
+    that can hold an identifier are looked at in Python, instead of every token."""
+    search = (_CANDIDATE_ASCII if text.isascii() else _CANDIDATE).search
+    hit = search(text)
+    if hit is None:
+        return
+    run = _RUN.match
+    rev = text[::-1]
+    last = len(text) - 1
+    while hit is not None:
+        p = hit.start()
+        start = p + 1 - (run(rev, last - p).end() - (last - p))
+        end = run(text, p).end()
+        yield text[start:end]
+        hit = search(text, end)
 
 
 def _whole_matches(text: str) -> Iterator[re.Match[str]]:
-    """The matches of :data:`_WHOLE` in ``text``, in order — found per whitespace-separated
-    token, and only in tokens that can hold one (a ``_``, a ``.`` before the last character,
-    or a digit-separator-digit).
+    """The matches of :data:`_WHOLE` in ``text``, in order: one scan over its candidate
+    tokens joined by spaces (positions are in that string; the words are those of
+    ``_WHOLE.finditer(text)``, see :func:`identifiers`)."""
+    return _WHOLE.finditer(" ".join(_candidate_tokens(text)))
 
-    Same matches as ``_WHOLE.finditer(text)``: a match consists of ``[\\w.,:-]`` only, so
-    it never spans whitespace, and whitespace satisfies both of its look-arounds, so a
-    token's edges see exactly the context the whole text gives them. Python's ``re`` with
-    Unicode ``\\w`` costs ~100 ns per character of a scan; ``str.split`` and ``in`` run at
-    C speed, which made this the largest part of a full sync (issue 10 item 6)."""
-    if _DIGIT_SEP.search(text) is None:
-        tokens = [t for t in text.split() if "_" in t or "." in t[:-1]]
-    else:
-        tokens = [t for t in text.split()
-                  if "_" in t or "." in t[:-1] or _DIGIT_SEP.search(t)]
-    for token in tokens:
-        yield from _WHOLE.finditer(token)
+
+@lru_cache(maxsize=65_536)
+def _word_identifiers(whole: str) -> tuple[str, ...]:
+    """What one :data:`_WHOLE` match adds to :func:`identifiers` (cached: names repeat)."""
+    word = whole.lower().strip(".,:-")
+    if not word.strip("_") or len(word) > 64 or (
+            "." in word and max(map(len, word.split("."))) < 2):  # e.g, i.e
+        return ()
+    if "." in word and not word[0].isdigit():
+        parts = word.split(".")
+        return (word, *(".".join(parts[i:]) for i in range(1, len(parts) - 1)))
+    return (word,)
 
 
 def identifiers(text: str) -> list[str]:
     """The whole identifiers of ``text`` (:data:`_WHOLE`), lowercased, in order, for the
     ``ident`` field; a dotted name also yields each of its dotted suffixes
     (``os.path.join`` → ``os.path.join``, ``path.join``), so ``path.join`` finds it.
-    Pure underscores and identifiers over 64 characters are skipped."""
+    Pure underscores and identifiers over 64 characters are skipped.
+
+    A match consists of ``[\\w.,:-]`` only, so it never spans whitespace, and whitespace
+    satisfies both of its look-arounds: scanning only the whitespace-separated tokens that
+    can hold one (:func:`_candidate_tokens`), joined by single spaces, gives exactly the
+    matches of the whole text. Python's ``re`` with Unicode ``\\w`` costs ~100 ns per
+    character of a scan, which made this the largest part of a full sync (issue 10 item
+    6)."""
     out: list[str] = []
     for m in _whole_matches(text):
-        word = m.group(0).lower().strip(".,:-")
-        if not word.strip("_") or len(word) > 64 or (
-                "." in word and max(map(len, word.split("."))) < 2):  # e.g, i.e
-            continue
-        out.append(word)
-        if "." in word and not word[0].isdigit():
-            parts = word.split(".")
-            out.extend(".".join(parts[i:]) for i in range(1, len(parts) - 1))
+        out.extend(_word_identifiers(m.group(0)))
     return out
 
 
@@ -185,11 +216,13 @@ def make_document(chunk_id: str, doc_id: str, text: str, title: tuple[str, str])
     """Build the tantivy document for one chunk (``title``: :func:`index_title`)."""
     body = cjk_bigrams(text)
     page, section = title
-    doc = tantivy.Document(chunk_id=chunk_id, doc_id=doc_id, body=body,
-                           title=cjk_bigrams(page), section=cjk_bigrams(section), exact=body)
-    for word in identifiers(text):
-        doc.add_text("ident", word)
-    return doc
+    idents = identifiers(text)
+    if idents:  # a list is one value per item, as add_text("ident", word) each
+        return tantivy.Document(chunk_id=chunk_id, doc_id=doc_id, body=body,
+                                title=cjk_bigrams(page), section=cjk_bigrams(section),
+                                exact=body, ident=idents)
+    return tantivy.Document(chunk_id=chunk_id, doc_id=doc_id, body=body,
+                            title=cjk_bigrams(page), section=cjk_bigrams(section), exact=body)
 
 
 def _unique(items: Iterable[str]) -> list[str]:

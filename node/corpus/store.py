@@ -41,6 +41,13 @@ from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
 
 SCHEMA_VERSION = 2
 _WRITER_HEAP = 128_000_000
+#: Indexing threads of the corpus writer: 0 = tantivy's default (one per core). One
+#: thread was measured (issue 10 item 6, load average 6-9): Kith's schema alone on the
+#: python-docs chunks took 1.62 s CPU / 2.45 s wall with one thread against 2.19 s /
+#: 3.28 s with the default, but whole syncs interleaved were 6.3-7.1 s against 5.0-8.2 s
+#: (2 of 3 pairs for one thread) — not shown better, and on a quiet machine one thread
+#: would leave tantivy's share of a sync on a single core; the default is kept.
+_WRITER_THREADS = 0
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -455,7 +462,7 @@ class Corpus:
                 rebuild = True
             search.register_analyzers(index)
             try:
-                self._writer = index.writer(_WRITER_HEAP, 0)
+                self._writer = index.writer(_WRITER_HEAP, _WRITER_THREADS)
             except ValueError as exc:
                 if "LockBusy" in str(exc):
                     raise self._locked() from None
