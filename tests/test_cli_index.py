@@ -153,3 +153,52 @@ def test_import_command(env, tmp_path: Path) -> None:
     r = run("index", "status", "--json")
     assert json.loads(r.stdout)["datasources"] == [
         {"kind": "tickets", "instance": "acme", "documents": 1, "chunks": 1}]
+
+
+_KILLED_SYNC = """
+import os, signal, sys, time
+sys.path.insert(0, sys.argv[3])
+from node.corpus.store import Corpus
+
+def progress(done, total, source, *_):
+    if done == 5:
+        time.sleep(0.4)  # past the batch's 0.25 s: the first files are committed
+    if done == int(sys.argv[2]):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+Corpus(sys.argv[1]).sync(progress=progress)
+"""
+
+
+def test_a_killed_sync_is_named_in_status_and_search_still_finds_what_it_recorded(
+        tmp_path: Path) -> None:
+    """After a SIGKILL mid-sync no process holds the writer: ``index status`` says the last
+    sync did not finish (``interrupted``, not "a sync is running"), ``kith search`` replays
+    what the record holds and finds it, and the next sync clears the flag."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "kb"
+    root.mkdir()
+    for i in range(40):
+        (root / f"n{i:02d}.md").write_text(f"# Note {i}\n\nkillword{i} appears here.\n")
+    runner, app = CliRunner(), _app()
+
+    def run(*args: str):
+        return runner.invoke(app, ["--home", str(tmp_path / "home"), *args])
+
+    assert run("index", "add", str(root)).exit_code == 0
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", _KILLED_SYNC, str(tmp_path / "home"), "30",
+                          str(repo)], capture_output=True, timeout=120)
+    assert out.returncode == -9, out.stderr
+    st = json.loads(run("index", "status", "--json").stdout)
+    assert st["interrupted"] is True and st["sync_running"] is False and st["ready"] is False
+    assert "the last sync did not finish" in run("index", "status").stdout
+    r = run("search", "killword0", "--json")
+    assert r.exit_code == 0, r.output
+    assert [x["source"] for x in json.loads(r.stdout)["results"]] == ["/kb/n00.md"]
+    assert run("index", "sync").exit_code == 0
+    st = json.loads(run("index", "status", "--json").stdout)
+    assert st["interrupted"] is False and st["ready"] is True and st["done"] == 40
+    assert "did not finish" not in run("index", "status").stdout

@@ -352,6 +352,9 @@ def status_cmd(
         f"last sync {st['last_sync'] or 'never'}", highlight=False, soft_wrap=True)
     if st["dense"]["enabled"] or st["dense"]["vectors"]:
         console.print(_dense_line(st["dense"]), highlight=False, markup=False, soft_wrap=True)
+    if st["interrupted"]:
+        console.print("  the last sync did not finish (no sync is running): run `kith index sync`",
+                      highlight=False, markup=False, soft_wrap=True)
     for f in st["failedDocuments"]:
         console.print(f"  {f['code']} {f['source']}: {f['message']}", highlight=False, markup=False, soft_wrap=True)
     for s in st["staleDocuments"]:
@@ -452,6 +455,11 @@ def search_cmd(
         corpus = Corpus(home_of(ctx), readonly=True)
     except CorpusError as exc:
         corpus, opened = None, exc  # answered as index-unavailable, like the local API
+    if corpus is not None:
+        try:  # a killed sync's record is replayed when no writer runs (as the API does)
+            corpus.repair_lag()
+        except CorpusError:
+            pass  # a corrupt index: the search below answers index-unavailable
     try:
         answer = answer_local(corpus, body)
     finally:

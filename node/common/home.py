@@ -106,6 +106,30 @@ def lock_owner(path: Path) -> str:
         return "owner unknown"
 
 
+def lock_active(path: Path) -> bool:
+    """True when the owner recorded in the lock at ``path`` (:func:`acquire_owner_lock`) is
+    a live process — without taking the lock, so a probe never refuses a starting owner.
+    A released lock has no owner text; a killed owner's text names a dead pid (False).
+    A pid reused by an unrelated process after a crash reads as active: callers only use
+    this for hints, never to decide who may write."""
+    import json
+
+    try:
+        info = json.loads(path.read_text("utf-8") or "{}")
+        pid = int(info.get("pid", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, another user's
+    return True
+
+
 def open_home_db(path: Path) -> Any:
     """Open (or create) a small SQLite file of the home the way Kith keeps its state files:
     0600 from creation, autocommit (``isolation_level=None``), WAL journal, synchronous

@@ -37,7 +37,7 @@ import tantivy
 from node.corpus import archives, chunking, ingest, search
 from node.corpus.types import Hit, Root
 from node.common.errors import CorpusError
-from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
+from node.common.home import acquire_owner_lock, lock_active, lock_owner, release_owner_lock
 
 SCHEMA_VERSION = 2
 _WRITER_HEAP = 128_000_000
@@ -911,17 +911,23 @@ class Corpus:
 
         Returns:
             ``{"roots", "documents", "done", "chunks", "failed", "empty", "processing",
-            "stale": int, "ready": bool, "last_sync": str | None, "index_lag": int}``;
+            "stale": int, "ready": bool, "last_sync": str | None, "index_lag": int,
+            "sync_running": bool, "interrupted": bool}``;
             ``ready`` is True when a sync has completed, the index is present and of
             the current schema, and it holds every change of the record
             (``index_lag`` 0: false while a sync is writing or after a crash left
-            tantivy behind SQLite). Never raises for a missing corpus (all zero, not
-            ready).
+            tantivy behind SQLite). ``sync_running``: a live process holds the writer
+            lock (:func:`node.common.home.lock_active`, a probe that never takes it).
+            ``interrupted``: no writer is running yet documents are still
+            ``processing``, the index lags the record, or documents exist and no sync
+            ever completed — a sync was killed; the next ``kith index sync`` finishes
+            it. Never raises for a missing corpus (all zero, not ready).
         """
         with self._lock:
             out: dict[str, Any] = {"roots": 0, "documents": 0, "done": 0, "chunks": 0,
                                    "failed": 0, "empty": 0, "processing": 0, "stale": 0,
-                                   "ready": False, "last_sync": None, "index_lag": 0}
+                                   "ready": False, "last_sync": None, "index_lag": 0,
+                                   "sync_running": False, "interrupted": False}
             if self._db is None:
                 return out
             db = self._db
@@ -953,6 +959,10 @@ class Corpus:
                 out["last_sync"] and not out["index_lag"]
                 and self._get_meta("index_schema_version") == str(search.INDEX_SCHEMA_VERSION)
                 and tantivy.Index.exists(str(self.index_dir)))
+            out["sync_running"] = self._writer is not None or lock_active(self.lock_path)
+            out["interrupted"] = not out["sync_running"] and bool(
+                out["processing"] or out["index_lag"]
+                or (out["documents"] and not out["last_sync"]))
             return out
 
     def index_lag(self) -> int:
