@@ -24,7 +24,7 @@ model's (:data:`MODEL_ID` includes the weight file's hash and the token limit) a
 
 Search is brute-force cosine over an in-memory float32 matrix (vectors are
 L2-normalised, so a dot product), top-k with ``numpy.argpartition``, numpy's BLAS held
-to one thread meanwhile (:func:`_one_blas_thread`). For the static table's vectors
+to one thread in the process from the first dense search on (:func:`_one_blas_thread`). For the static table's vectors
 (256 principal components, largest first) from :data:`COARSE_MIN_ROWS` rows on it is
 two-stage: every row scored on its first :data:`COARSE_DIM` dimensions, the best few
 thousand scored exactly (:func:`dense_rank`; at 100 000 chunks about 5-10 ms per query
@@ -882,30 +882,31 @@ def load_matrix(corpus: Any, model_id: str, dim: int = DIM) -> _Matrix:
         return entry
 
 
-_BLAS: list[Any] = []  # [threadpoolctl controller or None], made on first use
+_BLAS: list[Any] = []  # [the threadpoolctl limit, or None], set on first use
 
 
-def _one_blas_thread() -> Any:
-    """A context in which numpy's BLAS uses one thread (threadpoolctl, part of the extra).
+def _one_blas_thread() -> None:
+    """Hold numpy's BLAS to one thread in this process from now on (threadpoolctl, part
+    of the extra; set once, never restored, so concurrent searches cannot race on it).
 
     One query's matrix-vector products are too small to share: on 2 busy cores
     OpenBLAS's second thread made a 100 000 x 64 product 4x slower (12 ms vs 2.9 ms,
-    scripts/bench_dense, specs/corpus.md). The limit is process-wide while it holds
-    (a concurrent numpy call elsewhere also runs on one thread meanwhile); about 20 us
-    to set and restore. Without threadpoolctl: no limit.
+    scripts/bench_dense, specs/corpus.md). Kith uses numpy only for the dense pass, so
+    the process-wide setting touches nothing else of its own. Without threadpoolctl (or
+    without a BLAS it knows): no limit.
     """
-    import contextlib
-
+    if _BLAS:
+        return
     with _SHARED_LOCK:
-        if not _BLAS:
-            try:
-                from threadpoolctl import ThreadpoolController
+        if _BLAS:
+            return
+        try:
+            import numpy  # noqa: F401 - its BLAS must be loaded to be limited
+            from threadpoolctl import threadpool_limits
 
-                _BLAS.append(ThreadpoolController())
-            except Exception:  # noqa: BLE001 - not installed / no BLAS found: no limit
-                _BLAS.append(None)
-    ctl = _BLAS[0]
-    return ctl.limit(limits=1, user_api="blas") if ctl is not None else contextlib.nullcontext()
+            _BLAS.append(threadpool_limits(limits=1, user_api="blas"))
+        except Exception:  # noqa: BLE001 - not installed / no BLAS found: no limit
+            _BLAS.append(None)
 
 
 def dense_rank(corpus: Any, query: str, embedder: Embedder, k: int, *,
@@ -936,21 +937,21 @@ def dense_rank(corpus: Any, query: str, embedder: Embedder, k: int, *,
     k = min(max(1, k), n)
     mask = _view_mask(corpus, view, m) if view is not None else None
     wanted = max(COARSE_CANDIDATES, 20 * k)
-    with _one_blas_thread():
-        if getattr(embedder, "ordered_dims", False) and n >= COARSE_MIN_ROWS and wanted < n:
-            # two-stage: leading principal components for everyone, exact for the best few
-            approx = m.prefix() @ q[:COARSE_DIM]
-            if mask is not None:
-                approx[~mask] = -np.inf
-            rows = np.argpartition(approx, n - wanted)[n - wanted:]
-            scores = m.mat[rows] @ q
-            if mask is not None:
-                scores[~mask[rows]] = -np.inf
-        else:
-            rows = None
-            scores = m.mat @ q
-            if mask is not None:
-                scores[~mask] = -np.inf
+    _one_blas_thread()
+    if getattr(embedder, "ordered_dims", False) and n >= COARSE_MIN_ROWS and wanted < n:
+        # two-stage: leading principal components for everyone, exact for the best few
+        approx = m.prefix() @ q[:COARSE_DIM]
+        if mask is not None:
+            approx[~mask] = -np.inf
+        rows = np.argpartition(approx, n - wanted)[n - wanted:]
+        scores = m.mat[rows] @ q
+        if mask is not None:
+            scores[~mask[rows]] = -np.inf
+    else:
+        rows = None
+        scores = m.mat @ q
+        if mask is not None:
+            scores[~mask] = -np.inf
     top = (np.argpartition(scores, len(scores) - k)[len(scores) - k:]
            if k < len(scores) else np.arange(len(scores)))
     floor = max(0.0, MIN_SIMILARITY)
