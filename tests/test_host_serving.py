@@ -44,7 +44,7 @@ from node.transport.iroh import bind_node
 
 from conftest import PROTOCOLS, initialized
 from test_engine_ui import GOOD, _frame, _manifest, hostile
-from test_transport_session import ENV, FAST, KITH, InProcessHost, _home
+from test_transport_session import ENV, FAST, KITH, STEADY, InProcessHost, _home
 
 NO_LIMITS = RateLimits(per_key=RateLimit(0, 1), per_address=RateLimit(0, 1))
 
@@ -161,7 +161,8 @@ def server_url(tmp_path: Path):
 @pytest.mark.iroh
 def test_host_records_the_proof_and_republishes_when_the_guest_joined_by_file(tmp_path, server_url):
     async def scenario():
-        host = InProcessHost(_home(tmp_path, "host"), tmp_path, server_url=server_url, post_max_sessions=1)
+        host = InProcessHost(_home(tmp_path, "host"), tmp_path, server_url=server_url, post_max_sessions=1,
+                             heartbeat=STEADY)  # not a heartbeat test
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
             with anyio.fail_after(20):
@@ -170,11 +171,11 @@ def test_host_records_the_proof_and_republishes_when_the_guest_joined_by_file(tm
             guest_home = _home(tmp_path, "guest")
             pdir, spec = check_invitation(inv, guest_home)
             first = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True,
-                                       server_url=None, heartbeat=FAST, options={"queries": ["q"]})
+                                       server_url=None, heartbeat=STEADY, options={"queries": ["q"]})
             ev = await host.wait_for(lambda e: e["event"] == "republished", timeout=10)
             fresh = await resolve_invitation(ev["post_id"], server_url=server_url)
             second = await join_session(guest_home, Identity(os.urandom(32)), fresh, pdir, spec, local=True,
-                                        server_url=server_url, heartbeat=FAST, options={"queries": ["q"]})
+                                        server_url=server_url, heartbeat=STEADY, options={"queries": ["q"]})
             host.stop.set()
         return inv, first, ev, second
 
