@@ -204,3 +204,28 @@ def test_search_prints_what_join_prints(tmp_path: Path) -> None:
 
     r = run("search", "nothing-like-this-zz")
     assert r.exit_code == 0 and r.stdout == "no results (no-verified-results)\n"
+
+
+def test_status_per_root_and_totals_use_the_same_labels(tmp_path: Path) -> None:
+    """After a file came out empty and one failed, the root's line and the totals line
+    both say `failed 1, empty 1` (issue 10 review: the root said `error 2`)."""
+    root = tmp_path / "kb"
+    root.mkdir()
+    (root / "deploy.md").write_text("# Deploy\n\nThe staging server is deleted every night.\n")
+    (root / "bad.txt").write_bytes(b"\x00\x01binary")
+    (root / "blank.md").write_text("   \n\n")
+    runner, app = CliRunner(), _app()
+
+    def run(*args: str):
+        return runner.invoke(app, ["--home", str(tmp_path / "home"), *args])
+
+    assert run("index", "add", str(root)).exit_code == 0
+    assert "failed 1, empty 1" in run("index", "sync").stdout
+    out = run("index", "status").stdout.splitlines()
+    root_line = next(ln for ln in out if ln.startswith("/kb/"))
+    total_line = next(ln for ln in out if ln.startswith("documents "))
+    assert "documents 3 (done 1, failed 1, empty 1, processing 0, stale 0)" in root_line
+    assert total_line.startswith("documents 3 (done 1, failed 1, empty 1, processing 0, stale 0)")
+    st = json.loads(run("index", "status", "--json").stdout)
+    r = st["rootList"][0]
+    assert (r["failed"], r["empty"], r["byStatus"]["error"]) == (1, 1, 2)

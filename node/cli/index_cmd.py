@@ -340,7 +340,8 @@ def status_cmd(
         bs = r["byStatus"]
         console.print(f"/{r['prefix']}/  <- {r['path']}  [{r['chunker']} {r['chunkSize']}/"
                       f"{r['chunkOverlap']}]  documents {r['documents']} (done {bs['done']}, "
-                      f"error {bs['error']}, processing {bs['processing']}, stale {r['stale']}), "
+                      f"failed {r['failed']}, empty {r['empty']}, processing {bs['processing']}, "
+                      f"stale {r['stale']}), "
                       f"chunks {r['chunks']}", highlight=False, markup=False, soft_wrap=True)
     for d in st["datasources"]:
         console.print(f"/{d['kind']}/{d['instance']}/  records {d['documents']}, chunks {d['chunks']}",
