@@ -1,4 +1,4 @@
-"""Benchmark the corpus: the issue-3 targets side by side, then sync/query/quality per size.
+"""Benchmark the corpus: sync speed, re-sync share, peak RSS and watch latency beside their targets, then sync/query/quality per chunk size.
 
 Usage::
 
@@ -360,16 +360,32 @@ def targets(corpus_dir: Path, n_chunks: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
-    ap.add_argument("--sizes", default="1200:150", help="comma list of SIZE:OVERLAP")
-    ap.add_argument("--repeat", type=int, default=30)
-    ap.add_argument("--synthetic-chunks", type=int, default=100_000)
+    ap = argparse.ArgumentParser(
+        description="Benchmark the corpus. Part 1: a full sync of --corpus beside a raw tantivy "
+                    "build of the same text (target <= 3x), the unchanged re-sync's share (<= 5 %), "
+                    "the peak RSS of indexing --synthetic-chunks chunks (<= 600 MB) and watch "
+                    "latency. Part 2: per --sizes, sync, re-sync, warm query p50/p95, hit@5 and "
+                    "MRR@10 beside a bare tantivy baseline. Timings are wall-clock on this machine: "
+                    "run under the shared benchmark lock (flock /tmp/kith-bench.lock).")
+    ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS,
+                    help="folder of documents to index (default: %(default)s)")
+    ap.add_argument("--sizes", default="1200:150",
+                    help="part 2's chunker settings, a comma list of SIZE:OVERLAP in characters, "
+                         "e.g. 800:100,1200:150 (default: %(default)s)")
+    ap.add_argument("--repeat", type=int, default=30,
+                    help="part 2: timed passes over the query set per size, for p50/p95 "
+                         "(default: %(default)s)")
+    ap.add_argument("--synthetic-chunks", type=int, default=100_000,
+                    help="part 1: chunks in the synthetic corpus whose indexing peak RSS is "
+                         "measured (default: 100,000)")
     ap.add_argument("--targets-only", action="store_true", help="only part 1")
     ap.add_argument("--breakdown", action="store_true",
-                    help="only the full-sync breakdown by schema/writer variant")
+                    help="instead of parts 1 and 2: the full sync's time per stage (walk, read, "
+                         "parse, chunk, SQLite record, tantivy documents, commit) beside the raw "
+                         "build, the Kith-schema floor and the re-sync")
     ap.add_argument("--repeat-builds", type=int, default=3,
-                    help="runs per variant in --breakdown (the best is kept)")
+                    help="--breakdown: interleaved runs of each build (the best is kept; "
+                         "default: %(default)s)")
     ap.add_argument("--rss-child", nargs=2, metavar=("CHUNKS", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rss_child:

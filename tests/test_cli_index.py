@@ -155,6 +155,82 @@ def test_import_command(env, tmp_path: Path) -> None:
         {"kind": "tickets", "instance": "acme", "documents": 1, "chunks": 1}]
 
 
+def test_search_prints_what_join_prints(tmp_path: Path) -> None:
+    """`kith search`'s plain output is `kith join`'s rendering (node/cli/render.py): rank,
+    source, page and line range, heading path, a preview that does not repeat the heading,
+    and the answer's sentences; --json is the envelope, rendered to the same lines."""
+    from fpdf import FPDF
+    from rich.console import Console
+
+    from node.cli.render import answer_lines, format_lines
+
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "bike.md").write_text("# Bike\n\n## Brakes\n\nReplace brake pads when the lining is "
+                                  "thinner than 3 mm. Check the cables.\n")
+    pdf = FPDF()
+    pdf.set_font("Helvetica", size=12)
+    for text in ("Tyre pressure for the commuter bike.", "Inflate the commuter tyres to 4 bar."):
+        pdf.add_page()
+        pdf.multi_cell(0, 8, text)
+    pdf.output(str(root / "tyres.pdf"))
+    runner, app = CliRunner(), _app()
+
+    def run(*args: str):
+        return runner.invoke(app, ["--home", str(tmp_path / "home"), *args])
+
+    assert run("index", "add", str(root)).exit_code == 0
+    assert run("index", "sync").exit_code == 0
+    r = run("search", "replace brake pads")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0] == "[search] ok: 1 result(s)"
+    assert lines[1] == "  #1 /docs/bike.md  lines 1-5"
+    assert lines[2] == "     Bike > Brakes"
+    assert lines[3] == "     Replace brake pads when the lining is thinner than 3 mm. Check the cables."
+    assert "  answer (sentences copied from the results above):" in lines
+    assert "    - Replace brake pads when the lining is thinner than 3 mm. [#1]" in lines
+    assert "score" not in r.stdout
+    envl = json.loads(run("search", "replace brake pads", "--json").stdout)
+    expect = format_lines(answer_lines({"query_id": "search", "status": "ok", "envelope": envl}), None)
+    assert lines == expect
+
+    r = run("search", "commuter tyre pressure inflate")
+    loc = json.loads(run("search", "commuter tyre pressure inflate", "--json").stdout)["results"][0][
+        "provenance"]["location"]
+    assert (loc["page"], loc["pageEnd"]) == (1, 2)
+    assert f"  #1 /docs/tyres.pdf  pages 1-2, lines {loc['lineStart']}-{loc['lineEnd']}" in r.stdout.splitlines()
+    assert " p.1" not in r.stdout
+
+    r = run("search", "nothing-like-this-zz")
+    assert r.exit_code == 0 and r.stdout == "no results (no-verified-results)\n"
+
+
+def test_status_per_root_and_totals_use_the_same_labels(tmp_path: Path) -> None:
+    """After a file came out empty and one failed, the root's line and the totals line
+    both say `failed 1, empty 1` (issue 10 review: the root said `error 2`)."""
+    root = tmp_path / "kb"
+    root.mkdir()
+    (root / "deploy.md").write_text("# Deploy\n\nThe staging server is deleted every night.\n")
+    (root / "bad.txt").write_bytes(b"\x00\x01binary")
+    (root / "blank.md").write_text("   \n\n")
+    runner, app = CliRunner(), _app()
+
+    def run(*args: str):
+        return runner.invoke(app, ["--home", str(tmp_path / "home"), *args])
+
+    assert run("index", "add", str(root)).exit_code == 0
+    assert "failed 1, empty 1" in run("index", "sync").stdout
+    out = run("index", "status").stdout.splitlines()
+    root_line = next(ln for ln in out if ln.startswith("/kb/"))
+    total_line = next(ln for ln in out if ln.startswith("documents "))
+    assert "documents 3 (done 1, failed 1, empty 1, processing 0, stale 0)" in root_line
+    assert total_line.startswith("documents 3 (done 1, failed 1, empty 1, processing 0, stale 0)")
+    st = json.loads(run("index", "status", "--json").stdout)
+    r = st["rootList"][0]
+    assert (r["failed"], r["empty"], r["byStatus"]["error"]) == (1, 1, 2)
+
+
 _KILLED_SYNC = """
 import os, signal, sys, time
 sys.path.insert(0, sys.argv[3])

@@ -267,3 +267,34 @@ def test_python_docs_preview_reads_cleanly() -> None:
     assert not MARKUP.search(preview) and "moduleauthor" not in preview
     assert env["answerSynthesis"]["sentences"][0]["text"] == (
         "Prompt the user for a password without echoing.")
+
+
+def _page_hit(text: str, heading_path: list[str]) -> Hit:
+    return Hit(chunk_id="p0", source_id="/pg/protocol-replication.html", text=text, score=1.0,
+               location={"lineStart": 1, "lineEnd": 7, "headingPath": heading_path},
+               content_hash="0" * 64, indexed_at="2026-01-01T00:00:00Z")
+
+
+def test_preview_skips_heading_lines_and_marks_only_real_cuts() -> None:
+    """A chunk that starts at its section: the preview does not repeat the heading (shown as
+    the heading path), and starts without an ellipsis, since no text was left out before
+    it (the heading lines and a section number like "55.4." are not left-out text); when
+    a prose sentence is skipped the ellipsis says so."""
+    title = "PostgreSQL: Documentation: 16: 55.4. Streaming Replication Protocol"
+    text = (f"# {title}\n\n## 55.4. Streaming Replication Protocol\n\nTo initiate streaming "
+            "replication, the frontend sends the replication parameter in the startup message.\n")
+    path = [title, "55.4. Streaming Replication Protocol"]
+    for query in ("streaming replication protocol", "initiate replication frontend"):
+        env = build_envelope(validate({"query": query}), [_page_hit(text, path)])
+        preview = env["results"][0]["textPreview"]
+        assert preview.startswith("To initiate streaming replication, the frontend"), (query, preview)
+        assert env["citationPack"]["citations"][0]["excerpt"].startswith("To initiate"), query
+    # a Markdown section: "## Pads" is the heading path's last entry; "Pads wear." is prose
+    md = "# Brakes\n\n## Pads\n\nPads wear out on long descents. Replace brake pads when the lining is thin.\n"
+    env = build_envelope(validate({"query": "replace brake lining"}), [_page_hit(md, ["Brakes", "Pads"])])
+    assert env["results"][0]["textPreview"] == readable.ELLIPSIS + "Replace brake pads when the lining is thin."
+    env = build_envelope(validate({"query": "pads wear descents"}), [_page_hit(md, ["Brakes", "Pads"])])
+    assert env["results"][0]["textPreview"] == "Pads wear out on long descents. Replace brake pads when the lining is thin."
+    # without a heading path nothing counts as a heading: skipped lines are a cut
+    env = build_envelope(validate({"query": "replace brake lining"}), [_page_hit(md, [])])
+    assert env["results"][0]["textPreview"].startswith(readable.ELLIPSIS + "Replace")

@@ -245,23 +245,46 @@ def _coverage(keys: list[tuple[str, set[str]]], stems: set[str]) -> list[str]:
 
 
 def _preview(text: str, keys: list[tuple[str, set[str]]], limit: int,
-             analyzed: list[tuple[str, int]] | None = None) -> str:
+             analyzed: list[tuple[str, int]] | None = None, heading: str = "") -> str:
     """The chunk from its best-covering sentence on, cut to ``limit`` characters.
-    ``analyzed`` is ``[(sentence, covered key terms)]`` when already computed."""
+    ``analyzed`` is ``[(sentence, covered key terms)]`` when already computed;
+    ``heading`` is the chunk's heading path joined (:func:`_previews`)."""
     if analyzed is None:
         m = _key_matcher(keys)
         analyzed = [(x, len(_text_coverage(x, keys, m))) for x in _sentences(text)]
-    return _previews(analyzed, (limit,))[0]
+    return _previews(analyzed, (limit,), heading)[0]
 
 
-def _previews(analyzed: list[tuple[str, int]], limits: tuple[int, ...]) -> list[str]:
-    """:func:`_preview` for several limits from one ``analyzed`` list (one join)."""
+_HEAD_WORD = re.compile(r"\w+")
+
+
+def _heading_only(sentence: str, heading_words: frozenset[str]) -> bool:
+    """True when ``sentence`` holds no word outside the heading path (``heading_words``,
+    lower-cased): a heading line or a section number such as ``55.4.``, which the reader
+    already sees as ``provenance.location.headingPath``."""
+    words = _HEAD_WORD.findall(sentence.lower())
+    return bool(heading_words) and all(w in heading_words for w in words)
+
+
+def _previews(analyzed: list[tuple[str, int]], limits: tuple[int, ...], heading: str = "") -> list[str]:
+    """:func:`_preview` for several limits from one ``analyzed`` list (one join).
+
+    The preview starts at the first sentence covering the most key terms; heading lines
+    at that start (sentences whose words are all in ``heading``, the joined heading path,
+    shown next to the preview) are skipped, so the preview does not repeat the heading.
+    A leading :data:`readable.ELLIPSIS` means text was left out before the shown part:
+    it is written only when a skipped sentence is not a heading line (a chunk shown from
+    its first prose sentence on has none)."""
     if not analyzed:
         return ["" for _ in limits]
     best = 0
     for i in range(1, len(analyzed)):  # first sentence with the most covered key terms
         if analyzed[i][1] > analyzed[best][1]:
             best = i
+    words = frozenset(_HEAD_WORD.findall(heading.lower()))
+    while best + 1 < len(analyzed) and _heading_only(analyzed[best][0], words):
+        best += 1
+    cut_before = any(not _heading_only(x, words) for x, _ in analyzed[:best])
     tail = analyzed[best:]
     size = max(limits) + 1
     parts: list[str] = []
@@ -273,7 +296,7 @@ def _previews(analyzed: list[tuple[str, int]], limits: tuple[int, ...]) -> list[
     whole = _join(parts)
     out = []
     for limit in limits:  # the leading ellipsis counts toward the limit
-        if best > 0:
+        if cut_before:
             out.append(readable.ELLIPSIS + readable.cut(whole, limit - len(readable.ELLIPSIS)))
         else:
             out.append(readable.cut(whole, limit))
@@ -609,7 +632,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
             "citationId": cid,
         }
         tags = meta.get("tags") or []
-        preview, excerpt = _previews(analyzed, (PREVIEW_CHARS, EXCERPT_CHARS))
+        preview, excerpt = _previews(analyzed, (PREVIEW_CHARS, EXCERPT_CHARS), heading)
         results.append({
             "id": hit.chunk_id,
             "score": round(float(hit.score), 6),

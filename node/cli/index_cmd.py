@@ -340,7 +340,8 @@ def status_cmd(
         bs = r["byStatus"]
         console.print(f"/{r['prefix']}/  <- {r['path']}  [{r['chunker']} {r['chunkSize']}/"
                       f"{r['chunkOverlap']}]  documents {r['documents']} (done {bs['done']}, "
-                      f"error {bs['error']}, processing {bs['processing']}, stale {r['stale']}), "
+                      f"failed {r['failed']}, empty {r['empty']}, processing {bs['processing']}, "
+                      f"stale {r['stale']}), "
                       f"chunks {r['chunks']}", highlight=False, markup=False, soft_wrap=True)
     for d in st["datasources"]:
         console.print(f"/{d['kind']}/{d['instance']}/  records {d['documents']}, chunks {d['chunks']}",
@@ -440,8 +441,10 @@ def search_cmd(
 ) -> None:
     """Search the local corpus (the owner sees everything; no policy applies).
 
-    Answered by the one answer service as the owner (:func:`node.answer.service.answer_local`):
-    the same statuses, budgets, dedupe and index-syncing rules as ``POST /search``."""
+    Answered by the one answer service as the owner, with the same statuses, budgets,
+    dedupe and index-syncing rules as the local API's POST /search. Results are printed
+    like `kith join` prints a host's answer; --json prints the envelope instead.
+    """
     from node.answer.service import answer_local
     from node.corpus.store import Corpus
 
@@ -484,9 +487,8 @@ def search_cmd(
     if not envelope["results"]:
         console.print(f"no results ({envelope['reason']})", highlight=False, soft_wrap=True)
         return
-    for i, res in enumerate(envelope["results"], start=1):
-        loc = res["provenance"]["location"]
-        page = f" p.{loc['page']}" if loc.get("page") else ""
-        console.print(f"[bold]{i}. {escape(res['source'])}[/bold]:{loc.get('lineStart')}-"
-                      f"{loc.get('lineEnd')}{page}  score {res['score']:.4f}", highlight=False, soft_wrap=True)
-        console.print(f"   {res['textPreview']}", highlight=False, markup=False, soft_wrap=True)
+    from node.cli.render import print_answer
+
+    # the same lines as `kith join` / `kith ask` (node/cli/render.py): rank, source, page and
+    # line range, heading path, preview, the extractive answer
+    print_answer({"query_id": "search", "status": status, "envelope": envelope}, console)

@@ -1027,7 +1027,9 @@ class Corpus:
         Returns:
             :meth:`stats` plus ``"byStatus": {"processing", "done", "error": int}``,
             ``"rootList": [{"prefix", "path", "chunker", "chunkSize", "chunkOverlap",
-            "documents", "chunks", "stale", "byStatus": {...}}]``, ``"datasources":
+            "documents", "chunks", "stale", "failed", "empty", "byStatus": {...}}]`` (``failed``
+            and ``empty`` split ``byStatus["error"]`` as :meth:`stats` does: an
+            ``empty-document`` error is empty, any other error failed), ``"datasources":
             [{"kind", "instance", "documents", "chunks"}]``, ``"failedDocuments":
             [{"source", "status", "code", "message"}]`` (errors and empty documents,
             with their reasons), ``"staleDocuments": [source]``,
@@ -1047,13 +1049,14 @@ class Corpus:
                     per_root[r.prefix] = {
                         "prefix": r.prefix, "path": r.path, "chunker": r.chunker,
                         "chunkSize": r.chunk_size, "chunkOverlap": r.chunk_overlap,
-                        "documents": 0, "chunks": 0, "stale": 0,
+                        "documents": 0, "chunks": 0, "stale": 0, "failed": 0, "empty": 0,
                         "byStatus": {"processing": 0, "done": 0, "error": 0}}
                 ds: dict[str, dict[str, Any]] = {}
-                for prefix, origin, sid, status, stale, n, chunks in db.execute(
+                for prefix, origin, sid, status, stale, empty, n, chunks in db.execute(
                         "SELECT root_prefix, origin, CASE WHEN origin='record' THEN source_id "
-                        "ELSE '' END, status, stale, COUNT(*), SUM(CASE WHEN origin='archive' "
-                        "THEN 0 ELSE chunk_count END) FROM documents GROUP BY 1, 2, 3, 4, 5"):
+                        "ELSE '' END, status, stale, COALESCE(error_code = 'empty-document', 0), "
+                        "COUNT(*), SUM(CASE WHEN origin='archive' THEN 0 ELSE chunk_count END) "
+                        "FROM documents GROUP BY 1, 2, 3, 4, 5, 6"):
                     out["byStatus"][status] = out["byStatus"].get(status, 0) + n
                     if origin == "record":
                         _, kind, instance = sid.split("/", 3)[:3]
@@ -1069,6 +1072,8 @@ class Corpus:
                     entry["byStatus"][status] = entry["byStatus"].get(status, 0) + n
                     if status == "done":
                         entry["chunks"] += chunks or 0
+                    elif status == "error":
+                        entry["empty" if empty else "failed"] += n
                     if stale:
                         entry["stale"] += n
                 out["rootList"] = list(per_root.values())
