@@ -232,6 +232,77 @@ def test_html_page_furniture_and_code_are_not_headings(home: Path, tmp_path: Pat
             assert _sources(c, word) == [], word
 
 
+def test_html_many_paragraphs_and_deep_nesting_parse_whole() -> None:
+    """A long page is read whole in one pass (it used to take quadratic time: 10,000
+    paragraphs took 51 s and a 20 MB page stalled a sync), and a deeply nested one
+    neither overflows the stack nor loses its text."""
+    many = "".join(f"<p>kudu{i} grazes</p>" for i in range(20_000))
+    parsed = parsers.parse_bytes(f"<html><body>{many}</body></html>".encode(), "html", "a.html")
+    paragraphs = parsed.text.split("\n\n")
+    assert paragraphs == [f"kudu{i} grazes" for i in range(20_000)]
+    deep = "<div><section>" * 10_000 + "<p>the eland sleeps</p>" + "</section></div>" * 10_000
+    parsed = parsers.parse_bytes(f"<html><body><h1>Deep</h1>{deep}</body></html>".encode(),
+                                 "html", "deep.html")
+    assert parsed.text == "# Deep\n\nthe eland sleeps"
+
+
+def test_html_content_named_like_furniture_is_kept() -> None:
+    """Sphinx's section ids come from headings: a section titled "Navigation" or "Footer"
+    is content (only class words and ARIA roles mark furniture); an article's own
+    <header> (its title) and <aside> (its note) are the article's, while the page's
+    banner, footer and <nav> are not."""
+    page = """<html><head><title>Help</title></head><body>
+    <header>siteheaderword</header><nav>navmenuword</nav>
+    <section id="navigation"><h2>Navigation</h2><p>Press the arrow keys to move.</p></section>
+    <section id="footer"><h2>Footer</h2><p>The footer shows the page number.</p></section>
+    <div id="toc"><p>Toc is a small dog.</p></div>
+    <div class="related" role="navigation"><a href="x">relatedlinkword</a></div>
+    <article><header><h1>Why sourdough rises</h1><p>by Ana</p></header>
+    <p>Yeast eats sugar.</p>
+    <aside><p>Important: keep the starter at 24 degrees.</p></aside>
+    <footer><p>Filed under baking.</p></footer></article>
+    <footer>sitefooterword</footer></body></html>"""
+    text = parsers.parse_bytes(page.encode(), "html", "help.html").text
+    # <article> is the main content: its header, aside and footer are all there
+    assert text == ("# Why sourdough rises\n\nby Ana\n\nYeast eats sugar.\n\n"
+                    "Important: keep the starter at 24 degrees.\n\nFiled under baking.")
+    body = page.replace("<article>", "<div>").replace("</article>", "</div>")
+    text = parsers.parse_bytes(body.encode(), "html", "help.html").text
+    assert "## Navigation\n\nPress the arrow keys to move." in text
+    assert "## Footer\n\nThe footer shows the page number." in text
+    assert "Toc is a small dog." in text
+    for word in ("siteheaderword", "navmenuword", "relatedlinkword", "sitefooterword",
+                 "Why sourdough", "keep the starter", "Filed under"):
+        assert word not in text, word  # page-level header/aside/footer (outside a section)
+
+
+def test_html_page_that_is_all_navigation_keeps_its_words() -> None:
+    """A page whose whole content is a <nav> or a table of contents is indexed as it is
+    (not silently as its title alone)."""
+    page = ("<html><head><title>Links</title></head><body><nav><ul>"
+            "<li><a href='a'>Gazelle care</a></li><li>Oryx feeding times</li></ul></nav>"
+            "</body></html>")
+    text = parsers.parse_bytes(page.encode(), "html", "links.html").text
+    assert text == "# Links\n\nGazelle care\n\nOryx feeding times"
+    toc = "<html><head><title>Zoo</title></head><body><div class='toc'>Ibis pond</div></body></html>"
+    assert parsers.parse_bytes(toc.encode(), "html", "z.html").text == "# Zoo\n\nIbis pond"
+
+
+def test_titles_and_headings_lose_control_and_format_characters(tmp_path: Path) -> None:
+    """A hostile /Title or <title>/heading cannot put terminal escapes, a bell or a
+    right-to-left override into the headingPath sent to peers."""
+    hostile = "Pay\u202eroll\x07 \x1b[31mreport\x08\u200b 2026"
+    assert parsers.pdf_title(hostile) == "Payroll [31mreport 2026"
+    assert parsers.pdf_title("x" * 300 + "\u202e") == "x" * 200
+    make_pdf(tmp_path / "h.pdf", ["Body text of the salary report."], title=hostile)
+    assert parsers.parse_bytes((tmp_path / "h.pdf").read_bytes(), "pdf", "h.pdf").title \
+        == "Payroll [31mreport 2026"
+    page = (f"<html><head><title>{hostile}</title></head><body><h2>Sec\u202etion\x1b</h2>"
+            "<p>text</p></body></html>")
+    text = parsers.parse_bytes(page.encode(), "html", "h.html").text
+    assert text == "# Payroll [31mreport 2026\n\n## Section\n\ntext"
+
+
 def test_heading_only_section_goes_with_its_first_subsection() -> None:
     """A Markdown title directly followed by a subheading is not a chunk of its own (a
     title-only chunk is no evidence); a title with text of its own still is."""

@@ -39,9 +39,12 @@ from dataclasses import dataclass
 DEFAULT_CHUNK_SIZE = 1200
 DEFAULT_CHUNK_OVERLAP = 150
 #: Bumped whenever the chunker's output changes for the same input (part of chunk ids).
-CHUNKER_VERSION = 2
+CHUNKER_VERSION = 3
 # 2 (issue 10): HTML/DOCX headings are ATX only (``atx``), and the HTML parser drops page
 # furniture and fences <pre> blocks — every document is re-chunked once.
+# 3 (issue 10 review): the HTML parser keeps sections whose id (not class) names
+# furniture, an article's own <header>/<footer>/<aside>, and the text of a page that is all
+# navigation; HTML/PDF titles and headings lose control and format characters.
 
 # paragraphs -> lines -> sentences -> words -> characters
 _SEPARATORS: tuple[re.Pattern[str], ...] = (

@@ -33,7 +33,9 @@ import codecs
 import io
 import re
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 #: Largest text-like file read (bytes); bigger files get reason ``too-large``.
 MAX_TEXT_BYTES = 20 * 1024 * 1024
@@ -191,14 +193,25 @@ def decode_text(data: bytes) -> tuple[str, str, bool, bool]:
 
 # --- extracted kinds ------------------------------------------------------------------
 
-_BLOCK_TAGS = ("p", "div", "section", "article", "main", "li", "pre", "blockquote", "tr",
-               "table", "dl", "dt", "dd", "figcaption", "br", "hr", "ul", "ol", "td", "th")
-_DROP_TAGS = ("script", "style", "noscript", "template", "svg", "canvas", "iframe", "nav",
-              "header", "footer", "aside", "form", "button", "select", "head", "object")
+_BLOCK_TAGS = frozenset(("p", "div", "section", "article", "main", "li", "pre", "blockquote",
+                         "tr", "table", "dl", "dt", "dd", "figcaption", "br", "hr", "ul", "ol",
+                         "td", "th"))
+#: Block elements that open with one newline (the others open a paragraph: two).
+_LINE_TAGS = frozenset(("li", "tr", "br", "dt", "dd"))
+#: Elements whose strings are never text (code, styling, widgets, the ``<head>``).
+_NEVER_TEXT_TAGS = frozenset(("script", "style", "noscript", "template", "svg", "canvas",
+                              "iframe", "form", "button", "select", "head", "object"))
+#: ``<nav>`` is furniture anywhere; ``<header>``/``<footer>``/``<aside>`` only outside
+#: :data:`_SECTIONING`: in HTML5 a header or footer inside an article or section belongs
+#: to it (its title, its byline) and an aside inside one is its note or pull quote; only
+#: the page's own banner, footer and sidebar are furniture.
+_PAGE_LEVEL_TAGS = frozenset(("header", "footer", "aside"))
+_SECTIONING = frozenset(("article", "section", "main"))
+_HEADINGS = {f"h{n}": n for n in range(1, 7)}
 _WS = re.compile(r"[ \t\u00a0]+")
-#: ARIA landmark roles of page furniture, not content (dropped like ``<nav>``/``<footer>``).
+#: ARIA landmark roles of page furniture, not content (dropped like ``<nav>``).
 _DROP_ROLES = frozenset(("navigation", "banner", "contentinfo", "search", "complementary"))
-#: Class or id words of navigation and page furniture in generated documentation sites —
+#: Class words of navigation and page furniture in generated documentation sites —
 #: DocBook's ``navheader``/``navfooter`` (prev/up/next links and the neighbouring pages'
 #: titles), Sphinx's ``related``/``sphinxsidebar``, breadcrumbs, skip links, site headers
 #: and footers — and ``toc`` link lists. Indexed as body they put the neighbours' titles
@@ -206,7 +219,8 @@ _DROP_ROLES = frozenset(("navigation", "banner", "contentinfo", "search", "compl
 #: headings stay indexed where they stand; a chapter page's list of other pages' titles
 #: is not its content (dropping ``toc`` took scripts/eval --split dev postgresql kith
 #: nDCG@10 0.667 → 0.674). Not a plain ``sidebar``: DocBook's sidebar is content.
-#: Matched per class word, case-insensitively.
+#: Matched per class word, case-insensitively — never ``id``: Sphinx makes section ids
+#: from headings, so ``<section id="navigation">`` is a section titled "Navigation".
 _DROP_CLASSES = frozenset((
     "navheader", "navfooter", "navbar", "navigation", "nav", "breadcrumb", "breadcrumbs",
     "sphinxsidebar", "related", "skip-link", "skiplink", "site-header",
@@ -219,76 +233,161 @@ _DROP_CLASSES = frozenset((
 #: heading (13 % of the PostgreSQL manual's chunks).
 _ADMONITION_CLASSES = frozenset(("note", "tip", "warning", "caution", "important",
                                  "admonition", "hint", "attention", "danger", "seealso"))
+#: Most characters of a heading kept (a title or heading is a label, not a paragraph).
+MAX_LABEL_CHARS = 200
+
+
+def _class_words(tag: object) -> list[str]:
+    words = (getattr(tag, "attrs", None) or {}).get("class") or []
+    if isinstance(words, str):
+        words = words.split()
+    return [w.lower() for w in words if isinstance(w, str)]
+
+
+def _is_admonition(tag: object) -> bool:
+    """True when ``tag`` itself is an admonition box (:data:`_ADMONITION_CLASSES`)."""
+    return any(w in _ADMONITION_CLASSES for w in _class_words(tag))
 
 
 def _in_admonition(tag: object) -> bool:
-    """True when ``tag`` sits inside an admonition box (:data:`_ADMONITION_CLASSES`)."""
-    for parent in getattr(tag, "parents", ()):
-        words = (getattr(parent, "attrs", None) or {}).get("class") or []
-        if isinstance(words, str):
-            words = words.split()
-        if any(w.lower() in _ADMONITION_CLASSES for w in words):
-            return True
-    return False
+    """True when ``tag`` sits inside an admonition box (:data:`_ADMONITION_CLASSES`).
+
+    One walk up the parents (O(depth)); :func:`_html` calls it once per page, not per
+    heading (the walk down carries the state)."""
+    return any(_is_admonition(parent) for parent in getattr(tag, "parents", ()))
 
 
 def _is_furniture(tag: object) -> bool:
-    """True for an element that is page navigation/furniture (:data:`_DROP_ROLES`,
-    :data:`_DROP_CLASSES` in its ``class`` or ``id``)."""
+    """True for an element that is page navigation/furniture by its attributes: an ARIA
+    role in :data:`_DROP_ROLES` or a word of its ``class`` in :data:`_DROP_CLASSES`
+    (not its ``id``: Sphinx builds section ids from headings). ``<nav>`` and page-level
+    ``<header>``/``<footer>``/``<aside>`` are decided by :func:`_html`'s walk."""
     attrs = getattr(tag, "attrs", None)
     if not attrs:
         return False
     role = attrs.get("role")
     if isinstance(role, str) and role.lower() in _DROP_ROLES:
         return True
-    words = attrs.get("class") or []
-    if isinstance(words, str):
-        words = words.split()
-    ident = attrs.get("id")
-    names = [w.lower() for w in words] + ([ident.lower()] if isinstance(ident, str) else [])
-    return any(n in _DROP_CLASSES for n in names)
+    return any(w in _DROP_CLASSES for w in _class_words(tag))
 
 
-def _html(data: bytes) -> ParsedDocument:
-    """HTML main text: drop scripts/styles, navigation and page furniture
-    (:func:`_is_furniture`), keep headings as Markdown ``#`` (not an admonition box's
-    title, :data:`_ADMONITION_CLASSES`) and ``<pre>`` blocks as
-    fenced code (their lines are never headings); the ``<title>`` becomes the level-1
-    heading at the root of every heading path unless the text starts with its own."""
-    from bs4 import BeautifulSoup, Comment
+def label_text(value: str, limit: int = MAX_LABEL_CHARS) -> str:
+    """``value`` as a one-line label (a title or heading from a file, shown to peers in a
+    ``headingPath``): control (Unicode ``Cc``) and format (``Cf``: bidirectional
+    overrides, zero-width characters) characters removed, white space collapsed, cut to
+    ``limit`` characters (``limit`` 0: no cut)."""
+    kept = "".join(ch if ch.isspace() or unicodedata.category(ch) not in ("Cc", "Cf") else ""
+                   for ch in value)
+    text = " ".join(kept.split())
+    return text[:limit] if limit else text
 
-    soup = BeautifulSoup(data, "lxml")
-    encoding = (soup.original_encoding or "utf-8").lower()
-    title = " ".join(soup.title.get_text(" ", strip=True).split()) if soup.title else ""
-    for tag in soup(_DROP_TAGS):
-        tag.decompose()
-    for tag in soup.find_all(_is_furniture):
-        if not tag.decomposed:
-            tag.decompose()
-    for c in soup.find_all(string=lambda s: isinstance(s, Comment)):
-        c.extract()
-    main = soup.find("main") or soup.find("article") or soup.find(attrs={"role": "main"}) \
-        or soup.body or soup
-    for pre in main.find_all("pre"):
-        # code/config/output examples as a fenced block: a ``# comment`` or a ``-----``
-        # line under a psql result header inside is never read as a heading (it used to
-        # replace the page title at the root of every later chunk's heading path)
-        code = pre.get_text().replace("\r", "\n").strip("\n")
-        fence = "~~~" if "```" in code else "```"
-        pre.replace_with(f"\n\n{fence}\n{code}\n{fence}\n\n" if code.strip() else "")
-    for level in range(1, 7):
-        for h in main.find_all(f"h{level}"):
-            text = " ".join(h.get_text(" ", strip=True).split())
-            if text and _in_admonition(h):  # a box's label stays text
-                h.replace_with(f"\n\n{text}\n\n")
+
+def _walk(root: object, furniture: bool, sectioned: bool) -> Iterator[tuple[Any, bool | None, bool]]:
+    """Document-order events under ``root`` (not ``root`` itself), without recursion:
+    ``(tag, True, sectioned)`` when a kept element opens, ``(tag, False, sectioned)``
+    when it closes, ``(string, None, sectioned)`` for a text string (NavigableString or
+    CData: no comments, doctype or ruby text — what bs4's ``get_text`` reads). Subtrees
+    of :data:`_NEVER_TEXT_TAGS` and, with ``furniture``, of page furniture are skipped.
+    ``sectioned``: whether ``root`` is inside article/section/main (the third item is
+    the same for the element's own position)."""
+    from bs4 import CData, NavigableString
+
+    text_types = (NavigableString, CData)
+    stack: list[tuple[object, bool, bool]] = [
+        (child, True, sectioned) for child in reversed(getattr(root, "contents", []))]
+    while stack:
+        node, opening, inside = stack.pop()
+        if not opening:
+            yield node, False, inside
+            continue
+        if isinstance(node, NavigableString):
+            if type(node) in text_types:
+                yield node, None, inside
+            continue
+        name = getattr(node, "name", None)
+        if name is None or name in _NEVER_TEXT_TAGS:
+            continue
+        if furniture and (name == "nav" or (name in _PAGE_LEVEL_TAGS and not inside)
+                          or _is_furniture(node)):
+            continue
+        yield node, True, inside
+        stack.append((node, False, inside))
+        below = inside or name in _SECTIONING
+        stack.extend((child, True, below) for child in reversed(node.contents))
+
+
+def _raw_text(main: object, furniture: bool, sectioned: bool, admonition: bool) -> str:
+    """The text under ``main`` with block boundaries as newlines, headings marked
+    ``\\x00#…`` and ``<pre>`` fenced: one linear walk, the tree is not modified."""
+    out: list[str] = []
+    boxes = 1 if admonition else 0  # admonition boxes open around the current node
+    # the open <pre>/heading whose strings are being collected: (name, element, in a box,
+    # strings); its replacement text is emitted when it closes
+    capture: list[tuple[str, object, bool, list[str]]] = []
+    for node, opening, _inside in _walk(main, furniture, sectioned):
+        if opening is None:
+            (capture[-1][3] if capture else out).append(str(node))
+            continue
+        name = node.name
+        if opening:
+            in_box = boxes > 0
+            if _is_admonition(node):
+                boxes += 1
+            if capture and capture[-1][0] == "pre":
+                continue  # a pre's text is all its strings, markup ignored
+            if name == "pre" or (name in _HEADINGS and not capture):
+                capture.append((name, node, in_box, []))
                 continue
-            h.replace_with(f"\n\n\x00{'#' * level} {text}\n\n" if text else "")
-    for tag in main.find_all(_BLOCK_TAGS):
-        tag.insert_before("\n\n" if tag.name not in ("li", "tr", "br", "dt", "dd") else "\n")
-        tag.insert_after("\n")
-    for tag in main.find_all(("td", "th")):
-        tag.insert_after("\t")
-    raw = main.get_text()
+            if capture:
+                continue  # inside a heading: its strings only
+            if name in _BLOCK_TAGS:
+                out.append("\n" if name in _LINE_TAGS else "\n\n")
+            continue
+        if _is_admonition(node):
+            boxes -= 1
+        if capture and capture[-1][1] is node:
+            kind, _, in_box, parts = capture.pop()
+            target = capture[-1][3] if capture else out
+            if kind == "pre":
+                code = "".join(parts).replace("\r", "\n").strip("\n")
+                fence = "~~~" if "```" in code else "```"
+                target.append(f"\n\n{fence}\n{code}\n{fence}\n\n" if code.strip() else "")
+            else:
+                text = label_text(" ".join(parts), 0)
+                if text and in_box:  # a box's label stays text
+                    target.append(f"\n\n{text}\n\n")
+                else:
+                    target.append(f"\n\n\x00{'#' * _HEADINGS[kind]} {text}\n\n" if text else "")
+            continue
+        if capture:
+            continue
+        if name in ("td", "th"):
+            out.append("\t")
+        if name in _BLOCK_TAGS:
+            out.append("\n")
+    return "".join(out)
+
+
+def _html_text(soup: object, furniture: bool) -> str:
+    """The page's main text (:func:`_html`), with or without the furniture filter."""
+    main = body = article = role_main = None
+    for node, opening, _inside in _walk(soup, furniture, False):
+        if not opening:
+            continue
+        name = node.name
+        if name == "main":
+            main = node
+            break
+        if name == "article" and article is None:
+            article = node
+        elif name == "body" and body is None:
+            body = node
+        if role_main is None and node.attrs.get("role") == "main":
+            role_main = node
+    root = main or article or role_main or body or soup
+    sectioned = getattr(root, "name", None) in _SECTIONING or any(
+        p.name in _SECTIONING for p in getattr(root, "parents", ()))
+    raw = _raw_text(root, furniture, sectioned, _in_admonition(root) or _is_admonition(root))
     lines = []
     fence = ""
     for line in raw.replace("\r", "\n").split("\n"):
@@ -300,7 +399,28 @@ def _html(data: bytes) -> ParsedDocument:
         elif line.startswith("#") and not fence:  # e.g. the '#' operator in a table cell
             line = "\\" + line
         lines.append(line)
-    text = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+
+
+def _html(data: bytes) -> ParsedDocument:
+    """HTML main text: drop scripts/styles, navigation and page furniture
+    (``<nav>``, page-level ``<header>``/``<footer>``/``<aside>``, :func:`_is_furniture`),
+    keep headings as Markdown ``#`` (not an admonition box's title,
+    :data:`_ADMONITION_CLASSES`) and ``<pre>`` blocks as fenced code (their lines are
+    never headings); the ``<title>`` becomes the level-1 heading at the root of every
+    heading path unless the text starts with its own. When dropping furniture would leave
+    no text at all (a page whose whole content sits in a ``<nav>`` or a ``toc`` list),
+    the page is read without the furniture filter rather than indexed as its title alone.
+    A page that keeps a heading of its own outside the furniture is not: a generated
+    manual's chapter page (a title and a ``toc`` of other pages' titles, prev/next boxes)
+    is its title. Titles and headings pass through :func:`label_text`. Linear time in the
+    page size (one walk, the tree is never modified)."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(data, "lxml")
+    encoding = (soup.original_encoding or "utf-8").lower()
+    title = label_text(soup.title.get_text(" ", strip=True), 0) if soup.title else ""
+    text = _html_text(soup, furniture=True) or _html_text(soup, furniture=False)
     first = re.match(r"(#{2,6}) (.*)", text)
     if title and first and first.group(2) == title:  # the page's own title heading
         text = "#" + text[len(first.group(1)):]  # at the root, without a title-only chunk
@@ -426,12 +546,14 @@ _JUNK_TITLE = re.compile(r"^(untitled|document\d*|microsoft (word|powerpoint|exc
 
 
 def pdf_title(value: object) -> str:
-    """A PDF's ``/Title`` as a heading: whitespace collapsed, at most 200 characters;
-    ``""`` when missing, not text, without a letter, or a tool's placeholder
-    (``Untitled``, ``Microsoft Word - report.docx``, a file name)."""
+    """A PDF's ``/Title`` as a heading (:func:`label_text`: control and format
+    characters — BEL, ESC, U+202E… — removed, whitespace collapsed, at most
+    :data:`MAX_LABEL_CHARS` characters); ``""`` when missing, not text, without a letter,
+    or a tool's placeholder (``Untitled``, ``Microsoft Word - report.docx``, a file
+    name)."""
     if not isinstance(value, str):
         return ""
-    title = " ".join(value.replace("\x00", "").split())[:200]
+    title = label_text(value)
     if not any(ch.isalpha() for ch in title) or _JUNK_TITLE.match(title):
         return ""
     return title
