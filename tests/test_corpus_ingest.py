@@ -899,3 +899,18 @@ def test_a_kill_mid_batch_loses_nothing_and_half_writes_nothing(tmp_path: Path,
         assert c.stats()["index_lag"] == 0
         for i in range(30):
             assert _sources(c, f"killword{i}") == [f"/kb/n{i:02d}.md"]
+
+
+def test_an_xhtml_page_parses_without_a_warning_on_stderr() -> None:
+    """The PostgreSQL manual's pages start with ``<?xml``: they are read as HTML on
+    purpose, and the user's sync output carries no bs4 XMLParsedAsHTMLWarning."""
+    import warnings
+
+    from node.corpus.parsers import parse_bytes
+
+    page = (b'<?xml version="1.0" encoding="UTF-8"?>\n<html><head><title>Vacuum</title></head>'
+            b"<body><p>VACUUM reclaims storage.</p></body></html>")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        parsed = parse_bytes(page, "html", "vacuum.html")
+    assert parsed.text == "# Vacuum\n\nVACUUM reclaims storage."

@@ -415,9 +415,13 @@ def _html(data: bytes) -> ParsedDocument:
     manual's chapter page (a title and a ``toc`` of other pages' titles, prev/next boxes)
     is its title. Titles and headings pass through :func:`label_text`. Linear time in the
     page size (one walk, the tree is never modified)."""
-    from bs4 import BeautifulSoup
+    import warnings
 
-    soup = BeautifulSoup(data, "lxml")
+    from bs4 import BeautifulSoup, XMLParsedAsHTMLWarning
+
+    with warnings.catch_warnings():  # XHTML pages (an <?xml header) are read as HTML on purpose
+        warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
+        soup = BeautifulSoup(data, "lxml")
     encoding = (soup.original_encoding or "utf-8").lower()
     title = label_text(soup.title.get_text(" ", strip=True), 0) if soup.title else ""
     text = _html_text(soup, furniture=True) or _html_text(soup, furniture=False)
