@@ -93,16 +93,26 @@ def release_owner_lock(fd: int | None) -> None:
     os.close(fd)  # closing releases the flock
 
 
-def lock_owner(path: Path) -> str:
-    """Who holds the lock at ``path``, for an error message: ``"pid N, COMMAND, since T"``
-    (``"owner unknown"`` when the file cannot be read)."""
+def _lock_info(path: Path) -> dict[str, Any] | None:
+    """The owner text :func:`acquire_owner_lock` wrote into ``path`` (``{}`` once released),
+    or None when it cannot be read or parsed."""
     import json
 
     try:
         info = json.loads(path.read_text("utf-8") or "{}")
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def lock_owner(path: Path) -> str:
+    """Who holds the lock at ``path``, for an error message: ``"pid N, COMMAND, since T"``
+    (``"owner unknown"`` when the file cannot be read)."""
+    info = _lock_info(path)
+    try:
         return (f"pid {int(info.get('pid', 0))}, {str(info.get('command', '?'))[:60]}, "
                 f"since {str(info.get('since', '?'))[:20]}")
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError):
         return "owner unknown"
 
 
@@ -112,12 +122,9 @@ def lock_active(path: Path) -> bool:
     A released lock has no owner text; a killed owner's text names a dead pid (False).
     A pid reused by an unrelated process after a crash reads as active: callers only use
     this for hints, never to decide who may write."""
-    import json
-
     try:
-        info = json.loads(path.read_text("utf-8") or "{}")
-        pid = int(info.get("pid", 0))
-    except (OSError, ValueError, TypeError, AttributeError):
+        pid = int((_lock_info(path) or {}).get("pid", 0))
+    except (ValueError, TypeError):
         return False
     if pid <= 0:
         return False
