@@ -12,7 +12,7 @@ import sys
 import anyio
 import pytest
 
-from node.protocol.adversarial import build_variants, run_adversarial
+from node.devtools.adversarial import build_variants, run_adversarial
 from node.protocol.spec import load_spec
 
 from conftest import PROTOCOLS, REPO

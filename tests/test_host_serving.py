@@ -38,7 +38,7 @@ from node.runtime.hooks import HookContext, Hooks, PeerInfo
 
 from node.trust.identity import Identity, load_or_init_identity
 from node.trust.invitation import create_invitation, parse_invitation
-from node.protocol.adversarial import run_adversarial
+from node.devtools.adversarial import run_adversarial
 from node.protocol.spec import load_spec
 from node.transport.iroh import bind_node
 

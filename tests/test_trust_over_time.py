@@ -15,7 +15,8 @@ import anyio
 import pytest
 
 from node.common.errors import ConfigError, KithError
-from node.runtime.audit import AuditLog, AuditProblem, HostAudit, read_audit
+from node.runtime.audit import HostAudit
+from node.trust.audit_log import AuditLog, AuditProblem, read_audit
 from node.runtime.revocation import LiveSessions, PeersWatcher
 from node.trust.pairing import pairing_code, wordlist
 from node.trust.peers import PEERS_FILE, REGISTRY_VERSION, PeerRegistry

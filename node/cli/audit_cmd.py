@@ -48,7 +48,7 @@ def audit_cmd(
     """Show the audit log: sessions, queries (keyed hashes unless `kith host --audit-queries`),
     source ids served, approvals, revocations, blocks, policy reloads, refused handshakes.
     A corrupt or truncated line is reported and skipped."""
-    from node.runtime.audit import AuditProblem, read_audit
+    from node.trust.audit_log import AuditProblem, read_audit
     from node.trust.peers import PeerRegistry
 
     home = home_of(ctx)

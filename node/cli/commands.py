@@ -503,7 +503,7 @@ def protocol_test_cmd(
 ) -> None:
     """Run both roles of a protocol over the in-memory pipe with the real engine and its
     test/ fixtures; exit 1 on any failure."""
-    from node.protocol.harness import run_protocol_test
+    from node.devtools.harness import run_protocol_test
     from node.protocol.spec import resolve_protocol_dir
 
     directory = resolve_protocol_dir(target, home_of(ctx))
@@ -511,7 +511,7 @@ def protocol_test_cmd(
     report = anyio.run(run_protocol_test, directory, backend="asyncio")
     adv = None
     if adversarial:
-        from node.protocol.adversarial import render_table, run_adversarial
+        from node.devtools.adversarial import render_table, run_adversarial
 
         adv = anyio.run(run_adversarial, directory, backend="asyncio")
     if json_out:

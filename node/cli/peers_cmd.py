@@ -23,8 +23,8 @@ def _cancel_approvals(home, key: str) -> list[str]:
 
 
 def _audit(home, event: str, **fields) -> None:
-    """Record an owner's registry change in ``<home>/audit.jsonl`` (node/runtime/audit.py)."""
-    from node.runtime.audit import AuditLog
+    """Record an owner's registry change in ``<home>/audit.jsonl`` (node/trust/audit_log.py)."""
+    from node.trust.audit_log import AuditLog
 
     log = AuditLog(home)
     log.record(event, sync=True, **fields)

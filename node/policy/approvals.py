@@ -421,7 +421,7 @@ def decide_as_owner(home: Path, rid: str, approve: bool, *, remember: bool = Fal
         PolicyError: ``approval-not-found``, ``approval-id-ambiguous``, ``approval-decided``.
     """
     from node.policy.store import Policy
-    from node.runtime.audit import AuditLog
+    from node.trust.audit_log import AuditLog
 
     store = Approvals(home)
     req = store.decide(store.resolve(rid), approve, remember=remember)

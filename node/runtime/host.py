@@ -69,7 +69,7 @@ class HostOptions:
             or file-mode post with that many failures from any keys is retired
             (``--max-failed-handshakes``, ``--failure-cooldown``).
         audit_queries: record query text in ``<home>/audit.jsonl`` instead of its keyed
-            hash (``--audit-queries``; node/runtime/audit.py).
+            hash (``--audit-queries``; node/trust/audit_log.py).
         share_ui: offer the protocol's ``ui/`` bundle to guests that advertise
             ``p2p_ui_v1`` (``--share-ui``, DESIGN §6).
         heartbeat: ``(ping_interval_s, unresponsive_s)``, or ``"default"`` (10, 30).
@@ -286,7 +286,8 @@ async def _serve(home: Path, opts: HostOptions, identity: Any, *, on_invitation:
 
     seen_nonces = SeenNonces(home)
     # audit log and live revocation (issue 11: node/runtime/audit.py, revocation.py)
-    from node.runtime.audit import AuditLog, HostAudit
+    from node.runtime.audit import HostAudit
+    from node.trust.audit_log import AuditLog
     from node.runtime.revocation import LiveSessions, PeersWatcher
     from node.trust.pairing import pairing_code
 

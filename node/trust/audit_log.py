@@ -1,0 +1,265 @@
+"""The audit log ``<home>/audit.jsonl``: its writer and reader (specs/peers.md §7).
+
+Append-only JSON Lines, one record per line, mode 0600: who connected, what they asked,
+what they were served (source ids only, never chunk text), approvals, revocations, blocks,
+policy reloads and refused handshakes. Size-rotated: when a write would take the file past
+:data:`MAX_AUDIT_BYTES` it becomes ``audit.jsonl.1`` (``.1`` → ``.2`` … up to
+:data:`AUDIT_KEEP` files; the oldest is dropped). Every record is written with one
+``write`` on an ``O_APPEND`` descriptor under an ``flock`` on ``audit.jsonl.lock``, so the
+host and ``kith peers``/``kith approvals`` in other processes never interleave or lose a
+rotation; the file is fsync'ed when a session ends (and on close).
+
+Queries are recorded as a keyed hash by default (HMAC-SHA-256 with ``<home>/audit.key``,
+32 random bytes, 0600, made on first use, first 32 hex kept): equal queries of a peer are
+recognisable, the text is not readable from the log, and a copied log alone cannot be
+checked against guessed queries. ``kith host --audit-queries`` records the text instead.
+
+:class:`AuditLog` writes; :func:`read_audit` reads (a corrupt or truncated line is
+reported as ``audit-line-invalid`` and skipped, never fatal). The host's tap that turns its
+events, incoming queries and outgoing ``results`` frames into records is
+:class:`node.runtime.audit.HostAudit`; the owner's commands (``kith peers``, ``kith
+approvals``) write through :class:`AuditLog` directly.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import hmac
+import inspect
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+log = logging.getLogger("kith.audit")
+
+AUDIT_FILE = "audit.jsonl"
+AUDIT_KEY_FILE = "audit.key"
+#: Size (bytes) past which the log is rotated.
+MAX_AUDIT_BYTES = 8 << 20
+#: Rotated files kept (``audit.jsonl.1`` newest … ``audit.jsonl.<AUDIT_KEEP>`` oldest).
+AUDIT_KEEP = 3
+#: Longest query text recorded with ``--audit-queries`` (characters; the wire allows 2000).
+MAX_QUERY_CHARS = 2000
+#: Source ids recorded per ``results`` record (a results frame carries at most 20).
+MAX_SOURCES = 50
+#: A line longer than this (bytes) is not a record (the reader's bound).
+MAX_LINE_BYTES = 64 << 10
+
+
+def now_stamp() -> str:
+    """RFC 3339 UTC with milliseconds, e.g. ``2026-12-01T09:00:00.123Z``."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+class AuditLog:
+    """Append records to ``<home>/audit.jsonl``. Safe to share between threads.
+
+    Args:
+        home: the node home.
+        audit_queries: record query text (``kith host --audit-queries``) instead of its
+            keyed hash.
+        max_bytes / keep: rotation bounds (:data:`MAX_AUDIT_BYTES`, :data:`AUDIT_KEEP`).
+
+    Writing never raises: an ``OSError`` (disk full, read-only home) is logged once as a
+    warning and the record is lost, so the audit log cannot stop a host from serving.
+    """
+
+    def __init__(self, home: Path, *, audit_queries: bool = False, max_bytes: int = MAX_AUDIT_BYTES,
+                 keep: int = AUDIT_KEEP) -> None:
+        self.home = Path(home)
+        self.path = self.home / AUDIT_FILE
+        self.audit_queries = audit_queries
+        self.max_bytes = max_bytes
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._key: bytes | None = None
+        self._warned = False
+
+    # --- writing ------------------------------------------------------------------------
+    def record(self, event: str, *, sync: bool = False, **fields: Any) -> None:
+        """Append ``{"ts", "event", **fields}`` (fields that are None are left out).
+
+        Args:
+            event: the record kind (specs/peers.md §7 lists them).
+            sync: fsync after the write (session end).
+        """
+        rec = {"ts": now_stamp(), "event": event, **{k: v for k, v in fields.items() if v is not None}}
+        line = (json.dumps(rec, ensure_ascii=False, separators=(",", ":"), default=str) + "\n").encode("utf-8")
+        if len(line) > MAX_LINE_BYTES:  # never write a line the reader would refuse
+            rec = {"ts": rec["ts"], "event": event, "truncated": True,
+                   **{k: rec[k] for k in ("session_id", "peer", "peer_name") if k in rec}}
+            line = (json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+        with self._lock:
+            try:
+                self._write(line, sync)
+            except OSError as exc:
+                if not self._warned:
+                    self._warned = True
+                    log.warning("could not write the audit log (%s); records are being lost", exc.strerror)
+
+    def _write(self, line: bytes, sync: bool) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(self.home / (AUDIT_FILE + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            fd = self._current_fd()
+            size = os.fstat(fd).st_size
+            if size and size + len(line) > self.max_bytes:
+                self._rotate()
+                fd = self._current_fd()
+            os.write(fd, line)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(lock_fd)  # releases the flock
+
+    def _current_fd(self) -> int:
+        """The descriptor of the *current* ``audit.jsonl`` (reopened when another process
+        rotated it); a file left ending mid-line (a crash) gets a newline first, so the
+        next record is never glued to the broken one."""
+        if self._fd is not None:
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                return self._fd
+            os.close(self._fd)
+            self._fd = None
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)
+        size = os.fstat(fd).st_size
+        if size:
+            with open(self.path, "rb") as fh:
+                fh.seek(size - 1)
+                if fh.read(1) != b"\n":
+                    os.write(fd, b"\n")
+        self._fd = fd
+        return fd
+
+    def _rotate(self) -> None:
+        if self._fd is not None:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+        for i in range(self.keep, 0, -1):
+            src = self.path if i == 1 else self.path.with_name(f"{AUDIT_FILE}.{i - 1}")
+            try:
+                os.replace(src, self.path.with_name(f"{AUDIT_FILE}.{i}"))
+            except FileNotFoundError:
+                pass
+        if self.keep < 1:
+            self.path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """fsync and close the log (idempotent)."""
+        with self._lock:
+            if self._fd is not None:
+                try:
+                    os.fsync(self._fd)
+                except OSError:
+                    pass
+                os.close(self._fd)
+                self._fd = None
+
+    # --- queries --------------------------------------------------------------------------
+    def query_fields(self, text: str) -> dict[str, str]:
+        """``{"query": text}`` with ``audit_queries``, else ``{"query_hmac": <32 hex>}``."""
+        if self.audit_queries:
+            return {"query": text[:MAX_QUERY_CHARS]}
+        return {"query_hmac": hmac.new(self._hmac_key(), text.encode("utf-8"), hashlib.sha256).hexdigest()[:32]}
+
+    def _hmac_key(self) -> bytes:
+        if self._key is None:
+            path = self.home / AUDIT_KEY_FILE
+            try:
+                key = path.read_bytes()
+            except FileNotFoundError:
+                key = b""
+            if len(key) != 32:
+                from node.common.home import atomic_write
+
+                key = os.urandom(32)
+                atomic_write(path, key)
+            self._key = key
+        return self._key
+
+
+# ------------------------------------------------------------------------------- reading
+@dataclass
+class AuditProblem:
+    """A line of the log that is not a record (``audit-line-invalid``)."""
+
+    file: str
+    line: int
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"code": "audit-line-invalid", "file", "line", "message"}``."""
+        return {"code": "audit-line-invalid", "file": self.file, "line": self.line, "message": self.message}
+
+
+def audit_files(home: Path) -> list[Path]:
+    """The log's files, oldest first (``audit.jsonl.<n>`` … ``audit.jsonl.1``, ``audit.jsonl``)."""
+    base = Path(home) / AUDIT_FILE
+    rotated = []
+    for p in base.parent.glob(AUDIT_FILE + ".*"):
+        suffix = p.name[len(AUDIT_FILE) + 1:]
+        if suffix.isdigit():
+            rotated.append((int(suffix), p))
+    out = [p for _, p in sorted(rotated, reverse=True)]
+    if base.exists():
+        out.append(base)
+    return out
+
+
+def read_audit(home: Path, problems: list[AuditProblem]) -> Iterator[dict[str, Any]]:
+    """Yield every record of the log, oldest first.
+
+    A line that is not a JSON object with string ``ts`` and ``event`` (bad JSON, a
+    truncated last line without its newline, longer than :data:`MAX_LINE_BYTES`, not
+    UTF-8) is appended to ``problems`` and skipped; an unreadable file likewise.
+    """
+    for path in audit_files(home):
+        try:
+            fh = path.open("rb")
+        except OSError as exc:
+            problems.append(AuditProblem(path.name, 0, f"cannot be read ({exc.strerror})"))
+            continue
+        with fh:
+            n = 0
+            while True:
+                raw = fh.readline(MAX_LINE_BYTES + 1)  # bounded: never a whole corrupt file at once
+                if not raw:
+                    break
+                n += 1
+                if len(raw) > MAX_LINE_BYTES:
+                    while raw and not raw.endswith(b"\n"):  # skip the rest of the overlong line
+                        raw = fh.readline(MAX_LINE_BYTES + 1)
+                    problems.append(AuditProblem(path.name, n, "longer than a record may be"))
+                    continue
+                if not raw.endswith(b"\n"):
+                    problems.append(AuditProblem(path.name, n, "truncated (no end of line)"))
+                    break
+                if raw.strip() == b"":
+                    continue
+                try:
+                    rec = json.loads(raw.decode("utf-8"))
+                except (UnicodeDecodeError, ValueError):
+                    problems.append(AuditProblem(path.name, n, "not valid JSON"))
+                    continue
+                if not isinstance(rec, dict) or not isinstance(rec.get("ts"), str) \
+                        or not isinstance(rec.get("event"), str):
+                    problems.append(AuditProblem(path.name, n, "not an audit record (no ts/event)"))
+                    continue
+                yield rec
+
+
+__all__ = ["AUDIT_FILE", "AuditLog", "AuditProblem", "audit_files", "read_audit"]
