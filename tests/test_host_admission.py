@@ -3,7 +3,7 @@ an expired invitation is refused on the host (``handshake-post-expired``); faile
 handshakes cool a key down (``handshake-too-many-failures``) and retire a file-mode post;
 the 16 keys × 4 sessions slot-exhaustion attack fails — an honest pinned guest and an
 honest anonymous guest both get in. The rules themselves are unit-tested without iroh in
-tests/test_admission.py."""
+tests/test_sessions.py."""
 
 from __future__ import annotations
 

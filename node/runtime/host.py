@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import anyio
 
-from node.runtime.admission import EVICT_IDLE_AFTER_S, FAILURE_COOLDOWN_S, MAX_CONCURRENT_SESSIONS, \
+from node.runtime.sessions import EVICT_IDLE_AFTER_S, FAILURE_COOLDOWN_S, MAX_CONCURRENT_SESSIONS, \
     MAX_FAILED_HANDSHAKES, MAX_SESSIONS_PER_PEER, ActivityTracked, Admission, AdmissionLimits, admission
 from node.runtime.driver import run_session
 from node.engine.session import HostConfig, SessionEngine, SessionReady
@@ -63,7 +63,7 @@ class HostOptions:
             hold together (``--anonymous-slots``); None = 3/4 of ``max_sessions``.
         evict_idle_after_s: a READY anonymous session that answered no query for this
             long (s) may be evicted (``session-evicted``) for a newcomer
-            (``--evict-idle-after``); :class:`node.runtime.admission.Admission`.
+            (``--evict-idle-after``); :class:`node.runtime.sessions.Admission`.
         max_failed_handshakes / failure_cooldown_s: after that many failed handshakes a
             key is refused for that long (``handshake-too-many-failures``); a single-use
             or file-mode post with that many failures from any keys is retired

@@ -1,4 +1,4 @@
-"""The host's admission rules, without iroh: :class:`node.runtime.admission.Admission`
+"""The host's admission rules, without iroh: :class:`node.runtime.sessions.Admission`
 driven directly with a fake clock and recording callbacks (what ``serve_host`` does over
 real connections is in tests/test_transport_session.py and tests/test_host_admission.py)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from node.common.errors import HandshakeError
-from node.runtime.admission import HANDSHAKE_GRACE_S, Admission, AdmissionLimits
+from node.runtime.sessions import HANDSHAKE_GRACE_S, Admission, AdmissionLimits
 from node.trust.peers import PeerRegistry
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
@@ -196,7 +196,7 @@ def test_activity_tracking_ignores_rate_limited_answers():
             return {"status": self.status, "envelope": None}
 
     inner = Handle()
-    from node.runtime.admission import ActivityTracked
+    from node.runtime.sessions import ActivityTracked
 
     tracked = ActivityTracked(inner, lambda: adm.note_activity(t))
     adm.clock.t += 20
@@ -253,7 +253,7 @@ def test_a_post_is_retired_after_n_failures_from_any_keys_only_when_allowed():
 
 
 def test_failure_memory_is_bounded():
-    from node.runtime.admission import MAX_FAILURE_KEYS
+    from node.runtime.sessions import MAX_FAILURE_KEYS
 
     adm, _s, _ = make(max_failures=2)
     for i in range(MAX_FAILURE_KEYS + 10):
@@ -265,7 +265,7 @@ def test_a_key_whose_session_was_evicted_cannot_evict_in_turn():
     """Throw-away attackers reconnecting after an eviction must not keep every anonymous
     slot young by evicting each other: an evicted key takes only free slots for a while,
     and an honest newcomer can still evict the idle sessions they hold."""
-    from node.runtime.admission import EVICTED_KEY_PAUSE
+    from node.runtime.sessions import EVICTED_KEY_PAUSE
 
     adm, s, _ = make(max_sessions=8, max_sessions_per_peer=4, anonymous_sessions=2, evict_idle_after_s=5)
     a1, _ = s.open(A, anonymous=True)
