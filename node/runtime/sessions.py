@@ -1,25 +1,27 @@
-"""The host's admission: who may take a session slot, and who gives one up.
+"""The host's session table: the one place that knows who is connected.
 
-:class:`Admission` is the bookkeeping ``serve_host`` used to keep in closures: connections
-waiting for their first stream, session slots (overall and per peer key), the reserved
-use count of each post, and the order in which sessions are evicted. It does no I/O and
-never sleeps: what it decides is carried out through callbacks the host passes in
-(``close`` a connection, ``end`` a session), and time is an injected clock, so every rule
-here is tested without iroh (``tests/test_admission.py``).
+:class:`SessionTable` holds every session of one host process from the moment its stream
+opens to its end: admission slots (overall, per peer key, the anonymous share), fair
+eviction, activity, the reserved use count of each post, failed-handshake cool-downs,
+live revocation (``kith peers remove|block``), the owner's ``kith sessions end`` and what
+the control channel lists. There is one way to end a session from outside —
+:meth:`SessionTable.end` — and every rule above uses it. The table does no I/O and never
+sleeps: it carries out its decisions through the ``end`` callback each connection gives
+it, and time is the host's injected :class:`node.runtime.clock.Clock`, so every rule here
+is tested without iroh (``tests/test_sessions.py``).
 
-The admission predicate (:meth:`Admission.admits`) is the one place that decides whether a
-guest key may open a session once its ``_session_init`` is read (DESIGN §6, §10).
+The admission predicate (:meth:`SessionTable.admits`) is the one place that decides whether
+a guest key may open a session once its ``_session_init`` is read (DESIGN §6, §10).
 """
 
 from __future__ import annotations
 
 import math
-
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from node.common.errors import HandshakeError
+from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
 
 #: Live sessions a host serves at once (``HostOptions.max_sessions``).
 MAX_CONCURRENT_SESSIONS = 64
@@ -28,15 +30,20 @@ MAX_SESSIONS_PER_PEER = 4
 #: Default share of the session slots anonymous peers (keys not in the registry) may hold
 #: together: the rest is kept for pinned peers (``kith host --anonymous-slots``).
 ANONYMOUS_SHARE = 0.75
-#: A READY anonymous session with no answered query for this long may be evicted when a
-#: newcomer needs its slot (s; ``kith host --evict-idle-after``).
+#: A READY anonymous session with no answered query for this long may be evicted by *any*
+#: newcomer that needs its slot (s; ``kith host --evict-idle-after``).
 EVICT_IDLE_AFTER_S = 30.0
+#: A READY anonymous session that answered no query for this long (s) and has none in
+#: flight is *quiet*: a newcomer that holds no session yet — a pinned guest, or an
+#: anonymous key with no session — may evict it at once (issue 19: an honest guest is never
+#: made to wait out :data:`EVICT_IDLE_AFTER_S` behind throw-away keys).
+QUIET_AFTER_S = 2.0
 #: A session still in its handshake is evicted for a newcomer only once it is this old (s):
 #: an honest handshake takes milliseconds on loopback and a few round trips elsewhere, so a
 #: flood of newcomers cannot evict honest handshakes, only stalled ones.
 HANDSHAKE_GRACE_S = 1.0
-#: An anonymous key one of whose sessions was evicted may not evict an idle session itself
-#: for this many ``evict_idle_after_s`` (it may still take a free slot).
+#: An anonymous key one of whose sessions was evicted may not evict a session itself for
+#: this many ``evict_idle_after_s`` (it may still take a free slot).
 EVICTED_KEY_PAUSE = 4
 #: Failed handshakes (a live post named, then verification failed) one key may have before
 #: it is refused for :data:`FAILURE_COOLDOWN_S` (``kith host --max-failed-handshakes``);
@@ -56,36 +63,73 @@ FAILURE_CODES = frozenset({
     "handshake-unexpected-frame", "handshake-timeout", "handshake-first-frame",
     "peer-disconnected",  # hung up before _session_ready: the proof is missing
 })
+#: How a session can be ended from outside (:attr:`Ended.cause`).
+END_CAUSES = ("evicted", "revoked", "owner")
 
 
 @dataclass
-class _Slot:
+class Ended:
+    """How the table ended a session from outside.
+
+    Attributes:
+        code: the code the peer was sent (``session-evicted``, ``handshake-host-busy``,
+            ``session-revoked``, ``handshake-peer-blocked``, ``session-ended-by-owner``).
+        cause: one of :data:`END_CAUSES`.
+        at: Unix time (s) it was ended.
+        ready: the session had finished its handshake.
+    """
+
+    code: str
+    cause: str
+    at: float
+    ready: bool
+
+
+@dataclass
+class _Session:
     """One session slot: a connection whose stream is open and whose session runs.
 
     Attributes:
         peer: the QUIC-authenticated peer key (64 hex).
-        end: ``(code, message)`` → ends that session now (the host aborts its engine and
-            cancels it); called at most once.
-        ready: the session reached READY (the handshake completed).
+        end: ``(code, message)`` → ends that session now (the connection aborts its engine,
+            which queues ``_session_reject``/``_error``, and cancels it); called at most once.
         alive: False once the session is ending on its own (its engine closed): such a
-            handshake is not evicted, it is leaving anyway.
+            session is not evicted or listed, it is leaving anyway.
+        anonymous: the key was not in the peer registry when it was admitted.
+        name: the registry name it was admitted under (None: anonymous).
+        opened / last_active: monotonic s it took the slot / last answered a query.
+        busy: queries being answered right now (a session answering is never evicted).
+        ready / session_id / since / pairing_code: set once the handshake completed
+            (``since`` in Unix s).
         post: the post whose use count this session reserved, or None.
+        ended: set when the table ended it from outside; it then holds no slot.
     """
 
     peer: str
     end: Callable[[str, str], None]
-    alive: Callable[[], bool] = lambda: True
-    anonymous: bool = False
+    alive: Callable[[], bool]
+    anonymous: bool
+    name: str | None
+    opened: float
+    last_active: float
+    busy: int = 0
     ready: bool = False
-    last_active: float = 0.0
-    opened: float = 0.0
+    session_id: str | None = None
+    since: float | None = None
+    pairing_code: str | None = None
     post: str | None = None
-    ended: bool = False
+    ended: Ended | None = None
+    queries: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def holds_slot(self) -> bool:
+        return self.ended is None
 
 
 @dataclass
 class AdmissionLimits:
-    """The numbers :class:`Admission` enforces.
+    """The numbers :class:`SessionTable` enforces.
 
     Attributes:
         max_sessions: session slots overall (``HostOptions.max_sessions``); also the size
@@ -97,13 +141,11 @@ class AdmissionLimits:
             --anonymous-slots``); None = :data:`ANONYMOUS_SHARE` of ``max_sessions``
             (at least 1). Pinned peers may use every slot.
         evict_idle_after_s: how long a READY anonymous session must have answered no
-            query before a newcomer may evict it (``kith host --evict-idle-after``).
+            query before *any* newcomer may evict it (``kith host --evict-idle-after``);
+            a newcomer holding no session needs only :attr:`quiet_after_s`.
+        quiet_after_s: see :data:`QUIET_AFTER_S`.
         max_failures / failure_cooldown_s: after ``max_failures`` failed handshakes a key
             is refused (``handshake-too-many-failures``) for ``failure_cooldown_s`` s.
-        retire_on_failures: a post that collects ``max_failures`` failed handshakes from
-            any keys is retired (stops being honoured). The host sets it for file mode and
-            for single-use posts only: post ids are public in ``browse``, so a stranger
-            must never be able to rotate a public multi-use post.
     """
 
     max_sessions: int = MAX_CONCURRENT_SESSIONS
@@ -111,9 +153,9 @@ class AdmissionLimits:
     post_max_sessions: int | None = None
     anonymous_sessions: int | None = None
     evict_idle_after_s: float = EVICT_IDLE_AFTER_S
+    quiet_after_s: float = QUIET_AFTER_S
     max_failures: int = MAX_FAILED_HANDSHAKES
     failure_cooldown_s: float = FAILURE_COOLDOWN_S
-    retire_on_failures: bool = False
 
     @property
     def anonymous_limit(self) -> int:
@@ -123,34 +165,40 @@ class AdmissionLimits:
         return max(1, int(self.max_sessions * ANONYMOUS_SHARE))
 
 
-@dataclass
-class Admission:
-    """Slots, reservations and evictions of one host process (not thread-safe: call it
-    from the host's event loop only).
+def is_failure(code: str | None) -> bool:
+    """Does a handshake that named a live post and ended with ``code`` count as failed?
+    (:data:`FAILURE_CODES`)."""
+    return code in FAILURE_CODES
+
+
+class SessionTable:
+    """Slots, reservations, evictions and the live listing of one host process (not
+    thread-safe: call it from the host's event loop, except :meth:`activity`, which a
+    hook's worker thread calls).
 
     Args:
         limits: the bounds.
         on_event: receives the host events this class decides (``session-refused`` with
-            ``reason: "evicted"``), as ``serve_host``'s ``on_event``.
-        clock: monotonic seconds (injectable for tests).
+            ``reason: "evicted"``, ``session-evicted``).
+        clock: the host's clock (:mod:`node.runtime.clock`).
     """
 
-    limits: AdmissionLimits
-    on_event: Callable[[dict[str, Any]], None] = lambda _ev: None
-    clock: Callable[[], float] = time.monotonic
-    #: connections without a stream yet, oldest first: token -> (peer, evict callback)
-    _pending: dict[int, tuple[str, Callable[[], None]]] = field(default_factory=dict)
-    #: session slots in the order they were taken: token -> slot
-    _slots: dict[int, _Slot] = field(default_factory=dict)
-    #: post_id -> sessions reserved (at _session_init) or kept (once ready)
-    _claimed: dict[str, int] = field(default_factory=dict)
-    #: peer key -> (failed handshakes since the last cool-down, cool-down end), LRU order
-    _failures: dict[str, tuple[int, float]] = field(default_factory=dict)
-    #: post_id -> failed handshakes that named it; and the posts retired for it
-    _post_failures: dict[str, int] = field(default_factory=dict)
-    #: anonymous key -> when one of its sessions was last evicted (bounded, oldest dropped)
-    _evicted: dict[str, float] = field(default_factory=dict)
-    _retired: set[str] = field(default_factory=set)
+    def __init__(self, limits: AdmissionLimits | None = None, *,
+                 on_event: Callable[[dict[str, Any]], None] = lambda _ev: None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.limits = limits or AdmissionLimits()
+        self.on_event = on_event
+        self.clock = clock
+        #: connections without a stream yet, oldest first: token -> (peer, evict callback)
+        self._pending: dict[int, tuple[str, Callable[[], None]]] = {}
+        #: sessions in the order they took their slot: token -> session
+        self._sessions: dict[int, _Session] = {}
+        #: post_id -> sessions reserved (at _session_init) or kept (once ready)
+        self._claimed: dict[str, int] = {}
+        #: peer key -> (failed handshakes since the last cool-down, cool-down end), LRU order
+        self._failures: dict[str, tuple[int, float]] = {}
+        #: anonymous key -> when one of its sessions was last evicted (bounded, oldest dropped)
+        self._evicted: dict[str, float] = {}
 
     # ------------------------------------------------------------ pending connections
     def connection_arrived(self, token: int, peer: str, evict: Callable[[], None]) -> None:
@@ -158,7 +206,7 @@ class Admission:
         such connections is full (``max_sessions``), the *oldest* is evicted: ``evict`` of
         that one is called (the host cancels its wait and closes it with QUIC reason
         ``handshake-host-busy``) and a ``session-refused`` event with ``reason: "evicted"``
-        is emitted. ``peer`` may be "" when iroh cannot name it."""
+        is emitted. ``peer`` may be "" when the transport cannot name it."""
         if len(self._pending) >= self.limits.max_sessions:
             oldest = next(iter(self._pending))
             old_peer, old_evict = self._pending.pop(oldest)
@@ -176,22 +224,36 @@ class Admission:
         """Connections still waiting for their first stream."""
         return len(self._pending)
 
-    # ------------------------------------------------------------ session slots
+    # ------------------------------------------------------------ admission
     def open_session(self, token: int, peer: str, end: Callable[[str, str], None],
-                     alive: Callable[[], bool] = lambda: True, *, anonymous: bool = False) -> str | None:
+                     alive: Callable[[], bool] = lambda: True, *, anonymous: bool = False,
+                     name: str | None = None) -> str | None:
         """Take a session slot for the stream of connection ``token``.
 
-        Fair admission (issue 11): anonymous peers together hold at most
+        Fair admission (issues 11, 19): anonymous peers together hold at most
         ``anonymous_limit`` slots, so a pinned peer always finds one. When the slots a
-        newcomer may use are all taken, room is made, in this order: the oldest session
-        still in its handshake, if at least :data:`HANDSHAKE_GRACE_S` old, is ended with
-        ``handshake-host-busy`` (an honest handshake takes milliseconds; ``session-refused``
-        event, ``reason: "evicted"``), else the
-        READY anonymous session idle the longest — if idle for at least
-        ``evict_idle_after_s`` — is ended with ``session-evicted`` (``session-evicted``
-        event). A pinned peer's READY session is never evicted, an anonymous newcomer
-        only ever evicts anonymous sessions, and a key one of whose sessions was evicted
-        evicts none itself for :data:`EVICTED_KEY_PAUSE` × ``evict_idle_after_s``.
+        newcomer may use are all taken, room is made, in this order:
+
+        1. the oldest session still in its handshake, if at least
+           :data:`HANDSHAKE_GRACE_S` old, is ended with ``handshake-host-busy``
+           (``session-refused`` event, ``reason: "evicted"``);
+        2. a newcomer that holds no session yet (a pinned guest, or an anonymous key
+           with none) evicts a *quiet* anonymous session (no query answered for
+           ``quiet_after_s``, none in flight) of the anonymous key holding the most
+           sessions, its idlest one — at once, no timer to wait out;
+        3. any other newcomer evicts the READY anonymous session idle the longest, if
+           idle for at least ``evict_idle_after_s``.
+
+        Evictions end the session with ``session-evicted`` (``session-evicted`` event).
+        A pinned peer's session is never evicted, a session answering a query is never
+        evicted, an anonymous newcomer only ever evicts anonymous sessions, and a key one
+        of whose sessions was evicted evicts none itself for :data:`EVICTED_KEY_PAUSE` ×
+        ``evict_idle_after_s`` (evicted keys cannot evict each other into a loop).
+
+        Args:
+            end: ``(code, message)`` → ends this session now (see :class:`_Session`).
+            alive: False once the session is leaving on its own.
+            anonymous: the key is not in the registry; name: the registry name it has.
 
         Returns:
             None when a slot was taken (release it with :meth:`close_session`), else the
@@ -202,73 +264,251 @@ class Admission:
         """
         if self.cooldown_left(peer) > 0:
             return "handshake-too-many-failures"
-        if self.sessions_of(peer) >= self.limits.max_sessions_per_peer:
+        held = self.sessions_of(peer)
+        if held >= self.limits.max_sessions_per_peer:
             return "handshake-peer-busy"
-        # a key whose session was just evicted may not evict another one in turn: throw-away
-        # attackers would otherwise keep every anonymous slot young by evicting each other
-        evicts = not (anonymous and self.clock() - self._evicted.get(peer, -math.inf)
-                      < EVICTED_KEY_PAUSE * self.limits.evict_idle_after_s)
+        now = self.clock.monotonic()
+        paused = anonymous and now - self._evicted.get(peer, -math.inf) \
+            < EVICTED_KEY_PAUSE * self.limits.evict_idle_after_s
+        fresh = held == 0 and not paused
         if anonymous and self.anonymous_sessions >= self.limits.anonymous_limit \
-                and not self._make_room(anonymous_only=True, idle=evicts):
+                and not self._make_room(fresh=fresh, may_evict=not paused):
             return "handshake-host-busy"
-        if len(self._slots) >= self.limits.max_sessions and \
-                not self._make_room(anonymous_only=anonymous, idle=evicts):
+        if self.sessions >= self.limits.max_sessions and \
+                not self._make_room(fresh=fresh, may_evict=not paused, anonymous_only=anonymous):
             return "handshake-host-busy"
-        now = self.clock()
-        self._slots[token] = _Slot(peer=peer, end=end, alive=alive, anonymous=anonymous, last_active=now,
-                                   opened=now)
+        self._sessions[token] = _Session(peer=peer, end=end, alive=alive, anonymous=anonymous,
+                                         name=None if anonymous else name, opened=now, last_active=now)
         return None
 
-    def _make_room(self, *, anonymous_only: bool, idle: bool = True) -> bool:
-        return self._evict_oldest_handshake(anonymous_only) or (idle and self._evict_idlest(anonymous_only))
+    def _make_room(self, *, fresh: bool, may_evict: bool, anonymous_only: bool = True) -> bool:
+        if self._evict_oldest_handshake(anonymous_only):
+            return True
+        if not may_evict:
+            return False
+        if fresh and self._evict(self._quiet_victim()):
+            return True
+        return self._evict(self._idlest_victim())
+
+    def _evictable(self, s: _Session, idle_for: float) -> bool:
+        return (s.ready and s.anonymous and s.holds_slot and s.busy == 0 and s.alive()
+                and self.clock.monotonic() - s.last_active >= idle_for)
+
+    def _quiet_victim(self) -> int | None:
+        quiet = [(t, s) for t, s in self._sessions.items() if self._evictable(s, self.limits.quiet_after_s)]
+        if not quiet:
+            return None
+        held: dict[str, int] = {}
+        for s in self._sessions.values():
+            if s.holds_slot and s.anonymous:
+                held[s.peer] = held.get(s.peer, 0) + 1
+        # the key holding the most sessions gives one up; among its, the idlest
+        _n, _last, token = min((-held[s.peer], s.last_active, t) for t, s in quiet)
+        return token
+
+    def _idlest_victim(self) -> int | None:
+        idle = [(s.last_active, t) for t, s in self._sessions.items()
+                if self._evictable(s, self.limits.evict_idle_after_s)]
+        return min(idle)[1] if idle else None
+
+    def _evict(self, token: int | None) -> bool:
+        if token is None:
+            return False
+        s = self._sessions[token]
+        now = self.clock.monotonic()
+        idle_s = round(now - s.last_active, 3)
+        self.end(token, "session-evicted", "evicted: the host needed this idle anonymous session's slot",
+                 cause="evicted")
+        self._evicted.pop(s.peer, None)
+        self._evicted[s.peer] = now
+        while len(self._evicted) > MAX_FAILURE_KEYS:
+            self._evicted.pop(next(iter(self._evicted)))
+        self.on_event({"event": "session-evicted", "peer": s.peer, "code": "session-evicted", "idle_s": idle_s})
+        return True
 
     def _evict_oldest_handshake(self, anonymous_only: bool) -> bool:
-        now = self.clock()
-        for token, slot in list(self._slots.items()):
-            if slot.ready or slot.ended or not slot.alive() or (anonymous_only and not slot.anonymous):
+        now = self.clock.monotonic()
+        for token, s in list(self._sessions.items()):
+            if s.ready or not s.holds_slot or not s.alive() or (anonymous_only and not s.anonymous):
                 continue
-            if now - slot.opened < HANDSHAKE_GRACE_S:
+            if now - s.opened < HANDSHAKE_GRACE_S:
                 return False  # the oldest handshake is young (in order: so are the rest)
-            slot.ended = True
-            slot.end("handshake-host-busy", "evicted: the host is full and this handshake is the oldest")
-            self._release(token)
-            self.on_event({"event": "session-refused", "peer": slot.peer, "code": "handshake-host-busy",
+            self.end(token, "handshake-host-busy", "evicted: the host is full and this handshake is the oldest",
+                     cause="evicted")
+            self.on_event({"event": "session-refused", "peer": s.peer, "code": "handshake-host-busy",
                            "reason": "evicted"})
             return True
         return False
 
-    def _evict_idlest(self, anonymous_only: bool) -> bool:
-        now = self.clock()
-        idle = [(slot.last_active, token) for token, slot in self._slots.items()
-                if slot.ready and slot.anonymous and not slot.ended and slot.alive()
-                and now - slot.last_active >= self.limits.evict_idle_after_s]
-        if not idle:
+    # ------------------------------------------------------------ life of a session
+    def session_ready(self, token: int, session_id: str | None = None, pairing_code: str | None = None) -> bool:
+        """The session completed its handshake: its post reservation is kept for good.
+
+        Args:
+            session_id: its id (64 hex); pairing_code: the words both sides can compare
+                (:func:`node.trust.pairing.pairing_code`).
+
+        Returns:
+            True when its post is now used up here (``post_max_sessions`` reached).
+        """
+        s = self._sessions.get(token)
+        if s is None:
             return False
-        last_active, token = min(idle)
-        slot = self._slots[token]
-        slot.ended = True
-        slot.end("session-evicted", "evicted: the host needed this idle anonymous session's slot")
-        self._release(token)
-        self._evicted.pop(slot.peer, None)
-        self._evicted[slot.peer] = now
-        while len(self._evicted) > MAX_FAILURE_KEYS:
-            self._evicted.pop(next(iter(self._evicted)))
-        self.on_event({"event": "session-evicted", "peer": slot.peer, "code": "session-evicted",
-                       "idle_s": round(now - last_active, 3)})
+        s.ready = True
+        s.last_active = self.clock.monotonic()
+        s.session_id, s.since, s.pairing_code = session_id, self.clock.time(), pairing_code
+        limit = self.limits.post_max_sessions
+        return s.post is not None and limit is not None and self._claimed.get(s.post, 0) >= limit
+
+    def begin_query(self, token: int) -> None:
+        """A query of this session is being answered (it is not evictable meanwhile).
+        Safe from a hook's worker thread (one attribute update under the GIL)."""
+        s = self._sessions.get(token)
+        if s is not None:
+            s.busy += 1
+
+    def activity(self, token: int, status: str) -> None:
+        """The session answered one query with ``status`` (``ok``, ``rate-limited``, ...):
+        counted for the listing, and — unless ``rate-limited`` — the session is not idle
+        (a session kept alive by over-quota queries stays idle). Pairs with
+        :meth:`begin_query`. Safe from a hook's worker thread."""
+        s = self._sessions.get(token)
+        if s is None:
+            return
+        s.busy = max(0, s.busy - 1)
+        s.queries += 1
+        s.statuses[status] = s.statuses.get(status, 0) + 1
+        if status != "rate-limited":
+            s.last_active = self.clock.monotonic()
+
+    def end(self, token: int, code: str, message: str = "", *, cause: str = "revoked") -> bool:
+        """End session ``token`` now with ``code``: the one way a session is ended from
+        outside (eviction, revocation, the owner). Its slot is free at once; the
+        connection's own cleanup (:meth:`close_session`) still runs later.
+
+        Args:
+            cause: one of :data:`END_CAUSES`.
+
+        Returns:
+            False when that session is not running (already ended, or unknown).
+        """
+        s = self._sessions.get(token)
+        if s is None or not s.holds_slot:
+            return False
+        s.ended = Ended(code=code, cause=cause, at=self.clock.time(), ready=s.ready)
+        self._give_back(s)
+        s.end(code, message)
         return True
 
-    def note_activity(self, token: int) -> None:
-        """The session answered a query (not ``rate-limited``): it is not idle. Safe to
-        call from a hook's worker thread (one attribute store)."""
-        slot = self._slots.get(token)
-        if slot is not None:
-            slot.last_active = self.clock()
+    def ended(self, token: int) -> Ended | None:
+        """How the table ended session ``token``, or None (it was not ended from outside)."""
+        s = self._sessions.get(token)
+        return s.ended if s is not None else None
 
+    def close_session(self, token: int) -> None:
+        """The session's connection is done (any way): its slot is free again and a post
+        reservation of a session that never became ready is given back. Idempotent."""
+        s = self._sessions.pop(token, None)
+        if s is not None and s.holds_slot:
+            self._give_back(s)
+
+    def _give_back(self, s: _Session) -> None:
+        if s.post is not None and not s.ready:
+            self._claimed[s.post] -= 1
+            s.post = None
+
+    # ------------------------------------------------------------ revocation and the owner
+    def end_sessions(self, peer: str, code: str = "session-revoked", *, handshake_code: str | None = None,
+                     admitted_as: str | None = None, message: str = "the host revoked this peer") -> int:
+        """End every live session of ``peer`` now (specs/peers.md §5).
+
+        A ready session is told ``_error code``; one still in its handshake gets
+        ``_session_reject handshake_code`` (default: ``code``).
+
+        Args:
+            admitted_as: end only the sessions admitted under this registry name (a
+                removed peer's sessions admitted anonymously after the change stay);
+                None = all of them (a block).
+
+        Returns:
+            How many sessions were ended.
+        """
+        n = 0
+        for token, s in list(self._sessions.items()):
+            if s.peer != peer or not s.holds_slot or not s.alive():
+                continue
+            if admitted_as is not None and s.name != admitted_as:
+                continue
+            sent = code if s.ready else (handshake_code or code)
+            n += self.end(token, sent, message, cause="revoked")
+        return n
+
+    def end_session(self, session_id: str, code: str, message: str) -> bool:
+        """End the ready session ``session_id`` now (the owner's ``kith sessions end``).
+        Returns False when no such session is running."""
+        for token, s in self._sessions.items():
+            if s.session_id == session_id and s.holds_slot and s.alive():
+                return self.end(token, code, message, cause="owner")
+        return False
+
+    def rename(self, token: int, name: str | None) -> None:
+        """The key of session ``token`` is pinned under ``name`` now (or unpinned: None):
+        the listing and later revocations follow it. An anonymous session keeps its
+        anonymous slot accounting (it was admitted into the anonymous share)."""
+        s = self._sessions.get(token)
+        if s is not None:
+            s.name = name
+
+    def tokens_of(self, peer: str) -> list[int]:
+        """Tokens of the live sessions of ``peer``."""
+        return [t for t, s in self._sessions.items() if s.peer == peer and s.holds_slot]
+
+    def listing(self) -> list[dict[str, Any]]:
+        """The ready sessions still running, oldest first: ``[{"id", "peer": {"name",
+        "key"}, "tier" ("pinned" | "anonymous"), "since" (RFC 3339), "queries",
+        "statuses", "safetyCode"}]`` (the control channel's shape, specs/control.md)."""
+        out = []
+        for s in self._sessions.values():
+            if s.session_id is None or not s.holds_slot or not s.alive():
+                continue
+            row: dict[str, Any] = {"id": s.session_id, "peer": {"name": s.name, "key": s.peer},
+                                   "tier": "pinned" if s.name is not None else "anonymous",
+                                   "since": rfc3339(s.since if s.since is not None else self.clock.time()),
+                                   "queries": s.queries, "statuses": dict(s.statuses)}
+            if s.pairing_code:
+                row["safetyCode"] = s.pairing_code
+            out.append(row)
+        return out
+
+    def peers(self) -> dict[str, set[str | None]]:
+        """Live peer key → the registry names its sessions were admitted under."""
+        out: dict[str, set[str | None]] = {}
+        for s in self._sessions.values():
+            if s.holds_slot:
+                out.setdefault(s.peer, set()).add(s.name)
+        return out
+
+    # ------------------------------------------------------------ counts
     @property
     def anonymous_sessions(self) -> int:
         """Slots anonymous peers hold now."""
-        return sum(1 for s in self._slots.values() if s.anonymous)
+        return sum(1 for s in self._sessions.values() if s.anonymous and s.holds_slot)
 
+    def sessions_of(self, peer: str) -> int:
+        """Slots ``peer`` holds now."""
+        return sum(1 for s in self._sessions.values() if s.peer == peer and s.holds_slot)
+
+    @property
+    def sessions(self) -> int:
+        """Slots taken now (sessions handshaking or ready)."""
+        return sum(1 for s in self._sessions.values() if s.holds_slot)
+
+    @property
+    def connections(self) -> int:
+        """Sessions whose connection has not finished its cleanup yet (ended ones too)."""
+        return len(self._sessions)
+
+    # ------------------------------------------------------------ post uses
     def claim_post(self, token: int, post_id: str) -> bool:
         """Reserve one use of ``post_id`` for this session (its ``_session_init`` named it).
 
@@ -276,86 +516,29 @@ class Admission:
         here (``post_max_sessions``): the host enforces the use count itself, not only
         the community server, and concurrent handshakes cannot overshoot it.
         """
-        slot = self._slots.get(token)
-        if slot is None or slot.post is not None:
+        s = self._sessions.get(token)
+        if s is None or s.post is not None or not s.holds_slot:
             return False
         limit = self.limits.post_max_sessions
         if limit is not None and self._claimed.get(post_id, 0) >= limit:
             return False
         self._claimed[post_id] = self._claimed.get(post_id, 0) + 1
-        slot.post = post_id
+        s.post = post_id
         return True
-
-    def reserved_post(self, token: int) -> str | None:
-        """The post this session reserved, or None."""
-        slot = self._slots.get(token)
-        return slot.post if slot is not None else None
-
-    def session_ready(self, token: int) -> bool:
-        """The session completed its handshake: its reservation is kept for good.
-
-        Returns:
-            True when its post is now used up here (``post_max_sessions`` reached).
-        """
-        slot = self._slots.get(token)
-        if slot is None:
-            return False
-        slot.ready = True
-        slot.last_active = self.clock()
-        limit = self.limits.post_max_sessions
-        return slot.post is not None and limit is not None and self._claimed.get(slot.post, 0) >= limit
-
-    def close_session(self, token: int) -> None:
-        """The session ended (any way): its slot is free again, and a post reservation of a
-        session that never became ready is given back. Idempotent."""
-        self._release(token)
-
-    def _release(self, token: int) -> None:
-        slot = self._slots.pop(token, None)
-        if slot is not None and slot.post is not None and not slot.ready:
-            self._claimed[slot.post] -= 1
-
-    def end_sessions(self, peer: str, code: str, message: str = "") -> int:
-        """End every live session (handshaking or ready) of ``peer`` with ``code`` (e.g.
-        a revocation). Returns how many were ended; their slots are free at once."""
-        ended = 0
-        for token, slot in list(self._slots.items()):
-            if slot.peer != peer or slot.ended:
-                continue
-            slot.ended = True
-            slot.end(code, message)
-            self._release(token)
-            ended += 1
-        return ended
-
-    def sessions_of(self, peer: str) -> int:
-        """Slots ``peer`` holds now."""
-        return sum(1 for s in self._slots.values() if s.peer == peer)
-
-    @property
-    def sessions(self) -> int:
-        """Slots taken now (sessions handshaking or ready)."""
-        return len(self._slots)
 
     def claimed(self, post_id: str) -> int:
         """Uses of ``post_id`` reserved or kept now."""
         return self._claimed.get(post_id, 0)
 
     # ------------------------------------------------------------ failed handshakes
-    def record_failure(self, peer: str, post_id: str, code: str) -> str | None:
-        """A handshake of ``peer`` that named the live post ``post_id`` ended with ``code``.
-
-        Counts it when ``code`` is in :data:`FAILURE_CODES`: the key's ``max_failures``-th
-        failure starts its cool-down (and resets its count); with ``retire_on_failures``,
-        the post's ``max_failures``-th failure (from any keys) retires it.
-
-        Returns:
-            ``post_id`` when this failure retired it (the host withdraws and replaces it
-            with a server, or stops accepting in file mode), else None.
-        """
-        if code not in FAILURE_CODES:
-            return None
-        now = self.clock()
+    def record_failure(self, peer: str, code: str) -> None:
+        """A handshake of ``peer`` that named a live post ended with ``code``: when
+        :func:`is_failure`, it counts, and the key's ``max_failures``-th failure starts its
+        cool-down (and resets its count). (A post's own failure cap is
+        :meth:`node.runtime.posts.Posts.record_failure`.)"""
+        if not is_failure(code):
+            return
+        now = self.clock.monotonic()
         count, until = self._failures.pop(peer, (0, 0.0))
         count += 1
         if count >= self.limits.max_failures:
@@ -363,29 +546,23 @@ class Admission:
         self._failures[peer] = (count, until)  # most recently failing last
         while len(self._failures) > MAX_FAILURE_KEYS:
             self._failures.pop(next(iter(self._failures)))
-        if not self.limits.retire_on_failures or post_id in self._retired:
-            return None
-        self._post_failures[post_id] = self._post_failures.get(post_id, 0) + 1
-        if self._post_failures[post_id] >= self.limits.max_failures:
-            self._retired.add(post_id)
-            return post_id
-        return None
 
     def cooldown_left(self, peer: str) -> float:
         """Seconds ``peer`` is still refused for failed handshakes (0 = none)."""
         _count, until = self._failures.get(peer, (0, 0.0))
-        return max(0.0, until - self.clock())
+        return max(0.0, until - self.clock.monotonic())
 
     def succeeded(self, peer: str) -> None:
         """``peer`` completed a handshake: its failure count starts again from 0 (a
         cool-down in force is not lifted; it could not have got this far)."""
         count, until = self._failures.get(peer, (0, 0.0))
-        if count and until <= self.clock():
+        if count and until <= self.clock.monotonic():
             del self._failures[peer]
 
-    def retired(self, post_id: str) -> bool:
-        """``post_id`` collected ``max_failures`` failed handshakes and is not honoured."""
-        return post_id in self._retired
+    @property
+    def failure_keys(self) -> int:
+        """Keys whose failures are remembered now (≤ :data:`MAX_FAILURE_KEYS`)."""
+        return len(self._failures)
 
     # ------------------------------------------------------------ the predicate
     @staticmethod
@@ -406,38 +583,43 @@ class Admission:
 
 
 class ActivityTracked:
-    """A knowledge handle that tells :class:`Admission` when it answered a query: every
-    ``search`` whose status is not ``rate-limited`` calls ``note()`` (a rate-limited
-    answer is not activity, so a session kept alive by over-quota queries stays idle), and
-    every ``search`` calls ``count(status)`` when given.
-    Other attributes pass through to ``inner``."""
+    """A knowledge handle that tells the session table about each query it answers:
+    ``begin()`` before every ``search``, ``done(status)`` after it (the status is
+    ``"error"`` when the search raised). Other attributes pass through to ``inner``.
 
-    def __init__(self, inner: Any, note: Callable[[], None],
-                 count: Callable[[str], None] | None = None) -> None:
+    Args:
+        inner: the peer's :class:`node.answer.service.Knowledge`.
+        begin / done: :meth:`SessionTable.begin_query` / :meth:`SessionTable.activity`
+            bound to the session's token.
+    """
+
+    def __init__(self, inner: Any, begin: Callable[[], None], done: Callable[[str], None]) -> None:
         self._inner = inner
-        self._note = note
-        self._count = count
+        self._begin = begin
+        self._done = done
 
     def search(self, request: dict[str, Any]) -> dict[str, Any]:
-        """``inner.search(request)``; see :meth:`node.answer.service.Knowledge.search`.
-        ``count(status)`` (when given) is told every answer's status (the owner's per-session
-        counts, :meth:`node.runtime.revocation.LiveSessions.count`)."""
-        result = self._inner.search(request)
-        status = result.get("status") if isinstance(result, dict) else None
-        if status != "rate-limited":
-            self._note()
-        if self._count is not None:
-            self._count(str(status or "unknown")[:64])
-        return result
+        """``inner.search(request)``; see :meth:`node.answer.service.Knowledge.search`."""
+        self._begin()
+        status = "error"
+        try:
+            result = self._inner.search(request)
+            got = result.get("status") if isinstance(result, dict) else None
+            status = str(got or "unknown")[:64]
+            return result
+        finally:
+            self._done(status)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
 
 def admission(registry: Any, peers_only: bool) -> Callable[[str, dict[str, Any]], bool]:
-    """The host's ``HostConfig.admit``: :meth:`Admission.admits` bound to ``registry``."""
-    return lambda key, profile: Admission.admits(registry, peers_only, key, profile)
+    """The host's ``HostConfig.admit``: :meth:`SessionTable.admits` bound to ``registry``."""
+    return lambda key, profile: SessionTable.admits(registry, peers_only, key, profile)
 
 
-__all__ = ["ActivityTracked", "Admission", "AdmissionLimits", "ANONYMOUS_SHARE", "EVICT_IDLE_AFTER_S",
-           "FAILURE_CODES", "HANDSHAKE_GRACE_S", "FAILURE_COOLDOWN_S", "MAX_FAILED_HANDSHAKES", "MAX_CONCURRENT_SESSIONS", "MAX_SESSIONS_PER_PEER", "admission"]
+__all__ = ["ActivityTracked", "AdmissionLimits", "ANONYMOUS_SHARE", "END_CAUSES", "EVICT_IDLE_AFTER_S",
+           "EVICTED_KEY_PAUSE", "Ended", "FAILURE_CODES", "FAILURE_COOLDOWN_S", "HANDSHAKE_GRACE_S",
+           "MAX_CONCURRENT_SESSIONS", "MAX_FAILED_HANDSHAKES", "MAX_SESSIONS_PER_PEER", "QUIET_AFTER_S",
+           "SessionTable", "admission", "is_failure"]
