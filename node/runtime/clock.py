@@ -52,16 +52,17 @@ class ManualClock:
     """A clock that moves only when told to (tests, ``kith protocol test``).
 
     Args:
-        start: the Unix time it reads first (s); its monotonic reading starts at 1000.
+        start: the Unix time it reads first (s; default: now, so invitations made with
+            the real clock are not expired on it); its monotonic reading starts at 1000.
 
     :meth:`sleep` waits until :meth:`advance` (or :meth:`jump_wall`, which moves only the
     wall reading) has moved the monotonic reading past its deadline. Call :meth:`advance`
     from the event loop the sleepers run in.
     """
 
-    def __init__(self, start: float = 1_800_000_000.0) -> None:
+    def __init__(self, start: float | None = None) -> None:
         self._mono = 1000.0
-        self._wall = float(start)
+        self._wall = _time.time() if start is None else float(start)
         self._sleepers: list[tuple[float, anyio.Event]] = []
 
     def monotonic(self) -> float:
