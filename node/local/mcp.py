@@ -43,9 +43,6 @@ from node.common.errors import CorpusError, KithError
 #: Seconds a peer search may take end to end (connect + handshake + one answer).
 PEER_TIMEOUT_S = 30.0
 
-#: Seconds a ``peers`` fan-out may take (one deadline for all of them).
-PEERS_TIMEOUT_S = 30.0
-
 TOOL_DESCRIPTION = (
     "Search indexed knowledge (read-only). Without 'peer' it searches this node's own "
     "corpus; with 'peer' (a pinned peer's name, an invitation file, invitation JSON, or a "
@@ -148,34 +145,6 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
     if msg is None:
         raise CorpusError("peer-search-failed", "the peer gave no answer (timeout)")
     return {"status": str(msg.get("status")), "envelope": msg.get("envelope")}
-
-
-async def peers_search(home: Path, peers: list[str] | str, body: dict[str, Any], *, local: bool = False,
-                       timeout_s: float = PEERS_TIMEOUT_S, pool: Any = None) -> dict[str, Any]:
-    """Ask several pinned peers (names, or ``"all"``: every pinned, unblocked one) one
-    question at once (:func:`node.runtime.fanout.fan_out`).
-
-    Returns:
-        The merged envelope (``specs/ask.schema.json``).
-
-    Raises:
-        UsageError: ``ask-too-many-peers``.
-    """
-    from node.runtime.fanout import fan_out
-    from node.runtime.pool import SessionPool
-    from node.trust.identity import load_identity
-    from node.trust.peers import PeerRegistry
-
-    if peers == "all":
-        reg = PeerRegistry.load(home)
-        names = sorted(n for n, r in reg.peers.items() if not reg.is_blocked(r.public_key))
-    else:
-        names = list(peers)
-    request = {**body, "topK": body.get("topK", 5)}
-    if pool is not None:
-        return await fan_out(pool, request, names, timeout_s=timeout_s)
-    async with SessionPool(home, load_identity(home), local=local) as own:
-        return await fan_out(own, request, names, timeout_s=timeout_s)
 
 
 def input_schema() -> dict[str, Any]:
@@ -290,6 +259,8 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
         except CorpusError as exc:
             return _invalid(exc.message)
         try:
+            from node.runtime.fanout import peers_search
+
             merged = await peers_search(home, peers, args, local=local, pool=pool)
         except KithError as exc:
             return _refusal(exc.code, exc.message)

@@ -38,6 +38,9 @@ RRF_K = 60
 #: Default and largest shared deadline, seconds.
 DEFAULT_TIMEOUT_S = 10.0
 MAX_TIMEOUT_S = 120.0
+#: Seconds a ``peers`` search (MCP ``search``, local API ``POST /search``) may take: one
+#: deadline for all of them.
+PEERS_TIMEOUT_S = 30.0
 #: The per-peer statuses (specs/ask.md §3).
 STATUSES = ("ok", "no-verified-results", "pending-approval", "rate-limited", "peer-timeout",
             "unreachable", "refused")
@@ -323,6 +326,33 @@ def build_envelope(request: dict[str, Any], rows: list[PeerRow], answers: dict[i
             "answered": answered, "complete": not missing,
             "missing": missing, "fusion": {"method": "rrf", "k": RRF_K, "on": "rank"},
             "notice": UNTRUSTED_NOTICE, "results": results, "peers": [r.to_dict() for r in rows]}
+
+
+async def peers_search(home: Path, peers: list[str] | str, body: dict[str, Any], *, local: bool = False,
+                       timeout_s: float = PEERS_TIMEOUT_S, pool: Any = None) -> dict[str, Any]:
+    """Ask several pinned peers (names, or ``"all"``: every pinned, unblocked one) one
+    question at once (:func:`fan_out`).
+
+    Returns:
+        The merged envelope (``specs/ask.schema.json``).
+
+    Raises:
+        UsageError: ``ask-too-many-peers``.
+    """
+    from node.runtime.pool import SessionPool
+    from node.trust.identity import load_identity
+    from node.trust.peers import PeerRegistry
+
+    if peers == "all":
+        reg = PeerRegistry.load(home)
+        names = sorted(n for n, r in reg.peers.items() if not reg.is_blocked(r.public_key))
+    else:
+        names = list(peers)
+    request = {**body, "topK": body.get("topK", 5)}
+    if pool is not None:
+        return await fan_out(pool, request, names, timeout_s=timeout_s)
+    async with SessionPool(home, load_identity(home), local=local) as own:
+        return await fan_out(own, request, names, timeout_s=timeout_s)
 
 
 def local_searcher(home: Path) -> Callable[[dict[str, Any]], dict[str, Any]]:

@@ -46,7 +46,7 @@ from starlette.staticfiles import StaticFiles
 
 from node.common.errors import CorpusError, KithError
 from node.common.http import base_url_of, bind_socket, is_loopback, read_body, serve_app_in_thread, serve_forever
-from node.local.api import CorpusHolder
+from node.answer.holder import CorpusHolder
 from node.local.dashboard.guard import COOKIE, SECURITY_HEADERS, Door, Guard, refusal_page
 
 log = logging.getLogger("kith.dashboard")
