@@ -27,7 +27,8 @@ from node.cli.common import untrusted_console as console
 from node.common.errors import CommunityError, ConfigError, UsageError
 from node.common.http import base_url_of, bind_socket, is_loopback, parse_trust_proxy, serve_forever
 from node.community.ratelimit import RateLimit, RateLimits
-from node.community.server import DEFAULT_LEASE_TTL_S, DEFAULT_PORT, create_app
+from node.community.defaults import DEFAULT_LEASE_TTL_S, DEFAULT_PORT
+from node.community.server import create_app
 from node.community.store import (
     DEFAULT_POOL_SIZE,
     CommunityStore,
