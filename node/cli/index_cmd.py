@@ -478,9 +478,10 @@ def search_cmd(
         if not json_out:
             raise exc
         emit_json(envelope)
-        err_console.print(f"[red]error[/red] {escape(f'[{exc.code}]')}: {escape(exc.message)}",
-                          highlight=False, soft_wrap=True)
-        raise SystemExit(1)  # the envelope is stdout's only JSON document
+        from node.cli.main import print_error
+
+        print_error(exc)  # text only: the envelope is stdout's one JSON document
+        raise SystemExit(1)
     if json_out:
         emit_json(envelope)
         return
