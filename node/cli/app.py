@@ -12,7 +12,6 @@ command is ever skipped.
 from __future__ import annotations
 
 from collections.abc import Iterator, MutableMapping
-from importlib import import_module
 from typing import Any, NamedTuple, Optional
 
 import typer
@@ -61,7 +60,9 @@ def load(entry: Entry) -> Any:
         ImportError: the module cannot be imported (never skipped).
         AttributeError: the module has no ``entry.attr``.
     """
-    target = getattr(import_module(entry.module), entry.attr)
+    # __import__, not importlib.import_module: the import statement's path, which
+    # ``python -X importtime`` reports (tests/test_cli_startup.py reads it)
+    target = getattr(__import__(entry.module, fromlist=[entry.attr]), entry.attr)
     holder = typer.Typer(rich_markup_mode=None, pretty_exceptions_enable=False, add_completion=False)
     if isinstance(target, typer.Typer):
         holder.add_typer(target, name=entry.name)
