@@ -18,14 +18,11 @@ if TYPE_CHECKING:
 
 
 def version_text() -> str:
-    """``kith <version> (Python <version>)``: the installed kith-node's version."""
-    from importlib.metadata import PackageNotFoundError, version
+    """``kith <version> (Python <version>)``: the version of this code
+    (``node.__version__``, the one the package is built with: pyproject.toml reads it)."""
+    import node
 
-    try:
-        ver = version("kith-node")
-    except PackageNotFoundError:  # pragma: no cover - run from a checkout without install
-        ver = "unknown (not installed)"
-    return f"kith {ver} (Python {sys.version.split()[0]})"
+    return f"kith {node.__version__} (Python {sys.version.split()[0]})"
 
 
 def __getattr__(name: str) -> Any:
