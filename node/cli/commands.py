@@ -13,6 +13,7 @@ import typer
 
 from node.cli.common import console, emit_json, err_console, home_of, identity_home_of, safe_text, warn
 from node.cli.render import CONNECTING_NOTICE_S, Waiting, print_answer
+from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import CODES, InvitationError, KithError, SessionAborted, SpecError, UsageError, error_for
 
 protocol_app = typer.Typer(help="Work with protocol folders (spec.json + hooks.py).", no_args_is_help=True)
@@ -266,7 +267,7 @@ def join_cmd(
     local: bool = typer.Option(False, "--local", envvar="KITH_OFFLINE", help="iroh local mode: relay disabled, loopback bind, offline."),
     trust: bool = typer.Option(False, "--trust", help="Trust an unknown host key without asking."),
     query: list[str] = typer.Option([], "--query", "-q", help="Ask this question (repeatable); without it, an interactive prompt."),
-    top_k: int = typer.Option(5, "--top-k", min=1, max=20, help="Results per question (1-20)."),
+    top_k: int = typer.Option(TOP_K_DEFAULT, "--top-k", min=1, max=20, help="Results per question (1-20)."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object per line: each results message."),
     pin: Optional[str] = typer.Option(None, "--pin", metavar="NAME", help="After a successful session, pin the host in the peer registry as NAME (a name pinned to another key is refused)."),
     accept_host_ui: bool = typer.Option(False, "--accept-host-ui", help="Advertise p2p_ui_v1: accept the host's UI bundle when this protocol has no local ui/ (verified, installed per session under the home)."),

@@ -26,11 +26,12 @@ def version_text() -> str:
 
 
 def __getattr__(name: str) -> Any:
-    """``node.cli.main.app``: the Typer app (:mod:`node.cli.app`), imported on first use."""
-    if name == "app":
-        from node.cli.app import app
+    """``node.cli.main.app`` (the Typer app) and ``_root`` (its global-options callback)
+    live in :mod:`node.cli.app`, imported on first use."""
+    if name in ("app", "_root"):
+        from node.cli import app as app_module
 
-        return app
+        return getattr(app_module, name)
     raise AttributeError(name)
 
 

@@ -57,7 +57,11 @@ TOOL_DESCRIPTION = (
 )
 
 
-def _local(home: Path, body: dict[str, Any]) -> dict[str, Any]:
+def _local(home: Path, body: dict[str, Any], holder: Any = None) -> dict[str, Any]:
+    """The owner's own answer: from ``holder``'s open corpus (the server's one, kept for
+    its lifetime), or from a corpus opened for this call alone when there is none."""
+    if holder is not None:
+        return answer_local(holder.get(), body)
     from node.corpus.store import Corpus
 
     corpus = Corpus(home, readonly=True)
@@ -126,7 +130,7 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
             raise HandshakeError("ask-peer-blocked", f"{target.pinned_name!r} is blocked")
     # everything travels in the query message (dedupe and remainingBudgetMs included: the
     # host's answer service applies them)
-    request = {**body, "topK": body.get("topK", 5)}
+    request = {**body, "topK": body.get("topK", contract.TOP_K_DEFAULT)}
 
     async def run(p: Any) -> Any:
         with anyio.move_on_after(timeout_s):
@@ -151,11 +155,7 @@ def input_schema() -> dict[str, Any]:
     """The tool's JSON input schema: the local API's ``SearchRequest`` (strict: ``topK``
     an integer 1–20, no other keys) plus ``peer`` (a non-empty string — invitation file,
     invitation JSON or ``post_id`` — or an invitation object) and ``server`` (a URL)."""
-    import copy
-
-    from node.local.api import openapi_document
-
-    schema = copy.deepcopy(openapi_document()["components"]["schemas"]["SearchRequest"])
+    schema = contract.core_schema()  # the API's SearchRequest (node/local/api.py uses the same)
     schema["properties"]["peer"] = {
         "description": "Search a joined, pinned peer: an invitation file, invitation JSON "
                        "(a string or an object) or a post_id (with 'server').",
@@ -175,7 +175,7 @@ def input_schema() -> dict[str, Any]:
 _Filter = list[str] | str | None
 
 
-def _signature(query: str, topK: int = env_mod.TOP_K_DEFAULT,  # noqa: N803
+def _signature(query: str, topK: int = contract.TOP_K_DEFAULT,  # noqa: N803
                tags: _Filter = None, project: _Filter = None, sourceSets: _Filter = None,  # noqa: N803
                lifecycle: _Filter = None, workType: _Filter = None, date: _Filter = None,  # noqa: N803
                dateRange: dict[str, str] | None = None, sources: _Filter = None,  # noqa: N803
@@ -225,7 +225,8 @@ def _invalid(message: str) -> Any:
     return _refusal("query-invalid", message, env_mod.empty_envelope("invalid-request"))
 
 
-async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = False, pool: Any = None) -> Any:
+async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = False, pool: Any = None,
+                      holder: Any = None) -> Any:
     """Run one ``search`` tool call on the raw (JSON-decoded) ``arguments``.
 
     Validation is the local API's (:func:`node.answer.contract.validate`, the one request
@@ -234,6 +235,8 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     arguments refused), plus ``peer`` (non-empty string or invitation object) and
     ``server`` (string, only with ``peer``), ``peers`` (:func:`node.runtime.fanout.check_peers_field`; not
     with ``peer``). ``pool``: the server's warm session pool (None: one per call).
+    ``holder``: the server's open corpus (:class:`node.answer.holder.CorpusHolder`; None:
+    the corpus is opened for this call).
 
     Returns:
         A ``CallToolResult``: the envelope as structured content, or ``is_error`` true
@@ -270,7 +273,7 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     if peer is None:
         if server is not None:
             return _invalid("The field 'server' is only used with 'peer'.")
-        answer = await anyio.to_thread.run_sync(_local, home, args)
+        answer = await anyio.to_thread.run_sync(_local, home, args, holder)
         if answer["status"] == "invalid-request":
             err = answer.get("error") or {}
             return _refusal(str(err.get("code") or "query-invalid"),
@@ -330,9 +333,13 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
             return {"arguments": self.pre_parse_json(dict(arguments_to_validate))}
 
     pools: list[Any] = []  # the server's one warm pool while it runs (its lifespan)
+    from node.answer.holder import CorpusHolder
+
+    holder = CorpusHolder(home)  # one open corpus for every local search of this server
 
     async def search(arguments: dict[str, Any]) -> Any:
-        return await call_search(home, arguments, local=local, pool=pools[0] if pools else None)
+        return await call_search(home, arguments, local=local, pool=pools[0] if pools else None,
+                                 holder=holder)
 
     from contextlib import asynccontextmanager
 
@@ -341,15 +348,18 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
         from node.runtime.pool import SessionPool
         from node.trust.identity import key_path, load_identity
 
-        if not key_path(home).is_file():  # no identity yet: nothing is created at start-up
-            yield {}
-            return
-        async with SessionPool(home, load_identity(home), local=local) as pool:
-            pools.append(pool)
-            try:
+        try:
+            if not key_path(home).is_file():  # no identity yet: nothing is created at start-up
                 yield {}
-            finally:
-                pools.clear()
+                return
+            async with SessionPool(home, load_identity(home), local=local) as pool:
+                pools.append(pool)
+                try:
+                    yield {}
+                finally:
+                    pools.clear()
+        finally:
+            holder.close()
 
     base = Tool.from_function(
         _signature, name="search", description=TOOL_DESCRIPTION,
