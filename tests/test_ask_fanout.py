@@ -585,3 +585,28 @@ def test_kith_ask_local_row_name_cannot_collide_with_a_peer_named_local(tmp_path
     r = subprocess.run([*KITH, "--home", str(home), "ask", "anything", "--peer", "local", "--local", "--offline"],
                        capture_output=True, text=True, env=ENV, timeout=120)
     assert r.returncode == 2 and "--local" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_local_row_keeps_one_open_corpus_that_sees_a_later_sync(tmp_path):
+    """`local_searcher` answers every search from one open corpus (not one per search), and
+    that corpus still sees what a sync wrote after it was opened — also when the home had no
+    corpus at all when the first search ran."""
+    home, kb = tmp_path / "home", tmp_path / "kb"
+    kb.mkdir()
+    search = local_searcher(home)
+    try:
+        first = search({"query": "staging server", "topK": 5})
+        assert first["envelope"]["results"] == []  # no corpus yet: an empty answer, no error
+        (kb / "a.md").write_text("# Notes\n\nThe staging server is rebuilt nightly.\n")
+        with Corpus(home) as c:
+            c.add_root(kb)
+            c.sync()
+        second = search({"query": "staging server", "topK": 5})
+        assert [r["source"] for r in second["envelope"]["results"]] == ["/kb/a.md"]
+        (kb / "b.md").write_text("# More\n\nThe staging server keeps its logs for a week.\n")
+        with Corpus(home) as c:
+            c.sync()
+        third = search({"query": "staging server logs", "topK": 5})
+        assert "/kb/b.md" in [r["source"] for r in third["envelope"]["results"]]
+    finally:
+        search.close()

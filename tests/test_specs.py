@@ -43,6 +43,7 @@ from node.trust.signing import (  # noqa: E402
     sha256_hex,
     transport_binding_payload,
 )
+from node.common.errors import SpecError  # noqa: E402
 from node.protocol.spec import load_spec, parse_spec  # noqa: E402
 
 SPECS = REPO / "specs"
@@ -451,6 +452,34 @@ def test_shipped_protocols_validate_against_meta_schema(spec_path):
     schema = _schema("protocol-spec.schema.json")
     assert _errors(schema, json.loads(spec_path.read_text("utf-8"))) == []
     load_spec(spec_path.parent)  # and the loader's extra rules hold
+
+
+def test_verified_protocol_ids_are_exactly_the_shipped_specs_that_pass_every_check():
+    """``VERIFIED_PROTOCOL_IDS`` (the specs ``parse_spec`` loads without jsonschema) holds
+    the id of every shipped spec, and each passes the full checks: with the set emptied
+    the same specs load to the same ids."""
+    from node.protocol import spec as spec_mod
+
+    ids = {}
+    for path in sorted(PROTOCOLS.glob("*/spec.json")):
+        raw = json.loads(path.read_text("utf-8"))
+        VALIDATOR(spec_mod.META_SCHEMA).validate(raw)
+        for m in raw["messages"].values():
+            VALIDATOR.check_schema(m["schema"])
+        ids[path.parent.name] = load_spec(path.parent).protocol_id
+    assert set(ids.values()) == spec_mod.VERIFIED_PROTOCOL_IDS, (
+        f"update node/protocol/spec.py VERIFIED_PROTOCOL_IDS to {sorted(ids.values())}")
+
+
+def test_a_spec_not_in_the_verified_set_gets_the_jsonschema_checks():
+    raw = json.loads((PROTOCOLS / "echo" / "spec.json").read_text("utf-8"))
+    raw["messages"]["echo"]["schema"]["properties"]["text"]["maxLength"] = -1  # not a valid schema
+    with pytest.raises(SpecError, match="is not valid"):
+        parse_spec(raw, origin="echo/spec.json")
+    raw = json.loads((PROTOCOLS / "echo" / "spec.json").read_text("utf-8"))
+    raw["surprise"] = 1  # the meta-schema refuses unknown top-level keys
+    with pytest.raises(SpecError, match="at \\(top level\\)"):
+        parse_spec(raw, origin="echo/spec.json")
 
 
 def test_there_are_shipped_protocols():

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import typer
 
+from node.answer.contract import TOP_K_DEFAULT
 from node.cli.common import console, emit_json, err_console, identity_home_of, safe_text
 
 
@@ -65,7 +66,7 @@ def ask_cmd(
     peer: list[str] = typer.Option([], "--peer", "-p", metavar="NAME", help="A pinned peer to ask (repeatable; `kith peers list`)."),
     all_peers: bool = typer.Option(False, "--all-peers", help="Ask every pinned, unblocked peer."),
     local_corpus: bool = typer.Option(False, "--local", help="Search this node's own corpus too."),
-    top_k: int = typer.Option(5, "--top-k", min=1, max=20, help="Merged results to keep (1-20); each peer is asked for as many."),
+    top_k: int = typer.Option(TOP_K_DEFAULT, "--top-k", min=1, max=20, help="Merged results to keep (1-20); each peer is asked for as many."),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, max=120.0, metavar="SECONDS", help="One deadline for every peer; the answer comes then with what arrived."),
     offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help="iroh local mode: relay disabled, loopback bind."),
     json_out: bool = typer.Option(False, "--json", help="Print the merged envelope (specs/ask.schema.json) as JSON."),

@@ -1,5 +1,5 @@
 """``kith browse`` and ``kith feedback``: find live invitations, rate a session
-(DESIGN §12; ``specs/community-api.md``). Registered by :func:`node.cli.main._register`."""
+(DESIGN §12; ``specs/community-api.md``). Registered in :data:`node.cli.app.COMMANDS`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Core commands: ``init``, ``host``, ``join``, ``protocol test`` (registered on import)."""
+"""Core commands: ``init``, ``host``, ``join``, ``protocol test`` / ``protocol id``
+(registered in :data:`node.cli.app.COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,13 @@ import typer
 
 from node.cli.common import console, emit_json, err_console, home_of, identity_home_of, safe_text, warn
 from node.cli.render import CONNECTING_NOTICE_S, Waiting, print_answer
-from node.cli.main import app
+from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import CODES, InvitationError, KithError, SessionAborted, SpecError, UsageError, error_for
 
 protocol_app = typer.Typer(help="Work with protocol folders (spec.json + hooks.py).", no_args_is_help=True)
-app.add_typer(protocol_app, name="protocol")
 
 
 # ----------------------------------------------------------------------------- init
-@app.command("init")
 def init_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Create this node's Ed25519 identity (its public key is the iroh endpoint id).
 
@@ -54,7 +53,6 @@ def _redacted_log_handler(home: Path) -> None:
     logging.getLogger("kith").addHandler(handler)
 
 
-@app.command("host")
 def host_cmd(
     ctx: typer.Context,
     protocol: str = typer.Option("knowledge-query", "--protocol", help="Protocol to serve."),
@@ -253,23 +251,15 @@ def _exit_now(exc: KithError | None, json_out: bool, status: int | None = None) 
     the user's next line."""
     import os
 
-    from rich.markup import escape
+    from node.cli.main import print_error
 
     if exc is not None:
-        if json_out and getattr(exc, "json_line", True):
-            import json
-
-            sys.stdout.write(json.dumps({"error": exc.to_dict()}) + "\n")
-        err_console.print(f"[red]error[/red] {escape('[' + exc.code + ']')}: {escape(safe_text(exc.message))}",
-                          highlight=False)
-        if exc.hint:
-            err_console.print(f"  hint: {escape(safe_text(exc.hint))}", highlight=False)
+        print_error(exc, json_out=json_out)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status if status is not None else (exc.exit_code if exc is not None else 0))
 
 
-@app.command("join")
 def join_cmd(
     ctx: typer.Context,
     target: str = typer.Argument(..., metavar="POST_ID|INVITE_FILE|JSON", help="A post_id (needs --server), an invitation file, or an invitation JSON string."),
@@ -277,7 +267,7 @@ def join_cmd(
     local: bool = typer.Option(False, "--local", envvar="KITH_OFFLINE", help="iroh local mode: relay disabled, loopback bind, offline."),
     trust: bool = typer.Option(False, "--trust", help="Trust an unknown host key without asking."),
     query: list[str] = typer.Option([], "--query", "-q", help="Ask this question (repeatable); without it, an interactive prompt."),
-    top_k: int = typer.Option(5, "--top-k", min=1, max=20, help="Results per question (1-20)."),
+    top_k: int = typer.Option(TOP_K_DEFAULT, "--top-k", min=1, max=20, help="Results per question (1-20)."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object per line: each results message."),
     pin: Optional[str] = typer.Option(None, "--pin", metavar="NAME", help="After a successful session, pin the host in the peer registry as NAME (a name pinned to another key is refused)."),
     accept_host_ui: bool = typer.Option(False, "--accept-host-ui", help="Advertise p2p_ui_v1: accept the host's UI bundle when this protocol has no local ui/ (verified, installed per session under the home)."),

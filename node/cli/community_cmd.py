@@ -25,9 +25,7 @@ import typer
 from node.cli.common import emit_json, err_console, home_of, identity_home_of
 from node.cli.common import untrusted_console as console
 from node.common.errors import CommunityError, ConfigError, UsageError
-from node.common.http import base_url_of, bind_socket, is_loopback, parse_trust_proxy, serve_forever
-from node.community.ratelimit import RateLimit, RateLimits
-from node.community.server import DEFAULT_LEASE_TTL_S, DEFAULT_PORT, create_app
+from node.community.defaults import DEFAULT_LEASE_TTL_S, DEFAULT_PORT
 from node.community.store import (
     DEFAULT_POOL_SIZE,
     CommunityStore,
@@ -166,6 +164,10 @@ def serve(
     Database: <home>/community/community.sqlite3 (SQLite, WAL) unless --database-url. The
     URL goes to stderr.
     """
+    from node.common.http import base_url_of, bind_socket, is_loopback, parse_trust_proxy, serve_forever
+    from node.community.ratelimit import RateLimit, RateLimits
+    from node.community.server import create_app
+
     if not is_loopback(host) and not public:
         raise CommunityError("server-not-public",
                              f"refusing to listen on non-loopback address {host} without --public",

@@ -16,6 +16,7 @@ import typer
 from rich.markup import escape
 
 from node.cli.common import console, emit_json, err_console, home_of, warn
+from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import CorpusError
 
 index_app = typer.Typer(
@@ -433,7 +434,7 @@ def watch_cmd(
 def search_cmd(
     ctx: typer.Context,
     query: str = typer.Argument(..., help="What to look for."),
-    top_k: int = typer.Option(5, "--top-k", help="Number of results (1-20)."),
+    top_k: int = typer.Option(TOP_K_DEFAULT, "--top-k", help="Number of results (1-20)."),
     json_out: bool = typer.Option(False, "--json", help="Print the bare envelope as one JSON document."),
     dedupe: str = typer.Option("chunk", "--dedupe", help="'chunk' (at most 2 per document) or 'document' (one)."),
     budget_ms: Optional[int] = typer.Option(None, "--budget-ms", help="remainingBudgetMs: search time allowed (ms; 0 = none)."),
@@ -478,9 +479,10 @@ def search_cmd(
         if not json_out:
             raise exc
         emit_json(envelope)
-        err_console.print(f"[red]error[/red] {escape(f'[{exc.code}]')}: {escape(exc.message)}",
-                          highlight=False, soft_wrap=True)
-        raise SystemExit(1)  # the envelope is stdout's only JSON document
+        from node.cli.main import print_error
+
+        print_error(exc)  # text only: the envelope is stdout's one JSON document
+        raise SystemExit(1)
     if json_out:
         emit_json(envelope)
         return

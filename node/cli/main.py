@@ -1,123 +1,46 @@
 """The ``kith`` command: one dispatcher that maps :class:`node.common.errors.KithError` to a
 message on stderr (or a JSON error object in ``--json`` mode) and an exit code
 (0 ok, 1 failure, 2 usage; DESIGN §13). ``--debug`` shows tracebacks instead.
+
+The commands themselves are registered in one table (:data:`node.cli.app.COMMANDS`) and
+loaded when used; this module imports neither them nor the CLI framework until it runs
+one, so ``kith --version`` answers at interpreter speed.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Any
 
-import typer
-from rich.markup import escape
-
-from node.cli.common import err_console, safe_text, state_of
-from node.common.errors import ConfigError, KithError
-
-app = typer.Typer(
-    name="kith",
-    help=(
-        "Kith: share what you know, peer to peer. A Host indexes a local folder and "
-        "publishes a signed invitation; a Guest joins it by post_id over iroh QUIC and "
-        "asks questions; an egress policy decides what may leave the Host's machine."
-    ),
-    no_args_is_help=True,
-    # help text is printed as written: no rich markup (`.[hybrid]` keeps its
-    # brackets), no panels or colour, so `--help` reads the same in a pipe (issue 12)
-    rich_markup_mode=None,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+if TYPE_CHECKING:
+    from node.common.errors import KithError
 
 
 def version_text() -> str:
-    """``kith <version> (Python <version>)``: the installed kith-node's version."""
-    from importlib.metadata import PackageNotFoundError, version
+    """``kith <version> (Python <version>)``: the version of this code
+    (``node.__version__``, the one the package is built with: pyproject.toml reads it)."""
+    import node
 
-    try:
-        ver = version("kith-node")
-    except PackageNotFoundError:  # pragma: no cover - run from a checkout without install
-        ver = "unknown (not installed)"
-    return f"kith {ver} (Python {sys.version.split()[0]})"
+    return f"kith {node.__version__} (Python {sys.version.split()[0]})"
 
 
-def _print_version(value: bool) -> None:
-    if value:
-        sys.stdout.write(version_text() + "\n")
-        raise typer.Exit(0)
+def __getattr__(name: str) -> Any:
+    """``node.cli.main.app`` (the Typer app) and ``_root`` (its global-options callback)
+    live in :mod:`node.cli.app`, imported on first use."""
+    if name in ("app", "_root"):
+        from node.cli import app as app_module
 
-
-@app.callback()
-def _root(
-    ctx: typer.Context,
-    home: Optional[str] = typer.Option(
-        None, "--home", envvar="KITH_HOME", metavar="DIR",
-        help="Node home (identity, corpus, policy). Default: $KITH_HOME or the platform data dir.",
-    ),
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
-    _version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
-                                  help="Print the version and exit."),
-) -> None:
-    st = state_of(ctx)
-    st.home_arg = home
-    st.debug = debug
-
-
-_REGISTERED = False
+        return getattr(app_module, name)
+    raise AttributeError(name)
 
 
 def _register() -> None:
-    """Attach every sub-command module (each owns its own Typer app or commands); once per
-    process (:func:`main` may run several times in one process, e.g. in tests)."""
-    global _REGISTERED
-    if _REGISTERED:
-        return
-    _REGISTERED = True
-    from node.cli import commands  # noqa: F401  (registers init/host/join/protocol)
+    """Load every command of the registration table (:func:`node.cli.app.load_all`);
+    raises when one cannot load. Kept under its old name: tests call it."""
+    from node.cli.app import load_all
 
-    for modname, attr, name in (
-        ("node.cli.index_cmd", "index_app", "index"),
-        ("node.cli.policy_cmd", "policy_app", "policy"),
-        ("node.cli.peers_cmd", "peers_app", "peers"),
-        ("node.cli.approvals_cmd", "approvals_app", "approvals"),
-        ("node.cli.community_cmd", "community_app", "community"),
-        ("node.cli.api_cmd", "api_app", "api"),
-        ("node.cli.status_cmd", "sessions_app", "sessions"),
-    ):
-        try:
-            mod = __import__(modname, fromlist=[attr])
-        except ModuleNotFoundError as exc:
-            if exc.name != modname:
-                raise
-            continue
-        app.add_typer(getattr(mod, attr), name=name)
-    try:
-        from node.cli.index_cmd import search_cmd
-    except ImportError:
-        pass
-    else:
-        app.command("search")(search_cmd)
-    from node.cli.browse_cmd import browse_cmd, feedback_cmd
-
-    app.command("browse")(browse_cmd)
-    app.command("feedback")(feedback_cmd)
-    from node.cli.api_cmd import mcp_cmd
-
-    app.command("mcp")(mcp_cmd)
-    from node.cli.audit_cmd import audit_cmd
-
-    app.command("audit")(audit_cmd)
-    from node.cli.status_cmd import status_cmd
-
-    app.command("status")(status_cmd)
-    from node.cli.ask_cmd import ask_cmd
-
-    app.command("ask")(ask_cmd)
-    from node.cli.dashboard_cmd import dashboard_cmd
-
-    app.command("dashboard")(dashboard_cmd)
+    load_all()
 
 
 def _wants_json(argv: list[str]) -> bool:
@@ -128,6 +51,8 @@ def _as_kith_error(exc: BaseException) -> KithError | None:
     """The refusal to report for ``exc``: a KithError itself, the first KithError inside an
     exception group (anyio task groups wrap what a task raised), or a local I/O failure
     (read-only home, permission denied) as ``io-error``. None: not ours — re-raise."""
+    from node.common.errors import ConfigError, KithError
+
     if isinstance(exc, KithError):
         return exc
     if isinstance(exc, BaseExceptionGroup):
@@ -148,16 +73,44 @@ def _as_kith_error(exc: BaseException) -> KithError | None:
     return None
 
 
+def print_error(exc: KithError, *, json_out: bool = False) -> None:
+    """The one error printer of ``kith``: ``error [code]: message`` (then ``  hint: ...``
+    when the error has one) on stderr, text made safe (:func:`node.cli.common.safe_text`);
+    with ``json_out`` first ``{"error": {code, message[, hint]}}`` on stdout, unless the
+    error says stdout already told why (``json_line`` False). Both streams are flushed.
+
+    Args:
+        exc: the refusal to report. json_out: the command runs in ``--json`` mode.
+    """
+    from rich.markup import escape
+
+    from node.cli.common import err_console, safe_text
+
+    if json_out and getattr(exc, "json_line", True):
+        sys.stdout.write(json.dumps({"error": exc.to_dict()}) + "\n")
+        sys.stdout.flush()
+    err_console.print(f"[red]error[/red] {escape('[' + exc.code + ']')}: {escape(safe_text(exc.message))}",
+                      highlight=False)
+    if exc.hint:
+        err_console.print(f"  hint: {escape(safe_text(exc.hint))}", highlight=False)
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the CLI and exit with its status.
 
-    Usage errors and ``--help`` are handled by the CLI library (exit 2 / 0); a
+    ``kith --version`` alone is answered before the CLI framework is imported. Usage
+    errors and ``--help`` are handled by the CLI library (exit 2 / 0); a
     :class:`KithError` (also when raised inside a task group, or a local I/O failure mapped
-    to ``io-error``) prints ``error [code]: message`` (and a hint) on stderr — plus
-    ``{"error": {...}}`` on stdout in ``--json`` mode — and exits with its exit code.
+    to ``io-error``) is reported by :func:`print_error` and exits with its exit code.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    _register()
+    if argv == ["--version"]:
+        sys.stdout.write(version_text() + "\n")
+        sys.stdout.flush()
+        sys.exit(0)
+    from node.cli.app import app
+
     debug = "--debug" in argv
     try:
         app(args=argv, prog_name="kith", standalone_mode=True)
@@ -169,13 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         exc = _as_kith_error(raw)
         if exc is None or debug:
             raise
-        if _wants_json(argv) and getattr(exc, "json_line", True):  # False: stdout already says why
-            sys.stdout.write(json.dumps({"error": exc.to_dict()}) + "\n")
-            sys.stdout.flush()
-        err_console.print(f"[red]error[/red] {escape('[' + exc.code + ']')}: {escape(safe_text(exc.message))}",
-                          highlight=False)
-        if exc.hint:
-            err_console.print(f"  hint: {escape(safe_text(exc.hint))}", highlight=False)
+        print_error(exc, json_out=_wants_json(argv))
         sys.exit(exc.exit_code)
 
 

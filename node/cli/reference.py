@@ -1,7 +1,7 @@
 """The full CLI reference (``specs/cli.md``), generated from the Typer app itself.
 
 :func:`render` walks the click command tree that Typer builds from :data:`node.cli.main.app`
-(every command a module registers, also ones added later), and writes one section per
+(every command of the registration table, :data:`node.cli.app.COMMANDS`), and writes one section per
 command: usage line, its help text, its arguments and options (names, value, default,
 environment variable, help). Nothing is written by hand, so the reference cannot drift
 from ``--help``: ``tests/test_cli_reference.py`` fails when ``specs/cli.md`` differs from

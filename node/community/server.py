@@ -102,13 +102,13 @@ from node.trust.signing import (
     verify,
 )
 from node.common.names import name_skeletons  # the node's look-alike fold, shared (not copied)
+from node.community.defaults import DEFAULT_LEASE_TTL_S, DEFAULT_PORT  # noqa: F401  (re-exported)
 
 SERVICE = "kith-community"
 API_PREFIX = "/api/v1"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 #: Largest protocol spec body accepted by ``POST /protocols`` (bytes).
 DEFAULT_MAX_SPEC_BYTES = 256 * 1024
-DEFAULT_PORT = 8787
 #: Bytes of randomness in a server-assigned post_id (16 bytes → 32 lowercase hex).
 POST_ID_BYTES = 16
 #: Deepest JSON nesting accepted in any body (objects and arrays).
@@ -125,11 +125,6 @@ MAX_ABOUT_CHARS = 500
 MAX_COMMENT_CHARS = 1000
 DEFAULT_BROWSE_LIMIT = 20
 MAX_BROWSE_LIMIT = 100
-#: How long a liveness lease holds after the host's last refresh, in seconds. The host
-#: refreshes every third of it (:data:`LEASE_REFRESH_DIVISOR`: every 30 s by default), so
-#: two refreshes may be lost before a live post drops out, and a dead host's post leaves
-#: browse at most this long after its last refresh (90 s: within the "~2 minutes").
-DEFAULT_LEASE_TTL_S = 90.0
 LEASE_REFRESH_DIVISOR = 3.0
 #: ``Retry-After`` of a 503 (the database is unavailable or a statement timed out), seconds.
 RETRY_AFTER_UNAVAILABLE_S = 2

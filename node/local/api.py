@@ -32,7 +32,6 @@ socket binding, the uvicorn config with its connection bounds, signal handling).
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from node.answer import contract
 from node.answer import envelope as env_mod
+from node.answer.holder import CorpusHolder
 from node.answer.service import answer_local
 from node.common.errors import CorpusError, KithError
 from node.common.http import (
@@ -69,42 +69,6 @@ SEARCH_PATH = "/search"
 GET_PATHS = ("/health", "/stats", "/contract", "/openapi.json")
 #: Host names the API answers to (with the server's own port); DNS rebinding defence.
 LOOPBACK_HOST_NAMES = ("127.0.0.1", "localhost", "[::1]")
-
-
-class CorpusHolder:
-    """Opens the home's corpus read-only on first use, and again once a corpus appears
-    (``kith index sync`` may run after the API started)."""
-
-    def __init__(self, home: Path) -> None:
-        self.home = Path(home)
-        self._corpus: Any = None
-        self._lock = threading.Lock()
-
-    def start(self, warn: Callable[[str], None] | None = None) -> str:
-        """Open the corpus and repair a lagging index now if the writer lock is free
-        (never waits for it). Returns :meth:`Corpus.repair_lag`'s outcome; ``locked``
-        is reported through ``warn``."""
-        outcome = self.get().repair_lag()
-        if outcome == "locked" and warn is not None:
-            warn("the index is behind its record and another process holds the writer "
-                 "(a sync is running?); searches say index-syncing until it finishes")
-        return outcome
-
-    def get(self) -> Any:
-        from node.corpus.store import Corpus
-
-        with self._lock:
-            if self._corpus is None or self._corpus._db is None:
-                if self._corpus is not None:
-                    self._corpus.close()
-                self._corpus = Corpus(self.home, readonly=True)
-            return self._corpus
-
-    def close(self) -> None:
-        with self._lock:
-            if self._corpus is not None:
-                self._corpus.close()
-                self._corpus = None
 
 
 # --- the OpenAPI document ---------------------------------------------------------------
@@ -284,8 +248,7 @@ class _Handlers:
     async def _peers_search(self, body: dict[str, Any]) -> JSONResponse:
         """``peers`` (a local-only extension, specs/ask.md §5): taken off, the rest checked
         against the one request contract, then every named pinned peer asked at once."""
-        from node.local.mcp import PEERS_TIMEOUT_S, peers_search
-        from node.runtime.fanout import check_peers_field
+        from node.runtime.fanout import PEERS_TIMEOUT_S, check_peers_field, peers_search
 
         body = dict(body)
         peers = body.pop("peers")
@@ -553,5 +516,5 @@ def search_via_api(base_url: str, body: dict[str, Any], budget: env_mod.SearchBu
     return r.json()
 
 
-__all__ = ["DEFAULT_PORT", "CorpusHolder", "check_host", "create_app", "host_refusal", "loopback_refusal", "openapi_document",
+__all__ = ["DEFAULT_PORT", "check_host", "create_app", "host_refusal", "loopback_refusal", "openapi_document",
            "run_api_in_thread", "search_via_api", "serve"]

@@ -43,9 +43,6 @@ from node.common.errors import CorpusError, KithError
 #: Seconds a peer search may take end to end (connect + handshake + one answer).
 PEER_TIMEOUT_S = 30.0
 
-#: Seconds a ``peers`` fan-out may take (one deadline for all of them).
-PEERS_TIMEOUT_S = 30.0
-
 TOOL_DESCRIPTION = (
     "Search indexed knowledge (read-only). Without 'peer' it searches this node's own "
     "corpus; with 'peer' (a pinned peer's name, an invitation file, invitation JSON, or a "
@@ -60,7 +57,11 @@ TOOL_DESCRIPTION = (
 )
 
 
-def _local(home: Path, body: dict[str, Any]) -> dict[str, Any]:
+def _local(home: Path, body: dict[str, Any], holder: Any = None) -> dict[str, Any]:
+    """The owner's own answer: from ``holder``'s open corpus (the server's one, kept for
+    its lifetime), or from a corpus opened for this call alone when there is none."""
+    if holder is not None:
+        return answer_local(holder.get(), body)
     from node.corpus.store import Corpus
 
     corpus = Corpus(home, readonly=True)
@@ -129,7 +130,7 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
             raise HandshakeError("ask-peer-blocked", f"{target.pinned_name!r} is blocked")
     # everything travels in the query message (dedupe and remainingBudgetMs included: the
     # host's answer service applies them)
-    request = {**body, "topK": body.get("topK", 5)}
+    request = {**body, "topK": body.get("topK", contract.TOP_K_DEFAULT)}
 
     async def run(p: Any) -> Any:
         with anyio.move_on_after(timeout_s):
@@ -150,43 +151,11 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
     return {"status": str(msg.get("status")), "envelope": msg.get("envelope")}
 
 
-async def peers_search(home: Path, peers: list[str] | str, body: dict[str, Any], *, local: bool = False,
-                       timeout_s: float = PEERS_TIMEOUT_S, pool: Any = None) -> dict[str, Any]:
-    """Ask several pinned peers (names, or ``"all"``: every pinned, unblocked one) one
-    question at once (:func:`node.runtime.fanout.fan_out`).
-
-    Returns:
-        The merged envelope (``specs/ask.schema.json``).
-
-    Raises:
-        UsageError: ``ask-too-many-peers``.
-    """
-    from node.runtime.fanout import fan_out
-    from node.runtime.pool import SessionPool
-    from node.trust.identity import load_identity
-    from node.trust.peers import PeerRegistry
-
-    if peers == "all":
-        reg = PeerRegistry.load(home)
-        names = sorted(n for n, r in reg.peers.items() if not reg.is_blocked(r.public_key))
-    else:
-        names = list(peers)
-    request = {**body, "topK": body.get("topK", 5)}
-    if pool is not None:
-        return await fan_out(pool, request, names, timeout_s=timeout_s)
-    async with SessionPool(home, load_identity(home), local=local) as own:
-        return await fan_out(own, request, names, timeout_s=timeout_s)
-
-
 def input_schema() -> dict[str, Any]:
     """The tool's JSON input schema: the local API's ``SearchRequest`` (strict: ``topK``
     an integer 1–20, no other keys) plus ``peer`` (a non-empty string — invitation file,
     invitation JSON or ``post_id`` — or an invitation object) and ``server`` (a URL)."""
-    import copy
-
-    from node.local.api import openapi_document
-
-    schema = copy.deepcopy(openapi_document()["components"]["schemas"]["SearchRequest"])
+    schema = contract.core_schema()  # the API's SearchRequest (node/local/api.py uses the same)
     schema["properties"]["peer"] = {
         "description": "Search a joined, pinned peer: an invitation file, invitation JSON "
                        "(a string or an object) or a post_id (with 'server').",
@@ -206,7 +175,7 @@ def input_schema() -> dict[str, Any]:
 _Filter = list[str] | str | None
 
 
-def _signature(query: str, topK: int = env_mod.TOP_K_DEFAULT,  # noqa: N803
+def _signature(query: str, topK: int = contract.TOP_K_DEFAULT,  # noqa: N803
                tags: _Filter = None, project: _Filter = None, sourceSets: _Filter = None,  # noqa: N803
                lifecycle: _Filter = None, workType: _Filter = None, date: _Filter = None,  # noqa: N803
                dateRange: dict[str, str] | None = None, sources: _Filter = None,  # noqa: N803
@@ -256,7 +225,8 @@ def _invalid(message: str) -> Any:
     return _refusal("query-invalid", message, env_mod.empty_envelope("invalid-request"))
 
 
-async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = False, pool: Any = None) -> Any:
+async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = False, pool: Any = None,
+                      holder: Any = None) -> Any:
     """Run one ``search`` tool call on the raw (JSON-decoded) ``arguments``.
 
     Validation is the local API's (:func:`node.answer.contract.validate`, the one request
@@ -265,6 +235,8 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     arguments refused), plus ``peer`` (non-empty string or invitation object) and
     ``server`` (string, only with ``peer``), ``peers`` (:func:`node.runtime.fanout.check_peers_field`; not
     with ``peer``). ``pool``: the server's warm session pool (None: one per call).
+    ``holder``: the server's open corpus (:class:`node.answer.holder.CorpusHolder`; None:
+    the corpus is opened for this call).
 
     Returns:
         A ``CallToolResult``: the envelope as structured content, or ``is_error`` true
@@ -290,6 +262,8 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
         except CorpusError as exc:
             return _invalid(exc.message)
         try:
+            from node.runtime.fanout import peers_search
+
             merged = await peers_search(home, peers, args, local=local, pool=pool)
         except KithError as exc:
             return _refusal(exc.code, exc.message)
@@ -299,7 +273,7 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     if peer is None:
         if server is not None:
             return _invalid("The field 'server' is only used with 'peer'.")
-        answer = await anyio.to_thread.run_sync(_local, home, args)
+        answer = await anyio.to_thread.run_sync(_local, home, args, holder)
         if answer["status"] == "invalid-request":
             err = answer.get("error") or {}
             return _refusal(str(err.get("code") or "query-invalid"),
@@ -359,9 +333,13 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
             return {"arguments": self.pre_parse_json(dict(arguments_to_validate))}
 
     pools: list[Any] = []  # the server's one warm pool while it runs (its lifespan)
+    from node.answer.holder import CorpusHolder
+
+    holder = CorpusHolder(home)  # one open corpus for every local search of this server
 
     async def search(arguments: dict[str, Any]) -> Any:
-        return await call_search(home, arguments, local=local, pool=pools[0] if pools else None)
+        return await call_search(home, arguments, local=local, pool=pools[0] if pools else None,
+                                 holder=holder)
 
     from contextlib import asynccontextmanager
 
@@ -370,15 +348,18 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
         from node.runtime.pool import SessionPool
         from node.trust.identity import key_path, load_identity
 
-        if not key_path(home).is_file():  # no identity yet: nothing is created at start-up
-            yield {}
-            return
-        async with SessionPool(home, load_identity(home), local=local) as pool:
-            pools.append(pool)
-            try:
+        try:
+            if not key_path(home).is_file():  # no identity yet: nothing is created at start-up
                 yield {}
-            finally:
-                pools.clear()
+                return
+            async with SessionPool(home, load_identity(home), local=local) as pool:
+                pools.append(pool)
+                try:
+                    yield {}
+                finally:
+                    pools.clear()
+        finally:
+            holder.close()
 
     base = Tool.from_function(
         _signature, name="search", description=TOOL_DESCRIPTION,

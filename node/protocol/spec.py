@@ -15,13 +15,22 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-import jsonschema
 import rfc8785
 
 from node.common.errors import SpecError
 from node.protocol.schema_check import compile_check
 
 MAX_SPEC_BYTES = 1024 * 1024
+#: ``protocol_id`` of each shipped ``protocols/*/spec.json`` that passes every check of
+#: :func:`parse_spec`. The id is the SHA-256 of the spec's canonical JSON, so a spec with
+#: one of these ids is those same bytes and gets the same verdict: :func:`parse_spec`
+#: skips only the ``jsonschema`` checks for it (the meta-schema and ``check_schema``,
+#: ~50 ms of import at every ``kith join``, issue 19); the rule checks below still run.
+#: A changed spec takes the full path; ``tests/test_specs.py`` keeps this set in step.
+VERIFIED_PROTOCOL_IDS = frozenset({
+    "881064ea76bf118308771df7b8b7f94454d77b91f93ab5ad90661539e98b28e6",  # echo
+    "82e17013a05bbb40aab949da5b4e14e4cc4b6ce92a185382464c5de1fb372502",  # knowledge-query
+})
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 DIRECTIONS = ("guest_to_host", "host_to_guest", "both")
 ROLES = ("guest", "host")
@@ -97,8 +106,7 @@ class MessageSpec:
     its Draft 2020-12 validator, both built once when the spec loads.
 
     Attributes:
-        validator: the ``jsonschema`` validator (the reference; gives the error path).
-        check: the same schema compiled to plain Python by
+        check: the schema compiled to plain Python by
             :func:`node.protocol.schema_check.compile_check` (instance → valid?), or None
             when the schema uses keywords it does not compile.
     """
@@ -107,15 +115,26 @@ class MessageSpec:
     direction: str
     terminal: bool
     schema: dict[str, Any]
-    validator: Any = field(repr=False, compare=False)
     check: Callable[[Any], bool] | None = field(default=None, repr=False, compare=False)
+    _validator: list[Any] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def validator(self) -> Any:
+        """The ``jsonschema`` Draft 2020-12 validator of :attr:`schema` (the reference;
+        gives the error path), built (and ``jsonschema`` imported) on first use."""
+        if not self._validator:
+            import jsonschema
+
+            self._validator.append(jsonschema.Draft202012Validator(self.schema))
+        return self._validator[0]
 
     def allowed_from(self, role: str) -> bool:
         """True if ``role`` (``guest``/``host``) may send this message."""
         return self.direction == "both" or self.direction == f"{role}_to_{_other(role)}"
 
-    def first_error(self, instance: Any) -> jsonschema.ValidationError | None:
-        """The first schema error of ``instance``, or None when it is valid.
+    def first_error(self, instance: Any) -> Any:
+        """The first schema error of ``instance`` (a ``jsonschema.ValidationError``), or
+        None when it is valid.
 
         The compiled :attr:`check` answers valid messages; an instance it refuses (or
         every instance, without it) goes to :attr:`validator`, whose verdict and error
@@ -170,24 +189,35 @@ def parse_spec(raw: dict[str, Any], *, origin: str = "spec.json") -> ProtocolSpe
     Refuses: a spec that fails the meta-schema; declared actions starting with ``_``;
     message schemas that fail ``check_schema``; a message schema that does not pin
     ``action`` to its own name (``properties.action.const`` and ``action`` required).
+    A spec whose ``protocol_id`` is in :data:`VERIFIED_PROTOCOL_IDS` (a shipped one, byte
+    for byte) has passed the two ``jsonschema`` checks already: only the rule checks run.
 
     Raises:
         SpecError: ``spec-invalid`` naming ``origin`` and the offending key.
     """
     try:
-        jsonschema.Draft202012Validator(META_SCHEMA).validate(raw)
-    except jsonschema.ValidationError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
-        raise SpecError("spec-invalid", f"{origin}: at {where}: {exc.message}") from None
+        protocol_id: str | None = protocol_id_of(raw)
+    except (rfc8785.CanonicalizationError, TypeError):  # not canonical JSON: the checks say why
+        protocol_id = None
+    verified = protocol_id in VERIFIED_PROTOCOL_IDS
+    if not verified:
+        import jsonschema
+
+        try:
+            jsonschema.Draft202012Validator(META_SCHEMA).validate(raw)
+        except jsonschema.ValidationError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
+            raise SpecError("spec-invalid", f"{origin}: at {where}: {exc.message}") from None
     messages: dict[str, MessageSpec] = {}
     for action, m in raw["messages"].items():
         if action.startswith("_"):
             raise SpecError("spec-invalid", f"{origin}: action {action!r} starts with '_' (reserved for system frames)")
         schema = m["schema"]
-        try:
-            jsonschema.Draft202012Validator.check_schema(schema)
-        except jsonschema.SchemaError as exc:
-            raise SpecError("spec-invalid", f"{origin}: schema of {action!r} is not valid: {exc.message}") from None
+        if not verified:
+            try:
+                jsonschema.Draft202012Validator.check_schema(schema)
+            except jsonschema.SchemaError as exc:
+                raise SpecError("spec-invalid", f"{origin}: schema of {action!r} is not valid: {exc.message}") from None
         props = schema.get("properties", {})
         if (schema.get("type") != "object" or props.get("action", {}).get("const") != action
                 or "action" not in schema.get("required", [])):
@@ -195,12 +225,12 @@ def parse_spec(raw: dict[str, Any], *, origin: str = "spec.json") -> ProtocolSpe
                                             f"requires 'action' and pins it with const {action!r}")
         messages[action] = MessageSpec(
             action=action, direction=m["direction"], terminal=m["terminal"], schema=schema,
-            validator=jsonschema.Draft202012Validator(schema), check=compile_check(schema),
+            check=compile_check(schema),
         )
     limits = Limits(**raw.get("limits", {}))
     return ProtocolSpec(
         name=raw["name"], version=raw["version"], description=raw["description"],
-        protocol_id=protocol_id_of(raw), flow_mode=raw["flow"]["mode"], first=raw["flow"]["first"],
+        protocol_id=protocol_id or protocol_id_of(raw), flow_mode=raw["flow"]["mode"], first=raw["flow"]["first"],
         messages=messages, limits=limits, raw=raw,
     )
 

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import anyio
 
+from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import KithError, UsageError
 from node.runtime.pool import PeerGone, SessionPool, classify_gone
 
@@ -38,6 +39,9 @@ RRF_K = 60
 #: Default and largest shared deadline, seconds.
 DEFAULT_TIMEOUT_S = 10.0
 MAX_TIMEOUT_S = 120.0
+#: Seconds a ``peers`` search (MCP ``search``, local API ``POST /search``) may take: one
+#: deadline for all of them.
+PEERS_TIMEOUT_S = 30.0
 #: The per-peer statuses (specs/ask.md §3).
 STATUSES = ("ok", "no-verified-results", "pending-approval", "rate-limited", "peer-timeout",
             "unreachable", "refused")
@@ -252,7 +256,7 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
     from node.trust.peers import PeerRegistry
 
     names = dedupe_names(list(peers))
-    top_k = int(request.get("topK", 5))
+    top_k = int(request.get("topK", TOP_K_DEFAULT))
     registry = PeerRegistry.load(pool.home)
     rows: list[PeerRow] = []
     answers: dict[int, list[dict[str, Any]]] = {}
@@ -325,17 +329,51 @@ def build_envelope(request: dict[str, Any], rows: list[PeerRow], answers: dict[i
             "notice": UNTRUSTED_NOTICE, "results": results, "peers": [r.to_dict() for r in rows]}
 
 
-def local_searcher(home: Path) -> Callable[[dict[str, Any]], dict[str, Any]]:
+async def peers_search(home: Path, peers: list[str] | str, body: dict[str, Any], *, local: bool = False,
+                       timeout_s: float = PEERS_TIMEOUT_S, pool: Any = None) -> dict[str, Any]:
+    """Ask several pinned peers (names, or ``"all"``: every pinned, unblocked one) one
+    question at once (:func:`fan_out`).
+
+    Returns:
+        The merged envelope (``specs/ask.schema.json``).
+
+    Raises:
+        UsageError: ``ask-too-many-peers``.
+    """
+    from node.runtime.pool import SessionPool
+    from node.trust.identity import load_identity
+    from node.trust.peers import PeerRegistry
+
+    if peers == "all":
+        reg = PeerRegistry.load(home)
+        names = sorted(n for n, r in reg.peers.items() if not reg.is_blocked(r.public_key))
+    else:
+        names = list(peers)
+    request = {**body, "topK": body.get("topK", TOP_K_DEFAULT)}
+    if pool is not None:
+        return await fan_out(pool, request, names, timeout_s=timeout_s)
+    async with SessionPool(home, load_identity(home), local=local) as own:
+        return await fan_out(own, request, names, timeout_s=timeout_s)
+
+
+def local_searcher(home: Path, holder: Any = None) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """A ``local`` callable for :func:`fan_out`: the node's own corpus, read-only, exactly
-    as ``POST /search`` answers (:func:`node.answer.service.answer_local`)."""
+    as ``POST /search`` answers (:func:`node.answer.service.answer_local`).
+
+    Args:
+        home: the node home. holder: the open corpus to search
+            (:class:`node.answer.holder.CorpusHolder`); None: one made here, opened at the
+            first search and kept open for every later one (the callable's ``close()``
+            closes it).
+    """
+    from node.answer.holder import CorpusHolder
+
+    own = holder if holder is not None else CorpusHolder(home)
+
     def search(request: dict[str, Any]) -> dict[str, Any]:
         from node.answer.service import answer_local
-        from node.corpus.store import Corpus
 
-        corpus = Corpus(home, readonly=True)
-        try:
-            return answer_local(corpus, request)
-        finally:
-            corpus.close()
+        return answer_local(own.get(), request)
 
+    search.close = own.close  # type: ignore[attr-defined]
     return search

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from node.answer.contract import TOP_K_DEFAULT
 from node.runtime.driver import SessionOutcome, run_session
 from node.engine.session import GuestConfig, SessionEngine, SessionReady
 from node.common.errors import ConfigError, HandshakeError, InvitationError
@@ -51,7 +52,7 @@ class GuestOptions:
     queries: tuple[str, ...] = ()
     next_question: Callable[[], str | None] | None = None
     on_results: Callable[[dict[str, Any]], None] | None = None
-    top_k: int = 5
+    top_k: int = TOP_K_DEFAULT
     filters: Mapping[str, Any] = field(default_factory=dict)
 
     @property

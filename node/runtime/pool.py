@@ -34,6 +34,7 @@ from typing import Any
 
 import anyio
 
+from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import InvitationError, KithError, SessionAborted, TransportError
 from node.runtime.guest import Target, join_session, resolve_peer
 from node.trust.identity import Identity
@@ -118,7 +119,7 @@ class PeerSession:
     # --- event loop side --------------------------------------------------------------
     async def run(self) -> None:
         """The session task: join, serve questions from :attr:`questions`, then mark closed."""
-        options = {"queries": [], "topK": 5, "filters": {}, "ask": self._next_question,
+        options = {"queries": [], "topK": TOP_K_DEFAULT, "filters": {}, "ask": self._next_question,
                    "on_results": self._on_results}
         try:
             with anyio.CancelScope() as scope:

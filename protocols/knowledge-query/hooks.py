@@ -14,6 +14,7 @@ query.
 
 import itertools
 
+from node.answer.contract import TOP_K_DEFAULT
 from node.runtime.hooks import HookResult
 
 #: The ``query`` message's own fields; everything else in it is the search request
@@ -72,10 +73,10 @@ def _next_query(ctx):
     if isinstance(text, dict):  # a whole request (the warm pool: topK and filters per question)
         request = dict(text)
         message = {"action": "query", "query_id": query_id, "query": request.pop("query"),
-                   "topK": int(request.pop("topK", ctx.options.get("topK", 5)))}
+                   "topK": int(request.pop("topK", ctx.options.get("topK", TOP_K_DEFAULT)))}
         message.update(request)
         return message
     message = {"action": "query", "query_id": query_id, "query": text,
-               "topK": int(ctx.options.get("topK", 5))}
+               "topK": int(ctx.options.get("topK", TOP_K_DEFAULT))}
     message.update(ctx.options.get("filters") or {})
     return message

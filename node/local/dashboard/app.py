@@ -46,7 +46,8 @@ from starlette.staticfiles import StaticFiles
 
 from node.common.errors import CorpusError, KithError
 from node.common.http import base_url_of, bind_socket, is_loopback, read_body, serve_app_in_thread, serve_forever
-from node.local.api import CorpusHolder
+from node.answer import contract
+from node.answer.holder import CorpusHolder
 from node.local.dashboard.guard import COOKIE, SECURITY_HEADERS, Door, Guard, refusal_page
 
 log = logging.getLogger("kith.dashboard")
@@ -396,7 +397,7 @@ class _Pages:
                 out["error"] = f"peer-not-found: no pinned peer named {view!r}"
                 return out
             corpus = self._corpus()
-            body = {"query": query, "topK": 5}
+            body = {"query": query, "topK": contract.TOP_K_DEFAULT}
             if view == "owner" or corpus is None:
                 answer = answer_local(corpus, body)
             else:

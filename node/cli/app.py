@@ -1,0 +1,168 @@
+"""The ``kith`` Typer app and its one registration table.
+
+:data:`COMMANDS` names every command once: its name, the module that defines it and the
+attribute there (a command function or a sub-command group's ``typer.Typer``), in the
+order ``kith --help`` lists them. The root group loads a module only when its command is
+resolved — ``kith join`` imports the modules ``join`` needs and no other command's — and
+``kith --help`` loads them all (each module keeps its heavy imports inside its commands).
+A module that fails to import, or an attribute it does not define, raises at once: no
+command is ever skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, MutableMapping
+from typing import Any, NamedTuple, Optional
+
+import typer
+from typer.core import TyperGroup
+
+from node.cli.common import state_of
+
+
+class Entry(NamedTuple):
+    """One row of the registration table: ``kith <name>`` is ``<module>.<attr>``."""
+
+    name: str
+    module: str
+    attr: str
+
+
+#: Every command of ``kith``, in ``--help`` order (commands, then groups).
+COMMANDS: tuple[Entry, ...] = (
+    Entry("init", "node.cli.commands", "init_cmd"),
+    Entry("host", "node.cli.commands", "host_cmd"),
+    Entry("join", "node.cli.commands", "join_cmd"),
+    Entry("search", "node.cli.index_cmd", "search_cmd"),
+    Entry("browse", "node.cli.browse_cmd", "browse_cmd"),
+    Entry("feedback", "node.cli.browse_cmd", "feedback_cmd"),
+    Entry("mcp", "node.cli.api_cmd", "mcp_cmd"),
+    Entry("audit", "node.cli.audit_cmd", "audit_cmd"),
+    Entry("status", "node.cli.status_cmd", "status_cmd"),
+    Entry("ask", "node.cli.ask_cmd", "ask_cmd"),
+    Entry("dashboard", "node.cli.dashboard_cmd", "dashboard_cmd"),
+    Entry("protocol", "node.cli.commands", "protocol_app"),
+    Entry("index", "node.cli.index_cmd", "index_app"),
+    Entry("policy", "node.cli.policy_cmd", "policy_app"),
+    Entry("peers", "node.cli.peers_cmd", "peers_app"),
+    Entry("approvals", "node.cli.approvals_cmd", "approvals_app"),
+    Entry("community", "node.cli.community_cmd", "community_app"),
+    Entry("api", "node.cli.api_cmd", "api_app"),
+    Entry("sessions", "node.cli.status_cmd", "sessions_app"),
+)
+
+
+def load(entry: Entry) -> Any:
+    """The click command for ``entry``, built the way Typer builds a registered one (the
+    root's settings: no rich markup, short exceptions).
+
+    Raises:
+        ImportError: the module cannot be imported (never skipped).
+        AttributeError: the module has no ``entry.attr``.
+    """
+    # __import__, not importlib.import_module: the import statement's path, which
+    # ``python -X importtime`` reports (tests/test_cli_startup.py reads it)
+    target = getattr(__import__(entry.module, fromlist=[entry.attr]), entry.attr)
+    holder = typer.Typer(rich_markup_mode=None, pretty_exceptions_enable=False, add_completion=False)
+    if isinstance(target, typer.Typer):
+        holder.add_typer(target, name=entry.name)
+    else:
+        holder.command(entry.name)(target)
+    return typer.main.get_group(holder).commands[entry.name]
+
+
+class _Table(MutableMapping):
+    """The root group's ``commands``: keys are the table's names (known without importing
+    anything); a value is loaded by :func:`load` when first looked up."""
+
+    def __init__(self) -> None:
+        self._entries = {e.name: e for e in COMMANDS}
+        self._loaded: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._loaded:
+            self._loaded[name] = load(self._entries[name])  # KeyError: not a command
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        self._loaded[name] = command
+        self._entries.setdefault(name, Entry(name, "", ""))
+
+    def __delitem__(self, name: str) -> None:
+        self._loaded.pop(name, None)
+        del self._entries[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class TableGroup(TyperGroup):
+    """The root ``kith`` group: its commands come from :data:`COMMANDS`, each loaded on
+    first use."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        self.commands = _Table()
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(self.commands)  # the names only: listing loads nothing
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        try:
+            return self.commands[cmd_name]
+        except KeyError:
+            return None
+
+
+def load_all() -> None:
+    """Load every command of the table (``--help`` of every command, the reference,
+    tests). Raises what :func:`load` raises."""
+    for entry in COMMANDS:
+        load(entry)
+
+
+app = typer.Typer(
+    name="kith",
+    cls=TableGroup,
+    help=(
+        "Kith: share what you know, peer to peer. A Host indexes a local folder and "
+        "publishes a signed invitation; a Guest joins it by post_id over iroh QUIC and "
+        "asks questions; an egress policy decides what may leave the Host's machine."
+    ),
+    no_args_is_help=True,
+    # help text is printed as written: no rich markup (`.[hybrid]` keeps its
+    # brackets), no panels or colour, so `--help` reads the same in a pipe (issue 12)
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        import sys
+
+        from node.cli.main import version_text
+
+        sys.stdout.write(version_text() + "\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    home: Optional[str] = typer.Option(
+        None, "--home", envvar="KITH_HOME", metavar="DIR",
+        help="Node home (identity, corpus, policy). Default: $KITH_HOME or the platform data dir.",
+    ),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+    _version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                  help="Print the version and exit."),
+) -> None:
+    st = state_of(ctx)
+    st.home_arg = home
+    st.debug = debug

@@ -1,0 +1,11 @@
+"""Defaults of the community server that the ``kith community`` commands show in their
+``--help`` without importing the server itself (Starlette, jsonschema). The server
+(:mod:`node.community.server`) uses these same values."""
+
+#: TCP port ``kith community serve`` listens on by default.
+DEFAULT_PORT = 8787
+#: How long a liveness lease holds after the host's last refresh, in seconds. The host
+#: refreshes every third of it (:data:`node.community.server.LEASE_REFRESH_DIVISOR`: every 30 s by default), so
+#: two refreshes may be lost before a live post drops out, and a dead host's post leaves
+#: browse at most this long after its last refresh (90 s: within the "~2 minutes").
+DEFAULT_LEASE_TTL_S = 90.0
