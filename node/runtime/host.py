@@ -107,9 +107,10 @@ class Knowledge:
     Attributes:
         handle_for: ``(peer_name | None, peer_key)`` → the peer's ``ctx.knowledge``
             (:class:`node.answer.service.Knowledge`; quotas and approvals are per key).
-        egress_check: the gate seam every outgoing business frame passes
-            (:meth:`node.policy.gate.EgressGate.check_frame`: raises ``EgressRefused``
-            when a real root or home path is in it), given to the engine as is.
+        egress_check: the gate seam every outgoing business frame passes once, as a
+            :class:`node.engine.session.OutgoingFrame` (message + its bytes + the peer
+            message it answers): :meth:`node.policy.gate.EgressGate.check_frame`, raises
+            ``EgressRefused`` when a real root or home path is in the bytes.
         close: releases the corpus.
         service: the :class:`node.answer.service.AnswerService` behind ``handle_for``.
         quota_left: ``(peer_name | None, peer_key)`` → ``{"queries", "burst",
@@ -120,7 +121,7 @@ class Knowledge:
     """
 
     handle_for: Callable[[str | None, str | None], Any]
-    egress_check: Callable[[bytes, Any], None] | None
+    egress_check: Callable[[Any], None] | None
     close: Callable[[], None]
     service: Any = None
     quota_left: Callable[[str | None, str], dict[str, Any]] | None = None
@@ -463,10 +464,10 @@ async def _serve(home: Path, opts: HostOptions, identity: Any, *, on_invitation:
                     check = knowledge.egress_check
                     tap = audit.tap(remote)  # records the results frames queued to send (audit log)
 
-                    def egress(data: bytes, replying_to: Any = None) -> None:
+                    def egress(frame: Any) -> None:  # frame: node.engine.session.OutgoingFrame
                         if check is not None:
-                            check(data, replying_to)  # the gate seam (EgressGate.check_frame)
-                        tap.outgoing(data)
+                            check(frame)  # the gate seam (EgressGate.check_frame): scans frame.data
+                        tap.outgoing(frame)  # records from frame.message: nothing is decoded again
 
                     engine = SessionEngine(
                         "host", spec, public_key=identity.public_key, sign=identity.sign,
