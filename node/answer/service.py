@@ -233,12 +233,13 @@ class AnswerService:
         if not top:
             return pending or self._nothing(None, req, plan, peer, started)
         envelope = env.build_envelope(req, top, controller, plan=plan)
+        syncing = _syncing(corpus)
+        if syncing:  # before the size check: the flag is part of what is sent
+            env.mark_index_syncing(envelope)
         if peer is not None:
-            envelope = self._fit(envelope, req, plan, top, controller, peer, policy)
+            envelope = self._fit(envelope, req, plan, top, controller, peer, policy, syncing)
             if envelope is None:
                 return pending or self._nothing(None, req, plan, peer, started)
-        if _syncing(corpus):
-            env.mark_index_syncing(envelope)
         if pending is not None:
             # what the peer may see now goes with the pending status (specs/approvals.md §1)
             return {**pending, "envelope": envelope}
@@ -272,17 +273,35 @@ class AnswerService:
                 "visible": self._visible(view, policy)}
 
     def _fit(self, envelope: dict[str, Any], req: dict[str, Any], plan: Any, top: list[Any],
-             controller: dict[str, Any], peer: PeerView, policy: Any) -> dict[str, Any] | None:
-        """Drop the lowest-ranked results until the ``results`` message fits the peer's
-        ``max_message_bytes`` (quota); None when not even one result fits."""
+             controller: dict[str, Any], peer: PeerView, policy: Any,
+             syncing: bool) -> dict[str, Any] | None:
+        """The envelope cut to the peer's ``max_message_bytes`` (quota, less
+        :data:`MESSAGE_OVERHEAD_BYTES`): the lowest-ranked results are dropped; None when
+        not even one result fits.
+
+        One encode measures the envelope; when it is too large, each result's own bytes
+        (its ``results`` and ``citationPack`` entries, :func:`node.answer.envelope.result_sizes`)
+        say how many to drop, and the envelope is rebuilt once for the kept prefix (and
+        measured again: synthesis and coverage change with the results, so the estimate is
+        checked; a still-too-large envelope drops one more result per rebuild).
+        ``syncing``: mark each rebuilt envelope ``indexSyncing`` before it is measured."""
         if peer.key is None:
             return envelope
         limit = policy.quota_for(peer.name).max_message_bytes - MESSAGE_OVERHEAD_BYTES
-        while len(_encode(envelope)) > limit:
-            top = top[:-1]
-            if not top:
+        size = len(_encode(envelope))
+        while size > limit:
+            if len(top) == 1:
                 return None
+            sizes = env.result_sizes(envelope)
+            keep = len(top)
+            while keep > 1 and size > limit:  # at least one is always dropped
+                keep -= 1
+                size -= sizes[keep]
+            top = top[:keep]
             envelope = env.build_envelope(req, top, controller, plan=plan)
+            if syncing:
+                env.mark_index_syncing(envelope)
+            size = len(_encode(envelope))
         return envelope
 
     def _nothing(self, reason: str | None, req: dict[str, Any], plan: Any,
