@@ -165,12 +165,17 @@ class AnswerService:
             return visible
 
     # --- the answer ---------------------------------------------------------------------
-    def answer(self, body: Any, view: View = OWNER) -> dict[str, Any]:
+    def answer(self, body: Any, view: View = OWNER, *,
+               timings: dict[str, float] | None = None) -> dict[str, Any]:
         """Answer one search request as ``view``.
 
         Args:
             body: the flat request body (:mod:`node.answer.contract`), unvalidated.
             view: :data:`OWNER` or a :class:`PeerView`.
+            timings: when given, filled with the seconds the answer spent per stage —
+                ``search`` (``Corpus.search_hits``), ``gate`` (the view's screen / the
+                owner's id normalization) and ``envelope`` (build, index-syncing mark,
+                trim) — for ``scripts/bench``'s profile; never part of the answer.
 
         Returns:
             ``{"status": str, "envelope": dict}`` plus ``error`` / ``approval_id`` /
@@ -199,6 +204,7 @@ class AnswerService:
         corpus = self._corpus
         if corpus is None:
             return self._nothing("index-unavailable", req, plan, peer, started)
+        t_search = time.perf_counter()
         try:
             hits, controller = corpus.search_hits(
                 req["query"], filters=req["filters"] or None,
@@ -213,6 +219,7 @@ class AnswerService:
         if not hits and controller.get("stopReason") == "budget-exhausted" and not any(
                 p.get("status") == "ran" for p in controller.get("passes", [])):
             return _empty("budget-exhausted", req, plan)
+        t_gate = time.perf_counter()
         pending: dict[str, Any] | None = None  # the pending-approval answer, when the best hit waits
         if peer is not None:
             from node.policy.gate import PENDING
@@ -230,6 +237,9 @@ class AnswerService:
                 shown = [_with_id(h, canonical.get(h.source_id) or canonical.setdefault(
                     h.source_id, self._canonical(h.source_id))) for h in hits]
         top = shown[: req["topK"]]
+        t_envelope = time.perf_counter()
+        if timings is not None:
+            timings.update(search=t_gate - t_search, gate=t_envelope - t_gate)
         if not top:
             return pending or self._nothing(None, req, plan, peer, started)
         envelope = env.build_envelope(req, top, controller, plan=plan)
@@ -240,6 +250,8 @@ class AnswerService:
             envelope = self._fit(envelope, req, plan, top, controller, peer, policy, syncing)
             if envelope is None:
                 return pending or self._nothing(None, req, plan, peer, started)
+        if timings is not None:
+            timings["envelope"] = time.perf_counter() - t_envelope
         if pending is not None:
             # what the peer may see now goes with the pending status (specs/approvals.md §1)
             return {**pending, "envelope": envelope}
