@@ -17,7 +17,8 @@ the request's ``dedupe`` → the view's gate (peers: :meth:`node.policy.gate.Egr
 → canonical (NFC) source ids → the envelope, built from the plan the search made →
 ``index-syncing`` when nothing may be shown while the index lags its record, or
 ``quality.flags.indexSyncing`` on a non-empty answer. The leak scan is NOT here: it is the
-gate seam every outgoing frame passes (:class:`node.policy.gate.SessionEgress`).
+gate seam every outgoing frame passes once (:meth:`node.policy.gate.EgressGate.check_frame`,
+called by the session engine with the encoded frame).
 
 No oracle: an answer with nothing to show is :func:`node.answer.envelope.empty_envelope`
 of the reason and the request only; for a peer it also takes at least
