@@ -130,6 +130,7 @@ class AnswerService:
         self._gate = gate
         self._limiter = limiter
         self._normalize: Callable[[str], str | None] | None = None
+        self._synced_once = False  # a sync of this corpus has completed (``last_sync`` is set)
 
     # --- views --------------------------------------------------------------------------
     def knowledge_for(self, view: PeerView) -> Knowledge:
@@ -244,7 +245,7 @@ class AnswerService:
         if not top:
             return pending or self._nothing(None, req, plan, peer, started)
         envelope = env.build_envelope(req, top, controller, plan=plan)
-        syncing = _syncing(corpus)
+        syncing = self._syncing_while(controller)
         if syncing:  # before the size check: the flag is part of what is sent
             env.mark_index_syncing(envelope)
         if peer is not None:
@@ -316,6 +317,21 @@ class AnswerService:
                 env.mark_index_syncing(envelope)
             size = len(_encode(envelope))
         return envelope
+
+    def _syncing_while(self, controller: Mapping[str, Any]) -> bool:
+        """Whether a shown answer is marked ``indexSyncing``: the index lagged its record
+        while searching (``indexLag``, which the search measured under the corpus lock),
+        or no sync has completed yet. The latter is asked of the corpus
+        (:meth:`Corpus.index_syncing`) only until it once says settled: ``last_sync``,
+        once written, is never removed, so afterwards the search's own lag is the whole
+        answer and an answer takes the corpus lock once, not twice."""
+        if controller.get("indexLag"):
+            return True
+        if self._synced_once:
+            return False
+        syncing = _syncing(self._corpus)
+        self._synced_once = not syncing
+        return syncing
 
     def _nothing(self, reason: str | None, req: dict[str, Any], plan: Any,
                  peer: PeerView | None, started: float) -> dict[str, Any]:
