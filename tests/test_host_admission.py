@@ -3,12 +3,13 @@ an expired invitation is refused on the host (``handshake-post-expired``); faile
 handshakes cool a key down (``handshake-too-many-failures``) and retire a file-mode post;
 the 16 keys × 4 sessions slot-exhaustion attack fails — an honest pinned guest and an
 honest anonymous guest both get in. The rules themselves are unit-tested without iroh in
-tests/test_admission.py."""
+tests/test_sessions.py."""
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 
 import anyio
 import pytest
@@ -18,6 +19,7 @@ from node.engine.session import GuestConfig, SessionEngine
 from node.runtime.driver import run_session
 from node.runtime.guest import check_invitation, join_session
 from node.runtime.hooks import HookContext, Hooks, PeerInfo
+from node.runtime.sessions import QUIET_AFTER_S
 from node.transport.iroh import bind_node
 from node.trust.identity import Identity
 from node.trust.invitation import parse_invitation
@@ -61,6 +63,7 @@ def test_an_expired_invitation_is_refused_by_the_host(tmp_path):
             inv = parse_invitation(host.invitation)
             _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
             before = await _guest(inv, spec, Identity(os.urandom(32)))
+            host.clock.advance(2.5)  # past expires_at on the host's clock: no real wait
             expired = await host.wait_for(lambda e: e["event"] == "post-expired")
             after = await _guest(inv, spec, Identity(os.urandom(32)))
             host.stop.set()
@@ -104,7 +107,7 @@ def test_failed_handshakes_cool_a_key_down_and_retire_a_file_mode_post(tmp_path)
     assert [e["reason"] for e in retired] == ["too-many-failures"]
 
 
-IDLE_S = 3.0  # the attack test's --evict-idle-after
+IDLE_S = 300.0  # the attack test's --evict-idle-after: never reached
 
 
 def test_sixteen_keys_times_four_sessions_do_not_lock_out_honest_guests(tmp_path):
@@ -169,17 +172,24 @@ def test_sixteen_keys_times_four_sessions_do_not_lock_out_honest_guests(tmp_path
                 # the honest anonymous guest comes once they have asked far beyond the quota
                 await host.wait_for(lambda _e: asked[0] > 300, timeout=60)
                 # every attacker answer is rate-limited by now (the anonymous bucket holds 40):
-                # their sessions count as idle from here; let them pass --evict-idle-after
-                await anyio.sleep(IDLE_S + 1.0)
+                # their sessions count as quiet once QUIET_AFTER_S passes on the host's clock —
+                # far short of --evict-idle-after (IDLE_S): the honest guest waits out no timer
+                host.clock.advance(QUIET_AFTER_S)
                 honest = Identity(os.urandom(32))
+                t0 = time.monotonic()
                 outcomes["anonymous"] = await join_session(
                     guest_home, honest, inv, pdir, spec, local=True, server_url=None, heartbeat=FAST,
                     options={"queries": ["alpha"], "on_results": got["anonymous"].append})
+                outcomes["took"] = time.monotonic() - t0
                 done.set()
             host.stop.set()
         return outcomes, got, host, honest, attacked
 
     outcomes, got, host, honest, attacked = anyio.run(scenario, backend="asyncio")
+    print(f"honest anonymous guest served in {outcomes['took']:.2f} s under the flood")
+    # served without waiting out any timer (the issue's bound is 2 s on a quiet machine;
+    # the margin here is for a loaded CI machine, not a second timer)
+    assert outcomes["took"] < 6.0
     assert outcomes["pinned"].ok, (outcomes["pinned"].reason, outcomes["pinned"].code)
     assert outcomes["anonymous"].ok, (outcomes["anonymous"].reason, outcomes["anonymous"].code)
     assert len(got["pinned"]) == 1 and len(got["anonymous"]) == 1

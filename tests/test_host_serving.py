@@ -35,6 +35,7 @@ from node.runtime.driver import run_session
 from node.engine.session import GuestConfig, SessionEngine, State, UiArtifactRefused
 from node.runtime.guest import check_invitation, join_session, resolve_invitation
 from node.runtime.hooks import HookContext, Hooks, PeerInfo
+from node.runtime.sessions import HANDSHAKE_GRACE_S
 
 from node.trust.identity import Identity, load_or_init_identity
 from node.trust.invitation import create_invitation, parse_invitation
@@ -97,7 +98,8 @@ def test_silent_connections_do_not_lock_out_a_real_guest(tmp_path):
                     attacker = a if i % 2 else b
                     conn = await attacker.connect(inv.transport_info.ticket)
                     held.append(await attacker.open_stream(conn))  # nothing sent: the host never sees it
-                await anyio.sleep(0.3)
+                await host.until(lambda: len([e for e in host.of("session-refused")
+                                              if e.get("reason") == "evicted"]) >= 70 - 64)
                 got: list = []
                 t0 = time.monotonic()
                 honest = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True,
@@ -129,7 +131,7 @@ def test_single_use_post_admits_exactly_one_of_concurrent_handshakes(tmp_path):
             # a guest that takes the slot but never sends _session_ready gives it back
             assert await _raw_guest(inv, spec, Identity(os.urandom(32)), hang_up_after_proof=True) \
                 is State.AWAIT_CONFIRM
-            await anyio.sleep(0.3)
+            await host.until(lambda: host.host.table.connections == 0)  # its reservation is given back
             outs: list = []
 
             async def slow_proof(_proof):  # every guest holds its proof a while before ready
@@ -407,13 +409,13 @@ def test_stalled_handshakes_are_evicted_with_host_busy_for_a_real_guest(tmp_path
 
             async with bind_node(os.urandom(32), spec.alpn, local=True) as a, \
                     anyio.create_task_group() as stallers:
-                for _ in range(3):
+                for n in range(3):  # in order: the first is the oldest
                     stallers.start_soon(stall, a)
-                    await anyio.sleep(0.1)
-                await anyio.sleep(1.2)  # older than HANDSHAKE_GRACE_S: a stalled handshake, evictable
+                    await host.until(lambda n=n: host.host.table.sessions == n + 1)
+                host.clock.advance(HANDSHAKE_GRACE_S)  # older than the grace: stalled handshakes, evictable
                 honest = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True,
                                             server_url=None, heartbeat=FAST, options={"queries": ["one"]})
-                await anyio.sleep(0.3)
+                await host.until(lambda: told)
                 stallers.cancel_scope.cancel()
             host.stop.set()
         return honest, told, host

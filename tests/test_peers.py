@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from node.cli import main as cli_main
 from node.engine.session import SessionReady
 from node.common.errors import CODES, KithError, PolicyError
-from node.runtime.admission import admission
+from node.runtime.sessions import admission
 from node.trust.peers import PeerRegistry, clean_profile, load_own_profile, save_own_profile
 from node.policy.approvals import Approvals
 from node.policy.redact import RedactingFilter, redact

@@ -24,8 +24,9 @@ from node.engine.session import GuestConfig, SessionEngine
 from node.runtime.driver import run_session
 from node.runtime.guest import check_invitation, join_session
 from node.runtime.hooks import Hooks
-from node.runtime.host import HostOptions, serve_host
-from node.trust.identity import Identity, load_or_init_identity
+from node.runtime.clock import ManualClock
+from node.runtime.host import Host, HostOptions
+from node.trust.identity import Identity, load_identity, load_or_init_identity
 from node.trust.invitation import parse_invitation
 
 from conftest import PROTOCOLS
@@ -49,10 +50,14 @@ def _home(tmp: Path, name: str) -> Path:
 
 
 class InProcessHost:
-    """``serve_host`` in this event loop; ``events`` collects what it reports."""
+    """The real :class:`node.runtime.host.Host` in this event loop, over iroh on loopback,
+    with a :class:`node.runtime.clock.ManualClock` the test advances (``clock``; pass
+    ``clock=SYSTEM_CLOCK`` for real time); ``events`` collects what it reports and
+    ``host`` is the running Host (its session table, posts)."""
 
-    def __init__(self, home: Path, tmp: Path, **opts: Any) -> None:
+    def __init__(self, home: Path, tmp: Path, clock: Any = None, **opts: Any) -> None:
         self.home = home
+        self.clock = clock if clock is not None else ManualClock()
         self.invite = tmp / f"invite-{os.urandom(3).hex()}.json"
         self.opts = HostOptions(**{"local": True, "invite_file": self.invite, "heartbeat": FAST,
                                    **opts})
@@ -66,14 +71,21 @@ class InProcessHost:
             self.invitation = inv
             self.ready.set()
 
-        await serve_host(self.home, self.opts, on_invitation=on_inv, on_event=self.events.append,
-                         warn=lambda _m: None, stop=self.stop)
+        self.host = Host(self.home, self.opts, load_identity(self.home), on_invitation=on_inv,
+                         on_event=self.events.append, warn=lambda _m: None, stop=self.stop, clock=self.clock)
+        await self.host.run()
 
     def of(self, kind: str) -> list[dict]:
         return [e for e in self.events if e["event"] == kind]
 
     def ended(self) -> list[dict]:
         return self.of("session-ended")
+
+    async def until(self, cond, timeout: float = 15.0) -> None:
+        """Wait (polling, bounded) until ``cond()`` holds: a condition, not a fixed sleep."""
+        with anyio.fail_after(timeout):
+            while not cond():
+                await anyio.sleep(0.01)
 
     async def wait_for(self, pred, timeout: float = 15.0) -> dict:
         with anyio.fail_after(timeout):

@@ -19,7 +19,8 @@ from node.engine.framing import encode_frame
 from node.engine.session import OutgoingFrame
 from node.runtime.audit import HostAudit
 from node.trust.audit_log import AuditLog, AuditProblem, read_audit
-from node.runtime.revocation import LiveSessions, PeersWatcher
+from node.runtime.revocation import PeersWatcher
+from node.runtime.sessions import SessionTable
 from node.trust.pairing import pairing_code, wordlist
 from node.trust.peers import PEERS_FILE, REGISTRY_VERSION, PeerRegistry
 
@@ -229,7 +230,7 @@ def test_watcher_survives_a_corrupt_registry_and_cancels_approvals_on_removal(tm
     req = Approvals(tmp_path).request(A, "alice", "salary", ["/docs/salary.md"])
     other = Approvals(tmp_path).request(B, None, "salary", ["/docs/salary.md"])
     events: list[dict] = []
-    watcher = PeersWatcher(tmp_path, LiveSessions(), on_event=events.append)
+    watcher = PeersWatcher(tmp_path, SessionTable(), on_event=events.append)
     assert watcher.poll() == []
     (tmp_path / PEERS_FILE).write_text('{"peers": {')  # an editor left it half-written
     assert watcher.poll() == [] and watcher.poll() == []
@@ -244,7 +245,7 @@ def test_watcher_survives_a_corrupt_registry_and_cancels_approvals_on_removal(tm
 
 def test_watcher_reports_policy_reloads(tmp_path):
     events: list[dict] = []
-    watcher = PeersWatcher(tmp_path, LiveSessions(), on_event=events.append)
+    watcher = PeersWatcher(tmp_path, SessionTable(), on_event=events.append)
     (tmp_path / "policy.toml").write_text('[[rule]]\nglob = "/docs/**"\ntier = "public"\n')
     watcher.poll()
     (tmp_path / "policy.toml").write_text("[[rule]\n")
@@ -270,25 +271,31 @@ def test_end_sessions_rejects_a_handshake_and_errors_a_ready_session(stage, host
         else:
             pair.handshake()
             assert pair.host.state.value == "ready"
-        sessions = LiveSessions()
+        sessions = SessionTable()
         scope = anyio.CancelScope()
-        sessions.add(7, pair.host, scope, guest_id.public_key, "alice")
-        sessions.add(8, object(), anyio.CancelScope(), A, None)  # another peer: untouched
+
+        def end(code: str, message: str) -> None:  # what a host connection does
+            pair.host.abort(code, message or None)
+            scope.cancel()
+
+        sessions.open_session(7, guest_id.public_key, end, alive=lambda: not pair.host.closed, name="alice")
+        sessions.open_session(8, A, lambda _c, _m: None, anonymous=True)  # another peer: untouched
         if stage == "ready":
-            sessions.ready(7, pair.host.session_id)
+            sessions.session_ready(7, pair.host.session_id)
         assert sessions.end_sessions(guest_id.public_key, "session-revoked", handshake_code="handshake-peer-blocked") == 1
-        assert scope.cancel_called and sessions.revoked(7) is not None and sessions.revoked(8) is None
+        assert scope.cancel_called and sessions.ended(7) is not None and sessions.ended(8) is None
         assert sessions.end_sessions(guest_id.public_key) == 0  # idempotent
         pair.guest_events += pair.guest.receive_data(pair.host.data_to_send())
         if stage == "handshake":
             (closed,) = pair.of(pair.guest_events, SessionClosed)
             assert (closed.reason, closed.code) == ("rejected", "handshake-peer-blocked")
-            assert sessions.revoked_outcome(7).code == "handshake-peer-blocked"
+            assert sessions.ended(7).code == "handshake-peer-blocked" and not sessions.ended(7).ready
         else:
             assert [e.code for e in pair.of(pair.guest_events, RemoteError)] == ["session-revoked"]
-            out = sessions.revoked_outcome(7)
-            assert (out.session_id, out.reason, out.code) == (pair.host.session_id, "aborted", "session-revoked")
-        sessions.discard(7)
+            assert pair.host.close_event.reason == "aborted"
+            assert (sessions.ended(7).code, sessions.ended(7).ready) == ("session-revoked", True)
+        assert sessions.sessions == 1  # the ended session's slot is free at once
+        sessions.close_session(7)
         assert sessions.peers() == {A: {None}}
 
     anyio.run(body, backend="asyncio")

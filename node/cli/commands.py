@@ -71,7 +71,7 @@ def host_cmd(
     watch: bool = typer.Option(False, "--watch", help="Re-index added, changed and deleted files live (holds the index writer lock while hosting)."),
     audit_queries: bool = typer.Option(False, "--audit-queries", help="Record each query's text in the audit log (default: only a keyed hash of it; `kith audit`)."),
     anonymous_slots: Optional[int] = typer.Option(None, "--anonymous-slots", min=0, max=1_000_000, help="Session slots anonymous guests (keys not in the peer registry) may hold together; the rest stay free for pinned peers. Default: 3/4 of the 64 slots (48)."),
-    evict_idle_after: float = typer.Option(30.0, "--evict-idle-after", min=0.0, max=86_400.0, metavar="SECONDS", help="An anonymous session that answered no query (rate-limited answers do not count) for this long may be ended with session-evicted when a newcomer needs its slot."),
+    evict_idle_after: float = typer.Option(30.0, "--evict-idle-after", min=0.0, max=86_400.0, metavar="SECONDS", help="An anonymous session that answered no query (rate-limited answers do not count) for this long may be ended with session-evicted for a guest that already holds a session; a guest with none evicts a session quiet for 2 s at once."),
     max_failed_handshakes: int = typer.Option(10, "--max-failed-handshakes", min=1, max=1_000_000, help="Failed handshakes (a live post named, then verification failed) before a key is refused for --failure-cooldown, and before a single-use or file-mode post is retired."),
     failure_cooldown: float = typer.Option(600.0, "--failure-cooldown", min=1.0, max=30 * 86_400.0, metavar="SECONDS", help="How long a key over --max-failed-handshakes is refused (handshake-too-many-failures)."),
 ) -> None:

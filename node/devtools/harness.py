@@ -1,6 +1,7 @@
-"""``kith protocol test DIR``: run both roles of a protocol in one process over the memory
-pipe, with the real engine, validation and termination rules, in a throwaway home
-(DESIGN §7).
+"""``kith protocol test DIR``: run both roles of a protocol in one process over memory
+pipes — the real host (:class:`node.runtime.host.Host`: session table, posts, audit,
+egress gate, answer service) and a guest on the real engine, with every validation and
+termination rule — in a throwaway home (DESIGN §7).
 
 Fixtures (all optional) live in ``DIR/test/``:
 
@@ -28,16 +29,19 @@ from typing import Any
 
 import anyio
 
-from node.runtime.driver import SessionOutcome, run_session
-from node.engine.session import GuestConfig, HostConfig, SessionEngine, SessionReady
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
 from node.common.errors import SpecError
-from node.runtime.hooks import HookContext, Hooks, PeerInfo, load_hooks
-from node.trust.identity import Identity
+from node.engine.session import GuestConfig, SessionEngine, SessionReady
 from node.protocol.spec import load_spec
-from node.transport.memory import memory_pipe
+from node.runtime.driver import SessionOutcome, run_session
+from node.runtime.hooks import HookContext, Hooks, PeerInfo, load_hooks
+from node.runtime.host import Host, HostOptions
+from node.transport.memory import MemoryListener
+from node.trust.identity import Identity, init_identity, load_identity
 
 TEST_TIMEOUT_S = 60.0
-TEST_POST_ID = "protocol-test-post"
 
 
 @dataclass
@@ -112,16 +116,16 @@ def _load_script(pdir: Path) -> dict[str, Any]:
     return script
 
 
-def _prepare_host_home(pdir: Path, home: Path) -> Any:
-    """Index ``test/corpus`` and install ``test/policy.toml`` into the throwaway home.
-    Returns the host's :class:`node.runtime.host.Knowledge`, or None (no corpus fixture)."""
+def _prepare_host_home(pdir: Path, home: Path) -> None:
+    """Index ``test/corpus`` and install ``test/policy.toml`` into the throwaway home
+    (the host opens them as ``kith host`` would)."""
     corpus_dir = pdir / "test" / "corpus"
     policy = pdir / "test" / "policy.toml"
     if policy.is_file():
         shutil.copyfile(policy, home / "policy.toml")
         os.chmod(home / "policy.toml", 0o600)
     if not corpus_dir.is_dir():
-        return None
+        return
     from node.corpus.store import Corpus
 
     work = home / "fixture" / "corpus"
@@ -129,9 +133,6 @@ def _prepare_host_home(pdir: Path, home: Path) -> Any:
     with Corpus(home) as corpus:
         corpus.add_root(work)
         corpus.sync()
-    from node.runtime.host import open_knowledge
-
-    return open_knowledge(home, lambda _msg: None)
 
 
 async def run_protocol_test(pdir: Path) -> ProtocolTestReport:
@@ -149,14 +150,12 @@ async def run_protocol_test(pdir: Path) -> ProtocolTestReport:
     guest_hooks = load_hooks(pdir)
     report.checks.append(Check("hooks.py loads", True))
     script = _load_script(pdir)
-    host_id, guest_id = Identity(os.urandom(32)), Identity(os.urandom(32))
+    guest_id = Identity(os.urandom(32))
 
     with tempfile.TemporaryDirectory(prefix="kith-protocol-test-") as tmp:
         home = Path(tmp)
-        knowledge = _prepare_host_home(pdir, home)
-        handle_for = knowledge.handle_for if knowledge else (lambda peer: None)
-        close = knowledge.close if knowledge else (lambda: None)
-        egress_check = knowledge.egress_check if knowledge else None
+        init_identity(home)
+        _prepare_host_home(pdir, home)
         received: list[dict[str, Any]] = report.received
         original = guest_hooks.on_message
 
@@ -166,43 +165,65 @@ async def run_protocol_test(pdir: Path) -> ProtocolTestReport:
 
         guest_hooks = Hooks(on_start=guest_hooks.on_start, on_message=tap, on_end=guest_hooks.on_end,
                             module=guest_hooks.module)
-        seen: set[str] = set()
-
-        def unseen(nonce: str) -> bool:
-            ok = nonce not in seen
-            seen.add(nonce)
-            return ok
-
-        g_stream, h_stream = memory_pipe(guest_id.public_key, host_id.public_key)
-        host_engine = SessionEngine("host", spec, public_key=host_id.public_key, sign=host_id.sign,
-                                    host=HostConfig(remote_id=guest_id.public_key,
-                                                    post_protocol={TEST_POST_ID: spec.protocol_id}.get,
-                                                    nonce_unseen=unseen),
-                                    egress_check=egress_check)
-        guest_engine = SessionEngine("guest", spec, public_key=guest_id.public_key, sign=guest_id.sign,
-                                     guest=GuestConfig(remote_id=host_id.public_key, post_id=TEST_POST_ID,
-                                                       host_public_key=host_id.public_key))
         outcomes: dict[str, SessionOutcome] = {}
+        events: list[dict[str, Any]] = []
+        invitation: dict[str, Any] = {}
+        ready = anyio.Event()
+        stop = anyio.Event()
+        listeners: list[MemoryListener] = []
 
-        def ctx_for(role: str, options: dict[str, Any]) -> Any:
+        @asynccontextmanager
+        async def bind(secret: bytes, _alpn: bytes) -> AsyncIterator[MemoryListener]:
+            listener = MemoryListener(Identity(secret).public_key)
+            listeners.append(listener)
+            try:
+                yield listener
+            finally:
+                await listener.aclose()
+
+        def published(inv: dict[str, Any]) -> None:
+            invitation.update(inv)
+            ready.set()
+
+        host = Host(home, HostOptions(protocol_dir=pdir, hook_options=dict(script.get("host_options") or {}),
+                                      control=False, shutdown_grace_s=2.0),
+                    load_identity(home), on_invitation=published, on_event=events.append,
+                    warn=lambda _msg: None, stop=stop, bind=bind)
+
+        async def guest() -> None:
+            await ready.wait()
+            host_key = invitation["host_public_key"]
+            stream = await listeners[0].connect(guest_id.public_key)
+            engine = SessionEngine("guest", spec, public_key=guest_id.public_key, sign=guest_id.sign,
+                                   guest=GuestConfig(remote_id=host_key, post_id=invitation["post_id"],
+                                                     host_public_key=host_key))
+            options = dict(script.get("guest_options") or {})
+
             def make(ev: SessionReady) -> HookContext:
-                return HookContext(role=role, session_id=ev.session_id, peer=PeerInfo(ev.peer_public_key),
-                                   options=dict(options), knowledge=handle_for(None) if role == "host" else None)
-            return make
+                return HookContext(role="guest", session_id=ev.session_id, peer=PeerInfo(ev.peer_public_key),
+                                   options=dict(options))
 
-        async def run(role: str, stream: Any, engine: SessionEngine, hooks: Hooks, options: dict[str, Any]) -> None:
-            outcomes[role] = await run_session(stream, engine, hooks, make_context=ctx_for(role, options))
+            outcomes["guest"] = await run_session(stream, engine, guest_hooks, make_context=make)
+            # the host's own account of the session: its session-ended event
+            with anyio.move_on_after(5):
+                while not any(e.get("event") == "session-ended" for e in events):
+                    await anyio.sleep(0.01)
+            stop.set()
 
-        try:
-            with anyio.move_on_after(TEST_TIMEOUT_S) as scope:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(run, "host", h_stream, host_engine, host_hooks, script.get("host_options") or {})
-                    tg.start_soon(run, "guest", g_stream, guest_engine, guest_hooks, script.get("guest_options") or {})
-        finally:
-            close()
+        with anyio.move_on_after(TEST_TIMEOUT_S) as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(host.run)
+                tg.start_soon(guest)
         if scope.cancelled_caught:
             report.checks.append(Check("session finishes", False, f"still running after {TEST_TIMEOUT_S:.0f} s"))
             return report
+        ended = [e for e in events if e.get("event") == "session-ended"]
+        if ended:
+            outcomes["host"] = SessionOutcome(session_id=ended[0].get("session_id"), reason=ended[0].get("reason", ""),
+                                              code=ended[0].get("code"), refused=list(ended[0].get("refused", [])))
+        refused = [e for e in events if e.get("event") == "session-refused"]
+        if refused and "host" not in outcomes:
+            outcomes["host"] = SessionOutcome(session_id=None, reason="rejected", code=refused[0].get("code"))
 
     for role in ("host", "guest"):
         out = outcomes.get(role)

@@ -17,7 +17,7 @@ A host serves HTTP/1.1 with JSON bodies on a Unix domain socket,
 Endpoints (specs/control.md): ``GET /v1/state`` (the live state, :meth:`HostControl.state`)
 and ``POST /v1/sessions/end`` ``{"id": ID-or-unique-prefix}`` (ends that session with
 ``session-ended-by-owner``, through the same path revocation uses,
-:meth:`node.runtime.revocation.LiveSessions.end_session`).
+:meth:`node.runtime.sessions.SessionTable.end_session`).
 
 :class:`ControlClient` is the owner's side (``kith status``, ``kith sessions``, the
 dashboard). It raises ``host-not-running`` when nothing listens (no socket file, or a stale
@@ -42,6 +42,7 @@ from typing import Any, Callable
 import anyio
 
 from node.common.errors import ConfigError, KithError, error_for, CODES
+from node.runtime.clock import rfc3339
 
 log = logging.getLogger("kith.control")
 
@@ -190,7 +191,7 @@ class HostControl:
     Attributes:
         home: the node home.
         identity: the host's :class:`node.trust.identity.Identity`.
-        sessions: the host's :class:`node.runtime.revocation.LiveSessions`.
+        sessions: the host's :class:`node.runtime.sessions.SessionTable`.
         posts: ``() -> [{"postId", "server", "expiresAt"}]``, the posts guests may join now.
         index: ``() -> {"ready", "roots", "documents", "chunks", ...}``; may block (run
             in a worker thread).
@@ -256,13 +257,6 @@ def pending_approvals(home: Path) -> list[dict[str, Any]]:
     return [{"id": r.id, "peer": {"key": r.peer_key, "name": r.peer_name}, "query": r.query,
              "source": r.sources[0] if r.sources else None, "sources": list(r.sources), "since": r.created_at}
             for r in pending]
-
-
-def rfc3339(unix: float) -> str:
-    """Unix seconds → ``YYYY-MM-DDTHH:MM:SSZ`` (UTC)."""
-    from datetime import datetime, timezone
-
-    return datetime.fromtimestamp(unix, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _app(control: HostControl) -> Any:

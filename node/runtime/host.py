@@ -1,26 +1,33 @@
-"""The Host role: bind iroh, publish (or write) an invitation, serve guests until cancelled.
+"""The Host role: bind an endpoint, publish (or write) an invitation, serve guests until stopped.
 
-``serve_host`` is transport orchestration only; every protocol rule lives in the engine,
-every content rule in the answer service (node/answer/service.py) and the egress gate.
+:class:`Host` builds the host's small machines once and wires them in one place: the
+session table (node/runtime/sessions.py: who is connected), the posts
+(node/runtime/posts.py: what may be joined), one :class:`node.runtime.connection.Connection`
+per accepted connection, the audit tap, the peers watcher and the knowledge behind the
+egress gate. It takes an injectable clock and endpoint, so ``kith protocol test`` and the
+tests run this same host over memory pipes. :func:`serve_host` is what ``kith host`` calls.
+Every protocol rule lives in the engine, every content rule in the answer service
+(node/answer/service.py) and the egress gate.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import anyio
 
-from node.runtime.admission import EVICT_IDLE_AFTER_S, FAILURE_COOLDOWN_S, MAX_CONCURRENT_SESSIONS, \
-    MAX_FAILED_HANDSHAKES, MAX_SESSIONS_PER_PEER, ActivityTracked, Admission, AdmissionLimits, admission
-from node.runtime.driver import run_session
-from node.engine.session import HostConfig, SessionEngine, SessionReady
-from node.common.errors import ConfigError, HandshakeError, KithError, SpecError
-from node.common.home import acquire_owner_lock, atomic_write, lock_owner, release_owner_lock
-from node.runtime.hooks import HookContext, PeerInfo, load_hooks
+from node.common.errors import ConfigError, KithError, SpecError
+from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
+from node.engine.session import HostConfig, SessionEngine
+from node.runtime.clock import SYSTEM_CLOCK, Clock
+from node.runtime.connection import FIRST_STREAM_TIMEOUT_S, Connection
+from node.runtime.hooks import load_hooks
+from node.runtime.posts import Posts
+from node.runtime.sessions import EVICT_IDLE_AFTER_S, FAILURE_COOLDOWN_S, MAX_CONCURRENT_SESSIONS, \
+    MAX_FAILED_HANDSHAKES, MAX_SESSIONS_PER_PEER, AdmissionLimits, SessionTable
 from node.trust.identity import load_identity
 from node.trust.invitation import DEFAULT_TTL_S, Invitation, create_invitation
 from node.trust.peers import PeerRegistry, load_own_profile
@@ -29,15 +36,8 @@ from node.protocol.spec import find_protocol_dir, load_spec
 log = logging.getLogger("kith.host")
 
 SHUTDOWN_GRACE_S = 10.0
-#: How long an accepted connection may take to open its session stream (s). An honest
-#: guest opens it within milliseconds; a silent one is closed after this.
-FIRST_STREAM_TIMEOUT_S = 3.0
-#: On SIGINT/SIGTERM, how long withdrawing the host's posts on the server may take (s).
-WITHDRAW_TIMEOUT_S = 3.0
 #: The lock a serving ``kith host`` holds in its home (a second one gets ``home-in-use``).
 HOST_LOCK_FILE = "host.lock"
-#: Expired-and-republished post ids remembered to answer ``handshake-post-expired``.
-MAX_EXPIRED_POSTS = 1024
 
 
 @dataclass
@@ -62,8 +62,9 @@ class HostOptions:
         anonymous_sessions: session slots anonymous peers (keys not in the registry) may
             hold together (``--anonymous-slots``); None = 3/4 of ``max_sessions``.
         evict_idle_after_s: a READY anonymous session that answered no query for this
-            long (s) may be evicted (``session-evicted``) for a newcomer
-            (``--evict-idle-after``); :class:`node.runtime.admission.Admission`.
+            long (s) may be evicted (``session-evicted``) for *any* newcomer
+            (``--evict-idle-after``); a newcomer that holds no session yet evicts a quiet
+            one at once (:meth:`node.runtime.sessions.SessionTable.open_session`).
         max_failed_handshakes / failure_cooldown_s: after that many failed handshakes a
             key is refused for that long (``handshake-too-many-failures``); a single-use
             or file-mode post with that many failures from any keys is retired
@@ -76,6 +77,12 @@ class HostOptions:
         shutdown_grace_s: on stop, how long live sessions get to end cleanly (s).
         watch: re-index the corpus live while hosting (``--watch``); the host then holds
             the index writer lock (DESIGN §9) and emits ``index-updated`` events.
+        protocol_dir: a protocol folder used as is instead of looking ``protocol`` up
+            (``kith protocol test DIR``), or None.
+        hook_options: ``ctx.options`` of the host's hooks (``host_options`` of a protocol
+            test script); empty for ``kith host``.
+        control: serve the owner's control channel (``<home>/run/control.sock``); off
+            only for ``kith protocol test``'s throwaway home.
     """
 
     protocol: str = "knowledge-query"
@@ -98,6 +105,9 @@ class HostOptions:
     heartbeat: Any = "default"
     shutdown_grace_s: float = SHUTDOWN_GRACE_S
     watch: bool = False
+    protocol_dir: Path | None = None
+    hook_options: dict[str, Any] = field(default_factory=dict)
+    control: bool = True
 
 
 @dataclass
@@ -202,8 +212,8 @@ def _quota_left(gate: Any, limiter: Any) -> Callable[[str | None, str], dict[str
 
 async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[dict[str, Any]], None],
                      on_event: Callable[[dict[str, Any]], None], warn: Callable[[str], None],
-                     stop: anyio.Event | None = None) -> None:
-    """Serve guests until ``stop`` is set (or until cancelled).
+                     stop: anyio.Event | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+    """Serve guests until ``stop`` is set (or until cancelled), as one :class:`Host` over iroh.
 
     On ``stop`` (the CLI sets it on SIGINT/SIGTERM): no new connection is accepted, every
     live session ends cleanly after its current hook (the protocol's terminal ``end``, or
@@ -221,7 +231,9 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     (QUIC reason ``handshake-host-busy``; a ``session-refused`` event with ``reason``
     ``evicted``), so idle connections cannot lock honest guests out. Likewise, when every
     session slot is taken, the oldest session still in its handshake is ended with
-    ``handshake-host-busy`` to make room before a new guest is refused.
+    ``handshake-host-busy`` to make room before a new guest is refused, and a newcomer that
+    holds no session yet evicts a quiet anonymous session at once
+    (:meth:`node.runtime.sessions.SessionTable.open_session`).
 
     A post with ``opts.post_max_sessions`` admits that many handshakes: a slot is reserved
     when ``_session_init`` is accepted and given back if that session never becomes
@@ -237,6 +249,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
             and, for an evicted idle connection or stalled handshake, ``reason: "evicted"``).
         warn: prints a warning for the owner (stderr).
         stop: set it to shut down cleanly.
+        clock: the host's clock (tests pass a :class:`node.runtime.clock.ManualClock`).
 
     One ``kith host`` serves a home at a time: it holds ``<home>/host.lock`` (``flock``,
     naming its pid) while serving. While it serves, its owner's control channel listens on
@@ -255,386 +268,252 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
         raise ConfigError("home-in-use", f"Another `kith host` is serving this home ({lock_owner(home / HOST_LOCK_FILE)}).",
                           hint="Stop it first, or host from another home (--home DIR).")
     try:
-        await _serve(home, opts, identity, on_invitation=on_invitation, on_event=on_event, warn=warn, stop=stop)
+        await Host(home, opts, identity, on_invitation=on_invitation, on_event=on_event, warn=warn,
+                   stop=stop, clock=clock).run()
     finally:
         release_owner_lock(host_lock)
 
 
-async def _serve(home: Path, opts: HostOptions, identity: Any, *, on_invitation: Callable[[dict[str, Any]], None],
-                 on_event: Callable[[dict[str, Any]], None], warn: Callable[[str], None],
-                 stop: anyio.Event | None) -> None:
-    """:func:`serve_host` once this process holds the home's host lock."""
-    from node.transport.iroh import bind_node
+class Host:
+    """One host process's serving machinery, built once and wired in one place.
 
-    started_at = _now()
-    from node.runtime.control import check_run_dir, control_socket_path
+    A ``Host`` owns a :class:`node.runtime.sessions.SessionTable` (who is connected),
+    :class:`node.runtime.posts.Posts` (what may be joined), the audit tap, the peers
+    watcher and the knowledge behind the egress gate; each accepted connection is a
+    :class:`node.runtime.connection.Connection`. Every event goes through :meth:`emit`
+    (the audit log, then the owner's ``on_event``, then the post keeper), fixed when the
+    host is built. Time comes from ``clock`` and the endpoint from ``bind``, so the same
+    host runs over iroh (``kith host``) and over memory pipes (``kith protocol test``,
+    tests), and tests drive eviction and expiry by advancing a
+    :class:`node.runtime.clock.ManualClock`.
 
-    check_run_dir(control_socket_path(home).parent, create=True)  # control-dir-unsafe before publishing
-    pdir = find_protocol_dir(opts.protocol, home)
-    if pdir is None:
-        raise SpecError("protocol-not-found", f"no protocol named {opts.protocol!r}")
-    spec = load_spec(pdir)
-    hooks = load_hooks(pdir)
-    knowledge = open_knowledge(home, warn)
-    PeerRegistry.load(home)  # a broken registry fails here, before binding
-    own_profile = load_own_profile(home)
-    ui_bundle = None
-    if opts.share_ui:
-        from node.runtime.ui_artifacts import load_bundle
+    Args:
+        home: the node home (holds the identity; never created here).
+        opts: :class:`HostOptions`.
+        identity: the host's :class:`node.trust.identity.Identity`.
+        on_invitation / on_event / warn / stop: as :func:`serve_host`.
+        clock: the host's clock (default: the system clock).
+        bind: ``(secret, alpn) -> async context manager`` yielding the endpoint (the
+            listener shape of :class:`node.transport.iroh.IrohNode`; see
+            :class:`node.transport.memory.MemoryListener`); default: iroh, bound with
+            ``opts.local``.
+    """
 
-        ui_bundle = load_bundle(pdir)
-    from node.trust.seen_nonces import SeenNonces
+    def __init__(self, home: Path, opts: HostOptions, identity: Any, *,
+                 on_invitation: Callable[[dict[str, Any]], None], on_event: Callable[[dict[str, Any]], None],
+                 warn: Callable[[str], None], stop: anyio.Event | None = None, clock: Clock = SYSTEM_CLOCK,
+                 bind: Callable[[bytes, bytes], Any] | None = None) -> None:
+        self.home = Path(home)
+        self.opts = opts
+        self.identity = identity
+        self.on_invitation = on_invitation
+        self.on_event = on_event
+        self.warn = warn
+        self.stop = stop
+        self.clock = clock
+        self.bind = bind or self._bind_iroh
+        self.first_stream_timeout_s = FIRST_STREAM_TIMEOUT_S
+        self.session_stop = anyio.Event()
+        self.listener: Any = None
+        self._running = 0  # connection tasks not finished yet
+        self._all_done = anyio.Event()
+        self._all_done.set()
 
-    seen_nonces = SeenNonces(home)
-    # audit log and live revocation (issue 11: node/runtime/audit.py, revocation.py)
-    from node.runtime.audit import HostAudit
-    from node.trust.audit_log import AuditLog
-    from node.runtime.revocation import LiveSessions, PeersWatcher
-    from node.trust.pairing import pairing_code
+    def _bind_iroh(self, secret: bytes, alpn: bytes) -> Any:
+        from node.transport.iroh import bind_node
 
-    audit = HostAudit(AuditLog(home, audit_queries=opts.audit_queries))
-    on_event = audit.observe(on_event)
-    hooks = audit.wrap_hooks(hooks)
-    live_sessions = LiveSessions()
-    peers_watcher = PeersWatcher(home, live_sessions, on_event=on_event)
-    session_stop = anyio.Event()
-    watcher = None
-    live: dict[str, str] = {}  # post_id -> protocol_id of the posts guests may join
-    expired_posts: set[str] = set()  # posts that expired and were republished (bounded)
-    withdrawn = [not opts.server_url]  # the posts were withdrawn on stop (or there is no server)
+        return bind_node(secret, alpn, local=self.opts.local)
 
-    async def withdraw_posts() -> None:
-        """Withdraw this host's posts on the server, bounded; failures are only logged."""
-        if withdrawn[0]:
-            return
-        withdrawn[0] = True
-        from node.community.keeper import withdraw_posts as withdraw
+    # ------------------------------------------------------------ building
+    def _build(self) -> None:
+        """Load the protocol, knowledge and trust records; make the table and posts.
 
-        assert opts.server_url is not None
-        await withdraw(opts.server_url, identity, list(live), timeout_s=WITHDRAW_TIMEOUT_S)
+        Raises:
+            KithError: protocol not found/invalid, broken ``peers.json``, ...
+        """
+        from node.runtime.audit import HostAudit
+        from node.runtime.revocation import PeersWatcher
+        from node.trust.audit_log import AuditLog
+        from node.trust.seen_nonces import SeenNonces
 
-    try:
-        if opts.watch:  # take the index writer before publishing: index-locked fails fast
-            from node.corpus.watch import host_watcher
+        opts = self.opts
+        pdir = Path(opts.protocol_dir) if opts.protocol_dir is not None else find_protocol_dir(opts.protocol, self.home)
+        if pdir is None:
+            raise SpecError("protocol-not-found", f"no protocol named {opts.protocol!r}")
+        self.spec = load_spec(pdir)
+        hooks = load_hooks(pdir)
+        self.knowledge = open_knowledge(self.home, self.warn)
+        self._closers: list[Callable[[], None]] = [self.knowledge.close]
+        PeerRegistry.load(self.home)  # a broken registry fails here, before binding
+        self.own_profile = load_own_profile(self.home)
+        self.ui_bundle = None
+        if opts.share_ui:
+            from node.runtime.ui_artifacts import load_bundle
 
-            watcher = await anyio.to_thread.run_sync(host_watcher, home, on_event, warn)
-        async with bind_node(identity.secret, spec.alpn, local=opts.local) as node:
-            if not await node.wait_online():
-                warn("the iroh endpoint is not online yet (no relay); guests may not reach it")
-            def new_invitation() -> Invitation:
-                return create_invitation(identity, protocol_name=spec.name, protocol_version=spec.version,
-                                         protocol_id=spec.protocol_id, ticket=node.ticket(), ttl_s=opts.ttl_s,
-                                         message=opts.message, tags=opts.tags,
-                                         max_sessions=opts.post_max_sessions)
+            self.ui_bundle = load_bundle(pdir)
+        self.seen_nonces = SeenNonces(self.home)
+        self._closers.append(self.seen_nonces.close)
+        self.audit = HostAudit(AuditLog(self.home, audit_queries=opts.audit_queries))
+        self._closers.append(self.audit.close)
+        self._emit = self.audit.observe(self.on_event)
+        self.hooks = self.audit.wrap_hooks(hooks)
+        self.table = SessionTable(AdmissionLimits(max_sessions=opts.max_sessions,
+                                                  max_sessions_per_peer=opts.max_sessions_per_peer,
+                                                  post_max_sessions=opts.post_max_sessions,
+                                                  anonymous_sessions=opts.anonymous_sessions,
+                                                  evict_idle_after_s=opts.evict_idle_after_s,
+                                                  max_failures=opts.max_failed_handshakes,
+                                                  failure_cooldown_s=opts.failure_cooldown_s),
+                                  on_event=self.emit, clock=self.clock)
+        self.posts = Posts(self.spec.protocol_id, server_url=opts.server_url, identity=self.identity,
+                           invite_file=opts.invite_file, emit=self.emit, warn=self.warn, clock=self.clock,
+                           max_failures=opts.max_failed_handshakes,
+                           # a public multi-use post must never be rotatable by strangers
+                           retire_on_failures=not opts.server_url or opts.post_max_sessions == 1)
+        self.peers_watcher = PeersWatcher(self.home, self.table, on_event=self.emit)
 
-            inv = new_invitation()
-            if opts.server_url:
-                from node.community.client import CommunityClient
+    def emit(self, ev: dict[str, Any]) -> None:
+        """Report one host event: to the audit log and the owner's ``on_event``, then to
+        the post keeper (which closes ended sessions on the server)."""
+        self._emit(ev)
+        keeper = self.posts.keeper
+        if keeper is not None:
+            keeper.observe(ev)
 
-                async with CommunityClient(opts.server_url, identity) as client:
-                    inv = await client.publish_invitation(inv)
-            if opts.invite_file is not None:
-                atomic_write(Path(opts.invite_file), _json(inv.to_dict()), mode=0o644)
-            live[inv.post_id] = spec.protocol_id
-            keeper = None
-            if opts.server_url:  # republish a consumed/expired post; close ended sessions
-                from node.community.keeper import PostKeeper
+    def pairing_code(self, peer_key: str) -> str:
+        """The pairing words this host and ``peer_key`` both see (node/trust/pairing.py)."""
+        from node.trust.pairing import pairing_code
 
-                emit_event = on_event
+        return pairing_code(self.identity.public_key, peer_key)
 
-                def republished(previous: str, reason: str, fresh: Invitation) -> None:
-                    live.pop(previous, None)  # a consumed/expired post is not joinable here either
-                    if reason == "expired" and len(expired_posts) < MAX_EXPIRED_POSTS:
-                        expired_posts.add(previous)  # still refused as expired, not as unknown
-                    live[fresh.post_id] = spec.protocol_id
-                    expiry[fresh.post_id] = _unix(fresh.expires_at)
-                    if opts.invite_file is not None:
-                        atomic_write(Path(opts.invite_file), _json(fresh.to_dict()), mode=0o644)
-                    emit_event({"event": "republished", "post_id": fresh.post_id, "previous_post_id": previous,
-                                "reason": reason, "expires_at": fresh.expires_at})
+    def reject_frame(self, code: str, message: str | None = None) -> bytes:
+        """One ``_session_reject`` frame: the engine's own, or with ``message`` (a refusal
+        whose peer message carries a number, such as the cool-down left)."""
+        if message is not None:
+            return _reject_frame(code, message)
+        engine = SessionEngine("host", self.spec, public_key=self.identity.public_key, sign=self.identity.sign,
+                               host=HostConfig(remote_id="", post_protocol=lambda _p: None,
+                                               nonce_unseen=lambda _n: False))
+        engine.abort(code)
+        return engine.data_to_send()
 
-                def noticed(ev: dict[str, Any]) -> None:  # the server's word on the post
-                    if ev["event"] == "post-renewed":  # renewed elsewhere: follow its expiry
-                        expiry[ev["post_id"]] = _unix(ev["expires_at"])
-                    elif ev["event"] == "post-ended" and not ev["republish"]:
-                        live.pop(ev["post_id"], None)  # withdrawn: nobody can join it
-                    emit_event(ev)
+    # ------------------------------------------------------------ running
+    async def run(self) -> None:
+        """Serve until ``stop`` is set or the task is cancelled (see :func:`serve_host`)."""
+        from node.runtime.control import check_run_dir, control_socket_path
 
-                keeper = PostKeeper(opts.server_url, identity, inv, make_invitation=new_invitation,
-                                    on_republished=republished, on_notice=noticed)
+        started_at = self.clock.time()
+        if self.opts.control:
+            check_run_dir(control_socket_path(self.home).parent, create=True)  # control-dir-unsafe before publishing
+        self._build()
+        watcher = None
+        try:
+            if self.opts.watch:  # take the index writer before publishing: index-locked fails fast
+                from node.corpus.watch import host_watcher
 
-                def on_event(ev: dict[str, Any]) -> None:
-                    emit_event(ev)
-                    keeper.observe(ev)
+                watcher = await anyio.to_thread.run_sync(host_watcher, self.home, self.emit, self.warn)
+                self._closers.insert(0, watcher.close)
+            async with self.bind(self.identity.secret, self.spec.alpn) as listener:
+                self.listener = listener
+                if not await listener.wait_online():
+                    self.warn("the iroh endpoint is not online yet (no relay); guests may not reach it")
+                inv = await self._publish()
+                keeper = self.posts.keep(inv, self._new_invitation)
+                async with anyio.create_task_group() as tg:
+                    if self.opts.control:
+                        from node.runtime.control import HostControl, serve_control
 
-            expiry = {inv.post_id: _unix(inv.expires_at)}
-            slots = Admission(AdmissionLimits(max_sessions=opts.max_sessions,
-                                              max_sessions_per_peer=opts.max_sessions_per_peer,
-                                              post_max_sessions=opts.post_max_sessions,
-                                              anonymous_sessions=opts.anonymous_sessions,
-                                              evict_idle_after_s=opts.evict_idle_after_s,
-                                              max_failures=opts.max_failed_handshakes,
-                                              failure_cooldown_s=opts.failure_cooldown_s,
-                                              # a public multi-use post must never be rotatable by strangers
-                                              retire_on_failures=not opts.server_url or opts.post_max_sessions == 1),
-                              on_event=lambda ev: on_event(ev))  # late-bound: the keeper wraps on_event
+                        # the owner's control channel (<home>/run/control.sock; node/runtime/control.py)
+                        await tg.start(serve_control, HostControl(self.home, self.identity, self.table,
+                                                                  self.posts.listing, self.knowledge.index,
+                                                                  self.knowledge.quota_left, started_at=started_at))
+                    self.on_invitation(inv.to_dict())  # once `kith status` can see this host
+                    if keeper is not None:
+                        tg.start_soon(keeper.run)
+                    if watcher is not None:
+                        tg.start_soon(watcher.arun)
+                    tg.start_soon(self.posts.watch_expiry)
+                    tg.start_soon(self._purge_nonces)
+                    tg.start_soon(self.peers_watcher.run)  # peers.json / policy.toml by stat
+                    async with anyio.create_task_group() as accepting:
+                        if self.stop is not None:
+                            accepting.start_soon(self._stop_watch, accepting.cancel_scope)
+                        await self._accept_loop(tg)
+                        accepting.cancel_scope.cancel()
+                    # stopped (or the endpoint closed): sessions end cleanly, then the rest is cancelled
+                    self.session_stop.set()
+                    if keeper is not None:
+                        keeper.retire()  # no republish from now on
+                    await self.posts.withdraw()
+                    with anyio.move_on_after(self.opts.shutdown_grace_s):
+                        await self._all_done.wait()
+                    if keeper is not None:
+                        keeper.stop()
+                    tg.cancel_scope.cancel()
+        finally:
+            if not self.posts.withdrawn:  # cancelled before the clean stop (a second Ctrl-C)
+                with anyio.CancelScope(shield=True):
+                    await self.posts.withdraw()
+            for close in self._closers:
+                close()
 
-            async def refuse(stream: Any, code: str, message: str | None = None) -> None:
-                if message is None:
-                    engine = SessionEngine("host", spec, public_key=identity.public_key, sign=identity.sign,
-                                           host=HostConfig(remote_id="", post_protocol=lambda _p: None,
-                                                           nonce_unseen=lambda _n: False))
-                    engine.abort(code)
-                    data = engine.data_to_send()
-                else:  # a refusal whose peer message carries a number (the cool-down left)
-                    data = _reject_frame(code, message)
-                with anyio.move_on_after(2):
-                    try:
-                        await stream.send(data)
-                    except KithError:
-                        pass
-                    await stream.aclose()
-                on_event({"event": "session-refused", "peer": stream.remote_id, "code": code})
+    def _new_invitation(self) -> Invitation:
+        opts = self.opts
+        return create_invitation(self.identity, protocol_name=self.spec.name, protocol_version=self.spec.version,
+                                 protocol_id=self.spec.protocol_id, ticket=self.listener.ticket(), ttl_s=opts.ttl_s,
+                                 message=opts.message, tags=opts.tags, max_sessions=opts.post_max_sessions)
 
-            async def serve_connection(conn: Any, token: int, scope: anyio.CancelScope) -> None:
-                stream = None
-                try:
-                    with scope:  # cancelled when evicted from the pending pool
-                        stream = await node.accept_stream(conn, timeout_s=FIRST_STREAM_TIMEOUT_S)
-                except KithError:
-                    pass
-                finally:
-                    slots.connection_done(token)
-                if stream is None:
-                    _close_quietly(conn, b"no-stream")
-                    return
-                remote = stream.remote_id or ""
-                if session_stop.is_set():
-                    await refuse(stream, "session-shutdown")
-                    return
-                session_scope = anyio.CancelScope()
-                engine_cell: list[SessionEngine] = []
+    async def _publish(self) -> Invitation:
+        inv = self._new_invitation()
+        if self.opts.server_url:
+            from node.community.client import CommunityClient
 
-                def end(code: str, message: str) -> None:
-                    # evicted (or revoked): run_session's cleanup still sends the queued
-                    # _session_reject (in the handshake) or _error (once ready)
-                    if engine_cell and not engine_cell[0].closed:
-                        engine_cell[0].abort(code, message or None)
-                    session_scope.cancel()
+            async with CommunityClient(self.opts.server_url, self.identity) as client:
+                inv = await client.publish_invitation(inv)
+        self.posts.add(inv)
+        return inv
 
-                registry = peers_watcher.current()  # re-read: `kith peers` may have changed it
-                refusal = slots.open_session(token, remote, end,
-                                             alive=lambda: not (engine_cell and engine_cell[0].closed),
-                                             anonymous=registry.by_key(remote) is None)
-                if refusal == "handshake-too-many-failures":
-                    left = max(1, math.ceil(slots.cooldown_left(remote)))
-                    await refuse(stream, refusal, f"Too many failed handshakes from this key; try again in {left} s.")
-                    return
-                if refusal is not None:
-                    await refuse(stream, refusal)
-                    return
-                named: list[str] = []  # the live post this connection's _session_init named
+    async def _accept_loop(self, tg: Any) -> None:
+        token = 0
+        listener = self.listener
+        async with listener.connections() as incoming:  # QUIC handshakes complete concurrently
+            async for conn in incoming:
+                token += 1
+                scope = anyio.CancelScope()
 
-                def named_post(post_id: str) -> None:
-                    if post_id in live and not slots.retired(post_id):
-                        named.append(post_id)
+                def evict(conn: Any = conn, scope: anyio.CancelScope = scope) -> None:
+                    scope.cancel()
+                    listener.close_connection(conn, b"handshake-host-busy")
 
-                def post_protocol(post_id: str) -> str | None:
-                    protocol = live.get(post_id)
-                    if protocol is None and post_id in expired_posts:  # expired, then republished
-                        raise HandshakeError("handshake-post-expired", "the invitation expired on this host")
-                    if protocol is None or slots.retired(post_id):
-                        return None
-                    if expiry.get(post_id, math.inf) <= _now():
-                        raise HandshakeError("handshake-post-expired", "the invitation expired on this host")
-                    if not slots.claim_post(token, post_id):
-                        return None
-                    return protocol
+                self.table.connection_arrived(token, listener.remote_of(conn), evict)
+                tg.start_soon(self._serve_one, Connection(self, conn, token, scope))
 
-                held: set[str] = set()  # the guest nonce this handshake reserved
+    async def _serve_one(self, connection: Connection) -> None:
+        """Run one connection; an exception inside it ends that connection only."""
+        self._running += 1
+        self._all_done = anyio.Event() if self._running == 1 else self._all_done
+        try:
+            await connection.serve()
+        except Exception:  # noqa: BLE001 - one connection's fault must never reach another
+            log.exception("a connection of %s failed", connection.remote[:16] or "an unknown peer")
+            self.listener.close_connection(connection.conn, b"internal-error")
+        finally:
+            self._running -= 1
+            if self._running == 0:
+                self._all_done.set()
 
-                def nonce_unseen(nonce: str) -> bool:
-                    if not seen_nonces.reserve(nonce):  # recorded for good once the session is ready
-                        return False
-                    held.add(nonce)
-                    return True
+    async def _stop_watch(self, accepting: anyio.CancelScope) -> None:
+        assert self.stop is not None
+        await self.stop.wait()
+        accepting.cancel()
 
-                try:
-                    admit = admission(registry, opts.peers_only)
-                    check = knowledge.egress_check
-                    tap = audit.tap(remote)  # records the results frames queued to send (audit log)
+    async def _purge_nonces(self) -> None:
+        """Keep the seen-nonce table bounded while hosting (expired rows go)."""
+        from node.trust.seen_nonces import PURGE_INTERVAL_S
 
-                    def egress(frame: Any) -> None:  # frame: node.engine.session.OutgoingFrame
-                        if check is not None:
-                            check(frame)  # the gate seam (EgressGate.check_frame): scans frame.data
-                        tap.outgoing(frame)  # records from frame.message: nothing is decoded again
-
-                    engine = SessionEngine(
-                        "host", spec, public_key=identity.public_key, sign=identity.sign,
-                        host=HostConfig(remote_id=remote, post_protocol=post_protocol, nonce_unseen=nonce_unseen,
-                                        admit=admit, profile=own_profile, ui_bundle=ui_bundle,
-                                        named_post=named_post),
-                        egress_check=egress)
-                    engine_cell.append(engine)
-                    admitted = registry.by_key(remote)  # revocable until the session ends
-                    live_sessions.add(token, engine, session_scope, remote, admitted.name if admitted else None)
-
-                    def make_context(ev: SessionReady) -> HookContext:
-                        rec = registry.merge_profile(ev.peer_public_key, ev.peer_profile) or \
-                            registry.by_key(ev.peer_public_key)
-                        name = rec.name if rec else None
-                        used_up = slots.session_ready(token)
-                        slots.succeeded(remote)
-                        post = ev.proof.get("post_id", "")
-                        for nonce in held:  # a proof signed by both sides exists now: remember it
-                            seen_nonces.commit(post, nonce, expiry.get(post) or _now() + opts.ttl_s)
-                        held.clear()
-                        if keeper is not None:  # the guest may have joined by file: record the proof here
-                            keeper.record_proof(ev.proof, used_up=used_up)
-                        code = pairing_code(identity.public_key, ev.peer_public_key)
-                        live_sessions.ready(token, ev.session_id, code)
-                        tap.ready(ev.session_id, name)
-                        on_event({"event": "session-started", "session_id": ev.session_id,
-                                  "peer": ev.peer_public_key, "peer_name": name, "post_id": post,
-                                  "pairing_code": code})
-                        return HookContext(role="host", session_id=ev.session_id,
-                                           peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile),
-                                           knowledge=ActivityTracked(
-                                               knowledge.handle_for(name, ev.peer_public_key),
-                                               lambda: slots.note_activity(token),
-                                               lambda status: live_sessions.count(token, status)),
-                                           logger=logging.getLogger("kith.hooks." + spec.name))
-
-                    with session_scope:  # cancelled when evicted while still in the handshake
-                        outcome = await run_session(stream, engine, hooks, make_context=make_context,
-                                                    heartbeat=opts.heartbeat, stop=session_stop)
-                    if session_scope.cancelled_caught:
-                        revoked = live_sessions.revoked_outcome(token)  # `kith peers remove|block`
-                        if revoked is not None:
-                            outcome = revoked
-                        else:
-                            cut = engine.close_event
-                            if cut is None or cut.reason != "aborted":
-                                return  # evicted in the handshake: reported as session-refused already
-                            # ended from outside once ready (session-evicted)
-                            on_event({"event": "session-ended", "session_id": engine.session_id, "peer": remote,
-                                      "reason": cut.reason, "code": cut.code, "ended_at": _now()})
-                            return
-                    if named and outcome.session_id is None:  # named a live post, never became ready
-                        failed_post(remote, named[0], outcome.code or "")
-                    ended: dict[str, Any] = {"event": "session-ended", "session_id": outcome.session_id,
-                                             "peer": remote, "reason": outcome.reason, "code": outcome.code,
-                                             "ended_at": outcome.ended_at}
-                    if engine.ui_bytes_sent:
-                        ended["ui_bytes_sent"] = engine.ui_bytes_sent
-                    on_event(ended)
-                finally:
-                    slots.close_session(token)
-                    live_sessions.discard(token)
-                    for nonce in held:
-                        seen_nonces.release(nonce)
-
-            def failed_post(peer: str, post_id: str, code: str) -> None:
-                """Count a failed handshake; retire the post when it collected too many."""
-                retired = slots.record_failure(peer, post_id, code)
-                if retired is None:
-                    return
-                live.pop(retired, None)
-                on_event({"event": "post-retired", "post_id": retired, "reason": "too-many-failures"})
-                if keeper is not None:
-                    keeper.replace(retired, "too-many-failures")  # withdrawn, then republished
-                else:
-                    warn(f"post {retired} had {opts.max_failed_handshakes} failed handshakes and is no longer "
-                         "honoured; restart `kith host` for a new invitation")
-
-            async def watch_expiry() -> None:
-                """Say so when a post expires: with a server the keeper republishes it; in file
-                mode no new guest can join any more (refused with handshake-post-expired)."""
-                told: set[str] = set()
-                while True:
-                    now = _now()
-                    for post_id, at in list(expiry.items()):
-                        if post_id in live and post_id not in told and at <= now:
-                            told.add(post_id)
-                            on_event({"event": "post-expired", "post_id": post_id,
-                                      "expires_at": _rfc3339(at)})
-                            if keeper is None and not any(expiry.get(p, 0) > now for p in live):
-                                warn("the invitation expired: no new guest can join; restart `kith host` "
-                                     "for a new one")
-                    upcoming = [at - now for p, at in expiry.items() if p in live and p not in told]
-                    await anyio.sleep(min([60.0] + [max(0.05, t) for t in upcoming]))
-
-            async def purge_nonces() -> None:
-                """Keep the seen-nonce table bounded while hosting (expired rows go)."""
-                from node.trust.seen_nonces import PURGE_INTERVAL_S
-
-                while True:
-                    await anyio.sleep(PURGE_INTERVAL_S)
-                    await anyio.to_thread.run_sync(seen_nonces.purge)
-
-            async def accept_loop(tg: Any) -> None:
-                token = 0
-                async with node.connections() as incoming:  # QUIC handshakes complete concurrently
-                    async for conn in incoming:
-                        token += 1
-                        scope = anyio.CancelScope()
-
-                        def evict(conn: Any = conn, scope: anyio.CancelScope = scope) -> None:
-                            scope.cancel()
-                            _close_quietly(conn, b"handshake-host-busy")
-
-                        slots.connection_arrived(token, _remote_of(conn), evict)
-                        tg.start_soon(serve_connection, conn, token, scope)
-
-            async def stop_watch(accepting: anyio.CancelScope) -> None:
-                assert stop is not None
-                await stop.wait()
-                accepting.cancel()
-
-            async with anyio.create_task_group() as tg:
-                from node.runtime.control import HostControl, serve_control
-
-                def posts() -> list[dict[str, Any]]:
-                    return [{"postId": p, "server": opts.server_url,
-                             "expiresAt": _rfc3339(expiry[p]) if p in expiry else None}
-                            for p in live if not slots.retired(p)]
-
-                # the owner's control channel (<home>/run/control.sock; node/runtime/control.py)
-                await tg.start(serve_control, HostControl(home, identity, live_sessions, posts, knowledge.index,
-                                                          knowledge.quota_left, started_at=started_at))
-                on_invitation(inv.to_dict())  # once `kith status` can see this host
-                if keeper is not None:
-                    tg.start_soon(keeper.run)
-                if watcher is not None:
-                    tg.start_soon(watcher.arun)
-                tg.start_soon(watch_expiry)
-                tg.start_soon(purge_nonces)
-                tg.start_soon(peers_watcher.run)  # peers.json / policy.toml by stat
-                async with anyio.create_task_group() as accepting:
-                    if stop is not None:
-                        accepting.start_soon(stop_watch, accepting.cancel_scope)
-                    await accept_loop(tg)
-                    accepting.cancel_scope.cancel()
-                # stopped (or the endpoint closed): sessions end cleanly, then the rest is cancelled
-                session_stop.set()
-                if keeper is not None:
-                    keeper.retire()  # no republish from now on
-                await withdraw_posts()
-                with anyio.move_on_after(opts.shutdown_grace_s):
-                    while slots.sessions:
-                        await anyio.sleep(0.02)
-                if keeper is not None:
-                    keeper.stop()
-                tg.cancel_scope.cancel()
-    finally:
-        if not withdrawn[0] and live:  # cancelled before the clean stop (a second Ctrl-C)
-            with anyio.CancelScope(shield=True):
-                await withdraw_posts()
-        if watcher is not None:
-            watcher.close()
-        knowledge.close()
-        seen_nonces.close()
-        audit.close()
+        while True:
+            await self.clock.sleep(PURGE_INTERVAL_S)
+            await anyio.to_thread.run_sync(self.seen_nonces.purge)
 
 
 def _warm_in_background(service: Any) -> Any:
@@ -663,36 +542,6 @@ def _warm_in_background(service: Any) -> Any:
     return done
 
 
-def _close_quietly(conn: Any, reason: bytes) -> None:
-    """Close an iroh connection with a QUIC application ``reason`` (a stable code)."""
-    try:
-        conn.close(1, reason)
-    except Exception:  # noqa: BLE001 - iroh error on an already-closed connection
-        pass
-
-
-def _remote_of(conn: Any) -> str:
-    try:
-        return str(conn.remote_id())
-    except Exception:  # noqa: BLE001 - iroh error on a closed connection
-        return ""
-
-
-def _unix(rfc3339: str) -> float:
-    from datetime import datetime
-
-    try:
-        return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
-    except (ValueError, AttributeError):
-        return 0.0
-
-
-def _rfc3339(unix: float) -> str:
-    from datetime import datetime, timezone
-
-    return datetime.fromtimestamp(unix, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _reject_frame(code: str, message: str) -> bytes:
     """One ``_session_reject`` frame (the engine's own encoding of it)."""
     import msgspec
@@ -702,16 +551,4 @@ def _reject_frame(code: str, message: str) -> bytes:
     return msgspec.json.encode(SessionReject(code=code, message=message[:500])) + b"\n"
 
 
-def _now() -> float:
-    import time
-
-    return time.time()
-
-
-def _json(obj: Any) -> bytes:
-    import json
-
-    return (json.dumps(obj, indent=2) + "\n").encode("utf-8")
-
-
-__all__ = ["HostOptions", "Invitation", "serve_host", "open_knowledge"]
+__all__ = ["Host", "HostOptions", "Invitation", "Knowledge", "serve_host", "open_knowledge"]

@@ -2,10 +2,10 @@
 ``kith peers remove`` / ``kith peers block`` by a cheap ``stat`` of ``peers.json`` and
 ends that peer's open sessions with ``session-revoked``.
 
-:class:`LiveSessions` is the host's table of every session from its first frame to its end
-(``end_sessions(peer_key, code)`` aborts them); :class:`PeersWatcher` polls the stamps of
+:class:`PeersWatcher` polls the stamps of
 ``peers.json`` and ``policy.toml`` (:func:`node.policy.store.file_stamp`, one ``os.stat``
-each per :data:`POLL_INTERVAL_S`), diffs the registry and revokes; pending approvals of a
+each per :data:`POLL_INTERVAL_S`), diffs the registry and ends the revoked peer's sessions through the host's one session table
+(:meth:`node.runtime.sessions.SessionTable.end_sessions`); pending approvals of a
 revoked peer are denied (:func:`cancel_approvals`). New handshakes of a blocked key are
 refused by the host's admission predicate (``handshake-peer-blocked``), which re-reads the
 registry for every connection, so they never depend on the watcher.
@@ -14,8 +14,6 @@ registry for every connection, so they never depend on the watcher.
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,150 +28,6 @@ log = logging.getLogger("kith.revocation")
 #: How often the host stats ``peers.json`` and ``policy.toml`` (s): a revocation ends
 #: live sessions within about this long (the issue asks for 5 s).
 POLL_INTERVAL_S = 0.5
-
-
-@dataclass
-class _Live:
-    engine: Any
-    scope: anyio.CancelScope
-    peer: str
-    name: str | None  # the registry name the peer had when it connected
-    session_id: str | None = None
-    revoked: str | None = None  # the code it was ended with
-    ended_at: float | None = None  # Unix time (s) of the revocation
-    since: float | None = None  # Unix time (s) it became ready
-    pairing_code: str | None = None
-    queries: int = 0
-    statuses: dict[str, int] = field(default_factory=dict)
-
-
-class LiveSessions:
-    """The host's sessions by connection token, from the first frame to their end.
-
-    The host calls :meth:`add` once the session's engine exists, :meth:`ready` when it
-    is ready, :meth:`discard` when it ended; :meth:`end_sessions` ends the ones of a key
-    (revocation), :meth:`end_session` one session by id (the owner's ``kith sessions
-    end``), both through the same abort. :meth:`listing` is what the control channel
-    shows (node/runtime/control.py). All calls run in the host's event loop, except
-    :meth:`count`, which a hook's worker thread calls.
-    """
-
-    def __init__(self) -> None:
-        self._by_token: dict[int, _Live] = {}
-
-    def add(self, token: int, engine: Any, scope: anyio.CancelScope, peer: str, name: str | None) -> None:
-        """Track a new session of ``peer`` admitted under registry ``name`` (or None)."""
-        self._by_token[token] = _Live(engine, scope, peer, name)
-
-    def ready(self, token: int, session_id: str, pairing_code: str | None = None) -> None:
-        """The session of ``token`` finished its handshake (``pairing_code``: the safety
-        code both sides can compare, :func:`node.trust.pairing.pairing_code`)."""
-        live = self._by_token.get(token)
-        if live is not None:
-            live.session_id = session_id
-            live.since = time.time()
-            live.pairing_code = pairing_code
-
-    def count(self, token: int, status: str) -> None:
-        """The session of ``token`` answered one query with ``status`` (``ok``,
-        ``rate-limited``, ...). Called from a hook's worker thread (GIL-atomic updates)."""
-        live = self._by_token.get(token)
-        if live is not None:
-            live.queries += 1
-            live.statuses[status] = live.statuses.get(status, 0) + 1
-
-    def listing(self) -> list[dict[str, Any]]:
-        """The ready sessions still running, oldest first: ``[{"id", "peer": {"name",
-        "key"}, "tier" ("pinned" | "anonymous"), "since" (RFC 3339), "queries",
-        "statuses", "safetyCode"}]`` (the control channel's shape, specs/control.md)."""
-        from node.runtime.control import rfc3339
-
-        out = []
-        for live in self._by_token.values():
-            if live.session_id is None or live.revoked is not None or live.engine.closed:
-                continue
-            row: dict[str, Any] = {"id": live.session_id, "peer": {"name": live.name, "key": live.peer},
-                                   "tier": "pinned" if live.name is not None else "anonymous",
-                                   "since": rfc3339(live.since or time.time()), "queries": live.queries,
-                                   "statuses": dict(live.statuses)}
-            if live.pairing_code:
-                row["safetyCode"] = live.pairing_code
-            out.append(row)
-        return out
-
-    def end_session(self, session_id: str, code: str, message: str) -> bool:
-        """End the ready session ``session_id`` now with ``code`` (as :meth:`end_sessions`
-        ends a key's). Returns False when no such session is running."""
-        for live in self._by_token.values():
-            if live.session_id == session_id and live.revoked is None and not live.engine.closed:
-                self._end(live, code, message)
-                return True
-        return False
-
-    def _end(self, live: _Live, code: str, message: str) -> None:
-        live.engine.abort(code, message)
-        live.revoked, live.ended_at = code, time.time()
-        live.scope.cancel()
-
-    def discard(self, token: int) -> None:
-        """The session of ``token`` ended (idempotent)."""
-        self._by_token.pop(token, None)
-
-    def revoked(self, token: int) -> str | None:
-        """The code the session of ``token`` was ended with by :meth:`end_sessions` or
-        :meth:`end_session`, or None."""
-        live = self._by_token.get(token)
-        return live.revoked if live is not None else None
-
-    def revoked_outcome(self, token: int) -> Any:
-        """How a session ended by :meth:`end_sessions` / :meth:`end_session` ended, as the driver would have
-        said (a :class:`node.runtime.driver.SessionOutcome`), or None when it was not."""
-        from node.runtime.driver import SessionOutcome
-
-        live = self._by_token.get(token)
-        if live is None or live.revoked is None:
-            return None
-        ev = live.engine.close_event
-        return SessionOutcome(session_id=live.session_id, reason=ev.reason if ev else "aborted",
-                              code=live.revoked, message=ev.message if ev else "", ended_at=live.ended_at)
-
-    def peers(self) -> dict[str, set[str | None]]:
-        """Live peer key → the registry names its sessions were admitted under."""
-        out: dict[str, set[str | None]] = {}
-        for live in self._by_token.values():
-            out.setdefault(live.peer, set()).add(live.name)
-        return out
-
-    def end_sessions(self, peer_key: str, code: str = "session-revoked", *,
-                     handshake_code: str | None = None, admitted_as: str | None = None) -> int:
-        """End every live session of ``peer_key`` now.
-
-        A ready session is told ``_error code``; one still in its handshake gets
-        ``_session_reject handshake_code`` (default: ``code``). Whatever a hook is still
-        computing for it is dropped: the engine is closed, so its reply is never sent
-        (the driver delivers hook output only to an open engine), and the session's
-        cancel scope ends its tasks (the queued ``_error`` is still flushed).
-
-        Args:
-            peer_key: 64 hex.
-            code / handshake_code: the codes sent (``session-revoked``, ``handshake-peer-blocked``).
-            admitted_as: end only the sessions admitted under this registry name (a
-                removed peer's sessions admitted anonymously after the change stay);
-                None = all of them (a block).
-
-        Returns:
-            How many sessions were ended.
-        """
-        n = 0
-        for live in list(self._by_token.values()):
-            if live.peer != peer_key or live.revoked is not None or live.engine.closed:
-                continue
-            if admitted_as is not None and live.name != admitted_as:
-                continue
-            sent = code if live.session_id is not None else (handshake_code or code)
-            self._end(live, sent, "the host revoked this peer")
-            n += 1
-        return n
 
 
 def cancel_approvals(home: Path, peer_key: str) -> list[str]:
@@ -199,7 +53,7 @@ class PeersWatcher:
 
     Args:
         home: the node home.
-        sessions: the host's :class:`LiveSessions`.
+        sessions: the host's :class:`node.runtime.sessions.SessionTable`.
         on_event: the host's event sink; gets ``peer-revoked`` {``peer``, ``peer_name``,
             ``cause`` (``removed`` | ``blocked``), ``code``, ``sessions_ended``,
             ``approvals_cancelled``}, ``policy-reloaded`` {``ok``, ``rules`` | ``code``}
@@ -207,7 +61,7 @@ class PeersWatcher:
         interval_s: poll period (s).
     """
 
-    def __init__(self, home: Path, sessions: LiveSessions, *, on_event: Callable[[dict[str, Any]], None],
+    def __init__(self, home: Path, sessions: Any, *, on_event: Callable[[dict[str, Any]], None],
                  interval_s: float = POLL_INTERVAL_S) -> None:
         self.home = Path(home)
         self.sessions = sessions
@@ -269,6 +123,12 @@ class PeersWatcher:
             # unpinned (or pinned under another name): sessions admitted under the old name end
             n = self.sessions.end_sessions(key, "session-revoked", admitted_as=name)
             out.append(self._revoked(key, name, "removed", "session-revoked", n))
+        for key, name in sorted(pinned.items()):
+            if key not in self._pinned and key not in blocked:
+                # newly pinned: its live anonymous sessions are listed under the name from now
+                # on (and a later `peers remove` of that name ends them)
+                for token in self.sessions.tokens_of(key):
+                    self.sessions.rename(token, name)
         self._pinned, self._blocked = pinned, blocked
         return out
 
@@ -293,4 +153,4 @@ class PeersWatcher:
         self.on_event({"event": "policy-reloaded", "ok": True, "rules": len(policy.rules)})
 
 
-__all__ = ["LiveSessions", "PeersWatcher", "POLL_INTERVAL_S", "cancel_approvals"]
+__all__ = ["PeersWatcher", "POLL_INTERVAL_S", "cancel_approvals"]

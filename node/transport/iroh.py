@@ -39,6 +39,11 @@ MAX_READ_BYTES = 1024 * 1024
 #: in one process).
 MAX_WRITE_BYTES = 256 * 1024
 CONNECT_TIMEOUT_S = 15.0
+#: On close, how long a stream waits for the peer to acknowledge every byte sent (s)
+#: before the connection is closed anyway. The last frame before a close (a refusal, the
+#: terminal ``end``) must reach the peer: closing the connection first discards what is
+#: still in flight, so this bound is generous; an acknowledged stream closes at once.
+DRAIN_TIMEOUT_S = 5.0
 
 
 def _io_error(what: str) -> TransportError:
@@ -70,7 +75,14 @@ async def _complete(incoming: iroh.Incoming, timeout_s: float) -> iroh.Connectio
 
 
 class IrohStream(ByteStream):
-    """One QUIC bi-stream as a :class:`node.transport.base.ByteStream`."""
+    """One QUIC bi-stream as a :class:`node.transport.base.ByteStream`.
+
+    Attributes:
+        drain_timeout_s: :meth:`aclose`'s bound on waiting for the peer's acknowledgement
+            (s; :data:`DRAIN_TIMEOUT_S` unless set on the class or the instance).
+    """
+
+    drain_timeout_s: float = DRAIN_TIMEOUT_S
 
     def __init__(self, conn: iroh.Connection, bi: iroh.BiStream) -> None:
         self._conn = conn
@@ -124,11 +136,14 @@ class IrohStream(ByteStream):
             pass
 
     async def aclose(self) -> None:
-        """Finish sending and close the connection (the peer sees EOF, then close)."""
+        """Finish sending and close the connection (the peer sees EOF, then close).
+
+        The connection is closed only once the peer acknowledged every byte sent (QUIC's
+        ``stopped()``: all data acknowledged, or the peer stopped the stream), or after
+        :attr:`drain_timeout_s` — so the last frame is not lost to a close under load."""
         await self.send_eof()
         try:
-            # give the FIN a moment to go out before the connection closes
-            with anyio.move_on_after(0.5):
+            with anyio.move_on_after(self.drain_timeout_s):
                 await self._send.stopped()
         except iroh.IrohError:
             pass
@@ -274,6 +289,24 @@ class IrohNode:
             raise TransportError("transport-io", "the peer opened no stream in time") from None
         except iroh.IrohError:
             raise _io_error("accepting a stream") from None
+
+    @staticmethod
+    def close_connection(conn: iroh.Connection, reason: bytes) -> None:
+        """Close ``conn`` at once with QUIC application code 1 and ``reason`` (a stable
+        code such as ``b"handshake-host-busy"``); errors of an already-closed connection
+        are ignored."""
+        try:
+            conn.close(1, reason)
+        except Exception:  # noqa: BLE001 - iroh error on an already-closed connection
+            pass
+
+    @staticmethod
+    def remote_of(conn: iroh.Connection) -> str:
+        """The QUIC-authenticated peer key of ``conn`` (64 hex), or "" once it closed."""
+        try:
+            return str(conn.remote_id())
+        except Exception:  # noqa: BLE001 - iroh error on a closed connection
+            return ""
 
     async def aclose(self) -> None:
         """Close the endpoint under :data:`CLOSE_TIMEOUT_S` (DESIGN §3)."""

@@ -1,7 +1,11 @@
 """An in-memory byte pipe (two connected :class:`MemoryStream` ends) for engine tests and
-``kith protocol test``. Same contract as the iroh stream (``node.transport.base``)."""
+``kith protocol test``. Same contract as the iroh stream (``node.transport.base``);
+:class:`MemoryListener` is a host endpoint made of such pipes."""
 
 from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -62,3 +66,74 @@ def memory_pipe(a_id: str | None = None, b_id: str | None = None,
     b_to_a_send, b_to_a_recv = anyio.create_memory_object_stream[bytes](buffer)
     return (MemoryStream(a_to_b_send, b_to_a_recv, b_id),
             MemoryStream(b_to_a_send, a_to_b_recv, a_id))
+
+
+class MemoryConnection:
+    """One guest's connection to a :class:`MemoryListener`: the host's end of its pipe."""
+
+    def __init__(self, stream: MemoryStream) -> None:
+        self.stream = stream
+        self.closed: bytes | None = None
+
+
+class MemoryListener:
+    """A host endpoint over memory pipes, with the listener shape the host uses of
+    :class:`node.transport.iroh.IrohNode` (``ticket``, ``wait_online``, ``connections``,
+    ``accept_stream``, ``close_connection``, ``remote_of``): ``kith protocol test`` and
+    the host tests run the real :class:`node.runtime.host.Host` on it, no iroh needed.
+
+    Args:
+        endpoint_id: the host's key (64 hex), what a guest's stream names as its remote.
+        backlog: connections queued before :meth:`connect` waits.
+    """
+
+    def __init__(self, endpoint_id: str, backlog: int = 64) -> None:
+        self.endpoint_id = endpoint_id
+        self._send, self._recv = anyio.create_memory_object_stream[MemoryConnection](backlog)
+
+    def ticket(self) -> str:
+        """``memory:<endpoint id>`` (no address: only this process can connect)."""
+        return f"memory:{self.endpoint_id}"
+
+    async def wait_online(self) -> bool:
+        """Always True: a memory endpoint is online once made."""
+        return True
+
+    async def connect(self, guest_id: str) -> MemoryStream:
+        """Connect as the guest whose key is ``guest_id``; returns the guest's end (its
+        ``remote_id`` is the host's key, as QUIC would authenticate it).
+
+        Raises:
+            TransportError: ``transport-connect-failed`` once the listener closed.
+        """
+        guest_end, host_end = memory_pipe(guest_id, self.endpoint_id)
+        try:
+            await self._send.send(MemoryConnection(host_end))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            raise TransportError("transport-connect-failed", "the memory host is closed") from None
+        return guest_end
+
+    @asynccontextmanager
+    async def connections(self) -> AsyncIterator[MemoryObjectReceiveStream[MemoryConnection]]:
+        """The connections guests make, for a ``with`` block (it ends when :meth:`aclose`
+        was called)."""
+        yield self._recv
+
+    @staticmethod
+    async def accept_stream(conn: MemoryConnection, *, timeout_s: float = 10.0) -> MemoryStream:
+        """The connection's one stream (opened with it)."""
+        return conn.stream
+
+    @staticmethod
+    def close_connection(conn: MemoryConnection, reason: bytes) -> None:
+        """Mark ``conn`` closed with ``reason``; the pipe closes with its stream."""
+        conn.closed = reason
+
+    @staticmethod
+    def remote_of(conn: MemoryConnection) -> str:
+        """The guest key the connection was made with."""
+        return conn.stream.remote_id or ""
+
+    async def aclose(self) -> None:
+        """No more connections: :meth:`connections` ends."""
+        await self._send.aclose()

@@ -1,30 +1,24 @@
-"""The host's admission rules, without iroh: :class:`node.runtime.admission.Admission`
-driven directly with a fake clock and recording callbacks (what ``serve_host`` does over
-real connections is in tests/test_transport_session.py and tests/test_host_admission.py)."""
+"""The host's session table, without iroh: :class:`node.runtime.sessions.SessionTable`
+driven directly with a :class:`node.runtime.clock.ManualClock` and recording callbacks
+(what the host does over real connections is in tests/test_transport_session.py,
+tests/test_host_admission.py and, over memory pipes, tests/test_host_machines.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from node.common.errors import HandshakeError
-from node.runtime.admission import HANDSHAKE_GRACE_S, Admission, AdmissionLimits
+from node.runtime.clock import ManualClock
+from node.runtime.sessions import HANDSHAKE_GRACE_S, QUIET_AFTER_S, AdmissionLimits, SessionTable
 from node.trust.peers import PeerRegistry
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 class Sessions:
-    """Opens sessions on an Admission and records which were ended, with what code."""
+    """Opens sessions on a SessionTable and records which were ended, with what code."""
 
-    def __init__(self, adm: Admission) -> None:
+    def __init__(self, adm: SessionTable) -> None:
         self.adm = adm
         self.ended: dict[int, str] = {}
         self.closing: set[int] = set()
@@ -38,9 +32,9 @@ class Sessions:
         return token, refusal
 
 
-def make(**limits) -> tuple[Admission, Sessions, list[dict]]:
+def make(**limits) -> tuple[SessionTable, Sessions, list[dict]]:
     events: list[dict] = []
-    adm = Admission(AdmissionLimits(**limits), on_event=events.append, clock=Clock())
+    adm = SessionTable(AdmissionLimits(**limits), on_event=events.append, clock=ManualClock())
     return adm, Sessions(adm), events
 
 
@@ -68,10 +62,9 @@ def test_full_host_evicts_the_oldest_handshake_not_a_ready_session():
     closing, _ = s.open(B)
     s.closing.add(closing)  # its engine closed already: leaving on its own, not evicted
     old, _ = s.open(B)
-    young = adm.clock.t
-    adm.clock.t += HANDSHAKE_GRACE_S - 0.5
+    adm.clock.advance(HANDSHAKE_GRACE_S - 0.5)
     assert s.open(C)[1] == "handshake-host-busy"  # a young handshake is not evicted
-    adm.clock.t = young + HANDSHAKE_GRACE_S
+    adm.clock.advance(0.5)
     token, refusal = s.open(C)
     assert refusal is None
     assert s.ended == {old: "handshake-host-busy"}
@@ -126,11 +119,11 @@ def test_end_sessions_ends_every_session_of_a_key_and_frees_the_slots():
 def test_admission_predicate(tmp_path):
     reg = PeerRegistry.load(tmp_path)
     reg.add("alice", A)
-    assert Admission.admits(reg, False, B, {})
-    assert not Admission.admits(reg, True, B, {})
-    assert Admission.admits(reg, True, A, {"displayName": "alice"})
+    assert SessionTable.admits(reg, False, B, {})
+    assert not SessionTable.admits(reg, True, B, {})
+    assert SessionTable.admits(reg, True, A, {"displayName": "alice"})
     with pytest.raises(HandshakeError) as exc:
-        Admission.admits(reg, False, B, {"displayName": "alice"})
+        SessionTable.admits(reg, False, B, {"displayName": "alice"})
     assert exc.value.code == "peer-key-changed"
 
 
@@ -154,16 +147,17 @@ def test_idle_anonymous_sessions_are_evicted_oldest_idle_first():
         t, _ = s.open(A, anonymous=True)
         adm.session_ready(t)
         tokens.append(t)
-        clock.t += 1
-    clock.t += 40
-    adm.note_activity(tokens[0])  # the oldest session answered a query just now
+        clock.advance(1)
+    clock.advance(40)
+    adm.begin_query(tokens[0])
+    adm.activity(tokens[0], "ok")  # the oldest session answered a query just now
     t, r = s.open(B, anonymous=True)
     assert r is None
     assert s.ended == {tokens[1]: "session-evicted"}  # idle longest, not the oldest
     assert events[-1]["event"] == "session-evicted" and events[-1]["peer"] == A
     assert events[-1]["idle_s"] == 42.0
     adm.session_ready(t)
-    clock.t += 29
+    clock.advance(29)
     c, r = s.open(C, anonymous=True)
     assert r is None and s.ended[tokens[2]] == "session-evicted"  # idle 70 s
     adm.session_ready(c)
@@ -178,7 +172,7 @@ def test_a_pinned_ready_session_is_never_evicted_and_a_pinned_newcomer_evicts_an
     anon, _ = s.open(A, anonymous=True)
     adm.session_ready(pinned)
     adm.session_ready(anon)
-    adm.clock.t += 100
+    adm.clock.advance(100)
     assert s.open(B, anonymous=False)[1] is None
     assert s.ended == {anon: "session-evicted"}
     assert s.open(A, anonymous=True)[1] == "handshake-host-busy"  # only pinned sessions left
@@ -196,91 +190,181 @@ def test_activity_tracking_ignores_rate_limited_answers():
             return {"status": self.status, "envelope": None}
 
     inner = Handle()
-    from node.runtime.admission import ActivityTracked
+    from node.runtime.sessions import ActivityTracked
 
-    tracked = ActivityTracked(inner, lambda: adm.note_activity(t))
-    adm.clock.t += 20
+    tracked = ActivityTracked(inner, lambda: adm.begin_query(t), lambda status: adm.activity(t, status))
+    adm.clock.advance(20)
     assert tracked.search({"query": "x"})["status"] == "rate-limited"
     assert tracked.status == "rate-limited"  # other attributes pass through
     b, _ = s.open(B, anonymous=True)
     adm.session_ready(b)
-    adm.clock.t += 20
+    adm.clock.advance(20)
     inner.status = "ok"
     assert s.open(C, anonymous=True)[1] is None  # t stayed idle through the rate-limited answer
     assert t in s.ended
+
+
+def test_a_session_answering_a_query_is_never_evicted():
+    adm, s, _ = make(max_sessions=1, anonymous_sessions=1, evict_idle_after_s=10)
+    t, _ = s.open(A, anonymous=True)
+    adm.session_ready(t, "s" * 64)
+    adm.begin_query(t)  # a hook is answering (say, a slow search)
+    adm.clock.advance(1000)
+    assert s.open(B, anonymous=True)[1] == "handshake-host-busy"
+    assert s.open(C)[1] == "handshake-host-busy"  # not even for a pinned newcomer
+    adm.activity(t, "ok")  # answered: active just now
+    assert s.open(B, anonymous=True)[1] == "handshake-host-busy"
+    adm.clock.advance(QUIET_AFTER_S)
+    assert s.open(B, anonymous=True)[1] is None and s.ended == {t: "session-evicted"}
+
+
+# ------------------------------------------------------------ fair admission without a wait (issue 19)
+def fill_with_throwaway_keys(adm, s, n_keys: int, per_key: int) -> dict[str, list[int]]:
+    held: dict[str, list[int]] = {}
+    for i in range(n_keys):
+        key = f"{i + 1:064x}"
+        for _ in range(per_key):
+            token, refusal = s.open(key, anonymous=True)
+            assert refusal is None
+            adm.session_ready(token, f"{token:064x}")
+            held.setdefault(key, []).append(token)
+    return held
+
+
+def test_a_full_host_admits_a_pinned_guest_and_a_fresh_key_at_once():
+    """Every slot is held by sessions of throw-away keys that ask nothing: a pinned
+    guest and an anonymous key with no session get in once those sessions are quiet
+    (QUIET_AFTER_S), long before --evict-idle-after (300 s here); the victim is a
+    session of the key holding the most."""
+    adm, s, events = make(max_sessions=8, max_sessions_per_peer=4, anonymous_sessions=8, evict_idle_after_s=300)
+    held = fill_with_throwaway_keys(adm, s, 2, 4)
+    big = f"{1:064x}"
+    s.open(f"{9:064x}", anonymous=True)  # refused now: no room
+    adm.close_session(held[f"{2:064x}"].pop())  # key 2 now holds 3, key 1 holds 4
+    token, _ = s.open(f"{3:064x}", anonymous=True)  # the free slot
+    adm.session_ready(token)
+    assert s.open("f" * 64, anonymous=True)[1] == "handshake-host-busy"  # nobody quiet yet
+    adm.clock.advance(QUIET_AFTER_S)
+    assert s.open("f" * 64, anonymous=True)[1] is None  # a fresh anonymous key: at once
+    assert list(s.ended) == [held[big][0]]  # the key holding the most gave one up
+    assert s.open(C)[1] is None  # a pinned guest: at once too
+    assert len(s.ended) == 2 and all(code == "session-evicted" for code in s.ended.values())
+    assert [e["event"] for e in events].count("session-evicted") == 2
+
+
+def test_a_key_that_holds_sessions_waits_for_evict_idle_after():
+    adm, s, _ = make(max_sessions=4, max_sessions_per_peer=4, anonymous_sessions=4, evict_idle_after_s=30)
+    fill_with_throwaway_keys(adm, s, 1, 3)
+    mine, _ = s.open(B, anonymous=True)
+    adm.session_ready(mine)
+    adm.clock.advance(QUIET_AFTER_S + 1)
+    assert s.open(B, anonymous=True)[1] == "handshake-host-busy"  # B holds one: no fast path
+    adm.clock.advance(30)
+    assert s.open(B, anonymous=True)[1] is None  # the old rule: idle for --evict-idle-after
+
+
+def test_throwaway_keys_cannot_evict_each_other_in_a_loop():
+    """Evicted keys come back at once, over and over (for less than --evict-idle-after):
+    each evicted key is paused, and a key holding a session has no fast path, so
+    evictions stop after one round."""
+    adm, s, _ = make(max_sessions=4, max_sessions_per_peer=4, anonymous_sessions=4, evict_idle_after_s=30)
+    keys = [f"{i + 1:064x}" for i in range(8)]
+    for key in keys[:4]:
+        token, _ = s.open(key, anonymous=True)
+        adm.session_ready(token)
+    for _round in range(12):  # 24 s < evict_idle_after_s
+        adm.clock.advance(QUIET_AFTER_S)
+        for key in keys:
+            token, refusal = s.open(key, anonymous=True)
+            if refusal is None:
+                adm.session_ready(token)
+    assert len(s.ended) == 4  # the four newcomers evicted once each; the evicted never evict back
+    assert adm.sessions == 4
 
 
 # ------------------------------------------------------------ failed handshakes (issue 11 §1)
 def test_failure_cap_cools_a_key_down_and_counts_only_verification_failures():
     adm, s, _ = make(max_failures=3, failure_cooldown_s=60)
     for code in ("handshake-host-busy", "handshake-not-admitted", "handshake-post-expired", "handshake-unknown-post"):
-        adm.record_failure(A, "p", code)  # the host's own refusals are not failures
+        adm.record_failure(A, code)  # the host's own refusals are not failures
     assert adm.cooldown_left(A) == 0
-    adm.record_failure(A, "p", "handshake-bad-signature")
-    adm.record_failure(A, "p", "handshake-key-mismatch")
+    adm.record_failure(A, "handshake-bad-signature")
+    adm.record_failure(A, "handshake-key-mismatch")
     assert s.open(A)[1] is None
-    adm.record_failure(A, "p", "handshake-nonce-reused")
+    adm.record_failure(A, "handshake-nonce-reused")
     assert adm.cooldown_left(A) == 60
     assert s.open(A)[1] == "handshake-too-many-failures"
     assert s.open(B)[1] is None  # another key is not affected
-    adm.clock.t += 59.5
+    adm.clock.advance(59.5)
     assert adm.cooldown_left(A) == 0.5
-    adm.clock.t += 1
+    adm.clock.advance(1)
     assert s.open(A)[1] is None
 
 
 def test_a_success_resets_the_count():
     adm, _s, _ = make(max_failures=3)
-    adm.record_failure(A, "p", "handshake-timeout")
-    adm.record_failure(A, "p", "handshake-timeout")
+    adm.record_failure(A, "handshake-timeout")
+    adm.record_failure(A, "handshake-timeout")
     adm.succeeded(A)
-    adm.record_failure(A, "p", "handshake-timeout")
-    adm.record_failure(A, "p", "handshake-timeout")
+    adm.record_failure(A, "handshake-timeout")
+    adm.record_failure(A, "handshake-timeout")
     assert adm.cooldown_left(A) == 0
 
 
 def test_a_post_is_retired_after_n_failures_from_any_keys_only_when_allowed():
-    adm, _s, _ = make(max_failures=3, retire_on_failures=True)
-    assert adm.record_failure(A, "p", "handshake-bad-signature") is None
-    assert adm.record_failure(B, "p", "handshake-bad-signature") is None
-    assert adm.record_failure(C, "p", "handshake-bad-signature") == "p"
-    assert adm.retired("p") and not adm.retired("q")
-    assert adm.record_failure(C, "p", "handshake-bad-signature") is None  # retired once
-    public, _s, _ = make(max_failures=3, retire_on_failures=False)  # a public multi-use post
-    for i in range(10):
-        assert public.record_failure(f"{i:064x}", "p", "handshake-bad-signature") is None
+    from node.runtime.posts import Posts
+
+    events: list[dict] = []
+    warned: list[str] = []
+    posts = Posts("proto", server_url=None, identity=None, invite_file=None, emit=events.append,
+                  warn=warned.append, clock=ManualClock(), max_failures=3, retire_on_failures=True)
+    posts._live["p"] = "proto"
+    for _ in range(2):
+        posts.record_failure("p", "handshake-bad-signature")
+    posts.record_failure("p", "handshake-host-busy")  # the host's own refusal: not a failure
+    assert not posts.retired("p") and posts.joinable("p")
+    posts.record_failure("p", "handshake-bad-signature")
+    assert posts.retired("p") and not posts.retired("q") and not posts.joinable("p")
+    posts.record_failure("p", "handshake-bad-signature")  # retired once
+    assert events == [{"event": "post-retired", "post_id": "p", "reason": "too-many-failures"}]
+    assert len(warned) == 1 and "restart `kith host`" in warned[0]
+    public = Posts("proto", server_url="http://127.0.0.1:1", identity=None, invite_file=None,
+                   emit=events.append, warn=warned.append, max_failures=3, retire_on_failures=False)
+    public._live["p"] = "proto"
+    for _ in range(10):
+        public.record_failure("p", "handshake-bad-signature")  # a public multi-use post
     assert not public.retired("p")
 
 
 def test_failure_memory_is_bounded():
-    from node.runtime.admission import MAX_FAILURE_KEYS
+    from node.runtime.sessions import MAX_FAILURE_KEYS
 
     adm, _s, _ = make(max_failures=2)
     for i in range(MAX_FAILURE_KEYS + 10):
-        adm.record_failure(f"{i:064x}", "p", "handshake-timeout")
-    assert len(adm._failures) == MAX_FAILURE_KEYS
+        adm.record_failure(f"{i:064x}", "handshake-timeout")
+    assert adm.failure_keys == MAX_FAILURE_KEYS
 
 
 def test_a_key_whose_session_was_evicted_cannot_evict_in_turn():
     """Throw-away attackers reconnecting after an eviction must not keep every anonymous
     slot young by evicting each other: an evicted key takes only free slots for a while,
     and an honest newcomer can still evict the idle sessions they hold."""
-    from node.runtime.admission import EVICTED_KEY_PAUSE
+    from node.runtime.sessions import EVICTED_KEY_PAUSE
 
     adm, s, _ = make(max_sessions=8, max_sessions_per_peer=4, anonymous_sessions=2, evict_idle_after_s=5)
     a1, _ = s.open(A, anonymous=True)
     b1, _ = s.open(B, anonymous=True)
     adm.session_ready(a1)
     adm.session_ready(b1)
-    adm.clock.t += 10
+    adm.clock.advance(10)
     c1, r = s.open(C, anonymous=True)  # C evicts A's idle session
     assert r is None and s.ended == {a1: "session-evicted"}
     adm.session_ready(c1)
-    adm.clock.t += 10
+    adm.clock.advance(10)
     assert s.open(A, anonymous=True)[1] == "handshake-host-busy"  # A was just evicted: no eviction for it
     assert b1 not in s.ended and c1 not in s.ended
     honest = "d" * 64
     assert s.open(honest, anonymous=True)[1] is None  # a new key still gets in
     assert s.ended[b1] == "session-evicted"
-    adm.clock.t += EVICTED_KEY_PAUSE * 5
+    adm.clock.advance(EVICTED_KEY_PAUSE * 5)
     assert s.open(A, anonymous=True)[1] is None  # the pause is over: A may evict again

@@ -1,0 +1,214 @@
+"""The host's posts: which invitations guests may join, until when, and what becomes of them.
+
+:class:`Posts` owns the live posts of one host process (``post_id`` → ``protocol_id``),
+their expiry, the failure cap that retires a single-use or file-mode post, republishing
+(through :class:`node.community.keeper.PostKeeper` when there is a community server) and
+withdrawal on stop. It reads time only through the host's
+:class:`node.runtime.clock.Clock`, so expiry is tested by advancing a clock. The session
+table (:class:`node.runtime.sessions.SessionTable`) counts a post's *uses*; this class
+decides whether a post can be named at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+from node.common.errors import HandshakeError
+from node.common.home import atomic_write
+from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339, unix_of
+from node.runtime.sessions import MAX_FAILED_HANDSHAKES, is_failure
+from node.trust.invitation import Invitation
+
+log = logging.getLogger("kith.host")
+
+#: Expired-and-republished post ids remembered to answer ``handshake-post-expired``.
+MAX_EXPIRED_POSTS = 1024
+#: On SIGINT/SIGTERM, how long withdrawing the host's posts on the server may take (s).
+WITHDRAW_TIMEOUT_S = 3.0
+#: Longest wait of the expiry watch between two looks (s).
+EXPIRY_LOOK_S = 60.0
+
+
+class Posts:
+    """The posts one host serves.
+
+    Args:
+        protocol_id: the protocol every post of this host names.
+        server_url: the community server the posts are published on, or None (file mode).
+        identity: the host's identity (signs republished posts and withdrawals).
+        invite_file: where the current invitation is written (file mode, or with a server
+            when ``--invite-file`` is given too), or None.
+        max_failures: failed handshakes (any keys) that retire a post when
+            ``retire_on_failures``; the host sets that for file mode and for single-use
+            posts only: post ids are public in ``browse``, so a stranger must never be able
+            to rotate a public multi-use post.
+        emit / warn: the host's event sink and owner warning.
+        clock: the host's clock.
+    """
+
+    def __init__(self, protocol_id: str, *, server_url: str | None, identity: Any,
+                 invite_file: Path | None, emit: Callable[[dict[str, Any]], None],
+                 warn: Callable[[str], None], clock: Clock = SYSTEM_CLOCK,
+                 max_failures: int = MAX_FAILED_HANDSHAKES, retire_on_failures: bool = False) -> None:
+        self.protocol_id = protocol_id
+        self.server_url = server_url
+        self.identity = identity
+        self.invite_file = invite_file
+        self.emit = emit
+        self.warn = warn
+        self.clock = clock
+        self.max_failures = max_failures
+        self.retire_on_failures = retire_on_failures
+        self.keeper: Any = None
+        self._live: dict[str, str] = {}
+        self._expiry: dict[str, float] = {}
+        self._expired: set[str] = set()
+        self._retired: set[str] = set()
+        self._failures: dict[str, int] = {}
+        self._withdrawn = not server_url
+
+    # ------------------------------------------------------------ publishing
+    def add(self, inv: Invitation) -> None:
+        """``inv`` is published (or written): guests may join it until it expires."""
+        self._live[inv.post_id] = self.protocol_id
+        self._expiry[inv.post_id] = unix_of(inv.expires_at)
+        self._write(inv)
+
+    def keep(self, current: Invitation, make_invitation: Callable[[], Invitation]) -> Any:
+        """With a server: start a :class:`node.community.keeper.PostKeeper` for ``current``
+        (republishes a consumed or expired post, follows renewals, closes ended sessions).
+        Returns the keeper (its ``run`` is the host's to start), or None in file mode."""
+        if not self.server_url:
+            return None
+        from node.community.keeper import PostKeeper
+
+        self.keeper = PostKeeper(self.server_url, self.identity, current, make_invitation=make_invitation,
+                                 on_republished=self._republished, on_notice=self._noticed)
+        return self.keeper
+
+    def _write(self, inv: Invitation) -> None:
+        if self.invite_file is not None:
+            atomic_write(Path(self.invite_file), _json(inv.to_dict()), mode=0o644)
+
+    def _republished(self, previous: str, reason: str, fresh: Invitation) -> None:
+        self._live.pop(previous, None)  # a consumed/expired post is not joinable here either
+        if reason == "expired" and len(self._expired) < MAX_EXPIRED_POSTS:
+            self._expired.add(previous)  # still refused as expired, not as unknown
+        self.add(fresh)
+        self.emit({"event": "republished", "post_id": fresh.post_id, "previous_post_id": previous,
+                   "reason": reason, "expires_at": fresh.expires_at})
+
+    def _noticed(self, ev: dict[str, Any]) -> None:  # the server's word on the post
+        if ev["event"] == "post-renewed":  # renewed elsewhere: follow its expiry
+            self._expiry[ev["post_id"]] = unix_of(ev["expires_at"])
+        elif ev["event"] == "post-ended" and not ev["republish"]:
+            self._live.pop(ev["post_id"], None)  # withdrawn: nobody can join it
+        self.emit(ev)
+
+    # ------------------------------------------------------------ the handshake's questions
+    def joinable(self, post_id: str) -> bool:
+        """Is ``post_id`` a live post of this host that is not retired?"""
+        return post_id in self._live and post_id not in self._retired
+
+    def protocol_for(self, post_id: str) -> str | None:
+        """The ``protocol_id`` a guest naming ``post_id`` must speak, or None (unknown or
+        retired post → ``handshake-unknown-post``).
+
+        Raises:
+            HandshakeError: ``handshake-post-expired`` for a post past its ``expires_at``
+                on this host's clock, or one that expired and was republished.
+        """
+        protocol = self._live.get(post_id)
+        if protocol is None and post_id in self._expired:
+            raise HandshakeError("handshake-post-expired", "the invitation expired on this host")
+        if protocol is None or post_id in self._retired:
+            return None
+        if self._expiry.get(post_id, math.inf) <= self.clock.time():
+            raise HandshakeError("handshake-post-expired", "the invitation expired on this host")
+        return protocol
+
+    def expires_at(self, post_id: str) -> float | None:
+        """Unix time (s) ``post_id`` expires, or None."""
+        return self._expiry.get(post_id)
+
+    def record_failure(self, post_id: str, code: str) -> None:
+        """A handshake that named the live post ``post_id`` failed with ``code``: with
+        ``retire_on_failures``, the post's ``max_failures``-th failure (from any keys)
+        retires it — a ``post-retired`` event; with a server the keeper withdraws and
+        republishes it, in file mode the owner is told to restart."""
+        if not is_failure(code) or not self.retire_on_failures or post_id in self._retired:
+            return
+        self._failures[post_id] = self._failures.get(post_id, 0) + 1
+        if self._failures[post_id] < self.max_failures:
+            return
+        self._retired.add(post_id)
+        self._live.pop(post_id, None)
+        self.emit({"event": "post-retired", "post_id": post_id, "reason": "too-many-failures"})
+        if self.keeper is not None:
+            self.keeper.replace(post_id, "too-many-failures")  # withdrawn, then republished
+        else:
+            self.warn(f"post {post_id} had {self.max_failures} failed handshakes and is no longer "
+                      "honoured; restart `kith host` for a new invitation")
+
+    def retired(self, post_id: str) -> bool:
+        """``post_id`` collected ``max_failures`` failed handshakes and is not honoured."""
+        return post_id in self._retired
+
+    # ------------------------------------------------------------ what the owner sees
+    def listing(self) -> list[dict[str, Any]]:
+        """``[{"postId", "server", "expiresAt"}]``: the posts guests may join now (the
+        control channel's shape, specs/control.md)."""
+        return [{"postId": p, "server": self.server_url,
+                 "expiresAt": rfc3339(self._expiry[p]) if p in self._expiry else None}
+                for p in self._live if p not in self._retired]
+
+    @property
+    def live(self) -> list[str]:
+        """The post ids guests may join now."""
+        return [p for p in self._live if p not in self._retired]
+
+    async def watch_expiry(self) -> None:
+        """Say so when a post expires (``post-expired``): with a server the keeper
+        republishes it; in file mode no new guest can join any more (refused with
+        ``handshake-post-expired``), and the owner is warned once none is left. Runs until
+        cancelled; waits on the host's clock."""
+        told: set[str] = set()
+        while True:
+            now = self.clock.time()
+            for post_id, at in list(self._expiry.items()):
+                if post_id in self._live and post_id not in told and at <= now:
+                    told.add(post_id)
+                    self.emit({"event": "post-expired", "post_id": post_id, "expires_at": rfc3339(at)})
+                    if self.keeper is None and not any(self._expiry.get(p, 0) > now for p in self._live):
+                        self.warn("the invitation expired: no new guest can join; restart `kith host` "
+                                  "for a new one")
+            upcoming = [at - now for p, at in self._expiry.items() if p in self._live and p not in told]
+            await self.clock.sleep(min([EXPIRY_LOOK_S] + [max(0.05, t) for t in upcoming]))
+
+    async def withdraw(self) -> None:
+        """Withdraw this host's posts on the server (once, bounded by
+        :data:`WITHDRAW_TIMEOUT_S`; failures are only logged). A no-op in file mode."""
+        if self._withdrawn:
+            return
+        self._withdrawn = True
+        from node.community.keeper import withdraw_posts
+
+        assert self.server_url is not None
+        await withdraw_posts(self.server_url, self.identity, list(self._live), timeout_s=WITHDRAW_TIMEOUT_S)
+
+    @property
+    def withdrawn(self) -> bool:
+        """The posts were withdrawn (or there is no server to withdraw them from)."""
+        return self._withdrawn or not self._live
+
+
+def _json(obj: Any) -> bytes:
+    import json
+
+    return (json.dumps(obj, indent=2) + "\n").encode("utf-8")
+
+
+__all__ = ["EXPIRY_LOOK_S", "MAX_EXPIRED_POSTS", "Posts", "WITHDRAW_TIMEOUT_S"]

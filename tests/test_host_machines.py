@@ -1,0 +1,346 @@
+"""The real host (:class:`node.runtime.host.Host`) over memory pipes, its time driven by a
+:class:`node.runtime.clock.ManualClock`: fair admission without a wait, expiry on the
+host's clock, a clock that jumps, a connection that dies, a failing connection that stays
+its own. No iroh and no sleeps to wait out bounds (the same rules over real iroh are in
+tests/test_host_admission.py and tests/test_host_serving.py)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from node.corpus.store import Corpus
+from node.engine.session import GuestConfig, SessionEngine, SessionReady
+from node.protocol.spec import load_spec
+from node.runtime.clock import ManualClock
+from node.runtime.driver import run_session
+from node.runtime.hooks import HookContext, PeerInfo, load_hooks
+from node.runtime.host import Host, HostOptions
+from node.runtime.sessions import QUIET_AFTER_S
+from node.transport.memory import MemoryListener
+from node.trust.identity import Identity, init_identity, load_identity
+from node.trust.peers import PeerRegistry
+
+from conftest import PROTOCOLS
+
+KQ = PROTOCOLS / "knowledge-query"
+
+
+def _host_home(tmp: Path) -> Path:
+    home = tmp / "host"
+    home.mkdir()
+    init_identity(home)
+    docs = tmp / "docs"
+    docs.mkdir()
+    (docs / "alpha.md").write_text("# Alpha\n\nalpha beta gamma, the shared notes about alpha.\n")
+    with Corpus(home) as corpus:
+        corpus.add_root(docs)
+        corpus.sync()
+    (home / "policy.toml").write_text("[[rule]]\nglob = '/docs/**'\ntier = 'public'\n")
+    return home
+
+
+class MemoryHost:
+    """A Host on a MemoryListener with a ManualClock, run in the test's task group."""
+
+    def __init__(self, home: Path, pdir: Path = KQ, **opts: Any) -> None:
+        self.home = home
+        self.clock = ManualClock()
+        self.events: list[dict[str, Any]] = []
+        self.invitation: dict[str, Any] = {}
+        self.ready = anyio.Event()
+        self.stop = anyio.Event()
+        self.listener: MemoryListener | None = None
+        self.spec = load_spec(pdir)
+        self.pdir = pdir
+
+        @asynccontextmanager
+        async def bind(secret: bytes, _alpn: bytes):
+            self.listener = MemoryListener(Identity(secret).public_key)
+            try:
+                yield self.listener
+            finally:
+                await self.listener.aclose()
+
+        def published(inv: dict[str, Any]) -> None:
+            self.invitation = inv
+            self.ready.set()
+
+        self.host = Host(home, HostOptions(protocol_dir=pdir, control=False, shutdown_grace_s=2.0, **opts),
+                         load_identity(home), on_invitation=published, on_event=self.events.append,
+                         warn=lambda _m: None, stop=self.stop, clock=self.clock, bind=bind)
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == kind]
+
+    async def until(self, cond, timeout: float = 10.0) -> None:
+        """Wait (polling, bounded) until ``cond()`` holds."""
+        with anyio.fail_after(timeout):
+            while not cond():
+                await anyio.sleep(0.005)
+
+
+class Guest:
+    """A knowledge-query guest on the real engine and hooks that asks what it is given
+    (:meth:`ask`) and stays connected, quiet, in between."""
+
+    def __init__(self, host: MemoryHost, ident: Identity | None = None) -> None:
+        self.host = host
+        self.ident = ident or Identity(os.urandom(32))
+        self.questions: queue.Queue[str | None] = queue.Queue()
+        self.results: list[dict[str, Any]] = []
+        self.outcome: Any = None
+        self.ready = anyio.Event()
+
+    def ask(self, text: str | None) -> None:
+        """Queue a question (None: end the session)."""
+        self.questions.put(text)
+
+    async def run(self) -> None:
+        inv = self.host.invitation
+        stream = await self.host.listener.connect(self.ident.public_key)
+        engine = SessionEngine("guest", self.host.spec, public_key=self.ident.public_key, sign=self.ident.sign,
+                               guest=GuestConfig(remote_id=inv["host_public_key"], post_id=inv["post_id"],
+                                                 host_public_key=inv["host_public_key"]))
+
+        def next_question() -> str | None:
+            try:
+                return self.questions.get(timeout=20)
+            except queue.Empty:
+                return None
+
+        def make(ev: SessionReady) -> HookContext:
+            self.ready.set()
+            return HookContext(role="guest", session_id=ev.session_id, peer=PeerInfo(ev.peer_public_key),
+                               options={"queries": [], "ask": next_question, "on_results": self.results.append})
+
+        try:
+            self.outcome = await run_session(stream, engine, load_hooks(self.host.pdir), make_context=make)
+        finally:
+            self.ready.set()
+            self.questions.put(None)  # a worker thread still waiting for a question returns
+
+    async def answered(self, n: int, timeout: float = 10.0) -> None:
+        with anyio.fail_after(timeout):
+            while len(self.results) < n and self.outcome is None:
+                await anyio.sleep(0.005)
+        assert len(self.results) >= n, (self.outcome.reason, self.outcome.code) if self.outcome else "no answer"
+
+
+async def _connect(tg, host: MemoryHost, ident: Identity | None = None) -> Guest:
+    guest = Guest(host, ident)
+    tg.start_soon(guest.run)
+    with anyio.fail_after(10):
+        await guest.ready.wait()
+    return guest
+
+
+def test_a_full_host_serves_a_fresh_guest_and_a_pinned_one_without_a_timer(tmp_path):
+    """Every slot is held by quiet sessions of two throw-away keys; --evict-idle-after is
+    300 s. Once those sessions are quiet (QUIET_AFTER_S on the host's clock), a fresh
+    anonymous key and a pinned guest are both served at once; the evicted sessions are
+    the key holding the most, and its guest is told ``session-evicted``."""
+    home = _host_home(tmp_path)
+    friend = Identity(os.urandom(32))
+    PeerRegistry.load(home).add("friend", friend.public_key)
+
+    async def scenario():
+        host = MemoryHost(home, max_sessions=4, max_sessions_per_peer=3, anonymous_sessions=4,
+                          evict_idle_after_s=300)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.host.run)
+            await host.ready.wait()
+            big, small = Identity(os.urandom(32)), Identity(os.urandom(32))
+            squatters = [await _connect(tg, host, big) for _ in range(3)] + [await _connect(tg, host, small)]
+            assert host.host.table.sessions == 4
+            early = await _connect(tg, host)
+            assert early.outcome is not None and early.outcome.code == "handshake-host-busy"  # nobody quiet yet
+            host.clock.advance(QUIET_AFTER_S)
+            fresh = await _connect(tg, host)
+            fresh.ask("alpha")
+            await fresh.answered(1)
+            pinned = await _connect(tg, host, friend)
+            pinned.ask("alpha")
+            await pinned.answered(1)
+            await host.until(lambda: sum(s.outcome is not None for s in squatters) == 2)
+            for g in [fresh, pinned, *squatters]:
+                g.ask(None)
+            host.stop.set()
+        return host, squatters, fresh, pinned, big
+
+    host, squatters, fresh, pinned, big = anyio.run(scenario, backend="asyncio")
+    assert fresh.results[0]["status"] == "ok" and pinned.results[0]["status"] == "ok"
+    evicted = [g for g in squatters if "session-evicted" in [c for c, _m in g.outcome.remote_errors]]
+    assert len(evicted) == 2 and {g.ident.public_key for g in evicted} == {big.public_key}
+    assert [e["peer"] for e in host.of("session-evicted")] == [big.public_key] * 2
+
+
+def test_an_invitation_expires_on_the_host_clock(tmp_path):
+    home = _host_home(tmp_path)
+
+    async def scenario():
+        host = MemoryHost(home, ttl_s=120)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.host.run)
+            await host.ready.wait()
+            before = await _connect(tg, host)
+            before.ask("alpha")
+            await before.answered(1)
+            host.clock.advance(121)
+            await host.until(lambda: host.of("post-expired"))
+            after = await _connect(tg, host)
+            await host.until(lambda: after.outcome is not None)
+            before.ask("alpha")  # an admitted session is not ended by its post's expiry
+            await before.answered(2)
+            before.ask(None)
+            host.stop.set()
+        return host, before, after
+
+    host, before, after = anyio.run(scenario, backend="asyncio")
+    assert (after.outcome.reason, after.outcome.code) == ("rejected", "handshake-post-expired")
+    assert before.outcome.ok and [r["status"] for r in before.results] == ["ok", "ok"]
+    assert host.of("post-expired")[0]["post_id"] == host.invitation["post_id"]
+
+
+@pytest.mark.parametrize("jump", [-86400.0, 3 * 86400.0])
+def test_a_wall_clock_jump_does_not_end_a_healthy_session(tmp_path, jump):
+    """The wall reading jumps a day back or three days ahead (past the invitation's
+    expiry): the session keeps being answered and is still listed; idle measures run on
+    the monotonic reading, which did not move."""
+    home = _host_home(tmp_path)
+
+    async def scenario():
+        host = MemoryHost(home, max_sessions=1, anonymous_sessions=1)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.host.run)
+            await host.ready.wait()
+            guest = await _connect(tg, host)
+            guest.ask("alpha")
+            await guest.answered(1)
+            host.clock.jump_wall(jump)
+            guest.ask("beta")
+            await guest.answered(2)
+            listed = host.host.table.listing()
+            newcomer = await _connect(tg, host)  # the slot is still held: not idle, not evicted
+            guest.ask(None)
+            host.stop.set()
+        return host, guest, listed, newcomer
+
+    host, guest, listed, newcomer = anyio.run(scenario, backend="asyncio")
+    assert guest.outcome.ok, (guest.outcome.reason, guest.outcome.code)
+    assert len(listed) == 1 and listed[0]["queries"] == 2
+    assert newcomer.outcome.code == "handshake-host-busy"
+    assert not host.of("session-evicted")
+
+
+def test_a_connection_that_dies_at_any_point_releases_its_slot(tmp_path):
+    """One slot: a guest that hangs up before its first frame, one that hangs up
+    mid-handshake and one that vanishes once ready each give the slot back; an honest
+    guest is served after them."""
+    from node.engine.framing import LineFramer
+
+    home = _host_home(tmp_path)
+
+    async def scenario():
+        host = MemoryHost(home, max_sessions=1, anonymous_sessions=1)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.host.run)
+            await host.ready.wait()
+            table = host.host.table
+            # 1. connects and closes at once
+            stream = await host.listener.connect(Identity(os.urandom(32)).public_key)
+            await stream.aclose()
+            await host.until(lambda: table.connections == 0)
+            # 2. sends its _session_init, reads the host's proof, hangs up
+            ident = Identity(os.urandom(32))
+            inv = host.invitation
+            engine = SessionEngine("guest", host.spec, public_key=ident.public_key, sign=ident.sign,
+                                   guest=GuestConfig(remote_id=inv["host_public_key"], post_id=inv["post_id"],
+                                                     host_public_key=inv["host_public_key"]))
+            stream = await host.listener.connect(ident.public_key)
+            engine.initiate()
+            await stream.send(engine.data_to_send())
+            framer = LineFramer(1 << 20)
+            with anyio.fail_after(10):
+                while not framer.feed(await stream.receive()):
+                    pass
+            await stream.aclose()
+            await host.until(lambda: table.connections == 0)
+            # 3. ready, then gone without a word
+            ready = Guest(host)
+            async with anyio.create_task_group() as one:
+                one.start_soon(ready.run)
+                with anyio.fail_after(10):
+                    await ready.ready.wait()
+                one.cancel_scope.cancel()
+            await host.until(lambda: table.connections == 0)
+            honest = await _connect(tg, host)
+            honest.ask("alpha")
+            await honest.answered(1)
+            honest.ask(None)
+            host.stop.set()
+        return host, honest
+
+    host, honest = anyio.run(scenario, backend="asyncio")
+    assert honest.outcome.ok and honest.results[0]["status"] == "ok"
+    assert host.host.table.connections == 0 and host.host.table.sessions == 0
+
+
+def test_a_failing_connection_stays_its_own(tmp_path):
+    """A protocol whose hook raises for one message: that session ends with
+    ``hook-failed``; a second session served at the same time is answered throughout."""
+    home = _host_home(tmp_path)
+    pdir = tmp_path / "echo-boom"
+    shutil.copytree(PROTOCOLS / "echo", pdir)
+    hooks = pdir / "hooks.py"
+    text = hooks.read_text()
+    hooks.write_text(text + '''
+
+_original_on_message = on_message
+
+
+def on_message(ctx, message):  # noqa: F811 - the test's failing variant
+    if ctx.role == "host" and message.get("text") == "boom":
+        raise RuntimeError("boom")
+    return _original_on_message(ctx, message)
+''')
+
+    async def scenario():
+        host = MemoryHost(home, pdir=pdir)
+        outcomes: dict[str, Any] = {}
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.host.run)
+            await host.ready.wait()
+            inv = host.invitation
+
+            async def echo(name: str, texts: list[str]) -> None:
+                ident = Identity(os.urandom(32))
+                stream = await host.listener.connect(ident.public_key)
+                engine = SessionEngine("guest", host.spec, public_key=ident.public_key, sign=ident.sign,
+                                       guest=GuestConfig(remote_id=inv["host_public_key"], post_id=inv["post_id"],
+                                                         host_public_key=inv["host_public_key"]))
+                outcomes[name] = await run_session(
+                    stream, engine, load_hooks(pdir),
+                    make_context=lambda ev: HookContext(role="guest", session_id=ev.session_id,
+                                                        peer=PeerInfo(ev.peer_public_key),
+                                                        options={"texts": texts}))
+
+            async with anyio.create_task_group() as both:
+                both.start_soon(echo, "bad", ["boom"])
+                both.start_soon(echo, "good", ["one", "two", "three"])
+            host.stop.set()
+        return host, outcomes
+
+    host, outcomes = anyio.run(scenario, backend="asyncio")
+    assert outcomes["good"].ok, (outcomes["good"].reason, outcomes["good"].code)
+    assert not outcomes["bad"].ok
+    assert [code for code, _m in outcomes["bad"].remote_errors] == ["hook-failed"]  # told why
+    assert sorted((e["reason"], e["code"]) for e in host.of("session-ended")) == \
+        [("aborted", "hook-failed"), ("completed", None)]
