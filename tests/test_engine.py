@@ -18,6 +18,7 @@ from node.engine.session import (
     HostConfig,
     MessageReceived,
     MessageRefused,
+    OutgoingFrame,
     RemoteError,
     SessionClosed,
     SessionEngine,
@@ -303,10 +304,12 @@ def test_egress_check_refuses_outgoing_message(echo, host_id, guest_id):
     pair = EnginePair(echo, host_id, guest_id)
 
     answered: list = []
+    seen: list = []
 
-    def no_secrets(data: bytes, replying_to: dict | None) -> None:
-        answered.append(replying_to)
-        if b"/home/owner" in data:
+    def no_secrets(frame: OutgoingFrame) -> None:
+        answered.append(frame.replying_to)
+        seen.append(frame)
+        if b"/home/owner" in frame.data:
             raise EgressRefused("egress-leak")
 
     pair.host._egress_check = no_secrets
@@ -317,6 +320,11 @@ def test_egress_check_refuses_outgoing_message(echo, host_id, guest_id):
         pair.host.send_message({"action": "echo", "text": "/home/owner/secret.txt", "count": 1})
     assert pair.host.data_to_send() == b""
     assert answered == [{"action": "say", "text": "hi"}]  # the seam sees what it answers
+    # a frame that passes: the seam saw the message and exactly the bytes that leave, once
+    ok = {"action": "echo", "text": "fine", "count": 1}
+    pair.host.send_message(ok)
+    assert len(seen) == 2 and seen[1].message == ok
+    assert pair.host.data_to_send() == seen[1].data
 
 
 def test_terminal_message_closes_both_sides(echo, host_id, guest_id):

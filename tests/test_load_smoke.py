@@ -22,7 +22,8 @@ def test_load_script_reports_every_section_and_the_killed_guest():
                           capture_output=True, text=True, timeout=110, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout)
-    assert r["kith"]["count"] == 12 and r["raw"]["count"] == 12
+    assert r["kith"]["count"] == 12 and r["raw"]["count"] == 12 and r["http"]["count"] == 12
+    assert r["http"]["server_cpu_ms_per_request"] > 0  # the plain HTTP baseline ran in its own process
     assert r["kith"]["outcomes"] == {"completed": 3}
     assert r["killed"]["detected"] and r["killed"]["code"] == "peer-unresponsive"
     assert r["killed"]["answers_to_others_meanwhile"] >= 1

@@ -15,6 +15,8 @@ import anyio
 import pytest
 
 from node.common.errors import ConfigError, KithError
+from node.engine.framing import encode_frame
+from node.engine.session import OutgoingFrame
 from node.runtime.audit import HostAudit
 from node.trust.audit_log import AuditLog, AuditProblem, read_audit
 from node.runtime.revocation import PeersWatcher
@@ -206,9 +208,10 @@ def test_host_audit_records_results_frames_with_source_ids_only(tmp_path):
     frame = {"action": "results", "query_id": "q1", "status": "ok",
              "envelope": {"results": [{"source": "/docs/a.md", "textPreview": "SECRET CHUNK TEXT"},
                                       {"source": "/docs/a.md"}, {"source": "/docs/b.md"}]}}
-    tap.outgoing(json.dumps(frame).encode())
-    tap.outgoing(json.dumps({"action": "results", "query_id": "q2", "status": "pending-approval",
-                             "approval_id": "0123456789abcdef", "envelope": {"results": []}}).encode())
+    pending = {"action": "results", "query_id": "q2", "status": "pending-approval",
+               "approval_id": "0123456789abcdef", "envelope": {"results": []}}
+    for msg in (frame, {"action": "say", "text": "not a results frame"}, pending):
+        tap.outgoing(OutgoingFrame(msg, encode_frame(msg), None))
     audit.close()
     raw = (tmp_path / "audit.jsonl").read_text()
     assert "SECRET CHUNK TEXT" not in raw

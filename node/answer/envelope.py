@@ -20,6 +20,8 @@ import re
 from functools import lru_cache
 from typing import Any
 
+import msgspec
+
 from node.answer import readable
 from node.answer.contract import (  # noqa: F401 - the request contract, re-exported
     DEDUPE_LEVELS, MAX_QUERY_CHARS, MAX_SERVER_BUDGET_MS, TOP_K_DEFAULT, TOP_K_MAX, server_deadline)
@@ -198,17 +200,14 @@ def _stems(text: str) -> set[str]:
     return out
 
 
-def _key_stems(query: str) -> list[tuple[str, set[str]]]:
-    """(key term, its stems) pairs for coverage checks."""
-    return [(t, _stems(t)) for t in search.key_terms(query)]
-
-
 @lru_cache(maxsize=512)
-def _query_keys(query: str) -> tuple[list[tuple[str, set[str]]], re.Pattern[str] | None,
-                                     tuple[str, ...]]:
-    """Per-query analysis reused by every envelope for ``query`` (pure; cached — callers
-    must not mutate it): ``(key stems, key matcher, matcher prefixes)``."""
-    keys = _key_stems(query)
+def _query_keys(key_terms: tuple[str, ...]) -> tuple[list[tuple[str, set[str]]], re.Pattern[str] | None,
+                                                     tuple[str, ...]]:
+    """Per-query analysis reused by every envelope for a query with these key terms (the
+    plan's, :attr:`node.corpus.retrieval.Plan.key_terms`; pure; cached — callers must not
+    mutate it): ``(key stems, key matcher, matcher prefixes)``, the key stems being
+    ``(key term, its stems)`` pairs for the coverage checks."""
+    keys = [(t, _stems(t)) for t in key_terms]
     return keys, _key_matcher(keys), _key_prefixes(keys)
 
 
@@ -546,6 +545,28 @@ def empty_envelope(reason: str, request: dict[str, Any] | None = None, *,
     }
 
 
+_encode = msgspec.json.Encoder().encode
+
+
+def result_sizes(envelope: dict[str, Any]) -> list[int]:
+    """Bytes each result adds to the encoded envelope (compact JSON, as the wire frames
+    it): its ``results`` entry, its ``citationPack`` entry, the commas between them and its
+    citation id in its ``eventAggregation`` group. Its synthesis sentences are not
+    counted (a rebuild without it may pick other results' sentences instead), so the sum
+    is what dropping results saves at least in the common case; the caller measures the
+    rebuilt envelope.
+
+    Args:
+        envelope: an envelope from :func:`build_envelope`.
+
+    Returns:
+        One size per result, in result order (``[]`` for an empty envelope).
+    """
+    cites = envelope["citationPack"]["citations"]
+    return [len(_encode(res)) + len(_encode(cit)) + 2 + len(res["provenance"]["citationId"]) + 3
+            for res, cit in zip(envelope["results"], cites)]
+
+
 #: ``quality.flags`` key set (true) when the index was behind its record while searching.
 INDEX_SYNCING_FLAG = "indexSyncing"
 #: Recommendation added to an envelope served while the index is syncing.
@@ -596,8 +617,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     if not hits:
         return empty_envelope("no-verified-results", request, plan=plan)
     plan = _plan(request, plan)
-    q = request["query"]
-    keys, matcher, prefixes = _query_keys(q)
+    keys, matcher, prefixes = _query_keys(tuple(plan.key_terms))  # the plan's: never re-derived
     key_names = [t for t, _ in keys]
     results: list[dict[str, Any]] = []
     citations: list[dict[str, Any]] = []

@@ -17,7 +17,8 @@ the request's ``dedupe`` → the view's gate (peers: :meth:`node.policy.gate.Egr
 → canonical (NFC) source ids → the envelope, built from the plan the search made →
 ``index-syncing`` when nothing may be shown while the index lags its record, or
 ``quality.flags.indexSyncing`` on a non-empty answer. The leak scan is NOT here: it is the
-gate seam every outgoing frame passes (:class:`node.policy.gate.SessionEgress`).
+gate seam every outgoing frame passes once (:meth:`node.policy.gate.EgressGate.check_frame`,
+called by the session engine with the encoded frame).
 
 No oracle: an answer with nothing to show is :func:`node.answer.envelope.empty_envelope`
 of the reason and the request only; for a peer it also takes at least
@@ -129,6 +130,7 @@ class AnswerService:
         self._gate = gate
         self._limiter = limiter
         self._normalize: Callable[[str], str | None] | None = None
+        self._synced_once = False  # a sync of this corpus has completed (``last_sync`` is set)
 
     # --- views --------------------------------------------------------------------------
     def knowledge_for(self, view: PeerView) -> Knowledge:
@@ -165,12 +167,17 @@ class AnswerService:
             return visible
 
     # --- the answer ---------------------------------------------------------------------
-    def answer(self, body: Any, view: View = OWNER) -> dict[str, Any]:
+    def answer(self, body: Any, view: View = OWNER, *,
+               timings: dict[str, float] | None = None) -> dict[str, Any]:
         """Answer one search request as ``view``.
 
         Args:
             body: the flat request body (:mod:`node.answer.contract`), unvalidated.
             view: :data:`OWNER` or a :class:`PeerView`.
+            timings: when given, filled with the seconds the answer spent per stage —
+                ``search`` (``Corpus.search_hits``), ``gate`` (the view's screen / the
+                owner's id normalization) and ``envelope`` (build, index-syncing mark,
+                trim) — for ``scripts/bench``'s profile; never part of the answer.
 
         Returns:
             ``{"status": str, "envelope": dict}`` plus ``error`` / ``approval_id`` /
@@ -199,6 +206,7 @@ class AnswerService:
         corpus = self._corpus
         if corpus is None:
             return self._nothing("index-unavailable", req, plan, peer, started)
+        t_search = time.perf_counter()
         try:
             hits, controller = corpus.search_hits(
                 req["query"], filters=req["filters"] or None,
@@ -213,6 +221,7 @@ class AnswerService:
         if not hits and controller.get("stopReason") == "budget-exhausted" and not any(
                 p.get("status") == "ran" for p in controller.get("passes", [])):
             return _empty("budget-exhausted", req, plan)
+        t_gate = time.perf_counter()
         pending: dict[str, Any] | None = None  # the pending-approval answer, when the best hit waits
         if peer is not None:
             from node.policy.gate import PENDING
@@ -230,15 +239,21 @@ class AnswerService:
                 shown = [_with_id(h, canonical.get(h.source_id) or canonical.setdefault(
                     h.source_id, self._canonical(h.source_id))) for h in hits]
         top = shown[: req["topK"]]
+        t_envelope = time.perf_counter()
+        if timings is not None:
+            timings.update(search=t_gate - t_search, gate=t_envelope - t_gate)
         if not top:
             return pending or self._nothing(None, req, plan, peer, started)
         envelope = env.build_envelope(req, top, controller, plan=plan)
+        syncing = self._syncing_while(controller)
+        if syncing:  # before the size check: the flag is part of what is sent
+            env.mark_index_syncing(envelope)
         if peer is not None:
-            envelope = self._fit(envelope, req, plan, top, controller, peer, policy)
+            envelope = self._fit(envelope, req, plan, top, controller, peer, policy, syncing)
             if envelope is None:
                 return pending or self._nothing(None, req, plan, peer, started)
-        if _syncing(corpus):
-            env.mark_index_syncing(envelope)
+        if timings is not None:
+            timings["envelope"] = time.perf_counter() - t_envelope
         if pending is not None:
             # what the peer may see now goes with the pending status (specs/approvals.md §1)
             return {**pending, "envelope": envelope}
@@ -272,18 +287,51 @@ class AnswerService:
                 "visible": self._visible(view, policy)}
 
     def _fit(self, envelope: dict[str, Any], req: dict[str, Any], plan: Any, top: list[Any],
-             controller: dict[str, Any], peer: PeerView, policy: Any) -> dict[str, Any] | None:
-        """Drop the lowest-ranked results until the ``results`` message fits the peer's
-        ``max_message_bytes`` (quota); None when not even one result fits."""
+             controller: dict[str, Any], peer: PeerView, policy: Any,
+             syncing: bool) -> dict[str, Any] | None:
+        """The envelope cut to the peer's ``max_message_bytes`` (quota, less
+        :data:`MESSAGE_OVERHEAD_BYTES`): the lowest-ranked results are dropped; None when
+        not even one result fits.
+
+        One encode measures the envelope; when it is too large, each result's own bytes
+        (its ``results`` and ``citationPack`` entries, :func:`node.answer.envelope.result_sizes`)
+        say how many to drop, and the envelope is rebuilt once for the kept prefix (and
+        measured again: synthesis and coverage change with the results, so the estimate is
+        checked; a still-too-large envelope drops one more result per rebuild).
+        ``syncing``: mark each rebuilt envelope ``indexSyncing`` before it is measured."""
         if peer.key is None:
             return envelope
         limit = policy.quota_for(peer.name).max_message_bytes - MESSAGE_OVERHEAD_BYTES
-        while len(_encode(envelope)) > limit:
-            top = top[:-1]
-            if not top:
+        size = len(_encode(envelope))
+        while size > limit:
+            if len(top) == 1:
                 return None
+            sizes = env.result_sizes(envelope)
+            keep = len(top)
+            while keep > 1 and size > limit:  # at least one is always dropped
+                keep -= 1
+                size -= sizes[keep]
+            top = top[:keep]
             envelope = env.build_envelope(req, top, controller, plan=plan)
+            if syncing:
+                env.mark_index_syncing(envelope)
+            size = len(_encode(envelope))
         return envelope
+
+    def _syncing_while(self, controller: Mapping[str, Any]) -> bool:
+        """Whether a shown answer is marked ``indexSyncing``: the index lagged its record
+        while searching (``indexLag``, which the search measured under the corpus lock),
+        or no sync has completed yet. The latter is asked of the corpus
+        (:meth:`Corpus.index_syncing`) only until it once says settled: ``last_sync``,
+        once written, is never removed, so afterwards the search's own lag is the whole
+        answer and an answer takes the corpus lock once, not twice."""
+        if controller.get("indexLag"):
+            return True
+        if self._synced_once:
+            return False
+        syncing = _syncing(self._corpus)
+        self._synced_once = not syncing
+        return syncing
 
     def _nothing(self, reason: str | None, req: dict[str, Any], plan: Any,
                  peer: PeerView | None, started: float) -> dict[str, Any]:

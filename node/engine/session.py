@@ -9,8 +9,9 @@ engine runs over the memory pipe and over iroh (``node.runtime.driver`` pumps it
 
 Order on every incoming frame: line framing → JSON decode → system/business split →
 action declared for the sender's direction → jsonschema → state/turn rules → event for
-the hook. Outgoing business messages are validated the same way for our direction, then
-passed through ``egress_check``.
+the hook. Outgoing business messages are validated the same way for our direction,
+encoded once, then passed through ``egress_check`` as an :class:`OutgoingFrame` (the
+message and the exact bytes that will leave, so no later step re-encodes or decodes it).
 
 This class only composes the concerns, each its own small module: framing
 (:mod:`node.engine.framing`), the handshakes (:mod:`node.engine.handshake`), the UI
@@ -24,7 +25,7 @@ from __future__ import annotations
 import enum
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import msgspec
 
@@ -53,6 +54,21 @@ _struct_encoder = msgspec.json.Encoder()
 _UI_DATA_ACTIONS = frozenset({"_ui_artifact_begin", "_ui_artifact_file", "_ui_artifact_end"})
 
 
+class OutgoingFrame(NamedTuple):
+    """One outgoing business frame as the egress seam sees it (``egress_check``).
+
+    Attributes:
+        message: the validated business message (a JSON object; treat it as read-only).
+        data: its encoding, exactly the bytes queued for the peer (UTF-8 JSON + ``\\n``).
+        replying_to: the peer's last business message in this session (the one it
+            answers), or None before any.
+    """
+
+    message: dict[str, Any]
+    data: bytes
+    replying_to: dict[str, Any] | None
+
+
 class State(enum.Enum):
     """Where a session is."""
 
@@ -72,10 +88,12 @@ class SessionEngine:
         sign: signs bytes with our identity, returning 128 hex.
         host / guest: the role's :class:`HostConfig` / :class:`GuestConfig`.
         random_bytes: source of randomness (default ``os.urandom``).
-        egress_check: called with each outgoing business frame's bytes and the peer's
-            last business message (the one it answers; None before any) — the gate seam,
-            :meth:`node.policy.gate.EgressGate.check_frame`; raises
-            :class:`node.common.errors.EgressRefused` to refuse it.
+        egress_check: called once with each outgoing business frame as an
+            :class:`OutgoingFrame` (message, its bytes, the peer message it answers)
+            after validation and encoding, before it is queued — the gate seam
+            (:meth:`node.policy.gate.EgressGate.check_frame`) and, on a host, the audit
+            tap; raises :class:`node.common.errors.EgressRefused` to refuse it (nothing
+            is queued then).
         clock: monotonic time in seconds (time is an input: tests pass a fake clock).
         timeouts: the session bounds (:class:`node.engine.timers.Timeouts`); None = no
             timers until :meth:`set_timeouts` (the driver sets them).
@@ -84,7 +102,7 @@ class SessionEngine:
     def __init__(self, role: str, spec: Any, *, public_key: str, sign: Callable[[bytes], str],
                  host: HostConfig | None = None, guest: GuestConfig | None = None,
                  random_bytes: Callable[[int], bytes] = os.urandom,
-                 egress_check: Callable[[bytes, dict[str, Any] | None], None] | None = None,
+                 egress_check: Callable[[OutgoingFrame], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  timeouts: Timeouts | None = None) -> None:
         if role not in ("guest", "host"):
@@ -303,7 +321,7 @@ class SessionEngine:
         if len(data) - 1 > self.spec.limits.max_message_bytes:
             raise HookError("hook-output-invalid", "our message is larger than max_message_bytes")
         if self._egress_check is not None:
-            self._egress_check(data, self._last_received)
+            self._egress_check(OutgoingFrame(message, data, self._last_received))
         self._out += data
         self._loop.accept(self.role, terminal)
         self.timers.business(self._clock())
@@ -429,7 +447,7 @@ class SessionEngine:
 
 
 __all__ = [
-    "EgressRefused", "Event", "GuestConfig", "HostConfig", "MessageReceived", "MessageRefused",
+    "EgressRefused", "Event", "GuestConfig", "HostConfig", "MessageReceived", "MessageRefused", "OutgoingFrame",
     "ProofVerified", "RemoteError", "SessionClosed", "SessionEngine", "SessionReady", "State",
     "Timeouts", "UiArtifactReceived", "UiArtifactRefused",
 ]

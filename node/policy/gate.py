@@ -278,23 +278,25 @@ class EgressGate:
             raise EgressRefused("egress-leak")
 
 
-    def check_frame(self, data: bytes, replying_to: Any = None) -> None:
+    def check_frame(self, frame: Any) -> None:
         """The gate seam: the last check before an outgoing business frame leaves
-        (DESIGN §1, §10). The session engine calls it with every such frame's bytes and
-        the peer's business message it answers; there is no other leak scan on the
-        answer path.
+        (DESIGN §1, §10). The session engine calls it once with every such frame, after
+        validating and encoding it; there is no other leak scan on the answer path.
 
         Args:
-            data: the encoded frame (UTF-8 JSON line).
-            replying_to: the last business message the peer sent in this session (a
-                decoded JSON object), or None: its strings are the echo exemption
-                (:func:`echoes_of`, :meth:`check_outgoing`).
+            frame: a :class:`node.engine.session.OutgoingFrame` — ``data``, the encoded
+                line that will leave (what is scanned, once), and ``replying_to``, the
+                last business message the peer sent in this session (a decoded JSON
+                object) or None: its strings are the echo exemption (:func:`echoes_of`,
+                :meth:`check_outgoing`). ``message`` is not read here.
 
         Raises:
             EgressRefused: ``egress-leak``.
         """
+        data = frame.data
         if self._leak is None or self._leak.search(data) is None:
             return  # the common case: one scan, and no echo set to build
+        replying_to = frame.replying_to
         self.check_outgoing(data, echoes_of(replying_to) if replying_to is not None else ())
 
 

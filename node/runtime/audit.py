@@ -9,7 +9,6 @@ records: session events, incoming queries and the outgoing ``results`` frames.
 from __future__ import annotations
 
 import inspect
-import json
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -30,15 +29,16 @@ class _SessionTap:
         self.session_id, self.peer_name = session_id, peer_name
         self.audit._taps[session_id] = self
 
-    def outgoing(self, data: bytes) -> None:
+    def outgoing(self, frame: Any) -> None:
         """An outgoing business frame passed the egress gate and is queued for sending:
-        a ``results`` frame is recorded with its status and source ids (never text)."""
-        if b'"results"' not in data:
-            return
-        try:
-            msg = json.loads(data)
-        except ValueError:
-            return
+        a ``results`` frame is recorded with its status and source ids (never text).
+
+        Args:
+            frame: the engine's :class:`node.engine.session.OutgoingFrame`; the record is
+                read from ``frame.message``, the object ``frame.data`` (the bytes that
+                leave) is the encoding of — nothing is decoded again.
+        """
+        msg = frame.message
         if not isinstance(msg, dict) or msg.get("action") != "results":
             return
         env = msg.get("envelope") if isinstance(msg.get("envelope"), dict) else {}
@@ -60,8 +60,9 @@ class HostAudit:
     ``observe`` wraps the host's ``on_event`` (session started/ended, refused
     handshakes, revocations, policy reloads); ``wrap_hooks`` wraps the protocol's
     ``on_message`` to record each incoming message with a ``query`` string; ``tap`` gives
-    a per-connection object whose ``outgoing`` the host calls from its egress check, i.e.
-    for exactly the frames the engine queues to send.
+    a per-connection object whose ``outgoing`` the host calls from its egress check with
+    the engine's :class:`node.engine.session.OutgoingFrame`, i.e. for exactly the frames
+    the engine queues to send, after the gate passed them.
     """
 
     def __init__(self, log: AuditLog) -> None:

@@ -179,13 +179,16 @@ class Connection:
         self.held.add(nonce)
         return True
 
-    def egress(self, data: bytes, replying_to: Any = None) -> None:
-        """The engine's egress seam: the gate checks the frame (raises ``EgressRefused``),
-        then the audit tap records it as queued to send."""
+    def egress(self, frame: Any) -> None:
+        """The engine's egress seam, called once per outgoing business frame with a
+        :class:`node.engine.session.OutgoingFrame` (the message, its exact bytes, the
+        peer message it answers): the gate scans ``frame.data`` (raises
+        ``EgressRefused``), then the audit tap records ``frame.message`` as queued to send
+        (nothing is decoded again)."""
         check = self.host.knowledge.egress_check
         if check is not None:
-            check(data, replying_to)  # EgressGate.check_frame
-        self.tap.outgoing(data)
+            check(frame)  # EgressGate.check_frame
+        self.tap.outgoing(frame)
 
     def make_context(self, ev: SessionReady) -> HookContext:
         """The session is ready: record its proof and nonce, tell the table and the

@@ -117,9 +117,10 @@ class Knowledge:
     Attributes:
         handle_for: ``(peer_name | None, peer_key)`` → the peer's ``ctx.knowledge``
             (:class:`node.answer.service.Knowledge`; quotas and approvals are per key).
-        egress_check: the gate seam every outgoing business frame passes
-            (:meth:`node.policy.gate.EgressGate.check_frame`: raises ``EgressRefused``
-            when a real root or home path is in it), given to the engine as is.
+        egress_check: the gate seam every outgoing business frame passes once, as a
+            :class:`node.engine.session.OutgoingFrame` (message + its bytes + the peer
+            message it answers): :meth:`node.policy.gate.EgressGate.check_frame`, raises
+            ``EgressRefused`` when a real root or home path is in the bytes.
         close: releases the corpus.
         service: the :class:`node.answer.service.AnswerService` behind ``handle_for``.
         quota_left: ``(peer_name | None, peer_key)`` → ``{"queries", "burst",
@@ -130,7 +131,7 @@ class Knowledge:
     """
 
     handle_for: Callable[[str | None, str | None], Any]
-    egress_check: Callable[[bytes, Any], None] | None
+    egress_check: Callable[[Any], None] | None
     close: Callable[[], None]
     service: Any = None
     quota_left: Callable[[str | None, str], dict[str, Any]] | None = None

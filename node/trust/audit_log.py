@@ -79,6 +79,7 @@ class AuditLog:
         self.keep = keep
         self._lock = threading.Lock()
         self._fd: int | None = None
+        self._lock_fd: int | None = None  # <home>/audit.jsonl.lock, flocked per record
         self._key: bytes | None = None
         self._warned = False
 
@@ -98,17 +99,26 @@ class AuditLog:
             line = (json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
         with self._lock:
             try:
-                self._write(line, sync)
+                try:
+                    self._write(line, sync)
+                except FileNotFoundError:  # the home (or the lock file) went away: start over
+                    self._drop_lock_fd()
+                    self._write(line, sync)
             except OSError as exc:
+                self._drop_lock_fd()
                 if not self._warned:
                     self._warned = True
                     log.warning("could not write the audit log (%s); records are being lost", exc.strerror)
 
     def _write(self, line: bytes, sync: bool) -> None:
-        self.home.mkdir(parents=True, exist_ok=True)
-        lock_fd = os.open(self.home / (AUDIT_FILE + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        # the lock file stays open between records (one flock/unlock pair per record, not
+        # mkdir + open + close); it is reopened after an error
+        lock_fd = self._lock_fd
+        if lock_fd is None:
+            self.home.mkdir(parents=True, exist_ok=True)
+            lock_fd = self._lock_fd = os.open(self.home / (AUDIT_FILE + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
             fd = self._current_fd()
             size = os.fstat(fd).st_size
             if size and size + len(line) > self.max_bytes:
@@ -118,7 +128,15 @@ class AuditLog:
             if sync:
                 os.fsync(fd)
         finally:
-            os.close(lock_fd)  # releases the flock
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+
+    def _drop_lock_fd(self) -> None:
+        if self._lock_fd is not None:
+            try:
+                os.close(self._lock_fd)
+            except OSError:
+                pass
+            self._lock_fd = None
 
     def _current_fd(self) -> int:
         """The descriptor of the *current* ``audit.jsonl`` (reopened when another process
@@ -168,6 +186,7 @@ class AuditLog:
                     pass
                 os.close(self._fd)
                 self._fd = None
+            self._drop_lock_fd()
 
     # --- queries --------------------------------------------------------------------------
     def query_fields(self, text: str) -> dict[str, str]:
