@@ -298,3 +298,41 @@ def test_preview_skips_heading_lines_and_marks_only_real_cuts() -> None:
     # without a heading path nothing counts as a heading: skipped lines are a cut
     env = build_envelope(validate({"query": "replace brake lining"}), [_page_hit(md, [])])
     assert env["results"][0]["textPreview"].startswith(readable.ELLIPSIS + "Replace")
+
+
+# --- the quoted answer (issue 20 item 5) ------------------------------------------------
+
+
+def _quoted(query: str, texts: list[str]) -> list[str]:
+    env = build_envelope(validate({"query": query}), [_hit(t, i) for i, t in enumerate(texts)])
+    return [s["text"] for s in env["answerSynthesis"]["sentences"]]
+
+
+def test_quoted_sentences_carry_the_questions_key_terms() -> None:
+    texts = ["Compiled files are written to a temporary location. The tempfile module "
+             "creates a temporary directory that is removed when the context ends.",
+             "A *.pyc file is a temporary artefact of the import system and is safe to delete."]
+    quoted = _quoted("temporary directory", texts)
+    assert quoted == ["The tempfile module creates a temporary directory that is removed "
+                      "when the context ends."]
+
+
+def test_a_sentence_is_never_quoted_twice_even_in_near_identical_words() -> None:
+    texts = ["The argparse module parses command line arguments with subcommands easily.",
+             "The argparse module parses the command line arguments with subcommands easily!",
+             "Subcommands of argparse parse command line arguments for each verb."]
+    quoted = _quoted("parse command line arguments with subcommands", texts)
+    assert quoted[0].startswith("The argparse module parses command line")
+    assert not any(q.startswith("The argparse module parses the") for q in quoted)
+    assert len(quoted) == 2
+
+
+def test_the_answer_block_is_left_out_when_no_sentence_qualifies() -> None:
+    texts = ["Parse command line arguments?", "Subcommands are described elsewhere in detail."]
+    env = build_envelope(validate({"query": "parse command line arguments with subcommands"}),
+                         [_hit(t, i) for i, t in enumerate(texts)])
+    assert env["answerSynthesis"]["sentences"] == []
+    from node.cli.render import answer_lines
+
+    lines = answer_lines({"type": "answer", "status": "ok", "envelope": env})
+    assert not any("answer (sentences copied" in line.text for line in lines)

@@ -661,18 +661,11 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     # extractive synthesis: best-covering sentences, at most 2 per result; among equal
     # coverage a whole sentence (ends with an end mark, fits SYNTHESIS_CHARS) goes first
     candidates.sort(key=lambda c: (-c[0], not _whole_sentence(c[3]), c[1], c[2]))
-    per_result: dict[int, int] = {}
-    sentences: list[dict[str, Any]] = []
-    seen_text: set[str] = set()
-    for n, rank, _pos, sent, cid, source in candidates:
-        if len(sentences) >= MAX_SYNTHESIS_SENTENCES:
-            break
-        if per_result.get(rank, 0) >= 2 or sent in seen_text:
-            continue
-        per_result[rank] = per_result.get(rank, 0) + 1
-        seen_text.add(sent)
-        sentences.append({"text": readable.cut(sent, SYNTHESIS_CHARS), "citationId": cid,
-                          "source": source})
+    # only sentences with the question's key terms, never a repeat (readable.quotes)
+    sentences = [{"text": readable.cut(sent, SYNTHESIS_CHARS), "citationId": cid,
+                  "source": source}
+                 for sent, cid, source in readable.quotes(
+                     candidates, len(covered_all), limit=MAX_SYNTHESIS_SENTENCES, query=q)]
     # event aggregation: group by source
     groups: dict[str, dict[str, Any]] = {}
     for res in results:

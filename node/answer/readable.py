@@ -319,3 +319,78 @@ def cut(text: str, limit: int) -> str:
         if not text[i].isalnum() or not text[i - 1].isalnum():
             return text[:i] + ELLIPSIS
     return text[:room] + ELLIPSIS
+
+
+# --- the quoted answer ----------------------------------------------------------------
+
+_QUOTE_WORD = re.compile(r"[^\W_]+")
+#: Two quotes are near-identical when this share of the shorter one's words are in
+#: the longer one (and the shorter has at least this share of the longer's words).
+NEAR_IDENTICAL = 0.75
+
+
+def required_terms(matched: int) -> int:
+    """How many key terms a quoted sentence must cover, given ``matched``: the number of
+    the question's key terms the shown results cover (what the ranking matched). All of
+    them up to two; from three on, two thirds rounded up (a long question's words are
+    rarely all in one sentence, one of them alone is no answer)."""
+    if matched <= 2:
+        return matched
+    return -(-2 * matched // 3)
+
+
+def _near_identical(a: frozenset[str], la: int, b: frozenset[str], lb: int) -> bool:
+    if min(la, lb) < NEAR_IDENTICAL * max(la, lb):
+        return False
+    small, big = (a, b) if len(a) <= len(b) else (b, a)
+    return bool(small) and len(small & big) >= NEAR_IDENTICAL * len(small)
+
+
+#: Fewest words a quote holds beyond the question's own: a sentence made of the
+#: question's words (a heading such as "Parse command line arguments?") answers nothing.
+MIN_OWN_WORDS = 3
+
+
+def quotes(candidates: list[tuple[int, int, int, str, str, str]], matched: int, *,
+           limit: int, query: str = "", per_result: int = 2) -> list[tuple[str, str, str]]:
+    """The sentences the answer block quotes (issue 20 item 5).
+
+    Args:
+        candidates: ``(covered key terms, result rank, position, sentence, citation id,
+            source)``, best first (the envelope's order).
+        matched: key terms of the question the shown results cover.
+        limit: most sentences quoted.
+        query: the question (its words do not count toward :data:`MIN_OWN_WORDS`).
+        per_result: most sentences quoted from one result.
+
+    Returns:
+        ``[(sentence, citation id, source)]``: each sentence covers at least
+        :func:`required_terms` of ``matched`` key terms, is not itself a question (ends
+        with ``?``), has :data:`MIN_OWN_WORDS` words beyond the question's, and none
+        repeats an earlier one
+        (the same sentence, or near-identical words: :data:`NEAR_IDENTICAL`); empty when
+        nothing qualifies — the block is then left out, not filled with weaker quotes.
+    """
+    need = required_terms(matched)
+    if need <= 0:
+        return []
+    asked = frozenset(_QUOTE_WORD.findall(query.lower()))
+    out: list[tuple[str, str, str]] = []
+    seen: list[tuple[frozenset[str], int]] = []
+    per: dict[int, int] = {}
+    for covered, rank, _pos, sentence, cid, source in candidates:
+        if len(out) >= limit:
+            break
+        if covered < need or per.get(rank, 0) >= per_result:
+            continue
+        words = _QUOTE_WORD.findall(sentence.lower())
+        if (sentence.rstrip().endswith(("?", "？"))
+                or sum(w not in asked for w in words) < MIN_OWN_WORDS):
+            continue
+        key = (frozenset(words), len(words))
+        if any(_near_identical(key[0], key[1], w, n) for w, n in seen):
+            continue
+        seen.append(key)
+        per[rank] = per.get(rank, 0) + 1
+        out.append((sentence, cid, source))
+    return out
