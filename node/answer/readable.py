@@ -266,9 +266,12 @@ def _code_blocks(lines: list[str]) -> list[tuple[int, int, int]]:
             k = j
             while k < n and not lines[k].strip(" \t"):
                 k += 1
-            if k > j or directive:
+            if (k > j or directive) and k < n and _indent(lines[k]) > base:
+                # the block runs while lines are indented as its first line (the chunk's
+                # first line is trimmed, so the intro's own indentation may be unknown)
+                inner = _indent(lines[k])
                 end = k
-                while end < n and (not lines[end].strip(" \t") or _indent(lines[end]) > base):
+                while end < n and (not lines[end].strip(" \t") or _indent(lines[end]) >= inner):
                     end += 1
                 while end > k and not lines[end - 1].strip(" \t"):
                     end -= 1
