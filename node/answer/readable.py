@@ -19,7 +19,7 @@ in the text size):
   3.2.``), object directives keep their signature (``.. function:: f(x)`` → ``f(x)``),
   housekeeping directives (``index``, ``module``, ``highlight``, ``toctree``…), their
   options and comments are dropped; heading adornment lines and grid-table rules go;
-  a paragraph-ending ``::`` becomes ``:``.
+  a paragraph-ending ``::`` becomes ``:`` (after a space it goes, as Sphinx renders it).
 - Markdown: ``#`` headings, emphasis (``**x**``, ``*x*``, ``__x__``, ``_x_`` — never
   ``__dunder__`` names or ``snake_case``), links and images (``[text](url)`` →
   ``text``), reference definitions, code fences (the fence lines; code is kept),
@@ -81,6 +81,7 @@ _ADORNMENT = re.compile(r"^[ \t]*([=\-~^\"'`#*+:.<>_])\1{2,}[ \t]*$|^[ \t]*\+(?:
                         r"|^[ \t]*(?:={3,}[ \t]+)+={3,}[ \t]*$")
 _DC_ALONE = re.compile(r"^[ \t]*::[ \t]*$", re.MULTILINE)
 _DC_END = re.compile(r"::[ \t]*$", re.MULTILINE)  # after _DC_ALONE: text precedes
+_DC_SPACED = re.compile(r"[ \t]+::[ \t]*$", re.MULTILINE)  # "text ::" -> "text" (reST)
 _FIELD = re.compile(r"^([ \t]*):([A-Za-z][\w .-]*):(?=[ \t]|$)", re.MULTILINE)
 
 # --- Markdown -------------------------------------------------------------------------
@@ -374,6 +375,7 @@ def _clean_prose(text: str) -> str:
         text = _MD_HEADING.sub(_md_heading, text)
     if "::" in text:
         text = _DC_ALONE.sub("", text)
+        text = _DC_SPACED.sub("", text)
         text = _DC_END.sub(":", text)
     if "`" in text:
         text = _ROLE.sub(_role, text)
