@@ -23,6 +23,9 @@ DOCS = {
     "public/intro.md": "# Intro\n\nHow the temporary directory cleanup works in our tools.\n",
     "ask/salary.md": "# Salary review\n\nThe salary bands for next year and the bonus pool.\n",
     "secret/launch.md": "# Launch\n\nThe zebra launch codes are kept here.\n",
+    "public/cleanup.md": "# Cleanup\n\nThe okapi sweeper runs like this:\n\n```python\n"
+                         "def okapi_sweep(root):\n    for path in root.iterdir():\n"
+                         "        path.unlink()\n```\n",
 }
 PEER_KEY = "ab" * 32
 
@@ -235,6 +238,11 @@ def test_search_as_a_peer_shows_what_the_peer_would_get(home: Path, dash) -> Non
     # a preview never writes an approval request
     assert Approvals(home).pending() == []
     assert "peer-not-found" in client.get("/search", params={"q": "x", "as": "mallory"}).text
+    # code in a preview is shown as code, its lines and indentation kept (issue 20)
+    code = client.get("/search", params={"q": "okapi sweep", "as": "owner"}).text
+    assert ('<pre class="code"><code>def okapi_sweep(root):\n    for path in root.iterdir():\n'
+            '        path.unlink()</code></pre>') in code
+    assert "```" not in code
 
 
 def test_sessions_page_without_a_host_says_so(dash) -> None:

@@ -131,6 +131,11 @@ def markdown_document(draw: st.DrawFn) -> tuple[str, list[str]]:
     return "\n\n".join(parts), words
 
 
+def _prose(text: str) -> str:
+    """``text`` without its code blocks (kept verbatim between fence lines, issue 20)."""
+    return "\n".join(part for code, part in readable.split_code(text) if not code)
+
+
 def _in_order(expected: list[str], text: str) -> bool:
     """Every expected word occurs in ``text`` as a whole token, in order."""
     tokens = re.findall(r"[\w&<>é]+", text.lower())
@@ -146,7 +151,7 @@ def _in_order(expected: list[str], text: str) -> bool:
 def test_clean_rest_removes_markup_and_keeps_the_words(doc: tuple[str, list[str]]) -> None:
     text, words = doc
     out = readable.clean(text)
-    assert not MARKUP.search(out), (text, out)
+    assert not MARKUP.search(_prose(out)), (text, out)
     assert _in_order(words, out), (text, out)
 
 
@@ -156,7 +161,7 @@ def test_clean_markdown_and_html_removes_markup_and_keeps_the_words(
         doc: tuple[str, list[str]]) -> None:
     text, words = doc
     out = readable.clean(text)
-    assert not MARKUP.search(out), (text, out)
+    assert not MARKUP.search(_prose(out)), (text, out)
     assert _in_order(words, out), (text, out)
 
 
@@ -204,10 +209,10 @@ def test_envelope_evidence_is_clean_and_cut_at_words(doc: tuple[str, list[str]],
     shown += [(s["text"], SYNTHESIS_CHARS) for s in env["answerSynthesis"]["sentences"]]
     for shown_text, limit in shown:
         assert len(shown_text) <= limit
-        assert not MARKUP.search(shown_text), (text, shown_text)
-        body = shown_text.strip(readable.ELLIPSIS + " ")
+        assert not MARKUP.search(_prose(shown_text)), (text, shown_text)
+        body = shown_text.strip(readable.ELLIPSIS + " \n")
         for tok in body.split():
-            if tok != "-":  # the " - " joining a heading/list item to what follows
+            if tok not in ("-", readable.FENCE):  # " - " joins a heading/list item to what follows
                 assert tok in clean_tokens, (tok, text, shown_text)
 
 
@@ -222,7 +227,7 @@ def test_envelope_evidence_is_clean_and_cut_at_words(doc: tuple[str, list[str]],
     ("Use ``None`` or `x`.", "Use None or x."),
     ("see `Python <https://python.org>`_ and `foo`_", "see Python and foo"),
     ("A footnote [#]_ and [1]_ here.", "A footnote and here."),
-    ("Example::\n\n   x = 1", "Example:\n\n x = 1"),
+    ("Example::\n\n   x = 1", "Example:\n\n\n```\nx = 1\n```\n"),
     (".. note::\n\n   Be careful.", "Note:\n\n Be careful."),
     (".. versionadded:: 3.2\n   The *key* argument.", "New in version 3.2.\n The key argument."),
     (".. deprecated-removed:: 3.11 3.13", "Deprecated since version 3.11, will be removed in "
@@ -236,10 +241,11 @@ def test_envelope_evidence_is_clean_and_cut_at_words(doc: tuple[str, list[str]],
     ("# Title\n\nSome **bold** and _two words_ and __init__ and snake_case_name.",
      "Title\n\nSome bold and two words and __init__ and snake_case_name."),
     ("[text](https://x.org/a_(b)) ![alt](i.png) <https://y.org>", "text alt https://y.org"),
-    ("```python\nprint(1)\n```", "\nprint(1)\n"),
+    ("```python\nprint(1)\n```", "\n```\nprint(1)\n```\n"),
+    ("Failure will propagate. ::\n\n    import os", "Failure will propagate.\n\n\n```\nimport os\n```\n"),
     ("AT&amp;T &lt;tag&gt; caf&eacute; <b>bold</b><br>", "AT&T <tag> café bold "),
     ("f(*args, **kwargs) and 2 * 3 * 4", "f(*args, **kwargs) and 2 * 3 * 4"),
-    (">>> print('a')\na", ">>> print('a')\na"),
+    (">>> print('a')\na", "\n```\n>>> print('a')\na\n```\n"),
     ("| a | b |\n+---+---+\n| c |   |", "a; b\n\nc"),
 ])
 def test_clean_concrete(raw: str, clean: str) -> None:
@@ -298,3 +304,85 @@ def test_preview_skips_heading_lines_and_marks_only_real_cuts() -> None:
     # without a heading path nothing counts as a heading: skipped lines are a cut
     env = build_envelope(validate({"query": "replace brake lining"}), [_page_hit(md, [])])
     assert env["results"][0]["textPreview"].startswith(readable.ELLIPSIS + "Replace")
+
+
+# --- the quoted answer (issue 20 item 5) ------------------------------------------------
+
+
+def _quoted(query: str, texts: list[str]) -> list[str]:
+    env = build_envelope(validate({"query": query}), [_hit(t, i) for i, t in enumerate(texts)])
+    return [s["text"] for s in env["answerSynthesis"]["sentences"]]
+
+
+def test_quoted_sentences_carry_the_questions_key_terms() -> None:
+    texts = ["Compiled files are written to a temporary location. The tempfile module "
+             "creates a temporary directory that is removed when the context ends.",
+             "A *.pyc file is a temporary artefact of the import system and is safe to delete."]
+    quoted = _quoted("temporary directory", texts)
+    assert quoted == ["The tempfile module creates a temporary directory that is removed "
+                      "when the context ends."]
+
+
+def test_a_sentence_is_never_quoted_twice_even_in_near_identical_words() -> None:
+    texts = ["The argparse module parses command line arguments with subcommands easily.",
+             "The argparse module parses the command line arguments with subcommands easily!",
+             "Subcommands of argparse parse command line arguments for each verb."]
+    quoted = _quoted("parse command line arguments with subcommands", texts)
+    assert quoted[0].startswith("The argparse module parses command line")
+    assert not any(q.startswith("The argparse module parses the") for q in quoted)
+    assert len(quoted) == 2
+
+
+def test_the_answer_block_is_left_out_when_no_sentence_qualifies() -> None:
+    texts = ["Parse command line arguments?", "Subcommands are described elsewhere in detail."]
+    env = build_envelope(validate({"query": "parse command line arguments with subcommands"}),
+                         [_hit(t, i) for i, t in enumerate(texts)])
+    assert env["answerSynthesis"]["sentences"] == []
+    from node.cli.render import answer_lines
+
+    lines = answer_lines({"type": "answer", "status": "ok", "envelope": env})
+    assert not any("answer (sentences copied" in line.text for line in lines)
+
+
+# --- code reads like its source (issue 20 item 5) --------------------------------------
+
+TEMPFILE_EXAMPLE = """Here are some examples of typical usage of the :mod:`tempfile` module::
+
+    # create a temporary directory using the context manager
+    >>> with tempfile.TemporaryDirectory() as tmpdirname:
+    ...     print('created temporary directory', tmpdirname)
+    >>> # directory and contents have been removed
+"""
+CODE_LINES = ["# create a temporary directory using the context manager",
+              ">>> with tempfile.TemporaryDirectory() as tmpdirname:",
+              "...     print('created temporary directory', tmpdirname)",
+              ">>> # directory and contents have been removed"]
+
+
+def test_code_keeps_its_line_breaks_and_indentation_in_previews_and_excerpts() -> None:
+    env = build_envelope(validate({"query": "temporary directory"}), [_hit(TEMPFILE_EXAMPLE)])
+    shown = [env["results"][0]["textPreview"], env["citationPack"]["citations"][0]["excerpt"]]
+    for text in shown:
+        assert " - " not in text
+        code = [part for is_code, part in readable.split_code(text) if is_code]
+        assert code and code[0].split("\n") == CODE_LINES, text
+    # code is evidence to read, not a sentence to quote
+    assert all(not s["text"].startswith(readable.FENCE)
+               for s in env["answerSynthesis"]["sentences"])
+
+
+def test_the_cli_prints_code_line_by_line_behind_a_gutter() -> None:
+    from node.cli.render import CODE_GUTTER, answer_lines, format_lines
+
+    env = build_envelope(validate({"query": "temporary directory"}), [_hit(TEMPFILE_EXAMPLE)])
+    printed = format_lines(answer_lines({"type": "answer", "status": "ok", "envelope": env}), 60)
+    code = [line.strip()[len(CODE_GUTTER):] for line in printed
+            if line.strip().startswith(CODE_GUTTER)]
+    assert code == CODE_LINES  # never re-wrapped, indentation inside the block kept
+    assert not any(readable.FENCE in line for line in printed)
+
+
+def test_a_preview_of_a_chunk_that_starts_mid_sentence_says_so() -> None:
+    text = "and the directory is removed with everything in it. The tempfile module cleans up."
+    env = build_envelope(validate({"query": "directory removed"}), [_hit(text)])
+    assert env["results"][0]["textPreview"].startswith(readable.ELLIPSIS + "and the directory")

@@ -114,7 +114,8 @@ def test_mostly_high_byte_text_keeps_the_detectors_guess() -> None:
     from node.corpus.parsers import decode_text
 
     text = "Καλημέρα κόσμε, τι κάνεις σήμερα; Ο καιρός είναι καλός."
-    assert decode_text(text.encode("cp1253"))[:2] == (text, "cp1253")
+    decoded, encoding = decode_text(text.encode("cp1253"))[:2]
+    assert decoded == text and encoding in ("cp1253", "iso8859-7")  # same Greek letters
 
 
 def test_a_two_word_cp1252_note_is_found_by_its_accented_word(tmp_path: Path) -> None:

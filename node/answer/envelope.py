@@ -145,7 +145,21 @@ def _sentences(text: str) -> list[str]:
     """
     out: list[str] = []
     group: list[str] = []
+    code: list[str] | None = None  # lines of an open code block (readable.FENCE)
     for line in text.split("\n"):
+        if code is not None:
+            if line == readable.FENCE:
+                out.append(f"{readable.FENCE}\n" + "\n".join(code) + f"\n{readable.FENCE}")
+                code = None
+            else:
+                code.append(line)
+            continue
+        if line == readable.FENCE:  # code is one piece, its lines kept (issue 20 item 5)
+            if group:
+                _split_paragraph(" ".join(group), out)
+                group = []
+            code = []
+            continue
         if not line.strip(" \t") or (line[0] in _ADORN_CHARS and _ADORN_LINE.fullmatch(line)):
             if group:
                 _split_paragraph(" ".join(group), out)
@@ -154,6 +168,8 @@ def _sentences(text: str) -> list[str]:
             group.append(line)
     if group:
         _split_paragraph(" ".join(group), out)
+    if code:
+        out.append(f"{readable.FENCE}\n" + "\n".join(code) + f"\n{readable.FENCE}")
     return out
 
 
@@ -273,7 +289,10 @@ def _previews(analyzed: list[tuple[str, int]], limits: tuple[int, ...], heading:
     shown next to the preview) are skipped, so the preview does not repeat the heading.
     A leading :data:`readable.ELLIPSIS` means text was left out before the shown part:
     it is written only when a skipped sentence is not a heading line (a chunk shown from
-    its first prose sentence on has none)."""
+    its first prose sentence on has none), or when the chunk itself starts inside a
+    sentence. A code block (between :data:`readable.FENCE` lines) is one piece, shown
+    with its line breaks and indentation; a preview starting at one starts at its first
+    line (the ellipsis then on a line of its own)."""
     if not analyzed:
         return ["" for _ in limits]
     best = 0
@@ -283,7 +302,10 @@ def _previews(analyzed: list[tuple[str, int]], limits: tuple[int, ...], heading:
     words = frozenset(_HEAD_WORD.findall(heading.lower()))
     while best + 1 < len(analyzed) and _heading_only(analyzed[best][0], words):
         best += 1
-    cut_before = any(not _heading_only(x, words) for x, _ in analyzed[:best])
+    # text left out before the start, or a chunk that starts mid-sentence (its first
+    # piece begins with a lower-case letter): the reader is told with a leading ellipsis
+    cut_before = (any(not _heading_only(x, words) for x, _ in analyzed[:best])
+                  or (best == 0 and analyzed[0][0][:1].islower()))
     tail = analyzed[best:]
     size = max(limits) + 1
     parts: list[str] = []
@@ -294,9 +316,11 @@ def _previews(analyzed: list[tuple[str, int]], limits: tuple[int, ...], heading:
             break
     whole = _join(parts)
     out = []
-    for limit in limits:  # the leading ellipsis counts toward the limit
+    # the leading ellipsis counts toward the limit; before code it is a line of its own
+    lead = readable.ELLIPSIS + ("\n" if whole.startswith(readable.FENCE) else "")
+    for limit in limits:
         if cut_before:
-            out.append(readable.ELLIPSIS + readable.cut(whole, limit - len(readable.ELLIPSIS)))
+            out.append(lead + readable.cut(whole, limit - len(lead)))
         else:
             out.append(readable.cut(whole, limit))
     return out
@@ -311,11 +335,15 @@ def _whole_sentence(sent: str) -> bool:
 
 def _join(parts: list[str]) -> str:
     """Sentences joined for reading: a space after a sentence end, " - " after a piece
-    that ends without one (a heading, a signature, a list item)."""
+    that ends without one (a heading, a signature, a list item), a line break before and
+    after a code block (a piece between :data:`readable.FENCE` lines)."""
     out: list[str] = []
     for i, x in enumerate(parts):
         if i:
-            out.append(" " if parts[i - 1][-1:] in _SENTENCE_MARKS else " - ")
+            if x.startswith(readable.FENCE) or parts[i - 1].endswith(readable.FENCE):
+                out.append("\n")
+            else:
+                out.append(" " if parts[i - 1][-1:] in _SENTENCE_MARKS else " - ")
         out.append(x)
     return "".join(out)
 
@@ -681,18 +709,11 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     # extractive synthesis: best-covering sentences, at most 2 per result; among equal
     # coverage a whole sentence (ends with an end mark, fits SYNTHESIS_CHARS) goes first
     candidates.sort(key=lambda c: (-c[0], not _whole_sentence(c[3]), c[1], c[2]))
-    per_result: dict[int, int] = {}
-    sentences: list[dict[str, Any]] = []
-    seen_text: set[str] = set()
-    for n, rank, _pos, sent, cid, source in candidates:
-        if len(sentences) >= MAX_SYNTHESIS_SENTENCES:
-            break
-        if per_result.get(rank, 0) >= 2 or sent in seen_text:
-            continue
-        per_result[rank] = per_result.get(rank, 0) + 1
-        seen_text.add(sent)
-        sentences.append({"text": readable.cut(sent, SYNTHESIS_CHARS), "citationId": cid,
-                          "source": source})
+    # only sentences with the question's key terms, never a repeat (readable.quotes)
+    sentences = [{"text": readable.cut(sent, SYNTHESIS_CHARS), "citationId": cid,
+                  "source": source}
+                 for sent, cid, source in readable.quotes(
+                     candidates, len(covered_all), limit=MAX_SYNTHESIS_SENTENCES, query=q)]
     # event aggregation: group by source
     groups: dict[str, dict[str, Any]] = {}
     for res in results:

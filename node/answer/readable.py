@@ -19,7 +19,7 @@ in the text size):
   3.2.``), object directives keep their signature (``.. function:: f(x)`` → ``f(x)``),
   housekeeping directives (``index``, ``module``, ``highlight``, ``toctree``…), their
   options and comments are dropped; heading adornment lines and grid-table rules go;
-  a paragraph-ending ``::`` becomes ``:``.
+  a paragraph-ending ``::`` becomes ``:`` (after a space it goes, as Sphinx renders it).
 - Markdown: ``#`` headings, emphasis (``**x**``, ``*x*``, ``__x__``, ``_x_`` — never
   ``__dunder__`` names or ``snake_case``), links and images (``[text](url)`` →
   ``text``), reference definitions, code fences (the fence lines; code is kept),
@@ -81,6 +81,7 @@ _ADORNMENT = re.compile(r"^[ \t]*([=\-~^\"'`#*+:.<>_])\1{2,}[ \t]*$|^[ \t]*\+(?:
                         r"|^[ \t]*(?:={3,}[ \t]+)+={3,}[ \t]*$")
 _DC_ALONE = re.compile(r"^[ \t]*::[ \t]*$", re.MULTILINE)
 _DC_END = re.compile(r"::[ \t]*$", re.MULTILINE)  # after _DC_ALONE: text precedes
+_DC_SPACED = re.compile(r"[ \t]+::[ \t]*$", re.MULTILINE)  # "text ::" -> "text" (reST)
 _FIELD = re.compile(r"^([ \t]*):([A-Za-z][\w .-]*):(?=[ \t]|$)", re.MULTILINE)
 
 # --- Markdown -------------------------------------------------------------------------
@@ -211,19 +212,154 @@ def _md_heading(m: re.Match[str]) -> str:
     return m.group(1)
 
 
+#: The fence line around code in cleaned text (:func:`clean`, :func:`split_code`).
+FENCE = "```"
+_FENCE_OPEN = re.compile(r"^[ \t]*(`{3,}|~{3,})")
+_LITERAL_INTRO = re.compile(r"::[ \t]*$")
+_CODE_DIRECTIVE = re.compile(r"^[ \t]*\.\.[ \t]+(?:code-block|sourcecode|code|doctest|testcode|"
+                             r"testoutput)::")
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def _code_blocks(lines: list[str]) -> list[tuple[int, int, int]]:
+    """``(start, end, fenced)`` line ranges of code in ``lines``: Markdown fences
+    (``fenced`` 1: the fence lines are in the range), reST literal blocks (the indented
+    block after a paragraph ending in ``::`` or a ``code-block``/``doctest``… directive
+    and its options) and doctest paragraphs (from a ``>>>`` line to the next blank
+    line). One pass, linear in the lines."""
+    out: list[tuple[int, int, int]] = []
+    i, n = 0, len(lines)
+    para_start = True
+    while i < n:
+        line = lines[i]
+        m = _FENCE_OPEN.match(line)
+        if m and not para_start and not line.strip(" \t").strip(m.group(1)[0]):
+            m = None  # a bare ``~~~`` under a line of text is a reST title's underline
+        if m:
+            mark = m.group(1)
+            j = i + 1
+            while j < n and not lines[j].strip(" \t").startswith(mark[0] * len(mark)):
+                j += 1
+            out.append((i, min(j + 1, n), 1))
+            i = j + 1
+            para_start = True
+            continue
+        stripped = line.strip(" \t")
+        if para_start and stripped.startswith(">>>"):
+            j = i
+            while j < n and lines[j].strip(" \t"):
+                j += 1
+            out.append((i, j, 0))
+            i = j
+            para_start = True
+            continue
+        directive = bool(_CODE_DIRECTIVE.match(line))
+        if stripped and (directive or (_LITERAL_INTRO.search(line)
+                                       and not stripped.startswith(".."))):
+            base = _indent(line)
+            j = i + 1
+            if directive:
+                while j < n and lines[j].strip(" \t").startswith(":") and _indent(lines[j]) > base:
+                    j += 1  # the directive's options
+            k = j
+            while k < n and not lines[k].strip(" \t"):
+                k += 1
+            if (k > j or directive) and k < n and _indent(lines[k]) > base:
+                # the block runs while lines are indented as its first line (the chunk's
+                # first line is trimmed, so the intro's own indentation may be unknown)
+                inner = _indent(lines[k])
+                end = k
+                while end < n and (not lines[end].strip(" \t") or _indent(lines[end]) >= inner):
+                    end += 1
+                while end > k and not lines[end - 1].strip(" \t"):
+                    end -= 1
+                if end > k:
+                    out.append((k, end, 0))
+                    i = end
+                    para_start = False
+                    continue
+        para_start = not stripped
+        i += 1
+    return out
+
+
+def _code_text(lines: list[str]) -> str:
+    """Code lines as shown: tabs expanded, the common indentation removed, trailing
+    spaces and surrounding blank lines dropped."""
+    import textwrap
+
+    return textwrap.dedent("\n".join(x.expandtabs(4).rstrip() for x in lines)).strip("\n")
+
+
+def split_code(text: str) -> list[tuple[bool, str]]:
+    """Text made by :func:`clean` (or cut from it) as ``[(is_code, part)]`` in order:
+    the parts between :data:`FENCE` lines are code (line breaks and indentation as in
+    the source); an unclosed fence (a cut preview) runs to the end. Blank prose parts
+    are left out."""
+    parts: list[tuple[bool, str]] = []
+    buf: list[str] = []
+    code = False
+    for line in text.split("\n"):
+        if line.strip() == FENCE:
+            if buf and "".join(buf).strip():
+                parts.append((code, "\n".join(buf)))
+            buf, code = [], not code
+            continue
+        buf.append(line)
+    if buf and "".join(buf).strip():
+        parts.append((code, "\n".join(buf)))
+    return parts
+
+
 @lru_cache(maxsize=4096)
 def clean(text: str) -> str:
-    """``text`` as plain readable text: reST, Markdown and HTML markup removed.
+    """``text`` as plain readable text: reST, Markdown and HTML markup removed, code kept.
+
+    Code — Markdown fenced blocks, reST literal blocks (after ``::`` or a
+    ``code-block``/``doctest`` directive) and doctest paragraphs (``>>>``) — is kept
+    verbatim (line breaks, indentation relative to the block, no markup removed inside)
+    between :data:`FENCE` lines of its own, so previews and excerpts show it as the
+    source does (issue 20 item 5) and :func:`split_code` finds it.
 
     Args:
         text: a chunk's text as stored (any markup, ``\\n`` newlines).
 
     Returns:
         The text without markup; paragraph breaks (blank lines) kept, runs of spaces
-        collapsed, words and their order unchanged except for dropped markup-only lines
-        (housekeeping directives, link targets, comments, adornments, fences).
-        Never raises. Cached (the same chunks answer many queries).
+        collapsed outside code, words and their order unchanged except for dropped
+        markup-only lines (housekeeping directives, link targets, comments, adornments,
+        the source's own fence lines). Never raises. Cached (the same chunks answer many
+        queries).
     """
+    if not text:
+        return ""
+    lines = text.split("\n")
+    blocks = (_code_blocks(lines) if "::" in text or ">>>" in text or "```" in text
+              or "~~~" in text else [])
+    if not blocks:
+        return _clean_prose(text)
+    out: list[str] = []
+    pos = 0
+    for start, end, fenced in blocks:
+        if start > pos:
+            out.append(_clean_prose("\n".join(lines[pos:start])))
+        body = lines[start + fenced:end]
+        if fenced and body and _FENCE_OPEN.match(body[-1]):
+            body = body[:-1]  # the closing fence (an unclosed one runs to the end)
+        code = _code_text(body)
+        if code.strip():
+            out.append(f"\n{FENCE}\n{code}\n{FENCE}\n")
+        pos = end
+    if pos < len(lines):
+        out.append(_clean_prose("\n".join(lines[pos:])))
+    return "\n".join(out)
+
+
+def _clean_prose(text: str) -> str:
+    """:func:`clean` of text without code blocks."""
     if not text:
         return ""
     text = _HTML_COMMENT.sub(" ", text)
@@ -239,6 +375,7 @@ def clean(text: str) -> str:
         text = _MD_HEADING.sub(_md_heading, text)
     if "::" in text:
         text = _DC_ALONE.sub("", text)
+        text = _DC_SPACED.sub("", text)
         text = _DC_END.sub(":", text)
     if "`" in text:
         text = _ROLE.sub(_role, text)
@@ -319,3 +456,80 @@ def cut(text: str, limit: int) -> str:
         if not text[i].isalnum() or not text[i - 1].isalnum():
             return text[:i] + ELLIPSIS
     return text[:room] + ELLIPSIS
+
+
+# --- the quoted answer ----------------------------------------------------------------
+
+_QUOTE_WORD = re.compile(r"[^\W_]+")
+#: Two quotes are near-identical when this share of the shorter one's words are in
+#: the longer one (and the shorter has at least this share of the longer's words).
+NEAR_IDENTICAL = 0.75
+
+
+def required_terms(matched: int) -> int:
+    """How many key terms a quoted sentence must cover, given ``matched``: the number of
+    the question's key terms the shown results cover (what the ranking matched). All of
+    them up to two; from three on, two thirds rounded up (a long question's words are
+    rarely all in one sentence, one of them alone is no answer)."""
+    if matched <= 2:
+        return matched
+    return -(-2 * matched // 3)
+
+
+def _near_identical(a: frozenset[str], la: int, b: frozenset[str], lb: int) -> bool:
+    if min(la, lb) < NEAR_IDENTICAL * max(la, lb):
+        return False
+    small, big = (a, b) if len(a) <= len(b) else (b, a)
+    return bool(small) and len(small & big) >= NEAR_IDENTICAL * len(small)
+
+
+#: Fewest words a quote holds beyond the question's own: a sentence made of the
+#: question's words (a heading such as "Parse command line arguments?") answers nothing.
+MIN_OWN_WORDS = 3
+
+
+def quotes(candidates: list[tuple[int, int, int, str, str, str]], matched: int, *,
+           limit: int, query: str = "", per_result: int = 2) -> list[tuple[str, str, str]]:
+    """The sentences the answer block quotes (issue 20 item 5).
+
+    Args:
+        candidates: ``(covered key terms, result rank, position, sentence, citation id,
+            source)``, best first (the envelope's order).
+        matched: key terms of the question the shown results cover.
+        limit: most sentences quoted.
+        query: the question (its words do not count toward :data:`MIN_OWN_WORDS`).
+        per_result: most sentences quoted from one result.
+
+    Returns:
+        ``[(sentence, citation id, source)]``: each sentence covers at least
+        :func:`required_terms` of ``matched`` key terms, is not itself a question (ends
+        with ``?``), has :data:`MIN_OWN_WORDS` words beyond the question's, and none
+        repeats an earlier one
+        (the same sentence, or near-identical words: :data:`NEAR_IDENTICAL`); empty when
+        nothing qualifies — the block is then left out, not filled with weaker quotes.
+    """
+    need = required_terms(matched)
+    if need <= 0:
+        return []
+    asked = frozenset(_QUOTE_WORD.findall(query.lower()))
+    out: list[tuple[str, str, str]] = []
+    seen: list[tuple[frozenset[str], int]] = []
+    per: dict[int, int] = {}
+    for covered, rank, _pos, sentence, cid, source in candidates:
+        if len(out) >= limit:
+            break
+        if covered < need or per.get(rank, 0) >= per_result:
+            continue
+        if sentence.startswith(FENCE):
+            continue  # code is shown in previews and excerpts, not quoted as a sentence
+        words = _QUOTE_WORD.findall(sentence.lower())
+        if (sentence.rstrip().endswith(("?", "？"))
+                or sum(w not in asked for w in words) < MIN_OWN_WORDS):
+            continue
+        key = (frozenset(words), len(words))
+        if any(_near_identical(key[0], key[1], w, n) for w, n in seen):
+            continue
+        seen.append(key)
+        per[rank] = per.get(rank, 0) + 1
+        out.append((sentence, cid, source))
+    return out

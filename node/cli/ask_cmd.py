@@ -29,7 +29,7 @@ def render(env: dict[str, Any]) -> None:
     if env["missing"]:
         head += " — missing: " + ", ".join(safe_text(n) for n in env["missing"])
     console.print(head, highlight=False, markup=False, style="bold")
-    from node.cli.render import Line, format_lines, heading_text, location_text
+    from node.cli.render import Line, format_lines, heading_text, location_text, preview_lines
 
     lines: list[Line] = []
     for r in results:
@@ -40,9 +40,7 @@ def render(env: dict[str, Any]) -> None:
         heading = heading_text(r.get("location"))
         if heading:
             lines.append(Line(heading, indent=5, hang=5))
-        preview = " ".join(safe_text(r["textPreview"]).split())
-        if preview:
-            lines.append(Line(preview, indent=5, hang=5))
+        lines.extend(preview_lines(r["textPreview"], 5))
     width = console.width if console.is_terminal else None
     for text in format_lines(lines, width):
         console.print(text, highlight=False, markup=False, soft_wrap=True)

@@ -42,12 +42,13 @@ ANSWERED_STATUSES = frozenset({"ok", "no-verified-results"})
 class Line:
     """One line to print: its first-line ``indent`` and the ``hang`` (indent of wrapped
     continuation lines), both in columns; ``style`` is a rich style used on a terminal
-    only (None: plain)."""
+    only (None: plain); ``wrap`` False for a line of code, never re-wrapped."""
 
     text: str
     indent: int = 0
     hang: int = 0
     style: str | None = None
+    wrap: bool = True  # False: a code line, printed as it is (its indentation kept)
 
 
 def _clean(value: Any, limit: int | None = None) -> str:
@@ -112,6 +113,47 @@ def status_line(message: Mapping[str, Any], shown: int) -> str:
     return f"[{qid}] {status}: {shown} result(s)"
 
 
+#: the gutter in front of each line of code in a preview
+CODE_GUTTER = "│ "
+
+
+def preview_lines(value: Any, indent: int, limit: int = PREVIEW_CHARS) -> list[Line]:
+    """A ``textPreview`` (or excerpt) as lines: prose collapsed to one wrapped line per
+    part, code (the parts between the envelope's fence lines,
+    :func:`node.answer.readable.split_code`) line by line as the source has it — line
+    breaks and indentation kept, behind :data:`CODE_GUTTER`, never re-wrapped — all of
+    it at most ``limit`` characters (an ellipsis marks a cut).
+
+    Args:
+        value: the untrusted preview text (anything; ``None`` gives no lines).
+        indent: the column every line starts at.
+        limit: most characters shown, prose and code together.
+    """
+    from node.answer.readable import split_code
+
+    out: list[Line] = []
+    room = limit
+    for is_code, part in split_code(safe_text("" if value is None else value)):
+        if room <= 0:
+            break
+        if not is_code:
+            text = _clean(part, room)
+            if text:
+                out.append(Line(text, indent=indent, hang=indent))
+                room -= len(text)
+            continue
+        for line in part.split("\n"):
+            if room <= 0:
+                break
+            line = line.rstrip()
+            if len(line) > room:
+                line = line[: max(room - 1, 0)] + "…"
+            out.append(Line(CODE_GUTTER + line, indent=indent, hang=indent, style="green",
+                            wrap=False))
+            room -= len(line) + 1
+    return out
+
+
 def answer_lines(message: Mapping[str, Any]) -> list[Line]:
     """The lines that show one ``results`` message (module docstring): the status line,
     for ``pending-approval`` what to tell the host's owner, each result (rank, source,
@@ -141,9 +183,7 @@ def answer_lines(message: Mapping[str, Any]) -> list[Line]:
         heading = heading_text(loc)
         if heading:
             out.append(Line(heading, indent=body, hang=body, style="cyan"))
-        preview = _clean(r.get("textPreview"), PREVIEW_CHARS)
-        if preview:
-            out.append(Line(preview, indent=body, hang=body))
+        out.extend(preview_lines(r.get("textPreview"), body))
     synth = env.get("answerSynthesis") if isinstance(env.get("answerSynthesis"), Mapping) else {}
     sentences = [s for s in (synth.get("sentences") or []) if isinstance(s, Mapping)]
     if sentences:
@@ -163,7 +203,7 @@ def format_lines(lines: Sequence[Line], width: int | None) -> list[str]:
     out: list[str] = []
     for line in lines:
         first, rest = " " * line.indent, " " * line.hang
-        if width is None or len(first) + len(line.text) <= width:
+        if width is None or not line.wrap or len(first) + len(line.text) <= width:
             out.append(first + line.text)
             continue
         out.extend(textwrap.wrap(line.text, width=max(width, line.hang + 20), initial_indent=first,
@@ -240,5 +280,5 @@ class Waiting:
                 self._status = None
 
 
-__all__ = ["ANSWERED_STATUSES", "CONNECTING_NOTICE_S", "Line", "Waiting", "answer_lines", "format_lines", "heading_text", "location_text",
-           "print_answer", "status_line"]
+__all__ = ["ANSWERED_STATUSES", "CODE_GUTTER", "CONNECTING_NOTICE_S", "Line", "Waiting", "answer_lines", "format_lines", "heading_text", "location_text",
+           "preview_lines", "print_answer", "status_line"]

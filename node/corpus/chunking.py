@@ -39,7 +39,10 @@ from dataclasses import dataclass
 DEFAULT_CHUNK_SIZE = 1200
 DEFAULT_CHUNK_OVERLAP = 150
 #: Bumped whenever the chunker's output changes for the same input (part of chunk ids).
-CHUNKER_VERSION = 3
+CHUNKER_VERSION = 4
+# 4 (issue 20): Markdown front matter is metadata (its lines blanked), the text decoder
+# prefers UTF-8 with a few bad bytes and cp1252 for Western notes, DOCX tables nested in
+# cells and content controls are read — the same bytes can give other text.
 # 2 (issue 10): HTML/DOCX headings are ATX only (``atx``), and the HTML parser drops page
 # furniture and fences <pre> blocks — every document is re-chunked once.
 # 3 (issue 10 review): the HTML parser keeps sections whose id (not class) names
@@ -148,7 +151,10 @@ def _markdown_headings(lines: list[str], setext: bool = True) -> list[tuple[int,
     out: list[tuple[int, int, str]] = []
     fence: str | None = None
     prev_blank = True
+    skip = _front_matter_end(lines)
     for i, line in enumerate(lines):
+        if i < skip:
+            continue
         m = _FENCE.match(line)
         if m:
             marker = m.group(1)[0] * 3
@@ -175,6 +181,19 @@ def _markdown_headings(lines: list[str], setext: bool = True) -> list[tuple[int,
             continue
         prev_blank = not line.strip()
     return out
+
+
+def _front_matter_end(lines: list[str]) -> int:
+    """Index of the line after a front-matter block the parser left as text (unclosed
+    blocks have none; invalid or oversized ones do): its ``---`` closing line is not a
+    setext underline of the line above. 0 when there is no such block."""
+    if not lines or lines[0].rstrip() not in ("---", "+++"):
+        return 0
+    closers = ("---", "...") if lines[0].rstrip() == "---" else ("+++",)
+    for i in range(1, len(lines)):
+        if lines[i].rstrip() in closers:
+            return i + 1
+    return 0
 
 
 def _rst_headings(lines: list[str], text: str, offsets: list[int]) -> list[tuple[int, int, str]]:

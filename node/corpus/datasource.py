@@ -56,6 +56,10 @@ class _Bad(Exception):
         self.message = message
 
 
+#: A metadata value that breaks the rules of :func:`check_metadata`.
+MetadataInvalid = _Bad
+
+
 def check_names(kind: str, instance: str, root_prefixes: set[str]) -> None:
     """Check ``--kind``/``--instance``.
 
@@ -106,6 +110,20 @@ def validate_record(obj: Any) -> tuple[str, str, dict[str, Any], list[str]]:
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_TEXT_CHARS:
         raise _Bad("text-invalid", f"'text' must be a non-empty string of at most "
                                    f"{MAX_TEXT_CHARS} characters")
+    meta = check_metadata(obj)
+    ignored = sorted(k for k in obj if k not in META_KEYS and k not in ("id", "text"))
+    return rid, text, meta, ignored
+
+
+def check_metadata(obj: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`META_KEYS` values of ``obj``, checked (``None`` values skipped): ``date``
+    an ISO 8601 date or date-time string, ``tags`` a list of at most :data:`MAX_TAGS`
+    short strings (duplicates removed), the others a short string. Shared by records
+    and Markdown front matter (:func:`node.corpus.parsers.front_matter`).
+
+    Raises:
+        MetadataInvalid: code ``metadata-invalid``, naming the key.
+    """
     meta: dict[str, Any] = {}
     for key in META_KEYS:
         if key not in obj or obj[key] is None:
@@ -125,8 +143,7 @@ def validate_record(obj: Any) -> tuple[str, str, dict[str, Any], list[str]]:
             meta[key] = list(dict.fromkeys(_short(t, "tags") for t in value))
         else:
             meta[key] = _short(value, key)
-    ignored = sorted(k for k in obj if k not in META_KEYS and k not in ("id", "text"))
-    return rid, text, meta, ignored
+    return meta
 
 
 def _lines(fh: Any) -> Any:

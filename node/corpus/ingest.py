@@ -564,10 +564,11 @@ class Writer:
                 """UPDATE documents SET kind=?, size=?, mtime_ns=?, content_hash=?, status='done',
                        chunk_count=?, error_code=NULL, error_message=NULL, encoding=?,
                        encoding_fallback=?, chunker_sig=?, stale=0, indexed_at=?, updated_at=?,
-                       metadata=? WHERE doc_id=?""",
+                       metadata=?, parse_notes=? WHERE doc_id=?""",
                 (parsed.kind, size, mtime_ns, content_hash, len(chunks), parsed.encoding,
                  1 if parsed.fallback else 0, sig, indexed_at, indexed_at,
-                 json.dumps(metadata or {}, ensure_ascii=False, sort_keys=True), doc_id))
+                 json.dumps(metadata or parsed.metadata, ensure_ascii=False, sort_keys=True),
+                 json.dumps(parsed.notes, ensure_ascii=False, sort_keys=True), doc_id))
             self.log_change(doc_id, "upsert")
         t4 = time.perf_counter()
         stages["record"] += t4 - t3

@@ -5,24 +5,20 @@ starts fast):
 
 | kind | suffixes | library |
 |---|---|---|
-| ``text`` | ``.txt`` ``.text`` ``.log`` | stdlib codecs + ``charset-normalizer`` for non-UTF-8 |
-| ``markdown`` | ``.md`` ``.markdown`` | as text; headings recognised by the chunker |
+| ``text`` | ``.txt`` ``.text`` ``.log`` | stdlib codecs + ``chardet`` for non-UTF-8 (:func:`decode`) |
+| ``markdown`` | ``.md`` ``.markdown`` | as text; headings recognised by the chunker; front matter (:func:`front_matter`) with ``PyYAML`` / ``tomllib`` |
 | ``rst`` | ``.rst`` ``.rst.txt`` | as text; titles recognised by the chunker |
 | ``html`` | ``.html`` ``.htm`` ``.xhtml`` | ``beautifulsoup4`` with the ``lxml`` parser: main text only |
 | ``json`` | ``.json`` ``.jsonl`` ``.ndjson`` | stdlib ``json``: one ``path: value`` line per scalar |
 | ``csv`` | ``.csv`` ``.tsv`` | stdlib ``csv`` (dialect sniffed): one ``column: value`` line per row |
 | ``pdf`` | ``.pdf`` | ``pypdf``: the text layer, page by page (page numbers kept) |
-| ``docx`` | ``.docx`` | ``python-docx``: paragraphs, headings (as Markdown ``#``), tables |
+| ``docx`` | ``.docx`` | ``python-docx``: paragraphs, headings (as Markdown ``#``), tables at every depth |
 
-Decoding of text kinds: UTF-8 (BOM stripped), UTF-16 with a BOM; otherwise, when the
-text is mostly ASCII (under :data:`SPARSE_NON_ASCII` high bytes) and cp1252 reads its
-high bytes as Latin letters, cp1252 — a detector cannot tell a code page from a few
-accented letters; otherwise
-``charset-normalizer`` is asked: cp1252 (the Windows default) is taken whenever it is
-among its candidates and as plausible as the best one — short Western text is where
-detectors guess cp1250/mac-roman wrong — otherwise its best guess is kept when it
-recognises a language (cp1251 Russian, cp932 Japanese, GB18030...), else cp1252. Either way ``fallback`` is recorded on the tracking row; undefined bytes
-become U+FFFD (``replaced``) — never a crash.
+Decoding of text kinds (:func:`decode`): a BOM; UTF-8; UTF-8 with a few invalid bytes
+replaced; else a legacy code page ranked by ``chardet`` with cp1252 preferred unless the
+bytes clearly say otherwise (:func:`_legacy`). ``fallback`` and the decoder's choice and
+confidence are recorded on the tracking row; undefined bytes become U+FFFD
+(``replaced``) — never a crash.
 
 A parser never writes a file. Refusals are :class:`Unsupported` with a stable reason.
 """
@@ -34,7 +30,7 @@ import io
 import re
 import unicodedata
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 #: Largest text-like file read (bytes); bigger files get reason ``too-large``.
@@ -59,14 +55,12 @@ _SUFFIX_KIND = {
 #: Heading structure the chunker should look for, per kind.
 STRUCTURE = {"markdown": "markdown", "html": "atx", "docx": "atx", "rst": "rst"}
 
-_LANGUAGE_AGNOSTIC = {"Unknown", ""}
-#: Below this share of non-ASCII bytes (of the non-blank bytes), when every non-ASCII
-#: character cp1252 reads is a Latin letter, a text is Western text with accented letters
-#: — where a detector's guess from a handful of high bytes is noise (a two-word cp1252
-#: note was read as cp1006, its ``é`` an Arabic-script letter). Cyrillic, Greek and CJK
-#: text is (nearly) all high bytes, cp1250 text read as cp1252 shows symbols (``¿ ³ ¹``):
-#: those keep the detector's guess (issue 10 "Bad input").
-SPARSE_NON_ASCII = 0.6
+#: Below this share of non-ASCII bytes (of the non-blank bytes) a text is mostly ASCII:
+#: its few high bytes are accented letters and symbols, and only detector guesses that
+#: read them as Latin script are kept (a two-word cp1252 note was read as cp1006, its
+#: ``é`` an Arabic-script letter). Cyrillic, Greek and CJK text is (nearly) all high
+#: bytes; Polish, Czech or Hungarian text about 4-12 %.
+SPARSE_NON_ASCII = 0.3
 _CP1252_UNDEFINED = frozenset(b"\x81\x8d\x8f\x90\x9d")
 
 
@@ -101,8 +95,17 @@ class ParsedDocument:
             ``i + 1`` starts at ``page_starts[i]``); empty otherwise.
         structure: heading structure for the chunker: ``markdown``, ``atx`` (ATX headings
             only: HTML, DOCX), ``rst`` or ``plain``.
-        title: a PDF's document title from its metadata (:func:`pdf_title`), else ``""``;
-            the chunker puts it at the root of the heading path of chunks without one.
+        title: a PDF's document title from its metadata (:func:`pdf_title`) or a
+            Markdown file's front-matter ``title``, else ``""``; the chunker puts it at
+            the root of the heading path of chunks without one.
+        metadata: document metadata read from the file (Markdown front matter:
+            ``date``, ``tags`` and the other :data:`node.corpus.datasource.META_KEYS`),
+            stored like a datasource record's so search filters see it.
+        notes: how the file was read, for ``kith index status --json``: ``decoder``
+            and ``confidence`` (:class:`Decoded`), ``replacedBytes`` when bytes became
+            U+FFFD, ``frontMatter`` (``yaml``/``toml``) when front matter was read,
+            ``frontMatterIgnored`` (a reason of :func:`front_matter`) when a block
+            was read as text, ``frontMatterDropped`` (keys with unusable values).
     """
 
     text: str
@@ -113,6 +116,8 @@ class ParsedDocument:
     page_starts: tuple[int, ...] = ()
     structure: str = "plain"
     title: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
 
 
 def kind_for(name: str) -> str | None:
@@ -137,58 +142,171 @@ def size_limit(kind: str) -> int:
 # --- decoding -------------------------------------------------------------------------
 
 
-def decode_text(data: bytes) -> tuple[str, str, bool, bool]:
-    """Decode bytes as text: ``(text, encoding, fallback, replaced)``.
+@dataclass(frozen=True)
+class Decoded:
+    """What :func:`decode` made of a text file's bytes.
+
+    Attributes:
+        text: the decoded text.
+        encoding: the Python codec name used (``utf-8``, ``utf-8-sig``, ``utf-16``,
+            ``cp1252``, ``cp1250``…).
+        fallback: True when the bytes were not clean UTF-8 (a BOM'd UTF-16 file is not a
+            fallback).
+        replaced: True when some bytes were undecodable and became U+FFFD.
+        confidence: how sure the choice is, 0..1: 1.0 for clean UTF-8 or a BOM; for UTF-8
+            with invalid bytes the share of valid multi-byte sequences among valid and
+            invalid ones; otherwise the detector's (``chardet``) confidence of the chosen
+            code page (small numbers are normal for short texts: it is a relative score).
+        method: ``bom``, ``utf-8``, ``utf-8-replaced``, ``cp1252-prior`` (cp1252 kept as
+            plausible as the detector's best), ``detector`` (the detector's best guess
+            taken) or ``cp1252-default`` (no usable guess).
+        replaced_bytes: invalid byte sequences replaced (0 unless ``replaced``).
+    """
+
+    text: str
+    encoding: str
+    fallback: bool = False
+    replaced: bool = False
+    confidence: float = 1.0
+    method: str = "utf-8"
+    replaced_bytes: int = 0
+
+
+def decode(data: bytes) -> Decoded:
+    """Decode a text file's bytes, preferring the obvious reading (issue 20 item 3).
+
+    Order: a UTF-8 BOM (stripped) or UTF-16 BOM; NUL bytes refuse the file; strict
+    UTF-8; UTF-8 with U+FFFD for invalid bytes when the valid multi-byte sequences are at
+    least :data:`UTF8_VALID_PER_INVALID` times the invalid ones (a UTF-8 file with a few
+    bad bytes, never a legacy note, which has no or only accidental multi-byte
+    sequences); else a legacy code page from :func:`_legacy`.
 
     Raises:
         Unsupported: ``binary`` when the bytes contain NUL and no UTF-16 BOM.
     """
     if data.startswith(codecs.BOM_UTF8):
         try:
-            return data[len(codecs.BOM_UTF8):].decode("utf-8"), "utf-8-sig", False, False
+            return Decoded(data[len(codecs.BOM_UTF8):].decode("utf-8"), "utf-8-sig", method="bom")
         except UnicodeDecodeError:
-            pass
+            data = data[len(codecs.BOM_UTF8):]
     elif data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         try:
-            return data.decode("utf-16"), "utf-16", False, False
+            return Decoded(data.decode("utf-16"), "utf-16", method="bom")
         except UnicodeDecodeError as exc:
             raise Unsupported("binary", "undecodable UTF-16") from exc
     if b"\x00" in data:
         raise Unsupported("binary", "the file contains NUL bytes and is not text")
     try:
-        return data.decode("utf-8"), "utf-8", False, False
+        return Decoded(data.decode("utf-8"), "utf-8")
     except UnicodeDecodeError:
         pass
-    encoding = "cp1252"
-    sample = data[:262_144]
-    solid = len(sample) - sum(sample.count(c) for c in b" \t\r\n")
-    high = sum(1 for b in sample if b >= 0x80)
-    if high <= SPARSE_NON_ASCII * max(solid, 1) and not _CP1252_UNDEFINED & set(sample):
-        western = data.decode("cp1252")
-        if all("LATIN" in unicodedata.name(ch, "") for ch in set(western) if ord(ch) >= 0x80):
-            return western, "cp1252", True, False  # the detector would guess: the common one
-    try:
-        import charset_normalizer
+    text = data.decode("utf-8", errors="replace")
+    bad = text.count("\ufffd") - data.count(b"\xef\xbf\xbd")  # minus genuine U+FFFD
+    multi = len(text) - len(text.encode("ascii", "ignore")) - bad  # valid multi-byte chars
+    if multi >= UTF8_VALID_PER_INVALID * bad:
+        return Decoded(text, "utf-8", True, True, round(multi / (multi + bad), 3),
+                       "utf-8-replaced", bad)
+    return _legacy(data)
 
-        matches = list(charset_normalizer.from_bytes(data[:262_144]))
-        best = matches[0] if matches else None
-        western = next((m for m in matches if m.encoding == "cp1252"), None)
-        if western is not None and best is not None and western.chaos <= best.chaos + 0.01:
-            encoding = "cp1252"  # as plausible as the best guess: the Windows default wins
-        elif best is not None and (best.language or "") not in _LANGUAGE_AGNOSTIC:
-            encoding = best.encoding
-    except Exception:  # detection is advice; cp1252 is the recorded fallback
-        encoding = "cp1252"
+
+#: UTF-8 with invalid bytes is still UTF-8 when its valid multi-byte sequences are at
+#: least this many times the invalid ones. Legacy text has accidental valid pairs
+#: (cp1250 ``ÓŁ`` is the bytes of UTF-8 ``ӣ``) but many more invalid high bytes.
+UTF8_VALID_PER_INVALID = 2
+#: cp1252 is kept while the detector rates it at least this share of its best guess
+#: (Western notes: 0.9-1.0 on the test sentences; Central European cp1250 notes rate
+#: cp1252 at 0.23-0.54 of cp1250; tests/test_corpus_decoding.py).
+CP1252_PRIOR = 0.75
+#: Below this detector confidence a guess is no evidence against cp1252 on its own (a
+#: one-line cp1252 note with ``½`` rated cp720 at 0.045; the shortest cp1250 test
+#: sentence rated cp1250 at 0.097 — and it also shows :data:`_MISREAD_SYMBOL`).
+CLEAR_CONFIDENCE = 0.1
+#: A symbol glued inside a word in the cp1252 reading (``Za¿ó³æ``, ``£ódŸ``): the bytes
+#: are letters of another code page (cp1250 ``ż ł ą Ł ź``). Apostrophes, the soft hyphen
+#: and the Catalan middle dot are at home inside words and do not count.
+_MISREAD_SYMBOL = re.compile(
+    r"(?<=[^\W\d_])[^\w\s\u2018\u2019\u00ad\u00b7'`´\x00-\x7f](?=[^\W\d_])"
+    r"|(?<![^\W\d_])[£¥ª¼½¾¹²³¿¤](?=[a-zß-ÿ])")
+#: The same text as cp1252 where both decode (ISO-8859-1 differs only in the C1 range).
+_CP1252_NAMES = frozenset(("cp1252", "iso8859-1"))
+
+
+def _latin_reading(text: str) -> bool:
+    """True when every non-ASCII letter of ``text`` is a Latin-script letter."""
+    return all("LATIN" in unicodedata.name(ch, "") for ch in set(text)
+               if ord(ch) >= 0x80 and ch.isalpha())
+
+
+def _legacy(data: bytes) -> Decoded:
+    """A single- or multi-byte legacy code page for bytes that are not UTF-8.
+
+    ``chardet`` ranks the candidates (all of them, its threshold ignored, on the first
+    :data:`DETECT_BYTES` bytes). A mostly-ASCII text (high bytes under
+    :data:`SPARSE_NON_ASCII` of the non-blank bytes) keeps only the candidates that read
+    its letters as Latin script: a few high bytes are accented letters, not Cyrillic or
+    Arabic words (a cp1252 note was read as cp1006). cp1252 — the Windows default, whose
+    curly quotes, dashes, ``€`` and symbols are what Western notes hold — is taken when it
+    decodes the bytes and is rated at least :data:`CP1252_PRIOR` of the best candidate;
+    otherwise the best candidate. Undecodable bytes become U+FFFD under cp1252.
+    """
+    sample = data[:DETECT_BYTES]
+    solid = len(sample) - sum(sample.count(c) for c in b" \t\r\n")
+    high = len(sample) - len(sample.decode("latin-1").encode("ascii", "ignore"))
+    sparse = high < SPARSE_NON_ASCII * max(solid, 1)
     try:
-        return data.decode(encoding), encoding, True, False
-    except (UnicodeDecodeError, LookupError):
-        pass
-    if encoding != "cp1252":
+        import chardet
+
+        found = chardet.detect_all(sample, ignore_threshold=True)
+    except Exception:  # detection is advice; cp1252 is the recorded default
+        found = []
+    ranked: list[tuple[str, float]] = []
+    for guess in found[:_MAX_CANDIDATES]:
         try:
-            return data.decode("cp1252"), "cp1252", True, False
-        except UnicodeDecodeError:
-            pass
-    return data.decode("cp1252", errors="replace"), "cp1252", True, True
+            name = codecs.lookup(guess.get("encoding") or "").name
+            reading = sample.decode(name)
+        except (LookupError, UnicodeDecodeError):
+            continue
+        if sparse and not _latin_reading(reading):
+            continue
+        ranked.append((name, float(guess.get("confidence") or 0.0)))
+    cp1252_ok = not _CP1252_UNDEFINED & set(data)
+    if cp1252_ok and ranked:
+        western = max((c for n, c in ranked if n in _CP1252_NAMES), default=0.0)
+        best_name, best = ranked[0]
+        reading = sample.decode("cp1252")
+        if (western >= CP1252_PRIOR * best or sample.decode(best_name) == reading
+                or (best < CLEAR_CONFIDENCE and _latin_reading(reading)
+                    and not _MISREAD_SYMBOL.search(reading))):
+            return Decoded(data.decode("cp1252"), "cp1252", True, False, round(western, 3),
+                           "cp1252-prior")
+    for name, conf in ranked:
+        if name in _CP1252_NAMES and not cp1252_ok:
+            name = "iso8859-1"
+        try:
+            return Decoded(data.decode(name), "latin-1" if name == "iso8859-1" else name,
+                           True, False, round(conf, 3), "detector")
+        except UnicodeDecodeError:  # the sample decoded, the rest does not
+            continue
+    if cp1252_ok:
+        return Decoded(data.decode("cp1252"), "cp1252", True, False, 0.0, "cp1252-default")
+    return Decoded(data.decode("cp1252", errors="replace"), "cp1252", True, True, 0.0,
+                   "cp1252-default", sum(data.count(b) for b in _CP1252_UNDEFINED))
+
+
+#: Bytes given to the detector (its own default reading limit).
+DETECT_BYTES = 200_000
+#: Most detector candidates looked at (ranked best first).
+_MAX_CANDIDATES = 12
+
+
+def decode_text(data: bytes) -> tuple[str, str, bool, bool]:
+    """:func:`decode` as ``(text, encoding, fallback, replaced)``.
+
+    Raises:
+        Unsupported: ``binary`` (see :func:`decode`).
+    """
+    d = decode(data)
+    return d.text, d.encoding, d.fallback, d.replaced
 
 
 # --- extracted kinds ------------------------------------------------------------------
@@ -457,7 +575,8 @@ def _json(data: bytes, name_is_lines: bool) -> ParsedDocument:
     and JSONL records are separated by a blank line (paragraphs for the chunker)."""
     import json
 
-    text, encoding, fallback, replaced = decode_text(data)
+    d = decode(data)
+    text = d.text
     blocks: list[str] = []
     if name_is_lines:
         for n, line in enumerate(text.splitlines(), start=1):
@@ -472,8 +591,8 @@ def _json(data: bytes, name_is_lines: bool) -> ParsedDocument:
             out = []
             _json_lines(item, f"[{i}]" if isinstance(value, list) else "", out)
             blocks.append("\n".join(out))
-    return ParsedDocument(text="\n\n".join(blocks), kind="json", encoding=encoding,
-                          fallback=fallback, replaced=replaced)
+    return ParsedDocument(text="\n\n".join(blocks), kind="json", encoding=d.encoding,
+                          fallback=d.fallback, replaced=d.replaced, notes=_decoder_notes(d))
 
 
 def _csv(data: bytes, tab: bool) -> ParsedDocument:
@@ -481,7 +600,8 @@ def _csv(data: bytes, tab: bool) -> ParsedDocument:
     the text is row N of the file for single-line records)."""
     import csv
 
-    text, encoding, fallback, replaced = decode_text(data)
+    d = decode(data)
+    text = d.text
     sample = text[:65536]
     try:
         dialect: type[csv.Dialect] | csv.Dialect = csv.Sniffer().sniff(
@@ -501,8 +621,8 @@ def _csv(data: bytes, tab: bool) -> ParsedDocument:
         named = [f"{header[i] if i < len(header) and header[i] else f'column {i + 1}'}: {c}"
                  for i, c in enumerate(cells) if c]
         lines.append(" | ".join(named))
-    return ParsedDocument(text="\n".join(lines), kind="csv", encoding=encoding,
-                          fallback=fallback, replaced=replaced)
+    return ParsedDocument(text="\n".join(lines), kind="csv", encoding=d.encoding,
+                          fallback=d.fallback, replaced=d.replaced, notes=_decoder_notes(d))
 
 
 def _pdf(data: bytes) -> ParsedDocument:
@@ -563,9 +683,19 @@ def pdf_title(value: object) -> str:
     return title
 
 
-def _docx(data: bytes) -> ParsedDocument:
-    """DOCX body in order: headings as Markdown ``#``, paragraphs, tables (tab-separated).
+#: Deepest nesting of tables and content controls read in a DOCX (Word itself nests a
+#: few levels; a crafted file cannot make the walk recurse without end).
+MAX_DOCX_DEPTH = 32
 
+
+def _docx(data: bytes) -> ParsedDocument:
+    """DOCX body in order: headings as Markdown ``#``, paragraphs, tables.
+
+    A table row is one line of its cells, tab-separated; a table nested in a cell is read
+    cell by cell too, its rows as lines right after the row that holds it, at every
+    depth (to :data:`MAX_DOCX_DEPTH`). Content controls (``w:sdt``: a cover page, a
+    table of contents, a form field) are read like the body around them, in place, and
+    text boxes after the paragraph they are anchored in (:func:`_docx_text_boxes`).
     The zip is checked against the archive rules first (python-docx inflates it whole).
     """
     from node.corpus import archives
@@ -578,36 +708,106 @@ def _docx(data: bytes) -> ParsedDocument:
         raise Unsupported(reason, exc.detail) from exc
     import docx
     from docx.oxml.ns import qn
-    from docx.table import Table
-    from docx.text.paragraph import Paragraph
 
     try:
         document = docx.Document(io.BytesIO(data))
     except Exception as exc:  # python-docx raises several types for a bad package
         raise Unsupported("not-a-document", "the bytes are not a readable DOCX") from exc
+    tags = {"p": qn("w:p"), "tbl": qn("w:tbl"), "sdt": qn("w:sdt"),
+            "content": qn("w:sdtContent"), "tr": qn("w:tr"), "tc": qn("w:tc")}
     blocks: list[str] = []
-    body = document.element.body
-    for child in body.iterchildren():
-        if child.tag == qn("w:p"):
+    _docx_blocks(document, document.element.body, tags, blocks, 0)
+    return ParsedDocument(text="\n\n".join(blocks), kind="docx", encoding="docx",
+                          structure="atx")
+
+
+def _docx_children(element: Any, tags: dict[str, str]) -> Iterator[Any]:
+    """Block children of ``element`` in order, content controls opened in place."""
+    for child in element.iterchildren():
+        if child.tag == tags["sdt"]:
+            for content in child.iterchildren(tags["content"]):
+                yield from _docx_children(content, tags)
+        else:
+            yield child
+
+
+def _docx_blocks(document: Any, element: Any, tags: dict[str, str], blocks: list[str],
+                 depth: int) -> None:
+    """Append the blocks (heading, paragraph or table text) under ``element``."""
+    from docx.text.paragraph import Paragraph
+
+    for child in _docx_children(element, tags):
+        if child.tag == tags["p"]:
             para = Paragraph(child, document)
             text = " ".join(para.text.split())
-            if not text:
-                continue
             style = (para.style.name if para.style is not None else "") or ""
             m = re.match(r"Heading (\d)", style)
-            if style == "Title":
+            if not text:
+                pass
+            elif style == "Title":
                 blocks.append(f"# {text}")
             elif m:
                 blocks.append(f"{'#' * min(6, int(m.group(1)) + 1)} {text}")
-            else:
+            elif text:
                 blocks.append(text)
-        elif child.tag == qn("w:tbl"):
-            table = Table(child, document)
-            rows = ["\t".join(" ".join(c.text.split()) for c in row.cells) for row in table.rows]
+            if depth < MAX_DOCX_DEPTH:  # text boxes anchored in the paragraph
+                for box in _docx_text_boxes(child):
+                    _docx_blocks(document, box, tags, blocks, depth + 1)
+        elif child.tag == tags["tbl"] and depth < MAX_DOCX_DEPTH:
+            rows: list[str] = []
+            _docx_table(document, child, tags, rows, depth + 1)
             if rows:
                 blocks.append("\n".join(rows))
-    return ParsedDocument(text="\n\n".join(blocks), kind="docx", encoding="docx",
-                          structure="atx")
+
+
+_W_TXBX = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}txbxContent"
+_MC_FALLBACK = "{http://schemas.openxmlformats.org/markup-compatibility/2006}Fallback"
+
+
+def _docx_text_boxes(paragraph: Any) -> list[Any]:
+    """The outermost text boxes (``w:txbxContent``) anchored in a paragraph's runs —
+    python-docx's paragraph text leaves them out — except the legacy VML copy Word
+    writes as the ``mc:Fallback`` of the same box."""
+    boxes = []
+    for box in paragraph.iter(_W_TXBX):
+        up = box.getparent()
+        outer = True
+        while up is not None and up is not paragraph:
+            if up.tag in (_MC_FALLBACK, _W_TXBX):
+                outer = False
+                break
+            up = up.getparent()
+        if outer:
+            boxes.append(box)
+    return boxes
+
+
+def _docx_table(document: Any, tbl: Any, tags: dict[str, str], rows: list[str],
+                depth: int) -> None:
+    """Append one line per row of ``tbl`` (cells tab-separated, a cell's paragraphs
+    joined by a space), each followed by the lines of the tables nested in its cells."""
+    from docx.text.paragraph import Paragraph
+
+    for tr in _docx_children(tbl, tags):
+        if tr.tag != tags["tr"]:
+            continue
+        cells: list[str] = []
+        nested: list[Any] = []
+        for tc in _docx_children(tr, tags):
+            if tc.tag != tags["tc"]:
+                continue
+            words: list[str] = []
+            for child in _docx_children(tc, tags):
+                if child.tag == tags["p"]:
+                    words.extend(Paragraph(child, document).text.split())
+                elif child.tag == tags["tbl"]:
+                    nested.append(child)
+            cells.append(" ".join(words))
+        if any(cells):
+            rows.append("\t".join(cells))
+        for inner in nested:
+            if depth < MAX_DOCX_DEPTH:
+                _docx_table(document, inner, tags, rows, depth + 1)
 
 
 def parse_bytes(data: bytes, kind: str, name: str = "") -> ParsedDocument:
@@ -638,6 +838,116 @@ def parse_bytes(data: bytes, kind: str, name: str = "") -> ParsedDocument:
         return _pdf(data)
     if kind == "docx":
         return _docx(data)
-    text, encoding, fallback, replaced = decode_text(data)
-    return ParsedDocument(text=text, kind=kind, encoding=encoding, fallback=fallback,
-                          replaced=replaced, structure=STRUCTURE.get(kind, "plain"))
+    d = decode(data)
+    notes = _decoder_notes(d)
+    text, title, metadata = d.text, "", {}
+    if kind == "markdown":
+        text, title, metadata, fm_notes = front_matter(text)
+        notes.update(fm_notes)
+    return ParsedDocument(text=text, kind=kind, encoding=d.encoding, fallback=d.fallback,
+                          replaced=d.replaced, structure=STRUCTURE.get(kind, "plain"),
+                          title=title, metadata=metadata, notes=notes)
+
+
+def _decoder_notes(d: Decoded) -> dict[str, Any]:
+    """The :attr:`ParsedDocument.notes` of a decoding."""
+    notes: dict[str, Any] = {"decoder": d.method, "confidence": d.confidence}
+    if d.replaced_bytes:
+        notes["replacedBytes"] = d.replaced_bytes
+    return notes
+
+
+# --- Markdown front matter ------------------------------------------------------------
+
+#: Largest front-matter block read as metadata (bytes, UTF-8); a bigger one is text.
+MAX_FRONT_MATTER_BYTES = 64 * 1024
+#: Opening line -> (format, closing-line pattern). YAML may also close with ``...``.
+_FRONT_MATTER = {
+    "---": ("yaml", re.compile(r"^(?:---|\.\.\.)[ \t]*\r?$", re.M)),
+    "+++": ("toml", re.compile(r"^\+\+\+[ \t]*\r?$", re.M)),
+}
+
+
+def front_matter(text: str) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+    """Read Markdown front matter: YAML between ``---`` lines or TOML between ``+++``
+    lines, opening on the first line (issue 20 item 4).
+
+    A block read as metadata is blanked in the text (its lines become empty lines, so
+    line numbers of the body stay those of the file): it is never body text or a
+    heading. ``title`` becomes the document title, ``date`` (a YAML/TOML date or an ISO
+    8601 string) and ``tags`` (a list, or one comma-separated string) and the other
+    :data:`node.corpus.datasource.META_KEYS` become metadata, checked as a datasource
+    record's are (a bad value is dropped and named in ``frontMatterDropped``).
+
+    A block that is unclosed (``front-matter-unclosed``), over
+    :data:`MAX_FRONT_MATTER_BYTES` (``front-matter-too-large``), not valid YAML/TOML
+    or not a mapping (``front-matter-invalid``) leaves the text as it is, with the
+    reason in ``frontMatterIgnored`` — never a failed document.
+
+    Returns:
+        ``(text, title, metadata, notes)``.
+    """
+    nl = text.find("\n")
+    opening = text[:nl if nl >= 0 else len(text)].rstrip("\r").rstrip(" \t")
+    if nl < 0 or opening not in _FRONT_MATTER:
+        return text, "", {}, {}
+    fmt, closing = _FRONT_MATTER[opening]
+    close = closing.search(text, nl + 1)
+    if close is None:
+        return text, "", {}, {"frontMatterIgnored": "front-matter-unclosed"}
+    block = text[nl + 1:close.start()]
+    if len(block.encode("utf-8", "surrogatepass")) > MAX_FRONT_MATTER_BYTES:
+        return text, "", {}, {"frontMatterIgnored": "front-matter-too-large"}
+    try:
+        if fmt == "yaml":
+            import yaml
+
+            value = yaml.safe_load(block)
+            if value is None:
+                value = {}
+        else:
+            import tomllib
+
+            value = tomllib.loads(block.replace("\r\n", "\n"))
+    except Exception:  # YAMLError, TOMLDecodeError, RecursionError...: ordinary text
+        return text, "", {}, {"frontMatterIgnored": "front-matter-invalid"}
+    if not isinstance(value, dict):
+        return text, "", {}, {"frontMatterIgnored": "front-matter-invalid"}
+    end = text.find("\n", close.end())
+    end = len(text) if end < 0 else end
+    body = "\n" * text.count("\n", 0, end) + text[end:]
+    title = value.get("title")
+    title = label_text(str(title)) if isinstance(title, (str, int, float)) else ""
+    metadata, dropped = _front_matter_metadata(value)
+    notes: dict[str, Any] = {"frontMatter": fmt}
+    if dropped:
+        notes["frontMatterDropped"] = dropped
+    return body, title, metadata, notes
+
+
+def _front_matter_metadata(value: dict[Any, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Front-matter keys of :data:`~node.corpus.datasource.META_KEYS` as checked
+    metadata, and the keys dropped for an unusable value."""
+    import datetime as dt
+
+    from node.corpus import datasource
+
+    meta: dict[str, Any] = {}
+    dropped: list[str] = []
+    for key in datasource.META_KEYS:
+        raw = value.get(key)
+        if raw is None:
+            continue
+        if key == "date" and isinstance(raw, (dt.date, dt.datetime)):
+            raw = raw.isoformat()
+        elif key == "tags":
+            if isinstance(raw, str):
+                raw = [t for t in (p.strip() for p in raw.split(",")) if t]
+            elif isinstance(raw, list):
+                raw = [str(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else t
+                       for t in raw]
+        try:
+            meta.update(datasource.check_metadata({key: raw}))
+        except datasource.MetadataInvalid:
+            dropped.append(key)
+    return meta, dropped

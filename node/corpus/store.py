@@ -63,7 +63,7 @@ CREATE TABLE IF NOT EXISTS documents(
     encoding TEXT, encoding_fallback INTEGER NOT NULL DEFAULT 0, chunker_sig TEXT,
     stale INTEGER NOT NULL DEFAULT 0, indexed_at TEXT, updated_at TEXT NOT NULL,
     metadata TEXT NOT NULL DEFAULT '{}', origin TEXT NOT NULL DEFAULT 'file',
-    parent_doc_id TEXT);
+    parent_doc_id TEXT, parse_notes TEXT NOT NULL DEFAULT '{}');
 CREATE INDEX IF NOT EXISTS documents_root ON documents(root_prefix);
 CREATE TABLE IF NOT EXISTS chunks(
     chunk_id TEXT PRIMARY KEY, doc_id TEXT NOT NULL, ordinal INTEGER NOT NULL,
@@ -76,7 +76,9 @@ CREATE TABLE IF NOT EXISTS changes(
 """
 # columns added after schema 1 (added in place on an older record; nothing is rewritten)
 _ADDED_COLUMNS = {
-    "documents": (("origin", "TEXT NOT NULL DEFAULT 'file'"), ("parent_doc_id", "TEXT")),
+    "documents": (("origin", "TEXT NOT NULL DEFAULT 'file'"), ("parent_doc_id", "TEXT"),
+                  # how the file was read (parsers.ParsedDocument.notes), issue 20
+                  ("parse_notes", "TEXT NOT NULL DEFAULT '{}'")),
     "chunks": (("page_start", "INTEGER"), ("page_end", "INTEGER")),
 }
 _POST_DDL = "CREATE INDEX IF NOT EXISTS documents_parent ON documents(parent_doc_id);"
@@ -1033,12 +1035,16 @@ class Corpus:
             [{"kind", "instance", "documents", "chunks"}]``, ``"failedDocuments":
             [{"source", "status", "code", "message"}]`` (errors and empty documents,
             with their reasons), ``"staleDocuments": [source]``,
-            ``"processingDocuments": [source]``. Never raises for a missing corpus.
+            ``"processingDocuments": [source]``, ``"readNotes": [{"source", "encoding",
+            "fallback", "decoder", "confidence", ...}]`` (documents not read as clean
+            UTF-8, or whose front matter was read or ignored: the decoder's choice and
+            confidence and the other :attr:`node.corpus.parsers.ParsedDocument.notes`).
+            Never raises for a missing corpus.
         """
         out = self.stats()
         out.update(byStatus={"processing": 0, "done": 0, "error": 0}, rootList=[],
                    datasources=[], failedDocuments=[], staleDocuments=[],
-                   processingDocuments=[])
+                   processingDocuments=[], readNotes=[])
         with self._lock:
             db = self._db
             if db is None:
@@ -1089,6 +1095,14 @@ class Corpus:
                 out["processingDocuments"] = [r[0] for r in db.execute(
                     "SELECT source_id FROM documents WHERE status='processing' "
                     "ORDER BY source_id LIMIT ?", (max_listed,))]
+                out["readNotes"] = [
+                    {"source": r[0], "encoding": r[1], "fallback": bool(r[2]),
+                     **json.loads(r[3] or "{}")}
+                    for r in db.execute(
+                        "SELECT source_id, encoding, encoding_fallback, parse_notes FROM "
+                        "documents WHERE status='done' AND (encoding_fallback=1 OR "
+                        "parse_notes LIKE '%frontMatter%') ORDER BY source_id LIMIT ?",
+                        (max_listed,))]
             except sqlite3.OperationalError:
                 return out
         return out

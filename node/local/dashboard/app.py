@@ -44,6 +44,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from node.answer import readable
 from node.common.errors import CorpusError, KithError
 from node.common.http import base_url_of, bind_socket, is_loopback, read_body, serve_app_in_thread, serve_forever
 from node.answer import contract
@@ -61,6 +62,8 @@ HERE = Path(__file__).parent
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
                           autoescape=True, undefined=jinja2.StrictUndefined,
                           trim_blocks=True, lstrip_blocks=True)
+# a preview's code (between the envelope's fence lines) is shown as code (issue 20 item 5)
+_env.filters["code_parts"] = lambda text: readable.split_code(text or "")
 
 
 def check_host(host: str) -> None:
