@@ -713,7 +713,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     sentences = [{"text": readable.cut(sent, SYNTHESIS_CHARS), "citationId": cid,
                   "source": source}
                  for sent, cid, source in readable.quotes(
-                     candidates, len(covered_all), limit=MAX_SYNTHESIS_SENTENCES, query=q)]
+                     candidates, len(covered_all), limit=MAX_SYNTHESIS_SENTENCES, query=request["query"])]
     # event aggregation: group by source
     groups: dict[str, dict[str, Any]] = {}
     for res in results:
