@@ -19,7 +19,7 @@ from node.policy.approvals import Approvals
 from node.policy.redact import RedactingFilter, redact
 from node.protocol.spec import load_spec
 
-from conftest import PROTOCOLS, new_identity
+from conftest import initialized, PROTOCOLS, new_identity
 from helpers import EnginePair
 
 ALICE, BOB, EVE = "a1" * 32, "b2" * 32, "e5" * 32
@@ -31,7 +31,7 @@ def kith():
     runner = CliRunner()
 
     def run(home: Path, *args: str):
-        return runner.invoke(cli_main.app, ["--home", str(home), *args], env={"COLUMNS": "250"})
+        return runner.invoke(cli_main.app, ["--home", str(initialized(home)), *args], env={"COLUMNS": "250"})
 
     return run
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import initialized
 from node.cli import main as cli_main
 
 KITH = Path(sys.executable).with_name("kith")
@@ -22,7 +23,7 @@ def kith():
     runner = CliRunner()
 
     def run(home: Path, *args: str):
-        return runner.invoke(cli_main.app, ["--home", str(home), "policy", *args])
+        return runner.invoke(cli_main.app, ["--home", str(initialized(home)), "policy", *args])
 
     return run
 
@@ -77,6 +78,7 @@ def test_usage_errors(kith, tmp_path: Path) -> None:
 
 
 def _kith(*args: str) -> subprocess.CompletedProcess[str]:
+    initialized(Path(args[1]))  # args: --home DIR ...
     return subprocess.run([str(KITH), *args], capture_output=True, text=True, timeout=60)
 
 

@@ -10,7 +10,8 @@ from typing import Any, Optional
 import anyio
 import typer
 
-from node.cli.common import console, emit_json, err_console, home_of, identity_home_of, safe_text, warn
+from node.cli.common import (console, emit_json, err_console, home_if_any, identity_home_of, new_home_of,
+                             safe_text, warn)
 from node.cli.render import CONNECTING_NOTICE_S, Waiting, print_answer
 from node.cli.main import app
 from node.common.errors import CODES, InvitationError, KithError, SessionAborted, SpecError, UsageError, error_for
@@ -28,7 +29,7 @@ def init_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", 
     """
     from node.trust.identity import init_identity
 
-    home = home_of(ctx)
+    home = new_home_of(ctx)  # one of the two commands that create a home
     ident, created = init_identity(home)
     if json_out:
         emit_json({"public_key": ident.public_key, "fingerprint": ident.fingerprint, "created": created,
@@ -506,7 +507,7 @@ def protocol_test_cmd(
     from node.devtools.harness import run_protocol_test
     from node.protocol.spec import resolve_protocol_dir
 
-    directory = resolve_protocol_dir(target, home_of(ctx))
+    directory = resolve_protocol_dir(target, home_if_any(ctx))
 
     report = anyio.run(run_protocol_test, directory, backend="asyncio")
     adv = None
@@ -543,7 +544,7 @@ def protocol_id_cmd(
     """Print a protocol's name, version and protocol_id (SHA-256 of its canonical spec)."""
     from node.protocol.spec import load_spec, resolve_protocol_dir
 
-    spec = load_spec(resolve_protocol_dir(target, home_of(ctx)))
+    spec = load_spec(resolve_protocol_dir(target, home_if_any(ctx)))
     if json_out:
         emit_json({"name": spec.name, "version": spec.version, "protocol_id": spec.protocol_id})
     else:
