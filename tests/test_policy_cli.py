@@ -37,7 +37,10 @@ def test_set_list_explain_unset_round_trip(kith, tmp_path: Path) -> None:
     assert kith(tmp_path, "set", "/docs/**", "public").exit_code == 0
     out = _json(kith(tmp_path, "set", "/docs/team/**", "peers", "--peer", "alice",
                      "--peer", "bob", "--json"))
-    assert out == {"glob": "/docs/team/**", "tier": "peers", "peers": ["alice", "bob"]}
+    assert out == {"glob": "/docs/team/**", "tier": "peers", "peers": ["alice", "bob"], "matches": 0,
+                   "decides": 0, "decidedElsewhere": [], "suggestions": [],
+                   "warning": "/docs/team/** matches no indexed source: nothing is indexed yet "
+                              "(kith index add PATH, then kith index sync); the rule is kept"}
     policy_file = tmp_path / "policy.toml"
     assert stat.S_IMODE(policy_file.stat().st_mode) == 0o600
 

@@ -429,6 +429,18 @@ class Corpus:
             return [Root(prefix=r[0], path=r[1], chunker=r[2], chunk_size=r[3],
                          chunk_overlap=r[4]) for r in rows]
 
+    def source_ids(self) -> list[str]:
+        """The canonical source id of every document in the record (any status; archive
+        members included), sorted — what ``kith policy set|check`` measure a rule against.
+        ``[]`` when there is no corpus yet."""
+        with self._lock:
+            if self._db is None:
+                return []
+            try:
+                return [r[0] for r in self._db.execute("SELECT source_id FROM documents ORDER BY source_id")]
+            except sqlite3.OperationalError:
+                return []
+
     # -- the writer -----------------------------------------------------------------------
     def _owner_text(self) -> str:
         return lock_owner(self.lock_path)

@@ -265,7 +265,13 @@ class _Pages:
                     explained = policy.decide(source, as_peer or None, roots=roots)
                 except KithError as exc:
                     error = f"{exc.code}: {exc.message}"
+            from node.policy.coverage import check_policy, indexed_sources
+
+            # the same counts as `kith policy check` (issue 20)
+            check = check_policy(policy, indexed_sources(self.home))
+            coverage = {f"{c.rule.glob}|{c.rule.peer or ''}": c for c in check.rules}
             return {"rules": policy.rules, "overrides": policy.overrides, "quotas": quotas,
+                    "check": check, "coverage": coverage,
                     "names": names, "tiers": TIERS, "source": source, "as_peer": as_peer,
                     "explained": explained, "explain_error": error}
 
@@ -282,8 +288,14 @@ class _Pages:
             policy = Policy.load(self.home)
             rule = policy.set(glob, tier, peers or None, for_peer=for_peer)
             policy.save()
+            from node.policy.coverage import indexed_sources, rule_coverage
+
+            sources = indexed_sources(self.home)
+            cov = rule_coverage(policy, rule, sources)
             who = f" for {rule.peer}" if rule.peer else ""
-            return f"rule {rule.glob} → {rule.tier}{who} saved (a running host applies it from its next query)"
+            said = cov.warning(len(sources)) or "; ".join(cov.lines())
+            return (f"rule {rule.glob} → {rule.tier}{who} saved: {said} "
+                    "(a running host applies it from its next query)")
 
         return await self._act(request, "/policy", action)
 
