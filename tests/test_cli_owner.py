@@ -66,7 +66,7 @@ def test_policy_quota_sets_the_quota_and_policy_list_shows_it(tmp_path: Path, cl
     home = tmp_path / "h"
     listed = ok(cli(home, "policy", "list")).stdout
     # the defaults a guest runs into are visible before anything is set
-    assert "every peer" in listed and "120 queries/hour, burst 10" in listed
+    assert "every peer" in listed and "600 queries/hour, burst 60" in listed
     out = ok(cli(home, "policy", "quota", "--per-hour", "60", "--burst", "5", "--max-bytes", "16384"))
     assert "60 queries/hour, burst 5, at most 16384 bytes per answer" in out.stdout
     assert "next query" in out.stderr  # a running host applies it live
