@@ -42,16 +42,19 @@ def init_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", 
 
 
 # ----------------------------------------------------------------------------- host
-def _redacted_log_handler(home: Path) -> None:
+def _redacted_log_handler(home: Path, server: str | None = None) -> None:
     """Show the node's warnings on stderr with real paths, keys, hosts and URL query
-    strings redacted (issue 5 rule 7: host logs are often pasted to others)."""
+    strings redacted (issue 5 rule 7: host logs are often pasted to others) — but the
+    community server URL the owner gave (``server``) as typed (issue 20: no placeholders)."""
     import logging
 
     from node.policy.redact import RedactingFilter
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING)
-    handler.addFilter(RedactingFilter([str(home)]))
+    from node.community.client import _display_url  # the URL as the client prints it
+
+    handler.addFilter(RedactingFilter([str(home)], keep=[_display_url(server.rstrip("/"))] if server else []))
     logging.getLogger("kith").addHandler(handler)
 
 
@@ -84,7 +87,7 @@ def host_cmd(
     if invite_file is not None and not invite_file.resolve().parent.is_dir():
         raise UsageError("usage", f"--invite-file: the folder {invite_file.parent} does not exist")
     home = identity_home_of(ctx)
-    _redacted_log_handler(home)
+    _redacted_log_handler(home, server)
     opts = HostOptions(protocol=protocol, server_url=server, invite_file=invite_file, local=local, ttl_s=ttl,
                        message=message, tags=list(tag), peers_only=peers_only, post_max_sessions=max_sessions)
     opts.share_ui = share_ui
