@@ -32,3 +32,66 @@ def test_the_host_log_names_its_server_and_post_not_placeholders(tmp_path: Path)
         host.proc.wait(10)
     assert "<host>" not in line and "<hex>" not in line, line
     assert f"at {url}" in line and f"post {post_id[:8]}…" in line and post_id not in line, line
+
+
+def _kith(home: Path, *args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "node.cli.main", "--home", str(home), *args],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_a_sync_says_why_it_skipped_and_index_status_lists_what(tmp_path: Path) -> None:
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    (kb / "a.md").write_text("# A\n\nA note.\n")
+    (kb / "blob.bin").write_bytes(bytes(range(256)))
+    home = initialized(tmp_path / "home")
+    assert _kith(home, "index", "add", str(kb)).returncode == 0
+    first = _kith(home, "index", "sync")
+    assert "skipped 1 (1 of a type kith does not read)" in first.stdout, first.stdout
+    assert "  skipped /kb/blob.bin: of a type kith does not read" in first.stdout
+    again = _kith(home, "index", "sync")
+    assert "skipped 2 (1 unchanged, 1 of a type kith does not read)" in again.stdout, again.stdout
+    status = _kith(home, "index", "status")
+    assert "  skipped /kb/blob.bin: of a type kith does not read" in status.stdout, status.stdout
+    st = json.loads(_kith(home, "index", "status", "--json").stdout)
+    assert st["skippedSources"] == [{"source": "/kb/blob.bin", "reason": "unsupported-type"}]
+
+
+def test_one_name_for_the_pairing_code() -> None:
+    """"safety code" in one place and "pairing code" elsewhere named one thing twice."""
+    repo = Path(__file__).resolve().parents[1]
+    texts = [repo / "README.md", *(repo / "specs").glob("*.md"), *(repo / "node").rglob("*.py"),
+             *(repo / "node").rglob("*.html")]
+    said = [str(p.relative_to(repo)) for p in texts if "safety code" in p.read_text("utf-8").lower()]
+    assert said == []
+
+
+def test_the_agent_notice_is_not_printed_to_a_person_at_a_terminal(monkeypatch) -> None:
+    import io
+
+    from node.cli import ask_cmd
+    from node.runtime.fanout import UNTRUSTED_NOTICE
+
+    env = {"results": [{"rank": 1, "source": "/docs/a.md", "textPreview": "text", "untrusted": True,
+                        "attributions": [{"peer": {"name": "alice"}}], "location": None}],
+           "answered": 1, "missing": [], "notice": UNTRUSTED_NOTICE,
+           "peers": [{"name": "alice", "status": "ok", "code": None, "approvalId": None, "retryAfterS": None,
+                      "latencyMs": 12.0, "results": 1}]}
+    for terminal in (True, False):
+        buf = io.StringIO()
+        monkeypatch.setattr(ask_cmd.console, "file", buf)
+        monkeypatch.setattr(ask_cmd.console, "_force_terminal", terminal)
+        ask_cmd.render(env)
+        assert ("[alice] /docs/a.md" in buf.getvalue()) and ((UNTRUSTED_NOTICE in buf.getvalue()) is not terminal), terminal
+
+
+def test_the_readme_tells_users_only_what_they_have() -> None:
+    """No `../shared` (users do not have it), and one way to install extras: from the
+    checkout, since kith is not on a package registry."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text("utf-8")
+    assert "../shared" not in readme
+    assert "not on a package registry" in readme and "kith-node[" not in readme
+    assert "scripts/setup --postgres" in readme

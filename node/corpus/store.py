@@ -590,7 +590,9 @@ class Corpus:
         Returns:
             ``{"mode", "indexed", "updated", "skipped", "removed", "failed", "empty",
             "chunks", "files", "bytes": int, "skippedReasons": {reason: int},
-            "skippedFolders": [{"source", "reason": "kith-home"}],
+            "skippedFolders": [{"source", "reason": "kith-home"}], "skippedSources":
+            [{"source", "reason"}] (files not indexed for a reason other than ``unchanged``:
+            ``unsupported-type``, ``new-ignored``; kept for :meth:`status_report`),
             "archives": {"indexed", "refused"}, "errors": [{"source", "code", "message"
             [, "reason"]}], "seconds": float}``. ``failed`` files and ``empty`` ones
             have an ``error`` tracking row; neither stops the batch. Folders that are a
@@ -605,7 +607,11 @@ class Corpus:
             raise CorpusError("sync-mode-invalid",
                               f"The sync mode must be one of {', '.join(ingest.MODES)}.")
         with self._lock, self._writing():
-            return ingest.run_sync(self, progress, mode, self.archive_limits, timings)
+            report = ingest.run_sync(self, progress, mode, self.archive_limits, timings)
+            # what the last sync did not index, and why: `kith index status` lists it
+            skipped = [*report.get("skippedSources", []), *report.get("skippedFolders", [])]
+            self._set_meta("last_sync_skipped", json.dumps(skipped[:ingest.MAX_SKIPPED_LISTED]))
+            return report
 
     def sync_paths(self, paths: Iterable[str | Path]) -> dict[str, Any]:
         """Sync only the given absolute paths (the watcher's debounced batch): changed
@@ -1045,12 +1051,14 @@ class Corpus:
             [{"kind", "instance", "documents", "chunks"}]``, ``"failedDocuments":
             [{"source", "status", "code", "message"}]`` (errors and empty documents,
             with their reasons), ``"staleDocuments": [source]``,
-            ``"processingDocuments": [source]``. Never raises for a missing corpus.
+            ``"processingDocuments": [source]``, ``"skippedSources": [{"source", "reason"}]``
+            (what the last full sync did not index and why: ``unsupported-type``,
+            ``new-ignored``, ``kith-home``). Never raises for a missing corpus.
         """
         out = self.stats()
         out.update(byStatus={"processing": 0, "done": 0, "error": 0}, rootList=[],
                    datasources=[], failedDocuments=[], staleDocuments=[],
-                   processingDocuments=[])
+                   processingDocuments=[], skippedSources=[])
         with self._lock:
             db = self._db
             if db is None:
@@ -1101,6 +1109,10 @@ class Corpus:
                 out["processingDocuments"] = [r[0] for r in db.execute(
                     "SELECT source_id FROM documents WHERE status='processing' "
                     "ORDER BY source_id LIMIT ?", (max_listed,))]
+                try:
+                    out["skippedSources"] = json.loads(self._get_meta("last_sync_skipped") or "[]")[:max_listed]
+                except ValueError:
+                    out["skippedSources"] = []
             except sqlite3.OperationalError:
                 return out
         return out
