@@ -81,7 +81,7 @@ def run_client(server: str | None, home: Path | None,
 
 
 # ----------------------------------------------------------------------------- serve
-DATABASE_HELP = ("postgresql://user:pass@host:5432/db (needs kith-node[postgres]) or "
+DATABASE_HELP = ("postgresql://user:pass@host:5432/db (needs the postgres extra: scripts/setup --postgres) or "
                  "sqlite:///ABS/PATH. Default: SQLite in <home>/community/.")
 #: First and largest pause between attempts to reach a database that is down, in seconds.
 RETRY_FIRST_S, RETRY_MAX_S = 0.5, 8.0
