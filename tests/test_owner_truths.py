@@ -95,3 +95,38 @@ def test_the_readme_tells_users_only_what_they_have() -> None:
     assert "../shared" not in readme
     assert "not on a package registry" in readme and "kith-node[" not in readme
     assert "scripts/setup --postgres" in readme
+
+
+def test_a_lost_dashboard_login_link_is_replaced_without_a_restart(tmp_path: Path) -> None:
+    import select
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    home = initialized(tmp_path / "home")
+    r = _kith(home, "dashboard", "--login-link")
+    assert r.returncode == 1 and "error [dashboard-not-running]" in r.stderr, r.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "node.cli.main", "--home", str(home), "dashboard", "--port", "0",
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "the dashboard printed nothing"
+        first = json.loads(proc.stdout.readline())
+        with httpx.Client(base_url=first["url"], timeout=30, follow_redirects=False) as old:
+            assert old.get(first["login"]).status_code == 303  # used: the link is spent
+            assert old.get("/").status_code == 200
+            new = _kith(home, "dashboard", "--login-link", "--json")
+            assert new.returncode == 0, new.stderr
+            link = json.loads(new.stdout)["login"]
+            assert link != first["login"] and link.startswith(first["url"] + "/login?token=")
+            assert old.get("/").status_code == 401  # the earlier session ended with its token
+            with httpx.Client(base_url=first["url"], timeout=30, follow_redirects=False) as fresh:
+                assert fresh.get(first["login"]).status_code == 403
+                assert fresh.get(link).status_code == 303 and fresh.get("/").status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(20)
+    assert not (home / "dashboard.login").exists()

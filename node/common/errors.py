@@ -210,6 +210,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "dashboard-bad-host": ("corpus", "The dashboard answers only a loopback Host/Origin with its own port."),
     "dashboard-login-required": ("corpus", "Open the dashboard's login URL first (it works once)."),
     "dashboard-login-invalid": ("corpus", "The dashboard login token is wrong or was used already."),
+    "dashboard-not-running": ("corpus", "No `kith dashboard` is running for this home."),
     "dashboard-csrf": ("corpus", "The dashboard form's CSRF token is missing or wrong."),
     "dashboard-form-invalid": ("corpus", "The dashboard form is not valid."),
     # --- policy ---------------------------------------------------------------------------
