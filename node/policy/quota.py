@@ -19,6 +19,7 @@ token taken after it) and on close: a host killed outright loses at most that mu
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -100,40 +101,58 @@ class _FairShare:
     honest guest asking now and then, a first-time guest) is owed, while the pool stays one
     fixed budget (every answer still takes a pool token: more keys never buy more answers).
     The reserve is capped at the pool's burst minus one, so a full pool serves anyone.
+
+    Every key decays at the same rate, so the order of two keys' uses never changes with
+    time: each key is kept as ``L = ln(u) + t/τ`` (time-invariant; ``-inf`` for a key that
+    took nothing) in a sorted list, and "how many are lighter" is one bisection —
+    O(log n) per query plus a list insertion, about as cheap for 4,096 keys as for 48.
     Memory only: a restarted host starts with nobody active. Not thread-safe (the
     :class:`RateLimiter` lock guards it).
     """
 
     def __init__(self) -> None:
-        self._used: dict[str, tuple[float, float]] = {}  # key -> (use at stamp, stamp)
+        self._used: dict[str, tuple[float, float]] = {}  # key -> (L, last seen), oldest first
+        self._order: list[float] = []  # the L of every tracked key, sorted
+
+    @staticmethod
+    def _level(used: float, now: float) -> float:
+        return math.log(used) + now / FAIR_WINDOW_S if used > 0 else -math.inf
 
     def _use(self, key: str, now: float) -> float:
         entry = self._used.get(key)
-        if entry is None:
+        if entry is None or entry[0] == -math.inf:
             return 0.0
-        used, stamp = entry
-        return used * math.exp(-max(0.0, now - stamp) / FAIR_WINDOW_S)
+        return math.exp(entry[0] - now / FAIR_WINDOW_S)
 
-    def reserve(self, key: str, now: float, burst: int) -> int:
-        """Pool tokens ``key`` must leave to others now (0 … ``burst`` - 1)."""
-        mine = self._use(key, now)
-        horizon = now - FAIR_WINDOW_S
-        lighter = sum(1 for other, (_, stamp) in self._used.items()
-                      if other != key and stamp >= horizon and self._use(other, now) < mine - 1e-9)
-        newcomer = 1 if mine >= 0.5 else 0
-        return max(0, min(lighter + newcomer, max(burst, 1) - 1))
+    def _drop(self, key: str) -> None:
+        level, _ = self._used.pop(key)
+        del self._order[bisect.bisect_left(self._order, level)]
 
-    def seen(self, key: str, now: float, took: bool) -> None:
-        """Record that ``key`` asked at ``now`` (and took a pool token when ``took``)."""
-        used = self._use(key, now) + (1.0 if took else 0.0)
-        self._used.pop(key, None)
-        self._used[key] = (used, now)  # most recently seen last
+    def _expire(self, now: float) -> None:
         horizon = now - FAIR_WINDOW_S
         while self._used:
             oldest = next(iter(self._used))
             if len(self._used) <= MAX_FAIR_KEYS and self._used[oldest][1] >= horizon:
                 break
-            self._used.pop(oldest)
+            self._drop(oldest)
+
+    def reserve(self, key: str, now: float, burst: int) -> int:
+        """Pool tokens ``key`` must leave to others now (0 … ``burst`` - 1)."""
+        self._expire(now)
+        mine = self._used.get(key, (-math.inf, now))[0]
+        lighter = bisect.bisect_left(self._order, mine - 1e-9) if mine != -math.inf else 0
+        newcomer = 1 if self._use(key, now) >= 0.5 else 0
+        return max(0, min(lighter + newcomer, max(burst, 1) - 1))
+
+    def seen(self, key: str, now: float, took: bool) -> None:
+        """Record that ``key`` asked at ``now`` (and took a pool token when ``took``)."""
+        used = self._use(key, now) + (1.0 if took else 0.0)
+        if key in self._used:
+            self._drop(key)
+        level = self._level(used, now)
+        self._used[key] = (level, now)  # most recently seen last
+        bisect.insort(self._order, level)
+        self._expire(now)
 
 
 @dataclass
