@@ -243,7 +243,10 @@ def test_approvals_cli(kith, tmp_path: Path) -> None:
 def test_policy_for_override_cli(kith, tmp_path: Path) -> None:
     assert kith(tmp_path, "policy", "set", "/docs/**", "private").exit_code == 0
     r = kith(tmp_path, "policy", "set", "/docs/**", "public", "--for", "alice", "--json")
-    assert json.loads(r.stdout) == {"glob": "/docs/**", "tier": "public", "peers": [], "for": "alice"}
+    out = json.loads(r.stdout)
+    assert {k: out[k] for k in ("glob", "tier", "peers", "for")} == {"glob": "/docs/**", "tier": "public",
+                                                                     "peers": [], "for": "alice"}
+    assert (out["matches"], out["decides"]) == (0, 0)  # nothing indexed in this home
     r = kith(tmp_path, "policy", "explain", "/docs/a.md", "--peer", "alice", "--json")
     assert json.loads(r.stdout) == {"canonical": "/docs/a.md", "tier": "public", "allowed": True,
                                     "matched": "/docs/**", "override": "alice"}
