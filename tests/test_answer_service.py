@@ -19,6 +19,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from conftest import initialized
 from node.answer.service import answer_local
 from node.cli import main as cli_main
 from node.cli.index_cmd import search_cmd
@@ -111,7 +112,7 @@ def _cli(home: Path, request: dict[str, Any]) -> dict[str, Any]:
     app = typer.Typer()
     app.callback()(cli_main._root)  # the real --home callback
     app.command("search")(search_cmd)
-    args = ["--home", str(home), "search", request["query"], "--json",
+    args = ["--home", str(initialized(home)), "search", request["query"], "--json",
             "--top-k", str(request.get("topK", 5)), "--dedupe", request.get("dedupe", "chunk")]
     if "remainingBudgetMs" in request:
         args += ["--budget-ms", str(request["remainingBudgetMs"])]

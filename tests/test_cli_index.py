@@ -10,6 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from conftest import initialized
 from node.cli import main as cli_main
 from node.cli.index_cmd import index_app, search_cmd
 
@@ -37,7 +38,7 @@ def env(tmp_path: Path):
     app = _app()
 
     def run(*args: str):
-        return runner.invoke(app, ["--home", str(tmp_path / "home"), *args])
+        return runner.invoke(app, ["--home", str(initialized(tmp_path / "home")), *args])
 
     return run, root
 
@@ -177,7 +178,7 @@ def test_search_prints_what_join_prints(tmp_path: Path) -> None:
     runner, app = CliRunner(), _app()
 
     def run(*args: str):
-        return runner.invoke(app, ["--home", str(tmp_path / "home"), *args])
+        return runner.invoke(app, ["--home", str(initialized(tmp_path / "home")), *args])
 
     assert run("index", "add", str(root)).exit_code == 0
     assert run("index", "sync").exit_code == 0
@@ -217,7 +218,7 @@ def test_status_per_root_and_totals_use_the_same_labels(tmp_path: Path) -> None:
     runner, app = CliRunner(), _app()
 
     def run(*args: str):
-        return runner.invoke(app, ["--home", str(tmp_path / "home"), *args])
+        return runner.invoke(app, ["--home", str(initialized(tmp_path / "home")), *args])
 
     assert run("index", "add", str(root)).exit_code == 0
     assert "failed 1, empty 1" in run("index", "sync").stdout
@@ -261,7 +262,7 @@ def test_a_killed_sync_is_named_in_status_and_search_still_finds_what_it_recorde
     runner, app = CliRunner(), _app()
 
     def run(*args: str):
-        return runner.invoke(app, ["--home", str(tmp_path / "home"), *args])
+        return runner.invoke(app, ["--home", str(initialized(tmp_path / "home")), *args])
 
     assert run("index", "add", str(root)).exit_code == 0
     repo = Path(__file__).resolve().parents[1]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import initialized
 from node.community.server import run_server_in_thread
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +27,11 @@ ENV.pop("NO_COLOR", None)
 ANSI = re.compile(r"\x1b\[")
 
 
-def kith(home: Path, *args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+def kith(home: Path, *args: str, timeout: float = 120, init: bool = True, **kw) -> subprocess.CompletedProcess:
+    """`kith --home HOME ARGS` as a real process; HOME is initialised first (as `kith init`
+    leaves it) unless ``init`` is False (the tests of what an uninitialised home gets)."""
+    if init and args[:1] != ("init",):
+        initialized(home)
     return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL, env=ENV, cwd=REPO, **kw)
 
@@ -38,7 +43,9 @@ def cli(capsys):
     terminal, like a pipe. Much faster than a subprocess per command."""
     from node.cli.main import main
 
-    def run(home: Path, *args: str) -> subprocess.CompletedProcess:
+    def run(home: Path, *args: str, init: bool = True) -> subprocess.CompletedProcess:
+        if init and args[:1] != ("init",):
+            initialized(home)
         capsys.readouterr()
         with pytest.raises(SystemExit) as exit_:
             main(["--home", str(home), *args])
@@ -59,7 +66,7 @@ def test_policy_quota_sets_the_quota_and_policy_list_shows_it(tmp_path: Path, cl
     home = tmp_path / "h"
     listed = ok(cli(home, "policy", "list")).stdout
     # the defaults a guest runs into are visible before anything is set
-    assert "every peer" in listed and "120 queries/hour, burst 10" in listed
+    assert "every peer" in listed and "600 queries/hour, burst 60" in listed
     out = ok(cli(home, "policy", "quota", "--per-hour", "60", "--burst", "5", "--max-bytes", "16384"))
     assert "60 queries/hour, burst 5, at most 16384 bytes per answer" in out.stdout
     assert "next query" in out.stderr  # a running host applies it live
@@ -172,7 +179,7 @@ def _sources(home: Path) -> set[str]:
 def test_a_home_without_identity_is_refused_not_created(tmp_path: Path, command: tuple) -> None:
     typo = tmp_path / "hmoe"
     args = [a if a != "inv.json" else str(tmp_path / "inv.json") for a in command]
-    r = kith(typo, *args)
+    r = kith(typo, *args, init=False)
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "[home-not-initialized]" in r.stderr and str(typo) in r.stderr
     assert f"kith --home {typo} init" in r.stderr
@@ -180,6 +187,41 @@ def test_a_home_without_identity_is_refused_not_created(tmp_path: Path, command:
     # init still creates the home, and then the same command gets past the check
     ok(kith(typo, "init"))
     assert (typo / "identity.key").is_file()
+
+
+KEY = "ab" * 32
+
+
+@pytest.mark.parametrize("command", [
+    ("peers", "block", KEY), ("peers", "add", "alice", KEY), ("peers", "list"),
+    ("policy", "set", "/docs/**", "public"), ("policy", "list"), ("policy", "quota", "--burst", "5"),
+    ("policy", "explain", "/docs/a.md"), ("policy", "check"), ("audit",), ("status",), ("sessions",),
+    ("index", "add", "."), ("index", "status"), ("index", "sync"), ("search", "anything"),
+    ("approvals", "list"), ("dashboard", "--json"), ("api", "serve", "--port", "0"),
+    ("community", "migrate"), ("community", "backup", "out.sqlite3"),
+])
+def test_every_command_but_init_and_serve_refuses_a_typo_home_and_creates_nothing(
+        tmp_path: Path, command: tuple) -> None:
+    """Issue 20 item 1: a typo in --home is refused with home-not-initialized (the path
+    named, the init hint) and no folder or file appears."""
+    typo = tmp_path / "kith-hots"
+    args = [a if a != "out.sqlite3" else str(tmp_path / a) for a in command]
+    r = kith(typo, *args, init=False, timeout=60)
+    assert r.returncode == 1, (command, r.stdout, r.stderr)
+    assert "error [home-not-initialized]" in r.stderr and str(typo) in r.stderr, r.stderr
+    assert f"kith --home {typo} " in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "nothing may be created"
+
+
+@pytest.mark.parametrize("command", [("init",), ("policy", "list"), ("peers", "block", KEY),
+                                     ("community", "serve", "--port", "0")])
+def test_a_home_that_is_a_file_is_refused_as_not_a_folder(tmp_path: Path, command: tuple) -> None:
+    home = tmp_path / "home"
+    home.write_text("not a folder\n")
+    r = kith(home, *command, init=False, timeout=60)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "error [home-not-a-folder]" in r.stderr and str(home) in r.stderr, r.stderr
+    assert home.read_text() == "not a folder\n"
 
 
 # --------------------------------------------------------------------------- problem 8

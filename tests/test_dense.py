@@ -19,6 +19,8 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
+
+from conftest import initialized
 import typer
 from typer.testing import CliRunner
 
@@ -262,7 +264,7 @@ def _cli(home: Path):
     app.add_typer(index_app, name="index")
     app.command("search")(search_cmd)
     runner = CliRunner()
-    return lambda *args: runner.invoke(app, ["--home", str(home), *args])
+    return lambda *args: runner.invoke(app, ["--home", str(initialized(home)), *args])
 
 
 def test_cli_config_dense_and_status(kb) -> None:

@@ -140,7 +140,8 @@ def test_the_table_gives_message_hint_and_category():
     err = KithError("io-error")  # the base class takes any code, for codes known at run time
     assert (err.category, err.message, err.hint) == CODES["io-error"]
     err = CommunityError("database-driver-missing", "a postgresql:// database needs psycopg 3")
-    assert err.hint == CODES["database-driver-missing"].hint == "pip install 'kith-node[postgres]'"
+    assert err.hint == CODES["database-driver-missing"].hint == ("from the kith checkout: scripts/setup --postgres, "
+                                                                  "or pip install '.[postgres]'")
     assert KithError("io-error", "m", hint="h").to_dict() == {"code": "io-error", "message": "m",
                                                              "hint": "h"}
 

@@ -35,6 +35,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from conftest import initialized
 from node.cli import main as cli_main
 from node.cli.render import ANSWERED_STATUSES, Waiting, answer_lines, format_lines, print_answer
 from node.common.errors import KithError
@@ -200,7 +201,7 @@ def test_approvals_list_prints_ids_whole_at_any_width(tmp_path: Path, columns: s
     ids = ["0123456789abcdef", "0123ffffffffffff"]
     _requests(tmp_path, ids)
     cli_main._register()
-    r = CliRunner().invoke(cli_main.app, ["--home", str(tmp_path), "approvals", "list"], env={"COLUMNS": columns})
+    r = CliRunner().invoke(cli_main.app, ["--home", str(initialized(tmp_path)), "approvals", "list"], env={"COLUMNS": columns})
     assert r.exit_code == 0, r.output
     for rid in ids:
         assert re.search(rf"(^|\s){rid}(\s|$)", r.output, re.M), r.output
@@ -211,7 +212,7 @@ def test_approve_accepts_a_unique_prefix_and_refuses_an_ambiguous_one(tmp_path: 
     cli_main._register()
 
     def run(*args: str):
-        return CliRunner().invoke(cli_main.app, ["--home", str(tmp_path), "approvals", *args, "--json"])
+        return CliRunner().invoke(cli_main.app, ["--home", str(initialized(tmp_path)), "approvals", *args, "--json"])
 
     r = run("approve", "0123")
     assert r.exit_code == 1 and isinstance(r.exception, KithError)

@@ -19,7 +19,7 @@ from node.policy.approvals import Approvals
 from node.policy.redact import RedactingFilter, redact
 from node.protocol.spec import load_spec
 
-from conftest import PROTOCOLS, new_identity
+from conftest import initialized, PROTOCOLS, new_identity
 from helpers import EnginePair
 
 ALICE, BOB, EVE = "a1" * 32, "b2" * 32, "e5" * 32
@@ -31,7 +31,7 @@ def kith():
     runner = CliRunner()
 
     def run(home: Path, *args: str):
-        return runner.invoke(cli_main.app, ["--home", str(home), *args], env={"COLUMNS": "250"})
+        return runner.invoke(cli_main.app, ["--home", str(initialized(home)), *args], env={"COLUMNS": "250"})
 
     return run
 
@@ -243,7 +243,10 @@ def test_approvals_cli(kith, tmp_path: Path) -> None:
 def test_policy_for_override_cli(kith, tmp_path: Path) -> None:
     assert kith(tmp_path, "policy", "set", "/docs/**", "private").exit_code == 0
     r = kith(tmp_path, "policy", "set", "/docs/**", "public", "--for", "alice", "--json")
-    assert json.loads(r.stdout) == {"glob": "/docs/**", "tier": "public", "peers": [], "for": "alice"}
+    out = json.loads(r.stdout)
+    assert {k: out[k] for k in ("glob", "tier", "peers", "for")} == {"glob": "/docs/**", "tier": "public",
+                                                                     "peers": [], "for": "alice"}
+    assert (out["matches"], out["decides"]) == (0, 0)  # nothing indexed in this home
     r = kith(tmp_path, "policy", "explain", "/docs/a.md", "--peer", "alice", "--json")
     assert json.loads(r.stdout) == {"canonical": "/docs/a.md", "tier": "public", "allowed": True,
                                     "matched": "/docs/**", "override": "alice"}

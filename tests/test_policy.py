@@ -140,6 +140,12 @@ def test_set_replaces_in_place_and_unset_removes(tmp_path: Path) -> None:
     ("//srv/**", "//srv/share/x", True),
     ("C:\\secrets\\**", "/C:/secrets/k.pem", True),    # drive form canonicalized like sources
     ("/docs/a.b", "/docs/aXb", False),                 # regex metacharacters are literal
+    ("/docs", "/docs/a/b.md", True),                   # no wildcard: the folder and below (issue 20)
+    ("/docs/", "/docs/a.md", True),
+    ("/docs", "/docs", True),
+    ("/docs", "/docsx/a.md", False),
+    ("//srv/share", "//srv/share/x", True),
+    ("/docs/a.md", "/docs/a.md", True),
     ("/docs/[ab].md", "/docs/[ab].md", True),          # no classes: [ is literal
     ("/docs/(x)+", "/docs/(x)+", True),
     ("/docs/caf\u0065\u0301.md", "/docs/caf\u00e9.md", True),  # NFC on both sides
@@ -187,6 +193,8 @@ def _reference_regex(canon: str) -> re.Pattern[str]:
         else:
             out += "/" + "".join("[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c)
                                  for c in seg)
+    if "*" not in canon and "?" not in canon:
+        out += "(?:/[^/]+)*"  # no wildcard: that folder or file and everything below it
     return re.compile(out, re.DOTALL)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import initialized
 from node.cli import main as cli_main
 
 KITH = Path(sys.executable).with_name("kith")
@@ -22,7 +23,7 @@ def kith():
     runner = CliRunner()
 
     def run(home: Path, *args: str):
-        return runner.invoke(cli_main.app, ["--home", str(home), "policy", *args])
+        return runner.invoke(cli_main.app, ["--home", str(initialized(home)), "policy", *args])
 
     return run
 
@@ -36,7 +37,10 @@ def test_set_list_explain_unset_round_trip(kith, tmp_path: Path) -> None:
     assert kith(tmp_path, "set", "/docs/**", "public").exit_code == 0
     out = _json(kith(tmp_path, "set", "/docs/team/**", "peers", "--peer", "alice",
                      "--peer", "bob", "--json"))
-    assert out == {"glob": "/docs/team/**", "tier": "peers", "peers": ["alice", "bob"]}
+    assert out == {"glob": "/docs/team/**", "tier": "peers", "peers": ["alice", "bob"], "matches": 0,
+                   "decides": 0, "decidedElsewhere": [], "suggestions": [],
+                   "warning": "/docs/team/** matches no indexed source: nothing is indexed yet "
+                              "(kith index add PATH, then kith index sync); the rule is kept"}
     policy_file = tmp_path / "policy.toml"
     assert stat.S_IMODE(policy_file.stat().st_mode) == 0o600
 
@@ -77,6 +81,7 @@ def test_usage_errors(kith, tmp_path: Path) -> None:
 
 
 def _kith(*args: str) -> subprocess.CompletedProcess[str]:
+    initialized(Path(args[1]))  # args: --home DIR ...
     return subprocess.run([str(KITH), *args], capture_output=True, text=True, timeout=60)
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import initialized
 from node.cli import main as cli_main
 from node.cli.common import _UntrustedConsole
 from node.answer.envelope import empty_envelope
@@ -59,7 +60,7 @@ def cli():
     runner = CliRunner()
 
     def run(home: Path, *args: str, env: dict[str, str] | None = None):
-        return runner.invoke(cli_main.app, ["--home", str(home), *args], env={"COLUMNS": "300", **(env or {})})
+        return runner.invoke(cli_main.app, ["--home", str(initialized(home)), *args], env={"COLUMNS": "300", **(env or {})})
 
     return run
 

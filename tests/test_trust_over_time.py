@@ -24,13 +24,14 @@ from node.runtime.sessions import SessionTable
 from node.trust.pairing import pairing_code, wordlist
 from node.trust.peers import PEERS_FILE, REGISTRY_VERSION, PeerRegistry
 
-from conftest import new_identity
+from conftest import initialized, new_identity
 
 KITH = [sys.executable, "-m", "node.cli.main"]
 A, B, C = (new_identity().public_key for _ in range(3))
 
 
 def kith(home: Path, *args: str) -> subprocess.CompletedProcess:
+    initialized(home)  # every command but init refuses an uninitialised home (issue 20)
     return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)
 

@@ -44,7 +44,9 @@ def render(env: dict[str, Any]) -> None:
     width = console.width if console.is_terminal else None
     for text in format_lines(lines, width):
         console.print(text, highlight=False, markup=False, soft_wrap=True)
-    if any(r["untrusted"] for r in results):
+    if any(r["untrusted"] for r in results) and not console.is_terminal:
+        # the notice speaks to an agent reading the output (it names the JSON field); a
+        # person at a terminal sees who said what from the [peer] attributions (issue 20)
         console.print(env["notice"], highlight=False, markup=False, style="dim")
     table = Table("peer", "status", "detail", "latency", "results", box=None, header_style="bold")
     for p in env["peers"]:

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import typer
 
 from node.cli.common import untrusted_console as console, emit_json, home_of
-from node.cli.community_cmd import SERVER_HELP, run_client
+from node.cli.community_cmd import SERVER_HELP, run_client, server_url_of
 
 
 def browse_cmd(
@@ -64,7 +64,7 @@ def feedback_cmd(
     async def call(client: Any) -> Any:
         return await client.submit_feedback(session_id, rating, comment)
 
-    result = run_client(server, home_of(ctx), call, signed=True)
+    result = run_client(server_url_of(server), home_of(ctx), call, signed=True)  # no-server first
     if json_out:
         emit_json(result)
     else:

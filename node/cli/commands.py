@@ -11,7 +11,8 @@ from typing import Any, Optional
 import anyio
 import typer
 
-from node.cli.common import console, emit_json, err_console, home_of, identity_home_of, safe_text, warn
+from node.cli.common import (console, emit_json, err_console, home_if_any, identity_home_of, new_home_of,
+                             safe_text, warn)
 from node.cli.render import CONNECTING_NOTICE_S, Waiting, print_answer
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import CODES, InvitationError, KithError, SessionAborted, SpecError, UsageError, error_for
@@ -27,7 +28,7 @@ def init_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", 
     """
     from node.trust.identity import init_identity
 
-    home = home_of(ctx)
+    home = new_home_of(ctx)  # one of the two commands that create a home
     ident, created = init_identity(home)
     if json_out:
         emit_json({"public_key": ident.public_key, "fingerprint": ident.fingerprint, "created": created,
@@ -40,16 +41,19 @@ def init_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", 
 
 
 # ----------------------------------------------------------------------------- host
-def _redacted_log_handler(home: Path) -> None:
+def _redacted_log_handler(home: Path, server: str | None = None) -> None:
     """Show the node's warnings on stderr with real paths, keys, hosts and URL query
-    strings redacted (issue 5 rule 7: host logs are often pasted to others)."""
+    strings redacted (issue 5 rule 7: host logs are often pasted to others) — but the
+    community server URL the owner gave (``server``) as typed (issue 20: no placeholders)."""
     import logging
 
     from node.policy.redact import RedactingFilter
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING)
-    handler.addFilter(RedactingFilter([str(home)]))
+    from node.community.client import _display_url  # the URL as the client prints it
+
+    handler.addFilter(RedactingFilter([str(home)], keep=[_display_url(server.rstrip("/"))] if server else []))
     logging.getLogger("kith").addHandler(handler)
 
 
@@ -81,7 +85,7 @@ def host_cmd(
     if invite_file is not None and not invite_file.resolve().parent.is_dir():
         raise UsageError("usage", f"--invite-file: the folder {invite_file.parent} does not exist")
     home = identity_home_of(ctx)
-    _redacted_log_handler(home)
+    _redacted_log_handler(home, server)
     opts = HostOptions(protocol=protocol, server_url=server, invite_file=invite_file, local=local, ttl_s=ttl,
                        message=message, tags=list(tag), peers_only=peers_only, post_max_sessions=max_sessions)
     opts.share_ui = share_ui
@@ -496,7 +500,7 @@ def protocol_test_cmd(
     from node.devtools.harness import run_protocol_test
     from node.protocol.spec import resolve_protocol_dir
 
-    directory = resolve_protocol_dir(target, home_of(ctx))
+    directory = resolve_protocol_dir(target, home_if_any(ctx))
 
     report = anyio.run(run_protocol_test, directory, backend="asyncio")
     adv = None
@@ -533,7 +537,7 @@ def protocol_id_cmd(
     """Print a protocol's name, version and protocol_id (SHA-256 of its canonical spec)."""
     from node.protocol.spec import load_spec, resolve_protocol_dir
 
-    spec = load_spec(resolve_protocol_dir(target, home_of(ctx)))
+    spec = load_spec(resolve_protocol_dir(target, home_if_any(ctx)))
     if json_out:
         emit_json({"name": spec.name, "version": spec.version, "protocol_id": spec.protocol_id})
     else:

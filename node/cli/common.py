@@ -19,7 +19,7 @@ from rich.console import Console, ConsoleDimensions
 from rich.segment import Segment
 from rich.text import Text
 
-from node.common.home import resolve_home
+from node.common.home import create_home, home_initialized, require_home, resolve_home
 
 #: Width a console lays out to when its stream is not a terminal: long lines (a `kith
 #: join ...` command to copy, a table row) must not be cut at 80 columns in a pipe or file.
@@ -125,14 +125,12 @@ class CliState:
 
     home_arg: str | None = None
     debug: bool = False
-    _home: Path | None = None
 
     @property
-    def home(self) -> Path:
-        """The resolved node home (created on first use)."""
-        if self._home is None:
-            self._home = resolve_home(self.home_arg)
-        return self._home
+    def home_path(self) -> Path:
+        """The node home's path as given (``--home``, ``$KITH_HOME`` or the default),
+        neither checked nor created."""
+        return resolve_home(self.home_arg)
 
 
 def state_of(ctx: typer.Context) -> CliState:
@@ -143,29 +141,43 @@ def state_of(ctx: typer.Context) -> CliState:
     return root.obj
 
 
-def home_of(ctx: typer.Context) -> Path:
-    """Return the node home for this invocation (``--home``, ``$KITH_HOME`` or default)."""
-    return state_of(ctx).home
+def home_of(ctx: typer.Context, *, server: bool = False) -> Path:
+    """The node home of this invocation (``--home``, ``$KITH_HOME`` or the default), which
+    must be an initialised home: the one check every command but ``init`` and ``community
+    serve`` (:func:`new_home_of`) passes. Nothing is created, so a typo in ``--home``
+    is refused instead of becoming a new, empty home (issue 20).
 
-
-def identity_home_of(ctx: typer.Context) -> Path:
-    """The node home of a command that needs this node's identity (``host``, ``join``,
-    ``mcp``, signed community calls): never created here — a home without
-    ``identity.key`` (a typo in ``--home``, a fresh ``$KITH_HOME``) is refused instead of
-    becoming a new, empty node (issue 12). ``init`` and ``community serve`` create theirs.
+    Args:
+        server: accept a home ``kith community serve`` made (``community migrate``,
+            ``backup``) as well as one ``kith init`` made.
 
     Raises:
-        ConfigError: ``home-not-initialized``, with the ``kith --home DIR init`` hint.
+        ConfigError: ``home-not-a-folder`` (the path is a file), ``home-not-initialized``
+            (no such home yet; the ``kith --home DIR init`` hint).
     """
-    from node.common.errors import ConfigError
-    from node.trust.identity import init_hint, key_path
+    return require_home(state_of(ctx).home_path, server=server)
 
-    st = state_of(ctx)
-    home = st._home or resolve_home(st.home_arg, create=False)
-    if not key_path(home).is_file():
-        raise ConfigError("home-not-initialized", f"The Kith home {home} has no identity yet.",
-                          hint=init_hint(home))
-    return home
+
+#: The same check: every command that reads the home needs an initialised one.
+identity_home_of = home_of
+
+
+def new_home_of(ctx: typer.Context) -> Path:
+    """The node home, created (0700) when missing: ``kith init`` and ``kith community
+    serve`` only.
+
+    Raises:
+        ConfigError: ``home-not-a-folder`` when the path is a file.
+    """
+    return create_home(state_of(ctx).home_path)
+
+
+def home_if_any(ctx: typer.Context) -> Path | None:
+    """The node home when it is an initialised one, else None — for a command that works
+    without a home and only looks in it when there is one (``kith protocol test|id NAME``
+    finds protocols in ``<home>/protocols``, then the bundled ones)."""
+    home = state_of(ctx).home_path
+    return home if home.is_dir() and home_initialized(home) else None
 
 
 def emit_json(obj: Any) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Optional, TypeVar
 import anyio
 import typer
 
-from node.cli.common import emit_json, err_console, home_of, identity_home_of
+from node.cli.common import emit_json, err_console, home_if_any, home_of, identity_home_of, new_home_of
 from node.cli.common import untrusted_console as console
 from node.common.errors import CommunityError, ConfigError, UsageError
 from node.community.defaults import DEFAULT_LEASE_TTL_S, DEFAULT_PORT
@@ -79,14 +79,19 @@ def run_client(server: str | None, home: Path | None,
 
 
 # ----------------------------------------------------------------------------- serve
-DATABASE_HELP = ("postgresql://user:pass@host:5432/db (needs kith-node[postgres]) or "
+DATABASE_HELP = ("postgresql://user:pass@host:5432/db (needs the postgres extra: scripts/setup --postgres) or "
                  "sqlite:///ABS/PATH. Default: SQLite in <home>/community/.")
 #: First and largest pause between attempts to reach a database that is down, in seconds.
 RETRY_FIRST_S, RETRY_MAX_S = 0.5, 8.0
 
 
-def _database_of(ctx: typer.Context, database_url: str | None) -> Path | str:
-    return database_url if database_url else default_db_path(home_of(ctx))
+def _database_of(ctx: typer.Context, database_url: str | None, *, create: bool = False) -> Path | str:
+    """``--database-url`` when given (the home is then not touched), else the SQLite file
+    in the home: created with it by ``serve`` (``create``), which ``migrate``/``backup``
+    require to exist (``home-not-initialized`` otherwise, issue 20)."""
+    if database_url:
+        return database_url
+    return default_db_path(new_home_of(ctx) if create else home_of(ctx, server=True))
 
 
 def open_store_retrying(database: Path | str, *, wait_s: float, migrate: bool = False,
@@ -175,7 +180,7 @@ def serve(
     proxies = parse_trust_proxy(trust_proxy)
     if access_log:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-    database = _database_of(ctx, database_url)
+    database = _database_of(ctx, database_url, create=True)
     limits = RateLimits(per_key=RateLimit(key_rate, key_burst),
                         per_address=RateLimit(address_rate, address_burst))
     store = open_store_retrying(database, wait_s=database_wait, pool_size=pool_size)
@@ -295,7 +300,7 @@ def identity_cmd(
 
 
 # ----------------------------------------------------------------------------- protocols
-def _spec_of(target: str, home: Path) -> dict[str, Any]:
+def _spec_of(target: str, home: Path | None) -> dict[str, Any]:
     from node.protocol.spec import load_spec, resolve_protocol_dir
 
     return load_spec(resolve_protocol_dir(target, home)).raw
@@ -309,7 +314,7 @@ def publish_protocol_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the published record as JSON."),
 ) -> None:
     """Publish a protocol's spec.json by content; anyone can fetch it by protocol_id."""
-    spec = _spec_of(target, home_of(ctx))
+    spec = _spec_of(target, home_if_any(ctx))
     record = run_client(server, identity_home_of(ctx), lambda c: c.publish_protocol(spec), signed=True)
     if json_out:
         emit_json({k: v for k, v in record.items() if k != "spec"})

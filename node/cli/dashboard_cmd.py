@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from node.cli.common import emit_json, err_console, identity_home_of
+from node.cli.common import console, emit_json, err_console, identity_home_of
 
 
 def dashboard_cmd(
@@ -14,6 +14,7 @@ def dashboard_cmd(
     port: int = typer.Option(8766, "--port", min=0, max=65535, help="TCP port (0 picks a free one)."),
     open_browser: bool = typer.Option(False, "--open", help="Open the login URL in the default browser."),
     json_out: bool = typer.Option(False, "--json", help='Print {"url", "login"} on stdout once listening.'),
+    login_link: bool = typer.Option(False, "--login-link", help="Print a new one-time login URL for the dashboard already running on this home (the old one stops working) and exit."),
 ) -> None:
     """Serve the owner's dashboard on loopback until Ctrl-C: overview, roots, policy, peers,
     live sessions, approvals and a search "as a peer sees it". Prints a login URL that
@@ -24,6 +25,17 @@ def dashboard_cmd(
     check_host(host)
     # a typo in --home must not serve (and create) an empty node (issue 12, item 7)
     home = identity_home_of(ctx)
+    if login_link:
+        from node.local.dashboard.app import new_login_link
+
+        link = new_login_link(home)
+        if json_out:
+            emit_json({"login": link})
+        else:
+            err_console.print("a new one-time login URL (the earlier one no longer works):",
+                              highlight=False, markup=False)
+            console.print(link, highlight=False, markup=False, soft_wrap=True)
+        return
 
     def listening(base: str, login: str) -> None:
         err_console.print(f"kith dashboard on {base} (Ctrl-C to stop); open once to log in:",

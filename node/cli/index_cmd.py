@@ -225,6 +225,27 @@ def embed_cmd(
         console.print(_embed_summary(rep), highlight=False, markup=False, soft_wrap=True)
 
 
+#: What each reason a sync skips a file for means, for a person (issue 20).
+SKIP_REASONS = {"unchanged": "unchanged", "unsupported-type": "of a type kith does not read",
+                "new-ignored": "new, not added by --mode update_only", "kith-home": "a Kith home folder"}
+
+
+def _skipped_text(report: dict[str, Any]) -> str:
+    """``skipped 3 (2 unchanged, 1 of a type kith does not read)``: the count and why."""
+    reasons = {k: v for k, v in (report.get("skippedReasons") or {}).items() if v}
+    why = ", ".join(f"{n} {SKIP_REASONS.get(k, k)}" for k, n in sorted(reasons.items()))
+    return f"skipped {report['skipped']}" + (f" ({why})" if why else "")
+
+
+def skipped_lines(entries: list[dict[str, Any]], limit: int = 20) -> list[str]:
+    """One line per source a sync did not index for a reason other than ``unchanged``:
+    ``  skipped /kb/blob.bin: of a type kith does not read``; at most ``limit``."""
+    out = [f"  skipped {e['source']}: {SKIP_REASONS.get(e['reason'], e['reason'])}" for e in entries[:limit]]
+    if len(entries) > limit:
+        out.append(f"  (and {len(entries) - limit} more skipped; --json lists them)")
+    return out
+
+
 def _summary(report: dict[str, Any]) -> str:
     arch = report.get("archives") or {}
     extra = (f", archives {arch.get('indexed', 0)} indexed / {arch.get('refused', 0)} refused"
@@ -233,8 +254,8 @@ def _summary(report: dict[str, Any]) -> str:
     if ign:
         extra += (f", not read {sum(ign.values())} ("
                   + ", ".join(f"{n} {why}" for why, n in sorted(ign.items())) + ")")
-    return (f"indexed {report['indexed']}, updated {report['updated']}, skipped "
-            f"{report['skipped']}, removed {report['removed']}, failed {report['failed']}, "
+    return (f"indexed {report['indexed']}, updated {report['updated']}, {_skipped_text(report)}, "
+            f"removed {report['removed']}, failed {report['failed']}, "
             f"empty {report['empty']}{extra}; {report['chunks']} chunks written "
             f"in {report['seconds']:.2f} s")
 
@@ -318,6 +339,8 @@ def _sync(ctx: typer.Context, mode: SyncMode, json_out: bool) -> None:
         return
     console.print(_summary(report) + f" ({report['files']} files, {report['bytes']:,} bytes read)",
                   highlight=False, soft_wrap=True)
+    for line in skipped_lines([*report.get("skippedSources", []), *report.get("skippedFolders", [])]):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     _print_errors(report)
 
 
@@ -365,6 +388,8 @@ def status_cmd(
     for s in st["processingDocuments"]:
         console.print(f"  processing {s} (interrupted; the next sync redoes it)",
                       highlight=False, markup=False, soft_wrap=True)
+    for line in skipped_lines(st.get("skippedSources") or []):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 @index_app.command("import")

@@ -12,6 +12,7 @@ from rich.table import Table
 from node.cli.common import err_console, safe_text, untrusted_console as console, emit_json, home_of
 from node.corpus.types import Root
 from node.common.errors import KithError, UsageError
+from node.policy.coverage import MAX_LISTED, check_policy, indexed_sources, rule_coverage, rule_label
 from node.policy.store import (ANONYMOUS_SHARED_FACTOR, MIN_MESSAGE_BYTES, Decision, Policy, Quota, Rule,
                                check_peer_names)
 
@@ -101,16 +102,58 @@ def set_cmd(
         raise UsageError("usage", "--peer is only allowed with tier 'peers'")
     check_peer_names([for_peer] if for_peer is not None else [], "--for name")
     check_peer_names(peers, "--peer name")
-    policy = Policy.load(home_of(ctx))
+    home = home_of(ctx)
+    policy = Policy.load(home)
     rule = policy.set(glob, tier.value, peers or None, for_peer=for_peer)
-    policy.save()
+    policy.save()  # every refusal is raised above: a refused set leaves policy.toml as it was
+    sources = indexed_sources(home)
+    cov = rule_coverage(policy, rule, sources)
+    warning = cov.warning(len(sources))
     if as_json:
-        emit_json(_rule_dict(rule))
+        emit_json({**_rule_dict(rule), **{k: v for k, v in cov.to_dict().items() if k not in ("glob", "tier", "for")},
+                   "warning": warning})
     else:
         extra = f" (peers: {', '.join(rule.peers)})" if rule.peers else ""
         extra += f" (override for {rule.peer})" if rule.peer else ""
         console.print(f"{rule.glob} → {rule.tier}{extra}", highlight=False, markup=False)
+        if cov.matched:
+            console.print("\n".join(f"  {line}" for line in cov.lines()), highlight=False, markup=False,
+                          soft_wrap=True)
+    if warning:
+        _warn(warning)
     _note(LIVE_NOTE)
+
+
+@policy_app.command("check")
+def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
+    """List the rules that match no indexed source (typos) and the indexed sources no rule
+    decides (private by default), with how many sources each rule decides."""
+    home = home_of(ctx)
+    policy = Policy.load(home)
+    sources = indexed_sources(home)
+    report = check_policy(policy, sources)
+    if as_json:
+        emit_json(report.to_dict())
+        return
+    lines = [f"{report.sources} indexed source(s), {len(report.rules)} rule(s)"]
+    for cov in report.rules:
+        lines.append(f"  {rule_label(cov.rule)}: matches {len(cov.matched)}, decides {len(cov.decided)}")
+        lines += [f"    {line}" for line in cov.lines()[1:]]
+    if report.unmatched:
+        lines.append("rules that match no indexed source:")
+        for cov in report.unmatched:
+            hint = f"  (did you mean {' or '.join(cov.suggestions)}?)" if cov.suggestions else ""
+            lines.append(f"  {rule_label(cov.rule)}{hint}")
+    else:
+        lines.append("every rule matches at least one indexed source")
+    if report.undecided:
+        lines.append(f"sources no rule decides ({len(report.undecided)}; private by default):")
+        lines += [f"  {sid}" for sid in report.undecided[:MAX_LISTED]]
+        if len(report.undecided) > MAX_LISTED:
+            lines.append(f"  (and {len(report.undecided) - MAX_LISTED} more; --json lists the first {MAX_LISTED})")
+    else:
+        lines.append("every indexed source is decided by a rule")
+    console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)
 
 
 @policy_app.command("unset")

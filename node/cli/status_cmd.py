@@ -90,7 +90,7 @@ def _session_lines(sessions: list[dict[str, Any]]) -> list[str]:
         line = (f"  {ids[s['id']]}  {_peer(s)}  {s['tier']}  since {s['since']}  queries {s['queries']} "
                 f"({statuses})  quota left {left}")
         if s.get("safetyCode"):
-            line += f"  safety code {s['safetyCode']}"
+            line += f"  pairing code {s['safetyCode']}"
         out.append(line)
     return out
 

@@ -10,18 +10,79 @@ from typing import Any
 import platformdirs
 
 
-def resolve_home(explicit: str | os.PathLike[str] | None = None, *, create: bool = True) -> Path:
-    """Return the node home directory (created with mode 0700 if missing, unless
-    ``create`` is False).
+#: The file ``kith init`` writes: a folder holding it is an initialised node home.
+IDENTITY_FILE = "identity.key"
+#: The folder ``kith community serve`` keeps its default SQLite database in: a folder
+#: holding it is an initialised community-server home.
+COMMUNITY_DIR = "community"
+
+
+def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The node home's path, absolute and user-expanded; nothing is created or checked
+    (see :func:`require_home` and :func:`create_home`).
 
     Order: ``explicit`` (the ``--home`` option), then ``$KITH_HOME``, then
     ``platformdirs.user_data_dir("kith")``.
     """
     raw = explicit or os.environ.get("KITH_HOME") or platformdirs.user_data_dir("kith")
-    home = Path(raw).expanduser().resolve()
-    if create:
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return Path(raw).expanduser().resolve()
+
+
+def _not_a_folder(home: Path) -> Any:
+    from node.common.errors import ConfigError
+
+    return ConfigError("home-not-a-folder", f"The Kith home {home} is a file, not a folder.",
+                       hint="give --home (or $KITH_HOME) the path of a folder")
+
+
+def create_home(home: Path) -> Path:
+    """Create the home folder (mode 0700, parents as needed) if missing — only
+    ``kith init`` and ``kith community serve`` do this (issue 20).
+
+    Raises:
+        ConfigError: ``home-not-a-folder`` when ``home`` exists and is not a folder.
+    """
+    if home.exists() and not home.is_dir():
+        raise _not_a_folder(home)
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
     return home
+
+
+def home_initialized(home: Path, *, server: bool = False) -> bool:
+    """Whether ``home`` is a folder ``kith init`` initialised (it holds
+    :data:`IDENTITY_FILE`) — or, with ``server``, one ``kith community serve`` made (it
+    holds :data:`COMMUNITY_DIR`) or ``init`` did."""
+    if (home / IDENTITY_FILE).is_file():
+        return True
+    return server and (home / COMMUNITY_DIR).is_dir()
+
+
+def require_home(home: Path, *, server: bool = False) -> Path:
+    """Check that ``home`` is an initialised home (:func:`home_initialized`); nothing is
+    created either way, so a typo in ``--home`` is refused instead of becoming a new,
+    empty home (issue 20).
+
+    Raises:
+        ConfigError: ``home-not-a-folder`` when ``home`` is a file (or anything but a
+            folder); ``home-not-initialized`` naming ``home`` otherwise, with the
+            ``kith --home DIR init`` hint (``community serve`` for a server home).
+    """
+    from node.common.errors import ConfigError
+
+    if home.exists() and not home.is_dir():
+        raise _not_a_folder(home)
+    if home_initialized(home, server=server):
+        return home
+    what = "is not a Kith home yet" if not home.exists() else "has no identity yet"
+    raise ConfigError("home-not-initialized", f"The Kith home {home} {what}.",
+                      hint=init_hint(home, server=server))
+
+
+def init_hint(home: Path, *, server: bool = False) -> str:
+    """The advice for a path that is not an initialised home: create one there (``kith
+    init``; ``kith community serve`` for a server home), or fix the path."""
+    made_by = f"kith --home {home} community serve" if server else f"kith --home {home} init"
+    return f"run `{made_by}` to create one there, or check --home / $KITH_HOME for a typo"
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:

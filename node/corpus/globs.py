@@ -3,6 +3,10 @@ egress policy's rules and the search request's ``sources`` filter.
 
 * ``*`` and ``?`` never cross ``/``; ``**`` (a whole segment) matches zero or more whole
   segments; every other character is literal (no ``[...]`` classes, no escapes).
+* A glob without any wildcard (``*``, ``?``) names a folder or file *and everything below
+  it*: ``/odd`` (and ``/odd/``, the same canonical glob) matches ``/odd`` and
+  ``/odd/x/y.txt`` — for policy rules of every tier and the search filter alike (issue 20:
+  a folder rule must never silently cover nothing under the folder).
 * Matching is linear in the id and glob sizes (no backtracking regex a peer could make
   explode with ``*?*?*?...``).
 """
@@ -123,11 +127,13 @@ class GlobMatcher:
     (``//...``) matches only UNC ids and vice versa.
     """
 
-    __slots__ = ("glob", "_unc", "_groups", "_head", "_tail")
+    __slots__ = ("glob", "_unc", "_groups", "_head", "_tail", "_plain")
 
     def __init__(self, canon: str) -> None:
         self.glob = canon
         self._unc = canon.startswith("//")
+        #: no wildcard: the id itself and every id below it (a folder rule)
+        self._plain = "*" not in canon and "?" not in canon
         # cheap necessary conditions: the literal text before the first wildcard (up to its
         # last "/", which a zero-segment "**" may drop) and after the last wildcard
         first = min((i for i in (canon.find("*"), canon.find("?")) if i >= 0), default=len(canon))
@@ -147,7 +153,10 @@ class GlobMatcher:
         return all(g.match(segments[at + j]) for j, g in enumerate(group))
 
     def match(self, canonical: str) -> bool:
-        """Whether canonical source id ``canonical`` matches the glob."""
+        """Whether canonical source id ``canonical`` matches the glob (a glob without
+        wildcards: ``canonical`` is the glob or lies below it)."""
+        if self._plain:
+            return canonical == self.glob or canonical.startswith(self.glob + "/")
         if (canonical.startswith("//") != self._unc or not canonical.startswith(self._head)
                 or not canonical.endswith(self._tail)):
             return False

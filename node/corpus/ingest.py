@@ -320,6 +320,10 @@ def source_id_of(prefix: str, rel: str) -> str:
     return unicodedata.normalize("NFC", f"/{prefix}/{rel}" if rel else f"/{prefix}")
 
 
+#: Files a sync lists by name as skipped (not unchanged) at most.
+MAX_SKIPPED_LISTED = 1000
+
+
 def file_ref(root: Root, rel: str, origin: str = "file") -> DocRef:
     """The :class:`DocRef` of a file (or archive) at ``rel`` in ``root``."""
     return DocRef(source_id_of(root.prefix, rel), root.prefix, rel, origin, root.chunker,
@@ -344,6 +348,7 @@ class Writer:
             "indexed": 0, "updated": 0, "skipped": 0, "removed": 0, "failed": 0,
             "empty": 0, "chunks": 0, "files": 0, "bytes": 0, "errors": [],
             "skippedReasons": {"unchanged": 0, "unsupported-type": 0, "new-ignored": 0},
+            "skippedSources": [],
             "archives": {"indexed": 0, "refused": 0},
         }
         self.pending_chunks = 0
@@ -427,9 +432,15 @@ class Writer:
         return self.db.execute(f"SELECT {_ROW_COLUMNS} FROM documents WHERE source_id=?",
                                (source_id,)).fetchone()
 
-    def skip(self, reason: str) -> None:
+    def skip(self, reason: str, source: str | None = None) -> None:
+        """Count a file not indexed; one that is not merely ``unchanged`` is also listed
+        in ``skippedSources`` (at most :data:`MAX_SKIPPED_LISTED`), so `kith index sync`
+        and `kith index status` can say which (issue 20)."""
         self.report["skipped"] += 1
         self.report["skippedReasons"][reason] = self.report["skippedReasons"].get(reason, 0) + 1
+        listed = self.report.setdefault("skippedSources", [])
+        if source is not None and reason != "unchanged" and len(listed) < MAX_SKIPPED_LISTED:
+            listed.append({"source": source, "reason": reason})
 
     def fail(self, doc: DocRef, size: int | None, mtime_ns: int | None, code: str, message: str,
              *, content_hash: str | None, empty: bool = False, reason: str | None = None,
@@ -670,7 +681,7 @@ class Sync(Writer):
         akind = archives.archive_kind(rel.rsplit("/", 1)[-1])
         doc = file_ref(root, rel, "archive" if akind else "file")
         if row is None and self.mode == "update_only":
-            self.skip("new-ignored")
+            self.skip("new-ignored", doc.source_id)
             return
         try:
             st = os.stat(real)
@@ -690,7 +701,7 @@ class Sync(Writer):
             return
         kind = parsers.kind_for(rel.rsplit("/", 1)[-1])
         if kind is None:
-            self.skip("unsupported-type")
+            self.skip("unsupported-type", doc.source_id)
             return
         if st.st_size > parsers.size_limit(kind):
             self.fail(doc, st.st_size, st.st_mtime_ns, "too-large",
@@ -750,7 +761,7 @@ class Sync(Writer):
             name = info.path.rsplit("/", 1)[-1]
             kind = parsers.kind_for(name)
             if hidden(info.path) or kind is None or archives.archive_kind(name):
-                self.skip("unsupported-type")
+                self.skip("unsupported-type", f"{doc.source_id}/{info.path}")
                 continue
             wanted[info.path] = (info, kind)
         old = {r["rel_path"]: r for r in self.db.execute(

@@ -431,6 +431,18 @@ class Corpus:
             return [Root(prefix=r[0], path=r[1], chunker=r[2], chunk_size=r[3],
                          chunk_overlap=r[4]) for r in rows]
 
+    def source_ids(self) -> list[str]:
+        """The canonical source id of every document in the record (any status; archive
+        members included), sorted — what ``kith policy set|check`` measure a rule against.
+        ``[]`` when there is no corpus yet."""
+        with self._lock:
+            if self._db is None:
+                return []
+            try:
+                return [r[0] for r in self._db.execute("SELECT source_id FROM documents ORDER BY source_id")]
+            except sqlite3.OperationalError:
+                return []
+
     # -- the writer -----------------------------------------------------------------------
     def _owner_text(self) -> str:
         return lock_owner(self.lock_path)
@@ -580,7 +592,9 @@ class Corpus:
         Returns:
             ``{"mode", "indexed", "updated", "skipped", "removed", "failed", "empty",
             "chunks", "files", "bytes": int, "skippedReasons": {reason: int},
-            "skippedFolders": [{"source", "reason": "kith-home"}],
+            "skippedFolders": [{"source", "reason": "kith-home"}], "skippedSources":
+            [{"source", "reason"}] (files not indexed for a reason other than ``unchanged``:
+            ``unsupported-type``, ``new-ignored``; kept for :meth:`status_report`),
             "archives": {"indexed", "refused"}, "errors": [{"source", "code", "message"
             [, "reason"]}], "seconds": float}``. ``failed`` files and ``empty`` ones
             have an ``error`` tracking row; neither stops the batch. Folders that are a
@@ -595,7 +609,11 @@ class Corpus:
             raise CorpusError("sync-mode-invalid",
                               f"The sync mode must be one of {', '.join(ingest.MODES)}.")
         with self._lock, self._writing():
-            return ingest.run_sync(self, progress, mode, self.archive_limits, timings)
+            report = ingest.run_sync(self, progress, mode, self.archive_limits, timings)
+            # what the last sync did not index, and why: `kith index status` lists it
+            skipped = [*report.get("skippedSources", []), *report.get("skippedFolders", [])]
+            self._set_meta("last_sync_skipped", json.dumps(skipped[:ingest.MAX_SKIPPED_LISTED]))
+            return report
 
     def sync_paths(self, paths: Iterable[str | Path]) -> dict[str, Any]:
         """Sync only the given absolute paths (the watcher's debounced batch): changed
@@ -1038,13 +1056,15 @@ class Corpus:
             ``"processingDocuments": [source]``, ``"readNotes": [{"source", "encoding",
             "fallback", "decoder", "confidence", ...}]`` (documents not read as clean
             UTF-8, or whose front matter was read or ignored: the decoder's choice and
-            confidence and the other :attr:`node.corpus.parsers.ParsedDocument.notes`).
-            Never raises for a missing corpus.
+            confidence and the other :attr:`node.corpus.parsers.ParsedDocument.notes`),
+            ``"skippedSources": [{"source", "reason"}]`` (what the last full sync did not
+            index and why: ``unsupported-type``, ``new-ignored``, ``kith-home``). Never
+            raises for a missing corpus.
         """
         out = self.stats()
         out.update(byStatus={"processing": 0, "done": 0, "error": 0}, rootList=[],
                    datasources=[], failedDocuments=[], staleDocuments=[],
-                   processingDocuments=[], readNotes=[])
+                   processingDocuments=[], readNotes=[], skippedSources=[])
         with self._lock:
             db = self._db
             if db is None:
@@ -1103,6 +1123,10 @@ class Corpus:
                         "documents WHERE status='done' AND (encoding_fallback=1 OR "
                         "parse_notes LIKE '%frontMatter%') ORDER BY source_id LIMIT ?",
                         (max_listed,))]
+                try:
+                    out["skippedSources"] = json.loads(self._get_meta("last_sync_skipped") or "[]")[:max_listed]
+                except ValueError:
+                    out["skippedSources"] = []
             except sqlite3.OperationalError:
                 return out
         return out

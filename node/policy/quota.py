@@ -4,7 +4,10 @@ Each peer (by public key) has a bucket of ``burst`` tokens refilled at
 ``queries_per_hour / 3600`` tokens per second; a query takes one token. Anonymous peers
 (not in the registry) additionally draw from one shared bucket
 (:meth:`node.policy.store.Policy.anonymous_quota`), so rotating keys does not multiply
-a quota. Over quota → the answer is ``rate-limited`` with ``retry_after_s`` (whole
+a quota. That pool is shared fairly (:class:`_FairShare`): a key that has drawn more from
+it recently than another anonymous key may not take the tokens that other key (or a
+newcomer) still needs, so one stranger with many keys cannot starve every other anonymous
+guest (issue 20, specs/policy.md §6). Over quota → the answer is ``rate-limited`` with ``retry_after_s`` (whole
 seconds until a token is back).
 
 The host's limiter (:meth:`RateLimiter.persistent`) also keeps its buckets in
@@ -16,6 +19,7 @@ token taken after it) and on close: a host killed outright loses at most that mu
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -78,6 +82,79 @@ class QuotaStore:
         self._db.close()
 
 
+#: Time constant (s) of the anonymous keys' recent use of the shared pool (an
+#: exponentially decaying count of the tokens each took) and how long a key that asked
+#: stays among the keys the pool is shared by.
+FAIR_WINDOW_S = 300.0
+#: Keys tracked for the fair share at most (the least recently seen are dropped).
+MAX_FAIR_KEYS = 4096
+
+
+class _FairShare:
+    """Who has been using the shared anonymous pool, for sharing it fairly.
+
+    Each anonymous key that asked within :data:`FAIR_WINDOW_S` is *active* and has a
+    recent use ``u`` (tokens it took from the pool, decaying with that time constant).
+    A key may take a pool token only while the pool keeps, after it, one token for every
+    active key that used the pool *less* than it (strictly) plus, once it has used a token
+    itself, one for a newcomer — so a heavy key never takes the token a lighter key (an
+    honest guest asking now and then, a first-time guest) is owed, while the pool stays one
+    fixed budget (every answer still takes a pool token: more keys never buy more answers).
+    The reserve is capped at the pool's burst minus one, so a full pool serves anyone.
+
+    Every key decays at the same rate, so the order of two keys' uses never changes with
+    time: each key is kept as ``L = ln(u) + t/τ`` (time-invariant; ``-inf`` for a key that
+    took nothing) in a sorted list, and "how many are lighter" is one bisection —
+    O(log n) per query plus a list insertion, about as cheap for 4,096 keys as for 48.
+    Memory only: a restarted host starts with nobody active. Not thread-safe (the
+    :class:`RateLimiter` lock guards it).
+    """
+
+    def __init__(self) -> None:
+        self._used: dict[str, tuple[float, float]] = {}  # key -> (L, last seen), oldest first
+        self._order: list[float] = []  # the L of every tracked key, sorted
+
+    @staticmethod
+    def _level(used: float, now: float) -> float:
+        return math.log(used) + now / FAIR_WINDOW_S if used > 0 else -math.inf
+
+    def _use(self, key: str, now: float) -> float:
+        entry = self._used.get(key)
+        if entry is None or entry[0] == -math.inf:
+            return 0.0
+        return math.exp(entry[0] - now / FAIR_WINDOW_S)
+
+    def _drop(self, key: str) -> None:
+        level, _ = self._used.pop(key)
+        del self._order[bisect.bisect_left(self._order, level)]
+
+    def _expire(self, now: float) -> None:
+        horizon = now - FAIR_WINDOW_S
+        while self._used:
+            oldest = next(iter(self._used))
+            if len(self._used) <= MAX_FAIR_KEYS and self._used[oldest][1] >= horizon:
+                break
+            self._drop(oldest)
+
+    def reserve(self, key: str, now: float, burst: int) -> int:
+        """Pool tokens ``key`` must leave to others now (0 … ``burst`` - 1)."""
+        self._expire(now)
+        mine = self._used.get(key, (-math.inf, now))[0]
+        lighter = bisect.bisect_left(self._order, mine - 1e-9) if mine != -math.inf else 0
+        newcomer = 1 if self._use(key, now) >= 0.5 else 0
+        return max(0, min(lighter + newcomer, max(burst, 1) - 1))
+
+    def seen(self, key: str, now: float, took: bool) -> None:
+        """Record that ``key`` asked at ``now`` (and took a pool token when ``took``)."""
+        used = self._use(key, now) + (1.0 if took else 0.0)
+        if key in self._used:
+            self._drop(key)
+        level = self._level(used, now)
+        self._used[key] = (level, now)  # most recently seen last
+        bisect.insort(self._order, level)
+        self._expire(now)
+
+
 @dataclass
 class _Bucket:
     tokens: float
@@ -115,6 +192,7 @@ class RateLimiter:
         self._dirty: set[str] = set()
         self._flushed = clock()
         self._lock = threading.Lock()
+        self._fair = _FairShare()
 
     @classmethod
     def persistent(cls, home: Path, *, clock: Callable[[], float] = time.time) -> "RateLimiter":
@@ -160,9 +238,10 @@ class RateLimiter:
         return bucket
 
     @staticmethod
-    def _wait(bucket: _Bucket, quota: Quota) -> int:
+    def _wait(bucket: _Bucket, quota: Quota, need: float = 1.0) -> int:
+        """Whole seconds (≥ 1) until ``bucket`` holds ``need`` tokens."""
         rate = quota.queries_per_hour / 3600.0
-        return max(1, math.ceil((1.0 - bucket.tokens) / rate))
+        return max(1, math.ceil((need - bucket.tokens) / rate))
 
     def left(self, peer_key: str, quota: Quota, shared: Quota | None = None) -> int:
         """Whole queries ``peer_key`` may ask now under ``quota`` (and the shared anonymous
@@ -190,7 +269,13 @@ class RateLimiter:
 
     def take(self, peer_key: str, quota: Quota, shared: Quota | None = None) -> Admission:
         """Take one token from ``peer_key``'s bucket (and from the shared anonymous bucket
-        when ``shared`` is given); both must have one, else nothing is taken."""
+        when ``shared`` is given, within ``peer_key``'s fair share of it, :class:`_FairShare`);
+        both must have one, else nothing is taken.
+
+        Returns:
+            :class:`Admission`: ``ok``, or ``retry_after_s`` — whole seconds until the
+            bucket that refused holds what this key needs.
+        """
         if quota.queries_per_hour <= 0 or (shared is not None and shared.queries_per_hour <= 0):
             return Admission(False, 0, denied=True)
         with self._lock:
@@ -200,13 +285,19 @@ class RateLimiter:
             waits = []
             if own.tokens < 1.0:
                 waits.append(self._wait(own, quota))
-            if pool is not None and shared is not None and pool.tokens < 1.0:
-                waits.append(self._wait(pool, shared))
+            if pool is not None and shared is not None:
+                # the fair share: leave the tokens lighter keys (and a newcomer) are owed
+                need = 1.0 + self._fair.reserve(peer_key, now, shared.burst)
+                if pool.tokens < need:
+                    waits.append(self._wait(pool, shared, need))
             if waits:
+                if pool is not None:
+                    self._fair.seen(peer_key, now, took=False)
                 return Admission(False, max(waits))
             own.tokens -= 1.0
             if pool is not None:
                 pool.tokens -= 1.0
+                self._fair.seen(peer_key, now, took=True)
             if self._store is not None:  # a restart keeps what was taken
                 self._dirty.add(peer_key)
                 if pool is not None:

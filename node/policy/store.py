@@ -51,8 +51,11 @@ _RULE_KEYS = {"glob", "tier", "peers"}
 _OVERRIDE_KEYS = {"peer", "glob", "tier"}
 _QUOTA_KEYS = {"queries_per_hour", "burst", "max_message_bytes"}
 
-#: Quota defaults (DESIGN §10 example): per peer, queries per hour, burst, bytes per answer.
-DEFAULT_QUOTA = {"queries_per_hour": 120, "burst": 10, "max_message_bytes": 65536}
+#: Quota defaults: per peer (pinned or anonymous key), queries per hour, burst, bytes per
+#: answer. A person exploring does not hit them (issue 20): 60 questions back to back, then
+#: one every 6 s — a first-time guest asking a few dozen questions in a few minutes is
+#: answered every time.
+DEFAULT_QUOTA = {"queries_per_hour": 600, "burst": 60, "max_message_bytes": 65536}
 #: Anonymous peers (not in the registry) also share one bucket, this many times the
 #: default (a peer that rotates keys cannot multiply its quota).
 ANONYMOUS_SHARED_FACTOR = 4

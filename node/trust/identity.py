@@ -16,10 +16,10 @@ from pathlib import Path
 import nacl.signing
 
 from node.common.errors import ConfigError, KithError
-from node.common.home import atomic_write
+from node.common.home import IDENTITY_FILE, atomic_write, init_hint
 from node.trust.signing import sign
 
-KEY_FILE = "identity.key"
+KEY_FILE = IDENTITY_FILE
 
 
 @dataclass(frozen=True)
@@ -63,13 +63,6 @@ def fingerprint(public_key: str) -> str:
 def key_path(home: Path) -> Path:
     """Path of the identity key file inside ``home``."""
     return home / KEY_FILE
-
-
-def init_hint(home: Path) -> str:
-    """The advice for a home without an identity: create one there, or fix the path (a typo
-    in ``--home`` must not silently become a new node, issue 12)."""
-    return (f"run `kith --home {home} init` to create one there, or check --home / $KITH_HOME "
-            "for a typo")
 
 
 def load_identity(home: Path) -> Identity:

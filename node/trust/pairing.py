@@ -1,4 +1,4 @@
-"""Pairing codes: a short safety code two people read aloud to check their keys (specs/peers.md §6).
+"""Pairing codes: five words two people read aloud to check their keys (specs/peers.md §6).
 
 The code of a pair of nodes is five words from the BIP-39 English list (2048 words, 11 bits
 each: 55 bits), taken from ``SHA-256("kith/pairing-code/v1" 0x00 || lo || hi)`` where

@@ -269,7 +269,13 @@ class _Pages:
                     explained = policy.decide(source, as_peer or None, roots=roots)
                 except KithError as exc:
                     error = f"{exc.code}: {exc.message}"
+            from node.policy.coverage import check_policy, indexed_sources
+
+            # the same counts as `kith policy check` (issue 20)
+            check = check_policy(policy, indexed_sources(self.home))
+            coverage = {f"{c.rule.glob}|{c.rule.peer or ''}": c for c in check.rules}
             return {"rules": policy.rules, "overrides": policy.overrides, "quotas": quotas,
+                    "check": check, "coverage": coverage,
                     "names": names, "tiers": TIERS, "source": source, "as_peer": as_peer,
                     "explained": explained, "explain_error": error}
 
@@ -286,8 +292,14 @@ class _Pages:
             policy = Policy.load(self.home)
             rule = policy.set(glob, tier, peers or None, for_peer=for_peer)
             policy.save()
+            from node.policy.coverage import indexed_sources, rule_coverage
+
+            sources = indexed_sources(self.home)
+            cov = rule_coverage(policy, rule, sources)
             who = f" for {rule.peer}" if rule.peer else ""
-            return f"rule {rule.glob} → {rule.tier}{who} saved (a running host applies it from its next query)"
+            said = cov.warning(len(sources)) or "; ".join(cov.lines())
+            return (f"rule {rule.glob} → {rule.tier}{who} saved: {said} "
+                    "(a running host applies it from its next query)")
 
         return await self._act(request, "/policy", action)
 
@@ -480,9 +492,61 @@ def login_url(base_url: str, app: Guard) -> str:
     return f"{base_url}/login?token={quote(app.door.login_token)}"
 
 
+#: ``<home>/dashboard.login`` (0600): the running dashboard's pid and current one-time
+#: login URL, rewritten on SIGUSR1 with a new token (``kith dashboard --login-link``).
+LOGIN_FILE = "dashboard.login"
+
+
+def _write_login(home: Path, base: str, app: Guard) -> None:
+    import json
+    import os
+
+    from node.common.home import atomic_write
+
+    atomic_write(Path(home) / LOGIN_FILE, json.dumps(
+        {"pid": os.getpid(), "url": base, "login": login_url(base, app)}).encode(), mode=0o600)
+
+
+def new_login_link(home: Path | str, *, timeout_s: float = 5.0) -> str:
+    """Ask the dashboard running on ``home`` for a new one-time login URL (SIGUSR1 to the
+    pid in ``<home>/dashboard.login``; it rotates the token, :meth:`Door.rotate`, and
+    rewrites the file) and return it.
+
+    Raises:
+        CorpusError: ``dashboard-not-running`` when no dashboard of this home runs (no
+            file, or its pid is gone) or it did not answer within ``timeout_s``.
+    """
+    import json
+    import os
+    import signal
+    import time
+
+    path = Path(home) / LOGIN_FILE
+    hint = "start one with `kith dashboard`"
+    try:
+        before = json.loads(path.read_text("utf-8"))
+        pid = int(before["pid"])
+        os.kill(pid, signal.SIGUSR1)
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CorpusError("dashboard-not-running", f"No `kith dashboard` is running for {home}.", hint=hint) from None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            now = json.loads(path.read_text("utf-8"))
+        except (OSError, ValueError):
+            now = before
+        if now.get("login") != before.get("login"):
+            return str(now["login"])
+        time.sleep(0.05)
+    raise CorpusError("dashboard-not-running", f"The `kith dashboard` of {home} (pid {pid}) did not answer.",
+                      hint=hint)
+
+
 def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
           on_listening: Callable[[str, str], None] | None = None) -> None:
-    """Serve the dashboard in this (main) thread until SIGINT/SIGTERM.
+    """Serve the dashboard in this (main) thread until SIGINT/SIGTERM. While it runs,
+    ``<home>/dashboard.login`` holds its current login URL, and SIGUSR1 makes a new one
+    (:func:`new_login_link`); the file is removed at the end.
 
     Args:
         home: the node home. host: a loopback address. port: TCP port (0 = a free one).
@@ -497,12 +561,23 @@ def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *
     try:
         sock = bind_socket(host, port)
         try:
+            import signal
+
             base = base_url_of(sock)
+            _write_login(Path(home), base, app)
+
+            def rotate(_signum: int, _frame: Any) -> None:
+                app.door.rotate()
+                _write_login(Path(home), base, app)
+
+            if hasattr(signal, "SIGUSR1"):
+                signal.signal(signal.SIGUSR1, rotate)
             if on_listening is not None:
                 on_listening(base, login_url(base, app))
             serve_forever(app, sock)  # type: ignore[arg-type]
         finally:
             sock.close()
+            (Path(home) / LOGIN_FILE).unlink(missing_ok=True)
     finally:
         close_app(app)
 

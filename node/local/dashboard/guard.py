@@ -61,6 +61,16 @@ class Door:
         self.csrf = secrets.token_urlsafe(32)
         self._lock = threading.Lock()
 
+    def rotate(self) -> None:
+        """A new one-time login token (``kith dashboard --login-link``, issue 20: a lost
+        link or cookie no longer means a restart). The old token, the session it opened and
+        its CSRF token stop working: at most one session exists, and it is the new one's."""
+        with self._lock:
+            self.login_token = secrets.token_urlsafe(32)
+            self._used = False
+            self._session = None
+            self.csrf = secrets.token_urlsafe(32)
+
     def redeem(self, token: str | None) -> str | None:
         """Consume the login token. Returns the new session id, or None when ``token`` is
         wrong or the token was used already (nothing changes then)."""
