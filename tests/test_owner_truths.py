@@ -82,7 +82,9 @@ def test_the_agent_notice_is_not_printed_to_a_person_at_a_terminal(monkeypatch) 
                       "latencyMs": 12.0, "results": 1}]}
     for terminal in (True, False):
         buf = io.StringIO()
-        monkeypatch.setattr(ask_cmd.console, "file", buf)
+        # the private field: setting `file` and undoing it would pin the console to the
+        # stream captured now (rich reads sys.stdout afresh only while `_file` is None)
+        monkeypatch.setattr(ask_cmd.console, "_file", buf)
         monkeypatch.setattr(ask_cmd.console, "_force_terminal", terminal)
         ask_cmd.render(env)
         assert ("[alice] /docs/a.md" in buf.getvalue()) and ((UNTRUSTED_NOTICE in buf.getvalue()) is not terminal), terminal
