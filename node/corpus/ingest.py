@@ -998,21 +998,3 @@ def run_sync(corpus: Corpus, progress: Progress | None, mode: str = "new_only",
     finally:
         if timings is not None:
             timings.update(run.stages)
-
-
-def iter_chunks_for_index(db: Any, doc_ids: list[str] | None = None,
-                          ) -> Iterator[tuple[str, str, str, tuple[str, str]]]:
-    """Yield ``(chunk_id, doc_id, text, (page title, section))`` of ``done`` documents
-    (all, or ``doc_ids``; :func:`node.corpus.search.index_title`)."""
-    sql = ("SELECT c.chunk_id, c.doc_id, c.text, c.heading_path, d.source_id FROM chunks c "
-           "JOIN documents d ON d.doc_id = c.doc_id WHERE d.status = 'done'")
-    if doc_ids is None:
-        batches: list[tuple[str, tuple[Any, ...]]] = [(sql, ())]
-    else:
-        batches = []
-        for i in range(0, len(doc_ids), 500):
-            part = doc_ids[i:i + 500]
-            batches.append((sql + f" AND c.doc_id IN ({','.join('?' * len(part))})", tuple(part)))
-    for q, params in batches:
-        for cid, did, text, hp, sid in db.execute(q, params):
-            yield cid, did, text, search.index_title(sid, json.loads(hp))

@@ -46,11 +46,14 @@ find the chunk; absent when the pass did not run).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import sqlite3
+import stat
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -58,7 +61,7 @@ from typing import Any
 
 import tantivy
 
-from node.corpus import search
+from node.corpus import search, sources
 from node.corpus.types import Hit
 from node.common.errors import CorpusError
 
@@ -673,7 +676,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             order = _Order(fused, ids, doc_of, key_of)
             counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
                                      "dedupedPerDocument")}
-            hits = corpus._materialize(order, doc_of, lambda c: fused[key_of[c]], filters,
+            hits = _materialize(corpus, order, doc_of, lambda c: fused[key_of[c]], filters,
                                        limit, max_per_document, counts)
             if len(hits) >= limit or not saturated or depth >= MAX_DEPTH or expired():
                 break
@@ -714,3 +717,158 @@ def _index_lag(corpus: Any) -> int:
     except sqlite3.Error:
         top = applied
     return max(0, top - applied)
+
+
+def _location(row: sqlite3.Row) -> dict[str, Any]:
+    """Citation location of a chunk row: line range, heading path, and the page range
+    for a PDF (``page``/``pageEnd``, 1-based)."""
+    loc: dict[str, Any] = {"lineStart": row["line_start"], "lineEnd": row["line_end"],
+                           "headingPath": json.loads(row["heading_path"])}
+    if row["page_start"] is not None:
+        loc["page"] = row["page_start"]
+        loc["pageEnd"] = row["page_end"]
+    return loc
+
+
+def _serve_ok(corpus: Any, row: sqlite3.Row, base: str | None) -> bool:
+    """Serve-time origin check (DESIGN §9, seed ``provider-origins``).
+
+    A file chunk is served only while its file is still inside its (resolved) root
+    — symlinks resolved — and unchanged: same size and mtime, or same size and
+    SHA-256. An archive member is checked through its archive's row the same way.
+    A datasource record's origin is its record id: it is served while its row is
+    ``done`` (the caller only passes ``done`` rows).
+    """
+    keys = row.keys()
+    origin = row["origin"] if "origin" in keys else "file"
+    if origin == "record":
+        return True
+    if origin == "member":
+        parent = corpus._db.execute(  # type: ignore[union-attr]
+            "SELECT rel_path, size, mtime_ns, content_hash, origin FROM documents "
+            "WHERE doc_id=? AND status='done' AND origin='archive'",
+            (row["parent_doc_id"],)).fetchone()
+        return parent is not None and _serve_ok(corpus, parent, base)
+    if base is None:
+        return False
+    try:
+        real, st = sources._resolve(os.path.join(base, row["rel_path"]))
+        # both are absolute and normalized (resolved): inside = equal or below base
+        if real != base and not real.startswith(base.rstrip(os.sep) + os.sep):
+            return False
+        if not stat.S_ISREG(st.st_mode) or st.st_size != row["size"]:
+            return False
+        if st.st_mtime_ns == row["mtime_ns"]:
+            return True
+        with open(real, "rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest() == row["content_hash"]
+    except (OSError, ValueError):
+        return False
+
+
+def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
+                 score_of: Callable[[str], float], filters: dict[str, Any], limit: int,
+                 max_per_document: int, counts: dict[str, int]) -> list[Hit]:
+    """Turn fused candidates into hits: document checks first (SQLite row, filters,
+    per-document cap, serve-time origin), then chunk rows for the survivors only.
+    A candidate whose document or chunk is not in SQLite is ignored (authoritative).
+
+    ``order`` is read front to back (it may resolve chunk ids as it is read, filling
+    ``doc_of`` for each id it hands out); ``score_of(chunk_id)`` is the fused score.
+    Hits carry no ``score_components`` (the controller adds them)."""
+    db = corpus._db
+    assert db is not None
+    docs: dict[str, sqlite3.Row] = {}
+    looked: set[str] = set()
+    window = max(2 * limit, 20)  # document rows are read for this many candidates at a time
+    seen_to = 0
+
+    def load_docs(upto: int) -> None:
+        nonlocal seen_to
+        want = [d for d in dict.fromkeys(doc_of[c] for c in order[seen_to:upto])
+                if d not in looked]
+        seen_to = max(seen_to, upto)
+        looked.update(want)
+        for j in range(0, len(want), 500):
+            part = want[j:j + 500]
+            for r in db.execute(
+                    "SELECT doc_id, source_id, root_prefix, rel_path, size, mtime_ns, "
+                    "content_hash, indexed_at, metadata, origin, parent_doc_id FROM "
+                    "documents WHERE status = 'done' "
+                    f"AND doc_id IN ({','.join('?' * len(part))})", part):
+                docs[r["doc_id"]] = r
+
+    bases_cache: dict[str, str | None] | None = None
+
+    def bases() -> dict[str, str | None]:
+        nonlocal bases_cache
+        if bases_cache is None:
+            bases_cache = {}
+            for r in corpus.roots():
+                try:
+                    bases_cache[r.prefix] = os.path.realpath(r.path, strict=True)
+                except OSError:
+                    bases_cache[r.prefix] = None
+        return bases_cache
+
+    serve: dict[str, bool] = {}
+    meta_of: dict[str, dict[str, Any]] = {}
+    per_doc: dict[str, int] = {}
+    stale: list[str] = []
+    hits: list[Hit] = []
+    i = 0
+    while len(hits) < limit and i < len(order):
+        batch: list[str] = []
+        while i < len(order) and len(hits) + len(batch) < limit:
+            if i >= seen_to:
+                load_docs(i + window)
+            cid = order[i]
+            i += 1
+            did = doc_of[cid]
+            drow = docs.get(did)
+            if drow is None:
+                counts["orphaned"] += 1
+                continue
+            if did not in meta_of:
+                meta_of[did] = json.loads(drow["metadata"] or "{}")
+            if filters and not search.passes_filters(drow["source_id"], meta_of[did], filters):
+                counts["filteredOut"] += 1
+                continue
+            if per_doc.get(did, 0) >= max_per_document:
+                counts["dedupedPerDocument"] += 1
+                continue
+            if did not in serve:
+                serve[did] = (drow["origin"] == "record"
+                              or _serve_ok(corpus, drow, bases().get(drow["root_prefix"])))
+                if not serve[did]:
+                    stale.append(did)
+            if not serve[did]:
+                counts["withheldStale"] += 1
+                continue
+            per_doc[did] = per_doc.get(did, 0) + 1
+            batch.append(cid)
+        if not batch:
+            break
+        rows = {r["chunk_id"]: r for r in db.execute(
+            "SELECT chunk_id, doc_id, text, line_start, line_end, heading_path, page_start, "
+            "page_end FROM chunks "
+            f"WHERE chunk_id IN ({','.join('?' * len(batch))})", batch)}
+        for cid in batch:
+            row = rows.get(cid)
+            did = doc_of[cid]
+            if row is None or row["doc_id"] != did:
+                counts["orphaned"] += 1
+                per_doc[did] -= 1
+                continue
+            drow = docs[did]
+            hits.append(Hit(
+                chunk_id=cid, source_id=drow["source_id"], text=row["text"],
+                score=score_of(cid),
+                location=_location(row),
+                content_hash=drow["content_hash"] or "", indexed_at=drow["indexed_at"] or "",
+                root_prefix=None if drow["origin"] == "record" else drow["root_prefix"],
+                rel_path=None if drow["origin"] == "record" else drow["rel_path"],
+                metadata=meta_of[did],
+            ))
+    corpus._flag_stale(stale)
+    return hits

@@ -39,6 +39,35 @@ _CANON_DRIVE = re.compile(r"^/[A-Z]:(/|$)")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # undecodable file-name bytes: not UTF-8 on the wire
 
 
+_O_PATH = getattr(os, "O_PATH", 0)
+_PROC_FD = Path("/proc/self/fd")
+
+
+def _resolve(path: str) -> tuple[str, os.stat_result]:
+    """``(real path, stat)`` of an existing file, every symlink resolved.
+
+    On Linux the kernel resolves the path once (``O_PATH`` open, the descriptor's
+    ``/proc/self/fd`` link, ``fstat`` on the same descriptor: a few syscalls, and the
+    path checked is the file stat'ed); elsewhere, or without ``/proc``,
+    ``os.path.realpath(strict=True)`` then ``os.stat``.
+
+    Raises:
+        OSError: the path does not exist or cannot be resolved.
+    """
+    if _O_PATH:
+        fd = os.open(path, _O_PATH | os.O_CLOEXEC)
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+            if real.startswith("/") and not real.endswith(" (deleted)"):
+                return real, os.fstat(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    real = os.path.realpath(path, strict=True)
+    return real, os.stat(real)
+
+
 def lexical_form(source: object) -> str | None:
     """Canonicalize ``source`` without touching the file system (no roots involved).
 

@@ -48,7 +48,8 @@ from typing import Any
 
 import tantivy
 
-from node.corpus import ingest, search, sources
+from node.corpus import search, sources
+from node.corpus.record import iter_chunks_for_index
 
 #: View indexes kept per corpus handle (least recently used evicted).
 MAX_VIEWS = 4
@@ -215,7 +216,7 @@ def _new_index() -> Any:
 
 
 def _add(writer: Any, db: sqlite3.Connection, doc_ids: list[str]) -> None:
-    for cid, did, text, title in ingest.iter_chunks_for_index(db, sorted(doc_ids)):
+    for cid, did, text, title in iter_chunks_for_index(db, sorted(doc_ids)):
         writer.add_document(search.make_document(cid, did, text, title))
 
 
