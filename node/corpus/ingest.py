@@ -338,8 +338,8 @@ class Writer:
 
     def __init__(self, corpus: Corpus) -> None:
         self.c = corpus
-        self.db = corpus._db
-        self.writer = corpus._writer
+        self.db = corpus.record.db
+        self.writer = corpus.record.writer
         self.report: dict[str, Any] = {
             "indexed": 0, "updated": 0, "skipped": 0, "removed": 0, "failed": 0,
             "empty": 0, "chunks": 0, "files": 0, "bytes": 0, "errors": [],
@@ -363,7 +363,7 @@ class Writer:
         """One all-or-nothing group of writes: a savepoint inside the open batch
         (:meth:`begin_batch`), else its own ``BEGIN IMMEDIATE`` transaction."""
         if self._batch is None:
-            with self.c._tx():
+            with self.c.record.tx():
                 yield
             return
         self.db.execute("SAVEPOINT w")
@@ -492,7 +492,7 @@ class Writer:
         if self.dirty and (force or self.pending_chunks >= COMMIT_EVERY_CHUNKS):
             self.end_batch(force=True)
             t0 = time.perf_counter()
-            self.c._commit_index()
+            self.c.record.commit_index()
             self.stages["commit"] += time.perf_counter() - t0
             self.pending_chunks = 0
             self.dirty = False
@@ -902,7 +902,7 @@ class Sync(Writer):
                     row["source_id"] != source_id_of(row["root_prefix"], row["rel_path"])):
                 self.remove(row["doc_id"])
         self.maybe_commit(force=True)
-        self.c._set_meta("last_sync", now_rfc3339())
+        self.c.record.set_meta("last_sync", now_rfc3339())
         self.report["seconds"] = round(time.monotonic() - started, 3)
         return self.report
 

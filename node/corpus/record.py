@@ -97,15 +97,15 @@ class Record:
 
     def __init__(self, dir: Path, *, readonly: bool = False) -> None:
         self.readonly = readonly
-        self._held = False  # the writer is kept between calls (watch)
+        self.held = False  # the writer is kept between calls (watch)
         self.dir = Path(dir)
         self.db_path = self.dir / "corpus.sqlite3"
         self.index_dir = self.dir / "tantivy"
         self.lock_path = self.dir / "writer.lock"
-        self._lock = threading.RLock()
-        self._db: sqlite3.Connection | None = None
-        self._index: Any = None
-        self._writer: Any = None
+        self.lock = threading.RLock()
+        self.db: sqlite3.Connection | None = None
+        self.index: Any = None
+        self.writer: Any = None
         self._wlock_fd: int | None = None
         self._reader: tuple[Any, Any] | None = None  # (meta.json stamp, searcher)
         self._segments: tuple[Any, int, int] | None = None  # (stamp, max_doc sum, deleted)
@@ -113,25 +113,25 @@ class Record:
             return
         if not readonly:
             self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._db = sqlite3.connect(self.db_path, timeout=10.0, isolation_level=None,
+        self.db = sqlite3.connect(self.db_path, timeout=10.0, isolation_level=None,
                                    check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA busy_timeout=10000")
-        if readonly and self._get_meta("schema_version") != str(SCHEMA_VERSION):
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA busy_timeout=10000")
+        if readonly and self.get_meta("schema_version") != str(SCHEMA_VERSION):
             with contextlib.suppress(sqlite3.Error):  # an older record: add the new columns
                 self._migrate()
         if not readonly:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_DDL)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(_DDL)
             self._migrate()
-            if self._get_meta("schema_version") != str(SCHEMA_VERSION):
-                self._set_meta("schema_version", str(SCHEMA_VERSION))
+            if self.get_meta("schema_version") != str(SCHEMA_VERSION):
+                self.set_meta("schema_version", str(SCHEMA_VERSION))
 
     # -- plumbing ---------------------------------------------------------------------
     def _migrate(self) -> None:
         """Add the columns newer schemas have to an older record (idempotent)."""
-        db = self._db
+        db = self.db
         assert db is not None
         for table, cols in _ADDED_COLUMNS.items():
             have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
@@ -142,51 +142,51 @@ class Record:
 
     def close(self) -> None:
         """Release the writer (if held) and close SQLite. Idempotent."""
-        with self._lock:
-            self._release_writer()
-            self._index = None
-            if self._db is not None:
-                self._db.close()
-                self._db = None
+        with self.lock:
+            self.release_writer()
+            self.index = None
+            if self.db is not None:
+                self.db.close()
+                self.db = None
 
     @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        assert self._db is not None
-        self._db.execute("BEGIN IMMEDIATE")
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        assert self.db is not None
+        self.db.execute("BEGIN IMMEDIATE")
         try:
-            yield self._db
+            yield self.db
         except BaseException:
-            self._db.execute("ROLLBACK")
+            self.db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
+        self.db.execute("COMMIT")
 
-    def _get_meta(self, key: str) -> str | None:
-        if self._db is None:
+    def get_meta(self, key: str) -> str | None:
+        if self.db is None:
             return None
         try:
-            row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+            row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         except sqlite3.OperationalError:
             return None
         return row[0] if row else None
 
-    def _set_meta(self, key: str, value: str) -> None:
-        with self._tx():
-            self._db.execute(  # type: ignore[union-attr]
+    def set_meta(self, key: str, value: str) -> None:
+        with self.tx():
+            self.db.execute(  # type: ignore[union-attr]
                 "INSERT INTO meta(key, value) VALUES (?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
 
-    def _require_writable(self) -> sqlite3.Connection:
-        if self.readonly or self._db is None:
+    def require_writable(self) -> sqlite3.Connection:
+        if self.readonly or self.db is None:
             raise CorpusError("corpus-readonly")
-        return self._db
+        return self.db
 
     def roots(self) -> list[Root]:
         """The registered roots, in the order they were added."""
-        with self._lock:
-            if self._db is None:
+        with self.lock:
+            if self.db is None:
                 return []
             try:
-                rows = self._db.execute(
+                rows = self.db.execute(
                     "SELECT prefix, path, chunker, chunk_size, chunk_overlap FROM roots "
                     "ORDER BY rowid").fetchall()
             except sqlite3.OperationalError:
@@ -204,7 +204,7 @@ class Record:
             f"Another process is writing this corpus index ({self._owner_text()}).",
             hint="Wait for that sync to finish (or stop it), then run the command again.")
 
-    def _acquire_writer(self) -> None:
+    def acquire_writer(self) -> None:
         """Take the writer lock, open/create the index, and repair it from SQLite."""
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = acquire_owner_lock(self.lock_path, " ".join(["kith", *sys.argv[1:3]]))
@@ -212,7 +212,7 @@ class Record:
             raise self._locked()
         self._wlock_fd = fd
         try:
-            rebuild = self._get_meta("index_schema_version") != str(search.INDEX_SCHEMA_VERSION)
+            rebuild = self.get_meta("index_schema_version") != str(search.INDEX_SCHEMA_VERSION)
             index = None
             if not rebuild and tantivy.Index.exists(str(self.index_dir)):
                 try:
@@ -227,22 +227,22 @@ class Record:
                 rebuild = True
             search.register_analyzers(index)
             try:
-                self._writer = index.writer(_WRITER_HEAP, _WRITER_THREADS)
+                self.writer = index.writer(_WRITER_HEAP, _WRITER_THREADS)
             except ValueError as exc:
                 if "LockBusy" in str(exc):
                     raise self._locked() from None
                 raise
-            self._index = index
+            self.index = index
             self._reader = None
             self._repair(full=rebuild)
         except BaseException:
-            self._release_writer()
+            self.release_writer()
             raise
 
-    def _release_writer(self) -> None:
-        self._held = False
-        if self._writer is not None:
-            writer, self._writer = self._writer, None
+    def release_writer(self) -> None:
+        self.held = False
+        if self.writer is not None:
+            writer, self.writer = self.writer, None
             with contextlib.suppress(Exception):
                 writer.rollback()
             with contextlib.suppress(Exception):
@@ -252,24 +252,24 @@ class Record:
             fd, self._wlock_fd = self._wlock_fd, None
             release_owner_lock(fd)
 
-    def _commit_index(self) -> None:
+    def commit_index(self) -> None:
         """Commit tantivy, then record the last applied change in SQLite."""
-        db = self._db
-        assert db is not None and self._writer is not None
+        db = self.db
+        assert db is not None and self.writer is not None
         seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
-        self._writer.commit()
-        with self._tx():
+        self.writer.commit()
+        with self.tx():
             db.execute("INSERT INTO meta(key, value) VALUES ('index_applied_seq', ?) "
                        "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (str(seq),))
             db.execute("DELETE FROM changes WHERE seq <= ?", (seq,))
 
     def _repair(self, *, full: bool) -> None:
         """Bring tantivy in line with SQLite (replay the change log, or rebuild)."""
-        db = self._db
-        assert db is not None and self._writer is not None and self._index is not None
-        w = self._writer
+        db = self.db
+        assert db is not None and self.writer is not None and self.index is not None
+        w = self.writer
         if not full:
-            applied = int(self._get_meta("index_applied_seq") or 0)
+            applied = int(self.get_meta("index_applied_seq") or 0)
             pending = [r[0] for r in db.execute(
                 "SELECT DISTINCT doc_id FROM changes WHERE seq > ?", (applied,))]
             if pending:
@@ -277,40 +277,40 @@ class Record:
                     w.delete_documents_by_term("doc_id", doc_id)
                 for cid, did, text, title in iter_chunks_for_index(db, pending):
                     w.add_document(search.make_document(cid, did, text, title))
-                self._commit_index()
-            self._index.reload()
+                self.commit_index()
+            self.index.reload()
             expected = db.execute("SELECT COUNT(*) FROM chunks c JOIN documents d "
                                   "ON d.doc_id = c.doc_id WHERE d.status='done'").fetchone()[0]
-            full = self._index.searcher().num_docs != expected
+            full = self.index.searcher().num_docs != expected
         if full:
             w.delete_all_documents()
             for cid, did, text, title in iter_chunks_for_index(db):
                 w.add_document(search.make_document(cid, did, text, title))
-            self._commit_index()
-            self._set_meta("index_schema_version", str(search.INDEX_SCHEMA_VERSION))
+            self.commit_index()
+            self.set_meta("index_schema_version", str(search.INDEX_SCHEMA_VERSION))
 
     @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
+    def writing(self) -> Iterator[None]:
         """Hold the writer for one operation (or reuse the one :meth:`hold_writer` keeps)."""
-        self._require_writable()
-        if self._held:
+        self.require_writable()
+        if self.held:
             try:
                 yield
             except BaseException:
                 with contextlib.suppress(Exception):
-                    self._commit_index()
+                    self.commit_index()
                 raise
             return
-        self._acquire_writer()
+        self.acquire_writer()
         try:
             yield
         except BaseException:
             # what SQLite already holds must reach the index (or be replayed later)
             with contextlib.suppress(Exception):
-                self._commit_index()
+                self.commit_index()
             raise
         finally:
-            self._release_writer()
+            self.release_writer()
 
     def hold_writer(self) -> None:
         """Take the writer lock now and keep it until :meth:`close` (``kith index watch``,
@@ -319,26 +319,26 @@ class Record:
         Raises:
             CorpusError: ``index-locked`` (naming the owner), ``corpus-readonly``.
         """
-        with self._lock:
-            self._require_writable()
-            if not self._held:
-                self._acquire_writer()
-                self._held = True
+        with self.lock:
+            self.require_writable()
+            if not self.held:
+                self.acquire_writer()
+                self.held = True
 
     # -- search -----------------------------------------------------------------------------
-    def _searcher(self) -> Any:
-        if self._db is None or self._get_meta("index_schema_version") != str(
+    def searcher(self) -> Any:
+        if self.db is None or self.get_meta("index_schema_version") != str(
                 search.INDEX_SCHEMA_VERSION):
             raise CorpusError("index-unavailable",
                               "The corpus index is missing or out of date; run `kith index sync`.")
-        if self._index is None:
+        if self.index is None:
             try:
                 index = tantivy.Index.open(str(self.index_dir))
             except ValueError:
                 raise CorpusError("index-unavailable",
                                   "The corpus index is unreadable; run `kith index sync`.") from None
             search.register_analyzers(index)
-            self._index = index
+            self.index = index
             self._reader = None
         # tantivy rewrites meta.json (a new file, renamed into place) at every commit: the
         # reader is reloaded only when it changed (one stat instead of a reload per search)
@@ -348,16 +348,16 @@ class Record:
         except OSError:
             stamp = None
         if self._reader is None or stamp is None or self._reader[0] != stamp:
-            self._index.reload()
-            self._reader = (stamp, self._index.searcher())
+            self.index.reload()
+            self._reader = (stamp, self.index.searcher())
         return self._reader[1]
 
-    def _main_searcher_for(self, chunks: int) -> Any | None:
+    def main_searcher_for(self, chunks: int) -> Any | None:
         """The main index's searcher when it holds exactly ``chunks`` live documents,
         none deleted-but-counted and no change pending (``index_lag`` 0), else None —
         then a view seeing every ``done`` document ranks exactly as on its own index
         (:mod:`node.corpus.views`). Reads ``meta.json`` once per index generation."""
-        searcher = self._searcher()
+        searcher = self.searcher()
         if self.index_lag():
             return None
         stamp = self._reader[0] if self._reader is not None else None
@@ -378,29 +378,29 @@ class Record:
             return None
         return searcher
 
-    def _flag_stale(self, doc_ids: list[str]) -> None:
-        if not doc_ids or self._db is None:
+    def flag_stale(self, doc_ids: list[str]) -> None:
+        if not doc_ids or self.db is None:
             return
         try:  # best effort: a busy writer must not fail a search
-            self._db.execute("PRAGMA busy_timeout=200")
-            with self._tx():
-                self._db.executemany("UPDATE documents SET stale=1 WHERE doc_id=?",
+            self.db.execute("PRAGMA busy_timeout=200")
+            with self.tx():
+                self.db.executemany("UPDATE documents SET stale=1 WHERE doc_id=?",
                                      [(d,) for d in doc_ids])
         except sqlite3.Error:
             pass
         finally:
             with contextlib.suppress(sqlite3.Error):
-                self._db.execute("PRAGMA busy_timeout=10000")
+                self.db.execute("PRAGMA busy_timeout=10000")
 
     def index_lag(self) -> int:
         """Changes the record holds that the tantivy index does not (0 when current or
         when there is no corpus). Cheap: two reads of ``meta`` and ``changes``' key."""
-        with self._lock:
-            if self._db is None:
+        with self.lock:
+            if self.db is None:
                 return 0
             try:
-                applied = int(self._get_meta("index_applied_seq") or 0)
-                top = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+                applied = int(self.get_meta("index_applied_seq") or 0)
+                top = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
             except sqlite3.Error:
                 return 0
             return max(0, top - applied)

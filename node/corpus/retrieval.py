@@ -356,7 +356,7 @@ def run_pass(searcher: Any, query: Any, depth: int, ids: StoredIds,
 
 class _Order:
     """The fused candidate order as chunk ids — (−score, chunk id) — resolved as it is read
-    (what :meth:`node.corpus.store.Corpus._materialize` walks): items are sorted by score
+    (what :func:`_materialize` walks): items are sorted by score
     alone up front, and a run of equal scores is put in chunk-id order (reading its ids)
     only when a position inside it is first read. Fills ``doc_of`` and ``key_of`` (chunk
     id → fusion key) for every id it hands out."""
@@ -454,7 +454,7 @@ def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str]) -> bool:
     """True when every chunk in ``chunk_ids`` contains every stem (body or heading)."""
     if not chunk_ids or not stems:
         return False
-    db = corpus._db
+    db = corpus.record.db
     rows = db.execute(
         "SELECT text, heading_path FROM chunks WHERE chunk_id IN "
         f"({','.join('?' * len(chunk_ids))})", chunk_ids).fetchall()
@@ -558,7 +558,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
     def expired() -> bool:
         return deadline is not None and time.monotonic() >= deadline
 
-    with corpus._lock:
+    with corpus.record.lock:
         if expired():
             controller.update(earlyStop=True, stopReason="budget-exhausted")
             controller["passes"] = [{"name": p, "status": "skipped", "candidates": 0}
@@ -566,12 +566,12 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             return [], controller
         view = None
         if visible is None:
-            searcher = corpus._searcher()
+            searcher = corpus.record.searcher()
         else:
-            corpus._searcher()  # the same availability rules as the owner's search
-            view = corpus._view(visible)
+            corpus.record.searcher()  # the same availability rules as the owner's search
+            view = corpus.view(visible)
             searcher = view.searcher()
-        schema = corpus._index.schema
+        schema = corpus.record.index.schema
         bq, field_used = search.baseline_query(schema, query)
         queries: dict[str, Any] = {"baseline-bm25": bq}
         if "exact-entity" in plan.passes:
@@ -701,7 +701,7 @@ def _components(cid: Any, raw: dict[str, dict[Any, float]], fused: dict[Any, flo
 
 
 def _doc_of(corpus: Any, cid: str, doc_of: dict[str, str]) -> bool:
-    row = corpus._db.execute("SELECT doc_id FROM chunks WHERE chunk_id=?", (cid,)).fetchone()
+    row = corpus.record.db.execute("SELECT doc_id FROM chunks WHERE chunk_id=?", (cid,)).fetchone()
     if row is None:
         return False
     doc_of[cid] = row[0]
@@ -711,9 +711,9 @@ def _doc_of(corpus: Any, cid: str, doc_of: dict[str, str]) -> bool:
 def _index_lag(corpus: Any) -> int:
     import sqlite3
 
-    applied = int(corpus._get_meta("index_applied_seq") or 0)
+    applied = int(corpus.record.get_meta("index_applied_seq") or 0)
     try:
-        top = corpus._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+        top = corpus.record.db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
     except sqlite3.Error:
         top = applied
     return max(0, top - applied)
@@ -744,7 +744,7 @@ def _serve_ok(corpus: Any, row: sqlite3.Row, base: str | None) -> bool:
     if origin == "record":
         return True
     if origin == "member":
-        parent = corpus._db.execute(  # type: ignore[union-attr]
+        parent = corpus.record.db.execute(  # type: ignore[union-attr]
             "SELECT rel_path, size, mtime_ns, content_hash, origin FROM documents "
             "WHERE doc_id=? AND status='done' AND origin='archive'",
             (row["parent_doc_id"],)).fetchone()
@@ -776,7 +776,7 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
     ``order`` is read front to back (it may resolve chunk ids as it is read, filling
     ``doc_of`` for each id it hands out); ``score_of(chunk_id)`` is the fused score.
     Hits carry no ``score_components`` (the controller adds them)."""
-    db = corpus._db
+    db = corpus.record.db
     assert db is not None
     docs: dict[str, sqlite3.Row] = {}
     looked: set[str] = set()
@@ -870,5 +870,5 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
                 rel_path=None if drow["origin"] == "record" else drow["rel_path"],
                 metadata=meta_of[did],
             ))
-    corpus._flag_stale(stale)
+    corpus.record.flag_stale(stale)
     return hits

@@ -55,7 +55,7 @@ def _check_chunking(chunker: str, chunk_size: int, chunk_overlap: int) -> None:
         raise CorpusError("chunking-invalid", f"Invalid chunking: {exc}.") from None
 
 
-class Corpus(Record):
+class Corpus:
     """The local corpus: roots, sync and search.
 
     Args:
@@ -72,8 +72,17 @@ class Corpus(Record):
                  archive_limits: archives.ArchiveLimits = archives.DEFAULT_LIMITS) -> None:
         self.home = Path(home)
         self.archive_limits = archive_limits
-        super().__init__(self.home / "corpus", readonly=readonly)
-        self._views: Any = None  # node.corpus.views.Views, made at a view's first search
+        #: the record: SQLite, the tantivy index and writer, the writer lock (its lock
+        #: guards every read and write; sync, retrieval, views and dense work on it)
+        self.record = Record(self.home / "corpus", readonly=readonly)
+        self.readonly = readonly
+        self.dir = self.record.dir
+        self.db_path = self.record.db_path
+        self.index_dir = self.record.index_dir
+        self.lock_path = self.record.lock_path
+        #: the peers' view indexes (:class:`node.corpus.views.Views`), made at a view's
+        #: first search
+        self.views: Any = None
 
     def __enter__(self) -> Corpus:
         return self
@@ -83,10 +92,10 @@ class Corpus(Record):
 
     def close(self) -> None:
         """Release the writer (if held) and close SQLite. Idempotent."""
-        with self._lock:
-            if self._views is not None:
-                self._views.clear()
-            super().close()
+        with self.record.lock:
+            if self.views is not None:
+                self.views.clear()
+            self.record.close()
 
     # -- roots --------------------------------------------------------------------------
     def add_root(self, path: str | Path, *, chunker: str = "recursive",
@@ -122,8 +131,8 @@ class Corpus(Record):
             raise CorpusError("root-name-invalid",
                               f"--name {name!r}: use 1-64 of A-Z a-z 0-9 . _ -, starting with a "
                               "letter or digit.")
-        with self._lock:
-            db = self._require_writable()
+        with self.record.lock:
+            db = self.record.require_writable()
             p = Path(path).expanduser()
             if not p.is_dir():
                 raise CorpusError("root-not-found",
@@ -134,7 +143,7 @@ class Corpus(Record):
                 raise CorpusError("root-too-broad", f"{real} is {broad}: indexing it would read "
                                   "everything below it (virtualenvs, caches, other people's files).")
             base = real.name or "root"
-            with self._tx():
+            with self.record.tx():
                 if db.execute("SELECT 1 FROM roots WHERE path=?", (str(real),)).fetchone():
                     raise CorpusError("root-exists", f"{real} is already a source root.")
                 taken = {r[0] for r in db.execute("SELECT prefix FROM roots")}
@@ -188,19 +197,19 @@ class Corpus(Record):
             CorpusError: ``root-unknown``, ``index-locked``, ``corpus-readonly``.
         """
         prefix = prefix.strip("/")
-        with self._lock:
-            db = self._require_writable()
+        with self.record.lock:
+            db = self.record.require_writable()
             root = next((r for r in self.roots() if r.prefix == prefix), None)
             if root is None:
                 raise CorpusError("root-unknown", f"No source root has the prefix /{prefix}/.",
                                   hint="`kith index status` lists the roots")
-            with self._writing():
+            with self.record.writing():
                 rows = db.execute("SELECT doc_id, chunk_count FROM documents WHERE root_prefix=? "
                                   "AND origin != 'record'", (prefix,)).fetchall()
                 chunks = db.execute("SELECT COUNT(*) FROM chunks c JOIN documents d ON "
                                     "d.doc_id = c.doc_id WHERE d.root_prefix=? AND d.origin != 'record'",
                                     (prefix,)).fetchone()[0]
-                with self._tx():
+                with self.record.tx():
                     for (doc_id, _n) in rows:
                         db.execute("DELETE FROM chunks WHERE doc_id=?", (doc_id,))
                         db.execute("DELETE FROM documents WHERE doc_id=?", (doc_id,))
@@ -208,12 +217,12 @@ class Corpus(Record):
                     db.execute("DELETE FROM roots WHERE prefix=?", (prefix,))
                     db.execute("INSERT OR REPLACE INTO removed_prefixes(prefix, removed_at) VALUES (?, ?)",
                                (prefix, ingest.now_rfc3339()))
-                assert self._writer is not None
+                assert self.record.writer is not None
                 for (doc_id, _n) in rows:
-                    self._writer.delete_documents_by_term("doc_id", doc_id)
-                self._commit_index()
-            if self._views is not None:
-                self._views.clear()
+                    self.record.writer.delete_documents_by_term("doc_id", doc_id)
+                self.record.commit_index()
+            if self.views is not None:
+                self.views.clear()
             return {"prefix": prefix, "path": root.path, "documents": len(rows), "chunks": chunks}
 
     def configure_root(self, prefix: str, *, chunker: str | None = None,
@@ -226,8 +235,8 @@ class Corpus(Record):
         Raises:
             CorpusError: ``root-unknown``, ``chunking-invalid``, ``corpus-readonly``.
         """
-        with self._lock:
-            db = self._require_writable()
+        with self.record.lock:
+            db = self.record.require_writable()
             current = next((r for r in self.roots() if r.prefix == prefix), None)
             if current is None:
                 raise CorpusError("root-unknown", "No source root has that prefix.")
@@ -237,10 +246,24 @@ class Corpus(Record):
                        chunk_overlap=(current.chunk_overlap if chunk_overlap is None
                                       else chunk_overlap))
             _check_chunking(new.chunker, new.chunk_size, new.chunk_overlap)
-            with self._tx():
+            with self.record.tx():
                 db.execute("UPDATE roots SET chunker=?, chunk_size=?, chunk_overlap=? WHERE prefix=?",
                            (new.chunker, new.chunk_size, new.chunk_overlap, prefix))
             return new
+
+    def roots(self) -> list[Root]:
+        """The registered roots, in the order they were added (:meth:`Record.roots
+        <node.corpus.record.Record.roots>`)."""
+        return self.record.roots()
+
+    def hold_writer(self) -> None:
+        """Take the writer lock now and keep it until :meth:`close` (``kith index watch``,
+        ``kith host --watch``); start-up repair of the index runs here.
+
+        Raises:
+            CorpusError: ``index-locked`` (naming the owner), ``corpus-readonly``.
+        """
+        self.record.hold_writer()
 
     # -- sync -------------------------------------------------------------------------------
     def sync(self, *, progress: ingest.Progress | None = None,
@@ -274,7 +297,7 @@ class Corpus(Record):
         if mode not in ingest.MODES:
             raise CorpusError("sync-mode-invalid",
                               f"The sync mode must be one of {', '.join(ingest.MODES)}.")
-        with self._lock, self._writing():
+        with self.record.lock, self.record.writing():
             return ingest.run_sync(self, progress, mode, self.archive_limits, timings)
 
     def sync_paths(self, paths: Iterable[str | Path]) -> dict[str, Any]:
@@ -288,7 +311,7 @@ class Corpus(Record):
         Raises:
             CorpusError: ``index-locked``, ``corpus-readonly``.
         """
-        with self._lock, self._writing():
+        with self.record.lock, self.record.writing():
             return ingest.Sync(self, None, "new_only", self.archive_limits).run_paths(paths)
 
     def import_records(self, path: str | Path, *, kind: str, instance: str,
@@ -302,10 +325,10 @@ class Corpus(Record):
         """
         from node.corpus import datasource
 
-        with self._lock:
-            self._require_writable()
+        with self.record.lock:
+            self.record.require_writable()
             datasource.check_names(kind, instance, {r.prefix for r in self.roots()})
-            with self._writing():
+            with self.record.writing():
                 return datasource.import_jsonl(self, Path(path), kind=kind, instance=instance,
                                                replace=replace)
 
@@ -323,19 +346,25 @@ class Corpus(Record):
         Raises:
             CorpusError: ``index-unavailable`` (no corpus or no index yet).
         """
-        with self._lock:
-            self._searcher()
-            return len(self._view(visible).docs)
+        with self.record.lock:
+            self.record.searcher()
+            return len(self.view(visible).docs)
 
-    def _view(self, visible: Any) -> Any:
+    def view(self, visible: Any) -> Any:
         """The :class:`node.corpus.views.ViewIndex` of the documents ``visible`` lets a view
-        see, current with the record (callers hold :attr:`_lock`)."""
+        see, current with the record (callers hold ``record.lock``).
+
+        Raises:
+            CorpusError: ``index-unavailable`` (from :meth:`Record.searcher
+                <node.corpus.record.Record.searcher>`, when the view sees the whole corpus
+                and is served by the main index).
+        """
         from node.corpus import views
 
-        if self._views is None:
-            self._views = views.Views()
-        assert self._db is not None
-        return self._views.index_for(self._db, visible, self._main_searcher_for)
+        if self.views is None:
+            self.views = views.Views()
+        assert self.record.db is not None
+        return self.views.index_for(self.record.db, visible, self.record.main_searcher_for)
 
     def search_hits(self, query: str, *, limit: int, filters: dict[str, Any] | None = None,
                     deadline: float | None = None,
@@ -397,14 +426,14 @@ class Corpus(Record):
             ever completed — a sync was killed; the next ``kith index sync`` finishes
             it. Never raises for a missing corpus (all zero, not ready).
         """
-        with self._lock:
+        with self.record.lock:
             out: dict[str, Any] = {"roots": 0, "documents": 0, "done": 0, "chunks": 0,
                                    "failed": 0, "empty": 0, "processing": 0, "stale": 0,
                                    "ready": False, "last_sync": None, "index_lag": 0,
                                    "sync_running": False, "interrupted": False}
-            if self._db is None:
+            if self.record.db is None:
                 return out
-            db = self._db
+            db = self.record.db
             try:
                 out["roots"] = db.execute("SELECT COUNT(*) FROM roots").fetchone()[0]
                 for status, code, stale, n, chunks in db.execute(
@@ -423,30 +452,35 @@ class Corpus(Record):
                         out["failed"] += n
                     if stale:
                         out["stale"] += n
-                applied = int(self._get_meta("index_applied_seq") or 0)
+                applied = int(self.record.get_meta("index_applied_seq") or 0)
                 top = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
                 out["index_lag"] = max(0, top - applied)
             except sqlite3.OperationalError:
                 return out
-            out["last_sync"] = self._get_meta("last_sync")
+            out["last_sync"] = self.record.get_meta("last_sync")
             out["ready"] = bool(
                 out["last_sync"] and not out["index_lag"]
-                and self._get_meta("index_schema_version") == str(search.INDEX_SCHEMA_VERSION)
+                and self.record.get_meta("index_schema_version") == str(search.INDEX_SCHEMA_VERSION)
                 and tantivy.Index.exists(str(self.index_dir)))
-            out["sync_running"] = self._writer is not None or lock_active(self.lock_path)
+            out["sync_running"] = self.record.writer is not None or lock_active(self.lock_path)
             out["interrupted"] = not out["sync_running"] and bool(
                 out["processing"] or out["index_lag"]
                 or (out["documents"] and not out["last_sync"]))
             return out
 
+    def index_lag(self) -> int:
+        """Changes the record holds that the tantivy index does not (0 when current or
+        when there is no corpus; :meth:`Record.index_lag <node.corpus.record.Record.index_lag>`)."""
+        return self.record.index_lag()
+
     def index_syncing(self) -> bool:
         """True while the index is not settled: no sync has completed yet (a first sync
         may be running) or the index lags the record (:meth:`index_lag` > 0: a sync is
         writing, or a crash left changes to replay). Depends on index state only."""
-        with self._lock:
-            if self._db is None:
+        with self.record.lock:
+            if self.record.db is None:
                 return False
-            return self._get_meta("last_sync") is None or self.index_lag() > 0
+            return self.record.get_meta("last_sync") is None or self.index_lag() > 0
 
     def repair_lag(self) -> str:
         """Replay the changes the index lacks now, if the writer lock is free — without
@@ -461,21 +495,21 @@ class Corpus(Record):
         Raises:
             CorpusError: only for a corrupt index the writer cannot open.
         """
-        with self._lock:
-            if self._db is None:
+        with self.record.lock:
+            if self.record.db is None:
                 return "unavailable"
-            if self._writer is not None or self.index_lag() == 0:
+            if self.record.writer is not None or self.index_lag() == 0:
                 return "current"
-            if self._get_meta("index_schema_version") is None:
+            if self.record.get_meta("index_schema_version") is None:
                 return "current"  # never indexed: `kith index sync` builds it
             try:
-                self._acquire_writer()  # non-blocking flock; replays the change log
+                self.record.acquire_writer()  # non-blocking flock; replays the change log
             except CorpusError as exc:
                 if exc.code == "index-locked":
                     return "locked"
                 raise
-            self._release_writer()
-            self._index = None  # reopened (and reloaded) by the next search
+            self.record.release_writer()
+            self.record.index = None  # reopened (and reloaded) by the next search
             return "repaired" if self.index_lag() == 0 else "locked"
 
     def status_report(self, *, max_listed: int = 1000) -> dict[str, Any]:
@@ -500,8 +534,8 @@ class Corpus(Record):
         out.update(byStatus={"processing": 0, "done": 0, "error": 0}, rootList=[],
                    datasources=[], failedDocuments=[], staleDocuments=[],
                    processingDocuments=[])
-        with self._lock:
-            db = self._db
+        with self.record.lock:
+            db = self.record.db
             if db is None:
                 return out
             try:

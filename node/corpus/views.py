@@ -160,7 +160,7 @@ class Views:
         Args:
             main: ``main(chunks) -> searcher | None``: the main index's searcher when it
                 holds exactly ``chunks`` live documents and nothing deleted or pending
-                (:meth:`node.corpus.store.Corpus._main_searcher_for`); asked only when
+                (:meth:`node.corpus.record.Record.main_searcher_for`); asked only when
                 the view sees every ``done`` document. A view it answers is served from
                 the main index (:attr:`ViewIndex.on_main`), not copied into RAM.
         """
@@ -199,6 +199,11 @@ class Views:
             self._indexes.popitem(last=False)
         self._last = (docs, view)
         return view
+
+    def __len__(self) -> int:
+        """The number of RAM view indexes kept (at most :data:`MAX_VIEWS`; a view served
+        by the main index is not counted)."""
+        return len(self._indexes)
 
     def clear(self) -> None:
         """Forget every view (the corpus is closing)."""

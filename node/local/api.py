@@ -94,7 +94,7 @@ class CorpusHolder:
         from node.corpus.store import Corpus
 
         with self._lock:
-            if self._corpus is None or self._corpus._db is None:
+            if self._corpus is None or self._corpus.record.db is None:
                 if self._corpus is not None:
                     self._corpus.close()
                 self._corpus = Corpus(self.home, readonly=True)
