@@ -51,7 +51,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from node.corpus import archives, chunking, parsers, search
+from node.corpus import archives, chunking, parsers, search, sources
 from node.corpus.ignore import RootFilter
 from node.corpus.types import Root
 
@@ -144,10 +144,9 @@ def hidden(rel: str) -> bool:
 
 
 def _inside(path: Path, base: Path) -> bool:
-    try:
-        return path.is_relative_to(base)
-    except ValueError:  # pragma: no cover
-        return False
+    """``path`` is ``base`` or below it (:func:`node.corpus.sources.inside`, the corpus's
+    one containment test; both absolute, in the same spelling)."""
+    return sources.inside(os.fspath(path), os.fspath(base)) is not None
 
 
 #: A folder holding this file is a Kith node home (identity, peers, policy, approvals):

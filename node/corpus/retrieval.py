@@ -730,40 +730,45 @@ def _location(row: sqlite3.Row) -> dict[str, Any]:
     return loc
 
 
-def _serve_ok(corpus: Any, row: sqlite3.Row, base: str | None) -> bool:
-    """Serve-time origin check (DESIGN §9, seed ``provider-origins``).
+def _served(db: Any, row: sqlite3.Row, origins: sources.SourceNormalizer
+            ) -> tuple[bool, str | None]:
+    """Serve-time origin check (DESIGN §9, seed ``provider-origins``): ``(served,
+    canonical id of the origin)``, the file resolved once
+    (:meth:`node.corpus.sources.SourceNormalizer.served_file`).
 
     A file chunk is served only while its file is still inside its (resolved) root
     — symlinks resolved — and unchanged: same size and mtime, or same size and
     SHA-256. An archive member is checked through its archive's row the same way.
     A datasource record's origin is its record id: it is served while its row is
-    ``done`` (the caller only passes ``done`` rows).
+    ``done`` (the caller only passes ``done`` rows). The id is what
+    :class:`node.corpus.sources.SourceNormalizer` gives the document's source (None
+    when it has none); a document not served gets ``(False, None)``.
     """
-    keys = row.keys()
-    origin = row["origin"] if "origin" in keys else "file"
+    origin = row["origin"]
     if origin == "record":
-        return True
+        return True, origins(row["source_id"])
     if origin == "member":
-        parent = corpus.record.db.execute(  # type: ignore[union-attr]
-            "SELECT rel_path, size, mtime_ns, content_hash, origin FROM documents "
-            "WHERE doc_id=? AND status='done' AND origin='archive'",
+        parent = db.execute(
+            "SELECT root_prefix, rel_path, size, mtime_ns, content_hash, origin, source_id "
+            "FROM documents WHERE doc_id=? AND status='done' AND origin='archive'",
             (row["parent_doc_id"],)).fetchone()
-        return parent is not None and _serve_ok(corpus, parent, base)
-    if base is None:
-        return False
+        if parent is None or not _served(db, parent, origins)[0]:
+            return False, None
+        return True, origins(row["source_id"])
+    found = origins.served_file(row["root_prefix"], row["rel_path"])
+    if found is None:
+        return False, None
+    real, st, canonical = found
+    if not stat.S_ISREG(st.st_mode) or st.st_size != row["size"]:
+        return False, None
+    if st.st_mtime_ns == row["mtime_ns"]:
+        return True, canonical
     try:
-        real, st = sources._resolve(os.path.join(base, row["rel_path"]))
-        # both are absolute and normalized (resolved): inside = equal or below base
-        if real != base and not real.startswith(base.rstrip(os.sep) + os.sep):
-            return False
-        if not stat.S_ISREG(st.st_mode) or st.st_size != row["size"]:
-            return False
-        if st.st_mtime_ns == row["mtime_ns"]:
-            return True
         with open(real, "rb") as fh:
-            return hashlib.file_digest(fh, "sha256").hexdigest() == row["content_hash"]
+            same = hashlib.file_digest(fh, "sha256").hexdigest() == row["content_hash"]
     except (OSError, ValueError):
-        return False
+        return False, None
+    return (True, canonical) if same else (False, None)
 
 
 def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
@@ -798,20 +803,16 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
                     f"AND doc_id IN ({','.join('?' * len(part))})", part):
                 docs[r["doc_id"]] = r
 
-    bases_cache: dict[str, str | None] | None = None
+    resolver: sources.SourceNormalizer | None = None
 
-    def bases() -> dict[str, str | None]:
-        nonlocal bases_cache
-        if bases_cache is None:
-            bases_cache = {}
-            for r in corpus.roots():
-                try:
-                    bases_cache[r.prefix] = os.path.realpath(r.path, strict=True)
-                except OSError:
-                    bases_cache[r.prefix] = None
-        return bases_cache
+    def origins() -> sources.SourceNormalizer:  # the roots' real folders: once per answer
+        nonlocal resolver
+        if resolver is None:
+            resolver = sources.SourceNormalizer(corpus.roots())
+        return resolver
 
     serve: dict[str, bool] = {}
+    origin_of: dict[str, str | None] = {}  # doc_id -> canonical id of its served origin
     meta_of: dict[str, dict[str, Any]] = {}
     per_doc: dict[str, int] = {}
     stale: list[str] = []
@@ -838,8 +839,7 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
                 counts["dedupedPerDocument"] += 1
                 continue
             if did not in serve:
-                serve[did] = (drow["origin"] == "record"
-                              or _serve_ok(corpus, drow, bases().get(drow["root_prefix"])))
+                serve[did], origin_of[did] = _served(db, drow, origins())
                 if not serve[did]:
                     stale.append(did)
             if not serve[did]:
@@ -868,7 +868,7 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
                 content_hash=drow["content_hash"] or "", indexed_at=drow["indexed_at"] or "",
                 root_prefix=None if drow["origin"] == "record" else drow["root_prefix"],
                 rel_path=None if drow["origin"] == "record" else drow["rel_path"],
-                metadata=meta_of[did],
+                metadata=meta_of[did], origin_id=origin_of[did],
             ))
     corpus.record.flag_stale(stale)
     return hits
