@@ -92,7 +92,17 @@ class Record:
         dir: the corpus folder (``<home>/corpus``).
         readonly: never create files, never take the writer lock (the host's handle).
 
-    Thread-safe through one re-entrant lock held by every caller that reads or writes.
+    Attributes:
+        dir, db_path, index_dir, lock_path: the folder and its three entries.
+        readonly: as given.
+        db: the SQLite connection (``sqlite3.Row`` rows, autocommit; :meth:`tx` opens a
+            transaction), or None when a read-only handle found no record or after
+            :meth:`close`.
+        index: the tantivy ``Index`` once opened (by :meth:`searcher` or the writer).
+        writer: the tantivy ``IndexWriter`` while the writer is held, else None.
+        held: True while :meth:`hold_writer` keeps the writer between operations.
+        lock: the re-entrant lock every caller that reads or writes holds; SQLite and
+            tantivy handles are shared by the threads of one process under it.
     """
 
     def __init__(self, dir: Path, *, readonly: bool = False) -> None:
@@ -151,6 +161,10 @@ class Record:
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction on :attr:`db`: committed when the block
+        ends, rolled back (and the exception re-raised) when it raises. Yields the
+        connection. Callers hold :attr:`lock`; not re-entrant (use a savepoint inside,
+        as :class:`node.corpus.ingest.Writer` does)."""
         assert self.db is not None
         self.db.execute("BEGIN IMMEDIATE")
         try:
@@ -161,6 +175,9 @@ class Record:
         self.db.execute("COMMIT")
 
     def get_meta(self, key: str) -> str | None:
+        """The ``meta`` value of ``key`` (``schema_version``, ``index_schema_version``,
+        ``index_applied_seq``, ``last_sync``, ``dense_enabled``, ``dense_model``…), or
+        None when unset, when there is no record, or when the table is missing."""
         if self.db is None:
             return None
         try:
@@ -170,12 +187,22 @@ class Record:
         return row[0] if row else None
 
     def set_meta(self, key: str, value: str) -> None:
+        """Set the ``meta`` value of ``key`` in its own transaction (:meth:`tx`).
+
+        Raises:
+            sqlite3.Error: the record is read-only on disk or busy past the timeout.
+        """
         with self.tx():
             self.db.execute(  # type: ignore[union-attr]
                 "INSERT INTO meta(key, value) VALUES (?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
 
     def require_writable(self) -> sqlite3.Connection:
+        """:attr:`db`, when this handle may write.
+
+        Raises:
+            CorpusError: ``corpus-readonly`` (a read-only handle, or no record).
+        """
         if self.readonly or self.db is None:
             raise CorpusError("corpus-readonly")
         return self.db
@@ -205,7 +232,13 @@ class Record:
             hint="Wait for that sync to finish (or stop it), then run the command again.")
 
     def acquire_writer(self) -> None:
-        """Take the writer lock, open/create the index, and repair it from SQLite."""
+        """Take the writer lock, open/create the index, and repair it from SQLite
+        (replay the change log, or rebuild when the schema or document count disagree).
+
+        Raises:
+            CorpusError: ``index-locked`` (another process holds ``writer.lock`` or the
+                tantivy writer; the message names the owner).
+        """
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = acquire_owner_lock(self.lock_path, " ".join(["kith", *sys.argv[1:3]]))
         if fd is None:
@@ -240,6 +273,8 @@ class Record:
             raise
 
     def release_writer(self) -> None:
+        """Drop the tantivy writer (rolling back what it did not commit) and release
+        ``writer.lock``; also ends :meth:`hold_writer`. Idempotent."""
         self.held = False
         if self.writer is not None:
             writer, self.writer = self.writer, None
@@ -327,6 +362,13 @@ class Record:
 
     # -- search -----------------------------------------------------------------------------
     def searcher(self) -> Any:
+        """The main index's searcher, reloaded only when tantivy's ``meta.json`` changed
+        (a commit by any process). Callers hold :attr:`lock`.
+
+        Raises:
+            CorpusError: ``index-unavailable`` (no record, no index yet, an index of an
+                older schema, or an unreadable one).
+        """
         if self.db is None or self.get_meta("index_schema_version") != str(
                 search.INDEX_SCHEMA_VERSION):
             raise CorpusError("index-unavailable",
@@ -379,6 +421,9 @@ class Record:
         return searcher
 
     def flag_stale(self, doc_ids: list[str]) -> None:
+        """Mark the documents ``doc_ids`` ``stale`` (their files changed or left their
+        root since indexing); best effort with a 200 ms busy timeout, so a busy writer
+        never fails a search. Never raises."""
         if not doc_ids or self.db is None:
             return
         try:  # best effort: a busy writer must not fail a search
