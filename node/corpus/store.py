@@ -20,7 +20,7 @@ from typing import Any
 import tantivy
 
 from node.corpus import archives, chunking, ingest, search
-from node.corpus.record import SCHEMA_VERSION, Record  # noqa: F401 (SCHEMA_VERSION: was defined here)
+from node.corpus.record import Record
 from node.corpus.types import Hit, Root
 from node.common.errors import CorpusError
 from node.common.home import lock_active
