@@ -196,16 +196,16 @@ def kith_schema_build(db_path: Path, workdir: Path) -> float:
     """Seconds to put the chunks already in SQLite into a fresh index with Kith's schema
     and analyzers, through a writer set up as the sync's (heap, indexing threads): the
     part of a sync that is tantivy's work alone."""
-    from node.corpus import ingest, search, store
+    from node.corpus import record, search
 
     workdir.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(db_path)
-    rows = list(ingest.iter_chunks_for_index(db))
+    rows = list(record.iter_chunks_for_index(db))
     db.close()
     t0 = time.perf_counter()
     index = tantivy.Index(search.build_schema(), path=str(workdir))
     search.register_analyzers(index)
-    writer = index.writer(store._WRITER_HEAP, store._WRITER_THREADS)  # the sync's writer
+    writer = index.writer(record._WRITER_HEAP, record._WRITER_THREADS)  # the sync's writer
     for cid, did, text, title in rows:
         writer.add_document(search.make_document(cid, did, text, title))
     writer.commit()

@@ -189,7 +189,7 @@ def test_refused_the_same_way_everywhere(home: Path) -> None:
 
 def test_one_source_id_for_a_decomposed_file_name(home: Path) -> None:
     with Corpus(home, readonly=True) as corpus:
-        listed = [r[0] for r in corpus._db.execute("SELECT source_id FROM documents")]
+        listed = [r[0] for r in corpus.record.db.execute("SELECT source_id FROM documents")]
         local = answer_local(corpus, {"query": "espresso", "topK": 3})
     assert NFC_ID in listed and unicodedata.normalize("NFD", NFC_ID) not in listed
     assert [r["source"] for r in local["envelope"]["results"]] == [NFC_ID]
@@ -209,9 +209,9 @@ def test_an_old_decomposed_id_is_replaced_at_the_next_sync(tmp_path: Path, monke
         with monkeypatch.context() as m:  # an index written before source ids were NFC
             m.setattr(ingest, "source_id_of", lambda prefix, rel: f"/{prefix}/{rel}")
             c.sync()
-        before = [r[0] for r in c._db.execute("SELECT source_id FROM documents")]
+        before = [r[0] for r in c.record.db.execute("SELECT source_id FROM documents")]
         c.sync()
-        ids = [r[0] for r in c._db.execute("SELECT source_id FROM documents")]
+        ids = [r[0] for r in c.record.db.execute("SELECT source_id FROM documents")]
         found = answer_local(c, {"query": "espresso"})["envelope"]["results"]
     assert before == [unicodedata.normalize("NFD", NFC_ID)]
     assert ids == [NFC_ID] and [r["source"] for r in found] == [NFC_ID]

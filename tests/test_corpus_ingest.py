@@ -507,9 +507,9 @@ def test_row_opened_before_indexing_and_insert_before_delete(home: Path, tmp_pat
         f.write_text("# Doc\n\nsecond version about serval\n")
         os.utime(f, ns=(1, 1))
         trace: list[str] = []
-        c._db.set_trace_callback(trace.append)
+        c.record.db.set_trace_callback(trace.append)
         c.sync()
-        c._db.set_trace_callback(None)
+        c.record.db.set_trace_callback(None)
 
         def first(prefix: str, needle: str = "") -> int:
             return next(i for i, s in enumerate(trace)

@@ -65,14 +65,14 @@ def test_predicates_with_the_same_documents_share_one_index_and_at_most_max_view
     with Corpus(home, readonly=True) as corpus:
         corpus.search_hits("walrus", limit=5, visible=lambda s: s.startswith("/notes/d0/"))
         corpus.search_hits("walrus", limit=5, visible=lambda s: s.startswith("/notes/d0"))
-        assert len(corpus._views._indexes) == 1
+        assert len(corpus.views) == 1
         for i in range(views.MAX_VIEWS + 2):
             def only(s: str, i: int = i) -> bool:
                 return s.startswith(f"/notes/d{i}/")
 
             hits, _ = corpus.search_hits("walrus", limit=5, visible=only)
             assert [h.source_id for h in hits] == [f"/notes/d{i}/x.md"]
-        assert len(corpus._views._indexes) == views.MAX_VIEWS
+        assert len(corpus.views) == views.MAX_VIEWS
 
 
 def test_a_policy_change_reaches_the_next_query_of_a_peer(tmp_path):
@@ -126,16 +126,16 @@ def test_a_view_seeing_everything_is_served_from_the_main_index_with_the_same_ra
 
     def both(public_is_partial: bool) -> list:
         with Corpus(home, readonly=True) as corpus:
-            corpus._searcher()
-            view = corpus._view(everything)
+            corpus.record.searcher()
+            view = corpus.view(everything)
             assert view.on_main == (_deleted_in_main(home) == 0)
             if public_is_partial:
-                assert not corpus._view(public).on_main
+                assert not corpus.view(public).on_main
             served = _ranked(corpus, "walrus otter", everything)
         with Corpus(home, readonly=True) as corpus:  # the same view on its own RAM index
-            monkeypatch.setattr(corpus, "_main_searcher_for", lambda chunks: None)
-            corpus._searcher()
-            assert not corpus._view(everything).on_main
+            monkeypatch.setattr(corpus.record, "main_searcher_for", lambda chunks: None)
+            corpus.record.searcher()
+            assert not corpus.view(everything).on_main
             assert _ranked(corpus, "walrus otter", everything) == served
         return served
 
@@ -151,5 +151,5 @@ def test_a_view_seeing_everything_is_served_from_the_main_index_with_the_same_ra
     db.commit()
     db.close()
     with Corpus(home, readonly=True) as corpus:
-        corpus._searcher()
-        assert not corpus._view(everything).on_main
+        corpus.record.searcher()
+        assert not corpus.view(everything).on_main

@@ -78,11 +78,11 @@ def kb(tmp_path: Path):
 
 
 def _vector_ids(corpus: Corpus) -> set[str]:
-    return {r[0] for r in corpus._db.execute("SELECT chunk_id FROM chunk_vectors")}
+    return {r[0] for r in corpus.record.db.execute("SELECT chunk_id FROM chunk_vectors")}
 
 
 def _chunk_ids(corpus: Corpus, name: str) -> set[str]:
-    return {r[0] for r in corpus._db.execute(
+    return {r[0] for r in corpus.record.db.execute(
         "SELECT c.chunk_id FROM chunks c JOIN documents d ON d.doc_id = c.doc_id "
         "WHERE d.source_id = ?", (f"/kb/{name}",))}
 
@@ -118,26 +118,26 @@ def test_stale_or_foreign_vectors_are_never_used(kb) -> None:
         car = next(iter(_chunk_ids(c, "car.md")))
         assert dense.dense_rank(c, "automobile", fake, 5)[0][0] == car
         # a vector computed from other text (an older title/heading, say) is stale
-        c._db.execute("UPDATE chunk_vectors SET text_hash = ? WHERE chunk_id = ?",
+        c.record.db.execute("UPDATE chunk_vectors SET text_hash = ? WHERE chunk_id = ?",
                       ("0" * 64, car))
         assert car not in {cid for cid, _ in dense.dense_rank(c, "automobile", fake, 5)}
         assert dense.embed_missing(c, fake)["embedded"] == 1  # and gets recomputed
         assert dense.dense_rank(c, "automobile", fake, 5)[0][0] == car
         # a broken row (truncated blob) is skipped, not a crash
-        c._db.execute("UPDATE chunk_vectors SET vec = ? WHERE chunk_id = ?", (b"\x00" * 6, car))
+        c.record.db.execute("UPDATE chunk_vectors SET vec = ? WHERE chunk_id = ?", (b"\x00" * 6, car))
         assert car not in {cid for cid, _ in dense.dense_rank(c, "automobile", fake, 5)}
         assert dense.embed_missing(c, fake)["embedded"] == 1  # and gets recomputed
         # a NaN row never poisons the ranking
         nan = np.full(fake.dim, np.nan, dtype=np.float32).tobytes()
         pets = next(iter(_chunk_ids(c, "pets.md")))
-        c._db.execute("UPDATE chunk_vectors SET vec = ? WHERE chunk_id = ?", (nan, pets))
+        c.record.db.execute("UPDATE chunk_vectors SET vec = ? WHERE chunk_id = ?", (nan, pets))
         assert [cid for cid, _ in dense.dense_rank(c, "automobile", fake, 1)] == [car]
         # vectors of another model are never compared with this one's
         other = ConceptEmbedder("test-concepts-v2")
         assert dense.dense_rank(c, "automobile", other, 5) == []
         rep = dense.embed_missing(c, other)
         assert rep["embedded"] == 3 and rep["pruned"] == 3  # the old model's rows go
-        assert {r[0] for r in c._db.execute("SELECT DISTINCT model FROM chunk_vectors")} == {
+        assert {r[0] for r in c.record.db.execute("SELECT DISTINCT model FROM chunk_vectors")} == {
             "test-concepts-v2"}
 
 
@@ -168,7 +168,7 @@ def test_dense_pass_fuses_with_bm25_and_is_reported(kb) -> None:
         extra, entry = dense.auto_pass(c, "automobile upkeep", k=40, embedder=fake)
         assert extra is None and entry is None  # not turned on: nothing runs
     with Corpus(home) as c:
-        c._set_meta(dense.META_ENABLED, "1")
+        c.record.set_meta(dense.META_ENABLED, "1")
     with Corpus(home, readonly=True) as c:
         extra, entry = dense.auto_pass(c, "automobile upkeep", k=40, embedder=fake)
         assert entry["status"] == "ran" and entry["vectors"] == 3 and entry["chunks"] == 3
@@ -205,7 +205,7 @@ def test_on_but_not_runnable_is_skipped_with_a_reason_and_changes_nothing(kb) ->
     with Corpus(home) as c:
         before, _ = c.search_hits("car oil", limit=5)
         dense.embed_missing(c, ConceptEmbedder())
-        c._set_meta(dense.META_ENABLED, "1")
+        c.record.set_meta(dense.META_ENABLED, "1")
     with Corpus(home, readonly=True) as c:
         hits, ctl = c.search_hits("car oil", limit=5)
         want = "no-vectors" if dense.extra_available() else "dense-extra-missing"
@@ -438,6 +438,6 @@ def test_two_stage_search_ranks_like_the_exact_pass(tmp_path: Path, monkeypatch)
         assert dense.load_matrix(c, "test-leading-v1", 256).coarse is not None  # it ran
         assert two == exact and len(two) == 1
         (cid, score), = two
-        doc = c._db.execute("SELECT d.rel_path FROM chunks k JOIN documents d "
+        doc = c.record.db.execute("SELECT d.rel_path FROM chunks k JOIN documents d "
                             "ON d.doc_id = k.doc_id WHERE k.chunk_id = ?", (cid,)).fetchone()[0]
         assert doc == "n17.md" and score > dense.MIN_SIMILARITY

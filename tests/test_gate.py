@@ -83,6 +83,65 @@ def test_hit_whose_id_disagrees_with_its_origin_is_dropped(setup) -> None:
     assert [h.chunk_id for h in visible(gate, [honest, forged], None)] == ["c0"]
 
 
+def test_a_carried_origin_id_that_is_not_the_hits_own_is_not_trusted(setup) -> None:
+    """The id resolved at serve time is used only for the source it was resolved for: a
+    hit whose source id or origin disagrees with it is normalized again, and refused as
+    before."""
+    gate, _, _ = setup
+    forged = _hit("/docs/a.md", 1, root_prefix="docs", rel_path="team/secret-plan.md",
+                  origin_id="/docs/a.md")
+    renamed = _hit("/docs/team/secret.md", 2, root_prefix="docs", rel_path="a.md",
+                   origin_id="/docs/a.md")
+    record = _hit("/kakao/personal/x", 3, origin_id="/docs/a.md")  # not its lexical form
+    assert visible(gate, [forged, renamed, record], None) == [record]
+    assert visible(gate, [forged, renamed], "alice") == []
+
+
+def test_served_hits_carry_the_id_the_gate_would_give(tmp_path: Path) -> None:
+    """A file reached through a symlink inside its root, and one inside a nested root, are
+    served with the canonical id of their real file; the gate decides on it (the deny on
+    the real folder holds for the link), the owner's view shows the same id."""
+    from node.answer.service import answer_local, peer_knowledge
+    from node.corpus.store import Corpus
+    from node.corpus.sources import SourceNormalizer
+
+    docs = tmp_path / "docs"
+    (docs / "secret").mkdir(parents=True)
+    (docs / "inner").mkdir()
+    (docs / "secret" / "plan.md").write_text("walrus migration plan\n")
+    (docs / "inner" / "n.md").write_text("walrus notes in the nested root\n")
+    (docs / "open.md").write_text("walrus open notes\n")
+    home = tmp_path / "home"
+    with Corpus(home) as w:
+        w.add_root(docs)
+        w.add_root(docs / "inner")
+        w.sync()
+    (docs / "link.md").symlink_to(docs / "secret" / "plan.md")
+    with Corpus(home) as w:
+        w.sync()
+    policy = Policy()
+    policy.set("/docs/**", "public")
+    policy.set("/docs/secret/**", "never")
+    policy.set("/inner/**", "public")
+    with Corpus(home, readonly=True) as corpus:
+        hits, _ = corpus.search_hits("walrus", limit=10)
+        normalize = SourceNormalizer(corpus.roots())
+        assert {h.source_id for h in hits} >= {"/docs/link.md", "/docs/open.md"}
+        assert all(h.origin_id == normalize(h.source_id) for h in hits)
+        by_source = {h.source_id: h.origin_id for h in hits}
+        assert by_source["/docs/link.md"] == "/docs/secret/plan.md"
+        gate = EgressGate(corpus.roots(), policy, home)
+        shown = {h.source_id for h in visible(gate, hits, None)}
+        assert "/docs/secret/plan.md" not in shown and "/docs/link.md" not in shown
+        assert "/docs/open.md" in shown
+        answer = peer_knowledge(corpus, gate, None).search({"query": "walrus", "topK": 10})
+        sent = {r["source"] for r in answer["envelope"]["results"]}
+        assert sent and not sent & {"/docs/link.md", "/docs/secret/plan.md"}
+        own = answer_local(corpus, {"query": "walrus", "topK": 10})
+        own_ids = {r["source"] for r in own["envelope"]["results"]}
+        assert "/docs/secret/plan.md" in own_ids and "/docs/link.md" not in own_ids
+
+
 def test_ask_is_withheld_but_visible_to_the_approvals_layer(setup) -> None:
     gate, _, _ = setup
     [(hit, decision)] = gate.decide_hits([_hit("/docs/ask/q.md")], "alice")

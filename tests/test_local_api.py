@@ -357,17 +357,17 @@ def _crash_behind(home: Path, root: Path) -> None:
     with Corpus(home) as c:
         c.sync()
         c.hold_writer()
-        did = c._db.execute("SELECT doc_id FROM documents WHERE source_id='/kb/late.txt'"
+        did = c.record.db.execute("SELECT doc_id FROM documents WHERE source_id='/kb/late.txt'"
                             ).fetchone()[0]
-        c._writer.delete_documents_by_term("doc_id", did)
-        c._writer.commit()
-        applied = int(c._get_meta("index_applied_seq") or 0)
+        c.record.writer.delete_documents_by_term("doc_id", did)
+        c.record.writer.commit()
+        applied = int(c.record.get_meta("index_applied_seq") or 0)
     db = sqlite3.connect(home / "corpus" / "corpus.sqlite3")
     db.execute("INSERT INTO changes(doc_id, op) VALUES (?, 'upsert')", (did,))
     db.commit()
     db.close()
     with Corpus(home, readonly=True) as ro:
-        assert ro.index_lag() > 0 and int(ro._get_meta("index_applied_seq")) == applied
+        assert ro.index_lag() > 0 and int(ro.record.get_meta("index_applied_seq")) == applied
 
 
 def test_a_lagging_index_is_reported_not_hidden(tmp_path: Path) -> None:

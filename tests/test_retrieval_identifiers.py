@@ -75,14 +75,14 @@ def test_an_index_of_an_older_schema_is_refused_then_rebuilt(tmp_path: Path) -> 
     with Corpus(home) as c:
         c.add_root(root)
         c.sync()
-        c._set_meta("index_schema_version", str(search.INDEX_SCHEMA_VERSION - 1))
+        c.record.set_meta("index_schema_version", str(search.INDEX_SCHEMA_VERSION - 1))
     with Corpus(home, readonly=True) as r:
         with pytest.raises(CorpusError) as e:
             r.search_hits("os.path.join", limit=3)
         assert e.value.code == "index-unavailable"
     with Corpus(home) as c:
         c.sync()  # the writer rebuilds the index with this version's schema
-        assert c._get_meta("index_schema_version") == str(search.INDEX_SCHEMA_VERSION)
+        assert c.record.get_meta("index_schema_version") == str(search.INDEX_SCHEMA_VERSION)
         hits, _ctl = c.search_hits("os.path.join", limit=3)
         assert hits and hits[0].score_components.get("bm25", 0) > 0
 
@@ -128,7 +128,7 @@ def test_a_two_word_cp1252_note_is_found_by_its_accented_word(tmp_path: Path) ->
         hits, _ctl = c.search_hits("café", limit=3)
         assert [h.source_id for h in hits] == ["/notes/note.txt"]
         assert "café" in hits[0].text
-        row = c._db.execute("SELECT encoding FROM documents").fetchone()
+        row = c.record.db.execute("SELECT encoding FROM documents").fetchone()
         assert row[0] == "cp1252"
 
 

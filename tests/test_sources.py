@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.corpus.sources import lexical_form, normalize_source, resolve_source_id
+from node.corpus.sources import SourceNormalizer, lexical_form, normalize_source, resolve_source_id
 from node.corpus.types import Root
 
 # --- purely textual rules (no roots, no file system) -------------------------------------
@@ -128,6 +128,32 @@ def test_absolute_path_outside_roots_passes_as_itself(tree, roots) -> None:
 def test_nfd_real_path_maps_to_nfc_id(tree, roots) -> None:
     nfd = unicodedata.normalize("NFD", "Café.md")
     assert normalize_source(str(tree["docs"] / nfd), roots) == "/docs/Caf\u00e9.md"
+
+
+def test_served_file_resolves_once_inside_its_own_root(tree, roots) -> None:
+    """The serve-time resolution: the real file and its canonical id when it lies inside
+    its own root; nothing for a file that escapes it, leaves it for another root, or is
+    gone."""
+    (tree["notes"] / "n.md").write_text("n")
+    n = SourceNormalizer(roots)
+    assert n.served_file("notes", "n.md")[2] == "/notes/n.md"
+    real, st, canonical = n.served_file("docs", "a.md")
+    assert real == os.path.realpath(tree["docs"] / "a.md") and st.st_size == 1
+    assert canonical == "/docs/a.md" == n("/docs/a.md")
+    assert n.served_file("docs", "sub/inner/x.md")[2] == "/inner/x.md" == n("/docs/sub/inner/x.md")
+    assert n.served_file("docs", "escape/secret.txt") is None     # symlink out of every root
+    assert n.served_file("docs", "to-notes/n.md") is None          # not inside its own root
+    assert n.served_file("docs", "missing.md") is None
+    assert n.served_file("unknown", "a.md") is None
+
+
+def test_inside_compares_whole_segments() -> None:
+    from node.corpus.sources import inside
+
+    assert inside("/a/b", "/a/b") == ""
+    assert inside("/a/b/c/d", "/a/b") == "c/d"
+    assert inside("/a/bc", "/a/b") is None
+    assert inside("/x", "/") == "x"
 
 
 def test_resolve_source_id(tree, roots) -> None:

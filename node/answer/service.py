@@ -48,7 +48,7 @@ from node.answer import contract
 from node.answer import envelope as env
 from node.common.errors import CorpusError
 from node.corpus.retrieval import make_plan
-from node.corpus.sources import folders_resolved_once
+from node.corpus.sources import carried_id, folders_resolved_once
 
 log = logging.getLogger("kith.answer")
 
@@ -235,9 +235,10 @@ class AnswerService:
             controller = _gated_controller(controller, len(shown))
         else:
             canonical: dict[str, str] = {}  # one normalization per source per answer
-            with folders_resolved_once():
-                shown = [_with_id(h, canonical.get(h.source_id) or canonical.setdefault(
-                    h.source_id, self._canonical(h.source_id))) for h in hits]
+            with folders_resolved_once():  # only for hits without a carried id
+                shown = [_with_id(h, carried_id(h) or canonical.get(h.source_id)
+                                  or canonical.setdefault(h.source_id, self._canonical(h.source_id)))
+                         for h in hits]
         top = shown[: req["topK"]]
         t_envelope = time.perf_counter()
         if timings is not None:

@@ -604,7 +604,7 @@ def corpus_embedder(corpus: Any) -> Embedder:
     """The model a corpus's vectors were made with: the full model when its recorded
     ``dense_model`` is :data:`MODEL_ID` (vectors embedded before the static table), else
     the static table of its home (what ``kith index embed`` makes)."""
-    if corpus._get_meta(META_MODEL) == MODEL_ID:
+    if corpus.record.get_meta(META_MODEL) == MODEL_ID:
         return shared_embedder()
     return static_embedder(corpus.home)
 
@@ -648,7 +648,7 @@ def _chunk_rows(db: sqlite3.Connection, model_id: str) -> list[tuple[str, str, s
 def enabled(corpus: Any) -> bool:
     """True when the owner turned the dense pass on for this corpus (meta
     ``dense_enabled``). Cheap: one SQLite read; False for a missing corpus."""
-    return corpus._get_meta(META_ENABLED) == "1"
+    return corpus.record.get_meta(META_ENABLED) == "1"
 
 
 def set_enabled(corpus: Any, on: bool) -> dict[str, Any]:
@@ -663,11 +663,11 @@ def set_enabled(corpus: Any, on: bool) -> dict[str, Any]:
     Raises:
         CorpusError: ``dense-unavailable`` (on, extra missing), ``corpus-readonly``.
     """
-    db = corpus._require_writable()
+    db = corpus.record.require_writable()
     if on and not extra_available():
         raise unavailable_error()
     ensure_schema(db)
-    corpus._set_meta(META_ENABLED, "1" if on else "0")
+    corpus.record.set_meta(META_ENABLED, "1" if on else "0")
     return status(corpus)
 
 
@@ -683,11 +683,11 @@ def status(corpus: Any) -> dict[str, Any]:
     """
     out: dict[str, Any] = {"enabled": False, "installed": extra_available(),
                            "model": STATIC_MODEL_PREFIX, "vectors": 0, "chunks": 0, "missing": 0}
-    db = corpus._db
+    db = corpus.record.db
     if db is None:
         return out
     out["enabled"] = enabled(corpus)
-    out["model"] = corpus._get_meta(META_MODEL) or STATIC_MODEL_PREFIX
+    out["model"] = corpus.record.get_meta(META_MODEL) or STATIC_MODEL_PREFIX
     try:
         out["chunks"] = db.execute(
             "SELECT COUNT(*) FROM chunks c JOIN documents d ON d.doc_id = c.doc_id "
@@ -734,7 +734,7 @@ def embed_missing(corpus: Any, embedder: Embedder | None = None, *,
     if (isinstance(batch_size, bool) or not isinstance(batch_size, int)
             or not 1 <= batch_size <= 1024):
         raise CorpusError("query-invalid", "The batch size must be an integer from 1 to 1024.")
-    db = corpus._require_writable()
+    db = corpus.record.require_writable()
     started = time.perf_counter()
     distill = 0.0
     if embedder is None:
@@ -742,7 +742,7 @@ def embed_missing(corpus: Any, embedder: Embedder | None = None, *,
             raise unavailable_error()
         static = static_embedder(corpus.home)
         distill = static.ensure()
-        with corpus._lock:
+        with corpus.record.lock:
             ensure_schema(db)
             texts = [txt for _c, txt, _h, _v in _chunk_rows(db, "")]
         if static.needs_fit(len(texts)):
@@ -751,9 +751,9 @@ def embed_missing(corpus: Any, embedder: Embedder | None = None, *,
     else:
         model = embedder
     batch_size = max(batch_size, int(getattr(model, "preferred_batch", 0) or 0))
-    with corpus._lock:
+    with corpus.record.lock:
         ensure_schema(db)
-        with corpus._tx():
+        with corpus.record.tx():
             pruned = db.execute(
                 "DELETE FROM chunk_vectors WHERE model != ? OR chunk_id NOT IN "
                 "(SELECT chunk_id FROM chunks)", (model.model_id,)).rowcount
@@ -774,7 +774,7 @@ def embed_missing(corpus: Any, embedder: Embedder | None = None, *,
         if vecs.shape != (len(part), model.dim):
             raise CorpusError("dense-unavailable", "The dense model returned vectors of the "
                                                    "wrong shape.")
-        with corpus._lock, corpus._tx():
+        with corpus.record.lock, corpus.record.tx():
             db.executemany(
                 "INSERT INTO chunk_vectors(chunk_id, model, text_hash, dim, vec) "
                 "VALUES (?,?,?,?,?) ON CONFLICT(chunk_id, model) DO UPDATE SET "
@@ -786,8 +786,8 @@ def embed_missing(corpus: Any, embedder: Embedder | None = None, *,
             progress(done, len(todo))
     embed_seconds = time.perf_counter() - embed_started
     if enable:
-        corpus._set_meta(META_ENABLED, "1")
-    corpus._set_meta(META_MODEL, model.model_id)
+        corpus.record.set_meta(META_ENABLED, "1")
+    corpus.record.set_meta(META_MODEL, model.model_id)
     return {"model": model.model_id, "chunks": len(rows), "embedded": len(todo),
             "current": len(rows) - len(todo), "pruned": max(0, pruned),
             "seconds": round(time.perf_counter() - started, 3),
@@ -849,7 +849,7 @@ def load_matrix(corpus: Any, model_id: str, dim: int = DIM) -> _Matrix:
     """
     import numpy as np
 
-    db = corpus._db
+    db = corpus.record.db
     if db is None:
         return _Matrix((), [], np.zeros((0, dim), dtype=np.float32), 0, {})
     with _CACHE_LOCK:
@@ -973,7 +973,7 @@ def _view_mask(corpus: Any, view: Any, m: Any) -> Any:
             docs = list(view.docs)
             for i in range(0, len(docs), 500):
                 part = docs[i:i + 500]
-                ids.update(r[0] for r in corpus._db.execute(
+                ids.update(r[0] for r in corpus.record.db.execute(
                     f"SELECT chunk_id FROM chunks WHERE doc_id IN ({','.join('?' * len(part))})",
                     part))
             view.chunk_ids = ids
@@ -1004,7 +1004,7 @@ def auto_pass(corpus: Any, query: str, *, k: int, deadline: float | None = None,
         "ms"})`` when it ran. Never raises.
     """
     try:
-        if corpus._db is None or not enabled(corpus):
+        if corpus.record.db is None or not enabled(corpus):
             return None, None
     except sqlite3.Error:
         return None, None

@@ -51,7 +51,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from node.corpus import archives, chunking, parsers, search
+from node.corpus import archives, chunking, parsers, search, sources
 from node.corpus.ignore import RootFilter
 from node.corpus.types import Root
 
@@ -144,10 +144,9 @@ def hidden(rel: str) -> bool:
 
 
 def _inside(path: Path, base: Path) -> bool:
-    try:
-        return path.is_relative_to(base)
-    except ValueError:  # pragma: no cover
-        return False
+    """``path`` is ``base`` or below it (:func:`node.corpus.sources.inside`, the corpus's
+    one containment test; both absolute, in the same spelling)."""
+    return sources.inside(os.fspath(path), os.fspath(base)) is not None
 
 
 #: A folder holding this file is a Kith node home (identity, peers, policy, approvals):
@@ -342,8 +341,8 @@ class Writer:
 
     def __init__(self, corpus: Corpus) -> None:
         self.c = corpus
-        self.db = corpus._db
-        self.writer = corpus._writer
+        self.db = corpus.record.db
+        self.writer = corpus.record.writer
         self.report: dict[str, Any] = {
             "indexed": 0, "updated": 0, "skipped": 0, "removed": 0, "failed": 0,
             "empty": 0, "chunks": 0, "files": 0, "bytes": 0, "errors": [],
@@ -368,7 +367,7 @@ class Writer:
         """One all-or-nothing group of writes: a savepoint inside the open batch
         (:meth:`begin_batch`), else its own ``BEGIN IMMEDIATE`` transaction."""
         if self._batch is None:
-            with self.c._tx():
+            with self.c.record.tx():
                 yield
             return
         self.db.execute("SAVEPOINT w")
@@ -503,7 +502,7 @@ class Writer:
         if self.dirty and (force or self.pending_chunks >= COMMIT_EVERY_CHUNKS):
             self.end_batch(force=True)
             t0 = time.perf_counter()
-            self.c._commit_index()
+            self.c.record.commit_index()
             self.stages["commit"] += time.perf_counter() - t0
             self.pending_chunks = 0
             self.dirty = False
@@ -914,7 +913,7 @@ class Sync(Writer):
                     row["source_id"] != source_id_of(row["root_prefix"], row["rel_path"])):
                 self.remove(row["doc_id"])
         self.maybe_commit(force=True)
-        self.c._set_meta("last_sync", now_rfc3339())
+        self.c.record.set_meta("last_sync", now_rfc3339())
         self.report["seconds"] = round(time.monotonic() - started, 3)
         return self.report
 
@@ -1010,21 +1009,3 @@ def run_sync(corpus: Corpus, progress: Progress | None, mode: str = "new_only",
     finally:
         if timings is not None:
             timings.update(run.stages)
-
-
-def iter_chunks_for_index(db: Any, doc_ids: list[str] | None = None,
-                          ) -> Iterator[tuple[str, str, str, tuple[str, str]]]:
-    """Yield ``(chunk_id, doc_id, text, (page title, section))`` of ``done`` documents
-    (all, or ``doc_ids``; :func:`node.corpus.search.index_title`)."""
-    sql = ("SELECT c.chunk_id, c.doc_id, c.text, c.heading_path, d.source_id FROM chunks c "
-           "JOIN documents d ON d.doc_id = c.doc_id WHERE d.status = 'done'")
-    if doc_ids is None:
-        batches: list[tuple[str, tuple[Any, ...]]] = [(sql, ())]
-    else:
-        batches = []
-        for i in range(0, len(doc_ids), 500):
-            part = doc_ids[i:i + 500]
-            batches.append((sql + f" AND c.doc_id IN ({','.join('?' * len(part))})", tuple(part)))
-    for q, params in batches:
-        for cid, did, text, hp, sid in db.execute(q, params):
-            yield cid, did, text, search.index_title(sid, json.loads(hp))

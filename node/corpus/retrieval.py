@@ -46,11 +46,14 @@ find the chunk; absent when the pass did not run).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import sqlite3
+import stat
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -58,7 +61,7 @@ from typing import Any
 
 import tantivy
 
-from node.corpus import search
+from node.corpus import search, sources
 from node.corpus.types import Hit
 from node.common.errors import CorpusError
 
@@ -353,7 +356,7 @@ def run_pass(searcher: Any, query: Any, depth: int, ids: StoredIds,
 
 class _Order:
     """The fused candidate order as chunk ids — (−score, chunk id) — resolved as it is read
-    (what :meth:`node.corpus.store.Corpus._materialize` walks): items are sorted by score
+    (what :func:`_materialize` walks): items are sorted by score
     alone up front, and a run of equal scores is put in chunk-id order (reading its ids)
     only when a position inside it is first read. Fills ``doc_of`` and ``key_of`` (chunk
     id → fusion key) for every id it hands out."""
@@ -451,7 +454,7 @@ def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str]) -> bool:
     """True when every chunk in ``chunk_ids`` contains every stem (body or heading)."""
     if not chunk_ids or not stems:
         return False
-    db = corpus._db
+    db = corpus.record.db
     rows = db.execute(
         "SELECT text, heading_path FROM chunks WHERE chunk_id IN "
         f"({','.join('?' * len(chunk_ids))})", chunk_ids).fetchall()
@@ -555,7 +558,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
     def expired() -> bool:
         return deadline is not None and time.monotonic() >= deadline
 
-    with corpus._lock:
+    with corpus.record.lock:
         if expired():
             controller.update(earlyStop=True, stopReason="budget-exhausted")
             controller["passes"] = [{"name": p, "status": "skipped", "candidates": 0}
@@ -563,12 +566,12 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             return [], controller
         view = None
         if visible is None:
-            searcher = corpus._searcher()
+            searcher = corpus.record.searcher()
         else:
-            corpus._searcher()  # the same availability rules as the owner's search
-            view = corpus._view(visible)
+            corpus.record.searcher()  # the same availability rules as the owner's search
+            view = corpus.view(visible)
             searcher = view.searcher()
-        schema = corpus._index.schema
+        schema = corpus.record.index.schema
         bq, field_used = search.baseline_query(schema, query)
         queries: dict[str, Any] = {"baseline-bm25": bq}
         if "exact-entity" in plan.passes:
@@ -673,7 +676,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             order = _Order(fused, ids, doc_of, key_of)
             counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
                                      "dedupedPerDocument")}
-            hits = corpus._materialize(order, doc_of, lambda c: fused[key_of[c]], filters,
+            hits = _materialize(corpus, order, doc_of, lambda c: fused[key_of[c]], filters,
                                        limit, max_per_document, counts)
             if len(hits) >= limit or not saturated or depth >= MAX_DEPTH or expired():
                 break
@@ -698,7 +701,7 @@ def _components(cid: Any, raw: dict[str, dict[Any, float]], fused: dict[Any, flo
 
 
 def _doc_of(corpus: Any, cid: str, doc_of: dict[str, str]) -> bool:
-    row = corpus._db.execute("SELECT doc_id FROM chunks WHERE chunk_id=?", (cid,)).fetchone()
+    row = corpus.record.db.execute("SELECT doc_id FROM chunks WHERE chunk_id=?", (cid,)).fetchone()
     if row is None:
         return False
     doc_of[cid] = row[0]
@@ -708,9 +711,164 @@ def _doc_of(corpus: Any, cid: str, doc_of: dict[str, str]) -> bool:
 def _index_lag(corpus: Any) -> int:
     import sqlite3
 
-    applied = int(corpus._get_meta("index_applied_seq") or 0)
+    applied = int(corpus.record.get_meta("index_applied_seq") or 0)
     try:
-        top = corpus._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+        top = corpus.record.db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
     except sqlite3.Error:
         top = applied
     return max(0, top - applied)
+
+
+def _location(row: sqlite3.Row) -> dict[str, Any]:
+    """Citation location of a chunk row: line range, heading path, and the page range
+    for a PDF (``page``/``pageEnd``, 1-based)."""
+    loc: dict[str, Any] = {"lineStart": row["line_start"], "lineEnd": row["line_end"],
+                           "headingPath": json.loads(row["heading_path"])}
+    if row["page_start"] is not None:
+        loc["page"] = row["page_start"]
+        loc["pageEnd"] = row["page_end"]
+    return loc
+
+
+def _served(db: Any, row: sqlite3.Row, origins: sources.SourceNormalizer
+            ) -> tuple[bool, str | None]:
+    """Serve-time origin check (DESIGN §9, seed ``provider-origins``): ``(served,
+    canonical id of the origin)``, the file resolved once
+    (:meth:`node.corpus.sources.SourceNormalizer.served_file`).
+
+    A file chunk is served only while its file is still inside its (resolved) root
+    — symlinks resolved — and unchanged: same size and mtime, or same size and
+    SHA-256. An archive member is checked through its archive's row the same way.
+    A datasource record's origin is its record id: it is served while its row is
+    ``done`` (the caller only passes ``done`` rows). The id is what
+    :class:`node.corpus.sources.SourceNormalizer` gives the document's source (None
+    when it has none); a document not served gets ``(False, None)``.
+    """
+    origin = row["origin"]
+    if origin == "record":
+        return True, origins(row["source_id"])
+    if origin == "member":
+        parent = db.execute(
+            "SELECT root_prefix, rel_path, size, mtime_ns, content_hash, origin, source_id "
+            "FROM documents WHERE doc_id=? AND status='done' AND origin='archive'",
+            (row["parent_doc_id"],)).fetchone()
+        if parent is None or not _served(db, parent, origins)[0]:
+            return False, None
+        return True, origins(row["source_id"])
+    found = origins.served_file(row["root_prefix"], row["rel_path"])
+    if found is None:
+        return False, None
+    real, st, canonical = found
+    if not stat.S_ISREG(st.st_mode) or st.st_size != row["size"]:
+        return False, None
+    if st.st_mtime_ns == row["mtime_ns"]:
+        return True, canonical
+    try:
+        with open(real, "rb") as fh:
+            same = hashlib.file_digest(fh, "sha256").hexdigest() == row["content_hash"]
+    except (OSError, ValueError):
+        return False, None
+    return (True, canonical) if same else (False, None)
+
+
+def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
+                 score_of: Callable[[str], float], filters: dict[str, Any], limit: int,
+                 max_per_document: int, counts: dict[str, int]) -> list[Hit]:
+    """Turn fused candidates into hits: document checks first (SQLite row, filters,
+    per-document cap, serve-time origin), then chunk rows for the survivors only.
+    A candidate whose document or chunk is not in SQLite is ignored (authoritative).
+
+    ``order`` is read front to back (it may resolve chunk ids as it is read, filling
+    ``doc_of`` for each id it hands out); ``score_of(chunk_id)`` is the fused score.
+    Hits carry no ``score_components`` (the controller adds them)."""
+    db = corpus.record.db
+    assert db is not None
+    docs: dict[str, sqlite3.Row] = {}
+    looked: set[str] = set()
+    window = max(2 * limit, 20)  # document rows are read for this many candidates at a time
+    seen_to = 0
+
+    def load_docs(upto: int) -> None:
+        nonlocal seen_to
+        want = [d for d in dict.fromkeys(doc_of[c] for c in order[seen_to:upto])
+                if d not in looked]
+        seen_to = max(seen_to, upto)
+        looked.update(want)
+        for j in range(0, len(want), 500):
+            part = want[j:j + 500]
+            for r in db.execute(
+                    "SELECT doc_id, source_id, root_prefix, rel_path, size, mtime_ns, "
+                    "content_hash, indexed_at, metadata, origin, parent_doc_id FROM "
+                    "documents WHERE status = 'done' "
+                    f"AND doc_id IN ({','.join('?' * len(part))})", part):
+                docs[r["doc_id"]] = r
+
+    resolver: sources.SourceNormalizer | None = None
+
+    def origins() -> sources.SourceNormalizer:  # the roots' real folders: once per answer
+        nonlocal resolver
+        if resolver is None:
+            resolver = sources.SourceNormalizer(corpus.roots())
+        return resolver
+
+    serve: dict[str, bool] = {}
+    origin_of: dict[str, str | None] = {}  # doc_id -> canonical id of its served origin
+    meta_of: dict[str, dict[str, Any]] = {}
+    per_doc: dict[str, int] = {}
+    stale: list[str] = []
+    hits: list[Hit] = []
+    i = 0
+    while len(hits) < limit and i < len(order):
+        batch: list[str] = []
+        while i < len(order) and len(hits) + len(batch) < limit:
+            if i >= seen_to:
+                load_docs(i + window)
+            cid = order[i]
+            i += 1
+            did = doc_of[cid]
+            drow = docs.get(did)
+            if drow is None:
+                counts["orphaned"] += 1
+                continue
+            if did not in meta_of:
+                meta_of[did] = json.loads(drow["metadata"] or "{}")
+            if filters and not search.passes_filters(drow["source_id"], meta_of[did], filters):
+                counts["filteredOut"] += 1
+                continue
+            if per_doc.get(did, 0) >= max_per_document:
+                counts["dedupedPerDocument"] += 1
+                continue
+            if did not in serve:
+                serve[did], origin_of[did] = _served(db, drow, origins())
+                if not serve[did]:
+                    stale.append(did)
+            if not serve[did]:
+                counts["withheldStale"] += 1
+                continue
+            per_doc[did] = per_doc.get(did, 0) + 1
+            batch.append(cid)
+        if not batch:
+            break
+        rows = {r["chunk_id"]: r for r in db.execute(
+            "SELECT chunk_id, doc_id, text, line_start, line_end, heading_path, page_start, "
+            "page_end FROM chunks "
+            f"WHERE chunk_id IN ({','.join('?' * len(batch))})", batch)}
+        for cid in batch:
+            row = rows.get(cid)
+            did = doc_of[cid]
+            if row is None or row["doc_id"] != did:
+                counts["orphaned"] += 1
+                per_doc[did] -= 1
+                continue
+            drow = docs[did]
+            hits.append(Hit(
+                chunk_id=cid, source_id=drow["source_id"], text=row["text"],
+                score=score_of(cid),
+                location=_location(row),
+                content_hash=drow["content_hash"] or "", indexed_at=drow["indexed_at"] or "",
+                root_prefix=None if drow["origin"] == "record" else drow["root_prefix"],
+                rel_path=None if drow["origin"] == "record" else drow["rel_path"],
+                metadata=meta_of[did], origin_id=origin_of[did],
+            ))
+    corpus.record.flag_stale(stale)
+    return hits

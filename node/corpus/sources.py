@@ -27,7 +27,7 @@ import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from node.corpus.types import Root
+from node.corpus.types import Hit, Root
 
 #: Longest accepted source (characters, after NFC); longer input normalizes to ``None``.
 MAX_SOURCE_CHARS = 4096
@@ -37,6 +37,36 @@ _SEPS = "/\\"
 _MULTI_SLASH = re.compile(r"/{2,}")
 _CANON_DRIVE = re.compile(r"^/[A-Z]:(/|$)")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # undecodable file-name bytes: not UTF-8 on the wire
+
+
+_O_PATH = getattr(os, "O_PATH", 0)
+_PROC_FD = Path("/proc/self/fd")
+
+
+def resolve_file(path: str) -> tuple[str, os.stat_result]:
+    """``(real path, stat)`` of an existing file, every symlink resolved (the serve-time
+    resolver: :meth:`SourceNormalizer.served_file`).
+
+    On Linux the kernel resolves the path once (``O_PATH`` open, the descriptor's
+    ``/proc/self/fd`` link, ``fstat`` on the same descriptor: a few syscalls, and the
+    path checked is the file stat'ed); elsewhere, or without ``/proc``,
+    ``os.path.realpath(strict=True)`` then ``os.stat``.
+
+    Raises:
+        OSError: the path does not exist or cannot be resolved.
+    """
+    if _O_PATH:
+        fd = os.open(path, _O_PATH | os.O_CLOEXEC)
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+            if real.startswith("/") and not real.endswith(" (deleted)"):
+                return real, os.fstat(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    real = os.path.realpath(path, strict=True)
+    return real, os.stat(real)
 
 
 def lexical_form(source: object) -> str | None:
@@ -141,8 +171,15 @@ def _realpath(path: str) -> str | None:
         return None
 
 
-def _inside(path: str, folder: str) -> str | None:
-    """Return ``path`` relative to ``folder`` ('' for the folder itself), or ``None``."""
+def inside(path: str, folder: str) -> str | None:
+    """The one containment test of the corpus: ``path`` relative to ``folder`` ('' for the
+    folder itself), or ``None`` when it is not inside.
+
+    Both are absolute paths in the same spelling (resolved, when symlinks matter);
+    segments are compared whole (``/a/bc`` is not inside ``/a/b``), exactly and
+    lexically — no file-system access. Used by the normalizer, the serve-time origin check
+    (:meth:`SourceNormalizer.served_file`) and the sync's walk (:mod:`node.corpus.ingest`).
+    """
     if path == folder:
         return ""
     base = folder if folder.endswith(os.sep) else folder + os.sep
@@ -157,11 +194,11 @@ def _fold(name: str) -> str:
 
 
 def _inside_folded(path: str, folder: str) -> str | None:
-    """:func:`_inside`, comparing whole segments case-insensitively (NFC + casefold).
+    """:func:`inside`, comparing whole segments case-insensitively (NFC + casefold).
 
     Returns the relative part spelled as in ``path`` (its case is corrected later).
     """
-    exact = _inside(path, folder)
+    exact = inside(path, folder)
     if exact is not None:
         return exact
     parts = [p for p in path.split(os.sep) if p]
@@ -245,13 +282,17 @@ class SourceNormalizer:
         real = [(_realpath(r.path), r) for r in self.roots]
         self._real: list[tuple[str, Root]] = sorted(
             ((p, r) for p, r in real if p), key=lambda pr: len(pr[0]), reverse=True)
+        self._real_of: dict[str, str] = {}
+        for p, r in real:
+            if p:
+                self._real_of.setdefault(r.prefix, p)
         self._names: set[str] = {r.path.rstrip(_SEPS) or "/" for r in self.roots}
         self._names.update(p for p, _ in self._real)
         if case_insensitive is None:
             case_insensitive = bool(self._real) and detect_case_insensitive(self._real[0][0])
         self.case_insensitive = case_insensitive
         self._listdir = listdir
-        self._contains = _inside_folded if case_insensitive else _inside
+        self._contains = _inside_folded if case_insensitive else inside
 
     def _on_disk(self, folder: str, rel: str) -> str | None:
         """``rel`` (inside ``folder``) with each existing segment in its on-disk case.
@@ -336,6 +377,36 @@ class SourceNormalizer:
             return None  # inside a root by name, outside every root after symlinks
         return canon
 
+    def served_file(self, prefix: str, rel_path: str
+                    ) -> tuple[str, os.stat_result, str | None] | None:
+        """Resolve the file ``rel_path`` of the root ``prefix`` once, for serving it
+        (DESIGN §9 serve-time origin, seed ``provider-origins``; run once per document per
+        answer by :mod:`node.corpus.retrieval`).
+
+        Args:
+            prefix: the document's root prefix (its tracking row's ``root_prefix``).
+            rel_path: its path relative to the root, ``/``-separated, on-disk spelling.
+
+        Returns:
+            ``(real path, stat of that file, canonical id)`` when the file exists and its
+            real path (every symlink resolved, :func:`resolve_file`) lies inside its own
+            root's real folder (:func:`inside`); the canonical id is the one
+            :meth:`__call__` gives the file (the longest containing root wins, on-disk case
+            on a case-insensitive file system), or None when it has none. ``None`` when the
+            prefix is unknown, the file is gone, or it resolves outside its root. Never
+            raises.
+        """
+        folder = self._real_of.get(prefix)
+        if folder is None:
+            return None
+        try:
+            real, st = resolve_file(os.path.join(folder, rel_path))
+        except (OSError, ValueError):
+            return None
+        if inside(real, folder) is None:
+            return None
+        return real, st, self._virtual_of(real)
+
     def resolve(self, source_id: str) -> Path | None:
         """Return the real path of virtual id ``source_id``; see :func:`resolve_source_id`."""
         canon = lexical_form(source_id)
@@ -344,7 +415,7 @@ class SourceNormalizer:
             return None
         root, target = virtual
         real_root = _realpath(root.path)
-        if real_root is None or _inside(target, real_root) is None:
+        if real_root is None or inside(target, real_root) is None:
             return None
         return Path(target)
 
@@ -390,3 +461,25 @@ def resolve_source_id(source_id: str, roots: Sequence[Root]) -> Path | None:
         root, or resolves outside its own root (symlink escape). Never raises.
     """
     return SourceNormalizer(roots).resolve(source_id)
+
+
+def carried_id(hit: Hit) -> str | None:
+    """The canonical id resolved for ``hit`` when it was served (``Hit.origin_id``), if it
+    still belongs to the hit's source id — then the gate and the owner's view use it
+    instead of resolving the source again; None otherwise (normalize ``hit.source_id``).
+
+    It belongs when the source id is the hit's own origin as recorded:
+    ``/<root_prefix>/<rel_path>`` (as written or in NFC, what the record stores) for a file
+    or archive member; for a datasource record (no root), when it is the lexical form of
+    the source id. A hit whose source id was changed after it was served, or that was
+    built without one, gets None.
+    """
+    oid = hit.origin_id
+    if oid is None:
+        return None
+    if hit.root_prefix is None:
+        return oid if lexical_form(hit.source_id) == oid else None
+    textual = f"/{hit.root_prefix}/{hit.rel_path}" if hit.rel_path else f"/{hit.root_prefix}"
+    if hit.source_id == textual or hit.source_id == unicodedata.normalize("NFC", textual):
+        return oid
+    return None

@@ -1,127 +1,30 @@
-"""The corpus store: SQLite (the record) plus a tantivy BM25 index derived from it.
+"""The corpus façade: roots, sync, search and status over one corpus record (DESIGN §9).
 
-Layout under ``<home>/corpus/`` (DESIGN §9, §13):
-
-- ``corpus.sqlite3`` (WAL): ``roots``, ``documents`` (the tracking rows), ``chunks``,
-  ``changes`` (the change log) and ``meta`` (``index_applied_seq``: the last change the
-  tantivy index holds; ``last_sync``; schema versions);
-- ``tantivy/``: the BM25 index, rebuildable from SQLite at any time;
-- ``writer.lock``: held (``flock``) by the one process writing; names its owner.
-
-Disagreement between the two is safe by construction (seed ``provider-origins``):
-SQLite is written first and is authoritative; a tantivy hit whose chunk is not in
-SQLite (or whose document is not ``done``) is ignored; chunk ids change when content
-changes, so a stale tantivy document can never be mistaken for a current chunk; and
-when a writer starts it replays every change after ``index_applied_seq`` (or rebuilds
-the index when its document count disagrees with SQLite or its schema is older).
+:class:`Corpus` is what the rest of Kith opens. The record itself — SQLite, the tantivy
+index and writer, the writer lock, transactions and metadata — is
+:class:`node.corpus.record.Record` (its module docstring describes the layout under
+``<home>/corpus/`` and why SQLite and tantivy may disagree safely); sync is
+:mod:`node.corpus.ingest`, the multi-pass search :mod:`node.corpus.retrieval`, a peer's
+view index :mod:`node.corpus.views`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import os
 import re
-import shutil
+import json
 import sqlite3
-import stat
-import sys
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import tantivy
 
 from node.corpus import archives, chunking, ingest, search
+from node.corpus.record import Record
 from node.corpus.types import Hit, Root
 from node.common.errors import CorpusError
-from node.common.home import acquire_owner_lock, lock_active, lock_owner, release_owner_lock
-
-SCHEMA_VERSION = 2
-_WRITER_HEAP = 128_000_000
-#: Indexing threads of the corpus writer: 0 = tantivy's default (one per core). One
-#: thread was measured (issue 10 item 6, load average 6-9): Kith's schema alone on the
-#: python-docs chunks took 1.62 s CPU / 2.45 s wall with one thread against 2.19 s /
-#: 3.28 s with the default, but whole syncs interleaved were 6.3-7.1 s against 5.0-8.2 s
-#: (2 of 3 pairs for one thread) — not shown better, and on a quiet machine one thread
-#: would leave tantivy's share of a sync on a single core; the default is kept.
-_WRITER_THREADS = 0
-
-_DDL = """
-CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS roots(
-    prefix TEXT PRIMARY KEY, path TEXT NOT NULL UNIQUE, chunker TEXT NOT NULL,
-    chunk_size INTEGER NOT NULL, chunk_overlap INTEGER NOT NULL, added_at TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS documents(
-    doc_id TEXT PRIMARY KEY, source_id TEXT NOT NULL UNIQUE,
-    root_prefix TEXT NOT NULL, rel_path TEXT NOT NULL, kind TEXT,
-    size INTEGER, mtime_ns INTEGER, content_hash TEXT,
-    status TEXT NOT NULL CHECK (status IN ('processing', 'done', 'error')),
-    chunk_count INTEGER NOT NULL DEFAULT 0, error_code TEXT, error_message TEXT,
-    encoding TEXT, encoding_fallback INTEGER NOT NULL DEFAULT 0, chunker_sig TEXT,
-    stale INTEGER NOT NULL DEFAULT 0, indexed_at TEXT, updated_at TEXT NOT NULL,
-    metadata TEXT NOT NULL DEFAULT '{}', origin TEXT NOT NULL DEFAULT 'file',
-    parent_doc_id TEXT, parse_notes TEXT NOT NULL DEFAULT '{}');
-CREATE INDEX IF NOT EXISTS documents_root ON documents(root_prefix);
-CREATE TABLE IF NOT EXISTS chunks(
-    chunk_id TEXT PRIMARY KEY, doc_id TEXT NOT NULL, ordinal INTEGER NOT NULL,
-    text TEXT NOT NULL, line_start INTEGER, line_end INTEGER,
-    heading_path TEXT NOT NULL DEFAULT '[]', page_start INTEGER, page_end INTEGER);
-CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);
-CREATE TABLE IF NOT EXISTS removed_prefixes(prefix TEXT PRIMARY KEY, removed_at TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS changes(
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, doc_id TEXT NOT NULL, op TEXT NOT NULL);
-"""
-# columns added after schema 1 (added in place on an older record; nothing is rewritten)
-_ADDED_COLUMNS = {
-    "documents": (("origin", "TEXT NOT NULL DEFAULT 'file'"), ("parent_doc_id", "TEXT"),
-                  # how the file was read (parsers.ParsedDocument.notes), issue 20
-                  ("parse_notes", "TEXT NOT NULL DEFAULT '{}'")),
-    "chunks": (("page_start", "INTEGER"), ("page_end", "INTEGER")),
-}
-_POST_DDL = "CREATE INDEX IF NOT EXISTS documents_parent ON documents(parent_doc_id);"
-
-
-def _location(row: sqlite3.Row) -> dict[str, Any]:
-    """Citation location of a chunk row: line range, heading path, and the page range
-    for a PDF (``page``/``pageEnd``, 1-based)."""
-    loc: dict[str, Any] = {"lineStart": row["line_start"], "lineEnd": row["line_end"],
-                           "headingPath": json.loads(row["heading_path"])}
-    if row["page_start"] is not None:
-        loc["page"] = row["page_start"]
-        loc["pageEnd"] = row["page_end"]
-    return loc
-
-
-_O_PATH = getattr(os, "O_PATH", 0)
-_PROC_FD = Path("/proc/self/fd")
-
-
-def _resolve(path: str) -> tuple[str, os.stat_result]:
-    """``(real path, stat)`` of an existing file, every symlink resolved.
-
-    On Linux the kernel resolves the path once (``O_PATH`` open, the descriptor's
-    ``/proc/self/fd`` link, ``fstat`` on the same descriptor: a few syscalls, and the
-    path checked is the file stat'ed); elsewhere, or without ``/proc``,
-    ``os.path.realpath(strict=True)`` then ``os.stat``.
-
-    Raises:
-        OSError: the path does not exist or cannot be resolved.
-    """
-    if _O_PATH:
-        fd = os.open(path, _O_PATH | os.O_CLOEXEC)
-        try:
-            real = os.readlink(f"/proc/self/fd/{fd}")
-            if real.startswith("/") and not real.endswith(" (deleted)"):
-                return real, os.fstat(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    real = os.path.realpath(path, strict=True)
-    return real, os.stat(real)
+from node.common.home import lock_active
 
 
 #: ``kith index add --name``: what a chosen prefix may be (one path segment, no markup).
@@ -169,51 +72,18 @@ class Corpus:
     def __init__(self, home: Path | str, *, readonly: bool = False,
                  archive_limits: archives.ArchiveLimits = archives.DEFAULT_LIMITS) -> None:
         self.home = Path(home)
-        self.readonly = readonly
         self.archive_limits = archive_limits
-        self._held = False  # the writer is kept between calls (watch)
-        self.dir = self.home / "corpus"
-        self.db_path = self.dir / "corpus.sqlite3"
-        self.index_dir = self.dir / "tantivy"
-        self.lock_path = self.dir / "writer.lock"
-        self._lock = threading.RLock()
-        self._db: sqlite3.Connection | None = None
-        self._index: Any = None
-        self._writer: Any = None
-        self._wlock_fd: int | None = None
-        self._views: Any = None  # node.corpus.views.Views, made at a view's first search
-        self._reader: tuple[Any, Any] | None = None  # (meta.json stamp, searcher)
-        self._segments: tuple[Any, int, int] | None = None  # (stamp, max_doc sum, deleted)
-        if readonly and not self.db_path.exists():
-            return
-        if not readonly:
-            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._db = sqlite3.connect(self.db_path, timeout=10.0, isolation_level=None,
-                                   check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA busy_timeout=10000")
-        if readonly and self._get_meta("schema_version") != str(SCHEMA_VERSION):
-            with contextlib.suppress(sqlite3.Error):  # an older record: add the new columns
-                self._migrate()
-        if not readonly:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_DDL)
-            self._migrate()
-            if self._get_meta("schema_version") != str(SCHEMA_VERSION):
-                self._set_meta("schema_version", str(SCHEMA_VERSION))
-
-    # -- plumbing ---------------------------------------------------------------------
-    def _migrate(self) -> None:
-        """Add the columns newer schemas have to an older record (idempotent)."""
-        db = self._db
-        assert db is not None
-        for table, cols in _ADDED_COLUMNS.items():
-            have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
-            for name, decl in cols:
-                if name not in have:
-                    db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
-        db.executescript(_POST_DDL)
+        #: the record: SQLite, the tantivy index and writer, the writer lock (its lock
+        #: guards every read and write; sync, retrieval, views and dense work on it)
+        self.record = Record(self.home / "corpus", readonly=readonly)
+        self.readonly = readonly
+        self.dir = self.record.dir
+        self.db_path = self.record.db_path
+        self.index_dir = self.record.index_dir
+        self.lock_path = self.record.lock_path
+        #: the peers' view indexes (:class:`node.corpus.views.Views`), made at a view's
+        #: first search
+        self.views: Any = None
 
     def __enter__(self) -> Corpus:
         return self
@@ -223,45 +93,10 @@ class Corpus:
 
     def close(self) -> None:
         """Release the writer (if held) and close SQLite. Idempotent."""
-        with self._lock:
-            self._release_writer()
-            self._index = None
-            if self._views is not None:
-                self._views.clear()
-            if self._db is not None:
-                self._db.close()
-                self._db = None
-
-    @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        assert self._db is not None
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
-
-    def _get_meta(self, key: str) -> str | None:
-        if self._db is None:
-            return None
-        try:
-            row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        except sqlite3.OperationalError:
-            return None
-        return row[0] if row else None
-
-    def _set_meta(self, key: str, value: str) -> None:
-        with self._tx():
-            self._db.execute(  # type: ignore[union-attr]
-                "INSERT INTO meta(key, value) VALUES (?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
-
-    def _require_writable(self) -> sqlite3.Connection:
-        if self.readonly or self._db is None:
-            raise CorpusError("corpus-readonly")
-        return self._db
+        with self.record.lock:
+            if self.views is not None:
+                self.views.clear()
+            self.record.close()
 
     # -- roots --------------------------------------------------------------------------
     def add_root(self, path: str | Path, *, chunker: str = "recursive",
@@ -297,8 +132,8 @@ class Corpus:
             raise CorpusError("root-name-invalid",
                               f"--name {name!r}: use 1-64 of A-Z a-z 0-9 . _ -, starting with a "
                               "letter or digit.")
-        with self._lock:
-            db = self._require_writable()
+        with self.record.lock:
+            db = self.record.require_writable()
             p = Path(path).expanduser()
             if not p.is_dir():
                 raise CorpusError("root-not-found",
@@ -309,7 +144,7 @@ class Corpus:
                 raise CorpusError("root-too-broad", f"{real} is {broad}: indexing it would read "
                                   "everything below it (virtualenvs, caches, other people's files).")
             base = real.name or "root"
-            with self._tx():
+            with self.record.tx():
                 if db.execute("SELECT 1 FROM roots WHERE path=?", (str(real),)).fetchone():
                     raise CorpusError("root-exists", f"{real} is already a source root.")
                 taken = {r[0] for r in db.execute("SELECT prefix FROM roots")}
@@ -363,19 +198,19 @@ class Corpus:
             CorpusError: ``root-unknown``, ``index-locked``, ``corpus-readonly``.
         """
         prefix = prefix.strip("/")
-        with self._lock:
-            db = self._require_writable()
+        with self.record.lock:
+            db = self.record.require_writable()
             root = next((r for r in self.roots() if r.prefix == prefix), None)
             if root is None:
                 raise CorpusError("root-unknown", f"No source root has the prefix /{prefix}/.",
                                   hint="`kith index status` lists the roots")
-            with self._writing():
+            with self.record.writing():
                 rows = db.execute("SELECT doc_id, chunk_count FROM documents WHERE root_prefix=? "
                                   "AND origin != 'record'", (prefix,)).fetchall()
                 chunks = db.execute("SELECT COUNT(*) FROM chunks c JOIN documents d ON "
                                     "d.doc_id = c.doc_id WHERE d.root_prefix=? AND d.origin != 'record'",
                                     (prefix,)).fetchone()[0]
-                with self._tx():
+                with self.record.tx():
                     for (doc_id, _n) in rows:
                         db.execute("DELETE FROM chunks WHERE doc_id=?", (doc_id,))
                         db.execute("DELETE FROM documents WHERE doc_id=?", (doc_id,))
@@ -383,12 +218,12 @@ class Corpus:
                     db.execute("DELETE FROM roots WHERE prefix=?", (prefix,))
                     db.execute("INSERT OR REPLACE INTO removed_prefixes(prefix, removed_at) VALUES (?, ?)",
                                (prefix, ingest.now_rfc3339()))
-                assert self._writer is not None
+                assert self.record.writer is not None
                 for (doc_id, _n) in rows:
-                    self._writer.delete_documents_by_term("doc_id", doc_id)
-                self._commit_index()
-            if self._views is not None:
-                self._views.clear()
+                    self.record.writer.delete_documents_by_term("doc_id", doc_id)
+                self.record.commit_index()
+            if self.views is not None:
+                self.views.clear()
             return {"prefix": prefix, "path": root.path, "documents": len(rows), "chunks": chunks}
 
     def configure_root(self, prefix: str, *, chunker: str | None = None,
@@ -401,8 +236,8 @@ class Corpus:
         Raises:
             CorpusError: ``root-unknown``, ``chunking-invalid``, ``corpus-readonly``.
         """
-        with self._lock:
-            db = self._require_writable()
+        with self.record.lock:
+            db = self.record.require_writable()
             current = next((r for r in self.roots() if r.prefix == prefix), None)
             if current is None:
                 raise CorpusError("root-unknown", "No source root has that prefix.")
@@ -412,154 +247,27 @@ class Corpus:
                        chunk_overlap=(current.chunk_overlap if chunk_overlap is None
                                       else chunk_overlap))
             _check_chunking(new.chunker, new.chunk_size, new.chunk_overlap)
-            with self._tx():
+            with self.record.tx():
                 db.execute("UPDATE roots SET chunker=?, chunk_size=?, chunk_overlap=? WHERE prefix=?",
                            (new.chunker, new.chunk_size, new.chunk_overlap, prefix))
             return new
 
     def roots(self) -> list[Root]:
-        """The registered roots, in the order they were added."""
-        with self._lock:
-            if self._db is None:
-                return []
-            try:
-                rows = self._db.execute(
-                    "SELECT prefix, path, chunker, chunk_size, chunk_overlap FROM roots "
-                    "ORDER BY rowid").fetchall()
-            except sqlite3.OperationalError:
-                return []
-            return [Root(prefix=r[0], path=r[1], chunker=r[2], chunk_size=r[3],
-                         chunk_overlap=r[4]) for r in rows]
+        """The registered roots, in the order they were added (:meth:`Record.roots
+        <node.corpus.record.Record.roots>`)."""
+        return self.record.roots()
 
     def source_ids(self) -> list[str]:
         """The canonical source id of every document in the record (any status; archive
         members included), sorted — what ``kith policy set|check`` measure a rule against.
         ``[]`` when there is no corpus yet."""
-        with self._lock:
-            if self._db is None:
+        with self.record.lock:
+            if self.record.db is None:
                 return []
             try:
-                return [r[0] for r in self._db.execute("SELECT source_id FROM documents ORDER BY source_id")]
+                return [r[0] for r in self.record.db.execute("SELECT source_id FROM documents ORDER BY source_id")]
             except sqlite3.OperationalError:
                 return []
-
-    # -- the writer -----------------------------------------------------------------------
-    def _owner_text(self) -> str:
-        return lock_owner(self.lock_path)
-
-    def _locked(self) -> CorpusError:
-        return CorpusError(
-            "index-locked",
-            f"Another process is writing this corpus index ({self._owner_text()}).",
-            hint="Wait for that sync to finish (or stop it), then run the command again.")
-
-    def _acquire_writer(self) -> None:
-        """Take the writer lock, open/create the index, and repair it from SQLite."""
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = acquire_owner_lock(self.lock_path, " ".join(["kith", *sys.argv[1:3]]))
-        if fd is None:
-            raise self._locked()
-        self._wlock_fd = fd
-        try:
-            rebuild = self._get_meta("index_schema_version") != str(search.INDEX_SCHEMA_VERSION)
-            index = None
-            if not rebuild and tantivy.Index.exists(str(self.index_dir)):
-                try:
-                    index = tantivy.Index.open(str(self.index_dir))
-                except ValueError:
-                    rebuild = True
-            if index is None:
-                if self.index_dir.exists():
-                    shutil.rmtree(self.index_dir)
-                self.index_dir.mkdir(parents=True)
-                index = tantivy.Index(search.build_schema(), path=str(self.index_dir))
-                rebuild = True
-            search.register_analyzers(index)
-            try:
-                self._writer = index.writer(_WRITER_HEAP, _WRITER_THREADS)
-            except ValueError as exc:
-                if "LockBusy" in str(exc):
-                    raise self._locked() from None
-                raise
-            self._index = index
-            self._reader = None
-            self._repair(full=rebuild)
-        except BaseException:
-            self._release_writer()
-            raise
-
-    def _release_writer(self) -> None:
-        self._held = False
-        if self._writer is not None:
-            writer, self._writer = self._writer, None
-            with contextlib.suppress(Exception):
-                writer.rollback()
-            with contextlib.suppress(Exception):
-                writer.wait_merging_threads()
-            del writer
-        if self._wlock_fd is not None:
-            fd, self._wlock_fd = self._wlock_fd, None
-            release_owner_lock(fd)
-
-    def _commit_index(self) -> None:
-        """Commit tantivy, then record the last applied change in SQLite."""
-        db = self._db
-        assert db is not None and self._writer is not None
-        seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
-        self._writer.commit()
-        with self._tx():
-            db.execute("INSERT INTO meta(key, value) VALUES ('index_applied_seq', ?) "
-                       "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (str(seq),))
-            db.execute("DELETE FROM changes WHERE seq <= ?", (seq,))
-
-    def _repair(self, *, full: bool) -> None:
-        """Bring tantivy in line with SQLite (replay the change log, or rebuild)."""
-        db = self._db
-        assert db is not None and self._writer is not None and self._index is not None
-        w = self._writer
-        if not full:
-            applied = int(self._get_meta("index_applied_seq") or 0)
-            pending = [r[0] for r in db.execute(
-                "SELECT DISTINCT doc_id FROM changes WHERE seq > ?", (applied,))]
-            if pending:
-                for doc_id in pending:
-                    w.delete_documents_by_term("doc_id", doc_id)
-                for cid, did, text, title in ingest.iter_chunks_for_index(db, pending):
-                    w.add_document(search.make_document(cid, did, text, title))
-                self._commit_index()
-            self._index.reload()
-            expected = db.execute("SELECT COUNT(*) FROM chunks c JOIN documents d "
-                                  "ON d.doc_id = c.doc_id WHERE d.status='done'").fetchone()[0]
-            full = self._index.searcher().num_docs != expected
-        if full:
-            w.delete_all_documents()
-            for cid, did, text, title in ingest.iter_chunks_for_index(db):
-                w.add_document(search.make_document(cid, did, text, title))
-            self._commit_index()
-            self._set_meta("index_schema_version", str(search.INDEX_SCHEMA_VERSION))
-
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
-        """Hold the writer for one operation (or reuse the one :meth:`hold_writer` keeps)."""
-        self._require_writable()
-        if self._held:
-            try:
-                yield
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    self._commit_index()
-                raise
-            return
-        self._acquire_writer()
-        try:
-            yield
-        except BaseException:
-            # what SQLite already holds must reach the index (or be replayed later)
-            with contextlib.suppress(Exception):
-                self._commit_index()
-            raise
-        finally:
-            self._release_writer()
 
     def hold_writer(self) -> None:
         """Take the writer lock now and keep it until :meth:`close` (``kith index watch``,
@@ -568,11 +276,7 @@ class Corpus:
         Raises:
             CorpusError: ``index-locked`` (naming the owner), ``corpus-readonly``.
         """
-        with self._lock:
-            self._require_writable()
-            if not self._held:
-                self._acquire_writer()
-                self._held = True
+        self.record.hold_writer()
 
     # -- sync -------------------------------------------------------------------------------
     def sync(self, *, progress: ingest.Progress | None = None,
@@ -608,11 +312,11 @@ class Corpus:
         if mode not in ingest.MODES:
             raise CorpusError("sync-mode-invalid",
                               f"The sync mode must be one of {', '.join(ingest.MODES)}.")
-        with self._lock, self._writing():
+        with self.record.lock, self.record.writing():
             report = ingest.run_sync(self, progress, mode, self.archive_limits, timings)
             # what the last sync did not index, and why: `kith index status` lists it
             skipped = [*report.get("skippedSources", []), *report.get("skippedFolders", [])]
-            self._set_meta("last_sync_skipped", json.dumps(skipped[:ingest.MAX_SKIPPED_LISTED]))
+            self.record.set_meta("last_sync_skipped", json.dumps(skipped[:ingest.MAX_SKIPPED_LISTED]))
             return report
 
     def sync_paths(self, paths: Iterable[str | Path]) -> dict[str, Any]:
@@ -626,7 +330,7 @@ class Corpus:
         Raises:
             CorpusError: ``index-locked``, ``corpus-readonly``.
         """
-        with self._lock, self._writing():
+        with self.record.lock, self.record.writing():
             return ingest.Sync(self, None, "new_only", self.archive_limits).run_paths(paths)
 
     def import_records(self, path: str | Path, *, kind: str, instance: str,
@@ -640,40 +344,14 @@ class Corpus:
         """
         from node.corpus import datasource
 
-        with self._lock:
-            self._require_writable()
+        with self.record.lock:
+            self.record.require_writable()
             datasource.check_names(kind, instance, {r.prefix for r in self.roots()})
-            with self._writing():
+            with self.record.writing():
                 return datasource.import_jsonl(self, Path(path), kind=kind, instance=instance,
                                                replace=replace)
 
     # -- search -----------------------------------------------------------------------------
-    def _searcher(self) -> Any:
-        if self._db is None or self._get_meta("index_schema_version") != str(
-                search.INDEX_SCHEMA_VERSION):
-            raise CorpusError("index-unavailable",
-                              "The corpus index is missing or out of date; run `kith index sync`.")
-        if self._index is None:
-            try:
-                index = tantivy.Index.open(str(self.index_dir))
-            except ValueError:
-                raise CorpusError("index-unavailable",
-                                  "The corpus index is unreadable; run `kith index sync`.") from None
-            search.register_analyzers(index)
-            self._index = index
-            self._reader = None
-        # tantivy rewrites meta.json (a new file, renamed into place) at every commit: the
-        # reader is reloaded only when it changed (one stat instead of a reload per search)
-        try:
-            st = os.stat(self.index_dir / "meta.json")
-            stamp: tuple[int, ...] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
-        except OSError:
-            stamp = None
-        if self._reader is None or stamp is None or self._reader[0] != stamp:
-            self._index.reload()
-            self._reader = (stamp, self._index.searcher())
-        return self._reader[1]
-
     def warm_view(self, visible: Any) -> int:
         """Build (or bring up to date) the index of the view ``visible`` now, so its first
         search does not pay for it (a host can warm the anonymous view at start).
@@ -687,94 +365,25 @@ class Corpus:
         Raises:
             CorpusError: ``index-unavailable`` (no corpus or no index yet).
         """
-        with self._lock:
-            self._searcher()
-            return len(self._view(visible).docs)
+        with self.record.lock:
+            self.record.searcher()
+            return len(self.view(visible).docs)
 
-    def _view(self, visible: Any) -> Any:
+    def view(self, visible: Any) -> Any:
         """The :class:`node.corpus.views.ViewIndex` of the documents ``visible`` lets a view
-        see, current with the record (callers hold :attr:`_lock`)."""
+        see, current with the record (callers hold ``record.lock``).
+
+        Raises:
+            CorpusError: ``index-unavailable`` (from :meth:`Record.searcher
+                <node.corpus.record.Record.searcher>`, when the view sees the whole corpus
+                and is served by the main index).
+        """
         from node.corpus import views
 
-        if self._views is None:
-            self._views = views.Views()
-        assert self._db is not None
-        return self._views.index_for(self._db, visible, self._main_searcher_for)
-
-    def _main_searcher_for(self, chunks: int) -> Any | None:
-        """The main index's searcher when it holds exactly ``chunks`` live documents,
-        none deleted-but-counted and no change pending (``index_lag`` 0), else None —
-        then a view seeing every ``done`` document ranks exactly as on its own index
-        (:mod:`node.corpus.views`). Reads ``meta.json`` once per index generation."""
-        searcher = self._searcher()
-        if self.index_lag():
-            return None
-        stamp = self._reader[0] if self._reader is not None else None
-        if stamp is None:
-            return None
-        if self._segments is None or self._segments[0] != stamp:
-            try:
-                meta = json.loads((self.index_dir / "meta.json").read_text("utf-8"))
-                segs = meta.get("segments", [])
-                live = sum(int(sg.get("max_doc", 0)) for sg in segs)
-                deleted = sum(int((sg.get("deletes") or {}).get("num_deleted_docs", 0))
-                              for sg in segs)
-            except (OSError, ValueError, TypeError, AttributeError):
-                return None
-            self._segments = (stamp, live, deleted)
-        _, live, deleted = self._segments
-        if deleted or live != chunks or searcher.num_docs != chunks:
-            return None
-        return searcher
-
-    def _serve_ok(self, row: sqlite3.Row, base: str | None) -> bool:
-        """Serve-time origin check (DESIGN §9, seed ``provider-origins``).
-
-        A file chunk is served only while its file is still inside its (resolved) root
-        — symlinks resolved — and unchanged: same size and mtime, or same size and
-        SHA-256. An archive member is checked through its archive's row the same way.
-        A datasource record's origin is its record id: it is served while its row is
-        ``done`` (the caller only passes ``done`` rows).
-        """
-        keys = row.keys()
-        origin = row["origin"] if "origin" in keys else "file"
-        if origin == "record":
-            return True
-        if origin == "member":
-            parent = self._db.execute(  # type: ignore[union-attr]
-                "SELECT rel_path, size, mtime_ns, content_hash, origin FROM documents "
-                "WHERE doc_id=? AND status='done' AND origin='archive'",
-                (row["parent_doc_id"],)).fetchone()
-            return parent is not None and self._serve_ok(parent, base)
-        if base is None:
-            return False
-        try:
-            real, st = _resolve(os.path.join(base, row["rel_path"]))
-            # both are absolute and normalized (resolved): inside = equal or below base
-            if real != base and not real.startswith(base.rstrip(os.sep) + os.sep):
-                return False
-            if not stat.S_ISREG(st.st_mode) or st.st_size != row["size"]:
-                return False
-            if st.st_mtime_ns == row["mtime_ns"]:
-                return True
-            with open(real, "rb") as fh:
-                return hashlib.file_digest(fh, "sha256").hexdigest() == row["content_hash"]
-        except (OSError, ValueError):
-            return False
-
-    def _flag_stale(self, doc_ids: list[str]) -> None:
-        if not doc_ids or self._db is None:
-            return
-        try:  # best effort: a busy writer must not fail a search
-            self._db.execute("PRAGMA busy_timeout=200")
-            with self._tx():
-                self._db.executemany("UPDATE documents SET stale=1 WHERE doc_id=?",
-                                     [(d,) for d in doc_ids])
-        except sqlite3.Error:
-            pass
-        finally:
-            with contextlib.suppress(sqlite3.Error):
-                self._db.execute("PRAGMA busy_timeout=10000")
+        if self.views is None:
+            self.views = views.Views()
+        assert self.record.db is not None
+        return self.views.index_for(self.record.db, visible, self.record.main_searcher_for)
 
     def search_hits(self, query: str, *, limit: int, filters: dict[str, Any] | None = None,
                     deadline: float | None = None,
@@ -818,113 +427,6 @@ class Corpus:
                                     deadline=deadline, max_per_document=max_per_document,
                                     visible=visible)
 
-    def _materialize(self, order: Sequence[str], doc_of: dict[str, str],
-                     score_of: Callable[[str], float], filters: dict[str, Any], limit: int,
-                     max_per_document: int, counts: dict[str, int]) -> list[Hit]:
-        """Turn fused candidates into hits: document checks first (SQLite row, filters,
-        per-document cap, serve-time origin), then chunk rows for the survivors only.
-        A candidate whose document or chunk is not in SQLite is ignored (authoritative).
-
-        ``order`` is read front to back (it may resolve chunk ids as it is read, filling
-        ``doc_of`` for each id it hands out); ``score_of(chunk_id)`` is the fused score.
-        Hits carry no ``score_components`` (the controller adds them)."""
-        db = self._db
-        assert db is not None
-        docs: dict[str, sqlite3.Row] = {}
-        looked: set[str] = set()
-        window = max(2 * limit, 20)  # document rows are read for this many candidates at a time
-        seen_to = 0
-
-        def load_docs(upto: int) -> None:
-            nonlocal seen_to
-            want = [d for d in dict.fromkeys(doc_of[c] for c in order[seen_to:upto])
-                    if d not in looked]
-            seen_to = max(seen_to, upto)
-            looked.update(want)
-            for j in range(0, len(want), 500):
-                part = want[j:j + 500]
-                for r in db.execute(
-                        "SELECT doc_id, source_id, root_prefix, rel_path, size, mtime_ns, "
-                        "content_hash, indexed_at, metadata, origin, parent_doc_id FROM "
-                        "documents WHERE status = 'done' "
-                        f"AND doc_id IN ({','.join('?' * len(part))})", part):
-                    docs[r["doc_id"]] = r
-
-        bases_cache: dict[str, str | None] | None = None
-
-        def bases() -> dict[str, str | None]:
-            nonlocal bases_cache
-            if bases_cache is None:
-                bases_cache = {}
-                for r in self.roots():
-                    try:
-                        bases_cache[r.prefix] = os.path.realpath(r.path, strict=True)
-                    except OSError:
-                        bases_cache[r.prefix] = None
-            return bases_cache
-
-        serve: dict[str, bool] = {}
-        meta_of: dict[str, dict[str, Any]] = {}
-        per_doc: dict[str, int] = {}
-        stale: list[str] = []
-        hits: list[Hit] = []
-        i = 0
-        while len(hits) < limit and i < len(order):
-            batch: list[str] = []
-            while i < len(order) and len(hits) + len(batch) < limit:
-                if i >= seen_to:
-                    load_docs(i + window)
-                cid = order[i]
-                i += 1
-                did = doc_of[cid]
-                drow = docs.get(did)
-                if drow is None:
-                    counts["orphaned"] += 1
-                    continue
-                if did not in meta_of:
-                    meta_of[did] = json.loads(drow["metadata"] or "{}")
-                if filters and not search.passes_filters(drow["source_id"], meta_of[did], filters):
-                    counts["filteredOut"] += 1
-                    continue
-                if per_doc.get(did, 0) >= max_per_document:
-                    counts["dedupedPerDocument"] += 1
-                    continue
-                if did not in serve:
-                    serve[did] = (drow["origin"] == "record"
-                                  or self._serve_ok(drow, bases().get(drow["root_prefix"])))
-                    if not serve[did]:
-                        stale.append(did)
-                if not serve[did]:
-                    counts["withheldStale"] += 1
-                    continue
-                per_doc[did] = per_doc.get(did, 0) + 1
-                batch.append(cid)
-            if not batch:
-                break
-            rows = {r["chunk_id"]: r for r in db.execute(
-                "SELECT chunk_id, doc_id, text, line_start, line_end, heading_path, page_start, "
-                "page_end FROM chunks "
-                f"WHERE chunk_id IN ({','.join('?' * len(batch))})", batch)}
-            for cid in batch:
-                row = rows.get(cid)
-                did = doc_of[cid]
-                if row is None or row["doc_id"] != did:
-                    counts["orphaned"] += 1
-                    per_doc[did] -= 1
-                    continue
-                drow = docs[did]
-                hits.append(Hit(
-                    chunk_id=cid, source_id=drow["source_id"], text=row["text"],
-                    score=score_of(cid),
-                    location=_location(row),
-                    content_hash=drow["content_hash"] or "", indexed_at=drow["indexed_at"] or "",
-                    root_prefix=None if drow["origin"] == "record" else drow["root_prefix"],
-                    rel_path=None if drow["origin"] == "record" else drow["rel_path"],
-                    metadata=meta_of[did],
-                ))
-        self._flag_stale(stale)
-        return hits
-
     # -- stats ------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Counts and readiness.
@@ -943,14 +445,14 @@ class Corpus:
             ever completed — a sync was killed; the next ``kith index sync`` finishes
             it. Never raises for a missing corpus (all zero, not ready).
         """
-        with self._lock:
+        with self.record.lock:
             out: dict[str, Any] = {"roots": 0, "documents": 0, "done": 0, "chunks": 0,
                                    "failed": 0, "empty": 0, "processing": 0, "stale": 0,
                                    "ready": False, "last_sync": None, "index_lag": 0,
                                    "sync_running": False, "interrupted": False}
-            if self._db is None:
+            if self.record.db is None:
                 return out
-            db = self._db
+            db = self.record.db
             try:
                 out["roots"] = db.execute("SELECT COUNT(*) FROM roots").fetchone()[0]
                 for status, code, stale, n, chunks in db.execute(
@@ -969,17 +471,17 @@ class Corpus:
                         out["failed"] += n
                     if stale:
                         out["stale"] += n
-                applied = int(self._get_meta("index_applied_seq") or 0)
+                applied = int(self.record.get_meta("index_applied_seq") or 0)
                 top = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
                 out["index_lag"] = max(0, top - applied)
             except sqlite3.OperationalError:
                 return out
-            out["last_sync"] = self._get_meta("last_sync")
+            out["last_sync"] = self.record.get_meta("last_sync")
             out["ready"] = bool(
                 out["last_sync"] and not out["index_lag"]
-                and self._get_meta("index_schema_version") == str(search.INDEX_SCHEMA_VERSION)
+                and self.record.get_meta("index_schema_version") == str(search.INDEX_SCHEMA_VERSION)
                 and tantivy.Index.exists(str(self.index_dir)))
-            out["sync_running"] = self._writer is not None or lock_active(self.lock_path)
+            out["sync_running"] = self.record.writer is not None or lock_active(self.lock_path)
             out["interrupted"] = not out["sync_running"] and bool(
                 out["processing"] or out["index_lag"]
                 or (out["documents"] and not out["last_sync"]))
@@ -987,25 +489,17 @@ class Corpus:
 
     def index_lag(self) -> int:
         """Changes the record holds that the tantivy index does not (0 when current or
-        when there is no corpus). Cheap: two reads of ``meta`` and ``changes``' key."""
-        with self._lock:
-            if self._db is None:
-                return 0
-            try:
-                applied = int(self._get_meta("index_applied_seq") or 0)
-                top = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
-            except sqlite3.Error:
-                return 0
-            return max(0, top - applied)
+        when there is no corpus; :meth:`Record.index_lag <node.corpus.record.Record.index_lag>`)."""
+        return self.record.index_lag()
 
     def index_syncing(self) -> bool:
         """True while the index is not settled: no sync has completed yet (a first sync
         may be running) or the index lags the record (:meth:`index_lag` > 0: a sync is
         writing, or a crash left changes to replay). Depends on index state only."""
-        with self._lock:
-            if self._db is None:
+        with self.record.lock:
+            if self.record.db is None:
                 return False
-            return self._get_meta("last_sync") is None or self.index_lag() > 0
+            return self.record.get_meta("last_sync") is None or self.index_lag() > 0
 
     def repair_lag(self) -> str:
         """Replay the changes the index lacks now, if the writer lock is free — without
@@ -1020,21 +514,21 @@ class Corpus:
         Raises:
             CorpusError: only for a corrupt index the writer cannot open.
         """
-        with self._lock:
-            if self._db is None:
+        with self.record.lock:
+            if self.record.db is None:
                 return "unavailable"
-            if self._writer is not None or self.index_lag() == 0:
+            if self.record.writer is not None or self.index_lag() == 0:
                 return "current"
-            if self._get_meta("index_schema_version") is None:
+            if self.record.get_meta("index_schema_version") is None:
                 return "current"  # never indexed: `kith index sync` builds it
             try:
-                self._acquire_writer()  # non-blocking flock; replays the change log
+                self.record.acquire_writer()  # non-blocking flock; replays the change log
             except CorpusError as exc:
                 if exc.code == "index-locked":
                     return "locked"
                 raise
-            self._release_writer()
-            self._index = None  # reopened (and reloaded) by the next search
+            self.record.release_writer()
+            self.record.index = None  # reopened (and reloaded) by the next search
             return "repaired" if self.index_lag() == 0 else "locked"
 
     def status_report(self, *, max_listed: int = 1000) -> dict[str, Any]:
@@ -1065,8 +559,8 @@ class Corpus:
         out.update(byStatus={"processing": 0, "done": 0, "error": 0}, rootList=[],
                    datasources=[], failedDocuments=[], staleDocuments=[],
                    processingDocuments=[], readNotes=[], skippedSources=[])
-        with self._lock:
-            db = self._db
+        with self.record.lock:
+            db = self.record.db
             if db is None:
                 return out
             try:
@@ -1124,7 +618,7 @@ class Corpus:
                         "parse_notes LIKE '%frontMatter%') ORDER BY source_id LIMIT ?",
                         (max_listed,))]
                 try:
-                    out["skippedSources"] = json.loads(self._get_meta("last_sync_skipped") or "[]")[:max_listed]
+                    out["skippedSources"] = json.loads(self.record.get_meta("last_sync_skipped") or "[]")[:max_listed]
                 except ValueError:
                     out["skippedSources"] = []
             except sqlite3.OperationalError:

@@ -50,6 +50,13 @@ class Hit:
         rel_path: path relative to the root, ``/``-separated (``None`` for records).
         metadata: optional ``date``, ``project``, ``tags``, ``workType``, ``lifecycle``,
             ``sourceSet``, ``agent`` values.
+        origin_id: the canonical source id of the document's origin, resolved once when
+            the corpus served it (:meth:`node.corpus.sources.SourceNormalizer.served_file`
+            for a file; the normalized source id of an archive member or a datasource
+            record); the egress gate decides policy on it instead of resolving the source
+            again (:func:`node.corpus.sources.carried_id`). None when the hit was not
+            served by the corpus (or its origin has no canonical id): the gate then
+            normalizes ``source_id`` itself. Never sent.
     """
 
     chunk_id: str
@@ -63,3 +70,4 @@ class Hit:
     root_prefix: str | None = None
     rel_path: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    origin_id: str | None = None

@@ -48,7 +48,8 @@ from typing import Any
 
 import tantivy
 
-from node.corpus import ingest, search, sources
+from node.corpus import search, sources
+from node.corpus.record import iter_chunks_for_index
 
 #: View indexes kept per corpus handle (least recently used evicted).
 MAX_VIEWS = 4
@@ -159,7 +160,7 @@ class Views:
         Args:
             main: ``main(chunks) -> searcher | None``: the main index's searcher when it
                 holds exactly ``chunks`` live documents and nothing deleted or pending
-                (:meth:`node.corpus.store.Corpus._main_searcher_for`); asked only when
+                (:meth:`node.corpus.record.Record.main_searcher_for`); asked only when
                 the view sees every ``done`` document. A view it answers is served from
                 the main index (:attr:`ViewIndex.on_main`), not copied into RAM.
         """
@@ -199,6 +200,11 @@ class Views:
         self._last = (docs, view)
         return view
 
+    def __len__(self) -> int:
+        """The number of RAM view indexes kept (at most :data:`MAX_VIEWS`; a view served
+        by the main index is not counted)."""
+        return len(self._indexes)
+
     def clear(self) -> None:
         """Forget every view (the corpus is closing)."""
         self._indexes.clear()
@@ -215,7 +221,7 @@ def _new_index() -> Any:
 
 
 def _add(writer: Any, db: sqlite3.Connection, doc_ids: list[str]) -> None:
-    for cid, did, text, title in ingest.iter_chunks_for_index(db, sorted(doc_ids)):
+    for cid, did, text, title in iter_chunks_for_index(db, sorted(doc_ids)):
         writer.add_document(search.make_document(cid, did, text, title))
 
 

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from node.corpus.sources import SourceNormalizer
+from node.corpus.sources import SourceNormalizer, carried_id
 from node.corpus.types import Hit, Root
 from node.common.errors import EgressRefused, PolicyError
 from node.policy.store import DEFAULT_TIER, Decision, Policy, file_stamp
@@ -193,13 +193,26 @@ class EgressGate:
         A hit whose source id does not normalize, or whose normalized id differs from the
         id of its own origin (``/<root_prefix>/<rel_path>``, when ``root_prefix`` is set),
         gets the invalid decision (``private``, not allowed). Returned hits carry their
-        canonical ``source_id``. Each distinct source is normalized and decided once per
-        call (a document's chunks share it), at serve time.
+        canonical ``source_id``. A hit the corpus served carries its origin's canonical id,
+        resolved once at serve time (``Hit.origin_id``); when that id belongs to the hit's
+        source id (:func:`node.corpus.sources.carried_id`) the decision is made on it and
+        nothing is resolved again. Any other hit is normalized here: each distinct source
+        once per call (a document's chunks share it).
         """
         policy = policy or self.policy
         out: list[tuple[Hit, Decision]] = []
         decided: dict[str, Decision] = {}  # chunks of one source: one decision per call
+        by_id: dict[str, Decision] = {}  # the same for carried canonical ids
         for hit in hits:
+            carried = carried_id(hit)
+            if carried is not None:
+                decision = by_id.get(carried)
+                if decision is None:
+                    decision = by_id[carried] = policy.decide(carried, peer_name)
+                if decision.canonical is not None and decision.canonical != hit.source_id:
+                    hit = dataclasses.replace(hit, source_id=decision.canonical)
+                out.append((hit, decision))
+                continue
             decision = decided.get(hit.source_id)
             if decision is None:
                 decision = decided[hit.source_id] = self.decide(hit.source_id, peer_name, policy=policy)
