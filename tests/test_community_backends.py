@@ -328,4 +328,5 @@ def test_postgres_without_psycopg_names_the_extra(tmp_path: Path) -> None:
             "except CommunityError as e:\n    print(e.code, e.hint)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
-    assert out.stdout.strip() == "database-driver-missing pip install 'kith-node[postgres]'"
+    assert out.stdout.strip() == ("database-driver-missing from the kith checkout: scripts/setup --postgres, "
+                                  "or pip install '.[postgres]'")
