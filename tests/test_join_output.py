@@ -511,13 +511,15 @@ def test_join_says_whom_it_waits_for_and_stops_on_time(tmp_path: Path) -> None:
         gone = gerr.text()
         connecting_at = gerr.wait_for("connecting to ", 1)
         failed_at = gerr.wait_for("error [transport-connect-failed]", 1)
-        # Ctrl-C while connecting: gone at once
-        c, _, cerr = start("--query", "cleanup")
-        cerr.wait_for("still connecting to ", 60)
-        c.send_signal(_signal.SIGINT)
-        interrupted = time.monotonic()
-        assert c.wait(timeout=30) == 130
-        stopped = time.monotonic() - interrupted
+        # Ctrl-C while connecting, with questions given or at the interactive prompt: gone at once
+        stopped = []
+        for extra in (("--query", "cleanup"), ()):
+            c, _, cerr = start(*extra)
+            cerr.wait_for("still connecting to ", 60)
+            c.send_signal(_signal.SIGINT)
+            interrupted = time.monotonic()
+            assert c.wait(timeout=30) == 130
+            stopped.append(time.monotonic() - interrupted)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -536,4 +538,4 @@ def test_join_says_whom_it_waits_for_and_stops_on_time(tmp_path: Path) -> None:
     seconds = [int(m) for m in re.findall(rf"still connecting to {key}… \((\d+) s of 15 s\)", gone)]
     assert len(seconds) >= 12 and seconds == sorted(seconds), gone
     assert failed_at - connecting_at < 15.0, f"gave up {failed_at - connecting_at:.1f} s after 'connecting to'"
-    assert stopped < 1.0, f"exited {stopped:.2f} s after Ctrl-C"
+    assert max(stopped) < 1.0, f"exited {stopped} s after Ctrl-C"
