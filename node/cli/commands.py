@@ -449,9 +449,10 @@ def join_cmd(
     try:
         outcome = anyio.run(main, backend="asyncio")
     except (KeyboardInterrupt, KithError) as exc:
-        if interactive and at_prompt[0]:  # the session ended (Ctrl-C, error) under the prompt
-            _exit_now(exc if isinstance(exc, KithError) else None, json_out,
-                      130 if isinstance(exc, KeyboardInterrupt) else None)
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: the session is cleaned up; stop now,
+            _exit_now(None, json_out, 130)      # not after the interpreter's ~0.3 s teardown
+        if interactive and at_prompt[0]:  # the session ended (error) under the prompt
+            _exit_now(exc, json_out)
         raise
     try:
         _join_result(outcome, query, answered, interactive)
