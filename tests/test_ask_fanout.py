@@ -332,6 +332,8 @@ def test_kith_ask_cli_json_exit_codes_and_local(tmp_path):
     assert [p["name"] for p in env["peers"]] == ["alice"] and env["answered"] == 1
     assert nobody.returncode == 1
     assert json.loads(nobody.stdout)["peers"][0]["code"] == "peer-not-found"
+    # every peer refused: nothing is missing, yet the answer is not complete (issue 20)
+    assert json.loads(nobody.stdout)["missing"] == [] and json.loads(nobody.stdout)["complete"] is False
     assert many.returncode == 2 and "ask-too-many-peers" in many.stderr
     assert human.returncode == 0 and "alice" in human.stdout and "/kb-alice/deploy.md" in human.stdout
     # off a terminal: rank, peer, source and its line range on one unwrapped line
@@ -610,3 +612,49 @@ def test_the_local_row_keeps_one_open_corpus_that_sees_a_later_sync(tmp_path):
         assert "/kb/b.md" in [r["source"] for r in third["envelope"]["results"]]
     finally:
         search.close()
+
+
+def test_kith_ask_with_a_killed_host_says_it_waits_and_ends_on_time(tmp_path):
+    """Issue 20: two real `kith host` processes, one SIGKILLed; `kith ask --timeout 3`
+    prints on stderr, from 2 s on, whom it is waiting for (stdout: the envelope only),
+    prints its answer at the deadline and the process is gone within 0.5 s of it (today
+    it lingered ~3 s closing the dead connection)."""
+    import time
+
+    procs = []
+    try:
+        guest_home = _home(tmp_path, "guest")
+        for name in ("alice", "bob"):
+            proc, invite = _start_host_process(tmp_path, name)
+            procs.append(proc)
+            _pin(guest_home, name, invite)
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait()
+        ask = subprocess.Popen([*KITH, "--home", str(guest_home), "ask", "staging server", "--peer", "alice",
+                                "--peer", "bob", "--offline", "--json", "--timeout", "3"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        try:
+            line = ask.stdout.readline()
+            printed = time.monotonic()
+            rest = ask.stdout.read()
+            ask.wait(timeout=30)
+            ended = time.monotonic()
+            err = ask.stderr.read()
+        finally:
+            if ask.poll() is None:
+                ask.kill()
+                ask.wait()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    env = json.loads(line)
+    valid(env)
+    assert rest == "" and ask.returncode == 0, err
+    rows = {p["name"]: p for p in env["peers"]}
+    assert rows["alice"]["status"] == "ok" and rows["bob"]["status"] == "peer-timeout"
+    assert env["missing"] == ["bob"] and env["complete"] is False
+    assert 3000 <= env["elapsedMs"] < 3500  # the answer came at the deadline
+    assert ended - printed < 0.5, f"exited {ended - printed:.2f} s after printing its answer"
+    assert re.search(r"^waiting for bob \(2 s of 3 s\)…$", err, re.M), err
+    assert "alice" not in err  # it answered: nobody is waiting on it

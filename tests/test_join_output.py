@@ -431,3 +431,112 @@ def test_a_host_that_dies_is_never_a_silent_wait(tmp_path: Path) -> None:
     assert "error [transport-connect-failed]" in r.stderr
     assert r.stdout == ""
 
+
+
+class _Lines:
+    """Read a child's pipe in a thread: every line with the time it arrived."""
+
+    def __init__(self, pipe) -> None:
+        import threading
+
+        self.lines: list[tuple[float, str]] = []
+        self._t = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self._t.start()
+
+    def _read(self, pipe) -> None:
+        for line in pipe:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def wait_for(self, text: str, timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for t, line in list(self.lines):
+                if text in line:
+                    return t
+            time.sleep(0.05)
+        raise AssertionError(f"{text!r} not seen in {timeout} s: {self.lines}")
+
+    def text(self) -> str:
+        self._t.join(timeout=10)
+        return "\n".join(line for _, line in self.lines)
+
+
+@pytest.mark.iroh
+@pytest.mark.slow
+def test_join_says_whom_it_waits_for_and_stops_on_time(tmp_path: Path) -> None:
+    """Issue 20, over real processes (off a terminal, so no spinner: plain stderr lines).
+    A question outstanding for 2 s to a killed host: "still waiting for … to answer q2"
+    from 2 s on, again every few seconds, until the heartbeat's dead-peer bound ends it
+    (shortened to 6 s through its test-only variable). Joining the killed host again: a
+    line each second while it keeps trying, and the error at the connect bound (not ~3 s
+    later). Ctrl-C while connecting: the process is gone at once."""
+    import signal as _signal
+
+    KITH, Host, kith = _kith()
+    docs = tmp_path / "docs"
+    (docs / "public").mkdir(parents=True)
+    (docs / "public" / "intro.md").write_text(DOCS["public/intro.md"])
+    home, guest = tmp_path / "host", tmp_path / "guest"
+    for args in (("init",), ("index", "add", str(docs)), ("index", "sync"), ("policy", "set", "/docs/**", "public")):
+        assert kith(home, *args, timeout=300).returncode == 0, args
+    assert kith(guest, "init").returncode == 0
+    invite = tmp_path / "invite.json"
+    host = Host(home, "--invite-file", str(invite))
+    env = {**os.environ, "KITH_TEST_HEARTBEAT": "0.5,6"}
+    base = [*KITH, "--home", str(guest), "join", str(invite), "--local", "--trust"]
+    procs: list[subprocess.Popen] = []
+
+    def start(*extra: str) -> tuple[subprocess.Popen, _Lines, _Lines]:
+        p = subprocess.Popen([*base, *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+        procs.append(p)
+        return p, _Lines(p.stdout), _Lines(p.stderr)
+
+    try:
+        j, out, err = start()
+        j.stdin.write("cleanup\n")
+        j.stdin.flush()
+        out.wait_for("[q1] ok", 90)
+        host.proc.kill()
+        host.proc.wait(timeout=10)
+        sent = time.monotonic()
+        j.stdin.write("cleanup\n")
+        j.stdin.flush()
+        assert j.wait(timeout=60) == 1
+        ended = time.monotonic()
+        waited = [(t - sent, line) for t, line in err.lines if "still waiting for" in line]
+        text = err.text()
+        # the host is gone: a new join says each second that it is still trying
+        g, _, gerr = start("--query", "cleanup")
+        assert g.wait(timeout=60) == 1
+        gone = gerr.text()
+        connecting_at = gerr.wait_for("connecting to ", 1)
+        failed_at = gerr.wait_for("error [transport-connect-failed]", 1)
+        # Ctrl-C while connecting, with questions given or at the interactive prompt: gone at once
+        stopped = []
+        for extra in (("--query", "cleanup"), ()):
+            c, _, cerr = start(*extra)
+            cerr.wait_for("still connecting to ", 60)
+            c.send_signal(_signal.SIGINT)
+            interrupted = time.monotonic()
+            assert c.wait(timeout=30) == 130
+            stopped.append(time.monotonic() - interrupted)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if host.proc.poll() is None:
+            host.stop()
+    key = json.loads(invite.read_text())["host_public_key"][:16]
+    assert "error [peer-unresponsive]" in text, text
+    assert len(waited) >= 2, text
+    first_s, first = waited[0]
+    assert re.search(rf"still waiting for {key}… to answer q2 \(2 s; gives up after 6 s without a word from it\)",
+                     first), first
+    assert 1.8 <= first_s < 4.0 and waited[1][0] - first_s >= 2.5, waited
+    assert all(t <= ended - sent for t, _ in waited)
+    seconds = [int(m) for m in re.findall(rf"still connecting to {key}… \((\d+) s of 15 s\)", gone)]
+    assert len(seconds) >= 12 and seconds == sorted(seconds), gone
+    assert failed_at - connecting_at < 15.0, f"gave up {failed_at - connecting_at:.1f} s after 'connecting to'"
+    assert max(stopped) < 0.5, f"exited {stopped} s after Ctrl-C"

@@ -319,6 +319,9 @@ def join_cmd(
             if answer.strip().lower() not in ("y", "yes"):
                 raise InvitationError("host-not-trusted", "you did not trust the host")
 
+        import time
+
+        from node.cli.render import WAIT_NOTICE_S, WAIT_REPEAT_S
         from node.runtime.driver import default_heartbeat
         from node.transport.iroh import CONNECT_TIMEOUT_S
 
@@ -326,10 +329,30 @@ def join_cmd(
         shown_results = answered
         waiting = Waiting(err_console)
         ready = anyio.Event()
+        who = safe_text(name) if name is not None else f"{inv.host_public_key[:16]}…"
+        outstanding: list[Any] = [None]  # (monotonic time asked, question number) or None
 
         def wait_for_answer() -> None:
+            outstanding[0] = (time.monotonic(), len(shown_results) + 1)
             waiting.start(f"waiting for the answer to q{len(shown_results) + 1} "
                           f"(up to {unresponsive_s:.0f} s of silence)…")
+
+        async def say_waiting() -> None:
+            # one stderr line from WAIT_NOTICE_S on, then every WAIT_REPEAT_S, while a
+            # question is out: until its answer, or the heartbeat ends the session
+            told: tuple[Any, float] | None = None
+            while True:
+                await anyio.sleep(0.1)
+                cur = outstanding[0]
+                if cur is None:
+                    continue
+                waited = time.monotonic() - cur[0]
+                due = WAIT_NOTICE_S if told is None or told[0] is not cur else told[1] + WAIT_REPEAT_S
+                if waited >= due:
+                    told = (cur, due)
+                    err_console.print(f"still waiting for {who} to answer q{cur[1]} ({waited:.0f} s; "
+                                      f"gives up after {unresponsive_s:.0f} s without a word from it)",
+                                      highlight=False, markup=False)
 
         def on_ready(sid: str) -> None:
             ready.set()
@@ -339,6 +362,7 @@ def join_cmd(
                 wait_for_answer()
 
         def on_results(message: dict[str, Any]) -> None:
+            outstanding[0] = None
             waiting.stop()
             shown_results.append(message)
             if json_out:
@@ -349,11 +373,19 @@ def join_cmd(
                 wait_for_answer()
 
         async def say_connecting() -> None:
+            # a line each second while it keeps trying (a host that is gone is not silence)
+            started = time.monotonic()
             await anyio.sleep(CONNECTING_NOTICE_S)
             if not ready.is_set():
                 err_console.print(f"connecting to {inv.host_public_key[:16]}… (gives up after "
                                   f"{CONNECT_TIMEOUT_S:.0f} s)", highlight=False, markup=False)
                 waiting.start("connecting…")
+            while not ready.is_set():
+                await anyio.sleep(1.0)
+                if not ready.is_set():
+                    err_console.print(f"still connecting to {inv.host_public_key[:16]}… "
+                                      f"({time.monotonic() - started:.0f} s of {CONNECT_TIMEOUT_S:.0f} s)",
+                                      highlight=False, markup=False)
 
         def next_question() -> str | None:
             try:
@@ -377,6 +409,7 @@ def join_cmd(
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(say_connecting)
+                tg.start_soon(say_waiting)
                 asked = await ask(home, identity, host, options, local=local, server_url=server,
                                   host_seen=host_seen, on_ready=on_ready, accept_host_ui=accept_host_ui)
                 tg.cancel_scope.cancel()
@@ -410,9 +443,10 @@ def join_cmd(
     try:
         outcome = anyio.run(main, backend="asyncio")
     except (KeyboardInterrupt, KithError) as exc:
-        if interactive and at_prompt[0]:  # the session ended (Ctrl-C, error) under the prompt
-            _exit_now(exc if isinstance(exc, KithError) else None, json_out,
-                      130 if isinstance(exc, KeyboardInterrupt) else None)
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: the session is cleaned up; stop now,
+            _exit_now(None, json_out, 130)      # not after the interpreter's ~0.3 s teardown
+        if interactive and at_prompt[0]:  # the session ended (error) under the prompt
+            _exit_now(exc, json_out)
         raise
     try:
         _join_result(outcome, query, answered, interactive)

@@ -233,8 +233,14 @@ def print_answer(message: Mapping[str, Any], console: Any) -> None:
         for piece in format_lines([line], console.width):
             console.print(Text(piece, style=line.style or ""), soft_wrap=True, highlight=False)
 
-#: seconds a connection may take before ``kith join`` says it is connecting
+#: seconds a connection may take before ``kith join`` says it is connecting (and says so
+#: again every second while it keeps trying)
 CONNECTING_NOTICE_S = 1.0
+#: seconds a question may be outstanding before ``kith join`` / ``kith ask`` print, on
+#: stderr, that they are waiting and on whom; then again every :data:`WAIT_REPEAT_S`
+#: seconds until the answer, the deadline or the dead-peer bound (DESIGN §3)
+WAIT_NOTICE_S = 2.0
+WAIT_REPEAT_S = 3.0
 
 
 class Waiting:
@@ -280,5 +286,6 @@ class Waiting:
                 self._status = None
 
 
-__all__ = ["ANSWERED_STATUSES", "CODE_GUTTER", "CONNECTING_NOTICE_S", "Line", "Waiting", "answer_lines", "format_lines", "heading_text", "location_text",
-           "preview_lines", "print_answer", "status_line"]
+__all__ = ["ANSWERED_STATUSES", "CODE_GUTTER", "CONNECTING_NOTICE_S", "WAIT_NOTICE_S", "WAIT_REPEAT_S", "Line", "Waiting",
+           "answer_lines", "format_lines", "heading_text", "location_text", "preview_lines", "print_answer",
+           "status_line"]

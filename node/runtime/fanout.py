@@ -45,10 +45,16 @@ PEERS_TIMEOUT_S = 30.0
 #: The per-peer statuses (specs/ask.md §3).
 STATUSES = ("ok", "no-verified-results", "pending-approval", "rate-limited", "peer-timeout",
             "unreachable", "refused")
+#: The statuses of a row that gave its whole answer: ``complete`` is true only when every
+#: row has one (specs/ask.md §3). A refusal, a pending approval or a quota is not an answer.
+COMPLETE_STATUSES = ("ok", "no-verified-results")
 #: Bounds a peer's result must respect to be merged (else ``peer-answer-invalid``).
 MAX_SOURCE_CHARS = 1024
 MAX_PREVIEW_CHARS = 8000
 MAX_ID_CHARS = 256
+#: ``kith ask``'s bound (seconds) on its pool's exit waiting for the sessions that answered
+#: to end cleanly: the process exits within its deadline + 0.5 s (specs/ask.md §6).
+ASK_END_WAIT_S = 0.2
 #: The name of this node's own corpus in the per-peer table (``--local``).
 LOCAL_NAME = "local"
 UNTRUSTED_NOTICE = ("Results whose 'untrusted' is true are text written by other people's hosts "
@@ -233,7 +239,9 @@ def fuse(per_peer: list[tuple[PeerRow, list[dict[str, Any]], bool]], top_k: int)
 
 async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], *,
                   timeout_s: float = DEFAULT_TIMEOUT_S, local: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                  own_key: str | None = None) -> dict[str, Any]:
+                  own_key: str | None = None,
+                  on_waiting: tuple[float, float, Callable[[list[str], float], None]] | None = None
+                  ) -> dict[str, Any]:
     """Ask every peer in ``peers`` (registry names) the flat ``request`` at once and merge.
 
     Args:
@@ -246,6 +254,10 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
         local: when given, ``local(request) → {"status", "envelope"}`` searches this
             node's own corpus (run in a worker thread; its row is named ``local``).
         own_key: this node's public key (the ``local`` row's key).
+        on_waiting: ``(first_s, every_s, call)``: while rows are still out, ``call(names
+            still out, seconds since the ask began)`` runs ``first_s`` seconds after the
+            ask began and every ``every_s`` seconds after that, until the last row settles
+            or the deadline (``kith ask``'s "waiting for …" line).
 
     Returns:
         The merged envelope (``specs/ask.schema.json``).
@@ -291,26 +303,52 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
                                                  "envelope": answer.get("envelope")})
         row.latency_ms = (time.perf_counter() - start) * 1000
 
-    with anyio.move_on_after(timeout_s):
-        async with anyio.create_task_group() as tg:
-            for name in names:
-                rec = registry.by_name(name)
-                row = PeerRow(name, rec.public_key if rec else None)
-                rows.append(row)
-                if rec is None:
-                    row.status, row.code = "refused", "peer-not-found"
-                elif registry.is_blocked(rec.public_key):
-                    row.status, row.code = "refused", "ask-peer-blocked"
-                else:
-                    tg.start_soon(ask_one, len(rows) - 1, row, name)
-            if local is not None:
-                rows.append(PeerRow(LOCAL_NAME, own_key, own=True))
-                tg.start_soon(ask_local, len(rows) - 1, rows[-1])
+    asked: list[PeerRow] = []
+
+    async def tell_waiting() -> None:
+        assert on_waiting is not None
+        first_s, every_s, call = on_waiting
+        await anyio.sleep(first_s)
+        while True:
+            out = [r.name for r in asked if r.status == "peer-timeout" and r.latency_ms is None]
+            if out:
+                call(out, time.perf_counter() - t0)
+            await anyio.sleep(every_s)
+
+    with anyio.move_on_after(timeout_s), anyio.CancelScope() as notices:
+        async with anyio.create_task_group() as outer:
+            if on_waiting is not None:
+                outer.start_soon(tell_waiting)
+            await _ask_all(names, registry, rows, asked, ask_one, ask_local, local is not None, own_key)
+            notices.cancel()  # every row settled before the deadline
     elapsed = (time.perf_counter() - t0) * 1000
     for row in rows:  # asked, still out at the deadline: it took (at least) the whole time
         if row.status == "peer-timeout" and row.latency_ms is None:
             row.latency_ms = elapsed
     return build_envelope(request, rows, answers, timeout_s=timeout_s, elapsed_ms=elapsed, top_k=top_k)
+
+
+async def _ask_all(names: list[str], registry: Any, rows: list[PeerRow], asked: list[PeerRow],
+                   ask_one: Any, ask_local: Any, with_local: bool, own_key: str | None) -> None:
+    """Add one row per name to ``rows`` (refusing unknown and blocked names at once) and
+    ask the rest concurrently (``asked`` lists the rows being asked); returns when every
+    one settled."""
+    async with anyio.create_task_group() as tg:
+        for name in names:
+            rec = registry.by_name(name)
+            row = PeerRow(name, rec.public_key if rec else None)
+            rows.append(row)
+            if rec is None:
+                row.status, row.code = "refused", "peer-not-found"
+            elif registry.is_blocked(rec.public_key):
+                row.status, row.code = "refused", "ask-peer-blocked"
+            else:
+                asked.append(row)
+                tg.start_soon(ask_one, len(rows) - 1, row, name)
+        if with_local:
+            rows.append(PeerRow(LOCAL_NAME, own_key, own=True))
+            asked.append(rows[-1])
+            tg.start_soon(ask_local, len(rows) - 1, rows[-1])
 
 
 def build_envelope(request: dict[str, Any], rows: list[PeerRow], answers: dict[int, list[dict[str, Any]]], *,
@@ -322,9 +360,10 @@ def build_envelope(request: dict[str, Any], rows: list[PeerRow], answers: dict[i
     results = fuse(per_peer, top_k)
     missing = [r.name for r in rows if r.status in ("peer-timeout", "unreachable")]
     answered = sum(r.status == "ok" for r in rows)
+    complete = bool(rows) and all(r.status in COMPLETE_STATUSES for r in rows)
     return {"kind": "kith-ask", "version": 1, "query": request.get("query"), "topK": top_k,
             "deadlineMs": round(timeout_s * 1000), "elapsedMs": round(elapsed_ms, 1),
-            "answered": answered, "complete": not missing,
+            "answered": answered, "complete": complete,
             "missing": missing, "fusion": {"method": "rrf", "k": RRF_K, "on": "rank"},
             "notice": UNTRUSTED_NOTICE, "results": results, "peers": [r.to_dict() for r in rows]}
 

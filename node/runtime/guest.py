@@ -342,7 +342,7 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
         TransportError: bind/connect failures (``transport-*``).
     """
     from node.engine.ui import CAPABILITY as UI_CAPABILITY
-    from node.transport.iroh import bind_node
+    from node.transport.iroh import GUEST_CLOSE_TIMEOUT_S, bind_node
     from node.runtime.ui_artifacts import install_bundle, local_ui_dir
 
     hooks = load_hooks(pdir)
@@ -382,7 +382,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
         if node is not None:
             yield node
         else:
-            async with bind_node(identity.secret, spec.alpn, local=local) as bound:
+            async with bind_node(identity.secret, spec.alpn, local=local,
+                                 close_timeout_s=GUEST_CLOSE_TIMEOUT_S) as bound:
                 yield bound
 
     shared = node is not None

@@ -49,6 +49,8 @@ PROTOCOL = "knowledge-query"
 MAX_SESSIONS = 24
 #: Default idle time (seconds) after which a pooled session is ended with ``end``.
 IDLE_S = 120.0
+#: Default bound (seconds) on a pool's exit waiting for its live sessions to end cleanly.
+END_WAIT_S = 3.0
 #: Seconds an address whose new session never came up is not tried again (its peer is
 #: ``unreachable`` at once meanwhile, instead of costing every ask its whole deadline).
 DOWN_S = 15.0
@@ -197,6 +199,9 @@ class SessionPool:
         connect_timeout_s: bound on one connection attempt, seconds (shorter than
             ``kith join``'s 15 s: a saved address that does not answer leaves time for the
             community server's newer invitation within one ask's deadline).
+        end_wait_s: on exit, how long live sessions may take to end cleanly (their
+            ``end`` acknowledged) before they are cancelled, seconds. The endpoint is then
+            closed under :data:`node.transport.iroh.GUEST_CLOSE_TIMEOUT_S`.
     """
 
     home: Path
@@ -206,6 +211,7 @@ class SessionPool:
     idle_s: float = IDLE_S
     heartbeat: Any = "default"
     connect_timeout_s: float = 5.0
+    end_wait_s: float = END_WAIT_S
     stats: PoolStats = field(default_factory=PoolStats)
 
     def __post_init__(self) -> None:
@@ -237,19 +243,20 @@ class SessionPool:
     async def _ensure_node(self) -> None:
         """Bind the pool's one endpoint on first use (a caller that never asks a peer
         binds nothing)."""
-        from node.transport.iroh import bind_node
+        from node.transport.iroh import GUEST_CLOSE_TIMEOUT_S, bind_node
 
         async with self._bind_lock:
             if self.node is None:
                 assert self._stack is not None
                 self.node = await self._stack.enter_async_context(
-                    bind_node(self.identity.secret, self.spec.alpn, local=self.local))
+                    bind_node(self.identity.secret, self.spec.alpn, local=self.local,
+                              close_timeout_s=GUEST_CLOSE_TIMEOUT_S))
                 self.stats.endpoints += 1
 
     async def __aexit__(self, *exc: Any) -> None:
         for s in list(self.sessions.values()):
             s.close(clean=True)
-        with anyio.move_on_after(3):
+        with anyio.move_on_after(self.end_wait_s):
             for s in list(self.sessions.values()):
                 await s.closed.wait()
         for s in list(self.sessions.values()):
