@@ -185,7 +185,7 @@ def test_status_and_sessions_show_a_live_guest_and_sessions_end_tells_the_guest(
     assert session["queries"] == 1 and session["statuses"] == {first["status"]: 1}
     quota = session["quotaLeft"]
     assert quota["burst"] >= 1 and 0 <= quota["queries"] < quota["burst"]  # the query took a token
-    assert len(session["safetyCode"]) > 0 and session["since"].endswith("Z")
+    assert len(session["pairingCode"]) > 0 and session["since"].endswith("Z")
 
     assert status.returncode == 0, status.stderr
     report = json.loads(status.stdout)

@@ -368,3 +368,27 @@ def test_a_key_whose_session_was_evicted_cannot_evict_in_turn():
     assert s.ended[b1] == "session-evicted"
     adm.clock.advance(EVICTED_KEY_PAUSE * 5)
     assert s.open(A, anonymous=True)[1] is None  # the pause is over: A may evict again
+
+
+def test_stallers_that_reconnect_at_once_cannot_keep_every_handshake_young():
+    """The stalled-handshake flood: throw-away keys open handshakes that never finish and
+    reconnect the moment they are evicted, so that every handshake stays younger than the
+    grace. An evicted staller evicts nothing in turn; once the grace passes, an honest
+    newcomer evicts the oldest stalled handshake at once."""
+    adm, s, events = make(max_sessions=8, max_sessions_per_peer=4, anonymous_sessions=6, evict_idle_after_s=30)
+    stallers = [f"{i + 1:064x}" for i in range(10)]
+    for key in stallers[:6]:
+        s.open(key, anonymous=True)
+    per_round = []
+    for _round in range(10):  # each round: the clock passes the grace, every staller retries
+        adm.clock.advance(HANDSHAKE_GRACE_S)
+        before = len(events)
+        for key in stallers:
+            s.open(key, anonymous=True)
+        per_round.append(sum(1 for e in events[before:] if e.get("reason") == "evicted"))
+    assert per_round[-5:] == [0] * 5, per_round  # the evictions stop: every evicted staller is paused
+    adm.clock.advance(HANDSHAKE_GRACE_S)
+    honest = "f" * 64
+    token, refusal = s.open(honest, anonymous=True)
+    assert refusal is None and adm.sessions_of(honest) == 1
+    adm.session_ready(token)

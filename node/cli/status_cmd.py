@@ -89,8 +89,8 @@ def _session_lines(sessions: list[dict[str, Any]]) -> list[str]:
             if "queries" in quota else "?"
         line = (f"  {ids[s['id']]}  {_peer(s)}  {s['tier']}  since {s['since']}  queries {s['queries']} "
                 f"({statuses})  quota left {left}")
-        if s.get("safetyCode"):
-            line += f"  pairing code {s['safetyCode']}"
+        if s.get("pairingCode"):
+            line += f"  pairing code {s['pairingCode']}"
         out.append(line)
     return out
 

@@ -51,7 +51,7 @@ RUN_DIR = "run"
 #: The socket's file name inside :data:`RUN_DIR`.
 SOCKET_NAME = "control.sock"
 #: The state document's version (``"v"`` key; bumped only for incompatible changes).
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: a session row's pairing code is `pairingCode` (was `safetyCode`)
 #: Largest request body the control channel reads (bytes).
 MAX_BODY = 4096
 #: How long the client waits for the host (s): the state is built from memory and small files.

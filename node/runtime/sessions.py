@@ -197,7 +197,8 @@ class SessionTable:
         self._claimed: dict[str, int] = {}
         #: peer key -> (failed handshakes since the last cool-down, cool-down end), LRU order
         self._failures: dict[str, tuple[int, float]] = {}
-        #: anonymous key -> when one of its sessions was last evicted (bounded, oldest dropped)
+        #: anonymous key -> when one of its sessions (or stalled handshakes) was last evicted
+        #: (bounded, oldest dropped)
         self._evicted: dict[str, float] = {}
 
     # ------------------------------------------------------------ pending connections
@@ -244,11 +245,13 @@ class SessionTable:
         3. any other newcomer evicts the READY anonymous session idle the longest, if
            idle for at least ``evict_idle_after_s``.
 
-        Evictions end the session with ``session-evicted`` (``session-evicted`` event).
-        A pinned peer's session is never evicted, a session answering a query is never
-        evicted, an anonymous newcomer only ever evicts anonymous sessions, and a key one
-        of whose sessions was evicted evicts none itself for :data:`EVICTED_KEY_PAUSE` ×
-        ``evict_idle_after_s`` (evicted keys cannot evict each other into a loop).
+        Evictions of ready sessions end them with ``session-evicted`` (``session-evicted``
+        event). A pinned peer's session is never evicted, a session answering a query is
+        never evicted, an anonymous newcomer only ever evicts anonymous sessions, and an
+        anonymous key one of whose sessions (ready, or a stalled handshake) was evicted
+        evicts none itself — neither step 1 nor 2 nor 3 — for :data:`EVICTED_KEY_PAUSE` ×
+        ``evict_idle_after_s``: evicted keys cannot evict each other into a loop, and
+        stallers that reconnect at once cannot keep every handshake younger than the grace.
 
         Args:
             end: ``(code, message)`` → ends this session now (see :class:`_Session`).
@@ -282,10 +285,10 @@ class SessionTable:
         return None
 
     def _make_room(self, *, fresh: bool, may_evict: bool, anonymous_only: bool = True) -> bool:
-        if self._evict_oldest_handshake(anonymous_only):
-            return True
         if not may_evict:
             return False
+        if self._evict_oldest_handshake(anonymous_only):
+            return True
         if fresh and self._evict(self._quiet_victim()):
             return True
         return self._evict(self._idlest_victim())
@@ -319,12 +322,16 @@ class SessionTable:
         idle_s = round(now - s.last_active, 3)
         self.end(token, "session-evicted", "evicted: the host needed this idle anonymous session's slot",
                  cause="evicted")
-        self._evicted.pop(s.peer, None)
-        self._evicted[s.peer] = now
-        while len(self._evicted) > MAX_FAILURE_KEYS:
-            self._evicted.pop(next(iter(self._evicted)))
+        self._note_evicted(s.peer, now)
         self.on_event({"event": "session-evicted", "peer": s.peer, "code": "session-evicted", "idle_s": idle_s})
         return True
+
+    def _note_evicted(self, peer: str, now: float) -> None:
+        """Remember that a session of anonymous ``peer`` was evicted (bounded, oldest dropped)."""
+        self._evicted.pop(peer, None)
+        self._evicted[peer] = now
+        while len(self._evicted) > MAX_FAILURE_KEYS:
+            self._evicted.pop(next(iter(self._evicted)))
 
     def _evict_oldest_handshake(self, anonymous_only: bool) -> bool:
         now = self.clock.monotonic()
@@ -335,6 +342,8 @@ class SessionTable:
                 return False  # the oldest handshake is young (in order: so are the rest)
             self.end(token, "handshake-host-busy", "evicted: the host is full and this handshake is the oldest",
                      cause="evicted")
+            if s.anonymous:  # a staller that reconnects at once must not evict in turn
+                self._note_evicted(s.peer, now)
             self.on_event({"event": "session-refused", "peer": s.peer, "code": "handshake-host-busy",
                            "reason": "evicted"})
             return True
@@ -466,7 +475,7 @@ class SessionTable:
     def listing(self) -> list[dict[str, Any]]:
         """The ready sessions still running, oldest first: ``[{"id", "peer": {"name",
         "key"}, "tier" ("pinned" | "anonymous"), "since" (RFC 3339), "queries",
-        "statuses", "safetyCode"}]`` (the control channel's shape, specs/control.md)."""
+        "statuses", "pairingCode"}]`` (the control channel's shape, specs/control.md)."""
         out = []
         for s in self._sessions.values():
             if s.session_id is None or not s.holds_slot or not s.alive():
@@ -476,7 +485,7 @@ class SessionTable:
                                    "since": rfc3339(s.since if s.since is not None else self.clock.time()),
                                    "queries": s.queries, "statuses": dict(s.statuses)}
             if s.pairing_code:
-                row["safetyCode"] = s.pairing_code
+                row["pairingCode"] = s.pairing_code
             out.append(row)
         return out
 
