@@ -142,3 +142,35 @@ def test_a_copy_waiting_for_approval_does_not_hide_the_visible_one(tmp_path: Pat
     top = results[0]
     assert top["source"] == "/kb/c/tempfile.md" and top["alsoIn"] == [], top
     assert not any(r["source"].startswith("/kb/a/") for r in results), results
+
+
+def test_kith_ask_keeps_each_peers_copies_and_prints_them() -> None:
+    """``kith ask`` merges peers' answers: each attribution keeps the copies that peer
+    collapsed (malformed entries from an untrusted peer left out), and the human output
+    says "also in N other sources"."""
+    import io
+
+    from rich.console import Console
+
+    from node.cli import ask_cmd
+    from node.runtime.fanout import PeerRow, fuse
+
+    def result(source: str, also: object) -> dict:
+        return {"source": source, "id": "c1", "textPreview": "Same words here.", "alsoIn": also}
+
+    alice, bob = PeerRow("alice", "a" * 64, status="ok"), PeerRow("bob", "b" * 64, status="ok")
+    merged = fuse([(alice, [result("/x/one.md", [{"id": "c2", "source": "/x/two.md"},
+                                                  {"id": "c3"}, "junk"])], True),
+                   (bob, [result("/y/one.md", None)], True)], 5)
+    assert len(merged) == 1
+    assert [a["alsoIn"] for a in merged[0]["attributions"]] == [["/x/two.md"], []]
+    out = io.StringIO()
+    env = {"results": merged, "answered": 2, "peers": [alice.to_dict(), bob.to_dict()],
+           "missing": [], "notice": "untrusted"}
+    old = ask_cmd.console
+    ask_cmd.console = Console(file=out, width=200)
+    try:
+        ask_cmd.render(env)
+    finally:
+        ask_cmd.console = old
+    assert "also in 1 other source: /x/two.md" in out.getvalue(), out.getvalue()
