@@ -10,11 +10,14 @@ import sys
 from pathlib import Path
 
 import anyio
+import jsonschema
 
 from conftest import initialized
 from node.corpus.store import Corpus
 from test_host_machines import MemoryHost, _connect
 
+VALIDATOR = jsonschema.Draft202012Validator(json.loads(
+    (Path(__file__).resolve().parents[1] / "specs" / "search-envelope.schema.json").read_text()))
 TEMPFILE = ("# Temporary files\n\nThe tempfile module creates a temporary directory that is "
             "deleted automatically when the context manager exits.\n\n"
             "## Names\n\nA named temporary file has a visible name in the file system.\n")
@@ -56,7 +59,9 @@ def test_kith_search_collapses_copies_into_one_result_naming_the_others(tmp_path
         out = _kith(home, "search", "temporary directory deleted automatically", "--json",
                     "--dedupe", dedupe)
         assert out.returncode == 0, out.stderr
-        results = json.loads(out.stdout)["results"]
+        envelope = json.loads(out.stdout)
+        assert sorted(VALIDATOR.iter_errors(envelope), key=str) == []  # alsoIn is in the schema
+        results = envelope["results"]
         _no_repeats(results)
         top = results[0]
         copies = {f"/kb/{d}/tempfile.md" for d in "abc"}
