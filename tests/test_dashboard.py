@@ -21,6 +21,7 @@ from node.policy.store import Policy
 KITH = [sys.executable, "-m", "node.cli.main"]
 DOCS = {
     "public/intro.md": "# Intro\n\nHow the temporary directory cleanup works in our tools.\n",
+    "public/intro-copy.md": "# Intro\n\nHow the temporary directory cleanup works in our tools.\n",
     "ask/salary.md": "# Salary review\n\nThe salary bands for next year and the bonus pool.\n",
     "secret/launch.md": "# Launch\n\nThe zebra launch codes are kept here.\n",
     "public/cleanup.md": "# Cleanup\n\nThe okapi sweeper runs like this:\n\n```python\n"
@@ -234,7 +235,9 @@ def test_search_as_a_peer_shows_what_the_peer_would_get(home: Path, dash) -> Non
     alice = client.get("/search", params={"q": "salary bands bonus pool", "as": "alice"}).text
     assert "pending-approval" in alice and "salary.md" not in alice
     public = client.get("/search", params={"q": "temporary directory cleanup", "as": "alice"}).text
-    assert "/docs/public/intro.md" in public
+    # the copy is one result naming the other (issue 20 item 6)
+    assert public.count('<div class="source"><code>/docs/public/intro') == 1, public
+    assert "also in 1 other source: <code>/docs/public/intro" in public
     # a preview never writes an approval request
     assert Approvals(home).pending() == []
     assert "peer-not-found" in client.get("/search", params={"q": "x", "as": "mallory"}).text

@@ -47,7 +47,9 @@ MAX_REQUEST_BUDGET_MS = 600_000
 #: Server-side cap of one search's budget (ms); a larger remainingBudgetMs is clamped.
 MAX_SERVER_BUDGET_MS = 60_000
 #: ``dedupe`` values → chunks allowed per document in the results (``chunk``: distinct
-#: chunks, at most 2 per document; ``document``: one per document).
+#: chunks, at most 2 per document; ``document``: one per document). Documents with the
+#: same content share one cap, and a chunk text found in several documents is always one
+#: result listing the others in ``alsoIn`` (issue 20 item 6), at either level.
 DEDUPE_LEVELS = {"chunk": search.MAX_PER_DOCUMENT, "document": 1}
 
 #: Filter fields that take a string or a non-empty list of strings.

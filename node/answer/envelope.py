@@ -624,7 +624,9 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
         hits: the hits to show, best first (already through the egress gate when they
             go to a peer). Only source ids, previews, locations and provenance are
             copied — never ``root_prefix``/``rel_path`` beyond the source id, never a
-            real path.
+            real path. Each hit's ``duplicates`` become its result's ``alsoIn``
+            (``[{"id": chunk id, "source": source id}]``): the caller leaves there only
+            copies the receiver may see.
         controller: the controller report from ``Corpus.search_hits``; only pass names
             and statuses, the fusion method and the early-stop flag are copied.
         plan: the query plan the search made (:func:`node.corpus.retrieval.make_plan`),
@@ -693,6 +695,8 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
             "workType": meta.get("workType"),
             "textPreview": preview,
             "provenance": provenance,
+            # the other sources holding this very text, collapsed into this result
+            "alsoIn": [{"id": d.chunk_id, "source": d.source_id} for d in hit.duplicates],
         })
         citations.append({
             "citationId": cid,

@@ -227,18 +227,21 @@ class AnswerService:
             from node.policy.gate import PENDING
 
             with folders_resolved_once():  # the hits' folders are resolved once per answer
-                screened = self._gate.screen(hits, peer.name, peer.key, req["query"],
-                                             policy=policy)
+                screened = _screen_copies(self._gate, hits, peer, req["query"], policy)
             if screened and screened[0][1] == PENDING:
                 pending = self._pending(peer, req, plan, screened)
             shown = [hit for hit, state in screened if state != PENDING]
             controller = _gated_controller(controller, len(shown))
         else:
             canonical: dict[str, str] = {}  # one normalization per source per answer
+
+            def owned(h: Any) -> Any:
+                return _with_id(h, carried_id(h) or canonical.get(h.source_id)
+                                or canonical.setdefault(h.source_id, self._canonical(h.source_id)))
+
             with folders_resolved_once():  # only for hits without a carried id
-                shown = [_with_id(h, carried_id(h) or canonical.get(h.source_id)
-                                  or canonical.setdefault(h.source_id, self._canonical(h.source_id)))
-                         for h in hits]
+                shown = [_with_copies(owned(h), [owned(d) for d in h.duplicates])
+                         if h.duplicates else owned(h) for h in hits]
         top = shown[: req["topK"]]
         t_envelope = time.perf_counter()
         if timings is not None:
@@ -442,6 +445,53 @@ def _invalid(exc: CorpusError, req: dict[str, Any] | None = None) -> dict[str, A
     # the invalid-request envelope never echoes the request (there may be none)
     return {"status": "invalid-request", "envelope": env.empty_envelope("invalid-request"),
             "error": {"code": exc.code, "message": exc.message}}
+
+
+def _with_copies(hit: Any, copies: list[Any]) -> Any:
+    """``hit`` with ``duplicates`` set to ``copies`` (a new Hit; ``hit`` is unchanged)."""
+    import dataclasses
+
+    return dataclasses.replace(hit, duplicates=copies)
+
+
+def _screen_copies(gate: Any, hits: list[Any], peer: PeerView, query: str,
+                   policy: Any) -> list[tuple[Any, str]]:
+    """The gate's screen (:meth:`node.policy.gate.EgressGate.screen`) of ``hits`` and of
+    their collapsed copies (``Hit.duplicates``, issue 20 item 6), regrouped: each group of
+    identical texts becomes one ``(hit, state)`` — its first visible member, else its
+    first pending one — whose ``duplicates`` are the group's other *visible* members
+    (canonical ids). A copy the peer may not see is never listed, and never hides a copy
+    it may: the group is decided member by member, so the answer depends only on what
+    the gate lets this peer see or ask about."""
+    from node.policy.gate import VISIBLE
+
+    flat: list[Any] = []
+    group_of: list[int] = []
+    for g, hit in enumerate(hits):
+        for member in (hit, *hit.duplicates):
+            flat.append(member)
+            group_of.append(g)
+    if len(flat) == len(hits):  # nothing collapsed: the plain screen
+        return gate.screen(hits, peer.name, peer.key, query, policy=policy)
+    # the gate drops what it withholds; match its output back to the members by identity
+    # of (chunk id, position order): screen keeps order, so walk both lists together
+    screened = gate.screen(flat, peer.name, peer.key, query, policy=policy)
+    members: dict[int, list[tuple[Any, str]]] = {}
+    i = 0
+    for hit, state in screened:
+        while flat[i].chunk_id != hit.chunk_id:
+            i += 1
+        members.setdefault(group_of[i], []).append((hit, state))
+        i += 1
+    out: list[tuple[Any, str]] = []
+    for g in sorted(members):
+        group = members[g]
+        seen = [h for h, st in group if st == VISIBLE]
+        if seen:
+            out.append((_with_copies(seen[0], seen[1:]), VISIBLE))
+        else:
+            out.append((_with_copies(group[0][0], []), group[0][1]))
+    return out
 
 
 def _with_id(hit: Any, source_id: str) -> Any:

@@ -29,7 +29,8 @@ def render(env: dict[str, Any]) -> None:
     if env["missing"]:
         head += " — missing: " + ", ".join(safe_text(n) for n in env["missing"])
     console.print(head, highlight=False, markup=False, style="bold")
-    from node.cli.render import Line, format_lines, heading_text, location_text, preview_lines
+    from node.cli.render import (
+        Line, also_in_text, format_lines, heading_text, location_text, preview_lines)
 
     lines: list[Line] = []
     for r in results:
@@ -41,6 +42,9 @@ def render(env: dict[str, Any]) -> None:
         if heading:
             lines.append(Line(heading, indent=5, hang=5))
         lines.extend(preview_lines(r["textPreview"], 5))
+        copies = also_in_text([c for a in r["attributions"] for c in a.get("alsoIn", [])])
+        if copies:
+            lines.append(Line(copies, indent=5, hang=7))
     width = console.width if console.is_terminal else None
     for text in format_lines(lines, width):
         console.print(text, highlight=False, markup=False, soft_wrap=True)

@@ -11,6 +11,7 @@ Layout (specs/exit-codes.md shows an example)::
       #1 /docs/library/tempfile.rst  lines 120-145
          tempfile > Examples
          Here are some examples of typical usage of the tempfile module ...
+         also in 1 other source: /docs-copy/library/tempfile.rst
       #2 ...
 
 Results are numbered by rank (``#1`` is the host's best match); the fused ``score`` is a
@@ -87,6 +88,27 @@ def heading_text(location: Any) -> str:
     if not isinstance(path, list):
         return ""
     return " > ".join(p for p in (_clean(h, 120) for h in path) if p)
+
+
+#: sources named in an "also in" line (the rest are counted; ``--json`` lists all)
+ALSO_IN_NAMED = 3
+
+
+def also_in_text(also_in: Any) -> str:
+    """The line for a result's ``alsoIn`` (copies of its text collapsed into it, issue 20
+    item 6): ``also in 2 other sources: /b/x.md, /c/x.md`` (at most
+    :data:`ALSO_IN_NAMED` named, then ``, …``); ``""`` when there are none or the value
+    is not a list (an older node). Items are envelope entries (``{"id", "source"}``) or
+    source strings (``kith ask``'s attributions)."""
+    if not isinstance(also_in, list):
+        return ""
+    names = [_clean(a.get("source") if isinstance(a, Mapping) else a, 300) or "?"
+             for a in also_in if isinstance(a, (Mapping, str))]
+    if not names:
+        return ""
+    noun = "source" if len(names) == 1 else "sources"
+    shown = ", ".join(names[:ALSO_IN_NAMED]) + (", …" if len(names) > ALSO_IN_NAMED else "")
+    return f"also in {len(names)} other {noun}: {shown}"
 
 
 def status_line(message: Mapping[str, Any], shown: int) -> str:
@@ -184,6 +206,9 @@ def answer_lines(message: Mapping[str, Any]) -> list[Line]:
         if heading:
             out.append(Line(heading, indent=body, hang=body, style="cyan"))
         out.extend(preview_lines(r.get("textPreview"), body))
+        copies = also_in_text(r.get("alsoIn"))
+        if copies:
+            out.append(Line(copies, indent=body, hang=body + 2, style="dim"))
     synth = env.get("answerSynthesis") if isinstance(env.get("answerSynthesis"), Mapping) else {}
     sentences = [s for s in (synth.get("sentences") or []) if isinstance(s, Mapping)]
     if sentences:

@@ -1,7 +1,8 @@
 """The bounded multi-pass retrieval controller (DESIGN §9 "Search", issue 4).
 
 One search runs at most three passes over the tantivy index, fuses them with weighted
-reciprocal-rank fusion (RRF), dedupes by chunk and caps chunks per document, and reports
+reciprocal-rank fusion (RRF), dedupes by chunk and caps chunks per document (copies of
+one text in several documents collapse into one hit, ``Hit.duplicates``), and reports
 what it did in the ``retrievalController`` report:
 
 1. ``baseline-bm25`` — always: OR of the query's stemmed, folded, stopword-free terms over
@@ -551,7 +552,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                    "weights": {p: PASS_WEIGHTS[p] for p in plan.passes}},
         "maxPerDocument": max_per_document, "candidates": 0, "orphaned": 0,
         "filteredOut": 0, "withheldStale": 0, "dedupedPerDocument": 0,
-        "returned": 0, "rounds": 0, "earlyStop": False, "stopReason": None,
+        "collapsedDuplicates": 0, "returned": 0, "rounds": 0, "earlyStop": False, "stopReason": None,
         "indexLag": 0, "subqueries": plan.subqueries(),
     }
 
@@ -675,7 +676,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             key_of: dict[str, Any] = {}
             order = _Order(fused, ids, doc_of, key_of)
             counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
-                                     "dedupedPerDocument")}
+                                     "dedupedPerDocument", "collapsedDuplicates")}
             hits = _materialize(corpus, order, doc_of, lambda c: fused[key_of[c]], filters,
                                        limit, max_per_document, counts)
             if len(hits) >= limit or not saturated or depth >= MAX_DEPTH or expired():
@@ -780,7 +781,16 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
 
     ``order`` is read front to back (it may resolve chunk ids as it is read, filling
     ``doc_of`` for each id it hands out); ``score_of(chunk_id)`` is the fused score.
-    Hits carry no ``score_components`` (the controller adds them)."""
+    Hits carry no ``score_components`` (the controller adds them).
+
+    Duplicates collapse (issue 20 item 6): a chunk whose text is exactly that of a hit
+    already kept, from another document, is not a hit of its own but one of that hit's
+    ``duplicates`` (counted in ``collapsedDuplicates``, not towards ``limit``); a
+    repeat inside the same document is dropped (``dedupedPerDocument``). Documents
+    with the same ``content_hash`` share one per-document cap, so ``max_per_document``
+    1 gives one result per distinct content. Only candidates of this search take part
+    — for a peer, its view's (``visible``) — so a copy outside the view never changes
+    what the view receives."""
     db = corpus.record.db
     assert db is not None
     docs: dict[str, sqlite3.Row] = {}
@@ -815,6 +825,8 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
     origin_of: dict[str, str | None] = {}  # doc_id -> canonical id of its served origin
     meta_of: dict[str, dict[str, Any]] = {}
     per_doc: dict[str, int] = {}
+    per_content: dict[str, int] = {}  # kept hits per document content (content_hash)
+    first_of: dict[str, Hit] = {}  # chunk text -> the kept hit with that text
     stale: list[str] = []
     hits: list[Hit] = []
     i = 0
@@ -861,7 +873,7 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
                 per_doc[did] -= 1
                 continue
             drow = docs[did]
-            hits.append(Hit(
+            hit = Hit(
                 chunk_id=cid, source_id=drow["source_id"], text=row["text"],
                 score=score_of(cid),
                 location=_location(row),
@@ -869,6 +881,19 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
                 root_prefix=None if drow["origin"] == "record" else drow["root_prefix"],
                 rel_path=None if drow["origin"] == "record" else drow["rel_path"],
                 metadata=meta_of[did], origin_id=origin_of[did],
-            ))
+            )
+            same = first_of.get(hit.text)
+            content = hit.content_hash or did
+            if same is not None or per_content.get(content, 0) >= max_per_document:
+                per_doc[did] -= 1
+                if same is not None and doc_of[same.chunk_id] != did:
+                    same.duplicates.append(hit)
+                    counts["collapsedDuplicates"] += 1
+                else:  # a repeat inside one document, or a copy's cap is spent
+                    counts["dedupedPerDocument"] += 1
+                continue
+            per_content[content] = per_content.get(content, 0) + 1
+            first_of[hit.text] = hit
+            hits.append(hit)
     corpus.record.flag_stale(stale)
     return hits

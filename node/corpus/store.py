@@ -413,7 +413,8 @@ class Corpus:
             ``score_components``). ``controller`` is the local ``retrievalController``
             report: ``mode``, ``passes`` [{name, status, candidates}], ``fusion``,
             ``maxPerDocument``, counts (``candidates``, ``orphaned``, ``filteredOut``,
-            ``withheldStale``, ``dedupedPerDocument``, ``returned``), ``rounds``,
+            ``withheldStale``, ``dedupedPerDocument``, ``collapsedDuplicates``,
+            ``returned``), ``rounds``,
             ``earlyStop``, ``stopReason``, ``indexLag``, ``subqueries``. Its counts are
             for local diagnostics only (envelope.py copies none of them). The passes,
             fusion and early stop are :func:`node.corpus.retrieval.run_search`'s.

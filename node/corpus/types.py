@@ -57,6 +57,12 @@ class Hit:
             again (:func:`node.corpus.sources.carried_id`). None when the hit was not
             served by the corpus (or its origin has no canonical id): the gate then
             normalizes ``source_id`` itself. Never sent.
+        duplicates: other copies of this chunk's exact text in other documents of the
+            same search (issue 20 item 6: "also in N other sources"), best first, each a
+            full :class:`Hit` that passed the same filters and serve-time checks. The
+            corpus fills it (:func:`node.corpus.retrieval.run_search`); for a peer the
+            answer service keeps only the copies the gate lets it see. Not counted
+            towards the search's ``limit``.
     """
 
     chunk_id: str
@@ -71,3 +77,4 @@ class Hit:
     rel_path: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     origin_id: str | None = None
+    duplicates: list[Hit] = field(default_factory=list)

@@ -188,6 +188,21 @@ def _location(result: dict[str, Any]) -> dict[str, Any] | None:
     return out or None
 
 
+#: copies named per attribution (a peer's ``alsoIn``, issue 20 item 6)
+MAX_ALSO_IN = 16
+
+
+def _also_in(result: dict[str, Any]) -> list[str]:
+    """The sources a peer says also hold this result's text (its ``alsoIn``, computed in
+    that peer's view of its host): at most :data:`MAX_ALSO_IN` source strings within
+    the source bound; anything malformed is left out (an older peer sends none)."""
+    also = result.get("alsoIn")
+    if not isinstance(also, list):
+        return []
+    return [a["source"] for a in also[:MAX_ALSO_IN] if isinstance(a, dict)
+            and isinstance(a.get("source"), str) and 0 < len(a["source"]) <= MAX_SOURCE_CHARS]
+
+
 def _content_key(text: str) -> str:
     return hashlib.sha256(" ".join(text.casefold().split()).encode("utf-8")).hexdigest()
 
@@ -203,7 +218,8 @@ def fuse(per_peer: list[tuple[PeerRow, list[dict[str, Any]], bool]], top_k: int)
     Returns:
         Merged results, best first: ``rank``, ``fusedScore``, ``peer``, ``source``, ``id``,
         ``location`` (heading path and line range or page, or None), ``textPreview``, ``date``, ``tags``, ``peerScore``, ``untrusted``,
-        ``attributions`` (every peer that returned the same content).
+        ``attributions`` (every peer that returned the same content, each with the
+        ``alsoIn`` sources that peer collapsed into it).
     """
     merged: dict[str, dict[str, Any]] = {}
     for order, (row, results, untrusted) in enumerate(per_peer):
@@ -211,7 +227,8 @@ def fuse(per_peer: list[tuple[PeerRow, list[dict[str, Any]], bool]], top_k: int)
             text = r.get("textPreview") or ""
             ck = _content_key(text) if text.strip() else f"{row.key}\0{r['id']}"
             who = {"name": row.name, "key": row.key}
-            attribution = {"peer": who, "source": r["source"], "id": r["id"], "rank": rank}
+            attribution = {"peer": who, "source": r["source"], "id": r["id"], "rank": rank,
+                           "alsoIn": _also_in(r)}
             m = merged.get(ck)
             if m is None:
                 score = r.get("score")
