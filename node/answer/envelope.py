@@ -354,11 +354,12 @@ _SENTENCE_MARKS = frozenset(".!?:;…,。！？")
 
 
 @lru_cache(maxsize=4096)
-def _split_text(text: str) -> tuple[tuple[str, ...], str, tuple[int, ...]]:
+def _split_text(text: str) -> tuple[tuple[str, ...], str, tuple[int, ...],
+                                    tuple[tuple[str, int], ...]]:
     """The query-independent part of a result's analysis, once per chunk text (cached
     like :func:`node.answer.readable.clean`: the same chunks answer many queries):
     ``(sentences, the sentences joined by "\\n" and lower-cased, each sentence's start
-    offset in that string)``. A ``\\n`` holds no word character, so a word match in the
+    offset in that string, [(sentence, 0)] for each sentence)``. A ``\\n`` holds no word character, so a word match in the
     joined string never spans two sentences and finds exactly the words a match in each
     sentence would. Callers must not mutate the tuples."""
     sentences = tuple(_sentences(text))
@@ -367,7 +368,8 @@ def _split_text(text: str) -> tuple[tuple[str, ...], str, tuple[int, ...]]:
     for x in sentences:
         starts.append(at)
         at += len(x) + 1
-    return sentences, "\n".join(sentences).lower(), tuple(starts)
+    return (sentences, "\n".join(sentences).lower(), tuple(starts),
+            tuple((x, 0) for x in sentences))
 
 
 def _analyze_hit(text: str, heading: str, keys: list[tuple[str, set[str]]],
@@ -383,29 +385,27 @@ def _analyze_hit(text: str, heading: str, keys: list[tuple[str, set[str]]],
     the joined sentences (:func:`_split_text`) and each match is credited to the
     sentence it falls in. Non-ASCII text takes the general path, unchanged.
     """
-    sentences, low, starts = _split_text(text)
+    sentences, low, starts, zeros = _split_text(text)
     if matcher is None:
-        return [], [(x, 0) for x in sentences]
+        return [], list(zeros)
     if not (text.isascii() and heading.isascii()):
         return _analyze_general(text, heading, sentences, keys, matcher)
     head = heading.lower()
     if not any(p in low for p in prefixes) and not any(p in head for p in prefixes):
-        return [], [(x, 0) for x in sentences]
+        return [], list(zeros)
     words: dict[int, set[str]] = {}
     for m in matcher.finditer(low):
         words.setdefault(bisect_right(starts, m.start()) - 1, set()).add(m.group())
     union: set[str] = set()
-    analyzed: list[tuple[str, int]] = []
-    for i, x in enumerate(sentences):
-        found = words.get(i)
-        if not found:
-            analyzed.append((x, 0))
-            continue
+    analyzed = list(zeros)  # a sentence without a key word covers nothing
+    for i, found in words.items():
         stems: set[str] = set()
         for w in found:
             stems.update(_word_stems(w))
         union |= stems
-        analyzed.append((x, len(_coverage(keys, stems)) if len(x) >= 20 else 0))
+        x = sentences[i]
+        if len(x) >= 20:
+            analyzed[i] = (x, len(_coverage(keys, stems)))
     for w in set(matcher.findall(head)):
         union.update(_word_stems(w))
     return _coverage(keys, union), analyzed
