@@ -233,3 +233,35 @@ def test_a_peer_view_predicate_follows_the_gate(home: Path) -> None:
         assert not visible("/elsewhere/x.md") and not visible("/kb/../etc/passwd")
     finally:
         knowledge.close()
+
+
+def test_a_peer_whose_best_matches_wait_for_approval_still_gets_top_k(tmp_path: Path) -> None:
+    """A peer's search asks for ``topK`` hits; when the gate holds some back (``ask``
+    sources nobody decided yet), the view is searched deeper, so the peer still sees
+    ``topK`` results it may see beside the pending status."""
+    from node.answer.service import peer_knowledge
+    from node.policy.gate import EgressGate
+    from node.policy.store import Policy
+
+    root = tmp_path / "kb"
+    (root / "ask").mkdir(parents=True)
+    (root / "pub").mkdir()
+    for i in range(6):  # the strongest matches, all waiting for approval
+        (root / "ask" / f"a{i}.md").write_text(f"# Otter {i}\n\notter otter otter otter\n")
+    for i in range(14):
+        (root / "pub" / f"p{i}.md").write_text(
+            f"# Note {i}\n\nAn otter was seen near the river bank on day {i} of the survey.\n")
+    with Corpus(tmp_path / "home") as corpus:
+        corpus.add_root(root)
+        corpus.sync()
+        prefix = corpus.roots()[0].prefix
+        policy = Policy()
+        policy.set(f"/{prefix}/**", "public")
+        policy.set(f"/{prefix}/ask/**", "ask")
+        gate = EgressGate(corpus.roots(), policy, tmp_path / "home")
+        answer = peer_knowledge(corpus, gate, None).search({"query": "otter", "topK": 10})
+        owner = [h.source_id for h in corpus.search_hits("otter", limit=10)[0]]
+    assert all("/ask/" in s for s in owner[:6])  # the held-back sources rank first
+    assert answer["status"] == "pending-approval"
+    shown = [r["source"] for r in answer["envelope"]["results"]]
+    assert len(shown) == 10 and all("/pub/" in s for s in shown)

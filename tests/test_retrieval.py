@@ -411,3 +411,30 @@ def test_proximity_pairs_are_off_and_not_reported(corpus) -> None:
     assert plan.pairs == [] and "rewrite-expanded" in plan.passes
     rewrite = next(s for s in plan.subqueries() if s["pass"] == "rewrite-expanded")
     assert rewrite["proximityPairs"] == []
+
+
+def test_ids_read_once_are_never_served_for_a_changed_index(tmp_path: Path) -> None:
+    """Chunk ids read from tantivy are kept per searcher across requests
+    (retrieval.StoredIds): after a sync rewrites the index, the same open handle answers
+    with the new chunks and texts, never an id kept from the old segments."""
+    root = tmp_path / "kb"
+    root.mkdir()
+    for i in range(5):
+        (root / f"n{i}.txt").write_text(f"The otter note {i} swims.\n")
+    with Corpus(tmp_path / "home") as c:
+        c.add_root(root)
+        c.sync()
+        before = {h.source_id: (h.chunk_id, h.text) for h in c.search_hits("otter", limit=10)[0]}
+        assert len(before) == 5
+        for i in range(5):  # new text for every file: new chunks, new tantivy addresses
+            (root / f"n{i}.txt").write_text(f"The otter page {i} dives deep.\n")
+        (root / "n0.txt").unlink()
+        c.sync()
+        after = c.search_hits("otter", limit=10)[0]
+        assert sorted(h.source_id for h in after) == sorted(s for s in before if not s.endswith("n0.txt"))
+        for h in after:
+            assert "dives deep" in h.text
+            assert h.chunk_id != before[h.source_id][0]
+            row = c.record.db.execute("SELECT text FROM chunks WHERE chunk_id=?",
+                                      (h.chunk_id,)).fetchone()
+            assert row is not None and row[0] == h.text

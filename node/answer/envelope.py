@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from bisect import bisect_right
 from functools import lru_cache
 from typing import Any
 
@@ -352,6 +353,25 @@ def _join(parts: list[str]) -> str:
 _SENTENCE_MARKS = frozenset(".!?:;…,。！？")
 
 
+@lru_cache(maxsize=4096)
+def _split_text(text: str) -> tuple[tuple[str, ...], str, tuple[int, ...],
+                                    tuple[tuple[str, int], ...]]:
+    """The query-independent part of a result's analysis, once per chunk text (cached
+    like :func:`node.answer.readable.clean`: the same chunks answer many queries):
+    ``(sentences, the sentences joined by "\\n" and lower-cased, each sentence's start
+    offset in that string, [(sentence, 0)] for each sentence)``. A ``\\n`` holds no word character, so a word match in the
+    joined string never spans two sentences and finds exactly the words a match in each
+    sentence would. Callers must not mutate the tuples."""
+    sentences = tuple(_sentences(text))
+    starts: list[int] = []
+    at = 0
+    for x in sentences:
+        starts.append(at)
+        at += len(x) + 1
+    return (sentences, "\n".join(sentences).lower(), tuple(starts),
+            tuple((x, 0) for x in sentences))
+
+
 def _analyze_hit(text: str, heading: str, keys: list[tuple[str, set[str]]],
                  matcher: re.Pattern[str] | None, prefixes: tuple[str, ...],
                  ) -> tuple[list[str], list[tuple[str, int]]]:
@@ -361,45 +381,51 @@ def _analyze_hit(text: str, heading: str, keys: list[tuple[str, set[str]]],
     Same answers as :func:`_text_coverage` on the whole text and on each sentence: for
     ASCII text the whole text's words are exactly its sentences' words (sentences split
     only at whitespace and at adornment lines, which hold no word character), so the
-    whole coverage is the union of the sentences' stems; a sentence holding none of the
-    matcher's prefixes is skipped without running the regex. Non-ASCII text takes the
-    general path, unchanged.
+    whole coverage is the union of the sentences' stems; the key matcher runs once over
+    the joined sentences (:func:`_split_text`) and each match is credited to the
+    sentence it falls in. Non-ASCII text takes the general path, unchanged.
     """
-    sentences = _sentences(text)
+    sentences, low, starts, zeros = _split_text(text)
     if matcher is None:
-        return [], [(x, 0) for x in sentences]
-    whole_ascii = text.isascii() and heading.isascii()
-    if whole_ascii:
-        low = text.lower()
-        present = tuple(p for p in prefixes if p in low)
-        if not present and not any(p in heading.lower() for p in prefixes):
-            return [], [(x, 0) for x in sentences]
+        return [], list(zeros)
+    if not (text.isascii() and heading.isascii()):
+        return _analyze_general(text, heading, sentences, keys, matcher)
+    head = heading.lower()
+    if not any(p in low for p in prefixes) and not any(p in head for p in prefixes):
+        return [], list(zeros)
+    words: dict[int, set[str]] = {}
+    for m in matcher.finditer(low):
+        words.setdefault(bisect_right(starts, m.start()) - 1, set()).add(m.group())
     union: set[str] = set()
+    analyzed = list(zeros)  # a sentence without a key word covers nothing
+    for i, found in words.items():
+        stems: set[str] = set()
+        for w in found:
+            stems.update(_word_stems(w))
+        union |= stems
+        x = sentences[i]
+        if len(x) >= 20:
+            analyzed[i] = (x, len(_coverage(keys, stems)))
+    for w in set(matcher.findall(head)):
+        union.update(_word_stems(w))
+    return _coverage(keys, union), analyzed
+
+
+def _analyze_general(text: str, heading: str, sentences: tuple[str, ...],
+                     keys: list[tuple[str, set[str]]], matcher: re.Pattern[str],
+                     ) -> tuple[list[str], list[tuple[str, int]]]:
+    """:func:`_analyze_hit` for text or a heading with non-ASCII characters: each
+    sentence analyzed on its own (the analyzer's stems for a non-ASCII sentence)."""
     analyzed: list[tuple[str, int]] = []
     for x in sentences:
         if x.isascii():
-            if whole_ascii and not present:
-                analyzed.append((x, 0))
-                continue
-            lx = x.lower()
-            if whole_ascii and not any(p in lx for p in present):
-                analyzed.append((x, 0))
-                continue
             stems: set[str] = set()
-            for w in set(matcher.findall(lx)):
+            for w in set(matcher.findall(x.lower())):
                 stems.update(_word_stems(w))
         else:
             stems = _stems(x)
-        if whole_ascii:
-            union |= stems
         analyzed.append((x, len(_coverage(keys, stems)) if len(x) >= 20 else 0))
-    if whole_ascii:
-        for w in set(matcher.findall(heading.lower())):
-            union.update(_word_stems(w))
-        covered = _coverage(keys, union)
-    else:
-        covered = _text_coverage(text + " " + heading, keys, matcher)
-    return covered, analyzed
+    return _text_coverage(text + " " + heading, keys, matcher), analyzed
 
 
 def _plan(request: dict[str, Any], plan: Any = None) -> Any:

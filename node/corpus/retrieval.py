@@ -54,6 +54,7 @@ import sqlite3
 import stat
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -297,26 +298,62 @@ def rewrite_query(schema: Any, plan: Plan) -> Any | None:
     return _should(subs) if subs else None
 
 
+#: Addresses whose ids :class:`StoredIds` keeps per searcher across requests (about
+#: 0.3 KB each; the map is emptied when full). A searcher's segments never change, so an
+#: address names the same chunk for as long as that searcher is used.
+IDS_KEPT = 20_000
+#: ``id(owner) -> (a weak reference to the owner (the record or a view index), its
+#: searcher, {address: ids})``: the map of the owner's current searcher only (a new
+#: searcher replaces it, releasing the old one; the entry goes with its owner).
+_kept_ids: dict[int, tuple[Any, Any, dict[tuple[int, int], tuple[str, str]]]] = {}
+_kept_lock = threading.Lock()
+
+
+def _kept_for(owner: Any, searcher: Any) -> dict[tuple[int, int], tuple[str, str]]:
+    """The ids kept for ``searcher`` of ``owner`` (a new, empty map for a new searcher)."""
+    key = id(owner)
+    with _kept_lock:
+        entry = _kept_ids.get(key)
+        if entry is None or entry[0]() is not owner or entry[1] is not searcher:
+            def forget(_ref: Any, key: int = key) -> None:
+                with _kept_lock:
+                    if _kept_ids.get(key, (None,))[0] is _ref:
+                        del _kept_ids[key]
+
+            entry = _kept_ids[key] = (weakref.ref(owner, forget), searcher, {})
+        return entry[2]
+
+
 class StoredIds:
     """``(segment, doc)`` address → ``(chunk_id, doc_id)``, read from tantivy's doc store on
-    first use and kept for ONE request (its passes share one searcher, so an address means
-    the same document). Passes rank and fuse by address; a stored document is read only
-    when its ids are needed — to break a score tie by chunk id, for the candidates the
-    materialization walks, for the early-stop check — so most candidates are never read.
-    Thread-safe enough for the pass threads (dict writes under the GIL; a race reads a
-    document twice, with the same answer)."""
+    first use. ``ids`` holds the addresses ONE request used (its passes share one
+    searcher, so an address means the same document). Passes rank and fuse by address; a
+    stored document is read only when its ids are needed — to break a score tie by chunk
+    id, for the candidates the aggregation window and the materialization walk, for the
+    early-stop check — so most candidates are never read; with ``owner`` (the record or
+    view index the searcher belongs to) an address read once is kept for later requests
+    on the same searcher (at most :data:`IDS_KEPT`), so a chunk that answers many queries
+    is read once. Thread-safe enough for the pass threads (dict writes under the GIL; a
+    race reads a document twice, with the same answer)."""
 
-    __slots__ = ("searcher", "ids")
+    __slots__ = ("searcher", "ids", "kept")
 
-    def __init__(self, searcher: Any) -> None:
+    def __init__(self, searcher: Any, owner: Any = None) -> None:
         self.searcher = searcher
         self.ids: dict[tuple[int, int], tuple[str, str]] = {}
+        self.kept = _kept_for(owner, searcher) if owner is not None else {}
 
     def __call__(self, key: tuple[int, int]) -> tuple[str, str]:
         ids = self.ids.get(key)
         if ids is None:
-            doc = self.searcher.doc(tantivy.DocAddress(key[0], key[1]))
-            ids = self.ids[key] = (doc.get_first("chunk_id"), doc.get_first("doc_id"))
+            ids = self.kept.get(key)
+            if ids is None:
+                doc = self.searcher.doc(tantivy.DocAddress(key[0], key[1]))
+                ids = (doc.get_first("chunk_id"), doc.get_first("doc_id"))
+                if len(self.kept) >= IDS_KEPT:
+                    self.kept.clear()
+                self.kept[key] = ids
+            self.ids[key] = ids
         return ids
 
     def cid(self, key: Any) -> str:
@@ -426,8 +463,9 @@ def aggregate_documents(fused: dict[Any, float], doc_key: Callable[[Any], str | 
     a place above another page's best chunk when it is clearly stronger. ``doc_key(key)``
     names a candidate's document (None: unknown, left alone); ``strength(key)`` in 0..1
     (None: 1) — :func:`run_search` passes (baseline BM25 / best baseline BM25) **
-    :data:`SUPPORT_POWER`. Returns a new dict; cost: one stored-document read per
-    candidate in the window.
+    :data:`SUPPORT_POWER`. Returns a new dict; cost: ``doc_key`` once per candidate in
+    the window (in :func:`run_search` a stored-document read the first time the searcher
+    meets that candidate, :class:`StoredIds`).
     """
     if SECOND_CHUNK_FACTOR == 1.0 and DOC_SUPPORT == 0.0:
         return fused
@@ -589,7 +627,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
         hits: list[Hit] = []
         order: list[str] = []
         counts: dict[str, int] = {}
-        ids = StoredIds(searcher)
+        ids = StoredIds(searcher, view if view is not None else corpus.record)
         while True:
             controller["rounds"] += 1
             doc_of: dict[str, str] = {}
