@@ -228,6 +228,8 @@ def test_the_host_refuses_every_bad_chain_with_its_code_before_ready(echo):
     assert _host_refuses(echo, lambda g: chain_of(g.public_key, persons=5)[0]) == "handshake-chain-too-long"
     assert _host_refuses(echo, lambda g: [{**other_person(g)[0], "seq": -1}]) == "handshake-binding-malformed"
     assert _host_refuses(echo, [{"type": "device"}]) == "handshake-binding-malformed"
+    assert _host_refuses(echo, {"type": "device"}) == "handshake-binding-malformed"  # not a list
+    assert _host_refuses(echo, "ab" * 32) == "handshake-binding-malformed"
 
 
 def test_a_chain_the_host_did_not_offer_v2_for_is_malformed(echo):

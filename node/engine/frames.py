@@ -49,8 +49,9 @@ class SessionReady(_Frame, tag="_session_ready"):
     session_id: str
     guest_signature: str
     #: v2 only (the host's proof said ``frames_version: 2``): the guest's binding chain,
-    #: checked by :func:`node.trust.binding.verify_chain` (specs/session.md §4.3).
-    binding_chain: list[Any] | None = None
+    #: checked by :func:`node.trust.binding.verify_chain` (specs/session.md §4.3), which
+    #: owns its whole shape (a non-list is ``handshake-binding-malformed`` too).
+    binding_chain: Any = None
 
 
 class SessionReject(_Frame, tag="_session_reject"):
