@@ -59,5 +59,9 @@ def test_the_host_sees_person_and_device_of_real_guests_and_an_old_home_joins_as
     listed = json.loads(kith(old_home, "device", "list", "--json").stdout)
     assert listed["person_key"] == migrated["person_key"] and listed["holds_person_key"]
     assert [(d["name"], d["key"], d["this"]) for d in listed["devices"]] == [("old box", old_key, True)]
+    audited = [json.loads(line) for line in (home / "audit.jsonl").read_text().splitlines()]
+    started = [(r["peer"], r.get("person"), r.get("device_name")) for r in audited if r["event"] == "session-started"]
+    assert started == [(made["public_key"], made["person_key"], "laptop"), (old_key, None, None),
+                       (old_key, migrated["person_key"], "old box")]
     status = json.loads(kith(old_home, "status", "--json").stdout)
     assert status["identity"] == {**status["identity"], "key": old_key, "person": migrated["person_key"]}
