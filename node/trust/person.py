@@ -135,12 +135,37 @@ def _load_seed(path: Path) -> bytes | None:
     return bytes.fromhex(text)
 
 
+def person_from_json(raw: object, *, where: str = PERSON_FILE) -> PersonRecord:
+    """Check a ``person.json`` object (or the one a paired device sent) and build its record.
+
+    Every device link is verified (shape and signature, with the successor links before it)
+    and the recovery statement too.
+
+    Raises:
+        ConfigError: ``config-invalid`` naming ``where`` when it is not a valid record.
+    """
+    try:
+        if not isinstance(raw, dict):
+            raise TypeError("not an object")
+        rec = PersonRecord(person_key=raw["person_key"], recovery_key=raw["recovery_key"],
+                           recovery_signature=raw["recovery_signature"], created=raw["created"],
+                           successors=list(raw.get("successors") or []), devices=list(raw.get("devices") or []))
+        verify(rec.person_key, person_recovery_payload(person_key=rec.person_key, recovery_key=rec.recovery_key,
+                                                       created=rec.created), rec.recovery_signature)
+        for link in rec.devices:
+            who = verify_chain([*rec.successors, link], link.get("device_key", "") if isinstance(link, dict) else "")
+            if who.person != rec.person_key:
+                raise TypeError("a device is bound by another person key")
+    except (KeyError, TypeError, AttributeError, SigningError, KithError) as exc:
+        detail = getattr(exc, "message", "") or str(exc) or type(exc).__name__
+        raise ConfigError("config-invalid", f"{where} is not a valid person record ({detail})") from None
+    return rec
+
+
 def load_person(home: Path) -> PersonRecord | None:
     """Read ``person.json`` (None when this home has no person yet: a home made before
-    person keys existed, until ``kith init`` migrates it).
-
-    Every device link is verified again on load (shape and signature), and the recovery
-    statement too, so a hand-edited file is refused rather than sent.
+    person keys existed, until ``kith init`` migrates it), checked by
+    :func:`person_from_json`, so a hand-edited file is refused rather than sent.
 
     Raises:
         ConfigError: ``config-invalid`` when the file is not a valid person record.
@@ -152,18 +177,7 @@ def load_person(home: Path) -> PersonRecord | None:
         return None
     except (OSError, UnicodeDecodeError, ValueError):
         raise ConfigError("config-invalid", f"{PERSON_FILE} is not valid JSON") from None
-    try:
-        rec = PersonRecord(person_key=raw["person_key"], recovery_key=raw["recovery_key"],
-                           recovery_signature=raw["recovery_signature"], created=raw["created"],
-                           successors=list(raw.get("successors") or []), devices=list(raw.get("devices") or []))
-        verify(rec.person_key, person_recovery_payload(person_key=rec.person_key, recovery_key=rec.recovery_key,
-                                                       created=rec.created), rec.recovery_signature)
-        for link in rec.devices:
-            verify_chain([*rec.successors, link], link.get("device_key", "") if isinstance(link, dict) else "")
-    except (KeyError, TypeError, AttributeError, SigningError, KithError) as exc:
-        detail = getattr(exc, "message", "") or type(exc).__name__
-        raise ConfigError("config-invalid", f"{PERSON_FILE} is not a valid person record ({detail})") from None
-    return rec
+    return person_from_json(raw)
 
 
 def load_person_secret(home: Path) -> bytes | None:
@@ -241,5 +255,5 @@ def own_chain(home: Path, device_key: str) -> list[dict[str, Any]] | None:
 
 
 __all__ = ["PERSON_FILE", "PERSON_KEY_FILE", "PersonRecord", "bind_device", "default_device_name", "init_person",
-           "load_person", "load_person_secret", "own_chain", "recovery_secret_of", "recovery_seed",
+           "load_person", "load_person_secret", "own_chain", "person_from_json", "recovery_secret_of", "recovery_seed",
            "recovery_words", "save_person"]
