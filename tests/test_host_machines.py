@@ -6,6 +6,7 @@ tests/test_host_admission.py and tests/test_host_serving.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import shutil
@@ -360,11 +361,20 @@ def test_the_host_sees_the_person_and_device_of_a_guest_with_a_chain_and_serves_
     chain = [device_link(person, alice_desk.public_key, "desk", "2026-12-01T10:00:00Z", 3)]
     forged = [{**chain[0], "device_key": Identity(os.urandom(32)).public_key}]
 
+    peers_seen: list[PeerInfo] = []
+
     async def scenario():
         host = MemoryHost(home)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.host.run)
             await host.ready.wait()
+            real_on_start = host.host.hooks.on_start
+
+            def on_start(ctx):  # the real hook runs; the test keeps what it was told about the peer
+                peers_seen.append(ctx.peer)
+                return real_on_start(ctx) if real_on_start else None
+
+            host.host.hooks = dataclasses.replace(host.host.hooks, on_start=on_start)
             new = await _connect(tg, host, alice_desk, chain)
             new.ask("alpha")
             await new.answered(1)
@@ -391,6 +401,8 @@ def test_the_host_sees_the_person_and_device_of_a_guest_with_a_chain_and_serves_
     assert started[alice_desk.public_key]["person"] == public_key_of(person)
     assert started[alice_desk.public_key]["device_name"] == "desk"
     assert started[old.ident.public_key]["person"] is None and new.results[0]["status"] == "ok"
+    hooks_saw = {p.public_key: (p.person, p.device_name) for p in peers_seen}
+    assert hooks_saw == {alice_desk.public_key: (public_key_of(person), "desk"), old.ident.public_key: (None, None)}
     refused = [e for e in host.of("session-ended") if e["peer"] == bad.ident.public_key]
     assert [(e["reason"], e["code"]) for e in refused] == [("rejected", "handshake-binding-forged")]
     assert not bad.results
