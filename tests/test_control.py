@@ -52,7 +52,8 @@ def homes(tmp_path):
         r = kith(host, *args, timeout=300)
         assert r.returncode == 0, (args, r.stderr)
     key = _init(guest)
-    return {"tmp": tmp_path, "host": host, "guest": guest, "key": key}
+    person = json.loads(kith(guest, "init", "--json").stdout)["person_key"]
+    return {"tmp": tmp_path, "host": host, "guest": guest, "key": key, "person": person}
 
 
 async def _poll_state(home: Path, pred, timeout: float = DEADLINE_S) -> dict:
@@ -181,7 +182,10 @@ def test_status_and_sessions_show_a_live_guest_and_sessions_end_tells_the_guest(
     assert first["action"] == "results"
 
     (session,) = live["sessions"]
-    assert session["peer"] == {"name": None, "key": homes["key"]} and session["tier"] == "anonymous"
+    # the guest's home has a person (`kith init`): its binding chain names the person and device
+    person = {"key": homes["person"], "deviceName": session["peer"]["person"]["deviceName"], "earlier": []}
+    assert session["peer"] == {"name": None, "key": homes["key"], "person": person}
+    assert session["tier"] == "anonymous"
     assert session["queries"] == 1 and session["statuses"] == {first["status"]: 1}
     quota = session["quotaLeft"]
     assert quota["burst"] >= 1 and 0 <= quota["queries"] < quota["burst"]  # the query took a token
@@ -195,6 +199,8 @@ def test_status_and_sessions_show_a_live_guest_and_sessions_end_tells_the_guest(
     assert session["id"][:8] in human.stdout and "sessions: 1" in human.stdout
     assert listed.returncode == 0 and [s["id"] for s in json.loads(listed.stdout)["sessions"]] == [session["id"]]
     assert lines.returncode == 0 and session["id"][:8] in lines.stdout and "anonymous" in lines.stdout
+    assert f"person {homes['person'][:16]}" in lines.stdout  # `kith sessions` names the person
+    assert report["host"]["sessions"][0]["peer"]["person"]["key"] == homes["person"]
 
     assert bad.returncode == 1 and "error [live-session-not-found]" in bad.stderr, bad.stderr
     assert ended.returncode == 0, ended.stderr

@@ -6,6 +6,7 @@ tests/test_host_admission.py and tests/test_host_serving.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import shutil
@@ -91,9 +92,10 @@ class Guest:
     """A knowledge-query guest on the real engine and hooks that asks what it is given
     (:meth:`ask`) and stays connected, quiet, in between."""
 
-    def __init__(self, host: MemoryHost, ident: Identity | None = None) -> None:
+    def __init__(self, host: MemoryHost, ident: Identity | None = None, chain: list | None = None) -> None:
         self.host = host
         self.ident = ident or Identity(os.urandom(32))
+        self.chain = chain  # a binding chain to send (system frames v2), or None
         self.questions: queue.Queue[str | None] = queue.Queue()
         self.results: list[dict[str, Any]] = []
         self.outcome: Any = None
@@ -108,7 +110,7 @@ class Guest:
         stream = await self.host.listener.connect(self.ident.public_key)
         engine = SessionEngine("guest", self.host.spec, public_key=self.ident.public_key, sign=self.ident.sign,
                                guest=GuestConfig(remote_id=inv["host_public_key"], post_id=inv["post_id"],
-                                                 host_public_key=inv["host_public_key"]))
+                                                 host_public_key=inv["host_public_key"], binding_chain=self.chain))
 
         def next_question() -> str | None:
             try:
@@ -134,8 +136,8 @@ class Guest:
         assert len(self.results) >= n, (self.outcome.reason, self.outcome.code) if self.outcome else "no answer"
 
 
-async def _connect(tg, host: MemoryHost, ident: Identity | None = None) -> Guest:
-    guest = Guest(host, ident)
+async def _connect(tg, host: MemoryHost, ident: Identity | None = None, chain: list | None = None) -> Guest:
+    guest = Guest(host, ident, chain)
     tg.start_soon(guest.run)
     with anyio.fail_after(10):
         await guest.ready.wait()
@@ -344,3 +346,65 @@ def on_message(ctx, message):  # noqa: F811 - the test's failing variant
     assert [code for code, _m in outcomes["bad"].remote_errors] == ["hook-failed"]  # told why
     assert sorted((e["reason"], e["code"]) for e in host.of("session-ended")) == \
         [("aborted", "hook-failed"), ("completed", None)]
+
+
+def test_the_host_sees_the_person_and_device_of_a_guest_with_a_chain_and_serves_an_old_guest_as_before(tmp_path):
+    """Issue 22 item 1 over the real Host: a guest sending its binding chain is listed with
+    its person and device name (session table listing, ``session-started``); a guest without
+    one is served as today (``person`` null); a forged chain is refused before anything is
+    served and counted as a failed handshake."""
+    from node.trust.binding import device_link
+
+    home = _host_home(tmp_path)
+    person = os.urandom(32)
+    alice_desk = Identity(os.urandom(32))
+    chain = [device_link(person, alice_desk.public_key, "desk", "2026-12-01T10:00:00Z", 3)]
+    forged = [{**chain[0], "device_key": Identity(os.urandom(32)).public_key}]
+
+    peers_seen: list[PeerInfo] = []
+
+    async def scenario():
+        host = MemoryHost(home)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.host.run)
+            await host.ready.wait()
+            real_on_start = host.host.hooks.on_start
+
+            def on_start(ctx):  # the real hook runs; the test keeps what it was told about the peer
+                peers_seen.append(ctx.peer)
+                return real_on_start(ctx) if real_on_start else None
+
+            host.host.hooks = dataclasses.replace(host.host.hooks, on_start=on_start)
+            new = await _connect(tg, host, alice_desk, chain)
+            new.ask("alpha")
+            await new.answered(1)
+            old = await _connect(tg, host)
+            old.ask("alpha")
+            await old.answered(1)
+            listing = host.host.table.listing()
+            thief = Identity(os.urandom(32))
+            bad = await _connect(tg, host, thief, [{**forged[0], "device_key": thief.public_key}])
+            await host.until(lambda: bad.outcome is not None)
+            for g in (new, old):
+                g.ask(None)
+            host.stop.set()
+        return host, listing, new, old, bad
+
+    host, listing, new, old, bad = anyio.run(scenario, backend="asyncio")
+    from node.trust.signing import public_key_of
+
+    rows = {r["peer"]["key"]: r for r in listing}
+    assert rows[alice_desk.public_key]["peer"]["person"] == {"key": public_key_of(person), "deviceName": "desk",
+                                                             "earlier": []}
+    assert rows[old.ident.public_key]["peer"]["person"] is None
+    started = {e["peer"]: e for e in host.of("session-started")}
+    assert started[alice_desk.public_key]["person"] == public_key_of(person)
+    assert started[alice_desk.public_key]["device_name"] == "desk"
+    assert started[old.ident.public_key]["person"] is None and new.results[0]["status"] == "ok"
+    hooks_saw = {p.public_key: (p.person, p.device_name) for p in peers_seen}
+    assert hooks_saw == {alice_desk.public_key: (public_key_of(person), "desk"), old.ident.public_key: (None, None)}
+    refused = [e for e in host.of("session-ended") if e["peer"] == bad.ident.public_key]
+    assert [(e["reason"], e["code"]) for e in refused] == [("rejected", "handshake-binding-forged")]
+    assert not bad.results
+    assert bad.ident.public_key not in started
+    assert host.host.table._failures[bad.ident.public_key][0] == 1  # counted like any failed verification

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -392,6 +393,26 @@ def test_handshake_frames_validate(frames_schema, host_id, guest_id):
     assert actions == ["_session_init", "_session_proof", "_session_ready"]
     for frame in rec.lines:
         assert _errors(frames_schema, frame) == [], frame["action"]
+
+
+def test_v2_handshake_frames_with_a_binding_chain_validate(frames_schema, host_id, guest_id):
+    """System frames v2 (issue 22): the proof's ``frames_version`` and the ready's
+    ``binding_chain`` of 3 links are in the published schema."""
+    from node.trust.binding import device_link, successor_link
+    from node.trust.signing import public_key_of
+
+    seeds = [os.urandom(32) for _ in range(3)]
+    when = "2026-12-01T10:00:00Z"
+    chain = [successor_link(seeds[i], public_key_of(seeds[i + 1]), when, i) for i in range(2)]
+    chain.append(device_link(seeds[2], guest_id.public_key, "laptop", when, 0))
+    rec = RecordingPair(load_spec(PROTOCOLS / "echo"), host_id, guest_id, guest_chain=chain)
+    rec.pair.handshake()
+    assert rec.pair.host.state is State.READY
+    ready = [f for f in rec.lines if f["action"] == "_session_ready"][0]
+    assert len(ready["binding_chain"]) == 3
+    for frame in rec.lines:
+        assert _errors(frames_schema, frame) == [], frame["action"]
+    assert _errors(frames_schema, {**ready, "binding_chain": chain * 2}), "5+ links must not validate"
 
 
 def test_business_loop_frames_validate_and_business_messages_do_not(frames_schema, host_id, guest_id):

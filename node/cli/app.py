@@ -49,6 +49,7 @@ COMMANDS: tuple[Entry, ...] = (
     Entry("community", "node.cli.community_cmd", "community_app"),
     Entry("api", "node.cli.api_cmd", "api_app"),
     Entry("sessions", "node.cli.status_cmd", "sessions_app"),
+    Entry("device", "node.cli.device_cmd", "device_app"),
 )
 
 

@@ -21,23 +21,50 @@ protocol_app = typer.Typer(help="Work with protocol folders (spec.json + hooks.p
 
 
 # ----------------------------------------------------------------------------- init
-def init_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Create this node's Ed25519 identity (its public key is the iroh endpoint id).
+def init_cmd(
+    ctx: typer.Context,
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    device_name: Optional[str] = typer.Option(None, "--device-name", metavar="NAME", help="This device's name in its binding (default: the host name; 1-64 printable characters)."),
+) -> None:
+    """Create this device's Ed25519 key (the iroh endpoint id) and a person key that binds it.
 
-    On a home that already has one, prints the existing fingerprint and changes nothing.
+    The person key signs a device binding for this device; a recovery secret is printed
+    ONCE as 24 words (write them on paper: they are not stored and cannot be shown again).
+    On a home that already has both, prints them and changes nothing; a home made before
+    person keys keeps its identity key as this device's key and gets a person key.
     """
-    from node.trust.identity import init_identity
+    from node.common.errors import SigningError
+    from node.trust.identity import fingerprint, init_identity
+    from node.trust.person import init_person
 
     home = new_home_of(ctx)  # one of the two commands that create a home
     ident, created = init_identity(home)
+    try:
+        person, words = init_person(home, ident, device_name)
+    except SigningError as exc:
+        raise UsageError("usage", f"--device-name: {exc.message}") from None
+    binding = person.binding_for(ident.public_key)
     if json_out:
         emit_json({"public_key": ident.public_key, "fingerprint": ident.fingerprint, "created": created,
-                   "home": str(home)})
+                   "home": str(home), "person_key": person.person_key,
+                   "person_fingerprint": fingerprint(person.person_key), "person_created": words is not None,
+                   "device_name": binding["device_name"] if binding else None,
+                   "recovery_words": words})
         return
     verb = "Created" if created else "Existing"
     console.print(f"{verb} identity in {home}")
-    console.print(f"  public key:  {ident.public_key}")
+    console.print(f"  device key:  {ident.public_key}")
     console.print(f"  fingerprint: {ident.fingerprint}")
+    console.print(f"{'Created' if words else 'Existing'} person key")
+    console.print(f"  person key:  {person.person_key}")
+    console.print(f"  fingerprint: {fingerprint(person.person_key)}")
+    if binding:
+        console.print(f"  this device: {safe_text(binding['device_name'])!r} (binding {binding['seq']})",
+                      highlight=False, markup=False)
+    if words:
+        console.print("Recovery secret (shown once, not stored; write it on paper — it can sign a rotation of "
+                      "the person key if the device holding it is lost):", highlight=False, markup=False)
+        console.print(f"  {words}", highlight=False, markup=False)
 
 
 # ----------------------------------------------------------------------------- host
@@ -122,7 +149,10 @@ def host_cmd(
             elif ev["event"] == "post-renewed":
                 console.print(f"  post {ev['post_id']} now expires {ev['expires_at']}")
             elif ev["event"] == "session-started":
-                err_console.print(f"session {ev['session_id']} started with {ev['peer'][:16]}…")
+                who = f"{ev['peer'][:16]}…"
+                if ev.get("person"):  # a verified binding chain: the person and this device's name
+                    who += f" (person {ev['person'][:16]}…, device {safe_text(ev.get('device_name') or '')!r})"
+                err_console.print(f"session {ev['session_id']} started with {who}", highlight=False, markup=False)
                 if ev.get("peer_name") is None and ev.get("pairing_code") and ev["peer"] not in codes_shown:
                     codes_shown.add(ev["peer"])
                     err_console.print(f"  unknown guest {ev['peer'][:16]}… pairing code: [bold]{ev['pairing_code']}[/bold]"

@@ -22,6 +22,7 @@ def _print(line: str) -> None:
 
 def _identity(home: Path) -> dict[str, Any] | None:
     from node.trust.identity import load_identity
+    from node.trust.person import load_person
 
     try:
         ident = load_identity(home)
@@ -29,7 +30,9 @@ def _identity(home: Path) -> dict[str, Any] | None:
         if exc.code == "home-not-initialized":
             return None
         raise
-    return {"fingerprint": ident.fingerprint, "key": ident.public_key}
+    person = load_person(home)
+    return {"fingerprint": ident.fingerprint, "key": ident.public_key,
+            "person": person.person_key if person is not None else None}
 
 
 def _index(home: Path) -> dict[str, Any]:
@@ -60,7 +63,8 @@ def _host_state(home: Path) -> dict[str, Any] | None:
 
 
 def status_report(home: Path) -> dict[str, Any]:
-    """``kith status --json``: ``{"home", "identity": {"fingerprint", "key"} | null,
+    """``kith status --json``: ``{"home", "identity": {"fingerprint", "key" (this device),
+    "person" (the person key, null before `kith init` migrated the home)} | null,
     "index": {...}, "host": <state document> | null, "approvals": [...]}``
     (specs/control.md). Works without a running host (``host`` null)."""
     from node.runtime.control import pending_approvals
@@ -74,7 +78,11 @@ def _peer(row: dict[str, Any]) -> str:
     peer = row.get("peer") or {}
     name = peer.get("name")
     key = str(peer.get("key") or "")
-    return f"{name} ({key[:16]}…)" if name else f"{key[:16]}…"  # the tier column says anonymous
+    out = f"{name} ({key[:16]}…)" if name else f"{key[:16]}…"  # the tier column says anonymous
+    person = peer.get("person")
+    if isinstance(person, dict) and person.get("key"):  # a verified binding chain (specs/peers.md §9)
+        out += f" person {str(person['key'])[:16]}… device {str(person.get('deviceName') or '')!r}"
+    return out
 
 
 def _session_lines(sessions: list[dict[str, Any]]) -> list[str]:

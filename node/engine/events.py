@@ -26,13 +26,18 @@ class ProofVerified(Event):
 
 @dataclass(frozen=True)
 class SessionReady(Event):
-    """The handshake completed; business messages may flow."""
+    """The handshake completed; business messages may flow.
+
+    ``peer_person`` (host only): the :class:`node.trust.binding.PersonIdentity` the guest's
+    verified binding chain proves, or None for a guest that sent none (an old guest, or an
+    old host's v1 handshake: device-key-only identity)."""
 
     session_id: str
     peer_public_key: str
     peer_profile: dict[str, Any]
     peer_capabilities: list[str]
     proof: dict[str, Any]
+    peer_person: Any = None
 
 
 @dataclass(frozen=True)

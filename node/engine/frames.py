@@ -38,6 +38,9 @@ class SessionProof(_Frame, tag="_session_proof"):
     host_signature: str
     ui_offer: dict[str, Any] | None = None
     profile: dict[str, Any] = msgspec.field(default_factory=dict)
+    #: 2 when the host speaks system frames v2 (only sent to a guest that advertised
+    #: ``person_chain_v1``; specs/session.md §4.2); absent = v1.
+    frames_version: int | None = None
 
 
 class SessionReady(_Frame, tag="_session_ready"):
@@ -45,6 +48,10 @@ class SessionReady(_Frame, tag="_session_ready"):
 
     session_id: str
     guest_signature: str
+    #: v2 only (the host's proof said ``frames_version: 2``): the guest's binding chain,
+    #: checked by :func:`node.trust.binding.verify_chain` (specs/session.md §4.3), which
+    #: owns its whole shape (a non-list is ``handshake-binding-malformed`` too).
+    binding_chain: Any = None
 
 
 class SessionReject(_Frame, tag="_session_reject"):

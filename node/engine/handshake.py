@@ -19,6 +19,7 @@ from node.engine import frames as F
 from node.engine import ui as UI
 from node.engine.events import Event, ProofVerified, SessionReady
 from node.engine.ui_branch import GuestUiBranch, HostUiBranch
+from node.trust.binding import verify_chain
 
 from node.trust.signing import (
     NONCE_HEX_LEN,
@@ -33,6 +34,12 @@ from node.trust.signing import (
 
 if TYPE_CHECKING:
     from node.protocol.spec import ProtocolSpec
+
+#: The capability a guest with a binding chain advertises in ``_session_init``; a host that
+#: knows it answers with ``frames_version`` :data:`FRAMES_V2` in ``_session_proof``, and only
+#: then may ``_session_ready`` carry ``binding_chain`` (specs/session.md §4).
+PERSON_CAPABILITY = "person_chain_v1"
+FRAMES_V2 = 2
 
 
 @dataclass
@@ -78,6 +85,10 @@ class GuestConfig:
         admit_host: ``(host_key, host_profile)`` → True to go on once the proof verified;
             it may raise :class:`HandshakeError` (e.g. ``host-key-changed``); False →
             ``handshake-not-admitted``.
+        binding_chain: this device's binding chain (:mod:`node.trust.binding`), or None.
+            When set, ``person_chain_v1`` is advertised and the chain is sent in
+            ``_session_ready`` to a host that answered with system frames v2; an old host
+            gets the v1 handshake (device-key-only identity).
     """
 
     remote_id: str
@@ -87,7 +98,7 @@ class GuestConfig:
     capabilities: list[str] = field(default_factory=list)
     want_ui: bool = False
     admit_host: Callable[[str, dict[str, Any]], bool] = lambda key, profile: True
-
+    binding_chain: list[dict[str, Any]] | None = None
 
 
 def signing_refusal(exc: SigningError) -> HandshakeError:
@@ -138,6 +149,7 @@ class HostHandshake(_Handshake):
         self.config = config
         self.ui = ui
         self.ready = False
+        self.frames_version: int | None = None  # FRAMES_V2 once offered in our proof
 
     def step(self, frame: F.SystemFrame, first: bool) -> list[Event]:
         """Judge one system frame from the guest (``first``: the session's first frame).
@@ -197,9 +209,10 @@ class HostHandshake(_Handshake):
                       "host_nonce": host_nonce, "host_signature": sig}
         self.ui.bundle = h.ui_bundle
         offer = self.ui.offer(self.capabilities)
+        self.frames_version = FRAMES_V2 if PERSON_CAPABILITY in self.capabilities else None
         self._queue(F.SessionProof(session_id=self.session_id, host_public_key=self.public_key,
                                    host_nonce=host_nonce, host_signature=sig, ui_offer=offer,
-                                   profile=dict(h.profile)))
+                                   profile=dict(h.profile), frames_version=self.frames_version))
         return []
 
     def _ready(self, frame: F.SessionReady) -> list[Event]:
@@ -207,15 +220,25 @@ class HostHandshake(_Handshake):
             raise HandshakeError("handshake-session-mismatch")
         assert self.payload is not None and self.peer_public_key is not None and self.session_id is not None
         check_hex(frame.guest_signature, SIGNATURE_HEX_LEN, "guest_signature")
-        try:
-            verify(self.peer_public_key, role_message("guest", self.payload), frame.guest_signature,
-                   field="guest_signature")
-        except SigningError:
-            raise HandshakeError("handshake-bad-signature", "the guest signature does not verify") from None
+        payload, key = self.payload, self.peer_public_key
+
+        def session_signature() -> None:
+            try:
+                verify(key, role_message("guest", payload), frame.guest_signature, field="guest_signature")
+            except SigningError:
+                raise HandshakeError("handshake-bad-signature", "the guest signature does not verify") from None
+
+        person = None
+        if frame.binding_chain is None:
+            session_signature()
+        elif self.frames_version != FRAMES_V2:
+            raise HandshakeError("handshake-malformed", "binding_chain is a system frames v2 field")
+        else:  # the chain's length and shape first, then every signature (session.md §4.3)
+            person = verify_chain(frame.binding_chain, key, before_signatures=session_signature)
         self.proof["guest_signature"] = frame.guest_signature
         self.ready = True
         return [SessionReady(self.session_id, self.peer_public_key, dict(self.peer_profile),
-                             list(self.capabilities), dict(self.proof))]
+                             list(self.capabilities), dict(self.proof), person)]
 
 
 class GuestHandshake(_Handshake):
@@ -229,14 +252,20 @@ class GuestHandshake(_Handshake):
         self.ui = ui
         self.verified = False
         self._nonce = ""
+        self._advertised: list[str] = []
+        self.host_frames_version: int | None = None  # FRAMES_V2 when the host's proof said so
 
     def initiate(self) -> None:
         """Queue ``_session_init`` with a fresh 32-byte nonce."""
         g = self.config
         self._nonce = self._random(32).hex()
+        caps = list(g.capabilities)
+        if g.binding_chain is not None and PERSON_CAPABILITY not in caps:
+            caps.append(PERSON_CAPABILITY)
+        self._advertised = caps
         self._queue(F.SessionInit(post_id=g.post_id, protocol_id=self.spec.protocol_id,
                                   guest_public_key=self.public_key, guest_nonce=self._nonce,
-                                  capabilities=list(g.capabilities), profile=dict(g.profile)))
+                                  capabilities=caps, profile=dict(g.profile)))
 
     def step(self, frame: F.SystemFrame) -> list[Event]:
         """Judge one system frame from the host.
@@ -258,6 +287,9 @@ class GuestHandshake(_Handshake):
 
     def _proof(self, frame: F.SessionProof) -> list[Event]:
         g = self.config
+        if frame.frames_version is not None and (frame.frames_version != FRAMES_V2
+                                                 or PERSON_CAPABILITY not in self._advertised):
+            raise HandshakeError("handshake-malformed", "frames_version was not offered")
         check_hex(frame.host_public_key, PUBLIC_KEY_HEX_LEN, "host_public_key")
         if not (frame.host_public_key == g.host_public_key == g.remote_id):
             raise HandshakeError("handshake-key-mismatch",
@@ -283,6 +315,7 @@ class GuestHandshake(_Handshake):
         self.payload = payload
         self.session_id = sid
         self.peer_public_key = frame.host_public_key
+        self.host_frames_version = frame.frames_version
         self.proof = {"session_id": sid, "post_id": g.post_id, "protocol_id": self.spec.protocol_id,
                       "host_public_key": frame.host_public_key, "guest_public_key": self.public_key,
                       "guest_nonce": self._nonce, "host_nonce": frame.host_nonce,
@@ -300,6 +333,8 @@ class GuestHandshake(_Handshake):
         """After :class:`ProofVerified`: the ``_session_ready`` frame to send and the
         :class:`SessionReady` event to report."""
         assert self.verified and self.session_id is not None
-        frame = F.SessionReady(session_id=self.session_id, guest_signature=self.proof["guest_signature"])
+        chain = self.config.binding_chain if self.host_frames_version == FRAMES_V2 else None
+        frame = F.SessionReady(session_id=self.session_id, guest_signature=self.proof["guest_signature"],
+                               binding_chain=list(chain) if chain is not None else None)
         return frame, SessionReady(self.session_id, self.peer_public_key or "", dict(self.peer_profile), [],
                                    dict(self.proof))

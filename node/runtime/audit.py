@@ -90,7 +90,8 @@ class HostAudit:
             self._names[ev.get("session_id") or ""] = ev.get("peer_name")
             self.log.record("session-started", session_id=ev.get("session_id"), peer=ev.get("peer"),
                             peer_name=ev.get("peer_name"), post_id=ev.get("post_id"),
-                            pairing_code=ev.get("pairing_code"))
+                            pairing_code=ev.get("pairing_code"), person=ev.get("person"),
+                            device_name=ev.get("device_name"))
         elif kind == "session-ended" and ev.get("reason") == "rejected" and not ev.get("session_id"):
             # refused in the handshake (blocked, not admitted, bad proof, ...): no session existed
             self.log.record("handshake-refused", peer=ev.get("peer") or None, code=ev.get("code"))

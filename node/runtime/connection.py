@@ -198,7 +198,10 @@ class Connection:
         rec = registry.merge_profile(ev.peer_public_key, ev.peer_profile) or registry.by_key(ev.peer_public_key)
         name = rec.name if rec else None
         code = host.pairing_code(ev.peer_public_key)
-        used_up = host.table.session_ready(self.token, ev.session_id, code)
+        pid = ev.peer_person  # the verified binding chain's PersonIdentity, or None (v1 guest)
+        person = None if pid is None else {"key": pid.person, "deviceName": pid.device_name,
+                                           "earlier": list(pid.earlier)}
+        used_up = host.table.session_ready(self.token, ev.session_id, code, person)
         host.table.succeeded(self.remote)
         post = ev.proof.get("post_id", "")
         for nonce in self.held:  # a proof signed by both sides exists now: remember it
@@ -208,10 +211,13 @@ class Connection:
             host.posts.keeper.record_proof(ev.proof, used_up=used_up)
         self.tap.ready(ev.session_id, name)
         host.emit({"event": "session-started", "session_id": ev.session_id, "peer": ev.peer_public_key,
-                   "peer_name": name, "post_id": post, "pairing_code": code})
+                   "peer_name": name, "post_id": post, "pairing_code": code,
+                   "person": pid.person if pid else None, "device_name": pid.device_name if pid else None})
         token = self.token
         return HookContext(role="host", session_id=ev.session_id,
-                           peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile),
+                           peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile,
+                                         person=pid.person if pid else None,
+                                         device_name=pid.device_name if pid else None),
                            options=dict(host.opts.hook_options),
                            knowledge=ActivityTracked(host.knowledge.handle_for(name, ev.peer_public_key),
                                                      lambda: host.table.begin_query(token),

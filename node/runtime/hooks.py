@@ -38,11 +38,17 @@ class PeerInfo:
         public_key: 64 lowercase hex (QUIC-authenticated).
         name: the local registry name, or None for an anonymous peer.
         profile: the profile the peer shared in the handshake (untrusted display data).
+        person: on the Host, the person key the guest's verified binding chain names
+            (64 hex), or None (an old guest: device-key-only identity; specs/peers.md §9).
+        device_name: the device name in that binding (signed by the person, still only a
+            label), or None.
     """
 
     public_key: str
     name: str | None = None
     profile: dict[str, Any] = field(default_factory=dict)
+    person: str | None = None
+    device_name: str | None = None
 
 
 @dataclass

@@ -61,6 +61,8 @@ FAILURE_CODES = frozenset({
     "handshake-key-mismatch", "handshake-bad-nonce", "handshake-nonce-reused", "handshake-bad-signature",
     "handshake-malformed", "handshake-protocol-mismatch", "handshake-session-mismatch",
     "handshake-unexpected-frame", "handshake-timeout", "handshake-first-frame",
+    "handshake-chain-too-long", "handshake-binding-malformed", "handshake-binding-forged",
+    "handshake-binding-wrong-person", "handshake-binding-wrong-device", "handshake-chain-loop",
     "peer-disconnected",  # hung up before _session_ready: the proof is missing
 })
 #: How a session can be ended from outside (:attr:`Ended.cause`).
@@ -101,6 +103,8 @@ class _Session:
         busy: queries being answered right now (a session answering is never evicted).
         ready / session_id / since / pairing_code: set once the handshake completed
             (``since`` in Unix s).
+        person: the guest's verified person identity (``{"key", "deviceName", "earlier"}``)
+            once ready, or None (device-key-only identity).
         post: the post whose use count this session reserved, or None.
         ended: set when the table ended it from outside; it then holds no slot.
     """
@@ -117,6 +121,7 @@ class _Session:
     session_id: str | None = None
     since: float | None = None
     pairing_code: str | None = None
+    person: dict[str, Any] | None = None
     post: str | None = None
     ended: Ended | None = None
     queries: int = 0
@@ -350,12 +355,14 @@ class SessionTable:
         return False
 
     # ------------------------------------------------------------ life of a session
-    def session_ready(self, token: int, session_id: str | None = None, pairing_code: str | None = None) -> bool:
+    def session_ready(self, token: int, session_id: str | None = None, pairing_code: str | None = None,
+                      person: dict[str, Any] | None = None) -> bool:
         """The session completed its handshake: its post reservation is kept for good.
 
         Args:
             session_id: its id (64 hex); pairing_code: the words both sides can compare
-                (:func:`node.trust.pairing.pairing_code`).
+                (:func:`node.trust.pairing.pairing_code`); person: the guest's verified
+                person (``{"key", "deviceName", "earlier"}``) or None.
 
         Returns:
             True when its post is now used up here (``post_max_sessions`` reached).
@@ -365,7 +372,7 @@ class SessionTable:
             return False
         s.ready = True
         s.last_active = self.clock.monotonic()
-        s.session_id, s.since, s.pairing_code = session_id, self.clock.time(), pairing_code
+        s.session_id, s.since, s.pairing_code, s.person = session_id, self.clock.time(), pairing_code, person
         limit = self.limits.post_max_sessions
         return s.post is not None and limit is not None and self._claimed.get(s.post, 0) >= limit
 
@@ -474,13 +481,14 @@ class SessionTable:
 
     def listing(self) -> list[dict[str, Any]]:
         """The ready sessions still running, oldest first: ``[{"id", "peer": {"name",
-        "key"}, "tier" ("pinned" | "anonymous"), "since" (RFC 3339), "queries",
-        "statuses", "pairingCode"}]`` (the control channel's shape, specs/control.md)."""
+        "key", "person": {"key", "deviceName", "earlier"} | null}, "tier" ("pinned" |
+        "anonymous"), "since" (RFC 3339), "queries", "statuses", "pairingCode"}]`` (the
+        control channel's shape, specs/control.md; ``peer.key`` is the device key)."""
         out = []
         for s in self._sessions.values():
             if s.session_id is None or not s.holds_slot or not s.alive():
                 continue
-            row: dict[str, Any] = {"id": s.session_id, "peer": {"name": s.name, "key": s.peer},
+            row: dict[str, Any] = {"id": s.session_id, "peer": {"name": s.name, "key": s.peer, "person": s.person},
                                    "tier": "pinned" if s.name is not None else "anonymous",
                                    "since": rfc3339(s.since if s.since is not None else self.clock.time()),
                                    "queries": s.queries, "statuses": dict(s.statuses)}

@@ -29,6 +29,11 @@ TAG_SESSION = "kith-session-v1"
 TAG_SESSION_HOST = "kith-session-host-v1"
 TAG_SESSION_GUEST = "kith-session-guest-v1"
 TAG_REQUEST = "kith-request-v1"
+#: People and devices (specs/peers.md §9): each statement has its own domain, so a device
+#: binding can never stand for a successor or a recovery statement, nor for a session.
+TAG_DEVICE_BINDING = "kith-device-binding-v1"
+TAG_PERSON_SUCCESSOR = "kith-person-successor-v1"
+TAG_PERSON_RECOVERY = "kith-person-recovery-v1"
 
 _HEX_RE = {n: re.compile(rf"[0-9a-f]{{{n}}}") for n in (64, 128)}
 
@@ -142,6 +147,69 @@ def request_payload(*, method: str, path: str, timestamp: int, nonce: str, body:
         ("method", method.upper()), ("path", path), ("timestamp", str(timestamp)),
         ("nonce", nonce), ("body_sha256", sha256_hex(body)),
     ])
+
+
+def _check_seq(seq: object) -> str:
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < 2 ** 53:
+        raise SigningError("bad-payload-value", "seq must be an integer from 0 to 2^53 - 1")
+    return str(seq)
+
+
+def device_binding_payload(*, person_key: str, device_key: str, device_name: str, created: str,
+                           seq: int) -> bytes:
+    """What a person key signs to bind one device key (specs/peers.md §9).
+
+    Lines: ``kith-device-binding-v1``, ``person_key``, ``device_key``, ``device_name``,
+    ``created`` (RFC 3339 UTC), ``seq`` (decimal, 0 ≤ seq < 2^53).
+
+    Raises:
+        SigningError: ``bad-hex`` for a malformed key, ``bad-payload-value`` for a line
+            break or a bad ``seq``.
+    """
+    check_hex(person_key, PUBLIC_KEY_HEX_LEN, "person_key")
+    check_hex(device_key, PUBLIC_KEY_HEX_LEN, "device_key")
+    return build_payload(TAG_DEVICE_BINDING, [
+        ("person_key", person_key), ("device_key", device_key), ("device_name", device_name),
+        ("created", created), ("seq", _check_seq(seq)),
+    ])
+
+
+def person_successor_payload(*, person_key: str, successor_key: str, created: str, seq: int) -> bytes:
+    """What a person key signs to name its successor (a rotation, specs/peers.md §9).
+
+    Lines: ``kith-person-successor-v1``, ``person_key`` (the old key, the signer),
+    ``successor_key``, ``created`` (RFC 3339 UTC), ``seq``.
+
+    Raises:
+        SigningError: as :func:`device_binding_payload`.
+    """
+    check_hex(person_key, PUBLIC_KEY_HEX_LEN, "person_key")
+    check_hex(successor_key, PUBLIC_KEY_HEX_LEN, "successor_key")
+    return build_payload(TAG_PERSON_SUCCESSOR, [
+        ("person_key", person_key), ("successor_key", successor_key), ("created", created),
+        ("seq", _check_seq(seq)),
+    ])
+
+
+def person_recovery_payload(*, person_key: str, recovery_key: str, created: str) -> bytes:
+    """What a person key signs at ``kith init`` to name the public half of its recovery
+    secret (the key that may later sign a rotation when the person key is lost).
+
+    Lines: ``kith-person-recovery-v1``, ``person_key``, ``recovery_key``, ``created``.
+
+    Raises:
+        SigningError: as :func:`device_binding_payload`.
+    """
+    check_hex(person_key, PUBLIC_KEY_HEX_LEN, "person_key")
+    check_hex(recovery_key, PUBLIC_KEY_HEX_LEN, "recovery_key")
+    return build_payload(TAG_PERSON_RECOVERY, [
+        ("person_key", person_key), ("recovery_key", recovery_key), ("created", created),
+    ])
+
+
+def public_key_of(secret_seed: bytes) -> str:
+    """The Ed25519 public key (64 lowercase hex) of a 32-byte seed."""
+    return nacl.signing.SigningKey(secret_seed).verify_key.encode().hex()
 
 
 def sign(secret_seed: bytes, message: bytes) -> str:

@@ -1,0 +1,127 @@
+"""``kith device``: this person's devices (specs/peers.md §9).
+
+``kith device list`` shows the devices the person key of this home has bound (name, key,
+binding sequence number, when), marking this device. ``kith device add`` (on the device
+holding the person key) prints a one-time code; ``kith device join CODE`` on the new
+device presents it; both show the pairing words and the owner confirms on the first before
+the person key signs the new device's binding (:mod:`node.runtime.device_pair`).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from node.cli.common import console, emit_json, err_console, home_of, new_home_of, untrusted_console
+
+device_app = typer.Typer(help="This person's devices (list, add, join).", no_args_is_help=True)
+
+
+@device_app.command("list")
+def device_list_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List the devices this home's person key has bound (this device marked)."""
+    from node.common.errors import ConfigError
+    from node.common.home import init_hint
+    from node.trust.identity import load_identity
+    from node.trust.person import load_person, load_person_secret
+
+    home = home_of(ctx)
+    ident = load_identity(home)
+    person = load_person(home)
+    if person is None:
+        raise ConfigError("home-not-initialized", "This home has no person key yet.", hint=init_hint(home))
+    rows = [{"name": d["device_name"], "key": d["device_key"], "seq": d["seq"], "created": d["created"],
+             "this": d["device_key"] == ident.public_key} for d in person.devices]
+    if json_out:
+        emit_json({"person_key": person.person_key, "holds_person_key": load_person_secret(home) is not None,
+                   "devices": rows})
+        return
+    untrusted_console.print(f"person {person.person_key}")
+    for r in rows:
+        mark = "  (this device)" if r["this"] else ""
+        untrusted_console.print(f"  {r['name']}  {r['key'][:16]}…  binding {r['seq']}  since {r['created']}{mark}")
+
+
+@device_app.command("add")
+def device_add_cmd(
+    ctx: typer.Context,
+    local: bool = typer.Option(False, "--local", envvar="KITH_OFFLINE", help="iroh local mode: relay disabled, loopback bind, offline."),
+    yes_words: bool = typer.Option(False, "--yes-words", help="Confirm the pairing words from stdin without a prompt (a line 'yes'); for scripts that relay what the owner typed."),
+    json_out: bool = typer.Option(False, "--json", help="Print the code and the result as JSON lines."),
+) -> None:
+    """Pair a new device of yours: print a one-time code (80 bits, single use, 10 minutes,
+    3 tries) for `kith device join CODE` on it, then confirm the pairing words both show.
+    Run on the device that holds the person key; the key never leaves it."""
+    import anyio
+
+    from node.runtime.device_pair import offer_device
+    from node.trust.identity import load_identity
+
+    home = home_of(ctx)
+    ident = load_identity(home)
+
+    def on_code(code: str) -> None:
+        if json_out:
+            emit_json({"event": "device-code", "code": code})
+        else:
+            console.print("On the new device run (the code works once, for 10 minutes, 3 tries):",
+                          highlight=False, markup=False)
+            console.print(f"  kith device join {code}", highlight=False, markup=False, soft_wrap=True)
+        sys.stdout.flush()
+
+    def confirm(words: str, name: str, key: str) -> bool:
+        err_console.print(f"device {name!r} ({key[:16]}…) presented the code; pairing words: {words}",
+                          highlight=False, markup=False)
+        if not yes_words:
+            err_console.print("Does the new device show the same words? [y/N] ", end="", highlight=False, markup=False)
+        answer = sys.stdin.readline().strip().lower()
+        return answer in ("y", "yes")
+
+    link = anyio.run(lambda: offer_device(home, ident, local=local, on_code=on_code, confirm=confirm),
+                     backend="asyncio")
+    if json_out:
+        emit_json({"event": "device-bound", "name": link["device_name"], "key": link["device_key"], "seq": link["seq"]})
+        return
+    untrusted_console.print(f"bound device {link['device_name']!r} ({link['device_key'][:16]}…) as binding {link['seq']}")
+
+
+@device_app.command("join")
+def device_join_cmd(
+    ctx: typer.Context,
+    code: str = typer.Argument(..., metavar="CODE", help="The code `kith device add` printed on your other device."),
+    device_name: Optional[str] = typer.Option(None, "--device-name", metavar="NAME", help="This device's name (default: the host name)."),
+    local: bool = typer.Option(False, "--local", envvar="KITH_OFFLINE", help="iroh local mode: relay disabled, loopback bind, offline."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Join this new home to your person: present CODE to the device holding the person key,
+    compare the pairing words, and keep the binding it signs (creates this device's key if
+    the home has none; refused on a home that already has a person)."""
+    import anyio
+
+    from node.runtime.device_pair import join_device
+    from node.trust.identity import init_identity
+    from node.trust.person import default_device_name
+
+    home = new_home_of(ctx)
+    ident, _created = init_identity(home)
+
+    def on_words(words: str) -> None:
+        if json_out:
+            emit_json({"event": "pairing-words", "words": words})
+        else:
+            console.print(f"pairing words: {words} (your other device shows them too; confirm there)",
+                          highlight=False, markup=False)
+        sys.stdout.flush()
+
+    got = anyio.run(lambda: join_device(home, ident, code, device_name or default_device_name(), local=local,
+                                        on_words=on_words), backend="asyncio")
+    if json_out:
+        emit_json({"event": "device-joined", "public_key": ident.public_key, **got})
+        return
+    untrusted_console.print(f"this device {got['device_name']!r} is bound to person {got['person_key']} "
+                            f"(binding {got['seq']})")
+
+
+__all__ = ["device_app"]

@@ -1,0 +1,259 @@
+"""This home's person key and its device bindings (specs/peers.md §9).
+
+Files in the home:
+
+- ``identity.key`` — this *device's* key (unchanged: it is the iroh endpoint id and the key
+  every session is signed with, :mod:`node.trust.identity`);
+- ``person.key`` — the person key's 32-byte seed, 64 lowercase hex, mode 0600, only on the
+  device that holds it (it never leaves that device);
+- ``person.json`` — public data only: the person key, the public key of the recovery
+  secret signed by the person key, the successor links of earlier rotations (none yet),
+  and the device bindings the person key signed (``devices``, one per device, with a
+  sequence number that only grows).
+
+The recovery secret is 32 random bytes shown once by ``kith init`` as 24 BIP-39 words (for
+paper). Nothing of it is stored: its Ed25519 key is derived from the words
+(:func:`recovery_seed`), and only that key's *public* half is kept, signed by the person
+key, so a rotation it signs later can be checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from node.common.errors import ConfigError, KithError, SigningError
+from node.common.home import atomic_write
+from node.trust.binding import check_device_name, device_link, verify_chain
+from node.trust.identity import Identity
+from node.trust.invitation import rfc3339
+from node.trust.signing import (
+    person_recovery_payload,
+    public_key_of,
+    sign,
+    verify,
+)
+
+PERSON_KEY_FILE = "person.key"
+PERSON_FILE = "person.json"
+#: Domain of the recovery key derivation: seed = SHA-256(domain || 32-byte secret).
+RECOVERY_DOMAIN = b"kith/recovery-key/v1\x00"
+PERSON_FORMAT = 1
+
+
+@dataclass
+class PersonRecord:
+    """The public part of this home's person (``person.json``).
+
+    Attributes:
+        person_key: 64 hex. recovery_key: 64 hex (public half of the recovery secret).
+        recovery_signature: the person key's signature over the recovery statement.
+        created: RFC 3339 UTC. successors: rotation links, oldest first (none yet).
+        devices: device links signed by the person key (the wire shape of
+            :mod:`node.trust.binding`), in the order they were bound.
+    """
+
+    person_key: str
+    recovery_key: str
+    recovery_signature: str
+    created: str
+    successors: list[dict[str, Any]] = field(default_factory=list)
+    devices: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        """The ``person.json`` object."""
+        return {"format": PERSON_FORMAT, "person_key": self.person_key, "recovery_key": self.recovery_key,
+                "recovery_signature": self.recovery_signature, "created": self.created,
+                "successors": list(self.successors), "devices": list(self.devices)}
+
+    def binding_for(self, device_key: str) -> dict[str, Any] | None:
+        """The newest device link for ``device_key``, or None."""
+        found = [d for d in self.devices if d.get("device_key") == device_key]
+        return max(found, key=lambda d: d["seq"]) if found else None
+
+    def chain_for(self, device_key: str) -> list[dict[str, Any]] | None:
+        """The binding chain this device sends in the handshake (successors, then its
+        device link), or None when the person has not bound it."""
+        link = self.binding_for(device_key)
+        return None if link is None else [*self.successors, link]
+
+
+def now_rfc3339() -> str:
+    """The current UTC time as ``YYYY-MM-DDTHH:MM:SSZ``."""
+    return rfc3339(datetime.now(timezone.utc))
+
+
+def default_device_name() -> str:
+    """This machine's host name, cut to a valid device name (``device`` if it has none)."""
+    name = "".join(c for c in socket.gethostname() if c.isprintable()).strip()[:64].strip()
+    return name or "device"
+
+
+def recovery_seed(secret: bytes) -> bytes:
+    """The Ed25519 seed of the recovery key derived from the 32-byte recovery secret."""
+    return hashlib.sha256(RECOVERY_DOMAIN + secret).digest()
+
+
+def recovery_words(secret: bytes) -> str:
+    """The recovery secret as 24 BIP-39 English words (what ``kith init`` prints)."""
+    from mnemonic import Mnemonic
+
+    return Mnemonic("english").to_mnemonic(secret)
+
+
+def recovery_secret_of(words: str) -> bytes:
+    """The 32-byte recovery secret from its 24 words.
+
+    Raises:
+        ConfigError: ``config-invalid`` when the words are not a valid 24-word phrase.
+    """
+    from mnemonic import Mnemonic
+
+    m = Mnemonic("english")
+    phrase = " ".join(words.split())
+    if len(phrase.split()) != 24 or not m.check(phrase):
+        raise ConfigError("config-invalid", "the recovery words are not a valid 24-word phrase")
+    return bytes(m.to_entropy(phrase))
+
+
+def _load_seed(path: Path) -> bytes | None:
+    try:
+        text = path.read_text("ascii").strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError):
+        raise KithError("identity-corrupt", f"{path.name} in this home is not readable") from None
+    if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
+        raise KithError("identity-corrupt", f"{path.name} in this home is not 64 lowercase hex",
+                        hint=f"move {path.name} aside")
+    return bytes.fromhex(text)
+
+
+def person_from_json(raw: object, *, where: str = PERSON_FILE) -> PersonRecord:
+    """Check a ``person.json`` object (or the one a paired device sent) and build its record.
+
+    Every device link is verified (shape and signature, with the successor links before it)
+    and the recovery statement too.
+
+    Raises:
+        ConfigError: ``config-invalid`` naming ``where`` when it is not a valid record.
+    """
+    try:
+        if not isinstance(raw, dict):
+            raise TypeError("not an object")
+        rec = PersonRecord(person_key=raw["person_key"], recovery_key=raw["recovery_key"],
+                           recovery_signature=raw["recovery_signature"], created=raw["created"],
+                           successors=list(raw.get("successors") or []), devices=list(raw.get("devices") or []))
+        verify(rec.person_key, person_recovery_payload(person_key=rec.person_key, recovery_key=rec.recovery_key,
+                                                       created=rec.created), rec.recovery_signature)
+        for link in rec.devices:
+            who = verify_chain([*rec.successors, link], link.get("device_key", "") if isinstance(link, dict) else "")
+            if who.person != rec.person_key:
+                raise TypeError("a device is bound by another person key")
+    except (KeyError, TypeError, AttributeError, SigningError, KithError) as exc:
+        detail = getattr(exc, "message", "") or str(exc) or type(exc).__name__
+        raise ConfigError("config-invalid", f"{where} is not a valid person record ({detail})") from None
+    return rec
+
+
+def load_person(home: Path) -> PersonRecord | None:
+    """Read ``person.json`` (None when this home has no person yet: a home made before
+    person keys existed, until ``kith init`` migrates it), checked by
+    :func:`person_from_json`, so a hand-edited file is refused rather than sent.
+
+    Raises:
+        ConfigError: ``config-invalid`` when the file is not a valid person record.
+    """
+    path = home / PERSON_FILE
+    try:
+        raw = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise ConfigError("config-invalid", f"{PERSON_FILE} is not valid JSON") from None
+    return person_from_json(raw)
+
+
+def load_person_secret(home: Path) -> bytes | None:
+    """The person key's seed, or None on a device that does not hold it.
+
+    Raises:
+        KithError: ``identity-corrupt`` when ``person.key`` is not 64 lowercase hex.
+    """
+    return _load_seed(home / PERSON_KEY_FILE)
+
+
+def bind_device(rec: PersonRecord, person_secret: bytes, device_key: str, device_name: str,
+                created: str | None = None) -> dict[str, Any]:
+    """Sign a device binding with the person key and add it to ``rec`` (not saved).
+
+    The sequence number is one more than the highest the person has used, so a newer
+    binding of the same device always has a larger ``seq``.
+
+    Returns:
+        the new device link (wire shape).
+
+    Raises:
+        SigningError: ``bad-payload-value`` for an invalid device name.
+    """
+    seq = max((d["seq"] for d in rec.devices), default=-1) + 1
+    link = device_link(person_secret, device_key, device_name, created or now_rfc3339(), seq)
+    rec.devices.append(link)
+    return link
+
+
+def save_person(home: Path, rec: PersonRecord) -> None:
+    """Write ``person.json`` atomically (mode 0600)."""
+    atomic_write(home / PERSON_FILE, (json.dumps(rec.as_json(), indent=2) + "\n").encode("utf-8"))
+
+
+def init_person(home: Path, device: Identity, device_name: str | None = None
+                ) -> tuple[PersonRecord, str | None]:
+    """Create this home's person key and bind ``device`` to it, unless the home has a person.
+
+    An existing home (an ``identity.key`` from before person keys) migrates in place: the
+    identity key stays this device's key; a person key is created and binds it.
+
+    Returns:
+        ``(record, recovery_words)``; ``recovery_words`` (24 words) only when the person was
+        created now — it is never stored and cannot be shown again.
+
+    Raises:
+        SigningError: ``bad-payload-value`` for an invalid ``device_name``.
+        ConfigError: ``config-invalid`` for an unreadable ``person.json``.
+    """
+    existing = load_person(home)
+    if existing is not None:
+        return existing, None
+    name = check_device_name(device_name) if device_name is not None else default_device_name()
+    person_secret = os.urandom(32)
+    secret = os.urandom(32)
+    created = now_rfc3339()
+    person_key = public_key_of(person_secret)
+    recovery_key = public_key_of(recovery_seed(secret))
+    rec = PersonRecord(person_key=person_key, recovery_key=recovery_key, created=created,
+                       recovery_signature=sign(person_secret, person_recovery_payload(
+                           person_key=person_key, recovery_key=recovery_key, created=created)))
+    bind_device(rec, person_secret, device.public_key, name, created)
+    # the key first: a crash between the two leaves a key and no record, and init retries
+    atomic_write(home / PERSON_KEY_FILE, person_secret.hex().encode("ascii") + b"\n", mode=0o600)
+    save_person(home, rec)
+    return rec, recovery_words(secret)
+
+
+def own_chain(home: Path, device_key: str) -> list[dict[str, Any]] | None:
+    """The binding chain this home's device sends in the handshake, or None (no person yet,
+    or the person never bound this device)."""
+    rec = load_person(home)
+    return None if rec is None else rec.chain_for(device_key)
+
+
+__all__ = ["PERSON_FILE", "PERSON_KEY_FILE", "PersonRecord", "bind_device", "default_device_name", "init_person",
+           "load_person", "load_person_secret", "own_chain", "person_from_json", "recovery_secret_of", "recovery_seed",
+           "recovery_words", "save_person"]

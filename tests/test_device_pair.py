@@ -1,0 +1,170 @@
+"""Pairing two devices of one person (issue 22 item 1): the one-time code's rules (80 bits,
+single use, 10 minutes, 3 tries; time as an input) and, over real iroh on loopback through
+real `kith` processes, `kith device add` / `kith device join CODE` — the words both show,
+the owner's confirmation, wrong codes, a refusal — then a host seeing both homes as one
+person."""
+
+from __future__ import annotations
+
+import json
+import select
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from node.common.errors import UsageError
+from node.trust.device_pairing import MAX_TRIES, SECRET_BYTES, TTL_S, PairingOffer, make_code, new_secret, parse_code
+
+from test_main_job import KITH, FIXTURE, Host, kith, prepare_host
+
+
+def test_a_code_has_80_bits_and_parses_back():
+    secret = new_secret()
+    assert SECRET_BYTES * 8 >= 64 and len(secret) == 16 and secret != new_secret()
+    assert parse_code(make_code(secret, "endpointabc")) == (secret, "endpointabc")
+    for bad in ("", "nosep", "SHOUTING2345ABCD@t", f"{secret}@", f"{secret[:-1]}@t", f"{secret}@a b"):
+        with pytest.raises(UsageError) as exc:
+            parse_code(bad)
+        assert exc.value.code == "pairing-code-invalid"
+
+
+def test_an_offer_is_single_use_expires_and_dies_after_three_wrong_tries():
+    offer = PairingOffer("a" * 16, created=100.0)
+    assert offer.try_secret("b" * 16, 101.0) == "pairing-code-wrong"
+    assert offer.try_secret("a" * 16, 102.0) is None
+    assert offer.try_secret("a" * 16, 103.0) == "pairing-used"
+    late = PairingOffer("a" * 16, created=0.0)
+    assert late.try_secret("a" * 16, TTL_S) == "pairing-expired"
+    tried = PairingOffer("a" * 16, created=0.0)
+    assert [tried.try_secret("c" * 16, 1.0) for _ in range(MAX_TRIES)] == ["pairing-code-wrong"] * MAX_TRIES
+    assert tried.try_secret("a" * 16, 2.0) == "pairing-too-many-tries"  # even the right secret now
+    assert tried.try_secret(None, 2.0) == "pairing-too-many-tries"
+
+
+# ----------------------------------------------------------------------------- real processes
+class Offer:
+    """A `kith device add --local --json --yes-words` process; its first line is the code."""
+
+    def __init__(self, home: Path) -> None:
+        self.proc = subprocess.Popen([*KITH, "--home", str(home), "device", "add", "--local", "--json", "--yes-words"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.code = json.loads(self.line(30))["code"]
+
+    def line(self, timeout: float) -> str:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            self.proc.kill()
+            raise AssertionError(f"device add printed nothing in {timeout}s: {self.proc.stderr.read()}")
+        return self.proc.stdout.readline()
+
+    def answer(self, text: str) -> None:
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+
+    def finish(self) -> tuple[int, str, str]:
+        try:
+            out, err = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError("device add did not exit")
+        return self.proc.returncode, out, err
+
+
+def _join(home: Path, code: str, name: str = "laptop") -> subprocess.Popen:
+    return subprocess.Popen([*KITH, "--home", str(home), "device", "join", code, "--local", "--json",
+                             "--device-name", name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.iroh
+def test_two_devices_pair_and_a_host_sees_one_person(tmp_path: Path):
+    desk, laptop = tmp_path / "desk", tmp_path / "laptop"
+    made = json.loads(kith(desk, "init", "--json", "--device-name", "desk").stdout)
+    offer = Offer(desk)
+    joiner = _join(laptop, offer.code)
+    words = json.loads(joiner.stdout.readline())  # shown once the secret was accepted
+    assert words["event"] == "pairing-words" and len(words["words"].split()) == 5
+    offer.answer("yes")  # the owner saw the same words on both
+    out, err = joiner.communicate(timeout=30)
+    assert joiner.returncode == 0, err
+    joined = json.loads(out.splitlines()[-1])
+    rc, out, err = offer.finish()
+    assert rc == 0, err
+    assert words["words"] in err  # the offering device printed the same words
+    assert joined["person_key"] == made["person_key"] and joined["device_name"] == "laptop"
+    assert not (laptop / "person.key").exists()  # the person key never left the desk
+    for home in (desk, laptop):
+        listed = json.loads(kith(home, "device", "list", "--json").stdout)
+        assert listed["person_key"] == made["person_key"]
+        assert [d["name"] for d in listed["devices"]] == ["desk", "laptop"]
+    assert json.loads(kith(laptop, "device", "list", "--json").stdout)["holds_person_key"] is False
+
+    # the same code never works twice, and a host sees both homes as one person
+    host_home = prepare_host(tmp_path, FIXTURE)
+    invite = tmp_path / "invite.json"
+    host = Host(host_home, "--invite-file", str(invite))
+    try:
+        persons = []
+        for home in (desk, laptop):  # read the host's events after each join (its stdout is line-read)
+            r = kith(home, "join", str(invite), "--local", "--trust", "--query", "installing")
+            assert r.returncode in (0, 3), r.stderr
+            for _ in range(50):
+                ev = json.loads(host.readline(60))
+                if ev.get("event") == "session-started":
+                    persons.append((ev["person"], ev["device_name"]))
+                    break
+    finally:
+        host.stop()
+    assert persons == [(made["person_key"], "desk"), (made["person_key"], "laptop")]
+
+
+@pytest.mark.iroh
+def test_wrong_codes_are_refused_three_times_then_the_code_is_dead(tmp_path: Path):
+    desk = tmp_path / "desk"
+    kith(desk, "init")
+    offer = Offer(desk)
+    secret, ticket = parse_code(offer.code)
+    wrong = make_code("a" * 16 if secret != "a" * 16 else "b" * 16, ticket)
+    codes = []
+    for i in range(3):
+        p = _join(tmp_path / f"thief{i}", wrong)
+        _out, err = p.communicate(timeout=30)
+        codes.append((p.returncode, err.strip().splitlines()[-1]))
+    rc, _out, err = offer.finish()
+    assert [c for c, _ in codes] == [1, 1, 1]
+    assert all("pairing-code-wrong" in e for _, e in codes)
+    assert rc == 1 and "pairing-too-many-tries" in err
+    listed = json.loads(kith(desk, "device", "list", "--json").stdout)
+    assert len(listed["devices"]) == 1  # nothing was bound
+
+
+@pytest.mark.iroh
+def test_words_not_confirmed_bind_nothing(tmp_path: Path):
+    desk, laptop = tmp_path / "desk", tmp_path / "laptop"
+    kith(desk, "init")
+    offer = Offer(desk)
+    joiner = _join(laptop, offer.code)
+    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
+    offer.answer("no")
+    _out, err = joiner.communicate(timeout=30)
+    rc, _o, err_offer = offer.finish()
+    assert joiner.returncode == 1 and "pairing-not-confirmed" in err
+    assert rc == 1 and "pairing-not-confirmed" in err_offer
+    assert not (laptop / "person.json").exists()
+    assert len(json.loads(kith(desk, "device", "list", "--json").stdout)["devices"]) == 1
+
+
+def test_device_add_needs_the_person_key_and_join_refuses_a_home_with_a_person(tmp_path: Path):
+    desk = tmp_path / "desk"
+    kith(desk, "init")
+    r = kith(desk, "device", "join", "a" * 16 + "@endpointxyz", "--local")
+    assert r.returncode == 1 and "device-has-person" in r.stderr
+    bare = tmp_path / "bare"
+    bare.mkdir(mode=0o700)
+    (bare / "identity.key").write_text("11" * 32 + "\n")
+    (bare / "identity.key").chmod(0o600)
+    r = kith(bare, "device", "add", "--local")
+    assert r.returncode == 1 and "device-no-person-key" in r.stderr
+    r = kith(bare, "device", "join", "not-a-code", "--local")
+    assert r.returncode == 2 and "pairing-code-invalid" in r.stderr
