@@ -155,11 +155,15 @@ class Decoded:
         replaced: True when some bytes were undecodable and became U+FFFD.
         confidence: how sure the choice is, 0..1: 1.0 for clean UTF-8 or a BOM; for UTF-8
             with invalid bytes the share of valid multi-byte sequences among valid and
-            invalid ones; otherwise the detector's (``chardet``) confidence of the chosen
-            code page (small numbers are normal for short texts: it is a relative score).
+            invalid ones; for a mostly-Latin note its Latin-letter score
+            (:func:`_latin_score`); otherwise the detector's (``chardet``) confidence of
+            the chosen code page (small numbers are normal for short texts: it is a
+            relative score).
         method: ``bom``, ``utf-8``, ``utf-8-replaced``, ``cp1252-prior`` (cp1252 kept as
-            plausible as the detector's best), ``detector`` (the detector's best guess
-            taken) or ``cp1252-default`` (no usable guess).
+            plausible as the best Latin page or the detector's best), ``latin-score``
+            (another Latin code page read the letters of a mostly-Latin note better),
+            ``detector`` (the detector's best guess taken) or ``cp1252-default`` (no
+            usable guess).
         replaced_bytes: invalid byte sequences replaced (0 unless ``replaced``).
     """
 
@@ -232,13 +236,160 @@ _CP1252_NAMES = frozenset(("cp1252", "iso8859-1"))
 
 
 def _latin_reading(text: str) -> bool:
-    """True when every non-ASCII letter of ``text`` is a Latin-script letter."""
+    """True when every non-ASCII letter of ``text`` is a Latin-script letter (the
+    Latin-1 signs ``µ ª º`` count as Latin: they are how Western notes write units and
+    ordinals)."""
     return all("LATIN" in unicodedata.name(ch, "") for ch in set(text)
-               if ord(ch) >= 0x80 and ch.isalpha())
+               if ord(ch) >= 0x80 and ch.isalpha() and ch not in "µªº")
+
+
+# --- Latin-script legacy notes ----------------------------------------------------------
+
+#: Latin-script code pages tried for a mostly-Latin note, in tie-break order: cp1252 (the
+#: Windows default) first, so it wins whenever no other page reads the letters better.
+_LATIN_PAGES = ("cp1252", "cp1250", "cp1257", "cp1254", "iso8859-2")
+#: Non-ASCII letters of the languages the pages above serve (lower case). A reading whose
+#: accented letters all belong to one language is more plausible than one that mixes
+#: Polish ``ż`` with Spanish ``é`` (``Ñandú ¿qué?`` read as cp1250 is ``Ńandú żqué?``).
+_LANGUAGE_LETTERS = tuple(frozenset(s) for s in (
+    "àâæçéèêëîïôœùûüÿ",  # French
+    "äöüßé",  # German (and loan words)
+    "áéíóúüñ",  # Spanish
+    "áâãàçéêíóôõú",  # Portuguese
+    "àèéìíîòóùú",  # Italian
+    "àçèéíïòóúü",  # Catalan
+    "éëïóöüèáàíúêâôû",  # Dutch
+    "åäöé",  # Swedish
+    "æøåé",  # Danish, Norwegian
+    "áðéíóúýþæö",  # Icelandic
+    "äöåšž",  # Finnish
+    "äöõüšž",  # Estonian
+    "ąćęłńóśźż",  # Polish
+    "áčďéěíňóřšťúůýž",  # Czech
+    "áäčďéíĺľňóôŕšťúýž",  # Slovak
+    "áéíóöőúüű",  # Hungarian
+    "čšž",  # Slovenian
+    "čćđšž",  # Croatian, Bosnian
+    "ăâîşţșț",  # Romanian
+    "çğıöşüâî",  # Turkish
+    "ąčęėįšųūž",  # Lithuanian
+    "āčēģīķļņšūž",  # Latvian
+))
+#: A symbol between two letters (``Za¿ó³æ`` is cp1250 ``Zażółć`` read as cp1252).
+#: Apostrophes, the soft hyphen and the Catalan middle dot are at home inside words.
+#: So is a pound, yen or fraction sign opening a lower-case word (``£ukasz`` is cp1250
+#: ``Łukasz``) — not ``¿``, which opens Spanish questions.
+_GLUED_SYMBOL = re.compile(
+    r"(?<=[^\W\d_])(?:[^\w\s\u2018\u2019\u00ad\u00b7'`´\x00-\x7f]|[¹²³])(?=[^\W\d_])"
+    r"|(?<![^\W\d_])[£¥¼½¾¹²³¤](?=[a-zß-ÿ])")
+#: A reading is Latin text when at least this share of its words with accented letters
+#: also hold an ASCII letter (Cyrillic, Greek, Hebrew or Arabic bytes read as cp1252 are
+#: words of accented letters only: ``Ìîñêâà``) ...
+LATIN_MIXED_WORDS = 0.75
+#: ... and at least this share of its non-ASCII characters inside words are letters
+#: (CJK double bytes read as cp1252 are half symbols: ``“ú–{‚Ì``).
+LATIN_LETTER_SHARE = 0.85
+
+
+def _mostly_latin(reading: str) -> bool:
+    """True when ``reading`` looks like Latin-script text with some accented letters."""
+    words = [w for w in reading.split() if sum(c.isalpha() for c in w) >= 2
+             and any(c.isalpha() and ord(c) >= 0x80 for c in w)]
+    if not words or not _latin_reading(reading):
+        return False
+    mixed = sum(any("a" <= c.lower() <= "z" for c in w) for w in words)
+    high = [c for w in words for c in w.strip(".,;:!?()[]\"'«»“”„‘’…—–-")
+            if ord(c) >= 0x80]
+    letters = sum(c.isalpha() for c in high)
+    return mixed >= LATIN_MIXED_WORDS * len(words) and letters >= LATIN_LETTER_SHARE * len(high)
+
+
+def _latin_score(reading: str) -> float:
+    """How plausible ``reading`` is as Latin-script text, at most 1.0.
+
+    The share of its accented letters that one language of :data:`_LANGUAGE_LETTERS`
+    holds, less the share of its non-ASCII characters that are symbols glued inside
+    words (:data:`_GLUED_SYMBOL`). ``-1.0`` for a reading with C1 control characters
+    (ISO-8859 pages leave 0x80-0x9F to controls no note holds).
+    """
+    if any("\x80" <= c <= "\x9f" for c in reading):
+        return -1.0
+    accented = [c.lower() for c in reading if ord(c) >= 0x80 and c.isalpha()]
+    high = sum(ord(c) >= 0x80 for c in reading)
+    cover = max((sum(c in lang for c in accented) for lang in _LANGUAGE_LETTERS),
+                default=0) / max(len(accented), 1) if accented else 1.0
+    return cover - len(_GLUED_SYMBOL.findall(reading)) / max(high, 1)
+
+
+def _detector_tiebreak(sample: bytes, name: str, tied: list[str]) -> str:
+    """``name`` (cp1252) unless ``chardet`` rates one of ``tied`` clearly better: at
+    least :data:`CLEAR_CONFIDENCE` and cp1252 under :data:`CP1252_PRIOR` of it (a
+    Slovenian ``čez`` reads ``èez`` as cp1252: both are one language's letters)."""
+    try:
+        import chardet
+
+        found = chardet.detect_all(sample, ignore_threshold=True)
+    except Exception:  # detection is advice
+        return name
+    conf: dict[str, float] = {}
+    for guess in found:
+        try:
+            key = codecs.lookup(guess.get("encoding") or "").name
+        except LookupError:
+            continue
+        conf.setdefault(key, float(guess.get("confidence") or 0.0))
+    best = max(tied, key=lambda n: conf.get(n, 0.0))
+    western = max(conf.get("cp1252", 0.0), conf.get("iso8859-1", 0.0))
+    if conf.get(best, 0.0) >= CLEAR_CONFIDENCE and western < CP1252_PRIOR * conf[best]:
+        return best
+    return name
+
+
+def _latin(data: bytes) -> Decoded | None:
+    """The best Latin code page for a mostly-Latin note, or None when it is not one.
+
+    Issue 20's rule: among legacy single-byte code pages, Western text is read as cp1252
+    unless the bytes clearly say otherwise. When the cp1252 or cp1250 reading of the
+    sample is Latin text (:func:`_mostly_latin`), only :data:`_LATIN_PAGES` compete
+    (a short note gives a statistical detector too little to tell ``Größe 5 µm`` from
+    Korean johab) and the highest :func:`_latin_score` wins, cp1252 on ties.
+    """
+    sample = data[:DETECT_BYTES]
+    readings: dict[str, str] = {}
+    for name in _LATIN_PAGES:
+        try:
+            readings[name] = sample.decode(name)
+        except UnicodeDecodeError:
+            continue
+    gate = [readings[n] for n in ("cp1252", "cp1250") if n in readings]
+    if "cp1252" not in readings:
+        gate.append(sample.decode("latin-1"))
+    if not any(_mostly_latin(r) for r in gate):
+        return None
+    scores = {n: _latin_score(r) for n, r in readings.items()}
+    if "cp1252" not in readings:
+        scores["iso8859-1"] = _latin_score(sample.decode("latin-1"))
+    name = max(scores, key=lambda n: scores[n])  # first of the best: cp1252 on ties
+    tied = [n for n in scores if n != name and scores[n] == scores[name]
+            and readings.get(n) != readings.get(name)]
+    if name == "cp1252" and tied:  # the letters cannot tell: ask the detector
+        name = _detector_tiebreak(sample, name, tied)
+    if scores[name] < 0:
+        return None
+    try:
+        text = data.decode(name)
+    except UnicodeDecodeError:  # the sample decoded, the rest does not
+        return None
+    method = "cp1252-prior" if name == "cp1252" else "latin-score"
+    return Decoded(text, "latin-1" if name == "iso8859-1" else name, True, False,
+                   round(max(scores[name], 0.0), 3), method)
 
 
 def _legacy(data: bytes) -> Decoded:
     """A single- or multi-byte legacy code page for bytes that are not UTF-8.
+
+    A mostly-Latin note is decided among the Latin code pages by :func:`_latin`; the
+    rest as follows.
 
     ``chardet`` ranks the candidates (all of them, its threshold ignored, on the first
     :data:`DETECT_BYTES` bytes). A mostly-ASCII text (high bytes under
@@ -249,6 +400,9 @@ def _legacy(data: bytes) -> Decoded:
     decodes the bytes and is rated at least :data:`CP1252_PRIOR` of the best candidate;
     otherwise the best candidate. Undecodable bytes become U+FFFD under cp1252.
     """
+    latin = _latin(data)
+    if latin is not None:
+        return latin
     sample = data[:DETECT_BYTES]
     solid = len(sample) - sum(sample.count(c) for c in b" \t\r\n")
     high = len(sample) - len(sample.decode("latin-1").encode("ascii", "ignore"))
