@@ -73,6 +73,24 @@ def test_yaml_front_matter_is_metadata_not_text_or_a_heading(tmp_path: Path) -> 
         assert [h.source_id for h in tagged] == ["/notes/lisbon.md"]
 
 
+
+def test_a_note_of_only_front_matter_is_found_by_its_title(tmp_path: Path) -> None:
+    """A title and no body is one chunk (the title), not an ``empty-document``."""
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "only.md").write_text("---\ntitle: Only Front Matter Marmot\ntags: [x]\n---\n")
+    home = tmp_path / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        rep = c.sync()
+        assert (rep["indexed"], rep["failed"]) == (1, 0)
+        hits, _ = c.search_hits("marmot", limit=5)
+        assert [h.source_id for h in hits] == ["/notes/only.md"]
+        assert hits[0].location["headingPath"] == ["Only Front Matter Marmot"]
+        assert hits[0].metadata == {"tags": ["x"]}
+    st = json.loads(_cli(home, "index", "status", "--json").stdout)
+    assert st["failedDocuments"] == []
+
 def test_toml_front_matter_title_tags_and_date() -> None:
     doc = parse_bytes(TOML_NOTE.encode(), "markdown", "garden.md")
     assert doc.title == "Garden log"

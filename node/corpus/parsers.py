@@ -97,7 +97,9 @@ class ParsedDocument:
             only: HTML, DOCX), ``rst`` or ``plain``.
         title: a PDF's document title from its metadata (:func:`pdf_title`) or a
             Markdown file's front-matter ``title``, else ``""``; the chunker puts it at
-            the root of the heading path of chunks without one.
+            the root of the heading path of chunks without one. A Markdown file with a
+            title and no body has the title as its text (``# title``: one chunk, found
+            by its title, not an ``empty-document``).
         metadata: document metadata read from the file (Markdown front matter:
             ``date``, ``tags`` and the other :data:`node.corpus.datasource.META_KEYS`),
             stored like a datasource record's so search filters see it.
@@ -998,6 +1000,8 @@ def parse_bytes(data: bytes, kind: str, name: str = "") -> ParsedDocument:
     if kind == "markdown":
         text, title, metadata, fm_notes = front_matter(text)
         notes.update(fm_notes)
+        if title and not text.strip():  # only front matter: the title is the text
+            text = f"{text}# {title}"
     return ParsedDocument(text=text, kind=kind, encoding=d.encoding, fallback=d.fallback,
                           replaced=d.replaced, structure=STRUCTURE.get(kind, "plain"),
                           title=title, metadata=metadata, notes=notes)
