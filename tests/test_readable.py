@@ -386,3 +386,17 @@ def test_a_preview_of_a_chunk_that_starts_mid_sentence_says_so() -> None:
     text = "and the directory is removed with everything in it. The tempfile module cleans up."
     env = build_envelope(validate({"query": "directory removed"}), [_hit(text)])
     assert env["results"][0]["textPreview"].startswith(readable.ELLIPSIS + "and the directory")
+
+
+def test_an_html_pre_block_keeps_its_indentation_in_the_cli() -> None:
+    """``<pre>`` code shows as a Markdown fence does: its indentation kept."""
+    from node.cli.render import CODE_GUTTER, answer_lines, format_lines
+    from node.corpus.parsers import parse_bytes
+
+    page = b"<html><body><p>The quux helper:</p><pre>def quux():\n    return 42</pre></body></html>"
+    text = parse_bytes(page, "html", "q.html").text
+    env = build_envelope(validate({"query": "quux helper"}), [_hit(text)])
+    printed = format_lines(answer_lines({"type": "answer", "status": "ok", "envelope": env}), 60)
+    code = [line.strip()[len(CODE_GUTTER):] for line in printed
+            if line.strip().startswith(CODE_GUTTER)]
+    assert code == ["def quux():", "    return 42"]

@@ -664,10 +664,12 @@ def _html_text(soup: object, furniture: bool) -> str:
     raw = _raw_text(root, furniture, sectioned, _in_admonition(root) or _is_admonition(root))
     lines = []
     fence = ""
-    for line in raw.replace("\r", "\n").split("\n"):
-        line = _WS.sub(" ", line).strip()
+    for raw_line in raw.replace("\r", "\n").split("\n"):
+        line = _WS.sub(" ", raw_line).strip()
         if line in ("```", "~~~") and (not fence or line == fence):
             fence = "" if fence else line
+        elif fence:  # a <pre> line keeps its indentation and inner spacing
+            line = raw_line.rstrip()
         elif line.startswith("\x00"):  # a real heading (marked above)
             line = line[1:]
         elif line.startswith("#") and not fence:  # e.g. the '#' operator in a table cell
@@ -681,7 +683,7 @@ def _html(data: bytes) -> ParsedDocument:
     (``<nav>``, page-level ``<header>``/``<footer>``/``<aside>``, :func:`_is_furniture`),
     keep headings as Markdown ``#`` (not an admonition box's title,
     :data:`_ADMONITION_CLASSES`) and ``<pre>`` blocks as fenced code (their lines are
-    never headings); the ``<title>`` becomes the level-1 heading at the root of every
+    never headings and keep their indentation and spacing); the ``<title>`` becomes the level-1 heading at the root of every
     heading path unless the text starts with its own. When dropping furniture would leave
     no text at all (a page whose whole content sits in a ``<nav>`` or a ``toc`` list),
     the page is read without the furniture filter rather than indexed as its title alone.
