@@ -136,8 +136,9 @@ def _nested_docx() -> bytes:
 
     d = docx.Document()
     d.add_paragraph("Budget overview.")
-    outer = d.add_table(rows=1, cols=2)
+    outer = d.add_table(rows=1, cols=3)
     outer.cell(0, 0).text = "region"
+    outer.cell(0, 2).text = "quoll total"  # the sibling cell after the nested table
     inner = outer.cell(0, 1).add_table(rows=2, cols=2)
     inner.cell(0, 0).text, inner.cell(1, 1).text = "aardvark office", "wombat cost"
     deepest = inner.cell(1, 0).add_table(rows=1, cols=1)
@@ -159,12 +160,14 @@ def test_docx_tables_nested_in_cells_are_read_at_every_depth(tmp_path: Path) -> 
         c.add_root(root)
         rep = c.sync()
         assert rep["indexed"] == 1
-        for word in ("aardvark", "wombat", "okapi", "pangolin", "region"):
+        for word in ("aardvark", "wombat", "okapi", "pangolin", "region", "quoll"):
             assert [h.source_id for h in c.search_hits(word, limit=5)[0]] == [
                 "/office/budget.docx"], word
     text = parse_bytes(_nested_docx(), "docx", "b.docx").text
     assert text.index("pangolin") < text.index("Budget") < text.index("region")
     assert text.index("region") < text.index("aardvark") < text.index("okapi")
+    # document order: the nested table's text before the next cell's, not after
+    assert text.index("wombat") < text.index("quoll")
 
 
 def test_index_status_json_names_the_decoders_choice_and_confidence(tmp_path: Path) -> None:

@@ -850,8 +850,9 @@ def _docx(data: bytes) -> ParsedDocument:
     """DOCX body in order: headings as Markdown ``#``, paragraphs, tables.
 
     A table row is one line of its cells, tab-separated; a table nested in a cell is read
-    cell by cell too, its rows as lines right after the row that holds it, at every
-    depth (to :data:`MAX_DOCX_DEPTH`). Content controls (``w:sdt``: a cover page, a
+    cell by cell too, its rows as lines where it stands in the cell (document order: the
+    row's text before it, its rows, the row's text after it), at every depth (to
+    :data:`MAX_DOCX_DEPTH`). Content controls (``w:sdt``: a cover page, a
     table of contents, a form field) are read like the body around them, in place, and
     text boxes after the paragraph they are anchored in (:func:`_docx_text_boxes`).
     The zip is checked against the archive rules first (python-docx inflates it whole).
@@ -943,14 +944,16 @@ def _docx_text_boxes(paragraph: Any) -> list[Any]:
 def _docx_table(document: Any, tbl: Any, tags: dict[str, str], rows: list[str],
                 depth: int) -> None:
     """Append one line per row of ``tbl`` (cells tab-separated, a cell's paragraphs
-    joined by a space), each followed by the lines of the tables nested in its cells."""
+    joined by a space), in document order: a table nested in a cell ends the line there
+    (the cells so far, the cell's text before the table), its rows follow, and the rest
+    of the row (the cell's text after the table, the next cells) goes on a new line."""
     from docx.text.paragraph import Paragraph
 
     for tr in _docx_children(tbl, tags):
         if tr.tag != tags["tr"]:
             continue
         cells: list[str] = []
-        nested: list[Any] = []
+        split = False  # a nested table cut the row: its pieces lose their empty ends
         for tc in _docx_children(tr, tags):
             if tc.tag != tags["tc"]:
                 continue
@@ -958,14 +961,16 @@ def _docx_table(document: Any, tbl: Any, tags: dict[str, str], rows: list[str],
             for child in _docx_children(tc, tags):
                 if child.tag == tags["p"]:
                     words.extend(Paragraph(child, document).text.split())
-                elif child.tag == tags["tbl"]:
-                    nested.append(child)
+                elif child.tag == tags["tbl"] and depth < MAX_DOCX_DEPTH:
+                    cells.append(" ".join(words))
+                    if any(cells):
+                        rows.append("\t".join(cells).strip("\t"))
+                    cells, words, split = [], [], True
+                    _docx_table(document, child, tags, rows, depth + 1)
             cells.append(" ".join(words))
         if any(cells):
-            rows.append("\t".join(cells))
-        for inner in nested:
-            if depth < MAX_DOCX_DEPTH:
-                _docx_table(document, inner, tags, rows, depth + 1)
+            line = "\t".join(cells)
+            rows.append(line.strip("\t") if split else line)
 
 
 def parse_bytes(data: bytes, kind: str, name: str = "") -> ParsedDocument:
