@@ -616,6 +616,8 @@ def _raw_text(main: object, furniture: bool, sectioned: bool, admonition: bool) 
                 continue  # inside a heading: its strings only
             if name in _BLOCK_TAGS:
                 out.append("\n" if name in _LINE_TAGS else "\n\n")
+            if name == "li":  # a list item keeps its bullet: one item per line on display
+                out.append("- ")
             continue
         if _is_admonition(node):
             boxes -= 1
@@ -664,8 +666,16 @@ def _html_text(soup: object, furniture: bool) -> str:
     raw = _raw_text(root, furniture, sectioned, _in_admonition(root) or _is_admonition(root))
     lines = []
     fence = ""
+    bullet = False  # an <li> whose text starts in a block of its own (<li><p>…)
     for raw_line in raw.replace("\r", "\n").split("\n"):
         line = _WS.sub(" ", raw_line).strip()
+        if not fence and line == "-":
+            bullet = True
+            continue
+        if bullet and line and not fence:
+            bullet = False
+            if (line not in ("```", "~~~") and not line.startswith(("\x00", "- "))):
+                line = "- " + line
         if line in ("```", "~~~") and (not fence or line == fence):
             fence = "" if fence else line
         elif fence:  # a <pre> line keeps its indentation and inner spacing
