@@ -283,7 +283,7 @@ def test_html_page_that_is_all_navigation_keeps_its_words() -> None:
             "<li><a href='a'>Gazelle care</a></li><li>Oryx feeding times</li></ul></nav>"
             "</body></html>")
     text = parsers.parse_bytes(page.encode(), "html", "links.html").text
-    assert text == "# Links\n\nGazelle care\n\nOryx feeding times"
+    assert text == "# Links\n\n- Gazelle care\n\n- Oryx feeding times"  # list items keep a bullet
     toc = "<html><head><title>Zoo</title></head><body><div class='toc'>Ibis pond</div></body></html>"
     assert parsers.parse_bytes(toc.encode(), "html", "z.html").text == "# Zoo\n\nIbis pond"
 

@@ -73,6 +73,24 @@ def test_yaml_front_matter_is_metadata_not_text_or_a_heading(tmp_path: Path) -> 
         assert [h.source_id for h in tagged] == ["/notes/lisbon.md"]
 
 
+
+def test_a_note_of_only_front_matter_is_found_by_its_title(tmp_path: Path) -> None:
+    """A title and no body is one chunk (the title), not an ``empty-document``."""
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "only.md").write_text("---\ntitle: Only Front Matter Marmot\ntags: [x]\n---\n")
+    home = tmp_path / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        rep = c.sync()
+        assert (rep["indexed"], rep["failed"]) == (1, 0)
+        hits, _ = c.search_hits("marmot", limit=5)
+        assert [h.source_id for h in hits] == ["/notes/only.md"]
+        assert hits[0].location["headingPath"] == ["Only Front Matter Marmot"]
+        assert hits[0].metadata == {"tags": ["x"]}
+    st = json.loads(_cli(home, "index", "status", "--json").stdout)
+    assert st["failedDocuments"] == []
+
 def test_toml_front_matter_title_tags_and_date() -> None:
     doc = parse_bytes(TOML_NOTE.encode(), "markdown", "garden.md")
     assert doc.title == "Garden log"
@@ -118,8 +136,9 @@ def _nested_docx() -> bytes:
 
     d = docx.Document()
     d.add_paragraph("Budget overview.")
-    outer = d.add_table(rows=1, cols=2)
+    outer = d.add_table(rows=1, cols=3)
     outer.cell(0, 0).text = "region"
+    outer.cell(0, 2).text = "quoll total"  # the sibling cell after the nested table
     inner = outer.cell(0, 1).add_table(rows=2, cols=2)
     inner.cell(0, 0).text, inner.cell(1, 1).text = "aardvark office", "wombat cost"
     deepest = inner.cell(1, 0).add_table(rows=1, cols=1)
@@ -141,12 +160,14 @@ def test_docx_tables_nested_in_cells_are_read_at_every_depth(tmp_path: Path) -> 
         c.add_root(root)
         rep = c.sync()
         assert rep["indexed"] == 1
-        for word in ("aardvark", "wombat", "okapi", "pangolin", "region"):
+        for word in ("aardvark", "wombat", "okapi", "pangolin", "region", "quoll"):
             assert [h.source_id for h in c.search_hits(word, limit=5)[0]] == [
                 "/office/budget.docx"], word
     text = parse_bytes(_nested_docx(), "docx", "b.docx").text
     assert text.index("pangolin") < text.index("Budget") < text.index("region")
     assert text.index("region") < text.index("aardvark") < text.index("okapi")
+    # document order: the nested table's text before the next cell's, not after
+    assert text.index("wombat") < text.index("quoll")
 
 
 def test_index_status_json_names_the_decoders_choice_and_confidence(tmp_path: Path) -> None:

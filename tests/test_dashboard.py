@@ -27,6 +27,7 @@ DOCS = {
     "public/cleanup.md": "# Cleanup\n\nThe okapi sweeper runs like this:\n\n```python\n"
                          "def okapi_sweep(root):\n    for path in root.iterdir():\n"
                          "        path.unlink()\n```\n",
+    "public/kit.md": "# Kit\n\nThe tapir kit holds:\n\n* a tapir lamp\n* a tapir rope\n",
 }
 PEER_KEY = "ab" * 32
 
@@ -246,6 +247,10 @@ def test_search_as_a_peer_shows_what_the_peer_would_get(home: Path, dash) -> Non
     assert ('<pre class="code"><code>def okapi_sweep(root):\n    for path in root.iterdir():\n'
             '        path.unlink()</code></pre>') in code
     assert "```" not in code
+    # each list item on a line of its own, not joined with " - "
+    kit = client.get("/search", params={"q": "tapir kit", "as": "owner"}).text
+    assert ('<span class="item">- a tapir lamp</span><span class="item">- a tapir rope</span>'
+            in kit), kit
 
 
 def test_sessions_page_without_a_host_says_so(dash) -> None:

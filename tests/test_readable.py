@@ -386,3 +386,62 @@ def test_a_preview_of_a_chunk_that_starts_mid_sentence_says_so() -> None:
     text = "and the directory is removed with everything in it. The tempfile module cleans up."
     env = build_envelope(validate({"query": "directory removed"}), [_hit(text)])
     assert env["results"][0]["textPreview"].startswith(readable.ELLIPSIS + "and the directory")
+
+
+def test_an_html_pre_block_keeps_its_indentation_in_the_cli() -> None:
+    """``<pre>`` code shows as a Markdown fence does: its indentation kept."""
+    from node.cli.render import CODE_GUTTER, answer_lines, format_lines
+    from node.corpus.parsers import parse_bytes
+
+    page = b"<html><body><p>The quux helper:</p><pre>def quux():\n    return 42</pre></body></html>"
+    text = parse_bytes(page, "html", "q.html").text
+    env = build_envelope(validate({"query": "quux helper"}), [_hit(text)])
+    printed = format_lines(answer_lines({"type": "answer", "status": "ok", "envelope": env}), 60)
+    code = [line.strip()[len(CODE_GUTTER):] for line in printed
+            if line.strip().startswith(CODE_GUTTER)]
+    assert code == ["def quux():", "    return 42"]
+
+
+
+# --- lists keep one item per line -------------------------------------------------------
+
+ARGPARSE_LIST = """Description of parameters:
+
+   * title - title for the sub-parser group in help output; by default
+     "subcommands" if description is provided
+
+   * description - description for the sub-parser group in help output, by
+     default ``None``
+
+   * prog - usage information that will be displayed with sub-command help
+"""
+
+
+def test_a_list_keeps_one_item_per_line_in_previews_excerpts_and_the_cli() -> None:
+    from node.cli.render import answer_lines, format_lines
+
+    env = build_envelope(validate({"query": "sub-parser group help"}), [_hit(ARGPARSE_LIST)])
+    for text in (env["results"][0]["textPreview"], env["citationPack"]["citations"][0]["excerpt"]):
+        assert " - - " not in text and "default None - " not in text, text
+        assert [b for b in readable.blocks(text) if b[0] == "item"][:2] == [
+            ("item", '- title - title for the sub-parser group in help output; by default '
+                     '"subcommands" if description is provided'),
+            ("item", "- description - description for the sub-parser group in help output, "
+                     "by default None")], text
+    printed = format_lines(answer_lines({"type": "answer", "status": "ok", "envelope": env}), 100)
+    assert any(line.strip().startswith("- description - description") for line in printed)
+    # a quoted item is shown behind the answer block's bullet only, not two
+    assert not any(line.strip().startswith("- - ") for line in printed), printed
+    assert all(not s["text"].startswith("- ") for s in env["answerSynthesis"]["sentences"])
+
+
+def test_an_html_list_in_a_table_cell_keeps_its_items_apart() -> None:
+    from node.corpus.parsers import parse_bytes
+
+    page = (b"<html><body><p>The walrus flags:</p><table><tr><td>walrus modes</td>"
+            b"<td><ul><li>fast walrus</li><li>slow walrus</li></ul></td></tr></table></body></html>")
+    text = parse_bytes(page, "html", "w.html").text
+    env = build_envelope(validate({"query": "walrus modes"}), [_hit(text)])
+    preview = env["results"][0]["textPreview"]
+    assert [p for k, p in readable.blocks(preview) if k == "item"] == [
+        "- fast walrus", "- slow walrus"], preview

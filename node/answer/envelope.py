@@ -135,7 +135,9 @@ _PARAGRAPH = re.compile(r"\n[ \t]*\n|\n(?=[=\-~^\"'`#*+:.]{3,}[ \t]*(?:\n|$))|^[
 
 def _sentences(text: str) -> list[str]:
     """Sentences of a chunk: paragraphs (blank lines, heading adornments) then sentence
-    ends; whitespace collapsed.
+    ends; whitespace collapsed. A code block (:data:`readable.FENCE`) is one piece with
+    its lines; a list item (:func:`readable.is_list_item`, with its continuation lines)
+    is one piece, not split at its sentence ends.
 
     Works line by line (the same paragraphs as splitting with :data:`_PARAGRAPH`, whose
     matches fall exactly between two content lines separated by at least one blank
@@ -146,7 +148,18 @@ def _sentences(text: str) -> list[str]:
     """
     out: list[str] = []
     group: list[str] = []
+    item = False  # the open group is a list item: one piece, not split into sentences
     code: list[str] | None = None  # lines of an open code block (readable.FENCE)
+
+    def flush() -> None:
+        if not group:
+            return
+        if item:
+            out.append(" ".join(" ".join(group).split()))
+        else:
+            _split_paragraph(" ".join(group), out)
+        group.clear()
+
     for line in text.split("\n"):
         if code is not None:
             if line == readable.FENCE:
@@ -156,19 +169,20 @@ def _sentences(text: str) -> list[str]:
                 code.append(line)
             continue
         if line == readable.FENCE:  # code is one piece, its lines kept (issue 20 item 5)
-            if group:
-                _split_paragraph(" ".join(group), out)
-                group = []
+            flush()
             code = []
             continue
         if not line.strip(" \t") or (line[0] in _ADORN_CHARS and _ADORN_LINE.fullmatch(line)):
-            if group:
-                _split_paragraph(" ".join(group), out)
-                group = []
-        else:
+            flush()
+        elif readable.is_list_item(line):  # a list item is one piece of its own
+            flush()
+            item = True
             group.append(line)
-    if group:
-        _split_paragraph(" ".join(group), out)
+        else:
+            if not group:
+                item = False
+            group.append(line)
+    flush()
     if code:
         out.append(f"{readable.FENCE}\n" + "\n".join(code) + f"\n{readable.FENCE}")
     return out
@@ -318,7 +332,8 @@ def _previews(analyzed: list[tuple[str, int]], limits: tuple[int, ...], heading:
     whole = _join(parts)
     out = []
     # the leading ellipsis counts toward the limit; before code it is a line of its own
-    lead = readable.ELLIPSIS + ("\n" if whole.startswith(readable.FENCE) else "")
+    lead = readable.ELLIPSIS + ("\n" if whole.startswith(readable.FENCE)
+                                or readable.is_list_item(whole) else "")
     for limit in limits:
         if cut_before:
             out.append(lead + readable.cut(whole, limit - len(lead)))
@@ -336,12 +351,14 @@ def _whole_sentence(sent: str) -> bool:
 
 def _join(parts: list[str]) -> str:
     """Sentences joined for reading: a space after a sentence end, " - " after a piece
-    that ends without one (a heading, a signature, a list item), a line break before and
-    after a code block (a piece between :data:`readable.FENCE` lines)."""
+    that ends without one (a heading, a signature), a line break before and after a code
+    block (a piece between :data:`readable.FENCE` lines) and a list item (one item per
+    line, :func:`readable.is_list_item`)."""
     out: list[str] = []
     for i, x in enumerate(parts):
         if i:
-            if x.startswith(readable.FENCE) or parts[i - 1].endswith(readable.FENCE):
+            if (x.startswith(readable.FENCE) or parts[i - 1].endswith(readable.FENCE)
+                    or readable.is_list_item(x) or readable.is_list_item(parts[i - 1])):
                 out.append("\n")
             else:
                 out.append(" " if parts[i - 1][-1:] in _SENTENCE_MARKS else " - ")
@@ -740,7 +757,8 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     # coverage a whole sentence (ends with an end mark, fits SYNTHESIS_CHARS) goes first
     candidates.sort(key=lambda c: (-c[0], not _whole_sentence(c[3]), c[1], c[2]))
     # only sentences with the question's key terms, never a repeat (readable.quotes)
-    sentences = [{"text": readable.cut(sent, SYNTHESIS_CHARS), "citationId": cid,
+    sentences = [{"text": readable.cut(readable.item_body(sent), SYNTHESIS_CHARS),
+                  "citationId": cid,
                   "source": source}
                  for sent, cid, source in readable.quotes(
                      candidates, len(covered_all), limit=MAX_SYNTHESIS_SENTENCES, query=request["query"])]

@@ -27,7 +27,9 @@ in the text size):
 - HTML: entities decoded (``&amp;`` → ``&``), common tags and comments removed.
 
 Paragraph breaks (blank lines) are kept so the envelope's sentence splitter still sees
-paragraphs.
+paragraphs, and list bullets (``-``) so it keeps one list item per piece
+(:data:`LIST_ITEM`); :func:`blocks` splits the envelope's text into code, list items
+and prose for display.
 """
 
 from __future__ import annotations
@@ -292,6 +294,49 @@ def _code_text(lines: list[str]) -> str:
     import textwrap
 
     return textwrap.dedent("\n".join(x.expandtabs(4).rstrip() for x in lines)).strip("\n")
+
+
+#: A list item's first line in cleaned text: a bullet (``-``, ``*``, ``+``, ``•``; reST
+#: and Markdown ``*``/``+`` bullets become ``-`` in :func:`clean`, the HTML parser writes
+#: ``- `` for ``<li>``) or a number (``1.``, ``2)``, reST ``#.``), then a space and text.
+LIST_ITEM = re.compile(r"[ \t]*(?:[-*+•]|\d{1,3}[.)]|#\.)[ \t]+(?=\S)")
+
+
+def is_list_item(line: str) -> bool:
+    """True when ``line`` starts a list item (:data:`LIST_ITEM`)."""
+    return LIST_ITEM.match(line) is not None
+
+
+def item_body(piece: str) -> str:
+    """``piece`` without a leading list bullet (a quoted sentence is shown behind the
+    answer block's own bullet); ``piece`` itself when it is no list item."""
+    m = LIST_ITEM.match(piece)
+    return piece[m.end():] if m else piece
+
+
+def blocks(text: str) -> list[tuple[str, str]]:
+    """Preview or excerpt text (the envelope's) as ``[(kind, part)]`` for display:
+    ``code`` (the parts :func:`split_code` finds, lines kept), ``item`` (a list item: a
+    line starting with :data:`LIST_ITEM`, shown on a line of its own as code keeps its
+    lines) and ``prose`` (the lines between, to be wrapped as one paragraph). Blank
+    parts are left out."""
+    out: list[tuple[str, str]] = []
+    for is_code, part in split_code(text):
+        if is_code:
+            out.append(("code", part))
+            continue
+        prose: list[str] = []
+        for line in part.split("\n"):
+            if is_list_item(line):
+                if "".join(prose).strip():
+                    out.append(("prose", "\n".join(prose)))
+                prose = []
+                out.append(("item", line.strip()))
+            else:
+                prose.append(line)
+        if "".join(prose).strip():
+            out.append(("prose", "\n".join(prose)))
+    return out
 
 
 def split_code(text: str) -> list[tuple[bool, str]]:

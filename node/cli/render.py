@@ -141,7 +141,7 @@ CODE_GUTTER = "│ "
 
 def preview_lines(value: Any, indent: int, limit: int = PREVIEW_CHARS) -> list[Line]:
     """A ``textPreview`` (or excerpt) as lines: prose collapsed to one wrapped line per
-    part, code (the parts between the envelope's fence lines,
+    part, each list item on a line of its own (wrapped under its text), code (the parts between the envelope's fence lines,
     :func:`node.answer.readable.split_code`) line by line as the source has it — line
     breaks and indentation kept, behind :data:`CODE_GUTTER`, never re-wrapped — all of
     it at most ``limit`` characters (an ellipsis marks a cut).
@@ -151,17 +151,17 @@ def preview_lines(value: Any, indent: int, limit: int = PREVIEW_CHARS) -> list[L
         indent: the column every line starts at.
         limit: most characters shown, prose and code together.
     """
-    from node.answer.readable import split_code
+    from node.answer.readable import blocks
 
     out: list[Line] = []
     room = limit
-    for is_code, part in split_code(safe_text("" if value is None else value)):
+    for kind, part in blocks(safe_text("" if value is None else value)):
         if room <= 0:
             break
-        if not is_code:
+        if kind != "code":  # prose wraps as one paragraph; a list item is a line of its own
             text = _clean(part, room)
             if text:
-                out.append(Line(text, indent=indent, hang=indent))
+                out.append(Line(text, indent=indent, hang=indent + (2 if kind == "item" else 0)))
                 room -= len(text)
             continue
         for line in part.split("\n"):

@@ -97,7 +97,9 @@ class ParsedDocument:
             only: HTML, DOCX), ``rst`` or ``plain``.
         title: a PDF's document title from its metadata (:func:`pdf_title`) or a
             Markdown file's front-matter ``title``, else ``""``; the chunker puts it at
-            the root of the heading path of chunks without one.
+            the root of the heading path of chunks without one. A Markdown file with a
+            title and no body has the title as its text (``# title``: one chunk, found
+            by its title, not an ``empty-document``).
         metadata: document metadata read from the file (Markdown front matter:
             ``date``, ``tags`` and the other :data:`node.corpus.datasource.META_KEYS`),
             stored like a datasource record's so search filters see it.
@@ -155,11 +157,15 @@ class Decoded:
         replaced: True when some bytes were undecodable and became U+FFFD.
         confidence: how sure the choice is, 0..1: 1.0 for clean UTF-8 or a BOM; for UTF-8
             with invalid bytes the share of valid multi-byte sequences among valid and
-            invalid ones; otherwise the detector's (``chardet``) confidence of the chosen
-            code page (small numbers are normal for short texts: it is a relative score).
+            invalid ones; for a mostly-Latin note its Latin-letter score
+            (:func:`_latin_score`); otherwise the detector's (``chardet``) confidence of
+            the chosen code page (small numbers are normal for short texts: it is a
+            relative score).
         method: ``bom``, ``utf-8``, ``utf-8-replaced``, ``cp1252-prior`` (cp1252 kept as
-            plausible as the detector's best), ``detector`` (the detector's best guess
-            taken) or ``cp1252-default`` (no usable guess).
+            plausible as the best Latin page or the detector's best), ``latin-score``
+            (another Latin code page read the letters of a mostly-Latin note better),
+            ``detector`` (the detector's best guess taken) or ``cp1252-default`` (no
+            usable guess).
         replaced_bytes: invalid byte sequences replaced (0 unless ``replaced``).
     """
 
@@ -232,13 +238,160 @@ _CP1252_NAMES = frozenset(("cp1252", "iso8859-1"))
 
 
 def _latin_reading(text: str) -> bool:
-    """True when every non-ASCII letter of ``text`` is a Latin-script letter."""
+    """True when every non-ASCII letter of ``text`` is a Latin-script letter (the
+    Latin-1 signs ``µ ª º`` count as Latin: they are how Western notes write units and
+    ordinals)."""
     return all("LATIN" in unicodedata.name(ch, "") for ch in set(text)
-               if ord(ch) >= 0x80 and ch.isalpha())
+               if ord(ch) >= 0x80 and ch.isalpha() and ch not in "µªº")
+
+
+# --- Latin-script legacy notes ----------------------------------------------------------
+
+#: Latin-script code pages tried for a mostly-Latin note, in tie-break order: cp1252 (the
+#: Windows default) first, so it wins whenever no other page reads the letters better.
+_LATIN_PAGES = ("cp1252", "cp1250", "cp1257", "cp1254", "iso8859-2")
+#: Non-ASCII letters of the languages the pages above serve (lower case). A reading whose
+#: accented letters all belong to one language is more plausible than one that mixes
+#: Polish ``ż`` with Spanish ``é`` (``Ñandú ¿qué?`` read as cp1250 is ``Ńandú żqué?``).
+_LANGUAGE_LETTERS = tuple(frozenset(s) for s in (
+    "àâæçéèêëîïôœùûüÿ",  # French
+    "äöüßé",  # German (and loan words)
+    "áéíóúüñ",  # Spanish
+    "áâãàçéêíóôõú",  # Portuguese
+    "àèéìíîòóùú",  # Italian
+    "àçèéíïòóúü",  # Catalan
+    "éëïóöüèáàíúêâôû",  # Dutch
+    "åäöé",  # Swedish
+    "æøåé",  # Danish, Norwegian
+    "áðéíóúýþæö",  # Icelandic
+    "äöåšž",  # Finnish
+    "äöõüšž",  # Estonian
+    "ąćęłńóśźż",  # Polish
+    "áčďéěíňóřšťúůýž",  # Czech
+    "áäčďéíĺľňóôŕšťúýž",  # Slovak
+    "áéíóöőúüű",  # Hungarian
+    "čšž",  # Slovenian
+    "čćđšž",  # Croatian, Bosnian
+    "ăâîşţșț",  # Romanian
+    "çğıöşüâî",  # Turkish
+    "ąčęėįšųūž",  # Lithuanian
+    "āčēģīķļņšūž",  # Latvian
+))
+#: A symbol between two letters (``Za¿ó³æ`` is cp1250 ``Zażółć`` read as cp1252).
+#: Apostrophes, the soft hyphen and the Catalan middle dot are at home inside words.
+#: So is a pound, yen or fraction sign opening a lower-case word (``£ukasz`` is cp1250
+#: ``Łukasz``) — not ``¿``, which opens Spanish questions.
+_GLUED_SYMBOL = re.compile(
+    r"(?<=[^\W\d_])(?:[^\w\s\u2018\u2019\u00ad\u00b7'`´\x00-\x7f]|[¹²³])(?=[^\W\d_])"
+    r"|(?<![^\W\d_])[£¥¼½¾¹²³¤](?=[a-zß-ÿ])")
+#: A reading is Latin text when at least this share of its words with accented letters
+#: also hold an ASCII letter (Cyrillic, Greek, Hebrew or Arabic bytes read as cp1252 are
+#: words of accented letters only: ``Ìîñêâà``) ...
+LATIN_MIXED_WORDS = 0.75
+#: ... and at least this share of its non-ASCII characters inside words are letters
+#: (CJK double bytes read as cp1252 are half symbols: ``“ú–{‚Ì``).
+LATIN_LETTER_SHARE = 0.85
+
+
+def _mostly_latin(reading: str) -> bool:
+    """True when ``reading`` looks like Latin-script text with some accented letters."""
+    words = [w for w in reading.split() if sum(c.isalpha() for c in w) >= 2
+             and any(c.isalpha() and ord(c) >= 0x80 for c in w)]
+    if not words or not _latin_reading(reading):
+        return False
+    mixed = sum(any("a" <= c.lower() <= "z" for c in w) for w in words)
+    high = [c for w in words for c in w.strip(".,;:!?()[]\"'«»“”„‘’…—–-")
+            if ord(c) >= 0x80]
+    letters = sum(c.isalpha() for c in high)
+    return mixed >= LATIN_MIXED_WORDS * len(words) and letters >= LATIN_LETTER_SHARE * len(high)
+
+
+def _latin_score(reading: str) -> float:
+    """How plausible ``reading`` is as Latin-script text, at most 1.0.
+
+    The share of its accented letters that one language of :data:`_LANGUAGE_LETTERS`
+    holds, less the share of its non-ASCII characters that are symbols glued inside
+    words (:data:`_GLUED_SYMBOL`). ``-1.0`` for a reading with C1 control characters
+    (ISO-8859 pages leave 0x80-0x9F to controls no note holds).
+    """
+    if any("\x80" <= c <= "\x9f" for c in reading):
+        return -1.0
+    accented = [c.lower() for c in reading if ord(c) >= 0x80 and c.isalpha()]
+    high = sum(ord(c) >= 0x80 for c in reading)
+    cover = max((sum(c in lang for c in accented) for lang in _LANGUAGE_LETTERS),
+                default=0) / max(len(accented), 1) if accented else 1.0
+    return cover - len(_GLUED_SYMBOL.findall(reading)) / max(high, 1)
+
+
+def _detector_tiebreak(sample: bytes, name: str, tied: list[str]) -> str:
+    """``name`` (cp1252) unless ``chardet`` rates one of ``tied`` clearly better: at
+    least :data:`CLEAR_CONFIDENCE` and cp1252 under :data:`CP1252_PRIOR` of it (a
+    Slovenian ``čez`` reads ``èez`` as cp1252: both are one language's letters)."""
+    try:
+        import chardet
+
+        found = chardet.detect_all(sample, ignore_threshold=True)
+    except Exception:  # detection is advice
+        return name
+    conf: dict[str, float] = {}
+    for guess in found:
+        try:
+            key = codecs.lookup(guess.get("encoding") or "").name
+        except LookupError:
+            continue
+        conf.setdefault(key, float(guess.get("confidence") or 0.0))
+    best = max(tied, key=lambda n: conf.get(n, 0.0))
+    western = max(conf.get("cp1252", 0.0), conf.get("iso8859-1", 0.0))
+    if conf.get(best, 0.0) >= CLEAR_CONFIDENCE and western < CP1252_PRIOR * conf[best]:
+        return best
+    return name
+
+
+def _latin(data: bytes) -> Decoded | None:
+    """The best Latin code page for a mostly-Latin note, or None when it is not one.
+
+    Issue 20's rule: among legacy single-byte code pages, Western text is read as cp1252
+    unless the bytes clearly say otherwise. When the cp1252 or cp1250 reading of the
+    sample is Latin text (:func:`_mostly_latin`), only :data:`_LATIN_PAGES` compete
+    (a short note gives a statistical detector too little to tell ``Größe 5 µm`` from
+    Korean johab) and the highest :func:`_latin_score` wins, cp1252 on ties.
+    """
+    sample = data[:DETECT_BYTES]
+    readings: dict[str, str] = {}
+    for name in _LATIN_PAGES:
+        try:
+            readings[name] = sample.decode(name)
+        except UnicodeDecodeError:
+            continue
+    gate = [readings[n] for n in ("cp1252", "cp1250") if n in readings]
+    if "cp1252" not in readings:
+        gate.append(sample.decode("latin-1"))
+    if not any(_mostly_latin(r) for r in gate):
+        return None
+    scores = {n: _latin_score(r) for n, r in readings.items()}
+    if "cp1252" not in readings:
+        scores["iso8859-1"] = _latin_score(sample.decode("latin-1"))
+    name = max(scores, key=lambda n: scores[n])  # first of the best: cp1252 on ties
+    tied = [n for n in scores if n != name and scores[n] == scores[name]
+            and readings.get(n) != readings.get(name)]
+    if name == "cp1252" and tied:  # the letters cannot tell: ask the detector
+        name = _detector_tiebreak(sample, name, tied)
+    if scores[name] < 0:
+        return None
+    try:
+        text = data.decode(name)
+    except UnicodeDecodeError:  # the sample decoded, the rest does not
+        return None
+    method = "cp1252-prior" if name == "cp1252" else "latin-score"
+    return Decoded(text, "latin-1" if name == "iso8859-1" else name, True, False,
+                   round(max(scores[name], 0.0), 3), method)
 
 
 def _legacy(data: bytes) -> Decoded:
     """A single- or multi-byte legacy code page for bytes that are not UTF-8.
+
+    A mostly-Latin note is decided among the Latin code pages by :func:`_latin`; the
+    rest as follows.
 
     ``chardet`` ranks the candidates (all of them, its threshold ignored, on the first
     :data:`DETECT_BYTES` bytes). A mostly-ASCII text (high bytes under
@@ -249,6 +402,9 @@ def _legacy(data: bytes) -> Decoded:
     decodes the bytes and is rated at least :data:`CP1252_PRIOR` of the best candidate;
     otherwise the best candidate. Undecodable bytes become U+FFFD under cp1252.
     """
+    latin = _latin(data)
+    if latin is not None:
+        return latin
     sample = data[:DETECT_BYTES]
     solid = len(sample) - sum(sample.count(c) for c in b" \t\r\n")
     high = len(sample) - len(sample.decode("latin-1").encode("ascii", "ignore"))
@@ -460,6 +616,8 @@ def _raw_text(main: object, furniture: bool, sectioned: bool, admonition: bool) 
                 continue  # inside a heading: its strings only
             if name in _BLOCK_TAGS:
                 out.append("\n" if name in _LINE_TAGS else "\n\n")
+            if name == "li":  # a list item keeps its bullet: one item per line on display
+                out.append("- ")
             continue
         if _is_admonition(node):
             boxes -= 1
@@ -508,10 +666,20 @@ def _html_text(soup: object, furniture: bool) -> str:
     raw = _raw_text(root, furniture, sectioned, _in_admonition(root) or _is_admonition(root))
     lines = []
     fence = ""
-    for line in raw.replace("\r", "\n").split("\n"):
-        line = _WS.sub(" ", line).strip()
+    bullet = False  # an <li> whose text starts in a block of its own (<li><p>…)
+    for raw_line in raw.replace("\r", "\n").split("\n"):
+        line = _WS.sub(" ", raw_line).strip()
+        if not fence and line == "-":
+            bullet = True
+            continue
+        if bullet and line and not fence:
+            bullet = False
+            if (line not in ("```", "~~~") and not line.startswith(("\x00", "- "))):
+                line = "- " + line
         if line in ("```", "~~~") and (not fence or line == fence):
             fence = "" if fence else line
+        elif fence:  # a <pre> line keeps its indentation and inner spacing
+            line = raw_line.rstrip()
         elif line.startswith("\x00"):  # a real heading (marked above)
             line = line[1:]
         elif line.startswith("#") and not fence:  # e.g. the '#' operator in a table cell
@@ -525,7 +693,7 @@ def _html(data: bytes) -> ParsedDocument:
     (``<nav>``, page-level ``<header>``/``<footer>``/``<aside>``, :func:`_is_furniture`),
     keep headings as Markdown ``#`` (not an admonition box's title,
     :data:`_ADMONITION_CLASSES`) and ``<pre>`` blocks as fenced code (their lines are
-    never headings); the ``<title>`` becomes the level-1 heading at the root of every
+    never headings and keep their indentation and spacing); the ``<title>`` becomes the level-1 heading at the root of every
     heading path unless the text starts with its own. When dropping furniture would leave
     no text at all (a page whose whole content sits in a ``<nav>`` or a ``toc`` list),
     the page is read without the furniture filter rather than indexed as its title alone.
@@ -692,8 +860,9 @@ def _docx(data: bytes) -> ParsedDocument:
     """DOCX body in order: headings as Markdown ``#``, paragraphs, tables.
 
     A table row is one line of its cells, tab-separated; a table nested in a cell is read
-    cell by cell too, its rows as lines right after the row that holds it, at every
-    depth (to :data:`MAX_DOCX_DEPTH`). Content controls (``w:sdt``: a cover page, a
+    cell by cell too, its rows as lines where it stands in the cell (document order: the
+    row's text before it, its rows, the row's text after it), at every depth (to
+    :data:`MAX_DOCX_DEPTH`). Content controls (``w:sdt``: a cover page, a
     table of contents, a form field) are read like the body around them, in place, and
     text boxes after the paragraph they are anchored in (:func:`_docx_text_boxes`).
     The zip is checked against the archive rules first (python-docx inflates it whole).
@@ -785,14 +954,16 @@ def _docx_text_boxes(paragraph: Any) -> list[Any]:
 def _docx_table(document: Any, tbl: Any, tags: dict[str, str], rows: list[str],
                 depth: int) -> None:
     """Append one line per row of ``tbl`` (cells tab-separated, a cell's paragraphs
-    joined by a space), each followed by the lines of the tables nested in its cells."""
+    joined by a space), in document order: a table nested in a cell ends the line there
+    (the cells so far, the cell's text before the table), its rows follow, and the rest
+    of the row (the cell's text after the table, the next cells) goes on a new line."""
     from docx.text.paragraph import Paragraph
 
     for tr in _docx_children(tbl, tags):
         if tr.tag != tags["tr"]:
             continue
         cells: list[str] = []
-        nested: list[Any] = []
+        split = False  # a nested table cut the row: its pieces lose their empty ends
         for tc in _docx_children(tr, tags):
             if tc.tag != tags["tc"]:
                 continue
@@ -800,14 +971,16 @@ def _docx_table(document: Any, tbl: Any, tags: dict[str, str], rows: list[str],
             for child in _docx_children(tc, tags):
                 if child.tag == tags["p"]:
                     words.extend(Paragraph(child, document).text.split())
-                elif child.tag == tags["tbl"]:
-                    nested.append(child)
+                elif child.tag == tags["tbl"] and depth < MAX_DOCX_DEPTH:
+                    cells.append(" ".join(words))
+                    if any(cells):
+                        rows.append("\t".join(cells).strip("\t"))
+                    cells, words, split = [], [], True
+                    _docx_table(document, child, tags, rows, depth + 1)
             cells.append(" ".join(words))
         if any(cells):
-            rows.append("\t".join(cells))
-        for inner in nested:
-            if depth < MAX_DOCX_DEPTH:
-                _docx_table(document, inner, tags, rows, depth + 1)
+            line = "\t".join(cells)
+            rows.append(line.strip("\t") if split else line)
 
 
 def parse_bytes(data: bytes, kind: str, name: str = "") -> ParsedDocument:
@@ -844,6 +1017,8 @@ def parse_bytes(data: bytes, kind: str, name: str = "") -> ParsedDocument:
     if kind == "markdown":
         text, title, metadata, fm_notes = front_matter(text)
         notes.update(fm_notes)
+        if title and not text.strip():  # only front matter: the title is the text
+            text = f"{text}# {title}"
     return ParsedDocument(text=text, kind=kind, encoding=d.encoding, fallback=d.fallback,
                           replaced=d.replaced, structure=STRUCTURE.get(kind, "plain"),
                           title=title, metadata=metadata, notes=notes)

@@ -63,7 +63,8 @@ _env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
                           autoescape=True, undefined=jinja2.StrictUndefined,
                           trim_blocks=True, lstrip_blocks=True)
 # a preview's code (between the envelope's fence lines) is shown as code (issue 20 item 5)
-_env.filters["code_parts"] = lambda text: readable.split_code(text or "")
+# and each list item on a line of its own (readable.blocks)
+_env.filters["preview_blocks"] = lambda text: readable.blocks(text or "")
 
 
 def check_host(host: str) -> None:
