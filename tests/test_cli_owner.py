@@ -224,6 +224,18 @@ def test_a_home_that_is_a_file_is_refused_as_not_a_folder(tmp_path: Path, comman
     assert home.read_text() == "not a folder\n"
 
 
+@pytest.mark.parametrize("command", [("init",), ("policy", "list"), ("community", "serve", "--port", "0")])
+def test_a_home_under_a_file_is_refused_naming_the_file(tmp_path: Path, command: tuple) -> None:
+    """`--home FILE/sub` was told to run `kith --home FILE/sub init`, which cannot work."""
+    file = tmp_path / "notes.txt"
+    file.write_text("a file\n")
+    r = kith(file / "sub", *command, init=False, timeout=60)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "error [home-not-a-folder]" in r.stderr, r.stderr
+    assert f"is under {file}, which is a file" in " ".join(r.stderr.split()), r.stderr
+    assert " init` to create" not in r.stderr and file.read_text() == "a file\n"
+
+
 # --------------------------------------------------------------------------- problem 8
 def test_host_banner_in_a_pipe_is_one_line_per_item_without_colour(tmp_path: Path) -> None:
     home = tmp_path / "h"

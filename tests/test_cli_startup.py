@@ -5,7 +5,8 @@ it imported are read from the importtime lines on stderr:
 
 - `kith --version` answers before the CLI framework (typer, click, rich) is imported;
 - `kith --help` and `kith join` (against a real host on loopback, paired, answering)
-  never import the community server, Starlette, uvicorn, jsonschema or pydantic;
+  never import the community server, Starlette, uvicorn, jsonschema or pydantic, and
+  `--help` not the server's store (nor sqlite3) either;
 - every command of the table loads, and one that cannot load fails loudly instead of
   disappearing from `kith`.
 """
@@ -23,6 +24,8 @@ from node.cli import app as cli_app
 
 #: Never imported by `--help` or `join`: the server side and the heavy validators.
 SERVER_SIDE = ("starlette", "uvicorn", "jsonschema", "pydantic", "node.community.server", "node.common.http")
+#: Never imported by `--help`: the community server's database layer (and so sqlite3).
+SERVER_STORE = ("node.community.store", "sqlite3")
 #: The CLI framework: not imported by `--version`.
 FRAMEWORK = ("typer", "click", "rich")
 
@@ -55,7 +58,7 @@ def test_help_loads_every_command_but_no_server_side_module():
     for entry in cli_app.COMMANDS:
         assert f"  {entry.name} " in r.stdout, entry.name
     assert {e.module for e in cli_app.COMMANDS} <= mods
-    assert _loaded(mods, SERVER_SIDE) == []
+    assert _loaded(mods, SERVER_SIDE + SERVER_STORE) == []
 
 
 def test_join_against_a_real_host_imports_no_server_side_module(tmp_path: Path):

@@ -229,6 +229,24 @@ def test_approve_accepts_a_unique_prefix_and_refuses_an_ambiguous_one(tmp_path: 
     assert Approvals(tmp_path).get("0123ffffffffffff").decision is None  # untouched
 
 
+def test_join_with_a_missing_file_says_no_such_file(tmp_path: Path) -> None:
+    """`kith join /nonexistent.json` said the argument "is neither an invitation file, an
+    invitation JSON string nor a post_id": a path that names nothing is `file-not-found`."""
+    from conftest import initialized
+    from test_main_job import kith
+
+    home = initialized(tmp_path / "guest")
+    for arg in (str(tmp_path / "nonexistent.json"), "invite.json", "sub/invite"):
+        r = kith(home, "join", arg, timeout=60)
+        assert r.returncode == 1, (arg, r.stdout, r.stderr)
+        assert "error [file-not-found]" in r.stderr and "no such file" in r.stderr, r.stderr
+        assert "neither an invitation file" not in r.stderr
+    r = kith(home, "join", str(tmp_path), timeout=60)  # a folder
+    assert "error [file-not-found]" in r.stderr and "is a folder" in r.stderr, r.stderr
+    r = kith(home, "join", "not a post id!", timeout=60)  # not path-like: still malformed
+    assert "error [invitation-malformed]" in r.stderr, r.stderr
+
+
 # --- over iroh: a real host and guests --------------------------------------------------------------
 
 

@@ -39,6 +39,7 @@ def test_set_list_explain_unset_round_trip(kith, tmp_path: Path) -> None:
                      "--peer", "bob", "--json"))
     assert out == {"glob": "/docs/team/**", "tier": "peers", "peers": ["alice", "bob"], "matches": 0,
                    "decides": 0, "decidedElsewhere": [], "suggestions": [],
+                   "replaced": None, "sameSources": [], "unpinnedPeers": ["alice", "bob"],
                    "warning": "/docs/team/** matches no indexed source: nothing is indexed yet "
                               "(kith index add PATH, then kith index sync); the rule is kept"}
     policy_file = tmp_path / "policy.toml"

@@ -137,3 +137,40 @@ def test_the_dashboard_policy_page_shows_the_same_counts(home: Path) -> None:
     assert "1 of 2 matched; 1 still decided by /notes/keep → never" in text
     assert "matches no indexed source (did you mean /odd/**?)" in text
     assert "/nots/** matches no indexed source; the rule is kept (did you mean /notes/**?)" in re.sub(r"<[^>]+>", "", said)
+
+
+@pytest.mark.parametrize("folder", ["/odd", "/odd/"])
+def test_a_folder_rule_ties_with_its_double_star_spelling_and_the_stricter_tier_decides(home: Path, folder: str) -> None:
+    """`/odd` names the same sources as `/odd/**`: it used to be less specific, so
+    `policy set /odd never` over `/odd/** public` decided nothing and a guest was served."""
+    ok(kith(home, "policy", "set", "/odd/**", "public"))
+    r = ok(kith(home, "policy", "set", folder, "never"))
+    assert "overrides /odd/** → public: it names the same sources" in r.stdout, r.stdout
+    assert "decides 2 indexed sources" in r.stdout, r.stdout
+    assert tier_of(home, "/odd/sub/deep.md") == "never"
+    # the other way round the stricter rule stays in force, and set says so
+    out = json.loads(ok(kith(home, "policy", "set", "/odd/**", "private", "--json")).stdout)
+    assert out["decides"] == 0 and out["replaced"]["tier"] == "public"
+    assert out["sameSources"] == [{"glob": "/odd", "tier": "never", "peers": [], "stillDecides": True}]
+    assert tier_of(home, "/odd/latin1.txt") == "never"
+
+
+def test_set_names_the_tier_it_replaced(home: Path) -> None:
+    ok(kith(home, "policy", "set", "/notes/**", "never"))
+    r = ok(kith(home, "policy", "set", "/notes/**", "private"))
+    assert "replaced never → private" in r.stdout, r.stdout
+    assert "unchanged: /notes/** was already private" in ok(kith(home, "policy", "set", "/notes/**", "private")).stdout
+
+
+def test_names_that_are_no_pinned_peer_are_warned_about(home: Path) -> None:
+    ok(kith(home, "policy", "set", "/notes/**", "public"))
+    r = ok(kith(home, "policy", "set", "/notes/**", "peers", "--peer", "nobody"))
+    assert "replaced public → peers (nobody)" in r.stdout, r.stdout
+    assert "warning: --peer nobody: no pinned peer has that name" in r.stderr and "kith peers list" in r.stderr
+    r = ok(kith(home, "policy", "set", "/notes/**", "never", "--for", "nobody", "--json"))
+    assert json.loads(r.stdout)["unpinnedPeers"] == ["nobody"] and "warning: --for nobody:" in r.stderr
+    r = ok(kith(home, "policy", "quota", "--for", "nobody", "--burst", "3"))
+    assert "warning: --for nobody: no pinned peer has that name" in r.stderr, r.stderr
+    ok(kith(home, "peers", "add", "pinned", "ab" * 32))
+    r = ok(kith(home, "policy", "set", "/notes/**", "peers", "--peer", "pinned"))
+    assert "warning" not in r.stderr, r.stderr

@@ -300,3 +300,14 @@ def test_end_sessions_rejects_a_handshake_and_errors_a_ready_session(stage, host
         assert sessions.peers() == {A: {None}}
 
     anyio.run(body, backend="asyncio")
+
+
+def test_block_names_the_key_once(tmp_path):
+    """`blocked 88092aafd66df810… (88092aafd66df810…)` said an unpinned key twice."""
+    home = tmp_path / "h"
+    assert kith(home, "init").returncode == 0
+    r = kith(home, "peers", "block", A)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"blocked {A[:16]}…", r.stdout
+    assert kith(home, "peers", "add", "bob", B).returncode == 0
+    assert kith(home, "peers", "block", "bob").stdout.strip() == f"blocked bob ({B[:16]}…)"

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 import anyio
 import typer
@@ -25,14 +25,12 @@ import typer
 from node.cli.common import emit_json, err_console, home_if_any, home_of, identity_home_of, new_home_of
 from node.cli.common import untrusted_console as console
 from node.common.errors import CommunityError, ConfigError, UsageError
-from node.community.defaults import DEFAULT_LEASE_TTL_S, DEFAULT_PORT
-from node.community.store import (
-    DEFAULT_POOL_SIZE,
-    CommunityStore,
-    SqliteStore,
-    default_db_path,
-    open_store,
-)
+from node.community.defaults import DEFAULT_LEASE_TTL_S, DEFAULT_POOL_SIZE, DEFAULT_PORT
+
+if TYPE_CHECKING:
+    from node.community.store import CommunityStore
+# node.community.store (and sqlite3) is imported by the commands that open a store, never
+# for `kith --help` (issue 19: --help never imports the community server side).
 
 community_app = typer.Typer(
     name="community",
@@ -91,6 +89,8 @@ def _database_of(ctx: typer.Context, database_url: str | None, *, create: bool =
     require to exist (``home-not-initialized`` otherwise, issue 20)."""
     if database_url:
         return database_url
+    from node.community.store import default_db_path
+
     return default_db_path(new_home_of(ctx) if create else home_of(ctx, server=True))
 
 
@@ -104,6 +104,8 @@ def open_store_retrying(database: Path | str, *, wait_s: float, migrate: bool = 
         CommunityError: ``database-unavailable`` after ``wait_s``; any other refusal of
             :func:`node.community.store.open_store` at once.
     """
+    from node.community.store import open_store
+
     deadline = time.monotonic() + wait_s
     delay = RETRY_FIRST_S
     while True:
@@ -184,6 +186,8 @@ def serve(
     limits = RateLimits(per_key=RateLimit(key_rate, key_burst),
                         per_address=RateLimit(address_rate, address_burst))
     store = open_store_retrying(database, wait_s=database_wait, pool_size=pool_size)
+    from node.community.store import SqliteStore
+
     try:
         if isinstance(store, SqliteStore):
             store.lock_single_writer()  # a second serve on this file is refused clearly
@@ -246,6 +250,8 @@ def backup_cmd(
     if isinstance(database, str) and not database.startswith("sqlite:"):
         raise UsageError("usage", "kith community backup copies a SQLite database; back up "
                                   "PostgreSQL with pg_dump")
+    from node.community.store import SqliteStore, open_store
+
     store = open_store(database)
     try:
         assert isinstance(store, SqliteStore)

@@ -118,8 +118,9 @@ def block_cmd(
     if as_json:
         emit_json({**registry.block_json(rec), "blocked": True})
     else:
-        who = rec.name or rec.public_key[:16] + "…"
-        console.print(f"blocked {who} ({rec.public_key[:16]}…)", highlight=False, markup=False)
+        # the key once: after the name when there is one, alone otherwise
+        who = f"{rec.name} ({rec.public_key[:16]}…)" if rec.name else rec.public_key[:16] + "…"
+        console.print(f"blocked {who}", highlight=False, markup=False)
 
 
 @peers_app.command("unblock")

@@ -13,8 +13,8 @@ from node.cli.common import err_console, safe_text, untrusted_console as console
 from node.corpus.types import Root
 from node.common.errors import KithError, UsageError
 from node.policy.coverage import MAX_LISTED, check_policy, indexed_sources, rule_coverage, rule_label
-from node.policy.store import (ANONYMOUS_SHARED_FACTOR, MIN_MESSAGE_BYTES, Decision, Policy, Quota, Rule,
-                               check_peer_names)
+from node.policy.store import (ANONYMOUS_SHARED_FACTOR, MIN_MESSAGE_BYTES, TIERS, Decision, Policy, Quota,
+                               Rule, check_peer_names)
 
 #: said after every change: a running host re-reads policy.toml at its next query
 LIVE_NOTE = "a running `kith host` applies this from its next query (no restart needed)"
@@ -80,6 +80,54 @@ def _corpus_roots(home: Path) -> list[Root]:
             close()
 
 
+def _tier_text(rule: Rule) -> str:
+    """``never``, or ``peers (alice, bob)`` for a peers rule."""
+    return f"{rule.tier} ({', '.join(rule.peers)})" if rule.peers else rule.tier
+
+
+def _warn_unpinned(home: Path, names: list[str], option: str) -> list[str]:
+    """Warn about each of ``names`` that is no pinned peer's name (a typo, or a peer not yet
+    added): the rule or quota is kept, but applies to nobody until a peer is pinned under
+    that name. Returns those names (sorted, no duplicates)."""
+    if not names:
+        return []
+    from node.trust.peers import PeerRegistry
+
+    registry = PeerRegistry.load(home)
+    unknown = sorted({n for n in names if registry.by_name(n) is None})
+    for name in unknown:
+        _warn(f"{option} {name}: no pinned peer has that name, so this applies to nobody until a peer "
+              f"is pinned as {name} (`kith peers list` shows the pinned names)")
+    return unknown
+
+
+def _supersession(old: Rule | None, rule: Rule, same: list[Rule]) -> tuple[list[str], dict]:
+    """What ``kith policy set`` says about the rules the new ``rule`` replaced (``old``, the
+    same glob) or ties with (``same``: other spellings of the same sources, where the more
+    restrictive tier decides, specs/policy.md §4): (lines, JSON fields)."""
+    lines: list[str] = []
+    out: dict = {"replaced": None, "sameSources": []}
+    if old is not None:
+        out["replaced"] = _rule_dict(old)
+        if (old.tier, old.peers) == (rule.tier, rule.peers):
+            lines.append(f"unchanged: {rule.glob} was already {_tier_text(old)}")
+        else:
+            lines.append(f"replaced {_tier_text(old)} → {_tier_text(rule)}")
+    rank = TIERS.index(rule.tier)
+    for other in same:
+        other_rank = TIERS.index(other.tier)
+        out["sameSources"].append({**_rule_dict(other), "stillDecides": other_rank > rank})
+        if rank > other_rank:
+            lines.append(f"overrides {rule_label(other)}: it names the same sources, and on a tie the "
+                         "more restrictive tier decides")
+        elif other_rank > rank:
+            lines.append(f"{rule_label(other)} names the same sources and is more restrictive, so it still "
+                         f"decides them (kith policy unset '{other.glob}' to let this rule decide)")
+        else:
+            lines.append(f"{rule_label(other)} already names the same sources with the same tier")
+    return lines, out
+
+
 @policy_app.command("set")
 def set_cmd(
     ctx: typer.Context,
@@ -104,20 +152,25 @@ def set_cmd(
     check_peer_names(peers, "--peer name")
     home = home_of(ctx)
     policy = Policy.load(home)
+    old = policy.rule_for(glob, for_peer=for_peer)
     rule = policy.set(glob, tier.value, peers or None, for_peer=for_peer)
     policy.save()  # every refusal is raised above: a refused set leaves policy.toml as it was
+    unpinned = _warn_unpinned(home, [for_peer] if for_peer is not None else peers,
+                              "--for" if for_peer is not None else "--peer")
+    said, superseded = _supersession(old, rule, policy.same_sources(rule))
     sources = indexed_sources(home)
     cov = rule_coverage(policy, rule, sources)
     warning = cov.warning(len(sources))
     if as_json:
         emit_json({**_rule_dict(rule), **{k: v for k, v in cov.to_dict().items() if k not in ("glob", "tier", "for")},
-                   "warning": warning})
+                   **superseded, "unpinnedPeers": unpinned, "warning": warning})
     else:
         extra = f" (peers: {', '.join(rule.peers)})" if rule.peers else ""
         extra += f" (override for {rule.peer})" if rule.peer else ""
         console.print(f"{rule.glob} → {rule.tier}{extra}", highlight=False, markup=False)
-        if cov.matched:
-            console.print("\n".join(f"  {line}" for line in cov.lines()), highlight=False, markup=False,
+        body = said + (cov.lines() if cov.matched else [])
+        if body:
+            console.print("\n".join(f"  {line}" for line in body), highlight=False, markup=False,
                           soft_wrap=True)
     if warning:
         _warn(warning)
@@ -241,15 +294,17 @@ def quota_cmd(
         raise UsageError("usage", "give --for NAME or --anonymous, not both")
     values = {k: v for k, v in (("queries_per_hour", per_hour), ("burst", burst),
                                 ("max_message_bytes", max_bytes)) if v is not None}
-    policy = Policy.load(home_of(ctx))
+    home = home_of(ctx)
+    policy = Policy.load(home)
     if values:
         policy.set_quota(values, for_peer=for_peer, anonymous=anonymous)
         policy.save()
     elif for_peer is not None:
         check_peer_names([for_peer], "--for name")
+    unpinned = _warn_unpinned(home, [for_peer] if for_peer is not None else [], "--for")
     q = policy.anonymous_quota() if anonymous else policy.quota_for(for_peer)
     if as_json:
-        emit_json({"for": for_peer, "anonymous": anonymous, "changed": bool(values),
+        emit_json({"for": for_peer, "anonymous": anonymous, "changed": bool(values), "unpinnedPeers": unpinned,
                    "queries_per_hour": q.queries_per_hour, "burst": q.burst,
                    "max_message_bytes": q.max_message_bytes})
     else:

@@ -28,10 +28,20 @@ def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
     return Path(raw).expanduser().resolve()
 
 
-def _not_a_folder(home: Path) -> Any:
+def _blocking_file(home: Path) -> Path | None:
+    """The path itself or the nearest existing folder above it when that is not a folder
+    (``FILE`` for ``FILE/sub``: nothing can ever be created there), else None."""
+    for path in (home, *home.parents):
+        if path.exists():
+            return None if path.is_dir() else path
+    return None
+
+
+def _not_a_folder(home: Path, file: Path) -> Any:
     from node.common.errors import ConfigError
 
-    return ConfigError("home-not-a-folder", f"The Kith home {home} is a file, not a folder.",
+    where = "is a file" if file == home else f"is under {file}, which is a file"
+    return ConfigError("home-not-a-folder", f"The Kith home {home} {where}, not a folder.",
                        hint="give --home (or $KITH_HOME) the path of a folder")
 
 
@@ -40,10 +50,12 @@ def create_home(home: Path) -> Path:
     ``kith init`` and ``kith community serve`` do this (issue 20).
 
     Raises:
-        ConfigError: ``home-not-a-folder`` when ``home`` exists and is not a folder.
+        ConfigError: ``home-not-a-folder`` when ``home``, or the nearest existing path
+            above it, is not a folder (``FILE/sub``).
     """
-    if home.exists() and not home.is_dir():
-        raise _not_a_folder(home)
+    file = _blocking_file(home)
+    if file is not None:
+        raise _not_a_folder(home, file)
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     return home
 
@@ -64,13 +76,15 @@ def require_home(home: Path, *, server: bool = False) -> Path:
 
     Raises:
         ConfigError: ``home-not-a-folder`` when ``home`` is a file (or anything but a
-            folder); ``home-not-initialized`` naming ``home`` otherwise, with the
+            folder), or lies under one (``FILE/sub``, named in the message);
+            ``home-not-initialized`` naming ``home`` otherwise, with the
             ``kith --home DIR init`` hint (``community serve`` for a server home).
     """
     from node.common.errors import ConfigError
 
-    if home.exists() and not home.is_dir():
-        raise _not_a_folder(home)
+    file = _blocking_file(home)
+    if file is not None:
+        raise _not_a_folder(home, file)
     if home_initialized(home, server=server):
         return home
     what = "is not a Kith home yet" if not home.exists() else "has no identity yet"

@@ -9,3 +9,7 @@ DEFAULT_PORT = 8787
 #: two refreshes may be lost before a live post drops out, and a dead host's post leaves
 #: browse at most this long after its last refresh (90 s: within the "~2 minutes").
 DEFAULT_LEASE_TTL_S = 90.0
+#: Connections a PostgreSQL store keeps at most, per server process (PostgreSQL's
+#: ``max_connections`` is the scarce part: N instances use at most N × this).
+#: :mod:`node.community.store` uses it; ``kith community serve --pool-size`` shows it.
+DEFAULT_POOL_SIZE = 10

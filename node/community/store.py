@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from node.common.errors import CommunityError, UsageError
+from node.community.defaults import DEFAULT_POOL_SIZE  # there, so --help shows it without this module
 
 #: The schema this code reads and writes; :data:`MIGRATIONS` lead up to it.
 SCHEMA_VERSION = 3
@@ -55,9 +56,6 @@ SESSION_FIELDS = ("session_id", "post_id", "protocol_id", "host_public_key",
 #: database-timeout`` answer), in seconds; ``statement_timeout`` on PostgreSQL, a progress
 #: handler on SQLite.
 STATEMENT_TIMEOUT_S = 5.0
-#: Connections a PostgreSQL store keeps at most, per server process (PostgreSQL's
-#: ``max_connections`` is the scarce part: N instances use at most N × this).
-DEFAULT_POOL_SIZE = 10
 #: How often a store forgets refilled rate-limit buckets, in seconds (one DELETE each time).
 RATE_PRUNE_EVERY_S = 30.0
 

@@ -178,6 +178,19 @@ class GlobMatcher:
         return True
 
 
+def folder_form(canon: str) -> str:
+    """The ``/**`` spelling of a canonical glob: a glob without wildcards (a folder rule,
+    ``/x``) → ``/x/**``, which names exactly the same ids (``**`` matches zero segments, so
+    ``/x/**`` matches ``/x`` itself); any other glob unchanged. Two canonical globs with the
+    same folder form name the same sources (specs/policy.md §1)."""
+    if "*" in canon or "?" in canon:
+        return canon
+    return canon.rstrip("/") + "/**"
+
+
 def specificity(canon: str) -> int:
-    """Number of literal characters of a canonical glob (all but ``*`` and ``?``)."""
+    """Number of literal characters of a canonical glob (all but ``*`` and ``?``), counted
+    on its :func:`folder_form`: ``/x`` and ``/x/**`` name the same sources and so are equally
+    specific (a tie the policy breaks by the more restrictive tier, specs/policy.md §2)."""
+    canon = folder_form(canon)
     return len(canon) - canon.count("*") - canon.count("?")

@@ -31,7 +31,7 @@ from typing import Any
 import tomli_w
 
 from node.corpus.globs import (  # noqa: F401 - re-exported: the policy speaks this glob language
-    MAX_DOUBLE_STARS, MAX_GLOB_CHARS, GlobMatcher, canonical_glob, specificity)
+    MAX_DOUBLE_STARS, MAX_GLOB_CHARS, GlobMatcher, canonical_glob, folder_form, specificity)
 from node.corpus.sources import normalize_source
 from node.corpus.types import Root
 from node.common.errors import PolicyError
@@ -361,6 +361,27 @@ class Policy:
         return [f"{r.glob} -> {r.tier}" + (f" (override for {r.peer})" if r.peer else "")
                 for r in (*self._rules, *self._overrides)
                 if r.glob == f"/{prefix}" or r.glob.startswith(f"/{prefix}/")]
+
+    def rule_for(self, glob: str, *, for_peer: str | None = None) -> Rule | None:
+        """The rule (with ``for_peer``: that peer's override) whose canonical glob equals
+        ``glob``'s, or None: what :meth:`set` would replace.
+
+        Raises:
+            PolicyError: ``policy-bad-glob`` when ``glob`` is invalid.
+        """
+        canon = canonical_glob(glob)
+        current = self._rules if for_peer is None else self._overrides
+        return next((r for r in current if r.glob == canon and r.peer == for_peer), None)
+
+    def same_sources(self, rule: Rule) -> list[Rule]:
+        """The other rules (for an override: that peer's other overrides) whose glob is
+        spelled differently but names exactly the same sources (``/x`` and ``/x/**``, equal
+        :func:`node.corpus.globs.folder_form`), in file order. They tie with ``rule`` on
+        specificity, so the more restrictive tier decides (specs/policy.md §4)."""
+        form = folder_form(rule.glob)
+        current = self._rules if rule.peer is None else self._overrides
+        return [r for r in current
+                if r.peer == rule.peer and r.glob != rule.glob and folder_form(r.glob) == form]
 
     def set(self, glob: str, tier: str, peers: Sequence[str] | None = None, *,
             for_peer: str | None = None) -> Rule:

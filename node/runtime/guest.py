@@ -101,7 +101,9 @@ async def resolve_invitation(arg: str, *, server_url: str | None) -> Invitation:
 
     Raises:
         InvitationError: ``invitation-malformed`` / ``invitation-not-found``.
-        ConfigError: ``no-server`` when ARG is a post_id and no server is given.
+        ConfigError: ``no-server`` when ARG is a post_id and no server is given;
+            ``file-not-found`` when ARG looks like a path (holds ``/`` or ``\\``, or ends in
+            ``.json``) and names no file, or a file that cannot be read.
         CommunityError: the server is unreachable or refuses.
     """
     path = Path(arg)
@@ -113,6 +115,10 @@ async def resolve_invitation(arg: str, *, server_url: str | None) -> Invitation:
         except OSError:
             raise ConfigError("file-not-found", f"cannot read invitation file {arg}") from None
         return parse_invitation(data)
+    if "/" in arg or "\\" in arg or arg.lower().endswith(".json"):  # a post_id never holds these
+        what = "is a folder, not an invitation file" if path.exists() else "no such file"
+        raise ConfigError("file-not-found", f"{arg}: {what}",
+                          hint="give the invitation file's path, the invitation JSON or a post_id")
     if not POST_ID_RE.fullmatch(arg):
         raise InvitationError("invitation-malformed",
                               f"{arg!r} is neither an invitation file, an invitation JSON string nor a post_id")
