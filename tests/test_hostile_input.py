@@ -126,12 +126,13 @@ def test_unknown_protocol_for_host_is_a_coded_error(tmp_path):
     assert r.returncode == 1 and "error [protocol-not-found]" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_home_that_is_a_file_is_an_io_error(tmp_path):
+def test_home_under_a_file_is_refused_naming_the_file(tmp_path):
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
     r = subprocess.run([*KITH, "--home", str(not_a_dir / "home"), "init"], capture_output=True, text=True,
                        timeout=60, stdin=subprocess.DEVNULL)
-    assert r.returncode == 1 and "error [io-error]" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 1 and "error [home-not-a-folder]" in r.stderr and "Traceback" not in r.stderr
+    assert f"under {not_a_dir}, which is a file" in r.stderr and not (not_a_dir.parent / "home").exists()
 
 
 def test_terminal_control_sequences_are_neutralised():

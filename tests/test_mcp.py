@@ -83,10 +83,14 @@ def test_one_read_only_search_tool_returning_the_envelope(home: Path) -> None:
 
 
 def test_peer_search_refuses_a_bad_invitation_without_connecting(home: Path) -> None:
+    """A peer argument naming an invitation file that does not exist is refused at once
+    (``file-not-found``), and a malformed one ``invitation-malformed``; neither connects."""
     async def calls(s):
-        return await s.call_tool("search", {"query": "staging", "peer": "/nonexistent/invite.json"})
+        return (await s.call_tool("search", {"query": "staging", "peer": "/nonexistent/invite.json"}),
+                await s.call_tool("search", {"query": "staging", "peer": "not an invitation"}))
 
-    res = _session(home, calls)
-    assert res.is_error
+    res, malformed = _session(home, calls)
+    assert res.is_error and malformed.is_error
+    assert "[invitation-malformed]" in malformed.content[0].text
     text = res.content[0].text
-    assert "[invitation-malformed]" in text and str(home) not in text
+    assert "[file-not-found]" in text and "no such file" in text and str(home) not in text
