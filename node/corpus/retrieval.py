@@ -130,9 +130,6 @@ SUPPORT_POWER = 3.0
 #: better and 18 worse, at +2 ms p50 for its sequential pass.)
 #: Largest candidate pool per pass when widening.
 MAX_DEPTH = 2000
-#: Dedupe levels a caller may ask for, as chunks allowed per document.
-DEDUPE_LEVELS = {"chunk": search.MAX_PER_DOCUMENT, "document": 1}
-
 # Plain-language words users type → the vocabulary technical documentation uses.
 # Generic software vocabulary (not tied to one corpus); keys and values are plain words,
 # analyzed with the index's own analyzer at first use. Expansions are weighted below the
