@@ -146,8 +146,7 @@ async def run_protocol_test(pdir: Path) -> ProtocolTestReport:
     spec = load_spec(pdir)
     report = ProtocolTestReport(spec.name, spec.protocol_id)
     report.checks.append(Check("spec.json loads and passes the meta-schema", True, f"protocol_id {spec.protocol_id[:16]}…"))
-    host_hooks = load_hooks(pdir)
-    guest_hooks = load_hooks(pdir)
+    guest_hooks = load_hooks(pdir)  # the Host loads its own copy, as `kith host` does
     report.checks.append(Check("hooks.py loads", True))
     script = _load_script(pdir)
     guest_id = Identity(os.urandom(32))

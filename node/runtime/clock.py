@@ -100,20 +100,22 @@ class ManualClock:
 
 def rfc3339(unix: float) -> str:
     """Unix seconds → ``YYYY-MM-DDTHH:MM:SSZ`` (UTC), the stamp every host event and
-    listing uses."""
+    listing uses (:func:`node.trust.invitation.rfc3339`'s format)."""
     from datetime import datetime, timezone
 
-    return datetime.fromtimestamp(unix, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    from node.trust.invitation import rfc3339 as format_rfc3339
+
+    return format_rfc3339(datetime.fromtimestamp(unix, timezone.utc))
 
 
 def unix_of(rfc3339_text: str) -> float:
-    """An RFC 3339 stamp (``...Z`` or with an offset) → Unix seconds; 0.0 when it is not
-    one (an unreadable expiry then counts as expired)."""
-    from datetime import datetime
+    """An RFC 3339 stamp with a zone (:func:`node.trust.invitation.parse_rfc3339`) →
+    Unix seconds; 0.0 when it is not one (an unreadable expiry then counts as expired)."""
+    from node.trust.invitation import parse_rfc3339
 
     try:
-        return datetime.fromisoformat(rfc3339_text.replace("Z", "+00:00")).timestamp()
-    except (ValueError, AttributeError):
+        return parse_rfc3339(rfc3339_text).timestamp()
+    except ValueError:
         return 0.0
 
 

@@ -58,6 +58,7 @@ class Connection:
         self.named: str | None = None  # the live post its _session_init named
         self.held: set[str] = set()  # the guest nonce this handshake reserved
         self.tap: Any = None
+        self.registry: Any = None  # the peer registry as read when the stream opened
 
     # ------------------------------------------------------------ the whole life
     async def serve(self) -> None:
@@ -77,7 +78,8 @@ class Connection:
         if host.session_stop.is_set():
             await self.refuse("session-shutdown")
             return
-        registry = host.peers_watcher.current()  # re-read: `kith peers` may have changed it
+        # re-read once per connection: `kith peers` may have changed it
+        self.registry = registry = host.peers_watcher.current()
         pinned = registry.by_key(self.remote)
         refusal = host.table.open_session(self.token, self.remote, self.end,
                                           alive=lambda: not (self.engine is not None and self.engine.closed),
@@ -90,19 +92,19 @@ class Connection:
             await self.refuse(refusal)
             return
         try:
-            await self._run(registry)
+            await self._run()
         finally:
             host.table.close_session(self.token)
             for nonce in self.held:
                 host.seen_nonces.release(nonce)
 
-    async def _run(self, registry: Any) -> None:
+    async def _run(self) -> None:
         host = self.host
         self.tap = host.audit.tap(self.remote)  # records the results frames queued to send
         self.engine = SessionEngine(
             "host", host.spec, public_key=host.identity.public_key, sign=host.identity.sign,
             host=HostConfig(remote_id=self.remote, post_protocol=self.post_protocol, nonce_unseen=self.nonce_unseen,
-                            admit=admission(registry, host.opts.peers_only), profile=host.own_profile,
+                            admit=admission(self.registry, host.opts.peers_only), profile=host.own_profile,
                             ui_bundle=host.ui_bundle, named_post=self.named_post),
             egress_check=self.egress)
         with self.session_scope:  # cancelled when ended from outside (evicted, revoked, the owner)
@@ -194,7 +196,7 @@ class Connection:
         """The session is ready: record its proof and nonce, tell the table and the
         owner, and build the hooks' context with the peer's knowledge handle."""
         host = self.host
-        registry = host.peers_watcher.current()
+        registry = self.registry
         rec = registry.merge_profile(ev.peer_public_key, ev.peer_profile) or registry.by_key(ev.peer_public_key)
         name = rec.name if rec else None
         code = host.pairing_code(ev.peer_public_key)

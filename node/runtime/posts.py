@@ -165,11 +165,6 @@ class Posts:
                  "expiresAt": rfc3339(self._expiry[p]) if p in self._expiry else None}
                 for p in self._live if p not in self._retired]
 
-    @property
-    def live(self) -> list[str]:
-        """The post ids guests may join now."""
-        return [p for p in self._live if p not in self._retired]
-
     async def watch_expiry(self) -> None:
         """Say so when a post expires (``post-expired``): with a server the keeper
         republishes it; in file mode no new guest can join any more (refused with

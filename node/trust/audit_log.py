@@ -26,15 +26,14 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import hmac
-import inspect
 import json
 import logging
 import os
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 log = logging.getLogger("kith.audit")
 
