@@ -129,12 +129,17 @@ class AnswerService:
             None when only the owner's view is answered (local tools).
         limiter: a shared :class:`node.policy.quota.RateLimiter` (one per Host process),
             or None for no rate limit.
+        version_key: the host's document-version secret
+            (:func:`node.answer.citation.load_version_key`), or None: then
+            :meth:`check_versions` can say nothing (``unavailable``).
     """
 
-    def __init__(self, corpus: Any, gate: Any = None, *, limiter: Any = None) -> None:
+    def __init__(self, corpus: Any, gate: Any = None, *, limiter: Any = None,
+                 version_key: bytes | None = None) -> None:
         self._corpus = corpus
         self._gate = gate
         self._limiter = limiter
+        self._version_key = version_key
         self._normalize: Callable[[str], str | None] | None = None
         self._synced_once = False  # a sync of this corpus has completed (``last_sync`` is set)
 
@@ -287,6 +292,42 @@ class AnswerService:
             return {**pending, "envelope": envelope}
         return {"status": "ok", "envelope": envelope}
 
+    def check_versions(self, items: Any, view: PeerView) -> dict[str, Any]:
+        """Are these cited document versions still current? (``kith verify
+        --against-host``, the knowledge-query ``check`` message; specs/citations.md §5.)
+
+        Args:
+            items: ``[{"source": str, "version": 64 hex}]`` (at most
+                :data:`node.answer.citation.MAX_CHECK_ITEMS`; malformed items are
+                ``unknown``).
+            view: the asking peer: a source it may not see is ``unknown``, exactly as one
+                that does not exist (no oracle).
+
+        Returns:
+            ``{"status": "ok" | "unavailable", "versions": [{"source", "version",
+            "state": "current" | "stale" | "unknown"}]}`` in the order asked;
+            ``unavailable`` (every state ``unknown``) when this host keeps no version
+            secret or has no corpus.
+        """
+        from node.answer.citation import MAX_CHECK_ITEMS, keyed_version
+
+        asked = [i for i in items if isinstance(i, dict)][:MAX_CHECK_ITEMS] if isinstance(items, list) else []
+        pairs = [(i.get("source") if isinstance(i.get("source"), str) else "",
+                  i.get("version") if isinstance(i.get("version"), str) else "") for i in asked]
+        if self._version_key is None or self._corpus is None or self._gate is None:
+            return {"status": "unavailable",
+                    "versions": [{"source": s, "version": v, "state": "unknown"} for s, v in pairs]}
+        visible = self._visible(view, self._gate.current_policy())
+        seen = [s for s, _ in pairs if s and visible(s)]
+        hashes = self._corpus.content_hashes(seen)
+        out = []
+        for source, version in pairs:
+            h = hashes.get(source) if source in seen else None
+            state = ("unknown" if h is None else
+                     "current" if keyed_version(self._version_key, h) == version else "stale")
+            out.append({"source": source, "version": version, "state": state})
+        return {"status": "ok", "versions": out}
+
     def warm(self, view: PeerView) -> int:
         """Build the index ``view`` searches on now (:meth:`node.corpus.store.Corpus.warm_view`),
         so its first query does not pay for it: a host warms the anonymous view at start
@@ -434,6 +475,10 @@ class _Handle:
     def search(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """:meth:`Knowledge.search` as this peer."""
         return self.__service.answer(request, self.__view)
+
+    def check_versions(self, items: Any) -> dict[str, Any]:
+        """:meth:`AnswerService.check_versions` as this peer."""
+        return self.__service.check_versions(items, self.__view)
 
 
 def peer_knowledge(corpus: Any, gate: Any, peer_name: str | None, *, peer_key: str | None = None,
