@@ -240,3 +240,95 @@ def test_oversized_and_missing_files_exit_1_and_usage_exits_2(tmp_path):
     empty.write_text('{"results": []}')
     proc = run(str(empty))
     assert proc.returncode == 1 and "no results with citations" in proc.stdout
+
+
+# --- the same verdicts from the local API and the MCP tool --------------------------------
+
+def _pinned_checker(tmp_path: Path) -> Path:
+    home = _home(tmp_path, "checker")
+    PeerRegistry.load(home).add("docs", signing.public_key_of(SEED))
+    return home
+
+
+def _answer_with_one_edit() -> dict:
+    good, edited = _signed(), _signed()
+    edited["textPreview"] += " (edited)"
+    return {"kind": "kith-ask", "results": [{**good, "peer": {"key": good["citation"]["hostKey"]}},
+                                            {**edited, "peer": {"key": good["citation"]["hostKey"]}}]}
+
+
+def test_post_verify_on_the_local_api(tmp_path):
+    import httpx
+
+    from node.local.api import run_api_in_thread
+
+    home = _pinned_checker(tmp_path)
+    answer = _answer_with_one_edit()
+    with run_api_in_thread(home) as url, httpx.Client(timeout=30) as http:
+        ok = http.post(f"{url}/verify", json={"answer": answer})
+        as_lines = http.post(f"{url}/verify", json={"answer": json.dumps(answer) + "\n"})
+        bad = http.post(f"{url}/verify", json={"nope": 1})
+        not_json = http.post(f"{url}/verify", content=b"{", headers={"content-type": "application/json"})
+        plain = http.post(f"{url}/verify", content=b"{}", headers={"content-type": "text/plain"})
+        put = http.put(f"{url}/verify", json={"answer": answer})
+    assert ok.status_code == 200 and ok.json() == as_lines.json()
+    assert [r["result"] for r in ok.json()["rows"]] == ["genuine", "text-changed"] and ok.json()["ok"] is False
+    assert ok.json()["rows"][0]["peer"] == "docs"
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "answer-invalid"
+    assert not_json.status_code == 400 and not_json.json()["error"]["code"] == "answer-invalid"
+    assert plain.status_code == 415 and put.status_code == 403
+
+
+def test_mcp_verify_tool(tmp_path):
+    import sys
+
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    home = _pinned_checker(tmp_path)
+    answer = _answer_with_one_edit()
+    params = StdioServerParameters(command=sys.executable, args=[
+        "-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"],
+        cwd=str(Path(__file__).resolve().parents[1]))
+
+    async def main():
+        async with stdio_client(params) as (r, w):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                tools = (await s.list_tools()).tools
+                ok = await s.call_tool("verify", {"answer": answer})
+                bad = await s.call_tool("verify", {"answer": "not json"})
+                return tools, ok, bad
+
+    tools, ok, bad = anyio.run(main)
+    tool = next(t for t in tools if t.name == "verify")
+    assert tool.annotations.read_only_hint is True
+    assert not ok.is_error and [r["result"] for r in ok.structured_content["rows"]] == ["genuine", "text-changed"]
+    assert bad.is_error and bad.content[0].text.startswith("[answer-invalid] ")
+
+
+def test_kith_ask_keeps_each_peers_citation_for_verify(tmp_path):
+    from node.runtime.fanout import fan_out
+    from node.runtime.pool import SessionPool
+
+    host_home, _kb = _host_home(tmp_path)
+    guest = _home(tmp_path, "guest")
+
+    async def scenario():
+        host = InProcessHost(host_home, tmp_path, sign_citations=True, heartbeat=CALM)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(30):
+                await host.ready.wait()
+            inv = parse_invitation(host.invite.read_bytes())
+            PeerRegistry.load(guest).add("docs", inv.host_public_key, invitation=inv.to_dict())
+            async with SessionPool(guest, load_identity(guest), local=True, heartbeat=CALM) as pool:
+                env = await fan_out(pool, {"query": "staging server", "topK": 3, "citations": True}, ["docs"],
+                                    timeout_s=30)
+            host.stop.set()
+        return env
+
+    env = anyio.run(scenario, backend="asyncio")
+    assert env["results"] and all("citation" in r for r in env["results"])
+    rows = C.verify_answer(env, known=C.known_keys(guest))
+    assert {r.result for r in rows} == {"genuine"}

@@ -501,6 +501,32 @@ def known_keys(home: Path) -> KnownKey:
     return known
 
 
+def report(rows: list[Row]) -> dict[str, Any]:
+    """The verify document (``kith verify --json``, MCP ``verify``, ``POST /verify``):
+    ``{"ok": every row genuine and at least one, "counts": {result: n}, "rows": [...]}``."""
+    return {"ok": bool(rows) and all(r.result in VERIFIED for r in rows), "counts": summary(rows),
+            "rows": [r.as_json() for r in rows]}
+
+
+def verify_request(body: Any, known: KnownKey | None) -> dict[str, Any]:
+    """Verify the answer of an MCP ``verify`` call or a ``POST /verify`` body:
+    ``{"answer": <the saved answer as JSON, or a string of JSON / JSON lines>}``.
+
+    Returns:
+        :func:`report` of its rows.
+
+    Raises:
+        ConfigError: ``answer-invalid`` when ``body`` is not such an object, or its string
+            is not a saved answer (:func:`parse_answer`).
+    """
+    if not isinstance(body, dict) or set(body) != {"answer"}:
+        raise ConfigError("answer-invalid", 'the request must be {"answer": <a saved Kith answer>}')
+    answer = body["answer"]
+    if isinstance(answer, str):
+        answer = parse_answer(answer.encode("utf-8", "surrogatepass"), "answer")
+    return report(verify_answer(answer, known=known))
+
+
 def summary(rows: Iterable[Row]) -> dict[str, int]:
     """``{result: count}`` of ``rows``, in :data:`RESULTS` order."""
     counts: dict[str, int] = {}
@@ -511,5 +537,5 @@ def summary(rows: Iterable[Row]) -> dict[str, int]:
 
 __all__ = ["CITATION_VERSION", "CitationSigner", "Evidence", "KEY_FILE", "MAX_ANSWER_BYTES",
            "RESULTS", "Row", "SIGNED", "SIGNING_OFF", "VERIFIED", "keyed_version", "known_keys",
-           "load_version_key", "parse_answer", "payload_of", "read_answer", "span_of", "span_text",
-           "summary", "text_digest", "verify_answer", "verify_citation"]
+           "load_version_key", "parse_answer", "payload_of", "read_answer", "report", "span_of",
+           "span_text", "summary", "text_digest", "verify_answer", "verify_citation", "verify_request"]

@@ -21,7 +21,7 @@ def verify_cmd(
     whether the signing key is a pinned peer. Exits 0 only when every result verifies."""
     import anyio
 
-    from node.answer.citation import VERIFIED, known_keys, read_answer, summary, verify_answer
+    from node.answer.citation import known_keys, read_answer, report, summary, verify_answer
 
     home = home_of(ctx)
     rows = verify_answer(read_answer(answer), known=known_keys(home))
@@ -29,9 +29,10 @@ def verify_cmd(
         from node.runtime.citecheck import against_hosts
 
         rows = anyio.run(lambda: against_hosts(home, rows, local=local))
-    ok = bool(rows) and all(r.result in VERIFIED for r in rows)
+    doc = report(rows)
+    ok = doc["ok"]
     if json_out:
-        emit_json({"ok": ok, "counts": summary(rows), "rows": [r.as_json() for r in rows]})
+        emit_json(doc)
     elif not rows:
         console.print("no results with citations in this answer")
     else:

@@ -20,7 +20,12 @@ Built on the official MCP Python SDK 2.x (``mcp.server.mcpserver.MCPServer``,
   peers' text is untrusted third-party evidence. ``peer`` also takes a pinned name.
   Peer searches go through the server's warm session pool (node/runtime/pool.py).
 
-Read-only: the tool never indexes, syncs, writes settings or memory, or starts servers;
+A second tool, ``verify``, takes ``{"answer": <a saved answer>}`` and returns the
+``kith verify --json`` document of its signed citations (specs/citations.md §6; it reads
+the peer registry only and asks no host); a body that is not a saved answer is a tool
+error ``[answer-invalid] …``.
+
+Read-only: the tools never index, syncs, writes settings or memory, or starts servers;
 its annotations say so (``readOnlyHint``). Bad input gets the same typed refusal as the
 API: a tool error (``is_error`` true) whose text is ``[code] message`` — e.g.
 ``[query-invalid] The field 'topK' must be an integer from 1 to 20.`` — with the
@@ -306,8 +311,42 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     return _result(envelope, notice=PEER_NOTICE)
 
 
+VERIFY_DESCRIPTION = (
+    "Check the host-signed citations of a saved Kith answer (read-only, offline): pass the "
+    "answer as 'answer' (its JSON, or a string of JSON / JSON lines). Returns one row per "
+    "result — genuine, text-changed, bad-signature, wrong-host, span-mismatch, wrong-domain, "
+    "signed-json, unknown-version, malformed, unpinned-key or no-citation — and ok, true "
+    "only when every row is genuine. Quote only text whose row is genuine as verified."
+)
+VERIFY_INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object", "additionalProperties": False, "required": ["answer"],
+    "properties": {"answer": {"description": "The saved answer: its JSON, or a string of JSON or JSON lines"}},
+}
+
+
+def _verify_signature(answer: Any) -> dict[str, Any]:  # pragma: no cover - types only
+    """Only its annotations are used (see :func:`_signature`)."""
+    raise NotImplementedError
+
+
+def call_verify(home: Path, arguments: dict[str, Any]) -> Any:
+    """Run one ``verify`` tool call: :func:`node.answer.citation.verify_request` with the
+    home's pinned peers; the report is the structured content. A bad body is a tool error
+    ``[answer-invalid] …``."""
+    from mcp.types import CallToolResult, TextContent
+
+    from node.answer.citation import known_keys, verify_request
+
+    try:
+        doc = verify_request(arguments, known_keys(home))
+    except KithError as exc:
+        return _refusal(exc.code, exc.message)
+    return CallToolResult(content=[TextContent(type="text", text=json.dumps(doc))], structured_content=doc)
+
+
 def build_server(home: Path | str, *, local: bool = False) -> Any:
-    """Build the MCP server (``MCPServer`` named ``kith``) with its ``search`` tool.
+    """Build the MCP server (``MCPServer`` named ``kith``) with its ``search`` and
+    ``verify`` tools.
 
     The tool's arguments are validated by Kith, not coerced by the SDK: its input schema
     is :func:`input_schema` and each call goes to :func:`call_search` with the arguments
@@ -361,6 +400,17 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
         finally:
             holder.close()
 
+    def verify(arguments: dict[str, Any]) -> Any:
+        return call_verify(home, arguments)
+
+    check = Tool.from_function(
+        _verify_signature, name="verify", description=VERIFY_DESCRIPTION,
+        annotations=ToolAnnotations(title="Kith verify citations (read-only)", readOnlyHint=True,
+                                    destructiveHint=False, idempotentHint=True, openWorldHint=False))
+    vmeta = check.fn_metadata
+    check = check.model_copy(update={"fn": verify, "is_async": False, "fn_metadata": _RawArguments(
+        arg_model=vmeta.arg_model, output_schema=vmeta.output_schema, output_model=vmeta.output_model,
+        wrap_output=vmeta.wrap_output), "parameters": VERIFY_INPUT_SCHEMA})
     base = Tool.from_function(
         _signature, name="search", description=TOOL_DESCRIPTION,
         annotations=ToolAnnotations(title="Kith search (read-only)", readOnlyHint=True,
@@ -373,7 +423,7 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
                                    "parameters": input_schema()})
     # WARNING, not the SDK's INFO default: a peer call must not print httpx's
     # "HTTP Request: ..." line (or the SDK's per-request lines) on the owner's stderr
-    server = MCPServer(name="kith", instructions=env_mod.USAGE_PROMPT, tools=[tool],
+    server = MCPServer(name="kith", instructions=env_mod.USAGE_PROMPT, tools=[tool, check],
                        lifespan=lifespan, log_level="WARNING")
     import logging
 
