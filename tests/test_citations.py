@@ -6,6 +6,7 @@ own verify result; a host without ``--sign-citations`` answers ``signing-off``."
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -107,7 +108,12 @@ def test_saved_answer_is_judged_genuine_edited_and_stale_in_another_home(tmp_pat
     assert cit["span"]["lines"] == [results[0]["provenance"]["location"]["lineStart"],
                                     results[0]["provenance"]["location"]["lineEnd"]]
     assert cit["span"]["chars"] is not None and cit["span"]["chars"][0] < cit["span"]["chars"][1]
-    assert cit["version"] != results[0]["provenance"]["contentHash"]  # keyed, never the bare hash
+    assert all(r["provenance"]["contentHash"] == "" for r in results)  # a guest never gets the bare hash
+    # the version is the document's hash keyed with the host's secret, never the hash itself
+    vkey = C.load_version_key(host_home, create=False)
+    for r in results:
+        doc = hashlib.sha256(DOCS[r["source"].rsplit("/", 1)[1]].encode()).hexdigest()
+        assert r["citation"]["version"] == C.keyed_version(vkey, doc) != doc
     assert code == 0 and report["ok"] and {r["result"] for r in report["rows"]} == {"genuine"}
     assert all(r["peer"] == "docs" for r in report["rows"])
     assert code_e == 1 and [r["result"] for r in report_e["rows"]].count("text-changed") == 1

@@ -16,7 +16,8 @@ request (:func:`node.answer.contract.validate`) → ``remainingBudgetMs`` 0 answ
 the request's ``dedupe`` → the view's gate (peers: :meth:`node.policy.gate.EgressGate.screen`)
 → canonical (NFC) source ids → the envelope, built from the plan the search made →
 ``index-syncing`` when nothing may be shown while the index lags its record, or
-``quality.flags.indexSyncing`` on a non-empty answer. The leak scan is NOT here: it is the
+``quality.flags.indexSyncing`` on a non-empty answer. A peer's results never carry the
+document's bare content hash (``provenance.contentHash`` is ``""``). The leak scan is NOT here: it is the
 gate seam every outgoing frame passes once (:meth:`node.policy.gate.EgressGate.check_frame`,
 called by the session engine with the encoded frame).
 
@@ -272,6 +273,8 @@ class AnswerService:
                 shown = [_with_copies(owned(h), [owned(d) for d in h.duplicates])
                          if h.duplicates else owned(h) for h in hits]
         top = shown[: req["topK"]]
+        if peer is not None:  # a guest never gets a document's bare hash (specs/citations.md §2)
+            top = [_unhashed(h) for h in top]
         t_envelope = time.perf_counter()
         if timings is not None:
             timings.update(search=t_gate - t_search, gate=t_envelope - t_gate)
@@ -562,6 +565,18 @@ def _screen_copies(gate: Any, hits: list[Any], peer: PeerView, query: str,
         else:
             out.append((_with_copies(group[0][0], []), group[0][1]))
     return out
+
+
+def _unhashed(hit: Any) -> Any:
+    """``hit`` (and its copies) without its document's content hash: a peer's envelope says
+    ``contentHash: ""``, so a guest can neither confirm a guess of a whole document by
+    hashing it nor watch its edits (the keyed version of a signed citation is the only
+    version a peer sees)."""
+    import dataclasses
+
+    if not hit.content_hash and not hit.duplicates:
+        return hit
+    return dataclasses.replace(hit, content_hash="", duplicates=[_unhashed(d) for d in hit.duplicates])
 
 
 def _with_id(hit: Any, source_id: str) -> Any:
