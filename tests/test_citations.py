@@ -338,3 +338,31 @@ def test_kith_ask_keeps_each_peers_citation_for_verify(tmp_path):
     assert env["results"] and all("citation" in r for r in env["results"])
     rows = C.verify_answer(env, known=C.known_keys(guest))
     assert {r.result for r in rows} == {"genuine"}
+
+
+def test_kith_join_json_lines_are_a_saved_answer_kith_verify_reads(tmp_path):
+    host_home, _kb = _host_home(tmp_path)
+    guest = _home(tmp_path, "guest")
+
+    async def scenario():
+        host = InProcessHost(host_home, tmp_path, sign_citations=True, heartbeat=CALM)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(30):
+                await host.ready.wait()
+            proc = await anyio.to_thread.run_sync(lambda: subprocess.run(
+                [*KITH, "--home", str(guest), "join", str(host.invite), "--local", "--trust", "--json",
+                 "--citations", "--pin", "docs", "-q", "staging server deleted", "-q", "nightly backup"],
+                capture_output=True, text=True, env=ENV, timeout=120))
+            host.stop.set()
+        return proc
+
+    proc = anyio.run(scenario, backend="asyncio")
+    assert proc.returncode == 0, proc.stderr
+    saved = tmp_path / "answer.jsonl"
+    saved.write_text(proc.stdout)
+    code, report = _verify(guest, saved)  # the guest pinned the host with --pin
+    assert code == 0 and report["ok"] and report["counts"]["genuine"] >= 2, report
+    # the same file in a home that never pinned that host: the signatures hold, the key is unknown
+    code, report = _verify(_home(tmp_path, "stranger"), saved)
+    assert code == 1 and set(report["counts"]) == {"unpinned-key"}
