@@ -366,3 +366,40 @@ def test_kith_join_json_lines_are_a_saved_answer_kith_verify_reads(tmp_path):
     # the same file in a home that never pinned that host: the signatures hold, the key is unknown
     code, report = _verify(_home(tmp_path, "stranger"), saved)
     assert code == 1 and set(report["counts"]) == {"unpinned-key"}
+
+
+def test_check_versions_says_current_stale_or_unknown_and_is_no_oracle(tmp_path):
+    from node.runtime.host import open_knowledge
+
+    host_home, kb = _host_home(tmp_path)
+    (kb / "private").mkdir()
+    (kb / "private" / "salary.md").write_text("# Salary\n\nThe secret figure.\n")
+    with Corpus(host_home) as c:
+        c.sync()
+    policy = Policy.load(host_home)
+    policy.set("/kb/private/**", "private")
+    policy.save()
+    vkey = C.load_version_key(host_home, create=True)
+    digest = {n: hashlib.sha256(t.encode()).hexdigest() for n, t in DOCS.items()}
+    digest["salary.md"] = hashlib.sha256(b"# Salary\n\nThe secret figure.\n").hexdigest()
+    knowledge = open_knowledge(host_home, lambda _m: None, version_key=vkey)
+    try:
+        handle = knowledge.handle_for(None, "b" * 64)
+        answer = handle.check_versions([
+            {"source": "/kb/deploy.md", "version": C.keyed_version(vkey, digest["deploy.md"])},
+            {"source": "/kb/backup.md", "version": "0" * 64},
+            {"source": "/kb/private/salary.md", "version": C.keyed_version(vkey, digest["salary.md"])},
+            {"source": "/kb/nothing.md", "version": "0" * 64}])
+        without_key = open_knowledge(host_home, lambda _m: None)
+        try:
+            off = without_key.handle_for(None, "b" * 64).check_versions([{"source": "/kb/deploy.md",
+                                                                            "version": "0" * 64}])
+        finally:
+            without_key.close()
+    finally:
+        knowledge.close()
+    assert answer["status"] == "ok"
+    # a private document's true version and a document that does not exist: the same answer
+    assert [v["state"] for v in answer["versions"]] == ["current", "stale", "unknown", "unknown"]
+    assert off == {"status": "unavailable", "versions": [{"source": "/kb/deploy.md", "version": "0" * 64,
+                                                          "state": "unknown"}]}

@@ -199,7 +199,8 @@ class CitationSigner:
     Args:
         secret: the host identity's 32-byte Ed25519 seed (signs).
         version_key: the document-version secret (:func:`load_version_key`).
-        evidence: ``[chunk ids] → {chunk id: Evidence}`` from the host's corpus
+        evidence: ``[chunk ids] → {chunk id: (content hash, char_start, char_end)}``
+            (:class:`Evidence` or a plain tuple) from the host's corpus
             (:meth:`node.corpus.store.Corpus.chunk_evidence`); ids it does not return get
             no citation.
         now: ``() → RFC 3339 UTC`` (the host's clock).
@@ -208,7 +209,7 @@ class CitationSigner:
     """
 
     def __init__(self, secret: bytes | None, version_key: bytes | None,
-                 evidence: Callable[[list[str]], dict[str, Evidence]], now: Callable[[], str],
+                 evidence: Callable[[list[str]], dict[str, Any]], now: Callable[[], str],
                  *, enabled: bool = True) -> None:
         self.enabled = bool(enabled and secret is not None and version_key is not None)
         self._sign = signing.signer_of(secret) if self.enabled and secret is not None else None
@@ -235,7 +236,7 @@ class CitationSigner:
         cited = []
         for r in results:
             ev = found.get(r.get("id")) if isinstance(r.get("id"), str) else None
-            cited.append({**r, "citation": self.cite(r, ev, at)} if ev is not None else r)
+            cited.append({**r, "citation": self.cite(r, Evidence(*ev), at)} if ev is not None else r)
         return {**message, "citations": SIGNED, "envelope": {**envelope, "results": cited}}
 
     def cite(self, result: dict[str, Any], ev: Evidence, signed_at: str) -> dict[str, Any]:

@@ -387,11 +387,9 @@ class Corpus:
 
     def chunk_evidence(self, chunk_ids: list[str]) -> dict[str, Any]:
         """What a signed citation needs of served chunks (node/answer/citation.py):
-        ``{chunk id: Evidence(content hash of its document as indexed, char_start,
-        char_end)}`` for the ids of ``done`` documents (offsets None on a record indexed
-        before they were kept). Missing ids are left out; ``{}`` without a record."""
-        from node.answer.citation import Evidence
-
+        ``{chunk id: (content hash of its document as indexed, char_start, char_end)}``
+        for the ids of ``done`` documents (offsets None on a record indexed before they
+        were kept). Missing ids are left out; ``{}`` without a record. At most 100 ids."""
         ids = [c for c in dict.fromkeys(chunk_ids) if isinstance(c, str)][:100]
         if not ids:
             return {}
@@ -409,7 +407,7 @@ class Corpus:
                     "SELECT c.chunk_id, d.content_hash FROM chunks c JOIN documents d "
                     f"ON d.doc_id = c.doc_id WHERE c.chunk_id IN ({marks}) AND d.status = 'done'",
                     ids)]
-        return {r[0]: Evidence(r[3] or "", r[1], r[2]) for r in rows if r[3]}
+        return {r[0]: (r[3], r[1], r[2]) for r in rows if r[3]}
 
     def content_hashes(self, source_ids: list[str]) -> dict[str, str]:
         """``{source id: content hash as indexed}`` of the ``done`` documents among

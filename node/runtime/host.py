@@ -133,8 +133,8 @@ class Knowledge:
             (nothing is taken; specs/control.md).
         index: ``()`` → ``{"ready", "warmed", "roots", "documents", "chunks"}`` (reads the
             corpus; call it from a worker thread).
-        evidence: ``[chunk ids] → {chunk id: Evidence}`` — what a signed citation needs of
-            served chunks (:meth:`node.corpus.store.Corpus.chunk_evidence`).
+        evidence: ``[chunk ids] → {chunk id: (content hash, char_start, char_end)}`` — what
+            a signed citation needs of served chunks (:meth:`node.corpus.store.Corpus.chunk_evidence`).
     """
 
     handle_for: Callable[[str | None, str | None], Any]
