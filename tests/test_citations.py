@@ -209,6 +209,18 @@ def test_each_bad_citation_has_its_own_result():
     assert _judge({k: v for k, v in good.items() if k != "citation"}) == "no-citation"
 
 
+def test_a_result_that_cannot_be_cited_leaves_uncited_and_the_rest_signed():
+    signer = C.CitationSigner(SEED, VKEY, lambda ids: {i: ("ab" * 32, None, None) for i in ids if i != "gone"},
+                              lambda: "2026-12-01T23:00:00Z")
+    results = [{"id": i, "source": src, "textPreview": "t", "provenance": {"location": {}}}
+               for i, src in (("c1", "/kb/a\nb.md"), ("gone", "/kb/b.md"), ("c3", "/kb/c.md"))]
+    out = signer.rewrite({"action": "results", "query_id": "q1", "status": "ok", "envelope": {"results": results}},
+                         {"action": "query", "citations": True})
+    assert ["citation" in r for r in out["envelope"]["results"]] == [False, False, True]
+    assert out["envelope"]["results"][2]["citation"]["span"] == {"lines": None, "pages": None, "chars": None}
+    assert "citation" not in results[2]  # the hook's message is never modified
+
+
 def test_the_payload_is_the_documented_lines():
     c = _signed()["citation"]
     payload = C.payload_of(c).decode()

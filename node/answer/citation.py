@@ -221,7 +221,10 @@ class CitationSigner:
     def rewrite(self, message: dict[str, Any], replying_to: dict[str, Any] | None) -> dict[str, Any] | None:
         """The ``results`` message with citations (or the ``signing-off`` marker) when the
         query it answers asked ``citations: true``; None when there is nothing to change.
-        ``message`` is not modified (a new message, envelope and result objects)."""
+        ``message`` is not modified (a new message, envelope and result objects). A result
+        that cannot be cited (its chunk is gone from the record, or its source id holds a
+        line break, which no payload line may) is sent without a citation; this never
+        raises for the content of a result."""
         if (message.get("action") != "results" or not isinstance(replying_to, dict)
                 or replying_to.get("citations") is not True):
             return None
@@ -236,7 +239,10 @@ class CitationSigner:
         cited = []
         for r in results:
             ev = found.get(r.get("id")) if isinstance(r.get("id"), str) else None
-            cited.append({**r, "citation": self.cite(r, Evidence(*ev), at)} if ev is not None else r)
+            try:
+                cited.append({**r, "citation": self.cite(r, Evidence(*ev), at)} if ev is not None else r)
+            except (SigningError, KeyError, TypeError):  # e.g. a source id with a line break:
+                cited.append(r)  # that result goes uncited, the answer still leaves
         return {**message, "citations": SIGNED, "envelope": {**envelope, "results": cited}}
 
     def cite(self, result: dict[str, Any], ev: Evidence, signed_at: str) -> dict[str, Any]:
