@@ -31,7 +31,6 @@ import secrets
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
-from node.answer.contract import MAX_CHECK_ITEMS  # noqa: F401 - versions per check, stated once
 from node.common.errors import ConfigError, SigningError
 from node.common.home import atomic_write
 from node.trust import signing

@@ -113,7 +113,7 @@ QUERY_ID = {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,64}$"}
 CITATIONS_FIELD = {"type": "boolean", "default": False}
 #: ``results.citations``: what became of ``citations: true`` (absent when not asked).
 CITATIONS_MARKER = {"enum": ["signed", "signing-off"]}
-#: Versions one ``check`` may ask about (= node.answer.citation.MAX_CHECK_ITEMS).
+#: Versions one ``check`` may ask about (``kith verify --against-host``, specs/citations.md §5).
 MAX_CHECK_ITEMS = 100
 _VERSION_ITEM = {"type": "object", "additionalProperties": False, "required": ["source", "version"],
                  "properties": {"source": {"type": "string", "minLength": 1, "maxLength": 1024},

@@ -301,7 +301,7 @@ class AnswerService:
 
         Args:
             items: ``[{"source": str, "version": 64 hex}]`` (at most
-                :data:`node.answer.citation.MAX_CHECK_ITEMS`; malformed items are
+                :data:`node.answer.contract.MAX_CHECK_ITEMS`; malformed items are
                 ``unknown``).
             view: the asking peer: a source it may not see is ``unknown``, exactly as one
                 that does not exist (no oracle).
@@ -312,7 +312,8 @@ class AnswerService:
             ``unavailable`` (every state ``unknown``) when this host keeps no version
             secret or has no corpus.
         """
-        from node.answer.citation import MAX_CHECK_ITEMS, keyed_version
+        from node.answer.citation import keyed_version
+        from node.answer.contract import MAX_CHECK_ITEMS
 
         asked = [i for i in items if isinstance(i, dict)][:MAX_CHECK_ITEMS] if isinstance(items, list) else []
         pairs = [(i.get("source") if isinstance(i.get("source"), str) else "",

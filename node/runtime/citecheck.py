@@ -10,7 +10,6 @@ asked (a key nobody pinned has no invitation to join).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import anyio
 
