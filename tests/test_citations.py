@@ -415,3 +415,35 @@ def test_check_versions_says_current_stale_or_unknown_and_is_no_oracle(tmp_path)
     assert [v["state"] for v in answer["versions"]] == ["current", "stale", "unknown", "unknown"]
     assert off == {"status": "unavailable", "versions": [{"source": "/kb/deploy.md", "version": "0" * 64,
                                                           "state": "unknown"}]}
+
+
+def test_mcp_search_of_a_peer_with_citations_gives_an_answer_verify_accepts(tmp_path):
+    from node.local.mcp import call_search, call_verify
+
+    host_home, _kb = _host_home(tmp_path)
+    guest = _home(tmp_path, "guest")
+
+    async def scenario():
+        host = InProcessHost(host_home, tmp_path, sign_citations=True, heartbeat=CALM)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(30):
+                await host.ready.wait()
+            inv = parse_invitation(host.invite.read_bytes())
+            PeerRegistry.load(guest).add("docs", inv.host_public_key, invitation=inv.to_dict())
+            signed = await call_search(guest, {"query": "staging server", "topK": 3, "peer": "docs",
+                                               "citations": True}, local=True)
+            own = await call_search(guest, {"query": "staging server", "citations": True}, local=True)
+            bad = await call_search(guest, {"query": "staging server", "peer": "docs", "citations": "yes"},
+                                    local=True)
+            host.stop.set()
+        return signed, own, bad
+
+    signed, own, bad = anyio.run(scenario, backend="asyncio")
+    assert not signed.is_error and signed.structured_content["results"]
+    # the tool answer as an agent would save it: its text contents, JSON inside
+    saved = {"content": [{"type": "text", "text": c.text} for c in signed.content]}
+    report = call_verify(guest, {"answer": saved}).structured_content
+    assert report["ok"] and set(report["counts"]) == {"genuine"}
+    assert own.is_error and own.content[0].text.startswith("[query-invalid] ")
+    assert bad.is_error and "citations" in bad.content[0].text

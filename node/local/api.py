@@ -299,13 +299,18 @@ class _Handlers:
 
         body = dict(body)
         peers = body.pop("peers")
+        citations = body.pop("citations", False)  # a peers-only field: ask them to sign
         bad = check_peers_field(peers)
+        if bad is None and not isinstance(citations, bool):
+            bad = "The field 'citations' must be true or false."
         if bad is not None:
             return _invalid(bad)
         try:
             contract.validate(body)
         except CorpusError as exc:
             return _invalid(exc.message)
+        if citations:
+            body["citations"] = True
         assert self.pools is not None
         pool = await self.pools.get()
         merged = await peers_search(self.holder.home, peers, body, pool=pool, timeout_s=PEERS_TIMEOUT_S)

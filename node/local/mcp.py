@@ -174,6 +174,10 @@ def input_schema() -> dict[str, Any]:
         "oneOf": [{"const": "all"},
                   {"type": "array", "minItems": 1, "maxItems": 64,
                    "items": {"type": "string", "minLength": 1, "maxLength": 64}}]}
+    schema["properties"]["citations"] = {
+        "type": "boolean", "default": False,
+        "description": "With 'peer' or 'peers': ask each host to sign a citation for its results "
+                       "(hosts running --sign-citations do); check a saved answer with the verify tool."}
     return schema
 
 
@@ -187,7 +191,8 @@ def _signature(query: str, topK: int = contract.TOP_K_DEFAULT,  # noqa: N803
                remainingBudgetMs: int | None = None, dedupe: str = "chunk",  # noqa: N803
                peer: str | dict[str, Any] | None = None,
                server: str | None = None,
-               peers: list[str] | str | None = None) -> dict[str, Any]:  # pragma: no cover - types only
+               peers: list[str] | str | None = None,
+               citations: bool = False) -> dict[str, Any]:  # pragma: no cover - types only
     """Only its annotations are used: the SDK pre-parses a JSON string sent for a
     non-string field (``tags: '["a"]'``, an invitation JSON for ``peer``) and derives the
     output schema from them; values are then validated by :func:`call_search`."""
@@ -239,7 +244,8 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     ``topK`` a strict integer 1–20 — ``"5"`` and ``true`` are refused — and unknown
     arguments refused), plus ``peer`` (non-empty string or invitation object) and
     ``server`` (string, only with ``peer``), ``peers`` (:func:`node.runtime.fanout.check_peers_field`; not
-    with ``peer``). ``pool``: the server's warm session pool (None: one per call).
+    with ``peer``), ``citations`` (a boolean, only with ``peer`` or ``peers``: asks the
+    host(s) to sign; specs/citations.md). ``pool``: the server's warm session pool (None: one per call).
     ``holder``: the server's open corpus (:class:`node.answer.holder.CorpusHolder`; None:
     the corpus is opened for this call).
 
@@ -254,6 +260,13 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     peer = args.pop("peer", None)
     server = args.pop("server", None)
     peers = args.pop("peers", None)
+    citations = args.pop("citations", False)  # a peer's to sign (specs/citations.md)
+    if not isinstance(citations, bool):
+        return _invalid("The field 'citations' must be true or false.")
+    if citations and peer is None and peers is None:
+        return _invalid("The field 'citations' is only used with 'peer' or 'peers' (a host signs, "
+                        "this node's own search does not).")
+    signed = {"citations": True} if citations else {}
     if peers is not None:
         if peer is not None or server is not None:
             return _invalid("The field 'peers' is not used with 'peer' or 'server'.")
@@ -269,7 +282,7 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
         try:
             from node.runtime.fanout import peers_search
 
-            merged = await peers_search(home, peers, args, local=local, pool=pool)
+            merged = await peers_search(home, peers, {**args, **signed}, local=local, pool=pool)
         except KithError as exc:
             return _refusal(exc.code, exc.message)
         return _merged_result(merged)
@@ -298,7 +311,7 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     except CorpusError as exc:
         return _invalid(exc.message)
     try:
-        answer = await peer_search(home, peer, args, server=server, local=local, pool=pool)
+        answer = await peer_search(home, peer, {**args, **signed}, server=server, local=local, pool=pool)
     except KithError as exc:
         return _refusal(exc.code, exc.message)
     envelope = answer["envelope"]
@@ -308,8 +321,13 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
             return _result(env_mod.empty_envelope(reason))
         except ValueError:  # not a kebab-case code from the peer
             return _result(env_mod.empty_envelope("internal-error"))
+    if answer.get("citations") == "signing-off":
+        return _result(envelope, notice=PEER_NOTICE + " " + SIGNING_OFF_NOTICE)
     return _result(envelope, notice=PEER_NOTICE)
 
+
+#: Added to the notice when citations were asked of a host that does not sign.
+SIGNING_OFF_NOTICE = "The host does not sign citations (signing-off): its results carry none."
 
 VERIFY_DESCRIPTION = (
     "Check the host-signed citations of a saved Kith answer (read-only, offline): pass the "
