@@ -140,8 +140,13 @@ REQUESTS = [
 
 
 def _comparable(env: dict[str, Any]) -> dict[str, Any]:
-    out = dict(env)
+    out = json.loads(json.dumps(env))
     out.pop("externalAgentContract")  # names the local API's routes; same object everywhere
+    # the one difference a peer sees: never the document's bare hash (specs/citations.md §2)
+    for r in out["results"]:
+        r["provenance"]["contentHash"] = ""
+    for c in out["citationPack"]["citations"]:
+        c["provenance"]["contentHash"] = ""
     return out
 
 
@@ -156,6 +161,7 @@ def test_every_entry_point_gives_the_same_answer(home: Path) -> None:
             envelopes = {"api": api.json(), "cli": _cli(home, request), "mcp": _mcp(home, request)}
             peer = _peer(home, request)
             envelopes["peer"] = peer["envelope"]
+            assert all(r["provenance"]["contentHash"] == "" for r in peer["envelope"]["results"])
             status = api.headers["x-kith-status"]
             assert peer["status"] == status, request
             first = _comparable(envelopes["api"])

@@ -61,7 +61,7 @@ def test_read_routes_answer(served) -> None:
     assert s["done"] == 2 and s["ready"] is True
     c = httpx.get(url + "/contract").json()
     assert c["routes"] == {"GET": ["/health", "/stats", "/contract", "/openapi.json"],
-                           "POST": ["/search"]}
+                           "POST": ["/search", "/verify"]}
     for r in (h, s, c):
         assert str(root) not in json.dumps(r) and str(home) not in json.dumps(r)
 
@@ -71,7 +71,7 @@ def test_served_openapi_equals_the_spec_file(served) -> None:
     served_doc = httpx.get(url + "/openapi.json").json()
     on_disk = json.loads((REPO / "specs" / "openapi.json").read_text())
     assert served_doc == on_disk == json.loads(json.dumps(openapi_document()))
-    assert set(served_doc["paths"]) == {"/health", "/stats", "/contract", "/openapi.json", "/search"}
+    assert set(served_doc["paths"]) == {"/health", "/stats", "/contract", "/openapi.json", "/search", "/verify"}
 
 
 def test_search_returns_a_valid_envelope(served) -> None:

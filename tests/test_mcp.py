@@ -65,7 +65,7 @@ def test_one_read_only_search_tool_returning_the_envelope(home: Path) -> None:
         return tools, ok, bad, spent
 
     tools, ok, bad, spent = _session(home, calls)
-    assert [t.name for t in tools] == ["search"]
+    assert [t.name for t in tools] == ["search", "verify"]
     ann = tools[0].annotations
     assert ann.read_only_hint is True and ann.destructive_hint is False
     assert {"query", "topK", "tags", "dateRange", "peer", "server"} <= set(

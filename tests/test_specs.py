@@ -186,8 +186,40 @@ def signed_payloads_example() -> str:
             f"X-Kith-Nonce: {r['nonce']}",
             f"X-Kith-Signature: {host.sign(request)}",
         ])),
+        "",
+        *_citation_example(host),
     ]
     return "\n".join(out)
+
+
+def _citation_example(host: Identity) -> list[str]:
+    """The citation part of the worked example: the real signer over one fixed result."""
+    from node.answer import citation as C
+
+    vkey = bytes([4]) * 32
+    doc_hash = sha256_hex(b"kith worked example document")
+    signer = C.CitationSigner(HOST_SEED, vkey, lambda ids: {i: C.Evidence(doc_hash, 120, 186) for i in ids},
+                              lambda: EXAMPLE_EXPIRES_AT.replace("2030", "2029"))
+    result = {"id": "chunk-1", "source": "/docs/deploy.md", "textPreview": "The staging server is deleted every night.",
+              "provenance": {"location": {"lineStart": 3, "lineEnd": 4}}}
+    msg = signer.rewrite({"action": "results", "query_id": "q1", "status": "ok", "envelope": {"results": [result]}},
+                         {"action": "query", "citations": True})
+    cit = msg["envelope"]["results"][0]["citation"]
+    payload = C.payload_of(cit)
+    return [
+        "### Citation",
+        "",
+        f"Inputs: the host key above; document-version secret 32 bytes of `0x04`; the document's content "
+        f"hash `{doc_hash}` (SHA-256 of `kith worked example document`), so `version` = "
+        f"HMAC-SHA256(secret, `kith-document-version-v1\\n` + hash); result `source` `/docs/deploy.md`, "
+        f"lines 3–4, characters 120–186, `textPreview` `{result['textPreview']}`.",
+        "",
+        f"Payload ({_describe(payload)}):",
+        "",
+        _block("text", payload.decode()),
+        "",
+        f"`signature` = `{cit['signature']}`",
+    ]
 
 
 def _fixed_random(byte: int):

@@ -108,15 +108,54 @@ def core_schema() -> dict[str, Any]:
 QUERY_ID = {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,64}$"}
 
 
+#: The ``query`` message's ``citations`` field (knowledge-query 1.2.0): ask the host to
+#: sign a citation for each result (node/answer/citation.py; the host may refuse to sign).
+CITATIONS_FIELD = {"type": "boolean", "default": False}
+#: ``results.citations``: what became of ``citations: true`` (absent when not asked).
+CITATIONS_MARKER = {"enum": ["signed", "signing-off"]}
+#: Versions one ``check`` may ask about (``kith verify --against-host``, specs/citations.md §5).
+MAX_CHECK_ITEMS = 100
+_VERSION_ITEM = {"type": "object", "additionalProperties": False, "required": ["source", "version"],
+                 "properties": {"source": {"type": "string", "minLength": 1, "maxLength": 1024},
+                                "version": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}}
+
+
 def query_message_schema() -> dict[str, Any]:
     """The knowledge-query protocol's ``query`` message schema: ``action`` ``"query"``,
-    ``query_id`` and the :func:`core_schema` fields flat beside them. ``spec.json`` holds
-    exactly this (``tests/test_contract.py``)."""
+    ``query_id``, ``citations`` (:data:`CITATIONS_FIELD`) and the :func:`core_schema`
+    fields flat beside them. ``spec.json`` holds exactly this (``tests/test_contract.py``)."""
     core = core_schema()
     return {"type": "object", "additionalProperties": False,
             "required": ["action", "query_id", "query"],
             "properties": {"action": {"const": "query"}, "query_id": dict(QUERY_ID),
-                           **core["properties"]}}
+                           "citations": dict(CITATIONS_FIELD), **core["properties"]}}
+
+
+def check_message_schema() -> dict[str, Any]:
+    """The knowledge-query ``check`` message (guest → host, 1.2.0): are these cited
+    document versions still current? ``versions``: 1–:data:`MAX_CHECK_ITEMS` of
+    ``{source, version}`` (``kith verify --against-host``, specs/citations.md §5)."""
+    return {"type": "object", "additionalProperties": False,
+            "required": ["action", "query_id", "versions"],
+            "properties": {"action": {"const": "check"}, "query_id": dict(QUERY_ID),
+                           "versions": {"type": "array", "minItems": 1, "maxItems": MAX_CHECK_ITEMS,
+                                        "items": copy.deepcopy(_VERSION_ITEM)}}}
+
+
+def checked_message_schema() -> dict[str, Any]:
+    """The host's answer to ``check``: ``status`` ``ok`` | ``unavailable`` and one
+    ``{source, version, state}`` per version asked, ``state`` ``current`` | ``stale`` |
+    ``unknown`` (a source the peer may not see is ``unknown``, as one that does not exist)."""
+    item = copy.deepcopy(_VERSION_ITEM)
+    item["required"].append("state")
+    item["properties"]["state"] = {"enum": ["current", "stale", "unknown"]}
+    item["properties"]["version"] = {"type": "string", "maxLength": 64}
+    item["properties"]["source"] = {"type": "string", "maxLength": 1024}
+    return {"type": "object", "additionalProperties": False,
+            "required": ["action", "query_id", "status", "versions"],
+            "properties": {"action": {"const": "checked"}, "query_id": dict(QUERY_ID),
+                           "status": {"enum": ["ok", "unavailable"]},
+                           "versions": {"type": "array", "maxItems": MAX_CHECK_ITEMS, "items": item}}}
 
 
 # --- validation ----------------------------------------------------------------------
@@ -261,4 +300,5 @@ def server_deadline(request: dict[str, Any], now: float | None = None) -> float:
 __all__ = ["DEDUPE_LEVELS", "FIELDS", "FILTER_KEYS", "MAX_FILTER_VALUES",
            "MAX_FILTER_VALUE_CHARS", "MAX_GLOB_CHARS", "MAX_QUERY_CHARS",
            "MAX_REQUEST_BUDGET_MS", "MAX_SERVER_BUDGET_MS", "TOP_K_DEFAULT", "TOP_K_MAX",
-           "core_schema", "query_message_schema", "server_deadline", "validate"]
+           "CITATIONS_FIELD", "CITATIONS_MARKER", "MAX_CHECK_ITEMS", "check_message_schema",
+           "checked_message_schema", "core_schema", "query_message_schema", "server_deadline", "validate"]

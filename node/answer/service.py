@@ -16,7 +16,8 @@ request (:func:`node.answer.contract.validate`) → ``remainingBudgetMs`` 0 answ
 the request's ``dedupe`` → the view's gate (peers: :meth:`node.policy.gate.EgressGate.screen`)
 → canonical (NFC) source ids → the envelope, built from the plan the search made →
 ``index-syncing`` when nothing may be shown while the index lags its record, or
-``quality.flags.indexSyncing`` on a non-empty answer. The leak scan is NOT here: it is the
+``quality.flags.indexSyncing`` on a non-empty answer. A peer's results never carry the
+document's bare content hash (``provenance.contentHash`` is ``""``). The leak scan is NOT here: it is the
 gate seam every outgoing frame passes once (:meth:`node.policy.gate.EgressGate.check_frame`,
 called by the session engine with the encoded frame).
 
@@ -129,12 +130,17 @@ class AnswerService:
             None when only the owner's view is answered (local tools).
         limiter: a shared :class:`node.policy.quota.RateLimiter` (one per Host process),
             or None for no rate limit.
+        version_key: the host's document-version secret
+            (:func:`node.answer.citation.load_version_key`), or None: then
+            :meth:`check_versions` can say nothing (``unavailable``).
     """
 
-    def __init__(self, corpus: Any, gate: Any = None, *, limiter: Any = None) -> None:
+    def __init__(self, corpus: Any, gate: Any = None, *, limiter: Any = None,
+                 version_key: bytes | None = None) -> None:
         self._corpus = corpus
         self._gate = gate
         self._limiter = limiter
+        self._version_key = version_key
         self._normalize: Callable[[str], str | None] | None = None
         self._synced_once = False  # a sync of this corpus has completed (``last_sync`` is set)
 
@@ -267,6 +273,8 @@ class AnswerService:
                 shown = [_with_copies(owned(h), [owned(d) for d in h.duplicates])
                          if h.duplicates else owned(h) for h in hits]
         top = shown[: req["topK"]]
+        if peer is not None:  # a guest never gets a document's bare hash (specs/citations.md §2)
+            top = [_unhashed(h) for h in top]
         t_envelope = time.perf_counter()
         if timings is not None:
             timings.update(search=t_gate - t_search, gate=t_envelope - t_gate)
@@ -286,6 +294,43 @@ class AnswerService:
             # what the peer may see now goes with the pending status (specs/approvals.md §1)
             return {**pending, "envelope": envelope}
         return {"status": "ok", "envelope": envelope}
+
+    def check_versions(self, items: Any, view: PeerView) -> dict[str, Any]:
+        """Are these cited document versions still current? (``kith verify
+        --against-host``, the knowledge-query ``check`` message; specs/citations.md §5.)
+
+        Args:
+            items: ``[{"source": str, "version": 64 hex}]`` (at most
+                :data:`node.answer.contract.MAX_CHECK_ITEMS`; malformed items are
+                ``unknown``).
+            view: the asking peer: a source it may not see is ``unknown``, exactly as one
+                that does not exist (no oracle).
+
+        Returns:
+            ``{"status": "ok" | "unavailable", "versions": [{"source", "version",
+            "state": "current" | "stale" | "unknown"}]}`` in the order asked;
+            ``unavailable`` (every state ``unknown``) when this host keeps no version
+            secret or has no corpus.
+        """
+        from node.answer.citation import keyed_version
+        from node.answer.contract import MAX_CHECK_ITEMS
+
+        asked = [i for i in items if isinstance(i, dict)][:MAX_CHECK_ITEMS] if isinstance(items, list) else []
+        pairs = [(i.get("source") if isinstance(i.get("source"), str) else "",
+                  i.get("version") if isinstance(i.get("version"), str) else "") for i in asked]
+        if self._version_key is None or self._corpus is None or self._gate is None:
+            return {"status": "unavailable",
+                    "versions": [{"source": s, "version": v, "state": "unknown"} for s, v in pairs]}
+        visible = self._visible(view, self._gate.current_policy())
+        seen = [s for s, _ in pairs if s and visible(s)]
+        hashes = self._corpus.content_hashes(seen)
+        out = []
+        for source, version in pairs:
+            h = hashes.get(source) if source in seen else None
+            state = ("unknown" if h is None else
+                     "current" if keyed_version(self._version_key, h) == version else "stale")
+            out.append({"source": source, "version": version, "state": state})
+        return {"status": "ok", "versions": out}
 
     def warm(self, view: PeerView) -> int:
         """Build the index ``view`` searches on now (:meth:`node.corpus.store.Corpus.warm_view`),
@@ -435,6 +480,10 @@ class _Handle:
         """:meth:`Knowledge.search` as this peer."""
         return self.__service.answer(request, self.__view)
 
+    def check_versions(self, items: Any) -> dict[str, Any]:
+        """:meth:`AnswerService.check_versions` as this peer."""
+        return self.__service.check_versions(items, self.__view)
+
 
 def peer_knowledge(corpus: Any, gate: Any, peer_name: str | None, *, peer_key: str | None = None,
                    limiter: Any = None) -> Knowledge:
@@ -517,6 +566,18 @@ def _screen_copies(gate: Any, hits: list[Any], peer: PeerView, query: str,
         else:
             out.append((_with_copies(group[0][0], []), group[0][1]))
     return out
+
+
+def _unhashed(hit: Any) -> Any:
+    """``hit`` (and its copies) without its document's content hash: a peer's envelope says
+    ``contentHash: ""``, so a guest can neither confirm a guess of a whole document by
+    hashing it nor watch its edits (the keyed version of a signed citation is the only
+    version a peer sees)."""
+    import dataclasses
+
+    if not hit.content_hash and not hit.duplicates:
+        return hit
+    return dataclasses.replace(hit, content_hash="", duplicates=[_unhashed(d) for d in hit.duplicates])
 
 
 def _with_id(hit: Any, source_id: str) -> Any:

@@ -40,6 +40,7 @@ COMMANDS: tuple[Entry, ...] = (
     Entry("audit", "node.cli.audit_cmd", "audit_cmd"),
     Entry("status", "node.cli.status_cmd", "status_cmd"),
     Entry("ask", "node.cli.ask_cmd", "ask_cmd"),
+    Entry("verify", "node.cli.verify_cmd", "verify_cmd"),
     Entry("dashboard", "node.cli.dashboard_cmd", "dashboard_cmd"),
     Entry("protocol", "node.cli.commands", "protocol_app"),
     Entry("index", "node.cli.index_cmd", "index_app"),

@@ -74,6 +74,7 @@ def ask_cmd(
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, max=120.0, metavar="SECONDS", help="One deadline for every peer; the answer comes then with what arrived."),
     offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help="iroh local mode: relay disabled, loopback bind."),
     json_out: bool = typer.Option(False, "--json", help="Print the merged envelope (specs/ask.schema.json) as JSON."),
+    citations: bool = typer.Option(False, "--citations", help="Ask each peer to sign a citation for its results (hosts with --sign-citations do); save --json and check it with `kith verify`."),
 ) -> None:
     """Ask pinned peers one question at once; print one merged answer citing who said what."""
     from node.answer import contract
@@ -103,6 +104,8 @@ def ask_cmd(
         contract.validate(request)
     except KithError as exc:  # a bad question is a bad command line: exit 2 (specs/ask.md §6)
         raise error_for(exc.code, exc.message, hint=exc.hint, exit_code=2) from None
+    if citations:  # a knowledge-query message field beside the request (node/answer/citation.py)
+        request["citations"] = True
     identity = load_identity(home)
 
     def show(env: dict[str, Any]) -> None:

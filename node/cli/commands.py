@@ -103,6 +103,7 @@ def host_cmd(
     evict_idle_after: float = typer.Option(30.0, "--evict-idle-after", min=0.0, max=86_400.0, metavar="SECONDS", help="An anonymous session that answered no query (rate-limited answers do not count) for this long may be ended with session-evicted for a guest that already holds a session; a guest with none evicts a session quiet for 2 s at once."),
     max_failed_handshakes: int = typer.Option(10, "--max-failed-handshakes", min=1, max=1_000_000, help="Failed handshakes (a live post named, then verification failed) before a key is refused for --failure-cooldown, and before a single-use or file-mode post is retired."),
     failure_cooldown: float = typer.Option(600.0, "--failure-cooldown", min=1.0, max=30 * 86_400.0, metavar="SECONDS", help="How long a key over --max-failed-handshakes is refused (handshake-too-many-failures)."),
+    sign_citations: bool = typer.Option(False, "--sign-citations", help="Sign a citation for each result a guest asks citations for (`kith verify` checks them). A signed answer cannot be denied later. Default: off (such guests get unsigned results marked signing-off)."),
 ) -> None:
     """Share this node's corpus: publish an invitation and serve guests until Ctrl-C/SIGTERM."""
     from node.runtime.host import HostOptions, serve_host
@@ -118,6 +119,7 @@ def host_cmd(
     opts.share_ui = share_ui
     opts.watch = watch
     opts.audit_queries = audit_queries
+    opts.sign_citations = sign_citations
     codes_shown: set[str] = set()  # unknown guests whose pairing code was printed
     opts.anonymous_sessions = anonymous_slots
     opts.evict_idle_after_s = evict_idle_after
@@ -302,7 +304,8 @@ def join_cmd(
     trust: bool = typer.Option(False, "--trust", help="Trust an unknown host key without asking."),
     query: list[str] = typer.Option([], "--query", "-q", help="Ask this question (repeatable); without it, an interactive prompt."),
     top_k: int = typer.Option(TOP_K_DEFAULT, "--top-k", min=1, max=20, help="Results per question (1-20)."),
-    json_out: bool = typer.Option(False, "--json", help="One JSON object per line: each results message."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON object per line: each results message (with the host's key as peer.key; save it for `kith verify`)."),
+    citations: bool = typer.Option(False, "--citations", help="Ask the host to sign a citation for each result (it signs only with --sign-citations); check them later with `kith verify`."),
     pin: Optional[str] = typer.Option(None, "--pin", metavar="NAME", help="After a successful session, pin the host in the peer registry as NAME (a name pinned to another key is refused)."),
     accept_host_ui: bool = typer.Option(False, "--accept-host-ui", help="Advertise p2p_ui_v1: accept the host's UI bundle when this protocol has no local ui/ (verified, installed per session under the home)."),
 ) -> None:
@@ -395,8 +398,8 @@ def join_cmd(
             outstanding[0] = None
             waiting.stop()
             shown_results.append(message)
-            if json_out:
-                emit_json(message)
+            if json_out:  # which host answered, for `kith verify` (the message does not say)
+                emit_json({**message, "peer": {"key": inv.host_public_key, "name": name}})
             else:
                 print_answer(message, console)
             if len(shown_results) < len(query):
@@ -433,7 +436,8 @@ def join_cmd(
             return text or None
 
         options = GuestOptions(queries=tuple(query), on_results=on_results, top_k=top_k,
-                               next_question=next_question if interactive else None)
+                               next_question=next_question if interactive else None,
+                               filters={"citations": True} if citations else {})
         if interactive:
             err_console.print("Type a question at each ask> prompt; an empty line or Ctrl-D ends the session.")
         try:

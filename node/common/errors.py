@@ -53,6 +53,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "no-server": ("config", "No community server is configured; pass --server URL."),
     "file-not-found": ("config", "The file does not exist."),
     "io-error": ("config", "A local file or folder could not be read or written."),
+    "answer-invalid": ("config", "The file is not a saved Kith answer (not JSON or JSON lines, not UTF-8, or larger than 8 MiB)."),
     "home-in-use": ("config", "Another `kith host` is already serving this home."),
     "host-not-running": ("config", "No `kith host` is running for this home.", "start one with `kith host`"),
     "control-dir-unsafe": ("config", "The control folder <home>/run is not a 0700 directory of yours."),

@@ -562,9 +562,10 @@ class Writer:
             # between the two can only leave a duplicate, never a gap
             self.db.executemany(
                 """INSERT OR REPLACE INTO chunks(chunk_id, doc_id, ordinal, text, line_start,
-                       line_end, heading_path, page_start, page_end) VALUES (?,?,?,?,?,?,?,?,?)""",
+                       line_end, heading_path, page_start, page_end, char_start, char_end)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?)""",
                 [(cid, doc_id, ch.ordinal, ch.text, ch.line_start, ch.line_end,
-                  paths[ch.heading_path], ch.page_start, ch.page_end)
+                  paths[ch.heading_path], ch.page_start, ch.page_end, ch.char_start, ch.char_end)
                  for cid, ch in zip(ids, chunks)])
             if existed:
                 self.db.execute(

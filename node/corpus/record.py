@@ -70,7 +70,8 @@ CREATE INDEX IF NOT EXISTS documents_root ON documents(root_prefix);
 CREATE TABLE IF NOT EXISTS chunks(
     chunk_id TEXT PRIMARY KEY, doc_id TEXT NOT NULL, ordinal INTEGER NOT NULL,
     text TEXT NOT NULL, line_start INTEGER, line_end INTEGER,
-    heading_path TEXT NOT NULL DEFAULT '[]', page_start INTEGER, page_end INTEGER);
+    heading_path TEXT NOT NULL DEFAULT '[]', page_start INTEGER, page_end INTEGER,
+    char_start INTEGER, char_end INTEGER);
 CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);
 CREATE TABLE IF NOT EXISTS removed_prefixes(prefix TEXT PRIMARY KEY, removed_at TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS changes(
@@ -81,7 +82,9 @@ _ADDED_COLUMNS = {
     "documents": (("origin", "TEXT NOT NULL DEFAULT 'file'"), ("parent_doc_id", "TEXT"),
                   # how the file was read (parsers.ParsedDocument.notes), issue 20
                   ("parse_notes", "TEXT NOT NULL DEFAULT '{}'")),
-    "chunks": (("page_start", "INTEGER"), ("page_end", "INTEGER")),
+    "chunks": (("page_start", "INTEGER"), ("page_end", "INTEGER"),
+               # the chunk's offsets in the LF-normalised text (signed citations, issue 24)
+               ("char_start", "INTEGER"), ("char_end", "INTEGER")),
 }
 _POST_DDL = "CREATE INDEX IF NOT EXISTS documents_parent ON documents(parent_doc_id);"
 

@@ -385,6 +385,52 @@ class Corpus:
         assert self.record.db is not None
         return self.views.index_for(self.record.db, visible, self.record.main_searcher_for)
 
+    def chunk_evidence(self, chunk_ids: list[str]) -> dict[str, Any]:
+        """What a signed citation needs of served chunks (node/answer/citation.py):
+        ``{chunk id: (content hash of its document as indexed, char_start, char_end)}``
+        for the ids of ``done`` documents (offsets None on a record indexed before they
+        were kept). Missing ids are left out; ``{}`` without a record. At most 100 ids."""
+        ids = [c for c in dict.fromkeys(chunk_ids) if isinstance(c, str)][:100]
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        with self.record.lock:
+            if self.record.db is None:
+                return {}
+            try:
+                rows = self.record.db.execute(
+                    "SELECT c.chunk_id, c.char_start, c.char_end, d.content_hash FROM chunks c "
+                    f"JOIN documents d ON d.doc_id = c.doc_id WHERE c.chunk_id IN ({marks}) "
+                    "AND d.status = 'done'", ids).fetchall()
+            except sqlite3.OperationalError:  # an older record without the offset columns
+                rows = [(r[0], None, None, r[1]) for r in self.record.db.execute(
+                    "SELECT c.chunk_id, d.content_hash FROM chunks c JOIN documents d "
+                    f"ON d.doc_id = c.doc_id WHERE c.chunk_id IN ({marks}) AND d.status = 'done'",
+                    ids)]
+        return {r[0]: (r[3], r[1], r[2]) for r in rows if r[3]}
+
+    def content_hashes(self, source_ids: list[str]) -> dict[str, str]:
+        """``{source id: content hash as indexed}`` of the ``done`` documents among
+        ``source_ids`` (stored ids; a canonical id differs only in Unicode normalisation,
+        so both NFC and the id as given are looked up). ``{}`` without a record."""
+        import unicodedata
+
+        wanted: dict[str, str] = {}
+        for sid in source_ids[:256]:
+            if isinstance(sid, str):
+                wanted.setdefault(sid, sid)
+                wanted.setdefault(unicodedata.normalize("NFD", sid), sid)
+        if not wanted:
+            return {}
+        marks = ",".join("?" * len(wanted))
+        with self.record.lock:
+            if self.record.db is None:
+                return {}
+            rows = self.record.db.execute(
+                f"SELECT source_id, content_hash FROM documents WHERE source_id IN ({marks}) "
+                "AND status = 'done'", list(wanted)).fetchall()
+        return {wanted[r[0]]: r[1] for r in rows if r[1]}
+
     def search_hits(self, query: str, *, limit: int, filters: dict[str, Any] | None = None,
                     deadline: float | None = None,
                     max_per_document: int = search.MAX_PER_DOCUMENT,

@@ -84,7 +84,8 @@ class AdversarialReport:
 
 
 # ----------------------------------------------------------------------------- instances
-_STRING_CANDIDATES = ("x", "q1", "a", "abc", "0", "a-1", "2024-01-01", "x@example.org")
+#: ... and a 64-hex digest (keys, hashes: knowledge-query's ``check`` versions)
+_STRING_CANDIDATES = ("x", "q1", "a", "abc", "0", "a-1", "2024-01-01", "x@example.org", "0" * 64)
 
 
 def minimal_instance(schema: dict[str, Any]) -> Any:

@@ -93,7 +93,10 @@ class SessionEngine:
             after validation and encoding, before it is queued — the gate seam
             (:meth:`node.policy.gate.EgressGate.check_frame`) and, on a host, the audit
             tap; raises :class:`node.common.errors.EgressRefused` to refuse it (nothing
-            is queued then).
+            is queued then). It returns None, or an :class:`OutgoingFrame` whose
+            message and bytes replace the frame (the host's signed citations): the
+            replacement must keep the action, match its schema and fit
+            ``max_message_bytes`` (``hook-output-invalid`` otherwise).
         clock: monotonic time in seconds (time is an input: tests pass a fake clock).
         timeouts: the session bounds (:class:`node.engine.timers.Timeouts`); None = no
             timers until :meth:`set_timeouts` (the driver sets them).
@@ -102,7 +105,7 @@ class SessionEngine:
     def __init__(self, role: str, spec: Any, *, public_key: str, sign: Callable[[bytes], str],
                  host: HostConfig | None = None, guest: GuestConfig | None = None,
                  random_bytes: Callable[[int], bytes] = os.urandom,
-                 egress_check: Callable[[OutgoingFrame], None] | None = None,
+                 egress_check: Callable[[OutgoingFrame], OutgoingFrame | None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  timeouts: Timeouts | None = None) -> None:
         if role not in ("guest", "host"):
@@ -321,13 +324,32 @@ class SessionEngine:
         if len(data) - 1 > self.spec.limits.max_message_bytes:
             raise HookError("hook-output-invalid", "our message is larger than max_message_bytes")
         if self._egress_check is not None:
-            self._egress_check(OutgoingFrame(message, data, self._last_received))
+            out = self._egress_check(OutgoingFrame(message, data, self._last_received))
+            if out is not None:  # the seam rewrote the frame (signed citations): that is what leaves
+                data = self._rewritten(message, out)
         self._out += data
         self._loop.accept(self.role, terminal)
         self.timers.business(self._clock())
         if terminal:
             return self._close("completed", None)
         return self._check_message_limit()
+
+    def _rewritten(self, message: dict[str, Any], out: OutgoingFrame) -> bytes:
+        """The bytes of a frame the egress seam rewrote, after the checks the original
+        passed: the same action, valid against its schema, within ``max_message_bytes``.
+
+        Raises:
+            HookError: ``hook-output-invalid`` when the rewrite breaks one of them.
+        """
+        action = message.get("action")
+        mspec = self.spec.messages.get(action)
+        if (not isinstance(out.message, dict) or out.message.get("action") != action or mspec is None
+                or mspec.first_error(out.message) is not None):
+            raise HookError("hook-output-invalid", f"the egress seam's rewrite of our {action!r} "
+                                                   "message does not match its schema")
+        if len(out.data) - 1 > self.spec.limits.max_message_bytes:
+            raise HookError("hook-output-invalid", "our rewritten message is larger than max_message_bytes")
+        return out.data
 
     def finish(self) -> list[Event]:
         """End the session cleanly from our side without a terminal message (a hook

@@ -8,19 +8,22 @@
 - ``GET /openapi.json`` — the OpenAPI 3.1 document (kept as ``specs/openapi.json``);
 - ``POST /search`` — the flat request of DESIGN §8 → the ``schemaVersion`` 2 envelope;
   with ``peers`` (pinned names or ``"all"``, a local-only extension) the merged envelope
-  of several peers (specs/ask.md §5) over the API's warm session pool.
+  of several peers (specs/ask.md §5) over the API's warm session pool;
+- ``POST /verify`` — ``{"answer": <a saved answer>}`` → the ``kith verify --json``
+  document of its signed citations (specs/citations.md; reads only the peer registry, asks
+  no host).
 
 Everything else is refused before any handler runs and changes nothing: a client whose
 address is not loopback answers 403 ``api-loopback-only`` (checked first, on every
 request); a ``Host`` header that is not a loopback name with the server's port, or an
 ``Origin`` header that is not such a loopback origin, answers 403 ``api-bad-host`` (DNS
 rebinding: a web page on ``attacker.example`` resolved to 127.0.0.1 must not read the
-corpus); any method other than GET/HEAD on any path but ``POST /search`` answers 403
+corpus); any method other than GET/HEAD on any path but ``POST /search`` and ``POST /verify`` answers 403
 ``api-read-only`` (index, sync, settings, memory, server lifecycle…); an unknown GET
-answers 404 ``not-found``; ``POST /search`` without ``Content-Type: application/json``
+answers 404 ``not-found``; a POST without ``Content-Type: application/json``
 answers 415 ``api-content-type`` (a browser cannot send that cross-origin without a
-preflight, which is refused); a body over the limit (64 KiB by default) answers 413
-``request-too-large``. Errors are ``{"error": {"code", "message"}}``; messages never
+preflight, which is refused); a body over the limit (64 KiB by default; ``/verify``: 8 MiB,
+the saved-answer bound) answers 413 ``request-too-large``. Errors are ``{"error": {"code", "message"}}``; messages never
 carry paths or exception text. The corpus is opened read-only; the only write the API
 ever does is the non-blocking start-up repair of a lagging index
 (:meth:`node.corpus.store.Corpus.repair_lag`).
@@ -48,7 +51,7 @@ from node.answer import contract
 from node.answer import envelope as env_mod
 from node.answer.holder import CorpusHolder
 from node.answer.service import answer_local
-from node.common.errors import CorpusError, KithError
+from node.common.errors import ConfigError, CorpusError, KithError
 from node.common.http import (
     MAX_JSON_DEPTH,
     base_url_of,
@@ -64,8 +67,9 @@ from node.common.http import (
 DEFAULT_PORT = 8765
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 SERVICE = "kith-local-api"
-#: the only non-GET route
+#: the non-GET routes (both read-only)
 SEARCH_PATH = "/search"
+VERIFY_PATH = "/verify"
 GET_PATHS = ("/health", "/stats", "/contract", "/openapi.json")
 #: Host names the API answers to (with the server's own port); DNS rebinding defence.
 LOOPBACK_HOST_NAMES = ("127.0.0.1", "localhost", "[::1]")
@@ -91,7 +95,7 @@ def openapi_document() -> dict[str, Any]:
         "info": {"title": "Kith local read-only API", "version": str(env_mod.SCHEMA_VERSION),
                  "description": (
             "Loopback-only, read-only search over the node's own corpus (DESIGN §11). Every "
-            "method other than GET on any path but POST /search answers 403.")},
+            "method other than GET on any path but POST /search and POST /verify answers 403.")},
         "servers": [{"url": f"http://127.0.0.1:{DEFAULT_PORT}"}],
         "paths": {
             "/health": {"get": {"summary": "Readiness and the usage policy", "responses": {
@@ -126,8 +130,32 @@ def openapi_document() -> dict[str, Any]:
                     "413": {"description": "body over the limit (request-too-large)", **err},
                     "415": {"description": "Content-Type is not application/json "
                                            "(api-content-type)", **err}}}},
+            VERIFY_PATH: {"post": {
+                "summary": "Check the signed citations of a saved answer (read-only; asks no host)",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/VerifyRequest"}}}},
+                "responses": {
+                    "200": {"description": "one row per result (specs/citations.md §3); ok is "
+                                           "true only when every row is genuine",
+                            "content": {"application/json": {"schema": {
+                                "$ref": "#/components/schemas/VerifyReport"}}}},
+                    "400": {"description": "not a saved answer (answer-invalid)", **err},
+                    "403": refused,
+                    "413": {"description": "body over 8 MiB (request-too-large)", **err},
+                    "415": {"description": "Content-Type is not application/json "
+                                           "(api-content-type)", **err}}}},
         },
         "components": {"schemas": {
+            "VerifyRequest": {"type": "object", "additionalProperties": False, "required": ["answer"],
+                              "properties": {"answer": {"description": "The saved answer: its JSON, "
+                                                        "or a string of JSON or JSON lines"}}},
+            "VerifyReport": {"type": "object", "required": ["ok", "counts", "rows"], "properties": {
+                "ok": {"type": "boolean"}, "counts": {"type": "object"},
+                "rows": {"type": "array", "items": {"type": "object", "required": ["result"], "properties": {
+                    "result": {"enum": list(_verify_results())}, "source": {"type": ["string", "null"]},
+                    "hostKey": {"type": ["string", "null"]}, "version": {"type": ["string", "null"]},
+                    "peer": {"type": ["string", "null"]}, "person": {"type": ["string", "null"]},
+                    "detail": {"type": "string"}, "where": {"type": "string"}}}}}},
             "Error": _err_schema(),
             "InvalidRequest": {**_err_schema(), "required": ["error", "envelope"],
                                "properties": {**_err_schema()["properties"],
@@ -139,13 +167,19 @@ def openapi_document() -> dict[str, Any]:
     }
 
 
+def _verify_results() -> tuple[str, ...]:
+    from node.answer.citation import RESULTS
+
+    return tuple(RESULTS)
+
+
 # --- handlers ----------------------------------------------------------------------------
 def _contract() -> dict[str, Any]:
     return {
         "service": SERVICE,
         "schemaVersion": env_mod.SCHEMA_VERSION,
         "readOnly": True,
-        "routes": {"GET": list(GET_PATHS), "POST": [SEARCH_PATH]},
+        "routes": {"GET": list(GET_PATHS), "POST": [SEARCH_PATH, VERIFY_PATH]},
         "refused": "any other method on any path answers 403 api-read-only and changes nothing",
         "request": openapi_document()["components"]["schemas"]["SearchRequest"],
         "envelopeKeys": list(env_mod.ENVELOPE_KEYS),
@@ -245,6 +279,19 @@ class _Handlers:
         return JSONResponse(answer["envelope"], headers={"X-Kith-Status": answer["status"]})
 
 
+    async def verify(self, request: Request) -> JSONResponse:
+        """``POST /verify``: the signed citations of a saved answer (specs/citations.md)."""
+        from node.answer.citation import MAX_ANSWER_BYTES, known_keys, verify_request
+
+        raw = await read_body(request, MAX_ANSWER_BYTES + 64)
+        try:
+            body = msgspec.json.decode(raw)
+        except (msgspec.DecodeError, RecursionError):
+            raise ConfigError("answer-invalid", "The body is not JSON.") from None
+        home = self.holder.home
+        # answer-invalid (400) from a body that is not a saved answer
+        return JSONResponse(await anyio.to_thread.run_sync(lambda: verify_request(body, known_keys(home))))
+
     async def _peers_search(self, body: dict[str, Any]) -> JSONResponse:
         """``peers`` (a local-only extension, specs/ask.md §5): taken off, the rest checked
         against the one request contract, then every named pinned peer asked at once."""
@@ -252,13 +299,18 @@ class _Handlers:
 
         body = dict(body)
         peers = body.pop("peers")
+        citations = body.pop("citations", False)  # a peers-only field: ask them to sign
         bad = check_peers_field(peers)
+        if bad is None and not isinstance(citations, bool):
+            bad = "The field 'citations' must be true or false."
         if bad is not None:
             return _invalid(bad)
         try:
             contract.validate(body)
         except CorpusError as exc:
             return _invalid(exc.message)
+        if citations:
+            body["citations"] = True
         assert self.pools is not None
         pool = await self.pools.get()
         merged = await peers_search(self.holder.home, peers, body, pool=pool, timeout_s=PEERS_TIMEOUT_S)
@@ -370,9 +422,9 @@ class _Guard:
             return
         method = scope["method"].upper()
         path = scope["path"]
-        if method == "POST" and path == SEARCH_PATH:
+        if method == "POST" and path in (SEARCH_PATH, VERIFY_PATH):
             if not _json_content_type(scope):
-                await error_response("api-content-type", "POST /search takes "
+                await error_response("api-content-type", f"POST {path} takes "
                                      "Content-Type: application/json", 415)(scope, receive, send)
                 return
             await self.app(scope, receive, send)
@@ -406,6 +458,7 @@ def create_app(home: Path | str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
         Route("/contract", h.contract, methods=["GET"]),
         Route("/openapi.json", h.openapi, methods=["GET"]),
         Route(SEARCH_PATH, h.search, methods=["POST"]),
+        Route(VERIFY_PATH, h.verify, methods=["POST"]),
     ]
     inner = Starlette(routes=routes, exception_handlers={
         KithError: _on_kith_error, Exception: _on_unexpected})

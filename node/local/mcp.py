@@ -20,7 +20,12 @@ Built on the official MCP Python SDK 2.x (``mcp.server.mcpserver.MCPServer``,
   peers' text is untrusted third-party evidence. ``peer`` also takes a pinned name.
   Peer searches go through the server's warm session pool (node/runtime/pool.py).
 
-Read-only: the tool never indexes, syncs, writes settings or memory, or starts servers;
+A second tool, ``verify``, takes ``{"answer": <a saved answer>}`` and returns the
+``kith verify --json`` document of its signed citations (specs/citations.md §6; it reads
+the peer registry only and asks no host); a body that is not a saved answer is a tool
+error ``[answer-invalid] …``.
+
+Read-only: the tools never index, syncs, writes settings or memory, or starts servers;
 its annotations say so (``readOnlyHint``). Bad input gets the same typed refusal as the
 API: a tool error (``is_error`` true) whose text is ``[code] message`` — e.g.
 ``[query-invalid] The field 'topK' must be an integer from 1 to 20.`` — with the
@@ -169,6 +174,10 @@ def input_schema() -> dict[str, Any]:
         "oneOf": [{"const": "all"},
                   {"type": "array", "minItems": 1, "maxItems": 64,
                    "items": {"type": "string", "minLength": 1, "maxLength": 64}}]}
+    schema["properties"]["citations"] = {
+        "type": "boolean", "default": False,
+        "description": "With 'peer' or 'peers': ask each host to sign a citation for its results "
+                       "(hosts running --sign-citations do); check a saved answer with the verify tool."}
     return schema
 
 
@@ -182,7 +191,8 @@ def _signature(query: str, topK: int = contract.TOP_K_DEFAULT,  # noqa: N803
                remainingBudgetMs: int | None = None, dedupe: str = "chunk",  # noqa: N803
                peer: str | dict[str, Any] | None = None,
                server: str | None = None,
-               peers: list[str] | str | None = None) -> dict[str, Any]:  # pragma: no cover - types only
+               peers: list[str] | str | None = None,
+               citations: bool = False) -> dict[str, Any]:  # pragma: no cover - types only
     """Only its annotations are used: the SDK pre-parses a JSON string sent for a
     non-string field (``tags: '["a"]'``, an invitation JSON for ``peer``) and derives the
     output schema from them; values are then validated by :func:`call_search`."""
@@ -234,7 +244,8 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     ``topK`` a strict integer 1–20 — ``"5"`` and ``true`` are refused — and unknown
     arguments refused), plus ``peer`` (non-empty string or invitation object) and
     ``server`` (string, only with ``peer``), ``peers`` (:func:`node.runtime.fanout.check_peers_field`; not
-    with ``peer``). ``pool``: the server's warm session pool (None: one per call).
+    with ``peer``), ``citations`` (a boolean, only with ``peer`` or ``peers``: asks the
+    host(s) to sign; specs/citations.md). ``pool``: the server's warm session pool (None: one per call).
     ``holder``: the server's open corpus (:class:`node.answer.holder.CorpusHolder`; None:
     the corpus is opened for this call).
 
@@ -249,6 +260,13 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     peer = args.pop("peer", None)
     server = args.pop("server", None)
     peers = args.pop("peers", None)
+    citations = args.pop("citations", False)  # a peer's to sign (specs/citations.md)
+    if not isinstance(citations, bool):
+        return _invalid("The field 'citations' must be true or false.")
+    if citations and peer is None and peers is None:
+        return _invalid("The field 'citations' is only used with 'peer' or 'peers' (a host signs, "
+                        "this node's own search does not).")
+    signed = {"citations": True} if citations else {}
     if peers is not None:
         if peer is not None or server is not None:
             return _invalid("The field 'peers' is not used with 'peer' or 'server'.")
@@ -264,7 +282,7 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
         try:
             from node.runtime.fanout import peers_search
 
-            merged = await peers_search(home, peers, args, local=local, pool=pool)
+            merged = await peers_search(home, peers, {**args, **signed}, local=local, pool=pool)
         except KithError as exc:
             return _refusal(exc.code, exc.message)
         return _merged_result(merged)
@@ -293,7 +311,7 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     except CorpusError as exc:
         return _invalid(exc.message)
     try:
-        answer = await peer_search(home, peer, args, server=server, local=local, pool=pool)
+        answer = await peer_search(home, peer, {**args, **signed}, server=server, local=local, pool=pool)
     except KithError as exc:
         return _refusal(exc.code, exc.message)
     envelope = answer["envelope"]
@@ -303,11 +321,50 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
             return _result(env_mod.empty_envelope(reason))
         except ValueError:  # not a kebab-case code from the peer
             return _result(env_mod.empty_envelope("internal-error"))
+    if answer.get("citations") == "signing-off":
+        return _result(envelope, notice=PEER_NOTICE + " " + SIGNING_OFF_NOTICE)
     return _result(envelope, notice=PEER_NOTICE)
 
 
+#: Added to the notice when citations were asked of a host that does not sign.
+SIGNING_OFF_NOTICE = "The host does not sign citations (signing-off): its results carry none."
+
+VERIFY_DESCRIPTION = (
+    "Check the host-signed citations of a saved Kith answer (read-only, offline): pass the "
+    "answer as 'answer' (its JSON, or a string of JSON / JSON lines). Returns one row per "
+    "result — genuine, text-changed, bad-signature, wrong-host, span-mismatch, wrong-domain, "
+    "signed-json, unknown-version, malformed, unpinned-key or no-citation — and ok, true "
+    "only when every row is genuine. Quote only text whose row is genuine as verified."
+)
+VERIFY_INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object", "additionalProperties": False, "required": ["answer"],
+    "properties": {"answer": {"description": "The saved answer: its JSON, or a string of JSON or JSON lines"}},
+}
+
+
+def _verify_signature(answer: Any) -> dict[str, Any]:  # pragma: no cover - types only
+    """Only its annotations are used (see :func:`_signature`)."""
+    raise NotImplementedError
+
+
+def call_verify(home: Path, arguments: dict[str, Any]) -> Any:
+    """Run one ``verify`` tool call: :func:`node.answer.citation.verify_request` with the
+    home's pinned peers; the report is the structured content. A bad body is a tool error
+    ``[answer-invalid] …``."""
+    from mcp.types import CallToolResult, TextContent
+
+    from node.answer.citation import known_keys, verify_request
+
+    try:
+        doc = verify_request(arguments, known_keys(home))
+    except KithError as exc:
+        return _refusal(exc.code, exc.message)
+    return CallToolResult(content=[TextContent(type="text", text=json.dumps(doc))], structured_content=doc)
+
+
 def build_server(home: Path | str, *, local: bool = False) -> Any:
-    """Build the MCP server (``MCPServer`` named ``kith``) with its ``search`` tool.
+    """Build the MCP server (``MCPServer`` named ``kith``) with its ``search`` and
+    ``verify`` tools.
 
     The tool's arguments are validated by Kith, not coerced by the SDK: its input schema
     is :func:`input_schema` and each call goes to :func:`call_search` with the arguments
@@ -361,6 +418,17 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
         finally:
             holder.close()
 
+    def verify(arguments: dict[str, Any]) -> Any:
+        return call_verify(home, arguments)
+
+    check = Tool.from_function(
+        _verify_signature, name="verify", description=VERIFY_DESCRIPTION,
+        annotations=ToolAnnotations(title="Kith verify citations (read-only)", readOnlyHint=True,
+                                    destructiveHint=False, idempotentHint=True, openWorldHint=False))
+    vmeta = check.fn_metadata
+    check = check.model_copy(update={"fn": verify, "is_async": False, "fn_metadata": _RawArguments(
+        arg_model=vmeta.arg_model, output_schema=vmeta.output_schema, output_model=vmeta.output_model,
+        wrap_output=vmeta.wrap_output), "parameters": VERIFY_INPUT_SCHEMA})
     base = Tool.from_function(
         _signature, name="search", description=TOOL_DESCRIPTION,
         annotations=ToolAnnotations(title="Kith search (read-only)", readOnlyHint=True,
@@ -373,7 +441,7 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
                                    "parameters": input_schema()})
     # WARNING, not the SDK's INFO default: a peer call must not print httpx's
     # "HTTP Request: ..." line (or the SDK's per-request lines) on the owner's stderr
-    server = MCPServer(name="kith", instructions=env_mod.USAGE_PROMPT, tools=[tool],
+    server = MCPServer(name="kith", instructions=env_mod.USAGE_PROMPT, tools=[tool, check],
                        lifespan=lifespan, log_level="WARNING")
     import logging
 

@@ -29,7 +29,7 @@ MAX_SPEC_BYTES = 1024 * 1024
 #: A changed spec takes the full path; ``tests/test_specs.py`` keeps this set in step.
 VERIFIED_PROTOCOL_IDS = frozenset({
     "881064ea76bf118308771df7b8b7f94454d77b91f93ab5ad90661539e98b28e6",  # echo
-    "82e17013a05bbb40aab949da5b4e14e4cc4b6ce92a185382464c5de1fb372502",  # knowledge-query
+    "f1e497bf60aacb1f4e49039469cbd4df5f8981cf13b823905a2f9e4525e54bb4",  # knowledge-query
 })
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 DIRECTIONS = ("guest_to_host", "host_to_guest", "both")

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from node.common.errors import KithError
-from node.engine.session import HostConfig, SessionEngine, SessionReady
+from node.engine.framing import encode_frame
+from node.engine.session import HostConfig, OutgoingFrame, SessionEngine, SessionReady
 from node.runtime.driver import run_session
 from node.runtime.hooks import HookContext, PeerInfo
 from node.runtime.sessions import ActivityTracked, admission
@@ -181,16 +182,23 @@ class Connection:
         self.held.add(nonce)
         return True
 
-    def egress(self, frame: Any) -> None:
+    def egress(self, frame: Any) -> Any:
         """The engine's egress seam, called once per outgoing business frame with a
         :class:`node.engine.session.OutgoingFrame` (the message, its exact bytes, the
-        peer message it answers): the gate scans ``frame.data`` (raises
-        ``EgressRefused``), then the audit tap records ``frame.message`` as queued to send
-        (nothing is decoded again)."""
+        peer message it answers). The last rewrite comes first: a ``results`` frame
+        answering ``citations: true`` gets its signed citations (or the ``signing-off``
+        marker, :class:`node.answer.citation.CitationSigner`) over the evidence text
+        exactly as it leaves; then the gate scans the final bytes (raises
+        ``EgressRefused``), and the audit tap records the final message as queued to send
+        (nothing is decoded again). Returns the rewritten frame, or None when unchanged."""
+        rewritten = self.host.citations.rewrite(frame.message, frame.replying_to)
+        if rewritten is not None:
+            frame = OutgoingFrame(rewritten, encode_frame(rewritten), frame.replying_to)
         check = self.host.knowledge.egress_check
         if check is not None:
             check(frame)  # EgressGate.check_frame
         self.tap.outgoing(frame)
+        return frame if rewritten is not None else None
 
     def make_context(self, ev: SessionReady) -> HookContext:
         """The session is ready: record its proof and nonce, tell the table and the

@@ -218,6 +218,7 @@ def fuse(per_peer: list[tuple[PeerRow, list[dict[str, Any]], bool]], top_k: int)
     Returns:
         Merged results, best first: ``rank``, ``fusedScore``, ``peer``, ``source``, ``id``,
         ``location`` (heading path and line range or page, or None), ``textPreview``, ``date``, ``tags``, ``peerScore``, ``untrusted``,
+        ``citation`` (only when the named peer signed one: its object as sent, for ``kith verify``),
         ``attributions`` (every peer that returned the same content, each with the
         ``alsoIn`` sources that peer collapsed into it).
     """
@@ -239,9 +240,14 @@ def fuse(per_peer: list[tuple[PeerRow, list[dict[str, Any]], bool]], top_k: int)
                     "tags": [t for t in tags if isinstance(t, str)][:32] if isinstance(tags, list) else [],
                     "peerScore": score if isinstance(score, (int, float)) and not isinstance(score, bool) else None,
                     "untrusted": untrusted, "attributions": [], "_best": (rank, order)}
+                if isinstance(r.get("citation"), dict):  # the host's signed citation, as sent
+                    m["citation"] = r["citation"]
             elif (rank, order) < m["_best"]:
                 m.update(peer=who, source=r["source"], id=r["id"], location=_location(r),
                          _best=(rank, order))
+                m.pop("citation", None)  # the citation goes with the peer the result names
+                if isinstance(r.get("citation"), dict):
+                    m["citation"] = r["citation"]
             if all(a["peer"]["key"] != row.key for a in m["attributions"]):
                 m["attributions"].append(attribution)
                 m["fusedScore"] += 1.0 / (RRF_K + rank)
@@ -312,7 +318,8 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
         start = time.perf_counter()
         assert local is not None
         try:
-            answer = await anyio.to_thread.run_sync(local, dict(request), abandon_on_cancel=True)
+            own = {k: v for k, v in request.items() if k != "citations"}  # a peer's to sign, not ours
+            answer = await anyio.to_thread.run_sync(local, own, abandon_on_cancel=True)
         except KithError as exc:  # e.g. no corpus here: this row only
             row.status, row.code = "refused", exc.code
         else:

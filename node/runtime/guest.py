@@ -42,7 +42,7 @@ class GuestOptions:
             interactive: no hook or idle timeout (it waits on its user).
         on_results: called with each ``results`` message as it arrives.
         top_k: results per question, 1–20 (the ``query`` schema's ``topK``).
-        filters: the flat filter fields sent beside every question (``date``,
+        filters: the flat fields sent beside every question (``citations``, ``date``,
             ``dateRange``, ``project``, ``tags``, ``sourceSets``, ``lifecycle``,
             ``workType``, ``sources``, ``remainingBudgetMs``; protocols/knowledge-query).
 

@@ -22,7 +22,7 @@ import anyio
 from node.common.errors import ConfigError, KithError, SpecError
 from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
 from node.engine.session import HostConfig, SessionEngine
-from node.runtime.clock import SYSTEM_CLOCK, Clock
+from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
 from node.runtime.connection import FIRST_STREAM_TIMEOUT_S, Connection
 from node.runtime.hooks import load_hooks
 from node.runtime.posts import Posts
@@ -83,6 +83,10 @@ class HostOptions:
             test script); empty for ``kith host``.
         control: serve the owner's control channel (``<home>/run/control.sock``); off
             only for ``kith protocol test``'s throwaway home.
+        sign_citations: sign a citation for each result a guest asked ``citations: true``
+            for (``--sign-citations``; node/answer/citation.py). Off: such a query gets
+            its results unsigned, marked ``citations: "signing-off"``. A signed answer
+            cannot be denied later.
     """
 
     protocol: str = "knowledge-query"
@@ -108,6 +112,7 @@ class HostOptions:
     protocol_dir: Path | None = None
     hook_options: dict[str, Any] = field(default_factory=dict)
     control: bool = True
+    sign_citations: bool = False
 
 
 @dataclass
@@ -128,6 +133,8 @@ class Knowledge:
             (nothing is taken; specs/control.md).
         index: ``()`` → ``{"ready", "warmed", "roots", "documents", "chunks"}`` (reads the
             corpus; call it from a worker thread).
+        evidence: ``[chunk ids] → {chunk id: (content hash, char_start, char_end)}`` — what
+            a signed citation needs of served chunks (:meth:`node.corpus.store.Corpus.chunk_evidence`).
     """
 
     handle_for: Callable[[str | None, str | None], Any]
@@ -137,12 +144,14 @@ class Knowledge:
     quota_left: Callable[[str | None, str], dict[str, Any]] | None = None
     index: Callable[[], dict[str, Any]] = lambda: {"ready": False, "warmed": False, "roots": [],
                                                    "documents": 0, "chunks": 0}
+    evidence: Callable[[list[str]], dict[str, Any]] = lambda ids: {}
 
 
-def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
+def open_knowledge(home: Path, warn: Callable[[str], None], *, version_key: bytes | None = None) -> Knowledge:
     """Open the corpus read-only with its policy and gate, behind one
     :class:`node.answer.service.AnswerService` (a home without a corpus answers every
-    query ``index-unavailable``).
+    query ``index-unavailable``). ``version_key``: the document-version secret the
+    service answers ``check`` messages with (:func:`node.answer.citation.load_version_key`).
 
     Warns (via ``warn``) when the index is empty or not ready, or when no policy rule
     shares anything (DESIGN §10).
@@ -163,7 +172,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
         warn(f"the index is not available ({exc.code}); guests will get no results. "
              "Run `kith index add PATH` and `kith index sync`.")
         gate = EgressGate([], policy, home)
-        service = AnswerService(None, gate, limiter=limiter)
+        service = AnswerService(None, gate, limiter=limiter, version_key=version_key)
         return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
                          gate.check_frame, limiter.close, service, _quota_left(gate, limiter))
     # a crash between SQLite and tantivy leaves the index behind its record: catch up now
@@ -180,7 +189,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
         warn("no policy rules: everything is private and guests will get no results. "
              "Share with e.g. `kith policy set '/<root>/**' public`.")
     gate = EgressGate(corpus.roots(), policy, home, approvals=Approvals(home))
-    service = AnswerService(corpus, gate, limiter=limiter)
+    service = AnswerService(corpus, gate, limiter=limiter, version_key=version_key)
     warmed = _warm_in_background(service)
 
     def close() -> None:
@@ -194,7 +203,8 @@ def open_knowledge(home: Path, warn: Callable[[str], None]) -> Knowledge:
                 "documents": now.get("documents", 0), "chunks": now.get("chunks", 0)}
 
     return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
-                     gate.check_frame, close, service, _quota_left(gate, limiter), index)
+                     gate.check_frame, close, service, _quota_left(gate, limiter), index,
+                     corpus.chunk_evidence)
 
 
 def _quota_left(gate: Any, limiter: Any) -> Callable[[str | None, str], dict[str, Any]]:
@@ -342,7 +352,14 @@ class Host:
             raise SpecError("protocol-not-found", f"no protocol named {opts.protocol!r}")
         self.spec = load_spec(pdir)
         hooks = load_hooks(pdir)
-        self.knowledge = open_knowledge(self.home, self.warn)
+        from node.answer.citation import CitationSigner, load_version_key
+
+        # kept when signing is off too: the host can still say whether a version is current
+        version_key = load_version_key(self.home, create=opts.sign_citations)
+        self.knowledge = open_knowledge(self.home, self.warn, version_key=version_key)
+        self.citations = CitationSigner(self.identity.secret if opts.sign_citations else None, version_key,
+                                        self.knowledge.evidence, lambda: rfc3339(self.clock.time()),
+                                        enabled=opts.sign_citations)
         self._closers: list[Callable[[], None]] = [self.knowledge.close]
         PeerRegistry.load(self.home)  # a broken registry fails here, before binding
         self.own_profile = load_own_profile(self.home)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from typing import Callable
 
 import nacl.exceptions
 import nacl.signing
@@ -34,6 +35,13 @@ TAG_REQUEST = "kith-request-v1"
 TAG_DEVICE_BINDING = "kith-device-binding-v1"
 TAG_PERSON_SUCCESSOR = "kith-person-successor-v1"
 TAG_PERSON_RECOVERY = "kith-person-recovery-v1"
+#: A host's signed citation of one served result (specs/signed-payloads.md §4): its own
+#: domain, so a citation signature never stands for a session, a request or a binding.
+TAG_CITATION = "kith-citation-v1"
+#: Every domain tag above: a verifier names a signature made for another of them.
+DOMAIN_TAGS = (TAG_TRANSPORT_BINDING, TAG_SESSION, TAG_SESSION_HOST, TAG_SESSION_GUEST,
+               TAG_REQUEST, TAG_DEVICE_BINDING, TAG_PERSON_SUCCESSOR, TAG_PERSON_RECOVERY,
+               TAG_CITATION)
 
 _HEX_RE = {n: re.compile(rf"[0-9a-f]{{{n}}}") for n in (64, 128)}
 
@@ -207,6 +215,29 @@ def person_recovery_payload(*, person_key: str, recovery_key: str, created: str)
     ])
 
 
+def citation_payload(*, host_public_key: str, source: str, version: str, span: str,
+                     text_sha256: str, signed_at: str, tag: str = TAG_CITATION) -> bytes:
+    """What a host signs for one served result (specs/signed-payloads.md §4).
+
+    Lines: ``kith-citation-v1``, ``host_public_key``, ``source`` (the source id sent),
+    ``version`` (the keyed document version, 64 hex), ``span`` (its canonical text,
+    :func:`node.answer.citation.span_text`), ``text_sha256`` (of the exact evidence text
+    sent, UTF-8), ``signed_at`` (RFC 3339 UTC). ``tag`` is only for a verifier naming a
+    signature made in another domain; signers never pass it.
+
+    Raises:
+        SigningError: ``bad-hex`` for a malformed key, version or digest,
+            ``bad-payload-value`` for a value with a line break.
+    """
+    check_hex(host_public_key, PUBLIC_KEY_HEX_LEN, "host_public_key")
+    check_hex(version, SHA256_HEX_LEN, "version")
+    check_hex(text_sha256, SHA256_HEX_LEN, "text_sha256")
+    return build_payload(tag, [
+        ("host_public_key", host_public_key), ("source", source), ("version", version),
+        ("span", span), ("text_sha256", text_sha256), ("signed_at", signed_at),
+    ])
+
+
 def public_key_of(secret_seed: bytes) -> str:
     """The Ed25519 public key (64 lowercase hex) of a 32-byte seed."""
     return nacl.signing.SigningKey(secret_seed).verify_key.encode().hex()
@@ -215,6 +246,14 @@ def public_key_of(secret_seed: bytes) -> str:
 def sign(secret_seed: bytes, message: bytes) -> str:
     """Sign ``message`` with the 32-byte Ed25519 seed; return 128 lowercase hex."""
     return nacl.signing.SigningKey(secret_seed).sign(message).signature.hex()
+
+
+def signer_of(secret_seed: bytes) -> Callable[[bytes], str]:
+    """``message → signature`` (128 lowercase hex) with the 32-byte seed's key expanded
+    once: what a signer of many messages (citations, one per result) uses instead of
+    :func:`sign`."""
+    key = nacl.signing.SigningKey(secret_seed)
+    return lambda message: key.sign(message).signature.hex()
 
 
 def verify(public_key: str, message: bytes, signature: str, *, field: str = "signature") -> None:

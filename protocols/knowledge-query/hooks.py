@@ -2,12 +2,15 @@
 
 Host: answers each ``query`` with ``results`` from ``ctx.knowledge`` — the peer's view of
 the answer service (node/answer/service.py), whose evidence already passed the policy. Hooks never touch the
-raw index.
+raw index. A ``query``'s ``citations`` is not the hooks' business: the host's egress seam
+signs (node/answer/citation.py). Each ``check`` is answered ``checked`` from
+``ctx.knowledge.check_versions``.
 
 Guest: asks the questions in ``ctx.options["queries"]`` one at a time, or, when
 ``ctx.options["ask"]`` is given, calls it for the next question (None ends; a dict is a
-whole flat request: ``query``, ``topK`` and filters for that question alone); every
-``results`` message goes to ``ctx.options["on_results"]`` when given. It ends with ``end``.
+whole flat request: ``query``, ``topK`` and filters for that question alone, or
+``{"action": "check", "versions": [...]}`` for a ``check``); every ``results`` (and
+``checked``) message goes to ``ctx.options["on_results"]`` when given. It ends with ``end``.
 Options ``topK`` (1-20) and ``filters`` (a dict of the flat filter fields) apply to every
 query.
 """
@@ -19,7 +22,8 @@ from node.runtime.hooks import HookResult
 
 #: The ``query`` message's own fields; everything else in it is the search request
 #: (``node.answer.contract``; the engine already checked it against spec.json).
-_MESSAGE_FIELDS = ("action", "query_id")
+#: ``citations`` is read at the host's egress seam (node/answer/citation.py), not here.
+_MESSAGE_FIELDS = ("action", "query_id", "citations")
 
 
 def on_start(ctx):
@@ -32,6 +36,9 @@ def on_start(ctx):
 
 def on_message(ctx, message):
     if ctx.role == "host":
+        if message["action"] == "check":  # are these cited versions still current?
+            checked = ctx.knowledge.check_versions(message["versions"])
+            return {"action": "checked", "query_id": message["query_id"], **checked}
         if message["action"] != "query":
             return None
         request = {k: v for k, v in message.items() if k not in _MESSAGE_FIELDS}
@@ -42,7 +49,7 @@ def on_message(ctx, message):
             if answer.get(key) is not None:
                 reply[key] = answer[key]
         return reply
-    if message["action"] == "results":
+    if message["action"] in ("results", "checked"):
         if message["query_id"] != ctx.state.get("pending"):
             # an answer to a question we did not ask (or asked earlier): refuse it
             return HookResult(abort="message-out-of-turn")
@@ -70,6 +77,8 @@ def _next_query(ctx):
         return {"action": "end"}
     query_id = f"q{next(ctx.state['ids'])}"
     ctx.state["pending"] = query_id
+    if isinstance(text, dict) and text.get("action") == "check":  # kith verify --against-host
+        return {"action": "check", "query_id": query_id, "versions": list(text["versions"])}
     if isinstance(text, dict):  # a whole request (the warm pool: topK and filters per question)
         request = dict(text)
         message = {"action": "query", "query_id": query_id, "query": request.pop("query"),

@@ -1,0 +1,547 @@
+"""Signed citations: what a host signs for each served result, and how anyone checks it.
+
+Issue 24 items 1-2; the payload is ``kith-citation-v1`` (``specs/signed-payloads.md`` §4),
+the citation object and the verify results are in ``specs/citations.md``.
+
+Host side — :class:`CitationSigner` runs at the egress seam
+(:meth:`node.runtime.connection.Connection.egress`), the last step before a ``results``
+frame leaves, so it signs exactly the evidence text that is sent (after every step that may
+change it). It signs only when the owner allows it (``kith host --sign-citations``); a
+query asking for citations from a host that does not sign gets its results without them and
+the message field ``citations: "signing-off"``.
+
+The document version is never the document's hash: it is ``HMAC-SHA256(host secret,
+content hash)`` (:func:`keyed_version`) under a 32-byte secret kept in
+``<home>/citation.key`` (mode 0600, :func:`load_version_key`), so a guest can neither
+confirm a guess of a whole document nor watch its edits; only the host can say whether a
+version is still current (:meth:`node.answer.service.AnswerService.check_versions`).
+
+Verifier side — :func:`verify_citation` judges one citation against the result that carries
+it; :func:`verify_answer` walks a saved answer (``kith join --json`` lines, ``kith ask``,
+MCP or API JSON) and judges every citation in it. Nothing here does I/O but
+:func:`load_version_key` and :func:`read_answer`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
+
+from node.common.errors import ConfigError, SigningError
+from node.common.home import atomic_write
+from node.trust import signing
+from node.trust.signing import PUBLIC_KEY_HEX_LEN, SHA256_HEX_LEN, SIGNATURE_HEX_LEN, TAG_CITATION
+
+#: The citation object's ``v`` (= its payload's domain tag).
+CITATION_VERSION = TAG_CITATION
+#: ``<home>/citation.key``: the 32-byte secret the document versions are keyed with.
+KEY_FILE = "citation.key"
+#: The HMAC input's own prefix, so the keyed version of a hash is never another HMAC's.
+_VERSION_DOMAIN = b"kith-document-version-v1\n"
+#: The ``results`` message field telling the guest what became of ``citations: true``.
+SIGNED, SIGNING_OFF = "signed", "signing-off"
+#: Largest answer file ``kith verify`` reads (bytes), and citations it judges in one file.
+MAX_ANSWER_BYTES = 8 * 1024 * 1024
+MAX_CITATIONS = 10_000
+#: Longest source id a citation may name (the source-id bound of a result).
+MAX_SOURCE_CHARS = 1024
+
+#: Every verify result, in the order a check finds them (specs/citations.md §3).
+RESULTS = {
+    "genuine": "signature, span and text verify, and the key is a pinned peer",
+    "unpinned-key": "signature and text verify, but the signing key is not a pinned peer",
+    "stale": "genuine, but the host says this document version is no longer current",
+    "malformed": "the citation is not a kith-citation-v1 object (missing or ill-formed field)",
+    "unknown-version": "the citation names a format this verifier does not know",
+    "wrong-host": "signed by another key than the host the answer names for this result",
+    "span-mismatch": "the result's location is not the span that was signed (cut or moved)",
+    "wrong-domain": "the signature is over these lines under another signing domain",
+    "signed-json": "the signature is over a JSON serialisation, not the citation payload",
+    "bad-signature": "the signature does not verify",
+    "text-changed": "the evidence text is not the text that was signed",
+    "no-citation": "a result without a citation",
+    "unchecked": "--against-host: the host could not say whether this version is current",
+}
+#: Results that count as verified (``kith verify`` exits 0 only when every row is one).
+VERIFIED = frozenset({"genuine"})
+
+
+# --- the host's secret and keyed versions ----------------------------------------------
+
+def load_version_key(home: Path, *, create: bool) -> bytes | None:
+    """The 32-byte document-version secret of ``home`` (``citation.key``, 64 hex).
+
+    Args:
+        home: the node home.
+        create: make one (random, mode 0600) when missing — ``kith host --sign-citations``.
+
+    Returns:
+        The secret, or None when missing and not ``create``.
+
+    Raises:
+        ConfigError: ``config-invalid`` when the file is not 64 lowercase hex.
+    """
+    path = Path(home) / KEY_FILE
+    try:
+        text = path.read_text("ascii").strip()
+    except FileNotFoundError:
+        if not create:
+            return None
+        key = secrets.token_bytes(32)
+        atomic_write(path, key.hex().encode() + b"\n", mode=0o600)
+        return key
+    except (OSError, UnicodeDecodeError):
+        raise ConfigError("config-invalid", f"{KEY_FILE} cannot be read") from None
+    try:
+        return bytes.fromhex(signing.check_hex(text, 64, KEY_FILE))
+    except SigningError:
+        raise ConfigError("config-invalid", f"{KEY_FILE} is not 64 lowercase hex characters") from None
+
+
+def keyed_version(key: bytes, content_hash: str) -> str:
+    """The document version a citation names: HMAC-SHA256 of the document's content hash
+    (as indexed) under the host secret ``key``, 64 lowercase hex."""
+    return hmac.new(key, _VERSION_DOMAIN + content_hash.encode("ascii", "replace"),
+                    hashlib.sha256).hexdigest()
+
+
+# --- spans ------------------------------------------------------------------------------
+
+_RANGES = ("lines", "pages", "chars")
+
+
+def span_of(location: Any, chars: tuple[int | None, int | None] | None) -> dict[str, Any]:
+    """The span of a result: ``{"lines": [a, b] | None, "pages": [a, b] | None,
+    "chars": [a, b] | None}`` from its ``provenance.location`` (``lineStart``/``lineEnd``,
+    ``page``/``pageEnd``, 1-based inclusive) and the chunk's character offsets in the
+    normalised document text (``[start, end)``; None on a record indexed before offsets
+    were kept)."""
+    loc = location if isinstance(location, dict) else {}
+
+    def pair(a: Any, b: Any) -> list[int] | None:
+        if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and not isinstance(b, bool):
+            return [a, b]
+        return None
+
+    c = chars or (None, None)
+    return {"lines": pair(loc.get("lineStart"), loc.get("lineEnd")),
+            "pages": pair(loc.get("page"), loc.get("pageEnd")),
+            "chars": pair(c[0], c[1])}
+
+
+def span_text(span: Any) -> str:
+    """The span's one canonical line value: ``lines=A-B pages=A-B chars=A-B``, ``-`` for a
+    range that is absent (e.g. ``lines=10-42 pages=- chars=1200-2411``).
+
+    Raises:
+        SigningError: ``bad-payload-value`` when ``span`` is not an object with exactly
+            ``lines``, ``pages`` and ``chars``, each null or two integers ``0 <= a <= b <
+            2^53`` (a truncated range such as ``[10]`` fails here).
+    """
+    if not isinstance(span, dict) or set(span) != set(_RANGES):
+        raise SigningError("bad-payload-value", "span must have exactly lines, pages and chars")
+    parts = []
+    for name in _RANGES:
+        r = span[name]
+        if r is None:
+            parts.append(f"{name}=-")
+            continue
+        if (not isinstance(r, list) or len(r) != 2
+                or any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2 ** 53 for v in r)
+                or r[0] > r[1]):
+            raise SigningError("bad-payload-value", f"span.{name} must be null or [start, end] integers")
+        parts.append(f"{name}={r[0]}-{r[1]}")
+    return " ".join(parts)
+
+
+def text_digest(text: str) -> str:
+    """SHA-256 hex of the evidence text's UTF-8 bytes (exactly as sent)."""
+    return signing.sha256_hex(text.encode("utf-8", "surrogatepass"))
+
+
+def payload_of(citation: dict[str, Any], *, tag: str = TAG_CITATION) -> bytes:
+    """The ``kith-citation-v1`` payload a citation object's fields rebuild.
+
+    Raises:
+        SigningError: ``bad-hex`` / ``bad-payload-value`` for a malformed field.
+    """
+    source = citation.get("source")
+    if not isinstance(source, str) or not source or len(source) > MAX_SOURCE_CHARS:
+        raise SigningError("bad-payload-value", "source must be a non-empty source id")
+    signed_at = citation.get("signedAt")
+    if not isinstance(signed_at, str) or not 1 <= len(signed_at) <= 64:
+        raise SigningError("bad-payload-value", "signedAt must be an RFC 3339 time")
+    return signing.citation_payload(
+        host_public_key=citation.get("hostKey"), source=source, version=citation.get("version"),  # type: ignore[arg-type]
+        span=span_text(citation.get("span")), text_sha256=citation.get("textSha256"),  # type: ignore[arg-type]
+        signed_at=signed_at, tag=tag)
+
+
+# --- the host side ----------------------------------------------------------------------
+
+class Evidence(NamedTuple):
+    """What the host's record says of a served chunk: its document's content hash and the
+    chunk's character offsets in the normalised text (None when not recorded)."""
+
+    content_hash: str
+    char_start: int | None
+    char_end: int | None
+
+
+class CitationSigner:
+    """Adds signed citations to ``results`` frames at the egress seam.
+
+    Args:
+        secret: the host identity's 32-byte Ed25519 seed (signs).
+        version_key: the document-version secret (:func:`load_version_key`).
+        evidence: ``[chunk ids] → {chunk id: (content hash, char_start, char_end)}``
+            (:class:`Evidence` or a plain tuple) from the host's corpus
+            (:meth:`node.corpus.store.Corpus.chunk_evidence`); ids it does not return get
+            no citation.
+        now: ``() → RFC 3339 UTC`` (the host's clock).
+        enabled: False — the owner did not pass ``--sign-citations``: asked-for citations
+            are answered ``signing-off`` and nothing is signed.
+    """
+
+    def __init__(self, secret: bytes | None, version_key: bytes | None,
+                 evidence: Callable[[list[str]], dict[str, Any]], now: Callable[[], str],
+                 *, enabled: bool = True) -> None:
+        self.enabled = bool(enabled and secret is not None and version_key is not None)
+        self._sign = signing.signer_of(secret) if self.enabled and secret is not None else None
+        self.host_key = signing.public_key_of(secret) if secret is not None else ""
+        self._version_key = version_key
+        self._evidence = evidence
+        self._now = now
+
+    def rewrite(self, message: dict[str, Any], replying_to: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The ``results`` message with citations (or the ``signing-off`` marker) when the
+        query it answers asked ``citations: true``; None when there is nothing to change.
+        ``message`` is not modified (a new message, envelope and result objects). A result
+        that cannot be cited (its chunk is gone from the record, or its source id holds a
+        line break, which no payload line may) is sent without a citation; this never
+        raises for the content of a result."""
+        if (message.get("action") != "results" or not isinstance(replying_to, dict)
+                or replying_to.get("citations") is not True):
+            return None
+        if not self.enabled:
+            return {**message, "citations": SIGNING_OFF}
+        envelope = message.get("envelope")
+        results = envelope.get("results") if isinstance(envelope, dict) else None
+        if not results:
+            return {**message, "citations": SIGNED}
+        found = self._evidence([r["id"] for r in results if isinstance(r.get("id"), str)])
+        at = self._now()
+        cited = []
+        for r in results:
+            ev = found.get(r.get("id")) if isinstance(r.get("id"), str) else None
+            try:
+                cited.append({**r, "citation": self.cite(r, Evidence(*ev), at)} if ev is not None else r)
+            except (SigningError, KeyError, TypeError):  # e.g. a source id with a line break:
+                cited.append(r)  # that result goes uncited, the answer still leaves
+        return {**message, "citations": SIGNED, "envelope": {**envelope, "results": cited}}
+
+    def cite(self, result: dict[str, Any], ev: Evidence, signed_at: str) -> dict[str, Any]:
+        """The citation object of one result (specs/citations.md §1): the text signed is
+        the result's ``textPreview`` exactly as sent.
+
+        Raises:
+            SigningError: from :func:`node.trust.signing.citation_payload` (a source id
+                with a line break cannot be cited).
+        """
+        assert self._sign is not None and self._version_key is not None
+        prov = result.get("provenance")
+        span = span_of(prov.get("location") if isinstance(prov, dict) else None,
+                       (ev.char_start, ev.char_end))
+        citation = {"v": CITATION_VERSION, "hostKey": self.host_key, "source": result["source"],
+                    "version": keyed_version(self._version_key, ev.content_hash), "span": span,
+                    "textSha256": text_digest(result.get("textPreview") or ""), "signedAt": signed_at}
+        citation["signature"] = self._sign(payload_of(citation))
+        return citation
+
+
+# --- the verifier side ------------------------------------------------------------------
+
+class Row(NamedTuple):
+    """One verify row (``kith verify`` prints one per cited result)."""
+
+    result: str
+    source: str | None
+    host_key: str | None
+    version: str | None
+    peer: str | None
+    person: str | None
+    detail: str
+    where: str
+
+    def as_json(self) -> dict[str, Any]:
+        """``{"result", "source", "hostKey", "version", "peer", "person", "detail", "where"}``."""
+        return {"result": self.result, "source": self.source, "hostKey": self.host_key,
+                "version": self.version, "peer": self.peer, "person": self.person,
+                "detail": self.detail, "where": self.where}
+
+
+#: ``host key → (pinned peer name, person key or None)``, or None when not pinned.
+KnownKey = Callable[[str], "tuple[str, str | None] | None"]
+
+
+def _json_variants(citation: dict[str, Any]) -> Iterator[bytes]:
+    body = {k: v for k, v in citation.items() if k != "signature"}
+    for sort in (True, False):
+        for seps in ((",", ":"), (", ", ": ")):
+            yield json.dumps(body, sort_keys=sort, separators=seps, ensure_ascii=False).encode("utf-8")
+    try:
+        import rfc8785
+
+        yield rfc8785.dumps(body)
+    except Exception:  # noqa: BLE001 - not canonicalisable: that variant does not apply
+        return
+
+
+def _verifies(key: str, message: bytes, signature: str) -> bool:
+    try:
+        signing.verify(key, message, signature)
+    except SigningError:
+        return False
+    return True
+
+
+def verify_citation(citation: Any, *, text: Any, location: Any = None, expected_host: str | None = None,
+                    known: KnownKey | None = None, where: str = "") -> Row:
+    """Judge one citation against the result carrying it (specs/citations.md §3).
+
+    Args:
+        citation: the result's ``citation`` value (anything: malformed input is a row).
+        text: the result's ``textPreview`` as saved.
+        location: the result's location as saved (``provenance.location`` or a merged
+            result's ``location``), compared with the signed span; None skips that check.
+        expected_host: the key the answer names as this result's host (a merged answer's
+            ``peer.key``, a saved join line's ``peer.key``), or None when it names none.
+        known: ``key → (peer name, person)`` for pinned peers.
+        where: a short pointer into the file (``results[2]``) for the table.
+
+    Returns:
+        A :class:`Row` whose ``result`` is a key of :data:`RESULTS`. Never raises.
+    """
+    if not isinstance(citation, dict):
+        return Row("malformed", None, None, None, None, None, "the citation is not an object", where)
+    src = citation.get("source") if isinstance(citation.get("source"), str) else None
+    key = citation.get("hostKey") if isinstance(citation.get("hostKey"), str) else None
+    version = citation.get("version") if isinstance(citation.get("version"), str) else None
+
+    def row(result: str, detail: str | None = None, peer: tuple[str, str | None] | None = None) -> Row:
+        return Row(result, src and src[:MAX_SOURCE_CHARS], key and key[:PUBLIC_KEY_HEX_LEN],
+                   version and version[:SHA256_HEX_LEN], peer[0] if peer else None,
+                   peer[1] if peer else None, detail or RESULTS[result], where)
+
+    v = citation.get("v")
+    if v != CITATION_VERSION:
+        if isinstance(v, str) and v.startswith("kith-citation-"):
+            return row("unknown-version", f"unknown citation format {v[:40]!r}")
+        return row("malformed", "no citation format (v) of kith-citation-v1")
+    try:
+        payload = payload_of(citation)
+        signature = signing.check_hex(citation.get("signature"), SIGNATURE_HEX_LEN, "signature")
+    except SigningError as exc:
+        return row("malformed", exc.message)
+    if set(citation) - {"v", "hostKey", "source", "version", "span", "textSha256", "signedAt", "signature"}:
+        return row("malformed", "the citation has fields kith-citation-v1 does not define")
+    if not isinstance(text, str):
+        return row("malformed", "the result carries no evidence text (textPreview)")
+    assert key is not None
+    if expected_host is not None and expected_host != key:
+        return row("wrong-host", f"signed by {key[:16]}…, but the answer names {str(expected_host)[:16]}…")
+    if location is not None:
+        shown = span_of(location, None)
+        if (shown["lines"], shown["pages"]) != (citation["span"]["lines"], citation["span"]["pages"]):
+            return row("span-mismatch")
+    if not _verifies(key, payload, signature):
+        # name what the signature IS over, when it is one of the known mistakes
+        lines = payload.split(b"\n", 1)[1]
+        for tag in signing.DOMAIN_TAGS:
+            if tag != TAG_CITATION and _verifies(key, tag.encode() + b"\n" + lines, signature):
+                return row("wrong-domain", f"the signature is for the {tag} domain")
+        if any(_verifies(key, variant, signature) for variant in _json_variants(citation)):
+            return row("signed-json")
+        return row("bad-signature")
+    if text_digest(text) != citation["textSha256"]:
+        return row("text-changed")
+    peer = known(key) if known is not None else None
+    if peer is None:
+        return row("unpinned-key")
+    return row("genuine", f"signed by pinned peer {peer[0]}", peer)
+
+
+def _host_of(obj: dict[str, Any], inherited: str | None) -> str | None:
+    peer = obj.get("peer")
+    if isinstance(peer, dict) and isinstance(peer.get("key"), str):
+        return peer["key"]
+    return inherited
+
+
+def _results(node: Any, where: str, host: str | None, depth: int = 0) -> Iterator[tuple[dict[str, Any], str, str | None]]:
+    """Every result object (a dict with ``textPreview`` and ``source``) under ``node``,
+    with its path and the host key its nearest enclosing ``peer.key`` names. A string
+    holding a JSON object (an MCP tool answer's ``content[].text``) is looked into."""
+    if depth > 64:
+        return
+    if isinstance(node, str):
+        if node[:1] == "{" and len(node) <= MAX_ANSWER_BYTES:
+            try:
+                inner = json.loads(node)
+            except ValueError:
+                return
+            yield from _results(inner, where, host, depth + 1)
+        return
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            yield from _results(item, f"{where}[{i}]", host, depth + 1)
+        return
+    if not isinstance(node, dict):
+        return
+    host = _host_of(node, host)
+    if isinstance(node.get("source"), str) and "textPreview" in node and (
+            "citation" in node or "provenance" in node or "location" in node):
+        yield node, where, host
+        return
+    for k, v in node.items():
+        if k in ("citationPack", "answerSynthesis", "eventAggregation", "queryPlan"):
+            continue  # copies of the results' own text: judged once, on the result
+        yield from _results(v, f"{where}.{k}" if where else str(k), host, depth + 1)
+
+
+def verify_answer(answer: Any, *, known: KnownKey | None = None) -> list[Row]:
+    """Judge every result of a saved answer (one JSON value or a list of JSON lines).
+
+    A result without a citation is a ``no-citation`` row. At most :data:`MAX_CITATIONS`
+    rows; never raises."""
+    rows: list[Row] = []
+    for result, where, host in _results(answer, "", None):
+        if len(rows) >= MAX_CITATIONS:
+            break
+        if "citation" not in result:
+            rows.append(Row("no-citation", result["source"][:MAX_SOURCE_CHARS], None, None, None, None,
+                            RESULTS["no-citation"], where))
+            continue
+        prov = result.get("provenance")
+        location = prov.get("location") if isinstance(prov, dict) else result.get("location")
+        rows.append(verify_citation(result["citation"], text=result.get("textPreview"),
+                                    location=location if isinstance(location, dict) else None,
+                                    expected_host=host, known=known, where=where))
+    return rows
+
+
+def read_answer(path: Path) -> Any:
+    """Read a saved answer file: one JSON value, or JSON lines (``kith join --json``).
+
+    Raises:
+        ConfigError: ``file-not-found``; ``answer-invalid`` for a file larger than
+            :data:`MAX_ANSWER_BYTES`, not UTF-8, or not JSON (naming the line).
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_ANSWER_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError("file-not-found", f"{path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError("answer-invalid", f"{path} is a folder, not an answer file") from None
+    except OSError as exc:
+        raise ConfigError("io-error", f"{path} cannot be read ({exc.strerror or type(exc).__name__})") from None
+    return parse_answer(data, str(path))
+
+
+def parse_answer(data: bytes, name: str = "the answer") -> Any:
+    """:func:`read_answer` for bytes already read (the API's and MCP's ``verify``).
+
+    Raises:
+        ConfigError: ``answer-invalid`` as :func:`read_answer`.
+    """
+    if len(data) > MAX_ANSWER_BYTES:
+        raise ConfigError("answer-invalid", f"{name} is larger than {MAX_ANSWER_BYTES // (1024 * 1024)} MiB")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("answer-invalid", f"{name} is not UTF-8 text") from None
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    except RecursionError:
+        raise ConfigError("answer-invalid", f"{name} nests JSON too deeply") from None
+    values = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            values.append(json.loads(line))
+        except (ValueError, RecursionError):
+            raise ConfigError("answer-invalid", f"{name} is neither JSON nor JSON lines (line {n})") from None
+    if not values:
+        raise ConfigError("answer-invalid", f"{name} is empty")
+    return values
+
+
+def known_keys(home: Path) -> KnownKey:
+    """``key → (pinned name, person)`` from ``home``'s peer registry (a blocked key is not
+    known); the person is named when the key is one of this home's own bound devices
+    (``person.json``). Raises what :meth:`node.trust.peers.PeerRegistry.load` raises."""
+    from node.trust.peers import PeerRegistry
+    from node.trust.person import load_person
+
+    registry = PeerRegistry.load(home)
+    try:
+        person = load_person(home)
+    except Exception:  # noqa: BLE001 - a broken person.json names no person, it fails nothing
+        person = None
+
+    def known(key: str) -> tuple[str, str | None] | None:
+        rec = registry.by_key(key)
+        if rec is None or registry.is_blocked(key):
+            return None
+        owner = person.person_key if person is not None and person.binding_for(key) else None
+        return rec.name, owner
+
+    return known
+
+
+def report(rows: list[Row]) -> dict[str, Any]:
+    """The verify document (``kith verify --json``, MCP ``verify``, ``POST /verify``):
+    ``{"ok": every row genuine and at least one, "counts": {result: n}, "rows": [...]}``."""
+    return {"ok": bool(rows) and all(r.result in VERIFIED for r in rows), "counts": summary(rows),
+            "rows": [r.as_json() for r in rows]}
+
+
+def verify_request(body: Any, known: KnownKey | None) -> dict[str, Any]:
+    """Verify the answer of an MCP ``verify`` call or a ``POST /verify`` body:
+    ``{"answer": <the saved answer as JSON, or a string of JSON / JSON lines>}``.
+
+    Returns:
+        :func:`report` of its rows.
+
+    Raises:
+        ConfigError: ``answer-invalid`` when ``body`` is not such an object, or its string
+            is not a saved answer (:func:`parse_answer`).
+    """
+    if not isinstance(body, dict) or set(body) != {"answer"}:
+        raise ConfigError("answer-invalid", 'the request must be {"answer": <a saved Kith answer>}')
+    answer = body["answer"]
+    if isinstance(answer, str):
+        answer = parse_answer(answer.encode("utf-8", "surrogatepass"), "answer")
+    return report(verify_answer(answer, known=known))
+
+
+def summary(rows: Iterable[Row]) -> dict[str, int]:
+    """``{result: count}`` of ``rows``, in :data:`RESULTS` order."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.result] = counts.get(r.result, 0) + 1
+    return {k: counts[k] for k in RESULTS if k in counts}
+
+
+__all__ = ["CITATION_VERSION", "CitationSigner", "Evidence", "KEY_FILE", "MAX_ANSWER_BYTES",
+           "RESULTS", "Row", "SIGNED", "SIGNING_OFF", "VERIFIED", "keyed_version", "known_keys",
+           "load_version_key", "parse_answer", "payload_of", "read_answer", "report", "span_of",
+           "span_text", "summary", "text_digest", "verify_answer", "verify_citation", "verify_request"]
