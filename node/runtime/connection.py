@@ -105,7 +105,8 @@ class Connection:
             "host", host.spec, public_key=host.identity.public_key, sign=host.identity.sign,
             host=HostConfig(remote_id=self.remote, post_protocol=self.post_protocol, nonce_unseen=self.nonce_unseen,
                             admit=admission(self.registry, host.opts.peers_only), profile=host.own_profile,
-                            ui_bundle=host.ui_bundle, named_post=self.named_post),
+                            ui_bundle=host.ui_bundle, named_post=self.named_post,
+                            check_person=self.check_person),
             egress_check=self.egress)
         with self.session_scope:  # cancelled when ended from outside (evicted, revoked, the owner)
             outcome = await run_session(self.stream, self.engine, host.hooks, make_context=self.make_context,
@@ -180,6 +181,15 @@ class Connection:
             return False
         self.held.add(nonce)
         return True
+
+    def check_person(self, pid: Any) -> None:
+        """The engine's ``HostConfig.check_person``: follow the chain's rotations in the
+        host's ledger (node/trust/rotation.py) and tell the owner of each new one
+        (``person-rotated``). Raises :class:`HandshakeError` for a rotation it refuses."""
+        host = self.host
+        for old, new, via in host.rotations.follow(pid):
+            host.emit({"event": "person-rotated", "old_person": old, "person": new, "via": via,
+                       "peer": self.remote, "device_name": pid.device_name})
 
     def egress(self, frame: Any) -> None:
         """The engine's egress seam, called once per outgoing business frame with a

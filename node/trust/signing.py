@@ -34,6 +34,8 @@ TAG_REQUEST = "kith-request-v1"
 TAG_DEVICE_BINDING = "kith-device-binding-v1"
 TAG_PERSON_SUCCESSOR = "kith-person-successor-v1"
 TAG_PERSON_RECOVERY = "kith-person-recovery-v1"
+#: A rotation signed by the recovery key (the person key's device was lost; specs/peers.md §11).
+TAG_PERSON_RECOVERY_ROTATION = "kith-person-recovery-rotation-v1"
 
 _HEX_RE = {n: re.compile(rf"[0-9a-f]{{{n}}}") for n in (64, 128)}
 
@@ -204,6 +206,27 @@ def person_recovery_payload(*, person_key: str, recovery_key: str, created: str)
     check_hex(recovery_key, PUBLIC_KEY_HEX_LEN, "recovery_key")
     return build_payload(TAG_PERSON_RECOVERY, [
         ("person_key", person_key), ("recovery_key", recovery_key), ("created", created),
+    ])
+
+
+def person_recovery_rotation_payload(*, person_key: str, recovery_key: str, successor_key: str,
+                                     created: str, seq: int) -> bytes:
+    """What the recovery key signs to name a successor of the person key it was vouched for
+    by (a rotation when the person key is lost, specs/peers.md §11).
+
+    Lines: ``kith-person-recovery-rotation-v1``, ``person_key`` (the old key, *not* the
+    signer), ``recovery_key`` (the signer), ``successor_key``, ``created`` (RFC 3339 UTC),
+    ``seq``.
+
+    Raises:
+        SigningError: as :func:`device_binding_payload`.
+    """
+    check_hex(person_key, PUBLIC_KEY_HEX_LEN, "person_key")
+    check_hex(recovery_key, PUBLIC_KEY_HEX_LEN, "recovery_key")
+    check_hex(successor_key, PUBLIC_KEY_HEX_LEN, "successor_key")
+    return build_payload(TAG_PERSON_RECOVERY_ROTATION, [
+        ("person_key", person_key), ("recovery_key", recovery_key), ("successor_key", successor_key),
+        ("created", created), ("seq", _check_seq(seq)),
     ])
 
 
