@@ -1,0 +1,268 @@
+"""Groups and grants that end (issue 22 item 5; specs/policy.md §8, specs/peers.md §12):
+how ``@group`` rules decide (the most specific glob still decides; at equal specificity
+deny beats allow across a peer's groups and its own overrides), ``--until`` on a pin, an
+override and a membership, the CLI, and a real Host over memory pipes ending the sessions
+of a grant that ends on its clock — the pin's and a group membership's — and auditing it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from typer.testing import CliRunner
+
+from conftest import initialized
+from node.cli import main as cli_main
+from node.common.errors import UsageError
+from node.policy.grants import parse_until, until_time
+from node.policy.store import Policy
+from node.trust.identity import Identity
+from node.trust.peers import PeerRegistry, pins_in_force, set_pin_until
+
+from test_host_machines import MemoryHost, _connect, _host_home
+
+NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+
+
+def _policy(text: str, now: float = NOW) -> Policy:
+    policy = Policy.from_toml(text)
+    policy.now = lambda: now
+    return policy
+
+
+GROUPS = """
+[[rule]]
+glob = "/docs/**"
+tier = "private"
+
+[group.team]
+members = ["alice", "bob"]
+
+[group.contractors]
+members = ["bob"]
+until = { bob = "2027-02-01T00:00:00Z" }
+
+[[override]]
+peer = "@team"
+glob = "/docs/**"
+tier = "public"
+
+[[override]]
+peer = "@contractors"
+glob = "/docs/**"
+tier = "never"
+
+[[override]]
+peer = "bob"
+glob = "/docs/bob/**"
+tier = "public"
+"""
+
+
+def test_a_group_override_applies_to_its_members_and_deny_beats_allow_across_groups():
+    p = _policy(GROUPS)
+    assert p.decide("/docs/a.md", "alice").allowed  # @team: public
+    assert not p.decide("/docs/a.md", "carol").allowed  # in no group: the rule (private)
+    bob = p.decide("/docs/a.md", "bob")  # @team public and @contractors never, equally specific
+    assert (bob.tier, bob.allowed, bob.override) == ("never", False, "@contractors")
+    # the most specific glob still decides: bob's own override on /docs/bob/** beats both groups
+    assert p.decide("/docs/bob/x.md", "bob").allowed
+    # once bob's membership in @contractors ends, @team's allow is all that is left
+    later = _policy(GROUPS, now=until_time("2027-02-01T00:00:00Z"))
+    assert later.decide("/docs/a.md", "bob").allowed
+
+
+def test_a_peer_named_directly_and_through_a_group_at_equal_specificity_gets_the_deny():
+    p = _policy('[[override]]\npeer = "alice"\nglob = "/x/**"\ntier = "public"\n'
+                '[[override]]\npeer = "@team"\nglob = "/x/**"\ntier = "private"\n'
+                '[group.team]\nmembers = ["alice"]\n')
+    assert p.decide("/x/a", "alice").tier == "private"
+    flipped = _policy('[[override]]\npeer = "alice"\nglob = "/x/**"\ntier = "never"\n'
+                      '[[override]]\npeer = "@team"\nglob = "/x/**"\ntier = "public"\n'
+                      '[group.team]\nmembers = ["alice"]\n')
+    assert flipped.decide("/x/a", "alice").tier == "never"
+
+
+def test_peers_rules_and_quotas_take_a_group():
+    p = _policy('[[rule]]\nglob = "/t/**"\ntier = "peers"\npeers = ["@team"]\n'
+                '[group.team]\nmembers = ["alice", "bob"]\n[group.slow]\nmembers = ["bob"]\n'
+                '[quota]\nqueries_per_hour = 600\n'
+                '[quota.peer."@team"]\nqueries_per_hour = 100\nburst = 10\n'
+                '[quota.peer."@slow"]\nqueries_per_hour = 5\n'
+                '[quota.peer.alice]\nburst = 50\n')
+    assert p.decide("/t/a", "alice").allowed and not p.decide("/t/a", "carol").allowed
+    assert (p.quota_for("alice").queries_per_hour, p.quota_for("alice").burst) == (100, 50)  # her own over @team
+    assert (p.quota_for("bob").queries_per_hour, p.quota_for("bob").burst) == (5, 10)  # the smaller of two groups
+    assert p.quota_for("carol").queries_per_hour == 600
+    assert "@team" in Policy.from_toml(p.to_toml()).to_toml()  # round trip
+
+
+def test_an_override_that_ends_is_ignored_from_then_on():
+    text = '[[override]]\npeer = "alice"\nglob = "/x/**"\ntier = "public"\nuntil = "2027-01-01T00:00:00Z"\n'
+    end = until_time("2027-01-01T00:00:00Z")
+    assert _policy(text, end - 1).decide("/x/a", "alice").allowed
+    assert not _policy(text, end).decide("/x/a", "alice").allowed
+    with pytest.raises(Exception) as exc:
+        Policy.from_toml(text.replace("2027-01-01T00:00:00Z", "next week"))
+    assert exc.value.code == "policy-invalid"
+
+
+def test_until_reads_durations_dates_and_times_and_refuses_the_rest():
+    assert parse_until("90s", NOW) == "2027-01-15T08:01:30Z"
+    assert until_time(parse_until("2w", NOW)) == NOW + 14 * 86400
+    assert parse_until("2030-05-01", NOW) == "2030-05-01T00:00:00Z"
+    assert parse_until("2030-05-01T18:00:00Z", NOW) == "2030-05-01T18:00:00Z"
+    for bad in ("yesterday", "0d", "-3h", "2020-01-01", "2040-01-01", "12 h", "2030-02-30"):
+        with pytest.raises(UsageError) as exc:
+            parse_until(bad, NOW)
+        assert exc.value.code == "grant-bad-until"
+
+
+def test_a_pin_that_ends_is_a_stranger_to_the_host_but_stays_in_the_file(tmp_path):
+    reg = PeerRegistry.load(tmp_path)
+    reg.add("alice", "ab" * 32)
+    reg.add("bob", "cd" * 32)
+    set_pin_until(reg, "alice", "2027-01-01T00:00:00Z")
+    view = pins_in_force(PeerRegistry.load(tmp_path), until_time("2027-01-01T00:00:00Z"))
+    assert view.by_key("ab" * 32) is None and view.by_name("bob") is not None
+    view.merge_profile("cd" * 32, {"displayName": "Bob"})  # a save through the view keeps the ended pin
+    again = PeerRegistry.load(tmp_path)
+    assert again.by_name("alice").until == "2027-01-01T00:00:00Z"
+    assert again.to_json(again.by_name("bob"))["until"] is None
+
+
+# ----------------------------------------------------------------------------- the CLI
+@pytest.fixture(scope="module")
+def kith():
+    cli_main._register()
+    runner = CliRunner()
+
+    def run(home: Path, *args: str):
+        return runner.invoke(cli_main.app, ["--home", str(initialized(home)), *args])
+
+    return run
+
+
+def _json(result):
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_the_owner_sees_groups_and_when_each_grant_ends(kith, tmp_path):
+    assert kith(tmp_path, "peers", "add", "alice", "ab" * 32, "--until", "7d").exit_code == 0
+    assert kith(tmp_path, "peers", "add", "bob", "cd" * 32).exit_code == 0
+    out = _json(kith(tmp_path, "peers", "group", "add", "team", "alice", "bob", "--until", "2030-01-01", "--json"))
+    assert out["members"] == [{"name": "alice", "until": "2030-01-01T00:00:00Z"},
+                              {"name": "bob", "until": "2030-01-01T00:00:00Z"}] and out["unpinnedPeers"] == []
+    rule = _json(kith(tmp_path, "policy", "set", "/docs/**", "public", "--for", "@team", "--until", "3d", "--json"))
+    assert rule["for"] == "@team" and rule["until"].endswith("Z")
+    listed = {p["name"]: p for p in _json(kith(tmp_path, "peers", "list", "--json"))["peers"]}
+    assert listed["alice"]["until"] is not None and listed["bob"]["until"] is None
+    assert listed["bob"]["groups"] == [{"group": "team", "until": "2030-01-01T00:00:00Z"}]
+    text = kith(tmp_path, "peers", "list").stdout
+    assert "@team (until 2030-01-01T00:00:00Z)" in text
+    assert _json(kith(tmp_path, "policy", "list", "--json"))["overrides"][0]["until"] == rule["until"]
+    assert _json(kith(tmp_path, "peers", "group", "remove", "team", "bob", "--json"))["members"] == \
+        [{"name": "alice", "until": "2030-01-01T00:00:00Z"}]
+    assert _json(kith(tmp_path, "peers", "group", "list", "--json"))["groups"][0]["group"] == "team"
+    missing = kith(tmp_path, "peers", "group", "remove", "nope")
+    assert missing.exit_code == 1 and missing.exception.code == "group-not-found"
+
+
+def test_a_bad_until_writes_nothing(kith, tmp_path):
+    before = (initialized(tmp_path) / "policy.toml").exists()
+    for args in (("peers", "add", "carol", "ef" * 32, "--until", "soon"),
+                 ("peers", "group", "add", "team", "carol", "--until", "2001-01-01"),
+                 ("policy", "set", "/x/**", "public", "--for", "carol", "--until", "0h")):
+        r = kith(tmp_path, *args)
+        assert getattr(r.exception, "code", None) == "grant-bad-until", r.output
+    assert PeerRegistry.load(tmp_path).by_name("carol") is None
+    assert (tmp_path / "policy.toml").exists() == before
+    r = kith(tmp_path, "policy", "set", "/x/**", "public", "--until", "3d")
+    assert r.exception.code == "usage"  # --until without --for
+
+
+# ----------------------------------------------------------------------------- a real host
+def _hits(message) -> list:
+    return message["envelope"]["results"]
+
+
+def _ended_codes(guest) -> list[str]:
+    return [c for c, _m in guest.outcome.remote_errors] if guest.outcome else []
+
+
+def test_a_pin_that_ends_mid_session_ends_the_session_and_the_peer_returns_a_stranger(tmp_path):
+    home = _host_home(tmp_path)
+    (home / "policy.toml").write_text('[[rule]]\nglob = "/docs/**"\ntier = "private"\n'
+                                      '[[override]]\npeer = "alice"\nglob = "/docs/**"\ntier = "public"\n')
+    alice = Identity(os.urandom(32))
+    reg = PeerRegistry.load(home)
+    reg.add("alice", alice.public_key)
+
+    async def scenario():
+        host = MemoryHost(home)
+        set_pin_until(PeerRegistry.load(home), "alice", time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                       time.gmtime(host.clock.time() + 60)))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.host.run)
+            await host.ready.wait()
+            first = await _connect(tg, host, alice)
+            first.ask("alpha")
+            await first.answered(1)
+            host.clock.advance(61)
+            await host.until(lambda: first.outcome is not None)
+            again = await _connect(tg, host, alice)
+            again.ask("alpha")
+            await again.answered(1)
+            again.ask(None)
+            host.stop.set()
+        return host, first, again
+
+    host, first, again = anyio.run(scenario, backend="asyncio")
+    assert _hits(first.results[0]) and "session-grant-expired" in _ended_codes(first)
+    [ev] = host.of("grant-expired")
+    assert (ev["kind"], ev["peer_name"], ev["sessions_ended"]) == ("pin", "alice", 1)
+    started = host.of("session-started")
+    assert [e["peer_name"] for e in started] == ["alice", None]  # a stranger the second time
+    assert again.results[0]["status"] == "no-verified-results" and not _hits(again.results[0])  # nothing served
+    audit = [json.loads(line) for line in (home / "audit.jsonl").read_text().splitlines()]
+    assert any(a.get("event") == "grant-expired" and a.get("peer_name") == "alice" for a in audit)
+
+
+def test_a_group_membership_that_ends_mid_session_takes_the_group_grant_away(tmp_path):
+    home = _host_home(tmp_path)
+    alice = Identity(os.urandom(32))
+    PeerRegistry.load(home).add("alice", alice.public_key)
+
+    async def scenario():
+        host = MemoryHost(home)
+        end = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(host.clock.time() + 30))
+        (home / "policy.toml").write_text(
+            '[[rule]]\nglob = "/docs/**"\ntier = "private"\n'
+            '[[override]]\npeer = "@team"\nglob = "/docs/**"\ntier = "public"\n'
+            f'[group.team]\nmembers = ["alice"]\nuntil = {{ alice = "{end}" }}\n')
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.host.run)
+            await host.ready.wait()
+            first = await _connect(tg, host, alice)
+            first.ask("alpha")
+            await first.answered(1)
+            host.clock.advance(31)
+            await host.until(lambda: first.outcome is not None)
+            again = await _connect(tg, host, alice)
+            again.ask("alpha")
+            await again.answered(1)
+            again.ask(None)
+            host.stop.set()
+        return host, first, again
+
+    host, first, again = anyio.run(scenario, backend="asyncio")
+    assert _hits(first.results[0]) and "session-grant-expired" in _ended_codes(first)
+    [ev] = host.of("grant-expired")
+    assert (ev["kind"], ev["group"], ev["peer_name"]) == ("group", "team", "alice")
+    assert [e["peer_name"] for e in host.of("session-started")] == ["alice", "alice"]  # still pinned
+    assert not _hits(again.results[0])  # but the group's grant is gone
