@@ -266,3 +266,32 @@ def test_a_group_membership_that_ends_mid_session_takes_the_group_grant_away(tmp
     assert (ev["kind"], ev["group"], ev["peer_name"]) == ("group", "team", "alice")
     assert [e["peer_name"] for e in host.of("session-started")] == ["alice", "alice"]  # still pinned
     assert not _hits(again.results[0])  # but the group's grant is gone
+
+
+def test_the_dashboard_shows_groups_and_when_each_grant_ends(kith, tmp_path):
+    from node.local.dashboard.app import run_dashboard_in_thread
+
+    from test_dashboard import _logged_in
+
+    home = initialized(tmp_path)
+    assert kith(home, "peers", "add", "alice", "ab" * 32, "--until", "2030-01-01").exit_code == 0
+    assert kith(home, "peers", "group", "add", "team", "alice", "--until", "2029-06-01").exit_code == 0
+    assert kith(home, "policy", "set", "/docs/**", "public", "--for", "@team", "--until", "2029-07-01").exit_code == 0
+    with run_dashboard_in_thread(home) as (base, login):
+        client = _logged_in(base, login)
+        peers, policy = client.get("/peers").text, client.get("/policy").text
+    row = peers.split('data-name="alice"', 1)[1].split("</tr>", 1)[0]
+    assert "@team" in row and "until 2029-06-01T00:00:00Z" in row and "2030-01-01T00:00:00Z" in row
+    assert 'data-group="team"' in peers
+    assert "@team" in policy and "2029-07-01T00:00:00Z" in policy
+
+
+def test_status_lists_every_grant_that_ends_soonest_first(kith, tmp_path):
+    home = initialized(tmp_path)
+    kith(home, "peers", "add", "alice", "ab" * 32, "--until", "2030-01-01")
+    kith(home, "peers", "group", "add", "team", "alice", "--until", "2029-06-01")
+    out = _json(kith(home, "status", "--json"))
+    assert [(g["kind"], g["peer_name"], g["until"]) for g in out["grants"]] == \
+        [("group", "alice", "2029-06-01T00:00:00Z"), ("pin", "alice", "2030-01-01T00:00:00Z")]
+    text = kith(home, "status").stdout
+    assert "grants that end: 2" in text and "alice in @team until 2029-06-01T00:00:00Z" in text

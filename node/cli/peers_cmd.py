@@ -252,14 +252,9 @@ def _groups_by_member(home) -> dict:
     from node.policy.store import Policy
 
     try:
-        policy = Policy.load(home)
+        return Policy.load(home).groups_by_member()
     except KithError:
         return {}
-    out: dict = {}
-    for g in policy.groups.values():
-        for member, until in g.members.items():
-            out.setdefault(member, {})[g.name] = until
-    return out
 
 
 def _groups_text(groups: dict) -> str:

@@ -601,6 +601,15 @@ class Policy:
         return {GROUP_PREFIX + g.name for g in self.groups.values()
                 if peer_name in g.members and in_force(g.members[peer_name], now)}
 
+    def groups_by_member(self) -> dict[str, dict[str, str | None]]:
+        """Registry name → {group name → that membership's end (RFC 3339) or None}, ended
+        memberships included (the owner's view: ``kith peers list``, the dashboard)."""
+        out: dict[str, dict[str, str | None]] = {}
+        for g in self.groups.values():
+            for member, until in g.members.items():
+                out.setdefault(member, {})[g.name] = until
+        return out
+
     def add_members(self, group: str, names: Sequence[str], until: str | None = None) -> Group:
         """Add ``names`` to ``group`` (made when new), each membership ending at ``until``
         (RFC 3339 UTC or None: never); a member added again takes the new ``until``. Does
