@@ -115,8 +115,8 @@ def rotate_cmd(
     console.print(f"  signed by the {got.via} key; re-bound: {', '.join(got.devices)}"
                   + (f"; left out: {', '.join(got.dropped)}" if got.dropped else ""), highlight=False, markup=False)
     console.print(f"  the person's words changed: {out['old_words']} → {out['words']}", highlight=False, markup=False)
-    console.print("  tell the people who check your words; hosts follow the rotation on your next handshake "
-                  "(a pin on the old key keeps working)", highlight=False, markup=False)
+    console.print("  tell the people who check your words; every host follows the rotation on your next "
+                  "handshake from a re-bound device", highlight=False, markup=False)
     me = _this_key(home)
     others = [d["device_name"] for d in _record(home).devices if d["device_key"] != me]
     if others:
