@@ -233,7 +233,10 @@ def test_a_pin_that_ends_mid_session_ends_the_session_and_the_peer_returns_a_str
     assert any(a.get("event") == "grant-expired" and a.get("peer_name") == "alice" for a in audit)
 
 
-def test_a_group_membership_that_ends_mid_session_takes_the_group_grant_away(tmp_path):
+@pytest.mark.parametrize("ends", ["membership", "override"])
+def test_a_group_grant_that_ends_mid_session_is_taken_away(tmp_path, ends):
+    """The membership in @team ends, or @team's override does: alice's session ends and,
+    still pinned, she is served nothing the group gave her."""
     home = _host_home(tmp_path)
     alice = Identity(os.urandom(32))
     PeerRegistry.load(home).add("alice", alice.public_key)
@@ -241,10 +244,12 @@ def test_a_group_membership_that_ends_mid_session_takes_the_group_grant_away(tmp
     async def scenario():
         host = MemoryHost(home)
         end = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(host.clock.time() + 30))
+        member_end = f'until = {{ alice = "{end}" }}\n' if ends == "membership" else ""
+        override_end = f'until = "{end}"\n' if ends == "override" else ""
         (home / "policy.toml").write_text(
             '[[rule]]\nglob = "/docs/**"\ntier = "private"\n'
-            '[[override]]\npeer = "@team"\nglob = "/docs/**"\ntier = "public"\n'
-            f'[group.team]\nmembers = ["alice"]\nuntil = {{ alice = "{end}" }}\n')
+            f'[[override]]\npeer = "@team"\nglob = "/docs/**"\ntier = "public"\n{override_end}'
+            f'[group.team]\nmembers = ["alice"]\n{member_end}')
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.host.run)
             await host.ready.wait()
@@ -263,7 +268,10 @@ def test_a_group_membership_that_ends_mid_session_takes_the_group_grant_away(tmp
     host, first, again = anyio.run(scenario, backend="asyncio")
     assert _hits(first.results[0]) and "session-grant-expired" in _ended_codes(first)
     [ev] = host.of("grant-expired")
-    assert (ev["kind"], ev["group"], ev["peer_name"]) == ("group", "team", "alice")
+    if ends == "membership":
+        assert (ev["kind"], ev["group"], ev["peer_name"], ev["sessions_ended"]) == ("group", "team", "alice", 1)
+    else:
+        assert (ev["kind"], ev["peer_name"], ev["glob"], ev["sessions_ended"]) == ("override", "@team", "/docs/**", 1)
     assert [e["peer_name"] for e in host.of("session-started")] == ["alice", "alice"]  # still pinned
     assert not _hits(again.results[0])  # but the group's grant is gone
 
@@ -295,3 +303,34 @@ def test_status_lists_every_grant_that_ends_soonest_first(kith, tmp_path):
         [("group", "alice", "2029-06-01T00:00:00Z"), ("pin", "alice", "2030-01-01T00:00:00Z")]
     text = kith(home, "status").stdout
     assert "grants that end: 2" in text and "alice in @team until 2029-06-01T00:00:00Z" in text
+
+
+def test_kith_person_rotate_show_and_import_through_the_cli(kith, tmp_path):
+    from node.trust.person import bind_device, load_person, load_person_secret, save_person
+    from node.trust.identity import init_identity
+
+    from node.trust.identity import load_identity
+    from node.trust.person import init_person
+
+    home = initialized(tmp_path / "laptop")
+    init_person(home, load_identity(home), "laptop")
+    (tmp_path / "desk").mkdir()
+    desk, _ = init_identity(tmp_path / "desk")
+    rec = load_person(home)
+    bind_device(rec, load_person_secret(home), desk.public_key, "desk")
+    save_person(home, rec)
+    save_person(tmp_path / "desk", load_person(home))
+    before = _json(kith(home, "person", "show", "--json"))
+    got = _json(kith(home, "person", "rotate", "--json"))
+    assert got["old_person_key"] == before["person_key"] and got["words"] != got["old_words"]
+    assert sorted(got["devices"]) == sorted(d["name"] for d in before["devices"]) and got["via"] == "person"
+    shown = kith(home, "person", "show", "--json")
+    (tmp_path / "rotated.json").write_text(shown.stdout)
+    after = json.loads(shown.stdout)
+    assert after["rotations"][0]["from"] == before["person_key"] and after["words"] == got["words"]
+    imported = _json(kith(tmp_path / "desk", "person", "import", str(tmp_path / "rotated.json"), "--json"))
+    assert imported["person_key"] == got["person_key"]
+    again = kith(tmp_path / "desk", "person", "import", str(tmp_path / "rotated.json"))
+    assert again.exception.code == "person-not-successor"
+    lost = kith(tmp_path / "desk", "person", "rotate")  # the desk never held the person key
+    assert lost.exception.code == "device-no-person-key"

@@ -191,6 +191,9 @@ def test_a_host_one_rotation_behind_follows_it_and_refuses_a_fork_and_a_retired_
             device_link(thief_person, thief_dev.public_key, "thief", WHEN, 10)]
     stale_dev = Identity(os.urandom(32))
     stale = [device_link(old_secret, stale_dev.public_key, "desk", WHEN, 11)]
+    gap_dev, x, y = Identity(os.urandom(32)), os.urandom(32), os.urandom(32)
+    gap = [successor_link(old_secret, public_key_of(x), WHEN, 12), successor_link(y, public_key_of(x), WHEN, 13),
+           device_link(x, gap_dev.public_key, "gap", WHEN, 14)]
 
     async def scenario():
         host = MemoryHost(home)
@@ -207,7 +210,8 @@ def test_a_host_one_rotation_behind_follows_it_and_refuses_a_fork_and_a_retired_
             await after.answered(1)
             forked = await _connect(tg, host, thief_dev, fork)
             retired = await _connect(tg, host, stale_dev, stale)
-            await host.until(lambda: forked.outcome is not None and retired.outcome is not None)
+            gapped = await _connect(tg, host, gap_dev, gap)
+            await host.until(lambda: all(g.outcome is not None for g in (forked, retired, gapped)))
             after.ask(None)
             host.stop.set()
         return host, after, forked, retired
@@ -220,6 +224,7 @@ def test_a_host_one_rotation_behind_follows_it_and_refuses_a_fork_and_a_retired_
     refused = {e["peer"]: (e["reason"], e["code"]) for e in host.of("session-ended") if not e.get("session_id")}
     assert refused[thief_dev.public_key] == ("rejected", "handshake-rotation-revoked-key")
     assert refused[stale_dev.public_key] == ("rejected", "handshake-person-key-retired")
+    assert refused[gap_dev.public_key] == ("rejected", "handshake-chain-gap")
     assert not forked.outcome.ok and not retired.outcome.ok
     assert not forked.results and not retired.results
     started = {e["peer"] for e in host.of("session-started")}
