@@ -195,11 +195,19 @@ def test_a_host_one_rotation_behind_follows_it_and_refuses_a_fork_and_a_retired_
     gap = [successor_link(old_secret, public_key_of(x), WHEN, 12), successor_link(y, public_key_of(x), WHEN, 13),
            device_link(x, gap_dev.public_key, "gap", WHEN, 14)]
 
+    from node.trust.peers import PeerRegistry
+
+    PeerRegistry.load(home).add("alice", laptop.public_key)  # the host pinned alice's laptop
+    stranger_dev, s1, s2 = Identity(os.urandom(32)), os.urandom(32), os.urandom(32)
+    stranger = [successor_link(s1, public_key_of(s2), WHEN, 0), device_link(s2, stranger_dev.public_key, "x", WHEN, 1)]
+
     async def scenario():
         host = MemoryHost(home)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.host.run)
             await host.ready.wait()
+            anon = await _connect(tg, host, stranger_dev, stranger)  # a stranger's own rotation: served,
+            anon.ask(None)                                            # never recorded
             first = await _connect(tg, host, laptop, before)
             first.ask("alpha")
             await first.answered(1)
@@ -229,5 +237,7 @@ def test_a_host_one_rotation_behind_follows_it_and_refuses_a_fork_and_a_retired_
     assert not forked.results and not retired.results
     started = {e["peer"] for e in host.of("session-started")}
     assert thief_dev.public_key not in started and stale_dev.public_key not in started
+    ledger = json.loads((home / ROTATIONS_FILE).read_text())["rotations"]
+    assert list(ledger) == [rec.person_key]  # alice's rotation only, not the stranger's
     audit = [json.loads(line) for line in (home / "audit.jsonl").read_text().splitlines()]
     assert any(a.get("event") == "person-rotated" and a.get("person") == new_key for a in audit)

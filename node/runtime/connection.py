@@ -183,10 +183,19 @@ class Connection:
         return True
 
     def check_person(self, pid: Any) -> None:
-        """The engine's ``HostConfig.check_person``: follow the chain's rotations in the
-        host's ledger (node/trust/rotation.py) and tell the owner of each new one
-        (``person-rotated``). Raises :class:`HandshakeError` for a rotation it refuses."""
+        """The engine's ``HostConfig.check_person``: judge the chain by the host's rotation
+        ledger (node/trust/rotation.py; raises :class:`HandshakeError` for a rotation it
+        refuses). Rotations are *recorded* (and the owner told, ``person-rotated``) only
+        for a peer the registry knows — its device key, or a key of its lineage, is pinned
+        — so strangers cannot grow the ledger, push pinned people's entries out of it, or
+        make the host write for every handshake."""
         host = self.host
+        registry = self.registry
+        known = registry.by_key(self.remote) is not None or any(
+            registry.by_key(key) is not None for key in host.rotations.lineage(pid))
+        if not known:
+            host.rotations.check(pid)
+            return
         for old, new, via in host.rotations.follow(pid):
             host.emit({"event": "person-rotated", "old_person": old, "person": new, "via": via,
                        "peer": self.remote, "device_name": pid.device_name})

@@ -80,8 +80,21 @@ class GrantWatcher:
         self.clock = clock
         self.on_event = on_event
         self.interval_s = interval_s
+        self._stamps: tuple[Any, ...] | None = None
+        self._grants: list[dict[str, Any]] = []
         now = clock.time()
-        self._reported = {_ident(g) for g in grants_with_ends(self.home) if until_time(g["until"]) <= now}
+        self._reported = {_ident(g) for g in self._current() if until_time(g["until"]) <= now}
+
+    def _current(self) -> list[dict[str, Any]]:
+        """:func:`grants_with_ends`, read again only when ``peers.json`` or ``policy.toml``
+        changed (one ``os.stat`` each per look)."""
+        from node.policy.store import POLICY_FILE, file_stamp
+        from node.trust.peers import PEERS_FILE
+
+        stamps = (file_stamp(self.home / PEERS_FILE), file_stamp(self.home / POLICY_FILE))
+        if stamps != self._stamps:
+            self._stamps, self._grants = stamps, grants_with_ends(self.home)
+        return self._grants
 
     async def run(self) -> None:
         """Look every :attr:`interval_s` until cancelled; never raises for a bad file."""
@@ -96,7 +109,7 @@ class GrantWatcher:
         """One look. Returns the ``grant-expired`` events emitted."""
         now = self.clock.time()
         out = []
-        for g in grants_with_ends(self.home):
+        for g in self._current():
             ident = _ident(g)
             if ident in self._reported or until_time(g["until"]) > now:
                 continue

@@ -203,6 +203,31 @@ def recovery_link(recovery_secret_seed: bytes, person_key: str, recovery_created
     return {**link, "signature": sign(recovery_secret_seed, link_payload({**link, "signature": ""}))}
 
 
+def verify_link(link: dict[str, Any], i: int = 0) -> None:
+    """Verify one shape-checked link's signatures: its ``signature`` by its ``person_key``
+    (a recovery link: first the person key's statement vouching for ``recovery_key``, then
+    ``signature`` by that recovery key).
+
+    Raises:
+        HandshakeError: ``handshake-rotation-unknown-key`` (the recovery statement does not
+            verify), ``handshake-binding-forged`` (the signature does not).
+    """
+    signer = link["person_key"]
+    if link["type"] == "recovery":
+        try:
+            verify(signer, person_recovery_payload(person_key=signer, recovery_key=link["recovery_key"],
+                                                   created=link["recovery_created"]),
+                   link["recovery_signature"], field=f"link {i} recovery_signature")
+        except SigningError:
+            raise HandshakeError("handshake-rotation-unknown-key",
+                                 f"link {i} is signed by a recovery key its person key never vouched for") from None
+        signer = link["recovery_key"]
+    try:
+        verify(signer, link_payload(link), link["signature"], field=f"link {i} signature")
+    except SigningError:
+        raise HandshakeError("handshake-binding-forged", f"link {i}'s signature does not verify") from None
+
+
 def verify_chain(chain: object, device_key: str, *, before_signatures: Callable[[], None] = lambda: None
                  ) -> PersonIdentity:
     """Verify a binding chain for ``device_key`` (the QUIC-authenticated remote id).
@@ -248,20 +273,7 @@ def verify_chain(chain: object, device_key: str, *, before_signatures: Callable[
         raise HandshakeError("handshake-binding-wrong-device", "the binding is for another device key")
     before_signatures()
     for i, link in enumerate(links):
-        signer = link["person_key"]
-        if link["type"] == "recovery":
-            try:
-                verify(signer, person_recovery_payload(person_key=signer, recovery_key=link["recovery_key"],
-                                                       created=link["recovery_created"]),
-                       link["recovery_signature"], field=f"link {i} recovery_signature")
-            except SigningError:
-                raise HandshakeError("handshake-rotation-unknown-key",
-                                     f"link {i} is signed by a recovery key its person key never vouched for") from None
-            signer = link["recovery_key"]
-        try:
-            verify(signer, link_payload(link), link["signature"], field=f"link {i} signature")
-        except SigningError:
-            raise HandshakeError("handshake-binding-forged", f"link {i}'s signature does not verify") from None
+        verify_link(link, i)
     return PersonIdentity(person=device["person_key"], device=device_key, device_name=device["device_name"],
                           earlier=tuple(link["person_key"] for link in links[:-1]), seq=device["seq"],
                           rotations=tuple((link["person_key"], link["successor_key"],
@@ -270,4 +282,4 @@ def verify_chain(chain: object, device_key: str, *, before_signatures: Callable[
 
 
 __all__ = ["MAX_CHAIN_LINKS", "MAX_DEVICE_NAME", "PersonIdentity", "VIA_PERSON", "VIA_RECOVERY", "check_device_name", "check_link",
-           "device_link", "link_payload", "recovery_link", "successor_link", "verify_chain"]
+           "device_link", "link_payload", "recovery_link", "successor_link", "verify_chain", "verify_link"]

@@ -30,7 +30,7 @@ from typing import Any
 
 from node.common.errors import ConfigError, KithError, SigningError
 from node.common.home import atomic_write
-from node.trust.binding import MAX_CHAIN_LINKS, check_device_name, device_link, link_payload, verify_chain
+from node.trust.binding import MAX_CHAIN_LINKS, check_device_name, device_link, verify_chain
 from node.trust.identity import Identity
 from node.trust.invitation import rfc3339
 from node.trust.signing import (
@@ -176,21 +176,16 @@ def _check_history(successors: list[dict[str, Any]]) -> None:
     :func:`node.trust.binding.verify_chain`).
 
     Raises:
-        TypeError / SigningError / HandshakeError: a link that is not.
+        TypeError / HandshakeError: a link that is not.
     """
-    from node.trust.binding import check_link  # the same shape rules as the handshake's
+    from node.trust.binding import check_link, verify_link  # the handshake's own rules
 
     for i, raw in enumerate(successors[:-(MAX_CHAIN_LINKS - 1)]):
         link = check_link(raw, False, i)
         nxt = successors[i + 1]
         if not isinstance(nxt, dict) or link["successor_key"] != nxt.get("person_key"):
             raise TypeError(f"rotation link {i} is not continued by the next one")
-        signer = link["person_key"]
-        if link["type"] == "recovery":
-            verify(signer, person_recovery_payload(person_key=signer, recovery_key=link["recovery_key"],
-                                                   created=link["recovery_created"]), link["recovery_signature"])
-            signer = link["recovery_key"]
-        verify(signer, link_payload(link), link["signature"])
+        verify_link(link, i)
 
 
 def load_person(home: Path) -> PersonRecord | None:
