@@ -161,6 +161,13 @@ def test_the_ledger_retires_a_rotated_key_and_a_recovery_rotation_overrules_a_th
             ledger.follow(pid)
         assert exc.value.code == code
     assert RotationLedger.load(tmp_path).lineage(_pid(r, [(q, r, "person")])) == [r, q, p]
+    from node.trust.peers import PeerRegistry
+    from node.trust.rotation import pinned_in_lineage
+
+    reg = PeerRegistry.load(tmp_path)
+    reg.add("alice", p)  # a pin on alice's first person key
+    assert pinned_in_lineage(reg, RotationLedger.load(tmp_path), _pid(r, [(q, r, "person")])).name == "alice"
+    assert pinned_in_lineage(reg, RotationLedger.load(tmp_path), _pid(t)) is None
     # the person key was stolen and the thief rotated first: the recovery words win it back
     thief = RotationLedger.load(tmp_path)
     thief.entries.clear()

@@ -191,8 +191,9 @@ class Connection:
         make the host write for every handshake."""
         host = self.host
         registry = self.registry
-        known = registry.by_key(self.remote) is not None or any(
-            registry.by_key(key) is not None for key in host.rotations.lineage(pid))
+        from node.trust.rotation import pinned_in_lineage
+
+        known = registry.by_key(self.remote) is not None or pinned_in_lineage(registry, host.rotations, pid) is not None
         if not known:
             host.rotations.check(pid)
             return

@@ -326,5 +326,21 @@ class RotationLedger:
             key = nxt
 
 
+def pinned_in_lineage(registry: Any, ledger: RotationLedger, pid: PersonIdentity) -> Any:
+    """The registry record pinned on a person key ``pid`` descends from — its own, the
+    chain's earlier keys, then older ones the host followed (:meth:`RotationLedger.lineage`,
+    newest first) — or None. This is how a pin on an old person key keeps naming the person
+    after a rotation (specs/peers.md §11).
+
+    Args:
+        registry: a :class:`node.trust.peers.PeerRegistry` (anything with ``by_key``).
+    """
+    for key in ledger.lineage(pid):
+        rec = registry.by_key(key)
+        if rec is not None:
+            return rec
+    return None
+
+
 __all__ = ["PENDING_KEY_FILE", "ROTATIONS_FILE", "RotationLedger", "RotationResult", "adopt_person",
-           "finish_pending_key", "rotate_person"]
+           "finish_pending_key", "pinned_in_lineage", "rotate_person"]
