@@ -305,6 +305,19 @@ def test_status_lists_every_grant_that_ends_soonest_first(kith, tmp_path):
     assert "grants that end: 2" in text and "alice in @team until 2029-06-01T00:00:00Z" in text
 
 
+def test_status_shows_this_homes_person_its_devices_and_rotations(kith, tmp_path):
+    from node.trust.identity import load_identity
+    from node.trust.person import init_person
+
+    home = initialized(tmp_path)
+    rec, _ = init_person(home, load_identity(home), "laptop")
+    assert kith(home, "person", "rotate").exit_code == 0
+    ident = _json(kith(home, "status", "--json"))["identity"]
+    assert ident["person"] != rec.person_key and ident["rotations"] == 1
+    assert ident["devices"] == [{"name": "laptop", "key": load_identity(home).public_key, "this": True}]
+    assert "devices: laptop (this device)  rotated 1 time(s)" in kith(home, "status").stdout
+
+
 def test_kith_person_rotate_show_and_import_through_the_cli(kith, tmp_path):
     from node.trust.person import bind_device, load_person, load_person_secret, save_person
     from node.trust.identity import init_identity

@@ -32,7 +32,10 @@ def _identity(home: Path) -> dict[str, Any] | None:
         raise
     person = load_person(home)
     return {"fingerprint": ident.fingerprint, "key": ident.public_key,
-            "person": person.person_key if person is not None else None}
+            "person": person.person_key if person is not None else None,
+            "devices": [{"name": d["device_name"], "key": d["device_key"], "this": d["device_key"] == ident.public_key}
+                        for d in (person.devices if person is not None else [])],
+            "rotations": len(person.successors) if person is not None else 0}
 
 
 def _index(home: Path) -> dict[str, Any]:
@@ -64,7 +67,9 @@ def _host_state(home: Path) -> dict[str, Any] | None:
 
 def status_report(home: Path) -> dict[str, Any]:
     """``kith status --json``: ``{"home", "identity": {"fingerprint", "key" (this device),
-    "person" (the person key, null before `kith init` migrated the home)} | null,
+    "person" (the person key, null before `kith init` migrated the home), "devices":
+    [{"name", "key", "this"}] (the devices that person bound), "rotations" (how many times
+    its key was rotated)} | null,
     "index": {...}, "host": <state document> | null, "approvals": [...], "grants": [{"kind"
     ("pin" | "group" | "override"), "peer_name", "group"?, "glob"?, "tier"?, "until",
     "ended"}]}`` (specs/control.md; ``grants``: every grant with an end, soonest first,
@@ -136,6 +141,10 @@ def status_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
     _print(f"home: {report['home']}")
     _print(f"identity: {ident['fingerprint']}  ({ident['key']})" if ident else
            "identity: none (run `kith init`)")
+    if ident and ident.get("person"):
+        devices = ", ".join(d["name"] + (" (this device)" if d["this"] else "") for d in ident["devices"])
+        _print(f"person: {ident['person']}  devices: {devices}"
+               + (f"  rotated {ident['rotations']} time(s)" if ident["rotations"] else ""))
     roots = " ".join(index["roots"]) or "none (`kith index add PATH`)"
     _print(f"index: {'ready' if index['ready'] else 'not ready'}, roots {roots}, documents {index['documents']}, "
            f"chunks {index['chunks']}" + (f", failed {index['failed']}" if index.get("failed") else ""))
