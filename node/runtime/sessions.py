@@ -63,8 +63,9 @@ FAILURE_CODES = frozenset({
     "handshake-unexpected-frame", "handshake-timeout", "handshake-first-frame",
     "handshake-chain-too-long", "handshake-binding-malformed", "handshake-binding-forged",
     "handshake-binding-wrong-person", "handshake-binding-wrong-device", "handshake-chain-loop",
-    "handshake-chain-gap", "handshake-rotation-unknown-key", "handshake-rotation-revoked-key",
-    "handshake-person-key-retired",
+    # not handshake-person-key-retired / -rotation-revoked-key: the host's own decision from
+    # its rotation ledger (node/trust/rotation.py), like not-admitted
+    "handshake-chain-gap", "handshake-rotation-unknown-key",
     "peer-disconnected",  # hung up before _session_ready: the proof is missing
 })
 #: How a session can be ended from outside (:attr:`Ended.cause`).
