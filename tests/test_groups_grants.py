@@ -347,3 +347,32 @@ def test_kith_person_rotate_show_and_import_through_the_cli(kith, tmp_path):
     assert again.exception.code == "person-not-successor"
     lost = kith(tmp_path / "desk", "person", "rotate")  # the desk never held the person key
     assert lost.exception.code == "device-no-person-key"
+
+
+def test_a_peers_only_host_refuses_a_pin_that_ended(tmp_path):
+    home = _host_home(tmp_path)
+    alice, bob = Identity(os.urandom(32)), Identity(os.urandom(32))
+    reg = PeerRegistry.load(home)
+    reg.add("alice", alice.public_key)
+    reg.add("bob", bob.public_key)
+
+    async def scenario():
+        host = MemoryHost(home, peers_only=True)
+        set_pin_until(PeerRegistry.load(home), "alice", time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                       time.gmtime(host.clock.time() - 1)))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.host.run)
+            await host.ready.wait()
+            ended = await _connect(tg, host, alice)
+            await host.until(lambda: ended.outcome is not None)
+            still = await _connect(tg, host, bob)
+            still.ask("alpha")
+            await still.answered(1)
+            still.ask(None)
+            host.stop.set()
+        return host, ended, still
+
+    host, ended, still = anyio.run(scenario, backend="asyncio")
+    assert ended.outcome.code == "handshake-not-admitted" and not ended.results
+    assert still.results[0]["status"] == "ok"
+    assert not host.of("grant-expired")  # it ended before the host started: nothing to end
