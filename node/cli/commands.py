@@ -163,6 +163,15 @@ def host_cmd(
                 who = ev.get("peer_name") or ev["peer"][:16] + "…"
                 err_console.print(f"{ev['cause']} {who}: ended {ev['sessions_ended']} session(s), cancelled "
                                   f"{len(ev['approvals_cancelled'])} pending approval(s)", highlight=False, markup=False)
+            elif ev["event"] == "grant-expired":
+                what = {"pin": "the pin of", "group": f"the membership in @{ev.get('group')} of",
+                        "override": f"the override {safe_text(ev.get('glob') or '')} → {ev.get('tier')} for"}[ev["kind"]]
+                err_console.print(f"{what} {ev['peer_name']} ended at {ev['until']}: ended {ev['sessions_ended']} "
+                                  "session(s)", highlight=False, markup=False)
+            elif ev["event"] == "person-rotated":
+                err_console.print(f"person {ev['old_person'][:16]}… rotated to {ev['person'][:16]}… ({ev['via']} key; "
+                                  f"seen from device {safe_text(ev.get('device_name') or '')!r}): followed, the old key "
+                                  "is retired here", highlight=False, markup=False)
             elif ev["event"] == "policy-reloaded":
                 err_console.print("policy.toml changed: " + (f"{ev['rules']} rule(s) in force" if ev["ok"] else
                                   f"not valid ({ev['code']}); the last good policy stays in force"),

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from node.cli.common import err_console, untrusted_console as console, emit_json, home_of
-from node.trust.peers import PeerRegistry, load_own_profile, save_own_profile
+from node.trust.peers import PeerRegistry, load_own_profile, save_own_profile, set_pin_until
 
 
 def _cancel_approvals(home, key: str) -> list[str]:
@@ -50,11 +50,14 @@ def add_cmd(
     note: str = typer.Option("", "--note", help="Your own note about this peer (never sent)."),
     invite: Optional[str] = typer.Option(None, "--invite", metavar="FILE|POST_ID", help="Keep this invitation of the peer (verified: its host key must be KEY) so `kith ask --peer NAME` can reach it."),
     server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="The community server the invitation comes from (fetches a POST_ID; asked for a newer invitation when the saved one no longer works)."),
+    until: Optional[str] = typer.Option(None, "--until", metavar="DATE|DURATION", help="The pin ends then (2027-01-31, 2027-01-31T18:00:00Z, 12h, 7d, 2w): a running host ends its sessions and it is a stranger again."),
     as_json: bool = _JSON,
 ) -> None:
     """Pin NAME to KEY (refused when NAME or KEY is already pinned)."""
     from node.common.errors import UsageError
+    from node.policy.grants import parse_until
 
+    ends = parse_until(until) if until is not None else None  # grant-bad-until before anything is written
     home = home_of(ctx)
     registry = PeerRegistry.load(home)
     inv_doc = None
@@ -74,6 +77,8 @@ def add_cmd(
     elif server is not None:
         raise UsageError("usage", "--server is used with --invite")
     rec = registry.add(name, key, note, invitation=inv_doc, server=server)
+    if ends is not None:
+        rec = set_pin_until(registry, rec.name, ends)
     if as_json:
         emit_json(registry.to_json(rec))
     else:
@@ -176,8 +181,10 @@ def list_cmd(
         rows = [(None, rec) for _, rec in sorted(registry.peers.items())]
     if as_json:
         out = []
+        groups = _groups_by_member(home_of(ctx))
         for score, rec in rows:
             item = registry.to_json(rec)
+            item["groups"] = [{"group": g, "until": u} for g, u in sorted(groups.get(rec.name, {}).items())]
             if score is not None:
                 item["score"] = score
             out.append(item)
@@ -192,10 +199,12 @@ def list_cmd(
                           (f" — {b.note}" if b.note else "") + f"  since {b.blocked_at}", highlight=False, markup=False)
     if not rows:
         return
-    table = Table("name", "key", "display name", "note", "profile synced", box=None, header_style="bold")
+    groups = _groups_by_member(home_of(ctx))
+    table = Table("name", "key", "display name", "note", "profile synced", "groups", "until", box=None,
+                  header_style="bold")
     for _, rec in rows:
         table.add_row(rec.name, rec.public_key[:16] + "…", rec.profile.get("displayName", ""), rec.note,
-                      rec.profile_synced_at or "-")
+                      rec.profile_synced_at or "-", _groups_text(groups.get(rec.name, {})), _until_text(rec.until))
     console.print(table)
 
 
@@ -223,3 +232,135 @@ def profile_cmd(
     else:
         for k, v in profile.items():
             console.print(f"{k}: {v}", highlight=False, markup=False)
+
+
+# ------------------------------------------------------------ grants that end, groups (issue 22 item 5)
+from typing import List  # noqa: E402 - typer reads the annotations below from the module
+def _until_text(until: Optional[str]) -> str:
+    """``-`` (never ends), the end, or ``ended <end>``."""
+    from node.policy.grants import in_force
+
+    if until is None:
+        return "-"
+    return until if in_force(until) else f"ended {until}"
+
+
+def _groups_by_member(home) -> dict:
+    """Registry name → {group name: membership end | None} (``policy.toml``; an
+    unreadable policy shows no groups)."""
+    from node.common.errors import KithError
+    from node.policy.store import Policy
+
+    try:
+        return Policy.load(home).groups_by_member()
+    except KithError:
+        return {}
+
+
+def _groups_text(groups: dict) -> str:
+    return ", ".join(f"@{g}" + (f" (until {u})" if u else "") for g, u in sorted(groups.items())) or "-"
+
+
+@peers_app.command("until")
+def until_cmd(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="A pinned name."),
+    until: str = typer.Argument(..., metavar="DATE|DURATION|never", help="When the pin ends (as `kith peers add --until`), or 'never'."),
+    as_json: bool = _JSON,
+) -> None:
+    """Set (or lift, with 'never') when the pin NAME ends. A running host ends its
+    sessions when it does (session-grant-expired)."""
+    from node.policy.grants import parse_until
+
+    ends = None if until == "never" else parse_until(until)
+    home = home_of(ctx)
+    rec = set_pin_until(PeerRegistry.load(home), name, ends)
+    _audit(home, "grant-changed", kind="pin", peer=rec.public_key, peer_name=rec.name, until=ends)
+    if as_json:
+        emit_json(PeerRegistry.load(home).to_json(rec))
+    else:
+        console.print(f"{rec.name}: " + (f"pinned until {ends}" if ends else "pinned with no end"),
+                      highlight=False, markup=False)
+
+
+group_app = typer.Typer(help="Groups of peers: policy overrides, 'peers' rules and quotas name them as @NAME.",
+                        no_args_is_help=True)
+peers_app.add_typer(group_app, name="group")
+
+
+def _group_json(group) -> dict:
+    return {"group": group.name, "members": [{"name": m, "until": u} for m, u in sorted(group.members.items())]}
+
+
+@group_app.command("add")
+def group_add_cmd(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="The group (made when new)."),
+    peers: List[str] = typer.Argument(..., metavar="PEER...", help="Pinned peer names (whatever each pins)."),
+    until: Optional[str] = typer.Option(None, "--until", metavar="DATE|DURATION", help="These memberships end then (as `kith peers add --until`)."),
+    as_json: bool = _JSON,
+) -> None:
+    """Add PEERs to group NAME (in policy.toml). Rules then name the group with
+    `--for @NAME` / `--peer @NAME`; a running host applies it from its next query."""
+    from node.policy.grants import parse_until
+    from node.policy.store import Policy
+
+    ends = parse_until(until) if until is not None else None
+    home = home_of(ctx)
+    policy = Policy.load(home)
+    group = policy.add_members(name, list(peers), ends)
+    policy.save()
+    registry = PeerRegistry.load(home)
+    unpinned = sorted({p for p in peers if registry.by_name(p) is None})
+    for p in unpinned:
+        err_console.print(f"warning: no pinned peer is named {p}: the membership applies to nobody until one is",
+                          highlight=False, markup=False)
+    _audit(home, "group-changed", group=name, added=sorted(set(peers)), until=ends)
+    if as_json:
+        emit_json({**_group_json(group), "unpinnedPeers": unpinned})
+    else:
+        console.print(f"@{name}: " + ", ".join(f"{m}" + (f" (until {u})" if u else "")
+                                               for m, u in sorted(group.members.items())),
+                      highlight=False, markup=False)
+
+
+@group_app.command("remove")
+def group_remove_cmd(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="The group."),
+    peers: Optional[List[str]] = typer.Argument(None, metavar="[PEER...]", help="Members to remove (none: the whole group)."),
+    as_json: bool = _JSON,
+) -> None:
+    """Remove PEERs from group NAME, or the whole group. Rules naming @NAME stay (they then
+    match nobody). A running host applies it from its next query."""
+    from node.policy.store import Policy
+
+    home = home_of(ctx)
+    policy = Policy.load(home)
+    policy.remove_members(name, list(peers or ()))
+    policy.save()
+    _audit(home, "group-changed", group=name, removed=sorted(set(peers or ())) or None, deleted=not peers or None)
+    left = policy.groups.get(name)
+    if as_json:
+        emit_json(_group_json(left) if left is not None else {"group": name, "members": [], "removed": True})
+    else:
+        console.print(f"@{name}: " + (", ".join(sorted(left.members)) if left and left.members else
+                                      "removed" if left is None else "no members"), highlight=False, markup=False)
+
+
+@group_app.command("list")
+def group_list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
+    """List the groups, their members and when each membership ends."""
+    from node.policy.store import Policy
+
+    policy = Policy.load(home_of(ctx))
+    groups = [policy.groups[n] for n in sorted(policy.groups)]
+    if as_json:
+        emit_json({"groups": [_group_json(g) for g in groups]})
+        return
+    if not groups:
+        console.print("no groups (`kith peers group add NAME PEER...`)", highlight=False, markup=False)
+    for g in groups:
+        console.print(f"@{g.name}", highlight=False, markup=False)
+        for m, u in sorted(g.members.items()):
+            console.print(f"  {m}  until {_until_text(u)}", highlight=False, markup=False)

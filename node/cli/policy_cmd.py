@@ -55,6 +55,8 @@ def _rule_dict(rule: Rule) -> dict:
     out = {"glob": rule.glob, "tier": rule.tier, "peers": list(rule.peers)}
     if rule.peer is not None:
         out["for"] = rule.peer
+    if rule.until is not None:
+        out["until"] = rule.until
     return out
 
 
@@ -94,8 +96,14 @@ def _warn_unpinned(home: Path, names: list[str], option: str) -> list[str]:
     from node.trust.peers import PeerRegistry
 
     registry = PeerRegistry.load(home)
-    unknown = sorted({n for n in names if registry.by_name(n) is None})
+    groups = Policy.load(home).groups
+    unknown = sorted({n for n in names if (groups.get(n[1:]) is None if n.startswith("@") else
+                                           registry.by_name(n) is None)})
     for name in unknown:
+        if name.startswith("@"):
+            _warn(f"{option} {name}: no group has that name, so this applies to nobody until "
+                  f"`kith peers group add {name[1:]} PEER...`")
+            continue
         _warn(f"{option} {name}: no pinned peer has that name, so this applies to nobody until a peer "
               f"is pinned as {name} (`kith peers list` shows the pinned names)")
     return unknown
@@ -136,10 +144,17 @@ def set_cmd(
     peer: Optional[List[str]] = typer.Option(
         None, "--peer", metavar="NAME", help="Registry name allowed by tier 'peers' (repeatable)."),
     for_peer: Optional[str] = typer.Option(
-        None, "--for", metavar="NAME", help="A per-peer override: applies to this registry name only."),
+        None, "--for", metavar="NAME|@GROUP", help="A per-peer override: applies to this registry name (or group) only."),
+    until: Optional[str] = typer.Option(
+        None, "--until", metavar="DATE|DURATION", help="The override ends then (2027-01-31, 12h, 7d, 2w); only with --for."),
     as_json: bool = _JSON,
 ) -> None:
     """Add or replace the rule for GLOB (with --for NAME: that peer's override)."""
+    from node.policy.grants import parse_until
+
+    if until is not None and for_peer is None:
+        raise UsageError("usage", "--until ends an override: give --for NAME|@GROUP too")
+    ends = parse_until(until) if until is not None else None
     peers = list(peer or [])
     if for_peer is not None:
         if tier is TierChoice.peers or peers:
@@ -148,12 +163,12 @@ def set_cmd(
         raise UsageError("usage", "tier 'peers' needs at least one --peer NAME")
     if tier is not TierChoice.peers and peers:
         raise UsageError("usage", "--peer is only allowed with tier 'peers'")
-    check_peer_names([for_peer] if for_peer is not None else [], "--for name")
-    check_peer_names(peers, "--peer name")
+    check_peer_names([for_peer] if for_peer is not None else [], "--for name", groups=True)
+    check_peer_names(peers, "--peer name", groups=True)
     home = home_of(ctx)
     policy = Policy.load(home)
     old = policy.rule_for(glob, for_peer=for_peer)
-    rule = policy.set(glob, tier.value, peers or None, for_peer=for_peer)
+    rule = policy.set(glob, tier.value, peers or None, for_peer=for_peer, until=ends)
     policy.save()  # every refusal is raised above: a refused set leaves policy.toml as it was
     unpinned = _warn_unpinned(home, [for_peer] if for_peer is not None else peers,
                               "--for" if for_peer is not None else "--peer")
@@ -167,6 +182,7 @@ def set_cmd(
     else:
         extra = f" (peers: {', '.join(rule.peers)})" if rule.peers else ""
         extra += f" (override for {rule.peer})" if rule.peer else ""
+        extra += f" (until {rule.until})" if rule.until else ""
         console.print(f"{rule.glob} → {rule.tier}{extra}", highlight=False, markup=False)
         body = said + (cov.lines() if cov.matched else [])
         if body:
@@ -213,7 +229,7 @@ def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
 def unset_cmd(
     ctx: typer.Context,
     glob: str = typer.Argument(..., help="The glob of the rule to remove."),
-    for_peer: Optional[str] = typer.Option(None, "--for", metavar="NAME", help="Remove that peer's override instead."),
+    for_peer: Optional[str] = typer.Option(None, "--for", metavar="NAME|@GROUP", help="Remove that peer's (or group's) override instead."),
     as_json: bool = _JSON,
 ) -> None:
     """Remove the rule for GLOB (a warning, not an error, when there is none)."""
@@ -264,9 +280,9 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     if not policy.rules and not policy.overrides:
         console.print("no rules: every source is private", highlight=False)
     else:
-        table = Table("glob", "tier", "peers", "for", box=None, header_style="bold")
+        table = Table("glob", "tier", "peers", "for", "until", box=None, header_style="bold")
         for rule in (*policy.rules, *policy.overrides):
-            table.add_row(rule.glob, rule.tier, ", ".join(rule.peers), rule.peer or "")
+            table.add_row(rule.glob, rule.tier, ", ".join(rule.peers), rule.peer or "", rule.until or "")
         console.print(table)
     console.print("quota (`kith policy quota` changes it):\n" + "\n".join(_quota_lines(policy)),
                   highlight=False, markup=False, soft_wrap=True)
@@ -276,7 +292,7 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
 def quota_cmd(
     ctx: typer.Context,
     for_peer: Optional[str] = typer.Option(
-        None, "--for", metavar="NAME", help="Set this registry name's quota ([quota.peer.NAME]) instead of every peer's."),
+        None, "--for", metavar="NAME|@GROUP", help="Set this registry name's (or group's) quota ([quota.peer.NAME]) instead of every peer's."),
     anonymous: bool = typer.Option(
         False, "--anonymous", help="Set the one bucket all anonymous peers share ([quota.anonymous])."),
     per_hour: Optional[int] = typer.Option(
@@ -300,7 +316,7 @@ def quota_cmd(
         policy.set_quota(values, for_peer=for_peer, anonymous=anonymous)
         policy.save()
     elif for_peer is not None:
-        check_peer_names([for_peer], "--for name")
+        check_peer_names([for_peer], "--for name", groups=True)
     unpinned = _warn_unpinned(home, [for_peer] if for_peer is not None else [], "--for")
     q = policy.anonymous_quota() if anonymous else policy.quota_for(for_peer)
     if as_json:

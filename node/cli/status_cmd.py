@@ -32,7 +32,10 @@ def _identity(home: Path) -> dict[str, Any] | None:
         raise
     person = load_person(home)
     return {"fingerprint": ident.fingerprint, "key": ident.public_key,
-            "person": person.person_key if person is not None else None}
+            "person": person.person_key if person is not None else None,
+            "devices": [{"name": d["device_name"], "key": d["device_key"], "this": d["device_key"] == ident.public_key}
+                        for d in (person.devices if person is not None else [])],
+            "rotations": len(person.successors) if person is not None else 0}
 
 
 def _index(home: Path) -> dict[str, Any]:
@@ -64,14 +67,38 @@ def _host_state(home: Path) -> dict[str, Any] | None:
 
 def status_report(home: Path) -> dict[str, Any]:
     """``kith status --json``: ``{"home", "identity": {"fingerprint", "key" (this device),
-    "person" (the person key, null before `kith init` migrated the home)} | null,
-    "index": {...}, "host": <state document> | null, "approvals": [...]}``
-    (specs/control.md). Works without a running host (``host`` null)."""
+    "person" (the person key, null before `kith init` migrated the home), "devices":
+    [{"name", "key", "this"}] (the devices that person bound), "rotations" (how many times
+    its key was rotated)} | null,
+    "index": {...}, "host": <state document> | null, "approvals": [...], "grants": [{"kind"
+    ("pin" | "group" | "override"), "peer_name", "group"?, "glob"?, "tier"?, "until",
+    "ended"}]}`` (specs/control.md; ``grants``: every grant with an end, soonest first,
+    specs/peers.md §12). Works without a running host (``host`` null)."""
     from node.runtime.control import pending_approvals
 
     host = _host_state(home)
     return {"home": str(home), "identity": _identity(home), "index": _index(home), "host": host,
-            "approvals": host["approvals"] if host is not None else pending_approvals(home)}
+            "approvals": host["approvals"] if host is not None else pending_approvals(home),
+            "grants": _grants(home)}
+
+
+def _grants(home: Path) -> list[dict[str, Any]]:
+    """Every grant of this home that ends, soonest first (:func:`node.runtime.grants.grants_with_ends`)."""
+    from node.policy.grants import in_force
+    from node.runtime.grants import grants_with_ends
+
+    rows = [{**{k: v for k, v in g.items() if k != "names"}, "ended": not in_force(g["until"])}
+            for g in grants_with_ends(home)]
+    return sorted(rows, key=lambda g: (g["until"], g["kind"], g["peer_name"]))
+
+
+def _grant_line(g: dict[str, Any]) -> str:
+    when = ("ended " if g["ended"] else "until ") + g["until"]
+    if g["kind"] == "pin":
+        return f"  pin {g['peer_name']} {when}"
+    if g["kind"] == "group":
+        return f"  {g['peer_name']} in @{g['group']} {when}"
+    return f"  override {g['glob']} → {g['tier']} for {g['peer_name']} {when}"
 
 
 def _peer(row: dict[str, Any]) -> str:
@@ -114,6 +141,10 @@ def status_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
     _print(f"home: {report['home']}")
     _print(f"identity: {ident['fingerprint']}  ({ident['key']})" if ident else
            "identity: none (run `kith init`)")
+    if ident and ident.get("person"):
+        devices = ", ".join(d["name"] + (" (this device)" if d["this"] else "") for d in ident["devices"])
+        _print(f"person: {ident['person']}  devices: {devices}"
+               + (f"  rotated {ident['rotations']} time(s)" if ident["rotations"] else ""))
     roots = " ".join(index["roots"]) or "none (`kith index add PATH`)"
     _print(f"index: {'ready' if index['ready'] else 'not ready'}, roots {roots}, documents {index['documents']}, "
            f"chunks {index['chunks']}" + (f", failed {index['failed']}" if index.get("failed") else ""))
@@ -133,6 +164,10 @@ def status_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
     _print(f"approvals pending: {len(report['approvals'])}")
     for a in report["approvals"]:
         _print(f"  {a['id']}  {_peer(a)}  since {a['since']}  {a.get('source') or ''}")
+    if report["grants"]:
+        _print(f"grants that end: {len(report['grants'])}")
+        for g in report["grants"]:
+            _print(_grant_line(g))
 
 
 @sessions_app.callback()

@@ -59,6 +59,11 @@ class HostConfig:
         named_post: called with the ``post_id`` of a decoded ``_session_init`` before any
             check of it, so the host can count a handshake that names its post and then
             fails (the failed-handshake cap, specs/session.md).
+        check_person: called with the verified chain's
+            :class:`node.trust.binding.PersonIdentity` before the session is ready; it may
+            raise :class:`HandshakeError` (a rotation the host's ledger refuses,
+            ``handshake-rotation-revoked-key`` / ``handshake-person-key-retired``,
+            node/trust/rotation.py).
     """
 
     remote_id: str
@@ -66,6 +71,7 @@ class HostConfig:
     nonce_unseen: Callable[[str], bool]
     admit: Callable[[str, dict[str, Any]], bool] = lambda key, profile: True
     named_post: Callable[[str], None] = lambda post_id: None
+    check_person: Callable[[Any], None] = lambda person: None
     ui_bundle: UI.Bundle | None = None
     profile: dict[str, Any] = field(default_factory=dict)
 
@@ -235,6 +241,7 @@ class HostHandshake(_Handshake):
             raise HandshakeError("handshake-malformed", "binding_chain is a system frames v2 field")
         else:  # the chain's length and shape first, then every signature (session.md §4.3)
             person = verify_chain(frame.binding_chain, key, before_signatures=session_signature)
+            self.config.check_person(person)
         self.proof["guest_signature"] = frame.guest_signature
         self.ready = True
         return [SessionReady(self.session_id, self.peer_public_key, dict(self.peer_profile),

@@ -171,6 +171,7 @@ class EgressGate:
                             "stays in force until it is fixed", exc.code, exc.message)
                 return policy
             self._bad_stamp = None
+            fresh.now = policy.now  # grants end on the host's clock, re-read or not
             self.policy = fresh
             log.info("policy.toml changed: the new policy applies from this query on")
             return fresh

@@ -14,6 +14,14 @@ The exact glob, specificity and tie rules are in ``specs/policy.md``; in short:
   name; they compete with the rules on specificity and win ties (DESIGN §10 "optionally
   per peer").
 * ``never`` differs from ``private`` in that no approval or promotion can open it.
+* ``[group.NAME]`` tables (``members`` + optional ``until`` per member) name sets of
+  registry names; an override's ``peer``, a ``peers`` list and a ``[quota.peer]`` key may
+  be ``@NAME``. A peer's groups compete as its own overrides do: among overrides of equal
+  specificity naming it directly and through groups, the more restrictive tier decides
+  (deny beats allow); a group quota is the most restrictive of its groups', the peer's own
+  ``[quota.peer.NAME]`` over it.
+* An override and a group membership may carry ``until`` (RFC 3339 UTC): from then on it
+  is ignored (:mod:`node.policy.grants`).
 
 The file is read with stdlib :mod:`tomllib` and written with ``tomli-w`` through
 :func:`node.common.home.atomic_write` (0600, tmp+rename). Comments are not preserved on save.
@@ -22,6 +30,7 @@ The file is read with stdlib :mod:`tomllib` and written with ``tomli-w`` through
 from __future__ import annotations
 
 import os
+import time
 import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +43,7 @@ from node.corpus.globs import (  # noqa: F401 - re-exported: the policy speaks t
     MAX_DOUBLE_STARS, MAX_GLOB_CHARS, GlobMatcher, canonical_glob, folder_form, specificity)
 from node.corpus.sources import normalize_source
 from node.corpus.types import Root
-from node.common.errors import PolicyError
+from node.common.errors import KithError, PolicyError
 from node.common.home import atomic_write
 
 POLICY_FILE = "policy.toml"
@@ -48,7 +57,12 @@ DEFAULT_TIER = "private"
 MAX_POLICY_BYTES = 1 << 20
 
 _RULE_KEYS = {"glob", "tier", "peers"}
-_OVERRIDE_KEYS = {"peer", "glob", "tier"}
+_OVERRIDE_KEYS = {"peer", "glob", "tier", "until"}
+_GROUP_KEYS = {"members", "until"}
+#: How a rule, an override or a quota names a group instead of a peer: ``@team``.
+GROUP_PREFIX = "@"
+#: The most members one group may have.
+MAX_GROUP_MEMBERS = 1000
 _QUOTA_KEYS = {"queries_per_hour", "burst", "max_message_bytes"}
 
 #: Quota defaults: per peer (pinned or anonymous key), queries per hour, burst, bytes per
@@ -89,6 +103,8 @@ class Rule:
     tier: str
     peers: tuple[str, ...] = ()
     peer: str | None = None
+    #: an override's end (RFC 3339 UTC), None: it never ends
+    until: str | None = None
     matcher: GlobMatcher = field(init=False, repr=False, compare=False)
     specificity: int = field(init=False, repr=False, compare=False)
 
@@ -102,6 +118,8 @@ class Rule:
         out.update({"glob": self.glob, "tier": self.tier})
         if self.peers:
             out["peers"] = list(self.peers)
+        if self.until is not None:
+            out["until"] = self.until
         return out
 
 
@@ -135,27 +153,84 @@ def _is_peer_name(name: object) -> bool:
     return isinstance(name, str) and NAME_RE.fullmatch(name) is not None
 
 
-def check_peer_names(names: Iterable[str], what: str = "peer name") -> None:
+def _is_principal(name: object) -> bool:
+    """A registry name, or ``@`` and a group name."""
+    return _is_peer_name(name) or (isinstance(name, str) and name.startswith(GROUP_PREFIX)
+                                   and _is_peer_name(name[len(GROUP_PREFIX):]))
+
+
+def check_peer_names(names: Iterable[str], what: str = "peer name", *, groups: bool = False) -> None:
     """Refuse any of ``names`` that could never be a registry name (specs/peers.md §1:
     :data:`node.trust.peers.NAME_RE`) — a rule naming it would silently match nobody.
+
+    Args:
+        groups: also accept ``@GROUP`` (a group name, the same rule).
 
     Raises:
         PolicyError: ``peer-bad-name`` naming the first bad name (shown with ``repr``,
             control characters escaped).
     """
     for name in names:
-        if not _is_peer_name(name):
+        if not (_is_principal(name) if groups else _is_peer_name(name)):
             raise PolicyError("peer-bad-name", f"{what} {str(name)[:80]!a} is not a registry name ({_NAME_RULE})")
 
 
 def _check_peer_name(peer: object, where: str) -> str:
-    if not _is_peer_name(peer):
-        raise PolicyError("policy-invalid", f"{where}'peer' must be a registry name ({_NAME_RULE})")
+    if not _is_principal(peer):
+        raise PolicyError("policy-invalid", f"{where}'peer' must be a registry name or @group ({_NAME_RULE})")
     return peer  # type: ignore[return-value]
 
 
+def _check_until(until: object, where: str) -> str | None:
+    from node.policy.grants import until_time
+
+    if until is None:
+        return None
+    try:
+        until_time(until)  # type: ignore[arg-type]
+    except KithError:  # grant-bad-until: in a file it is a policy error
+        raise PolicyError("policy-invalid", f"{where}'until' must be RFC 3339 UTC (YYYY-MM-DDTHH:MM:SSZ)") from None
+    return until  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Group:
+    """One ``[group.NAME]`` (``kith peers group``): registry names, each with an optional
+    end of its membership.
+
+    Attributes:
+        name: the group name (a registry-name-shaped word; rules name it ``@name``).
+        members: registry name → its membership's end (RFC 3339 UTC) or None.
+    """
+
+    name: str
+    members: dict[str, str | None]
+
+    def to_toml(self) -> dict[str, Any]:
+        """``{"members": [...], "until": {name: end}}`` (``until`` only when set)."""
+        out: dict[str, Any] = {"members": sorted(self.members)}
+        ends = {n: u for n, u in sorted(self.members.items()) if u is not None}
+        if ends:
+            out["until"] = ends
+        return out
+
+
+def _make_group(name: object, table: object, where: str) -> Group:
+    if not _is_peer_name(name):
+        raise PolicyError("policy-invalid", f"{where}a group name must be {_NAME_RULE}")
+    if not isinstance(table, dict) or set(table) - _GROUP_KEYS or "members" not in table:
+        raise PolicyError("policy-invalid", f"{where}a group is a table with 'members' (and 'until')")
+    members, ends = table["members"], table.get("until") or {}
+    if (not isinstance(members, list) or not all(_is_peer_name(m) for m in members)
+            or len(members) > MAX_GROUP_MEMBERS):
+        raise PolicyError("policy-invalid", f"{where}'members' must be a list of registry names ({_NAME_RULE})")
+    if not isinstance(ends, dict) or any(k not in members for k in ends):
+        raise PolicyError("policy-invalid", f"{where}'until' must be a table of members' ends")
+    return Group(name, {m: _check_until(ends.get(m), f"{where}until.{m}: ") for m in dict.fromkeys(members)})
+
+
 def _make_rule(glob: object, tier: object, peers: object, where: str, *,
-               peer: str | None = None) -> Rule:
+               peer: str | None = None, until: str | None = None) -> Rule:
     canon = canonical_glob(glob, where=where)  # type: ignore[arg-type]
     if not isinstance(tier, str) or tier not in _RANK:
         raise PolicyError("policy-bad-tier",
@@ -164,10 +239,10 @@ def _make_rule(glob: object, tier: object, peers: object, where: str, *,
         if tier == "peers" or peers:
             raise PolicyError("policy-invalid",
                               f"{where}an override already names its peer: tier 'peers' and 'peers' are not allowed")
-        return Rule(canon, tier, (), peer)
+        return Rule(canon, tier, (), peer, until)
     if peers is None:
         names: tuple[str, ...] = ()
-    elif isinstance(peers, (list, tuple)) and all(_is_peer_name(p) for p in peers):
+    elif isinstance(peers, (list, tuple)) and all(_is_principal(p) for p in peers):
         names = tuple(dict.fromkeys(peers))
     else:
         raise PolicyError("policy-invalid", f"{where}'peers' must be a list of registry names ({_NAME_RULE})")
@@ -257,9 +332,15 @@ class Policy:
     """
 
     def __init__(self, rules: Iterable[Rule] = (), quota: dict[str, Any] | None = None,
-                 path: Path | None = None, overrides: Iterable[Rule] = ()) -> None:
+                 path: Path | None = None, overrides: Iterable[Rule] = (),
+                 groups: dict[str, Group] | None = None) -> None:
         self._rules: list[Rule] = list(rules)
         self._overrides: list[Rule] = list(overrides)
+        #: ``[group.NAME]`` tables by name (``kith peers group``).
+        self.groups: dict[str, Group] = dict(groups or {})
+        #: Unix time (s) the ends of grants are compared with; the host sets its clock's
+        #: :meth:`node.runtime.clock.Clock.time`, and a re-read policy keeps it.
+        self.now: Any = time.time
         self.quota: dict[str, Any] = dict(quota or {})
         self.path = path
         #: :func:`file_stamp` of :attr:`path` taken just before :meth:`load` read it;
@@ -307,16 +388,21 @@ class Policy:
         except tomllib.TOMLDecodeError as exc:
             raise PolicyError("policy-invalid", f"{name}: not valid TOML: {exc}") from None
         for key in doc:
-            if key not in ("rule", "override", "quota"):
+            if key not in ("rule", "override", "quota", "group"):
                 raise PolicyError("policy-invalid", f"{name}: unknown key {key!r}")
         rules = [_make_rule(t["glob"], t["tier"], t.get("peers"), where)
                  for where, t in _array_of_tables(doc, "rule", name, _RULE_KEYS, ("glob", "tier"))]
-        overrides = [_make_rule(t["glob"], t["tier"], None, where, peer=_check_peer_name(t["peer"], where))
+        overrides = [_make_rule(t["glob"], t["tier"], None, where, peer=_check_peer_name(t["peer"], where),
+                                until=_check_until(t.get("until"), where))
                      for where, t in _array_of_tables(doc, "override", name, _OVERRIDE_KEYS,
                                                       ("peer", "glob", "tier"))]
         quota = (_check_quota_values(doc["quota"], f"{name}: [quota]: ", allow_peer=True)
                  if "quota" in doc else {})
-        return cls(rules, quota, path, overrides)
+        raw_groups = doc.get("group", {})
+        if not isinstance(raw_groups, dict):
+            raise PolicyError("policy-invalid", f"{name}: 'group' must be a table of tables ([group.NAME])")
+        groups = {g: _make_group(g, t, f"{name}: [group.{str(g)[:64]}]: ") for g, t in raw_groups.items()}
+        return cls(rules, quota, path, overrides, groups)
 
     def to_toml(self) -> str:
         """Serialize to TOML (a header comment, ``[[rule]]`` tables, then ``[quota]``)."""
@@ -327,6 +413,8 @@ class Policy:
             doc["override"] = [r.to_toml() for r in self._overrides]
         if self.quota:
             doc["quota"] = self.quota
+        if self.groups:
+            doc["group"] = {n: g.to_toml() for n, g in sorted(self.groups.items())}
         header = ("# Kith egress policy (DESIGN §10). Written by `kith policy`; "
                   "comments are not kept.\n")
         return header + tomli_w.dumps(doc)
@@ -384,12 +472,13 @@ class Policy:
                 if r.peer == rule.peer and r.glob != rule.glob and folder_form(r.glob) == form]
 
     def set(self, glob: str, tier: str, peers: Sequence[str] | None = None, *,
-            for_peer: str | None = None) -> Rule:
+            for_peer: str | None = None, until: str | None = None) -> Rule:
         """Add or replace the rule for ``glob`` (compared in canonical form).
 
-        With ``for_peer``, add or replace the ``[[override]]`` for (that peer, ``glob``)
-        instead. A replaced rule keeps its position; later duplicates of the same glob are
-        removed. Does not save.
+        With ``for_peer`` (a registry name or ``@group``), add or replace the
+        ``[[override]]`` for (that peer, ``glob``) instead, ending at ``until`` (RFC 3339
+        UTC, :func:`node.policy.grants.parse_until`; None: never). A replaced rule keeps
+        its position; later duplicates of the same glob are removed. Does not save.
 
         Returns:
             The new :class:`Rule`.
@@ -403,9 +492,12 @@ class Policy:
         if isinstance(peers, str):
             peers = [peers]
         if for_peer is not None:
-            check_peer_names([for_peer], "--for name")
-        check_peer_names(peers or (), "--peer name")
-        rule = _make_rule(glob, tier, list(peers) if peers else None, "", peer=for_peer)
+            check_peer_names([for_peer], "--for name", groups=True)
+        elif until is not None:
+            raise PolicyError("policy-invalid", "only an override (--for NAME) takes --until")
+        check_peer_names(peers or (), "--peer name", groups=True)
+        rule = _make_rule(glob, tier, list(peers) if peers else None, "", peer=for_peer,
+                          until=_check_until(until, ""))
         kept: list[Rule] = []
         placed = False
         current = self._rules if for_peer is None else self._overrides
@@ -434,7 +526,7 @@ class Policy:
         """
         canon = canonical_glob(glob)
         if for_peer is not None:
-            check_peer_names([for_peer], "--for name")
+            check_peer_names([for_peer], "--for name", groups=True)
             before = len(self._overrides)
             self._overrides = [r for r in self._overrides if not (r.glob == canon and r.peer == for_peer)]
             return len(self._overrides) != before
@@ -466,7 +558,7 @@ class Policy:
             raise ValueError("for_peer and anonymous exclude each other")
         checked = _check_quota_values(dict(values), "quota: ", allow_peer=False)
         if for_peer is not None:
-            check_peer_names([for_peer], "--for name")
+            check_peer_names([for_peer], "--for name", groups=True)
             peers = dict(self.quota.get("peer") or {})
             table = {**(peers.get(for_peer) or {}), **checked}
             peers[for_peer] = table
@@ -481,12 +573,83 @@ class Policy:
 
     def quota_for(self, peer_name: str | None) -> Quota:
         """The quota of ``peer_name`` (``None``: an anonymous peer): ``[quota.peer.<name>]``
-        over ``[quota]`` over :data:`DEFAULT_QUOTA`, key by key."""
+        over its groups' ``[quota.peer."@group"]`` over ``[quota]`` over
+        :data:`DEFAULT_QUOTA`, key by key; where several of its groups set a key, the
+        smallest value (the most restrictive) is taken. ``peer_name`` may be ``@group``
+        (that group's own quota)."""
         merged = dict(DEFAULT_QUOTA)
         merged.update({k: v for k, v in self.quota.items() if k in _QUOTA_KEYS})
         if peer_name is not None:
-            merged.update((self.quota.get("peer") or {}).get(peer_name) or {})
+            tables = self.quota.get("peer") or {}
+            from_groups: dict[str, int] = {}
+            for group in sorted(self.groups_of(peer_name)):
+                for k, v in (tables.get(group) or {}).items():
+                    from_groups[k] = min(v, from_groups.get(k, v))
+            merged.update(from_groups)
+            merged.update(tables.get(peer_name) or {})
         return Quota(**merged)
+
+    # --- groups ---------------------------------------------------------------------------
+    def groups_of(self, peer_name: str | None) -> set[str]:
+        """The groups ``peer_name`` is a member of now, as ``@name`` (memberships whose
+        ``until`` has passed at :attr:`now` are left out)."""
+        if peer_name is None or peer_name.startswith(GROUP_PREFIX):
+            return set()
+        from node.policy.grants import in_force
+
+        now = self.now()
+        return {GROUP_PREFIX + g.name for g in self.groups.values()
+                if peer_name in g.members and in_force(g.members[peer_name], now)}
+
+    def groups_by_member(self) -> dict[str, dict[str, str | None]]:
+        """Registry name → {group name → that membership's end (RFC 3339) or None}, ended
+        memberships included (the owner's view: ``kith peers list``, the dashboard)."""
+        out: dict[str, dict[str, str | None]] = {}
+        for g in self.groups.values():
+            for member, until in g.members.items():
+                out.setdefault(member, {})[g.name] = until
+        return out
+
+    def add_members(self, group: str, names: Sequence[str], until: str | None = None) -> Group:
+        """Add ``names`` to ``group`` (made when new), each membership ending at ``until``
+        (RFC 3339 UTC or None: never); a member added again takes the new ``until``. Does
+        not save.
+
+        Raises:
+            PolicyError: ``peer-bad-name`` (a group or member name that is not a registry
+                name), ``policy-invalid`` (more than :data:`MAX_GROUP_MEMBERS`).
+        """
+        check_peer_names([group], "group name")
+        check_peer_names(names, "member name")
+        members = dict(self.groups[group].members) if group in self.groups else {}
+        members.update({n: _check_until(until, "") for n in names})
+        if len(members) > MAX_GROUP_MEMBERS:
+            raise PolicyError("policy-invalid", f"a group has at most {MAX_GROUP_MEMBERS} members")
+        self.groups[group] = Group(group, members)
+        return self.groups[group]
+
+    def remove_members(self, group: str, names: Sequence[str] = ()) -> Group:
+        """Remove ``names`` from ``group``, or the whole group when ``names`` is empty (its
+        rules stay and match nobody). Does not save.
+
+        Returns:
+            The group as it was before.
+
+        Raises:
+            PolicyError: ``group-not-found``; ``group-member-not-found`` (a name that is not
+                a member).
+        """
+        old = self.groups.get(group)
+        if old is None:
+            raise PolicyError("group-not-found", f"no group named {str(group)[:64]!r}")
+        missing = [n for n in names if n not in old.members]
+        if missing:
+            raise PolicyError("group-member-not-found", f"{missing[0][:64]!r} is not a member of {group!r}")
+        if names:
+            self.groups[group] = Group(group, {n: u for n, u in old.members.items() if n not in names})
+        else:
+            del self.groups[group]
+        return old
 
     def anonymous_quota(self) -> Quota:
         """The bucket all anonymous peers share: ``[quota.anonymous]``, else the anonymous
@@ -502,15 +665,22 @@ class Policy:
     def match(self, canonical: str, peer_name: str | None = None) -> Rule | None:
         """The winning rule for an already-canonical source id, or ``None``.
 
-        Candidates: every ``[[rule]]`` plus the ``[[override]]`` tables of ``peer_name``.
+        Candidates: every ``[[rule]]`` plus the ``[[override]]`` tables of ``peer_name``
+        and of its groups (:meth:`groups_of`), those whose ``until`` has passed left out.
         Winner: highest :attr:`Rule.specificity`, then an override before a rule, then the
-        most restrictive tier, then the earliest in the file.
+        most restrictive tier (so among equal overrides naming the peer directly and
+        through groups, deny beats allow), then the earliest in the file.
         """
         best: tuple[int, int, int, int] | None = None
         winner: Rule | None = None
         candidates = [(1, i, r) for i, r in enumerate(self._rules)]
         if peer_name is not None:
-            candidates += [(0, i, r) for i, r in enumerate(self._overrides) if r.peer == peer_name]
+            from node.policy.grants import in_force
+
+            names = {peer_name} | self.groups_of(peer_name)
+            now = self.now()
+            candidates += [(0, i, r) for i, r in enumerate(self._overrides)
+                           if r.peer in names and in_force(r.until, now)]
         for kind, i, rule in candidates:
             if not rule.matcher.match(canonical):
                 continue
@@ -541,7 +711,8 @@ class Policy:
         if rule.tier == "public":
             allowed = True
         elif rule.tier == "peers":
-            allowed = peer_name is not None and peer_name in rule.peers
+            allowed = peer_name is not None and (peer_name in rule.peers
+                                                 or bool(self.groups_of(peer_name) & set(rule.peers)))
         else:  # ask (opened per peer by approvals, see node.policy.approvals), private, never
             allowed = False
         return Decision(canonical, rule.tier, allowed, rule.glob, rule.peer)

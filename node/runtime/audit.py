@@ -103,7 +103,7 @@ class HostAudit:
         elif kind == "session-refused":
             self.log.record("handshake-refused", peer=ev.get("peer") or None, code=ev.get("code"),
                             reason=ev.get("reason"))
-        elif kind in ("peer-revoked", "policy-reloaded", "republished"):
+        elif kind in ("peer-revoked", "policy-reloaded", "republished", "grant-expired", "person-rotated"):
             self.log.record(kind, **{k: v for k, v in ev.items() if k != "event"})
 
     def incoming(self, session_id: str, peer: str, message: dict[str, Any]) -> None:

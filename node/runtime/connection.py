@@ -106,7 +106,8 @@ class Connection:
             "host", host.spec, public_key=host.identity.public_key, sign=host.identity.sign,
             host=HostConfig(remote_id=self.remote, post_protocol=self.post_protocol, nonce_unseen=self.nonce_unseen,
                             admit=admission(self.registry, host.opts.peers_only), profile=host.own_profile,
-                            ui_bundle=host.ui_bundle, named_post=self.named_post),
+                            ui_bundle=host.ui_bundle, named_post=self.named_post,
+                            check_person=self.check_person),
             egress_check=self.egress)
         with self.session_scope:  # cancelled when ended from outside (evicted, revoked, the owner)
             outcome = await run_session(self.stream, self.engine, host.hooks, make_context=self.make_context,
@@ -181,6 +182,25 @@ class Connection:
             return False
         self.held.add(nonce)
         return True
+
+    def check_person(self, pid: Any) -> None:
+        """The engine's ``HostConfig.check_person``: judge the chain by the host's rotation
+        ledger (node/trust/rotation.py; raises :class:`HandshakeError` for a rotation it
+        refuses). Rotations are *recorded* (and the owner told, ``person-rotated``) only
+        for a peer the registry knows — its device key, or a key of its lineage, is pinned
+        — so strangers cannot grow the ledger, push pinned people's entries out of it, or
+        make the host write for every handshake."""
+        host = self.host
+        registry = self.registry
+        from node.trust.rotation import pinned_in_lineage
+
+        known = registry.by_key(self.remote) is not None or pinned_in_lineage(registry, host.rotations, pid) is not None
+        if not known:
+            host.rotations.check(pid)
+            return
+        for old, new, via in host.rotations.follow(pid):
+            host.emit({"event": "person-rotated", "old_person": old, "person": new, "via": via,
+                       "peer": self.remote, "device_name": pid.device_name})
 
     def egress(self, frame: Any) -> Any:
         """The engine's egress seam, called once per outgoing business frame with a

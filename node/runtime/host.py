@@ -147,11 +147,14 @@ class Knowledge:
     evidence: Callable[[list[str]], dict[str, Any]] = lambda ids: {}
 
 
-def open_knowledge(home: Path, warn: Callable[[str], None], *, version_key: bytes | None = None) -> Knowledge:
+def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], float] | None = None, *,
+                   version_key: bytes | None = None) -> Knowledge:
     """Open the corpus read-only with its policy and gate, behind one
     :class:`node.answer.service.AnswerService` (a home without a corpus answers every
-    query ``index-unavailable``). ``version_key``: the document-version secret the
-    service answers ``check`` messages with (:func:`node.answer.citation.load_version_key`).
+    query ``index-unavailable``). ``now`` (Unix s; default the wall clock) is what the
+    ends of grants (``until``) are compared with. ``version_key``: the document-version
+    secret the service answers ``check`` messages with
+    (:func:`node.answer.citation.load_version_key`).
 
     Warns (via ``warn``) when the index is empty or not ready, or when no policy rule
     shares anything (DESIGN §10).
@@ -164,6 +167,8 @@ def open_knowledge(home: Path, warn: Callable[[str], None], *, version_key: byte
     from node.policy.store import Policy
 
     policy = Policy.load(home)
+    if now is not None:
+        policy.now = now
     # one per host process, kept in <home>/quota.sqlite: neither a new session nor a restart refills a bucket
     limiter = RateLimiter.persistent(home)
     try:
@@ -356,7 +361,7 @@ class Host:
 
         # kept when signing is off too: the host can still say whether a version is current
         version_key = load_version_key(self.home, create=opts.sign_citations)
-        self.knowledge = open_knowledge(self.home, self.warn, version_key=version_key)
+        self.knowledge = open_knowledge(self.home, self.warn, self.clock.time, version_key=version_key)
         self.citations = CitationSigner(self.identity.secret if opts.sign_citations else None, version_key,
                                         self.knowledge.evidence, lambda: rfc3339(self.clock.time()),
                                         enabled=opts.sign_citations)
@@ -387,7 +392,12 @@ class Host:
                            max_failures=opts.max_failed_handshakes,
                            # a public multi-use post must never be rotatable by strangers
                            retire_on_failures=not opts.server_url or opts.post_max_sessions == 1)
-        self.peers_watcher = PeersWatcher(self.home, self.table, on_event=self.emit)
+        self.peers_watcher = PeersWatcher(self.home, self.table, on_event=self.emit, now=self.clock.time)
+        from node.runtime.grants import GrantWatcher
+        from node.trust.rotation import RotationLedger
+
+        self.grant_watcher = GrantWatcher(self.home, self.table, self.clock, on_event=self.emit)
+        self.rotations = RotationLedger.load(self.home)  # the person-key rotations this host followed
 
     def emit(self, ev: dict[str, Any]) -> None:
         """Report one host event: to the audit log and the owner's ``on_event``, then to
@@ -452,6 +462,7 @@ class Host:
                     tg.start_soon(self.posts.watch_expiry)
                     tg.start_soon(self._purge_nonces)
                     tg.start_soon(self.peers_watcher.run)  # peers.json / policy.toml by stat
+                    tg.start_soon(self.grant_watcher.run)  # grants whose `until` passes end their sessions
                     async with anyio.create_task_group() as accepting:
                         if self.stop is not None:
                             accepting.start_soon(self._stop_watch, accepting.cancel_scope)

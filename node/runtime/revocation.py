@@ -59,11 +59,15 @@ class PeersWatcher:
             ``approvals_cancelled``}, ``policy-reloaded`` {``ok``, ``rules`` | ``code``}
             and ``config-invalid`` {``file``} (the last good registry stays in force).
         interval_s: poll period (s).
+        now: Unix time (s) pins' ``until`` is compared with (the host's clock).
     """
 
     def __init__(self, home: Path, sessions: Any, *, on_event: Callable[[dict[str, Any]], None],
-                 interval_s: float = POLL_INTERVAL_S) -> None:
+                 interval_s: float = POLL_INTERVAL_S, now: Callable[[], float] | None = None) -> None:
+        import time
+
         self.home = Path(home)
+        self.now = now or time.time
         self.sessions = sessions
         self.on_event = on_event
         self.interval_s = interval_s
@@ -76,14 +80,17 @@ class PeersWatcher:
         self._bad_stamp: Any = None
 
     def current(self) -> PeerRegistry:
-        """The registry as ``peers.json`` says now; the last one that loaded when the file
-        is broken (a corrupt or half-edited ``peers.json`` never stops the host)."""
+        """The registry as ``peers.json`` says now, without the pins whose ``until`` has
+        passed (:func:`node.trust.peers.pins_in_force`); the last one that loaded when the
+        file is broken (a corrupt or half-edited ``peers.json`` never stops the host)."""
+        from node.trust.peers import pins_in_force
+
         try:
             registry = PeerRegistry.load(self.home)
         except ConfigError:
-            return self._registry
+            return pins_in_force(self._registry, self.now())
         self._registry = registry
-        return registry
+        return pins_in_force(registry, self.now())
 
     async def run(self) -> None:
         """Poll until cancelled; never raises for a bad file."""

@@ -63,6 +63,9 @@ FAILURE_CODES = frozenset({
     "handshake-unexpected-frame", "handshake-timeout", "handshake-first-frame",
     "handshake-chain-too-long", "handshake-binding-malformed", "handshake-binding-forged",
     "handshake-binding-wrong-person", "handshake-binding-wrong-device", "handshake-chain-loop",
+    # not handshake-person-key-retired / -rotation-revoked-key: the host's own decision from
+    # its rotation ledger (node/trust/rotation.py), like not-admitted
+    "handshake-chain-gap", "handshake-rotation-unknown-key",
     "peer-disconnected",  # hung up before _session_ready: the proof is missing
 })
 #: How a session can be ended from outside (:attr:`Ended.cause`).
@@ -457,6 +460,15 @@ class SessionTable:
                 continue
             sent = code if s.ready else (handshake_code or code)
             n += self.end(token, sent, message, cause="revoked")
+        return n
+
+    def end_named(self, name: str, code: str, message: str = "") -> int:
+        """End every live session admitted under the registry name ``name`` (whatever its
+        key: a grant that ended, node/runtime/grants.py). Returns how many."""
+        n = 0
+        for token, s in list(self._sessions.items()):
+            if s.name == name and s.holds_slot and s.alive():
+                n += self.end(token, code, message, cause="revoked")
         return n
 
     def end_session(self, session_id: str, code: str, message: str) -> bool:

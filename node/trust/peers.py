@@ -129,6 +129,8 @@ class PeerRecord:
     #: The community server ``invitation`` came from (``browse --host KEY`` there when
     #: the saved one no longer works), or None.
     server: str | None = None
+    #: When this pin ends (RFC 3339 UTC, ``kith peers add --until``), or None: never.
+    until: str | None = None
 
 
 @dataclass
@@ -160,6 +162,8 @@ class PeerRegistry:
         self.path = path
         self.peers = peers
         self.blocked: dict[str, BlockRecord] = blocked or {}
+        #: pins left out of :attr:`peers` by :meth:`in_force` (still saved)
+        self._ended: dict[str, PeerRecord] = {}
 
     @classmethod
     def load(cls, home: Path) -> "PeerRegistry":
@@ -203,6 +207,7 @@ class PeerRegistry:
                 peers[name] = PeerRecord(name, rec["publicKey"], note if isinstance(note, str) else "",
                                          clean_profile(rec.get("profile")),
                                          rec.get("profileSyncedAt"), rec.get("addedAt", ""), inv, server)
+                peers[name].until = _pin_until(rec.get("until"), name)
             for key, rec in (raw.get("blocked") or {}).items():
                 check_hex(key, PUBLIC_KEY_HEX_LEN, f"blocked.{str(key)[:70]}")
                 name, note = rec.get("name"), rec.get("note", "")
@@ -433,7 +438,7 @@ class PeerRegistry:
         """One record as ``kith peers list --json`` prints it."""
         return {"name": rec.name, "publicKey": rec.public_key, "note": rec.note, "profile": rec.profile,
                 "profileSyncedAt": rec.profile_synced_at, "addedAt": rec.added_at,
-                "invitation": (rec.invitation or {}).get("post_id"), "server": rec.server}
+                "invitation": (rec.invitation or {}).get("post_id"), "server": rec.server, "until": rec.until}
 
     def save(self) -> None:
         """Write the registry (version 2, 0600, tmp+rename)."""
@@ -441,8 +446,49 @@ class PeerRegistry:
                 "peers": {n: {"publicKey": p.public_key, "note": p.note, "profile": p.profile,
                               "profileSyncedAt": p.profile_synced_at, "addedAt": p.added_at,
                               **({"invitation": p.invitation} if p.invitation is not None else {}),
-                              **({"server": p.server} if p.server is not None else {})}
-                          for n, p in sorted(self.peers.items())},
+                              **({"server": p.server} if p.server is not None else {}),
+                              **({"until": p.until} if p.until is not None else {})}
+                          for n, p in sorted({**self._ended, **self.peers}.items())},
                 "blocked": {k: {"name": b.name, "note": b.note, "blockedAt": b.blocked_at}
                             for k, b in sorted(self.blocked.items())}}
         atomic_write(self.path, json.dumps(data, indent=2, ensure_ascii=False).encode("utf-8") + b"\n")
+
+
+# ------------------------------------------------------------ pins that end (issue 22 item 5)
+def _pin_until(value: object, name: str) -> str | None:
+    """A stored pin end (``until``), checked (ValueError naming the peer otherwise)."""
+    if value is None:
+        return None
+    from node.policy.grants import until_time
+
+    try:
+        until_time(value)  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001 - grant-bad-until: the file is not valid
+        raise ValueError(f"peers.{name}.until is not an RFC 3339 UTC time") from None
+    return value  # type: ignore[return-value]
+
+
+def set_pin_until(registry: PeerRegistry, name: str, until: str | None) -> PeerRecord:
+    """Give the pin ``name`` an end (``until``: RFC 3339 UTC, None: never) and save.
+
+    Raises:
+        PolicyError: ``peer-not-found``.
+    """
+    rec = registry.by_name(name)
+    if rec is None:
+        raise PolicyError("peer-not-found", f"no peer named {name[:70]!r}")
+    rec.until = _pin_until(until, name)
+    registry.save()
+    return rec
+
+
+def pins_in_force(registry: PeerRegistry, now: float) -> PeerRegistry:
+    """``registry`` without the pins whose ``until`` has passed at ``now`` (Unix s): what a
+    running host admits and names by. The ended pins are still written by its
+    :meth:`PeerRegistry.save` (nothing is removed from the file)."""
+    from node.policy.grants import in_force
+
+    view = PeerRegistry(registry.path, {n: r for n, r in registry.peers.items() if in_force(r.until, now)},
+                        registry.blocked)
+    view._ended = {**registry._ended, **{n: r for n, r in registry.peers.items() if n not in view.peers}}
+    return view

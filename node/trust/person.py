@@ -30,7 +30,7 @@ from typing import Any
 
 from node.common.errors import ConfigError, KithError, SigningError
 from node.common.home import atomic_write
-from node.trust.binding import check_device_name, device_link, verify_chain
+from node.trust.binding import MAX_CHAIN_LINKS, check_device_name, device_link, verify_chain
 from node.trust.identity import Identity
 from node.trust.invitation import rfc3339
 from node.trust.signing import (
@@ -78,10 +78,16 @@ class PersonRecord:
         return max(found, key=lambda d: d["seq"]) if found else None
 
     def chain_for(self, device_key: str) -> list[dict[str, Any]] | None:
-        """The binding chain this device sends in the handshake (successors, then its
-        device link), or None when the person has not bound it."""
+        """The binding chain this device sends in the handshake (the newest
+        ``MAX_CHAIN_LINKS - 1`` rotation links, then its device link), or None when the
+        person has not bound it. A host more rotations behind than that does not converge
+        (specs/peers.md §11)."""
         link = self.binding_for(device_key)
-        return None if link is None else [*self.successors, link]
+        return None if link is None else [*self.carried_successors(), link]
+
+    def carried_successors(self) -> list[dict[str, Any]]:
+        """The rotation links a binding chain carries: the newest ``MAX_CHAIN_LINKS - 1``."""
+        return self.successors[-(MAX_CHAIN_LINKS - 1):] if self.successors else []
 
 
 def now_rfc3339() -> str:
@@ -152,14 +158,34 @@ def person_from_json(raw: object, *, where: str = PERSON_FILE) -> PersonRecord:
                            successors=list(raw.get("successors") or []), devices=list(raw.get("devices") or []))
         verify(rec.person_key, person_recovery_payload(person_key=rec.person_key, recovery_key=rec.recovery_key,
                                                        created=rec.created), rec.recovery_signature)
+        _check_history(rec.successors)
         for link in rec.devices:
-            who = verify_chain([*rec.successors, link], link.get("device_key", "") if isinstance(link, dict) else "")
+            who = verify_chain([*rec.carried_successors(), link],
+                               link.get("device_key", "") if isinstance(link, dict) else "")
             if who.person != rec.person_key:
                 raise TypeError("a device is bound by another person key")
     except (KeyError, TypeError, AttributeError, SigningError, KithError) as exc:
         detail = getattr(exc, "message", "") or str(exc) or type(exc).__name__
         raise ConfigError("config-invalid", f"{where} is not a valid person record ({detail})") from None
     return rec
+
+
+def _check_history(successors: list[dict[str, Any]]) -> None:
+    """Rotation links older than those a chain carries: each well-formed, signed, and
+    continued by the next one (the carried ones are checked with the device links by
+    :func:`node.trust.binding.verify_chain`).
+
+    Raises:
+        TypeError / HandshakeError: a link that is not.
+    """
+    from node.trust.binding import check_link, verify_link  # the handshake's own rules
+
+    for i, raw in enumerate(successors[:-(MAX_CHAIN_LINKS - 1)]):
+        link = check_link(raw, False, i)
+        nxt = successors[i + 1]
+        if not isinstance(nxt, dict) or link["successor_key"] != nxt.get("person_key"):
+            raise TypeError(f"rotation link {i} is not continued by the next one")
+        verify_link(link, i)
 
 
 def load_person(home: Path) -> PersonRecord | None:

@@ -35,13 +35,15 @@ TAG_REQUEST = "kith-request-v1"
 TAG_DEVICE_BINDING = "kith-device-binding-v1"
 TAG_PERSON_SUCCESSOR = "kith-person-successor-v1"
 TAG_PERSON_RECOVERY = "kith-person-recovery-v1"
+#: A rotation signed by the recovery key (the person key's device was lost; specs/peers.md §11).
+TAG_PERSON_RECOVERY_ROTATION = "kith-person-recovery-rotation-v1"
 #: A host's signed citation of one served result (specs/signed-payloads.md §4): its own
 #: domain, so a citation signature never stands for a session, a request or a binding.
 TAG_CITATION = "kith-citation-v1"
 #: Every domain tag above: a verifier names a signature made for another of them.
 DOMAIN_TAGS = (TAG_TRANSPORT_BINDING, TAG_SESSION, TAG_SESSION_HOST, TAG_SESSION_GUEST,
                TAG_REQUEST, TAG_DEVICE_BINDING, TAG_PERSON_SUCCESSOR, TAG_PERSON_RECOVERY,
-               TAG_CITATION)
+               TAG_PERSON_RECOVERY_ROTATION, TAG_CITATION)
 
 _HEX_RE = {n: re.compile(rf"[0-9a-f]{{{n}}}") for n in (64, 128)}
 
@@ -235,6 +237,27 @@ def citation_payload(*, host_public_key: str, source: str, version: str, span: s
     return build_payload(tag, [
         ("host_public_key", host_public_key), ("source", source), ("version", version),
         ("span", span), ("text_sha256", text_sha256), ("signed_at", signed_at),
+    ])
+
+
+def person_recovery_rotation_payload(*, person_key: str, recovery_key: str, successor_key: str,
+                                     created: str, seq: int) -> bytes:
+    """What the recovery key signs to name a successor of the person key it was vouched for
+    by (a rotation when the person key is lost, specs/peers.md §11).
+
+    Lines: ``kith-person-recovery-rotation-v1``, ``person_key`` (the old key, *not* the
+    signer), ``recovery_key`` (the signer), ``successor_key``, ``created`` (RFC 3339 UTC),
+    ``seq``.
+
+    Raises:
+        SigningError: as :func:`device_binding_payload`.
+    """
+    check_hex(person_key, PUBLIC_KEY_HEX_LEN, "person_key")
+    check_hex(recovery_key, PUBLIC_KEY_HEX_LEN, "recovery_key")
+    check_hex(successor_key, PUBLIC_KEY_HEX_LEN, "successor_key")
+    return build_payload(TAG_PERSON_RECOVERY_ROTATION, [
+        ("person_key", person_key), ("recovery_key", recovery_key), ("successor_key", successor_key),
+        ("created", created), ("seq", _check_seq(seq)),
     ])
 
 

@@ -325,10 +325,17 @@ class _Pages:
             from node.trust.peers import PeerRegistry
 
             registry = PeerRegistry.load(self.home)
-            pinned = [{**registry.to_json(p), "fingerprint": fingerprint(p.public_key)}
+            from node.policy.store import Policy
+
+            policy = Policy.load(self.home)
+            member_of = policy.groups_by_member()
+            pinned = [{**registry.to_json(p), "fingerprint": fingerprint(p.public_key),
+                       "groups": sorted(member_of.get(p.name, {}).items())}
                       for _, p in sorted(registry.peers.items())]
             blocked = [registry.block_json(b) for _, b in sorted(registry.blocked.items())]
-            return {"pinned": pinned, "blocked": blocked}
+            groups = [{"name": g.name, "members": sorted(g.members.items())}
+                      for _, g in sorted(policy.groups.items())]
+            return {"pinned": pinned, "blocked": blocked, "groups": groups}
 
         return self._render("peers.html", request, **await anyio.to_thread.run_sync(gather))
 

@@ -1,0 +1,126 @@
+"""Grants that end, enforced like revocation (specs/peers.md §12): while the host runs,
+every grant with an ``until`` — a pin (``peers.json``), an override or a group membership
+(``policy.toml``) — is watched on the host's clock; when one ends, the live sessions it
+covered end with ``session-grant-expired`` and a ``grant-expired`` event is emitted (and
+audited). Decisions made after that already ignore it (:func:`node.trust.peers.pins_in_force`,
+:meth:`node.policy.store.Policy.match`), so a guest reconnecting gets what remains.
+
+The watcher waits on :class:`node.runtime.clock.Clock` ``sleep`` and reads ``time``, so tests
+end a grant by advancing a :class:`node.runtime.clock.ManualClock`. Grants already ended
+when the host starts are not reported (no session can hold them).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+from node.common.errors import KithError
+from node.policy.grants import until_time
+
+log = logging.getLogger("kith.grants")
+
+#: How often the host looks for grants that ended (s, on its clock).
+GRANT_POLL_S = 1.0
+
+
+def grants_with_ends(home: Path) -> list[dict[str, Any]]:
+    """Every grant of this home that has an end: ``{"kind": "pin" | "override" | "group",
+    "peer_name", "until", "names": [registry names it covers], "glob"? , "group"?}``.
+    An override for ``@group`` covers that group's members. Unreadable files give none of
+    their grants (the host keeps serving by the last good ones)."""
+    from node.policy.store import GROUP_PREFIX, Policy
+    from node.trust.peers import PeerRegistry
+
+    out: list[dict[str, Any]] = []
+    try:
+        registry = PeerRegistry.load(home)
+        out += [{"kind": "pin", "peer_name": r.name, "until": r.until, "names": [r.name]}
+                for r in registry.peers.values() if r.until is not None]
+    except KithError:
+        pass
+    try:
+        policy = Policy.load(home)
+    except KithError:
+        return out
+    for g in policy.groups.values():
+        out += [{"kind": "group", "group": g.name, "peer_name": m, "until": u, "names": [m]}
+                for m, u in g.members.items() if u is not None]
+    for r in policy.overrides:
+        if r.until is None or r.peer is None:
+            continue
+        group = policy.groups.get(r.peer[len(GROUP_PREFIX):]) if r.peer.startswith(GROUP_PREFIX) else None
+        names = sorted(group.members) if group is not None else [] if r.peer.startswith(GROUP_PREFIX) else [r.peer]
+        out.append({"kind": "override", "peer_name": r.peer, "glob": r.glob, "tier": r.tier, "until": r.until,
+                    "names": names})
+    return out
+
+
+def _ident(g: dict[str, Any]) -> tuple[Any, ...]:
+    return (g["kind"], g["peer_name"], g.get("group"), g.get("glob"), g["until"])
+
+
+class GrantWatcher:
+    """Ends the sessions of grants that end (:meth:`run` on the host's task group).
+
+    Args:
+        home: the node home.
+        sessions: the host's :class:`node.runtime.sessions.SessionTable`.
+        clock: the host's clock.
+        on_event: gets ``grant-expired`` {``kind``, ``peer_name``, ``group``?, ``glob``?,
+            ``until``, ``code`` (``session-grant-expired``), ``sessions_ended``}.
+        interval_s: how often to look (s, on ``clock``).
+    """
+
+    def __init__(self, home: Path, sessions: Any, clock: Any, *, on_event: Callable[[dict[str, Any]], None],
+                 interval_s: float = GRANT_POLL_S) -> None:
+        self.home = Path(home)
+        self.sessions = sessions
+        self.clock = clock
+        self.on_event = on_event
+        self.interval_s = interval_s
+        self._stamps: tuple[Any, ...] | None = None
+        self._grants: list[dict[str, Any]] = []
+        now = clock.time()
+        self._reported = {_ident(g) for g in self._current() if until_time(g["until"]) <= now}
+
+    def _current(self) -> list[dict[str, Any]]:
+        """:func:`grants_with_ends`, read again only when ``peers.json`` or ``policy.toml``
+        changed (one ``os.stat`` each per look)."""
+        from node.policy.store import POLICY_FILE, file_stamp
+        from node.trust.peers import PEERS_FILE
+
+        stamps = (file_stamp(self.home / PEERS_FILE), file_stamp(self.home / POLICY_FILE))
+        if stamps != self._stamps:
+            self._stamps, self._grants = stamps, grants_with_ends(self.home)
+        return self._grants
+
+    async def run(self) -> None:
+        """Look every :attr:`interval_s` until cancelled; never raises for a bad file."""
+        while True:
+            await self.clock.sleep(self.interval_s)
+            try:
+                self.poll()
+            except KithError as exc:
+                log.warning("grant check failed: %s", exc.code)
+
+    def poll(self) -> list[dict[str, Any]]:
+        """One look. Returns the ``grant-expired`` events emitted."""
+        now = self.clock.time()
+        out = []
+        for g in self._current():
+            ident = _ident(g)
+            if ident in self._reported or until_time(g["until"]) > now:
+                continue
+            self._reported.add(ident)
+            n = sum(self.sessions.end_named(name, "session-grant-expired", "a grant of this peer ended")
+                    for name in g["names"])
+            ev = {"event": "grant-expired", **{k: v for k, v in g.items() if k != "names"},
+                  "code": "session-grant-expired", "sessions_ended": n}
+            self.on_event(ev)
+            out.append(ev)
+        return out
+
+
+__all__ = ["GRANT_POLL_S", "GrantWatcher", "grants_with_ends"]
