@@ -150,7 +150,9 @@ def host_cmd(
                 console.print(f"  post {ev['post_id']} now expires {ev['expires_at']}")
             elif ev["event"] == "session-started":
                 who = f"{ev['peer'][:16]}…"
-                if ev.get("person"):  # a verified binding chain: the person and this device's name
+                if ev.get("via_person"):  # a device holding a person pin's grants (specs/peers.md §10)
+                    who = f"{ev['peer_name']}'s device {safe_text(ev.get('device_name') or '')!r} ({who})"
+                elif ev.get("person"):  # a verified binding chain: the person and this device's name
                     who += f" (person {ev['person'][:16]}…, device {safe_text(ev.get('device_name') or '')!r})"
                 err_console.print(f"session {ev['session_id']} started with {who}", highlight=False, markup=False)
                 if ev.get("peer_name") is None and ev.get("pairing_code") and ev["peer"] not in codes_shown:
@@ -161,6 +163,13 @@ def host_cmd(
                 who = ev.get("peer_name") or ev["peer"][:16] + "…"
                 err_console.print(f"{ev['cause']} {who}: ended {ev['sessions_ended']} session(s), cancelled "
                                   f"{len(ev['approvals_cancelled'])} pending approval(s)", highlight=False, markup=False)
+            elif ev["event"] == "person-device-new":  # a new device of a person pin (specs/peers.md §10)
+                err_console.print(f"{ev['peer_name']}'s new device {safe_text(ev['device_name'])!r} "
+                                  f"({ev['device'][:16]}…)", highlight=False, markup=False)
+            elif ev["event"] == "device-revoked":
+                who = ev.get("peer_name") or f"person {ev['person'][:16]}…"
+                err_console.print(f"{who} revoked {len(ev['devices'])} device(s) (list {ev['seq']}, via {ev['via']}): "
+                                  f"ended {ev['sessions_ended']} session(s)", highlight=False, markup=False)
             elif ev["event"] == "policy-reloaded":
                 err_console.print("policy.toml changed: " + (f"{ev['rules']} rule(s) in force" if ev["ok"] else
                                   f"not valid ({ev['code']}); the last good policy stays in force"),

@@ -5,6 +5,7 @@ binding sequence number, when), marking this device. ``kith device add`` (on the
 holding the person key) prints a one-time code; ``kith device join CODE`` on the new
 device presents it; both show the pairing words and the owner confirms on the first before
 the person key signs the new device's binding (:mod:`node.runtime.device_pair`).
+``kith device revoke NAME`` signs a new revocation list (specs/peers.md §10).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import typer
 
 from node.cli.common import console, emit_json, err_console, home_of, new_home_of, untrusted_console
 
-device_app = typer.Typer(help="This person's devices (list, add, join).", no_args_is_help=True)
+device_app = typer.Typer(help="This person's devices (list, add, join, revoke).", no_args_is_help=True)
 
 
 @device_app.command("list")
@@ -122,6 +123,55 @@ def device_join_cmd(
         return
     untrusted_console.print(f"this device {got['device_name']!r} is bound to person {got['person_key']} "
                             f"(binding {got['seq']})")
+
+
+@device_app.command("revoke")
+def device_revoke_cmd(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., metavar="NAME", help="The device's name (`kith device list`)."),
+    out: Optional[str] = typer.Option(None, "--out", metavar="FILE", help="Also write the signed list to FILE, for `kith peers import-revocation FILE` on hosts by hand."),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="Also publish the list on this community server (hosts with --server fetch their pinned persons' lists)."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Revoke a stolen or lost device of yours: the person key signs a revocation list (every
+    device revoked so far, a sequence number one more than the last). This device carries it
+    in its next handshake with every host (which then refuses the revoked device and ends its
+    sessions); --out writes it for import by hand, --server publishes it. Run on the device
+    holding the person key; the other devices stay bound."""
+    import json
+    from pathlib import Path
+
+    from node.common.home import atomic_write
+    from node.trust.person import revoke_device
+
+    home = home_of(ctx)
+    doc, new = revoke_device(home, name)
+    if out is not None:
+        atomic_write(Path(out), (json.dumps(doc, indent=2) + "\n").encode("utf-8"), mode=0o644)
+    published = None
+    if server is not None:
+        import anyio
+
+        from node.community.client import CommunityClient
+        from node.trust.identity import load_identity
+
+        async def publish() -> dict:
+            async with CommunityClient(server, load_identity(home)) as client:
+                return await client.publish_revocation(doc)
+
+        published = anyio.run(publish, backend="asyncio")
+    if json_out:
+        emit_json({"event": "device-revoked", "name": name, "newly_revoked": new, "list": doc,
+                   "out": out, "published": published is not None})
+        return
+    if new:
+        untrusted_console.print(f"revoked device {name!r} ({', '.join(k[:16] + '…' for k in new)}): revocation list "
+                                f"{doc['seq']} names {len(doc['revoked'])} device(s)")
+    else:
+        untrusted_console.print(f"device {name!r} was revoked already (revocation list {doc['seq']})")
+    console.print("this device carries the list in its next handshake with every host"
+                  + (f"; written to {out}" if out else "") + ("; published on the server" if published else ""),
+                  highlight=False, markup=False)
 
 
 __all__ = ["device_app"]

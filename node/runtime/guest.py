@@ -25,7 +25,7 @@ from node.runtime.hooks import HookContext, PeerInfo, load_hooks
 from node.trust.identity import Identity
 from node.trust.invitation import POST_ID_RE, Invitation, parse_invitation, verify_invitation
 from node.trust.peers import PeerRegistry, clean_profile, load_own_profile
-from node.trust.person import own_chain
+from node.trust.person import own_chain, own_revocation
 from node.protocol.spec import ProtocolSpec, find_protocol_dir, load_spec
 
 log = logging.getLogger("kith.guest")
@@ -404,7 +404,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
                                                  profile=load_own_profile(home), admit_host=admit_host,
                                                  capabilities=[UI_CAPABILITY] if accept_host_ui else [],
                                                  want_ui=accept_host_ui and local_ui_dir(pdir) is None,
-                                                 binding_chain=own_chain(home, identity.public_key)))
+                                                 binding_chain=own_chain(home, identity.public_key),
+                                                 revocation_list=own_revocation(home)))
 
         def on_ui(ev: Any, session_id: str) -> Path:
             return install_bundle(home, session_id, ev.files)

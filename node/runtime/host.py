@@ -370,7 +370,11 @@ class Host:
                            max_failures=opts.max_failed_handshakes,
                            # a public multi-use post must never be rotatable by strangers
                            retire_on_failures=not opts.server_url or opts.post_max_sessions == 1)
-        self.peers_watcher = PeersWatcher(self.home, self.table, on_event=self.emit)
+        from node.trust.person import load_person
+
+        person = load_person(self.home)
+        self.peers_watcher = PeersWatcher(self.home, self.table, on_event=self.emit,
+                                          own_person=person.person_key if person else None)
 
     def emit(self, ev: dict[str, Any]) -> None:
         """Report one host event: to the audit log and the owner's ``on_event``, then to

@@ -129,6 +129,12 @@ class PeerRecord:
     #: The community server ``invitation`` came from (``browse --host KEY`` there when
     #: the saved one no longer works), or None.
     server: str | None = None
+    #: ``public_key`` is a *person* key (``kith peers add --devices``): every device with a
+    #: valid binding of it is this peer (specs/peers.md §10). False: one device's key.
+    devices: bool = False
+    #: The devices of a person pin this host has seen (device key → ``{"name",
+    #: "firstSeen"}``), at most :data:`MAX_SEEN_DEVICES`; empty for a device pin.
+    seen_devices: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -202,7 +208,8 @@ class PeerRegistry:
                     raise ValueError(f"peers.{name}.server is not a URL")
                 peers[name] = PeerRecord(name, rec["publicKey"], note if isinstance(note, str) else "",
                                          clean_profile(rec.get("profile")),
-                                         rec.get("profileSyncedAt"), rec.get("addedAt", ""), inv, server)
+                                         rec.get("profileSyncedAt"), rec.get("addedAt", ""), inv, server,
+                                         *_person_fields(name, rec))
             for key, rec in (raw.get("blocked") or {}).items():
                 check_hex(key, PUBLIC_KEY_HEX_LEN, f"blocked.{str(key)[:70]}")
                 name, note = rec.get("name"), rec.get("note", "")
@@ -433,7 +440,8 @@ class PeerRegistry:
         """One record as ``kith peers list --json`` prints it."""
         return {"name": rec.name, "publicKey": rec.public_key, "note": rec.note, "profile": rec.profile,
                 "profileSyncedAt": rec.profile_synced_at, "addedAt": rec.added_at,
-                "invitation": (rec.invitation or {}).get("post_id"), "server": rec.server}
+                "invitation": (rec.invitation or {}).get("post_id"), "server": rec.server,
+                "devices": rec.devices, "seenDevices": _seen_json(rec)}
 
     def save(self) -> None:
         """Write the registry (version 2, 0600, tmp+rename)."""
@@ -441,8 +449,91 @@ class PeerRegistry:
                 "peers": {n: {"publicKey": p.public_key, "note": p.note, "profile": p.profile,
                               "profileSyncedAt": p.profile_synced_at, "addedAt": p.added_at,
                               **({"invitation": p.invitation} if p.invitation is not None else {}),
-                              **({"server": p.server} if p.server is not None else {})}
+                              **({"server": p.server} if p.server is not None else {}),
+                              **_person_json(p)}
                           for n, p in sorted(self.peers.items())},
                 "blocked": {k: {"name": b.name, "note": b.note, "blockedAt": b.blocked_at}
                             for k, b in sorted(self.blocked.items())}}
         atomic_write(self.path, json.dumps(data, indent=2, ensure_ascii=False).encode("utf-8") + b"\n")
+
+
+# ------------------------------------------------------------------ person pins (issue 22)
+#: The most devices of one person pin whose first sighting is remembered.
+MAX_SEEN_DEVICES = 64
+
+
+def _person_fields(name: str, rec: dict[str, Any]) -> tuple[bool, dict[str, dict[str, str]]]:
+    """``(devices, seen_devices)`` of one ``peers.json`` entry (absent → a device pin).
+
+    Raises:
+        ValueError: ``devices`` not a boolean, or ``seenDevices`` not an object of device
+            keys to ``{"name", "firstSeen"}``.
+    """
+    devices = rec.get("devices", False)
+    if not isinstance(devices, bool):
+        raise ValueError(f"peers.{name}.devices is not true or false")
+    seen: dict[str, dict[str, str]] = {}
+    for key, dev in (rec.get("seenDevices") or {}).items():
+        check_hex(key, PUBLIC_KEY_HEX_LEN, f"peers.{name}.seenDevices")
+        if not isinstance(dev, dict) or not isinstance(dev.get("name"), str):
+            raise ValueError(f"peers.{name}.seenDevices.{key[:16]} is not {{name, firstSeen}}")
+        seen[key] = {"name": dev["name"][:64], "firstSeen": str(dev.get("firstSeen", ""))}
+    return devices, seen
+
+
+def _person_json(rec: PeerRecord) -> dict[str, Any]:
+    """The person-pin fields of one saved entry (none for a device pin: old readers see
+    the file they know)."""
+    if not rec.devices:
+        return {}
+    return {"devices": True, "seenDevices": dict(sorted(rec.seen_devices.items()))}
+
+
+def _seen_json(rec: PeerRecord) -> list[dict[str, str]]:
+    return [{"key": k, "name": d["name"], "firstSeen": d["firstSeen"]}
+            for k, d in sorted(rec.seen_devices.items(), key=lambda kd: (kd[1]["firstSeen"], kd[0]))]
+
+
+def pin_person(registry: PeerRegistry, name: str, person_key: str, note: str = "", **kw: Any) -> PeerRecord:
+    """Pin ``name`` to a *person* key (``kith peers add NAME KEY --devices``) and save: any
+    device with a valid binding chain to ``person_key`` is then this peer (its tiers,
+    overrides, approvals and one quota bucket; specs/peers.md §10).
+
+    Args:
+        kw: as :meth:`PeerRegistry.add` (``profile``, ``invitation``, ``server``).
+
+    Raises:
+        PolicyError / SigningError: as :meth:`PeerRegistry.add`.
+    """
+    rec = registry.add(name, person_key, note, **kw)
+    rec.devices = True
+    registry.save()
+    return rec
+
+
+def person_pin(registry: PeerRegistry, person_key: str | None) -> PeerRecord | None:
+    """The person pin (``--devices``) of ``person_key``, or None (not pinned, or pinned as
+    one device's key: a new device of that person is a stranger)."""
+    if person_key is None:
+        return None
+    rec = registry.by_key(person_key)
+    return rec if rec is not None and rec.devices else None
+
+
+def note_device(registry: PeerRegistry, rec: PeerRecord, device_key: str, device_name: str) -> bool:
+    """Remember that device ``device_key`` (named ``device_name`` by its person) of person
+    pin ``rec`` was seen, and save when that changes the record.
+
+    Returns:
+        True when the device is new to this registry (the owner is told: "alice's new
+        device 'work-laptop'").
+    """
+    known = rec.seen_devices.get(device_key)
+    if known is not None and known["name"] == device_name:
+        return False
+    if known is None and len(rec.seen_devices) >= MAX_SEEN_DEVICES:
+        oldest = min(rec.seen_devices, key=lambda k: rec.seen_devices[k]["firstSeen"])
+        del rec.seen_devices[oldest]
+    rec.seen_devices[device_key] = {"name": device_name[:64], "firstSeen": known["firstSeen"] if known else _now()}
+    registry.save()
+    return known is None

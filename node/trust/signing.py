@@ -34,6 +34,8 @@ TAG_REQUEST = "kith-request-v1"
 TAG_DEVICE_BINDING = "kith-device-binding-v1"
 TAG_PERSON_SUCCESSOR = "kith-person-successor-v1"
 TAG_PERSON_RECOVERY = "kith-person-recovery-v1"
+#: A person's list of revoked (stolen, lost) device keys (specs/peers.md §10).
+TAG_DEVICE_REVOCATION = "kith-device-revocation-v1"
 
 _HEX_RE = {n: re.compile(rf"[0-9a-f]{{{n}}}") for n in (64, 128)}
 
@@ -204,6 +206,26 @@ def person_recovery_payload(*, person_key: str, recovery_key: str, created: str)
     check_hex(recovery_key, PUBLIC_KEY_HEX_LEN, "recovery_key")
     return build_payload(TAG_PERSON_RECOVERY, [
         ("person_key", person_key), ("recovery_key", recovery_key), ("created", created),
+    ])
+
+
+def device_revocation_payload(*, person_key: str, created: str, seq: int, revoked: list[str]) -> bytes:
+    """What a person key signs to revoke devices (specs/peers.md §10).
+
+    Lines: ``kith-device-revocation-v1``, ``person_key``, ``created`` (RFC 3339 UTC),
+    ``seq`` (decimal, 0 ≤ seq < 2^53; a newer list has a larger one), ``count`` (how many
+    keys follow), then one ``revoked`` line per device key, in the list's order.
+
+    Raises:
+        SigningError: ``bad-hex`` for a malformed key, ``bad-payload-value`` for a line
+            break or a bad ``seq``.
+    """
+    check_hex(person_key, PUBLIC_KEY_HEX_LEN, "person_key")
+    for key in revoked:
+        check_hex(key, PUBLIC_KEY_HEX_LEN, "revoked")
+    return build_payload(TAG_DEVICE_REVOCATION, [
+        ("person_key", person_key), ("created", created), ("seq", _check_seq(seq)), ("count", str(len(revoked))),
+        *(("revoked", key) for key in revoked),
     ])
 
 
