@@ -524,6 +524,10 @@ def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]],
         if rcode == "session-evicted":  # an idle anonymous session made room for another guest
             raise SessionAborted("session-evicted", "the host ended this idle session to make room for another guest",
                                  hint="join again; a pinned peer (`kith peers add` on the host) is never evicted")
+        if rcode == "session-device-revoked":  # this device's person revoked it (specs/peers.md §10)
+            raise SessionAborted("session-device-revoked", "the host learnt that this device was revoked by its "
+                                 "person and ended the session",
+                                 hint="a revoked device stays revoked; pair a new home with `kith device join`")
         if rcode == "session-ended-by-owner":  # the host's owner ran `kith sessions end`
             raise SessionAborted("session-ended-by-owner", "the host's owner ended this session",
                                  hint="ask the host's owner before joining again")
