@@ -77,6 +77,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "revocation-malformed": ("identity", "The revocation list is not one (wrong fields or types, malformed hex, too many keys, larger than 4 KiB)."),
     "revocation-forged": ("identity", "The revocation list's signature does not verify by its person key."),
     "revocation-wrong-person": ("identity", "The revocation list is signed by another person key."),
+    "revocation-not-found": ("community", "The community server keeps no revocation list of that person key."),
     "revocation-stale": ("identity", "A newer revocation list of that person is kept already; an older one never replaces it."),
     "bad-hex": ("signing", "A key, signature or nonce is not strict lowercase hex of the exact length."),
     "bad-signature": ("signing", "A signature does not verify."),

@@ -439,6 +439,8 @@ class Host:
                     tg.start_soon(self.posts.watch_expiry)
                     tg.start_soon(self._purge_nonces)
                     tg.start_soon(self.peers_watcher.run)  # peers.json / policy.toml by stat
+                    if self.opts.server_url:  # the person pins' revocation lists (specs/peers.md §10)
+                        tg.start_soon(self.peers_watcher.watch_server, self.opts.server_url, self.identity)
                     async with anyio.create_task_group() as accepting:
                         if self.stop is not None:
                             accepting.start_soon(self._stop_watch, accepting.cancel_scope)

@@ -37,6 +37,8 @@ log = logging.getLogger("kith.revocation")
 #: How often the host stats ``peers.json`` and ``policy.toml`` (s): a revocation ends
 #: live sessions within about this long (the issue asks for 5 s).
 POLL_INTERVAL_S = 0.5
+#: How often a host with ``--server`` asks it for its person pins' revocation lists (s).
+SERVER_FETCH_S = 60.0
 
 
 def cancel_approvals(home: Path, peer_key: str) -> list[str]:
@@ -112,6 +114,33 @@ class PeersWatcher:
         if offered.outcome != "new":
             return None
         return self._devices_revoked(checked.person, offered.newly_revoked, checked.seq, via, registry)
+
+    async def watch_server(self, server_url: str, identity: Any, interval_s: float = SERVER_FETCH_S) -> None:
+        """With ``kith host --server``: at start and every ``interval_s``, fetch the newest
+        revocation list of each person pinned with ``--devices`` from the community server
+        and take it like one carried in a handshake (``via="server"``; checked here, an older
+        one ignored). A server that cannot be reached changes nothing. Runs until cancelled."""
+        from node.community.client import CommunityClient
+        from node.trust.revocation_list import check_list
+
+        while True:
+            persons = [r.public_key for r in self._registry.peers.values() if r.devices]
+            if persons:
+                try:
+                    async with CommunityClient(server_url, identity) as client:
+                        for person in persons:
+                            doc = await client.get_revocation(person)
+                            if doc is None:
+                                continue
+                            try:
+                                checked = check_list(doc, person=person)
+                            except KithError:
+                                log.warning("the server sent a revocation list that does not verify")
+                                continue
+                            self.apply_list(checked, via="server")
+                except KithError as exc:
+                    log.info("could not fetch revocation lists: %s", exc.code)
+            await anyio.sleep(interval_s)
 
     def _devices_revoked(self, person: str, devices: list[str], seq: int, via: str,
                          registry: PeerRegistry) -> dict[str, Any]:
@@ -224,4 +253,4 @@ class PeersWatcher:
         self.on_event({"event": "policy-reloaded", "ok": True, "rules": len(policy.rules)})
 
 
-__all__ = ["PeersWatcher", "POLL_INTERVAL_S", "cancel_approvals"]
+__all__ = ["PeersWatcher", "POLL_INTERVAL_S", "SERVER_FETCH_S", "cancel_approvals"]
