@@ -71,6 +71,8 @@ def test_two_homes_of_one_person_are_one_peer_and_revoking_one_ends_it_while_the
         assert r.returncode == 0, r.stderr
         revoked = json.loads(r.stdout)
         assert revoked["newly_revoked"] == [laptop_key] and revoked["list"]["seq"] == 0
+        listed = json.loads(kith(desk, "device", "list", "--json").stdout)["devices"]
+        assert [(d["name"], d["revoked"]) for d in listed] == [("desk", False), ("laptop", True)]
 
         t0 = time.monotonic()
         r = kith(desk, "join", str(invite), "--local", "--trust", "--json", "--query", QUERY)

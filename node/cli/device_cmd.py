@@ -22,26 +22,29 @@ device_app = typer.Typer(help="This person's devices (list, add, join, revoke)."
 
 @device_app.command("list")
 def device_list_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """List the devices this home's person key has bound (this device marked)."""
+    """List the devices this home's person key has bound (this device marked, revoked ones too)."""
     from node.common.errors import ConfigError
     from node.common.home import init_hint
     from node.trust.identity import load_identity
     from node.trust.person import load_person, load_person_secret
+    from node.trust.revocation_list import RevocationStore
 
     home = home_of(ctx)
     ident = load_identity(home)
     person = load_person(home)
     if person is None:
         raise ConfigError("home-not-initialized", "This home has no person key yet.", hint=init_hint(home))
+    revoked = RevocationStore.load(home)
     rows = [{"name": d["device_name"], "key": d["device_key"], "seq": d["seq"], "created": d["created"],
-             "this": d["device_key"] == ident.public_key} for d in person.devices]
+             "this": d["device_key"] == ident.public_key,
+             "revoked": revoked.revoked_by(d["device_key"]) == person.person_key} for d in person.devices]
     if json_out:
         emit_json({"person_key": person.person_key, "holds_person_key": load_person_secret(home) is not None,
                    "devices": rows})
         return
     untrusted_console.print(f"person {person.person_key}")
     for r in rows:
-        mark = "  (this device)" if r["this"] else ""
+        mark = ("  (this device)" if r["this"] else "") + ("  REVOKED" if r["revoked"] else "")
         untrusted_console.print(f"  {r['name']}  {r['key'][:16]}…  binding {r['seq']}  since {r['created']}{mark}")
 
 
