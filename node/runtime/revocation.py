@@ -90,10 +90,14 @@ class PeersWatcher:
         self._bad_stamp: Any = None
         self.own_person = own_person
         self._rev_stamp = file_stamp(self.home / REVOCATIONS_FILE)
+        self._rev_bad_stamp: Any = None
         self._revocations = RevocationStore.load(self.home)
 
     def revocations(self) -> RevocationStore:
-        """The revocation lists kept (as last read or received; a broken file keeps the last)."""
+        """The revocation lists kept, as ``revocations.json`` says now (one ``stat``; a list
+        imported since the last poll takes effect here, its live sessions ending first); a
+        broken file keeps the last good store."""
+        self._poll_revocations()
         return self._revocations
 
     def apply_list(self, checked: RevocationList, *, via: str, registry: PeerRegistry | None = None
@@ -109,6 +113,7 @@ class PeersWatcher:
         registry = registry or self._registry
         if checked.person != self.own_person and person_pin(registry, checked.person) is None:
             return None
+        self._poll_revocations()  # an import meanwhile is not overwritten
         offered = self._revocations.offer(checked, via=via, now=rfc3339(self.sessions.clock.time()))
         self._rev_stamp = file_stamp(self.home / REVOCATIONS_FILE)  # our own write: no second pass
         if offered.outcome != "new":
@@ -160,8 +165,9 @@ class PeersWatcher:
         try:
             store = RevocationStore.load(self.home)
         except ConfigError:
-            if stamp != self._bad_stamp:
-                self._bad_stamp = stamp
+            if stamp != self._rev_bad_stamp:
+                self._rev_bad_stamp = stamp
+                log.warning("%s is not valid; the host keeps the lists it last read", REVOCATIONS_FILE)
                 self.on_event({"event": "config-invalid", "file": REVOCATIONS_FILE})
             return
         self._rev_stamp = stamp
