@@ -351,3 +351,39 @@ def test_the_store_keeps_the_newest_list_and_never_unrevokes(tmp_path):
     with pytest.raises(KithError) as exc:
         check_list({**alice.revoke("a", seq=3), "revoked": ["A" * 64]})
     assert exc.value.code == "revocation-malformed"
+
+
+def test_old_peers_files_load_unchanged_and_a_person_pin_round_trips(tmp_path):
+    key = os.urandom(32).hex()
+    old = {"peers": {"bob": {"publicKey": key, "note": "", "profile": {}, "profileSyncedAt": None,
+                             "addedAt": WHEN}}}  # version 1: no version, no blocked, no devices
+    (tmp_path / "peers.json").write_text(json.dumps(old))
+    registry = PeerRegistry.load(tmp_path)
+    assert registry.by_name("bob").devices is False and registry.by_name("bob").seen_devices == {}
+    alice = Person()
+    pin_person(registry, "alice", alice.key)
+    saved = json.loads((tmp_path / "peers.json").read_text())
+    assert "devices" not in saved["peers"]["bob"]  # a device pin is written as before
+    assert saved["peers"]["alice"]["devices"] is True and saved["peers"]["alice"]["seenDevices"] == {}
+    again = PeerRegistry.load(tmp_path)
+    assert again.by_name("alice").devices is True and again.to_json(again.by_name("alice"))["devices"] is True
+    saved["peers"]["alice"]["devices"] = "yes"
+    (tmp_path / "peers.json").write_text(json.dumps(saved))
+    with pytest.raises(KithError) as exc:
+        PeerRegistry.load(tmp_path)
+    assert exc.value.code == "config-invalid"
+
+
+def test_an_invitation_for_a_person_pin_must_come_from_the_person_or_a_device_it_bound(tmp_path):
+    from node.cli.peers_cmd import _check_person_invite
+    from node.trust.identity import init_identity
+    from node.trust.person import init_person
+
+    device, _ = init_identity(tmp_path)
+    rec, _words = init_person(tmp_path, device, "desk")
+    _check_person_invite(tmp_path, rec.person_key, device.public_key)  # this home's own person and device
+    _check_person_invite(tmp_path, rec.person_key, rec.person_key)
+    for person, host in ((rec.person_key, os.urandom(32).hex()), (Person().key, device.public_key)):
+        with pytest.raises(KithError) as exc:
+            _check_person_invite(tmp_path, person, host)
+        assert exc.value.code == "host-key-changed"
