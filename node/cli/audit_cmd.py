@@ -35,7 +35,8 @@ def _parse_ts(ts: str) -> datetime | None:
 
 
 _SHOWN = ("post_id", "reason", "code", "cause", "query_id", "status", "sources", "query", "query_hmac",
-          "approval_id", "decision", "pairing_code", "sessions_ended", "approvals_cancelled", "note", "ok", "rules")
+          "approval_id", "decision", "pairing_code", "sessions_ended", "approvals_cancelled", "note", "ok", "rules",
+          "device_name", "via", "seq")
 
 
 def audit_cmd(

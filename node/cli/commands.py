@@ -94,7 +94,7 @@ def host_cmd(
     message: Optional[str] = typer.Option(None, "--message", help="A line shown with the invitation."),
     tag: list[str] = typer.Option([], "--tag", help="Tag the invitation (repeatable)."),
     json_out: bool = typer.Option(False, "--json", help="Invitation as JSON on the first stdout line, then one event object per line."),
-    peers_only: bool = typer.Option(False, "--peers-only", help="Admit only guests pinned in the peer registry (kith peers add)."),
+    peers_only: bool = typer.Option(False, "--peers-only", help="Admit only guests pinned in the peer registry (kith peers add), or devices of a person pinned with --devices."),
     share_ui: bool = typer.Option(False, "--share-ui", help="Offer the protocol's ui/ bundle to guests that join with --accept-host-ui."),
     max_sessions: Optional[int] = typer.Option(None, "--max-sessions", min=1, max=1_000_000, help="Sessions one post_id allows (1 = single-use); with --server a used-up or expired post is republished under a new post_id."),
     watch: bool = typer.Option(False, "--watch", help="Re-index added, changed and deleted files live (holds the index writer lock while hosting)."),
