@@ -387,3 +387,24 @@ def test_an_invitation_for_a_person_pin_must_come_from_the_person_or_a_device_it
         with pytest.raises(KithError) as exc:
             _check_person_invite(tmp_path, person, host)
         assert exc.value.code == "host-key-changed"
+
+
+def test_removing_a_person_pin_ends_its_devices_sessions(tmp_path):
+    home = _home(tmp_path)
+    alice = Person()
+    pin_person(PeerRegistry.load(home), "alice", alice.key)
+    laptop, chain = alice.device("laptop")
+
+    async def scenario(tg, host):
+        g = await _open(tg, host, laptop, chain)
+        await host.until(lambda: host.of("session-started"))
+        PeerRegistry.load(home).remove("alice")
+        with anyio.fail_after(10):  # the watcher's stat poll (0.5 s), bounded
+            while g.outcome is None:
+                await anyio.sleep(0.01)
+        return g
+
+    host, _g = _run(home, scenario)
+    (ev,) = host.of("peer-revoked")
+    assert (ev["peer"], ev["peer_name"], ev["cause"], ev["sessions_ended"]) == (alice.key, "alice", "removed", 1)
+    assert [e["code"] for e in host.of("session-ended") if e["peer"] == laptop.public_key] == ["session-revoked"]

@@ -221,15 +221,18 @@ class Connection:
             return
         if watcher.revocations().revoked_by(person.device) is not None:
             raise HandshakeError("handshake-device-revoked", "this device was revoked by its person")
-        if self.registry.is_blocked(person.person):
+        known = watcher.known()  # the newest registry the host read: a pin removed meanwhile grants nothing
+        if known.is_blocked(person.person):
             raise HandshakeError("handshake-peer-blocked", "this device's person key is blocked")
-        pin = person_pin(self.registry, person.person) if self.pinned is None else None
-        if deferred == "peer-key-changed" and (pin is None or self.registry.claimed_by_other(
+        pin = person_pin(known, person.person) if self.pinned is None else None
+        if deferred == "peer-key-changed" and (pin is None or known.claimed_by_other(
                 self.remote, self.profile) not in (None, pin)):
             raise HandshakeError("peer-key-changed", "a pinned peer name with a different key")
         if deferred == "handshake-not-admitted" and pin is None:
             raise HandshakeError("handshake-person-not-pinned")
         self.person_pin = pin
+        if pin is not None:
+            self.registry = known  # the record the session's grants and seenDevices come from
 
     def egress(self, frame: Any) -> None:
         """The engine's egress seam, called once per outgoing business frame with a

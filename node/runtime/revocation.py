@@ -189,6 +189,12 @@ class PeersWatcher:
         self._registry = registry
         return registry
 
+    def known(self) -> PeerRegistry:
+        """The registry as last read (by :meth:`current` or a poll), without reading the file:
+        what a person's grants are decided on at ``_session_ready``, so a pin removed during
+        a handshake that a poll has seen already grants nothing."""
+        return self._registry
+
     async def run(self) -> None:
         """Poll until cancelled; never raises for a bad file."""
         while True:
