@@ -214,7 +214,7 @@ class Connection:
         """
         watcher = self.host.peers_watcher
         if revocation is not None:
-            watcher.apply_list(revocation, via="handshake", registry=self.registry)
+            watcher.apply_list(revocation, via="handshake")  # judged on the newest registry read
         if person is None:
             if deferred is not None:
                 raise HandshakeError(deferred)
