@@ -408,3 +408,18 @@ def test_removing_a_person_pin_ends_its_devices_sessions(tmp_path):
     (ev,) = host.of("peer-revoked")
     assert (ev["peer"], ev["peer_name"], ev["cause"], ev["sessions_ended"]) == (alice.key, "alice", "removed", 1)
     assert [e["code"] for e in host.of("session-ended") if e["peer"] == laptop.public_key] == ["session-revoked"]
+
+
+def test_a_person_pins_saved_invitation_may_come_from_a_device_the_pin_has_seen(tmp_path):
+    from node.trust.peers import known_device_of, note_device
+
+    alice = Person()
+    registry = PeerRegistry.load(tmp_path)
+    rec = pin_person(registry, "alice", alice.key)
+    desk, _ = alice.device("desk")
+    assert not known_device_of(tmp_path, alice.key, desk.public_key, rec)
+    assert note_device(registry, rec, desk.public_key, "desk") is True
+    assert note_device(registry, rec, desk.public_key, "desk") is False  # not new the second time
+    rec = PeerRegistry.load(tmp_path).by_name("alice")
+    assert known_device_of(tmp_path, alice.key, desk.public_key, rec)
+    assert not known_device_of(tmp_path, alice.key, os.urandom(32).hex(), rec)

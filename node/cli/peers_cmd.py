@@ -242,12 +242,9 @@ def _check_person_invite(home, person_key: str, host_key: str) -> None:
     KEY or a device this home knows KEY bound (this home's own person's devices; a binding
     is verified where it was received). Raises ``host-key-changed`` otherwise."""
     from node.common.errors import HandshakeError
-    from node.trust.person import load_person
+    from node.trust.peers import known_device_of
 
-    if host_key == person_key:
-        return
-    own = load_person(home)
-    if own is not None and own.person_key == person_key and own.binding_for(host_key) is not None:
+    if known_device_of(home, person_key, host_key):
         return
     raise HandshakeError("host-key-changed",
                          f"the invitation's host key {host_key} is not {person_key} nor a device this home "

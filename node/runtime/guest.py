@@ -205,8 +205,13 @@ def _pinned_record(name: str, registry: PeerRegistry) -> Any:
 
 def _pinned_target(inv: Invitation, rec: Any, home: Path) -> Target:
     """Every check of ``kith join`` on ``inv`` (:func:`check_invitation`), plus: its host
-    key is the key pinned for ``rec`` (``host-key-changed`` otherwise)."""
-    if inv.host_public_key != rec.public_key:
+    key is the key pinned for ``rec``, or — for a person pin — a device this home knows
+    that person bound (:func:`node.trust.peers.known_device_of`; ``host-key-changed``
+    otherwise)."""
+    from node.trust.peers import known_device_of
+
+    if inv.host_public_key != rec.public_key and not (
+            rec.devices and known_device_of(home, rec.public_key, inv.host_public_key, rec)):
         raise HandshakeError("host-key-changed",
                              f"the invitation for {rec.name!r} names another host key than the pinned one")
     pdir, spec = check_invitation(inv, home)

@@ -537,3 +537,16 @@ def note_device(registry: PeerRegistry, rec: PeerRecord, device_key: str, device
     rec.seen_devices[device_key] = {"name": device_name[:64], "firstSeen": known["firstSeen"] if known else _now()}
     registry.save()
     return known is None
+
+
+def known_device_of(home: Path, person_key: str, device_key: str, rec: PeerRecord | None = None) -> bool:
+    """Does this home know ``device_key`` is ``person_key`` or a device it bound? True for
+    the person key itself, a device of this home's own person (``person.json``), or a
+    device the person pin ``rec`` has seen present a valid chain (``seenDevices``). What
+    ``kith peers add --devices --invite`` and ``kith ask --peer`` accept as a person's host."""
+    if device_key == person_key or (rec is not None and rec.devices and device_key in rec.seen_devices):
+        return True
+    from node.trust.person import load_person
+
+    own = load_person(Path(home))
+    return own is not None and own.person_key == person_key and own.binding_for(device_key) is not None
