@@ -423,3 +423,7 @@ def test_a_person_pins_saved_invitation_may_come_from_a_device_the_pin_has_seen(
     rec = PeerRegistry.load(tmp_path).by_name("alice")
     assert known_device_of(tmp_path, alice.key, desk.public_key, rec)
     assert not known_device_of(tmp_path, alice.key, os.urandom(32).hex(), rec)
+    from node.trust.peers import pin_of_known_device
+
+    assert pin_of_known_device(PeerRegistry.load(tmp_path), tmp_path, desk.public_key).name == "alice"
+    assert pin_of_known_device(PeerRegistry.load(tmp_path), tmp_path, os.urandom(32).hex()) is None

@@ -151,13 +151,17 @@ def check_invitation(inv: Invitation, home: Path) -> tuple[Path, ProtocolSpec]:
 
 
 def trust_status(inv: Invitation, home: Path) -> str | None:
-    """The registry name pinned to the host key, or None for an unknown host.
+    """The registry name pinned to the host key (or the person pin of a host device this
+    home knows that person bound, specs/peers.md §10), or None for an unknown host.
 
     Raises:
         HandshakeError: ``host-key-changed`` is raised by the pinned-name check in
             :func:`check_pinned_name`, not here.
     """
-    rec = PeerRegistry.load(home).by_key(inv.host_public_key)
+    from node.trust.peers import pin_of_known_device
+
+    registry = PeerRegistry.load(home)
+    rec = registry.by_key(inv.host_public_key) or pin_of_known_device(registry, home, inv.host_public_key)
     return rec.name if rec else None
 
 
@@ -371,8 +375,10 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             recorded.append(proof["session_id"])
 
     def admit_host(key: str, profile: dict[str, Any]) -> bool:
+        from node.trust.peers import known_device_of
+
         claimed = PeerRegistry.load(home).claimed_by_other(key, profile)
-        if claimed is not None:
+        if claimed is not None and not (claimed.devices and known_device_of(home, claimed.public_key, key, claimed)):
             raise HandshakeError("host-key-changed",
                                  f"the host calls itself {claimed.name!r}, which is pinned to a different key")
         return True

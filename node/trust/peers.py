@@ -550,3 +550,13 @@ def known_device_of(home: Path, person_key: str, device_key: str, rec: PeerRecor
 
     own = load_person(Path(home))
     return own is not None and own.person_key == person_key and own.binding_for(device_key) is not None
+
+
+def pin_of_known_device(registry: PeerRegistry, home: Path, device_key: str) -> PeerRecord | None:
+    """The person pin whose person this home knows bound ``device_key``
+    (:func:`known_device_of`), or None — a guest's view of a host device of a pinned
+    person (the host sends no chain, so only what this home has seen counts)."""
+    for rec in registry.peers.values():
+        if rec.devices and known_device_of(home, rec.public_key, device_key, rec):
+            return rec
+    return None
