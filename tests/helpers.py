@@ -21,7 +21,8 @@ class EnginePair:
     def __init__(self, spec: ProtocolSpec, host: Identity, guest: Identity, *, post_id: str = POST_ID,
                  claimed_guest_key: str | None = None, host_remote_id: str | None = None,
                  guest_expects_host: str | None = None, seen: set[str] | None = None,
-                 guest_chain: list[dict[str, Any]] | None = None) -> None:
+                 guest_chain: list[dict[str, Any]] | None = None,
+                 guest_revocation: dict[str, Any] | None = None) -> None:
         self.spec = spec
         self.seen = seen if seen is not None else set()
 
@@ -37,7 +38,8 @@ class EnginePair:
         self.guest = SessionEngine("guest", spec, public_key=claimed_guest_key or guest.public_key, sign=guest.sign,
                                    guest=GuestConfig(remote_id=host.public_key, post_id=post_id,
                                                      host_public_key=guest_expects_host or host.public_key,
-                                                     binding_chain=guest_chain))
+                                                     binding_chain=guest_chain,
+                                                     revocation_list=guest_revocation))
         self.host_events: list[Event] = []
         self.guest_events: list[Event] = []
 

@@ -184,7 +184,7 @@ def test_status_and_sessions_show_a_live_guest_and_sessions_end_tells_the_guest(
     (session,) = live["sessions"]
     # the guest's home has a person (`kith init`): its binding chain names the person and device
     person = {"key": homes["person"], "deviceName": session["peer"]["person"]["deviceName"], "earlier": []}
-    assert session["peer"] == {"name": None, "key": homes["key"], "person": person}
+    assert session["peer"] == {"name": None, "key": homes["key"], "person": person, "viaPerson": False}
     assert session["tier"] == "anonymous"
     assert session["queries"] == 1 and session["statuses"] == {first["status"]: 1}
     quota = session["quotaLeft"]

@@ -92,10 +92,13 @@ class Guest:
     """A knowledge-query guest on the real engine and hooks that asks what it is given
     (:meth:`ask`) and stays connected, quiet, in between."""
 
-    def __init__(self, host: MemoryHost, ident: Identity | None = None, chain: list | None = None) -> None:
+    def __init__(self, host: MemoryHost, ident: Identity | None = None, chain: list | None = None,
+                 revocation: dict | None = None, profile: dict | None = None) -> None:
         self.host = host
         self.ident = ident or Identity(os.urandom(32))
         self.chain = chain  # a binding chain to send (system frames v2), or None
+        self.revocation = revocation  # a revocation list to send beside it, or None
+        self.profile = profile or {}
         self.questions: queue.Queue[str | None] = queue.Queue()
         self.results: list[dict[str, Any]] = []
         self.outcome: Any = None
@@ -110,7 +113,8 @@ class Guest:
         stream = await self.host.listener.connect(self.ident.public_key)
         engine = SessionEngine("guest", self.host.spec, public_key=self.ident.public_key, sign=self.ident.sign,
                                guest=GuestConfig(remote_id=inv["host_public_key"], post_id=inv["post_id"],
-                                                 host_public_key=inv["host_public_key"], binding_chain=self.chain))
+                                                 host_public_key=inv["host_public_key"], binding_chain=self.chain,
+                                                 revocation_list=self.revocation, profile=self.profile))
 
         def next_question() -> str | None:
             try:

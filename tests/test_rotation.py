@@ -86,7 +86,7 @@ def test_without_leaves_a_lost_device_out_and_never_this_one(tmp_path):
     lost = Identity(os.urandom(32))
     bind_device(rec, load_person_secret(tmp_path / "h"), lost.public_key, "old-phone")
     save_person(tmp_path / "h", rec)
-    for bad, code in ((("laptop",), "person-last-device"), (("nope",), "rotate-device-unknown")):
+    for bad, code in ((("laptop",), "person-last-device"), (("nope",), "device-not-found")):
         with pytest.raises(ConfigError) as exc:
             rotate_person(tmp_path / "h", without=bad)
         assert exc.value.code == code

@@ -37,7 +37,8 @@ def _parse_ts(ts: str) -> datetime | None:
 _SHOWN = ("post_id", "reason", "code", "cause", "query_id", "status", "sources", "query", "query_hmac",
           "approval_id", "decision", "pairing_code", "sessions_ended", "approvals_cancelled", "note", "ok", "rules",
           # people, groups and grants that end (issue 22 items 4-6)
-          "person", "device_name", "old_person", "via", "kind", "group", "glob", "tier", "until", "added", "removed")
+          "person", "device_name", "old_person", "via", "kind", "group", "glob", "tier", "until", "added", "removed",
+          "seq")
 
 
 def audit_cmd(

@@ -94,7 +94,7 @@ def host_cmd(
     message: Optional[str] = typer.Option(None, "--message", help="A line shown with the invitation."),
     tag: list[str] = typer.Option([], "--tag", help="Tag the invitation (repeatable)."),
     json_out: bool = typer.Option(False, "--json", help="Invitation as JSON on the first stdout line, then one event object per line."),
-    peers_only: bool = typer.Option(False, "--peers-only", help="Admit only guests pinned in the peer registry (kith peers add)."),
+    peers_only: bool = typer.Option(False, "--peers-only", help="Admit only guests pinned in the peer registry (kith peers add), or devices of a person pinned with --devices."),
     share_ui: bool = typer.Option(False, "--share-ui", help="Offer the protocol's ui/ bundle to guests that join with --accept-host-ui."),
     max_sessions: Optional[int] = typer.Option(None, "--max-sessions", min=1, max=1_000_000, help="Sessions one post_id allows (1 = single-use); with --server a used-up or expired post is republished under a new post_id."),
     watch: bool = typer.Option(False, "--watch", help="Re-index added, changed and deleted files live (holds the index writer lock while hosting)."),
@@ -152,7 +152,9 @@ def host_cmd(
                 console.print(f"  post {ev['post_id']} now expires {ev['expires_at']}")
             elif ev["event"] == "session-started":
                 who = f"{ev['peer'][:16]}…"
-                if ev.get("person"):  # a verified binding chain: the person and this device's name
+                if ev.get("via_person"):  # a device holding a person pin's grants (specs/peers.md §10)
+                    who = f"{ev['peer_name']}'s device {safe_text(ev.get('device_name') or '')!r} ({who})"
+                elif ev.get("person"):  # a verified binding chain: the person and this device's name
                     who += f" (person {ev['person'][:16]}…, device {safe_text(ev.get('device_name') or '')!r})"
                 err_console.print(f"session {ev['session_id']} started with {who}", highlight=False, markup=False)
                 if ev.get("peer_name") is None and ev.get("pairing_code") and ev["peer"] not in codes_shown:
@@ -172,6 +174,13 @@ def host_cmd(
                 err_console.print(f"person {ev['old_person'][:16]}… rotated to {ev['person'][:16]}… ({ev['via']} key; "
                                   f"seen from device {safe_text(ev.get('device_name') or '')!r}): followed, the old key "
                                   "is retired here", highlight=False, markup=False)
+            elif ev["event"] == "person-device-new":  # a new device of a person pin (specs/peers.md §10)
+                err_console.print(f"{ev['peer_name']}'s new device {safe_text(ev['device_name'])!r} "
+                                  f"({ev['device'][:16]}…)", highlight=False, markup=False)
+            elif ev["event"] == "device-revoked":
+                who = ev.get("peer_name") or f"person {ev['person'][:16]}…"
+                err_console.print(f"{who} revoked {len(ev['devices'])} device(s) (list {ev['seq']}, via {ev['via']}): "
+                                  f"ended {ev['sessions_ended']} session(s)", highlight=False, markup=False)
             elif ev["event"] == "policy-reloaded":
                 err_console.print("policy.toml changed: " + (f"{ev['rules']} rule(s) in force" if ev["ok"] else
                                   f"not valid ({ev['code']}); the last good policy stays in force"),
@@ -528,6 +537,10 @@ def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]],
         if rcode == "session-evicted":  # an idle anonymous session made room for another guest
             raise SessionAborted("session-evicted", "the host ended this idle session to make room for another guest",
                                  hint="join again; a pinned peer (`kith peers add` on the host) is never evicted")
+        if rcode == "session-device-revoked":  # this device's person revoked it (specs/peers.md §10)
+            raise SessionAborted("session-device-revoked", "the host learnt that this device was revoked by its "
+                                 "person and ended the session",
+                                 hint="a revoked device stays revoked; pair a new home with `kith device join`")
         if rcode == "session-ended-by-owner":  # the host's owner ran `kith sessions end`
             raise SessionAborted("session-ended-by-owner", "the host's owner ended this session",
                                  hint="ask the host's owner before joining again")

@@ -5,6 +5,7 @@ binding sequence number, when), marking this device. ``kith device add`` (on the
 holding the person key) prints a one-time code; ``kith device join CODE`` on the new
 device presents it; both show the pairing words and the owner confirms on the first before
 the person key signs the new device's binding (:mod:`node.runtime.device_pair`).
+``kith device revoke NAME`` signs a new revocation list (specs/peers.md §10).
 """
 
 from __future__ import annotations
@@ -16,31 +17,34 @@ import typer
 
 from node.cli.common import console, emit_json, err_console, home_of, new_home_of, untrusted_console
 
-device_app = typer.Typer(help="This person's devices (list, add, join).", no_args_is_help=True)
+device_app = typer.Typer(help="This person's devices (list, add, join, revoke).", no_args_is_help=True)
 
 
 @device_app.command("list")
 def device_list_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """List the devices this home's person key has bound (this device marked)."""
+    """List the devices this home's person key has bound (this device marked, revoked ones too)."""
     from node.common.errors import ConfigError
     from node.common.home import init_hint
     from node.trust.identity import load_identity
     from node.trust.person import load_person, load_person_secret
+    from node.trust.revocation_list import RevocationStore
 
     home = home_of(ctx)
     ident = load_identity(home)
     person = load_person(home)
     if person is None:
         raise ConfigError("home-not-initialized", "This home has no person key yet.", hint=init_hint(home))
+    revoked = RevocationStore.load(home)
     rows = [{"name": d["device_name"], "key": d["device_key"], "seq": d["seq"], "created": d["created"],
-             "this": d["device_key"] == ident.public_key} for d in person.devices]
+             "this": d["device_key"] == ident.public_key,
+             "revoked": revoked.revoked_by(d["device_key"]) == person.person_key} for d in person.devices]
     if json_out:
         emit_json({"person_key": person.person_key, "holds_person_key": load_person_secret(home) is not None,
                    "devices": rows})
         return
     untrusted_console.print(f"person {person.person_key}")
     for r in rows:
-        mark = "  (this device)" if r["this"] else ""
+        mark = ("  (this device)" if r["this"] else "") + ("  REVOKED" if r["revoked"] else "")
         untrusted_console.print(f"  {r['name']}  {r['key'][:16]}…  binding {r['seq']}  since {r['created']}{mark}")
 
 
@@ -122,6 +126,55 @@ def device_join_cmd(
         return
     untrusted_console.print(f"this device {got['device_name']!r} is bound to person {got['person_key']} "
                             f"(binding {got['seq']})")
+
+
+@device_app.command("revoke")
+def device_revoke_cmd(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., metavar="NAME", help="The device's name (`kith device list`)."),
+    out: Optional[str] = typer.Option(None, "--out", metavar="FILE", help="Also write the signed list to FILE, for `kith peers import-revocation FILE` on hosts by hand."),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="Also publish the list on this community server (hosts with --server fetch their pinned persons' lists)."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Revoke a stolen or lost device of yours: the person key signs a revocation list (every
+    device revoked so far, a sequence number one more than the last). This device carries it
+    in its next handshake with every host (which then refuses the revoked device and ends its
+    sessions); --out writes it for import by hand, --server publishes it. Run on the device
+    holding the person key; the other devices stay bound."""
+    import json
+    from pathlib import Path
+
+    from node.common.home import atomic_write
+    from node.trust.person import revoke_device
+
+    home = home_of(ctx)
+    doc, new = revoke_device(home, name)
+    if out is not None:
+        atomic_write(Path(out), (json.dumps(doc, indent=2) + "\n").encode("utf-8"), mode=0o644)
+    published = None
+    if server is not None:
+        import anyio
+
+        from node.community.client import CommunityClient
+        from node.trust.identity import load_identity
+
+        async def publish() -> dict:
+            async with CommunityClient(server, load_identity(home)) as client:
+                return await client.publish_revocation(doc)
+
+        published = anyio.run(publish, backend="asyncio")
+    if json_out:
+        emit_json({"event": "device-revoked", "name": name, "newly_revoked": new, "list": doc,
+                   "out": out, "published": published is not None})
+        return
+    if new:
+        untrusted_console.print(f"revoked device {name!r} ({', '.join(k[:16] + '…' for k in new)}): revocation list "
+                                f"{doc['seq']} names {len(doc['revoked'])} device(s)")
+    else:
+        untrusted_console.print(f"device {name!r} was revoked already (revocation list {doc['seq']})")
+    console.print("this device carries the list in its next handshake with every host"
+                  + (f"; written to {out}" if out else "") + ("; published on the server" if published else ""),
+                  highlight=False, markup=False)
 
 
 __all__ = ["device_app"]

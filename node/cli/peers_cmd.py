@@ -51,6 +51,7 @@ def add_cmd(
     invite: Optional[str] = typer.Option(None, "--invite", metavar="FILE|POST_ID", help="Keep this invitation of the peer (verified: its host key must be KEY) so `kith ask --peer NAME` can reach it."),
     server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="The community server the invitation comes from (fetches a POST_ID; asked for a newer invitation when the saved one no longer works)."),
     until: Optional[str] = typer.Option(None, "--until", metavar="DATE|DURATION", help="The pin ends then (2027-01-31, 2027-01-31T18:00:00Z, 12h, 7d, 2w): a running host ends its sessions and it is a stranger again."),
+    devices: bool = typer.Option(False, "--devices", help="KEY is a person key: every device with a valid binding of it is NAME (one set of tiers, approvals and one quota). Without it KEY is one device's key and another device of that person is a stranger."),
     as_json: bool = _JSON,
 ) -> None:
     """Pin NAME to KEY (refused when NAME or KEY is already pinned)."""
@@ -68,7 +69,9 @@ def add_cmd(
         from node.runtime.guest import check_invitation, resolve_invitation
 
         inv = anyio.run(lambda: resolve_invitation(invite, server_url=server), backend="asyncio")
-        if inv.host_public_key != key:
+        if devices:
+            _check_person_invite(home, key, inv.host_public_key)
+        elif inv.host_public_key != key:
             raise HandshakeError("host-key-changed",
                                  f"the invitation is signed by host key {inv.host_public_key}, "
                                  f"not by the key given ({key})")
@@ -76,13 +79,19 @@ def add_cmd(
         inv_doc = inv.to_dict()
     elif server is not None:
         raise UsageError("usage", "--server is used with --invite")
-    rec = registry.add(name, key, note, invitation=inv_doc, server=server)
+    if devices:
+        from node.trust.peers import pin_person
+
+        rec = pin_person(registry, name, key, note, invitation=inv_doc, server=server)
+    else:
+        rec = registry.add(name, key, note, invitation=inv_doc, server=server)
     if ends is not None:
         rec = set_pin_until(registry, rec.name, ends)
     if as_json:
         emit_json(registry.to_json(rec))
     else:
-        console.print(f"pinned {rec.name} → {rec.public_key[:16]}…", highlight=False, markup=False)
+        console.print(f"pinned {rec.name} → {'person ' if devices else ''}{rec.public_key[:16]}…"
+                      + (" and every device it binds" if devices else ""), highlight=False, markup=False)
 
 
 @peers_app.command("remove")
@@ -203,8 +212,11 @@ def list_cmd(
     table = Table("name", "key", "display name", "note", "profile synced", "groups", "until", box=None,
                   header_style="bold")
     for _, rec in rows:
-        table.add_row(rec.name, rec.public_key[:16] + "…", rec.profile.get("displayName", ""), rec.note,
-                      rec.profile_synced_at or "-", _groups_text(groups.get(rec.name, {})), _until_text(rec.until))
+        table.add_row(rec.name, ("person " if rec.devices else "") + rec.public_key[:16] + "…",
+                      rec.profile.get("displayName", ""), rec.note, rec.profile_synced_at or "-",
+                      _groups_text(groups.get(rec.name, {})), _until_text(rec.until))
+        for dev in registry.to_json(rec)["seenDevices"]:  # a person pin's devices seen so far
+            table.add_row("", f"  device {dev['key'][:16]}…", dev["name"], f"first seen {dev['firstSeen']}", "", "", "")
     console.print(table)
 
 
@@ -364,3 +376,70 @@ def group_list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         console.print(f"@{g.name}", highlight=False, markup=False)
         for m, u in sorted(g.members.items()):
             console.print(f"  {m}  until {_until_text(u)}", highlight=False, markup=False)
+
+
+# ------------------------------------------------------------------ people (issue 22)
+def _check_person_invite(home, person_key: str, host_key: str) -> None:
+    """``kith peers add NAME KEY --devices --invite``: the invitation's host key must be
+    KEY or a device this home knows KEY bound (this home's own person's devices; a binding
+    is verified where it was received). Raises ``host-key-changed`` otherwise."""
+    from node.common.errors import HandshakeError
+    from node.trust.peers import known_device_of
+
+    if known_device_of(home, person_key, host_key):
+        return
+    raise HandshakeError("host-key-changed",
+                         f"the invitation's host key {host_key} is not {person_key} nor a device this home "
+                         "knows it bound", hint="pin the person without --invite; its devices are recognised "
+                         "by the binding chain they present when they connect")
+
+
+@peers_app.command("import-revocation")
+def import_revocation_cmd(
+    ctx: typer.Context,
+    file: str = typer.Argument(..., metavar="FILE", help="A revocation list (`kith device revoke --out FILE` wrote it; '-' reads stdin)."),
+    as_json: bool = _JSON,
+) -> None:
+    """Take a person's revocation list by hand: its devices are refused from now on
+    (handshake-device-revoked) and a running host ends their live sessions within a second
+    (session-device-revoked). An older list than the one kept is refused (revocation-stale)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from node.common.errors import ConfigError, KithError
+    from node.runtime.clock import SYSTEM_CLOCK, rfc3339
+    from node.trust.revocation_list import MAX_LIST_BYTES, RevocationStore, check_list
+
+    home = home_of(ctx)
+    try:
+        data = sys.stdin.buffer.read(MAX_LIST_BYTES * 2) if file == "-" else Path(file).read_bytes()[:MAX_LIST_BYTES * 2]
+        doc = json.loads(data.decode("utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("file-not-found", f"no such file: {file}") from None
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise KithError("revocation-malformed", "the file is not a JSON revocation list") from None
+    checked = check_list(doc)
+    store = RevocationStore.load(home)
+    offered = store.offer(checked, via="import", now=rfc3339(SYSTEM_CLOCK.time()))
+    if offered.outcome == "stale":
+        kept = store.list_for(checked.person)
+        raise KithError("revocation-stale", f"this home keeps list {kept['seq'] if kept else '?'} of that person; "
+                        f"list {checked.seq} is older and never replaces it")
+    registry = PeerRegistry.load(home)
+    from node.trust.peers import person_pin
+
+    pin = person_pin(registry, checked.person)
+    _audit(home, "revocation-imported", person=checked.person, peer_name=pin.name if pin else None,
+           seq=checked.seq, devices=offered.newly_revoked or None)
+    out = {"person": checked.person, "peer_name": pin.name if pin else None, "seq": checked.seq,
+           "outcome": offered.outcome, "revoked": list(checked.revoked), "newly_revoked": offered.newly_revoked}
+    if as_json:
+        emit_json(out)
+        return
+    who = pin.name if pin else f"person {checked.person[:16]}…"
+    if offered.outcome == "same":
+        console.print(f"{who}: revocation list {checked.seq} is kept already", highlight=False, markup=False)
+    else:
+        console.print(f"{who}: revocation list {checked.seq} kept; {len(offered.newly_revoked)} device(s) newly "
+                      f"revoked ({len(checked.revoked)} in all)", highlight=False, markup=False)

@@ -107,6 +107,8 @@ def _peer(row: dict[str, Any]) -> str:
     key = str(peer.get("key") or "")
     out = f"{name} ({key[:16]}…)" if name else f"{key[:16]}…"  # the tier column says anonymous
     person = peer.get("person")
+    if peer.get("viaPerson") and isinstance(person, dict):  # a person pin's device (specs/peers.md §10)
+        return f"{name}'s device {str(person.get('deviceName') or '')!r} ({key[:16]}…)"
     if isinstance(person, dict) and person.get("key"):  # a verified binding chain (specs/peers.md §9)
         out += f" person {str(person['key'])[:16]}… device {str(person.get('deviceName') or '')!r}"
     return out

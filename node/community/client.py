@@ -371,6 +371,39 @@ class CommunityClient:
                                  "identity", status=status)
         return data
 
+    # --- revocation lists (specs/peers.md §10) --------------------------------------------
+    async def publish_revocation(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """``POST /api/v1/revocations``: publish a person's signed revocation list (the
+        server checks it and keeps it when its ``seq`` is the newest).
+
+        Returns:
+            ``{"person_key", "seq", "stored"}`` (``stored`` false: that list was kept already).
+
+        Raises:
+            CommunityError: ``revocation-stale`` (409: a newer list is kept), ``request-invalid``,
+                ``request-*``, ``server-unreachable``, ``server-error``.
+        """
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        _status, data = await self._request("POST", "/revocations", body=body, signed=True)
+        return data if isinstance(data, dict) else {}
+
+    async def get_revocation(self, person_key: str) -> dict[str, Any] | None:
+        """``GET /api/v1/revocations/{person_key}``: the newest list the server keeps for that
+        person (unchecked here: the caller verifies it), or None (404).
+
+        Raises:
+            CommunityError: ``server-unreachable``, ``server-error``.
+        """
+        if not isinstance(person_key, str) or not _HEX64.fullmatch(person_key):
+            return None
+        try:
+            _status, data = await self._request("GET", f"/revocations/{person_key}")
+        except CommunityError as exc:
+            if exc.code == "revocation-not-found":
+                return None
+            raise
+        return data if isinstance(data, dict) else None
+
     # --- protocols -------------------------------------------------------------------------
     async def publish_protocol(self, spec: dict[str, Any]) -> dict[str, Any]:
         """``POST /api/v1/protocols``: publish a spec.json object by content.

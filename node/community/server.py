@@ -376,6 +376,34 @@ class _App:
                                  status=404)
         return JSONResponse(_identity_json(record))
 
+    # --- revocation lists (specs/peers.md §10) --------------------------------------------------
+    # POST /api/v1/revocations
+    async def publish_revocation(self, request: Request) -> JSONResponse:
+        from node.trust.revocation_list import MAX_LIST_BYTES, check_list
+
+        signed, body = await self._signed_body(request, MAX_LIST_BYTES + 1024)
+        raw = decode_json(body, what="revocation list")
+        try:
+            checked = check_list(raw)
+        except KithError as exc:  # revocation-malformed / -forged
+            raise CommunityError("request-invalid", exc.message, status=400) from None
+        outcome = await self._db(self.store.put_revocation, checked.person, checked.seq, checked.doc,
+                                 published_by=signed.public_key, now=self.clock())
+        if outcome == "stale":
+            raise KithError("revocation-stale", "a newer revocation list of that person is kept here",
+                            status=409)
+        return JSONResponse({"person_key": checked.person, "seq": checked.seq, "stored": outcome == "new"},
+                            status_code=201 if outcome == "new" else 200,
+                            headers={"Location": f"{API_PREFIX}/revocations/{checked.person}"})
+
+    # GET /api/v1/revocations/{person_key}
+    async def get_revocation(self, request: Request) -> JSONResponse:
+        key = _public_key_param(request.path_params["person_key"])
+        doc = await self._db(self.store.get_revocation, key) if key else None
+        if doc is None:
+            raise CommunityError("revocation-not-found", "no revocation list of that person key", status=404)
+        return JSONResponse(doc)
+
     # --- protocols -------------------------------------------------------------------------
     # POST /api/v1/protocols
     async def publish_protocol(self, request: Request) -> JSONResponse:
@@ -901,6 +929,8 @@ def create_app(database: Path | str | CommunityStore, *,
         (f"{p}/health", h.health, "GET"),
         (f"{p}/identities", h.register_identity, "POST"),
         (f"{p}/identities/{{public_key}}", h.get_identity, "GET"),
+        (f"{p}/revocations", h.publish_revocation, "POST"),
+        (f"{p}/revocations/{{person_key}}", h.get_revocation, "GET"),
         (f"{p}/protocols", h.publish_protocol, "POST"),
         (f"{p}/protocols/{{protocol_id}}", h.get_protocol, "GET"),
         (f"{p}/invitations", h.publish_invitation, "POST"),

@@ -40,7 +40,7 @@ from node.common.errors import CommunityError, UsageError
 from node.community.defaults import DEFAULT_POOL_SIZE  # there, so --help shows it without this module
 
 #: The schema this code reads and writes; :data:`MIGRATIONS` lead up to it.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DB_DIR = "community"
 DB_FILE = "community.sqlite3"
 #: How long a connection waits for another writer (SQLite) or for a pooled connection
@@ -62,7 +62,7 @@ RATE_PRUNE_EVERY_S = 30.0
 #: Tables of the schema, for tests and stats; nothing else is ever created.
 TABLES = ("meta", "schema_migrations", "identities", "identity_skeletons", "protocols",
           "invitations", "invitation_tags", "sessions", "feedback", "request_nonces",
-          "rate_limits")
+          "rate_limits", "revocations")
 
 # Schema version 2 (the base every migration starts from), one text for both dialects;
 # {AUTO_PK} and {REAL} differ.
@@ -143,6 +143,18 @@ CREATE TABLE IF NOT EXISTS request_nonces (
     seen_unix  {REAL} NOT NULL
 );
 CREATE INDEX IF NOT EXISTS request_nonces_time ON request_nonces (timestamp);
+"""
+
+# Version 4: persons' device revocation lists (specs/peers.md §10): the newest list of each
+# person key (signed by it, at most 4 KiB; the server checks it like every node does).
+_MIGRATION_4 = """
+CREATE TABLE IF NOT EXISTS revocations (
+    person_key   TEXT PRIMARY KEY,
+    seq          BIGINT NOT NULL,
+    list         TEXT NOT NULL,          -- the signed list (compact JSON)
+    published_by TEXT NOT NULL,          -- the key that signed the request
+    updated_unix {REAL} NOT NULL
+);
 """
 
 # Version 3: stateless instances. Liveness leases on invitations (NULL: a post published
@@ -454,6 +466,34 @@ class CommunityStore:
                 "created_unix": row[3], "updated_unix": row[4],
                 "ratings_count": int(count), "ratings_sum": int(total)}
 
+    # --- revocation lists (specs/peers.md §10) ----------------------------------------------
+    def put_revocation(self, person_key: str, seq: int, doc: dict[str, Any], *, published_by: str,
+                       now: float) -> str:
+        """Keep ``doc`` (a verified revocation list of ``person_key``) when its ``seq`` is
+        larger than the one kept. Returns ``new``, ``same`` (that seq is kept) or ``stale``
+        (a larger seq is kept; nothing changes)."""
+        with self._write() as conn:
+            row = conn.execute("SELECT seq FROM revocations WHERE person_key = ?", (person_key,)).fetchone()
+            if row is not None:
+                if seq < row[0]:
+                    return "stale"
+                if seq == row[0]:
+                    return "same"
+                conn.execute("UPDATE revocations SET seq = ?, list = ?, published_by = ?, updated_unix = ? "
+                             "WHERE person_key = ? AND seq < ?",
+                             (seq, _dumps(doc), published_by, now, person_key, seq))
+                return "new"
+            conn.execute("INSERT INTO revocations (person_key, seq, list, published_by, updated_unix) "
+                         "VALUES (?, ?, ?, ?, ?) ON CONFLICT (person_key) DO NOTHING",
+                         (person_key, seq, _dumps(doc), published_by, now))
+            return "new"
+
+    def get_revocation(self, person_key: str) -> dict[str, Any] | None:
+        """The newest revocation list kept for ``person_key`` (wire shape), or None."""
+        with self._read() as conn:
+            row = conn.execute("SELECT list FROM revocations WHERE person_key = ?", (person_key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
     # --- protocols ------------------------------------------------------------------------
     def insert_protocol(self, *, protocol_id: str, name: str, version: str, spec: dict[str, Any],
                         published_by: str, now: float) -> bool:
@@ -732,11 +772,17 @@ def _to_v3(store: CommunityStore, conn: _Conn, from_version: int) -> None:
                          "ON CONFLICT (skeleton) DO NOTHING", (skeleton, public_key))
 
 
+def _to_v4(store: CommunityStore, conn: _Conn, from_version: int) -> None:
+    """Persons' revocation lists (one row per person key)."""
+    store._run_script(conn, _MIGRATION_4)
+
+
 #: ``(version, name, step)`` in order; ``step(store, conn, from_version)`` brings the
 #: database from the previous version to ``version`` inside the migration's transaction.
 MIGRATIONS: tuple[tuple[int, str, Callable[[CommunityStore, _Conn, int], None]], ...] = (
     (2, "base schema: identities, protocols, invitations, sessions, feedback, nonces", _to_v2),
     (3, "stateless instances: liveness leases, shared rate limits, name skeletons", _to_v3),
+    (4, "persons' device revocation lists", _to_v4),
 )
 
 

@@ -52,6 +52,9 @@ class SessionReady(_Frame, tag="_session_ready"):
     #: checked by :func:`node.trust.binding.verify_chain` (specs/session.md §4.3), which
     #: owns its whole shape (a non-list is ``handshake-binding-malformed`` too).
     binding_chain: Any = None
+    #: v2 only, and only with ``binding_chain``: the newest revocation list of the guest's
+    #: person (:func:`node.trust.revocation_list.check_list` owns its shape; specs/session.md §4.3).
+    revocation_list: Any = None
 
 
 class SessionReject(_Frame, tag="_session_reject"):

@@ -14,13 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from node.common.errors import HandshakeError, SigningError
+from node.common.errors import HandshakeError, KithError, SigningError
 from node.engine import frames as F
 from node.engine import ui as UI
 from node.engine.events import Event, ProofVerified, SessionReady
 from node.engine.ui_branch import GuestUiBranch, HostUiBranch
-from node.trust.binding import verify_chain
-
+from node.trust.binding import PersonIdentity, verify_chain
+from node.trust.revocation_list import RevocationList, check_list
 from node.trust.signing import (
     NONCE_HEX_LEN,
     PUBLIC_KEY_HEX_LEN,
@@ -64,6 +64,16 @@ class HostConfig:
             raise :class:`HandshakeError` (a rotation the host's ledger refuses,
             ``handshake-rotation-revoked-key`` / ``handshake-person-key-retired``,
             node/trust/rotation.py).
+        defer: ``(guest_key, profile, code)`` → True to let a guest that advertised
+            ``person_chain_v1`` go on although ``admit`` refused it with ``code``
+            (``handshake-not-admitted`` or ``peer-key-changed``): its person decides at
+            ``_session_ready`` (``admit_person`` gets the code back). Default: never.
+        admit_person: ``(person, revocation, deferred)`` → None, called at ``_session_ready``
+            once the chain (:class:`node.trust.binding.PersonIdentity` or None) and the
+            revocation list (:class:`node.trust.revocation_list.RevocationList` or None)
+            verified, before the session is ready; ``deferred`` is the code ``defer``
+            accepted, or None. It raises :class:`HandshakeError` to refuse (e.g.
+            ``handshake-device-revoked``, specs/peers.md §10).
     """
 
     remote_id: str
@@ -74,6 +84,9 @@ class HostConfig:
     check_person: Callable[[Any], None] = lambda person: None
     ui_bundle: UI.Bundle | None = None
     profile: dict[str, Any] = field(default_factory=dict)
+    defer: Callable[[str, dict[str, Any], str], bool] = lambda key, profile, code: False
+    admit_person: Callable[[PersonIdentity | None, RevocationList | None, str | None], None] = \
+        lambda person, revocation, deferred: None
 
 
 @dataclass
@@ -95,6 +108,8 @@ class GuestConfig:
             When set, ``person_chain_v1`` is advertised and the chain is sent in
             ``_session_ready`` to a host that answered with system frames v2; an old host
             gets the v1 handshake (device-key-only identity).
+        revocation_list: the newest revocation list of this device's person (wire shape,
+            :mod:`node.trust.revocation_list`), or None; sent beside ``binding_chain`` only.
     """
 
     remote_id: str
@@ -105,6 +120,7 @@ class GuestConfig:
     want_ui: bool = False
     admit_host: Callable[[str, dict[str, Any]], bool] = lambda key, profile: True
     binding_chain: list[dict[str, Any]] | None = None
+    revocation_list: dict[str, Any] | None = None
 
 
 def signing_refusal(exc: SigningError) -> HandshakeError:
@@ -156,6 +172,7 @@ class HostHandshake(_Handshake):
         self.ui = ui
         self.ready = False
         self.frames_version: int | None = None  # FRAMES_V2 once offered in our proof
+        self.deferred: str | None = None  # the admission code deferred to _session_ready
 
     def step(self, frame: F.SystemFrame, first: bool) -> list[Event]:
         """Judge one system frame from the guest (``first``: the session's first frame).
@@ -195,8 +212,7 @@ class HostHandshake(_Handshake):
             raise HandshakeError("handshake-protocol-mismatch")
         if not h.nonce_unseen(frame.guest_nonce):
             raise HandshakeError("handshake-nonce-reused")
-        if not h.admit(frame.guest_public_key, frame.profile):
-            raise HandshakeError("handshake-not-admitted")
+        self._admit(frame)
         host_nonce = self._random(32).hex()
         if host_nonce == frame.guest_nonce:  # pragma: no cover - 2^-256
             raise HandshakeError("handshake-nonce-reused")
@@ -221,6 +237,24 @@ class HostHandshake(_Handshake):
                                    profile=dict(h.profile), frames_version=self.frames_version))
         return []
 
+    def _admit(self, frame: F.SessionInit) -> None:
+        """``admit``, or — for a guest that advertised ``person_chain_v1`` and whose refusal
+        ``defer`` accepts — its decision kept for ``_session_ready`` (:attr:`deferred`)."""
+        h = self.config
+        capable = PERSON_CAPABILITY in frame.capabilities
+        try:
+            if h.admit(frame.guest_public_key, frame.profile):
+                return
+            code = "handshake-not-admitted"
+        except HandshakeError as exc:
+            if not capable or not h.defer(frame.guest_public_key, frame.profile, exc.code):
+                raise
+            self.deferred = exc.code
+            return
+        if not capable or not h.defer(frame.guest_public_key, frame.profile, code):
+            raise HandshakeError(code)
+        self.deferred = code
+
     def _ready(self, frame: F.SessionReady) -> list[Event]:
         if frame.session_id != self.session_id:
             raise HandshakeError("handshake-session-mismatch")
@@ -242,6 +276,15 @@ class HostHandshake(_Handshake):
         else:  # the chain's length and shape first, then every signature (session.md §4.3)
             person = verify_chain(frame.binding_chain, key, before_signatures=session_signature)
             self.config.check_person(person)
+        revocation = None
+        if frame.revocation_list is not None:
+            if person is None:
+                raise HandshakeError("handshake-malformed", "revocation_list is sent only with binding_chain")
+            try:
+                revocation = check_list(frame.revocation_list, person=person.person)
+            except KithError as exc:  # revocation-malformed / -wrong-person / -forged
+                raise HandshakeError("handshake-" + exc.code, exc.message) from None
+        self.config.admit_person(person, revocation, self.deferred)
         self.proof["guest_signature"] = frame.guest_signature
         self.ready = True
         return [SessionReady(self.session_id, self.peer_public_key, dict(self.peer_profile),
@@ -341,7 +384,9 @@ class GuestHandshake(_Handshake):
         :class:`SessionReady` event to report."""
         assert self.verified and self.session_id is not None
         chain = self.config.binding_chain if self.host_frames_version == FRAMES_V2 else None
+        revocation = self.config.revocation_list if chain is not None else None
         frame = F.SessionReady(session_id=self.session_id, guest_signature=self.proof["guest_signature"],
-                               binding_chain=list(chain) if chain is not None else None)
+                               binding_chain=list(chain) if chain is not None else None,
+                               revocation_list=dict(revocation) if revocation is not None else None)
         return frame, SessionReady(self.session_id, self.peer_public_key or "", dict(self.peer_profile), [],
                                    dict(self.proof))

@@ -91,7 +91,7 @@ class HostAudit:
             self.log.record("session-started", session_id=ev.get("session_id"), peer=ev.get("peer"),
                             peer_name=ev.get("peer_name"), post_id=ev.get("post_id"),
                             pairing_code=ev.get("pairing_code"), person=ev.get("person"),
-                            device_name=ev.get("device_name"))
+                            device_name=ev.get("device_name"), via_person=ev.get("via_person") or None)
         elif kind == "session-ended" and ev.get("reason") == "rejected" and not ev.get("session_id"):
             # refused in the handshake (blocked, not admitted, bad proof, ...): no session existed
             self.log.record("handshake-refused", peer=ev.get("peer") or None, code=ev.get("code"))
@@ -103,7 +103,8 @@ class HostAudit:
         elif kind == "session-refused":
             self.log.record("handshake-refused", peer=ev.get("peer") or None, code=ev.get("code"),
                             reason=ev.get("reason"))
-        elif kind in ("peer-revoked", "policy-reloaded", "republished", "grant-expired", "person-rotated"):
+        elif kind in ("peer-revoked", "policy-reloaded", "republished", "grant-expired", "person-rotated",
+                      "device-revoked", "person-device-new"):
             self.log.record(kind, **{k: v for k, v in ev.items() if k != "event"})
 
     def incoming(self, session_id: str, peer: str, message: dict[str, Any]) -> None:

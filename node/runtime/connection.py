@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from node.common.errors import KithError
+from node.common.errors import HandshakeError, KithError
 from node.engine.framing import encode_frame
 from node.engine.session import HostConfig, OutgoingFrame, SessionEngine, SessionReady
 from node.runtime.driver import run_session
 from node.runtime.hooks import HookContext, PeerInfo
 from node.runtime.sessions import ActivityTracked, admission
+from node.trust.peers import note_device
+from node.trust.rotation import pinned_in_lineage
 
 if TYPE_CHECKING:
     from node.runtime.host import Host
@@ -60,6 +62,9 @@ class Connection:
         self.held: set[str] = set()  # the guest nonce this handshake reserved
         self.tap: Any = None
         self.registry: Any = None  # the peer registry as read when the stream opened
+        self.pinned: Any = None  # the registry record of this device key, or None
+        self.person_pin: Any = None  # the person pin whose grants this device holds, or None
+        self.profile: dict[str, Any] = {}  # what a deferred guest shared (its claim is judged at ready)
 
     # ------------------------------------------------------------ the whole life
     async def serve(self) -> None:
@@ -81,7 +86,7 @@ class Connection:
             return
         # re-read once per connection: `kith peers` may have changed it
         self.registry = registry = host.peers_watcher.current()
-        pinned = registry.by_key(self.remote)
+        self.pinned = pinned = registry.by_key(self.remote)
         refusal = host.table.open_session(self.token, self.remote, self.end,
                                           alive=lambda: not (self.engine is not None and self.engine.closed),
                                           anonymous=pinned is None, name=pinned.name if pinned else None)
@@ -105,9 +110,9 @@ class Connection:
         self.engine = SessionEngine(
             "host", host.spec, public_key=host.identity.public_key, sign=host.identity.sign,
             host=HostConfig(remote_id=self.remote, post_protocol=self.post_protocol, nonce_unseen=self.nonce_unseen,
-                            admit=admission(self.registry, host.opts.peers_only), profile=host.own_profile,
-                            ui_bundle=host.ui_bundle, named_post=self.named_post,
-                            check_person=self.check_person),
+                            admit=admission(self.registry, host.opts.peers_only, host.peers_watcher.revocations()),
+                            profile=host.own_profile, ui_bundle=host.ui_bundle, named_post=self.named_post,
+                            check_person=self.check_person, defer=self.defer, admit_person=self.admit_person),
             egress_check=self.egress)
         with self.session_scope:  # cancelled when ended from outside (evicted, revoked, the owner)
             outcome = await run_session(self.stream, self.engine, host.hooks, make_context=self.make_context,
@@ -192,8 +197,6 @@ class Connection:
         make the host write for every handshake."""
         host = self.host
         registry = self.registry
-        from node.trust.rotation import pinned_in_lineage
-
         known = registry.by_key(self.remote) is not None or pinned_in_lineage(registry, host.rotations, pid) is not None
         if not known:
             host.rotations.check(pid)
@@ -201,6 +204,58 @@ class Connection:
         for old, new, via in host.rotations.follow(pid):
             host.emit({"event": "person-rotated", "old_person": old, "person": new, "via": via,
                        "peer": self.remote, "device_name": pid.device_name})
+
+    def defer(self, key: str, profile: dict[str, Any], code: str) -> bool:
+        """``HostConfig.defer``: a device key that is not pinned itself, refused at
+        ``_session_init`` only for not being pinned (``--peers-only``) or for claiming a
+        pinned name, is judged again by its person at ``_session_ready``
+        (:meth:`admit_person`; specs/peers.md §10)."""
+        if self.pinned is not None or code not in ("handshake-not-admitted", "peer-key-changed"):
+            return False
+        self.profile = dict(profile)
+        return True
+
+    def admit_person(self, person: Any, revocation: Any, deferred: str | None) -> None:
+        """``HostConfig.admit_person``, at ``_session_ready`` once the chain and the
+        revocation list verified (specs/peers.md §10):
+
+        1. a revocation list is taken (kept when its person is pinned with ``--devices``
+           and it is newer; the newly revoked devices' live sessions end at once);
+        2. a device any kept list revokes → ``handshake-device-revoked``; a blocked person
+           key → ``handshake-peer-blocked``;
+        3. a device not pinned by its own key whose person is pinned with ``--devices``
+           holds that pin's grants; a deferred guest without such a pin is refused with the
+           deferred ``peer-key-changed``, ``handshake-person-not-pinned`` (a chain to a person
+           not pinned with ``--devices``) or ``handshake-not-admitted`` (no chain).
+
+        Raises:
+            HandshakeError: as above.
+        """
+        watcher = self.host.peers_watcher
+        if revocation is not None:
+            watcher.apply_list(revocation, via="handshake")  # judged on the newest registry read
+        if person is None:
+            if deferred is not None:
+                raise HandshakeError(deferred)
+            return
+        if watcher.revocations().revoked_by(person.device) is not None:
+            raise HandshakeError("handshake-device-revoked", "this device was revoked by its person")
+        known = watcher.known()  # the newest registry the host read: a pin removed meanwhile grants nothing
+        if known.is_blocked(person.person):
+            raise HandshakeError("handshake-peer-blocked", "this device's person key is blocked")
+        # a pin on this person key, or on a key it rotated from (specs/peers.md §11)
+        pin = None
+        if self.pinned is None:  # a pin on this person key, or on a key it rotated from (specs/peers.md §11)
+            rec = pinned_in_lineage(known, self.host.rotations, person)
+            pin = rec if rec is not None and rec.devices else None
+        if deferred == "peer-key-changed" and (pin is None or known.claimed_by_other(
+                self.remote, self.profile) not in (None, pin)):
+            raise HandshakeError("peer-key-changed", "a pinned peer name with a different key")
+        if deferred == "handshake-not-admitted" and pin is None:
+            raise HandshakeError("handshake-person-not-pinned")
+        self.person_pin = pin
+        if pin is not None:
+            self.registry = known  # the record the session's grants and seenDevices come from
 
     def egress(self, frame: Any) -> Any:
         """The engine's egress seam, called once per outgoing business frame with a
@@ -225,13 +280,16 @@ class Connection:
         owner, and build the hooks' context with the peer's knowledge handle."""
         host = self.host
         registry = self.registry
-        rec = registry.merge_profile(ev.peer_public_key, ev.peer_profile) or registry.by_key(ev.peer_public_key)
+        pin = self.person_pin  # a person pin's grants (specs/peers.md §10), or None
+        grant_key = pin.public_key if pin else ev.peer_public_key  # quota, approvals: one per person
+        rec = registry.merge_profile(grant_key, ev.peer_profile) or registry.by_key(grant_key)
         name = rec.name if rec else None
         code = host.pairing_code(ev.peer_public_key)
         pid = ev.peer_person  # the verified binding chain's PersonIdentity, or None (v1 guest)
         person = None if pid is None else {"key": pid.person, "deviceName": pid.device_name,
                                            "earlier": list(pid.earlier)}
-        used_up = host.table.session_ready(self.token, ev.session_id, code, person)
+        used_up = host.table.session_ready(self.token, ev.session_id, code, person,
+                                           via_person=(pin.name, pin.public_key) if pin else None)
         host.table.succeeded(self.remote)
         post = ev.proof.get("post_id", "")
         for nonce in self.held:  # a proof signed by both sides exists now: remember it
@@ -240,16 +298,20 @@ class Connection:
         if host.posts.keeper is not None:  # the guest may have joined by file: record the proof here
             host.posts.keeper.record_proof(ev.proof, used_up=used_up)
         self.tap.ready(ev.session_id, name)
+        if pin is not None and pid is not None and note_device(registry, pin, pid.device, pid.device_name):
+            host.emit({"event": "person-device-new", "peer_name": pin.name, "person": pin.public_key,
+                       "device": pid.device, "device_name": pid.device_name})
         host.emit({"event": "session-started", "session_id": ev.session_id, "peer": ev.peer_public_key,
                    "peer_name": name, "post_id": post, "pairing_code": code,
-                   "person": pid.person if pid else None, "device_name": pid.device_name if pid else None})
+                   "person": pid.person if pid else None, "device_name": pid.device_name if pid else None,
+                   "via_person": pin is not None})
         token = self.token
         return HookContext(role="host", session_id=ev.session_id,
                            peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile,
                                          person=pid.person if pid else None,
                                          device_name=pid.device_name if pid else None),
                            options=dict(host.opts.hook_options),
-                           knowledge=ActivityTracked(host.knowledge.handle_for(name, ev.peer_public_key),
+                           knowledge=ActivityTracked(host.knowledge.handle_for(name, grant_key),
                                                      lambda: host.table.begin_query(token),
                                                      lambda status: host.table.activity(token, status)),
                            logger=logging.getLogger("kith.hooks." + host.spec.name))

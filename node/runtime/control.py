@@ -221,7 +221,9 @@ class HostControl:
             row = dict(s)
             if self.quota_left is not None:
                 try:
-                    row["quotaLeft"] = self.quota_left(s["peer"]["name"], s["peer"]["key"])
+                    peer = s["peer"]  # a person pin's device draws on its person's one bucket
+                    key = peer["person"]["key"] if peer.get("viaPerson") and peer.get("person") else peer["key"]
+                    row["quotaLeft"] = self.quota_left(peer["name"], key)
                 except KithError as exc:  # e.g. policy.toml broken meanwhile
                     row["quotaLeft"] = {"error": exc.code}
             sessions.append(row)

@@ -25,7 +25,7 @@ from node.runtime.hooks import HookContext, PeerInfo, load_hooks
 from node.trust.identity import Identity
 from node.trust.invitation import POST_ID_RE, Invitation, parse_invitation, verify_invitation
 from node.trust.peers import PeerRegistry, clean_profile, load_own_profile
-from node.trust.person import own_chain
+from node.trust.person import own_chain, own_revocation
 from node.protocol.spec import ProtocolSpec, find_protocol_dir, load_spec
 
 log = logging.getLogger("kith.guest")
@@ -151,13 +151,17 @@ def check_invitation(inv: Invitation, home: Path) -> tuple[Path, ProtocolSpec]:
 
 
 def trust_status(inv: Invitation, home: Path) -> str | None:
-    """The registry name pinned to the host key, or None for an unknown host.
+    """The registry name pinned to the host key (or the person pin of a host device this
+    home knows that person bound, specs/peers.md §10), or None for an unknown host.
 
     Raises:
         HandshakeError: ``host-key-changed`` is raised by the pinned-name check in
             :func:`check_pinned_name`, not here.
     """
-    rec = PeerRegistry.load(home).by_key(inv.host_public_key)
+    from node.trust.peers import pin_of_known_device
+
+    registry = PeerRegistry.load(home)
+    rec = registry.by_key(inv.host_public_key) or pin_of_known_device(registry, home, inv.host_public_key)
     return rec.name if rec else None
 
 
@@ -205,8 +209,13 @@ def _pinned_record(name: str, registry: PeerRegistry) -> Any:
 
 def _pinned_target(inv: Invitation, rec: Any, home: Path) -> Target:
     """Every check of ``kith join`` on ``inv`` (:func:`check_invitation`), plus: its host
-    key is the key pinned for ``rec`` (``host-key-changed`` otherwise)."""
-    if inv.host_public_key != rec.public_key:
+    key is the key pinned for ``rec``, or — for a person pin — a device this home knows
+    that person bound (:func:`node.trust.peers.known_device_of`; ``host-key-changed``
+    otherwise)."""
+    from node.trust.peers import known_device_of
+
+    if inv.host_public_key != rec.public_key and not (
+            rec.devices and known_device_of(home, rec.public_key, inv.host_public_key, rec)):
         raise HandshakeError("host-key-changed",
                              f"the invitation for {rec.name!r} names another host key than the pinned one")
     pdir, spec = check_invitation(inv, home)
@@ -366,8 +375,10 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             recorded.append(proof["session_id"])
 
     def admit_host(key: str, profile: dict[str, Any]) -> bool:
+        from node.trust.peers import known_device_of
+
         claimed = PeerRegistry.load(home).claimed_by_other(key, profile)
-        if claimed is not None:
+        if claimed is not None and not (claimed.devices and known_device_of(home, claimed.public_key, key, claimed)):
             raise HandshakeError("host-key-changed",
                                  f"the host calls itself {claimed.name!r}, which is pinned to a different key")
         return True
@@ -404,7 +415,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
                                                  profile=load_own_profile(home), admit_host=admit_host,
                                                  capabilities=[UI_CAPABILITY] if accept_host_ui else [],
                                                  want_ui=accept_host_ui and local_ui_dir(pdir) is None,
-                                                 binding_chain=own_chain(home, identity.public_key)))
+                                                 binding_chain=own_chain(home, identity.public_key),
+                                                 revocation_list=own_revocation(home)))
 
         def on_ui(ev: Any, session_id: str) -> Path:
             return install_bundle(home, session_id, ev.files)

@@ -392,7 +392,11 @@ class Host:
                            max_failures=opts.max_failed_handshakes,
                            # a public multi-use post must never be rotatable by strangers
                            retire_on_failures=not opts.server_url or opts.post_max_sessions == 1)
-        self.peers_watcher = PeersWatcher(self.home, self.table, on_event=self.emit, now=self.clock.time)
+        from node.trust.person import load_person
+
+        person = load_person(self.home)
+        self.peers_watcher = PeersWatcher(self.home, self.table, on_event=self.emit, now=self.clock.time,
+                                          own_person=person.person_key if person else None)
         from node.runtime.grants import GrantWatcher
         from node.trust.rotation import RotationLedger
 
@@ -463,6 +467,8 @@ class Host:
                     tg.start_soon(self._purge_nonces)
                     tg.start_soon(self.peers_watcher.run)  # peers.json / policy.toml by stat
                     tg.start_soon(self.grant_watcher.run)  # grants whose `until` passes end their sessions
+                    if self.opts.server_url:  # the person pins' revocation lists (specs/peers.md §10)
+                        tg.start_soon(self.peers_watcher.watch_server, self.opts.server_url, self.identity)
                     async with anyio.create_task_group() as accepting:
                         if self.stop is not None:
                             accepting.start_soon(self._stop_watch, accepting.cancel_scope)

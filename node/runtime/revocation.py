@@ -9,6 +9,13 @@ each per :data:`POLL_INTERVAL_S`), diffs the registry and ends the revoked peer'
 revoked peer are denied (:func:`cancel_approvals`). New handshakes of a blocked key are
 refused by the host's admission predicate (``handshake-peer-blocked``), which re-reads the
 registry for every connection, so they never depend on the watcher.
+
+Stolen-device revocation (specs/peers.md §10) takes the same path: a revocation list that
+arrives in a handshake (:meth:`PeersWatcher.apply_list`, at once) or lands in
+``revocations.json`` (``kith peers import-revocation``, ``kith device revoke``: the same
+stat poll) ends the revoked devices' live sessions with ``session-device-revoked``
+(``handshake-device-revoked`` to one still in its handshake); new handshakes of a revoked
+key are refused by the admission predicate, which reads the store the watcher keeps.
 """
 
 from __future__ import annotations
@@ -21,13 +28,17 @@ import anyio
 
 from node.common.errors import ConfigError, KithError, PolicyError
 from node.policy.store import file_stamp
-from node.trust.peers import PEERS_FILE, PeerRegistry
+from node.runtime.clock import rfc3339
+from node.trust.peers import PEERS_FILE, PeerRegistry, person_pin
+from node.trust.revocation_list import REVOCATIONS_FILE, RevocationList, RevocationStore
 
 log = logging.getLogger("kith.revocation")
 
 #: How often the host stats ``peers.json`` and ``policy.toml`` (s): a revocation ends
 #: live sessions within about this long (the issue asks for 5 s).
 POLL_INTERVAL_S = 0.5
+#: How often a host with ``--server`` asks it for its person pins' revocation lists (s).
+SERVER_FETCH_S = 60.0
 
 
 def cancel_approvals(home: Path, peer_key: str) -> list[str]:
@@ -57,13 +68,17 @@ class PeersWatcher:
         on_event: the host's event sink; gets ``peer-revoked`` {``peer``, ``peer_name``,
             ``cause`` (``removed`` | ``blocked``), ``code``, ``sessions_ended``,
             ``approvals_cancelled``}, ``policy-reloaded`` {``ok``, ``rules`` | ``code``}
-            and ``config-invalid`` {``file``} (the last good registry stays in force).
+            ``config-invalid`` {``file``} (the last good registry or store stays in force)
+            and ``device-revoked`` {``person``, ``peer_name``, ``devices``, ``seq``,
+            ``via``, ``code``, ``sessions_ended``}.
         interval_s: poll period (s).
         now: Unix time (s) pins' ``until`` is compared with (the host's clock).
+        own_person: this home's person key (its own list is kept from any device), or None.
     """
 
     def __init__(self, home: Path, sessions: Any, *, on_event: Callable[[dict[str, Any]], None],
-                 interval_s: float = POLL_INTERVAL_S, now: Callable[[], float] | None = None) -> None:
+                 interval_s: float = POLL_INTERVAL_S, now: Callable[[], float] | None = None,
+                 own_person: str | None = None) -> None:
         import time
 
         self.home = Path(home)
@@ -78,6 +93,96 @@ class PeersWatcher:
         self._pinned = {r.public_key: r.name for r in registry.peers.values()}
         self._blocked = set(registry.blocked)
         self._bad_stamp: Any = None
+        self.own_person = own_person
+        self._rev_stamp = file_stamp(self.home / REVOCATIONS_FILE)
+        self._rev_bad_stamp: Any = None
+        self._revocations = RevocationStore.load(self.home)
+
+    def revocations(self) -> RevocationStore:
+        """The revocation lists kept, as ``revocations.json`` says now (one ``stat``; a list
+        imported since the last poll takes effect here, its live sessions ending first); a
+        broken file keeps the last good store."""
+        self._poll_revocations()
+        return self._revocations
+
+    def apply_list(self, checked: RevocationList, *, via: str, registry: PeerRegistry | None = None
+                   ) -> dict[str, Any] | None:
+        """Take a verified revocation list (one a guest carried, ``via="handshake"``): kept
+        when its person is pinned here with ``--devices`` (or is this home's own person) and
+        it is newer than the one kept; then the newly revoked devices' live sessions end at
+        once. An older list is ignored (the newer stays); a stranger's list is not kept.
+
+        Returns:
+            the ``device-revoked`` event emitted, or None (not kept, or nothing new).
+        """
+        registry = registry or self._registry
+        if checked.person != self.own_person and person_pin(registry, checked.person) is None:
+            return None
+        self._poll_revocations()  # an import meanwhile is not overwritten
+        offered = self._revocations.offer(checked, via=via, now=rfc3339(self.sessions.clock.time()))
+        self._rev_stamp = file_stamp(self.home / REVOCATIONS_FILE)  # our own write: no second pass
+        if offered.outcome != "new":
+            return None
+        return self._devices_revoked(checked.person, offered.newly_revoked, checked.seq, via, registry)
+
+    async def watch_server(self, server_url: str, identity: Any, interval_s: float = SERVER_FETCH_S) -> None:
+        """With ``kith host --server``: at start and every ``interval_s``, fetch the newest
+        revocation list of each person pinned with ``--devices`` from the community server
+        and take it like one carried in a handshake (``via="server"``; checked here, an older
+        one ignored). A server that cannot be reached changes nothing. Runs until cancelled."""
+        from node.community.client import CommunityClient
+        from node.trust.revocation_list import check_list
+
+        while True:
+            persons = [r.public_key for r in self._registry.peers.values() if r.devices]
+            if persons:
+                try:
+                    async with CommunityClient(server_url, identity) as client:
+                        for person in persons:
+                            doc = await client.get_revocation(person)
+                            if doc is None:
+                                continue
+                            try:
+                                checked = check_list(doc, person=person)
+                            except KithError:
+                                log.warning("the server sent a revocation list that does not verify")
+                                continue
+                            self.apply_list(checked, via="server")
+                except KithError as exc:
+                    log.info("could not fetch revocation lists: %s", exc.code)
+            await anyio.sleep(interval_s)
+
+    def _devices_revoked(self, person: str, devices: list[str], seq: int, via: str,
+                         registry: PeerRegistry) -> dict[str, Any]:
+        n = sum(self.sessions.end_sessions(key, "session-device-revoked", handshake_code="handshake-device-revoked",
+                                           message="this device was revoked by its person") for key in devices)
+        pin = person_pin(registry, person)
+        ev = {"event": "device-revoked", "person": person, "peer_name": pin.name if pin else None,
+              "devices": list(devices), "seq": seq, "via": via, "code": "session-device-revoked",
+              "sessions_ended": n}
+        self.on_event(ev)
+        return ev
+
+    def _poll_revocations(self) -> None:
+        stamp = file_stamp(self.home / REVOCATIONS_FILE)
+        if stamp == self._rev_stamp:
+            return
+        try:
+            store = RevocationStore.load(self.home)
+        except ConfigError:
+            if stamp != self._rev_bad_stamp:
+                self._rev_bad_stamp = stamp
+                log.warning("%s is not valid; the host keeps the lists it last read", REVOCATIONS_FILE)
+                self.on_event({"event": "config-invalid", "file": REVOCATIONS_FILE})
+            return
+        self._rev_stamp = stamp
+        before = self._revocations
+        self._revocations = store
+        for person, rec in store.persons.items():
+            old = set(before.persons.get(person, {}).get("revoked", []))
+            new = [k for k in rec["revoked"] if k not in old]
+            if new:
+                self._devices_revoked(person, new, rec["list"]["seq"], rec.get("via") or "import", self._registry)
 
     def current(self) -> PeerRegistry:
         """The registry as ``peers.json`` says now, without the pins whose ``until`` has
@@ -92,6 +197,15 @@ class PeersWatcher:
         self._registry = registry
         return pins_in_force(registry, self.now())
 
+    def known(self) -> PeerRegistry:
+        """The registry as last read (by :meth:`current` or a poll), without reading the file:
+        what a person's grants are decided on at ``_session_ready``, so a pin removed during
+        a handshake that a poll has seen already grants nothing, nor one whose ``until``
+        has passed (:func:`node.trust.peers.pins_in_force`)."""
+        from node.trust.peers import pins_in_force
+
+        return pins_in_force(self._registry, self.now())
+
     async def run(self) -> None:
         """Poll until cancelled; never raises for a bad file."""
         while True:
@@ -102,8 +216,10 @@ class PeersWatcher:
                 log.warning("revocation check failed: %s", exc.code)
 
     def poll(self) -> list[dict[str, Any]]:
-        """One check. Returns the ``peer-revoked`` events it emitted."""
+        """One check. Returns the ``peer-revoked`` events it emitted (``device-revoked``
+        events go to ``on_event`` only)."""
         self._poll_policy()
+        self._poll_revocations()
         stamp = file_stamp(self.home / PEERS_FILE)
         if stamp == self._peers_stamp:
             return []
@@ -160,4 +276,4 @@ class PeersWatcher:
         self.on_event({"event": "policy-reloaded", "ok": True, "rules": len(policy.rules)})
 
 
-__all__ = ["PeersWatcher", "POLL_INTERVAL_S", "cancel_approvals"]
+__all__ = ["PeersWatcher", "POLL_INTERVAL_S", "SERVER_FETCH_S", "cancel_approvals"]

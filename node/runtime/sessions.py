@@ -66,6 +66,7 @@ FAILURE_CODES = frozenset({
     # not handshake-person-key-retired / -rotation-revoked-key: the host's own decision from
     # its rotation ledger (node/trust/rotation.py), like not-admitted
     "handshake-chain-gap", "handshake-rotation-unknown-key",
+    "handshake-revocation-malformed", "handshake-revocation-forged", "handshake-revocation-wrong-person",
     "peer-disconnected",  # hung up before _session_ready: the proof is missing
 })
 #: How a session can be ended from outside (:attr:`Ended.cause`).
@@ -108,6 +109,8 @@ class _Session:
             (``since`` in Unix s).
         person: the guest's verified person identity (``{"key", "deviceName", "earlier"}``)
             once ready, or None (device-key-only identity).
+        via_person: the person key of the person pin (``kith peers add --devices``) whose
+            grants this device holds, or None (it holds its own, or none).
         post: the post whose use count this session reserved, or None.
         ended: set when the table ended it from outside; it then holds no slot.
     """
@@ -125,6 +128,7 @@ class _Session:
     since: float | None = None
     pairing_code: str | None = None
     person: dict[str, Any] | None = None
+    via_person: str | None = None
     post: str | None = None
     ended: Ended | None = None
     queries: int = 0
@@ -359,13 +363,16 @@ class SessionTable:
 
     # ------------------------------------------------------------ life of a session
     def session_ready(self, token: int, session_id: str | None = None, pairing_code: str | None = None,
-                      person: dict[str, Any] | None = None) -> bool:
+                      person: dict[str, Any] | None = None, via_person: tuple[str, str] | None = None) -> bool:
         """The session completed its handshake: its post reservation is kept for good.
 
         Args:
             session_id: its id (64 hex); pairing_code: the words both sides can compare
                 (:func:`node.trust.pairing.pairing_code`); person: the guest's verified
                 person (``{"key", "deviceName", "earlier"}``) or None.
+            via_person: ``(pin name, person key)`` when the device holds a person pin's
+                grants (specs/peers.md §10): the session is listed under that name and a
+                removal or block of the person ends it.
 
         Returns:
             True when its post is now used up here (``post_max_sessions`` reached).
@@ -376,6 +383,8 @@ class SessionTable:
         s.ready = True
         s.last_active = self.clock.monotonic()
         s.session_id, s.since, s.pairing_code, s.person = session_id, self.clock.time(), pairing_code, person
+        if via_person is not None:
+            s.name, s.via_person = via_person
         limit = self.limits.post_max_sessions
         return s.post is not None and limit is not None and self._claimed.get(s.post, 0) >= limit
 
@@ -442,7 +451,9 @@ class SessionTable:
         """End every live session of ``peer`` now (specs/peers.md §5).
 
         A ready session is told ``_error code``; one still in its handshake gets
-        ``_session_reject handshake_code`` (default: ``code``).
+        ``_session_reject handshake_code`` (default: ``code``). ``peer`` is a device key or
+        a person key (then every device whose verified chain names it, and every device
+        holding that person pin's grants).
 
         Args:
             admitted_as: end only the sessions admitted under this registry name (a
@@ -454,7 +465,7 @@ class SessionTable:
         """
         n = 0
         for token, s in list(self._sessions.items()):
-            if s.peer != peer or not s.holds_slot or not s.alive():
+            if peer not in (s.peer, s.via_person, (s.person or {}).get("key")) or not s.holds_slot or not s.alive():
                 continue
             if admitted_as is not None and s.name != admitted_as:
                 continue
@@ -493,14 +504,16 @@ class SessionTable:
 
     def listing(self) -> list[dict[str, Any]]:
         """The ready sessions still running, oldest first: ``[{"id", "peer": {"name",
-        "key", "person": {"key", "deviceName", "earlier"} | null}, "tier" ("pinned" |
+        "key", "person": {"key", "deviceName", "earlier"} | null, "viaPerson" (the name is a
+        person pin's, specs/peers.md §10)}, "tier" ("pinned" |
         "anonymous"), "since" (RFC 3339), "queries", "statuses", "pairingCode"}]`` (the
         control channel's shape, specs/control.md; ``peer.key`` is the device key)."""
         out = []
         for s in self._sessions.values():
             if s.session_id is None or not s.holds_slot or not s.alive():
                 continue
-            row: dict[str, Any] = {"id": s.session_id, "peer": {"name": s.name, "key": s.peer, "person": s.person},
+            row: dict[str, Any] = {"id": s.session_id, "peer": {"name": s.name, "key": s.peer, "person": s.person,
+                                                                "viaPerson": s.via_person is not None},
                                    "tier": "pinned" if s.name is not None else "anonymous",
                                    "since": rfc3339(s.since if s.since is not None else self.clock.time()),
                                    "queries": s.queries, "statuses": dict(s.statuses)}
@@ -595,15 +608,20 @@ class SessionTable:
 
     # ------------------------------------------------------------ the predicate
     @staticmethod
-    def admits(registry: Any, peers_only: bool, key: str, profile: dict[str, Any]) -> bool:
+    def admits(registry: Any, peers_only: bool, key: str, profile: dict[str, Any], revocations: Any = None) -> bool:
         """May guest ``key`` open a session once its ``_session_init`` is read? (DESIGN §6, §10)
 
         The one admission predicate (the engine's ``HostConfig.admit``). Raises
         :class:`HandshakeError` ``handshake-peer-blocked`` for a blocked key (``kith peers
         block``, specs/peers.md) and ``peer-key-changed`` for a guest whose key is not
         pinned but whose shared ``displayName`` claims a pinned name; with ``peers_only``,
-        returns False (→ ``handshake-not-admitted``) for a key not in ``registry``.
+        returns False (→ ``handshake-not-admitted``) for a key not in ``registry``. A key
+        that a revocation list kept in ``revocations`` (a
+        :class:`node.trust.revocation_list.RevocationStore`) names is refused first with
+        ``handshake-device-revoked`` (specs/peers.md §10), chain or not.
         """
+        if revocations is not None and revocations.revoked_by(key) is not None:
+            raise HandshakeError("handshake-device-revoked", "this device was revoked by its person")
         if registry.is_blocked(key):
             raise HandshakeError("handshake-peer-blocked", "this key is blocked")
         if registry.claimed_by_other(key, profile) is not None:
@@ -643,9 +661,10 @@ class ActivityTracked:
         return getattr(self._inner, name)
 
 
-def admission(registry: Any, peers_only: bool) -> Callable[[str, dict[str, Any]], bool]:
-    """The host's ``HostConfig.admit``: :meth:`SessionTable.admits` bound to ``registry``."""
-    return lambda key, profile: SessionTable.admits(registry, peers_only, key, profile)
+def admission(registry: Any, peers_only: bool, revocations: Any = None) -> Callable[[str, dict[str, Any]], bool]:
+    """The host's ``HostConfig.admit``: :meth:`SessionTable.admits` bound to ``registry``
+    (and the revocation lists kept, ``revocations``)."""
+    return lambda key, profile: SessionTable.admits(registry, peers_only, key, profile, revocations)
 
 
 __all__ = ["ActivityTracked", "AdmissionLimits", "ANONYMOUS_SHARE", "END_CAUSES", "EVICT_IDLE_AFTER_S",

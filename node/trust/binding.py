@@ -10,7 +10,8 @@ key). Each link is signed by its ``person_key`` over its own domain-separated pa
 :func:`node.trust.signing.person_successor_payload`). A chain proves: the device key was
 bound by the person key that signed the last link, and that key descends from the first
 link's key through the successor links. It does not prove that the person key is the one a
-host pinned — that is the host's registry's question (a later round, issue 22 item 2).
+host pinned — that is the host's registry's question (:func:`node.trust.peers.person_pin`,
+specs/peers.md §10) — nor that the device was not revoked (:mod:`node.trust.revocation_list`).
 
 Wire shape of one link (exact fields, strict lowercase hex, exact lengths)::
 

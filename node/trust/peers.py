@@ -129,6 +129,12 @@ class PeerRecord:
     #: The community server ``invitation`` came from (``browse --host KEY`` there when
     #: the saved one no longer works), or None.
     server: str | None = None
+    #: ``public_key`` is a *person* key (``kith peers add --devices``): every device with a
+    #: valid binding of it is this peer (specs/peers.md §10). False: one device's key.
+    devices: bool = False
+    #: The devices of a person pin this host has seen (device key → ``{"name",
+    #: "firstSeen"}``), at most :data:`MAX_SEEN_DEVICES`; empty for a device pin.
+    seen_devices: dict[str, dict[str, str]] = field(default_factory=dict)
     #: When this pin ends (RFC 3339 UTC, ``kith peers add --until``), or None: never.
     until: str | None = None
 
@@ -206,7 +212,8 @@ class PeerRegistry:
                     raise ValueError(f"peers.{name}.server is not a URL")
                 peers[name] = PeerRecord(name, rec["publicKey"], note if isinstance(note, str) else "",
                                          clean_profile(rec.get("profile")),
-                                         rec.get("profileSyncedAt"), rec.get("addedAt", ""), inv, server)
+                                         rec.get("profileSyncedAt"), rec.get("addedAt", ""), inv, server,
+                                         *_person_fields(name, rec))
                 peers[name].until = _pin_until(rec.get("until"), name)
             for key, rec in (raw.get("blocked") or {}).items():
                 check_hex(key, PUBLIC_KEY_HEX_LEN, f"blocked.{str(key)[:70]}")
@@ -438,7 +445,8 @@ class PeerRegistry:
         """One record as ``kith peers list --json`` prints it."""
         return {"name": rec.name, "publicKey": rec.public_key, "note": rec.note, "profile": rec.profile,
                 "profileSyncedAt": rec.profile_synced_at, "addedAt": rec.added_at,
-                "invitation": (rec.invitation or {}).get("post_id"), "server": rec.server, "until": rec.until}
+                "invitation": (rec.invitation or {}).get("post_id"), "server": rec.server, "until": rec.until,
+                "devices": rec.devices, "seenDevices": _seen_json(rec)}
 
     def save(self) -> None:
         """Write the registry (version 2, 0600, tmp+rename)."""
@@ -447,7 +455,7 @@ class PeerRegistry:
                               "profileSyncedAt": p.profile_synced_at, "addedAt": p.added_at,
                               **({"invitation": p.invitation} if p.invitation is not None else {}),
                               **({"server": p.server} if p.server is not None else {}),
-                              **({"until": p.until} if p.until is not None else {})}
+                              **({"until": p.until} if p.until is not None else {}), **_person_json(p)}
                           for n, p in sorted({**self._ended, **self.peers}.items())},
                 "blocked": {k: {"name": b.name, "note": b.note, "blockedAt": b.blocked_at}
                             for k, b in sorted(self.blocked.items())}}
@@ -482,6 +490,60 @@ def set_pin_until(registry: PeerRegistry, name: str, until: str | None) -> PeerR
     return rec
 
 
+# ------------------------------------------------------------------ person pins (issue 22)
+#: The most devices of one person pin whose first sighting is remembered.
+MAX_SEEN_DEVICES = 64
+
+
+def _person_fields(name: str, rec: dict[str, Any]) -> tuple[bool, dict[str, dict[str, str]]]:
+    """``(devices, seen_devices)`` of one ``peers.json`` entry (absent → a device pin).
+
+    Raises:
+        ValueError: ``devices`` not a boolean, or ``seenDevices`` not an object of device
+            keys to ``{"name", "firstSeen"}``.
+    """
+    devices = rec.get("devices", False)
+    if not isinstance(devices, bool):
+        raise ValueError(f"peers.{name}.devices is not true or false")
+    seen: dict[str, dict[str, str]] = {}
+    for key, dev in (rec.get("seenDevices") or {}).items():
+        check_hex(key, PUBLIC_KEY_HEX_LEN, f"peers.{name}.seenDevices")
+        if not isinstance(dev, dict) or not isinstance(dev.get("name"), str):
+            raise ValueError(f"peers.{name}.seenDevices.{key[:16]} is not {{name, firstSeen}}")
+        seen[key] = {"name": dev["name"][:64], "firstSeen": str(dev.get("firstSeen", ""))}
+    return devices, seen
+
+
+def _person_json(rec: PeerRecord) -> dict[str, Any]:
+    """The person-pin fields of one saved entry (none for a device pin: old readers see
+    the file they know)."""
+    if not rec.devices:
+        return {}
+    return {"devices": True, "seenDevices": dict(sorted(rec.seen_devices.items()))}
+
+
+def _seen_json(rec: PeerRecord) -> list[dict[str, str]]:
+    return [{"key": k, "name": d["name"], "firstSeen": d["firstSeen"]}
+            for k, d in sorted(rec.seen_devices.items(), key=lambda kd: (kd[1]["firstSeen"], kd[0]))]
+
+
+def pin_person(registry: PeerRegistry, name: str, person_key: str, note: str = "", **kw: Any) -> PeerRecord:
+    """Pin ``name`` to a *person* key (``kith peers add NAME KEY --devices``) and save: any
+    device with a valid binding chain to ``person_key`` is then this peer (its tiers,
+    overrides, approvals and one quota bucket; specs/peers.md §10).
+
+    Args:
+        kw: as :meth:`PeerRegistry.add` (``profile``, ``invitation``, ``server``).
+
+    Raises:
+        PolicyError / SigningError: as :meth:`PeerRegistry.add`.
+    """
+    rec = registry.add(name, person_key, note, **kw)
+    rec.devices = True
+    registry.save()
+    return rec
+
+
 def pins_in_force(registry: PeerRegistry, now: float) -> PeerRegistry:
     """``registry`` without the pins whose ``until`` has passed at ``now`` (Unix s): what a
     running host admits and names by. The ended pins are still written by its
@@ -492,3 +554,54 @@ def pins_in_force(registry: PeerRegistry, now: float) -> PeerRegistry:
                         registry.blocked)
     view._ended = {**registry._ended, **{n: r for n, r in registry.peers.items() if n not in view.peers}}
     return view
+
+
+def person_pin(registry: PeerRegistry, person_key: str | None) -> PeerRecord | None:
+    """The person pin (``--devices``) of ``person_key``, or None (not pinned, or pinned as
+    one device's key: a new device of that person is a stranger)."""
+    if person_key is None:
+        return None
+    rec = registry.by_key(person_key)
+    return rec if rec is not None and rec.devices else None
+
+
+def note_device(registry: PeerRegistry, rec: PeerRecord, device_key: str, device_name: str) -> bool:
+    """Remember that device ``device_key`` (named ``device_name`` by its person) of person
+    pin ``rec`` was seen, and save when that changes the record.
+
+    Returns:
+        True when the device is new to this registry (the owner is told: "alice's new
+        device 'work-laptop'").
+    """
+    known = rec.seen_devices.get(device_key)
+    if known is not None and known["name"] == device_name:
+        return False
+    if known is None and len(rec.seen_devices) >= MAX_SEEN_DEVICES:
+        oldest = min(rec.seen_devices, key=lambda k: rec.seen_devices[k]["firstSeen"])
+        del rec.seen_devices[oldest]
+    rec.seen_devices[device_key] = {"name": device_name[:64], "firstSeen": known["firstSeen"] if known else _now()}
+    registry.save()
+    return known is None
+
+
+def known_device_of(home: Path, person_key: str, device_key: str, rec: PeerRecord | None = None) -> bool:
+    """Does this home know ``device_key`` is ``person_key`` or a device it bound? True for
+    the person key itself, a device of this home's own person (``person.json``), or a
+    device the person pin ``rec`` has seen present a valid chain (``seenDevices``). What
+    ``kith peers add --devices --invite`` and ``kith ask --peer`` accept as a person's host."""
+    if device_key == person_key or (rec is not None and rec.devices and device_key in rec.seen_devices):
+        return True
+    from node.trust.person import load_person
+
+    own = load_person(Path(home))
+    return own is not None and own.person_key == person_key and own.binding_for(device_key) is not None
+
+
+def pin_of_known_device(registry: PeerRegistry, home: Path, device_key: str) -> PeerRecord | None:
+    """The person pin whose person this home knows bound ``device_key``
+    (:func:`known_device_of`), or None — a guest's view of a host device of a pinned
+    person (the host sends no chain, so only what this home has seen counts)."""
+    for rec in registry.peers.values():
+        if rec.devices and known_device_of(home, rec.public_key, device_key, rec):
+            return rec
+    return None

@@ -280,6 +280,59 @@ def own_chain(home: Path, device_key: str) -> list[dict[str, Any]] | None:
     return None if rec is None else rec.chain_for(device_key)
 
 
+def own_revocation(home: Path) -> dict[str, Any] | None:
+    """The newest revocation list of this home's person kept in ``revocations.json``
+    (wire shape; specs/peers.md §10), which this device carries beside its chain, or None."""
+    from node.trust.revocation_list import RevocationStore
+
+    rec = load_person(home)
+    return None if rec is None else RevocationStore.load(home).list_for(rec.person_key)
+
+
+def revoke_device(home: Path, device_name: str, *, device_key: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Revoke this person's device named ``device_name`` (``kith device revoke NAME``): sign
+    a new revocation list with the person key — every device revoked before, plus this one,
+    under a ``seq`` one more than the last — and keep it in ``revocations.json`` (what this
+    device carries in its next handshakes). Revoking one device never revokes the others.
+
+    Returns:
+        ``(list, newly_revoked_keys)``; the keys are empty when the device was revoked already.
+
+    Raises:
+        ConfigError: ``home-not-initialized`` (no person), ``device-no-person-key`` (this
+            device does not hold the person key), ``device-not-found`` (no bound device of that
+            name), ``device-revoke-this`` (the device holding the person key).
+        KithError: ``revocation-malformed`` when the list would name more than 48 devices.
+    """
+    from node.trust.revocation_list import RevocationStore, check_list, make_list
+
+    rec = load_person(home)
+    if rec is None:
+        raise ConfigError("home-not-initialized", "This home has no person key yet.")
+    secret = load_person_secret(home)
+    if secret is None:
+        raise ConfigError("device-no-person-key")
+    keys = sorted({d["device_key"] for d in rec.devices if d["device_name"] == device_name})
+    if device_key is not None:
+        keys = [k for k in keys if k == device_key]
+    if not keys:
+        raise ConfigError("device-not-found", f"this person has bound no device named {device_name[:64]!r}",
+                          hint="`kith device list` shows the names")
+    from node.trust.identity import load_identity
+
+    if load_identity(home).public_key in keys:  # the device holding the person key
+        raise ConfigError("device-revoke-this")
+    store = RevocationStore.load(home)
+    before = store.list_for(rec.person_key)
+    revoked = list(before["revoked"]) if before else []
+    new = [k for k in keys if k not in revoked]
+    if before is not None and not new:
+        return before, []
+    doc = make_list(secret, revoked + new, (before["seq"] + 1) if before else 0, now_rfc3339())
+    store.offer(check_list(doc), via="own", now=doc["created"])
+    return doc, new
+
+
 __all__ = ["PERSON_FILE", "PERSON_KEY_FILE", "PersonRecord", "bind_device", "default_device_name", "init_person",
-           "load_person", "load_person_secret", "own_chain", "person_from_json", "recovery_secret_of", "recovery_seed",
+           "load_person", "load_person_secret", "own_chain", "own_revocation", "revoke_device", "person_from_json", "recovery_secret_of", "recovery_seed",
            "recovery_words", "save_person"]

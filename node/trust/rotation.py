@@ -124,7 +124,7 @@ def rotate_person(home: Path, *, words: str | None = None, without: tuple[str, .
         ConfigError: ``home-not-initialized`` (no person), ``device-no-person-key`` (no
             words and this device does not hold the person key), ``config-invalid``
             (words that are not a 24-word phrase), ``person-recovery-wrong`` (words of
-            another recovery secret), ``rotate-device-unknown`` (a ``without`` name that is
+            another recovery secret), ``device-not-found`` (a ``without`` name that is
             not a device of the person), ``person-last-device`` (``without`` would leave
             no device, or would drop this one).
     """
@@ -137,7 +137,7 @@ def rotate_person(home: Path, *, words: str | None = None, without: tuple[str, .
     names = {link["device_name"] for link in newest.values() if link}
     unknown = [n for n in without if n not in names]
     if unknown:
-        raise ConfigError("rotate-device-unknown", f"this person has no device named {unknown[0][:64]!r}")
+        raise ConfigError("device-not-found", f"this person has no device named {unknown[0][:64]!r}")
     from node.trust.identity import load_identity
 
     me = load_identity(home).public_key

@@ -37,13 +37,15 @@ TAG_PERSON_SUCCESSOR = "kith-person-successor-v1"
 TAG_PERSON_RECOVERY = "kith-person-recovery-v1"
 #: A rotation signed by the recovery key (the person key's device was lost; specs/peers.md §11).
 TAG_PERSON_RECOVERY_ROTATION = "kith-person-recovery-rotation-v1"
+#: A person's list of revoked (stolen, lost) device keys (specs/peers.md §10).
+TAG_DEVICE_REVOCATION = "kith-device-revocation-v1"
 #: A host's signed citation of one served result (specs/signed-payloads.md §4): its own
 #: domain, so a citation signature never stands for a session, a request or a binding.
 TAG_CITATION = "kith-citation-v1"
 #: Every domain tag above: a verifier names a signature made for another of them.
 DOMAIN_TAGS = (TAG_TRANSPORT_BINDING, TAG_SESSION, TAG_SESSION_HOST, TAG_SESSION_GUEST,
                TAG_REQUEST, TAG_DEVICE_BINDING, TAG_PERSON_SUCCESSOR, TAG_PERSON_RECOVERY,
-               TAG_PERSON_RECOVERY_ROTATION, TAG_CITATION)
+               TAG_PERSON_RECOVERY_ROTATION, TAG_DEVICE_REVOCATION, TAG_CITATION)
 
 _HEX_RE = {n: re.compile(rf"[0-9a-f]{{{n}}}") for n in (64, 128)}
 
@@ -258,6 +260,26 @@ def person_recovery_rotation_payload(*, person_key: str, recovery_key: str, succ
     return build_payload(TAG_PERSON_RECOVERY_ROTATION, [
         ("person_key", person_key), ("recovery_key", recovery_key), ("successor_key", successor_key),
         ("created", created), ("seq", _check_seq(seq)),
+    ])
+
+
+def device_revocation_payload(*, person_key: str, created: str, seq: int, revoked: list[str]) -> bytes:
+    """What a person key signs to revoke devices (specs/peers.md §10).
+
+    Lines: ``kith-device-revocation-v1``, ``person_key``, ``created`` (RFC 3339 UTC),
+    ``seq`` (decimal, 0 ≤ seq < 2^53; a newer list has a larger one), ``count`` (how many
+    keys follow), then one ``revoked`` line per device key, in the list's order.
+
+    Raises:
+        SigningError: ``bad-hex`` for a malformed key, ``bad-payload-value`` for a line
+            break or a bad ``seq``.
+    """
+    check_hex(person_key, PUBLIC_KEY_HEX_LEN, "person_key")
+    for key in revoked:
+        check_hex(key, PUBLIC_KEY_HEX_LEN, "revoked")
+    return build_payload(TAG_DEVICE_REVOCATION, [
+        ("person_key", person_key), ("created", created), ("seq", _check_seq(seq)), ("count", str(len(revoked))),
+        *(("revoked", key) for key in revoked),
     ])
 
 
