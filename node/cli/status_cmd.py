@@ -85,6 +85,16 @@ def _peer(row: dict[str, Any]) -> str:
     return out
 
 
+def _path(path: Any) -> str:
+    """A session's path for people: ``direct``, ``relayed via URL`` or ``path unknown``
+    (the peer's address stays in ``--json``)."""
+    from node.transport.paths import PathInfo
+
+    if not isinstance(path, dict) or path.get("kind") not in ("direct", "relayed"):
+        return "path unknown"
+    return PathInfo(str(path["kind"]), relay_url=path.get("relayUrl")).describe()
+
+
 def _session_lines(sessions: list[dict[str, Any]]) -> list[str]:
     from node.runtime.control import short_ids
 
@@ -95,7 +105,8 @@ def _session_lines(sessions: list[dict[str, Any]]) -> list[str]:
         quota = s.get("quotaLeft") or {}
         left = f"{quota['queries']}/{quota['burst']} (refills {quota['queriesPerHour']}/h)" \
             if "queries" in quota else "?"
-        line = (f"  {ids[s['id']]}  {_peer(s)}  {s['tier']}  since {s['since']}  queries {s['queries']} "
+        line = (f"  {ids[s['id']]}  {_peer(s)}  {s['tier']}  since {s['since']}  {_path(s.get('path'))}  "
+                f"queries {s['queries']} "
                 f"({statuses})  quota left {left}")
         if s.get("pairingCode"):
             line += f"  pairing code {s['pairingCode']}"

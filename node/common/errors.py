@@ -46,6 +46,8 @@ _ROWS: dict[str, tuple[str, ...]] = {
     # --- usage / configuration -------------------------------------------------------
     "usage": ("usage", "The command line is not valid."),
     "ask-too-many-peers": ("usage", "One ask names more peers than it may (16)."),
+    "transport-mode-invalid": ("usage", "The transport options are not valid (--relay, --relay-only, --lan, --discovery, --offline)."),
+    "presence-invalid": ("usage", "The host's presence setting is not open or granted."),
     "config-invalid": ("config", "A configuration file is not valid."),
     "audit-line-invalid": ("config", "A line of the audit log is not a valid record; it was skipped."),
     "home-not-initialized": ("config", "This path is not an initialised Kith home; run `kith init`."),

@@ -21,6 +21,7 @@ import anyio
 from node.common.errors import KithError
 from node.engine.session import HostConfig, SessionEngine, SessionReady
 from node.runtime.driver import run_session
+from node.runtime.grants import has_grant, refusal_code
 from node.runtime.hooks import HookContext, PeerInfo
 from node.runtime.sessions import ActivityTracked, admission
 
@@ -59,6 +60,8 @@ class Connection:
         self.held: set[str] = set()  # the guest nonce this handshake reserved
         self.tap: Any = None
         self.registry: Any = None  # the peer registry as read when the stream opened
+        self.path: Any = None  # the stream's node.transport.paths.PathInfo, once it opened
+        self.session_id: str | None = None
 
     # ------------------------------------------------------------ the whole life
     async def serve(self) -> None:
@@ -80,6 +83,10 @@ class Connection:
             return
         # re-read once per connection: `kith peers` may have changed it
         self.registry = registry = host.peers_watcher.current()
+        if host.opts.presence == "granted" and not has_grant(registry, self.remote):
+            # no slot, nonce or post use is taken, no heartbeat is ever sent (node/runtime/grants.py)
+            await self.refuse(refusal_code("granted", "handshake-not-admitted", granted=False), reason="no-grant")
+            return
         pinned = registry.by_key(self.remote)
         refusal = host.table.open_session(self.token, self.remote, self.end,
                                           alive=lambda: not (self.engine is not None and self.engine.closed),
@@ -91,6 +98,10 @@ class Connection:
         if refusal is not None:
             await self.refuse(refusal)
             return
+        from node.transport.paths import watch
+
+        self.path = watch(self.stream, self._path_changed)
+        host.table.set_path(self.token, self.path.to_dict())
         try:
             await self._run()
         finally:
@@ -104,7 +115,8 @@ class Connection:
         self.engine = SessionEngine(
             "host", host.spec, public_key=host.identity.public_key, sign=host.identity.sign,
             host=HostConfig(remote_id=self.remote, post_protocol=self.post_protocol, nonce_unseen=self.nonce_unseen,
-                            admit=admission(self.registry, host.opts.peers_only), profile=host.own_profile,
+                            admit=admission(self.registry, host.opts.peers_only, host.opts.presence),
+                            profile=host.own_profile,
                             ui_bundle=host.ui_bundle, named_post=self.named_post),
             egress_check=self.egress)
         with self.session_scope:  # cancelled when ended from outside (evicted, revoked, the owner)
@@ -144,9 +156,10 @@ class Connection:
             self.engine.abort(code, message or None)
         self.session_scope.cancel()
 
-    async def refuse(self, code: str, message: str | None = None) -> None:
+    async def refuse(self, code: str, message: str | None = None, reason: str | None = None) -> None:
         """Send ``_session_reject code`` on the open stream, close it and report a
-        ``session-refused`` event (sending is bounded by :data:`REFUSE_SEND_S`)."""
+        ``session-refused`` event (sending is bounded by :data:`REFUSE_SEND_S`; ``reason``,
+        e.g. ``no-grant``, is for the owner's event only)."""
         data = self.host.reject_frame(code, message)
         with anyio.move_on_after(REFUSE_SEND_S):
             try:
@@ -154,7 +167,20 @@ class Connection:
             except KithError:
                 pass
             await self.stream.aclose()
-        self.host.emit({"event": "session-refused", "peer": self.stream.remote_id, "code": code})
+        ev = {"event": "session-refused", "peer": self.stream.remote_id, "code": code}
+        if reason is not None:
+            ev["reason"] = reason
+        self.host.emit(ev)
+
+    def _path_changed(self, previous: Any, now: Any) -> None:
+        """iroh selected another path (direct ↔ relayed, another relay or address): the
+        table lists it, and once the session is ready a ``session-path-changed`` event
+        (audited) says so (specs/transport.md §3)."""
+        self.path = now
+        self.host.table.set_path(self.token, now.to_dict())
+        if self.session_id is not None:
+            self.host.emit({"event": "session-path-changed", "session_id": self.session_id, "peer": self.remote,
+                            "path": now.to_dict(), "previous": previous.to_dict()})
 
     # ------------------------------------------------------------ the engine's questions
     def named_post(self, post_id: str) -> None:
@@ -212,9 +238,11 @@ class Connection:
         if host.posts.keeper is not None:  # the guest may have joined by file: record the proof here
             host.posts.keeper.record_proof(ev.proof, used_up=used_up)
         self.tap.ready(ev.session_id, name)
+        self.session_id = ev.session_id
         host.emit({"event": "session-started", "session_id": ev.session_id, "peer": ev.peer_public_key,
                    "peer_name": name, "post_id": post, "pairing_code": code,
-                   "person": pid.person if pid else None, "device_name": pid.device_name if pid else None})
+                   "person": pid.person if pid else None, "device_name": pid.device_name if pid else None,
+                   "path": self.path.to_dict()})
         token = self.token
         return HookContext(role="host", session_id=ev.session_id,
                            peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile,

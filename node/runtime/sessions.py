@@ -107,6 +107,8 @@ class _Session:
             once ready, or None (device-key-only identity).
         post: the post whose use count this session reserved, or None.
         ended: set when the table ended it from outside; it then holds no slot.
+        path: the network path its data takes now (``{"kind", "relayUrl", "remote"}``,
+            :meth:`node.transport.paths.PathInfo.to_dict`), or None before it is known.
     """
 
     peer: str
@@ -126,6 +128,7 @@ class _Session:
     ended: Ended | None = None
     queries: int = 0
     statuses: dict[str, int] = field(default_factory=dict)
+    path: dict[str, Any] | None = None
 
     @property
     def holds_slot(self) -> bool:
@@ -397,6 +400,13 @@ class SessionTable:
         if status != "rate-limited":
             s.last_active = self.clock.monotonic()
 
+    def set_path(self, token: int, path: dict[str, Any]) -> None:
+        """The session's network path is now ``path`` (``{"kind", "relayUrl", "remote"}``;
+        the connection reads it from the transport, specs/transport.md §3)."""
+        s = self._sessions.get(token)
+        if s is not None:
+            s.path = dict(path)
+
     def end(self, token: int, code: str, message: str = "", *, cause: str = "revoked") -> bool:
         """End session ``token`` now with ``code``: the one way a session is ended from
         outside (eviction, revocation, the owner). Its slot is free at once; the
@@ -482,7 +492,8 @@ class SessionTable:
     def listing(self) -> list[dict[str, Any]]:
         """The ready sessions still running, oldest first: ``[{"id", "peer": {"name",
         "key", "person": {"key", "deviceName", "earlier"} | null}, "tier" ("pinned" |
-        "anonymous"), "since" (RFC 3339), "queries", "statuses", "pairingCode"}]`` (the
+        "anonymous"), "since" (RFC 3339), "queries", "statuses", "path": {"kind"
+        ("direct" | "relayed" | "unknown"), "relayUrl", "remote"}, "pairingCode"}]`` (the
         control channel's shape, specs/control.md; ``peer.key`` is the device key)."""
         out = []
         for s in self._sessions.values():
@@ -491,7 +502,9 @@ class SessionTable:
             row: dict[str, Any] = {"id": s.session_id, "peer": {"name": s.name, "key": s.peer, "person": s.person},
                                    "tier": "pinned" if s.name is not None else "anonymous",
                                    "since": rfc3339(s.since if s.since is not None else self.clock.time()),
-                                   "queries": s.queries, "statuses": dict(s.statuses)}
+                                   "queries": s.queries, "statuses": dict(s.statuses),
+                                   "path": dict(s.path) if s.path else {"kind": "unknown", "relayUrl": None,
+                                                                        "remote": None}}
             if s.pairing_code:
                 row["pairingCode"] = s.pairing_code
             out.append(row)
@@ -631,9 +644,24 @@ class ActivityTracked:
         return getattr(self._inner, name)
 
 
-def admission(registry: Any, peers_only: bool) -> Callable[[str, dict[str, Any]], bool]:
-    """The host's ``HostConfig.admit``: :meth:`SessionTable.admits` bound to ``registry``."""
-    return lambda key, profile: SessionTable.admits(registry, peers_only, key, profile)
+def admission(registry: Any, peers_only: bool, presence: str = "open") -> Callable[[str, dict[str, Any]], bool]:
+    """The host's ``HostConfig.admit``: :meth:`SessionTable.admits` bound to ``registry``;
+    under ``presence = granted`` its refusals pass through
+    :func:`node.runtime.grants.refusal_code` (a no-grant code becomes the unknown-post one)."""
+    if presence != "granted":
+        return lambda key, profile: SessionTable.admits(registry, peers_only, key, profile)
+    from node.runtime.grants import has_grant, refusal_code
+
+    def admit(key: str, profile: dict[str, Any]) -> bool:
+        granted = has_grant(registry, key)
+        try:
+            if SessionTable.admits(registry, peers_only, key, profile) and granted:
+                return True
+        except HandshakeError as exc:
+            raise HandshakeError(refusal_code(presence, exc.code, granted=granted)) from None
+        raise HandshakeError(refusal_code(presence, "handshake-not-admitted", granted=granted))
+
+    return admit
 
 
 __all__ = ["ActivityTracked", "AdmissionLimits", "ANONYMOUS_SHARE", "END_CAUSES", "EVICT_IDLE_AFTER_S",

@@ -1,0 +1,97 @@
+"""Path truth (issue 23 §1, specs/transport.md §3): a session's path comes from iroh's own
+path data. On loopback both sides see ``direct``; the relayed case and a direct → relayed
+change are fed to the path logic as constructed snapshots (no relay server runs offline)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import anyio
+import pytest
+
+from node.runtime.guest import GuestOptions, ask, open_target
+from node.transport.paths import PathInfo, PathTracker, path_of
+from node.trust.identity import load_identity
+
+from test_transport_session import InProcessHost, _home
+
+
+@dataclass
+class Snap:
+    """A path snapshot shaped like ``iroh.PathSnapshot`` (the fields path_of reads)."""
+
+    remote_addr: str
+    is_relay: bool = False
+    is_selected: bool = True
+
+    @property
+    def is_ip(self) -> bool:
+        return not self.is_relay
+
+
+RELAY = "https://relay.example.org/"
+
+
+def test_the_selected_path_decides_and_a_relay_names_its_url():
+    assert path_of([Snap("192.0.2.7:4433", is_selected=False), Snap(RELAY, is_relay=True)]) == \
+        PathInfo("relayed", relay_url=RELAY)
+    assert path_of([Snap(RELAY, is_relay=True, is_selected=False), Snap("192.0.2.7:4433")]) == \
+        PathInfo("direct", remote="192.0.2.7:4433")
+    assert path_of([Snap("192.0.2.7:4433", is_selected=False)]).kind == "unknown"
+    assert path_of([]).kind == "unknown" and path_of(None).kind == "unknown"
+    assert PathInfo("relayed", relay_url=RELAY).describe() == f"relayed via {RELAY}"
+
+
+def test_a_direct_to_relayed_change_is_reported_once_and_back_again():
+    tracker = PathTracker(path_of([Snap("192.0.2.7:4433")]))
+    assert tracker.update([Snap("192.0.2.7:4433")]) is None  # a stats update of the same path
+    changed = tracker.update([Snap("192.0.2.7:4433", is_selected=False), Snap(RELAY, is_relay=True)])
+    assert changed is not None
+    before, now = changed
+    assert (before.kind, now.kind, now.relay_url) == ("direct", "relayed", RELAY)
+    assert tracker.update([Snap(RELAY, is_relay=True)]) is None
+    assert tracker.update([]) is None  # closing: no selected path is not a change
+    back = tracker.update([Snap("192.0.2.7:4433"), Snap(RELAY, is_relay=True, is_selected=False)])
+    assert back is not None and back[1].kind == "direct"
+
+
+@pytest.mark.iroh
+def test_on_loopback_both_sides_see_a_direct_path(tmp_path):
+    """The guest's ``on_path``, the host's ``session-started`` event, the session table's
+    listing (what ``kith sessions``/``kith status --json``/the dashboard read) and the
+    audit record all say ``direct``."""
+    from node.cli.status_cmd import _session_lines
+
+    host_home, guest_home = _home(tmp_path, "host"), _home(tmp_path, "guest")
+
+    async def scenario():
+        host = InProcessHost(host_home, tmp_path)
+        seen: list = []
+        listing: list = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(20):
+                await host.ready.wait()
+            target = await open_target(str(host.invite), guest_home, server_url=None)
+
+            def on_results(_message):
+                listing.extend(host.host.table.listing())
+
+            result = await ask(guest_home, load_identity(guest_home), target,
+                               GuestOptions(queries=("hello",), on_results=on_results), local=True,
+                               on_path=lambda now, previous: seen.append((now, previous)))
+            await host.wait_for(lambda e: e["event"] == "session-ended")
+            host.stop.set()
+        return host, seen, listing, result
+
+    host, seen, listing, result = anyio.run(scenario, backend="asyncio")
+    assert result.outcome is not None and result.outcome.ok
+    assert seen and seen[0][1] is None and seen[0][0].kind == "direct"
+    assert seen[0][0].remote.startswith("127.0.0.1:")
+    started = host.of("session-started")[0]
+    assert started["path"]["kind"] == "direct" and started["path"]["remote"].startswith("127.0.0.1:")
+    assert listing and listing[0]["path"]["kind"] == "direct"
+    assert "  direct  " in _session_lines(listing)[0]
+    records = [json.loads(line) for line in (host_home / "audit.jsonl").read_text().splitlines()]
+    assert [r["path"] for r in records if r["event"] == "session-started"] == ["direct"]
