@@ -85,6 +85,23 @@ def _redacted_log_handler(home: Path, server: str | None = None) -> None:
     logging.getLogger("kith").addHandler(handler)
 
 
+def _ticket_text(mode: Any, inv: dict[str, Any]) -> str:
+    """The mode and what the invitation's ticket tells its readers (specs/transport.md §2):
+    ``relay-only via URL; the ticket carries no IP address`` or ``none; ticket addresses: …``."""
+    from node.transport.hygiene import ticket_addresses
+
+    try:
+        relay, direct = ticket_addresses(inv["transport_info"]["ticket"])
+    except (KeyError, TypeError, ValueError):
+        return mode.name
+    name = mode.name + (", relay-only" if mode.relay_only else "")
+    if mode.lan:
+        name += f", discovery {mode.discovery}"
+    parts = [f"relay {relay}" if relay else "no relay"]
+    parts.append("the ticket carries no IP address" if not direct else "ticket addresses " + " ".join(direct))
+    return f"{name}; " + "; ".join(parts)
+
+
 def _path_text(path: Any) -> str:
     """A host event's path for people (``direct (ADDR)``, ``relayed via URL``, ``unknown``)."""
     from node.transport.paths import PathInfo
@@ -166,6 +183,7 @@ def host_cmd(
         else:
             console.print(f"[bold]Hosting[/bold] {inv['protocol']['name']} as {inv['host_public_key'][:16]}…")
             console.print(f"  post_id: [bold]{inv['post_id']}[/bold]  (expires {inv['expires_at']})")
+            console.print(f"  transport: {_ticket_text(mode, inv)}", highlight=False, markup=False)
             if server:
                 console.print(f"  join with: kith join {inv['post_id']} --server {server}" + mode.join_flags())
             if invite_file is not None:

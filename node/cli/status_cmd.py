@@ -135,6 +135,15 @@ def status_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
         warm = "ready" if host["index"].get("ready") else "warming up" if host["index"].get("documents") else \
             "no index"
         _print(f"host: running (pid {node['pid']}, since {node['startedAt']}), index {warm}")
+        t = host.get("transport") or {}
+        if t.get("mode"):
+            relay = ""
+            if t.get("relays"):
+                relay = f", relays {' '.join(t['relays'])} " + ("(reached: " + t["homeRelay"] + ")" if t.get("homeRelay")
+                                                               else "(not reached)")
+            _print(f"  transport: {t['mode']}" + (" relay-only" if t.get("relayOnly") else "") + relay
+                   + (f", discovery {t['discovery']}" if t.get("mode") == "lan" else "")
+                   + f", presence {t.get('presence', 'open')}")
         for post in host["posts"]:
             where = f" on {post['server']}" if post.get("server") else " (invitation file)"
             _print(f"  post {post['postId']}{where}, expires {post.get('expiresAt') or '?'}")

@@ -484,6 +484,24 @@ class Host:
                 else "guests can reach this host only by a direct path")
         self.warn(f"{named} could not be reached within {RELAY_CHECK_S:.0f} s; {then}; no other relay is used")
 
+    def _warn_private(self, inv: Invitation) -> None:
+        """A public post (community server) whose ticket carries private, link-local,
+        loopback or CGNAT addresses: tell the owner, once (specs/transport.md §5)."""
+        from node.transport.hygiene import private_addresses, ticket_addresses
+
+        if getattr(self, "_warned_private", False):
+            return
+        try:
+            _relay, direct = ticket_addresses(inv.transport_info.ticket)
+        except ValueError:
+            return
+        private = private_addresses(direct)
+        if private:
+            self._warned_private = True
+            self.warn(f"the public post's ticket carries {len(private)} private or link-local address(es) "
+                      f"({', '.join(private[:4])}): they describe your network to every reader and mean "
+                      "nothing outside it; use --relay-only to publish none")
+
     def _transport_status(self) -> dict[str, Any]:
         """The ``transport`` entry of the control state (specs/control.md)."""
         status = getattr(self.listener, "status", None)
@@ -501,6 +519,7 @@ class Host:
     async def _publish(self) -> Invitation:
         inv = self._new_invitation()
         if self.opts.server_url:
+            self._warn_private(inv)
             from node.community.client import CommunityClient
 
             async with CommunityClient(self.opts.server_url, self.identity) as client:

@@ -54,19 +54,20 @@ def dialable(addresses: Iterable[str]) -> list[str]:
     return out
 
 
+#: Networks that describe the owner's own network and mean nothing to a stranger:
+#: RFC 1918, CGNAT (RFC 6598), link-local, loopback, IPv6 unique-local and link-local.
+PRIVATE_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8",
+    "fc00::/7", "fe80::/10", "::1/128"))
+
+
 def private_addresses(addresses: Iterable[str]) -> list[str]:
-    """The addresses that say something about the owner's own network and mean nothing
-    to a stranger: private (RFC 1918, ULA ``fc00::/7``), link-local, loopback and CGNAT
-    (``100.64.0.0/10``). A public post whose ticket carries them is worth a warning."""
-    cgnat = ipaddress.ip_network("100.64.0.0/10")
+    """The addresses in :data:`PRIVATE_NETWORKS` (private, CGNAT, link-local, loopback,
+    unique-local). A public post whose ticket carries them is worth a warning."""
     out = []
     for addr in addresses:
         parsed = _ip_of(addr)
-        if parsed is None:
-            continue
-        ip = parsed[0]
-        if ip.is_private or ip.is_link_local or ip.is_loopback or \
-                (isinstance(ip, ipaddress.IPv4Address) and ip in cgnat):
+        if parsed is not None and any(parsed[0] in net for net in PRIVATE_NETWORKS if net.version == parsed[0].version):
             out.append(addr)
     return out
 
@@ -87,4 +88,4 @@ def ticket_addresses(ticket: str) -> tuple[str | None, list[str]]:
     return (str(relay) if relay else None), [str(a) for a in addr.direct_addresses()]
 
 
-__all__ = ["MAX_DIAL_ADDRS", "dialable", "private_addresses", "ticket_addresses"]
+__all__ = ["MAX_DIAL_ADDRS", "PRIVATE_NETWORKS", "dialable", "private_addresses", "ticket_addresses"]

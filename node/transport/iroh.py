@@ -213,6 +213,8 @@ class IrohNode:
         self.local = not self.mode.relays  # no relay to wait for (offline, none, LAN)
         self.close_timeout_s = close_timeout_s
         self._relay_mode = relay_mode
+        #: True while this endpoint is advertised over mDNS (LAN mode, ``--discovery on``)
+        self.advertising = False
 
     def relay_map(self) -> list[str]:
         """The relay URLs this endpoint may use (its ``RelayMode``'s relay map; ``[]`` with
@@ -242,14 +244,15 @@ class IrohNode:
     def status(self) -> dict[str, Any]:
         """``{"mode", "relays", "relayOnly", "discovery", "relayMap", "homeRelay",
         "addresses" (what iroh observed for itself; in relay-only mode loopback only, and
-        never put in a ticket), "sockets" (the bound UDP sockets)}`` for ``kith status``
+        never put in a ticket), "sockets" (the bound UDP sockets), "advertising" (mDNS)}``
+        for ``kith status``
         (specs/control.md)."""
         try:
             sockets = [str(a) for a in self.endpoint.bound_sockets()]
         except Exception:  # noqa: BLE001 - a closed endpoint
             sockets = []
         return {**self.mode.describe(), "relayMap": self.relay_map(), "homeRelay": self.home_relay(),
-                "addresses": self.direct_addresses(), "sockets": sockets}
+                "addresses": self.direct_addresses(), "sockets": sockets, "advertising": self.advertising}
 
     @property
     def endpoint_id(self) -> str:
@@ -286,6 +289,12 @@ class IrohNode:
             addr = self.dial_addr(iroh.EndpointTicket.from_string(ticket).endpoint_addr())
         except iroh.IrohError:
             raise TransportError("transport-connect-failed", "the iroh ticket cannot be parsed") from None
+        if self.mode.lan and self.mode.discovery in ("on", "resolve"):
+            from node.transport import lan
+            from node.transport.hygiene import dialable
+
+            found = await lan.resolve(str(addr.id()))  # fresh LAN addresses first, then the ticket's
+            addr = iroh.EndpointAddr(addr.id(), None, dialable([*found, *(str(a) for a in addr.direct_addresses())]))
         try:
             with anyio.fail_after(timeout_s):
                 return await self.endpoint.connect(addr, self.alpn)
@@ -471,7 +480,13 @@ async def bind_node(secret: bytes, alpn: bytes, *, local: bool = False, mode: Tr
         raise TransportError("transport-bind-failed") from None
     node = IrohNode(endpoint, alpn, mode.offline, close_timeout_s, mode=mode, relay_mode=relay_mode)
     try:
-        yield node
+        if mode.lan and mode.discovery == "on":  # advertise while bound (specs/transport.md §6)
+            from node.transport.lan import advertised
+
+            async with advertised(node.endpoint_id, node.direct_addresses()) as node.advertising:
+                yield node
+        else:
+            yield node
     finally:
         # shielded: on Ctrl-C the surrounding scope is cancelled, and an unshielded close
         # would be cancelled too, leaving peers to wait for QUIC's idle timeout
