@@ -124,6 +124,7 @@ def host_cmd(
     lan: bool = typer.Option(False, "--lan", help=LAN_HELP),
     discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
     presence: Optional[str] = typer.Option(None, "--presence", metavar="open|granted", help="Who learns this host is online: open (default; every guest with the invitation) or granted (only peers holding a grant; the rest get the unknown-post refusal). Config: [host] presence."),
+    unlisted: bool = typer.Option(False, "--unlisted", help="With --server: the post is reachable by post_id, by its invitation file and by pinned peers (browse --host KEY), but absent from browsing."),
     ttl: int = typer.Option(24 * 3600, "--ttl", min=60, max=30 * 24 * 3600, help="Invitation lifetime in seconds."),
     message: Optional[str] = typer.Option(None, "--message", help="A line shown with the invitation."),
     tag: list[str] = typer.Option([], "--tag", help="Tag the invitation (repeatable)."),
@@ -164,10 +165,12 @@ def host_cmd(
     from node.runtime.grants import presence_from
 
     presence = presence_from(presence, home)
+    if unlisted and not server:
+        raise UsageError("usage", "--unlisted is for a post on a community server (--server URL)")
     _redacted_log_handler(home, server)
     opts = HostOptions(protocol=protocol, server_url=server, invite_file=invite_file, local=mode.offline, ttl_s=ttl,
                        message=message, tags=list(tag), peers_only=peers_only, post_max_sessions=max_sessions,
-                       transport=mode, presence=presence)
+                       transport=mode, presence=presence, unlisted=unlisted)
     opts.share_ui = share_ui
     opts.watch = watch
     opts.audit_queries = audit_queries

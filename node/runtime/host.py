@@ -379,7 +379,8 @@ class Host:
                            invite_file=opts.invite_file, emit=self.emit, warn=self.warn, clock=self.clock,
                            max_failures=opts.max_failed_handshakes,
                            # a public multi-use post must never be rotatable by strangers
-                           retire_on_failures=not opts.server_url or opts.post_max_sessions == 1)
+                           retire_on_failures=not opts.server_url or opts.post_max_sessions == 1,
+                           unlisted=opts.unlisted)
         self.peers_watcher = PeersWatcher(self.home, self.table, on_event=self.emit)
 
     def emit(self, ev: dict[str, Any]) -> None:
@@ -523,7 +524,7 @@ class Host:
             from node.community.client import CommunityClient
 
             async with CommunityClient(self.opts.server_url, self.identity) as client:
-                inv = await client.publish_invitation(inv)
+                inv = await client.publish_invitation(inv, unlisted=self.opts.unlisted)
         self.posts.add(inv)
         return inv
 
