@@ -95,3 +95,54 @@ def test_on_loopback_both_sides_see_a_direct_path(tmp_path):
     assert "  direct  " in _session_lines(listing)[0]
     records = [json.loads(line) for line in (host_home / "audit.jsonl").read_text().splitlines()]
     assert [r["path"] for r in records if r["event"] == "session-started"] == ["direct"]
+
+
+@pytest.mark.iroh
+def test_a_direct_to_relayed_change_is_a_host_event_listed_and_audited(tmp_path, monkeypatch):
+    """The host's side of a change: the real host over iroh on loopback, whose stream
+    watcher is handed a constructed change (direct → relayed; no relay server runs
+    offline) while the session is live. The table lists the new path, a
+    ``session-path-changed`` event names both, and the audit records it (no IP)."""
+    from node.transport import iroh as iroh_transport
+
+    host_home, guest_home = _home(tmp_path, "host"), _home(tmp_path, "guest")
+    watchers: list = []
+    original = iroh_transport.IrohStream.watch_path
+
+    def recording(self, on_change):
+        watchers.append(on_change)
+        return original(self, on_change)
+
+    monkeypatch.setattr(iroh_transport.IrohStream, "watch_path", recording)
+    relayed = PathInfo("relayed", relay_url=RELAY)
+
+    async def scenario():
+        host = InProcessHost(host_home, tmp_path)
+        listing: list = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(20):
+                await host.ready.wait()
+            target = await open_target(str(host.invite), guest_home, server_url=None)
+
+            def on_results(_message):  # a guest hook thread, while the session is live
+                host_side = [w for w in watchers if type(getattr(w, "__self__", None)).__name__ == "Connection"]
+                anyio.from_thread.run_sync(host_side[0], PathInfo("direct", remote="127.0.0.1:1"), relayed)
+                listing.extend(anyio.from_thread.run_sync(host.host.table.listing))
+
+            await ask(guest_home, load_identity(guest_home), target,
+                      GuestOptions(queries=("hello",), on_results=on_results), local=True)
+            await host.wait_for(lambda e: e["event"] == "session-ended")
+            host.stop.set()
+        return host, listing
+
+    host, listing = anyio.run(scenario, backend="asyncio")
+    changed = host.of("session-path-changed")
+    assert len(changed) == 1
+    assert changed[0]["path"] == {"kind": "relayed", "relayUrl": RELAY, "remote": None}
+    assert changed[0]["previous"]["kind"] == "direct"
+    assert changed[0]["session_id"] == host.of("session-started")[0]["session_id"]
+    assert listing[0]["path"]["kind"] == "relayed"
+    records = [json.loads(line) for line in (host_home / "audit.jsonl").read_text().splitlines()]
+    audited = [r for r in records if r["event"] == "session-path-changed"]
+    assert [(r["path"], r["previous"]) for r in audited] == [(f"relayed {RELAY}", "direct")]
