@@ -472,13 +472,11 @@ class Host:
         """Wait (bounded, :data:`node.transport.iroh.RELAY_CHECK_S`) for a home relay in
         the modes that have relays and say so when none answered: the relays named are
         the only ones used, none is put in their place (specs/transport.md §1)."""
-        self.relay_reachable: bool | None = None
         mode = getattr(listener, "mode", None)
         if mode is None or not mode.relays:
             await listener.wait_online()
             return
-        self.relay_reachable = await listener.wait_online()
-        if self.relay_reachable:
+        if await listener.wait_online():
             return
         named = "the n0 relays" if mode.uses_n0 else "relay " + ", ".join(mode.relays)
         then = ("no guest can reach this host until one answers (--relay-only)" if mode.relay_only
