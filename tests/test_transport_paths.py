@@ -5,6 +5,7 @@ change are fed to the path logic as constructed snapshots (no relay server runs 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import anyio
@@ -93,6 +94,12 @@ def test_on_loopback_both_sides_see_a_direct_path(tmp_path):
     assert started["path"]["kind"] == "direct" and started["path"]["remote"].startswith("127.0.0.1:")
     assert listing and listing[0]["path"]["kind"] == "direct"
     assert "  direct  " in _session_lines(listing)[0]
+    from node.local.dashboard.app import _env  # the dashboard's own template environment
+
+    page = _env.get_template("sessions.html").render(
+        csrf="x", notice=None, page="sessions", live_why="",
+        live={"node": {"startedAt": "-", "pid": 1}, "posts": [], "sessions": listing})
+    assert re.search(r'<td class="path">direct <span class="muted">127\.0\.0\.1:\d+</span></td>', page)
     records = [json.loads(line) for line in (host_home / "audit.jsonl").read_text().splitlines()]
     assert [r["path"] for r in records if r["event"] == "session-started"] == ["direct"]
 
