@@ -2,8 +2,8 @@
 
 1. a community server on 127.0.0.1 (its own home),
 2. a Host home: `kith init`, `kith index add <corpus>`, `kith index sync`,
-   `kith policy set '/<root>/**' public`, then `kith host --server URL --local --json`,
-3. a Guest home: `kith init`, `kith join <post_id> --server URL --local --trust --query ...`,
+   `kith policy set '/<root>/**' public`, then `kith host --server URL --offline --json`,
+3. a Guest home: `kith init`, `kith join <post_id> --server URL --offline --trust --query ...`,
    which prints cited answers,
 4. everything is stopped (SIGINT) and the workspace removed (unless --keep).
 
@@ -114,14 +114,14 @@ def main() -> int:
         run([*KITH, "--home", str(host_home), "index", "add", str(corpus)])
         run([*KITH, "--home", str(host_home), "index", "sync"], timeout=900)
         run([*KITH, "--home", str(host_home), "policy", "set", f"/{corpus.name}/**", "public"])
-        host = Background([*KITH, "--home", str(host_home), "host", "--server", url, "--local", "--json"])
+        host = Background([*KITH, "--home", str(host_home), "host", "--server", url, "--offline", "--json"])
         procs.append(host)
         post_id = host.first["post_id"]
         print(f"   published invitation post_id={post_id} (host key {host.first['host_public_key'][:16]}…)")
 
         say("3. Guest: join by post_id over iroh and ask")
         run([*KITH, "--home", str(guest_home), "init"])
-        cmd = [*KITH, "--home", str(guest_home), "join", post_id, "--server", url, "--local", "--trust"]
+        cmd = [*KITH, "--home", str(guest_home), "join", post_id, "--server", url, "--offline", "--trust"]
         for q in questions:
             cmd += ["--query", q]
         run(cmd + ["--top-k", "3"], timeout=120)

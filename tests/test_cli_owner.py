@@ -252,7 +252,7 @@ def test_host_banner_in_a_pipe_is_one_line_per_item_without_colour(tmp_path: Pat
     join = [ln for ln in lines if "join with:" in ln]
     assert len(join) == 1 and len(join[0]) > 80, lines  # longer than the terminal, not cut
     post_id = re.search(r"post_id: (\w+)", "".join(lines)).group(1)
-    assert join[0].strip() == f"join with: kith join {post_id} --server {url} --local"
+    assert join[0].strip() == f"join with: kith join {post_id} --server {url} --offline"  # the spelling of today (--local still works)
     assert not any(ANSI.search(ln) for ln in lines)
 
 

@@ -53,8 +53,9 @@ def serve_cmd(
 
 def mcp_cmd(
     ctx: typer.Context,
-    local: bool = typer.Option(False, "--local", envvar="KITH_OFFLINE",
-                               help="iroh local mode for peer searches (relay disabled, loopback)."),
+    local: bool = typer.Option(False, "--offline", "--local", envvar="KITH_OFFLINE",
+                               help="Offline mode for peer searches: loopback only, relays off "
+                                    "(--local: the old spelling, deprecated)."),
 ) -> None:
     """Serve the read-only `search` tool over MCP stdio (local corpus and joined peers)."""
     from node.local.mcp import run_stdio

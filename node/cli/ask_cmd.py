@@ -10,13 +10,14 @@ results); 2 for a bad command line (``usage``, ``ask-too-many-peers``, ``peer-ba
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Optional
 
 import anyio
 import typer
 
 from node.answer.contract import TOP_K_DEFAULT
-from node.cli.common import console, emit_json, err_console, identity_home_of, safe_text
+from node.cli.common import (DISCOVERY_HELP, LAN_HELP, OFFLINE_HELP, RELAY_HELP, RELAY_ONLY_HELP, console, emit_json,
+                             err_console, identity_home_of, safe_text, transport_mode)
 
 
 def render(env: dict[str, Any]) -> None:
@@ -52,7 +53,7 @@ def render(env: dict[str, Any]) -> None:
         # the notice speaks to an agent reading the output (it names the JSON field); a
         # person at a terminal sees who said what from the [peer] attributions (issue 20)
         console.print(env["notice"], highlight=False, markup=False, style="dim")
-    table = Table("peer", "status", "detail", "latency", "results", box=None, header_style="bold")
+    table = Table("peer", "status", "detail", "latency", "results", "path", box=None, header_style="bold")
     for p in env["peers"]:
         detail = p["code"] or ""
         if p["approvalId"]:
@@ -60,7 +61,10 @@ def render(env: dict[str, Any]) -> None:
         if p["retryAfterS"] is not None:
             detail = f"retry in {p['retryAfterS']} s"
         latency = "-" if p["latencyMs"] is None else f"{p['latencyMs']:.0f} ms"
-        table.add_row(safe_text(p["name"]), p["status"], safe_text(detail), latency, str(p["results"]))
+        path = p.get("path") or {}
+        shown = ("relayed via " + safe_text(path.get("relayUrl") or "?") if path.get("kind") == "relayed"
+                 else path.get("kind") or "-")
+        table.add_row(safe_text(p["name"]), p["status"], safe_text(detail), latency, str(p["results"]), shown)
     console.print(table)
 
 
@@ -72,7 +76,11 @@ def ask_cmd(
     local_corpus: bool = typer.Option(False, "--local", help="Search this node's own corpus too."),
     top_k: int = typer.Option(TOP_K_DEFAULT, "--top-k", min=1, max=20, help="Merged results to keep (1-20); each peer is asked for as many."),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, max=120.0, metavar="SECONDS", help="One deadline for every peer; the answer comes then with what arrived."),
-    offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help="iroh local mode: relay disabled, loopback bind."),
+    offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help=OFFLINE_HELP),
+    relay: Optional[str] = typer.Option(None, "--relay", metavar="n0|none|URL[,URL]", help=RELAY_HELP),
+    relay_only: bool = typer.Option(False, "--relay-only", help=RELAY_ONLY_HELP),
+    lan: bool = typer.Option(False, "--lan", help=LAN_HELP),
+    discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the merged envelope (specs/ask.schema.json) as JSON."),
     citations: bool = typer.Option(False, "--citations", help="Ask each peer to sign a citation for its results (hosts with --sign-citations do); save --json and check it with `kith verify`."),
 ) -> None:
@@ -85,6 +93,8 @@ def ask_cmd(
     from node.trust.peers import PeerRegistry
 
     home = identity_home_of(ctx)
+    mode = transport_mode(home, relay=relay, relay_only=relay_only, lan=lan, discovery=discovery, offline=offline,
+                          command="ask")
     if all_peers and peer:
         raise UsageError("usage", "give --peer NAME... or --all-peers, not both")
     registry = PeerRegistry.load(home)
@@ -129,7 +139,7 @@ def ask_cmd(
         from node.runtime.fanout import ASK_END_WAIT_S, dedupe_names
 
         dedupe_names(names)  # ask-too-many-peers before binding anything
-        async with SessionPool(home, identity, local=offline, end_wait_s=ASK_END_WAIT_S) as pool:
+        async with SessionPool(home, identity, local=mode.offline, mode=mode, end_wait_s=ASK_END_WAIT_S) as pool:
             env = await fan_out(pool, request, names, timeout_s=timeout,
                                 local=local_searcher(home) if local_corpus else None, own_key=identity.public_key,
                                 on_waiting=(WAIT_NOTICE_S, WAIT_REPEAT_S, say_waiting))

@@ -11,8 +11,9 @@ from typing import Any, Optional
 import anyio
 import typer
 
-from node.cli.common import (console, emit_json, err_console, home_if_any, identity_home_of, new_home_of,
-                             safe_text, warn)
+from node.cli.common import (DISCOVERY_HELP, LAN_HELP, LOCAL_DEPRECATED_HELP, OFFLINE_HELP, RELAY_HELP,
+                             RELAY_ONLY_HELP, console, emit_json, err_console, home_if_any, identity_home_of,
+                             new_home_of, safe_text, transport_mode, warn)
 from node.cli.render import CONNECTING_NOTICE_S, Waiting, print_answer
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import CODES, InvitationError, KithError, SessionAborted, SpecError, UsageError, error_for
@@ -84,12 +85,46 @@ def _redacted_log_handler(home: Path, server: str | None = None) -> None:
     logging.getLogger("kith").addHandler(handler)
 
 
+def _ticket_text(mode: Any, inv: dict[str, Any]) -> str:
+    """The mode and what the invitation's ticket tells its readers (specs/transport.md §2):
+    ``relay-only via URL; the ticket carries no IP address`` or ``none; ticket addresses: …``."""
+    from node.transport.hygiene import ticket_addresses
+
+    try:
+        relay, direct = ticket_addresses(inv["transport_info"]["ticket"])
+    except (KeyError, TypeError, ValueError):
+        return mode.name
+    name = mode.name + (", relay-only" if mode.relay_only else "")
+    if mode.lan:
+        name += f", discovery {mode.discovery}"
+    parts = [f"relay {relay}" if relay else "no relay"]
+    parts.append("the ticket carries no IP address" if not direct else "ticket addresses " + " ".join(direct))
+    return f"{name}; " + "; ".join(parts)
+
+
+def _path_text(path: Any) -> str:
+    """A host event's path for people (``direct (ADDR)``, ``relayed via URL``, ``unknown``)."""
+    from node.transport.paths import PathInfo
+
+    if not isinstance(path, dict):
+        return "unknown"
+    return safe_text(PathInfo(str(path.get("kind") or "unknown"), relay_url=path.get("relayUrl"),
+                              remote=path.get("remote")).describe())
+
+
 def host_cmd(
     ctx: typer.Context,
     protocol: str = typer.Option("knowledge-query", "--protocol", help="Protocol to serve."),
     server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="Community server to publish the invitation to."),
     invite_file: Optional[Path] = typer.Option(None, "--invite-file", metavar="FILE", help="Write the invitation to FILE (paired peers, no server)."),
-    local: bool = typer.Option(False, "--local", envvar="KITH_OFFLINE", help="iroh local mode: relay disabled, loopback bind, offline."),
+    offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help=OFFLINE_HELP),
+    local: bool = typer.Option(False, "--local", help=LOCAL_DEPRECATED_HELP),
+    relay: Optional[str] = typer.Option(None, "--relay", metavar="n0|none|URL[,URL]", help=RELAY_HELP),
+    relay_only: bool = typer.Option(False, "--relay-only", help=RELAY_ONLY_HELP),
+    lan: bool = typer.Option(False, "--lan", help=LAN_HELP),
+    discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
+    presence: Optional[str] = typer.Option(None, "--presence", metavar="open|granted", help="Who learns this host is online: open (default; every guest with the invitation) or granted (only peers holding a grant; the rest get the unknown-post refusal). Config: [host] presence."),
+    unlisted: bool = typer.Option(False, "--unlisted", help="With --server: the post is reachable by post_id, by its invitation file and by pinned peers (browse --host KEY), but absent from browsing."),
     ttl: int = typer.Option(24 * 3600, "--ttl", min=60, max=30 * 24 * 3600, help="Invitation lifetime in seconds."),
     message: Optional[str] = typer.Option(None, "--message", help="A line shown with the invitation."),
     tag: list[str] = typer.Option([], "--tag", help="Tag the invitation (repeatable)."),
@@ -105,7 +140,20 @@ def host_cmd(
     failure_cooldown: float = typer.Option(600.0, "--failure-cooldown", min=1.0, max=30 * 86_400.0, metavar="SECONDS", help="How long a key over --max-failed-handshakes is refused (handshake-too-many-failures)."),
     sign_citations: bool = typer.Option(False, "--sign-citations", help="Sign a citation for each result a guest asks citations for (`kith verify` checks them). A signed answer cannot be denied later. Default: off (such guests get unsigned results marked signing-off)."),
 ) -> None:
-    """Share this node's corpus: publish an invitation and serve guests until Ctrl-C/SIGTERM."""
+    """Share this node's corpus: publish an invitation and serve guests until Ctrl-C/SIGTERM.
+
+    \b
+    Transport modes (specs/transport.md):
+      --relay n0 (default)  public n0 relays + n0 address lookup; direct paths when possible
+      --relay none          direct only, nothing published to n0
+      --relay URL[,URL]     only your own relays (never a public one), nothing published to n0;
+                            a relay that cannot be reached is reported within 5 s, never replaced
+      --relay-only          tickets without IP addresses, UDP on loopback: peers see the relay only
+      --lan [--discovery off|on|resolve]
+                            LAN interfaces, relays off; optional mDNS discovery
+      --offline             loopback only (tests, demos); --local is its old spelling
+    The session path (direct / relayed via URL) shows in events, `kith sessions` and `kith status`.
+    """
     from node.runtime.host import HostOptions, serve_host
 
     if not server and invite_file is None:
@@ -113,9 +161,17 @@ def host_cmd(
     if invite_file is not None and not invite_file.resolve().parent.is_dir():
         raise UsageError("usage", f"--invite-file: the folder {invite_file.parent} does not exist")
     home = identity_home_of(ctx)
+    mode = transport_mode(home, relay=relay, relay_only=relay_only, lan=lan, discovery=discovery, offline=offline,
+                          local=local, command="host")
+    from node.runtime.grants import presence_from
+
+    presence = presence_from(presence, home)
+    if unlisted and not server:
+        raise UsageError("usage", "--unlisted is for a post on a community server (--server URL)")
     _redacted_log_handler(home, server)
-    opts = HostOptions(protocol=protocol, server_url=server, invite_file=invite_file, local=local, ttl_s=ttl,
-                       message=message, tags=list(tag), peers_only=peers_only, post_max_sessions=max_sessions)
+    opts = HostOptions(protocol=protocol, server_url=server, invite_file=invite_file, local=mode.offline, ttl_s=ttl,
+                       message=message, tags=list(tag), peers_only=peers_only, post_max_sessions=max_sessions,
+                       transport=mode, presence=presence, unlisted=unlisted)
     opts.share_ui = share_ui
     opts.watch = watch
     opts.audit_queries = audit_queries
@@ -132,10 +188,11 @@ def host_cmd(
         else:
             console.print(f"[bold]Hosting[/bold] {inv['protocol']['name']} as {inv['host_public_key'][:16]}…")
             console.print(f"  post_id: [bold]{inv['post_id']}[/bold]  (expires {inv['expires_at']})")
+            console.print(f"  transport: {_ticket_text(mode, inv)}", highlight=False, markup=False)
             if server:
-                console.print(f"  join with: kith join {inv['post_id']} --server {server}" + (" --local" if local else ""))
+                console.print(f"  join with: kith join {inv['post_id']} --server {server}" + mode.join_flags())
             if invite_file is not None:
-                console.print(f"  invitation file: {invite_file}  (kith join {invite_file}" + (" --local)" if local else ")"))
+                console.print(f"  invitation file: {invite_file}  (kith join {invite_file}{mode.join_flags()})")
             console.print("  Ctrl-C to stop.")
 
     def on_event(ev: dict[str, Any]) -> None:
@@ -156,7 +213,9 @@ def host_cmd(
                     who = f"{ev['peer_name']}'s device {safe_text(ev.get('device_name') or '')!r} ({who})"
                 elif ev.get("person"):  # a verified binding chain: the person and this device's name
                     who += f" (person {ev['person'][:16]}…, device {safe_text(ev.get('device_name') or '')!r})"
-                err_console.print(f"session {ev['session_id']} started with {who}", highlight=False, markup=False)
+                path = _path_text(ev.get("path"))
+                err_console.print(f"session {ev['session_id']} started with {who}, path {path}",
+                                  highlight=False, markup=False)
                 if ev.get("peer_name") is None and ev.get("pairing_code") and ev["peer"] not in codes_shown:
                     codes_shown.add(ev["peer"])
                     err_console.print(f"  unknown guest {ev['peer'][:16]}… pairing code: [bold]{ev['pairing_code']}[/bold]"
@@ -188,6 +247,9 @@ def host_cmd(
             elif ev["event"] == "config-invalid":
                 err_console.print(f"{ev['file']} is not valid; the host keeps the registry it last read",
                                   highlight=False, markup=False)
+            elif ev["event"] == "session-path-changed":
+                err_console.print(f"session {ev['session_id'][:12]} path changed: {_path_text(ev.get('previous'))}"
+                                  f" -> {_path_text(ev.get('path'))}", highlight=False, markup=False)
             elif ev["event"] == "session-evicted":
                 err_console.print(f"evicted an idle anonymous session of {ev['peer'][:16]}… for a newcomer")
             elif ev["event"] == "post-retired":
@@ -318,7 +380,12 @@ def join_cmd(
     ctx: typer.Context,
     target: str = typer.Argument(..., metavar="POST_ID|INVITE_FILE|JSON", help="A post_id (needs --server), an invitation file, or an invitation JSON string."),
     server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="Community server to fetch the post_id from and record the session proof."),
-    local: bool = typer.Option(False, "--local", envvar="KITH_OFFLINE", help="iroh local mode: relay disabled, loopback bind, offline."),
+    offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help=OFFLINE_HELP),
+    local: bool = typer.Option(False, "--local", help=LOCAL_DEPRECATED_HELP),
+    relay: Optional[str] = typer.Option(None, "--relay", metavar="n0|none|URL[,URL]", help=RELAY_HELP),
+    relay_only: bool = typer.Option(False, "--relay-only", help=RELAY_ONLY_HELP),
+    lan: bool = typer.Option(False, "--lan", help=LAN_HELP),
+    discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
     trust: bool = typer.Option(False, "--trust", help="Trust an unknown host key without asking."),
     query: list[str] = typer.Option([], "--query", "-q", help="Ask this question (repeatable); without it, an interactive prompt."),
     top_k: int = typer.Option(TOP_K_DEFAULT, "--top-k", min=1, max=20, help="Results per question (1-20)."),
@@ -333,6 +400,8 @@ def join_cmd(
     from node.trust.pairing import pairing_code
 
     home = identity_home_of(ctx)
+    mode = transport_mode(home, relay=relay, relay_only=relay_only, lan=lan, discovery=discovery, offline=offline,
+                          local=local, command="join")
     identity = load_identity(home)
     from node.answer import contract
 
@@ -412,6 +481,14 @@ def join_cmd(
             if query:  # the first question goes out now
                 wait_for_answer()
 
+        def on_path(now: Any, previous: Any) -> None:
+            # the path iroh selected, and each change (specs/transport.md §3); stderr only
+            if previous is None:
+                err_console.print(f"path: {safe_text(now.describe())}", highlight=False, markup=False)
+            else:
+                err_console.print(f"path changed: {safe_text(previous.describe())} -> {safe_text(now.describe())}",
+                                  highlight=False, markup=False)
+
         def on_results(message: dict[str, Any]) -> None:
             outstanding[0] = None
             waiting.stop()
@@ -462,8 +539,9 @@ def join_cmd(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(say_connecting)
                 tg.start_soon(say_waiting)
-                asked = await ask(home, identity, host, options, local=local, server_url=server,
-                                  host_seen=host_seen, on_ready=on_ready, accept_host_ui=accept_host_ui)
+                asked = await ask(home, identity, host, options, local=mode.offline, mode=mode, server_url=server,
+                                  host_seen=host_seen, on_ready=on_ready, accept_host_ui=accept_host_ui,
+                                  on_path=on_path)
                 tg.cancel_scope.cancel()
         finally:
             waiting.stop()

@@ -193,3 +193,38 @@ def warn(message: str) -> None:
     line = Text("warning: ", style="yellow")
     line.append(safe_text(message))  # plain text: no markup, no control characters
     err_console.print(line, highlight=False)
+
+
+# ----------------------------------------------------------------------------- transport
+#: ``--help`` texts of the transport options shared by ``host``, ``join`` and ``ask``
+#: (specs/transport.md §1).
+RELAY_HELP = ("Relays: n0 (the public n0 relays and address lookup; default), none (direct only), or "
+              "URL[,URL] (only these relays, your own; never a public one). Config: [transport] relay "
+              "in <home>/config.toml.")
+RELAY_ONLY_HELP = ("Relay only: tickets carry no IP address and UDP is bound to loopback, so no peer "
+                   "learns this machine's address or gets a direct path (needs a relay).")
+LAN_HELP = "LAN only: bind the LAN interfaces, relays off, nothing published outside the LAN."
+DISCOVERY_HELP = ("LAN discovery over mDNS: off (default), on (advertise and resolve), resolve (find "
+                  "hosts, never advertise). Needs --lan.")
+OFFLINE_HELP = "Offline: loopback only, relays off (tests, demos). Env: KITH_OFFLINE=1."
+LOCAL_DEPRECATED_HELP = "Deprecated spelling of --offline (kept working; `kith ask --local` is the own corpus)."
+
+
+def transport_mode(home: Path | None, *, relay: str | None, relay_only: bool, lan: bool, discovery: str | None,
+                   offline: bool, local: bool = False, command: str = "host") -> Any:
+    """The :class:`node.transport.modes.TransportMode` of a command line (over
+    ``<home>/config.toml``); ``--local`` (deprecated on ``host``/``join``) is ``--offline``
+    with a note on stderr.
+
+    Raises:
+        UsageError: ``transport-mode-invalid`` (exit 2), see
+            :func:`node.transport.modes.mode_from`.
+    """
+    from node.transport.modes import mode_from
+
+    if local:
+        err_console.print(f"note: `kith {command} --local` is deprecated; use --offline (same meaning)",
+                          highlight=False, markup=False)
+        offline = True
+    return mode_from(relay=relay, relay_only=relay_only or None, lan=lan or None, discovery=discovery,
+                     offline=offline, home=home)

@@ -51,7 +51,7 @@ def device_list_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--
 @device_app.command("add")
 def device_add_cmd(
     ctx: typer.Context,
-    local: bool = typer.Option(False, "--local", envvar="KITH_OFFLINE", help="iroh local mode: relay disabled, loopback bind, offline."),
+    local: bool = typer.Option(False, "--offline", "--local", envvar="KITH_OFFLINE", help="Offline: loopback only, relays off (--local: the old spelling, deprecated)."),
     yes_words: bool = typer.Option(False, "--yes-words", help="Confirm the pairing words from stdin without a prompt (a line 'yes'); for scripts that relay what the owner typed."),
     json_out: bool = typer.Option(False, "--json", help="Print the code and the result as JSON lines."),
 ) -> None:
@@ -96,7 +96,7 @@ def device_join_cmd(
     ctx: typer.Context,
     code: str = typer.Argument(..., metavar="CODE", help="The code `kith device add` printed on your other device."),
     device_name: Optional[str] = typer.Option(None, "--device-name", metavar="NAME", help="This device's name (default: the host name)."),
-    local: bool = typer.Option(False, "--local", envvar="KITH_OFFLINE", help="iroh local mode: relay disabled, loopback bind, offline."),
+    local: bool = typer.Option(False, "--offline", "--local", envvar="KITH_OFFLINE", help="Offline: loopback only, relays off (--local: the old spelling, deprecated)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Join this new home to your person: present CODE to the device holding the person key,

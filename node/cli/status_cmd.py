@@ -114,6 +114,16 @@ def _peer(row: dict[str, Any]) -> str:
     return out
 
 
+def _path(path: Any) -> str:
+    """A session's path for people: ``direct``, ``relayed via URL`` or ``path unknown``
+    (the peer's address stays in ``--json``)."""
+    from node.transport.paths import PathInfo
+
+    if not isinstance(path, dict) or path.get("kind") not in ("direct", "relayed"):
+        return "path unknown"
+    return PathInfo(str(path["kind"]), relay_url=path.get("relayUrl")).describe()
+
+
 def _session_lines(sessions: list[dict[str, Any]]) -> list[str]:
     from node.runtime.control import short_ids
 
@@ -124,7 +134,8 @@ def _session_lines(sessions: list[dict[str, Any]]) -> list[str]:
         quota = s.get("quotaLeft") or {}
         left = f"{quota['queries']}/{quota['burst']} (refills {quota['queriesPerHour']}/h)" \
             if "queries" in quota else "?"
-        line = (f"  {ids[s['id']]}  {_peer(s)}  {s['tier']}  since {s['since']}  queries {s['queries']} "
+        line = (f"  {ids[s['id']]}  {_peer(s)}  {s['tier']}  since {s['since']}  {_path(s.get('path'))}  "
+                f"queries {s['queries']} "
                 f"({statuses})  quota left {left}")
         if s.get("pairingCode"):
             line += f"  pairing code {s['pairingCode']}"
@@ -157,6 +168,15 @@ def status_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
         warm = "ready" if host["index"].get("ready") else "warming up" if host["index"].get("documents") else \
             "no index"
         _print(f"host: running (pid {node['pid']}, since {node['startedAt']}), index {warm}")
+        t = host.get("transport") or {}
+        if t.get("mode"):
+            relay = ""
+            if t.get("relays"):
+                relay = f", relays {' '.join(t['relays'])} " + ("(reached: " + t["homeRelay"] + ")" if t.get("homeRelay")
+                                                               else "(not reached)")
+            _print(f"  transport: {t['mode']}" + (" relay-only" if t.get("relayOnly") else "") + relay
+                   + (f", discovery {t['discovery']}" if t.get("mode") == "lan" else "")
+                   + f", presence {t.get('presence', 'open')}")
         for post in host["posts"]:
             where = f" on {post['server']}" if post.get("server") else " (invitation file)"
             _print(f"  post {post['postId']}{where}, expires {post.get('expiresAt') or '?'}")

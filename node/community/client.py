@@ -181,11 +181,13 @@ class CommunityClient:
                                  "server", status=status)
         return data
 
-    async def publish_invitation(self, inv: Invitation) -> Invitation:
+    async def publish_invitation(self, inv: Invitation, *, unlisted: bool = False) -> Invitation:
         """``POST /api/v1/invitations`` (signed; the identity must be the invitation's host).
 
         Args:
             inv: a signed invitation (its ``post_id`` is ignored by the server).
+            unlisted: ``?listed=false``: the post is reachable by ``post_id`` (and by
+                ``browse --host KEY``) but absent from browsing.
 
         Returns:
             The stored invitation, carrying the server-assigned ``post_id``.
@@ -197,7 +199,8 @@ class CommunityClient:
             UsageError: the client has no identity.
         """
         body = msgspec.json.encode(inv)
-        status, data = await self._request("POST", "/invitations", body=body, signed=True)
+        status, data = await self._request("POST", "/invitations?listed=false" if unlisted else "/invitations",
+                                           body=body, signed=True)
         stored = self._invitation_of(data, status)
         sent = inv.to_dict()
         got = stored.to_dict()

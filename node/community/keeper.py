@@ -84,8 +84,9 @@ class PostKeeper:
                  on_republished: Callable[[str, str, Invitation], None],
                  on_notice: Callable[[dict[str, Any]], None] = lambda _ev: None,
                  poll_s: float = DEFAULT_POLL_S,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, unlisted: bool = False) -> None:
         self.server_url = server_url
+        self.unlisted = unlisted  # republished posts stay unlisted (absent from browse)
         self.identity = identity
         self.current = current
         self.make_invitation = make_invitation
@@ -252,7 +253,7 @@ class PostKeeper:
             self.on_notice({"event": "post-ended", "post_id": post_id, "reason": state,
                             "republish": True})
         try:
-            fresh = await client.publish_invitation(self.make_invitation())
+            fresh = await client.publish_invitation(self.make_invitation(), unlisted=self.unlisted)
         except KithError as exc:
             log.warning("could not republish post %s: %s", post_id, exc.message)
             await anyio.sleep(min(5.0, self.poll_s, self.refresh_s))

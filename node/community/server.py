@@ -436,6 +436,11 @@ class _App:
             raise CommunityError("request-too-large", "an invitation is at most 64 KiB",
                                  status=413)
         data = decode_json(body, what="invitation")
+        listed = request.query_params.get("listed", "true")
+        if listed not in ("true", "false") or len(request.query_params) > 1 or \
+                (request.query_params and "listed" not in request.query_params):
+            raise CommunityError("request-invalid", "the only query parameter of a publish is listed=true|false",
+                                 status=400)
         post_id = new_post_id()
         data["post_id"] = post_id  # any client-side post_id is ignored: the server assigns it
         inv = parse_invitation(data)  # InvitationError invitation-malformed → 400
@@ -452,7 +457,8 @@ class _App:
                               protocol_id=inv.protocol.protocol_id,
                               protocol_name=inv.protocol.name, document=document,
                               expires_unix=expires_unix, max_sessions=inv.max_sessions,
-                              tags=inv.tags, now=now, lease_unix=now + self.lease_ttl_s):
+                              tags=inv.tags, now=now, lease_unix=now + self.lease_ttl_s,
+                              unlisted=listed == "false"):
                 break
             inv.post_id = document["post_id"] = new_post_id()
         else:

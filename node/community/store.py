@@ -40,7 +40,7 @@ from node.common.errors import CommunityError, UsageError
 from node.community.defaults import DEFAULT_POOL_SIZE  # there, so --help shows it without this module
 
 #: The schema this code reads and writes; :data:`MIGRATIONS` lead up to it.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 DB_DIR = "community"
 DB_FILE = "community.sqlite3"
 #: How long a connection waits for another writer (SQLite) or for a pooled connection
@@ -521,28 +521,29 @@ class CommunityStore:
     def insert_invitation(self, *, post_id: str, host_public_key: str, protocol_id: str,
                           protocol_name: str, document: dict[str, Any], expires_unix: float,
                           max_sessions: int | None, tags: list[str], now: float,
-                          lease_unix: float | None = None) -> bool:
+                          lease_unix: float | None = None, unlisted: bool = False) -> bool:
         """Store an invitation (and its lower-cased tags) under ``post_id``; False if that
-        id is taken. ``lease_unix``: the first liveness lease's end (Unix s)."""
+        id is taken. ``lease_unix``: the first liveness lease's end (Unix s); ``unlisted``:
+        absent from browse unless browsed by its host key."""
         with self._write() as conn:
             return self._insert_invitation(
                 conn, post_id=post_id, host_public_key=host_public_key,
                 protocol_id=protocol_id, protocol_name=protocol_name, document=document,
                 expires_unix=expires_unix, max_sessions=max_sessions, tags=tags, now=now,
-                lease_unix=lease_unix)
+                lease_unix=lease_unix, unlisted=unlisted)
 
     @staticmethod
     def _insert_invitation(conn: _Conn, *, post_id: str, host_public_key: str,
                            protocol_id: str, protocol_name: str, document: dict[str, Any],
                            expires_unix: float, max_sessions: int | None, tags: list[str],
-                           now: float, lease_unix: float | None) -> bool:
+                           now: float, lease_unix: float | None, unlisted: bool = False) -> bool:
         """:meth:`insert_invitation` inside the caller's transaction (bulk seeding)."""
         cur = conn.execute(
             "INSERT INTO invitations (post_id, host_public_key, protocol_id, protocol_name, "
-            "document, expires_unix, created_unix, max_sessions, lease_unix) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (post_id) DO NOTHING",
+            "document, expires_unix, created_unix, max_sessions, lease_unix, unlisted) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (post_id) DO NOTHING",
             (post_id, host_public_key, protocol_id, protocol_name, _dumps(document),
-             expires_unix, now, max_sessions, lease_unix))
+             expires_unix, now, max_sessions, lease_unix, 1 if unlisted else 0))
         if cur.rowcount != 1:
             return False
         for tag in sorted({t.lower() for t in tags}):
@@ -574,7 +575,8 @@ class CommunityStore:
                            host_public_key: str | None = None,
                            before_seq: int | None = None) -> list[InvitationRow]:
         """Live invitations (not withdrawn, not consumed, not expired, lease not lapsed),
-        newest first.
+        newest first. Unlisted posts are left out unless ``host_public_key`` is given (who
+        knows the host's key may find its posts; a stranger browsing does not see them).
 
         Args:
             now: Unix seconds. limit: at most this many rows.
@@ -595,6 +597,8 @@ class CommunityStore:
         if host_public_key is not None:
             where.append("i.host_public_key = ?")
             params.append(host_public_key)
+        else:
+            where.append("i.unlisted = 0")
         if tag is not None:
             where.append("EXISTS (SELECT 1 FROM invitation_tags t WHERE t.post_id = i.post_id "
                          "AND t.tag = ?)")
@@ -757,6 +761,18 @@ def _to_v2(store: CommunityStore, conn: _Conn, from_version: int) -> None:
     store._run_script(conn, _SCHEMA_TEMPLATE)
 
 
+# Version 5: unlisted posts (reachable by post_id and a host-key lookup, absent from browse).
+_MIGRATION_5 = """
+ALTER TABLE invitations ADD COLUMN unlisted INTEGER NOT NULL DEFAULT 0
+"""
+
+
+def _to_v5(store: CommunityStore, conn: _Conn, from_version: int) -> None:
+    """The ``unlisted`` flag of invitations (existing posts stay listed)."""
+    if not store._has_column(conn, "invitations", "unlisted"):
+        store._run_script(conn, _MIGRATION_5)
+
+
 def _to_v3(store: CommunityStore, conn: _Conn, from_version: int) -> None:
     """Leases, shared rate limits, display-name skeletons (existing names keep their
     skeletons; of two existing look-alikes the older registration keeps it)."""
@@ -783,6 +799,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[CommunityStore, _Conn, int], None]],
     (2, "base schema: identities, protocols, invitations, sessions, feedback, nonces", _to_v2),
     (3, "stateless instances: liveness leases, shared rate limits, name skeletons", _to_v3),
     (4, "persons' device revocation lists", _to_v4),
+    (5, "unlisted posts", _to_v5),
 )
 
 

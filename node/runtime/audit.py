@@ -53,6 +53,15 @@ class _SessionTap:
             self.audit.log.record("approval-created", **base, approval_id=approval[:64])
 
 
+def _path_kind(path: Any) -> str | None:
+    """An event's path as the audit records it: ``direct``, ``relayed <url>`` or
+    ``unknown`` (never the peer's IP address: the log is often shown to others)."""
+    if not isinstance(path, dict):
+        return None
+    kind = str(path.get("kind") or "unknown")[:16]
+    return f"{kind} {str(path['relayUrl'])[:200]}" if kind == "relayed" and path.get("relayUrl") else kind
+
+
 class HostAudit:
     """Feeds a running host's activity into an :class:`AuditLog`.
 
@@ -91,7 +100,12 @@ class HostAudit:
             self.log.record("session-started", session_id=ev.get("session_id"), peer=ev.get("peer"),
                             peer_name=ev.get("peer_name"), post_id=ev.get("post_id"),
                             pairing_code=ev.get("pairing_code"), person=ev.get("person"),
-                            device_name=ev.get("device_name"), via_person=ev.get("via_person") or None)
+                            device_name=ev.get("device_name"), path=_path_kind(ev.get("path")),
+                            via_person=ev.get("via_person") or None)
+        elif kind == "session-path-changed":
+            self.log.record("session-path-changed", session_id=ev.get("session_id"), peer=ev.get("peer"),
+                            peer_name=self._names.get(ev.get("session_id") or ""),
+                            path=_path_kind(ev.get("path")), previous=_path_kind(ev.get("previous")))
         elif kind == "session-ended" and ev.get("reason") == "rejected" and not ev.get("session_id"):
             # refused in the handshake (blocked, not admitted, bad proof, ...): no session existed
             self.log.record("handshake-refused", peer=ev.get("peer") or None, code=ev.get("code"))

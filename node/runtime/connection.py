@@ -22,8 +22,9 @@ from node.common.errors import HandshakeError, KithError
 from node.engine.framing import encode_frame
 from node.engine.session import HostConfig, OutgoingFrame, SessionEngine, SessionReady
 from node.runtime.driver import run_session
+from node.runtime.grants import has_grant, refusal_code
 from node.runtime.hooks import HookContext, PeerInfo
-from node.runtime.sessions import ActivityTracked, admission
+from node.runtime.sessions import DEFERRABLE_CODES, ActivityTracked, admission
 from node.trust.peers import note_device
 from node.trust.rotation import pinned_in_lineage
 
@@ -65,6 +66,8 @@ class Connection:
         self.pinned: Any = None  # the registry record of this device key, or None
         self.person_pin: Any = None  # the person pin whose grants this device holds, or None
         self.profile: dict[str, Any] = {}  # what a deferred guest shared (its claim is judged at ready)
+        self.path: Any = None  # the stream's node.transport.paths.PathInfo, once it opened
+        self.session_id: str | None = None
 
     # ------------------------------------------------------------ the whole life
     async def serve(self) -> None:
@@ -86,6 +89,10 @@ class Connection:
             return
         # re-read once per connection: `kith peers` may have changed it
         self.registry = registry = host.peers_watcher.current()
+        if host.opts.presence == "granted" and not has_grant(registry, self.remote, host.peers_watcher.revocations()):
+            # no slot, nonce or post use is taken, no heartbeat is ever sent (node/runtime/grants.py)
+            await self.refuse(refusal_code("granted", "handshake-not-admitted", granted=False), reason="no-grant")
+            return
         self.pinned = pinned = registry.by_key(self.remote)
         refusal = host.table.open_session(self.token, self.remote, self.end,
                                           alive=lambda: not (self.engine is not None and self.engine.closed),
@@ -97,6 +104,10 @@ class Connection:
         if refusal is not None:
             await self.refuse(refusal)
             return
+        from node.transport.paths import watch
+
+        self.path = watch(self.stream, self._path_changed)
+        host.table.set_path(self.token, self.path.to_dict())
         try:
             await self._run()
         finally:
@@ -110,7 +121,8 @@ class Connection:
         self.engine = SessionEngine(
             "host", host.spec, public_key=host.identity.public_key, sign=host.identity.sign,
             host=HostConfig(remote_id=self.remote, post_protocol=self.post_protocol, nonce_unseen=self.nonce_unseen,
-                            admit=admission(self.registry, host.opts.peers_only, host.peers_watcher.revocations()),
+                            admit=admission(self.registry, host.opts.peers_only, host.peers_watcher.revocations(),
+                                            host.opts.presence),
                             profile=host.own_profile, ui_bundle=host.ui_bundle, named_post=self.named_post,
                             check_person=self.check_person, defer=self.defer, admit_person=self.admit_person),
             egress_check=self.egress)
@@ -151,9 +163,10 @@ class Connection:
             self.engine.abort(code, message or None)
         self.session_scope.cancel()
 
-    async def refuse(self, code: str, message: str | None = None) -> None:
+    async def refuse(self, code: str, message: str | None = None, reason: str | None = None) -> None:
         """Send ``_session_reject code`` on the open stream, close it and report a
-        ``session-refused`` event (sending is bounded by :data:`REFUSE_SEND_S`)."""
+        ``session-refused`` event (sending is bounded by :data:`REFUSE_SEND_S`; ``reason``,
+        e.g. ``no-grant``, is for the owner's event only)."""
         data = self.host.reject_frame(code, message)
         with anyio.move_on_after(REFUSE_SEND_S):
             try:
@@ -161,7 +174,20 @@ class Connection:
             except KithError:
                 pass
             await self.stream.aclose()
-        self.host.emit({"event": "session-refused", "peer": self.stream.remote_id, "code": code})
+        ev = {"event": "session-refused", "peer": self.stream.remote_id, "code": code}
+        if reason is not None:
+            ev["reason"] = reason
+        self.host.emit(ev)
+
+    def _path_changed(self, previous: Any, now: Any) -> None:
+        """iroh selected another path (direct ↔ relayed, another relay or address): the
+        table lists it, and once the session is ready a ``session-path-changed`` event
+        (audited) says so (specs/transport.md §3)."""
+        self.path = now
+        self.host.table.set_path(self.token, now.to_dict())
+        if self.session_id is not None:
+            self.host.emit({"event": "session-path-changed", "session_id": self.session_id, "peer": self.remote,
+                            "path": now.to_dict(), "previous": previous.to_dict()})
 
     # ------------------------------------------------------------ the engine's questions
     def named_post(self, post_id: str) -> None:
@@ -210,7 +236,7 @@ class Connection:
         ``_session_init`` only for not being pinned (``--peers-only``) or for claiming a
         pinned name, is judged again by its person at ``_session_ready``
         (:meth:`admit_person`; specs/peers.md §10)."""
-        if self.pinned is not None or code not in ("handshake-not-admitted", "peer-key-changed"):
+        if self.pinned is not None or code not in DEFERRABLE_CODES:
             return False
         self.profile = dict(profile)
         return True
@@ -298,13 +324,14 @@ class Connection:
         if host.posts.keeper is not None:  # the guest may have joined by file: record the proof here
             host.posts.keeper.record_proof(ev.proof, used_up=used_up)
         self.tap.ready(ev.session_id, name)
+        self.session_id = ev.session_id
         if pin is not None and pid is not None and note_device(registry, pin, pid.device, pid.device_name):
             host.emit({"event": "person-device-new", "peer_name": pin.name, "person": pin.public_key,
                        "device": pid.device, "device_name": pid.device_name})
         host.emit({"event": "session-started", "session_id": ev.session_id, "peer": ev.peer_public_key,
                    "peer_name": name, "post_id": post, "pairing_code": code,
                    "person": pid.person if pid else None, "device_name": pid.device_name if pid else None,
-                   "via_person": pin is not None})
+                   "via_person": pin is not None, "path": self.path.to_dict()})
         token = self.token
         return HookContext(role="host", session_id=ev.session_id,
                            peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile,

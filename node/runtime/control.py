@@ -197,6 +197,8 @@ class HostControl:
             in a worker thread).
         quota_left: ``(peer_name | None, peer_key) -> dict`` (see specs/control.md), or None.
         started_at: Unix time (s) the host started.
+        transport: ``() -> {"mode", "relays", "relayOnly", "discovery", "relayMap",
+            "homeRelay", "relayReachable", "addresses", "presence"}`` (specs/control.md), or None.
     """
 
     home: Path
@@ -206,6 +208,7 @@ class HostControl:
     index: Callable[[], dict[str, Any]]
     quota_left: Callable[[str | None, str], dict[str, Any]] | None = None
     started_at: float = field(default_factory=time.time)
+    transport: Callable[[], dict[str, Any]] | None = None
 
     async def state(self) -> dict[str, Any]:
         """The state document (specs/control.md): node, posts, index, sessions, approvals."""
@@ -230,7 +233,8 @@ class HostControl:
         return {"v": STATE_VERSION,
                 "node": {"fingerprint": self.identity.fingerprint, "key": self.identity.public_key,
                          "home": str(self.home), "pid": os.getpid(), "startedAt": rfc3339(self.started_at)},
-                "posts": self.posts(), "index": index, "sessions": sessions, "approvals": approvals}
+                "posts": self.posts(), "index": index, "sessions": sessions, "approvals": approvals,
+                "transport": self.transport() if self.transport is not None else None}
 
     def end_session(self, given: str) -> dict[str, Any]:
         """End the live session whose id is ``given`` or starts with it (the guest gets

@@ -76,13 +76,15 @@ class PeerRow:
     message: str | None = None
     #: True for this node's own corpus (``--local``): its text is not third-party.
     own: bool = False
+    #: the session's network path, ``{"kind", "relayUrl"}`` (specs/transport.md §3), or None
+    path: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The row as the envelope carries it."""
         return {"name": self.name, "key": self.key, "status": self.status, "code": self.code,
                 "approvalId": self.approval_id, "retryAfterS": self.retry_after_s,
                 "latencyMs": None if self.latency_ms is None else round(self.latency_ms, 1),
-                "results": self.results, "self": self.own}
+                "results": self.results, "self": self.own, "path": self.path}
 
 
 def dedupe_names(names: list[str]) -> list[str]:
@@ -313,6 +315,7 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
         else:
             answers[i] = _row_from_message(row, message)
         row.latency_ms = (time.perf_counter() - start) * 1000
+        row.path = pool.path_of(row.key)
 
     async def ask_local(i: int, row: PeerRow) -> None:
         start = time.perf_counter()

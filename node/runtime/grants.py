@@ -1,22 +1,38 @@
-"""Grants that end, enforced like revocation (specs/peers.md §12): while the host runs,
-every grant with an ``until`` — a pin (``peers.json``), an override or a group membership
-(``policy.toml``) — is watched on the host's clock; when one ends, the live sessions it
-covered end with ``session-grant-expired`` and a ``grant-expired`` event is emitted (and
-audited). Decisions made after that already ignore it (:func:`node.trust.peers.pins_in_force`,
-:meth:`node.policy.store.Policy.match`), so a guest reconnecting gets what remains.
+"""Grants: the one place that decides whether a peer holds a grant, what a peer without one
+is told (presence, specs/transport.md §4, DESIGN §15), and how grants that end are enforced
+(specs/peers.md §12).
 
-The watcher waits on :class:`node.runtime.clock.Clock` ``sleep`` and reads ``time``, so tests
-end a grant by advancing a :class:`node.runtime.clock.ManualClock`. Grants already ended
-when the host starts are not reported (no session can hold them).
+**Presence.** ``presence = open`` (the default): every guest with a live invitation may
+handshake, and refusals keep their distinct codes. ``presence = granted``: a peer that holds
+no grant — not pinned, removed, blocked, its pin ended (``until`` passed), its device revoked
+by its person — gets exactly the refusal of an unknown post (:data:`UNIFORM_REFUSAL`, its
+default message), before any slot, nonce or post use is taken, so it never receives a
+heartbeat and learns nothing about the host beyond what the transport itself reveals (a QUIC
+handshake with the endpoint id in the ticket). A device of a person pin holds the pin's grant
+once the host has seen it present a valid chain (``seenDevices``, specs/peers.md §10); a
+person's device the host has never seen is, under ``granted``, a stranger until it connects
+once under ``open`` presence or is pinned by its own key. Extend :func:`has_grant` for new
+kinds of grants and :data:`NO_GRANT_CODES` for new codes that mean "no grant".
+
+**Grants that end**, enforced like revocation: while the host runs, every grant with an
+``until`` — a pin (``peers.json``), an override or a group membership (``policy.toml``) — is
+watched on the host's clock; when one ends, the live sessions it covered end with
+``session-grant-expired`` and a ``grant-expired`` event is emitted (and audited). Decisions
+made after that already ignore it (:func:`node.trust.peers.pins_in_force`,
+:meth:`node.policy.store.Policy.match`), so a guest reconnecting gets what remains. The
+watcher waits on :class:`node.runtime.clock.Clock` ``sleep`` and reads ``time``, so tests end a
+grant by advancing a :class:`node.runtime.clock.ManualClock`. Grants already ended when the
+host starts are not reported (no session can hold them).
 """
 
 from __future__ import annotations
 
 import logging
+import tomllib
 from pathlib import Path
 from typing import Any, Callable
 
-from node.common.errors import KithError
+from node.common.errors import KithError, UsageError
 from node.policy.grants import until_time
 
 log = logging.getLogger("kith.grants")
@@ -123,4 +139,68 @@ class GrantWatcher:
         return out
 
 
-__all__ = ["GRANT_POLL_S", "GrantWatcher", "grants_with_ends"]
+#: ``presence`` values (``kith host --presence``, ``[host] presence`` in config.toml).
+PRESENCE_VALUES = ("open", "granted")
+#: What a peer without a grant is told under ``presence = granted``.
+UNIFORM_REFUSAL = "handshake-unknown-post"
+#: Refusal codes that mean "this peer holds no grant": under ``granted`` each becomes
+#: :data:`UNIFORM_REFUSAL` (:func:`refusal_code`).
+NO_GRANT_CODES = frozenset({"handshake-peer-blocked", "handshake-not-admitted", "peer-key-changed",
+                            "handshake-device-revoked", "handshake-person-not-pinned"})
+
+
+def has_grant(registry: Any, key: str, revocations: Any = None) -> bool:
+    """Does peer ``key`` hold a grant on this host now? The one "has a grant?" decision.
+
+    A grant is a pinned, unblocked registry entry (``kith peers add``; ``remove``, ``block``
+    and a passed ``until`` take it away — the host passes the registry of the pins in force,
+    :func:`node.trust.peers.pins_in_force`), or a device a person pin (``--devices``) has seen
+    present a valid binding chain, unless a revocation list this host keeps names the device.
+
+    Args:
+        registry: the host's :class:`node.trust.peers.PeerRegistry` as read for this
+            connection. key: the QUIC-authenticated peer key (64 hex).
+        revocations: the host's :class:`node.trust.revocation_list.RevocationStore`, or None.
+    """
+    if not key or registry.is_blocked(key):
+        return False
+    if revocations is not None and revocations.revoked_by(key) is not None:
+        return False
+    if registry.by_key(key) is not None:
+        return True
+    return any(rec.devices and key in rec.seen_devices and not registry.is_blocked(rec.public_key)
+               for rec in registry.peers.values())
+
+
+def refusal_code(presence: str, code: str, *, granted: bool) -> str:
+    """The code a peer is sent for a refusal ``code``: under ``granted`` presence, a peer
+    without a grant, or any code of :data:`NO_GRANT_CODES`, gets :data:`UNIFORM_REFUSAL`;
+    otherwise ``code`` itself (``open`` keeps every distinct code)."""
+    if presence == "granted" and (not granted or code in NO_GRANT_CODES):
+        return UNIFORM_REFUSAL
+    return code
+
+
+def presence_from(value: str | None, home: Path | None) -> str:
+    """The host's presence setting: ``value`` (``--presence``) or ``[host] presence`` of
+    ``<home>/config.toml``, default ``open``.
+
+    Raises:
+        UsageError: ``presence-invalid`` (exit 2) for any other value.
+    """
+    if value is None and home is not None:
+        try:
+            data = tomllib.loads((Path(home) / "config.toml").read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            data = {}
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise UsageError("presence-invalid", f"config.toml cannot be read ({type(exc).__name__})") from None
+        table = data.get("host", {})
+        value = table.get("presence") if isinstance(table, dict) else None
+    value = "open" if value is None else value
+    if value not in PRESENCE_VALUES:
+        raise UsageError("presence-invalid", f"presence {str(value)[:40]!r}: one of open, granted")
+    return value
+
+__all__ = ["GRANT_POLL_S", "GrantWatcher", "NO_GRANT_CODES", "PRESENCE_VALUES", "UNIFORM_REFUSAL",
+           "grants_with_ends", "has_grant", "presence_from", "refusal_code"]

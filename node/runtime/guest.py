@@ -279,11 +279,11 @@ async def resolve_peer(name: str, home: Path, *, skip_saved: bool = False) -> Ta
 
 
 async def ask(home: Path, identity: Identity, target: Target, options: GuestOptions, *,
-              local: bool, server_url: str | None = None, timeout_s: float | None = None,
+              local: bool, mode: Any = None, server_url: str | None = None, timeout_s: float | None = None,
               on_ready: Callable[[str], None] | None = None,
               host_seen: dict[str, Any] | None = None,
               accept_host_ui: bool = False,
-              heartbeat: Any = "default") -> AskResult:
+              heartbeat: Any = "default", on_path: Callable[[Any, Any], None] | None = None) -> AskResult:
     """Ask ``target`` the questions of ``options`` in one session; the one guest API of
     ``kith join`` and of the MCP server's peer search.
 
@@ -292,11 +292,12 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
         target: from :func:`open_target` (the caller decides whether an unpinned host is
             acceptable: ``kith join`` asks its user, MCP refuses it).
         options: the questions and callbacks (:class:`GuestOptions`).
-        local: iroh local mode (relay disabled, loopback).
+        local: offline mode (relay disabled, loopback), when ``mode`` is None.
+        mode: the guest's :class:`node.transport.modes.TransportMode` (``--relay``, ...).
         server_url: community server that records the session proof, or None.
         timeout_s: end-to-end bound in seconds (connect, handshake, every answer); on
             expiry the session is cancelled and ``outcome`` is None. None: no bound.
-        on_ready, host_seen, accept_host_ui, heartbeat: as :func:`join_session`.
+        on_ready, host_seen, accept_host_ui, heartbeat, on_path: as :func:`join_session`.
 
     Returns:
         :class:`AskResult` with the session outcome and every ``results`` message.
@@ -316,23 +317,28 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
     hook_options = {**options.hook_options(), "on_results": on_results}
     with anyio.move_on_after(timeout_s):
         result.outcome = await join_session(
-            home, identity, target.invitation, target.protocol_dir, target.spec, local=local,
+            home, identity, target.invitation, target.protocol_dir, target.spec, local=local, mode=mode,
             server_url=server_url, options=hook_options, interactive=options.interactive,
-            on_ready=on_ready, host_seen=host_seen, accept_host_ui=accept_host_ui, heartbeat=heartbeat)
+            on_ready=on_ready, host_seen=host_seen, accept_host_ui=accept_host_ui, heartbeat=heartbeat,
+            on_path=on_path)
     return result
 
 
 async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Path, spec: ProtocolSpec, *,
-                       local: bool, server_url: str | None, options: dict[str, Any],
+                       local: bool, server_url: str | None, options: dict[str, Any], mode: Any = None,
                        interactive: bool = False,
                        on_ready: Callable[[str], None] | None = None,
                        host_seen: dict[str, Any] | None = None,
                        accept_host_ui: bool = False,
                        heartbeat: Any = "default", node: Any = None,
-                       connect_timeout_s: float | None = None) -> SessionOutcome:
+                       connect_timeout_s: float | None = None,
+                       on_path: Callable[[Any, Any], None] | None = None) -> SessionOutcome:
     """Connect to the host of ``inv`` and run one session with the protocol's guest hooks.
 
     Args:
+        mode: the :class:`node.transport.modes.TransportMode` to bind with (None: ``local``'s);
+            what it allows decides which of the ticket's addresses are dialled
+            (:meth:`node.transport.iroh.IrohNode.connect`).
         options: the guest hooks' ``ctx.options`` as the protocol defines them (for
             knowledge-query, :meth:`GuestOptions.hook_options`; echo: ``texts``).
         interactive: no hook timeout (the hook waits on its user).
@@ -348,6 +354,9 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             (the warm pool's one endpoint, node/runtime/pool.py): the session opens its own
             connection on it and leaves the endpoint open. None: bind one for this session.
         connect_timeout_s: bound on connecting, seconds (None: the transport's 15 s).
+        on_path: called ``(now, previous)`` with :class:`node.transport.paths.PathInfo`s:
+            once when the stream opened (``previous`` None), then at each change of the
+            path iroh selected (direct ↔ relayed; specs/transport.md §3).
 
     The guest shares its own profile (``<home>/profile.json``) in ``_session_init``; the
     host's shared profile is merged into the registry only when the host key is already
@@ -400,7 +409,7 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
         if node is not None:
             yield node
         else:
-            async with bind_node(identity.secret, spec.alpn, local=local,
+            async with bind_node(identity.secret, spec.alpn, local=local, mode=mode,
                                  close_timeout_s=GUEST_CLOSE_TIMEOUT_S) as bound:
                 yield bound
 
@@ -409,6 +418,10 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
         conn = await (node.connect(inv.transport_info.ticket) if connect_timeout_s is None
                       else node.connect(inv.transport_info.ticket, timeout_s=connect_timeout_s))
         stream = await node.open_stream(conn)
+        if on_path is not None:
+            from node.transport.paths import watch
+
+            on_path(watch(stream, lambda previous, now: on_path(now, previous)), None)
         engine = SessionEngine("guest", spec, public_key=identity.public_key, sign=identity.sign,
                                guest=GuestConfig(remote_id=stream.remote_id or "", post_id=inv.post_id,
                                                  host_public_key=inv.host_public_key,

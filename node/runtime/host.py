@@ -24,6 +24,7 @@ from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
 from node.engine.session import HostConfig, SessionEngine
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
 from node.runtime.connection import FIRST_STREAM_TIMEOUT_S, Connection
+from node.transport.modes import RELAY_CHECK_S
 from node.runtime.hooks import load_hooks
 from node.runtime.posts import Posts
 from node.runtime.sessions import EVICT_IDLE_AFTER_S, FAILURE_COOLDOWN_S, MAX_CONCURRENT_SESSIONS, \
@@ -48,7 +49,13 @@ class HostOptions:
         protocol: protocol name (looked up in ``<home>/protocols`` then the bundled ones).
         server_url: community server to publish to, or None.
         invite_file: where to write the invitation in file mode (no server), or None.
-        local: iroh local mode (relay disabled, loopback, offline).
+        local: offline mode (relay disabled, loopback); used when ``transport`` is None.
+        transport: the :class:`node.transport.modes.TransportMode` (``--relay``,
+            ``--relay-only``, ``--lan``, ``--discovery``, ``--offline``; specs/transport.md),
+            or None for ``local``'s.
+        presence: ``"open"`` or ``"granted"`` (``--presence``; node/runtime/grants.py):
+            under ``granted`` a peer holding no grant gets the unknown-post refusal.
+        unlisted: publish the post unlisted (reachable by ``post_id``, absent from browse).
         ttl_s: invitation lifetime in seconds.
         message / tags: shown to guests browsing invitations.
         max_sessions: concurrent sessions served at once.
@@ -93,6 +100,9 @@ class HostOptions:
     server_url: str | None = None
     invite_file: Path | None = None
     local: bool = False
+    transport: Any = None
+    presence: str = "open"
+    unlisted: bool = False
     ttl_s: int = DEFAULT_TTL_S
     message: str | None = None
     tags: list[str] = field(default_factory=list)
@@ -337,7 +347,7 @@ class Host:
     def _bind_iroh(self, secret: bytes, alpn: bytes) -> Any:
         from node.transport.iroh import bind_node
 
-        return bind_node(secret, alpn, local=self.opts.local)
+        return bind_node(secret, alpn, local=self.opts.local, mode=self.opts.transport)
 
     # ------------------------------------------------------------ building
     def _build(self) -> None:
@@ -391,7 +401,8 @@ class Host:
                            invite_file=opts.invite_file, emit=self.emit, warn=self.warn, clock=self.clock,
                            max_failures=opts.max_failed_handshakes,
                            # a public multi-use post must never be rotatable by strangers
-                           retire_on_failures=not opts.server_url or opts.post_max_sessions == 1)
+                           retire_on_failures=not opts.server_url or opts.post_max_sessions == 1,
+                           unlisted=opts.unlisted)
         from node.trust.person import load_person
 
         person = load_person(self.home)
@@ -446,8 +457,7 @@ class Host:
                 self._closers.insert(0, watcher.close)
             async with self.bind(self.identity.secret, self.spec.alpn) as listener:
                 self.listener = listener
-                if not await listener.wait_online():
-                    self.warn("the iroh endpoint is not online yet (no relay); guests may not reach it")
+                await self._check_relays(listener)
                 inv = await self._publish()
                 keeper = self.posts.keep(inv, self._new_invitation)
                 async with anyio.create_task_group() as tg:
@@ -457,7 +467,8 @@ class Host:
                         # the owner's control channel (<home>/run/control.sock; node/runtime/control.py)
                         await tg.start(serve_control, HostControl(self.home, self.identity, self.table,
                                                                   self.posts.listing, self.knowledge.index,
-                                                                  self.knowledge.quota_left, started_at=started_at))
+                                                                  self.knowledge.quota_left, started_at=started_at,
+                                                                  transport=self._transport_status))
                     self.on_invitation(inv.to_dict())  # once `kith status` can see this host
                     if keeper is not None:
                         tg.start_soon(keeper.run)
@@ -491,6 +502,47 @@ class Host:
             for close in self._closers:
                 close()
 
+    async def _check_relays(self, listener: Any) -> None:
+        """Wait (bounded, :data:`node.transport.iroh.RELAY_CHECK_S`) for a home relay in
+        the modes that have relays and say so when none answered: the relays named are
+        the only ones used, none is put in their place (specs/transport.md §1)."""
+        mode = getattr(listener, "mode", None)
+        if mode is None or not mode.relays:
+            await listener.wait_online()
+            return
+        if await listener.wait_online():
+            return
+        named = "the n0 relays" if mode.uses_n0 else "relay " + ", ".join(mode.relays)
+        then = ("no guest can reach this host until one answers (--relay-only)" if mode.relay_only
+                else "guests can reach this host only by a direct path")
+        self.warn(f"{named} could not be reached within {RELAY_CHECK_S:.0f} s; {then}; no other relay is used")
+
+    def _warn_private(self, inv: Invitation) -> None:
+        """A public post (community server) whose ticket carries private, link-local,
+        loopback or CGNAT addresses: tell the owner, once (specs/transport.md §5)."""
+        from node.transport.hygiene import private_addresses, ticket_addresses
+
+        if getattr(self, "_warned_private", False):
+            return
+        try:
+            _relay, direct = ticket_addresses(inv.transport_info.ticket)
+        except ValueError:
+            return
+        private = private_addresses(direct)
+        if private:
+            self._warned_private = True
+            self.warn(f"the public post's ticket carries {len(private)} private or link-local address(es) "
+                      f"({', '.join(private[:4])}): they describe your network to every reader and mean "
+                      "nothing outside it; use --relay-only to publish none")
+
+    def _transport_status(self) -> dict[str, Any]:
+        """The ``transport`` entry of the control state (specs/control.md)."""
+        status = getattr(self.listener, "status", None)
+        out = status() if status is not None else {"mode": "memory"}
+        out["relayReachable"] = bool(out.get("homeRelay")) if out.get("relays") else None
+        out["presence"] = self.opts.presence
+        return out
+
     def _new_invitation(self) -> Invitation:
         opts = self.opts
         return create_invitation(self.identity, protocol_name=self.spec.name, protocol_version=self.spec.version,
@@ -500,10 +552,11 @@ class Host:
     async def _publish(self) -> Invitation:
         inv = self._new_invitation()
         if self.opts.server_url:
+            self._warn_private(inv)
             from node.community.client import CommunityClient
 
             async with CommunityClient(self.opts.server_url, self.identity) as client:
-                inv = await client.publish_invitation(inv)
+                inv = await client.publish_invitation(inv, unlisted=self.opts.unlisted)
         self.posts.add(inv)
         return inv
 

@@ -98,6 +98,7 @@ class PeerSession:
         self.session_id: str | None = None
         self.outcome: Any = None
         self.error: KithError | None = None
+        self.path: Any = None  # node.transport.paths.PathInfo once the stream opened
         self.answered = 0
         self.last_used = time.monotonic()
         self._waiter: asyncio.Future[dict[str, Any]] | None = None
@@ -114,6 +115,9 @@ class PeerSession:
                 self._waiter.set_result(message)
         self._loop.call_soon_threadsafe(deliver)
 
+    def _on_path(self, now: Any, _previous: Any) -> None:
+        self.path = now
+
     def _on_ready(self, session_id: str) -> None:
         self.session_id = session_id
         self._loop.call_soon_threadsafe(self.ready.set)
@@ -128,9 +132,10 @@ class PeerSession:
                 self._scope = scope
                 self.outcome = await join_session(
                     self.pool.home, self.pool.identity, self.target.invitation, self.target.protocol_dir,
-                    self.target.spec, local=self.pool.local, server_url=None, options=options,
+                    self.target.spec, local=self.pool.local, mode=self.pool.mode, server_url=None, options=options,
                     interactive=True, on_ready=self._on_ready, heartbeat=self.pool.heartbeat,
-                    node=self.pool.node, connect_timeout_s=self.pool.connect_timeout_s)
+                    node=self.pool.node, connect_timeout_s=self.pool.connect_timeout_s,
+                    on_path=self._on_path)
         except KithError as exc:
             self.error = exc
             if isinstance(exc, TransportError) and self.session_id is None:
@@ -193,7 +198,9 @@ class SessionPool:
 
     Attributes:
         home, identity: this node's home and identity.
-        local: iroh local mode (relay disabled, loopback).
+        local: offline mode (relay disabled, loopback), when ``mode`` is None.
+        mode: the :class:`node.transport.modes.TransportMode` of the one endpoint (``kith
+            ask --relay ...``), or None.
         max_sessions: bound on live sessions. idle_s: idle close, seconds.
         heartbeat: ``(ping_interval_s, unresponsive_s)`` or ``"default"``.
         connect_timeout_s: bound on one connection attempt, seconds (shorter than
@@ -207,6 +214,7 @@ class SessionPool:
     home: Path
     identity: Identity
     local: bool = False
+    mode: Any = None
     max_sessions: int = MAX_SESSIONS
     idle_s: float = IDLE_S
     heartbeat: Any = "default"
@@ -249,7 +257,7 @@ class SessionPool:
             if self.node is None:
                 assert self._stack is not None
                 self.node = await self._stack.enter_async_context(
-                    bind_node(self.identity.secret, self.spec.alpn, local=self.local,
+                    bind_node(self.identity.secret, self.spec.alpn, local=self.local, mode=self.mode,
                               close_timeout_s=GUEST_CLOSE_TIMEOUT_S))
                 self.stats.endpoints += 1
 
@@ -324,6 +332,14 @@ class SessionPool:
         self.stats.sessions_opened += 1
         self._tg.start_soon(s.run)
         return s
+
+    def path_of(self, key: str | None) -> dict[str, Any] | None:
+        """The path of the live session to host ``key``: ``{"kind", "relayUrl"}``
+        (specs/transport.md §3), or None when there is none."""
+        s = self.sessions.get(key or "")
+        if s is None or s.path is None:
+            return None
+        return {"kind": s.path.kind, "relayUrl": s.path.relay_url}
 
     async def ask(self, peer: str | Target, request: dict[str, Any]) -> dict[str, Any]:
         """Ask ``peer`` one flat request (``query``, ``topK``, filters; the one request

@@ -52,8 +52,10 @@ class Posts:
     def __init__(self, protocol_id: str, *, server_url: str | None, identity: Any,
                  invite_file: Path | None, emit: Callable[[dict[str, Any]], None],
                  warn: Callable[[str], None], clock: Clock = SYSTEM_CLOCK,
-                 max_failures: int = MAX_FAILED_HANDSHAKES, retire_on_failures: bool = False) -> None:
+                 max_failures: int = MAX_FAILED_HANDSHAKES, retire_on_failures: bool = False,
+                 unlisted: bool = False) -> None:
         self.protocol_id = protocol_id
+        self.unlisted = unlisted  # posts on the server are absent from browse (specs/community-api.md)
         self.server_url = server_url
         self.identity = identity
         self.invite_file = invite_file
@@ -86,7 +88,7 @@ class Posts:
         from node.community.keeper import PostKeeper
 
         self.keeper = PostKeeper(self.server_url, self.identity, current, make_invitation=make_invitation,
-                                 on_republished=self._republished, on_notice=self._noticed)
+                                 on_republished=self._republished, on_notice=self._noticed, unlisted=self.unlisted)
         return self.keeper
 
     def _write(self, inv: Invitation) -> None:

@@ -113,6 +113,8 @@ class _Session:
             grants this device holds, or None (it holds its own, or none).
         post: the post whose use count this session reserved, or None.
         ended: set when the table ended it from outside; it then holds no slot.
+        path: the network path its data takes now (``{"kind", "relayUrl", "remote"}``,
+            :meth:`node.transport.paths.PathInfo.to_dict`), or None before it is known.
     """
 
     peer: str
@@ -133,6 +135,7 @@ class _Session:
     ended: Ended | None = None
     queries: int = 0
     statuses: dict[str, int] = field(default_factory=dict)
+    path: dict[str, Any] | None = None
 
     @property
     def holds_slot(self) -> bool:
@@ -409,6 +412,13 @@ class SessionTable:
         if status != "rate-limited":
             s.last_active = self.clock.monotonic()
 
+    def set_path(self, token: int, path: dict[str, Any]) -> None:
+        """The session's network path is now ``path`` (``{"kind", "relayUrl", "remote"}``;
+        the connection reads it from the transport, specs/transport.md §3)."""
+        s = self._sessions.get(token)
+        if s is not None:
+            s.path = dict(path)
+
     def end(self, token: int, code: str, message: str = "", *, cause: str = "revoked") -> bool:
         """End session ``token`` now with ``code``: the one way a session is ended from
         outside (eviction, revocation, the owner). Its slot is free at once; the
@@ -506,7 +516,8 @@ class SessionTable:
         """The ready sessions still running, oldest first: ``[{"id", "peer": {"name",
         "key", "person": {"key", "deviceName", "earlier"} | null, "viaPerson" (the name is a
         person pin's, specs/peers.md §10)}, "tier" ("pinned" |
-        "anonymous"), "since" (RFC 3339), "queries", "statuses", "pairingCode"}]`` (the
+        "anonymous"), "since" (RFC 3339), "queries", "statuses", "path": {"kind"
+        ("direct" | "relayed" | "unknown"), "relayUrl", "remote"}, "pairingCode"}]`` (the
         control channel's shape, specs/control.md; ``peer.key`` is the device key)."""
         out = []
         for s in self._sessions.values():
@@ -516,7 +527,9 @@ class SessionTable:
                                                                 "viaPerson": s.via_person is not None},
                                    "tier": "pinned" if s.name is not None else "anonymous",
                                    "since": rfc3339(s.since if s.since is not None else self.clock.time()),
-                                   "queries": s.queries, "statuses": dict(s.statuses)}
+                                   "queries": s.queries, "statuses": dict(s.statuses),
+                                   "path": dict(s.path) if s.path else {"kind": "unknown", "relayUrl": None,
+                                                                        "remote": None}}
             if s.pairing_code:
                 row["pairingCode"] = s.pairing_code
             out.append(row)
@@ -661,10 +674,35 @@ class ActivityTracked:
         return getattr(self._inner, name)
 
 
-def admission(registry: Any, peers_only: bool, revocations: Any = None) -> Callable[[str, dict[str, Any]], bool]:
+#: ``_session_init`` refusals a guest that advertised ``person_chain_v1`` may have deferred to
+#: ``_session_ready`` (``HostConfig.defer``, specs/peers.md §10).
+DEFERRABLE_CODES = ("handshake-not-admitted", "peer-key-changed")
+
+
+def admission(registry: Any, peers_only: bool, revocations: Any = None,
+              presence: str = "open") -> Callable[[str, dict[str, Any]], bool]:
     """The host's ``HostConfig.admit``: :meth:`SessionTable.admits` bound to ``registry``
-    (and the revocation lists kept, ``revocations``)."""
-    return lambda key, profile: SessionTable.admits(registry, peers_only, key, profile, revocations)
+    (and the revocation lists kept, ``revocations``); under ``presence = granted`` its
+    refusals pass through :func:`node.runtime.grants.refusal_code` (a no-grant code becomes
+    the unknown-post one)."""
+    if presence != "granted":
+        return lambda key, profile: SessionTable.admits(registry, peers_only, key, profile, revocations)
+    from node.runtime.grants import has_grant, refusal_code
+
+    def admit(key: str, profile: dict[str, Any]) -> bool:
+        granted = has_grant(registry, key, revocations)
+        try:
+            if SessionTable.admits(registry, peers_only, key, profile, revocations) and granted:
+                return True
+        except HandshakeError as exc:
+            if granted and exc.code in DEFERRABLE_CODES:
+                raise  # a person pin's seen device: its chain decides at _session_ready (HostConfig.defer)
+            raise HandshakeError(refusal_code(presence, exc.code, granted=granted)) from None
+        if granted:  # not pinned itself under --peers-only: deferrable like above
+            raise HandshakeError("handshake-not-admitted")
+        raise HandshakeError(refusal_code(presence, "handshake-not-admitted", granted=granted))
+
+    return admit
 
 
 __all__ = ["ActivityTracked", "AdmissionLimits", "ANONYMOUS_SHARE", "END_CAUSES", "EVICT_IDLE_AFTER_S",

@@ -1,17 +1,19 @@
 """The iroh QUIC transport (DESIGN §3): endpoint bound with the identity secret, one
 bi-stream per session, errors translated to :mod:`node.common.errors` in this one module.
 
-``local=True`` (``--local`` / ``KITH_OFFLINE=1``) means relay disabled, loopback bind,
-minimal preset: fully offline, for tests and loopback demos. Otherwise the public n0
-preset with relays is used. Importing this module applies the version-gated send-path
-patch (:mod:`node.transport.iroh_patch`).
+How the endpoint is bound is a :class:`node.transport.modes.TransportMode`
+(specs/transport.md §1): ``n0`` (the public preset: n0's relays and address lookup),
+``none`` / the owner's relay URLs / LAN (the minimal preset: nothing published to n0),
+relay-only (loopback UDP, tickets without direct addresses) and offline (``--offline`` /
+``KITH_OFFLINE=1``: relay disabled, loopback bind; tests and loopback demos). Importing
+this module applies the version-gated send-path patch (:mod:`node.transport.iroh_patch`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import anyio
 import anyio.abc
@@ -21,6 +23,8 @@ from iroh import iroh_ffi
 from node.common.errors import TransportError
 from node.transport import iroh_patch
 from node.transport.base import ByteStream
+from node.transport.modes import DEFAULT, OFFLINE, RELAY_CHECK_S, TransportMode
+from node.transport.paths import UNKNOWN, PathInfo, PathTracker, path_of
 
 iroh_patch.apply()
 
@@ -44,6 +48,7 @@ MAX_READ_BYTES = 1024 * 1024
 #: in one process).
 MAX_WRITE_BYTES = 256 * 1024
 CONNECT_TIMEOUT_S = 15.0
+
 #: On close, how long a stream waits for the peer to acknowledge every byte sent (s)
 #: before the connection is closed anyway. The last frame before a close (a refusal, the
 #: terminal ``end``) must reach the peer: closing the connection first discards what is
@@ -96,6 +101,34 @@ class IrohStream(ByteStream):
         self.remote_id: str | None = str(conn.remote_id())
         self._eof_sent = False
         self._read_size = MIN_READ_BYTES
+        self._watch: Any = None
+
+    def path(self) -> PathInfo:
+        """The path this connection's data takes now, from iroh's own path data
+        (``Connection.paths()``: the selected path, :func:`node.transport.paths.path_of`);
+        ``unknown`` once the connection closed."""
+        try:
+            return path_of(self._conn.paths())
+        except Exception:  # noqa: BLE001 - iroh error on a closed connection
+            return UNKNOWN
+
+    def watch_path(self, on_change: Callable[[PathInfo, PathInfo], None]) -> PathInfo:
+        """Call ``on_change(previous, now)`` on the event loop each time the selected path
+        changes (iroh's ``watch_paths``; stats-only updates are not changes). Stopped by
+        :meth:`aclose`. Returns the path now."""
+        tracker = PathTracker(self.path())
+
+        class _Changed(iroh.PathChangeCallback):
+            async def on_change(self, paths: list[Any]) -> None:  # noqa: D401 - iroh's callback
+                changed = tracker.update(paths)
+                if changed is not None:
+                    on_change(*changed)
+
+        try:
+            self._watch = self._conn.watch_paths(_Changed())
+        except Exception:  # noqa: BLE001 - a closed connection: nothing to watch
+            self._watch = None
+        return tracker.current
 
     async def receive(self, max_bytes: int | None = None) -> bytes:
         """Return 1..max_bytes bytes, ``b""`` at EOF. Raises TransportError.
@@ -147,6 +180,12 @@ class IrohStream(ByteStream):
         ``stopped()``: all data acknowledged, or the peer stopped the stream), or after
         :attr:`drain_timeout_s` — so the last frame is not lost to a close under load."""
         await self.send_eof()
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            try:
+                await watch.stop()
+            except Exception:  # noqa: BLE001 - already stopped with its connection
+                pass
         try:
             with anyio.move_on_after(self.drain_timeout_s):
                 await self._send.stopped()
@@ -166,11 +205,54 @@ class IrohNode:
     """
 
     def __init__(self, endpoint: iroh.Endpoint, alpn: bytes, local: bool,
-                 close_timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+                 close_timeout_s: float = CLOSE_TIMEOUT_S, mode: TransportMode | None = None,
+                 relay_mode: Any = None) -> None:
         self.endpoint = endpoint
         self.alpn = alpn
-        self.local = local
+        self.mode = mode if mode is not None else (OFFLINE if local else DEFAULT)
+        self.local = not self.mode.relays  # no relay to wait for (offline, none, LAN)
         self.close_timeout_s = close_timeout_s
+        self._relay_mode = relay_mode
+        #: True while this endpoint is advertised over mDNS (LAN mode, ``--discovery on``)
+        self.advertising = False
+
+    def relay_map(self) -> list[str]:
+        """The relay URLs this endpoint may use (its ``RelayMode``'s relay map; ``[]`` with
+        relays disabled; the n0 preset's own map is not exposed by the binding: ``["n0"]``)."""
+        if self.mode.uses_n0:
+            return ["n0"]
+        if self._relay_mode is None:
+            return []
+        return [str(u) for u in self._relay_mode.relay_map().urls()]
+
+    def home_relay(self) -> str | None:
+        """The relay this endpoint is connected to now (its address's relay URL), or None."""
+        try:
+            url = self.endpoint.addr().relay_url()
+        except Exception:  # noqa: BLE001 - a closed endpoint
+            return None
+        return str(url) if url else None
+
+    def direct_addresses(self) -> list[str]:
+        """The socket addresses this endpoint has observed for itself (iroh's own list;
+        never an address a peer told it: specs/transport.md §5)."""
+        try:
+            return [str(a) for a in self.endpoint.addr().direct_addresses()]
+        except Exception:  # noqa: BLE001 - a closed endpoint
+            return []
+
+    def status(self) -> dict[str, Any]:
+        """``{"mode", "relays", "relayOnly", "discovery", "relayMap", "homeRelay",
+        "addresses" (what iroh observed for itself; in relay-only mode loopback only, and
+        never put in a ticket), "sockets" (the bound UDP sockets), "advertising" (mDNS)}``
+        for ``kith status``
+        (specs/control.md)."""
+        try:
+            sockets = [str(a) for a in self.endpoint.bound_sockets()]
+        except Exception:  # noqa: BLE001 - a closed endpoint
+            sockets = []
+        return {**self.mode.describe(), "relayMap": self.relay_map(), "homeRelay": self.home_relay(),
+                "addresses": self.direct_addresses(), "sockets": sockets, "advertising": self.advertising}
 
     @property
     def endpoint_id(self) -> str:
@@ -178,12 +260,18 @@ class IrohNode:
         return str(self.endpoint.id())
 
     def ticket(self) -> str:
-        """An ``EndpointTicket`` string for our current address."""
-        return str(iroh.EndpointTicket.from_addr(self.endpoint.addr()))
+        """An ``EndpointTicket`` string for our current address: the endpoint's own
+        observed addresses and home relay; in relay-only mode the relay URL alone (no IP
+        address at all, specs/transport.md §1)."""
+        addr = self.endpoint.addr()
+        if self.mode.relay_only:
+            addr = iroh.EndpointAddr(addr.id(), addr.relay_url(), [])
+        return str(iroh.EndpointTicket.from_addr(addr))
 
-    async def wait_online(self, timeout_s: float = 10.0) -> bool:
-        """Wait for relay/home addresses (non-local mode only). Never waits unbounded
-        (offline, ``online()`` never returns — DESIGN §3). Returns True if online."""
+    async def wait_online(self, timeout_s: float = RELAY_CHECK_S) -> bool:
+        """Wait for a home relay (modes with relays only; the others have none to wait
+        for and return True at once). Never waits unbounded (offline, ``online()`` never
+        returns — DESIGN §3). Returns True if a relay was reached within ``timeout_s``."""
         if self.local:
             return True
         with anyio.move_on_after(timeout_s):
@@ -198,9 +286,15 @@ class IrohNode:
             TransportError: ``transport-connect-failed`` (unreachable, refused, timeout).
         """
         try:
-            addr = iroh.EndpointTicket.from_string(ticket).endpoint_addr()
+            addr = self.dial_addr(iroh.EndpointTicket.from_string(ticket).endpoint_addr())
         except iroh.IrohError:
             raise TransportError("transport-connect-failed", "the iroh ticket cannot be parsed") from None
+        if self.mode.lan and self.mode.discovery in ("on", "resolve"):
+            from node.transport import lan
+            from node.transport.hygiene import dialable
+
+            found = await lan.resolve(str(addr.id()))  # fresh LAN addresses first, then the ticket's
+            addr = iroh.EndpointAddr(addr.id(), None, dialable([*found, *(str(a) for a in addr.direct_addresses())]))
         try:
             with anyio.fail_after(timeout_s):
                 return await self.endpoint.connect(addr, self.alpn)
@@ -208,6 +302,22 @@ class IrohNode:
             raise TransportError("transport-connect-failed", f"no answer from the host within {timeout_s:.0f} s") from None
         except iroh.IrohError:
             raise TransportError("transport-connect-failed", "the host refused or could not be reached") from None
+
+    def dial_addr(self, addr: iroh.EndpointAddr) -> iroh.EndpointAddr:
+        """What of a ticket's address this endpoint may dial (specs/transport.md §1, §5):
+        the relay URL only when this mode has relays (the owner's own mode keeps it only
+        if it is one of them: no other relay is contacted); direct addresses only when this
+        mode has direct paths (not relay-only), and only those
+        :func:`node.transport.hygiene.dialable` keeps (never unspecified, multicast or
+        broadcast addresses, at most :data:`node.transport.hygiene.MAX_DIAL_ADDRS`)."""
+        from node.transport.hygiene import dialable
+
+        relay = addr.relay_url()
+        own = {u.rstrip("/") for u in self.mode.relay_urls}
+        if not self.mode.relays or (own and str(relay or "").rstrip("/") not in own):
+            relay = None
+        direct = [] if self.mode.relay_only else dialable([str(a) for a in addr.direct_addresses()])
+        return iroh.EndpointAddr(addr.id(), relay, direct)
 
     async def open_stream(self, conn: iroh.Connection) -> IrohStream:
         """Open the session's bi-stream on ``conn``."""
@@ -325,14 +435,36 @@ class IrohNode:
                 pass
 
 
+def endpoint_options(mode: TransportMode, secret: bytes, alpn: bytes) -> tuple[iroh.EndpointOptions, Any]:
+    """The iroh options of ``mode`` (the one place a mode becomes iroh settings;
+    specs/transport.md §1) and the ``RelayMode`` given (None for the n0 preset's own).
+
+    Only ``n0`` uses the n0 preset (its relays and its address lookup); every other mode
+    uses the minimal preset, so nothing is published to n0. Owner relay URLs are the whole
+    relay map (``RelayMode.custom_from_urls``): no public relay is added as a fallback.
+    """
+    if mode.uses_n0 and not mode.relay_only:
+        return iroh.EndpointOptions(preset=iroh.preset_n0(), secret_key=secret, alpns=[alpn]), None
+    if mode.uses_n0:  # relay-only on n0's relays: its preset, UDP on loopback
+        return iroh.EndpointOptions(preset=iroh.preset_n0(), bind_addr=mode.bind_addr, secret_key=secret,
+                                    alpns=[alpn]), None
+    relay_mode = iroh.RelayMode.custom_from_urls(list(mode.relays)) if mode.relays else iroh.RelayMode.disabled()
+    kwargs: dict[str, Any] = {"preset": iroh.preset_minimal(), "relay_mode": relay_mode, "secret_key": secret,
+                              "alpns": [alpn]}
+    if mode.bind_addr is not None:
+        kwargs["bind_addr"] = mode.bind_addr
+    return iroh.EndpointOptions(**kwargs), relay_mode
+
+
 @asynccontextmanager
-async def bind_node(secret: bytes, alpn: bytes, *, local: bool,
+async def bind_node(secret: bytes, alpn: bytes, *, local: bool = False, mode: TransportMode | None = None,
                     close_timeout_s: float = CLOSE_TIMEOUT_S) -> AsyncIterator[IrohNode]:
     """Bind an iroh endpoint with the 32-byte identity ``secret`` for ``alpn``.
 
     Args:
-        local: relay disabled + ``127.0.0.1:0`` + minimal preset (offline) when True;
-            the n0 preset with relays otherwise.
+        local: offline mode (relay disabled + ``127.0.0.1:0`` + minimal preset) when True
+            and no ``mode`` is given; the n0 mode otherwise.
+        mode: the :class:`node.transport.modes.TransportMode` (wins over ``local``).
         close_timeout_s: bound on closing the endpoint on exit, seconds
             (:data:`CLOSE_TIMEOUT_S` for a host; guests pass :data:`GUEST_CLOSE_TIMEOUT_S`).
 
@@ -340,18 +472,21 @@ async def bind_node(secret: bytes, alpn: bytes, *, local: bool,
         TransportError: ``transport-bind-failed``.
     """
     iroh_ffi.uniffi_set_event_loop(asyncio.get_running_loop())
-    if local:
-        opts = iroh.EndpointOptions(preset=iroh.preset_minimal(), relay_mode=iroh.RelayMode.disabled(),
-                                    bind_addr="127.0.0.1:0", secret_key=secret, alpns=[alpn])
-    else:
-        opts = iroh.EndpointOptions(preset=iroh.preset_n0(), secret_key=secret, alpns=[alpn])
+    mode = mode if mode is not None else (OFFLINE if local else DEFAULT)
+    opts, relay_mode = endpoint_options(mode, secret, alpn)
     try:
         endpoint = await iroh.Endpoint.bind(opts)
     except iroh.IrohError:
         raise TransportError("transport-bind-failed") from None
-    node = IrohNode(endpoint, alpn, local, close_timeout_s)
+    node = IrohNode(endpoint, alpn, mode.offline, close_timeout_s, mode=mode, relay_mode=relay_mode)
     try:
-        yield node
+        if mode.lan and mode.discovery == "on":  # advertise while bound (specs/transport.md §6)
+            from node.transport.lan import advertised
+
+            async with advertised(node.endpoint_id, node.direct_addresses()) as node.advertising:
+                yield node
+        else:
+            yield node
     finally:
         # shielded: on Ctrl-C the surrounding scope is cancelled, and an unshielded close
         # would be cancelled too, leaving peers to wait for QUIC's idle timeout

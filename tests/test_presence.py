@@ -1,0 +1,115 @@
+"""Presence follows grants (issue 23 §4, specs/transport.md §4), real iroh on loopback:
+under ``presence = granted`` a blocked, removed or never-pinned key gets exactly the
+refusal of an unknown post and never holds a slot (so it is never pinged); a pinned key
+is served; ``open`` keeps the distinct codes."""
+
+from __future__ import annotations
+
+import os
+
+import anyio
+import pytest
+
+from node.runtime.grants import has_grant, presence_from, refusal_code
+from node.runtime.guest import check_invitation
+from node.trust.identity import Identity
+from node.trust.invitation import parse_invitation
+from node.trust.peers import PeerRegistry
+
+from test_host_admission import _guest
+from test_transport_session import InProcessHost, _home
+
+pytestmark = pytest.mark.iroh
+
+
+def test_the_grant_decision_and_the_collapsed_codes(tmp_path):
+    reg = PeerRegistry.load(tmp_path)
+    a, b = Identity(os.urandom(32)).public_key, Identity(os.urandom(32)).public_key
+    reg.add("alice", a)
+    reg.add("bob", b)
+    reg.block("bob")
+    reg = PeerRegistry.load(tmp_path)
+    assert has_grant(reg, a) and not has_grant(reg, b) and not has_grant(reg, "0" * 64)
+    assert refusal_code("granted", "handshake-peer-blocked", granted=False) == "handshake-unknown-post"
+    assert refusal_code("granted", "handshake-host-busy", granted=False) == "handshake-unknown-post"
+    assert refusal_code("granted", "handshake-host-busy", granted=True) == "handshake-host-busy"
+    assert refusal_code("open", "handshake-peer-blocked", granted=False) == "handshake-peer-blocked"
+    (tmp_path / "config.toml").write_text('[host]\npresence = "granted"\n')
+    assert presence_from(None, tmp_path) == "granted" and presence_from("open", tmp_path) == "open"
+
+
+def _run(tmp_path, presence: str):
+    host_home = _home(tmp_path, "host")
+    pinned, blocked, removed, stranger = (Identity(os.urandom(32)) for _ in range(4))
+    reg = PeerRegistry.load(host_home)
+    reg.add("pinned", pinned.public_key)
+    reg.add("blocked", blocked.public_key)
+    reg.add("removed", removed.public_key)
+    reg.block("blocked")
+    reg.remove("removed")
+
+    async def scenario():
+        host = InProcessHost(host_home, tmp_path, presence=presence)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(20):
+                await host.ready.wait()
+            inv = parse_invitation(host.invitation)
+            _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+            out = {"unknown-post": await _guest(inv, spec, pinned, post_id="0" * 32)}
+            for name, who in (("blocked", blocked), ("removed", removed), ("stranger", stranger),
+                              ("pinned", pinned)):
+                out[name] = await _guest(inv, spec, who)
+            host.stop.set()
+        return host, out
+
+    return anyio.run(scenario, backend="asyncio")
+
+
+def test_under_granted_a_peer_without_a_grant_is_told_what_an_unknown_post_is(tmp_path):
+    host, out = _run(tmp_path, "granted")
+    unknown = out["unknown-post"]
+    assert (unknown.reason, unknown.code) == ("rejected", "handshake-unknown-post")
+    for name in ("blocked", "removed", "stranger"):
+        o = out[name]
+        assert (o.reason, o.code, o.message) == (unknown.reason, unknown.code, unknown.message), name
+        assert o.session_id is None
+    assert out["pinned"].ok, (out["pinned"].reason, out["pinned"].code)
+    refused = [e for e in host.of("session-refused") if e.get("reason") == "no-grant"]
+    assert len(refused) == 3 and {e["code"] for e in refused} == {"handshake-unknown-post"}
+    assert len(host.of("session-started")) == 1  # only the pinned guest ever held a session
+
+
+def test_open_presence_keeps_the_distinct_codes(tmp_path):
+    _host, out = _run(tmp_path, "open")
+    assert out["blocked"].code == "handshake-peer-blocked"
+    assert out["removed"].ok and out["stranger"].ok and out["pinned"].ok
+
+
+def test_an_unlisted_post_is_fetchable_and_found_by_host_key_but_not_browsed(tmp_path):
+    """`kith host --unlisted`'s publish (``listed=false``) on a real community server:
+    `get` by post_id works, a browse by the host's key finds it (a pinned peer's lookup),
+    a plain browse, by protocol or by tag does not; a listed post of the same host is."""
+    from node.community.client import CommunityClient
+    from node.community.ratelimit import RateLimit, RateLimits
+    from node.community.server import run_server_in_thread
+
+    from test_community_server import invitation
+
+    host = Identity(os.urandom(32))
+    limits = RateLimits(per_key=RateLimit(0, 1), per_address=RateLimit(0, 1))
+
+    async def scenario(url: str):
+        async with CommunityClient(url, host) as client:
+            hidden = await client.publish_invitation(invitation(host, tags=["kith"]), unlisted=True)
+            shown = await client.publish_invitation(invitation(host, tags=["kith"]))
+            got = await client.get_invitation(hidden.post_id)
+            ids = lambda page: [p["post_id"] for p in page["invitations"]]  # noqa: E731
+            return (hidden, shown, got, ids(await client.browse()), ids(await client.browse(tag="kith")),
+                    ids(await client.browse(protocol="knowledge-query")), ids(await client.browse(host=host.public_key)))
+
+    with run_server_in_thread(tmp_path / "srv" / "community.sqlite3", rate_limits=limits) as url:
+        hidden, shown, got, plain, by_tag, by_protocol, by_host = anyio.run(scenario, url, backend="asyncio")
+    assert got.post_id == hidden.post_id
+    assert plain == by_tag == by_protocol == [shown.post_id]
+    assert set(by_host) == {hidden.post_id, shown.post_id}

@@ -1,0 +1,190 @@
+"""Relay modes with no silent fallback (issue 23 §2, specs/transport.md §1).
+
+Every test that binds anything but the offline mode runs its ``kith`` processes in a
+network namespace of their own (``unshare -n``: only ``lo``, brought up), so nothing can
+leave the machine whatever iroh tries; they need root and skip with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from node.transport.hygiene import ticket_addresses
+from node.transport.modes import TransportMode, mode_from, parse_relay
+
+from test_transport_session import ENV, KITH, _home
+
+UNREACHABLE = "https://127.0.0.1:1/"  # loopback, nothing listens: the relay cannot be reached
+
+
+def _isolated() -> list[str]:
+    """The argv prefix that runs a command in a fresh network namespace with only ``lo``."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("needs root with unshare and ip to run kith in a network namespace of its own")
+    return ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
+
+
+def _lines_until(proc: subprocess.Popen, stream, pred, timeout: float) -> list[str]:
+    """Read lines of ``stream`` until one satisfies ``pred`` (bounded by ``timeout`` s)."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([stream], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        line = stream.readline()
+        if not line:
+            break
+        seen.append(line)
+        if pred(line):
+            return seen
+    raise AssertionError(f"no matching line within {timeout} s; saw {seen!r}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def test_relay_values_parse_and_unknown_ones_are_refused():
+    assert parse_relay("n0") == ("n0",) and parse_relay("none") == ()
+    assert parse_relay("https://r1.example.org,https://r2.example.org:8443/") == \
+        ("https://r1.example.org/", "https://r2.example.org:8443/")
+    assert mode_from(relay="https://r1.example.org").name == "relays"
+    assert mode_from(relay="none").name == "none" and mode_from().name == "n0"
+    assert mode_from(lan=True, discovery="resolve") == TransportMode(relays=(), lan=True, discovery="resolve")
+    for bad in ({"relay": "public"}, {"relay": "ftp://r.example.org"}, {"relay": "none", "relay_only": True},
+                {"discovery": "on"}, {"lan": True, "discovery": "loud"}, {"lan": True, "relay": "n0"},
+                {"offline": True, "relay": "none"}):
+        with pytest.raises(Exception) as err:
+            mode_from(**bad)
+        assert getattr(err.value, "code", None) == "transport-mode-invalid", bad
+        assert err.value.exit_code == 2
+
+
+def test_the_config_key_sets_the_mode_and_a_flag_wins(tmp_path):
+    (tmp_path / "config.toml").write_text('[transport]\nrelay = ["https://r1.example.org"]\nrelay_only = true\n')
+    assert mode_from(home=tmp_path) == TransportMode(relays=("https://r1.example.org/",), relay_only=True)
+    assert mode_from(home=tmp_path, relay="n0").relays == ("n0",)
+    (tmp_path / "config.toml").write_text('[transport]\nrelay = "everywhere"\n')
+    with pytest.raises(Exception) as err:
+        mode_from(home=tmp_path)
+    assert err.value.code == "transport-mode-invalid"
+
+
+@pytest.mark.parametrize("argv", [
+    ["host", "--relay", "bogus", "--invite-file", "inv.json"],
+    ["host", "--lan", "--discovery", "shout", "--invite-file", "inv.json"],
+    ["host", "--presence", "sometimes", "--invite-file", "inv.json"],
+    ["join", "inv.json", "--relay", "bogus"],
+    ["ask", "q", "--peer", "x", "--discovery", "on"],
+])
+def test_an_unknown_transport_value_exits_2_before_binding(tmp_path, argv):
+    home = _home(tmp_path, "node")
+    r = subprocess.run([*KITH, "--home", str(home), *argv], capture_output=True, text=True, env=ENV,
+                       cwd=tmp_path, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "transport-mode-invalid" in r.stderr or "presence-invalid" in r.stderr
+
+
+def test_the_old_local_spelling_still_works_with_a_note(tmp_path):
+    home = _home(tmp_path, "node")
+    r = subprocess.run([*KITH, "--home", str(home), "join", str(tmp_path / "missing.json"), "--local"],
+                       capture_output=True, text=True, env=ENV, timeout=60)
+    assert "`kith join --local` is deprecated; use --offline" in r.stderr
+    assert "file-not-found" in r.stderr  # it went on as --offline
+
+
+@pytest.mark.iroh
+def test_an_unreachable_relay_is_reported_within_5_s_and_never_replaced(tmp_path):
+    """`kith host --relay URL` where URL cannot be reached: the warning comes at start
+    (the check is bounded by 5 s), `kith status --json` shows the endpoint's relay map
+    holding that URL alone, no home relay, and `relayReachable: false`; the relay-only
+    ticket it published carries no IP address and the UDP socket iroh advertises is
+    loopback only."""
+    prefix = _isolated()
+    home = _home(tmp_path, "host")
+    invite = tmp_path / "inv.json"
+    started = time.monotonic()
+    proc = subprocess.Popen([*prefix, *KITH, "--home", str(home), "host", "--relay", UNREACHABLE, "--relay-only",
+                             "--invite-file", str(invite), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV)
+    try:
+        warned = _lines_until(proc, proc.stderr, lambda line: "could not be reached" in line, 30)
+        took = time.monotonic() - started
+        assert f"relay {UNREACHABLE} could not be reached within 5 s" in warned[-1]
+        assert "no other relay is used" in warned[-1]
+        inv = json.loads(_lines_until(proc, proc.stdout, lambda line: line.startswith("{"), 30)[-1])
+        status = json.loads(subprocess.run([*KITH, "--home", str(home), "status", "--json"], capture_output=True,
+                                           text=True, env=ENV, timeout=60, check=True).stdout)
+    finally:
+        _stop(proc)
+    assert took < 5.0 + 10.0, took  # 5 s of relay check + the process's own start under load
+    relay, direct = ticket_addresses(inv["transport_info"]["ticket"])
+    assert direct == [] and relay is None  # no IP address, and no relay was ever reached
+    transport = status["host"]["transport"]
+    assert transport["mode"] == "relays" and transport["relayOnly"] is True
+    assert transport["relayMap"] == [UNREACHABLE]
+    assert transport["homeRelay"] is None and transport["relayReachable"] is False
+    assert all(a.startswith(("127.0.0.1:", "[::1]:")) for a in transport["addresses"]), transport
+    v4 = [s for s in transport["sockets"] if not s.startswith("[")]
+    assert v4 and all(s.startswith("127.0.0.1:") for s in v4)
+
+
+@pytest.mark.iroh
+def test_relay_none_binds_without_any_relay_and_says_so(tmp_path):
+    prefix = _isolated()
+    home = _home(tmp_path, "host")
+    invite = tmp_path / "inv.json"
+    proc = subprocess.Popen([*prefix, *KITH, "--home", str(home), "host", "--relay", "none",
+                             "--invite-file", str(invite), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV)
+    try:
+        inv = json.loads(_lines_until(proc, proc.stdout, lambda line: line.startswith("{"), 30)[-1])
+        status = json.loads(subprocess.run([*KITH, "--home", str(home), "status", "--json"], capture_output=True,
+                                           text=True, env=ENV, timeout=60, check=True).stdout)
+    finally:
+        _stop(proc)
+    relay, direct = ticket_addresses(inv["transport_info"]["ticket"])
+    assert relay is None and direct
+    transport = status["host"]["transport"]
+    assert (transport["mode"], transport["relayMap"], transport["relayReachable"]) == ("none", [], None)
+
+
+def test_a_relay_only_guest_dials_no_ip_and_an_own_relay_guest_no_other_relay():
+    """What a guest dials of a ticket follows its own mode (no iroh endpoint is bound)."""
+    import iroh
+
+    from node.transport.iroh import IrohNode
+
+    key = iroh.SecretKey.generate().public()
+    ticket_addr = iroh.EndpointAddr(key, "https://public.example.org/", ["192.0.2.7:4433", "0.0.0.0:1",
+                                                                         "224.0.0.251:5353"])
+
+    def dialled(mode: TransportMode):
+        addr = IrohNode(None, b"x", False, mode=mode).dial_addr(ticket_addr)  # type: ignore[arg-type]
+        return addr.relay_url(), list(addr.direct_addresses())
+
+    assert dialled(TransportMode(relays=("https://mine.example.org/",), relay_only=True)) == (None, [])
+    assert dialled(TransportMode(relays=("https://mine.example.org/",))) == (None, ["192.0.2.7:4433"])
+    assert dialled(TransportMode(relays=("https://public.example.org/",))) == \
+        ("https://public.example.org/", ["192.0.2.7:4433"])
+    assert dialled(TransportMode(relays=())) == (None, ["192.0.2.7:4433"])
+    assert dialled(TransportMode()) == ("https://public.example.org/", ["192.0.2.7:4433"])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
