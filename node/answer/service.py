@@ -153,7 +153,9 @@ class AnswerService:
 
     def _visible(self, view: PeerView, policy: Any) -> Callable[[str], bool]:
         """``source_id → may this peer see it or be asked about it (ask tier)``, from the
-        gate's per-source decision under ``policy``. The same predicate object is returned
+        gate's per-source decision under ``policy``. When ``policy`` scrubs anything for
+        this peer (``[scrub]``, specs/policy.md §9) the predicate carries ``scrub``:
+        ``source_id → frozenset`` of kinds scrubbed from that source for this peer. The same predicate object is returned
         for the same (gate, policy, peer name) — across services too — so the corpus's
         per-view caches apply; at most :data:`MAX_PREDICATES` are kept (oldest dropped)."""
         gate, name = self._gate, view.name
@@ -166,6 +168,13 @@ class AnswerService:
             def visible(source_id: str) -> bool:
                 d = gate.decide(source_id, name, policy=policy)
                 return bool(d.allowed or (d.tier == "ask" and d.canonical is not None))
+
+            if policy.scrub.get("tier") or name in (policy.scrub.get("peer") or {}):
+                def kinds_of(source_id: str) -> frozenset[str]:
+                    return policy.scrub_kinds(gate.decide(source_id, name, policy=policy).tier, name)
+
+                # the view's index is built over the scrubbed text (node/corpus/views.py)
+                visible.scrub = kinds_of  # type: ignore[attr-defined]
 
             if len(_predicates) >= MAX_PREDICATES:
                 _predicates.pop(next(iter(_predicates)))
@@ -233,6 +242,7 @@ class AnswerService:
             return _empty("budget-exhausted", req, plan)
         t_gate = time.perf_counter()
         pending: dict[str, Any] | None = None  # the pending-approval answer, when the best hit waits
+        scrubbed: dict[str, int] | None = None  # spans scrubbed per kind (a scrubbed peer only)
         if peer is not None:
             from node.policy.gate import PENDING
 
@@ -255,6 +265,9 @@ class AnswerService:
             if screened and screened[0][1] == PENDING:
                 pending = self._pending(peer, req, plan, screened)
             shown = [hit for hit, state in screened if state != PENDING]
+            kinds_of = getattr(args["visible"], "scrub", None)
+            if kinds_of is not None:  # the scrubbing gate, after policy, before the envelope
+                shown, scrubbed = scrub_hits(shown, kinds_of)
             controller = _gated_controller(controller, len(shown))
         else:
             canonical: dict[str, str] = {}  # one normalization per source per answer
@@ -271,7 +284,7 @@ class AnswerService:
         if timings is not None:
             timings.update(search=t_gate - t_search, gate=t_envelope - t_gate)
         if not top:
-            return pending or self._nothing(None, req, plan, peer, started)
+            return _counted(pending or self._nothing(None, req, plan, peer, started), scrubbed)
         envelope = env.build_envelope(req, top, controller, plan=plan)
         syncing = self._syncing_while(controller)
         if syncing:  # before the size check: the flag is part of what is sent
@@ -279,13 +292,13 @@ class AnswerService:
         if peer is not None:
             envelope = self._fit(envelope, req, plan, top, controller, peer, policy, syncing)
             if envelope is None:
-                return pending or self._nothing(None, req, plan, peer, started)
+                return _counted(pending or self._nothing(None, req, plan, peer, started), scrubbed)
         if timings is not None:
             timings["envelope"] = time.perf_counter() - t_envelope
         if pending is not None:
             # what the peer may see now goes with the pending status (specs/approvals.md §1)
-            return {**pending, "envelope": envelope}
-        return {"status": "ok", "envelope": envelope}
+            return _counted({**pending, "envelope": envelope}, scrubbed)
+        return _counted({"status": "ok", "envelope": envelope}, scrubbed)
 
     def warm(self, view: PeerView) -> int:
         """Build the index ``view`` searches on now (:meth:`node.corpus.store.Corpus.warm_view`),
@@ -517,6 +530,75 @@ def _screen_copies(gate: Any, hits: list[Any], peer: PeerView, query: str,
         else:
             out.append((_with_copies(group[0][0], []), group[0][1]))
     return out
+
+
+def scrub_hits(hits: list[Any], kinds_of: Callable[[str], frozenset[str]]
+               ) -> tuple[list[Any], dict[str, int]]:
+    """The scrubbing gate (issue 24 item 3; specs/policy.md §9): each hit with every span
+    of the kinds ``kinds_of(source id)`` names replaced by its placeholder
+    (:func:`node.policy.scrub.scrub`) in what the envelope is built from — text (hence
+    previews, excerpts and synthesis), source id, heading path, metadata strings — and in
+    its collapsed copies' source ids (each with its own source's kinds).
+
+    Args:
+        hits: screened hits (canonical ids), best first.
+        kinds_of: the view predicate's ``scrub`` (:meth:`AnswerService._visible`).
+
+    Returns:
+        ``(hits, counts)``: the hits in order (unchanged objects where nothing applies;
+        a hit whose scrubbing failed is left out — fail closed), and the spans replaced
+        per kind plus ``refused``, the hits left out (only kinds with a count; never a
+        value). What the audit records for the answer.
+    """
+    from node.policy.scrub import ScrubFailed, scrub
+
+    import dataclasses
+
+    counts: dict[str, int] = {}
+    out: list[Any] = []
+    known: dict[str, frozenset[str]] = {}  # one decision per source per answer
+
+    def one(hit: Any, text: bool) -> Any:
+        kinds = known.get(hit.source_id)
+        if kinds is None:
+            kinds = known[hit.source_id] = kinds_of(hit.source_id)
+        if not kinds:
+            return hit
+        loc = dict(hit.location)
+        if loc.get("headingPath"):
+            loc["headingPath"] = [scrub(h, kinds, counts) if isinstance(h, str) else h
+                                  for h in loc["headingPath"]]
+        meta = {k: (scrub(v, kinds, counts) if isinstance(v, str) else
+                    [scrub(x, kinds, counts) if isinstance(x, str) else x for x in v]
+                    if isinstance(v, list) else v)
+                for k, v in (hit.metadata or {}).items()}
+        return dataclasses.replace(
+            hit, source_id=scrub(hit.source_id, kinds, counts),
+            text=scrub(hit.text, kinds, counts) if text else hit.text,
+            location=loc, metadata=meta)
+
+    for hit in hits:
+        before = dict(counts)
+        try:
+            new = one(hit, True)
+            if hit.duplicates:
+                new = dataclasses.replace(new, duplicates=[one(d, False) for d in hit.duplicates])
+        except ScrubFailed as exc:
+            counts.clear()
+            counts.update(before)  # the refused hit's spans never left: not counted
+            counts["refused"] = counts.get("refused", 0) + 1
+            log.warning("scrub-failed: the %s detector failed; that result is withheld", exc.kind)
+            continue
+        out.append(new)
+    return out, counts
+
+
+def _counted(answer: dict[str, Any], scrubbed: dict[str, int] | None) -> dict[str, Any]:
+    """``answer`` with ``scrubbed`` (counts per kind, for the host's audit; the
+    knowledge-query hooks never send it) when the scrubbing gate ran."""
+    if scrubbed is not None:
+        answer["scrubbed"] = dict(scrubbed)
+    return answer
 
 
 def _with_id(hit: Any, source_id: str) -> Any:

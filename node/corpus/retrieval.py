@@ -63,7 +63,7 @@ from typing import Any
 
 import tantivy
 
-from node.corpus import search, sources
+from node.corpus import search, sources, views
 from node.corpus.types import Hit
 from node.common.errors import CorpusError
 
@@ -486,19 +486,30 @@ def aggregate_documents(fused: dict[Any, float], doc_key: Callable[[Any], str | 
     return out
 
 
-def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str]) -> bool:
-    """True when every chunk in ``chunk_ids`` contains every stem (body or heading)."""
+def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str], view: Any = None) -> bool:
+    """True when every chunk in ``chunk_ids`` contains every stem (body or heading); for a
+    document a scrubbed ``view`` scrubs (:mod:`node.corpus.views`), in its scrubbed text —
+    what the view's index holds — so a scrubbed value never decides the early stop."""
     if not chunk_ids or not stems:
         return False
     db = corpus.record.db
     rows = db.execute(
-        "SELECT text, heading_path FROM chunks WHERE chunk_id IN "
+        "SELECT text, heading_path, doc_id FROM chunks WHERE chunk_id IN "
         f"({','.join('?' * len(chunk_ids))})", chunk_ids).fetchall()
     if len(rows) < len(chunk_ids):
         return False
     want = set(stems)
-    for text, heading in rows:
-        have = search.text_stems(text + " " + " ".join(json.loads(heading or "[]")))
+    for text, heading, doc_id in rows:
+        body = text + " " + " ".join(json.loads(heading or "[]"))
+        kinds = views.scrub_kinds(view.docs.get(doc_id)) if view is not None else frozenset()
+        if kinds:
+            from node.policy.scrub import ScrubFailed, scrub
+
+            try:
+                body = scrub(body, kinds)
+            except ScrubFailed:
+                return False  # not strong: the other passes run (their index is scrubbed)
+        have = search.text_stems(body)
         if not want <= have:
             return False
     return True
@@ -510,11 +521,12 @@ def may_stop_early(plan: Plan) -> bool:
     return not plan.exact_units and not plan.expansions
 
 
-def baseline_strong(corpus: Any, plan: Plan, ranked: list[tuple[str, float]]) -> bool:
+def baseline_strong(corpus: Any, plan: Plan, ranked: list[tuple[str, float]],
+                    view: Any = None) -> bool:
     """The early-stop rule: True when the baseline pass alone is strong enough — the query
     may stop early (:func:`may_stop_early`) and each of the baseline's top two chunks
-    contains every query stem (body or heading path)."""
-    return may_stop_early(plan) and _covers_all(corpus, [c for c, _ in ranked[:2]], plan.stems)
+    contains every query stem (body or heading path; scrubbed for a scrubbed ``view``)."""
+    return may_stop_early(plan) and _covers_all(corpus, [c for c, _ in ranked[:2]], plan.stems, view)
 
 
 _pool: ThreadPoolExecutor | None = None
@@ -619,8 +631,15 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
         if extra_passes is None:  # the optional dense pass (only when the owner turned it on)
             from node.corpus import dense
 
-            extra_passes, dense_entry = dense.auto_pass(corpus, query, k=depth,
-                                                        deadline=deadline, view=view)
+            if view is not None and view.scrubbed:
+                # vectors are of the stored text: a scrubbed view never ranks by them
+                extra_passes = None
+                if dense.enabled(corpus):
+                    dense_entry = {"name": dense.PASS_NAME, "status": "skipped", "candidates": 0,
+                                   "reason": "scrubbed-view"}
+            else:
+                extra_passes, dense_entry = dense.auto_pass(corpus, query, k=depth,
+                                                            deadline=deadline, view=view)
         hits: list[Hit] = []
         order: list[str] = []
         counts: dict[str, int] = {}
@@ -674,7 +693,8 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                 if (name == "baseline-bm25" and controller["rounds"] == 1
                         and may_stop_early(plan)
                         and baseline_strong(corpus, plan,
-                                            [(ids.cid(k), sc) for k, sc in ranked[name][:2]])):
+                                            [(ids.cid(k), sc) for k, sc in ranked[name][:2]],
+                                            view)):
                     stop = "baseline-strong"
             for fut in ahead.values():  # all started passes are finished before fusion
                 fut.exception()
