@@ -218,3 +218,37 @@ def test_a_view_built_while_a_detector_fails_leaves_that_chunk_out(corpus_home, 
         gate = _gate(corpus, corpus_home, ("public", ["iban"]))
         answer = _answer(corpus, gate, None, "walrus")
         assert answer["envelope"]["results"] == [] and answer["status"] == "no-verified-results"
+
+
+# --- kith policy scrub ----------------------------------------------------------------------
+
+def test_kith_policy_scrub_sets_lists_and_removes_and_refuses_bad_input(tmp_path):
+    from typer.testing import CliRunner
+
+    from conftest import initialized
+    from node.cli import main as cli_main
+
+    cli_main._register()
+    runner = CliRunner()
+    home = initialized(tmp_path / "home")
+
+    def kith(*args: str):
+        return runner.invoke(cli_main.app, ["--home", str(home), "policy", "scrub", *args])
+
+    assert kith("--for", "public", "email,card,email").exit_code == 0
+    assert kith("--for", "alice", "secret").exit_code == 0
+    listed = kith("--json")
+    assert listed.exit_code == 0
+    assert json.loads(listed.stdout) == {"scrub": {"tier": {"public": ["email", "card"]},
+                                                   "peer": {"alice": ["secret"]}}, "changed": False}
+    assert Policy.load(home).scrub_kinds("public", "alice") == {"email", "card", "secret"}
+    before = (home / "policy.toml").read_bytes()
+    for args, code in ((("--for", "public", "emails"), "scrub-bad-kind"), (("--for", "never", "email"), "policy-invalid"),
+                       (("--for", "public"), "usage"), (("email",), "usage"), (("--for", "x y", "email"), "peer-bad-name")):
+        result = kith(*args)
+        assert getattr(result.exception, "code", None) == code, (args, result.output)
+        assert (home / "policy.toml").read_bytes() == before  # a refusal writes nothing
+    assert kith("--for", "public", "--off").exit_code == 0
+    assert Policy.load(home).scrub == {"peer": {"alice": ["secret"]}}
+    shown = runner.invoke(cli_main.app, ["--home", str(home), "policy", "list"])
+    assert "peer alice" in shown.stdout and "secret" in shown.stdout
