@@ -201,6 +201,7 @@ def test_a_detector_that_raises_refuses_that_result_and_never_crashes_the_answer
         gate = _gate(corpus, corpus_home, ("public", ["email", "card"]))
         _answer(corpus, gate, None, "otter")  # the view is built with working detectors
         monkeypatch.setitem(scrub_mod.DETECTORS, "card", broken)
+        monkeypatch.setattr(scrub_mod, "_cache", {})  # nothing kept: the answer scans again
         answer = _answer(corpus, gate, None, "walrus")
         assert answer["status"] == "ok"
         sources = [r["source"] for r in answer["envelope"]["results"]]
@@ -252,3 +253,40 @@ def test_kith_policy_scrub_sets_lists_and_removes_and_refuses_bad_input(tmp_path
     assert Policy.load(home).scrub == {"peer": {"alice": ["secret"]}}
     shown = runner.invoke(cli_main.app, ["--home", str(home), "policy", "list"])
     assert "peer alice" in shown.stdout and "secret" in shown.stdout
+
+
+def test_a_kept_result_counts_like_a_fresh_one():
+    first: dict[str, int] = {}
+    again: dict[str, int] = {}
+    text = f"mail {EMAIL} and {EMAIL}"
+    kinds = frozenset(KINDS)
+    assert scrub_mod.scrub_cached("c1", text, kinds, first) == "mail [email] and [email]"
+    assert scrub_mod.scrub_cached("c1", text, kinds, again) == "mail [email] and [email]"
+    assert first == again == {"email": 2}
+    assert scrub_mod.scrub_cached("c1", "other text", kinds) == "other text"  # same key, other text
+
+
+def test_scrub_many_scrubs_each_field_alone_and_counts_once():
+    counts: dict[str, int] = {}
+    got = scrub_mod.scrub_many([f"/kb/{EMAIL}.md", "Contact", f"card {CARD}", "-----BEGIN PRIVATE KEY-----\nabc"],
+                               KINDS, counts)
+    assert got == ["/kb/[email]", "Contact", "card [card]", "[secret]"]
+    assert counts == {"email": 1, "card": 1, "secret": 1}
+
+
+def test_headings_and_source_ids_of_a_scrubbed_source_are_scrubbed(tmp_path):
+    root = tmp_path / "notes"
+    (root / "pub").mkdir(parents=True)
+    (root / "pub" / f"{EMAIL}.md").write_text(f"# Mail {EMAIL}\n\nThe walrus mailbox is read daily.\n")
+    home = tmp_path / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+    with Corpus(home, readonly=True) as corpus:
+        gate = _gate(corpus, home, ("public", ["email"]))
+        answer = _answer(corpus, gate, None, "walrus mailbox")
+        assert answer["status"] == "ok"
+        result = answer["envelope"]["results"][0]
+        assert result["source"] == "/notes/pub/[email]"
+        assert result["provenance"]["location"]["headingPath"] == ["Mail [email]"]
+        assert EMAIL not in json.dumps(answer["envelope"]) and answer["scrubbed"]["email"] >= 2

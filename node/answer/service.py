@@ -154,7 +154,7 @@ class AnswerService:
     def _visible(self, view: PeerView, policy: Any) -> Callable[[str], bool]:
         """``source_id → may this peer see it or be asked about it (ask tier)``, from the
         gate's per-source decision under ``policy``. When ``policy`` scrubs anything for
-        this peer (``[scrub]``, specs/policy.md §9) the predicate carries ``scrub``:
+        this peer (``[scrub]``, specs/policy.md §8) the predicate carries ``scrub``:
         ``source_id → frozenset`` of kinds scrubbed from that source for this peer. The same predicate object is returned
         for the same (gate, policy, peer name) — across services too — so the corpus's
         per-view caches apply; at most :data:`MAX_PREDICATES` are kept (oldest dropped)."""
@@ -265,8 +265,12 @@ class AnswerService:
             if screened and screened[0][1] == PENDING:
                 pending = self._pending(peer, req, plan, screened)
             shown = [hit for hit, state in screened if state != PENDING]
-            kinds_of = getattr(args["visible"], "scrub", None)
-            if kinds_of is not None:  # the scrubbing gate, after policy, before the envelope
+            if getattr(args["visible"], "scrub", None) is not None:
+                # the scrubbing gate, after policy, before the envelope; the screened ids
+                # are canonical already, so the policy decides them without the roots
+                def kinds_of(source_id: str) -> frozenset[str]:
+                    return policy.scrub_kinds(policy.decide(source_id, peer.name).tier, peer.name)
+
                 shown, scrubbed = scrub_hits(shown, kinds_of)
             controller = _gated_controller(controller, len(shown))
         else:
@@ -534,7 +538,7 @@ def _screen_copies(gate: Any, hits: list[Any], peer: PeerView, query: str,
 
 def scrub_hits(hits: list[Any], kinds_of: Callable[[str], frozenset[str]]
                ) -> tuple[list[Any], dict[str, int]]:
-    """The scrubbing gate (issue 24 item 3; specs/policy.md §9): each hit with every span
+    """The scrubbing gate (issue 24 item 3; specs/policy.md §8): each hit with every span
     of the kinds ``kinds_of(source id)`` names replaced by its placeholder
     (:func:`node.policy.scrub.scrub`) in what the envelope is built from — text (hence
     previews, excerpts and synthesis), source id, heading path, metadata strings — and in
@@ -542,7 +546,8 @@ def scrub_hits(hits: list[Any], kinds_of: Callable[[str], frozenset[str]]
 
     Args:
         hits: screened hits (canonical ids), best first.
-        kinds_of: the view predicate's ``scrub`` (:meth:`AnswerService._visible`).
+        kinds_of: ``canonical source id -> frozenset`` of kinds to scrub
+            (:meth:`node.policy.store.Policy.scrub_kinds` of its tier for this peer).
 
     Returns:
         ``(hits, counts)``: the hits in order (unchanged objects where nothing applies;
@@ -550,7 +555,7 @@ def scrub_hits(hits: list[Any], kinds_of: Callable[[str], frozenset[str]]
         per kind plus ``refused``, the hits left out (only kinds with a count; never a
         value). What the audit records for the answer.
     """
-    from node.policy.scrub import ScrubFailed, scrub
+    from node.policy.scrub import ScrubFailed, scrub_cached, scrub_many
 
     import dataclasses
 
@@ -564,17 +569,30 @@ def scrub_hits(hits: list[Any], kinds_of: Callable[[str], frozenset[str]]
             kinds = known[hit.source_id] = kinds_of(hit.source_id)
         if not kinds:
             return hit
+        # the short fields in one pass: source id, heading path, metadata strings
         loc = dict(hit.location)
-        if loc.get("headingPath"):
-            loc["headingPath"] = [scrub(h, kinds, counts) if isinstance(h, str) else h
-                                  for h in loc["headingPath"]]
-        meta = {k: (scrub(v, kinds, counts) if isinstance(v, str) else
-                    [scrub(x, kinds, counts) if isinstance(x, str) else x for x in v]
-                    if isinstance(v, list) else v)
-                for k, v in (hit.metadata or {}).items()}
+        heading = list(loc.get("headingPath") or [])
+        meta = dict(hit.metadata or {})
+        h_at = [i for i, h in enumerate(heading) if isinstance(h, str)]
+        m_str = [k for k, v in meta.items() if isinstance(v, str)]
+        m_list = {k: [i for i, x in enumerate(v) if isinstance(x, str)]
+                  for k, v in meta.items() if isinstance(v, list)}
+        fields = ([hit.source_id] + [heading[i] for i in h_at] + [meta[k] for k in m_str]
+                  + [meta[k][i] for k, at in m_list.items() for i in at])
+        done = iter(scrub_many(fields, kinds, counts))
+        source = next(done)
+        for i in h_at:
+            heading[i] = next(done)
+        for k in m_str:
+            meta[k] = next(done)
+        for k, at in m_list.items():
+            meta[k] = values = list(meta[k])
+            for i in at:
+                values[i] = next(done)
+        if "headingPath" in loc:
+            loc["headingPath"] = heading
         return dataclasses.replace(
-            hit, source_id=scrub(hit.source_id, kinds, counts),
-            text=scrub(hit.text, kinds, counts) if text else hit.text,
+            hit, source_id=source, text=scrub_cached(hit.chunk_id, hit.text, kinds, counts) if text else hit.text,
             location=loc, metadata=meta)
 
     for hit in hits:

@@ -23,7 +23,7 @@ watch batch costs what it changes. Documents deleted that way stay in the view's
 statistics until a merge, exactly like the main index — they are documents the view could
 see, never hidden ones.
 
-A scrubbed view (issue 24 item 3; specs/policy.md §9): when the predicate carries a
+A scrubbed view (issue 24 item 3; specs/policy.md §8): when the predicate carries a
 ``scrub`` attribute — ``scrub(source_id) -> frozenset`` of kinds
 (:data:`node.policy.scrub.KINDS`) scrubbed from that document for this view — each such
 document's chunks are indexed over their *scrubbed* text and title
@@ -81,6 +81,7 @@ class _Docs(dict):  # type: ignore[type-arg]
     whole = False
     chunks = 0
     scrubbed = False
+    key: frozenset[Any] | None = None  # :func:`_view_key`, computed once
 
 
 def scrub_kinds(signature: tuple[Any, ...] | None) -> frozenset[str]:
@@ -208,10 +209,7 @@ class Views:
 
     def _ram_view(self, db: sqlite3.Connection, docs: dict[str, tuple[Any, ...]]) -> ViewIndex:
         """The RAM index of ``docs``: kept, updated from the nearest kept one, or built."""
-        # a scrubbed document is keyed with its kinds: views that scrub differently never
-        # share (and never take turns updating) one index
-        key = (frozenset((d, scrub_kinds(sig)) if len(sig) > 3 else d for d, sig in docs.items())
-               if getattr(docs, "scrubbed", False) else frozenset(docs))
+        key = _view_key(docs)
         view = self._indexes.get(key)
         if view is not None:
             self._indexes.move_to_end(key)
@@ -250,6 +248,20 @@ class Views:
         self._plain.clear()
 
 
+def _view_key(docs: dict[str, tuple[Any, ...]]) -> frozenset[Any]:
+    """The key a view index is kept under: its document ids, a scrubbed document's paired
+    with its kinds (views that scrub differently never share, nor take turns updating,
+    one index). Computed once per visible-docs object (peers alternating between views
+    do not pay for it per query)."""
+    key = getattr(docs, "key", None)
+    if key is None:
+        key = (frozenset((d, scrub_kinds(sig)) if len(sig) > 3 else d for d, sig in docs.items())
+               if getattr(docs, "scrubbed", False) else frozenset(docs))
+        if isinstance(docs, _Docs):
+            docs.key = key
+    return key
+
+
 def _new_index() -> Any:
     index = tantivy.Index(search.build_schema())
     search.register_analyzers(index)
@@ -266,9 +278,9 @@ def _add(writer: Any, db: sqlite3.Connection, doc_ids: list[str],
         kinds = scrub_kinds(docs.get(did))
         if kinds:
             if scrub is None:
-                from node.policy.scrub import ScrubFailed, scrub
+                from node.policy.scrub import ScrubFailed, scrub, scrub_cached
             try:
-                text = scrub(text, kinds)
+                text = scrub_cached(cid, text, kinds)  # kept: the answers reuse it
                 title = (scrub(title[0], kinds), scrub(title[1], kinds))
             except ScrubFailed:
                 continue

@@ -17,7 +17,7 @@ The exact glob, specificity and tie rules are in ``specs/policy.md``; in short:
 * ``[scrub.tier]`` / ``[scrub.peer]`` (``kith policy scrub``): kinds of values
   (:data:`node.policy.scrub.KINDS`) replaced by placeholders in what a peer receives from
   a source of that tier, or in everything that peer receives (:meth:`Policy.scrub_kinds`;
-  specs/policy.md §9).
+  specs/policy.md §8).
 
 The file is read with stdlib :mod:`tomllib` and written with ``tomli-w`` through
 :func:`node.common.home.atomic_write` (0600, tmp+rename). Comments are not preserved on save.
@@ -589,7 +589,7 @@ class Policy:
     def scrub_kinds(self, tier: str, peer_name: str | None) -> frozenset[str]:
         """The kinds scrubbed from a source of ``tier`` sent to ``peer_name`` (None: an
         anonymous peer): the tier's ``[scrub.tier]`` kinds plus the peer's
-        ``[scrub.peer]`` kinds (specs/policy.md §9). Empty: nothing is scrubbed."""
+        ``[scrub.peer]`` kinds (specs/policy.md §8). Empty: nothing is scrubbed."""
         kinds = set((self.scrub.get("tier") or {}).get(tier) or ())
         if peer_name is not None:
             kinds.update((self.scrub.get("peer") or {}).get(peer_name) or ())
