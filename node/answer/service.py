@@ -175,6 +175,7 @@ class AnswerService:
 
                 # the view's index is built over the scrubbed text (node/corpus/views.py)
                 visible.scrub = kinds_of  # type: ignore[attr-defined]
+                visible.scrub_memo = {}  # type: ignore[attr-defined]  # canonical id -> kinds
 
             if len(_predicates) >= MAX_PREDICATES:
                 _predicates.pop(next(iter(_predicates)))
@@ -265,11 +266,19 @@ class AnswerService:
             if screened and screened[0][1] == PENDING:
                 pending = self._pending(peer, req, plan, screened)
             shown = [hit for hit, state in screened if state != PENDING]
-            if getattr(args["visible"], "scrub", None) is not None:
+            memo = getattr(args["visible"], "scrub_memo", None)
+            if memo is not None:
                 # the scrubbing gate, after policy, before the envelope; the screened ids
                 # are canonical already, so the policy decides them without the roots
+                # (kept per predicate: one (policy, peer), so a reload starts afresh)
                 def kinds_of(source_id: str) -> frozenset[str]:
-                    return policy.scrub_kinds(policy.decide(source_id, peer.name).tier, peer.name)
+                    kinds = memo.get(source_id)
+                    if kinds is None:
+                        if len(memo) >= 100_000:
+                            memo.clear()
+                        kinds = memo[source_id] = policy.scrub_kinds(
+                            policy.decide(source_id, peer.name).tier, peer.name)
+                    return kinds
 
                 shown, scrubbed = scrub_hits(shown, kinds_of)
             controller = _gated_controller(controller, len(shown))

@@ -494,22 +494,23 @@ def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str], view: Any =
         return False
     db = corpus.record.db
     rows = db.execute(
-        "SELECT text, heading_path, doc_id FROM chunks WHERE chunk_id IN "
+        "SELECT text, heading_path, doc_id, chunk_id FROM chunks WHERE chunk_id IN "
         f"({','.join('?' * len(chunk_ids))})", chunk_ids).fetchall()
     if len(rows) < len(chunk_ids):
         return False
     want = set(stems)
-    for text, heading, doc_id in rows:
-        body = text + " " + " ".join(json.loads(heading or "[]"))
+    for text, heading, doc_id, cid in rows:
+        headings = json.loads(heading or "[]")
         kinds = views.scrub_kinds(view.docs.get(doc_id)) if view is not None else frozenset()
         if kinds:
-            from node.policy.scrub import ScrubFailed, scrub
+            from node.policy.scrub import ScrubFailed, scrub_cached, scrub_many
 
-            try:
-                body = scrub(body, kinds)
+            try:  # the chunk's text was scrubbed (and kept) when the view was built
+                text = scrub_cached(cid, text, kinds)
+                headings = scrub_many([h for h in headings if isinstance(h, str)], kinds)
             except ScrubFailed:
                 return False  # not strong: the other passes run (their index is scrubbed)
-        have = search.text_stems(body)
+        have = search.text_stems(text + " " + " ".join(headings))
         if not want <= have:
             return False
     return True
