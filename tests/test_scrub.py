@@ -290,3 +290,20 @@ def test_headings_and_source_ids_of_a_scrubbed_source_are_scrubbed(tmp_path):
         assert result["source"] == "/notes/pub/[email]"
         assert result["provenance"]["location"]["headingPath"] == ["Mail [email]"]
         assert EMAIL not in json.dumps(answer["envelope"]) and answer["scrubbed"]["email"] >= 2
+
+
+def test_a_scrubbed_view_never_ranks_by_vectors_of_the_stored_text(corpus_home):
+    from node.corpus import dense
+
+    with Corpus(corpus_home) as writer:
+        dense.ensure_schema(writer.record.db)
+        writer.record.set_meta(dense.META_ENABLED, "1")  # the owner turned the dense pass on
+    with Corpus(corpus_home, readonly=True) as corpus:
+        gate = _gate(corpus, corpus_home, ("public", ["email"]))
+        from node.answer.service import AnswerService, PeerView
+
+        service = AnswerService(corpus, gate)
+        visible = service.search_args(5, PeerView(None), gate.current_policy())["visible"]
+        _, controller = corpus.search_hits("walrus", limit=5, visible=visible)
+        entry = next(p for p in controller["passes"] if p["name"] == "dense")
+        assert (entry["status"], entry["reason"]) == ("skipped", "scrubbed-view")
