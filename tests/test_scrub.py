@@ -290,6 +290,14 @@ def test_headings_and_source_ids_of_a_scrubbed_source_are_scrubbed(tmp_path):
         assert result["source"] == "/notes/pub/[email]"
         assert result["provenance"]["location"]["headingPath"] == ["Mail [email]"]
         assert EMAIL not in json.dumps(answer["envelope"]) and answer["scrubbed"]["email"] >= 2
+        # a sources filter is matched against the id the peer receives: no oracle on the value
+        peer = peer_knowledge(corpus, gate, None)
+        guess = peer.search({"query": "walrus mailbox", "sources": ["/notes/pub/walter*"]})
+        assert guess["envelope"]["results"] == []
+        seen = peer.search({"query": "walrus mailbox", "sources": ["/notes/pub/[email]"]})
+        assert [r["source"] for r in seen["envelope"]["results"]] == ["/notes/pub/[email]"]
+        own, _ = corpus.search_hits("walrus mailbox", limit=5, filters={"sources": ["/notes/pub/walter*"]})
+        assert len(own) == 1  # the owner's filters see the stored id
 
 
 def test_a_scrubbed_view_never_ranks_by_vectors_of_the_stored_text(corpus_home):

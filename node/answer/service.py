@@ -564,7 +564,7 @@ def scrub_hits(hits: list[Any], kinds_of: Callable[[str], frozenset[str]]
         per kind plus ``refused``, the hits left out (only kinds with a count; never a
         value). What the audit records for the answer.
     """
-    from node.policy.scrub import ScrubFailed, scrub_cached, scrub_many
+    from node.policy.scrub import ScrubFailed, scrub_cached, scrub_fields
 
     import dataclasses
 
@@ -578,26 +578,9 @@ def scrub_hits(hits: list[Any], kinds_of: Callable[[str], frozenset[str]]
             kinds = known[hit.source_id] = kinds_of(hit.source_id)
         if not kinds:
             return hit
-        # the short fields in one pass: source id, heading path, metadata strings
         loc = dict(hit.location)
-        heading = list(loc.get("headingPath") or [])
-        meta = dict(hit.metadata or {})
-        h_at = [i for i, h in enumerate(heading) if isinstance(h, str)]
-        m_str = [k for k, v in meta.items() if isinstance(v, str)]
-        m_list = {k: [i for i, x in enumerate(v) if isinstance(x, str)]
-                  for k, v in meta.items() if isinstance(v, list)}
-        fields = ([hit.source_id] + [heading[i] for i in h_at] + [meta[k] for k in m_str]
-                  + [meta[k][i] for k, at in m_list.items() for i in at])
-        done = iter(scrub_many(fields, kinds, counts))
-        source = next(done)
-        for i in h_at:
-            heading[i] = next(done)
-        for k in m_str:
-            meta[k] = next(done)
-        for k, at in m_list.items():
-            meta[k] = values = list(meta[k])
-            for i in at:
-                values[i] = next(done)
+        source, heading, meta = scrub_fields(hit.source_id, loc.get("headingPath") or [],
+                                             hit.metadata or {}, kinds, counts)
         if "headingPath" in loc:
             loc["headingPath"] = heading
         return dataclasses.replace(

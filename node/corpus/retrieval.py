@@ -734,7 +734,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
                                      "dedupedPerDocument", "collapsedDuplicates")}
             hits = _materialize(corpus, order, doc_of, lambda c: fused[key_of[c]], filters,
-                                       limit, max_per_document, counts)
+                                limit, max_per_document, counts, view)
             if len(hits) >= limit or not saturated or depth >= MAX_DEPTH or expired():
                 break
             depth = min(depth * 4, MAX_DEPTH)
@@ -828,9 +828,27 @@ def _served(db: Any, row: sqlite3.Row, origins: sources.SourceNormalizer
     return (True, canonical) if same else (False, None)
 
 
+def _filtered_as(view: Any, doc_id: str, source_id: str, metadata: dict[str, Any]
+                 ) -> tuple[str, dict[str, Any]]:
+    """The source id and metadata a request's filters are matched against: for a document
+    a scrubbed ``view`` scrubs, as the peer receives them (node/policy/scrub.py), so a
+    ``sources`` glob naming a scrubbed value is no oracle on it; a scrubbing failure
+    matches nothing (fail closed)."""
+    kinds = views.scrub_kinds(view.docs.get(doc_id)) if view is not None else frozenset()
+    if not kinds:
+        return source_id, metadata
+    from node.policy.scrub import ScrubFailed, scrub_fields
+
+    try:
+        sid, _, meta = scrub_fields(source_id, [], metadata, kinds)
+    except ScrubFailed:
+        return "", {"\x00": None}
+    return sid, meta
+
+
 def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
                  score_of: Callable[[str], float], filters: dict[str, Any], limit: int,
-                 max_per_document: int, counts: dict[str, int]) -> list[Hit]:
+                 max_per_document: int, counts: dict[str, int], view: Any = None) -> list[Hit]:
     """Turn fused candidates into hits: document checks first (SQLite row, filters,
     per-document cap, serve-time origin), then chunk rows for the survivors only.
     A candidate whose document or chunk is not in SQLite is ignored (authoritative).
@@ -844,7 +862,9 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
     ``duplicates`` (counted in ``collapsedDuplicates``, not towards ``limit``); a
     repeat inside the same document is dropped (``dedupedPerDocument``). Documents
     with the same ``content_hash`` share one per-document cap, so ``max_per_document``
-    1 gives one result per distinct content. Only candidates of this search take part
+    1 gives one result per distinct content. For a scrubbed ``view`` the filters see each
+    scrubbed document's source id and metadata as the peer does (:func:`_filtered_as`).
+    Only candidates of this search take part
     — for a peer, its view's (``visible``) — so a copy outside the view never changes
     what the view receives."""
     db = corpus.record.db
@@ -900,7 +920,8 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
                 continue
             if did not in meta_of:
                 meta_of[did] = json.loads(drow["metadata"] or "{}")
-            if filters and not search.passes_filters(drow["source_id"], meta_of[did], filters):
+            if filters and not search.passes_filters(*_filtered_as(view, did, drow["source_id"], meta_of[did]),
+                                                     filters):
                 counts["filteredOut"] += 1
                 continue
             if per_doc.get(did, 0) >= max_per_document:
