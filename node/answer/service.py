@@ -153,11 +153,15 @@ class AnswerService:
 
     def _visible(self, view: PeerView, policy: Any) -> Callable[[str], bool]:
         """``source_id → may this peer see it or be asked about it (ask tier)``, from the
-        gate's per-source decision under ``policy``. When ``policy`` scrubs anything for
-        this peer (``[scrub]``, specs/policy.md §8) the predicate carries ``scrub``:
-        ``source_id → frozenset`` of kinds scrubbed from that source for this peer. The same predicate object is returned
+        gate's per-source decision under ``policy``. The same predicate object is returned
         for the same (gate, policy, peer name) — across services too — so the corpus's
-        per-view caches apply; at most :data:`MAX_PREDICATES` are kept (oldest dropped)."""
+        per-view caches apply; at most :data:`MAX_PREDICATES` are kept (oldest dropped).
+
+        When ``policy`` scrubs anything for this peer (``[scrub]``, specs/policy.md §8)
+        the predicate also carries ``scrub`` (``source_id → frozenset`` of the kinds
+        scrubbed from that source for this peer: its view is indexed over the scrubbed
+        text, node/corpus/views.py) and ``scrub_memo`` (the same per canonical id, kept
+        for :meth:`answer`)."""
         gate, name = self._gate, view.name
         key = (id(gate), id(policy), name)
         with _predicates_lock:
@@ -564,9 +568,9 @@ def scrub_hits(hits: list[Any], kinds_of: Callable[[str], frozenset[str]]
         per kind plus ``refused``, the hits left out (only kinds with a count; never a
         value). What the audit records for the answer.
     """
-    from node.policy.scrub import ScrubFailed, scrub_cached, scrub_fields
-
     import dataclasses
+
+    from node.policy.scrub import ScrubFailed, scrub_cached, scrub_fields
 
     counts: dict[str, int] = {}
     out: list[Any] = []
@@ -583,9 +587,8 @@ def scrub_hits(hits: list[Any], kinds_of: Callable[[str], frozenset[str]]
                                              hit.metadata or {}, kinds, counts)
         if "headingPath" in loc:
             loc["headingPath"] = heading
-        return dataclasses.replace(
-            hit, source_id=source, text=scrub_cached(hit.chunk_id, hit.text, kinds, counts) if text else hit.text,
-            location=loc, metadata=meta)
+        body = scrub_cached(hit.chunk_id, hit.text, kinds, counts) if text else hit.text
+        return dataclasses.replace(hit, source_id=source, text=body, location=loc, metadata=meta)
 
     for hit in hits:
         before = dict(counts)

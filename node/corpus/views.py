@@ -273,12 +273,11 @@ def _add(writer: Any, db: sqlite3.Connection, doc_ids: list[str],
     """Index the chunks of ``doc_ids``; a document whose signature in ``docs`` carries
     scrub kinds is indexed over its scrubbed text and title (a chunk whose scrubbing
     fails is left out: fail closed)."""
-    scrub = None
+    from node.policy.scrub import ScrubFailed, scrub, scrub_cached  # late: the policy sits above
+
     for cid, did, text, title in iter_chunks_for_index(db, sorted(doc_ids)):
         kinds = scrub_kinds(docs.get(did))
         if kinds:
-            if scrub is None:
-                from node.policy.scrub import ScrubFailed, scrub, scrub_cached
             try:
                 text = scrub_cached(cid, text, kinds)  # kept: the answers reuse it
                 title = (scrub(title[0], kinds), scrub(title[1], kinds))
