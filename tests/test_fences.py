@@ -183,6 +183,14 @@ def test_mcp_answers_fence_and_mark_peer_evidence_and_scrubbed_values_never_leav
     counted = [r["scrubbed"] for r in audited if "scrubbed" in r]
     assert {"card": 1, "iban": 1} in [{k: v for k, v in c.items() if k != "email"} for c in counted]
     assert all(set(c) <= {"email", "phone", "card", "iban", "secret", "refused"} for c in counted)
+    from typer.testing import CliRunner
+
+    from node.cli import main as cli_main
+
+    cli_main._register()
+    shown = CliRunner().invoke(cli_main.app, ["--home", str(tmp_path / "host-alice"), "audit"])
+    assert shown.exit_code == 0 and "card:1" in shown.stdout and "iban:1" in shown.stdout
+    _no_value(shown.stdout)
 
 
 @pytest.mark.iroh
