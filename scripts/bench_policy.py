@@ -16,7 +16,8 @@ holding e-mails, cards and IBANs), with the load average::
 
 ``--false-positives DIR...`` counts each detector's hits on the readable text of every
 file of the folders (the corpus parsers' text: HTML without markup) and prints a few per
-kind, to judge them (the evaluation corpora hold no personal data)::
+kind, to judge them (the evaluation corpora hold no personal data), and the paragraphs
+the guest's fence scan (node/answer/fence.py) would flag ``suspicious``::
 
     .venv/bin/python scripts/bench_policy.py --false-positives ../shared/corpora/python-docs-3.11 \
         /usr/share/doc/postgresql-doc-15/html
@@ -169,6 +170,9 @@ def scrub_bench(corpus_dir: Path | None, rounds: int) -> None:
 
 def false_positives(folders: list[Path], shown: int = 8) -> None:
     """Each detector's hits on the readable text of every file under ``folders``."""
+    import re
+
+    from node.answer.fence import REASONS, scan
     from node.corpus.parsers import kind_for, parse_bytes
     from node.policy.scrub import KINDS, find
 
@@ -178,7 +182,9 @@ def false_positives(folders: list[Path], shown: int = 8) -> None:
             continue
         counts = {k: 0 for k in KINDS}
         samples: dict[str, list[str]] = {k: [] for k in KINDS}
-        files = chars = 0
+        flagged = {r: 0 for r in REASONS}  # the guest's fence scan, per paragraph
+        flag_samples: list[str] = []
+        files = chars = paragraphs = 0
         t0 = time.perf_counter()
         for path in sorted(folder.rglob("*")):
             kind = kind_for(path.name) if path.is_file() else None
@@ -194,12 +200,22 @@ def false_positives(folders: list[Path], shown: int = 8) -> None:
                 counts[k] += 1
                 if len(samples[k]) < shown:
                     samples[k].append(f"{path.relative_to(folder)}: {text[start:end]!r}")
+            for para in re.split(r"\n\s*\n", text):
+                paragraphs += 1
+                for reason in scan(para):
+                    flagged[reason] += 1
+                    if len(flag_samples) < shown:
+                        flag_samples.append(f"{reason} {path.relative_to(folder)}: {para[:100]!r}")
         secs = time.perf_counter() - t0
         print(f"{folder}: {files} files, {chars / 1e6:.1f} M characters, {secs:.1f} s")
         for k in KINDS:
             print(f"  {k:7s} {counts[k]:5d}")
             for line in samples[k]:
                 print(f"      {line}")
+        print(f"  fence scan ({paragraphs} paragraphs): "
+              + ", ".join(f"{r} {n}" for r, n in flagged.items()))
+        for line in flag_samples:
+            print(f"      {line}")
 
 
 if __name__ == "__main__":

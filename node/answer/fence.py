@@ -33,19 +33,19 @@ END = "<<<END UNTRUSTED PEER EVIDENCE {boundary}>>>"
 #: reason -> pattern; the reasons are stable (``suspiciousReasons`` values)
 _PATTERNS: dict[str, re.Pattern[str]] = {
     "ignore-instructions": re.compile(
-        r"\b(?:ignore|disregard|forget|override|bypass)\b[^.\n]{0,40}?"
-        r"\b(?:previous|prior|above|earlier|preceding|all|any|your|the|these|those|system)\b[^.\n]{0,30}?"
-        r"\b(?:instructions?|prompts?|rules|directions|directives|guidelines|guardrails|context|messages?)\b",
+        r"\b(?:ignore|disregard|forget)\b[^.\n]{0,40}?"
+        r"\b(?:previous|prior|above|earlier|preceding|all|your|system)\b[^.\n]{0,30}?"
+        r"\b(?:instructions?|prompts?|rules|directions|directives|guidelines|guardrails|context|messages)\b",
         re.IGNORECASE),
     "reveal-instructions": re.compile(
-        r"\b(?:reveal|print|show|repeat|output|leak|disclose|dump|tell\s+me|send)\b[^.\n]{0,30}?"
-        r"\b(?:system\s+prompt|(?:your|hidden|initial|original|secret)\s+(?:instructions?|prompt|rules)"
-        r"|api[\s_-]?keys?|passwords?|credentials|secrets?|tokens?|private\s+keys?)\b",
+        r"\b(?:reveal|print|show|repeat|output|leak|disclose|dump|tell\s+me|send)\s+[^.\n]{0,30}?"
+        r"\b(?:(?:the|your)\s+system\s+prompt|(?:your|hidden|initial|original|secret)\s+(?:instructions?|prompt|rules)"
+        r"|your\s+(?:api[\s_-]?keys?|passwords?|credentials|secrets?|tokens?|private\s+keys?))\b",
         re.IGNORECASE),
     "role-tag": re.compile(
         r"<\|(?:im_start|im_end|system|user|assistant|endoftext|eot_id|start_header_id)\|>"
-        r"|\[/?INST\]|<</?SYS>>|</?(?:system|assistant|user)>"
-        r"|(?:^|\n)[ \t]*(?:#{1,3}[ \t]*)?(?:system|assistant|developer)[ \t]*:",
+        r"|\[/?INST\]|<</?SYS>>|</?(?:system|assistant)>"
+        r"|(?:^|\n)[ \t]*(?:#{1,3}[ \t]*)?(?:system|assistant|developer):",
         re.IGNORECASE),
     "tool-call": re.compile(
         r"</?(?:tool_call|tool_use|function_call|function_calls|invoke|tool_result)\b"
@@ -54,7 +54,8 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
         r"|```\s*(?:tool_code|tool_call)\b",
         re.IGNORECASE),
     "addresses-agent": re.compile(
-        r"\b(?:you\s+are\s+now|from\s+now\s+on,?\s+you|new\s+instructions\s*:"
+        r"\b(?:you\s+are\s+now\s+(?:a|an|acting|operating|unrestricted|jailbroken|DAN|no\s+longer)\b"
+        r"|from\s+now\s+on,?\s+you|new\s+instructions\s*:"
         r"|(?:dear|attention|note\s+to\s+(?:the)?)\s*(?:ai|llm|assistant|agent|chatbot|language\s+model)\b"
         r"|as\s+an?\s+(?:ai|llm)\s+(?:assistant|agent|model),?\s+you\s+(?:must|should|will))",
         re.IGNORECASE),
