@@ -87,8 +87,9 @@ def mark_envelope(envelope: Any) -> Any:
     """Mark a peer's search envelope in place (module docstring): each ``results`` item
     (scanning its ``textPreview``, ``source`` and heading path), each
     ``citationPack.citations`` item (its ``excerpt``) and each ``answerSynthesis``
-    sentence (its ``text``) gets ``untrusted`` true and ``suspicious``; the envelope
-    gets ``untrusted`` true. Anything that is not an
+    sentence (its ``text``) gets ``untrusted`` true and ``suspicious``; an envelope with
+    results gets ``untrusted`` true (an empty one — nothing matched, withheld, refused —
+    is left exactly as sent: it holds no peer evidence). Anything that is not an
     envelope is returned unchanged.
 
     Returns:
@@ -96,7 +97,8 @@ def mark_envelope(envelope: Any) -> Any:
     """
     if not isinstance(envelope, dict):
         return envelope
-    envelope["untrusted"] = True
+    if envelope.get("results"):  # an envelope with no evidence stays as the host sent it
+        envelope["untrusted"] = True
     for result in envelope.get("results") or []:
         if isinstance(result, dict):
             loc = (result.get("provenance") or {}).get("location") if isinstance(result.get("provenance"), dict) else None
