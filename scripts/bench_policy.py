@@ -5,10 +5,28 @@ Prints per-query milliseconds for: corpus search alone, search + gate.screen (no
 search + the full knowledge handle (quota, screen with approvals, envelope, leak scan),
 plus the approvals lookup with many decided requests on disk. Run:
     .venv/bin/python scripts/bench_policy.py
+
+``--scrub`` instead measures the scrubbing gate (issue 24 item 3): the host CPU
+(``time.process_time``, every thread of the process) of one peer answer with
+``[scrub.tier] public`` off and on (all five kinds), interleaved, over real questions on
+``--corpus`` (default: the Python docs in ../shared when present, else a generated corpus
+holding e-mails, cards and IBANs), with the load average::
+
+    flock /tmp/kith-bench.lock .venv/bin/python scripts/bench_policy.py --scrub
+
+``--false-positives DIR...`` counts each detector's hits on the readable text of every
+file of the folders (the corpus parsers' text: HTML without markup) and prints a few per
+kind, to judge them (the evaluation corpora hold no personal data), and the paragraphs
+the guest's fence scan (node/answer/fence.py) would flag ``suspicious``::
+
+    .venv/bin/python scripts/bench_policy.py --false-positives ../shared/corpora/python-docs-3.11 \
+        /usr/share/doc/postgresql-doc-15/html
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -76,5 +94,141 @@ def main() -> None:
     corpus.close()
 
 
+SHARED_DOCS = Path(__file__).resolve().parents[1].parent / "shared" / "corpora" / "python-docs-3.11"
+#: real questions (python docs) and the generated corpus's words, cycled
+QUESTIONS = ("how do I create a temporary directory", "read and write CSV files", "send an email with smtplib",
+             "parse command line arguments", "format a date as a string", "run a subprocess and capture output",
+             "compare two lists of numbers", "invoice account card payment walrus", "contact address phone",
+             "hash a password securely")
+
+
+def _generated(base: Path) -> Path:
+    """400 notes, one in four holding an e-mail address, a card number and an IBAN."""
+    docs = base / "gen"
+    for i in range(400):
+        (docs / f"d{i // 40}").mkdir(parents=True, exist_ok=True)
+        extra = (f" Write to user{i}@example.org, pay by card 4111 1111 1111 1111 or to DE89 3704 0044 0532 0130 00."
+                 if i % 4 == 0 else "")
+        (docs / f"d{i // 40}" / f"n{i}.md").write_text(
+            f"# Note {i}\n\n" + " ".join(f"invoice {i} account walrus {j} payment contact card." for j in range(20))
+            + extra + "\n")
+    return docs
+
+
+def scrub_bench(corpus_dir: Path | None, rounds: int) -> None:
+    """Peer-answer host CPU with the scrubbing gate off and on (module docstring)."""
+    from node.policy.scrub import KINDS
+
+    base = Path(tempfile.mkdtemp())
+    docs = corpus_dir if corpus_dir is not None else _generated(base)
+    home = base / "home"
+    t0 = time.perf_counter()
+    with Corpus(home) as c:
+        c.add_root(docs)
+        c.sync()
+    print(f"corpus {docs} indexed in {time.perf_counter() - t0:.1f} s")
+    corpus = Corpus(home, readonly=True)
+    prefix = corpus.roots()[0].prefix
+    hidden = next(iter(sorted(corpus.source_ids())))
+    # off: everything public (served by the main index, as a default host does); off-ram:
+    # the same but one source private, so the view has its own RAM index like a scrubbed
+    # one (the like-for-like baseline of the gate's own cost); on: off-ram + scrubbing
+    policies = {"off": Policy(), "off-ram": Policy(), "on": Policy()}
+    for name, policy in policies.items():
+        policy.set(f"/{prefix}/**", "public")
+        if name != "off":
+            policy.set(hidden, "private")
+    policies["on"].set_scrub("public", KINDS)
+    handles = {k: peer_knowledge(corpus, EgressGate(corpus.roots(), p, home), None) for k, p in policies.items()}
+    for name, handle in handles.items():  # build each view (the scrubbed one over scrubbed text)
+        t0 = time.perf_counter()
+        handle.search({"query": QUESTIONS[0], "topK": 10})
+        print(f"view {name:7s} built + first answer in {time.perf_counter() - t0:.2f} s")
+    cpu: dict[str, list[float]] = {k: [] for k in handles}
+    scrubbed: dict[str, int] = {}
+    for _ in range(rounds):
+        for q in QUESTIONS:
+            for name, handle in handles.items():
+                t = time.process_time()
+                answer = handle.search({"query": q, "topK": 10})
+                cpu[name].append((time.process_time() - t) * 1000)
+                for k, v in (answer.get("scrubbed") or {}).items():
+                    scrubbed[k] = scrubbed.get(k, 0) + v
+    med = {k: statistics.median(v) for k, v in cpu.items()}
+    mean = {k: statistics.fmean(v) for k, v in cpu.items()}
+    load = os.getloadavg()
+    print(f"peer answers: {len(cpu['on'])} per setting (topK 10), load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    for name in handles:
+        print(f"{'scrub ' + name:14s} median {med[name]:6.2f} ms CPU  mean {mean[name]:6.2f}")
+    print(f"ratio on/off-ram (the gate's own cost): median {med['on'] / med['off-ram']:.3f}  "
+          f"mean {mean['on'] / mean['off-ram']:.3f}")
+    print(f"ratio on/off (with the scrubbed view's RAM index): median {med['on'] / med['off']:.3f}  "
+          f"mean {mean['on'] / mean['off']:.3f}")
+    print(f"spans scrubbed in the 'on' answers: {scrubbed or 'none'}")
+    corpus.close()
+
+
+def false_positives(folders: list[Path], shown: int = 8) -> None:
+    """Each detector's hits on the readable text of every file under ``folders``."""
+    import re
+
+    from node.answer.fence import REASONS, scan
+    from node.corpus.parsers import kind_for, parse_bytes
+    from node.policy.scrub import KINDS, find
+
+    for folder in folders:
+        if not folder.is_dir():
+            print(f"{folder}: not there, skipped")
+            continue
+        counts = {k: 0 for k in KINDS}
+        samples: dict[str, list[str]] = {k: [] for k in KINDS}
+        flagged = {r: 0 for r in REASONS}  # the guest's fence scan, per paragraph
+        flag_samples: list[str] = []
+        files = chars = paragraphs = 0
+        t0 = time.perf_counter()
+        for path in sorted(folder.rglob("*")):
+            kind = kind_for(path.name) if path.is_file() else None
+            if kind is None:
+                continue
+            try:
+                text = parse_bytes(path.read_bytes(), kind, path.name).text
+            except Exception:  # noqa: BLE001 - a file the parsers refuse is not counted
+                continue
+            files += 1
+            chars += len(text)
+            for start, end, k in find(text, KINDS):
+                counts[k] += 1
+                if len(samples[k]) < shown:
+                    samples[k].append(f"{path.relative_to(folder)}: {text[start:end]!r}")
+            for para in re.split(r"\n\s*\n", text):
+                paragraphs += 1
+                for reason in scan(para):
+                    flagged[reason] += 1
+                    if len(flag_samples) < shown:
+                        flag_samples.append(f"{reason} {path.relative_to(folder)}: {para[:100]!r}")
+        secs = time.perf_counter() - t0
+        print(f"{folder}: {files} files, {chars / 1e6:.1f} M characters, {secs:.1f} s")
+        for k in KINDS:
+            print(f"  {k:7s} {counts[k]:5d}")
+            for line in samples[k]:
+                print(f"      {line}")
+        print(f"  fence scan ({paragraphs} paragraphs): "
+              + ", ".join(f"{r} {n}" for r, n in flagged.items()))
+        for line in flag_samples:
+            print(f"      {line}")
+
+
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scrub", action="store_true", help="scrubbing gate off/on, peer-answer host CPU")
+    ap.add_argument("--corpus", type=Path, help="folder to index for --scrub")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of the questions for --scrub")
+    ap.add_argument("--false-positives", nargs="+", type=Path, metavar="DIR", help="count detector hits")
+    args = ap.parse_args()
+    if args.false_positives:
+        false_positives(args.false_positives)
+    elif args.scrub:
+        default = SHARED_DOCS if SHARED_DOCS.is_dir() else None
+        scrub_bench(args.corpus or default, args.rounds)
+    else:
+        main()

@@ -414,7 +414,13 @@ def test_mcp_search_asks_peers_by_name_with_the_untrusted_notice_over_warm_sessi
     assert {r["peer"]["name"] for r in env["results"]} <= {"alice", "bob"}
     assert [p["name"] for p in everyone.structured_content["peers"]] == ["alice", "bob"]
     assert not one.is_error and one.structured_content["schemaVersion"] == 2  # the host's own envelope
-    assert "untrusted" in one.content[0].text and json.loads(one.content[1].text) == one.structured_content
+    assert "untrusted" in one.content[0].text
+    # the peer's envelope is fenced: begin line, notice, the JSON, end line (one boundary)
+    lines = one.content[1].text.split("\n")
+    begin, end = lines[0], lines[-1]
+    assert begin.startswith("<<<BEGIN UNTRUSTED PEER EVIDENCE ") and end == begin.replace("BEGIN", "END")
+    assert json.loads("\n".join(lines[2:-1])) == one.structured_content
+    assert all(r["untrusted"] is True and r["suspicious"] is False for r in one.structured_content["results"])
     assert one.structured_content["results"][0]["source"] == "/kb-alice/deploy.md"
     assert bad.is_error and bad.content[0].text.startswith("[query-invalid] ")
     assert opened == 2 and reused == 3  # one session per peer for all four calls

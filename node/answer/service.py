@@ -161,7 +161,13 @@ class AnswerService:
         """``source_id → may this peer see it or be asked about it (ask tier)``, from the
         gate's per-source decision under ``policy``. The same predicate object is returned
         for the same (gate, policy, peer name) — across services too — so the corpus's
-        per-view caches apply; at most :data:`MAX_PREDICATES` are kept (oldest dropped)."""
+        per-view caches apply; at most :data:`MAX_PREDICATES` are kept (oldest dropped).
+
+        When ``policy`` scrubs anything for this peer (``[scrub]``, specs/policy.md §9)
+        the predicate also carries ``scrub`` (``source_id → frozenset`` of the kinds
+        scrubbed from that source for this peer: its view is indexed over the scrubbed
+        text, node/corpus/views.py) and ``scrub_memo`` (the same per canonical id, kept
+        for :meth:`answer`)."""
         gate, name = self._gate, view.name
         key = (id(gate), id(policy), name)
         with _predicates_lock:
@@ -172,6 +178,14 @@ class AnswerService:
             def visible(source_id: str) -> bool:
                 d = gate.decide(source_id, name, policy=policy)
                 return bool(d.allowed or (d.tier == "ask" and d.canonical is not None))
+
+            if policy.scrub.get("tier") or name in (policy.scrub.get("peer") or {}):
+                def kinds_of(source_id: str) -> frozenset[str]:
+                    return policy.scrub_kinds(gate.decide(source_id, name, policy=policy).tier, name)
+
+                # the view's index is built over the scrubbed text (node/corpus/views.py)
+                visible.scrub = kinds_of  # type: ignore[attr-defined]
+                visible.scrub_memo = {}  # type: ignore[attr-defined]  # canonical id -> kinds
 
             if len(_predicates) >= MAX_PREDICATES:
                 _predicates.pop(next(iter(_predicates)))
@@ -239,6 +253,7 @@ class AnswerService:
             return _empty("budget-exhausted", req, plan)
         t_gate = time.perf_counter()
         pending: dict[str, Any] | None = None  # the pending-approval answer, when the best hit waits
+        scrubbed: dict[str, int] | None = None  # spans scrubbed per kind (a scrubbed peer only)
         if peer is not None:
             from node.policy.gate import PENDING
 
@@ -261,6 +276,21 @@ class AnswerService:
             if screened and screened[0][1] == PENDING:
                 pending = self._pending(peer, req, plan, screened)
             shown = [hit for hit, state in screened if state != PENDING]
+            memo = getattr(args["visible"], "scrub_memo", None)
+            if memo is not None:
+                # the scrubbing gate, after policy, before the envelope; the screened ids
+                # are canonical already, so the policy decides them without the roots
+                # (kept per predicate: one (policy, peer), so a reload starts afresh)
+                def kinds_of(source_id: str) -> frozenset[str]:
+                    kinds = memo.get(source_id)
+                    if kinds is None:
+                        if len(memo) >= 100_000:
+                            memo.clear()
+                        kinds = memo[source_id] = policy.scrub_kinds(
+                            policy.decide(source_id, peer.name).tier, peer.name)
+                    return kinds
+
+                shown, scrubbed = scrub_hits(shown, kinds_of)
             controller = _gated_controller(controller, len(shown))
         else:
             canonical: dict[str, str] = {}  # one normalization per source per answer
@@ -279,7 +309,7 @@ class AnswerService:
         if timings is not None:
             timings.update(search=t_gate - t_search, gate=t_envelope - t_gate)
         if not top:
-            return pending or self._nothing(None, req, plan, peer, started)
+            return _counted(pending or self._nothing(None, req, plan, peer, started), scrubbed)
         envelope = env.build_envelope(req, top, controller, plan=plan)
         syncing = self._syncing_while(controller)
         if syncing:  # before the size check: the flag is part of what is sent
@@ -287,13 +317,13 @@ class AnswerService:
         if peer is not None:
             envelope = self._fit(envelope, req, plan, top, controller, peer, policy, syncing)
             if envelope is None:
-                return pending or self._nothing(None, req, plan, peer, started)
+                return _counted(pending or self._nothing(None, req, plan, peer, started), scrubbed)
         if timings is not None:
             timings["envelope"] = time.perf_counter() - t_envelope
         if pending is not None:
             # what the peer may see now goes with the pending status (specs/approvals.md §1)
-            return {**pending, "envelope": envelope}
-        return {"status": "ok", "envelope": envelope}
+            return _counted({**pending, "envelope": envelope}, scrubbed)
+        return _counted({"status": "ok", "envelope": envelope}, scrubbed)
 
     def check_versions(self, items: Any, view: PeerView) -> dict[str, Any]:
         """Are these cited document versions still current? (``kith verify
@@ -578,6 +608,71 @@ def _unhashed(hit: Any) -> Any:
     if not hit.content_hash and not hit.duplicates:
         return hit
     return dataclasses.replace(hit, content_hash="", duplicates=[_unhashed(d) for d in hit.duplicates])
+
+
+def scrub_hits(hits: list[Any], kinds_of: Callable[[str], frozenset[str]]
+               ) -> tuple[list[Any], dict[str, int]]:
+    """The scrubbing gate (issue 24 item 3; specs/policy.md §9): each hit with every span
+    of the kinds ``kinds_of(source id)`` names replaced by its placeholder
+    (:func:`node.policy.scrub.scrub`) in what the envelope is built from — text (hence
+    previews, excerpts and synthesis), source id, heading path, metadata strings — and in
+    its collapsed copies' source ids (each with its own source's kinds).
+
+    Args:
+        hits: screened hits (canonical ids), best first.
+        kinds_of: ``canonical source id -> frozenset`` of kinds to scrub
+            (:meth:`node.policy.store.Policy.scrub_kinds` of its tier for this peer).
+
+    Returns:
+        ``(hits, counts)``: the hits in order (unchanged objects where nothing applies;
+        a hit whose scrubbing failed is left out — fail closed), and the spans replaced
+        per kind plus ``refused``, the hits left out (only kinds with a count; never a
+        value). What the audit records for the answer.
+    """
+    import dataclasses
+
+    from node.policy.scrub import ScrubFailed, scrub_cached, scrub_fields
+
+    counts: dict[str, int] = {}
+    out: list[Any] = []
+    known: dict[str, frozenset[str]] = {}  # one decision per source per answer
+
+    def one(hit: Any, text: bool) -> Any:
+        kinds = known.get(hit.source_id)
+        if kinds is None:
+            kinds = known[hit.source_id] = kinds_of(hit.source_id)
+        if not kinds:
+            return hit
+        loc = dict(hit.location)
+        source, heading, meta = scrub_fields(hit.source_id, loc.get("headingPath") or [],
+                                             hit.metadata or {}, kinds, counts)
+        if "headingPath" in loc:
+            loc["headingPath"] = heading
+        body = scrub_cached(hit.chunk_id, hit.text, kinds, counts) if text else hit.text
+        return dataclasses.replace(hit, source_id=source, text=body, location=loc, metadata=meta)
+
+    for hit in hits:
+        before = dict(counts)
+        try:
+            new = one(hit, True)
+            if hit.duplicates:
+                new = dataclasses.replace(new, duplicates=[one(d, False) for d in hit.duplicates])
+        except ScrubFailed as exc:
+            counts.clear()
+            counts.update(before)  # the refused hit's spans never left: not counted
+            counts["refused"] = counts.get("refused", 0) + 1
+            log.warning("scrub-failed: the %s detector failed; that result is withheld", exc.kind)
+            continue
+        out.append(new)
+    return out, counts
+
+
+def _counted(answer: dict[str, Any], scrubbed: dict[str, int] | None) -> dict[str, Any]:
+    """``answer`` with ``scrubbed`` (counts per kind, for the host's audit; the
+    knowledge-query hooks never send it) when the scrubbing gate ran."""
+    if scrubbed is not None:
+        answer["scrubbed"] = dict(scrubbed)
+    return answer
 
 
 def _with_id(hit: Any, source_id: str) -> Any:

@@ -31,7 +31,7 @@ def render(env: dict[str, Any]) -> None:
         head += " — missing: " + ", ".join(safe_text(n) for n in env["missing"])
     console.print(head, highlight=False, markup=False, style="bold")
     from node.cli.render import (
-        Line, also_in_text, format_lines, heading_text, location_text, preview_lines)
+        Line, also_in_text, format_lines, heading_text, location_text, preview_lines, suspicious_text)
 
     lines: list[Line] = []
     for r in results:
@@ -42,6 +42,9 @@ def render(env: dict[str, Any]) -> None:
         heading = heading_text(r.get("location"))
         if heading:
             lines.append(Line(heading, indent=5, hang=5))
+        flagged = suspicious_text(r)
+        if flagged:
+            lines.append(Line(flagged, indent=5, hang=7))
         lines.extend(preview_lines(r["textPreview"], 5))
         copies = also_in_text([c for a in r["attributions"] for c in a.get("alsoIn", [])])
         if copies:

@@ -34,7 +34,7 @@ def _parse_ts(ts: str) -> datetime | None:
         return None
 
 
-_SHOWN = ("post_id", "reason", "code", "cause", "query_id", "status", "sources", "query", "query_hmac",
+_SHOWN = ("post_id", "reason", "code", "cause", "query_id", "status", "sources", "scrubbed", "query", "query_hmac",
           "approval_id", "decision", "pairing_code", "sessions_ended", "approvals_cancelled", "note", "ok", "rules",
           # people, groups and grants that end (issue 22 items 4-6)
           "person", "device_name", "old_person", "via", "kind", "group", "glob", "tier", "until", "added", "removed",
@@ -99,6 +99,8 @@ def audit_cmd(
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, dict):  # the scrubbing gate's counts: email:2,card:1
+        return ",".join(f"{k}:{v}" for k, v in list(value.items())[:10]) or "none"
     if isinstance(value, list):
         return ",".join(str(v) for v in value[:10]) + (f",…(+{len(value) - 10})" if len(value) > 10 else "")
     return str(value)[:200]

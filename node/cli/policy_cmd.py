@@ -271,11 +271,12 @@ def _quota_lines(policy: Policy) -> list[str]:
 @policy_app.command("list")
 def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """Show the rules in file order, then per-peer overrides, then the quotas in force
-    (the [quota] table, built-in defaults where it sets nothing)."""
+    (the [quota] table, built-in defaults where it sets nothing), then what is scrubbed."""
     policy = Policy.load(home_of(ctx))
     if as_json:
         emit_json({"rules": [_rule_dict(r) for r in policy.rules],
-                   "overrides": [_rule_dict(r) for r in policy.overrides], "quota": policy.quota})
+                   "overrides": [_rule_dict(r) for r in policy.overrides], "quota": policy.quota,
+                   "scrub": policy.scrub})
         return
     if not policy.rules and not policy.overrides:
         console.print("no rules: every source is private", highlight=False)
@@ -285,6 +286,8 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
             table.add_row(rule.glob, rule.tier, ", ".join(rule.peers), rule.peer or "", rule.until or "")
         console.print(table)
     console.print("quota (`kith policy quota` changes it):\n" + "\n".join(_quota_lines(policy)),
+                  highlight=False, markup=False, soft_wrap=True)
+    console.print("scrubbed for peers (`kith policy scrub` changes it):\n" + "\n".join(_scrub_lines(policy)),
                   highlight=False, markup=False, soft_wrap=True)
 
 
@@ -329,6 +332,65 @@ def quota_cmd(
         console.print(f"quota for {who}: {_quota_text(q)}", highlight=False, markup=False, soft_wrap=True)
     if values:
         _note(LIVE_NOTE)
+
+
+def _scrub_lines(policy: Policy) -> list[str]:
+    """The ``[scrub]`` entries, one line each (``kith policy scrub``/``list``)."""
+    entries = policy.scrub_entries()
+    if not entries:
+        return ["  nothing is scrubbed"]
+    return [f"  {('tier ' if key == 'tier' else 'peer ') + target:<18} {', '.join(kinds)}"
+            for key, target, kinds in entries]
+
+
+@policy_app.command("scrub")
+def scrub_cmd(
+    ctx: typer.Context,
+    kinds: Optional[str] = typer.Argument(
+        None, metavar="[KINDS]",
+        help="Comma-separated kinds to replace by placeholders: email, phone, card, iban, secret."),
+    for_target: Optional[str] = typer.Option(
+        None, "--for", metavar="TIER|PEER",
+        help="A tier (public, peers, ask: every source of it) or a pinned peer's name (everything it receives)."),
+    off: bool = typer.Option(False, "--off", help="Stop scrubbing for --for TIER|PEER (removes its entry)."),
+    as_json: bool = _JSON,
+) -> None:
+    """Scrub values out of what peers receive: e-mail addresses, phone numbers, card
+    numbers (Luhn), IBANs (mod 97) and API/private keys are replaced by [email], [phone],
+    ... in previews, excerpts, synthesis and source ids, and a scrubbed peer's index holds
+    the scrubbed text, so searching for a value finds nothing. KINDS replaces what the
+    target had. Without arguments, list what is scrubbed."""
+    from node.policy.scrub import KINDS, check_kinds
+
+    home = home_of(ctx)
+    policy = Policy.load(home)
+    changed = None
+    if for_target is None:
+        if kinds is not None or off:
+            raise UsageError("usage", "give --for TIER|PEER with KINDS or --off")
+    else:
+        if off == (kinds is not None):
+            raise UsageError("usage", "give either KINDS (e.g. email,card) or --off")
+        wanted = [] if off else [k.strip() for k in kinds.split(",") if k.strip()]  # type: ignore[union-attr]
+        if not off and not wanted:
+            raise UsageError("usage", f"KINDS is a comma-separated list of {', '.join(KINDS)}")
+        check_kinds(wanted)
+        before = policy.scrub_entries()
+        key, got = policy.set_scrub(for_target, wanted)
+        changed = policy.scrub_entries() != before
+        if changed:
+            policy.save()
+        if key == "peer":
+            _warn_unpinned(home, [for_target], "--for")
+        if off and not changed:
+            _warn(f"nothing was scrubbed for {for_target}; nothing changed")
+    if as_json:
+        emit_json({"scrub": {k: dict(v) for k, v in policy.scrub.items()}, "changed": bool(changed)})
+    else:
+        console.print("scrubbed for peers (`kith policy scrub --for TIER|PEER KINDS`):\n"
+                      + "\n".join(_scrub_lines(policy)), highlight=False, markup=False, soft_wrap=True)
+    if changed:
+        _note(LIVE_NOTE + "; a scrubbed peer's index is rebuilt at its next query")
 
 
 @policy_app.command("explain")

@@ -63,7 +63,7 @@ from typing import Any
 
 import tantivy
 
-from node.corpus import search, sources
+from node.corpus import search, sources, views
 from node.corpus.types import Hit
 from node.common.errors import CorpusError
 
@@ -486,19 +486,31 @@ def aggregate_documents(fused: dict[Any, float], doc_key: Callable[[Any], str | 
     return out
 
 
-def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str]) -> bool:
-    """True when every chunk in ``chunk_ids`` contains every stem (body or heading)."""
+def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str], view: Any = None) -> bool:
+    """True when every chunk in ``chunk_ids`` contains every stem (body or heading); for a
+    document a scrubbed ``view`` scrubs (:mod:`node.corpus.views`), in its scrubbed text —
+    what the view's index holds — so a scrubbed value never decides the early stop."""
     if not chunk_ids or not stems:
         return False
     db = corpus.record.db
     rows = db.execute(
-        "SELECT text, heading_path FROM chunks WHERE chunk_id IN "
+        "SELECT text, heading_path, doc_id, chunk_id FROM chunks WHERE chunk_id IN "
         f"({','.join('?' * len(chunk_ids))})", chunk_ids).fetchall()
     if len(rows) < len(chunk_ids):
         return False
     want = set(stems)
-    for text, heading in rows:
-        have = search.text_stems(text + " " + " ".join(json.loads(heading or "[]")))
+    for text, heading, doc_id, cid in rows:
+        headings = json.loads(heading or "[]")
+        kinds = views.scrub_kinds(view.docs.get(doc_id)) if view is not None else frozenset()
+        if kinds:
+            from node.policy.scrub import ScrubFailed, scrub_cached, scrub_many
+
+            try:  # the chunk's text was scrubbed (and kept) when the view was built
+                text = scrub_cached(cid, text, kinds)
+                headings = scrub_many([h for h in headings if isinstance(h, str)], kinds)
+            except ScrubFailed:
+                return False  # not strong: the other passes run (their index is scrubbed)
+        have = search.text_stems(text + " " + " ".join(headings))
         if not want <= have:
             return False
     return True
@@ -510,11 +522,12 @@ def may_stop_early(plan: Plan) -> bool:
     return not plan.exact_units and not plan.expansions
 
 
-def baseline_strong(corpus: Any, plan: Plan, ranked: list[tuple[str, float]]) -> bool:
+def baseline_strong(corpus: Any, plan: Plan, ranked: list[tuple[str, float]],
+                    view: Any = None) -> bool:
     """The early-stop rule: True when the baseline pass alone is strong enough — the query
     may stop early (:func:`may_stop_early`) and each of the baseline's top two chunks
-    contains every query stem (body or heading path)."""
-    return may_stop_early(plan) and _covers_all(corpus, [c for c, _ in ranked[:2]], plan.stems)
+    contains every query stem (body or heading path; scrubbed for a scrubbed ``view``)."""
+    return may_stop_early(plan) and _covers_all(corpus, [c for c, _ in ranked[:2]], plan.stems, view)
 
 
 _pool: ThreadPoolExecutor | None = None
@@ -619,8 +632,15 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
         if extra_passes is None:  # the optional dense pass (only when the owner turned it on)
             from node.corpus import dense
 
-            extra_passes, dense_entry = dense.auto_pass(corpus, query, k=depth,
-                                                        deadline=deadline, view=view)
+            if view is not None and view.scrubbed:
+                # vectors are of the stored text: a scrubbed view never ranks by them
+                extra_passes = None
+                if dense.enabled(corpus):
+                    dense_entry = {"name": dense.PASS_NAME, "status": "skipped", "candidates": 0,
+                                   "reason": "scrubbed-view"}
+            else:
+                extra_passes, dense_entry = dense.auto_pass(corpus, query, k=depth,
+                                                            deadline=deadline, view=view)
         hits: list[Hit] = []
         order: list[str] = []
         counts: dict[str, int] = {}
@@ -674,7 +694,8 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                 if (name == "baseline-bm25" and controller["rounds"] == 1
                         and may_stop_early(plan)
                         and baseline_strong(corpus, plan,
-                                            [(ids.cid(k), sc) for k, sc in ranked[name][:2]])):
+                                            [(ids.cid(k), sc) for k, sc in ranked[name][:2]],
+                                            view)):
                     stop = "baseline-strong"
             for fut in ahead.values():  # all started passes are finished before fusion
                 fut.exception()
@@ -713,7 +734,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
                                      "dedupedPerDocument", "collapsedDuplicates")}
             hits = _materialize(corpus, order, doc_of, lambda c: fused[key_of[c]], filters,
-                                       limit, max_per_document, counts)
+                                limit, max_per_document, counts, view)
             if len(hits) >= limit or not saturated or depth >= MAX_DEPTH or expired():
                 break
             depth = min(depth * 4, MAX_DEPTH)
@@ -807,9 +828,27 @@ def _served(db: Any, row: sqlite3.Row, origins: sources.SourceNormalizer
     return (True, canonical) if same else (False, None)
 
 
+def _filtered_as(view: Any, doc_id: str, source_id: str, metadata: dict[str, Any]
+                 ) -> tuple[str, dict[str, Any]]:
+    """The source id and metadata a request's filters are matched against: for a document
+    a scrubbed ``view`` scrubs, as the peer receives them (node/policy/scrub.py), so a
+    ``sources`` glob naming a scrubbed value is no oracle on it; a scrubbing failure
+    matches nothing (fail closed)."""
+    kinds = views.scrub_kinds(view.docs.get(doc_id)) if view is not None else frozenset()
+    if not kinds:
+        return source_id, metadata
+    from node.policy.scrub import ScrubFailed, scrub_fields
+
+    try:
+        sid, _, meta = scrub_fields(source_id, [], metadata, kinds)
+    except ScrubFailed:
+        return "", {"\x00": None}
+    return sid, meta
+
+
 def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
                  score_of: Callable[[str], float], filters: dict[str, Any], limit: int,
-                 max_per_document: int, counts: dict[str, int]) -> list[Hit]:
+                 max_per_document: int, counts: dict[str, int], view: Any = None) -> list[Hit]:
     """Turn fused candidates into hits: document checks first (SQLite row, filters,
     per-document cap, serve-time origin), then chunk rows for the survivors only.
     A candidate whose document or chunk is not in SQLite is ignored (authoritative).
@@ -823,7 +862,9 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
     ``duplicates`` (counted in ``collapsedDuplicates``, not towards ``limit``); a
     repeat inside the same document is dropped (``dedupedPerDocument``). Documents
     with the same ``content_hash`` share one per-document cap, so ``max_per_document``
-    1 gives one result per distinct content. Only candidates of this search take part
+    1 gives one result per distinct content. For a scrubbed ``view`` the filters see each
+    scrubbed document's source id and metadata as the peer does (:func:`_filtered_as`).
+    Only candidates of this search take part
     — for a peer, its view's (``visible``) — so a copy outside the view never changes
     what the view receives."""
     db = corpus.record.db
@@ -879,7 +920,8 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
                 continue
             if did not in meta_of:
                 meta_of[did] = json.loads(drow["metadata"] or "{}")
-            if filters and not search.passes_filters(drow["source_id"], meta_of[did], filters):
+            if filters and not search.passes_filters(*_filtered_as(view, did, drow["source_id"], meta_of[did]),
+                                                     filters):
                 counts["filteredOut"] += 1
                 continue
             if per_doc.get(did, 0) >= max_per_document:

@@ -23,6 +23,16 @@ watch batch costs what it changes. Documents deleted that way stay in the view's
 statistics until a merge, exactly like the main index — they are documents the view could
 see, never hidden ones.
 
+A scrubbed view (issue 24 item 3; specs/policy.md §9): when the predicate carries a
+``scrub`` attribute — ``scrub(source_id) -> frozenset`` of kinds
+(:data:`node.policy.scrub.KINDS`) scrubbed from that document for this view — each such
+document's chunks are indexed over their *scrubbed* text and title
+(:func:`node.policy.scrub.scrub`), so a query for a scrubbed value finds nothing and
+nothing scrubbed moves a score. The kinds are part of the document's signature, so a
+changed ``[scrub]`` table re-indexes exactly the documents it changes; a chunk whose
+scrubbing fails is left out of the view (fail closed). A scrubbed view is never served
+by the main index.
+
 Cost: building a view copies its chunks into RAM once (about as fast as ``kith index
 sync``'s tantivy part; ``scripts/bench_search`` prints it); a search on it costs what a
 search on the main index costs.
@@ -65,10 +75,20 @@ Visible = Callable[[str], bool]
 class _Docs(dict):  # type: ignore[type-arg]
     """A view's ``{doc_id: signature}``; ``whole`` is True when it holds every ``done``
     document of the record at its generation (the view sees the whole corpus);
-    ``chunks`` is the sum of its documents' chunk counts."""
+    ``chunks`` is the sum of its documents' chunk counts; ``scrubbed`` is True when some
+    document's signature carries scrub kinds (its 4th item, :func:`scrub_kinds`)."""
 
     whole = False
     chunks = 0
+    scrubbed = False
+    key: frozenset[Any] | None = None  # :func:`_view_key`, computed once
+
+
+def scrub_kinds(signature: tuple[Any, ...] | None) -> frozenset[str]:
+    """The scrub kinds a view's document signature carries (empty: indexed as stored)."""
+    if signature is None or len(signature) < 4:
+        return frozenset()
+    return signature[3]
 
 
 @dataclass
@@ -91,6 +111,8 @@ class ViewIndex:
     _searcher: Any = None
     #: True when this view is served by the main on-disk index (``index`` is None)
     on_main: bool = False
+    #: True when some document of the view is indexed over scrubbed text (module docstring)
+    scrubbed: bool = False
 
     def searcher(self) -> Any:
         """A searcher over the view's current state (made again after each update)."""
@@ -117,7 +139,7 @@ class Views:
         self._sets: weakref.WeakKeyDictionary[Any, tuple[int, dict[str, tuple[Any, ...]]]] = (
             weakref.WeakKeyDictionary())
         self._plain: dict[int, tuple[Any, int, dict[str, tuple[Any, ...]]]] = {}
-        self._indexes: OrderedDict[frozenset[str], ViewIndex] = OrderedDict()
+        self._indexes: OrderedDict[frozenset[Any], ViewIndex] = OrderedDict()
         #: (the visible-docs dict last served, its view): same dict object → same view
         self._last: tuple[dict[str, tuple[Any, ...]], ViewIndex] | None = None
         self._main: ViewIndex | None = None  # the view served by the main index
@@ -135,13 +157,19 @@ class Views:
             return cached[1]
         docs: _Docs = _Docs()
         total = 0
+        kinds_of = getattr(visible, "scrub", None)
         with sources.folders_resolved_once():  # one real-path lookup per folder, not per file
             for doc_id, source_id, content_hash, indexed_at, chunks in db.execute(
                     "SELECT doc_id, source_id, content_hash, indexed_at, chunk_count FROM "
                     "documents WHERE status = 'done' AND chunk_count > 0"):
                 total += 1
                 if visible(source_id):
-                    docs[doc_id] = (content_hash, indexed_at, chunks)
+                    kinds = kinds_of(source_id) if kinds_of is not None else None
+                    if kinds:
+                        docs[doc_id] = (content_hash, indexed_at, chunks, frozenset(kinds))
+                        docs.scrubbed = True
+                    else:
+                        docs[doc_id] = (content_hash, indexed_at, chunks)
                     docs.chunks += chunks
         docs.whole = len(docs) == total
         try:
@@ -165,7 +193,7 @@ class Views:
                 the main index (:attr:`ViewIndex.on_main`), not copied into RAM.
         """
         docs = self.visible_docs(db, visible)
-        if main is not None and getattr(docs, "whole", False):
+        if main is not None and getattr(docs, "whole", False) and not getattr(docs, "scrubbed", False):
             searcher = main(docs.chunks)
             if searcher is not None:
                 view = self._main
@@ -175,7 +203,13 @@ class Views:
                 return view
         if self._last is not None and self._last[0] is docs:  # the common case: nothing moved
             return self._last[1]
-        key = frozenset(docs)
+        view = self._ram_view(db, docs)
+        view.scrubbed = bool(getattr(docs, "scrubbed", False))
+        return view
+
+    def _ram_view(self, db: sqlite3.Connection, docs: dict[str, tuple[Any, ...]]) -> ViewIndex:
+        """The RAM index of ``docs``: kept, updated from the nearest kept one, or built."""
+        key = _view_key(docs)
         view = self._indexes.get(key)
         if view is not None:
             self._indexes.move_to_end(key)
@@ -214,21 +248,48 @@ class Views:
         self._plain.clear()
 
 
+def _view_key(docs: dict[str, tuple[Any, ...]]) -> frozenset[Any]:
+    """The key a view index is kept under: its document ids, a scrubbed document's paired
+    with its kinds (views that scrub differently never share, nor take turns updating,
+    one index). Computed once per visible-docs object (peers alternating between views
+    do not pay for it per query)."""
+    key = getattr(docs, "key", None)
+    if key is None:
+        key = (frozenset((d, scrub_kinds(sig)) if len(sig) > 3 else d for d, sig in docs.items())
+               if getattr(docs, "scrubbed", False) else frozenset(docs))
+        if isinstance(docs, _Docs):
+            docs.key = key
+    return key
+
+
 def _new_index() -> Any:
     index = tantivy.Index(search.build_schema())
     search.register_analyzers(index)
     return index
 
 
-def _add(writer: Any, db: sqlite3.Connection, doc_ids: list[str]) -> None:
+def _add(writer: Any, db: sqlite3.Connection, doc_ids: list[str],
+         docs: dict[str, tuple[Any, ...]]) -> None:
+    """Index the chunks of ``doc_ids``; a document whose signature in ``docs`` carries
+    scrub kinds is indexed over its scrubbed text and title (a chunk whose scrubbing
+    fails is left out: fail closed)."""
+    from node.policy.scrub import ScrubFailed, scrub, scrub_cached  # late: the policy sits above
+
     for cid, did, text, title in iter_chunks_for_index(db, sorted(doc_ids)):
+        kinds = scrub_kinds(docs.get(did))
+        if kinds:
+            try:
+                text = scrub_cached(cid, text, kinds)  # kept: the answers reuse it
+                title = (scrub(title[0], kinds), scrub(title[1], kinds))
+            except ScrubFailed:
+                continue
         writer.add_document(search.make_document(cid, did, text, title))
 
 
 def _build(db: sqlite3.Connection, docs: dict[str, tuple[Any, ...]]) -> ViewIndex:
     index = _new_index()
     writer = index.writer(VIEW_WRITER_HEAP, 1)
-    _add(writer, db, list(docs))
+    _add(writer, db, list(docs), docs)
     writer.commit()
     writer.wait_merging_threads()
     index.reload()
@@ -244,7 +305,7 @@ def _update(db: sqlite3.Connection, view: ViewIndex, docs: dict[str, tuple[Any, 
     writer = view.index.writer(VIEW_WRITER_HEAP, 1)
     for doc_id in gone:
         writer.delete_documents_by_term("doc_id", doc_id)
-    _add(writer, db, new)
+    _add(writer, db, new, docs)
     writer.commit()
     writer.wait_merging_threads()
     view.index.reload()

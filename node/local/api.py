@@ -8,7 +8,9 @@
 - ``GET /openapi.json`` — the OpenAPI 3.1 document (kept as ``specs/openapi.json``);
 - ``POST /search`` — the flat request of DESIGN §8 → the ``schemaVersion`` 2 envelope;
   with ``peers`` (pinned names or ``"all"``, a local-only extension) the merged envelope
-  of several peers (specs/ask.md §5) over the API's warm session pool;
+  of several peers (specs/ask.md §5) over the API's warm session pool: peer evidence
+  marked ``untrusted``/``suspicious`` by this node, fenced in its ``fence`` block, and
+  header ``X-Kith-Untrusted: peer-evidence`` when any result is a peer's (specs/ask.md §7).
 - ``POST /verify`` — ``{"answer": <a saved answer>}`` → the ``kith verify --json``
   document of its signed citations (specs/citations.md; reads only the peer registry, asks
   no host).
@@ -314,7 +316,9 @@ class _Handlers:
         assert self.pools is not None
         pool = await self.pools.get()
         merged = await peers_search(self.holder.home, peers, body, pool=pool, timeout_s=PEERS_TIMEOUT_S)
-        return JSONResponse(merged, headers={"X-Kith-Status": "ok" if merged["answered"] else "no-verified-results"})
+        untrusted = "peer-evidence" if any(r.get("untrusted") for r in merged["results"]) else "none"
+        return JSONResponse(merged, headers={"X-Kith-Status": "ok" if merged["answered"] else "no-verified-results",
+                                             "X-Kith-Untrusted": untrusted})
 
 
 def _invalid(message: str) -> JSONResponse:

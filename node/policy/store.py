@@ -22,6 +22,10 @@ The exact glob, specificity and tie rules are in ``specs/policy.md``; in short:
   ``[quota.peer.NAME]`` over it.
 * An override and a group membership may carry ``until`` (RFC 3339 UTC): from then on it
   is ignored (:mod:`node.policy.grants`).
+* ``[scrub.tier]`` / ``[scrub.peer]`` (``kith policy scrub``): kinds of values
+  (:data:`node.policy.scrub.KINDS`) replaced by placeholders in what a peer receives from
+  a source of that tier, or in everything that peer receives (:meth:`Policy.scrub_kinds`;
+  specs/policy.md §8).
 
 The file is read with stdlib :mod:`tomllib` and written with ``tomli-w`` through
 :func:`node.common.home.atomic_write` (0600, tmp+rename). Comments are not preserved on save.
@@ -64,6 +68,8 @@ GROUP_PREFIX = "@"
 #: The most members one group may have.
 MAX_GROUP_MEMBERS = 1000
 _QUOTA_KEYS = {"queries_per_hour", "burst", "max_message_bytes"}
+#: Tiers a ``[scrub.tier]`` entry may name: the ones whose sources reach a peer.
+SCRUB_TIERS: tuple[str, ...] = ("public", "peers", "ask")
 
 #: Quota defaults: per peer (pinned or anonymous key), queries per hour, burst, bytes per
 #: answer. A person exploring does not hit them (issue 20): 60 questions back to back, then
@@ -278,6 +284,43 @@ def _check_quota_values(table: object, where: str, *, allow_peer: bool) -> dict[
     return out
 
 
+def _check_scrub(table: object, where: str) -> dict[str, Any]:
+    """The ``[scrub]`` table checked: ``{"tier": {TIER: [kinds]}, "peer": {NAME: [kinds]}}``
+    (either sub-table optional; kinds deduplicated in :data:`node.policy.scrub.KINDS`
+    order; an empty list is dropped).
+
+    Raises:
+        PolicyError: ``policy-invalid`` (unknown key, a tier that never reaches a peer, a
+            name that is no registry name, not a list), ``scrub-bad-kind``.
+    """
+    from node.policy.scrub import check_kinds
+
+    if not isinstance(table, dict):
+        raise PolicyError("policy-invalid", f"{where}must be a table")
+    out: dict[str, Any] = {}
+    for key, sub in table.items():
+        if key not in ("tier", "peer"):
+            raise PolicyError("policy-invalid", f"{where}unknown key {key!r} (use [scrub.tier] or [scrub.peer])")
+        if not isinstance(sub, dict):
+            raise PolicyError("policy-invalid", f"{where}{key!r} must be a table")
+        checked: dict[str, list[str]] = {}
+        for name, kinds in sub.items():
+            at = f"{where}{key}.{name!a}: "
+            if key == "tier" and name not in SCRUB_TIERS:
+                raise PolicyError("policy-invalid", f"{at}scrubbing applies to tiers {', '.join(SCRUB_TIERS)} "
+                                  "(the others never reach a peer)")
+            if key == "peer":
+                _check_peer_name(name, at)
+            if not isinstance(kinds, list):
+                raise PolicyError("policy-invalid", f"{at}must be a list of kinds")
+            got = check_kinds(kinds, at)
+            if got:
+                checked[name] = list(got)
+        if checked:
+            out[key] = checked
+    return out
+
+
 @dataclass(frozen=True)
 class Quota:
     """One peer's quota (DESIGN §10).
@@ -333,7 +376,7 @@ class Policy:
 
     def __init__(self, rules: Iterable[Rule] = (), quota: dict[str, Any] | None = None,
                  path: Path | None = None, overrides: Iterable[Rule] = (),
-                 groups: dict[str, Group] | None = None) -> None:
+                 groups: dict[str, Group] | None = None, scrub: dict[str, Any] | None = None) -> None:
         self._rules: list[Rule] = list(rules)
         self._overrides: list[Rule] = list(overrides)
         #: ``[group.NAME]`` tables by name (``kith peers group``).
@@ -342,6 +385,8 @@ class Policy:
         #: :meth:`node.runtime.clock.Clock.time`, and a re-read policy keeps it.
         self.now: Any = time.time
         self.quota: dict[str, Any] = dict(quota or {})
+        #: the checked ``[scrub]`` table (:func:`_check_scrub`; ``kith policy scrub``)
+        self.scrub: dict[str, Any] = dict(scrub or {})
         self.path = path
         #: :func:`file_stamp` of :attr:`path` taken just before :meth:`load` read it;
         #: ``None`` for a policy not loaded from a file (never re-read, see
@@ -355,8 +400,9 @@ class Policy:
 
         Raises:
             PolicyError: ``policy-invalid`` (unreadable, too large, not UTF-8, bad TOML,
-                unknown key, wrong type), ``policy-bad-tier``, ``policy-bad-glob``; the
-                message names the file and the key or the 1-based ``[[rule]]`` number.
+                unknown key, wrong type), ``policy-bad-tier``, ``policy-bad-glob``,
+                ``scrub-bad-kind``; the message names the file and the key or the
+                1-based ``[[rule]]`` number.
         """
         path = Path(home) / POLICY_FILE
         stamp = file_stamp(path)  # before reading: a change after this is seen as a change
@@ -388,7 +434,7 @@ class Policy:
         except tomllib.TOMLDecodeError as exc:
             raise PolicyError("policy-invalid", f"{name}: not valid TOML: {exc}") from None
         for key in doc:
-            if key not in ("rule", "override", "quota", "group"):
+            if key not in ("rule", "override", "quota", "group", "scrub"):
                 raise PolicyError("policy-invalid", f"{name}: unknown key {key!r}")
         rules = [_make_rule(t["glob"], t["tier"], t.get("peers"), where)
                  for where, t in _array_of_tables(doc, "rule", name, _RULE_KEYS, ("glob", "tier"))]
@@ -402,10 +448,12 @@ class Policy:
         if not isinstance(raw_groups, dict):
             raise PolicyError("policy-invalid", f"{name}: 'group' must be a table of tables ([group.NAME])")
         groups = {g: _make_group(g, t, f"{name}: [group.{str(g)[:64]}]: ") for g, t in raw_groups.items()}
-        return cls(rules, quota, path, overrides, groups)
+        scrub = _check_scrub(doc["scrub"], f"{name}: [scrub]: ") if "scrub" in doc else {}
+        return cls(rules, quota, path, overrides, groups, scrub)
 
     def to_toml(self) -> str:
-        """Serialize to TOML (a header comment, ``[[rule]]`` tables, then ``[quota]``)."""
+        """Serialize to TOML (a header comment, ``[[rule]]`` tables, ``[quota]``, then
+        ``[scrub]``)."""
         doc: dict[str, Any] = {}
         if self._rules:
             doc["rule"] = [r.to_toml() for r in self._rules]
@@ -415,6 +463,8 @@ class Policy:
             doc["quota"] = self.quota
         if self.groups:
             doc["group"] = {n: g.to_toml() for n, g in sorted(self.groups.items())}
+        if self.scrub:
+            doc["scrub"] = self.scrub
         header = ("# Kith egress policy (DESIGN §10). Written by `kith policy`; "
                   "comments are not kept.\n")
         return header + tomli_w.dumps(doc)
@@ -660,6 +710,57 @@ class Policy:
                   "max_message_bytes": base.max_message_bytes}
         merged.update(self.quota.get("anonymous") or {})
         return Quota(**merged)
+
+    # --- scrubbing (kith policy scrub) ------------------------------------------------------
+    def set_scrub(self, target: str, kinds: Iterable[str]) -> tuple[str, tuple[str, ...]]:
+        """Set the kinds scrubbed for ``target`` — a tier of :data:`SCRUB_TIERS`, or a
+        registry name — replacing what it had; empty ``kinds`` removes its entry. Does
+        not save.
+
+        Returns:
+            ``("tier" | "peer", the kinds now set)``.
+
+        Raises:
+            PolicyError: ``scrub-bad-kind``; ``policy-invalid`` for ``private``/``never``
+                (never sent, nothing to scrub); ``peer-bad-name`` for a target that is
+                neither a tier nor a registry name.
+        """
+        from node.policy.scrub import check_kinds
+
+        got = check_kinds(kinds)
+        if target in TIERS and target not in SCRUB_TIERS:
+            raise PolicyError("policy-invalid", f"tier {target!r} never reaches a peer: nothing to scrub "
+                              f"(scrubbing applies to {', '.join(SCRUB_TIERS)})")
+        key = "tier" if target in SCRUB_TIERS else "peer"
+        if key == "peer":
+            check_peer_names([target], "--for name")
+        table = {k: dict(v) for k, v in self.scrub.items()}
+        sub = table.setdefault(key, {})
+        if got:
+            sub[target] = list(got)
+        else:
+            sub.pop(target, None)
+        self.scrub = {k: v for k, v in table.items() if v}
+        return key, got
+
+    def scrub_entries(self) -> list[tuple[str, str, tuple[str, ...]]]:
+        """Every ``[scrub]`` entry as ``("tier" | "peer", target, kinds)``, tiers first."""
+        return [(key, target, tuple(kinds)) for key in ("tier", "peer")
+                for target, kinds in sorted((self.scrub.get(key) or {}).items())]
+
+    def scrub_kinds(self, tier: str, peer_name: str | None) -> frozenset[str]:
+        """The kinds scrubbed from a source of ``tier`` sent to ``peer_name`` (None: an
+        anonymous peer): the tier's ``[scrub.tier]`` kinds plus the peer's
+        ``[scrub.peer]`` kinds (specs/policy.md §9). Empty: nothing is scrubbed."""
+        kinds = set((self.scrub.get("tier") or {}).get(tier) or ())
+        if peer_name is not None:
+            kinds.update((self.scrub.get("peer") or {}).get(peer_name) or ())
+        return frozenset(kinds)
+
+    @property
+    def scrubs(self) -> bool:
+        """True when any ``[scrub]`` entry exists (else no peer answer pays for scrubbing)."""
+        return bool(self.scrub)
 
     # --- deciding -------------------------------------------------------------------------
     def match(self, canonical: str, peer_name: str | None = None) -> Rule | None:

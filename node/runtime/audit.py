@@ -23,15 +23,26 @@ class _SessionTap:
         self.peer = peer
         self.session_id: str | None = None
         self.peer_name: str | None = None
+        #: the scrubbing gate's counts of the answer being sent (one question at a time)
+        self._scrubbed: dict[str, int] | None = None
 
     def ready(self, session_id: str, peer_name: str | None) -> None:
         """The session became ready (called from the host's ``make_context``)."""
         self.session_id, self.peer_name = session_id, peer_name
         self.audit._taps[session_id] = self
 
+    def answered(self, answer: dict[str, Any]) -> None:
+        """The answer service answered this session's query: keep its ``scrubbed`` counts
+        (spans per kind, ``refused`` results; never values) for the ``results`` record of
+        the frame that carries it (the knowledge-query hooks never send them)."""
+        got = answer.get("scrubbed")
+        self._scrubbed = ({str(k)[:16]: int(v) for k, v in got.items() if isinstance(v, int)}
+                          if isinstance(got, dict) else None)
+
     def outgoing(self, frame: Any) -> None:
         """An outgoing business frame passed the egress gate and is queued for sending:
-        a ``results`` frame is recorded with its status and source ids (never text).
+        a ``results`` frame is recorded with its status and source ids (never text), and
+        — for a scrubbed peer — ``scrubbed``, the counts per kind (:meth:`answered`).
 
         Args:
             frame: the engine's :class:`node.engine.session.OutgoingFrame`; the record is
@@ -47,8 +58,10 @@ class _SessionTap:
                                      if isinstance(r, dict) and r.get("source") is not None))[:MAX_SOURCES]
         base = {"session_id": self.session_id, "peer": self.peer, "peer_name": self.peer_name}
         approval = msg.get("approval_id") if isinstance(msg.get("approval_id"), str) else None
+        scrubbed, self._scrubbed = self._scrubbed, None
         self.audit.log.record("results", **base, query_id=str(msg.get("query_id"))[:64],
-                              status=str(msg.get("status"))[:64], sources=sources, approval_id=approval)
+                              status=str(msg.get("status"))[:64], sources=sources, approval_id=approval,
+                              scrubbed=scrubbed)
         if approval is not None and msg.get("status") == "pending-approval":
             self.audit.log.record("approval-created", **base, approval_id=approval[:64])
 

@@ -340,7 +340,8 @@ class Connection:
                            options=dict(host.opts.hook_options),
                            knowledge=ActivityTracked(host.knowledge.handle_for(name, grant_key),
                                                      lambda: host.table.begin_query(token),
-                                                     lambda status: host.table.activity(token, status)),
+                                                     lambda status: host.table.activity(token, status),
+                                                     self.tap.answered),
                            logger=logging.getLogger("kith.hooks." + host.spec.name))
 
 

@@ -300,7 +300,9 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
         on_ready, host_seen, accept_host_ui, heartbeat, on_path: as :func:`join_session`.
 
     Returns:
-        :class:`AskResult` with the session outcome and every ``results`` message.
+        :class:`AskResult` with the session outcome and every ``results`` message, each
+        marked as peer evidence on arrival (:func:`node.answer.fence.mark_answer`:
+        ``untrusted`` and ``suspicious`` on every result and citation).
 
     Raises:
         TransportError: bind/connect failures (``transport-*``).
@@ -310,6 +312,9 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
     result = AskResult(outcome=None)
 
     def on_results(message: dict[str, Any]) -> None:
+        from node.answer.fence import mark_answer
+
+        mark_answer(message)  # the guest's own marks: untrusted, suspicious (never the host's)
         result.answers.append(message)
         if options.on_results is not None:
             options.on_results(message)

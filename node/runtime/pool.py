@@ -110,6 +110,10 @@ class PeerSession:
         return self.questions.get()
 
     def _on_results(self, message: dict[str, Any]) -> None:
+        from node.answer.fence import mark_answer
+
+        mark_answer(message)  # the guest's own marks: untrusted, suspicious (never the host's)
+
         def deliver() -> None:
             if self._waiter is not None and not self._waiter.done():
                 self._waiter.set_result(message)

@@ -651,12 +651,17 @@ class ActivityTracked:
         inner: the peer's :class:`node.answer.service.Knowledge`.
         begin / done: :meth:`SessionTable.begin_query` / :meth:`SessionTable.activity`
             bound to the session's token.
+        answered: when given, called with each answer dict before it is returned (the
+            audit tap takes the scrubbing gate's counts from it,
+            :meth:`node.runtime.audit._SessionTap.answered`).
     """
 
-    def __init__(self, inner: Any, begin: Callable[[], None], done: Callable[[str], None]) -> None:
+    def __init__(self, inner: Any, begin: Callable[[], None], done: Callable[[str], None],
+                 answered: Callable[[dict[str, Any]], None] | None = None) -> None:
         self._inner = inner
         self._begin = begin
         self._done = done
+        self._answered = answered
 
     def search(self, request: dict[str, Any]) -> dict[str, Any]:
         """``inner.search(request)``; see :meth:`node.answer.service.Knowledge.search`."""
@@ -666,6 +671,8 @@ class ActivityTracked:
             result = self._inner.search(request)
             got = result.get("status") if isinstance(result, dict) else None
             status = str(got or "unknown")[:64]
+            if self._answered is not None and isinstance(result, dict):
+                self._answered(result)
             return result
         finally:
             self._done(status)

@@ -1,0 +1,389 @@
+"""The scrubbing gate: span-level screening of what a peer receives (issue 24 item 3;
+specs/policy.md §9). Not :mod:`node.policy.redact`, which rewrites *logs*.
+
+Deterministic detectors, one per kind (:data:`KINDS`), each finding spans in a text:
+
+* ``email`` — ``local@domain.tld`` (ASCII local part ``[A-Za-z0-9._%+-]``, a domain of
+  dot-separated labels, a letter-only TLD of 2-24 characters).
+* ``phone`` — numbers in international form (``+`` or ``00`` and a country code, spaces,
+  dots, hyphens, parentheses between digits) and the North American form with its area
+  code in parentheses (``(212) 555-0134``); each candidate must be a *valid* number for
+  its country per Google's libphonenumber metadata (the ``phonenumberslite`` package).
+  National forms of other countries (``020 7946 0958``) are not recognised.
+* ``card`` — 13-19 digits with a major network's prefix and length (:func:`_card_network`),
+  unseparated or grouped as cards print them (4-4-4-4, 4-4-4-4-3, 4-6-5, 4-6-4, one kind
+  of separator: a space or a hyphen), passing the Luhn check (``python-stdnum``).
+* ``iban`` — two letters, two check digits, 11-30 letters/digits (in groups of four or
+  not), with its country's length and the ISO 13616 mod-97 check (``python-stdnum``).
+* ``secret`` — PEM private-key blocks (``-----BEGIN … PRIVATE KEY-----`` to its END line,
+  or to the end of the text when the chunk was cut inside it), and common API-key shapes:
+  AWS access key ids, GitHub, GitLab, Slack, Stripe, Google and OpenAI-style keys, JWTs.
+
+:func:`scrub` replaces each span by its typed placeholder (:data:`PLACEHOLDER`,
+``[email]`` …) and returns how many of each kind it replaced — never the values. A
+detector that raises makes :func:`scrub` raise :class:`ScrubFailed` (the caller refuses
+that result: fail closed). The placeholders match no detector, so scrubbing twice
+changes nothing.
+
+Cost: every pattern is led by a literal or a narrow class (``re`` searches those at C
+speed) and libphonenumber is only asked about candidates: about 0.04-0.06 ms per KB of
+text (the Python docs, 2 shared cores). :func:`scrub_cached` keeps results, so a chunk
+scrubbed when its view index was built costs an answer a dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from functools import lru_cache
+from typing import Any
+
+from node.common.errors import PolicyError
+
+#: The kinds `kith policy scrub` accepts, in display order.
+KINDS: tuple[str, ...] = ("email", "phone", "card", "iban", "secret")
+#: The placeholder that replaces a span of each kind.
+PLACEHOLDER = {kind: f"[{kind}]" for kind in KINDS}
+
+
+class ScrubFailed(Exception):
+    """A detector raised: the text it was scanning must not leave (fail closed).
+
+    Attributes:
+        kind: the detector's kind.
+    """
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+def check_kinds(kinds: Iterable[str], where: str = "") -> tuple[str, ...]:
+    """``kinds`` checked, deduplicated and in :data:`KINDS` order.
+
+    Raises:
+        PolicyError: ``scrub-bad-kind`` naming the first unknown kind (``where`` prefixes
+            the message: the file and table).
+    """
+    kinds = list(kinds)
+    for kind in kinds:
+        if not isinstance(kind, str) or kind not in KINDS:
+            raise PolicyError("scrub-bad-kind", f"{where}{str(kind)[:40]!r} is not a scrub kind "
+                              f"(one of {', '.join(KINDS)})")
+    return tuple(k for k in KINDS if k in kinds)
+
+
+# --- detectors: each returns [(start, end)] ----------------------------------------------
+# Speed (CPython's ``re``): a pattern led by a literal is searched for at C speed, one led
+# by a look-behind or an alternation is tried at every character; so each pattern below
+# starts with a literal or a narrow class, and the boundary on its left is checked in
+# Python for the few candidates found.
+
+_WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+def _free_left(text: str, at: int, also: str = "") -> bool:
+    """True when the character before ``at`` is no word character (nor one of ``also``)."""
+    return at == 0 or (text[at - 1] not in _WORD and text[at - 1] not in also)
+
+
+_EMAIL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._%+-]{0,63}@"
+                    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}(?![A-Za-z0-9-])")
+
+
+def _email(text: str) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    at = text.find("@")
+    while at != -1:  # only a window around each "@" is matched
+        lo = max(0, at - 65)
+        m = _EMAIL.search(text, lo, at + 256)
+        while m is not None and m.end() <= at:  # a match wholly before this "@"
+            m = _EMAIL.search(text, m.end(), at + 256)
+        if m is not None and m.start() <= at:
+            start = m.start()
+            if _free_left(text, start, "._%+-"):  # else a local part over 64 characters
+                out.append((start, m.end()))
+            at = text.find("@", m.end())
+        else:
+            at = text.find("@", at + 1)
+    return out
+
+
+#: international: + or 00, a country code, then digits with single separators
+_PHONE_LEAD = re.compile(r"\+[1-9]|00[1-9]")
+_PHONE_INTL = re.compile(r"(?:\+|00)[1-9]\d{0,2}(?:[ .\-]?\(?\d{1,5}\)?){2,6}(?![\w])")
+#: North American with the area code in parentheses: (212) 555-0134
+_PHONE_NANP = re.compile(r"\(\d{3}\) ?\d{3}[ .\-]\d{4}(?![\w])")
+
+
+@lru_cache(maxsize=1)
+def _phonenumbers():  # type: ignore[no-untyped-def]
+    import phonenumbers  # late: ~30 ms to import, only a scrubbed peer pays it
+
+    return phonenumbers
+
+
+def _valid_phone(candidate: str, region: str | None) -> bool:
+    pn = _phonenumbers()
+    if candidate.startswith("00"):
+        candidate = "+" + candidate[2:]
+    try:
+        number = pn.parse(candidate, region)
+    except pn.NumberParseException:
+        return False
+    return bool(pn.is_valid_number(number))
+
+
+def _phone(text: str) -> list[tuple[int, int]]:
+    out = []
+    for lead in _PHONE_LEAD.finditer(text):
+        at = lead.start()
+        if not _free_left(text, at, "+"):
+            continue
+        m = _PHONE_INTL.match(text, at)
+        if m is not None and (not out or at >= out[-1][1]) and _valid_phone(m.group(0), None):
+            out.append(m.span())
+    if "(" in text:
+        out += [m.span() for m in _PHONE_NANP.finditer(text)
+                if _free_left(text, m.start(), ")") and _valid_phone(m.group(0), "US")]
+    return out
+
+
+_CARD = re.compile(r"[2-6]\d{3}(?:[ \-]?\d){9,15}(?![\d])")
+_CARD_GROUPS = re.compile(r"\d{4}([ \-])\d{4}\1\d{4}\1\d{4}(?:\1\d{3})?|\d{4}([ \-])\d{6}\2\d{4,5}")
+
+
+def _card_network(digits: str) -> bool:
+    """True when ``digits`` has the prefix and length of a major card network's numbers:
+    Visa 4 (13, 16, 19), Mastercard 51-55 and 2221-2720 (16), American Express 34/37 (15),
+    Diners 300-305/36/38 (14), Discover 6011/644-649/65, JCB 3528-3589, UnionPay 62
+    (16-19). Without it, one long number in a hundred thousand that passes Luhn would
+    be taken for a card (measured on the Python docs: specs/policy.md §9.4)."""
+    n, p2, p3, p4 = len(digits), int(digits[:2]), int(digits[:3]), int(digits[:4])
+    if digits[0] == "4":
+        return n in (13, 16, 19)
+    if 51 <= p2 <= 55 or 2221 <= p4 <= 2720:
+        return n == 16
+    if p2 in (34, 37):
+        return n == 15
+    if p2 in (36, 38) or 300 <= p3 <= 305:
+        return n == 14
+    if p4 == 6011 or p2 in (62, 65) or 644 <= p3 <= 649 or 3528 <= p4 <= 3589:
+        return 16 <= n <= 19
+    return False
+
+
+def _card(text: str) -> list[tuple[int, int]]:
+    from stdnum import luhn
+
+    out = []
+    for m in _CARD.finditer(text):
+        if m.start() and text[m.start() - 1] in "0123456789-":
+            continue
+        raw = m.group(0)
+        digits = raw.replace(" ", "").replace("-", "")
+        if not 13 <= len(digits) <= 19 or not _card_network(digits):
+            continue
+        if raw != digits and not _CARD_GROUPS.fullmatch(raw):
+            continue  # separated, but not as cards print: 4-4-4-4(-3), 4-6-5, 4-6-4
+        if luhn.is_valid(digits):
+            out.append(m.span())
+    return out
+
+
+_IBAN = re.compile(r"[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}(?![A-Za-z0-9])")
+
+
+def _iban(text: str) -> list[tuple[int, int]]:
+    from stdnum import iban
+
+    out = []
+    for m in _IBAN.finditer(text):
+        if not _free_left(text, m.start()):
+            continue
+        raw = m.group(0).rstrip()
+        if iban.is_valid(raw.replace(" ", "")):
+            out.append((m.start(), m.start() + len(raw)))
+    return out
+
+
+#: key shapes, each led by its literal prefix (its left boundary checked in Python)
+_SECRET_SHAPES = tuple(re.compile(p) for p in (
+    r"AKIA[0-9A-Z]{16}(?![0-9A-Za-z])", r"ASIA[0-9A-Z]{16}(?![0-9A-Za-z])",
+    r"gh[pousr]_[A-Za-z0-9]{36,255}(?![A-Za-z0-9])",
+    r"github_pat_[A-Za-z0-9_]{22,255}(?![A-Za-z0-9_])",
+    r"glpat-[A-Za-z0-9_\-]{20,}",
+    r"xox[abposr]-[A-Za-z0-9\-]{10,}",
+    r"sk_(?:live|test)_[A-Za-z0-9]{16,}(?![A-Za-z0-9])", r"rk_(?:live|test)_[A-Za-z0-9]{16,}(?![A-Za-z0-9])",
+    r"AIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])",
+    r"sk-(?:proj-|ant-)?[A-Za-z0-9_\-]{32,}",
+    r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
+))
+#: a block never crosses a NUL (:func:`scrub_many` joins texts with one)
+_PEM = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"
+                  r"(?:[^\x00]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|[^\x00]*(?=\x00|\Z))")
+#: the tail of a PEM block whose BEGIN line is in an earlier chunk
+_PEM_TAIL = re.compile(r"\A[^\x00]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----")
+
+
+def _secret(text: str) -> list[tuple[int, int]]:
+    out = [m.span() for shape in _SECRET_SHAPES for m in shape.finditer(text) if _free_left(text, m.start())]
+    if "PRIVATE KEY-----" in text:
+        out += [m.span() for m in _PEM.finditer(text)]
+        tail = _PEM_TAIL.match(text)
+        if tail is not None and "-----BEGIN" not in tail.group(0):
+            out.append(tail.span())
+    return out
+
+
+#: kind -> detector (tests replace one to check that a failure refuses the result)
+DETECTORS: dict[str, Callable[[str], list[tuple[int, int]]]] = {
+    "email": _email, "phone": _phone, "card": _card, "iban": _iban, "secret": _secret}
+
+
+def find(text: str, kinds: Iterable[str]) -> list[tuple[int, int, str]]:
+    """The spans of ``kinds`` in ``text``: ``[(start, end, kind)]`` sorted, without
+    overlaps (of two overlapping spans the one starting first — then the longer — stays).
+
+    Raises:
+        ScrubFailed: a detector raised.
+    """
+    spans: list[tuple[int, int, str]] = []
+    for kind in kinds:
+        try:
+            found = DETECTORS[kind](text)
+        except Exception as exc:  # noqa: BLE001 - any detector failure fails closed
+            raise ScrubFailed(kind) from exc
+        spans += [(s, e, kind) for s, e in found if e > s]
+    if len(spans) < 2:
+        return spans
+    spans.sort(key=lambda s: (s[0], -s[1]))
+    out = [spans[0]]
+    for span in spans[1:]:
+        if span[0] >= out[-1][1]:
+            out.append(span)
+    return out
+
+
+def scrub(text: str, kinds: Iterable[str], counts: dict[str, int] | None = None) -> str:
+    """``text`` with every span of ``kinds`` replaced by its :data:`PLACEHOLDER`.
+
+    Args:
+        text: any text (a chunk, a heading, a source id).
+        kinds: kinds from :data:`KINDS` (empty: ``text`` unchanged, nothing scanned).
+        counts: when given, ``counts[kind]`` is increased by the spans replaced.
+
+    Returns:
+        The scrubbed text.
+
+    Raises:
+        ScrubFailed: a detector raised (``counts`` is then left unchanged).
+    """
+    if not kinds or not text:
+        return text
+    spans = find(text, kinds)
+    if not spans:
+        return text
+    parts: list[str] = []
+    at = 0
+    for start, end, kind in spans:
+        parts += [text[at:start], PLACEHOLDER[kind]]
+        at = end
+        if counts is not None:
+            counts[kind] = counts.get(kind, 0) + 1
+    parts.append(text[at:])
+    return "".join(parts)
+
+
+def scrub_many(texts: list[str], kinds: Iterable[str], counts: dict[str, int] | None = None) -> list[str]:
+    """:func:`scrub` of each of ``texts`` (same order), in one pass over them joined by
+    NUL — no detector's span crosses a NUL — so short fields (a source id, headings)
+    pay the detectors' fixed cost once, not once each. Texts holding a NUL themselves are
+    scrubbed one by one.
+
+    Raises:
+        ScrubFailed: a detector raised (``counts`` is then left unchanged).
+    """
+    kinds = tuple(kinds)
+    if not kinds or not texts:
+        return list(texts)
+    if len(texts) == 1 or any("\x00" in t for t in texts):
+        got: dict[str, int] = {}
+        out = [scrub(t, kinds, got) for t in texts]
+    else:
+        got = {}
+        joined = "\x00".join(texts)
+        out = scrub_cached("\x00fields", joined, frozenset(kinds), got).split("\x00")
+    if counts is not None:
+        for kind, n in got.items():
+            counts[kind] = counts.get(kind, 0) + n
+    return out
+
+
+def scrub_fields(source_id: str, heading: list[Any], metadata: dict[str, Any], kinds: frozenset[str],
+                 counts: dict[str, int] | None = None) -> tuple[str, list[Any], dict[str, Any]]:
+    """A hit's short fields scrubbed in one pass (:func:`scrub_many`): its source id, the
+    strings of its heading path, and its metadata's string values and strings in list
+    values (anything else is kept as is). The inputs are not changed.
+
+    Returns:
+        ``(source_id, heading path, metadata)``, new objects.
+
+    Raises:
+        ScrubFailed: a detector raised.
+    """
+    heading = list(heading)
+    meta = dict(metadata)
+    h_at = [i for i, h in enumerate(heading) if isinstance(h, str)]
+    m_str = [k for k, v in meta.items() if isinstance(v, str)]
+    m_list = {k: [i for i, x in enumerate(v) if isinstance(x, str)] for k, v in meta.items() if isinstance(v, list)}
+    fields = ([source_id] + [heading[i] for i in h_at] + [meta[k] for k in m_str]
+              + [meta[k][i] for k, at in m_list.items() for i in at])
+    done = iter(scrub_many(fields, kinds, counts))
+    source = next(done)
+    for i in h_at:
+        heading[i] = next(done)
+    for k in m_str:
+        meta[k] = next(done)
+    for k, at in m_list.items():
+        meta[k] = values = list(meta[k])
+        for i in at:
+            values[i] = next(done)
+    return source, heading, meta
+
+
+#: results kept by :func:`scrub_cached` (emptied when full); a text nothing was found in
+#: costs one small entry, so a whole view's chunks fit
+CACHE_ENTRIES = 200_000
+_cache: dict[tuple[Any, int, frozenset[str]], tuple[str | None, tuple[tuple[str, int], ...]]] = {}
+
+
+def scrub_cached(key: Any, text: str, kinds: frozenset[str], counts: dict[str, int] | None = None) -> str:
+    """:func:`scrub` with its result kept under (``key``, the text's hash, ``kinds``):
+    a view index scrubs every chunk once when it is built (``key`` = the chunk id), and
+    an answer then finds the result of each hit's text instead of scanning it again.
+    Kept: the scrubbed text only when it differs, and the counts; at most
+    :data:`CACHE_ENTRIES` (the cache is emptied when full). A detector failure is never
+    kept (it raises again next time).
+
+    Raises:
+        ScrubFailed: a detector raised.
+    """
+    if not kinds or not text:
+        return text
+    entry = (key, hash(text), kinds)
+    got = _cache.get(entry)
+    if got is None:
+        found: dict[str, int] = {}
+        out = scrub(text, kinds, found)
+        if len(_cache) >= CACHE_ENTRIES:
+            _cache.clear()
+        got = _cache[entry] = (None if out == text else out, tuple(found.items()))
+    if counts is not None:
+        for kind, n in got[1]:
+            counts[kind] = counts.get(kind, 0) + n
+    return text if got[0] is None else got[0]
+
+
+__all__ = ["CACHE_ENTRIES", "DETECTORS", "KINDS", "PLACEHOLDER", "ScrubFailed", "check_kinds", "find", "scrub",
+           "scrub_cached", "scrub_fields", "scrub_many"]
