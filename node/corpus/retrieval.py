@@ -83,7 +83,7 @@ PASS_WEIGHTS = {"baseline-bm25": 1.0, "exact-entity": 0.3, "rewrite-expanded": 0
 #: normalised per query over its own ranked list (:data:`NORMALISATION`,
 #: :func:`normalised`), times its weight, summed; ``rrf`` — weighted reciprocal-rank
 #: fusion (:data:`PASS_WEIGHTS`, k = :data:`node.corpus.search.RRF_K`), the method before.
-FUSION = "weighted-sum"
+FUSION = "rrf"
 #: Per-pass normalisation of the weighted sum: BM25 passes by their list's best score,
 #: the dense pass's cosines min-max over its list.
 NORMALISATION = {"baseline-bm25": "max", "exact-entity": "max", "rewrite-expanded": "max",
@@ -456,6 +456,10 @@ def normalised(hits: list[tuple[Any, float]], how: str) -> list[tuple[Any, float
     if not hits:
         return []
     top = hits[0][1]
+    if how == "mean":
+        mean = sum(sc for _k, sc in hits) / len(hits)
+        span = top - mean
+        return [(k, max(0.0, (sc - mean) / span) if span > 0 else 1.0) for k, sc in hits]
     if how == "minmax":
         low = min(sc for _k, sc in hits)
         span = top - low
