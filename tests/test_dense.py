@@ -565,3 +565,27 @@ def test_full_model_batches_match_one_text_at_a_time() -> None:
     for i, text in enumerate(texts):
         alone = model.embed_ids(model.tokenize([text]))[0]
         assert np.allclose(batched[i], alone, atol=1e-5)
+
+
+def test_full_model_tier_is_fused_by_normalised_weighted_sum(kb, monkeypatch) -> None:
+    """The minilm tier's dense pass is fused by the weighted sum of per-query
+    max-normalised scores with its own weight (retrieval.FUSION); the envelope says so
+    and validates."""
+    home, _root = kb
+    with Corpus(home) as c:
+        dense.embed_missing(c, MINILM)
+        c.record.set_meta(dense.META_TIER, "minilm")
+        c.record.set_meta(dense.META_ENABLED, "1")
+    monkeypatch.setattr(dense, "corpus_embedder", lambda _c: MINILM)
+    with Corpus(home, readonly=True) as c:
+        hits, ctl = c.search_hits("car oil", limit=3)
+        assert hits[0].source_id == "/kb/car.md" and hits[0].score_components["dense"] > 0
+        assert ctl["fusion"]["method"] == retrieval.fusion_method("minilm") == "weighted-sum"
+        assert ctl["fusion"]["weights"]["dense"] == retrieval.DENSE_WEIGHTS["minilm"]
+        assert ctl["fusion"]["normalisation"]["dense"] == "max"
+        req = contract.validate({"query": "car oil", "topK": 3})
+        hits, ctl = c.search_hits(req["query"], limit=3)
+        env = envelope.build_envelope(req, hits, ctl)
+    jsonschema.Draft202012Validator(SCHEMA).validate(env)
+    assert env["retrievalController"]["fusion"]["method"] == "weighted-sum"
+    assert env["retrievalController"]["fusion"]["weights"]["dense"] == retrieval.DENSE_WEIGHTS["minilm"]

