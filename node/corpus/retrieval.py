@@ -20,7 +20,10 @@ what it did in the ``retrievalController`` report:
    key-term pairs as sloppy phrases were tried and are off — :data:`PROXIMITY_PAIRS`:
    on ``scripts/eval`` they cost nDCG@10/MRR@10 and took half of the pass's time.)
 
-Fusion is weighted RRF (:data:`PASS_WEIGHTS`: the baseline at 1.0, the two near-identical
+Fusion (:data:`FUSION`, per dense tier, chosen on the dev split) is weighted RRF for the
+lexical passes alone and with the static dense pass, and the weighted sum of per-query
+max-normalised scores with the full model's (:func:`weighted_sum`). RRF weights
+(:data:`PASS_WEIGHTS`: the baseline at 1.0, the two near-identical
 keyword passes at 0.3), then document-level aggregation of chunk scores
 (:func:`aggregate_documents`). The baseline also matches whole identifiers
 (``os.path.join``, ``__init__``, ``max_connections``, ``3.11``) on the ``ident`` field
@@ -470,10 +473,6 @@ def normalised(hits: list[tuple[Any, float]], how: str) -> list[tuple[Any, float
     if not hits:
         return []
     top = hits[0][1]
-    if how == "mean":
-        mean = sum(sc for _k, sc in hits) / len(hits)
-        span = top - mean
-        return [(k, max(0.0, (sc - mean) / span) if span > 0 else 1.0) for k, sc in hits]
     if how == "minmax":
         low = min(sc for _k, sc in hits)
         span = top - low
