@@ -232,7 +232,8 @@ def test_off_by_default_imports_nothing_heavy(kb) -> None:
     assert out.stdout.strip() == "[]"
     with Corpus(home, readonly=True) as c:
         assert dense.status(c) == {"enabled": False, "installed": dense.extra_available(),
-                                   "model": dense.STATIC_MODEL_PREFIX, "vectors": 0,
+                                   "tier": "static", "model": dense.STATIC_MODEL_PREFIX,
+                                   "vectors": 0,
                                    "chunks": 3, "missing": 3}
 
 
@@ -441,3 +442,150 @@ def test_two_stage_search_ranks_like_the_exact_pass(tmp_path: Path, monkeypatch)
         doc = c.record.db.execute("SELECT d.rel_path FROM chunks k JOIN documents d "
                             "ON d.doc_id = k.doc_id WHERE k.chunk_id = ?", (cid,)).fetchone()[0]
         assert doc == "n17.md" and score > dense.MIN_SIMILARITY
+
+
+# -- two tiers behind one switch (issue 21 item 2) ------------------------------------------------
+class TierEmbedder(ConceptEmbedder):
+    """ConceptEmbedder under a tier's model id (static prefix or the full model's id)."""
+
+    def __init__(self, model_id: str, dim: int) -> None:
+        super().__init__(model_id)
+        self.dim = dim
+
+
+STATIC_A = TierEmbedder(dense.STATIC_MODEL_PREFIX + ":aaaa:bbbb", 256)
+STATIC_B = TierEmbedder(dense.STATIC_MODEL_PREFIX + ":cccc:dddd", 256)
+MINILM = TierEmbedder(dense.MODEL_ID, dense.DIM)
+
+
+def _models(c: Corpus) -> dict[str, int]:
+    return dict(c.record.db.execute("SELECT model, COUNT(*) FROM chunk_vectors GROUP BY model"))
+
+
+def test_tiers_keep_their_own_vectors_and_never_mix(kb) -> None:
+    home, _root = kb
+    with Corpus(home) as c:
+        assert dense.tier(c) == "static"
+        assert dense.embed_missing(c, STATIC_A)["embedded"] == 3
+        rep = dense.embed_missing(c, MINILM)
+        assert rep["embedded"] == 3 and rep["pruned"] == 0  # the static tier's rows stay
+        assert _models(c) == {STATIC_A.model_id: 3, dense.MODEL_ID: 3}
+        # each model ranks only its own vectors
+        for model in (STATIC_A, MINILM):
+            assert dense.load_matrix(c, model.model_id, model.dim).mat.shape == (3, model.dim)
+        assert dense.dense_rank(c, "automobile", STATIC_B, 5) == []  # no vectors of its id
+        # a new static table replaces the old static vectors, the full model's stay
+        rep = dense.embed_missing(c, STATIC_B)
+        assert rep["pruned"] == 3 and _models(c) == {STATIC_B.model_id: 3, dense.MODEL_ID: 3}
+        # switching back to the full model needs no embedding
+        assert dense.embed_missing(c, MINILM)["embedded"] == 0
+
+
+def test_embed_killed_midway_resumes_without_redoing_finished_batches(kb) -> None:
+    home, root = kb
+    (root / "more.md").write_text("# More\n\n" + "\n\n".join(
+        f"Paragraph {i} about the staging server." for i in range(4)) + "\n")
+    with Corpus(home) as c:
+        c.sync()
+        total = c.stats()["chunks"]
+
+        class Dies(ConceptEmbedder):
+            def embed(self, texts):
+                if self.calls >= 3:  # the load call, two batches, then killed in the third
+                    raise KeyboardInterrupt
+                return super().embed(texts)
+
+        with pytest.raises(KeyboardInterrupt):
+            dense.embed_missing(c, Dies(), batch_size=1)
+        assert _models(c) == {"test-concepts-v1": 2}  # two batches were committed
+        again = ConceptEmbedder()
+        rep = dense.embed_missing(c, again, batch_size=1)
+        assert rep["current"] == 2 and rep["embedded"] == total - 2
+
+
+def test_cli_dense_model_switch_applies_from_the_next_query(kb) -> None:
+    home, _root = kb
+    run = _cli(home)
+    assert run("index", "config", "--dense-model", "huge").exit_code == 2
+    assert run("index", "config", "kb", "--dense-model", "minilm").exit_code == 2
+    r = run("index", "config", "--dense-model", "minilm", "--json")
+    if not dense.extra_available():
+        assert r.exit_code == 1 and getattr(r.exception, "code", None) == "dense-unavailable"
+        return
+    assert r.exit_code == 0, r.output
+    st = json.loads(r.stdout)["dense"]
+    assert st["tier"] == "minilm" and st["model"] == dense.MODEL_ID and st["missing"] == 3
+    with Corpus(home) as c:
+        dense.embed_missing(c, STATIC_A)
+        c.record.set_meta(dense.META_ENABLED, "1")
+    with Corpus(home, readonly=True) as reader:  # a running host's handle
+        _hits, ctl = reader.search_hits("car oil", limit=3)
+        entry = next(p for p in ctl["passes"] if p["name"] == "dense")
+        assert entry["status"] == "skipped" and entry["reason"] == "no-vectors"  # minilm's
+        r = run("index", "config", "--dense-model", "static", "--json")
+        assert r.exit_code == 0 and json.loads(r.stdout)["dense"]["tier"] == "static"
+        assert dense.tier(reader) == "static"  # read per query: the next one uses it
+
+
+def test_a_broken_full_model_skips_the_pass_and_bm25_still_answers(kb, monkeypatch) -> None:
+    _static_or_skip()
+    home, _root = kb
+    with Corpus(home) as c:
+        dense.embed_missing(c, MINILM)  # vectors in the full model's space
+        dense.set_tier(c, "minilm")
+        c.record.set_meta(dense.META_ENABLED, "1")
+    broken = dense.OnnxMiniLM()
+    monkeypatch.setattr(dense, "_SHARED", broken)
+    monkeypatch.setattr(dense, "_sha256_file", lambda _p: "0" * 64)  # a corrupt model file
+    with Corpus(home, readonly=True) as c:
+        hits, ctl = c.search_hits("car oil", limit=3)
+    assert hits and hits[0].source_id == "/kb/car.md"
+    entry = next(p for p in ctl["passes"] if p["name"] == "dense")
+    assert entry == {"name": "dense", "status": "skipped", "candidates": 0,
+                     "reason": "dense-model-unavailable"}
+
+
+@pytest.mark.hybrid
+@pytest.mark.timeout(600)
+def test_full_model_batches_match_one_text_at_a_time() -> None:
+    """Length-bucketed, dynamically padded batches give each text the vector it gets
+    alone (padding never leaks into the mean)."""
+    if not dense.extra_available():
+        pytest.skip("kith-node[hybrid] is not installed (missing: "
+                    f"{', '.join(dense.missing_modules())}); install it with scripts/setup --hybrid")
+    model = dense.OnnxMiniLM()
+    texts = ["a car", "check the tyres every spring " * 3, "x", "the staging server restarts",
+             "word " * 300]
+    plan = model.batches(texts, budget=64)
+    assert sorted(i for pos, _s in plan for i in pos) == list(range(len(texts)))
+    for pos, seqs in plan:
+        assert len(seqs) * max(map(len, seqs)) <= 64 or len(seqs) == 1
+    assert max(len(s) for _p, ss in plan for s in ss) == dense.MAX_TOKENS  # cut at 256
+    batched = {i: v for pos, seqs in plan for i, v in zip(pos, model.embed_ids(seqs))}
+    for i, text in enumerate(texts):
+        alone = model.embed_ids(model.tokenize([text]))[0]
+        assert np.allclose(batched[i], alone, atol=1e-5)
+
+
+def test_full_model_tier_is_fused_by_normalised_weighted_sum(kb, monkeypatch) -> None:
+    """The minilm tier's dense pass is fused by the weighted sum of per-query
+    max-normalised scores with its own weight (retrieval.FUSION); the envelope says so
+    and validates."""
+    home, _root = kb
+    with Corpus(home) as c:
+        dense.embed_missing(c, MINILM)
+        c.record.set_meta(dense.META_TIER, "minilm")
+        c.record.set_meta(dense.META_ENABLED, "1")
+    monkeypatch.setattr(dense, "corpus_embedder", lambda _c: MINILM)
+    with Corpus(home, readonly=True) as c:
+        hits, ctl = c.search_hits("car oil", limit=3)
+        assert hits[0].source_id == "/kb/car.md" and hits[0].score_components["dense"] > 0
+        assert ctl["fusion"]["method"] == retrieval.fusion_method("minilm") == "weighted-sum"
+        assert ctl["fusion"]["weights"]["dense"] == retrieval.DENSE_WEIGHTS["minilm"]
+        assert ctl["fusion"]["normalisation"]["dense"] == "max"
+        req = contract.validate({"query": "car oil", "topK": 3})
+        hits, ctl = c.search_hits(req["query"], limit=3)
+        env = envelope.build_envelope(req, hits, ctl)
+    jsonschema.Draft202012Validator(SCHEMA).validate(env)
+    assert env["retrievalController"]["fusion"]["method"] == "weighted-sum"
+    assert env["retrievalController"]["fusion"]["weights"]["dense"] == retrieval.DENSE_WEIGHTS["minilm"]

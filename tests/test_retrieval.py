@@ -143,6 +143,26 @@ def test_weighted_rrf_sums_reciprocal_ranks() -> None:
     assert max(fused, key=fused.get) == "b"  # found by two passes beats one
 
 
+def test_normalised_scores_use_only_the_pass_own_list() -> None:
+    """Per-query normalisation (issue 21): max and min-max over the pass's own ranked
+    list, so what another list (another view's) holds never moves a score."""
+    hits = [("a", 8.0), ("b", 4.0), ("c", 2.0)]
+    assert retrieval.normalised(hits, "max") == [("a", 1.0), ("b", 0.5), ("c", 0.25)]
+    assert retrieval.normalised(hits, "minmax") == [("a", 1.0), ("b", pytest.approx(1 / 3)),
+                                                    ("c", 0.0)]
+    assert retrieval.normalised([("a", 0.4), ("b", 0.4)], "minmax") == [("a", 1.0), ("b", 1.0)]
+    assert retrieval.normalised([], "max") == []
+
+
+def test_weighted_sum_adds_weighted_normalised_scores() -> None:
+    ranked = {"baseline-bm25": [("a", 10.0), ("b", 5.0)], "rewrite-expanded": [("b", 3.0)]}
+    fused = retrieval.weighted_sum(ranked, {"baseline-bm25": 1.0, "rewrite-expanded": 0.6})
+    assert fused == {"a": pytest.approx(1.0), "b": pytest.approx(0.5 + 0.6)}
+    # a pass with weight 0 adds nothing, but what only it found is still a candidate
+    fused = retrieval.weighted_sum(ranked, {"baseline-bm25": 1.0, "rewrite-expanded": 0.0})
+    assert fused == {"a": 1.0, "b": 0.5}
+
+
 def test_document_aggregation_prefers_the_page_over_its_second_chunk() -> None:
     """A page's second chunk drops below another page's best chunk; a page matched in two
     sections gains on a page matched in one (retrieval.aggregate_documents)."""

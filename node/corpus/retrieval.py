@@ -20,7 +20,10 @@ what it did in the ``retrievalController`` report:
    key-term pairs as sloppy phrases were tried and are off — :data:`PROXIMITY_PAIRS`:
    on ``scripts/eval`` they cost nDCG@10/MRR@10 and took half of the pass's time.)
 
-Fusion is weighted RRF (:data:`PASS_WEIGHTS`: the baseline at 1.0, the two near-identical
+Fusion (:data:`FUSION`, per dense tier, chosen on the dev split) is weighted RRF for the
+lexical passes alone and with the static dense pass, and the weighted sum of per-query
+max-normalised scores with the full model's (:func:`weighted_sum`). RRF weights
+(:data:`PASS_WEIGHTS`: the baseline at 1.0, the two near-identical
 keyword passes at 0.3), then document-level aggregation of chunk scores
 (:func:`aggregate_documents`). The baseline also matches whole identifiers
 (``os.path.join``, ``__init__``, ``max_connections``, ``3.11``) on the ``ident`` field
@@ -79,6 +82,32 @@ from node.common.errors import CorpusError
 #: postgresql) and stays for what only it does: quoted phrases in order.
 PASS_WEIGHTS = {"baseline-bm25": 1.0, "exact-entity": 0.3, "rewrite-expanded": 0.3,
                 "dense": 0.5}  # dense: dev split, python-docs + postgresql (specs/corpus.md)
+#: How passes are fused, per dense tier (issue 21 item 1; "" = no dense pass ran), each
+#: the best on the dev split (scripts/tune_fusion, pooled dev nDCG@10 over python-docs,
+#: postgresql, generated; specs/corpus.md): ``weighted-sum`` — each pass's scores
+#: normalised per query over its own ranked list (:data:`NORMALISATION`,
+#: :func:`normalised`), times its weight, summed; ``rrf`` — weighted reciprocal-rank
+#: fusion (k = :data:`node.corpus.search.RRF_K`). Lexical only: rrf 0.720, weighted sum
+#: 0.716 (0.722 with its knobs re-tuned); + static: rrf 0.730, weighted sum <= 0.725 (max,
+#: min-max, mean normalisations, ranx's optimum, an rrf + score blend 0.730); + minilm:
+#: rrf 0.783 (dense weight 3.0), weighted sum 0.790 (max-normalised, dense 2.5).
+FUSION = {"": "rrf", "static": "rrf", "minilm": "weighted-sum"}
+#: Per-pass normalisation of the weighted sum: every pass by its own list's best score
+#: (BM25's least possible score is 0; min-max of the cosines was 0.789 vs 0.790).
+NORMALISATION = {"baseline-bm25": "max", "exact-entity": "max", "rewrite-expanded": "max",
+                 "dense": "max"}
+#: The dense pass's weight per tier (``kith index config --dense-model``), chosen on the
+#: dev split with that tier's method: static 0.5 in RRF (0.3-0.6 within 0.001), minilm 2.5
+#: in the weighted sum (2.0 0.787, 3.0 0.788, 1.0 0.755).
+DENSE_WEIGHTS = {"static": 0.5, "minilm": 2.5}
+
+
+def fusion_method(tier: str | None) -> str:
+    """The fusion method for a search whose dense pass ran with ``tier`` (None: no dense
+    pass; :data:`FUSION`)."""
+    return FUSION.get(tier or "", FUSION[""])
+
+
 #: Score-component key per pass.
 COMPONENT = {"baseline-bm25": "bm25", "exact-entity": "exact", "rewrite-expanded": "rewrite",
              "dense": "dense"}
@@ -435,13 +464,64 @@ class _Order:
         return self._one(self.keys[i])
 
 
+def normalised(hits: list[tuple[Any, float]], how: str) -> list[tuple[Any, float]]:
+    """One pass's scores normalised over that pass's own ranked list (best first) for one
+    query: ``max`` — score / the list's best (BM25's least possible score is 0); ``minmax``
+    — (score − the list's lowest) / (best − lowest), all 1.0 when they are equal (a
+    cosine list sits in a narrow band well above 0). The list is the pass's, run on the
+    searcher's own index — for a peer its view's — so nothing outside it counts."""
+    if not hits:
+        return []
+    top = hits[0][1]
+    if how == "minmax":
+        low = min(sc for _k, sc in hits)
+        span = top - low
+        return [(k, (sc - low) / span if span > 0 else 1.0) for k, sc in hits]
+    return [(k, sc / top if top > 0 else 0.0) for k, sc in hits]
+
+
+def pass_weight(name: str, tier: str | None = None) -> float:
+    """The fusion weight of a pass (:data:`PASS_WEIGHTS`; the dense pass's per tier,
+    :data:`DENSE_WEIGHTS`)."""
+    if name == "dense" and tier in DENSE_WEIGHTS:
+        return DENSE_WEIGHTS[tier]
+    return PASS_WEIGHTS.get(name, 1.0)
+
+
+def weighted_sum(ranked: dict[str, list[tuple[Any, float]]],
+                 weights: dict[str, float] | None = None) -> dict[Any, float]:
+    """The fusion (:data:`FUSION` ``weighted-sum``): ``{key: sum over passes of weight ×
+    normalised score}`` (:func:`normalised` with :data:`NORMALISATION`; a pass that did
+    not find a key adds 0). ``weights`` default to :func:`pass_weight`."""
+    fused: dict[Any, float] = {}
+    for name, hits in ranked.items():
+        w = (weights or {}).get(name, pass_weight(name))
+        if w <= 0:
+            continue
+        for key, sc in normalised(hits, NORMALISATION.get(name, "max")):
+            fused[key] = fused.get(key, 0.0) + w * sc
+    for name, hits in ranked.items():  # a key only a zero-weight pass found still counts
+        for key, _sc in hits:
+            fused.setdefault(key, 0.0)
+    return fused
+
+
+def fuse(ranked: dict[str, list[tuple[Any, float]]],
+         weights: dict[str, float] | None = None, method: str = "rrf") -> dict[Any, float]:
+    """Fuse the passes' ranked lists with ``method`` (``rrf`` | ``weighted-sum``)."""
+    if method == "rrf":
+        return weighted_rrf(ranked, weights=weights)
+    return weighted_sum(ranked, weights)
+
+
 def weighted_rrf(ranked: dict[str, list[tuple[Any, float]]],
-                 k: int = search.RRF_K) -> dict[Any, float]:
+                 k: int = search.RRF_K, weights: dict[str, float] | None = None,
+                 ) -> dict[Any, float]:
     """Weighted RRF: ``{key: sum over passes of weight/(k + rank)}`` (a key names one
     chunk: its chunk id, or its tantivy address within one request)."""
     fused: dict[Any, float] = {}
     for name, hits in ranked.items():
-        w = PASS_WEIGHTS.get(name, 1.0)
+        w = (weights or {}).get(name, PASS_WEIGHTS.get(name, 1.0))
         for rank, (cid, _s) in enumerate(hits, start=1):
             fused[cid] = fused.get(cid, 0.0) + w / (k + rank)
     return fused
@@ -596,8 +676,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
     plan = make_plan(query)
     controller: dict[str, Any] = {
         "mode": "bounded-multi-pass", "passes": [],
-        "fusion": {"method": "rrf", "k": search.RRF_K,
-                   "weights": {p: PASS_WEIGHTS[p] for p in plan.passes}},
+        "fusion": fusion_report(plan.passes),
         "maxPerDocument": max_per_document, "candidates": 0, "orphaned": 0,
         "filteredOut": 0, "withheldStale": 0, "dedupedPerDocument": 0,
         "collapsedDuplicates": 0, "returned": 0, "rounds": 0, "earlyStop": False, "stopReason": None,
@@ -711,12 +790,14 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                     ranked[name] = known
                     passes.append({**(dense_entry or {}), "name": name, "status": "ran",
                                    "candidates": len(known)})
-                    controller["fusion"]["weights"].setdefault(name, PASS_WEIGHTS.get(name, 1.0))
+                    tier = (dense_entry or {}).get("tier")
+                    controller["fusion"] = fusion_report(
+                        [*controller["fusion"]["weights"], *extra_passes], tier)
             elif dense_entry is not None:  # dense on but skipped: say why
                 passes.append(dict(dense_entry))
             if stop is not None:
                 controller.update(earlyStop=True, stopReason=stop)
-            fused = weighted_rrf(ranked)
+            fused = fuse(ranked, controller["fusion"]["weights"], controller["fusion"]["method"])
             base = ranked.get("baseline-bm25") or []
             top_bm25 = base[0][1] if base else 0.0
             bm25_of = dict(base)
@@ -747,6 +828,18 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
         controller["indexLag"] = _index_lag(corpus)
         controller["returned"] = len(hits)
         return hits, controller
+
+
+def fusion_report(passes: Iterable[str], tier: str | None = None) -> dict[str, Any]:
+    """The controller's ``fusion`` block for ``passes`` fused with a dense pass of
+    ``tier`` (None: none ran): ``{"method", "weights"}`` plus ``k`` for RRF or
+    ``normalisation`` for the weighted sum (:func:`fusion_method`)."""
+    weights = {p: pass_weight(p, tier) for p in passes}
+    method = fusion_method(tier)
+    if method == "rrf":
+        return {"method": "rrf", "k": search.RRF_K, "weights": weights}
+    return {"method": method, "normalisation": {p: NORMALISATION.get(p, "max") for p in weights},
+            "weights": weights}
 
 
 def _components(cid: Any, raw: dict[str, dict[Any, float]], fused: dict[Any, float]
