@@ -381,7 +381,9 @@ def test_the_handle_exposes_only_search(world) -> None:
     corpus, gate, _, _ = world
     handle = peer_knowledge(corpus, gate, "alice", peer_key=ALICE)
     public = {n for n in dir(handle) if not n.startswith("_")}
-    assert public == {"search", "peer_name", "peer_key"}
+    # check_versions answers only current / stale / unknown for a citation's keyed version
+    # (specs/citations.md), from this peer's view
+    assert public == {"search", "check_versions", "peer_name", "peer_key"}
     for attr in ("corpus", "gate", "index", "search_hits", "_corpus", "__dict__"):
         assert not hasattr(handle, attr), attr
     with pytest.raises(AttributeError):

@@ -577,6 +577,7 @@ def test_full_model_tier_is_fused_by_normalised_weighted_sum(kb, monkeypatch) ->
         c.record.set_meta(dense.META_TIER, "minilm")
         c.record.set_meta(dense.META_ENABLED, "1")
     monkeypatch.setattr(dense, "corpus_embedder", lambda _c: MINILM)
+    monkeypatch.setattr(dense, "missing_modules", lambda: ())  # the fake model stands in for the extra
     with Corpus(home, readonly=True) as c:
         hits, ctl = c.search_hits("car oil", limit=3)
         assert hits[0].source_id == "/kb/car.md" and hits[0].score_components["dense"] > 0

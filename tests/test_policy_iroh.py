@@ -251,8 +251,10 @@ def test_peers_only_and_pinned_names(world) -> None:
     host2 = Host(home2, "--invite-file", str(invite2), "--peers-only")
     try:
         r = kith(world["guests"]["bob"], "join", str(invite2), "--local", "--trust", "--query", "roadmap", "--json")
-        assert r.returncode == 1 and "handshake-not-admitted" in r.stderr
-        assert json.loads(r.stdout)["error"]["code"] == "handshake-not-admitted"
+        # bob's home has a person key, so its chain is judged at _session_ready: a device of
+        # a person nobody pinned (specs/peers.md §10)
+        assert r.returncode == 1 and "handshake-person-not-pinned" in r.stderr
+        assert json.loads(r.stdout)["error"]["code"] == "handshake-person-not-pinned"
         r = kith(world["guests"]["alice"], "join", str(invite2), "--local", "--trust", "--query", "roadmap", "--json")
         assert r.returncode == 0, r.stderr
     finally:

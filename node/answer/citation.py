@@ -385,10 +385,15 @@ def _host_of(obj: dict[str, Any], inherited: str | None) -> str | None:
 def _results(node: Any, where: str, host: str | None, depth: int = 0) -> Iterator[tuple[dict[str, Any], str, str | None]]:
     """Every result object (a dict with ``textPreview`` and ``source``) under ``node``,
     with its path and the host key its nearest enclosing ``peer.key`` names. A string
-    holding a JSON object (an MCP tool answer's ``content[].text``) is looked into."""
+    holding a JSON object (an MCP tool answer's ``content[].text``, also inside the fence
+    of :func:`node.answer.fence.fenced`) is looked into."""
     if depth > 64:
         return
     if isinstance(node, str):
+        if node[:3] == "<<<" and len(node) <= MAX_ANSWER_BYTES:  # an MCP answer's fenced peer evidence
+            from node.answer.fence import unfenced
+
+            node = unfenced(node) or ""
         if node[:1] == "{" and len(node) <= MAX_ANSWER_BYTES:
             try:
                 inner = json.loads(node)

@@ -152,6 +152,26 @@ def fenced(payload: str, notice: str = NOTICE) -> str:
     return "\n".join((BEGIN.format(boundary=boundary), notice, payload, END.format(boundary=boundary)))
 
 
+_BEGIN_RE = re.compile(r"<<<BEGIN UNTRUSTED PEER EVIDENCE ([0-9a-f]{16})>>>")
+
+
+def unfenced(text: str) -> str | None:
+    """The payload of a block :func:`fenced` made (what a saved MCP answer's text holds),
+    or None when ``text`` is not one: its first line is a :data:`BEGIN` line, its last the
+    matching :data:`END` line, and the payload starts at the first inner line that opens a
+    JSON object (the notice before it is dropped). Used by ``kith verify`` to read the
+    evidence it checks; the fence itself proves nothing."""
+    lines = text.split("\n")
+    m = _BEGIN_RE.fullmatch(lines[0]) if lines else None
+    if m is None or len(lines) < 3 or lines[-1] != END.format(boundary=m.group(1)):
+        return None
+    inner = lines[1:-1]
+    for i, line in enumerate(inner):
+        if line.startswith("{"):
+            return "\n".join(inner[i:])
+    return None
+
+
 def merged_fence(results: list[dict[str, Any]], notice: str = NOTICE) -> dict[str, Any]:
     """The ``fence`` of a merged (``kith-ask``) envelope: ``{"begin", "end", "notice",
     "text"}`` — ``text`` is the untrusted results' evidence as one block an agent reads as
@@ -174,5 +194,5 @@ def merged_fence(results: list[dict[str, Any]], notice: str = NOTICE) -> dict[st
             "text": "\n".join((begin, notice, body, end)) if parts else ""}
 
 
-__all__ = ["BEGIN", "END", "NOTICE", "REASONS", "fenced", "mark_answer", "mark_envelope", "mark_merged",
+__all__ = ["BEGIN", "END", "NOTICE", "REASONS", "fenced", "unfenced", "mark_answer", "mark_envelope", "mark_merged",
            "merged_fence", "scan"]

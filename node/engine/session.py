@@ -124,6 +124,7 @@ class SessionEngine:
         self._out = bytearray()
         self.state = State.HANDSHAKE
         self._saw_first = False
+        self._got_business = False  # a business message of the peer was accepted (READY only)
         self.close_event: SessionClosed | None = None
         self._clock = clock
         self.timers = SessionTimers(timeouts or Timeouts(None, None, None, None), clock())
@@ -396,6 +397,13 @@ class SessionEngine:
             return self._invalid_input(exc)
         if self.state is not State.READY:
             return self._handshake_frame(obj)
+        if obj["action"] == "_session_reject" and self.role == "guest" and not self._got_business:
+            # the Host refuses at _session_ready (a guest is ready once it sent it; session.md §4.3)
+            try:
+                frame = F.decode_system(obj)
+            except (ProtocolViolation, HandshakeError) as exc:
+                return self._fail(HandshakeError("handshake-malformed", exc.message))
+            return self._close("rejected", frame.code[:64], frame.message[:500])
         try:
             if obj["action"].startswith("_"):
                 return self._loop.system_frame(obj)
@@ -403,6 +411,7 @@ class SessionEngine:
         except (ProtocolViolation, HandshakeError) as exc:
             return self._invalid_input(exc)
         self._loop.accept(self.peer_role, terminal)
+        self._got_business = True
         self._last_received = obj
         self.timers.business(self._clock())
         events: list[Event] = [MessageReceived(obj, terminal)]
