@@ -184,6 +184,7 @@ async def run_session(
     queue_in, queue_out = anyio.create_memory_object_stream[Any](math.inf)
     shutdown_marker = object()
     write_dead = False
+    write_failed = anyio.Event()  # a send failed: the watchdog ends the session unless it ends first
 
     def emit(events: list[Event]) -> None:
         for ev in events:
@@ -209,8 +210,21 @@ async def run_session(
                 emit(engine.abort("peer-unresponsive", "the peer stopped reading"))
                 engine.data_to_send()
             except TransportError:
+                # the peer may have closed after sending its last frame (a _session_reject
+                # at _session_ready): the receiver reads what arrived first, and the session
+                # is lost only if it has not ended within DRAIN_GRACE_S (watchdog below)
                 write_dead = True
-                emit(engine.connection_lost())
+                write_failed.set()
+
+    async def watchdog() -> None:
+        while not engine.closed:
+            with anyio.move_on_after(tick_cap):
+                await write_failed.wait()
+            if write_failed.is_set():
+                await anyio.sleep(DRAIN_GRACE_S)
+                if not engine.closed:
+                    emit(engine.connection_lost())
+                return
 
     async def deliver(result: HookResult) -> list[Event]:
         out: list[Event] = []
@@ -342,6 +356,7 @@ async def run_session(
             tg.start_soon(processor, tg.cancel_scope)
             tg.start_soon(receiver, tg.cancel_scope)
             tg.start_soon(ticker, tg.cancel_scope)
+            tg.start_soon(watchdog)
             if stop is not None:
                 tg.start_soon(stopper)
     finally:
