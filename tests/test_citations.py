@@ -191,6 +191,9 @@ def test_each_bad_citation_has_its_own_result():
     truncated = copy.deepcopy(good)
     truncated["provenance"]["location"]["lineEnd"] = 3  # the quote claims fewer lines than signed
     assert _judge(truncated) == "span-mismatch"
+    moved = copy.deepcopy(good)  # the signed quote shown under another document's name
+    moved["source"] = "/kb/other.md"
+    assert _judge(moved) == "span-mismatch"
     cut = copy.deepcopy(good)
     cut["citation"]["span"]["lines"] = [3]
     assert _judge(cut) == "malformed"

@@ -58,7 +58,7 @@ RESULTS = {
     "malformed": "the citation is not a kith-citation-v1 object (missing or ill-formed field)",
     "unknown-version": "the citation names a format this verifier does not know",
     "wrong-host": "signed by another key than the host the answer names for this result",
-    "span-mismatch": "the result's location is not the span that was signed (cut or moved)",
+    "span-mismatch": "the result's location or source is not the span that was signed (cut or moved)",
     "wrong-domain": "the signature is over these lines under another signing domain",
     "signed-json": "the signature is over a JSON serialisation, not the citation payload",
     "bad-signature": "the signature does not verify",
@@ -309,7 +309,8 @@ def _verifies(key: str, message: bytes, signature: str) -> bool:
     return True
 
 
-def verify_citation(citation: Any, *, text: Any, location: Any = None, expected_host: str | None = None,
+def verify_citation(citation: Any, *, text: Any, location: Any = None, shown_sources: Any = (),
+                    expected_host: str | None = None,
                     known: KnownKey | None = None, where: str = "") -> Row:
     """Judge one citation against the result carrying it (specs/citations.md §3).
 
@@ -318,6 +319,9 @@ def verify_citation(citation: Any, *, text: Any, location: Any = None, expected_
         text: the result's ``textPreview`` as saved.
         location: the result's location as saved (``provenance.location`` or a merged
             result's ``location``), compared with the signed span; None skips that check.
+        shown_sources: the source ids the result shows as saved (its ``source``, its
+            ``provenance.sourceId``); each must be the signed ``source``
+            (``span-mismatch``: a quote moved to another document).
         expected_host: the key the answer names as this result's host (a merged answer's
             ``peer.key``, a saved join line's ``peer.key``), or None when it names none.
         known: ``key → (peer name, person)`` for pinned peers.
@@ -354,6 +358,8 @@ def verify_citation(citation: Any, *, text: Any, location: Any = None, expected_
     assert key is not None
     if expected_host is not None and expected_host != key:
         return row("wrong-host", f"signed by {key[:16]}…, but the answer names {str(expected_host)[:16]}…")
+    if any(isinstance(shown, str) and shown != src for shown in shown_sources):
+        return row("span-mismatch", "the result names another source than the one that was signed")
     if location is not None:
         shown = span_of(location, None)
         if (shown["lines"], shown["pages"]) != (citation["span"]["lines"], citation["span"]["pages"]):
@@ -435,6 +441,8 @@ def verify_answer(answer: Any, *, known: KnownKey | None = None) -> list[Row]:
         location = prov.get("location") if isinstance(prov, dict) else result.get("location")
         rows.append(verify_citation(result["citation"], text=result.get("textPreview"),
                                     location=location if isinstance(location, dict) else None,
+                                    shown_sources=(result.get("source"),
+                                                   prov.get("sourceId") if isinstance(prov, dict) else None),
                                     expected_host=host, known=known, where=where))
     return rows
 
@@ -535,6 +543,8 @@ def verify_request(body: Any, known: KnownKey | None) -> dict[str, Any]:
     answer = body["answer"]
     if isinstance(answer, str):
         answer = parse_answer(answer.encode("utf-8", "surrogatepass"), "answer")
+    if not isinstance(answer, (dict, list)):
+        raise ConfigError("answer-invalid", "the answer must be a saved Kith answer (a JSON object or list)")
     return report(verify_answer(answer, known=known))
 
 

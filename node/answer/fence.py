@@ -44,6 +44,8 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
         re.IGNORECASE),
     "role-tag": re.compile(
         r"<\|(?:im_start|im_end|system|user|assistant|endoftext|eot_id|start_header_id)\|>"
+        r"|<(?:im_start|im_end|endoftext|eot_id)>"  # the same with the pipes lost
+        r"|<<<\s*(?:BEGIN|END)\s+UNTRUSTED\s+PEER\s+EVIDENCE"  # a forged fence line
         r"|\[/?INST\]|<</?SYS>>|</?(?:system|assistant)>"
         r"|(?:^|\n)[ \t]*(?:#{1,3}[ \t]*)?(?:system|assistant|developer):",
         re.IGNORECASE),

@@ -207,6 +207,9 @@ def answer_lines(message: Mapping[str, Any]) -> list[Line]:
     env = message.get("envelope") if isinstance(message.get("envelope"), Mapping) else {}
     results = [r for r in (env.get("results") or []) if isinstance(r, Mapping)]
     out = [Line(status_line(message, len(results)), hang=4, style="bold")]
+    if message.get("citations") == "signing-off":  # asked with --citations (specs/citations.md)
+        out.append(Line("the host does not sign citations (signing-off): these results carry none, "
+                        "so kith verify cannot check them", indent=2, hang=4, style="dim"))
     rid = _clean(message.get("approval_id"), 64)
     if message.get("status") == "pending-approval" and rid:
         out.append(Line("ask the host's owner to run this, then ask again:", indent=2, hang=4))
