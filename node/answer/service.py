@@ -170,8 +170,9 @@ class AnswerService:
         When ``policy`` scrubs anything for this peer (``[scrub]``, specs/policy.md §9)
         the predicate also carries ``scrub`` (``source_id → frozenset`` of the kinds
         scrubbed from that source for this peer: its view is indexed over the scrubbed
-        text, node/corpus/views.py) and ``scrub_memo`` (the same per canonical id, kept
-        for :meth:`answer`)."""
+        text, node/corpus/views.py), ``scrub_many`` (the same for a list of source ids,
+        per folder) and ``scrub_memo`` (the same per canonical id, kept for
+        :meth:`answer`)."""
         gate, name = self._gate, view.name
         key = (id(gate), id(policy), name)
         with _predicates_lock:
@@ -195,7 +196,12 @@ class AnswerService:
                     return policy.scrub_kinds(gate.decide(source_id, name, policy=policy).tier, name)
 
                 # the view's index is built over the scrubbed text (node/corpus/views.py)
+                def kinds_many(source_ids: list[str]) -> list[frozenset[str]]:
+                    return [policy.scrub_kinds(d.tier, name)
+                            for d in gate.decide_many(source_ids, name, policy=policy)]
+
                 visible.scrub = kinds_of  # type: ignore[attr-defined]
+                visible.scrub_many = kinds_many  # type: ignore[attr-defined]
                 visible.scrub_memo = {}  # type: ignore[attr-defined]  # canonical id -> kinds
 
             if len(_predicates) >= MAX_PREDICATES:

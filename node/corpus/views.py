@@ -149,7 +149,8 @@ class Views:
         (cached per predicate object and corpus generation). A predicate carrying ``many``
         (source ids → the same answers, in order; the answer service's peer views,
         :meth:`node.policy.gate.EgressGate.decide_many`) is asked once for every document
-        instead of once per document."""
+        instead of once per document; likewise ``scrub_many`` for the scrubbed kinds of the
+        visible ones."""
         gen = generation(db)
         try:
             cached = self._sets.get(visible)
@@ -167,15 +168,21 @@ class Views:
         with sources.folders_resolved_once():  # one real-path lookup per folder, not per file
             seen = (many([row[1] for row in rows]) if many is not None
                     else [visible(row[1]) for row in rows])
-            for (doc_id, source_id, content_hash, indexed_at, chunks), ok in zip(rows, seen):
-                if ok:
-                    kinds = kinds_of(source_id) if kinds_of is not None else None
-                    if kinds:
-                        docs[doc_id] = (content_hash, indexed_at, chunks, frozenset(kinds))
-                        docs.scrubbed = True
-                    else:
-                        docs[doc_id] = (content_hash, indexed_at, chunks)
-                    docs.chunks += chunks
+            rows = [row for row, ok in zip(rows, seen) if ok]
+            kinds_many = getattr(visible, "scrub_many", None)
+            if kinds_of is None:
+                kinds_all: list[Any] = [None] * len(rows)
+            elif kinds_many is not None:
+                kinds_all = kinds_many([row[1] for row in rows])
+            else:
+                kinds_all = [kinds_of(row[1]) for row in rows]
+        for (doc_id, _source_id, content_hash, indexed_at, chunks), kinds in zip(rows, kinds_all):
+            if kinds:
+                docs[doc_id] = (content_hash, indexed_at, chunks, frozenset(kinds))
+                docs.scrubbed = True
+            else:
+                docs[doc_id] = (content_hash, indexed_at, chunks)
+            docs.chunks += chunks
         docs.whole = len(docs) == total
         try:
             self._sets[visible] = (gen, docs)
