@@ -3,7 +3,7 @@
 Usage::
 
     .venv/bin/python scripts/bench_corpus.py [--corpus DIR] [--sizes 1200:150]
-        [--repeat 30] [--synthetic-chunks 100000] [--targets-only] [--breakdown]
+        [--repeat 30] [--synthetic-chunks 100000] [--targets-only] [--breakdown] [--ablation]
 
 Part 1 (issue 3 targets, one run, all timings in process — interpreter start-up excluded):
 
@@ -25,6 +25,11 @@ floor Kith's schema sets (the chunks already in SQLite put into tantivy with Kit
 fields and analyzers, nothing else), and the unchanged re-sync. The ``exact`` field
 (unstemmed, with positions) and ``ident`` serve quoted phrases and identifiers, which the
 issues require: the floor is part of the product, not overhead.
+
+``--ablation`` (instead of part 1 and 2; issue 21 item 5): the sync's index stage —
+documents built in Python, added, committed — with each of Kith's fields or index
+options left out or changed (:data:`ABLATIONS`), interleaved ``--repeat-builds`` times
+with the raw build; what a field earns is measured by ``scripts/eval --split dev``.
 
 Part 2 (per ``--sizes``): full sync, re-sync, warm query p50/p95 over questions with
 known answers, hit@5 and MRR@10, next to a bare single-pass tantivy baseline over the
