@@ -213,7 +213,8 @@ class EgressGate:
                         name = sources[i].rpartition("/")[2]
                         if name in names:
                             cid = canonical + "/" + name
-                            out[i] = decide(cid) if decide is not None else policy.decide(cid, peer_name)
+                            out[i] = (decide(cid) if decide is not None
+                                      else policy.decide_canonical(cid, peer_name))
                 for i in members:
                     if out[i] is None:
                         out[i] = self.decide(sources[i], peer_name, policy=policy)

@@ -851,4 +851,9 @@ class Policy:
         canonical = normalize_source(source_id, roots) if source_id is not None else None
         if canonical is None:
             return Decision(None, DEFAULT_TIER, False, None)
+        return self.decide_canonical(canonical, peer_name)
+
+    def decide_canonical(self, canonical: str, peer_name: str | None) -> Decision:
+        """:meth:`decide` for an id already canonical (normalized against the roots, e.g.
+        by :meth:`node.corpus.sources.SourceNormalizer.folder_files`): no normalization."""
         return self._decision(canonical, self.match(canonical, peer_name), peer_name)
