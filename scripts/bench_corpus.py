@@ -3,7 +3,7 @@
 Usage::
 
     .venv/bin/python scripts/bench_corpus.py [--corpus DIR] [--sizes 1200:150]
-        [--repeat 30] [--synthetic-chunks 100000] [--targets-only] [--breakdown]
+        [--repeat 30] [--synthetic-chunks 100000] [--targets-only] [--breakdown] [--ablation]
 
 Part 1 (issue 3 targets, one run, all timings in process — interpreter start-up excluded):
 
@@ -26,6 +26,11 @@ fields and analyzers, nothing else), and the unchanged re-sync. The ``exact`` fi
 (unstemmed, with positions) and ``ident`` serve quoted phrases and identifiers, which the
 issues require: the floor is part of the product, not overhead.
 
+``--ablation`` (instead of part 1 and 2; issue 21 item 5): the sync's index stage —
+documents built in Python, added, committed — with each of Kith's fields or index
+options left out or changed (:data:`ABLATIONS`), interleaved ``--repeat-builds`` times
+with the raw build; what a field earns is measured by ``scripts/eval --split dev``.
+
 Part 2 (per ``--sizes``): full sync, re-sync, warm query p50/p95 over questions with
 known answers, hit@5 and MRR@10, next to a bare single-pass tantivy baseline over the
 same chunks. Timings are wall-clock on this machine; nothing here is part of the product.
@@ -44,6 +49,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import tantivy
 
@@ -260,6 +266,110 @@ def breakdown(corpus_dir: Path, repeat: int) -> None:
           f"{100 * min(resyncs) / sw:.2f} % (target <= 5 %)")
 
 
+def _variant_schema(drop: frozenset[str], options: dict[str, str]) -> Any:
+    """Kith's schema without the fields in ``drop``, with ``options`` overriding a field's
+    index option (``{"exact": "freq"}``)."""
+    spec = [("chunk_id", "raw", "position", True), ("doc_id", "raw", "basic", True),
+            ("body", "kith_en", "freq", False), ("title", "kith_en", "freq", False),
+            ("section", "kith_en", "freq", False), ("ident", "raw", "freq", False),
+            ("exact", "kith_exact", "position", False)]
+    sb = tantivy.SchemaBuilder()
+    for name, tok, opt, stored in spec:
+        if name not in drop:
+            sb.add_text_field(name, stored=stored, tokenizer_name=tok,
+                              index_option=options.get(name, opt))
+    return sb.build()
+
+
+#: The ablation's variants: (label, fields left out, index-option overrides).
+ABLATIONS: list[tuple[str, frozenset[str], dict[str, str]]] = [
+    ("kith schema (as shipped)", frozenset(), {}),
+    ("- exact", frozenset({"exact"}), {}),
+    ("exact without positions (freq)", frozenset(), {"exact": "freq"}),
+    ("- ident", frozenset({"ident"}), {}),
+    ("- section", frozenset({"section"}), {}),
+    ("- title", frozenset({"title"}), {}),
+    ("chunk_id basic (no positions)", frozenset(), {"chunk_id": "basic"}),
+    ("body only (+ ids)", frozenset({"exact", "ident", "section", "title"}), {}),
+]
+
+
+def _document_fields(cid: str, did: str, text: str, title: tuple[str, str],
+                     drop: frozenset[str]) -> dict[str, Any]:
+    """:func:`node.corpus.search.make_document`'s fields without those in ``drop`` (each
+    left-out field's analysis in Python skipped too)."""
+    from node.corpus import search
+
+    body = search.cjk_bigrams(text)
+    out: dict[str, Any] = {"chunk_id": cid, "doc_id": did, "body": body}
+    if "title" not in drop:
+        out["title"] = search.cjk_bigrams(title[0])
+    if "section" not in drop:
+        out["section"] = search.cjk_bigrams(title[1])
+    if "exact" not in drop:
+        out["exact"] = body
+    if "ident" not in drop:
+        idents = search.identifiers(text)
+        if idents:
+            out["ident"] = idents
+    return out
+
+
+def ablation(corpus_dir: Path, repeat: int) -> None:
+    """Print tantivy's cost per field: the sync's index stage (documents built and added,
+    committed) with each field or option of :data:`ABLATIONS` changed, interleaved
+    ``repeat`` times beside the raw build; best wall and process CPU of each."""
+    from node.corpus import record, search
+
+    print(f"== field ablation on {corpus_dir.name} (best of {repeat}; wall / process CPU; "
+          "ratio to the raw tantivy build)")
+    with tempfile.TemporaryDirectory(prefix="kith-bench-") as tmp:
+        with Corpus(Path(tmp) / "home") as c:
+            c.add_root(corpus_dir)
+            c.sync()
+            db = sqlite3.connect(c.db_path)
+            rows = list(record.iter_chunks_for_index(db))
+            db.close()
+        results: dict[str, list[tuple[float, float, float]]] = {}
+        raws: list[tuple[float, float]] = []
+        en, exact = search.analyzers()
+        for i in range(repeat):
+            work = Path(tmp) / f"raw{i}"
+            c0 = time.process_time()
+            wall, _ = raw_tantivy_build(corpus_dir, work)
+            raws.append((wall, time.process_time() - c0))
+            shutil.rmtree(work)
+            for label, drop, options in ABLATIONS:
+                work = Path(tmp) / f"v{i}"
+                work.mkdir()
+                t0, c0 = time.perf_counter(), time.process_time()
+                index = tantivy.Index(_variant_schema(drop, options), path=str(work))
+                search.register_analyzers(index)
+                writer = index.writer(record._WRITER_HEAP, record._WRITER_THREADS)
+                build = 0.0
+                for cid, did, text, title in rows:
+                    b0 = time.process_time()
+                    doc = tantivy.Document(**_document_fields(cid, did, text, title, drop))
+                    build += time.process_time() - b0
+                    writer.add_document(doc)
+                writer.commit()
+                writer.wait_merging_threads()
+                del writer, index
+                results.setdefault(label, []).append(
+                    (time.perf_counter() - t0, time.process_time() - c0, build))
+                shutil.rmtree(work)
+    rw, rc = min(w for w, _ in raws), min(c for _, c in raws)
+    print(f"{'raw tantivy (files, default tokenizer)':40} {rw:6.2f} s  1.00x | cpu {rc:6.2f} s  1.00x")
+    base = min(w for w, _, _ in results[ABLATIONS[0][0]])
+    for label, _, _ in ABLATIONS:
+        w = min(x[0] for x in results[label])
+        cpu = min(x[1] for x in results[label])
+        py = min(x[2] for x in results[label])
+        print(f"{label:40} {w:6.2f} s {w / rw:5.2f}x | cpu {cpu:6.2f} s {cpu / rc:5.2f}x"
+              f" | documents built {py:5.2f} s cpu | saves {base - w:+5.2f} s wall")
+    print(f"({len(rows)} chunks; 'documents built' = Python's part, in the main thread)")
+
+
 def _rss_child(n_chunks: int, workdir: Path) -> None:
     """(child process) Build a synthetic corpus of about ``n_chunks`` chunks, sync it,
     print ``chunks peak_rss_mb seconds``."""
@@ -383,8 +493,12 @@ def main() -> None:
                     help="instead of parts 1 and 2: the full sync's time per stage (walk, read, "
                          "parse, chunk, SQLite record, tantivy documents, commit) beside the raw "
                          "build, the Kith-schema floor and the re-sync")
+    ap.add_argument("--ablation", action="store_true",
+                    help="instead of parts 1 and 2: the sync's index stage (documents built, "
+                         "added, committed) with each of Kith's tantivy fields or index options "
+                         "left out or changed, beside the raw build (ABLATIONS)")
     ap.add_argument("--repeat-builds", type=int, default=3,
-                    help="--breakdown: interleaved runs of each build (the best is kept; "
+                    help="--breakdown, --ablation: interleaved runs of each build (the best is kept; "
                          "default: %(default)s)")
     ap.add_argument("--rss-child", nargs=2, metavar=("CHUNKS", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -395,6 +509,9 @@ def main() -> None:
         sys.exit(f"corpus folder not found: {args.corpus}")
     if args.breakdown:
         breakdown(args.corpus, args.repeat_builds)
+        return
+    if args.ablation:
+        ablation(args.corpus, args.repeat_builds)
         return
     targets(args.corpus, args.synthetic_chunks)
     if args.targets_only:

@@ -243,3 +243,53 @@ def test_peer_echo_of_a_real_path_is_exempt_but_cannot_hide_ours(setup) -> None:
     tricky = echoes_of({"query": "My Docs", "tags": ["home", "/", "Docs"]})
     with pytest.raises(EgressRefused):
         gate.check_outgoing(json.dumps({"q": "My Docs", "preview": str(docs / "a.md")}), tricky)
+
+
+def test_decide_many_gives_what_decide_gives(tmp_path: Path) -> None:
+    """A view's visible set is decided per folder (issue 21 item 4): every source must get
+    exactly the decision one decide() call gives it — through file and folder symlinks
+    (into a folder another rule covers, out of the root), a nested root, names that are
+    not their own canonical spelling, files gone since the sync, datasource ids, and rules
+    that split a folder (by extension, by name, a single file, a peer's override)."""
+    import random
+
+    docs = tmp_path / "docs"
+    inner = docs / "team" / "inner"
+    for folder in ("open", "team/inner/deep", "secret", "mixed", "odd"):
+        (docs / folder).mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    names = {"open": ["a.md", "b.txt", "x"], "team/inner/deep": ["c.md"], "team": ["t.md"],
+             "team/inner": ["i.md", "j.txt"], "secret": ["s.md", "k.txt"],
+             "mixed": ["m.md", "n.txt", "secret.md", "cafe\u0301.md", "back\\slash.md"], "": ["top.md"],
+             "odd": ["e\u0301.txt"]}
+    for folder, files in names.items():
+        for name in files:
+            (docs / folder / name).write_text("x")
+    (tmp_path / "outside" / "o.md").write_text("x")
+    os.symlink(docs / "secret" / "s.md", docs / "open" / "to-secret.md")  # a file symlink
+    os.symlink(tmp_path / "outside" / "o.md", docs / "open" / "escape.md")  # leaves the root
+    os.symlink(docs / "secret", docs / "open" / "sub")  # a folder symlink
+    roots = [Root("docs", str(docs)), Root("inner", str(inner))]
+    sources = [f"/docs/{f}/{n}".replace("//", "/") for f, ns in names.items() for n in ns]
+    sources += ["/docs/open/to-secret.md", "/docs/open/escape.md", "/docs/open/sub/s.md",
+                "/docs/open/sub/k.txt", "/docs/open/gone.md", "/docs/nofolder/z.md",
+                "/inner/i.md", "/inner/deep/c.md", "/docs//open/a.md", "/other/q.md",
+                "notion:page/abc", "/docs", "/docs/team/inner"]
+    globs = ["/docs/**", "/docs/open", "/docs/open/**", "/docs/**/*.md", "/docs/*/secret.md",
+             "/docs/secret/**", "/docs/team/**", "/inner/**", "/**", "/docs/mixed/n.txt",
+             "/docs/*/?.md", "/docs/team/inner/**/c.md", "/docs/op*/**", "/docs/open/b.txt"]
+    rnd = random.Random(21)
+    for trial in range(60):
+        policy = Policy()
+        for glob in rnd.sample(globs, rnd.randint(0, 6)):
+            tier = rnd.choice(["public", "peers", "ask", "private", "never"])
+            policy.set(glob, tier, ["alice", "@crew"] if tier == "peers" else None)
+        if trial % 3 == 0:
+            policy.set(rnd.choice(globs), rnd.choice(["public", "never"]), for_peer="bob")
+        if trial % 4 == 0:
+            policy.add_members("crew", ["carol"])
+        gate = EgressGate(roots, policy, tmp_path / "home")
+        shuffled = rnd.sample(sources, len(sources))
+        for peer in (None, "alice", "bob", "carol"):
+            want = [gate.decide(s, peer) for s in shuffled]
+            assert gate.decide_many(shuffled, peer) == want, (trial, peer, policy.rules)

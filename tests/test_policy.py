@@ -353,3 +353,29 @@ def test_quota_defaults_and_overrides(tmp_path: Path) -> None:
     assert policy.quota_for("alice") == Quota(1000, 10, 65536)
     assert policy.quota_for("bob") == Quota(120, 10, 65536)
     assert policy.anonymous_quota() == Quota(480, 3, 65536)
+
+
+def test_a_glob_covers_a_folder_only_when_it_matches_every_file_in_it() -> None:
+    """GlobMatcher.covers_files_of decides a whole folder at once (issue 21 item 4): when
+    it says True or False, match() must say the same for every file directly inside —
+    over seeded random globs and folders of literal, ``*``, ``?`` and ``**`` segments."""
+    import random
+
+    from node.corpus.globs import GlobMatcher, canonical_glob
+
+    rnd = random.Random(21)
+    words = ["a", "b", "ab", "a.md", "b.txt", "x"]
+    pieces = words + ["*", "?", "*.md", "a*", "**", "?b"]
+    names = words + ["c.md", "a.txt", "abc", "b"]
+    decided = 0
+    for _ in range(4000):
+        glob = canonical_glob("/" + "/".join(rnd.choice(pieces) for _ in range(rnd.randint(1, 4))))
+        folder = "/" + "/".join(rnd.choice(words) for _ in range(rnd.randint(1, 3)))
+        if rnd.random() < 0.2:
+            glob, folder = "/" + glob, "/" + folder  # UNC forms, mixed
+        m = GlobMatcher(glob)
+        covers = m.covers_files_of(folder)
+        if covers is not None:
+            decided += 1
+            assert all(m.match(f"{folder}/{n}") == covers for n in names), (glob, folder, covers)
+    assert decided > 2000  # the shortcut applies to most folders

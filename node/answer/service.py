@@ -162,12 +162,17 @@ class AnswerService:
         gate's per-source decision under ``policy``. The same predicate object is returned
         for the same (gate, policy, peer name) — across services too — so the corpus's
         per-view caches apply; at most :data:`MAX_PREDICATES` are kept (oldest dropped).
+        The predicate carries ``many`` (a list of source ids → the same answers, in
+        order, decided per folder where the policy allows:
+        :meth:`node.policy.gate.EgressGate.decide_many`), which a view's first visible
+        set uses (:meth:`node.corpus.views.Views.visible_docs`).
 
         When ``policy`` scrubs anything for this peer (``[scrub]``, specs/policy.md §9)
         the predicate also carries ``scrub`` (``source_id → frozenset`` of the kinds
         scrubbed from that source for this peer: its view is indexed over the scrubbed
-        text, node/corpus/views.py) and ``scrub_memo`` (the same per canonical id, kept
-        for :meth:`answer`)."""
+        text, node/corpus/views.py), ``scrub_many`` (the same for a list of source ids,
+        per folder) and ``scrub_memo`` (the same per canonical id, kept for
+        :meth:`answer`)."""
         gate, name = self._gate, view.name
         key = (id(gate), id(policy), name)
         with _predicates_lock:
@@ -179,12 +184,24 @@ class AnswerService:
                 d = gate.decide(source_id, name, policy=policy)
                 return bool(d.allowed or (d.tier == "ask" and d.canonical is not None))
 
+            def many(source_ids: list[str]) -> list[bool]:
+                # the same answers, decided per folder where the policy allows
+                return [bool(d.allowed or (d.tier == "ask" and d.canonical is not None))
+                        for d in gate.decide_many(source_ids, name, policy=policy)]
+
+            visible.many = many  # type: ignore[attr-defined]  # node/corpus/views.py
+
             if policy.scrub.get("tier") or name in (policy.scrub.get("peer") or {}):
                 def kinds_of(source_id: str) -> frozenset[str]:
                     return policy.scrub_kinds(gate.decide(source_id, name, policy=policy).tier, name)
 
                 # the view's index is built over the scrubbed text (node/corpus/views.py)
+                def kinds_many(source_ids: list[str]) -> list[frozenset[str]]:
+                    return [policy.scrub_kinds(d.tier, name)
+                            for d in gate.decide_many(source_ids, name, policy=policy)]
+
                 visible.scrub = kinds_of  # type: ignore[attr-defined]
+                visible.scrub_many = kinds_many  # type: ignore[attr-defined]
                 visible.scrub_memo = {}  # type: ignore[attr-defined]  # canonical id -> kinds
 
             if len(_predicates) >= MAX_PREDICATES:

@@ -178,6 +178,40 @@ class GlobMatcher:
         return True
 
 
+    def covers_files_of(self, folder: str) -> bool | None:
+        """Whether this glob matches every id directly inside the canonical ``folder``
+        (``folder + "/" + name`` for any one-segment ``name``): True, none of them: False,
+        or None when that depends on the name (then each id must be matched).
+
+        Conservative: None is always a correct answer, True/False only when every name
+        gives that result of :meth:`match`. Used to decide a whole folder at once
+        (:meth:`node.policy.store.Policy.decide_folder`)."""
+        if folder.startswith("//") != self._unc:
+            return False
+        if self._plain:  # the glob itself and everything below it
+            glob = self.glob
+            if folder == glob or folder.startswith(glob + "/"):
+                return True
+            return None if glob.startswith(folder + "/") else False
+        head = self._head
+        if len(head) <= len(folder):
+            if not folder.startswith(head):
+                return False
+        elif not head.startswith(folder + "/"):
+            return False
+        else:
+            return None  # the literal head reaches into the names
+        groups = self._groups
+        if len(groups) == 1:  # no "**": a fixed number of segments
+            depth = folder.count("/") - (1 if self._unc else 0) + 1
+            if depth != len(groups[0]):
+                return False
+        if (len(groups) == 2 and not groups[1] and self.glob == head + "/**"
+                and (folder == head or folder.startswith(head + "/") or not head)):
+            return True  # <literal folder>/**: everything below it
+        return None
+
+
 def folder_form(canon: str) -> str:
     """The ``/**`` spelling of a canonical glob: a glob without wildcards (a folder rule,
     ``/x``) → ``/x/**``, which names exactly the same ids (``**`` matches zero segments, so

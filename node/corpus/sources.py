@@ -109,6 +109,15 @@ def lexical_form(source: object) -> str | None:
     return head + body
 
 
+def _plain_name(name: str) -> bool:
+    """Whether ``name`` (one path segment) is its own :func:`lexical_form` spelling: what
+    :meth:`SourceNormalizer.folder_files` may append to a canonical folder id."""
+    if not name or name in (".", "..") or "\\" in name or "/" in name or "\x00" in name:
+        return False
+    return name.isascii() or (unicodedata.is_normalized("NFC", name)
+                              and _SURROGATE.search(name) is None)
+
+
 def _first_segment(canon: str) -> str | None:
     """Return the first segment of a canonical id (``None`` for a UNC id)."""
     if canon.startswith("//"):
@@ -376,6 +385,45 @@ class SourceNormalizer:
         if any(self._contains(native, name) is not None for name in self._names):
             return None  # inside a root by name, outside every root after symlinks
         return canon
+
+    def folder_files(self, folder: str) -> tuple[str, set[str]] | None:
+        """The canonical id of the folder a virtual id ``folder`` names and the names in
+        it whose canonical id is that id + ``"/"`` + the name — what :meth:`__call__`
+        gives ``folder + "/" + name`` — read with one ``os.scandir`` of the folder.
+
+        A name is listed only when that holds without resolving it: a regular entry (not
+        a symlink, which may lead anywhere), not the real folder of a root (a nested root
+        wins), spelled canonically (NFC, no ``\\``, no lone surrogate, not ``.``/``..``).
+        Any other name — and every name when this returns None — must go through
+        :meth:`__call__`.
+
+        Returns:
+            ``(canonical folder id, names)``, or None when the shortcut does not apply: a
+            case-insensitive file system (names are rewritten to their on-disk case), an
+            id that is not under a root prefix, a folder that resolves outside every root
+            or cannot be listed.
+        """
+        if self.case_insensitive:
+            return None
+        canon = lexical_form(folder)
+        virtual = self._target(canon) if canon is not None else None
+        if virtual is None or virtual[1] is None:
+            return None
+        real = virtual[1]
+        canonical = self._virtual_of(real)
+        if canonical is None:
+            return None
+        try:
+            with os.scandir(real) as entries:
+                names = {e.name for e in entries if not e.is_symlink()}
+        except (OSError, ValueError):
+            return None
+        for root_real, _root in self._real:  # a root's own folder: its id is its prefix
+            head, tail = os.path.split(root_real)
+            if head == real:
+                names.discard(tail)
+        room = MAX_SOURCE_CHARS - len(canonical) - 1
+        return canonical, {n for n in names if _plain_name(n) and len(n) <= room}
 
     def served_file(self, prefix: str, rel_path: str
                     ) -> tuple[str, os.stat_result, str | None] | None:

@@ -146,7 +146,11 @@ class Views:
 
     def visible_docs(self, db: sqlite3.Connection, visible: Visible) -> dict[str, tuple[Any, ...]]:
         """``{doc_id: signature}`` of the ``done`` documents ``visible`` lets the view see
-        (cached per predicate object and corpus generation)."""
+        (cached per predicate object and corpus generation). A predicate carrying ``many``
+        (source ids → the same answers, in order; the answer service's peer views,
+        :meth:`node.policy.gate.EgressGate.decide_many`) is asked once for every document
+        instead of once per document; likewise ``scrub_many`` for the scrubbed kinds of the
+        visible ones."""
         gen = generation(db)
         try:
             cached = self._sets.get(visible)
@@ -156,21 +160,29 @@ class Views:
         if cached is not None and cached[0] == gen:
             return cached[1]
         docs: _Docs = _Docs()
-        total = 0
         kinds_of = getattr(visible, "scrub", None)
+        many = getattr(visible, "many", None)
+        rows = db.execute("SELECT doc_id, source_id, content_hash, indexed_at, chunk_count FROM "
+                          "documents WHERE status = 'done' AND chunk_count > 0").fetchall()
+        total = len(rows)
         with sources.folders_resolved_once():  # one real-path lookup per folder, not per file
-            for doc_id, source_id, content_hash, indexed_at, chunks in db.execute(
-                    "SELECT doc_id, source_id, content_hash, indexed_at, chunk_count FROM "
-                    "documents WHERE status = 'done' AND chunk_count > 0"):
-                total += 1
-                if visible(source_id):
-                    kinds = kinds_of(source_id) if kinds_of is not None else None
-                    if kinds:
-                        docs[doc_id] = (content_hash, indexed_at, chunks, frozenset(kinds))
-                        docs.scrubbed = True
-                    else:
-                        docs[doc_id] = (content_hash, indexed_at, chunks)
-                    docs.chunks += chunks
+            seen = (many([row[1] for row in rows]) if many is not None
+                    else [visible(row[1]) for row in rows])
+            rows = [row for row, ok in zip(rows, seen) if ok]
+            kinds_many = getattr(visible, "scrub_many", None)
+            if kinds_of is None:
+                kinds_all: list[Any] = [None] * len(rows)
+            elif kinds_many is not None:
+                kinds_all = kinds_many([row[1] for row in rows])
+            else:
+                kinds_all = [kinds_of(row[1]) for row in rows]
+        for (doc_id, _source_id, content_hash, indexed_at, chunks), kinds in zip(rows, kinds_all):
+            if kinds:
+                docs[doc_id] = (content_hash, indexed_at, chunks, frozenset(kinds))
+                docs.scrubbed = True
+            else:
+                docs[doc_id] = (content_hash, indexed_at, chunks)
+            docs.chunks += chunks
         docs.whole = len(docs) == total
         try:
             self._sets[visible] = (gen, docs)

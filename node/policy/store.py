@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 import time
 import tomllib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -774,6 +774,17 @@ class Policy:
         """
         best: tuple[int, int, int, int] | None = None
         winner: Rule | None = None
+        for kind, i, rule in self._candidates(peer_name):
+            if not rule.matcher.match(canonical):
+                continue
+            key = (-rule.specificity, kind, -_RANK[rule.tier], i)
+            if best is None or key < best:
+                best, winner = key, rule
+        return winner
+
+    def _candidates(self, peer_name: str | None) -> list[tuple[int, int, Rule]]:
+        """``(kind, index, rule)`` of every rule that may decide for ``peer_name`` (kind 1
+        a ``[[rule]]``, 0 an ``[[override]]`` in force of the peer or its groups)."""
         candidates = [(1, i, r) for i, r in enumerate(self._rules)]
         if peer_name is not None:
             from node.policy.grants import in_force
@@ -782,13 +793,47 @@ class Policy:
             now = self.now()
             candidates += [(0, i, r) for i, r in enumerate(self._overrides)
                            if r.peer in names and in_force(r.until, now)]
-        for kind, i, rule in candidates:
-            if not rule.matcher.match(canonical):
-                continue
-            key = (-rule.specificity, kind, -_RANK[rule.tier], i)
-            if best is None or key < best:
-                best, winner = key, rule
-        return winner
+        return candidates
+
+    def decide_folder(self, folder: str, peer_name: str | None
+                      ) -> Callable[[str], Decision] | None:
+        """The decision of every file directly inside the canonical ``folder`` at once,
+        when no rule can tell its files apart; else None (decide each file).
+
+        Returns:
+            ``decision(canonical)``: for any canonical id ``folder + "/" + name``, the
+            :class:`Decision` :meth:`decide` gives it (same tier, allowed, matched,
+            override); None when some candidate rule's glob matches some names of the
+            folder and not others (:meth:`node.corpus.globs.GlobMatcher.covers_files_of`).
+        """
+        best: tuple[int, int, int, int] | None = None
+        winner: Rule | None = None
+        for kind, i, rule in self._candidates(peer_name):
+            covers = rule.matcher.covers_files_of(folder)
+            if covers is None:
+                return None
+            if covers:
+                key = (-rule.specificity, kind, -_RANK[rule.tier], i)
+                if best is None or key < best:
+                    best, winner = key, rule
+        d = self._decision("", winner, peer_name)  # the same tier, allowed, matched, override
+
+        def decision(canonical: str) -> Decision:
+            return Decision(canonical, d.tier, d.allowed, d.matched, d.override)
+        return decision
+
+    def _decision(self, canonical: str, rule: Rule | None, peer_name: str | None) -> Decision:
+        """The :class:`Decision` for ``canonical`` when ``rule`` won (None: nothing matched)."""
+        if rule is None:
+            return Decision(canonical, DEFAULT_TIER, False, None)
+        if rule.tier == "public":
+            allowed = True
+        elif rule.tier == "peers":
+            allowed = peer_name is not None and (peer_name in rule.peers
+                                                 or bool(self.groups_of(peer_name) & set(rule.peers)))
+        else:  # ask (opened per peer by approvals, see node.policy.approvals), private, never
+            allowed = False
+        return Decision(canonical, rule.tier, allowed, rule.glob, rule.peer)
 
     def decide(self, source_id: str | None, peer_name: str | None, *,
                roots: Sequence[Root] = ()) -> Decision:
@@ -806,14 +851,9 @@ class Policy:
         canonical = normalize_source(source_id, roots) if source_id is not None else None
         if canonical is None:
             return Decision(None, DEFAULT_TIER, False, None)
-        rule = self.match(canonical, peer_name)
-        if rule is None:
-            return Decision(canonical, DEFAULT_TIER, False, None)
-        if rule.tier == "public":
-            allowed = True
-        elif rule.tier == "peers":
-            allowed = peer_name is not None and (peer_name in rule.peers
-                                                 or bool(self.groups_of(peer_name) & set(rule.peers)))
-        else:  # ask (opened per peer by approvals, see node.policy.approvals), private, never
-            allowed = False
-        return Decision(canonical, rule.tier, allowed, rule.glob, rule.peer)
+        return self.decide_canonical(canonical, peer_name)
+
+    def decide_canonical(self, canonical: str, peer_name: str | None) -> Decision:
+        """:meth:`decide` for an id already canonical (normalized against the roots, e.g.
+        by :meth:`node.corpus.sources.SourceNormalizer.folder_files`): no normalization."""
+        return self._decision(canonical, self.match(canonical, peer_name), peer_name)
