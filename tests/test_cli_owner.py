@@ -435,11 +435,12 @@ def test_sync_reports_an_unreadable_folder_with_the_reason() -> None:
 def test_an_interrupted_sync_says_so_and_leaves_status_true(tmp_path: Path) -> None:
     home, docs = tmp_path / "h", tmp_path / "docs"
     docs.mkdir()
-    # enough files that the sync is still running seconds after its first batch is visible,
-    # even on 2 loaded cores (3000 once finished before the interrupt arrived)
+    # enough text that the sync is still running seconds after its first batch is visible,
+    # even on 2 loaded cores (3000 one-line files once finished before Ctrl-C arrived)
     files = 12_000
+    filler = " ".join(f"term{j}" for j in range(200))
     for i in range(files):
-        (docs / f"f{i:05}.md").write_text(f"# File {i}\n\nword{i} appears here.\n")
+        (docs / f"f{i:05}.md").write_text(f"# File {i}\n\nword{i} appears here. {filler}\n")
     ok(kith(home, "index", "add", str(docs)))
     proc = subprocess.Popen([*KITH, "--home", str(home), "index", "sync"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=ENV,
@@ -448,7 +449,7 @@ def test_an_interrupted_sync_says_so_and_leaves_status_true(tmp_path: Path) -> N
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:  # wait until files are being indexed
         try:
-            db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=1)
+            db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=0.05)  # locked: look again
             try:
                 n = db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
             finally:
@@ -463,7 +464,7 @@ def test_an_interrupted_sync_says_so_and_leaves_status_true(tmp_path: Path) -> N
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (out, err)
     m = re.search(r"stopped after (\d+) files; run sync again", err)
-    assert m, err
+    assert m, (out, err)
     assert "Traceback" not in err
     st = json.loads(ok(kith(home, "index", "status", "--json")).stdout)
     assert st["processing"] == 0 and st["processingDocuments"] == []
