@@ -420,6 +420,40 @@ def test_check_versions_says_current_stale_or_unknown_and_is_no_oracle(tmp_path)
                                                           "state": "unknown"}]}
 
 
+def test_check_versions_of_a_scrubbed_source_id_is_current_and_no_oracle_for_the_value(tmp_path):
+    """A scrubbed peer is cited under the scrubbed source id (``/kb/[email]/notes.md``):
+    asked about it, the host says ``current``, not ``stale``; asked about the id with the
+    real value in it, it says ``unknown`` (as for a value that is not there), so a check
+    cannot confirm a guessed e-mail address."""
+    from node.runtime.host import open_knowledge
+
+    host_home, kb = _host_home(tmp_path)
+    text = "# Notes\n\nThe staging notes of the team.\n"
+    (kb / "alice.smith@example.org").mkdir()
+    (kb / "alice.smith@example.org" / "notes.md").write_text(text)
+    with Corpus(host_home) as c:
+        c.sync()
+    policy = Policy.load(host_home)
+    policy.set_scrub("public", ["email"])
+    policy.save()
+    vkey = C.load_version_key(host_home, create=True)
+    true = C.keyed_version(vkey, hashlib.sha256(text.encode()).hexdigest())
+    knowledge = open_knowledge(host_home, lambda _m: None, version_key=vkey)
+    try:
+        shown = knowledge.handle_for(None, "b" * 64).search(
+            {"query": "staging notes team", "topK": 5})["envelope"]["results"]
+        answer = knowledge.handle_for(None, "b" * 64).check_versions([
+            {"source": "/kb/[email]/notes.md", "version": true},
+            {"source": "/kb/[email]/notes.md", "version": "0" * 64},
+            {"source": "/kb/alice.smith@example.org/notes.md", "version": "0" * 64},
+            {"source": "/kb/bob@example.org/notes.md", "version": "0" * 64},
+            {"source": "/kb/deploy.md", "version": "0" * 64}])
+    finally:
+        knowledge.close()
+    assert "/kb/[email]/notes.md" in [r["source"] for r in shown]  # what the peer is cited under
+    assert [v["state"] for v in answer["versions"]] == ["current", "stale", "unknown", "unknown", "stale"]
+
+
 def test_mcp_search_of_a_peer_with_citations_gives_an_answer_verify_accepts(tmp_path):
     from node.local.mcp import call_search, call_verify
 
