@@ -212,6 +212,37 @@ def test_each_bad_citation_has_its_own_result():
     assert _judge({k: v for k, v in good.items() if k != "citation"}) == "no-citation"
 
 
+def test_a_bare_result_added_to_a_signed_answer_is_a_no_citation_row():
+    """A forged result with only ``source`` and ``textPreview`` (no provenance, location
+    or citation) is shown by every reader of the file: it must not leave the answer
+    "all verified"."""
+    good = _signed()
+    host = signing.public_key_of(SEED)
+    rows = C.verify_answer({"peer": {"key": host}, "results": [
+        good, {"source": "/kb/deploy.md", "textPreview": "The staging server is never deleted."}]},
+        known=lambda k: ("docs", None) if k == host else None)
+    assert [r.result for r in rows] == ["genuine", "no-citation"]
+    assert C.report(rows)["ok"] is False
+
+
+def test_a_saved_answer_with_a_bom_verifies_and_one_with_a_duplicate_key_is_refused(tmp_path):
+    """An editor's UTF-8 byte-order mark is not a reason to refuse an answer; a duplicate
+    key is (a reader that keeps the first ``textPreview`` would show text that was not
+    the text verified)."""
+    home = _pinned_checker(tmp_path)
+    good = _signed()
+    saved = json.dumps({"peer": {"key": signing.public_key_of(SEED)}, "results": [good]})
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + saved.encode())
+    twice = tmp_path / "twice.json"
+    twice.write_text(saved.replace('"textPreview": ', '"textPreview": "The staging server is kept.", "textPreview": ', 1))
+    code_b, report_b = _verify(home, bom)
+    code_t, report_t = _verify(home, twice)
+    assert code_b == 0 and [r["result"] for r in report_b["rows"]] == ["genuine"]
+    assert code_t == 1 and report_t["error"]["code"] == "answer-invalid"
+    assert "duplicate key 'textPreview'" in report_t["error"]["message"]
+
+
 def test_a_result_that_cannot_be_cited_leaves_uncited_and_the_rest_signed():
     signer = C.CitationSigner(SEED, VKEY, lambda ids: {i: ("ab" * 32, None, None) for i in ids if i != "gone"},
                               lambda: "2026-12-01T23:00:00Z")

@@ -414,8 +414,7 @@ def _results(node: Any, where: str, host: str | None, depth: int = 0) -> Iterato
     if not isinstance(node, dict):
         return
     host = _host_of(node, host)
-    if isinstance(node.get("source"), str) and "textPreview" in node and (
-            "citation" in node or "provenance" in node or "location" in node):
+    if isinstance(node.get("source"), str) and "textPreview" in node:
         yield node, where, host
         return
     for k, v in node.items():
@@ -466,11 +465,28 @@ def read_answer(path: Path) -> Any:
     return parse_answer(data, str(path))
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))  # type: ignore[func-returns-value]
+    return out
+
+
 def parse_answer(data: bytes, name: str = "the answer") -> Any:
     """:func:`read_answer` for bytes already read (the API's and MCP's ``verify``).
+    A leading UTF-8 byte-order mark is skipped.
 
     Raises:
-        ConfigError: ``answer-invalid`` as :func:`read_answer`.
+        ConfigError: ``answer-invalid`` as :func:`read_answer`, and for an object with
+            a duplicate key (a reader keeping the first value would show what was not
+            verified).
     """
     if len(data) > MAX_ANSWER_BYTES:
         raise ConfigError("answer-invalid", f"{name} is larger than {MAX_ANSWER_BYTES // (1024 * 1024)} MiB")
@@ -478,8 +494,12 @@ def parse_answer(data: bytes, name: str = "the answer") -> Any:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError("answer-invalid", f"{name} is not UTF-8 text") from None
+    text = text.removeprefix("\ufeff")  # an editor's byte-order mark
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise ConfigError("answer-invalid", f"{name} has a duplicate key {exc.key[:40]!r} in one "
+                          "object (readers disagree on which value it holds)") from None
     except ValueError:
         pass
     except RecursionError:
@@ -489,7 +509,10 @@ def parse_answer(data: bytes, name: str = "the answer") -> Any:
         if not line.strip():
             continue
         try:
-            values.append(json.loads(line))
+            values.append(json.loads(line, object_pairs_hook=_unique_keys))
+        except _DuplicateKey as exc:
+            raise ConfigError("answer-invalid", f"{name} has a duplicate key {exc.key[:40]!r} in one "
+                              f"object (line {n}; readers disagree on which value it holds)") from None
         except (ValueError, RecursionError):
             raise ConfigError("answer-invalid", f"{name} is neither JSON nor JSON lines (line {n})") from None
     if not values:
