@@ -85,9 +85,29 @@ def _mark(item: dict[str, Any], *texts: Any) -> None:
         item.pop("suspiciousReasons", None)
 
 
+#: a result's metadata fields that reach an agent beside its text (strings, or lists of them)
+_META_FIELDS = ("date", "agent", "project", "workType", "tags")
+
+
+def _result_texts(result: dict[str, Any], heading: Any) -> list[Any]:
+    """What :func:`scan` reads of one result: its text, source id, heading path, metadata
+    strings (:data:`_META_FIELDS`) and the source ids of the copies it collapsed."""
+    texts: list[Any] = [result.get("textPreview"), result.get("source")]
+    texts += heading if isinstance(heading, list) else []
+    for name in _META_FIELDS:
+        value = result.get(name)
+        texts += value if isinstance(value, list) else [value]
+    also = result.get("alsoIn")
+    for dup in also if isinstance(also, list) else ():
+        if isinstance(dup, dict):
+            texts.append(dup.get("source"))
+    return texts
+
+
 def mark_envelope(envelope: Any) -> Any:
     """Mark a peer's search envelope in place (module docstring): each ``results`` item
-    (scanning its ``textPreview``, ``source`` and heading path), each
+    (scanning its ``textPreview``, ``source``, heading path, metadata strings —
+    ``date``, ``agent``, ``project``, ``workType``, ``tags`` — and ``alsoIn`` sources), each
     ``citationPack.citations`` item (its ``excerpt``) and each ``answerSynthesis``
     sentence (its ``text``) gets ``untrusted`` true and ``suspicious``; an envelope with
     results gets ``untrusted`` true (an empty one — nothing matched, withheld, refused —
@@ -105,8 +125,7 @@ def mark_envelope(envelope: Any) -> Any:
         if isinstance(result, dict):
             loc = (result.get("provenance") or {}).get("location") if isinstance(result.get("provenance"), dict) else None
             heading = loc.get("headingPath") if isinstance(loc, dict) else None
-            _mark(result, result.get("textPreview"), result.get("source"),
-                  *(heading if isinstance(heading, list) else ()))
+            _mark(result, *_result_texts(result, heading))
     pack = envelope.get("citationPack")
     for citation in (pack.get("citations") or []) if isinstance(pack, dict) else []:
         if isinstance(citation, dict):
@@ -128,10 +147,10 @@ def mark_answer(message: Any) -> Any:
 
 def mark_merged(result: dict[str, Any], untrusted: bool) -> dict[str, Any]:
     """Set a merged (``kith-ask``) result's ``untrusted`` (``untrusted``: the row is a
-    peer, decided by the guest) and ``suspicious`` from :func:`scan` of its text."""
+    peer, decided by the guest) and ``suspicious`` from :func:`scan` of its text, source,
+    heading path, metadata strings and ``alsoIn`` sources."""
     result["untrusted"] = bool(untrusted)
-    reasons = scan(result.get("textPreview"), result.get("source"),
-                   *((result.get("location") or {}).get("headingPath") or ()))
+    reasons = scan(*_result_texts(result, (result.get("location") or {}).get("headingPath")))
     result["suspicious"] = bool(reasons)
     if reasons:
         result["suspiciousReasons"] = reasons
