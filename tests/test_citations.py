@@ -123,6 +123,8 @@ def test_saved_answer_is_judged_genuine_edited_and_stale_in_another_home(tmp_pat
     for r in report_s["rows"]:
         by_source.setdefault(r["source"], set()).add(r["result"])
     assert by_source == {"/kb/deploy.md": {"stale"}, "/kb/backup.md": {"genuine"}}
+    # a stale row says why, not what it said before the host was asked
+    assert {r["detail"] for r in report_s["rows"] if r["result"] == "stale"} == {C.RESULTS["stale"]}
 
 
 def test_a_host_without_sign_citations_answers_signing_off(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import anyio
 
-from node.answer.citation import Row
+from node.answer.citation import RESULTS, Row
 from node.answer.contract import MAX_CHECK_ITEMS
 from node.common.errors import KithError
 
@@ -78,7 +78,7 @@ async def against_hosts(home: Path, rows: list[Row], *, local: bool = False,
                 elif state == "current":
                     out[i] = r._replace(detail=f"{r.detail}; current on the host")
                 elif state == "stale":
-                    out[i] = r._replace(result="stale")
+                    out[i] = r._replace(result="stale", detail=RESULTS["stale"])
                 else:
                     out[i] = r._replace(result="stale", detail="the host no longer serves this source "
                                                               "to you (removed, or not shared any more)")
