@@ -245,6 +245,37 @@ def test_a_saved_answer_with_a_bom_verifies_and_one_with_a_duplicate_key_is_refu
     assert "duplicate key 'textPreview'" in report_t["error"]["message"]
 
 
+def test_evidence_an_agent_reads_that_was_edited_outside_the_results_is_not_verified():
+    """What an agent reads of an MCP answer is the fenced text part, and of a merged
+    answer its ``fence.text``: an edit there (with the fence broken so the block cannot be
+    read, or the merged block no longer the results' own text) is a ``malformed`` row,
+    never skipped while the intact structured copy verifies."""
+    from node.answer.fence import NOTICE, fenced, merged_fence
+
+    host = signing.public_key_of(SEED)
+    known = lambda k: ("docs", None) if k == host else None  # noqa: E731
+    good = _signed()
+    envelope = {"peer": {"key": host}, "results": [good]}
+    text = fenced(json.dumps(envelope))
+    mcp = lambda t: {"content": [{"type": "text", "text": NOTICE}, {"type": "text", "text": t}],  # noqa: E731
+                     "structuredContent": envelope}
+    edited = text.replace("is deleted", "is kept")
+    broken_end = edited.rsplit("\n", 1)[0] + "\n<<<END UNTRUSTED PEER EVIDENCE 0000000000000000>>>"
+    judge = lambda answer: sorted(r.result for r in C.verify_answer(answer, known=known))  # noqa: E731
+    assert judge(mcp(text)) == ["genuine", "genuine"]
+    assert judge(mcp(broken_end)) == ["genuine", "malformed"]
+    assert judge(mcp(edited.rsplit("\n", 1)[0])) == ["genuine", "malformed"]  # no END line at all
+    assert judge(mcp(text.replace('"results"', '"res', 1))) == ["genuine", "malformed"]  # not JSON inside
+    merged = [{**good, "rank": 1, "peer": {"key": host, "name": "docs"}, "untrusted": True, "suspicious": False}]
+    ask = {"kind": "kith-ask", "results": merged, "fence": merged_fence(merged)}
+    assert judge(ask) == ["genuine"]
+    forged = copy.deepcopy(ask)
+    forged["fence"]["text"] = forged["fence"]["text"].replace("is deleted", "is kept")
+    rows = C.verify_answer(forged, known=known)
+    assert [r.result for r in rows] == ["genuine", "malformed"] and rows[1].where == "fence"
+    assert C.report(rows)["ok"] is False
+
+
 def test_a_result_that_cannot_be_cited_leaves_uncited_and_the_rest_signed():
     signer = C.CitationSigner(SEED, VKEY, lambda ids: {i: ("ab" * 32, None, None) for i in ids if i != "gone"},
                               lambda: "2026-12-01T23:00:00Z")

@@ -388,24 +388,39 @@ def _host_of(obj: dict[str, Any], inherited: str | None) -> str | None:
     return inherited
 
 
+#: Stands for evidence an agent reads that cannot be checked (:func:`_results`).
+_UNREADABLE_FENCE = {"detail": "a fenced block of peer evidence that cannot be read (its fence lines "
+                               "or its JSON were changed): what an agent reads is not checked"}
+_FORGED_FENCE = {"detail": "the merged answer's fence text is not its results' text"}
+_FENCE_BEGIN = "<<<BEGIN UNTRUSTED PEER EVIDENCE "
+
+
 def _results(node: Any, where: str, host: str | None, depth: int = 0) -> Iterator[tuple[dict[str, Any], str, str | None]]:
     """Every result object (a dict with ``textPreview`` and ``source``) under ``node``,
     with its path and the host key its nearest enclosing ``peer.key`` names. A string
     holding a JSON object (an MCP tool answer's ``content[].text``, also inside the fence
-    of :func:`node.answer.fence.fenced`) is looked into."""
+    of :func:`node.answer.fence.fenced`) is looked into; a fenced block that cannot be
+    read, or a merged answer's ``fence`` that is not its results' text, yields a marker
+    (:data:`_UNREADABLE_FENCE`, :data:`_FORGED_FENCE`) that :func:`verify_answer` makes a
+    ``malformed`` row."""
     if depth > 64:
         return
     if isinstance(node, str):
-        if node[:3] == "<<<" and len(node) <= MAX_ANSWER_BYTES:  # an MCP answer's fenced peer evidence
+        fenced_block = node.startswith(_FENCE_BEGIN)
+        if fenced_block:  # an MCP answer's fenced peer evidence
             from node.answer.fence import unfenced
 
-            node = unfenced(node) or ""
+            node = (unfenced(node) or "") if len(node) <= MAX_ANSWER_BYTES else ""
         if node[:1] == "{" and len(node) <= MAX_ANSWER_BYTES:
             try:
                 inner = json.loads(node)
             except ValueError:
+                inner = None
+            if isinstance(inner, (dict, list)):
+                yield from _results(inner, where, host, depth + 1)
                 return
-            yield from _results(inner, where, host, depth + 1)
+        if fenced_block:
+            yield _UNREADABLE_FENCE, where, host
         return
     if isinstance(node, list):
         for i, item in enumerate(node):
@@ -418,9 +433,14 @@ def _results(node: Any, where: str, host: str | None, depth: int = 0) -> Iterato
         yield node, where, host
         return
     for k, v in node.items():
-        if k in ("citationPack", "answerSynthesis", "eventAggregation", "queryPlan"):
+        if k in ("citationPack", "answerSynthesis", "eventAggregation", "queryPlan", "fence"):
             continue  # copies of the results' own text: judged once, on the result
         yield from _results(v, f"{where}.{k}" if where else str(k), host, depth + 1)
+    if "fence" in node and isinstance(node.get("results"), list):  # a merged (kith-ask) answer
+        from node.answer.fence import merged_fence_holds
+
+        if not merged_fence_holds(node["fence"], node["results"]):
+            yield _FORGED_FENCE, f"{where}.fence" if where else "fence", host
 
 
 def verify_answer(answer: Any, *, known: KnownKey | None = None) -> list[Row]:
@@ -432,6 +452,9 @@ def verify_answer(answer: Any, *, known: KnownKey | None = None) -> list[Row]:
     for result, where, host in _results(answer, "", None):
         if len(rows) >= MAX_CITATIONS:
             break
+        if result is _UNREADABLE_FENCE or result is _FORGED_FENCE:
+            rows.append(Row("malformed", None, None, None, None, None, result["detail"], where))
+            continue
         if "citation" not in result:
             rows.append(Row("no-citation", result["source"][:MAX_SOURCE_CHARS], None, None, None, None,
                             RESULTS["no-citation"], where))

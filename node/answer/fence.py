@@ -199,6 +199,11 @@ def merged_fence(results: list[dict[str, Any]], notice: str = NOTICE) -> dict[st
     text (:func:`fenced`: each as ``[rank] peer name: source``, its ``suspicious``
     reasons, then its ``textPreview``), ``begin``/``end`` its first and last line. With no
     untrusted result, ``text`` is empty and the lines are still given."""
+    body = _merged_body(results)
+    return _merged_block(body, _boundary(body), notice)
+
+
+def _merged_body(results: list[dict[str, Any]]) -> str:
     parts = []
     for r in results:
         if not r.get("untrusted"):
@@ -208,12 +213,30 @@ def merged_fence(results: list[dict[str, Any]], notice: str = NOTICE) -> dict[st
         if r.get("suspicious"):
             head += f" (suspicious: {', '.join(r.get('suspiciousReasons') or [])})"
         parts.append(f"{head}\n{r.get('textPreview') or ''}")
-    body = "\n\n".join(parts)
-    boundary = _boundary(body)
+    return "\n\n".join(parts)
+
+
+def _merged_block(body: str, boundary: str, notice: Any) -> dict[str, Any]:
     begin, end = BEGIN.format(boundary=boundary), END.format(boundary=boundary)
     return {"begin": begin, "end": end, "notice": notice,
-            "text": "\n".join((begin, notice, body, end)) if parts else ""}
+            "text": "\n".join((begin, str(notice), body, end)) if body else ""}
+
+
+def merged_fence_holds(fence: Any, results: Any) -> bool:
+    """True when ``fence`` is exactly the block :func:`merged_fence` makes of ``results``
+    (with the fence's own boundary and notice): what an agent reads of a merged answer is
+    then the results' own evidence text, which ``kith verify`` checks. Never raises."""
+    if not isinstance(fence, dict) or not isinstance(results, list):
+        return False
+    m = _BEGIN_RE.fullmatch(fence.get("begin")) if isinstance(fence.get("begin"), str) else None
+    if m is None:
+        return False
+    try:
+        body = _merged_body([r for r in results if isinstance(r, dict)])
+    except (AttributeError, TypeError):  # a peer or reasons of the wrong type
+        return False
+    return fence == _merged_block(body, m.group(1), fence.get("notice"))
 
 
 __all__ = ["BEGIN", "END", "NOTICE", "REASONS", "fenced", "unfenced", "mark_answer", "mark_envelope", "mark_merged",
-           "merged_fence", "scan"]
+           "merged_fence", "merged_fence_holds", "scan"]
