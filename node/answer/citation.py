@@ -447,10 +447,13 @@ def verify_answer(answer: Any, *, known: KnownKey | None = None) -> list[Row]:
     """Judge every result of a saved answer (one JSON value or a list of JSON lines).
 
     A result without a citation is a ``no-citation`` row. At most :data:`MAX_CITATIONS`
-    rows; never raises."""
+    results are judged; when there are more, one last ``malformed`` row says the rest
+    were not (so the answer is not verified). Never raises."""
     rows: list[Row] = []
     for result, where, host in _results(answer, "", None):
         if len(rows) >= MAX_CITATIONS:
+            rows.append(Row("malformed", None, None, None, None, None,
+                            f"more than {MAX_CITATIONS:,} results: the rest were not judged", where))
             break
         if result is _UNREADABLE_FENCE or result is _FORGED_FENCE:
             rows.append(Row("malformed", None, None, None, None, None, result["detail"], where))
