@@ -276,9 +276,10 @@ def test_evidence_an_agent_reads_that_was_edited_outside_the_results_is_not_veri
     assert C.report(rows)["ok"] is False
 
 
-def test_results_beyond_the_limit_are_not_judged_and_the_answer_is_not_verified():
-    """A file padded with copies of a genuine result past the row limit must not hide a
-    forged result after it: the answer is not verified, and a row says why."""
+def test_results_beyond_the_limits_are_not_judged_and_the_answer_is_not_verified():
+    """A file padded with copies of a genuine result past the row limit, or nesting one
+    deeper than the walk goes, must not hide a forged result: the answer is not
+    verified, and a row says why."""
     good = _signed()
     host = signing.public_key_of(SEED)
     forged = {**good, "textPreview": "The staging server is never deleted."}
@@ -286,6 +287,13 @@ def test_results_beyond_the_limit_are_not_judged_and_the_answer_is_not_verified(
                            known=lambda k: ("docs", None) if k == host else None)
     assert len(rows) == C.MAX_CITATIONS + 1 and C.report(rows)["ok"] is False
     assert rows[-1].result == "malformed" and "not judged" in rows[-1].detail
+    # nor can a forged result hide deeper than the walk goes
+    deep: dict = {"source": "/kb/deploy.md", "textPreview": "The staging server is never deleted."}
+    for _ in range(70):
+        deep = {"more": deep}
+    rows = C.verify_answer({"peer": {"key": host}, "results": [good], "extra": deep},
+                           known=lambda k: ("docs", None) if k == host else None)
+    assert [r.result for r in rows] == ["genuine", "malformed"] and C.report(rows)["ok"] is False
 
 
 def test_a_result_that_cannot_be_cited_leaves_uncited_and_the_rest_signed():

@@ -47,6 +47,8 @@ SIGNED, SIGNING_OFF = "signed", "signing-off"
 #: Largest answer file ``kith verify`` reads (bytes), and citations it judges in one file.
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
 MAX_CITATIONS = 10_000
+#: Deepest a result is looked for in a saved answer; anything deeper is a ``malformed`` row.
+MAX_DEPTH = 64
 #: Longest source id a citation may name (the source-id bound of a result).
 MAX_SOURCE_CHARS = 1024
 
@@ -392,6 +394,7 @@ def _host_of(obj: dict[str, Any], inherited: str | None) -> str | None:
 _UNREADABLE_FENCE = {"detail": "a fenced block of peer evidence that cannot be read (its fence lines "
                                "or its JSON were changed): what an agent reads is not checked"}
 _FORGED_FENCE = {"detail": "the merged answer's fence text is not its results' text"}
+_TOO_DEEP = {"detail": "an object nested deeper than the verifier walks: it was not judged"}
 _FENCE_BEGIN = "<<<BEGIN UNTRUSTED PEER EVIDENCE "
 
 
@@ -402,8 +405,11 @@ def _results(node: Any, where: str, host: str | None, depth: int = 0) -> Iterato
     of :func:`node.answer.fence.fenced`) is looked into; a fenced block that cannot be
     read, or a merged answer's ``fence`` that is not its results' text, yields a marker
     (:data:`_UNREADABLE_FENCE`, :data:`_FORGED_FENCE`) that :func:`verify_answer` makes a
-    ``malformed`` row."""
-    if depth > 64:
+    ``malformed`` row, as is an object or list deeper than :data:`MAX_DEPTH`
+    (:data:`_TOO_DEEP`)."""
+    if depth > MAX_DEPTH:
+        if isinstance(node, (dict, list)) or (isinstance(node, str) and node[:1] in ("{", "<")):
+            yield _TOO_DEEP, where, host
         return
     if isinstance(node, str):
         fenced_block = node.startswith(_FENCE_BEGIN)
@@ -455,7 +461,7 @@ def verify_answer(answer: Any, *, known: KnownKey | None = None) -> list[Row]:
             rows.append(Row("malformed", None, None, None, None, None,
                             f"more than {MAX_CITATIONS:,} results: the rest were not judged", where))
             break
-        if result is _UNREADABLE_FENCE or result is _FORGED_FENCE:
+        if result is _UNREADABLE_FENCE or result is _FORGED_FENCE or result is _TOO_DEEP:
             rows.append(Row("malformed", None, None, None, None, None, result["detail"], where))
             continue
         if "citation" not in result:
