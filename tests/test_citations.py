@@ -296,6 +296,17 @@ def test_results_beyond_the_limits_are_not_judged_and_the_answer_is_not_verified
     assert [r.result for r in rows] == ["genuine", "malformed"] and C.report(rows)["ok"] is False
 
 
+def test_against_host_says_how_to_pin_a_host_whose_invitation_is_not_kept(tmp_path):
+    """A host pinned by its key alone cannot be joined to ask: the row says so and how
+    to pin it with its invitation (a new user pins with `kith peers add NAME KEY`)."""
+    home = _pinned_checker(tmp_path)  # pinned by key, no invitation
+    answer = tmp_path / "a.json"
+    answer.write_text(json.dumps({"peer": {"key": signing.public_key_of(SEED)}, "results": [_signed()]}))
+    code, report = _verify(home, answer, "--against-host", "--local")
+    assert code == 1 and [r["result"] for r in report["rows"]] == ["unchecked"]
+    assert "--invite" in report["rows"][0]["detail"] and "kith join --pin" in report["rows"][0]["detail"]
+
+
 def test_a_result_that_cannot_be_cited_leaves_uncited_and_the_rest_signed():
     signer = C.CitationSigner(SEED, VKEY, lambda ids: {i: ("ab" * 32, None, None) for i in ids if i != "gone"},
                               lambda: "2026-12-01T23:00:00Z")

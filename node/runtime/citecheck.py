@@ -68,6 +68,9 @@ async def against_hosts(home: Path, rows: list[Row], *, local: bool = False,
                 failed = f"the host did not answer within {timeout_s:.0f} s"
             except KithError as exc:
                 failed = f"the host could not be asked ({exc.code})"
+                if exc.code == "invitation-not-found":
+                    failed += (": this home keeps no invitation of it to join; pin it with `kith join "
+                               "--pin NAME` or `kith peers add NAME KEY --invite FILE|POST_ID`")
             except Exception as exc:  # noqa: BLE001 - e.g. PeerGone: the session ended first
                 failed = f"the host could not be asked ({type(exc).__name__})"
             for i in idxs:
