@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import unicodedata
 from typing import Any
 
 #: The notice that opens every fenced block (and a ``peers`` envelope's ``notice``).
@@ -66,12 +67,22 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
 REASONS: tuple[str, ...] = tuple(_PATTERNS)
 
 
+#: invisible format characters a reader (and an agent) reads through: soft hyphen,
+#: zero-width spaces and joiners, bidi marks and controls, word joiner, BOM
+_INVISIBLE = re.compile("[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]")
+
+
 def scan(*texts: Any) -> list[str]:
     """The reasons (:data:`REASONS`, in that order) some of ``texts`` addresses an agent;
-    empty when none does. Non-strings are ignored. Deterministic, no model."""
+    empty when none does. Non-strings are ignored. The patterns read the text as an agent
+    does: NFKC-folded (fullwidth letters are letters) and without invisible format
+    characters (:data:`_INVISIBLE`), so neither hides an instruction. Deterministic, no
+    model."""
     text = "\n".join(t for t in texts if isinstance(t, str))
     if not text:
         return []
+    if not text.isascii():
+        text = _INVISIBLE.sub("", unicodedata.normalize("NFKC", text))
     return [reason for reason, pattern in _PATTERNS.items() if pattern.search(text)]
 
 
