@@ -186,6 +186,7 @@ class AnswerService:
                 # the view's index is built over the scrubbed text (node/corpus/views.py)
                 visible.scrub = kinds_of  # type: ignore[attr-defined]
                 visible.scrub_memo = {}  # type: ignore[attr-defined]  # canonical id -> kinds
+                visible.scrub_shown = {}  # type: ignore[attr-defined]  # source id -> its scrubbed id (check_versions)
 
             if len(_predicates) >= MAX_PREDICATES:
                 _predicates.pop(next(iter(_predicates)))
@@ -369,27 +370,46 @@ class AnswerService:
         against the scrubbed ids of the sources it may see (several sources may share
         one), and an id holding a value the peer's scrub removes matches nothing — a
         check is no oracle for a scrubbed value. A source whose scrubbing fails is left
-        out (fail closed)."""
+        out (fail closed). The scrubbed ids are kept on the predicate (``scrub_shown``
+        per source, ``scrub_by_shown`` per record state, one policy's kinds), so a check
+        costs one read of the record's source ids and the visibility of the candidates,
+        not a scrub and a policy decision per document."""
         from node.policy.scrub import PLACEHOLDER, ScrubFailed, scrub
 
         kinds_of = getattr(visible, "scrub", None)
+        memo: dict[str, str | None] = getattr(visible, "scrub_shown", {})  # source id -> shown id
 
         def shown_as(source_id: str) -> str | None:
             if kinds_of is None:
                 return source_id
-            try:
-                return scrub(source_id, kinds_of(source_id))
-            except ScrubFailed:
-                return None
+            if source_id not in memo:
+                try:
+                    memo[source_id] = scrub(source_id, kinds_of(source_id))
+                except ScrubFailed:
+                    return None  # not kept: it fails closed again next time
+            return memo[source_id]
 
         out: dict[str, list[str]] = {s: [s] for s in asked if visible(s) and shown_as(s) == s}
         if kinds_of is not None and any(p in s for s in asked for p in PLACEHOLDER.values()):
             assert self._corpus is not None
-            for source_id in self._corpus.source_ids():
-                if visible(source_id):
+            ids = self._corpus.source_ids()
+            stamp = (len(ids), hash(tuple(ids)))
+            kept = getattr(visible, "scrub_by_shown", None)
+            if kept is None or kept[0] != stamp:  # the record's documents changed
+                by_shown: dict[str, list[str]] = {}
+                for source_id in ids:
                     as_shown = shown_as(source_id)
-                    if as_shown in asked and as_shown != source_id:
-                        out.setdefault(as_shown, []).append(source_id)
+                    if as_shown is not None and as_shown != source_id:
+                        by_shown.setdefault(as_shown, []).append(source_id)
+                kept = (stamp, by_shown)
+                try:
+                    visible.scrub_by_shown = kept  # type: ignore[attr-defined]
+                except AttributeError:
+                    pass
+            for shown in asked:
+                found = [r for r in kept[1].get(shown, ()) if visible(r)]
+                if found:
+                    out.setdefault(shown, []).extend(found)
         return out
 
     def warm(self, view: PeerView) -> int:
