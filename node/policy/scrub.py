@@ -20,7 +20,8 @@ Deterministic detectors, one per kind (:data:`KINDS`), each finding spans in a t
 For phone, card and IBAN, a "space" is any one whitespace character (a no-break space, a
 line break of wrapped text), and a value followed by more words or digits (``… 00 BIC``,
 a card's ``12/27``) is found as the longest valid prefix of what its pattern took
-(:func:`_valid_prefix`).
+(:func:`_valid_prefix`; for IBANs :func:`_mod97_ends` finds the prefixes passing mod 97
+in one pass; a phone candidate gets at most three libphonenumber parses).
 * ``secret`` — PEM private-key blocks (``-----BEGIN … PRIVATE KEY-----`` to its END line,
   or to the end of the text when the chunk was cut inside it), and common API-key shapes:
   AWS access key ids, GitHub, GitLab, Slack, Stripe, Google and OpenAI-style keys, JWTs.
@@ -110,6 +111,18 @@ def _valid_prefix(raw: str, valid: Callable[[str], bool], separators: str) -> in
     return 0
 
 
+def _parses_at_most(n: int, valid: Callable[[str], bool]) -> Callable[[str], bool]:
+    """``valid`` that answers False after it was asked ``n`` times (a candidate's few
+    longest prefixes are the values worth a libphonenumber parse)."""
+    asked = [0]
+
+    def bounded(candidate: str) -> bool:
+        asked[0] += 1
+        return asked[0] <= n and valid(candidate)
+
+    return bounded
+
+
 def _free_left(text: str, at: int, also: str = "") -> bool:
     """True when the character before ``at`` is no word character (nor one of ``also``)."""
     return at == 0 or (text[at - 1] not in _WORD and text[at - 1] not in also)
@@ -152,6 +165,9 @@ def _phonenumbers():  # type: ignore[no-untyped-def]
 
 
 def _valid_phone(candidate: str, region: str | None) -> bool:
+    digits = sum(c.isdigit() for c in candidate) - (2 if candidate.startswith("00") else 0)
+    if not 7 <= digits <= 15:  # E.164 holds at most 15 digits; none valid has fewer than 7
+        return False
     pn = _phonenumbers()
     candidate = _SPACE.sub(" ", candidate)
     if candidate.startswith("00"):
@@ -172,7 +188,7 @@ def _phone(text: str) -> list[tuple[int, int]]:
         m = _PHONE_INTL.match(text, at)
         if m is None or (out and at < out[-1][1]):
             continue
-        end = _valid_prefix(m.group(0), lambda c: _valid_phone(c, None), ".-(")
+        end = _valid_prefix(m.group(0), _parses_at_most(3, lambda c: _valid_phone(c, None)), ".-(")
         if end:
             out.append((at, at + end))
     if "(" in text:
@@ -228,6 +244,27 @@ def _card(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def _mod97_ends(raw: str) -> list[int]:
+    """The ends of the prefixes of an IBAN candidate ``raw`` (letters, digits, single
+    whitespace) that end where a group ends and pass the ISO 13616 mod-97 check, longest
+    first — in one pass over ``raw`` (the remainder of the part after the first four
+    characters grows one character at a time), so a long candidate costs no more than
+    a short one before ``stdnum``'s full check of the few that pass."""
+    head = "".join(str(int(c, 36)) for c in raw[:4])
+    shift, tail = 10 ** len(head), int(head)
+    ends: list[int] = []
+    r, n = 0, 4
+    for i in range(4, len(raw)):
+        c = raw[i]
+        if c.isspace():
+            continue
+        r = (r * (100 if c.isalpha() else 10) + int(c, 36)) % 97
+        n += 1
+        if 15 <= n <= 34 and (i + 1 == len(raw) or raw[i + 1].isspace()) and (r * shift + tail) % 97 == 1:
+            ends.append(i + 1)
+    return ends[::-1]
+
+
 _IBAN = re.compile(r"[A-Z]{2}\d{2}(?:\s?[A-Z0-9]){11,30}(?![A-Za-z0-9])")
 
 
@@ -238,7 +275,8 @@ def _iban(text: str) -> list[tuple[int, int]]:
     for m in _IBAN.finditer(text):
         if not _free_left(text, m.start()):
             continue
-        end = _valid_prefix(m.group(0), lambda c: bool(iban.is_valid(_SPACE.sub("", c))), "")
+        raw = m.group(0)
+        end = next((e for e in _mod97_ends(raw) if iban.is_valid(_SPACE.sub("", raw[:e]))), 0)
         if end:
             out.append((m.start(), m.start() + end))
     return out
