@@ -45,6 +45,7 @@ def test_each_detector_replaces_its_kind_with_a_typed_placeholder(kind, value):
     # a value followed by another word or number: the valid value before it is still found
     ("iban", IBAN, " BIC COBADEFFXXX"), ("iban", "GB82 WEST 1234 5698 7654 32", " OK"),
     ("iban", IBAN, " 2 days"), ("phone", PHONE, " 2 times"), ("phone", "+1 212 555 0134", " 15"),
+    ("phone", PHONE, " 12 34 56"),
     ("card", CARD, " 12/27"), ("card", CARD, " 123"), ("card", "5555-5555-5555-4444", "-12"),
     # a no-break space (HTML &nbsp;, PDFs, word processors) or a line break of wrapped text
     ("card", CARD.replace(" ", "\u00a0"), ""), ("card", CARD.replace(" ", "\u202f"), ""),

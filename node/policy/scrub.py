@@ -111,18 +111,6 @@ def _valid_prefix(raw: str, valid: Callable[[str], bool], separators: str) -> in
     return 0
 
 
-def _parses_at_most(n: int, valid: Callable[[str], bool]) -> Callable[[str], bool]:
-    """``valid`` that answers False after it was asked ``n`` times (a candidate's few
-    longest prefixes are the values worth a libphonenumber parse)."""
-    asked = [0]
-
-    def bounded(candidate: str) -> bool:
-        asked[0] += 1
-        return asked[0] <= n and valid(candidate)
-
-    return bounded
-
-
 def _free_left(text: str, at: int, also: str = "") -> bool:
     """True when the character before ``at`` is no word character (nor one of ``also``)."""
     return at == 0 or (text[at - 1] not in _WORD and text[at - 1] not in also)
@@ -164,9 +152,15 @@ def _phonenumbers():  # type: ignore[no-untyped-def]
     return phonenumbers
 
 
-def _valid_phone(candidate: str, region: str | None) -> bool:
+def _phone_length(candidate: str) -> bool:
+    """True when ``candidate`` holds 7-15 digits besides a ``00`` prefix: E.164 numbers
+    hold at most 15, and none that is valid has fewer than 7 (no parse needed)."""
     digits = sum(c.isdigit() for c in candidate) - (2 if candidate.startswith("00") else 0)
-    if not 7 <= digits <= 15:  # E.164 holds at most 15 digits; none valid has fewer than 7
+    return 7 <= digits <= 15
+
+
+def _valid_phone(candidate: str, region: str | None) -> bool:
+    if not _phone_length(candidate):
         return False
     pn = _phonenumbers()
     candidate = _SPACE.sub(" ", candidate)
@@ -188,7 +182,15 @@ def _phone(text: str) -> list[tuple[int, int]]:
         m = _PHONE_INTL.match(text, at)
         if m is None or (out and at < out[-1][1]):
             continue
-        end = _valid_prefix(m.group(0), _parses_at_most(3, lambda c: _valid_phone(c, None)), ".-(")
+        parses = [0]
+
+        def valid(candidate: str) -> bool:  # a candidate's three longest plausible prefixes
+            if not _phone_length(candidate):
+                return False
+            parses[0] += 1
+            return parses[0] <= 3 and _valid_phone(candidate, None)
+
+        end = _valid_prefix(m.group(0), valid, ".-(")
         if end:
             out.append((at, at + end))
     if "(" in text:
