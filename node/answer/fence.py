@@ -10,7 +10,7 @@ host's word:
   itself is never changed (a quote stays exactly what the host sent).
 * :func:`scan` — a deterministic screen for passages that address an agent rather than a
   reader: imperatives to ignore or reveal instructions, tool-call syntax, chat role tags.
-  It flags; it does not remove, and it is no guarantee (specs/policy.md §8.3 says what
+  It flags; it does not remove, and it is no guarantee (specs/ask.md §7 says what
   it does not catch).
 * :func:`fenced` — the text an agent reads (MCP tool results): peer evidence between a
   begin and an end line carrying a boundary token the evidence does not contain, after a
