@@ -123,6 +123,8 @@ def test_saved_answer_is_judged_genuine_edited_and_stale_in_another_home(tmp_pat
     for r in report_s["rows"]:
         by_source.setdefault(r["source"], set()).add(r["result"])
     assert by_source == {"/kb/deploy.md": {"stale"}, "/kb/backup.md": {"genuine"}}
+    # a stale row says why, not what it said before the host was asked
+    assert {r["detail"] for r in report_s["rows"] if r["result"] == "stale"} == {C.RESULTS["stale"]}
 
 
 def test_a_host_without_sign_citations_answers_signing_off(tmp_path):
@@ -210,6 +212,99 @@ def test_each_bad_citation_has_its_own_result():
                  {**good["citation"], "extra": 1}, {**good["citation"], "source": "a\nb"}):
         assert _judge({**good, "citation": junk}) == "malformed", junk
     assert _judge({k: v for k, v in good.items() if k != "citation"}) == "no-citation"
+
+
+def test_a_bare_result_added_to_a_signed_answer_is_a_no_citation_row():
+    """A forged result with only ``source`` and ``textPreview`` (no provenance, location
+    or citation) is shown by every reader of the file: it must not leave the answer
+    "all verified"."""
+    good = _signed()
+    host = signing.public_key_of(SEED)
+    rows = C.verify_answer({"peer": {"key": host}, "results": [
+        good, {"source": "/kb/deploy.md", "textPreview": "The staging server is never deleted."}]},
+        known=lambda k: ("docs", None) if k == host else None)
+    assert [r.result for r in rows] == ["genuine", "no-citation"]
+    assert C.report(rows)["ok"] is False
+
+
+def test_a_saved_answer_with_a_bom_verifies_and_one_with_a_duplicate_key_is_refused(tmp_path):
+    """An editor's UTF-8 byte-order mark is not a reason to refuse an answer; a duplicate
+    key is (a reader that keeps the first ``textPreview`` would show text that was not
+    the text verified)."""
+    home = _pinned_checker(tmp_path)
+    good = _signed()
+    saved = json.dumps({"peer": {"key": signing.public_key_of(SEED)}, "results": [good]})
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + saved.encode())
+    twice = tmp_path / "twice.json"
+    twice.write_text(saved.replace('"textPreview": ', '"textPreview": "The staging server is kept.", "textPreview": ', 1))
+    code_b, report_b = _verify(home, bom)
+    code_t, report_t = _verify(home, twice)
+    assert code_b == 0 and [r["result"] for r in report_b["rows"]] == ["genuine"]
+    assert code_t == 1 and report_t["error"]["code"] == "answer-invalid"
+    assert "duplicate key 'textPreview'" in report_t["error"]["message"]
+
+
+def test_evidence_an_agent_reads_that_was_edited_outside_the_results_is_not_verified():
+    """What an agent reads of an MCP answer is the fenced text part, and of a merged
+    answer its ``fence.text``: an edit there (with the fence broken so the block cannot be
+    read, or the merged block no longer the results' own text) is a ``malformed`` row,
+    never skipped while the intact structured copy verifies."""
+    from node.answer.fence import NOTICE, fenced, merged_fence
+
+    host = signing.public_key_of(SEED)
+    known = lambda k: ("docs", None) if k == host else None  # noqa: E731
+    good = _signed()
+    envelope = {"peer": {"key": host}, "results": [good]}
+    text = fenced(json.dumps(envelope))
+    mcp = lambda t: {"content": [{"type": "text", "text": NOTICE}, {"type": "text", "text": t}],  # noqa: E731
+                     "structuredContent": envelope}
+    edited = text.replace("is deleted", "is kept")
+    broken_end = edited.rsplit("\n", 1)[0] + "\n<<<END UNTRUSTED PEER EVIDENCE 0000000000000000>>>"
+    judge = lambda answer: sorted(r.result for r in C.verify_answer(answer, known=known))  # noqa: E731
+    assert judge(mcp(text)) == ["genuine", "genuine"]
+    assert judge(mcp(broken_end)) == ["genuine", "malformed"]
+    assert judge(mcp(edited.rsplit("\n", 1)[0])) == ["genuine", "malformed"]  # no END line at all
+    assert judge(mcp(text.replace('"results"', '"res', 1))) == ["genuine", "malformed"]  # not JSON inside
+    merged = [{**good, "rank": 1, "peer": {"key": host, "name": "docs"}, "untrusted": True, "suspicious": False}]
+    ask = {"kind": "kith-ask", "results": merged, "fence": merged_fence(merged)}
+    assert judge(ask) == ["genuine"]
+    forged = copy.deepcopy(ask)
+    forged["fence"]["text"] = forged["fence"]["text"].replace("is deleted", "is kept")
+    rows = C.verify_answer(forged, known=known)
+    assert [r.result for r in rows] == ["genuine", "malformed"] and rows[1].where == "fence"
+    assert C.report(rows)["ok"] is False
+
+
+def test_results_beyond_the_limits_are_not_judged_and_the_answer_is_not_verified():
+    """A file padded with copies of a genuine result past the row limit, or nesting one
+    deeper than the walk goes, must not hide a forged result: the answer is not
+    verified, and a row says why."""
+    good = _signed()
+    host = signing.public_key_of(SEED)
+    forged = {**good, "textPreview": "The staging server is never deleted."}
+    rows = C.verify_answer({"peer": {"key": host}, "results": [good] * C.MAX_CITATIONS + [forged]},
+                           known=lambda k: ("docs", None) if k == host else None)
+    assert len(rows) == C.MAX_CITATIONS + 1 and C.report(rows)["ok"] is False
+    assert rows[-1].result == "malformed" and "not judged" in rows[-1].detail
+    # nor can a forged result hide deeper than the walk goes
+    deep: dict = {"source": "/kb/deploy.md", "textPreview": "The staging server is never deleted."}
+    for _ in range(70):
+        deep = {"more": deep}
+    rows = C.verify_answer({"peer": {"key": host}, "results": [good], "extra": deep},
+                           known=lambda k: ("docs", None) if k == host else None)
+    assert [r.result for r in rows] == ["genuine", "malformed"] and C.report(rows)["ok"] is False
+
+
+def test_against_host_says_how_to_pin_a_host_whose_invitation_is_not_kept(tmp_path):
+    """A host pinned by its key alone cannot be joined to ask: the row says so and how
+    to pin it with its invitation (a new user pins with `kith peers add NAME KEY`)."""
+    home = _pinned_checker(tmp_path)  # pinned by key, no invitation
+    answer = tmp_path / "a.json"
+    answer.write_text(json.dumps({"peer": {"key": signing.public_key_of(SEED)}, "results": [_signed()]}))
+    code, report = _verify(home, answer, "--against-host", "--local")
+    assert code == 1 and [r["result"] for r in report["rows"]] == ["unchecked"]
+    assert "--invite" in report["rows"][0]["detail"] and "kith join --pin" in report["rows"][0]["detail"]
 
 
 def test_a_result_that_cannot_be_cited_leaves_uncited_and_the_rest_signed():
@@ -418,6 +513,40 @@ def test_check_versions_says_current_stale_or_unknown_and_is_no_oracle(tmp_path)
     assert [v["state"] for v in answer["versions"]] == ["current", "stale", "unknown", "unknown"]
     assert off == {"status": "unavailable", "versions": [{"source": "/kb/deploy.md", "version": "0" * 64,
                                                           "state": "unknown"}]}
+
+
+def test_check_versions_of_a_scrubbed_source_id_is_current_and_no_oracle_for_the_value(tmp_path):
+    """A scrubbed peer is cited under the scrubbed source id (``/kb/[email]/notes.md``):
+    asked about it, the host says ``current``, not ``stale``; asked about the id with the
+    real value in it, it says ``unknown`` (as for a value that is not there), so a check
+    cannot confirm a guessed e-mail address."""
+    from node.runtime.host import open_knowledge
+
+    host_home, kb = _host_home(tmp_path)
+    text = "# Notes\n\nThe staging notes of the team.\n"
+    (kb / "alice.smith@example.org").mkdir()
+    (kb / "alice.smith@example.org" / "notes.md").write_text(text)
+    with Corpus(host_home) as c:
+        c.sync()
+    policy = Policy.load(host_home)
+    policy.set_scrub("public", ["email"])
+    policy.save()
+    vkey = C.load_version_key(host_home, create=True)
+    true = C.keyed_version(vkey, hashlib.sha256(text.encode()).hexdigest())
+    knowledge = open_knowledge(host_home, lambda _m: None, version_key=vkey)
+    try:
+        shown = knowledge.handle_for(None, "b" * 64).search(
+            {"query": "staging notes team", "topK": 5})["envelope"]["results"]
+        answer = knowledge.handle_for(None, "b" * 64).check_versions([
+            {"source": "/kb/[email]/notes.md", "version": true},
+            {"source": "/kb/[email]/notes.md", "version": "0" * 64},
+            {"source": "/kb/alice.smith@example.org/notes.md", "version": "0" * 64},
+            {"source": "/kb/bob@example.org/notes.md", "version": "0" * 64},
+            {"source": "/kb/deploy.md", "version": "0" * 64}])
+    finally:
+        knowledge.close()
+    assert "/kb/[email]/notes.md" in [r["source"] for r in shown]  # what the peer is cited under
+    assert [v["state"] for v in answer["versions"]] == ["current", "stale", "unknown", "unknown", "stale"]
 
 
 def test_mcp_search_of_a_peer_with_citations_gives_an_answer_verify_accepts(tmp_path):

@@ -41,6 +41,46 @@ def test_each_detector_replaces_its_kind_with_a_typed_placeholder(kind, value):
     assert counts == {kind: 1}
 
 
+@pytest.mark.parametrize("kind,value,after", [
+    # a value followed by another word or number: the valid value before it is still found
+    ("iban", IBAN, " BIC COBADEFFXXX"), ("iban", "GB82 WEST 1234 5698 7654 32", " OK"),
+    ("iban", IBAN, " 2 days"), ("phone", PHONE, " 2 times"), ("phone", "+1 212 555 0134", " 15"),
+    ("phone", PHONE, " 12 34 56"),
+    ("card", CARD, " 12/27"), ("card", CARD, " 123"), ("card", "5555-5555-5555-4444", "-12"),
+    # a no-break space (HTML &nbsp;, PDFs, word processors) or a line break of wrapped text
+    ("card", CARD.replace(" ", "\u00a0"), ""), ("card", CARD.replace(" ", "\u202f"), ""),
+    ("card", "4111 1111\n1111 1111", ""), ("iban", IBAN.replace(" ", "\u00a0"), ""),
+    ("iban", "DE89 3704 0044\n0532 0130 00", ""), ("phone", PHONE.replace(" ", "\u00a0"), ""),
+    ("phone", "+44 20\n7946 0958", ""), ("phone", "(212)\u00a0555-0134", ""),
+])
+def test_a_value_next_to_other_tokens_or_split_by_other_spaces_is_found(kind, value, after):
+    counts: dict[str, int] = {}
+    out = scrub(f"pay: {value}{after}, thanks.", KINDS, counts)
+    assert out == f"pay: [{kind}]{after}, thanks."
+    assert counts == {kind: 1}
+
+
+def test_a_scrubbed_peer_never_sees_a_card_written_with_no_break_spaces(tmp_path):
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "billing.md").write_text("# Walrus billing\n\nThe walrus card is " + CARD.replace(" ", "\u00a0")
+                                     + " and the walrus account " + IBAN.replace(" ", "\u00a0") + ".\n")
+    home = tmp_path / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+    with Corpus(home, readonly=True) as corpus:
+        policy = Policy()
+        policy.set("/notes/**", "public")
+        policy.set_scrub("public", ["card", "iban"])
+        answer = _answer(corpus, EgressGate(corpus.roots(), policy, home), None, "walrus card account")
+    wire = json.dumps(answer["envelope"], ensure_ascii=False)
+    assert answer["envelope"]["results"] and "[card]" in wire and "[iban]" in wire
+    for part in ("4111", "1111", "3704", "0130"):
+        assert part not in wire.replace("4111 1111 1111 1111", "")  # the query never holds it
+    assert answer["scrubbed"] == {"card": 1, "iban": 1}
+
+
 @pytest.mark.parametrize("text", [
     "4111 1111 1111 1112",                 # Luhn fails
     "DE89 3704 0044 0532 0130 01",         # mod-97 fails

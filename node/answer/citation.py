@@ -47,6 +47,8 @@ SIGNED, SIGNING_OFF = "signed", "signing-off"
 #: Largest answer file ``kith verify`` reads (bytes), and citations it judges in one file.
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
 MAX_CITATIONS = 10_000
+#: Deepest a result is looked for in a saved answer; anything deeper is a ``malformed`` row.
+MAX_DEPTH = 64
 #: Longest source id a citation may name (the source-id bound of a result).
 MAX_SOURCE_CHARS = 1024
 
@@ -388,24 +390,43 @@ def _host_of(obj: dict[str, Any], inherited: str | None) -> str | None:
     return inherited
 
 
+#: Stands for evidence an agent reads that cannot be checked (:func:`_results`).
+_UNREADABLE_FENCE = {"detail": "a fenced block of peer evidence that cannot be read (its fence lines "
+                               "or its JSON were changed): what an agent reads is not checked"}
+_FORGED_FENCE = {"detail": "the merged answer's fence text is not its results' text"}
+_TOO_DEEP = {"detail": "an object nested deeper than the verifier walks: it was not judged"}
+_FENCE_BEGIN = "<<<BEGIN UNTRUSTED PEER EVIDENCE "
+
+
 def _results(node: Any, where: str, host: str | None, depth: int = 0) -> Iterator[tuple[dict[str, Any], str, str | None]]:
     """Every result object (a dict with ``textPreview`` and ``source``) under ``node``,
     with its path and the host key its nearest enclosing ``peer.key`` names. A string
     holding a JSON object (an MCP tool answer's ``content[].text``, also inside the fence
-    of :func:`node.answer.fence.fenced`) is looked into."""
-    if depth > 64:
+    of :func:`node.answer.fence.fenced`) is looked into; a fenced block that cannot be
+    read, or a merged answer's ``fence`` that is not its results' text, yields a marker
+    (:data:`_UNREADABLE_FENCE`, :data:`_FORGED_FENCE`) that :func:`verify_answer` makes a
+    ``malformed`` row, as is an object or list deeper than :data:`MAX_DEPTH`
+    (:data:`_TOO_DEEP`)."""
+    if depth > MAX_DEPTH:
+        if isinstance(node, (dict, list)) or (isinstance(node, str) and node[:1] in ("{", "<")):
+            yield _TOO_DEEP, where, host
         return
     if isinstance(node, str):
-        if node[:3] == "<<<" and len(node) <= MAX_ANSWER_BYTES:  # an MCP answer's fenced peer evidence
+        fenced_block = node.startswith(_FENCE_BEGIN)
+        if fenced_block:  # an MCP answer's fenced peer evidence
             from node.answer.fence import unfenced
 
-            node = unfenced(node) or ""
+            node = (unfenced(node) or "") if len(node) <= MAX_ANSWER_BYTES else ""
         if node[:1] == "{" and len(node) <= MAX_ANSWER_BYTES:
             try:
                 inner = json.loads(node)
             except ValueError:
+                inner = None
+            if isinstance(inner, (dict, list)):
+                yield from _results(inner, where, host, depth + 1)
                 return
-            yield from _results(inner, where, host, depth + 1)
+        if fenced_block:
+            yield _UNREADABLE_FENCE, where, host
         return
     if isinstance(node, list):
         for i, item in enumerate(node):
@@ -414,25 +435,35 @@ def _results(node: Any, where: str, host: str | None, depth: int = 0) -> Iterato
     if not isinstance(node, dict):
         return
     host = _host_of(node, host)
-    if isinstance(node.get("source"), str) and "textPreview" in node and (
-            "citation" in node or "provenance" in node or "location" in node):
+    if isinstance(node.get("source"), str) and "textPreview" in node:
         yield node, where, host
         return
     for k, v in node.items():
-        if k in ("citationPack", "answerSynthesis", "eventAggregation", "queryPlan"):
+        if k in ("citationPack", "answerSynthesis", "eventAggregation", "queryPlan", "fence"):
             continue  # copies of the results' own text: judged once, on the result
         yield from _results(v, f"{where}.{k}" if where else str(k), host, depth + 1)
+    if "fence" in node and isinstance(node.get("results"), list):  # a merged (kith-ask) answer
+        from node.answer.fence import merged_fence_holds
+
+        if not merged_fence_holds(node["fence"], node["results"]):
+            yield _FORGED_FENCE, f"{where}.fence" if where else "fence", host
 
 
 def verify_answer(answer: Any, *, known: KnownKey | None = None) -> list[Row]:
     """Judge every result of a saved answer (one JSON value or a list of JSON lines).
 
     A result without a citation is a ``no-citation`` row. At most :data:`MAX_CITATIONS`
-    rows; never raises."""
+    results are judged; when there are more, one last ``malformed`` row says the rest
+    were not (so the answer is not verified). Never raises."""
     rows: list[Row] = []
     for result, where, host in _results(answer, "", None):
         if len(rows) >= MAX_CITATIONS:
+            rows.append(Row("malformed", None, None, None, None, None,
+                            f"more than {MAX_CITATIONS:,} results: the rest were not judged", where))
             break
+        if result is _UNREADABLE_FENCE or result is _FORGED_FENCE or result is _TOO_DEEP:
+            rows.append(Row("malformed", None, None, None, None, None, result["detail"], where))
+            continue
         if "citation" not in result:
             rows.append(Row("no-citation", result["source"][:MAX_SOURCE_CHARS], None, None, None, None,
                             RESULTS["no-citation"], where))
@@ -466,11 +497,28 @@ def read_answer(path: Path) -> Any:
     return parse_answer(data, str(path))
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))  # type: ignore[func-returns-value]
+    return out
+
+
 def parse_answer(data: bytes, name: str = "the answer") -> Any:
     """:func:`read_answer` for bytes already read (the API's and MCP's ``verify``).
+    A leading UTF-8 byte-order mark is skipped.
 
     Raises:
-        ConfigError: ``answer-invalid`` as :func:`read_answer`.
+        ConfigError: ``answer-invalid`` as :func:`read_answer`, and for an object with
+            a duplicate key (a reader keeping the first value would show what was not
+            verified).
     """
     if len(data) > MAX_ANSWER_BYTES:
         raise ConfigError("answer-invalid", f"{name} is larger than {MAX_ANSWER_BYTES // (1024 * 1024)} MiB")
@@ -478,8 +526,12 @@ def parse_answer(data: bytes, name: str = "the answer") -> Any:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError("answer-invalid", f"{name} is not UTF-8 text") from None
+    text = text.removeprefix("\ufeff")  # an editor's byte-order mark
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise ConfigError("answer-invalid", f"{name} has a duplicate key {exc.key[:40]!r} in one "
+                          "object (readers disagree on which value it holds)") from None
     except ValueError:
         pass
     except RecursionError:
@@ -489,7 +541,10 @@ def parse_answer(data: bytes, name: str = "the answer") -> Any:
         if not line.strip():
             continue
         try:
-            values.append(json.loads(line))
+            values.append(json.loads(line, object_pairs_hook=_unique_keys))
+        except _DuplicateKey as exc:
+            raise ConfigError("answer-invalid", f"{name} has a duplicate key {exc.key[:40]!r} in one "
+                              f"object (line {n}; readers disagree on which value it holds)") from None
         except (ValueError, RecursionError):
             raise ConfigError("answer-invalid", f"{name} is neither JSON nor JSON lines (line {n})") from None
     if not values:

@@ -10,7 +10,7 @@ host's word:
   itself is never changed (a quote stays exactly what the host sent).
 * :func:`scan` — a deterministic screen for passages that address an agent rather than a
   reader: imperatives to ignore or reveal instructions, tool-call syntax, chat role tags.
-  It flags; it does not remove, and it is no guarantee (specs/policy.md §8.3 says what
+  It flags; it does not remove, and it is no guarantee (specs/ask.md §7 says what
   it does not catch).
 * :func:`fenced` — the text an agent reads (MCP tool results): peer evidence between a
   begin and an end line carrying a boundary token the evidence does not contain, after a
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import unicodedata
 from typing import Any
 
 #: The notice that opens every fenced block (and a ``peers`` envelope's ``notice``).
@@ -66,12 +67,22 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
 REASONS: tuple[str, ...] = tuple(_PATTERNS)
 
 
+#: invisible format characters a reader (and an agent) reads through: soft hyphen,
+#: zero-width spaces and joiners, bidi marks and controls, word joiner, BOM
+_INVISIBLE = re.compile("[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]")
+
+
 def scan(*texts: Any) -> list[str]:
     """The reasons (:data:`REASONS`, in that order) some of ``texts`` addresses an agent;
-    empty when none does. Non-strings are ignored. Deterministic, no model."""
+    empty when none does. Non-strings are ignored. The patterns read the text as an agent
+    does: NFKC-folded (fullwidth letters are letters) and without invisible format
+    characters (:data:`_INVISIBLE`), so neither hides an instruction. Deterministic, no
+    model."""
     text = "\n".join(t for t in texts if isinstance(t, str))
     if not text:
         return []
+    if not text.isascii():
+        text = _INVISIBLE.sub("", unicodedata.normalize("NFKC", text))
     return [reason for reason, pattern in _PATTERNS.items() if pattern.search(text)]
 
 
@@ -85,9 +96,29 @@ def _mark(item: dict[str, Any], *texts: Any) -> None:
         item.pop("suspiciousReasons", None)
 
 
+#: a result's metadata fields that reach an agent beside its text (strings, or lists of them)
+_META_FIELDS = ("date", "agent", "project", "workType", "tags")
+
+
+def _result_texts(result: dict[str, Any], heading: Any) -> list[Any]:
+    """What :func:`scan` reads of one result: its text, source id, heading path, metadata
+    strings (:data:`_META_FIELDS`) and the source ids of the copies it collapsed."""
+    texts: list[Any] = [result.get("textPreview"), result.get("source")]
+    texts += heading if isinstance(heading, list) else []
+    for name in _META_FIELDS:
+        value = result.get(name)
+        texts += value if isinstance(value, list) else [value]
+    also = result.get("alsoIn")
+    for dup in also if isinstance(also, list) else ():
+        if isinstance(dup, dict):
+            texts.append(dup.get("source"))
+    return texts
+
+
 def mark_envelope(envelope: Any) -> Any:
     """Mark a peer's search envelope in place (module docstring): each ``results`` item
-    (scanning its ``textPreview``, ``source`` and heading path), each
+    (scanning its ``textPreview``, ``source``, heading path, metadata strings —
+    ``date``, ``agent``, ``project``, ``workType``, ``tags`` — and ``alsoIn`` sources), each
     ``citationPack.citations`` item (its ``excerpt``) and each ``answerSynthesis``
     sentence (its ``text``) gets ``untrusted`` true and ``suspicious``; an envelope with
     results gets ``untrusted`` true (an empty one — nothing matched, withheld, refused —
@@ -105,8 +136,7 @@ def mark_envelope(envelope: Any) -> Any:
         if isinstance(result, dict):
             loc = (result.get("provenance") or {}).get("location") if isinstance(result.get("provenance"), dict) else None
             heading = loc.get("headingPath") if isinstance(loc, dict) else None
-            _mark(result, result.get("textPreview"), result.get("source"),
-                  *(heading if isinstance(heading, list) else ()))
+            _mark(result, *_result_texts(result, heading))
     pack = envelope.get("citationPack")
     for citation in (pack.get("citations") or []) if isinstance(pack, dict) else []:
         if isinstance(citation, dict):
@@ -128,10 +158,10 @@ def mark_answer(message: Any) -> Any:
 
 def mark_merged(result: dict[str, Any], untrusted: bool) -> dict[str, Any]:
     """Set a merged (``kith-ask``) result's ``untrusted`` (``untrusted``: the row is a
-    peer, decided by the guest) and ``suspicious`` from :func:`scan` of its text."""
+    peer, decided by the guest) and ``suspicious`` from :func:`scan` of its text, source,
+    heading path, metadata strings and ``alsoIn`` sources."""
     result["untrusted"] = bool(untrusted)
-    reasons = scan(result.get("textPreview"), result.get("source"),
-                   *((result.get("location") or {}).get("headingPath") or ()))
+    reasons = scan(*_result_texts(result, (result.get("location") or {}).get("headingPath")))
     result["suspicious"] = bool(reasons)
     if reasons:
         result["suspiciousReasons"] = reasons
@@ -180,6 +210,11 @@ def merged_fence(results: list[dict[str, Any]], notice: str = NOTICE) -> dict[st
     text (:func:`fenced`: each as ``[rank] peer name: source``, its ``suspicious``
     reasons, then its ``textPreview``), ``begin``/``end`` its first and last line. With no
     untrusted result, ``text`` is empty and the lines are still given."""
+    body = _merged_body(results)
+    return _merged_block(body, _boundary(body), notice)
+
+
+def _merged_body(results: list[dict[str, Any]]) -> str:
     parts = []
     for r in results:
         if not r.get("untrusted"):
@@ -189,12 +224,30 @@ def merged_fence(results: list[dict[str, Any]], notice: str = NOTICE) -> dict[st
         if r.get("suspicious"):
             head += f" (suspicious: {', '.join(r.get('suspiciousReasons') or [])})"
         parts.append(f"{head}\n{r.get('textPreview') or ''}")
-    body = "\n\n".join(parts)
-    boundary = _boundary(body)
+    return "\n\n".join(parts)
+
+
+def _merged_block(body: str, boundary: str, notice: Any) -> dict[str, Any]:
     begin, end = BEGIN.format(boundary=boundary), END.format(boundary=boundary)
     return {"begin": begin, "end": end, "notice": notice,
-            "text": "\n".join((begin, notice, body, end)) if parts else ""}
+            "text": "\n".join((begin, str(notice), body, end)) if body else ""}
+
+
+def merged_fence_holds(fence: Any, results: Any) -> bool:
+    """True when ``fence`` is exactly the block :func:`merged_fence` makes of ``results``
+    (with the fence's own boundary and notice): what an agent reads of a merged answer is
+    then the results' own evidence text, which ``kith verify`` checks. Never raises."""
+    if not isinstance(fence, dict) or not isinstance(results, list):
+        return False
+    m = _BEGIN_RE.fullmatch(fence.get("begin")) if isinstance(fence.get("begin"), str) else None
+    if m is None:
+        return False
+    try:
+        body = _merged_body([r for r in results if isinstance(r, dict)])
+    except (AttributeError, TypeError):  # a peer or reasons of the wrong type
+        return False
+    return fence == _merged_block(body, m.group(1), fence.get("notice"))
 
 
 __all__ = ["BEGIN", "END", "NOTICE", "REASONS", "fenced", "unfenced", "mark_answer", "mark_envelope", "mark_merged",
-           "merged_fence", "scan"]
+           "merged_fence", "merged_fence_holds", "scan"]

@@ -203,6 +203,7 @@ class AnswerService:
                 visible.scrub = kinds_of  # type: ignore[attr-defined]
                 visible.scrub_many = kinds_many  # type: ignore[attr-defined]
                 visible.scrub_memo = {}  # type: ignore[attr-defined]  # canonical id -> kinds
+                visible.scrub_shown = {}  # type: ignore[attr-defined]  # source id -> its scrubbed id (check_versions)
 
             if len(_predicates) >= MAX_PREDICATES:
                 _predicates.pop(next(iter(_predicates)))
@@ -369,15 +370,64 @@ class AnswerService:
             return {"status": "unavailable",
                     "versions": [{"source": s, "version": v, "state": "unknown"} for s, v in pairs]}
         visible = self._visible(view, self._gate.current_policy())
-        seen = [s for s, _ in pairs if s and visible(s)]
-        hashes = self._corpus.content_hashes(seen)
+        shown = self._shown_sources(visible, {s for s, _ in pairs if s})
+        hashes = self._corpus.content_hashes(sorted({r for ids in shown.values() for r in ids}))
         out = []
         for source, version in pairs:
-            h = hashes.get(source) if source in seen else None
-            state = ("unknown" if h is None else
-                     "current" if keyed_version(self._version_key, h) == version else "stale")
+            keyed = {keyed_version(self._version_key, hashes[r]) for r in shown.get(source, ()) if r in hashes}
+            state = "unknown" if not keyed else "current" if version in keyed else "stale"
             out.append({"source": source, "version": version, "state": state})
         return {"status": "ok", "versions": out}
+
+    def _shown_sources(self, visible: Callable[[str], bool], asked: set[str]) -> dict[str, list[str]]:
+        """``{asked id: [stored source ids this peer is shown under that id]}`` for
+        :meth:`check_versions`. Without scrubbing, an id the peer may see is shown as
+        itself. For a scrubbed peer (``visible.scrub``, specs/policy.md §9) a source is
+        shown under its *scrubbed* id: an asked id holding a placeholder is matched
+        against the scrubbed ids of the sources it may see (several sources may share
+        one), and an id holding a value the peer's scrub removes matches nothing — a
+        check is no oracle for a scrubbed value. A source whose scrubbing fails is left
+        out (fail closed). The scrubbed ids are kept on the predicate (``scrub_shown``
+        per source, ``scrub_by_shown`` per record state, one policy's kinds), so a check
+        costs one read of the record's source ids and the visibility of the candidates,
+        not a scrub and a policy decision per document."""
+        from node.policy.scrub import PLACEHOLDER, ScrubFailed, scrub
+
+        kinds_of = getattr(visible, "scrub", None)
+        memo: dict[str, str | None] = getattr(visible, "scrub_shown", {})  # source id -> shown id
+
+        def shown_as(source_id: str) -> str | None:
+            if kinds_of is None:
+                return source_id
+            if source_id not in memo:
+                try:
+                    memo[source_id] = scrub(source_id, kinds_of(source_id))
+                except ScrubFailed:
+                    return None  # not kept: it fails closed again next time
+            return memo[source_id]
+
+        out: dict[str, list[str]] = {s: [s] for s in asked if visible(s) and shown_as(s) == s}
+        if kinds_of is not None and any(p in s for s in asked for p in PLACEHOLDER.values()):
+            assert self._corpus is not None
+            ids = self._corpus.source_ids()
+            stamp = (len(ids), hash(tuple(ids)))
+            kept = getattr(visible, "scrub_by_shown", None)
+            if kept is None or kept[0] != stamp:  # the record's documents changed
+                by_shown: dict[str, list[str]] = {}
+                for source_id in ids:
+                    as_shown = shown_as(source_id)
+                    if as_shown is not None and as_shown != source_id:
+                        by_shown.setdefault(as_shown, []).append(source_id)
+                kept = (stamp, by_shown)
+                try:
+                    visible.scrub_by_shown = kept  # type: ignore[attr-defined]
+                except AttributeError:
+                    pass
+            for shown in asked:
+                found = [r for r in kept[1].get(shown, ()) if visible(r)]
+                if found:
+                    out.setdefault(shown, []).extend(found)
+        return out
 
     def warm(self, view: PeerView) -> int:
         """Build the index ``view`` searches on now (:meth:`node.corpus.store.Corpus.warm_view`),

@@ -7,14 +7,21 @@ Deterministic detectors, one per kind (:data:`KINDS`), each finding spans in a t
   dot-separated labels, a letter-only TLD of 2-24 characters).
 * ``phone`` — numbers in international form (``+`` or ``00`` and a country code, spaces,
   dots, hyphens, parentheses between digits) and the North American form with its area
-  code in parentheses (``(212) 555-0134``); each candidate must be a *valid* number for
-  its country per Google's libphonenumber metadata (the ``phonenumberslite`` package).
+  code in parentheses (``(212) 555-0134``); a candidate's longest prefix that is a
+  *valid* number for its country per Google's libphonenumber metadata (the
+  ``phonenumberslite`` package) is the value.
   National forms of other countries (``020 7946 0958``) are not recognised.
 * ``card`` — 13-19 digits with a major network's prefix and length (:func:`_card_network`),
   unseparated or grouped as cards print them (4-4-4-4, 4-4-4-4-3, 4-6-5, 4-6-4, one kind
   of separator: a space or a hyphen), passing the Luhn check (``python-stdnum``).
 * ``iban`` — two letters, two check digits, 11-30 letters/digits (in groups of four or
   not), with its country's length and the ISO 13616 mod-97 check (``python-stdnum``).
+
+For phone, card and IBAN, a "space" is any one whitespace character (a no-break space, a
+line break of wrapped text), and a value followed by more words or digits (``… 00 BIC``,
+a card's ``12/27``) is found as the longest valid prefix of what its pattern took
+(:func:`_valid_prefix`; for IBANs :func:`_mod97_ends` finds the prefixes passing mod 97
+in one pass; a phone candidate gets at most three libphonenumber parses).
 * ``secret`` — PEM private-key blocks (``-----BEGIN … PRIVATE KEY-----`` to its END line,
   or to the end of the text when the chunk was cut inside it), and common API-key shapes:
   AWS access key ids, GitHub, GitLab, Slack, Stripe, Google and OpenAI-style keys, JWTs.
@@ -82,6 +89,28 @@ def check_kinds(kinds: Iterable[str], where: str = "") -> tuple[str, ...]:
 _WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
+#: What separates the groups of a phone, card or IBAN number besides its own marks: any
+#: one whitespace character — a space, a no-break space (HTML ``&nbsp;``, PDFs, word
+#: processors; a preview shows it as a space) or the line break of hard-wrapped text.
+_SPACE = re.compile(r"\s")
+
+
+def _valid_prefix(raw: str, valid: Callable[[str], bool], separators: str) -> int:
+    """The length of the longest prefix of the candidate ``raw`` that ``valid`` accepts
+    and that ends where a group ends (``raw`` itself, or a cut just before one of
+    ``separators`` or whitespace); 0 when none does. A candidate pattern is greedy, so
+    it takes the words or numbers after a value too (``DE89 … 00 BIC``, ``+44 20 7946
+    0958 2 times``, a card's ``12/27``): the value is the valid prefix."""
+    for end in range(len(raw), 0, -1):
+        if end < len(raw) and not (raw[end] in separators or raw[end].isspace()):
+            continue
+        if end < len(raw) and (raw[end - 1] in separators or raw[end - 1].isspace()):
+            continue
+        if valid(raw[:end]):
+            return end
+    return 0
+
+
 def _free_left(text: str, at: int, also: str = "") -> bool:
     """True when the character before ``at`` is no word character (nor one of ``also``)."""
     return at == 0 or (text[at - 1] not in _WORD and text[at - 1] not in also)
@@ -111,9 +140,9 @@ def _email(text: str) -> list[tuple[int, int]]:
 
 #: international: + or 00, a country code, then digits with single separators
 _PHONE_LEAD = re.compile(r"\+[1-9]|00[1-9]")
-_PHONE_INTL = re.compile(r"(?:\+|00)[1-9]\d{0,2}(?:[ .\-]?\(?\d{1,5}\)?){2,6}(?![\w])")
+_PHONE_INTL = re.compile(r"(?:\+|00)[1-9]\d{0,2}(?:[\s.\-]?\(?\d{1,5}\)?){2,6}(?![\w])")
 #: North American with the area code in parentheses: (212) 555-0134
-_PHONE_NANP = re.compile(r"\(\d{3}\) ?\d{3}[ .\-]\d{4}(?![\w])")
+_PHONE_NANP = re.compile(r"\(\d{3}\)\s?\d{3}[\s.\-]\d{4}(?![\w])")
 
 
 @lru_cache(maxsize=1)
@@ -123,8 +152,18 @@ def _phonenumbers():  # type: ignore[no-untyped-def]
     return phonenumbers
 
 
+def _phone_length(candidate: str) -> bool:
+    """True when ``candidate`` holds 7-15 digits besides a ``00`` prefix: E.164 numbers
+    hold at most 15, and none that is valid has fewer than 7 (no parse needed)."""
+    digits = sum(c.isdigit() for c in candidate) - (2 if candidate.startswith("00") else 0)
+    return 7 <= digits <= 15
+
+
 def _valid_phone(candidate: str, region: str | None) -> bool:
+    if not _phone_length(candidate):
+        return False
     pn = _phonenumbers()
+    candidate = _SPACE.sub(" ", candidate)
     if candidate.startswith("00"):
         candidate = "+" + candidate[2:]
     try:
@@ -141,15 +180,26 @@ def _phone(text: str) -> list[tuple[int, int]]:
         if not _free_left(text, at, "+"):
             continue
         m = _PHONE_INTL.match(text, at)
-        if m is not None and (not out or at >= out[-1][1]) and _valid_phone(m.group(0), None):
-            out.append(m.span())
+        if m is None or (out and at < out[-1][1]):
+            continue
+        parses = [0]
+
+        def valid(candidate: str) -> bool:  # a candidate's three longest plausible prefixes
+            if not _phone_length(candidate):
+                return False
+            parses[0] += 1
+            return parses[0] <= 3 and _valid_phone(candidate, None)
+
+        end = _valid_prefix(m.group(0), valid, ".-(")
+        if end:
+            out.append((at, at + end))
     if "(" in text:
         out += [m.span() for m in _PHONE_NANP.finditer(text)
                 if _free_left(text, m.start(), ")") and _valid_phone(m.group(0), "US")]
     return out
 
 
-_CARD = re.compile(r"[2-6]\d{3}(?:[ \-]?\d){9,15}(?![\d])")
+_CARD = re.compile(r"[2-6]\d{3}(?:[\s\-]?\d){9,15}(?![\d])")
 _CARD_GROUPS = re.compile(r"\d{4}([ \-])\d{4}\1\d{4}\1\d{4}(?:\1\d{3})?|\d{4}([ \-])\d{6}\2\d{4,5}")
 
 
@@ -173,25 +223,51 @@ def _card_network(digits: str) -> bool:
     return False
 
 
-def _card(text: str) -> list[tuple[int, int]]:
+def _is_card(raw: str) -> bool:
     from stdnum import luhn
 
+    spaced = _SPACE.sub(" ", raw)
+    digits = spaced.replace(" ", "").replace("-", "")
+    if not 13 <= len(digits) <= 19 or not _card_network(digits):
+        return False
+    if spaced != digits and not _CARD_GROUPS.fullmatch(spaced):
+        return False  # separated, but not as cards print: 4-4-4-4(-3), 4-6-5, 4-6-4
+    return bool(luhn.is_valid(digits))
+
+
+def _card(text: str) -> list[tuple[int, int]]:
     out = []
     for m in _CARD.finditer(text):
         if m.start() and text[m.start() - 1] in "0123456789-":
             continue
-        raw = m.group(0)
-        digits = raw.replace(" ", "").replace("-", "")
-        if not 13 <= len(digits) <= 19 or not _card_network(digits):
-            continue
-        if raw != digits and not _CARD_GROUPS.fullmatch(raw):
-            continue  # separated, but not as cards print: 4-4-4-4(-3), 4-6-5, 4-6-4
-        if luhn.is_valid(digits):
-            out.append(m.span())
+        end = _valid_prefix(m.group(0), _is_card, "-")
+        if end:
+            out.append((m.start(), m.start() + end))
     return out
 
 
-_IBAN = re.compile(r"[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}(?![A-Za-z0-9])")
+def _mod97_ends(raw: str) -> list[int]:
+    """The ends of the prefixes of an IBAN candidate ``raw`` (letters, digits, single
+    whitespace) that end where a group ends and pass the ISO 13616 mod-97 check, longest
+    first — in one pass over ``raw`` (the remainder of the part after the first four
+    characters grows one character at a time), so a long candidate costs no more than
+    a short one before ``stdnum``'s full check of the few that pass."""
+    head = "".join(str(int(c, 36)) for c in raw[:4])
+    shift, tail = 10 ** len(head), int(head)
+    ends: list[int] = []
+    r, n = 0, 4
+    for i in range(4, len(raw)):
+        c = raw[i]
+        if c.isspace():
+            continue
+        r = (r * (100 if c.isalpha() else 10) + int(c, 36)) % 97
+        n += 1
+        if 15 <= n <= 34 and (i + 1 == len(raw) or raw[i + 1].isspace()) and (r * shift + tail) % 97 == 1:
+            ends.append(i + 1)
+    return ends[::-1]
+
+
+_IBAN = re.compile(r"[A-Z]{2}\d{2}(?:\s?[A-Z0-9]){11,30}(?![A-Za-z0-9])")
 
 
 def _iban(text: str) -> list[tuple[int, int]]:
@@ -201,9 +277,10 @@ def _iban(text: str) -> list[tuple[int, int]]:
     for m in _IBAN.finditer(text):
         if not _free_left(text, m.start()):
             continue
-        raw = m.group(0).rstrip()
-        if iban.is_valid(raw.replace(" ", "")):
-            out.append((m.start(), m.start() + len(raw)))
+        raw = m.group(0)
+        end = next((e for e in _mod97_ends(raw) if iban.is_valid(_SPACE.sub("", raw[:e]))), 0)
+        if end:
+            out.append((m.start(), m.start() + end))
     return out
 
 

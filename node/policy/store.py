@@ -25,7 +25,7 @@ The exact glob, specificity and tie rules are in ``specs/policy.md``; in short:
 * ``[scrub.tier]`` / ``[scrub.peer]`` (``kith policy scrub``): kinds of values
   (:data:`node.policy.scrub.KINDS`) replaced by placeholders in what a peer receives from
   a source of that tier, or in everything that peer receives (:meth:`Policy.scrub_kinds`;
-  specs/policy.md §8).
+  specs/policy.md §9).
 
 The file is read with stdlib :mod:`tomllib` and written with ``tomli-w`` through
 :func:`node.common.home.atomic_write` (0600, tmp+rename). Comments are not preserved on save.

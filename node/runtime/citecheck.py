@@ -13,7 +13,7 @@ from pathlib import Path
 
 import anyio
 
-from node.answer.citation import Row
+from node.answer.citation import RESULTS, Row
 from node.answer.contract import MAX_CHECK_ITEMS
 from node.common.errors import KithError
 
@@ -68,6 +68,9 @@ async def against_hosts(home: Path, rows: list[Row], *, local: bool = False,
                 failed = f"the host did not answer within {timeout_s:.0f} s"
             except KithError as exc:
                 failed = f"the host could not be asked ({exc.code})"
+                if exc.code == "invitation-not-found":
+                    failed += (": this home keeps no invitation of it to join; pin it with `kith join "
+                               "--pin NAME` or `kith peers add NAME KEY --invite FILE|POST_ID`")
             except Exception as exc:  # noqa: BLE001 - e.g. PeerGone: the session ended first
                 failed = f"the host could not be asked ({type(exc).__name__})"
             for i in idxs:
@@ -78,7 +81,7 @@ async def against_hosts(home: Path, rows: list[Row], *, local: bool = False,
                 elif state == "current":
                     out[i] = r._replace(detail=f"{r.detail}; current on the host")
                 elif state == "stale":
-                    out[i] = r._replace(result="stale")
+                    out[i] = r._replace(result="stale", detail=RESULTS["stale"])
                 else:
                     out[i] = r._replace(result="stale", detail="the host no longer serves this source "
                                                               "to you (removed, or not shared any more)")
