@@ -85,6 +85,52 @@ def test_the_config_key_sets_the_mode_and_a_flag_wins(tmp_path):
     assert err.value.code == "transport-mode-invalid"
 
 
+def test_a_flag_wins_over_the_file_and_a_bad_file_value_is_refused_even_when_overridden(tmp_path):
+    """An owner whose config.toml names a relay can still run `--offline` (or KITH_OFFLINE=1),
+    `--relay none` drops the file's relay_only, `--relay n0` the file's lan; a typo in the
+    file is refused even when a flag overrides that key."""
+    conf = tmp_path / "config.toml"
+    conf.write_text('[transport]\nrelay = ["https://r1.example.org"]\nrelay_only = true\n')
+    assert mode_from(home=tmp_path, offline=True).name == "offline"
+    assert mode_from(home=tmp_path, relay="none") == TransportMode(relays=())
+    assert mode_from(home=tmp_path, lan=True) == TransportMode(relays=(), lan=True)
+    assert mode_from(home=tmp_path, relay="https://r2.example.org") == \
+        TransportMode(relays=("https://r2.example.org/",), relay_only=True)
+    conf.write_text('[transport]\nlan = true\ndiscovery = "resolve"\n')
+    assert mode_from(home=tmp_path, relay="n0") == TransportMode()
+    assert mode_from(home=tmp_path) == TransportMode(relays=(), lan=True, discovery="resolve")
+    assert mode_from(home=tmp_path, discovery="on").discovery == "on"
+    for text in ('[transport]\nrelay = "nope"\n', '[transport]\nrelay = []\n', '[transport]\ndiscovery = "on"\n',
+                 '[transport]\nrelay = "none"\nrelay_only = true\n'):
+        conf.write_text(text)
+        with pytest.raises(Exception) as err:
+            mode_from(home=tmp_path, relay="none")
+        assert err.value.code == "transport-mode-invalid" and "config.toml" in err.value.message, text
+
+
+def test_a_relay_url_with_a_user_and_password_is_refused():
+    """The relay URL goes into every ticket a reader sees: credentials in it are refused,
+    never published or echoed in a warning."""
+    for bad in ("https://user:secret@relay.example.org/", "https://user@relay.example.org/"):
+        with pytest.raises(Exception) as err:
+            parse_relay(bad)
+        assert err.value.code == "transport-mode-invalid"
+
+
+@pytest.mark.parametrize("text", ['[host]\npresense = "granted"\n', '[hosts]\npresence = "granted"\n',
+                                  '[transport]\nrelay = "none"\n[hosst]\npresence = "granted"\n'])
+def test_a_config_typo_is_refused_not_left_at_the_default(tmp_path, text):
+    """A misspelt key or table in config.toml (here the one that should make a host
+    invisible to blocked peers) stops `kith host` with exit 2 instead of serving with
+    presence open."""
+    home = _home(tmp_path, "node")
+    (home / "config.toml").write_text(text)
+    r = subprocess.run([*KITH, "--home", str(home), "host", "--offline", "--invite-file", "inv.json"],
+                       capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "-invalid]" in r.stderr and "unknown" in r.stderr and "Hosting" not in r.stdout
+
+
 @pytest.mark.parametrize("argv", [
     ["host", "--relay", "bogus", "--invite-file", "inv.json"],
     ["host", "--lan", "--discovery", "shout", "--invite-file", "inv.json"],

@@ -28,7 +28,6 @@ host starts are not reported (no session can hold them).
 from __future__ import annotations
 
 import logging
-import tomllib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -186,17 +185,13 @@ def presence_from(value: str | None, home: Path | None) -> str:
     ``<home>/config.toml``, default ``open``.
 
     Raises:
-        UsageError: ``presence-invalid`` (exit 2) for any other value.
+        UsageError: ``presence-invalid`` (exit 2) for any other value, and for a
+            ``config.toml`` that cannot be read or names a key nobody reads (``presense``).
     """
-    if value is None and home is not None:
-        try:
-            data = tomllib.loads((Path(home) / "config.toml").read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            data = {}
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise UsageError("presence-invalid", f"config.toml cannot be read ({type(exc).__name__})") from None
-        table = data.get("host", {})
-        value = table.get("presence") if isinstance(table, dict) else None
+    if value is None:
+        from node.common.home import config_table
+
+        value = config_table(home, "host", "presence-invalid").get("presence")
     value = "open" if value is None else value
     if value not in PRESENCE_VALUES:
         raise UsageError("presence-invalid", f"presence {str(value)[:40]!r}: one of open, granted")
