@@ -232,5 +232,24 @@ def test_a_relay_only_guest_dials_no_ip_and_an_own_relay_guest_no_other_relay():
     assert dialled(TransportMode()) == ("https://public.example.org/", ["192.0.2.7:4433"])
 
 
+def test_an_own_relay_spelt_differently_from_the_ticket_is_still_the_same_relay():
+    """iroh writes a ticket's relay URL in lower case without the default port: a guest
+    whose `--relay` names that relay as `https://Public.Example.org:443` dials it (it was
+    dropped as "another relay", leaving the guest no way to reach a relay-only host)."""
+    import iroh
+
+    from node.transport.iroh import IrohNode
+
+    key = iroh.SecretKey.generate().public()
+    ticket_addr = iroh.EndpointAddr(key, "https://public.example.org/", [])
+    for spelt in ("https://Public.Example.org:443", "HTTPS://public.example.org:443/"):
+        mode = mode_from(relay=spelt, relay_only=True)
+        assert mode.relays == ("https://public.example.org/",)
+        addr = IrohNode(None, b"x", False, mode=mode).dial_addr(ticket_addr)  # type: ignore[arg-type]
+        assert str(addr.relay_url()) == "https://public.example.org/", spelt
+    assert parse_relay("http://[::1]:3340,https://r.example.org:8443/x") == ("http://[::1]:3340/",
+                                                                            "https://r.example.org:8443/x/")
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))

@@ -33,12 +33,25 @@ def _invalid(message: str) -> UsageError:
                       hint="see `kith host --help` and specs/transport.md")
 
 
+def _normal_url(u: Any) -> str:
+    """A relay URL as iroh writes it in a ticket: scheme and host in lower case, no default
+    port (so ``https://Relay.Example.org:443`` and the ticket's ``https://relay.example.org/``
+    are one relay for :meth:`node.transport.iroh.IrohNode.dial_addr`), ending in ``/``."""
+    host = u.hostname
+    netloc = f"[{host}]" if ":" in host else host
+    if u.port is not None and u.port != {"https": 443, "http": 80}[u.scheme]:
+        netloc += f":{u.port}"
+    path = u.path or "/"
+    return f"{u.scheme}://{netloc}{path if path.endswith('/') else path + '/'}"
+
+
 def parse_relay(value: str) -> tuple[str, ...]:
     """Parse a ``--relay`` value: ``n0``, ``none`` or comma-separated ``https://`` URLs
     (no query, fragment or ``user:password@``: the URL goes into every ticket).
 
     Returns:
-        ``("n0",)``, ``()`` for none, or the URLs (normalised with a trailing ``/``).
+        ``("n0",)``, ``()`` for none, or the URLs (normalised as iroh writes them: lower-case
+        scheme and host, no default port, a trailing ``/``; duplicates dropped).
 
     Raises:
         UsageError: ``transport-mode-invalid`` (exit 2) for anything else.
@@ -60,7 +73,7 @@ def parse_relay(value: str) -> tuple[str, ...]:
             ok = False
         if not ok:
             raise _invalid(f"--relay {part[:80]!r}: give n0, none, or relay URLs (https://HOST[:PORT]/, comma-separated)")
-        urls.append(part if part.endswith("/") else part + "/")
+        urls.append(_normal_url(u))
     if len(urls) > MAX_RELAYS:
         raise _invalid(f"--relay names {len(urls)} relays; at most {MAX_RELAYS}")
     return tuple(dict.fromkeys(urls))
