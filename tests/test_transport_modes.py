@@ -251,5 +251,74 @@ def test_an_own_relay_spelt_differently_from_the_ticket_is_still_the_same_relay(
                                                                             "https://r.example.org:8443/x/")
 
 
+#: Run in a network namespace of its own by the test below: a guest pool made as `kith mcp`
+#: makes it (no mode), over a home whose config.toml says `relay = "none"`, asks an offline
+#: host on loopback. Prints the pool's mode before binding, then its endpoint's status.
+POOL_SCRIPT = """
+import json, sys, anyio
+sys.path.insert(0, sys.argv[2])
+from pathlib import Path
+from node.local.mcp import peer_search
+from node.runtime.pool import SessionPool
+from node.trust.identity import load_or_init_identity
+from node.trust.invitation import parse_invitation
+from node.trust.peers import PeerRegistry
+from test_transport_session import InProcessHost, _home
+
+tmp = Path(sys.argv[1])
+host_home, guest_home = _home(tmp, "host"), _home(tmp, "guest")
+(guest_home / "config.toml").write_text('[transport]\\nrelay = "none"\\n')
+
+async def main():
+    host = InProcessHost(host_home, tmp)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(host.run)
+        with anyio.fail_after(20):
+            await host.ready.wait()
+        inv = parse_invitation(host.invitation)
+        PeerRegistry.load(guest_home).add("hosty", inv.host_public_key, invitation=inv.to_dict())
+        try:
+            async with SessionPool(guest_home, load_or_init_identity(guest_home)) as pool:
+                print(json.dumps({"mode": pool.mode.name if pool.mode else None}), flush=True)
+                if pool.mode is None:
+                    return  # bind nothing: the n0 preset would reach for the internet
+                answer = await peer_search(guest_home, "hosty", {"query": "hello"}, pool=pool)
+                print(json.dumps({"answer": answer["status"], **pool.node.status()}), flush=True)
+        finally:
+            host.stop.set()
+
+anyio.run(main, backend="asyncio")
+"""
+
+
+def test_mcp_and_api_peer_searches_follow_the_homes_transport_table(tmp_path):
+    """`kith mcp` and `kith api` ask peers through a SessionPool made without a mode: it
+    takes the home's [transport] table like `kith ask` (it used the n0 preset — public relays
+    and n0's address lookup — whatever the owner set). Here `relay = "none"`: the pool's
+    endpoint has no relay and still reaches an offline host on loopback (in a network
+    namespace of its own); a bad table is refused when the pool opens."""
+    import anyio
+
+    from node.runtime.pool import SessionPool
+    from node.trust.identity import load_or_init_identity
+
+    r = subprocess.run([*_isolated(), sys.executable, "-c", POOL_SCRIPT, str(tmp_path), str(Path(__file__).parent)],
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert lines and lines[0]["mode"] == "none", (r.stdout, r.stderr[-2000:])
+    assert len(lines) == 2 and lines[1]["answer"], r.stderr[-2000:]
+    assert (lines[1]["mode"], lines[1]["relayMap"]) == ("none", [])
+    guest_home = _home(tmp_path, "other")
+    (guest_home / "config.toml").write_text('[transport]\nrelay = "public"\n')
+
+    async def bad():
+        async with SessionPool(guest_home, load_or_init_identity(guest_home)):
+            pass
+
+    with pytest.raises(Exception) as err:
+        anyio.run(bad, backend="asyncio")
+    assert err.value.code == "transport-mode-invalid"
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
