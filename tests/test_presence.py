@@ -38,6 +38,10 @@ def test_the_grant_decision_and_the_collapsed_codes(tmp_path):
     assert refusal_code("open", "handshake-peer-blocked", granted=False) == "handshake-peer-blocked"
     (tmp_path / "config.toml").write_text('[host]\npresence = "granted"\n')
     assert presence_from(None, tmp_path) == "granted" and presence_from("open", tmp_path) == "open"
+    (tmp_path / "config.toml").write_text('[host]\npresence = "hidden"\n')
+    with pytest.raises(Exception) as err:  # refused even when the flag overrides it
+        presence_from("granted", tmp_path)
+    assert err.value.code == "presence-invalid"
 
 
 def _run(tmp_path, presence: str):

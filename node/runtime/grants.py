@@ -184,18 +184,20 @@ def presence_from(value: str | None, home: Path | None) -> str:
     """The host's presence setting: ``value`` (``--presence``) or ``[host] presence`` of
     ``<home>/config.toml``, default ``open``.
 
+    The file is checked even when ``value`` overrides it (a bad value there is refused,
+    like ``[transport]``'s, specs/transport.md §1).
+
     Raises:
         UsageError: ``presence-invalid`` (exit 2) for any other value, and for a
             ``config.toml`` that cannot be read or names a key nobody reads (``presense``).
     """
-    if value is None:
-        from node.common.home import config_table
+    from node.common.home import config_table
 
-        value = config_table(home, "host", "presence-invalid").get("presence")
-    value = "open" if value is None else value
-    if value not in PRESENCE_VALUES:
-        raise UsageError("presence-invalid", f"presence {str(value)[:40]!r}: one of open, granted")
-    return value
+    configured = config_table(home, "host", "presence-invalid").get("presence")
+    for given in (configured, value):
+        if given is not None and given not in PRESENCE_VALUES:
+            raise UsageError("presence-invalid", f"presence {str(given)[:40]!r}: one of open, granted")
+    return value or configured or "open"
 
 __all__ = ["GRANT_POLL_S", "GrantWatcher", "NO_GRANT_CODES", "PRESENCE_VALUES", "UNIFORM_REFUSAL",
            "grants_with_ends", "has_grant", "presence_from", "refusal_code"]
