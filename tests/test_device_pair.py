@@ -168,3 +168,27 @@ def test_device_add_needs_the_person_key_and_join_refuses_a_home_with_a_person(t
     assert r.returncode == 1 and "device-no-person-key" in r.stderr
     r = kith(bare, "device", "join", "not-a-code", "--local")
     assert r.returncode == 2 and "pairing-code-invalid" in r.stderr
+
+
+@pytest.mark.iroh
+def test_device_add_and_join_follow_the_homes_transport_table(tmp_path: Path):
+    """Pairing binds its endpoint in the home's [transport] mode like `kith ask` (it used the
+    n0 preset whatever the owner set): a bad table stops `kith device add` and `kith device
+    join` with exit 2 before anything is bound — even with --offline, which wins over a good
+    table."""
+    desk, laptop = tmp_path / "desk", tmp_path / "laptop"
+    kith(desk, "init")
+    (desk / "config.toml").write_text('[transport]\nrelay = "nowhere"\n')
+    r = kith(desk, "device", "add", "--offline", "--json", "--yes-words", timeout=30)
+    assert r.returncode == 2 and "transport-mode-invalid" in r.stderr, r.stderr
+    (desk / "config.toml").write_text('[transport]\nrelay = "none"\n')
+    offer = Offer(desk)  # --local (= --offline) over a good table: offered on loopback
+    try:
+        laptop.mkdir()
+        (laptop / "config.toml").write_text('[transport]\nlan = "yes"\n')
+        joiner = _join(laptop, offer.code)
+        _out, err = joiner.communicate(timeout=30)
+        assert joiner.returncode == 2 and "transport-mode-invalid" in err, err
+    finally:
+        offer.proc.kill()
+        offer.proc.wait(timeout=30)

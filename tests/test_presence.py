@@ -10,8 +10,10 @@ import os
 import anyio
 import pytest
 
+from node.engine.session import GuestConfig, SessionEngine
 from node.runtime.grants import has_grant, presence_from, refusal_code
 from node.runtime.guest import check_invitation
+from node.transport.iroh import bind_node
 from node.trust.identity import Identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
@@ -36,6 +38,10 @@ def test_the_grant_decision_and_the_collapsed_codes(tmp_path):
     assert refusal_code("open", "handshake-peer-blocked", granted=False) == "handshake-peer-blocked"
     (tmp_path / "config.toml").write_text('[host]\npresence = "granted"\n')
     assert presence_from(None, tmp_path) == "granted" and presence_from("open", tmp_path) == "open"
+    (tmp_path / "config.toml").write_text('[host]\npresence = "hidden"\n')
+    with pytest.raises(Exception) as err:  # refused even when the flag overrides it
+        presence_from("granted", tmp_path)
+    assert err.value.code == "presence-invalid"
 
 
 def _run(tmp_path, presence: str):
@@ -78,6 +84,87 @@ def test_under_granted_a_peer_without_a_grant_is_told_what_an_unknown_post_is(tm
     refused = [e for e in host.of("session-refused") if e.get("reason") == "no-grant"]
     assert len(refused) == 3 and {e["code"] for e in refused} == {"handshake-unknown-post"}
     assert len(host.of("session-started")) == 1  # only the pinned guest ever held a session
+
+
+async def _raw(inv, spec, who: Identity, post_id: str, before_stream=None) -> bytes:
+    """Every byte the host sends a guest whose real engine opened with ``_session_init``
+    naming ``post_id``, until the host closes the stream (bounded). ``before_stream``: an
+    async callable run between the QUIC connection and the stream (the host is waiting)."""
+    async with bind_node(who.secret, spec.alpn, local=True) as node:
+        conn = await node.connect(inv.transport_info.ticket)
+        if before_stream is not None:
+            await before_stream()
+        stream = await node.open_stream(conn)
+        engine = SessionEngine("guest", spec, public_key=who.public_key, sign=who.sign,
+                               guest=GuestConfig(remote_id=stream.remote_id, post_id=post_id,
+                                                 host_public_key=inv.host_public_key))
+        engine.initiate()
+        await stream.send(engine.data_to_send())
+        got = b""
+        with anyio.fail_after(10):
+            while chunk := await stream.receive():
+                got += chunk
+        return got
+
+
+def _granted_host(tmp_path):
+    host_home = _home(tmp_path, "host")
+    pinned, blocked = Identity(os.urandom(32)), Identity(os.urandom(32))
+    reg = PeerRegistry.load(host_home)
+    reg.add("pinned", pinned.public_key)
+    reg.add("blocked", blocked.public_key)
+    reg.block("blocked")
+    return InProcessHost(host_home, tmp_path, presence="granted"), pinned, blocked
+
+
+def test_a_blocked_peer_gets_the_unknown_post_bytes_exactly_and_nothing_else(tmp_path):
+    """On the wire, not just the parsed code: what a blocked key and a stranger naming the
+    live post receive is byte for byte what a pinned key naming a post that does not exist
+    receives from the engine — one ``_session_reject`` frame, then the end of the stream (no
+    ``_ping``, no other frame)."""
+    host, pinned, blocked = _granted_host(tmp_path)
+
+    async def scenario():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(20):
+                await host.ready.wait()
+            inv = parse_invitation(host.invitation)
+            _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+            out = (await _raw(inv, spec, pinned, "0" * 32), await _raw(inv, spec, blocked, inv.post_id),
+                   await _raw(inv, spec, Identity(os.urandom(32)), inv.post_id))
+            host.stop.set()
+        return out
+
+    unknown, blocked_got, stranger_got = anyio.run(scenario, backend="asyncio")
+    assert blocked_got == stranger_got == unknown
+    assert unknown.count(b"\n") == 1 and b'"_session_reject"' in unknown and b'"handshake-unknown-post"' in unknown
+    assert b"_ping" not in blocked_got
+
+
+def test_a_blocked_peer_reaching_a_stopping_host_still_gets_the_unknown_post_refusal(tmp_path):
+    """A blocked key whose stream arrives while the host is shutting down is told what an
+    unknown post is told, not ``session-shutdown`` (which says the host is there and
+    stopping)."""
+    host, _pinned, blocked = _granted_host(tmp_path)
+
+    async def scenario():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(20):
+                await host.ready.wait()
+            inv = parse_invitation(host.invitation)
+            _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+
+            async def stop_host():  # the connection is accepted; the host stops before the stream
+                await anyio.sleep(0.3)
+                host.stop.set()
+                await host.until(lambda: host.host.session_stop.is_set(), timeout=10)
+
+            return await _raw(inv, spec, blocked, inv.post_id, before_stream=stop_host)
+
+    got = anyio.run(scenario, backend="asyncio")
+    assert b'"handshake-unknown-post"' in got and b"session-shutdown" not in got, got
 
 
 def test_open_presence_keeps_the_distinct_codes(tmp_path):

@@ -3,12 +3,17 @@ a public post's ticket should not carry, and that a host says so."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+
 import anyio
 import pytest
 
-from node.transport.hygiene import MAX_DIAL_ADDRS, dialable, private_addresses
+from node.transport.hygiene import MAX_DIAL_ADDRS, dialable, private_addresses, relay_dialable
 
-from test_transport_session import InProcessHost, _home
+from test_transport_session import ENV, InProcessHost, _home
 
 
 def test_only_real_unicast_addresses_are_dialled_and_only_a_few():
@@ -60,3 +65,68 @@ def test_a_host_publishing_to_a_server_warns_about_private_addresses_in_its_tick
         anyio.run(scenario, url, backend="asyncio")
     flagged = [w for w in warnings if "private or link-local address" in w]
     assert len(flagged) == 1 and "127.0.0.1:" in flagged[0] and "--relay-only" in flagged[0]
+
+
+def test_a_hostile_tickets_relay_url_into_the_guests_own_network_is_not_contacted():
+    """In the n0 mode a guest contacts the relay a ticket names; a hostile post naming
+    http://127.0.0.1:6379/ or a private address would make every guest that joins it send
+    an HTTP request into its own machine or LAN. Only https URLs of a host name or a public
+    IP are kept."""
+    import iroh
+
+    from node.transport.iroh import IrohNode
+    from node.transport.modes import TransportMode
+
+    for bad in ("http://127.0.0.1:6379/", "https://127.0.0.1/", "https://[::1]:443/", "https://10.1.2.3/",
+                "https://192.168.1.1/", "https://169.254.169.254/", "https://localhost/", "http://relay.example.org/",
+                "https://0.0.0.0/", "https://[fe80::1]/"):
+        assert not relay_dialable(bad), bad
+    assert relay_dialable("https://euw1-1.relay.example.net./")
+    assert relay_dialable("https://8.8.8.8/")
+    key = iroh.SecretKey.generate().public()
+    hostile = iroh.EndpointAddr(key, "http://127.0.0.1:6379/", ["192.0.2.7:4433"])
+    got = IrohNode(None, b"x", False, mode=TransportMode()).dial_addr(hostile)  # type: ignore[arg-type]
+    assert got.relay_url() is None and list(got.direct_addresses()) == ["192.0.2.7:4433"]
+    own = IrohNode(None, b"x", False, mode=TransportMode(relays=("http://192.168.1.5:3340/",)))  # type: ignore[arg-type]
+    mine = own.dial_addr(iroh.EndpointAddr(key, "http://192.168.1.5:3340/", []))
+    assert str(mine.relay_url()) == "http://192.168.1.5:3340/"  # the owner's own LAN relay is the owner's choice
+
+
+#: Run in a network namespace of its own: a TCP listener on loopback stands for a service
+#: of the guest's machine; a guest in the n0 mode joins a ticket naming it as its relay.
+PROBE = """
+import asyncio, os, socket, sys, threading
+import iroh
+from node.transport.iroh import bind_node
+from node.transport.modes import DEFAULT
+hits = []
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(5); port = srv.getsockname()[1]
+srv.settimeout(8)
+def accept():
+    try:
+        c, _a = srv.accept(); c.settimeout(2); hits.append(c.recv(200))
+    except OSError:
+        pass
+threading.Thread(target=accept, daemon=True).start()
+async def main():
+    addr = iroh.EndpointAddr(iroh.SecretKey.generate().public(), f"http://127.0.0.1:{port}/", [])
+    async with bind_node(os.urandom(32), b"kith/probe", mode=DEFAULT) as node:
+        try:
+            await node.connect(str(iroh.EndpointTicket.from_addr(addr)), timeout_s=4)
+        except Exception:
+            pass
+    await asyncio.sleep(2)
+asyncio.run(main())
+print("contacted" if hits else "untouched")
+"""
+
+
+@pytest.mark.iroh
+def test_a_guest_joining_a_hostile_ticket_sends_nothing_to_its_relay_url_on_loopback():
+    """The same with real iroh: nothing reaches the listener the ticket names (in a network
+    namespace with only `lo`, so the n0 mode's own lookups go nowhere)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("needs root with unshare and ip to run a guest in a network namespace of its own")
+    r = subprocess.run(["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", sys.executable, "-c",
+                        PROBE], capture_output=True, text=True, env=ENV, timeout=60)
+    assert r.stdout.strip().splitlines()[-1:] == ["untouched"], (r.stdout, r.stderr[-2000:])

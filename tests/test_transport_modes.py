@@ -85,6 +85,52 @@ def test_the_config_key_sets_the_mode_and_a_flag_wins(tmp_path):
     assert err.value.code == "transport-mode-invalid"
 
 
+def test_a_flag_wins_over_the_file_and_a_bad_file_value_is_refused_even_when_overridden(tmp_path):
+    """An owner whose config.toml names a relay can still run `--offline` (or KITH_OFFLINE=1),
+    `--relay none` drops the file's relay_only, `--relay n0` the file's lan; a typo in the
+    file is refused even when a flag overrides that key."""
+    conf = tmp_path / "config.toml"
+    conf.write_text('[transport]\nrelay = ["https://r1.example.org"]\nrelay_only = true\n')
+    assert mode_from(home=tmp_path, offline=True).name == "offline"
+    assert mode_from(home=tmp_path, relay="none") == TransportMode(relays=())
+    assert mode_from(home=tmp_path, lan=True) == TransportMode(relays=(), lan=True)
+    assert mode_from(home=tmp_path, relay="https://r2.example.org") == \
+        TransportMode(relays=("https://r2.example.org/",), relay_only=True)
+    conf.write_text('[transport]\nlan = true\ndiscovery = "resolve"\n')
+    assert mode_from(home=tmp_path, relay="n0") == TransportMode()
+    assert mode_from(home=tmp_path) == TransportMode(relays=(), lan=True, discovery="resolve")
+    assert mode_from(home=tmp_path, discovery="on").discovery == "on"
+    for text in ('[transport]\nrelay = "nope"\n', '[transport]\nrelay = []\n', '[transport]\ndiscovery = "on"\n',
+                 '[transport]\nrelay = "none"\nrelay_only = true\n'):
+        conf.write_text(text)
+        with pytest.raises(Exception) as err:
+            mode_from(home=tmp_path, relay="none")
+        assert err.value.code == "transport-mode-invalid" and "config.toml" in err.value.message, text
+
+
+def test_a_relay_url_with_a_user_and_password_is_refused():
+    """The relay URL goes into every ticket a reader sees: credentials in it are refused,
+    never published or echoed in a warning."""
+    for bad in ("https://user:secret@relay.example.org/", "https://user@relay.example.org/"):
+        with pytest.raises(Exception) as err:
+            parse_relay(bad)
+        assert err.value.code == "transport-mode-invalid"
+
+
+@pytest.mark.parametrize("text", ['[host]\npresense = "granted"\n', '[hosts]\npresence = "granted"\n',
+                                  '[transport]\nrelay = "none"\n[hosst]\npresence = "granted"\n'])
+def test_a_config_typo_is_refused_not_left_at_the_default(tmp_path, text):
+    """A misspelt key or table in config.toml (here the one that should make a host
+    invisible to blocked peers) stops `kith host` with exit 2 instead of serving with
+    presence open."""
+    home = _home(tmp_path, "node")
+    (home / "config.toml").write_text(text)
+    r = subprocess.run([*KITH, "--home", str(home), "host", "--offline", "--invite-file", "inv.json"],
+                       capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "-invalid]" in r.stderr and "unknown" in r.stderr and "Hosting" not in r.stdout
+
+
 @pytest.mark.parametrize("argv", [
     ["host", "--relay", "bogus", "--invite-file", "inv.json"],
     ["host", "--lan", "--discovery", "shout", "--invite-file", "inv.json"],
@@ -184,6 +230,94 @@ def test_a_relay_only_guest_dials_no_ip_and_an_own_relay_guest_no_other_relay():
         ("https://public.example.org/", ["192.0.2.7:4433"])
     assert dialled(TransportMode(relays=())) == (None, ["192.0.2.7:4433"])
     assert dialled(TransportMode()) == ("https://public.example.org/", ["192.0.2.7:4433"])
+
+
+def test_an_own_relay_spelt_differently_from_the_ticket_is_still_the_same_relay():
+    """iroh writes a ticket's relay URL in lower case without the default port: a guest
+    whose `--relay` names that relay as `https://Public.Example.org:443` dials it (it was
+    dropped as "another relay", leaving the guest no way to reach a relay-only host)."""
+    import iroh
+
+    from node.transport.iroh import IrohNode
+
+    key = iroh.SecretKey.generate().public()
+    ticket_addr = iroh.EndpointAddr(key, "https://public.example.org/", [])
+    for spelt in ("https://Public.Example.org:443", "HTTPS://public.example.org:443/"):
+        mode = mode_from(relay=spelt, relay_only=True)
+        assert mode.relays == ("https://public.example.org/",)
+        addr = IrohNode(None, b"x", False, mode=mode).dial_addr(ticket_addr)  # type: ignore[arg-type]
+        assert str(addr.relay_url()) == "https://public.example.org/", spelt
+    assert parse_relay("http://[::1]:3340,https://r.example.org:8443/x") == ("http://[::1]:3340/",
+                                                                            "https://r.example.org:8443/x/")
+
+
+#: Run in a network namespace of its own by the test below: a guest pool made as `kith mcp`
+#: makes it (no mode), over a home whose config.toml says `relay = "none"`, asks an offline
+#: host on loopback. Prints the pool's mode before binding, then its endpoint's status.
+POOL_SCRIPT = """
+import json, sys, anyio
+sys.path.insert(0, sys.argv[2])
+from pathlib import Path
+from node.local.mcp import peer_search
+from node.runtime.pool import SessionPool
+from node.trust.identity import load_or_init_identity
+from node.trust.invitation import parse_invitation
+from node.trust.peers import PeerRegistry
+from test_transport_session import InProcessHost, _home
+
+tmp = Path(sys.argv[1])
+host_home, guest_home = _home(tmp, "host"), _home(tmp, "guest")
+(guest_home / "config.toml").write_text('[transport]\\nrelay = "none"\\n')
+
+async def main():
+    host = InProcessHost(host_home, tmp)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(host.run)
+        with anyio.fail_after(20):
+            await host.ready.wait()
+        inv = parse_invitation(host.invitation)
+        PeerRegistry.load(guest_home).add("hosty", inv.host_public_key, invitation=inv.to_dict())
+        try:
+            async with SessionPool(guest_home, load_or_init_identity(guest_home)) as pool:
+                print(json.dumps({"mode": pool.mode.name if pool.mode else None}), flush=True)
+                if pool.mode is None:
+                    return  # bind nothing: the n0 preset would reach for the internet
+                answer = await peer_search(guest_home, "hosty", {"query": "hello"}, pool=pool)
+                print(json.dumps({"answer": answer["status"], **pool.node.status()}), flush=True)
+        finally:
+            host.stop.set()
+
+anyio.run(main, backend="asyncio")
+"""
+
+
+def test_mcp_and_api_peer_searches_follow_the_homes_transport_table(tmp_path):
+    """`kith mcp` and `kith api` ask peers through a SessionPool made without a mode: it
+    takes the home's [transport] table like `kith ask` (it used the n0 preset — public relays
+    and n0's address lookup — whatever the owner set). Here `relay = "none"`: the pool's
+    endpoint has no relay and still reaches an offline host on loopback (in a network
+    namespace of its own); a bad table is refused when the pool opens."""
+    import anyio
+
+    from node.runtime.pool import SessionPool
+    from node.trust.identity import load_or_init_identity
+
+    r = subprocess.run([*_isolated(), sys.executable, "-c", POOL_SCRIPT, str(tmp_path), str(Path(__file__).parent)],
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert lines and lines[0]["mode"] == "none", (r.stdout, r.stderr[-2000:])
+    assert len(lines) == 2 and lines[1]["answer"], r.stderr[-2000:]
+    assert (lines[1]["mode"], lines[1]["relayMap"]) == ("none", [])
+    guest_home = _home(tmp_path, "other")
+    (guest_home / "config.toml").write_text('[transport]\nrelay = "public"\n')
+
+    async def bad():
+        async with SessionPool(guest_home, load_or_init_identity(guest_home)):
+            pass
+
+    with pytest.raises(Exception) as err:
+        anyio.run(bad, backend="asyncio")
+    assert err.value.code == "transport-mode-invalid"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -153,3 +153,15 @@ def test_a_direct_to_relayed_change_is_a_host_event_listed_and_audited(tmp_path,
     records = [json.loads(line) for line in (host_home / "audit.jsonl").read_text().splitlines()]
     audited = [r for r in records if r["event"] == "session-path-changed"]
     assert [(r["path"], r["previous"]) for r in audited] == [(f"relayed {RELAY}", "direct")]
+    # and `kith audit` shows it (the record's path and previous path, never an IP)
+    import subprocess
+
+    from test_transport_session import ENV, KITH
+
+    shown = subprocess.run([*KITH, "--home", str(host_home), "audit"], capture_output=True, text=True, env=ENV,
+                           timeout=60).stdout
+    started = next(line for line in shown.splitlines() if " session-started " in line)
+    changed_line = next(line for line in shown.splitlines() if " session-path-changed " in line)
+    assert "path=direct" in started, shown
+    assert f"path=relayed {RELAY}" in changed_line and "previous=direct" in changed_line, shown
+    assert "127.0.0.1" not in shown

@@ -38,7 +38,9 @@ _SHOWN = ("post_id", "reason", "code", "cause", "query_id", "status", "sources",
           "approval_id", "decision", "pairing_code", "sessions_ended", "approvals_cancelled", "note", "ok", "rules",
           # people, groups and grants that end (issue 22 items 4-6)
           "person", "device_name", "old_person", "via", "kind", "group", "glob", "tier", "until", "added", "removed",
-          "seq")
+          "seq",
+          # what the network learns (issue 23): a session's path and the one before a change
+          "path", "previous")
 
 
 def audit_cmd(

@@ -15,6 +15,14 @@ IDENTITY_FILE = "identity.key"
 #: The folder ``kith community serve`` keeps its default SQLite database in: a folder
 #: holding it is an initialised community-server home.
 COMMUNITY_DIR = "community"
+#: The node's settings file, ``<home>/config.toml``.
+CONFIG_FILE = "config.toml"
+#: Its tables and each table's keys (one place: a key or table not named here is a typo,
+#: refused rather than silently ignored — specs/transport.md §1, §4).
+CONFIG_TABLES: dict[str, tuple[str, ...]] = {
+    "transport": ("relay", "relay_only", "lan", "discovery"),  # node/transport/modes.py
+    "host": ("presence",),  # node/runtime/grants.py
+}
 
 
 def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -230,3 +238,43 @@ def open_home_db(path: Path) -> Any:
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     return db
+
+
+def config_table(home: Path | None, table: str, code: str) -> dict[str, Any]:
+    """The ``[table]`` of ``<home>/config.toml`` (``{}`` without the file or the table).
+
+    Args:
+        home: the node home (None: no file). table: a key of :data:`CONFIG_TABLES`.
+        code: the stable code of the refusal (the reader's own: ``transport-mode-invalid``,
+            ``presence-invalid``).
+
+    Raises:
+        UsageError: ``code`` (exit 2) when the file is not valid TOML, has a table or a key
+            in ``table`` that :data:`CONFIG_TABLES` does not name (a typo such as
+            ``presense`` must not leave a privacy setting at its default), or ``table`` is
+            not a table.
+    """
+    import tomllib
+
+    from node.common.errors import UsageError
+
+    if home is None:
+        return {}
+    try:
+        data = tomllib.loads((Path(home) / CONFIG_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(code, f"{CONFIG_FILE} cannot be read ({type(exc).__name__})") from None
+    unknown = sorted(set(data) - set(CONFIG_TABLES))
+    if unknown:
+        raise UsageError(code, f"{CONFIG_FILE}: unknown table [{unknown[0][:40]}] (known: "
+                         + ", ".join(f"[{t}]" for t in CONFIG_TABLES) + ")")
+    found = data.get(table, {})
+    if not isinstance(found, dict):
+        raise UsageError(code, f"{CONFIG_FILE}: [{table}] must be a table")
+    unknown = sorted(set(found) - set(CONFIG_TABLES[table]))
+    if unknown:
+        raise UsageError(code, f"{CONFIG_FILE}: unknown [{table}] key {unknown[0][:40]!r} (known: "
+                         + ", ".join(CONFIG_TABLES[table]) + ")")
+    return found

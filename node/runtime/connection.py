@@ -84,14 +84,15 @@ class Connection:
             host.listener.close_connection(self.conn, b"no-stream")
             return
         self.remote = self.stream.remote_id or ""
-        if host.session_stop.is_set():
-            await self.refuse("session-shutdown")
-            return
         # re-read once per connection: `kith peers` may have changed it
         self.registry = registry = host.peers_watcher.current()
         if host.opts.presence == "granted" and not has_grant(registry, self.remote, host.peers_watcher.revocations()):
+            # first, before any other refusal (a shutting-down host's session-shutdown included):
             # no slot, nonce or post use is taken, no heartbeat is ever sent (node/runtime/grants.py)
             await self.refuse(refusal_code("granted", "handshake-not-admitted", granted=False), reason="no-grant")
+            return
+        if host.session_stop.is_set():
+            await self.refuse("session-shutdown")
             return
         self.pinned = pinned = registry.by_key(self.remote)
         refusal = host.table.open_session(self.token, self.remote, self.end,

@@ -37,6 +37,14 @@ MAX_LINE = 64 * 1024
 STEP_S = 120.0
 
 
+def _mode(home: Path, local: bool) -> Any:
+    """The pairing endpoint's transport mode: ``--offline`` (``local``), else the home's
+    ``[transport]`` table (specs/transport.md §1), never a relay the owner did not choose."""
+    from node.transport.modes import mode_from
+
+    return mode_from(offline=local, home=home)
+
+
 async def _read_line(stream: Any, framer: LineFramer, timeout_s: float) -> dict[str, Any] | None:
     with anyio.move_on_after(timeout_s):
         while True:
@@ -72,7 +80,7 @@ async def offer_device(home: Path, identity: Identity, *, local: bool, on_code: 
     if rec is None or secret_seed is None:
         raise ConfigError("device-no-person-key")
     offer = PairingOffer(new_secret(), clock())
-    async with bind_node(identity.secret, PAIR_ALPN, local=local) as node:
+    async with bind_node(identity.secret, PAIR_ALPN, mode=_mode(home, local)) as node:
         on_code(make_code(offer.secret, node.ticket()))
         while True:
             left = TTL_S - (clock() - offer.created)
@@ -167,7 +175,7 @@ async def join_device(home: Path, identity: Identity, code: str, device_name: st
         offering = ticket_endpoint_id(ticket)
     except ValueError:
         raise UsageError("pairing-code-invalid") from None
-    async with bind_node(identity.secret, PAIR_ALPN, local=local) as node:
+    async with bind_node(identity.secret, PAIR_ALPN, mode=_mode(home, local)) as node:
         conn = await node.connect(ticket)
         stream = await node.open_stream(conn)
         try:

@@ -28,7 +28,6 @@ host starts are not reported (no session can hold them).
 from __future__ import annotations
 
 import logging
-import tomllib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -185,22 +184,20 @@ def presence_from(value: str | None, home: Path | None) -> str:
     """The host's presence setting: ``value`` (``--presence``) or ``[host] presence`` of
     ``<home>/config.toml``, default ``open``.
 
+    The file is checked even when ``value`` overrides it (a bad value there is refused,
+    like ``[transport]``'s, specs/transport.md §1).
+
     Raises:
-        UsageError: ``presence-invalid`` (exit 2) for any other value.
+        UsageError: ``presence-invalid`` (exit 2) for any other value, and for a
+            ``config.toml`` that cannot be read or names a key nobody reads (``presense``).
     """
-    if value is None and home is not None:
-        try:
-            data = tomllib.loads((Path(home) / "config.toml").read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            data = {}
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise UsageError("presence-invalid", f"config.toml cannot be read ({type(exc).__name__})") from None
-        table = data.get("host", {})
-        value = table.get("presence") if isinstance(table, dict) else None
-    value = "open" if value is None else value
-    if value not in PRESENCE_VALUES:
-        raise UsageError("presence-invalid", f"presence {str(value)[:40]!r}: one of open, granted")
-    return value
+    from node.common.home import config_table
+
+    configured = config_table(home, "host", "presence-invalid").get("presence")
+    for given in (configured, value):
+        if given is not None and given not in PRESENCE_VALUES:
+            raise UsageError("presence-invalid", f"presence {str(given)[:40]!r}: one of open, granted")
+    return value or configured or "open"
 
 __all__ = ["GRANT_POLL_S", "GrantWatcher", "NO_GRANT_CODES", "PRESENCE_VALUES", "UNIFORM_REFUSAL",
            "grants_with_ends", "has_grant", "presence_from", "refusal_code"]

@@ -204,7 +204,10 @@ class SessionPool:
         home, identity: this node's home and identity.
         local: offline mode (relay disabled, loopback), when ``mode`` is None.
         mode: the :class:`node.transport.modes.TransportMode` of the one endpoint (``kith
-            ask --relay ...``), or None.
+            ask --relay ...``), or None: the home's ``[transport]`` table in
+            ``config.toml`` (:func:`node.transport.modes.mode_from`; ``local`` is
+            ``--offline``), so ``kith mcp`` and ``kith api`` peer searches never use a relay
+            the owner did not choose. A bad table raises ``transport-mode-invalid`` on entry.
         max_sessions: bound on live sessions. idle_s: idle close, seconds.
         heartbeat: ``(ping_interval_s, unresponsive_s)`` or ``"default"``.
         connect_timeout_s: bound on one connection attempt, seconds (shorter than
@@ -241,6 +244,10 @@ class SessionPool:
         if pdir is None:
             raise InvitationError("invitation-unknown-protocol", f"protocol {PROTOCOL!r} is not installed here")
         self.spec = load_spec(pdir)
+        if self.mode is None:  # `kith mcp`, `kith api`: the home's [transport] table, as `kith ask` reads it
+            from node.transport.modes import mode_from
+
+            self.mode = mode_from(offline=self.local, home=self.home)
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:

@@ -72,6 +72,32 @@ def private_addresses(addresses: Iterable[str]) -> list[str]:
     return out
 
 
+def relay_dialable(url: str | None) -> bool:
+    """May a guest in the n0 mode contact the relay URL a ticket names? Only ``https`` URLs
+    whose host is a name other than ``localhost`` or a public IP literal: a loopback,
+    private, link-local, CGNAT, unspecified or multicast IP (or plain ``http``) would let a
+    hostile post make every guest that joins it send an HTTP request into the guest's own
+    machine or network. (A public name that resolves to such an address is not caught
+    here.) The owner's own relays (``--relay URL``) are checked against the owner's list
+    instead, :meth:`node.transport.iroh.IrohNode.dial_addr`."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(str(url or ""))
+        host = (u.hostname or "").rstrip(".")
+        u.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        return False
+    if u.scheme != "https" or not host or host == "localhost" or host.endswith(".localhost"):
+        return False
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return True  # a host name
+    return not (ip.is_unspecified or ip.is_multicast or ip.is_reserved
+                or any(ip in net for net in PRIVATE_NETWORKS if net.version == ip.version))
+
+
 def ticket_addresses(ticket: str) -> tuple[str | None, list[str]]:
     """``(relay_url, direct addresses)`` of an iroh ticket string (parsed by iroh).
 
@@ -88,4 +114,5 @@ def ticket_addresses(ticket: str) -> tuple[str | None, list[str]]:
     return (str(relay) if relay else None), [str(a) for a in addr.direct_addresses()]
 
 
-__all__ = ["MAX_DIAL_ADDRS", "PRIVATE_NETWORKS", "dialable", "private_addresses", "ticket_addresses"]
+__all__ = ["MAX_DIAL_ADDRS", "PRIVATE_NETWORKS", "dialable", "private_addresses", "relay_dialable",
+           "ticket_addresses"]

@@ -306,15 +306,18 @@ class IrohNode:
     def dial_addr(self, addr: iroh.EndpointAddr) -> iroh.EndpointAddr:
         """What of a ticket's address this endpoint may dial (specs/transport.md §1, §5):
         the relay URL only when this mode has relays (the owner's own mode keeps it only
-        if it is one of them: no other relay is contacted); direct addresses only when this
+        if it is one of them: no other relay is contacted; the n0 mode only if
+        :func:`node.transport.hygiene.relay_dialable`: an ``https`` URL that names no
+        loopback or private address); direct addresses only when this
         mode has direct paths (not relay-only), and only those
         :func:`node.transport.hygiene.dialable` keeps (never unspecified, multicast or
         broadcast addresses, at most :data:`node.transport.hygiene.MAX_DIAL_ADDRS`)."""
-        from node.transport.hygiene import dialable
+        from node.transport.hygiene import dialable, relay_dialable
 
         relay = addr.relay_url()
         own = {u.rstrip("/") for u in self.mode.relay_urls}
-        if not self.mode.relays or (own and str(relay or "").rstrip("/") not in own):
+        if (not self.mode.relays or (own and str(relay or "").rstrip("/") not in own)
+                or (not own and not relay_dialable(str(relay) if relay else None))):
             relay = None
         direct = [] if self.mode.relay_only else dialable([str(a) for a in addr.direct_addresses()])
         return iroh.EndpointAddr(addr.id(), relay, direct)
