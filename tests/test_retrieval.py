@@ -93,6 +93,20 @@ def test_question_words_do_not_dominate(corpus) -> None:
     assert "/kb/howto.txt" not in _sources(hits)  # full of how/do/I/itself/up: not evidence
 
 
+@pytest.mark.parametrize("query, stems", [
+    ("the current user's home directory", ["current", "user", "home", "directori"]),
+    ("the planner\u2019s estimates", ["planner", "estim"]),
+    ("why won't it delete", ["won", "delet"]),
+])
+def test_contraction_endings_are_not_search_terms(corpus, query: str, stems: list[str]) -> None:
+    # the tokenizer splits "user's" into "user" + "s": a stem of nearly every chunk and of
+    # every "What's New" title, so it is not searched; the user's word forms keep it
+    assert retrieval.make_plan(query).stems == stems
+    env = answer_local(corpus, {"query": query, "topK": 3})["envelope"]
+    assert env["queryPlan"]["analyzedTerms"] == stems
+    assert "s" not in env["queryPlan"]["subqueries"][0]["terms"]
+
+
 def test_stopword_only_query_still_searches_exact_words(corpus) -> None:
     hits, ctl = corpus.search_hits("how do I", limit=3)
     assert hits and hits[0].source_id == "/kb/howto.txt"

@@ -269,10 +269,20 @@ def key_terms(query: str) -> list[str]:
     return _unique(out)
 
 
+#: An English contraction or possessive ending after a word (``user's``, ``don't``,
+#: ``we'll``): the simple tokenizer splits it off as a word of its own (``s``, ``t``…).
+_CONTRACTION = re.compile(r"(?<=\w)['’](?:s|t|d|ll|re|ve|m)\b", re.IGNORECASE)
+
+
 def query_terms(query: str) -> list[str]:
-    """Stemmed, folded, stopword-free terms of ``query`` (dedup, in query order)."""
+    """Stemmed, folded, stopword-free terms of ``query`` (dedup, in query order).
+
+    Contraction and possessive endings are not terms (:data:`_CONTRACTION`): ``the
+    current user's home directory`` searches *current, user, home, directori*, not also
+    ``s``, a stem of a quarter of the Python docs' chunks and of every "What's New" page
+    title. The user's word forms (:func:`key_terms`, the ``exact`` clauses) keep them."""
     en = analyzers()[0]
-    return _unique(t for w in key_terms(query) for t in en.analyze(w))
+    return _unique(t for w in key_terms(_CONTRACTION.sub("", query)) for t in en.analyze(w))
 
 
 def exact_terms(text: str) -> list[str]:
