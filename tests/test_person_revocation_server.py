@@ -81,4 +81,4 @@ def test_a_published_list_is_kept_newest_first_and_a_host_fetches_it(tmp_path, s
     anyio.run(main, backend="asyncio")
     assert [(e["event"], e["peer_name"], e["devices"], e["seq"], e["via"]) for e in events] == [
         ("device-revoked", "alice", [stolen], 3, "server")]
-    assert RevocationStore.load(host).revoked_by(stolen) == made["person_key"]
+    assert RevocationStore.load(host).revokes(stolen, [made["person_key"]]) == made["person_key"]

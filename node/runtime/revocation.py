@@ -154,8 +154,15 @@ class PeersWatcher:
 
     def _devices_revoked(self, person: str, devices: list[str], seq: int, via: str,
                          registry: PeerRegistry) -> dict[str, Any]:
+        from node.trust.peers import persons_of_device
+
+        # a device a pin of this person saw is that person's, chain or not; any other session
+        # of the key ends only when its own verified chain names this person (a list speaks
+        # for its own person's devices only)
         n = sum(self.sessions.end_sessions(key, "session-device-revoked", handshake_code="handshake-device-revoked",
-                                           message="this device was revoked by its person") for key in devices)
+                                           message="this device was revoked by its person",
+                                           of_person=None if person in persons_of_device(registry, key) else person)
+                for key in devices)
         pin = person_pin(registry, person)
         ev = {"event": "device-revoked", "person": person, "peer_name": pin.name if pin else None,
               "devices": list(devices), "seq": seq, "via": via, "code": "session-device-revoked",
