@@ -262,7 +262,8 @@ class Connection:
         """
         watcher = self.host.peers_watcher
         if revocation is not None:
-            watcher.apply_list(revocation, via="handshake")  # judged on the newest registry read
+            # judged on the newest registry read; a pin on a key the chain rotated from counts
+            watcher.apply_list(revocation, via="handshake", lineage=self.host.rotations.lineage(person))
         kept = watcher.revocations()
         if person is None:
             # a key that names no person cannot contest a kept list that names it

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 from node.common.errors import HandshakeError
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
@@ -458,7 +458,7 @@ class SessionTable:
     # ------------------------------------------------------------ revocation and the owner
     def end_sessions(self, peer: str, code: str = "session-revoked", *, handshake_code: str | None = None,
                      admitted_as: str | None = None, message: str = "the host revoked this peer",
-                     of_person: str | None = None) -> int:
+                     of_persons: Collection[str] | None = None) -> int:
         """End every live session of ``peer`` now (specs/peers.md §5).
 
         A ready session is told ``_error code``; one still in its handshake gets
@@ -470,9 +470,10 @@ class SessionTable:
             admitted_as: end only the sessions admitted under this registry name (a
                 removed peer's sessions admitted anonymously after the change stay);
                 None = all of them (a block).
-            of_person: end only the sessions whose verified chain names this person key
-                (the chain's key or an earlier one) or that hold its person pin's grants:
-                a revocation list revokes its own person's devices only. None = all.
+            of_persons: end only the sessions whose verified chain names one of these
+                person keys (the chain's key or an earlier one) or that hold a person pin
+                on one of them: a revocation list revokes its own person's devices only.
+                None = all.
 
         Returns:
             How many sessions were ended.
@@ -483,8 +484,8 @@ class SessionTable:
                 continue
             if admitted_as is not None and s.name != admitted_as:
                 continue
-            if of_person is not None and of_person != s.via_person and of_person not in (
-                    (s.person or {}).get("key"), *(s.person or {}).get("earlier", ())):
+            if of_persons is not None and not {s.via_person, (s.person or {}).get("key"),
+                                               *(s.person or {}).get("earlier", ())} & set(of_persons):
                 continue
             sent = code if s.ready else (handshake_code or code)
             n += self.end(token, sent, message, cause="revoked")

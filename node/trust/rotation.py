@@ -115,7 +115,9 @@ def rotate_person(home: Path, *, words: str | None = None, without: tuple[str, .
         words: the 24 recovery words; given, the recovery key signs the rotation (for a
             home that does not hold the person key — its device was lost) and new recovery
             words are made. None: the person key on this device signs it.
-        without: device names not to re-bind (a lost or stolen device).
+        without: device names not to re-bind (a lost or stolen device). A device a
+            revocation list of this person (any earlier key's) names is never re-bound, and
+            the new key signs that list again (next ``seq``) so it keeps travelling.
 
     Returns:
         :class:`RotationResult`.
@@ -141,7 +143,15 @@ def rotate_person(home: Path, *, words: str | None = None, without: tuple[str, .
     from node.trust.identity import load_identity
 
     me = load_identity(home).public_key
-    keep = [link for link in newest.values() if link and link["device_name"] not in without]
+    from node.trust.revocation_list import RevocationStore, check_list, make_list
+
+    store = RevocationStore.load(home)
+    own_lists = [doc for doc in (store.list_for(k) for k in (rec.person_key, *(ln["person_key"] for ln in rec.successors)))
+                 if doc is not None]
+    revoked = list(dict.fromkeys(k for doc in own_lists for k in doc["revoked"]))
+    # a revoked device is never re-bound: the new key must not vouch for a stolen device
+    keep = [link for link in newest.values()
+            if link and link["device_name"] not in without and link["device_key"] not in revoked]
     if not keep or all(link["device_key"] != me for link in keep):
         raise ConfigError("person-last-device", "a rotation must keep this device bound")
     created = now_rfc3339()
@@ -176,6 +186,9 @@ def rotate_person(home: Path, *, words: str | None = None, without: tuple[str, .
     atomic_write(home / PENDING_KEY_FILE, new_secret.hex().encode("ascii") + b"\n", mode=0o600)
     save_person(home, new)
     os.replace(home / PENDING_KEY_FILE, home / PERSON_KEY_FILE)
+    if revoked:  # the revocation keeps travelling: the new key signs the same list, next seq
+        doc = make_list(new_secret, revoked, max(d["seq"] for d in own_lists) + 1, created)
+        store.offer(check_list(doc), via="own", now=created)
     return RotationResult(rec.person_key, new_key, via, link, tuple(d["device_name"] for d in devices),
                           tuple(sorted(names - {d["device_name"] for d in devices})), fresh_words)
 
