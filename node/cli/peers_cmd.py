@@ -417,7 +417,7 @@ def import_revocation_cmd(
         doc = json.loads(data.decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError("file-not-found", f"no such file: {file}") from None
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[…"
         raise KithError("revocation-malformed", "the file is not a JSON revocation list") from None
     checked = check_list(doc)
     store = RevocationStore.load(home)

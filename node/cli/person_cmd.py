@@ -150,7 +150,7 @@ def import_cmd(
         raw = json.loads(Path(file).read_text("utf-8"))
     except FileNotFoundError:
         raise ConfigError("file-not-found", f"{file} does not exist") from None
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[…"
         raise ConfigError("config-invalid", f"{file} is not a JSON person record") from None
     if isinstance(raw, dict) and isinstance(raw.get("record"), dict):
         raw = raw["record"]
