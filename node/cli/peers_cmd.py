@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -175,6 +176,20 @@ def code_cmd(
         console.print(code, highlight=False, markup=False)
 
 
+def _revoked_seen(home: Path, registry: PeerRegistry) -> dict[str, set[str]]:
+    """Per person pin name, the seen devices a kept revocation list of that person (its
+    pinned key or a key it was rotated to here) revokes (specs/peers.md §10)."""
+    from node.trust.revocation_list import RevocationStore
+    from node.trust.rotation import RotationLedger
+
+    pins = [rec for rec in registry.peers.values() if rec.devices and rec.seen_devices]
+    if not pins:
+        return {}
+    store, ledger = RevocationStore.load(home), RotationLedger.load(home)
+    return {rec.name: {k for k in rec.seen_devices if store.revokes(k, ledger.forward(rec.public_key))}
+            for rec in pins}
+
+
 @peers_app.command("list")
 def list_cmd(
     ctx: typer.Context,
@@ -184,6 +199,7 @@ def list_cmd(
 ) -> None:
     """List pinned peers (by name, or ranked by --rank QUERY)."""
     registry = PeerRegistry.load(home_of(ctx))
+    revoked = _revoked_seen(home_of(ctx), registry)
     if rank is not None:
         rows = [(score, rec) for score, rec in registry.rank(rank)]
     else:
@@ -194,6 +210,8 @@ def list_cmd(
         for score, rec in rows:
             item = registry.to_json(rec)
             item["groups"] = [{"group": g, "until": u} for g, u in sorted(groups.get(rec.name, {}).items())]
+            for dev in item.get("seenDevices", []):
+                dev["revoked"] = dev["key"] in revoked.get(rec.name, ())
             if score is not None:
                 item["score"] = score
             out.append(item)
@@ -216,7 +234,9 @@ def list_cmd(
                       rec.profile.get("displayName", ""), rec.note, rec.profile_synced_at or "-",
                       _groups_text(groups.get(rec.name, {})), _until_text(rec.until))
         for dev in registry.to_json(rec)["seenDevices"]:  # a person pin's devices seen so far
-            table.add_row("", f"  device {dev['key'][:16]}…", dev["name"], f"first seen {dev['firstSeen']}", "", "", "")
+            mark = "  REVOKED" if dev["key"] in revoked.get(rec.name, ()) else ""
+            table.add_row("", f"  device {dev['key'][:16]}…", dev["name"], f"first seen {dev['firstSeen']}{mark}",
+                          "", "", "")
     console.print(table)
 
 

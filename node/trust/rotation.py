@@ -330,13 +330,17 @@ class RotationLedger:
 
     def current(self, key: str) -> str:
         """The newest key ``key`` was rotated to at this host (``key`` itself if none)."""
-        seen = {key}
+        return self.forward(key)[-1]
+
+    def forward(self, key: str) -> list[str]:
+        """``key`` and every key it was rotated to at this host, oldest first (what a pin
+        on ``key`` names today and before)."""
+        out = [key]
         while True:
-            nxt = (self.entries.get(key) or {}).get("successor")
-            if not nxt or nxt in seen:
-                return key
-            seen.add(nxt)
-            key = nxt
+            nxt = (self.entries.get(out[-1]) or {}).get("successor")
+            if not nxt or nxt in out:
+                return out
+            out.append(nxt)
 
 
 def pinned_in_lineage(registry: Any, ledger: RotationLedger, pid: PersonIdentity) -> Any:
