@@ -133,27 +133,35 @@ class PeersWatcher:
 
     async def watch_server(self, server_url: str, identity: Any, interval_s: float = SERVER_FETCH_S) -> None:
         """With ``kith host --server``: at start and every ``interval_s``, fetch the newest
-        revocation list of each person pinned with ``--devices`` from the community server
+        revocation list of each person pinned with ``--devices`` — of its pinned key and of
+        every key this host followed it rotating to — from the community server
         and take it like one carried in a handshake (``via="server"``; checked here, an older
         one ignored). A server that cannot be reached changes nothing. Runs until cancelled."""
         from node.community.client import CommunityClient
         from node.trust.revocation_list import check_list
 
+        from node.trust.rotation import RotationLedger
+
         while True:
-            persons = [r.public_key for r in self._registry.peers.values() if r.devices]
-            if persons:
+            pins = [r.public_key for r in self._registry.peers.values() if r.devices]
+            try:  # a pin on an earlier key: the keys it was rotated to publish the newer lists
+                lineages = [RotationLedger.load(self.home).forward(pin)[::-1] for pin in pins]
+            except ConfigError:
+                lineages = [[pin] for pin in pins]
+            if lineages:
                 try:
                     async with CommunityClient(server_url, identity) as client:
-                        for person in persons:
-                            doc = await client.get_revocation(person)
-                            if doc is None:
-                                continue
-                            try:
-                                checked = check_list(doc, person=person)
-                            except KithError:
-                                log.warning("the server sent a revocation list that does not verify")
-                                continue
-                            self.apply_list(checked, via="server")
+                        for lineage in lineages:
+                            for person in lineage:
+                                doc = await client.get_revocation(person)
+                                if doc is None:
+                                    continue
+                                try:
+                                    checked = check_list(doc, person=person)
+                                except KithError:
+                                    log.warning("the server sent a revocation list that does not verify")
+                                    continue
+                                self.apply_list(checked, via="server", lineage=lineage)
                 except KithError as exc:
                     log.info("could not fetch revocation lists: %s", exc.code)
             await anyio.sleep(interval_s)
