@@ -132,7 +132,7 @@ def device_join_cmd(
 @device_app.command("revoke")
 def device_revoke_cmd(
     ctx: typer.Context,
-    name: str = typer.Argument(..., metavar="NAME", help="The device's name (`kith device list`)."),
+    name: str = typer.Argument(..., metavar="NAME|KEY", help="The device's name, or its key (8+ of its first hex characters will do) when another device shares the name (`kith device list`)."),
     out: Optional[str] = typer.Option(None, "--out", metavar="FILE", help="Also write the signed list to FILE, for `kith peers import-revocation FILE` on hosts by hand."),
     server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="Also publish the list on this community server (hosts with --server fetch their pinned persons' lists)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),

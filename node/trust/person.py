@@ -289,8 +289,14 @@ def own_revocation(home: Path) -> dict[str, Any] | None:
     return None if rec is None else RevocationStore.load(home).list_for(rec.person_key)
 
 
+#: The shortest key prefix ``kith device revoke`` takes for a device (hex characters).
+MIN_KEY_PREFIX = 8
+
+
 def revoke_device(home: Path, device_name: str, *, device_key: str | None = None) -> tuple[dict[str, Any], list[str]]:
-    """Revoke this person's device named ``device_name`` (``kith device revoke NAME``): sign
+    """Revoke this person's device named ``device_name`` — its name, or, when no device has
+    that name, its key or a unique prefix of :data:`MIN_KEY_PREFIX`+ lowercase hex
+    (``kith device revoke NAME|KEY``; names are not unique): sign
     a new revocation list with the person key — every device revoked before, plus this one,
     under a ``seq`` one more than the last — and keep it in ``revocations.json`` (what this
     device carries in its next handshakes). Revoking one device never revokes the others.
@@ -313,15 +319,23 @@ def revoke_device(home: Path, device_name: str, *, device_key: str | None = None
     if secret is None:
         raise ConfigError("device-no-person-key")
     keys = sorted({d["device_key"] for d in rec.devices if d["device_name"] == device_name})
+    if not keys and MIN_KEY_PREFIX <= len(device_name) <= 64 and all(c in "0123456789abcdef" for c in device_name):
+        # names are not unique (the default is the host name): a device is also named by its key
+        keys = sorted({d["device_key"] for d in rec.devices if d["device_key"].startswith(device_name)})
+        if len(keys) > 1:
+            raise ConfigError("device-not-found", f"{device_name!r} is the start of several device keys",
+                              hint="give more of the key (`kith device list`)")
     if device_key is not None:
         keys = [k for k in keys if k == device_key]
     if not keys:
         raise ConfigError("device-not-found", f"this person has bound no device named {device_name[:64]!r}",
-                          hint="`kith device list` shows the names")
+                          hint="`kith device list` shows the names and keys")
     from node.trust.identity import load_identity
 
     if load_identity(home).public_key in keys:  # the device holding the person key
-        raise ConfigError("device-revoke-this")
+        raise ConfigError("device-revoke-this", hint=None if len(keys) == 1 else
+                          "another device shares this name: name it by its key (or 8+ of its first hex "
+                          "characters, `kith device list`)")
     store = RevocationStore.load(home)
     before = store.list_for(rec.person_key)
     revoked = list(before["revoked"]) if before else []
