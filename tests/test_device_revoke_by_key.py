@@ -40,3 +40,25 @@ def test_a_device_sharing_this_devices_name_is_revoked_by_its_key(tmp_path: Path
     assert json.loads(r.stdout)["newly_revoked"] == [other]
     listed = json.loads(kith(first, "device", "list", "--json").stdout)["devices"]
     assert sorted((d["key"] == other, d["revoked"]) for d in listed) == [(False, False), (True, True)]
+
+
+def test_a_rotation_leaves_out_a_device_sharing_this_devices_name_by_its_key(tmp_path: Path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert kith(first, "init", "--device-name", "box").returncode == 0
+    offer = Offer(first)
+    joiner = _join(second, offer.code, name="box")
+    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
+    offer.answer("yes")
+    _out, err = joiner.communicate(timeout=30)
+    assert joiner.returncode == 0, err
+    assert offer.finish()[0] == 0
+    other = json.loads(kith(second, "status", "--json").stdout)["identity"]["key"]
+
+    r = kith(first, "person", "rotate", "--without", "box")
+    assert r.returncode == 1 and "error [person-last-device]" in r.stderr and "by its key" in r.stderr, r.stderr
+    r = kith(first, "person", "rotate", "--without", other[:10], "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert (got["devices"], got["dropped"]) == (["box"], ["box"])
+    listed = json.loads(kith(first, "device", "list", "--json").stdout)["devices"]
+    assert [d["key"] == other for d in listed] == [False]

@@ -293,6 +293,24 @@ def own_revocation(home: Path) -> dict[str, Any] | None:
 MIN_KEY_PREFIX = 8
 
 
+def device_keys_named(rec: PersonRecord, name: str) -> list[str]:
+    """The keys of this person's bound devices that ``name`` names: the devices called
+    ``name``, or — when none is, since names are not unique (the default is the host name)
+    — the one whose key is ``name`` or starts with it (:data:`MIN_KEY_PREFIX`+ lowercase
+    hex). Empty when none.
+
+    Raises:
+        ConfigError: ``device-not-found`` for a prefix of several keys.
+    """
+    keys = sorted({d["device_key"] for d in rec.devices if d["device_name"] == name})
+    if not keys and MIN_KEY_PREFIX <= len(name) <= 64 and all(c in "0123456789abcdef" for c in name):
+        keys = sorted({d["device_key"] for d in rec.devices if d["device_key"].startswith(name)})
+        if len(keys) > 1:
+            raise ConfigError("device-not-found", f"{name!r} is the start of several device keys",
+                              hint="give more of the key (`kith device list`)")
+    return keys
+
+
 def revoke_device(home: Path, device_name: str, *, device_key: str | None = None) -> tuple[dict[str, Any], list[str]]:
     """Revoke this person's device named ``device_name`` — its name, or, when no device has
     that name, its key or a unique prefix of :data:`MIN_KEY_PREFIX`+ lowercase hex
@@ -318,13 +336,7 @@ def revoke_device(home: Path, device_name: str, *, device_key: str | None = None
     secret = load_person_secret(home)
     if secret is None:
         raise ConfigError("device-no-person-key")
-    keys = sorted({d["device_key"] for d in rec.devices if d["device_name"] == device_name})
-    if not keys and MIN_KEY_PREFIX <= len(device_name) <= 64 and all(c in "0123456789abcdef" for c in device_name):
-        # names are not unique (the default is the host name): a device is also named by its key
-        keys = sorted({d["device_key"] for d in rec.devices if d["device_key"].startswith(device_name)})
-        if len(keys) > 1:
-            raise ConfigError("device-not-found", f"{device_name!r} is the start of several device keys",
-                              hint="give more of the key (`kith device list`)")
+    keys = device_keys_named(rec, device_name)
     if device_key is not None:
         keys = [k for k in keys if k == device_key]
     if not keys:
@@ -347,6 +359,6 @@ def revoke_device(home: Path, device_name: str, *, device_key: str | None = None
     return doc, new
 
 
-__all__ = ["PERSON_FILE", "PERSON_KEY_FILE", "PersonRecord", "bind_device", "default_device_name", "init_person",
+__all__ = ["PERSON_FILE", "PERSON_KEY_FILE", "PersonRecord", "bind_device", "default_device_name", "device_keys_named", "init_person",
            "load_person", "load_person_secret", "own_chain", "own_revocation", "revoke_device", "person_from_json", "recovery_secret_of", "recovery_seed",
            "recovery_words", "save_person"]

@@ -40,6 +40,7 @@ from node.common.home import atomic_write
 from node.trust.binding import VIA_PERSON, VIA_RECOVERY, PersonIdentity, device_link, recovery_link, successor_link
 from node.trust.person import (
     PERSON_KEY_FILE,
+    device_keys_named,
     PersonRecord,
     load_person,
     load_person_secret,
@@ -115,7 +116,8 @@ def rotate_person(home: Path, *, words: str | None = None, without: tuple[str, .
         words: the 24 recovery words; given, the recovery key signs the rotation (for a
             home that does not hold the person key — its device was lost) and new recovery
             words are made. None: the person key on this device signs it.
-        without: device names not to re-bind (a lost or stolen device). A device a
+        without: devices not to re-bind (a lost or stolen one), each by name or, when
+            names collide, by key or 8+ hex prefix. A device a
             revocation list of this person (any earlier key's) names is never re-bound, and
             the new key signs that list again (next ``seq``) so it keeps travelling.
 
@@ -136,10 +138,12 @@ def rotate_person(home: Path, *, words: str | None = None, without: tuple[str, .
     if rec is None:
         raise ConfigError("home-not-initialized", "This home has no person key yet.")
     newest = {d["device_key"]: rec.binding_for(d["device_key"]) for d in rec.devices}
-    names = {link["device_name"] for link in newest.values() if link}
-    unknown = [n for n in without if n not in names]
-    if unknown:
-        raise ConfigError("device-not-found", f"this person has no device named {unknown[0][:64]!r}")
+    dropped_keys: set[str] = set()
+    for name in without:  # a name, or a key / 8+ hex prefix when names collide
+        keys = device_keys_named(rec, name)
+        if not keys:
+            raise ConfigError("device-not-found", f"this person has no device named {name[:64]!r}")
+        dropped_keys.update(keys)
     from node.trust.identity import load_identity
 
     me = load_identity(home).public_key
@@ -151,9 +155,11 @@ def rotate_person(home: Path, *, words: str | None = None, without: tuple[str, .
     revoked = list(dict.fromkeys(k for doc in own_lists for k in doc["revoked"]))
     # a revoked device is never re-bound: the new key must not vouch for a stolen device
     keep = [link for link in newest.values()
-            if link and link["device_name"] not in without and link["device_key"] not in revoked]
+            if link and link["device_key"] not in dropped_keys and link["device_key"] not in revoked]
     if not keep or all(link["device_key"] != me for link in keep):
-        raise ConfigError("person-last-device", "a rotation must keep this device bound")
+        raise ConfigError("person-last-device", "a rotation must keep this device bound",
+                          hint="a device that shares this device's name is named by its key (8+ hex characters, "
+                               "`kith device list`)" if me in dropped_keys else None)
     created = now_rfc3339()
     new_secret = os.urandom(32)
     new_key = public_key_of(new_secret)
@@ -190,7 +196,9 @@ def rotate_person(home: Path, *, words: str | None = None, without: tuple[str, .
         doc = make_list(new_secret, revoked, max(d["seq"] for d in own_lists) + 1, created)
         store.offer(check_list(doc), via="own", now=created)
     return RotationResult(rec.person_key, new_key, via, link, tuple(d["device_name"] for d in devices),
-                          tuple(sorted(names - {d["device_name"] for d in devices})), fresh_words)
+                          tuple(sorted(link["device_name"] for link in newest.values()
+                                       if link and link["device_key"] not in {d["device_key"] for d in devices})),
+                          fresh_words)
 
 
 def adopt_person(home: Path, raw: object) -> PersonRecord:
