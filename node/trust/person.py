@@ -23,10 +23,11 @@ import hashlib
 import json
 import os
 import socket
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from node.common.errors import ConfigError, KithError, SigningError
 from node.common.home import atomic_write
@@ -234,6 +235,25 @@ def bind_device(rec: PersonRecord, person_secret: bytes, device_key: str, device
     return link
 
 
+PERSON_LOCK_FILE = "person.lock"
+
+
+@contextmanager
+def person_lock(home: Path) -> Iterator[None]:
+    """Hold ``<home>/person.lock`` (a blocking ``flock``, held for a read-modify-write of
+    ``person.json`` only, never across a wait for the owner): ``kith device add``'s bind,
+    ``kith device revoke``, ``kith person rotate`` and ``import`` take it, so none writes back
+    a record another changed meanwhile."""
+    import fcntl
+
+    fd = os.open(Path(home) / PERSON_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
 def save_person(home: Path, rec: PersonRecord) -> None:
     """Write ``person.json`` atomically (mode 0600)."""
     atomic_write(home / PERSON_FILE, (json.dumps(rec.as_json(), indent=2) + "\n").encode("utf-8"))
@@ -328,6 +348,11 @@ def revoke_device(home: Path, device_name: str, *, device_key: str | None = None
             name), ``device-revoke-this`` (the device holding the person key).
         KithError: ``revocation-malformed`` when the list would name more than 48 devices.
     """
+    with person_lock(home):
+        return _revoke_device(home, device_name, device_key)
+
+
+def _revoke_device(home: Path, device_name: str, device_key: str | None) -> tuple[dict[str, Any], list[str]]:
     from node.trust.revocation_list import RevocationStore, check_list, make_list
 
     rec = load_person(home)
@@ -360,5 +385,5 @@ def revoke_device(home: Path, device_name: str, *, device_key: str | None = None
 
 
 __all__ = ["PERSON_FILE", "PERSON_KEY_FILE", "PersonRecord", "bind_device", "default_device_name", "device_keys_named", "init_person",
-           "load_person", "load_person_secret", "own_chain", "own_revocation", "revoke_device", "person_from_json", "recovery_secret_of", "recovery_seed",
+           "load_person", "load_person_secret", "own_chain", "person_lock", "own_revocation", "revoke_device", "person_from_json", "recovery_secret_of", "recovery_seed",
            "recovery_words", "save_person"]

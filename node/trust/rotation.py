@@ -41,6 +41,7 @@ from node.trust.binding import VIA_PERSON, VIA_RECOVERY, PersonIdentity, device_
 from node.trust.person import (
     PERSON_KEY_FILE,
     device_keys_named,
+    person_lock,
     PersonRecord,
     load_person,
     load_person_secret,
@@ -133,6 +134,11 @@ def rotate_person(home: Path, *, words: str | None = None, without: tuple[str, .
             no device, or would drop this one).
     """
     home = Path(home)
+    with person_lock(home):
+        return _rotate_person(home, words, without)
+
+
+def _rotate_person(home: Path, words: str | None, without: tuple[str, ...]) -> RotationResult:
     finish_pending_key(home)
     rec = load_person(home)
     if rec is None:
@@ -212,9 +218,14 @@ def adopt_person(home: Path, raw: object) -> PersonRecord:
             ``person-not-successor`` (it does not descend from this home's person key,
             or it is not newer); ``person-device-unbound`` (it does not bind this device).
     """
+    home = Path(home)
+    with person_lock(home):
+        return _adopt_person(home, raw)
+
+
+def _adopt_person(home: Path, raw: object) -> PersonRecord:
     from node.trust.identity import load_identity
 
-    home = Path(home)
     rec = load_person(home)
     if rec is None:
         raise ConfigError("home-not-initialized", "This home has no person key yet.")
