@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -176,20 +175,6 @@ def code_cmd(
         console.print(code, highlight=False, markup=False)
 
 
-def _revoked_seen(home: Path, registry: PeerRegistry) -> dict[str, set[str]]:
-    """Per person pin name, the seen devices a kept revocation list of that person (its
-    pinned key or a key it was rotated to here) revokes (specs/peers.md §10)."""
-    from node.trust.revocation_list import RevocationStore
-    from node.trust.rotation import RotationLedger
-
-    pins = [rec for rec in registry.peers.values() if rec.devices and rec.seen_devices]
-    if not pins:
-        return {}
-    store, ledger = RevocationStore.load(home), RotationLedger.load(home)
-    return {rec.name: {k for k in rec.seen_devices if store.revokes(k, ledger.forward(rec.public_key))}
-            for rec in pins}
-
-
 @peers_app.command("list")
 def list_cmd(
     ctx: typer.Context,
@@ -199,7 +184,9 @@ def list_cmd(
 ) -> None:
     """List pinned peers (by name, or ranked by --rank QUERY)."""
     registry = PeerRegistry.load(home_of(ctx))
-    revoked = _revoked_seen(home_of(ctx), registry)
+    from node.trust.revocation_list import revoked_seen_devices
+
+    revoked = revoked_seen_devices(home_of(ctx), registry)
     if rank is not None:
         rows = [(score, rec) for score, rec in registry.rank(rank)]
     else:

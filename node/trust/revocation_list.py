@@ -245,5 +245,23 @@ class RevocationStore:
         atomic_write(self.path, (json.dumps(data, indent=2) + "\n").encode("utf-8"))
 
 
+def revoked_seen_devices(home: Path, registry: Any) -> dict[str, set[str]]:
+    """The owner's view (``kith peers list``, the dashboard): per person pin name, the devices
+    it has seen that a revocation list kept in ``home`` revokes — a list of that pin's person
+    key, or of a key this home followed it rotating to (specs/peers.md §10, §11).
+
+    Args:
+        registry: a :class:`node.trust.peers.PeerRegistry`.
+    """
+    from node.trust.rotation import RotationLedger
+
+    pins = [rec for rec in registry.peers.values() if rec.devices and rec.seen_devices]
+    if not pins:
+        return {}
+    store, ledger = RevocationStore.load(home), RotationLedger.load(home)
+    return {rec.name: {k for k in rec.seen_devices if store.revokes(k, ledger.forward(rec.public_key))}
+            for rec in pins}
+
+
 __all__ = ["MAX_LIST_BYTES", "MAX_PERSONS", "MAX_REVOKED", "Offered", "REVOCATIONS_FILE", "RevocationList",
-           "RevocationStore", "check_list", "list_size", "make_list"]
+           "RevocationStore", "check_list", "list_size", "make_list", "revoked_seen_devices"]
