@@ -252,7 +252,7 @@ def test_a_revocation_carried_by_one_device_ends_the_other_at_once_and_refuses_i
     assert [(e["peer_name"], e["devices"], e["seq"], e["via"], e["sessions_ended"]) for e in ev] == [
         ("alice", [laptop.public_key], 1, "handshake", 1)]
     kept = RevocationStore.load(home)
-    assert kept.list_for(alice.key)["seq"] == 1 and kept.revoked_by(laptop.public_key) == alice.key
+    assert kept.list_for(alice.key)["seq"] == 1 and kept.revokes(laptop.public_key, [alice.key]) == alice.key
 
 
 def test_a_host_that_has_seen_the_list_refuses_the_thief_connecting_first(tmp_path):
@@ -346,8 +346,8 @@ def test_the_store_keeps_the_newest_list_and_never_unrevokes(tmp_path):
     got = store.offer(check_list(alice.revoke("b", seq=2)), via="import", now=WHEN)  # a newer list leaving a out
     assert (got.outcome, got.newly_revoked) == ("new", [alice.devices["b"].public_key])
     again = RevocationStore.load(path)
-    assert again.revoked_by(alice.devices["a"].public_key) == alice.key  # revoked once, revoked here for good
-    assert again.revoked_by(alice.devices["c"].public_key) is None
+    assert again.revokes(alice.devices["a"].public_key, [alice.key]) == alice.key  # revoked once, revoked here for good
+    assert again.revokes(alice.devices["c"].public_key, [alice.key]) is None
     with pytest.raises(KithError) as exc:
         check_list({**alice.revoke("a", seq=3), "revoked": ["A" * 64]})
     assert exc.value.code == "revocation-malformed"

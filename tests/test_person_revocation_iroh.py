@@ -102,8 +102,10 @@ def test_two_homes_of_one_person_are_one_peer_and_revoking_one_ends_it_while_the
     audited = [json.loads(line)["event"] for line in (home / "audit.jsonl").read_text().splitlines()]
     assert {"person-device-new", "device-revoked"} <= set(audited)
     listed = json.loads(kith(home, "peers", "list", "--json").stdout)["peers"]
-    assert [(p["name"], p["devices"], sorted(d["name"] for d in p["seenDevices"])) for p in listed] == [
-        ("alice", True, ["desk", "laptop"])]
+    assert [(p["name"], p["devices"], sorted((d["name"], d["revoked"]) for d in p["seenDevices"])) for p in listed] == [
+        ("alice", True, [("desk", False), ("laptop", True)])]  # the owner sees which device was revoked
+    shown = kith(home, "peers", "list").stdout
+    assert shown.count("REVOKED") == 1, shown
 
     # by hand on another home: the list is taken, a second time changes nothing, an older one is refused
     other = tmp_path / "other"

@@ -81,4 +81,47 @@ def test_a_published_list_is_kept_newest_first_and_a_host_fetches_it(tmp_path, s
     anyio.run(main, backend="asyncio")
     assert [(e["event"], e["peer_name"], e["devices"], e["seq"], e["via"]) for e in events] == [
         ("device-revoked", "alice", [stolen], 3, "server")]
-    assert RevocationStore.load(host).revoked_by(stolen) == made["person_key"]
+    assert RevocationStore.load(host).revokes(stolen, [made["person_key"]]) == made["person_key"]
+
+
+def test_a_host_pinned_on_an_earlier_person_key_fetches_the_list_its_successor_published(tmp_path, server):
+    """After `kith person rotate`, `kith device revoke --server` publishes a list signed by
+    the new person key; a host whose pin is on the old key and that followed the rotation
+    fetches that list too (not only the pinned key's)."""
+    from node.trust.person import bind_device, save_person
+    from node.trust.rotation import RotationLedger
+
+    desk = tmp_path / "desk"
+    made = json.loads(kith(desk, "init", "--json", "--device-name", "desk").stdout)
+    rec = load_person(desk)
+    stolen = os.urandom(32).hex()
+    bind_device(rec, bytes.fromhex((desk / "person.key").read_text().strip()), stolen, "laptop")
+    save_person(desk, rec)
+    r = kith(desk, "person", "rotate", "--json")
+    assert r.returncode == 0, r.stderr
+    new_key = json.loads(r.stdout)["person_key"]
+    r = kith(desk, "device", "revoke", "laptop", "--server", server, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["list"]["person_key"] == new_key
+
+    host = tmp_path / "host"
+    host_id, _ = init_identity(host)
+    pin_person(PeerRegistry.load(host), "alice", made["person_key"])
+    ledger = RotationLedger.load(host)  # the host followed the rotation (a handshake of the desk)
+    ledger.entries[made["person_key"]] = {"successor": new_key, "via": "person", "seenAt": "2026-12-02T04:00:00Z"}
+    ledger.save()
+    events: list[dict] = []
+    watcher = PeersWatcher(host, SessionTable(), on_event=events.append)
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watcher.watch_server, server, host_id, 3600.0)
+            with anyio.fail_after(10):
+                while not events:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main, backend="asyncio")
+    assert [(e["event"], e["peer_name"], e["devices"], e["via"]) for e in events] == [
+        ("device-revoked", "alice", [stolen], "server")]
+    assert RevocationStore.load(host).revokes(stolen, [made["person_key"], new_key]) == new_key

@@ -619,6 +619,10 @@ def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]],
             raise SessionAborted("session-device-revoked", "the host learnt that this device was revoked by its "
                                  "person and ended the session",
                                  hint="a revoked device stays revoked; pair a new home with `kith device join`")
+        if rcode == "session-grant-expired":  # a pin, membership or override `until` passed (specs/peers.md §12)
+            raise SessionAborted("session-grant-expired", "a grant the host gave this node ended and the host "
+                                 "ended the session",
+                                 hint="ask the host's owner to extend it (`kith peers until`, `--until`)")
         if rcode == "session-ended-by-owner":  # the host's owner ran `kith sessions end`
             raise SessionAborted("session-ended-by-owner", "the host's owner ended this session",
                                  hint="ask the host's owner before joining again")

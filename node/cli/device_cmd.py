@@ -35,9 +35,10 @@ def device_list_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--
     if person is None:
         raise ConfigError("home-not-initialized", "This home has no person key yet.", hint=init_hint(home))
     revoked = RevocationStore.load(home)
+    mine = [person.person_key, *(link["person_key"] for link in person.successors)]  # its lists before rotations too
     rows = [{"name": d["device_name"], "key": d["device_key"], "seq": d["seq"], "created": d["created"],
              "this": d["device_key"] == ident.public_key,
-             "revoked": revoked.revoked_by(d["device_key"]) == person.person_key} for d in person.devices]
+             "revoked": revoked.revokes(d["device_key"], mine) is not None} for d in person.devices]
     if json_out:
         emit_json({"person_key": person.person_key, "holds_person_key": load_person_secret(home) is not None,
                    "devices": rows})
@@ -131,7 +132,7 @@ def device_join_cmd(
 @device_app.command("revoke")
 def device_revoke_cmd(
     ctx: typer.Context,
-    name: str = typer.Argument(..., metavar="NAME", help="The device's name (`kith device list`)."),
+    name: str = typer.Argument(..., metavar="NAME|KEY", help="The device's name, or its key (8+ of its first hex characters will do) when another device shares the name (`kith device list`)."),
     out: Optional[str] = typer.Option(None, "--out", metavar="FILE", help="Also write the signed list to FILE, for `kith peers import-revocation FILE` on hosts by hand."),
     server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="Also publish the list on this community server (hosts with --server fetch their pinned persons' lists)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),

@@ -184,6 +184,9 @@ def list_cmd(
 ) -> None:
     """List pinned peers (by name, or ranked by --rank QUERY)."""
     registry = PeerRegistry.load(home_of(ctx))
+    from node.trust.revocation_list import revoked_seen_devices
+
+    revoked = revoked_seen_devices(home_of(ctx), registry)
     if rank is not None:
         rows = [(score, rec) for score, rec in registry.rank(rank)]
     else:
@@ -194,6 +197,8 @@ def list_cmd(
         for score, rec in rows:
             item = registry.to_json(rec)
             item["groups"] = [{"group": g, "until": u} for g, u in sorted(groups.get(rec.name, {}).items())]
+            for dev in item.get("seenDevices", []):
+                dev["revoked"] = dev["key"] in revoked.get(rec.name, ())
             if score is not None:
                 item["score"] = score
             out.append(item)
@@ -216,7 +221,9 @@ def list_cmd(
                       rec.profile.get("displayName", ""), rec.note, rec.profile_synced_at or "-",
                       _groups_text(groups.get(rec.name, {})), _until_text(rec.until))
         for dev in registry.to_json(rec)["seenDevices"]:  # a person pin's devices seen so far
-            table.add_row("", f"  device {dev['key'][:16]}…", dev["name"], f"first seen {dev['firstSeen']}", "", "", "")
+            mark = "  REVOKED" if dev["key"] in revoked.get(rec.name, ()) else ""
+            table.add_row("", f"  device {dev['key'][:16]}…", dev["name"], f"first seen {dev['firstSeen']}{mark}",
+                          "", "", "")
     console.print(table)
 
 
@@ -417,7 +424,7 @@ def import_revocation_cmd(
         doc = json.loads(data.decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError("file-not-found", f"no such file: {file}") from None
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[…"
         raise KithError("revocation-malformed", "the file is not a JSON revocation list") from None
     checked = check_list(doc)
     store = RevocationStore.load(home)

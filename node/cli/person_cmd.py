@@ -88,7 +88,7 @@ def show_cmd(ctx: typer.Context, json_out: bool = _JSON) -> None:
 def rotate_cmd(
     ctx: typer.Context,
     recovery: bool = typer.Option(False, "--recovery", help="Sign the rotation with the 24 recovery words (read from stdin) — when the device holding the person key is lost."),
-    without: Optional[List[str]] = typer.Option(None, "--without", metavar="DEVICE", help="Do not re-bind this device (lost or stolen; repeatable)."),
+    without: Optional[List[str]] = typer.Option(None, "--without", metavar="DEVICE", help="Do not re-bind this device (lost or stolen; repeatable): its name, or its key (8+ of its first hex characters) when another device shares the name."),
     json_out: bool = _JSON,
 ) -> None:
     """Replace the person key by a new one, cross-signed by the old one (or by the recovery
@@ -150,7 +150,7 @@ def import_cmd(
         raw = json.loads(Path(file).read_text("utf-8"))
     except FileNotFoundError:
         raise ConfigError("file-not-found", f"{file} does not exist") from None
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[…"
         raise ConfigError("config-invalid", f"{file} is not a JSON person record") from None
     if isinstance(raw, dict) and isinstance(raw.get("record"), dict):
         raw = raw["record"]

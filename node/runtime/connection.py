@@ -248,7 +248,10 @@ class Connection:
 
         1. a revocation list is taken (kept when its person is pinned with ``--devices``
            and it is newer; the newly revoked devices' live sessions end at once);
-        2. a device any kept list revokes → ``handshake-device-revoked``; a blocked person
+        2. a device that a kept list of its own person (a key of the chain's lineage)
+           revokes, or a guest sending no chain whose key any kept list names →
+           ``handshake-device-revoked`` (a list speaks only for its own person's devices:
+           another person's list never refuses a device whose chain names its person); a blocked person
            key → ``handshake-peer-blocked``;
         3. a device not pinned by its own key whose person is pinned with ``--devices``
            holds that pin's grants; a deferred guest without such a pin is refused with the
@@ -260,12 +263,17 @@ class Connection:
         """
         watcher = self.host.peers_watcher
         if revocation is not None:
-            watcher.apply_list(revocation, via="handshake")  # judged on the newest registry read
+            # judged on the newest registry read; a pin on a key the chain rotated from counts
+            watcher.apply_list(revocation, via="handshake", lineage=self.host.rotations.lineage(person))
+        kept = watcher.revocations()
         if person is None:
+            # a key that names no person cannot contest a kept list that names it
+            if kept.revokes(self.remote, kept.persons) is not None:
+                raise HandshakeError("handshake-device-revoked", "this device was revoked by its person")
             if deferred is not None:
                 raise HandshakeError(deferred)
             return
-        if watcher.revocations().revoked_by(person.device) is not None:
+        if kept.revokes(person.device, self.host.rotations.lineage(person)) is not None:
             raise HandshakeError("handshake-device-revoked", "this device was revoked by its person")
         known = watcher.known()  # the newest registry the host read: a pin removed meanwhile grants nothing
         if known.is_blocked(person.person):

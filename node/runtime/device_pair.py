@@ -29,7 +29,7 @@ from node.trust.binding import check_device_name
 from node.trust.device_pairing import TTL_S, PairingOffer, make_code, new_secret, parse_code
 from node.trust.identity import Identity
 from node.trust.pairing import pairing_code
-from node.trust.person import bind_device, load_person, load_person_secret, person_from_json, save_person
+from node.trust.person import bind_device, load_person, load_person_secret, person_from_json, person_lock, save_person
 
 PAIR_ALPN = b"kith/device-pair/1"
 MAX_LINE = 64 * 1024
@@ -72,7 +72,8 @@ async def offer_device(home: Path, identity: Identity, *, local: bool, on_code: 
 
     Raises:
         ConfigError: ``device-no-person-key`` on a device that does not hold the person key.
-        KithError: ``pairing-expired``, ``pairing-too-many-tries``, ``pairing-not-confirmed``.
+        KithError: ``pairing-expired``, ``pairing-too-many-tries``, ``pairing-not-confirmed``,
+            ``pairing-person-rotated`` (the person key was rotated while the pairing waited).
     """
     from node.transport.iroh import bind_node
 
@@ -95,18 +96,17 @@ async def offer_device(home: Path, identity: Identity, *, local: bool, on_code: 
             except KithError:
                 continue
             try:
-                link = await _serve_try(rec, secret_seed, identity, offer, stream, confirm, clock)
+                link = await _serve_try(home, rec, secret_seed, identity, offer, stream, confirm, clock)
             finally:
                 await stream.aclose()
             if link is not None:
-                save_person(home, rec)
                 return link
             closed = offer.state(clock())
             if closed is not None:
                 raise error_for(closed)
 
 
-async def _serve_try(rec: Any, secret_seed: bytes, identity: Identity, offer: PairingOffer, stream: Any,
+async def _serve_try(home: Path, rec: Any, secret_seed: bytes, identity: Identity, offer: PairingOffer, stream: Any,
                      confirm: Callable[[str, str, str], bool], clock: Callable[[], float]) -> dict[str, Any] | None:
     remote = stream.remote_id or ""
 
@@ -141,8 +141,19 @@ async def _serve_try(rec: Any, secret_seed: bytes, identity: Identity, offer: Pa
     if not ok:
         await refuse("pairing-not-confirmed")
         raise error_for("pairing-not-confirmed")
-    link = bind_device(rec, secret_seed, remote, name)
-    await stream.send(encode_frame({"action": "pair_bound", "person": rec.as_json()}))
+    # the record as it is now, not as it was when `device add` started: a rotation or another
+    # pairing meanwhile is kept (and a rotation refuses this one: its words were the old key's)
+    with person_lock(home):
+        now, seed = load_person(home), load_person_secret(home)
+        if now is None or seed is None or now.person_key != rec.person_key or seed != secret_seed:
+            await refuse("pairing-person-rotated")
+            raise error_for("pairing-person-rotated")
+        if now.binding_for(remote) is not None:
+            await refuse("pairing-device-known")
+            raise error_for("pairing-device-known")
+        link = bind_device(now, seed, remote, name)
+        save_person(home, now)
+    await stream.send(encode_frame({"action": "pair_bound", "person": now.as_json()}))
     await stream.send_eof()
     return link
 

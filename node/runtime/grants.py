@@ -154,7 +154,8 @@ def has_grant(registry: Any, key: str, revocations: Any = None) -> bool:
     A grant is a pinned, unblocked registry entry (``kith peers add``; ``remove``, ``block``
     and a passed ``until`` take it away — the host passes the registry of the pins in force,
     :func:`node.trust.peers.pins_in_force`), or a device a person pin (``--devices``) has seen
-    present a valid binding chain, unless a revocation list this host keeps names the device.
+    present a valid binding chain, unless the revocation list this host keeps of such a
+    person names the device (a list speaks only for its own person's devices).
 
     Args:
         registry: the host's :class:`node.trust.peers.PeerRegistry` as read for this
@@ -163,7 +164,9 @@ def has_grant(registry: Any, key: str, revocations: Any = None) -> bool:
     """
     if not key or registry.is_blocked(key):
         return False
-    if revocations is not None and revocations.revoked_by(key) is not None:
+    from node.trust.peers import persons_of_device
+
+    if revocations is not None and revocations.revokes(key, persons_of_device(registry, key)) is not None:
         return False
     if registry.by_key(key) is not None:
         return True

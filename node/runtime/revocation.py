@@ -105,58 +105,82 @@ class PeersWatcher:
         self._poll_revocations()
         return self._revocations
 
-    def apply_list(self, checked: RevocationList, *, via: str, registry: PeerRegistry | None = None
-                   ) -> dict[str, Any] | None:
+    def apply_list(self, checked: RevocationList, *, via: str, registry: PeerRegistry | None = None,
+                   lineage: list[str] | None = None) -> dict[str, Any] | None:
         """Take a verified revocation list (one a guest carried, ``via="handshake"``): kept
         when its person is pinned here with ``--devices`` (or is this home's own person) and
         it is newer than the one kept; then the newly revoked devices' live sessions end at
         once. An older list is ignored (the newer stays); a stranger's list is not kept.
 
+        Args:
+            lineage: the person keys the carrying chain descends from (newest first,
+                :meth:`node.trust.rotation.RotationLedger.lineage`): a list signed by a
+                rotated person key is kept when a pin is on any of them (specs/peers.md §11).
+
         Returns:
             the ``device-revoked`` event emitted, or None (not kept, or nothing new).
         """
         registry = registry or self._registry
-        if checked.person != self.own_person and person_pin(registry, checked.person) is None:
+        pin = next((p for p in map(lambda k: person_pin(registry, k), lineage or [checked.person]) if p), None)
+        if checked.person != self.own_person and pin is None:
             return None
         self._poll_revocations()  # an import meanwhile is not overwritten
         offered = self._revocations.offer(checked, via=via, now=rfc3339(self.sessions.clock.time()))
         self._rev_stamp = file_stamp(self.home / REVOCATIONS_FILE)  # our own write: no second pass
         if offered.outcome != "new":
             return None
-        return self._devices_revoked(checked.person, offered.newly_revoked, checked.seq, via, registry)
+        return self._devices_revoked(checked.person, offered.newly_revoked, checked.seq, via, registry, pin, lineage)
 
     async def watch_server(self, server_url: str, identity: Any, interval_s: float = SERVER_FETCH_S) -> None:
         """With ``kith host --server``: at start and every ``interval_s``, fetch the newest
-        revocation list of each person pinned with ``--devices`` from the community server
+        revocation list of each person pinned with ``--devices`` — of its pinned key and of
+        every key this host followed it rotating to — from the community server
         and take it like one carried in a handshake (``via="server"``; checked here, an older
         one ignored). A server that cannot be reached changes nothing. Runs until cancelled."""
         from node.community.client import CommunityClient
         from node.trust.revocation_list import check_list
 
+        from node.trust.rotation import RotationLedger
+
         while True:
-            persons = [r.public_key for r in self._registry.peers.values() if r.devices]
-            if persons:
+            pins = [r.public_key for r in self._registry.peers.values() if r.devices]
+            try:  # a pin on an earlier key: the keys it was rotated to publish the newer lists
+                lineages = [RotationLedger.load(self.home).forward(pin)[::-1] for pin in pins]
+            except ConfigError:
+                lineages = [[pin] for pin in pins]
+            if lineages:
                 try:
                     async with CommunityClient(server_url, identity) as client:
-                        for person in persons:
-                            doc = await client.get_revocation(person)
-                            if doc is None:
-                                continue
-                            try:
-                                checked = check_list(doc, person=person)
-                            except KithError:
-                                log.warning("the server sent a revocation list that does not verify")
-                                continue
-                            self.apply_list(checked, via="server")
+                        for lineage in lineages:
+                            for person in lineage:
+                                doc = await client.get_revocation(person)
+                                if doc is None:
+                                    continue
+                                try:
+                                    checked = check_list(doc, person=person)
+                                except KithError:
+                                    log.warning("the server sent a revocation list that does not verify")
+                                    continue
+                                self.apply_list(checked, via="server", lineage=lineage)
                 except KithError as exc:
                     log.info("could not fetch revocation lists: %s", exc.code)
             await anyio.sleep(interval_s)
 
     def _devices_revoked(self, person: str, devices: list[str], seq: int, via: str,
-                         registry: PeerRegistry) -> dict[str, Any]:
+                         registry: PeerRegistry, pin: Any = None, lineage: list[str] | None = None
+                         ) -> dict[str, Any]:
+        from node.trust.peers import persons_of_device
+
+        # a device a pin of this person saw is that person's, chain or not; any other session
+        # of the key ends only when its own verified chain names this person (a list speaks
+        # for its own person's devices only)
+        persons = {person, *(lineage or ()), *((pin.public_key,) if pin else ())}
         n = sum(self.sessions.end_sessions(key, "session-device-revoked", handshake_code="handshake-device-revoked",
-                                           message="this device was revoked by its person") for key in devices)
-        pin = person_pin(registry, person)
+                                           message="this device was revoked by its person",
+                                           of_persons=None if persons & set(persons_of_device(registry, key))
+                                           else persons)
+                for key in devices)
+        pin = pin or person_pin(registry, person)
         ev = {"event": "device-revoked", "person": person, "peer_name": pin.name if pin else None,
               "devices": list(devices), "seq": seq, "via": via, "code": "session-device-revoked",
               "sessions_ended": n}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 from node.common.errors import HandshakeError
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
@@ -457,7 +457,8 @@ class SessionTable:
 
     # ------------------------------------------------------------ revocation and the owner
     def end_sessions(self, peer: str, code: str = "session-revoked", *, handshake_code: str | None = None,
-                     admitted_as: str | None = None, message: str = "the host revoked this peer") -> int:
+                     admitted_as: str | None = None, message: str = "the host revoked this peer",
+                     of_persons: Collection[str] | None = None) -> int:
         """End every live session of ``peer`` now (specs/peers.md §5).
 
         A ready session is told ``_error code``; one still in its handshake gets
@@ -469,6 +470,10 @@ class SessionTable:
             admitted_as: end only the sessions admitted under this registry name (a
                 removed peer's sessions admitted anonymously after the change stay);
                 None = all of them (a block).
+            of_persons: end only the sessions whose verified chain names one of these
+                person keys (the chain's key or an earlier one) or that hold a person pin
+                on one of them: a revocation list revokes its own person's devices only.
+                None = all.
 
         Returns:
             How many sessions were ended.
@@ -478,6 +483,9 @@ class SessionTable:
             if peer not in (s.peer, s.via_person, (s.person or {}).get("key")) or not s.holds_slot or not s.alive():
                 continue
             if admitted_as is not None and s.name != admitted_as:
+                continue
+            if of_persons is not None and not {s.via_person, (s.person or {}).get("key"),
+                                               *(s.person or {}).get("earlier", ())} & set(of_persons):
                 continue
             sent = code if s.ready else (handshake_code or code)
             n += self.end(token, sent, message, cause="revoked")
@@ -631,9 +639,14 @@ class SessionTable:
         returns False (→ ``handshake-not-admitted``) for a key not in ``registry``. A key
         that a revocation list kept in ``revocations`` (a
         :class:`node.trust.revocation_list.RevocationStore`) names is refused first with
-        ``handshake-device-revoked`` (specs/peers.md §10), chain or not.
+        ``handshake-device-revoked`` (specs/peers.md §10), chain or not, when the list is
+        that of a person pin that has seen the key as its device
+        (:func:`node.trust.peers.persons_of_device`); any other device is judged by its
+        chain at ``_session_ready``.
         """
-        if revocations is not None and revocations.revoked_by(key) is not None:
+        from node.trust.peers import persons_of_device
+
+        if revocations is not None and revocations.revokes(key, persons_of_device(registry, key)) is not None:
             raise HandshakeError("handshake-device-revoked", "this device was revoked by its person")
         if registry.is_blocked(key):
             raise HandshakeError("handshake-peer-blocked", "this key is blocked")

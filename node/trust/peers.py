@@ -565,6 +565,14 @@ def person_pin(registry: PeerRegistry, person_key: str | None) -> PeerRecord | N
     return rec if rec is not None and rec.devices else None
 
 
+def persons_of_device(registry: PeerRegistry, device_key: str) -> list[str]:
+    """The person keys of the person pins (``--devices``) that have seen ``device_key``
+    present a valid binding chain (``seenDevices``): what a host knows that key belongs to
+    before it sends a chain — the persons whose revocation lists may revoke it at
+    ``_session_init`` (:meth:`node.trust.revocation_list.RevocationStore.revokes`)."""
+    return [rec.public_key for rec in registry.peers.values() if rec.devices and device_key in rec.seen_devices]
+
+
 def note_device(registry: PeerRegistry, rec: PeerRecord, device_key: str, device_name: str) -> bool:
     """Remember that device ``device_key`` (named ``device_name`` by its person) of person
     pin ``rec`` was seen, and save when that changes the record.

@@ -23,10 +23,11 @@ import hashlib
 import json
 import os
 import socket
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from node.common.errors import ConfigError, KithError, SigningError
 from node.common.home import atomic_write
@@ -234,6 +235,25 @@ def bind_device(rec: PersonRecord, person_secret: bytes, device_key: str, device
     return link
 
 
+PERSON_LOCK_FILE = "person.lock"
+
+
+@contextmanager
+def person_lock(home: Path) -> Iterator[None]:
+    """Hold ``<home>/person.lock`` (a blocking ``flock``, held for a read-modify-write of
+    ``person.json`` only, never across a wait for the owner): ``kith device add``'s bind,
+    ``kith device revoke``, ``kith person rotate`` and ``import`` take it, so none writes back
+    a record another changed meanwhile."""
+    import fcntl
+
+    fd = os.open(Path(home) / PERSON_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
 def save_person(home: Path, rec: PersonRecord) -> None:
     """Write ``person.json`` atomically (mode 0600)."""
     atomic_write(home / PERSON_FILE, (json.dumps(rec.as_json(), indent=2) + "\n").encode("utf-8"))
@@ -289,8 +309,32 @@ def own_revocation(home: Path) -> dict[str, Any] | None:
     return None if rec is None else RevocationStore.load(home).list_for(rec.person_key)
 
 
+#: The shortest key prefix ``kith device revoke`` takes for a device (hex characters).
+MIN_KEY_PREFIX = 8
+
+
+def device_keys_named(rec: PersonRecord, name: str) -> list[str]:
+    """The keys of this person's bound devices that ``name`` names: the devices called
+    ``name``, or — when none is, since names are not unique (the default is the host name)
+    — the one whose key is ``name`` or starts with it (:data:`MIN_KEY_PREFIX`+ lowercase
+    hex). Empty when none.
+
+    Raises:
+        ConfigError: ``device-not-found`` for a prefix of several keys.
+    """
+    keys = sorted({d["device_key"] for d in rec.devices if d["device_name"] == name})
+    if not keys and MIN_KEY_PREFIX <= len(name) <= 64 and all(c in "0123456789abcdef" for c in name):
+        keys = sorted({d["device_key"] for d in rec.devices if d["device_key"].startswith(name)})
+        if len(keys) > 1:
+            raise ConfigError("device-not-found", f"{name!r} is the start of several device keys",
+                              hint="give more of the key (`kith device list`)")
+    return keys
+
+
 def revoke_device(home: Path, device_name: str, *, device_key: str | None = None) -> tuple[dict[str, Any], list[str]]:
-    """Revoke this person's device named ``device_name`` (``kith device revoke NAME``): sign
+    """Revoke this person's device named ``device_name`` — its name, or, when no device has
+    that name, its key or a unique prefix of :data:`MIN_KEY_PREFIX`+ lowercase hex
+    (``kith device revoke NAME|KEY``; names are not unique): sign
     a new revocation list with the person key — every device revoked before, plus this one,
     under a ``seq`` one more than the last — and keep it in ``revocations.json`` (what this
     device carries in its next handshakes). Revoking one device never revokes the others.
@@ -304,6 +348,11 @@ def revoke_device(home: Path, device_name: str, *, device_key: str | None = None
             name), ``device-revoke-this`` (the device holding the person key).
         KithError: ``revocation-malformed`` when the list would name more than 48 devices.
     """
+    with person_lock(home):
+        return _revoke_device(home, device_name, device_key)
+
+
+def _revoke_device(home: Path, device_name: str, device_key: str | None) -> tuple[dict[str, Any], list[str]]:
     from node.trust.revocation_list import RevocationStore, check_list, make_list
 
     rec = load_person(home)
@@ -312,16 +361,18 @@ def revoke_device(home: Path, device_name: str, *, device_key: str | None = None
     secret = load_person_secret(home)
     if secret is None:
         raise ConfigError("device-no-person-key")
-    keys = sorted({d["device_key"] for d in rec.devices if d["device_name"] == device_name})
+    keys = device_keys_named(rec, device_name)
     if device_key is not None:
         keys = [k for k in keys if k == device_key]
     if not keys:
         raise ConfigError("device-not-found", f"this person has bound no device named {device_name[:64]!r}",
-                          hint="`kith device list` shows the names")
+                          hint="`kith device list` shows the names and keys")
     from node.trust.identity import load_identity
 
     if load_identity(home).public_key in keys:  # the device holding the person key
-        raise ConfigError("device-revoke-this")
+        raise ConfigError("device-revoke-this", hint=None if len(keys) == 1 else
+                          "another device shares this name: name it by its key (or 8+ of its first hex "
+                          "characters, `kith device list`)")
     store = RevocationStore.load(home)
     before = store.list_for(rec.person_key)
     revoked = list(before["revoked"]) if before else []
@@ -333,6 +384,6 @@ def revoke_device(home: Path, device_name: str, *, device_key: str | None = None
     return doc, new
 
 
-__all__ = ["PERSON_FILE", "PERSON_KEY_FILE", "PersonRecord", "bind_device", "default_device_name", "init_person",
-           "load_person", "load_person_secret", "own_chain", "own_revocation", "revoke_device", "person_from_json", "recovery_secret_of", "recovery_seed",
+__all__ = ["PERSON_FILE", "PERSON_KEY_FILE", "PersonRecord", "bind_device", "default_device_name", "device_keys_named", "init_person",
+           "load_person", "load_person_secret", "own_chain", "person_lock", "own_revocation", "revoke_device", "person_from_json", "recovery_secret_of", "recovery_seed",
            "recovery_words", "save_person"]

@@ -23,7 +23,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from node.common.errors import ConfigError, KithError, SigningError
 from node.common.home import atomic_write
@@ -157,7 +157,7 @@ class RevocationStore:
     def __init__(self, path: Path, persons: dict[str, dict[str, Any]]) -> None:
         self.path = path
         self.persons = persons
-        self._revoked = {k: p for p, rec in persons.items() for k in rec["revoked"]}
+        self._index()
 
     @classmethod
     def load(cls, home: Path) -> "RevocationStore":
@@ -191,9 +191,23 @@ class RevocationStore:
             raise ConfigError("config-invalid", f"{REVOCATIONS_FILE}: {detail}") from None
         return cls(path, persons)
 
-    def revoked_by(self, device_key: str) -> str | None:
-        """The person key whose list revoked ``device_key`` here, or None."""
-        return self._revoked.get(device_key)
+    def _index(self) -> None:
+        self._revoked: dict[str, set[str]] = {}
+        for person, rec in self.persons.items():
+            for key in rec["revoked"]:
+                self._revoked.setdefault(key, set()).add(person)
+
+    def revokes(self, device_key: str, persons: Iterable[str]) -> str | None:
+        """The person key among ``persons`` whose list kept here revoked ``device_key``, or
+        None. A list speaks only for its own person: a caller passes the person keys it
+        knows ``device_key`` belongs to (a verified chain's lineage, or the person pins
+        that have seen the device present one), never every list kept — a person pinned
+        here could otherwise sign a list naming someone else's device (specs/peers.md §10).
+        """
+        by = self._revoked.get(device_key)
+        if not by:
+            return None
+        return next((p for p in persons if p in by), None)
 
     def list_for(self, person: str) -> dict[str, Any] | None:
         """The newest list of ``person`` kept here (wire shape), or None."""
@@ -221,7 +235,7 @@ class RevocationStore:
         self.persons[checked.person] = {"list": checked.doc, "revoked": union, "receivedAt": now, "via": via}
         while len(self.persons) > MAX_PERSONS:
             self.persons.pop(next(iter(self.persons)))
-        self._revoked = {k: p for p, r in self.persons.items() for k in r["revoked"]}
+        self._index()
         self.save()
         return Offered("new", [k for k in checked.revoked if k not in before])
 
@@ -231,5 +245,23 @@ class RevocationStore:
         atomic_write(self.path, (json.dumps(data, indent=2) + "\n").encode("utf-8"))
 
 
+def revoked_seen_devices(home: Path, registry: Any) -> dict[str, set[str]]:
+    """The owner's view (``kith peers list``, the dashboard): per person pin name, the devices
+    it has seen that a revocation list kept in ``home`` revokes — a list of that pin's person
+    key, or of a key this home followed it rotating to (specs/peers.md §10, §11).
+
+    Args:
+        registry: a :class:`node.trust.peers.PeerRegistry`.
+    """
+    from node.trust.rotation import RotationLedger
+
+    pins = [rec for rec in registry.peers.values() if rec.devices and rec.seen_devices]
+    if not pins:
+        return {}
+    store, ledger = RevocationStore.load(home), RotationLedger.load(home)
+    return {rec.name: {k for k in rec.seen_devices if store.revokes(k, ledger.forward(rec.public_key))}
+            for rec in pins}
+
+
 __all__ = ["MAX_LIST_BYTES", "MAX_PERSONS", "MAX_REVOKED", "Offered", "REVOCATIONS_FILE", "RevocationList",
-           "RevocationStore", "check_list", "list_size", "make_list"]
+           "RevocationStore", "check_list", "list_size", "make_list", "revoked_seen_devices"]

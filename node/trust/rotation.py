@@ -40,6 +40,8 @@ from node.common.home import atomic_write
 from node.trust.binding import VIA_PERSON, VIA_RECOVERY, PersonIdentity, device_link, recovery_link, successor_link
 from node.trust.person import (
     PERSON_KEY_FILE,
+    device_keys_named,
+    person_lock,
     PersonRecord,
     load_person,
     load_person_secret,
@@ -115,7 +117,10 @@ def rotate_person(home: Path, *, words: str | None = None, without: tuple[str, .
         words: the 24 recovery words; given, the recovery key signs the rotation (for a
             home that does not hold the person key — its device was lost) and new recovery
             words are made. None: the person key on this device signs it.
-        without: device names not to re-bind (a lost or stolen device).
+        without: devices not to re-bind (a lost or stolen one), each by name or, when
+            names collide, by key or 8+ hex prefix. A device a
+            revocation list of this person (any earlier key's) names is never re-bound, and
+            the new key signs that list again (next ``seq``) so it keeps travelling.
 
     Returns:
         :class:`RotationResult`.
@@ -129,21 +134,38 @@ def rotate_person(home: Path, *, words: str | None = None, without: tuple[str, .
             no device, or would drop this one).
     """
     home = Path(home)
+    with person_lock(home):
+        return _rotate_person(home, words, without)
+
+
+def _rotate_person(home: Path, words: str | None, without: tuple[str, ...]) -> RotationResult:
     finish_pending_key(home)
     rec = load_person(home)
     if rec is None:
         raise ConfigError("home-not-initialized", "This home has no person key yet.")
     newest = {d["device_key"]: rec.binding_for(d["device_key"]) for d in rec.devices}
-    names = {link["device_name"] for link in newest.values() if link}
-    unknown = [n for n in without if n not in names]
-    if unknown:
-        raise ConfigError("device-not-found", f"this person has no device named {unknown[0][:64]!r}")
+    dropped_keys: set[str] = set()
+    for name in without:  # a name, or a key / 8+ hex prefix when names collide
+        keys = device_keys_named(rec, name)
+        if not keys:
+            raise ConfigError("device-not-found", f"this person has no device named {name[:64]!r}")
+        dropped_keys.update(keys)
     from node.trust.identity import load_identity
 
     me = load_identity(home).public_key
-    keep = [link for link in newest.values() if link and link["device_name"] not in without]
+    from node.trust.revocation_list import RevocationStore, check_list, make_list
+
+    store = RevocationStore.load(home)
+    own_lists = [doc for doc in (store.list_for(k) for k in (rec.person_key, *(ln["person_key"] for ln in rec.successors)))
+                 if doc is not None]
+    revoked = list(dict.fromkeys(k for doc in own_lists for k in doc["revoked"]))
+    # a revoked device is never re-bound: the new key must not vouch for a stolen device
+    keep = [link for link in newest.values()
+            if link and link["device_key"] not in dropped_keys and link["device_key"] not in revoked]
     if not keep or all(link["device_key"] != me for link in keep):
-        raise ConfigError("person-last-device", "a rotation must keep this device bound")
+        raise ConfigError("person-last-device", "a rotation must keep this device bound",
+                          hint="a device that shares this device's name is named by its key (8+ hex characters, "
+                               "`kith device list`)" if me in dropped_keys else None)
     created = now_rfc3339()
     new_secret = os.urandom(32)
     new_key = public_key_of(new_secret)
@@ -176,8 +198,13 @@ def rotate_person(home: Path, *, words: str | None = None, without: tuple[str, .
     atomic_write(home / PENDING_KEY_FILE, new_secret.hex().encode("ascii") + b"\n", mode=0o600)
     save_person(home, new)
     os.replace(home / PENDING_KEY_FILE, home / PERSON_KEY_FILE)
+    if revoked:  # the revocation keeps travelling: the new key signs the same list, next seq
+        doc = make_list(new_secret, revoked, max(d["seq"] for d in own_lists) + 1, created)
+        store.offer(check_list(doc), via="own", now=created)
     return RotationResult(rec.person_key, new_key, via, link, tuple(d["device_name"] for d in devices),
-                          tuple(sorted(names - {d["device_name"] for d in devices})), fresh_words)
+                          tuple(sorted(link["device_name"] for link in newest.values()
+                                       if link and link["device_key"] not in {d["device_key"] for d in devices})),
+                          fresh_words)
 
 
 def adopt_person(home: Path, raw: object) -> PersonRecord:
@@ -191,9 +218,14 @@ def adopt_person(home: Path, raw: object) -> PersonRecord:
             ``person-not-successor`` (it does not descend from this home's person key,
             or it is not newer); ``person-device-unbound`` (it does not bind this device).
     """
+    home = Path(home)
+    with person_lock(home):
+        return _adopt_person(home, raw)
+
+
+def _adopt_person(home: Path, raw: object) -> PersonRecord:
     from node.trust.identity import load_identity
 
-    home = Path(home)
     rec = load_person(home)
     if rec is None:
         raise ConfigError("home-not-initialized", "This home has no person key yet.")
@@ -317,13 +349,17 @@ class RotationLedger:
 
     def current(self, key: str) -> str:
         """The newest key ``key`` was rotated to at this host (``key`` itself if none)."""
-        seen = {key}
+        return self.forward(key)[-1]
+
+    def forward(self, key: str) -> list[str]:
+        """``key`` and every key it was rotated to at this host, oldest first (what a pin
+        on ``key`` names today and before)."""
+        out = [key]
         while True:
-            nxt = (self.entries.get(key) or {}).get("successor")
-            if not nxt or nxt in seen:
-                return key
-            seen.add(nxt)
-            key = nxt
+            nxt = (self.entries.get(out[-1]) or {}).get("successor")
+            if not nxt or nxt in out:
+                return out
+            out.append(nxt)
 
 
 def pinned_in_lineage(registry: Any, ledger: RotationLedger, pid: PersonIdentity) -> Any:

@@ -328,9 +328,13 @@ class _Pages:
             from node.policy.store import Policy
 
             policy = Policy.load(self.home)
+            from node.trust.revocation_list import revoked_seen_devices
+
             member_of = policy.groups_by_member()
+            revoked = revoked_seen_devices(self.home, registry)
             pinned = [{**registry.to_json(p), "fingerprint": fingerprint(p.public_key),
-                       "groups": sorted(member_of.get(p.name, {}).items())}
+                       "groups": sorted(member_of.get(p.name, {}).items()),
+                       "revokedDevices": sorted(revoked.get(p.name, ()))}
                       for _, p in sorted(registry.peers.items())]
             blocked = [registry.block_json(b) for _, b in sorted(registry.blocked.items())]
             groups = [{"name": g.name, "members": sorted(g.members.items())}

@@ -1,0 +1,64 @@
+"""`kith device revoke` when two devices of one person share a name (issue 22 item 3): the
+default device name is the machine's host name, so two homes on one machine — or a new
+device named like the first — are both called the same. The owner must still be able to
+revoke the other one: by its key (or a unique prefix of 8+ hex, as `kith device list` shows
+it), while the shared name alone refuses with a hint naming the way out. Real processes,
+real iroh on loopback (the pairing)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from test_device_pair import Offer, _join
+from test_main_job import kith
+
+pytestmark = [pytest.mark.iroh]
+
+
+def test_a_device_sharing_this_devices_name_is_revoked_by_its_key(tmp_path: Path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert kith(first, "init", "--device-name", "box").returncode == 0
+    offer = Offer(first)
+    joiner = _join(second, offer.code, name="box")
+    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
+    offer.answer("yes")
+    _out, err = joiner.communicate(timeout=30)
+    assert joiner.returncode == 0, err
+    assert offer.finish()[0] == 0
+    other = json.loads(kith(second, "status", "--json").stdout)["identity"]["key"]
+
+    r = kith(first, "device", "revoke", "box")
+    assert r.returncode == 1 and "error [device-revoke-this]" in r.stderr, r.stderr
+    assert "by its key" in r.stderr, r.stderr  # the hint says how to name the other one
+    r = kith(first, "device", "revoke", "0123abcd")  # a prefix of no bound key
+    assert r.returncode == 1 and "error [device-not-found]" in r.stderr, r.stderr
+    r = kith(first, "device", "revoke", other[:12], "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["newly_revoked"] == [other]
+    listed = json.loads(kith(first, "device", "list", "--json").stdout)["devices"]
+    assert sorted((d["key"] == other, d["revoked"]) for d in listed) == [(False, False), (True, True)]
+
+
+def test_a_rotation_leaves_out_a_device_sharing_this_devices_name_by_its_key(tmp_path: Path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert kith(first, "init", "--device-name", "box").returncode == 0
+    offer = Offer(first)
+    joiner = _join(second, offer.code, name="box")
+    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
+    offer.answer("yes")
+    _out, err = joiner.communicate(timeout=30)
+    assert joiner.returncode == 0, err
+    assert offer.finish()[0] == 0
+    other = json.loads(kith(second, "status", "--json").stdout)["identity"]["key"]
+
+    r = kith(first, "person", "rotate", "--without", "box")
+    assert r.returncode == 1 and "error [person-last-device]" in r.stderr and "by its key" in r.stderr, r.stderr
+    r = kith(first, "person", "rotate", "--without", other[:10], "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert (got["devices"], got["dropped"]) == (["box"], ["box"])
+    listed = json.loads(kith(first, "device", "list", "--json").stdout)["devices"]
+    assert [d["key"] == other for d in listed] == [False]
