@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from node.trust.identity import Identity
+
+# Several tests press Ctrl-C on a real `kith` process (SIGINT) and expect exit 130. A shell
+# without job control starts a background command with SIGINT ignored, and an ignored
+# signal stays ignored in every program it runs — the child would never see the Ctrl-C.
+# Handle it in this process (children start with the default action), whoever started us.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

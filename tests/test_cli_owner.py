@@ -509,6 +509,38 @@ def test_interrupt_inside_a_file_puts_its_row_back(tmp_path: Path, monkeypatch) 
         assert rep["updated"] == 1 and rep["indexed"] == 1
 
 
+def test_interrupt_after_the_last_file_is_still_a_sync_interrupted(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C while the sync removes what is gone or makes its last commit: the owner is
+    told the sync stopped (`stopped after N files`), not left with a silent exit 130, and
+    every file finished stays indexed and searchable."""
+    from node.corpus import ingest
+    from node.corpus.record import Record
+    from node.corpus.store import Corpus
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name in ("a.md", "b.md", "c.md"):
+        (docs / name).write_text(f"# {name}\n\ncontent of {name}\n")
+    with Corpus(tmp_path / "h") as c:
+        c.add_root(docs)
+        real = Record.commit_index
+
+        def commit_then_interrupt(self, *args, **kw):
+            monkeypatch.setattr(Record, "commit_index", real)  # once
+            real(self, *args, **kw)
+            raise KeyboardInterrupt  # as a signal does: after the call it landed in
+
+        monkeypatch.setattr(Record, "commit_index", commit_then_interrupt)
+        with pytest.raises(ingest.SyncInterrupted) as stop:
+            c.sync()
+        assert (stop.value.done, stop.value.total) == (3, 3)
+        st = c.status_report()
+        assert st["processing"] == 0 and st["done"] == 3
+        assert [h.source_id for h in c.search_hits("content of b.md", limit=1)] == ["/docs/b.md"]
+        rep = c.sync()  # nothing left to do
+        assert rep["indexed"] == 0 and rep["skipped"] == 3
+
+
 def test_watch_log_lines_name_the_file_with_a_timestamp() -> None:
     from node.cli.index_cmd import watch_lines
 

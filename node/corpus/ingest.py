@@ -351,6 +351,7 @@ class Writer:
             "archives": {"indexed": 0, "refused": 0},
         }
         self.pending_chunks = 0
+        self.files_done = 0  # files of this run finished (SyncInterrupted.done)
         self.dirty = False  # any index operation since the last tantivy commit
         #: when a list: each document written, failed or removed is noted in it (the
         #: watcher's log names the files it touched), at most MAX_NOTED entries
@@ -848,6 +849,7 @@ class Sync(Writer):
                     raise SyncInterrupted(i, total) from None
                 self._opened.clear()
                 done_bytes += size
+                self.files_done += 1
         except BaseException:
             self.abort_batch()
             raise
@@ -874,7 +876,23 @@ class Sync(Writer):
         self._opened.clear()
 
     def run(self) -> dict[str, Any]:
-        """Walk every root; see the module docstring."""
+        """Walk every root; see the module docstring.
+
+        Raises:
+            SyncInterrupted: Ctrl-C at any point of the run — while listing the roots,
+                between or inside files, or while removing what is gone and committing
+                at the end (what was done is kept and committed either way).
+        """
+        try:
+            return self._run()
+        except SyncInterrupted:
+            raise
+        except KeyboardInterrupt:  # outside the files: listing, removals, the last commit
+            self.abort_batch()
+            self.maybe_commit(force=True)
+            raise SyncInterrupted(self.files_done, self.report["files"]) from None
+
+    def _run(self) -> dict[str, Any]:
         started = time.monotonic()
         t_walk = time.perf_counter()
         plan: list[tuple[Root, str, Path, int]] = []
