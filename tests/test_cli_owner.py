@@ -514,7 +514,6 @@ def test_interrupt_after_the_last_file_is_still_a_sync_interrupted(tmp_path: Pat
     told the sync stopped (`stopped after N files`), not left with a silent exit 130, and
     every file finished stays indexed and searchable."""
     from node.corpus import ingest
-    from node.corpus.record import Record
     from node.corpus.store import Corpus
 
     docs = tmp_path / "docs"
@@ -523,20 +522,21 @@ def test_interrupt_after_the_last_file_is_still_a_sync_interrupted(tmp_path: Pat
         (docs / name).write_text(f"# {name}\n\ncontent of {name}\n")
     with Corpus(tmp_path / "h") as c:
         c.add_root(docs)
-        real = Record.commit_index
+        real = ingest.Sync.maybe_commit
 
-        def commit_then_interrupt(self, *args, **kw):
-            monkeypatch.setattr(Record, "commit_index", real)  # once
-            real(self, *args, **kw)
-            raise KeyboardInterrupt  # as a signal does: after the call it landed in
+        def commit_then_interrupt(self, force: bool = False) -> None:
+            real(self, force)
+            if force:  # the run's last commit, after every file
+                monkeypatch.setattr(ingest.Sync, "maybe_commit", real)
+                raise KeyboardInterrupt  # as a signal does: after the call it landed in
 
-        monkeypatch.setattr(Record, "commit_index", commit_then_interrupt)
+        monkeypatch.setattr(ingest.Sync, "maybe_commit", commit_then_interrupt)
         with pytest.raises(ingest.SyncInterrupted) as stop:
             c.sync()
         assert (stop.value.done, stop.value.total) == (3, 3)
         st = c.status_report()
         assert st["processing"] == 0 and st["done"] == 3
-        assert [h.source_id for h in c.search_hits("content of b.md", limit=1)] == ["/docs/b.md"]
+        assert [h.source_id for h in c.search_hits("content of b.md", limit=1)[0]] == ["/docs/b.md"]
         rep = c.sync()  # nothing left to do
         assert rep["indexed"] == 0 and rep["skipped"] == 3
 
