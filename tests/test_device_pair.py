@@ -77,6 +77,20 @@ def _join(home: Path, code: str, name: str = "laptop") -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
+def pair_device(holder: Path, new_home: Path, name: str = "laptop") -> str:
+    """Pair ``new_home`` as a device of the person whose key ``holder`` keeps, through real
+    `kith device add` / `kith device join` processes (words confirmed); returns the new
+    device's key."""
+    offer = Offer(holder)
+    joiner = _join(new_home, offer.code, name=name)
+    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
+    offer.answer("yes")
+    _out, err = joiner.communicate(timeout=30)
+    assert joiner.returncode == 0, err
+    assert offer.finish()[0] == 0
+    return json.loads(kith(new_home, "status", "--json").stdout)["identity"]["key"]
+
+
 @pytest.mark.iroh
 def test_two_devices_pair_and_a_host_sees_one_person(tmp_path: Path):
     desk, laptop = tmp_path / "desk", tmp_path / "laptop"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from test_device_pair import Offer, _join
+from test_device_pair import pair_device
 from test_main_job import kith
 
 pytestmark = [pytest.mark.iroh]
@@ -21,14 +21,7 @@ pytestmark = [pytest.mark.iroh]
 def test_a_device_sharing_this_devices_name_is_revoked_by_its_key(tmp_path: Path):
     first, second = tmp_path / "first", tmp_path / "second"
     assert kith(first, "init", "--device-name", "box").returncode == 0
-    offer = Offer(first)
-    joiner = _join(second, offer.code, name="box")
-    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
-    offer.answer("yes")
-    _out, err = joiner.communicate(timeout=30)
-    assert joiner.returncode == 0, err
-    assert offer.finish()[0] == 0
-    other = json.loads(kith(second, "status", "--json").stdout)["identity"]["key"]
+    other = pair_device(first, second, name="box")
 
     r = kith(first, "device", "revoke", "box")
     assert r.returncode == 1 and "error [device-revoke-this]" in r.stderr, r.stderr
@@ -45,14 +38,7 @@ def test_a_device_sharing_this_devices_name_is_revoked_by_its_key(tmp_path: Path
 def test_a_rotation_leaves_out_a_device_sharing_this_devices_name_by_its_key(tmp_path: Path):
     first, second = tmp_path / "first", tmp_path / "second"
     assert kith(first, "init", "--device-name", "box").returncode == 0
-    offer = Offer(first)
-    joiner = _join(second, offer.code, name="box")
-    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
-    offer.answer("yes")
-    _out, err = joiner.communicate(timeout=30)
-    assert joiner.returncode == 0, err
-    assert offer.finish()[0] == 0
-    other = json.loads(kith(second, "status", "--json").stdout)["identity"]["key"]
+    other = pair_device(first, second, name="box")
 
     r = kith(first, "person", "rotate", "--without", "box")
     assert r.returncode == 1 and "error [person-last-device]" in r.stderr and "by its key" in r.stderr, r.stderr

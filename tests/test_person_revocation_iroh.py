@@ -18,7 +18,7 @@ import pytest
 
 from node.trust.revocation_list import make_list
 
-from test_device_pair import Offer, _join
+from test_device_pair import pair_device
 from test_main_job import FIXTURE, KITH, Host, kith, prepare_host
 from test_transport_session import _readline
 
@@ -41,14 +41,7 @@ def _sources(stdout: str) -> set[str]:
 def test_two_homes_of_one_person_are_one_peer_and_revoking_one_ends_it_while_the_other_works(tmp_path: Path):
     desk, laptop = tmp_path / "desk", tmp_path / "laptop"
     made = json.loads(kith(desk, "init", "--json", "--device-name", "desk").stdout)
-    offer = Offer(desk)
-    joiner = _join(laptop, offer.code)
-    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
-    offer.answer("yes")
-    _out, err = joiner.communicate(timeout=30)
-    assert joiner.returncode == 0, err
-    assert offer.finish()[0] == 0
-    laptop_key = json.loads(kith(laptop, "status", "--json").stdout)["identity"]["key"]
+    laptop_key = pair_device(desk, laptop)
 
     home = prepare_host(tmp_path, FIXTURE, ("/corpus/*.md", "public"))
     r = kith(home, "peers", "add", "alice", made["person_key"], "--devices", "--json")

@@ -16,7 +16,7 @@ import pytest
 
 from node.trust.revocation_list import RevocationStore
 
-from test_device_pair import Offer, _join
+from test_device_pair import pair_device
 from test_main_job import FIXTURE, Host, kith, prepare_host
 
 pytestmark = [pytest.mark.iroh, pytest.mark.slow]
@@ -25,14 +25,7 @@ pytestmark = [pytest.mark.iroh, pytest.mark.slow]
 def test_a_rotation_leaves_a_revoked_device_out_and_its_revocation_keeps_travelling(tmp_path: Path):
     desk, laptop = tmp_path / "desk", tmp_path / "laptop"
     made = json.loads(kith(desk, "init", "--json", "--device-name", "desk").stdout)
-    offer = Offer(desk)
-    joiner = _join(laptop, offer.code)
-    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
-    offer.answer("yes")
-    _out, err = joiner.communicate(timeout=30)
-    assert joiner.returncode == 0, err
-    assert offer.finish()[0] == 0
-    laptop_key = json.loads(kith(laptop, "status", "--json").stdout)["identity"]["key"]
+    laptop_key = pair_device(desk, laptop)
 
     r = kith(desk, "device", "revoke", "laptop", "--json")
     assert r.returncode == 0, r.stderr
