@@ -376,7 +376,14 @@ class Host:
                                         self.knowledge.evidence, lambda: rfc3339(self.clock.time()),
                                         enabled=opts.sign_citations)
         self._closers: list[Callable[[], None]] = [self.knowledge.close]
-        PeerRegistry.load(self.home)  # a broken registry fails here, before binding
+        registry = PeerRegistry.load(self.home)  # a broken registry fails here, before binding
+        if opts.presence == "granted":
+            from node.runtime.grants import unseen_person_pins
+
+            for name in unseen_person_pins(registry):
+                self.warn(f"presence granted: no device of person pin {name!r} has joined yet, so each of its "
+                          "devices is refused as an unknown post until one joins once under --presence open "
+                          "(or is pinned by its own key)")
         self.own_profile = load_own_profile(self.home)
         self.ui_bundle = None
         if opts.share_ui:
