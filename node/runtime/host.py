@@ -526,10 +526,13 @@ class Host:
 
     def _warn_private(self, inv: Invitation) -> None:
         """A public post (community server) whose ticket carries private, link-local,
-        loopback or CGNAT addresses: tell the owner, once (specs/transport.md §5)."""
+        loopback or CGNAT addresses: tell the owner, once (specs/transport.md §5). Not in
+        offline mode (``--offline``): its ticket can only carry loopback addresses, which
+        describe no network, and ``--relay-only`` is no way out there."""
         from node.transport.hygiene import private_addresses, ticket_addresses
 
-        if getattr(self, "_warned_private", False):
+        mode = self.opts.transport
+        if getattr(self, "_warned_private", False) or (mode.offline if mode is not None else self.opts.local):
             return
         try:
             _relay, direct = ticket_addresses(inv.transport_info.ticket)
