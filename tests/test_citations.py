@@ -296,13 +296,15 @@ def test_results_beyond_the_limits_are_not_judged_and_the_answer_is_not_verified
     assert [r.result for r in rows] == ["genuine", "malformed"] and C.report(rows)["ok"] is False
 
 
-def test_against_host_says_how_to_pin_a_host_whose_invitation_is_not_kept(tmp_path):
+@pytest.mark.parametrize("offline", ["--offline", "--local"])
+def test_against_host_says_how_to_pin_a_host_whose_invitation_is_not_kept(tmp_path, offline):
     """A host pinned by its key alone cannot be joined to ask: the row says so and how
-    to pin it with its invitation (a new user pins with `kith peers add NAME KEY`)."""
+    to pin it with its invitation (a new user pins with `kith peers add NAME KEY`).
+    Offline mode is spelt ``--offline`` as on every other command (``--local`` still works)."""
     home = _pinned_checker(tmp_path)  # pinned by key, no invitation
     answer = tmp_path / "a.json"
     answer.write_text(json.dumps({"peer": {"key": signing.public_key_of(SEED)}, "results": [_signed()]}))
-    code, report = _verify(home, answer, "--against-host", "--local")
+    code, report = _verify(home, answer, "--against-host", offline)
     assert code == 1 and [r["result"] for r in report["rows"]] == ["unchecked"]
     assert "--invite" in report["rows"][0]["detail"] and "kith join --pin" in report["rows"][0]["detail"]
 

@@ -206,3 +206,37 @@ def test_device_add_and_join_follow_the_homes_transport_table(tmp_path: Path):
     finally:
         offer.proc.kill()
         offer.proc.wait(timeout=30)
+
+
+@pytest.mark.iroh
+def test_a_new_device_killed_before_its_binding_arrived_pairs_again_with_a_new_code(tmp_path: Path):
+    """The new device is SIGKILLed after presenting the code; the owner confirms and binds
+    it, but the binding never reaches it (its home has no person). Re-running `kith device
+    join` with a new code gives it that same binding (nothing new is signed), where it was
+    refused pairing-device-known and the home could never join its person."""
+    desk, laptop = tmp_path / "desk", tmp_path / "laptop"
+    made = json.loads(kith(desk, "init", "--json", "--device-name", "desk").stdout)
+    offer = Offer(desk)
+    joiner = _join(laptop, offer.code)
+    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
+    joiner.kill()
+    joiner.wait(timeout=30)
+    offer.answer("yes")
+    rc, _out, err = offer.finish()
+    assert rc == 0, err
+    assert not (laptop / "person.json").exists()  # the binding never arrived
+    first = json.loads(kith(desk, "device", "list", "--json").stdout)["devices"]
+
+    offer = Offer(desk)
+    joiner = _join(laptop, offer.code)
+    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
+    offer.answer("yes")
+    out, err = joiner.communicate(timeout=30)
+    assert joiner.returncode == 0, err
+    rc, _out, err_offer = offer.finish()
+    assert rc == 0, err_offer
+    assert json.loads(out.splitlines()[-1])["person_key"] == made["person_key"]
+    for home in (desk, laptop):
+        listed = json.loads(kith(home, "device", "list", "--json").stdout)
+        assert [d["name"] for d in listed["devices"]] == ["desk", "laptop"]
+    assert json.loads(kith(desk, "device", "list", "--json").stdout)["devices"] == first  # nothing new signed

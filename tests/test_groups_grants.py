@@ -376,3 +376,37 @@ def test_a_peers_only_host_refuses_a_pin_that_ended(tmp_path):
     assert ended.outcome.code == "handshake-not-admitted" and not ended.results
     assert still.results[0]["status"] == "ok"
     assert not host.of("grant-expired")  # it ended before the host started: nothing to end
+
+
+def test_a_grant_that_ended_reads_ended_everywhere_the_owner_looks(kith, tmp_path):
+    """A pin, a membership and an override whose end passed (the host is told, the files
+    keep them) read ``ended <end>`` in `kith peers list`, `kith policy list` and the
+    dashboard's Peers and Policy pages, as in `kith status` and `kith peers group list`;
+    one still in force reads its end alone (``until``)."""
+    from node.local.dashboard.app import run_dashboard_in_thread
+
+    from test_dashboard import _logged_in
+
+    home = initialized(tmp_path)
+    assert kith(home, "peers", "add", "alice", "ab" * 32, "--until", "2030-01-01").exit_code == 0
+    assert kith(home, "peers", "add", "bob", "cd" * 32).exit_code == 0
+    assert kith(home, "peers", "group", "add", "team", "alice", "--until", "2030-01-01").exit_code == 0
+    assert kith(home, "peers", "group", "add", "team", "bob", "--until", "2031-01-01").exit_code == 0
+    assert kith(home, "policy", "set", "/docs/**", "public", "--for", "@team", "--until", "2030-01-01").exit_code == 0
+    for name in ("peers.json", "policy.toml"):  # those ends pass (bob's membership stays)
+        (home / name).write_text((home / name).read_text().replace("2030-01-01", "2020-01-01"))
+    past = "2020-01-01T00:00:00Z"
+    peers_text = kith(home, "peers", "list").stdout
+    alice = next(line for line in peers_text.splitlines() if line.strip().startswith("alice"))
+    bob = next(line for line in peers_text.splitlines() if line.strip().startswith("bob"))
+    assert f"@team (ended {past})" in alice and f"ended {past}" in alice.split(f"@team (ended {past})")[1]
+    assert "@team (until 2031-01-01T00:00:00Z)" in bob
+    assert f"ended {past}" in kith(home, "policy", "list").stdout
+    with run_dashboard_in_thread(home) as (base, login):
+        client = _logged_in(base, login)
+        peers, policy = client.get("/peers").text, client.get("/policy").text
+    row = peers.split('data-name="alice"', 1)[1].split("</tr>", 1)[0]
+    assert row.count(f"ended {past}") == 2 and "until 2020" not in row
+    groups = peers.split('data-group="team"', 1)[1].split("</tr>", 1)[0]
+    assert f"ended {past}" in groups and "until 2031-01-01T00:00:00Z" in groups
+    assert f"ended {past}" in policy

@@ -493,3 +493,18 @@ def test_a_server_bound_to_another_loopback_address_answers_its_own_name(tmp_pat
         assert r.status_code == 403 and r.json()["error"]["code"] == "api-bad-host"
     finally:
         ctx.__exit__(None, None, None)
+
+
+def test_api_serve_help_names_every_route_it_serves(tmp_path) -> None:
+    """``kith api serve --help`` names each route the API answers (POST /verify included),
+    so an agent's author learns them from the CLI."""
+    import subprocess
+
+    from node.local.api import create_app
+
+    from test_transport_session import ENV, KITH
+
+    paths = {r.path for r in create_app(tmp_path).app.routes}
+    out = subprocess.run([*KITH, "api", "serve", "--help"], capture_output=True, text=True, env=ENV,
+                         timeout=60).stdout
+    assert paths and all(p in out for p in paths), (paths, out)

@@ -3,6 +3,7 @@ a public post's ticket should not carry, and that a host says so."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -33,15 +34,20 @@ def test_private_link_local_loopback_and_cgnat_addresses_are_flagged():
 @pytest.mark.iroh
 def test_a_host_publishing_to_a_server_warns_about_private_addresses_in_its_ticket(tmp_path):
     """The offline host's ticket carries 127.0.0.1; published to a community server (a
-    public post) the owner is warned once. The server is real, on loopback."""
+    public post) the owner of an offline host (the README's quick start) is not warned —
+    loopback describes no network and ``--relay-only`` is no way out there — while a host
+    in any other mode publishing that same ticket is warned once. The server is real, on
+    loopback."""
     from node.community.ratelimit import RateLimit, RateLimits
     from node.community.server import run_server_in_thread
 
     limits = RateLimits(per_key=RateLimit(0, 1), per_address=RateLimit(0, 1))
     warnings: list[str] = []
+    hosts: list[InProcessHost] = []
 
     async def scenario(url: str) -> None:
         host = InProcessHost(_home(tmp_path, "host"), tmp_path, server_url=url, invite_file=None)
+        hosts.append(host)
 
         async def run() -> None:
             from node.runtime.host import Host
@@ -63,6 +69,16 @@ def test_a_host_publishing_to_a_server_warns_about_private_addresses_in_its_tick
 
     with run_server_in_thread(tmp_path / "srv" / "community.sqlite3", rate_limits=limits) as url:
         anyio.run(scenario, url, backend="asyncio")
+    assert not [w for w in warnings if "private or link-local address" in w]
+    # the same ticket published by a host in another mode (relays off, all interfaces)
+    from node.transport.modes import TransportMode
+    from node.trust.invitation import parse_invitation
+
+    host = hosts[0]
+    published = parse_invitation(json.dumps(host.invitation).encode())
+    host.host.opts.transport = TransportMode(relays=())
+    for _ in range(2):
+        host.host._warn_private(published)
     flagged = [w for w in warnings if "private or link-local address" in w]
     assert len(flagged) == 1 and "127.0.0.1:" in flagged[0] and "--relay-only" in flagged[0]
 

@@ -24,8 +24,8 @@ def serve_cmd(
     access_log: bool = typer.Option(False, "--access-log", help="Log each request on stderr."),
     offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help="iroh local mode for `peers` searches (relay disabled, loopback)."),
 ) -> None:
-    """Serve GET /health, /stats, /contract, /openapi.json and POST /search over this home's
-    corpus until Ctrl-C/SIGTERM. Every other method answers 403 and changes nothing; only a
+    """Serve GET /health, /stats, /contract, /openapi.json, POST /search (this home's corpus
+    or pinned peers) and POST /verify (a saved answer's citations) until Ctrl-C/SIGTERM. Every other method answers 403 and changes nothing; only a
     loopback Host/Origin with this port is answered. A lagging index is repaired at start
     when no other process is writing it (else a warning)."""
     from node.local.api import is_loopback, serve

@@ -259,7 +259,9 @@ def host_cmd(
                 err_console.print(f"post {ev['post_id']} expired"
                                   + ("; republishing" if server else "; no new guest can join (restart kith host)"))
             elif ev["event"] == "session-refused":
-                err_console.print(f"refused a session from {(ev.get('peer') or '?')[:16]}…: {ev['code']}")
+                why = " (it holds no grant: --presence granted)" if ev.get("reason") == "no-grant" else ""
+                err_console.print(f"refused a session from {(ev.get('peer') or '?')[:16]}…: {ev['code']}{why}",
+                                  highlight=False, markup=False)
             elif ev["event"] == "index-updated":
                 from node.cli.index_cmd import _stamp
 

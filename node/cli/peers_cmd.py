@@ -277,7 +277,11 @@ def _groups_by_member(home) -> dict:
 
 
 def _groups_text(groups: dict) -> str:
-    return ", ".join(f"@{g}" + (f" (until {u})" if u else "") for g, u in sorted(groups.items())) or "-"
+    """``@team (until <end>)``, or ``(ended <end>)`` once the membership ended."""
+    from node.policy.grants import in_force
+
+    return ", ".join(f"@{g}" + (f" ({'until' if in_force(u) else 'ended'} {u})" if u else "")
+                     for g, u in sorted(groups.items())) or "-"
 
 
 @peers_app.command("until")

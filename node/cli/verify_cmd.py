@@ -15,7 +15,7 @@ def verify_cmd(
     answer: Path = typer.Argument(..., metavar="ANSWER.json", help="A saved answer: `kith join --json` lines, `kith ask --json`, or an MCP or API answer."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object: {ok, counts, rows}."),
     against_host: bool = typer.Option(False, "--against-host", help="Also ask each pinned host whether the cited document versions are still current (stale vs forged)."),
-    local: bool = typer.Option(False, "--local", envvar="KITH_OFFLINE", help="With --against-host: iroh local mode (relay disabled, loopback)."),
+    local: bool = typer.Option(False, "--offline", "--local", envvar="KITH_OFFLINE", help="With --against-host: offline, loopback only, relays off (--local: the old spelling, deprecated)."),
 ) -> None:
     """Check the signed citations of a saved answer: signature, exact text, span, and
     whether the signing key is a pinned peer. Exits 0 only when every result verifies."""

@@ -74,7 +74,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "pairing-used": ("identity", "The device pairing code was already used."),
     "pairing-not-confirmed": ("identity", "The owner did not confirm the pairing words; nothing was bound."),
     "pairing-bad-name": ("identity", "The new device's name is not 1 to 64 printable characters."),
-    "pairing-device-known": ("identity", "That device is already bound to this person (or is this device)."),
+    "pairing-device-known": ("identity", "That device is this device, or one its person revoked."),
     "pairing-person-rotated": ("identity", "The person key was rotated while this pairing waited; nothing was bound. Run `kith device add` again."),
     "pairing-failed": ("identity", "Device pairing failed: the other device answered nothing usable."),
     "person-recovery-wrong": ("config", "These recovery words are not this person's recovery secret."),

@@ -106,6 +106,14 @@ async def offer_device(home: Path, identity: Identity, *, local: bool, on_code: 
                 raise error_for(closed)
 
 
+def _revoked_own(home: Path, device_key: str) -> bool:
+    """Has this home's person revoked ``device_key`` (its own revocation list)?"""
+    from node.trust.person import own_revocation
+
+    kept = own_revocation(home)
+    return kept is not None and device_key in kept.get("revoked", ())
+
+
 async def _serve_try(home: Path, rec: Any, secret_seed: bytes, identity: Identity, offer: PairingOffer, stream: Any,
                      confirm: Callable[[str, str, str], bool], clock: Callable[[], float]) -> dict[str, Any] | None:
     remote = stream.remote_id or ""
@@ -132,7 +140,7 @@ async def _serve_try(home: Path, rec: Any, secret_seed: bytes, identity: Identit
     except KithError:
         await refuse("pairing-bad-name")
         return None
-    if remote == identity.public_key or rec.binding_for(remote) is not None:
+    if remote == identity.public_key or _revoked_own(home, remote):
         await refuse("pairing-device-known")
         return None
     words = pairing_code(identity.public_key, remote)
@@ -148,11 +156,15 @@ async def _serve_try(home: Path, rec: Any, secret_seed: bytes, identity: Identit
         if now is None or seed is None or now.person_key != rec.person_key or seed != secret_seed:
             await refuse("pairing-person-rotated")
             raise error_for("pairing-person-rotated")
-        if now.binding_for(remote) is not None:
+        if _revoked_own(home, remote):
             await refuse("pairing-device-known")
             raise error_for("pairing-device-known")
-        link = bind_device(now, seed, remote, name)
-        save_person(home, now)
+        # a device bound already (its first pairing's answer never reached it: killed, cut off)
+        # gets its binding again, once the owner confirmed the words; nothing new is signed
+        link = now.binding_for(remote)
+        if link is None:
+            link = bind_device(now, seed, remote, name)
+            save_person(home, now)
     await stream.send(encode_frame({"action": "pair_bound", "person": now.as_json()}))
     await stream.send_eof()
     return link

@@ -174,6 +174,15 @@ def has_grant(registry: Any, key: str, revocations: Any = None) -> bool:
                for rec in registry.peers.values())
 
 
+def unseen_person_pins(registry: Any) -> list[str]:
+    """Names of the person pins (``--devices``) of which this host has seen no device yet,
+    unblocked: under ``presence = granted`` every device of such a person gets the
+    unknown-post refusal (:func:`has_grant`) until one connects under ``open`` presence or
+    is pinned by its own key. ``kith host --presence granted`` warns about each at start."""
+    return sorted(rec.name for rec in registry.peers.values()
+                  if rec.devices and not rec.seen_devices and not registry.is_blocked(rec.public_key))
+
+
 def refusal_code(presence: str, code: str, *, granted: bool) -> str:
     """The code a peer is sent for a refusal ``code``: under ``granted`` presence, a peer
     without a grant, or any code of :data:`NO_GRANT_CODES`, gets :data:`UNIFORM_REFUSAL`;
@@ -203,4 +212,4 @@ def presence_from(value: str | None, home: Path | None) -> str:
     return value or configured or "open"
 
 __all__ = ["GRANT_POLL_S", "GrantWatcher", "NO_GRANT_CODES", "PRESENCE_VALUES", "UNIFORM_REFUSAL",
-           "grants_with_ends", "has_grant", "presence_from", "refusal_code"]
+           "grants_with_ends", "has_grant", "presence_from", "refusal_code", "unseen_person_pins"]

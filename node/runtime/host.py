@@ -376,7 +376,14 @@ class Host:
                                         self.knowledge.evidence, lambda: rfc3339(self.clock.time()),
                                         enabled=opts.sign_citations)
         self._closers: list[Callable[[], None]] = [self.knowledge.close]
-        PeerRegistry.load(self.home)  # a broken registry fails here, before binding
+        registry = PeerRegistry.load(self.home)  # a broken registry fails here, before binding
+        if opts.presence == "granted":
+            from node.runtime.grants import unseen_person_pins
+
+            for name in unseen_person_pins(registry):
+                self.warn(f"presence granted: no device of person pin {name!r} has joined yet, so each of its "
+                          "devices is refused as an unknown post until one joins once under --presence open "
+                          "(or is pinned by its own key)")
         self.own_profile = load_own_profile(self.home)
         self.ui_bundle = None
         if opts.share_ui:
@@ -519,10 +526,13 @@ class Host:
 
     def _warn_private(self, inv: Invitation) -> None:
         """A public post (community server) whose ticket carries private, link-local,
-        loopback or CGNAT addresses: tell the owner, once (specs/transport.md §5)."""
+        loopback or CGNAT addresses: tell the owner, once (specs/transport.md §5). Not in
+        offline mode (``--offline``): its ticket can only carry loopback addresses, which
+        describe no network, and ``--relay-only`` is no way out there."""
         from node.transport.hygiene import private_addresses, ticket_addresses
 
-        if getattr(self, "_warned_private", False):
+        mode = self.opts.transport
+        if getattr(self, "_warned_private", False) or (mode.offline if mode is not None else self.opts.local):
             return
         try:
             _relay, direct = ticket_addresses(inv.transport_info.ticket)
