@@ -55,6 +55,14 @@ POLICY_FILE = "policy.toml"
 #: All tiers, least restrictive first (the index is the restrictiveness rank).
 TIERS: tuple[str, ...] = ("public", "peers", "ask", "private", "never")
 _RANK = {tier: i for i, tier in enumerate(TIERS)}
+
+
+def _winner(candidates: Iterable[tuple[int, int, "Rule"]]) -> "Rule | None":
+    """The rule that decides among ``(kind, index, rule)`` candidates that all match
+    (:meth:`Policy.match`'s order: highest specificity, then an override (kind 0) before a
+    rule, then the most restrictive tier, then the earliest), or None when there are none."""
+    best = min(candidates, key=lambda c: (-c[2].specificity, c[0], -_RANK[c[2].tier], c[1]), default=None)
+    return None if best is None else best[2]
 DEFAULT_TIER = "private"
 
 #: Bounds on what a policy may contain (DESIGN §14).
@@ -772,15 +780,7 @@ class Policy:
         most restrictive tier (so among equal overrides naming the peer directly and
         through groups, deny beats allow), then the earliest in the file.
         """
-        best: tuple[int, int, int, int] | None = None
-        winner: Rule | None = None
-        for kind, i, rule in self._candidates(peer_name):
-            if not rule.matcher.match(canonical):
-                continue
-            key = (-rule.specificity, kind, -_RANK[rule.tier], i)
-            if best is None or key < best:
-                best, winner = key, rule
-        return winner
+        return _winner(c for c in self._candidates(peer_name) if c[2].matcher.match(canonical))
 
     def _candidates(self, peer_name: str | None) -> list[tuple[int, int, Rule]]:
         """``(kind, index, rule)`` of every rule that may decide for ``peer_name`` (kind 1
@@ -806,17 +806,14 @@ class Policy:
             override); None when some candidate rule's glob matches some names of the
             folder and not others (:meth:`node.corpus.globs.GlobMatcher.covers_files_of`).
         """
-        best: tuple[int, int, int, int] | None = None
-        winner: Rule | None = None
-        for kind, i, rule in self._candidates(peer_name):
-            covers = rule.matcher.covers_files_of(folder)
+        covering = []
+        for candidate in self._candidates(peer_name):
+            covers = candidate[2].matcher.covers_files_of(folder)
             if covers is None:
                 return None
             if covers:
-                key = (-rule.specificity, kind, -_RANK[rule.tier], i)
-                if best is None or key < best:
-                    best, winner = key, rule
-        d = self._decision("", winner, peer_name)  # the same tier, allowed, matched, override
+                covering.append(candidate)
+        d = self._decision("", _winner(covering), peer_name)  # the same tier, allowed, matched, override
 
         def decision(canonical: str) -> Decision:
             return Decision(canonical, d.tier, d.allowed, d.matched, d.override)
