@@ -34,8 +34,7 @@ def device_list_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--
     person = load_person(home)
     if person is None:
         raise ConfigError("home-not-initialized", "This home has no person key yet.", hint=init_hint(home))
-    revoked = RevocationStore.load(home)
-    mine = [person.person_key, *(link["person_key"] for link in person.successors)]  # its lists before rotations too
+    revoked, mine = RevocationStore.load(home), person.all_keys()  # its lists before rotations too
     rows = [{"name": d["device_name"], "key": d["device_key"], "seq": d["seq"], "created": d["created"],
              "this": d["device_key"] == ident.public_key,
              "revoked": revoked.revokes(d["device_key"], mine) is not None} for d in person.devices]

@@ -86,6 +86,11 @@ class PersonRecord:
         link = self.binding_for(device_key)
         return None if link is None else [*self.carried_successors(), link]
 
+    def all_keys(self) -> list[str]:
+        """This person's key, then every earlier key it was rotated from (oldest first): the
+        keys whose revocation lists speak for this person's devices."""
+        return [self.person_key, *(link["person_key"] for link in self.successors)]
+
     def carried_successors(self) -> list[dict[str, Any]]:
         """The rotation links a binding chain carries: the newest ``MAX_CHAIN_LINKS - 1``."""
         return self.successors[-(MAX_CHAIN_LINKS - 1):] if self.successors else []

@@ -156,8 +156,7 @@ def _rotate_person(home: Path, words: str | None, without: tuple[str, ...]) -> R
     from node.trust.revocation_list import RevocationStore, check_list, make_list
 
     store = RevocationStore.load(home)
-    own_lists = [doc for doc in (store.list_for(k) for k in (rec.person_key, *(ln["person_key"] for ln in rec.successors)))
-                 if doc is not None]
+    own_lists = [doc for doc in map(store.list_for, rec.all_keys()) if doc is not None]
     revoked = list(dict.fromkeys(k for doc in own_lists for k in doc["revoked"]))
     # a revoked device is never re-bound: the new key must not vouch for a stolen device
     keep = [link for link in newest.values()
