@@ -267,18 +267,12 @@ def breakdown(corpus_dir: Path, repeat: int) -> None:
 
 
 def _variant_schema(drop: frozenset[str], options: dict[str, str]) -> Any:
-    """Kith's schema without the fields in ``drop``, with ``options`` overriding a field's
-    index option (``{"exact": "freq"}``)."""
-    spec = [("chunk_id", "raw", "position", True), ("doc_id", "raw", "basic", True),
-            ("body", "kith_en", "freq", False), ("title", "kith_en", "freq", False),
-            ("section", "kith_en", "freq", False), ("ident", "raw", "freq", False),
-            ("exact", "kith_exact", "position", False)]
-    sb = tantivy.SchemaBuilder()
-    for name, tok, opt, stored in spec:
-        if name not in drop:
-            sb.add_text_field(name, stored=stored, tokenizer_name=tok,
-                              index_option=options.get(name, opt))
-    return sb.build()
+    """Kith's schema (:data:`node.corpus.search.SCHEMA_FIELDS`) without the fields in
+    ``drop``, with ``options`` overriding a field's index option (``{"exact": "freq"}``)."""
+    from node.corpus import search
+
+    return search.build_schema((name, tok, options.get(name, opt), stored)
+                               for name, tok, opt, stored in search.SCHEMA_FIELDS if name not in drop)
 
 
 #: The ablation's variants: (label, fields left out, index-option overrides).
@@ -292,27 +286,6 @@ ABLATIONS: list[tuple[str, frozenset[str], dict[str, str]]] = [
     ("chunk_id basic (no positions)", frozenset(), {"chunk_id": "basic"}),
     ("body only (+ ids)", frozenset({"exact", "ident", "section", "title"}), {}),
 ]
-
-
-def _document_fields(cid: str, did: str, text: str, title: tuple[str, str],
-                     drop: frozenset[str]) -> dict[str, Any]:
-    """:func:`node.corpus.search.make_document`'s fields without those in ``drop`` (each
-    left-out field's analysis in Python skipped too)."""
-    from node.corpus import search
-
-    body = search.cjk_bigrams(text)
-    out: dict[str, Any] = {"chunk_id": cid, "doc_id": did, "body": body}
-    if "title" not in drop:
-        out["title"] = search.cjk_bigrams(title[0])
-    if "section" not in drop:
-        out["section"] = search.cjk_bigrams(title[1])
-    if "exact" not in drop:
-        out["exact"] = body
-    if "ident" not in drop:
-        idents = search.identifiers(text)
-        if idents:
-            out["ident"] = idents
-    return out
 
 
 def ablation(corpus_dir: Path, repeat: int) -> None:
@@ -332,7 +305,6 @@ def ablation(corpus_dir: Path, repeat: int) -> None:
             db.close()
         results: dict[str, list[tuple[float, float, float]]] = {}
         raws: list[tuple[float, float]] = []
-        en, exact = search.analyzers()
         for i in range(repeat):
             work = Path(tmp) / f"raw{i}"
             c0 = time.process_time()
@@ -342,6 +314,7 @@ def ablation(corpus_dir: Path, repeat: int) -> None:
             for label, drop, options in ABLATIONS:
                 work = Path(tmp) / f"v{i}"
                 work.mkdir()
+                kept = {name for name, *_ in search.SCHEMA_FIELDS} - drop
                 t0, c0 = time.perf_counter(), time.process_time()
                 index = tantivy.Index(_variant_schema(drop, options), path=str(work))
                 search.register_analyzers(index)
@@ -349,7 +322,7 @@ def ablation(corpus_dir: Path, repeat: int) -> None:
                 build = 0.0
                 for cid, did, text, title in rows:
                     b0 = time.process_time()
-                    doc = tantivy.Document(**_document_fields(cid, did, text, title, drop))
+                    doc = tantivy.Document(**search.document_fields(cid, did, text, title, kept))
                     build += time.process_time() - b0
                     writer.add_document(doc)
                 writer.commit()

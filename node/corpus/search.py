@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -165,18 +165,27 @@ def identifiers(text: str) -> list[str]:
     return out
 
 
-def build_schema() -> Any:
-    """The tantivy schema: ``chunk_id`` and ``doc_id`` (raw, stored), ``body``, ``title``
-    (page title) and ``section`` (section headings) with ``kith_en``, ``exact``
-    (``kith_exact`` with positions), ``ident`` (raw, one token per whole identifier)."""
+#: The index's fields in schema order, ``(name, tokenizer, index option, stored)``:
+#: ``chunk_id`` and ``doc_id`` (raw, stored), ``body``, ``title`` (page title) and
+#: ``section`` (section headings) with ``kith_en``, ``ident`` (raw, one token per whole
+#: identifier), ``exact`` (``kith_exact`` with positions). ``scripts/bench_corpus.py
+#: --ablation`` builds its variants from this table.
+SCHEMA_FIELDS: tuple[tuple[str, str, str, bool], ...] = (
+    ("chunk_id", "raw", "position", True),
+    ("doc_id", "raw", "basic", True),
+    ("body", "kith_en", "freq", False),
+    ("title", "kith_en", "freq", False),
+    ("section", "kith_en", "freq", False),
+    ("ident", "raw", "freq", False),
+    ("exact", "kith_exact", "position", False),
+)
+
+
+def build_schema(fields: Iterable[tuple[str, str, str, bool]] = SCHEMA_FIELDS) -> Any:
+    """The tantivy schema of ``fields`` (default :data:`SCHEMA_FIELDS`, the product's)."""
     sb = tantivy.SchemaBuilder()
-    sb.add_text_field("chunk_id", stored=True, tokenizer_name="raw")
-    sb.add_text_field("doc_id", stored=True, tokenizer_name="raw", index_option="basic")
-    sb.add_text_field("body", tokenizer_name="kith_en", index_option="freq")
-    sb.add_text_field("title", tokenizer_name="kith_en", index_option="freq")
-    sb.add_text_field("section", tokenizer_name="kith_en", index_option="freq")
-    sb.add_text_field("ident", tokenizer_name="raw", index_option="freq")
-    sb.add_text_field("exact", tokenizer_name="kith_exact", index_option="position")
+    for name, tokenizer, option, stored in fields:
+        sb.add_text_field(name, stored=stored, tokenizer_name=tokenizer, index_option=option)
     return sb.build()
 
 
@@ -212,17 +221,31 @@ def _name_words(source_id: str) -> str:
     return name.replace("_", " ").replace("-", " ")
 
 
-def make_document(chunk_id: str, doc_id: str, text: str, title: tuple[str, str]) -> Any:
-    """Build the tantivy document for one chunk (``title``: :func:`index_title`)."""
+def document_fields(chunk_id: str, doc_id: str, text: str, title: tuple[str, str],
+                    fields: Container[str] | None = None) -> dict[str, Any]:
+    """The field values of one chunk's tantivy document (``title``: :func:`index_title`);
+    ``ident`` only when the text holds identifiers. ``fields`` (default all) limits which
+    optional fields are computed — ``scripts/bench_corpus.py --ablation`` times the sync
+    without one; ``chunk_id``, ``doc_id`` and ``body`` are always there."""
     body = cjk_bigrams(text)
     page, section = title
-    idents = identifiers(text)
-    if idents:  # a list is one value per item, as add_text("ident", word) each
-        return tantivy.Document(chunk_id=chunk_id, doc_id=doc_id, body=body,
-                                title=cjk_bigrams(page), section=cjk_bigrams(section),
-                                exact=body, ident=idents)
-    return tantivy.Document(chunk_id=chunk_id, doc_id=doc_id, body=body,
-                            title=cjk_bigrams(page), section=cjk_bigrams(section), exact=body)
+    out: dict[str, Any] = {"chunk_id": chunk_id, "doc_id": doc_id, "body": body}
+    if fields is None or "title" in fields:
+        out["title"] = cjk_bigrams(page)
+    if fields is None or "section" in fields:
+        out["section"] = cjk_bigrams(section)
+    if fields is None or "exact" in fields:
+        out["exact"] = body
+    if fields is None or "ident" in fields:
+        idents = identifiers(text)
+        if idents:  # a list is one value per item, as add_text("ident", word) each
+            out["ident"] = idents
+    return out
+
+
+def make_document(chunk_id: str, doc_id: str, text: str, title: tuple[str, str]) -> Any:
+    """Build the tantivy document for one chunk (``title``: :func:`index_title`)."""
+    return tantivy.Document(**document_fields(chunk_id, doc_id, text, title))
 
 
 def _unique(items: Iterable[str]) -> list[str]:
