@@ -18,21 +18,13 @@ import pytest
 from node.trust.revocation_list import RevocationStore, check_list, make_list
 
 from test_main_job import FIXTURE, KITH, Host, kith, prepare_host
+from test_person_revocation_iroh import _sources
 from test_transport_session import _readline
 
 pytestmark = [pytest.mark.iroh, pytest.mark.slow]
 
 QUERY = "salary bands bonus pool"
 SECRET_SOURCE = "/corpus/notes/salary.md"
-
-
-def _sources(stdout: str) -> set[str]:
-    out: set[str] = set()
-    for line in stdout.splitlines():
-        msg = json.loads(line)
-        if msg.get("action") == "results":
-            out |= {r["source"] for r in msg["envelope"]["results"]}
-    return out
 
 
 def _init(home: Path, name: str) -> dict:
