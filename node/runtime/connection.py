@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from node.common.errors import HandshakeError, KithError
+from node.common.host_events import (PathInfo, PersonDeviceNew, PersonRotated, SessionEnded, SessionPathChanged,
+                                     SessionRefused, SessionStarted)
 from node.engine.framing import encode_frame
 from node.engine.session import HostConfig, OutgoingFrame, SessionEngine, SessionReady
 from node.runtime.driver import run_session
@@ -136,24 +138,26 @@ class Connection:
                 return  # evicted in the handshake: reported as session-refused already
             cut = self.engine.close_event
             if ended.cause == "evicted":  # ended from outside once ready (session-evicted)
-                host.emit({"event": "session-ended", "session_id": self.engine.session_id, "peer": self.remote,
-                           "reason": cut.reason if cut else "aborted", "code": cut.code if cut else ended.code,
-                           "ended_at": host.clock.time()})
+                host.emit(self._ended(self.engine.session_id, cut.reason if cut else "aborted",
+                                      cut.code if cut else ended.code, host.clock.time()))
                 return
             # revoked (`kith peers remove|block`) or ended by the owner (`kith sessions end`)
-            host.emit({"event": "session-ended", "session_id": self.engine.session_id, "peer": self.remote,
-                       "reason": cut.reason if cut else "aborted", "code": ended.code, "ended_at": ended.at})
+            host.emit(self._ended(self.engine.session_id, cut.reason if cut else "aborted", ended.code, ended.at))
             return
         if self.named is not None and outcome.session_id is None:  # named a live post, never became ready
             host.table.record_failure(self.remote, outcome.code or "")
             host.posts.record_failure(self.named, outcome.code or "")
-        ev: dict[str, Any] = {"event": "session-ended", "session_id": outcome.session_id, "peer": self.remote,
-                              "reason": outcome.reason, "code": outcome.code, "ended_at": outcome.ended_at}
-        if self.engine.ui_bytes_sent:
-            ev["ui_bytes_sent"] = self.engine.ui_bytes_sent
-        if outcome.refused:  # codes of the guest's messages the engine refused before hooks
-            ev["refused"] = list(outcome.refused)[:32]
-        host.emit(ev)
+        host.emit(self._ended(outcome.session_id, outcome.reason, outcome.code, outcome.ended_at,
+                              refused=list(outcome.refused)[:32]))
+
+    def _ended(self, session_id: str | None, reason: str, code: str | None, at: float, *,
+               refused: list[str] | None = None) -> dict[str, Any]:
+        """The one ``session-ended`` event of this connection, however it ended
+        (node/common/host_events.py): ``session_id`` null when refused in the handshake,
+        ``at`` Unix s, ``refused`` the codes of guest messages the engine refused before
+        the hooks."""
+        return SessionEnded(session_id=session_id, peer=self.remote, reason=reason, code=code, ended_at=at,
+                            ui_bytes_sent=self.engine.ui_bytes_sent, refused=refused or []).to_dict()
 
     # ------------------------------------------------------------ ending and refusing
     def end(self, code: str, message: str) -> None:
@@ -175,10 +179,7 @@ class Connection:
             except KithError:
                 pass
             await self.stream.aclose()
-        ev = {"event": "session-refused", "peer": self.stream.remote_id, "code": code}
-        if reason is not None:
-            ev["reason"] = reason
-        self.host.emit(ev)
+        self.host.emit(SessionRefused(peer=self.stream.remote_id, code=code, reason=reason).to_dict())
 
     def _path_changed(self, previous: Any, now: Any) -> None:
         """iroh selected another path (direct ↔ relayed, another relay or address): the
@@ -187,8 +188,8 @@ class Connection:
         self.path = now
         self.host.table.set_path(self.token, now.to_dict())
         if self.session_id is not None:
-            self.host.emit({"event": "session-path-changed", "session_id": self.session_id, "peer": self.remote,
-                            "path": now.to_dict(), "previous": previous.to_dict()})
+            self.host.emit(SessionPathChanged(session_id=self.session_id, peer=self.remote,
+                                              path=PathInfo.of(now), previous=PathInfo.of(previous)).to_dict())
 
     # ------------------------------------------------------------ the engine's questions
     def named_post(self, post_id: str) -> None:
@@ -229,8 +230,8 @@ class Connection:
             host.rotations.check(pid)
             return
         for old, new, via in host.rotations.follow(pid):
-            host.emit({"event": "person-rotated", "old_person": old, "person": new, "via": via,
-                       "peer": self.remote, "device_name": pid.device_name})
+            host.emit(PersonRotated(old_person=old, person=new, via=via, peer=self.remote,
+                                    device_name=pid.device_name).to_dict())
 
     def defer(self, key: str, profile: dict[str, Any], code: str) -> bool:
         """``HostConfig.defer``: a device key that is not pinned itself, refused at
@@ -335,12 +336,12 @@ class Connection:
         self.tap.ready(ev.session_id, name)
         self.session_id = ev.session_id
         if pin is not None and pid is not None and note_device(registry, pin, pid.device, pid.device_name):
-            host.emit({"event": "person-device-new", "peer_name": pin.name, "person": pin.public_key,
-                       "device": pid.device, "device_name": pid.device_name})
-        host.emit({"event": "session-started", "session_id": ev.session_id, "peer": ev.peer_public_key,
-                   "peer_name": name, "post_id": post, "pairing_code": code,
-                   "person": pid.person if pid else None, "device_name": pid.device_name if pid else None,
-                   "via_person": pin is not None, "path": self.path.to_dict()})
+            host.emit(PersonDeviceNew(peer_name=pin.name, person=pin.public_key, device=pid.device,
+                                      device_name=pid.device_name).to_dict())
+        host.emit(SessionStarted(session_id=ev.session_id, peer=ev.peer_public_key, peer_name=name, post_id=post,
+                                 pairing_code=code, person=pid.person if pid else None,
+                                 device_name=pid.device_name if pid else None, via_person=pin is not None,
+                                 path=PathInfo.of(self.path)).to_dict())
         token = self.token
         return HookContext(role="host", session_id=ev.session_id,
                            peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile,

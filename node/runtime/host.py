@@ -21,6 +21,7 @@ import anyio
 
 from node.common.errors import ConfigError, KithError, SpecError
 from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
+from node.common.host_events import checked as checked_event
 from node.engine.session import HostConfig, SessionEngine
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
 from node.runtime.connection import FIRST_STREAM_TIMEOUT_S, Connection
@@ -422,9 +423,11 @@ class Host:
         self.rotations = RotationLedger.load(self.home)  # the person-key rotations this host followed
 
     def emit(self, ev: dict[str, Any]) -> None:
-        """Report one host event: to the audit log and the owner's ``on_event``, then to
-        the post keeper (which closes ended sessions on the server)."""
-        self._emit(ev)
+        """Report one host event — a dict built from the table in
+        node/common/host_events.py (checked against it: specs/host-events.md) — to the
+        audit log and the owner's ``on_event``, then to the post keeper (which closes
+        ended sessions on the server)."""
+        self._emit(checked_event(ev))
         keeper = self.posts.keeper
         if keeper is not None:
             keeper.observe(ev)

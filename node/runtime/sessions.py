@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection
 
 from node.common.errors import HandshakeError
+from node.common.host_events import SessionEvicted, SessionRefused
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
 
 #: Live sessions a host serves at once (``HostOptions.max_sessions``).
@@ -227,8 +228,7 @@ class SessionTable:
             oldest = next(iter(self._pending))
             old_peer, old_evict = self._pending.pop(oldest)
             old_evict()
-            self.on_event({"event": "session-refused", "peer": old_peer, "code": "handshake-host-busy",
-                           "reason": "evicted"})
+            self.on_event(SessionRefused(peer=old_peer, code="handshake-host-busy", reason="evicted").to_dict())
         self._pending[token] = (peer, evict)
 
     def connection_done(self, token: int) -> None:
@@ -338,7 +338,7 @@ class SessionTable:
         self.end(token, "session-evicted", "evicted: the host needed this idle anonymous session's slot",
                  cause="evicted")
         self._note_evicted(s.peer, now)
-        self.on_event({"event": "session-evicted", "peer": s.peer, "code": "session-evicted", "idle_s": idle_s})
+        self.on_event(SessionEvicted(peer=s.peer, idle_s=idle_s).to_dict())
         return True
 
     def _note_evicted(self, peer: str, now: float) -> None:
@@ -359,8 +359,7 @@ class SessionTable:
                      cause="evicted")
             if s.anonymous:  # a staller that reconnects at once must not evict in turn
                 self._note_evicted(s.peer, now)
-            self.on_event({"event": "session-refused", "peer": s.peer, "code": "handshake-host-busy",
-                           "reason": "evicted"})
+            self.on_event(SessionRefused(peer=s.peer, code="handshake-host-busy", reason="evicted").to_dict())
             return True
         return False
 
