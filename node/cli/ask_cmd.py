@@ -113,7 +113,9 @@ def ask_cmd(
     if all_peers and peer:
         raise UsageError("usage", "give --peer NAME... or --all-peers, not both")
     registry = PeerRegistry.load(home)
-    names = sorted(n for n, r in registry.peers.items() if not registry.is_blocked(r.public_key)) if all_peers else list(peer)
+    from node.runtime.fanout import askable_peers
+
+    names = askable_peers(registry) if all_peers else list(peer)
     if not names and not local_corpus:
         if all_peers:
             raise UsageError("usage", "--all-peers: no unblocked peer is pinned here "
