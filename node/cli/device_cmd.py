@@ -119,8 +119,11 @@ def device_join_cmd(
                           highlight=False, markup=False)
         sys.stdout.flush()
 
+    def on_waiting(line: str) -> None:  # stderr: with --json, stdout carries only the events
+        err_console.print(line, highlight=False, markup=False)
+
     got = anyio.run(lambda: join_device(home, ident, code, device_name or default_device_name(), local=local,
-                                        on_words=on_words), backend="asyncio")
+                                        on_words=on_words, on_waiting=on_waiting), backend="asyncio")
     if json_out:
         emit_json({"event": "device-joined", "public_key": ident.public_key, **got})
         return
