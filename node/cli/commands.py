@@ -25,7 +25,7 @@ protocol_app = typer.Typer(help="Work with protocol folders (spec.json + hooks.p
 def init_cmd(
     ctx: typer.Context,
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
-    device_name: Optional[str] = typer.Option(None, "--device-name", metavar="NAME", help="This device's name in its binding (default: the host name; 1-64 printable characters)."),
+    device_name: Optional[str] = typer.Option(None, "--device-name", metavar="NAME", help="This device's name in its binding (default: the host name, plus -HOMEDIR for a --home that is not the default one; 1-64 printable characters)."),
 ) -> None:
     """Create this device's Ed25519 key (the iroh endpoint id) and a person key that binds it.
 

@@ -95,7 +95,7 @@ def device_add_cmd(
 def device_join_cmd(
     ctx: typer.Context,
     code: str = typer.Argument(..., metavar="CODE", help="The code `kith device add` printed on your other device."),
-    device_name: Optional[str] = typer.Option(None, "--device-name", metavar="NAME", help="This device's name (default: the host name)."),
+    device_name: Optional[str] = typer.Option(None, "--device-name", metavar="NAME", help="This device's name (default: the host name, plus -HOMEDIR for a --home that is not the default one)."),
     local: bool = typer.Option(False, "--offline", "--local", envvar="KITH_OFFLINE", help="Offline: loopback only, relays off (--local: the old spelling, deprecated)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -122,7 +122,7 @@ def device_join_cmd(
     def on_waiting(line: str) -> None:  # stderr: with --json, stdout carries only the events
         err_console.print(line, highlight=False, markup=False)
 
-    got = anyio.run(lambda: join_device(home, ident, code, device_name or default_device_name(), local=local,
+    got = anyio.run(lambda: join_device(home, ident, code, device_name or default_device_name(home), local=local,
                                         on_words=on_words, on_waiting=on_waiting), backend="asyncio")
     if json_out:
         emit_json({"event": "device-joined", "public_key": ident.public_key, **got})
