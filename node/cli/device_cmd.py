@@ -27,25 +27,22 @@ def device_list_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--
     from node.common.home import init_hint
     from node.trust.identity import load_identity
     from node.trust.person import load_person, load_person_secret
-    from node.trust.revocation_list import RevocationStore
+    from node.trust.revocation_list import device_marks, own_devices
 
     home = home_of(ctx)
     ident = load_identity(home)
     person = load_person(home)
     if person is None:
         raise ConfigError("home-not-initialized", "This home has no person key yet.", hint=init_hint(home))
-    revoked, mine = RevocationStore.load(home), person.all_keys()  # its lists before rotations too
-    rows = [{"name": d["device_name"], "key": d["device_key"], "seq": d["seq"], "created": d["created"],
-             "this": d["device_key"] == ident.public_key,
-             "revoked": revoked.revokes(d["device_key"], mine) is not None} for d in person.devices]
+    rows = own_devices(home, person, ident.public_key)
     if json_out:
         emit_json({"person_key": person.person_key, "holds_person_key": load_person_secret(home) is not None,
                    "devices": rows})
         return
     untrusted_console.print(f"person {person.person_key}")
     for r in rows:
-        mark = ("  (this device)" if r["this"] else "") + ("  REVOKED" if r["revoked"] else "")
-        untrusted_console.print(f"  {r['name']}  {r['key'][:16]}…  binding {r['seq']}  since {r['created']}{mark}")
+        untrusted_console.print(f"  {r['name']}  {r['key'][:16]}…  binding {r['seq']}  since {r['created']}"
+                                f"{device_marks(r)}")
 
 
 @device_app.command("add")

@@ -30,11 +30,13 @@ def _identity(home: Path) -> dict[str, Any] | None:
         if exc.code == "home-not-initialized":
             return None
         raise
+    from node.trust.revocation_list import own_devices
+
     person = load_person(home)
     return {"fingerprint": ident.fingerprint, "key": ident.public_key,
             "person": person.person_key if person is not None else None,
-            "devices": [{"name": d["device_name"], "key": d["device_key"], "this": d["device_key"] == ident.public_key}
-                        for d in (person.devices if person is not None else [])],
+            "devices": [{k: d[k] for k in ("name", "key", "this", "revoked")}
+                        for d in (own_devices(home, person, ident.public_key) if person is not None else [])],
             "rotations": len(person.successors) if person is not None else 0}
 
 
@@ -68,7 +70,8 @@ def _host_state(home: Path) -> dict[str, Any] | None:
 def status_report(home: Path) -> dict[str, Any]:
     """``kith status --json``: ``{"home", "identity": {"fingerprint", "key" (this device),
     "person" (the person key, null before `kith init` migrated the home), "devices":
-    [{"name", "key", "this"}] (the devices that person bound), "rotations" (how many times
+    [{"name", "key", "this", "revoked"}] (the devices that person bound; ``revoked`` by a
+    list kept here, :func:`node.trust.revocation_list.own_devices`), "rotations" (how many times
     its key was rotated)} | null,
     "index": {...}, "host": <state document> | null, "approvals": [...], "grants": [{"kind"
     ("pin" | "group" | "override"), "peer_name", "group"?, "glob"?, "tier"?, "until",
@@ -150,12 +153,14 @@ def status_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
     if json_out:
         emit_json(report)
         return
+    from node.trust.revocation_list import device_marks
+
     ident, index, host = report["identity"], report["index"], report["host"]
     _print(f"home: {report['home']}")
     _print(f"identity: {ident['fingerprint']}  ({ident['key']})" if ident else
            "identity: none (run `kith init`)")
     if ident and ident.get("person"):
-        devices = ", ".join(d["name"] + (" (this device)" if d["this"] else "") for d in ident["devices"])
+        devices = ", ".join(d["name"] + device_marks(d).replace("  ", " ") for d in ident["devices"])
         _print(f"person: {ident['person']}  devices: {devices}"
                + (f"  rotated {ident['rotations']} time(s)" if ident["rotations"] else ""))
     roots = " ".join(index["roots"]) or "none (`kith index add PATH`)"
