@@ -55,6 +55,35 @@ def _index(home: Path) -> dict[str, Any]:
             "chunks": stats.get("chunks", 0), "failed": stats.get("failed", 0), "lastSync": stats.get("last_sync")}
 
 
+def _policy(home: Path, host: dict[str, Any] | None) -> dict[str, Any]:
+    """``{"ok", "rules", "groups", "code", "message", "inForce"}``: policy.toml as it reads
+    now, and ``inForce`` — the running host's ``{"rules", "groups"}`` (its last good
+    policy when the file is broken), or null without a host (specs/control.md)."""
+    from node.policy.store import Policy
+
+    try:
+        policy = Policy.load(home)
+        out: dict[str, Any] = {"ok": True, "rules": len(policy.rules), "groups": len(policy.groups),
+                               "code": None, "message": None}
+    except KithError as exc:
+        out = {"ok": False, "rules": None, "groups": None, "code": exc.code, "message": exc.message}
+    out["inForce"] = host.get("policy") if host is not None else None
+    return out
+
+
+def _policy_line(p: dict[str, Any], host_running: bool) -> str:
+    if p["ok"]:
+        return f"policy: {p['rules']} rule(s), {p['groups']} group(s)"
+    line = f"policy: policy.toml is not valid ({p['code']}: {p['message']}); "
+    held = p.get("inForce")
+    if held is not None:
+        return line + (f"the running host keeps the last good policy it read ({held['rules']} rule(s), "
+                       f"{held['groups']} group(s)) until the file is fixed (`kith policy check`)")
+    if host_running:
+        return line + "the running host keeps the last good policy it read until the file is fixed"
+    return line + "`kith host` refuses to start until it is fixed (`kith policy check`)"
+
+
 def _host_state(home: Path) -> dict[str, Any] | None:
     """The running host's state, or None when no host runs (``host-not-running``)."""
     from node.runtime.control import ControlClient
@@ -75,14 +104,15 @@ def status_report(home: Path) -> dict[str, Any]:
     its key was rotated)} | null,
     "index": {...}, "host": <state document> | null, "approvals": [...], "grants": [{"kind"
     ("pin" | "group" | "override"), "peer_name", "group"?, "glob"?, "tier"?, "until",
-    "ended"}]}`` (specs/control.md; ``grants``: every grant with an end, soonest first,
-    specs/peers.md §12). Works without a running host (``host`` null)."""
+    "ended"}], "policy": {"ok", "rules", "groups", "code", "message", "inForce"}}``
+    (specs/control.md; ``grants``: every grant with an end, soonest first, specs/peers.md
+    §12; ``policy``: :func:`_policy`). Works without a running host (``host`` null)."""
     from node.runtime.control import pending_approvals
 
     host = _host_state(home)
     return {"home": str(home), "identity": _identity(home), "index": _index(home), "host": host,
             "approvals": host["approvals"] if host is not None else pending_approvals(home),
-            "grants": _grants(home)}
+            "grants": _grants(home), "policy": _policy(home, host)}
 
 
 def _grants(home: Path) -> list[dict[str, Any]]:
@@ -163,6 +193,7 @@ def status_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
         devices = ", ".join(d["name"] + device_marks(d).replace("  ", " ") for d in ident["devices"])
         _print(f"person: {ident['person']}  devices: {devices}"
                + (f"  rotated {ident['rotations']} time(s)" if ident["rotations"] else ""))
+    _print(_policy_line(report["policy"], host is not None))
     roots = " ".join(index["roots"]) or "none (`kith index add PATH`)"
     _print(f"index: {'ready' if index['ready'] else 'not ready'}, roots {roots}, documents {index['documents']}, "
            f"chunks {index['chunks']}" + (f", failed {index['failed']}" if index.get("failed") else ""))

@@ -156,6 +156,9 @@ class Knowledge:
     index: Callable[[], dict[str, Any]] = lambda: {"ready": False, "warmed": False, "roots": [],
                                                    "documents": 0, "chunks": 0}
     evidence: Callable[[list[str]], dict[str, Any]] = lambda ids: {}
+    #: ``()`` → ``{"rules", "groups"}`` of the policy the next query is answered under (the
+    #: last good one when policy.toml became invalid meanwhile; specs/control.md)
+    policy: Callable[[], dict[str, Any]] | None = None
 
 
 def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], float] | None = None, *,
@@ -218,9 +221,13 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
                 "roots": [f"/{r.prefix}/" for r in corpus.roots()],
                 "documents": now.get("documents", 0), "chunks": now.get("chunks", 0)}
 
+    def in_force() -> dict[str, Any]:
+        now_policy = gate.current_policy()
+        return {"rules": len(now_policy.rules), "groups": len(now_policy.groups)}
+
     return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
                      gate.check_frame, close, service, _quota_left(gate, limiter), index,
-                     corpus.chunk_evidence)
+                     corpus.chunk_evidence, in_force)
 
 
 def _quota_left(gate: Any, limiter: Any) -> Callable[[str | None, str], dict[str, Any]]:
@@ -478,7 +485,8 @@ class Host:
                         await tg.start(serve_control, HostControl(self.home, self.identity, self.table,
                                                                   self.posts.listing, self.knowledge.index,
                                                                   self.knowledge.quota_left, started_at=started_at,
-                                                                  transport=self._transport_status))
+                                                                  transport=self._transport_status,
+                                                                  policy=self.knowledge.policy))
                     self.on_invitation(inv.to_dict())  # once `kith status` can see this host
                     if keeper is not None:
                         tg.start_soon(keeper.run)
