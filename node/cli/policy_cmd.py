@@ -193,16 +193,36 @@ def set_cmd(
     _note(LIVE_NOTE)
 
 
+def _not_pinned(home: Path, policy: Policy) -> list[dict[str, str]]:
+    """``[{"where", "name"}]``: each rule (its ``peers``), override (its ``--for``) and
+    group member naming a peer that is not pinned in ``peers.json`` (any more) — it grants
+    nothing until that name is pinned again (`kith policy check`, issue 32)."""
+    from node.policy.store import GROUP_PREFIX
+    from node.trust.peers import PeerRegistry
+
+    pinned = set(PeerRegistry.load(home).peers)
+    out: list[dict[str, str]] = []
+    for rule in [*policy.rules, *policy.overrides]:
+        named = [*rule.peers, *([rule.peer] if rule.peer else [])]
+        out += [{"where": rule_label(rule), "name": n} for n in named
+                if not n.startswith(GROUP_PREFIX) and n not in pinned]
+    for group in policy.groups.values():
+        out += [{"where": f"@{group.name}", "name": m} for m in sorted(group.members) if m not in pinned]
+    return out
+
+
 @policy_app.command("check")
 def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
-    """List the rules that match no indexed source (typos) and the indexed sources no rule
-    decides (private by default), with how many sources each rule decides."""
+    """List the rules that match no indexed source (typos), the indexed sources no rule
+    decides (private by default), with how many sources each rule decides, and the rules
+    and groups naming a peer that is not pinned (any more)."""
     home = home_of(ctx)
     policy = Policy.load(home)
     sources = indexed_sources(home)
     report = check_policy(policy, sources)
+    not_pinned = _not_pinned(home, policy)
     if as_json:
-        emit_json(report.to_dict())
+        emit_json({**report.to_dict(), "notPinned": not_pinned})
         return
     lines = [f"{report.sources} indexed source(s), {len(report.rules)} rule(s)"]
     for cov in report.rules:
@@ -222,6 +242,12 @@ def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
             lines.append(f"  (and {len(report.undecided) - MAX_LISTED} more; --json lists the first {MAX_LISTED})")
     else:
         lines.append("every indexed source is decided by a rule")
+    if not_pinned:
+        lines.append("rules and groups naming a peer that is not pinned (they grant it nothing; "
+                     "`kith peers add NAME KEY`, or remove the name):")
+        lines += [f"  {n['where']}: {n['name']}" for n in not_pinned]
+    else:
+        lines.append("every peer the rules and groups name is pinned")
     console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)
 
 
