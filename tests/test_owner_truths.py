@@ -152,10 +152,22 @@ def test_a_lost_dashboard_login_link_is_replaced_without_a_restart(tmp_path: Pat
             assert new.returncode == 0, new.stderr
             link = json.loads(new.stdout)["login"]
             assert link != first["login"] and link.startswith(first["url"] + "/login?token=")
-            assert old.get("/").status_code == 401  # the earlier session ended with its token
+            # a browser signed in already stays signed in (it was logged out: issue 32)
+            assert old.get("/").status_code == 200
             with httpx.Client(base_url=first["url"], timeout=30, follow_redirects=False) as fresh:
-                assert fresh.get(first["login"]).status_code == 403
+                refused = fresh.get("/")
+                assert refused.status_code == 401
+                assert "--login-link" in refused.text and "restart" not in refused.text, refused.text
+                spent = fresh.get(first["login"])
+                assert spent.status_code == 403 and "--login-link" in spent.text and "restart" not in spent.text
                 assert fresh.get(link).status_code == 303 and fresh.get("/").status_code == 200
+                # each session has its own CSRF token: one browser's form token is not the other's
+                import re
+
+                tokens = [re.search(r'name="?csrf"? value="([^"]+)"', c.get("/policy").text).group(1)
+                          for c in (old, fresh)]
+                assert tokens[0] != tokens[1]
+                assert old.get("/").status_code == fresh.get("/").status_code == 200
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(20)

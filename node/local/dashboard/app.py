@@ -50,7 +50,7 @@ from node.common.http import base_url_of, bind_socket, is_loopback, read_body, s
 from node.answer import contract
 from node.policy.grants import in_force
 from node.answer.holder import CorpusHolder
-from node.local.dashboard.guard import COOKIE, SECURITY_HEADERS, Door, Guard, refusal_page
+from node.local.dashboard.guard import COOKIE, SECURITY_HEADERS, Door, Guard, refusal_page, session_cookie
 
 log = logging.getLogger("kith.dashboard")
 
@@ -126,7 +126,8 @@ class _Pages:
         with self._lock:
             notice, self._notice = self._notice, None
         page = _env.get_template(name).render(
-            csrf=self.door.csrf, notice=notice, page=name.removesuffix(".html"), **ctx)
+            csrf=self.door.csrf_for(session_cookie(request.scope)), notice=notice, page=name.removesuffix(".html"),
+            **ctx)
         return HTMLResponse(page, headers=SECURITY_HEADERS)
 
     def _done(self, where: str, kind: str, text: str) -> RedirectResponse:
@@ -148,7 +149,7 @@ class _Pages:
         except (UnicodeDecodeError, ValueError):
             raise CorpusError("dashboard-form-invalid", "the form is not valid", status=400) from None
         form = dict(pairs)
-        if not self.door.csrf_ok(form.get("csrf")):
+        if not self.door.csrf_ok(form.get("csrf"), session_cookie(request.scope)):
             raise CorpusError("dashboard-csrf", "the form's CSRF token is missing or wrong; reload "
                               "the page and send it again", status=403)
         return form
@@ -442,7 +443,7 @@ class _Pages:
         session = self.door.redeem(request.query_params.get("token"))
         if session is None:
             return refusal_page("dashboard-login-invalid", "this login link is wrong or was used "
-                                "already; restart `kith dashboard` for a new one", 403)
+                                "already; `kith dashboard --login-link` prints a new one", 403)
         resp = RedirectResponse("/", status_code=303, headers=SECURITY_HEADERS)
         resp.set_cookie(COOKIE, session, httponly=True, samesite="strict", path="/")
         return resp
