@@ -425,7 +425,10 @@ def join_cmd(
             fp = fingerprint(inv.host_public_key)
             code = pairing_code(identity.public_key, inv.host_public_key)
             err_console.print(f"Unknown host {inv.host_public_key[:16]}… fingerprint [bold]{fp}[/bold]", highlight=False)
-            err_console.print(f"  pairing code: [bold]{code}[/bold] (the host's owner sees the same words)",
+            # the host prints these words only once a session starts, i.e. after this
+            # guest trusted it: for comparing first, its owner computes them from this key
+            err_console.print(f"  pairing code: [bold]{code}[/bold] (the host's owner sees the same words with "
+                              f"`kith peers code {identity.public_key}`, and in its log once you connect)",
                               highlight=False)
             if json_out and not trust:  # before the prompt / the refusal (with --trust: stderr only)
                 emit_json({"event": "host-pairing-code", "host_public_key": inv.host_public_key,
@@ -433,7 +436,8 @@ def join_cmd(
         if name is None and not trust:
             if not sys.stdin.isatty():
                 raise InvitationError("host-not-trusted", "unknown host key; pass --trust to connect anyway",
-                                      hint=f"check the pairing code '{code}' (fingerprint {fp}) with the host's owner")
+                                      hint=f"check the pairing code '{code}' (fingerprint {fp}) with the host's owner, "
+                                           f"who runs `kith peers code {identity.public_key}`")
             try:
                 answer = await anyio.to_thread.run_sync(_prompt, "Trust this host and connect? [y/N] ")
             except EOFError:
