@@ -279,11 +279,9 @@ def profile_cmd(
 from typing import List  # noqa: E402 - typer reads the annotations below from the module
 def _until_text(until: Optional[str]) -> str:
     """``-`` (never ends), the end, or ``ended <end>``."""
-    from node.policy.grants import in_force
+    from node.policy.grants import until_text
 
-    if until is None:
-        return "-"
-    return until if in_force(until) else f"ended {until}"
+    return until_text(until, still="") or "-"
 
 
 def _groups_by_member(home) -> dict:
@@ -300,9 +298,9 @@ def _groups_by_member(home) -> dict:
 
 def _groups_text(groups: dict) -> str:
     """``@team (until <end>)``, or ``(ended <end>)`` once the membership ended."""
-    from node.policy.grants import in_force
+    from node.policy.grants import until_text
 
-    return ", ".join(f"@{g}" + (f" ({'until' if in_force(u) else 'ended'} {u})" if u else "")
+    return ", ".join(f"@{g}" + (f" ({until_text(u)})" if u else "")
                      for g, u in sorted(groups.items())) or "-"
 
 

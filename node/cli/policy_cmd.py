@@ -298,7 +298,7 @@ def _quota_lines(policy: Policy) -> list[str]:
 def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """Show the rules in file order, then per-peer overrides, then the quotas in force
     (the [quota] table, built-in defaults where it sets nothing), then what is scrubbed."""
-    from node.policy.grants import in_force
+    from node.policy.grants import until_text
 
     policy = Policy.load(home_of(ctx))
     if as_json:
@@ -312,7 +312,7 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         table = Table("glob", "tier", "peers", "for", "until", box=None, header_style="bold")
         for rule in (*policy.rules, *policy.overrides):
             table.add_row(rule.glob, rule.tier, ", ".join(rule.peers), rule.peer or "",
-                          "" if rule.until is None else rule.until if in_force(rule.until) else f"ended {rule.until}")
+                          until_text(rule.until, still=""))
         console.print(table)
     console.print("quota (`kith policy quota` changes it):\n" + "\n".join(_quota_lines(policy)),
                   highlight=False, markup=False, soft_wrap=True)

@@ -117,16 +117,18 @@ def status_report(home: Path) -> dict[str, Any]:
 
 def _grants(home: Path) -> list[dict[str, Any]]:
     """Every grant of this home that ends, soonest first (:func:`node.runtime.grants.grants_with_ends`)."""
-    from node.policy.grants import in_force
+    from node.policy.grants import ended
     from node.runtime.grants import grants_with_ends
 
-    rows = [{**{k: v for k, v in g.items() if k != "names"}, "ended": not in_force(g["until"])}
+    rows = [{**{k: v for k, v in g.items() if k != "names"}, "ended": ended(g["until"])}
             for g in grants_with_ends(home)]
     return sorted(rows, key=lambda g: (g["until"], g["kind"], g["peer_name"]))
 
 
 def _grant_line(g: dict[str, Any]) -> str:
-    when = ("ended " if g["ended"] else "until ") + g["until"]
+    from node.policy.grants import until_text
+
+    when = until_text(g["until"])
     if g["kind"] == "pin":
         return f"  pin {g['peer_name']} {when}"
     if g["kind"] == "group":

@@ -48,7 +48,7 @@ from node.answer import readable
 from node.common.errors import CorpusError, KithError
 from node.common.http import base_url_of, bind_socket, is_loopback, read_body, serve_app_in_thread, serve_forever
 from node.answer import contract
-from node.policy.grants import in_force
+from node.policy.grants import until_text
 from node.answer.holder import CorpusHolder
 from node.local.dashboard.guard import COOKIE, SECURITY_HEADERS, Door, Guard, refusal_page, session_cookie
 
@@ -66,7 +66,7 @@ _env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
 # a preview's code (between the envelope's fence lines) is shown as code (issue 20 item 5)
 # and each list item on a line of its own (readable.blocks)
 _env.filters["preview_blocks"] = lambda text: readable.blocks(text or "")
-_env.globals["in_force"] = in_force  # a grant's end reads "until X" or "ended X"
+_env.globals["until_text"] = until_text  # a grant's end: "until X" or "ended X", as the CLI words it
 
 
 def check_host(host: str) -> None:
