@@ -13,8 +13,8 @@ import msgspec
 import pytest
 
 from node.common import host_events
-from node.common.host_events import (BY_KIND, HOST_EVENT_TYPES, PathInfo, SessionEnded, SessionStarted,
-                                     checked)
+from node.common.host_events import (BY_KIND, COMMAND_EVENT_TYPES, HOST_EVENT_TYPES, PathInfo, SessionEnded,
+                                     SessionStarted, checked)
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "specs" / "host-events.schema.json"
@@ -31,10 +31,12 @@ def test_every_kind_is_in_the_schema_and_documented():
     schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
     mapping = schema["discriminator"]["mapping"]
     assert set(mapping) == set(BY_KIND) and len(BY_KIND) == len(HOST_EVENT_TYPES)
+    commands = schema["$defs"]["CommandEvent"]["discriminator"]["mapping"]
+    assert set(commands) == {t.__struct_config__.tag for t in COMMAND_EVENT_TYPES}
     spec = (REPO / "specs" / "host-events.md").read_text(encoding="utf-8")
-    missing = [k for k in BY_KIND if f"`{k}`" not in spec]
+    missing = [k for k in [*BY_KIND, *commands] if f"`{k}`" not in spec]
     assert not missing, f"kinds not described in specs/host-events.md: {missing}"
-    for t in HOST_EVENT_TYPES:
+    for t in (*HOST_EVENT_TYPES, *COMMAND_EVENT_TYPES):
         assert t.__doc__, t
 
 
@@ -69,3 +71,18 @@ def test_an_event_outside_the_table_is_refused_in_strict_mode(monkeypatch):
 
 def test_conftest_sets_strict_events_for_child_processes():
     assert os.environ.get(host_events.STRICT_ENV) == "1"
+
+
+def test_command_event_lines_follow_the_table(monkeypatch):
+    """The commands' JSON lines (`kith device revoke --json`, ...) are the table's
+    (validated against $defs.CommandEvent, and refused in strict mode when they are not)."""
+    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
+    validator = jsonschema.Draft202012Validator({"$defs": schema["$defs"], "$ref": "#/$defs/CommandEvent"})
+    from node.common.host_events import DeviceRevokedHere
+
+    line = DeviceRevokedHere(name="laptop", newly_revoked=["a" * 64], list={"seq": 0}, out=None,
+                             published=False).to_dict()
+    assert not list(validator.iter_errors(line))
+    monkeypatch.setenv(host_events.STRICT_ENV, "1")
+    with pytest.raises(msgspec.ValidationError):
+        checked({"event": "device-code"}, command=True)

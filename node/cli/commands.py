@@ -431,8 +431,10 @@ def join_cmd(
                               f"`kith peers code {identity.public_key}`, and in its log once you connect)",
                               highlight=False)
             if json_out and not trust:  # before the prompt / the refusal (with --trust: stderr only)
-                emit_json({"event": "host-pairing-code", "host_public_key": inv.host_public_key,
-                           "pairing_code": code})
+                from node.common.host_events import HostPairingCode, checked
+
+                emit_json(checked(HostPairingCode(host_public_key=inv.host_public_key, pairing_code=code).to_dict(),
+                                  command=True))
         if name is None and not trust:
             if not sys.stdin.isatty():
                 raise InvitationError("host-not-trusted", "unknown host key; pass --trust to connect anyway",

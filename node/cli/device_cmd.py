@@ -65,7 +65,9 @@ def device_add_cmd(
 
     def on_code(code: str) -> None:
         if json_out:
-            emit_json({"event": "device-code", "code": code})
+            from node.common.host_events import DeviceCode, checked
+
+            emit_json(checked(DeviceCode(code=code).to_dict(), command=True))
         else:
             console.print("On the new device run (the code works once, for 10 minutes, 3 tries):",
                           highlight=False, markup=False)
@@ -83,7 +85,10 @@ def device_add_cmd(
     link = anyio.run(lambda: offer_device(home, ident, local=local, on_code=on_code, confirm=confirm),
                      backend="asyncio")
     if json_out:
-        emit_json({"event": "device-bound", "name": link["device_name"], "key": link["device_key"], "seq": link["seq"]})
+        from node.common.host_events import DeviceBound, checked
+
+        emit_json(checked(DeviceBound(name=link["device_name"], key=link["device_key"], seq=link["seq"]).to_dict(),
+                          command=True))
         return
     untrusted_console.print(f"bound device {link['device_name']!r} ({link['device_key'][:16]}…) as binding {link['seq']}")
 
@@ -110,7 +115,9 @@ def device_join_cmd(
 
     def on_words(words: str) -> None:
         if json_out:
-            emit_json({"event": "pairing-words", "words": words})
+            from node.common.host_events import PairingWords, checked
+
+            emit_json(checked(PairingWords(words=words).to_dict(), command=True))
         else:
             console.print(f"pairing words: {words} (your other device shows them too; confirm there)",
                           highlight=False, markup=False)
@@ -122,7 +129,9 @@ def device_join_cmd(
     got = anyio.run(lambda: join_device(home, ident, code, device_name or default_device_name(home), local=local,
                                         on_words=on_words, on_waiting=on_waiting), backend="asyncio")
     if json_out:
-        emit_json({"event": "device-joined", "public_key": ident.public_key, **got})
+        from node.common.host_events import DeviceJoined, checked
+
+        emit_json(checked(DeviceJoined(public_key=ident.public_key, **got).to_dict(), command=True))
         return
     untrusted_console.print(f"this device {got['device_name']!r} is bound to person {got['person_key']} "
                             f"(binding {got['seq']})")
@@ -164,8 +173,10 @@ def device_revoke_cmd(
 
         published = anyio.run(publish, backend="asyncio")
     if json_out:
-        emit_json({"event": "device-revoked", "name": name, "newly_revoked": new, "list": doc,
-                   "out": out, "published": published is not None})
+        from node.common.host_events import DeviceRevokedHere, checked
+
+        emit_json(checked(DeviceRevokedHere(name=name, newly_revoked=new, list=doc, out=out,
+                                            published=published is not None).to_dict(), command=True))
         return
     if new:
         untrusted_console.print(f"revoked device {name!r} ({', '.join(k[:16] + '…' for k in new)}): revocation list "

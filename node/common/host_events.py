@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Literal, Union
+from typing import Any, Dict, List, Literal, Union
 
 import msgspec
 
@@ -273,6 +273,72 @@ HOST_EVENT_TYPES: tuple[type[HostEvent], ...] = (
 
 AnyHostEvent = Union[HOST_EVENT_TYPES]  # type: ignore[valid-type]
 
+
+# ----------------------------------------------------------------------------- commands
+class CommandEvent(msgspec.Struct, kw_only=True, tag_field="event", forbid_unknown_fields=True):
+    """Base of the JSON lines other commands print with ``--json`` while they run (the same
+    ``event`` field; ``kith index watch``'s reports are specs/corpus.md's sync report)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The line's object: ``{"event": KIND, **fields}``."""
+        return msgspec.to_builtins(self)
+
+
+class HostPairingCode(CommandEvent, tag="host-pairing-code", kw_only=True):
+    """``kith join --json`` to an unknown host, before trusting it."""
+
+    host_public_key: str
+    pairing_code: str
+
+
+class DeviceCode(CommandEvent, tag="device-code", kw_only=True):
+    """``kith device add --json``: the one-time code for ``kith device join``."""
+
+    code: str
+
+
+class DeviceBound(CommandEvent, tag="device-bound", kw_only=True):
+    """``kith device add --json``: the new device's binding was signed."""
+
+    name: str
+    key: str
+    seq: int
+
+
+class PairingWords(CommandEvent, tag="pairing-words", kw_only=True):
+    """``kith device join --json``: the words to compare with the offering device's."""
+
+    words: str
+
+
+class DeviceJoined(CommandEvent, tag="device-joined", kw_only=True):
+    """``kith device join --json``: this home is bound to the person."""
+
+    public_key: str
+    person_key: str
+    device_name: str
+    seq: int
+
+
+class DeviceRevokedHere(CommandEvent, tag="device-revoked", kw_only=True):
+    """``kith device revoke --json``: the person key signed a new revocation list (a host's
+    ``device-revoked`` event is another kind: what a host did with such a list)."""
+
+    name: str
+    """The device as named on the command line (name or key prefix)."""
+    newly_revoked: List[str]  # typing's names: the field `list` shadows the builtin here
+    list: Dict[str, Any]
+    """The signed list (specs/peers.md §10)."""
+    out: str | None
+    published: bool
+
+
+#: the commands' table (add a new kind here, as for host events)
+COMMAND_EVENT_TYPES: tuple[type[CommandEvent], ...] = (
+    HostPairingCode, DeviceCode, DeviceBound, PairingWords, DeviceJoined, DeviceRevokedHere,
+)
+AnyCommandEvent = Union[COMMAND_EVENT_TYPES]  # type: ignore[valid-type]
+
 #: kind name -> its class
 BY_KIND: dict[str, type[HostEvent]] = {t.__struct_config__.tag: t for t in HOST_EVENT_TYPES}
 
@@ -281,25 +347,30 @@ def schema() -> dict[str, Any]:
     """The JSON Schema (Draft 2020-12) of one host event, generated from the table: the
     content of specs/host-events.schema.json (``scripts/host_events_schema`` writes it)."""
     body = msgspec.json.schema(AnyHostEvent)
+    (commands,), defs = msgspec.json.schema_components([AnyCommandEvent], ref_template="#/$defs/{name}")
+    body["$defs"] = {**body["$defs"], **defs, "CommandEvent": commands}
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
             "$id": "https://kith.invalid/specs/host-events.schema.json",
             "title": "Kith host event",
             "description": "One event of a running host (`kith host --json` line, serve_host's on_event, "
-                           "the audit's input). Generated from node/common/host_events.py by "
+                           "the audit's input); $defs.CommandEvent is one JSON line of the other "
+                           "commands' --json output. Generated from node/common/host_events.py by "
                            "scripts/host_events_schema; see specs/host-events.md.",
             **body}
 
 
 _DECODER = msgspec.json.Decoder(AnyHostEvent)
+_COMMAND_DECODER = msgspec.json.Decoder(AnyCommandEvent)
 
 
-def checked(ev: dict[str, Any]) -> dict[str, Any]:
+def checked(ev: dict[str, Any], *, command: bool = False) -> dict[str, Any]:
     """``ev`` unchanged after checking it against the table (kind known, every field of
-    its type, none missing or extra). A mismatch is logged, or with ``KITH_STRICT_EVENTS``
-    set (tests) raised as :class:`msgspec.ValidationError` — an event the table does not
-    describe is a bug of its emitter, never of a peer."""
+    its type, none missing or extra) — the host events', or with ``command`` the
+    commands'. A mismatch is logged, or with ``KITH_STRICT_EVENTS`` set (tests) raised as
+    :class:`msgspec.ValidationError` — an event the table does not describe is a bug of
+    its emitter, never of a peer."""
     try:
-        _DECODER.decode(msgspec.json.encode(ev))
+        (_COMMAND_DECODER if command else _DECODER).decode(msgspec.json.encode(ev))
     except (msgspec.ValidationError, msgspec.EncodeError, TypeError) as exc:
         if os.environ.get(STRICT_ENV):
             raise msgspec.ValidationError(f"host event not in the table: {exc}") from exc
@@ -307,5 +378,6 @@ def checked(ev: dict[str, Any]) -> dict[str, Any]:
     return ev
 
 
-__all__ = ["HostEvent", "HOST_EVENT_TYPES", "BY_KIND", "AnyHostEvent", "PathInfo", "IndexChange", "schema", "checked",
-           *[t.__name__ for t in HOST_EVENT_TYPES]]
+__all__ = ["HostEvent", "HOST_EVENT_TYPES", "BY_KIND", "AnyHostEvent", "CommandEvent", "COMMAND_EVENT_TYPES",
+           "AnyCommandEvent", "PathInfo", "IndexChange", "schema", "checked",
+           *[t.__name__ for t in HOST_EVENT_TYPES], *[t.__name__ for t in COMMAND_EVENT_TYPES]]
