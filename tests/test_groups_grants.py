@@ -410,6 +410,7 @@ def test_every_view_reads_ended_and_revoked_from_one_function() -> None:
     dashboard word a grant's end with node.policy.grants.until_text / ended, and a device's
     revocation with node.trust.revocation_list (own_devices, revoked_seen_devices)."""
     import re
+    from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
     views = [*(repo / "node" / "cli").glob("*.py"), *(repo / "node" / "local" / "dashboard").rglob("*.py"),
