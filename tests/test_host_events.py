@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from node.common import host_events
-from node.common.host_events import (BY_KIND, COMMAND_EVENT_TYPES, HOST_EVENT_TYPES, PathInfo, SessionEnded,
+from node.common.host_events import (BY_KIND, COMMAND_EVENT_TYPES, HOST_EVENT_TYPES, EventPath, SessionEnded,
                                      SessionStarted, checked)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def test_one_session_ended_shape():
 def test_an_event_outside_the_table_is_refused_in_strict_mode(monkeypatch):
     ok = SessionStarted(session_id="s", peer="b" * 64, peer_name=None, post_id="p", pairing_code="w w w w w",
                         person=None, device_name=None, via_person=False,
-                        path=PathInfo(kind="direct", remote="127.0.0.1:1")).to_dict()
+                        path=EventPath(kind="direct", remote="127.0.0.1:1")).to_dict()
     assert ok["path"] == {"kind": "direct", "relayUrl": None, "remote": "127.0.0.1:1"}
     assert checked(ok) is ok
     monkeypatch.setenv(host_events.STRICT_ENV, "1")

@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 STRICT_ENV = "KITH_STRICT_EVENTS"
 
 
-class PathInfo(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True):
-    """The transport path a session runs over (node/transport/paths.py ``SessionPath``)."""
+class EventPath(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """The transport path a session runs over, as events carry it (the ``to_dict()`` of
+    :class:`node.transport.paths.PathInfo`)."""
 
     kind: str
     """``direct``, ``relayed`` or ``unknown``."""
@@ -43,8 +44,8 @@ class PathInfo(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fiel
     """The peer's socket address of a direct path (shown to the owner only), else null."""
 
     @classmethod
-    def of(cls, path: Any) -> "PathInfo":
-        """From a :class:`node.transport.paths.SessionPath` (its ``to_dict()``) or that dict."""
+    def of(cls, path: Any) -> "EventPath":
+        """From a :class:`node.transport.paths.PathInfo` (its ``to_dict()``) or that dict."""
         return msgspec.convert(path if isinstance(path, dict) else path.to_dict(), cls)
 
 
@@ -81,7 +82,7 @@ class SessionStarted(HostEvent, tag="session-started", kw_only=True):
     device_name: str | None
     via_person: bool
     """True when the device holds a person pin's grants (specs/peers.md §10)."""
-    path: PathInfo
+    path: EventPath
 
 
 class SessionEnded(HostEvent, tag="session-ended", kw_only=True):
@@ -125,8 +126,8 @@ class SessionPathChanged(HostEvent, tag="session-path-changed", kw_only=True):
 
     session_id: str
     peer: str
-    path: PathInfo
-    previous: PathInfo
+    path: EventPath
+    previous: EventPath
 
 
 # ----------------------------------------------------------------------------- trust
@@ -379,5 +380,5 @@ def checked(ev: dict[str, Any], *, command: bool = False) -> dict[str, Any]:
 
 
 __all__ = ["HostEvent", "HOST_EVENT_TYPES", "BY_KIND", "AnyHostEvent", "CommandEvent", "COMMAND_EVENT_TYPES",
-           "AnyCommandEvent", "PathInfo", "IndexChange", "schema", "checked",
+           "AnyCommandEvent", "EventPath", "IndexChange", "schema", "checked",
            *[t.__name__ for t in HOST_EVENT_TYPES], *[t.__name__ for t in COMMAND_EVENT_TYPES]]

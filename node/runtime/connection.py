@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from node.common.errors import HandshakeError, KithError
-from node.common.host_events import (PathInfo, PersonDeviceNew, PersonRotated, SessionEnded, SessionPathChanged,
+from node.common.host_events import (EventPath, PersonDeviceNew, PersonRotated, SessionEnded, SessionPathChanged,
                                      SessionRefused, SessionStarted)
 from node.engine.framing import encode_frame
 from node.engine.session import HostConfig, OutgoingFrame, SessionEngine, SessionReady
@@ -189,7 +189,7 @@ class Connection:
         self.host.table.set_path(self.token, now.to_dict())
         if self.session_id is not None:
             self.host.emit(SessionPathChanged(session_id=self.session_id, peer=self.remote,
-                                              path=PathInfo.of(now), previous=PathInfo.of(previous)).to_dict())
+                                              path=EventPath.of(now), previous=EventPath.of(previous)).to_dict())
 
     # ------------------------------------------------------------ the engine's questions
     def named_post(self, post_id: str) -> None:
@@ -341,7 +341,7 @@ class Connection:
         host.emit(SessionStarted(session_id=ev.session_id, peer=ev.peer_public_key, peer_name=name, post_id=post,
                                  pairing_code=code, person=pid.person if pid else None,
                                  device_name=pid.device_name if pid else None, via_person=pin is not None,
-                                 path=PathInfo.of(self.path)).to_dict())
+                                 path=EventPath.of(self.path)).to_dict())
         token = self.token
         return HookContext(role="host", session_id=ev.session_id,
                            peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile,
