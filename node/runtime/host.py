@@ -1,9 +1,10 @@
 """The Host role: bind an endpoint, publish (or write) an invitation, serve guests until stopped.
 
 :class:`Host` builds the host's small machines once and wires them in one place: the
-session table (node/runtime/sessions.py: who is connected), the posts
-(node/runtime/posts.py: what may be joined), one :class:`node.runtime.connection.Connection`
-per accepted connection, the audit tap, the peers watcher and the knowledge behind the
+session table (node/runtime/sessions.py: who is connected), the doorkeeper
+(node/runtime/doorkeeper.py: who may come in), the posts (node/runtime/posts.py: what may be
+joined), one :class:`node.runtime.connection.Connection` per accepted connection (given its
+collaborators, never the host), the audit tap, the peers watcher and the knowledge behind the
 egress gate. It takes an injectable clock and endpoint, so ``kith protocol test`` and the
 tests run this same host over memory pipes. :func:`serve_host` is what ``kith host`` calls.
 Every protocol rule lives in the engine, every content rule in the answer service
