@@ -297,6 +297,9 @@ class PeersWatcher:
         except KithError as exc:
             self.on_event({"event": "policy-reloaded", "ok": False, "code": exc.code})
             return
+        from node.policy.scrub_coverage import record_scrub
+
+        record_scrub(self.home, policy)  # what it scrubs counts as "once covered" (specs/policy.md §9.5)
         self.on_event({"event": "policy-reloaded", "ok": True, "rules": len(policy.rules)})
 
 
