@@ -182,3 +182,158 @@ def test_the_record_keeps_group_entries_as_names_and_survives_a_bad_file(tmp_pat
     assert (tmp_path / RECORD_FILE).stat().st_mode & 0o777 == 0o600
     (tmp_path / RECORD_FILE).write_text("{not json")
     assert ScrubRecord.load(tmp_path).rows == {}
+
+
+# --- the property: no scrubbed value reaches a peer the owner scrubbed it for ----------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from node.policy.scrub_coverage import newly_unscrubbed, recipients  # noqa: E402
+
+#: per source: the values of each kind it holds (each value in that source only)
+VALUES = {
+    "/d/a/x.md": {"email": "anna.keeper@example.org", "card": "4111 1111 1111 1111", "iban": "DE89 3704 0044 0532 0130 00"},
+    "/d/b/x.md": {"email": "bert.keeper@example.org", "card": "5555 5555 5555 4444", "iban": "GB82 WEST 1234 5698 7654 32"},
+    "/d/c/x.md": {"email": "cora.keeper@example.org", "card": "4012 8888 8888 1881",
+                  "iban": "FR14 2004 1010 0505 0001 3M02 606"},
+    "/d/c/deep/y.md": {"email": "dirk.keeper@example.org", "card": "6011 1111 1111 1117"},
+}
+FOLDERS = ["/d/a", "/d/b", "/d/c", "/d/c/deep"]
+NAMES = ["alice", "bob", "carol"]
+GROUPS = ["g1", "g2"]
+PEERS = {None: ANON, "alice": ALICE, "bob": BOB, "carol": "d4" * 32}
+KIND_SETS = st.sets(st.sampled_from(["email", "card", "iban"]), min_size=1).map(sorted)
+PRINCIPALS = st.sampled_from(NAMES + ["@" + g for g in GROUPS])
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The indexed /d corpus and an approvals store that promoted every source for every
+    peer key (so each ask source is answered as an approved one)."""
+    base = tmp_path_factory.mktemp("intent")
+    root = base / "d"
+    for source, values in VALUES.items():
+        path = root / source.removeprefix("/d/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# Walrus {path.stem}\n\nThe walrus record: mail {values['email']}, "
+                        + ", ".join(f"{k} {v}" for k, v in values.items() if k != "email") + ".\n")
+    home = base / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+    approvals = Approvals(base / "state")
+    for name, key in PEERS.items():
+        record = approvals.request(key, name, "walrus", sorted(VALUES))
+        approvals.decide(record.id, True, remember=True)
+    corpus = Corpus(home, readonly=True)
+    yield home, corpus, approvals
+    corpus.close()
+
+
+_tier = st.sampled_from(["public", "peers", "ask", "private", "never"])
+_rule = st.tuples(st.just("rule"), st.sampled_from(FOLDERS), _tier, st.sets(PRINCIPALS, min_size=1).map(sorted))
+_override = st.tuples(st.just("override"), st.sampled_from(FOLDERS), PRINCIPALS,
+                      st.sampled_from(["public", "ask", "private", "never"]))
+_scrub = st.tuples(st.just("scrub"), st.one_of(st.none(), st.sampled_from(FOLDERS)),
+                   st.sampled_from(["*"] + NAMES + ["@" + g for g in GROUPS]), KIND_SETS)
+_join = st.tuples(st.sampled_from(["join", "leave"]), st.sampled_from(GROUPS), st.sampled_from(NAMES))
+_unset = st.tuples(st.just("unset"), st.sampled_from(FOLDERS))
+_unset_override = st.tuples(st.just("unset-override"), st.sampled_from(FOLDERS), PRINCIPALS)
+_scrub_off = st.tuples(st.just("scrub-off"), st.one_of(st.none(), st.sampled_from(FOLDERS)),
+                       st.sampled_from(["*"] + NAMES + ["@" + g for g in GROUPS]))
+SETUP = st.lists(st.one_of(_rule, _override, _scrub, _join), min_size=1, max_size=10)
+CHANGES = st.lists(st.one_of(_rule, _unset, _override, _unset_override, _join, _scrub, _scrub_off),
+                   min_size=1, max_size=5)
+
+
+def _apply(policy: Policy, op: tuple) -> None:
+    kind = op[0]
+    if kind == "rule":
+        _, glob, tier, peers = op
+        policy.set(glob, tier, peers if tier == "peers" else None)
+    elif kind == "override":
+        policy.set(op[1], op[3], for_peer=op[2])
+    elif kind == "unset":
+        policy.unset(op[1])
+    elif kind == "unset-override":
+        policy.unset(op[1], for_peer=op[2])
+    elif kind == "scrub":
+        _, glob, who, kinds = op
+        have = next((s.kinds for s in policy.scrub_rules if (s.glob, s.recipient) == (glob, who)), ())
+        policy.set_scrub(who, sorted({*have, *kinds}), glob=glob)
+    elif kind == "scrub-off":
+        policy.set_scrub(op[2], [], glob=op[1])
+    elif kind == "join":
+        policy.add_members(op[1], [op[2]])
+    elif kind == "leave" and op[1] in policy.groups and op[2] in policy.groups[op[1]].members:
+        policy.remove_members(op[1], [op[2]])
+
+
+def _intended(policy: Policy) -> set[tuple[str | None, str, str]]:
+    """(peer, source, kind) the owner's scrub entries cover — computed here from the
+    entries and the groups' member lists, not with Policy.scrub_kinds."""
+    out = set()
+    for s in policy.scrub_rules:
+        for peer in PEERS:
+            if s.recipient == "*" or s.recipient == peer or (
+                    s.recipient.startswith("@") and peer is not None
+                    and peer in getattr(policy.groups.get(s.recipient[1:]), "members", {})):
+                for source in VALUES:
+                    if s.glob is None or source == s.glob or source.startswith(s.glob + "/"):
+                        out.update((peer, source, k) for k in s.kinds)
+    return out
+
+
+def _leaks(world, policy: Policy, ever: set) -> list[tuple[str | None, str, str]]:
+    """(peer, source, kind) whose value reached that peer though ``ever`` scrubbed it for it."""
+    home, corpus, approvals = world
+    gate = EgressGate(corpus.roots(), policy, home, approvals=approvals)
+    out = []
+    for peer, key in PEERS.items():
+        answer = peer_knowledge(corpus, gate, peer, peer_key=key).search({"query": "walrus record", "topK": 10})
+        wire = json.dumps({k: v for k, v in answer.items() if k != "scrubbed"}, ensure_ascii=False)
+        out += [(peer, s, k) for (p, s, k) in ever if p == peer and VALUES[s].get(k, "\0") in wire]
+    return out
+
+
+def _run(world, setup: list, changes: list, *, guard: bool = True) -> list:
+    """Apply ``setup``, then each of ``changes`` as an owner who declines every change the
+    guard (``newly_unscrubbed``) reports (``guard=False``: who accepts them all); after
+    each state, what leaked."""
+    policy = Policy()
+    for op in setup:
+        _apply(policy, op)
+    record = ScrubRecord()
+    record.add(policy)
+    ever = _intended(policy)
+    leaks = _leaks(world, policy, ever)
+    for op in changes:
+        after = Policy.from_toml(policy.to_toml())
+        _apply(after, op)
+        who = recipients(after, record, NAMES)
+        if guard and newly_unscrubbed(policy, after, record, sorted(VALUES), who):
+            continue  # the owner said no: nothing changed
+        record.add(policy)
+        record.add(after)
+        policy = after
+        ever |= _intended(policy)
+        leaks += _leaks(world, policy, ever)
+    return leaks
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(setup=SETUP, changes=CHANGES)
+def test_no_scrubbed_value_reaches_a_peer_it_was_scrubbed_for_whatever_changes(world, setup, changes):
+    assert _run(world, setup, changes) == []
+
+
+def test_the_property_sees_a_leak_when_a_confirmed_change_stops_scrubbing(world):
+    setup = [("rule", "/d/a", "public", []), ("join", "g1", "bob"), ("scrub", None, "@g1", ["card"])]
+    change = [("leave", "g1", "bob")]
+    assert _run(world, setup, change) == []
+    assert _run(world, setup, change, guard=False) == [("bob", "/d/a/x.md", "card")]
+    # and a tier move never needs the guard: the entry follows the source
+    moved = [("rule", "/d/a", "ask", []), ("rule", "/d/a", "peers", ["bob"]), ("override", "/d/a", "bob", "public")]
+    assert _run(world, setup, moved, guard=False) == []
