@@ -114,8 +114,9 @@ def guarded_write(home: Path, before: Policy, after: Policy, write, *, yes: bool
     return lapsed
 
 
-def _unscrubbed_json(lapsed: list) -> list:
-    return [u.to_dict() for u in lapsed]
+def _unscrubbed_json(lapsed: list) -> dict:
+    """``{"unscrubbed": [...]}`` for a change that stopped scrubbing (confirmed), else ``{}``."""
+    return {"unscrubbed": [u.to_dict() for u in lapsed]} if lapsed else {}
 
 
 def _rule_dict(rule: Rule) -> dict:
@@ -252,7 +253,7 @@ def set_cmd(
     if as_json:
         emit_json({**_rule_dict(rule), **{k: v for k, v in cov.to_dict().items() if k not in ("glob", "tier", "for")},
                    **superseded, "unpinnedPeers": unpinned, "warning": warning,
-                   "unscrubbed": _unscrubbed_json(lapsed)})
+                   **_unscrubbed_json(lapsed)})
     else:
         extra = f" (peers: {', '.join(rule.peers)})" if rule.peers else ""
         extra += f" (override for {rule.peer})" if rule.peer else ""
@@ -287,7 +288,7 @@ def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         _warn(f"could not write the scrub record: {exc.strerror}")
     lapsed = unscrubbed(policy, record, sources, recipients(policy, record, list(PeerRegistry.load(home).peers)))
     if as_json:
-        emit_json({**report.to_dict(), "unscrubbed": _unscrubbed_json(lapsed)})
+        emit_json({**report.to_dict(), "unscrubbed": [u.to_dict() for u in lapsed]})
         return
     lines = [f"{report.sources} indexed source(s), {len(report.rules)} rule(s)"]
     for cov in report.rules:
@@ -339,7 +340,7 @@ def unset_cmd(
     else:
         _warn(f"no rule for {glob!r}; nothing changed")
     if as_json:
-        emit_json({"glob": glob, "removed": removed, "unscrubbed": _unscrubbed_json(lapsed)})
+        emit_json({"glob": glob, "removed": removed, **_unscrubbed_json(lapsed)})
     elif removed:
         console.print(f"removed {glob}", highlight=False, markup=False)
     if removed:
@@ -507,7 +508,7 @@ def scrub_cmd(
         if off and policy.scrub_rules == before.scrub_rules:
             _warn(f"nothing was scrubbed for {for_target}" + (f" in {glob}" if glob else "") + "; nothing changed")
     if as_json:
-        emit_json({"scrub": _scrub_json(policy), "changed": bool(changed), "unscrubbed": _unscrubbed_json(lapsed)})
+        emit_json({"scrub": _scrub_json(policy), "changed": bool(changed), **_unscrubbed_json(lapsed)})
     else:
         console.print("scrubbed for peers (`kith policy scrub --for '*'|PEER|@GROUP [--glob GLOB] KINDS`):\n"
                       + "\n".join(_scrub_lines(policy)), highlight=False, markup=False, soft_wrap=True)
