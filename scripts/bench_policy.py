@@ -138,7 +138,7 @@ def scrub_bench(corpus_dir: Path | None, rounds: int) -> None:
         policy.set(f"/{prefix}/**", "public")
         if name != "off":
             policy.set(hidden, "private")
-    policies["on"].set_scrub("public", KINDS)
+    policies["on"].set_scrub("*", KINDS)  # every peer, every source (specs/policy.md §9.0)
     handles = {k: peer_knowledge(corpus, EgressGate(corpus.roots(), p, home), None) for k, p in policies.items()}
     for name, handle in handles.items():  # build each view (the scrubbed one over scrubbed text)
         t0 = time.perf_counter()
