@@ -77,18 +77,9 @@ def guarded_write(home: Path, before: Policy, after: Policy, write, *, yes: bool
     import sys
 
     from node.common.errors import PolicyError
-    from node.policy.coverage import indexed_sources
-    from node.policy.scrub_coverage import ScrubRecord, newly_unscrubbed, recipients
+    from node.policy.scrub_coverage import change_unscrubs, commit_change
 
-    record = ScrubRecord.load(home)
-    lapsed: list = []
-    if before.scrub_rules or record.rows:  # nothing scrubbed ever: nothing can lapse
-        from node.trust.peers import PeerRegistry
-
-        pinned = list(PeerRegistry.load(home).peers)
-        who = sorted(set(recipients(before, record, pinned)) | set(recipients(after, record, pinned)),
-                     key=lambda r: (r is not None, r or ""))
-        lapsed = newly_unscrubbed(before, after, record, indexed_sources(home), who, served_as=served_as)
+    lapsed, record = change_unscrubs(home, before, after, served_as=served_as)
     if lapsed:
         err_console.print(safe_text("this change stops scrubbing indexed sources (specs/policy.md §9):\n"
                                     + "\n".join(f"  {u.line()}" for u in lapsed)),
@@ -100,17 +91,7 @@ def guarded_write(home: Path, before: Policy, after: Policy, write, *, yes: bool
             err_console.print("stop scrubbing them? [y/N] ", end="", markup=False, highlight=False)
             if sys.stdin.readline().strip().lower() not in ("y", "yes"):
                 raise PolicyError("scrub-would-lapse", "not changed (not confirmed)")
-    record.add(before)
-    try:
-        record.save(home)
-    except OSError as exc:
-        _warn(f"could not write the scrub record: {exc.strerror}")
-    write()
-    record.add(after)
-    try:
-        record.save(home)
-    except OSError as exc:
-        _warn(f"could not write the scrub record: {exc.strerror}")
+    commit_change(home, record, before, after, write)
     return lapsed
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,12 +150,11 @@ class ScrubRecord:
         """The registry names the record mentions (recipients ``kith policy check`` asks about)."""
         return {w for _, w in self.rows if w != EVERY_PEER}
 
-    def matchers_for(self, recipient: str | None) -> list[tuple[GlobMatcher | None, frozenset[str]]]:
-        """``(matcher or None for every source, kinds)`` of the rows that covered
+    def rows_for(self, recipient: str | None) -> list[tuple[str | None, frozenset[str]]]:
+        """``(glob or None for every source, kinds)`` of the rows that covered
         ``recipient`` (its own rows and the ``*`` rows)."""
         who = {EVERY_PEER} if recipient is None else {EVERY_PEER, recipient}
-        return [(None if g is None else GlobMatcher(g), frozenset(row["kinds"]))
-                for (g, w), row in self.rows.items() if w in who]
+        return [(g, frozenset(row["kinds"])) for (g, w), row in self.rows.items() if w in who]
 
 
 def record_scrub(home: Path, policy: Policy) -> None:
@@ -212,21 +211,32 @@ class Unscrubbed:
         return f"{who}: {', '.join(self.kinds)} no longer scrubbed in {n} source{'s' if n != 1 else ''}: {shown}{more}"
 
 
-def _triples(policy: Policy, record: ScrubRecord, sources: Sequence[str], who: Sequence[str | None],
-             served_as: Mapping[str, str | None]) -> set[tuple[str | None, str, str]]:
+def _triples(policy: Policy, record: ScrubRecord, sources: Callable[[], Sequence[str]],
+             who: Sequence[str | None], served_as: Mapping[str, str | None]) -> set[tuple[str | None, str, str]]:
     """``(recipient, source, kind)``: ``recipient`` (served as ``served_as.get(r, r)``)
     may see or be asked about ``source`` under ``policy`` (specs/policy.md §6.1's view),
     a row of ``record`` for it held ``kind`` for that source, and ``policy`` does not
-    scrub ``kind`` from it for that recipient now."""
+    scrub ``kind`` from it for that recipient now. A recipient each of whose rows an
+    entry in force repeats (same glob, the kinds included) is skipped without looking at
+    a source — the common case, so a rule change costs no scan of the corpus."""
     out: set[tuple[str | None, str, str]] = set()
     for r in who:
-        rows = record.matchers_for(r)
+        rows = record.rows_for(r)
         if not rows:
             continue
         now_as = served_as.get(r, r) if r is not None else None
-        for source in sources:
+        names = policy.scrub_recipients(now_as)
+        in_force: dict[str | None, set[str]] = {}
+        for s in policy.scrub_rules:
+            if s.recipient in names:
+                in_force.setdefault(s.glob, set()).update(s.kinds)
+        rows = [(g, kinds) for g, kinds in rows if not kinds <= in_force.get(g, set())]
+        if not rows:
+            continue
+        matchers = [(None if g is None else GlobMatcher(g), kinds) for g, kinds in rows]
+        for source in sources():
             once: set[str] = set()
-            for matcher, kinds in rows:
+            for matcher, kinds in matchers:
                 if matcher is None or matcher.match(source):
                     once.update(kinds)
             if not once:
@@ -238,6 +248,19 @@ def _triples(policy: Policy, record: ScrubRecord, sources: Sequence[str], who: S
             if d.allowed or d.tier == "ask":
                 out.update((r, source, k) for k in lost)
     return out
+
+
+def _once(sources: Sequence[str] | Callable[[], Sequence[str]]) -> Callable[[], Sequence[str]]:
+    """``sources`` as a callable that reads them at most once (a list is returned as is)."""
+    if not callable(sources):
+        return lambda: sources  # type: ignore[return-value]
+    kept: list[Sequence[str]] = []
+
+    def read() -> Sequence[str]:
+        if not kept:
+            kept.append(sources())
+        return kept[0]
+    return read
 
 
 def _grouped(triples: Iterable[tuple[str | None, str, str]]) -> list[Unscrubbed]:
@@ -255,15 +278,16 @@ def _grouped(triples: Iterable[tuple[str | None, str, str]]) -> list[Unscrubbed]
             for (r, kinds), ids in sorted(lines.items(), key=lambda kv: (kv[0][0] is not None, kv[0][0] or "", kv[0][1]))]
 
 
-def unscrubbed(policy: Policy, record: ScrubRecord, sources: Sequence[str],
+def unscrubbed(policy: Policy, record: ScrubRecord, sources: Sequence[str] | Callable[[], Sequence[str]],
                who: Sequence[str | None]) -> list[Unscrubbed]:
-    """What ``policy`` serves unscrubbed to ``who`` among the indexed ``sources`` that
-    ``record`` says a scrub entry once covered (``kith policy check``; specs/policy.md
-    §9.5)."""
-    return _grouped(_triples(policy, record, sources, who, {}))
+    """What ``policy`` serves unscrubbed to ``who`` among the indexed ``sources`` (or a
+    callable reading them, called only when needed) that ``record`` says a scrub entry
+    once covered (``kith policy check``; specs/policy.md §9.5)."""
+    return _grouped(_triples(policy, record, _once(sources), who, {}))
 
 
-def newly_unscrubbed(before: Policy, after: Policy, record: ScrubRecord, sources: Sequence[str],
+def newly_unscrubbed(before: Policy, after: Policy, record: ScrubRecord,
+                     sources: Sequence[str] | Callable[[], Sequence[str]],
                      who: Sequence[str | None], *,
                      served_as: Mapping[str, str | None] | None = None) -> list[Unscrubbed]:
     """What changing ``before`` into ``after`` would newly serve unscrubbed: the triples
@@ -277,6 +301,66 @@ def newly_unscrubbed(before: Policy, after: Policy, record: ScrubRecord, sources
     """
     rec = record.copy()
     rec.add(before)
-    was = _triples(before, rec, sources, who, {})
-    now = _triples(after, rec, sources, who, served_as or {})
+    read = _once(sources)
+    was = _triples(before, rec, read, who, {})
+    now = _triples(after, rec, read, who, served_as or {})
     return _grouped(now - was)
+
+
+def change_unscrubs(home: Path, before: Policy, after: Policy, *,
+                    served_as: Mapping[str, str | None] | None = None) -> tuple[list[Unscrubbed], ScrubRecord]:
+    """:func:`newly_unscrubbed` for a change of ``home``'s policy from ``before`` to
+    ``after``: over its indexed sources (read only when some recipient may lose a kind),
+    for :func:`recipients` of both policies with its pinned names, with its record.
+
+    Returns:
+        ``(lines, record)``: what the change would newly serve unscrubbed (empty: nothing)
+        and the record read, for :func:`commit_change`.
+    """
+    from node.policy.coverage import indexed_sources
+    from node.trust.peers import PeerRegistry
+
+    record = ScrubRecord.load(home)
+    if not (before.scrub_rules or record.rows):  # nothing was ever scrubbed: nothing can lapse
+        return [], record
+    pinned = list(PeerRegistry.load(home).peers)
+    who = sorted(set(recipients(before, record, pinned)) | set(recipients(after, record, pinned)),
+                 key=lambda r: (r is not None, r or ""))
+    return newly_unscrubbed(before, after, record, lambda: indexed_sources(home), who,
+                            served_as=served_as), record
+
+
+def commit_change(home: Path, record: ScrubRecord, before: Policy, after: Policy,
+                  write: Callable[[], Any]) -> None:
+    """Make a change :func:`change_unscrubs` measured: add ``before``'s coverage to the
+    record and write it, call ``write()``, then add ``after``'s (so what either covered
+    counts as "once covered"). A record that cannot be written is logged, never fatal."""
+    def save() -> None:
+        try:
+            record.save(home)
+        except OSError as exc:
+            log.warning("could not write %s: %s", RECORD_FILE, exc.strerror)
+
+    record.add(before)
+    save()
+    write()
+    record.add(after)
+    save()
+
+
+def refuse_unscrubbing(home: Path, before: Policy, after: Policy, write: Callable[[], Any], *,
+                       how: str) -> None:
+    """Make the change only when it stops scrubbing nothing (a surface with no way to
+    confirm, e.g. the dashboard's policy form); ``how`` names the command that can.
+
+    Raises:
+        PolicyError: ``scrub-would-lapse`` naming the first lines of what would lapse;
+            nothing is written then.
+    """
+    from node.common.errors import PolicyError
+
+    lapsed, record = change_unscrubs(home, before, after)
+    if lapsed:
+        raise PolicyError("scrub-would-lapse", "not changed: it would stop scrubbing "
+                          + "; ".join(u.line() for u in lapsed[:3]) + f" (confirm with {how} --yes)")
+    commit_change(home, record, before, after, write)
