@@ -337,3 +337,22 @@ def test_the_property_sees_a_leak_when_a_confirmed_change_stops_scrubbing(world)
     # and a tier move never needs the guard: the entry follows the source
     moved = [("rule", "/d/a", "ask", []), ("rule", "/d/a", "peers", ["bob"]), ("override", "/d/a", "bob", "public")]
     assert _run(world, setup, moved, guard=False) == []
+
+
+def test_a_running_host_records_what_a_hand_edit_later_removes_and_policy_check_lists_it(home):
+    from node.runtime.sessions import SessionTable
+    from node.runtime.revocation import PeersWatcher
+
+    (home / "policy.toml").write_text('[[rule]]\nglob = "/contacts/**"\ntier = "public"\n'
+                                      '[[scrub]]\nfor = "*"\nkinds = ["email"]\n')
+    watcher = PeersWatcher(home, SessionTable(), on_event=lambda ev: None)  # a host starting
+    assert ScrubRecord.load(home).rows == {(None, "*"): ScrubRecord.load(home).rows[(None, "*")]}
+    (home / "policy.toml").write_text('[[rule]]\nglob = "/contacts/**"\ntier = "public"\n'
+                                      '[[scrub]]\nglob = "/notes"\nfor = "bob"\nkinds = ["card"]\n')
+    watcher.poll()  # the host reloads the edited file
+    assert set(ScrubRecord.load(home).rows) == {(None, "*"), ("/notes", "bob")}
+    (home / "policy.toml").write_text('[[rule]]\nglob = "/contacts/**"\ntier = "public"\n')
+    check = json.loads(_ok(home, "policy", "check", "--json").stdout)
+    # per recipient: the anonymous peer, and bob (a name the record knows), both see it
+    assert check["unscrubbed"] == [{"for": None, "kinds": ["email"], "count": 1, "sources": ["/contacts/keeper.md"]},
+                                   {"for": "bob", "kinds": ["email"], "count": 1, "sources": ["/contacts/keeper.md"]}]
