@@ -356,3 +356,28 @@ def test_a_running_host_records_what_a_hand_edit_later_removes_and_policy_check_
     # per recipient: the anonymous peer, and bob (a name the record knows), both see it
     assert check["unscrubbed"] == [{"for": None, "kinds": ["email"], "count": 1, "sources": ["/contacts/keeper.md"]},
                                    {"for": "bob", "kinds": ["email"], "count": 1, "sources": ["/contacts/keeper.md"]}]
+
+
+@pytest.mark.parametrize("reply,done", [("y\n", True), ("n\n", False), ("\n", False)])
+def test_on_a_terminal_the_change_is_asked_about_and_made_only_on_yes(home, reply, done):
+    import os
+    import subprocess
+    import sys
+
+    _ok(home, "policy", "set", "/contacts/**", "public")
+    _ok(home, "policy", "scrub", "--for", "*", "card")
+    before = (home / "policy.toml").read_bytes()
+    master, slave = os.openpty()  # a real terminal on stdin: the command asks
+    try:
+        os.write(master, reply.encode())
+        proc = subprocess.run([sys.executable, "-m", "node", "--home", str(home), "policy", "scrub", "--for", "*",
+                               "--off"], stdin=slave, capture_output=True, text=True, timeout=120)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert "/contacts/keeper.md" in proc.stderr and "stop scrubbing them? [y/N]" in proc.stderr
+    if done:
+        assert proc.returncode == 0 and Policy.load(home).scrub_rules == ()
+    else:
+        assert proc.returncode == 1 and "scrub-would-lapse" in proc.stderr
+        assert (home / "policy.toml").read_bytes() == before

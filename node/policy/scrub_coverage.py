@@ -211,15 +211,15 @@ class Unscrubbed:
         return f"{who}: {', '.join(self.kinds)} no longer scrubbed in {n} source{'s' if n != 1 else ''}: {shown}{more}"
 
 
-def _triples(policy: Policy, record: ScrubRecord, sources: Callable[[], Sequence[str]],
-             who: Sequence[str | None], served_as: Mapping[str, str | None]) -> set[tuple[str | None, str, str]]:
-    """``(recipient, source, kind)``: ``recipient`` (served as ``served_as.get(r, r)``)
+def _lost(policy: Policy, record: ScrubRecord, sources: Callable[[], Sequence[str]],
+          who: Sequence[str | None], served_as: Mapping[str, str | None]) -> dict[tuple[str | None, str], set[str]]:
+    """``(recipient, source) -> kinds``: ``recipient`` (served as ``served_as.get(r, r)``)
     may see or be asked about ``source`` under ``policy`` (specs/policy.md §6.1's view),
     a row of ``record`` for it held ``kind`` for that source, and ``policy`` does not
     scrub ``kind`` from it for that recipient now. A recipient each of whose rows an
     entry in force repeats (same glob, the kinds included) is skipped without looking at
     a source — the common case, so a rule change costs no scan of the corpus."""
-    out: set[tuple[str | None, str, str]] = set()
+    out: dict[tuple[str | None, str], set[str]] = {}
     for r in who:
         rows = record.rows_for(r)
         if not rows:
@@ -234,6 +234,16 @@ def _triples(policy: Policy, record: ScrubRecord, sources: Callable[[], Sequence
         if not rows:
             continue
         matchers = [(None if g is None else GlobMatcher(g), kinds) for g, kinds in rows]
+        per_folder: dict[str, Any] = {}  # folder -> decision of its files, None: decide each
+
+        def receives(source: str) -> bool:
+            folder = source.rsplit("/", 1)[0]
+            if folder not in per_folder:
+                per_folder[folder] = policy.decide_folder(folder, now_as) if folder else None
+            decide = per_folder[folder]
+            d = decide(source) if decide is not None else policy.decide_canonical(source, now_as)
+            return d.allowed or d.tier == "ask"
+
         for source in sources():
             once: set[str] = set()
             for matcher, kinds in matchers:
@@ -244,9 +254,8 @@ def _triples(policy: Policy, record: ScrubRecord, sources: Callable[[], Sequence
             lost = once - policy.scrub_kinds(source, now_as)
             if not lost:
                 continue
-            d = policy.decide_canonical(source, now_as)
-            if d.allowed or d.tier == "ask":
-                out.update((r, source, k) for k in lost)
+            if receives(source):
+                out[(r, source)] = set(lost)
     return out
 
 
@@ -263,17 +272,15 @@ def _once(sources: Sequence[str] | Callable[[], Sequence[str]]) -> Callable[[], 
     return read
 
 
-def _grouped(triples: Iterable[tuple[str | None, str, str]]) -> list[Unscrubbed]:
-    """Triples as :class:`Unscrubbed` lines: per recipient (anonymous first), per set of
-    kinds lost on the same sources."""
+def _grouped(lost: Mapping[tuple[str | None, str], set[str]]) -> list[Unscrubbed]:
+    """``(recipient, source) -> kinds`` as :class:`Unscrubbed` lines: per recipient
+    (anonymous first), per set of kinds lost on the same sources."""
     from node.policy.scrub import KINDS
 
-    per: dict[tuple[str | None, str], set[str]] = {}
-    for r, s, k in triples:
-        per.setdefault((r, s), set()).add(k)
     lines: dict[tuple[str | None, tuple[str, ...]], list[str]] = {}
-    for (r, s), kinds in per.items():
-        lines.setdefault((r, tuple(k for k in KINDS if k in kinds)), []).append(s)
+    for (r, s), kinds in lost.items():
+        if kinds:
+            lines.setdefault((r, tuple(k for k in KINDS if k in kinds)), []).append(s)
     return [Unscrubbed(r, kinds, tuple(sorted(ids)))
             for (r, kinds), ids in sorted(lines.items(), key=lambda kv: (kv[0][0] is not None, kv[0][0] or "", kv[0][1]))]
 
@@ -283,7 +290,7 @@ def unscrubbed(policy: Policy, record: ScrubRecord, sources: Sequence[str] | Cal
     """What ``policy`` serves unscrubbed to ``who`` among the indexed ``sources`` (or a
     callable reading them, called only when needed) that ``record`` says a scrub entry
     once covered (``kith policy check``; specs/policy.md §9.5)."""
-    return _grouped(_triples(policy, record, _once(sources), who, {}))
+    return _grouped(_lost(policy, record, _once(sources), who, {}))
 
 
 def newly_unscrubbed(before: Policy, after: Policy, record: ScrubRecord,
@@ -302,9 +309,9 @@ def newly_unscrubbed(before: Policy, after: Policy, record: ScrubRecord,
     rec = record.copy()
     rec.add(before)
     read = _once(sources)
-    was = _triples(before, rec, read, who, {})
-    now = _triples(after, rec, read, who, served_as or {})
-    return _grouped(now - was)
+    was = _lost(before, rec, read, who, {})
+    now = _lost(after, rec, read, who, served_as or {})
+    return _grouped({key: kinds - was.get(key, set()) for key, kinds in now.items()})
 
 
 def change_unscrubs(home: Path, before: Policy, after: Policy, *,
