@@ -123,6 +123,8 @@ def test_scrub_entries_round_trip_through_policy_toml(tmp_path):
     assert again.scrub_kinds("/notes/team/a.md", "alice") == {"email", "iban"}
     assert again.scrub_kinds("/notes/team/a.md", "bob") == {"email", "iban", "card"}
     assert again.scrub_kinds("//srv/share/a.md", None) == {"email", "iban"}  # no glob: every source, UNC too
+    with pytest.raises(ValueError):  # the old call, with a tier, fails loudly
+        again.scrub_kinds("public", "alice")
     assert again.set_scrub("*", []) is None
     assert [s.recipient for s in again.scrub_rules] == ["alice", "@team"]
 

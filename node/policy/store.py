@@ -864,7 +864,16 @@ class Policy:
         every ``[[scrub]]`` whose glob matches it and whose ``for`` covers the peer
         (:meth:`scrub_recipients`). Independent of the tier and the rules (specs/policy.md
         §9.0): the one entry point the answer path and a peer's view use. Empty: nothing
-        is scrubbed. ``canonical`` None (an invalid id) → empty (it is never sent)."""
+        is scrubbed. ``canonical`` None (an invalid id) → empty (it is never sent).
+
+        Raises:
+            ValueError: ``canonical`` is a tier name — the entry point took a tier before
+                scrubbing followed the sources; a caller still passing one would scrub
+                by the wrong rule, so it fails loudly instead.
+        """
+        if canonical in _RANK:
+            raise ValueError(f"scrub_kinds takes a canonical source id, not the tier {canonical!r} "
+                             "(specs/policy.md §9.0)")
         if canonical is None or not self._scrubs:
             return frozenset()
         names = self.scrub_recipients(peer_name)
