@@ -1,10 +1,12 @@
-"""Scrub intent that follows the sources (issue 29 item 2; specs/policy.md §9.0, §9.5):
+"""node/policy/scrub_coverage.py and the scrub model it guards — scrub intent that follows
+the sources (issue 29 item 2; specs/policy.md §9.0, §9.5):
 moving a source to another tier keeps it scrubbed, an approved ``ask`` answer is scrubbed,
 and every command that would stop scrubbing indexed sources says which and asks first
 (``--yes``), while ``kith policy check`` lists what was once scrubbed and no longer is.
 
 Real corpus (SQLite + tantivy), real policy.toml, peers.json and approvals files, the real
-answer path and the real CLI (typer's runner: stdin is not a terminal)."""
+answer path and the real CLI (typer's runner: stdin is not a terminal; a pty for the
+question). The [[scrub]] table itself and the detectors are tested in test_policy_scrub.py."""
 
 from __future__ import annotations
 
@@ -12,16 +14,15 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from conftest import initialized
 from node.answer.service import peer_knowledge
-from node.cli import main as cli_main
 from node.corpus.store import Corpus
 from node.policy.approvals import Approvals
 from node.policy.gate import EgressGate
 from node.policy.scrub_coverage import RECORD_FILE, ScrubRecord
 from node.policy.store import Group, Policy
+from support.cli import invoke
+from support.homes import initialized
 
 EMAIL = "walter.otterby@example.org"
 PHONE = "+44 20 7946 0958"
@@ -48,8 +49,7 @@ def home(tmp_path: Path) -> Path:
 
 
 def _kith(home: Path, *args: str):
-    cli_main._register()
-    return CliRunner().invoke(cli_main.app, ["--home", str(home), *args])
+    return invoke(home, *args)
 
 
 def _ok(home: Path, *args: str):
