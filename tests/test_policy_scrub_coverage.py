@@ -156,7 +156,10 @@ def test_removing_a_pinned_peer_scrubbed_by_name_asks_first(home):
     _ok(home, "policy", "scrub", "--for", "alice", "card")
     _refused(home, "peers", "remove", "alice")
     assert _ok(home, "peers", "list", "--json").stdout.count("alice") >= 1
+    ending = _ok(home, "peers", "until", "alice", "7d")  # kept, but the owner is told what its end does
+    assert "when the pin ends" in ending.stderr and "/contacts/keeper.md" in ending.stderr
     _ok(home, "policy", "scrub", "--for", "*", "card")  # scrubbed for every peer: removing loses nothing
+    assert "when the pin ends" not in _ok(home, "peers", "until", "alice", "8d").stderr
     _ok(home, "peers", "remove", "alice")
 
 

@@ -22,6 +22,22 @@ def _cancel_approvals(home, key: str) -> list[str]:
     return ids
 
 
+def _warn_pin_end(home, name: str, ends: Optional[str]) -> None:
+    """When the pin NAME ends, its key is an anonymous peer: say on stderr which indexed
+    sources scrubbed for NAME (and not for every peer) it would then be served unscrubbed
+    (specs/policy.md §9.5; a warning, the pin is kept)."""
+    if ends is None:
+        return
+    from node.policy.scrub_coverage import change_unscrubs
+    from node.policy.store import Policy
+
+    policy = Policy.load(home)
+    lapsed, _ = change_unscrubs(home, policy, policy, served_as={name: None})
+    for u in lapsed:
+        err_console.print(f"warning: when the pin ends ({ends}) {name}'s key is an anonymous peer; "
+                          + u.line().replace(f"{name}: ", "", 1), highlight=False, markup=False, soft_wrap=True)
+
+
 def _audit(home, event: str, **fields) -> None:
     """Record an owner's registry change in ``<home>/audit.jsonl`` (node/trust/audit_log.py)."""
     from node.trust.audit_log import AuditLog
@@ -87,6 +103,7 @@ def add_cmd(
         rec = registry.add(name, key, note, invitation=inv_doc, server=server)
     if ends is not None:
         rec = set_pin_until(registry, rec.name, ends)
+        _warn_pin_end(home, rec.name, ends)
     if as_json:
         emit_json(registry.to_json(rec))
     else:
@@ -311,6 +328,7 @@ def until_cmd(
     ends = None if until == "never" else parse_until(until)
     home = home_of(ctx)
     rec = set_pin_until(PeerRegistry.load(home), name, ends)
+    _warn_pin_end(home, rec.name, ends)
     _audit(home, "grant-changed", kind="pin", peer=rec.public_key, peer_name=rec.name, until=ends)
     if as_json:
         emit_json(PeerRegistry.load(home).to_json(rec))
