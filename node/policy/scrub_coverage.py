@@ -111,8 +111,9 @@ class ScrubRecord:
 
     def add(self, policy: Policy) -> bool:
         """Add what ``policy``'s scrub entries cover now (:func:`coverage_rows`); True
-        when a row or kind is new (a row seen again only has its ``last`` moved when the
-        record is written anyway)."""
+        when a row or kind is new. ``first`` is when a row was made, ``last`` when it last
+        gained a kind (the rows dropped beyond :data:`MAX_ROWS` are those with the oldest
+        ``last``)."""
         now = _stamp()
         grew = False
         for glob, who, kind in coverage_rows(policy):
