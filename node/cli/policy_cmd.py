@@ -79,7 +79,11 @@ def guarded_write(home: Path, before: Policy, after: Policy, write, *, yes: bool
     from node.common.errors import PolicyError
     from node.policy.scrub_coverage import change_unscrubs, commit_change
 
-    lapsed, record = change_unscrubs(home, before, after, served_as=served_as)
+    def scanning(n: int) -> None:
+        if n >= 10_000:
+            _note(f"checking what this change stops scrubbing in {n} indexed sources…")
+
+    lapsed, record = change_unscrubs(home, before, after, served_as=served_as, on_scan=scanning)
     if lapsed:
         err_console.print(safe_text("this change stops scrubbing indexed sources (specs/policy.md §9):\n"
                                     + "\n".join(f"  {u.line()}" for u in lapsed)),

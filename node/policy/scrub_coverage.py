@@ -316,10 +316,15 @@ def newly_unscrubbed(before: Policy, after: Policy, record: ScrubRecord,
 
 
 def change_unscrubs(home: Path, before: Policy, after: Policy, *,
-                    served_as: Mapping[str, str | None] | None = None) -> tuple[list[Unscrubbed], ScrubRecord]:
+                    served_as: Mapping[str, str | None] | None = None,
+                    on_scan: Callable[[int], None] | None = None) -> tuple[list[Unscrubbed], ScrubRecord]:
     """:func:`newly_unscrubbed` for a change of ``home``'s policy from ``before`` to
     ``after``: over its indexed sources (read only when some recipient may lose a kind),
     for :func:`recipients` of both policies with its pinned names, with its record.
+
+    Args:
+        on_scan: called with the number of indexed sources when they have to be read
+            (the command says it is checking them: a long corpus takes seconds).
 
     Returns:
         ``(lines, record)``: what the change would newly serve unscrubbed (empty: nothing)
@@ -334,8 +339,13 @@ def change_unscrubs(home: Path, before: Policy, after: Policy, *,
     pinned = list(PeerRegistry.load(home).peers)
     who = sorted(set(recipients(before, record, pinned)) | set(recipients(after, record, pinned)),
                  key=lambda r: (r is not None, r or ""))
-    return newly_unscrubbed(before, after, record, lambda: indexed_sources(home), who,
-                            served_as=served_as), record
+    def sources() -> list[str]:
+        ids = indexed_sources(home)
+        if on_scan is not None:
+            on_scan(len(ids))
+        return ids
+
+    return newly_unscrubbed(before, after, record, sources, who, served_as=served_as), record
 
 
 def commit_change(home: Path, record: ScrubRecord, before: Policy, after: Policy,
