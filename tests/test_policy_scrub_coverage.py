@@ -384,3 +384,19 @@ def test_on_a_terminal_the_change_is_asked_about_and_made_only_on_yes(home, repl
     else:
         assert proc.returncode == 1 and "scrub-would-lapse" in proc.stderr
         assert (home / "policy.toml").read_bytes() == before
+
+
+def test_a_scrub_glob_that_matches_no_indexed_source_is_warned_about_and_listed_by_check(home, tmp_path):
+    """A real path (``/tmp/…/contacts/**``) or a typo as --glob scrubs nothing: the owner is
+    told at once and by ``policy check`` (as for a rule), with the folder meant."""
+    _ok(home, "policy", "set", "/contacts/**", "public")
+    real = str(tmp_path / "contacts") + "/**"
+    result = _ok(home, "policy", "scrub", "--for", "*", "--glob", real, "email")
+    assert f"warning: {real} matches no indexed source" in result.output
+    assert "/contacts/**" in result.output.split("warning:")[1]  # did you mean …
+    result = _ok(home, "policy", "scrub", "--for", "*", "--glob", "/contacts/**", "card")
+    assert "matches no indexed source" not in result.output
+    check = json.loads(_ok(home, "policy", "check", "--json").stdout)
+    assert check["unmatchedScrub"] == [{"glob": real, "for": "*", "kinds": ["email"], "suggestions": ["/contacts/**"]}]
+    text = _ok(home, "policy", "check").output
+    assert "scrub entries that match no indexed source (they scrub nothing):" in text and real in text
