@@ -166,6 +166,16 @@ def test_a_bad_scrub_table_is_refused_with_its_code(tmp_path, toml, code):
     assert err.value.code == code
 
 
+@pytest.mark.parametrize("who", ['""', '"@"', '["*"]', '"bad name"', '"@bad name"'])
+def test_a_bad_scrub_for_is_refused_naming_the_for_key(tmp_path, who):
+    """The message names the key the owner wrote (``for``), not the override's ``peer``."""
+    (tmp_path / "policy.toml").write_text(f'[[scrub]]\nfor = {who}\nkinds = ["email"]\n')
+    with pytest.raises(PolicyError) as err:
+        Policy.load(tmp_path)
+    assert err.value.code == "policy-invalid"
+    assert "[[scrub]] #1: 'for' must be" in str(err.value)
+
+
 def test_set_scrub_refuses_tiers_that_never_leave_and_unknown_kinds(tmp_path):
     policy = Policy()
     for target, kinds, code in (("never", ["email"], "policy-invalid"), ("public", ["mail"], "scrub-bad-kind"),
