@@ -400,3 +400,20 @@ def test_a_scrub_glob_that_matches_no_indexed_source_is_warned_about_and_listed_
     assert check["unmatchedScrub"] == [{"glob": real, "for": "*", "kinds": ["email"], "suggestions": ["/contacts/**"]}]
     text = _ok(home, "policy", "check").output
     assert "scrub entries that match no indexed source (they scrub nothing):" in text and real in text
+
+
+def test_hand_edited_rows_of_the_record_that_name_no_kind_or_recipient_are_left_out(home):
+    """A row whose kinds are not scrub kinds, or whose ``for`` is a group, empty or no
+    registry name, is dropped on read (the record stores names, never groups): ``policy
+    check`` lists no ``an anonymous peer:  no longer scrubbed`` line for it."""
+    _ok(home, "policy", "set", "/contacts/**", "public")
+    rows = [{"glob": None, "for": "*", "kinds": ["foo"], "first": "", "last": ""},
+            {"glob": None, "for": "*", "kinds": ["EMAIL", "card"], "first": "", "last": ""},
+            {"glob": "/contacts/**", "for": "@team", "kinds": ["email"], "first": "", "last": ""},
+            {"glob": None, "for": "bad name!", "kinds": ["card"], "first": "", "last": ""},
+            {"glob": None, "for": "", "kinds": ["phone"], "first": 1, "last": None}]
+    (home / RECORD_FILE).write_text(json.dumps({"version": 1, "rows": rows}))
+    record = ScrubRecord.load(home)
+    assert {k: v["kinds"] for k, v in record.rows.items()} == {(None, "*"): ["card"]}
+    check = json.loads(_ok(home, "policy", "check", "--json").stdout)
+    assert check["unscrubbed"] == [{"for": None, "kinds": ["card"], "count": 1, "sources": ["/contacts/keeper.md"]}]

@@ -88,6 +88,9 @@ class ScrubRecord:
             return cls()
         except (OSError, ValueError):
             doc = None
+        from node.policy.scrub import KINDS
+        from node.trust.peers import NAME_RE
+
         rows: dict[tuple[str | None, str], dict[str, Any]] = {}
         items = doc.get("rows") if isinstance(doc, dict) and doc.get("version") == 1 else None
         if not isinstance(items, list):
@@ -98,7 +101,12 @@ class ScrubRecord:
                 continue
             glob, who, kinds = item.get("glob"), item.get("for"), item.get("kinds")
             if (glob is not None and not isinstance(glob, str)) or not isinstance(who, str) \
-                    or not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+                    or not isinstance(kinds, list):
+                continue
+            # a hand edit: only scrub kinds, and "*" or a registry name (groups are stored
+            # as their members' names); a row left with neither is unusable, not the record
+            kinds = [k for k in kinds if isinstance(k, str) and k in KINDS]
+            if not kinds or (who != EVERY_PEER and NAME_RE.fullmatch(who) is None):
                 continue
             try:
                 if glob is not None:
