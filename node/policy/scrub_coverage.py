@@ -75,6 +75,22 @@ class ScrubRecord:
     def __init__(self, rows: Mapping[tuple[str | None, str], dict[str, Any]] | None = None) -> None:
         self.rows: dict[tuple[str | None, str], dict[str, Any]] = {k: dict(v) for k, v in (rows or {}).items()}
         self.changed = False
+        #: recipient -> its row keys (built when first asked; a record at the cap has
+        #: 10,000 rows, and scanning them per recipient was quadratic)
+        self._by_who: dict[str, list[tuple[str | None, str]]] | None = None
+        #: compiled globs, shared by every recipient (and with :meth:`load`'s check)
+        self._matchers: dict[str, GlobMatcher] = {}
+
+    def matcher(self, glob: str) -> GlobMatcher:
+        """The compiled §3 glob of a row (compiled once per record).
+
+        Raises:
+            PolicyError: ``policy-bad-glob`` (:meth:`load` leaves such rows out).
+        """
+        m = self._matchers.get(glob)
+        if m is None:
+            m = self._matchers[glob] = GlobMatcher(glob)
+        return m
 
     @classmethod
     def load(cls, home: Path) -> ScrubRecord:
@@ -92,6 +108,7 @@ class ScrubRecord:
         from node.trust.peers import NAME_RE
 
         rows: dict[tuple[str | None, str], dict[str, Any]] = {}
+        matchers: dict[str, GlobMatcher] = {}
         items = doc.get("rows") if isinstance(doc, dict) and doc.get("version") == 1 else None
         if not isinstance(items, list):
             log.warning("%s is unusable; starting a new scrub record", path)
@@ -110,12 +127,14 @@ class ScrubRecord:
                 continue
             try:
                 if glob is not None:
-                    GlobMatcher(glob)
+                    matchers[glob] = matchers.get(glob) or GlobMatcher(glob)
             except Exception:  # a hand-edited glob: the row is unusable, not the record
                 continue
             rows[(glob, who)] = {"kinds": sorted(set(kinds)), "first": str(item.get("first", "")),
                                  "last": str(item.get("last", ""))}
-        return cls(rows)
+        record = cls(rows)
+        record._matchers = matchers
+        return record
 
     def add(self, policy: Policy) -> bool:
         """Add what ``policy``'s scrub entries cover now (:func:`coverage_rows`); True
@@ -128,6 +147,7 @@ class ScrubRecord:
             row = self.rows.get((glob, who))
             if row is None:
                 row = self.rows[(glob, who)] = {"kinds": [], "first": now, "last": now}
+                self._by_who = None
             if kind not in row["kinds"]:
                 row["kinds"] = sorted({*row["kinds"], kind})
                 row["last"] = now
@@ -135,12 +155,15 @@ class ScrubRecord:
         if len(self.rows) > MAX_ROWS:
             for key in sorted(self.rows, key=lambda k: self.rows[k]["last"])[: len(self.rows) - MAX_ROWS]:
                 del self.rows[key]
+            self._by_who = None
         self.changed = self.changed or grew
         return grew
 
     def copy(self) -> ScrubRecord:
         """An independent copy (the guard adds the "before" policy to it)."""
-        return ScrubRecord(self.rows)
+        out = ScrubRecord(self.rows)
+        out._matchers = self._matchers  # compiled globs are immutable: shared
+        return out
 
     def save(self, home: Path) -> None:
         """Write the record when :meth:`add` changed it.
@@ -162,8 +185,12 @@ class ScrubRecord:
     def rows_for(self, recipient: str | None) -> list[tuple[str | None, frozenset[str]]]:
         """``(glob or None for every source, kinds)`` of the rows that covered
         ``recipient`` (its own rows and the ``*`` rows)."""
-        who = {EVERY_PEER} if recipient is None else {EVERY_PEER, recipient}
-        return [(g, frozenset(row["kinds"])) for (g, w), row in self.rows.items() if w in who]
+        if self._by_who is None:
+            self._by_who = {}
+            for key in self.rows:
+                self._by_who.setdefault(key[1], []).append(key)
+        keys = [*self._by_who.get(EVERY_PEER, ()), *(self._by_who.get(recipient, ()) if recipient is not None else ())]
+        return [(key[0], frozenset(self.rows[key]["kinds"])) for key in keys]
 
 
 def record_scrub(home: Path, policy: Policy) -> None:
@@ -242,7 +269,7 @@ def _lost(policy: Policy, record: ScrubRecord, sources: Callable[[], Sequence[st
         rows = [(g, kinds) for g, kinds in rows if not kinds <= in_force.get(g, set())]
         if not rows:
             continue
-        matchers = [(None if g is None else GlobMatcher(g), kinds) for g, kinds in rows]
+        matchers = [(None if g is None else record.matcher(g), kinds) for g, kinds in rows]
         per_folder: dict[str, Any] = {}  # folder -> decision of its files, None: decide each
 
         def receives(source: str) -> bool:
