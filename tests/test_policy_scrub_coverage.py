@@ -417,3 +417,20 @@ def test_hand_edited_rows_of_the_record_that_name_no_kind_or_recipient_are_left_
     assert {k: v["kinds"] for k, v in record.rows.items()} == {(None, "*"): ["card"]}
     check = json.loads(_ok(home, "policy", "check", "--json").stdout)
     assert check["unscrubbed"] == [{"for": None, "kinds": ["card"], "count": 1, "sources": ["/contacts/keeper.md"]}]
+
+
+def test_two_writers_of_the_record_keep_both_their_rows(tmp_path):
+    """A command that read the record before a running host added a reloaded policy's rows
+    (or another command) must not write them away when it saves its own."""
+    first = Policy()
+    first.set_scrub("bob", ["card"], glob="/docs/**")
+    second = Policy()
+    second.set_scrub("*", ["email"])
+    stale = ScrubRecord.load(tmp_path)  # e.g. `kith policy scrub` scanning the corpus ...
+    host = ScrubRecord.load(tmp_path)   # ... while the host reloads a hand edit
+    host.add(first)
+    host.save(tmp_path)
+    stale.add(second)
+    stale.save(tmp_path)
+    kept = ScrubRecord.load(tmp_path)
+    assert {k: v["kinds"] for k, v in kept.rows.items()} == {("/docs/**", "bob"): ["card"], (None, "*"): ["email"]}

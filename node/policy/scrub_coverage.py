@@ -20,10 +20,12 @@ so it reports what the gate and the answer path do.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,16 +168,34 @@ class ScrubRecord:
         return out
 
     def save(self, home: Path) -> None:
-        """Write the record when :meth:`add` changed it.
+        """Write the record when :meth:`add` changed it, united with what the file holds
+        now: another writer (a running host recording a reloaded policy, another command)
+        may have added rows since this one was read, and they are kept. Read, union and
+        write happen under an ``flock`` on ``<home>/scrub-record.json.lock`` (held for
+        milliseconds; none on a platform without ``fcntl``).
 
         Raises:
             OSError: the file could not be written (the old one is intact).
         """
         if not self.changed:
             return
-        doc = {"version": 1, "rows": [{"glob": g, "for": w, **row}
-                                      for (g, w), row in sorted(self.rows.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]}
-        atomic_write(Path(home) / RECORD_FILE, (json.dumps(doc, indent=1) + "\n").encode("utf-8"), mode=0o600)
+        home = Path(home)
+        with _record_lock(home):
+            for key, row in ScrubRecord.load(home).rows.items():
+                mine = self.rows.get(key)
+                if mine is None:
+                    self.rows[key] = dict(row)
+                    self._by_who = None
+                elif not set(row["kinds"]) <= set(mine["kinds"]):
+                    mine["kinds"] = sorted({*mine["kinds"], *row["kinds"]})
+                    mine["last"] = max(mine["last"], row["last"])
+            if len(self.rows) > MAX_ROWS:
+                for key in sorted(self.rows, key=lambda k: self.rows[k]["last"])[: len(self.rows) - MAX_ROWS]:
+                    del self.rows[key]
+                self._by_who = None
+            doc = {"version": 1, "rows": [{"glob": g, "for": w, **row}
+                                          for (g, w), row in sorted(self.rows.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]}
+            atomic_write(home / RECORD_FILE, (json.dumps(doc, indent=1) + "\n").encode("utf-8"), mode=0o600)
         self.changed = False
 
     def names(self) -> set[str]:
@@ -191,6 +211,24 @@ class ScrubRecord:
                 self._by_who.setdefault(key[1], []).append(key)
         keys = [*self._by_who.get(EVERY_PEER, ()), *(self._by_who.get(recipient, ()) if recipient is not None else ())]
         return [(key[0], frozenset(self.rows[key]["kinds"])) for key in keys]
+
+
+@contextlib.contextmanager
+def _record_lock(home: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``<home>/scrub-record.json.lock`` (blocking: every
+    holder only reads, unites and writes the record)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    home.mkdir(parents=True, exist_ok=True)
+    fd = os.open(home / (RECORD_FILE + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def record_scrub(home: Path, policy: Policy) -> None:
