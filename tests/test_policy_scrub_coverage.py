@@ -434,3 +434,24 @@ def test_two_writers_of_the_record_keep_both_their_rows(tmp_path):
     stale.save(tmp_path)
     kept = ScrubRecord.load(tmp_path)
     assert {k: v["kinds"] for k, v in kept.rows.items()} == {("/docs/**", "bob"): ["card"], (None, "*"): ["email"]}
+
+
+def test_a_change_measured_on_a_policy_that_changed_meanwhile_is_refused(home):
+    """Two commands at once: the second one's guard measured the file as it was, so writing
+    its copy would drop what the first one wrote (here a scrub entry, silently): refused
+    with policy-changed, nothing written."""
+    from node.common.errors import PolicyError
+    from node.policy.scrub_coverage import change_unscrubs, commit_change
+
+    _ok(home, "policy", "set", "/contacts/**", "public")
+    before, after = Policy.load(home), Policy.load(home)
+    after.set("/notes/**", "public")
+    lapsed, record = change_unscrubs(home, before, after)
+    assert lapsed == []
+    _ok(home, "policy", "scrub", "--for", "*", "card")  # another command, meanwhile
+    written = (home / "policy.toml").read_bytes()
+    with pytest.raises(PolicyError) as err:
+        commit_change(home, record, before, after, after.save)
+    assert err.value.code == "policy-changed"
+    assert (home / "policy.toml").read_bytes() == written
+    assert Policy.load(home).scrub_kinds("/contacts/keeper.md", None) == {"card"}

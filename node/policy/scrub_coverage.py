@@ -180,7 +180,7 @@ class ScrubRecord:
         if not self.changed:
             return
         home = Path(home)
-        with _record_lock(home):
+        with _lock(home / (RECORD_FILE + ".lock")):
             for key, row in ScrubRecord.load(home).rows.items():
                 mine = self.rows.get(key)
                 if mine is None:
@@ -214,16 +214,16 @@ class ScrubRecord:
 
 
 @contextlib.contextmanager
-def _record_lock(home: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``<home>/scrub-record.json.lock`` (blocking: every
-    holder only reads, unites and writes the record)."""
+def _lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created 0600; blocking: every holder only
+    reads and writes one small file)."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows
         yield
         return
-    home.mkdir(parents=True, exist_ok=True)
-    fd = os.open(home / (RECORD_FILE + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -425,16 +425,34 @@ def commit_change(home: Path, record: ScrubRecord, before: Policy, after: Policy
                   write: Callable[[], Any]) -> None:
     """Make a change :func:`change_unscrubs` measured: add ``before``'s coverage to the
     record and write it, call ``write()``, then add ``after``'s (so what either covered
-    counts as "once covered"). A record that cannot be written is logged, never fatal."""
+    counts as "once covered"). A record that cannot be written is logged, never fatal.
+
+    ``write()`` runs under an ``flock`` on ``<home>/policy.toml.lock``, and only when
+    ``policy.toml`` is still the file ``before`` was read from (:attr:`Policy.source_stamp`):
+    another command that wrote it meanwhile was not measured, and writing ``after`` over
+    it would drop its change — a scrub entry, say — without asking.
+
+    Raises:
+        PolicyError: ``policy-changed`` — the file changed since ``before`` was read;
+            nothing is written (run the command again).
+    """
+    from node.common.errors import PolicyError
+    from node.policy.store import POLICY_FILE, file_stamp
+
     def save() -> None:
         try:
             record.save(home)
         except OSError as exc:
             log.warning("could not write %s: %s", RECORD_FILE, exc.strerror)
 
-    record.add(before)
-    save()
-    write()
+    with _lock(Path(home) / (POLICY_FILE + ".lock")):
+        if before.path is not None and before.source_stamp is not None \
+                and file_stamp(before.path) != before.source_stamp:
+            raise PolicyError("policy-changed", f"not changed: {before.path} changed while this command ran "
+                              "(another kith command or an edit); run it again")
+        record.add(before)
+        save()
+        write()
     record.add(after)
     save()
 
