@@ -455,3 +455,22 @@ def test_a_change_measured_on_a_policy_that_changed_meanwhile_is_refused(home):
     assert err.value.code == "policy-changed"
     assert (home / "policy.toml").read_bytes() == written
     assert Policy.load(home).scrub_kinds("/contacts/keeper.md", None) == {"card"}
+
+
+def test_policy_check_lists_what_a_pin_that_ended_serves_unscrubbed(home):
+    """A pin whose --until passed makes its key an anonymous peer (specs/policy.md §9.0):
+    what was scrubbed for that name only now reaches the key unscrubbed, and ``policy
+    check`` says so (it said "nothing … is served unscrubbed")."""
+    from node.trust.peers import PeerRegistry
+
+    _ok(home, "policy", "set", "/contacts/**", "public")
+    _ok(home, "peers", "add", "carol", ALICE, "--until", "1h")
+    _ok(home, "policy", "scrub", "--for", "carol", "card")
+    assert json.loads(_ok(home, "policy", "check", "--json").stdout)["unscrubbed"] == []
+    doc = json.loads((home / "peers.json").read_text())
+    doc["peers"]["carol"]["until"] = "2020-01-01T00:00:00Z"  # the pin ended (a clock that moved on)
+    (home / "peers.json").write_text(json.dumps(doc))
+    assert PeerRegistry.load(home).by_name("carol") is not None
+    check = json.loads(_ok(home, "policy", "check", "--json").stdout)
+    assert check["unscrubbed"] == [{"for": "carol", "kinds": ["card"], "count": 1, "sources": ["/contacts/keeper.md"]}]
+    assert "carol (pin ended, now an anonymous peer): card no longer scrubbed" in _ok(home, "policy", "check").output

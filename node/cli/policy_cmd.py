@@ -272,7 +272,11 @@ def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         record.save(home)
     except OSError as exc:
         _warn(f"could not write the scrub record: {exc.strerror}")
-    lapsed = unscrubbed(policy, record, sources, recipients(policy, record, list(PeerRegistry.load(home).peers)))
+    from node.policy.grants import in_force
+
+    registry = PeerRegistry.load(home)
+    ended = [name for name, rec in registry.peers.items() if not in_force(rec.until)]
+    lapsed = unscrubbed(policy, record, sources, recipients(policy, record, list(registry.peers)), ended=ended)
     idle_scrubs = unmatched_scrubs(policy, sources)
     if as_json:
         emit_json({**report.to_dict(), "unscrubbed": [u.to_dict() for u in lapsed], "unmatchedScrub": idle_scrubs})

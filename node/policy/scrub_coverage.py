@@ -270,6 +270,8 @@ class Unscrubbed:
     recipient: str | None
     kinds: tuple[str, ...]
     sources: tuple[str, ...]
+    #: the recipient's pin has ended: its key is served as an anonymous peer now
+    pin_ended: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """``{"for": NAME|null, "kinds", "count", "sources"}`` (at most :data:`MAX_LISTED` ids)."""
@@ -279,6 +281,8 @@ class Unscrubbed:
     def line(self) -> str:
         """One plain-text line: who, what, how many and the first sources."""
         who = "an anonymous peer" if self.recipient is None else self.recipient
+        if self.pin_ended:
+            who += " (pin ended, now an anonymous peer)"
         shown = ", ".join(self.sources[:MAX_LISTED])
         more = f" (and {len(self.sources) - MAX_LISTED} more)" if len(self.sources) > MAX_LISTED else ""
         n = len(self.sources)
@@ -346,25 +350,34 @@ def _once(sources: Sequence[str] | Callable[[], Sequence[str]]) -> Callable[[], 
     return read
 
 
-def _grouped(lost: Mapping[tuple[str | None, str], set[str]]) -> list[Unscrubbed]:
+def _grouped(lost: Mapping[tuple[str | None, str], set[str]],
+             ended: Iterable[str] = ()) -> list[Unscrubbed]:
     """``(recipient, source) -> kinds`` as :class:`Unscrubbed` lines: per recipient
-    (anonymous first), per set of kinds lost on the same sources."""
+    (anonymous first), per set of kinds lost on the same sources; ``ended`` names the
+    recipients whose pin has ended (said on their lines)."""
+    ended = set(ended)
     from node.policy.scrub import KINDS
 
     lines: dict[tuple[str | None, tuple[str, ...]], list[str]] = {}
     for (r, s), kinds in lost.items():
         if kinds:
             lines.setdefault((r, tuple(k for k in KINDS if k in kinds)), []).append(s)
-    return [Unscrubbed(r, kinds, tuple(sorted(ids)))
+    return [Unscrubbed(r, kinds, tuple(sorted(ids)), pin_ended=r in ended)
             for (r, kinds), ids in sorted(lines.items(), key=lambda kv: (kv[0][0] is not None, kv[0][0] or "", kv[0][1]))]
 
 
 def unscrubbed(policy: Policy, record: ScrubRecord, sources: Sequence[str] | Callable[[], Sequence[str]],
-               who: Sequence[str | None]) -> list[Unscrubbed]:
+               who: Sequence[str | None], *, ended: Iterable[str] = ()) -> list[Unscrubbed]:
     """What ``policy`` serves unscrubbed to ``who`` among the indexed ``sources`` (or a
     callable reading them, called only when needed) that ``record`` says a scrub entry
-    once covered (``kith policy check``; specs/policy.md §9.5)."""
-    return _grouped(_lost(policy, record, _once(sources), who, {}))
+    once covered (``kith policy check``; specs/policy.md §9.5).
+
+    Args:
+        ended: pinned names whose pin has ended (``--until`` passed): their keys are
+            anonymous peers now, so they are decided and scrubbed as one (§9.0).
+    """
+    ended = set(ended)
+    return _grouped(_lost(policy, record, _once(sources), who, {n: None for n in ended}), ended)
 
 
 def newly_unscrubbed(before: Policy, after: Policy, record: ScrubRecord,
