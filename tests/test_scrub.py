@@ -11,9 +11,9 @@ import pytest
 from node.answer.service import peer_knowledge
 from node.common.errors import PolicyError
 from node.corpus.store import Corpus
-from node.policy import scrub as scrub_mod
+from node.common import scrub as scrub_mod
 from node.policy.gate import EgressGate
-from node.policy.scrub import KINDS, scrub
+from node.common.scrub import KINDS, scrub
 from node.policy.store import Policy
 
 EMAIL = "walter.otterby@example.org"

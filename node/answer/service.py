@@ -391,7 +391,7 @@ class AnswerService:
         per source, ``scrub_by_shown`` per record state, one policy's kinds), so a check
         costs one read of the record's source ids and the visibility of the candidates,
         not a scrub and a policy decision per document."""
-        from node.policy.scrub import PLACEHOLDER, ScrubFailed, scrub
+        from node.common.scrub import PLACEHOLDER, ScrubFailed, scrub
 
         kinds_of = getattr(visible, "scrub", None)
         memo: dict[str, str | None] = getattr(visible, "scrub_shown", {})  # source id -> shown id
@@ -681,7 +681,7 @@ def scrub_hits(hits: list[Any], kinds_of: Callable[[str], frozenset[str]]
                ) -> tuple[list[Any], dict[str, int]]:
     """The scrubbing gate (issue 24 item 3; specs/policy.md §9): each hit with every span
     of the kinds ``kinds_of(source id)`` names replaced by its placeholder
-    (:func:`node.policy.scrub.scrub`) in what the envelope is built from — text (hence
+    (:func:`node.common.scrub.scrub`) in what the envelope is built from — text (hence
     previews, excerpts and synthesis), source id, heading path, metadata strings — and in
     its collapsed copies' source ids (each with its own source's kinds).
 
@@ -698,7 +698,7 @@ def scrub_hits(hits: list[Any], kinds_of: Callable[[str], frozenset[str]]
     """
     import dataclasses
 
-    from node.policy.scrub import ScrubFailed, scrub_cached, scrub_fields
+    from node.common.scrub import ScrubFailed, scrub_cached, scrub_fields
 
     counts: dict[str, int] = {}
     out: list[Any] = []

@@ -363,7 +363,7 @@ def scrub_cmd(
     ... in previews, excerpts, synthesis and source ids, and a scrubbed peer's index holds
     the scrubbed text, so searching for a value finds nothing. KINDS replaces what the
     target had. Without arguments, list what is scrubbed."""
-    from node.policy.scrub import KINDS, check_kinds
+    from node.common.scrub import KINDS, check_kinds
 
     home = home_of(ctx)
     policy = Policy.load(home)

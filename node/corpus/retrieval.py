@@ -583,7 +583,7 @@ def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str], view: Any =
         headings = json.loads(heading or "[]")
         kinds = views.scrub_kinds(view.docs.get(doc_id)) if view is not None else frozenset()
         if kinds:
-            from node.policy.scrub import ScrubFailed, scrub_cached, scrub_many
+            from node.common.scrub import ScrubFailed, scrub_cached, scrub_many
 
             try:  # the chunk's text was scrubbed (and kept) when the view was built
                 text = scrub_cached(cid, text, kinds)
@@ -924,13 +924,13 @@ def _served(db: Any, row: sqlite3.Row, origins: sources.SourceNormalizer
 def _filtered_as(view: Any, doc_id: str, source_id: str, metadata: dict[str, Any]
                  ) -> tuple[str, dict[str, Any]]:
     """The source id and metadata a request's filters are matched against: for a document
-    a scrubbed ``view`` scrubs, as the peer receives them (node/policy/scrub.py), so a
+    a scrubbed ``view`` scrubs, as the peer receives them (node/common/scrub.py), so a
     ``sources`` glob naming a scrubbed value is no oracle on it; a scrubbing failure
     matches nothing (fail closed)."""
     kinds = views.scrub_kinds(view.docs.get(doc_id)) if view is not None else frozenset()
     if not kinds:
         return source_id, metadata
-    from node.policy.scrub import ScrubFailed, scrub_fields
+    from node.common.scrub import ScrubFailed, scrub_fields
 
     try:
         sid, _, meta = scrub_fields(source_id, [], metadata, kinds)

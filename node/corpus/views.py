@@ -25,9 +25,9 @@ see, never hidden ones.
 
 A scrubbed view (issue 24 item 3; specs/policy.md §9): when the predicate carries a
 ``scrub`` attribute — ``scrub(source_id) -> frozenset`` of kinds
-(:data:`node.policy.scrub.KINDS`) scrubbed from that document for this view — each such
+(:data:`node.common.scrub.KINDS`) scrubbed from that document for this view — each such
 document's chunks are indexed over their *scrubbed* text and title
-(:func:`node.policy.scrub.scrub`), so a query for a scrubbed value finds nothing and
+(:func:`node.common.scrub.scrub`), so a query for a scrubbed value finds nothing and
 nothing scrubbed moves a score. The kinds are part of the document's signature, so a
 changed ``[scrub]`` table re-indexes exactly the documents it changes; a chunk whose
 scrubbing fails is left out of the view (fail closed). A scrubbed view is never served
@@ -285,7 +285,7 @@ def _add(writer: Any, db: sqlite3.Connection, doc_ids: list[str],
     """Index the chunks of ``doc_ids``; a document whose signature in ``docs`` carries
     scrub kinds is indexed over its scrubbed text and title (a chunk whose scrubbing
     fails is left out: fail closed)."""
-    from node.policy.scrub import ScrubFailed, scrub, scrub_cached  # late: the policy sits above
+    from node.common.scrub import ScrubFailed, scrub, scrub_cached  # late: the policy sits above
 
     for cid, did, text, title in iter_chunks_for_index(db, sorted(doc_ids)):
         kinds = scrub_kinds(docs.get(did))

@@ -23,7 +23,7 @@ The exact glob, specificity and tie rules are in ``specs/policy.md``; in short:
 * An override and a group membership may carry ``until`` (RFC 3339 UTC): from then on it
   is ignored (:mod:`node.policy.grants`).
 * ``[scrub.tier]`` / ``[scrub.peer]`` (``kith policy scrub``): kinds of values
-  (:data:`node.policy.scrub.KINDS`) replaced by placeholders in what a peer receives from
+  (:data:`node.common.scrub.KINDS`) replaced by placeholders in what a peer receives from
   a source of that tier, or in everything that peer receives (:meth:`Policy.scrub_kinds`;
   specs/policy.md §9).
 
@@ -294,14 +294,14 @@ def _check_quota_values(table: object, where: str, *, allow_peer: bool) -> dict[
 
 def _check_scrub(table: object, where: str) -> dict[str, Any]:
     """The ``[scrub]`` table checked: ``{"tier": {TIER: [kinds]}, "peer": {NAME: [kinds]}}``
-    (either sub-table optional; kinds deduplicated in :data:`node.policy.scrub.KINDS`
+    (either sub-table optional; kinds deduplicated in :data:`node.common.scrub.KINDS`
     order; an empty list is dropped).
 
     Raises:
         PolicyError: ``policy-invalid`` (unknown key, a tier that never reaches a peer, a
             name that is no registry name, not a list), ``scrub-bad-kind``.
     """
-    from node.policy.scrub import check_kinds
+    from node.common.scrub import check_kinds
 
     if not isinstance(table, dict):
         raise PolicyError("policy-invalid", f"{where}must be a table")
@@ -733,7 +733,7 @@ class Policy:
                 (never sent, nothing to scrub); ``peer-bad-name`` for a target that is
                 neither a tier nor a registry name.
         """
-        from node.policy.scrub import check_kinds
+        from node.common.scrub import check_kinds
 
         got = check_kinds(kinds)
         if target in TIERS and target not in SCRUB_TIERS:
