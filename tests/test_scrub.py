@@ -351,7 +351,7 @@ def test_a_scrubbed_view_never_ranks_by_vectors_of_the_stored_text(corpus_home):
         from node.answer.service import AnswerService, PeerView
 
         service = AnswerService(corpus, gate)
-        visible = service.search_args(5, PeerView(None), gate.current_policy())["visible"]
-        _, controller = corpus.search_hits("walrus", limit=5, visible=visible)
+        lens = service.search_args(5, PeerView(None), gate.current_policy())["lens"]
+        _, controller = corpus.search_hits("walrus", limit=5, lens=lens)
         entry = next(p for p in controller["passes"] if p["name"] == "dense")
         assert (entry["status"], entry["reason"]) == ("skipped", "scrubbed-view")
