@@ -401,6 +401,16 @@ class Corpus:
         with self.record.lock:
             return len(self.view(lens).docs)
 
+    def view_ready(self, lens: Lens) -> bool:
+        """Is the view of ``lens`` served now without building or updating an index (the
+        main index, or a kept view index current with the record)? Nothing is built."""
+        with self.record.lock:
+            if self.record.db is None:
+                return False
+            views = self._views()
+            return views.served(views.visible_docs(self.record.db, lens),
+                                self.record.main_searcher_for) is not None
+
     def view_builds(self) -> int:
         """How many view indexes this handle has built from scratch (not counting updates
         of a kept one): what shows that a view was warmed before its first question."""

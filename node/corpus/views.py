@@ -188,7 +188,7 @@ class Views:
             self._sets.popitem(last=False)
         return docs
 
-    def _served(self, docs: _Docs, main: Callable[[int], Any] | None) -> ViewIndex | None:
+    def served(self, docs: _Docs, main: Callable[[int], Any] | None) -> ViewIndex | None:
         """The view of ``docs`` when it needs no index work: the main index (a view of
         every document, unscrubbed), the last one served, or a kept one holding exactly
         ``docs``; else None."""
@@ -223,7 +223,7 @@ class Views:
                 the main index (:attr:`ViewIndex.on_main`), not copied into RAM.
         """
         docs = self.visible_docs(db, lens)
-        view = self._served(docs, main)
+        view = self.served(docs, main)
         if view is None:
             view = self._ram_view(db, docs)
         return view
@@ -245,7 +245,7 @@ class Views:
             with record.lock:
                 record.searcher()  # the same availability rules as a search
                 docs = self.visible_docs(record.db, lens)
-                if (self._served(docs, record.main_searcher_for) is not None
+                if (self.served(docs, record.main_searcher_for) is not None
                         or self._nearest(_view_key(docs)) is not None):
                     return None  # ready, or an update (proportional to the change) the search makes
                 return docs
