@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from conftest import initialized
 from node.cli import main as cli_main
 from node.common.errors import UsageError
-from node.policy.grants import parse_until, until_time
+from node.common.grants import parse_until, until_time
 from node.policy.store import Policy
 from node.trust.identity import Identity
 from node.trust.peers import PeerRegistry, pins_in_force, set_pin_until

@@ -150,7 +150,7 @@ def set_cmd(
     as_json: bool = _JSON,
 ) -> None:
     """Add or replace the rule for GLOB (with --for NAME: that peer's override)."""
-    from node.policy.grants import parse_until
+    from node.common.grants import parse_until
 
     if until is not None and for_peer is None:
         raise UsageError("usage", "--until ends an override: give --for NAME|@GROUP too")
@@ -272,7 +272,7 @@ def _quota_lines(policy: Policy) -> list[str]:
 def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """Show the rules in file order, then per-peer overrides, then the quotas in force
     (the [quota] table, built-in defaults where it sets nothing), then what is scrubbed."""
-    from node.policy.grants import in_force
+    from node.common.grants import in_force
 
     policy = Policy.load(home_of(ctx))
     if as_json:

@@ -38,7 +38,7 @@ from node.common.errors import EgressRefused, PolicyError
 from node.corpus.lens import Lens
 from node.corpus.sources import SourceNormalizer, carried_id, folders_resolved_once
 from node.corpus.types import Hit, Root
-from node.policy.grants import in_force
+from node.common.grants import in_force
 from node.policy.store import DEFAULT_TIER, Decision, Policy, file_stamp
 
 log = logging.getLogger("kith.policy")

@@ -21,7 +21,7 @@ The exact glob, specificity and tie rules are in ``specs/policy.md``; in short:
   (deny beats allow); a group quota is the most restrictive of its groups', the peer's own
   ``[quota.peer.NAME]`` over it.
 * An override and a group membership may carry ``until`` (RFC 3339 UTC): from then on it
-  is ignored (:mod:`node.policy.grants`).
+  is ignored (:mod:`node.common.grants`).
 * ``[scrub.tier]`` / ``[scrub.peer]`` (``kith policy scrub``): kinds of values
   (:data:`node.common.scrub.KINDS`) replaced by placeholders in what a peer receives from
   a source of that tier, or in everything that peer receives (:meth:`Policy.scrub_kinds`;
@@ -196,7 +196,7 @@ def _check_peer_name(peer: object, where: str) -> str:
 
 
 def _check_until(until: object, where: str) -> str | None:
-    from node.policy.grants import until_time
+    from node.common.grants import until_time
 
     if until is None:
         return None
@@ -535,7 +535,7 @@ class Policy:
 
         With ``for_peer`` (a registry name or ``@group``), add or replace the
         ``[[override]]`` for (that peer, ``glob``) instead, ending at ``until`` (RFC 3339
-        UTC, :func:`node.policy.grants.parse_until`; None: never). A replaced rule keeps
+        UTC, :func:`node.common.grants.parse_until`; None: never). A replaced rule keeps
         its position; later duplicates of the same glob are removed. Does not save.
 
         Returns:
@@ -653,7 +653,7 @@ class Policy:
         ``until`` has passed at :attr:`now` are left out)."""
         if peer_name is None or peer_name.startswith(GROUP_PREFIX):
             return set()
-        from node.policy.grants import in_force
+        from node.common.grants import in_force
 
         now = self.now()
         return {GROUP_PREFIX + g.name for g in self.groups.values()
@@ -787,7 +787,7 @@ class Policy:
         a ``[[rule]]``, 0 an ``[[override]]`` in force of the peer or its groups)."""
         candidates = [(1, i, r) for i, r in enumerate(self._rules)]
         if peer_name is not None:
-            from node.policy.grants import in_force
+            from node.common.grants import in_force
 
             names = {peer_name} | self.groups_of(peer_name)
             now = self.now()

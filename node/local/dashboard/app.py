@@ -48,7 +48,7 @@ from node.answer import readable
 from node.common.errors import CorpusError, KithError
 from node.common.http import base_url_of, bind_socket, is_loopback, read_body, serve_app_in_thread, serve_forever
 from node.answer import contract
-from node.policy.grants import in_force
+from node.common.grants import in_force
 from node.answer.holder import CorpusHolder
 from node.local.dashboard.guard import COOKIE, SECURITY_HEADERS, Door, Guard, refusal_page
 
