@@ -154,3 +154,23 @@ def test_a_view_seeing_everything_is_served_from_the_main_index_with_the_same_ra
     with Corpus(home, readonly=True) as corpus:
         corpus.record.searcher()
         assert not corpus.view(lens_of(corpus, everything)).on_main
+
+
+def test_a_view_whose_lens_hides_a_document_no_longer_counts_it(tmp_path):
+    """A lens that hides a document the kept view holds (a policy change) gets a view that
+    ranks exactly like one built from scratch: tantivy would count a deleted document in
+    its statistics until a merge, so such a view is not updated in place (issue 29)."""
+    _, home = _corpus(tmp_path, {"pub/a.md": "walrus tusk\n", "pub/b.md": "walrus walrus walrus otter\n",
+                                 "pub/c.md": "walrus otter notes here\n", "priv/d.md": "walrus\n"})
+
+    def no_b(s: str) -> bool:
+        return public(s) and s != "/notes/pub/b.md"
+
+    with Corpus(home, readonly=True) as corpus:
+        corpus.search_hits("walrus otter", limit=5, lens=lens_of(corpus, public))  # kept
+        builds = corpus.view_builds()
+        after = _ranked(corpus, "walrus otter", no_b)
+        assert corpus.view_builds() == builds + 1  # a new index, not the kept one updated
+    with Corpus(home, readonly=True) as fresh:
+        assert _ranked(fresh, "walrus otter", no_b) == after
+    assert [s for s, _, _ in after] == ["/notes/pub/c.md", "/notes/pub/a.md"]

@@ -246,7 +246,7 @@ class Views:
                 record.searcher()  # the same availability rules as a search
                 docs = self.visible_docs(record.db, lens)
                 if (self.served(docs, record.main_searcher_for) is not None
-                        or self._nearest(_view_key(docs)) is not None):
+                        or self._nearest(record.db, docs) is not None):
                     return None  # ready, or an update (proportional to the change) the search makes
                 return docs
 
@@ -276,16 +276,19 @@ class Views:
         while len(self._indexes) > MAX_VIEWS:
             self._indexes.popitem(last=False)
 
-    def _nearest(self, key: frozenset[Any]) -> frozenset[Any] | None:
-        """The kept index sharing at least :data:`REUSE_OVERLAP` of its documents with
-        ``key`` (the most), or None."""
-        nearest = None
-        best = 0.0
-        for k in self._indexes:
-            share = len(k & key) / max(1, len(k | key))
-            if share > best:
-                nearest, best = k, share
-        return nearest if nearest is not None and best >= REUSE_OVERLAP else None
+    def _nearest(self, db: sqlite3.Connection, docs: _Docs) -> frozenset[Any] | None:
+        """The key of the kept index sharing the most of its documents with ``docs`` (at
+        least :data:`REUSE_OVERLAP`) that may be updated into ``docs``, or None: not one
+        that would keep counting a document the view may no longer see (:func:`_would_keep_hidden`)."""
+        key = _view_key(docs)
+        shares = sorted(((len(k & key) / max(1, len(k | key)), i, k)
+                         for i, k in enumerate(self._indexes)), reverse=True)
+        for share, _i, k in shares:
+            if share < REUSE_OVERLAP:
+                break
+            if not _would_keep_hidden(db, self._indexes[k].docs, docs):
+                return k
+        return None
 
     def _ram_view(self, db: sqlite3.Connection, docs: _Docs) -> ViewIndex:
         """The RAM index of ``docs``: kept, updated from the nearest kept one, or built."""
@@ -296,7 +299,7 @@ class Views:
             if view.docs != docs:
                 _update(db, view, docs)
         else:
-            nearest = self._nearest(key)
+            nearest = self._nearest(db, docs)
             if nearest is not None:
                 view = self._indexes.pop(nearest)
                 _update(db, view, docs)
@@ -331,6 +334,25 @@ def _view_key(docs: _Docs) -> frozenset[Any]:
                                     for d, sig in docs.items())
                           if docs.scrubbed else frozenset(docs))
     return key
+
+
+def _would_keep_hidden(db: sqlite3.Connection, held: dict[str, tuple[Any, ...]],
+                       docs: dict[str, tuple[Any, ...]]) -> bool:
+    """Would updating an index holding ``held`` into ``docs`` keep counting what the view
+    may not see? tantivy counts a deleted document in its statistics until a merge, so an
+    update may only delete documents the record itself removed or changed: not one the
+    lens now hides (still ``done`` in the record), nor one whose scrub kinds changed (its
+    old text held values now scrubbed). Then the view gets a new index instead."""
+    leaving = [d for d in held if d not in docs]
+    if any(scrub_kinds(held[d]) != scrub_kinds(sig) for d, sig in docs.items() if d in held):
+        return True
+    for i in range(0, len(leaving), 500):
+        part = leaving[i:i + 500]
+        row = db.execute("SELECT 1 FROM documents WHERE status = 'done' AND chunk_count > 0 "
+                         f"AND doc_id IN ({','.join('?' * len(part))}) LIMIT 1", part).fetchone()
+        if row is not None:
+            return True
+    return False
 
 
 def _new_index() -> Any:
