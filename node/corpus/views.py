@@ -75,7 +75,7 @@ VIEW_WRITER_HEAP = 64_000_000
 #: otherwise build a new one.
 REUSE_OVERLAP = 0.5
 #: visible-document sets kept (one per lens key, least recently used dropped).
-MAX_LENSES = 64
+MAX_LENSES = 32
 
 
 class _Docs(dict):  # type: ignore[type-arg]
@@ -146,7 +146,8 @@ class Views:
     go on meanwhile. One build runs at a time (:attr:`build_lock`)."""
 
     def __init__(self) -> None:
-        #: ``lens key -> (generation, visible docs)`` (at most :data:`MAX_LENSES`)
+        #: ``lens key -> (generation, visible docs)`` (at most :data:`MAX_LENSES`, of the
+        #: current generation only)
         self._sets: OrderedDict[Any, tuple[int, _Docs]] = OrderedDict()
         self._indexes: OrderedDict[frozenset[Any], ViewIndex] = OrderedDict()
         #: (the visible-docs dict last served, its view): same dict object → same view
@@ -183,6 +184,8 @@ class Views:
                 docs[doc_id] = (content_hash, indexed_at, chunks)
             docs.chunks += chunks
         docs.whole = len(docs) == total
+        for old in [k for k, (g, _d) in self._sets.items() if g < gen]:
+            del self._sets[old]  # sets of an older generation are not served again
         self._sets[lens.key] = (gen, docs)
         while len(self._sets) > MAX_LENSES:
             self._sets.popitem(last=False)

@@ -50,7 +50,7 @@ _INVALID = Decision(None, DEFAULT_TIER, False, None)
 #: tokens of gates and of in-memory policies (parts of a lens key; never reused)
 _GATE_TOKENS = itertools.count(1)
 #: lenses kept by :meth:`EgressGate.lens_for` (lens key -> lens, least recently used dropped)
-MAX_LENSES = 256
+MAX_LENSES = 64
 _lenses: OrderedDict[Any, Lens] = OrderedDict()
 _lenses_lock = threading.Lock()
 
@@ -287,9 +287,9 @@ class EgressGate:
     def lens_for(self, corpus: Any, peer_name: str | None, policy: Policy | None = None) -> Lens:
         """The lens of ``peer_name`` under ``policy`` (default :meth:`current_policy`) over
         ``corpus`` (a :class:`node.corpus.store.Corpus`) at its current generation
-        (:meth:`lens`). Kept per lens key across callers (at most :data:`MAX_LENSES`),
-        so it is decided once per (policy stamp, grants, peer, generation) — outside
-        the corpus lock.
+        (:meth:`lens`). Kept per lens key across callers (at most :data:`MAX_LENSES`; this
+        gate's lenses of older generations are dropped), so it is decided once per
+        (policy stamp, grants, peer, generation) — outside the corpus lock.
 
         Raises:
             CorpusError: ``index-unavailable`` (no record).
@@ -304,6 +304,8 @@ class EgressGate:
                 return lens
         lens = self.lens(policy, peer_name, generation, ids)
         with _lenses_lock:
+            for old in [k for k in _lenses if k[0] == self.token and k[4] < generation]:
+                del _lenses[old]  # a lens of an older generation is not asked for again
             _lenses[key] = lens
             while len(_lenses) > MAX_LENSES:
                 _lenses.popitem(last=False)
