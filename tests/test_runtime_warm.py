@@ -13,14 +13,15 @@ from node.corpus.store import Corpus
 from node.policy.store import Policy
 from node.runtime.warm import ViewWarmer
 from node.trust.peers import PeerRegistry
-from tests.test_transport_session import InProcessHost, _home
+from support.homes import node_home
+from support.memory import MemoryHost
 
 ALICE_KEY = "ab" * 32
 
 
 def _host_home(tmp_path: Path) -> Path:
     """A host home: notes in pub/ (public), team/ (alice only) and priv/ (private), alice pinned."""
-    home = _home(tmp_path, "host")
+    home = node_home(tmp_path, "host")
     notes = tmp_path / "notes"
     for rel, text in {"pub/a.md": "walrus public notes\n", "team/b.md": "walrus team plans\n",
                       "team/c.md": "walrus team budget\n", "priv/d.md": "walrus private\n"}.items():
@@ -41,10 +42,11 @@ def test_a_host_warms_a_pinned_peers_view_at_start_and_after_a_policy_change(tmp
     home = _host_home(tmp_path)
 
     async def scenario() -> None:
-        host = InProcessHost(home, tmp_path)
+        host = MemoryHost(home)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(host.run)
-            first = await host.wait_for(lambda e: e["event"] == "views-warmed", timeout=60)
+            tg.start_soon(host.host.run)
+            await host.until(lambda: host.of("views-warmed"), timeout=60)
+            first = host.of("views-warmed")[0]
             assert first["peers"] == [None, "alice"] and first["views"] == 2
             warmer = host.host.knowledge.warmer
             service, corpus = warmer.service, warmer.corpus
@@ -53,7 +55,7 @@ def test_a_host_warms_a_pinned_peers_view_at_start_and_after_a_policy_change(tmp
             policy = Policy.load(home)  # the owner hides one of alice's documents
             policy.set("/notes/team/c.md", "private")
             policy.save()
-            await host.wait_for(lambda e: e["event"] == "views-warmed" and e is not first, timeout=60)
+            await host.until(lambda: len(host.of("views-warmed")) > 1, timeout=60)
             lens = service.lens_for(PeerView("alice", ALICE_KEY))
             assert "/notes/team/c.md" not in lens.visible
             # built before any question: alice's first question after the change builds nothing
