@@ -653,8 +653,8 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
         lens: the view (:class:`node.corpus.lens.Lens`: the sources it may see or be
             asked about — the ``ask`` tier — and their scrub kinds). None = the owner's
             view (everything, on the whole-corpus index). A view that needs a new index
-            is built before the corpus lock is taken (:meth:`Corpus.warm_view
-            <node.corpus.store.Corpus.warm_view>`). With a lens every pass runs on
+            is built before the corpus lock is taken (:meth:`Corpus.prepare_view
+            <node.corpus.store.Corpus.prepare_view>`). With a lens every pass runs on
             the view's own index (:mod:`node.corpus.views`): candidates, early stop,
             fusion, ``Hit.score`` and ``Hit.score_components`` (BM25 with the view's
             statistics, ranks over the view's lists) depend only on documents the view
@@ -689,7 +689,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
         return deadline is not None and time.monotonic() >= deadline
 
     if lens is not None and not expired():
-        corpus.warm_view(lens)  # a new view index is built outside the lock
+        corpus.prepare_view(lens)  # a new view index is built outside the lock
     with corpus.record.lock:
         if expired():
             controller.update(earlyStop=True, stopReason="budget-exhausted")

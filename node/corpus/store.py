@@ -397,9 +397,19 @@ class Corpus:
         Raises:
             CorpusError: ``index-unavailable`` (no corpus or no index yet).
         """
-        self._views().prepare(self.record, lens)
+        self.prepare_view(lens)
         with self.record.lock:
             return len(self.view(lens).docs)
+
+    def prepare_view(self, lens: Lens) -> bool:
+        """Build the view of ``lens`` outside the corpus lock when it needs a new index
+        (:meth:`node.corpus.views.Views.prepare`; every lens search calls it before taking
+        the lock). Returns True when an index was built.
+
+        Raises:
+            CorpusError: ``index-unavailable``.
+        """
+        return self._views().prepare(self.record, lens)
 
     def view_ready(self, lens: Lens) -> bool:
         """Is the view of ``lens`` served now without building or updating an index (the
