@@ -174,3 +174,31 @@ def test_a_view_whose_lens_hides_a_document_no_longer_counts_it(tmp_path):
     with Corpus(home, readonly=True) as fresh:
         assert _ranked(fresh, "walrus otter", no_b) == after
     assert [s for s, _, _ in after] == ["/notes/pub/c.md", "/notes/pub/a.md"]
+
+
+def test_a_view_is_built_outside_the_corpus_lock(tmp_path, monkeypatch):
+    """While a new view's index is being built (a peer's first question, the host's
+    warmer), the owner's search — which takes the corpus lock — still answers (issue 29
+    item 4). The build is held at its start until the owner's search has answered."""
+    import threading
+
+    _, home = _corpus(tmp_path, {"pub/a.md": "walrus notes\n", "priv/b.md": "walrus secret\n"})
+    started, release = threading.Event(), threading.Event()
+    build = views._build
+
+    def held_build(db, docs):
+        started.set()
+        assert release.wait(60), "the owner's search never answered"
+        return build(db, docs)
+
+    monkeypatch.setattr(views, "_build", held_build)
+    with Corpus(home, readonly=True) as corpus:
+        lens = lens_of(corpus, public)
+        peer = threading.Thread(target=corpus.warm_view, args=(lens,))
+        peer.start()
+        assert started.wait(60)
+        owner, _ = corpus.search_hits("walrus", limit=5)  # not held up by the build
+        release.set()
+        peer.join(60)
+        assert len(owner) == 2 and not peer.is_alive()
+        assert corpus.view_ready(lens) and corpus.view_builds() == 1
