@@ -106,3 +106,21 @@ def test_the_warmer_rebuilds_only_when_a_lens_changed_and_stops_at_the_view_cap(
         assert again is not None and again["peers"] == ev["peers"]
         assert "/notes/pub/new.md" in service.lens_for(PeerView(None)).visible
         assert len(events) == 2 and warmer.warmed.is_set()
+
+
+def test_kith_host_says_when_its_guests_views_are_ready(tmp_path):
+    """`kith host` (human output) reports the warmer's rounds that built something."""
+    import subprocess
+
+    from support.cli import kith_argv, lines_until, stop
+    from support.hosts import ENV
+
+    home = _host_home(tmp_path)
+    proc = subprocess.Popen(kith_argv(home, "host", "--local", "--invite-file", str(tmp_path / "inv.json")),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            text=True, env=ENV)
+    try:
+        seen = lines_until(proc, proc.stderr, lambda line: "views ready" in line, 90)
+    finally:
+        stop(proc)
+    assert "guests' views ready (2 peer(s), 2 view(s)): built 2 index(es)" in seen[-1], seen
