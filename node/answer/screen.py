@@ -1,7 +1,7 @@
 """Screening an answer's hits: what of a search may be shown, and as what (issue 29 item 3).
 
 The answer service (:mod:`node.answer.service`) searches, then hands the hits here; what
-comes back is what its envelope is built from. For a peer, in this order:
+comes back is what its envelope is built from. For a peer (:func:`for_peer`), in this order:
 
 1. **the gate, copy by copy** (:func:`gate_copies`): the egress gate's screen
    (:meth:`node.policy.gate.EgressGate.screen`) of every hit and of its collapsed
@@ -17,8 +17,8 @@ comes back is what its envelope is built from. For a peer, in this order:
    content hash, and no count taken before the gate.
 
 For the owner only the ids are screened (:func:`owner_ids`: canonical NFC ids, as the
-gate gives peers). :func:`shown_sources` is the same screening for a version check
-(``kith verify --against-host``; specs/citations.md §5).
+gate gives peers). :func:`check_versions` (with :func:`shown_sources`) is the same
+screening for a version check (``kith verify --against-host``; specs/citations.md §5).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import dataclasses
 import logging
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from node.common.scrub import PLACEHOLDER, ScrubFailed, scrub, scrub_cached, scrub_fields
