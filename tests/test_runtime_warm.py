@@ -45,17 +45,21 @@ def test_a_host_warms_a_pinned_peers_view_at_start_and_after_a_policy_change(tmp
         host = MemoryHost(home)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.host.run)
-            await host.until(lambda: host.of("views-warmed"), timeout=60)
-            first = host.of("views-warmed")[0]
-            assert first["peers"] == [None, "alice"] and first["views"] == 2
+            def warmed_once() -> bool:  # the host opens its knowledge when it starts running
+                knowledge = vars(host.host).get("knowledge")
+                return knowledge is not None and knowledge.warmer.rounds > 0
+
+            await host.until(warmed_once, timeout=60)
             warmer = host.host.knowledge.warmer
+            assert warmer.last is not None
+            assert warmer.last["peers"] == [None, "alice"] and warmer.last["views"] == 2
             service, corpus = warmer.service, warmer.corpus
             assert corpus.view_ready(service.lens_for(PeerView("alice")))
 
             policy = Policy.load(home)  # the owner hides one of alice's documents
             policy.set("/notes/team/c.md", "private")
             policy.save()
-            await host.until(lambda: len(host.of("views-warmed")) > 1, timeout=60)
+            await host.until(lambda: warmer.rounds > 1, timeout=60)
             lens = service.lens_for(PeerView("alice", ALICE_KEY))
             assert "/notes/team/c.md" not in lens.visible
             # built before any question: alice's first question after the change builds nothing
@@ -90,8 +94,8 @@ def test_the_warmer_rebuilds_only_when_a_lens_changed_and_stops_at_the_view_cap(
     with Corpus(home, readonly=True) as corpus:
         gate = EgressGate(corpus.roots(), Policy.load(home), home)
         service = AnswerService(corpus, gate)
-        events: list[dict] = []
-        warmer = ViewWarmer(service, gate, corpus, lambda: names, on_event=events.append)
+        reports: list[dict] = []
+        warmer = ViewWarmer(service, gate, corpus, lambda: names, on_round=reports.append)
         lens = service.lens_for(PeerView(names[0]))
         assert not corpus.view_ready(lens)  # nothing is built ahead without a round
         ev = warmer.warm_once()
@@ -105,22 +109,5 @@ def test_the_warmer_rebuilds_only_when_a_lens_changed_and_stops_at_the_view_cap(
         again = warmer.warm_once()
         assert again is not None and again["peers"] == ev["peers"]
         assert "/notes/pub/new.md" in service.lens_for(PeerView(None)).visible
-        assert len(events) == 2 and warmer.warmed.is_set()
+        assert len(reports) == 2 and warmer.rounds == 2 and warmer.warmed.is_set()
 
-
-def test_kith_host_says_when_its_guests_views_are_ready(tmp_path):
-    """`kith host` (human output) reports the warmer's rounds that built something."""
-    import subprocess
-
-    from support.cli import kith_argv, lines_until, stop
-    from support.hosts import ENV
-
-    home = _host_home(tmp_path)
-    proc = subprocess.Popen(kith_argv(home, "host", "--local", "--invite-file", str(tmp_path / "inv.json")),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            text=True, env=ENV)
-    try:
-        seen = lines_until(proc, proc.stderr, lambda line: "views ready" in line, 90)
-    finally:
-        stop(proc)
-    assert "guests' views ready (2 peer(s), 2 view(s)): built 2 index(es)" in seen[-1], seen

@@ -262,11 +262,6 @@ def host_cmd(
                 why = " (it holds no grant: --presence granted)" if ev.get("reason") == "no-grant" else ""
                 err_console.print(f"refused a session from {(ev.get('peer') or '?')[:16]}…: {ev['code']}{why}",
                                   highlight=False, markup=False)
-            elif ev["event"] == "views-warmed":  # the guests' views built ahead (node/runtime/warm.py)
-                if ev["built"]:
-                    err_console.print(f"guests' views ready ({len(ev['peers'])} peer(s), {ev['views']} view(s)): "
-                                      f"built {ev['built']} index(es) in {ev['seconds']:.1f} s",
-                                      highlight=False, markup=False)
             elif ev["event"] == "index-updated":
                 from node.cli.index_cmd import _stamp
 

@@ -427,7 +427,6 @@ class Host:
         warmer = self.knowledge.warmer
         if warmer is not None:  # the pinned peers' views too (a person pin's devices share its name)
             warmer.pinned = lambda: list(self.peers_watcher.known().peers)
-            warmer.on_event = self.emit
         self.rotations = RotationLedger.load(self.home)  # the person-key rotations this host followed
 
     def emit(self, ev: dict[str, Any]) -> None:

@@ -10,9 +10,11 @@ meanwhile). At most :data:`node.corpus.views.MAX_VIEWS` distinct views are warme
 view cap: more would only evict each other); peers past it are built at their first
 question, as before.
 
-Each round that built or brought views up to date reports ``views-warmed`` {``peers``
-(names warmed, ``null`` for anonymous), ``views`` (distinct views), ``built`` (indexes
-built from scratch), ``seconds``}.
+Each round is kept as :attr:`ViewWarmer.last` {``peers`` (names warmed, ``None`` for
+anonymous), ``views`` (distinct views), ``built`` (indexes built from scratch),
+``seconds``}, counted in :attr:`ViewWarmer.rounds` and logged (``kith.host``, info); it
+is not a host event (the ``kith host --json`` stream is unchanged). ``kith status`` says
+``warming up`` until the first round is done (:attr:`ViewWarmer.warmed`).
 """
 
 from __future__ import annotations
@@ -40,22 +42,25 @@ class ViewWarmer:
         gate: its :class:`node.policy.gate.EgressGate`.
         corpus: its :class:`node.corpus.store.Corpus`.
         pinned: ``() -> [registry name]``: the pins in force now (the host's peers watcher).
-        on_event: the host's event sink (``views-warmed``).
+        on_round: called with each round's report (:attr:`last`); default: logged.
         interval_s: poll period (s).
     """
 
     def __init__(self, service: Any, gate: Any, corpus: Any, pinned: Callable[[], list[str]], *,
-                 on_event: Callable[[dict[str, Any]], None] = lambda _e: None,
+                 on_round: Callable[[dict[str, Any]], None] | None = None,
                  interval_s: float = WARM_POLL_S) -> None:
         self.service = service
         self.gate = gate
         self.corpus = corpus
         self.pinned = pinned
-        self.on_event = on_event
+        self.on_round = on_round if on_round is not None else _log_round
         self.interval_s = interval_s
         self._warmed: tuple[Any, ...] | None = None  # the lens keys of the last round
         #: set once a round has warmed every target (``kith status``: the index is ready)
         self.warmed = threading.Event()
+        #: rounds done, and the last one's report (module docstring)
+        self.rounds = 0
+        self.last: dict[str, Any] | None = None
 
     def targets(self) -> list[str | None]:
         """The peers whose views are warmed, in order: anonymous first, then the pins in
@@ -65,7 +70,7 @@ class ViewWarmer:
     def warm_once(self) -> dict[str, Any] | None:
         """One round (blocking; run it in a worker thread): when a target's lens changed
         since the last round, build or update the targets' views (at most the view cap of
-        distinct ones). Returns the ``views-warmed`` event it emitted, or None (nothing
+        distinct ones). Returns the round's report (:attr:`last`), or None (nothing
         changed).
 
         Raises:
@@ -92,13 +97,14 @@ class ViewWarmer:
             seen.add(shape)
             self.corpus.warm_view(lens)
             warmed.append(name)
-        self._warmed = keys
+        report = {"peers": warmed, "views": len(seen),
+                  "built": self.corpus.view_builds() - built_before,
+                  "seconds": round(time.monotonic() - started, 3)}
+        self._warmed, self.last = keys, report
+        self.rounds += 1
         self.warmed.set()
-        ev = {"event": "views-warmed", "peers": warmed, "views": len(seen),
-              "built": self.corpus.view_builds() - built_before,
-              "seconds": round(time.monotonic() - started, 3)}
-        self.on_event(ev)
-        return ev
+        self.on_round(report)
+        return report
 
     async def run(self) -> None:
         """Warm at start, then after every change, until cancelled; a failure (no index
@@ -110,6 +116,12 @@ class ViewWarmer:
             except Exception as exc:  # noqa: BLE001 - warming is an optimisation only
                 log.debug("could not warm the views: %s", type(exc).__name__)
             await anyio.sleep(self.interval_s)
+
+
+def _log_round(report: dict[str, Any]) -> None:
+    if report["built"]:
+        log.info("guests' views ready (%d peer(s), %d view(s)): built %d index(es) in %.1f s",
+                 len(report["peers"]), report["views"], report["built"], report["seconds"])
 
 
 __all__ = ["ViewWarmer", "WARM_POLL_S"]
