@@ -15,7 +15,7 @@ class Knowledge(Protocol):
 
     def search(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Answer one search request (the flat body of DESIGN §8 without ``action`` /
-        ``query_id``): ``{"status": str, "envelope": dict, ...}`` (module docstring).
+        ``query_id``): ``{"status": str, "envelope": dict, ...}`` (statuses: :mod:`node.answer.service`).
         Never raises for bad input."""
         ...
 
