@@ -1,0 +1,190 @@
+"""Device cards (specs/peers.md §13): a card made by a bound device verifies and is kept for
+the person pinned with --devices; hostile or stale cards — a wrong signature, another
+person's device, a revoked device, an old sequence, a card of another device — are refused
+with their own codes, nothing is kept, and the device is never dialled; the community server
+keeps the newest card per device and hands a person's cards out."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from node.common.errors import KithError
+from node.community.client import CommunityClient
+from node.community.server import run_server_in_thread
+from node.runtime.cards import accept_card, device_targets
+from node.trust.binding import device_link
+from node.trust.card import CardStore, check_card, make_card
+from node.trust.identity import Identity
+from node.trust.invitation import create_invitation
+from node.trust.peers import PeerRegistry, pin_person
+from node.trust.revocation_list import RevocationStore, check_list, make_list
+from node.trust.signing import public_key_of
+
+from test_community_backends import NO_LIMITS
+
+CREATED = "2026-12-02T10:00:00Z"
+
+
+class Person:
+    """A person key and the devices it binds (no home: the cards are signed here)."""
+
+    def __init__(self) -> None:
+        self.secret = os.urandom(32)
+        self.key = public_key_of(self.secret)
+        self.seq = 0
+
+    def device(self, name: str) -> tuple[Identity, list[dict]]:
+        ident = Identity(os.urandom(32))
+        self.seq += 1
+        return ident, [device_link(self.secret, ident.public_key, name, CREATED, self.seq)]
+
+
+def card_of(ident: Identity, chain: list[dict], *, seq: int = 1, documents: int = 3, chunks: int = 9,
+            ticket: str = "endpointticket") -> dict:
+    inv = create_invitation(ident, protocol_name="knowledge-query", protocol_version="1", protocol_id="a" * 64,
+                            ticket=ticket)
+    return make_card(ident.secret, chain, inv.to_dict(), documents=documents, chunks=chunks, created=CREATED,
+                     seq=seq)
+
+
+def guest_home(tmp_path: Path, person: Person, name: str = "bea") -> Path:
+    home = tmp_path / "guest"
+    home.mkdir(mode=0o700)
+    pin_person(PeerRegistry.load(home), name, person.key)
+    return home
+
+
+def refused(code: str, fn, *args, **kw) -> None:
+    with pytest.raises(KithError) as info:
+        fn(*args, **kw)
+    assert info.value.code == code, info.value.message
+
+
+def test_a_card_of_a_bound_device_verifies_and_is_kept_for_the_pinned_person(tmp_path):
+    bea = Person()
+    desk, chain = bea.device("desk")
+    card = card_of(desk, chain)
+    checked = check_card(card, device=desk.public_key)
+    assert (checked.person, checked.device, checked.device_name) == (bea.key, desk.public_key, "desk")
+    assert (checked.documents, checked.chunks, checked.seq) == (3, 9, 1)
+    home = guest_home(tmp_path, bea)
+    assert accept_card(home, card, via="handshake", device=desk.public_key)[::2] == ("bea", "new")
+    assert accept_card(home, card, via="server")[2] == "same"  # the very card again: nothing changes
+    kept = CardStore.load(home).devices_of(bea.key)
+    assert list(kept) == [desk.public_key] and kept[desk.public_key].card == card
+    # its device is now a seen device of the pin (its chain verified here)
+    assert desk.public_key in PeerRegistry.load(home).by_name("bea").seen_devices
+
+
+def test_a_wrong_signature_anywhere_is_card_forged_and_nothing_is_kept(tmp_path):
+    bea = Person()
+    desk, chain = bea.device("desk")
+    home = guest_home(tmp_path, bea)
+    card = card_of(desk, chain)
+    more = {**card, "totals": {"documents": 1000, "chunks": 9}}  # a host inflating its totals
+    refused("card-forged", accept_card, home, more, via="server")
+    other_ticket = dict(card, invitation={**card["invitation"], "transport_info": {
+        **card["invitation"]["transport_info"], "ticket": "elsewhere"}, "iroh_ticket": "elsewhere"})
+    refused("card-forged", accept_card, home, other_ticket, via="server")  # a redirected address
+    forged_link = [{**chain[0], "signature": "0" * 128}]
+    refused("card-forged", accept_card, home, card_of(desk, forged_link), via="server")
+    assert CardStore.load(home).devices_of(bea.key) == {}
+    assert device_targets(home, PeerRegistry.load(home).by_name("bea")) == []  # never dialled
+
+
+def test_another_persons_device_is_card_wrong_person(tmp_path):
+    bea, mallory = Person(), Person()
+    home = guest_home(tmp_path, bea)
+    laptop, chain = mallory.device("bea's laptop")
+    refused("card-wrong-person", accept_card, home, card_of(laptop, chain), via="server")
+    # a chain of mallory's binding a device under bea's name in the card: the card must be the chain's
+    doc = card_of(laptop, chain)
+    refused("card-malformed", accept_card, home, {**doc, "person_key": bea.key}, via="server")
+    assert CardStore.load(home).devices_of(bea.key) == {} and CardStore.load(home).devices_of(mallory.key) == {}
+
+
+def test_a_card_sent_by_another_device_is_card_wrong_device(tmp_path):
+    bea = Person()
+    desk, chain = bea.device("desk")
+    laptop, _ = bea.device("laptop")
+    home = guest_home(tmp_path, bea)
+    card = card_of(desk, chain)
+    refused("card-wrong-device", accept_card, home, card, via="handshake", device=laptop.public_key)
+    # a card whose invitation is another device's own (validly signed) invitation
+    other_inv = create_invitation(laptop, protocol_name="knowledge-query", protocol_version="1",
+                                  protocol_id="a" * 64, ticket="t").to_dict()
+    refused("card-wrong-device", accept_card, home,
+            make_card(desk.secret, chain, other_inv, documents=0, chunks=0, created=CREATED, seq=2), via="server")
+
+
+def test_a_revoked_devices_card_is_ignored_and_no_longer_dialled(tmp_path):
+    bea = Person()
+    desk, chain = bea.device("desk")
+    home = guest_home(tmp_path, bea)
+    store = RevocationStore.load(home)
+    store.offer(check_list(make_list(bea.secret, [desk.public_key], 1, CREATED)), via="import", now=CREATED)
+    refused("card-device-revoked", accept_card, home, card_of(desk, chain), via="server")
+    assert CardStore.load(home).devices_of(bea.key) == {}
+
+
+def test_an_old_sequence_is_card_stale_and_the_newer_card_stays(tmp_path):
+    bea = Person()
+    desk, chain = bea.device("desk")
+    home = guest_home(tmp_path, bea)
+    newer, older = card_of(desk, chain, seq=5, ticket="new"), card_of(desk, chain, seq=4, ticket="old")
+    accept_card(home, newer, via="server")
+    refused("card-stale", accept_card, home, older, via="handshake", device=desk.public_key)
+    refused("card-stale", accept_card, home, card_of(desk, chain, seq=5, ticket="other"), via="server")
+    kept = CardStore.load(home).devices_of(bea.key)[desk.public_key].card
+    assert kept == newer
+
+
+@pytest.mark.parametrize("change", [
+    lambda c: [1, 2],
+    lambda c: {**c, "extra": 1},
+    lambda c: {**c, "seq": -1},
+    lambda c: {**c, "totals": {"documents": "3", "chunks": 9}},
+    lambda c: {**c, "binding_chain": []},
+    lambda c: {**c, "invitation": {"post_id": "x"}},
+    lambda c: {**c, "device_name": "x" * 20_000},
+])
+def test_malformed_cards_are_card_malformed(tmp_path, change):
+    bea = Person()
+    desk, chain = bea.device("desk")
+    refused("card-malformed", check_card, change(card_of(desk, chain)))
+
+
+def test_the_server_keeps_the_newest_card_per_device_and_lists_a_persons_cards(tmp_path):
+    bea = Person()
+    desk, desk_chain = bea.device("desk")
+    laptop, laptop_chain = bea.device("laptop")
+    with run_server_in_thread(tmp_path / "server" / "community.sqlite3", rate_limits=NO_LIMITS) as url:
+        async def publish(ident: Identity, doc: dict) -> dict:
+            async with CommunityClient(url, ident) as client:
+                return await client.publish_card(doc)
+
+        async def cards() -> list:
+            async with CommunityClient(url) as client:
+                return await client.get_cards(bea.key)
+
+        first = card_of(desk, desk_chain, seq=2)
+        assert anyio.run(publish, desk, first, backend="asyncio")["stored"] is True
+        assert anyio.run(publish, desk, first, backend="asyncio")["stored"] is False
+        assert anyio.run(publish, laptop, card_of(laptop, laptop_chain), backend="asyncio")["stored"] is True
+        with httpx.Client(base_url=url, timeout=20) as http:
+            for ident, doc, code, status in (
+                    (desk, card_of(desk, desk_chain, seq=1), "card-stale", 409),
+                    (laptop, card_of(desk, desk_chain, seq=3), "card-wrong-device", 400),  # only its own card
+                    (desk, {**first, "seq": 9}, "card-forged", 400)):
+                with pytest.raises(KithError) as info:
+                    anyio.run(publish, ident, doc, backend="asyncio")
+                assert (info.value.code, info.value.status) == (code, status)
+            assert http.get(f"/api/v1/cards/{'0' * 64}").json()["error"]["code"] == "card-not-found"
+        got = anyio.run(cards, backend="asyncio")
+        assert sorted(c["device_key"] for c in got) == sorted([desk.public_key, laptop.public_key])
+        assert next(c for c in got if c["device_key"] == desk.public_key) == first
