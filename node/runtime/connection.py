@@ -125,7 +125,8 @@ class Connection:
                             admit=admission(self.registry, host.opts.peers_only, host.peers_watcher.revocations(),
                                             host.opts.presence),
                             profile=host.own_profile, ui_bundle=host.ui_bundle, named_post=self.named_post,
-                            check_person=self.check_person, defer=self.defer, admit_person=self.admit_person),
+                            check_person=self.check_person, defer=self.defer, admit_person=self.admit_person,
+                            card=host.current_card),
             egress_check=self.egress)
         with self.session_scope:  # cancelled when ended from outside (evicted, revoked, the owner)
             outcome = await run_session(self.stream, self.engine, host.hooks, make_context=self.make_context,

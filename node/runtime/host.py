@@ -343,6 +343,8 @@ class Host:
         self._running = 0  # connection tasks not finished yet
         self._all_done = anyio.Event()
         self._all_done.set()
+        self._card: dict[str, Any] | None = None  # this device's card for its newest live post
+        self._card_changed = anyio.Event()
 
     def _bind_iroh(self, secret: bytes, alpn: bytes) -> Any:
         from node.transport.iroh import bind_node
@@ -410,6 +412,7 @@ class Host:
                            # a public multi-use post must never be rotatable by strangers
                            retire_on_failures=not opts.server_url or opts.post_max_sessions == 1,
                            unlisted=opts.unlisted)
+        self.posts.on_live = self._new_card
         from node.trust.person import load_person
 
         person = load_person(self.home)
@@ -487,6 +490,7 @@ class Host:
                     tg.start_soon(self.grant_watcher.run)  # grants whose `until` passes end their sessions
                     if self.opts.server_url:  # the person pins' revocation lists (specs/peers.md §10)
                         tg.start_soon(self.peers_watcher.watch_server, self.opts.server_url, self.identity)
+                        tg.start_soon(self._publish_cards)  # this device's card (specs/peers.md §13)
                     async with anyio.create_task_group() as accepting:
                         if self.stop is not None:
                             accepting.start_soon(self._stop_watch, accepting.cancel_scope)
@@ -552,6 +556,45 @@ class Host:
         out["relayReachable"] = bool(out.get("homeRelay")) if out.get("relays") else None
         out["presence"] = self.opts.presence
         return out
+
+    # ------------------------------------------------------------ device card (specs/peers.md §13)
+    def _new_card(self, inv: Invitation) -> None:
+        """Sign this device's card for ``inv``, the post that just became live (none when the
+        home's person has not bound this device)."""
+        from node.runtime.cards import own_card
+
+        try:
+            self._card = own_card(self.home, self.identity, inv.to_dict())
+        except KithError as exc:  # a person record that does not load: no card, the host serves on
+            self._card = None
+            self.warn(f"no device card is published ({exc.code}): guests reach this device only by its invitation")
+        if self._card is not None:
+            self._card_changed.set()
+
+    def current_card(self) -> dict[str, Any] | None:
+        """This device's card for its newest live post, or None (sent in the handshake)."""
+        return self._card
+
+    async def _publish_cards(self) -> None:
+        """Post each new card of this device on the community server (``POST
+        /api/v1/cards``); a refusal is said once and the host serves on."""
+        from node.community.client import CommunityClient
+
+        said = False
+        while True:
+            await self._card_changed.wait()
+            self._card_changed = anyio.Event()
+            card = self._card
+            if card is None:
+                continue
+            try:
+                async with CommunityClient(self.opts.server_url, self.identity) as client:
+                    await client.publish_card(card)
+            except KithError as exc:
+                if not said:
+                    said = True
+                    self.warn(f"the community server did not take this device's card ({exc.code}); "
+                              "guests reach this device only by its invitation")
 
     def _new_invitation(self) -> Invitation:
         opts = self.opts
