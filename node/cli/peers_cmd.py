@@ -187,6 +187,14 @@ def list_cmd(
     from node.trust.revocation_list import revoked_seen_devices
 
     revoked = revoked_seen_devices(home_of(ctx), registry)
+    from node.trust.card import CardStore
+
+    cards = CardStore.load(home_of(ctx))  # each device's card: when it last answered here (specs/peers.md §13)
+
+    def reach(rec, key: str) -> dict:
+        entry = cards.devices_of(rec.public_key).get(key)
+        return {"card": entry is not None, "online": bool(entry and entry.online),
+                "lastSeen": entry.last_seen if entry else None, "lastFailed": entry.last_failed if entry else None}
     if rank is not None:
         rows = [(score, rec) for score, rec in registry.rank(rank)]
     else:
@@ -199,6 +207,7 @@ def list_cmd(
             item["groups"] = [{"group": g, "until": u} for g, u in sorted(groups.get(rec.name, {}).items())]
             for dev in item.get("seenDevices", []):
                 dev["revoked"] = dev["key"] in revoked.get(rec.name, ())
+                dev.update(reach(rec, dev["key"]))
             if score is not None:
                 item["score"] = score
             out.append(item)
@@ -222,8 +231,12 @@ def list_cmd(
                       _groups_text(groups.get(rec.name, {})), _until_text(rec.until))
         for dev in registry.to_json(rec)["seenDevices"]:  # a person pin's devices seen so far
             mark = "  REVOKED" if dev["key"] in revoked.get(rec.name, ()) else ""
-            table.add_row("", f"  device {dev['key'][:16]}…", dev["name"], f"first seen {dev['firstSeen']}{mark}",
-                          "", "", "")
+            seen = reach(rec, dev["key"])
+            state = ("online" if seen["online"] else "offline") + (f", last seen {seen['lastSeen']}"
+                                                                    if seen["lastSeen"] else ", never answered here")
+            table.add_row("", f"  device {dev['key'][:16]}…", dev["name"],
+                          f"first seen {dev['firstSeen']}{mark}; {state}" if seen["card"]
+                          else f"first seen {dev['firstSeen']}{mark}", "", "", "")
     console.print(table)
 
 

@@ -363,6 +363,9 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             once when the stream opened (``previous`` None), then at each change of the
             path iroh selected (direct ↔ relayed; specs/transport.md §3).
 
+    The guest asks for the host's device card (``device_card_v1``) and keeps it when the
+    host is a device of a person pinned here with ``--devices``
+    (:func:`node.runtime.cards.take_card`; a bad card is refused with its code and never kept).
     The guest shares its own profile (``<home>/profile.json``) in ``_session_init``; the
     host's shared profile is merged into the registry only when the host key is already
     pinned. A host whose key is not pinned but whose ``displayName`` claims a pinned name
@@ -399,6 +402,10 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
 
     def make_context(ev: SessionReady) -> HookContext:
         PeerRegistry.load(home).merge_profile(ev.peer_public_key, ev.peer_profile)
+        if ev.peer_card is not None:  # kept only for a person pinned here with --devices (specs/peers.md §13)
+            from node.runtime.cards import take_card
+
+            take_card(home, ev.peer_card, via="handshake", device=ev.peer_public_key)
         if host_seen is not None:
             host_seen.update({"public_key": ev.peer_public_key, "profile": clean_profile(ev.peer_profile)})
         if on_ready is not None:
@@ -434,7 +441,7 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
                                                  capabilities=[UI_CAPABILITY] if accept_host_ui else [],
                                                  want_ui=accept_host_ui and local_ui_dir(pdir) is None,
                                                  binding_chain=own_chain(home, identity.public_key),
-                                                 revocation_list=own_revocation(home)))
+                                                 revocation_list=own_revocation(home), want_card=True))
 
         def on_ui(ev: Any, session_id: str) -> Path:
             return install_bundle(home, session_id, ev.files)

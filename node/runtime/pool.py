@@ -375,6 +375,19 @@ class SessionPool:
         """
         await self._ensure_node()
         name = peer if isinstance(peer, str) else None
+        if name is not None:  # a person pin: every device it has a card of, at once (specs/peers.md §13)
+            from node.runtime.cards import ask_devices, device_targets, fetch_cards
+            from node.trust.peers import PeerRegistry
+
+            registry = PeerRegistry.load(self.home)
+            person = registry.by_name(name)
+            if person is not None and person.devices and not registry.is_blocked(person.public_key):
+                targets = device_targets(self.home, person)
+                if not targets and person.server:
+                    await fetch_cards(self.home, person)
+                    targets = device_targets(self.home, person)
+                if targets:
+                    return await ask_devices(self, person, targets, request)
         rec = None
         skip_saved = retried_warm = False
         last_gone: PeerGone | None = None
@@ -402,7 +415,9 @@ class SessionPool:
                     assert isinstance(peer, Target)
                     session = self._session_for(peer)
                 warm_before = session.answered > 0
-                return await session.ask(request)
+                message = await session.ask(request)
+                message.pop("device", None)  # named by this guest only (node/runtime/cards.py)
+                return message
             except PeerGone as gone:
                 if skip_saved and gone is last_gone:
                     raise

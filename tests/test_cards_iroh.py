@@ -1,0 +1,70 @@
+"""Any awake device of a person answers (issue 30 item 3), over real iroh on loopback
+(relays off) through real `kith` processes: a person with two hosting devices (the second
+paired with `kith device add/join`) each hands its card to a guest that pinned the person
+with --devices; with one device asleep (its process gone) `kith ask --peer bea` gets its
+answer from the awake one, naming that device; `kith peers list` shows which answered."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from test_device_pair import pair_device
+from test_main_job import FIXTURE, KITH, Host, kith, prepare_host
+
+pytestmark = pytest.mark.iroh
+
+
+def _hosting_device(home: Path) -> None:
+    for args in (("index", "add", str(FIXTURE)), ("index", "sync"), ("policy", "set", f"/{FIXTURE.name}/**", "public")):
+        r = kith(home, *args, timeout=600)
+        assert r.returncode == 0, r.stderr
+
+
+def _ask(home: Path, *args: str) -> dict:
+    r = subprocess.run([*KITH, "--home", str(home), "ask", "sqlite write-ahead log", *args, "--offline", "--json",
+                        "--timeout", "60"], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, json.dumps(json.loads(r.stdout)["peers"]) + r.stderr
+    return json.loads(r.stdout)
+
+
+def test_a_person_with_two_devices_one_asleep_answers_from_the_awake_one(tmp_path: Path):
+    desk = prepare_host(tmp_path, FIXTURE)  # `kith init`: the person key lives here
+    laptop = tmp_path / "laptop"
+    laptop_key = pair_device(desk, laptop, name="laptop")
+    _hosting_device(laptop)
+    person = json.loads(kith(desk, "device", "list", "--json").stdout)
+    desk_key = next(d["key"] for d in person["devices"] if d["this"])
+    guest = tmp_path / "guest"
+    assert kith(guest, "init").returncode == 0
+    r = kith(guest, "peers", "add", "bea", person["person_key"], "--devices")
+    assert r.returncode == 0, r.stderr
+
+    desk_host = Host(desk, "--invite-file", str(tmp_path / "desk.json"))
+    laptop_host = Host(laptop, "--invite-file", str(tmp_path / "laptop.json"))
+    try:
+        for invite in ("desk.json", "laptop.json"):  # each device hands over its card in the handshake
+            r = kith(guest, "join", str(tmp_path / invite), "--local", "--trust", "--query", "installing")
+            assert r.returncode in (0, 3), r.stderr
+        cards = json.loads((guest / "cards.json").read_text())["persons"][person["person_key"]]
+        assert set(cards) == {desk_key, laptop_key}
+        assert cards[laptop_key]["card"]["totals"]["documents"] > 0
+
+        laptop_host.stop()  # the laptop sleeps
+        env = _ask(guest, "--peer", "bea")
+        row = env["peers"][0]
+        assert row["name"] == "bea" and row["status"] == "ok" and row["device"]["key"] == desk_key
+        assert env["results"] and all(a["peer"]["device"]["key"] == desk_key
+                                      for res in env["results"] for a in res["attributions"])
+
+        listed = json.loads(kith(guest, "peers", "list", "--json").stdout)["peers"][0]
+        devices = {d["key"]: d for d in listed["seenDevices"]}
+        assert devices[desk_key]["online"] is True and devices[desk_key]["lastSeen"]
+        assert devices[laptop_key]["online"] is False
+    finally:
+        desk_host.stop()
+        if laptop_host.proc.poll() is None:
+            laptop_host.stop()
