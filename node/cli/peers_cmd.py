@@ -49,7 +49,7 @@ def add_cmd(
     key: str = typer.Argument(..., help="The peer's public key (64 lowercase hex; `kith init` prints it)."),
     note: str = typer.Option("", "--note", help="Your own note about this peer (never sent)."),
     invite: Optional[str] = typer.Option(None, "--invite", metavar="FILE|POST_ID", help="Keep this invitation of the peer (verified: its host key must be KEY) so `kith ask --peer NAME` can reach it."),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="The community server the invitation comes from (fetches a POST_ID; asked for a newer invitation when the saved one no longer works)."),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="The community server the invitation comes from (fetches a POST_ID; asked for a newer invitation when the saved one no longer works). With --devices: where the person's devices post their cards (every device is asked at once)."),
     until: Optional[str] = typer.Option(None, "--until", metavar="DATE|DURATION", help="The pin ends then (2027-01-31, 2027-01-31T18:00:00Z, 12h, 7d, 2w): a running host ends its sessions and it is a stranger again."),
     devices: bool = typer.Option(False, "--devices", help="KEY is a person key: every device with a valid binding of it is NAME (one set of tiers, approvals and one quota). Without it KEY is one device's key and another device of that person is a stranger."),
     as_json: bool = _JSON,
@@ -77,8 +77,8 @@ def add_cmd(
                                  f"not by the key given ({key})")
         check_invitation(inv, home)  # binding signature, expiry, protocol id (as `kith join`)
         inv_doc = inv.to_dict()
-    elif server is not None:
-        raise UsageError("usage", "--server is used with --invite")
+    elif server is not None and not devices:
+        raise UsageError("usage", "--server is used with --invite (or with --devices: the person's device cards)")
     if devices:
         from node.trust.peers import pin_person
 

@@ -360,6 +360,10 @@ class SessionPool:
             peer: a registry name (resolved with :func:`resolve_peer`, re-checked against
                 the registry on every question: a removed or blocked name is refused even
                 with a warm session) or a verified :class:`Target` (pinned by the caller).
+                A person pin (``--devices``) with device cards is asked on every device at
+                once, the first complete answer winning (:func:`node.runtime.cards.ask_devices`;
+                its pin's server is asked for cards when none is usable or every device
+                failed; specs/peers.md §13); the answer then carries ``device``.
             request: the flat request.
 
         Returns:
@@ -387,7 +391,19 @@ class SessionPool:
                     await fetch_cards(self.home, person)
                     targets = device_targets(self.home, person)
                 if targets:
-                    return await ask_devices(self, person, targets, request)
+                    try:
+                        return await ask_devices(self, person, targets, request)
+                    except PeerGone:
+                        if not person.server:
+                            raise
+                        # every device it knew is down: the server may hold newer cards
+                        before = {t.invitation.transport_info.ticket for _, t in targets}
+                        await fetch_cards(self.home, person)
+                        targets = [(d, t) for d, t in device_targets(self.home, person)
+                                   if t.invitation.transport_info.ticket not in before]
+                        if not targets:
+                            raise
+                        return await ask_devices(self, person, targets, request)
         rec = None
         skip_saved = retried_warm = False
         last_gone: PeerGone | None = None
