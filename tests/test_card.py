@@ -188,3 +188,105 @@ def test_the_server_keeps_the_newest_card_per_device_and_lists_a_persons_cards(t
         got = anyio.run(cards, backend="asyncio")
         assert sorted(c["device_key"] for c in got) == sorted([desk.public_key, laptop.public_key])
         assert next(c for c in got if c["device_key"] == desk.public_key) == first
+
+
+# ------------------------------------------------------------------------ the handshake field
+def _engines(spec, host: Identity, guest: Identity, *, card, want_card: bool):
+    from node.engine.session import GuestConfig, HostConfig, SessionEngine
+
+    from helpers import POST_ID
+
+    h = SessionEngine("host", spec, public_key=host.public_key, sign=host.sign,
+                      host=HostConfig(remote_id=guest.public_key, post_protocol={POST_ID: spec.protocol_id}.get,
+                                      nonce_unseen=lambda n: True, card=lambda: card))
+    g = SessionEngine("guest", spec, public_key=guest.public_key, sign=guest.sign,
+                      guest=GuestConfig(remote_id=host.public_key, post_id=POST_ID, host_public_key=host.public_key,
+                                        want_card=want_card))
+    return h, g
+
+
+def _pump(h, g) -> tuple[list, list]:
+    hev, gev = [], []
+    g.initiate()
+    for _ in range(2):
+        for _ in range(20):
+            out_g, out_h = g.data_to_send(), h.data_to_send()
+            if not out_g and not out_h:
+                break
+            hev += h.receive_data(out_g) if out_g else []
+            gev += g.receive_data(out_h) if out_h else []
+        if g.state.value == "await-confirm":
+            gev += g.confirm_ready()
+    return hev, gev
+
+
+def test_the_host_sends_its_card_only_to_a_guest_that_asked_and_an_unasked_card_is_refused():
+    from node.engine.events import SessionClosed, SessionReady
+    from node.protocol.spec import load_spec
+
+    from conftest import PROTOCOLS
+
+    spec = load_spec(PROTOCOLS / "echo")
+    bea = Person()
+    desk, chain = bea.device("desk")
+    guest = Identity(os.urandom(32))
+    card = card_of(desk, chain)
+    h, g = _engines(spec, desk, guest, card=card, want_card=True)
+    _hev, gev = _pump(h, g)
+    ready = [e for e in gev if isinstance(e, SessionReady)]
+    assert ready and ready[0].peer_card == card
+    h, g = _engines(spec, desk, guest, card=card, want_card=False)  # an older guest: no card, as before
+    _hev, gev = _pump(h, g)
+    ready = [e for e in gev if isinstance(e, SessionReady)]
+    assert ready and ready[0].peer_card is None
+    # a host pushing a card the guest never asked for is refused before the session is ready
+    h, g = _engines(spec, desk, guest, card=card, want_card=False)
+    g.initiate()
+    h.receive_data(g.data_to_send())
+    import msgspec
+
+    from node.engine.framing import encode_frame
+
+    proof = msgspec.json.decode(h.data_to_send().splitlines()[0])
+    proof["device_card"] = card
+    gev = g.receive_data(encode_frame(proof))
+    closed = [e for e in gev if isinstance(e, SessionClosed)]
+    assert closed and closed[0].code == "handshake-malformed"
+
+
+def test_a_card_kept_before_its_device_was_revoked_is_no_longer_dialled(tmp_path):
+    from node.transport.iroh import bind_node  # a real ticket: device_targets verifies the invitation
+
+    from conftest import PROTOCOLS  # noqa: F401 - the knowledge-query protocol is installed
+
+    bea = Person()
+    desk, chain = bea.device("desk")
+    home = guest_home(tmp_path, bea)
+
+    async def ticket() -> str:
+        async with bind_node(desk.secret, b"kith/knowledge-query/1", local=True) as node:
+            return node.ticket()
+
+    from node.protocol.spec import find_protocol_dir, load_spec
+
+    spec = load_spec(find_protocol_dir("knowledge-query", home))
+    inv = create_invitation(desk, protocol_name=spec.name, protocol_version=spec.version,
+                            protocol_id=spec.protocol_id, ticket=anyio.run(ticket, backend="asyncio"))
+    card = make_card(desk.secret, chain, inv.to_dict(), documents=1, chunks=1, created=CREATED, seq=1)
+    accept_card(home, card, via="server")
+    rec = PeerRegistry.load(home).by_name("bea")
+    assert [d["key"] for d, _t in device_targets(home, rec)] == [desk.public_key]
+    RevocationStore.load(home).offer(check_list(make_list(bea.secret, [desk.public_key], 1, CREATED)),
+                                     via="import", now=CREATED)
+    assert device_targets(home, PeerRegistry.load(home).by_name("bea")) == []
+
+
+def test_two_devices_of_one_person_returning_the_same_text_are_both_attributed():
+    from node.runtime.fanout import PeerRow, fuse
+
+    hit = {"source": "/notes/a.md", "id": "c1", "textPreview": "the same words"}
+    desk = PeerRow("bea", "p" * 64, status="ok", device={"key": "d" * 64, "name": "desk"})
+    laptop = PeerRow("bea-laptop", "p" * 64, status="ok", device={"key": "l" * 64, "name": "laptop"})
+    merged = fuse([(desk, [hit], True), (laptop, [dict(hit)], True)], 5)
+    assert len(merged) == 1
+    assert [a["peer"]["device"]["name"] for a in merged[0]["attributions"]] == ["desk", "laptop"]

@@ -184,10 +184,11 @@ def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], 
     (expiry, protocol, binding; :func:`node.runtime.guest._pinned_target`), plus the pin's
     saved invitation when no card is of its device. Most recently answering first."""
     from node.common.errors import InvitationError
-    from node.runtime.guest import _pinned_target
+    from node.runtime.guest import _pinned_target, protocol_cache
     from node.trust.invitation import parse_invitation
     from node.trust.revocation_list import RevocationStore
 
+    protocols = protocol_cache()  # every device of a person names the same protocol: load it once
     store = CardStore.load(home)
     revocations = RevocationStore.load(home)
     out: list[tuple[dict[str, str], Any]] = []
@@ -197,13 +198,13 @@ def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], 
         if revocations.revokes(key, [rec.public_key, entry.card.get("person_key", "")]):
             continue  # revoked after the card was kept: ignored
         try:
-            target = _pinned_target(parse_invitation(entry.card["invitation"]), rec, home)
+            target = _pinned_target(parse_invitation(entry.card["invitation"]), rec, home, protocols=protocols)
         except (InvitationError, KithError):
             continue
         out.append(({"key": key, "name": str(entry.card.get("device_name", ""))}, target))
     if rec.invitation is not None:
         try:
-            saved = _pinned_target(parse_invitation(rec.invitation), rec, home)
+            saved = _pinned_target(parse_invitation(rec.invitation), rec, home, protocols=protocols)
         except KithError:
             saved = None
         if saved is not None and all(t.invitation.host_public_key != saved.invitation.host_public_key for _, t in out):
@@ -211,6 +212,26 @@ def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], 
             name = rec.seen_devices.get(key, {}).get("name", "")
             out.append(({"key": key, "name": name}, saved))
     return out
+
+
+def warm_device(pool: "SessionPool", rec: "PeerRecord") -> tuple[dict[str, str], Any] | None:
+    """A live, ready pooled session to a device of the person pin ``rec`` that is not
+    revoked, as ``({"key", "name"}, session)``, or None. A device that answered over it is
+    awake: the next question goes there first (no dial of the others)."""
+    from node.trust.revocation_list import RevocationStore
+
+    store = CardStore.load(pool.home)
+    entries = store.devices_of(rec.public_key)
+    for key in [*entries, *rec.seen_devices]:
+        live = pool.sessions.get(key)
+        if live is None or live.closed.is_set() or live.session_id is None:
+            continue
+        person = entries[key].card.get("person_key", "") if key in entries else ""
+        if RevocationStore.load(pool.home).revokes(key, [rec.public_key, person]):
+            continue
+        name = entries[key].card.get("device_name", "") if key in entries else rec.seen_devices[key]["name"]
+        return {"key": key, "name": str(name)}, live
+    return None
 
 
 async def ask_devices(pool: "SessionPool", rec: "PeerRecord", targets: list[tuple[dict[str, str], Any]],

@@ -131,8 +131,19 @@ async def resolve_invitation(arg: str, *, server_url: str | None) -> Invitation:
         return await client.get_invitation(arg)
 
 
-def check_invitation(inv: Invitation, home: Path) -> tuple[Path, ProtocolSpec]:
+def protocol_cache() -> dict[str, tuple[Path | None, ProtocolSpec | None]]:
+    """An empty cache for :func:`check_invitation`'s ``protocols`` (protocol name →
+    ``(protocol_dir, spec)``): one caller checking several invitations loads each protocol once."""
+    return {}
+
+
+def check_invitation(inv: Invitation, home: Path, *,
+                     protocols: dict[str, tuple[Path | None, ProtocolSpec | None]] | None = None
+                     ) -> tuple[Path, ProtocolSpec]:
     """Every check of DESIGN §5 before connecting, plus the pinned-key check.
+
+    Args:
+        protocols: a :func:`protocol_cache` to read and fill (None: load the protocol now).
 
     Returns:
         ``(protocol_dir, spec)`` of the local protocol the invitation names.
@@ -142,8 +153,13 @@ def check_invitation(inv: Invitation, home: Path) -> tuple[Path, ProtocolSpec]:
     """
     from node.transport.iroh import ticket_endpoint_id
 
-    pdir = find_protocol_dir(inv.protocol.name, home)
-    spec = load_spec(pdir) if pdir is not None else None
+    found = protocols.get(inv.protocol.name) if protocols is not None else None
+    if found is None:
+        pdir = find_protocol_dir(inv.protocol.name, home)
+        found = (pdir, load_spec(pdir) if pdir is not None else None)
+        if protocols is not None:
+            protocols[inv.protocol.name] = found
+    pdir, spec = found
     verify_invitation(inv, ticket_endpoint_id=ticket_endpoint_id,
                       local_protocol_id=spec.protocol_id if spec else None)
     assert pdir is not None and spec is not None
@@ -207,18 +223,18 @@ def _pinned_record(name: str, registry: PeerRegistry) -> Any:
     return rec
 
 
-def _pinned_target(inv: Invitation, rec: Any, home: Path) -> Target:
-    """Every check of ``kith join`` on ``inv`` (:func:`check_invitation`), plus: its host
-    key is the key pinned for ``rec``, or — for a person pin — a device this home knows
-    that person bound (:func:`node.trust.peers.known_device_of`; ``host-key-changed``
-    otherwise)."""
+def _pinned_target(inv: Invitation, rec: Any, home: Path, *, protocols: Any = None) -> Target:
+    """Every check of ``kith join`` on ``inv`` (:func:`check_invitation`, ``protocols`` its
+    cache), plus: its host key is the key pinned for ``rec``, or — for a person pin — a
+    device this home knows that person bound (:func:`node.trust.peers.known_device_of`;
+    ``host-key-changed`` otherwise)."""
     from node.trust.peers import known_device_of
 
     if inv.host_public_key != rec.public_key and not (
             rec.devices and known_device_of(home, rec.public_key, inv.host_public_key, rec)):
         raise HandshakeError("host-key-changed",
                              f"the invitation for {rec.name!r} names another host key than the pinned one")
-    pdir, spec = check_invitation(inv, home)
+    pdir, spec = check_invitation(inv, home, protocols=protocols)
     return Target(inv, pdir, spec, rec.name)
 
 

@@ -380,12 +380,20 @@ class SessionPool:
         await self._ensure_node()
         name = peer if isinstance(peer, str) else None
         if name is not None:  # a person pin: every device it has a card of, at once (specs/peers.md §13)
-            from node.runtime.cards import ask_devices, device_targets, fetch_cards
+            from node.runtime.cards import ask_devices, device_targets, fetch_cards, warm_device
             from node.trust.peers import PeerRegistry
 
             registry = PeerRegistry.load(self.home)
             person = registry.by_name(name)
             if person is not None and person.devices and not registry.is_blocked(person.public_key):
+                warm = warm_device(self, person)
+                if warm is not None:  # a device that answered over this session is awake: ask it first
+                    try:
+                        message = await warm[1].ask(request)
+                    except PeerGone:
+                        pass  # it went away: every known device at once, below
+                    else:
+                        return {**message, "device": dict(warm[0])}
                 targets = device_targets(self.home, person)
                 if not targets and person.server:
                     await fetch_cards(self.home, person)

@@ -191,6 +191,19 @@ def check_card(doc: object, *, device: str | None = None) -> DeviceCard:
                       totals["chunks"], doc["seq"], who, dict(doc))
 
 
+#: Seconds within which an online device's repeated answers are not written again.
+MARK_EVERY_S = 60
+
+
+def _seconds(stamp: str) -> float:
+    from node.trust.invitation import parse_rfc3339
+
+    try:
+        return parse_rfc3339(stamp).timestamp()
+    except (ValueError, TypeError):
+        return 0.0
+
+
 @dataclass
 class CardEntry:
     """One device's newest card kept here, and what this home saw of it.
@@ -299,16 +312,27 @@ class CardStore:
         if gone:
             self.save()
 
-    def mark(self, person: str, device: str, *, ok: bool, now: str) -> None:
-        """Record that ``device`` answered (``ok``) or failed to, at ``now``, and save."""
+    def mark(self, person: str, device: str, *, ok: bool, now: str) -> bool:
+        """Record that ``device`` answered (``ok``) or failed to, at ``now``, and save —
+        unless it only repeats what is kept (an online device answering again, or an
+        offline one failing again, within :data:`MARK_EVERY_S` of the kept time: not every
+        ask costs a write).
+
+        Returns:
+            True when the store was written.
+        """
         entry = self.persons.get(person, {}).get(device)
         if entry is None:
-            return
+            return False
+        kept = entry.last_seen if ok else entry.last_failed
+        if entry.online == ok and kept is not None and _seconds(now) - _seconds(kept) < MARK_EVERY_S:
+            return False
         if ok:
             entry.last_seen = now
         else:
             entry.last_failed = now
         self.save()
+        return True
 
     def save(self) -> None:
         """Write the store (0600, tmp+rename)."""
