@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from test_device_pair import pair_device
-from test_main_job import FIXTURE, KITH, Host, kith, prepare_host
+from test_main_job import FIXTURE, KITH, Host, kith, prepare_host, server  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.iroh
 
@@ -31,7 +33,9 @@ def _ask(home: Path, *args: str) -> dict:
     return json.loads(r.stdout)
 
 
-def test_a_person_with_two_devices_one_asleep_answers_from_the_awake_one(tmp_path: Path):
+def _person(tmp_path: Path, *pin: str) -> tuple[Path, Path, Path, dict, str, str]:
+    """A desk (holds the person key) and a paired laptop, both hosting the fixture; a guest
+    that pinned the person as ``bea`` with ``--devices`` (and ``pin``'s extra options)."""
     desk = prepare_host(tmp_path, FIXTURE)  # `kith init`: the person key lives here
     laptop = tmp_path / "laptop"
     laptop_key = pair_device(desk, laptop, name="laptop")
@@ -40,8 +44,13 @@ def test_a_person_with_two_devices_one_asleep_answers_from_the_awake_one(tmp_pat
     desk_key = next(d["key"] for d in person["devices"] if d["this"])
     guest = tmp_path / "guest"
     assert kith(guest, "init").returncode == 0
-    r = kith(guest, "peers", "add", "bea", person["person_key"], "--devices")
+    r = kith(guest, "peers", "add", "bea", person["person_key"], "--devices", *pin)
     assert r.returncode == 0, r.stderr
+    return desk, laptop, guest, person, desk_key, laptop_key
+
+
+def test_a_person_with_two_devices_one_asleep_answers_from_the_awake_one(tmp_path: Path):
+    desk, laptop, guest, person, desk_key, laptop_key = _person(tmp_path)
 
     desk_host = Host(desk, "--invite-file", str(tmp_path / "desk.json"))
     laptop_host = Host(laptop, "--invite-file", str(tmp_path / "laptop.json"))
@@ -68,3 +77,24 @@ def test_a_person_with_two_devices_one_asleep_answers_from_the_awake_one(tmp_pat
         desk_host.stop()
         if laptop_host.proc.poll() is None:
             laptop_host.stop()
+
+
+def test_the_cards_on_the_community_server_reach_a_guest_that_never_joined_either_device(tmp_path: Path, server):
+    desk, laptop, guest, person, desk_key, laptop_key = _person(tmp_path, "--server", server)
+    desk_host, laptop_host = Host(desk, "--server", server), Host(laptop, "--server", server)
+    try:
+        for _ in range(150):  # each host posts its card once its post is live (bounded poll)
+            got = httpx.get(f"{server}/api/v1/cards/{person['person_key']}", timeout=10)
+            if got.status_code == 200 and len(got.json()["cards"]) == 2:
+                break
+            time.sleep(0.2)
+        assert {c["device_key"] for c in got.json()["cards"]} == {desk_key, laptop_key}
+        desk_host.stop()  # now the desk sleeps: the guest has never met either device
+        env = _ask(guest, "--peer", "bea")
+        assert env["peers"][0]["status"] == "ok" and env["peers"][0]["device"]["key"] == laptop_key
+        kept = json.loads((guest / "cards.json").read_text())["persons"][person["person_key"]]
+        assert kept[desk_key]["via"] == kept[laptop_key]["via"] == "server"  # both came from the server
+    finally:
+        if desk_host.proc.poll() is None:
+            desk_host.stop()
+        laptop_host.stop()

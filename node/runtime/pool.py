@@ -397,6 +397,7 @@ class SessionPool:
                 targets = device_targets(self.home, person)
                 if not targets and person.server:
                     await fetch_cards(self.home, person)
+                    person = PeerRegistry.load(self.home).by_name(name) or person  # its new seenDevices
                     targets = device_targets(self.home, person)
                 if targets:
                     try:
@@ -407,6 +408,7 @@ class SessionPool:
                         # every device it knew is down: the server may hold newer cards
                         before = {t.invitation.transport_info.ticket for _, t in targets}
                         await fetch_cards(self.home, person)
+                        person = PeerRegistry.load(self.home).by_name(name) or person
                         targets = [(d, t) for d, t in device_targets(self.home, person)
                                    if t.invitation.transport_info.ticket not in before]
                         if not targets:
