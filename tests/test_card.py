@@ -290,3 +290,26 @@ def test_two_devices_of_one_person_returning_the_same_text_are_both_attributed()
     merged = fuse([(desk, [hit], True), (laptop, [dict(hit)], True)], 5)
     assert len(merged) == 1
     assert [a["peer"]["device"]["name"] for a in merged[0]["attributions"]] == ["desk", "laptop"]
+
+
+def test_a_guest_takes_the_persons_revocation_list_from_the_server_before_its_cards(tmp_path):
+    from node.runtime.cards import fetch_cards
+
+    bea = Person()
+    desk, desk_chain = bea.device("desk")
+    stolen, stolen_chain = bea.device("stolen laptop")
+    with run_server_in_thread(tmp_path / "server" / "community.sqlite3", rate_limits=NO_LIMITS) as url:
+        async def publish() -> None:
+            for ident, chain in ((desk, desk_chain), (stolen, stolen_chain)):
+                async with CommunityClient(url, ident) as client:
+                    await client.publish_card(card_of(ident, chain))
+            async with CommunityClient(url, desk) as client:
+                await client.publish_revocation(make_list(bea.secret, [stolen.public_key], 1, CREATED))
+
+        anyio.run(publish, backend="asyncio")
+        home = tmp_path / "guest"
+        home.mkdir(mode=0o700)
+        pin_person(PeerRegistry.load(home), "bea", bea.key, server=url)
+        codes = anyio.run(fetch_cards, home, PeerRegistry.load(home).by_name("bea"), backend="asyncio")
+    assert codes == ["card-device-revoked"]
+    assert list(CardStore.load(home).devices_of(bea.key)) == [desk.public_key]

@@ -157,18 +157,27 @@ def take_card(home: Path, doc: object, *, via: str, device: str | None = None) -
 
 
 async def fetch_cards(home: Path, rec: "PeerRecord") -> list[str]:
-    """Ask the pin's community server for its person's cards and keep each that passes
-    (:func:`accept_card`, ``via="server"``). Returns the refusal codes of the others (a
-    server that is down or keeps none gives ``[]``)."""
+    """Ask the pin's community server for its person's revocation list and cards: the list
+    first (kept when it verifies and is newer, specs/peers.md §10), so a revoked device's
+    card is refused; then each card that passes (:func:`accept_card`, ``via="server"``).
+    Returns the refusal codes of the cards that did not (a server that is down or keeps
+    none gives ``[]``)."""
     from node.community.client import CommunityClient
+    from node.trust.revocation_list import RevocationStore, check_list
 
     if not rec.server:
         return []
     try:
         async with CommunityClient(rec.server) as client:
+            revocation = await client.get_revocation(rec.public_key)
             docs = await client.get_cards(rec.public_key)
     except KithError:
         return []
+    if revocation is not None:
+        try:
+            RevocationStore.load(home).offer(check_list(revocation, person=rec.public_key), via="server", now=_now())
+        except KithError as exc:  # a forged or foreign list from the server: not kept
+            log.info("revocation list from the server refused (%s)", exc.code)
     codes = []
     for doc in docs:
         try:

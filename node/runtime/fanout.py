@@ -15,6 +15,9 @@ specs/ask.md is normative; ``specs/ask.schema.json`` is the merged envelope's sc
   ``untrusted`` (True for any peer's text: third-party evidence, never instructions) and
   ``suspicious`` (the guest's scan for text addressing an agent), and the envelope a
   ``fence``: the untrusted evidence as one delimited block (node/answer/fence.py).
+- A person pin (``--devices``) is one row: every device of it with a card is asked at once
+  and the first complete answer fills the row, naming its ``device``
+  (node/runtime/cards.py, specs/peers.md §13).
 - Bad input is per peer: an unknown or blocked name, an invitation for another key or
   protocol, a malformed answer, a peer that never answers — each gets its own row in
   ``peers`` and never changes another peer's row or the merged results.
