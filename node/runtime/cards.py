@@ -227,20 +227,39 @@ def warm_device(pool: "SessionPool", rec: "PeerRecord") -> tuple[dict[str, str],
     """A live, ready pooled session to a device of the person pin ``rec`` that is not
     revoked, as ``({"key", "name"}, session)``, or None. A device that answered over it is
     awake: the next question goes there first (no dial of the others)."""
-    from node.trust.revocation_list import RevocationStore
+    from node.trust.card import CARDS_FILE
+    from node.trust.revocation_list import REVOCATIONS_FILE, RevocationStore
 
-    store = CardStore.load(pool.home)
-    entries = store.devices_of(rec.public_key)
-    for key in [*entries, *rec.seen_devices]:
+    cards = _cached(pool.home, CARDS_FILE, CardStore.load).devices_of(rec.public_key)
+    for key, seen in rec.seen_devices.items():  # every device a card was taken of is seen
         live = pool.sessions.get(key)
         if live is None or live.closed.is_set() or live.session_id is None:
             continue
-        person = entries[key].card.get("person_key", "") if key in entries else ""
-        if RevocationStore.load(pool.home).revokes(key, [rec.public_key, person]):
+        person = cards[key].card.get("person_key", "") if key in cards else ""
+        if _cached(pool.home, REVOCATIONS_FILE, RevocationStore.load).revokes(key, [rec.public_key, person]):
             continue
-        name = entries[key].card.get("device_name", "") if key in entries else rec.seen_devices[key]["name"]
-        return {"key": key, "name": str(name)}, live
+        return {"key": key, "name": seen["name"]}, live
     return None
+
+
+_CACHE: dict[str, tuple[tuple[int, int], Any]] = {}
+
+
+def _cached(home: Path, name: str, load: Any) -> Any:
+    """``load(home)`` of the file ``<home>/name``, read again only when the file changed
+    (its mtime and size; both stores are written by tmp+rename): a warm question parses
+    nothing."""
+    path = Path(home) / name
+    try:
+        st = path.stat()
+        stamp = (st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = (0, -1)
+    kept = _CACHE.get(str(path))
+    if kept is None or kept[0] != stamp:
+        kept = (stamp, load(home))
+        _CACHE[str(path)] = kept
+    return kept[1]
 
 
 async def ask_devices(pool: "SessionPool", rec: "PeerRecord", targets: list[tuple[dict[str, str], Any]],
