@@ -2,7 +2,8 @@
 (relays off) through real `kith` processes: a person with two hosting devices (the second
 paired with `kith device add/join`) each hands its card to a guest that pinned the person
 with --devices; with one device asleep (its process gone) `kith ask --peer bea` gets its
-answer from the awake one, naming that device; `kith peers list` shows which answered."""
+answer from the awake one, naming that device; `kith peers list` shows which answered. The
+unit tests of cards (format, refusals, the server route) are tests/test_trust_card.py."""
 
 from __future__ import annotations
 
@@ -14,10 +15,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from test_device_pair import pair_device
-from test_main_job import FIXTURE, KITH, Host, kith, prepare_host, server  # noqa: F401 - the fixture
+from node.community.server import run_server_in_thread
+from support.cli import KITH, kith
+from support.devices import pair_device
+from support.homes import FIXTURE
+from support.hosts import HostProcess as Host, prepare_host
 
 pytestmark = pytest.mark.iroh
+
+
+@pytest.fixture
+def server(tmp_path):
+    with run_server_in_thread(tmp_path / "server" / "community.sqlite3") as url:
+        yield url
 
 
 def _hosting_device(home: Path) -> None:

@@ -1,8 +1,9 @@
-"""Device cards (specs/peers.md §13): a card made by a bound device verifies and is kept for
+"""Device cards (node/trust/card.py, node/runtime/cards.py; specs/peers.md §13): a card made by a bound device verifies and is kept for
 the person pinned with --devices; hostile or stale cards — a wrong signature, another
 person's device, a revoked device, an old sequence, a card of another device — are refused
 with their own codes, nothing is kept, and the device is never dialled; the community server
-keeps the newest card per device and hands a person's cards out."""
+keeps the newest card per device and hands a person's cards out. The real-process test of a
+person with one device asleep is tests/test_any_awake_device.py."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from node.trust.peers import PeerRegistry, pin_person
 from node.trust.revocation_list import RevocationStore, check_list, make_list
 from node.trust.signing import public_key_of
 
-from test_community_backends import NO_LIMITS
+from support.community import NO_LIMITS
 
 CREATED = "2026-12-02T10:00:00Z"
 
@@ -194,7 +195,7 @@ def test_the_server_keeps_the_newest_card_per_device_and_lists_a_persons_cards(t
 def _engines(spec, host: Identity, guest: Identity, *, card, want_card: bool):
     from node.engine.session import GuestConfig, HostConfig, SessionEngine
 
-    from helpers import POST_ID
+    from support.engines import POST_ID
 
     h = SessionEngine("host", spec, public_key=host.public_key, sign=host.sign,
                       host=HostConfig(remote_id=guest.public_key, post_protocol={POST_ID: spec.protocol_id}.get,
@@ -224,7 +225,7 @@ def test_the_host_sends_its_card_only_to_a_guest_that_asked_and_an_unasked_card_
     from node.engine.events import SessionClosed, SessionReady
     from node.protocol.spec import load_spec
 
-    from conftest import PROTOCOLS
+    from support.homes import PROTOCOLS
 
     spec = load_spec(PROTOCOLS / "echo")
     bea = Person()
@@ -256,8 +257,6 @@ def test_the_host_sends_its_card_only_to_a_guest_that_asked_and_an_unasked_card_
 
 def test_a_card_kept_before_its_device_was_revoked_is_no_longer_dialled(tmp_path):
     from node.transport.iroh import bind_node  # a real ticket: device_targets verifies the invitation
-
-    from conftest import PROTOCOLS  # noqa: F401 - the knowledge-query protocol is installed
 
     bea = Person()
     desk, chain = bea.device("desk")
