@@ -79,6 +79,15 @@ def test_a_person_with_two_devices_one_asleep_answers_from_the_awake_one(tmp_pat
         assert env["results"] and all(a["peer"]["device"]["key"] == desk_key
                                       for res in env["results"] for a in res["attributions"])
 
+        # MCP `search` and the local API's POST /search ask peers by name through the same call
+        import anyio
+
+        from node.runtime.fanout import peers_search
+
+        merged = anyio.run(lambda: peers_search(guest, ["bea"], {"query": "sqlite write-ahead log"}, local=True,
+                                                timeout_s=60), backend="asyncio")
+        assert merged["peers"][0]["status"] == "ok" and merged["peers"][0]["device"]["key"] == desk_key
+
         listed = json.loads(kith(guest, "peers", "list", "--json").stdout)["peers"][0]
         devices = {d["key"]: d for d in listed["seenDevices"]}
         assert devices[desk_key]["online"] is True and devices[desk_key]["lastSeen"]
