@@ -53,6 +53,22 @@ def card_of(ident: Identity, chain: list[dict], *, seq: int = 1, documents: int 
                      seq=seq)
 
 
+def dialable_card(home: Path, ident: Identity, chain: list[dict]) -> dict:
+    """A card whose invitation carries a real iroh ticket of ``ident`` for the installed
+    knowledge-query protocol (what :func:`device_targets` verifies before dialling)."""
+    from node.protocol.spec import find_protocol_dir, load_spec
+    from node.transport.iroh import bind_node
+
+    async def ticket() -> str:
+        async with bind_node(ident.secret, b"kith/knowledge-query/1", local=True) as node:
+            return node.ticket()
+
+    spec = load_spec(find_protocol_dir("knowledge-query", home))
+    inv = create_invitation(ident, protocol_name=spec.name, protocol_version=spec.version,
+                            protocol_id=spec.protocol_id, ticket=anyio.run(ticket, backend="asyncio"))
+    return make_card(ident.secret, chain, inv.to_dict(), documents=1, chunks=1, created=CREATED, seq=1)
+
+
 def guest_home(tmp_path: Path, person: Person, name: str = "bea") -> Path:
     home = tmp_path / "guest"
     home.mkdir(mode=0o700)
@@ -256,23 +272,10 @@ def test_the_host_sends_its_card_only_to_a_guest_that_asked_and_an_unasked_card_
 
 
 def test_a_card_kept_before_its_device_was_revoked_is_no_longer_dialled(tmp_path):
-    from node.transport.iroh import bind_node  # a real ticket: device_targets verifies the invitation
-
     bea = Person()
     desk, chain = bea.device("desk")
     home = guest_home(tmp_path, bea)
-
-    async def ticket() -> str:
-        async with bind_node(desk.secret, b"kith/knowledge-query/1", local=True) as node:
-            return node.ticket()
-
-    from node.protocol.spec import find_protocol_dir, load_spec
-
-    spec = load_spec(find_protocol_dir("knowledge-query", home))
-    inv = create_invitation(desk, protocol_name=spec.name, protocol_version=spec.version,
-                            protocol_id=spec.protocol_id, ticket=anyio.run(ticket, backend="asyncio"))
-    card = make_card(desk.secret, chain, inv.to_dict(), documents=1, chunks=1, created=CREATED, seq=1)
-    accept_card(home, card, via="server")
+    accept_card(home, dialable_card(home, desk, chain), via="server")
     rec = PeerRegistry.load(home).by_name("bea")
     assert [d["key"] for d, _t in device_targets(home, rec)] == [desk.public_key]
     RevocationStore.load(home).offer(check_list(make_list(bea.secret, [desk.public_key], 1, CREATED)),
@@ -312,3 +315,16 @@ def test_a_guest_takes_the_persons_revocation_list_from_the_server_before_its_ca
         codes = anyio.run(fetch_cards, home, PeerRegistry.load(home).by_name("bea"), backend="asyncio")
     assert codes == ["card-device-revoked"]
     assert list(CardStore.load(home).devices_of(bea.key)) == [desk.public_key]
+
+
+def test_resolving_a_person_pin_without_an_invitation_takes_the_card_of_its_device(tmp_path):
+    from node.runtime.guest import resolve_peer
+
+    bea = Person()
+    desk, chain = bea.device("desk")
+    home = guest_home(tmp_path, bea)
+    with pytest.raises(KithError):  # no invitation, no server, no card: nothing to reach bea by
+        anyio.run(resolve_peer, "bea", home, backend="asyncio")
+    accept_card(home, dialable_card(home, desk, chain), via="server")
+    target = anyio.run(resolve_peer, "bea", home, backend="asyncio")
+    assert target.invitation.host_public_key == desk.public_key and target.pinned_name == "bea"

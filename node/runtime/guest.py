@@ -241,7 +241,9 @@ def _pinned_target(inv: Invitation, rec: Any, home: Path, *, protocols: Any = No
 async def resolve_peer(name: str, home: Path, *, skip_saved: bool = False) -> Target:
     """A pinned peer's current invitation, verified: the saved one first, then the newest
     live post of its key on the community server it came from (``browse --host KEY``),
-    in that order (issue 13; specs/peers.md §1, specs/ask.md §2). Every check of
+    in that order (issue 13; specs/peers.md §1, specs/ask.md §2). For a person pin
+    (``--devices``) whose saved invitation does not verify, the device card of the device
+    that answered here last comes before the server (specs/peers.md §13). Every check of
     ``kith join`` applies to either (binding signature, expiry, protocol id) plus key =
     pinned key. A server invitation that passes is saved as the peer's last one.
 
@@ -271,6 +273,11 @@ async def resolve_peer(name: str, home: Path, *, skip_saved: bool = False) -> Ta
             raise  # a saved invitation for another key: never fall back silently
         except InvitationError as exc:
             first = exc
+    if rec.devices and not skip_saved:  # a person pin: the device that answered here last (specs/peers.md §13)
+        from node.runtime.cards import device_targets
+
+        for _device, target in device_targets(home, rec):
+            return target
     if not rec.server:
         if first is not None:
             raise first
