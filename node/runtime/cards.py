@@ -242,6 +242,14 @@ def warm_device(pool: "SessionPool", rec: "PeerRecord") -> tuple[dict[str, str],
     return None
 
 
+def mark_answered(home: Path, rec: "PeerRecord", device: str) -> None:
+    """Record that ``device`` of the person pin ``rec`` answered now (written at most once a
+    minute while it keeps answering, :meth:`node.trust.card.CardStore.mark`)."""
+    from node.trust.card import CARDS_FILE
+
+    _cached(home, CARDS_FILE, CardStore.load).mark(rec.public_key, device, ok=True, now=_now())
+
+
 _CACHE: dict[str, tuple[tuple[int, int], Any]] = {}
 
 

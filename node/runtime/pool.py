@@ -393,6 +393,9 @@ class SessionPool:
                     except PeerGone:
                         pass  # it went away: every known device at once, below
                     else:
+                        from node.runtime.cards import mark_answered
+
+                        mark_answered(self.home, person, warm[0]["key"])
                         return {**message, "device": dict(warm[0])}
                 targets = device_targets(self.home, person)
                 if not targets and person.server:
