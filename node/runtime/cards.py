@@ -145,13 +145,19 @@ def accept_card(home: Path, doc: object, *, via: str, device: str | None = None)
     return rec.name, card, outcome
 
 
+#: Refusals that say the host sent something hostile or broken (logged as a warning); the
+#: others (a device of a person not pinned here, a revoked device, an older card) are normal.
+HOSTILE_CODES = ("card-malformed", "card-forged", "card-wrong-device")
+
+
 def take_card(home: Path, doc: object, *, via: str, device: str | None = None) -> str | None:
     """:func:`accept_card`, a refusal logged and swallowed (a bad card from a host never
     ends a session; it is simply never kept nor dialled). Returns the refusal code or None."""
     try:
         accept_card(home, doc, via=via, device=device)
     except KithError as exc:
-        log.info("device card refused (%s): %s", exc.code, exc.message)
+        (log.warning if exc.code in HOSTILE_CODES else log.info)(
+            "the host's device card was refused and will not be dialled (%s): %s", exc.code, exc.message)
         return exc.code
     return None
 
