@@ -264,7 +264,7 @@ class EgressGate:
         :meth:`node.corpus.store.Corpus.lens_basis`): the sources it may see now or be
         asked about (``ask`` tier), decided per folder (:meth:`decide_many`), and for
         each the kinds scrubbed for this peer (:meth:`node.policy.store.Policy.scrub_kinds`
-        of its tier; specs/policy.md §9). Both are keyed by the stored and the canonical
+        of its canonical id; specs/policy.md §9). Both are keyed by the stored and the canonical
         id. The decisions are the gate's own; the corpus only reads the result.
 
         Returns:
@@ -272,14 +272,14 @@ class EgressGate:
         """
         visible: set[str] = set()
         kinds: dict[str, frozenset[str]] = {}
-        scrubs = policy.scrubs
+        scrubs = policy.scrubs_for(peer_name)
         for source, d in zip(sources, self.decide_many(sources, peer_name, policy=policy)):
             if not (d.allowed or (d.tier == "ask" and d.canonical is not None)):
                 continue
             ids = (source,) if d.canonical in (None, source) else (source, d.canonical)
             visible.update(ids)
             if scrubs:
-                scrubbed = policy.scrub_kinds(d.tier, peer_name)
+                scrubbed = policy.scrub_kinds(d.canonical, peer_name)
                 if scrubbed:
                     kinds.update((i, scrubbed) for i in ids)
         return Lens(self.lens_key(policy, peer_name, generation), generation, visible, kinds)
@@ -313,11 +313,9 @@ class EgressGate:
 
     def scrub_kinds(self, canonical: str, peer_name: str | None, policy: Policy) -> frozenset[str]:
         """The kinds scrubbed from the canonical source ``canonical`` sent to ``peer_name``
-        under ``policy`` (its tier's, :meth:`node.policy.store.Policy.scrub_kinds`): for
-        a source a lens does not hold (decided at an older generation)."""
-        if not policy.scrubs:
-            return frozenset()
-        return policy.scrub_kinds(policy.decide_canonical(canonical, peer_name).tier, peer_name)
+        under ``policy`` (:meth:`node.policy.store.Policy.scrub_kinds`): for a source a
+        lens does not hold (decided at an older generation)."""
+        return policy.scrub_kinds(canonical, peer_name)
 
     def decide_hits(self, hits: Sequence[Hit], peer_name: str | None, *,
                     policy: Policy | None = None) -> list[tuple[Hit, Decision]]:
