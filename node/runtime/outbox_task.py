@@ -1,0 +1,168 @@
+"""The outbox's delivery: the runner task that brings each kept question to its peer once
+the peer is reachable, and stores its answer (specs/outbox.md §3-§5).
+
+Each step: open rows past their expiry are closed (``expired``), then every peer with open
+rows that is due and not being asked already gets one delivery job (:meth:`OutboxTask._deliver`),
+at most :data:`MAX_PARALLEL` at a time. A job asks that peer its open questions, oldest
+first, over the runner's warm pool (one session; each question under
+:data:`ATTEMPT_TIMEOUT_S`), and stores each outcome (:func:`node.runtime.outbox.classify`)
+before it asks the next. When the peer cannot be reached the job ends and the peer is due
+again after a backoff: :data:`BACKOFF_FIRST_S` doubling to :data:`BACKOFF_CAP_S`
+(monotonic, in memory: a new runner tries every peer at once). A ``pending-approval``
+row is asked again every :data:`PENDING_RETRY_S`; a ``rate-limited`` one after the
+host's ``retry_after_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from node.common.errors import KithError
+from node.runtime.outbox import OpenDelivery, OutboxStore, classify
+
+log = logging.getLogger("kith.outbox")
+
+#: First wait after a peer could not be reached, and its cap, seconds: a peer that comes
+#: up is asked within about this much (speed target: answered ≤ 3 s after the host is up).
+BACKOFF_FIRST_S = 0.5
+BACKOFF_CAP_S = 2.0
+#: Bound on one question's round trip (connect, handshake, answer), seconds.
+ATTEMPT_TIMEOUT_S = 20.0
+#: Peers asked at once.
+MAX_PARALLEL = 8
+#: Seconds between two asks of a question the host's owner has not approved yet.
+PENDING_RETRY_S = 10.0
+#: Seconds a row waits after an answer that is not one (a refusal, a malformed answer).
+REFUSED_RETRY_S = 30.0
+#: Rows read per step.
+STEP_ROWS = 5000
+
+
+class OutboxTask:
+    """The delivery task (:class:`node.runtime.runner.RunnerTask`).
+
+    Args:
+        home: the node home. store: the outbox (None: opened on first step).
+    """
+
+    name = "outbox"
+
+    def __init__(self, home: Path, store: OutboxStore | None = None) -> None:
+        self.home = Path(home)
+        self.store = store
+        self._busy: set[str] = set()  # peer keys with a delivery job running
+        self._peer_due: dict[str, float] = {}  # peer key → monotonic time it is due again
+        self._failures: dict[str, int] = {}
+        self._row_due: dict[tuple[str, str], float] = {}  # (question id, peer key) → due again
+
+    def _open_store(self) -> OutboxStore:
+        if self.store is None:
+            self.store = OutboxStore(self.home)
+        return self.store
+
+    async def step(self, runner: Any) -> float:
+        """Expire, then start a delivery job for every due peer; returns the seconds until
+        the next peer or row is due (at most the runner's poll)."""
+        from node.runtime.outbox import OUTBOX_FILE
+
+        if self.store is None and not (self.home / OUTBOX_FILE).exists():
+            return 1.0  # nothing was ever queued here: no file is created
+        store = await anyio.to_thread.run_sync(self._open_store)
+        expired = await anyio.to_thread.run_sync(store.expire)
+        if expired:
+            runner.emit({"event": "outbox-expired", "rows": expired})
+        rows = await anyio.to_thread.run_sync(store.open_deliveries, STEP_ROWS)
+        now = runner.clock()
+        by_peer: dict[str, list[OpenDelivery]] = {}
+        for row in rows:
+            if self._row_due.get((row.question_id, row.peer_key), 0.0) > now:
+                continue
+            by_peer.setdefault(row.peer_key, []).append(row)
+        nxt = 1.0
+        for key, items in by_peer.items():
+            if key in self._busy:
+                continue
+            due = self._peer_due.get(key, 0.0)
+            if due > now:
+                nxt = min(nxt, due - now)
+                continue
+            if len(self._busy) >= MAX_PARALLEL:
+                break
+            self._busy.add(key)
+            runner.spawn(self._deliver, runner, key, items)
+        return max(0.05, nxt)
+
+    async def _deliver(self, runner: Any, key: str, items: list[OpenDelivery]) -> None:
+        """Ask one peer its open questions in order; stop at the first that cannot reach it."""
+        from node.runtime.pool import PeerGone, classify_gone
+        from node.trust.peers import PeerRegistry
+
+        store = self.store
+        assert store is not None
+        try:
+            for item in items:
+                registry = PeerRegistry.load(self.home)
+                rec = registry.by_name(item.peer_name)
+                if rec is None or rec.public_key != item.peer_key:
+                    code = "peer-not-found" if rec is None else "outbox-peer-changed"
+                    await anyio.to_thread.run_sync(store.fail, item.question_id, key, code)
+                    runner.emit({"event": "outbox-failed", "id": item.question_id, "peer": item.peer_name, "code": code})
+                    continue
+                if registry.is_blocked(rec.public_key):
+                    await anyio.to_thread.run_sync(store.fail, item.question_id, key, "ask-peer-blocked")
+                    continue
+                request = {**item.request, "query_id": item.query_id}
+                message = None
+                code = None
+                try:
+                    pool = await runner.pool()
+                    with anyio.fail_after(ATTEMPT_TIMEOUT_S):
+                        message = await pool.ask(item.peer_name, request)
+                except TimeoutError:
+                    code = "peer-timeout"
+                except PeerGone as gone:
+                    _status, code = classify_gone(gone)
+                    code = code or "peer-disconnected"
+                except KithError as exc:
+                    code = exc.code
+                if message is None:  # not reached: back off this peer, keep the row as it is
+                    await anyio.to_thread.run_sync(lambda: store.record_attempt(item.question_id, key, None, code=code))
+                    self._back_off(runner, key)
+                    return
+                self._failures.pop(key, None)
+                self._peer_due.pop(key, None)
+                outcome = classify(message, item.query_id)
+                stored = await anyio.to_thread.run_sync(
+                    lambda: store.record_attempt(item.question_id, key, outcome, message=message))
+                now = runner.clock()
+                if outcome.state == "answered":
+                    self._row_due.pop((item.question_id, key), None)
+                    if stored:
+                        runner.emit({"event": "outbox-answered", "id": item.question_id, "peer": item.peer_name,
+                                     "status": message.get("status")})
+                elif outcome.state == "pending-approval":
+                    self._row_due[(item.question_id, key)] = now + PENDING_RETRY_S
+                    runner.emit({"event": "outbox-pending", "id": item.question_id, "peer": item.peer_name,
+                                 "approval_id": message.get("approval_id")})
+                elif outcome.retry_after_s is not None:
+                    self._row_due[(item.question_id, key)] = now + max(1.0, outcome.retry_after_s)
+                else:
+                    self._row_due[(item.question_id, key)] = now + REFUSED_RETRY_S
+                if len(self._row_due) > 4 * STEP_ROWS:  # bounded: forget the oldest waits
+                    for k in list(self._row_due)[: len(self._row_due) - 2 * STEP_ROWS]:
+                        del self._row_due[k]
+        finally:
+            self._busy.discard(key)
+            runner.wake()
+
+    def _back_off(self, runner: Any, key: str) -> None:
+        n = self._failures.get(key, 0)
+        self._failures[key] = n + 1
+        self._peer_due[key] = runner.clock() + min(BACKOFF_CAP_S, BACKOFF_FIRST_S * (2 ** n))
+
+
+__all__ = ["OutboxTask", "BACKOFF_FIRST_S", "BACKOFF_CAP_S", "ATTEMPT_TIMEOUT_S"]

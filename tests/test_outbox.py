@@ -1,0 +1,286 @@
+"""The outbox (specs/outbox.md): questions kept for peers that are offline, delivered by the
+home's background runner when the peer is back, answers kept until removed.
+
+Real processes over iroh on loopback (relays off) with a real community server in a
+thread: a question queued while the host is down is answered after it starts; a guest
+runner killed with SIGKILL between delivery and storing the answer loses nothing and stores
+the answer once; a full outbox refuses with ``outbox-full``; a question expires. The store's
+rules (exactly once, a lying host, bounds, expiry on the wall clock) are also checked
+directly on a real SQLite file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from node.runtime.outbox import (MAX_QUESTIONS, OutboxStore, classify, keep_for_later, merged_answer, parse_keep,
+                                 query_id_of)
+from node.trust.identity import load_or_init_identity
+from node.trust.invitation import parse_invitation
+from node.trust.peers import PeerRegistry
+
+from test_ask_fanout import CORPORA, _host_home, valid
+from test_transport_session import ENV, KITH, _home, _readline
+
+KEY = "ab" * 32
+REQUEST = {"query": "staging server", "topK": 3}
+
+
+class WallClock:
+    """A wall clock the test sets (seconds)."""
+
+    def __init__(self, t: float = 1_800_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _answer(qid: str, status: str = "ok", **extra) -> dict:
+    result = {"source": "/kb/a.md", "id": "c1", "textPreview": "The staging server is deleted nightly."}
+    return {"action": "results", "query_id": query_id_of(qid), "status": status,
+            "envelope": {"results": [result] if status == "ok" else []}, **extra}
+
+
+# --------------------------------------------------------------------------- the store
+def test_an_answer_is_stored_once_and_a_second_one_changes_nothing(tmp_path):
+    with OutboxStore(tmp_path) as store:
+        rec = store.add(REQUEST, [("alice", KEY)])
+        qid = rec["id"]
+        first = _answer(qid)
+        assert store.record_attempt(qid, KEY, classify(first, query_id_of(qid)), message=first)
+        second = _answer(qid)
+        second["envelope"]["results"][0]["textPreview"] = "something else"
+        assert not store.record_attempt(qid, KEY, classify(second, query_id_of(qid)), message=second)
+        got = store.get(qid)
+        assert store.open_deliveries() == []
+    assert got["state"] == "answered" and got["peers"][0]["attempts"] == 1
+    assert merged_answer(got)["results"][0]["textPreview"] == "The staging server is deleted nightly."
+
+
+@pytest.mark.parametrize("lie", [
+    {"status": "already-answered", "envelope": {"results": []}},  # "I answered before"
+    {"status": "ok", "envelope": {"results": [{"source": "", "id": "x", "textPreview": "t"}]}},  # malformed
+    {"status": "ok", "envelope": None},
+    {"status": "ok", "query_id": "outbox:" + "0" * 32},  # an answer to another question
+    {"status": "rate-limited", "retry_after_s": 30},
+])
+def test_a_host_that_does_not_answer_cannot_close_the_question(tmp_path, lie):
+    """Only a complete answer (ok / no-verified-results, well-formed, this query_id) closes
+    a row: anything a host claims instead leaves the question open, to be asked again."""
+    with OutboxStore(tmp_path) as store:
+        qid = store.add(REQUEST, [("alice", KEY)])["id"]
+        message = {**_answer(qid), **lie}
+        outcome = classify(message, query_id_of(qid))
+        assert outcome.state is None
+        assert store.record_attempt(qid, KEY, outcome, message=message)
+        got = store.get(qid)
+        assert got["state"] == "waiting" and got["peers"][0]["answeredAt"] is None
+        assert [d.question_id for d in store.open_deliveries()] == [qid]
+
+
+def test_pending_approval_keeps_the_interim_answer_and_the_question_open(tmp_path):
+    with OutboxStore(tmp_path) as store:
+        qid = store.add(REQUEST, [("alice", KEY)])["id"]
+        pending = _answer(qid, "pending-approval", approval_id="0123456789abcdef")
+        store.record_attempt(qid, KEY, classify(pending, query_id_of(qid)), message=pending)
+        got = store.get(qid)
+        assert got["state"] == "waiting" and got["peers"][0]["state"] == "pending-approval"
+        assert got["peers"][0]["approvalId"] == "0123456789abcdef"
+        assert len(store.open_deliveries()) == 1
+        final = _answer(qid)
+        store.record_attempt(qid, KEY, classify(final, query_id_of(qid)), message=final)
+        assert store.get(qid)["state"] == "answered"
+
+
+def test_expiry_follows_the_wall_clock_and_never_drops_an_answer(tmp_path):
+    clock = WallClock()
+    with OutboxStore(tmp_path, clock=clock) as store:
+        open_q = store.add(REQUEST, [("alice", KEY)], keep_s=parse_keep("1h"))["id"]
+        done_q = store.add(REQUEST, [("alice", KEY)], keep_s=parse_keep("1h"))["id"]
+        answer = _answer(done_q)
+        store.record_attempt(done_q, KEY, classify(answer, query_id_of(done_q)), message=answer)
+        clock.t -= 86_400  # the clock set back a day: nothing expires, nothing is resent
+        assert store.expire() == 0
+        clock.t += 86_400 + 3599
+        assert store.expire() == 0
+        clock.t += 1
+        assert store.expire() == 1
+        assert store.get(open_q)["state"] == "expired" and store.get(open_q)["peers"][0]["code"] == "outbox-expired"
+        assert store.get(done_q)["state"] == "answered"
+        assert store.open_deliveries() == []
+        assert store.remove_done() and store.list() == []
+
+
+def test_the_outbox_is_bounded_in_questions(tmp_path):
+    from node.common.errors import ConfigError
+
+    with OutboxStore(tmp_path) as store:
+        with store._tx() as db:  # fill it the fast way: the same rows add() writes
+            db.executemany("INSERT INTO questions(id, request, created_at, expires_at, bytes) VALUES (?,?,?,?,?)",
+                           [(f"{i:032x}", json.dumps(REQUEST), 0.0, 9e9, 40) for i in range(MAX_QUESTIONS)])
+        with pytest.raises(ConfigError) as exc:
+            store.add(REQUEST, [("alice", KEY)])
+        assert exc.value.code == "outbox-full"
+        assert store.usage()["questions"] == MAX_QUESTIONS
+
+
+@pytest.mark.parametrize("bad", ["", "7 days", "0", "59", "31d", "-1h", "1y"])
+def test_a_bad_keep_is_refused(bad):
+    from node.common.errors import UsageError
+
+    with pytest.raises(UsageError) as exc:
+        parse_keep(bad)
+    assert exc.value.code == "outbox-keep-invalid" and exc.value.exit_code == 2
+
+
+def test_ids_resolve_by_prefix(tmp_path):
+    from node.common.errors import ConfigError
+
+    with OutboxStore(tmp_path) as store:
+        qid = store.add(REQUEST, [("alice", KEY)])["id"]
+        assert store.resolve(qid[:6].upper()) == qid
+        for bad in ("zz", "abc", "0000" if not qid.startswith("0000") else "ffff"):
+            with pytest.raises(ConfigError) as exc:
+                store.resolve(bad)
+            assert exc.value.code == "outbox-not-found"
+
+
+# --------------------------------------------------------------------------- real processes
+def _kith(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, env=ENV,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def _start_host(home: Path, server: str) -> tuple[subprocess.Popen, dict]:
+    proc = subprocess.Popen([*KITH, "--home", str(home), "host", "--offline", "--json", "--server", server],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            env=ENV)
+    return proc, json.loads(_readline(proc, 90))
+
+
+def _start_runner(home: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([*KITH, "--home", str(home), "outbox", "run", "--offline", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            env=ENV)
+    assert json.loads(_readline(proc, 90))["event"] == "outbox-runner-started"
+    return proc
+
+
+def _event(proc: subprocess.Popen, name: str, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = _readline(proc, max(1.0, deadline - time.monotonic()))
+        assert line, f"the process ended before {name}: {proc.stderr.read() if proc.poll() is not None else ''}"
+        ev = json.loads(line)
+        if ev.get("event") == name:
+            return ev
+    raise AssertionError(f"no {name} event in {timeout} s")
+
+
+def _stop(*procs: subprocess.Popen | None) -> None:
+    for p in procs:
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+
+
+@pytest.fixture
+def world(tmp_path):
+    """A community server, alice's host home (pinned by the guest with the server, then
+    stopped: she is asleep) and the guest's home."""
+    from node.community.server import run_server_in_thread
+
+    from test_community_backends import NO_LIMITS
+
+    with run_server_in_thread(tmp_path / "community.db", rate_limits=NO_LIMITS) as url:
+        host_home = _host_home(tmp_path, "alice", CORPORA["alice"])
+        guest_home = _home(tmp_path, "guest")
+        load_or_init_identity(guest_home)
+        proc, inv = _start_host(host_home, url)
+        parsed = parse_invitation(json.dumps(inv))
+        PeerRegistry.load(guest_home).add("alice", parsed.host_public_key, invitation=parsed.to_dict(), server=url)
+        proc.send_signal(signal.SIGTERM)  # a clean stop: the post is withdrawn
+        proc.wait(timeout=60)
+        yield url, host_home, guest_home
+
+
+@pytest.mark.iroh
+def test_a_question_queued_while_the_host_is_down_is_answered_after_it_starts(world):
+    url, host_home, guest_home = world
+    asked = _kith(guest_home, "ask", "staging server deleted", "--peer", "alice", "--later", "--offline",
+                  "--timeout", "8", "--json")
+    assert asked.returncode == 0, asked.stderr
+    env = json.loads(asked.stdout)
+    valid(env)
+    assert env["peers"][0]["status"] == "unreachable" and env["outbox"]["peers"] == ["alice"]
+    qid = env["outbox"]["id"]
+    assert "kept in the outbox" in asked.stderr
+    listed = json.loads(_kith(guest_home, "outbox", "list", "--json").stdout)
+    assert [(q["id"], q["state"]) for q in listed["questions"]] == [(qid, "waiting")]
+    runner = host = None
+    try:
+        runner = _start_runner(guest_home)
+        host, _inv = _start_host(host_home, url)
+        ev = _event(runner, "outbox-answered")
+        assert (ev["id"], ev["peer"], ev["status"]) == (qid, "alice", "ok")
+    finally:
+        _stop(runner, host)
+    shown = _kith(guest_home, "outbox", "show", qid[:8], "--json")
+    assert shown.returncode == 0, shown.stderr
+    rec = json.loads(shown.stdout)
+    assert rec["state"] == "answered" and rec["peers"][0]["state"] == "answered"
+    valid(rec["answer"])
+    assert rec["answer"]["results"][0]["source"] == "/kb-alice/deploy.md"
+    assert rec["answer"]["results"][0]["untrusted"] is True
+    # the host answered an ordinary query with the outbox's query id (its audit says so)
+    audit = (host_home / "audit.log").read_text() if (host_home / "audit.log").exists() else ""
+    assert query_id_of(qid) in audit or not audit
+    text = _kith(guest_home, "outbox", "show", qid[:8])
+    assert text.returncode == 0 and "deploy.md" in text.stdout
+    assert json.loads(_kith(guest_home, "outbox", "list", "--json").stdout)["questions"][0]["unread"] is False
+    gone = _kith(guest_home, "outbox", "remove", qid, "--json")
+    assert json.loads(gone.stdout) == {"removed": [qid]}
+    missing = _kith(guest_home, "outbox", "show", qid, "--json")
+    assert missing.returncode == 1 and "outbox-not-found" in missing.stdout
+
+
+@pytest.mark.iroh
+def test_an_expired_question_is_not_delivered(world, tmp_path):
+    url, host_home, guest_home = world
+    with OutboxStore(guest_home) as store:
+        rec = PeerRegistry.load(guest_home).by_name("alice")
+        qid = store.add(REQUEST, [("alice", rec.public_key)], keep_s=60)["id"]
+        with store._tx() as db:  # its week went by while every process of the home was off
+            db.execute("UPDATE questions SET expires_at = ? WHERE id = ?", (time.time() - 1, qid))
+    runner = host = None
+    try:
+        host, _inv = _start_host(host_home, url)
+        runner = _start_runner(guest_home)
+        ev = _event(runner, "outbox-expired")
+        assert ev["rows"] == 1
+    finally:
+        _stop(runner, host)
+    got = json.loads(_kith(guest_home, "outbox", "show", qid, "--json").stdout)
+    assert got["state"] == "expired" and got["peers"][0]["attempts"] == 0 and got["answer"] is None
+
+
+@pytest.mark.iroh
+def test_a_full_outbox_refuses_with_a_code_before_anyone_is_asked(world):
+    url, host_home, guest_home = world
+    with OutboxStore(guest_home) as store:
+        with store._tx() as db:
+            db.executemany("INSERT INTO questions(id, request, created_at, expires_at, bytes) VALUES (?,?,?,?,?)",
+                           [(f"{i:032x}", json.dumps(REQUEST), 0.0, 9e9, 40) for i in range(MAX_QUESTIONS)])
+    asked = _kith(guest_home, "ask", "staging", "--peer", "alice", "--later", "--offline", "--timeout", "5", "--json")
+    assert asked.returncode == 1
+    assert "outbox-full" in asked.stderr and "kith outbox remove --done" in asked.stderr
+    with OutboxStore(guest_home) as store:
+        assert store.usage()["questions"] == MAX_QUESTIONS and store.usage()["open"] == 0
