@@ -16,6 +16,8 @@ host's ``retry_after_s``.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,9 @@ MAX_PARALLEL = 8
 PENDING_RETRY_S = 10.0
 #: Seconds a row waits after an answer that is not one (a refusal, a malformed answer).
 REFUSED_RETRY_S = 30.0
+#: Test-only: when set, the process kills itself (SIGKILL) after a host answered and
+#: before the answer is stored (tests/test_outbox.py: nothing is lost, stored once).
+KILL_BEFORE_STORE_ENV = "KITH_TEST_OUTBOX_KILL_BEFORE_STORE"
 #: Rows read per step.
 STEP_ROWS = 5000
 
@@ -133,6 +138,8 @@ class OutboxTask:
                     await anyio.to_thread.run_sync(lambda: store.record_attempt(item.question_id, key, None, code=code))
                     self._back_off(runner, key)
                     return
+                if os.environ.get(KILL_BEFORE_STORE_ENV):  # tests: killed between delivery and storing
+                    os.kill(os.getpid(), signal.SIGKILL)
                 self._failures.pop(key, None)
                 self._peer_due.pop(key, None)
                 outcome = classify(message, item.query_id)
