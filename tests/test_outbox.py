@@ -334,3 +334,106 @@ def _json_lines(text: str) -> list[dict]:
         if isinstance(value, dict):
             out.extend(value.get("records", [value]) if "records" in value else [value])
     return out
+
+
+@pytest.mark.iroh
+def test_the_local_api_queues_by_name_and_its_runner_delivers(world):
+    """``POST /outbox`` (the API's one write) asks now and keeps the question for the peer
+    that is down; the API's own runner delivers it once the host is up; ``GET /outbox``
+    reads it and changes nothing."""
+    import httpx
+
+    from node.local.api import run_api_in_thread
+
+    url, host_home, guest_home = world
+    host = None
+    try:
+        with run_api_in_thread(guest_home, offline=True, background=True) as api:
+            bad = httpx.post(api + "/outbox", json={"query": "staging", "peers": ["alice"], "keep": "7 days"},
+                             timeout=60)
+            no_peers = httpx.post(api + "/outbox", json={"query": "staging"}, timeout=60)
+            queued = httpx.post(api + "/outbox", json={"query": "staging server deleted", "peers": ["alice"],
+                                                       "keep": "2h"}, timeout=120)
+            assert queued.status_code == 200, queued.text
+            env = queued.json()
+            valid(env)
+            qid = env["outbox"]["id"]
+            host, _inv = _start_host(host_home, url)
+            deadline = time.monotonic() + 120
+            record = None
+            while time.monotonic() < deadline:
+                record = httpx.get(api + "/outbox", params={"id": qid[:10]}, timeout=30).json()
+                if record["state"] == "answered":
+                    break
+                time.sleep(0.5)
+            listing = httpx.get(api + "/outbox", timeout=30).json()
+            missing = httpx.get(api + "/outbox", params={"id": "ffff0000"}, timeout=30)
+            put = httpx.put(api + "/outbox", json={}, timeout=30)
+    finally:
+        _stop(host)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "outbox-keep-invalid"
+    assert no_peers.status_code == 400 and no_peers.json()["error"]["code"] == "query-invalid"
+    assert record is not None and record["state"] == "answered", record
+    valid(record["answer"])
+    assert record["answer"]["results"][0]["source"] == "/kb-alice/deploy.md"
+    assert record["peers"][0]["readAt"] is None  # GET marks nothing
+    assert [q["id"] for q in listing["questions"]] == [qid] and listing["usage"]["questions"] == 1
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "outbox-not-found"
+    assert put.status_code == 403
+
+
+@pytest.mark.iroh
+def test_mcp_ask_later_keeps_the_question_and_the_outbox_tool_reads_it(world):
+    import anyio
+
+    from node.local.mcp import call_ask_later, call_outbox
+
+    _url, _host_home, guest_home = world
+
+    async def main():
+        keep_bad = await call_ask_later(guest_home, {"query": "staging", "peers": ["alice"], "keep": True}, local=True)
+        no_peers = await call_ask_later(guest_home, {"query": "staging"}, local=True)
+        queued = await call_ask_later(guest_home, {"query": "staging", "peers": ["alice"], "keep": 3600}, local=True)
+        return keep_bad, no_peers, queued
+
+    keep_bad, no_peers, queued = anyio.run(main)
+    assert keep_bad.is_error and keep_bad.content[0].text.startswith("[query-invalid] ")
+    assert no_peers.is_error and "'peers' is required" in no_peers.content[0].text
+    assert not queued.is_error
+    env = queued.structured_content
+    valid(env)
+    assert env["peers"][0]["status"] == "unreachable" and env["outbox"]["peers"] == ["alice"]
+    listed = call_outbox(guest_home, {})
+    assert [q["id"] for q in listed.structured_content["questions"]] == [env["outbox"]["id"]]
+    one = call_outbox(guest_home, {"id": env["outbox"]["id"][:8]})
+    assert one.structured_content["state"] == "waiting" and one.structured_content["answer"] is None
+    nope = call_outbox(guest_home, {"id": "zz"})
+    assert nope.is_error and nope.content[0].text.startswith("[outbox-not-found] ")
+
+
+@pytest.mark.iroh
+def test_kith_host_of_the_guest_home_delivers_its_outbox(world, tmp_path):
+    """A guest that also hosts: its `kith host` runs the home's runner and delivers."""
+    url, host_home, guest_home = world
+    with OutboxStore(guest_home) as store:
+        rec = PeerRegistry.load(guest_home).by_name("alice")
+        qid = store.add({"query": "staging server deleted", "topK": 3}, [("alice", rec.public_key)])["id"]
+    alice = guest_host = None
+    try:
+        alice, _inv = _start_host(host_home, url)
+        guest_host = subprocess.Popen([*KITH, "--home", str(guest_home), "host", "--offline", "--json",
+                                       "--invite-file", str(tmp_path / "guest-invite.json")],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      stdin=subprocess.DEVNULL, env=ENV)
+        json.loads(_readline(guest_host, 90))
+        deadline = time.monotonic() + 120
+        state = None
+        while time.monotonic() < deadline:
+            with OutboxStore(guest_home) as store:
+                state = store.get(qid)["state"]
+            if state == "answered":
+                break
+            time.sleep(0.5)
+    finally:
+        _stop(alice, guest_host)
+    assert state == "answered"
