@@ -437,3 +437,38 @@ def test_kith_host_of_the_guest_home_delivers_its_outbox(world, tmp_path):
     finally:
         _stop(alice, guest_host)
     assert state == "answered"
+
+
+@pytest.mark.iroh
+def test_an_ask_tier_answer_waits_pending_and_the_final_answer_arrives_once_approved(world):
+    """Delivery is an ordinary query at the host: an `ask`-tier source answers
+    pending-approval (the row stays open, its approval id kept), and once the owner approves
+    the runner's next ask brings the final answer."""
+    from node.policy.store import Policy
+
+    url, host_home, guest_home = world
+    policy = Policy.load(host_home)
+    policy.set("/kb-alice/**", "ask")
+    policy.save()
+    with OutboxStore(guest_home) as store:
+        rec = PeerRegistry.load(guest_home).by_name("alice")
+        qid = store.add({"query": "staging server deleted", "topK": 3}, [("alice", rec.public_key)])["id"]
+    host = runner = None
+    try:
+        host, _inv = _start_host(host_home, url)
+        runner = _start_runner(guest_home)
+        pending = _event(runner, "outbox-pending")
+        assert pending["id"] == qid and pending["approval_id"]
+        with OutboxStore(guest_home) as store:
+            waiting = store.get(qid)
+        assert waiting["state"] == "waiting" and waiting["peers"][0]["state"] == "pending-approval"
+        approved = _kith(host_home, "approvals", "approve", pending["approval_id"])
+        assert approved.returncode == 0, approved.stderr
+        ev = _event(runner, "outbox-answered")
+        assert ev["id"] == qid and ev["status"] == "ok"
+    finally:
+        _stop(runner, host)
+    with OutboxStore(guest_home) as store:
+        got = store.get(qid)
+    assert got["state"] == "answered" and got["peers"][0]["attempts"] >= 2
+    assert merged_answer(got)["results"][0]["source"] == "/kb-alice/deploy.md"

@@ -84,8 +84,6 @@ class Runner:
         self.holding = anyio.Event()  # set once this process holds the lock
         self._wake = anyio.Event()
         self._own_pool: Any = None
-        self._pool_lock = anyio.Lock()
-        self._stack: Any = None
         self._tg: Any = None
 
     def wake(self) -> None:
@@ -103,21 +101,19 @@ class Runner:
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run ``fn(*args)`` in the runner's task group (cancelled when the runner stops)."""
         assert self._tg is not None, "the runner is not running"
-        self._tg.start_soon(fn, *args)
+
+        async def guarded() -> None:
+            try:
+                await fn(*args)
+            except Exception:  # noqa: BLE001 - one job's failure never ends the runner
+                log.warning("runner job %s failed", getattr(fn, "__name__", "?"), exc_info=True)
+        self._tg.start_soon(guarded)
 
     async def pool(self) -> Any:
         """The warm session pool the tasks ask peers through."""
         if self._pool_getter is not None:
             return await self._pool_getter()
-        async with self._pool_lock:
-            if self._own_pool is None:
-                from node.runtime.pool import SessionPool
-                from node.trust.identity import load_identity
-
-                assert self._stack is not None
-                self._own_pool = await self._stack.enter_async_context(
-                    SessionPool(self.home, load_identity(self.home), local=self.local, mode=self.mode,
-                                down_s=0.0))
+        assert self._own_pool is not None, "the runner is not running"
         return self._own_pool
 
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
@@ -135,7 +131,13 @@ class Runner:
                     await anyio.sleep(LOCK_RETRY_S)
             self.holding.set()
             async with AsyncExitStack() as stack:
-                self._stack = stack
+                if self._pool_getter is None:  # entered here, in the runner's own task; it binds on first use
+                    from node.runtime.pool import SessionPool
+                    from node.trust.identity import load_identity
+
+                    self._own_pool = await stack.enter_async_context(
+                        SessionPool(self.home, load_identity(self.home), local=self.local, mode=self.mode,
+                                    down_s=0.0))
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
                     await self._loop()
@@ -180,6 +182,11 @@ async def run_background(home: Path, *, command: str, pool: Callable[[], Awaitab
     """Run the home's :class:`Runner` with :func:`default_tasks` until cancelled (the
     entry point ``kith host``, ``kith api serve``, ``kith mcp`` and ``kith outbox run``
     call on their event loop)."""
+    from node.trust.identity import key_path
+
+    if not key_path(Path(home)).is_file():  # no identity: nothing can have been queued here
+        task_status.started()
+        return
     runner = Runner(home, default_tasks(home), pool=pool, mode=mode, local=local, command=command, on_event=on_event)
     await runner.run(task_status=task_status)
 
