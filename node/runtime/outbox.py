@@ -389,6 +389,10 @@ class OutboxStore:
         return [{k: v for k, v in r.items() if k != "_answers"}
                 for r in self._records("", (), order="DESC", limit=limit)]
 
+    def records(self, *, limit: int = MAX_QUESTIONS) -> list[dict[str, Any]]:
+        """Every record with its stored answers (for :func:`public_record`), newest first."""
+        return list(self._records("", (), order="DESC", limit=limit))
+
     def usage(self) -> dict[str, int]:
         """``{"questions", "open", "bytes", "maxQuestions", "maxBytes"}``."""
         with self._lock:
