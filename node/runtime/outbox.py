@@ -88,7 +88,8 @@ CREATE TABLE IF NOT EXISTS deliveries(
   answered_at REAL,
   read_at REAL,
   PRIMARY KEY(question_id, peer_key));
-CREATE INDEX IF NOT EXISTS deliveries_state ON deliveries(state, question_id);
+CREATE INDEX IF NOT EXISTS deliveries_state ON deliveries(state, peer_key);
+CREATE INDEX IF NOT EXISTS questions_expiry ON questions(expires_at);
 """
 
 
@@ -277,6 +278,10 @@ class OutboxStore:
         """Mark every open row whose question's ``expires_at`` passed (wall clock) as
         ``expired`` (code ``outbox-expired``). Returns how many rows changed."""
         now = float(self.clock())
+        with self._lock:  # a read first: a pass with nothing to expire writes nothing
+            due = self.db.execute("SELECT 1 FROM questions WHERE expires_at <= ? LIMIT 1", (now,)).fetchone()
+        if due is None:
+            return 0
         with self._tx() as db:
             cur = db.execute(
                 "UPDATE deliveries SET state='expired', code='outbox-expired' WHERE state IN ('waiting','pending-approval') "
@@ -348,15 +353,25 @@ class OutboxStore:
                        (now, question_id))
 
     # ------------------------------------------------------------------ reading
-    def open_deliveries(self, limit: int = 10_000) -> list[OpenDelivery]:
-        """The open rows, oldest question first (at most ``limit``)."""
+    def open_deliveries(self, limit: int = 10_000, *, peer_key: str | None = None,
+                        skip: frozenset[str] = frozenset()) -> list[OpenDelivery]:
+        """The open rows, oldest question first (at most ``limit``); only ``peer_key``'s
+        when given, leaving out the question ids in ``skip``."""
+        where = "d.state IN ('waiting','pending-approval')" + (" AND d.peer_key = ?" if peer_key else "")
+        args: tuple[Any, ...] = (peer_key,) if peer_key else ()
         with self._lock:
             rows = self.db.execute(
                 "SELECT d.question_id, q.request, d.peer_name, d.peer_key, d.state FROM deliveries d "
-                "JOIN questions q ON q.id = d.question_id WHERE d.state IN ('waiting','pending-approval') "
-                "ORDER BY q.created_at, d.question_id LIMIT ?", (limit,)).fetchall()
+                f"JOIN questions q ON q.id = d.question_id WHERE {where} "
+                "ORDER BY q.created_at, d.question_id LIMIT ?", (*args, limit + len(skip))).fetchall()
         return [OpenDelivery(qid, query_id_of(qid), json.loads(req), name, key, state)
-                for qid, req, name, key, state in rows]
+                for qid, req, name, key, state in rows if qid not in skip][:limit]
+
+    def open_peers(self) -> list[str]:
+        """The keys of the peers with at least one open row (one indexed read)."""
+        with self._lock:
+            return [r[0] for r in self.db.execute(
+                "SELECT DISTINCT peer_key FROM deliveries WHERE state IN ('waiting','pending-approval')")]
 
     def resolve(self, prefix: str) -> str:
         """The question id that ``prefix`` (4-32 hex characters, any case) names.

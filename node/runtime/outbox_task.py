@@ -9,8 +9,9 @@ first, over the runner's warm pool (one session; each question under
 before it asks the next. When the peer cannot be reached the job ends and the peer is due
 again after a backoff: :data:`BACKOFF_FIRST_S` doubling to :data:`BACKOFF_CAP_S`
 (monotonic, in memory: a new runner tries every peer at once). A ``pending-approval``
-row is asked again every :data:`PENDING_RETRY_S`; a ``rate-limited`` one after the
-host's ``retry_after_s``.
+row is asked again after :data:`PENDING_RETRY_S`, doubling to :data:`PENDING_RETRY_CAP_S`;
+a ``rate-limited`` one after the host's ``retry_after_s``; one whose answer was not an
+answer after :data:`REFUSED_RETRY_S`, doubling to :data:`REFUSED_RETRY_CAP_S`.
 """
 
 from __future__ import annotations
@@ -36,14 +37,21 @@ BACKOFF_CAP_S = 2.0
 ATTEMPT_TIMEOUT_S = 20.0
 #: Peers asked at once.
 MAX_PARALLEL = 8
-#: Seconds between two asks of a question the host's owner has not approved yet.
+#: Seconds before a question the host's owner has not approved yet is asked again: the
+#: first wait, doubling at each pending answer up to the cap (each ask is a query the host
+#: counts against its quota and audits).
 PENDING_RETRY_S = 10.0
-#: Seconds a row waits after an answer that is not one (a refusal, a malformed answer).
+PENDING_RETRY_CAP_S = 300.0
+#: Seconds a row waits after an answer that is not one (a refusal, a malformed answer):
+#: the first wait, doubling up to the cap.
 REFUSED_RETRY_S = 30.0
+REFUSED_RETRY_CAP_S = 1800.0
 #: Test-only: when set, the process kills itself (SIGKILL) after a host answered and
 #: before the answer is stored (tests/test_outbox.py: nothing is lost, stored once).
 KILL_BEFORE_STORE_ENV = "KITH_TEST_OUTBOX_KILL_BEFORE_STORE"
-#: Rows read per step.
+#: Open rows of one peer read for one delivery job (the next job reads the next ones).
+BATCH_ROWS = 50
+#: Bound on the rows whose waits are remembered.
 STEP_ROWS = 5000
 
 
@@ -63,6 +71,7 @@ class OutboxTask:
         self._peer_due: dict[str, float] = {}  # peer key → monotonic time it is due again
         self._failures: dict[str, int] = {}
         self._row_due: dict[tuple[str, str], float] = {}  # (question id, peer key) → due again
+        self._row_tries: dict[tuple[str, str], int] = {}  # answers that were not complete, per row
 
     def _open_store(self) -> OutboxStore:
         if self.store is None:
@@ -80,15 +89,10 @@ class OutboxTask:
         expired = await anyio.to_thread.run_sync(store.expire)
         if expired:
             runner.emit({"event": "outbox-expired", "rows": expired})
-        rows = await anyio.to_thread.run_sync(store.open_deliveries, STEP_ROWS)
+        peers = await anyio.to_thread.run_sync(store.open_peers)
         now = runner.clock()
-        by_peer: dict[str, list[OpenDelivery]] = {}
-        for row in rows:
-            if self._row_due.get((row.question_id, row.peer_key), 0.0) > now:
-                continue
-            by_peer.setdefault(row.peer_key, []).append(row)
         nxt = 1.0
-        for key, items in by_peer.items():
+        for key in peers:
             if key in self._busy:
                 continue
             due = self._peer_due.get(key, 0.0)
@@ -97,6 +101,13 @@ class OutboxTask:
                 continue
             if len(self._busy) >= MAX_PARALLEL:
                 break
+            waiting = frozenset(q for (q, k), t in self._row_due.items() if k == key and t > now)
+            # a peer that is down costs one row's read: the job stops at the first unreachable ask
+            limit = BATCH_ROWS if key not in self._failures else 1
+            items = await anyio.to_thread.run_sync(
+                lambda: store.open_deliveries(limit, peer_key=key, skip=waiting))
+            if not items:
+                continue
             self._busy.add(key)
             runner.spawn(self._deliver, runner, key, items)
         return max(0.05, nxt)
@@ -148,23 +159,37 @@ class OutboxTask:
                 now = runner.clock()
                 if outcome.state == "answered":
                     self._row_due.pop((item.question_id, key), None)
+                    self._row_tries.pop((item.question_id, key), None)
                     if stored:
                         runner.emit({"event": "outbox-answered", "id": item.question_id, "peer": item.peer_name,
                                      "status": message.get("status")})
                 elif outcome.state == "pending-approval":
-                    self._row_due[(item.question_id, key)] = now + PENDING_RETRY_S
+                    self._row_due[(item.question_id, key)] = now + self._row_wait(item, key, PENDING_RETRY_S,
+                                                                                  PENDING_RETRY_CAP_S)
                     runner.emit({"event": "outbox-pending", "id": item.question_id, "peer": item.peer_name,
                                  "approval_id": message.get("approval_id")})
                 elif outcome.retry_after_s is not None:
                     self._row_due[(item.question_id, key)] = now + max(1.0, outcome.retry_after_s)
                 else:
-                    self._row_due[(item.question_id, key)] = now + REFUSED_RETRY_S
+                    self._row_due[(item.question_id, key)] = now + self._row_wait(item, key, REFUSED_RETRY_S,
+                                                                                  REFUSED_RETRY_CAP_S)
                 if len(self._row_due) > 4 * STEP_ROWS:  # bounded: forget the oldest waits
                     for k in list(self._row_due)[: len(self._row_due) - 2 * STEP_ROWS]:
                         del self._row_due[k]
         finally:
             self._busy.discard(key)
             runner.wake()
+
+    def _row_wait(self, item: OpenDelivery, key: str, first: float, cap: float) -> float:
+        """The wait before a row that got no complete answer is asked again: ``first``,
+        doubling at each such answer, at most ``cap`` (bounded memory: at most
+        4 × :data:`STEP_ROWS` rows remembered)."""
+        k = (item.question_id, key)
+        n = self._row_tries.get(k, 0)
+        if len(self._row_tries) > 4 * STEP_ROWS:
+            self._row_tries.clear()
+        self._row_tries[k] = n + 1
+        return min(cap, first * (2 ** min(n, 20)))
 
     def _back_off(self, runner: Any, key: str) -> None:
         n = self._failures.get(key, 0)
