@@ -234,12 +234,14 @@ def test_outbox_page_shows_kept_questions_and_answers_and_removes_one(home: Path
         waiting = store.add({"query": "nightly backup", "topK": 3}, [("bob", PEER_KEY)])["id"]
         done = store.add({"query": "staging server", "topK": 3}, [("alice", PEER_KEY)])["id"]
         answer = {"action": "results", "query_id": query_id_of(done), "status": "ok", "envelope": {"results": [
-            {"source": "/kb/deploy.md", "id": "c1", "textPreview": "The staging server is deleted nightly."}]}}
+            {"source": "/kb/deploy.md", "id": "c1",
+             "textPreview": "The staging server is deleted nightly. <script>alert(1)</script>"}]}}
         store.record_attempt(done, PEER_KEY, classify(answer, query_id_of(done)), message=answer)
     client = _logged_in(base, login)
     page = client.get("/outbox").text
     assert "nightly backup" in page and "bob: waiting" in page
     assert "alice: answered" in page and "/kb/deploy.md" in page and "deleted nightly" in page
+    assert "<script>alert(1)" not in page and "&lt;script&gt;" in page  # a peer's text is shown, never run
     r = client.post("/outbox/remove", data={"csrf": _csrf(page), "id": waiting})
     assert r.status_code == 303 and f"removed {waiting[:12]}" in client.get("/outbox").text
     listed = json.loads(kith(home, "outbox", "list", "--json").stdout)["questions"]

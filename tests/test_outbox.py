@@ -12,7 +12,6 @@ directly on a real SQLite file.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -20,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from node.runtime.outbox import (MAX_QUESTIONS, OutboxStore, classify, keep_for_later, merged_answer, parse_keep,
-                                 query_id_of)
+from node.runtime.outbox import MAX_QUESTIONS, OutboxStore, classify, merged_answer, parse_keep, query_id_of
 from node.trust.identity import load_or_init_identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry

@@ -134,6 +134,7 @@ class OutboxTask:
                 request = {**item.request, "query_id": item.query_id}
                 message = None
                 code = None
+                refused = False  # reached, but the host (or this node) refused: back off longer
                 try:
                     pool = await runner.pool()
                     with anyio.fail_after(ATTEMPT_TIMEOUT_S):
@@ -141,13 +142,17 @@ class OutboxTask:
                 except TimeoutError:
                     code = "peer-timeout"
                 except PeerGone as gone:
-                    _status, code = classify_gone(gone)
+                    status, code = classify_gone(gone)
                     code = code or "peer-disconnected"
+                    refused = status == "refused"
                 except KithError as exc:
+                    from node.common.errors import CommunityError, TransportError
+
                     code = exc.code
-                if message is None:  # not reached: back off this peer, keep the row as it is
+                    refused = not isinstance(exc, (TransportError, CommunityError))
+                if message is None:  # not answered: back off this peer, keep the row as it is
                     await anyio.to_thread.run_sync(lambda: store.record_attempt(item.question_id, key, None, code=code))
-                    self._back_off(runner, key)
+                    self._back_off(runner, key, refused=refused)
                     return
                 if os.environ.get(KILL_BEFORE_STORE_ENV):  # tests: killed between delivery and storing
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -191,10 +196,16 @@ class OutboxTask:
         self._row_tries[k] = n + 1
         return min(cap, first * (2 ** min(n, 20)))
 
-    def _back_off(self, runner: Any, key: str) -> None:
+    def _back_off(self, runner: Any, key: str, *, refused: bool = False) -> None:
+        """The peer is due again after :data:`BACKOFF_FIRST_S` doubling to
+        :data:`BACKOFF_CAP_S` while it cannot be reached, or — when it was reached and the
+        session refused (a handshake refusal, an invitation this node refuses) — after
+        :data:`REFUSED_RETRY_S` doubling to :data:`REFUSED_RETRY_CAP_S`: a host that says
+        no is not asked every 2 s for a week."""
         n = self._failures.get(key, 0)
         self._failures[key] = n + 1
-        self._peer_due[key] = runner.clock() + min(BACKOFF_CAP_S, BACKOFF_FIRST_S * (2 ** n))
+        first, cap = (REFUSED_RETRY_S, REFUSED_RETRY_CAP_S) if refused else (BACKOFF_FIRST_S, BACKOFF_CAP_S)
+        self._peer_due[key] = runner.clock() + min(cap, first * (2 ** min(n, 20)))
 
 
 __all__ = ["OutboxTask", "BACKOFF_FIRST_S", "BACKOFF_CAP_S", "ATTEMPT_TIMEOUT_S"]
