@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -17,8 +16,9 @@ from node.corpus.store import Corpus
 from node.local.dashboard.app import run_dashboard_in_thread
 from node.policy.approvals import Approvals
 from node.policy.store import Policy
+from support.cli import KITH, kith
+from support.dashboard import logged_in as _logged_in
 
-KITH = [sys.executable, "-m", "node.cli.main"]
 DOCS = {
     "public/intro.md": "# Intro\n\nHow the temporary directory cleanup works in our tools.\n",
     "public/intro-copy.md": "# Intro\n\nHow the temporary directory cleanup works in our tools.\n",
@@ -30,10 +30,6 @@ DOCS = {
     "public/kit.md": "# Kit\n\nThe tapir kit holds:\n\n* a tapir lamp\n* a tapir rope\n",
 }
 PEER_KEY = "ab" * 32
-
-
-def kith(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture
@@ -61,15 +57,6 @@ def home(tmp_path: Path) -> Path:
 def dash(home: Path):
     with run_dashboard_in_thread(home) as (base, login):
         yield base, login
-
-
-def _logged_in(base: str, login: str) -> httpx.Client:
-    client = httpx.Client(base_url=base, timeout=30, follow_redirects=False)
-    r = client.get(login)
-    assert r.status_code == 303 and r.headers["location"] == "/"
-    cookie = r.headers["set-cookie"]
-    assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
-    return client
 
 
 def _csrf(page: str) -> str:
@@ -206,6 +193,25 @@ def test_policy_page_explains_adds_and_removes_rules(home: Path, dash) -> None:
     assert "/docs/ask/**" not in [r.glob for r in Policy.load(home).rules]
     listed = json.loads(kith(home, "policy", "list", "--json").stdout)
     assert "/docs/ask/**" not in [r["glob"] for r in listed["rules"]]
+
+
+def test_a_policy_form_that_would_stop_scrubbing_is_refused_and_writes_nothing(home: Path, dash) -> None:
+    from node.policy.scrub_coverage import record_scrub
+
+    policy = Policy.load(home)
+    policy.set_scrub("*", ["email"], glob="/docs/secret/**")
+    record_scrub(home, policy)  # a scrub entry once covered /docs/secret (never: sent to nobody)
+    policy.set_scrub("*", [], glob="/docs/secret/**")
+    policy.save()
+    before = (home / "policy.toml").read_bytes()
+    base, login = dash
+    client = _logged_in(base, login)
+    csrf = _csrf(client.get("/policy").text)
+    client.post("/policy/set", data={"csrf": csrf, "glob": "/docs/secret/**", "tier": "public", "peers": ""})
+    assert "scrub-would-lapse" in client.get("/policy").text
+    assert (home / "policy.toml").read_bytes() == before
+    client.post("/policy/set", data={"csrf": csrf, "glob": "/docs/ask/**", "tier": "public", "peers": ""})
+    assert [r.tier for r in Policy.load(home).rules if r.glob == "/docs/ask/**"] == ["public"]
 
 
 def test_approvals_page_approves_and_the_cli_sees_it(home: Path, dash) -> None:
