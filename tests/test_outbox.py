@@ -24,10 +24,32 @@ from node.trust.identity import load_or_init_identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
 
-from test_ask_fanout import CORPORA, _host_home, valid
-from test_transport_session import ENV, KITH, _home, _readline
+from support.cli import KITH, readline as _readline
+from support.community import NO_LIMITS
+from support.envelopes import valid_ask as valid
+from support.homes import node_home as _home
+from support.hosts import ENV
 
 KEY = "ab" * 32
+DEPLOY = "# Deploy\n\nThe staging server is deleted automatically every night.\n"
+
+
+def _host_home(tmp: Path, name: str) -> Path:
+    """``name``'s home: one indexed note, shared as ``/kb-<name>/**`` public."""
+    from node.corpus.store import Corpus
+    from node.policy.store import Policy
+
+    kb = tmp / f"kb-{name}"
+    kb.mkdir()
+    (kb / "deploy.md").write_text(DEPLOY)
+    home = _home(tmp, f"host-{name}")
+    with Corpus(home) as c:
+        c.add_root(kb)
+        c.sync()
+    policy = Policy.load(home)
+    policy.set(f"/kb-{name}/**", "public")
+    policy.save()
+    return home
 REQUEST = {"query": "staging server", "topK": 3}
 
 
@@ -196,10 +218,8 @@ def world(tmp_path):
     stopped: she is asleep) and the guest's home."""
     from node.community.server import run_server_in_thread
 
-    from test_community_backends import NO_LIMITS
-
     with run_server_in_thread(tmp_path / "community.db", rate_limits=NO_LIMITS) as url:
-        host_home = _host_home(tmp_path, "alice", CORPORA["alice"])
+        host_home = _host_home(tmp_path, "alice")
         guest_home = _home(tmp_path, "guest")
         load_or_init_identity(guest_home)
         proc, inv = _start_host(host_home, url)
