@@ -152,6 +152,19 @@ def test_the_outbox_is_bounded_in_questions(tmp_path):
         assert store.usage()["questions"] == MAX_QUESTIONS
 
 
+def test_reading_an_outbox_that_never_kept_anything_creates_nothing(tmp_path):
+    home = _home(tmp_path, "fresh")
+    listed = _kith(home, "outbox", "list", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout)["questions"] == []
+    shown = _kith(home, "outbox", "show", "abcd", "--json")
+    assert shown.returncode == 1 and json.loads(shown.stdout)["error"]["code"] == "outbox-not-found"
+    assert not (home / "outbox.sqlite").exists()
+    usage = _kith(home, "ask", "x", "--peer", "alice", "--keep", "1h")
+    assert usage.returncode == 2 and "--keep is for --later" in usage.stderr
+    bad_keep = _kith(home, "ask", "x", "--peer", "alice", "--later", "--keep", "9y")
+    assert bad_keep.returncode == 2 and "outbox-keep-invalid" in bad_keep.stderr
+
+
 @pytest.mark.parametrize("bad", ["", "7 days", "0", "59", "31d", "-1h", "1y"])
 def test_a_bad_keep_is_refused(bad):
     from node.common.errors import UsageError

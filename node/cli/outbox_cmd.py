@@ -38,9 +38,16 @@ def say_delivery(ev: dict[str, Any]) -> None:
 
 
 def _store(ctx: typer.Context) -> Any:
-    from node.runtime.outbox import OutboxStore
+    """The home's outbox; a home where nothing was ever kept has none, and reading it
+    creates none (``outbox-not-found`` for an id)."""
+    from node.common.errors import ConfigError
+    from node.runtime.outbox import OUTBOX_FILE, OutboxStore
 
-    return OutboxStore(home_of(ctx))
+    home = home_of(ctx)
+    if not (home / OUTBOX_FILE).exists():
+        raise ConfigError("outbox-not-found", "nothing was ever kept in this home's outbox",
+                          hint="`kith ask QUESTION --peer NAME --later` keeps a question")
+    return OutboxStore(home)
 
 
 @outbox_app.command("list")
@@ -48,9 +55,15 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """List the kept questions, newest first: state per peer, expiry, unread answers."""
     from rich.table import Table
 
-    with _store(ctx) as store:
-        records = store.list()
-        usage = store.usage()
+    from node.runtime.outbox import MAX_BYTES, MAX_QUESTIONS, OUTBOX_FILE
+
+    if not (home_of(ctx) / OUTBOX_FILE).exists():
+        records: list[dict[str, Any]] = []
+        usage = {"questions": 0, "open": 0, "bytes": 0, "maxQuestions": MAX_QUESTIONS, "maxBytes": MAX_BYTES}
+    else:
+        with _store(ctx) as store:
+            records = store.list()
+            usage = store.usage()
     if as_json:
         emit_json({"questions": records, "usage": usage})
         return
