@@ -180,15 +180,19 @@ async def run_background(home: Path, *, command: str, pool: Callable[[], Awaitab
                          on_event: Callable[[dict[str, Any]], None] | None = None,
                          task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
     """Run the home's :class:`Runner` with :func:`default_tasks` until cancelled (the
-    entry point ``kith host``, ``kith api serve``, ``kith mcp`` and ``kith outbox run``
-    call on their event loop)."""
+    entry point ``kith host``, ``kith api serve`` and ``kith mcp`` call on their event
+    loop). A home without an identity runs nothing; a runner that fails is logged and
+    ends, never the process around it (``kith host`` keeps serving)."""
     from node.trust.identity import key_path
 
     if not key_path(Path(home)).is_file():  # no identity: nothing can have been queued here
         task_status.started()
         return
     runner = Runner(home, default_tasks(home), pool=pool, mode=mode, local=local, command=command, on_event=on_event)
-    await runner.run(task_status=task_status)
+    try:
+        await runner.run(task_status=task_status)
+    except Exception:  # noqa: BLE001 - the background work never ends the process it runs in
+        log.warning("the home's background runner stopped", exc_info=True)
 
 
 __all__ = ["Runner", "RunnerTask", "default_tasks", "run_background", "LOCK_FILE"]
