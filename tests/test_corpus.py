@@ -472,7 +472,7 @@ def test_no_chunk_starts_or_ends_inside_a_grouped_value(value, wrapped) -> None:
     """A cut between a value's groups would leave each chunk a fragment that no detector
     recognises, so a scrubbed peer would get the value in two pieces (specs/policy.md §9.1);
     the chunker never cuts between two digit or capital-letter groups (specs/corpus.md)."""
-    from node.policy.scrub import KINDS, scrub
+    from node.common.scrub import KINDS, scrub
 
     words = ["w" + "".join("abcdefghij"[int(d)] for d in str(i)) for i in range(3000)]  # no digits
     spaces = [i for i, c in enumerate(value) if c == " "]

@@ -106,7 +106,7 @@ class ScrubRecord:
             return cls()
         except (OSError, ValueError):
             doc = None
-        from node.policy.scrub import KINDS
+        from node.common.scrub import KINDS
         from node.trust.peers import NAME_RE
 
         rows: dict[tuple[str | None, str], dict[str, Any]] = {}
@@ -263,7 +263,7 @@ class Unscrubbed:
 
     Attributes:
         recipient: a registry name, or None for an anonymous peer.
-        kinds: the kinds no longer scrubbed, in :data:`node.policy.scrub.KINDS` order.
+        kinds: the kinds no longer scrubbed, in :data:`node.common.scrub.KINDS` order.
         sources: the canonical ids, sorted.
     """
 
@@ -356,7 +356,7 @@ def _grouped(lost: Mapping[tuple[str | None, str], set[str]],
     (anonymous first), per set of kinds lost on the same sources; ``ended`` names the
     recipients whose pin has ended (said on their lines)."""
     ended = set(ended)
-    from node.policy.scrub import KINDS
+    from node.common.scrub import KINDS
 
     lines: dict[tuple[str | None, tuple[str, ...]], list[str]] = {}
     for (r, s), kinds in lost.items():
