@@ -17,7 +17,7 @@ from support.cli import invoke
 from support.homes import initialized
 from support.memory import MemoryHost, connect_guest as _connect, memory_host_home as _host_home
 from node.common.errors import UsageError
-from node.policy.grants import parse_until, until_time
+from node.common.grants import parse_until, until_time
 from node.policy.store import Policy
 from node.trust.identity import Identity
 from node.trust.peers import PeerRegistry, pins_in_force, set_pin_until
@@ -407,7 +407,7 @@ def test_a_grant_that_ended_reads_ended_everywhere_the_owner_looks(kith, tmp_pat
 
 def test_every_view_reads_ended_and_revoked_from_one_function() -> None:
     """Issue 32: no view computes "ended" or "revoked" its own way. The CLI and the
-    dashboard word a grant's end with node.policy.grants.until_text / ended, and a device's
+    dashboard word a grant's end with node.common.grants.until_text / ended, and a device's
     revocation with node.trust.revocation_list (own_devices, revoked_seen_devices)."""
     import re
     from pathlib import Path

@@ -65,9 +65,11 @@ def test_one_read_only_search_tool_returning_the_envelope(home: Path) -> None:
         return tools, ok, bad, spent
 
     tools, ok, bad, spent = _session(home, calls)
-    assert [t.name for t in tools] == ["search", "verify"]
+    assert [t.name for t in tools] == ["search", "verify", "ask_later", "outbox"]
     ann = tools[0].annotations
     assert ann.read_only_hint is True and ann.destructive_hint is False
+    # queuing is its own named tool, the only one that writes (specs/outbox.md §6)
+    assert [t.name for t in tools if not t.annotations.read_only_hint] == ["ask_later"]
     assert {"query", "topK", "tags", "dateRange", "peer", "server"} <= set(
         tools[0].input_schema["properties"])
     for res, reason in ((ok, None), (spent, "budget-exhausted")):
@@ -131,7 +133,7 @@ def test_the_server_says_who_it_is_and_only_what_it_has_in_both_eras(home: Path,
     assert caps.tools is not None and caps.tools.list_changed is False
     assert caps.prompts is None and caps.resources is None
     assert refused == [-32601, -32601]  # method not found: nothing behind what is not advertised
-    assert [t.name for t in listed.tools] == ["search", "verify"]
+    assert [t.name for t in listed.tools] == ["search", "verify", "ask_later", "outbox"]
     if era == "2026-07-28":
         assert listed.ttl_ms >= 60_000 and listed.cache_scope == "public"
     assert _structured(found)["results"][0]["source"] == "/kb/deploy.md"

@@ -65,14 +65,14 @@ def add_cmd(
     key: str = typer.Argument(..., help="The peer's public key (64 lowercase hex; `kith init` prints it)."),
     note: str = typer.Option("", "--note", help="Your own note about this peer (never sent)."),
     invite: Optional[str] = typer.Option(None, "--invite", metavar="FILE|POST_ID", help="Keep this invitation of the peer (verified: its host key must be KEY) so `kith ask --peer NAME` can reach it."),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="The community server the invitation comes from (fetches a POST_ID; asked for a newer invitation when the saved one no longer works)."),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="The community server the invitation comes from (fetches a POST_ID; asked for a newer invitation when the saved one no longer works). With --devices: where the person's devices post their cards (every device is asked at once)."),
     until: Optional[str] = typer.Option(None, "--until", metavar="DATE|DURATION", help="The pin ends then (2027-01-31, 2027-01-31T18:00:00Z, 12h, 7d, 2w): a running host ends its sessions and it is a stranger again."),
     devices: bool = typer.Option(False, "--devices", help="KEY is a person key: every device with a valid binding of it is NAME (one set of tiers, approvals and one quota). Without it KEY is one device's key and another device of that person is a stranger."),
     as_json: bool = _JSON,
 ) -> None:
     """Pin NAME to KEY (refused when NAME or KEY is already pinned)."""
     from node.common.errors import UsageError
-    from node.policy.grants import parse_until
+    from node.common.grants import parse_until
 
     ends = parse_until(until) if until is not None else None  # grant-bad-until before anything is written
     home = home_of(ctx)
@@ -93,8 +93,8 @@ def add_cmd(
                                  f"not by the key given ({key})")
         check_invitation(inv, home)  # binding signature, expiry, protocol id (as `kith join`)
         inv_doc = inv.to_dict()
-    elif server is not None:
-        raise UsageError("usage", "--server is used with --invite")
+    elif server is not None and not devices:
+        raise UsageError("usage", "--server is used with --invite (or with --devices: the person's device cards)")
     if devices:
         from node.trust.peers import pin_person
 
@@ -239,6 +239,14 @@ def list_cmd(
     from node.trust.revocation_list import revoked_seen_devices
 
     revoked = revoked_seen_devices(home_of(ctx), registry)
+    from node.trust.card import CardStore
+
+    cards = CardStore.load(home_of(ctx))  # each device's card: when it last answered here (specs/peers.md §13)
+
+    def reach(rec, key: str) -> dict:
+        entry = cards.devices_of(rec.public_key).get(key)
+        return {"card": entry is not None, "online": bool(entry and entry.online),
+                "lastSeen": entry.last_seen if entry else None, "lastFailed": entry.last_failed if entry else None}
     if rank is not None:
         rows = [(score, rec) for score, rec in registry.rank(rank)]
     else:
@@ -251,6 +259,7 @@ def list_cmd(
             item["groups"] = [{"group": g, "until": u} for g, u in sorted(groups.get(rec.name, {}).items())]
             for dev in item.get("seenDevices", []):
                 dev["revoked"] = dev["key"] in revoked.get(rec.name, ())
+                dev.update(reach(rec, dev["key"]))
             if score is not None:
                 item["score"] = score
             out.append(item)
@@ -274,8 +283,12 @@ def list_cmd(
                       _groups_text(groups.get(rec.name, {})), _until_text(rec.until))
         for dev in registry.to_json(rec)["seenDevices"]:  # a person pin's devices seen so far
             mark = "  REVOKED" if dev["key"] in revoked.get(rec.name, ()) else ""
-            table.add_row("", f"  device {dev['key'][:16]}…", dev["name"], f"first seen {dev['firstSeen']}{mark}",
-                          "", "", "")
+            seen = reach(rec, dev["key"])
+            state = ("online" if seen["online"] else "offline") + (f", last seen {seen['lastSeen']}"
+                                                                    if seen["lastSeen"] else ", never answered here")
+            table.add_row("", f"  device {dev['key'][:16]}…", dev["name"],
+                          f"first seen {dev['firstSeen']}{mark}; {state}" if seen["card"]
+                          else f"first seen {dev['firstSeen']}{mark}", "", "", "")
     console.print(table)
 
 
@@ -309,7 +322,7 @@ def profile_cmd(
 from typing import List  # noqa: E402 - typer reads the annotations below from the module
 def _until_text(until: Optional[str]) -> str:
     """``-`` (never ends), the end, or ``ended <end>``."""
-    from node.policy.grants import until_text
+    from node.common.grants import until_text
 
     return until_text(until, still="") or "-"
 
@@ -328,7 +341,7 @@ def _groups_by_member(home) -> dict:
 
 def _groups_text(groups: dict) -> str:
     """``@team (until <end>)``, or ``(ended <end>)`` once the membership ended."""
-    from node.policy.grants import until_text
+    from node.common.grants import until_text
 
     return ", ".join(f"@{g}" + (f" ({until_text(u)})" if u else "")
                      for g, u in sorted(groups.items())) or "-"
@@ -343,7 +356,7 @@ def until_cmd(
 ) -> None:
     """Set (or lift, with 'never') when the pin NAME ends. A running host ends its
     sessions when it does (session-grant-expired)."""
-    from node.policy.grants import parse_until
+    from node.common.grants import parse_until
 
     ends = None if until == "never" else parse_until(until)
     home = home_of(ctx)
@@ -379,7 +392,7 @@ def group_add_cmd(
     `--for @NAME` / `--peer @NAME`; a running host applies it from its next query. A
     membership's --until ends what the group grants, never what it scrubs."""
     from node.cli.policy_cmd import guarded_write
-    from node.policy.grants import parse_until
+    from node.common.grants import parse_until
     from node.policy.store import Policy
 
     ends = parse_until(until) if until is not None else None

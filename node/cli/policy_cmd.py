@@ -12,7 +12,8 @@ from rich.table import Table
 from node.cli.common import err_console, safe_text, untrusted_console as console, emit_json, home_of
 from node.corpus.types import Root
 from node.common.errors import KithError, UsageError
-from node.policy.coverage import MAX_LISTED, check_policy, indexed_sources, rule_coverage, rule_label
+from node.policy.coverage import (MAX_LISTED, check_policy, indexed_sources, rule_coverage, rule_label,
+                                  unmatched_scrubs)
 from node.policy.store import (ANONYMOUS_SHARED_FACTOR, MIN_MESSAGE_BYTES, TIERS, Decision, Policy, Quota,
                                Rule, check_peer_names)
 
@@ -207,7 +208,7 @@ def set_cmd(
     follows sources, not tiers, so moving a source to another tier keeps it scrubbed; a
     rule that would open to a peer a source once scrubbed for it and no longer is asks
     first (--yes)."""
-    from node.policy.grants import parse_until
+    from node.common.grants import parse_until
 
     if until is not None and for_peer is None:
         raise UsageError("usage", "--until ends an override: give --for NAME|@GROUP too")
@@ -290,10 +291,16 @@ def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         record.save(home)
     except OSError as exc:
         _warn(f"could not write the scrub record: {exc.strerror}")
-    lapsed = unscrubbed(policy, record, sources, recipients(policy, record, list(PeerRegistry.load(home).peers)))
+    from node.common.grants import ended as grant_ended
+
+    registry = PeerRegistry.load(home)
+    ended = [name for name, rec in registry.peers.items() if grant_ended(rec.until)]
+    lapsed = unscrubbed(policy, record, sources, recipients(policy, record, list(registry.peers)), ended=ended)
+    idle_scrubs = unmatched_scrubs(policy, sources)
     not_pinned = _not_pinned(home, policy)
     if as_json:
-        emit_json({**report.to_dict(), "unscrubbed": [u.to_dict() for u in lapsed], "notPinned": not_pinned})
+        emit_json({**report.to_dict(), "unscrubbed": [u.to_dict() for u in lapsed], "unmatchedScrub": idle_scrubs,
+                   "notPinned": not_pinned})
         return
     lines = [f"{report.sources} indexed source(s), {len(report.rules)} rule(s)"]
     for cov in report.rules:
@@ -313,6 +320,11 @@ def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
             lines.append(f"  (and {len(report.undecided) - MAX_LISTED} more; --json lists the first {MAX_LISTED})")
     else:
         lines.append("every indexed source is decided by a rule")
+    if idle_scrubs:
+        lines.append("scrub entries that match no indexed source (they scrub nothing):")
+        for miss in idle_scrubs:
+            hint = f"  (did you mean {' or '.join(miss['suggestions'])}?)" if miss["suggestions"] else ""
+            lines.append(f"  {miss['glob']} for {miss['for']}: {', '.join(miss['kinds'])}{hint}")
     if lapsed:
         lines.append("served unscrubbed though a scrub entry once covered them "
                      "(`kith policy scrub --for WHO [--glob GLOB] KINDS` scrubs them again):")
@@ -383,7 +395,7 @@ def _quota_lines(policy: Policy) -> list[str]:
 def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """Show the rules in file order, then per-peer overrides, then the quotas in force
     (the [quota] table, built-in defaults where it sets nothing), then what is scrubbed."""
-    from node.policy.grants import until_text
+    from node.common.grants import until_text
 
     policy = Policy.load(home_of(ctx))
     if as_json:
@@ -488,7 +500,7 @@ def scrub_cmd(
     approving an 'ask' source, keeps it scrubbed. KINDS replaces what the entry had;
     removing kinds asks first (--yes) when indexed sources would be served unscrubbed.
     Without arguments, list what is scrubbed."""
-    from node.policy.scrub import KINDS, check_kinds
+    from node.common.scrub import KINDS, check_kinds
     from node.policy.store import SCRUB_TIERS
 
     home = home_of(ctx)
@@ -518,6 +530,12 @@ def scrub_cmd(
             _warn_unpinned(home, [for_target], "--for")
         if off and policy.scrub_rules == before.scrub_rules:
             _warn(f"nothing was scrubbed for {for_target}" + (f" in {glob}" if glob else "") + "; nothing changed")
+        if entry is not None and entry.glob is not None:
+            from node.policy.coverage import unmatched_scrub_warning, unmatched_scrubs
+
+            sources = indexed_sources(home)
+            for miss in unmatched_scrubs(Policy(scrubs=[entry]), sources):
+                _warn(unmatched_scrub_warning(miss, len(sources)))
     if as_json:
         emit_json({"scrub": _scrub_json(policy), "changed": bool(changed), **_unscrubbed_json(lapsed)})
     else:

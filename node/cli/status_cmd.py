@@ -117,7 +117,7 @@ def status_report(home: Path) -> dict[str, Any]:
 
 def _grants(home: Path) -> list[dict[str, Any]]:
     """Every grant of this home that ends, soonest first (:func:`node.runtime.grants.grants_with_ends`)."""
-    from node.policy.grants import ended
+    from node.common.grants import ended
     from node.runtime.grants import grants_with_ends
 
     rows = [{**{k: v for k, v in g.items() if k != "names"}, "ended": ended(g["until"])}
@@ -126,7 +126,7 @@ def _grants(home: Path) -> list[dict[str, Any]]:
 
 
 def _grant_line(g: dict[str, Any]) -> str:
-    from node.policy.grants import until_text
+    from node.common.grants import until_text
 
     when = until_text(g["until"])
     if g["kind"] == "pin":

@@ -58,6 +58,8 @@ class SessionSetup:
         first_stream_timeout_s: how long a connection may take to open its stream (s).
         reject_frame: ``(code, message | None)`` → one ``_session_reject`` frame.
         pairing_code: ``peer_key`` → the pairing words both sides see.
+        card: ``()`` → this hosting device's card for its newest post, or None
+            (sent to a guest that asks for it; specs/peers.md §13).
     """
 
     spec: Any
@@ -72,6 +74,7 @@ class SessionSetup:
     first_stream_timeout_s: float
     reject_frame: Callable[[str, str | None], bytes]
     pairing_code: Callable[[str], str]
+    card: Callable[[], dict[str, Any] | None] = lambda: None
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,7 @@ class Connection:
             "host", setup.spec, public_key=identity.public_key, sign=identity.sign,
             host=HostConfig(remote_id=self.remote, post_protocol=self.post_protocol, nonce_unseen=self.nonce_unseen,
                             profile=setup.profile, ui_bundle=setup.ui_bundle, named_post=self.named_post,
-                            **engine_seams(self.door, self.visit)),
+                            card=setup.card, **engine_seams(self.door, self.visit)),
             egress_check=self.egress)
         with self.session_scope:  # cancelled when ended from outside (evicted, revoked, the owner)
             outcome = await run_session(self.stream, self.engine, setup.hooks, make_context=self.make_context,

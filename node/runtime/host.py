@@ -147,6 +147,8 @@ class Knowledge:
             corpus; call it from a worker thread).
         evidence: ``[chunk ids] → {chunk id: (content hash, char_start, char_end)}`` — what
             a signed citation needs of served chunks (:meth:`node.corpus.store.Corpus.chunk_evidence`).
+        warmer: the :class:`node.runtime.warm.ViewWarmer` a running host starts (its
+            ``pinned`` set by the host), or None without a corpus.
     """
 
     handle_for: Callable[[str | None, str | None], Any]
@@ -157,6 +159,7 @@ class Knowledge:
     index: Callable[[], dict[str, Any]] = lambda: {"ready": False, "warmed": False, "roots": [],
                                                    "documents": 0, "chunks": 0}
     evidence: Callable[[list[str]], dict[str, Any]] = lambda ids: {}
+    warmer: Any = None
     #: ``()`` → ``{"rules", "groups"}`` of the policy the next query is answered under (the
     #: last good one when policy.toml became invalid meanwhile; specs/control.md)
     policy: Callable[[], dict[str, Any]] | None = None
@@ -180,6 +183,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
     from node.policy.gate import EgressGate
     from node.policy.quota import RateLimiter
     from node.policy.store import Policy
+    from node.runtime.warm import ViewWarmer
 
     policy = Policy.load(home)
     if now is not None:
@@ -210,7 +214,8 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
              "Share with e.g. `kith policy set '/<root>/**' public`.")
     gate = EgressGate(corpus.roots(), policy, home, approvals=Approvals(home))
     service = AnswerService(corpus, gate, limiter=limiter, version_key=version_key)
-    warmed = _warm_in_background(service)
+    warmer = ViewWarmer(service, gate, corpus, lambda: [])  # run by Host.run (node/runtime/warm.py)
+    warmed = warmer.warmed
 
     def close() -> None:
         corpus.close()
@@ -228,7 +233,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
 
     return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
                      gate.check_frame, close, service, _quota_left(gate, limiter), index,
-                     corpus.chunk_evidence, in_force)
+                     corpus.chunk_evidence, warmer, in_force)
 
 
 def _quota_left(gate: Any, limiter: Any) -> Callable[[str | None, str], dict[str, Any]]:
@@ -352,6 +357,8 @@ class Host:
         self._running = 0  # connection tasks not finished yet
         self._all_done = anyio.Event()
         self._all_done.set()
+        self._card: dict[str, Any] | None = None  # this device's card for its newest live post
+        self._card_changed = anyio.Event()
 
     def _bind_iroh(self, secret: bytes, alpn: bytes) -> Any:
         from node.transport.iroh import bind_node
@@ -419,6 +426,7 @@ class Host:
                            # a public multi-use post must never be rotatable by strangers
                            retire_on_failures=not opts.server_url or opts.post_max_sessions == 1,
                            unlisted=opts.unlisted)
+        self.posts.on_live = self._new_card
         from node.trust.person import load_person
 
         person = load_person(self.home)
@@ -428,6 +436,9 @@ class Host:
         from node.trust.rotation import RotationLedger
 
         self.grant_watcher = GrantWatcher(self.home, self.table, self.clock, on_event=self.emit)
+        warmer = self.knowledge.warmer
+        if warmer is not None:  # the pinned peers' views too (a person pin's devices share its name)
+            warmer.pinned = lambda: list(self.peers_watcher.known().peers)
         self.rotations = RotationLedger.load(self.home)  # the person-key rotations this host followed
         from node.runtime.doorkeeper import Doorkeeper
 
@@ -444,7 +455,7 @@ class Host:
                              ui_bundle=self.ui_bundle, heartbeat=opts.heartbeat, stop=self.session_stop,
                              hook_options=opts.hook_options, ttl_s=opts.ttl_s,
                              first_stream_timeout_s=self.first_stream_timeout_s, reject_frame=self.reject_frame,
-                             pairing_code=self.pairing_code)
+                             pairing_code=self.pairing_code, card=self.current_card)
         answering = Answering(tap=self.audit.tap, rewrite=self.citations.rewrite,
                               check=self.knowledge.egress_check, knowledge_for=self.knowledge.handle_for)
         return Wiring(door=self.door, table=self.table, posts=self.posts, nonces=self.seen_nonces,
@@ -517,8 +528,11 @@ class Host:
                     tg.start_soon(self._purge_nonces)
                     tg.start_soon(self.peers_watcher.run)  # peers.json / policy.toml by stat
                     tg.start_soon(self.grant_watcher.run)  # grants whose `until` passes end their sessions
+                    if self.knowledge.warmer is not None:  # views built before the first question
+                        tg.start_soon(self.knowledge.warmer.run)
                     if self.opts.server_url:  # the person pins' revocation lists (specs/peers.md §10)
                         tg.start_soon(self.peers_watcher.watch_server, self.opts.server_url, self.identity)
+                        tg.start_soon(self._publish_cards)  # this device's card (specs/peers.md §13)
                     async with anyio.create_task_group() as accepting:
                         if self.stop is not None:
                             accepting.start_soon(self._stop_watch, accepting.cancel_scope)
@@ -585,6 +599,45 @@ class Host:
         out["presence"] = self.opts.presence
         return out
 
+    # ------------------------------------------------------------ device card (specs/peers.md §13)
+    def _new_card(self, inv: Invitation) -> None:
+        """Sign this device's card for ``inv``, the post that just became live (none when the
+        home's person has not bound this device)."""
+        from node.runtime.cards import own_card
+
+        try:
+            self._card = own_card(self.home, self.identity, inv.to_dict())
+        except KithError as exc:  # a person record that does not load: no card, the host serves on
+            self._card = None
+            self.warn(f"no device card is published ({exc.code}): guests reach this device only by its invitation")
+        if self._card is not None:
+            self._card_changed.set()
+
+    def current_card(self) -> dict[str, Any] | None:
+        """This device's card for its newest live post, or None (sent in the handshake)."""
+        return self._card
+
+    async def _publish_cards(self) -> None:
+        """Post each new card of this device on the community server (``POST
+        /api/v1/cards``); a refusal is said once and the host serves on."""
+        from node.community.client import CommunityClient
+
+        said = False
+        while True:
+            await self._card_changed.wait()
+            self._card_changed = anyio.Event()
+            card = self._card
+            if card is None:
+                continue
+            try:
+                async with CommunityClient(self.opts.server_url, self.identity) as client:
+                    await client.publish_card(card)
+            except KithError as exc:
+                if not said:
+                    said = True
+                    self.warn(f"the community server did not take this device's card ({exc.code}); "
+                              "guests reach this device only by its invitation")
+
     def _new_invitation(self) -> Invitation:
         opts = self.opts
         return create_invitation(self.identity, protocol_name=self.spec.name, protocol_version=self.spec.version,
@@ -643,32 +696,6 @@ class Host:
         while True:
             await self.clock.sleep(PURGE_INTERVAL_S)
             await anyio.to_thread.run_sync(self.seen_nonces.purge)
-
-
-def _warm_in_background(service: Any) -> Any:
-    """Build the anonymous guests' view index in a daemon thread (a peer is ranked on its
-    own view, node/corpus/views.py): the first guest then does not wait for it. A failure
-    (no index yet, the corpus closed by a quick stop) is only logged.
-
-    Returns:
-        A :class:`threading.Event` set once the view is built (not set if warming failed).
-    """
-    import threading
-
-    from node.answer.service import PeerView
-
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            service.warm(PeerView(None, None))
-        except Exception as exc:  # noqa: BLE001 - warming is an optimisation only
-            log.debug("could not warm the anonymous view: %s", type(exc).__name__)
-        else:
-            done.set()
-
-    threading.Thread(target=run, name="kith-warm-view", daemon=True).start()
-    return done
 
 
 def _reject_frame(code: str, message: str) -> bytes:

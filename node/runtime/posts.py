@@ -66,6 +66,8 @@ class Posts:
         self.max_failures = max_failures
         self.retire_on_failures = retire_on_failures
         self.keeper: Any = None
+        #: called with each invitation that becomes live (the host's device card follows it)
+        self.on_live: Callable[[Invitation], None] = lambda inv: None
         self._live: dict[str, str] = {}
         self._expiry: dict[str, float] = {}
         self._expired: set[str] = set()
@@ -79,6 +81,7 @@ class Posts:
         self._live[inv.post_id] = self.protocol_id
         self._expiry[inv.post_id] = unix_of(inv.expires_at)
         self._write(inv)
+        self.on_live(inv)
 
     def keep(self, current: Invitation, make_invitation: Callable[[], Invitation]) -> Any:
         """With a server: start a :class:`node.community.keeper.PostKeeper` for ``current``
