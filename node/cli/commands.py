@@ -325,14 +325,46 @@ def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None,
         suggested = re.sub(r"[^A-Za-z0-9_.-]+", "-", profile.get("displayName", "")).strip("-._")[:64]
         suggested = suggested if NAME_RE.fullmatch(suggested or "-") and suggested not in registry.peers else ""
         shown = f" (it calls itself {suggested!r})" if suggested else ""
-        try:
-            pin = _prompt(f"Pin this host in your peer registry{shown}? Type a name, or Enter to skip: ").strip()
-        except EOFError:
-            return
-        if not pin:
+        pin = _ask_pin_name(f"Pin this host in your peer registry{shown}? Type a name, or Enter to skip: ",
+                            registry)
+        if pin is None:
             return
     rec = registry.add(pin, key, profile=profile, invitation=invitation, server=server)
     err_console.print(f"pinned the host as {rec.name!r}", highlight=False, markup=False)
+
+
+#: Answers of the ``[y/N]`` trust question that are never taken as a peer name (issue 30).
+YES_NO_ANSWERS = frozenset({"y", "n", "yes", "no"})
+#: How often the name prompt asks again after an answer it cannot take.
+PIN_NAME_TRIES = 5
+
+
+def _ask_pin_name(question: str, registry: Any) -> str | None:
+    """Ask for a peer name on the terminal until one can be pinned: a yes/no answer
+    (:data:`YES_NO_ANSWERS`, typed for the trust question before it), a name that is not
+    a peer name, or one already pinned is refused with the reason and asked again, at
+    most :data:`PIN_NAME_TRIES` times. Returns the name, or None (Enter, Ctrl-D, or no
+    usable name after the last try: nothing is pinned)."""
+    from node.trust.peers import NAME_RE
+
+    for _ in range(PIN_NAME_TRIES):
+        try:
+            name = _prompt(question).strip()
+        except EOFError:
+            return None
+        if not name:
+            return None
+        if name.lower() in YES_NO_ANSWERS:
+            why = f"{name!r} reads as an answer, not a name: type a name for this host (its owner's, say)"
+        elif not NAME_RE.fullmatch(name):
+            why = f"{safe_text(name)[:64]!r} is not a peer name (1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit)"
+        elif name in registry.peers:
+            why = f"{name!r} is already pinned to another host; type another name"
+        else:
+            return name
+        err_console.print(why, highlight=False, markup=False)
+    err_console.print("not pinned; pin it later with `kith peers add NAME KEY`", highlight=False, markup=False)
+    return None
 
 
 def _host_end_reason(end: dict[str, Any]) -> str:

@@ -47,6 +47,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "usage": ("usage", "The command line is not valid."),
     "grant-bad-until": ("usage", "--until is not a date (YYYY-MM-DD), an RFC 3339 UTC time or a duration (30m, 12h, 7d, 2w), or it is not ahead."),
     "ask-too-many-peers": ("usage", "One ask names more peers than it may (16)."),
+    "pin-name-taken": ("usage", "That name is already pinned to another host; choose another --pin NAME."),
     "transport-mode-invalid": ("usage", "The transport options are not valid (--relay, --relay-only, --lan, --discovery, --offline)."),
     "presence-invalid": ("usage", "The host's presence setting is not open or granted."),
     "config-invalid": ("config", "A configuration file is not valid."),

@@ -169,15 +169,22 @@ def check_pinned_name(name: str, inv: Invitation, home: Path) -> None:
     """Refuse when ``name`` is pinned in the registry to a different key (DESIGN §5).
 
     ``kith join --pin NAME`` calls it before connecting: a name already pinned to another
-    key is never silently re-pinned.
+    key is never silently re-pinned. That is a name the user chose that is taken, not a
+    host whose key changed (``host-key-changed`` is for an invitation that names another
+    key than a pin's, :func:`_pinned_target`).
 
     Raises:
-        HandshakeError: ``host-key-changed``.
+        UsageError: ``pin-name-taken``.
     """
+    from node.common.errors import UsageError
+
     rec = PeerRegistry.load(home).by_name(name)
     if rec is not None and rec.public_key != inv.host_public_key:
-        raise HandshakeError("host-key-changed",
-                             f"{name!r} is pinned to a different key; the host key changed")
+        raise UsageError("pin-name-taken",
+                         f"--pin {name}: that name is already pinned to another host ({rec.public_key[:16]}…); "
+                         f"this host is {inv.host_public_key[:16]}…",
+                         hint=f"choose another name (--pin NAME), or `kith peers remove {name}` first if "
+                              "that pin is no longer wanted")
 
 
 async def open_target(arg: str, home: Path, *, server_url: str | None) -> Target:
