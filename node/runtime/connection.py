@@ -327,6 +327,7 @@ class Connection:
                                            via_person=(pin.name, pin.public_key) if pin else None)
         host.table.succeeded(self.remote)
         post = ev.proof.get("post_id", "")
+        host.posts.used(post)  # kept at once: a restart goes on counting (file mode)
         for nonce in self.held:  # a proof signed by both sides exists now: remember it
             host.seen_nonces.commit(post, nonce, host.posts.expires_at(post) or host.clock.time() + host.opts.ttl_s)
         self.held.clear()

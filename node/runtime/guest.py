@@ -187,6 +187,30 @@ def check_pinned_name(name: str, inv: Invitation, home: Path) -> None:
                               "that pin is no longer wanted")
 
 
+#: The host's refusals that mean the invitation itself is gone there — it restarted
+#: without it, withdrew it (``kith host --new-invitation``), used it up or it expired
+#: there; under ``--presence granted`` also "you hold no grant", on purpose the same — for
+#: which the guest says ``invitation-gone`` (issue 30; specs/invitation.md).
+GONE_CODES = ("handshake-unknown-post", "handshake-post-expired")
+
+
+def invitation_gone(code: str, inv: Invitation, pinned_name: str | None) -> InvitationError:
+    """The guest's ``invitation-gone`` refusal for the host's ``code`` (one of
+    :data:`GONE_CODES`): which host and post, and what to do — a pinned peer is refreshed
+    by joining a new invitation once; an unpinned host can be pinned with it."""
+    who = repr(pinned_name) if pinned_name else f"{inv.host_public_key[:16]}…"
+    why = "it expired there" if code == "handshake-post-expired" else \
+        "it restarted without it, withdrew it or used it up"
+    if pinned_name:
+        hint = (f"ask {pinned_name}'s owner for a new invitation and join it once (`kith join NEW_INVITATION`): "
+                f"that refreshes the pin {pinned_name!r}")
+    else:
+        hint = ("ask the host's owner for a new invitation; to pin the host with it: "
+                f"`kith peers add NAME {inv.host_public_key} --invite FILE`")
+    return InvitationError("invitation-gone", f"the host {who} no longer honours invitation {inv.post_id} "
+                                              f"({why}; the host said {code})", hint=hint)
+
+
 async def open_target(arg: str, home: Path, *, server_url: str | None) -> Target:
     """Resolve ``arg`` (:func:`resolve_invitation`), verify it against the local protocol
     (:func:`check_invitation`) and look up the host's pinned name (:func:`trust_status`).
