@@ -191,7 +191,9 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "protocol-test-failed": ("spec", "The protocol test did not pass."),
     # --- transport -----------------------------------------------------------------------
     "transport-bind-failed": ("transport", "The iroh endpoint could not be bound."),
-    "transport-connect-failed": ("transport", "Could not connect to the peer."),
+    "transport-connect-failed": ("transport", "Could not connect to the peer.",
+                                 "the host may be stopped, asleep or not reachable from this network (the same "
+                                 "--offline / --lan / --relay as the host?); try again once it is back"),
     "transport-io": ("transport", "The connection failed while sending or receiving."),
     # --- community server ----------------------------------------------------------------
     "server-unreachable": ("community", "The community server cannot be reached."),

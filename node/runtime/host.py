@@ -436,6 +436,16 @@ class Host:
                            unlisted=opts.unlisted,
                            # file mode: live posts outlive a restart (a server's are withdrawn at exit)
                            keep_in=None if opts.server_url else self.home)
+        # file mode: the posts of earlier runs (a bad posts.json fails here, before binding)
+        self._restored: list[dict[str, Any]] = []
+        if not opts.server_url:
+            self._restored = self.posts.restore(self.table, self.identity.public_key)
+            if opts.new_invitation:
+                gone = self.posts.forget_kept()
+                self._restored = []
+                if gone:
+                    self.warn(f"--new-invitation: {len(gone)} invitation(s) of earlier runs are no longer "
+                              "honoured; their guests are told to ask for a new one")
         from node.trust.person import load_person
 
         person = load_person(self.home)
@@ -593,15 +603,7 @@ class Host:
         runs are honoured again (or withdrawn with ``new_invitation``) and the last one is
         written again when it still describes this endpoint — never re-signed."""
         inv = self._new_invitation()
-        self._restored: list[dict[str, Any]] = []
         if not self.opts.server_url:
-            self._restored = self.posts.restore(self.table, self.identity.public_key)
-            if self.opts.new_invitation:
-                gone = self.posts.forget_kept()
-                self._restored = []
-                if gone:
-                    self.warn(f"--new-invitation: {len(gone)} invitation(s) of earlier runs are no longer "
-                              "honoured; their guests are told to ask for a new one")
             kept = self.posts.reusable(inv)
             if kept is not None:
                 self.posts.reuse(kept)
