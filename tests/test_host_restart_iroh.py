@@ -130,3 +130,33 @@ def test_new_invitation_withdraws_the_old_one_and_its_guest_is_told_what_to_do(t
     assert f"saved this invitation (post {second.invitation['post_id']}" in rejoin.stderr
     assert f"it replaces post {first.invitation['post_id']}" in rejoin.stderr
     assert json.loads(after.stdout)["peers"][0]["status"] == "ok"
+
+
+def test_join_peer_follows_a_server_hosts_new_post_after_a_restart(tmp_path: Path) -> None:
+    """A community-server post is withdrawn at every clean exit; a pin made from it keeps
+    working: the restarted host (same port) refuses the old post, and ``kith join --peer``
+    joins the newest post of its key on the pin's server instead, and says so."""
+    from node.community.server import run_server_in_thread
+
+    home = _host_home(tmp_path)
+    guest = tmp_path / "guest"
+    assert kith(guest, "init").returncode == 0
+    with run_server_in_thread(tmp_path / "srv" / "community.sqlite3") as url:
+        first = Host(home, "--server", url)
+        try:
+            r = kith(guest, "join", first.invitation["post_id"], "--server", url, "--offline", "--trust",
+                     "--pin", "h", "--query", "staging")
+            assert r.returncode == 0, r.stderr
+        finally:
+            _events(first)
+        second = Host(home, "--server", url)
+        try:
+            assert second.invitation["post_id"] != first.invitation["post_id"]
+            assert _port(second.invitation) == _port(first.invitation)  # the same port: the old post is refused
+            joined = kith(guest, "join", "--peer", "h", "--offline", "--query", "staging", timeout=90)
+        finally:
+            _events(second)
+    assert joined.returncode == 0, joined.stderr
+    assert "the host no longer honours 'h''s saved invitation (handshake-unknown-post)" in joined.stderr
+    assert f"joining its newest post on {url}, {second.invitation['post_id']}" in joined.stderr
+    assert PeerRegistry.load(guest).by_name("h").invitation["post_id"] == second.invitation["post_id"]

@@ -587,17 +587,23 @@ def join_cmd(
                                filters={"citations": True} if citations else {})
         if interactive:
             err_console.print("Type a question at each ask> prompt; an empty line or Ctrl-D ends the session.")
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(say_connecting)
-                tg.start_soon(say_waiting)
-                asked = await ask(home, identity, host, options, local=mode.offline, mode=mode, server_url=server,
-                                  host_seen=host_seen, on_ready=on_ready, accept_host_ui=accept_host_ui,
-                                  on_path=on_path)
-                tg.cancel_scope.cancel()
-        finally:
-            waiting.stop()
-        outcome = asked.outcome
+        for attempt in (1, 2):
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(say_connecting)
+                    tg.start_soon(say_waiting)
+                    asked = await ask(home, identity, host, options, local=mode.offline, mode=mode,
+                                      server_url=server, host_seen=host_seen, on_ready=on_ready,
+                                      accept_host_ui=accept_host_ui, on_path=on_path)
+                    tg.cancel_scope.cancel()
+            finally:
+                waiting.stop()
+            outcome = asked.outcome
+            newer = await _newer_post(peer, home, outcome) if attempt == 1 and peer is not None else None
+            if newer is None:
+                break
+            host = newer  # --peer: the saved post is gone there; its community server's newest one
+            joined[0], inv = host, host.invitation
         assert outcome is not None  # no timeout_s: the session always ends with an outcome
         if outcome.code == "peer-unresponsive" and outstanding[0] is not None:
             raise host_gone(who, outcome, f"q{outstanding[0][1]}")
@@ -649,6 +655,31 @@ def join_cmd(
         raise
     if interactive and at_prompt[0]:
         _exit_now(None, json_out)
+
+
+async def _newer_post(name: str, home: Path, outcome: Any) -> Any:
+    """``kith join --peer NAME`` whose saved invitation the host refused as gone
+    (:data:`node.runtime.guest.GONE_CODES`): the newest live post of the peer's key on the
+    community server the pin came from (``resolve_peer(skip_saved=True)``), said on
+    stderr, or None (another outcome, no server, or nothing newer there)."""
+    from node.runtime.guest import GONE_CODES, resolve_peer
+    from node.trust.peers import PeerRegistry
+
+    if outcome is None or outcome.reason != "rejected" or outcome.code not in GONE_CODES:
+        return None
+    rec = PeerRegistry.load(home).by_name(name)
+    if rec is None or not rec.server:
+        return None
+    try:
+        target = await resolve_peer(name, home, skip_saved=True)
+    except KithError:
+        return None
+    if rec.invitation is not None and target.invitation.post_id == rec.invitation.get("post_id"):
+        return None
+    err_console.print(f"the host no longer honours {name!r}'s saved invitation ({outcome.code}); joining its "
+                      f"newest post on {safe_text(rec.server)}, {target.invitation.post_id} (saved for {name!r} "
+                      "from now on)", highlight=False, markup=False)
+    return target
 
 
 def host_gone(who: str, outcome: Any, what: str) -> KithError:
