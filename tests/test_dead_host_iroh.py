@@ -24,10 +24,10 @@ from node.trust.identity import load_identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
 
-from test_ask_fanout import valid
-from test_join_output import _Lines
-from test_join_pin import _host_home
-from test_main_job import KITH, Host, kith
+from support.cli import KITH, kith
+from support.envelopes import valid_ask as valid
+from support.hosts import HostProcess as Host, notes_host as _host_home
+from support.terminal import Lines as _Lines
 
 pytestmark = [pytest.mark.iroh, pytest.mark.slow]
 

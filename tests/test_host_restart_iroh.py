@@ -18,15 +18,18 @@ import pytest
 
 from node.trust.peers import PeerRegistry
 
-from test_join_pin import _host_home
-from test_main_job import Host, kith
+from support.cli import kith
+from support.hosts import HostProcess as Host, notes_host as _host_home
 
 pytestmark = [pytest.mark.iroh, pytest.mark.slow]
 
 
 def _events(host: Host) -> list[dict]:
-    """Stop ``host`` (SIGINT) and return the JSON event lines it printed after the invitation."""
-    _code, out, _err = host.stop()
+    """Stop ``host`` (SIGINT) and return the JSON event lines it printed after the invitation
+    (read through the same buffered pipe the invitation line came from)."""
+    host.proc.send_signal(signal.SIGINT)
+    host.proc.wait(timeout=30)  # bounded; its few event lines fit in the pipe meanwhile
+    out = host.proc.stdout.read()
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 

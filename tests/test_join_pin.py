@@ -13,19 +13,9 @@ import pytest
 
 from node.trust.peers import PeerRegistry
 
-from test_join_output import _in_pty
-from test_main_job import KITH, Host, kith
-
-
-def _host_home(tmp: Path) -> Path:
-    docs = tmp / "docs"
-    docs.mkdir()
-    (docs / "notes.md").write_text("# Notes\n\nThe staging server restarts at noon.\n")
-    home = tmp / "host"
-    for args in (("init",), ("index", "add", str(docs)), ("index", "sync"), ("policy", "set", "/docs/**", "public")):
-        r = kith(home, *args, timeout=300)
-        assert r.returncode == 0, (args, r.stderr)
-    return home
+from support.cli import KITH, kith
+from support.hosts import HostProcess as Host, notes_host as _host_home
+from support.terminal import in_pty as _in_pty
 
 
 @pytest.mark.iroh
