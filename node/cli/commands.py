@@ -685,7 +685,7 @@ async def _newer_post(name: str, home: Path, outcome: Any) -> Any:
 def host_gone(who: str, outcome: Any, what: str) -> KithError:
     """The ``peer-unresponsive`` refusal for a host that went silent while ``what`` (a
     question) was out: which host, since when (local time, from
-    ``outcome.last_heard_at``) and what to do (issue 30 item 2; specs/session.md §6)."""
+    ``outcome.last_heard_at``) and what to do (issue 30 item 2; specs/session.md §7.2)."""
     import time
 
     heard = getattr(outcome, "last_heard_at", None)

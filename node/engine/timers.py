@@ -13,7 +13,7 @@ Rules:
   the tighter ``inflight_ping_s`` / ``inflight_unresponsive_s`` apply instead, counted from
   the later of the peer's last frame and the moment the question left — a host killed
   while a question is out is known within seconds, an idle session stays lazy
-  (specs/session.md §6; the iroh 1.2.0 Python binding exposes no QUIC keep-alive or idle
+  (specs/session.md §7.2; the iroh 1.2.0 Python binding exposes no QUIC keep-alive or idle
   timeout, so this heartbeat is the only liveness signal);
 - no business message in either direction for ``idle_s`` → ``idle-timeout``.
 
