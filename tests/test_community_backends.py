@@ -199,7 +199,7 @@ def test_first_cut_sqlite_database_is_migrated(tmp_path: Path) -> None:
         open_store(db)
     assert err.value.code == "database-schema-old" and "kith community migrate" in err.value.message
     store = open_store(db, migrate=True)  # ...`kith community migrate` brings it forward
-    assert store.applied == [2, 3, 4, 5] and store.schema_version() == 5
+    assert store.applied == [2, 3, 4, 5, 6] and store.schema_version() == 6
     row = store.get_invitation(inv.post_id)
     assert row is not None and row.sessions_count == 1 and row.document["post_id"] == inv.post_id
     assert store.get_session(proof["session_id"])["closed_unix"] is None

@@ -22,6 +22,22 @@ def _cancel_approvals(home, key: str) -> list[str]:
     return ids
 
 
+def _warn_pin_end(home, name: str, ends: Optional[str]) -> None:
+    """When the pin NAME ends, its key is an anonymous peer: say on stderr which indexed
+    sources scrubbed for NAME (and not for every peer) it would then be served unscrubbed
+    (specs/policy.md §9.5; a warning, the pin is kept)."""
+    if ends is None:
+        return
+    from node.policy.scrub_coverage import change_unscrubs
+    from node.policy.store import Policy
+
+    policy = Policy.load(home)
+    lapsed, _ = change_unscrubs(home, policy, policy, served_as={name: None})
+    for u in lapsed:
+        err_console.print(f"warning: when the pin ends ({ends}) {name}'s key is an anonymous peer; "
+                          + u.line().replace(f"{name}: ", "", 1), highlight=False, markup=False, soft_wrap=True)
+
+
 def _audit(home, event: str, **fields) -> None:
     """Record an owner's registry change in ``<home>/audit.jsonl`` (node/trust/audit_log.py)."""
     from node.trust.audit_log import AuditLog
@@ -49,7 +65,7 @@ def add_cmd(
     key: str = typer.Argument(..., help="The peer's public key (64 lowercase hex; `kith init` prints it)."),
     note: str = typer.Option("", "--note", help="Your own note about this peer (never sent)."),
     invite: Optional[str] = typer.Option(None, "--invite", metavar="FILE|POST_ID", help="Keep this invitation of the peer (verified: its host key must be KEY) so `kith ask --peer NAME` can reach it."),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="The community server the invitation comes from (fetches a POST_ID; asked for a newer invitation when the saved one no longer works)."),
+    server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="The community server the invitation comes from (fetches a POST_ID; asked for a newer invitation when the saved one no longer works). With --devices: where the person's devices post their cards (every device is asked at once)."),
     until: Optional[str] = typer.Option(None, "--until", metavar="DATE|DURATION", help="The pin ends then (2027-01-31, 2027-01-31T18:00:00Z, 12h, 7d, 2w): a running host ends its sessions and it is a stranger again."),
     devices: bool = typer.Option(False, "--devices", help="KEY is a person key: every device with a valid binding of it is NAME (one set of tiers, approvals and one quota). Without it KEY is one device's key and another device of that person is a stranger."),
     as_json: bool = _JSON,
@@ -77,8 +93,8 @@ def add_cmd(
                                  f"not by the key given ({key})")
         check_invitation(inv, home)  # binding signature, expiry, protocol id (as `kith join`)
         inv_doc = inv.to_dict()
-    elif server is not None:
-        raise UsageError("usage", "--server is used with --invite")
+    elif server is not None and not devices:
+        raise UsageError("usage", "--server is used with --invite (or with --devices: the person's device cards)")
     if devices:
         from node.trust.peers import pin_person
 
@@ -87,6 +103,7 @@ def add_cmd(
         rec = registry.add(name, key, note, invitation=inv_doc, server=server)
     if ends is not None:
         rec = set_pin_until(registry, rec.name, ends)
+        _warn_pin_end(home, rec.name, ends)
     if as_json:
         emit_json(registry.to_json(rec))
     else:
@@ -98,13 +115,26 @@ def add_cmd(
 def remove_cmd(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="The local name to remove."),
+    yes: bool = typer.Option(False, "--yes", help="Remove it even if its key, then an anonymous peer, would be served sources unscrubbed that are scrubbed for NAME (without it, a terminal asks and anything else is refused)."),
     as_json: bool = _JSON,
 ) -> None:
     """Remove NAME from the registry. A running host ends its sessions admitted under
-    NAME within seconds (session-revoked); it may join again as an anonymous peer."""
+    NAME within seconds (session-revoked); it may join again as an anonymous peer — so when
+    something is scrubbed for NAME (or its groups) and not for every peer, this says which
+    indexed sources its key would then receive unscrubbed and asks first (--yes)."""
+    from node.cli.policy_cmd import guarded_write
+    from node.common.errors import PolicyError
+    from node.policy.store import Policy
+
     home = home_of(ctx)
     registry = PeerRegistry.load(home)
-    rec = registry.remove(name)
+    if registry.by_name(name) is None:
+        raise PolicyError("peer-not-found", f"no peer named {name!r}")
+    policy = Policy.load(home)
+    removed = []
+    guarded_write(home, policy, policy, lambda: removed.append(registry.remove(name)), yes=yes,
+                  served_as={name: None})
+    rec = removed[0]
     cancelled = _cancel_approvals(home, rec.public_key)
     _audit(home, "peer-removed", peer=rec.public_key, peer_name=rec.name, approvals_cancelled=cancelled or None)
     if as_json:
@@ -187,6 +217,14 @@ def list_cmd(
     from node.trust.revocation_list import revoked_seen_devices
 
     revoked = revoked_seen_devices(home_of(ctx), registry)
+    from node.trust.card import CardStore
+
+    cards = CardStore.load(home_of(ctx))  # each device's card: when it last answered here (specs/peers.md §13)
+
+    def reach(rec, key: str) -> dict:
+        entry = cards.devices_of(rec.public_key).get(key)
+        return {"card": entry is not None, "online": bool(entry and entry.online),
+                "lastSeen": entry.last_seen if entry else None, "lastFailed": entry.last_failed if entry else None}
     if rank is not None:
         rows = [(score, rec) for score, rec in registry.rank(rank)]
     else:
@@ -199,6 +237,7 @@ def list_cmd(
             item["groups"] = [{"group": g, "until": u} for g, u in sorted(groups.get(rec.name, {}).items())]
             for dev in item.get("seenDevices", []):
                 dev["revoked"] = dev["key"] in revoked.get(rec.name, ())
+                dev.update(reach(rec, dev["key"]))
             if score is not None:
                 item["score"] = score
             out.append(item)
@@ -222,8 +261,12 @@ def list_cmd(
                       _groups_text(groups.get(rec.name, {})), _until_text(rec.until))
         for dev in registry.to_json(rec)["seenDevices"]:  # a person pin's devices seen so far
             mark = "  REVOKED" if dev["key"] in revoked.get(rec.name, ()) else ""
-            table.add_row("", f"  device {dev['key'][:16]}…", dev["name"], f"first seen {dev['firstSeen']}{mark}",
-                          "", "", "")
+            seen = reach(rec, dev["key"])
+            state = ("online" if seen["online"] else "offline") + (f", last seen {seen['lastSeen']}"
+                                                                    if seen["lastSeen"] else ", never answered here")
+            table.add_row("", f"  device {dev['key'][:16]}…", dev["name"],
+                          f"first seen {dev['firstSeen']}{mark}; {state}" if seen["card"]
+                          else f"first seen {dev['firstSeen']}{mark}", "", "", "")
     console.print(table)
 
 
@@ -298,6 +341,7 @@ def until_cmd(
     ends = None if until == "never" else parse_until(until)
     home = home_of(ctx)
     rec = set_pin_until(PeerRegistry.load(home), name, ends)
+    _warn_pin_end(home, rec.name, ends)
     _audit(home, "grant-changed", kind="pin", peer=rec.public_key, peer_name=rec.name, until=ends)
     if as_json:
         emit_json(PeerRegistry.load(home).to_json(rec))
@@ -321,18 +365,22 @@ def group_add_cmd(
     name: str = typer.Argument(..., help="The group (made when new)."),
     peers: List[str] = typer.Argument(..., metavar="PEER...", help="Pinned peer names (whatever each pins)."),
     until: Optional[str] = typer.Option(None, "--until", metavar="DATE|DURATION", help="These memberships end then (as `kith peers add --until`)."),
+    yes: bool = typer.Option(False, "--yes", help="Make the change even if it would serve indexed sources unscrubbed that a scrub entry covered (without it, a terminal asks and anything else is refused)."),
     as_json: bool = _JSON,
 ) -> None:
     """Add PEERs to group NAME (in policy.toml). Rules then name the group with
-    `--for @NAME` / `--peer @NAME`; a running host applies it from its next query."""
+    `--for @NAME` / `--peer @NAME`; a running host applies it from its next query. A
+    membership's --until ends what the group grants, never what it scrubs."""
+    from node.cli.policy_cmd import guarded_write
     from node.policy.grants import parse_until
     from node.policy.store import Policy
 
     ends = parse_until(until) if until is not None else None
     home = home_of(ctx)
+    before = Policy.load(home)
     policy = Policy.load(home)
     group = policy.add_members(name, list(peers), ends)
-    policy.save()
+    guarded_write(home, before, policy, policy.save, yes=yes)
     registry = PeerRegistry.load(home)
     unpinned = sorted({p for p in peers if registry.by_name(p) is None})
     for p in unpinned:
@@ -352,16 +400,21 @@ def group_remove_cmd(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="The group."),
     peers: Optional[List[str]] = typer.Argument(None, metavar="[PEER...]", help="Members to remove (none: the whole group)."),
+    yes: bool = typer.Option(False, "--yes", help="Remove them even if indexed sources scrubbed for @NAME would then reach them unscrubbed (without it, a terminal asks and anything else is refused)."),
     as_json: bool = _JSON,
 ) -> None:
     """Remove PEERs from group NAME, or the whole group. Rules naming @NAME stay (they then
-    match nobody). A running host applies it from its next query."""
+    match nobody). A running host applies it from its next query. When something is
+    scrubbed for @NAME, says which indexed sources the removed members would then receive
+    unscrubbed and asks first (--yes)."""
+    from node.cli.policy_cmd import guarded_write
     from node.policy.store import Policy
 
     home = home_of(ctx)
+    before = Policy.load(home)
     policy = Policy.load(home)
     policy.remove_members(name, list(peers or ()))
-    policy.save()
+    guarded_write(home, before, policy, policy.save, yes=yes)
     _audit(home, "group-changed", group=name, removed=sorted(set(peers or ())) or None, deleted=not peers or None)
     left = policy.groups.get(name)
     if as_json:

@@ -407,6 +407,40 @@ class CommunityClient:
             raise
         return data if isinstance(data, dict) else None
 
+    # --- device cards (specs/peers.md §13) ---------------------------------------------------
+    async def publish_card(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """``POST /api/v1/cards``: publish this hosting device's signed card (the server
+        checks it and keeps it when its ``seq`` is the newest of that device).
+
+        Returns:
+            ``{"person_key", "device_key", "seq", "stored"}`` (``stored`` false: kept already).
+
+        Raises:
+            CommunityError: ``card-stale`` (409), ``card-malformed`` / ``card-forged`` /
+                ``card-wrong-device`` (400), ``request-*``, ``server-unreachable``, ``server-error``.
+        """
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        _status, data = await self._request("POST", "/cards", body=body, signed=True)
+        return data if isinstance(data, dict) else {}
+
+    async def get_cards(self, person_key: str) -> list[dict[str, Any]]:
+        """``GET /api/v1/cards/{person_key}``: the newest card of each device of that person
+        the server keeps (unchecked here: the caller verifies each), or ``[]`` (404).
+
+        Raises:
+            CommunityError: ``server-unreachable``, ``server-error``.
+        """
+        if not isinstance(person_key, str) or not _HEX64.fullmatch(person_key):
+            return []
+        try:
+            _status, data = await self._request("GET", f"/cards/{person_key}")
+        except CommunityError as exc:
+            if exc.code == "card-not-found":
+                return []
+            raise
+        cards = data.get("cards") if isinstance(data, dict) else None
+        return [c for c in cards if isinstance(c, dict)] if isinstance(cards, list) else []
+
     # --- protocols -------------------------------------------------------------------------
     async def publish_protocol(self, spec: dict[str, Any]) -> dict[str, Any]:
         """``POST /api/v1/protocols``: publish a spec.json object by content.

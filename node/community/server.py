@@ -404,6 +404,35 @@ class _App:
             raise CommunityError("revocation-not-found", "no revocation list of that person key", status=404)
         return JSONResponse(doc)
 
+    # --- device cards (specs/peers.md §13) ----------------------------------------------------
+    # POST /api/v1/cards
+    async def publish_card(self, request: Request) -> JSONResponse:
+        from node.trust.card import MAX_CARD_BYTES, check_card
+        from node.trust.invitation import parse_rfc3339
+
+        signed, body = await self._signed_body(request, MAX_CARD_BYTES + 1024)
+        raw = decode_json(body, what="device card")
+        try:
+            card = check_card(raw, device=signed.public_key)  # only a device posts its own card
+        except KithError as exc:  # card-malformed / -forged / -wrong-device
+            raise KithError(exc.code, exc.message, status=400) from None
+        expires = parse_rfc3339(card.invitation.expires_at).timestamp()
+        outcome = await self._db(self.store.put_card, card.device, card.person, card.seq, card.doc,
+                                 expires_unix=expires, now=self.clock())
+        if outcome == "stale":
+            raise KithError("card-stale", "a newer card of that device is kept here", status=409)
+        return JSONResponse({"person_key": card.person, "device_key": card.device, "seq": card.seq,
+                             "stored": outcome == "new"}, status_code=201 if outcome == "new" else 200,
+                            headers={"Location": f"{API_PREFIX}/cards/{card.person}"})
+
+    # GET /api/v1/cards/{person_key}
+    async def get_cards(self, request: Request) -> JSONResponse:
+        key = _public_key_param(request.path_params["person_key"])
+        cards = await self._db(self.store.get_cards, key, now=self.clock()) if key else []
+        if not cards:
+            raise CommunityError("card-not-found", "no live card of that person key", status=404)
+        return JSONResponse({"person_key": key, "cards": cards})
+
     # --- protocols -------------------------------------------------------------------------
     # POST /api/v1/protocols
     async def publish_protocol(self, request: Request) -> JSONResponse:
@@ -937,6 +966,8 @@ def create_app(database: Path | str | CommunityStore, *,
         (f"{p}/identities/{{public_key}}", h.get_identity, "GET"),
         (f"{p}/revocations", h.publish_revocation, "POST"),
         (f"{p}/revocations/{{person_key}}", h.get_revocation, "GET"),
+        (f"{p}/cards", h.publish_card, "POST"),
+        (f"{p}/cards/{{person_key}}", h.get_cards, "GET"),
         (f"{p}/protocols", h.publish_protocol, "POST"),
         (f"{p}/protocols/{{protocol_id}}", h.get_protocol, "GET"),
         (f"{p}/invitations", h.publish_invitation, "POST"),

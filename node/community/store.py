@@ -40,7 +40,7 @@ from node.common.errors import CommunityError, UsageError
 from node.community.defaults import DEFAULT_POOL_SIZE  # there, so --help shows it without this module
 
 #: The schema this code reads and writes; :data:`MIGRATIONS` lead up to it.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 DB_DIR = "community"
 DB_FILE = "community.sqlite3"
 #: How long a connection waits for another writer (SQLite) or for a pooled connection
@@ -62,7 +62,7 @@ RATE_PRUNE_EVERY_S = 30.0
 #: Tables of the schema, for tests and stats; nothing else is ever created.
 TABLES = ("meta", "schema_migrations", "identities", "identity_skeletons", "protocols",
           "invitations", "invitation_tags", "sessions", "feedback", "request_nonces",
-          "rate_limits", "revocations")
+          "rate_limits", "revocations", "device_cards")
 
 # Schema version 2 (the base every migration starts from), one text for both dialects;
 # {AUTO_PK} and {REAL} differ.
@@ -494,6 +494,43 @@ class CommunityStore:
             row = conn.execute("SELECT list FROM revocations WHERE person_key = ?", (person_key,)).fetchone()
         return None if row is None else json.loads(row[0])
 
+    # --- device cards (specs/peers.md §13) ---------------------------------------------------
+    #: Most devices of one person whose cards are kept (the oldest updated goes first).
+    MAX_CARDS_PER_PERSON = 16
+
+    def put_card(self, device_key: str, person_key: str, seq: int, doc: dict[str, Any], *,
+                 expires_unix: float, now: float) -> str:
+        """Keep ``doc`` (a verified card of ``device_key``, bound by ``person_key``) when its
+        ``seq`` is larger than the one kept for that device. Returns ``new``, ``same`` (that
+        seq is kept) or ``stale`` (a larger seq is kept; nothing changes). At most
+        :attr:`MAX_CARDS_PER_PERSON` devices per person are kept."""
+        with self._write() as conn:
+            row = conn.execute("SELECT seq FROM device_cards WHERE device_key = ?", (device_key,)).fetchone()
+            if row is not None:
+                if seq < row[0]:
+                    return "stale"
+                if seq == row[0]:
+                    return "same"
+                conn.execute("UPDATE device_cards SET person_key = ?, seq = ?, card = ?, expires_unix = ?, "
+                             "updated_unix = ? WHERE device_key = ? AND seq < ?",
+                             (person_key, seq, _dumps(doc), expires_unix, now, device_key, seq))
+                return "new"
+            conn.execute("INSERT INTO device_cards (device_key, person_key, seq, card, expires_unix, updated_unix) "
+                         "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (device_key) DO NOTHING",
+                         (device_key, person_key, seq, _dumps(doc), expires_unix, now))
+            extra = conn.execute("SELECT device_key FROM device_cards WHERE person_key = ? "
+                                 "ORDER BY updated_unix DESC, device_key", (person_key,)).fetchall()
+            for (old,) in extra[self.MAX_CARDS_PER_PERSON:]:
+                conn.execute("DELETE FROM device_cards WHERE device_key = ?", (old,))
+            return "new"
+
+    def get_cards(self, person_key: str, *, now: float) -> list[dict[str, Any]]:
+        """The cards kept for ``person_key`` whose invitation has not expired, newest first."""
+        with self._read() as conn:
+            rows = conn.execute("SELECT card FROM device_cards WHERE person_key = ? AND expires_unix > ? "
+                                "ORDER BY updated_unix DESC, device_key", (person_key, now)).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
     # --- protocols ------------------------------------------------------------------------
     def insert_protocol(self, *, protocol_id: str, name: str, version: str, spec: dict[str, Any],
                         published_by: str, now: float) -> bool:
@@ -788,6 +825,26 @@ def _to_v3(store: CommunityStore, conn: _Conn, from_version: int) -> None:
                          "ON CONFLICT (skeleton) DO NOTHING", (skeleton, public_key))
 
 
+# Version 6: hosting devices' cards (specs/peers.md §13): the newest card of each device key,
+# found by its person key (signed by the device, its chain by the person; at most 16 KiB).
+_MIGRATION_6 = """
+CREATE TABLE IF NOT EXISTS device_cards (
+    device_key   TEXT PRIMARY KEY,
+    person_key   TEXT NOT NULL,
+    seq          BIGINT NOT NULL,
+    card         TEXT NOT NULL,          -- the signed card (compact JSON)
+    expires_unix {REAL} NOT NULL,        -- its invitation's expires_at
+    updated_unix {REAL} NOT NULL
+);
+CREATE INDEX IF NOT EXISTS device_cards_person ON device_cards (person_key);
+"""
+
+
+def _to_v6(store: CommunityStore, conn: _Conn, from_version: int) -> None:
+    """Hosting devices' cards (one row per device key)."""
+    store._run_script(conn, _MIGRATION_6)
+
+
 def _to_v4(store: CommunityStore, conn: _Conn, from_version: int) -> None:
     """Persons' revocation lists (one row per person key)."""
     store._run_script(conn, _MIGRATION_4)
@@ -800,6 +857,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[CommunityStore, _Conn, int], None]],
     (3, "stateless instances: liveness leases, shared rate limits, name skeletons", _to_v3),
     (4, "persons' device revocation lists", _to_v4),
     (5, "unlisted posts", _to_v5),
+    (6, "hosting devices' cards", _to_v6),
 )
 
 

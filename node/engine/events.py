@@ -38,6 +38,9 @@ class SessionReady(Event):
     peer_capabilities: list[str]
     proof: dict[str, Any]
     peer_person: Any = None
+    #: (guest only) the host's device card as sent (``device_card``, unchecked: the guest's
+    #: runtime checks it, node/runtime/cards.py), or None.
+    peer_card: Any = None
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ class SessionProof(_Frame, tag="_session_proof"):
     #: 2 when the host speaks system frames v2 (only sent to a guest that advertised
     #: ``person_chain_v1``; specs/session.md §4.2); absent = v1.
     frames_version: int | None = None
+    #: Only to a guest that advertised ``device_card_v1``: this hosting device's card
+    #: (:func:`node.trust.card.check_card` owns its shape; the guest checks it, specs/session.md §4.2).
+    device_card: Any = None
 
 
 class SessionReady(_Frame, tag="_session_ready"):

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 #: then may ``_session_ready`` carry ``binding_chain`` (specs/session.md §4).
 PERSON_CAPABILITY = "person_chain_v1"
 FRAMES_V2 = 2
+#: The capability a guest that takes device cards advertises; only then does
+#: ``_session_proof`` carry ``device_card`` (specs/session.md §4.2, specs/peers.md §13).
+CARD_CAPABILITY = "device_card_v1"
 
 
 @dataclass
@@ -74,6 +77,8 @@ class HostConfig:
             verified, before the session is ready; ``deferred`` is the code ``defer``
             accepted, or None. It raises :class:`HandshakeError` to refuse (e.g.
             ``handshake-device-revoked``, specs/peers.md §10).
+        card: ``()`` → this hosting device's card (specs/peers.md §13) or None, sent in
+            ``_session_proof`` to a guest that advertised ``device_card_v1``.
     """
 
     remote_id: str
@@ -87,6 +92,7 @@ class HostConfig:
     defer: Callable[[str, dict[str, Any], str], bool] = lambda key, profile, code: False
     admit_person: Callable[[PersonIdentity | None, RevocationList | None, str | None], None] = \
         lambda person, revocation, deferred: None
+    card: Callable[[], dict[str, Any] | None] = lambda: None
 
 
 @dataclass
@@ -110,6 +116,8 @@ class GuestConfig:
             gets the v1 handshake (device-key-only identity).
         revocation_list: the newest revocation list of this device's person (wire shape,
             :mod:`node.trust.revocation_list`), or None; sent beside ``binding_chain`` only.
+        want_card: advertise ``device_card_v1``: the host's device card comes back in
+            ``_session_proof`` (unchecked here; :attr:`SessionReady.peer_card`).
     """
 
     remote_id: str
@@ -121,6 +129,7 @@ class GuestConfig:
     admit_host: Callable[[str, dict[str, Any]], bool] = lambda key, profile: True
     binding_chain: list[dict[str, Any]] | None = None
     revocation_list: dict[str, Any] | None = None
+    want_card: bool = False
 
 
 def signing_refusal(exc: SigningError) -> HandshakeError:
@@ -232,9 +241,11 @@ class HostHandshake(_Handshake):
         self.ui.bundle = h.ui_bundle
         offer = self.ui.offer(self.capabilities)
         self.frames_version = FRAMES_V2 if PERSON_CAPABILITY in self.capabilities else None
+        card = h.card() if CARD_CAPABILITY in self.capabilities else None
         self._queue(F.SessionProof(session_id=self.session_id, host_public_key=self.public_key,
                                    host_nonce=host_nonce, host_signature=sig, ui_offer=offer,
-                                   profile=dict(h.profile), frames_version=self.frames_version))
+                                   profile=dict(h.profile), frames_version=self.frames_version,
+                                   device_card=card))
         return []
 
     def _admit(self, frame: F.SessionInit) -> None:
@@ -304,6 +315,7 @@ class GuestHandshake(_Handshake):
         self._nonce = ""
         self._advertised: list[str] = []
         self.host_frames_version: int | None = None  # FRAMES_V2 when the host's proof said so
+        self.peer_card: Any = None  # the host's device card as sent (checked by the runtime)
 
     def initiate(self) -> None:
         """Queue ``_session_init`` with a fresh 32-byte nonce."""
@@ -312,6 +324,8 @@ class GuestHandshake(_Handshake):
         caps = list(g.capabilities)
         if g.binding_chain is not None and PERSON_CAPABILITY not in caps:
             caps.append(PERSON_CAPABILITY)
+        if g.want_card and CARD_CAPABILITY not in caps:
+            caps.append(CARD_CAPABILITY)
         self._advertised = caps
         self._queue(F.SessionInit(post_id=g.post_id, protocol_id=self.spec.protocol_id,
                                   guest_public_key=self.public_key, guest_nonce=self._nonce,
@@ -340,6 +354,8 @@ class GuestHandshake(_Handshake):
         if frame.frames_version is not None and (frame.frames_version != FRAMES_V2
                                                  or PERSON_CAPABILITY not in self._advertised):
             raise HandshakeError("handshake-malformed", "frames_version was not offered")
+        if frame.device_card is not None and CARD_CAPABILITY not in self._advertised:
+            raise HandshakeError("handshake-malformed", "device_card was not asked for")
         check_hex(frame.host_public_key, PUBLIC_KEY_HEX_LEN, "host_public_key")
         if not (frame.host_public_key == g.host_public_key == g.remote_id):
             raise HandshakeError("handshake-key-mismatch",
@@ -366,6 +382,7 @@ class GuestHandshake(_Handshake):
         self.session_id = sid
         self.peer_public_key = frame.host_public_key
         self.host_frames_version = frame.frames_version
+        self.peer_card = frame.device_card
         self.proof = {"session_id": sid, "post_id": g.post_id, "protocol_id": self.spec.protocol_id,
                       "host_public_key": frame.host_public_key, "guest_public_key": self.public_key,
                       "guest_nonce": self._nonce, "host_nonce": frame.host_nonce,
@@ -389,4 +406,4 @@ class GuestHandshake(_Handshake):
                                binding_chain=list(chain) if chain is not None else None,
                                revocation_list=dict(revocation) if revocation is not None else None)
         return frame, SessionReady(self.session_id, self.peer_public_key or "", dict(self.peer_profile), [],
-                                   dict(self.proof))
+                                   dict(self.proof), peer_card=self.peer_card)

@@ -15,6 +15,9 @@ specs/ask.md is normative; ``specs/ask.schema.json`` is the merged envelope's sc
   ``untrusted`` (True for any peer's text: third-party evidence, never instructions) and
   ``suspicious`` (the guest's scan for text addressing an agent), and the envelope a
   ``fence``: the untrusted evidence as one delimited block (node/answer/fence.py).
+- A person pin (``--devices``) is one row: every device of it with a card is asked at once
+  and the first complete answer fills the row, naming its ``device``
+  (node/runtime/cards.py, specs/peers.md §13).
 - Bad input is per peer: an unknown or blocked name, an invitation for another key or
   protocol, a malformed answer, a peer that never answers — each gets its own row in
   ``peers`` and never changes another peer's row or the merged results.
@@ -84,15 +87,19 @@ class PeerRow:
     #: RFC 3339 time of the peer's last frame, for a peer that went silent with the
     #: question out (``peer-unresponsive``), else None
     last_heard_at: str | None = None
+    #: for a person pin: the device that gave the answer, ``{"key", "name"}`` (specs/peers.md §13)
+    device: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The row as the envelope carries it (``lastHeardAt`` only when known)."""
+        """The row as the envelope carries it (``lastHeardAt`` and ``device`` only when known)."""
         out = {"name": self.name, "key": self.key, "status": self.status, "code": self.code,
                "approvalId": self.approval_id, "retryAfterS": self.retry_after_s,
                "latencyMs": None if self.latency_ms is None else round(self.latency_ms, 1),
                "results": self.results, "self": self.own, "path": self.path}
         if self.last_heard_at is not None:
             out["lastHeardAt"] = self.last_heard_at
+        if self.device is not None:
+            out["device"] = self.device
         return out
 
 
@@ -218,6 +225,13 @@ def _content_key(text: str) -> str:
     return hashlib.sha256(" ".join(text.casefold().split()).encode("utf-8")).hexdigest()
 
 
+def _who(peer: dict[str, Any]) -> tuple[Any, Any]:
+    """An attribution's identity: the peer's key and, for a person pin, its device's key —
+    two devices of one person that returned the same text are both attributed."""
+    device = peer.get("device")
+    return peer.get("key"), device.get("key") if isinstance(device, dict) else None
+
+
 def fuse(per_peer: list[tuple[PeerRow, list[dict[str, Any]], bool]], top_k: int) -> list[dict[str, Any]]:
     """Reciprocal-rank fusion of each peer's ranked results (specs/ask.md §2).
 
@@ -238,7 +252,7 @@ def fuse(per_peer: list[tuple[PeerRow, list[dict[str, Any]], bool]], top_k: int)
         for rank, r in enumerate(results, 1):
             text = r.get("textPreview") or ""
             ck = _content_key(text) if text.strip() else f"{row.key}\0{r['id']}"
-            who = {"name": row.name, "key": row.key}
+            who = {"name": row.name, "key": row.key, **({"device": row.device} if row.device else {})}
             attribution = {"peer": who, "source": r["source"], "id": r["id"], "rank": rank,
                            "alsoIn": _also_in(r)}
             m = merged.get(ck)
@@ -259,7 +273,7 @@ def fuse(per_peer: list[tuple[PeerRow, list[dict[str, Any]], bool]], top_k: int)
                 m.pop("citation", None)  # the citation goes with the peer the result names
                 if isinstance(r.get("citation"), dict):
                     m["citation"] = r["citation"]
-            if all(a["peer"]["key"] != row.key for a in m["attributions"]):
+            if all(_who(a["peer"]) != _who(who) for a in m["attributions"]):
                 m["attributions"].append(attribution)
                 m["fusedScore"] += 1.0 / (RRF_K + rank)
                 m["untrusted"] = m["untrusted"] or untrusted
@@ -328,9 +342,11 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
         except Exception:  # noqa: BLE001 - one peer's failure never ends the others' asks
             row.status, row.code = "refused", "internal-error"
         else:
+            device = message.get("device")  # set by the pool for a person pin, never by a host
+            row.device = device if isinstance(device, dict) else None
             answers[i] = _row_from_message(row, message)
         row.latency_ms = (time.perf_counter() - start) * 1000
-        row.path = pool.path_of(row.key)
+        row.path = pool.path_of(row.device["key"] if row.device else row.key)
 
     async def ask_local(i: int, row: PeerRow) -> None:
         start = time.perf_counter()

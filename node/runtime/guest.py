@@ -131,8 +131,19 @@ async def resolve_invitation(arg: str, *, server_url: str | None) -> Invitation:
         return await client.get_invitation(arg)
 
 
-def check_invitation(inv: Invitation, home: Path) -> tuple[Path, ProtocolSpec]:
+def protocol_cache() -> dict[str, tuple[Path | None, ProtocolSpec | None]]:
+    """An empty cache for :func:`check_invitation`'s ``protocols`` (protocol name →
+    ``(protocol_dir, spec)``): one caller checking several invitations loads each protocol once."""
+    return {}
+
+
+def check_invitation(inv: Invitation, home: Path, *,
+                     protocols: dict[str, tuple[Path | None, ProtocolSpec | None]] | None = None
+                     ) -> tuple[Path, ProtocolSpec]:
     """Every check of DESIGN §5 before connecting, plus the pinned-key check.
+
+    Args:
+        protocols: a :func:`protocol_cache` to read and fill (None: load the protocol now).
 
     Returns:
         ``(protocol_dir, spec)`` of the local protocol the invitation names.
@@ -142,8 +153,13 @@ def check_invitation(inv: Invitation, home: Path) -> tuple[Path, ProtocolSpec]:
     """
     from node.transport.iroh import ticket_endpoint_id
 
-    pdir = find_protocol_dir(inv.protocol.name, home)
-    spec = load_spec(pdir) if pdir is not None else None
+    found = protocols.get(inv.protocol.name) if protocols is not None else None
+    if found is None:
+        pdir = find_protocol_dir(inv.protocol.name, home)
+        found = (pdir, load_spec(pdir) if pdir is not None else None)
+        if protocols is not None:
+            protocols[inv.protocol.name] = found
+    pdir, spec = found
     verify_invitation(inv, ticket_endpoint_id=ticket_endpoint_id,
                       local_protocol_id=spec.protocol_id if spec else None)
     assert pdir is not None and spec is not None
@@ -238,25 +254,27 @@ def _pinned_record(name: str, registry: PeerRegistry) -> Any:
     return rec
 
 
-def _pinned_target(inv: Invitation, rec: Any, home: Path) -> Target:
-    """Every check of ``kith join`` on ``inv`` (:func:`check_invitation`), plus: its host
-    key is the key pinned for ``rec``, or — for a person pin — a device this home knows
-    that person bound (:func:`node.trust.peers.known_device_of`; ``host-key-changed``
-    otherwise)."""
+def _pinned_target(inv: Invitation, rec: Any, home: Path, *, protocols: Any = None) -> Target:
+    """Every check of ``kith join`` on ``inv`` (:func:`check_invitation`, ``protocols`` its
+    cache), plus: its host key is the key pinned for ``rec``, or — for a person pin — a
+    device this home knows that person bound (:func:`node.trust.peers.known_device_of`;
+    ``host-key-changed`` otherwise)."""
     from node.trust.peers import known_device_of
 
     if inv.host_public_key != rec.public_key and not (
             rec.devices and known_device_of(home, rec.public_key, inv.host_public_key, rec)):
         raise HandshakeError("host-key-changed",
                              f"the invitation for {rec.name!r} names another host key than the pinned one")
-    pdir, spec = check_invitation(inv, home)
+    pdir, spec = check_invitation(inv, home, protocols=protocols)
     return Target(inv, pdir, spec, rec.name)
 
 
 async def resolve_peer(name: str, home: Path, *, skip_saved: bool = False) -> Target:
     """A pinned peer's current invitation, verified: the saved one first, then the newest
     live post of its key on the community server it came from (``browse --host KEY``),
-    in that order (issue 13; specs/peers.md §1, specs/ask.md §2). Every check of
+    in that order (issue 13; specs/peers.md §1, specs/ask.md §2). For a person pin
+    (``--devices``) whose saved invitation does not verify, the device card of the device
+    that answered here last comes before the server (specs/peers.md §13). Every check of
     ``kith join`` applies to either (binding signature, expiry, protocol id) plus key =
     pinned key. A server invitation that passes is saved as the peer's last one.
 
@@ -286,6 +304,11 @@ async def resolve_peer(name: str, home: Path, *, skip_saved: bool = False) -> Ta
             raise  # a saved invitation for another key: never fall back silently
         except InvitationError as exc:
             first = exc
+    if rec.devices and not skip_saved:  # a person pin: the device that answered here last (specs/peers.md §13)
+        from node.runtime.cards import device_targets
+
+        for _device, target in device_targets(home, rec):
+            return target
     if not rec.server:
         if first is not None:
             raise first
@@ -394,6 +417,9 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             once when the stream opened (``previous`` None), then at each change of the
             path iroh selected (direct ↔ relayed; specs/transport.md §3).
 
+    The guest asks for the host's device card (``device_card_v1``) and keeps it when the
+    host is a device of a person pinned here with ``--devices``
+    (:func:`node.runtime.cards.take_card`; a bad card is refused with its code and never kept).
     The guest shares its own profile (``<home>/profile.json``) in ``_session_init``; the
     host's shared profile is merged into the registry only when the host key is already
     pinned. A host whose key is not pinned but whose ``displayName`` claims a pinned name
@@ -430,6 +456,10 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
 
     def make_context(ev: SessionReady) -> HookContext:
         PeerRegistry.load(home).merge_profile(ev.peer_public_key, ev.peer_profile)
+        if ev.peer_card is not None:  # kept only for a person pinned here with --devices (specs/peers.md §13)
+            from node.runtime.cards import take_card
+
+            take_card(home, ev.peer_card, via="handshake", device=ev.peer_public_key)
         if host_seen is not None:
             host_seen.update({"public_key": ev.peer_public_key, "profile": clean_profile(ev.peer_profile)})
         if on_ready is not None:
@@ -465,7 +495,7 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
                                                  capabilities=[UI_CAPABILITY] if accept_host_ui else [],
                                                  want_ui=accept_host_ui and local_ui_dir(pdir) is None,
                                                  binding_chain=own_chain(home, identity.public_key),
-                                                 revocation_list=own_revocation(home)))
+                                                 revocation_list=own_revocation(home), want_card=True))
 
         def on_ui(ev: Any, session_id: str) -> Path:
             return install_bundle(home, session_id, ev.files)

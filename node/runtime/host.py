@@ -1,9 +1,10 @@
 """The Host role: bind an endpoint, publish (or write) an invitation, serve guests until stopped.
 
 :class:`Host` builds the host's small machines once and wires them in one place: the
-session table (node/runtime/sessions.py: who is connected), the posts
-(node/runtime/posts.py: what may be joined), one :class:`node.runtime.connection.Connection`
-per accepted connection, the audit tap, the peers watcher and the knowledge behind the
+session table (node/runtime/sessions.py: who is connected), the doorkeeper
+(node/runtime/doorkeeper.py: who may come in), the posts (node/runtime/posts.py: what may be
+joined), one :class:`node.runtime.connection.Connection` per accepted connection (given its
+collaborators, never the host), the audit tap, the peers watcher and the knowledge behind the
 egress gate. It takes an injectable clock and endpoint, so ``kith protocol test`` and the
 tests run this same host over memory pipes. :func:`serve_host` is what ``kith host`` calls.
 Every protocol rule lives in the engine, every content rule in the answer service
@@ -23,7 +24,7 @@ from node.common.errors import ConfigError, KithError, SpecError
 from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
 from node.engine.session import HostConfig, SessionEngine
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
-from node.runtime.connection import FIRST_STREAM_TIMEOUT_S, Connection
+from node.runtime.connection import FIRST_STREAM_TIMEOUT_S, Answering, Connection, SessionSetup, Wiring
 from node.transport.modes import RELAY_CHECK_S
 from node.runtime.hooks import load_hooks
 from node.runtime.posts import Posts
@@ -348,6 +349,8 @@ class Host:
         self._running = 0  # connection tasks not finished yet
         self._all_done = anyio.Event()
         self._all_done.set()
+        self._card: dict[str, Any] | None = None  # this device's card for its newest live post
+        self._card_changed = anyio.Event()
 
     def _bind_iroh(self, secret: bytes, alpn: bytes) -> Any:
         from node.transport.iroh import bind_node
@@ -436,6 +439,7 @@ class Host:
                            unlisted=opts.unlisted,
                            # file mode: live posts outlive a restart (a server's are withdrawn at exit)
                            keep_in=None if opts.server_url else self.home)
+        self.posts.on_live = self._new_card
         # file mode: the posts of earlier runs (a bad posts.json fails here, before binding)
         self._restored: list[dict[str, Any]] = []
         if not opts.server_url:
@@ -456,6 +460,26 @@ class Host:
 
         self.grant_watcher = GrantWatcher(self.home, self.table, self.clock, on_event=self.emit)
         self.rotations = RotationLedger.load(self.home)  # the person-key rotations this host followed
+        from node.runtime.doorkeeper import Doorkeeper
+
+        # every admission decision (slots, cool-downs, grants, presence, person checks)
+        self.door = Doorkeeper(table=self.table, peers=self.peers_watcher, rotations=self.rotations,
+                               presence=opts.presence, peers_only=opts.peers_only,
+                               closing=self.session_stop.is_set, emit=self.emit)
+
+    def _wiring(self) -> Wiring:
+        """What a :class:`Connection` uses — the host's collaborators as they are now, never the
+        host itself (built per accepted connection, after the endpoint is bound)."""
+        opts = self.opts
+        setup = SessionSetup(spec=self.spec, identity=self.identity, hooks=self.hooks, profile=self.own_profile,
+                             ui_bundle=self.ui_bundle, heartbeat=opts.heartbeat, stop=self.session_stop,
+                             hook_options=opts.hook_options, ttl_s=opts.ttl_s,
+                             first_stream_timeout_s=self.first_stream_timeout_s, reject_frame=self.reject_frame,
+                             pairing_code=self.pairing_code, card=self.current_card)
+        answering = Answering(tap=self.audit.tap, rewrite=self.citations.rewrite,
+                              check=self.knowledge.egress_check, knowledge_for=self.knowledge.handle_for)
+        return Wiring(door=self.door, table=self.table, posts=self.posts, nonces=self.seen_nonces,
+                      listener=self.listener, emit=self.emit, clock=self.clock, setup=setup, answering=answering)
 
     def emit(self, ev: dict[str, Any]) -> None:
         """Report one host event: to the audit log and the owner's ``on_event``, then to
@@ -526,6 +550,7 @@ class Host:
                     tg.start_soon(self.grant_watcher.run)  # grants whose `until` passes end their sessions
                     if self.opts.server_url:  # the person pins' revocation lists (specs/peers.md §10)
                         tg.start_soon(self.peers_watcher.watch_server, self.opts.server_url, self.identity)
+                        tg.start_soon(self._publish_cards)  # this device's card (specs/peers.md §13)
                     async with anyio.create_task_group() as accepting:
                         if self.stop is not None:
                             accepting.start_soon(self._stop_watch, accepting.cancel_scope)
@@ -592,6 +617,45 @@ class Host:
         out["presence"] = self.opts.presence
         return out
 
+    # ------------------------------------------------------------ device card (specs/peers.md §13)
+    def _new_card(self, inv: Invitation) -> None:
+        """Sign this device's card for ``inv``, the post that just became live (none when the
+        home's person has not bound this device)."""
+        from node.runtime.cards import own_card
+
+        try:
+            self._card = own_card(self.home, self.identity, inv.to_dict())
+        except KithError as exc:  # a person record that does not load: no card, the host serves on
+            self._card = None
+            self.warn(f"no device card is published ({exc.code}): guests reach this device only by its invitation")
+        if self._card is not None:
+            self._card_changed.set()
+
+    def current_card(self) -> dict[str, Any] | None:
+        """This device's card for its newest live post, or None (sent in the handshake)."""
+        return self._card
+
+    async def _publish_cards(self) -> None:
+        """Post each new card of this device on the community server (``POST
+        /api/v1/cards``); a refusal is said once and the host serves on."""
+        from node.community.client import CommunityClient
+
+        said = False
+        while True:
+            await self._card_changed.wait()
+            self._card_changed = anyio.Event()
+            card = self._card
+            if card is None:
+                continue
+            try:
+                async with CommunityClient(self.opts.server_url, self.identity) as client:
+                    await client.publish_card(card)
+            except KithError as exc:
+                if not said:
+                    said = True
+                    self.warn(f"the community server did not take this device's card ({exc.code}); "
+                              "guests reach this device only by its invitation")
+
     def _new_invitation(self) -> Invitation:
         opts = self.opts
         return create_invitation(self.identity, protocol_name=self.spec.name, protocol_version=self.spec.version,
@@ -630,7 +694,7 @@ class Host:
                     listener.close_connection(conn, b"handshake-host-busy")
 
                 self.table.connection_arrived(token, listener.remote_of(conn), evict)
-                tg.start_soon(self._serve_one, Connection(self, conn, token, scope))
+                tg.start_soon(self._serve_one, Connection(self._wiring(), conn, token, scope))
 
     async def _serve_one(self, connection: Connection) -> None:
         """Run one connection; an exception inside it ends that connection only."""

@@ -362,6 +362,10 @@ class SessionPool:
             peer: a registry name (resolved with :func:`resolve_peer`, re-checked against
                 the registry on every question: a removed or blocked name is refused even
                 with a warm session) or a verified :class:`Target` (pinned by the caller).
+                A person pin (``--devices``) with device cards is asked on every device at
+                once, the first complete answer winning (:func:`node.runtime.cards.ask_devices`;
+                its pin's server is asked for cards when none is usable or every device
+                failed; specs/peers.md §13); the answer then carries ``device``.
             request: the flat request.
 
         Returns:
@@ -377,6 +381,44 @@ class SessionPool:
         """
         await self._ensure_node()
         name = peer if isinstance(peer, str) else None
+        if name is not None:  # a person pin: every device it has a card of, at once (specs/peers.md §13)
+            from node.runtime.cards import ask_devices, device_targets, fetch_cards, warm_device
+            from node.trust.peers import PeerRegistry
+
+            registry = PeerRegistry.load(self.home)
+            person = registry.by_name(name)
+            if person is not None and person.devices and not registry.is_blocked(person.public_key):
+                warm = warm_device(self, person)
+                if warm is not None:  # a device that answered over this session is awake: ask it first
+                    try:
+                        message = await warm[1].ask(request)
+                    except PeerGone:
+                        pass  # it went away: every known device at once, below
+                    else:
+                        from node.runtime.cards import mark_answered
+
+                        mark_answered(self.home, person, warm[0]["key"])
+                        return {**message, "device": dict(warm[0])}
+                targets = device_targets(self.home, person)
+                if not targets and person.server:
+                    await fetch_cards(self.home, person)
+                    person = PeerRegistry.load(self.home).by_name(name) or person  # its new seenDevices
+                    targets = device_targets(self.home, person)
+                if targets:
+                    try:
+                        return await ask_devices(self, person, targets, request)
+                    except PeerGone:
+                        if not person.server:
+                            raise
+                        # every device it knew is down: the server may hold newer cards
+                        before = {t.invitation.transport_info.ticket for _, t in targets}
+                        await fetch_cards(self.home, person)
+                        person = PeerRegistry.load(self.home).by_name(name) or person
+                        targets = [(d, t) for d, t in device_targets(self.home, person)
+                                   if t.invitation.transport_info.ticket not in before]
+                        if not targets:
+                            raise
+                        return await ask_devices(self, person, targets, request)
         rec = None
         skip_saved = retried_warm = False
         last_gone: PeerGone | None = None
@@ -404,7 +446,9 @@ class SessionPool:
                     assert isinstance(peer, Target)
                     session = self._session_for(peer)
                 warm_before = session.answered > 0
-                return await session.ask(request)
+                message = await session.ask(request)
+                message.pop("device", None)  # named by this guest only (node/runtime/cards.py)
+                return message
             except PeerGone as gone:
                 if skip_saved and gone is last_gone:
                     raise

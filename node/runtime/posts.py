@@ -83,6 +83,8 @@ class Posts:
         self.max_failures = max_failures
         self.retire_on_failures = retire_on_failures
         self.keeper: Any = None
+        #: called with each invitation that becomes live (the host's device card follows it)
+        self.on_live: Callable[[Invitation], None] = lambda inv: None
         self._live: dict[str, str] = {}
         self._expiry: dict[str, float] = {}
         self._expired: set[str] = set()
@@ -100,6 +102,7 @@ class Posts:
         self._uses.setdefault(inv.post_id, 0)
         self._write(inv)
         self._save()
+        self.on_live(inv)
 
     # ------------------------------------------------------------ across restarts
     def restore(self, table: Any, host_key: str) -> list[dict[str, Any]]:
@@ -161,8 +164,10 @@ class Posts:
         return best
 
     def reuse(self, inv: Invitation) -> None:
-        """Write the restored ``inv`` again (``--invite-file``): the document as signed."""
+        """Write the restored ``inv`` again (``--invite-file``): the document as signed; it
+        is the live one now (``on_live``)."""
         self._write(inv)
+        self.on_live(inv)
 
     def forget_kept(self) -> list[str]:
         """``kith host --new-invitation``: every restored post is no longer honoured (its

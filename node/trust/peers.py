@@ -276,7 +276,8 @@ class PeerRegistry:
         if profile:
             rec.profile, rec.profile_synced_at = clean_profile(profile), _now()
         if invitation is not None:
-            rec.invitation, rec.server = _bounded_invitation(invitation), _bounded_server(server)
+            rec.invitation = _bounded_invitation(invitation)
+        rec.server = _bounded_server(server)
         self.peers[name] = rec
         self.save()
         return rec

@@ -42,10 +42,13 @@ TAG_DEVICE_REVOCATION = "kith-device-revocation-v1"
 #: A host's signed citation of one served result (specs/signed-payloads.md §4): its own
 #: domain, so a citation signature never stands for a session, a request or a binding.
 TAG_CITATION = "kith-citation-v1"
+#: A hosting device's card: how to reach it and what it shares in public totals
+#: (specs/signed-payloads.md §3b), signed by the device key its binding chain binds.
+TAG_DEVICE_CARD = "kith-device-card-v1"
 #: Every domain tag above: a verifier names a signature made for another of them.
 DOMAIN_TAGS = (TAG_TRANSPORT_BINDING, TAG_SESSION, TAG_SESSION_HOST, TAG_SESSION_GUEST,
                TAG_REQUEST, TAG_DEVICE_BINDING, TAG_PERSON_SUCCESSOR, TAG_PERSON_RECOVERY,
-               TAG_PERSON_RECOVERY_ROTATION, TAG_DEVICE_REVOCATION, TAG_CITATION)
+               TAG_PERSON_RECOVERY_ROTATION, TAG_DEVICE_REVOCATION, TAG_CITATION, TAG_DEVICE_CARD)
 
 _HEX_RE = {n: re.compile(rf"[0-9a-f]{{{n}}}") for n in (64, 128)}
 
@@ -280,6 +283,31 @@ def device_revocation_payload(*, person_key: str, created: str, seq: int, revoke
     return build_payload(TAG_DEVICE_REVOCATION, [
         ("person_key", person_key), ("created", created), ("seq", _check_seq(seq)), ("count", str(len(revoked))),
         *(("revoked", key) for key in revoked),
+    ])
+
+
+def device_card_payload(*, person_key: str, device_key: str, device_name: str, post_id: str, ticket: str,
+                        expires_at: str, documents: int, chunks: int, created: str, seq: int) -> bytes:
+    """What a hosting device signs as its card (specs/signed-payloads.md §3b).
+
+    Lines: ``kith-device-card-v1``, ``person_key``, ``device_key``, ``device_name``,
+    ``post_id``, ``ticket_sha256`` (SHA-256 of the ticket's UTF-8, hex), ``expires_at``
+    (the invitation's), ``documents``, ``chunks`` (public totals, decimal), ``created``
+    (RFC 3339 UTC), ``seq`` (decimal, 0 ≤ seq < 2^53; a newer card has a larger one).
+
+    Raises:
+        SigningError: ``bad-hex`` for a malformed key, ``bad-payload-value`` for a line
+            break, a bad ``seq`` or a negative total.
+    """
+    check_hex(person_key, PUBLIC_KEY_HEX_LEN, "person_key")
+    check_hex(device_key, PUBLIC_KEY_HEX_LEN, "device_key")
+    for label, n in (("documents", documents), ("chunks", chunks)):
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 2 ** 53:
+            raise SigningError("bad-payload-value", f"{label} must be an integer from 0 to 2^53 - 1")
+    return build_payload(TAG_DEVICE_CARD, [
+        ("person_key", person_key), ("device_key", device_key), ("device_name", device_name),
+        ("post_id", post_id), ("ticket_sha256", sha256_hex(ticket.encode("utf-8"))), ("expires_at", expires_at),
+        ("documents", str(documents)), ("chunks", str(chunks)), ("created", created), ("seq", _check_seq(seq)),
     ])
 
 

@@ -1,0 +1,349 @@
+"""Device cards at run time (specs/peers.md §13): a hosting device makes and publishes its
+own card; a guest takes the cards it is sent (handshake, community server), keeps those of
+the persons it pinned with ``--devices``, and asks every known device of such a person at
+once, taking the first complete answer.
+
+The pure rules (shape, signatures) are :mod:`node.trust.card`; this module adds what needs
+the home: the pin a card belongs to, revocation lists, the public totals, the sequence
+number, and the race over the session pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from node.common.errors import KithError
+from node.common.home import atomic_write
+from node.trust.card import SEQ_FILE, CardStore, DeviceCard, check_card, make_card
+
+if TYPE_CHECKING:
+    from node.runtime.pool import SessionPool
+    from node.trust.identity import Identity
+    from node.trust.peers import PeerRecord
+
+log = logging.getLogger("kith.cards")
+
+#: The statuses of a complete answer (the first one of any device wins; node/runtime/fanout.py).
+COMPLETE = ("ok", "no-verified-results")
+
+
+def _now() -> str:
+    from node.trust.person import now_rfc3339
+
+    return now_rfc3339()
+
+
+# ----------------------------------------------------------------------------- host side
+def public_totals(home: Path) -> tuple[int, int]:
+    """``(documents, chunks)`` this home shares with anyone: the indexed documents whose
+    winning policy rule for a stranger is ``public`` (:meth:`node.policy.store.Policy.match`
+    with no peer name) and their chunks. ``(0, 0)`` without a corpus or policy."""
+    import sqlite3
+
+    from node.corpus.store import Corpus
+    from node.policy.store import Policy
+
+    try:
+        policy = Policy.load(home)
+        corpus = Corpus(home, readonly=True)
+    except KithError:
+        return 0, 0
+    try:
+        with corpus.record.lock:
+            db = corpus.record.db
+            if db is None:
+                return 0, 0
+            try:
+                rows = db.execute("SELECT source_id, chunk_count FROM documents WHERE status = 'done'").fetchall()
+            except sqlite3.OperationalError:
+                return 0, 0
+    finally:
+        corpus.close()
+    docs = chunks = 0
+    for source, count in rows:
+        rule = policy.match(source)
+        if rule is not None and rule.tier == "public":
+            docs, chunks = docs + 1, chunks + int(count or 0)
+    return docs, chunks
+
+
+def next_seq(home: Path) -> int:
+    """The next card sequence number of this home (``<home>/card-seq``, written before the
+    card is used: a crash never reuses a number)."""
+    path = Path(home) / SEQ_FILE
+    try:
+        last = int(path.read_text("ascii").strip())
+    except (OSError, ValueError):
+        last = -1
+    seq = max(last + 1, 0)
+    atomic_write(path, f"{seq}\n".encode("ascii"))
+    return seq
+
+
+def own_card(home: Path, identity: "Identity", invitation: dict[str, Any]) -> dict[str, Any] | None:
+    """This hosting device's card for its live ``invitation`` (a new ``seq``), or None when
+    its person has not bound it (no person yet: nothing to vouch for it)."""
+    from node.trust.person import own_chain
+
+    chain = own_chain(home, identity.public_key)
+    if chain is None:
+        return None
+    documents, chunks = public_totals(home)
+    return make_card(identity.secret, chain, invitation, documents=documents, chunks=chunks, created=_now(),
+                     seq=next_seq(home))
+
+
+# ---------------------------------------------------------------------------- guest side
+def _pin_for(registry: Any, card: DeviceCard) -> "PeerRecord | None":
+    """The person pin (``--devices``) whose key the card's chain descends from, or None."""
+    from node.trust.peers import person_pin
+
+    for key in card.lineage():
+        rec = person_pin(registry, key)
+        if rec is not None:
+            return rec
+    return None
+
+
+def accept_card(home: Path, doc: object, *, via: str, device: str | None = None) -> tuple[str, DeviceCard, str]:
+    """Check a card (:func:`node.trust.card.check_card`) and keep it for the person pin it
+    belongs to; the device joins the pin's ``seenDevices`` (its chain verified here).
+
+    Args:
+        via: ``handshake`` or ``server``. device: the key the card must be of (a card in a
+            handshake: the host's QUIC-authenticated key), or None.
+
+    Returns:
+        ``(pin name, card, "new" | "same")``.
+
+    Raises:
+        KithError: ``card-malformed``, ``card-forged``, ``card-wrong-device`` (as
+            :func:`check_card`); ``card-wrong-person`` (no person pin here is its person's);
+            ``card-device-revoked`` (a revocation list kept here names the device);
+            ``card-stale`` (a newer card of the device is kept). Nothing is kept then.
+    """
+    from node.trust.peers import PeerRegistry, note_device
+    from node.trust.revocation_list import RevocationStore
+
+    card = check_card(doc, device=device)
+    registry = PeerRegistry.load(home)
+    rec = _pin_for(registry, card)
+    if rec is None:
+        raise KithError("card-wrong-person", "the card's device is bound by a person not pinned here with --devices")
+    if registry.is_blocked(card.device):
+        raise KithError("card-device-revoked", "the card's device is blocked here")
+    if RevocationStore.load(home).revokes(card.device, [rec.public_key, *card.lineage()]):
+        raise KithError("card-device-revoked", f"device {card.device_name!r} was revoked by its person")
+    store = CardStore.load(home)
+    outcome = store.offer(rec.public_key, card, via=via, now=_now())
+    if via == "handshake":  # it just completed a handshake with this guest: it is up
+        store.mark(rec.public_key, card.device, ok=True, now=_now())
+    note_device(registry, rec, card.device, card.device_name)
+    return rec.name, card, outcome
+
+
+#: Refusals that say the host sent something hostile or broken (logged as a warning); the
+#: others (a device of a person not pinned here, a revoked device, an older card) are normal.
+HOSTILE_CODES = ("card-malformed", "card-forged", "card-wrong-device")
+
+
+def take_card(home: Path, doc: object, *, via: str, device: str | None = None) -> str | None:
+    """:func:`accept_card`, a refusal logged and swallowed (a bad card from a host never
+    ends a session; it is simply never kept nor dialled). Returns the refusal code or None."""
+    try:
+        accept_card(home, doc, via=via, device=device)
+    except KithError as exc:
+        (log.warning if exc.code in HOSTILE_CODES else log.info)(
+            "the host's device card was refused and will not be dialled (%s): %s", exc.code, exc.message)
+        return exc.code
+    return None
+
+
+async def fetch_cards(home: Path, rec: "PeerRecord") -> list[str]:
+    """Ask the pin's community server for its person's revocation list and cards: the list
+    first (kept when it verifies and is newer, specs/peers.md §10), so a revoked device's
+    card is refused; then each card that passes (:func:`accept_card`, ``via="server"``).
+    Returns the refusal codes of the cards that did not (a server that is down or keeps
+    none gives ``[]``)."""
+    from node.community.client import CommunityClient
+    from node.trust.revocation_list import RevocationStore, check_list
+
+    if not rec.server:
+        return []
+    try:
+        async with CommunityClient(rec.server) as client:
+            revocation = await client.get_revocation(rec.public_key)
+            docs = await client.get_cards(rec.public_key)
+    except KithError:
+        return []
+    if revocation is not None:
+        try:
+            RevocationStore.load(home).offer(check_list(revocation, person=rec.public_key), via="server", now=_now())
+        except KithError as exc:  # a forged or foreign list from the server: not kept
+            log.info("revocation list from the server refused (%s)", exc.code)
+    codes = []
+    for doc in docs:
+        try:
+            accept_card(home, doc, via="server")
+        except KithError as exc:
+            codes.append(exc.code)
+    return codes
+
+
+def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], Any]]:
+    """Every device of the person pin ``rec`` this home can dial now: ``({"key", "name"},
+    Target)`` from each kept card whose device is not revoked and whose invitation verifies
+    (expiry, protocol, binding; :func:`node.runtime.guest._pinned_target`), plus the pin's
+    saved invitation when no card is of its device. Most recently answering first."""
+    from node.common.errors import InvitationError
+    from node.runtime.guest import _pinned_target, protocol_cache
+    from node.trust.invitation import parse_invitation
+    from node.trust.revocation_list import RevocationStore
+
+    protocols = protocol_cache()  # every device of a person names the same protocol: load it once
+    store = CardStore.load(home)
+    revocations = RevocationStore.load(home)
+    out: list[tuple[dict[str, str], Any]] = []
+    entries = sorted(store.devices_of(rec.public_key).items(),
+                     key=lambda kv: (kv[1].last_seen or "", kv[1].received_at), reverse=True)
+    for key, entry in entries:
+        if revocations.revokes(key, [rec.public_key, entry.card.get("person_key", "")]):
+            continue  # revoked after the card was kept: ignored
+        try:
+            target = _pinned_target(parse_invitation(entry.card["invitation"]), rec, home, protocols=protocols)
+        except (InvitationError, KithError):
+            continue
+        out.append(({"key": key, "name": str(entry.card.get("device_name", ""))}, target))
+    if rec.invitation is not None:
+        try:
+            saved = _pinned_target(parse_invitation(rec.invitation), rec, home, protocols=protocols)
+        except KithError:
+            saved = None
+        if saved is not None and all(t.invitation.host_public_key != saved.invitation.host_public_key for _, t in out):
+            key = saved.invitation.host_public_key
+            name = rec.seen_devices.get(key, {}).get("name", "")
+            out.append(({"key": key, "name": name}, saved))
+    return out
+
+
+def warm_device(pool: "SessionPool", rec: "PeerRecord") -> tuple[dict[str, str], Any] | None:
+    """A live, ready pooled session to a device of the person pin ``rec`` that is not
+    revoked, as ``({"key", "name"}, session)``, or None. A device that answered over it is
+    awake: the next question goes there first (no dial of the others)."""
+    from node.trust.card import CARDS_FILE
+    from node.trust.revocation_list import REVOCATIONS_FILE, RevocationStore
+
+    cards = _cached(pool.home, CARDS_FILE, CardStore.load).devices_of(rec.public_key)
+    for key, seen in rec.seen_devices.items():  # every device a card was taken of is seen
+        live = pool.sessions.get(key)
+        if live is None or live.closed.is_set() or live.session_id is None:
+            continue
+        person = cards[key].card.get("person_key", "") if key in cards else ""
+        if _cached(pool.home, REVOCATIONS_FILE, RevocationStore.load).revokes(key, [rec.public_key, person]):
+            continue
+        return {"key": key, "name": seen["name"]}, live
+    return None
+
+
+def mark_answered(home: Path, rec: "PeerRecord", device: str) -> None:
+    """Record that ``device`` of the person pin ``rec`` answered now (written at most once a
+    minute while it keeps answering, :meth:`node.trust.card.CardStore.mark`)."""
+    from node.trust.card import CARDS_FILE
+
+    _cached(home, CARDS_FILE, CardStore.load).mark(rec.public_key, device, ok=True, now=_now())
+
+
+_CACHE: dict[str, tuple[tuple[int, int], Any]] = {}
+
+
+def _cached(home: Path, name: str, load: Any) -> Any:
+    """``load(home)`` of the file ``<home>/name``, read again only when the file changed
+    (its mtime and size; both stores are written by tmp+rename): a warm question parses
+    nothing."""
+    path = Path(home) / name
+    try:
+        st = path.stat()
+        stamp = (st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = (0, -1)
+    kept = _CACHE.get(str(path))
+    if kept is None or kept[0] != stamp:
+        kept = (stamp, load(home))
+        _CACHE[str(path)] = kept
+    return kept[1]
+
+
+async def ask_devices(pool: "SessionPool", rec: "PeerRecord", targets: list[tuple[dict[str, str], Any]],
+                      request: dict[str, Any]) -> dict[str, Any]:
+    """Ask every device in ``targets`` the same request at once; the first complete answer
+    (``ok`` / ``no-verified-results``) wins and the others are cancelled.
+
+    Returns:
+        that answer, with ``device`` ``{"key", "name"}`` set by this guest (never taken from
+        a host). When no device answers completely, the first incomplete answer (pending
+        approval, rate-limited, a refusal) if any.
+
+    Raises:
+        PeerGone: every device's session ended unanswered (the last one's).
+    """
+    import anyio
+
+    from node.runtime.pool import PeerGone
+
+    store_marks: list[tuple[str, bool]] = []
+    winner: list[dict[str, Any]] = []
+    partial: list[dict[str, Any]] = []
+    gone: list[BaseException] = []
+    pending = {device["key"] for device, _ in targets}
+
+    async def one(device: dict[str, str], target: Any, tg: Any) -> None:
+        try:
+            message = await pool.ask(target, request)
+        except (PeerGone, KithError) as exc:
+            gone.append(exc)
+            store_marks.append((device["key"], False))
+            pending.discard(device["key"])
+            return
+        pending.discard(device["key"])
+        store_marks.append((device["key"], True))
+        answer = {**message, "device": dict(device)}
+        if answer.get("status") in COMPLETE:
+            if not winner:
+                winner.append(answer)
+                # a device that has not even finished its handshake by now is not up: it
+                # failed this ask (an awake one that is only slower has, and is not marked)
+                for key in pending:
+                    live = pool.sessions.get(key)
+                    if live is None or live.session_id is None:
+                        store_marks.append((key, False))
+                tg.cancel_scope.cancel()
+        else:
+            partial.append(answer)
+
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        for device, target in targets:
+            tg.start_soon(one, device, target, tg)
+    log.debug("person %s: %d device(s) asked in %.3f s", rec.name, len(targets), time.monotonic() - started)
+    if store_marks:
+        store = CardStore.load(pool.home)
+        now = _now()
+        for key, ok in store_marks:
+            store.mark(rec.public_key, key, ok=ok, now=now)
+    if winner:
+        return winner[0]
+    if partial:
+        return partial[0]
+    last = gone[-1] if gone else None
+    if isinstance(last, PeerGone):
+        raise last
+    if isinstance(last, KithError):
+        raise last
+    raise PeerGone(None, None, False)
+
+
+__all__ = ["accept_card", "ask_devices", "device_targets", "fetch_cards", "next_seq", "own_card",
+           "public_totals", "take_card"]

@@ -1,0 +1,119 @@
+"""Any awake device of a person answers (issue 30 item 3), over real iroh on loopback
+(relays off) through real `kith` processes: a person with two hosting devices (the second
+paired with `kith device add/join`) each hands its card to a guest that pinned the person
+with --devices; with one device asleep (its process gone) `kith ask --peer bea` gets its
+answer from the awake one, naming that device; `kith peers list` shows which answered. The
+unit tests of cards (format, refusals, the server route) are tests/test_trust_card.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from node.community.server import run_server_in_thread
+from support.cli import KITH, kith
+from support.devices import pair_device
+from support.homes import FIXTURE
+from support.hosts import HostProcess as Host, prepare_host
+
+pytestmark = pytest.mark.iroh
+
+
+@pytest.fixture
+def server(tmp_path):
+    with run_server_in_thread(tmp_path / "server" / "community.sqlite3") as url:
+        yield url
+
+
+def _hosting_device(home: Path) -> None:
+    for args in (("index", "add", str(FIXTURE)), ("index", "sync"), ("policy", "set", f"/{FIXTURE.name}/**", "public")):
+        r = kith(home, *args, timeout=600)
+        assert r.returncode == 0, r.stderr
+
+
+def _ask(home: Path, *args: str) -> dict:
+    r = subprocess.run([*KITH, "--home", str(home), "ask", "sqlite write-ahead log", *args, "--offline", "--json",
+                        "--timeout", "60"], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, json.dumps(json.loads(r.stdout)["peers"]) + r.stderr
+    return json.loads(r.stdout)
+
+
+def _person(tmp_path: Path, *pin: str) -> tuple[Path, Path, Path, dict, str, str]:
+    """A desk (holds the person key) and a paired laptop, both hosting the fixture; a guest
+    that pinned the person as ``bea`` with ``--devices`` (and ``pin``'s extra options)."""
+    desk = prepare_host(tmp_path, FIXTURE)  # `kith init`: the person key lives here
+    laptop = tmp_path / "laptop"
+    laptop_key = pair_device(desk, laptop, name="laptop")
+    _hosting_device(laptop)
+    person = json.loads(kith(desk, "device", "list", "--json").stdout)
+    desk_key = next(d["key"] for d in person["devices"] if d["this"])
+    guest = tmp_path / "guest"
+    assert kith(guest, "init").returncode == 0
+    r = kith(guest, "peers", "add", "bea", person["person_key"], "--devices", *pin)
+    assert r.returncode == 0, r.stderr
+    return desk, laptop, guest, person, desk_key, laptop_key
+
+
+def test_a_person_with_two_devices_one_asleep_answers_from_the_awake_one(tmp_path: Path):
+    desk, laptop, guest, person, desk_key, laptop_key = _person(tmp_path)
+
+    desk_host = Host(desk, "--invite-file", str(tmp_path / "desk.json"))
+    laptop_host = Host(laptop, "--invite-file", str(tmp_path / "laptop.json"))
+    try:
+        for invite in ("desk.json", "laptop.json"):  # each device hands over its card in the handshake
+            r = kith(guest, "join", str(tmp_path / invite), "--local", "--trust", "--query", "installing")
+            assert r.returncode in (0, 3), r.stderr
+        cards = json.loads((guest / "cards.json").read_text())["persons"][person["person_key"]]
+        assert set(cards) == {desk_key, laptop_key}
+        assert cards[laptop_key]["card"]["totals"]["documents"] > 0
+
+        laptop_host.stop()  # the laptop sleeps
+        env = _ask(guest, "--peer", "bea")
+        row = env["peers"][0]
+        assert row["name"] == "bea" and row["status"] == "ok" and row["device"]["key"] == desk_key
+        assert env["results"] and all(a["peer"]["device"]["key"] == desk_key
+                                      for res in env["results"] for a in res["attributions"])
+
+        # MCP `search` and the local API's POST /search ask peers by name through the same call
+        import anyio
+
+        from node.runtime.fanout import peers_search
+
+        merged = anyio.run(lambda: peers_search(guest, ["bea"], {"query": "sqlite write-ahead log"}, local=True,
+                                                timeout_s=60), backend="asyncio")
+        assert merged["peers"][0]["status"] == "ok" and merged["peers"][0]["device"]["key"] == desk_key
+
+        listed = json.loads(kith(guest, "peers", "list", "--json").stdout)["peers"][0]
+        devices = {d["key"]: d for d in listed["seenDevices"]}
+        assert devices[desk_key]["online"] is True and devices[desk_key]["lastSeen"]
+        assert devices[laptop_key]["online"] is False
+    finally:
+        desk_host.stop()
+        if laptop_host.proc.poll() is None:
+            laptop_host.stop()
+
+
+def test_the_cards_on_the_community_server_reach_a_guest_that_never_joined_either_device(tmp_path: Path, server):
+    desk, laptop, guest, person, desk_key, laptop_key = _person(tmp_path, "--server", server)
+    desk_host, laptop_host = Host(desk, "--server", server), Host(laptop, "--server", server)
+    try:
+        for _ in range(150):  # each host posts its card once its post is live (bounded poll)
+            got = httpx.get(f"{server}/api/v1/cards/{person['person_key']}", timeout=10)
+            if got.status_code == 200 and len(got.json()["cards"]) == 2:
+                break
+            time.sleep(0.2)
+        assert {c["device_key"] for c in got.json()["cards"]} == {desk_key, laptop_key}
+        desk_host.stop()  # now the desk sleeps: the guest has never met either device
+        env = _ask(guest, "--peer", "bea")
+        assert env["peers"][0]["status"] == "ok" and env["peers"][0]["device"]["key"] == laptop_key
+        kept = json.loads((guest / "cards.json").read_text())["persons"][person["person_key"]]
+        assert kept[desk_key]["via"] == kept[laptop_key]["via"] == "server"  # both came from the server
+    finally:
+        if desk_host.proc.poll() is None:
+            desk_host.stop()
+        laptop_host.stop()
