@@ -60,8 +60,9 @@ def test_read_routes_answer(served) -> None:
     s = httpx.get(url + "/stats").json()
     assert s["done"] == 2 and s["ready"] is True
     c = httpx.get(url + "/contract").json()
-    assert c["routes"] == {"GET": ["/health", "/stats", "/contract", "/openapi.json"],
-                           "POST": ["/search", "/verify"]}
+    assert c["routes"] == {"GET": ["/health", "/stats", "/contract", "/openapi.json", "/outbox"],
+                           "POST": ["/search", "/verify", "/outbox"]}
+    assert list(c["writes"]) == ["POST /outbox"]  # the one write, named (specs/outbox.md)
     for r in (h, s, c):
         assert str(root) not in json.dumps(r) and str(home) not in json.dumps(r)
 
@@ -71,7 +72,8 @@ def test_served_openapi_equals_the_spec_file(served) -> None:
     served_doc = httpx.get(url + "/openapi.json").json()
     on_disk = json.loads((REPO / "specs" / "openapi.json").read_text())
     assert served_doc == on_disk == json.loads(json.dumps(openapi_document()))
-    assert set(served_doc["paths"]) == {"/health", "/stats", "/contract", "/openapi.json", "/search", "/verify"}
+    assert set(served_doc["paths"]) == {"/health", "/stats", "/contract", "/openapi.json", "/search", "/verify",
+                                        "/outbox"}
 
 
 def test_search_returns_a_valid_envelope(served) -> None:

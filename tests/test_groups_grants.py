@@ -17,7 +17,7 @@ from support.cli import invoke
 from support.homes import initialized
 from support.memory import MemoryHost, connect_guest as _connect, memory_host_home as _host_home
 from node.common.errors import UsageError
-from node.policy.grants import parse_until, until_time
+from node.common.grants import parse_until, until_time
 from node.policy.store import Policy
 from node.trust.identity import Identity
 from node.trust.peers import PeerRegistry, pins_in_force, set_pin_until

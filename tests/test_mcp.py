@@ -65,9 +65,11 @@ def test_one_read_only_search_tool_returning_the_envelope(home: Path) -> None:
         return tools, ok, bad, spent
 
     tools, ok, bad, spent = _session(home, calls)
-    assert [t.name for t in tools] == ["search", "verify"]
+    assert [t.name for t in tools] == ["search", "verify", "ask_later", "outbox"]
     ann = tools[0].annotations
     assert ann.read_only_hint is True and ann.destructive_hint is False
+    # queuing is its own named tool, the only one that writes (specs/outbox.md §6)
+    assert [t.name for t in tools if not t.annotations.read_only_hint] == ["ask_later"]
     assert {"query", "topK", "tags", "dateRange", "peer", "server"} <= set(
         tools[0].input_schema["properties"])
     for res, reason in ((ok, None), (spent, "budget-exhausted")):

@@ -11,9 +11,9 @@ import pytest
 from node.answer.service import peer_knowledge
 from node.common.errors import PolicyError
 from node.corpus.store import Corpus
-from node.policy import scrub as scrub_mod
+from node.common import scrub as scrub_mod
 from node.policy.gate import EgressGate
-from node.policy.scrub import KINDS, scrub
+from node.common.scrub import KINDS, scrub
 from node.policy.store import Policy, ScrubRule
 
 EMAIL = "walter.otterby@example.org"
@@ -389,7 +389,7 @@ def test_a_scrubbed_view_never_ranks_by_vectors_of_the_stored_text(corpus_home):
         from node.answer.service import AnswerService, PeerView
 
         service = AnswerService(corpus, gate)
-        visible = service.search_args(5, PeerView(None), gate.current_policy())["visible"]
-        _, controller = corpus.search_hits("walrus", limit=5, visible=visible)
+        lens = service.search_args(5, PeerView(None), gate.current_policy())["lens"]
+        _, controller = corpus.search_hits("walrus", limit=5, lens=lens)
         entry = next(p for p in controller["passes"] if p["name"] == "dense")
         assert (entry["status"], entry["reason"]) == ("skipped", "scrubbed-view")

@@ -646,6 +646,36 @@ def result_sizes(envelope: dict[str, Any]) -> list[int]:
             for res, cit in zip(envelope["results"], cites)]
 
 
+def fit_to(limit: int, envelope: dict[str, Any], request: dict[str, Any], hits: list[Hit],
+           controller: dict[str, Any] | None, *, plan: Any = None,
+           syncing: bool = False) -> dict[str, Any] | None:
+    """``envelope`` (built from ``hits``) cut to ``limit`` encoded bytes: the
+    lowest-ranked results are dropped; None when not even one result fits (a peer's
+    ``max_message_bytes``, :mod:`node.answer.service`).
+
+    One encode measures the envelope; when it is too large, each result's own bytes
+    (:func:`result_sizes`) say how many to drop, and the envelope is rebuilt once for the
+    kept prefix (and measured again: synthesis and coverage change with the results, so
+    the estimate is checked; a still-too-large envelope drops one more result per
+    rebuild). ``syncing``: mark each rebuilt envelope ``indexSyncing``
+    (:func:`mark_index_syncing`) before it is measured."""
+    size = len(_encode(envelope))
+    while size > limit:
+        if len(hits) == 1:
+            return None
+        sizes = result_sizes(envelope)
+        keep = len(hits)
+        while keep > 1 and size > limit:  # at least one is always dropped
+            keep -= 1
+            size -= sizes[keep]
+        hits = hits[:keep]
+        envelope = build_envelope(request, hits, controller, plan=plan)
+        if syncing:
+            mark_index_syncing(envelope)
+        size = len(_encode(envelope))
+    return envelope
+
+
 #: ``quality.flags`` key set (true) when the index was behind its record while searching.
 INDEX_SYNCING_FLAG = "indexSyncing"
 #: Recommendation added to an envelope served while the index is syncing.

@@ -1,8 +1,8 @@
 """``kith ask``: one question to several pinned peers at once, one merged, attributed
 answer (specs/ask.md; node/runtime/fanout.py).
 
-Exit status (specs/ask.md §6): 0 when at least one peer (or ``--local``) answered ``ok``;
-1 otherwise (every peer refused, was unreachable or timed out, or had no verified
+Exit status (specs/ask.md §6): 0 when at least one peer (or ``--local``) answered ``ok``,
+or ``--later`` kept the question in the outbox (specs/outbox.md); 1 otherwise (every peer refused, was unreachable or timed out, or had no verified
 results); 2 for a bad command line (``usage``, ``ask-too-many-peers``, ``peer-bad-name``,
 ``query-invalid``).
 """
@@ -86,6 +86,8 @@ def ask_cmd(
     discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the merged envelope (specs/ask.schema.json) as JSON."),
     citations: bool = typer.Option(False, "--citations", help="Ask each peer to sign a citation for its results (hosts with --sign-citations do); save --json and check it with `kith verify`."),
+    later: bool = typer.Option(False, "--later", help="Keep the question for every peer that is offline now (or whose answer waits for its owner's approval) in this home's outbox; a running `kith host`, `kith api serve`, `kith mcp` or `kith outbox run` delivers it when the peer is back (`kith outbox list`)."),
+    keep: Optional[str] = typer.Option(None, "--keep", metavar="DURATION", help="With --later: how long the outbox keeps the question (30m, 12h, 7d, 2w; default 7d)."),
 ) -> None:
     """Ask pinned peers one question at once; print one merged answer citing who said what."""
     from node.answer import contract
@@ -112,6 +114,11 @@ def ask_cmd(
     if local_corpus and LOCAL_NAME in names:  # two rows named `local`: citations ambiguous
         raise UsageError("usage", f"a pinned peer is named {LOCAL_NAME!r}, the name of --local's row; "
                          f"ask it without --local, or pin it under another name")
+    if keep is not None and not later:
+        raise UsageError("usage", "--keep is for --later")
+    from node.runtime.outbox import parse_keep
+
+    keep_s = parse_keep(keep)  # outbox-keep-invalid (exit 2) before anything is asked
     request = {"query": question, "topK": top_k}
     try:
         contract.validate(request)
@@ -119,6 +126,11 @@ def ask_cmd(
         raise error_for(exc.code, exc.message, hint=exc.hint, exit_code=2) from None
     if citations:  # a knowledge-query message field beside the request (node/answer/citation.py)
         request["citations"] = True
+    if later:  # a full outbox refuses before anyone is asked (outbox-full)
+        from node.runtime.outbox import OutboxStore
+
+        with OutboxStore(home) as store:
+            store.check_room(len(question.encode()))
     identity = load_identity(home)
 
     def show(env: dict[str, Any]) -> None:
@@ -151,6 +163,16 @@ def ask_cmd(
             env = await fan_out(pool, request, names, timeout_s=timeout,
                                 local=local_searcher(home) if local_corpus else None, own_key=identity.public_key,
                                 on_waiting=(WAIT_NOTICE_S, WAIT_REPEAT_S, say_waiting))
+            if later:  # the outbox (specs/outbox.md): kept for the peers that did not answer
+                from node.runtime.outbox import keep_for_later
+
+                kept = keep_for_later(home, request, env, keep_s=keep_s)
+                if kept is not None:
+                    err_console.print(f"kept in the outbox as {kept['id'][:12]} for "
+                                      f"{', '.join(safe_text(n) for n in kept['peers'])} until {kept['expiresAt']}: "
+                                      f"`kith outbox show {kept['id'][:12]}` (delivered while `kith host`, "
+                                      "`kith api serve`, `kith mcp` or `kith outbox run` runs)",
+                                      highlight=False, markup=False)
             # The answer is printed at the deadline, not after the pool has closed its
             # sessions (closing a session to a silent host can take seconds).
             show(env)
@@ -166,4 +188,4 @@ def ask_cmd(
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(1 if env["answered"] == 0 else 0)
+    os._exit(1 if env["answered"] == 0 and not env.get("outbox") else 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any, Optional
 
@@ -296,8 +297,14 @@ def host_cmd(
                     err_console.print("stopping: ending sessions and closing the endpoint…")
                     stop.set()
 
+        from node.cli.outbox_cmd import say_delivery
+        from node.runtime.runner import run_background
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(until_signal)
+            # the home's background work while it hosts: the outbox's delivery (specs/outbox.md §5)
+            tg.start_soon(partial(run_background, home, command="kith host", mode=mode, local=mode.offline,
+                                  on_event=say_delivery))
             await serve_host(home, opts, on_invitation=on_invitation, on_event=on_event, warn=warn, stop=stop)
             tg.cancel_scope.cancel()
 

@@ -72,7 +72,7 @@ def add_cmd(
 ) -> None:
     """Pin NAME to KEY (refused when NAME or KEY is already pinned)."""
     from node.common.errors import UsageError
-    from node.policy.grants import parse_until
+    from node.common.grants import parse_until
 
     ends = parse_until(until) if until is not None else None  # grant-bad-until before anything is written
     home = home_of(ctx)
@@ -300,7 +300,7 @@ def profile_cmd(
 from typing import List  # noqa: E402 - typer reads the annotations below from the module
 def _until_text(until: Optional[str]) -> str:
     """``-`` (never ends), the end, or ``ended <end>``."""
-    from node.policy.grants import in_force
+    from node.common.grants import in_force
 
     if until is None:
         return "-"
@@ -321,7 +321,7 @@ def _groups_by_member(home) -> dict:
 
 def _groups_text(groups: dict) -> str:
     """``@team (until <end>)``, or ``(ended <end>)`` once the membership ended."""
-    from node.policy.grants import in_force
+    from node.common.grants import in_force
 
     return ", ".join(f"@{g}" + (f" ({'until' if in_force(u) else 'ended'} {u})" if u else "")
                      for g, u in sorted(groups.items())) or "-"
@@ -336,7 +336,7 @@ def until_cmd(
 ) -> None:
     """Set (or lift, with 'never') when the pin NAME ends. A running host ends its
     sessions when it does (session-grant-expired)."""
-    from node.policy.grants import parse_until
+    from node.common.grants import parse_until
 
     ends = None if until == "never" else parse_until(until)
     home = home_of(ctx)
@@ -372,7 +372,7 @@ def group_add_cmd(
     `--for @NAME` / `--peer @NAME`; a running host applies it from its next query. A
     membership's --until ends what the group grants, never what it scrubs."""
     from node.cli.policy_cmd import guarded_write
-    from node.policy.grants import parse_until
+    from node.common.grants import parse_until
     from node.policy.store import Policy
 
     ends = parse_until(until) if until is not None else None

@@ -207,7 +207,7 @@ def set_cmd(
     follows sources, not tiers, so moving a source to another tier keeps it scrubbed; a
     rule that would open to a peer a source once scrubbed for it and no longer is asks
     first (--yes)."""
-    from node.policy.grants import parse_until
+    from node.common.grants import parse_until
 
     if until is not None and for_peer is None:
         raise UsageError("usage", "--until ends an override: give --for NAME|@GROUP too")
@@ -357,7 +357,7 @@ def _quota_lines(policy: Policy) -> list[str]:
 def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """Show the rules in file order, then per-peer overrides, then the quotas in force
     (the [quota] table, built-in defaults where it sets nothing), then what is scrubbed."""
-    from node.policy.grants import in_force
+    from node.common.grants import in_force
 
     policy = Policy.load(home_of(ctx))
     if as_json:
@@ -462,7 +462,7 @@ def scrub_cmd(
     approving an 'ask' source, keeps it scrubbed. KINDS replaces what the entry had;
     removing kinds asks first (--yes) when indexed sources would be served unscrubbed.
     Without arguments, list what is scrubbed."""
-    from node.policy.scrub import KINDS, check_kinds
+    from node.common.scrub import KINDS, check_kinds
     from node.policy.store import SCRUB_TIERS
 
     home = home_of(ctx)

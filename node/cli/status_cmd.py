@@ -84,7 +84,7 @@ def status_report(home: Path) -> dict[str, Any]:
 
 def _grants(home: Path) -> list[dict[str, Any]]:
     """Every grant of this home that ends, soonest first (:func:`node.runtime.grants.grants_with_ends`)."""
-    from node.policy.grants import in_force
+    from node.common.grants import in_force
     from node.runtime.grants import grants_with_ends
 
     rows = [{**{k: v for k, v in g.items() if k != "names"}, "ended": not in_force(g["until"])}

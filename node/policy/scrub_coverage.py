@@ -190,7 +190,7 @@ class Unscrubbed:
 
     Attributes:
         recipient: a registry name, or None for an anonymous peer.
-        kinds: the kinds no longer scrubbed, in :data:`node.policy.scrub.KINDS` order.
+        kinds: the kinds no longer scrubbed, in :data:`node.common.scrub.KINDS` order.
         sources: the canonical ids, sorted.
     """
 
@@ -276,7 +276,7 @@ def _once(sources: Sequence[str] | Callable[[], Sequence[str]]) -> Callable[[], 
 def _grouped(lost: Mapping[tuple[str | None, str], set[str]]) -> list[Unscrubbed]:
     """``(recipient, source) -> kinds`` as :class:`Unscrubbed` lines: per recipient
     (anonymous first), per set of kinds lost on the same sources."""
-    from node.policy.scrub import KINDS
+    from node.common.scrub import KINDS
 
     lines: dict[tuple[str | None, tuple[str, ...]], list[str]] = {}
     for (r, s), kinds in lost.items():

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from node.common.errors import KithError, UsageError
-from node.policy.grants import until_time
+from node.common.grants import until_time
 
 log = logging.getLogger("kith.grants")
 

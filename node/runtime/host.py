@@ -151,6 +151,8 @@ class Knowledge:
             corpus; call it from a worker thread).
         evidence: ``[chunk ids] → {chunk id: (content hash, char_start, char_end)}`` — what
             a signed citation needs of served chunks (:meth:`node.corpus.store.Corpus.chunk_evidence`).
+        warmer: the :class:`node.runtime.warm.ViewWarmer` a running host starts (its
+            ``pinned`` set by the host), or None without a corpus.
     """
 
     handle_for: Callable[[str | None, str | None], Any]
@@ -161,6 +163,7 @@ class Knowledge:
     index: Callable[[], dict[str, Any]] = lambda: {"ready": False, "warmed": False, "roots": [],
                                                    "documents": 0, "chunks": 0}
     evidence: Callable[[list[str]], dict[str, Any]] = lambda ids: {}
+    warmer: Any = None
 
 
 def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], float] | None = None, *,
@@ -181,6 +184,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
     from node.policy.gate import EgressGate
     from node.policy.quota import RateLimiter
     from node.policy.store import Policy
+    from node.runtime.warm import ViewWarmer
 
     policy = Policy.load(home)
     if now is not None:
@@ -211,7 +215,8 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
              "Share with e.g. `kith policy set '/<root>/**' public`.")
     gate = EgressGate(corpus.roots(), policy, home, approvals=Approvals(home))
     service = AnswerService(corpus, gate, limiter=limiter, version_key=version_key)
-    warmed = _warm_in_background(service)
+    warmer = ViewWarmer(service, gate, corpus, lambda: [])  # run by Host.run (node/runtime/warm.py)
+    warmed = warmer.warmed
 
     def close() -> None:
         corpus.close()
@@ -225,7 +230,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
 
     return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
                      gate.check_frame, close, service, _quota_left(gate, limiter), index,
-                     corpus.chunk_evidence)
+                     corpus.chunk_evidence, warmer)
 
 
 def _quota_left(gate: Any, limiter: Any) -> Callable[[str | None, str], dict[str, Any]]:
@@ -459,6 +464,9 @@ class Host:
         from node.trust.rotation import RotationLedger
 
         self.grant_watcher = GrantWatcher(self.home, self.table, self.clock, on_event=self.emit)
+        warmer = self.knowledge.warmer
+        if warmer is not None:  # the pinned peers' views too (a person pin's devices share its name)
+            warmer.pinned = lambda: list(self.peers_watcher.known().peers)
         self.rotations = RotationLedger.load(self.home)  # the person-key rotations this host followed
         from node.runtime.doorkeeper import Doorkeeper
 
@@ -548,6 +556,8 @@ class Host:
                     tg.start_soon(self._purge_nonces)
                     tg.start_soon(self.peers_watcher.run)  # peers.json / policy.toml by stat
                     tg.start_soon(self.grant_watcher.run)  # grants whose `until` passes end their sessions
+                    if self.knowledge.warmer is not None:  # views built before the first question
+                        tg.start_soon(self.knowledge.warmer.run)
                     if self.opts.server_url:  # the person pins' revocation lists (specs/peers.md §10)
                         tg.start_soon(self.peers_watcher.watch_server, self.opts.server_url, self.identity)
                         tg.start_soon(self._publish_cards)  # this device's card (specs/peers.md §13)
@@ -722,32 +732,6 @@ class Host:
         while True:
             await self.clock.sleep(PURGE_INTERVAL_S)
             await anyio.to_thread.run_sync(self.seen_nonces.purge)
-
-
-def _warm_in_background(service: Any) -> Any:
-    """Build the anonymous guests' view index in a daemon thread (a peer is ranked on its
-    own view, node/corpus/views.py): the first guest then does not wait for it. A failure
-    (no index yet, the corpus closed by a quick stop) is only logged.
-
-    Returns:
-        A :class:`threading.Event` set once the view is built (not set if warming failed).
-    """
-    import threading
-
-    from node.answer.service import PeerView
-
-    done = threading.Event()
-
-    def run() -> None:
-        try:
-            service.warm(PeerView(None, None))
-        except Exception as exc:  # noqa: BLE001 - warming is an optimisation only
-            log.debug("could not warm the anonymous view: %s", type(exc).__name__)
-        else:
-            done.set()
-
-    threading.Thread(target=run, name="kith-warm-view", daemon=True).start()
-    return done
 
 
 def _reject_frame(code: str, message: str) -> bytes:

@@ -218,6 +218,9 @@ class SessionPool:
         end_wait_s: on exit, how long live sessions may take to end cleanly (their
             ``end`` acknowledged) before they are cancelled, seconds. The endpoint is then
             closed under :data:`node.transport.iroh.GUEST_CLOSE_TIMEOUT_S`.
+        down_s: seconds an address whose new session never came up is not tried again
+            (:data:`DOWN_S`; the home's background runner passes 0: it keeps its own
+            backoff per peer, node/runtime/outbox_task.py).
     """
 
     home: Path
@@ -229,6 +232,7 @@ class SessionPool:
     heartbeat: Any = "default"
     connect_timeout_s: float = 5.0
     end_wait_s: float = END_WAIT_S
+    down_s: float = DOWN_S
     stats: PoolStats = field(default_factory=PoolStats)
 
     def __post_init__(self) -> None:
@@ -326,7 +330,8 @@ class SessionPool:
         question's deadline): the same address is not tried again for :data:`DOWN_S` s."""
         if len(self._down) > 4 * self.max_sessions:
             self._down.clear()
-        self._down[(s.key, s.target.invitation.transport_info.ticket)] = time.monotonic() + DOWN_S
+        if self.down_s > 0:
+            self._down[(s.key, s.target.invitation.transport_info.ticket)] = time.monotonic() + self.down_s
 
     def _open(self, key: str, target: Target) -> PeerSession:
         if target.spec.name != PROTOCOL or target.spec.alpn != self.spec.alpn:

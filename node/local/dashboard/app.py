@@ -15,6 +15,8 @@ home's own files through the modules the CLI uses — nothing is computed twice:
 ``/sessions``           live sessions from the host's control channel; end one
 ``/approvals``          the queue (:class:`Approvals`); approve / deny [remember]
                         through :func:`node.policy.approvals.decide_as_owner`
+``/outbox``              questions kept for offline peers and their answers
+                        (:class:`node.runtime.outbox.OutboxStore`); remove one
 ``/search``             the owner's corpus through the one answer path: as the owner
                         (:func:`answer_local`) or *as a peer would see it*
                         (:class:`AnswerService` with the host's gate, a :class:`PeerView`)
@@ -48,7 +50,7 @@ from node.answer import readable
 from node.common.errors import CorpusError, KithError
 from node.common.http import base_url_of, bind_socket, is_loopback, read_body, serve_app_in_thread, serve_forever
 from node.answer import contract
-from node.policy.grants import in_force
+from node.common.grants import in_force
 from node.answer.holder import CorpusHolder
 from node.local.dashboard.guard import COOKIE, SECURITY_HEADERS, Door, Guard, refusal_page
 
@@ -398,6 +400,32 @@ class _Pages:
 
         return await self._act(request, "/approvals", action)
 
+    # --- outbox ---------------------------------------------------------------------------
+    async def outbox(self, request: Request) -> HTMLResponse:
+        """The kept questions, newest first, each with its rows and — once answered — its
+        merged answer (:func:`node.runtime.outbox.public_record`); viewing marks nothing."""
+        def gather() -> dict[str, Any]:
+            from node.runtime.outbox import OUTBOX_FILE, OutboxStore, public_record
+
+            if not (self.home / OUTBOX_FILE).exists():
+                return {"questions": [], "usage": None}
+            with OutboxStore(self.home) as store:
+                records = [public_record(r) for r in store.records(limit=100)]
+                return {"questions": records, "usage": store.usage()}
+
+        return self._render("outbox.html", request, **await anyio.to_thread.run_sync(gather))
+
+    async def outbox_remove(self, request: Request) -> Response:
+        def action(form: dict[str, str]) -> str:
+            from node.runtime.outbox import OutboxStore
+
+            with OutboxStore(self.home) as store:
+                qid = store.resolve(self._field(form, "id"))
+                store.remove(qid)
+            return f"removed {qid[:12]} from the outbox"
+
+        return await self._act(request, "/outbox", action)
+
     # --- search ---------------------------------------------------------------------------
     def _peer_service(self, corpus: Any) -> Any:
         """One :class:`AnswerService` with the host's kind of gate over the read-only corpus
@@ -493,6 +521,8 @@ def create_app(home: Path | str) -> Guard:
         Route("/sessions/end", p.sessions_end, methods=["POST"]),
         Route("/approvals", p.approvals, methods=["GET"]),
         Route("/approvals/decide", p.approvals_decide, methods=["POST"]),
+        Route("/outbox", p.outbox, methods=["GET"]),
+        Route("/outbox/remove", p.outbox_remove, methods=["POST"]),
         Route("/search", p.search, methods=["GET"]),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]

@@ -1,5 +1,10 @@
-"""The scrubbing gate: span-level screening of what a peer receives (issue 24 item 3;
+"""The scrub detectors: span-level screening of what a peer receives (issue 24 item 3;
 specs/policy.md §9). Not :mod:`node.policy.redact`, which rewrites *logs*.
+
+Pure code below the policy and the corpus (issue 29): the policy decides *which* kinds
+are scrubbed for a (peer, source) and packages them in a :class:`node.corpus.lens.Lens`;
+the corpus (a scrubbed view's index) and the answer service (the envelope's text) call
+the detectors here. Nothing here imports the corpus or the policy.
 
 Deterministic detectors, one per kind (:data:`KINDS`), each finding spans in a text:
 
