@@ -47,6 +47,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "usage": ("usage", "The command line is not valid."),
     "grant-bad-until": ("usage", "--until is not a date (YYYY-MM-DD), an RFC 3339 UTC time or a duration (30m, 12h, 7d, 2w), or it is not ahead."),
     "ask-too-many-peers": ("usage", "One ask names more peers than it may (16)."),
+    "pin-name-taken": ("usage", "That name is already pinned to another host; choose another --pin NAME."),
     "outbox-keep-invalid": ("usage", "--keep is not a duration from 1 minute to 30 days (30m, 12h, 7d, 2w)."),
     "transport-mode-invalid": ("usage", "The transport options are not valid (--relay, --relay-only, --lan, --discovery, --offline)."),
     "presence-invalid": ("usage", "The host's presence setting is not open or granted."),
@@ -108,11 +109,12 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "invitation-ticket-mismatch": ("invitation", "The invitation's iroh_ticket differs from transport_info.ticket."),
     "invitation-endpoint-mismatch": ("invitation", "The ticket's endpoint id, transport_info.endpoint_id and host_public_key differ."),
     "invitation-bad-ticket": ("invitation", "The invitation's iroh ticket cannot be parsed."),
-    "invitation-expired": ("invitation", "The invitation has expired."),
+    "invitation-expired": ("invitation", "The invitation has expired.", "ask the host for a new invitation"),
     "invitation-protocol-mismatch": ("invitation", "The invitation's protocol differs from the local protocol of that name."),
     "invitation-unknown-protocol": ("invitation", "The invitation names a protocol that is not installed here."),
     "invitation-bad-hex": ("invitation", "A key or signature in the invitation is not strict lowercase hex of the exact length."),
     "invitation-not-found": ("invitation", "No invitation with that post_id exists on the server."),
+    "invitation-gone": ("invitation", "The host no longer honours this invitation (it restarted without it, withdrew it, used it up or it expired there); ask the host for a new one."),
     "host-key-changed": ("handshake", "The host key differs from the key pinned for that peer name."),
     "ask-peer-blocked": ("handshake", "That peer name is blocked; it is not asked."),
     "host-not-trusted": ("invitation", "The host key is not trusted; pass --trust or answer yes at the prompt."),
@@ -201,7 +203,9 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "protocol-test-failed": ("spec", "The protocol test did not pass."),
     # --- transport -----------------------------------------------------------------------
     "transport-bind-failed": ("transport", "The iroh endpoint could not be bound."),
-    "transport-connect-failed": ("transport", "Could not connect to the peer."),
+    "transport-connect-failed": ("transport", "Could not connect to the peer.",
+                                 "the host may be stopped, asleep or not reachable from this network (the same "
+                                 "--offline / --lan / --relay as the host?); try again once it is back"),
     "transport-io": ("transport", "The connection failed while sending or receiving."),
     # --- community server ----------------------------------------------------------------
     "server-unreachable": ("community", "The community server cannot be reached."),

@@ -243,6 +243,18 @@ class PostRetired(HostEvent, tag="post-retired", kw_only=True):
     reason: str
 
 
+class PostRestored(HostEvent, tag="post-restored", kw_only=True):
+    """A restarted host honours a post of its earlier run again (specs/invitation.md)."""
+
+    post_id: str
+    uses: int
+    """Sessions it admitted so far."""
+    max_sessions: int | None
+    expires_at: str
+    current: bool
+    """True when it is the invitation this run publishes."""
+
+
 class PostExpired(HostEvent, tag="post-expired", kw_only=True):
     """A post passed its ``expires_at`` on the host's clock."""
 
@@ -268,7 +280,7 @@ class IndexUpdated(HostEvent, tag="index-updated", kw_only=True):
 HOST_EVENT_TYPES: tuple[type[HostEvent], ...] = (
     SessionStarted, SessionEnded, SessionRefused, SessionEvicted, SessionPathChanged,
     PeerRevoked, DeviceRevoked, PersonRotated, PersonDeviceNew, GrantExpired, ConfigInvalid, PolicyReloaded,
-    Republished, PostEnded, PostRenewed, PostRetired, PostExpired,
+    Republished, PostEnded, PostRenewed, PostRetired, PostRestored, PostExpired,
     IndexUpdated,
 )
 
