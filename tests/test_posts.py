@@ -104,6 +104,21 @@ def test_another_hosts_invitation_in_the_file_is_refused(tmp_path):
     assert "another host's" in exc.value.message
 
 
+def test_a_hand_edited_kept_invitation_is_refused_not_honoured(tmp_path):
+    # a later expiry typed into posts.json: the signed document no longer verifies, so the
+    # host must not honour it to 2030 nor hand guests a document their join refuses
+    ident = Identity(os.urandom(32))
+    _posts(tmp_path, ManualClock()).add(_invitation(ident))
+    doc = json.loads((tmp_path / POSTS_FILE).read_text())
+    doc["posts"][0]["invitation"]["expires_at"] = "2030-01-01T00:00:00Z"
+    (tmp_path / POSTS_FILE).write_text(json.dumps(doc))
+    before = (tmp_path / POSTS_FILE).read_bytes()
+    with pytest.raises(ConfigError) as exc:
+        _posts(tmp_path, ManualClock()).restore(SessionTable(), ident.public_key)
+    assert exc.value.code == "config-invalid" and "invitation-bad-signature" in exc.value.message
+    assert (tmp_path / POSTS_FILE).read_bytes() == before  # refused, not rewritten
+
+
 def test_a_post_expired_while_serving_is_still_refused_as_expired(tmp_path):
     ident, clock = Identity(os.urandom(32)), ManualClock()
     posts = _posts(tmp_path, clock)

@@ -343,12 +343,13 @@ def _load_kept(home: Path, host_key: str) -> list[tuple[Invitation, int]]:
     Raises:
         ConfigError: ``config-invalid``: unreadable, larger than
             :data:`MAX_POSTS_FILE_BYTES`, not ``{"version": 1, "posts": [{"invitation",
-            "uses"}]}``, an invitation that does not parse or is of another host key.
+            "uses"}]}``, an invitation that does not parse, whose signature does not
+            verify (hand-edited) or is of another host key.
     """
     import json
 
     from node.common.errors import ConfigError, KithError
-    from node.trust.invitation import parse_invitation
+    from node.trust.invitation import check_binding, parse_invitation
 
     path = home / POSTS_FILE
     if not path.exists():
@@ -374,6 +375,7 @@ def _load_kept(home: Path, host_key: str) -> list[tuple[Invitation, int]]:
             raise bad('a post is not {"invitation": {...}, "uses": N}')
         try:
             inv = parse_invitation(json.dumps(entry["invitation"]))
+            check_binding(inv)  # a hand-edited document (a later expires_at) no longer verifies
         except KithError as exc:
             raise bad(f"a kept invitation is not valid ({exc.code})") from None
         if inv.host_public_key != host_key:
