@@ -112,3 +112,34 @@ def test_kith_ask_row_is_unreachable_with_last_heard_at_and_no_redial(tmp_path: 
     assert opened == 1  # the dead host was not dialled again for the question
     assert "lastHeardAt" not in first["peers"][0]
     json.dumps(env)
+
+
+def test_a_live_host_busy_in_a_slow_hook_is_not_declared_dead(tmp_path: Path, monkeypatch) -> None:
+    """The in-flight 4 s bound must not end a question to a host that is alive but slow: a
+    sync hook that takes 6 s runs in a worker thread, so the host's engine answers the
+    guest's pings meanwhile and the answer arrives (the default heartbeat; no test override)."""
+    import shutil
+
+    from node.protocol.spec import bundled_protocols_dir
+
+    monkeypatch.delenv("KITH_TEST_HEARTBEAT", raising=False)
+    home = _host_home(tmp_path)
+    slow = home / "protocols" / "knowledge-query"  # the home's copy is served before the bundled one
+    shutil.copytree(bundled_protocols_dir() / "knowledge-query", slow)
+    hooks = (slow / "hooks.py").read_text()
+    marker = "        answer = ctx.knowledge.search(request)\n"
+    assert marker in hooks
+    (slow / "hooks.py").write_text(hooks.replace(marker, "        __import__('time').sleep(6)\n" + marker))
+    guest = tmp_path / "guest"
+    assert kith(guest, "init").returncode == 0
+    invite = tmp_path / "invite.json"
+    host = Host(home, "--invite-file", str(invite))
+    try:
+        inv = parse_invitation(invite.read_bytes())
+        assert kith(guest, "peers", "add", "h", inv.host_public_key, "--invite", str(invite)).returncode == 0
+        r = kith(guest, "ask", "--peer", "h", "--offline", "--json", "--timeout", "90", "staging", env=ENV)
+    finally:
+        host.stop()
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout)["peers"][0]
+    assert row["status"] == "ok", row
