@@ -26,7 +26,8 @@ _JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
 
 def say_delivery(ev: dict[str, Any]) -> None:
     """One stderr line for a delivery event of the home's runner (``outbox-answered``,
-    ``outbox-pending``, ``outbox-failed``, ``outbox-expired``): how ``kith outbox run`` and
+    ``outbox-pending``, ``outbox-failed``, ``outbox-expired``; the copies' ``copy-synced``
+    and ``copy-ended``): how ``kith outbox run`` and
     ``kith host`` report the outbox's work."""
     what = {"outbox-answered": "answered", "outbox-pending": "waits for its owner's approval",
             "outbox-failed": "cannot be delivered"}.get(ev.get("event", ""))
@@ -35,6 +36,12 @@ def say_delivery(ev: dict[str, Any]) -> None:
                           + (f" ({ev['code']})" if ev.get("code") else ""), highlight=False, markup=False)
     elif ev.get("event") == "outbox-expired":
         err_console.print(f"outbox: {ev['rows']} question(s) expired unanswered", highlight=False, markup=False)
+    elif ev.get("event") == "copy-synced" and (ev.get("fetched") or ev.get("removed")):  # node/runtime/copies.py
+        err_console.print(f"copy of {safe_text(ev['peer'])}: fetched {ev['fetched']}, deleted {ev['removed']}",
+                          highlight=False, markup=False)
+    elif ev.get("event") == "copy-ended":
+        err_console.print(f"copy of {safe_text(ev['peer'])}: the host no longer grants it; deleted "
+                          f"{ev['removed']} document(s)", highlight=False, markup=False)
 
 
 def _store(ctx: typer.Context) -> Any:

@@ -443,3 +443,72 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
 
 __all__ = ["COPIES_DIR", "CopyStore", "check_document", "check_manifest", "copies_root", "copy_age_text",
            "list_copies", "search_copy", "sync_copy", "sync_with_pool"]
+
+
+# --- the background re-sync (node/runtime/runner.py) -----------------------------------------
+
+#: Seconds between two re-syncs of one copy that synced; after a failure (the host is away)
+#: the next try comes after :data:`RETRY_FIRST_S`, doubling to :data:`RESYNC_S`.
+RESYNC_S = 600.0
+RETRY_FIRST_S = 5.0
+#: Bound on one copy's sync in the background, seconds (what was committed is kept).
+SYNC_TIMEOUT_S = 600.0
+
+
+class CopiesTask:
+    """The runner task re-syncing every copy kept in the home (specs/copies.md §7): each
+    copy is synced once when the runner starts, then every :data:`RESYNC_S`; a host that
+    cannot be reached is tried again after a backoff (from :data:`RETRY_FIRST_S`), so a
+    host that wakes is synced soon after. One sync at a time per copy; each reports a
+    ``copy-synced`` / ``copy-ended`` / ``copy-failed`` event.
+
+    Args:
+        home: the node home.
+        clock: monotonic seconds.
+    """
+
+    name = "copies"
+
+    def __init__(self, home: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.home = Path(home)
+        self.clock = clock
+        self._due: dict[str, float] = {}
+        self._backoff: dict[str, float] = {}
+        self._running: set[str] = set()
+
+    async def step(self, runner: Any) -> float:
+        """Start the syncs that are due (:meth:`node.runtime.runner.Runner.spawn`); the
+        seconds until the next is."""
+        now = self.clock()
+        for row in list_copies(self.home):
+            peer = row["peer"]
+            if peer in self._running or self._due.get(peer, 0.0) > now:
+                continue
+            self._running.add(peer)
+            runner.spawn(self._sync, runner, peer)
+        return min([d - now for d in self._due.values() if d > now], default=RESYNC_S)
+
+    async def _sync(self, runner: Any, peer: str) -> None:
+        import anyio
+
+        try:
+            pool = await runner.pool()
+            with anyio.fail_after(SYNC_TIMEOUT_S):
+                report = await sync_with_pool(pool, peer)
+        except Exception as exc:  # noqa: BLE001 - the host is away, or refused: try again later
+            from node.runtime.pool import PeerGone, classify_gone
+
+            code = (classify_gone(exc)[1] if isinstance(exc, PeerGone) else
+                    exc.code if isinstance(exc, KithError) else "peer-timeout" if isinstance(exc, TimeoutError)
+                    else "internal-error")
+            wait = min(RESYNC_S, self._backoff.get(peer, RETRY_FIRST_S / 2) * 2)
+            self._backoff[peer] = wait
+            self._due[peer] = self.clock() + wait
+            runner.emit({"event": "copy-failed", "peer": peer, "code": code or "peer-disconnected"})
+        else:
+            self._backoff.pop(peer, None)
+            self._due[peer] = self.clock() + RESYNC_S
+            runner.emit({"event": "copy-ended" if report["status"] == "ended" else "copy-synced",
+                         "peer": peer, "fetched": report["fetched"], "removed": report["removed"]})
+        finally:
+            self._running.discard(peer)
