@@ -355,7 +355,7 @@ async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int],
 
     rec = PeerRegistry.load(pool.home).by_name(peer)
     if rec is None:
-        raise KithError("peer-not-found", f"no pinned peer is named {peer!r}")
+        raise PolicyError("peer-not-found", f"no pinned peer is named {peer!r}")
 
     async def ask(request: dict[str, Any]) -> Any:
         return await pool.ask(peer, request)
