@@ -522,9 +522,10 @@ def explain_cmd(
     grant = policy.copy_allowed(decision.canonical, peer) if decision.canonical is not None else None
     if as_json:
         out = {"canonical": decision.canonical, "tier": decision.tier,
-               "allowed": decision.allowed, "matched": decision.matched,
-               "copy": None if grant is None else {"glob": grant.glob, "for": grant.recipient,
-                                                   "until": grant.until, "maxBytes": grant.max_bytes}}
+               "allowed": decision.allowed, "matched": decision.matched}
+        if grant is not None:  # only when NAME may keep a copy of it (specs/copies.md §1)
+            out["copy"] = {"glob": grant.glob, "for": grant.recipient, "until": grant.until,
+                           "maxBytes": grant.max_bytes}
         if decision.override is not None:
             out["override"] = decision.override  # only when a per-peer override decided
         emit_json(out)
