@@ -99,3 +99,54 @@ def test_ending_the_grant_deletes_the_copy_at_the_next_sync(tmp_path):
         assert kith(bea, "ask", "WAL", "--peer", "alice", "--copy").returncode == 1  # copy-not-found row
     finally:
         h.stop()
+
+
+def test_the_home_runner_re_syncs_a_copy_in_the_background(tmp_path):
+    import anyio
+
+    from node.runtime.copies import CopyStore
+    from node.runtime.pool import SessionPool
+    from node.runtime.runner import Runner, default_tasks
+    from support.hosts import STEADY, InProcessHost
+
+    corpus = tmp_path / "kb"
+    shutil.copytree(FIXTURE, corpus)
+    host = prepare_host(tmp_path, corpus)
+    bea = node_home(tmp_path, "bea")
+    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
+    assert kith(host, "policy", "copy", "/kb/sqlite.md", "--for", "bea").returncode == 0
+    store = CopyStore(bea, "alice")
+    store.commit(store.load())  # bea keeps a copy of alice (nothing in it yet)
+    events: list[dict] = []
+
+    async def main():
+        h = InProcessHost(host, tmp_path, heartbeat=STEADY)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(h.run)
+            with anyio.fail_after(60):
+                await h.ready.wait()
+            pin_host(bea, "alice", h.invite)
+            # the process's own pool (as `kith api serve` / `kith mcp` pass theirs), bound here:
+            # a pool bound inside a runner job cannot be exited by the runner (see the report)
+            async with SessionPool(bea, load_identity(bea), local=True) as pool:
+                await pool._ensure_node()
+
+                async def own_pool():
+                    return pool
+                runner = Runner(bea, default_tasks(bea), pool=own_pool, command="test", on_event=events.append)
+                stop_runner = anyio.CancelScope()
+
+                async def run_runner():
+                    with stop_runner:
+                        await runner.run()
+                tg.start_soon(run_runner)
+                with anyio.fail_after(120):
+                    while not any(e["event"] == "copy-synced" for e in events):
+                        await anyio.sleep(0.05)
+                stop_runner.cancel()
+            h.stop.set()
+
+    anyio.run(main)
+    synced = next(e for e in events if e["event"] == "copy-synced")
+    assert synced == {"event": "copy-synced", "peer": "alice", "fetched": 1, "removed": 0}
+    assert list(store.load()["documents"]) == ["/kb/sqlite.md"]

@@ -169,10 +169,12 @@ class Runner:
 
 
 def default_tasks(home: Path) -> list[Any]:
-    """The task list every long-running process of a home drives: the outbox's delivery."""
+    """The task list every long-running process of a home drives: the outbox's delivery
+    and the re-sync of the copies it keeps (node/runtime/copies.py, specs/copies.md §7)."""
+    from node.runtime.copies import CopiesTask
     from node.runtime.outbox_task import OutboxTask
 
-    return [OutboxTask(home)]
+    return [OutboxTask(home), CopiesTask(home)]
 
 
 async def run_background(home: Path, *, command: str, pool: Callable[[], Awaitable[Any]] | None = None,
