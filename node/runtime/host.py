@@ -455,6 +455,7 @@ class Host:
         if self.opts.control:
             check_run_dir(control_socket_path(self.home).parent, create=True)  # control-dir-unsafe before publishing
         self._build()
+        self._batch_audit()
         watcher = None
         try:
             if self.opts.watch:  # take the index writer before publishing: index-locked fails fast
@@ -508,6 +509,20 @@ class Host:
                     await self.posts.withdraw()
             for close in self._closers:
                 close()
+
+    def _batch_audit(self) -> None:
+        """Write the audit log in batches on this host's event loop (one lock and one write
+        per :data:`node.trust.audit_log.BATCH_S` tick; the closers write what is left at
+        exit). Under a loop that is not asyncio's, records are written one at a time."""
+        import asyncio
+
+        from node.trust.audit_log import loop_schedule
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self.audit.log.start_batching(loop_schedule(loop))
 
     async def _check_relays(self, listener: Any) -> None:
         """Wait (bounded, :data:`node.transport.iroh.RELAY_CHECK_S`) for a home relay in
