@@ -192,7 +192,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
                          gate.check_frame, limiter.close, service, _quota_left(gate, limiter))
     # a crash between SQLite and tantivy leaves the index behind its record: catch up now
     # when no other process is writing (never waits for the lock)
-    if corpus.repair_lag() == "locked":
+    if corpus.repair_lag(warn) == "locked":  # also rebuilds an index of an older schema, saying so
         warn("the index is behind its record and another process is writing it; "
              "guests may miss documents until that sync finishes.")
     stats = corpus.stats()
