@@ -345,3 +345,75 @@ def test_hook_abort_codes_reach_on_end(host_id, guest_id):
     out = anyio.run(lambda: run_pair(spec, host_id, guest_id, host_hooks, load_hooks(ECHO), {"texts": ["x"]}))
     assert out["host"].code == "hook-timeout" and ended == ["hook-timeout"]
     assert out["guest"].remote_errors[0][0] == "hook-timeout"
+
+
+def _echo_with_threads(inline=None, delay_s=0.0):
+    """The echo hooks, the host's ``on_message`` a plain sync function recording the
+    thread it ran in (and, with ``delay_s``, how many ran at once)."""
+    import threading
+
+    base = load_hooks(ECHO)
+    seen: list[tuple[str, bool]] = []
+    running = [0, 0]  # now, most at once
+    lock = threading.Lock()
+
+    def on_message(ctx, message):
+        with lock:
+            running[0] += 1
+            running[1] = max(running[1], running[0])
+        try:
+            if delay_s:
+                time.sleep(delay_s)
+            seen.append((message.get("text", ""), threading.current_thread() is threading.main_thread()))
+            return base.on_message(ctx, message)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    if inline is not None:
+        on_message.inline = inline
+    return Hooks(on_start=base.on_start, on_message=on_message, on_end=base.on_end, module=base.module), seen, running
+
+
+def test_a_plain_sync_hook_still_runs_in_a_worker_thread(host_id, guest_id):
+    spec = load_spec(ECHO)
+    hooks, seen, _ = _echo_with_threads()
+    got = []
+    out = anyio.run(run_pair, spec, host_id, guest_id, hooks, load_hooks(ECHO), {"texts": ["a", "b"],
+                                                                                "on_message": got.append})
+    assert out["host"].ok and [m["text"] for m in got] == ["A", "B"]
+    assert [on_loop for text, on_loop in seen if text] == [False, False]  # unchanged: the thread hop
+
+
+def test_a_hook_that_says_its_call_is_small_runs_on_the_event_loop(host_id, guest_id):
+    spec = load_spec(ECHO)
+    hooks, seen, _ = _echo_with_threads(inline=lambda ctx, message: message.get("text") != "large")
+    got = []
+    out = anyio.run(run_pair, spec, host_id, guest_id, hooks, load_hooks(ECHO),
+                    {"texts": ["small", "large", "tiny"], "on_message": got.append})
+    assert out["host"].ok and [m["text"] for m in got] == ["SMALL", "LARGE", "TINY"]  # the same answers
+    assert [(t, on_loop) for t, on_loop in seen if t] == [("small", True), ("large", False), ("tiny", True)]
+
+
+def test_large_calls_share_a_bounded_pool_and_a_broken_predicate_is_large(host_id, guest_id):
+    from node.runtime.driver import HOOK_THREADS
+
+    spec = load_spec(ECHO)
+
+    def predicate(ctx, message):
+        if message.get("text") == "boom":
+            raise RuntimeError("a broken predicate")
+        return False
+
+    hooks, seen, running = _echo_with_threads(inline=predicate, delay_s=0.05)
+
+    async def many():
+        async with anyio.create_task_group() as tg:
+            for _ in range(HOOK_THREADS * 3):
+                tg.start_soon(run_pair, spec, host_id, guest_id, hooks, load_hooks(ECHO),
+                              {"texts": ["x", "boom"]})
+
+    anyio.run(many)
+    assert len([t for t, _ in seen if t]) == HOOK_THREADS * 3 * 2  # every call answered
+    assert not any(on_loop for _, on_loop in seen)
+    assert 1 <= running[1] <= HOOK_THREADS  # never more at once than the pool's bound
