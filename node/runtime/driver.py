@@ -127,13 +127,14 @@ def _bounded_hook_threads() -> anyio.CapacityLimiter:
 def _runs_inline(fn: Any, args: tuple[Any, ...]) -> bool | None:
     """The hook's own word on this call (:mod:`node.runtime.hooks`, ``inline``): True —
     small, run it on the event loop; False — large, run it in the bounded hook threads;
-    None — it says nothing (every hook without ``inline``): a worker thread, as always.
-    A predicate that raises counts as False."""
+    None — it says nothing (every hook without ``inline``, or a predicate answering
+    None): a worker thread, as always. A predicate that raises counts as False."""
     inline = getattr(fn, "inline", None)
     if inline is None:
         return None
     try:
-        return bool(inline(*args))
+        said = inline(*args)
+        return None if said is None else bool(said)
     except Exception:  # a broken predicate must not break the session: the safe way
         log.warning("hook %s: its inline predicate raised", getattr(fn, "__name__", "hook"), exc_info=True)
         return False

@@ -14,8 +14,9 @@ A sync hook may say, per call, whether its work is small: a function attribute
 on the event loop, cheap, never blocking. True: the hook runs on the event loop, without
 the worker-thread hop (``hook_timeout_s`` cannot interrupt it there, so only for bounded
 work); False: it runs in a small pool of hook threads
-(:data:`node.runtime.driver.HOOK_THREADS` per event loop). A hook without ``inline`` —
-every hook written before it — runs in a worker thread exactly as before. The
+(:data:`node.runtime.driver.HOOK_THREADS` per event loop); None: no word on this call. A
+hook without ``inline`` — every hook written before it — runs in a worker thread exactly
+as before. The
 ``knowledge-query`` hooks use it for warm, bounded searches.
 Hooks never see system frames and never touch the raw index: on the Host,
 ``ctx.knowledge`` is a peer-scoped handle whose results already passed the egress gate.
