@@ -1,14 +1,20 @@
-"""Shared fixtures: identities, protocol dirs, and the `shared` corpus skip rule."""
+"""Shared fixtures: identities, protocol dirs, and the `shared` corpus skip rule. Code that
+test files share (harnesses, `kith` helpers) lives in tests/support."""
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 
 import pytest
 
-from node.trust.identity import Identity
+# tests/support holds what test files share; its asserts are rewritten like a test's
+pytest.register_assert_rewrite("support")
+
+# PROTOCOLS and initialized: test files import them from support.homes (tests/test_support_layout.py);
+# they stay importable from here for branches written before tests/support existed.
+from support.homes import PROTOCOLS, REPO, initialized, new_identity  # noqa: E402,F401
+from node.trust.identity import Identity  # noqa: E402
 
 # Several tests press Ctrl-C on a real `kith` process (SIGINT) and expect exit 130. A shell
 # without job control starts a background command with SIGINT ignored, and an ignored
@@ -17,24 +23,8 @@ from node.trust.identity import Identity
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 PYDOCS = SHARED / "corpora" / "python-docs-3.11"
-PROTOCOLS = REPO / "protocols"
-
-
-def initialized(home: Path) -> Path:
-    """``home`` with an identity, as `kith init` leaves it (commands that need one —
-    join, host — refuse a home without it); returned for use inline."""
-    from node.trust.identity import init_identity
-
-    init_identity(Path(home))
-    return Path(home)
-
-
-def new_identity() -> Identity:
-    """A fresh random Ed25519 identity (not written anywhere)."""
-    return Identity(os.urandom(32))
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 from node.devtools.adversarial import build_variants, run_adversarial
 from node.protocol.spec import load_spec
 
-from conftest import PROTOCOLS, REPO
+from support.homes import PROTOCOLS, REPO
 
 ISSUE_VARIANTS = {"unknown-field", "missing-field", "wrong-type", "out-of-range", "undeclared-action",
                   "wrong-direction", "system-frame-mid-session", "oversize-line", "invalid-utf8", "invalid-json"}

@@ -19,7 +19,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from conftest import initialized
+from support.homes import initialized
 from node.answer.service import answer_local
 from node.cli import main as cli_main
 from node.cli.index_cmd import search_cmd

@@ -13,16 +13,13 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import anyio
-import jsonschema
 import pytest
 
 from node.corpus.store import Corpus
 from node.policy.store import Policy
-from node.protocol.schema_check import compile_check
 from node.runtime.fanout import MAX_PEERS, fan_out, local_searcher
 from node.runtime.guest import resolve_peer
 from node.runtime.pool import SessionPool
@@ -30,15 +27,13 @@ from node.trust.identity import Identity, load_or_init_identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
 
-from conftest import PROTOCOLS
-from test_transport_session import ENV, KITH, InProcessHost, _home, _readline
+from support.cli import KITH, readline as _readline
+from support.envelopes import valid_ask as valid
+from support.homes import PROTOCOLS, node_home as _home, pin_host as _pin
+from support.hosts import ENV, InProcessHost
 
 pytestmark = pytest.mark.iroh
 
-REPO = Path(__file__).resolve().parents[1]
-SCHEMA = json.loads((REPO / "specs" / "ask.schema.json").read_text())
-VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
-CHECK = compile_check({k: v for k, v in SCHEMA.items() if not k.startswith("$")})
 #: Heartbeat of the pools and in-process hosts here: every side runs in one loop on a
 #: shared 2-core machine, where FAST's 1 s would call a busy peer unresponsive.
 CALM = (1.0, 15.0)
@@ -51,12 +46,6 @@ CORPORA = {
             "train.md": SHARED},
     "carol": {"cache.md": "# Cache\n\nThe staging cache is flushed on every deploy of the staging server.\n"},
 }
-
-
-def valid(env: dict) -> None:
-    """The project's compiled check and jsonschema agree the envelope is valid."""
-    assert CHECK is not None and CHECK(env), list(VALIDATOR.iter_errors(env))[:3]
-    VALIDATOR.validate(env)
 
 
 def _host_home(tmp: Path, name: str, docs: dict[str, str]) -> Path:
@@ -73,11 +62,6 @@ def _host_home(tmp: Path, name: str, docs: dict[str, str]) -> Path:
     policy.set(f"/kb-{name}/**", "public")
     policy.save()
     return home
-
-
-def _pin(guest_home: Path, name: str, invite: Path | dict, key: str | None = None) -> None:
-    inv = parse_invitation(invite.read_bytes() if isinstance(invite, Path) else invite)
-    PeerRegistry.load(guest_home).add(name, key or inv.host_public_key, invitation=inv.to_dict())
 
 
 def _run(tmp: Path, scenario, names=("alice", "bob", "carol"), **host_opts):
@@ -482,7 +466,7 @@ def test_a_restarted_host_is_re_resolved_from_the_community_server_never_resumed
     saved invitation fails to connect and the server's newer one is used and saved."""
     from node.community.server import run_server_in_thread
 
-    from test_community_backends import NO_LIMITS
+    from support.community import NO_LIMITS
 
     with run_server_in_thread(tmp_path / "community.db", rate_limits=NO_LIMITS) as url:
         async def main():

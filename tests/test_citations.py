@@ -19,11 +19,13 @@ from node.corpus.store import Corpus
 from node.policy.store import Policy
 from node.runtime.guest import GuestOptions, ask, open_target
 from node.trust import signing
-from node.trust.identity import load_identity, load_or_init_identity
+from node.trust.identity import load_identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
 
-from test_transport_session import ENV, KITH, InProcessHost, _home
+from support.cli import KITH
+from support.homes import node_home as _home
+from support.hosts import ENV, InProcessHost
 
 CALM = (1.0, 15.0)
 DOCS = {

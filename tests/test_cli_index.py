@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from conftest import initialized
+from support.homes import initialized
 from node.cli import main as cli_main
 from node.cli.index_cmd import index_app, search_cmd
 

@@ -4,6 +4,7 @@ problem: 1 quotas, 2 README, 5 roots, 7 --home typos, 8 pipes, 9 the small ones.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -17,23 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from conftest import initialized
 from node.community.server import run_server_in_thread
 
+from support.cli import KITH, kith
+from support.homes import initialized
+
 REPO = Path(__file__).resolve().parents[1]
-KITH = [sys.executable, "-m", "node.cli.main"]
 ENV = {**os.environ, "COLUMNS": "80", "TERM": "xterm-256color"}  # an 80-column terminal's settings
 ENV.pop("NO_COLOR", None)
 ANSI = re.compile(r"\x1b\[")
 
 
-def kith(home: Path, *args: str, timeout: float = 120, init: bool = True, **kw) -> subprocess.CompletedProcess:
-    """`kith --home HOME ARGS` as a real process; HOME is initialised first (as `kith init`
-    leaves it) unless ``init`` is False (the tests of what an uninitialised home gets)."""
-    if init and args[:1] != ("init",):
-        initialized(home)
-    return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL, env=ENV, cwd=REPO, **kw)
+#: `kith --home HOME ARGS` as a real process in an 80-column terminal's settings, run from the
+#: repository; HOME is initialised first unless ``init=False`` (tests of an uninitialised home)
+kith = functools.partial(kith, init=True, env=ENV, cwd=REPO)
 
 
 @pytest.fixture()

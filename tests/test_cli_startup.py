@@ -62,7 +62,8 @@ def test_help_loads_every_command_but_no_server_side_module():
 
 
 def test_join_against_a_real_host_imports_no_server_side_module(tmp_path: Path):
-    from test_main_job import Host, kith
+    from support.cli import kith
+    from support.hosts import HostProcess as Host
 
     docs = tmp_path / "docs"
     docs.mkdir()

@@ -10,146 +10,32 @@ must behave identically on both (DESIGN §12).
 from __future__ import annotations
 
 import asyncio
-import glob
 import json
-import os
-import pwd
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from node.community.ratelimit import RateLimit, RateLimits
 from node.community.requests import signed_headers
 from node.community.server import run_server_in_thread
 from node.community.store import TABLES, PostgresStore, open_store
 from node.common.errors import CommunityError
 from node.trust.identity import Identity
 
-from conftest import new_identity
-from test_community_server import (
+from support.community import (  # noqa: F401 (pg_server: a fixture)
+    NO_LIMITS,
     assert_no_content_columns,
     error_of,
+    free_port as _free_port,
+    fresh_pg_database as _fresh_pg_database,
     invitation,
+    pg_server,
     session_proof,
 )
-
-NO_LIMITS = RateLimits(per_key=RateLimit(0, 1), per_address=RateLimit(0, 1))
-
-
-# --- a throwaway PostgreSQL cluster ---------------------------------------------------------------
-def _pg_bindir() -> Path | None:
-    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
-    found = shutil.which("pg_ctl")
-    if found:
-        candidates.insert(0, str(Path(found).resolve().parent))
-    for d in candidates:
-        if all((Path(d) / b).exists() for b in ("initdb", "pg_ctl", "postgres")):
-            return Path(d)
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class PgCluster:
-    """A throwaway PostgreSQL cluster on a unix socket in a temporary folder, run with the
-    real ``initdb``/``pg_ctl`` (as the ``postgres`` user when the tests run as root).
-    :meth:`stop` and :meth:`start` let a test take the database away and bring it back.
-
-    Raises:
-        pytest.skip.Exception: when psycopg, the binaries or an unprivileged account are
-            missing, or initdb/pg_ctl fail here (with the reason).
-    """
-
-    def __init__(self) -> None:
-        try:
-            import psycopg  # noqa: F401
-            import psycopg_pool  # noqa: F401
-        except ImportError:
-            pytest.skip("psycopg 3 is not installed (pip install 'kith-node[postgres]')")
-        bindir = _pg_bindir()
-        if bindir is None:
-            pytest.skip("PostgreSQL server binaries (initdb, pg_ctl, postgres) are not "
-                        "installed (Debian: apt-get install postgresql)")
-        self.bindir = bindir
-        self.prefix: list[str] = []
-        self.root = Path(tempfile.mkdtemp(prefix="kith-pg-"))
-        if os.geteuid() == 0:  # postgres refuses to run as root: use an unprivileged account
-            try:
-                account = pwd.getpwnam("postgres")
-            except KeyError:
-                self.remove()
-                pytest.skip("running as root and there is no 'postgres' account to run PostgreSQL")
-            runuser = shutil.which("runuser") or shutil.which("setpriv")
-            if runuser is None:
-                self.remove()
-                pytest.skip("running as root without runuser/setpriv to drop privileges")
-            self.prefix = ([runuser, "-u", "postgres", "--"] if runuser.endswith("runuser") else
-                           [runuser, f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}",
-                            "--clear-groups", "--"])
-            os.chown(self.root, account.pw_uid, account.pw_gid)
-        self.root.chmod(0o700)
-        self.data, self.port = self.root / "data", _free_port()
-        self.running = False
-        r = self._run(str(bindir / "initdb"), "-D", str(self.data), "-U", "kith", "-A", "trust",
-                      "-E", "UTF8", "--no-sync")
-        if r.returncode != 0:
-            self.remove()
-            pytest.skip(f"initdb failed here: {r.stderr.strip().splitlines()[-1:]}")
-        self.url = f"postgresql:///postgres?host={self.root}&port={self.port}&user=kith"
-
-    def _run(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.prefix, *args], capture_output=True, text=True,
-                              timeout=120, cwd=self.root)
-
-    def start(self) -> None:
-        r = self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l",
-                      str(self.root / "log"), "-w", "-t", "60", "-o",
-                      f"-c listen_addresses='' -k {self.root} -p {self.port} -c fsync=off "
-                      "-c full_page_writes=off -c max_connections=60", "start")
-        if r.returncode != 0:
-            pytest.skip(f"pg_ctl start failed here: {r.stderr.strip().splitlines()[-1:]}")
-        self.running = True
-
-    def stop(self) -> None:
-        if self.running:
-            self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
-                      "-w", "stop")
-            self.running = False
-
-    def remove(self) -> None:
-        self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[str]:
-    """A base libpq URL (``postgresql:///postgres?host=SOCKDIR&port=N&user=kith``)."""
-    cluster = PgCluster()
-    try:
-        cluster.start()
-        yield cluster.url
-    finally:
-        cluster.remove()
-
-
-def _fresh_pg_database(base: str) -> str:
-    import psycopg
-
-    name = "kith_" + os.urandom(6).hex()
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return base.replace("postgresql:///postgres?", f"postgresql:///{name}?")
+from support.homes import new_identity
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -5,15 +5,10 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
-
-
-def kith(home: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "node.cli.main", "--home", str(home), *args]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -74,16 +69,19 @@ from typer.testing import CliRunner  # noqa: E402
 
 from node.cli import main as cli_main  # noqa: E402
 from node.community.client import CommunityClient  # noqa: E402
-from node.community.ratelimit import RateLimit, RateLimits  # noqa: E402
 from node.community.server import run_server_in_thread  # noqa: E402
 from node.trust.identity import load_or_init_identity  # noqa: E402
 from node.protocol.spec import load_spec, protocol_id_of  # noqa: E402
 
-from conftest import PROTOCOLS, initialized  # noqa: E402
-from test_community_backends import _fresh_pg_database, pg_server  # noqa: E402,F401
-from test_community_server import invitation, session_proof  # noqa: E402
-
-NO_LIMITS = RateLimits(per_key=RateLimit(0, 1), per_address=RateLimit(0, 1))
+from support.cli import kith_argv as kith  # noqa: E402
+from support.community import (  # noqa: E402,F401
+    NO_LIMITS,
+    fresh_pg_database as _fresh_pg_database,
+    invitation,
+    pg_server,
+    session_proof,
+)
+from support.homes import PROTOCOLS, initialized  # noqa: E402
 
 
 @pytest.fixture

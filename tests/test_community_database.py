@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,16 +21,20 @@ from node.community.server import run_server_in_thread
 from node.community.store import SCHEMA_VERSION, PostgresStore, SqliteStore
 from node.common.errors import CommunityError
 
-from conftest import new_identity
-from test_community_backends import NO_LIMITS, PgCluster, _free_port, _fresh_pg_database
-from test_community_leases import post, wait_for
-from test_community_server import error_of, invitation
+from support.cli import kith_argv as kith
+from support.community import (
+    NO_LIMITS,
+    PgCluster,
+    error_of,
+    free_port as _free_port,
+    fresh_pg_database as _fresh_pg_database,
+    invitation,
+    post,
+    wait_for,
+)
+from support.homes import new_identity
 
 PASSWORD = "s3cret-pw"
-
-
-def kith(home: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "node", "--home", str(home), *args]
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,15 @@ from node.community.requests import signed_headers
 from node.community.server import run_server_in_thread
 from node.trust.identity import Identity
 
-from conftest import new_identity
-from test_community_backends import NO_LIMITS, _fresh_pg_database, pg_server  # noqa: F401
-from test_community_server import error_of, invitation, session_proof
+from support.community import (  # noqa: F401
+    NO_LIMITS,
+    error_of,
+    fresh_pg_database as _fresh_pg_database,
+    invitation,
+    pg_server,
+    session_proof,
+)
+from support.homes import new_identity
 
 
 class FrozenClock:

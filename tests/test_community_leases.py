@@ -12,11 +12,7 @@ import json
 import signal
 import sqlite3
 import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import anyio
 import httpx
@@ -25,38 +21,22 @@ import pytest
 from node.community.client import CommunityClient
 from node.community.keeper import PostKeeper
 from node.community.ratelimit import RateLimit, RateLimits
-from node.community.requests import signed_headers
 from node.community.server import run_server_in_thread
 from node.trust.identity import Identity
 
-from conftest import initialized, new_identity
-from test_community_backends import NO_LIMITS, _fresh_pg_database, pg_server  # noqa: F401
-from test_community_server import error_of, invitation
+from support.cli import kith_argv as kith
+from support.community import (  # noqa: F401
+    NO_LIMITS,
+    error_of,
+    fresh_pg_database as _fresh_pg_database,
+    invitation,
+    pg_server,
+    post,
+    wait_for,
+)
+from support.homes import initialized, new_identity
 
 SHORT_LEASE_S = 2.0
-
-
-def kith(home: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "node", "--home", str(home), *args]
-
-
-def wait_for(what: str, check: Callable[[], Any], *, timeout_s: float = 60.0,
-             every_s: float = 0.1) -> Any:
-    """Poll ``check`` until it returns something truthy; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s:g} s")
-        time.sleep(every_s)
-
-
-def post(base: str, path: str, doc: dict | None, signer: Identity) -> httpx.Response:
-    body = b"" if doc is None else json.dumps(doc).encode()
-    return httpx.post(base + path, content=body,
-                      headers=signed_headers(signer, "POST", path, body), timeout=20)
 
 
 def listed(base: str, **params: str) -> list[str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -20,13 +19,9 @@ from node.community.server import run_server_in_thread
 from node.community.store import SCHEMA_VERSION, open_store
 from node.common.errors import CommunityError
 
-from conftest import new_identity
-from test_community_backends import NO_LIMITS, _fresh_pg_database, pg_server  # noqa: F401
-from test_community_server import invitation
-
-
-def kith(home: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "node", "--home", str(home), *args]
+from support.cli import kith_argv as kith
+from support.community import NO_LIMITS, fresh_pg_database as _fresh_pg_database, invitation, pg_server  # noqa: F401
+from support.homes import new_identity
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

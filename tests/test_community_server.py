@@ -26,13 +26,13 @@ from node.community.server import run_server_in_thread
 from node.community.store import TABLES, SqliteStore
 from node.common.errors import CommunityError, InvitationError, ProtocolViolation, UsageError
 from node.trust.identity import Identity, init_identity
-from node.trust.invitation import POST_ID_RE, Invitation, create_invitation
-from node.trust.signing import new_nonce, role_message, session_id_of, session_payload
+from node.trust.invitation import POST_ID_RE, Invitation
+from node.trust.signing import role_message, session_payload
 from node.protocol.spec import load_spec
 
-from conftest import PROTOCOLS
+from support.community import PROTOCOL_ID, assert_no_content_columns, error_of, invitation, session_proof
+from support.homes import PROTOCOLS
 
-PROTOCOL_ID = "ab" * 32
 MAX_BODY = 65536
 
 
@@ -90,11 +90,6 @@ def guest(tmp_path: Path) -> Identity:
     return identity(tmp_path, "guest")
 
 
-def invitation(host: Identity, **kw) -> Invitation:
-    return create_invitation(host, protocol_name="knowledge-query", protocol_version="1",
-                             protocol_id=PROTOCOL_ID, ticket="endpointfaketicket", **kw)
-
-
 def signed_post(http: httpx.Client, path: str, body: bytes, signer: Identity, *,
                 now: float | None = None) -> httpx.Response:
     headers = signed_headers(signer, "POST", path, body, now=now)
@@ -106,28 +101,10 @@ def publish(http: httpx.Client, doc: dict | bytes, signer: Identity, **kw) -> ht
     return signed_post(http, "/api/v1/invitations", body, signer, **kw)
 
 
-def error_of(response: httpx.Response) -> str:
-    data = response.json()
-    assert set(data) == {"error"} and set(data["error"]) == {"code", "message"}
-    assert "\n" not in data["error"]["message"]
-    return data["error"]["code"]
-
-
 def published(http: httpx.Client, host: Identity) -> dict:
     response = publish(http, invitation(host).to_dict(), host)
     assert response.status_code == 201, response.text
     return response.json()
-
-
-def session_proof(host: Identity, guest: Identity, post_id: str,
-                  protocol_id: str = PROTOCOL_ID) -> dict[str, str]:
-    fields = dict(post_id=post_id, protocol_id=protocol_id, host_public_key=host.public_key,
-                  guest_public_key=guest.public_key, guest_nonce=new_nonce(),
-                  host_nonce=new_nonce())
-    payload = session_payload(**fields)
-    return dict(fields, session_id=session_id_of(payload),
-                host_signature=host.sign(role_message("host", payload)),
-                guest_signature=guest.sign(role_message("guest", payload)))
 
 
 # --- health and routing ---------------------------------------------------------------------
@@ -555,15 +532,6 @@ def test_invitation_json_is_what_the_client_decodes(http: httpx.Client, host: Id
 # session close, feedback, rate limits, hostile input.
 # =============================================================================================
 #: Words that would betray a query, an answer or corpus data being stored (DESIGN §12).
-CONTENT_WORDS = ("query", "answer", "result", "corpus", "chunk", "snippet", "content", "text",
-                 "preview", "citation", "envelope", "source")
-
-
-def assert_no_content_columns(columns: set[str]) -> None:
-    bad = sorted(c for c in columns for w in CONTENT_WORDS if w in c.lower())
-    assert not bad, f"the community schema has content-like columns: {bad}"
-
-
 def signed(http: httpx.Client, method: str, path: str, doc: dict | bytes | None,
            signer: Identity, **kw) -> httpx.Response:
     body = b"" if doc is None else doc if isinstance(doc, bytes) else json.dumps(doc).encode()

@@ -4,6 +4,7 @@ and `kith sessions [end]`, over real iroh on loopback (relay disabled) with a re
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -18,8 +19,9 @@ import anyio
 import httpx
 import pytest
 
-from conftest import PROTOCOLS
-from test_transport_session import ENV, KITH, InProcessHost, _readline
+from support.cli import KITH, kith, readline as _readline
+from support.homes import PROTOCOLS
+from support.hosts import ENV, InProcessHost
 
 from node.common.errors import KithError
 from node.runtime.control import ControlClient, control_socket_path, resolve_id, short_ids
@@ -30,9 +32,7 @@ DEADLINE_S = 20.0
 REPO = Path(__file__).resolve().parent.parent
 
 
-def kith(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, env=ENV)
+kith = functools.partial(kith, env=ENV)  # the guest side's fast heartbeat
 
 
 def _init(home: Path) -> str:

@@ -38,7 +38,7 @@ The compost heap reached sixty degrees after the rain.
 def _cli(home: Path, *args: str):
     """``kith --home HOME ARGS`` in process (the home gets an identity first: every
     command but init refuses a home that was never initialised)."""
-    from conftest import initialized
+    from support.homes import initialized
     from node.cli import main as cli_main
 
     if not (Path(home) / "identity.key").exists():

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -17,8 +16,9 @@ from node.corpus.store import Corpus
 from node.local.dashboard.app import run_dashboard_in_thread
 from node.policy.approvals import Approvals
 from node.policy.store import Policy
+from support.cli import KITH, kith
+from support.dashboard import logged_in as _logged_in
 
-KITH = [sys.executable, "-m", "node.cli.main"]
 DOCS = {
     "public/intro.md": "# Intro\n\nHow the temporary directory cleanup works in our tools.\n",
     "public/intro-copy.md": "# Intro\n\nHow the temporary directory cleanup works in our tools.\n",
@@ -30,10 +30,6 @@ DOCS = {
     "public/kit.md": "# Kit\n\nThe tapir kit holds:\n\n* a tapir lamp\n* a tapir rope\n",
 }
 PEER_KEY = "ab" * 32
-
-
-def kith(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture
@@ -61,15 +57,6 @@ def home(tmp_path: Path) -> Path:
 def dash(home: Path):
     with run_dashboard_in_thread(home) as (base, login):
         yield base, login
-
-
-def _logged_in(base: str, login: str) -> httpx.Client:
-    client = httpx.Client(base_url=base, timeout=30, follow_redirects=False)
-    r = client.get(login)
-    assert r.status_code == 303 and r.headers["location"] == "/"
-    cookie = r.headers["set-cookie"]
-    assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
-    return client
 
 
 def _csrf(page: str) -> str:

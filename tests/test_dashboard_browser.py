@@ -22,7 +22,8 @@ import pytest
 from node.local.dashboard.app import run_dashboard_in_thread
 from node.trust.identity import fingerprint, load_identity
 
-from test_main_job import KITH, Host, kith
+from support.cli import KITH, kith
+from support.hosts import HostProcess as Host
 
 CHROMIUM = Path("/usr/bin/chromium")
 INSTALL = "apt-get install -y chromium (scripts/test does this as root; KITH_NO_APT=1 skips it)"

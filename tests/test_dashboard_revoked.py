@@ -15,7 +15,8 @@ from node.trust.peers import PeerRegistry, note_device
 from node.trust.revocation_list import make_list
 from node.trust.signing import public_key_of
 
-from test_dashboard import _logged_in, kith
+from support.cli import kith
+from support.dashboard import logged_in as _logged_in
 
 
 def test_the_peers_page_marks_a_revoked_device_of_a_person(tmp_path: Path) -> None:

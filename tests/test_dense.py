@@ -20,7 +20,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from conftest import initialized
+from support.homes import initialized
 import typer
 from typer.testing import CliRunner
 

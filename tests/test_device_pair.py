@@ -7,8 +7,6 @@ person."""
 from __future__ import annotations
 
 import json
-import select
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,10 @@ import pytest
 from node.common.errors import UsageError
 from node.trust.device_pairing import MAX_TRIES, SECRET_BYTES, TTL_S, PairingOffer, make_code, new_secret, parse_code
 
-from test_main_job import KITH, FIXTURE, Host, kith, prepare_host
+from support.cli import kith
+from support.devices import Offer, join_offer as _join
+from support.homes import FIXTURE
+from support.hosts import HostProcess as Host, prepare_host
 
 
 def test_a_code_has_80_bits_and_parses_back():
@@ -43,54 +44,6 @@ def test_an_offer_is_single_use_expires_and_dies_after_three_wrong_tries():
 
 
 # ----------------------------------------------------------------------------- real processes
-class Offer:
-    """A `kith device add --local --json --yes-words` process; its first line is the code."""
-
-    def __init__(self, home: Path) -> None:
-        self.proc = subprocess.Popen([*KITH, "--home", str(home), "device", "add", "--local", "--json", "--yes-words"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.code = json.loads(self.line(30))["code"]
-
-    def line(self, timeout: float) -> str:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            self.proc.kill()
-            raise AssertionError(f"device add printed nothing in {timeout}s: {self.proc.stderr.read()}")
-        return self.proc.stdout.readline()
-
-    def answer(self, text: str) -> None:
-        self.proc.stdin.write(text + "\n")
-        self.proc.stdin.flush()
-
-    def finish(self) -> tuple[int, str, str]:
-        try:
-            out, err = self.proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise AssertionError("device add did not exit")
-        return self.proc.returncode, out, err
-
-
-def _join(home: Path, code: str, name: str = "laptop") -> subprocess.Popen:
-    return subprocess.Popen([*KITH, "--home", str(home), "device", "join", code, "--local", "--json",
-                             "--device-name", name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def pair_device(holder: Path, new_home: Path, name: str = "laptop") -> str:
-    """Pair ``new_home`` as a device of the person whose key ``holder`` keeps, through real
-    `kith device add` / `kith device join` processes (words confirmed); returns the new
-    device's key."""
-    offer = Offer(holder)
-    joiner = _join(new_home, offer.code, name=name)
-    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
-    offer.answer("yes")
-    _out, err = joiner.communicate(timeout=30)
-    assert joiner.returncode == 0, err
-    assert offer.finish()[0] == 0
-    return json.loads(kith(new_home, "status", "--json").stdout)["identity"]["key"]
-
-
 @pytest.mark.iroh
 def test_two_devices_pair_and_a_host_sees_one_person(tmp_path: Path):
     desk, laptop = tmp_path / "desk", tmp_path / "laptop"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from test_device_pair import Offer, _join
-from test_main_job import kith
+from support.cli import kith
+from support.devices import Offer, join_offer as _join
 
 pytestmark = [pytest.mark.iroh]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from test_device_pair import pair_device
-from test_main_job import kith
+from support.cli import kith
+from support.devices import pair_device
 
 pytestmark = [pytest.mark.iroh]
 

@@ -4,46 +4,18 @@ heartbeats, a zombie peer, clean shutdown and every end reason reaching ``on_end
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import anyio
-import pytest
 
 from node.runtime.driver import run_session
-from node.engine.session import GuestConfig, HostConfig, SessionEngine
-from node.runtime.hooks import HookContext, HookResult, Hooks, PeerInfo, load_hooks
+from node.runtime.hooks import HookResult, Hooks, load_hooks
 from node.protocol.spec import load_spec
 from node.transport.memory import memory_pipe
 
-from conftest import PROTOCOLS
-from helpers import POST_ID
+from support.engines import ctx_factory, engines, run_pair
+from support.homes import PROTOCOLS
 
 ECHO = PROTOCOLS / "echo"
-
-
-def engines(spec, host_id, guest_id):
-    seen: set[str] = set()
-
-    def unseen(n: str) -> bool:
-        ok = n not in seen
-        seen.add(n)
-        return ok
-
-    host = SessionEngine("host", spec, public_key=host_id.public_key, sign=host_id.sign,
-                         host=HostConfig(remote_id=guest_id.public_key, post_protocol={POST_ID: spec.protocol_id}.get,
-                                         nonce_unseen=unseen))
-    guest = SessionEngine("guest", spec, public_key=guest_id.public_key, sign=guest_id.sign,
-                          guest=GuestConfig(remote_id=host_id.public_key, post_id=POST_ID,
-                                            host_public_key=host_id.public_key))
-    return host, guest
-
-
-def ctx_factory(role, options=None, ended=None):
-    def make(ev):
-        ctx = HookContext(role=role, session_id=ev.session_id, peer=PeerInfo(ev.peer_public_key),
-                          options=dict(options or {}))
-        return ctx
-    return make
 
 
 def recording(hooks: Hooks, ended: list) -> Hooks:
@@ -52,25 +24,6 @@ def recording(hooks: Hooks, ended: list) -> Hooks:
         if hooks.on_end:
             hooks.on_end(ctx, reason)
     return Hooks(on_start=hooks.on_start, on_message=hooks.on_message, on_end=on_end, module=hooks.module)
-
-
-async def run_pair(spec, host_id, guest_id, host_hooks, guest_hooks, guest_options=None, **kw):
-    h_eng, g_eng = engines(spec, host_id, guest_id)
-    g_stream, h_stream = memory_pipe(guest_id.public_key, host_id.public_key)
-    out = {}
-
-    async def host():
-        out["host"] = await run_session(h_stream, h_eng, host_hooks, make_context=ctx_factory("host"), **kw)
-
-    async def guest():
-        out["guest"] = await run_session(g_stream, g_eng, guest_hooks,
-                                         make_context=ctx_factory("guest", guest_options), **kw)
-
-    with anyio.fail_after(30):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(host)
-            tg.start_soon(guest)
-    return out
 
 
 def test_echo_session_completes_and_on_end_gets_completed(host_id, guest_id):

@@ -5,16 +5,15 @@ and for a peer (a real host on the memory pipe) — for the peer inside its view
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import anyio
 import jsonschema
 
-from conftest import initialized
+from support.cli import kith as _kith
+from support.homes import initialized
+from support.memory import MemoryHost, connect_guest as _connect
 from node.corpus.store import Corpus
-from test_host_machines import MemoryHost, _connect
 
 VALIDATOR = jsonschema.Draft202012Validator(json.loads(
     (Path(__file__).resolve().parents[1] / "specs" / "search-envelope.schema.json").read_text()))
@@ -38,11 +37,6 @@ def _copies(tmp: Path, folders: tuple[str, ...]) -> list[Path]:
     (out[0] / "own.md").write_text("# Own\n\nA note about a temporary directory, only here.\n",
                                    encoding="utf-8")
     return out
-
-
-def _kith(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "node.cli.main", "--home", str(home), *args],
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
 def _no_repeats(results: list[dict]) -> None:

@@ -30,8 +30,8 @@ from node.common.errors import EgressRefused, HookError, ProtocolViolation
 from node.trust.signing import role_message, session_id_of, session_payload
 from node.protocol.spec import load_spec
 
-from conftest import PROTOCOLS, REPO, new_identity
-from helpers import POST_ID, EnginePair
+from support.engines import POST_ID, EnginePair
+from support.homes import PROTOCOLS, REPO, new_identity
 
 
 @pytest.fixture(scope="module")

@@ -32,8 +32,8 @@ from node.common.errors import CODES
 from node.trust.identity import Identity
 from node.protocol.spec import load_spec
 
-from conftest import PROTOCOLS
-from helpers import POST_ID
+from support.engines import POST_ID
+from support.homes import PROTOCOLS
 
 BUDGET = int(os.environ.get("KITH_FUZZ_EXAMPLES", "50"))
 FUZZ = settings(max_examples=BUDGET, deadline=None, database=None, derandomize=not os.environ.get("KITH_FUZZ_RANDOM"),

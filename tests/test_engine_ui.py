@@ -10,82 +10,25 @@ import json
 import pytest
 
 from node.engine import ui as UI
-from node.engine.session import (
-    GuestConfig,
-    HostConfig,
-    ProofVerified,
-    SessionClosed,
-    SessionEngine,
-    SessionReady,
-    State,
-    UiArtifactReceived,
-    UiArtifactRefused,
-)
+from node.engine.session import SessionClosed, SessionReady, State, UiArtifactReceived, UiArtifactRefused
 from node.trust.signing import session_id_of, session_payload
 from node.protocol.spec import load_spec
 
-from conftest import PROTOCOLS
-from helpers import POST_ID
-
-FILES = {"index.html": b"<!doctype html><p>hi</p>", "app.js": b"console.log(1)\n" * 1000,
-         "img/logo.svg": b"<svg/>", "empty.txt": b""}
+from support.engines import (
+    GOOD,
+    POST_ID,
+    UI_FILES as FILES,
+    UiPair as Pair,
+    frame as _frame,
+    hostile,
+    ui_manifest as _manifest,
+)
+from support.homes import PROTOCOLS
 
 
 @pytest.fixture(scope="module")
 def echo():
     return load_spec(PROTOCOLS / "echo")
-
-
-class Pair:
-    """Host and guest engines wired back to back, with UI options."""
-
-    def __init__(self, spec, host_id, guest_id, *, bundle=None, caps=(UI.CAPABILITY,), want=True):
-        seen: set[str] = set()
-
-        def unseen(n):
-            ok = n not in seen
-            seen.add(n)
-            return ok
-
-        self.host = SessionEngine("host", spec, public_key=host_id.public_key, sign=host_id.sign,
-                                  host=HostConfig(remote_id=guest_id.public_key,
-                                                  post_protocol={POST_ID: spec.protocol_id}.get,
-                                                  nonce_unseen=unseen, ui_bundle=bundle))
-        self.guest = SessionEngine("guest", spec, public_key=guest_id.public_key, sign=guest_id.sign,
-                                   guest=GuestConfig(remote_id=host_id.public_key, post_id=POST_ID,
-                                                     host_public_key=host_id.public_key,
-                                                     capabilities=list(caps), want_ui=want))
-        self.he: list = []
-        self.ge: list = []
-        self.wire_h2g = bytearray()
-
-    def pump(self, tamper=None):
-        for _ in range(200):
-            g, h = self.guest.data_to_send(), self.host.data_to_send()
-            if not g and not h:
-                return
-            if g:
-                self.he += self.host.receive_data(g)
-            if h:
-                if tamper is not None:
-                    h = tamper(h)
-                self.wire_h2g += h
-                self.ge += self.guest.receive_data(h)
-            if self.guest.state is State.AWAIT_CONFIRM and any(isinstance(e, ProofVerified) for e in self.ge) \
-                    and not any(isinstance(e, SessionReady) for e in self.ge):
-                self.ge += self.guest.confirm_ready()
-        raise AssertionError("did not settle")
-
-    def run(self, tamper=None):
-        self.guest.initiate()
-        self.pump(tamper)
-        return self
-
-    def of(self, events, kind):
-        return [e for e in events if isinstance(e, kind)]
-
-    def h2g_actions(self):
-        return [json.loads(line)["action"] for line in bytes(self.wire_h2g).splitlines()]
 
 
 def test_bundle_transfers_and_verifies_before_session_ready(echo, host_id, guest_id):
@@ -148,36 +91,9 @@ def test_request_without_offer_is_answered_ui_not_offered(echo, host_id, guest_i
     assert pair.host.state is State.READY
 
 
-def _frame(obj) -> bytes:
-    return (json.dumps(obj) + "\n").encode()
-
-
-def _manifest(files, **over):
-    entries = [{"path": p, "size": len(b), "sha256": hashlib.sha256(b).hexdigest()} for p, b in files.items()]
-    d = {"action": "_ui_artifact_begin", "files": entries, "total_bytes": sum(len(b) for b in files.values())}
-    d.update(over)
-    return d
-
-
 def _chunks(files):
     return [_frame({"action": "_ui_artifact_file", "path": p, "offset": 0, "data": base64.b64encode(b).decode()})
             for p, b in files.items() if b]
-
-
-def hostile(echo, host_id, guest_id, frames: list[bytes]):
-    """A host that answers the UI request with ``frames`` instead of its real bundle."""
-    pair = Pair(echo, host_id, guest_id, bundle=UI.Bundle.from_files(FILES))
-
-    def tamper(data: bytes) -> bytes:
-        lines = data.splitlines(keepends=True)
-        if any(b'"_ui_artifact_begin"' in ln for ln in lines):
-            return b"".join(frames)
-        return data
-
-    return pair.run(tamper)
-
-
-GOOD = {"index.html": b"<p>ok</p>"}
 
 
 @pytest.mark.parametrize("path", ["../evil.html", "a/../../x", "/etc/passwd", "C:evil", "c:/x", "a\\b", "a//b",

@@ -20,8 +20,10 @@ from node.policy.store import Policy
 from node.runtime.pool import SessionPool
 from node.trust.identity import load_or_init_identity
 
-from test_ask_fanout import CALM, _pin, valid
-from test_transport_session import ENV, KITH, InProcessHost, _home, _readline
+from support.cli import KITH, readline as _readline
+from support.envelopes import valid_ask as valid
+from support.homes import node_home as _home, pin_host as _pin
+from support.hosts import ENV, STEADY as CALM, InProcessHost
 
 REPO = Path(__file__).resolve().parents[1]
 ENVELOPE = jsonschema.Draft202012Validator(json.loads((REPO / "specs" / "search-envelope.schema.json").read_text()))

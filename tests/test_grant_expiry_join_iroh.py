@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from test_main_job import FIXTURE, KITH, Host, kith, prepare_host
-from test_transport_session import _readline
+from support.cli import KITH, kith, readline as _readline
+from support.homes import FIXTURE
+from support.hosts import HostProcess as Host, prepare_host
 
 pytestmark = [pytest.mark.iroh, pytest.mark.slow]
 

@@ -9,21 +9,19 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 
 import anyio
 import pytest
-from typer.testing import CliRunner
 
-from conftest import initialized
-from node.cli import main as cli_main
+from support.cli import invoke
+from support.homes import initialized
+from support.memory import MemoryHost, connect_guest as _connect, memory_host_home as _host_home
 from node.common.errors import UsageError
 from node.policy.grants import parse_until, until_time
 from node.policy.store import Policy
 from node.trust.identity import Identity
 from node.trust.peers import PeerRegistry, pins_in_force, set_pin_until
 
-from test_host_machines import MemoryHost, _connect, _host_home
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 
@@ -138,13 +136,7 @@ def test_a_pin_that_ends_is_a_stranger_to_the_host_but_stays_in_the_file(tmp_pat
 # ----------------------------------------------------------------------------- the CLI
 @pytest.fixture(scope="module")
 def kith():
-    cli_main._register()
-    runner = CliRunner()
-
-    def run(home: Path, *args: str):
-        return runner.invoke(cli_main.app, ["--home", str(initialized(home)), *args])
-
-    return run
+    return invoke
 
 
 def _json(result):
@@ -279,7 +271,7 @@ def test_a_group_grant_that_ends_mid_session_is_taken_away(tmp_path, ends):
 def test_the_dashboard_shows_groups_and_when_each_grant_ends(kith, tmp_path):
     from node.local.dashboard.app import run_dashboard_in_thread
 
-    from test_dashboard import _logged_in
+    from support.dashboard import logged_in as _logged_in
 
     home = initialized(tmp_path)
     assert kith(home, "peers", "add", "alice", "ab" * 32, "--until", "2030-01-01").exit_code == 0
@@ -385,7 +377,7 @@ def test_a_grant_that_ended_reads_ended_everywhere_the_owner_looks(kith, tmp_pat
     one still in force reads its end alone (``until``)."""
     from node.local.dashboard.app import run_dashboard_in_thread
 
-    from test_dashboard import _logged_in
+    from support.dashboard import logged_in as _logged_in
 
     home = initialized(tmp_path)
     assert kith(home, "peers", "add", "alice", "ab" * 32, "--until", "2030-01-01").exit_code == 0

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from test_main_job import Host, json_lines, kith
+from support.cli import json_lines, kith
+from support.hosts import HostProcess as Host
 
 pytestmark = [pytest.mark.iroh, pytest.mark.slow]
 

@@ -18,7 +18,8 @@ from node.runtime.guest import GuestOptions, ask, open_target
 from node.trust.identity import Identity, load_or_init_identity
 from node.trust.peers import PeerRegistry
 
-from test_transport_session import FAST, InProcessHost, _home
+from support.homes import node_home as _home
+from support.hosts import FAST, InProcessHost
 
 pytestmark = pytest.mark.iroh
 

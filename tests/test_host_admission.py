@@ -15,34 +15,17 @@ import anyio
 import pytest
 
 from node.corpus.store import Corpus
-from node.engine.session import GuestConfig, SessionEngine
-from node.runtime.driver import run_session
 from node.runtime.guest import check_invitation, join_session
-from node.runtime.hooks import HookContext, Hooks, PeerInfo
 from node.runtime.sessions import QUIET_AFTER_S
-from node.transport.iroh import bind_node
 from node.trust.identity import Identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
 
-from test_transport_session import FAST, InProcessHost, _home
+from support.community import NO_LIMITS
+from support.homes import node_home as _home
+from support.hosts import FAST, InProcessHost, raw_guest as _guest
 
 pytestmark = pytest.mark.iroh
-
-
-async def _guest(inv, spec, quic: Identity, claimed: Identity | None = None, post_id: str | None = None):
-    """A guest driven by the real engine that ends with ``end`` at once. ``claimed``: the
-    key it says it has in ``_session_init`` (≠ its QUIC key → a failed handshake)."""
-    claimed = claimed or quic
-    async with bind_node(quic.secret, spec.alpn, local=True) as node:
-        stream = await node.open_stream(await node.connect(inv.transport_info.ticket))
-        engine = SessionEngine("guest", spec, public_key=claimed.public_key, sign=claimed.sign,
-                               guest=GuestConfig(remote_id=stream.remote_id, post_id=post_id or inv.post_id,
-                                                 host_public_key=inv.host_public_key))
-        return await run_session(stream, engine, Hooks(on_start=lambda ctx: {"action": "end"}),
-                                 make_context=lambda ev: HookContext(role="guest", session_id=ev.session_id,
-                                                                     peer=PeerInfo(ev.peer_public_key)),
-                                 heartbeat=FAST)
 
 
 async def _started(host: InProcessHost) -> None:
@@ -232,7 +215,6 @@ def test_the_nonce_table_stays_bounded_under_a_flood_of_abandoned_handshakes(tmp
     recorded (the flood of issue 11 grew it by one row per init)."""
     from node.engine.session import State
     from node.trust.seen_nonces import SeenNonces
-    from test_host_serving import _raw_guest
 
     host_home = _home(tmp_path, "host")
 
@@ -244,7 +226,7 @@ def test_the_nonce_table_stays_bounded_under_a_flood_of_abandoned_handshakes(tmp
             inv = parse_invitation(host.invitation)
             _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
             completed = await _guest(inv, spec, Identity(os.urandom(32)))
-            states = [await _raw_guest(inv, spec, Identity(os.urandom(32)), hang_up_after_proof=True)
+            states = [await _guest(inv, spec, Identity(os.urandom(32)), hang_up_after_proof=True)
                       for _ in range(30)]
             await host.wait_for(lambda _e: len(host.ended()) >= 31)
             host.stop.set()
@@ -266,8 +248,6 @@ def test_a_single_use_server_post_with_too_many_failures_is_withdrawn_and_replac
     import httpx
 
     from node.community.server import run_server_in_thread
-
-    from test_host_serving import NO_LIMITS
 
     with run_server_in_thread(tmp_path / "community.sqlite3", rate_limits=NO_LIMITS) as server_url:
         async def scenario():

@@ -29,12 +29,9 @@ import pytest
 
 from node.community.client import CommunityClient
 from node.community.keeper import PostKeeper
-from node.community.ratelimit import RateLimit, RateLimits
 from node.community.server import run_server_in_thread
-from node.runtime.driver import run_session
-from node.engine.session import GuestConfig, SessionEngine, State, UiArtifactRefused
+from node.engine.session import State, UiArtifactRefused
 from node.runtime.guest import check_invitation, join_session, resolve_invitation
-from node.runtime.hooks import HookContext, Hooks, PeerInfo
 from node.runtime.sessions import HANDSHAKE_GRACE_S
 
 from node.trust.identity import Identity, load_or_init_identity
@@ -43,38 +40,11 @@ from node.devtools.adversarial import run_adversarial
 from node.protocol.spec import load_spec
 from node.transport.iroh import bind_node
 
-from conftest import PROTOCOLS, initialized
-from test_engine_ui import GOOD, _frame, _manifest, hostile
-from test_transport_session import ENV, FAST, KITH, STEADY, InProcessHost, _home
-
-NO_LIMITS = RateLimits(per_key=RateLimit(0, 1), per_address=RateLimit(0, 1))
-
-
-async def _raw_guest(inv, spec, ident: Identity, *, on_proof=None, hang_up_after_proof: bool = False):
-    """A guest driven by the real engine: ends with ``end`` at once, or hangs up right
-    after the host's proof (never sending ``_session_ready``)."""
-    async with bind_node(ident.secret, spec.alpn, local=True) as node:
-        stream = await node.open_stream(await node.connect(inv.transport_info.ticket))
-        engine = SessionEngine("guest", spec, public_key=ident.public_key, sign=ident.sign,
-                               guest=GuestConfig(remote_id=stream.remote_id, post_id=inv.post_id,
-                                                 host_public_key=inv.host_public_key))
-        if hang_up_after_proof:
-            engine.initiate()
-            await stream.send(engine.data_to_send())
-            with anyio.fail_after(10):
-                while engine.state is State.HANDSHAKE:
-                    data = await stream.receive()
-                    if not data:
-                        break
-                    engine.receive_data(data)
-            state = engine.state
-            await stream.aclose()
-            return state
-        return await run_session(stream, engine, Hooks(on_start=lambda ctx: {"action": "end"}),
-                                 make_context=lambda ev: HookContext(role="guest", session_id=ev.session_id,
-                                                                     peer=PeerInfo(ev.peer_public_key)),
-                                 on_proof=on_proof, heartbeat=FAST)
-
+from support.cli import KITH
+from support.community import NO_LIMITS
+from support.engines import GOOD, frame as _frame, hostile, ui_manifest as _manifest
+from support.homes import PROTOCOLS, initialized, node_home as _home
+from support.hosts import ENV, FAST, STEADY, InProcessHost, raw_guest as _raw_guest
 
 # ------------------------------------------------------------------------------------ 1
 @pytest.mark.iroh

@@ -19,7 +19,7 @@ from node.community.client import CommunityClient
 from node.engine.framing import decode_frame
 from node.common.errors import CommunityError, ProtocolViolation
 
-from conftest import initialized
+from support.homes import initialized
 
 KITH = [sys.executable, "-m", "node.cli.main"]
 
@@ -147,8 +147,8 @@ def test_a_hook_raising_a_kith_error_ends_as_hook_failed(host_id, guest_id):
     from node.common.errors import CorpusError
     from node.runtime.hooks import Hooks, load_hooks
     from node.protocol.spec import load_spec
-    from conftest import PROTOCOLS
-    from test_driver import run_pair
+    from support.homes import PROTOCOLS
+    from support.engines import run_pair
 
     def refuses(ctx, message):
         raise CorpusError("index-unavailable")

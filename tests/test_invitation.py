@@ -12,7 +12,7 @@ from node.common.errors import InvitationError
 from node.trust.invitation import create_invitation, parse_invitation, verify_invitation
 from node.transport.iroh import ticket_endpoint_id
 
-from conftest import new_identity
+from support.homes import new_identity
 
 PROTOCOL_ID = "ab" * 32
 

@@ -35,7 +35,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from conftest import initialized
+from support.cli import invoke
+from support.homes import initialized
 from node.cli import main as cli_main
 from node.cli.render import ANSWERED_STATUSES, Waiting, answer_lines, format_lines, print_answer
 from node.common.errors import KithError
@@ -209,10 +210,9 @@ def test_approvals_list_prints_ids_whole_at_any_width(tmp_path: Path, columns: s
 
 def test_approve_accepts_a_unique_prefix_and_refuses_an_ambiguous_one(tmp_path: Path) -> None:
     _requests(tmp_path, ["0123456789abcdef", "0123ffffffffffff", "abcdef0123456789"])
-    cli_main._register()
 
     def run(*args: str):
-        return CliRunner().invoke(cli_main.app, ["--home", str(initialized(tmp_path)), "approvals", *args, "--json"])
+        return invoke(tmp_path, "approvals", *args, "--json")
 
     r = run("approve", "0123")
     assert r.exit_code == 1 and isinstance(r.exception, KithError)
@@ -232,8 +232,8 @@ def test_approve_accepts_a_unique_prefix_and_refuses_an_ambiguous_one(tmp_path: 
 def test_join_with_a_missing_file_says_no_such_file(tmp_path: Path) -> None:
     """`kith join /nonexistent.json` said the argument "is neither an invitation file, an
     invitation JSON string nor a post_id": a path that names nothing is `file-not-found`."""
-    from conftest import initialized
-    from test_main_job import kith
+    from support.homes import initialized
+    from support.cli import kith
 
     home = initialized(tmp_path / "guest")
     for arg in (str(tmp_path / "nonexistent.json"), "invite.json", "sub/invite"):
@@ -251,7 +251,8 @@ def test_join_with_a_missing_file_says_no_such_file(tmp_path: Path) -> None:
 
 
 def _kith():
-    from test_main_job import KITH, Host, kith
+    from support.cli import KITH, kith
+    from support.hosts import HostProcess as Host
 
     return KITH, Host, kith
 

@@ -502,7 +502,8 @@ def test_api_serve_help_names_every_route_it_serves(tmp_path) -> None:
 
     from node.local.api import create_app
 
-    from test_transport_session import ENV, KITH
+    from support.cli import KITH
+    from support.hosts import ENV
 
     paths = {r.path for r in create_app(tmp_path).app.routes}
     out = subprocess.run([*KITH, "api", "serve", "--help"], capture_output=True, text=True, env=ENV,

@@ -4,92 +4,23 @@ handshake → validated query → gated answer, over iroh on loopback (relay dis
 from __future__ import annotations
 
 import json
-import os
-import select
 import shutil
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from node.community.server import run_server_in_thread
 
-from conftest import PROTOCOLS, initialized
+from support.cli import assert_no_real_paths, json_lines, kith
+from support.homes import FIXTURE, initialized
+from support.hosts import HostProcess as Host, prepare_host
 
 pytestmark = pytest.mark.iroh
-
-KITH = [sys.executable, "-m", "node.cli.main"]
-FIXTURE = PROTOCOLS / "knowledge-query" / "test" / "corpus"
-
-
-def kith(home: Path, *args: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, timeout=timeout,
-                          input=input, stdin=None if input is not None else subprocess.DEVNULL)
-
-
-def prepare_host(tmp: Path, corpus: Path, glob_tier: tuple[str, str] | None = None) -> Path:
-    home = tmp / "host-home"
-    assert kith(home, "init").returncode == 0
-    r = kith(home, "index", "add", str(corpus))
-    assert r.returncode == 0, r.stderr
-    r = kith(home, "index", "sync", timeout=600)
-    assert r.returncode == 0, r.stderr
-    glob, tier = glob_tier or (f"/{corpus.name}/**", "public")
-    r = kith(home, "policy", "set", glob, tier)
-    assert r.returncode == 0, r.stderr
-    return home
-
-
-class Host:
-    """A `kith host --json` subprocess; its first stdout line is the invitation."""
-
-    def __init__(self, home: Path, *args: str) -> None:
-        self.proc = subprocess.Popen([*KITH, "--home", str(home), "host", "--local", "--json", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     stdin=subprocess.DEVNULL)
-        first = json.loads(self.readline(30))
-        if "post_id" not in first:  # e.g. {"error": {"code": "home-in-use", ...}}
-            self.proc.kill()
-            raise AssertionError(f"kith host did not start: {first}")
-        self.invitation = first
-
-    def readline(self, timeout: float) -> str:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            self.proc.kill()
-            raise AssertionError(f"host printed nothing in {timeout}s; stderr: {self.proc.stderr.read()}")
-        line = self.proc.stdout.readline()
-        assert line, f"host exited: {self.proc.stderr.read()}"
-        return line
-
-    def stop(self) -> tuple[int, str, str]:
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            out, err = self.proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise AssertionError("host did not stop within 20 s of SIGINT")
-        return self.proc.returncode, out, err
 
 
 @pytest.fixture
 def server(tmp_path):
     with run_server_in_thread(tmp_path / "server" / "community.sqlite3") as url:
         yield url
-
-
-def json_lines(text: str) -> list[dict]:
-    lines = [line for line in text.splitlines() if line.strip()]
-    return [json.loads(line) for line in lines]  # every stdout line must be JSON
-
-
-def assert_no_real_paths(text: str, *paths: Path) -> None:
-    for p in paths:
-        for form in {str(p), str(p.resolve())}:
-            assert form not in text, f"real path {form} leaked"
 
 
 def test_join_by_post_id_gets_gated_cited_answers(tmp_path, server):

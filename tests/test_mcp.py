@@ -14,7 +14,7 @@ from mcp.client.stdio import stdio_client
 
 from node.corpus.store import Corpus
 
-from conftest import initialized
+from support.homes import initialized
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "specs" / "search-envelope.schema.json").read_text())

@@ -4,31 +4,22 @@ cp1252 note, a file copied twice, a killed host — and nothing may claim succes
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import select
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.cli import KITH, kith, readline as _readline
 
 pytestmark = [pytest.mark.iroh, pytest.mark.slow]
 
-KITH = [sys.executable, "-m", "node.cli.main"]
 ENV = {**os.environ, "KITH_OFFLINE": "1", "NO_COLOR": "1", "COLUMNS": "200"}
 
 
-def kith(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, env=ENV,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-def _readline(proc: subprocess.Popen, timeout: float) -> str:
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    assert ready, f"no output in {timeout} s"
-    return proc.stdout.readline()
+kith = functools.partial(kith, env=ENV)
 
 
 def test_the_quick_start_with_a_person_s_mistakes_never_claims_success_falsely(tmp_path: Path) -> None:

@@ -7,9 +7,10 @@ import json
 import time
 from pathlib import Path
 
-from conftest import initialized
+from support.cli import kith as _kith
+from support.homes import initialized
+from support.hosts import HostProcess as Host
 from node.community.server import run_server_in_thread
-from test_main_job import Host
 
 
 def test_the_host_log_names_its_server_and_post_not_placeholders(tmp_path: Path) -> None:
@@ -32,14 +33,6 @@ def test_the_host_log_names_its_server_and_post_not_placeholders(tmp_path: Path)
         host.proc.wait(10)
     assert "<host>" not in line and "<hex>" not in line, line
     assert f"at {url}" in line and f"post {post_id[:8]}…" in line and post_id not in line, line
-
-
-def _kith(home: Path, *args: str):
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", "node.cli.main", "--home", str(home), *args],
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
 def test_a_sync_says_why_it_skipped_and_index_status_lists_what(tmp_path: Path) -> None:

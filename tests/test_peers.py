@@ -8,9 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from node.cli import main as cli_main
 from node.engine.session import SessionReady
 from node.common.errors import CODES, KithError, PolicyError
 from node.runtime.sessions import admission
@@ -19,21 +17,16 @@ from node.policy.approvals import Approvals
 from node.policy.redact import RedactingFilter, redact
 from node.protocol.spec import load_spec
 
-from conftest import initialized, PROTOCOLS, new_identity
-from helpers import EnginePair
+from support.cli import invoke
+from support.engines import EnginePair
+from support.homes import PROTOCOLS, new_identity
 
 ALICE, BOB, EVE = "a1" * 32, "b2" * 32, "e5" * 32
 
 
 @pytest.fixture(scope="module")
 def kith():
-    cli_main._register()
-    runner = CliRunner()
-
-    def run(home: Path, *args: str):
-        return runner.invoke(cli_main.app, ["--home", str(initialized(home)), *args], env={"COLUMNS": "250"})
-
-    return run
+    return lambda home, *args: invoke(home, *args, env={"COLUMNS": "250"})
 
 
 # --- registry ------------------------------------------------------------------------------------

@@ -31,8 +31,8 @@ from node.trust.person import (
 )
 from node.trust.signing import public_key_of
 
-from conftest import PROTOCOLS, new_identity
-from helpers import EnginePair
+from support.engines import EnginePair
+from support.homes import PROTOCOLS, new_identity
 
 WHEN = "2026-12-01T10:00:00Z"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from test_main_job import kith
+from support.cli import kith
 
 DEEP = "[" * 5000 + "]" * 5000  # well under the 8 KiB read, far past the recursion limit
 

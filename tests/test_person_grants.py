@@ -32,7 +32,7 @@ from node.trust.revocation_list import (
 )
 from node.trust.signing import public_key_of
 
-from test_host_machines import Guest, MemoryHost, _host_home
+from support.memory import MemoryGuest as Guest, MemoryHost, memory_host_home as _host_home
 
 WHEN = "2026-12-01T10:00:00Z"
 #: How long a revocation may take to end a live session (the issue: ≤ 2 s).

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from test_main_job import FIXTURE, Host, kith, prepare_host
+from support.cli import kith
+from support.homes import FIXTURE
+from support.hosts import HostProcess as Host, prepare_host
 
 pytestmark = pytest.mark.iroh
 

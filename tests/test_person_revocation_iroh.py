@@ -18,24 +18,16 @@ import pytest
 
 from node.trust.revocation_list import make_list
 
-from test_device_pair import pair_device
-from test_main_job import FIXTURE, KITH, Host, kith, prepare_host
-from test_transport_session import _readline
+from support.cli import KITH, kith, readline as _readline
+from support.devices import pair_device, result_sources as _sources
+from support.homes import FIXTURE
+from support.hosts import HostProcess as Host, prepare_host
 
 pytestmark = [pytest.mark.iroh, pytest.mark.slow]
 
 #: Only a deadline (s): how long the revocation took is printed, never asserted on speed.
 DEADLINE_S = 20.0
 QUERY = "salary bands bonus pool"
-
-
-def _sources(stdout: str) -> set[str]:
-    out: set[str] = set()
-    for line in stdout.splitlines():
-        msg = json.loads(line)
-        if msg.get("action") == "results":
-            out |= {r["source"] for r in msg["envelope"]["results"]}
-    return out
 
 
 def test_two_homes_of_one_person_are_one_peer_and_revoking_one_ends_it_while_the_other_works(tmp_path: Path):

@@ -22,8 +22,8 @@ from node.trust.peers import PeerRegistry, pin_person
 from node.trust.person import load_person
 from node.trust.revocation_list import RevocationStore, make_list
 
-from test_community_backends import NO_LIMITS
-from test_main_job import kith
+from support.cli import kith
+from support.community import NO_LIMITS
 
 
 @pytest.fixture

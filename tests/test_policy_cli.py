@@ -9,23 +9,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from conftest import initialized
-from node.cli import main as cli_main
+from support.cli import invoke
+from support.homes import initialized
 
 KITH = Path(sys.executable).with_name("kith")
 
 
 @pytest.fixture(scope="module")
 def kith():
-    cli_main._register()
-    runner = CliRunner()
-
-    def run(home: Path, *args: str):
-        return runner.invoke(cli_main.app, ["--home", str(initialized(home)), "policy", *args])
-
-    return run
+    return lambda home, *args: invoke(home, "policy", *args)
 
 
 def _json(result) -> object:

@@ -6,24 +6,18 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
+from support.cli import kith
 
-KITH = [sys.executable, "-m", "node.cli.main"]
 FILES = {
     "odd/latin1.txt": "Caf\u00e9 notes from the odd folder.\n",
     "odd/sub/deep.md": "# Deep\n\nA note two folders down.\n",
     "notes/plan.md": "# Plan\n\nThe plan for the week.\n",
     "notes/keep/kept.md": "# Kept\n\nKept apart from the plan.\n",
 }
-
-
-def kith(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL)
 
 
 def ok(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

@@ -18,7 +18,8 @@ from node.answer.envelope import empty_envelope
 from node.answer.contract import validate as validate_search_request
 from node.common.errors import KithError
 
-from test_main_job import KITH, Host, assert_no_real_paths, json_lines, kith
+from support.cli import KITH, assert_no_real_paths, json_lines, kith
+from support.hosts import HostProcess as Host
 
 pytestmark = [pytest.mark.iroh, pytest.mark.slow]
 

@@ -22,10 +22,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from conftest import initialized
-from node.cli import main as cli_main
+from support.cli import invoke
 from node.cli.common import _UntrustedConsole
 from node.answer.envelope import empty_envelope
 from node.answer.contract import validate as validate_search_request
@@ -56,13 +54,7 @@ BAD_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2
 
 @pytest.fixture
 def cli():
-    cli_main._register()
-    runner = CliRunner()
-
-    def run(home: Path, *args: str, env: dict[str, str] | None = None):
-        return runner.invoke(cli_main.app, ["--home", str(initialized(home)), *args], env={"COLUMNS": "300", **(env or {})})
-
-    return run
+    return lambda home, *args, env=None: invoke(home, *args, env={"COLUMNS": "300", **(env or {})})
 
 
 def _write_policy(home: Path, text: str) -> None:
@@ -173,7 +165,8 @@ def test_policy_set_says_a_running_host_applies_it(cli, tmp_path: Path) -> None:
 @pytest.mark.iroh
 @pytest.mark.slow
 def test_running_host_applies_policy_set_never_to_same_and_new_sessions(tmp_path: Path) -> None:
-    from test_main_job import KITH, Host, json_lines, kith
+    from support.cli import KITH, json_lines, kith
+    from support.hosts import HostProcess as Host
 
     docs = tmp_path / "docs"
     for rel, text in DOCS.items():

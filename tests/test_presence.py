@@ -18,8 +18,8 @@ from node.trust.identity import Identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
 
-from test_host_admission import _guest
-from test_transport_session import InProcessHost, _home
+from support.homes import node_home as _home
+from support.hosts import InProcessHost, raw_guest as _guest
 
 pytestmark = pytest.mark.iroh
 
@@ -181,7 +181,7 @@ def test_an_unlisted_post_is_fetchable_and_found_by_host_key_but_not_browsed(tmp
     from node.community.ratelimit import RateLimit, RateLimits
     from node.community.server import run_server_in_thread
 
-    from test_community_server import invitation
+    from support.community import invitation
 
     host = Identity(os.urandom(32))
     limits = RateLimits(per_key=RateLimit(0, 1), per_address=RateLimit(0, 1))
@@ -212,8 +212,8 @@ def test_kith_host_under_granted_warns_of_a_person_pin_none_of_whose_devices_it_
 
     from node.trust.peers import note_device
 
-    from test_transport_modes import _lines_until, _stop
-    from test_transport_session import ENV, KITH
+    from support.cli import KITH, lines_until as _lines_until, stop as _stop
+    from support.hosts import ENV
 
     home = _home(tmp_path, "host")
     for name in ("alice", "bob"):
@@ -242,8 +242,8 @@ def test_the_owner_reads_why_a_guest_without_a_grant_was_refused(tmp_path):
     owner reads that code and why (no grant), not an unknown post alone."""
     import subprocess
 
-    from test_transport_modes import _lines_until, _stop
-    from test_transport_session import ENV, KITH
+    from support.cli import KITH, lines_until as _lines_until, stop as _stop
+    from support.hosts import ENV
 
     home, guest = _home(tmp_path, "host"), _home(tmp_path, "guest")
     invite = tmp_path / "inv.json"

@@ -7,19 +7,19 @@ lists the whole session."""
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import anyio
 import pytest
 
-from conftest import PROTOCOLS
-from test_transport_session import ENV, KITH, InProcessHost, _readline
+from support.cli import KITH, kith, readline as _readline
+from support.homes import PROTOCOLS
+from support.hosts import ENV, InProcessHost
 
 pytestmark = [pytest.mark.iroh, pytest.mark.slow]
 
@@ -28,9 +28,7 @@ FIXTURE = PROTOCOLS / "knowledge-query" / "test" / "corpus"
 DEADLINE_S = 20.0
 
 
-def kith(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, env=ENV)
+kith = functools.partial(kith, env=ENV)  # the guest side's fast heartbeat
 
 
 def _key(home: Path) -> str:
@@ -144,7 +142,7 @@ def test_peers_remove_ends_the_live_session_and_the_peer_rejoins_as_anonymous(ho
 
 
 SLOW_HOOKS = '''
-import os, pathlib, time
+import pathlib, time
 exec(compile(pathlib.Path(__file__).with_name("hooks_orig.py").read_text(), "hooks_orig.py", "exec"))
 _orig_on_message = on_message
 

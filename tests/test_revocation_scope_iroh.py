@@ -17,9 +17,10 @@ import pytest
 
 from node.trust.revocation_list import RevocationStore, check_list, make_list
 
-from test_main_job import FIXTURE, KITH, Host, kith, prepare_host
-from test_person_revocation_iroh import _sources
-from test_transport_session import _readline
+from support.cli import KITH, kith, readline as _readline
+from support.devices import result_sources as _sources
+from support.homes import FIXTURE
+from support.hosts import HostProcess as Host, prepare_host
 
 pytestmark = [pytest.mark.iroh, pytest.mark.slow]
 

@@ -18,7 +18,7 @@ from node.trust.person import PERSON_KEY_FILE, init_person, load_person, own_cha
 from node.trust.rotation import ROTATIONS_FILE, RotationLedger, adopt_person, rotate_person
 from node.trust.signing import person_recovery_payload, public_key_of, sign
 
-from test_host_machines import MemoryHost, _connect, _host_home
+from support.memory import MemoryHost, connect_guest as _connect, memory_host_home as _host_home
 
 WHEN = "2026-12-01T10:00:00Z"
 

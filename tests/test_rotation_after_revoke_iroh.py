@@ -16,8 +16,10 @@ import pytest
 
 from node.trust.revocation_list import RevocationStore
 
-from test_device_pair import pair_device
-from test_main_job import FIXTURE, Host, kith, prepare_host
+from support.cli import kith
+from support.devices import pair_device
+from support.homes import FIXTURE
+from support.hosts import HostProcess as Host, prepare_host
 
 pytestmark = [pytest.mark.iroh, pytest.mark.slow]
 

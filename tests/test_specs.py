@@ -393,10 +393,10 @@ def frames_schema() -> dict[str, Any]:
 
 
 class RecordingPair:
-    """tests/helpers.EnginePair, recording every line either engine emits."""
+    """support.engines.EnginePair, recording every line either engine emits."""
 
     def __init__(self, spec, host, guest, **kw) -> None:
-        from helpers import EnginePair
+        from support.engines import EnginePair
 
         self.pair = EnginePair(spec, host, guest, **kw)
         self.lines: list[dict[str, Any]] = []

@@ -18,8 +18,8 @@ from node.transport.base import ByteStream
 from node.transport.iroh import bind_node, ticket_endpoint_id
 from node.transport.memory import memory_pipe
 
-from conftest import PROTOCOLS, new_identity
-from helpers import POST_ID
+from support.engines import POST_ID
+from support.homes import PROTOCOLS, new_identity
 
 ALPN = b"kith/test/1"
 

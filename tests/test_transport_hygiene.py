@@ -14,7 +14,8 @@ import pytest
 
 from node.transport.hygiene import MAX_DIAL_ADDRS, dialable, private_addresses, relay_dialable
 
-from test_transport_session import ENV, InProcessHost, _home
+from support.homes import node_home as _home
+from support.hosts import ENV, InProcessHost
 
 
 def test_only_real_unicast_addresses_are_dialled_and_only_a_few():

@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from test_transport_modes import _lines_until, _stop
-from test_transport_session import ENV, KITH, _home
+from support.cli import KITH, lines_until as _lines_until, stop as _stop
+from support.homes import node_home as _home
+from support.hosts import ENV
 
 pytestmark = pytest.mark.iroh
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import subprocess
 import sys
@@ -21,7 +20,9 @@ import pytest
 from node.transport.hygiene import ticket_addresses
 from node.transport.modes import TransportMode, mode_from, parse_relay
 
-from test_transport_session import ENV, KITH, _home
+from support.cli import KITH, lines_until as _lines_until, stop as _stop
+from support.homes import node_home as _home
+from support.hosts import ENV
 
 UNREACHABLE = "https://127.0.0.1:1/"  # loopback, nothing listens: the relay cannot be reached
 
@@ -31,32 +32,6 @@ def _isolated() -> list[str]:
     if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:
         pytest.skip("needs root with unshare and ip to run kith in a network namespace of its own")
     return ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
-
-
-def _lines_until(proc: subprocess.Popen, stream, pred, timeout: float) -> list[str]:
-    """Read lines of ``stream`` until one satisfies ``pred`` (bounded by ``timeout`` s)."""
-    seen: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([stream], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
-        line = stream.readline()
-        if not line:
-            break
-        seen.append(line)
-        if pred(line):
-            return seen
-    raise AssertionError(f"no matching line within {timeout} s; saw {seen!r}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def test_relay_values_parse_and_unknown_ones_are_refused():
@@ -263,7 +238,8 @@ from node.runtime.pool import SessionPool
 from node.trust.identity import load_or_init_identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
-from test_transport_session import InProcessHost, _home
+from support.homes import node_home as _home
+from support.hosts import InProcessHost
 
 tmp = Path(sys.argv[1])
 host_home, guest_home = _home(tmp, "host"), _home(tmp, "guest")

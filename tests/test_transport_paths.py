@@ -15,7 +15,8 @@ from node.runtime.guest import GuestOptions, ask, open_target
 from node.transport.paths import PathInfo, PathTracker, path_of
 from node.trust.identity import load_identity
 
-from test_transport_session import InProcessHost, _home
+from support.homes import node_home as _home
+from support.hosts import InProcessHost
 
 
 @dataclass
@@ -156,7 +157,8 @@ def test_a_direct_to_relayed_change_is_a_host_event_listed_and_audited(tmp_path,
     # and `kith audit` shows it (the record's path and previous path, never an IP)
     import subprocess
 
-    from test_transport_session import ENV, KITH
+    from support.cli import KITH
+    from support.hosts import ENV
 
     shown = subprocess.run([*KITH, "--home", str(host_home), "audit"], capture_output=True, text=True, env=ENV,
                            timeout=60).stdout

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,82 +22,14 @@ from node.engine.session import GuestConfig, SessionEngine
 from node.runtime.driver import run_session
 from node.runtime.guest import check_invitation, join_session
 from node.runtime.hooks import Hooks
-from node.runtime.clock import ManualClock
-from node.runtime.host import Host, HostOptions
-from node.trust.identity import Identity, load_identity, load_or_init_identity
+from node.trust.identity import Identity
 from node.trust.invitation import parse_invitation
 
-from conftest import PROTOCOLS
+from support.cli import KITH, readline as _readline
+from support.homes import PROTOCOLS, node_home as _home
+from support.hosts import ENV, FAST, InProcessHost
 
 pytestmark = pytest.mark.iroh
-
-KITH = [sys.executable, "-m", "node.cli.main"]
-FAST = (0.2, 1.0)
-#: For tests that are not about the heartbeat: a loaded machine can starve one event loop
-#: for more than FAST's 1 s, which would end a healthy session as peer-unresponsive.
-STEADY = (1.0, 15.0)
-ENV = {**os.environ, "KITH_TEST_HEARTBEAT": "0.2,1.0"}
-
-
-def _home(tmp: Path, name: str) -> Path:
-    """A node home with an identity (`kith init`): host and join refuse one without."""
-    home = tmp / name
-    home.mkdir(mode=0o700)
-    load_or_init_identity(home)
-    return home
-
-
-class InProcessHost:
-    """The real :class:`node.runtime.host.Host` in this event loop, over iroh on loopback,
-    with a :class:`node.runtime.clock.ManualClock` the test advances (``clock``; pass
-    ``clock=SYSTEM_CLOCK`` for real time); ``events`` collects what it reports and
-    ``host`` is the running Host (its session table, posts)."""
-
-    def __init__(self, home: Path, tmp: Path, clock: Any = None, **opts: Any) -> None:
-        self.home = home
-        self.clock = clock if clock is not None else ManualClock()
-        self.invite = tmp / f"invite-{os.urandom(3).hex()}.json"
-        self.opts = HostOptions(**{"local": True, "invite_file": self.invite, "heartbeat": FAST,
-                                   **opts})
-        self.events: list[dict] = []
-        self.stop = anyio.Event()
-        self.ready = anyio.Event()
-        self.invitation: dict = {}
-
-    async def run(self) -> None:
-        def on_inv(inv):
-            self.invitation = inv
-            self.ready.set()
-
-        self.host = Host(self.home, self.opts, load_identity(self.home), on_invitation=on_inv,
-                         on_event=self.events.append, warn=lambda _m: None, stop=self.stop, clock=self.clock)
-        await self.host.run()
-
-    def of(self, kind: str) -> list[dict]:
-        return [e for e in self.events if e["event"] == kind]
-
-    def ended(self) -> list[dict]:
-        return self.of("session-ended")
-
-    async def until(self, cond, timeout: float = 15.0) -> None:
-        """Wait (polling, bounded) until ``cond()`` holds: a condition, not a fixed sleep."""
-        with anyio.fail_after(timeout):
-            while not cond():
-                await anyio.sleep(0.01)
-
-    async def wait_for(self, pred, timeout: float = 15.0) -> dict:
-        with anyio.fail_after(timeout):
-            while True:
-                for e in self.events:
-                    if pred(e):
-                        return e
-                await anyio.sleep(0.02)
-
-
-def _readline(proc: subprocess.Popen, timeout: float) -> str:
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    assert ready, f"no output in {timeout}s"
-    return proc.stdout.readline()
 
 
 def test_sigkilled_join_is_detected_by_the_host_heartbeat(tmp_path):

@@ -4,12 +4,10 @@ lines, 0600, keyed query hashes), and the host's peers.json watcher on a corrupt
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
-import subprocess
-import sys
-from pathlib import Path
 
 import anyio
 import pytest
@@ -24,16 +22,13 @@ from node.runtime.sessions import SessionTable
 from node.trust.pairing import pairing_code, wordlist
 from node.trust.peers import PEERS_FILE, REGISTRY_VERSION, PeerRegistry
 
-from conftest import initialized, new_identity
+from support.cli import kith
+from support.homes import new_identity
 
-KITH = [sys.executable, "-m", "node.cli.main"]
 A, B, C = (new_identity().public_key for _ in range(3))
 
 
-def kith(home: Path, *args: str) -> subprocess.CompletedProcess:
-    initialized(home)  # every command but init refuses an uninitialised home (issue 20)
-    return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
+kith = functools.partial(kith, init=True)  # every command but init refuses an uninitialised home (issue 20)
 
 
 # ----------------------------------------------------------------------------- peers.json
@@ -352,11 +347,11 @@ def test_watcher_reports_policy_reloads(tmp_path):
 # ------------------------------------------------- ending sessions in every state (memory pipe)
 @pytest.mark.parametrize("stage", ["handshake", "ready"])
 def test_end_sessions_rejects_a_handshake_and_errors_a_ready_session(stage, host_id, guest_id):
-    from helpers import EnginePair
+    from support.engines import EnginePair
     from node.engine.session import RemoteError, SessionClosed
     from node.protocol.spec import load_spec
 
-    from conftest import PROTOCOLS
+    from support.homes import PROTOCOLS
 
     async def body() -> None:  # cancel scopes need an event loop
         pair = EnginePair(load_spec(PROTOCOLS / "echo"), host_id, guest_id)

@@ -14,7 +14,7 @@ from node.engine import ui as UI
 from node.common.errors import HandshakeError
 from node.runtime.ui_artifacts import install_bundle, load_bundle, local_ui_dir, write_results_js
 
-from conftest import PROTOCOLS
+from support.homes import PROTOCOLS
 
 SID = "ab" * 32
 

@@ -266,7 +266,7 @@ def test_a_view_built_while_a_detector_fails_leaves_that_chunk_out(corpus_home, 
 def test_kith_policy_scrub_sets_lists_and_removes_and_refuses_bad_input(tmp_path):
     from typer.testing import CliRunner
 
-    from conftest import initialized
+    from support.homes import initialized
     from node.cli import main as cli_main
 
     cli_main._register()

@@ -1,0 +1,100 @@
+"""The `kith` command as the tests run it: a real process (:func:`kith`, :func:`kith_argv`),
+in this process through Typer's CliRunner (:func:`invoke`), and reading what it prints."""
+
+from __future__ import annotations
+
+import json
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from support.homes import initialized
+
+#: argv prefix that runs `kith` with this interpreter (the editable install under test)
+KITH = [sys.executable, "-m", "node.cli.main"]
+
+
+def kith_argv(home: Path, *args: str) -> list[str]:
+    """``kith --home HOME ARGS`` as an argv list (for :class:`subprocess.Popen`)."""
+    return [*KITH, "--home", str(home), *args]
+
+
+def kith(home: Path, *args: str, timeout: float = 120, input: str | None = None,
+         env: dict[str, str] | None = None, init: bool = False, **kw: Any) -> subprocess.CompletedProcess:
+    """Run ``kith --home HOME ARGS`` as a real process to the end, output captured as text.
+
+    Args:
+        timeout: seconds before :class:`subprocess.TimeoutExpired`.
+        input: text for stdin (stdin is /dev/null otherwise: a prompt never waits).
+        env: the process environment (this one's when None).
+        init: give HOME an identity first unless the command is ``init`` (every command but
+            init refuses an uninitialised home).
+        kw: passed to :func:`subprocess.run` (``cwd``, ...).
+    """
+    if init and args[:1] != ("init",):
+        initialized(home)
+    return subprocess.run(kith_argv(home, *args), capture_output=True, text=True, timeout=timeout,
+                          input=input, stdin=None if input is not None else subprocess.DEVNULL, env=env, **kw)
+
+
+def invoke(home: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    """``kith --home HOME ARGS`` in this process through Typer's CliRunner on the real app
+    (every command registered); HOME gets an identity first. Returns the
+    :class:`click.testing.Result` (``exit_code``, ``stdout``, ``output``, ``exception``)."""
+    from typer.testing import CliRunner
+
+    from node.cli import main as cli_main
+
+    cli_main._register()
+    return CliRunner().invoke(cli_main.app, ["--home", str(initialized(home)), *args], env=env)
+
+
+def json_lines(text: str) -> list[dict]:
+    """Every non-blank line of ``text`` parsed as JSON (raises when one is not JSON)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return [json.loads(line) for line in lines]
+
+
+def readline(proc: subprocess.Popen, timeout: float) -> str:
+    """The next line of ``proc``'s stdout, failing when none comes within ``timeout`` s."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"no output in {timeout}s"
+    return proc.stdout.readline()
+
+
+def lines_until(proc: subprocess.Popen, stream, pred: Callable[[str], Any], timeout: float) -> list[str]:
+    """Read lines of ``stream`` until one satisfies ``pred`` (bounded by ``timeout`` s);
+    returns the lines read, the matching one last."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([stream], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        line = stream.readline()
+        if not line:
+            break
+        seen.append(line)
+        if pred(line):
+            return seen
+    raise AssertionError(f"no matching line within {timeout} s; saw {seen!r}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM ``proc`` and reap it (SIGKILL after 20 s)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def assert_no_real_paths(text: str, *paths: Path) -> None:
+    """Fail when ``text`` names any of ``paths`` (as given or resolved)."""
+    for p in paths:
+        for form in {str(p), str(p.resolve())}:
+            assert form not in text, f"real path {form} leaked"

@@ -1,0 +1,45 @@
+"""Paths the tests use and node homes with an identity (`kith init`'s state)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from node.trust.identity import Identity, init_identity, load_or_init_identity
+from node.trust.invitation import parse_invitation
+from node.trust.peers import PeerRegistry
+
+REPO = Path(__file__).resolve().parents[2]
+PROTOCOLS = REPO / "protocols"
+#: the shipped knowledge-query protocol folder
+KQ = PROTOCOLS / "knowledge-query"
+#: its test corpus (a few markdown notes and a private ``notes/`` folder)
+FIXTURE = KQ / "test" / "corpus"
+
+
+def initialized(home: Path) -> Path:
+    """``home`` with an identity, as `kith init` leaves it (commands that need one —
+    join, host — refuse a home without it); returned for use inline."""
+    init_identity(Path(home))
+    return Path(home)
+
+
+def new_identity() -> Identity:
+    """A fresh random Ed25519 identity (not written anywhere)."""
+    return Identity(os.urandom(32))
+
+
+def node_home(tmp: Path, name: str) -> Path:
+    """``tmp/name`` made (mode 0700) with an identity (`kith init`): host and join refuse a
+    home without one."""
+    home = tmp / name
+    home.mkdir(mode=0o700)
+    load_or_init_identity(home)
+    return home
+
+
+def pin_host(guest_home: Path, name: str, invite: Path | dict, key: str | None = None) -> None:
+    """Pin the host of ``invite`` (an invitation file or dict) as ``name`` in ``guest_home``'s
+    peers, with the invitation kept (``key`` instead of the host's key when given)."""
+    inv = parse_invitation(invite.read_bytes() if isinstance(invite, Path) else invite)
+    PeerRegistry.load(guest_home).add(name, key or inv.host_public_key, invitation=inv.to_dict())

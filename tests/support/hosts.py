@@ -1,0 +1,166 @@
+"""The real host over iroh on loopback (relay disabled): :class:`InProcessHost` runs
+:class:`node.runtime.host.Host` in the test's event loop with a ManualClock,
+:class:`HostProcess` runs ``kith host --local --json`` as a process; :func:`raw_guest` is a
+guest on the real engine that the test steers (ends at once, claims another key, names
+another post, hangs up after the proof)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from node.engine.session import GuestConfig, SessionEngine, State
+from node.runtime.clock import ManualClock
+from node.runtime.driver import run_session
+from node.runtime.hooks import HookContext, Hooks, PeerInfo
+from node.runtime.host import Host, HostOptions
+from node.transport.iroh import bind_node
+from node.trust.identity import Identity, load_identity
+
+from support.cli import KITH, kith
+
+#: heartbeat (ping every 0.2 s, unresponsive after 1 s) for tests about the heartbeat
+FAST = (0.2, 1.0)
+#: For tests that are not about the heartbeat: a loaded machine can starve one event loop
+#: for more than FAST's 1 s, which would end a healthy session as peer-unresponsive.
+STEADY = (1.0, 15.0)
+#: the environment of a `kith` process that should use FAST's heartbeat
+ENV = {**os.environ, "KITH_TEST_HEARTBEAT": "0.2,1.0"}
+
+
+class InProcessHost:
+    """The real :class:`node.runtime.host.Host` in this event loop, over iroh on loopback,
+    with a :class:`node.runtime.clock.ManualClock` the test advances (``clock``; pass
+    ``clock=SYSTEM_CLOCK`` for real time); ``events`` collects what it reports and
+    ``host`` is the running Host (its session table, posts)."""
+
+    def __init__(self, home: Path, tmp: Path, clock: Any = None, **opts: Any) -> None:
+        self.home = home
+        self.clock = clock if clock is not None else ManualClock()
+        self.invite = tmp / f"invite-{os.urandom(3).hex()}.json"
+        self.opts = HostOptions(**{"local": True, "invite_file": self.invite, "heartbeat": FAST,
+                                   **opts})
+        self.events: list[dict] = []
+        self.stop = anyio.Event()
+        self.ready = anyio.Event()
+        self.invitation: dict = {}
+
+    async def run(self) -> None:
+        def on_inv(inv):
+            self.invitation = inv
+            self.ready.set()
+
+        self.host = Host(self.home, self.opts, load_identity(self.home), on_invitation=on_inv,
+                         on_event=self.events.append, warn=lambda _m: None, stop=self.stop, clock=self.clock)
+        await self.host.run()
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["event"] == kind]
+
+    def ended(self) -> list[dict]:
+        return self.of("session-ended")
+
+    async def until(self, cond, timeout: float = 15.0) -> None:
+        """Wait (polling, bounded) until ``cond()`` holds: a condition, not a fixed sleep."""
+        with anyio.fail_after(timeout):
+            while not cond():
+                await anyio.sleep(0.01)
+
+    async def wait_for(self, pred, timeout: float = 15.0) -> dict:
+        with anyio.fail_after(timeout):
+            while True:
+                for e in self.events:
+                    if pred(e):
+                        return e
+                await anyio.sleep(0.02)
+
+
+class HostProcess:
+    """A `kith host --local --json` subprocess; its first stdout line is the invitation
+    (``invitation``). Raises AssertionError when it does not start."""
+
+    def __init__(self, home: Path, *args: str) -> None:
+        self.proc = subprocess.Popen([*KITH, "--home", str(home), "host", "--local", "--json", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     stdin=subprocess.DEVNULL)
+        first = json.loads(self.readline(30))
+        if "post_id" not in first:  # e.g. {"error": {"code": "home-in-use", ...}}
+            self.proc.kill()
+            raise AssertionError(f"kith host did not start: {first}")
+        self.invitation = first
+
+    def readline(self, timeout: float) -> str:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            self.proc.kill()
+            raise AssertionError(f"host printed nothing in {timeout}s; stderr: {self.proc.stderr.read()}")
+        line = self.proc.stdout.readline()
+        assert line, f"host exited: {self.proc.stderr.read()}"
+        return line
+
+    def stop(self) -> tuple[int, str, str]:
+        """SIGINT, then ``(returncode, stdout, stderr)``; fails when it takes over 20 s."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            out, err = self.proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError("host did not stop within 20 s of SIGINT")
+        return self.proc.returncode, out, err
+
+
+def prepare_host(tmp: Path, corpus: Path, glob_tier: tuple[str, str] | None = None) -> Path:
+    """``tmp/host-home`` initialised, ``corpus`` indexed and synced, and one policy rule
+    (``/<corpus name>/**`` public unless ``glob_tier`` says otherwise), all through `kith`."""
+    home = tmp / "host-home"
+    assert kith(home, "init").returncode == 0
+    r = kith(home, "index", "add", str(corpus))
+    assert r.returncode == 0, r.stderr
+    r = kith(home, "index", "sync", timeout=600)
+    assert r.returncode == 0, r.stderr
+    glob, tier = glob_tier or (f"/{corpus.name}/**", "public")
+    r = kith(home, "policy", "set", glob, tier)
+    assert r.returncode == 0, r.stderr
+    return home
+
+
+async def raw_guest(inv, spec, ident: Identity, *, claimed: Identity | None = None, post_id: str | None = None,
+                    on_proof=None, hang_up_after_proof: bool = False):
+    """A guest on the real engine over iroh that ends with ``end`` at once (returns the
+    :class:`~node.runtime.driver.SessionOutcome`), or hangs up right after the host's proof,
+    never sending ``_session_ready`` (returns the engine's :class:`State`).
+
+    Args:
+        inv: the parsed invitation; spec: its protocol spec.
+        ident: the QUIC key; claimed: the key it says it has in ``_session_init`` (≠ its
+            QUIC key → a failed handshake); post_id: the post it names (the invitation's).
+    """
+    claimed = claimed or ident
+    async with bind_node(ident.secret, spec.alpn, local=True) as node:
+        stream = await node.open_stream(await node.connect(inv.transport_info.ticket))
+        engine = SessionEngine("guest", spec, public_key=claimed.public_key, sign=claimed.sign,
+                               guest=GuestConfig(remote_id=stream.remote_id, post_id=post_id or inv.post_id,
+                                                 host_public_key=inv.host_public_key))
+        if hang_up_after_proof:
+            engine.initiate()
+            await stream.send(engine.data_to_send())
+            with anyio.fail_after(10):
+                while engine.state is State.HANDSHAKE:
+                    data = await stream.receive()
+                    if not data:
+                        break
+                    engine.receive_data(data)
+            state = engine.state
+            await stream.aclose()
+            return state
+        return await run_session(stream, engine, Hooks(on_start=lambda ctx: {"action": "end"}),
+                                 make_context=lambda ev: HookContext(role="guest", session_id=ev.session_id,
+                                                                     peer=PeerInfo(ev.peer_public_key)),
+                                 on_proof=on_proof, heartbeat=FAST)
