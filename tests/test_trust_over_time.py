@@ -187,6 +187,9 @@ def test_a_batching_log_writes_per_tick_at_session_end_and_at_close(tmp_path):
 
 
 def test_a_crashed_batching_writer_loses_only_its_unwritten_batch(tmp_path):
+    import subprocess
+    import sys
+
     script = f"""
 import os, sys
 from node.trust.audit_log import AuditLog
