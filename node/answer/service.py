@@ -35,6 +35,7 @@ holds the results the peer may see now, empty when there are none),
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -92,6 +93,12 @@ class Knowledge(Protocol):
         Never raises for bad input."""
         ...
 
+    def small(self, request: Mapping[str, Any]) -> bool:
+        """True when answering ``request`` is known to be small work — the hooks may then
+        answer on the host's event loop (node/runtime/hooks.py ``inline``): see
+        :meth:`AnswerService.small`. Cheap, never blocks, never raises."""
+        ...
+
 
 @dataclass(frozen=True)
 class OwnerView:
@@ -120,6 +127,16 @@ class PeerView:
 View = OwnerView | PeerView
 
 
+#: The most CPU time (s) the last answer of a peer view may have cost for the next one
+#: of the same shape to count as small (:meth:`AnswerService.small`; issue 31).
+INLINE_CPU_S = 0.010
+#: Request fields a small answer may have: no filters (a filtered search may go several
+#: rounds deeper), no budget or dedupe changes.
+_INLINE_FIELDS = frozenset({"query", "topK"})
+#: Peer views whose last answer's cost is kept (oldest dropped).
+MAX_WARM_VIEWS = 1024
+
+
 class AnswerService:
     """Answers every search of one node (module docstring).
 
@@ -143,6 +160,63 @@ class AnswerService:
         self._version_key = version_key
         self._normalize: Callable[[str], str | None] | None = None
         self._synced_once = False  # a sync of this corpus has completed (``last_sync`` is set)
+        #: view -> (state token, CPU seconds) of its last answer (:meth:`small`)
+        self._costs: dict[PeerView, tuple[Any, float]] = {}
+
+    # --- small answers -----------------------------------------------------------------
+    def _state(self, wait: bool = False) -> Any:
+        """What a view's answer cost depends on besides the request: the corpus's change
+        generation and the policy object; None when the corpus is busy (its lock is held
+        by a search or a sync) and ``wait`` is False — an event loop never waits for it."""
+        policy = id(self._gate.current_policy()) if self._gate is not None else None
+        corpus = self._corpus
+        if corpus is None:
+            return (None, policy)
+        record = corpus.record
+        if not record.lock.acquire(blocking=wait):
+            return None
+        try:
+            from node.corpus.views import generation
+
+            return (generation(record.db) if record.db is not None else None, policy)
+        except Exception:  # a closed or broken record: not known to be small
+            return None
+        finally:
+            record.lock.release()
+
+    def small(self, body: Any, view: PeerView) -> bool:
+        """True when answering ``body`` as ``view`` is known to be small work: a plain
+        request (``query`` and ``topK`` only), and the view's last answer cost at most
+        :data:`INLINE_CPU_S` of CPU with the same corpus generation and policy (so the
+        view's index is built and current: a first answer, a sync or a policy change since
+        is not small). Only *where* the answer runs depends on it, never what it says.
+        Cheap, never blocks (a busy corpus is not small), never raises."""
+        try:
+            if not isinstance(body, Mapping) or not _INLINE_FIELDS.issuperset(body):
+                return False
+            last = self._costs.get(view)
+            if last is None or last[1] > INLINE_CPU_S:
+                return False
+            state = self._state()
+            return state is not None and state == last[0]
+        except Exception:
+            return False
+
+    def _answered(self, view: PeerView, cpu_s: float) -> None:
+        """Keep the CPU time of ``view``'s last answer and the state it was made in (a
+        worker thread waits for the corpus lock; the event loop does not)."""
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        state = self._state(wait=not on_loop)
+        if state is None:
+            self._costs.pop(view, None)
+            return
+        if view not in self._costs and len(self._costs) >= MAX_WARM_VIEWS:
+            self._costs.pop(next(iter(self._costs)))
+        self._costs[view] = (state, cpu_s)
 
     # --- views --------------------------------------------------------------------------
     def knowledge_for(self, view: PeerView) -> Knowledge:
@@ -574,8 +648,15 @@ class _Handle:
         return self.__view.key
 
     def search(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """:meth:`Knowledge.search` as this peer."""
-        return self.__service.answer(request, self.__view)
+        """:meth:`Knowledge.search` as this peer (its CPU time is kept for :meth:`small`)."""
+        cpu = time.thread_time()
+        answer = self.__service.answer(request, self.__view)
+        self.__service._answered(self.__view, time.thread_time() - cpu)
+        return answer
+
+    def small(self, request: Mapping[str, Any]) -> bool:
+        """:meth:`AnswerService.small` as this peer."""
+        return self.__service.small(request, self.__view)
 
     def check_versions(self, items: Any) -> dict[str, Any]:
         """:meth:`AnswerService.check_versions` as this peer."""

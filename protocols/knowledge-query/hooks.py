@@ -64,15 +64,15 @@ def on_message(ctx, message):
 def _small(ctx, message):
     """``on_message.inline`` (node/runtime/hooks.py): on the host, a ``query`` the
     knowledge handle says it answers from warm state with a bounded candidate count
-    (``ctx.knowledge.warm``) is answered on the event loop, any other in the host's
+    (``ctx.knowledge.small``) is answered on the event loop, any other in the host's
     bounded hook threads; the guest's calls (its ``ask`` may be a prompt) keep their
     worker thread."""
     if ctx.role != "host":
         return None
-    warm = getattr(ctx.knowledge, "warm", None)
-    if message.get("action") != "query" or warm is None:
+    small = getattr(ctx.knowledge, "small", None)
+    if message.get("action") != "query" or small is None:
         return False
-    return bool(warm({k: v for k, v in message.items() if k not in _MESSAGE_FIELDS}))
+    return bool(small({k: v for k, v in message.items() if k not in _MESSAGE_FIELDS}))
 
 
 on_message.inline = _small
