@@ -370,3 +370,37 @@ def test_large_calls_share_a_bounded_pool_and_a_broken_predicate_is_large(host_i
     assert len([t for t, _ in seen if t]) == HOOK_THREADS * 3 * 2  # every call answered
     assert not any(on_loop for _, on_loop in seen)
     assert 1 <= running[1] <= HOOK_THREADS  # never more at once than the pool's bound
+
+
+def test_a_small_call_takes_a_thread_while_another_hook_call_runs_in_one(host_id, guest_id):
+    """While a hook call of another session runs in a thread, the loop stays free for it:
+    a call that says it is small then runs in a thread too; once nothing runs beside the
+    loop, small calls run on it again."""
+    import threading
+
+    spec = load_spec(ECHO)
+    base = load_hooks(ECHO)
+    started, release = threading.Event(), threading.Event()
+
+    def slow(ctx, message):  # a plain sync hook, held until the small session has asked
+        started.set()
+        release.wait(30)
+        return base.on_message(ctx, message)
+
+    slow_hooks = Hooks(on_start=base.on_start, on_message=slow, on_end=base.on_end, module=base.module)
+    small_hooks, seen, _ = _echo_with_threads(inline=lambda ctx, message: True)
+    got: list = []
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_pair, spec, host_id, guest_id, slow_hooks, load_hooks(ECHO), {"texts": ["slow"]})
+            await anyio.to_thread.run_sync(started.wait, 30)
+            await run_pair(spec, host_id, guest_id, small_hooks, load_hooks(ECHO),
+                           {"texts": ["during"], "on_message": got.append})
+            release.set()
+        await run_pair(spec, host_id, guest_id, small_hooks, load_hooks(ECHO),
+                       {"texts": ["after"], "on_message": got.append})
+
+    anyio.run(main)
+    assert [m["text"] for m in got] == ["DURING", "AFTER"]
+    assert [(t, on_loop) for t, on_loop in seen if t] == [("during", False), ("after", True)]
