@@ -8,11 +8,18 @@ plus the approvals lookup with many decided requests on disk. Run:
 
 ``--scrub`` instead measures the scrubbing gate (issue 24 item 3): the host CPU
 (``time.process_time``, every thread of the process) of one peer answer with
-``[scrub.tier] public`` off and on (all five kinds), interleaved, over real questions on
+a ``[[scrub]] for = "*"`` entry off and on (all five kinds), interleaved, over real questions on
 ``--corpus`` (default: the Python docs in ../shared when present, else a generated corpus
 holding e-mails, cards and IBANs), with the load average::
 
     flock /tmp/kith-bench.lock .venv/bin/python scripts/bench_policy.py --scrub
+
+``--scrub-guard [N]`` times what ``kith policy set`` and ``kith policy scrub --off`` compute
+before writing (specs/policy.md §9.5: what a change would newly serve unscrubbed) over N
+synthetic source ids in folders of 100 (default 94,000) and five recipients, policy only
+(no corpus)::
+
+    flock /tmp/kith-bench.lock .venv/bin/python scripts/bench_policy.py --scrub-guard
 
 ``--false-positives DIR...`` counts each detector's hits on the readable text of every
 file of the folders (the corpus parsers' text: HTML without markup) and prints a few per
@@ -138,7 +145,7 @@ def scrub_bench(corpus_dir: Path | None, rounds: int) -> None:
         policy.set(f"/{prefix}/**", "public")
         if name != "off":
             policy.set(hidden, "private")
-    policies["on"].set_scrub("public", KINDS)
+    policies["on"].set_scrub("*", KINDS)  # every peer, every source (specs/policy.md §9.0)
     handles = {k: peer_knowledge(corpus, EgressGate(corpus.roots(), p, home), None) for k, p in policies.items()}
     for name, handle in handles.items():  # build each view (the scrubbed one over scrubbed text)
         t0 = time.perf_counter()
@@ -218,14 +225,46 @@ def false_positives(folders: list[Path], shown: int = 8) -> None:
             print(f"      {line}")
 
 
+def scrub_guard_bench(n: int) -> None:
+    """Time the scrub guard (node/policy/scrub_coverage.py) for a rule change and for a
+    scrub entry removed, over ``n`` synthetic ids, with the load average."""
+    from node.policy.scrub_coverage import ScrubRecord, newly_unscrubbed, recipients
+    from node.policy.store import Group
+
+    ids = [f"/docs/f{i // 100:05d}/d{i}.md" for i in range(n)]
+    policy = Policy(groups={"team": Group("team", {"bob": None, "eve": None}), "ops": Group("ops", {"carol": None})})
+    policy.set("/docs/**", "public")
+    policy.set("/docs/f00001/**", "ask")
+    policy.set("/docs/f00002/**", "peers", ["@team"])
+    policy.set_scrub("*", ["email", "card"])
+    policy.set_scrub("@team", ["iban"], glob="/docs/f00003/**")
+    policy.set_scrub("alice", ["phone"])
+    record = ScrubRecord()
+    record.add(policy)
+    who = recipients(policy, record, ["alice", "bob", "carol", "eve"])
+    print(f"{n} source ids, {len(who)} recipients, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for label, change in (("rule change (policy set)", lambda p: p.set("/docs/f00005/**", "ask")),
+                          ("scrub entry removed (scrub --off)", lambda p: p.set_scrub("*", []))):
+        after = Policy.from_toml(policy.to_toml())
+        change(after)
+        t0 = time.perf_counter()
+        lines = newly_unscrubbed(policy, after, record, ids, who)
+        print(f"  {label:34s} {time.perf_counter() - t0:7.3f} s  ({sum(len(u.sources) for u in lines)} "
+              "(recipient, source) pairs would lapse)")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scrub", action="store_true", help="scrubbing gate off/on, peer-answer host CPU")
     ap.add_argument("--corpus", type=Path, help="folder to index for --scrub")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the questions for --scrub")
+    ap.add_argument("--scrub-guard", nargs="?", type=int, const=94_000, metavar="N",
+                    help="time the scrub guard over N synthetic source ids (default 94000)")
     ap.add_argument("--false-positives", nargs="+", type=Path, metavar="DIR", help="count detector hits")
     args = ap.parse_args()
-    if args.false_positives:
+    if args.scrub_guard:
+        scrub_guard_bench(args.scrub_guard)
+    elif args.false_positives:
         false_positives(args.false_positives)
     elif args.scrub:
         default = SHARED_DOCS if SHARED_DOCS.is_dir() else None

@@ -195,6 +195,25 @@ def test_policy_page_explains_adds_and_removes_rules(home: Path, dash) -> None:
     assert "/docs/ask/**" not in [r["glob"] for r in listed["rules"]]
 
 
+def test_a_policy_form_that_would_stop_scrubbing_is_refused_and_writes_nothing(home: Path, dash) -> None:
+    from node.policy.scrub_coverage import record_scrub
+
+    policy = Policy.load(home)
+    policy.set_scrub("*", ["email"], glob="/docs/secret/**")
+    record_scrub(home, policy)  # a scrub entry once covered /docs/secret (never: sent to nobody)
+    policy.set_scrub("*", [], glob="/docs/secret/**")
+    policy.save()
+    before = (home / "policy.toml").read_bytes()
+    base, login = dash
+    client = _logged_in(base, login)
+    csrf = _csrf(client.get("/policy").text)
+    client.post("/policy/set", data={"csrf": csrf, "glob": "/docs/secret/**", "tier": "public", "peers": ""})
+    assert "scrub-would-lapse" in client.get("/policy").text
+    assert (home / "policy.toml").read_bytes() == before
+    client.post("/policy/set", data={"csrf": csrf, "glob": "/docs/ask/**", "tier": "public", "peers": ""})
+    assert [r.tier for r in Policy.load(home).rules if r.glob == "/docs/ask/**"] == ["public"]
+
+
 def test_approvals_page_approves_and_the_cli_sees_it(home: Path, dash) -> None:
     base, login = dash
     store = Approvals(home)

@@ -14,7 +14,7 @@ from node.corpus.store import Corpus
 from node.policy import scrub as scrub_mod
 from node.policy.gate import EgressGate
 from node.policy.scrub import KINDS, scrub
-from node.policy.store import Policy
+from node.policy.store import Policy, ScrubRule
 
 EMAIL = "walter.otterby@example.org"
 CARD = "4111 1111 1111 1111"
@@ -111,15 +111,38 @@ def test_only_the_kinds_asked_for_are_scrubbed_and_scrubbing_twice_changes_nothi
 
 def test_scrub_entries_round_trip_through_policy_toml(tmp_path):
     policy = Policy.load(tmp_path)
-    assert policy.set_scrub("public", ["iban", "email", "email"]) == ("tier", ("email", "iban"))
-    assert policy.set_scrub("alice", ["secret"]) == ("peer", ("secret",))
+    assert policy.set_scrub("*", ["iban", "email", "email"]) == ScrubRule("*", ("email", "iban"))
+    assert policy.set_scrub("alice", ["secret"], glob="/notes/pub/") == ScrubRule("alice", ("secret",), "/notes/pub")
+    assert policy.set_scrub("@team", ["card"]) == ScrubRule("@team", ("card",))
+    policy.add_members("team", ["bob"])
     policy.save()
+    assert "[[scrub]]" in (tmp_path / "policy.toml").read_text()
     again = Policy.load(tmp_path)
-    assert again.scrub == {"tier": {"public": ["email", "iban"]}, "peer": {"alice": ["secret"]}}
-    assert again.scrub_kinds("public", "alice") == {"email", "iban", "secret"}
-    assert again.scrub_kinds("peers", None) == frozenset()
-    again.set_scrub("public", [])
-    assert again.scrub_entries() == [("peer", "alice", ("secret",))]
+    assert again.scrub_rules == policy.scrub_rules and not again.scrub_migrated
+    assert again.scrub_kinds("/notes/pub/a.md", "alice") == {"email", "iban", "secret"}
+    assert again.scrub_kinds("/notes/team/a.md", "alice") == {"email", "iban"}
+    assert again.scrub_kinds("/notes/team/a.md", "bob") == {"email", "iban", "card"}
+    assert again.scrub_kinds("//srv/share/a.md", None) == {"email", "iban"}  # no glob: every source, UNC too
+    with pytest.raises(ValueError):  # the old call, with a tier, fails loudly
+        again.scrub_kinds("public", "alice")
+    assert again.set_scrub("*", []) is None
+    assert [s.recipient for s in again.scrub_rules] == ["alice", "@team"]
+
+
+def test_the_older_scrub_tables_are_migrated_on_read_and_written_as_scrub_entries(tmp_path):
+    (tmp_path / "policy.toml").write_text(
+        '[[rule]]\nglob = "/contacts/**"\ntier = "ask"\n'
+        '[scrub.tier]\npublic = ["email", "phone"]\nask = ["card"]\n[scrub.peer]\nalice = ["iban"]\n"@team" = ["secret"]\n')
+    policy = Policy.load(tmp_path)
+    assert policy.scrub_migrated
+    assert policy.scrub_rules == (ScrubRule("*", ("email", "phone", "card")), ScrubRule("alice", ("iban",)),
+                                  ScrubRule("@team", ("secret",)))
+    # what the public tier scrubbed is scrubbed from an ask source too: nothing lapses
+    assert policy.scrub_kinds("/contacts/a.md", None) == {"email", "phone", "card"}
+    policy.save()
+    text = (tmp_path / "policy.toml").read_text()
+    assert "[[scrub]]" in text and "[scrub.tier]" not in text
+    assert Policy.load(tmp_path).scrub_rules == policy.scrub_rules
 
 
 @pytest.mark.parametrize("toml,code", [
@@ -128,6 +151,13 @@ def test_scrub_entries_round_trip_through_policy_toml(tmp_path):
     ('[scrub.peer]\n"bad name" = ["email"]\n', "policy-invalid"),
     ('[scrub]\nall = ["email"]\n', "policy-invalid"),
     ('[scrub.tier]\npublic = "email"\n', "policy-invalid"),
+    ('[[scrub]]\nkinds = ["email"]\n', "policy-invalid"),
+    ('[[scrub]]\nfor = "public"\nkinds = ["email"]\n', "policy-invalid"),
+    ('[[scrub]]\nfor = "*"\nkinds = []\n', "policy-invalid"),
+    ('[[scrub]]\nfor = "*"\nkinds = ["mail"]\n', "scrub-bad-kind"),
+    ('[[scrub]]\nfor = "*"\nglob = "docs/**"\nkinds = ["email"]\n', "policy-bad-glob"),
+    ('[[scrub]]\nfor = "*"\ntier = "public"\nkinds = ["email"]\n', "policy-invalid"),
+    ('[[copy]]\nglob = "/docs/**"\nfor = "alice"\n', "policy-invalid"),
 ])
 def test_a_bad_scrub_table_is_refused_with_its_code(tmp_path, toml, code):
     (tmp_path / "policy.toml").write_text(toml)
@@ -139,11 +169,14 @@ def test_a_bad_scrub_table_is_refused_with_its_code(tmp_path, toml, code):
 def test_set_scrub_refuses_tiers_that_never_leave_and_unknown_kinds(tmp_path):
     policy = Policy()
     for target, kinds, code in (("never", ["email"], "policy-invalid"), ("public", ["mail"], "scrub-bad-kind"),
-                                ("bad name", ["email"], "peer-bad-name")):
+                                ("bad name", ["email"], "peer-bad-name"), ("@bad name", ["email"], "peer-bad-name")):
         with pytest.raises(PolicyError) as err:
             policy.set_scrub(target, kinds)
         assert err.value.code == code
-    assert policy.scrub == {}
+    with pytest.raises(PolicyError) as err:
+        policy.set_scrub("*", ["email"], glob="relative/**")
+    assert err.value.code == "policy-bad-glob"
+    assert policy.scrub_rules == ()
 
 
 # --- a scrubbed peer ------------------------------------------------------------------------
@@ -276,23 +309,28 @@ def test_kith_policy_scrub_sets_lists_and_removes_and_refuses_bad_input(tmp_path
     def kith(*args: str):
         return runner.invoke(cli_main.app, ["--home", str(home), "policy", "scrub", *args])
 
-    assert kith("--for", "public", "email,card,email").exit_code == 0
+    said = kith("--for", "public", "email,card,email")  # the old spelling of --for '*'
+    assert said.exit_code == 0 and "stored as --for '*'" in said.stderr
     assert kith("--for", "alice", "secret").exit_code == 0
+    assert kith("--for", "@team", "--glob", "/notes/team/**", "iban").exit_code == 0
     listed = kith("--json")
     assert listed.exit_code == 0
-    assert json.loads(listed.stdout) == {"scrub": {"tier": {"public": ["email", "card"]},
-                                                   "peer": {"alice": ["secret"]}}, "changed": False}
-    assert Policy.load(home).scrub_kinds("public", "alice") == {"email", "card", "secret"}
+    assert json.loads(listed.stdout) == {"scrub": [
+        {"glob": None, "for": "*", "kinds": ["email", "card"]}, {"glob": None, "for": "alice", "kinds": ["secret"]},
+        {"glob": "/notes/team/**", "for": "@team", "kinds": ["iban"]}], "changed": False}
+    assert Policy.load(home).scrub_kinds("/notes/pub/a.md", "alice") == {"email", "card", "secret"}
     before = (home / "policy.toml").read_bytes()
     for args, code in ((("--for", "public", "emails"), "scrub-bad-kind"), (("--for", "never", "email"), "policy-invalid"),
-                       (("--for", "public"), "usage"), (("email",), "usage"), (("--for", "x y", "email"), "peer-bad-name")):
+                       (("--for", "public"), "usage"), (("email",), "usage"), (("--for", "x y", "email"), "peer-bad-name"),
+                       (("--for", "@x y", "email"), "peer-bad-name"), (("--for", "*", "--glob", "rel/**", "email"), "policy-bad-glob"),
+                       (("--glob", "/notes/**", "email"), "usage")):
         result = kith(*args)
         assert getattr(result.exception, "code", None) == code, (args, result.output)
         assert (home / "policy.toml").read_bytes() == before  # a refusal writes nothing
-    assert kith("--for", "public", "--off").exit_code == 0
-    assert Policy.load(home).scrub == {"peer": {"alice": ["secret"]}}
+    assert kith("--for", "*", "--off").exit_code == 0  # nothing indexed: nothing to confirm
+    assert [s.recipient for s in Policy.load(home).scrub_rules] == ["alice", "@team"]
     shown = runner.invoke(cli_main.app, ["--home", str(home), "policy", "list"])
-    assert "peer alice" in shown.stdout and "secret" in shown.stdout
+    assert "alice" in shown.stdout and "secret" in shown.stdout and "/notes/team/**" in shown.stdout
 
 
 def test_a_kept_result_counts_like_a_fresh_one():

@@ -265,13 +265,13 @@ class AnswerService:
 
             visible.many = many  # type: ignore[attr-defined]  # node/corpus/views.py
 
-            if policy.scrub.get("tier") or name in (policy.scrub.get("peer") or {}):
+            if policy.scrubs_for(name):
                 def kinds_of(source_id: str) -> frozenset[str]:
-                    return policy.scrub_kinds(gate.decide(source_id, name, policy=policy).tier, name)
+                    return policy.scrub_kinds(gate.decide(source_id, name, policy=policy).canonical, name)
 
                 # the view's index is built over the scrubbed text (node/corpus/views.py)
                 def kinds_many(source_ids: list[str]) -> list[frozenset[str]]:
-                    return [policy.scrub_kinds(d.tier, name)
+                    return [policy.scrub_kinds(d.canonical, name)
                             for d in gate.decide_many(source_ids, name, policy=policy)]
 
                 visible.scrub = kinds_of  # type: ignore[attr-defined]
@@ -378,8 +378,7 @@ class AnswerService:
                     if kinds is None:
                         if len(memo) >= 100_000:
                             memo.clear()
-                        kinds = memo[source_id] = policy.scrub_kinds(
-                            policy.decide(source_id, peer.name).tier, peer.name)
+                        kinds = memo[source_id] = policy.scrub_kinds(source_id, peer.name)
                     return kinds
 
                 shown, scrubbed = scrub_hits(shown, kinds_of)
@@ -769,7 +768,7 @@ def scrub_hits(hits: list[Any], kinds_of: Callable[[str], frozenset[str]]
     Args:
         hits: screened hits (canonical ids), best first.
         kinds_of: ``canonical source id -> frozenset`` of kinds to scrub
-            (:meth:`node.policy.store.Policy.scrub_kinds` of its tier for this peer).
+            (:meth:`node.policy.store.Policy.scrub_kinds` of that source for this peer).
 
     Returns:
         ``(hits, counts)``: the hits in order (unchanged objects where nothing applies;

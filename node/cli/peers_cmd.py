@@ -22,6 +22,22 @@ def _cancel_approvals(home, key: str) -> list[str]:
     return ids
 
 
+def _warn_pin_end(home, name: str, ends: Optional[str]) -> None:
+    """When the pin NAME ends, its key is an anonymous peer: say on stderr which indexed
+    sources scrubbed for NAME (and not for every peer) it would then be served unscrubbed
+    (specs/policy.md §9.5; a warning, the pin is kept)."""
+    if ends is None:
+        return
+    from node.policy.scrub_coverage import change_unscrubs
+    from node.policy.store import Policy
+
+    policy = Policy.load(home)
+    lapsed, _ = change_unscrubs(home, policy, policy, served_as={name: None})
+    for u in lapsed:
+        err_console.print(f"warning: when the pin ends ({ends}) {name}'s key is an anonymous peer; "
+                          + u.line().replace(f"{name}: ", "", 1), highlight=False, markup=False, soft_wrap=True)
+
+
 def _audit(home, event: str, **fields) -> None:
     """Record an owner's registry change in ``<home>/audit.jsonl`` (node/trust/audit_log.py)."""
     from node.trust.audit_log import AuditLog
@@ -87,6 +103,7 @@ def add_cmd(
         rec = registry.add(name, key, note, invitation=inv_doc, server=server)
     if ends is not None:
         rec = set_pin_until(registry, rec.name, ends)
+        _warn_pin_end(home, rec.name, ends)
     if as_json:
         emit_json(registry.to_json(rec))
     else:
@@ -98,13 +115,26 @@ def add_cmd(
 def remove_cmd(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="The local name to remove."),
+    yes: bool = typer.Option(False, "--yes", help="Remove it even if its key, then an anonymous peer, would be served sources unscrubbed that are scrubbed for NAME (without it, a terminal asks and anything else is refused)."),
     as_json: bool = _JSON,
 ) -> None:
     """Remove NAME from the registry. A running host ends its sessions admitted under
-    NAME within seconds (session-revoked); it may join again as an anonymous peer."""
+    NAME within seconds (session-revoked); it may join again as an anonymous peer — so when
+    something is scrubbed for NAME (or its groups) and not for every peer, this says which
+    indexed sources its key would then receive unscrubbed and asks first (--yes)."""
+    from node.cli.policy_cmd import guarded_write
+    from node.common.errors import PolicyError
+    from node.policy.store import Policy
+
     home = home_of(ctx)
     registry = PeerRegistry.load(home)
-    rec = registry.remove(name)
+    if registry.by_name(name) is None:
+        raise PolicyError("peer-not-found", f"no peer named {name!r}")
+    policy = Policy.load(home)
+    removed = []
+    guarded_write(home, policy, policy, lambda: removed.append(registry.remove(name)), yes=yes,
+                  served_as={name: None})
+    rec = removed[0]
     cancelled = _cancel_approvals(home, rec.public_key)
     _audit(home, "peer-removed", peer=rec.public_key, peer_name=rec.name, approvals_cancelled=cancelled or None)
     if as_json:
@@ -298,6 +328,7 @@ def until_cmd(
     ends = None if until == "never" else parse_until(until)
     home = home_of(ctx)
     rec = set_pin_until(PeerRegistry.load(home), name, ends)
+    _warn_pin_end(home, rec.name, ends)
     _audit(home, "grant-changed", kind="pin", peer=rec.public_key, peer_name=rec.name, until=ends)
     if as_json:
         emit_json(PeerRegistry.load(home).to_json(rec))
@@ -321,18 +352,22 @@ def group_add_cmd(
     name: str = typer.Argument(..., help="The group (made when new)."),
     peers: List[str] = typer.Argument(..., metavar="PEER...", help="Pinned peer names (whatever each pins)."),
     until: Optional[str] = typer.Option(None, "--until", metavar="DATE|DURATION", help="These memberships end then (as `kith peers add --until`)."),
+    yes: bool = typer.Option(False, "--yes", help="Make the change even if it would serve indexed sources unscrubbed that a scrub entry covered (without it, a terminal asks and anything else is refused)."),
     as_json: bool = _JSON,
 ) -> None:
     """Add PEERs to group NAME (in policy.toml). Rules then name the group with
-    `--for @NAME` / `--peer @NAME`; a running host applies it from its next query."""
+    `--for @NAME` / `--peer @NAME`; a running host applies it from its next query. A
+    membership's --until ends what the group grants, never what it scrubs."""
+    from node.cli.policy_cmd import guarded_write
     from node.policy.grants import parse_until
     from node.policy.store import Policy
 
     ends = parse_until(until) if until is not None else None
     home = home_of(ctx)
+    before = Policy.load(home)
     policy = Policy.load(home)
     group = policy.add_members(name, list(peers), ends)
-    policy.save()
+    guarded_write(home, before, policy, policy.save, yes=yes)
     registry = PeerRegistry.load(home)
     unpinned = sorted({p for p in peers if registry.by_name(p) is None})
     for p in unpinned:
@@ -352,16 +387,21 @@ def group_remove_cmd(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="The group."),
     peers: Optional[List[str]] = typer.Argument(None, metavar="[PEER...]", help="Members to remove (none: the whole group)."),
+    yes: bool = typer.Option(False, "--yes", help="Remove them even if indexed sources scrubbed for @NAME would then reach them unscrubbed (without it, a terminal asks and anything else is refused)."),
     as_json: bool = _JSON,
 ) -> None:
     """Remove PEERs from group NAME, or the whole group. Rules naming @NAME stay (they then
-    match nobody). A running host applies it from its next query."""
+    match nobody). A running host applies it from its next query. When something is
+    scrubbed for @NAME, says which indexed sources the removed members would then receive
+    unscrubbed and asks first (--yes)."""
+    from node.cli.policy_cmd import guarded_write
     from node.policy.store import Policy
 
     home = home_of(ctx)
+    before = Policy.load(home)
     policy = Policy.load(home)
     policy.remove_members(name, list(peers or ()))
-    policy.save()
+    guarded_write(home, before, policy, policy.save, yes=yes)
     _audit(home, "group-changed", group=name, removed=sorted(set(peers or ())) or None, deleted=not peers or None)
     left = policy.groups.get(name)
     if as_json:

@@ -49,6 +49,59 @@ class TierChoice(str, Enum):
 
 
 _JSON = typer.Option(False, "--json", help="Print one JSON object on stdout.")
+_YES = typer.Option(False, "--yes", help="Make the change even if it stops scrubbing indexed sources for some peer (without it, a terminal asks and anything else is refused).")
+
+
+def guarded_write(home: Path, before: Policy, after: Policy, write, *, yes: bool,
+                  served_as: dict | None = None) -> list:
+    """Make a change that might stop scrubbing (specs/policy.md §9.5): say which indexed
+    sources ``after`` would newly serve unscrubbed compared with ``before`` (and what the
+    scrub record says was once covered), ask on a terminal unless ``yes``, then call
+    ``write()`` and add both policies' coverage to the record.
+
+    Args:
+        before, after: the policy as it is and as the change leaves it.
+        write: makes the change (saves policy.toml, removes a pin, ...); called only
+            when nothing would lapse or the owner confirmed.
+        served_as: recipients served under another identity afterwards
+            (``kith peers remove NAME``: ``{NAME: None}``).
+
+    Returns:
+        The :class:`node.policy.scrub_coverage.Unscrubbed` lines the owner confirmed
+        (empty: nothing lapsed).
+
+    Raises:
+        PolicyError: ``scrub-would-lapse`` (not a terminal and no ``yes``, or not
+            answered yes); nothing is written then.
+    """
+    import sys
+
+    from node.common.errors import PolicyError
+    from node.policy.scrub_coverage import change_unscrubs, commit_change
+
+    def scanning(n: int) -> None:
+        if n >= 10_000:
+            _note(f"checking what this change stops scrubbing in {n} indexed sources…")
+
+    lapsed, record = change_unscrubs(home, before, after, served_as=served_as, on_scan=scanning)
+    if lapsed:
+        err_console.print(safe_text("this change stops scrubbing indexed sources (specs/policy.md §9):\n"
+                                    + "\n".join(f"  {u.line()}" for u in lapsed)),
+                          markup=False, highlight=False, soft_wrap=True)
+        if not yes:
+            if not sys.stdin.isatty():
+                raise PolicyError("scrub-would-lapse", "not changed: it would serve these sources unscrubbed; "
+                                  "run it again with --yes to confirm")
+            err_console.print("stop scrubbing them? [y/N] ", end="", markup=False, highlight=False)
+            if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                raise PolicyError("scrub-would-lapse", "not changed (not confirmed)")
+    commit_change(home, record, before, after, write)
+    return lapsed
+
+
+def _unscrubbed_json(lapsed: list) -> dict:
+    """``{"unscrubbed": [...]}`` for a change that stopped scrubbing (confirmed), else ``{}``."""
+    return {"unscrubbed": [u.to_dict() for u in lapsed]} if lapsed else {}
 
 
 def _rule_dict(rule: Rule) -> dict:
@@ -147,9 +200,13 @@ def set_cmd(
         None, "--for", metavar="NAME|@GROUP", help="A per-peer override: applies to this registry name (or group) only."),
     until: Optional[str] = typer.Option(
         None, "--until", metavar="DATE|DURATION", help="The override ends then (2027-01-31, 12h, 7d, 2w); only with --for."),
+    yes: bool = _YES,
     as_json: bool = _JSON,
 ) -> None:
-    """Add or replace the rule for GLOB (with --for NAME: that peer's override)."""
+    """Add or replace the rule for GLOB (with --for NAME: that peer's override). Scrubbing
+    follows sources, not tiers, so moving a source to another tier keeps it scrubbed; a
+    rule that would open to a peer a source once scrubbed for it and no longer is asks
+    first (--yes)."""
     from node.policy.grants import parse_until
 
     if until is not None and for_peer is None:
@@ -166,10 +223,12 @@ def set_cmd(
     check_peer_names([for_peer] if for_peer is not None else [], "--for name", groups=True)
     check_peer_names(peers, "--peer name", groups=True)
     home = home_of(ctx)
+    before = Policy.load(home)
     policy = Policy.load(home)
     old = policy.rule_for(glob, for_peer=for_peer)
     rule = policy.set(glob, tier.value, peers or None, for_peer=for_peer, until=ends)
-    policy.save()  # every refusal is raised above: a refused set leaves policy.toml as it was
+    # every refusal is raised before the write: a refused set leaves policy.toml as it was
+    lapsed = guarded_write(home, before, policy, policy.save, yes=yes)
     unpinned = _warn_unpinned(home, [for_peer] if for_peer is not None else peers,
                               "--for" if for_peer is not None else "--peer")
     said, superseded = _supersession(old, rule, policy.same_sources(rule))
@@ -178,7 +237,8 @@ def set_cmd(
     warning = cov.warning(len(sources))
     if as_json:
         emit_json({**_rule_dict(rule), **{k: v for k, v in cov.to_dict().items() if k not in ("glob", "tier", "for")},
-                   **superseded, "unpinnedPeers": unpinned, "warning": warning})
+                   **superseded, "unpinnedPeers": unpinned, "warning": warning,
+                   **_unscrubbed_json(lapsed)})
     else:
         extra = f" (peers: {', '.join(rule.peers)})" if rule.peers else ""
         extra += f" (override for {rule.peer})" if rule.peer else ""
@@ -196,13 +256,24 @@ def set_cmd(
 @policy_app.command("check")
 def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """List the rules that match no indexed source (typos) and the indexed sources no rule
-    decides (private by default), with how many sources each rule decides."""
+    decides (private by default), with how many sources each rule decides, and the indexed
+    sources served unscrubbed to a peer that a scrub entry once covered."""
+    from node.policy.scrub_coverage import ScrubRecord, recipients, unscrubbed
+    from node.trust.peers import PeerRegistry
+
     home = home_of(ctx)
     policy = Policy.load(home)
     sources = indexed_sources(home)
     report = check_policy(policy, sources)
+    record = ScrubRecord.load(home)
+    record.add(policy)  # what it reads counts as covered from now on (§9.5)
+    try:
+        record.save(home)
+    except OSError as exc:
+        _warn(f"could not write the scrub record: {exc.strerror}")
+    lapsed = unscrubbed(policy, record, sources, recipients(policy, record, list(PeerRegistry.load(home).peers)))
     if as_json:
-        emit_json(report.to_dict())
+        emit_json({**report.to_dict(), "unscrubbed": [u.to_dict() for u in lapsed]})
         return
     lines = [f"{report.sources} indexed source(s), {len(report.rules)} rule(s)"]
     for cov in report.rules:
@@ -222,6 +293,15 @@ def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
             lines.append(f"  (and {len(report.undecided) - MAX_LISTED} more; --json lists the first {MAX_LISTED})")
     else:
         lines.append("every indexed source is decided by a rule")
+    if lapsed:
+        lines.append("served unscrubbed though a scrub entry once covered them "
+                     "(`kith policy scrub --for WHO [--glob GLOB] KINDS` scrubs them again):")
+        lines += [f"  {u.line()}" for u in lapsed]
+    elif policy.scrub_rules or record.rows:
+        lines.append("nothing a scrub entry ever covered is served unscrubbed")
+    if policy.scrub_migrated:
+        lines.append("policy.toml still holds the older [scrub.tier]/[scrub.peer] form (read as [[scrub]]; "
+                     "the next `kith policy` change writes the new form)")
     console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)
 
 
@@ -230,17 +310,22 @@ def unset_cmd(
     ctx: typer.Context,
     glob: str = typer.Argument(..., help="The glob of the rule to remove."),
     for_peer: Optional[str] = typer.Option(None, "--for", metavar="NAME|@GROUP", help="Remove that peer's (or group's) override instead."),
+    yes: bool = _YES,
     as_json: bool = _JSON,
 ) -> None:
-    """Remove the rule for GLOB (a warning, not an error, when there is none)."""
-    policy = Policy.load(home_of(ctx))
+    """Remove the rule for GLOB (a warning, not an error, when there is none). Asks first
+    (--yes) when that would open to a peer a source once scrubbed for it and no longer is."""
+    home = home_of(ctx)
+    before = Policy.load(home)
+    policy = Policy.load(home)
     removed = policy.unset(glob, for_peer=for_peer)
+    lapsed: list = []
     if removed:
-        policy.save()
+        lapsed = guarded_write(home, before, policy, policy.save, yes=yes)
     else:
         _warn(f"no rule for {glob!r}; nothing changed")
     if as_json:
-        emit_json({"glob": glob, "removed": removed})
+        emit_json({"glob": glob, "removed": removed, **_unscrubbed_json(lapsed)})
     elif removed:
         console.print(f"removed {glob}", highlight=False, markup=False)
     if removed:
@@ -278,7 +363,7 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     if as_json:
         emit_json({"rules": [_rule_dict(r) for r in policy.rules],
                    "overrides": [_rule_dict(r) for r in policy.overrides], "quota": policy.quota,
-                   "scrub": policy.scrub})
+                   "scrub": _scrub_json(policy)})
         return
     if not policy.rules and not policy.overrides:
         console.print("no rules: every source is private", highlight=False)
@@ -337,13 +422,20 @@ def quota_cmd(
         _note(LIVE_NOTE)
 
 
+def _scrub_json(policy: Policy) -> list:
+    """The ``[[scrub]]`` entries as stored: ``[{"glob": str|null, "for", "kinds"}]``."""
+    return [{"glob": s.glob, "for": s.recipient, "kinds": list(s.kinds)} for s in policy.scrub_rules]
+
+
 def _scrub_lines(policy: Policy) -> list[str]:
-    """The ``[scrub]`` entries, one line each (``kith policy scrub``/``list``)."""
-    entries = policy.scrub_entries()
-    if not entries:
-        return ["  nothing is scrubbed"]
-    return [f"  {('tier ' if key == 'tier' else 'peer ') + target:<18} {', '.join(kinds)}"
-            for key, target, kinds in entries]
+    """The ``[[scrub]]`` entries, one line each (``kith policy scrub``/``list``)."""
+    lines = []
+    for s in policy.scrub_rules:
+        who = "every peer" if s.recipient == "*" else s.recipient
+        lines.append(f"  {who:<18} {s.glob or 'every source':<24} {', '.join(s.kinds)}")
+    if policy.scrub_migrated:
+        lines.append("  (read from the older [scrub.tier]/[scrub.peer] form; the next change writes [[scrub]])")
+    return lines or ["  nothing is scrubbed"]
 
 
 @policy_app.command("scrub")
@@ -353,24 +445,33 @@ def scrub_cmd(
         None, metavar="[KINDS]",
         help="Comma-separated kinds to replace by placeholders: email, phone, card, iban, secret."),
     for_target: Optional[str] = typer.Option(
-        None, "--for", metavar="TIER|PEER",
-        help="A tier (public, peers, ask: every source of it) or a pinned peer's name (everything it receives)."),
-    off: bool = typer.Option(False, "--off", help="Stop scrubbing for --for TIER|PEER (removes its entry)."),
+        None, "--for", metavar="'*'|PEER|@GROUP",
+        help="Who it is scrubbed for: '*' (every peer, anonymous included), a pinned peer's name, or @GROUP (every member). "
+             "A tier (public, peers, ask) is the old spelling of '*'."),
+    glob: Optional[str] = typer.Option(
+        None, "--glob", metavar="GLOB", help="Only these sources, whatever their tier (default: every source)."),
+    off: bool = typer.Option(False, "--off", help="Stop scrubbing for --for (and --glob): removes that entry."),
+    yes: bool = _YES,
     as_json: bool = _JSON,
 ) -> None:
     """Scrub values out of what peers receive: e-mail addresses, phone numbers, card
     numbers (Luhn), IBANs (mod 97) and API/private keys are replaced by [email], [phone],
     ... in previews, excerpts, synthesis and source ids, and a scrubbed peer's index holds
-    the scrubbed text, so searching for a value finds nothing. KINDS replaces what the
-    target had. Without arguments, list what is scrubbed."""
+    the scrubbed text, so searching for a value finds nothing. It follows the sources
+    (--glob) and the recipients (--for), never a tier: moving a source to another tier, or
+    approving an 'ask' source, keeps it scrubbed. KINDS replaces what the entry had;
+    removing kinds asks first (--yes) when indexed sources would be served unscrubbed.
+    Without arguments, list what is scrubbed."""
     from node.policy.scrub import KINDS, check_kinds
+    from node.policy.store import SCRUB_TIERS
 
     home = home_of(ctx)
     policy = Policy.load(home)
     changed = None
+    lapsed: list = []
     if for_target is None:
-        if kinds is not None or off:
-            raise UsageError("usage", "give --for TIER|PEER with KINDS or --off")
+        if kinds is not None or off or glob is not None:
+            raise UsageError("usage", "give --for '*'|PEER|@GROUP with KINDS or --off")
     else:
         if off == (kinds is not None):
             raise UsageError("usage", "give either KINDS (e.g. email,card) or --off")
@@ -378,19 +479,23 @@ def scrub_cmd(
         if not off and not wanted:
             raise UsageError("usage", f"KINDS is a comma-separated list of {', '.join(KINDS)}")
         check_kinds(wanted)
-        before = policy.scrub_entries()
-        key, got = policy.set_scrub(for_target, wanted)
-        changed = policy.scrub_entries() != before
+        before = Policy.load(home)
+        entry = policy.set_scrub(for_target, wanted, glob=glob)
+        changed = policy.scrub_rules != before.scrub_rules or policy.scrub_migrated
         if changed:
-            policy.save()
-        if key == "peer":
+            lapsed = guarded_write(home, before, policy, policy.save, yes=yes)
+            policy.scrub_migrated = False
+        if for_target in SCRUB_TIERS:
+            _note(f"scrubbing follows sources and recipients, not tiers (specs/policy.md §9.0): --for {for_target} "
+                  "is stored as --for '*' (every peer); narrow it with --glob")
+        elif for_target != "*" and entry is not None:
             _warn_unpinned(home, [for_target], "--for")
-        if off and not changed:
-            _warn(f"nothing was scrubbed for {for_target}; nothing changed")
+        if off and policy.scrub_rules == before.scrub_rules:
+            _warn(f"nothing was scrubbed for {for_target}" + (f" in {glob}" if glob else "") + "; nothing changed")
     if as_json:
-        emit_json({"scrub": {k: dict(v) for k, v in policy.scrub.items()}, "changed": bool(changed)})
+        emit_json({"scrub": _scrub_json(policy), "changed": bool(changed), **_unscrubbed_json(lapsed)})
     else:
-        console.print("scrubbed for peers (`kith policy scrub --for TIER|PEER KINDS`):\n"
+        console.print("scrubbed for peers (`kith policy scrub --for '*'|PEER|@GROUP [--glob GLOB] KINDS`):\n"
                       + "\n".join(_scrub_lines(policy)), highlight=False, markup=False, soft_wrap=True)
     if changed:
         _note(LIVE_NOTE + "; a scrubbed peer's index is rebuilt at its next query")

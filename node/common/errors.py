@@ -262,6 +262,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "policy-bad-glob": ("policy", "The policy glob is not valid."),
     "policy-bad-tier": ("policy", "The policy tier is not one of public, peers, ask, private, never."),
     "scrub-bad-kind": ("policy", "A scrub kind is not one of email, phone, card, iban, secret."),
+    "scrub-would-lapse": ("policy", "The change would serve sources unscrubbed that a scrub entry covers; confirm it (or --yes)."),
     "approval-not-found": ("policy", "No approval request with that id exists."),
     "approval-decided": ("policy", "That approval request was already decided."),
     "approval-id-ambiguous": ("policy", "That id prefix matches more than one approval request; type more of the id."),

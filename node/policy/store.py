@@ -22,10 +22,12 @@ The exact glob, specificity and tie rules are in ``specs/policy.md``; in short:
   ``[quota.peer.NAME]`` over it.
 * An override and a group membership may carry ``until`` (RFC 3339 UTC): from then on it
   is ignored (:mod:`node.policy.grants`).
-* ``[scrub.tier]`` / ``[scrub.peer]`` (``kith policy scrub``): kinds of values
-  (:data:`node.policy.scrub.KINDS`) replaced by placeholders in what a peer receives from
-  a source of that tier, or in everything that peer receives (:meth:`Policy.scrub_kinds`;
-  specs/policy.md §9).
+* ``[[scrub]]`` (``glob`` optional, ``for``, ``kinds``; ``kith policy scrub``): kinds of
+  values (:data:`node.policy.scrub.KINDS`) replaced by placeholders in what the recipients
+  ``for`` names (``"*"``, a registry name, ``@group``) receive from the sources ``glob``
+  matches — attached to sources and recipients, never to a tier, so no rule or tier change
+  narrows it (:meth:`Policy.scrub_kinds`; specs/policy.md §9.0). The older
+  ``[scrub.tier]`` / ``[scrub.peer]`` tables are migrated on read (:func:`_scrub_rules`).
 
 The file is read with stdlib :mod:`tomllib` and written with ``tomli-w`` through
 :func:`node.common.home.atomic_write` (0600, tmp+rename). Comments are not preserved on save.
@@ -76,8 +78,12 @@ GROUP_PREFIX = "@"
 #: The most members one group may have.
 MAX_GROUP_MEMBERS = 1000
 _QUOTA_KEYS = {"queries_per_hour", "burst", "max_message_bytes"}
-#: Tiers a ``[scrub.tier]`` entry may name: the ones whose sources reach a peer.
+#: Tiers a legacy ``[scrub.tier]`` entry may name: the ones whose sources reach a peer
+#: (``kith policy scrub --for TIER`` accepts them as the old spelling of ``--for '*'``).
 SCRUB_TIERS: tuple[str, ...] = ("public", "peers", "ask")
+_SCRUB_KEYS = {"glob", "for", "kinds"}
+#: A ``[[scrub]]`` ``for`` that covers every peer, pinned or anonymous.
+EVERY_PEER = "*"
 
 #: Quota defaults: per peer (pinned or anonymous key), queries per hour, burst, bytes per
 #: answer. A person exploring does not hit them (issue 20): 60 questions back to back, then
@@ -292,41 +298,105 @@ def _check_quota_values(table: object, where: str, *, allow_peer: bool) -> dict[
     return out
 
 
-def _check_scrub(table: object, where: str) -> dict[str, Any]:
-    """The ``[scrub]`` table checked: ``{"tier": {TIER: [kinds]}, "peer": {NAME: [kinds]}}``
-    (either sub-table optional; kinds deduplicated in :data:`node.policy.scrub.KINDS`
-    order; an empty list is dropped).
+@dataclass(frozen=True)
+class ScrubRule:
+    """One ``[[scrub]]`` entry (specs/policy.md §9.0): ``kinds`` are scrubbed from every
+    source ``glob`` matches (None: every source) in what ``recipient`` receives.
+
+    Attributes:
+        recipient: the TOML ``for``: :data:`EVERY_PEER`, a registry name or ``@group``.
+        kinds: kinds of :data:`node.policy.scrub.KINDS`, non-empty, in that order.
+        glob: the canonical §3 glob, or None for every source (UNC ids included).
+    """
+
+    recipient: str
+    kinds: tuple[str, ...]
+    glob: str | None = None
+    matcher: GlobMatcher | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "matcher", None if self.glob is None else GlobMatcher(self.glob))
+
+    def covers(self, canonical: str) -> bool:
+        """Whether the entry's glob matches the canonical source id (always, without one)."""
+        return self.matcher is None or self.matcher.match(canonical)
+
+    def to_toml(self) -> dict[str, Any]:
+        """``{"glob"?, "for", "kinds"}`` (``glob`` only when set)."""
+        out: dict[str, Any] = {} if self.glob is None else {"glob": self.glob}
+        out.update({"for": self.recipient, "kinds": list(self.kinds)})
+        return out
+
+
+def _merged_scrubs(rules: Iterable[ScrubRule]) -> list[ScrubRule]:
+    """``rules`` with entries of the same (glob, for) merged into the first (kinds united),
+    in first-seen order."""
+    from node.policy.scrub import check_kinds
+
+    merged: dict[tuple[str | None, str], set[str]] = {}
+    for r in rules:
+        merged.setdefault((r.glob, r.recipient), set()).update(r.kinds)
+    return [ScrubRule(who, check_kinds(kinds), glob) for (glob, who), kinds in merged.items() if kinds]
+
+
+def _scrub_rules(raw: object, name: str) -> tuple[list[ScrubRule], bool]:
+    """The ``scrub`` key of a policy document as :class:`ScrubRule` s, and whether it was
+    the legacy table form (specs/policy.md §2: migrated on read).
+
+    ``[[scrub]]`` (a list): each table checked (``for`` required, ``glob`` optional,
+    ``kinds`` a non-empty list). Legacy ``[scrub]`` (a table of ``tier`` / ``peer``
+    sub-tables): every ``[scrub.tier]`` list becomes one entry for :data:`EVERY_PEER` and
+    every source (kinds united; nothing it scrubbed before is unscrubbed), every
+    ``[scrub.peer]`` NAME list an entry for NAME and every source.
 
     Raises:
         PolicyError: ``policy-invalid`` (unknown key, a tier that never reaches a peer, a
-            name that is no registry name, not a list), ``scrub-bad-kind``.
+            name that is no registry name or group, not a list, an empty ``kinds``),
+            ``policy-bad-glob``, ``scrub-bad-kind``.
     """
     from node.policy.scrub import check_kinds
 
-    if not isinstance(table, dict):
-        raise PolicyError("policy-invalid", f"{where}must be a table")
-    out: dict[str, Any] = {}
-    for key, sub in table.items():
+    if isinstance(raw, list):
+        out = []
+        for where, table in _array_of_tables({"scrub": raw}, "scrub", name, _SCRUB_KEYS, ("for", "kinds")):
+            who = table["for"]
+            if who in TIERS:
+                raise PolicyError("policy-invalid", f"{where}'for' names who receives, not a tier: "
+                                  f"\"*\" (every peer), a registry name or @group (specs/policy.md §9.0)")
+            if who != EVERY_PEER:
+                _check_peer_name(who, where)
+            kinds = table["kinds"]
+            if not isinstance(kinds, list) or not kinds:
+                raise PolicyError("policy-invalid", f"{where}'kinds' must be a non-empty list of kinds")
+            glob = canonical_glob(table["glob"], where=where) if "glob" in table else None
+            out.append(ScrubRule(who, check_kinds(kinds, where), glob))
+        return _merged_scrubs(out), False
+    where = f"{name}: [scrub]: "
+    if not isinstance(raw, dict):
+        raise PolicyError("policy-invalid", f"{where}must be [[scrub]] tables (or the older [scrub.tier] table)")
+    every: list[str] = []
+    named: list[ScrubRule] = []
+    for key, sub in raw.items():
         if key not in ("tier", "peer"):
-            raise PolicyError("policy-invalid", f"{where}unknown key {key!r} (use [scrub.tier] or [scrub.peer])")
+            raise PolicyError("policy-invalid", f"{where}unknown key {key!r} (use [[scrub]] with glob, for, kinds)")
         if not isinstance(sub, dict):
             raise PolicyError("policy-invalid", f"{where}{key!r} must be a table")
-        checked: dict[str, list[str]] = {}
-        for name, kinds in sub.items():
-            at = f"{where}{key}.{name!a}: "
-            if key == "tier" and name not in SCRUB_TIERS:
+        for target, kinds in sub.items():
+            at = f"{where}{key}.{target!a}: "
+            if key == "tier" and target not in SCRUB_TIERS:
                 raise PolicyError("policy-invalid", f"{at}scrubbing applies to tiers {', '.join(SCRUB_TIERS)} "
                                   "(the others never reach a peer)")
             if key == "peer":
-                _check_peer_name(name, at)
+                _check_peer_name(target, at)
             if not isinstance(kinds, list):
                 raise PolicyError("policy-invalid", f"{at}must be a list of kinds")
             got = check_kinds(kinds, at)
-            if got:
-                checked[name] = list(got)
-        if checked:
-            out[key] = checked
-    return out
+            if key == "tier":
+                every.extend(got)
+            elif got:
+                named.append(ScrubRule(target, got))
+    first = [ScrubRule(EVERY_PEER, check_kinds(every))] if every else []
+    return _merged_scrubs(first + named), True
 
 
 @dataclass(frozen=True)
@@ -384,7 +454,7 @@ class Policy:
 
     def __init__(self, rules: Iterable[Rule] = (), quota: dict[str, Any] | None = None,
                  path: Path | None = None, overrides: Iterable[Rule] = (),
-                 groups: dict[str, Group] | None = None, scrub: dict[str, Any] | None = None) -> None:
+                 groups: dict[str, Group] | None = None, scrubs: Iterable[ScrubRule] = ()) -> None:
         self._rules: list[Rule] = list(rules)
         self._overrides: list[Rule] = list(overrides)
         #: ``[group.NAME]`` tables by name (``kith peers group``).
@@ -393,8 +463,10 @@ class Policy:
         #: :meth:`node.runtime.clock.Clock.time`, and a re-read policy keeps it.
         self.now: Any = time.time
         self.quota: dict[str, Any] = dict(quota or {})
-        #: the checked ``[scrub]`` table (:func:`_check_scrub`; ``kith policy scrub``)
-        self.scrub: dict[str, Any] = dict(scrub or {})
+        self._scrubs: list[ScrubRule] = _merged_scrubs(scrubs)
+        #: True when the file held the legacy ``[scrub.tier]``/``[scrub.peer]`` form (read
+        #: as ``[[scrub]]``; :meth:`save` writes the new form)
+        self.scrub_migrated = False
         self.path = path
         #: :func:`file_stamp` of :attr:`path` taken just before :meth:`load` read it;
         #: ``None`` for a policy not loaded from a file (never re-read, see
@@ -456,12 +528,14 @@ class Policy:
         if not isinstance(raw_groups, dict):
             raise PolicyError("policy-invalid", f"{name}: 'group' must be a table of tables ([group.NAME])")
         groups = {g: _make_group(g, t, f"{name}: [group.{str(g)[:64]}]: ") for g, t in raw_groups.items()}
-        scrub = _check_scrub(doc["scrub"], f"{name}: [scrub]: ") if "scrub" in doc else {}
-        return cls(rules, quota, path, overrides, groups, scrub)
+        scrubs, migrated = _scrub_rules(doc["scrub"], name) if "scrub" in doc else ([], False)
+        policy = cls(rules, quota, path, overrides, groups, scrubs)
+        policy.scrub_migrated = migrated
+        return policy
 
     def to_toml(self) -> str:
         """Serialize to TOML (a header comment, ``[[rule]]`` tables, ``[quota]``, then
-        ``[scrub]``)."""
+        ``[[scrub]]``)."""
         doc: dict[str, Any] = {}
         if self._rules:
             doc["rule"] = [r.to_toml() for r in self._rules]
@@ -471,8 +545,8 @@ class Policy:
             doc["quota"] = self.quota
         if self.groups:
             doc["group"] = {n: g.to_toml() for n, g in sorted(self.groups.items())}
-        if self.scrub:
-            doc["scrub"] = self.scrub
+        if self._scrubs:
+            doc["scrub"] = [s.to_toml() for s in self._scrubs]
         header = ("# Kith egress policy (DESIGN §10). Written by `kith policy`; "
                   "comments are not kept.\n")
         return header + tomli_w.dumps(doc)
@@ -719,56 +793,100 @@ class Policy:
         merged.update(self.quota.get("anonymous") or {})
         return Quota(**merged)
 
-    # --- scrubbing (kith policy scrub) ------------------------------------------------------
-    def set_scrub(self, target: str, kinds: Iterable[str]) -> tuple[str, tuple[str, ...]]:
-        """Set the kinds scrubbed for ``target`` — a tier of :data:`SCRUB_TIERS`, or a
-        registry name — replacing what it had; empty ``kinds`` removes its entry. Does
-        not save.
+    # --- scrubbing (kith policy scrub; specs/policy.md §9.0) -----------------------------
+    @property
+    def scrub_rules(self) -> tuple[ScrubRule, ...]:
+        """The ``[[scrub]]`` entries in file order."""
+        return tuple(self._scrubs)
+
+    def set_scrub(self, target: str, kinds: Iterable[str], *, glob: str | None = None) -> ScrubRule | None:
+        """Set the kinds scrubbed for (``glob``, ``target``), replacing what that entry had;
+        empty ``kinds`` removes it. Does not save.
+
+        Args:
+            target: :data:`EVERY_PEER`, a registry name or ``@group``; a tier of
+                :data:`SCRUB_TIERS` is the old spelling of :data:`EVERY_PEER`.
+            glob: the sources (a §3 glob, stored canonical); None: every source.
 
         Returns:
-            ``("tier" | "peer", the kinds now set)``.
+            The entry now stored, or None when it was removed (or there was none).
 
         Raises:
             PolicyError: ``scrub-bad-kind``; ``policy-invalid`` for ``private``/``never``
                 (never sent, nothing to scrub); ``peer-bad-name`` for a target that is
-                neither a tier nor a registry name.
+                neither ``*``, a tier, a registry name nor a group; ``policy-bad-glob``.
+                Nothing changes when one is raised.
         """
         from node.policy.scrub import check_kinds
 
         got = check_kinds(kinds)
         if target in TIERS and target not in SCRUB_TIERS:
             raise PolicyError("policy-invalid", f"tier {target!r} never reaches a peer: nothing to scrub "
-                              f"(scrubbing applies to {', '.join(SCRUB_TIERS)})")
-        key = "tier" if target in SCRUB_TIERS else "peer"
-        if key == "peer":
-            check_peer_names([target], "--for name")
-        table = {k: dict(v) for k, v in self.scrub.items()}
-        sub = table.setdefault(key, {})
-        if got:
-            sub[target] = list(got)
-        else:
-            sub.pop(target, None)
-        self.scrub = {k: v for k, v in table.items() if v}
-        return key, got
+                              f"(scrubbing applies to what peers receive)")
+        who = EVERY_PEER if target in SCRUB_TIERS else target
+        if who != EVERY_PEER:
+            check_peer_names([who], "--for name", groups=True)
+        canon = canonical_glob(glob) if glob is not None else None
+        entry = ScrubRule(who, got, canon) if got else None
+        kept: list[ScrubRule] = []
+        placed = False
+        for old in self._scrubs:
+            if (old.glob, old.recipient) == (canon, who):
+                if entry is not None and not placed:
+                    kept.append(entry)
+                placed = True
+                continue
+            kept.append(old)
+        if entry is not None and not placed:
+            kept.append(entry)
+        self._scrubs = kept
+        return entry
 
-    def scrub_entries(self) -> list[tuple[str, str, tuple[str, ...]]]:
-        """Every ``[scrub]`` entry as ``("tier" | "peer", target, kinds)``, tiers first."""
-        return [(key, target, tuple(kinds)) for key in ("tier", "peer")
-                for target, kinds in sorted((self.scrub.get(key) or {}).items())]
+    def scrub_recipients(self, peer_name: str | None) -> frozenset[str]:
+        """The ``for`` values that cover ``peer_name`` (None: an anonymous peer):
+        :data:`EVERY_PEER`, the name itself and ``@group`` for every group listing it —
+        ended memberships included: an ``until`` ends what a group grants, never what it
+        scrubs (specs/policy.md §9.0)."""
+        if peer_name is None:
+            return frozenset((EVERY_PEER,))
+        return frozenset({EVERY_PEER, peer_name} | {GROUP_PREFIX + g.name for g in self.groups.values()
+                                                      if peer_name in g.members})
 
-    def scrub_kinds(self, tier: str, peer_name: str | None) -> frozenset[str]:
-        """The kinds scrubbed from a source of ``tier`` sent to ``peer_name`` (None: an
-        anonymous peer): the tier's ``[scrub.tier]`` kinds plus the peer's
-        ``[scrub.peer]`` kinds (specs/policy.md §9). Empty: nothing is scrubbed."""
-        kinds = set((self.scrub.get("tier") or {}).get(tier) or ())
-        if peer_name is not None:
-            kinds.update((self.scrub.get("peer") or {}).get(peer_name) or ())
+    def scrubs_for(self, peer_name: str | None) -> bool:
+        """True when some ``[[scrub]]`` entry covers ``peer_name`` (else its answers and
+        view pay nothing for scrubbing)."""
+        names = self.scrub_recipients(peer_name)
+        return any(s.recipient in names for s in self._scrubs)
+
+    def scrub_kinds(self, canonical: str | None, peer_name: str | None) -> frozenset[str]:
+        """The kinds scrubbed from the source ``canonical`` (a canonical id, §1) in what
+        ``peer_name`` (None: an anonymous peer) receives: the union of the ``kinds`` of
+        every ``[[scrub]]`` whose glob matches it and whose ``for`` covers the peer
+        (:meth:`scrub_recipients`). Independent of the tier and the rules (specs/policy.md
+        §9.0): the one entry point the answer path and a peer's view use. Empty: nothing
+        is scrubbed. ``canonical`` None (an invalid id) → empty (it is never sent).
+
+        Raises:
+            ValueError: ``canonical`` is a tier name — the entry point took a tier before
+                scrubbing followed the sources; a caller still passing one would scrub
+                by the wrong rule, so it fails loudly instead.
+        """
+        if canonical in _RANK:
+            raise ValueError(f"scrub_kinds takes a canonical source id, not the tier {canonical!r} "
+                             "(specs/policy.md §9.0)")
+        if canonical is None or not self._scrubs:
+            return frozenset()
+        names = self.scrub_recipients(peer_name)
+        kinds: set[str] = set()
+        for s in self._scrubs:
+            if s.recipient in names and s.covers(canonical):
+                kinds.update(s.kinds)
         return frozenset(kinds)
 
     @property
     def scrubs(self) -> bool:
-        """True when any ``[scrub]`` entry exists (else no peer answer pays for scrubbing)."""
-        return bool(self.scrub)
+        """True when any ``[[scrub]]`` entry exists (else no peer answer pays for scrubbing)."""
+        return bool(self._scrubs)
 
     # --- deciding -------------------------------------------------------------------------
     def match(self, canonical: str, peer_name: str | None = None) -> Rule | None:

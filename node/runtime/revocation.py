@@ -88,6 +88,7 @@ class PeersWatcher:
         self.interval_s = interval_s
         self._peers_stamp = file_stamp(self.home / PEERS_FILE)
         self._policy_stamp = file_stamp(self.home / "policy.toml")
+        self._record_scrub_at_start()
         registry = PeerRegistry.load(self.home)
         self._registry = registry
         self._pinned = {r.public_key: r.name for r in registry.peers.values()}
@@ -285,6 +286,17 @@ class PeersWatcher:
         self.on_event(ev)
         return ev
 
+    def _record_scrub_at_start(self) -> None:
+        """Add the policy in force at start to the scrub record (specs/policy.md §9.5), so
+        a scrub entry later removed by hand still counts as "once covered"."""
+        from node.policy.scrub_coverage import record_scrub
+        from node.policy.store import Policy
+
+        try:
+            record_scrub(self.home, Policy.load(self.home))
+        except KithError:
+            pass  # a broken policy is reported by the first poll that sees it change
+
     def _poll_policy(self) -> None:
         stamp = file_stamp(self.home / "policy.toml")
         if stamp == self._policy_stamp:
@@ -297,6 +309,9 @@ class PeersWatcher:
         except KithError as exc:
             self.on_event({"event": "policy-reloaded", "ok": False, "code": exc.code})
             return
+        from node.policy.scrub_coverage import record_scrub
+
+        record_scrub(self.home, policy)  # what it scrubs counts as "once covered" (specs/policy.md §9.5)
         self.on_event({"event": "policy-reloaded", "ok": True, "rules": len(policy.rules)})
 
 

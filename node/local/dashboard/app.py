@@ -291,10 +291,14 @@ class _Pages:
             glob, tier = self._field(form, "glob"), self._field(form, "tier")
             peers = [p.strip() for p in form.get("peers", "").replace(",", " ").split() if p.strip()]
             for_peer = form.get("for", "").strip() or None
+            from node.policy.scrub_coverage import refuse_unscrubbing
+
             # Policy.set checks the glob, the tier, the names and their combination
+            before = Policy.load(self.home)
             policy = Policy.load(self.home)
             rule = policy.set(glob, tier, peers or None, for_peer=for_peer)
-            policy.save()
+            # no confirmation here: a rule that would stop scrubbing is refused (specs/policy.md §9.5)
+            refuse_unscrubbing(self.home, before, policy, policy.save, how="kith policy set")
             from node.policy.coverage import indexed_sources, rule_coverage
 
             sources = indexed_sources(self.home)
@@ -312,10 +316,13 @@ class _Pages:
 
             glob = self._field(form, "glob")
             for_peer = form.get("for", "").strip() or None
+            from node.policy.scrub_coverage import refuse_unscrubbing
+
+            before = Policy.load(self.home)
             policy = Policy.load(self.home)
             if not policy.unset(glob, for_peer=for_peer):
                 return f"no rule for {glob}; nothing changed"
-            policy.save()
+            refuse_unscrubbing(self.home, before, policy, policy.save, how="kith policy unset")
             return f"removed rule {glob}" + (f" for {for_peer}" if for_peer else "")
 
         return await self._act(request, "/policy", action)
