@@ -142,7 +142,7 @@ def test_peers_remove_ends_the_live_session_and_the_peer_rejoins_as_anonymous(ho
 
 
 SLOW_HOOKS = '''
-import pathlib, time
+import os, pathlib, time
 exec(compile(pathlib.Path(__file__).with_name("hooks_orig.py").read_text(), "hooks_orig.py", "exec"))
 _orig_on_message = on_message
 

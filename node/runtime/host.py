@@ -1,9 +1,10 @@
 """The Host role: bind an endpoint, publish (or write) an invitation, serve guests until stopped.
 
 :class:`Host` builds the host's small machines once and wires them in one place: the
-session table (node/runtime/sessions.py: who is connected), the posts
-(node/runtime/posts.py: what may be joined), one :class:`node.runtime.connection.Connection`
-per accepted connection, the audit tap, the peers watcher and the knowledge behind the
+session table (node/runtime/sessions.py: who is connected), the doorkeeper
+(node/runtime/doorkeeper.py: who may come in), the posts (node/runtime/posts.py: what may be
+joined), one :class:`node.runtime.connection.Connection` per accepted connection (given its
+collaborators, never the host), the audit tap, the peers watcher and the knowledge behind the
 egress gate. It takes an injectable clock and endpoint, so ``kith protocol test`` and the
 tests run this same host over memory pipes. :func:`serve_host` is what ``kith host`` calls.
 Every protocol rule lives in the engine, every content rule in the answer service
@@ -23,7 +24,7 @@ from node.common.errors import ConfigError, KithError, SpecError
 from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
 from node.engine.session import HostConfig, SessionEngine
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
-from node.runtime.connection import FIRST_STREAM_TIMEOUT_S, Connection
+from node.runtime.connection import FIRST_STREAM_TIMEOUT_S, Answering, Connection, SessionSetup, Wiring
 from node.transport.modes import RELAY_CHECK_S
 from node.runtime.hooks import load_hooks
 from node.runtime.posts import Posts
@@ -420,6 +421,26 @@ class Host:
 
         self.grant_watcher = GrantWatcher(self.home, self.table, self.clock, on_event=self.emit)
         self.rotations = RotationLedger.load(self.home)  # the person-key rotations this host followed
+        from node.runtime.doorkeeper import Doorkeeper
+
+        # every admission decision (slots, cool-downs, grants, presence, person checks)
+        self.door = Doorkeeper(table=self.table, peers=self.peers_watcher, rotations=self.rotations,
+                               presence=opts.presence, peers_only=opts.peers_only,
+                               closing=self.session_stop.is_set, emit=self.emit)
+
+    def _wiring(self) -> Wiring:
+        """What a :class:`Connection` uses — the host's collaborators as they are now, never the
+        host itself (built per accepted connection, after the endpoint is bound)."""
+        opts = self.opts
+        setup = SessionSetup(spec=self.spec, identity=self.identity, hooks=self.hooks, profile=self.own_profile,
+                             ui_bundle=self.ui_bundle, heartbeat=opts.heartbeat, stop=self.session_stop,
+                             hook_options=opts.hook_options, ttl_s=opts.ttl_s,
+                             first_stream_timeout_s=self.first_stream_timeout_s, reject_frame=self.reject_frame,
+                             pairing_code=self.pairing_code)
+        answering = Answering(tap=self.audit.tap, rewrite=self.citations.rewrite,
+                              check=self.knowledge.egress_check, knowledge_for=self.knowledge.handle_for)
+        return Wiring(door=self.door, table=self.table, posts=self.posts, nonces=self.seen_nonces,
+                      listener=self.listener, emit=self.emit, clock=self.clock, setup=setup, answering=answering)
 
     def emit(self, ev: dict[str, Any]) -> None:
         """Report one host event: to the audit log and the owner's ``on_event``, then to
@@ -598,7 +619,7 @@ class Host:
                     listener.close_connection(conn, b"handshake-host-busy")
 
                 self.table.connection_arrived(token, listener.remote_of(conn), evict)
-                tg.start_soon(self._serve_one, Connection(self, conn, token, scope))
+                tg.start_soon(self._serve_one, Connection(self._wiring(), conn, token, scope))
 
     async def _serve_one(self, connection: Connection) -> None:
         """Run one connection; an exception inside it ends that connection only."""

@@ -10,8 +10,8 @@ sleeps: it carries out its decisions through the ``end`` callback each connectio
 it, and time is the host's injected :class:`node.runtime.clock.Clock`, so every rule here
 is tested without iroh (``tests/test_sessions.py``).
 
-The admission predicate (:meth:`SessionTable.admits`) is the one place that decides whether
-a guest key may open a session once its ``_session_init`` is read (DESIGN §6, §10).
+Who may come in is the doorkeeper's (node/runtime/doorkeeper.py): it takes the slots
+here (:meth:`SessionTable.open_session`) and judges each step of a handshake.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection
 
-from node.common.errors import HandshakeError
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
+from node.runtime.doorkeeper import DEFERRABLE_CODES, admission, admits  # noqa: F401  (their old home)
 
 #: Live sessions a host serves at once (``HostOptions.max_sessions``).
 MAX_CONCURRENT_SESSIONS = 64
@@ -628,31 +628,9 @@ class SessionTable:
         return len(self._failures)
 
     # ------------------------------------------------------------ the predicate
-    @staticmethod
-    def admits(registry: Any, peers_only: bool, key: str, profile: dict[str, Any], revocations: Any = None) -> bool:
-        """May guest ``key`` open a session once its ``_session_init`` is read? (DESIGN §6, §10)
-
-        The one admission predicate (the engine's ``HostConfig.admit``). Raises
-        :class:`HandshakeError` ``handshake-peer-blocked`` for a blocked key (``kith peers
-        block``, specs/peers.md) and ``peer-key-changed`` for a guest whose key is not
-        pinned but whose shared ``displayName`` claims a pinned name; with ``peers_only``,
-        returns False (→ ``handshake-not-admitted``) for a key not in ``registry``. A key
-        that a revocation list kept in ``revocations`` (a
-        :class:`node.trust.revocation_list.RevocationStore`) names is refused first with
-        ``handshake-device-revoked`` (specs/peers.md §10), chain or not, when the list is
-        that of a person pin that has seen the key as its device
-        (:func:`node.trust.peers.persons_of_device`); any other device is judged by its
-        chain at ``_session_ready``.
-        """
-        from node.trust.peers import persons_of_device
-
-        if revocations is not None and revocations.revokes(key, persons_of_device(registry, key)) is not None:
-            raise HandshakeError("handshake-device-revoked", "this device was revoked by its person")
-        if registry.is_blocked(key):
-            raise HandshakeError("handshake-peer-blocked", "this key is blocked")
-        if registry.claimed_by_other(key, profile) is not None:
-            raise HandshakeError("peer-key-changed", "a pinned peer name with a different key")
-        return not peers_only or registry.by_key(key) is not None
+    #: The ``_session_init`` admission predicate, :func:`node.runtime.doorkeeper.admits`
+    #: (the doorkeeper holds every admission rule; kept here under its old name).
+    admits = staticmethod(admits)
 
 
 class ActivityTracked:
@@ -692,37 +670,6 @@ class ActivityTracked:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
-
-
-#: ``_session_init`` refusals a guest that advertised ``person_chain_v1`` may have deferred to
-#: ``_session_ready`` (``HostConfig.defer``, specs/peers.md §10).
-DEFERRABLE_CODES = ("handshake-not-admitted", "peer-key-changed")
-
-
-def admission(registry: Any, peers_only: bool, revocations: Any = None,
-              presence: str = "open") -> Callable[[str, dict[str, Any]], bool]:
-    """The host's ``HostConfig.admit``: :meth:`SessionTable.admits` bound to ``registry``
-    (and the revocation lists kept, ``revocations``); under ``presence = granted`` its
-    refusals pass through :func:`node.runtime.grants.refusal_code` (a no-grant code becomes
-    the unknown-post one)."""
-    if presence != "granted":
-        return lambda key, profile: SessionTable.admits(registry, peers_only, key, profile, revocations)
-    from node.runtime.grants import has_grant, refusal_code
-
-    def admit(key: str, profile: dict[str, Any]) -> bool:
-        granted = has_grant(registry, key, revocations)
-        try:
-            if SessionTable.admits(registry, peers_only, key, profile, revocations) and granted:
-                return True
-        except HandshakeError as exc:
-            if granted and exc.code in DEFERRABLE_CODES:
-                raise  # a person pin's seen device: its chain decides at _session_ready (HostConfig.defer)
-            raise HandshakeError(refusal_code(presence, exc.code, granted=granted)) from None
-        if granted:  # not pinned itself under --peers-only: deferrable like above
-            raise HandshakeError("handshake-not-admitted")
-        raise HandshakeError(refusal_code(presence, "handshake-not-admitted", granted=granted))
-
-    return admit
 
 
 __all__ = ["ActivityTracked", "AdmissionLimits", "ANONYMOUS_SHARE", "END_CAUSES", "EVICT_IDLE_AFTER_S",
