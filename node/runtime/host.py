@@ -197,7 +197,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
                          gate.check_frame, limiter.close, service, _quota_left(gate, limiter))
     # a crash between SQLite and tantivy leaves the index behind its record: catch up now
     # when no other process is writing (never waits for the lock)
-    if corpus.repair_lag() == "locked":
+    if corpus.repair_lag(warn) == "locked":  # also rebuilds an index of an older schema, saying so
         warn("the index is behind its record and another process is writing it; "
              "guests may miss documents until that sync finishes.")
     stats = corpus.stats()
@@ -487,6 +487,7 @@ class Host:
         if self.opts.control:
             check_run_dir(control_socket_path(self.home).parent, create=True)  # control-dir-unsafe before publishing
         self._build()
+        self._batch_audit()
         watcher = None
         try:
             if self.opts.watch:  # take the index writer before publishing: index-locked fails fast
@@ -543,6 +544,20 @@ class Host:
                     await self.posts.withdraw()
             for close in self._closers:
                 close()
+
+    def _batch_audit(self) -> None:
+        """Write the audit log in batches on this host's event loop (one lock and one write
+        per :data:`node.trust.audit_log.BATCH_S` tick; the closers write what is left at
+        exit). Under a loop that is not asyncio's, records are written one at a time."""
+        import asyncio
+
+        from node.trust.audit_log import loop_schedule
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self.audit.log.start_batching(loop_schedule(loop))
 
     async def _check_relays(self, listener: Any) -> None:
         """Wait (bounded, :data:`node.transport.iroh.RELAY_CHECK_S`) for a home relay in
