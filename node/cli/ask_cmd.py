@@ -142,6 +142,11 @@ def ask_cmd(
                 if p["status"] == "pending-approval" and p["approvalId"]:
                     err_console.print(f"{safe_text(p['name'])}: waiting for its owner's approval ({p['approvalId']})",
                                       highlight=False, markup=False)
+                elif p.get("lastHeardAt"):  # went silent with the question out (specs/session.md §7.2)
+                    err_console.print(f"{safe_text(p['name'])} stopped answering: nothing from it since "
+                                      f"{p['lastHeardAt']} while the question was out; it was stopped, went to "
+                                      "sleep or lost its network — ask again once it is back",
+                                      highlight=False, markup=False)
         sys.stdout.flush()
 
     def say_waiting(out: list[str], elapsed_s: float) -> None:

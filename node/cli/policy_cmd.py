@@ -12,7 +12,8 @@ from rich.table import Table
 from node.cli.common import err_console, safe_text, untrusted_console as console, emit_json, home_of
 from node.corpus.types import Root
 from node.common.errors import KithError, UsageError
-from node.policy.coverage import MAX_LISTED, check_policy, indexed_sources, rule_coverage, rule_label
+from node.policy.coverage import (MAX_LISTED, check_policy, indexed_sources, rule_coverage, rule_label,
+                                  unmatched_scrubs)
 from node.policy.store import (ANONYMOUS_SHARED_FACTOR, MIN_MESSAGE_BYTES, TIERS, Decision, Policy, Quota,
                                Rule, check_peer_names)
 
@@ -271,9 +272,14 @@ def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         record.save(home)
     except OSError as exc:
         _warn(f"could not write the scrub record: {exc.strerror}")
-    lapsed = unscrubbed(policy, record, sources, recipients(policy, record, list(PeerRegistry.load(home).peers)))
+    from node.common.grants import in_force
+
+    registry = PeerRegistry.load(home)
+    ended = [name for name, rec in registry.peers.items() if not in_force(rec.until)]
+    lapsed = unscrubbed(policy, record, sources, recipients(policy, record, list(registry.peers)), ended=ended)
+    idle_scrubs = unmatched_scrubs(policy, sources)
     if as_json:
-        emit_json({**report.to_dict(), "unscrubbed": [u.to_dict() for u in lapsed]})
+        emit_json({**report.to_dict(), "unscrubbed": [u.to_dict() for u in lapsed], "unmatchedScrub": idle_scrubs})
         return
     lines = [f"{report.sources} indexed source(s), {len(report.rules)} rule(s)"]
     for cov in report.rules:
@@ -293,6 +299,11 @@ def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
             lines.append(f"  (and {len(report.undecided) - MAX_LISTED} more; --json lists the first {MAX_LISTED})")
     else:
         lines.append("every indexed source is decided by a rule")
+    if idle_scrubs:
+        lines.append("scrub entries that match no indexed source (they scrub nothing):")
+        for miss in idle_scrubs:
+            hint = f"  (did you mean {' or '.join(miss['suggestions'])}?)" if miss["suggestions"] else ""
+            lines.append(f"  {miss['glob']} for {miss['for']}: {', '.join(miss['kinds'])}{hint}")
     if lapsed:
         lines.append("served unscrubbed though a scrub entry once covered them "
                      "(`kith policy scrub --for WHO [--glob GLOB] KINDS` scrubs them again):")
@@ -492,6 +503,12 @@ def scrub_cmd(
             _warn_unpinned(home, [for_target], "--for")
         if off and policy.scrub_rules == before.scrub_rules:
             _warn(f"nothing was scrubbed for {for_target}" + (f" in {glob}" if glob else "") + "; nothing changed")
+        if entry is not None and entry.glob is not None:
+            from node.policy.coverage import unmatched_scrub_warning, unmatched_scrubs
+
+            sources = indexed_sources(home)
+            for miss in unmatched_scrubs(Policy(scrubs=[entry]), sources):
+                _warn(unmatched_scrub_warning(miss, len(sources)))
     if as_json:
         emit_json({"scrub": _scrub_json(policy), "changed": bool(changed), **_unscrubbed_json(lapsed)})
     else:

@@ -317,6 +317,7 @@ class Connection:
                                            via_person=(pin.name, pin.public_key) if pin else None)
         self.table.succeeded(self.remote)
         post = ev.proof.get("post_id", "")
+        self.posts.used(post)  # kept at once: a restart goes on counting (file mode)
         for nonce in self.held:  # a proof signed by both sides exists now: remember it
             self.nonces.commit(post, nonce, self.posts.expires_at(post) or self.clock.time() + self.setup.ttl_s)
         self.held.clear()

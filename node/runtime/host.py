@@ -73,6 +73,10 @@ class HostOptions:
             long (s) may be evicted (``session-evicted``) for *any* newcomer
             (``--evict-idle-after``); a newcomer that holds no session yet evicts a quiet
             one at once (:meth:`node.runtime.sessions.SessionTable.open_session`).
+        new_invitation: file mode: the posts of earlier runs (``<home>/posts.json``) are no
+            longer honoured and a new invitation is signed (``--new-invitation``); without
+            it they are honoured until their own expiry or use count, and the last one is
+            written again when it still describes the endpoint (node/runtime/posts.py).
         max_failed_handshakes / failure_cooldown_s: after that many failed handshakes a
             key is refused for that long (``handshake-too-many-failures``); a single-use
             or file-mode post with that many failures from any keys is retired
@@ -124,6 +128,7 @@ class HostOptions:
     hook_options: dict[str, Any] = field(default_factory=dict)
     control: bool = True
     sign_citations: bool = False
+    new_invitation: bool = False
 
 
 @dataclass
@@ -354,8 +359,27 @@ class Host:
 
     def _bind_iroh(self, secret: bytes, alpn: bytes) -> Any:
         from node.transport.iroh import bind_node
+        from node.transport.modes import DEFAULT, OFFLINE
+        from node.transport.port import keeps_port, load_port
 
-        return bind_node(secret, alpn, local=self.opts.local, mode=self.opts.transport)
+        mode = self.opts.transport or (OFFLINE if self.opts.local else DEFAULT)
+        port = load_port(self.home) if keeps_port(mode) else None  # where this home's host was
+        return bind_node(secret, alpn, local=self.opts.local, mode=self.opts.transport, port=port)
+
+    def _keep_port(self, listener: Any) -> None:
+        """Keep the bound port for the next start in the modes that keep one, and say so
+        when the kept one was taken (node/transport/port.py, specs/transport.md §7)."""
+        from node.transport.port import keeps_port, save_port
+
+        mode, port = getattr(listener, "mode", None), getattr(listener, "bound_port", None)
+        if mode is None or port is None or not keeps_port(mode):
+            return
+        taken = getattr(listener, "port_taken", None)
+        if taken:
+            self.warn(f"UDP port {taken}, where this home's host was before, is taken: bound {port} instead "
+                      "and kept from now on; invitations written before name the old port, so their guests "
+                      "need the new invitation")
+        save_port(self.home, port)
 
     # ------------------------------------------------------------ building
     def _build(self) -> None:
@@ -417,8 +441,20 @@ class Host:
                            max_failures=opts.max_failed_handshakes,
                            # a public multi-use post must never be rotatable by strangers
                            retire_on_failures=not opts.server_url or opts.post_max_sessions == 1,
-                           unlisted=opts.unlisted)
+                           unlisted=opts.unlisted,
+                           # file mode: live posts outlive a restart (a server's are withdrawn at exit)
+                           keep_in=None if opts.server_url else self.home)
         self.posts.on_live = self._new_card
+        # file mode: the posts of earlier runs (a bad posts.json fails here, before binding)
+        self._restored: list[dict[str, Any]] = []
+        if not opts.server_url:
+            self._restored = self.posts.restore(self.table, self.identity.public_key)
+            if opts.new_invitation:
+                gone = self.posts.forget_kept()
+                self._restored = []
+                if gone:
+                    self.warn(f"--new-invitation: {len(gone)} invitation(s) of earlier runs are no longer "
+                              "honoured; their guests are told to ask for a new one")
         from node.trust.person import load_person
 
         person = load_person(self.home)
@@ -497,6 +533,7 @@ class Host:
                 self._closers.insert(0, watcher.close)
             async with self.bind(self.identity.secret, self.spec.alpn) as listener:
                 self.listener = listener
+                self._keep_port(listener)
                 await self._check_relays(listener)
                 inv = await self._publish()
                 keeper = self.posts.keep(inv, self._new_invitation)
@@ -510,6 +547,8 @@ class Host:
                                                                   self.knowledge.quota_left, started_at=started_at,
                                                                   transport=self._transport_status))
                     self.on_invitation(inv.to_dict())  # once `kith status` can see this host
+                    for kept in self._restored:  # posts of an earlier run honoured again
+                        self.emit({"event": "post-restored", **kept, "current": kept["post_id"] == inv.post_id})
                     if keeper is not None:
                         tg.start_soon(keeper.run)
                     if watcher is not None:
@@ -649,7 +688,15 @@ class Host:
                                  message=opts.message, tags=opts.tags, max_sessions=opts.post_max_sessions)
 
     async def _publish(self) -> Invitation:
+        """The invitation this run writes or publishes. File mode: the posts of earlier
+        runs are honoured again (or withdrawn with ``new_invitation``) and the last one is
+        written again when it still describes this endpoint — never re-signed."""
         inv = self._new_invitation()
+        if not self.opts.server_url:
+            kept = self.posts.reusable(inv)
+            if kept is not None:
+                self.posts.reuse(kept)
+                return kept
         if self.opts.server_url:
             self._warn_private(inv)
             from node.community.client import CommunityClient
