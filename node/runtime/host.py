@@ -211,7 +211,6 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
     gate = EgressGate(corpus.roots(), policy, home, approvals=Approvals(home))
     service = AnswerService(corpus, gate, limiter=limiter, version_key=version_key)
     warmer = ViewWarmer(service, gate, corpus, lambda: [])  # run by Host.run (node/runtime/warm.py)
-    warmed = warmer.warmed
 
     def close() -> None:
         corpus.close()
@@ -219,7 +218,8 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
 
     def index() -> dict[str, Any]:
         now = corpus.stats()
-        return {"ready": bool(now.get("ready")) and warmed.is_set(), "warmed": warmed.is_set(),
+        warm = warmer.is_warm()
+        return {"ready": bool(now.get("ready")) and warm, "warmed": warm,
                 "roots": [f"/{r.prefix}/" for r in corpus.roots()],
                 "documents": now.get("documents", 0), "chunks": now.get("chunks", 0)}
 

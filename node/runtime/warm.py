@@ -14,7 +14,8 @@ Each round is kept as :attr:`ViewWarmer.last` {``peers`` (names warmed, ``None``
 anonymous), ``views`` (distinct views), ``built`` (indexes built from scratch),
 ``seconds``}, counted in :attr:`ViewWarmer.rounds` and logged (``kith.host``, info); it
 is not a host event (the ``kith host --json`` stream is unchanged). ``kith status`` says
-``warming up`` until the first round is done (:attr:`ViewWarmer.warmed`).
+``warming up`` while the views in force are not built — before the first round, and
+again after a change until the round it starts is done (:meth:`ViewWarmer.is_warm`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class ViewWarmer:
         self.on_round = on_round if on_round is not None else _log_round
         self.interval_s = interval_s
         self._warmed: tuple[Any, ...] | None = None  # the lens keys of the last round
-        #: set once a round has warmed every target (``kith status``: the index is ready)
+        #: set once a round has warmed every target (the first time; :meth:`is_warm` says
+        #: whether the views in force now are built)
         self.warmed = threading.Event()
         #: rounds done, and the last one's report (module docstring)
         self.rounds = 0
@@ -66,6 +68,22 @@ class ViewWarmer:
         """The peers whose views are warmed, in order: anonymous first, then the pins in
         force by name."""
         return [None, *sorted(set(self.pinned()))]
+
+    def _keys(self, policy: Any, generation: int, targets: list[str | None]) -> tuple[Any, ...]:
+        return tuple(self.gate.lens_key(policy, name, generation) for name in targets)
+
+    def is_warm(self) -> bool:
+        """Did the last round warm the lenses in force now (the current policy, corpus
+        generation and pins)? False before the first round and from a change until the
+        round after it is done. Cheap: one ``stat`` of policy.toml, one read of the
+        generation, no decision. A corpus that cannot say its generation is not warm."""
+        if self._warmed is None:
+            return False
+        try:
+            keys = self._keys(self.gate.current_policy(), self.corpus.generation(), self.targets())
+        except Exception:  # noqa: BLE001 - no index, or a closed corpus: not warm
+            return False
+        return keys == self._warmed
 
     def warm_once(self) -> dict[str, Any] | None:
         """One round (blocking; run it in a worker thread): when a target's lens changed
@@ -82,7 +100,7 @@ class ViewWarmer:
         policy = self.gate.current_policy()
         generation = self.corpus.generation()
         targets = self.targets()
-        keys = tuple(self.gate.lens_key(policy, name, generation) for name in targets)
+        keys = self._keys(policy, generation, targets)
         if keys == self._warmed:
             return None
         started = time.monotonic()
