@@ -139,3 +139,28 @@ def test_warm_says_whether_the_views_in_force_now_are_built(tmp_path):
         assert not warmer.is_warm()
         warmer.warm_once()
         assert warmer.is_warm()
+
+
+def test_a_host_no_anonymous_guest_can_ask_does_not_warm_the_anonymous_view(tmp_path):
+    """Under ``--peers-only`` or ``--presence granted`` no anonymous guest is ever answered:
+    the warmer builds only the pinned peers' views (the anonymous one would take a place
+    under the view cap and a build ahead of theirs after every change)."""
+    home = _host_home(tmp_path)
+
+    async def scenario(**opts) -> dict:
+        host = MemoryHost(home, **opts)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.host.run)
+
+            def warmed_once() -> bool:
+                knowledge = vars(host.host).get("knowledge")
+                return knowledge is not None and knowledge.warmer.rounds > 0
+
+            await host.until(warmed_once, timeout=60)
+            report = host.host.knowledge.warmer.last
+            host.stop.set()
+        return report
+
+    assert anyio.run(lambda: scenario(peers_only=True))["peers"] == ["alice"]
+    assert anyio.run(lambda: scenario(presence="granted"))["peers"] == ["alice"]
+    assert anyio.run(lambda: scenario())["peers"] == [None, "alice"]

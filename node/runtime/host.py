@@ -431,6 +431,7 @@ class Host:
         warmer = self.knowledge.warmer
         if warmer is not None:  # the pinned peers' views too (a person pin's devices share its name)
             warmer.pinned = lambda: list(self.peers_watcher.known().peers)
+            warmer.anonymous = not (opts.peers_only or opts.presence == "granted")  # none is answered
         self.rotations = RotationLedger.load(self.home)  # the person-key rotations this host followed
         from node.runtime.doorkeeper import Doorkeeper
 

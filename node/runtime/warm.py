@@ -2,8 +2,9 @@
 
 A peer is ranked on its own view index (:mod:`node.corpus.views`); building one for a
 large corpus takes seconds. A running host therefore builds the views of the peers it
-expects — the anonymous guests and every pinned peer in force (a person pin's devices
-are that pin's name, so one view serves them all) — at start and again whenever one of
+expects — the anonymous guests (unless ``--peers-only`` or ``--presence granted`` keeps
+every one out) and every pinned peer in force (a person pin's devices are that pin's
+name, so one view serves them all) — at start and again whenever one of
 their lenses changes (a ``policy.toml`` change, a sync or watch batch, a grant that
 ended, a pin added), in a worker thread, outside the corpus lock (searches go on
 meanwhile). At most :data:`node.corpus.views.MAX_VIEWS` distinct views are warmed (the
@@ -45,17 +46,20 @@ class ViewWarmer:
         pinned: ``() -> [registry name]``: the pins in force now (the host's peers watcher).
         on_round: called with each round's report (:attr:`last`); default: logged.
         interval_s: poll period (s).
+        anonymous: warm the anonymous guests' view too (False on a host that answers no
+            anonymous guest: ``--peers-only``, ``--presence granted``).
     """
 
     def __init__(self, service: Any, gate: Any, corpus: Any, pinned: Callable[[], list[str]], *,
                  on_round: Callable[[dict[str, Any]], None] | None = None,
-                 interval_s: float = WARM_POLL_S) -> None:
+                 interval_s: float = WARM_POLL_S, anonymous: bool = True) -> None:
         self.service = service
         self.gate = gate
         self.corpus = corpus
         self.pinned = pinned
         self.on_round = on_round if on_round is not None else _log_round
         self.interval_s = interval_s
+        self.anonymous = anonymous
         self._warmed: tuple[Any, ...] | None = None  # the lens keys of the last round
         #: set once a round has warmed every target (the first time; :meth:`is_warm` says
         #: whether the views in force now are built)
@@ -65,9 +69,9 @@ class ViewWarmer:
         self.last: dict[str, Any] | None = None
 
     def targets(self) -> list[str | None]:
-        """The peers whose views are warmed, in order: anonymous first, then the pins in
-        force by name."""
-        return [None, *sorted(set(self.pinned()))]
+        """The peers whose views are warmed, in order: anonymous first (when
+        :attr:`anonymous`), then the pins in force by name."""
+        return ([None] if self.anonymous else []) + sorted(set(self.pinned()))
 
     def _keys(self, policy: Any, generation: int, targets: list[str | None]) -> tuple[Any, ...]:
         return tuple(self.gate.lens_key(policy, name, generation) for name in targets)
