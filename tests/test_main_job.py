@@ -93,6 +93,15 @@ def test_unknown_host_needs_trust_and_post_id_needs_server(tmp_path):
         r = kith(initialized(tmp_path / "guest"), "join", str(invite), "--local", "--query", "x", input="")
         assert r.returncode == 1 and "host-not-trusted" in r.stderr
         assert "SHA256:" in r.stderr  # the fingerprint is shown
+        # the words can be compared before trusting: the host prints them only once a
+        # session starts, so the guest names the command its owner runs (issue 32)
+        import re
+
+        guest_key = json.loads(kith(tmp_path / "guest", "status", "--json").stdout)["identity"]["key"]
+        words = re.search(r"pairing code: (\w+ \w+ \w+ \w+ \w+) ", r.stderr).group(1)
+        assert f"`kith peers code {guest_key}`" in r.stderr, r.stderr
+        on_host = kith(home, "peers", "code", guest_key)
+        assert on_host.returncode == 0 and on_host.stdout.strip() == words, (on_host.stdout, words)
         r = kith(initialized(tmp_path / "guest"), "join", host.invitation["post_id"], "--local", "--trust", "--query", "x")
         assert r.returncode == 1 and "no-server" in r.stderr
     finally:

@@ -26,7 +26,7 @@ protocol_app = typer.Typer(help="Work with protocol folders (spec.json + hooks.p
 def init_cmd(
     ctx: typer.Context,
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
-    device_name: Optional[str] = typer.Option(None, "--device-name", metavar="NAME", help="This device's name in its binding (default: the host name; 1-64 printable characters)."),
+    device_name: Optional[str] = typer.Option(None, "--device-name", metavar="NAME", help="This device's name in its binding (default: the host name, plus -HOMEDIR for a --home that is not the default one; 1-64 printable characters)."),
 ) -> None:
     """Create this device's Ed25519 key (the iroh endpoint id) and a person key that binds it.
 
@@ -482,15 +482,21 @@ def join_cmd(
             fp = fingerprint(inv.host_public_key)
             code = pairing_code(identity.public_key, inv.host_public_key)
             err_console.print(f"Unknown host {inv.host_public_key[:16]}… fingerprint [bold]{fp}[/bold]", highlight=False)
-            err_console.print(f"  pairing code: [bold]{code}[/bold] (the host's owner sees the same words)",
+            # the host prints these words only once a session starts, i.e. after this
+            # guest trusted it: for comparing first, its owner computes them from this key
+            err_console.print(f"  pairing code: [bold]{code}[/bold] (the host's owner sees the same words with "
+                              f"`kith peers code {identity.public_key}`, and in its log once you connect)",
                               highlight=False)
             if json_out and not trust:  # before the prompt / the refusal (with --trust: stderr only)
-                emit_json({"event": "host-pairing-code", "host_public_key": inv.host_public_key,
-                           "pairing_code": code})
+                from node.common.host_events import HostPairingCode, checked
+
+                emit_json(checked(HostPairingCode(host_public_key=inv.host_public_key, pairing_code=code).to_dict(),
+                                  command=True))
         if name is None and not trust:
             if not sys.stdin.isatty():
                 raise InvitationError("host-not-trusted", "unknown host key; pass --trust to connect anyway",
-                                      hint=f"check the pairing code '{code}' (fingerprint {fp}) with the host's owner")
+                                      hint=f"check the pairing code '{code}' (fingerprint {fp}) with the host's owner, "
+                                           f"who runs `kith peers code {identity.public_key}`")
             try:
                 answer = await anyio.to_thread.run_sync(_prompt, "Trust this host and connect? [y/N] ")
             except EOFError:

@@ -427,6 +427,12 @@ def build_envelope(request: dict[str, Any], rows: list[PeerRow], answers: dict[i
             "results": results, "peers": [r.to_dict() for r in rows]}
 
 
+def askable_peers(registry: Any) -> list[str]:
+    """The names ``"all"`` / ``--all-peers`` ask: every pinned peer whose key is not
+    blocked, sorted (a :class:`node.trust.peers.PeerRegistry`)."""
+    return sorted(n for n, r in registry.peers.items() if not registry.is_blocked(r.public_key))
+
+
 async def peers_search(home: Path, peers: list[str] | str, body: dict[str, Any], *, local: bool = False,
                        timeout_s: float = PEERS_TIMEOUT_S, pool: Any = None) -> dict[str, Any]:
     """Ask several pinned peers (names, or ``"all"``: every pinned, unblocked one) one
@@ -443,8 +449,7 @@ async def peers_search(home: Path, peers: list[str] | str, body: dict[str, Any],
     from node.trust.peers import PeerRegistry
 
     if peers == "all":
-        reg = PeerRegistry.load(home)
-        names = sorted(n for n, r in reg.peers.items() if not reg.is_blocked(r.public_key))
+        names = askable_peers(PeerRegistry.load(home))
     else:
         names = list(peers)
     request = {**body, "topK": body.get("topK", TOP_K_DEFAULT)}

@@ -22,6 +22,7 @@ import anyio
 
 from node.common.errors import ConfigError, KithError, SpecError
 from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
+from node.common.host_events import PostRestored, checked as checked_event
 from node.engine.session import HostConfig, SessionEngine
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
 from node.runtime.connection import FIRST_STREAM_TIMEOUT_S, Answering, Connection, SessionSetup, Wiring
@@ -164,6 +165,9 @@ class Knowledge:
                                                    "documents": 0, "chunks": 0}
     evidence: Callable[[list[str]], dict[str, Any]] = lambda ids: {}
     warmer: Any = None
+    #: ``()`` → ``{"rules", "groups"}`` of the policy the next query is answered under (the
+    #: last good one when policy.toml became invalid meanwhile; specs/control.md)
+    policy: Callable[[], dict[str, Any]] | None = None
 
 
 def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], float] | None = None, *,
@@ -216,7 +220,6 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
     gate = EgressGate(corpus.roots(), policy, home, approvals=Approvals(home))
     service = AnswerService(corpus, gate, limiter=limiter, version_key=version_key)
     warmer = ViewWarmer(service, gate, corpus, lambda: [])  # run by Host.run (node/runtime/warm.py)
-    warmed = warmer.warmed
 
     def close() -> None:
         corpus.close()
@@ -224,13 +227,18 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
 
     def index() -> dict[str, Any]:
         now = corpus.stats()
-        return {"ready": bool(now.get("ready")) and warmed.is_set(), "warmed": warmed.is_set(),
+        warm = warmer.is_warm()
+        return {"ready": bool(now.get("ready")) and warm, "warmed": warm,
                 "roots": [f"/{r.prefix}/" for r in corpus.roots()],
                 "documents": now.get("documents", 0), "chunks": now.get("chunks", 0)}
 
+    def in_force() -> dict[str, Any]:
+        now_policy = gate.current_policy()
+        return {"rules": len(now_policy.rules), "groups": len(now_policy.groups)}
+
     return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
                      gate.check_frame, close, service, _quota_left(gate, limiter), index,
-                     corpus.chunk_evidence, warmer)
+                     corpus.chunk_evidence, warmer, in_force)
 
 
 def _quota_left(gate: Any, limiter: Any) -> Callable[[str | None, str], dict[str, Any]]:
@@ -467,6 +475,7 @@ class Host:
         warmer = self.knowledge.warmer
         if warmer is not None:  # the pinned peers' views too (a person pin's devices share its name)
             warmer.pinned = lambda: list(self.peers_watcher.known().peers)
+            warmer.anonymous = not (opts.peers_only or opts.presence == "granted")  # none is answered
         self.rotations = RotationLedger.load(self.home)  # the person-key rotations this host followed
         from node.runtime.doorkeeper import Doorkeeper
 
@@ -490,9 +499,11 @@ class Host:
                       listener=self.listener, emit=self.emit, clock=self.clock, setup=setup, answering=answering)
 
     def emit(self, ev: dict[str, Any]) -> None:
-        """Report one host event: to the audit log and the owner's ``on_event``, then to
-        the post keeper (which closes ended sessions on the server)."""
-        self._emit(ev)
+        """Report one host event — a dict built from the table in
+        node/common/host_events.py (checked against it: specs/host-events.md) — to the
+        audit log and the owner's ``on_event``, then to the post keeper (which closes
+        ended sessions on the server)."""
+        self._emit(checked_event(ev))
         keeper = self.posts.keeper
         if keeper is not None:
             keeper.observe(ev)
@@ -545,10 +556,11 @@ class Host:
                         await tg.start(serve_control, HostControl(self.home, self.identity, self.table,
                                                                   self.posts.listing, self.knowledge.index,
                                                                   self.knowledge.quota_left, started_at=started_at,
-                                                                  transport=self._transport_status))
+                                                                  transport=self._transport_status,
+                                                                  policy=self.knowledge.policy))
                     self.on_invitation(inv.to_dict())  # once `kith status` can see this host
                     for kept in self._restored:  # posts of an earlier run honoured again
-                        self.emit({"event": "post-restored", **kept, "current": kept["post_id"] == inv.post_id})
+                        self.emit(PostRestored(**kept, current=kept["post_id"] == inv.post_id).to_dict())
                     if keeper is not None:
                         tg.start_soon(keeper.run)
                     if watcher is not None:

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from node.common.errors import HandshakeError
 from node.common.home import atomic_write
+from node.common.host_events import PostExpired, PostRetired, Republished
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339, unix_of
 from node.runtime.sessions import MAX_FAILED_HANDSHAKES, is_failure
 from node.trust.invitation import Invitation
@@ -227,8 +228,8 @@ class Posts:
         if reason == "expired" and len(self._expired) < MAX_EXPIRED_POSTS:
             self._expired.add(previous)  # still refused as expired, not as unknown
         self.add(fresh)
-        self.emit({"event": "republished", "post_id": fresh.post_id, "previous_post_id": previous,
-                   "reason": reason, "expires_at": fresh.expires_at})
+        self.emit(Republished(post_id=fresh.post_id, previous_post_id=previous, reason=reason,
+                              expires_at=fresh.expires_at).to_dict())
 
     def _noticed(self, ev: dict[str, Any]) -> None:  # the server's word on the post
         if ev["event"] == "post-renewed":  # renewed elsewhere: follow its expiry
@@ -276,7 +277,7 @@ class Posts:
         self._retired.add(post_id)
         self._live.pop(post_id, None)
         self._save()
-        self.emit({"event": "post-retired", "post_id": post_id, "reason": "too-many-failures"})
+        self.emit(PostRetired(post_id=post_id, reason="too-many-failures").to_dict())
         if self.keeper is not None:
             self.keeper.replace(post_id, "too-many-failures")  # withdrawn, then republished
         else:
@@ -306,7 +307,7 @@ class Posts:
             for post_id, at in list(self._expiry.items()):
                 if post_id in self._live and post_id not in told and at <= now:
                     told.add(post_id)
-                    self.emit({"event": "post-expired", "post_id": post_id, "expires_at": rfc3339(at)})
+                    self.emit(PostExpired(post_id=post_id, expires_at=rfc3339(at)).to_dict())
                     if self.keeper is None and not any(self._expiry.get(p, 0) > now for p in self._live):
                         self.warn("the invitation expired: no new guest can join; restart `kith host` "
                                   "for a new one")

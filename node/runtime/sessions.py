@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection
 
+from node.common.host_events import SessionEvicted, SessionRefused
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
 from node.runtime.doorkeeper import DEFERRABLE_CODES, admission, admits  # noqa: F401  (their old home)
 
@@ -229,8 +230,7 @@ class SessionTable:
             oldest = next(iter(self._pending))
             old_peer, old_evict = self._pending.pop(oldest)
             old_evict()
-            self.on_event({"event": "session-refused", "peer": old_peer, "code": "handshake-host-busy",
-                           "reason": "evicted"})
+            self.on_event(SessionRefused(peer=old_peer, code="handshake-host-busy", reason="evicted").to_dict())
         self._pending[token] = (peer, evict)
 
     def connection_done(self, token: int) -> None:
@@ -340,7 +340,7 @@ class SessionTable:
         self.end(token, "session-evicted", "evicted: the host needed this idle anonymous session's slot",
                  cause="evicted")
         self._note_evicted(s.peer, now)
-        self.on_event({"event": "session-evicted", "peer": s.peer, "code": "session-evicted", "idle_s": idle_s})
+        self.on_event(SessionEvicted(peer=s.peer, idle_s=idle_s).to_dict())
         return True
 
     def _note_evicted(self, peer: str, now: float) -> None:
@@ -361,8 +361,7 @@ class SessionTable:
                      cause="evicted")
             if s.anonymous:  # a staller that reconnects at once must not evict in turn
                 self._note_evicted(s.peer, now)
-            self.on_event({"event": "session-refused", "peer": s.peer, "code": "handshake-host-busy",
-                           "reason": "evicted"})
+            self.on_event(SessionRefused(peer=s.peer, code="handshake-host-busy", reason="evicted").to_dict())
             return True
         return False
 
@@ -376,8 +375,9 @@ class SessionTable:
                 (:func:`node.trust.pairing.pairing_code`); person: the guest's verified
                 person (``{"key", "deviceName", "earlier"}``) or None.
             via_person: ``(pin name, person key)`` when the device holds a person pin's
-                grants (specs/peers.md §10): the session is listed under that name and a
-                removal or block of the person ends it.
+                grants (specs/peers.md §10): the session is listed under that name, a
+                removal or block of the person ends it, and from now on it is a pinned
+                peer's session — out of the anonymous share and never evicted.
 
         Returns:
             True when its post is now used up here (``post_max_sessions`` reached).
@@ -390,6 +390,7 @@ class SessionTable:
         s.session_id, s.since, s.pairing_code, s.person = session_id, self.clock.time(), pairing_code, person
         if via_person is not None:
             s.name, s.via_person = via_person
+            s.anonymous = False  # it came in on an anonymous slot (its device key is not pinned)
         limit = self.post_limit(s.post) if s.post is not None else None
         return s.post is not None and limit is not None and self._claimed.get(s.post, 0) >= limit
 
