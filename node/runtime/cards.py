@@ -195,23 +195,26 @@ async def fetch_cards(home: Path, rec: "PeerRecord") -> list[str]:
 
 def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], Any]]:
     """Every device of the person pin ``rec`` this home can dial now: ``({"key", "name"},
-    Target)`` from each kept card whose device is not revoked and whose invitation verifies
-    (expiry, protocol, binding; :func:`node.runtime.guest._pinned_target`), plus the pin's
-    saved invitation when no card is of its device. Most recently answering first."""
+    Target)`` from each kept card whose device is neither revoked nor blocked here (``kith
+    peers block KEY``) and whose invitation verifies (expiry, protocol, binding;
+    :func:`node.runtime.guest._pinned_target`), plus the pin's saved invitation when no card
+    is of its device (and it is not blocked). Most recently answering first."""
     from node.common.errors import InvitationError
     from node.runtime.guest import _pinned_target, protocol_cache
     from node.trust.invitation import parse_invitation
+    from node.trust.peers import PeerRegistry
     from node.trust.revocation_list import RevocationStore
 
     protocols = protocol_cache()  # every device of a person names the same protocol: load it once
     store = CardStore.load(home)
     revocations = RevocationStore.load(home)
+    registry = PeerRegistry.load(home)
     out: list[tuple[dict[str, str], Any]] = []
     entries = sorted(store.devices_of(rec.public_key).items(),
                      key=lambda kv: (kv[1].last_seen or "", kv[1].received_at), reverse=True)
     for key, entry in entries:
-        if revocations.revokes(key, [rec.public_key, entry.card.get("person_key", "")]):
-            continue  # revoked after the card was kept: ignored
+        if registry.is_blocked(key) or revocations.revokes(key, [rec.public_key, entry.card.get("person_key", "")]):
+            continue  # revoked or blocked after the card was kept: ignored
         try:
             target = _pinned_target(parse_invitation(entry.card["invitation"]), rec, home, protocols=protocols)
         except (InvitationError, KithError):
@@ -222,8 +225,9 @@ def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], 
             saved = _pinned_target(parse_invitation(rec.invitation), rec, home, protocols=protocols)
         except KithError:
             saved = None
-        if saved is not None and all(t.invitation.host_public_key != saved.invitation.host_public_key for _, t in out):
-            key = saved.invitation.host_public_key
+        key = saved.invitation.host_public_key if saved is not None else ""
+        if saved is not None and not registry.is_blocked(key) and all(t.invitation.host_public_key != key
+                                                                      for _, t in out):
             name = rec.seen_devices.get(key, {}).get("name", "")
             out.append(({"key": key, "name": name}, saved))
     return out
@@ -231,15 +235,17 @@ def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], 
 
 def warm_device(pool: "SessionPool", rec: "PeerRecord") -> tuple[dict[str, str], Any] | None:
     """A live, ready pooled session to a device of the person pin ``rec`` that is not
-    revoked, as ``({"key", "name"}, session)``, or None. A device that answered over it is
-    awake: the next question goes there first (no dial of the others)."""
+    revoked nor blocked here, as ``({"key", "name"}, session)``, or None. A device that
+    answered over it is awake: the next question goes there first (no dial of the others)."""
     from node.trust.card import CARDS_FILE
+    from node.trust.peers import PEERS_FILE, PeerRegistry
     from node.trust.revocation_list import REVOCATIONS_FILE, RevocationStore
 
     cards = _cached(pool.home, CARDS_FILE, CardStore.load).devices_of(rec.public_key)
+    registry = _cached(pool.home, PEERS_FILE, PeerRegistry.load)
     for key, seen in rec.seen_devices.items():  # every device a card was taken of is seen
         live = pool.sessions.get(key)
-        if live is None or live.closed.is_set() or live.session_id is None:
+        if live is None or live.closed.is_set() or live.session_id is None or registry.is_blocked(key):
             continue
         person = cards[key].card.get("person_key", "") if key in cards else ""
         if _cached(pool.home, REVOCATIONS_FILE, RevocationStore.load).revokes(key, [rec.public_key, person]):
