@@ -117,3 +117,28 @@ def test_the_cards_on_the_community_server_reach_a_guest_that_never_joined_eithe
         if desk_host.proc.poll() is None:
             desk_host.stop()
         laptop_host.stop()
+
+
+def test_a_device_revoked_on_the_server_while_the_guest_holds_its_card_no_longer_answers(tmp_path: Path, server):
+    # the guest met only the laptop (its card came in the handshake); the laptop is stolen:
+    # the desk revokes it and publishes the list. The very next ask drops the laptop's
+    # answer and is answered by the desk (its card from the server)
+    desk, laptop, guest, person, desk_key, laptop_key = _person(tmp_path, "--server", server)
+    laptop_host = Host(laptop, "--invite-file", str(tmp_path / "laptop.json"))
+    desk_host = Host(desk, "--server", server)
+    try:
+        r = kith(guest, "join", str(tmp_path / "laptop.json"), "--local", "--trust", "--query", "installing")
+        assert r.returncode in (0, 3), r.stderr
+        assert set(json.loads((guest / "cards.json").read_text())["persons"][person["person_key"]]) == {laptop_key}
+        assert _ask(guest, "--peer", "bea")["peers"][0]["device"]["key"] == laptop_key
+        for _ in range(150):  # the desk posts its card once its post is live (bounded poll)
+            if httpx.get(f"{server}/api/v1/cards/{person['person_key']}", timeout=10).status_code == 200:
+                break
+            time.sleep(0.2)
+        r = kith(desk, "device", "revoke", "laptop", "--server", server)
+        assert r.returncode == 0, r.stderr
+        row = _ask(guest, "--peer", "bea")["peers"][0]
+        assert row["status"] == "ok" and row["device"]["key"] == desk_key
+    finally:
+        desk_host.stop()
+        laptop_host.stop()

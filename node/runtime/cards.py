@@ -169,7 +169,6 @@ async def fetch_cards(home: Path, rec: "PeerRecord") -> list[str]:
     Returns the refusal codes of the cards that did not (a server that is down or keeps
     none gives ``[]``)."""
     from node.community.client import CommunityClient
-    from node.trust.revocation_list import RevocationStore, check_list
 
     if not rec.server:
         return []
@@ -179,11 +178,7 @@ async def fetch_cards(home: Path, rec: "PeerRecord") -> list[str]:
             docs = await client.get_cards(rec.public_key)
     except KithError:
         return []
-    if revocation is not None:
-        try:
-            RevocationStore.load(home).offer(check_list(revocation, person=rec.public_key), via="server", now=_now())
-        except KithError as exc:  # a forged or foreign list from the server: not kept
-            log.info("revocation list from the server refused (%s)", exc.code)
+    _keep_revocation(home, rec, revocation)
     codes = []
     for doc in docs:
         try:
@@ -191,6 +186,61 @@ async def fetch_cards(home: Path, rec: "PeerRecord") -> list[str]:
         except KithError as exc:
             codes.append(exc.code)
     return codes
+
+
+def _keep_revocation(home: Path, rec: "PeerRecord", revocation: dict[str, Any] | None) -> None:
+    """Keep the server's revocation list of the person pin ``rec`` when it verifies and is
+    newer (specs/peers.md §10); a forged or foreign one is logged and dropped."""
+    from node.trust.revocation_list import RevocationStore, check_list
+
+    if revocation is None:
+        return
+    try:
+        RevocationStore.load(home).offer(check_list(revocation, person=rec.public_key), via="server", now=_now())
+    except KithError as exc:  # a forged or foreign list from the server: not kept
+        log.info("revocation list from the server refused (%s)", exc.code)
+
+
+#: Seconds between two reads of a person's revocation list from its pin's server by one
+#: process asking that person (the same cadence as ``kith host --server``'s check).
+REVOCATION_EVERY_S = 60.0
+#: Seconds one such read may take before the answer is returned without it.
+REVOCATION_WAIT_S = 5.0
+_REVOCATION_READ: dict[tuple[str, str], float] = {}
+
+
+async def refresh_revocation(home: Path, rec: "PeerRecord") -> None:
+    """Read the person pin's revocation list from its server (``GET
+    /api/v1/revocations/{person_key}``) and keep it when it verifies and is newer, at most
+    once every :data:`REVOCATION_EVERY_S` per process, within :data:`REVOCATION_WAIT_S`.
+    Run beside the ask of that person (:meth:`node.runtime.pool.SessionPool.ask`), so a
+    device revoked and published while a guest still answers from its card is dropped by
+    that very ask. A server that is down or slow changes nothing."""
+    from node.community.client import CommunityClient
+
+    if not rec.server:
+        return
+    memo = (str(home), rec.public_key)
+    now = time.monotonic()
+    if now - _REVOCATION_READ.get(memo, -REVOCATION_EVERY_S) < REVOCATION_EVERY_S:
+        return
+    _REVOCATION_READ[memo] = now
+    import anyio
+
+    with anyio.move_on_after(REVOCATION_WAIT_S):
+        try:
+            async with CommunityClient(rec.server) as client:
+                revocation = await client.get_revocation(rec.public_key)
+        except KithError:
+            return
+        _keep_revocation(home, rec, revocation)
+
+
+def is_revoked(home: Path, rec: "PeerRecord", device: str) -> bool:
+    """True when a revocation list kept here for the person pin ``rec`` names ``device``."""
+    from node.trust.revocation_list import RevocationStore
+
+    return RevocationStore.load(home).revokes(device, [rec.public_key])
 
 
 def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], Any]]:
@@ -226,8 +276,8 @@ def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], 
         except KithError:
             saved = None
         key = saved.invitation.host_public_key if saved is not None else ""
-        if saved is not None and not registry.is_blocked(key) and all(t.invitation.host_public_key != key
-                                                                      for _, t in out):
+        if (saved is not None and not registry.is_blocked(key) and not revocations.revokes(key, [rec.public_key])
+                and all(t.invitation.host_public_key != key for _, t in out)):
             name = rec.seen_devices.get(key, {}).get("name", "")
             out.append(({"key": key, "name": name}, saved))
     return out
@@ -351,5 +401,5 @@ async def ask_devices(pool: "SessionPool", rec: "PeerRecord", targets: list[tupl
     raise PeerGone(None, None, False)
 
 
-__all__ = ["accept_card", "ask_devices", "device_targets", "fetch_cards", "next_seq", "own_card",
-           "public_totals", "take_card"]
+__all__ = ["accept_card", "ask_devices", "device_targets", "fetch_cards", "is_revoked", "next_seq", "own_card",
+           "public_totals", "refresh_revocation", "take_card"]
