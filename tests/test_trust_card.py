@@ -363,3 +363,25 @@ def test_a_hand_corrupted_cards_file_is_config_invalid_naming_the_file(tmp_path,
         CardStore.load(home)
     assert info.value.code == "config-invalid" and "cards.json" in info.value.message
     assert info.value.hint and "cards.json" in info.value.hint  # what to do: remove it, the cards come back
+
+
+def test_joining_a_device_of_a_pinned_person_again_is_not_host_key_changed(tmp_path):
+    # `kith join INVITE` of bea's desk a second time (its card was taken the first time):
+    # the desk is a known device of the person pin, not a host whose key changed
+    from node.common.errors import HandshakeError
+    from node.runtime.guest import check_pinned_name, trust_status
+    from node.trust.invitation import parse_invitation
+
+    bea = Person()
+    desk, chain = bea.device("desk")
+    stranger = Identity(os.urandom(32))
+    home = guest_home(tmp_path, bea)
+    card = card_of(desk, chain)
+    accept_card(home, card, via="handshake", device=desk.public_key)
+    inv = parse_invitation(card["invitation"])
+    assert trust_status(inv, home) == "bea"
+    check_pinned_name("bea", inv, home)  # no refusal
+    with pytest.raises(HandshakeError) as info:  # another key under that name still is
+        check_pinned_name("bea", create_invitation(stranger, protocol_name="knowledge-query", protocol_version="1",
+                                                   protocol_id="a" * 64, ticket="endpointticket"), home)
+    assert info.value.code == "host-key-changed"

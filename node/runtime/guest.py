@@ -182,7 +182,10 @@ def trust_status(inv: Invitation, home: Path) -> str | None:
 
 
 def check_pinned_name(name: str, inv: Invitation, home: Path) -> None:
-    """Refuse when ``name`` is pinned in the registry to a different key (DESIGN §5).
+    """Refuse when ``name`` is pinned in the registry to a different key (DESIGN §5). A
+    person pin (``--devices``) is pinned to every device this home knows it bound
+    (:func:`node.trust.peers.known_device_of`: a card or chain seen here), so joining one
+    of them again is no key change (specs/peers.md §13).
 
     ``kith join --pin NAME`` calls it before connecting: a name already pinned to another
     key is never silently re-pinned.
@@ -190,8 +193,11 @@ def check_pinned_name(name: str, inv: Invitation, home: Path) -> None:
     Raises:
         HandshakeError: ``host-key-changed``.
     """
+    from node.trust.peers import known_device_of
+
     rec = PeerRegistry.load(home).by_name(name)
-    if rec is not None and rec.public_key != inv.host_public_key:
+    if rec is not None and rec.public_key != inv.host_public_key and not (
+            rec.devices and known_device_of(home, rec.public_key, inv.host_public_key, rec)):
         raise HandshakeError("host-key-changed",
                              f"{name!r} is pinned to a different key; the host key changed")
 
