@@ -68,6 +68,7 @@ def test_a_person_with_two_devices_one_asleep_answers_from_the_awake_one(tmp_pat
         for invite in ("desk.json", "laptop.json"):  # each device hands over its card in the handshake
             r = kith(guest, "join", str(tmp_path / invite), "--local", "--trust", "--query", "installing")
             assert r.returncode in (0, 3), r.stderr
+            assert "is a device of 'bea'" in r.stderr and "to pin this host" not in r.stderr, r.stderr
         cards = json.loads((guest / "cards.json").read_text())["persons"][person["person_key"]]
         assert set(cards) == {desk_key, laptop_key}
         # joining a device again: it is bea's known device now, not a host whose key changed
