@@ -146,3 +146,45 @@ def test_a_device_revoked_on_the_server_while_the_guest_holds_its_card_no_longer
     finally:
         desk_host.stop()
         laptop_host.stop()
+
+
+def test_a_warm_device_that_goes_to_sleep_mid_conversation_hands_over_to_the_awake_one(tmp_path: Path):
+    # one long-running guest process (as MCP or the local API): the device that answered
+    # keeps a warm session; it then sleeps (SIGSTOP: it sends nothing, its session is not
+    # ended). The next question is answered by the other device (the warm session's
+    # in-flight keep-alive gives the sleeper up), even when the first race cancelled that
+    # other device before its handshake finished (it is not left marked down)
+    import os
+    import signal
+
+    import anyio
+
+    from node.runtime.pool import SessionPool
+    from node.trust.identity import load_identity
+
+    desk, laptop, guest, person, desk_key, laptop_key = _person(tmp_path)
+    hosts = {desk_key: Host(desk, "--invite-file", str(tmp_path / "desk.json")),
+             laptop_key: Host(laptop, "--invite-file", str(tmp_path / "laptop.json"))}
+    stopped: list[int] = []
+    try:
+        for invite in ("desk.json", "laptop.json"):
+            r = kith(guest, "join", str(tmp_path / invite), "--local", "--trust", "--query", "installing")
+            assert r.returncode in (0, 3), r.stderr
+
+        async def main() -> tuple[str, dict]:
+            async with SessionPool(guest, load_identity(guest), local=True) as pool:
+                with anyio.fail_after(60):
+                    first = await pool.ask("bea", {"query": "sqlite write-ahead log", "topK": 3})
+                sleeper = first["device"]["key"]
+                os.kill(hosts[sleeper].proc.pid, signal.SIGSTOP)
+                stopped.append(hosts[sleeper].proc.pid)
+                with anyio.fail_after(20):  # well under the transport's idle timeout (30 s)
+                    return sleeper, await pool.ask("bea", {"query": "sqlite write-ahead log", "topK": 3})
+
+        sleeper, answer = anyio.run(main, backend="asyncio")
+        assert answer["status"] == "ok" and answer["device"]["key"] == ({desk_key, laptop_key} - {sleeper}).pop()
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        for host in hosts.values():
+            host.stop()

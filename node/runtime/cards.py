@@ -295,7 +295,8 @@ def warm_device(pool: "SessionPool", rec: "PeerRecord") -> tuple[dict[str, str],
     registry = _cached(pool.home, PEERS_FILE, PeerRegistry.load)
     for key, seen in rec.seen_devices.items():  # every device a card was taken of is seen
         live = pool.sessions.get(key)
-        if live is None or live.closed.is_set() or live.session_id is None or registry.is_blocked(key):
+        if (live is None or live.closed.is_set() or live.session_id is None or not live.answered
+                or registry.is_blocked(key)):  # only a session that answered: a race's loser is not warm
             continue
         person = cards[key].card.get("person_key", "") if key in cards else ""
         if _cached(pool.home, REVOCATIONS_FILE, RevocationStore.load).revokes(key, [rec.public_key, person]):
@@ -383,6 +384,10 @@ async def ask_devices(pool: "SessionPool", rec: "PeerRecord", targets: list[tupl
     async with anyio.create_task_group() as tg:
         for device, target in targets:
             tg.start_soon(one, device, target, tg)
+    if winner:  # the ones still out were cancelled because another answered: not down
+        for device, target in targets:
+            if device["key"] in pending:
+                pool.clear_down(target)
     log.debug("person %s: %d device(s) asked in %.3f s", rec.name, len(targets), time.monotonic() - started)
     if store_marks:
         store = CardStore.load(pool.home)

@@ -319,6 +319,12 @@ class SessionPool:
             session = self._open(key, target)
         return session
 
+    def clear_down(self, target: Target) -> None:
+        """Forget the down mark of ``target``'s address: its session was cancelled because
+        another device of its person answered first (node/runtime/cards.py), not because
+        it did not answer, so the next question may dial it at once."""
+        self._down.pop((target.invitation.host_public_key, target.invitation.transport_info.ticket), None)
+
     def mark_down(self, s: PeerSession) -> None:
         """Remember that ``s`` never came up (connect failed, or no handshake by its
         question's deadline): the same address is not tried again for :data:`DOWN_S` s."""
@@ -465,6 +471,47 @@ class SessionPool:
             return await self._ask_person(person, name, request)
         return answer
 
+    async def _ask_warm_device(self, person: Any, warm: tuple[dict[str, str], Any],
+                               request: dict[str, Any]) -> dict[str, Any] | None:
+        """Ask the person's device with a warm session; when it has not answered within
+        :data:`WARM_HEDGE_S` (it may have gone to sleep: a stopped host sends nothing, and
+        its session ends only when the keep-alive gives up), ask its other dialable devices
+        too, the warm one still running; the first answer of either wins. None when the
+        warm session ended unanswered first, or every device did (the caller races them all)."""
+        from node.runtime.cards import ask_devices, device_targets, mark_answered
+
+        got: list[dict[str, Any]] = []
+        warm_done = anyio.Event()
+
+        async def ask_warm(tg: Any) -> None:
+            try:
+                message = await warm[1].ask(request)
+            except PeerGone:
+                warm_done.set()
+                return
+            mark_answered(self.home, person, warm[0]["key"])
+            got.append({**message, "device": dict(warm[0])})
+            tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask_warm, tg)
+            with anyio.move_on_after(WARM_HEDGE_S):
+                await warm_done.wait()
+            if warm_done.is_set():  # its session ended unanswered: the caller races every device, it too
+                return None
+            others = [(d, t) for d, t in device_targets(self.home, person) if d["key"] != warm[0]["key"]]
+            if others:
+                log.info("%s: the warm device %s has not answered in %.1f s; asking %d other device(s)",
+                         person.name, warm[0]["key"][:16], WARM_HEDGE_S, len(others))
+                try:
+                    got.append(await ask_devices(self, person, others, request))
+                except PeerGone:
+                    pass  # the warm one may still answer
+                else:
+                    tg.cancel_scope.cancel()
+            await warm_done.wait()
+        return got[0] if got else None
+
     async def _ask_person(self, person: Any, name: str, request: dict[str, Any]) -> dict[str, Any] | None:
         """Ask every device of the person pin ``person`` with a usable card at once
         (:func:`node.runtime.cards.ask_devices`), its warm device first; the server's cards
@@ -475,15 +522,9 @@ class SessionPool:
 
         warm = warm_device(self, person)
         if warm is not None:  # a device that answered over this session is awake: ask it first
-            try:
-                message = await warm[1].ask(request)
-            except PeerGone:
-                pass  # it went away: every known device at once, below
-            else:
-                from node.runtime.cards import mark_answered
-
-                mark_answered(self.home, person, warm[0]["key"])
-                return {**message, "device": dict(warm[0])}
+            answer = await self._ask_warm_device(person, warm, request)
+            if answer is not None:
+                return answer
         targets = device_targets(self.home, person)
         if not targets and person.server:
             await fetch_cards(self.home, person)
@@ -505,6 +546,11 @@ class SessionPool:
                     raise
                 return await ask_devices(self, person, targets, request)
         return None
+
+
+#: Seconds a person's warm device may take before its other devices are asked too
+#: (:meth:`SessionPool._ask_warm_device`; specs/peers.md §13).
+WARM_HEDGE_S = 2.0
 
 
 def _connect_failed(gone: PeerGone) -> bool:
