@@ -124,7 +124,7 @@ def _generated(base: Path) -> Path:
 
 def scrub_bench(corpus_dir: Path | None, rounds: int) -> None:
     """Peer-answer host CPU with the scrubbing gate off and on (module docstring)."""
-    from node.policy.scrub import KINDS
+    from node.common.scrub import KINDS
 
     base = Path(tempfile.mkdtemp())
     docs = corpus_dir if corpus_dir is not None else _generated(base)
@@ -181,7 +181,7 @@ def false_positives(folders: list[Path], shown: int = 8) -> None:
 
     from node.answer.fence import REASONS, scan
     from node.corpus.parsers import kind_for, parse_bytes
-    from node.policy.scrub import KINDS, find
+    from node.common.scrub import KINDS, find
 
     for folder in folders:
         if not folder.is_dir():

@@ -127,9 +127,9 @@ def _owner_order(corpus: Corpus, gate: EgressGate, peer: str | None, query: str)
     peer may see — what a peer would get without per-view statistics (measured only)."""
     from node.answer.service import AnswerService, PeerView
 
-    visible = AnswerService(corpus, gate).search_args(5, PeerView(peer, None))["visible"]
+    lens = AnswerService(corpus, gate).search_args(5, PeerView(peer, None))["lens"]
     hits, _ = corpus.search_hits(query, limit=50)
-    return [h.source_id for h in hits if visible(h.source_id)][:5]
+    return [h.source_id for h in hits if lens.sees(h.source_id)][:5]
 
 
 REORDERS = {"general": 0, "general_checked": 0, "single": 0, "single_checked": 0}

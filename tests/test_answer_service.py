@@ -223,20 +223,25 @@ def test_an_old_decomposed_id_is_replaced_at_the_next_sync(tmp_path: Path, monke
     assert ids == [NFC_ID] and [r["source"] for r in found] == [NFC_ID]
 
 
-def test_a_peer_view_predicate_follows_the_gate(home: Path) -> None:
-    """The predicate a peer's search is ranked on (``visible``): the gate's decision per
-    source, one object per (gate, policy, peer) so per-view caches apply."""
+def test_a_peer_lens_follows_the_gate_and_is_one_value_per_key(home: Path) -> None:
+    """The lens a peer's search is ranked on: the gate's decision per source, one frozen
+    value per (policy stamp, peer, generation) — the same lens for every key of one peer
+    name, another for another peer — and immutable."""
     from node.answer.service import PeerView
+    from node.corpus.lens import Lens
 
     knowledge = open_knowledge(home, lambda _m: None)
     try:
         service = knowledge.service
         policy = service._gate.current_policy()
-        visible = service._visible(PeerView(None), policy)
-        assert service._visible(PeerView(None, "ab" * 32), policy) is visible
-        assert service._visible(PeerView("alice"), policy) is not visible
-        assert visible("/kb/deploy.md") and visible(NFC_ID)
-        assert not visible("/elsewhere/x.md") and not visible("/kb/../etc/passwd")
+        lens = service.lens_for(PeerView(None), policy)
+        assert isinstance(lens, Lens)
+        assert service.lens_for(PeerView(None, "ab" * 32), policy) is lens
+        assert service.lens_for(PeerView("alice"), policy).key != lens.key
+        assert lens.sees("/kb/deploy.md") and lens.sees(NFC_ID)
+        assert not lens.sees("/elsewhere/x.md") and not lens.sees("/kb/../etc/passwd")
+        with pytest.raises(AttributeError):
+            lens.visible = frozenset()  # type: ignore[misc]
     finally:
         knowledge.close()
 

@@ -60,8 +60,13 @@ def test_read_routes_answer(served) -> None:
     s = httpx.get(url + "/stats").json()
     assert s["done"] == 2 and s["ready"] is True
     c = httpx.get(url + "/contract").json()
-    assert c["routes"] == {"GET": ["/health", "/stats", "/contract", "/openapi.json"],
-                           "POST": ["/search", "/verify"]}
+    assert c["routes"] == {"GET": ["/health", "/stats", "/contract", "/openapi.json", "/outbox"],
+                           "POST": ["/search", "/verify", "/outbox"]}
+    assert list(c["writes"]) == ["POST /outbox"]  # the one write, named (specs/outbox.md)
+    # the contract allows exactly the routes served (POST /verify was missing, issue 32)
+    allowed = h["externalAgentContract"]["allowedOperations"]
+    assert sorted(allowed) == sorted(f"{m} {p}" for m, paths in c["routes"].items() for p in paths)
+    assert "POST /verify" in h["externalAgentContract"]["refusedOperations"][-1]
     for r in (h, s, c):
         assert str(root) not in json.dumps(r) and str(home) not in json.dumps(r)
 
@@ -71,7 +76,8 @@ def test_served_openapi_equals_the_spec_file(served) -> None:
     served_doc = httpx.get(url + "/openapi.json").json()
     on_disk = json.loads((REPO / "specs" / "openapi.json").read_text())
     assert served_doc == on_disk == json.loads(json.dumps(openapi_document()))
-    assert set(served_doc["paths"]) == {"/health", "/stats", "/contract", "/openapi.json", "/search", "/verify"}
+    assert set(served_doc["paths"]) == {"/health", "/stats", "/contract", "/openapi.json", "/search", "/verify",
+                                        "/outbox"}
 
 
 def test_search_returns_a_valid_envelope(served) -> None:
@@ -168,7 +174,9 @@ def test_non_loopback_bind_is_refused(tmp_path: Path) -> None:
 
 def test_api_without_a_corpus_is_unavailable_not_an_error(tmp_path: Path) -> None:
     with run_api_in_thread(tmp_path / "fresh-home") as url:
-        assert httpx.get(url + "/health").json()["available"] is False
+        h = httpx.get(url + "/health").json()
+        assert h["available"] is False and h["status"] == "unavailable"
+        assert h["peers"] == {"available": False, "pinned": 0}  # no identity, nobody pinned
         env = httpx.post(url + "/search", json={"query": "anything"}).json()
         _valid(env)
         assert env["available"] is False and env["reason"] == "index-unavailable"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from node.corpus import views
+from node.corpus.lens import lens_of
 from node.corpus.store import Corpus
 
 
@@ -32,9 +33,9 @@ def public(source_id: str) -> bool:
 def test_a_view_sees_only_its_documents_and_the_owner_sees_all(tmp_path):
     _, home = _corpus(tmp_path, {"pub/a.md": "walrus notes\n", "priv/b.md": "walrus secret\n"})
     with Corpus(home, readonly=True) as corpus:
-        assert corpus.warm_view(public) == 1
+        assert corpus.warm_view(lens_of(corpus, public)) == 1
         owner, _ = corpus.search_hits("walrus", limit=5)
-        peer, ctl = corpus.search_hits("walrus", limit=5, visible=public)
+        peer, ctl = corpus.search_hits("walrus", limit=5, lens=lens_of(corpus, public))
         assert {h.source_id for h in owner} == {"/notes/pub/a.md", "/notes/priv/b.md"}
         assert [h.source_id for h in peer] == ["/notes/pub/a.md"]
         assert ctl["candidates"] == 1  # the hidden chunk was never a candidate
@@ -43,34 +44,34 @@ def test_a_view_sees_only_its_documents_and_the_owner_sees_all(tmp_path):
 def test_a_kept_view_follows_changed_added_and_removed_visible_documents(tmp_path):
     root, home = _corpus(tmp_path, {"pub/a.md": "walrus one\n", "pub/b.md": "otter two\n"})
     with Corpus(home, readonly=True) as corpus:
-        assert [h.source_id for h in corpus.search_hits("walrus", limit=5, visible=public)[0]] == [
+        assert [h.source_id for h in corpus.search_hits("walrus", limit=5, lens=lens_of(corpus, public))[0]] == [
             "/notes/pub/a.md"]
         (root / "pub" / "a.md").write_text("otter now\n", encoding="utf-8")
         (root / "pub" / "c.md").write_text("walrus three\n", encoding="utf-8")
         (root / "pub" / "b.md").unlink()
         _resync(home)
-        hits, _ = corpus.search_hits("walrus", limit=5, visible=public)
+        hits, _ = corpus.search_hits("walrus", limit=5, lens=lens_of(corpus, public))
         assert [h.source_id for h in hits] == ["/notes/pub/c.md"]
-        otters, _ = corpus.search_hits("otter", limit=5, visible=public)
+        otters, _ = corpus.search_hits("otter", limit=5, lens=lens_of(corpus, public))
         assert [(h.source_id, h.text.strip()) for h in otters] == [("/notes/pub/a.md", "otter now")]
         with Corpus(home, readonly=True) as fresh:  # a view built from scratch agrees
-            again, _ = fresh.search_hits("otter", limit=5, visible=public)
+            again, _ = fresh.search_hits("otter", limit=5, lens=lens_of(fresh, public))
             assert [(h.source_id, h.score, h.score_components) for h in again] == [
                 (h.source_id, h.score, h.score_components) for h in otters]
 
 
-def test_predicates_with_the_same_documents_share_one_index_and_at_most_max_views_are_kept(
+def test_lenses_with_the_same_documents_share_one_index_and_at_most_max_views_are_kept(
         tmp_path):
     _, home = _corpus(tmp_path, {f"d{i}/x.md": f"walrus {i}\n" for i in range(views.MAX_VIEWS + 2)})
     with Corpus(home, readonly=True) as corpus:
-        corpus.search_hits("walrus", limit=5, visible=lambda s: s.startswith("/notes/d0/"))
-        corpus.search_hits("walrus", limit=5, visible=lambda s: s.startswith("/notes/d0"))
+        corpus.search_hits("walrus", limit=5, lens=lens_of(corpus, lambda s: s.startswith("/notes/d0/")))
+        corpus.search_hits("walrus", limit=5, lens=lens_of(corpus, lambda s: s.startswith("/notes/d0")))
         assert len(corpus.views) == 1
         for i in range(views.MAX_VIEWS + 2):
             def only(s: str, i: int = i) -> bool:
                 return s.startswith(f"/notes/d{i}/")
 
-            hits, _ = corpus.search_hits("walrus", limit=5, visible=only)
+            hits, _ = corpus.search_hits("walrus", limit=5, lens=lens_of(corpus, only))
             assert [h.source_id for h in hits] == [f"/notes/d{i}/x.md"]
         assert len(corpus.views) == views.MAX_VIEWS
 
@@ -100,7 +101,7 @@ def everything(source_id: str) -> bool:
 
 
 def _ranked(corpus: Corpus, query: str, visible) -> list[tuple[str, float, object]]:
-    hits, _ = corpus.search_hits(query, limit=10, visible=visible)
+    hits, _ = corpus.search_hits(query, limit=10, lens=lens_of(corpus, visible))
     return [(h.source_id, h.score, h.score_components) for h in hits]
 
 
@@ -127,15 +128,15 @@ def test_a_view_seeing_everything_is_served_from_the_main_index_with_the_same_ra
     def both(public_is_partial: bool) -> list:
         with Corpus(home, readonly=True) as corpus:
             corpus.record.searcher()
-            view = corpus.view(everything)
+            view = corpus.view(lens_of(corpus, everything))
             assert view.on_main == (_deleted_in_main(home) == 0)
             if public_is_partial:
-                assert not corpus.view(public).on_main
+                assert not corpus.view(lens_of(corpus, public)).on_main
             served = _ranked(corpus, "walrus otter", everything)
         with Corpus(home, readonly=True) as corpus:  # the same view on its own RAM index
             monkeypatch.setattr(corpus.record, "main_searcher_for", lambda chunks: None)
             corpus.record.searcher()
-            assert not corpus.view(everything).on_main
+            assert not corpus.view(lens_of(corpus, everything)).on_main
             assert _ranked(corpus, "walrus otter", everything) == served
         return served
 
@@ -152,4 +153,52 @@ def test_a_view_seeing_everything_is_served_from_the_main_index_with_the_same_ra
     db.close()
     with Corpus(home, readonly=True) as corpus:
         corpus.record.searcher()
-        assert not corpus.view(everything).on_main
+        assert not corpus.view(lens_of(corpus, everything)).on_main
+
+
+def test_a_view_whose_lens_hides_a_document_no_longer_counts_it(tmp_path):
+    """A lens that hides a document the kept view holds (a policy change) gets a view that
+    ranks exactly like one built from scratch: tantivy would count a deleted document in
+    its statistics until a merge, so such a view is not updated in place (issue 29)."""
+    _, home = _corpus(tmp_path, {"pub/a.md": "walrus tusk\n", "pub/b.md": "walrus walrus walrus otter\n",
+                                 "pub/c.md": "walrus otter notes here\n", "priv/d.md": "walrus\n"})
+
+    def no_b(s: str) -> bool:
+        return public(s) and s != "/notes/pub/b.md"
+
+    with Corpus(home, readonly=True) as corpus:
+        corpus.search_hits("walrus otter", limit=5, lens=lens_of(corpus, public))  # kept
+        builds = corpus.view_builds()
+        after = _ranked(corpus, "walrus otter", no_b)
+        assert corpus.view_builds() == builds + 1  # a new index, not the kept one updated
+    with Corpus(home, readonly=True) as fresh:
+        assert _ranked(fresh, "walrus otter", no_b) == after
+    assert [s for s, _, _ in after] == ["/notes/pub/c.md", "/notes/pub/a.md"]
+
+
+def test_a_view_is_built_outside_the_corpus_lock(tmp_path, monkeypatch):
+    """While a new view's index is being built (a peer's first question, the host's
+    warmer), the owner's search — which takes the corpus lock — still answers (issue 29
+    item 4). The build is held at its start until the owner's search has answered."""
+    import threading
+
+    _, home = _corpus(tmp_path, {"pub/a.md": "walrus notes\n", "priv/b.md": "walrus secret\n"})
+    started, release = threading.Event(), threading.Event()
+    build = views._build
+
+    def held_build(db, docs):
+        started.set()
+        assert release.wait(60), "the owner's search never answered"
+        return build(db, docs)
+
+    monkeypatch.setattr(views, "_build", held_build)
+    with Corpus(home, readonly=True) as corpus:
+        lens = lens_of(corpus, public)
+        peer = threading.Thread(target=corpus.warm_view, args=(lens,))
+        peer.start()
+        assert started.wait(60)
+        owner, _ = corpus.search_hits("walrus", limit=5)  # not held up by the build
+        release.set()
+        peer.join(60)
+        assert len(owner) == 2 and not peer.is_alive()
+        assert corpus.view_ready(lens) and corpus.view_builds() == 1

@@ -73,7 +73,7 @@ def _code(r: httpx.Response) -> str | None:
 def test_login_token_works_once_and_pages_need_the_cookie(dash) -> None:
     base, login = dash
     anon = httpx.Client(base_url=base, timeout=30)
-    for path in ("/", "/roots", "/policy", "/approvals", "/search?q=x"):
+    for path in ("/", "/roots", "/policy", "/approvals", "/outbox", "/search?q=x"):
         r = anon.get(path)
         assert r.status_code == 401 and _code(r) == "dashboard-login-required", path
         assert "dashboard-login-required" in r.text
@@ -230,6 +230,28 @@ def test_approvals_page_approves_and_the_cli_sees_it(home: Path, dash) -> None:
     assert '"approval-decided"' in audit and req.id in audit
     client.post("/approvals/decide", data={"csrf": _csrf(page), "id": req.id, "decision": "deny"})
     assert "approval-decided" in client.get("/approvals").text
+
+
+def test_outbox_page_shows_kept_questions_and_answers_and_removes_one(home: Path, dash) -> None:
+    from node.runtime.outbox import OutboxStore, classify, query_id_of
+
+    base, login = dash
+    with OutboxStore(home) as store:
+        waiting = store.add({"query": "nightly backup", "topK": 3}, [("bob", PEER_KEY)])["id"]
+        done = store.add({"query": "staging server", "topK": 3}, [("alice", PEER_KEY)])["id"]
+        answer = {"action": "results", "query_id": query_id_of(done), "status": "ok", "envelope": {"results": [
+            {"source": "/kb/deploy.md", "id": "c1",
+             "textPreview": "The staging server is deleted nightly. <script>alert(1)</script>"}]}}
+        store.record_attempt(done, PEER_KEY, classify(answer, query_id_of(done)), message=answer)
+    client = _logged_in(base, login)
+    page = client.get("/outbox").text
+    assert "nightly backup" in page and "bob: waiting" in page
+    assert "alice: answered" in page and "/kb/deploy.md" in page and "deleted nightly" in page
+    assert "<script>alert(1)" not in page and "&lt;script&gt;" in page  # a peer's text is shown, never run
+    r = client.post("/outbox/remove", data={"csrf": _csrf(page), "id": waiting})
+    assert r.status_code == 303 and f"removed {waiting[:12]}" in client.get("/outbox").text
+    listed = json.loads(kith(home, "outbox", "list", "--json").stdout)["questions"]
+    assert [q["id"] for q in listed] == [done]
 
 
 def test_search_as_a_peer_shows_what_the_peer_would_get(home: Path, dash) -> None:

@@ -288,8 +288,17 @@ def test_decide_many_gives_what_decide_gives(tmp_path: Path) -> None:
             policy.set(rnd.choice(globs), rnd.choice(["public", "never"]), for_peer="bob")
         if trial % 4 == 0:
             policy.add_members("crew", ["carol"])
+        if trial % 5 == 0:
+            policy.set_scrub("*", ["email"], glob=rnd.choice(globs))
+            policy.set_scrub("alice", ["phone"])
         gate = EgressGate(roots, policy, tmp_path / "home")
         shuffled = rnd.sample(sources, len(sources))
         for peer in (None, "alice", "bob", "carol"):
             want = [gate.decide(s, peer) for s in shuffled]
             assert gate.decide_many(shuffled, peer) == want, (trial, peer, policy.rules)
+            # the lens a view is built from holds exactly those decisions (issue 29 item 1)
+            lens = gate.lens(policy, peer, 0, shuffled)
+            for s, d in zip(shuffled, want):
+                sees = d.allowed or (d.tier == "ask" and d.canonical is not None)
+                assert lens.sees(s) == sees, (trial, peer, s)
+                assert lens.kinds(s) == (policy.scrub_kinds(d.canonical, peer) if sees else frozenset())

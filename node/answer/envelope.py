@@ -541,6 +541,13 @@ def _controller(request: dict[str, Any] | None, reason: str | None,
             "stopReason": "budget-exhausted" if reason == "budget-exhausted" else None}
 
 
+#: The local API's routes, all read-only but ``POST /outbox``, its one write (it keeps a
+#: question in this node's own outbox; specs/outbox.md) (node/local/api.py serves exactly these;
+#: ``allowedOperations`` below lists them): method -> paths.
+API_ROUTES: dict[str, tuple[str, ...]] = {"GET": ("/health", "/stats", "/contract", "/openapi.json", "/outbox"),
+                                          "POST": ("/search", "/verify", "/outbox")}
+
+
 def _external_contract() -> dict[str, Any]:
     return {
         "name": "kith-read-only-search",
@@ -548,11 +555,11 @@ def _external_contract() -> dict[str, Any]:
         "readOnly": True,
         "usagePrompt": USAGE_PROMPT,
         "recallPriority": ["conversation-and-local-files", "agent-runtime-memory", "kith-search"],
-        "allowedOperations": ["GET /health", "GET /stats", "GET /contract", "POST /search"],
+        "allowedOperations": [f"{m} {p}" for m, paths in API_ROUTES.items() for p in paths],
         "citeWith": "citationPack.citations[].citationId",
         "refusedOperations": ["POST /index", "POST /sync", "PUT /settings", "POST /memory",
                               "POST /server/stop", "DELETE *", "any method but GET, except "
-                              "POST /search"],
+                              + " and ".join(f"POST {p}" for p in API_ROUTES["POST"])],
         "maxSearchCalls": MAX_SEARCH_CALLS,
         "clientDeadlineSeconds": CLIENT_DEADLINE_S,
         "serverBudgetCapSeconds": MAX_SERVER_BUDGET_MS // 1000,
@@ -644,6 +651,36 @@ def result_sizes(envelope: dict[str, Any]) -> list[int]:
     cites = envelope["citationPack"]["citations"]
     return [len(_encode(res)) + len(_encode(cit)) + 2 + len(res["provenance"]["citationId"]) + 3
             for res, cit in zip(envelope["results"], cites)]
+
+
+def fit_to(limit: int, envelope: dict[str, Any], request: dict[str, Any], hits: list[Hit],
+           controller: dict[str, Any] | None, *, plan: Any = None,
+           syncing: bool = False) -> dict[str, Any] | None:
+    """``envelope`` (built from ``hits``) cut to ``limit`` encoded bytes: the
+    lowest-ranked results are dropped; None when not even one result fits (a peer's
+    ``max_message_bytes``, :mod:`node.answer.service`).
+
+    One encode measures the envelope; when it is too large, each result's own bytes
+    (:func:`result_sizes`) say how many to drop, and the envelope is rebuilt once for the
+    kept prefix (and measured again: synthesis and coverage change with the results, so
+    the estimate is checked; a still-too-large envelope drops one more result per
+    rebuild). ``syncing``: mark each rebuilt envelope ``indexSyncing``
+    (:func:`mark_index_syncing`) before it is measured."""
+    size = len(_encode(envelope))
+    while size > limit:
+        if len(hits) == 1:
+            return None
+        sizes = result_sizes(envelope)
+        keep = len(hits)
+        while keep > 1 and size > limit:  # at least one is always dropped
+            keep -= 1
+            size -= sizes[keep]
+        hits = hits[:keep]
+        envelope = build_envelope(request, hits, controller, plan=plan)
+        if syncing:
+            mark_index_syncing(envelope)
+        size = len(_encode(envelope))
+    return envelope
 
 
 #: ``quality.flags`` key set (true) when the index was behind its record while searching.

@@ -27,7 +27,11 @@ def serve_cmd(
     """Serve GET /health, /stats, /contract, /openapi.json, POST /search (this home's corpus
     or pinned peers) and POST /verify (a saved answer's citations) until Ctrl-C/SIGTERM. Every other method answers 403 and changes nothing; only a
     loopback Host/Origin with this port is answered. A lagging index is repaired at start
-    when no other process is writing it (else a warning)."""
+    when no other process is writing it (else a warning).
+
+    The one write: POST /outbox asks pinned peers now and keeps the question for those that
+    are offline in this home's outbox (GET /outbox reads it); while it serves, this process
+    delivers the outbox when no other process of the home does (specs/outbox.md)."""
     from node.local.api import is_loopback, serve
 
     if not is_loopback(host):
@@ -39,7 +43,7 @@ def serve_cmd(
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
 
     def listening(url: str) -> None:
-        err_console.print(f"kith local API listening on {url} (read-only; Ctrl-C to stop)",
+        err_console.print(f"kith local API listening on {url} (read-only but POST /outbox; Ctrl-C to stop)",
                           highlight=False)
         if json_out:
             emit_json({"url": url})

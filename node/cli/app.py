@@ -47,6 +47,7 @@ COMMANDS: tuple[Entry, ...] = (
     Entry("policy", "node.cli.policy_cmd", "policy_app"),
     Entry("peers", "node.cli.peers_cmd", "peers_app"),
     Entry("approvals", "node.cli.approvals_cmd", "approvals_app"),
+    Entry("outbox", "node.cli.outbox_cmd", "outbox_app"),
     Entry("community", "node.cli.community_cmd", "community_app"),
     Entry("api", "node.cli.api_cmd", "api_app"),
     Entry("sessions", "node.cli.status_cmd", "sessions_app"),

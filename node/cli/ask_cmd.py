@@ -1,8 +1,8 @@
 """``kith ask``: one question to several pinned peers at once, one merged, attributed
 answer (specs/ask.md; node/runtime/fanout.py).
 
-Exit status (specs/ask.md §6): 0 when at least one peer (or ``--local``) answered ``ok``;
-1 otherwise (every peer refused, was unreachable or timed out, or had no verified
+Exit status (specs/ask.md §6): 0 when at least one peer (or ``--local``) answered ``ok``,
+or ``--later`` kept the question in the outbox (specs/outbox.md); 1 otherwise (every peer refused, was unreachable or timed out, or had no verified
 results); 2 for a bad command line (``usage``, ``ask-too-many-peers``, ``peer-bad-name``,
 ``query-invalid``).
 """
@@ -20,6 +20,17 @@ from node.cli.common import (DISCOVERY_HELP, LAN_HELP, OFFLINE_HELP, RELAY_HELP,
                              err_console, identity_home_of, safe_text, transport_mode)
 
 
+def _who_said(r: dict[str, Any]) -> str:
+    """``[alice, bob] /src/a.md`` — or, when the peers returned the same text under
+    different source ids, each peer with its own: ``[alice] /x/a.md; [bob] /y/a.md``."""
+    atts = [{**a, "source": a.get("source", r["source"])}
+            for a in r["attributions"] or [{"peer": r["peer"], "source": r["source"]}]]
+    if len({a["source"] for a in atts}) <= 1:
+        who = ", ".join(safe_text(a["peer"]["name"]) for a in atts)
+        return f"[{who}] {safe_text(r['source'])}"
+    return "; ".join(f"[{safe_text(a['peer']['name'])}] {safe_text(a['source'])}" for a in atts)
+
+
 def render(env: dict[str, Any]) -> None:
     """Print the merged answer for a person: results (who said it), then the per-peer
     table. Peer text is neutralised (:func:`safe_text`) and never parsed as markup."""
@@ -35,10 +46,8 @@ def render(env: dict[str, Any]) -> None:
 
     lines: list[Line] = []
     for r in results:
-        who = ", ".join(safe_text(a["peer"]["name"]) for a in r["attributions"])
         where = location_text(r.get("location"))
-        lines.append(Line(f"#{r['rank']} [{who}] {safe_text(r['source'])}" + (f"  {where}" if where else ""),
-                          indent=2, hang=5))
+        lines.append(Line(f"#{r['rank']} {_who_said(r)}" + (f"  {where}" if where else ""), indent=2, hang=5))
         heading = heading_text(r.get("location"))
         if heading:
             lines.append(Line(heading, indent=5, hang=5))
@@ -53,9 +62,12 @@ def render(env: dict[str, Any]) -> None:
     for text in format_lines(lines, width):
         console.print(text, highlight=False, markup=False, soft_wrap=True)
     if any(r["untrusted"] for r in results) and not console.is_terminal:
-        # the notice speaks to an agent reading the output (it names the JSON field); a
-        # person at a terminal sees who said what from the [peer] attributions (issue 20)
-        console.print(env["notice"], highlight=False, markup=False, style="dim")
+        # the notice speaks to an agent reading the output — in the words of this output,
+        # not of the JSON's `untrusted` field; a person at a terminal sees who said what
+        # from the [peer] attributions (issue 20)
+        from node.answer.fence import TEXT_NOTICE
+
+        console.print(TEXT_NOTICE, highlight=False, markup=False, style="dim")
     table = Table("peer", "status", "detail", "latency", "results", "path", box=None, header_style="bold")
     for p in env["peers"]:
         detail = p["code"] or ""
@@ -86,6 +98,8 @@ def ask_cmd(
     discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the merged envelope (specs/ask.schema.json) as JSON."),
     citations: bool = typer.Option(False, "--citations", help="Ask each peer to sign a citation for its results (hosts with --sign-citations do); save --json and check it with `kith verify`."),
+    later: bool = typer.Option(False, "--later", help="Keep the question for every peer that is offline now (or whose answer waits for its owner's approval) in this home's outbox; a running `kith host`, `kith api serve`, `kith mcp` or `kith outbox run` delivers it when the peer is back (`kith outbox list`)."),
+    keep: Optional[str] = typer.Option(None, "--keep", metavar="DURATION", help="With --later: how long the outbox keeps the question (30m, 12h, 7d, 2w; default 7d)."),
 ) -> None:
     """Ask pinned peers one question at once; print one merged answer citing who said what."""
     from node.answer import contract
@@ -101,7 +115,9 @@ def ask_cmd(
     if all_peers and peer:
         raise UsageError("usage", "give --peer NAME... or --all-peers, not both")
     registry = PeerRegistry.load(home)
-    names = sorted(n for n, r in registry.peers.items() if not registry.is_blocked(r.public_key)) if all_peers else list(peer)
+    from node.runtime.fanout import askable_peers
+
+    names = askable_peers(registry) if all_peers else list(peer)
     if not names and not local_corpus:
         if all_peers:
             raise UsageError("usage", "--all-peers: no unblocked peer is pinned here "
@@ -112,6 +128,11 @@ def ask_cmd(
     if local_corpus and LOCAL_NAME in names:  # two rows named `local`: citations ambiguous
         raise UsageError("usage", f"a pinned peer is named {LOCAL_NAME!r}, the name of --local's row; "
                          f"ask it without --local, or pin it under another name")
+    if keep is not None and not later:
+        raise UsageError("usage", "--keep is for --later")
+    from node.runtime.outbox import parse_keep
+
+    keep_s = parse_keep(keep)  # outbox-keep-invalid (exit 2) before anything is asked
     request = {"query": question, "topK": top_k}
     try:
         contract.validate(request)
@@ -119,6 +140,11 @@ def ask_cmd(
         raise error_for(exc.code, exc.message, hint=exc.hint, exit_code=2) from None
     if citations:  # a knowledge-query message field beside the request (node/answer/citation.py)
         request["citations"] = True
+    if later:  # a full outbox refuses before anyone is asked (outbox-full)
+        from node.runtime.outbox import OutboxStore
+
+        with OutboxStore(home) as store:
+            store.check_room(len(question.encode()))
     identity = load_identity(home)
 
     def show(env: dict[str, Any]) -> None:
@@ -129,6 +155,11 @@ def ask_cmd(
             for p in env["peers"]:
                 if p["status"] == "pending-approval" and p["approvalId"]:
                     err_console.print(f"{safe_text(p['name'])}: waiting for its owner's approval ({p['approvalId']})",
+                                      highlight=False, markup=False)
+                elif p.get("lastHeardAt"):  # went silent with the question out (specs/session.md §7.2)
+                    err_console.print(f"{safe_text(p['name'])} stopped answering: nothing from it since "
+                                      f"{p['lastHeardAt']} while the question was out; it was stopped, went to "
+                                      "sleep or lost its network — ask again once it is back",
                                       highlight=False, markup=False)
         sys.stdout.flush()
 
@@ -146,6 +177,16 @@ def ask_cmd(
             env = await fan_out(pool, request, names, timeout_s=timeout,
                                 local=local_searcher(home) if local_corpus else None, own_key=identity.public_key,
                                 on_waiting=(WAIT_NOTICE_S, WAIT_REPEAT_S, say_waiting))
+            if later:  # the outbox (specs/outbox.md): kept for the peers that did not answer
+                from node.runtime.outbox import keep_for_later
+
+                kept = keep_for_later(home, request, env, keep_s=keep_s)
+                if kept is not None:
+                    err_console.print(f"kept in the outbox as {kept['id'][:12]} for "
+                                      f"{', '.join(safe_text(n) for n in kept['peers'])} until {kept['expiresAt']}: "
+                                      f"`kith outbox show {kept['id'][:12]}` (delivered while `kith host`, "
+                                      "`kith api serve`, `kith mcp` or `kith outbox run` runs)",
+                                      highlight=False, markup=False)
             # The answer is printed at the deadline, not after the pool has closed its
             # sessions (closing a session to a silent host can take seconds).
             show(env)
@@ -161,4 +202,4 @@ def ask_cmd(
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(1 if env["answered"] == 0 else 0)
+    os._exit(1 if env["answered"] == 0 and not env.get("outbox") else 0)

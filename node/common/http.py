@@ -194,7 +194,26 @@ def base_url_of(sock: socket.socket) -> str:
 
 class _Server(uvicorn.Server):
     """uvicorn.Server that stops on SIGINT/SIGTERM without re-raising the signal afterwards
-    (so ``kith community serve`` exits 0 after a clean shutdown)."""
+    (so ``kith community serve`` exits 0 after a clean shutdown), and runs ``on_loop()``
+    (an async callable: the home's background runner, node/runtime/runner.py) as a task
+    on its event loop from start-up to shutdown."""
+
+    def __init__(self, config: uvicorn.Config, on_loop: Any = None) -> None:
+        super().__init__(config)
+        self.on_loop = on_loop
+        self._background: Any = None
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.on_loop is not None:
+            self._background = asyncio.get_running_loop().create_task(self.on_loop())
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        if self._background is not None:
+            self._background.cancel()
+            with contextlib.suppress(BaseException):
+                await self._background
+        await super().shutdown(sockets=sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -247,18 +266,20 @@ def parse_trust_proxy(values: list[str]) -> list[str]:
 
 
 def serve_forever(app: Starlette, sock: socket.socket, *, access_log: bool = False,
-                  trust_proxy: list[str] | None = None) -> None:
+                  trust_proxy: list[str] | None = None, on_loop: Any = None) -> None:
     """Serve ``app`` on the bound ``sock`` in this (main) thread until SIGINT/SIGTERM.
 
     ``trust_proxy``: addresses/CIDR networks of reverse proxies whose ``X-Forwarded-For``
-    names the client; None or empty = the header is ignored (the TCP peer is the client)."""
-    server = _Server(_config(app, access_log=access_log, trust_proxy=trust_proxy))
+    names the client; None or empty = the header is ignored (the TCP peer is the client).
+    ``on_loop``: an async callable run as a task on the server's loop while it serves."""
+    server = _Server(_config(app, access_log=access_log, trust_proxy=trust_proxy), on_loop)
     server.run(sockets=[sock])
 
 
 @contextlib.contextmanager
 def serve_app_in_thread(app: Any, sock: socket.socket, *, what: str,
-                        startup_timeout_s: float = 10.0, trust_proxy: list[str] | None = None) -> Iterator[str]:
+                        startup_timeout_s: float = 10.0, trust_proxy: list[str] | None = None,
+                        on_loop: Any = None) -> Iterator[str]:
     """Serve an ASGI ``app`` on an already bound ``sock`` with uvicorn in a daemon thread
     for a ``with`` block; the socket is closed on exit. Used by the community server and
     the local read-only API.
@@ -267,6 +288,7 @@ def serve_app_in_thread(app: Any, sock: socket.socket, *, what: str,
         what: how to name the server in an error, e.g. ``"the local API"``.
         startup_timeout_s: how long to wait for uvicorn to start, in seconds.
         trust_proxy: as :func:`serve_forever` (default: ``X-Forwarded-For`` ignored).
+        on_loop: as :func:`serve_forever`.
 
     Yields:
         The base URL, e.g. ``"http://127.0.0.1:41234"``.
@@ -275,7 +297,7 @@ def serve_app_in_thread(app: Any, sock: socket.socket, *, what: str,
         CommunityError: ``server-start-failed`` if it does not start in time.
     """
     url = base_url_of(sock)
-    server = _Server(_config(app, access_log=False, trust_proxy=trust_proxy))
+    server = _Server(_config(app, access_log=False, trust_proxy=trust_proxy), on_loop)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"kith {url}", daemon=True)
     thread.start()
     try:

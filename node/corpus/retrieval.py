@@ -39,7 +39,7 @@ reports ``budget-exhausted``.
 Candidate pools are widened (×4, up to 2000) only when filters, stale-file withholding or
 the per-document cap starved the result list and a pass was saturated.
 
-A search with a view predicate (``visible``, a peer's view) runs every pass on the view's
+A search with a lens (:class:`node.corpus.lens.Lens`, a peer's view) runs every pass on the view's
 own index (:mod:`node.corpus.views`), so candidates, early stop, fusion and scores depend
 only on the documents the view may see (specs/policy.md §6.1).
 
@@ -66,9 +66,11 @@ from typing import Any
 
 import tantivy
 
-from node.corpus import search, sources, views
-from node.corpus.types import Hit
 from node.common.errors import CorpusError
+from node.common.scrub import ScrubFailed, scrub_cached, scrub_fields, scrub_many
+from node.corpus import search, sources, views
+from node.corpus.lens import Lens
+from node.corpus.types import Hit
 
 #: RRF weight per pass (a pass's contribution is ``weight / (RRF_K + rank)``). The exact
 #: and rewrite passes are near-identical keyword searches of the baseline's terms: at equal
@@ -583,8 +585,6 @@ def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str], view: Any =
         headings = json.loads(heading or "[]")
         kinds = views.scrub_kinds(view.docs.get(doc_id)) if view is not None else frozenset()
         if kinds:
-            from node.policy.scrub import ScrubFailed, scrub_cached, scrub_many
-
             try:  # the chunk's text was scrubbed (and kept) when the view was built
                 text = scrub_cached(cid, text, kinds)
                 headings = scrub_many([h for h in headings if isinstance(h, str)], kinds)
@@ -636,7 +636,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                deadline: float | None = None,
                max_per_document: int = search.MAX_PER_DOCUMENT,
                extra_passes: dict[str, list[tuple[str, float]]] | None = None,
-               visible: Callable[[str], bool] | None = None,
+               lens: Lens | None = None,
                ) -> tuple[list[Hit], dict[str, Any]]:
     """Run the controller on ``corpus`` (a :class:`node.corpus.store.Corpus`).
 
@@ -650,9 +650,11 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             1 = document-level).
         extra_passes: ranked lists from outside tantivy (``{"dense": [(chunk_id, score)]}``,
             the optional hybrid extra) fused like any pass.
-        visible: the view — ``visible(source_id)`` is True when the view may see the
-            document (or be asked about it: the ``ask`` tier). None = the owner's view
-            (everything, on the whole-corpus index). With a predicate every pass runs on
+        lens: the view (:class:`node.corpus.lens.Lens`: the sources it may see or be
+            asked about — the ``ask`` tier — and their scrub kinds). None = the owner's
+            view (everything, on the whole-corpus index). A view that needs a new index
+            is built before the corpus lock is taken (:meth:`Corpus.prepare_view
+            <node.corpus.store.Corpus.prepare_view>`). With a lens every pass runs on
             the view's own index (:mod:`node.corpus.views`): candidates, early stop,
             fusion, ``Hit.score`` and ``Hit.score_components`` (BM25 with the view's
             statistics, ranks over the view's lists) depend only on documents the view
@@ -686,6 +688,8 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
     def expired() -> bool:
         return deadline is not None and time.monotonic() >= deadline
 
+    if lens is not None and not expired():
+        corpus.prepare_view(lens)  # a new view index is built outside the lock
     with corpus.record.lock:
         if expired():
             controller.update(earlyStop=True, stopReason="budget-exhausted")
@@ -693,11 +697,11 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                                     for p in plan.passes]
             return [], controller
         view = None
-        if visible is None:
+        if lens is None:
             searcher = corpus.record.searcher()
         else:
             corpus.record.searcher()  # the same availability rules as the owner's search
-            view = corpus.view(visible)
+            view = corpus.view(lens)
             searcher = view.searcher()
         schema = corpus.record.index.schema
         bq, field_used = search.baseline_query(schema, query)
@@ -924,14 +928,12 @@ def _served(db: Any, row: sqlite3.Row, origins: sources.SourceNormalizer
 def _filtered_as(view: Any, doc_id: str, source_id: str, metadata: dict[str, Any]
                  ) -> tuple[str, dict[str, Any]]:
     """The source id and metadata a request's filters are matched against: for a document
-    a scrubbed ``view`` scrubs, as the peer receives them (node/policy/scrub.py), so a
+    a scrubbed ``view`` scrubs, as the peer receives them (node/common/scrub.py), so a
     ``sources`` glob naming a scrubbed value is no oracle on it; a scrubbing failure
     matches nothing (fail closed)."""
     kinds = views.scrub_kinds(view.docs.get(doc_id)) if view is not None else frozenset()
     if not kinds:
         return source_id, metadata
-    from node.policy.scrub import ScrubFailed, scrub_fields
-
     try:
         sid, _, meta = scrub_fields(source_id, [], metadata, kinds)
     except ScrubFailed:
@@ -958,7 +960,7 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
     1 gives one result per distinct content. For a scrubbed ``view`` the filters see each
     scrubbed document's source id and metadata as the peer does (:func:`_filtered_as`).
     Only candidates of this search take part
-    — for a peer, its view's (``visible``) — so a copy outside the view never changes
+    — for a peer, its view's (its lens's) — so a copy outside the view never changes
     what the view receives."""
     db = corpus.record.db
     assert db is not None

@@ -22,6 +22,7 @@ import tantivy
 
 from node.corpus import archives, chunking, ingest, search
 from node.corpus.record import Record
+from node.corpus.lens import Lens
 from node.corpus.types import Hit, Root
 from node.common.errors import CorpusError
 from node.common.home import lock_active
@@ -84,6 +85,7 @@ class Corpus:
         #: the peers' view indexes (:class:`node.corpus.views.Views`), made at a view's
         #: first search
         self.views: Any = None
+        self._lens_basis: tuple[int, list[str]] | None = None  # :meth:`lens_basis`, per generation
 
     def __enter__(self) -> Corpus:
         return self
@@ -352,12 +354,42 @@ class Corpus:
                                                replace=replace)
 
     # -- search -----------------------------------------------------------------------------
-    def warm_view(self, visible: Any) -> int:
-        """Build (or bring up to date) the index of the view ``visible`` now, so its first
-        search does not pay for it (a host can warm the anonymous view at start).
+    def lens_basis(self) -> tuple[int, list[str]]:
+        """What a :class:`node.corpus.lens.Lens` is decided over: ``(generation, source
+        ids)`` of the ``done`` documents holding chunks, at the record's current
+        generation (:func:`node.corpus.views.generation`; kept until it moves, so a lens
+        per peer costs one read of the ids per generation, not one per peer).
 
-        Args:
-            visible: the view predicate, as for :meth:`search_hits`.
+        Raises:
+            CorpusError: ``index-unavailable`` (no record).
+        """
+        from node.corpus import views
+
+        with self.record.lock:
+            db = self.record.db
+            if db is None:
+                raise CorpusError("index-unavailable", "The index is not available yet.")
+            gen = views.generation(db)
+            kept = self._lens_basis
+            if kept is None or kept[0] != gen:
+                ids = [r[0] for r in db.execute(
+                    "SELECT source_id FROM documents WHERE status = 'done' AND chunk_count > 0")]
+                kept = self._lens_basis = (gen, ids)
+            return kept
+
+    def generation(self) -> int:
+        """The record's current generation (:func:`node.corpus.views.generation`; 0 without one)."""
+        from node.corpus import views
+
+        with self.record.lock:
+            return views.generation(self.record.db) if self.record.db is not None else 0
+
+    def warm_view(self, lens: Lens) -> int:
+        """Build (or bring up to date) the index of the view ``lens`` now, so its first
+        search does not pay for it (a host warms its guests' views at start and after
+        each change, node/runtime/warm.py). A view that needs a new index is built
+        outside the corpus lock (:meth:`node.corpus.views.Views.prepare`): searches of
+        other views go on meanwhile.
 
         Returns:
             The number of documents in the view.
@@ -365,25 +397,56 @@ class Corpus:
         Raises:
             CorpusError: ``index-unavailable`` (no corpus or no index yet).
         """
+        self.prepare_view(lens)
         with self.record.lock:
-            self.record.searcher()
-            return len(self.view(visible).docs)
+            return len(self.view(lens).docs)
 
-    def view(self, visible: Any) -> Any:
-        """The :class:`node.corpus.views.ViewIndex` of the documents ``visible`` lets a view
-        see, current with the record (callers hold ``record.lock``).
+    def prepare_view(self, lens: Lens) -> bool:
+        """Build the view of ``lens`` outside the corpus lock when it needs a new index
+        (:meth:`node.corpus.views.Views.prepare`; every lens search calls it before taking
+        the lock). Returns True when an index was built.
+
+        Raises:
+            CorpusError: ``index-unavailable``.
+        """
+        return self._views().prepare(self.record, lens)
+
+    def view_ready(self, lens: Lens) -> bool:
+        """Is the view of ``lens`` served now without building or updating an index (the
+        main index, or a kept view index current with the record)? Nothing is built."""
+        with self.record.lock:
+            if self.record.db is None:
+                return False
+            views = self._views()
+            return views.served(views.visible_docs(self.record.db, lens),
+                                self.record.main_searcher_for) is not None
+
+    def view_builds(self) -> int:
+        """How many view indexes this handle has built from scratch (not counting updates
+        of a kept one): what shows that a view was warmed before its first question."""
+        with self.record.lock:
+            return self.views.builds if self.views is not None else 0
+
+    def _views(self) -> Any:
+        from node.corpus import views
+
+        with self.record.lock:
+            if self.views is None:
+                self.views = views.Views()
+            return self.views
+
+    def view(self, lens: Lens) -> Any:
+        """The :class:`node.corpus.views.ViewIndex` of the documents ``lens`` lets a view
+        see, current with the record (callers hold ``record.lock``; what is not built yet
+        is built here, under it: call :meth:`warm_view` first to build outside it).
 
         Raises:
             CorpusError: ``index-unavailable`` (from :meth:`Record.searcher
                 <node.corpus.record.Record.searcher>`, when the view sees the whole corpus
                 and is served by the main index).
         """
-        from node.corpus import views
-
-        if self.views is None:
-            self.views = views.Views()
         assert self.record.db is not None
-        return self.views.index_for(self.record.db, visible, self.record.main_searcher_for)
+        return self._views().index_for(self.record.db, lens, self.record.main_searcher_for)
 
     def chunk_evidence(self, chunk_ids: list[str]) -> dict[str, Any]:
         """What a signed citation needs of served chunks (node/answer/citation.py):
@@ -434,10 +497,10 @@ class Corpus:
     def search_hits(self, query: str, *, limit: int, filters: dict[str, Any] | None = None,
                     deadline: float | None = None,
                     max_per_document: int = search.MAX_PER_DOCUMENT,
-                    visible: Any = None,
+                    lens: Lens | None = None,
                     ) -> tuple[list[Hit], dict[str, Any]]:
-        """Search the corpus as one view sees it (no policy here: the caller builds the
-        view's predicate and the egress gate screens the hits).
+        """Search the corpus as one view sees it (no policy here: the gate makes the
+        view's lens and screens the hits).
 
         Args:
             query: user text (any characters; never parsed by tantivy's query parser).
@@ -446,12 +509,11 @@ class Corpus:
                 (``sources`` globs; metadata filters fail closed, DESIGN §9).
             deadline: ``time.monotonic()`` instant after which no further pass starts.
             max_per_document: document-level dedup cap (default 2).
-            visible: ``Callable[[str], bool] | None`` — the view (``visible(source_id)``
-                True when it may see the document or be asked about it, the ``ask``
-                tier); None = the owner's view. See
-                :func:`node.corpus.retrieval.run_search`: with a predicate the search runs
-                on the view's own index, so candidates and scores depend only on the
-                documents the view may see.
+            lens: the view (:class:`node.corpus.lens.Lens`: the sources it may see or
+                be asked about, the ``ask`` tier, and their scrub kinds); None = the
+                owner's view. See :func:`node.corpus.retrieval.run_search`: with a lens
+                the search runs on the view's own index, so candidates and scores depend
+                only on the documents the view may see.
 
         Returns:
             ``(hits, controller)``: hits best first, sorted by (−score, chunk_id), every
@@ -472,7 +534,7 @@ class Corpus:
 
         return retrieval.run_search(self, query, limit=limit, filters=filters,
                                     deadline=deadline, max_per_document=max_per_document,
-                                    visible=visible)
+                                    lens=lens)
 
     # -- stats ------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

@@ -11,11 +11,12 @@ of the documents the view may see (same schema, same analyzers, built from the S
 record): every statistic tantivy uses is a statistic *of the view*, so nothing hidden can
 move what the peer receives — for single-word and multi-word queries alike.
 
-A view is named by a predicate ``visible(source_id) -> bool`` (see
-:func:`node.corpus.retrieval.run_search`). Its visible document set is evaluated once per
-(predicate object, corpus generation) — the generation is the change log's sequence, so a
-sync, a watch batch or an import makes it current again — and view indexes are shared by
-every predicate that sees the same set (all anonymous guests share one). At most
+A view is named by a lens (:class:`node.corpus.lens.Lens`: the source ids it may see or be
+asked about, and the scrub kinds per source; the egress gate makes it, the corpus never
+asks the policy). Its visible document set is evaluated once per (lens key, corpus
+generation) — the generation is the change log's sequence, so a sync, a watch batch or an
+import makes it current again — and view indexes are shared by every lens that sees the
+same set (all anonymous guests share one). At most
 :data:`MAX_VIEWS` indexes are kept (least recently used evicted). When the set or the
 documents changed, the nearest kept index is brought up to date by document (delete a
 changed or removed document, add a changed or new one) instead of being rebuilt, so a
@@ -23,11 +24,10 @@ watch batch costs what it changes. Documents deleted that way stay in the view's
 statistics until a merge, exactly like the main index — they are documents the view could
 see, never hidden ones.
 
-A scrubbed view (issue 24 item 3; specs/policy.md §9): when the predicate carries a
-``scrub`` attribute — ``scrub(source_id) -> frozenset`` of kinds
-(:data:`node.policy.scrub.KINDS`) scrubbed from that document for this view — each such
-document's chunks are indexed over their *scrubbed* text and title
-(:func:`node.policy.scrub.scrub`), so a query for a scrubbed value finds nothing and
+A scrubbed view (issue 24 item 3; specs/policy.md §9): when the lens scrubs kinds
+(:data:`node.common.scrub.KINDS`) from a document (:meth:`Lens.kinds
+<node.corpus.lens.Lens.kinds>`), that document's chunks are indexed over their *scrubbed*
+text and title (:func:`node.common.scrub.scrub`), so a query for a scrubbed value finds nothing and
 nothing scrubbed moves a score. The kinds are part of the document's signature, so a
 changed ``[scrub]`` table re-indexes exactly the documents it changes; a chunk whose
 scrubbing fails is left out of the view (fail closed). A scrubbed view is never served
@@ -35,7 +35,11 @@ by the main index.
 
 Cost: building a view copies its chunks into RAM once (about as fast as ``kith index
 sync``'s tantivy part; ``scripts/bench_search`` prints it); a search on it costs what a
-search on the main index costs.
+search on the main index costs. A view that needs a new index is built *outside* the
+corpus lock, on a SQLite connection of its own (:meth:`Views.prepare`, called by
+:meth:`Corpus.warm_view <node.corpus.store.Corpus.warm_view>` and before every lens
+search), so the owner's and other peers' searches are not held up by it; a host builds
+its guests' views before they ask (node/runtime/warm.py).
 
 A view that sees the whole corpus (every ``done`` document) is served from the main
 on-disk index instead, when that index holds exactly the record's chunks: no change
@@ -50,7 +54,7 @@ RAM index as above.
 from __future__ import annotations
 
 import sqlite3
-import weakref
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,7 +62,9 @@ from typing import Any
 
 import tantivy
 
-from node.corpus import search, sources
+from node.common.scrub import ScrubFailed, scrub, scrub_cached
+from node.corpus import search
+from node.corpus.lens import Lens
 from node.corpus.record import iter_chunks_for_index
 
 #: View indexes kept per corpus handle (least recently used evicted).
@@ -68,8 +74,8 @@ VIEW_WRITER_HEAP = 64_000_000
 #: Update a kept view in place when at least this share of its documents survive;
 #: otherwise build a new one.
 REUSE_OVERLAP = 0.5
-
-Visible = Callable[[str], bool]
+#: visible-document sets kept (one per lens key, least recently used dropped).
+MAX_LENSES = 32
 
 
 class _Docs(dict):  # type: ignore[type-arg]
@@ -132,80 +138,64 @@ def generation(db: sqlite3.Connection) -> int:
 
 
 class Views:
-    """The view indexes of one :class:`node.corpus.store.Corpus` handle (callers hold the
-    corpus lock)."""
+    """The view indexes of one :class:`node.corpus.store.Corpus` handle.
+
+    :meth:`visible_docs`, :meth:`index_for` and :meth:`install` run under the corpus lock
+    (``record.lock``); :meth:`prepare` is called *without* it and builds a view that
+    needs a new index outside it (on a connection of its own), so other views' searches
+    go on meanwhile. One build runs at a time (:attr:`build_lock`)."""
 
     def __init__(self) -> None:
-        self._sets: weakref.WeakKeyDictionary[Any, tuple[int, dict[str, tuple[Any, ...]]]] = (
-            weakref.WeakKeyDictionary())
-        self._plain: dict[int, tuple[Any, int, dict[str, tuple[Any, ...]]]] = {}
+        #: ``lens key -> (generation, visible docs)`` (at most :data:`MAX_LENSES`, of the
+        #: current generation only)
+        self._sets: OrderedDict[Any, tuple[int, _Docs]] = OrderedDict()
         self._indexes: OrderedDict[frozenset[Any], ViewIndex] = OrderedDict()
         #: (the visible-docs dict last served, its view): same dict object → same view
         self._last: tuple[dict[str, tuple[Any, ...]], ViewIndex] | None = None
         self._main: ViewIndex | None = None  # the view served by the main index
+        #: held while a view index is built outside the corpus lock (one build at a time)
+        self.build_lock = threading.Lock()
+        #: view indexes built from scratch so far (:meth:`prepare` and :meth:`index_for`)
+        self.builds = 0
 
-    def visible_docs(self, db: sqlite3.Connection, visible: Visible) -> dict[str, tuple[Any, ...]]:
-        """``{doc_id: signature}`` of the ``done`` documents ``visible`` lets the view see
-        (cached per predicate object and corpus generation). A predicate carrying ``many``
-        (source ids → the same answers, in order; the answer service's peer views,
-        :meth:`node.policy.gate.EgressGate.decide_many`) is asked once for every document
-        instead of once per document; likewise ``scrub_many`` for the scrubbed kinds of the
-        visible ones."""
+    def visible_docs(self, db: sqlite3.Connection, lens: Lens) -> dict[str, tuple[Any, ...]]:
+        """``{doc_id: signature}`` of the ``done`` documents ``lens`` lets the view see,
+        each scrubbed document's signature carrying its kinds (cached per lens key and
+        corpus generation: a document indexed after the lens was made is not in it)."""
         gen = generation(db)
-        try:
-            cached = self._sets.get(visible)
-        except TypeError:  # not weak-referenceable: keep it (bounded) by id
-            entry = self._plain.get(id(visible))
-            cached = (entry[1], entry[2]) if entry is not None and entry[0] is visible else None
+        cached = self._sets.get(lens.key)
         if cached is not None and cached[0] == gen:
+            self._sets.move_to_end(lens.key)
             return cached[1]
         docs: _Docs = _Docs()
-        kinds_of = getattr(visible, "scrub", None)
-        many = getattr(visible, "many", None)
-        rows = db.execute("SELECT doc_id, source_id, content_hash, indexed_at, chunk_count FROM "
-                          "documents WHERE status = 'done' AND chunk_count > 0").fetchall()
-        total = len(rows)
-        with sources.folders_resolved_once():  # one real-path lookup per folder, not per file
-            seen = (many([row[1] for row in rows]) if many is not None
-                    else [visible(row[1]) for row in rows])
-            rows = [row for row, ok in zip(rows, seen) if ok]
-            kinds_many = getattr(visible, "scrub_many", None)
-            if kinds_of is None:
-                kinds_all: list[Any] = [None] * len(rows)
-            elif kinds_many is not None:
-                kinds_all = kinds_many([row[1] for row in rows])
-            else:
-                kinds_all = [kinds_of(row[1]) for row in rows]
-        for (doc_id, _source_id, content_hash, indexed_at, chunks), kinds in zip(rows, kinds_all):
+        total = 0
+        visible, kinds_of = lens.visible, lens.kinds
+        for doc_id, source_id, content_hash, indexed_at, chunks in db.execute(
+                "SELECT doc_id, source_id, content_hash, indexed_at, chunk_count FROM "
+                "documents WHERE status = 'done' AND chunk_count > 0"):
+            total += 1
+            if source_id not in visible:
+                continue
+            kinds = kinds_of(source_id)
             if kinds:
-                docs[doc_id] = (content_hash, indexed_at, chunks, frozenset(kinds))
+                docs[doc_id] = (content_hash, indexed_at, chunks, kinds)
                 docs.scrubbed = True
             else:
                 docs[doc_id] = (content_hash, indexed_at, chunks)
             docs.chunks += chunks
         docs.whole = len(docs) == total
-        try:
-            self._sets[visible] = (gen, docs)
-        except TypeError:
-            if len(self._plain) >= 64:
-                self._plain.pop(next(iter(self._plain)))
-            self._plain[id(visible)] = (visible, gen, docs)
+        for old in [k for k, (g, _d) in self._sets.items() if g < gen]:
+            del self._sets[old]  # sets of an older generation are not served again
+        self._sets[lens.key] = (gen, docs)
+        while len(self._sets) > MAX_LENSES:
+            self._sets.popitem(last=False)
         return docs
 
-    def index_for(self, db: sqlite3.Connection, visible: Visible,
-                  main: Callable[[int], Any] | None = None) -> ViewIndex:
-        """The view index holding exactly the chunks ``visible`` may see, current with the
-        SQLite record (built or brought up to date here).
-
-        Args:
-            main: ``main(chunks) -> searcher | None``: the main index's searcher when it
-                holds exactly ``chunks`` live documents and nothing deleted or pending
-                (:meth:`node.corpus.record.Record.main_searcher_for`); asked only when
-                the view sees every ``done`` document. A view it answers is served from
-                the main index (:attr:`ViewIndex.on_main`), not copied into RAM.
-        """
-        docs = self.visible_docs(db, visible)
-        if main is not None and getattr(docs, "whole", False) and not getattr(docs, "scrubbed", False):
+    def served(self, docs: _Docs, main: Callable[[int], Any] | None) -> ViewIndex | None:
+        """The view of ``docs`` when it needs no index work: the main index (a view of
+        every document, unscrubbed), the last one served, or a kept one holding exactly
+        ``docs``; else None."""
+        if main is not None and docs.whole and not docs.scrubbed:
             searcher = main(docs.chunks)
             if searcher is not None:
                 view = self._main
@@ -215,11 +205,95 @@ class Views:
                 return view
         if self._last is not None and self._last[0] is docs:  # the common case: nothing moved
             return self._last[1]
-        view = self._ram_view(db, docs)
-        view.scrubbed = bool(getattr(docs, "scrubbed", False))
+        view = self._indexes.get(_view_key(docs))
+        if view is not None and view.docs == docs:
+            self._indexes.move_to_end(_view_key(docs))
+            self._last = (docs, view)
+            return view
+        return None
+
+    def index_for(self, db: sqlite3.Connection, lens: Lens,
+                  main: Callable[[int], Any] | None = None) -> ViewIndex:
+        """The view index holding exactly the chunks ``lens`` may see, current with the
+        SQLite record (brought up to date or built here, under the corpus lock, when
+        :meth:`prepare` did not already).
+
+        Args:
+            main: ``main(chunks) -> searcher | None``: the main index's searcher when it
+                holds exactly ``chunks`` live documents and nothing deleted or pending
+                (:meth:`node.corpus.record.Record.main_searcher_for`); asked only when
+                the view sees every ``done`` document. A view it answers is served from
+                the main index (:attr:`ViewIndex.on_main`), not copied into RAM.
+        """
+        docs = self.visible_docs(db, lens)
+        view = self.served(docs, main)
+        if view is None:
+            view = self._ram_view(db, docs)
         return view
 
-    def _ram_view(self, db: sqlite3.Connection, docs: dict[str, tuple[Any, ...]]) -> ViewIndex:
+    def prepare(self, record: Any, lens: Lens) -> bool:
+        """Make the view of ``lens`` ready before its search takes the corpus lock: a view
+        that needs a new index (no kept one holds enough of its documents to be updated)
+        is built here *outside* the lock, on a connection of its own, then kept
+        (:meth:`install`). Call without holding ``record.lock``.
+
+        Returns:
+            True when an index was built here (False: it was ready, or is an update the
+            search makes under the lock).
+
+        Raises:
+            CorpusError: ``index-unavailable``.
+        """
+        def needs_build() -> _Docs | None:
+            with record.lock:
+                record.searcher()  # the same availability rules as a search
+                docs = self.visible_docs(record.db, lens)
+                if (self.served(docs, record.main_searcher_for) is not None
+                        or self._nearest(record.db, docs) is not None):
+                    return None  # ready, or an update (proportional to the change) the search makes
+                return docs
+
+        if needs_build() is None:  # the common case: no build, and no wait for one
+            return False
+        with self.build_lock:
+            docs = needs_build()  # another thread may have built it meanwhile
+            if docs is None:
+                return False
+            db = sqlite3.connect(f"file:{record.db_path}?mode=ro", uri=True, timeout=10.0,
+                                 check_same_thread=False)
+            try:
+                db.execute("PRAGMA busy_timeout=10000")
+                view = _build(db, docs)
+            finally:
+                db.close()
+            with record.lock:
+                self.builds += 1
+                self.install(docs, view)
+            return True
+
+    def install(self, docs: _Docs, view: ViewIndex) -> None:
+        """Keep ``view``, built for ``docs``, as that visible set's index (under the lock)."""
+        key = _view_key(docs)
+        self._indexes[key] = view
+        self._indexes.move_to_end(key)
+        while len(self._indexes) > MAX_VIEWS:
+            self._indexes.popitem(last=False)
+
+    def _nearest(self, db: sqlite3.Connection, docs: _Docs) -> frozenset[Any] | None:
+        """The key of the kept index sharing the most of its documents with ``docs`` (at
+        least :data:`REUSE_OVERLAP`) that may be updated into ``docs``, or None: not one
+        that would keep counting a document the view may no longer see (:func:`_would_keep_hidden`)."""
+        key = _view_key(docs)
+        shares = sorted(((len(k & key) / max(1, len(k | key)), i, k)
+                         for i, k in enumerate(self._indexes)), reverse=True)
+        for share, _i, k in shares:
+            if share < REUSE_OVERLAP:
+                break
+            if not _would_keep_hidden(db, self._indexes[k].docs, docs):
+                return k
+        return None
+
+    def _ram_view(self, db: sqlite3.Connection, docs: _Docs) -> ViewIndex:
         """The RAM index of ``docs``: kept, updated from the nearest kept one, or built."""
         key = _view_key(docs)
         view = self._indexes.get(key)
@@ -227,22 +301,15 @@ class Views:
             self._indexes.move_to_end(key)
             if view.docs != docs:
                 _update(db, view, docs)
-            self._last = (docs, view)
-            return view
-        nearest = None
-        best = 0.0
-        for k, v in self._indexes.items():
-            share = len(k & key) / max(1, len(k | key))
-            if share > best:
-                nearest, best = k, share
-        if nearest is not None and best >= REUSE_OVERLAP:
-            view = self._indexes.pop(nearest)
-            _update(db, view, docs)
         else:
-            view = _build(db, docs)
-        self._indexes[key] = view
-        while len(self._indexes) > MAX_VIEWS:
-            self._indexes.popitem(last=False)
+            nearest = self._nearest(db, docs)
+            if nearest is not None:
+                view = self._indexes.pop(nearest)
+                _update(db, view, docs)
+            else:
+                view = _build(db, docs)
+                self.builds += 1
+            self.install(docs, view)
         self._last = (docs, view)
         return view
 
@@ -256,22 +323,39 @@ class Views:
         self._indexes.clear()
         self._last = None
         self._main = None
-        self._sets = weakref.WeakKeyDictionary()
-        self._plain.clear()
+        self._sets.clear()
 
 
-def _view_key(docs: dict[str, tuple[Any, ...]]) -> frozenset[Any]:
+def _view_key(docs: _Docs) -> frozenset[Any]:
     """The key a view index is kept under: its document ids, a scrubbed document's paired
     with its kinds (views that scrub differently never share, nor take turns updating,
     one index). Computed once per visible-docs object (peers alternating between views
     do not pay for it per query)."""
-    key = getattr(docs, "key", None)
+    key = docs.key
     if key is None:
-        key = (frozenset((d, scrub_kinds(sig)) if len(sig) > 3 else d for d, sig in docs.items())
-               if getattr(docs, "scrubbed", False) else frozenset(docs))
-        if isinstance(docs, _Docs):
-            docs.key = key
+        key = docs.key = (frozenset((d, scrub_kinds(sig)) if len(sig) > 3 else d
+                                    for d, sig in docs.items())
+                          if docs.scrubbed else frozenset(docs))
     return key
+
+
+def _would_keep_hidden(db: sqlite3.Connection, held: dict[str, tuple[Any, ...]],
+                       docs: dict[str, tuple[Any, ...]]) -> bool:
+    """Would updating an index holding ``held`` into ``docs`` keep counting what the view
+    may not see? tantivy counts a deleted document in its statistics until a merge, so an
+    update may only delete documents the record itself removed or changed: not one the
+    lens now hides (still ``done`` in the record), nor one whose scrub kinds changed (its
+    old text held values now scrubbed). Then the view gets a new index instead."""
+    leaving = [d for d in held if d not in docs]
+    if any(scrub_kinds(held[d]) != scrub_kinds(sig) for d, sig in docs.items() if d in held):
+        return True
+    for i in range(0, len(leaving), 500):
+        part = leaving[i:i + 500]
+        row = db.execute("SELECT 1 FROM documents WHERE status = 'done' AND chunk_count > 0 "
+                         f"AND doc_id IN ({','.join('?' * len(part))}) LIMIT 1", part).fetchone()
+        if row is not None:
+            return True
+    return False
 
 
 def _new_index() -> Any:
@@ -285,8 +369,6 @@ def _add(writer: Any, db: sqlite3.Connection, doc_ids: list[str],
     """Index the chunks of ``doc_ids``; a document whose signature in ``docs`` carries
     scrub kinds is indexed over its scrubbed text and title (a chunk whose scrubbing
     fails is left out: fail closed)."""
-    from node.policy.scrub import ScrubFailed, scrub, scrub_cached  # late: the policy sits above
-
     for cid, did, text, title in iter_chunks_for_index(db, sorted(doc_ids)):
         kinds = scrub_kinds(docs.get(did))
         if kinds:
@@ -298,19 +380,20 @@ def _add(writer: Any, db: sqlite3.Connection, doc_ids: list[str],
         writer.add_document(search.make_document(cid, did, text, title))
 
 
-def _build(db: sqlite3.Connection, docs: dict[str, tuple[Any, ...]]) -> ViewIndex:
+def _build(db: sqlite3.Connection, docs: _Docs) -> ViewIndex:
     index = _new_index()
     writer = index.writer(VIEW_WRITER_HEAP, 1)
     _add(writer, db, list(docs), docs)
     writer.commit()
     writer.wait_merging_threads()
     index.reload()
-    return ViewIndex(index=index, docs=dict(docs))
+    return ViewIndex(index=index, docs=dict(docs), scrubbed=docs.scrubbed)
 
 
-def _update(db: sqlite3.Connection, view: ViewIndex, docs: dict[str, tuple[Any, ...]]) -> None:
+def _update(db: sqlite3.Connection, view: ViewIndex, docs: _Docs) -> None:
     gone = [d for d in view.docs if docs.get(d) != view.docs[d]]
     new = [d for d in docs if view.docs.get(d) != docs[d]]
+    view.scrubbed = docs.scrubbed
     if not gone and not new:
         view.docs = dict(docs)
         return

@@ -70,9 +70,10 @@ DEFAULT_PORT = 8765
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 SERVICE = "kith-local-api"
 #: the non-GET routes (both read-only)
-SEARCH_PATH = "/search"
-VERIFY_PATH = "/verify"
-GET_PATHS = ("/health", "/stats", "/contract", "/openapi.json")
+#: The outbox (specs/outbox.md): GET reads it; POST is the API's one write — it keeps a
+#: question in this node's own outbox (never the corpus, settings or policy).
+SEARCH_PATH, VERIFY_PATH, OUTBOX_PATH = env_mod.API_ROUTES["POST"]
+GET_PATHS = env_mod.API_ROUTES["GET"]
 #: Host names the API answers to (with the server's own port); DNS rebinding defence.
 LOOPBACK_HOST_NAMES = ("127.0.0.1", "localhost", "[::1]")
 
@@ -97,7 +98,9 @@ def openapi_document() -> dict[str, Any]:
         "info": {"title": "Kith local read-only API", "version": str(env_mod.SCHEMA_VERSION),
                  "description": (
             "Loopback-only, read-only search over the node's own corpus (DESIGN §11). Every "
-            "method other than GET on any path but POST /search and POST /verify answers 403.")},
+            "method other than GET on any path but POST /search, POST /verify and POST /outbox "
+            "answers 403. POST /outbox is the one write: it keeps a question in this node's "
+            "outbox (specs/outbox.md), never the corpus, settings or policy.")},
         "servers": [{"url": f"http://127.0.0.1:{DEFAULT_PORT}"}],
         "paths": {
             "/health": {"get": {"summary": "Readiness and the usage policy", "responses": {
@@ -146,8 +149,41 @@ def openapi_document() -> dict[str, Any]:
                     "413": {"description": "body over 8 MiB (request-too-large)", **err},
                     "415": {"description": "Content-Type is not application/json "
                                            "(api-content-type)", **err}}}},
+            OUTBOX_PATH: {
+                "get": {"summary": "The outbox: kept questions (or ?id=PREFIX: one, with its merged answer); "
+                                   "reading changes nothing (specs/outbox.md)",
+                        "parameters": [{"name": "id", "in": "query", "required": False,
+                                        "schema": {"type": "string", "pattern": "^[0-9a-fA-F]{4,32}$"}}],
+                        "responses": {
+                            "200": {"description": "{questions, usage}, or one record",
+                                    "content": {"application/json": {"schema": {"type": "object"}}}},
+                            "403": refused,
+                            "404": {"description": "no such question (outbox-not-found, outbox-id-ambiguous)", **err}}},
+                "post": {
+                    "summary": "Queue (the API's one write, to this node's outbox only): ask pinned peers "
+                               "now and keep the question for those offline; delivered by the home's "
+                               "background runner when they are back",
+                    "requestBody": {"required": True, "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/OutboxRequest"}}}},
+                    "responses": {
+                        "200": {"description": "the merged envelope (specs/ask.schema.json) with outbox "
+                                               "{id, peers, expiresAt} or null",
+                                "content": {"application/json": {"schema": {"type": "object"}}}},
+                        "400": {"description": "invalid request (query-invalid, outbox-keep-invalid)", **err},
+                        "403": refused,
+                        "415": {"description": "Content-Type is not application/json (api-content-type)", **err},
+                        "507": {"description": "the outbox is full (outbox-full); nothing was kept", **err}}}},
         },
         "components": {"schemas": {
+            "OutboxRequest": {**contract.core_schema(), "required": ["query", "peers"],
+                              "properties": {**contract.core_schema()["properties"],
+                                             "peers": {"oneOf": [{"const": "all"}, {
+                                                 "type": "array", "minItems": 1, "maxItems": 16,
+                                                 "items": {"type": "string", "minLength": 1, "maxLength": 64}}]},
+                                             "citations": {"type": "boolean"},
+                                             "keep": {"description": "seconds, or a duration: 30m, 12h, 7d, 2w "
+                                                                     "(default 7d, 1 minute to 30 days)",
+                                                      "oneOf": [{"type": "integer"}, {"type": "string"}]}}},
             "VerifyRequest": {"type": "object", "additionalProperties": False, "required": ["answer"],
                               "properties": {"answer": {"description": "The saved answer: its JSON, "
                                                         "or a string of JSON or JSON lines"}}},
@@ -181,8 +217,11 @@ def _contract() -> dict[str, Any]:
         "service": SERVICE,
         "schemaVersion": env_mod.SCHEMA_VERSION,
         "readOnly": True,
-        "routes": {"GET": list(GET_PATHS), "POST": [SEARCH_PATH, VERIFY_PATH]},
+        "routes": {"GET": list(GET_PATHS), "POST": [SEARCH_PATH, VERIFY_PATH, OUTBOX_PATH]},
         "refused": "any other method on any path answers 403 api-read-only and changes nothing",
+        "writes": {f"POST {OUTBOX_PATH}": "queue: ask pinned peers now and keep the question for those "
+                                           "offline in this node's outbox (specs/outbox.md); the only "
+                                           "operation that writes, and only the outbox"},
         "request": openapi_document()["components"]["schemas"]["SearchRequest"],
         "envelopeKeys": list(env_mod.ENVELOPE_KEYS),
         "reasons": list(env_mod.KNOWN_REASONS),
@@ -246,10 +285,29 @@ class _Handlers:
                                                           and st["documents"])
         reason = None if st["ready"] else ("index-syncing" if syncing
                                            else "index-unavailable")
-        return JSONResponse({"service": SERVICE, "status": "ok" if st["ready"] else "unavailable",
-                             "available": bool(st["ready"]), "reason": reason,
+        peers = await anyio.to_thread.run_sync(self._peers_health)
+        ok = bool(st["ready"]) or peers["available"]
+        return JSONResponse({"service": SERVICE, "status": "ok" if ok else "unavailable",
+                             "available": bool(st["ready"]), "reason": reason, "peers": peers,
                              "schemaVersion": env_mod.SCHEMA_VERSION, "readOnly": True,
                              "externalAgentContract": env_mod._external_contract()})
+
+    def _peers_health(self) -> dict[str, Any]:
+        """``{"available", "pinned"}``: can ``POST /search`` with ``peers`` ask anyone —
+        peer search is served, this home has an identity, and ``pinned`` (the peers
+        ``"all"`` asks) is not 0. Whether each answers shows in the search's rows."""
+        from node.runtime.fanout import askable_peers
+        from node.trust.identity import key_path
+        from node.trust.peers import PeerRegistry
+
+        home = self.holder.home
+        if self.pools is None or not key_path(home).is_file():
+            return {"available": False, "pinned": 0}
+        try:
+            n = len(askable_peers(PeerRegistry.load(home)))
+        except KithError:  # an unreadable peers.json: nobody can be asked
+            n = 0
+        return {"available": n > 0, "pinned": n}
 
     async def stats(self, request: Request) -> JSONResponse:
         st = await anyio.to_thread.run_sync(lambda: self.holder.get().stats())
@@ -294,9 +352,11 @@ class _Handlers:
         # answer-invalid (400) from a body that is not a saved answer
         return JSONResponse(await anyio.to_thread.run_sync(lambda: verify_request(body, known_keys(home))))
 
-    async def _peers_search(self, body: dict[str, Any]) -> JSONResponse:
+    async def _peers_search(self, body: dict[str, Any], keep_s: int | None = None) -> JSONResponse:
         """``peers`` (a local-only extension, specs/ask.md §5): taken off, the rest checked
-        against the one request contract, then every named pinned peer asked at once."""
+        against the one request contract, then every named pinned peer asked at once. With
+        ``keep_s`` (``POST /outbox``) the question is then kept in the outbox for the peers
+        that did not answer (:func:`node.runtime.outbox.keep_for_later`)."""
         from node.runtime.fanout import PEERS_TIMEOUT_S, check_peers_field, peers_search
 
         body = dict(body)
@@ -313,12 +373,81 @@ class _Handlers:
             return _invalid(exc.message)
         if citations:
             body["citations"] = True
+        home = self.holder.home
+        if keep_s is not None:  # outbox-full before anyone is asked
+            from node.runtime.outbox import OutboxStore
+
+            def check() -> None:
+                with OutboxStore(home) as store:
+                    store.check_room()
+            await anyio.to_thread.run_sync(check)
         assert self.pools is not None
         pool = await self.pools.get()
-        merged = await peers_search(self.holder.home, peers, body, pool=pool, timeout_s=PEERS_TIMEOUT_S)
+        merged = await peers_search(home, peers, body, pool=pool, timeout_s=PEERS_TIMEOUT_S)
+        if keep_s is not None:
+            from node.runtime.outbox import keep_for_later
+
+            request = {**body, "topK": body.get("topK", contract.TOP_K_DEFAULT)}
+            await anyio.to_thread.run_sync(lambda: keep_for_later(home, request, merged, keep_s=keep_s))
         untrusted = "peer-evidence" if any(r.get("untrusted") for r in merged["results"]) else "none"
         return JSONResponse(merged, headers={"X-Kith-Status": "ok" if merged["answered"] else "no-verified-results",
                                              "X-Kith-Untrusted": untrusted})
+
+    async def outbox_read(self, request: Request) -> JSONResponse:
+        """``GET /outbox``: every kept question (``{"questions", "usage"}``); ``?id=PREFIX``:
+        one record with its merged answer (specs/outbox.md §2). Reading marks nothing."""
+        from node.runtime.outbox import OUTBOX_FILE, OutboxStore, public_record
+
+        home = self.holder.home
+        qid = request.query_params.get("id")
+
+        def read() -> dict[str, Any]:
+            if not (home / OUTBOX_FILE).exists():
+                if qid is not None:
+                    raise ConfigError("outbox-not-found", "the outbox is empty", status=404)
+                return {"questions": [], "usage": None}
+            with OutboxStore(home) as store:
+                if qid is None:
+                    return {"questions": store.list(), "usage": store.usage()}
+                try:
+                    found = store.resolve(qid)
+                except ConfigError as exc:
+                    raise ConfigError(exc.code, exc.message, status=404) from None
+                record = store.get(found)
+                assert record is not None
+                return public_record(record)
+        return JSONResponse(await anyio.to_thread.run_sync(read))
+
+    async def outbox_queue(self, request: Request) -> JSONResponse:
+        """``POST /outbox``: the ``POST /search`` body with ``peers`` (required) and
+        ``keep`` (seconds or a duration, default 7 days): the peers are asked now and the
+        question is kept for those that did not answer; the merged envelope carries
+        ``outbox`` (specs/outbox.md §6). ``outbox-full`` is 507."""
+        from node.runtime.outbox import parse_keep
+
+        raw = await read_body(request, self.max_body_bytes)
+        try:
+            body = msgspec.json.decode(raw)
+        except (msgspec.DecodeError, RecursionError):
+            return _invalid("The body is not JSON.")
+        if too_deep(body):
+            return _invalid(f"The body nests deeper than {MAX_JSON_DEPTH} levels.")
+        if not isinstance(body, dict) or "peers" not in body:
+            return _invalid("POST /outbox asks pinned peers: the field 'peers' is required.")
+        body = dict(body)
+        keep = body.pop("keep", None)
+        if keep is not None and not isinstance(keep, (str, int)):
+            return _invalid("The field 'keep' must be a number of seconds or a duration (30m, 12h, 7d).")
+        try:
+            keep_s = parse_keep(keep)
+        except KithError as exc:
+            return error_response(exc.code, exc.message, 400)
+        try:
+            return await self._peers_search(body, keep_s=keep_s)
+        except ConfigError as exc:
+            if exc.code == "outbox-full":
+                return error_response(exc.code, exc.message, 507)
+            raise
 
 
 def _invalid(message: str) -> JSONResponse:
@@ -426,7 +555,7 @@ class _Guard:
             return
         method = scope["method"].upper()
         path = scope["path"]
-        if method == "POST" and path in (SEARCH_PATH, VERIFY_PATH):
+        if method == "POST" and path in (SEARCH_PATH, VERIFY_PATH, OUTBOX_PATH):
             if not _json_content_type(scope):
                 await error_response("api-content-type", f"POST {path} takes "
                                      "Content-Type: application/json", 415)(scope, receive, send)
@@ -463,6 +592,8 @@ def create_app(home: Path | str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
         Route("/openapi.json", h.openapi, methods=["GET"]),
         Route(SEARCH_PATH, h.search, methods=["POST"]),
         Route(VERIFY_PATH, h.verify, methods=["POST"]),
+        Route(OUTBOX_PATH, h.outbox_read, methods=["GET"]),
+        Route(OUTBOX_PATH, h.outbox_queue, methods=["POST"]),
     ]
     inner = Starlette(routes=routes, exception_handlers={
         KithError: _on_kith_error, Exception: _on_unexpected})
@@ -511,19 +642,33 @@ def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *
     try:
         if on_listening is not None:
             on_listening(base_url_of(sock))
-        serve_forever(app, sock, access_log=access_log)  # type: ignore[arg-type]
+        serve_forever(app, sock, access_log=access_log,  # type: ignore[arg-type]
+                      on_loop=background_runner(home, offline))
     finally:
         sock.close()
         app.holder.close()  # type: ignore[attr-defined]
+
+
+def background_runner(home: Path | str, offline: bool) -> Callable[[], Any]:
+    """The async callable the API's server runs on its loop while it serves: the home's
+    background runner (node/runtime/runner.py; the outbox's delivery, specs/outbox.md §5)."""
+    from node.runtime.runner import run_background
+
+    async def run() -> None:
+        await run_background(Path(home), command="kith api serve", local=offline)
+    return run
 
 
 @contextlib.contextmanager
 def run_api_in_thread(home: Path | str, host: str = "127.0.0.1", port: int = 0, *,
                       max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                       startup_timeout_s: float = 10.0,
-                      warn: Callable[[str], None] | None = None, offline: bool = False) -> Iterator[str]:
+                      warn: Callable[[str], None] | None = None, offline: bool = False,
+                      background: bool = False) -> Iterator[str]:
     """Serve the API in a daemon thread for a ``with`` block (tests, embedding); a lagging
     index is repaired first when the writer lock is free (see :func:`serve`).
+    ``background``: also run the home's background runner (:func:`background_runner`), as
+    ``kith api serve`` does.
 
     Yields:
         The base URL, e.g. ``"http://127.0.0.1:41234"``.
@@ -540,7 +685,8 @@ def run_api_in_thread(home: Path | str, host: str = "127.0.0.1", port: int = 0, 
         app.holder.close()  # type: ignore[attr-defined]
         raise
     try:
-        with serve_app_in_thread(app, sock, what="the local API", startup_timeout_s=startup_timeout_s) as url:
+        with serve_app_in_thread(app, sock, what="the local API", startup_timeout_s=startup_timeout_s,
+                                 on_loop=background_runner(home, offline) if background else None) as url:
             yield url
     finally:
         app.holder.close()  # type: ignore[attr-defined]

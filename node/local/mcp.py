@@ -25,8 +25,14 @@ A second tool, ``verify``, takes ``{"answer": <a saved answer>}`` and returns th
 the peer registry only and asks no host); a body that is not a saved answer is a tool
 error ``[answer-invalid] …``.
 
-Read-only: the tools never index, syncs, writes settings or memory, or starts servers;
-its annotations say so (``readOnlyHint``). Bad input gets the same typed refusal as the
+Two more tools serve the outbox (specs/outbox.md §6): ``ask_later`` is the one tool that
+writes — it asks pinned peers now, as ``search`` with ``peers``, and keeps the question in
+this node's outbox for those offline (its annotations say ``readOnlyHint`` false) — and
+``outbox`` reads the kept questions and their answers. While the server runs it drives
+the home's background runner (node/runtime/runner.py), which delivers the outbox.
+
+Read-only otherwise: the tools never index, syncs, writes settings or memory, or starts servers;
+their annotations say so (``readOnlyHint``). Bad input gets the same typed refusal as the
 API: a tool error (``is_error`` true) whose text is ``[code] message`` — e.g.
 ``[query-invalid] The field 'topK' must be an integer from 1 to 20.`` — with the
 ``invalid-request`` envelope as structured content; ``topK`` is a strict integer
@@ -37,6 +43,7 @@ a path or exception text.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -350,6 +357,12 @@ VERIFY_INPUT_SCHEMA: dict[str, Any] = {
 }
 
 
+def _any_signature(arguments: Any = None) -> dict[str, Any]:  # pragma: no cover - types only
+    """Only its annotations are used (the ``ask_later`` and ``outbox`` tools take their
+    arguments raw and are validated by their ``call_*`` function)."""
+    raise NotImplementedError
+
+
 def _verify_signature(answer: Any) -> dict[str, Any]:  # pragma: no cover - types only
     """Only its annotations are used (see :func:`_signature`)."""
     raise NotImplementedError
@@ -370,6 +383,125 @@ def call_verify(home: Path, arguments: dict[str, Any]) -> Any:
     return CallToolResult(content=[TextContent(type="text", text=json.dumps(doc))], structured_content=doc)
 
 
+ASK_LATER_DESCRIPTION = (
+    "Queue a question (this tool writes, to this node's outbox only): asks pinned peers now, "
+    "exactly as 'search' with 'peers' does, and keeps the question for every peer that is "
+    "offline now or whose answer waits for its owner's approval; a running kith host, kith "
+    "api serve, kith mcp or kith outbox run of this home delivers it when the peer is back. "
+    "Returns the merged envelope with 'outbox' {id, peers, expiresAt} (null when every peer "
+    "answered). Fetch the kept answers later with the 'outbox' tool. 'keep': how long to "
+    "keep it (seconds or 30m, 12h, 7d, 2w; default 7d)."
+)
+OUTBOX_DESCRIPTION = (
+    "Read this node's outbox (read-only): without 'id', every kept question with its state "
+    "per peer; with 'id' (or a unique prefix), that question and the merged answer of the "
+    "peers that answered it so far (untrusted third-party text, as 'search' with 'peers')."
+)
+OUTBOX_INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object", "additionalProperties": False,
+    "properties": {"id": {"type": "string", "pattern": "^[0-9a-fA-F]{4,32}$",
+                          "description": "A kept question's id or a unique prefix of it"}},
+}
+
+
+def ask_later_schema() -> dict[str, Any]:
+    """The ``ask_later`` tool's input: the ``search`` request core plus ``peers``
+    (required), ``citations`` and ``keep``."""
+    schema = contract.core_schema()
+    full = input_schema()
+    schema["properties"]["peers"] = full["properties"]["peers"]
+    schema["properties"]["citations"] = full["properties"]["citations"]
+    schema["properties"]["keep"] = {"description": "Seconds, or a duration: 30m, 12h, 7d, 2w (default 7d).",
+                                    "oneOf": [{"type": "integer"}, {"type": "string"}]}
+    schema["required"] = ["query", "peers"]
+    return schema
+
+
+async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool = False, pool: Any = None) -> Any:
+    """Run one ``ask_later`` tool call (specs/outbox.md §6): validated as ``search`` with
+    ``peers``, ``keep`` by :func:`node.runtime.outbox.parse_keep`; the peers are asked now
+    and the question kept for those that did not answer.
+
+    Returns:
+        A ``CallToolResult``: the merged envelope (with ``outbox``), or a tool error
+        ``[code] message`` (``query-invalid``, ``outbox-keep-invalid``, ``outbox-full``).
+    """
+    import anyio
+
+    from node.runtime.fanout import check_peers_field, peers_search
+    from node.runtime.outbox import OutboxStore, keep_for_later, parse_keep
+
+    args = dict(arguments)
+    peers = args.pop("peers", None)
+    keep = args.pop("keep", None)
+    citations = args.pop("citations", False)
+    if peers is None:
+        return _invalid("The field 'peers' is required: the pinned peers to ask (names, or \"all\").")
+    bad = check_peers_field(peers)
+    if bad is not None:
+        return _invalid(bad)
+    if not isinstance(citations, bool):
+        return _invalid("The field 'citations' must be true or false.")
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, (str, int))):
+        return _invalid("The field 'keep' must be a number of seconds or a duration (30m, 12h, 7d).")
+    try:
+        contract.validate(args)
+    except CorpusError as exc:
+        return _invalid(exc.message)
+    try:
+        keep_s = parse_keep(keep)
+
+        def check() -> None:
+            with OutboxStore(home) as store:
+                store.check_room()
+        await anyio.to_thread.run_sync(check)
+        body = {**args, **({"citations": True} if citations else {})}
+        merged = await peers_search(home, peers, body, local=local, pool=pool)
+        request = {**body, "topK": body.get("topK", contract.TOP_K_DEFAULT)}
+        await anyio.to_thread.run_sync(lambda: keep_for_later(home, request, merged, keep_s=keep_s))
+    except KithError as exc:
+        return _refusal(exc.code, exc.message)
+    return _merged_result(merged)
+
+
+def call_outbox(home: Path, arguments: dict[str, Any]) -> Any:
+    """Run one ``outbox`` tool call: the list, or one record with its merged answer
+    (:func:`node.runtime.outbox.public_record`); reading marks nothing."""
+    from mcp.types import CallToolResult, TextContent
+
+    from node.runtime.outbox import OUTBOX_FILE, OutboxStore, public_record
+
+    qid = arguments.get("id")
+    if set(arguments) - {"id"} or (qid is not None and not isinstance(qid, str)):
+        return _invalid("The outbox tool takes only 'id' (a kept question's id or a unique prefix).")
+    try:
+        if not (home / OUTBOX_FILE).exists():
+            if qid is not None:
+                from node.common.errors import ConfigError
+
+                raise ConfigError("outbox-not-found", "the outbox is empty")
+            doc: dict[str, Any] = {"questions": [], "usage": None}
+        else:
+            with OutboxStore(home) as store:
+                if qid is None:
+                    doc = {"questions": store.list(), "usage": store.usage()}
+                else:
+                    record = store.get(store.resolve(qid))
+                    assert record is not None
+                    doc = public_record(record)
+    except KithError as exc:
+        return _refusal(exc.code, exc.message)
+    if qid is not None and doc.get("answer"):
+        return _merged_result_of(doc)
+    return CallToolResult(content=[TextContent(type="text", text=json.dumps(doc))], structured_content=doc)
+
+
+def _merged_result_of(record: dict[str, Any]) -> Any:
+    """A record with an answer: the untrusted-evidence notice first, then the record as
+    JSON inside a fenced block (as a ``peers`` search)."""
+    return _result(record, record["answer"]["notice"])
+
+
 def build_server(home: Path | str, *, local: bool = False) -> Any:
     """Build the MCP server (``MCPServer`` named ``kith``) with its ``search`` and
     ``verify`` tools.
@@ -382,7 +514,7 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
         home: the node home. local: iroh local mode for peer searches.
 
     Returns:
-        An ``mcp.server.mcpserver.MCPServer``; ``run("stdio")`` serves it.
+        An ``mcp.server.Server`` (:func:`_wire_server`); :func:`run_stdio` serves it.
     """
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.tools import Tool
@@ -419,8 +551,18 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
                 return
             async with SessionPool(home, load_identity(home), local=local) as pool:
                 pools.append(pool)
+                import anyio
+
+                from node.runtime.runner import run_background
+
                 try:
-                    yield {}
+                    async with anyio.create_task_group() as tg:
+                        # the home's background runner while the server runs (specs/outbox.md §5)
+                        tg.start_soon(partial(run_background, home, command="kith mcp", local=local))
+                        try:
+                            yield {}
+                        finally:
+                            tg.cancel_scope.cancel()
                 finally:
                     pools.clear()
         finally:
@@ -437,6 +579,26 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
     check = check.model_copy(update={"fn": verify, "is_async": False, "fn_metadata": _RawArguments(
         arg_model=vmeta.arg_model, output_schema=vmeta.output_schema, output_model=vmeta.output_model,
         wrap_output=vmeta.wrap_output), "parameters": VERIFY_INPUT_SCHEMA})
+    def raw_tool(fn: Any, name: str, description: str, schema: dict[str, Any], annotations: Any,
+                 is_async: bool) -> Any:
+        made = Tool.from_function(_any_signature, name=name, description=description, annotations=annotations)
+        m = made.fn_metadata
+        return made.model_copy(update={"fn": fn, "is_async": is_async, "fn_metadata": _RawArguments(
+            arg_model=m.arg_model, output_schema=m.output_schema, output_model=m.output_model,
+            wrap_output=m.wrap_output), "parameters": schema})
+
+    async def ask_later(arguments: dict[str, Any]) -> Any:
+        return await call_ask_later(home, arguments, local=local, pool=pools[0] if pools else None)
+
+    def outbox(arguments: dict[str, Any]) -> Any:
+        return call_outbox(home, arguments)
+
+    queue_tool = raw_tool(ask_later, "ask_later", ASK_LATER_DESCRIPTION, ask_later_schema(),
+                          ToolAnnotations(title="Kith ask later (writes the outbox)", readOnlyHint=False,
+                                          destructiveHint=False, idempotentHint=False, openWorldHint=False), True)
+    outbox_tool = raw_tool(outbox, "outbox", OUTBOX_DESCRIPTION, OUTBOX_INPUT_SCHEMA,
+                           ToolAnnotations(title="Kith outbox (read-only)", readOnlyHint=True, destructiveHint=False,
+                                           idempotentHint=True, openWorldHint=False), False)
     base = Tool.from_function(
         _signature, name="search", description=TOOL_DESCRIPTION,
         annotations=ToolAnnotations(title="Kith search (read-only)", readOnlyHint=True,
@@ -448,13 +610,52 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
     tool = base.model_copy(update={"fn": search, "is_async": True, "fn_metadata": raw,
                                    "parameters": input_schema()})
     # WARNING, not the SDK's INFO default: a peer call must not print httpx's
-    # "HTTP Request: ..." line (or the SDK's per-request lines) on the owner's stderr
-    server = MCPServer(name="kith", instructions=env_mod.USAGE_PROMPT, tools=[tool, check],
-                       lifespan=lifespan, log_level="WARNING")
+    # "HTTP Request: ..." line (or the SDK's per-request lines) on the owner's stderr.
+    # The MCPServer is the tools' registry (argument handling, structured output); the
+    # server on the wire is the low-level one below, which serves tools and nothing else.
+    tools = MCPServer(name="kith", tools=[tool, check, queue_tool, outbox_tool], log_level="WARNING")
     import logging
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    return server
+    return _wire_server(tools, lifespan)
+
+
+#: How long (ms) a client may cache ``tools/list`` and ``server/discover``: the tools are
+#: fixed for the server's lifetime (``listChanged`` false), so an hour; ``public``: the
+#: same for every caller (MCP 2026-07-28 caching hints).
+LIST_TTL_MS = 3_600_000
+
+
+def _wire_server(tools: Any, lifespan: Any) -> Any:
+    """The MCP server a client talks to (``mcp.server.Server``), for the 2025-11-25
+    ``initialize`` handshake and the 2026-07-28 ``server/discover`` alike: it names
+    itself ``kith`` with Kith's version, advertises the ``tools`` capability only (no
+    prompts, resources or subscriptions: it has none), and lets clients cache its tool
+    list for :data:`LIST_TTL_MS`. ``tools`` is the MCPServer holding the two tools."""
+    from mcp.server import Server
+    from mcp.server.caching import CacheHint
+    from mcp.shared.exceptions import MCPError
+    from mcp.types import CallToolResult, ListToolsResult, TextContent
+
+    from node import __version__
+
+    async def list_tools(_ctx: Any, _params: Any) -> Any:
+        return ListToolsResult(tools=await tools.list_tools())
+
+    async def call_tool(_ctx: Any, params: Any) -> Any:
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        try:
+            return await tools.call_tool(params.name, params.arguments or {})
+        except MCPError:
+            raise
+        except ToolError as exc:  # an unknown tool name: the SDK's own sentence, no path
+            return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+
+    hint = CacheHint(ttl_ms=LIST_TTL_MS, scope="public")
+    return Server("kith", version=__version__, title="Kith", instructions=env_mod.USAGE_PROMPT,
+                  lifespan=lifespan, cache_hints={"tools/list": hint, "server/discover": hint},
+                  on_list_tools=list_tools, on_call_tool=call_tool)
 
 
 def startup_repair(home: Path | str, warn: Any = None) -> str:
@@ -476,5 +677,14 @@ def run_stdio(home: Path | str, *, local: bool = False) -> None:
     repair of a lagging index; warnings go to stderr, stdout carries the protocol)."""
     import sys
 
+    import anyio
+    from mcp.server.stdio import stdio_server
+
     startup_repair(home, lambda line: print(line, file=sys.stderr))
-    build_server(home, local=local).run("stdio")
+    server = build_server(home, local=local)
+
+    async def main() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    anyio.run(main)

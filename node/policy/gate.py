@@ -24,16 +24,21 @@ import json
 import logging
 import os
 import re
+import itertools
 import threading
 import unicodedata
 import urllib.parse
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from node.common.errors import EgressRefused, PolicyError
+from node.corpus.lens import Lens
 from node.corpus.sources import SourceNormalizer, carried_id, folders_resolved_once
 from node.corpus.types import Hit, Root
-from node.common.errors import EgressRefused, PolicyError
+from node.common.grants import in_force
 from node.policy.store import DEFAULT_TIER, Decision, Policy, file_stamp
 
 log = logging.getLogger("kith.policy")
@@ -42,6 +47,12 @@ log = logging.getLogger("kith.policy")
 VISIBLE, PENDING = "visible", "pending"
 
 _INVALID = Decision(None, DEFAULT_TIER, False, None)
+#: tokens of gates and of in-memory policies (parts of a lens key; never reused)
+_GATE_TOKENS = itertools.count(1)
+#: lenses kept by :meth:`EgressGate.lens_for` (lens key -> lens, least recently used dropped)
+MAX_LENSES = 64
+_lenses: OrderedDict[Any, Lens] = OrderedDict()
+_lenses_lock = threading.Lock()
 
 
 def _path_spellings(path: str) -> set[str]:
@@ -127,6 +138,9 @@ class EgressGate:
 
     def __init__(self, roots: Sequence[Root], policy: Policy, home: Path, *,
                  approvals: Any = None) -> None:
+        #: this gate's part of every lens key (gates differ in roots, hence decisions)
+        self.token = next(_GATE_TOKENS)
+        self._policy_tokens: weakref.WeakKeyDictionary[Policy, int] = weakref.WeakKeyDictionary()
         self.roots: tuple[Root, ...] = tuple(roots)
         self.policy = policy
         self.home = Path(home)
@@ -219,6 +233,89 @@ class EgressGate:
                     if out[i] is None:
                         out[i] = self.decide(sources[i], peer_name, policy=policy)
         return out  # type: ignore[return-value]
+
+    # --- the lens (issue 29 item 1) -------------------------------------------------------
+    def lens_key(self, policy: Policy, peer_name: str | None, generation: int) -> tuple[Any, ...]:
+        """What a peer's lens under ``policy`` is a function of: ``(gate token, policy
+        stamp, grants in force, peer name, generation)``. The policy stamp is its file's
+        :func:`node.policy.store.file_stamp` (a re-read policy is a new stamp), or for
+        an in-memory policy a token of that policy object; the grants in force are the
+        peer's groups and the overrides in force for it now (an ``until`` that passes
+        changes the key, specs/policy.md §8). Cheap: no decision is made."""
+        stamp: Any = policy.source_stamp
+        if stamp is None:
+            stamp = self._policy_tokens.get(policy)
+            if stamp is None:
+                stamp = self._policy_tokens[policy] = next(_GATE_TOKENS)
+        grants: tuple[Any, ...] = ()
+        if peer_name is not None:
+            groups = policy.groups_of(peer_name)
+            names = {peer_name} | groups
+            now = policy.now()
+            grants = (tuple(sorted(groups)),
+                      tuple(i for i, r in enumerate(policy.overrides)
+                            if r.peer in names and in_force(r.until, now)))
+        return (self.token, stamp, grants, peer_name, generation)
+
+    def lens(self, policy: Policy, peer_name: str | None, generation: int,
+             sources: Sequence[str]) -> Lens:
+        """The lens of ``peer_name`` (None: anonymous) under ``policy`` over the corpus's
+        ``sources`` (stored ids of its ``done`` documents at ``generation``,
+        :meth:`node.corpus.store.Corpus.lens_basis`): the sources it may see now or be
+        asked about (``ask`` tier), decided per folder (:meth:`decide_many`), and for
+        each the kinds scrubbed for this peer (:meth:`node.policy.store.Policy.scrub_kinds`
+        of its canonical id; specs/policy.md §9). Both are keyed by the stored and the canonical
+        id. The decisions are the gate's own; the corpus only reads the result.
+
+        Returns:
+            A :class:`node.corpus.lens.Lens` keyed :meth:`lens_key`.
+        """
+        visible: set[str] = set()
+        kinds: dict[str, frozenset[str]] = {}
+        scrubs = policy.scrubs_for(peer_name)
+        for source, d in zip(sources, self.decide_many(sources, peer_name, policy=policy)):
+            if not (d.allowed or (d.tier == "ask" and d.canonical is not None)):
+                continue
+            ids = (source,) if d.canonical in (None, source) else (source, d.canonical)
+            visible.update(ids)
+            if scrubs:
+                scrubbed = policy.scrub_kinds(d.canonical, peer_name)
+                if scrubbed:
+                    kinds.update((i, scrubbed) for i in ids)
+        return Lens(self.lens_key(policy, peer_name, generation), generation, visible, kinds)
+
+    def lens_for(self, corpus: Any, peer_name: str | None, policy: Policy | None = None) -> Lens:
+        """The lens of ``peer_name`` under ``policy`` (default :meth:`current_policy`) over
+        ``corpus`` (a :class:`node.corpus.store.Corpus`) at its current generation
+        (:meth:`lens`). Kept per lens key across callers (at most :data:`MAX_LENSES`; this
+        gate's lenses of older generations are dropped), so it is decided once per
+        (policy stamp, grants, peer, generation) — outside the corpus lock.
+
+        Raises:
+            CorpusError: ``index-unavailable`` (no record).
+        """
+        policy = policy if policy is not None else self.current_policy()
+        generation, ids = corpus.lens_basis()
+        key = self.lens_key(policy, peer_name, generation)
+        with _lenses_lock:
+            lens = _lenses.get(key)
+            if lens is not None:
+                _lenses.move_to_end(key)
+                return lens
+        lens = self.lens(policy, peer_name, generation, ids)
+        with _lenses_lock:
+            for old in [k for k in _lenses if k[0] == self.token and k[4] < generation]:
+                del _lenses[old]  # a lens of an older generation is not asked for again
+            _lenses[key] = lens
+            while len(_lenses) > MAX_LENSES:
+                _lenses.popitem(last=False)
+        return lens
+
+    def scrub_kinds(self, canonical: str, peer_name: str | None, policy: Policy) -> frozenset[str]:
+        """The kinds scrubbed from the canonical source ``canonical`` sent to ``peer_name``
+        under ``policy`` (:meth:`node.policy.store.Policy.scrub_kinds`): for a source a
+        lens does not hold (decided at an older generation)."""
+        return policy.scrub_kinds(canonical, peer_name)
 
     def decide_hits(self, hits: Sequence[Hit], peer_name: str | None, *,
                     policy: Policy | None = None) -> list[tuple[Hit, Decision]]:

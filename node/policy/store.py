@@ -21,9 +21,9 @@ The exact glob, specificity and tie rules are in ``specs/policy.md``; in short:
   (deny beats allow); a group quota is the most restrictive of its groups', the peer's own
   ``[quota.peer.NAME]`` over it.
 * An override and a group membership may carry ``until`` (RFC 3339 UTC): from then on it
-  is ignored (:mod:`node.policy.grants`).
+  is ignored (:mod:`node.common.grants`).
 * ``[[scrub]]`` (``glob`` optional, ``for``, ``kinds``; ``kith policy scrub``): kinds of
-  values (:data:`node.policy.scrub.KINDS`) replaced by placeholders in what the recipients
+  values (:data:`node.common.scrub.KINDS`) replaced by placeholders in what the recipients
   ``for`` names (``"*"``, a registry name, ``@group``) receive from the sources ``glob``
   matches — attached to sources and recipients, never to a tier, so no rule or tier change
   narrows it (:meth:`Policy.scrub_kinds`; specs/policy.md §9.0). The older
@@ -195,14 +195,16 @@ def check_peer_names(names: Iterable[str], what: str = "peer name", *, groups: b
             raise PolicyError("peer-bad-name", f"{what} {str(name)[:80]!a} is not a registry name ({_NAME_RULE})")
 
 
-def _check_peer_name(peer: object, where: str) -> str:
+def _check_peer_name(peer: object, where: str, key: str = "peer") -> str:
+    """``peer`` when it is a registry name or ``@group``; ``key`` is the TOML key named in
+    the ``policy-invalid`` raised otherwise."""
     if not _is_principal(peer):
-        raise PolicyError("policy-invalid", f"{where}'peer' must be a registry name or @group ({_NAME_RULE})")
+        raise PolicyError("policy-invalid", f"{where}{key!r} must be a registry name or @group ({_NAME_RULE})")
     return peer  # type: ignore[return-value]
 
 
 def _check_until(until: object, where: str) -> str | None:
-    from node.policy.grants import until_time
+    from node.common.grants import until_time
 
     if until is None:
         return None
@@ -305,7 +307,7 @@ class ScrubRule:
 
     Attributes:
         recipient: the TOML ``for``: :data:`EVERY_PEER`, a registry name or ``@group``.
-        kinds: kinds of :data:`node.policy.scrub.KINDS`, non-empty, in that order.
+        kinds: kinds of :data:`node.common.scrub.KINDS`, non-empty, in that order.
         glob: the canonical §3 glob, or None for every source (UNC ids included).
     """
 
@@ -331,7 +333,7 @@ class ScrubRule:
 def _merged_scrubs(rules: Iterable[ScrubRule]) -> list[ScrubRule]:
     """``rules`` with entries of the same (glob, for) merged into the first (kinds united),
     in first-seen order."""
-    from node.policy.scrub import check_kinds
+    from node.common.scrub import check_kinds
 
     merged: dict[tuple[str | None, str], set[str]] = {}
     for r in rules:
@@ -354,7 +356,7 @@ def _scrub_rules(raw: object, name: str) -> tuple[list[ScrubRule], bool]:
             name that is no registry name or group, not a list, an empty ``kinds``),
             ``policy-bad-glob``, ``scrub-bad-kind``.
     """
-    from node.policy.scrub import check_kinds
+    from node.common.scrub import check_kinds
 
     if isinstance(raw, list):
         out = []
@@ -364,7 +366,7 @@ def _scrub_rules(raw: object, name: str) -> tuple[list[ScrubRule], bool]:
                 raise PolicyError("policy-invalid", f"{where}'for' names who receives, not a tier: "
                                   f"\"*\" (every peer), a registry name or @group (specs/policy.md §9.0)")
             if who != EVERY_PEER:
-                _check_peer_name(who, where)
+                _check_peer_name(who, where, "for")
             kinds = table["kinds"]
             if not isinstance(kinds, list) or not kinds:
                 raise PolicyError("policy-invalid", f"{where}'kinds' must be a non-empty list of kinds")
@@ -609,7 +611,7 @@ class Policy:
 
         With ``for_peer`` (a registry name or ``@group``), add or replace the
         ``[[override]]`` for (that peer, ``glob``) instead, ending at ``until`` (RFC 3339
-        UTC, :func:`node.policy.grants.parse_until`; None: never). A replaced rule keeps
+        UTC, :func:`node.common.grants.parse_until`; None: never). A replaced rule keeps
         its position; later duplicates of the same glob are removed. Does not save.
 
         Returns:
@@ -727,7 +729,7 @@ class Policy:
         ``until`` has passed at :attr:`now` are left out)."""
         if peer_name is None or peer_name.startswith(GROUP_PREFIX):
             return set()
-        from node.policy.grants import in_force
+        from node.common.grants import in_force
 
         now = self.now()
         return {GROUP_PREFIX + g.name for g in self.groups.values()
@@ -817,7 +819,7 @@ class Policy:
                 neither ``*``, a tier, a registry name nor a group; ``policy-bad-glob``.
                 Nothing changes when one is raised.
         """
-        from node.policy.scrub import check_kinds
+        from node.common.scrub import check_kinds
 
         got = check_kinds(kinds)
         if target in TIERS and target not in SCRUB_TIERS:
@@ -905,7 +907,7 @@ class Policy:
         a ``[[rule]]``, 0 an ``[[override]]`` in force of the peer or its groups)."""
         candidates = [(1, i, r) for i, r in enumerate(self._rules)]
         if peer_name is not None:
-            from node.policy.grants import in_force
+            from node.common.grants import in_force
 
             names = {peer_name} | self.groups_of(peer_name)
             now = self.now()

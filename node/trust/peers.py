@@ -468,7 +468,7 @@ def _pin_until(value: object, name: str) -> str | None:
     """A stored pin end (``until``), checked (ValueError naming the peer otherwise)."""
     if value is None:
         return None
-    from node.policy.grants import until_time
+    from node.common.grants import until_time
 
     try:
         until_time(value)  # type: ignore[arg-type]
@@ -549,7 +549,7 @@ def pins_in_force(registry: PeerRegistry, now: float) -> PeerRegistry:
     """``registry`` without the pins whose ``until`` has passed at ``now`` (Unix s): what a
     running host admits and names by. The ended pins are still written by its
     :meth:`PeerRegistry.save` (nothing is removed from the file)."""
-    from node.policy.grants import in_force
+    from node.common.grants import in_force
 
     view = PeerRegistry(registry.path, {n: r for n, r in registry.peers.items() if in_force(r.until, now)},
                         registry.blocked)

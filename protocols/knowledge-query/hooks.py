@@ -9,7 +9,8 @@ signs (node/answer/citation.py). Each ``check`` is answered ``checked`` from
 Guest: asks the questions in ``ctx.options["queries"]`` one at a time, or, when
 ``ctx.options["ask"]`` is given, calls it for the next question (None ends; a dict is a
 whole flat request: ``query``, ``topK`` and filters for that question alone, or
-``{"action": "check", "versions": [...]}`` for a ``check``); every ``results`` (and
+``{"action": "check", "versions": [...]}`` for a ``check``; a ``query_id`` in the dict is
+sent as the question's id — the outbox's idempotency key); every ``results`` (and
 ``checked``) message goes to ``ctx.options["on_results"]`` when given. It ends with ``end``.
 Options ``topK`` (1-20) and ``filters`` (a dict of the flat filter fields) apply to every
 query.
@@ -76,11 +77,13 @@ def _next_query(ctx):
     if not text:
         return {"action": "end"}
     query_id = f"q{next(ctx.state['ids'])}"
+    if isinstance(text, dict) and text.get("query_id"):  # the outbox's idempotency key (specs/outbox.md §3)
+        query_id = str(text["query_id"])
     ctx.state["pending"] = query_id
     if isinstance(text, dict) and text.get("action") == "check":  # kith verify --against-host
         return {"action": "check", "query_id": query_id, "versions": list(text["versions"])}
     if isinstance(text, dict):  # a whole request (the warm pool: topK and filters per question)
-        request = dict(text)
+        request = {k: v for k, v in text.items() if k != "query_id"}
         message = {"action": "query", "query_id": query_id, "query": request.pop("query"),
                    "topK": int(request.pop("topK", ctx.options.get("topK", TOP_K_DEFAULT)))}
         message.update(request)

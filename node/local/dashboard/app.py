@@ -15,6 +15,8 @@ home's own files through the modules the CLI uses — nothing is computed twice:
 ``/sessions``           live sessions from the host's control channel; end one
 ``/approvals``          the queue (:class:`Approvals`); approve / deny [remember]
                         through :func:`node.policy.approvals.decide_as_owner`
+``/outbox``              questions kept for offline peers and their answers
+                        (:class:`node.runtime.outbox.OutboxStore`); remove one
 ``/search``             the owner's corpus through the one answer path: as the owner
                         (:func:`answer_local`) or *as a peer would see it*
                         (:class:`AnswerService` with the host's gate, a :class:`PeerView`)
@@ -48,9 +50,9 @@ from node.answer import readable
 from node.common.errors import CorpusError, KithError
 from node.common.http import base_url_of, bind_socket, is_loopback, read_body, serve_app_in_thread, serve_forever
 from node.answer import contract
-from node.policy.grants import in_force
+from node.common.grants import until_text
 from node.answer.holder import CorpusHolder
-from node.local.dashboard.guard import COOKIE, SECURITY_HEADERS, Door, Guard, refusal_page
+from node.local.dashboard.guard import COOKIE, SECURITY_HEADERS, Door, Guard, refusal_page, session_cookie
 
 log = logging.getLogger("kith.dashboard")
 
@@ -66,7 +68,7 @@ _env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
 # a preview's code (between the envelope's fence lines) is shown as code (issue 20 item 5)
 # and each list item on a line of its own (readable.blocks)
 _env.filters["preview_blocks"] = lambda text: readable.blocks(text or "")
-_env.globals["in_force"] = in_force  # a grant's end reads "until X" or "ended X"
+_env.globals["until_text"] = until_text  # a grant's end: "until X" or "ended X", as the CLI words it
 
 
 def check_host(host: str) -> None:
@@ -126,7 +128,8 @@ class _Pages:
         with self._lock:
             notice, self._notice = self._notice, None
         page = _env.get_template(name).render(
-            csrf=self.door.csrf, notice=notice, page=name.removesuffix(".html"), **ctx)
+            csrf=self.door.csrf_for(session_cookie(request.scope)), notice=notice, page=name.removesuffix(".html"),
+            **ctx)
         return HTMLResponse(page, headers=SECURITY_HEADERS)
 
     def _done(self, where: str, kind: str, text: str) -> RedirectResponse:
@@ -148,7 +151,7 @@ class _Pages:
         except (UnicodeDecodeError, ValueError):
             raise CorpusError("dashboard-form-invalid", "the form is not valid", status=400) from None
         form = dict(pairs)
-        if not self.door.csrf_ok(form.get("csrf")):
+        if not self.door.csrf_ok(form.get("csrf"), session_cookie(request.scope)):
             raise CorpusError("dashboard-csrf", "the form's CSRF token is missing or wrong; reload "
                               "the page and send it again", status=403)
         return form
@@ -398,6 +401,32 @@ class _Pages:
 
         return await self._act(request, "/approvals", action)
 
+    # --- outbox ---------------------------------------------------------------------------
+    async def outbox(self, request: Request) -> HTMLResponse:
+        """The kept questions, newest first, each with its rows and — once answered — its
+        merged answer (:func:`node.runtime.outbox.public_record`); viewing marks nothing."""
+        def gather() -> dict[str, Any]:
+            from node.runtime.outbox import OUTBOX_FILE, OutboxStore, public_record
+
+            if not (self.home / OUTBOX_FILE).exists():
+                return {"questions": [], "usage": None}
+            with OutboxStore(self.home) as store:
+                records = [public_record(r) for r in store.records(limit=100)]
+                return {"questions": records, "usage": store.usage()}
+
+        return self._render("outbox.html", request, **await anyio.to_thread.run_sync(gather))
+
+    async def outbox_remove(self, request: Request) -> Response:
+        def action(form: dict[str, str]) -> str:
+            from node.runtime.outbox import OutboxStore
+
+            with OutboxStore(self.home) as store:
+                qid = store.resolve(self._field(form, "id"))
+                store.remove(qid)
+            return f"removed {qid[:12]} from the outbox"
+
+        return await self._act(request, "/outbox", action)
+
     # --- search ---------------------------------------------------------------------------
     def _peer_service(self, corpus: Any) -> Any:
         """One :class:`AnswerService` with the host's kind of gate over the read-only corpus
@@ -449,7 +478,7 @@ class _Pages:
         session = self.door.redeem(request.query_params.get("token"))
         if session is None:
             return refusal_page("dashboard-login-invalid", "this login link is wrong or was used "
-                                "already; restart `kith dashboard` for a new one", 403)
+                                "already; `kith dashboard --login-link` prints a new one", 403)
         resp = RedirectResponse("/", status_code=303, headers=SECURITY_HEADERS)
         resp.set_cookie(COOKIE, session, httponly=True, samesite="strict", path="/")
         return resp
@@ -493,6 +522,8 @@ def create_app(home: Path | str) -> Guard:
         Route("/sessions/end", p.sessions_end, methods=["POST"]),
         Route("/approvals", p.approvals, methods=["GET"]),
         Route("/approvals/decide", p.approvals_decide, methods=["POST"]),
+        Route("/outbox", p.outbox, methods=["GET"]),
+        Route("/outbox/remove", p.outbox_remove, methods=["POST"]),
         Route("/search", p.search, methods=["GET"]),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]

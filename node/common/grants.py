@@ -5,7 +5,8 @@ A grant's end is stored as RFC 3339 UTC (``YYYY-MM-DDTHH:MM:SSZ``); it is in for
 ``now < until``. :func:`parse_until` turns what the owner typed into that form;
 :func:`until_time` reads it back (Unix seconds). The running host ends the sessions of a
 grant that just ended (:mod:`node.runtime.grants`); every decision made after that
-ignores it.
+ignores it. Pure time arithmetic below the trust and policy layers, which both read grant
+ends (tests/test_layers.py).
 """
 
 from __future__ import annotations
@@ -77,4 +78,19 @@ def in_force(until: str | None, now: float | None = None) -> bool:
     return until is None or (time.time() if now is None else now) < until_time(until)
 
 
-__all__ = ["MAX_GRANT_S", "in_force", "parse_until", "until_time"]
+def ended(until: str | None, now: float | None = None) -> bool:
+    """True once a grant ending at ``until`` has ended (never for None): the one test every
+    view (``kith status``, ``peers list``, ``policy list``, the dashboard) reads."""
+    return not in_force(until, now)
+
+
+def until_text(until: str | None, still: str = "until ", now: float | None = None) -> str:
+    """A grant's end as every view words it: ``""`` (never ends), ``still + until`` while
+    in force (``still`` is ``"until "``, or ``""`` in a column headed "until"), ``ended
+    <until>`` once it ended."""
+    if until is None:
+        return ""
+    return f"ended {until}" if ended(until, now) else f"{still}{until}"
+
+
+__all__ = ["MAX_GRANT_S", "ended", "in_force", "parse_until", "until_text", "until_time"]

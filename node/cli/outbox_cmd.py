@@ -1,0 +1,199 @@
+"""``kith outbox``: the questions kept for peers that were offline (``kith ask --later``)
+and their answers (specs/outbox.md)."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any, Optional
+
+import typer
+
+from node.cli.common import (DISCOVERY_HELP, LAN_HELP, OFFLINE_HELP, RELAY_HELP, RELAY_ONLY_HELP, emit_json,
+                             err_console, home_of, identity_home_of, safe_text, transport_mode,
+                             untrusted_console as console)
+
+outbox_app = typer.Typer(
+    help=(
+        "Questions kept for peers that were offline (`kith ask --later`), delivered when the "
+        "peer is back by whichever of `kith host`, `kith api serve`, `kith mcp` or `kith outbox run` "
+        "runs for this home; each answer is kept here until you remove it."
+    ),
+    no_args_is_help=True,
+)
+
+_JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
+
+
+def say_delivery(ev: dict[str, Any]) -> None:
+    """One stderr line for a delivery event of the home's runner (``outbox-answered``,
+    ``outbox-pending``, ``outbox-failed``, ``outbox-expired``): how ``kith outbox run`` and
+    ``kith host`` report the outbox's work."""
+    what = {"outbox-answered": "answered", "outbox-pending": "waits for its owner's approval",
+            "outbox-failed": "cannot be delivered"}.get(ev.get("event", ""))
+    if what is not None:
+        err_console.print(f"outbox {ev['id'][:12]}: {safe_text(ev['peer'])} {what}"
+                          + (f" ({ev['code']})" if ev.get("code") else ""), highlight=False, markup=False)
+    elif ev.get("event") == "outbox-expired":
+        err_console.print(f"outbox: {ev['rows']} question(s) expired unanswered", highlight=False, markup=False)
+
+
+def _store(ctx: typer.Context) -> Any:
+    """The home's outbox; a home where nothing was ever kept has none, and reading it
+    creates none (``outbox-not-found`` for an id)."""
+    from node.common.errors import ConfigError
+    from node.runtime.outbox import OUTBOX_FILE, OutboxStore
+
+    home = home_of(ctx)
+    if not (home / OUTBOX_FILE).exists():
+        raise ConfigError("outbox-not-found", "nothing was ever kept in this home's outbox",
+                          hint="`kith ask QUESTION --peer NAME --later` keeps a question")
+    return OutboxStore(home)
+
+
+@outbox_app.command("list")
+def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
+    """List the kept questions, newest first: state per peer, expiry, unread answers."""
+    from rich.table import Table
+
+    from node.runtime.outbox import MAX_BYTES, MAX_QUESTIONS, OUTBOX_FILE
+
+    if not (home_of(ctx) / OUTBOX_FILE).exists():
+        records: list[dict[str, Any]] = []
+        usage = {"questions": 0, "open": 0, "bytes": 0, "maxQuestions": MAX_QUESTIONS, "maxBytes": MAX_BYTES}
+    else:
+        with _store(ctx) as store:
+            records = store.list()
+            usage = store.usage()
+    if as_json:
+        emit_json({"questions": records, "usage": usage})
+        return
+    if not records:
+        console.print("the outbox is empty", highlight=False)
+        return
+    table = Table(box=None, header_style="bold")
+    table.add_column("id", no_wrap=True, min_width=12)
+    for name in ("state", "query", "peers", "expires"):
+        table.add_column(name, overflow="fold")
+    for r in records:
+        peers = ", ".join(f"{safe_text(p['name'])} {p['state']}" + (f" ({p['code']})" if p["code"] and
+                                                                        p["state"] != "answered" else "")
+                          for p in r["peers"])
+        state = r["state"] + (" *new*" if r["unread"] else "")
+        table.add_row(r["id"][:12], state, safe_text(r["query"] or ""), peers, r["expiresAt"])
+    console.print(table)
+    console.print(f"{usage['questions']} of {usage['maxQuestions']} questions, "
+                  f"{usage['bytes'] / 1e6:.1f} of {usage['maxBytes'] / 1e6:.0f} MB", highlight=False, style="dim")
+
+
+@outbox_app.command("show")
+def show_cmd(ctx: typer.Context, question_id: str = typer.Argument(..., metavar="ID",
+                                                                  help="The id or a unique prefix (4+ hex)."),
+             as_json: bool = _JSON) -> None:
+    """Show one kept question and the merged answer of the peers that answered (marks the
+    answers read)."""
+    from node.runtime.outbox import public_record
+
+    with _store(ctx) as store:
+        qid = store.resolve(question_id)
+        record = store.get(qid)
+        assert record is not None
+        store.mark_read(qid)
+    out = public_record(record)
+    if as_json:
+        emit_json(out)
+        return
+    console.print(f"{out['id']}  {out['state']}  asked {out['createdAt']}, kept until {out['expiresAt']}",
+                  highlight=False)
+    console.print(f"query: {safe_text(out['query'] or '')}", highlight=False)
+    for p in out["peers"]:
+        extra = f" approval {p['approvalId']}" if p["approvalId"] and p["state"] == "pending-approval" else ""
+        code = f" ({p['code']})" if p["code"] and p["state"] != "answered" else ""
+        console.print(f"  {safe_text(p['name'])}: {p['state']}{code}{extra}, {p['attempts']} attempt(s)"
+                      + (f", answered {p['answeredAt']}" if p["answeredAt"] else ""), highlight=False)
+    if out["answer"] is not None:
+        from node.cli.ask_cmd import render
+
+        render(out["answer"])
+
+
+@outbox_app.command("remove")
+def remove_cmd(ctx: typer.Context,
+               question_ids: list[str] = typer.Argument(None, metavar="ID...", help="Ids or unique prefixes."),
+               done: bool = typer.Option(False, "--done", help="Remove every question no peer is still due to answer "
+                                                               "(answered, expired or failed)."),
+               as_json: bool = _JSON) -> None:
+    """Remove kept questions and their answers (an open one is no longer delivered)."""
+    from node.common.errors import UsageError
+
+    if not question_ids and not done:
+        raise UsageError("usage", "name the question(s) to remove (ID...) or give --done")
+    removed: list[str] = []
+    with _store(ctx) as store:
+        ids = [store.resolve(q) for q in question_ids or []]
+        for qid in ids:
+            if store.remove(qid):
+                removed.append(qid)
+        if done:
+            removed.extend(store.remove_done())
+    if as_json:
+        emit_json({"removed": removed})
+        return
+    console.print(f"removed {len(removed)} question(s)", highlight=False)
+
+
+@outbox_app.command("run")
+def run_cmd(
+    ctx: typer.Context,
+    offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help=OFFLINE_HELP),
+    relay: Optional[str] = typer.Option(None, "--relay", metavar="n0|none|URL[,URL]", help=RELAY_HELP),
+    relay_only: bool = typer.Option(False, "--relay-only", help=RELAY_ONLY_HELP),
+    lan: bool = typer.Option(False, "--lan", help=LAN_HELP),
+    discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
+    json_out: bool = typer.Option(False, "--json", help="One JSON object per line: each delivery event."),
+) -> None:
+    """Deliver the kept questions until Ctrl-C/SIGTERM (for a home that runs no `kith host`,
+    `kith api serve` or `kith mcp`). Only one process of a home delivers at a time."""
+    import anyio
+
+    from node.runtime.runner import Runner, default_tasks
+
+    home = identity_home_of(ctx)
+    mode = transport_mode(home, relay=relay, relay_only=relay_only, lan=lan, discovery=discovery, offline=offline,
+                          command="outbox run")
+
+    def on_event(ev: dict[str, Any]) -> None:
+        if json_out:
+            emit_json(ev)
+        else:
+            say_delivery(ev)
+
+    async def main() -> None:
+        runner = Runner(home, default_tasks(home), mode=mode, local=mode.offline, command="kith outbox run",
+                        on_event=on_event)
+        async with anyio.create_task_group() as tg:
+            async def until_signal() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for _ in signals:
+                        tg.cancel_scope.cancel()
+                        return
+
+            async def say_holding() -> None:
+                with anyio.move_on_after(1.0):
+                    await runner.holding.wait()
+                if not runner.holding.is_set():
+                    from node.common.home import lock_owner
+                    from node.runtime.runner import LOCK_FILE
+
+                    err_console.print(f"another process delivers this home's outbox ({lock_owner(home / LOCK_FILE)}); "
+                                      "waiting to take over when it stops", highlight=False, markup=False)
+                    await runner.holding.wait()
+                if json_out:
+                    emit_json({"event": "outbox-runner-started"})
+                else:
+                    err_console.print("delivering the outbox (Ctrl-C to stop)", highlight=False)
+
+            tg.start_soon(until_signal)
+            tg.start_soon(say_holding)
+            await tg.start(runner.run)
+
+    anyio.run(main, backend="asyncio")

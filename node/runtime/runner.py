@@ -1,0 +1,198 @@
+"""The home's background runner: one owner of the work a long-running Kith process does
+for its home while it runs (specs/outbox.md §5).
+
+``kith host``, ``kith api serve``, ``kith mcp`` and ``kith outbox run`` each start one
+:class:`Runner` on their event loop; only one process of a home drives the tasks at a
+time — the one holding ``<home>/runner.lock`` (``flock``; released when that process
+ends, however it ends). The others wait and take over within
+:data:`LOCK_RETRY_S` seconds of it going away.
+
+The runner drives a task list. A task is any object with a ``name`` and
+``async step(runner) -> float`` (:class:`RunnerTask`): ``step`` does the work that is due
+and returns the seconds until it wants to be stepped again (it is stepped sooner when
+:meth:`Runner.wake` is called). Tasks share the runner's warm session pool
+(:meth:`Runner.pool`) and start long work with :meth:`Runner.spawn`. The outbox's
+delivery (:class:`node.runtime.outbox_task.OutboxTask`) is the first task; a later one
+(copies re-sync) adds itself to :func:`default_tasks`.
+
+Time here is monotonic (``time.monotonic``): a wall-clock jump never makes a task run
+sooner or later.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Protocol
+
+import anyio
+
+log = logging.getLogger("kith.runner")
+
+#: The lock file one runner of a home holds.
+LOCK_FILE = "runner.lock"
+#: Seconds between attempts to take the lock while another process holds it.
+LOCK_RETRY_S = 2.0
+#: Longest sleep between two steps of a task, seconds (new work written by another
+#: process — `kith ask --later` — is seen within this time).
+MAX_SLEEP_S = 1.0
+#: Errors in a row after which a task's step waits this long (s) before the next try.
+ERROR_BACKOFF_S = 5.0
+
+
+class RunnerTask(Protocol):
+    """One task of the runner's list."""
+
+    name: str
+
+    async def step(self, runner: "Runner") -> float:
+        """Do what is due now; return seconds until the next step (≤ ``MAX_SLEEP_S`` is
+        honoured as given, larger values are cut to it)."""
+        ...
+
+
+class Runner:
+    """Drive ``tasks`` for ``home`` while this process holds the home's runner lock.
+
+    Args:
+        home: the node home.
+        tasks: the task list (:func:`default_tasks`).
+        pool: an async callable returning the process's warm
+            :class:`~node.runtime.pool.SessionPool` (the local API's and MCP's own), or
+            None: the runner opens one itself on first use (``kith host``, ``kith outbox
+            run``) with ``mode``/``local``.
+        mode, local: the transport of the runner's own pool (see
+            :class:`~node.runtime.pool.SessionPool`).
+        command: what the process is, written into the lock file (``kith host``).
+        on_event: called with one dict per event a task reports (``outbox-answered``, …).
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, home: Path, tasks: list[Any], *, pool: Callable[[], Awaitable[Any]] | None = None,
+                 mode: Any = None, local: bool = False, command: str = "kith",
+                 on_event: Callable[[dict[str, Any]], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.home = Path(home)
+        self.tasks = list(tasks)
+        self._pool_getter = pool
+        self.mode = mode
+        self.local = local
+        self.command = command
+        self.on_event = on_event
+        self.clock = clock
+        self.holding = anyio.Event()  # set once this process holds the lock
+        self._wake = anyio.Event()
+        self._own_pool: Any = None
+        self._tg: Any = None
+
+    def wake(self) -> None:
+        """Step every task now (new work was queued in this process)."""
+        self._wake.set()
+
+    def emit(self, event: dict[str, Any]) -> None:
+        """Report a task's event (to ``on_event``; never raises)."""
+        if self.on_event is not None:
+            try:
+                self.on_event(event)
+            except Exception:  # noqa: BLE001 - a printing failure must not stop delivery
+                log.warning("runner event handler failed", exc_info=True)
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` in the runner's task group (cancelled when the runner stops)."""
+        assert self._tg is not None, "the runner is not running"
+
+        async def guarded() -> None:
+            try:
+                await fn(*args)
+            except Exception:  # noqa: BLE001 - one job's failure never ends the runner
+                log.warning("runner job %s failed", getattr(fn, "__name__", "?"), exc_info=True)
+        self._tg.start_soon(guarded)
+
+    async def pool(self) -> Any:
+        """The warm session pool the tasks ask peers through."""
+        if self._pool_getter is not None:
+            return await self._pool_getter()
+        assert self._own_pool is not None, "the runner is not running"
+        return self._own_pool
+
+    async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled: wait for the lock, then step the tasks."""
+        from contextlib import AsyncExitStack
+
+        from node.common.home import acquire_owner_lock, release_owner_lock
+
+        task_status.started()
+        fd = None
+        try:
+            while fd is None:
+                fd = acquire_owner_lock(self.home / LOCK_FILE, self.command)
+                if fd is None:
+                    await anyio.sleep(LOCK_RETRY_S)
+            self.holding.set()
+            async with AsyncExitStack() as stack:
+                if self._pool_getter is None:  # entered here, in the runner's own task; it binds on first use
+                    from node.runtime.pool import SessionPool
+                    from node.trust.identity import load_identity
+
+                    self._own_pool = await stack.enter_async_context(
+                        SessionPool(self.home, load_identity(self.home), local=self.local, mode=self.mode,
+                                    down_s=0.0))
+                async with anyio.create_task_group() as tg:
+                    self._tg = tg
+                    await self._loop()
+        finally:
+            self._own_pool = None
+            self._tg = None
+            release_owner_lock(fd)
+
+    async def _loop(self) -> None:
+        due = {id(t): 0.0 for t in self.tasks}
+        errors = {id(t): 0 for t in self.tasks}
+        while True:
+            now = self.clock()
+            for task in self.tasks:
+                if due[id(task)] > now and not self._wake.is_set():
+                    continue
+                try:
+                    wait = await task.step(self)
+                    errors[id(task)] = 0
+                except Exception:  # noqa: BLE001 - one task's failure never stops the others
+                    errors[id(task)] += 1
+                    log.warning("runner task %s failed", task.name, exc_info=True)
+                    wait = ERROR_BACKOFF_S if errors[id(task)] > 2 else MAX_SLEEP_S
+                due[id(task)] = self.clock() + max(0.0, min(float(wait), MAX_SLEEP_S))
+            self._wake = anyio.Event()
+            sleep = max(0.0, min(due.values()) - self.clock()) if due else MAX_SLEEP_S
+            with anyio.move_on_after(sleep):
+                await self._wake.wait()
+
+
+def default_tasks(home: Path) -> list[Any]:
+    """The task list every long-running process of a home drives: the outbox's delivery."""
+    from node.runtime.outbox_task import OutboxTask
+
+    return [OutboxTask(home)]
+
+
+async def run_background(home: Path, *, command: str, pool: Callable[[], Awaitable[Any]] | None = None,
+                         mode: Any = None, local: bool = False,
+                         on_event: Callable[[dict[str, Any]], None] | None = None,
+                         task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+    """Run the home's :class:`Runner` with :func:`default_tasks` until cancelled (the
+    entry point ``kith host``, ``kith api serve`` and ``kith mcp`` call on their event
+    loop). A home without an identity runs nothing; a runner that fails is logged and
+    ends, never the process around it (``kith host`` keeps serving)."""
+    from node.trust.identity import key_path
+
+    if not key_path(Path(home)).is_file():  # no identity: nothing can have been queued here
+        task_status.started()
+        return
+    runner = Runner(home, default_tasks(home), pool=pool, mode=mode, local=local, command=command, on_event=on_event)
+    try:
+        await runner.run(task_status=task_status)
+    except Exception:  # noqa: BLE001 - the background work never ends the process it runs in
+        log.warning("the home's background runner stopped", exc_info=True)
+
+
+__all__ = ["Runner", "RunnerTask", "default_tasks", "run_background", "LOCK_FILE"]

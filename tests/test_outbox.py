@@ -1,0 +1,505 @@
+"""The outbox (specs/outbox.md): questions kept for peers that are offline, delivered by the
+home's background runner when the peer is back, answers kept until removed.
+
+Real processes over iroh on loopback (relays off) with a real community server in a
+thread: a question queued while the host is down is answered after it starts; a guest
+runner killed with SIGKILL between delivery and storing the answer loses nothing and stores
+the answer once; a full outbox refuses with ``outbox-full``; a question expires. The store's
+rules (exactly once, a lying host, bounds, expiry on the wall clock) are also checked
+directly on a real SQLite file.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from node.runtime.outbox import MAX_QUESTIONS, OutboxStore, classify, merged_answer, parse_keep, query_id_of
+from node.trust.identity import load_or_init_identity
+from node.trust.invitation import parse_invitation
+from node.trust.peers import PeerRegistry
+
+from support.cli import KITH, readline as _readline
+from support.community import NO_LIMITS
+from support.envelopes import valid_ask as valid
+from support.homes import node_home as _home
+from support.hosts import ENV
+
+KEY = "ab" * 32
+DEPLOY = "# Deploy\n\nThe staging server is deleted automatically every night.\n"
+
+
+def _host_home(tmp: Path, name: str) -> Path:
+    """``name``'s home: one indexed note, shared as ``/kb-<name>/**`` public."""
+    from node.corpus.store import Corpus
+    from node.policy.store import Policy
+
+    kb = tmp / f"kb-{name}"
+    kb.mkdir()
+    (kb / "deploy.md").write_text(DEPLOY)
+    home = _home(tmp, f"host-{name}")
+    with Corpus(home) as c:
+        c.add_root(kb)
+        c.sync()
+    policy = Policy.load(home)
+    policy.set(f"/kb-{name}/**", "public")
+    policy.save()
+    return home
+REQUEST = {"query": "staging server", "topK": 3}
+
+
+class WallClock:
+    """A wall clock the test sets (seconds)."""
+
+    def __init__(self, t: float = 1_800_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _answer(qid: str, status: str = "ok", **extra) -> dict:
+    result = {"source": "/kb/a.md", "id": "c1", "textPreview": "The staging server is deleted nightly."}
+    return {"action": "results", "query_id": query_id_of(qid), "status": status,
+            "envelope": {"results": [result] if status == "ok" else []}, **extra}
+
+
+# --------------------------------------------------------------------------- the store
+def test_an_answer_is_stored_once_and_a_second_one_changes_nothing(tmp_path):
+    with OutboxStore(tmp_path) as store:
+        rec = store.add(REQUEST, [("alice", KEY)])
+        qid = rec["id"]
+        first = _answer(qid)
+        assert store.record_attempt(qid, KEY, classify(first, query_id_of(qid)), message=first)
+        second = _answer(qid)
+        second["envelope"]["results"][0]["textPreview"] = "something else"
+        assert not store.record_attempt(qid, KEY, classify(second, query_id_of(qid)), message=second)
+        got = store.get(qid)
+        assert store.open_deliveries() == []
+    assert got["state"] == "answered" and got["peers"][0]["attempts"] == 1
+    assert merged_answer(got)["results"][0]["textPreview"] == "The staging server is deleted nightly."
+
+
+@pytest.mark.parametrize("lie", [
+    {"status": "already-answered", "envelope": {"results": []}},  # "I answered before"
+    {"status": "ok", "envelope": {"results": [{"source": "", "id": "x", "textPreview": "t"}]}},  # malformed
+    {"status": "ok", "envelope": None},
+    {"status": "ok", "query_id": "outbox:" + "0" * 32},  # an answer to another question
+    {"status": "rate-limited", "retry_after_s": 30},
+])
+def test_a_host_that_does_not_answer_cannot_close_the_question(tmp_path, lie):
+    """Only a complete answer (ok / no-verified-results, well-formed, this query_id) closes
+    a row: anything a host claims instead leaves the question open, to be asked again."""
+    with OutboxStore(tmp_path) as store:
+        qid = store.add(REQUEST, [("alice", KEY)])["id"]
+        message = {**_answer(qid), **lie}
+        outcome = classify(message, query_id_of(qid))
+        assert outcome.state is None
+        assert store.record_attempt(qid, KEY, outcome, message=message)
+        got = store.get(qid)
+        assert got["state"] == "waiting" and got["peers"][0]["answeredAt"] is None
+        assert [d.question_id for d in store.open_deliveries()] == [qid]
+
+
+def test_pending_approval_keeps_the_interim_answer_and_the_question_open(tmp_path):
+    with OutboxStore(tmp_path) as store:
+        qid = store.add(REQUEST, [("alice", KEY)])["id"]
+        pending = _answer(qid, "pending-approval", approval_id="0123456789abcdef")
+        store.record_attempt(qid, KEY, classify(pending, query_id_of(qid)), message=pending)
+        got = store.get(qid)
+        assert got["state"] == "waiting" and got["peers"][0]["state"] == "pending-approval"
+        assert got["peers"][0]["approvalId"] == "0123456789abcdef"
+        assert len(store.open_deliveries()) == 1
+        final = _answer(qid)
+        store.record_attempt(qid, KEY, classify(final, query_id_of(qid)), message=final)
+        assert store.get(qid)["state"] == "answered"
+
+
+def test_expiry_follows_the_wall_clock_and_never_drops_an_answer(tmp_path):
+    clock = WallClock()
+    with OutboxStore(tmp_path, clock=clock) as store:
+        open_q = store.add(REQUEST, [("alice", KEY)], keep_s=parse_keep("1h"))["id"]
+        done_q = store.add(REQUEST, [("alice", KEY)], keep_s=parse_keep("1h"))["id"]
+        answer = _answer(done_q)
+        store.record_attempt(done_q, KEY, classify(answer, query_id_of(done_q)), message=answer)
+        clock.t -= 86_400  # the clock set back a day: nothing expires, nothing is resent
+        assert store.expire() == 0
+        clock.t += 86_400 + 3599
+        assert store.expire() == 0
+        clock.t += 1
+        assert store.expire() == 1
+        assert store.get(open_q)["state"] == "expired" and store.get(open_q)["peers"][0]["code"] == "outbox-expired"
+        assert store.get(done_q)["state"] == "answered"
+        assert store.open_deliveries() == []
+        assert store.remove_done() and store.list() == []
+
+
+def test_the_outbox_is_bounded_in_questions(tmp_path):
+    from node.common.errors import ConfigError
+
+    with OutboxStore(tmp_path) as store:
+        with store._tx() as db:  # fill it the fast way: the same rows add() writes
+            db.executemany("INSERT INTO questions(id, request, created_at, expires_at, bytes) VALUES (?,?,?,?,?)",
+                           [(f"{i:032x}", json.dumps(REQUEST), 0.0, 9e9, 40) for i in range(MAX_QUESTIONS)])
+        with pytest.raises(ConfigError) as exc:
+            store.add(REQUEST, [("alice", KEY)])
+        assert exc.value.code == "outbox-full"
+        assert store.usage()["questions"] == MAX_QUESTIONS
+
+
+def test_reading_an_outbox_that_never_kept_anything_creates_nothing(tmp_path):
+    home = _home(tmp_path, "fresh")
+    listed = _kith(home, "outbox", "list", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout)["questions"] == []
+    shown = _kith(home, "outbox", "show", "abcd", "--json")
+    assert shown.returncode == 1 and json.loads(shown.stdout)["error"]["code"] == "outbox-not-found"
+    assert not (home / "outbox.sqlite").exists()
+    usage = _kith(home, "ask", "x", "--peer", "alice", "--keep", "1h")
+    assert usage.returncode == 2 and "--keep is for --later" in usage.stderr
+    bad_keep = _kith(home, "ask", "x", "--peer", "alice", "--later", "--keep", "9y")
+    assert bad_keep.returncode == 2 and "outbox-keep-invalid" in bad_keep.stderr
+
+
+@pytest.mark.parametrize("bad", ["", "7 days", "0", "59", "31d", "-1h", "1y"])
+def test_a_bad_keep_is_refused(bad):
+    from node.common.errors import UsageError
+
+    with pytest.raises(UsageError) as exc:
+        parse_keep(bad)
+    assert exc.value.code == "outbox-keep-invalid" and exc.value.exit_code == 2
+
+
+def test_ids_resolve_by_prefix(tmp_path):
+    from node.common.errors import ConfigError
+
+    with OutboxStore(tmp_path) as store:
+        qid = store.add(REQUEST, [("alice", KEY)])["id"]
+        assert store.resolve(qid[:6].upper()) == qid
+        for bad in ("zz", "abc", "0000" if not qid.startswith("0000") else "ffff"):
+            with pytest.raises(ConfigError) as exc:
+                store.resolve(bad)
+            assert exc.value.code == "outbox-not-found"
+
+
+# --------------------------------------------------------------------------- real processes
+def _kith(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, env=ENV,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def _start_host(home: Path, server: str) -> tuple[subprocess.Popen, dict]:
+    proc = subprocess.Popen([*KITH, "--home", str(home), "host", "--offline", "--json", "--server", server],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            env=ENV)
+    return proc, json.loads(_readline(proc, 90))
+
+
+def _start_runner(home: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([*KITH, "--home", str(home), "outbox", "run", "--offline", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            env=ENV)
+    assert json.loads(_readline(proc, 90))["event"] == "outbox-runner-started"
+    return proc
+
+
+def _event(proc: subprocess.Popen, name: str, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = _readline(proc, max(1.0, deadline - time.monotonic()))
+        assert line, f"the process ended before {name}: {proc.stderr.read() if proc.poll() is not None else ''}"
+        ev = json.loads(line)
+        if ev.get("event") == name:
+            return ev
+    raise AssertionError(f"no {name} event in {timeout} s")
+
+
+def _stop(*procs: subprocess.Popen | None) -> None:
+    for p in procs:
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+
+
+@pytest.fixture
+def world(tmp_path):
+    """A community server, alice's host home (pinned by the guest with the server, then
+    stopped: she is asleep) and the guest's home."""
+    from node.community.server import run_server_in_thread
+
+    with run_server_in_thread(tmp_path / "community.db", rate_limits=NO_LIMITS) as url:
+        host_home = _host_home(tmp_path, "alice")
+        guest_home = _home(tmp_path, "guest")
+        load_or_init_identity(guest_home)
+        proc, inv = _start_host(host_home, url)
+        parsed = parse_invitation(json.dumps(inv))
+        PeerRegistry.load(guest_home).add("alice", parsed.host_public_key, invitation=parsed.to_dict(), server=url)
+        proc.send_signal(signal.SIGTERM)  # a clean stop: the post is withdrawn
+        proc.wait(timeout=60)
+        yield url, host_home, guest_home
+
+
+@pytest.mark.iroh
+def test_a_question_queued_while_the_host_is_down_is_answered_after_it_starts(world):
+    url, host_home, guest_home = world
+    asked = _kith(guest_home, "ask", "staging server deleted", "--peer", "alice", "--later", "--offline",
+                  "--timeout", "8", "--json")
+    assert asked.returncode == 0, asked.stderr
+    env = json.loads(asked.stdout)
+    valid(env)
+    assert env["peers"][0]["status"] == "unreachable" and env["outbox"]["peers"] == ["alice"]
+    qid = env["outbox"]["id"]
+    assert "kept in the outbox" in asked.stderr
+    listed = json.loads(_kith(guest_home, "outbox", "list", "--json").stdout)
+    assert [(q["id"], q["state"]) for q in listed["questions"]] == [(qid, "waiting")]
+    runner = host = None
+    try:
+        runner = _start_runner(guest_home)
+        host, _inv = _start_host(host_home, url)
+        ev = _event(runner, "outbox-answered")
+        assert (ev["id"], ev["peer"], ev["status"]) == (qid, "alice", "ok")
+    finally:
+        _stop(runner, host)
+    shown = _kith(guest_home, "outbox", "show", qid[:8], "--json")
+    assert shown.returncode == 0, shown.stderr
+    rec = json.loads(shown.stdout)
+    assert rec["state"] == "answered" and rec["peers"][0]["state"] == "answered"
+    valid(rec["answer"])
+    assert rec["answer"]["results"][0]["source"] == "/kb-alice/deploy.md"
+    assert rec["answer"]["results"][0]["untrusted"] is True
+    # the host answered an ordinary query with the outbox's query id (its audit says so)
+    audit = json.loads(_kith(host_home, "audit", "--json").stdout)["records"]
+    assert [r["status"] for r in audit if r.get("event") == "results" and r["query_id"] == query_id_of(qid)] == ["ok"]
+    text = _kith(guest_home, "outbox", "show", qid[:8])
+    assert text.returncode == 0 and "deploy.md" in text.stdout
+    assert json.loads(_kith(guest_home, "outbox", "list", "--json").stdout)["questions"][0]["unread"] is False
+    gone = _kith(guest_home, "outbox", "remove", qid, "--json")
+    assert json.loads(gone.stdout) == {"removed": [qid]}
+    missing = _kith(guest_home, "outbox", "show", qid, "--json")
+    assert missing.returncode == 1 and "outbox-not-found" in missing.stdout
+
+
+@pytest.mark.iroh
+def test_an_expired_question_is_not_delivered(world, tmp_path):
+    url, host_home, guest_home = world
+    with OutboxStore(guest_home) as store:
+        rec = PeerRegistry.load(guest_home).by_name("alice")
+        qid = store.add(REQUEST, [("alice", rec.public_key)], keep_s=60)["id"]
+        with store._tx() as db:  # its week went by while every process of the home was off
+            db.execute("UPDATE questions SET expires_at = ? WHERE id = ?", (time.time() - 1, qid))
+    runner = host = None
+    try:
+        host, _inv = _start_host(host_home, url)
+        runner = _start_runner(guest_home)
+        ev = _event(runner, "outbox-expired")
+        assert ev["rows"] == 1
+    finally:
+        _stop(runner, host)
+    got = json.loads(_kith(guest_home, "outbox", "show", qid, "--json").stdout)
+    assert got["state"] == "expired" and got["peers"][0]["attempts"] == 0 and got["answer"] is None
+
+
+@pytest.mark.iroh
+def test_a_full_outbox_refuses_with_a_code_before_anyone_is_asked(world):
+    url, host_home, guest_home = world
+    with OutboxStore(guest_home) as store:
+        with store._tx() as db:
+            db.executemany("INSERT INTO questions(id, request, created_at, expires_at, bytes) VALUES (?,?,?,?,?)",
+                           [(f"{i:032x}", json.dumps(REQUEST), 0.0, 9e9, 40) for i in range(MAX_QUESTIONS)])
+    asked = _kith(guest_home, "ask", "staging", "--peer", "alice", "--later", "--offline", "--timeout", "5", "--json")
+    assert asked.returncode == 1
+    assert "outbox-full" in asked.stderr and "kith outbox remove --done" in asked.stderr
+    with OutboxStore(guest_home) as store:
+        assert store.usage()["questions"] == MAX_QUESTIONS and store.usage()["open"] == 0
+
+
+@pytest.mark.iroh
+def test_a_guest_killed_between_delivery_and_storing_loses_nothing_and_stores_once(world):
+    """The runner is SIGKILLed after the host answered and before the answer was stored:
+    the question is still open; the next runner resends it with the same query id and the
+    host answers that resend as an ordinary query (its audit shows the one id twice); the
+    answer is stored once."""
+    url, host_home, guest_home = world
+    with OutboxStore(guest_home) as store:
+        rec = PeerRegistry.load(guest_home).by_name("alice")
+        qid = store.add({"query": "staging server deleted", "topK": 3}, [("alice", rec.public_key)])["id"]
+    host = runner = None
+    try:
+        host, _inv = _start_host(host_home, url)
+        doomed = subprocess.Popen([*KITH, "--home", str(guest_home), "outbox", "run", "--offline", "--json"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  stdin=subprocess.DEVNULL, env={**ENV, "KITH_TEST_OUTBOX_KILL_BEFORE_STORE": "1"})
+        assert doomed.wait(timeout=120) == -signal.SIGKILL
+        doomed.stdout.close()
+        doomed.stderr.close()
+        with OutboxStore(guest_home) as store:
+            kept = store.get(qid)
+        assert kept["state"] == "waiting" and kept["peers"][0]["attempts"] == 0  # nothing half-written
+        runner = _start_runner(guest_home)
+        ev = _event(runner, "outbox-answered")
+        assert ev["id"] == qid
+    finally:
+        _stop(runner, host)
+    with OutboxStore(guest_home) as store:
+        got = store.get(qid)
+    assert got["state"] == "answered" and got["peers"][0]["attempts"] == 1
+    assert merged_answer(got)["results"][0]["source"] == "/kb-alice/deploy.md"
+    audit = _kith(host_home, "audit", "--json")
+    assert audit.returncode == 0, audit.stderr
+    answered = [r for r in _json_lines(audit.stdout) if r.get("event") == "results"
+                and r.get("query_id") == query_id_of(qid)]
+    assert len(answered) == 2 and {r["status"] for r in answered} == {"ok"}, audit.stdout[-2000:]
+
+
+def _json_lines(text: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out.extend(value.get("records", [value]) if "records" in value else [value])
+    return out
+
+
+@pytest.mark.iroh
+def test_the_local_api_queues_by_name_and_its_runner_delivers(world):
+    """``POST /outbox`` (the API's one write) asks now and keeps the question for the peer
+    that is down; the API's own runner delivers it once the host is up; ``GET /outbox``
+    reads it and changes nothing."""
+    import httpx
+
+    from node.local.api import run_api_in_thread
+
+    url, host_home, guest_home = world
+    host = None
+    try:
+        with run_api_in_thread(guest_home, offline=True, background=True) as api:
+            bad = httpx.post(api + "/outbox", json={"query": "staging", "peers": ["alice"], "keep": "7 days"},
+                             timeout=60)
+            no_peers = httpx.post(api + "/outbox", json={"query": "staging"}, timeout=60)
+            queued = httpx.post(api + "/outbox", json={"query": "staging server deleted", "peers": ["alice"],
+                                                       "keep": "2h"}, timeout=120)
+            assert queued.status_code == 200, queued.text
+            env = queued.json()
+            valid(env)
+            qid = env["outbox"]["id"]
+            host, _inv = _start_host(host_home, url)
+            deadline = time.monotonic() + 120
+            record = None
+            while time.monotonic() < deadline:
+                record = httpx.get(api + "/outbox", params={"id": qid[:10]}, timeout=30).json()
+                if record["state"] == "answered":
+                    break
+                time.sleep(0.5)
+            listing = httpx.get(api + "/outbox", timeout=30).json()
+            missing = httpx.get(api + "/outbox", params={"id": "ffff0000"}, timeout=30)
+            put = httpx.put(api + "/outbox", json={}, timeout=30)
+    finally:
+        _stop(host)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "outbox-keep-invalid"
+    assert no_peers.status_code == 400 and no_peers.json()["error"]["code"] == "query-invalid"
+    assert record is not None and record["state"] == "answered", record
+    valid(record["answer"])
+    assert record["answer"]["results"][0]["source"] == "/kb-alice/deploy.md"
+    assert record["peers"][0]["readAt"] is None  # GET marks nothing
+    assert [q["id"] for q in listing["questions"]] == [qid] and listing["usage"]["questions"] == 1
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "outbox-not-found"
+    assert put.status_code == 403
+
+
+@pytest.mark.iroh
+def test_mcp_ask_later_keeps_the_question_and_the_outbox_tool_reads_it(world):
+    import anyio
+
+    from node.local.mcp import call_ask_later, call_outbox
+
+    _url, _host_home, guest_home = world
+
+    async def main():
+        keep_bad = await call_ask_later(guest_home, {"query": "staging", "peers": ["alice"], "keep": True}, local=True)
+        no_peers = await call_ask_later(guest_home, {"query": "staging"}, local=True)
+        queued = await call_ask_later(guest_home, {"query": "staging", "peers": ["alice"], "keep": 3600}, local=True)
+        return keep_bad, no_peers, queued
+
+    keep_bad, no_peers, queued = anyio.run(main)
+    assert keep_bad.is_error and keep_bad.content[0].text.startswith("[query-invalid] ")
+    assert no_peers.is_error and "'peers' is required" in no_peers.content[0].text
+    assert not queued.is_error
+    env = queued.structured_content
+    valid(env)
+    assert env["peers"][0]["status"] == "unreachable" and env["outbox"]["peers"] == ["alice"]
+    listed = call_outbox(guest_home, {})
+    assert [q["id"] for q in listed.structured_content["questions"]] == [env["outbox"]["id"]]
+    one = call_outbox(guest_home, {"id": env["outbox"]["id"][:8]})
+    assert one.structured_content["state"] == "waiting" and one.structured_content["answer"] is None
+    nope = call_outbox(guest_home, {"id": "zz"})
+    assert nope.is_error and nope.content[0].text.startswith("[outbox-not-found] ")
+
+
+@pytest.mark.iroh
+def test_kith_host_of_the_guest_home_delivers_its_outbox(world, tmp_path):
+    """A guest that also hosts: its `kith host` runs the home's runner and delivers."""
+    url, host_home, guest_home = world
+    with OutboxStore(guest_home) as store:
+        rec = PeerRegistry.load(guest_home).by_name("alice")
+        qid = store.add({"query": "staging server deleted", "topK": 3}, [("alice", rec.public_key)])["id"]
+    alice = guest_host = None
+    try:
+        alice, _inv = _start_host(host_home, url)
+        guest_host = subprocess.Popen([*KITH, "--home", str(guest_home), "host", "--offline", "--json",
+                                       "--invite-file", str(tmp_path / "guest-invite.json")],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      stdin=subprocess.DEVNULL, env=ENV)
+        json.loads(_readline(guest_host, 90))
+        deadline = time.monotonic() + 120
+        state = None
+        while time.monotonic() < deadline:
+            with OutboxStore(guest_home) as store:
+                state = store.get(qid)["state"]
+            if state == "answered":
+                break
+            time.sleep(0.5)
+    finally:
+        _stop(alice, guest_host)
+    assert state == "answered"
+
+
+@pytest.mark.iroh
+def test_an_ask_tier_answer_waits_pending_and_the_final_answer_arrives_once_approved(world):
+    """Delivery is an ordinary query at the host: an `ask`-tier source answers
+    pending-approval (the row stays open, its approval id kept), and once the owner approves
+    the runner's next ask brings the final answer."""
+    from node.policy.store import Policy
+
+    url, host_home, guest_home = world
+    policy = Policy.load(host_home)
+    policy.set("/kb-alice/**", "ask")
+    policy.save()
+    with OutboxStore(guest_home) as store:
+        rec = PeerRegistry.load(guest_home).by_name("alice")
+        qid = store.add({"query": "staging server deleted", "topK": 3}, [("alice", rec.public_key)])["id"]
+    host = runner = None
+    try:
+        host, _inv = _start_host(host_home, url)
+        runner = _start_runner(guest_home)
+        pending = _event(runner, "outbox-pending")
+        assert pending["id"] == qid and pending["approval_id"]
+        with OutboxStore(guest_home) as store:
+            waiting = store.get(qid)
+        assert waiting["state"] == "waiting" and waiting["peers"][0]["state"] == "pending-approval"
+        approved = _kith(host_home, "approvals", "approve", pending["approval_id"])
+        assert approved.returncode == 0, approved.stderr
+        ev = _event(runner, "outbox-answered")
+        assert ev["id"] == qid and ev["status"] == "ok"
+    finally:
+        _stop(runner, host)
+    with OutboxStore(guest_home) as store:
+        got = store.get(qid)
+    assert got["state"] == "answered" and got["peers"][0]["attempts"] >= 2
+    assert merged_answer(got)["results"][0]["source"] == "/kb-alice/deploy.md"

@@ -1,0 +1,91 @@
+"""The home's background runner (node/runtime/runner.py; specs/outbox.md §5): it drives a
+task list, only one process (lock holder) of a home drives it at a time and the next takes
+over when it stops, a failing task or job never stops the others, and ``wake`` steps the
+tasks at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+
+from node.runtime.runner import Runner
+from node.trust.identity import load_or_init_identity
+
+
+class Counting:
+    """A task that counts its steps and sets ``stepped`` at each."""
+
+    def __init__(self, name: str, wait: float = 60.0, fail: bool = False) -> None:
+        self.name = name
+        self.wait = wait
+        self.fail = fail
+        self.steps = 0
+        self.stepped = anyio.Event()
+
+    async def step(self, runner: Runner) -> float:
+        self.steps += 1
+        self.stepped.set()
+        self.stepped = anyio.Event()
+        if self.fail:
+            raise RuntimeError("boom")
+        return self.wait
+
+
+def test_one_runner_per_home_drives_the_tasks_and_the_next_takes_over(tmp_path: Path) -> None:
+    load_or_init_identity(tmp_path)
+
+    async def main():
+        first, second = Counting("a"), Counting("b")
+        r1 = Runner(tmp_path, [first], command="one")
+        r2 = Runner(tmp_path, [second], command="two")
+        async with anyio.create_task_group() as tg:
+            scope1 = anyio.CancelScope()
+
+            async def run1():
+                with scope1:
+                    await r1.run()
+            tg.start_soon(run1)
+            with anyio.fail_after(30):
+                await r1.holding.wait()
+            tg.start_soon(r2.run)
+            with anyio.fail_after(30):
+                while first.steps == 0:
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.3)  # r2 had its chance to take the lock, and did not
+            assert not r2.holding.is_set() and second.steps == 0
+            scope1.cancel()  # the first process stops: its lock is released
+            with anyio.fail_after(30):
+                await r2.holding.wait()
+                while second.steps == 0:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main, backend="asyncio")
+
+
+def test_a_failing_task_or_job_never_stops_the_others_and_wake_steps_at_once(tmp_path: Path) -> None:
+    load_or_init_identity(tmp_path)
+
+    async def main():
+        bad, good = Counting("bad", fail=True), Counting("good", wait=600.0)
+        runner = Runner(tmp_path, [bad, good])
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner.run)
+            with anyio.fail_after(30):
+                await runner.holding.wait()
+                while good.steps == 0:
+                    await anyio.sleep(0.01)
+
+            async def failing_job():
+                raise RuntimeError("a job failed")
+            runner.spawn(failing_job)
+            seen = good.steps
+            stepped = good.stepped
+            runner.wake()  # its 600 s wait is cut short
+            with anyio.fail_after(30):
+                await stepped.wait()
+            assert good.steps > seen and bad.steps >= 1
+            tg.cancel_scope.cancel()
+
+    anyio.run(main, backend="asyncio")
