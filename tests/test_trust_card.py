@@ -367,8 +367,7 @@ def test_a_hand_corrupted_cards_file_is_config_invalid_naming_the_file(tmp_path,
 
 def test_joining_a_device_of_a_pinned_person_again_is_not_host_key_changed(tmp_path):
     # `kith join INVITE` of bea's desk a second time (its card was taken the first time):
-    # the desk is a known device of the person pin, not a host whose key changed
-    from node.common.errors import HandshakeError
+    # the desk is a known device of the person pin, not another host under that name
     from node.runtime.guest import check_pinned_name, trust_status
     from node.trust.invitation import parse_invitation
 
@@ -381,7 +380,7 @@ def test_joining_a_device_of_a_pinned_person_again_is_not_host_key_changed(tmp_p
     inv = parse_invitation(card["invitation"])
     assert trust_status(inv, home) == "bea"
     check_pinned_name("bea", inv, home)  # no refusal
-    with pytest.raises(HandshakeError) as info:  # another key under that name still is
+    with pytest.raises(KithError) as info:  # another key under that name still is
         check_pinned_name("bea", create_invitation(stranger, protocol_name="knowledge-query", protocol_version="1",
                                                    protocol_id="a" * 64, ticket="endpointticket"), home)
-    assert info.value.code == "host-key-changed"
+    assert info.value.code == "pin-name-taken"
