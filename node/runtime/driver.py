@@ -2,7 +2,9 @@
 
 It reads bytes from a :class:`node.transport.base.ByteStream`, feeds them to a
 :class:`node.engine.session.SessionEngine`, calls the protocol hooks for the events the
-engine reports (sync hooks in a worker thread, all hooks under ``hook_timeout_s``), hands
+engine reports (sync hooks in a worker thread — or on the event loop, when the hook says
+the call is small: ``inline``, node/runtime/hooks.py — all hooks under
+``hook_timeout_s``), hands
 hook output back to the engine (which validates it), and writes what the engine queued.
 Every wait is bounded: each handshake step by ``handshake_timeout_s`` (10 s), the business
 loop by the protocol's ``idle_timeout_s``, the peer's liveness by the heartbeat
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 import anyio
+import anyio.lowlevel
 
 from node.engine.session import (
     Event,
@@ -39,7 +42,8 @@ from node.engine.session import (
     UiArtifactReceived,
     UiArtifactRefused,
 )
-from node.engine.timers import PING_INTERVAL_S, UNRESPONSIVE_S, Timeouts, heartbeat_from_env
+from node.engine.timers import (INFLIGHT_PING_S, INFLIGHT_UNRESPONSIVE_S, PING_INTERVAL_S, UNRESPONSIVE_S, Timeouts,
+                                heartbeat_from_env)
 from node.common.errors import CODES, EgressRefused, HookError, KithError, TransportError
 from node.runtime.hooks import HookContext, HookResult, Hooks, normalize_result
 from node.transport.base import ByteStream
@@ -60,6 +64,13 @@ def default_heartbeat() -> tuple[float, float]:
     """``(ping_interval_s, unresponsive_s)``: (10, 30) unless the test-only
     ``KITH_TEST_HEARTBEAT`` variable overrides it (``node.engine.timers``)."""
     return heartbeat_from_env() or (PING_INTERVAL_S, UNRESPONSIVE_S)
+
+
+def inflight_heartbeat() -> tuple[float, float]:
+    """``(ping_interval_s, unresponsive_s)`` while a guest's question is in flight: (1, 4)
+    (``node.engine.timers.INFLIGHT_*``), or the test-only ``KITH_TEST_HEARTBEAT`` values
+    when that variable is set (one heartbeat for the whole session then)."""
+    return heartbeat_from_env() or (INFLIGHT_PING_S, INFLIGHT_UNRESPONSIVE_S)
 
 
 @dataclass
@@ -83,6 +94,9 @@ class SessionOutcome:
             recorded as it arrives, even while a hook is still running.
         ended_at: Unix time (s) when the engine ended the session — before the stream is
             flushed and closed, which may take up to a few seconds with a dead peer.
+        last_heard_at: Unix time (s) of the peer's last complete frame when the session
+            ended (for ``peer-unresponsive``: since when the peer has been silent), or None
+            before the handshake.
     """
 
     session_id: str | None
@@ -97,11 +111,60 @@ class SessionOutcome:
     ui_path: Any = None
     peer_end: dict[str, Any] | None = None
     ended_at: float | None = None
+    last_heard_at: float | None = None
 
     @property
     def ok(self) -> bool:
         """True for a session that completed cleanly."""
         return self.reason == "completed"
+
+
+#: Worker threads per event loop for the sync hooks that say how large each call is
+#: (an ``inline`` predicate, :mod:`node.runtime.hooks`) and were told it is large: a few,
+#: so a burst of large searches does not become a pile of threads on a 2-core host.
+HOOK_THREADS = 4
+#: Honour the hooks' ``inline`` predicates (False: every sync hook in a worker thread, as
+#: before issue 31 — ``scripts/load`` measures both in one run).
+INLINE_HOOKS = True
+_hook_limiter: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("kith_hook_limiter")
+#: Sync hook calls of this event loop now running in a thread (a one-item list per loop).
+_in_threads: anyio.lowlevel.RunVar[list[int]] = anyio.lowlevel.RunVar("kith_hooks_in_threads")
+
+
+def _threads_busy() -> list[int]:
+    """This event loop's count of sync hook calls running in threads (made on first use)."""
+    try:
+        return _in_threads.get()
+    except LookupError:
+        busy = [0]
+        _in_threads.set(busy)
+        return busy
+
+
+def _bounded_hook_threads() -> anyio.CapacityLimiter:
+    """This event loop's :data:`HOOK_THREADS` limiter (made on first use)."""
+    try:
+        return _hook_limiter.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(HOOK_THREADS)
+        _hook_limiter.set(limiter)
+        return limiter
+
+
+def _runs_inline(fn: Any, args: tuple[Any, ...]) -> bool | None:
+    """The hook's own word on this call (:mod:`node.runtime.hooks`, ``inline``): True —
+    small, run it on the event loop; False — large, run it in the bounded hook threads;
+    None — it says nothing (every hook without ``inline``, or a predicate answering
+    None): a worker thread, as always. A predicate that raises counts as False."""
+    inline = getattr(fn, "inline", None)
+    if inline is None or not INLINE_HOOKS:
+        return None
+    try:
+        said = inline(*args)
+        return None if said is None else bool(said)
+    except Exception:  # a broken predicate must not break the session: the safe way
+        log.warning("hook %s: its inline predicate raised", getattr(fn, "__name__", "hook"), exc_info=True)
+        return False
 
 
 async def _call_hook(fn: Callable[..., Any] | None, args: tuple[Any, ...], timeout_s: float | None) -> HookResult:
@@ -112,7 +175,25 @@ async def _call_hook(fn: Callable[..., Any] | None, args: tuple[Any, ...], timeo
             if inspect.iscoroutinefunction(fn):
                 value = await fn(*args)
             else:
-                value = await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+                inline = _runs_inline(fn, args)
+                busy = _threads_busy()
+                if inline and not busy[0]:
+                    # small work and no other hook call running beside the loop: no thread
+                    # hop (hook_timeout_s cannot interrupt it). With calls in threads, the
+                    # loop stays free for them: a search in a thread overlaps the loop's
+                    # I/O on a second core (tantivy releases the GIL), which measured 1.4x
+                    # the throughput of answering inline under 16 guests (scripts/load 2a).
+                    value = fn(*args)
+                else:
+                    busy[0] += 1
+                    try:
+                        if inline is None:
+                            value = await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+                        else:
+                            value = await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True,
+                                                                   limiter=_bounded_hook_threads())
+                    finally:
+                        busy[0] -= 1
                 if inspect.isawaitable(value):
                     value = await value
     except TimeoutError:
@@ -158,8 +239,10 @@ async def run_session(
         handshake_timeout_s: bound of each handshake step (s).
         hook_timeout_s / idle_timeout_s: seconds; ``"spec"`` takes the protocol's limits,
             None disables the bound (an interactive guest waiting on its user).
-        heartbeat: ``(ping_interval_s, unresponsive_s)``; ``"default"`` = (10, 30) or the
-            test-only ``KITH_TEST_HEARTBEAT`` override; None disables it.
+        heartbeat: ``(ping_interval_s, unresponsive_s)``; ``"default"`` = (10, 30) while
+            idle and (1, 4) while a guest's question is in flight
+            (:func:`inflight_heartbeat`), or the test-only ``KITH_TEST_HEARTBEAT`` override
+            for both; a tuple given applies throughout; None disables it.
         send_timeout_s: bound of one send (s); ``"default"`` = the unresponsive bound. A
             peer that stops reading is aborted with ``peer-unresponsive``.
         stop: when set, the session ends cleanly after the current hook: the protocol's
@@ -174,9 +257,12 @@ async def run_session(
     hook_t = limits.hook_timeout_s if hook_timeout_s == "spec" else hook_timeout_s
     idle_t = limits.idle_timeout_s if idle_timeout_s == "spec" else idle_timeout_s
     hb = default_heartbeat() if heartbeat == "default" else heartbeat
+    flight = inflight_heartbeat() if heartbeat == "default" else None
     send_t = (hb[1] if hb else None) if send_timeout_s == "default" else send_timeout_s
     engine.set_timeouts(Timeouts(handshake_step_s=handshake_timeout_s, ping_interval_s=hb[0] if hb else None,
-                                 unresponsive_s=hb[1] if hb else None, idle_s=idle_t))
+                                 unresponsive_s=hb[1] if hb else None, idle_s=idle_t,
+                                 inflight_ping_s=flight[0] if flight else None,
+                                 inflight_unresponsive_s=flight[1] if flight else None))
     tick_cap = min(1.0, hb[0]) if hb else 1.0
     outcome = SessionOutcome(session_id=None, reason="aborted")
     ctx: HookContext | None = None
@@ -290,6 +376,8 @@ async def run_session(
             outcome.reason, outcome.code, outcome.message = ev.reason, ev.code, ev.message
             if outcome.ended_at is None:
                 outcome.ended_at = time.time()
+                if outcome.session_id is not None:
+                    outcome.last_heard_at = outcome.ended_at - engine.timers.silence(engine.clock())
         return []
 
     async def processor(scope: anyio.CancelScope) -> None:
@@ -366,12 +454,16 @@ async def run_session(
             if engine.close_event is not None and outcome.reason == "aborted" and outcome.code is None:
                 ev = engine.close_event
                 outcome.reason, outcome.code, outcome.message = ev.reason, ev.code, ev.message
+            if outcome.last_heard_at is None and engine.session_id is not None:
+                outcome.last_heard_at = time.time() - engine.timers.silence(engine.clock())
             try:
                 with anyio.move_on_after(2):
                     await flush()
                     await stream.send_eof()
             except TransportError:
                 pass
+            if outcome.code == "peer-unresponsive" and hasattr(stream, "drain_timeout_s"):
+                stream.drain_timeout_s = 0.0  # a silent peer acknowledges nothing: do not wait for it
             if ctx is not None:
                 reason = outcome.code or outcome.reason
                 try:
