@@ -248,7 +248,7 @@ def test_a_hostile_document_is_refused_and_the_previous_copy_stays(host, tmp_pat
         with pytest.raises(KithError) as exc:
             _sync(guest, _asker(server, tamper=_faulty(mutate)), key)
     assert exc.value.code == code
-    assert store.load() == before and _files(store) == files  # the previous copy, whole
+    assert store.load()["documents"] == before["documents"] and _files(store) == files  # the previous copy, whole
     assert search_copy(guest, "alice", {"query": "WAL", "topK": 5})["envelope"]["results"]
 
 
@@ -343,3 +343,21 @@ def test_search_of_a_copy_never_names_a_local_file(host, tmp_path):
     with pytest.raises(KithError) as exc:
         search_copy(guest, "nobody", {"query": "x", "topK": 1})
     assert exc.value.code == "copy-not-found"
+
+
+def test_a_sync_killed_before_its_index_step_indexes_at_the_next(host, tmp_path, monkeypatch):
+    home, _ = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    real_index = CopyStore.index
+
+    def killed(self):
+        raise KeyboardInterrupt
+    with corpus:
+        monkeypatch.setattr(CopyStore, "index", killed)
+        with pytest.raises(KeyboardInterrupt):
+            _sync(guest, _asker(server), key)
+        monkeypatch.setattr(CopyStore, "index", real_index)
+        again = _sync(guest, _asker(server), key)  # nothing left to fetch, but the index lagged
+    assert again["fetched"] == 0
+    assert search_copy(guest, "alice", {"query": "WAL", "topK": 5})["envelope"]["results"]

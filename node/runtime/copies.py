@@ -4,7 +4,7 @@
 
 - ``manifest.json`` — the copy's committed state, written atomically (0600):
   ``{"v": 1, "peer", "hostKey", "syncedAt" (the last complete sync, RFC 3339 UTC or null),
-  "maxBytes", "documents": {source: {"version", "bytes", "textSha256", "file", "citation"}}}``;
+  "maxBytes", "indexed" (the copy's index holds every document listed), "documents": {source: {"version", "bytes", "textSha256", "file", "citation"}}}``;
 - ``docs/`` — one file per document, named by the peer (``<sha256(source)[:32]>-<version[:12]>``
   and ``.md``/``.rst``/``.txt``), never by anything the host sent, so a hostile host cannot
   write outside the folder; a file not in the manifest (a sync killed before its commit) is
@@ -302,11 +302,13 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
     for s in gone:  # no longer granted: deleted now, before anything new is fetched
         del held[s]
     report["removed"] = len(gone)
-    state.update(hostKey=host_key, maxBytes=reply.get("maxBytes"))
-    store.commit(state)
-    store.tidy(state)
     todo = [s for s, e in manifest.items()
             if s not in held or (held[s]["version"], held[s]["textSha256"]) != (e["version"], e["textSha256"])]
+    state.update(hostKey=host_key, maxBytes=reply.get("maxBytes"))
+    if gone or todo:  # the index lags the manifest until this sync's index step is committed
+        state["indexed"] = False
+    store.commit(state)
+    store.tidy(state)
     report["unchanged"] = len(manifest) - len(todo)
     done = 0
     queue = list(todo)
@@ -337,7 +339,10 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
     report["fetched"] = done
     state["syncedAt"] = _rfc3339(now())
     store.commit(state)
-    store.index()
+    if not state.get("indexed") or not (store.dir / "corpus").is_dir():  # else the index is current
+        store.index()
+        state["indexed"] = True
+        store.commit(state)
     summary = store.summary()
     report.update(documents=summary["documents"], bytes=summary["bytes"], syncedAt=state["syncedAt"])
     return report
