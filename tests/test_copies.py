@@ -351,7 +351,7 @@ def test_a_sync_killed_before_its_index_step_indexes_at_the_next(host, tmp_path,
     server, corpus, key = _server(home)
     real_index = CopyStore.index
 
-    def killed(self):
+    def killed(self, changed=None):
         raise KeyboardInterrupt
     with corpus:
         monkeypatch.setattr(CopyStore, "index", killed)

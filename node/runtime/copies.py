@@ -134,27 +134,32 @@ class CopyStore:
         """Write one document file into ``docs/`` atomically."""
         atomic_write(self.docs / name, text.encode("utf-8", "surrogatepass"))
 
-    def tidy(self, state: dict[str, Any]) -> int:
+    def tidy(self, state: dict[str, Any]) -> list[str]:
         """Delete every file of ``docs/`` that ``state`` does not list (a killed sync's, a
-        replaced version's); the number deleted."""
+        replaced version's); the names deleted."""
         keep = {d.get("file") for d in state["documents"].values()}
-        gone = 0
+        gone: list[str] = []
         if self.docs.is_dir():
             for f in self.docs.iterdir():
                 if f.name not in keep and f.is_file():
                     f.unlink(missing_ok=True)
-                    gone += 1
+                    gone.append(f.name)
         return gone
 
-    def index(self) -> dict[str, Any]:
-        """Bring the copy's own index in line with ``docs/`` (the owner's corpus code:
-        :meth:`node.corpus.store.Corpus.sync`); the sync report."""
+    def index(self, changed: list[str] | None = None) -> dict[str, Any]:
+        """Bring the copy's own index in line with ``docs/`` (the owner's corpus code):
+        only the files ``changed`` (names written or deleted) when given and the index
+        exists (:meth:`node.corpus.store.Corpus.sync_paths`), else the whole folder
+        (:meth:`node.corpus.store.Corpus.sync`); the sync report."""
         from node.corpus.store import Corpus
 
         self.docs.mkdir(parents=True, exist_ok=True)
         with Corpus(self.dir) as corpus:
             if not any(r.prefix == ROOT_NAME for r in corpus.roots()):
                 corpus.add_root(self.docs, name=ROOT_NAME)
+                changed = None
+            if changed is not None:
+                return corpus.sync_paths([self.docs / n for n in dict.fromkeys(changed)])
             return corpus.sync()
 
     def remove(self) -> bool:
@@ -305,10 +310,11 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
     todo = [s for s, e in manifest.items()
             if s not in held or (held[s]["version"], held[s]["textSha256"]) != (e["version"], e["textSha256"])]
     state.update(hostKey=host_key, maxBytes=reply.get("maxBytes"))
+    complete = state.get("indexed") is True  # the index held every listed document before this sync
     if gone or todo:  # the index lags the manifest until this sync's index step is committed
         state["indexed"] = False
     store.commit(state)
-    store.tidy(state)
+    changed = store.tidy(state)
     report["unchanged"] = len(manifest) - len(todo)
     done = 0
     queue = list(todo)
@@ -324,6 +330,7 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
             entry = manifest[src]
             name = store.file_for(src, entry["version"])
             store.write_doc(name, text)
+            changed.append(name)
             held[src] = {**entry, "file": name, "citation": citation}
             done += 1
         more = [s for s in reply.get("more") or [] if s in wanted]
@@ -333,14 +340,14 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
             raise ProtocolViolation("copy-manifest-invalid", "the host sent no document and asked to ask again")
         queue = more + queue
         store.commit(state)  # this batch is the copy now: a kill after it resumes from here
-        store.tidy(state)
+        changed += store.tidy(state)
         if progress is not None:
             progress(done, len(todo))
     report["fetched"] = done
     state["syncedAt"] = _rfc3339(now())
     store.commit(state)
     if not state.get("indexed") or not (store.dir / "corpus").is_dir():  # else the index is current
-        store.index()
+        store.index(changed if complete else None)  # after a killed sync: the whole folder
         state["indexed"] = True
         store.commit(state)
     summary = store.summary()
