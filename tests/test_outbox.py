@@ -165,6 +165,48 @@ def test_reading_an_outbox_that_never_kept_anything_creates_nothing(tmp_path):
     assert bad_keep.returncode == 2 and "outbox-keep-invalid" in bad_keep.stderr
 
 
+def test_a_damaged_question_is_closed_and_the_others_are_still_listed_and_delivered(tmp_path):
+    """A hand-edited row whose request is not a JSON object neither hides the outbox nor
+    stops delivery: it is listed (query null, no answer) and its row closed
+    ``outbox-corrupt``; the other questions are listed and delivered."""
+    with OutboxStore(tmp_path) as store:
+        bad = store.add(REQUEST, [("alice", KEY)])["id"]
+        good = store.add({"query": "other", "topK": 3}, [("alice", KEY)])["id"]
+        with store._tx() as db:
+            db.execute("UPDATE questions SET request='{not json' WHERE id=?", (bad,))
+        assert [d.question_id for d in store.open_deliveries(peer_key=KEY)] == [good]
+        listed = {r["id"]: r for r in store.list()}
+        assert listed[bad]["query"] is None and listed[bad]["state"] == "failed"
+        assert listed[bad]["peers"][0]["code"] == "outbox-corrupt"
+        assert listed[good]["state"] == "waiting"
+        with store._tx() as db:  # a damaged stored answer counts as none
+            db.execute("UPDATE deliveries SET answer='[1', state='answered' WHERE question_id=?", (good,))
+        from node.runtime.outbox import public_record
+
+        assert public_record(store.get(good))["answer"] is None and public_record(store.get(bad))["answer"] is None
+        assert store.remove_done() and store.list() == []
+
+
+@pytest.mark.parametrize("content", [b"garbage" * 100, b""])
+def test_an_outbox_file_that_is_not_an_outbox_is_refused_with_a_code(tmp_path, content):
+    import sqlite3
+
+    home = _home(tmp_path, "damaged")
+    if content:
+        (home / "outbox.sqlite").write_bytes(content)
+    else:  # a SQLite file whose `questions` table is another one
+        db = sqlite3.connect(home / "outbox.sqlite")
+        db.execute("CREATE TABLE questions(x)")
+        db.commit()
+        db.close()
+    for args in (("outbox", "list", "--json"), ("outbox", "show", "abcd", "--json")):
+        got = _kith(home, *args)
+        assert got.returncode == 1, got.stderr
+        assert json.loads(got.stdout)["error"]["code"] == "outbox-corrupt", got.stdout
+    asked = _kith(home, "ask", "x", "--peer", "alice", "--later", "--offline")
+    assert asked.returncode == 1 and "outbox-corrupt" in asked.stderr and "Traceback" not in asked.stderr
+
+
 @pytest.mark.parametrize("bad", ["", "7 days", "0", "59", "31d", "-1h", "1y"])
 def test_a_bad_keep_is_refused(bad):
     from node.common.errors import UsageError
