@@ -152,6 +152,30 @@ def test_the_outbox_is_bounded_in_questions(tmp_path):
         assert store.usage()["questions"] == MAX_QUESTIONS
 
 
+def test_the_room_checked_before_asking_is_the_room_the_question_takes(tmp_path):
+    """``kith ask --later`` / ``POST /outbox`` / ``ask_later`` check the room before anyone
+    is asked: a question that :meth:`add` would refuse is refused by that check too (the
+    same bytes are counted), so nobody is asked for a question that cannot be kept."""
+    from node.common.errors import ConfigError
+    from node.runtime.outbox import MAX_BYTES, request_body
+
+    request = {"query": "when is the staging server deleted?", "topK": 5, "citations": True}
+    size = len(request_body(request))
+    with OutboxStore(tmp_path) as store:
+        with store._tx() as db:
+            db.execute("INSERT INTO questions(id, request, created_at, expires_at, bytes) VALUES (?,?,?,?,?)",
+                       ("0" * 32, json.dumps(REQUEST), 0.0, 9e9, MAX_BYTES - size + 1))
+        with pytest.raises(ConfigError) as before:
+            store.check_room(request)
+        with pytest.raises(ConfigError) as after:
+            store.add(request, [("alice", KEY)])
+        assert before.value.code == after.value.code == "outbox-full"
+        with store._tx() as db:
+            db.execute("UPDATE questions SET bytes = ?", (MAX_BYTES - size,))
+        store.check_room(request)
+        assert store.add(request, [("alice", KEY)])["request"] == request
+
+
 def test_reading_an_outbox_that_never_kept_anything_creates_nothing(tmp_path):
     home = _home(tmp_path, "fresh")
     listed = _kith(home, "outbox", "list", "--json")

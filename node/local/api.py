@@ -357,12 +357,13 @@ class _Handlers:
         if citations:
             body["citations"] = True
         home = self.holder.home
+        request = {**body, "topK": body.get("topK", contract.TOP_K_DEFAULT)}  # as the outbox keeps it
         if keep_s is not None:  # outbox-full before anyone is asked
             from node.runtime.outbox import OutboxStore
 
             def check() -> None:
                 with OutboxStore(home) as store:
-                    store.check_room()
+                    store.check_room(request)
             await anyio.to_thread.run_sync(check)
         assert self.pools is not None
         pool = await self.pools.get()
@@ -370,7 +371,6 @@ class _Handlers:
         if keep_s is not None:
             from node.runtime.outbox import keep_for_later
 
-            request = {**body, "topK": body.get("topK", contract.TOP_K_DEFAULT)}
             await anyio.to_thread.run_sync(lambda: keep_for_later(home, request, merged, keep_s=keep_s))
         untrusted = "peer-evidence" if any(r.get("untrusted") for r in merged["results"]) else "none"
         return JSONResponse(merged, headers={"X-Kith-Status": "ok" if merged["answered"] else "no-verified-results",

@@ -451,13 +451,14 @@ async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool =
     try:
         keep_s = parse_keep(keep)
 
+        body = {**args, **({"citations": True} if citations else {})}
+        request = {**body, "topK": body.get("topK", contract.TOP_K_DEFAULT)}
+
         def check() -> None:
             with OutboxStore(home) as store:
-                store.check_room()
+                store.check_room(request)
         await anyio.to_thread.run_sync(check)
-        body = {**args, **({"citations": True} if citations else {})}
         merged = await peers_search(home, peers, body, local=local, pool=pool)
-        request = {**body, "topK": body.get("topK", contract.TOP_K_DEFAULT)}
         await anyio.to_thread.run_sync(lambda: keep_for_later(home, request, merged, keep_s=keep_s))
     except KithError as exc:
         return _refusal(exc.code, exc.message)

@@ -262,7 +262,7 @@ class OutboxStore:
         """
         if not peers:
             raise ValueError("no peer to queue for")
-        body = json.dumps(request, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+        body = request_body(request)
         qid = secrets.token_hex(16)
         now = float(self.clock())
         with self._tx() as db:
@@ -275,15 +275,16 @@ class OutboxStore:
         assert got is not None
         return got
 
-    def check_room(self, request_bytes: int = 0) -> None:
-        """Refuse now when a question of ``request_bytes`` would not fit (``kith ask
-        --later`` checks before asking anyone; :meth:`add` checks again).
+    def check_room(self, request: dict[str, Any]) -> None:
+        """Refuse now when ``request`` (the flat request as it will be kept) would not fit:
+        ``kith ask --later``, ``POST /outbox`` and MCP ``ask_later`` check before asking
+        anyone, with the very bytes :meth:`add` counts when it checks again.
 
         Raises:
             ConfigError: ``outbox-full``.
         """
         with self._lock:
-            _check_room(self.db, request_bytes)
+            _check_room(self.db, len(request_body(request)))
 
     def expire(self) -> int:
         """Mark every open row whose question's ``expires_at`` passed (wall clock) as
@@ -502,6 +503,13 @@ def _answer_of(text: Any) -> dict[str, Any] | None:
     except (TypeError, ValueError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def request_body(request: dict[str, Any]) -> str:
+    """The stored form of a request (``questions.request``; its length is ``bytes``):
+    compact, sorted JSON without a ``query_id`` (each delivery sets its own)."""
+    return json.dumps({k: v for k, v in request.items() if k != "query_id"}, ensure_ascii=False,
+                      separators=(",", ":"), sort_keys=True)
 
 
 def _check_room(db: Any, request_bytes: int) -> None:
