@@ -328,6 +328,8 @@ def test_a_question_queued_while_the_host_is_down_is_answered_after_it_starts(wo
         host, _inv = _start_host(host_home, url)
         ev = _event(runner, "outbox-answered")
         assert (ev["id"], ev["peer"], ev["status"]) == (qid, "alice", "ok")
+        runner.send_signal(signal.SIGTERM)  # a runner that delivered stops cleanly
+        assert runner.wait(timeout=60) == 0, runner.stderr.read()[-3000:]
     finally:
         _stop(runner, host)
     shown = _kith(guest_home, "outbox", "show", qid[:8], "--json")
