@@ -82,7 +82,7 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         table.add_row(r["id"][:12], state, safe_text(r["query"] or ""), peers, r["expiresAt"])
     console.print(table)
     console.print(f"{usage['questions']} of {usage['maxQuestions']} questions, "
-                  f"{usage['bytes'] / 1e6:.1f} of {usage['maxBytes'] / 1e6:.0f} MB", highlight=False, style="dim")
+                  f"{usage['bytes'] / 2**20:.1f} of {usage['maxBytes'] / 2**20:.0f} MiB", highlight=False, style="dim")
 
 
 @outbox_app.command("show")

@@ -517,7 +517,7 @@ def _check_room(db: Any, request_bytes: int) -> None:
         "SELECT (SELECT COUNT(*) FROM questions), (SELECT COALESCE(SUM(bytes), 0) FROM questions) + "
         "(SELECT COALESCE(SUM(answer_bytes), 0) FROM deliveries)").fetchone()
     if count >= MAX_QUESTIONS or used + request_bytes > MAX_BYTES:
-        raise ConfigError("outbox-full", f"the outbox keeps {count} question(s) in {used / 1e6:.1f} MB; it holds at most "
+        raise ConfigError("outbox-full", f"the outbox keeps {count} question(s) in {used / 2**20:.1f} MiB; it holds at most "
                           f"{MAX_QUESTIONS} questions and {MAX_BYTES // (1024 * 1024)} MiB")
 
 
