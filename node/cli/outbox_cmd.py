@@ -55,11 +55,11 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """List the kept questions, newest first: state per peer, expiry, unread answers."""
     from rich.table import Table
 
-    from node.runtime.outbox import MAX_BYTES, MAX_QUESTIONS, OUTBOX_FILE
+    from node.runtime.outbox import OUTBOX_FILE, empty_usage
 
     if not (home_of(ctx) / OUTBOX_FILE).exists():
         records: list[dict[str, Any]] = []
-        usage = {"questions": 0, "open": 0, "bytes": 0, "maxQuestions": MAX_QUESTIONS, "maxBytes": MAX_BYTES}
+        usage = empty_usage()
     else:
         with _store(ctx) as store:
             records = store.list()

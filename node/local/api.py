@@ -160,7 +160,8 @@ def openapi_document() -> dict[str, Any]:
                             "200": {"description": "{questions, usage}, or one record",
                                     "content": {"application/json": {"schema": {"type": "object"}}}},
                             "403": refused,
-                            "404": {"description": "no such question (outbox-not-found, outbox-id-ambiguous)", **err}}},
+                            "404": {"description": "no such question (outbox-not-found, outbox-id-ambiguous)", **err},
+                            "500": {"description": "the outbox file is damaged (outbox-corrupt)", **err}}},
                 "post": {
                     "summary": "Queue (the API's one write, to this node's outbox only): ask pinned peers "
                                "now and keep the question for those offline; delivered by the home's "
@@ -174,6 +175,7 @@ def openapi_document() -> dict[str, Any]:
                         "400": {"description": "invalid request (query-invalid, outbox-keep-invalid)", **err},
                         "403": refused,
                         "415": {"description": "Content-Type is not application/json (api-content-type)", **err},
+                        "500": {"description": "the outbox file is damaged (outbox-corrupt); nobody was asked", **err},
                         "507": {"description": "the outbox is full (outbox-full); nothing was kept", **err}}}},
         },
         "components": {"schemas": {
@@ -379,7 +381,7 @@ class _Handlers:
     async def outbox_read(self, request: Request) -> JSONResponse:
         """``GET /outbox``: every kept question (``{"questions", "usage"}``); ``?id=PREFIX``:
         one record with its merged answer (specs/outbox.md §2). Reading marks nothing."""
-        from node.runtime.outbox import OUTBOX_FILE, OutboxStore, public_record
+        from node.runtime.outbox import OUTBOX_FILE, OutboxStore, empty_usage, public_record
 
         home = self.holder.home
         qid = request.query_params.get("id")
@@ -388,7 +390,7 @@ class _Handlers:
             if not (home / OUTBOX_FILE).exists():
                 if qid is not None:
                     raise ConfigError("outbox-not-found", "the outbox is empty", status=404)
-                return {"questions": [], "usage": None}
+                return {"questions": [], "usage": empty_usage()}
             with OutboxStore(home) as store:
                 if qid is None:
                     return {"questions": store.list(), "usage": store.usage()}

@@ -470,7 +470,7 @@ def call_outbox(home: Path, arguments: dict[str, Any]) -> Any:
     (:func:`node.runtime.outbox.public_record`); reading marks nothing."""
     from mcp.types import CallToolResult, TextContent
 
-    from node.runtime.outbox import OUTBOX_FILE, OutboxStore, public_record
+    from node.runtime.outbox import OUTBOX_FILE, OutboxStore, empty_usage, public_record
 
     qid = arguments.get("id")
     if set(arguments) - {"id"} or (qid is not None and not isinstance(qid, str)):
@@ -481,7 +481,7 @@ def call_outbox(home: Path, arguments: dict[str, Any]) -> Any:
                 from node.common.errors import ConfigError
 
                 raise ConfigError("outbox-not-found", "the outbox is empty")
-            doc: dict[str, Any] = {"questions": [], "usage": None}
+            doc: dict[str, Any] = {"questions": [], "usage": empty_usage()}
         else:
             with OutboxStore(home) as store:
                 if qid is None:

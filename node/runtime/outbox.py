@@ -480,7 +480,13 @@ def open_home_db_checked(path: Path) -> Any:
 
 def _corrupt(path: Path, exc: Exception) -> ConfigError:
     return ConfigError("outbox-corrupt", f"{path} is not a readable outbox ({str(exc)[:80]})",
-                       hint=f"move it aside (mv {path} {path}.bad); nothing else in the home depends on it")
+                       hint=f"move it aside (mv {path} {path}.bad); nothing else in the home depends on it",
+                       status=500)
+
+
+def empty_usage() -> dict[str, int]:
+    """The ``usage`` of a home where nothing was ever kept (no file; reading creates none)."""
+    return {"questions": 0, "open": 0, "bytes": 0, "maxQuestions": MAX_QUESTIONS, "maxBytes": MAX_BYTES}
 
 
 def _request_of(text: Any) -> dict[str, Any] | None:
