@@ -571,3 +571,36 @@ def test_an_ask_tier_answer_waits_pending_and_the_final_answer_arrives_once_appr
         got = store.get(qid)
     assert got["state"] == "answered" and got["peers"][0]["attempts"] >= 2
     assert merged_answer(got)["results"][0]["source"] == "/kb-alice/deploy.md"
+
+
+@pytest.mark.iroh
+def test_a_rate_limited_answer_holds_every_question_for_that_peer_until_the_host_allows(world):
+    """The host's quota is per peer: once it answers ``rate-limited`` the runner asks none
+    of that peer's other kept questions before ``retry_after_s`` (an hour here) — the host
+    sees one query answered and one refused, not one per kept question."""
+    url, host_home, guest_home = world
+    quota = _kith(host_home, "policy", "quota", "--per-hour", "1", "--burst", "1")
+    assert quota.returncode == 0, quota.stderr
+    with OutboxStore(guest_home) as store:
+        key = PeerRegistry.load(guest_home).by_name("alice").public_key
+        qids = [store.add({"query": f"staging server deleted {i}", "topK": 3}, [("alice", key)])["id"]
+                for i in range(4)]
+    host = runner = None
+    try:
+        host, _inv = _start_host(host_home, url)
+        runner = _start_runner(guest_home)
+        assert _event(runner, "outbox-answered")["id"] == qids[0]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with OutboxStore(guest_home) as store:
+                second = store.get(qids[1])["peers"][0]
+            if second["attempts"]:
+                break
+            time.sleep(0.5)
+        assert second["code"] == "rate-limited" and second["state"] == "waiting"
+        time.sleep(3)  # the runner's next steps (every second at most) ask nothing more
+    finally:
+        _stop(runner, host)
+    with OutboxStore(guest_home) as store:
+        attempts = [store.get(q)["peers"][0]["attempts"] for q in qids]
+    assert attempts == [1, 1, 0, 0]
