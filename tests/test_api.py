@@ -63,6 +63,10 @@ def test_read_routes_answer(served) -> None:
     assert c["routes"] == {"GET": ["/health", "/stats", "/contract", "/openapi.json", "/outbox"],
                            "POST": ["/search", "/verify", "/outbox"]}
     assert list(c["writes"]) == ["POST /outbox"]  # the one write, named (specs/outbox.md)
+    # the contract allows exactly the routes served (POST /verify was missing, issue 32)
+    allowed = h["externalAgentContract"]["allowedOperations"]
+    assert sorted(allowed) == sorted(f"{m} {p}" for m, paths in c["routes"].items() for p in paths)
+    assert "POST /verify" in h["externalAgentContract"]["refusedOperations"][-1]
     for r in (h, s, c):
         assert str(root) not in json.dumps(r) and str(home) not in json.dumps(r)
 
@@ -170,7 +174,9 @@ def test_non_loopback_bind_is_refused(tmp_path: Path) -> None:
 
 def test_api_without_a_corpus_is_unavailable_not_an_error(tmp_path: Path) -> None:
     with run_api_in_thread(tmp_path / "fresh-home") as url:
-        assert httpx.get(url + "/health").json()["available"] is False
+        h = httpx.get(url + "/health").json()
+        assert h["available"] is False and h["status"] == "unavailable"
+        assert h["peers"] == {"available": False, "pinned": 0}  # no identity, nobody pinned
         env = httpx.post(url + "/search", json={"query": "anything"}).json()
         _valid(env)
         assert env["available"] is False and env["reason"] == "index-unavailable"

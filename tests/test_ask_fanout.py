@@ -442,6 +442,7 @@ def test_local_api_search_takes_peers_and_stays_read_only(tmp_path):
             bad = httpx.post(url + "/search", json={"query": "x", "peers": 7}, timeout=60)
             unknown = httpx.post(url + "/search", json={"query": "x", "peers": ["alice"], "bogus": 1}, timeout=60)
             put = httpx.put(url + "/search", json={"query": "x", "peers": ["alice"]}, timeout=60)
+            health = httpx.get(url + "/health", timeout=60).json()
     finally:
         for p in procs:
             p.kill()
@@ -458,6 +459,10 @@ def test_local_api_search_takes_peers_and_stays_read_only(tmp_path):
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "query-invalid"
     assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "query-invalid"
     assert put.status_code == 403
+    # a guest home (no corpus of its own) whose peer search works is not "unavailable"
+    # (issue 32): status ok, its own index unavailable, its peers askable
+    assert health["status"] == "ok" and health["peers"] == {"available": True, "pinned": 2}, health
+    assert health["available"] is False and health["reason"] == "index-unavailable"
 
 
 def test_a_restarted_host_is_re_resolved_from_the_community_server_never_resumed(tmp_path):

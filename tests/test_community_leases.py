@@ -85,6 +85,18 @@ def test_a_post_whose_lease_lapses_leaves_browse_and_is_refused_at_once(
         assert post_id in listed(base, tag="lease")
 
 
+def test_the_default_lease_takes_a_killed_host_out_of_browse_within_30_s(tmp_path: Path) -> None:
+    """Issue 30: a server with its defaults leases for 24 s and asks for a refresh every
+    8 s, so a killed host's post leaves browse within 24 s of its last refresh — inside
+    30 s of the kill — and two refreshes may still be lost."""
+    host = new_identity()
+    with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS) as base:
+        post_id = post(base, "/api/v1/invitations", invitation(host).to_dict(), host).json()["post_id"]
+        lease = post(base, f"/api/v1/invitations/{post_id}/lease", None, host).json()["lease"]
+    assert lease == {"ttl_s": 24.0, "refresh_s": 8.0}
+    assert lease["ttl_s"] <= 30 and lease["ttl_s"] / lease["refresh_s"] >= 3
+
+
 def test_lease_refresh_refusals(tmp_path: Path) -> None:
     host, other = new_identity(), new_identity()
     limits = RateLimits(per_key=RateLimit(1.0, 5), per_address=RateLimit(0, 1))

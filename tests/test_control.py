@@ -366,3 +366,33 @@ def test_quota_left_reads_a_bucket_without_taking_from_it():
     now[0] += 1.0  # one token back per second at 3600/h
     assert limiter.left(key, own) == 2
     assert limiter.left(key, Quota(0, 3, 65536)) == 0
+
+
+def test_status_says_policy_toml_is_broken_and_what_the_host_does(homes):
+    """`kith status` was silent about a policy.toml that does not load (issue 32): it says
+    so, and what the host does then — a running host keeps its last good policy, a host
+    not running refuses to start."""
+    host_home = homes["host"]
+
+    async def main() -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+        host = InProcessHost(host_home, homes["tmp"])
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(60):
+                await host.ready.wait()
+            (host_home / "policy.toml").write_text("[[rule]\n")  # half-edited
+            text = await anyio.to_thread.run_sync(lambda: kith(host_home, "status"))
+            data = await anyio.to_thread.run_sync(lambda: kith(host_home, "status", "--json"))
+            host.stop.set()
+        return text, data
+
+    text, data = anyio.run(main, backend="asyncio")
+    assert text.returncode == 0, text.stderr
+    assert "policy: policy.toml is not valid (policy-invalid: " in text.stdout, text.stdout
+    assert "the running host keeps the last good policy it read (1 rule(s), 0 group(s))" in text.stdout
+    policy = json.loads(data.stdout)["policy"]
+    assert (policy["ok"], policy["code"], policy["inForce"]) == (False, "policy-invalid", {"rules": 1, "groups": 0})
+    stopped = kith(host_home, "status")
+    assert "`kith host` refuses to start until it is fixed" in stopped.stdout, stopped.stdout
+    (host_home / "policy.toml").unlink()
+    assert "policy: 0 rule(s), 0 group(s)" in kith(host_home, "status").stdout

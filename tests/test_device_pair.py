@@ -55,6 +55,12 @@ def test_two_devices_pair_and_a_host_sees_one_person(tmp_path: Path):
     offer.answer("yes")  # the owner saw the same words on both
     out, err = joiner.communicate(timeout=30)
     assert joiner.returncode == 0, err
+    # it said whom it waited for, at each wait (it waited silently, issue 32)
+    desk_key = json.loads(kith(desk, "status", "--json").stdout)["identity"]["key"]
+    other = f"the device that printed the code ({desk_key[:16]}…)"
+    for line in (f"connecting to {other}…", f"waiting for {other} to check the code",
+                 f"waiting for you to confirm the words on {other}"):
+        assert line in err, err
     joined = json.loads(out.splitlines()[-1])
     rc, out, err = offer.finish()
     assert rc == 0, err

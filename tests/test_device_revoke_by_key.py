@@ -33,6 +33,18 @@ def test_a_device_sharing_this_devices_name_is_revoked_by_its_key(tmp_path: Path
     assert json.loads(r.stdout)["newly_revoked"] == [other]
     listed = json.loads(kith(first, "device", "list", "--json").stdout)["devices"]
     assert sorted((d["key"] == other, d["revoked"]) for d in listed) == [(False, False), (True, True)]
+    # every view of this person's devices says it (`device list` did, `person show` and
+    # `status` did not: issue 32), from one function (revocation_list.own_devices)
+    shown = json.loads(kith(first, "person", "show", "--json").stdout)["devices"]
+    status = json.loads(kith(first, "status", "--json").stdout)["identity"]["devices"]
+    for rows in (shown, status):
+        assert sorted((d["key"] == other, d["revoked"]) for d in rows) == [(False, False), (True, True)], rows
+    text = kith(first, "device", "list").stdout
+    assert f"{other[:16]}…" in text and text.count("REVOKED") == 1, text
+    text = kith(first, "person", "show").stdout
+    assert [ln for ln in text.splitlines() if "REVOKED" in ln] == \
+        [ln for ln in text.splitlines() if f"{other[:16]}…" in ln], text
+    assert "box REVOKED" in kith(first, "status").stdout
 
 
 def test_a_rotation_leaves_out_a_device_sharing_this_devices_name_by_its_key(tmp_path: Path):

@@ -500,6 +500,56 @@ def test_silent_peer_is_aborted_peer_unresponsive(echo, host_id, guest_id):
     assert "_error" in actions(host.data_to_send())
 
 
+INFLIGHT = Timeouts(handshake_step_s=10, ping_interval_s=10, unresponsive_s=30, idle_s=300,
+                   inflight_ping_s=1, inflight_unresponsive_s=4)
+
+
+def test_a_host_silent_while_a_question_is_out_is_gone_in_seconds(kq, host_id, guest_id):
+    """Issue 30 item 2: idle, 9 s of silence is nothing; once the guest's question is out
+    the in-flight bounds apply (a ping each second, gone 4 s after the later of the last
+    frame and the question), and the close says so; an answered question brings the lazy
+    heartbeat back."""
+    clock = Clock()
+    host, guest = pair(kq, host_id, guest_id, clock, INFLIGHT)
+    handshake(host, guest)
+    guest.data_to_send()
+    clock.t += 9
+    assert guest.tick() == [] and guest.data_to_send() == b""  # idle: no ping before 10 s
+    guest.send_message({"action": "query", "query_id": "q1", "query": "staging"})
+    host.receive_data(guest.data_to_send())
+    clock.t += 1
+    assert guest.tick() == [] and actions(guest.data_to_send()) == ["_ping"]  # in flight: every second
+    clock.t += 2.9
+    assert guest.tick() == []  # 3.9 s after the question: not yet (the silence before it does not count)
+    guest.data_to_send()
+    clock.t += 0.1
+    closed = [e for e in guest.tick() if isinstance(e, SessionClosed)]
+    assert closed and closed[0].code == "peer-unresponsive"
+    assert "13 s while its reply was due" in closed[0].message  # silent since its last frame
+
+
+def test_pongs_and_the_answer_keep_an_in_flight_session_alive(kq, host_id, guest_id):
+    clock = Clock()
+    host, guest = pair(kq, host_id, guest_id, clock, INFLIGHT)
+    handshake(host, guest)
+    guest.data_to_send()
+    guest.send_message({"action": "query", "query_id": "q1", "query": "staging"})
+    host.receive_data(guest.data_to_send())
+    for _ in range(10):  # a slow answer: 10 s of pings, each answered
+        clock.t += 1
+        assert guest.tick() == []
+        host.receive_data(guest.data_to_send())
+        guest.receive_data(host.data_to_send())
+    envelope = {"schemaVersion": 2, "available": True, "reason": None, "results": [],
+                **{k: None for k in ("queryPlan", "citationPack", "eventAggregation", "answerSynthesis", "quality",
+                                     "retrievalController", "agentic", "externalAgentContract")}}
+    host.send_message({"action": "results", "query_id": "q1", "status": "ok", "envelope": envelope})
+    guest.receive_data(host.data_to_send())
+    assert not guest.closed and guest.timers.awaiting_since is None
+    clock.t += 9
+    assert guest.tick() == [] and not guest.closed  # answered: the idle heartbeat again
+
+
 def test_pongs_keep_the_session_alive(echo, host_id, guest_id):
     clock = Clock()
     host, guest = pair(echo, host_id, guest_id, clock)

@@ -306,7 +306,8 @@ def test_status_shows_this_homes_person_its_devices_and_rotations(kith, tmp_path
     assert kith(home, "person", "rotate").exit_code == 0
     ident = _json(kith(home, "status", "--json"))["identity"]
     assert ident["person"] != rec.person_key and ident["rotations"] == 1
-    assert ident["devices"] == [{"name": "laptop", "key": load_identity(home).public_key, "this": True}]
+    assert ident["devices"] == [{"name": "laptop", "key": load_identity(home).public_key, "this": True,
+                                 "revoked": False}]
     assert "devices: laptop (this device)  rotated 1 time(s)" in kith(home, "status").stdout
 
 
@@ -402,3 +403,21 @@ def test_a_grant_that_ended_reads_ended_everywhere_the_owner_looks(kith, tmp_pat
     groups = peers.split('data-group="team"', 1)[1].split("</tr>", 1)[0]
     assert f"ended {past}" in groups and "until 2031-01-01T00:00:00Z" in groups
     assert f"ended {past}" in policy
+
+
+def test_every_view_reads_ended_and_revoked_from_one_function() -> None:
+    """Issue 32: no view computes "ended" or "revoked" its own way. The CLI and the
+    dashboard word a grant's end with node.common.grants.until_text / ended, and a device's
+    revocation with node.trust.revocation_list (own_devices, revoked_seen_devices)."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    views = [*(repo / "node" / "cli").glob("*.py"), *(repo / "node" / "local" / "dashboard").rglob("*.py"),
+             *(repo / "node" / "local" / "dashboard").rglob("*.html")]
+    own_way = []
+    for path in views:
+        text = path.read_text(encoding="utf-8")
+        if re.search(r"\bin_force\(", text) or ".revokes(" in text:
+            own_way.append(str(path.relative_to(repo)))
+    assert own_way == [], own_way

@@ -93,6 +93,15 @@ def test_unknown_host_needs_trust_and_post_id_needs_server(tmp_path):
         r = kith(initialized(tmp_path / "guest"), "join", str(invite), "--local", "--query", "x", input="")
         assert r.returncode == 1 and "host-not-trusted" in r.stderr
         assert "SHA256:" in r.stderr  # the fingerprint is shown
+        # the words can be compared before trusting: the host prints them only once a
+        # session starts, so the guest names the command its owner runs (issue 32)
+        import re
+
+        guest_key = json.loads(kith(tmp_path / "guest", "status", "--json").stdout)["identity"]["key"]
+        words = re.search(r"pairing code: (\w+ \w+ \w+ \w+ \w+) ", r.stderr).group(1)
+        assert f"`kith peers code {guest_key}`" in r.stderr, r.stderr
+        on_host = kith(home, "peers", "code", guest_key)
+        assert on_host.returncode == 0 and on_host.stdout.strip() == words, (on_host.stdout, words)
         r = kith(initialized(tmp_path / "guest"), "join", host.invitation["post_id"], "--local", "--trust", "--query", "x")
         assert r.returncode == 1 and "no-server" in r.stderr
     finally:
@@ -129,6 +138,7 @@ def test_single_use_invitation_is_refused_by_the_host_itself(tmp_path):
         assert first.returncode == 0, first.stderr
         second = kith(initialized(tmp_path / "guest2"), "join", str(invite), "--local", "--trust", "--query", "WAL", "--json")
         assert second.returncode == 1
-        assert json.loads(second.stdout.splitlines()[-1])["error"]["code"] == "handshake-unknown-post"
+        err = json.loads(second.stdout.splitlines()[-1])["error"]
+        assert err["code"] == "invitation-gone" and "handshake-unknown-post" in err["message"]
     finally:
         host.stop()

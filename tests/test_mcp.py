@@ -96,3 +96,44 @@ def test_peer_search_refuses_a_bad_invitation_without_connecting(home: Path) -> 
     assert "[invitation-malformed]" in malformed.content[0].text
     text = res.content[0].text
     assert "[file-not-found]" in text and "no such file" in text and str(home) not in text
+
+
+@pytest.mark.parametrize("mode,era", [("legacy", "2025-11-25"), ("auto", "2026-07-28")])
+def test_the_server_says_who_it_is_and_only_what_it_has_in_both_eras(home: Path, mode: str, era: str) -> None:
+    """Issue 32: the official SDK's client, in the 2025-11-25 ``initialize`` era and the
+    2026-07-28 ``server/discover`` era, sees Kith's version (it was empty), the ``tools``
+    capability alone (prompts and resources were advertised but none exist, and
+    list-changed notifications none are sent), and — where the revision has caching
+    hints — a tool list it may cache (it was ``ttlMs: 0``)."""
+    from mcp.client.client import Client
+    from mcp.shared.exceptions import MCPError
+
+    from node import __version__
+
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"],
+        cwd=str(REPO))
+
+    async def main():
+        async with Client(params, mode=mode) as c:
+            listed = await c.list_tools()
+            found = await c.call_tool("search", {"query": "staging server deleted", "topK": 3})
+            refused = []
+            for call in (c.list_prompts, c.list_resources):
+                try:
+                    await call()
+                except MCPError as exc:
+                    refused.append(exc.error.code)
+            return c.protocol_version, c.server_info, c.server_capabilities, listed, found, refused
+
+    version, info, caps, listed, found, refused = anyio.run(main)
+    assert version == era
+    assert info.name == "kith" and info.version == __version__
+    assert caps.tools is not None and caps.tools.list_changed is False
+    assert caps.prompts is None and caps.resources is None
+    assert refused == [-32601, -32601]  # method not found: nothing behind what is not advertised
+    assert [t.name for t in listed.tools] == ["search", "verify", "ask_later", "outbox"]
+    if era == "2026-07-28":
+        assert listed.ttl_ms >= 60_000 and listed.cache_scope == "public"
+    assert _structured(found)["results"][0]["source"] == "/kb/deploy.md"

@@ -66,6 +66,7 @@ def test_the_agent_notice_is_not_printed_to_a_person_at_a_terminal(monkeypatch) 
     import io
 
     from node.cli import ask_cmd
+    from node.answer.fence import TEXT_NOTICE
     from node.runtime.fanout import UNTRUSTED_NOTICE
 
     env = {"results": [{"rank": 1, "source": "/docs/a.md", "textPreview": "text", "untrusted": True,
@@ -80,7 +81,34 @@ def test_the_agent_notice_is_not_printed_to_a_person_at_a_terminal(monkeypatch) 
         monkeypatch.setattr(ask_cmd.console, "_file", buf)
         monkeypatch.setattr(ask_cmd.console, "_force_terminal", terminal)
         ask_cmd.render(env)
-        assert ("[alice] /docs/a.md" in buf.getvalue()) and ((UNTRUSTED_NOTICE in buf.getvalue()) is not terminal), terminal
+        assert ("[alice] /docs/a.md" in buf.getvalue()) and ((TEXT_NOTICE in buf.getvalue()) is not terminal), terminal
+        # the text names no JSON field it does not show (issue 32)
+        assert "untrusted" not in buf.getvalue().lower(), buf.getvalue()
+
+
+def test_kith_ask_text_shows_each_peers_source_id_when_they_differ(monkeypatch) -> None:
+    """Two peers returned the same text under different source ids: the text output
+    showed only the first one's; it names each peer's own (issue 32)."""
+    import io
+
+    from node.cli import ask_cmd
+    from node.runtime.fanout import PeerRow, fuse
+
+    alice, bob = PeerRow("alice", "a" * 64, status="ok"), PeerRow("bob", "b" * 64, status="ok")
+    same = "The same paragraph, word for word."
+    merged = fuse([(alice, [{"source": "/alice-notes/tempfile.md", "id": "c1", "textPreview": same}], True),
+                   (bob, [{"source": "/bob-docs/lib/tempfile.md", "id": "c9", "textPreview": same}], True),
+                   (PeerRow("carol", "c" * 64, status="ok"),
+                    [{"source": "/c/other.md", "id": "c2", "textPreview": "Something else."}], True)], 5)
+    env = {"results": merged, "answered": 3, "missing": [], "notice": "",
+           "peers": [alice.to_dict(), bob.to_dict()]}
+    buf = io.StringIO()
+    monkeypatch.setattr(ask_cmd.console, "_file", buf)
+    monkeypatch.setattr(ask_cmd.console, "_force_terminal", True)
+    ask_cmd.render(env)
+    out = buf.getvalue()
+    assert "[alice] /alice-notes/tempfile.md; [bob] /bob-docs/lib/tempfile.md" in out, out
+    assert "[carol] /c/other.md" in out, out
 
 
 def test_the_readme_tells_users_only_what_they_have() -> None:
@@ -117,10 +145,22 @@ def test_a_lost_dashboard_login_link_is_replaced_without_a_restart(tmp_path: Pat
             assert new.returncode == 0, new.stderr
             link = json.loads(new.stdout)["login"]
             assert link != first["login"] and link.startswith(first["url"] + "/login?token=")
-            assert old.get("/").status_code == 401  # the earlier session ended with its token
+            # a browser signed in already stays signed in (it was logged out: issue 32)
+            assert old.get("/").status_code == 200
             with httpx.Client(base_url=first["url"], timeout=30, follow_redirects=False) as fresh:
-                assert fresh.get(first["login"]).status_code == 403
+                refused = fresh.get("/")
+                assert refused.status_code == 401
+                assert "--login-link" in refused.text and "restart" not in refused.text, refused.text
+                spent = fresh.get(first["login"])
+                assert spent.status_code == 403 and "--login-link" in spent.text and "restart" not in spent.text
                 assert fresh.get(link).status_code == 303 and fresh.get("/").status_code == 200
+                # each session has its own CSRF token: one browser's form token is not the other's
+                import re
+
+                tokens = [re.search(r'name="?csrf"? value="([^"]+)"', c.get("/policy").text).group(1)
+                          for c in (old, fresh)]
+                assert tokens[0] != tokens[1]
+                assert old.get("/").status_code == fresh.get("/").status_code == 200
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(20)

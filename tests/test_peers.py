@@ -255,3 +255,39 @@ def test_policy_for_override_cli(kith, tmp_path: Path) -> None:
 
 def test_policy_error_is_a_policy_error() -> None:
     assert issubclass(PolicyError, KithError)
+
+
+def test_peers_code_of_a_person_pin_gives_each_devices_words(tmp_path: Path) -> None:
+    """A person pin's key is a person key, which no device's words are made of: `kith
+    peers code` showed words nobody compares (issue 32). It gives those of each device
+    seen, the words that device and this node see in a session."""
+    import os
+    import subprocess
+    import sys
+
+    from node.trust.identity import load_identity
+    from node.trust.pairing import pairing_code
+    from node.trust.peers import PeerRegistry, note_device
+    from node.trust.signing import public_key_of
+
+    home = tmp_path / "home"
+
+    def kith(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "node.cli.main", "--home", str(home), *args],
+                              capture_output=True, text=True, timeout=120)
+
+    assert kith("init").returncode == 0
+    person = public_key_of(os.urandom(32))
+    assert kith("peers", "add", "alice", person, "--devices").returncode == 0
+    none_yet = kith("peers", "code", "alice")
+    assert none_yet.returncode == 0 and "none of its devices has joined yet" in none_yet.stdout, none_yet.stdout
+    own = load_identity(home).public_key
+    assert pairing_code(own, person) not in none_yet.stdout
+    laptop = os.urandom(32).hex()
+    registry = PeerRegistry.load(home)
+    note_device(registry, registry.peers["alice"], laptop, "laptop")
+    got = json.loads(kith("peers", "code", "alice", "--json").stdout)
+    assert got["pairing_code"] is None
+    assert got["devices"] == [{"key": laptop, "name": "laptop", "pairing_code": pairing_code(own, laptop)}]
+    text = kith("peers", "code", "alice").stdout
+    assert f"laptop ({laptop[:16]}…): {pairing_code(own, laptop)}" in text, text

@@ -257,3 +257,27 @@ def test_identity_of_a_guest_is_untouched_by_its_chain(echo):
     pair.handshake()
     proof = _ready(pair.host_events)[0].proof
     assert proof["guest_public_key"] == guest.public_key and "binding_chain" not in proof
+
+
+def test_two_homes_on_one_machine_get_two_device_names(tmp_path):
+    """Both homes of the README's one-machine set-up were named after the host name
+    (issue 32): a home that is not the platform default adds its folder's name."""
+    import socket
+    import subprocess
+    import sys
+
+    import platformdirs
+
+    from node.trust.person import default_device_name, load_person
+
+    names = []
+    for home in (tmp_path / "kith-host", tmp_path / "kith-guest"):
+        r = subprocess.run([sys.executable, "-m", "node.cli.main", "--home", str(home), "init"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        rec = load_person(home)
+        names.append(rec.devices[0]["device_name"])
+        assert f"this device: {names[-1]!r}" in r.stdout, r.stdout
+    host = socket.gethostname().strip() or "device"
+    assert names == [f"{host}-kith-host"[:64], f"{host}-kith-guest"[:64]]
+    assert default_device_name(platformdirs.user_data_dir("kith")) == host[:64]  # the default home: the host name

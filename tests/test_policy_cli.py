@@ -105,3 +105,32 @@ def test_explain_maps_real_paths_through_the_corpus_roots(kith, tmp_path: Path) 
     # no corpus at all: explain still answers, textual rules only
     other = tmp_path / "bare"
     assert _json(kith(other, "explain", "/docs/x.md", "--json"))["canonical"] == "/docs/x.md"
+
+
+def test_check_flags_rules_and_groups_naming_a_peer_no_longer_pinned(tmp_path: Path) -> None:
+    """`kith policy check` said nothing of a rule or group naming a peer removed from
+    peers.json (issue 32): such a name grants nothing, and the check lists it."""
+    import os
+
+    home = initialized(tmp_path / "home")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run([str(KITH), "--home", str(home), *args], capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, (args, r.stderr)
+        return r
+
+    for name in ("alice", "bob"):
+        run("peers", "add", name, os.urandom(32).hex())
+    run("policy", "set", "/docs/team/**", "peers", "--peer", "alice", "--peer", "bob")
+    run("policy", "set", "/docs/bob/**", "public", "--for", "bob")
+    run("peers", "group", "add", "team", "alice", "bob")
+    clean = json.loads(run("policy", "check", "--json").stdout)
+    assert clean["notPinned"] == []
+    assert "every peer the rules and groups name is pinned" in run("policy", "check").stdout
+    run("peers", "remove", "bob")
+    got = json.loads(run("policy", "check", "--json").stdout)["notPinned"]
+    assert {(n["where"], n["name"]) for n in got} == {
+        ("/docs/team/** → peers", "bob"), ("/docs/bob/** → public (override for bob)", "bob"), ("@team", "bob")}, got
+    text = run("policy", "check").stdout
+    assert "rules and groups naming a peer that is not pinned" in text and "  @team: bob" in text, text

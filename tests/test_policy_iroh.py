@@ -291,9 +291,9 @@ def test_join_pins_the_host_and_refuses_a_changed_key(world) -> None:
     invite3 = tmp / "invite-other.json"
     host3 = Host(other, "--invite-file", str(invite3))
     try:
-        # --pin with a name pinned to another key: refused before connecting
+        # --pin with a name pinned to another key: refused before connecting, as a name taken
         r = kith(bob, "join", str(invite3), "--local", "--trust", "--pin", "hosty", "--query", "x", "--json")
-        assert r.returncode == 1 and json.loads(r.stdout)["error"]["code"] == "host-key-changed"
+        assert r.returncode == 2 and json.loads(r.stdout)["error"]["code"] == "pin-name-taken"
         # connecting anyway: the host claims "hosty" in its profile → the guest refuses
         r = kith(bob, "join", str(invite3), "--local", "--trust", "--query", "temporary", "--json")
         assert r.returncode == 1 and "host-key-changed" in r.stderr

@@ -166,6 +166,16 @@ def test_a_bad_scrub_table_is_refused_with_its_code(tmp_path, toml, code):
     assert err.value.code == code
 
 
+@pytest.mark.parametrize("who", ['""', '"@"', '["*"]', '"bad name"', '"@bad name"'])
+def test_a_bad_scrub_for_is_refused_naming_the_for_key(tmp_path, who):
+    """The message names the key the owner wrote (``for``), not the override's ``peer``."""
+    (tmp_path / "policy.toml").write_text(f'[[scrub]]\nfor = {who}\nkinds = ["email"]\n')
+    with pytest.raises(PolicyError) as err:
+        Policy.load(tmp_path)
+    assert err.value.code == "policy-invalid"
+    assert "[[scrub]] #1: 'for' must be" in str(err.value)
+
+
 def test_set_scrub_refuses_tiers_that_never_leave_and_unknown_kinds(tmp_path):
     policy = Policy()
     for target, kinds, code in (("never", ["email"], "policy-invalid"), ("public", ["mail"], "scrub-bad-kind"),
@@ -393,3 +403,26 @@ def test_a_scrubbed_view_never_ranks_by_vectors_of_the_stored_text(corpus_home):
         _, controller = corpus.search_hits("walrus", limit=5, lens=lens)
         entry = next(p for p in controller["passes"] if p["name"] == "dense")
         assert (entry["status"], entry["reason"]) == ("skipped", "scrubbed-view")
+
+
+@pytest.mark.parametrize("before", [
+    "word2002 ",        # a word ending in digits (a long paragraph of numbered words)
+    "order 12 ",        # a number just before the card
+    "ref 2024 ",        # a year
+    "qty 3 x ",
+    "2002-",            # the same, hyphenated
+])
+def test_a_card_after_another_number_is_still_found(before):
+    """The card pattern is greedy to the left too: "2002 4111 1111 1111 1111" is one
+    candidate that starts with no card prefix; the card inside it must still be found."""
+    out = scrub(f"{before}4111 1111 1111 1111 and 5555555555554444 end", ["card"])
+    assert out == f"{before}[card] and [card] end"
+
+
+@pytest.mark.parametrize("text,want", [
+    ("ref DE12 DE89 3704 0044 0532 0130 00 x", "ref DE12 [iban] x"),   # a code just before it
+    ("GB82 WEST 1234 5698 7654 32 DE89 3704 0044 0532 0130 00", "[iban] [iban]"),  # two in a row
+    ("4111111111111111 5555555555554444", "[card] [card]"),
+])
+def test_a_value_right_before_or_after_another_candidate_is_found(text, want):
+    assert scrub(text, KINDS) == want

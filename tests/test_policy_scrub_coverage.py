@@ -384,3 +384,93 @@ def test_on_a_terminal_the_change_is_asked_about_and_made_only_on_yes(home, repl
     else:
         assert proc.returncode == 1 and "scrub-would-lapse" in proc.stderr
         assert (home / "policy.toml").read_bytes() == before
+
+
+def test_a_scrub_glob_that_matches_no_indexed_source_is_warned_about_and_listed_by_check(home, tmp_path):
+    """A real path (``/tmp/…/contacts/**``) or a typo as --glob scrubs nothing: the owner is
+    told at once and by ``policy check`` (as for a rule), with the folder meant."""
+    _ok(home, "policy", "set", "/contacts/**", "public")
+    real = str(tmp_path / "contacts") + "/**"
+    result = _ok(home, "policy", "scrub", "--for", "*", "--glob", real, "email")
+    assert f"warning: {real} matches no indexed source" in result.output
+    assert "/contacts/**" in result.output.split("warning:")[1]  # did you mean …
+    result = _ok(home, "policy", "scrub", "--for", "*", "--glob", "/contacts/**", "card")
+    assert "matches no indexed source" not in result.output
+    check = json.loads(_ok(home, "policy", "check", "--json").stdout)
+    assert check["unmatchedScrub"] == [{"glob": real, "for": "*", "kinds": ["email"], "suggestions": ["/contacts/**"]}]
+    text = _ok(home, "policy", "check").output
+    assert "scrub entries that match no indexed source (they scrub nothing):" in text and real in text
+
+
+def test_hand_edited_rows_of_the_record_that_name_no_kind_or_recipient_are_left_out(home):
+    """A row whose kinds are not scrub kinds, or whose ``for`` is a group, empty or no
+    registry name, is dropped on read (the record stores names, never groups): ``policy
+    check`` lists no ``an anonymous peer:  no longer scrubbed`` line for it."""
+    _ok(home, "policy", "set", "/contacts/**", "public")
+    rows = [{"glob": None, "for": "*", "kinds": ["foo"], "first": "", "last": ""},
+            {"glob": None, "for": "*", "kinds": ["EMAIL", "card"], "first": "", "last": ""},
+            {"glob": "/contacts/**", "for": "@team", "kinds": ["email"], "first": "", "last": ""},
+            {"glob": None, "for": "bad name!", "kinds": ["card"], "first": "", "last": ""},
+            {"glob": None, "for": "", "kinds": ["phone"], "first": 1, "last": None}]
+    (home / RECORD_FILE).write_text(json.dumps({"version": 1, "rows": rows}))
+    record = ScrubRecord.load(home)
+    assert {k: v["kinds"] for k, v in record.rows.items()} == {(None, "*"): ["card"]}
+    check = json.loads(_ok(home, "policy", "check", "--json").stdout)
+    assert check["unscrubbed"] == [{"for": None, "kinds": ["card"], "count": 1, "sources": ["/contacts/keeper.md"]}]
+
+
+def test_two_writers_of_the_record_keep_both_their_rows(tmp_path):
+    """A command that read the record before a running host added a reloaded policy's rows
+    (or another command) must not write them away when it saves its own."""
+    first = Policy()
+    first.set_scrub("bob", ["card"], glob="/docs/**")
+    second = Policy()
+    second.set_scrub("*", ["email"])
+    stale = ScrubRecord.load(tmp_path)  # e.g. `kith policy scrub` scanning the corpus ...
+    host = ScrubRecord.load(tmp_path)   # ... while the host reloads a hand edit
+    host.add(first)
+    host.save(tmp_path)
+    stale.add(second)
+    stale.save(tmp_path)
+    kept = ScrubRecord.load(tmp_path)
+    assert {k: v["kinds"] for k, v in kept.rows.items()} == {("/docs/**", "bob"): ["card"], (None, "*"): ["email"]}
+
+
+def test_a_change_measured_on_a_policy_that_changed_meanwhile_is_refused(home):
+    """Two commands at once: the second one's guard measured the file as it was, so writing
+    its copy would drop what the first one wrote (here a scrub entry, silently): refused
+    with policy-changed, nothing written."""
+    from node.common.errors import PolicyError
+    from node.policy.scrub_coverage import change_unscrubs, commit_change
+
+    _ok(home, "policy", "set", "/contacts/**", "public")
+    before, after = Policy.load(home), Policy.load(home)
+    after.set("/notes/**", "public")
+    lapsed, record = change_unscrubs(home, before, after)
+    assert lapsed == []
+    _ok(home, "policy", "scrub", "--for", "*", "card")  # another command, meanwhile
+    written = (home / "policy.toml").read_bytes()
+    with pytest.raises(PolicyError) as err:
+        commit_change(home, record, before, after, after.save)
+    assert err.value.code == "policy-changed"
+    assert (home / "policy.toml").read_bytes() == written
+    assert Policy.load(home).scrub_kinds("/contacts/keeper.md", None) == {"card"}
+
+
+def test_policy_check_lists_what_a_pin_that_ended_serves_unscrubbed(home):
+    """A pin whose --until passed makes its key an anonymous peer (specs/policy.md §9.0):
+    what was scrubbed for that name only now reaches the key unscrubbed, and ``policy
+    check`` says so (it said "nothing … is served unscrubbed")."""
+    from node.trust.peers import PeerRegistry
+
+    _ok(home, "policy", "set", "/contacts/**", "public")
+    _ok(home, "peers", "add", "carol", ALICE, "--until", "1h")
+    _ok(home, "policy", "scrub", "--for", "carol", "card")
+    assert json.loads(_ok(home, "policy", "check", "--json").stdout)["unscrubbed"] == []
+    doc = json.loads((home / "peers.json").read_text())
+    doc["peers"]["carol"]["until"] = "2020-01-01T00:00:00Z"  # the pin ended (a clock that moved on)
+    (home / "peers.json").write_text(json.dumps(doc))
+    assert PeerRegistry.load(home).by_name("carol") is not None
+    check = json.loads(_ok(home, "policy", "check", "--json").stdout)
+    assert check["unscrubbed"] == [{"for": "carol", "kinds": ["card"], "count": 1, "sources": ["/contacts/keeper.md"]}]
+    assert "carol (pin ended, now an anonymous peer): card no longer scrubbed" in _ok(home, "policy", "check").output

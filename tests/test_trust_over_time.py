@@ -246,8 +246,8 @@ def test_watcher_reports_policy_reloads(tmp_path):
     watcher.poll()
     (tmp_path / "policy.toml").write_text("[[rule]\n")
     watcher.poll()
-    assert events == [{"event": "policy-reloaded", "ok": True, "rules": 1},
-                      {"event": "policy-reloaded", "ok": False, "code": "policy-invalid"}]
+    assert events == [{"event": "policy-reloaded", "ok": True, "rules": 1, "code": None},
+                      {"event": "policy-reloaded", "ok": False, "rules": None, "code": "policy-invalid"}]
 
 
 # ------------------------------------------------- ending sessions in every state (memory pipe)

@@ -541,6 +541,13 @@ def _controller(request: dict[str, Any] | None, reason: str | None,
             "stopReason": "budget-exhausted" if reason == "budget-exhausted" else None}
 
 
+#: The local API's routes, all read-only but ``POST /outbox``, its one write (it keeps a
+#: question in this node's own outbox; specs/outbox.md) (node/local/api.py serves exactly these;
+#: ``allowedOperations`` below lists them): method -> paths.
+API_ROUTES: dict[str, tuple[str, ...]] = {"GET": ("/health", "/stats", "/contract", "/openapi.json", "/outbox"),
+                                          "POST": ("/search", "/verify", "/outbox")}
+
+
 def _external_contract() -> dict[str, Any]:
     return {
         "name": "kith-read-only-search",
@@ -548,11 +555,11 @@ def _external_contract() -> dict[str, Any]:
         "readOnly": True,
         "usagePrompt": USAGE_PROMPT,
         "recallPriority": ["conversation-and-local-files", "agent-runtime-memory", "kith-search"],
-        "allowedOperations": ["GET /health", "GET /stats", "GET /contract", "POST /search"],
+        "allowedOperations": [f"{m} {p}" for m, paths in API_ROUTES.items() for p in paths],
         "citeWith": "citationPack.citations[].citationId",
         "refusedOperations": ["POST /index", "POST /sync", "PUT /settings", "POST /memory",
                               "POST /server/stop", "DELETE *", "any method but GET, except "
-                              "POST /search"],
+                              + " and ".join(f"POST {p}" for p in API_ROUTES["POST"])],
         "maxSearchCalls": MAX_SEARCH_CALLS,
         "clientDeadlineSeconds": CLIENT_DEADLINE_S,
         "serverBudgetCapSeconds": MAX_SERVER_BUDGET_MS // 1000,

@@ -20,6 +20,17 @@ from node.cli.common import (DISCOVERY_HELP, LAN_HELP, OFFLINE_HELP, RELAY_HELP,
                              err_console, identity_home_of, safe_text, transport_mode)
 
 
+def _who_said(r: dict[str, Any]) -> str:
+    """``[alice, bob] /src/a.md`` — or, when the peers returned the same text under
+    different source ids, each peer with its own: ``[alice] /x/a.md; [bob] /y/a.md``."""
+    atts = [{**a, "source": a.get("source", r["source"])}
+            for a in r["attributions"] or [{"peer": r["peer"], "source": r["source"]}]]
+    if len({a["source"] for a in atts}) <= 1:
+        who = ", ".join(safe_text(a["peer"]["name"]) for a in atts)
+        return f"[{who}] {safe_text(r['source'])}"
+    return "; ".join(f"[{safe_text(a['peer']['name'])}] {safe_text(a['source'])}" for a in atts)
+
+
 def render(env: dict[str, Any]) -> None:
     """Print the merged answer for a person: results (who said it), then the per-peer
     table. Peer text is neutralised (:func:`safe_text`) and never parsed as markup."""
@@ -35,10 +46,8 @@ def render(env: dict[str, Any]) -> None:
 
     lines: list[Line] = []
     for r in results:
-        who = ", ".join(safe_text(a["peer"]["name"]) for a in r["attributions"])
         where = location_text(r.get("location"))
-        lines.append(Line(f"#{r['rank']} [{who}] {safe_text(r['source'])}" + (f"  {where}" if where else ""),
-                          indent=2, hang=5))
+        lines.append(Line(f"#{r['rank']} {_who_said(r)}" + (f"  {where}" if where else ""), indent=2, hang=5))
         heading = heading_text(r.get("location"))
         if heading:
             lines.append(Line(heading, indent=5, hang=5))
@@ -53,9 +62,12 @@ def render(env: dict[str, Any]) -> None:
     for text in format_lines(lines, width):
         console.print(text, highlight=False, markup=False, soft_wrap=True)
     if any(r["untrusted"] for r in results) and not console.is_terminal:
-        # the notice speaks to an agent reading the output (it names the JSON field); a
-        # person at a terminal sees who said what from the [peer] attributions (issue 20)
-        console.print(env["notice"], highlight=False, markup=False, style="dim")
+        # the notice speaks to an agent reading the output — in the words of this output,
+        # not of the JSON's `untrusted` field; a person at a terminal sees who said what
+        # from the [peer] attributions (issue 20)
+        from node.answer.fence import TEXT_NOTICE
+
+        console.print(TEXT_NOTICE, highlight=False, markup=False, style="dim")
     table = Table("peer", "status", "detail", "latency", "results", "path", box=None, header_style="bold")
     for p in env["peers"]:
         detail = p["code"] or ""
@@ -103,7 +115,9 @@ def ask_cmd(
     if all_peers and peer:
         raise UsageError("usage", "give --peer NAME... or --all-peers, not both")
     registry = PeerRegistry.load(home)
-    names = sorted(n for n, r in registry.peers.items() if not registry.is_blocked(r.public_key)) if all_peers else list(peer)
+    from node.runtime.fanout import askable_peers
+
+    names = askable_peers(registry) if all_peers else list(peer)
     if not names and not local_corpus:
         if all_peers:
             raise UsageError("usage", "--all-peers: no unblocked peer is pinned here "
@@ -141,6 +155,11 @@ def ask_cmd(
             for p in env["peers"]:
                 if p["status"] == "pending-approval" and p["approvalId"]:
                     err_console.print(f"{safe_text(p['name'])}: waiting for its owner's approval ({p['approvalId']})",
+                                      highlight=False, markup=False)
+                elif p.get("lastHeardAt"):  # went silent with the question out (specs/session.md §7.2)
+                    err_console.print(f"{safe_text(p['name'])} stopped answering: nothing from it since "
+                                      f"{p['lastHeardAt']} while the question was out; it was stopped, went to "
+                                      "sleep or lost its network — ask again once it is back",
                                       highlight=False, markup=False)
         sys.stdout.flush()
 

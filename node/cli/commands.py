@@ -26,7 +26,7 @@ protocol_app = typer.Typer(help="Work with protocol folders (spec.json + hooks.p
 def init_cmd(
     ctx: typer.Context,
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
-    device_name: Optional[str] = typer.Option(None, "--device-name", metavar="NAME", help="This device's name in its binding (default: the host name; 1-64 printable characters)."),
+    device_name: Optional[str] = typer.Option(None, "--device-name", metavar="NAME", help="This device's name in its binding (default: the host name, plus -HOMEDIR for a --home that is not the default one; 1-64 printable characters)."),
 ) -> None:
     """Create this device's Ed25519 key (the iroh endpoint id) and a person key that binds it.
 
@@ -139,6 +139,7 @@ def host_cmd(
     evict_idle_after: float = typer.Option(30.0, "--evict-idle-after", min=0.0, max=86_400.0, metavar="SECONDS", help="An anonymous session that answered no query (rate-limited answers do not count) for this long may be ended with session-evicted for a guest that already holds a session; a guest with none evicts a session quiet for 2 s at once."),
     max_failed_handshakes: int = typer.Option(10, "--max-failed-handshakes", min=1, max=1_000_000, help="Failed handshakes (a live post named, then verification failed) before a key is refused for --failure-cooldown, and before a single-use or file-mode post is retired."),
     failure_cooldown: float = typer.Option(600.0, "--failure-cooldown", min=1.0, max=30 * 86_400.0, metavar="SECONDS", help="How long a key over --max-failed-handshakes is refused (handshake-too-many-failures)."),
+    new_invitation: bool = typer.Option(False, "--new-invitation", help="File mode: stop honouring the invitations of earlier runs (kept in <home>/posts.json until their own expiry or use count) and sign a new one; their guests are told to ask for a new invitation."),
     sign_citations: bool = typer.Option(False, "--sign-citations", help="Sign a citation for each result a guest asks citations for (`kith verify` checks them). A signed answer cannot be denied later. Default: off (such guests get unsigned results marked signing-off)."),
 ) -> None:
     """Share this node's corpus: publish an invitation and serve guests until Ctrl-C/SIGTERM.
@@ -177,6 +178,9 @@ def host_cmd(
     opts.watch = watch
     opts.audit_queries = audit_queries
     opts.sign_citations = sign_citations
+    if new_invitation and server:
+        raise UsageError("usage", "--new-invitation is for file mode: a server post is withdrawn at every exit")
+    opts.new_invitation = new_invitation
     codes_shown: set[str] = set()  # unknown guests whose pairing code was printed
     opts.anonymous_sessions = anonymous_slots
     opts.evict_idle_after_s = evict_idle_after
@@ -208,6 +212,12 @@ def host_cmd(
                               + ("; republishing" if ev["republish"] else "; not republishing"))
             elif ev["event"] == "post-renewed":
                 console.print(f"  post {ev['post_id']} now expires {ev['expires_at']}")
+            elif ev["event"] == "post-restored":  # a post of an earlier run, honoured again (issue 30)
+                uses = f"{ev['uses']} of {ev['max_sessions']}" if ev["max_sessions"] is not None else str(ev["uses"])
+                console.print(f"  {'this invitation' if ev['current'] else 'earlier invitation ' + ev['post_id']} "
+                              f"is kept from the last run ({uses} session(s) used, expires {ev['expires_at']}): "
+                              "invitations saved from it keep working" + ("" if not ev["current"] else
+                              "; --new-invitation signs a new one"), highlight=False, markup=False)
             elif ev["event"] == "session-started":
                 who = f"{ev['peer'][:16]}…"
                 if ev.get("via_person"):  # a device holding a person pin's grants (specs/peers.md §10)
@@ -332,14 +342,46 @@ def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None,
         suggested = re.sub(r"[^A-Za-z0-9_.-]+", "-", profile.get("displayName", "")).strip("-._")[:64]
         suggested = suggested if NAME_RE.fullmatch(suggested or "-") and suggested not in registry.peers else ""
         shown = f" (it calls itself {suggested!r})" if suggested else ""
-        try:
-            pin = _prompt(f"Pin this host in your peer registry{shown}? Type a name, or Enter to skip: ").strip()
-        except EOFError:
-            return
-        if not pin:
+        pin = _ask_pin_name(f"Pin this host in your peer registry{shown}? Type a name, or Enter to skip: ",
+                            registry)
+        if pin is None:
             return
     rec = registry.add(pin, key, profile=profile, invitation=invitation, server=server)
     err_console.print(f"pinned the host as {rec.name!r}", highlight=False, markup=False)
+
+
+#: Answers of the ``[y/N]`` trust question that are never taken as a peer name (issue 30).
+YES_NO_ANSWERS = frozenset({"y", "n", "yes", "no"})
+#: How often the name prompt asks again after an answer it cannot take.
+PIN_NAME_TRIES = 5
+
+
+def _ask_pin_name(question: str, registry: Any) -> str | None:
+    """Ask for a peer name on the terminal until one can be pinned: a yes/no answer
+    (:data:`YES_NO_ANSWERS`, typed for the trust question before it), a name that is not
+    a peer name, or one already pinned is refused with the reason and asked again, at
+    most :data:`PIN_NAME_TRIES` times. Returns the name, or None (Enter, Ctrl-D, or no
+    usable name after the last try: nothing is pinned)."""
+    from node.trust.peers import NAME_RE
+
+    for _ in range(PIN_NAME_TRIES):
+        try:
+            name = _prompt(question).strip()
+        except EOFError:
+            return None
+        if not name:
+            return None
+        if name.lower() in YES_NO_ANSWERS:
+            why = f"{name!r} reads as an answer, not a name: type a name for this host (its owner's, say)"
+        elif not NAME_RE.fullmatch(name):
+            why = f"{safe_text(name)[:64]!r} is not a peer name (1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit)"
+        elif name in registry.peers:
+            why = f"{name!r} is already pinned to another host; type another name"
+        else:
+            return name
+        err_console.print(why, highlight=False, markup=False)
+    err_console.print("not pinned; pin it later with `kith peers add NAME KEY`", highlight=False, markup=False)
+    return None
 
 
 def _host_end_reason(end: dict[str, Any]) -> str:
@@ -387,7 +429,8 @@ def _exit_now(exc: KithError | None, json_out: bool, status: int | None = None) 
 
 def join_cmd(
     ctx: typer.Context,
-    target: str = typer.Argument(..., metavar="POST_ID|INVITE_FILE|JSON", help="A post_id (needs --server), an invitation file, or an invitation JSON string."),
+    target: Optional[str] = typer.Argument(None, metavar="POST_ID|INVITE_FILE|JSON", help="A post_id (needs --server), an invitation file, or an invitation JSON string (or --peer NAME instead)."),
+    peer: Optional[str] = typer.Option(None, "--peer", metavar="NAME", help="Join a pinned peer by its saved invitation (then the newest post of its key on the community server it came from), instead of POST_ID|INVITE_FILE|JSON."),
     server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="Community server to fetch the post_id from and record the session proof."),
     offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help=OFFLINE_HELP),
     local: bool = typer.Option(False, "--local", help=LOCAL_DEPRECATED_HELP),
@@ -404,7 +447,7 @@ def join_cmd(
     accept_host_ui: bool = typer.Option(False, "--accept-host-ui", help="Advertise p2p_ui_v1: accept the host's UI bundle when this protocol has no local ui/ (verified, installed per session under the home)."),
 ) -> None:
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
-    from node.runtime.guest import GuestOptions, ask, check_pinned_name, open_target
+    from node.runtime.guest import GuestOptions, ask, check_pinned_name, open_target, resolve_peer
     from node.trust.identity import fingerprint, load_identity
     from node.trust.pairing import pairing_code
 
@@ -417,8 +460,15 @@ def join_cmd(
     for text in query:  # refused here, with the code every entry point uses, before connecting
         contract.validate({"query": text, "topK": top_k})
 
+    if (target is None) == (peer is None):
+        raise UsageError("usage", "give POST_ID|INVITE_FILE|JSON, or --peer NAME (a pinned peer), not both")
+    if peer is not None and pin is not None:
+        raise UsageError("usage", "--peer NAME joins a peer pinned already; --pin is for a new one")
+
     async def main() -> Any:
-        host = await open_target(target, home, server_url=server)
+        host = await (open_target(target, home, server_url=server) if target is not None
+                      else resolve_peer(peer, home))
+        joined.append(host)
         inv, name = host.invitation, host.pinned_name
         if pin is not None:
             from node.trust.peers import NAME_RE
@@ -432,15 +482,21 @@ def join_cmd(
             fp = fingerprint(inv.host_public_key)
             code = pairing_code(identity.public_key, inv.host_public_key)
             err_console.print(f"Unknown host {inv.host_public_key[:16]}… fingerprint [bold]{fp}[/bold]", highlight=False)
-            err_console.print(f"  pairing code: [bold]{code}[/bold] (the host's owner sees the same words)",
+            # the host prints these words only once a session starts, i.e. after this
+            # guest trusted it: for comparing first, its owner computes them from this key
+            err_console.print(f"  pairing code: [bold]{code}[/bold] (the host's owner sees the same words with "
+                              f"`kith peers code {identity.public_key}`, and in its log once you connect)",
                               highlight=False)
             if json_out and not trust:  # before the prompt / the refusal (with --trust: stderr only)
-                emit_json({"event": "host-pairing-code", "host_public_key": inv.host_public_key,
-                           "pairing_code": code})
+                from node.common.host_events import HostPairingCode, checked
+
+                emit_json(checked(HostPairingCode(host_public_key=inv.host_public_key, pairing_code=code).to_dict(),
+                                  command=True))
         if name is None and not trust:
             if not sys.stdin.isatty():
                 raise InvitationError("host-not-trusted", "unknown host key; pass --trust to connect anyway",
-                                      hint=f"check the pairing code '{code}' (fingerprint {fp}) with the host's owner")
+                                      hint=f"check the pairing code '{code}' (fingerprint {fp}) with the host's owner, "
+                                           f"who runs `kith peers code {identity.public_key}`")
             try:
                 answer = await anyio.to_thread.run_sync(_prompt, "Trust this host and connect? [y/N] ")
             except EOFError:
@@ -451,10 +507,10 @@ def join_cmd(
         import time
 
         from node.cli.render import WAIT_NOTICE_S, WAIT_REPEAT_S
-        from node.runtime.driver import default_heartbeat
+        from node.runtime.driver import inflight_heartbeat
         from node.transport.iroh import CONNECT_TIMEOUT_S
 
-        unresponsive_s = default_heartbeat()[1]
+        unresponsive_s = inflight_heartbeat()[1]  # the bound while a question is out
         shown_results = answered
         waiting = Waiting(err_console)
         ready = anyio.Event()
@@ -544,18 +600,26 @@ def join_cmd(
                                filters={"citations": True} if citations else {})
         if interactive:
             err_console.print("Type a question at each ask> prompt; an empty line or Ctrl-D ends the session.")
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(say_connecting)
-                tg.start_soon(say_waiting)
-                asked = await ask(home, identity, host, options, local=mode.offline, mode=mode, server_url=server,
-                                  host_seen=host_seen, on_ready=on_ready, accept_host_ui=accept_host_ui,
-                                  on_path=on_path)
-                tg.cancel_scope.cancel()
-        finally:
-            waiting.stop()
-        outcome = asked.outcome
+        for attempt in (1, 2):
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(say_connecting)
+                    tg.start_soon(say_waiting)
+                    asked = await ask(home, identity, host, options, local=mode.offline, mode=mode,
+                                      server_url=server, host_seen=host_seen, on_ready=on_ready,
+                                      accept_host_ui=accept_host_ui, on_path=on_path)
+                    tg.cancel_scope.cancel()
+            finally:
+                waiting.stop()
+            outcome = asked.outcome
+            newer = await _newer_post(peer, home, outcome) if attempt == 1 and peer is not None else None
+            if newer is None:
+                break
+            host = newer  # --peer: the saved post is gone there; its community server's newest one
+            joined[0], inv = host, host.invitation
         assert outcome is not None  # no timeout_s: the session always ends with an outcome
+        if outcome.code == "peer-unresponsive" and outstanding[0] is not None:
+            raise host_gone(who, outcome, f"q{outstanding[0][1]}")
         if outcome.ui_path is not None:
             from node.runtime.ui_artifacts import write_results_js
 
@@ -570,11 +634,20 @@ def join_cmd(
         elif outcome.ok and name is not None:  # a pinned host: keep its last invitation (`kith ask`)
             from node.trust.peers import PeerRegistry
 
-            PeerRegistry.load(home).remember_invitation(inv.host_public_key, inv.to_dict(), server)
+            registry = PeerRegistry.load(home)
+            before = registry.by_key(inv.host_public_key)
+            was = before.invitation if before is not None else None
+            rec = registry.remember_invitation(inv.host_public_key, inv.to_dict(), server)
+            if rec is not None and rec.invitation != was:  # re-joining refreshed the pin: say so
+                old = f" (it replaces post {safe_text(was.get('post_id'))[:64]})" if isinstance(was, dict) else ""
+                err_console.print(f"saved this invitation (post {inv.post_id}, expires {inv.expires_at}) for "
+                                  f"{rec.name!r}{old}: `kith ask --peer {rec.name}` and `kith join --peer "
+                                  f"{rec.name}` use it", highlight=False, markup=False)
         return outcome
 
     host_seen: dict[str, Any] = {}
     answered: list[dict[str, Any]] = []
+    joined: list[Any] = []  # the Target joined (for the refusal's wording)
     interactive = not query
     at_prompt = [False]  # the ask> prompt's input() is waiting on a worker thread
     if interactive:
@@ -588,7 +661,7 @@ def join_cmd(
             _exit_now(exc, json_out)
         raise
     try:
-        _join_result(outcome, query, answered, interactive)
+        _join_result(outcome, query, answered, interactive, joined[0] if joined else None)
     except KithError as exc:
         if interactive and at_prompt[0]:  # say why now, not after the user's next line
             _exit_now(exc, json_out)
@@ -597,10 +670,54 @@ def join_cmd(
         _exit_now(None, json_out)
 
 
-def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]], interactive: bool) -> None:
+async def _newer_post(name: str, home: Path, outcome: Any) -> Any:
+    """``kith join --peer NAME`` whose saved invitation the host refused as gone
+    (:data:`node.runtime.guest.GONE_CODES`): the newest live post of the peer's key on the
+    community server the pin came from (``resolve_peer(skip_saved=True)``), said on
+    stderr, or None (another outcome, no server, or nothing newer there)."""
+    from node.runtime.guest import GONE_CODES, resolve_peer
+    from node.trust.peers import PeerRegistry
+
+    if outcome is None or outcome.reason != "rejected" or outcome.code not in GONE_CODES:
+        return None
+    rec = PeerRegistry.load(home).by_name(name)
+    if rec is None or not rec.server:
+        return None
+    try:
+        target = await resolve_peer(name, home, skip_saved=True)
+    except KithError:
+        return None
+    if rec.invitation is not None and target.invitation.post_id == rec.invitation.get("post_id"):
+        return None
+    err_console.print(f"the host no longer honours {name!r}'s saved invitation ({outcome.code}); joining its "
+                      f"newest post on {safe_text(rec.server)}, {target.invitation.post_id} (saved for {name!r} "
+                      "from now on)", highlight=False, markup=False)
+    return target
+
+
+def host_gone(who: str, outcome: Any, what: str) -> KithError:
+    """The ``peer-unresponsive`` refusal for a host that went silent while ``what`` (a
+    question) was out: which host, since when (local time, from
+    ``outcome.last_heard_at``) and what to do (issue 30 item 2; specs/session.md §7.2)."""
+    import time
+
+    heard = getattr(outcome, "last_heard_at", None)
+    since = (f" since {time.strftime('%H:%M:%S', time.localtime(heard))}"
+             f" ({max(0.0, (outcome.ended_at or time.time()) - heard):.0f} s)") if heard else ""
+    return SessionAborted("peer-unresponsive", f"{who} stopped answering: nothing from it{since} while {what} "
+                          "was out", hint="the host was stopped, went to sleep or lost its network; ask again once "
+                                          "it is back")
+
+
+def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]], interactive: bool,
+                 target: Any = None) -> None:
     """Raise the refusal ``kith join`` ends with for ``outcome`` (None: success): the
-    session's own failure first, else ``questions-unanswered`` when an answer's status is
-    not in :data:`node.cli.render.ANSWERED_STATUSES` (specs/exit-codes.md)."""
+    session's own failure first (a host that no longer honours the invitation of
+    ``target``, a :class:`node.runtime.guest.Target`: ``invitation-gone``), else
+    ``questions-unanswered`` when an answer's status is not in
+    :data:`node.cli.render.ANSWERED_STATUSES` (specs/exit-codes.md)."""
+    from node.runtime.guest import GONE_CODES, invitation_gone
+
     if outcome.ok and interactive and outcome.peer_end is not None:
         reason = _host_end_reason(outcome.peer_end)
         raise SessionAborted("session-shutdown" if reason == "session-shutdown" else "remote-error",
@@ -612,6 +729,8 @@ def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]],
         _check_statuses(answered)
         return
     code = outcome.code if outcome.code in CODES else "handshake-rejected"
+    if outcome.reason == "rejected" and code in GONE_CODES and target is not None:
+        raise invitation_gone(code, target.invitation, target.pinned_name)  # issue 30: said at once, with a way on
     if outcome.reason == "rejected":
         raise error_for(code, f"the session was refused: {outcome.message or CODES[code][1]}")
     if outcome.remote_errors and outcome.reason == "peer-disconnected":

@@ -27,25 +27,22 @@ def device_list_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--
     from node.common.home import init_hint
     from node.trust.identity import load_identity
     from node.trust.person import load_person, load_person_secret
-    from node.trust.revocation_list import RevocationStore
+    from node.trust.revocation_list import device_marks, own_devices
 
     home = home_of(ctx)
     ident = load_identity(home)
     person = load_person(home)
     if person is None:
         raise ConfigError("home-not-initialized", "This home has no person key yet.", hint=init_hint(home))
-    revoked, mine = RevocationStore.load(home), person.all_keys()  # its lists before rotations too
-    rows = [{"name": d["device_name"], "key": d["device_key"], "seq": d["seq"], "created": d["created"],
-             "this": d["device_key"] == ident.public_key,
-             "revoked": revoked.revokes(d["device_key"], mine) is not None} for d in person.devices]
+    rows = own_devices(home, person, ident.public_key)
     if json_out:
         emit_json({"person_key": person.person_key, "holds_person_key": load_person_secret(home) is not None,
                    "devices": rows})
         return
     untrusted_console.print(f"person {person.person_key}")
     for r in rows:
-        mark = ("  (this device)" if r["this"] else "") + ("  REVOKED" if r["revoked"] else "")
-        untrusted_console.print(f"  {r['name']}  {r['key'][:16]}…  binding {r['seq']}  since {r['created']}{mark}")
+        untrusted_console.print(f"  {r['name']}  {r['key'][:16]}…  binding {r['seq']}  since {r['created']}"
+                                f"{device_marks(r)}")
 
 
 @device_app.command("add")
@@ -68,7 +65,9 @@ def device_add_cmd(
 
     def on_code(code: str) -> None:
         if json_out:
-            emit_json({"event": "device-code", "code": code})
+            from node.common.host_events import DeviceCode, checked
+
+            emit_json(checked(DeviceCode(code=code).to_dict(), command=True))
         else:
             console.print("On the new device run (the code works once, for 10 minutes, 3 tries):",
                           highlight=False, markup=False)
@@ -86,7 +85,10 @@ def device_add_cmd(
     link = anyio.run(lambda: offer_device(home, ident, local=local, on_code=on_code, confirm=confirm),
                      backend="asyncio")
     if json_out:
-        emit_json({"event": "device-bound", "name": link["device_name"], "key": link["device_key"], "seq": link["seq"]})
+        from node.common.host_events import DeviceBound, checked
+
+        emit_json(checked(DeviceBound(name=link["device_name"], key=link["device_key"], seq=link["seq"]).to_dict(),
+                          command=True))
         return
     untrusted_console.print(f"bound device {link['device_name']!r} ({link['device_key'][:16]}…) as binding {link['seq']}")
 
@@ -95,7 +97,7 @@ def device_add_cmd(
 def device_join_cmd(
     ctx: typer.Context,
     code: str = typer.Argument(..., metavar="CODE", help="The code `kith device add` printed on your other device."),
-    device_name: Optional[str] = typer.Option(None, "--device-name", metavar="NAME", help="This device's name (default: the host name)."),
+    device_name: Optional[str] = typer.Option(None, "--device-name", metavar="NAME", help="This device's name (default: the host name, plus -HOMEDIR for a --home that is not the default one)."),
     local: bool = typer.Option(False, "--offline", "--local", envvar="KITH_OFFLINE", help="Offline: loopback only, relays off (--local: the old spelling, deprecated)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -113,16 +115,23 @@ def device_join_cmd(
 
     def on_words(words: str) -> None:
         if json_out:
-            emit_json({"event": "pairing-words", "words": words})
+            from node.common.host_events import PairingWords, checked
+
+            emit_json(checked(PairingWords(words=words).to_dict(), command=True))
         else:
             console.print(f"pairing words: {words} (your other device shows them too; confirm there)",
                           highlight=False, markup=False)
         sys.stdout.flush()
 
-    got = anyio.run(lambda: join_device(home, ident, code, device_name or default_device_name(), local=local,
-                                        on_words=on_words), backend="asyncio")
+    def on_waiting(line: str) -> None:  # stderr: with --json, stdout carries only the events
+        err_console.print(line, highlight=False, markup=False)
+
+    got = anyio.run(lambda: join_device(home, ident, code, device_name or default_device_name(home), local=local,
+                                        on_words=on_words, on_waiting=on_waiting), backend="asyncio")
     if json_out:
-        emit_json({"event": "device-joined", "public_key": ident.public_key, **got})
+        from node.common.host_events import DeviceJoined, checked
+
+        emit_json(checked(DeviceJoined(public_key=ident.public_key, **got).to_dict(), command=True))
         return
     untrusted_console.print(f"this device {got['device_name']!r} is bound to person {got['person_key']} "
                             f"(binding {got['seq']})")
@@ -164,8 +173,10 @@ def device_revoke_cmd(
 
         published = anyio.run(publish, backend="asyncio")
     if json_out:
-        emit_json({"event": "device-revoked", "name": name, "newly_revoked": new, "list": doc,
-                   "out": out, "published": published is not None})
+        from node.common.host_events import DeviceRevokedHere, checked
+
+        emit_json(checked(DeviceRevokedHere(name=name, newly_revoked=new, list=doc, out=out,
+                                            published=published is not None).to_dict(), command=True))
         return
     if new:
         untrusted_console.print(f"revoked device {name!r} ({', '.join(k[:16] + '…' for k in new)}): revocation list "

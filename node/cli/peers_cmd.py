@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from node.cli.common import err_console, untrusted_console as console, emit_json, home_of
+from node.cli.common import err_console, untrusted_console as console, emit_json, home_of, safe_text
 from node.trust.peers import PeerRegistry, load_own_profile, save_own_profile, set_pin_until
 
 
@@ -191,13 +191,35 @@ def code_cmd(
     as_json: bool = _JSON,
 ) -> None:
     """Print the pairing code of this node and a peer: five words both owners read aloud
-    to check they hold each other's real key (specs/peers.md §6)."""
+    to check they hold each other's real key (specs/peers.md §6). For a person pin
+    (`--devices`) the words are per device — those each device and this one compare —
+    so each device seen so far is listed with its own."""
     from node.trust.identity import load_identity
     from node.trust.pairing import pairing_code
 
     home = home_of(ctx)
-    key, name = PeerRegistry.load(home).resolve(target)
+    registry = PeerRegistry.load(home)
+    key, name = registry.resolve(target)
     own = load_identity(home).public_key
+    rec = registry.peers.get(name) if name is not None else None
+    if rec is not None and rec.devices:  # a person key: no device ever shows words of it
+        devices = [{"key": k, "name": d["name"], "pairing_code": pairing_code(own, k)}
+                   for k, d in sorted(rec.seen_devices.items(), key=lambda kd: (kd[1]["firstSeen"], kd[0]))]
+        if as_json:
+            emit_json({"name": name, "publicKey": key, "ownPublicKey": own, "pairing_code": None,
+                       "devices": devices})
+            return
+        if not devices:
+            console.print(f"{name} is a person pin: its words are per device, and none of its devices has "
+                          "joined yet (each shows its words when it connects; `kith status` lists them per "
+                          "session)", highlight=False, markup=False)
+            return
+        console.print(f"{name} is a person pin: each device has its own words (those it and this node compare)",
+                      highlight=False, markup=False)
+        for d in devices:
+            console.print(f"  {safe_text(d['name'])} ({d['key'][:16]}…): {d['pairing_code']}",
+                          highlight=False, markup=False)
+        return
     code = pairing_code(own, key)
     if as_json:
         emit_json({"name": name, "publicKey": key, "ownPublicKey": own, "pairing_code": code})
@@ -300,11 +322,9 @@ def profile_cmd(
 from typing import List  # noqa: E402 - typer reads the annotations below from the module
 def _until_text(until: Optional[str]) -> str:
     """``-`` (never ends), the end, or ``ended <end>``."""
-    from node.common.grants import in_force
+    from node.common.grants import until_text
 
-    if until is None:
-        return "-"
-    return until if in_force(until) else f"ended {until}"
+    return until_text(until, still="") or "-"
 
 
 def _groups_by_member(home) -> dict:
@@ -321,9 +341,9 @@ def _groups_by_member(home) -> dict:
 
 def _groups_text(groups: dict) -> str:
     """``@team (until <end>)``, or ``(ended <end>)`` once the membership ended."""
-    from node.common.grants import in_force
+    from node.common.grants import until_text
 
-    return ", ".join(f"@{g}" + (f" ({'until' if in_force(u) else 'ended'} {u})" if u else "")
+    return ", ".join(f"@{g}" + (f" ({until_text(u)})" if u else "")
                      for g, u in sorted(groups.items())) or "-"
 
 

@@ -62,8 +62,9 @@ def show_cmd(ctx: typer.Context, json_out: bool = _JSON) -> None:
     home = home_of(ctx)
     rec = _record(home)
     me = load_identity(home).public_key
-    devices = [{"name": d["device_name"], "key": d["device_key"], "seq": d["seq"], "created": d["created"],
-                "this": d["device_key"] == me} for d in rec.devices]
+    from node.trust.revocation_list import device_marks, own_devices
+
+    devices = own_devices(home, rec, me)
     out = {"person_key": rec.person_key, "words": person_words(rec.person_key),
            "holds_person_key": load_person_secret(home) is not None, "devices": devices,
            "rotations": _history(rec), "record": rec.as_json()}
@@ -75,8 +76,8 @@ def show_cmd(ctx: typer.Context, json_out: bool = _JSON) -> None:
     console.print("  this device holds the person key" if out["holds_person_key"] else
                   "  the person key is on another device", highlight=False, markup=False)
     for d in devices:
-        mark = "  (this device)" if d["this"] else ""
-        console.print(f"  device {d['name']}  {d['key'][:16]}…  binding {d['seq']}{mark}", highlight=False, markup=False)
+        console.print(f"  device {d['name']}  {d['key'][:16]}…  binding {d['seq']}{device_marks(d)}",
+                      highlight=False, markup=False)
     if not out["rotations"]:
         console.print("  no rotations", highlight=False, markup=False)
     for r in out["rotations"]:

@@ -12,7 +12,8 @@ from rich.table import Table
 from node.cli.common import err_console, safe_text, untrusted_console as console, emit_json, home_of
 from node.corpus.types import Root
 from node.common.errors import KithError, UsageError
-from node.policy.coverage import MAX_LISTED, check_policy, indexed_sources, rule_coverage, rule_label
+from node.policy.coverage import (MAX_LISTED, check_policy, indexed_sources, rule_coverage, rule_label,
+                                  unmatched_scrubs)
 from node.policy.store import (ANONYMOUS_SHARED_FACTOR, MIN_MESSAGE_BYTES, TIERS, Decision, Policy, Quota,
                                Rule, check_peer_names)
 
@@ -253,11 +254,30 @@ def set_cmd(
     _note(LIVE_NOTE)
 
 
+def _not_pinned(home: Path, policy: Policy) -> list[dict[str, str]]:
+    """``[{"where", "name"}]``: each rule (its ``peers``), override (its ``--for``) and
+    group member naming a peer that is not pinned in ``peers.json`` (any more) — it grants
+    nothing until that name is pinned again (`kith policy check`, issue 32)."""
+    from node.policy.store import GROUP_PREFIX
+    from node.trust.peers import PeerRegistry
+
+    pinned = set(PeerRegistry.load(home).peers)
+    out: list[dict[str, str]] = []
+    for rule in [*policy.rules, *policy.overrides]:
+        named = [*rule.peers, *([rule.peer] if rule.peer else [])]
+        out += [{"where": rule_label(rule), "name": n} for n in named
+                if not n.startswith(GROUP_PREFIX) and n not in pinned]
+    for group in policy.groups.values():
+        out += [{"where": f"@{group.name}", "name": m} for m in sorted(group.members) if m not in pinned]
+    return out
+
+
 @policy_app.command("check")
 def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """List the rules that match no indexed source (typos) and the indexed sources no rule
-    decides (private by default), with how many sources each rule decides, and the indexed
-    sources served unscrubbed to a peer that a scrub entry once covered."""
+    decides (private by default), with how many sources each rule decides, the indexed
+    sources served unscrubbed to a peer that a scrub entry once covered, and the rules and
+    groups naming a peer that is not pinned (any more)."""
     from node.policy.scrub_coverage import ScrubRecord, recipients, unscrubbed
     from node.trust.peers import PeerRegistry
 
@@ -271,9 +291,16 @@ def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         record.save(home)
     except OSError as exc:
         _warn(f"could not write the scrub record: {exc.strerror}")
-    lapsed = unscrubbed(policy, record, sources, recipients(policy, record, list(PeerRegistry.load(home).peers)))
+    from node.common.grants import ended as grant_ended
+
+    registry = PeerRegistry.load(home)
+    ended = [name for name, rec in registry.peers.items() if grant_ended(rec.until)]
+    lapsed = unscrubbed(policy, record, sources, recipients(policy, record, list(registry.peers)), ended=ended)
+    idle_scrubs = unmatched_scrubs(policy, sources)
+    not_pinned = _not_pinned(home, policy)
     if as_json:
-        emit_json({**report.to_dict(), "unscrubbed": [u.to_dict() for u in lapsed]})
+        emit_json({**report.to_dict(), "unscrubbed": [u.to_dict() for u in lapsed], "unmatchedScrub": idle_scrubs,
+                   "notPinned": not_pinned})
         return
     lines = [f"{report.sources} indexed source(s), {len(report.rules)} rule(s)"]
     for cov in report.rules:
@@ -293,6 +320,11 @@ def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
             lines.append(f"  (and {len(report.undecided) - MAX_LISTED} more; --json lists the first {MAX_LISTED})")
     else:
         lines.append("every indexed source is decided by a rule")
+    if idle_scrubs:
+        lines.append("scrub entries that match no indexed source (they scrub nothing):")
+        for miss in idle_scrubs:
+            hint = f"  (did you mean {' or '.join(miss['suggestions'])}?)" if miss["suggestions"] else ""
+            lines.append(f"  {miss['glob']} for {miss['for']}: {', '.join(miss['kinds'])}{hint}")
     if lapsed:
         lines.append("served unscrubbed though a scrub entry once covered them "
                      "(`kith policy scrub --for WHO [--glob GLOB] KINDS` scrubs them again):")
@@ -302,6 +334,12 @@ def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     if policy.scrub_migrated:
         lines.append("policy.toml still holds the older [scrub.tier]/[scrub.peer] form (read as [[scrub]]; "
                      "the next `kith policy` change writes the new form)")
+    if not_pinned:
+        lines.append("rules and groups naming a peer that is not pinned (they grant it nothing; "
+                     "`kith peers add NAME KEY`, or remove the name):")
+        lines += [f"  {n['where']}: {n['name']}" for n in not_pinned]
+    else:
+        lines.append("every peer the rules and groups name is pinned")
     console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)
 
 
@@ -357,7 +395,7 @@ def _quota_lines(policy: Policy) -> list[str]:
 def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """Show the rules in file order, then per-peer overrides, then the quotas in force
     (the [quota] table, built-in defaults where it sets nothing), then what is scrubbed."""
-    from node.common.grants import in_force
+    from node.common.grants import until_text
 
     policy = Policy.load(home_of(ctx))
     if as_json:
@@ -371,7 +409,7 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         table = Table("glob", "tier", "peers", "for", "until", box=None, header_style="bold")
         for rule in (*policy.rules, *policy.overrides):
             table.add_row(rule.glob, rule.tier, ", ".join(rule.peers), rule.peer or "",
-                          "" if rule.until is None else rule.until if in_force(rule.until) else f"ended {rule.until}")
+                          until_text(rule.until, still=""))
         console.print(table)
     console.print("quota (`kith policy quota` changes it):\n" + "\n".join(_quota_lines(policy)),
                   highlight=False, markup=False, soft_wrap=True)
@@ -492,6 +530,12 @@ def scrub_cmd(
             _warn_unpinned(home, [for_target], "--for")
         if off and policy.scrub_rules == before.scrub_rules:
             _warn(f"nothing was scrubbed for {for_target}" + (f" in {glob}" if glob else "") + "; nothing changed")
+        if entry is not None and entry.glob is not None:
+            from node.policy.coverage import unmatched_scrub_warning, unmatched_scrubs
+
+            sources = indexed_sources(home)
+            for miss in unmatched_scrubs(Policy(scrubs=[entry]), sources):
+                _warn(unmatched_scrub_warning(miss, len(sources)))
     if as_json:
         emit_json({"scrub": _scrub_json(policy), "changed": bool(changed), **_unscrubbed_json(lapsed)})
     else:

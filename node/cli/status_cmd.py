@@ -30,11 +30,13 @@ def _identity(home: Path) -> dict[str, Any] | None:
         if exc.code == "home-not-initialized":
             return None
         raise
+    from node.trust.revocation_list import own_devices
+
     person = load_person(home)
     return {"fingerprint": ident.fingerprint, "key": ident.public_key,
             "person": person.person_key if person is not None else None,
-            "devices": [{"name": d["device_name"], "key": d["device_key"], "this": d["device_key"] == ident.public_key}
-                        for d in (person.devices if person is not None else [])],
+            "devices": [{k: d[k] for k in ("name", "key", "this", "revoked")}
+                        for d in (own_devices(home, person, ident.public_key) if person is not None else [])],
             "rotations": len(person.successors) if person is not None else 0}
 
 
@@ -53,6 +55,35 @@ def _index(home: Path) -> dict[str, Any]:
             "chunks": stats.get("chunks", 0), "failed": stats.get("failed", 0), "lastSync": stats.get("last_sync")}
 
 
+def _policy(home: Path, host: dict[str, Any] | None) -> dict[str, Any]:
+    """``{"ok", "rules", "groups", "code", "message", "inForce"}``: policy.toml as it reads
+    now, and ``inForce`` — the running host's ``{"rules", "groups"}`` (its last good
+    policy when the file is broken), or null without a host (specs/control.md)."""
+    from node.policy.store import Policy
+
+    try:
+        policy = Policy.load(home)
+        out: dict[str, Any] = {"ok": True, "rules": len(policy.rules), "groups": len(policy.groups),
+                               "code": None, "message": None}
+    except KithError as exc:
+        out = {"ok": False, "rules": None, "groups": None, "code": exc.code, "message": exc.message}
+    out["inForce"] = host.get("policy") if host is not None else None
+    return out
+
+
+def _policy_line(p: dict[str, Any], host_running: bool) -> str:
+    if p["ok"]:
+        return f"policy: {p['rules']} rule(s), {p['groups']} group(s)"
+    line = f"policy: policy.toml is not valid ({p['code']}: {p['message']}); "
+    held = p.get("inForce")
+    if held is not None:
+        return line + (f"the running host keeps the last good policy it read ({held['rules']} rule(s), "
+                       f"{held['groups']} group(s)) until the file is fixed (`kith policy check`)")
+    if host_running:
+        return line + "the running host keeps the last good policy it read until the file is fixed"
+    return line + "`kith host` refuses to start until it is fixed (`kith policy check`)"
+
+
 def _host_state(home: Path) -> dict[str, Any] | None:
     """The running host's state, or None when no host runs (``host-not-running``)."""
     from node.runtime.control import ControlClient
@@ -68,32 +99,36 @@ def _host_state(home: Path) -> dict[str, Any] | None:
 def status_report(home: Path) -> dict[str, Any]:
     """``kith status --json``: ``{"home", "identity": {"fingerprint", "key" (this device),
     "person" (the person key, null before `kith init` migrated the home), "devices":
-    [{"name", "key", "this"}] (the devices that person bound), "rotations" (how many times
+    [{"name", "key", "this", "revoked"}] (the devices that person bound; ``revoked`` by a
+    list kept here, :func:`node.trust.revocation_list.own_devices`), "rotations" (how many times
     its key was rotated)} | null,
     "index": {...}, "host": <state document> | null, "approvals": [...], "grants": [{"kind"
     ("pin" | "group" | "override"), "peer_name", "group"?, "glob"?, "tier"?, "until",
-    "ended"}]}`` (specs/control.md; ``grants``: every grant with an end, soonest first,
-    specs/peers.md §12). Works without a running host (``host`` null)."""
+    "ended"}], "policy": {"ok", "rules", "groups", "code", "message", "inForce"}}``
+    (specs/control.md; ``grants``: every grant with an end, soonest first, specs/peers.md
+    §12; ``policy``: :func:`_policy`). Works without a running host (``host`` null)."""
     from node.runtime.control import pending_approvals
 
     host = _host_state(home)
     return {"home": str(home), "identity": _identity(home), "index": _index(home), "host": host,
             "approvals": host["approvals"] if host is not None else pending_approvals(home),
-            "grants": _grants(home)}
+            "grants": _grants(home), "policy": _policy(home, host)}
 
 
 def _grants(home: Path) -> list[dict[str, Any]]:
     """Every grant of this home that ends, soonest first (:func:`node.runtime.grants.grants_with_ends`)."""
-    from node.common.grants import in_force
+    from node.common.grants import ended
     from node.runtime.grants import grants_with_ends
 
-    rows = [{**{k: v for k, v in g.items() if k != "names"}, "ended": not in_force(g["until"])}
+    rows = [{**{k: v for k, v in g.items() if k != "names"}, "ended": ended(g["until"])}
             for g in grants_with_ends(home)]
     return sorted(rows, key=lambda g: (g["until"], g["kind"], g["peer_name"]))
 
 
 def _grant_line(g: dict[str, Any]) -> str:
-    when = ("ended " if g["ended"] else "until ") + g["until"]
+    from node.common.grants import until_text
+
+    when = until_text(g["until"])
     if g["kind"] == "pin":
         return f"  pin {g['peer_name']} {when}"
     if g["kind"] == "group":
@@ -150,14 +185,17 @@ def status_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
     if json_out:
         emit_json(report)
         return
+    from node.trust.revocation_list import device_marks
+
     ident, index, host = report["identity"], report["index"], report["host"]
     _print(f"home: {report['home']}")
     _print(f"identity: {ident['fingerprint']}  ({ident['key']})" if ident else
            "identity: none (run `kith init`)")
     if ident and ident.get("person"):
-        devices = ", ".join(d["name"] + (" (this device)" if d["this"] else "") for d in ident["devices"])
+        devices = ", ".join(d["name"] + device_marks(d).replace("  ", " ") for d in ident["devices"])
         _print(f"person: {ident['person']}  devices: {devices}"
                + (f"  rotated {ident['rotations']} time(s)" if ident["rotations"] else ""))
+    _print(_policy_line(report["policy"], host is not None))
     roots = " ".join(index["roots"]) or "none (`kith index add PATH`)"
     _print(f"index: {'ready' if index['ready'] else 'not ready'}, roots {roots}, documents {index['documents']}, "
            f"chunks {index['chunks']}" + (f", failed {index['failed']}" if index.get("failed") else ""))

@@ -78,4 +78,19 @@ def in_force(until: str | None, now: float | None = None) -> bool:
     return until is None or (time.time() if now is None else now) < until_time(until)
 
 
-__all__ = ["MAX_GRANT_S", "in_force", "parse_until", "until_time"]
+def ended(until: str | None, now: float | None = None) -> bool:
+    """True once a grant ending at ``until`` has ended (never for None): the one test every
+    view (``kith status``, ``peers list``, ``policy list``, the dashboard) reads."""
+    return not in_force(until, now)
+
+
+def until_text(until: str | None, still: str = "until ", now: float | None = None) -> str:
+    """A grant's end as every view words it: ``""`` (never ends), ``still + until`` while
+    in force (``still`` is ``"until "``, or ``""`` in a column headed "until"), ``ended
+    <until>`` once it ended."""
+    if until is None:
+        return ""
+    return f"ended {until}" if ended(until, now) else f"{still}{until}"
+
+
+__all__ = ["MAX_GRANT_S", "ended", "in_force", "parse_until", "until_text", "until_time"]

@@ -205,6 +205,8 @@ def _phone(text: str) -> list[tuple[int, int]]:
 
 
 _CARD = re.compile(r"[2-6]\d{3}(?:[\s\-]?\d){9,15}(?![\d])")
+#: the separator before a card candidate's next group (:func:`_grouped_values`)
+_CARD_REGROUP = re.compile(r"[\s\-](?=\d)")
 _CARD_GROUPS = re.compile(r"\d{4}([ \-])\d{4}\1\d{4}\1\d{4}(?:\1\d{3})?|\d{4}([ \-])\d{6}\2\d{4,5}")
 
 
@@ -240,15 +242,36 @@ def _is_card(raw: str) -> bool:
     return bool(luhn.is_valid(digits))
 
 
-def _card(text: str) -> list[tuple[int, int]]:
-    out = []
-    for m in _CARD.finditer(text):
-        if m.start() and text[m.start() - 1] in "0123456789-":
+def _grouped_values(pattern: re.Pattern[str], text: str, left_ok: Callable[[int], bool],
+                    value_end: Callable[[str], int], regroup: re.Pattern[str]) -> list[tuple[int, int]]:
+    """Spans of the values of a greedy grouped ``pattern`` (cards, IBANs) in ``text``.
+
+    A candidate may hold more than the value on either side: the number or code just
+    before it (``order 12 4111 …``, ``ref DE12 DE89 …``) and the one after it. So when no
+    prefix of a candidate is a value (``value_end`` → 0), it is tried again from its next
+    group (where ``regroup`` matches the separator before it; that start needs no ``left_ok``),
+    and after a value the scan goes on right after it (a second value in the same
+    candidate is found too)."""
+    out: list[tuple[int, int]] = []
+    pos = again = 0
+    while (m := pattern.search(text, pos)) is not None:
+        start = m.start()
+        if start != again and not left_ok(start):
+            pos = start + 1
             continue
-        end = _valid_prefix(m.group(0), _is_card, "-")
+        end = value_end(m.group(0))
         if end:
-            out.append((m.start(), m.start() + end))
+            out.append((start, start + end))
+            pos = start + end
+            continue
+        nxt = regroup.search(text, start + 1, m.end())
+        pos = again = nxt.start() + 1 if nxt is not None else m.end()
     return out
+
+
+def _card(text: str) -> list[tuple[int, int]]:
+    return _grouped_values(_CARD, text, lambda at: at == 0 or text[at - 1] not in "0123456789-",
+                           lambda raw: _valid_prefix(raw, _is_card, "-"), _CARD_REGROUP)
 
 
 def _mod97_ends(raw: str) -> list[int]:
@@ -273,20 +296,15 @@ def _mod97_ends(raw: str) -> list[int]:
 
 
 _IBAN = re.compile(r"[A-Z]{2}\d{2}(?:\s?[A-Z0-9]){11,30}(?![A-Za-z0-9])")
+_IBAN_REGROUP = re.compile(r"\s(?=[A-Z0-9])")
 
 
 def _iban(text: str) -> list[tuple[int, int]]:
     from stdnum import iban
 
-    out = []
-    for m in _IBAN.finditer(text):
-        if not _free_left(text, m.start()):
-            continue
-        raw = m.group(0)
-        end = next((e for e in _mod97_ends(raw) if iban.is_valid(_SPACE.sub("", raw[:e]))), 0)
-        if end:
-            out.append((m.start(), m.start() + end))
-    return out
+    return _grouped_values(_IBAN, text, lambda at: _free_left(text, at),
+                           lambda raw: next((e for e in _mod97_ends(raw) if iban.is_valid(_SPACE.sub("", raw[:e]))), 0),
+                           _IBAN_REGROUP)
 
 
 #: key shapes, each led by its literal prefix (its left boundary checked in Python)

@@ -41,6 +41,7 @@ import anyio
 
 from node.community.client import CommunityClient
 from node.common.errors import KithError
+from node.common.host_events import PostEnded, PostRenewed
 from node.trust.identity import Identity
 from node.trust.invitation import Invitation, parse_invitation, parse_rfc3339
 
@@ -243,15 +244,13 @@ class PostKeeper:
         elif state == "withdrawn":
             log.warning("post %s was withdrawn; not republishing", post_id)
             self.stopped_reason = "withdrawn"
-            self.on_notice({"event": "post-ended", "post_id": post_id, "reason": "withdrawn",
-                            "republish": False})
+            self.on_notice(PostEnded(post_id=post_id, reason="withdrawn", republish=False).to_dict())
             return False
         if state not in ("consumed", "expired", "lost") and post_id not in given_up:
             return True
         if post_id not in self._announced:
             self._announced.add(post_id)
-            self.on_notice({"event": "post-ended", "post_id": post_id, "reason": state,
-                            "republish": True})
+            self.on_notice(PostEnded(post_id=post_id, reason=state, republish=True).to_dict())
         try:
             fresh = await client.publish_invitation(self.make_invitation(), unlisted=self.unlisted)
         except KithError as exc:
@@ -281,8 +280,7 @@ class PostKeeper:
                 renewed.host_public_key != self.current.host_public_key:
             return
         self.current = renewed
-        self.on_notice({"event": "post-renewed", "post_id": renewed.post_id,
-                        "expires_at": renewed.expires_at})
+        self.on_notice(PostRenewed(post_id=renewed.post_id, expires_at=renewed.expires_at).to_dict())
 
 
 async def withdraw_posts(server_url: str, identity: Identity, post_ids: list[str], *,

@@ -947,7 +947,7 @@ def create_app(database: Path | str | CommunityStore, *,
         rate_limits: per-key and per-address token buckets (default :class:`RateLimits`).
         clock: returns the current Unix time in seconds (tests inject one).
         lease_ttl_s: how long a post's liveness lease holds after a refresh, in seconds
-            (default 90; hosts refresh every third of it).
+            (default 24; hosts refresh every third of it).
 
     Returns:
         A Starlette app serving the routes of ``specs/community-api.md``; its store is

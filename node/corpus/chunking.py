@@ -39,7 +39,9 @@ from dataclasses import dataclass
 DEFAULT_CHUNK_SIZE = 1200
 DEFAULT_CHUNK_OVERLAP = 150
 #: Bumped whenever the chunker's output changes for the same input (part of chunk ids).
-CHUNKER_VERSION = 4
+CHUNKER_VERSION = 5
+# 5 (issue 29): no line or word cut between two groups of a grouped value (a card, an
+# IBAN, a phone number), so no chunk holds a fragment of one that scrubbing cannot see.
 # 4 (issue 20): Markdown front matter is metadata (its lines blanked), the text decoder
 # prefers UTF-8 with a few bad bytes and cp1252 for Western notes, DOCX tables nested in
 # cells and content controls are read — the same bytes can give other text.
@@ -49,12 +51,18 @@ CHUNKER_VERSION = 4
 # furniture, an article's own <header>/<footer>/<aside>, and the text of a page that is all
 # navigation; HTML/PDF titles and headings lose control and format characters.
 
-# paragraphs -> lines -> sentences -> words -> characters
+# paragraphs -> lines -> sentences -> words -> characters. A line break or a space between
+# two groups of a grouped value (``4111 1111 …``, ``DE89 3704 …``, ``GB82 WEST …``, ``+44 20
+# …``, ``(212) 555-0134``: a digit or capital letter, or a parenthesis, on each side) is no
+# cut: a chunk cut there would hold a fragment no scrub detector recognises (specs/policy.md
+# §9.1), and a scrubbed peer would be sent the value in two pieces.
+_LEFT_OF_GROUP = r"(?<![0-9A-Z)])"
+_RIGHT_OF_GROUP = r"(?![0-9A-Z(+])"
 _SEPARATORS: tuple[re.Pattern[str], ...] = (
     re.compile(r"\n[ \t]*\n\s*"),
-    re.compile(r"\n"),
+    re.compile(rf"{_LEFT_OF_GROUP}\n|\n{_RIGHT_OF_GROUP}"),
     re.compile(r"(?<=[.!?;:。！？])\s+"),
-    re.compile(r"\s+"),
+    re.compile(rf"{_LEFT_OF_GROUP}\s+|\s+{_RIGHT_OF_GROUP}"),
 )
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from node.common.host_events import IndexChange, IndexUpdated
 from node.corpus.store import Corpus
 
 #: Debounce window (ms): changes within it are applied as one batch.
@@ -166,8 +167,8 @@ def host_watcher(home: Path | str, on_event: Callable[[dict[str, Any]], None],
     keys = ("indexed", "updated", "removed", "failed", "empty", "chunks")
 
     def on_report(report: dict[str, Any]) -> None:
-        on_event({"event": "index-updated", **{k: report[k] for k in keys},
-                  "changes": list(report.get("changes") or [])})
+        on_event(IndexUpdated(**{k: report[k] for k in keys},
+                              changes=[IndexChange(**c) for c in report.get("changes") or []]).to_dict())
 
     watcher = CorpusWatcher(home, on_report=on_report)
     report = watcher.start()

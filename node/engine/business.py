@@ -92,6 +92,12 @@ class BusinessLoop:
         self._awaiting = other if self._awaiting is None else None
 
     @property
+    def awaiting(self) -> str | None:
+        """The role whose reply is due now (turn rules; None in ``free`` flow or when
+        nobody owes one)."""
+        return self._awaiting
+
+    @property
     def limit_reached(self) -> bool:
         """True once ``max_messages`` messages were exchanged."""
         return self.messages >= self.spec.limits.max_messages

@@ -204,7 +204,16 @@ class SessionEngine:
             self.timers.ping_sent(now)
             self._queue(F.Ping(t=int(now * 1000)))
             return []
+        if due == "peer-unresponsive":
+            what = " while its reply was due" if self.timers.awaiting_since is not None else ""
+            return self._fail(KithError(due, f"nothing from the peer for {self.timers.silence(now):.0f} s{what}"))
         return self._fail(KithError(due))
+
+    def _turn_changed(self) -> None:
+        """A business message went either way: a guest owes nothing and awaits the host's
+        reply, or not — the in-flight heartbeat applies only while it does
+        (:meth:`node.engine.timers.SessionTimers.awaiting`)."""
+        self.timers.awaiting(self.role == "guest" and self._loop.awaiting == "host", self._clock())
 
     def shutdown(self, code: str = "session-shutdown") -> list[Event]:
         """End the session because we are shutting down (SIGINT/SIGTERM).
@@ -331,6 +340,7 @@ class SessionEngine:
         self._out += data
         self._loop.accept(self.role, terminal)
         self.timers.business(self._clock())
+        self._turn_changed()
         if terminal:
             return self._close("completed", None)
         return self._check_message_limit()
@@ -414,6 +424,7 @@ class SessionEngine:
         self._got_business = True
         self._last_received = obj
         self.timers.business(self._clock())
+        self._turn_changed()
         events: list[Event] = [MessageReceived(obj, terminal)]
         if terminal:
             events.extend(self._close("completed", None))

@@ -9,6 +9,12 @@ Rules:
 - after the handshake, a ``_ping`` is due every ``ping_interval_s``;
 - no complete frame from the peer for ``unresponsive_s`` → ``peer-unresponsive``
   (a killed peer sends nothing, not even a QUIC close, so this is how it is noticed);
+- while a reply of the peer is due (a guest's question in flight: :meth:`SessionTimers.awaiting`),
+  the tighter ``inflight_ping_s`` / ``inflight_unresponsive_s`` apply instead, counted from
+  the later of the peer's last frame and the moment the question left — a host killed
+  while a question is out is known within seconds, an idle session stays lazy
+  (specs/session.md §7.2; the iroh 1.2.0 Python binding exposes no QUIC keep-alive or idle
+  timeout, so this heartbeat is the only liveness signal);
 - no business message in either direction for ``idle_s`` → ``idle-timeout``.
 
 Any bound may be None (disabled).
@@ -22,6 +28,11 @@ from dataclasses import dataclass
 PING_INTERVAL_S = 10.0
 UNRESPONSIVE_S = 30.0
 HANDSHAKE_STEP_S = 10.0
+#: While a question is in flight: ``_ping`` every second, and the host is gone after 4 s
+#: without a frame (its pongs come back within a round trip even while it searches: the
+#: driver's receiver answers pings beside the hooks).
+INFLIGHT_PING_S = 1.0
+INFLIGHT_UNRESPONSIVE_S = 4.0
 
 #: Test-only override of the heartbeat, ``"<ping_interval_s>,<unresponsive_s>"`` (e.g.
 #: ``"0.2,1"``), so that tests and the load script can watch a killed ``kith join``
@@ -39,12 +50,16 @@ class Timeouts:
         unresponsive_s: silence after which the peer is declared gone (default 30 s).
         idle_s: business silence after which the session ends (the protocol's
             ``idle_timeout_s``; None for an interactive guest).
+        inflight_ping_s / inflight_unresponsive_s: the ping period and the dead-peer
+            bound while a reply of the peer is due (None: the idle ones apply then too).
     """
 
     handshake_step_s: float | None = HANDSHAKE_STEP_S
     ping_interval_s: float | None = PING_INTERVAL_S
     unresponsive_s: float | None = UNRESPONSIVE_S
     idle_s: float | None = None
+    inflight_ping_s: float | None = None
+    inflight_unresponsive_s: float | None = None
 
 
 def heartbeat_from_env(environ: dict[str, str] | None = None) -> tuple[float, float] | None:
@@ -84,6 +99,7 @@ class SessionTimers:
         self.last_frame_in = now
         self.last_ping_out = now
         self.last_business = now
+        self.awaiting_since: float | None = None  # a reply of the peer is due since then
 
     # ------------------------------------------------------------------ activity
     def frame_received(self, now: float) -> None:
@@ -107,6 +123,26 @@ class SessionTimers:
         """We queued a ``_ping``."""
         self.last_ping_out = now
 
+    def awaiting(self, due: bool, now: float) -> None:
+        """A reply of the peer is due from ``now`` (``due``), or no longer (it came, or the
+        turn passed back): the in-flight bounds apply only meanwhile."""
+        if not due:
+            self.awaiting_since = None
+        elif self.awaiting_since is None:
+            self.awaiting_since = now
+
+    def _bounds(self) -> tuple[float | None, float | None, float]:
+        """``(ping period, dead-peer bound, silence counted from)`` in force now."""
+        t = self.timeouts
+        if self.awaiting_since is not None and t.inflight_unresponsive_s is not None:
+            ping = t.inflight_ping_s if t.inflight_ping_s is not None else t.ping_interval_s
+            return ping, t.inflight_unresponsive_s, max(self.last_frame_in, self.awaiting_since)
+        return t.ping_interval_s, t.unresponsive_s, self.last_frame_in
+
+    def silence(self, now: float) -> float:
+        """Seconds since the peer's last complete frame."""
+        return now - self.last_frame_in
+
     # ------------------------------------------------------------------ decisions
     def due(self, now: float) -> str | None:
         """What must happen at ``now``.
@@ -120,11 +156,12 @@ class SessionTimers:
             if t.handshake_step_s is not None and now - self.step_started >= t.handshake_step_s:
                 return "handshake-timeout"
             return None
-        if t.unresponsive_s is not None and now - self.last_frame_in >= t.unresponsive_s:
+        ping, dead, heard = self._bounds()
+        if dead is not None and now - heard >= dead:
             return "peer-unresponsive"
         if t.idle_s is not None and now - self.last_business >= t.idle_s:
             return "idle-timeout"
-        if t.ping_interval_s is not None and now - self.last_ping_out >= t.ping_interval_s:
+        if ping is not None and now - self.last_ping_out >= ping:
             return PING
         return None
 
@@ -133,11 +170,12 @@ class SessionTimers:
         t = self.timeouts
         if not self.ready:
             return None if t.handshake_step_s is None else self.step_started + t.handshake_step_s
+        ping, dead, heard = self._bounds()
         cands = []
-        if t.unresponsive_s is not None:
-            cands.append(self.last_frame_in + t.unresponsive_s)
+        if dead is not None:
+            cands.append(heard + dead)
         if t.idle_s is not None:
             cands.append(self.last_business + t.idle_s)
-        if t.ping_interval_s is not None:
-            cands.append(self.last_ping_out + t.ping_interval_s)
+        if ping is not None:
+            cands.append(self.last_ping_out + ping)
         return min(cands) if cands else None

@@ -70,12 +70,10 @@ DEFAULT_PORT = 8765
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 SERVICE = "kith-local-api"
 #: the non-GET routes (both read-only)
-SEARCH_PATH = "/search"
-VERIFY_PATH = "/verify"
 #: The outbox (specs/outbox.md): GET reads it; POST is the API's one write — it keeps a
 #: question in this node's own outbox (never the corpus, settings or policy).
-OUTBOX_PATH = "/outbox"
-GET_PATHS = ("/health", "/stats", "/contract", "/openapi.json", OUTBOX_PATH)
+SEARCH_PATH, VERIFY_PATH, OUTBOX_PATH = env_mod.API_ROUTES["POST"]
+GET_PATHS = env_mod.API_ROUTES["GET"]
 #: Host names the API answers to (with the server's own port); DNS rebinding defence.
 LOOPBACK_HOST_NAMES = ("127.0.0.1", "localhost", "[::1]")
 
@@ -289,10 +287,29 @@ class _Handlers:
                                                           and st["documents"])
         reason = None if st["ready"] else ("index-syncing" if syncing
                                            else "index-unavailable")
-        return JSONResponse({"service": SERVICE, "status": "ok" if st["ready"] else "unavailable",
-                             "available": bool(st["ready"]), "reason": reason,
+        peers = await anyio.to_thread.run_sync(self._peers_health)
+        ok = bool(st["ready"]) or peers["available"]
+        return JSONResponse({"service": SERVICE, "status": "ok" if ok else "unavailable",
+                             "available": bool(st["ready"]), "reason": reason, "peers": peers,
                              "schemaVersion": env_mod.SCHEMA_VERSION, "readOnly": True,
                              "externalAgentContract": env_mod._external_contract()})
+
+    def _peers_health(self) -> dict[str, Any]:
+        """``{"available", "pinned"}``: can ``POST /search`` with ``peers`` ask anyone —
+        peer search is served, this home has an identity, and ``pinned`` (the peers
+        ``"all"`` asks) is not 0. Whether each answers shows in the search's rows."""
+        from node.runtime.fanout import askable_peers
+        from node.trust.identity import key_path
+        from node.trust.peers import PeerRegistry
+
+        home = self.holder.home
+        if self.pools is None or not key_path(home).is_file():
+            return {"available": False, "pinned": 0}
+        try:
+            n = len(askable_peers(PeerRegistry.load(home)))
+        except KithError:  # an unreadable peers.json: nobody can be asked
+            n = 0
+        return {"available": n > 0, "pinned": n}
 
     async def stats(self, request: Request) -> JSONResponse:
         st = await anyio.to_thread.run_sync(lambda: self.holder.get().stats())

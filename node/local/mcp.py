@@ -515,7 +515,7 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
         home: the node home. local: iroh local mode for peer searches.
 
     Returns:
-        An ``mcp.server.mcpserver.MCPServer``; ``run("stdio")`` serves it.
+        An ``mcp.server.Server`` (:func:`_wire_server`); :func:`run_stdio` serves it.
     """
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.tools import Tool
@@ -611,13 +611,52 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
     tool = base.model_copy(update={"fn": search, "is_async": True, "fn_metadata": raw,
                                    "parameters": input_schema()})
     # WARNING, not the SDK's INFO default: a peer call must not print httpx's
-    # "HTTP Request: ..." line (or the SDK's per-request lines) on the owner's stderr
-    server = MCPServer(name="kith", instructions=env_mod.USAGE_PROMPT, tools=[tool, check, queue_tool, outbox_tool],
-                       lifespan=lifespan, log_level="WARNING")
+    # "HTTP Request: ..." line (or the SDK's per-request lines) on the owner's stderr.
+    # The MCPServer is the tools' registry (argument handling, structured output); the
+    # server on the wire is the low-level one below, which serves tools and nothing else.
+    tools = MCPServer(name="kith", tools=[tool, check, queue_tool, outbox_tool], log_level="WARNING")
     import logging
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    return server
+    return _wire_server(tools, lifespan)
+
+
+#: How long (ms) a client may cache ``tools/list`` and ``server/discover``: the tools are
+#: fixed for the server's lifetime (``listChanged`` false), so an hour; ``public``: the
+#: same for every caller (MCP 2026-07-28 caching hints).
+LIST_TTL_MS = 3_600_000
+
+
+def _wire_server(tools: Any, lifespan: Any) -> Any:
+    """The MCP server a client talks to (``mcp.server.Server``), for the 2025-11-25
+    ``initialize`` handshake and the 2026-07-28 ``server/discover`` alike: it names
+    itself ``kith`` with Kith's version, advertises the ``tools`` capability only (no
+    prompts, resources or subscriptions: it has none), and lets clients cache its tool
+    list for :data:`LIST_TTL_MS`. ``tools`` is the MCPServer holding the two tools."""
+    from mcp.server import Server
+    from mcp.server.caching import CacheHint
+    from mcp.shared.exceptions import MCPError
+    from mcp.types import CallToolResult, ListToolsResult, TextContent
+
+    from node import __version__
+
+    async def list_tools(_ctx: Any, _params: Any) -> Any:
+        return ListToolsResult(tools=await tools.list_tools())
+
+    async def call_tool(_ctx: Any, params: Any) -> Any:
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        try:
+            return await tools.call_tool(params.name, params.arguments or {})
+        except MCPError:
+            raise
+        except ToolError as exc:  # an unknown tool name: the SDK's own sentence, no path
+            return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+
+    hint = CacheHint(ttl_ms=LIST_TTL_MS, scope="public")
+    return Server("kith", version=__version__, title="Kith", instructions=env_mod.USAGE_PROMPT,
+                  lifespan=lifespan, cache_hints={"tools/list": hint, "server/discover": hint},
+                  on_list_tools=list_tools, on_call_tool=call_tool)
 
 
 def startup_repair(home: Path | str, warn: Any = None) -> str:
@@ -639,5 +678,14 @@ def run_stdio(home: Path | str, *, local: bool = False) -> None:
     repair of a lagging index; warnings go to stderr, stdout carries the protocol)."""
     import sys
 
+    import anyio
+    from mcp.server.stdio import stdio_server
+
     startup_repair(home, lambda line: print(line, file=sys.stderr))
-    build_server(home, local=local).run("stdio")
+    server = build_server(home, local=local)
+
+    async def main() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    anyio.run(main)

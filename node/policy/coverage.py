@@ -192,6 +192,27 @@ def check_policy(policy: Policy, sources: Sequence[str]) -> PolicyCheck:
     return PolicyCheck(len(sources), rules, undecided)
 
 
+def unmatched_scrubs(policy: Policy, sources: Sequence[str]) -> list[dict[str, Any]]:
+    """The ``[[scrub]]`` entries with a glob that matches no indexed source (a typo, or a
+    real path instead of a source id: they scrub nothing), each as ``{"glob", "for",
+    "kinds", "suggestions"}`` (:func:`suggest`), in file order (specs/policy.md §9.5)."""
+    out = []
+    for entry in policy.scrub_rules:
+        if entry.glob is not None and not any(entry.covers(sid) for sid in sources):
+            out.append({"glob": entry.glob, "for": entry.recipient, "kinds": list(entry.kinds),
+                        "suggestions": suggest(entry.glob, sources) if sources else []})
+    return out
+
+
+def unmatched_scrub_warning(entry: dict[str, Any], indexed: int) -> str:
+    """The warning for one :func:`unmatched_scrubs` entry (``kith policy scrub --glob``)."""
+    if not indexed:
+        return (f"{entry['glob']} matches no indexed source: nothing is indexed yet "
+                "(kith index add PATH, then kith index sync); the scrub entry is kept")
+    hint = f" (did you mean {' or '.join(entry['suggestions'])}?)" if entry["suggestions"] else ""
+    return f"{entry['glob']} matches no indexed source, so it scrubs nothing yet; the scrub entry is kept{hint}"
+
+
 def indexed_sources(home: Path) -> list[str]:
     """The canonical ids of the sources indexed in ``home`` (``[]`` without a corpus)."""
     from node.common.errors import KithError

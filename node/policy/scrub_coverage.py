@@ -20,10 +20,12 @@ so it reports what the gate and the answer path do.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,22 @@ class ScrubRecord:
     def __init__(self, rows: Mapping[tuple[str | None, str], dict[str, Any]] | None = None) -> None:
         self.rows: dict[tuple[str | None, str], dict[str, Any]] = {k: dict(v) for k, v in (rows or {}).items()}
         self.changed = False
+        #: recipient -> its row keys (built when first asked; a record at the cap has
+        #: 10,000 rows, and scanning them per recipient was quadratic)
+        self._by_who: dict[str, list[tuple[str | None, str]]] | None = None
+        #: compiled globs, shared by every recipient (and with :meth:`load`'s check)
+        self._matchers: dict[str, GlobMatcher] = {}
+
+    def matcher(self, glob: str) -> GlobMatcher:
+        """The compiled §3 glob of a row (compiled once per record).
+
+        Raises:
+            PolicyError: ``policy-bad-glob`` (:meth:`load` leaves such rows out).
+        """
+        m = self._matchers.get(glob)
+        if m is None:
+            m = self._matchers[glob] = GlobMatcher(glob)
+        return m
 
     @classmethod
     def load(cls, home: Path) -> ScrubRecord:
@@ -88,7 +106,11 @@ class ScrubRecord:
             return cls()
         except (OSError, ValueError):
             doc = None
+        from node.common.scrub import KINDS
+        from node.trust.peers import NAME_RE
+
         rows: dict[tuple[str | None, str], dict[str, Any]] = {}
+        matchers: dict[str, GlobMatcher] = {}
         items = doc.get("rows") if isinstance(doc, dict) and doc.get("version") == 1 else None
         if not isinstance(items, list):
             log.warning("%s is unusable; starting a new scrub record", path)
@@ -98,16 +120,23 @@ class ScrubRecord:
                 continue
             glob, who, kinds = item.get("glob"), item.get("for"), item.get("kinds")
             if (glob is not None and not isinstance(glob, str)) or not isinstance(who, str) \
-                    or not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+                    or not isinstance(kinds, list):
+                continue
+            # a hand edit: only scrub kinds, and "*" or a registry name (groups are stored
+            # as their members' names); a row left with neither is unusable, not the record
+            kinds = [k for k in kinds if isinstance(k, str) and k in KINDS]
+            if not kinds or (who != EVERY_PEER and NAME_RE.fullmatch(who) is None):
                 continue
             try:
                 if glob is not None:
-                    GlobMatcher(glob)
+                    matchers[glob] = matchers.get(glob) or GlobMatcher(glob)
             except Exception:  # a hand-edited glob: the row is unusable, not the record
                 continue
             rows[(glob, who)] = {"kinds": sorted(set(kinds)), "first": str(item.get("first", "")),
                                  "last": str(item.get("last", ""))}
-        return cls(rows)
+        record = cls(rows)
+        record._matchers = matchers
+        return record
 
     def add(self, policy: Policy) -> bool:
         """Add what ``policy``'s scrub entries cover now (:func:`coverage_rows`); True
@@ -120,6 +149,7 @@ class ScrubRecord:
             row = self.rows.get((glob, who))
             if row is None:
                 row = self.rows[(glob, who)] = {"kinds": [], "first": now, "last": now}
+                self._by_who = None
             if kind not in row["kinds"]:
                 row["kinds"] = sorted({*row["kinds"], kind})
                 row["last"] = now
@@ -127,24 +157,45 @@ class ScrubRecord:
         if len(self.rows) > MAX_ROWS:
             for key in sorted(self.rows, key=lambda k: self.rows[k]["last"])[: len(self.rows) - MAX_ROWS]:
                 del self.rows[key]
+            self._by_who = None
         self.changed = self.changed or grew
         return grew
 
     def copy(self) -> ScrubRecord:
         """An independent copy (the guard adds the "before" policy to it)."""
-        return ScrubRecord(self.rows)
+        out = ScrubRecord(self.rows)
+        out._matchers = self._matchers  # compiled globs are immutable: shared
+        return out
 
     def save(self, home: Path) -> None:
-        """Write the record when :meth:`add` changed it.
+        """Write the record when :meth:`add` changed it, united with what the file holds
+        now: another writer (a running host recording a reloaded policy, another command)
+        may have added rows since this one was read, and they are kept. Read, union and
+        write happen under an ``flock`` on ``<home>/scrub-record.json.lock`` (held for
+        milliseconds; none on a platform without ``fcntl``).
 
         Raises:
             OSError: the file could not be written (the old one is intact).
         """
         if not self.changed:
             return
-        doc = {"version": 1, "rows": [{"glob": g, "for": w, **row}
-                                      for (g, w), row in sorted(self.rows.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]}
-        atomic_write(Path(home) / RECORD_FILE, (json.dumps(doc, indent=1) + "\n").encode("utf-8"), mode=0o600)
+        home = Path(home)
+        with _lock(home / (RECORD_FILE + ".lock")):
+            for key, row in ScrubRecord.load(home).rows.items():
+                mine = self.rows.get(key)
+                if mine is None:
+                    self.rows[key] = dict(row)
+                    self._by_who = None
+                elif not set(row["kinds"]) <= set(mine["kinds"]):
+                    mine["kinds"] = sorted({*mine["kinds"], *row["kinds"]})
+                    mine["last"] = max(mine["last"], row["last"])
+            if len(self.rows) > MAX_ROWS:
+                for key in sorted(self.rows, key=lambda k: self.rows[k]["last"])[: len(self.rows) - MAX_ROWS]:
+                    del self.rows[key]
+                self._by_who = None
+            doc = {"version": 1, "rows": [{"glob": g, "for": w, **row}
+                                          for (g, w), row in sorted(self.rows.items(), key=lambda kv: (kv[0][0] or "", kv[0][1]))]}
+            atomic_write(home / RECORD_FILE, (json.dumps(doc, indent=1) + "\n").encode("utf-8"), mode=0o600)
         self.changed = False
 
     def names(self) -> set[str]:
@@ -154,8 +205,30 @@ class ScrubRecord:
     def rows_for(self, recipient: str | None) -> list[tuple[str | None, frozenset[str]]]:
         """``(glob or None for every source, kinds)`` of the rows that covered
         ``recipient`` (its own rows and the ``*`` rows)."""
-        who = {EVERY_PEER} if recipient is None else {EVERY_PEER, recipient}
-        return [(g, frozenset(row["kinds"])) for (g, w), row in self.rows.items() if w in who]
+        if self._by_who is None:
+            self._by_who = {}
+            for key in self.rows:
+                self._by_who.setdefault(key[1], []).append(key)
+        keys = [*self._by_who.get(EVERY_PEER, ()), *(self._by_who.get(recipient, ()) if recipient is not None else ())]
+        return [(key[0], frozenset(self.rows[key]["kinds"])) for key in keys]
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created 0600; blocking: every holder only
+    reads and writes one small file)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def record_scrub(home: Path, policy: Policy) -> None:
@@ -197,6 +270,8 @@ class Unscrubbed:
     recipient: str | None
     kinds: tuple[str, ...]
     sources: tuple[str, ...]
+    #: the recipient's pin has ended: its key is served as an anonymous peer now
+    pin_ended: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """``{"for": NAME|null, "kinds", "count", "sources"}`` (at most :data:`MAX_LISTED` ids)."""
@@ -206,6 +281,8 @@ class Unscrubbed:
     def line(self) -> str:
         """One plain-text line: who, what, how many and the first sources."""
         who = "an anonymous peer" if self.recipient is None else self.recipient
+        if self.pin_ended:
+            who += " (pin ended, now an anonymous peer)"
         shown = ", ".join(self.sources[:MAX_LISTED])
         more = f" (and {len(self.sources) - MAX_LISTED} more)" if len(self.sources) > MAX_LISTED else ""
         n = len(self.sources)
@@ -234,7 +311,7 @@ def _lost(policy: Policy, record: ScrubRecord, sources: Callable[[], Sequence[st
         rows = [(g, kinds) for g, kinds in rows if not kinds <= in_force.get(g, set())]
         if not rows:
             continue
-        matchers = [(None if g is None else GlobMatcher(g), kinds) for g, kinds in rows]
+        matchers = [(None if g is None else record.matcher(g), kinds) for g, kinds in rows]
         per_folder: dict[str, Any] = {}  # folder -> decision of its files, None: decide each
 
         def receives(source: str) -> bool:
@@ -273,25 +350,34 @@ def _once(sources: Sequence[str] | Callable[[], Sequence[str]]) -> Callable[[], 
     return read
 
 
-def _grouped(lost: Mapping[tuple[str | None, str], set[str]]) -> list[Unscrubbed]:
+def _grouped(lost: Mapping[tuple[str | None, str], set[str]],
+             ended: Iterable[str] = ()) -> list[Unscrubbed]:
     """``(recipient, source) -> kinds`` as :class:`Unscrubbed` lines: per recipient
-    (anonymous first), per set of kinds lost on the same sources."""
+    (anonymous first), per set of kinds lost on the same sources; ``ended`` names the
+    recipients whose pin has ended (said on their lines)."""
+    ended = set(ended)
     from node.common.scrub import KINDS
 
     lines: dict[tuple[str | None, tuple[str, ...]], list[str]] = {}
     for (r, s), kinds in lost.items():
         if kinds:
             lines.setdefault((r, tuple(k for k in KINDS if k in kinds)), []).append(s)
-    return [Unscrubbed(r, kinds, tuple(sorted(ids)))
+    return [Unscrubbed(r, kinds, tuple(sorted(ids)), pin_ended=r in ended)
             for (r, kinds), ids in sorted(lines.items(), key=lambda kv: (kv[0][0] is not None, kv[0][0] or "", kv[0][1]))]
 
 
 def unscrubbed(policy: Policy, record: ScrubRecord, sources: Sequence[str] | Callable[[], Sequence[str]],
-               who: Sequence[str | None]) -> list[Unscrubbed]:
+               who: Sequence[str | None], *, ended: Iterable[str] = ()) -> list[Unscrubbed]:
     """What ``policy`` serves unscrubbed to ``who`` among the indexed ``sources`` (or a
     callable reading them, called only when needed) that ``record`` says a scrub entry
-    once covered (``kith policy check``; specs/policy.md §9.5)."""
-    return _grouped(_lost(policy, record, _once(sources), who, {}))
+    once covered (``kith policy check``; specs/policy.md §9.5).
+
+    Args:
+        ended: pinned names whose pin has ended (``--until`` passed): their keys are
+            anonymous peers now, so they are decided and scrubbed as one (§9.0).
+    """
+    ended = set(ended)
+    return _grouped(_lost(policy, record, _once(sources), who, {n: None for n in ended}), ended)
 
 
 def newly_unscrubbed(before: Policy, after: Policy, record: ScrubRecord,
@@ -352,16 +438,34 @@ def commit_change(home: Path, record: ScrubRecord, before: Policy, after: Policy
                   write: Callable[[], Any]) -> None:
     """Make a change :func:`change_unscrubs` measured: add ``before``'s coverage to the
     record and write it, call ``write()``, then add ``after``'s (so what either covered
-    counts as "once covered"). A record that cannot be written is logged, never fatal."""
+    counts as "once covered"). A record that cannot be written is logged, never fatal.
+
+    ``write()`` runs under an ``flock`` on ``<home>/policy.toml.lock``, and only when
+    ``policy.toml`` is still the file ``before`` was read from (:attr:`Policy.source_stamp`):
+    another command that wrote it meanwhile was not measured, and writing ``after`` over
+    it would drop its change — a scrub entry, say — without asking.
+
+    Raises:
+        PolicyError: ``policy-changed`` — the file changed since ``before`` was read;
+            nothing is written (run the command again).
+    """
+    from node.common.errors import PolicyError
+    from node.policy.store import POLICY_FILE, file_stamp
+
     def save() -> None:
         try:
             record.save(home)
         except OSError as exc:
             log.warning("could not write %s: %s", RECORD_FILE, exc.strerror)
 
-    record.add(before)
-    save()
-    write()
+    with _lock(Path(home) / (POLICY_FILE + ".lock")):
+        if before.path is not None and before.source_stamp is not None \
+                and file_stamp(before.path) != before.source_stamp:
+            raise PolicyError("policy-changed", f"not changed: {before.path} changed while this command ran "
+                              "(another kith command or an edit); run it again")
+        record.add(before)
+        save()
+        write()
     record.add(after)
     save()
 

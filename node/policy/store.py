@@ -195,9 +195,11 @@ def check_peer_names(names: Iterable[str], what: str = "peer name", *, groups: b
             raise PolicyError("peer-bad-name", f"{what} {str(name)[:80]!a} is not a registry name ({_NAME_RULE})")
 
 
-def _check_peer_name(peer: object, where: str) -> str:
+def _check_peer_name(peer: object, where: str, key: str = "peer") -> str:
+    """``peer`` when it is a registry name or ``@group``; ``key`` is the TOML key named in
+    the ``policy-invalid`` raised otherwise."""
     if not _is_principal(peer):
-        raise PolicyError("policy-invalid", f"{where}'peer' must be a registry name or @group ({_NAME_RULE})")
+        raise PolicyError("policy-invalid", f"{where}{key!r} must be a registry name or @group ({_NAME_RULE})")
     return peer  # type: ignore[return-value]
 
 
@@ -364,7 +366,7 @@ def _scrub_rules(raw: object, name: str) -> tuple[list[ScrubRule], bool]:
                 raise PolicyError("policy-invalid", f"{where}'for' names who receives, not a tier: "
                                   f"\"*\" (every peer), a registry name or @group (specs/policy.md §9.0)")
             if who != EVERY_PEER:
-                _check_peer_name(who, where)
+                _check_peer_name(who, where, "for")
             kinds = table["kinds"]
             if not isinstance(kinds, list) or not kinds:
                 raise PolicyError("policy-invalid", f"{where}'kinds' must be a non-empty list of kinds")

@@ -22,6 +22,8 @@ from typing import Any, Callable
 import anyio
 
 from node.common.errors import KithError
+from node.common.host_events import (EventPath, PersonDeviceNew, SessionEnded, SessionPathChanged, SessionRefused,
+                                     SessionStarted)
 from node.engine.framing import encode_frame
 from node.engine.session import HostConfig, OutgoingFrame, SessionEngine, SessionReady
 from node.runtime.doorkeeper import Admitted, Arrival, Doorkeeper, Visit, engine_seams
@@ -202,24 +204,26 @@ class Connection:
                 return  # evicted in the handshake: reported as session-refused already
             cut = self.engine.close_event
             if ended.cause == "evicted":  # ended from outside once ready (session-evicted)
-                self.emit({"event": "session-ended", "session_id": self.engine.session_id, "peer": self.remote,
-                           "reason": cut.reason if cut else "aborted", "code": cut.code if cut else ended.code,
-                           "ended_at": self.clock.time()})
+                self.emit(self._ended(self.engine.session_id, cut.reason if cut else "aborted",
+                                      cut.code if cut else ended.code, self.clock.time()))
                 return
             # revoked (`kith peers remove|block`) or ended by the owner (`kith sessions end`)
-            self.emit({"event": "session-ended", "session_id": self.engine.session_id, "peer": self.remote,
-                       "reason": cut.reason if cut else "aborted", "code": ended.code, "ended_at": ended.at})
+            self.emit(self._ended(self.engine.session_id, cut.reason if cut else "aborted", ended.code, ended.at))
             return
         if self.named is not None and outcome.session_id is None:  # named a live post, never became ready
             self.table.record_failure(self.remote, outcome.code or "")
             self.posts.record_failure(self.named, outcome.code or "")
-        ev: dict[str, Any] = {"event": "session-ended", "session_id": outcome.session_id, "peer": self.remote,
-                              "reason": outcome.reason, "code": outcome.code, "ended_at": outcome.ended_at}
-        if self.engine.ui_bytes_sent:
-            ev["ui_bytes_sent"] = self.engine.ui_bytes_sent
-        if outcome.refused:  # codes of the guest's messages the engine refused before hooks
-            ev["refused"] = list(outcome.refused)[:32]
-        self.emit(ev)
+        self.emit(self._ended(outcome.session_id, outcome.reason, outcome.code, outcome.ended_at,
+                              refused=list(outcome.refused)[:32]))
+
+    def _ended(self, session_id: str | None, reason: str, code: str | None, at: float, *,
+               refused: list[str] | None = None) -> dict[str, Any]:
+        """The one ``session-ended`` event of this connection, however it ended
+        (node/common/host_events.py): ``session_id`` null when refused in the handshake,
+        ``at`` Unix s, ``refused`` the codes of guest messages the engine refused before
+        the hooks."""
+        return SessionEnded(session_id=session_id, peer=self.remote, reason=reason, code=code, ended_at=at,
+                            ui_bytes_sent=self.engine.ui_bytes_sent, refused=refused or []).to_dict()
 
     # ------------------------------------------------------------ ending and refusing
     def end(self, code: str, message: str) -> None:
@@ -241,10 +245,7 @@ class Connection:
             except KithError:
                 pass
             await self.stream.aclose()
-        ev = {"event": "session-refused", "peer": self.stream.remote_id, "code": code}
-        if reason is not None:
-            ev["reason"] = reason
-        self.emit(ev)
+        self.emit(SessionRefused(peer=self.stream.remote_id, code=code, reason=reason).to_dict())
 
     def _path_changed(self, previous: Any, now: Any) -> None:
         """iroh selected another path (direct ↔ relayed, another relay or address): the
@@ -253,8 +254,8 @@ class Connection:
         self.path = now
         self.table.set_path(self.token, now.to_dict())
         if self.session_id is not None:
-            self.emit({"event": "session-path-changed", "session_id": self.session_id, "peer": self.remote,
-                       "path": now.to_dict(), "previous": previous.to_dict()})
+            self.emit(SessionPathChanged(session_id=self.session_id, peer=self.remote,
+                                         path=EventPath.of(now), previous=EventPath.of(previous)).to_dict())
 
     # ------------------------------------------------------------ the engine's questions
     def named_post(self, post_id: str) -> None:
@@ -317,6 +318,7 @@ class Connection:
                                            via_person=(pin.name, pin.public_key) if pin else None)
         self.table.succeeded(self.remote)
         post = ev.proof.get("post_id", "")
+        self.posts.used(post)  # kept at once: a restart goes on counting (file mode)
         for nonce in self.held:  # a proof signed by both sides exists now: remember it
             self.nonces.commit(post, nonce, self.posts.expires_at(post) or self.clock.time() + self.setup.ttl_s)
         self.held.clear()
@@ -326,12 +328,12 @@ class Connection:
         self.tap.ready(ev.session_id, name)
         self.session_id = ev.session_id
         if pin is not None and pid is not None and note_device(registry, pin, pid.device, pid.device_name):
-            self.emit({"event": "person-device-new", "peer_name": pin.name, "person": pin.public_key,
-                       "device": pid.device, "device_name": pid.device_name})
-        self.emit({"event": "session-started", "session_id": ev.session_id, "peer": ev.peer_public_key,
-                   "peer_name": name, "post_id": post, "pairing_code": code,
-                   "person": pid.person if pid else None, "device_name": pid.device_name if pid else None,
-                   "via_person": pin is not None, "path": self.path.to_dict()})
+            self.emit(PersonDeviceNew(peer_name=pin.name, person=pin.public_key, device=pid.device,
+                                      device_name=pid.device_name).to_dict())
+        self.emit(SessionStarted(session_id=ev.session_id, peer=ev.peer_public_key, peer_name=name, post_id=post,
+                                 pairing_code=code, person=pid.person if pid else None,
+                                 device_name=pid.device_name if pid else None, via_person=pin is not None,
+                                 path=EventPath.of(self.path)).to_dict())
         token, table = self.token, self.table
         return HookContext(role="host", session_id=ev.session_id,
                            peer=PeerInfo(ev.peer_public_key, name, ev.peer_profile,

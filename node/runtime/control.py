@@ -199,6 +199,8 @@ class HostControl:
         started_at: Unix time (s) the host started.
         transport: ``() -> {"mode", "relays", "relayOnly", "discovery", "relayMap",
             "homeRelay", "relayReachable", "addresses", "presence"}`` (specs/control.md), or None.
+        policy: ``() -> {"rules", "groups"}`` of the policy in force (the last good one
+            when policy.toml is broken), or None.
     """
 
     home: Path
@@ -209,6 +211,7 @@ class HostControl:
     quota_left: Callable[[str | None, str], dict[str, Any]] | None = None
     started_at: float = field(default_factory=time.time)
     transport: Callable[[], dict[str, Any]] | None = None
+    policy: Callable[[], dict[str, Any]] | None = None
 
     async def state(self) -> dict[str, Any]:
         """The state document (specs/control.md): node, posts, index, sessions, approvals."""
@@ -234,7 +237,8 @@ class HostControl:
                 "node": {"fingerprint": self.identity.fingerprint, "key": self.identity.public_key,
                          "home": str(self.home), "pid": os.getpid(), "startedAt": rfc3339(self.started_at)},
                 "posts": self.posts(), "index": index, "sessions": sessions, "approvals": approvals,
-                "transport": self.transport() if self.transport is not None else None}
+                "transport": self.transport() if self.transport is not None else None,
+                "policy": await anyio.to_thread.run_sync(self.policy) if self.policy is not None else None}
 
     def end_session(self, given: str) -> dict[str, Any]:
         """End the live session whose id is ``given`` or starts with it (the guest gets

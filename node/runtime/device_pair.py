@@ -171,13 +171,17 @@ async def _serve_try(home: Path, rec: Any, secret_seed: bytes, identity: Identit
 
 
 async def join_device(home: Path, identity: Identity, code: str, device_name: str, *, local: bool,
-                      on_words: Callable[[str], None]) -> dict[str, Any]:
+                      on_words: Callable[[str], None],
+                      on_waiting: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Present a code to the offering device and keep the binding it signs
     (``kith device join CODE``).
 
     Args:
         on_words: called with the pairing words once the secret was accepted (show them:
             the owner compares them with the offering device's).
+        on_waiting: called with one sentence each time this side starts waiting for the
+            other device — connecting to it, for it to check the code, for its owner to
+            confirm the words — naming it by its key and saying how long it may take.
 
     Returns:
         ``{"person_key", "device_name", "seq"}`` of the new binding.
@@ -198,7 +202,10 @@ async def join_device(home: Path, identity: Identity, code: str, device_name: st
         offering = ticket_endpoint_id(ticket)
     except ValueError:
         raise UsageError("pairing-code-invalid") from None
+    say = on_waiting or (lambda _line: None)
+    other = f"the device that printed the code ({offering[:16]}…)"
     async with bind_node(identity.secret, PAIR_ALPN, mode=_mode(home, local)) as node:
+        say(f"connecting to {other}…")
         conn = await node.connect(ticket)
         stream = await node.open_stream(conn)
         try:
@@ -206,9 +213,11 @@ async def join_device(home: Path, identity: Identity, code: str, device_name: st
                 raise error_for("pairing-failed", "the offering device's key differs from the code's")
             await stream.send(encode_frame({"action": "pair_hello", "secret": secret, "device_name": device_name}))
             framer = LineFramer(MAX_LINE)
+            say(f"waiting for {other} to check the code (gives up after {STEP_S:.0f} s)…")
             first = await _read_line(stream, framer, STEP_S)
             if isinstance(first, dict) and first.get("action") == "pair_confirm":
                 on_words(pairing_code(identity.public_key, offering))
+                say(f"waiting for you to confirm the words on {other} (gives up after {STEP_S:.0f} s)…")
                 first = await _read_line(stream, framer, STEP_S)
             return _accept_bound(home, identity, offering, first)
         finally:

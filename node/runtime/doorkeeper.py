@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Union
 
 from node.common.errors import HandshakeError
+from node.common.host_events import PersonRotated
 from node.runtime.grants import has_grant, refusal_code
 from node.trust.rotation import pinned_in_lineage
 
@@ -305,8 +306,8 @@ class Doorkeeper:
                 self.rotations.check(pid)
                 return Admitted(v)
             for old, new, via in self.rotations.follow(pid):
-                self.emit({"event": "person-rotated", "old_person": old, "person": new, "via": via,
-                           "peer": v.key, "device_name": pid.device_name})
+                self.emit(PersonRotated(old_person=old, person=new, via=via, peer=v.key,
+                                        device_name=pid.device_name).to_dict())
         except HandshakeError as exc:
             return Refused(exc.code, exc.message)
         return Admitted(v)

@@ -39,7 +39,8 @@ from node.engine.session import (
     UiArtifactReceived,
     UiArtifactRefused,
 )
-from node.engine.timers import PING_INTERVAL_S, UNRESPONSIVE_S, Timeouts, heartbeat_from_env
+from node.engine.timers import (INFLIGHT_PING_S, INFLIGHT_UNRESPONSIVE_S, PING_INTERVAL_S, UNRESPONSIVE_S, Timeouts,
+                                heartbeat_from_env)
 from node.common.errors import CODES, EgressRefused, HookError, KithError, TransportError
 from node.runtime.hooks import HookContext, HookResult, Hooks, normalize_result
 from node.transport.base import ByteStream
@@ -60,6 +61,13 @@ def default_heartbeat() -> tuple[float, float]:
     """``(ping_interval_s, unresponsive_s)``: (10, 30) unless the test-only
     ``KITH_TEST_HEARTBEAT`` variable overrides it (``node.engine.timers``)."""
     return heartbeat_from_env() or (PING_INTERVAL_S, UNRESPONSIVE_S)
+
+
+def inflight_heartbeat() -> tuple[float, float]:
+    """``(ping_interval_s, unresponsive_s)`` while a guest's question is in flight: (1, 4)
+    (``node.engine.timers.INFLIGHT_*``), or the test-only ``KITH_TEST_HEARTBEAT`` values
+    when that variable is set (one heartbeat for the whole session then)."""
+    return heartbeat_from_env() or (INFLIGHT_PING_S, INFLIGHT_UNRESPONSIVE_S)
 
 
 @dataclass
@@ -83,6 +91,9 @@ class SessionOutcome:
             recorded as it arrives, even while a hook is still running.
         ended_at: Unix time (s) when the engine ended the session — before the stream is
             flushed and closed, which may take up to a few seconds with a dead peer.
+        last_heard_at: Unix time (s) of the peer's last complete frame when the session
+            ended (for ``peer-unresponsive``: since when the peer has been silent), or None
+            before the handshake.
     """
 
     session_id: str | None
@@ -97,6 +108,7 @@ class SessionOutcome:
     ui_path: Any = None
     peer_end: dict[str, Any] | None = None
     ended_at: float | None = None
+    last_heard_at: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -158,8 +170,10 @@ async def run_session(
         handshake_timeout_s: bound of each handshake step (s).
         hook_timeout_s / idle_timeout_s: seconds; ``"spec"`` takes the protocol's limits,
             None disables the bound (an interactive guest waiting on its user).
-        heartbeat: ``(ping_interval_s, unresponsive_s)``; ``"default"`` = (10, 30) or the
-            test-only ``KITH_TEST_HEARTBEAT`` override; None disables it.
+        heartbeat: ``(ping_interval_s, unresponsive_s)``; ``"default"`` = (10, 30) while
+            idle and (1, 4) while a guest's question is in flight
+            (:func:`inflight_heartbeat`), or the test-only ``KITH_TEST_HEARTBEAT`` override
+            for both; a tuple given applies throughout; None disables it.
         send_timeout_s: bound of one send (s); ``"default"`` = the unresponsive bound. A
             peer that stops reading is aborted with ``peer-unresponsive``.
         stop: when set, the session ends cleanly after the current hook: the protocol's
@@ -174,9 +188,12 @@ async def run_session(
     hook_t = limits.hook_timeout_s if hook_timeout_s == "spec" else hook_timeout_s
     idle_t = limits.idle_timeout_s if idle_timeout_s == "spec" else idle_timeout_s
     hb = default_heartbeat() if heartbeat == "default" else heartbeat
+    flight = inflight_heartbeat() if heartbeat == "default" else None
     send_t = (hb[1] if hb else None) if send_timeout_s == "default" else send_timeout_s
     engine.set_timeouts(Timeouts(handshake_step_s=handshake_timeout_s, ping_interval_s=hb[0] if hb else None,
-                                 unresponsive_s=hb[1] if hb else None, idle_s=idle_t))
+                                 unresponsive_s=hb[1] if hb else None, idle_s=idle_t,
+                                 inflight_ping_s=flight[0] if flight else None,
+                                 inflight_unresponsive_s=flight[1] if flight else None))
     tick_cap = min(1.0, hb[0]) if hb else 1.0
     outcome = SessionOutcome(session_id=None, reason="aborted")
     ctx: HookContext | None = None
@@ -290,6 +307,8 @@ async def run_session(
             outcome.reason, outcome.code, outcome.message = ev.reason, ev.code, ev.message
             if outcome.ended_at is None:
                 outcome.ended_at = time.time()
+                if outcome.session_id is not None:
+                    outcome.last_heard_at = outcome.ended_at - engine.timers.silence(engine.clock())
         return []
 
     async def processor(scope: anyio.CancelScope) -> None:
@@ -366,12 +385,16 @@ async def run_session(
             if engine.close_event is not None and outcome.reason == "aborted" and outcome.code is None:
                 ev = engine.close_event
                 outcome.reason, outcome.code, outcome.message = ev.reason, ev.code, ev.message
+            if outcome.last_heard_at is None and engine.session_id is not None:
+                outcome.last_heard_at = time.time() - engine.timers.silence(engine.clock())
             try:
                 with anyio.move_on_after(2):
                     await flush()
                     await stream.send_eof()
             except TransportError:
                 pass
+            if outcome.code == "peer-unresponsive" and hasattr(stream, "drain_timeout_s"):
+                stream.drain_timeout_s = 0.0  # a silent peer acknowledges nothing: do not wait for it
             if ctx is not None:
                 reason = outcome.code or outcome.reason
                 try:

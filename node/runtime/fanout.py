@@ -84,16 +84,23 @@ class PeerRow:
     own: bool = False
     #: the session's network path, ``{"kind", "relayUrl"}`` (specs/transport.md §3), or None
     path: dict[str, Any] | None = None
+    #: RFC 3339 time of the peer's last frame, for a peer that went silent with the
+    #: question out (``peer-unresponsive``), else None
+    last_heard_at: str | None = None
     #: for a person pin: the device that gave the answer, ``{"key", "name"}`` (specs/peers.md §13)
     device: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The row as the envelope carries it."""
-        return {"name": self.name, "key": self.key, "status": self.status, "code": self.code,
-                "approvalId": self.approval_id, "retryAfterS": self.retry_after_s,
-                "latencyMs": None if self.latency_ms is None else round(self.latency_ms, 1),
-                "results": self.results, "self": self.own, "path": self.path,
-                **({"device": self.device} if self.device is not None else {})}
+        """The row as the envelope carries it (``lastHeardAt`` and ``device`` only when known)."""
+        out = {"name": self.name, "key": self.key, "status": self.status, "code": self.code,
+               "approvalId": self.approval_id, "retryAfterS": self.retry_after_s,
+               "latencyMs": None if self.latency_ms is None else round(self.latency_ms, 1),
+               "results": self.results, "self": self.own, "path": self.path}
+        if self.last_heard_at is not None:
+            out["lastHeardAt"] = self.last_heard_at
+        if self.device is not None:
+            out["device"] = self.device
+        return out
 
 
 def dedupe_names(names: list[str]) -> list[str]:
@@ -322,6 +329,11 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
             message = await pool.ask(name, request)
         except PeerGone as gone:
             row.status, row.code = classify_gone(gone)
+            heard = getattr(gone.outcome, "last_heard_at", None)
+            if row.code == "peer-unresponsive" and heard is not None:
+                from node.runtime.clock import rfc3339
+
+                row.last_heard_at = rfc3339(heard)
         except KithError as exc:
             from node.common.errors import CommunityError, TransportError
 
@@ -415,6 +427,12 @@ def build_envelope(request: dict[str, Any], rows: list[PeerRow], answers: dict[i
             "results": results, "peers": [r.to_dict() for r in rows]}
 
 
+def askable_peers(registry: Any) -> list[str]:
+    """The names ``"all"`` / ``--all-peers`` ask: every pinned peer whose key is not
+    blocked, sorted (a :class:`node.trust.peers.PeerRegistry`)."""
+    return sorted(n for n, r in registry.peers.items() if not registry.is_blocked(r.public_key))
+
+
 async def peers_search(home: Path, peers: list[str] | str, body: dict[str, Any], *, local: bool = False,
                        timeout_s: float = PEERS_TIMEOUT_S, pool: Any = None) -> dict[str, Any]:
     """Ask several pinned peers (names, or ``"all"``: every pinned, unblocked one) one
@@ -431,8 +449,7 @@ async def peers_search(home: Path, peers: list[str] | str, body: dict[str, Any],
     from node.trust.peers import PeerRegistry
 
     if peers == "all":
-        reg = PeerRegistry.load(home)
-        names = sorted(n for n, r in reg.peers.items() if not reg.is_blocked(r.public_key))
+        names = askable_peers(PeerRegistry.load(home))
     else:
         names = list(peers)
     request = {**body, "topK": body.get("topK", TOP_K_DEFAULT)}

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from node.common.errors import KithError, UsageError
 from node.common.grants import until_time
+from node.common.host_events import GrantExpired
 
 log = logging.getLogger("kith.grants")
 
@@ -131,8 +132,7 @@ class GrantWatcher:
             self._reported.add(ident)
             n = sum(self.sessions.end_named(name, "session-grant-expired", "a grant of this peer ended")
                     for name in g["names"])
-            ev = {"event": "grant-expired", **{k: v for k, v in g.items() if k != "names"},
-                  "code": "session-grant-expired", "sessions_ended": n}
+            ev = GrantExpired(**{k: v for k, v in g.items() if k != "names"}, sessions_ended=n).to_dict()
             self.on_event(ev)
             out.append(ev)
         return out

@@ -185,15 +185,46 @@ def check_pinned_name(name: str, inv: Invitation, home: Path) -> None:
     """Refuse when ``name`` is pinned in the registry to a different key (DESIGN §5).
 
     ``kith join --pin NAME`` calls it before connecting: a name already pinned to another
-    key is never silently re-pinned.
+    key is never silently re-pinned. That is a name the user chose that is taken, not a
+    host whose key changed (``host-key-changed`` is for an invitation that names another
+    key than a pin's, :func:`_pinned_target`).
 
     Raises:
-        HandshakeError: ``host-key-changed``.
+        UsageError: ``pin-name-taken``.
     """
+    from node.common.errors import UsageError
+
     rec = PeerRegistry.load(home).by_name(name)
     if rec is not None and rec.public_key != inv.host_public_key:
-        raise HandshakeError("host-key-changed",
-                             f"{name!r} is pinned to a different key; the host key changed")
+        raise UsageError("pin-name-taken",
+                         f"--pin {name}: that name is already pinned to another host ({rec.public_key[:16]}…); "
+                         f"this host is {inv.host_public_key[:16]}…",
+                         hint=f"choose another name (--pin NAME), or `kith peers remove {name}` first if "
+                              "that pin is no longer wanted")
+
+
+#: The host's refusals that mean the invitation itself is gone there — it restarted
+#: without it, withdrew it (``kith host --new-invitation``), used it up or it expired
+#: there; under ``--presence granted`` also "you hold no grant", on purpose the same — for
+#: which the guest says ``invitation-gone`` (issue 30; specs/invitation.md).
+GONE_CODES = ("handshake-unknown-post", "handshake-post-expired")
+
+
+def invitation_gone(code: str, inv: Invitation, pinned_name: str | None) -> InvitationError:
+    """The guest's ``invitation-gone`` refusal for the host's ``code`` (one of
+    :data:`GONE_CODES`): which host and post, and what to do — a pinned peer is refreshed
+    by joining a new invitation once; an unpinned host can be pinned with it."""
+    who = repr(pinned_name) if pinned_name else f"{inv.host_public_key[:16]}…"
+    why = "it expired there" if code == "handshake-post-expired" else \
+        "it restarted without it, withdrew it or used it up"
+    if pinned_name:
+        hint = (f"ask {pinned_name}'s owner for a new invitation and join it once (`kith join NEW_INVITATION`): "
+                f"that refreshes the pin {pinned_name!r}")
+    else:
+        hint = ("ask the host's owner for a new invitation; to pin the host with it: "
+                f"`kith peers add NAME {inv.host_public_key} --invite FILE`")
+    return InvitationError("invitation-gone", f"the host {who} no longer honours invitation {inv.post_id} "
+                                              f"({why}; the host said {code})", hint=hint)
 
 
 async def open_target(arg: str, home: Path, *, server_url: str | None) -> Target:

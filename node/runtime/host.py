@@ -22,6 +22,7 @@ import anyio
 
 from node.common.errors import ConfigError, KithError, SpecError
 from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
+from node.common.host_events import PostRestored, checked as checked_event
 from node.engine.session import HostConfig, SessionEngine
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
 from node.runtime.connection import FIRST_STREAM_TIMEOUT_S, Answering, Connection, SessionSetup, Wiring
@@ -73,6 +74,10 @@ class HostOptions:
             long (s) may be evicted (``session-evicted``) for *any* newcomer
             (``--evict-idle-after``); a newcomer that holds no session yet evicts a quiet
             one at once (:meth:`node.runtime.sessions.SessionTable.open_session`).
+        new_invitation: file mode: the posts of earlier runs (``<home>/posts.json``) are no
+            longer honoured and a new invitation is signed (``--new-invitation``); without
+            it they are honoured until their own expiry or use count, and the last one is
+            written again when it still describes the endpoint (node/runtime/posts.py).
         max_failed_handshakes / failure_cooldown_s: after that many failed handshakes a
             key is refused for that long (``handshake-too-many-failures``); a single-use
             or file-mode post with that many failures from any keys is retired
@@ -124,6 +129,7 @@ class HostOptions:
     hook_options: dict[str, Any] = field(default_factory=dict)
     control: bool = True
     sign_citations: bool = False
+    new_invitation: bool = False
 
 
 @dataclass
@@ -159,6 +165,9 @@ class Knowledge:
                                                    "documents": 0, "chunks": 0}
     evidence: Callable[[list[str]], dict[str, Any]] = lambda ids: {}
     warmer: Any = None
+    #: ``()`` → ``{"rules", "groups"}`` of the policy the next query is answered under (the
+    #: last good one when policy.toml became invalid meanwhile; specs/control.md)
+    policy: Callable[[], dict[str, Any]] | None = None
 
 
 def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], float] | None = None, *,
@@ -223,9 +232,13 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
                 "roots": [f"/{r.prefix}/" for r in corpus.roots()],
                 "documents": now.get("documents", 0), "chunks": now.get("chunks", 0)}
 
+    def in_force() -> dict[str, Any]:
+        now_policy = gate.current_policy()
+        return {"rules": len(now_policy.rules), "groups": len(now_policy.groups)}
+
     return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
                      gate.check_frame, close, service, _quota_left(gate, limiter), index,
-                     corpus.chunk_evidence, warmer)
+                     corpus.chunk_evidence, warmer, in_force)
 
 
 def _quota_left(gate: Any, limiter: Any) -> Callable[[str | None, str], dict[str, Any]]:
@@ -354,8 +367,27 @@ class Host:
 
     def _bind_iroh(self, secret: bytes, alpn: bytes) -> Any:
         from node.transport.iroh import bind_node
+        from node.transport.modes import DEFAULT, OFFLINE
+        from node.transport.port import keeps_port, load_port
 
-        return bind_node(secret, alpn, local=self.opts.local, mode=self.opts.transport)
+        mode = self.opts.transport or (OFFLINE if self.opts.local else DEFAULT)
+        port = load_port(self.home) if keeps_port(mode) else None  # where this home's host was
+        return bind_node(secret, alpn, local=self.opts.local, mode=self.opts.transport, port=port)
+
+    def _keep_port(self, listener: Any) -> None:
+        """Keep the bound port for the next start in the modes that keep one, and say so
+        when the kept one was taken (node/transport/port.py, specs/transport.md §7)."""
+        from node.transport.port import keeps_port, save_port
+
+        mode, port = getattr(listener, "mode", None), getattr(listener, "bound_port", None)
+        if mode is None or port is None or not keeps_port(mode):
+            return
+        taken = getattr(listener, "port_taken", None)
+        if taken:
+            self.warn(f"UDP port {taken}, where this home's host was before, is taken: bound {port} instead "
+                      "and kept from now on; invitations written before name the old port, so their guests "
+                      "need the new invitation")
+        save_port(self.home, port)
 
     # ------------------------------------------------------------ building
     def _build(self) -> None:
@@ -417,8 +449,20 @@ class Host:
                            max_failures=opts.max_failed_handshakes,
                            # a public multi-use post must never be rotatable by strangers
                            retire_on_failures=not opts.server_url or opts.post_max_sessions == 1,
-                           unlisted=opts.unlisted)
+                           unlisted=opts.unlisted,
+                           # file mode: live posts outlive a restart (a server's are withdrawn at exit)
+                           keep_in=None if opts.server_url else self.home)
         self.posts.on_live = self._new_card
+        # file mode: the posts of earlier runs (a bad posts.json fails here, before binding)
+        self._restored: list[dict[str, Any]] = []
+        if not opts.server_url:
+            self._restored = self.posts.restore(self.table, self.identity.public_key)
+            if opts.new_invitation:
+                gone = self.posts.forget_kept()
+                self._restored = []
+                if gone:
+                    self.warn(f"--new-invitation: {len(gone)} invitation(s) of earlier runs are no longer "
+                              "honoured; their guests are told to ask for a new one")
         from node.trust.person import load_person
 
         person = load_person(self.home)
@@ -454,9 +498,11 @@ class Host:
                       listener=self.listener, emit=self.emit, clock=self.clock, setup=setup, answering=answering)
 
     def emit(self, ev: dict[str, Any]) -> None:
-        """Report one host event: to the audit log and the owner's ``on_event``, then to
-        the post keeper (which closes ended sessions on the server)."""
-        self._emit(ev)
+        """Report one host event — a dict built from the table in
+        node/common/host_events.py (checked against it: specs/host-events.md) — to the
+        audit log and the owner's ``on_event``, then to the post keeper (which closes
+        ended sessions on the server)."""
+        self._emit(checked_event(ev))
         keeper = self.posts.keeper
         if keeper is not None:
             keeper.observe(ev)
@@ -496,6 +542,7 @@ class Host:
                 self._closers.insert(0, watcher.close)
             async with self.bind(self.identity.secret, self.spec.alpn) as listener:
                 self.listener = listener
+                self._keep_port(listener)
                 await self._check_relays(listener)
                 inv = await self._publish()
                 keeper = self.posts.keep(inv, self._new_invitation)
@@ -507,8 +554,11 @@ class Host:
                         await tg.start(serve_control, HostControl(self.home, self.identity, self.table,
                                                                   self.posts.listing, self.knowledge.index,
                                                                   self.knowledge.quota_left, started_at=started_at,
-                                                                  transport=self._transport_status))
+                                                                  transport=self._transport_status,
+                                                                  policy=self.knowledge.policy))
                     self.on_invitation(inv.to_dict())  # once `kith status` can see this host
+                    for kept in self._restored:  # posts of an earlier run honoured again
+                        self.emit(PostRestored(**kept, current=kept["post_id"] == inv.post_id).to_dict())
                     if keeper is not None:
                         tg.start_soon(keeper.run)
                     if watcher is not None:
@@ -634,7 +684,15 @@ class Host:
                                  message=opts.message, tags=opts.tags, max_sessions=opts.post_max_sessions)
 
     async def _publish(self) -> Invitation:
+        """The invitation this run writes or publishes. File mode: the posts of earlier
+        runs are honoured again (or withdrawn with ``new_invitation``) and the last one is
+        written again when it still describes this endpoint — never re-signed."""
         inv = self._new_invitation()
+        if not self.opts.server_url:
+            kept = self.posts.reusable(inv)
+            if kept is not None:
+                self.posts.reuse(kept)
+                return kept
         if self.opts.server_url:
             self._warn_private(inv)
             from node.community.client import CommunityClient

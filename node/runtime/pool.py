@@ -9,7 +9,9 @@ handshake). Rules (specs/ask.md §4, DESIGN §3):
 
 - **No session is ever resumed.** When the host ended a session (``end``, shutdown,
   ``session-evicted``, restart, heartbeat loss) the pool forgets it; the next question
-  re-resolves the peer and opens a new session, or the peer is ``unreachable``.
+  re-resolves the peer and opens a new session, or the peer is ``unreachable``. A host
+  that went silent with the question out (``peer-unresponsive``, 4 s: specs/session.md
+  §7.2) is ``unreachable`` at once; it is not dialled again for that question.
 - A question that is not answered by its deadline poisons its session (a late answer
   must never be taken for the next question's): the session is cancelled and forgotten.
 - Bounded: at most ``max_sessions`` sessions (least recently used idle one closed for a
@@ -463,18 +465,28 @@ class SessionPool:
                 if skip_saved and gone is last_gone:
                     raise
                 last_gone = gone
+                if getattr(gone.outcome, "code", None) == "peer-unresponsive":
+                    raise  # went silent with the question out: gone, not a session to renew
                 if warm_before and not retried_warm:
                     retried_warm = True  # the host ended a warm session: re-resolve, new session
                     continue
-                if (name is not None and not skip_saved and not gone.reached and _connect_failed(gone)
-                        and rec is not None and rec.server):
-                    skip_saved = True  # the saved invitation's address did not answer: the server
+                if (name is not None and not skip_saved and not gone.reached
+                        and (_connect_failed(gone) or _post_gone(gone)) and rec is not None and rec.server):
+                    skip_saved = True  # the saved invitation's address did not answer, or its post is gone there
                     continue
                 raise
 
 
 def _connect_failed(gone: PeerGone) -> bool:
     return isinstance(gone.error, TransportError)
+
+
+def _post_gone(gone: PeerGone) -> bool:
+    """The host refused the post itself (:data:`node.runtime.guest.GONE_CODES`)."""
+    from node.runtime.guest import GONE_CODES
+
+    out = gone.outcome
+    return out is not None and getattr(out, "reason", None) == "rejected" and out.code in GONE_CODES
 
 
 def classify_gone(gone: PeerGone) -> tuple[str, str | None]:
@@ -486,6 +498,8 @@ def classify_gone(gone: PeerGone) -> tuple[str, str | None]:
         if isinstance(gone.error, TransportError):
             return "unreachable", gone.error.code
         return "refused", gone.error.code
+    if _post_gone(gone):
+        return "refused", "invitation-gone"  # the host no longer honours the saved invitation (issue 30)
     if out is not None and getattr(out, "reason", None) == "rejected":
         return "refused", out.code or "handshake-rejected"
     if out is not None and out.remote_errors:

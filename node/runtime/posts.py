@@ -7,6 +7,13 @@ withdrawal on stop. It reads time only through the host's
 :class:`node.runtime.clock.Clock`, so expiry is tested by advancing a clock. The session
 table (:class:`node.runtime.sessions.SessionTable`) counts a post's *uses*; this class
 decides whether a post can be named at all.
+
+In file mode the live posts are kept in ``<home>/posts.json`` (:data:`POSTS_FILE`; issue
+30, specs/invitation.md "Across restarts"): each signed invitation as it was written and
+the sessions it admitted, rewritten atomically at each change. A restarted host honours
+them again until their own expiry or use count (:meth:`Posts.restore`) and writes the same
+document again when it still describes the endpoint (:meth:`Posts.reusable`): nothing is
+ever re-signed.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import Any, Callable
 
 from node.common.errors import HandshakeError
 from node.common.home import atomic_write
+from node.common.host_events import PostExpired, PostRetired, Republished
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339, unix_of
 from node.runtime.sessions import MAX_FAILED_HANDSHAKES, is_failure
 from node.trust.invitation import Invitation
@@ -30,12 +38,20 @@ MAX_EXPIRED_POSTS = 1024
 WITHDRAW_TIMEOUT_S = 3.0
 #: Longest wait of the expiry watch between two looks (s).
 EXPIRY_LOOK_S = 60.0
+#: Where file-mode posts are kept across restarts (under the home).
+POSTS_FILE = "posts.json"
+#: Posts kept at most (the oldest beyond are no longer honoured, with a warning).
+MAX_KEPT_POSTS = 32
+#: Largest ``posts.json`` read (bytes): 32 invitations of at most 64 KiB each, and room.
+MAX_POSTS_FILE_BYTES = MAX_KEPT_POSTS * 64 * 1024 + 4096
 
 
 class Posts:
     """The posts one host serves.
 
     Args:
+        keep_in: the home whose :data:`POSTS_FILE` keeps the posts across restarts (file
+            mode), or None (a community server's posts are withdrawn at exit instead).
         protocol_id: the protocol every post of this host names.
         server_url: the community server the posts are published on, or None (file mode).
         identity: the host's identity (signs republished posts and withdrawals).
@@ -53,8 +69,11 @@ class Posts:
                  invite_file: Path | None, emit: Callable[[dict[str, Any]], None],
                  warn: Callable[[str], None], clock: Clock = SYSTEM_CLOCK,
                  max_failures: int = MAX_FAILED_HANDSHAKES, retire_on_failures: bool = False,
-                 unlisted: bool = False) -> None:
+                 unlisted: bool = False, keep_in: Path | None = None) -> None:
         self.protocol_id = protocol_id
+        self.keep_in = keep_in  # the home whose posts.json keeps them across restarts, or None
+        self._docs: dict[str, Invitation] = {}  # post_id -> its signed document (kept posts)
+        self._uses: dict[str, int] = {}  # post_id -> sessions it admitted (ready), all runs
         self.unlisted = unlisted  # posts on the server are absent from browse (specs/community-api.md)
         self.server_url = server_url
         self.identity = identity
@@ -76,11 +95,117 @@ class Posts:
 
     # ------------------------------------------------------------ publishing
     def add(self, inv: Invitation) -> None:
-        """``inv`` is published (or written): guests may join it until it expires."""
+        """``inv`` is published (or written): guests may join it until it expires (and,
+        with :attr:`keep_in`, after a restart too)."""
         self._live[inv.post_id] = self.protocol_id
         self._expiry[inv.post_id] = unix_of(inv.expires_at)
+        self._docs.setdefault(inv.post_id, inv)
+        self._uses.setdefault(inv.post_id, 0)
+        self._write(inv)
+        self._save()
+        self.on_live(inv)
+
+    # ------------------------------------------------------------ across restarts
+    def restore(self, table: Any, host_key: str) -> list[dict[str, Any]]:
+        """Honour again the posts an earlier run of this host kept in :data:`POSTS_FILE`
+        (file mode): each one not expired on this host's clock, not used up, for this
+        protocol and this host key, with its use count given back to ``table``
+        (:meth:`node.runtime.sessions.SessionTable.restore_post`).
+
+        Returns:
+            ``[{"post_id", "uses", "max_sessions", "expires_at"}]`` of the posts restored.
+
+        Raises:
+            ConfigError: ``config-invalid`` for a ``posts.json`` that is not one this host
+                wrote (not JSON, another shape, an invitation of another key).
+        """
+        out: list[dict[str, Any]] = []
+        if self.keep_in is None:
+            return out
+        now = self.clock.time()
+        for inv, uses in _load_kept(Path(self.keep_in), host_key):
+            limit = inv.max_sessions
+            if inv.protocol.protocol_id != self.protocol_id or unix_of(inv.expires_at) <= now \
+                    or (limit is not None and uses >= limit) or inv.post_id in self._live:
+                continue
+            self._live[inv.post_id] = self.protocol_id
+            self._expiry[inv.post_id] = unix_of(inv.expires_at)
+            self._docs[inv.post_id], self._uses[inv.post_id] = inv, uses
+            table.restore_post(inv.post_id, uses, limit)
+            out.append({"post_id": inv.post_id, "uses": uses, "max_sessions": limit, "expires_at": inv.expires_at})
+        self._save()  # drops what expired or was used up meanwhile
+        return out
+
+    def reusable(self, fresh: Invitation) -> Invitation | None:
+        """A restored post to write again instead of ``fresh`` (a new invitation built but
+        not yet added): one whose message, tags and ``max_sessions`` are ``fresh``'s, with
+        uses left, and whose ticket names the same relay and addresses as ``fresh``'s —
+        it still describes this endpoint (the same kept port, node/transport/port.py).
+        The one expiring last; None when there is none."""
+        from node.transport.hygiene import ticket_addresses
+
+        try:
+            relay, direct = ticket_addresses(fresh.transport_info.ticket)
+        except ValueError:
+            return None
+        best: Invitation | None = None
+        for post_id, inv in self._docs.items():
+            if not self.joinable(post_id) or (inv.message, inv.tags, inv.max_sessions) != \
+                    (fresh.message, fresh.tags, fresh.max_sessions):
+                continue
+            if inv.max_sessions is not None and self._uses.get(post_id, 0) >= inv.max_sessions:
+                continue
+            try:
+                old_relay, old_direct = ticket_addresses(inv.transport_info.ticket)
+            except ValueError:
+                continue
+            if (old_relay, sorted(old_direct)) == (relay, sorted(direct)) and \
+                    (best is None or unix_of(inv.expires_at) > unix_of(best.expires_at)):
+                best = inv
+        return best
+
+    def reuse(self, inv: Invitation) -> None:
+        """Write the restored ``inv`` again (``--invite-file``): the document as signed; it
+        is the live one now (``on_live``)."""
         self._write(inv)
         self.on_live(inv)
+
+    def forget_kept(self) -> list[str]:
+        """``kith host --new-invitation``: every restored post is no longer honoured (its
+        guests are told ``handshake-unknown-post``). Returns their post ids."""
+        gone = [p for p in list(self._live) if p in self._docs]
+        for post_id in gone:
+            self._live.pop(post_id, None)
+            self._docs.pop(post_id, None)
+            self._uses.pop(post_id, None)
+        self._save()
+        return gone
+
+    def used(self, post_id: str) -> None:
+        """A session named ``post_id`` and became ready: one use more, kept at once (a
+        restart goes on counting from here)."""
+        if post_id in self._docs:
+            self._uses[post_id] = self._uses.get(post_id, 0) + 1
+            self._save()
+
+    def _save(self) -> None:
+        """Rewrite :data:`POSTS_FILE` with the posts a restart may honour (joinable, not
+        expired, uses left; at most :data:`MAX_KEPT_POSTS`, the newest) — atomically."""
+        if self.keep_in is None:
+            return
+        now = self.clock.time()
+        keep = [(p, inv) for p, inv in self._docs.items()
+                if self.joinable(p) and self._expiry.get(p, 0) > now
+                and (inv.max_sessions is None or self._uses.get(p, 0) < inv.max_sessions)]
+        keep.sort(key=lambda item: item[1].created_at)
+        for post_id, _inv in keep[:-MAX_KEPT_POSTS]:
+            self.warn(f"more than {MAX_KEPT_POSTS} invitations are live: the oldest, {post_id}, is no longer "
+                      "honoured")
+            self._live.pop(post_id, None)
+        keep = keep[-MAX_KEPT_POSTS:]
+        doc = {"version": 1, "posts": [{"invitation": inv.to_dict(), "uses": self._uses.get(p, 0)}
+                                       for p, inv in keep]}
+        atomic_write(Path(self.keep_in) / POSTS_FILE, _json(doc))
 
     def keep(self, current: Invitation, make_invitation: Callable[[], Invitation]) -> Any:
         """With a server: start a :class:`node.community.keeper.PostKeeper` for ``current``
@@ -103,8 +228,8 @@ class Posts:
         if reason == "expired" and len(self._expired) < MAX_EXPIRED_POSTS:
             self._expired.add(previous)  # still refused as expired, not as unknown
         self.add(fresh)
-        self.emit({"event": "republished", "post_id": fresh.post_id, "previous_post_id": previous,
-                   "reason": reason, "expires_at": fresh.expires_at})
+        self.emit(Republished(post_id=fresh.post_id, previous_post_id=previous, reason=reason,
+                              expires_at=fresh.expires_at).to_dict())
 
     def _noticed(self, ev: dict[str, Any]) -> None:  # the server's word on the post
         if ev["event"] == "post-renewed":  # renewed elsewhere: follow its expiry
@@ -151,7 +276,8 @@ class Posts:
             return
         self._retired.add(post_id)
         self._live.pop(post_id, None)
-        self.emit({"event": "post-retired", "post_id": post_id, "reason": "too-many-failures"})
+        self._save()
+        self.emit(PostRetired(post_id=post_id, reason="too-many-failures").to_dict())
         if self.keeper is not None:
             self.keeper.replace(post_id, "too-many-failures")  # withdrawn, then republished
         else:
@@ -181,7 +307,7 @@ class Posts:
             for post_id, at in list(self._expiry.items()):
                 if post_id in self._live and post_id not in told and at <= now:
                     told.add(post_id)
-                    self.emit({"event": "post-expired", "post_id": post_id, "expires_at": rfc3339(at)})
+                    self.emit(PostExpired(post_id=post_id, expires_at=rfc3339(at)).to_dict())
                     if self.keeper is None and not any(self._expiry.get(p, 0) > now for p in self._live):
                         self.warn("the invitation expired: no new guest can join; restart `kith host` "
                                   "for a new one")
@@ -211,4 +337,49 @@ def _json(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2) + "\n").encode("utf-8")
 
 
-__all__ = ["EXPIRY_LOOK_S", "MAX_EXPIRED_POSTS", "Posts", "WITHDRAW_TIMEOUT_S"]
+def _load_kept(home: Path, host_key: str) -> list[tuple[Invitation, int]]:
+    """The ``(invitation, uses)`` pairs of ``<home>/posts.json`` ([] without the file).
+
+    Raises:
+        ConfigError: ``config-invalid``: unreadable, larger than
+            :data:`MAX_POSTS_FILE_BYTES`, not ``{"version": 1, "posts": [{"invitation",
+            "uses"}]}``, an invitation that does not parse or is of another host key.
+    """
+    import json
+
+    from node.common.errors import ConfigError, KithError
+    from node.trust.invitation import parse_invitation
+
+    path = home / POSTS_FILE
+    if not path.exists():
+        return []
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError("config-invalid", f"{POSTS_FILE}: {why}",
+                           hint=f"move {path} away: the host then signs a new invitation (the old ones are "
+                                "no longer honoured)")
+    try:
+        if path.stat().st_size > MAX_POSTS_FILE_BYTES:
+            raise bad("larger than a host ever writes")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise bad("not readable JSON") from None
+    if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(data.get("posts"), list) \
+            or set(data) != {"version", "posts"} or len(data["posts"]) > MAX_KEPT_POSTS:
+        raise bad('not {"version": 1, "posts": [...]}')
+    out: list[tuple[Invitation, int]] = []
+    for entry in data["posts"]:
+        if not isinstance(entry, dict) or set(entry) != {"invitation", "uses"} \
+                or not isinstance(entry["uses"], int) or isinstance(entry["uses"], bool) or entry["uses"] < 0:
+            raise bad('a post is not {"invitation": {...}, "uses": N}')
+        try:
+            inv = parse_invitation(json.dumps(entry["invitation"]))
+        except KithError as exc:
+            raise bad(f"a kept invitation is not valid ({exc.code})") from None
+        if inv.host_public_key != host_key:
+            raise bad("a kept invitation is another host's")
+        out.append((inv, entry["uses"]))
+    return out
+
+
+__all__ = ["EXPIRY_LOOK_S", "MAX_EXPIRED_POSTS", "MAX_KEPT_POSTS", "POSTS_FILE", "Posts", "WITHDRAW_TIMEOUT_S"]

@@ -27,6 +27,7 @@ from typing import Any, Callable
 import anyio
 
 from node.common.errors import ConfigError, KithError, PolicyError
+from node.common.host_events import ConfigInvalid, DeviceRevoked, PeerRevoked, PolicyReloaded
 from node.policy.store import file_stamp
 from node.runtime.clock import rfc3339
 from node.trust.peers import PEERS_FILE, PeerRegistry, person_pin
@@ -182,9 +183,8 @@ class PeersWatcher:
                                            else persons)
                 for key in devices)
         pin = pin or person_pin(registry, person)
-        ev = {"event": "device-revoked", "person": person, "peer_name": pin.name if pin else None,
-              "devices": list(devices), "seq": seq, "via": via, "code": "session-device-revoked",
-              "sessions_ended": n}
+        ev = DeviceRevoked(person=person, peer_name=pin.name if pin else None, devices=list(devices), seq=seq,
+                           via=via, sessions_ended=n).to_dict()
         self.on_event(ev)
         return ev
 
@@ -198,7 +198,7 @@ class PeersWatcher:
             if stamp != self._rev_bad_stamp:
                 self._rev_bad_stamp = stamp
                 log.warning("%s is not valid; the host keeps the lists it last read", REVOCATIONS_FILE)
-                self.on_event({"event": "config-invalid", "file": REVOCATIONS_FILE})
+                self.on_event(ConfigInvalid(file=REVOCATIONS_FILE).to_dict())
             return
         self._rev_stamp = stamp
         before = self._revocations
@@ -254,7 +254,7 @@ class PeersWatcher:
             if stamp != self._bad_stamp:  # say so once per broken version of the file
                 self._bad_stamp = stamp
                 log.warning("%s is not valid; the host keeps the registry it last read", PEERS_FILE)
-                self.on_event({"event": "config-invalid", "file": PEERS_FILE})
+                self.on_event(ConfigInvalid(file=PEERS_FILE).to_dict())
             return []
         self._peers_stamp = stamp
         self._registry = registry
@@ -281,8 +281,8 @@ class PeersWatcher:
         return out
 
     def _revoked(self, key: str, name: str | None, cause: str, code: str, n: int) -> dict[str, Any]:
-        ev = {"event": "peer-revoked", "peer": key, "peer_name": name, "cause": cause, "code": code,
-              "sessions_ended": n, "approvals_cancelled": cancel_approvals(self.home, key)}
+        ev = PeerRevoked(peer=key, peer_name=name, cause=cause, code=code, sessions_ended=n,
+                         approvals_cancelled=cancel_approvals(self.home, key)).to_dict()
         self.on_event(ev)
         return ev
 
@@ -307,12 +307,12 @@ class PeersWatcher:
         try:
             policy = Policy.load(self.home)
         except KithError as exc:
-            self.on_event({"event": "policy-reloaded", "ok": False, "code": exc.code})
+            self.on_event(PolicyReloaded(ok=False, code=exc.code).to_dict())
             return
         from node.policy.scrub_coverage import record_scrub
 
         record_scrub(self.home, policy)  # what it scrubs counts as "once covered" (specs/policy.md §9.5)
-        self.on_event({"event": "policy-reloaded", "ok": True, "rules": len(policy.rules)})
+        self.on_event(PolicyReloaded(ok=True, rules=len(policy.rules)).to_dict())
 
 
 __all__ = ["PeersWatcher", "POLL_INTERVAL_S", "SERVER_FETCH_S", "cancel_approvals"]

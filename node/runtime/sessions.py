@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection
 
+from node.common.host_events import SessionEvicted, SessionRefused
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
 from node.runtime.doorkeeper import DEFERRABLE_CODES, admission, admits  # noqa: F401  (their old home)
 
@@ -210,6 +211,8 @@ class SessionTable:
         self._sessions: dict[int, _Session] = {}
         #: post_id -> sessions reserved (at _session_init) or kept (once ready)
         self._claimed: dict[str, int] = {}
+        #: post_id -> its own session limit (posts restored from an earlier run)
+        self._post_limits: dict[str, int | None] = {}
         #: peer key -> (failed handshakes since the last cool-down, cool-down end), LRU order
         self._failures: dict[str, tuple[int, float]] = {}
         #: anonymous key -> when one of its sessions (or stalled handshakes) was last evicted
@@ -227,8 +230,7 @@ class SessionTable:
             oldest = next(iter(self._pending))
             old_peer, old_evict = self._pending.pop(oldest)
             old_evict()
-            self.on_event({"event": "session-refused", "peer": old_peer, "code": "handshake-host-busy",
-                           "reason": "evicted"})
+            self.on_event(SessionRefused(peer=old_peer, code="handshake-host-busy", reason="evicted").to_dict())
         self._pending[token] = (peer, evict)
 
     def connection_done(self, token: int) -> None:
@@ -338,7 +340,7 @@ class SessionTable:
         self.end(token, "session-evicted", "evicted: the host needed this idle anonymous session's slot",
                  cause="evicted")
         self._note_evicted(s.peer, now)
-        self.on_event({"event": "session-evicted", "peer": s.peer, "code": "session-evicted", "idle_s": idle_s})
+        self.on_event(SessionEvicted(peer=s.peer, idle_s=idle_s).to_dict())
         return True
 
     def _note_evicted(self, peer: str, now: float) -> None:
@@ -359,8 +361,7 @@ class SessionTable:
                      cause="evicted")
             if s.anonymous:  # a staller that reconnects at once must not evict in turn
                 self._note_evicted(s.peer, now)
-            self.on_event({"event": "session-refused", "peer": s.peer, "code": "handshake-host-busy",
-                           "reason": "evicted"})
+            self.on_event(SessionRefused(peer=s.peer, code="handshake-host-busy", reason="evicted").to_dict())
             return True
         return False
 
@@ -388,7 +389,7 @@ class SessionTable:
         s.session_id, s.since, s.pairing_code, s.person = session_id, self.clock.time(), pairing_code, person
         if via_person is not None:
             s.name, s.via_person = via_person
-        limit = self.limits.post_max_sessions
+        limit = self.post_limit(s.post) if s.post is not None else None
         return s.post is not None and limit is not None and self._claimed.get(s.post, 0) >= limit
 
     def begin_query(self, token: int) -> None:
@@ -582,7 +583,7 @@ class SessionTable:
         s = self._sessions.get(token)
         if s is None or s.post is not None or not s.holds_slot:
             return False
-        limit = self.limits.post_max_sessions
+        limit = self.post_limit(post_id)
         if limit is not None and self._claimed.get(post_id, 0) >= limit:
             return False
         self._claimed[post_id] = self._claimed.get(post_id, 0) + 1
@@ -592,6 +593,19 @@ class SessionTable:
     def claimed(self, post_id: str) -> int:
         """Uses of ``post_id`` reserved or kept now."""
         return self._claimed.get(post_id, 0)
+
+    def post_limit(self, post_id: str) -> int | None:
+        """Sessions ``post_id`` admits: its own ``max_sessions`` when it was restored
+        (:meth:`restore_post`), else ``post_max_sessions``."""
+        return self._post_limits.get(post_id, self.limits.post_max_sessions)
+
+    def restore_post(self, post_id: str, uses: int, limit: int | None) -> None:
+        """A post of an earlier run of this host comes back with the ``uses`` it had
+        (sessions that became ready) and its own ``limit`` (its invitation's
+        ``max_sessions``; None = unlimited): its use count goes on where it stopped
+        (node/runtime/posts.py, issue 30)."""
+        self._claimed[post_id] = max(self._claimed.get(post_id, 0), int(uses))
+        self._post_limits[post_id] = limit
 
     # ------------------------------------------------------------ failed handshakes
     def record_failure(self, peer: str, code: str) -> None:

@@ -215,6 +215,20 @@ class IrohNode:
         self._relay_mode = relay_mode
         #: True while this endpoint is advertised over mDNS (LAN mode, ``--discovery on``)
         self.advertising = False
+        #: the port :func:`bind_node` was asked for and found taken, or None
+        self.port_taken: int | None = None
+
+    @property
+    def bound_port(self) -> int | None:
+        """The UDP port of the endpoint's IPv4 socket (the one tickets name), or None."""
+        try:
+            sockets = [str(a) for a in self.endpoint.bound_sockets()]
+        except Exception:  # noqa: BLE001 - a closed endpoint
+            return None
+        for sock in sockets:
+            if not sock.startswith("["):
+                return int(sock.rsplit(":", 1)[1])
+        return None
 
     def relay_map(self) -> list[str]:
         """The relay URLs this endpoint may use (its ``RelayMode``'s relay map; ``[]`` with
@@ -438,13 +452,16 @@ class IrohNode:
                 pass
 
 
-def endpoint_options(mode: TransportMode, secret: bytes, alpn: bytes) -> tuple[iroh.EndpointOptions, Any]:
+def endpoint_options(mode: TransportMode, secret: bytes, alpn: bytes,
+                     port: int | None = None) -> tuple[iroh.EndpointOptions, Any]:
     """The iroh options of ``mode`` (the one place a mode becomes iroh settings;
     specs/transport.md §1) and the ``RelayMode`` given (None for the n0 preset's own).
 
     Only ``n0`` uses the n0 preset (its relays and its address lookup); every other mode
     uses the minimal preset, so nothing is published to n0. Owner relay URLs are the whole
     relay map (``RelayMode.custom_from_urls``): no public relay is added as a fallback.
+    ``port``: the UDP port to bind the IPv4 socket to in a mode that keeps one
+    (node/transport/port.py); None or 0: any free port.
     """
     if mode.uses_n0 and not mode.relay_only:
         return iroh.EndpointOptions(preset=iroh.preset_n0(), secret_key=secret, alpns=[alpn]), None
@@ -455,13 +472,15 @@ def endpoint_options(mode: TransportMode, secret: bytes, alpn: bytes) -> tuple[i
     kwargs: dict[str, Any] = {"preset": iroh.preset_minimal(), "relay_mode": relay_mode, "secret_key": secret,
                               "alpns": [alpn]}
     if mode.bind_addr is not None:
-        kwargs["bind_addr"] = mode.bind_addr
+        from node.transport.port import keeps_port, with_port
+
+        kwargs["bind_addr"] = with_port(mode.bind_addr, port) if port and keeps_port(mode) else mode.bind_addr
     return iroh.EndpointOptions(**kwargs), relay_mode
 
 
 @asynccontextmanager
 async def bind_node(secret: bytes, alpn: bytes, *, local: bool = False, mode: TransportMode | None = None,
-                    close_timeout_s: float = CLOSE_TIMEOUT_S) -> AsyncIterator[IrohNode]:
+                    close_timeout_s: float = CLOSE_TIMEOUT_S, port: int | None = None) -> AsyncIterator[IrohNode]:
     """Bind an iroh endpoint with the 32-byte identity ``secret`` for ``alpn``.
 
     Args:
@@ -470,18 +489,30 @@ async def bind_node(secret: bytes, alpn: bytes, *, local: bool = False, mode: Tr
         mode: the :class:`node.transport.modes.TransportMode` (wins over ``local``).
         close_timeout_s: bound on closing the endpoint on exit, seconds
             (:data:`CLOSE_TIMEOUT_S` for a host; guests pass :data:`GUEST_CLOSE_TIMEOUT_S`).
+        port: the UDP port to bind first in a mode that keeps one (a host's kept port,
+            node/transport/port.py); when it is taken, any free port is bound instead and
+            the node's :attr:`IrohNode.port_taken` says which one was wanted.
 
     Raises:
         TransportError: ``transport-bind-failed``.
     """
     iroh_ffi.uniffi_set_event_loop(asyncio.get_running_loop())
     mode = mode if mode is not None else (OFFLINE if local else DEFAULT)
-    opts, relay_mode = endpoint_options(mode, secret, alpn)
+    opts, relay_mode = endpoint_options(mode, secret, alpn, port)
+    taken = None
     try:
         endpoint = await iroh.Endpoint.bind(opts)
     except iroh.IrohError:
-        raise TransportError("transport-bind-failed") from None
+        if not port:
+            raise TransportError("transport-bind-failed") from None
+        taken = port  # the kept port is in use: any free one (said at start by the host)
+        opts, relay_mode = endpoint_options(mode, secret, alpn)
+        try:
+            endpoint = await iroh.Endpoint.bind(opts)
+        except iroh.IrohError:
+            raise TransportError("transport-bind-failed") from None
     node = IrohNode(endpoint, alpn, mode.offline, close_timeout_s, mode=mode, relay_mode=relay_mode)
+    node.port_taken = taken
     try:
         if mode.lan and mode.discovery == "on":  # advertise while bound (specs/transport.md §6)
             from node.transport.lan import advertised

@@ -124,10 +124,11 @@ class TransportMode:
     @property
     def bind_addr(self) -> str | None:
         """The IPv4 bind address: loopback for offline and relay-only, every interface
-        otherwise (None: iroh's default)."""
+        otherwise (None: iroh's default; ``none`` binds every interface explicitly, so a
+        kept port can be given, node/transport/port.py)."""
         if self.offline or self.relay_only:
             return "127.0.0.1:0"
-        if self.lan:
+        if self.lan or not self.relays:
             return "0.0.0.0:0"
         return None
 

@@ -101,10 +101,21 @@ def now_rfc3339() -> str:
     return rfc3339(datetime.now(timezone.utc))
 
 
-def default_device_name() -> str:
-    """This machine's host name, cut to a valid device name (``device`` if it has none)."""
-    name = "".join(c for c in socket.gethostname() if c.isprintable()).strip()[:64].strip()
-    return name or "device"
+def default_device_name(home: Path | str | None = None) -> str:
+    """The name a device gets when none is given: this machine's host name (``device`` if
+    it has none) — followed by ``-`` and the home folder's name for a home that is not the
+    platform default, so two homes on one machine (``--home ~/kith-host``, ``--home
+    ~/kith-guest``) are told apart: ``desktop-kith-guest``. Cut to a valid device name."""
+    import platformdirs
+
+    base = "".join(c for c in socket.gethostname() if c.isprintable()).strip() or "device"
+    if home is not None:
+        home = Path(home).expanduser().resolve()
+        if home != Path(platformdirs.user_data_dir("kith")).expanduser().resolve():
+            suffix = "".join(c for c in home.name if c.isprintable()).strip()
+            if suffix:
+                base = f"{base[:64 - len(suffix[:40]) - 1]}-{suffix[:40]}"
+    return base[:64].strip() or "device"
 
 
 def recovery_seed(secret: bytes) -> bytes:
@@ -282,7 +293,7 @@ def init_person(home: Path, device: Identity, device_name: str | None = None
     existing = load_person(home)
     if existing is not None:
         return existing, None
-    name = check_device_name(device_name) if device_name is not None else default_device_name()
+    name = check_device_name(device_name) if device_name is not None else default_device_name(home)
     person_secret = os.urandom(32)
     secret = os.urandom(32)
     created = now_rfc3339()

@@ -245,6 +245,28 @@ class RevocationStore:
         atomic_write(self.path, (json.dumps(data, indent=2) + "\n").encode("utf-8"))
 
 
+def own_devices(home: Path, person: Any, this_key: str) -> list[dict[str, Any]]:
+    """This home's person's devices as every view shows them (``kith device list``,
+    ``kith person show``, ``kith status``): ``[{"name", "key", "seq", "created", "this",
+    "revoked"}]`` in binding order — ``revoked`` when a revocation list kept here (the
+    person's own, or one of a key it rotated from) revokes the device key.
+
+    Args:
+        person: the home's :class:`node.trust.person.PersonRecord`. this_key: this
+            device's key (64 hex).
+    """
+    store, mine = RevocationStore.load(home), person.all_keys()  # its lists before rotations too
+    return [{"name": d["device_name"], "key": d["device_key"], "seq": d["seq"], "created": d["created"],
+             "this": d["device_key"] == this_key, "revoked": store.revokes(d["device_key"], mine) is not None}
+            for d in person.devices]
+
+
+def device_marks(row: dict[str, Any]) -> str:
+    """The marks a device row carries in text (one wording for every view):
+    ``  (this device)`` and/or ``  REVOKED``."""
+    return ("  (this device)" if row["this"] else "") + ("  REVOKED" if row["revoked"] else "")
+
+
 def revoked_seen_devices(home: Path, registry: Any) -> dict[str, set[str]]:
     """The owner's view (``kith peers list``, the dashboard): per person pin name, the devices
     it has seen that a revocation list kept in ``home`` revokes — a list of that pin's person
@@ -264,4 +286,5 @@ def revoked_seen_devices(home: Path, registry: Any) -> dict[str, set[str]]:
 
 
 __all__ = ["MAX_LIST_BYTES", "MAX_PERSONS", "MAX_REVOKED", "Offered", "REVOCATIONS_FILE", "RevocationList",
-           "RevocationStore", "check_list", "list_size", "make_list", "revoked_seen_devices"]
+           "RevocationStore", "check_list", "device_marks", "list_size", "make_list", "own_devices",
+           "revoked_seen_devices"]

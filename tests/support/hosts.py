@@ -131,6 +131,15 @@ def prepare_host(tmp: Path, corpus: Path, glob_tier: tuple[str, str] | None = No
     return home
 
 
+def notes_host(tmp: Path) -> Path:
+    """:func:`prepare_host` with a one-file corpus (``/docs/notes.md``: "The staging server
+    restarts at noon."), shared public: a host whose every answer is one known result."""
+    docs = tmp / "docs"
+    docs.mkdir()
+    (docs / "notes.md").write_text("# Notes\n\nThe staging server restarts at noon.\n")
+    return prepare_host(tmp, docs)
+
+
 async def raw_guest(inv, spec, ident: Identity, *, claimed: Identity | None = None, post_id: str | None = None,
                     on_proof=None, hang_up_after_proof: bool = False):
     """A guest on the real engine over iroh that ends with ``end`` at once (returns the

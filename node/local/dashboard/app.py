@@ -50,9 +50,9 @@ from node.answer import readable
 from node.common.errors import CorpusError, KithError
 from node.common.http import base_url_of, bind_socket, is_loopback, read_body, serve_app_in_thread, serve_forever
 from node.answer import contract
-from node.common.grants import in_force
+from node.common.grants import until_text
 from node.answer.holder import CorpusHolder
-from node.local.dashboard.guard import COOKIE, SECURITY_HEADERS, Door, Guard, refusal_page
+from node.local.dashboard.guard import COOKIE, SECURITY_HEADERS, Door, Guard, refusal_page, session_cookie
 
 log = logging.getLogger("kith.dashboard")
 
@@ -68,7 +68,7 @@ _env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
 # a preview's code (between the envelope's fence lines) is shown as code (issue 20 item 5)
 # and each list item on a line of its own (readable.blocks)
 _env.filters["preview_blocks"] = lambda text: readable.blocks(text or "")
-_env.globals["in_force"] = in_force  # a grant's end reads "until X" or "ended X"
+_env.globals["until_text"] = until_text  # a grant's end: "until X" or "ended X", as the CLI words it
 
 
 def check_host(host: str) -> None:
@@ -128,7 +128,8 @@ class _Pages:
         with self._lock:
             notice, self._notice = self._notice, None
         page = _env.get_template(name).render(
-            csrf=self.door.csrf, notice=notice, page=name.removesuffix(".html"), **ctx)
+            csrf=self.door.csrf_for(session_cookie(request.scope)), notice=notice, page=name.removesuffix(".html"),
+            **ctx)
         return HTMLResponse(page, headers=SECURITY_HEADERS)
 
     def _done(self, where: str, kind: str, text: str) -> RedirectResponse:
@@ -150,7 +151,7 @@ class _Pages:
         except (UnicodeDecodeError, ValueError):
             raise CorpusError("dashboard-form-invalid", "the form is not valid", status=400) from None
         form = dict(pairs)
-        if not self.door.csrf_ok(form.get("csrf")):
+        if not self.door.csrf_ok(form.get("csrf"), session_cookie(request.scope)):
             raise CorpusError("dashboard-csrf", "the form's CSRF token is missing or wrong; reload "
                               "the page and send it again", status=403)
         return form
@@ -480,7 +481,7 @@ class _Pages:
         session = self.door.redeem(request.query_params.get("token"))
         if session is None:
             return refusal_page("dashboard-login-invalid", "this login link is wrong or was used "
-                                "already; restart `kith dashboard` for a new one", 403)
+                                "already; `kith dashboard --login-link` prints a new one", 403)
         resp = RedirectResponse("/", status_code=303, headers=SECURITY_HEADERS)
         resp.set_cookie(COOKIE, session, httponly=True, samesite="strict", path="/")
         return resp

@@ -5,9 +5,10 @@ One :class:`Door` per dashboard process holds
 - the **login token** printed once at start (``/login?token=…``): 32 random bytes,
   compared in constant time, consumed by its first use — a second use, or any wrong
   token, answers 403 ``dashboard-login-invalid``;
-- the one **session** that token opens: a random id sent as an ``HttpOnly``,
-  ``SameSite=Strict`` cookie, and the **CSRF token** every POST form carries (a hidden
-  ``csrf`` field, checked in constant time: 403 ``dashboard-csrf``).
+- the **sessions** login tokens opened (each token opens one; at most
+  :data:`MAX_SESSIONS`, the oldest dropped): a random id sent as an ``HttpOnly``,
+  ``SameSite=Strict`` cookie, and per session the **CSRF token** every POST form carries
+  (a hidden ``csrf`` field, checked in constant time: 403 ``dashboard-csrf``).
 
 :class:`Guard` is the outer ASGI layer, before Starlette (so nothing is read, parsed or
 changed for a refused request): a client whose address is not loopback answers 403
@@ -36,6 +37,8 @@ from node.local.api import loopback_refusal
 
 #: the session cookie's name
 COOKIE = "kith_dashboard"
+#: browsers signed in at once (each login link opens one session; the oldest goes first)
+MAX_SESSIONS = 8
 #: headers on every dashboard response: no caching, no framing, no referrer to another site,
 #: and only the dashboard's own CSS and script. (Not ``no-referrer``: with it Chromium sends
 #: ``Origin: null`` on the dashboard's own forms, which the Origin check must refuse.)
@@ -51,44 +54,61 @@ SECURITY_HEADERS = {
 
 
 class Door:
-    """The login token, the session it opens and that session's CSRF token (module
-    docstring). Thread-safe; at most one session exists (the token opens one)."""
+    """The login token, the sessions login tokens opened and each session's CSRF token
+    (module docstring). Thread-safe."""
 
     def __init__(self) -> None:
         self.login_token = secrets.token_urlsafe(32)
         self._used = False
-        self._session: str | None = None
-        self.csrf = secrets.token_urlsafe(32)
+        self._sessions: dict[str, str] = {}  # session id -> its CSRF token, oldest first
         self._lock = threading.Lock()
 
     def rotate(self) -> None:
         """A new one-time login token (``kith dashboard --login-link``, issue 20: a lost
-        link or cookie no longer means a restart). The old token, the session it opened and
-        its CSRF token stop working: at most one session exists, and it is the new one's."""
+        link or cookie no longer means a restart). The old token stops working; browsers
+        signed in already stay signed in (issue 32: a new link for one browser logged out
+        the others). Restarting the dashboard ends every session."""
         with self._lock:
             self.login_token = secrets.token_urlsafe(32)
             self._used = False
-            self._session = None
-            self.csrf = secrets.token_urlsafe(32)
 
     def redeem(self, token: str | None) -> str | None:
         """Consume the login token. Returns the new session id, or None when ``token`` is
-        wrong or the token was used already (nothing changes then)."""
+        wrong or the token was used already (nothing changes then). The oldest session
+        ends when :data:`MAX_SESSIONS` are open."""
         with self._lock:
             if self._used or not token or not hmac.compare_digest(token.encode(), self.login_token.encode()):
                 return None
             self._used = True
-            self._session = secrets.token_urlsafe(32)
-            return self._session
+            session = secrets.token_urlsafe(32)
+            self._sessions[session] = secrets.token_urlsafe(32)
+            while len(self._sessions) > MAX_SESSIONS:
+                self._sessions.pop(next(iter(self._sessions)))
+            return session
+
+    def _find(self, session_id: str | None) -> str | None:
+        if not session_id:
+            return None
+        with self._lock:
+            known = list(self._sessions)
+        for s in known:  # every one compared in constant time
+            if hmac.compare_digest(session_id.encode(), s.encode()):
+                return s
+        return None
 
     def session_ok(self, session_id: str | None) -> bool:
-        """True when ``session_id`` is the session the login token opened."""
-        current = self._session
-        return bool(current and session_id and hmac.compare_digest(session_id.encode(), current.encode()))
+        """True when ``session_id`` is a session a login token opened."""
+        return self._find(session_id) is not None
 
-    def csrf_ok(self, token: str | None) -> bool:
-        """True when ``token`` is this session's CSRF token."""
-        return bool(token) and hmac.compare_digest(str(token).encode(), self.csrf.encode())
+    def csrf_for(self, session_id: str | None) -> str:
+        """The CSRF token of ``session_id``'s session ("" for none)."""
+        found = self._find(session_id)
+        return self._sessions.get(found, "") if found else ""
+
+    def csrf_ok(self, token: str | None, session_id: str | None) -> bool:
+        """True when ``token`` is the CSRF token of ``session_id``'s session."""
+        want = self.csrf_for(session_id)
+        return bool(token) and bool(want) and hmac.compare_digest(str(token).encode(), want.encode())
 
 
 def session_cookie(scope: Scope) -> str | None:
@@ -146,8 +166,8 @@ class Guard:
             return
         if not self.door.session_ok(session_cookie(scope)):
             await refusal_page("dashboard-login-required", "open the login URL `kith dashboard` "
-                               "printed (it works once); restart the dashboard for a new one",
-                               401)(scope, receive, send)
+                               "printed (it works once); `kith dashboard --login-link` prints a new "
+                               "one", 401)(scope, receive, send)
             return
         if method == "POST" and not _form_content_type(scope):
             await refusal_page("dashboard-form-invalid", "a dashboard POST is a form "
@@ -156,4 +176,4 @@ class Guard:
         await self.app(scope, receive, send)
 
 
-__all__ = ["COOKIE", "Door", "Guard", "SECURITY_HEADERS", "refusal_page", "session_cookie"]
+__all__ = ["COOKIE", "MAX_SESSIONS", "Door", "Guard", "SECURITY_HEADERS", "refusal_page", "session_cookie"]
