@@ -139,6 +139,28 @@ def test_expiry_follows_the_wall_clock_and_never_drops_an_answer(tmp_path):
         assert store.remove_done() and store.list() == []
 
 
+def test_an_expiry_pass_with_no_open_row_to_expire_takes_no_write_lock(tmp_path):
+    """Answered questions past their expiry stay until removed; the runner's pass every
+    second must not take the write lock for them (another process may hold it)."""
+    import sqlite3
+
+    clock = WallClock()
+    with OutboxStore(tmp_path, clock=clock) as store:
+        qid = store.add(REQUEST, [("alice", KEY)], keep_s=60)["id"]
+        answer = _answer(qid)
+        store.record_attempt(qid, KEY, classify(answer, query_id_of(qid)), message=answer)
+        clock.t += 3600
+        other = sqlite3.connect(tmp_path / "outbox.sqlite", isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process writes
+        try:
+            store.db.execute("PRAGMA busy_timeout=0")
+            assert store.expire() == 0
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert store.get(qid)["state"] == "answered"
+
+
 def test_the_outbox_is_bounded_in_questions(tmp_path):
     from node.common.errors import ConfigError
 

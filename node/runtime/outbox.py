@@ -291,7 +291,9 @@ class OutboxStore:
         ``expired`` (code ``outbox-expired``). Returns how many rows changed."""
         now = float(self.clock())
         with self._lock:  # a read first: a pass with nothing to expire writes nothing
-            due = self.db.execute("SELECT 1 FROM questions WHERE expires_at <= ? LIMIT 1", (now,)).fetchone()
+            due = self.db.execute(
+                "SELECT 1 FROM deliveries d JOIN questions q ON q.id = d.question_id "
+                "WHERE d.state IN ('waiting','pending-approval') AND q.expires_at <= ? LIMIT 1", (now,)).fetchone()
         if due is None:
             return 0
         with self._tx() as db:
