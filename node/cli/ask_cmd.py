@@ -151,7 +151,7 @@ def ask_cmd(
         from node.runtime.outbox import OutboxStore
 
         with OutboxStore(home) as store:
-            store.check_room(len(question.encode()))
+            store.check_room(request)
     identity = load_identity(home)
 
     def show(env: dict[str, Any]) -> None:

@@ -62,11 +62,11 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """List the kept questions, newest first: state per peer, expiry, unread answers."""
     from rich.table import Table
 
-    from node.runtime.outbox import MAX_BYTES, MAX_QUESTIONS, OUTBOX_FILE
+    from node.runtime.outbox import OUTBOX_FILE, empty_usage
 
     if not (home_of(ctx) / OUTBOX_FILE).exists():
         records: list[dict[str, Any]] = []
-        usage = {"questions": 0, "open": 0, "bytes": 0, "maxQuestions": MAX_QUESTIONS, "maxBytes": MAX_BYTES}
+        usage = empty_usage()
     else:
         with _store(ctx) as store:
             records = store.list()
@@ -89,7 +89,7 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         table.add_row(r["id"][:12], state, safe_text(r["query"] or ""), peers, r["expiresAt"])
     console.print(table)
     console.print(f"{usage['questions']} of {usage['maxQuestions']} questions, "
-                  f"{usage['bytes'] / 1e6:.1f} of {usage['maxBytes'] / 1e6:.0f} MB", highlight=False, style="dim")
+                  f"{usage['bytes'] / 2**20:.1f} of {usage['maxBytes'] / 2**20:.0f} MiB", highlight=False, style="dim")
 
 
 @outbox_app.command("show")

@@ -64,6 +64,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "outbox-full": ("config", "The outbox is full; nothing was kept.", "remove answered questions: `kith outbox remove --done`"),
     "outbox-not-found": ("config", "No question in the outbox has that id.", "`kith outbox list` shows the ids"),
     "outbox-id-ambiguous": ("config", "Several outbox questions start with that id; give more of it."),
+    "outbox-corrupt": ("config", "The outbox file is not a readable outbox.", "move <home>/outbox.sqlite aside; nothing else in the home depends on it"),
     "host-not-running": ("config", "No `kith host` is running for this home.", "start one with `kith host`"),
     "control-dir-unsafe": ("config", "The control folder <home>/run is not a 0700 directory of yours."),
     "control-forbidden": ("config", "The host's control channel refused this client."),
