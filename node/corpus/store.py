@@ -16,7 +16,7 @@ import json
 import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import tantivy
 
@@ -377,12 +377,18 @@ class Corpus:
                 kept = self._lens_basis = (gen, ids)
             return kept
 
-    def generation(self) -> int:
-        """The record's current generation (:func:`node.corpus.views.generation`; 0 without one)."""
+    def generation(self, wait: bool = True) -> int | None:
+        """The record's current generation (:func:`node.corpus.views.generation`; 0 without
+        one). With ``wait`` False the corpus lock is only tried (an event loop never waits
+        for a search or a sync holding it): None when it is busy."""
         from node.corpus import views
 
-        with self.record.lock:
+        if not self.record.lock.acquire(blocking=wait):
+            return None
+        try:
             return views.generation(self.record.db) if self.record.db is not None else 0
+        finally:
+            self.record.lock.release()
 
     def warm_view(self, lens: Lens) -> int:
         """Build (or bring up to date) the index of the view ``lens`` now, so its first
@@ -471,6 +477,49 @@ class Corpus:
                     f"ON d.doc_id = c.doc_id WHERE c.chunk_id IN ({marks}) AND d.status = 'done'",
                     ids)]
         return {r[0]: (r[3], r[1], r[2]) for r in rows if r[3]}
+
+    def done_documents(self) -> list[tuple[str, str]]:
+        """``(source id as stored, content hash)`` of every ``done`` document holding
+        chunks, by source id (a copy's manifest, node/answer/copies.py). ``[]`` without a
+        record."""
+        with self.record.lock:
+            if self.record.db is None:
+                return []
+            rows = self.record.db.execute(
+                "SELECT source_id, content_hash FROM documents WHERE status = 'done' "
+                "AND chunk_count > 0 AND content_hash IS NOT NULL ORDER BY source_id").fetchall()
+        return [(r[0], r[1]) for r in rows]
+
+    def document_text(self, source_id: str) -> tuple[str, str] | None:
+        """``(content hash, text)`` of one ``done`` document as indexed: its chunks put back
+        at their character offsets in the normalised text (overlaps written once), or
+        joined by blank lines on a record without offsets. None when it is not ``done``."""
+        with self.record.lock:
+            if self.record.db is None:
+                return None
+            row = self.record.db.execute(
+                "SELECT doc_id, content_hash FROM documents WHERE source_id = ? AND status = 'done'",
+                (source_id,)).fetchone()
+            if row is None or not row[1]:
+                return None
+            chunks = self.record.db.execute(
+                "SELECT text, char_start, char_end FROM chunks WHERE doc_id = ? ORDER BY ordinal",
+                (row[0],)).fetchall()
+        if not chunks:
+            return None
+        if all(isinstance(c[1], int) and isinstance(c[2], int) and c[2] - c[1] == len(c[0]) for c in chunks):
+            parts: list[str] = []
+            end = 0
+            for text, start, stop in sorted(chunks, key=lambda c: c[1]):
+                if stop <= end:
+                    continue
+                if start > end:
+                    parts.append("\n" * min(start - end, 2))
+                    end = start
+                parts.append(text[end - start:])
+                end = stop
+            return row[1], "".join(parts)
+        return row[1], "\n\n".join(c[0] for c in chunks)
 
     def content_hashes(self, source_ids: list[str]) -> dict[str, str]:
         """``{source id: content hash as indexed}`` of the ``done`` documents among
@@ -610,15 +659,19 @@ class Corpus:
                 return False
             return self.record.get_meta("last_sync") is None or self.index_lag() > 0
 
-    def repair_lag(self) -> str:
+    def repair_lag(self, say: Callable[[str], None] | None = None) -> str:
         """Replay the changes the index lacks now, if the writer lock is free — without
         waiting for it (DESIGN §9 start-up repair, for read-only openers: the host,
-        ``kith api serve``, ``kith mcp``). The handle stays read-only for everything else.
+        ``kith api serve``, ``kith mcp``) — and rebuild an index of an older
+        :data:`node.corpus.search.INDEX_SCHEMA_VERSION` from the record (``say(line)``:
+        once that it does, then its progress every
+        :data:`node.corpus.record.REBUILD_STEP` chunks). The handle stays read-only for
+        everything else.
 
         Returns:
-            ``"current"`` (nothing to repair), ``"repaired"``, ``"locked"`` (another
-            process holds the writer; it replays the changes itself — callers warn), or
-            ``"unavailable"`` (no corpus).
+            ``"current"`` (nothing to repair), ``"repaired"`` (replayed or rebuilt),
+            ``"locked"`` (another process holds the writer; it replays the changes
+            itself — callers warn), or ``"unavailable"`` (no corpus).
 
         Raises:
             CorpusError: only for a corrupt index the writer cannot open.
@@ -626,12 +679,22 @@ class Corpus:
         with self.record.lock:
             if self.record.db is None:
                 return "unavailable"
-            if self.record.writer is not None or self.index_lag() == 0:
+            built = self.record.get_meta("index_schema_version")
+            old = built is not None and built != str(search.INDEX_SCHEMA_VERSION)
+            if self.record.writer is not None or (self.index_lag() == 0 and not old):
                 return "current"
-            if self.record.get_meta("index_schema_version") is None:
+            if built is None:
                 return "current"  # never indexed: `kith index sync` builds it
+            progress = None
+            if old and say is not None:
+                say(f"the corpus index was built by an older Kith (index schema {built}); rebuilding it "
+                    f"for schema {search.INDEX_SCHEMA_VERSION} from the record")
+
+                def progress(done: int, total: int) -> None:
+                    say(f"rebuilding the corpus index: {done:,}/{total:,} chunks")
             try:
-                self.record.acquire_writer()  # non-blocking flock; replays the change log
+                # non-blocking flock; replays the change log, or rebuilds an older schema
+                self.record.acquire_writer(progress)
             except CorpusError as exc:
                 if exc.code == "index-locked":
                     return "locked"
