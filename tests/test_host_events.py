@@ -86,3 +86,32 @@ def test_command_event_lines_follow_the_table(monkeypatch):
     monkeypatch.setenv(host_events.STRICT_ENV, "1")
     with pytest.raises(msgspec.ValidationError):
         checked({"event": "device-code"}, command=True)
+
+
+OUTBOX_KINDS = {"outbox-answered", "outbox-pending", "outbox-failed", "outbox-expired", "outbox-runner-started"}
+
+
+def test_the_runners_outbox_events_are_in_the_table(tmp_path, monkeypatch):
+    """The home runner's delivery events (`kith outbox run --json` lines, specs/outbox.md §5)
+    are the table's: each kind in $defs.CommandEvent and documented, and the runner refuses
+    one the table does not describe in strict mode (tests), as a host does."""
+    from node.runtime.runner import Runner
+
+    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
+    commands = schema["$defs"]["CommandEvent"]["discriminator"]["mapping"]
+    assert OUTBOX_KINDS <= set(commands)
+    validator = jsonschema.Draft202012Validator({"$defs": schema["$defs"], "$ref": "#/$defs/CommandEvent"})
+    seen: list[dict] = []
+    runner = Runner(tmp_path, [], on_event=seen.append)
+    good = [{"event": "outbox-answered", "id": "q1", "peer": "alice", "status": "ok"},
+            {"event": "outbox-pending", "id": "q1", "peer": "alice", "approval_id": "ap1"},
+            {"event": "outbox-failed", "id": "q1", "peer": "alice", "code": "peer-not-found"},
+            {"event": "outbox-expired", "rows": 2},
+            {"event": "outbox-runner-started"}]
+    for ev in good:
+        assert not list(validator.iter_errors(ev)), ev
+        runner.emit(ev)
+    assert seen == good
+    monkeypatch.setenv(host_events.STRICT_ENV, "1")
+    with pytest.raises(msgspec.ValidationError):
+        runner.emit({"event": "outbox-answered", "id": "q1"})  # fields missing
