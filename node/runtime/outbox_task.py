@@ -131,6 +131,7 @@ class OutboxTask:
                     continue
                 if registry.is_blocked(rec.public_key):
                     await anyio.to_thread.run_sync(store.fail, item.question_id, key, "ask-peer-blocked")
+                    runner.emit(OutboxFailed(id=item.question_id, peer=item.peer_name, code="ask-peer-blocked").to_dict())
                     continue
                 request = {**item.request, "query_id": item.query_id}
                 message = None
