@@ -276,3 +276,115 @@ def test_a_peer_whose_best_matches_wait_for_approval_still_gets_top_k(tmp_path: 
     assert answer["status"] == "pending-approval"
     shown = [r["source"] for r in answer["envelope"]["results"]]
     assert len(shown) == 10 and all("/pub/" in s for s in shown)
+
+
+def test_a_warm_plain_query_is_answered_on_the_event_loop_with_the_same_answer(tmp_path: Path) -> None:
+    """issue 31 item 1: the knowledge-query host answers a query on the event loop (no
+    worker thread) once the peer's view answered cheaply at the same corpus generation and
+    policy; the first answer, a filtered request, and the first answer after a policy
+    change or a sync go to the hook threads — and every answer is the same either way."""
+    import threading
+
+    root = tmp_path / "kb"
+    root.mkdir()
+    (root / "a.md").write_text("# Staging\n\nThe staging server is rebuilt every night.\n")
+    home = tmp_path / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+    (home / "policy.toml").write_text('[[rule]]\nglob = "/kb/**"\ntier = "public"\n')
+    os.chmod(home / "policy.toml", 0o600)
+    spec, hooks = load_spec(KQ), load_hooks(KQ)
+    knowledge = open_knowledge(home, lambda _m: None)
+    handle = knowledge.handle_for(None, "c" * 64)
+    where: list[bool] = []  # True: answered on the event loop's thread
+    real = handle.search
+    on_message = hooks.on_message
+
+    class Spy:  # the real handle; records the thread each search ran in
+        def __getattr__(self, name: str) -> Any:
+            return getattr(handle, name)
+
+        def search(self, request: Any) -> Any:
+            where.append(threading.current_thread() is threading.main_thread())
+            return real(request)
+
+    queries = ["staging server", "staging server", {"query": "staging server", "sources": ["/kb/**"]},
+               "staging server"]
+    got: list[dict[str, Any]] = []
+
+    def session() -> None:
+        host_id, guest_id = Identity(os.urandom(32)), Identity(os.urandom(32))
+        options = {"queries": list(queries), "topK": 3, "on_results": got.append}
+        host = SessionEngine("host", spec, public_key=host_id.public_key, sign=host_id.sign,
+                             host=HostConfig(remote_id=guest_id.public_key, post_protocol={POST: spec.protocol_id}.get,
+                                             nonce_unseen=lambda _n: True), egress_check=knowledge.egress_check)
+        guest = SessionEngine("guest", spec, public_key=guest_id.public_key, sign=guest_id.sign,
+                              guest=GuestConfig(remote_id=host_id.public_key, post_id=POST,
+                                                host_public_key=host_id.public_key))
+
+        def ctx(role: str):
+            def make(ev: SessionReady) -> HookContext:
+                return HookContext(role=role, session_id=ev.session_id, peer=PeerInfo(ev.peer_public_key),
+                                   options=options if role == "guest" else {},
+                                   knowledge=Spy() if role == "host" else None)
+            return make
+
+        async def main() -> None:
+            g, h = memory_pipe(guest_id.public_key, host_id.public_key)
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(functools.partial(run_session, h, host, hooks, make_context=ctx("host")))
+                    await run_session(g, guest, hooks, make_context=ctx("guest"))
+
+        anyio.run(main)
+
+    try:
+        assert on_message.inline is not None
+        session()
+        # first: not known yet; second: warm; filtered: never small; then warm again
+        assert where == [False, True, False, True]
+        assert [r["status"] for r in got] == ["ok"] * 4
+        assert _comparable(got[0]["envelope"]) == _comparable(got[1]["envelope"]) == _comparable(got[3]["envelope"])
+        (home / "policy.toml").write_text('[[rule]]\nglob = "/kb/**"\ntier = "public"\n# changed\n')
+        assert not handle.small({"query": "staging server"})  # a new policy: not known to be small
+        handle.search({"query": "staging server", "topK": 3})
+        assert handle.small({"query": "staging server"})
+        (root / "b.md").write_text("# Other\n\nAnother staging note.\n")
+        with Corpus(home) as c:
+            c.sync()
+        assert not handle.small({"query": "staging server"})  # a sync moved the generation
+    finally:
+        knowledge.close()
+
+
+def test_a_grant_that_ends_makes_the_next_query_not_small(tmp_path: Path) -> None:
+    """issue 31 item 1 on the lens (issue 29): whether a query is small is kept per lens
+    key, so an override that ends (the same policy object, a new lens) makes the peer's
+    next query go to the hook threads again, as a policy change or a sync does."""
+    from node.answer.service import AnswerService, PeerView
+    from node.policy.gate import EgressGate
+    from node.policy.store import Policy
+
+    root = tmp_path / "kb"
+    root.mkdir()
+    (root / "a.md").write_text("# Staging\n\nThe staging server is rebuilt every night.\n")
+    home = tmp_path / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+    policy = Policy.from_toml('[[override]]\npeer = "alice"\nglob = "/kb/**"\ntier = "public"\n'
+                              'until = "2027-01-01T00:00:00Z"\n')
+    now = [1798761600.0 - 3600]  # an hour before the override ends
+    policy.now = lambda: now[0]
+    with Corpus(home, readonly=True) as corpus:
+        handle = AnswerService(corpus, EgressGate(corpus.roots(), policy, home)).knowledge_for(
+            PeerView("alice"))
+        request = {"query": "staging server", "topK": 3}
+        for _ in range(3):  # the first answer builds alice's view; the next ones are warm
+            assert handle.search(request)["status"] == "ok"
+        assert handle.small(request)
+        assert not handle.small({**request, "sources": ["/kb/**"]})  # filtered: never small
+        now[0] += 7200  # the override has ended: a new lens
+        assert not handle.small(request)
+        assert handle.search(request)["status"] != "ok"  # alice sees nothing now

@@ -382,8 +382,9 @@ def test_the_handle_exposes_only_search(world) -> None:
     handle = peer_knowledge(corpus, gate, "alice", peer_key=ALICE)
     public = {n for n in dir(handle) if not n.startswith("_")}
     # check_versions answers only current / stale / unknown for a citation's keyed version
-    # (specs/citations.md), from this peer's view
-    assert public == {"search", "check_versions", "peer_name", "peer_key"}
+    # (specs/citations.md), from this peer's view; small says only where the peer's next
+    # plain answer may run (node/answer/inline.py), from this view's own last answer
+    assert public == {"search", "check_versions", "small", "peer_name", "peer_key"}
     for attr in ("corpus", "gate", "index", "search_hits", "_corpus", "__dict__"):
         assert not hasattr(handle, attr), attr
     with pytest.raises(AttributeError):

@@ -298,3 +298,109 @@ def test_hook_abort_codes_reach_on_end(host_id, guest_id):
     out = anyio.run(lambda: run_pair(spec, host_id, guest_id, host_hooks, load_hooks(ECHO), {"texts": ["x"]}))
     assert out["host"].code == "hook-timeout" and ended == ["hook-timeout"]
     assert out["guest"].remote_errors[0][0] == "hook-timeout"
+
+
+def _echo_with_threads(inline=None, delay_s=0.0):
+    """The echo hooks, the host's ``on_message`` a plain sync function recording the
+    thread it ran in (and, with ``delay_s``, how many ran at once)."""
+    import threading
+
+    base = load_hooks(ECHO)
+    seen: list[tuple[str, bool]] = []
+    running = [0, 0]  # now, most at once
+    lock = threading.Lock()
+
+    def on_message(ctx, message):
+        with lock:
+            running[0] += 1
+            running[1] = max(running[1], running[0])
+        try:
+            if delay_s:
+                time.sleep(delay_s)
+            seen.append((message.get("text", ""), threading.current_thread() is threading.main_thread()))
+            return base.on_message(ctx, message)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    if inline is not None:
+        on_message.inline = inline
+    return Hooks(on_start=base.on_start, on_message=on_message, on_end=base.on_end, module=base.module), seen, running
+
+
+def test_a_plain_sync_hook_still_runs_in_a_worker_thread(host_id, guest_id):
+    spec = load_spec(ECHO)
+    hooks, seen, _ = _echo_with_threads()
+    got = []
+    out = anyio.run(run_pair, spec, host_id, guest_id, hooks, load_hooks(ECHO), {"texts": ["a", "b"],
+                                                                                "on_message": got.append})
+    assert out["host"].ok and [m["text"] for m in got] == ["A", "B"]
+    assert [on_loop for text, on_loop in seen if text] == [False, False]  # unchanged: the thread hop
+
+
+def test_a_hook_that_says_its_call_is_small_runs_on_the_event_loop(host_id, guest_id):
+    spec = load_spec(ECHO)
+    hooks, seen, _ = _echo_with_threads(inline=lambda ctx, message: message.get("text") != "large")
+    got = []
+    out = anyio.run(run_pair, spec, host_id, guest_id, hooks, load_hooks(ECHO),
+                    {"texts": ["small", "large", "tiny"], "on_message": got.append})
+    assert out["host"].ok and [m["text"] for m in got] == ["SMALL", "LARGE", "TINY"]  # the same answers
+    assert [(t, on_loop) for t, on_loop in seen if t] == [("small", True), ("large", False), ("tiny", True)]
+
+
+def test_large_calls_share_a_bounded_pool_and_a_broken_predicate_is_large(host_id, guest_id):
+    from node.runtime.driver import HOOK_THREADS
+
+    spec = load_spec(ECHO)
+
+    def predicate(ctx, message):
+        if message.get("text") == "boom":
+            raise RuntimeError("a broken predicate")
+        return False
+
+    hooks, seen, running = _echo_with_threads(inline=predicate, delay_s=0.05)
+
+    async def many():
+        async with anyio.create_task_group() as tg:
+            for _ in range(HOOK_THREADS * 3):
+                tg.start_soon(run_pair, spec, host_id, guest_id, hooks, load_hooks(ECHO),
+                              {"texts": ["x", "boom"]})
+
+    anyio.run(many)
+    assert len([t for t, _ in seen if t]) == HOOK_THREADS * 3 * 2  # every call answered
+    assert not any(on_loop for _, on_loop in seen)
+    assert 1 <= running[1] <= HOOK_THREADS  # never more at once than the pool's bound
+
+
+def test_a_small_call_takes_a_thread_while_another_hook_call_runs_in_one(host_id, guest_id):
+    """While a hook call of another session runs in a thread, the loop stays free for it:
+    a call that says it is small then runs in a thread too; once nothing runs beside the
+    loop, small calls run on it again."""
+    import threading
+
+    spec = load_spec(ECHO)
+    base = load_hooks(ECHO)
+    started, release = threading.Event(), threading.Event()
+
+    def slow(ctx, message):  # a plain sync hook, held until the small session has asked
+        started.set()
+        release.wait(30)
+        return base.on_message(ctx, message)
+
+    slow_hooks = Hooks(on_start=base.on_start, on_message=slow, on_end=base.on_end, module=base.module)
+    small_hooks, seen, _ = _echo_with_threads(inline=lambda ctx, message: True)
+    got: list = []
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_pair, spec, host_id, guest_id, slow_hooks, load_hooks(ECHO), {"texts": ["slow"]})
+            await anyio.to_thread.run_sync(started.wait, 30)
+            await run_pair(spec, host_id, guest_id, small_hooks, load_hooks(ECHO),
+                           {"texts": ["during"], "on_message": got.append})
+            release.set()
+        await run_pair(spec, host_id, guest_id, small_hooks, load_hooks(ECHO),
+                       {"texts": ["after"], "on_message": got.append})
+
+    anyio.run(main)
+    assert [m["text"] for m in got] == ["DURING", "AFTER"]
+    assert [(t, on_loop) for t, on_loop in seen if t] == [("during", False), ("after", True)]

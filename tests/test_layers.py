@@ -2,19 +2,25 @@
 
 ``common`` < ``corpus`` < ``trust`` < ``policy`` < ``answer`` < ``runtime`` < ``cli``: a package
 imports only packages below it (and itself) — at the top of a module or inside a function
-alike. The policy decides what a peer may see and hands the corpus a lens
-(node/corpus/lens.py); the corpus never asks the policy.
+alike, absolute or relative. The policy decides what a peer may see and hands the corpus a
+lens (node/corpus/lens.py); the corpus never asks the policy. The packages beside that
+stack (the wire ``protocol``, the ``transport``, the sans-I/O ``engine``, the ``community``
+server and client, the ``local`` API/MCP front ends, the ``devtools``) have their place in
+the same order, and a package the order does not name fails (a new package is placed, not
+left unchecked).
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
 NODE = Path(__file__).resolve().parent.parent / "node"
-ORDER = ["common", "corpus", "trust", "policy", "answer", "runtime", "cli"]
+ORDER = ["common", "protocol", "transport", "corpus", "trust", "engine", "community", "policy",
+         "answer", "runtime", "local", "devtools", "cli"]
 
 
 def _imports(package: str) -> list[tuple[str, int, str]]:
@@ -25,8 +31,13 @@ def _imports(package: str) -> list[tuple[str, int, str]]:
             names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level > 0:  # relative: resolved
+                here = ["node", *path.relative_to(NODE).parent.parts]
+                base = here[:len(here) - (node.level - 1)] if node.level <= len(here) else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                names = [module] + [f"{module}.{a.name}" for a in node.names]
             for name in names:
                 parts = name.split(".")
                 if parts[0] == "node" and len(parts) > 1:
@@ -39,3 +50,16 @@ def test_no_import_runs_up(package: str) -> None:
     above = set(ORDER[ORDER.index(package) + 1:])
     upward = sorted({(f, line, p) for f, line, p in _imports(package) if p in above})
     assert upward == [], f"{package} imports from a layer above it: {upward}"
+
+
+def test_every_package_is_placed() -> None:
+    packages = {p.name for p in NODE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert sorted(packages - set(ORDER)) == [], "place the new package in ORDER (and specs/corpus.md)"
+
+
+def test_relative_imports_are_resolved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "x.py").write_text("from ..policy import gate\nfrom . import store\n")
+    monkeypatch.setattr(sys.modules[__name__], "NODE", tmp_path)
+    assert _imports("corpus") == [("corpus/x.py", 1, "policy"), ("corpus/x.py", 1, "policy"),
+                                  ("corpus/x.py", 2, "corpus"), ("corpus/x.py", 2, "corpus")]

@@ -382,17 +382,27 @@ def test_a_guest_killed_between_delivery_and_storing_loses_nothing_and_stores_on
         runner = _start_runner(guest_home)
         ev = _event(runner, "outbox-answered")
         assert ev["id"] == qid
+        # a running host writes its audit in batches (a tick of its event loop, specs/peers.md
+        # §7) and is SIGKILLed below: wait (bounded) until the resend's record is written
+        deadline = time.monotonic() + 60
+        while len(_answered_in_audit(host_home, qid)[0]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
         _stop(runner, host)
     with OutboxStore(guest_home) as store:
         got = store.get(qid)
     assert got["state"] == "answered" and got["peers"][0]["attempts"] == 1
     assert merged_answer(got)["results"][0]["source"] == "/kb-alice/deploy.md"
+    answered, text = _answered_in_audit(host_home, qid)
+    assert len(answered) == 2 and {r["status"] for r in answered} == {"ok"}, text[-2000:]
+
+
+def _answered_in_audit(host_home: Path, qid: str) -> tuple[list[dict], str]:
+    """The host audit's ``results`` records of outbox question ``qid``, and the audit text."""
     audit = _kith(host_home, "audit", "--json")
     assert audit.returncode == 0, audit.stderr
-    answered = [r for r in _json_lines(audit.stdout) if r.get("event") == "results"
-                and r.get("query_id") == query_id_of(qid)]
-    assert len(answered) == 2 and {r["status"] for r in answered} == {"ok"}, audit.stdout[-2000:]
+    return [r for r in _json_lines(audit.stdout) if r.get("event") == "results"
+            and r.get("query_id") == query_id_of(qid)], audit.stdout
 
 
 def _json_lines(text: str) -> list[dict]:

@@ -472,3 +472,61 @@ def test_ids_read_once_are_never_served_for_a_changed_index(tmp_path: Path) -> N
             row = c.record.db.execute("SELECT text FROM chunks WHERE chunk_id=?",
                                       (h.chunk_id,)).fetchone()
             assert row is not None and row[0] == h.text
+
+
+def test_candidate_ids_come_from_fast_fields_and_match_the_stored_ids(tmp_path: Path) -> None:
+    """The chunk and document ids of every candidate are read from the index's fast
+    fields (schema 4, issue 31) and are exactly the stored ones; a chunk whose ids do not
+    pack (not ingest's hex shapes) is still found, from its stored document."""
+    import tantivy
+
+    root = tmp_path / "kb"
+    root.mkdir()
+    for i in range(6):
+        (root / f"n{i}.txt").write_text(f"The otter note {i} swims in the river.\n")
+    with Corpus(tmp_path / "home") as c:
+        c.add_root(root)
+        c.sync()
+        hits = c.search_hits("otter river", limit=10)[0]
+        assert len(hits) == 6
+        with c.record.lock:
+            searcher = c.record.searcher()
+        query = tantivy.Query.term_query(c.record.index.schema, "body", "otter")
+        addrs = [a for _s, a in searcher.search(query, 10).hits]
+        assert len(addrs) == 6
+        values = [searcher.fast_field_values(name, addrs) for name in search.ID_FAST_FIELDS]
+        for i, addr in enumerate(addrs):
+            doc = searcher.doc(addr)
+            stored = (doc.get_first("chunk_id"), doc.get_first("doc_id"))
+            assert search.unpack_ids(*(col[i] for col in values)) == stored
+        assert {h.chunk_id for h in hits} <= {searcher.doc(a).get_first("chunk_id") for a in addrs}
+    index = tantivy.Index(search.build_schema())
+    search.register_analyzers(index)
+    writer = index.writer(15_000_000, 1)
+    writer.add_document(search.make_document("not-hex-id", "doc-odd", "otter", ("Odd", "")))
+    writer.add_document(search.make_document("a" * 32, "d" + "b" * 24, "otter otter", ("Even", "")))
+    writer.commit()
+    index.reload()
+    s = index.searcher()
+    ids = retrieval.StoredIds(s)
+    ranked, _sat = retrieval.run_pass(s, tantivy.Query.term_query(index.schema, "body", "otter"), 10, ids)
+    assert sorted(ids(k) for k, _ in ranked) == [("a" * 32, "d" + "b" * 24), ("not-hex-id", "doc-odd")]
+
+
+def test_a_reader_rebuilds_an_index_of_an_older_schema_and_says_so_once(tmp_path: Path) -> None:
+    root = tmp_path / "kb"
+    root.mkdir()
+    (root / "a.txt").write_text("The otter swims.\n")
+    home = tmp_path / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+        c.record.set_meta("index_schema_version", str(search.INDEX_SCHEMA_VERSION - 1))
+    said: list[str] = []
+    with Corpus(home, readonly=True) as r:
+        assert r.repair_lag(said.append) == "repaired"
+        assert r.record.get_meta("index_schema_version") == str(search.INDEX_SCHEMA_VERSION)
+        assert [h.source_id.rsplit("/", 1)[-1] for h in r.search_hits("otter", limit=3)[0]] == ["a.txt"]
+        assert r.repair_lag(said.append) == "current"  # said once: nothing left to rebuild
+    assert len(said) == 2 and "older Kith (index schema" in said[0]
+    assert said[1] == "rebuilding the corpus index: 1/1 chunks"

@@ -121,6 +121,30 @@ def test_the_slot_bounds_refuse_a_peer_over_its_share(home):
 
 
 # ----------------------------------------------------------------------------- step 2: _session_init
+def test_a_device_its_person_pin_has_seen_takes_a_pinned_slot_not_an_anonymous_one(home):
+    """The anonymous share is full of guests who are asking (none may be evicted): a device
+    of a person pin that the host has seen before still gets in, as a pinned peer would
+    (it holds the pin's grant, node/runtime/grants.py); a device the pin has not seen, or
+    one its person revoked, is an anonymous newcomer and is turned away."""
+    from node.trust.peers import note_device
+
+    person = Person()
+    registry = PeerRegistry.load(home)
+    rec = pin_person(registry, "alice", person.key)
+    seen, _ = person.device("laptop")
+    note_device(registry, rec, seen.public_key, "laptop")
+    d = Door(home, anonymous_sessions=1)
+    busy = d.arrive(_key())
+    assert isinstance(busy, Admitted)
+    d.table.session_ready(busy_token := d._token)
+    d.table.begin_query(busy_token)  # answering a query: never evicted
+    unseen, _ = person.device("phone")
+    assert d.arrive(unseen.public_key) == Refused("handshake-host-busy")
+    admitted = d.arrive(seen.public_key)
+    assert isinstance(admitted, Admitted) and admitted.visit.pinned is None  # judged by its chain later
+    assert d.table.anonymous_sessions == 1 and d.table.sessions == 2 and d.ended == {}
+
+
 def test_init_judges_by_the_registry_read_when_the_stream_opened(home):
     d = Door(home, peers_only=True)
     late = _key()

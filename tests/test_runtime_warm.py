@@ -111,3 +111,56 @@ def test_the_warmer_rebuilds_only_when_a_lens_changed_and_stops_at_the_view_cap(
         assert "/notes/pub/new.md" in service.lens_for(PeerView(None)).visible
         assert len(reports) == 2 and warmer.rounds == 2 and warmer.warmed.is_set()
 
+
+
+def test_warm_says_whether_the_views_in_force_now_are_built(tmp_path):
+    """``kith status``'s ``warmed`` (:meth:`ViewWarmer.is_warm`) is true only while the last
+    round covered the lenses in force: a policy change or a sync makes it false until the
+    next round, not just before the first one."""
+    from node.policy.gate import EgressGate
+    from node.answer.service import AnswerService
+
+    home = _host_home(tmp_path)
+    with Corpus(home, readonly=True) as corpus:
+        gate = EgressGate(corpus.roots(), Policy.load(home), home)
+        warmer = ViewWarmer(AnswerService(corpus, gate), gate, corpus, lambda: ["alice"])
+        assert not warmer.is_warm()  # no round yet
+        warmer.warm_once()
+        assert warmer.is_warm()
+        policy = Policy.load(home)  # the owner hides one of alice's documents
+        policy.set("/notes/team/c.md", "private")
+        policy.save()
+        assert not warmer.is_warm()  # alice's view is the old one until the next round
+        warmer.warm_once()
+        assert warmer.is_warm()
+        (tmp_path / "notes" / "pub" / "new.md").write_text("walrus new\n", encoding="utf-8")
+        with Corpus(home) as writer:
+            writer.sync()
+        assert not warmer.is_warm()
+        warmer.warm_once()
+        assert warmer.is_warm()
+
+
+def test_a_host_no_anonymous_guest_can_ask_does_not_warm_the_anonymous_view(tmp_path):
+    """Under ``--peers-only`` or ``--presence granted`` no anonymous guest is ever answered:
+    the warmer builds only the pinned peers' views (the anonymous one would take a place
+    under the view cap and a build ahead of theirs after every change)."""
+    home = _host_home(tmp_path)
+
+    async def scenario(**opts) -> dict:
+        host = MemoryHost(home, **opts)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.host.run)
+
+            def warmed_once() -> bool:
+                knowledge = vars(host.host).get("knowledge")
+                return knowledge is not None and knowledge.warmer.rounds > 0
+
+            await host.until(warmed_once, timeout=60)
+            report = host.host.knowledge.warmer.last
+            host.stop.set()
+        return report
+
+    assert anyio.run(lambda: scenario(peers_only=True))["peers"] == ["alice"]
+    assert anyio.run(lambda: scenario(presence="granted"))["peers"] == ["alice"]
+    assert anyio.run(lambda: scenario())["peers"] == [None, "alice"]

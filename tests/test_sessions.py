@@ -392,3 +392,23 @@ def test_stallers_that_reconnect_at_once_cannot_keep_every_handshake_young():
     token, refusal = s.open(honest, anonymous=True)
     assert refusal is None and adm.sessions_of(honest) == 1
     adm.session_ready(token)
+
+
+def test_a_device_holding_a_person_pins_grants_is_a_pinned_session_never_evicted():
+    """A person pin's device (``kith peers add NAME KEY --devices``) comes in on an anonymous
+    slot (its key is not in the registry); once its chain made it the pin's (``via_person``)
+    it is a pinned peer's session: listed ``pinned``, out of the anonymous share, and never
+    evicted for an anonymous newcomer however quiet it is."""
+    adm, s, events = make(max_sessions=4, anonymous_sessions=1, evict_idle_after_s=30.0)
+    laptop, refused = s.open(A, anonymous=True)
+    assert refused is None
+    adm.session_ready(laptop, "1" * 64, via_person=("alice", "d" * 64))
+    adm.clock.advance(QUIET_AFTER_S + 60.0)  # quiet, and idle past --evict-idle-after
+    stranger, refused = s.open(B, anonymous=True)
+    assert refused is None and s.ended == {}  # the stranger took the free anonymous slot
+    adm.session_ready(stranger, "2" * 64)
+    assert adm.anonymous_sessions == 1
+    adm.clock.advance(QUIET_AFTER_S + 60.0)
+    _, refused = s.open(C, anonymous=True)  # a fresh stranger evicts the quiet stranger only
+    assert refused is None and s.ended == {stranger: "session-evicted"}
+    assert [r["tier"] for r in adm.listing() if r["peer"]["key"] == A] == ["pinned"]

@@ -263,10 +263,10 @@ def session_transcript() -> str:
     move(g, h, "G→H")
     h.send_message({"action": "reply", "text": "HELLO"})
     move(h, g, "H→G")
-    h._out += encode_frame({"action": "_ping", "t": 1})  # a heartbeat probe (see "Heartbeat")
+    h._out.append(encode_frame({"action": "_ping", "t": 1}))  # a heartbeat probe (see "Heartbeat")
     move(h, g, "H→G")
     move(g, h, "G→H")          # _pong
-    g._out += encode_frame({"action": "say", "text": 7})  # an invalid message, as a buggy peer would send
+    g._out.append(encode_frame({"action": "say", "text": 7}))  # an invalid message, as a buggy peer would send
     move(g, h, "G→H")
     move(h, g, "H→G")          # _error
     g.send_message({"action": "bye"})
@@ -455,9 +455,9 @@ def test_business_loop_frames_validate_and_business_messages_do_not(frames_schem
     p.pump()
     p.host.send_message({"action": "echo", "text": "HI", "count": 1})
     p.pump()
-    p.guest._out += encode_frame({"action": "_ping", "t": 5})
+    p.guest._out.append(encode_frame({"action": "_ping", "t": 5}))
     p.pump()
-    p.guest._out += encode_frame({"action": "say", "text": 3})  # invalid → _error
+    p.guest._out.append(encode_frame({"action": "say", "text": 3}))  # invalid → _error
     p.pump()
     actions = [f["action"] for f in rec.lines]
     assert {"_ping", "_pong", "_error", "say", "echo"} <= set(actions)

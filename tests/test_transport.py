@@ -194,3 +194,28 @@ def test_patched_buffer_writes_the_same_bytes():
         rbuf.free()
     assert iroh_patch.is_applied()
     assert results[0] == results[1] == b"head" + data + b"tail"
+
+
+def test_patched_lowering_of_a_frame_is_the_same_buffer_from_one_allocation(monkeypatch):
+    """A frame handed to ``write_all`` is lowered into a Rust buffer of the same bytes
+    (uniffi's i32 length prefix + the frame) with one FFI allocation and no reserve."""
+    from iroh import iroh_ffi
+
+    lib = iroh_ffi._UniffiLib
+    names = ("ffi_iroh_ffi_rustbuffer_alloc", "ffi_iroh_ffi_rustbuffer_reserve")
+    for frame in (b"", b'{"action":"results"}\n', bytearray(os.urandom(70_001)), memoryview(b"x\n")):
+        got = []
+        for patched in (False, True):
+            iroh_patch.revert() if not patched else iroh_patch.apply()
+            calls = []
+            for name in names:
+                real = getattr(lib, name)
+                monkeypatch.setattr(lib, name, lambda *a, _r=real, _n=name: (calls.append(_n), _r(*a))[1])
+            rbuf = iroh_ffi._UniffiFfiConverterBytes.lower(frame)
+            monkeypatch.undo()
+            got.append((bytes(rbuf.data[: rbuf.len]), calls))
+            rbuf.free()
+        assert iroh_patch.is_applied()
+        assert got[0][0] == got[1][0] == len(frame).to_bytes(4, "big") + bytes(frame)
+        assert got[1][1] == ["ffi_iroh_ffi_rustbuffer_alloc"]  # patched: one allocation, no reserve
+        assert len(got[0][1]) > 1 or len(frame) <= 12  # unpatched: grown by reserve past 16 bytes

@@ -131,6 +131,103 @@ def test_audit_log_rotates_by_size_and_reads_every_file_in_order(tmp_path):
     assert "query" not in rec and len(rec["query_hmac"]) == 32  # the text is not in the log by default
 
 
+def test_four_batching_writers_across_rotations_lose_nothing_they_flushed(tmp_path):
+    import threading
+
+    per_writer, keep, max_bytes = 150, 20, 16 << 10
+
+    def writer(w: int) -> None:
+        log = AuditLog(tmp_path, max_bytes=max_bytes, keep=keep)
+        log.start_batching(lambda flush: None)  # no tick: batches go out by size, flush and close
+        for i in range(per_writer):
+            log.record("query", session_id=f"{w}" * 64, peer=A, query_id=f"w{w}-{i}", **log.query_fields(f"q {i}"))
+            if i % 37 == 36:
+                log.flush()
+        log.close()
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    files = [p for p in tmp_path.glob("audit.jsonl*") if not p.name.endswith(".lock")]
+    assert len(files) >= 4 and len(files) <= keep + 1  # at least 3 rotations, none dropped
+    assert all(p.stat().st_size <= max_bytes for p in files)  # a batch is split at the rotation
+    problems: list[AuditProblem] = []
+    ids = [r["query_id"] for r in read_audit(tmp_path, problems)]
+    assert not problems and len(ids) == 4 * per_writer
+    for w in range(4):  # each writer's records whole and in its order
+        assert [int(q.split("-")[1]) for q in ids if q.startswith(f"w{w}-")] == list(range(per_writer))
+
+
+def test_a_batching_log_writes_per_tick_at_session_end_and_at_close(tmp_path):
+    from node.trust.audit_log import BATCH_RECORDS
+
+    ticks: list = []
+    log = AuditLog(tmp_path)
+    log.start_batching(ticks.append)
+
+    def on_disk() -> list[str]:
+        return [r["event"] for r in read_audit(tmp_path, [])]
+
+    log.record("session-started", session_id="1" * 64, peer=A)
+    log.record("query", session_id="1" * 64, peer=A, **log.query_fields("x"))
+    assert on_disk() == [] and len(ticks) == 1  # waiting for the tick, armed once per batch
+    ticks.pop()()
+    assert on_disk() == ["session-started", "query"]
+    log.record("results", session_id="1" * 64, peer=A, sources=[])
+    log.record("session-ended", sync=True, session_id="1" * 64, peer=A)  # a session's end: at once
+    assert on_disk()[2:] == ["results", "session-ended"]
+    for i in range(BATCH_RECORDS):  # a full batch does not wait for the tick
+        log.record("query", session_id="2" * 64, peer=B, query_id=str(i), **log.query_fields("y"))
+    assert len(on_disk()) == 4 + BATCH_RECORDS
+    log.record("session-started", session_id="3" * 64, peer=C)
+    log.close()  # the host's exit writes what is waiting
+    assert on_disk()[-1] == "session-started" and len(on_disk()) == 5 + BATCH_RECORDS
+
+
+def test_a_crashed_batching_writer_loses_only_its_unwritten_batch(tmp_path):
+    import subprocess
+    import sys
+
+    script = f"""
+import os, sys
+from node.trust.audit_log import AuditLog
+log = AuditLog(sys.argv[1])
+log.start_batching(lambda flush: None)
+log.record("session-started", session_id="1" * 64)
+log.record("query", session_id="1" * 64, query_hmac="0" * 32)
+log.flush()
+log.record("results", session_id="1" * 64, sources=[])
+os._exit(9)  # killed before the next tick
+"""
+    r = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 9, r.stderr
+    problems: list[AuditProblem] = []
+    assert [r["event"] for r in read_audit(tmp_path, problems)] == ["session-started", "query"] and not problems
+
+
+def test_the_event_loop_tick_writes_records_from_the_loop_and_from_worker_threads(tmp_path):
+    import asyncio
+
+    from node.trust.audit_log import loop_schedule
+
+    async def main() -> list[str]:
+        log = AuditLog(tmp_path)
+        log.start_batching(loop_schedule(asyncio.get_running_loop()))
+        log.record("session-started", session_id="1" * 64)
+        await asyncio.to_thread(log.record, "query", session_id="1" * 64, query_hmac="0" * 32)
+        for _ in range(400):  # bounded: the tick is 50 ms, this waits up to 20 s
+            events = [r["event"] for r in read_audit(tmp_path, [])]
+            if len(events) == 2:
+                break
+            await asyncio.sleep(0.05)
+        log.close()
+        return events
+
+    assert asyncio.run(main()) == ["session-started", "query"]
+
+
 def test_query_text_only_with_audit_queries_and_the_hash_is_keyed(tmp_path):
     plain = AuditLog(tmp_path / "a", audit_queries=True)
     assert plain.query_fields("salary bands") == {"query": "salary bands"}

@@ -25,7 +25,7 @@ class CorpusHolder:
         """Open the corpus and repair a lagging index now if the writer lock is free
         (never waits for it). Returns :meth:`Corpus.repair_lag`'s outcome; ``locked``
         is reported through ``warn``."""
-        outcome = self.get().repair_lag()
+        outcome = self.get().repair_lag(warn)
         if outcome == "locked" and warn is not None:
             warn("the index is behind its record and another process holds the writer "
                  "(a sync is running?); searches say index-syncing until it finishes")

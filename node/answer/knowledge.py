@@ -4,6 +4,7 @@ handle a Host's hooks get for one peer (DESIGN §10; :mod:`node.answer.service` 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -17,6 +18,12 @@ class Knowledge(Protocol):
         """Answer one search request (the flat body of DESIGN §8 without ``action`` /
         ``query_id``): ``{"status": str, "envelope": dict, ...}`` (statuses: :mod:`node.answer.service`).
         Never raises for bad input."""
+        ...
+
+    def small(self, request: Mapping[str, Any]) -> bool:
+        """True when answering ``request`` is known to be small work — the hooks may then
+        answer on the host's event loop (node/runtime/hooks.py ``inline``): see
+        :meth:`node.answer.inline.InlineCosts.small`. Cheap, never blocks, never raises."""
         ...
 
 
@@ -67,8 +74,15 @@ class Handle:
         return self.__view.key
 
     def search(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """:meth:`Knowledge.search` as this peer."""
-        return self.__service.answer(request, self.__view)
+        """:meth:`Knowledge.search` as this peer (its CPU time is kept for :meth:`small`)."""
+        cpu = time.thread_time()
+        answer = self.__service.answer(request, self.__view)
+        self.__service.inline.answered(self.__view, time.thread_time() - cpu)
+        return answer
+
+    def small(self, request: Mapping[str, Any]) -> bool:
+        """:meth:`Knowledge.small` as this peer."""
+        return self.__service.inline.small(request, self.__view)
 
     def check_versions(self, items: Any) -> dict[str, Any]:
         """:meth:`node.answer.service.AnswerService.check_versions` as this peer."""

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.answer import contract, render, screen
+from node.answer.inline import InlineCosts
 from node.answer.knowledge import OWNER, Handle, Knowledge, OwnerView, PeerView, View
 from node.common.errors import CorpusError
 from node.corpus.lens import Lens
@@ -79,6 +80,8 @@ class AnswerService:
         version_key: the host's document-version secret
             (:func:`node.answer.citation.load_version_key`), or None: then
             :meth:`check_versions` can say nothing (``unavailable``).
+
+    ``inline`` (:class:`node.answer.inline.InlineCosts`) says which peer answers are small.
     """
 
     def __init__(self, corpus: Any, gate: Any = None, *, limiter: Any = None,
@@ -89,6 +92,7 @@ class AnswerService:
         self._version_key = version_key
         self._normalize: Any = None
         self._syncing = render.Syncing(corpus)  # marks shown answers ``indexSyncing``
+        self.inline = InlineCosts(corpus, gate)  # which answers are small (node/answer/inline.py)
 
     def knowledge_for(self, view: PeerView) -> Knowledge:
         """The ``ctx.knowledge`` handle answering as ``view`` (see :class:`Knowledge`)."""

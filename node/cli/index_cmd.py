@@ -501,8 +501,8 @@ def search_cmd(
     except CorpusError as exc:
         corpus, opened = None, exc  # answered as index-unavailable, like the local API
     if corpus is not None:
-        try:  # a killed sync's record is replayed when no writer runs (as the API does)
-            corpus.repair_lag()
+        try:  # a killed sync's record is replayed, an older schema rebuilt, when no writer runs
+            corpus.repair_lag(warn)
         except CorpusError:
             pass  # a corrupt index: the search below answers index-unavailable
     try:

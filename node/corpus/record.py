@@ -32,7 +32,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import tantivy
 
@@ -42,6 +42,8 @@ from node.common.errors import CorpusError
 from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
 
 SCHEMA_VERSION = 2
+#: Chunks between two progress reports of a rebuild (:meth:`Record.acquire_writer`).
+REBUILD_STEP = 10_000
 _WRITER_HEAP = 128_000_000
 #: Indexing threads of the corpus writer: 0 = tantivy's default (one per core). One
 #: thread was measured (issue 10 item 6, load average 6-9): Kith's schema alone on the
@@ -236,9 +238,10 @@ class Record:
             f"Another process is writing this corpus index ({self._owner_text()}).",
             hint="Wait for that sync to finish (or stop it), then run the command again.")
 
-    def acquire_writer(self) -> None:
+    def acquire_writer(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Take the writer lock, open/create the index, and repair it from SQLite
-        (replay the change log, or rebuild when the schema or document count disagree).
+        (replay the change log, or rebuild when the schema or document count disagree;
+        ``progress(done, total)`` chunks during a rebuild, every :data:`REBUILD_STEP`).
 
         Raises:
             CorpusError: ``index-locked`` (another process holds ``writer.lock`` or the
@@ -272,7 +275,7 @@ class Record:
                 raise
             self.index = index
             self._reader = None
-            self._repair(full=rebuild)
+            self._repair(full=rebuild, progress=progress)
         except BaseException:
             self.release_writer()
             raise
@@ -303,7 +306,7 @@ class Record:
                        "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (str(seq),))
             db.execute("DELETE FROM changes WHERE seq <= ?", (seq,))
 
-    def _repair(self, *, full: bool) -> None:
+    def _repair(self, *, full: bool, progress: Callable[[int, int], None] | None = None) -> None:
         """Bring tantivy in line with SQLite (replay the change log, or rebuild)."""
         db = self.db
         assert db is not None and self.writer is not None and self.index is not None
@@ -324,8 +327,14 @@ class Record:
             full = self.index.searcher().num_docs != expected
         if full:
             w.delete_all_documents()
-            for cid, did, text, title in iter_chunks_for_index(db):
+            total = db.execute("SELECT COUNT(*) FROM chunks c JOIN documents d "
+                               "ON d.doc_id = c.doc_id WHERE d.status='done'").fetchone()[0] if progress else 0
+            for n, (cid, did, text, title) in enumerate(iter_chunks_for_index(db), 1):
                 w.add_document(search.make_document(cid, did, text, title))
+                if progress is not None and n % REBUILD_STEP == 0:
+                    progress(n, total)
+            if progress is not None:
+                progress(total, total)
             self.commit_index()
             self.set_meta("index_schema_version", str(search.INDEX_SCHEMA_VERSION))
 

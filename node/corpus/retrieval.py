@@ -127,10 +127,13 @@ PROXIMITY_PAIRS = False
 PAIR_BOOST = 0.5
 PAIR_SLOP = 2
 #: Run the passes of one search concurrently (tantivy releases the GIL while it searches):
-#: the other passes start beside the baseline, also when the early-stop rule may fire —
-#: when it fires, a pass started that way is dropped unread and reported ``skipped``. The
-#: same passes, results and report, in less wall time. Uses at most :data:`PASS_WORKERS`
-#: extra threads per process. ``scripts/bench_search --sequential`` measures without it.
+#: the other passes start beside the baseline when the plan proves they will run — when
+#: the early-stop rule cannot fire (:func:`may_stop_early`). When it may fire, the baseline
+#: runs alone first and the others only when it was not strong (issue 31: a pass started
+#: beside it and then dropped was work a loaded host paid for nothing — 2.17 passes per
+#: query, most of the dropped ones on such queries). The same passes, results and report
+#: either way. Uses at most :data:`PASS_WORKERS` extra threads per process.
+#: ``scripts/bench_search --sequential`` measures without it.
 PARALLEL_PASSES = True
 PASS_WORKERS = 2
 #: Document-level aggregation (:func:`aggregate_documents`): a document's further chunks
@@ -353,16 +356,15 @@ def _kept_for(owner: Any, searcher: Any) -> dict[tuple[int, int], tuple[str, str
 
 
 class StoredIds:
-    """``(segment, doc)`` address → ``(chunk_id, doc_id)``, read from tantivy's doc store on
-    first use. ``ids`` holds the addresses ONE request used (its passes share one
-    searcher, so an address means the same document). Passes rank and fuse by address; a
-    stored document is read only when its ids are needed — to break a score tie by chunk
-    id, for the candidates the aggregation window and the materialization walk, for the
-    early-stop check — so most candidates are never read; with ``owner`` (the record or
-    view index the searcher belongs to) an address read once is kept for later requests
-    on the same searcher (at most :data:`IDS_KEPT`), so a chunk that answers many queries
-    is read once. Thread-safe enough for the pass threads (dict writes under the GIL; a
-    race reads a document twice, with the same answer)."""
+    """``(segment, doc)`` address → ``(chunk_id, doc_id)``, read from the index's id fast
+    fields (:data:`node.corpus.search.ID_FAST_FIELDS`: one columnar read per field for a
+    whole pass's hits, :meth:`prefetch`), and from tantivy's doc store only for a chunk
+    without them. ``ids`` holds the addresses ONE request used (its passes share one
+    searcher, so an address means the same document). Passes rank and fuse by address;
+    with ``owner`` (the record or view index the searcher belongs to) an address read once
+    is kept for later requests on the same searcher (at most :data:`IDS_KEPT`).
+    Thread-safe enough for the pass threads (dict writes under the GIL; a race reads an
+    address twice, with the same answer)."""
 
     __slots__ = ("searcher", "ids", "kept")
 
@@ -376,13 +378,40 @@ class StoredIds:
         if ids is None:
             ids = self.kept.get(key)
             if ids is None:
-                doc = self.searcher.doc(tantivy.DocAddress(key[0], key[1]))
-                ids = (doc.get_first("chunk_id"), doc.get_first("doc_id"))
-                if len(self.kept) >= IDS_KEPT:
-                    self.kept.clear()
-                self.kept[key] = ids
+                self.prefetch([key])
+                return self.ids[key]
             self.ids[key] = ids
         return ids
+
+    def prefetch(self, keys: Iterable[Any]) -> None:
+        """Read the ids of every address in ``keys`` not known yet (chunk-id strings are
+        skipped): one fast-field read per id field for all of them, a stored-document
+        read for each one without fast ids."""
+        ids, kept = self.ids, self.kept
+        todo = []
+        for key in keys:
+            if isinstance(key, str) or key in ids:
+                continue
+            got = kept.get(key)
+            if got is not None:
+                ids[key] = got
+            else:
+                todo.append(key)
+        if not todo:
+            return
+        addrs = [tantivy.DocAddress(k[0], k[1]) for k in todo]
+        try:
+            columns = [self.searcher.fast_field_values(name, addrs) for name in search.ID_FAST_FIELDS]
+        except ValueError:  # an index without the fields (a searcher of an older schema)
+            columns = [[None] * len(addrs)] * len(search.ID_FAST_FIELDS)
+        if len(kept) + len(todo) > IDS_KEPT:
+            kept.clear()
+        for i, key in enumerate(todo):
+            got = search.unpack_ids(columns[0][i], columns[1][i], columns[2][i], columns[3][i])
+            if got is None:
+                doc = self.searcher.doc(addrs[i])
+                got = (doc.get_first("chunk_id"), doc.get_first("doc_id"))
+            kept[key] = ids[key] = got
 
     def cid(self, key: Any) -> str:
         """The chunk id of ``key`` (an address, or a chunk id already)."""
@@ -417,6 +446,7 @@ def run_pass(searcher: Any, query: Any, depth: int, ids: StoredIds,
     """
     result = searcher.search(query, depth, count=False).hits
     out = [((addr.segment_ord, addr.doc), float(score)) for score, addr in result if score > 0]
+    ids.prefetch(k for k, _ in out)  # the hits' ids in one columnar read (ties, fusion, walk)
     return _tie_sorted(out, ids.cid), len(result) >= depth
 
 
@@ -736,9 +766,9 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             saturated = False
             stop: str | None = None
             ahead: dict[str, Future[tuple[list[tuple[Any, float]], bool]]] = {}
-            if PARALLEL_PASSES:
-                # start the other passes now, beside the baseline; when the early stop
-                # fires after all, a pass started this way is dropped unread (skipped)
+            if PARALLEL_PASSES and not (controller["rounds"] == 1 and may_stop_early(plan)):
+                # start the other passes now, beside the baseline: the early stop cannot
+                # fire (only in round 1, for a plan that may stop), so every one will run
                 for name in plan.passes[1:]:
                     if queries.get(name) is not None and not expired():
                         ahead[name] = _executor().submit(run_pass, searcher, queries[name],

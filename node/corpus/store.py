@@ -16,7 +16,7 @@ import json
 import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import tantivy
 
@@ -377,12 +377,18 @@ class Corpus:
                 kept = self._lens_basis = (gen, ids)
             return kept
 
-    def generation(self) -> int:
-        """The record's current generation (:func:`node.corpus.views.generation`; 0 without one)."""
+    def generation(self, wait: bool = True) -> int | None:
+        """The record's current generation (:func:`node.corpus.views.generation`; 0 without
+        one). With ``wait`` False the corpus lock is only tried (an event loop never waits
+        for a search or a sync holding it): None when it is busy."""
         from node.corpus import views
 
-        with self.record.lock:
+        if not self.record.lock.acquire(blocking=wait):
+            return None
+        try:
             return views.generation(self.record.db) if self.record.db is not None else 0
+        finally:
+            self.record.lock.release()
 
     def warm_view(self, lens: Lens) -> int:
         """Build (or bring up to date) the index of the view ``lens`` now, so its first
@@ -610,15 +616,19 @@ class Corpus:
                 return False
             return self.record.get_meta("last_sync") is None or self.index_lag() > 0
 
-    def repair_lag(self) -> str:
+    def repair_lag(self, say: Callable[[str], None] | None = None) -> str:
         """Replay the changes the index lacks now, if the writer lock is free — without
         waiting for it (DESIGN §9 start-up repair, for read-only openers: the host,
-        ``kith api serve``, ``kith mcp``). The handle stays read-only for everything else.
+        ``kith api serve``, ``kith mcp``) — and rebuild an index of an older
+        :data:`node.corpus.search.INDEX_SCHEMA_VERSION` from the record (``say(line)``:
+        once that it does, then its progress every
+        :data:`node.corpus.record.REBUILD_STEP` chunks). The handle stays read-only for
+        everything else.
 
         Returns:
-            ``"current"`` (nothing to repair), ``"repaired"``, ``"locked"`` (another
-            process holds the writer; it replays the changes itself — callers warn), or
-            ``"unavailable"`` (no corpus).
+            ``"current"`` (nothing to repair), ``"repaired"`` (replayed or rebuilt),
+            ``"locked"`` (another process holds the writer; it replays the changes
+            itself — callers warn), or ``"unavailable"`` (no corpus).
 
         Raises:
             CorpusError: only for a corrupt index the writer cannot open.
@@ -626,12 +636,22 @@ class Corpus:
         with self.record.lock:
             if self.record.db is None:
                 return "unavailable"
-            if self.record.writer is not None or self.index_lag() == 0:
+            built = self.record.get_meta("index_schema_version")
+            old = built is not None and built != str(search.INDEX_SCHEMA_VERSION)
+            if self.record.writer is not None or (self.index_lag() == 0 and not old):
                 return "current"
-            if self.record.get_meta("index_schema_version") is None:
+            if built is None:
                 return "current"  # never indexed: `kith index sync` builds it
+            progress = None
+            if old and say is not None:
+                say(f"the corpus index was built by an older Kith (index schema {built}); rebuilding it "
+                    f"for schema {search.INDEX_SCHEMA_VERSION} from the record")
+
+                def progress(done: int, total: int) -> None:
+                    say(f"rebuilding the corpus index: {done:,}/{total:,} chunks")
             try:
-                self.record.acquire_writer()  # non-blocking flock; replays the change log
+                # non-blocking flock; replays the change log, or rebuilds an older schema
+                self.record.acquire_writer(progress)
             except CorpusError as exc:
                 if exc.code == "index-locked":
                     return "locked"

@@ -121,7 +121,9 @@ class SessionEngine:
         self._egress_check = egress_check
         self._last_received: dict[str, Any] | None = None  # the peer's last business message
         self._framer = LineFramer(spec.limits.max_message_bytes)
-        self._out = bytearray()
+        #: the frames queued for the peer, each whole with its newline (data_to_send joins
+        #: them only when there is more than one: a lone frame leaves without a copy)
+        self._out: list[bytes] = []
         self.state = State.HANDSHAKE
         self._saw_first = False
         self._got_business = False  # a business message of the peer was accepted (READY only)
@@ -246,9 +248,11 @@ class SessionEngine:
 
     def data_to_send(self) -> bytes:
         """Return and clear the bytes queued for the peer."""
-        data = bytes(self._out)
-        self._out.clear()
-        return data
+        out = self._out
+        if not out:
+            return b""
+        self._out = []
+        return out[0] if len(out) == 1 else b"".join(out)
 
     @property
     def closed(self) -> bool:
@@ -337,7 +341,7 @@ class SessionEngine:
             out = self._egress_check(OutgoingFrame(message, data, self._last_received))
             if out is not None:  # the seam rewrote the frame (signed citations): that is what leaves
                 data = self._rewritten(message, out)
-        self._out += data
+        self._out.append(data)
         self._loop.accept(self.role, terminal)
         self.timers.business(self._clock())
         self._turn_changed()
@@ -383,8 +387,7 @@ class SessionEngine:
         return self._guest_ui is not None and self._guest_ui.receiving
 
     def _queue(self, frame: F.SystemFrame) -> None:
-        self._out += _struct_encoder.encode(frame)
-        self._out += b"\n"
+        self._out.append(_struct_encoder.encode(frame) + b"\n")
 
     def _close(self, reason: str, code: str | None, message: str = "") -> list[Event]:
         self.state = State.CLOSED

@@ -665,7 +665,7 @@ def startup_repair(home: Path | str, warn: Any = None) -> str:
     from node.corpus.store import Corpus
 
     with Corpus(Path(home), readonly=True) as corpus:
-        outcome = corpus.repair_lag()
+        outcome = corpus.repair_lag(warn)  # also rebuilds an index of an older schema, saying so
     if outcome == "locked" and warn is not None:
         warn("kith mcp: the index is behind its record and another process holds the "
              "writer; searches say index-syncing until that sync finishes")

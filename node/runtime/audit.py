@@ -147,7 +147,9 @@ class HostAudit:
 
     def wrap_hooks(self, hooks: Any) -> Any:
         """The protocol's hooks with ``on_message`` recording each incoming query first
-        (sync hooks stay sync — the driver runs them in a worker thread — async stay async)."""
+        (sync hooks stay sync — the driver runs them in a worker thread, or on the event
+        loop when their ``inline`` predicate, kept on the wrapper, says so — async stay
+        async)."""
         inner = hooks.on_message
         if inner is None:
             return hooks
@@ -162,6 +164,8 @@ class HostAudit:
                     self.incoming(ctx.session_id, ctx.peer.public_key, message)
                 return inner(ctx, message)
         on_message.__name__ = getattr(inner, "__name__", "on_message")
+        if getattr(inner, "inline", None) is not None:  # the hook's word on its size (node/runtime/hooks.py)
+            on_message.inline = inner.inline  # type: ignore[attr-defined]
         return replace(hooks, on_message=on_message)
 
     def close(self) -> None:

@@ -8,7 +8,8 @@ and a ``reason`` for the owner's event):
    grant gets the unknown-post refusal before anything else (node/runtime/grants.py); a
    stopping host refuses ``session-shutdown``; then a session slot is taken in the
    :class:`node.runtime.sessions.SessionTable` (per-peer and anonymous bounds, fair
-   eviction, failed-handshake cool-downs). Admitted carries the :class:`Visit`: the peer
+   eviction, failed-handshake cool-downs; a pinned key, or a device a person pin has seen,
+   takes a pinned peer's slot, outside the anonymous share). Admitted carries the :class:`Visit`: the peer
    registry as read now, which every later step of this connection judges by.
 2. :class:`Init` — its ``_session_init`` was read: revoked device, blocked key, a pinned
    name claimed by another key, ``--peers-only`` (:func:`judge_init`, pure).
@@ -265,14 +266,17 @@ class Doorkeeper:
 
     def _arrival(self, r: Arrival) -> Verdict:
         registry = self.peers.current()  # re-read once per connection: `kith peers` may have changed it
-        if self.presence == "granted" and not has_grant(registry, r.key, self.peers.revocations()):
+        granted = has_grant(registry, r.key, self.peers.revocations())
+        if self.presence == "granted" and not granted:
             # first, before any other refusal (a shutting-down host's session-shutdown included):
             # no slot, nonce or post use is taken, no heartbeat is ever sent (node/runtime/grants.py)
             return Refused(refusal_code("granted", "handshake-not-admitted", granted=False), reason="no-grant")
         if self.closing():
             return Refused("session-shutdown")
         pinned = registry.by_key(r.key)
-        code = self.table.open_session(r.token, r.key, r.end, alive=r.alive, anonymous=pinned is None,
+        # a device a person pin has seen holds that pin's grant: a pinned peer's slot, not
+        # the anonymous share (its chain is still judged at Ready)
+        code = self.table.open_session(r.token, r.key, r.end, alive=r.alive, anonymous=pinned is None and not granted,
                                        name=pinned.name if pinned else None)
         if code == "handshake-too-many-failures":
             left = max(1, math.ceil(self.table.cooldown_left(r.key)))

@@ -2,7 +2,9 @@
 
 It reads bytes from a :class:`node.transport.base.ByteStream`, feeds them to a
 :class:`node.engine.session.SessionEngine`, calls the protocol hooks for the events the
-engine reports (sync hooks in a worker thread, all hooks under ``hook_timeout_s``), hands
+engine reports (sync hooks in a worker thread — or on the event loop, when the hook says
+the call is small: ``inline``, node/runtime/hooks.py — all hooks under
+``hook_timeout_s``), hands
 hook output back to the engine (which validates it), and writes what the engine queued.
 Every wait is bounded: each handshake step by ``handshake_timeout_s`` (10 s), the business
 loop by the protocol's ``idle_timeout_s``, the peer's liveness by the heartbeat
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 import anyio
+import anyio.lowlevel
 
 from node.engine.session import (
     Event,
@@ -116,6 +119,54 @@ class SessionOutcome:
         return self.reason == "completed"
 
 
+#: Worker threads per event loop for the sync hooks that say how large each call is
+#: (an ``inline`` predicate, :mod:`node.runtime.hooks`) and were told it is large: a few,
+#: so a burst of large searches does not become a pile of threads on a 2-core host.
+HOOK_THREADS = 4
+#: Honour the hooks' ``inline`` predicates (False: every sync hook in a worker thread, as
+#: before issue 31 — ``scripts/load`` measures both in one run).
+INLINE_HOOKS = True
+_hook_limiter: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("kith_hook_limiter")
+#: Sync hook calls of this event loop now running in a thread (a one-item list per loop).
+_in_threads: anyio.lowlevel.RunVar[list[int]] = anyio.lowlevel.RunVar("kith_hooks_in_threads")
+
+
+def _threads_busy() -> list[int]:
+    """This event loop's count of sync hook calls running in threads (made on first use)."""
+    try:
+        return _in_threads.get()
+    except LookupError:
+        busy = [0]
+        _in_threads.set(busy)
+        return busy
+
+
+def _bounded_hook_threads() -> anyio.CapacityLimiter:
+    """This event loop's :data:`HOOK_THREADS` limiter (made on first use)."""
+    try:
+        return _hook_limiter.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(HOOK_THREADS)
+        _hook_limiter.set(limiter)
+        return limiter
+
+
+def _runs_inline(fn: Any, args: tuple[Any, ...]) -> bool | None:
+    """The hook's own word on this call (:mod:`node.runtime.hooks`, ``inline``): True —
+    small, run it on the event loop; False — large, run it in the bounded hook threads;
+    None — it says nothing (every hook without ``inline``, or a predicate answering
+    None): a worker thread, as always. A predicate that raises counts as False."""
+    inline = getattr(fn, "inline", None)
+    if inline is None or not INLINE_HOOKS:
+        return None
+    try:
+        said = inline(*args)
+        return None if said is None else bool(said)
+    except Exception:  # a broken predicate must not break the session: the safe way
+        log.warning("hook %s: its inline predicate raised", getattr(fn, "__name__", "hook"), exc_info=True)
+        return False
+
+
 async def _call_hook(fn: Callable[..., Any] | None, args: tuple[Any, ...], timeout_s: float | None) -> HookResult:
     if fn is None:
         return HookResult()
@@ -124,7 +175,25 @@ async def _call_hook(fn: Callable[..., Any] | None, args: tuple[Any, ...], timeo
             if inspect.iscoroutinefunction(fn):
                 value = await fn(*args)
             else:
-                value = await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+                inline = _runs_inline(fn, args)
+                busy = _threads_busy()
+                if inline and not busy[0]:
+                    # small work and no other hook call running beside the loop: no thread
+                    # hop (hook_timeout_s cannot interrupt it). With calls in threads, the
+                    # loop stays free for them: a search in a thread overlaps the loop's
+                    # I/O on a second core (tantivy releases the GIL), which measured 1.4x
+                    # the throughput of answering inline under 16 guests (scripts/load 2a).
+                    value = fn(*args)
+                else:
+                    busy[0] += 1
+                    try:
+                        if inline is None:
+                            value = await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+                        else:
+                            value = await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True,
+                                                                   limiter=_bounded_hook_threads())
+                    finally:
+                        busy[0] -= 1
                 if inspect.isawaitable(value):
                     value = await value
     except TimeoutError:

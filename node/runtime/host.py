@@ -206,7 +206,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
                          gate.check_frame, limiter.close, service, _quota_left(gate, limiter))
     # a crash between SQLite and tantivy leaves the index behind its record: catch up now
     # when no other process is writing (never waits for the lock)
-    if corpus.repair_lag() == "locked":
+    if corpus.repair_lag(warn) == "locked":  # also rebuilds an index of an older schema, saying so
         warn("the index is behind its record and another process is writing it; "
              "guests may miss documents until that sync finishes.")
     stats = corpus.stats()
@@ -220,7 +220,6 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
     gate = EgressGate(corpus.roots(), policy, home, approvals=Approvals(home))
     service = AnswerService(corpus, gate, limiter=limiter, version_key=version_key)
     warmer = ViewWarmer(service, gate, corpus, lambda: [])  # run by Host.run (node/runtime/warm.py)
-    warmed = warmer.warmed
 
     def close() -> None:
         corpus.close()
@@ -228,7 +227,8 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
 
     def index() -> dict[str, Any]:
         now = corpus.stats()
-        return {"ready": bool(now.get("ready")) and warmed.is_set(), "warmed": warmed.is_set(),
+        warm = warmer.is_warm()
+        return {"ready": bool(now.get("ready")) and warm, "warmed": warm,
                 "roots": [f"/{r.prefix}/" for r in corpus.roots()],
                 "documents": now.get("documents", 0), "chunks": now.get("chunks", 0)}
 
@@ -475,6 +475,7 @@ class Host:
         warmer = self.knowledge.warmer
         if warmer is not None:  # the pinned peers' views too (a person pin's devices share its name)
             warmer.pinned = lambda: list(self.peers_watcher.known().peers)
+            warmer.anonymous = not (opts.peers_only or opts.presence == "granted")  # none is answered
         self.rotations = RotationLedger.load(self.home)  # the person-key rotations this host followed
         from node.runtime.doorkeeper import Doorkeeper
 
@@ -533,6 +534,7 @@ class Host:
         if self.opts.control:
             check_run_dir(control_socket_path(self.home).parent, create=True)  # control-dir-unsafe before publishing
         self._build()
+        self._batch_audit()
         watcher = None
         try:
             if self.opts.watch:  # take the index writer before publishing: index-locked fails fast
@@ -593,6 +595,20 @@ class Host:
                     await self.posts.withdraw()
             for close in self._closers:
                 close()
+
+    def _batch_audit(self) -> None:
+        """Write the audit log in batches on this host's event loop (one lock and one write
+        per :data:`node.trust.audit_log.BATCH_S` tick; the closers write what is left at
+        exit). Under a loop that is not asyncio's, records are written one at a time."""
+        import asyncio
+
+        from node.trust.audit_log import loop_schedule
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self.audit.log.start_batching(loop_schedule(loop))
 
     async def _check_relays(self, listener: Any) -> None:
         """Wait (bounded, :data:`node.transport.iroh.RELAY_CHECK_S`) for a home relay in

@@ -375,8 +375,9 @@ class SessionTable:
                 (:func:`node.trust.pairing.pairing_code`); person: the guest's verified
                 person (``{"key", "deviceName", "earlier"}``) or None.
             via_person: ``(pin name, person key)`` when the device holds a person pin's
-                grants (specs/peers.md §10): the session is listed under that name and a
-                removal or block of the person ends it.
+                grants (specs/peers.md §10): the session is listed under that name, a
+                removal or block of the person ends it, and from now on it is a pinned
+                peer's session — out of the anonymous share and never evicted.
 
         Returns:
             True when its post is now used up here (``post_max_sessions`` reached).
@@ -389,6 +390,7 @@ class SessionTable:
         s.session_id, s.since, s.pairing_code, s.person = session_id, self.clock.time(), pairing_code, person
         if via_person is not None:
             s.name, s.via_person = via_person
+            s.anonymous = False  # it came in on an anonymous slot (its device key is not pinned)
         limit = self.post_limit(s.post) if s.post is not None else None
         return s.post is not None and limit is not None and self._claimed.get(s.post, 0) >= limit
 

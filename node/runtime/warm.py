@@ -2,8 +2,9 @@
 
 A peer is ranked on its own view index (:mod:`node.corpus.views`); building one for a
 large corpus takes seconds. A running host therefore builds the views of the peers it
-expects — the anonymous guests and every pinned peer in force (a person pin's devices
-are that pin's name, so one view serves them all) — at start and again whenever one of
+expects — the anonymous guests (unless ``--peers-only`` or ``--presence granted`` keeps
+every one out) and every pinned peer in force (a person pin's devices are that pin's
+name, so one view serves them all) — at start and again whenever one of
 their lenses changes (a ``policy.toml`` change, a sync or watch batch, a grant that
 ended, a pin added), in a worker thread, outside the corpus lock (searches go on
 meanwhile). At most :data:`node.corpus.views.MAX_VIEWS` distinct views are warmed (the
@@ -14,7 +15,8 @@ Each round is kept as :attr:`ViewWarmer.last` {``peers`` (names warmed, ``None``
 anonymous), ``views`` (distinct views), ``built`` (indexes built from scratch),
 ``seconds``}, counted in :attr:`ViewWarmer.rounds` and logged (``kith.host``, info); it
 is not a host event (the ``kith host --json`` stream is unchanged). ``kith status`` says
-``warming up`` until the first round is done (:attr:`ViewWarmer.warmed`).
+``warming up`` while the views in force are not built — before the first round, and
+again after a change until the round it starts is done (:meth:`ViewWarmer.is_warm`).
 """
 
 from __future__ import annotations
@@ -44,28 +46,48 @@ class ViewWarmer:
         pinned: ``() -> [registry name]``: the pins in force now (the host's peers watcher).
         on_round: called with each round's report (:attr:`last`); default: logged.
         interval_s: poll period (s).
+        anonymous: warm the anonymous guests' view too (False on a host that answers no
+            anonymous guest: ``--peers-only``, ``--presence granted``).
     """
 
     def __init__(self, service: Any, gate: Any, corpus: Any, pinned: Callable[[], list[str]], *,
                  on_round: Callable[[dict[str, Any]], None] | None = None,
-                 interval_s: float = WARM_POLL_S) -> None:
+                 interval_s: float = WARM_POLL_S, anonymous: bool = True) -> None:
         self.service = service
         self.gate = gate
         self.corpus = corpus
         self.pinned = pinned
         self.on_round = on_round if on_round is not None else _log_round
         self.interval_s = interval_s
+        self.anonymous = anonymous
         self._warmed: tuple[Any, ...] | None = None  # the lens keys of the last round
-        #: set once a round has warmed every target (``kith status``: the index is ready)
+        #: set once a round has warmed every target (the first time; :meth:`is_warm` says
+        #: whether the views in force now are built)
         self.warmed = threading.Event()
         #: rounds done, and the last one's report (module docstring)
         self.rounds = 0
         self.last: dict[str, Any] | None = None
 
     def targets(self) -> list[str | None]:
-        """The peers whose views are warmed, in order: anonymous first, then the pins in
-        force by name."""
-        return [None, *sorted(set(self.pinned()))]
+        """The peers whose views are warmed, in order: anonymous first (when
+        :attr:`anonymous`), then the pins in force by name."""
+        return ([None] if self.anonymous else []) + sorted(set(self.pinned()))
+
+    def _keys(self, policy: Any, generation: int, targets: list[str | None]) -> tuple[Any, ...]:
+        return tuple(self.gate.lens_key(policy, name, generation) for name in targets)
+
+    def is_warm(self) -> bool:
+        """Did the last round warm the lenses in force now (the current policy, corpus
+        generation and pins)? False before the first round and from a change until the
+        round after it is done. Cheap: one ``stat`` of policy.toml, one read of the
+        generation, no decision. A corpus that cannot say its generation is not warm."""
+        if self._warmed is None:
+            return False
+        try:
+            keys = self._keys(self.gate.current_policy(), self.corpus.generation(), self.targets())
+        except Exception:  # noqa: BLE001 - no index, or a closed corpus: not warm
+            return False
+        return keys == self._warmed
 
     def warm_once(self) -> dict[str, Any] | None:
         """One round (blocking; run it in a worker thread): when a target's lens changed
@@ -82,7 +104,7 @@ class ViewWarmer:
         policy = self.gate.current_policy()
         generation = self.corpus.generation()
         targets = self.targets()
-        keys = tuple(self.gate.lens_key(policy, name, generation) for name in targets)
+        keys = self._keys(policy, generation, targets)
         if keys == self._warmed:
             return None
         started = time.monotonic()

@@ -4,10 +4,17 @@ Append-only JSON Lines, one record per line, mode 0600: who connected, what they
 what they were served (source ids only, never chunk text), approvals, revocations, blocks,
 policy reloads and refused handshakes. Size-rotated: when a write would take the file past
 :data:`MAX_AUDIT_BYTES` it becomes ``audit.jsonl.1`` (``.1`` → ``.2`` … up to
-:data:`AUDIT_KEEP` files; the oldest is dropped). Every record is written with one
-``write`` on an ``O_APPEND`` descriptor under an ``flock`` on ``audit.jsonl.lock``, so the
+:data:`AUDIT_KEEP` files; the oldest is dropped). Records are written whole lines at a
+time on an ``O_APPEND`` descriptor under an ``flock`` on ``audit.jsonl.lock``, so the
 host and ``kith peers``/``kith approvals`` in other processes never interleave or lose a
 rotation; the file is fsync'ed when a session ends (and on close).
+
+The owner's commands write each record at once. A running host *batches*
+(:meth:`AuditLog.start_batching`): its records wait in memory and are appended together —
+one lock and one ``write`` per batch — at most :data:`BATCH_S` after the first of them, or
+as soon as :data:`BATCH_RECORDS` records / :data:`BATCH_BYTES` bytes are waiting, when a
+session ends (with the fsync) and when the host exits; a crash of the host loses at most
+the batch not yet written (specs/peers.md §7).
 
 Queries are recorded as a keyed hash by default (HMAC-SHA-256 with ``<home>/audit.key``,
 32 random bytes, 0600, made on first use, first 32 hex kept): equal queries of a peer are
@@ -33,7 +40,7 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 log = logging.getLogger("kith.audit")
 
@@ -49,6 +56,11 @@ MAX_QUERY_CHARS = 2000
 MAX_SOURCES = 50
 #: A line longer than this (bytes) is not a record (the reader's bound).
 MAX_LINE_BYTES = 64 << 10
+#: Longest a batched record waits in memory before it is written (seconds).
+BATCH_S = 0.05
+#: Records / bytes waiting that are written at once, without waiting for :data:`BATCH_S`.
+BATCH_RECORDS = 64
+BATCH_BYTES = 64 << 10
 
 
 def now_stamp() -> str:
@@ -67,6 +79,7 @@ class AuditLog:
 
     Writing never raises: an ``OSError`` (disk full, read-only home) is logged once as a
     warning and the record is lost, so the audit log cannot stop a host from serving.
+    Records are written at once unless :meth:`start_batching` was called.
     """
 
     def __init__(self, home: Path, *, audit_queries: bool = False, max_bytes: int = MAX_AUDIT_BYTES,
@@ -81,6 +94,31 @@ class AuditLog:
         self._lock_fd: int | None = None  # <home>/audit.jsonl.lock, flocked per record
         self._key: bytes | None = None
         self._warned = False
+        #: batching (start_batching): lines waiting, their bytes, and whether a flush is armed
+        self._schedule: Callable[[Callable[[], None]], None] | None = None
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._armed = False
+
+    def start_batching(self, schedule: Callable[[Callable[[], None]], None]) -> None:
+        """Batch records from now on: ``schedule(flush)`` is called when the first record
+        of a batch is waiting and must arrange for ``flush`` to be called within
+        :data:`BATCH_S` (the host uses its event loop: :func:`loop_schedule`). Records are
+        also written at once when :data:`BATCH_RECORDS` / :data:`BATCH_BYTES` are waiting,
+        with ``sync`` (session end), and by :meth:`flush` / :meth:`close`."""
+        with self._lock:
+            self._schedule = schedule
+
+    def stop_batching(self) -> None:
+        """Write what is waiting and write each record at once from now on."""
+        with self._lock:
+            self._schedule = None
+            self._write_pending(False)
+
+    def flush(self) -> None:
+        """Write the records waiting in the batch (one lock, one write; nothing when none)."""
+        with self._lock:
+            self._write_pending(False)
 
     # --- writing ------------------------------------------------------------------------
     def record(self, event: str, *, sync: bool = False, **fields: Any) -> None:
@@ -96,21 +134,41 @@ class AuditLog:
             rec = {"ts": rec["ts"], "event": event, "truncated": True,
                    **{k: rec[k] for k in ("session_id", "peer", "peer_name") if k in rec}}
             line = (json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+        arm = None
         with self._lock:
+            self._pending.append(line)
+            self._pending_bytes += len(line)
+            if sync or self._schedule is None or len(self._pending) >= BATCH_RECORDS \
+                    or self._pending_bytes >= BATCH_BYTES:
+                self._write_pending(sync)
+            elif not self._armed:
+                self._armed = True
+                arm = self._schedule
+        if arm is not None:
             try:
-                try:
-                    self._write(line, sync)
-                except FileNotFoundError:  # the home (or the lock file) went away: start over
-                    self._drop_lock_fd()
-                    self._write(line, sync)
-            except OSError as exc:
-                self._drop_lock_fd()
-                if not self._warned:
-                    self._warned = True
-                    log.warning("could not write the audit log (%s); records are being lost", exc.strerror)
+                arm(self.flush)
+            except RuntimeError:  # the loop is gone (the host is exiting): write now
+                self.flush()
 
-    def _write(self, line: bytes, sync: bool) -> None:
-        # the lock file stays open between records (one flock/unlock pair per record, not
+    def _write_pending(self, sync: bool) -> None:
+        """Write the waiting lines (caller holds ``self._lock``); never raises."""
+        lines, self._pending, self._pending_bytes, self._armed = self._pending, [], 0, False
+        if not lines:
+            return
+        try:
+            try:
+                self._write(lines, sync)
+            except FileNotFoundError:  # the home (or the lock file) went away: start over
+                self._drop_lock_fd()
+                self._write(lines, sync)
+        except OSError as exc:
+            self._drop_lock_fd()
+            if not self._warned:
+                self._warned = True
+                log.warning("could not write the audit log (%s); records are being lost", exc.strerror)
+
+    def _write(self, lines: list[bytes], sync: bool) -> None:
+        # the lock file stays open between batches (one flock/unlock pair per batch, not
         # mkdir + open + close); it is reopened after an error
         lock_fd = self._lock_fd
         if lock_fd is None:
@@ -120,10 +178,22 @@ class AuditLog:
         try:
             fd = self._current_fd()
             size = os.fstat(fd).st_size
-            if size and size + len(line) > self.max_bytes:
-                self._rotate()
-                fd = self._current_fd()
-            os.write(fd, line)
+            start = 0
+            while start < len(lines):
+                # as many whole lines as fit before the rotation bound (at least one)
+                end, room = start, self.max_bytes - size
+                while end < len(lines) and (end == start or len(lines[end]) <= room):
+                    room -= len(lines[end])
+                    end += 1
+                chunk = b"".join(lines[start:end]) if end - start > 1 else lines[start]
+                if size and size + len(chunk) > self.max_bytes:
+                    self._rotate()
+                    fd = self._current_fd()
+                    size = 0
+                    continue  # refit the lines into the new, empty file
+                _write_all(fd, chunk)
+                size += len(chunk)
+                start = end
             if sync:
                 os.fsync(fd)
         finally:
@@ -176,8 +246,10 @@ class AuditLog:
             self.path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        """fsync and close the log (idempotent)."""
+        """Write what is waiting, fsync and close the log (idempotent; batching stops)."""
         with self._lock:
+            self._schedule = None
+            self._write_pending(False)
             if self._fd is not None:
                 try:
                     os.fsync(self._fd)
@@ -208,6 +280,30 @@ class AuditLog:
                 atomic_write(path, key)
             self._key = key
         return self._key
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until all of ``data`` is written (a regular file takes it whole; a
+    short write, e.g. a signal, continues where it stopped)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def loop_schedule(loop: Any) -> Callable[[Callable[[], None]], None]:
+    """A :meth:`AuditLog.start_batching` scheduler on an asyncio ``loop``: ``fn`` runs on
+    the loop :data:`BATCH_S` later; callable from the loop's thread and from worker
+    threads (raises ``RuntimeError`` once the loop is closed)."""
+    owner = threading.get_ident()
+
+    def schedule(fn: Callable[[], None]) -> None:
+        if threading.get_ident() == owner:
+            loop.call_later(BATCH_S, fn)
+        else:
+            loop.call_soon_threadsafe(loop.call_later, BATCH_S, fn)
+
+    return schedule
 
 
 # ------------------------------------------------------------------------------- reading
@@ -280,4 +376,4 @@ def read_audit(home: Path, problems: list[AuditProblem]) -> Iterator[dict[str, A
                 yield rec
 
 
-__all__ = ["AUDIT_FILE", "AuditLog", "AuditProblem", "audit_files", "read_audit"]
+__all__ = ["AUDIT_FILE", "AuditLog", "AuditProblem", "audit_files", "loop_schedule", "read_audit"]

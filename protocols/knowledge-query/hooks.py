@@ -62,6 +62,23 @@ def on_message(ctx, message):
     return None
 
 
+def _small(ctx, message):
+    """``on_message.inline`` (node/runtime/hooks.py): on the host, a ``query`` the
+    knowledge handle says it answers from warm state with a bounded candidate count
+    (``ctx.knowledge.small``) is answered on the event loop, any other in the host's
+    bounded hook threads; the guest's calls (its ``ask`` may be a prompt) keep their
+    worker thread."""
+    if ctx.role != "host":
+        return None
+    small = getattr(ctx.knowledge, "small", None)
+    if message.get("action") != "query" or small is None:
+        return False
+    return bool(small({k: v for k, v in message.items() if k not in _MESSAGE_FIELDS}))
+
+
+on_message.inline = _small
+
+
 def on_end(ctx, reason):
     ctx.logger.info("knowledge-query session %s ended: %s", ctx.session_id[:12], reason)
 

@@ -1,0 +1,97 @@
+"""Small answers: which peer searches a host may answer on its event loop (issue 31 item 1;
+specs/protocols.md §2 ``inline``).
+
+The ``knowledge-query`` host's ``on_message.inline`` asks ``ctx.knowledge.small(request)``
+(:meth:`node.answer.knowledge.Handle.small`). A request is small when it is plain
+(``query`` and ``topK`` only: a filtered search may go several rounds deeper) and the
+view's last answer cost at most :data:`INLINE_CPU_S` of CPU under the same lens key
+(:meth:`node.policy.gate.EgressGate.lens_key`: policy stamp, grants in force, peer,
+corpus generation) — so the view's index is built and current; a first answer, a sync,
+a policy change or a grant that ended since is not small. Only *where* an answer runs
+depends on it, never what it says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+from node.answer.knowledge import PeerView
+
+#: The most CPU time (s) the last answer of a peer view may have cost for the next one
+#: of the same shape to count as small.
+INLINE_CPU_S = 0.010
+#: Request fields a small answer may have: no filters, no budget or dedupe changes.
+INLINE_FIELDS = frozenset({"query", "topK"})
+#: Peer views whose last answer's cost is kept (oldest dropped).
+MAX_WARM_VIEWS = 1024
+
+
+class InlineCosts:
+    """The CPU time of each peer view's last answer and the lens key it was made under.
+
+    Args:
+        corpus: the service's :class:`node.corpus.store.Corpus`, or None.
+        gate: its :class:`node.policy.gate.EgressGate`, or None (then the key is the
+            corpus generation only).
+    """
+
+    def __init__(self, corpus: Any, gate: Any) -> None:
+        self._corpus = corpus
+        self._gate = gate
+        self._costs: OrderedDict[PeerView, tuple[Hashable, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def state(self, view: PeerView, wait: bool = False) -> Hashable | None:
+        """What ``view``'s answer cost depends on besides the request: its lens key now
+        (the generation alone without a gate). None when the corpus lock is busy and
+        ``wait`` is False (an event loop never waits for it) or the corpus is broken."""
+        try:
+            generation = self._corpus.generation(wait) if self._corpus is not None else None
+            if generation is None and self._corpus is not None:
+                return None
+            if self._gate is None:
+                return (generation,)
+            return self._gate.lens_key(self._gate.current_policy(), view.name, generation)
+        except Exception:  # noqa: BLE001 - a closed or broken record: not known to be small
+            return None
+
+    def small(self, body: Any, view: PeerView) -> bool:
+        """True when answering ``body`` as ``view`` is known to be small work (module
+        docstring). Cheap, never blocks (a busy corpus is not small), never raises."""
+        try:
+            if not isinstance(body, Mapping) or not INLINE_FIELDS.issuperset(body):
+                return False
+            with self._lock:
+                last = self._costs.get(view)
+            if last is None or last[1] > INLINE_CPU_S:
+                return False
+            state = self.state(view)
+            return state is not None and state == last[0]
+        except Exception:  # noqa: BLE001 - only where the answer runs depends on it
+            return False
+
+    def answered(self, view: PeerView, cpu_s: float) -> None:
+        """Keep ``cpu_s``, the CPU seconds of ``view``'s last answer, with the state it
+        was made in (a worker thread waits for the corpus lock; the event loop does not,
+        and forgets the view when the lock is busy)."""
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        state = self.state(view, wait=not on_loop)
+        with self._lock:
+            if state is None:
+                self._costs.pop(view, None)
+                return
+            self._costs[view] = (state, cpu_s)
+            self._costs.move_to_end(view)
+            while len(self._costs) > MAX_WARM_VIEWS:
+                self._costs.popitem(last=False)
+
+
+__all__ = ["INLINE_CPU_S", "INLINE_FIELDS", "InlineCosts", "MAX_WARM_VIEWS"]
