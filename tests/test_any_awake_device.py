@@ -68,8 +68,12 @@ def test_a_person_with_two_devices_one_asleep_answers_from_the_awake_one(tmp_pat
         for invite in ("desk.json", "laptop.json"):  # each device hands over its card in the handshake
             r = kith(guest, "join", str(tmp_path / invite), "--local", "--trust", "--query", "installing")
             assert r.returncode in (0, 3), r.stderr
+            assert "is a device of 'bea'" in r.stderr and "to pin this host" not in r.stderr, r.stderr
         cards = json.loads((guest / "cards.json").read_text())["persons"][person["person_key"]]
         assert set(cards) == {desk_key, laptop_key}
+        # joining a device again: it is bea's known device now, not another host under that name
+        r = kith(guest, "join", str(tmp_path / "desk.json"), "--local", "--trust", "--query", "installing")
+        assert r.returncode in (0, 3) and "host-key-changed" not in r.stderr and "pin-name-taken" not in r.stderr, r.stderr
         assert cards[laptop_key]["card"]["totals"]["documents"] > 0
 
         laptop_host.stop()  # the laptop sleeps
@@ -117,3 +121,70 @@ def test_the_cards_on_the_community_server_reach_a_guest_that_never_joined_eithe
         if desk_host.proc.poll() is None:
             desk_host.stop()
         laptop_host.stop()
+
+
+def test_a_device_revoked_on_the_server_while_the_guest_holds_its_card_no_longer_answers(tmp_path: Path, server):
+    # the guest met only the laptop (its card came in the handshake); the laptop is stolen:
+    # the desk revokes it and publishes the list. The very next ask drops the laptop's
+    # answer and is answered by the desk (its card from the server)
+    desk, laptop, guest, person, desk_key, laptop_key = _person(tmp_path, "--server", server)
+    laptop_host = Host(laptop, "--invite-file", str(tmp_path / "laptop.json"))
+    desk_host = Host(desk, "--server", server)
+    try:
+        r = kith(guest, "join", str(tmp_path / "laptop.json"), "--local", "--trust", "--query", "installing")
+        assert r.returncode in (0, 3), r.stderr
+        assert set(json.loads((guest / "cards.json").read_text())["persons"][person["person_key"]]) == {laptop_key}
+        assert _ask(guest, "--peer", "bea")["peers"][0]["device"]["key"] == laptop_key
+        for _ in range(150):  # the desk posts its card once its post is live (bounded poll)
+            if httpx.get(f"{server}/api/v1/cards/{person['person_key']}", timeout=10).status_code == 200:
+                break
+            time.sleep(0.2)
+        r = kith(desk, "device", "revoke", "laptop", "--server", server)
+        assert r.returncode == 0, r.stderr
+        row = _ask(guest, "--peer", "bea")["peers"][0]
+        assert row["status"] == "ok" and row["device"]["key"] == desk_key
+    finally:
+        desk_host.stop()
+        laptop_host.stop()
+
+
+def test_a_warm_device_that_goes_to_sleep_mid_conversation_hands_over_to_the_awake_one(tmp_path: Path):
+    # one long-running guest process (as MCP or the local API): the device that answered
+    # keeps a warm session; it then sleeps (SIGSTOP: it sends nothing, its session is not
+    # ended). The next question is answered by the other device (the warm session's
+    # in-flight keep-alive gives the sleeper up), even when the first race cancelled that
+    # other device before its handshake finished (it is not left marked down)
+    import os
+    import signal
+
+    import anyio
+
+    from node.runtime.pool import SessionPool
+    from node.trust.identity import load_identity
+
+    desk, laptop, guest, person, desk_key, laptop_key = _person(tmp_path)
+    hosts = {desk_key: Host(desk, "--invite-file", str(tmp_path / "desk.json")),
+             laptop_key: Host(laptop, "--invite-file", str(tmp_path / "laptop.json"))}
+    stopped: list[int] = []
+    try:
+        for invite in ("desk.json", "laptop.json"):
+            r = kith(guest, "join", str(tmp_path / invite), "--local", "--trust", "--query", "installing")
+            assert r.returncode in (0, 3), r.stderr
+
+        async def main() -> tuple[str, dict]:
+            async with SessionPool(guest, load_identity(guest), local=True) as pool:
+                with anyio.fail_after(60):
+                    first = await pool.ask("bea", {"query": "sqlite write-ahead log", "topK": 3})
+                sleeper = first["device"]["key"]
+                os.kill(hosts[sleeper].proc.pid, signal.SIGSTOP)
+                stopped.append(hosts[sleeper].proc.pid)
+                with anyio.fail_after(20):  # well under the transport's idle timeout (30 s)
+                    return sleeper, await pool.ask("bea", {"query": "sqlite write-ahead log", "topK": 3})
+
+        sleeper, answer = anyio.run(main, backend="asyncio")
+        assert answer["status"] == "ok" and answer["device"]["key"] == ({desk_key, laptop_key} - {sleeper}).pop()
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        for host in hosts.values():
+            host.stop()

@@ -328,3 +328,59 @@ def test_resolving_a_person_pin_without_an_invitation_takes_the_card_of_its_devi
     accept_card(home, dialable_card(home, desk, chain), via="server")
     target = anyio.run(resolve_peer, "bea", home, backend="asyncio")
     assert target.invitation.host_public_key == desk.public_key and target.pinned_name == "bea"
+
+
+def test_a_card_kept_before_its_device_was_blocked_is_no_longer_dialled(tmp_path):
+    # `kith peers block KEY` on one device of a pinned person: that device is never asked
+    # again as the person, while the person's other devices still are
+    bea = Person()
+    desk, desk_chain = bea.device("desk")
+    laptop, laptop_chain = bea.device("laptop")
+    home = guest_home(tmp_path, bea)
+    accept_card(home, dialable_card(home, desk, desk_chain), via="server")
+    accept_card(home, dialable_card(home, laptop, laptop_chain), via="server")
+    PeerRegistry.load(home).block(laptop.public_key)
+    rec = PeerRegistry.load(home).by_name("bea")
+    assert [d["key"] for d, _t in device_targets(home, rec)] == [desk.public_key]
+
+
+@pytest.mark.parametrize("corrupt", [
+    {"lastSeen": 5}, {"lastFailed": ["x"]}, {"card": [["type", "device-card"]]}, {"card": "x"},
+    {"via": None}, {"receivedAt": 7},
+])
+def test_a_hand_corrupted_cards_file_is_config_invalid_naming_the_file(tmp_path, corrupt):
+    import json
+
+    bea = Person()
+    desk, chain = bea.device("desk")
+    home = guest_home(tmp_path, bea)
+    accept_card(home, card_of(desk, chain), via="server")
+    path = home / "cards.json"
+    data = json.loads(path.read_text())
+    data["persons"][bea.key][desk.public_key].update(corrupt)
+    path.write_text(json.dumps(data))
+    with pytest.raises(KithError) as info:
+        CardStore.load(home)
+    assert info.value.code == "config-invalid" and "cards.json" in info.value.message
+    assert info.value.hint and "cards.json" in info.value.hint  # what to do: remove it, the cards come back
+
+
+def test_joining_a_device_of_a_pinned_person_again_is_not_host_key_changed(tmp_path):
+    # `kith join INVITE` of bea's desk a second time (its card was taken the first time):
+    # the desk is a known device of the person pin, not another host under that name
+    from node.runtime.guest import check_pinned_name, trust_status
+    from node.trust.invitation import parse_invitation
+
+    bea = Person()
+    desk, chain = bea.device("desk")
+    stranger = Identity(os.urandom(32))
+    home = guest_home(tmp_path, bea)
+    card = card_of(desk, chain)
+    accept_card(home, card, via="handshake", device=desk.public_key)
+    inv = parse_invitation(card["invitation"])
+    assert trust_status(inv, home) == "bea"
+    check_pinned_name("bea", inv, home)  # no refusal
+    with pytest.raises(KithError) as info:  # another key under that name still is
+        check_pinned_name("bea", create_invitation(stranger, protocol_name="knowledge-query", protocol_version="1",
+                                                   protocol_id="a" * 64, ticket="endpointticket"), home)
+    assert info.value.code == "pin-name-taken"

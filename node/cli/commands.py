@@ -447,7 +447,7 @@ def join_cmd(
     accept_host_ui: bool = typer.Option(False, "--accept-host-ui", help="Advertise p2p_ui_v1: accept the host's UI bundle when this protocol has no local ui/ (verified, installed per session under the home)."),
 ) -> None:
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
-    from node.runtime.guest import GuestOptions, ask, check_pinned_name, open_target, resolve_peer
+    from node.runtime.guest import GuestOptions, ask, check_pinned_name, open_target, resolve_peer, trust_status
     from node.trust.identity import fingerprint, load_identity
     from node.trust.pairing import pairing_code
 
@@ -629,7 +629,11 @@ def join_cmd(
         for code, side in outcome.ui_refused:
             err_console.print(f"host UI not installed: {safe_text(code)[:64]} (refused by the {safe_text(side)[:16]})",
                               highlight=False, markup=False)
-        if outcome.ok and name is None and not (interactive and outcome.peer_end is not None):
+        person = trust_status(inv, home) if outcome.ok and name is None else None
+        if person is not None:  # its card in this handshake made it a known device of a person pin
+            err_console.print(f"this host is a device of {person!r} (its card is kept): `kith ask --peer {person}` "
+                              "asks it, or another awake device of that person", highlight=False, markup=False)
+        elif outcome.ok and name is None and not (interactive and outcome.peer_end is not None):
             _offer_pin(home, inv.host_public_key, host_seen.get("profile") or {}, pin, inv.to_dict(), server)
         elif outcome.ok and name is not None:  # a pinned host: keep its last invitation (`kith ask`)
             from node.trust.peers import PeerRegistry

@@ -169,7 +169,6 @@ async def fetch_cards(home: Path, rec: "PeerRecord") -> list[str]:
     Returns the refusal codes of the cards that did not (a server that is down or keeps
     none gives ``[]``)."""
     from node.community.client import CommunityClient
-    from node.trust.revocation_list import RevocationStore, check_list
 
     if not rec.server:
         return []
@@ -179,11 +178,7 @@ async def fetch_cards(home: Path, rec: "PeerRecord") -> list[str]:
             docs = await client.get_cards(rec.public_key)
     except KithError:
         return []
-    if revocation is not None:
-        try:
-            RevocationStore.load(home).offer(check_list(revocation, person=rec.public_key), via="server", now=_now())
-        except KithError as exc:  # a forged or foreign list from the server: not kept
-            log.info("revocation list from the server refused (%s)", exc.code)
+    _keep_revocation(home, rec, revocation)
     codes = []
     for doc in docs:
         try:
@@ -193,25 +188,83 @@ async def fetch_cards(home: Path, rec: "PeerRecord") -> list[str]:
     return codes
 
 
+def _keep_revocation(home: Path, rec: "PeerRecord", revocation: dict[str, Any] | None) -> None:
+    """Keep the server's revocation list of the person pin ``rec`` when it verifies and is
+    newer (specs/peers.md §10); a forged or foreign one is logged and dropped."""
+    from node.trust.revocation_list import RevocationStore, check_list
+
+    if revocation is None:
+        return
+    try:
+        RevocationStore.load(home).offer(check_list(revocation, person=rec.public_key), via="server", now=_now())
+    except KithError as exc:  # a forged or foreign list from the server: not kept
+        log.info("revocation list from the server refused (%s)", exc.code)
+
+
+#: Seconds between two reads of a person's revocation list from its pin's server by one
+#: process asking that person (the same cadence as ``kith host --server``'s check).
+REVOCATION_EVERY_S = 60.0
+#: Seconds one such read may take before the answer is returned without it.
+REVOCATION_WAIT_S = 5.0
+_REVOCATION_READ: dict[tuple[str, str], float] = {}
+
+
+async def refresh_revocation(home: Path, rec: "PeerRecord") -> None:
+    """Read the person pin's revocation list from its server (``GET
+    /api/v1/revocations/{person_key}``) and keep it when it verifies and is newer, at most
+    once every :data:`REVOCATION_EVERY_S` per process, within :data:`REVOCATION_WAIT_S`.
+    Run beside the ask of that person (:meth:`node.runtime.pool.SessionPool.ask`), so a
+    device revoked and published while a guest still answers from its card is dropped by
+    that very ask. A server that is down or slow changes nothing."""
+    from node.community.client import CommunityClient
+
+    if not rec.server:
+        return
+    memo = (str(home), rec.public_key)
+    now = time.monotonic()
+    if now - _REVOCATION_READ.get(memo, -REVOCATION_EVERY_S) < REVOCATION_EVERY_S:
+        return
+    _REVOCATION_READ[memo] = now
+    import anyio
+
+    with anyio.move_on_after(REVOCATION_WAIT_S):
+        try:
+            async with CommunityClient(rec.server) as client:
+                revocation = await client.get_revocation(rec.public_key)
+        except KithError:
+            return
+        _keep_revocation(home, rec, revocation)
+
+
+def is_revoked(home: Path, rec: "PeerRecord", device: str) -> bool:
+    """True when a revocation list kept here for the person pin ``rec`` names ``device``."""
+    from node.trust.revocation_list import RevocationStore
+
+    return RevocationStore.load(home).revokes(device, [rec.public_key])
+
+
 def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], Any]]:
     """Every device of the person pin ``rec`` this home can dial now: ``({"key", "name"},
-    Target)`` from each kept card whose device is not revoked and whose invitation verifies
-    (expiry, protocol, binding; :func:`node.runtime.guest._pinned_target`), plus the pin's
-    saved invitation when no card is of its device. Most recently answering first."""
+    Target)`` from each kept card whose device is neither revoked nor blocked here (``kith
+    peers block KEY``) and whose invitation verifies (expiry, protocol, binding;
+    :func:`node.runtime.guest._pinned_target`), plus the pin's saved invitation when no card
+    is of its device (and it is not blocked). Most recently answering first."""
     from node.common.errors import InvitationError
     from node.runtime.guest import _pinned_target, protocol_cache
     from node.trust.invitation import parse_invitation
+    from node.trust.peers import PeerRegistry
     from node.trust.revocation_list import RevocationStore
 
     protocols = protocol_cache()  # every device of a person names the same protocol: load it once
     store = CardStore.load(home)
     revocations = RevocationStore.load(home)
+    registry = PeerRegistry.load(home)
     out: list[tuple[dict[str, str], Any]] = []
     entries = sorted(store.devices_of(rec.public_key).items(),
                      key=lambda kv: (kv[1].last_seen or "", kv[1].received_at), reverse=True)
     for key, entry in entries:
-        if revocations.revokes(key, [rec.public_key, entry.card.get("person_key", "")]):
-            continue  # revoked after the card was kept: ignored
+        if registry.is_blocked(key) or revocations.revokes(key, [rec.public_key, entry.card.get("person_key", "")]):
+            continue  # revoked or blocked after the card was kept: ignored
         try:
             target = _pinned_target(parse_invitation(entry.card["invitation"]), rec, home, protocols=protocols)
         except (InvitationError, KithError):
@@ -222,8 +275,9 @@ def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], 
             saved = _pinned_target(parse_invitation(rec.invitation), rec, home, protocols=protocols)
         except KithError:
             saved = None
-        if saved is not None and all(t.invitation.host_public_key != saved.invitation.host_public_key for _, t in out):
-            key = saved.invitation.host_public_key
+        key = saved.invitation.host_public_key if saved is not None else ""
+        if (saved is not None and not registry.is_blocked(key) and not revocations.revokes(key, [rec.public_key])
+                and all(t.invitation.host_public_key != key for _, t in out)):
             name = rec.seen_devices.get(key, {}).get("name", "")
             out.append(({"key": key, "name": name}, saved))
     return out
@@ -231,15 +285,18 @@ def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], 
 
 def warm_device(pool: "SessionPool", rec: "PeerRecord") -> tuple[dict[str, str], Any] | None:
     """A live, ready pooled session to a device of the person pin ``rec`` that is not
-    revoked, as ``({"key", "name"}, session)``, or None. A device that answered over it is
-    awake: the next question goes there first (no dial of the others)."""
+    revoked nor blocked here, as ``({"key", "name"}, session)``, or None. A device that
+    answered over it is awake: the next question goes there first (no dial of the others)."""
     from node.trust.card import CARDS_FILE
+    from node.trust.peers import PEERS_FILE, PeerRegistry
     from node.trust.revocation_list import REVOCATIONS_FILE, RevocationStore
 
     cards = _cached(pool.home, CARDS_FILE, CardStore.load).devices_of(rec.public_key)
+    registry = _cached(pool.home, PEERS_FILE, PeerRegistry.load)
     for key, seen in rec.seen_devices.items():  # every device a card was taken of is seen
         live = pool.sessions.get(key)
-        if live is None or live.closed.is_set() or live.session_id is None:
+        if (live is None or live.closed.is_set() or live.session_id is None or not live.answered
+                or registry.is_blocked(key)):  # only a session that answered: a race's loser is not warm
             continue
         person = cards[key].card.get("person_key", "") if key in cards else ""
         if _cached(pool.home, REVOCATIONS_FILE, RevocationStore.load).revokes(key, [rec.public_key, person]):
@@ -327,6 +384,10 @@ async def ask_devices(pool: "SessionPool", rec: "PeerRecord", targets: list[tupl
     async with anyio.create_task_group() as tg:
         for device, target in targets:
             tg.start_soon(one, device, target, tg)
+    if winner:  # the ones still out were cancelled because another answered: not down
+        for device, target in targets:
+            if device["key"] in pending:
+                pool.clear_down(target)
     log.debug("person %s: %d device(s) asked in %.3f s", rec.name, len(targets), time.monotonic() - started)
     if store_marks:
         store = CardStore.load(pool.home)
@@ -345,5 +406,5 @@ async def ask_devices(pool: "SessionPool", rec: "PeerRecord", targets: list[tupl
     raise PeerGone(None, None, False)
 
 
-__all__ = ["accept_card", "ask_devices", "device_targets", "fetch_cards", "next_seq", "own_card",
-           "public_totals", "take_card"]
+__all__ = ["accept_card", "ask_devices", "device_targets", "fetch_cards", "is_revoked", "next_seq", "own_card",
+           "public_totals", "refresh_revocation", "take_card"]

@@ -182,7 +182,10 @@ def trust_status(inv: Invitation, home: Path) -> str | None:
 
 
 def check_pinned_name(name: str, inv: Invitation, home: Path) -> None:
-    """Refuse when ``name`` is pinned in the registry to a different key (DESIGN §5).
+    """Refuse when ``name`` is pinned in the registry to a different key (DESIGN §5). A
+    person pin (``--devices``) is pinned to every device this home knows it bound
+    (:func:`node.trust.peers.known_device_of`: a card or chain seen here), so joining one
+    of them again is no key change (specs/peers.md §13).
 
     ``kith join --pin NAME`` calls it before connecting: a name already pinned to another
     key is never silently re-pinned. That is a name the user chose that is taken, not a
@@ -193,9 +196,11 @@ def check_pinned_name(name: str, inv: Invitation, home: Path) -> None:
         UsageError: ``pin-name-taken``.
     """
     from node.common.errors import UsageError
+    from node.trust.peers import known_device_of
 
     rec = PeerRegistry.load(home).by_name(name)
-    if rec is not None and rec.public_key != inv.host_public_key:
+    if rec is not None and rec.public_key != inv.host_public_key and not (
+            rec.devices and known_device_of(home, rec.public_key, inv.host_public_key, rec)):
         raise UsageError("pin-name-taken",
                          f"--pin {name}: that name is already pinned to another host ({rec.public_key[:16]}…); "
                          f"this host is {inv.host_public_key[:16]}…",

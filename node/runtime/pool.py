@@ -325,6 +325,12 @@ class SessionPool:
             session = self._open(key, target)
         return session
 
+    def clear_down(self, target: Target) -> None:
+        """Forget the down mark of ``target``'s address: its session was cancelled because
+        another device of its person answered first (node/runtime/cards.py), not because
+        it did not answer, so the next question may dial it at once."""
+        self._down.pop((target.invitation.host_public_key, target.invitation.transport_info.ticket), None)
+
     def mark_down(self, s: PeerSession) -> None:
         """Remember that ``s`` never came up (connect failed, or no handshake by its
         question's deadline): the same address is not tried again for :data:`DOWN_S` s."""
@@ -370,7 +376,9 @@ class SessionPool:
                 A person pin (``--devices``) with device cards is asked on every device at
                 once, the first complete answer winning (:func:`node.runtime.cards.ask_devices`;
                 its pin's server is asked for cards when none is usable or every device
-                failed; specs/peers.md §13); the answer then carries ``device``.
+                failed, and for the person's revocation list beside every ask, at most once
+                a minute: a revoked device's answer is dropped; specs/peers.md §13); the
+                answer then carries ``device``.
             request: the flat request.
 
         Returns:
@@ -387,43 +395,14 @@ class SessionPool:
         await self._ensure_node()
         name = peer if isinstance(peer, str) else None
         if name is not None:  # a person pin: every device it has a card of, at once (specs/peers.md §13)
-            from node.runtime.cards import ask_devices, device_targets, fetch_cards, warm_device
             from node.trust.peers import PeerRegistry
 
             registry = PeerRegistry.load(self.home)
             person = registry.by_name(name)
             if person is not None and person.devices and not registry.is_blocked(person.public_key):
-                warm = warm_device(self, person)
-                if warm is not None:  # a device that answered over this session is awake: ask it first
-                    try:
-                        message = await warm[1].ask(request)
-                    except PeerGone:
-                        pass  # it went away: every known device at once, below
-                    else:
-                        from node.runtime.cards import mark_answered
-
-                        mark_answered(self.home, person, warm[0]["key"])
-                        return {**message, "device": dict(warm[0])}
-                targets = device_targets(self.home, person)
-                if not targets and person.server:
-                    await fetch_cards(self.home, person)
-                    person = PeerRegistry.load(self.home).by_name(name) or person  # its new seenDevices
-                    targets = device_targets(self.home, person)
-                if targets:
-                    try:
-                        return await ask_devices(self, person, targets, request)
-                    except PeerGone:
-                        if not person.server:
-                            raise
-                        # every device it knew is down: the server may hold newer cards
-                        before = {t.invitation.transport_info.ticket for _, t in targets}
-                        await fetch_cards(self.home, person)
-                        person = PeerRegistry.load(self.home).by_name(name) or person
-                        targets = [(d, t) for d, t in device_targets(self.home, person)
-                                   if t.invitation.transport_info.ticket not in before]
-                        if not targets:
-                            raise
-                        return await ask_devices(self, person, targets, request)
+                answer = await self._ask_person_checked(person, name, request)
+                if answer is not None:
+                    return answer
         rec = None
         skip_saved = retried_warm = False
         last_gone: PeerGone | None = None
@@ -468,6 +447,119 @@ class SessionPool:
                     skip_saved = True  # the saved invitation's address did not answer, or its post is gone there
                     continue
                 raise
+
+
+    async def _ask_person_checked(self, person: Any, name: str, request: dict[str, Any]) -> dict[str, Any] | None:
+        """:meth:`_ask_person`, with the person's revocation list read from its pin's
+        server beside it (:func:`node.runtime.cards.refresh_revocation`, at most once a
+        minute): an answer from a device that list revokes is dropped and the person asked
+        again without it (specs/peers.md §13)."""
+        from node.runtime.cards import is_revoked, refresh_revocation
+
+        if not person.server:
+            return await self._ask_person(person, name, request)
+        got: list[Any] = []
+        failed: list[BaseException] = []
+
+        async def race() -> None:
+            try:
+                got.append(await self._ask_person(person, name, request))
+            except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group
+                failed.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(refresh_revocation, self.home, person)
+            await race()
+        if failed:
+            raise failed[0]
+        answer = got[0]
+        device = (answer or {}).get("device")
+        if isinstance(device, dict) and is_revoked(self.home, person, str(device.get("key"))):
+            log.warning("%s: device %s answered but its person revoked it; asking the others", name,
+                        str(device.get("key"))[:16])
+            return await self._ask_person(person, name, request)
+        return answer
+
+    async def _ask_warm_device(self, person: Any, warm: tuple[dict[str, str], Any],
+                               request: dict[str, Any]) -> dict[str, Any] | None:
+        """Ask the person's device with a warm session; when it has not answered within
+        :data:`WARM_HEDGE_S` (it may have gone to sleep: a stopped host sends nothing, and
+        its session ends only when the keep-alive gives up), ask its other dialable devices
+        too, the warm one still running; the first answer of either wins. None when the
+        warm session ended unanswered first, or every device did (the caller races them all)."""
+        from node.runtime.cards import ask_devices, device_targets, mark_answered
+
+        got: list[dict[str, Any]] = []
+        warm_done = anyio.Event()
+
+        async def ask_warm(tg: Any) -> None:
+            try:
+                message = await warm[1].ask(request)
+            except PeerGone:
+                warm_done.set()
+                return
+            mark_answered(self.home, person, warm[0]["key"])
+            got.append({**message, "device": dict(warm[0])})
+            tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask_warm, tg)
+            with anyio.move_on_after(WARM_HEDGE_S):
+                await warm_done.wait()
+            if warm_done.is_set():  # its session ended unanswered: the caller races every device, it too
+                return None
+            others = [(d, t) for d, t in device_targets(self.home, person) if d["key"] != warm[0]["key"]]
+            if others:
+                log.info("%s: the warm device %s has not answered in %.1f s; asking %d other device(s)",
+                         person.name, warm[0]["key"][:16], WARM_HEDGE_S, len(others))
+                try:
+                    got.append(await ask_devices(self, person, others, request))
+                except PeerGone:
+                    pass  # the warm one may still answer
+                else:
+                    tg.cancel_scope.cancel()
+            await warm_done.wait()
+        return got[0] if got else None
+
+    async def _ask_person(self, person: Any, name: str, request: dict[str, Any]) -> dict[str, Any] | None:
+        """Ask every device of the person pin ``person`` with a usable card at once
+        (:func:`node.runtime.cards.ask_devices`), its warm device first; the server's cards
+        when none is usable or every device failed. None when no device can be dialled (the
+        caller resolves the pin as one host)."""
+        from node.runtime.cards import ask_devices, device_targets, fetch_cards, warm_device
+        from node.trust.peers import PeerRegistry
+
+        warm = warm_device(self, person)
+        if warm is not None:  # a device that answered over this session is awake: ask it first
+            answer = await self._ask_warm_device(person, warm, request)
+            if answer is not None:
+                return answer
+        targets = device_targets(self.home, person)
+        if not targets and person.server:
+            await fetch_cards(self.home, person)
+            person = PeerRegistry.load(self.home).by_name(name) or person  # its new seenDevices
+            targets = device_targets(self.home, person)
+        if targets:
+            try:
+                return await ask_devices(self, person, targets, request)
+            except PeerGone:
+                if not person.server:
+                    raise
+                # every device it knew is down: the server may hold newer cards
+                before = {t.invitation.transport_info.ticket for _, t in targets}
+                await fetch_cards(self.home, person)
+                person = PeerRegistry.load(self.home).by_name(name) or person
+                targets = [(d, t) for d, t in device_targets(self.home, person)
+                           if t.invitation.transport_info.ticket not in before]
+                if not targets:
+                    raise
+                return await ask_devices(self, person, targets, request)
+        return None
+
+
+#: Seconds a person's warm device may take before its other devices are asked too
+#: (:meth:`SessionPool._ask_warm_device`; specs/peers.md §13).
+WARM_HEDGE_S = 2.0
 
 
 def _connect_failed(gone: PeerGone) -> bool:

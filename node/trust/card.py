@@ -245,18 +245,29 @@ class CardStore:
 
     @classmethod
     def load(cls, home: Path) -> "CardStore":
-        """Read the store (missing → empty).
+        """Read the store (missing → empty). Every entry is checked for its shape (a card
+        object, ``via`` ``handshake``/``server``, RFC 3339 UTC times or null), so a
+        hand-edited file is refused here rather than failing later.
 
         Raises:
-            ConfigError: ``config-invalid`` for a file that is not a valid store.
+            ConfigError: ``config-invalid`` for a file that is not a valid store, its hint
+                saying to remove it (the cards are learnt again).
         """
         path = Path(home) / CARDS_FILE
+        hint = (f"remove {path} (it only keeps what this home learnt: each device's card comes back "
+                "with its next handshake or from the person's community server)")
         try:
             raw = json.loads(path.read_text("utf-8"))
         except FileNotFoundError:
             return cls(path, {})
-        except (OSError, UnicodeDecodeError, ValueError):
-            raise ConfigError("config-invalid", f"{CARDS_FILE} is not valid JSON") from None
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            raise ConfigError("config-invalid", f"{CARDS_FILE} is not valid JSON", hint=hint) from None
+
+        def stamp(value: object, what: str, *, optional: bool) -> Any:
+            if (value is None and optional) or (isinstance(value, str) and _CREATED_RE.fullmatch(value)):
+                return value
+            raise ValueError(f"{what} must be an RFC 3339 UTC time{' or null' if optional else ''}")
+
         persons: dict[str, dict[str, CardEntry]] = {}
         try:
             if raw.get("version") != STORE_VERSION:
@@ -266,10 +277,14 @@ class CardStore:
                 persons[person] = {}
                 for key, e in devices.items():
                     check_hex(key, PUBLIC_KEY_HEX_LEN, "device")
-                    persons[person][key] = CardEntry(dict(e["card"]), str(e["via"]), str(e["receivedAt"]),
-                                                     e.get("lastSeen"), e.get("lastFailed"))
+                    if not isinstance(e["card"], dict) or e["via"] not in ("handshake", "server"):
+                        raise ValueError(f"device {key[:16]}…: card must be an object, via handshake or server")
+                    persons[person][key] = CardEntry(dict(e["card"]), e["via"],
+                                                     stamp(e["receivedAt"], "receivedAt", optional=False),
+                                                     stamp(e.get("lastSeen"), "lastSeen", optional=True),
+                                                     stamp(e.get("lastFailed"), "lastFailed", optional=True))
         except (AttributeError, KeyError, TypeError, ValueError, SigningError) as exc:
-            raise ConfigError("config-invalid", f"{CARDS_FILE}: {getattr(exc, 'message', exc)}") from None
+            raise ConfigError("config-invalid", f"{CARDS_FILE}: {getattr(exc, 'message', exc)}", hint=hint) from None
         return cls(path, persons)
 
     def devices_of(self, person: str) -> dict[str, CardEntry]:
