@@ -302,6 +302,10 @@ def test_a_question_queued_while_the_host_is_down_is_answered_after_it_starts(wo
         host, _inv = _start_host(host_home, url)
         ev = _event(runner, "outbox-answered")
         assert (ev["id"], ev["peer"], ev["status"]) == (qid, "alice", "ok")
+        # the host writes its audit in batches and is SIGKILLed below: wait (bounded) for the record
+        deadline = time.monotonic() + 60
+        while not _answered_in_audit(host_home, qid)[0] and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
         _stop(runner, host)
     shown = _kith(guest_home, "outbox", "show", qid[:8], "--json")
