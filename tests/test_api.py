@@ -197,6 +197,26 @@ def test_client_budget_spans_retries(served) -> None:
     assert e.value.code == "budget-exhausted"
 
 
+def test_the_outbox_routes_answer_a_damaged_file_with_500_and_an_empty_one_with_zero_usage(tmp_path: Path) -> None:
+    """``GET /outbox`` of a home that never kept anything has the same ``usage`` as ``kith
+    outbox list --json`` (zeros, the bounds); a damaged ``outbox.sqlite`` is the node's own
+    fault: 500 ``outbox-corrupt``, and ``POST /outbox`` asks nobody."""
+    from node.local.api import run_api_in_thread
+    from node.runtime.outbox import MAX_BYTES, MAX_QUESTIONS
+    from node.trust.identity import load_or_init_identity
+
+    load_or_init_identity(tmp_path)
+    with run_api_in_thread(tmp_path, offline=True) as url:
+        empty = httpx.get(url + "/outbox", timeout=30)
+        (tmp_path / "outbox.sqlite").write_bytes(b"not a database" * 50)
+        got = httpx.get(url + "/outbox", timeout=30)
+        posted = httpx.post(url + "/outbox", json={"query": "x", "peers": ["alice"]}, timeout=30)
+    assert empty.status_code == 200 and empty.json() == {"questions": [], "usage": {
+        "questions": 0, "open": 0, "bytes": 0, "maxQuestions": MAX_QUESTIONS, "maxBytes": MAX_BYTES}}
+    assert got.status_code == 500 and got.json()["error"]["code"] == "outbox-corrupt"
+    assert posted.status_code == 500 and posted.json()["error"]["code"] == "outbox-corrupt"
+
+
 def test_api_holds_no_writer_lock(served) -> None:
     _, home, _ = served
     # a writer can sync while the API is serving (the API opened the corpus read-only)

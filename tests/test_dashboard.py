@@ -254,6 +254,13 @@ def test_outbox_page_shows_kept_questions_and_answers_and_removes_one(home: Path
     assert [q["id"] for q in listed] == [done]
 
 
+def test_outbox_page_names_a_damaged_outbox_file(home: Path, dash) -> None:
+    base, login = dash
+    (home / "outbox.sqlite").write_bytes(b"not a database" * 50)
+    r = _logged_in(base, login).get("/outbox")
+    assert r.status_code == 200 and "outbox-corrupt" in r.text
+
+
 def test_search_as_a_peer_shows_what_the_peer_would_get(home: Path, dash) -> None:
     base, login = dash
     client = _logged_in(base, login)

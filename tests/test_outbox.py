@@ -139,6 +139,28 @@ def test_expiry_follows_the_wall_clock_and_never_drops_an_answer(tmp_path):
         assert store.remove_done() and store.list() == []
 
 
+def test_an_expiry_pass_with_no_open_row_to_expire_takes_no_write_lock(tmp_path):
+    """Answered questions past their expiry stay until removed; the runner's pass every
+    second must not take the write lock for them (another process may hold it)."""
+    import sqlite3
+
+    clock = WallClock()
+    with OutboxStore(tmp_path, clock=clock) as store:
+        qid = store.add(REQUEST, [("alice", KEY)], keep_s=60)["id"]
+        answer = _answer(qid)
+        store.record_attempt(qid, KEY, classify(answer, query_id_of(qid)), message=answer)
+        clock.t += 3600
+        other = sqlite3.connect(tmp_path / "outbox.sqlite", isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process writes
+        try:
+            store.db.execute("PRAGMA busy_timeout=0")
+            assert store.expire() == 0
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert store.get(qid)["state"] == "answered"
+
+
 def test_the_outbox_is_bounded_in_questions(tmp_path):
     from node.common.errors import ConfigError
 
@@ -152,6 +174,30 @@ def test_the_outbox_is_bounded_in_questions(tmp_path):
         assert store.usage()["questions"] == MAX_QUESTIONS
 
 
+def test_the_room_checked_before_asking_is_the_room_the_question_takes(tmp_path):
+    """``kith ask --later`` / ``POST /outbox`` / ``ask_later`` check the room before anyone
+    is asked: a question that :meth:`add` would refuse is refused by that check too (the
+    same bytes are counted), so nobody is asked for a question that cannot be kept."""
+    from node.common.errors import ConfigError
+    from node.runtime.outbox import MAX_BYTES, request_body
+
+    request = {"query": "when is the staging server deleted?", "topK": 5, "citations": True}
+    size = len(request_body(request))
+    with OutboxStore(tmp_path) as store:
+        with store._tx() as db:
+            db.execute("INSERT INTO questions(id, request, created_at, expires_at, bytes) VALUES (?,?,?,?,?)",
+                       ("0" * 32, json.dumps(REQUEST), 0.0, 9e9, MAX_BYTES - size + 1))
+        with pytest.raises(ConfigError) as before:
+            store.check_room(request)
+        with pytest.raises(ConfigError) as after:
+            store.add(request, [("alice", KEY)])
+        assert before.value.code == after.value.code == "outbox-full"
+        with store._tx() as db:
+            db.execute("UPDATE questions SET bytes = ?", (MAX_BYTES - size,))
+        store.check_room(request)
+        assert store.add(request, [("alice", KEY)])["request"] == request
+
+
 def test_reading_an_outbox_that_never_kept_anything_creates_nothing(tmp_path):
     home = _home(tmp_path, "fresh")
     listed = _kith(home, "outbox", "list", "--json")
@@ -163,6 +209,48 @@ def test_reading_an_outbox_that_never_kept_anything_creates_nothing(tmp_path):
     assert usage.returncode == 2 and "--keep is for --later" in usage.stderr
     bad_keep = _kith(home, "ask", "x", "--peer", "alice", "--later", "--keep", "9y")
     assert bad_keep.returncode == 2 and "outbox-keep-invalid" in bad_keep.stderr
+
+
+def test_a_damaged_question_is_closed_and_the_others_are_still_listed_and_delivered(tmp_path):
+    """A hand-edited row whose request is not a JSON object neither hides the outbox nor
+    stops delivery: it is listed (query null, no answer) and its row closed
+    ``outbox-corrupt``; the other questions are listed and delivered."""
+    with OutboxStore(tmp_path) as store:
+        bad = store.add(REQUEST, [("alice", KEY)])["id"]
+        good = store.add({"query": "other", "topK": 3}, [("alice", KEY)])["id"]
+        with store._tx() as db:
+            db.execute("UPDATE questions SET request='{not json' WHERE id=?", (bad,))
+        assert [d.question_id for d in store.open_deliveries(peer_key=KEY)] == [good]
+        listed = {r["id"]: r for r in store.list()}
+        assert listed[bad]["query"] is None and listed[bad]["state"] == "failed"
+        assert listed[bad]["peers"][0]["code"] == "outbox-corrupt"
+        assert listed[good]["state"] == "waiting"
+        with store._tx() as db:  # a damaged stored answer counts as none
+            db.execute("UPDATE deliveries SET answer='[1', state='answered' WHERE question_id=?", (good,))
+        from node.runtime.outbox import public_record
+
+        assert public_record(store.get(good))["answer"] is None and public_record(store.get(bad))["answer"] is None
+        assert store.remove_done() and store.list() == []
+
+
+@pytest.mark.parametrize("content", [b"garbage" * 100, b""])
+def test_an_outbox_file_that_is_not_an_outbox_is_refused_with_a_code(tmp_path, content):
+    import sqlite3
+
+    home = _home(tmp_path, "damaged")
+    if content:
+        (home / "outbox.sqlite").write_bytes(content)
+    else:  # a SQLite file whose `questions` table is another one
+        db = sqlite3.connect(home / "outbox.sqlite")
+        db.execute("CREATE TABLE questions(x)")
+        db.commit()
+        db.close()
+    for args in (("outbox", "list", "--json"), ("outbox", "show", "abcd", "--json")):
+        got = _kith(home, *args)
+        assert got.returncode == 1, got.stderr
+        assert json.loads(got.stdout)["error"]["code"] == "outbox-corrupt", got.stdout
+    asked = _kith(home, "ask", "x", "--peer", "alice", "--later", "--offline")
+    assert asked.returncode == 1 and "outbox-corrupt" in asked.stderr and "Traceback" not in asked.stderr
 
 
 @pytest.mark.parametrize("bad", ["", "7 days", "0", "59", "31d", "-1h", "1y"])
@@ -306,6 +394,8 @@ def test_a_question_queued_while_the_host_is_down_is_answered_after_it_starts(wo
         deadline = time.monotonic() + 60
         while not _answered_in_audit(host_home, qid)[0] and time.monotonic() < deadline:
             time.sleep(0.2)
+        runner.send_signal(signal.SIGTERM)  # a runner that delivered stops cleanly
+        assert runner.wait(timeout=60) == 0, runner.stderr.read()[-3000:]
     finally:
         _stop(runner, host)
     shown = _kith(guest_home, "outbox", "show", qid[:8], "--json")
@@ -557,3 +647,36 @@ def test_an_ask_tier_answer_waits_pending_and_the_final_answer_arrives_once_appr
         got = store.get(qid)
     assert got["state"] == "answered" and got["peers"][0]["attempts"] >= 2
     assert merged_answer(got)["results"][0]["source"] == "/kb-alice/deploy.md"
+
+
+@pytest.mark.iroh
+def test_a_rate_limited_answer_holds_every_question_for_that_peer_until_the_host_allows(world):
+    """The host's quota is per peer: once it answers ``rate-limited`` the runner asks none
+    of that peer's other kept questions before ``retry_after_s`` (an hour here) — the host
+    sees one query answered and one refused, not one per kept question."""
+    url, host_home, guest_home = world
+    quota = _kith(host_home, "policy", "quota", "--per-hour", "1", "--burst", "1")
+    assert quota.returncode == 0, quota.stderr
+    with OutboxStore(guest_home) as store:
+        key = PeerRegistry.load(guest_home).by_name("alice").public_key
+        qids = [store.add({"query": f"staging server deleted {i}", "topK": 3}, [("alice", key)])["id"]
+                for i in range(4)]
+    host = runner = None
+    try:
+        host, _inv = _start_host(host_home, url)
+        runner = _start_runner(guest_home)
+        assert _event(runner, "outbox-answered")["id"] == qids[0]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with OutboxStore(guest_home) as store:
+                second = store.get(qids[1])["peers"][0]
+            if second["attempts"]:
+                break
+            time.sleep(0.5)
+        assert second["code"] == "rate-limited" and second["state"] == "waiting"
+        time.sleep(3)  # the runner's next steps (every second at most) ask nothing more
+    finally:
+        _stop(runner, host)
+    with OutboxStore(guest_home) as store:
+        attempts = [store.get(q)["peers"][0]["attempts"] for q in qids]
+    assert attempts == [1, 1, 0, 0]

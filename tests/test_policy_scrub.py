@@ -157,7 +157,7 @@ def test_the_older_scrub_tables_are_migrated_on_read_and_written_as_scrub_entrie
     ('[[scrub]]\nfor = "*"\nkinds = ["mail"]\n', "scrub-bad-kind"),
     ('[[scrub]]\nfor = "*"\nglob = "docs/**"\nkinds = ["email"]\n', "policy-bad-glob"),
     ('[[scrub]]\nfor = "*"\ntier = "public"\nkinds = ["email"]\n', "policy-invalid"),
-    ('[[copy]]\nglob = "/docs/**"\nfor = "alice"\n', "policy-invalid"),
+    ('[[copy]]\nglob = "/docs/**"\nfor = "alice"\nkinds = ["email"]\n', "policy-invalid"),  # [[copy]] has no kinds
 ])
 def test_a_bad_scrub_table_is_refused_with_its_code(tmp_path, toml, code):
     (tmp_path / "policy.toml").write_text(toml)

@@ -88,5 +88,13 @@ class Handle:
         """:meth:`node.answer.service.AnswerService.check_versions` as this peer."""
         return self.__service.check_versions(items, self.__view)
 
+    def copy_manifest(self) -> dict[str, Any]:
+        """:meth:`node.answer.service.AnswerService.copy_manifest` as this peer (specs/copies.md §2)."""
+        return self.__service.copy_manifest(self.__view)
+
+    def copy_documents(self, sources: Any) -> dict[str, Any]:
+        """:meth:`node.answer.service.AnswerService.copy_documents` as this peer (specs/copies.md §3)."""
+        return self.__service.copy_documents(sources, self.__view)
+
 
 __all__ = ["Handle", "Knowledge", "OWNER", "OwnerView", "PeerView", "View"]

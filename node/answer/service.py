@@ -85,8 +85,11 @@ class AnswerService:
     """
 
     def __init__(self, corpus: Any, gate: Any = None, *, limiter: Any = None,
-                 version_key: bytes | None = None) -> None:
+                 version_key: bytes | None = None, copier: Any = None) -> None:
         self._corpus = corpus
+        #: the :class:`node.answer.copies.CopyServer` answering copy requests, or None
+        #: (this node serves no copies: ``copy-not-granted``)
+        self.copier = copier
         self._gate = gate
         self._limiter = limiter
         self._version_key = version_key
@@ -269,6 +272,22 @@ class AnswerService:
             except CorpusError:
                 pass
         return screen.check_versions(items, self._corpus, self._version_key, lens)
+
+
+    def copy_manifest(self, view: PeerView) -> dict[str, Any]:
+        """What ``view`` may keep a copy of (:meth:`node.answer.copies.CopyServer.manifest`;
+        ``copy-not-granted`` when this node serves no copies). Never raises for peer input."""
+        if self.copier is None or view.key is None and view.name is None:
+            return {"status": "copy-not-granted", "maxBytes": None, "bytes": 0, "documents": [], "truncated": False}
+        return self.copier.manifest(view.name)
+
+    def copy_documents(self, sources: Any, view: PeerView) -> dict[str, Any]:
+        """The signed, scrubbed documents ``view`` may keep among ``sources``
+        (:meth:`node.answer.copies.CopyServer.documents`); all ``refused`` without a copier."""
+        wanted = [s for s in sources if isinstance(s, str)] if isinstance(sources, list) else []
+        if self.copier is None:
+            return {"documents": [], "refused": wanted, "more": [], "tooLarge": []}
+        return self.copier.documents(view.name, wanted)
 
 
 def peer_knowledge(corpus: Any, gate: Any, peer_name: str | None, *, peer_key: str | None = None,

@@ -48,6 +48,7 @@ COMMANDS: tuple[Entry, ...] = (
     Entry("peers", "node.cli.peers_cmd", "peers_app"),
     Entry("approvals", "node.cli.approvals_cmd", "approvals_app"),
     Entry("outbox", "node.cli.outbox_cmd", "outbox_app"),
+    Entry("copies", "node.cli.copies_cmd", "copies_app"),
     Entry("community", "node.cli.community_cmd", "community_app"),
     Entry("api", "node.cli.api_cmd", "api_app"),
     Entry("sessions", "node.cli.status_cmd", "sessions_app"),

@@ -75,6 +75,10 @@ def render(env: dict[str, Any]) -> None:
             detail = f"approval {p['approvalId']}"
         if p["retryAfterS"] is not None:
             detail = f"retry in {p['retryAfterS']} s"
+        if p.get("fromCopy"):  # specs/copies.md §6
+            from node.runtime.copies import copy_age_text
+
+            detail = copy_age_text(p["name"], p.get("copyAsOf"))
         latency = "-" if p["latencyMs"] is None else f"{p['latencyMs']:.0f} ms"
         path = p.get("path") or {}
         shown = ("relayed via " + safe_text(path.get("relayUrl") or "?") if path.get("kind") == "relayed"
@@ -99,6 +103,7 @@ def ask_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the merged envelope (specs/ask.schema.json) as JSON."),
     citations: bool = typer.Option(False, "--citations", help="Ask each peer to sign a citation for its results (hosts with --sign-citations do); save --json and check it with `kith verify`."),
     later: bool = typer.Option(False, "--later", help="Keep the question for every peer that is offline now (or whose answer waits for its owner's approval) in this home's outbox; a running `kith host`, `kith api serve`, `kith mcp` or `kith outbox run` delivers it when the peer is back (`kith outbox list`)."),
+    copy_only: bool = typer.Option(False, "--copy", help="Answer only from this node's copies of the peers (`kith copies sync`); no peer is asked. Without it, a peer that is unreachable is answered from its copy when one is kept, marked \"from NAME's copy of ...\"."),
     keep: Optional[str] = typer.Option(None, "--keep", metavar="DURATION", help="With --later: how long the outbox keeps the question (30m, 12h, 7d, 2w; default 7d)."),
 ) -> None:
     """Ask pinned peers one question at once; print one merged answer citing who said what."""
@@ -130,6 +135,8 @@ def ask_cmd(
                          f"ask it without --local, or pin it under another name")
     if keep is not None and not later:
         raise UsageError("usage", "--keep is for --later")
+    if copy_only and (local_corpus or all_peers and not names):
+        raise UsageError("usage", "--copy answers from the copies of the peers named (--peer NAME or --all-peers)")
     from node.runtime.outbox import parse_keep
 
     keep_s = parse_keep(keep)  # outbox-keep-invalid (exit 2) before anything is asked
@@ -144,7 +151,7 @@ def ask_cmd(
         from node.runtime.outbox import OutboxStore
 
         with OutboxStore(home) as store:
-            store.check_room(len(question.encode()))
+            store.check_room(request)
     identity = load_identity(home)
 
     def show(env: dict[str, Any]) -> None:
@@ -176,7 +183,8 @@ def ask_cmd(
         async with SessionPool(home, identity, local=mode.offline, mode=mode, end_wait_s=ASK_END_WAIT_S) as pool:
             env = await fan_out(pool, request, names, timeout_s=timeout,
                                 local=local_searcher(home) if local_corpus else None, own_key=identity.public_key,
-                                on_waiting=(WAIT_NOTICE_S, WAIT_REPEAT_S, say_waiting))
+                                on_waiting=(WAIT_NOTICE_S, WAIT_REPEAT_S, say_waiting),
+                                copies="only" if copy_only else "fallback")
             if later:  # the outbox (specs/outbox.md): kept for the peers that did not answer
                 from node.runtime.outbox import keep_for_later
 

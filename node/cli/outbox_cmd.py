@@ -26,7 +26,8 @@ _JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
 
 def say_delivery(ev: dict[str, Any]) -> None:
     """One stderr line for a delivery event of the home's runner (``outbox-answered``,
-    ``outbox-pending``, ``outbox-failed``, ``outbox-expired``): how ``kith outbox run`` and
+    ``outbox-pending``, ``outbox-failed``, ``outbox-expired``; the copies' ``copy-synced``
+    and ``copy-ended``): how ``kith outbox run`` and
     ``kith host`` report the outbox's work."""
     what = {"outbox-answered": "answered", "outbox-pending": "waits for its owner's approval",
             "outbox-failed": "cannot be delivered"}.get(ev.get("event", ""))
@@ -35,6 +36,12 @@ def say_delivery(ev: dict[str, Any]) -> None:
                           + (f" ({ev['code']})" if ev.get("code") else ""), highlight=False, markup=False)
     elif ev.get("event") == "outbox-expired":
         err_console.print(f"outbox: {ev['rows']} question(s) expired unanswered", highlight=False, markup=False)
+    elif ev.get("event") == "copy-synced" and (ev.get("fetched") or ev.get("removed")):  # node/runtime/copies.py
+        err_console.print(f"copy of {safe_text(ev['peer'])}: fetched {ev['fetched']}, deleted {ev['removed']}",
+                          highlight=False, markup=False)
+    elif ev.get("event") == "copy-ended":
+        err_console.print(f"copy of {safe_text(ev['peer'])}: the host no longer grants it; deleted "
+                          f"{ev['removed']} document(s)", highlight=False, markup=False)
 
 
 def _store(ctx: typer.Context) -> Any:
@@ -55,11 +62,11 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """List the kept questions, newest first: state per peer, expiry, unread answers."""
     from rich.table import Table
 
-    from node.runtime.outbox import MAX_BYTES, MAX_QUESTIONS, OUTBOX_FILE
+    from node.runtime.outbox import OUTBOX_FILE, empty_usage
 
     if not (home_of(ctx) / OUTBOX_FILE).exists():
         records: list[dict[str, Any]] = []
-        usage = {"questions": 0, "open": 0, "bytes": 0, "maxQuestions": MAX_QUESTIONS, "maxBytes": MAX_BYTES}
+        usage = empty_usage()
     else:
         with _store(ctx) as store:
             records = store.list()
@@ -82,7 +89,7 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         table.add_row(r["id"][:12], state, safe_text(r["query"] or ""), peers, r["expiresAt"])
     console.print(table)
     console.print(f"{usage['questions']} of {usage['maxQuestions']} questions, "
-                  f"{usage['bytes'] / 1e6:.1f} of {usage['maxBytes'] / 1e6:.0f} MB", highlight=False, style="dim")
+                  f"{usage['bytes'] / 2**20:.1f} of {usage['maxBytes'] / 2**20:.0f} MiB", highlight=False, style="dim")
 
 
 @outbox_app.command("show")

@@ -300,7 +300,7 @@ def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     not_pinned = _not_pinned(home, policy)
     if as_json:
         emit_json({**report.to_dict(), "unscrubbed": [u.to_dict() for u in lapsed], "unmatchedScrub": idle_scrubs,
-                   "notPinned": not_pinned})
+                   "notPinned": not_pinned, "copy": _copy_check(policy, sources)})
         return
     lines = [f"{report.sources} indexed source(s), {len(report.rules)} rule(s)"]
     for cov in report.rules:
@@ -331,6 +331,7 @@ def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         lines += [f"  {u.line()}" for u in lapsed]
     elif policy.scrub_rules or record.rows:
         lines.append("nothing a scrub entry ever covered is served unscrubbed")
+    lines += _copy_check_lines(policy, sources)
     if policy.scrub_migrated:
         lines.append("policy.toml still holds the older [scrub.tier]/[scrub.peer] form (read as [[scrub]]; "
                      "the next `kith policy` change writes the new form)")
@@ -401,7 +402,7 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     if as_json:
         emit_json({"rules": [_rule_dict(r) for r in policy.rules],
                    "overrides": [_rule_dict(r) for r in policy.overrides], "quota": policy.quota,
-                   "scrub": _scrub_json(policy)})
+                   "scrub": _scrub_json(policy), "copy": _copy_json(policy)})
         return
     if not policy.rules and not policy.overrides:
         console.print("no rules: every source is private", highlight=False)
@@ -414,6 +415,8 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     console.print("quota (`kith policy quota` changes it):\n" + "\n".join(_quota_lines(policy)),
                   highlight=False, markup=False, soft_wrap=True)
     console.print("scrubbed for peers (`kith policy scrub` changes it):\n" + "\n".join(_scrub_lines(policy)),
+                  highlight=False, markup=False, soft_wrap=True)
+    console.print("copies peers may keep (`kith policy copy` changes it):\n" + "\n".join(_copy_lines(policy)),
                   highlight=False, markup=False, soft_wrap=True)
 
 
@@ -559,9 +562,13 @@ def explain_cmd(
         check_peer_names([peer], "--peer name")
     policy = Policy.load(home)
     decision: Decision = policy.decide(source, peer, roots=_corpus_roots(home))
+    grant = policy.copy_allowed(decision.canonical, peer) if decision.canonical is not None else None
     if as_json:
         out = {"canonical": decision.canonical, "tier": decision.tier,
                "allowed": decision.allowed, "matched": decision.matched}
+        if grant is not None:  # only when NAME may keep a copy of it (specs/copies.md §1)
+            out["copy"] = {"glob": grant.glob, "for": grant.recipient, "until": grant.until,
+                           "maxBytes": grant.max_bytes}
         if decision.override is not None:
             out["override"] = decision.override  # only when a per-peer override decided
         emit_json(out)
@@ -576,4 +583,117 @@ def explain_cmd(
     ]
     if decision.tier == "ask":
         lines.append("note:      'ask' sources open per request: kith approvals list / approve ID")
+    if grant is not None:
+        lines.append(f"copy:      {who} may keep a copy (grant {grant.glob} for {grant.recipient}"
+                     + (f" until {grant.until}" if grant.until else "") + ")")
+    elif peer is not None:
+        lines.append(f"copy:      no ({who} may not keep a copy of it)")
     console.print("\n".join(lines), highlight=False, markup=False)
+
+
+# --- copies a peer may keep (specs/copies.md §1) ---------------------------------------
+
+#: What the owner is told when granting a copy: what no later change can undo (specs/copies.md §5).
+COPY_WARNING = ("a copy cannot be taken back from a peer that stops syncing: it keeps what it copied, "
+                "and the host's signatures prove what was shared. Ending or narrowing the grant deletes "
+                "the copy at that peer's next sync only.")
+
+
+def _copy_json(policy: Policy) -> list:
+    """The ``[[copy]]`` grants as stored: ``[{"glob", "for", "until", "maxBytes", "inForce"}]``."""
+    from node.common.grants import in_force
+
+    return [{"glob": c.glob, "for": c.recipient, "until": c.until, "maxBytes": c.max_bytes,
+             "inForce": in_force(c.until, policy.now())} for c in policy.copy_grants]
+
+
+def _copy_lines(policy: Policy) -> list[str]:
+    """The ``[[copy]]`` grants, one line each."""
+    lines = []
+    for c in _copy_json(policy):
+        end = "" if c["until"] is None else (f" until {c['until']}" if c["inForce"] else f" ended {c['until']}")
+        budget = "" if c["maxBytes"] is None else f" max {c['maxBytes']:,} bytes"
+        lines.append(f"  {c['for']:<18} {c['glob']:<24}{budget}{end}")
+    return lines or ["  no peer may keep a copy"]
+
+
+def _copy_check(policy: Policy, sources: list) -> list:
+    """Per grant: how many indexed sources its glob matches, how many the recipient may keep
+    (the rest are ``ask``/``private``/``never`` or not shared with it and are never copied).
+    A group grant is counted for the group's current members together."""
+    out = []
+    for c in policy.copy_grants:
+        who = ([m for m in policy.groups.get(c.recipient[1:], None).members]
+               if c.recipient.startswith("@") and policy.groups.get(c.recipient[1:]) is not None
+               else [] if c.recipient.startswith("@") else [c.recipient])
+        matched = [s for s in sources if c.matcher.match(s)]
+        kept = [s for s in matched if any(policy.copy_allowed(s, w) is not None for w in who)]
+        out.append({"glob": c.glob, "for": c.recipient, "matches": len(matched), "copyable": len(kept),
+                    "notCopied": sorted(set(matched) - set(kept))[:MAX_LISTED]})
+    return out
+
+
+def _copy_check_lines(policy: Policy, sources: list) -> list[str]:
+    lines = []
+    for c in _copy_check(policy, sources):
+        lines.append(f"copy grant {c['glob']} for {c['for']}: matches {c['matches']}, may be kept {c['copyable']}")
+        if c["notCopied"]:
+            lines.append("  never copied (ask, private, never or not shared with it):")
+            lines += [f"    {s}" for s in c["notCopied"]]
+    return lines
+
+
+@policy_app.command("copy")
+def copy_cmd(
+    ctx: typer.Context,
+    glob: Optional[str] = typer.Argument(None, metavar="[GLOB]", help="The sources (a policy glob, e.g. '/notes/**')."),
+    for_target: Optional[str] = typer.Option(None, "--for", metavar="PEER|@GROUP",
+                                             help="Who may keep the copy: a pinned peer's (or person's) name, or @GROUP."),
+    until: Optional[str] = typer.Option(None, "--until", metavar="DATE|DURATION",
+                                        help="End the grant then (2027-01-31, 2027-01-31T18:00:00Z, 30d); the peer's next sync deletes the copy."),
+    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", metavar="N", min=1,
+                                            help="The most bytes of text the copy may hold (a sync over it is refused: copy-over-budget)."),
+    off: bool = typer.Option(False, "--off", help="End the grant (GLOB, --for): the peer's next sync deletes what it copied under it."),
+    as_json: bool = _JSON,
+) -> None:
+    """Let a pinned peer keep a copy of some sources, so it can search them while this
+    host sleeps (`kith copies sync` on its side). Only sources it may already see are
+    copied (tier public, or peers naming it); ask, private and never sources never are.
+    The copy holds the text as scrubbed for that peer, each document signed by this host.
+    What cannot be undone: a peer that stops syncing keeps what it copied. Without
+    arguments, list the grants."""
+    from node.common.grants import parse_until
+
+    home = home_of(ctx)
+    policy = Policy.load(home)
+    changed = False
+    if glob is None:
+        if for_target is not None or off or until is not None or max_bytes is not None:
+            raise UsageError("usage", "give GLOB with --for PEER|@GROUP")
+    else:
+        if for_target is None:
+            raise UsageError("usage", "give --for PEER|@GROUP: who may keep the copy")
+        check_peer_names([for_target], "--for name", groups=True)
+        if off:
+            if until is not None or max_bytes is not None:
+                raise UsageError("usage", "--off takes no --until or --max-bytes")
+            changed = policy.unset_copy(glob, for_target)
+            if not changed:
+                _warn(f"no copy grant {glob} for {for_target}; nothing changed")
+        else:
+            end = parse_until(until) if until is not None else None
+            policy.set_copy(glob, for_target, until=end, max_bytes=max_bytes)
+            changed = True
+            if not for_target.startswith("@"):
+                _warn_unpinned(home, [for_target], "--for")
+            _warn(COPY_WARNING)
+        if changed:
+            policy.save()
+    if as_json:
+        emit_json({"copy": _copy_json(policy), "changed": changed,
+                   **({"warning": COPY_WARNING} if changed and not off else {})})
+    else:
+        console.print("copies peers may keep (`kith policy copy GLOB --for PEER|@GROUP [--until ...] [--max-bytes N]`):\n"
+                      + "\n".join(_copy_lines(policy)), highlight=False, markup=False, soft_wrap=True)
+    if changed:
+        _note("the peer's next `kith copies sync` (or its running node's) applies this")

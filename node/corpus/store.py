@@ -478,6 +478,49 @@ class Corpus:
                     ids)]
         return {r[0]: (r[3], r[1], r[2]) for r in rows if r[3]}
 
+    def done_documents(self) -> list[tuple[str, str]]:
+        """``(source id as stored, content hash)`` of every ``done`` document holding
+        chunks, by source id (a copy's manifest, node/answer/copies.py). ``[]`` without a
+        record."""
+        with self.record.lock:
+            if self.record.db is None:
+                return []
+            rows = self.record.db.execute(
+                "SELECT source_id, content_hash FROM documents WHERE status = 'done' "
+                "AND chunk_count > 0 AND content_hash IS NOT NULL ORDER BY source_id").fetchall()
+        return [(r[0], r[1]) for r in rows]
+
+    def document_text(self, source_id: str) -> tuple[str, str] | None:
+        """``(content hash, text)`` of one ``done`` document as indexed: its chunks put back
+        at their character offsets in the normalised text (overlaps written once), or
+        joined by blank lines on a record without offsets. None when it is not ``done``."""
+        with self.record.lock:
+            if self.record.db is None:
+                return None
+            row = self.record.db.execute(
+                "SELECT doc_id, content_hash FROM documents WHERE source_id = ? AND status = 'done'",
+                (source_id,)).fetchone()
+            if row is None or not row[1]:
+                return None
+            chunks = self.record.db.execute(
+                "SELECT text, char_start, char_end FROM chunks WHERE doc_id = ? ORDER BY ordinal",
+                (row[0],)).fetchall()
+        if not chunks:
+            return None
+        if all(isinstance(c[1], int) and isinstance(c[2], int) and c[2] - c[1] == len(c[0]) for c in chunks):
+            parts: list[str] = []
+            end = 0
+            for text, start, stop in sorted(chunks, key=lambda c: c[1]):
+                if stop <= end:
+                    continue
+                if start > end:
+                    parts.append("\n" * min(start - end, 2))
+                    end = start
+                parts.append(text[end - start:])
+                end = stop
+            return row[1], "".join(parts)
+        return row[1], "\n\n".join(c[0] for c in chunks)
+
     def content_hashes(self, source_ids: list[str]) -> dict[str, str]:
         """``{source id: content hash as indexed}`` of the ``done`` documents among
         ``source_ids`` (stored ids; a canonical id differs only in Unicode normalisation,

@@ -158,7 +158,8 @@ def openapi_document() -> dict[str, Any]:
                             "200": {"description": "{questions, usage}, or one record",
                                     "content": {"application/json": {"schema": {"type": "object"}}}},
                             "403": refused,
-                            "404": {"description": "no such question (outbox-not-found, outbox-id-ambiguous)", **err}}},
+                            "404": {"description": "no such question (outbox-not-found, outbox-id-ambiguous)", **err},
+                            "500": {"description": "the outbox file is damaged (outbox-corrupt)", **err}}},
                 "post": {
                     "summary": "Queue (the API's one write, to this node's outbox only): ask pinned peers "
                                "now and keep the question for those offline; delivered by the home's "
@@ -172,6 +173,7 @@ def openapi_document() -> dict[str, Any]:
                         "400": {"description": "invalid request (query-invalid, outbox-keep-invalid)", **err},
                         "403": refused,
                         "415": {"description": "Content-Type is not application/json (api-content-type)", **err},
+                        "500": {"description": "the outbox file is damaged (outbox-corrupt); nobody was asked", **err},
                         "507": {"description": "the outbox is full (outbox-full); nothing was kept", **err}}}},
         },
         "components": {"schemas": {
@@ -374,12 +376,13 @@ class _Handlers:
         if citations:
             body["citations"] = True
         home = self.holder.home
+        request = {**body, "topK": body.get("topK", contract.TOP_K_DEFAULT)}  # as the outbox keeps it
         if keep_s is not None:  # outbox-full before anyone is asked
             from node.runtime.outbox import OutboxStore
 
             def check() -> None:
                 with OutboxStore(home) as store:
-                    store.check_room()
+                    store.check_room(request)
             await anyio.to_thread.run_sync(check)
         assert self.pools is not None
         pool = await self.pools.get()
@@ -387,7 +390,6 @@ class _Handlers:
         if keep_s is not None:
             from node.runtime.outbox import keep_for_later
 
-            request = {**body, "topK": body.get("topK", contract.TOP_K_DEFAULT)}
             await anyio.to_thread.run_sync(lambda: keep_for_later(home, request, merged, keep_s=keep_s))
         untrusted = "peer-evidence" if any(r.get("untrusted") for r in merged["results"]) else "none"
         return JSONResponse(merged, headers={"X-Kith-Status": "ok" if merged["answered"] else "no-verified-results",
@@ -396,7 +398,7 @@ class _Handlers:
     async def outbox_read(self, request: Request) -> JSONResponse:
         """``GET /outbox``: every kept question (``{"questions", "usage"}``); ``?id=PREFIX``:
         one record with its merged answer (specs/outbox.md §2). Reading marks nothing."""
-        from node.runtime.outbox import OUTBOX_FILE, OutboxStore, public_record
+        from node.runtime.outbox import OUTBOX_FILE, OutboxStore, empty_usage, public_record
 
         home = self.holder.home
         qid = request.query_params.get("id")
@@ -405,7 +407,7 @@ class _Handlers:
             if not (home / OUTBOX_FILE).exists():
                 if qid is not None:
                     raise ConfigError("outbox-not-found", "the outbox is empty", status=404)
-                return {"questions": [], "usage": None}
+                return {"questions": [], "usage": empty_usage()}
             with OutboxStore(home) as store:
                 if qid is None:
                     return {"questions": store.list(), "usage": store.usage()}

@@ -451,13 +451,14 @@ async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool =
     try:
         keep_s = parse_keep(keep)
 
+        body = {**args, **({"citations": True} if citations else {})}
+        request = {**body, "topK": body.get("topK", contract.TOP_K_DEFAULT)}
+
         def check() -> None:
             with OutboxStore(home) as store:
-                store.check_room()
+                store.check_room(request)
         await anyio.to_thread.run_sync(check)
-        body = {**args, **({"citations": True} if citations else {})}
         merged = await peers_search(home, peers, body, local=local, pool=pool)
-        request = {**body, "topK": body.get("topK", contract.TOP_K_DEFAULT)}
         await anyio.to_thread.run_sync(lambda: keep_for_later(home, request, merged, keep_s=keep_s))
     except KithError as exc:
         return _refusal(exc.code, exc.message)
@@ -469,7 +470,7 @@ def call_outbox(home: Path, arguments: dict[str, Any]) -> Any:
     (:func:`node.runtime.outbox.public_record`); reading marks nothing."""
     from mcp.types import CallToolResult, TextContent
 
-    from node.runtime.outbox import OUTBOX_FILE, OutboxStore, public_record
+    from node.runtime.outbox import OUTBOX_FILE, OutboxStore, empty_usage, public_record
 
     qid = arguments.get("id")
     if set(arguments) - {"id"} or (qid is not None and not isinstance(qid, str)):
@@ -480,7 +481,7 @@ def call_outbox(home: Path, arguments: dict[str, Any]) -> Any:
                 from node.common.errors import ConfigError
 
                 raise ConfigError("outbox-not-found", "the outbox is empty")
-            doc: dict[str, Any] = {"questions": [], "usage": None}
+            doc: dict[str, Any] = {"questions": [], "usage": empty_usage()}
         else:
             with OutboxStore(home) as store:
                 if qid is None:

@@ -84,6 +84,12 @@ SCRUB_TIERS: tuple[str, ...] = ("public", "peers", "ask")
 _SCRUB_KEYS = {"glob", "for", "kinds"}
 #: A ``[[scrub]]`` ``for`` that covers every peer, pinned or anonymous.
 EVERY_PEER = "*"
+_COPY_KEYS = {"glob", "for", "until", "max_bytes"}
+#: Tiers whose sources a ``[[copy]]`` may let a peer keep (specs/copies.md §1): only what
+#: the peer may already be served without asking.
+COPY_TIERS: tuple[str, ...] = ("public", "peers")
+#: The largest ``max_bytes`` of one grant (bytes of scrubbed UTF-8 text, 16 GiB).
+MAX_COPY_BYTES = 1 << 34
 
 #: Quota defaults: per peer (pinned or anonymous key), queries per hour, burst, bytes per
 #: answer. A person exploring does not hit them (issue 20): 60 questions back to back, then
@@ -402,6 +408,65 @@ def _scrub_rules(raw: object, name: str) -> tuple[list[ScrubRule], bool]:
 
 
 @dataclass(frozen=True)
+class CopyGrant:
+    """One ``[[copy]]`` entry (specs/copies.md §1): ``recipient`` may keep a copy of the
+    sources ``glob`` matches that it may already see (tier ``public``/``peers`` for it).
+
+    Attributes:
+        glob: the canonical §3 glob of the sources.
+        recipient: the TOML ``for``: a registry name (a person pin's name too) or ``@group``.
+        until: RFC 3339 UTC end of the grant, or None (until removed).
+        max_bytes: the most bytes of (scrubbed, UTF-8) text the copy may hold, or None.
+    """
+
+    glob: str
+    recipient: str
+    until: str | None = None
+    max_bytes: int | None = None
+    matcher: GlobMatcher = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "matcher", GlobMatcher(self.glob))
+
+    def to_toml(self) -> dict[str, Any]:
+        """``{"glob", "for", "until"?, "max_bytes"?}``."""
+        out: dict[str, Any] = {"glob": self.glob, "for": self.recipient}
+        if self.until is not None:
+            out["until"] = self.until
+        if self.max_bytes is not None:
+            out["max_bytes"] = self.max_bytes
+        return out
+
+
+def _check_max_bytes(value: object, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COPY_BYTES:
+        raise PolicyError("policy-invalid", f"{where}'max_bytes' must be an integer 1-{MAX_COPY_BYTES}")
+    return value
+
+
+def _copy_grants(raw: object, name: str) -> list[CopyGrant]:
+    """The ``copy`` key of a policy document as :class:`CopyGrant` s (one per (glob, for);
+    a later duplicate replaces the earlier).
+
+    Raises:
+        PolicyError: ``policy-invalid`` (unknown key, a ``for`` that is no registry name
+            or group, a bad ``until`` or ``max_bytes``), ``policy-bad-glob``.
+    """
+    out: dict[tuple[str, str], CopyGrant] = {}
+    for where, table in _array_of_tables({"copy": raw}, "copy", name, _COPY_KEYS, ("glob", "for")):
+        who = table["for"]
+        if not _is_principal(who):
+            raise PolicyError("policy-invalid", f"{where}'for' must be a registry name or @group ({_NAME_RULE})")
+        glob = canonical_glob(table["glob"], where=where)
+        grant = CopyGrant(glob, who, _check_until(table.get("until"), where),
+                          _check_max_bytes(table.get("max_bytes"), where))
+        out[(glob, who)] = grant
+    return list(out.values())
+
+
+@dataclass(frozen=True)
 class Quota:
     """One peer's quota (DESIGN §10).
 
@@ -466,6 +531,8 @@ class Policy:
         self.now: Any = time.time
         self.quota: dict[str, Any] = dict(quota or {})
         self._scrubs: list[ScrubRule] = _merged_scrubs(scrubs)
+        #: ``[[copy]]`` grants in file order (specs/copies.md §1)
+        self._copies: list[CopyGrant] = []
         #: True when the file held the legacy ``[scrub.tier]``/``[scrub.peer]`` form (read
         #: as ``[[scrub]]``; :meth:`save` writes the new form)
         self.scrub_migrated = False
@@ -516,7 +583,7 @@ class Policy:
         except tomllib.TOMLDecodeError as exc:
             raise PolicyError("policy-invalid", f"{name}: not valid TOML: {exc}") from None
         for key in doc:
-            if key not in ("rule", "override", "quota", "group", "scrub"):
+            if key not in ("rule", "override", "quota", "group", "scrub", "copy"):
                 raise PolicyError("policy-invalid", f"{name}: unknown key {key!r}")
         rules = [_make_rule(t["glob"], t["tier"], t.get("peers"), where)
                  for where, t in _array_of_tables(doc, "rule", name, _RULE_KEYS, ("glob", "tier"))]
@@ -533,6 +600,7 @@ class Policy:
         scrubs, migrated = _scrub_rules(doc["scrub"], name) if "scrub" in doc else ([], False)
         policy = cls(rules, quota, path, overrides, groups, scrubs)
         policy.scrub_migrated = migrated
+        policy._copies = _copy_grants(doc["copy"], name) if "copy" in doc else []
         return policy
 
     def to_toml(self) -> str:
@@ -549,6 +617,8 @@ class Policy:
             doc["group"] = {n: g.to_toml() for n, g in sorted(self.groups.items())}
         if self._scrubs:
             doc["scrub"] = [s.to_toml() for s in self._scrubs]
+        if self._copies:
+            doc["copy"] = [c.to_toml() for c in self._copies]
         header = ("# Kith egress policy (DESIGN §10). Written by `kith policy`; "
                   "comments are not kept.\n")
         return header + tomli_w.dumps(doc)
@@ -889,6 +959,70 @@ class Policy:
     def scrubs(self) -> bool:
         """True when any ``[[scrub]]`` entry exists (else no peer answer pays for scrubbing)."""
         return bool(self._scrubs)
+
+    # --- copies a peer may keep (kith policy copy; specs/copies.md §1) ----------------------
+    @property
+    def copy_grants(self) -> tuple[CopyGrant, ...]:
+        """The ``[[copy]]`` grants in file order (ended ones included)."""
+        return tuple(self._copies)
+
+    def set_copy(self, glob: str, recipient: str, *, until: str | None = None,
+                 max_bytes: int | None = None) -> CopyGrant:
+        """Grant (or replace the grant of) ``recipient`` a copy of ``glob``. Does not save.
+
+        Raises:
+            PolicyError: ``peer-bad-name`` (not a registry name or ``@group``),
+                ``policy-bad-glob``, ``policy-invalid`` (``max_bytes`` out of range).
+                Nothing changes when one is raised.
+        """
+        check_peer_names([recipient], "--for name", groups=True)
+        grant = CopyGrant(canonical_glob(glob), recipient, until, _check_max_bytes(max_bytes, "--max-bytes: "))
+        for i, old in enumerate(self._copies):
+            if (old.glob, old.recipient) == (grant.glob, recipient):
+                self._copies[i] = grant
+                return grant
+        self._copies.append(grant)
+        return grant
+
+    def unset_copy(self, glob: str, recipient: str) -> bool:
+        """Remove the grant (``glob``, ``recipient``); False when there was none."""
+        canon = canonical_glob(glob)
+        kept = [c for c in self._copies if (c.glob, c.recipient) != (canon, recipient)]
+        removed = len(kept) != len(self._copies)
+        self._copies = kept
+        return removed
+
+    def copy_grants_for(self, peer_name: str | None) -> list[CopyGrant]:
+        """The grants in force now (:attr:`now`) that name ``peer_name`` or a group it is a
+        member of now; empty for an anonymous peer (a copy is for a pinned peer only)."""
+        if peer_name is None or not self._copies:
+            return []
+        from node.common.grants import in_force
+
+        names = {peer_name} | self.groups_of(peer_name)
+        now = self.now()
+        return [c for c in self._copies if c.recipient in names and in_force(c.until, now)]
+
+    def copy_allowed(self, canonical: str, peer_name: str | None) -> CopyGrant | None:
+        """The grant under which ``peer_name`` may keep a copy of the source ``canonical``,
+        or None: a grant in force covers it AND the peer may already be served it
+        (:meth:`decide_canonical` allowed, tier in :data:`COPY_TIERS`); ``ask``,
+        ``private`` and ``never`` sources never are (specs/copies.md §1)."""
+        grants = [c for c in self.copy_grants_for(peer_name) if c.matcher.match(canonical)]
+        if not grants:
+            return None
+        d = self.decide_canonical(canonical, peer_name)
+        if not d.allowed or d.tier not in COPY_TIERS:
+            return None
+        return grants[0]
+
+    def copy_budget(self, peer_name: str | None) -> int | None:
+        """The byte budget of ``peer_name``'s copy: the largest ``max_bytes`` among its
+        grants in force (None: some grant sets no bound, or there is no grant)."""
+        grants = self.copy_grants_for(peer_name)
+        if not grants or any(c.max_bytes is None for c in grants):
+            return None
+        return max(c.max_bytes for c in grants if c.max_bytes is not None)
 
     # --- deciding -------------------------------------------------------------------------
     def match(self, canonical: str, peer_name: str | None = None) -> Rule | None:

@@ -29,7 +29,7 @@ MAX_SPEC_BYTES = 1024 * 1024
 #: A changed spec takes the full path; ``tests/test_specs.py`` keeps this set in step.
 VERIFIED_PROTOCOL_IDS = frozenset({
     "881064ea76bf118308771df7b8b7f94454d77b91f93ab5ad90661539e98b28e6",  # echo
-    "f1e497bf60aacb1f4e49039469cbd4df5f8981cf13b823905a2f9e4525e54bb4",  # knowledge-query
+    "60975ffabf78b5887e9bc016e5e96250fa19aa7725bdc92f8f5024e32f30cc5d",  # knowledge-query
 })
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 DIRECTIONS = ("guest_to_host", "host_to_guest", "both")

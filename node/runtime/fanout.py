@@ -89,6 +89,9 @@ class PeerRow:
     last_heard_at: str | None = None
     #: for a person pin: the device that gave the answer, ``{"key", "name"}`` (specs/peers.md §13)
     device: dict[str, str] | None = None
+    #: the answer came from this node's copy of the peer (specs/copies.md §6), synced then
+    from_copy: bool = False
+    copy_as_of: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The row as the envelope carries it (``lastHeardAt`` and ``device`` only when known)."""
@@ -100,6 +103,8 @@ class PeerRow:
             out["lastHeardAt"] = self.last_heard_at
         if self.device is not None:
             out["device"] = self.device
+        if self.from_copy:  # specs/copies.md §6
+            out.update(fromCopy=True, copyAsOf=self.copy_as_of)
         return out
 
 
@@ -289,8 +294,8 @@ def fuse(per_peer: list[tuple[PeerRow, list[dict[str, Any]], bool]], top_k: int)
 async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], *,
                   timeout_s: float = DEFAULT_TIMEOUT_S, local: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
                   own_key: str | None = None,
-                  on_waiting: tuple[float, float, Callable[[list[str], float], None]] | None = None
-                  ) -> dict[str, Any]:
+                  on_waiting: tuple[float, float, Callable[[list[str], float], None]] | None = None,
+                  copies: str | None = None) -> dict[str, Any]:
     """Ask every peer in ``peers`` (registry names) the flat ``request`` at once and merge.
 
     Args:
@@ -307,6 +312,11 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
             still out, seconds since the ask began)`` runs ``first_s`` seconds after the
             ask began and every ``every_s`` seconds after that, until the last row settles
             or the deadline (``kith ask``'s "waiting for …" line).
+        copies: ``"fallback"`` — a peer that is unreachable is answered from this node's
+            copy of it when one is kept (specs/copies.md §6); ``"only"`` — every peer is
+            answered from its copy, none is asked (``copy-not-found`` rows for a peer
+            without one); None — copies are never read. A row answered from a copy says
+            ``fromCopy`` and ``copyAsOf``.
 
     Returns:
         The merged envelope (``specs/ask.schema.json``).
@@ -323,8 +333,49 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
     answers: dict[int, list[dict[str, Any]]] = {}
     t0 = time.perf_counter()
 
+    copied: dict[int, dict[str, Any]] = {}  # row index -> its copy's answer, ready (copies "fallback")
+
+    async def copy_answer(name: str) -> dict[str, Any] | None:
+        from node.runtime.copies import CopyStore, search_copy
+
+        if not CopyStore(pool.home, name).exists():
+            return None
+        try:
+            return await anyio.to_thread.run_sync(search_copy, pool.home, name, request, abandon_on_cancel=True)
+        except KithError as exc:
+            return {"error": exc.code}
+
+    def apply_copy(i: int, row: PeerRow, answer: dict[str, Any]) -> None:
+        if "error" in answer:
+            row.status, row.code = "refused", answer["error"]
+            return
+        row.status, row.code = "ok", None
+        row.from_copy, row.copy_as_of = True, answer.get("copyAsOf")
+        answers[i] = _row_from_message(row, {"status": answer.get("status"), "envelope": answer.get("envelope")})
+
+    reading: set[int] = set()
+
+    async def prepare_copy(i: int, name: str) -> None:
+        reading.add(i)
+        try:
+            answer = await copy_answer(name)
+        finally:
+            reading.discard(i)
+        if answer is not None and "error" not in answer:
+            copied[i] = answer
+
     async def ask_one(i: int, row: PeerRow, name: str) -> None:
         start = time.perf_counter()
+        if copies == "only":
+            answer = await copy_answer(name)
+            if answer is None:
+                row.status, row.code = "refused", "copy-not-found"
+            else:
+                apply_copy(i, row, answer)
+            row.latency_ms = (time.perf_counter() - start) * 1000
+            return
+        if copies == "fallback":  # ready before the deadline, used only if the host does not answer
+            tg_copies.start_soon(prepare_copy, i, name)
         try:
             message = await pool.ask(name, request)
         except PeerGone as gone:
@@ -375,11 +426,21 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
 
     with anyio.move_on_after(timeout_s), anyio.CancelScope() as notices:
         async with anyio.create_task_group() as outer:
+            tg_copies = outer
             if on_waiting is not None:
                 outer.start_soon(tell_waiting)
             await _ask_all(names, registry, rows, asked, ask_one, ask_local, local is not None, own_key)
+            # a copy still being read for a host that did not answer: wait for it (deadline-bound)
+            while any(i in reading and rows[i].status in ("peer-timeout", "unreachable") for i in range(len(rows))):
+                await anyio.sleep(0.01)
             notices.cancel()  # every row settled before the deadline
     elapsed = (time.perf_counter() - t0) * 1000
+    for i, row in enumerate(rows):  # the host did not answer in time: its copy does (specs/copies.md §6)
+        if row.status in ("peer-timeout", "unreachable") and i in copied:
+            code = row.code or row.status
+            apply_copy(i, row, copied[i])
+            row.latency_ms = elapsed
+            row.message = f"the host did not answer ({code}); answered from this node's copy"
     for row in rows:  # asked, still out at the deadline: it took (at least) the whole time
         if row.status == "peer-timeout" and row.latency_ms is None:
             row.latency_ms = elapsed
@@ -436,7 +497,8 @@ def askable_peers(registry: Any) -> list[str]:
 async def peers_search(home: Path, peers: list[str] | str, body: dict[str, Any], *, local: bool = False,
                        timeout_s: float = PEERS_TIMEOUT_S, pool: Any = None) -> dict[str, Any]:
     """Ask several pinned peers (names, or ``"all"``: every pinned, unblocked one) one
-    question at once (:func:`fan_out`).
+    question at once (:func:`fan_out`; an unreachable peer is answered from its copy when
+    one is kept, specs/copies.md §6).
 
     Returns:
         The merged envelope (``specs/ask.schema.json``).
@@ -454,9 +516,9 @@ async def peers_search(home: Path, peers: list[str] | str, body: dict[str, Any],
         names = list(peers)
     request = {**body, "topK": body.get("topK", TOP_K_DEFAULT)}
     if pool is not None:
-        return await fan_out(pool, request, names, timeout_s=timeout_s)
+        return await fan_out(pool, request, names, timeout_s=timeout_s, copies="fallback")
     async with SessionPool(home, load_identity(home), local=local) as own:
-        return await fan_out(own, request, names, timeout_s=timeout_s)
+        return await fan_out(own, request, names, timeout_s=timeout_s, copies="fallback")
 
 
 def local_searcher(home: Path, holder: Any = None) -> Callable[[dict[str, Any]], dict[str, Any]]:

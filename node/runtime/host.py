@@ -171,13 +171,15 @@ class Knowledge:
 
 
 def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], float] | None = None, *,
-                   version_key: bytes | None = None) -> Knowledge:
+                   version_key: bytes | None = None, copy_secret: bytes | None = None) -> Knowledge:
     """Open the corpus read-only with its policy and gate, behind one
     :class:`node.answer.service.AnswerService` (a home without a corpus answers every
     query ``index-unavailable``). ``now`` (Unix s; default the wall clock) is what the
     ends of grants (``until``) are compared with. ``version_key``: the document-version
     secret the service answers ``check`` messages with
-    (:func:`node.answer.citation.load_version_key`).
+    (:func:`node.answer.citation.load_version_key`). ``copy_secret``: the host identity's
+    seed, which signs the documents of copies peers may keep (node/answer/copies.py); None:
+    no copies are served.
 
     Warns (via ``warn``) when the index is empty or not ready, or when no policy rule
     shares anything (DESIGN §10).
@@ -218,7 +220,15 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
         warn("no policy rules: everything is private and guests will get no results. "
              "Share with e.g. `kith policy set '/<root>/**' public`.")
     gate = EgressGate(corpus.roots(), policy, home, approvals=Approvals(home))
-    service = AnswerService(corpus, gate, limiter=limiter, version_key=version_key)
+    copier = None
+    if copy_secret is not None:
+        import time
+
+        from node.answer.copies import CopyServer
+
+        clock = now if now is not None else time.time
+        copier = CopyServer(corpus, gate, home, copy_secret, lambda: rfc3339(clock()))
+    service = AnswerService(corpus, gate, limiter=limiter, version_key=version_key, copier=copier)
     warmer = ViewWarmer(service, gate, corpus, lambda: [])  # run by Host.run (node/runtime/warm.py)
 
     def close() -> None:
@@ -411,7 +421,8 @@ class Host:
 
         # kept when signing is off too: the host can still say whether a version is current
         version_key = load_version_key(self.home, create=opts.sign_citations)
-        self.knowledge = open_knowledge(self.home, self.warn, self.clock.time, version_key=version_key)
+        self.knowledge = open_knowledge(self.home, self.warn, self.clock.time, version_key=version_key,
+                                        copy_secret=self.identity.secret)
         self.citations = CitationSigner(self.identity.secret if opts.sign_citations else None, version_key,
                                         self.knowledge.evidence, lambda: rfc3339(self.clock.time()),
                                         enabled=opts.sign_citations)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass
@@ -192,21 +193,31 @@ class OutboxStore:
 
     Args:
         home: the node home. clock: wall-clock seconds (tests pass their own).
+
+    Raises:
+        ConfigError: ``outbox-corrupt`` when the file is not a SQLite database or its
+            tables are not the outbox's.
     """
 
     def __init__(self, home: Path, *, clock: Any = time.time) -> None:
-        from node.common.home import open_home_db
-
         self.home = Path(home)
         self.path = self.home / OUTBOX_FILE
         self.clock = clock
         self._lock = threading.Lock()
-        self.db = open_home_db(self.path)
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.execute("PRAGMA busy_timeout=10000")
-        self.db.execute("PRAGMA foreign_keys=ON")
-        with self._lock:
-            self.db.executescript(_SCHEMA)
+        self.db = open_home_db_checked(self.path)
+        try:
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.execute("PRAGMA busy_timeout=10000")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            with self._lock:
+                self.db.executescript(_SCHEMA)
+                # a file of another schema (a hand-made or foreign table of that name)
+                self.db.execute("SELECT id, request, created_at, expires_at, bytes FROM questions LIMIT 0")
+                self.db.execute("SELECT question_id, peer_name, peer_key, state, attempts, code, last_attempt_at, "
+                                "approval_id, answer, answer_bytes, answered_at, read_at FROM deliveries LIMIT 0")
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            raise _corrupt(self.path, exc) from None
 
     def close(self) -> None:
         """Close the connection."""
@@ -251,7 +262,7 @@ class OutboxStore:
         """
         if not peers:
             raise ValueError("no peer to queue for")
-        body = json.dumps(request, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+        body = request_body(request)
         qid = secrets.token_hex(16)
         now = float(self.clock())
         with self._tx() as db:
@@ -264,22 +275,25 @@ class OutboxStore:
         assert got is not None
         return got
 
-    def check_room(self, request_bytes: int = 0) -> None:
-        """Refuse now when a question of ``request_bytes`` would not fit (``kith ask
-        --later`` checks before asking anyone; :meth:`add` checks again).
+    def check_room(self, request: dict[str, Any]) -> None:
+        """Refuse now when ``request`` (the flat request as it will be kept) would not fit:
+        ``kith ask --later``, ``POST /outbox`` and MCP ``ask_later`` check before asking
+        anyone, with the very bytes :meth:`add` counts when it checks again.
 
         Raises:
             ConfigError: ``outbox-full``.
         """
         with self._lock:
-            _check_room(self.db, request_bytes)
+            _check_room(self.db, len(request_body(request)))
 
     def expire(self) -> int:
         """Mark every open row whose question's ``expires_at`` passed (wall clock) as
         ``expired`` (code ``outbox-expired``). Returns how many rows changed."""
         now = float(self.clock())
         with self._lock:  # a read first: a pass with nothing to expire writes nothing
-            due = self.db.execute("SELECT 1 FROM questions WHERE expires_at <= ? LIMIT 1", (now,)).fetchone()
+            due = self.db.execute(
+                "SELECT 1 FROM deliveries d JOIN questions q ON q.id = d.question_id "
+                "WHERE d.state IN ('waiting','pending-approval') AND q.expires_at <= ? LIMIT 1", (now,)).fetchone()
         if due is None:
             return 0
         with self._tx() as db:
@@ -364,8 +378,17 @@ class OutboxStore:
                 "SELECT d.question_id, q.request, d.peer_name, d.peer_key, d.state FROM deliveries d "
                 f"JOIN questions q ON q.id = d.question_id WHERE {where} "
                 "ORDER BY q.created_at, d.question_id LIMIT ?", (*args, limit + len(skip))).fetchall()
-        return [OpenDelivery(qid, query_id_of(qid), json.loads(req), name, key, state)
-                for qid, req, name, key, state in rows if qid not in skip][:limit]
+        out: list[OpenDelivery] = []
+        bad: list[tuple[str, str]] = []
+        for qid, req, name, key, state in rows:
+            request = _request_of(req)
+            if request is None:  # never sent: the row is closed, the others are delivered
+                bad.append((qid, key))
+            elif qid not in skip:
+                out.append(OpenDelivery(qid, query_id_of(qid), request, name, key, state))
+        for qid, key in bad:
+            self.fail(qid, key, "outbox-corrupt")
+        return out[:limit]
 
     def open_peers(self) -> list[str]:
         """The keys of the peers with at least one open row (one indexed read)."""
@@ -428,18 +451,73 @@ class OutboxStore:
                     "SELECT peer_name, peer_key, state, attempts, code, last_attempt_at, approval_id, answer, "
                     "answered_at, read_at FROM deliveries WHERE question_id=? ORDER BY rowid", (q[0],)).fetchall()
         for qid, req, created, expires in qs:
-            request = json.loads(req)
+            request = _request_of(req)  # None: unreadable (outbox-corrupt), shown so it can be removed
             peers = []
             answers = []
             for name, key, state, attempts, code, last, aid, answer, answered, read in ds[qid]:
                 peers.append({"name": name, "key": key, "state": state, "attempts": attempts, "code": code,
                               "lastAttemptAt": _iso(last), "approvalId": aid, "answeredAt": _iso(answered),
                               "readAt": _iso(read)})
-                answers.append(json.loads(answer) if answer else None)
-            yield {"id": qid, "query": request.get("query"), "request": request, "createdAt": _iso(created),
+                answers.append(_answer_of(answer) if request is not None else None)
+            yield {"id": qid, "query": request.get("query") if request else None, "request": request, "createdAt": _iso(created),
                    "expiresAt": _iso(expires), "state": overall_state([p["state"] for p in peers]),
                    "unread": any(p["answeredAt"] and not p["readAt"] for p in peers),
                    "peers": peers, "_answers": answers}
+
+
+def open_home_db_checked(path: Path) -> Any:
+    """:func:`node.common.home.open_home_db` for the outbox, refusing a file that is not a
+    SQLite database.
+
+    Raises:
+        ConfigError: ``outbox-corrupt``.
+    """
+    from node.common.home import open_home_db
+
+    try:
+        return open_home_db(path)
+    except sqlite3.DatabaseError as exc:
+        raise _corrupt(path, exc) from None
+
+
+def _corrupt(path: Path, exc: Exception) -> ConfigError:
+    return ConfigError("outbox-corrupt", f"{path} is not a readable outbox ({str(exc)[:80]})",
+                       hint=f"move it aside (mv {path} {path}.bad); nothing else in the home depends on it",
+                       status=500)
+
+
+def empty_usage() -> dict[str, int]:
+    """The ``usage`` of a home where nothing was ever kept (no file; reading creates none)."""
+    return {"questions": 0, "open": 0, "bytes": 0, "maxQuestions": MAX_QUESTIONS, "maxBytes": MAX_BYTES}
+
+
+def _request_of(text: Any) -> dict[str, Any] | None:
+    """A stored request, or None when it is not a JSON object with a string ``query`` (a
+    hand-edited or damaged row: specs/outbox.md §2, ``outbox-corrupt``)."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return None
+    return value if isinstance(value, dict) and isinstance(value.get("query"), str) else None
+
+
+def _answer_of(text: Any) -> dict[str, Any] | None:
+    """A stored answer (the host's ``results`` message), or None when there is none or it
+    is not a JSON object (a damaged row counts as not answered in the merged answer)."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def request_body(request: dict[str, Any]) -> str:
+    """The stored form of a request (``questions.request``; its length is ``bytes``):
+    compact, sorted JSON without a ``query_id`` (each delivery sets its own)."""
+    return json.dumps({k: v for k, v in request.items() if k != "query_id"}, ensure_ascii=False,
+                      separators=(",", ":"), sort_keys=True)
 
 
 def _check_room(db: Any, request_bytes: int) -> None:
@@ -447,7 +525,7 @@ def _check_room(db: Any, request_bytes: int) -> None:
         "SELECT (SELECT COUNT(*) FROM questions), (SELECT COALESCE(SUM(bytes), 0) FROM questions) + "
         "(SELECT COALESCE(SUM(answer_bytes), 0) FROM deliveries)").fetchone()
     if count >= MAX_QUESTIONS or used + request_bytes > MAX_BYTES:
-        raise ConfigError("outbox-full", f"the outbox keeps {count} question(s) in {used / 1e6:.1f} MB; it holds at most "
+        raise ConfigError("outbox-full", f"the outbox keeps {count} question(s) in {used / 2**20:.1f} MiB; it holds at most "
                           f"{MAX_QUESTIONS} questions and {MAX_BYTES // (1024 * 1024)} MiB")
 
 
@@ -491,7 +569,8 @@ def public_record(record: dict[str, Any], *, answer: bool = True) -> dict[str, A
     messages, with ``answer`` (:func:`merged_answer`) when asked for and any row has one."""
     out = {k: v for k, v in record.items() if k != "_answers"}
     if answer:
-        out["answer"] = merged_answer(record) if any(a is not None for a in record["_answers"]) else None
+        readable = record["request"] is not None and any(a is not None for a in record["_answers"])
+        out["answer"] = merged_answer(record) if readable else None
     return out
 
 

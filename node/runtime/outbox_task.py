@@ -10,7 +10,8 @@ before it asks the next. When the peer cannot be reached the job ends and the pe
 again after a backoff: :data:`BACKOFF_FIRST_S` doubling to :data:`BACKOFF_CAP_S`
 (monotonic, in memory: a new runner tries every peer at once). A ``pending-approval``
 row is asked again after :data:`PENDING_RETRY_S`, doubling to :data:`PENDING_RETRY_CAP_S`;
-a ``rate-limited`` one after the host's ``retry_after_s``; one whose answer was not an
+a ``rate-limited`` answer ends the job and none of that peer's questions is asked before
+the host's ``retry_after_s``; a row whose answer was not an
 answer after :data:`REFUSED_RETRY_S`, doubling to :data:`REFUSED_RETRY_CAP_S`.
 """
 
@@ -175,8 +176,14 @@ class OutboxTask:
                                                                                   PENDING_RETRY_CAP_S)
                     runner.emit(OutboxPending(id=item.question_id, peer=item.peer_name,
                                               approval_id=message.get("approval_id")).to_dict())
-                elif outcome.retry_after_s is not None:
-                    self._row_due[(item.question_id, key)] = now + max(1.0, outcome.retry_after_s)
+                elif outcome.code == "rate-limited":
+                    # the host's quota is the peer's, not the question's: none of this peer's
+                    # questions is asked before it lets us (each ask would be refused and counted)
+                    wait = (max(1.0, outcome.retry_after_s) if outcome.retry_after_s is not None
+                            else self._row_wait(item, key, REFUSED_RETRY_S, REFUSED_RETRY_CAP_S))
+                    self._row_due[(item.question_id, key)] = now + wait
+                    self._peer_due[key] = now + wait
+                    return
                 else:
                     self._row_due[(item.question_id, key)] = now + self._row_wait(item, key, REFUSED_RETRY_S,
                                                                                   REFUSED_RETRY_CAP_S)

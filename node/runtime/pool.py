@@ -279,17 +279,24 @@ class SessionPool:
                 self.stats.endpoints += 1
 
     async def __aexit__(self, *exc: Any) -> None:
-        for s in list(self.sessions.values()):
-            s.close(clean=True)
-        with anyio.move_on_after(self.end_wait_s):
+        # Also when the owner was cancelled (the home's runner stopped by SIGTERM): the wait
+        # for clean ends is shielded and bounded (end_wait_s), and the task group and the
+        # endpoint are always exited — left open, anyio refuses to exit the owner's scope.
+        try:
             for s in list(self.sessions.values()):
-                await s.closed.wait()
-        for s in list(self.sessions.values()):
-            s.close(clean=False)
-        self._tg.cancel_scope.cancel()
-        assert self._stack is not None
-        await self._stack.__aexit__(None, None, None)
-        self.node = None
+                s.close(clean=True)
+            with anyio.move_on_after(self.end_wait_s, shield=True):
+                for s in list(self.sessions.values()):
+                    await s.closed.wait()
+        finally:
+            for s in list(self.sessions.values()):
+                s.close(clean=False)
+            self._tg.cancel_scope.cancel()
+            assert self._stack is not None
+            try:
+                await self._stack.__aexit__(None, None, None)
+            finally:
+                self.node = None
 
     def _forget(self, s: PeerSession) -> None:
         if self.sessions.get(s.key) is s:

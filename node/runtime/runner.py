@@ -12,8 +12,8 @@ The runner drives a task list. A task is any object with a ``name`` and
 and returns the seconds until it wants to be stepped again (it is stepped sooner when
 :meth:`Runner.wake` is called). Tasks share the runner's warm session pool
 (:meth:`Runner.pool`) and start long work with :meth:`Runner.spawn`. The outbox's
-delivery (:class:`node.runtime.outbox_task.OutboxTask`) is the first task; a later one
-(copies re-sync) adds itself to :func:`default_tasks`.
+delivery (:class:`node.runtime.outbox_task.OutboxTask`) is the first task, the copies'
+re-sync (:class:`node.runtime.copies.CopiesTask`) the second.
 
 Time here is monotonic (``time.monotonic``): a wall-clock jump never makes a task run
 sooner or later.
@@ -175,10 +175,12 @@ class Runner:
 
 
 def default_tasks(home: Path) -> list[Any]:
-    """The task list every long-running process of a home drives: the outbox's delivery."""
+    """The task list every long-running process of a home drives: the outbox's delivery
+    and the re-sync of the copies it keeps (node/runtime/copies.py, specs/copies.md §7)."""
+    from node.runtime.copies import CopiesTask
     from node.runtime.outbox_task import OutboxTask
 
-    return [OutboxTask(home)]
+    return [OutboxTask(home), CopiesTask(home)]
 
 
 async def run_background(home: Path, *, command: str, pool: Callable[[], Awaitable[Any]] | None = None,

@@ -6,6 +6,12 @@ raw index. A ``query``'s ``citations`` is not the hooks' business: the host's eg
 signs (node/answer/citation.py). Each ``check`` is answered ``checked`` from
 ``ctx.knowledge.check_versions``.
 
+Copies (specs/copies.md): the Host answers ``copy_list`` with ``copy_manifest`` from
+``ctx.knowledge.copy_manifest()`` and ``copy_fetch`` with ``copy_docs`` from
+``ctx.knowledge.copy_documents(sources)`` (only what the peer may keep, scrubbed and
+signed). The Guest sends one when the ``ask`` callback returns ``{"action": "copy_list"}``
+or ``{"action": "copy_fetch", "sources": [...]}``; the reply goes to ``on_results``.
+
 Guest: asks the questions in ``ctx.options["queries"]`` one at a time, or, when
 ``ctx.options["ask"]`` is given, calls it for the next question (None ends; a dict is a
 whole flat request: ``query``, ``topK`` and filters for that question alone, or
@@ -40,6 +46,11 @@ def on_message(ctx, message):
         if message["action"] == "check":  # are these cited versions still current?
             checked = ctx.knowledge.check_versions(message["versions"])
             return {"action": "checked", "query_id": message["query_id"], **checked}
+        if message["action"] == "copy_list":  # specs/copies.md §2
+            return {"action": "copy_manifest", "query_id": message["query_id"], **ctx.knowledge.copy_manifest()}
+        if message["action"] == "copy_fetch":  # specs/copies.md §3
+            return {"action": "copy_docs", "query_id": message["query_id"],
+                    **ctx.knowledge.copy_documents(message["sources"])}
         if message["action"] != "query":
             return None
         request = {k: v for k, v in message.items() if k not in _MESSAGE_FIELDS}
@@ -50,7 +61,7 @@ def on_message(ctx, message):
             if answer.get(key) is not None:
                 reply[key] = answer[key]
         return reply
-    if message["action"] in ("results", "checked"):
+    if message["action"] in ("results", "checked", "copy_manifest", "copy_docs"):
         if message["query_id"] != ctx.state.get("pending"):
             # an answer to a question we did not ask (or asked earlier): refuse it
             return HookResult(abort="message-out-of-turn")
@@ -99,6 +110,10 @@ def _next_query(ctx):
     ctx.state["pending"] = query_id
     if isinstance(text, dict) and text.get("action") == "check":  # kith verify --against-host
         return {"action": "check", "query_id": query_id, "versions": list(text["versions"])}
+    if isinstance(text, dict) and text.get("action") == "copy_list":  # kith copies sync
+        return {"action": "copy_list", "query_id": query_id}
+    if isinstance(text, dict) and text.get("action") == "copy_fetch":
+        return {"action": "copy_fetch", "query_id": query_id, "sources": list(text["sources"])}
     if isinstance(text, dict):  # a whole request (the warm pool: topK and filters per question)
         request = {k: v for k, v in text.items() if k != "query_id"}
         message = {"action": "query", "query_id": query_id, "query": request.pop("query"),

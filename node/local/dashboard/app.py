@@ -409,10 +409,13 @@ class _Pages:
             from node.runtime.outbox import OUTBOX_FILE, OutboxStore, public_record
 
             if not (self.home / OUTBOX_FILE).exists():
-                return {"questions": [], "usage": None}
-            with OutboxStore(self.home) as store:
-                records = [public_record(r) for r in store.records(limit=100)]
-                return {"questions": records, "usage": store.usage()}
+                return {"questions": [], "usage": None, "outbox_error": None}
+            try:
+                with OutboxStore(self.home) as store:
+                    records = [public_record(r) for r in store.records(limit=100)]
+                    return {"questions": records, "usage": store.usage(), "outbox_error": None}
+            except KithError as exc:  # outbox-corrupt: said on the page, as `kith outbox list` says it
+                return {"questions": [], "usage": None, "outbox_error": f"{exc.code}: {exc.message}"}
 
         return self._render("outbox.html", request, **await anyio.to_thread.run_sync(gather))
 

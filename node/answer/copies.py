@@ -1,0 +1,174 @@
+"""The host side of copies a peer may keep (issue 33; specs/copies.md is normative).
+
+A peer granted a copy (``[[copy]]`` in policy.toml, :meth:`node.policy.store.Policy.copy_allowed`)
+pulls, over an ordinary knowledge-query session, first the **manifest** — one entry
+``{source, version, bytes, textSha256}`` per document it may keep — then the documents
+that changed, a batch at a time. :class:`CopyServer` answers both for one peer view:
+
+- only ``done`` documents whose canonical id the peer may keep (a grant in force covers it
+  and its tier is ``public`` or ``peers`` for the peer); anything else asked for is listed
+  in ``refused``, never sent;
+- the text is the document as indexed (:meth:`node.corpus.store.Corpus.document_text`)
+  scrubbed of the kinds the policy scrubs from it for that peer
+  (:meth:`node.policy.store.Policy.scrub_kinds`, :func:`node.common.scrub.scrub`): the copy
+  holds what the peer could be served, never more;
+- each document carries a ``kith-citation-v1`` citation (the same object and payload a
+  signed search result carries, node/answer/citation.py) over the whole text: span
+  ``chars=[0, len]``, ``version`` the keyed document version (:func:`keyed_version`),
+  ``textSha256`` of the text sent — so :func:`node.answer.citation.verify_citation` is the
+  peer's check, and ``kith verify --against-host`` can ask whether a version is current;
+- the manifest says the grant's byte budget; a copy over it is ``copy-over-budget``
+  (nothing is sent).
+
+Nothing here does network I/O; the hooks (protocols/knowledge-query/hooks.py) call it
+through ``ctx.knowledge.copy_manifest`` / ``copy_documents``.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from node.answer.citation import CITATION_VERSION, keyed_version, load_version_key, payload_of, text_digest
+from node.trust import signing
+
+#: Most documents one ``copy_fetch`` may name (spec.json bounds it the same).
+MAX_FETCH = 64
+#: Most manifest entries one answer holds (spec.json bounds it the same); a peer granted
+#: more documents gets the first ones by source id and ``truncated: true``.
+MAX_MANIFEST = 20000
+#: Bytes of a ``copy_docs`` message outside its documents' texts and citations.
+DOCS_OVERHEAD_BYTES = 4096
+
+
+class CopyServer:
+    """Answers one host's copy requests (module docstring).
+
+    Args:
+        corpus: the host's read-only :class:`node.corpus.store.Corpus` (or None: nothing to copy).
+        gate: the :class:`node.policy.gate.EgressGate` (its current policy decides).
+        home: the host home (its ``citation.key`` is created on the first copy when missing).
+        secret: the host identity's 32-byte Ed25519 seed (signs every document).
+        now: ``() -> RFC 3339 UTC`` (the host's clock).
+        max_message_bytes: the protocol's longest message; a batch of documents stays under it.
+    """
+
+    def __init__(self, corpus: Any, gate: Any, home: Path, secret: bytes, now: Callable[[], str],
+                 *, max_message_bytes: int = 8 * 1024 * 1024) -> None:
+        self._corpus = corpus
+        self._gate = gate
+        self._home = home
+        self._secret = secret
+        self._sign = signing.signer_of(secret)
+        self.host_key = signing.public_key_of(secret)
+        self._now = now
+        self._limit = max_message_bytes
+        self._key: bytes | None = None
+        self._lock = threading.Lock()
+        #: (stored id, content hash, kinds) -> (text, bytes, sha256): the scrubbed text once made
+        self._texts: dict[tuple[str, str, frozenset[str]], tuple[str, int, str]] = {}
+
+    def _version_key(self) -> bytes:
+        with self._lock:
+            if self._key is None:
+                self._key = load_version_key(self._home, create=True)
+            assert self._key is not None
+            return self._key
+
+    def _copyable(self, peer_name: str | None) -> tuple[Any, dict[str, tuple[str, str]]]:
+        """``(policy, {canonical id: (stored id, content hash)})`` of what the peer may keep."""
+        from node.corpus.sources import SourceNormalizer
+
+        policy = self._gate.current_policy()
+        if self._corpus is None or not policy.copy_grants_for(peer_name):
+            return policy, {}
+        normalize = SourceNormalizer(self._corpus.roots())
+        out: dict[str, tuple[str, str]] = {}
+        for stored, content_hash in self._corpus.done_documents():
+            canonical = normalize(stored)
+            if canonical is not None and policy.copy_allowed(canonical, peer_name) is not None:
+                out[canonical] = (stored, content_hash)
+        return policy, out
+
+    def _text(self, policy: Any, peer_name: str | None, canonical: str, stored: str,
+              content_hash: str) -> tuple[str, int, str] | None:
+        """The text the peer may hold of one document, its UTF-8 bytes and SHA-256 hex."""
+        from node.common.scrub import scrub
+
+        kinds = policy.scrub_kinds(canonical, peer_name)
+        key = (stored, content_hash, kinds)
+        got = self._texts.get(key)
+        if got is None:
+            found = self._corpus.document_text(stored)
+            if found is None or found[0] != content_hash:
+                return None  # re-indexed since the manifest: the next sync sees the new one
+            text = scrub(found[1], kinds) if kinds else found[1]
+            got = (text, len(text.encode("utf-8", "surrogatepass")), text_digest(text))
+            if len(self._texts) > 50000:
+                self._texts.clear()
+            self._texts[key] = got
+        return got
+
+    def manifest(self, peer_name: str | None) -> dict[str, Any]:
+        """The ``copy_manifest`` fields for ``peer_name``: ``status`` (``ok`` or
+        ``copy-not-granted`` / ``copy-over-budget``), ``maxBytes`` (the grant's budget or
+        None), ``bytes`` (the whole copy's), ``documents`` ``[{source, version, bytes,
+        textSha256}]`` by source id, ``truncated``. Never raises for the peer's input."""
+        policy, docs = self._copyable(peer_name)
+        budget = policy.copy_budget(peer_name)
+        if not policy.copy_grants_for(peer_name):
+            return {"status": "copy-not-granted", "maxBytes": None, "bytes": 0, "documents": [], "truncated": False}
+        key = self._version_key()
+        entries, total = [], 0
+        for canonical in sorted(docs)[:MAX_MANIFEST]:
+            stored, content_hash = docs[canonical]
+            got = self._text(policy, peer_name, canonical, stored, content_hash)
+            if got is None:
+                continue
+            total += got[1]
+            entries.append({"source": canonical, "version": keyed_version(key, content_hash),
+                            "bytes": got[1], "textSha256": got[2]})
+        status = "ok" if budget is None or total <= budget else "copy-over-budget"
+        return {"status": status, "maxBytes": budget, "bytes": total,
+                "documents": entries if status == "ok" else [], "truncated": len(docs) > MAX_MANIFEST}
+
+    def documents(self, peer_name: str | None, sources: list[str]) -> dict[str, Any]:
+        """The ``copy_docs`` fields for the sources asked: ``documents`` ``[{source, version,
+        text, citation}]`` as many as fit one message (in the order asked), ``refused`` (the
+        sources the peer may not keep, or gone), ``more`` (asked, not sent yet: ask again),
+        ``tooLarge`` (a document larger than one message; never sent)."""
+        policy, docs = self._copyable(peer_name)
+        key = self._version_key()
+        signed_at = self._now()
+        out: dict[str, Any] = {"documents": [], "refused": [], "more": [], "tooLarge": []}
+        room = self._limit - DOCS_OVERHEAD_BYTES
+        for source in list(dict.fromkeys(sources))[:MAX_FETCH]:
+            if out["more"]:
+                out["more"].append(source)
+                continue
+            found = docs.get(source)
+            got = self._text(policy, peer_name, source, *found) if found is not None else None
+            if got is None or found is None:
+                out["refused"].append(source)
+                continue
+            text, size, digest = got
+            cost = 2 * size + 1024  # JSON escaping, the citation
+            if cost > self._limit - DOCS_OVERHEAD_BYTES:
+                out["tooLarge"].append(source)
+                continue
+            if cost > room and out["documents"]:
+                out["more"].append(source)
+                continue
+            room -= cost
+            citation = {"v": CITATION_VERSION, "hostKey": self.host_key, "source": source,
+                        "version": keyed_version(key, found[1]),
+                        "span": {"lines": None, "pages": None, "chars": [0, len(text)]},
+                        "textSha256": digest, "signedAt": signed_at}
+            citation["signature"] = self._sign(payload_of(citation))
+            out["documents"].append({"source": source, "version": citation["version"], "text": text,
+                                     "citation": citation})
+        return out
+
+
+__all__ = ["CopyServer", "MAX_FETCH", "MAX_MANIFEST"]

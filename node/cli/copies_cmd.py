@@ -1,0 +1,143 @@
+"""``kith copies``: the copies this node keeps of hosts that granted one (specs/copies.md;
+node/runtime/copies.py)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+import typer
+
+from node.cli.common import (DISCOVERY_HELP, LAN_HELP, OFFLINE_HELP, RELAY_HELP, RELAY_ONLY_HELP, emit_json,
+                             err_console, home_of, identity_home_of, safe_text, transport_mode,
+                             untrusted_console as console)
+
+copies_app = typer.Typer(
+    help=(
+        "Copies of hosts' sources this node keeps, so it can search them while the host sleeps. "
+        "A host grants one with `kith policy copy GLOB --for NAME`; `kith copies sync NAME` pulls it "
+        "(signed, scrubbed documents; only what changed), `kith ask --peer NAME` answers from it when "
+        "the host is unreachable (or with --copy). A copy is never served on to anyone."
+    ),
+    no_args_is_help=True,
+)
+
+_JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
+
+
+def _say_report(r: dict[str, Any]) -> None:
+    if r["status"] == "ended":
+        err_console.print(f"{safe_text(r['peer'])} no longer grants a copy: deleted {r['removed']} document(s)",
+                          highlight=False, markup=False)
+        return
+    line = (f"{safe_text(r['peer'])}: {r['documents']} document(s), {r['bytes']:,} bytes; fetched {r['fetched']}, "
+            f"unchanged {r['unchanged']}, deleted {r['removed']}")
+    if r["removed"]:
+        line += " (no longer granted)"
+    console.print(line, highlight=False, markup=False)
+    for key, what in (("tooLarge", "too large to copy"), ("refused", "refused by the host")):
+        if r[key]:
+            err_console.print(f"  {len(r[key])} document(s) {what}", highlight=False, markup=False)
+
+
+@copies_app.command("list")
+def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
+    """List the copies kept here: peer, documents, bytes, when last synced."""
+    from node.runtime.copies import copy_age_text, list_copies
+
+    rows = list_copies(home_of(ctx))
+    if as_json:
+        emit_json({"copies": rows})
+        return
+    if not rows:
+        console.print("no copies are kept here (a host grants one with `kith policy copy GLOB --for YOU`; "
+                      "then `kith copies sync NAME`)", highlight=False, markup=False)
+        return
+    for r in rows:
+        budget = "" if r["maxBytes"] is None else f" of {r['maxBytes']:,}"
+        when = copy_age_text(r["peer"], r["syncedAt"]) if r["syncedAt"] else "never completed a sync"
+        console.print(f"{safe_text(r['peer'])}: {r['documents']} document(s), {r['bytes']:,}{budget} bytes, "
+                      f"{when.replace('from ', '', 1) if r['syncedAt'] else when}", highlight=False, markup=False)
+
+
+@copies_app.command("sync")
+def sync_cmd(
+    ctx: typer.Context,
+    name: Optional[list[str]] = typer.Argument(None, metavar="[NAME]...", help="Pinned peers to sync (default: every copy kept here)."),
+    offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help=OFFLINE_HELP),
+    relay: Optional[str] = typer.Option(None, "--relay", metavar="n0|none|URL[,URL]", help=RELAY_HELP),
+    relay_only: bool = typer.Option(False, "--relay-only", help=RELAY_ONLY_HELP),
+    lan: bool = typer.Option(False, "--lan", help=LAN_HELP),
+    discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
+    timeout: float = typer.Option(600.0, "--timeout", min=1.0, max=86400.0, metavar="SECONDS", help="Give up a peer's sync after this long (what was committed is kept)."),
+    as_json: bool = _JSON,
+) -> None:
+    """Pull the copy each host grants this node: its manifest, then only what changed;
+    what the host no longer grants is deleted (and said so). Each document is checked
+    against the host's signature before it is kept; a killed or refused sync leaves the
+    previous copy whole. Progress on stderr."""
+    import anyio
+
+    from node.common.errors import KithError, UsageError
+    from node.runtime.copies import list_copies, sync_with_pool
+    from node.runtime.pool import PeerGone, SessionPool, classify_gone
+    from node.trust.identity import load_identity
+
+    home = identity_home_of(ctx)
+    mode = transport_mode(home, relay=relay, relay_only=relay_only, lan=lan, discovery=discovery, offline=offline,
+                          command="copies sync")
+    names = list(name or []) or [r["peer"] for r in list_copies(home)]
+    if not names:
+        raise UsageError("usage", "name a pinned peer (`kith copies sync NAME`); no copy is kept here yet")
+    identity = load_identity(home)
+    reports: list[dict[str, Any]] = []
+    failed = 0
+
+    async def main() -> None:
+        nonlocal failed
+        async with SessionPool(home, identity, local=mode.offline, mode=mode) as pool:
+            for n in names:
+                def progress(done: int, total: int, n: str = n) -> None:
+                    if total:
+                        err_console.print(f"{safe_text(n)}: {done}/{total} document(s)", highlight=False, markup=False)
+                try:
+                    with anyio.fail_after(timeout):
+                        r = await sync_with_pool(pool, n, progress=progress)
+                except PeerGone as gone:
+                    status, code = classify_gone(gone)
+                    r = {"peer": n, "status": status, "code": code or "peer-disconnected"}
+                except TimeoutError:
+                    r = {"peer": n, "status": "peer-timeout", "code": "peer-timeout"}
+                except KithError as exc:
+                    r = {"peer": n, "status": "refused", "code": exc.code, "message": exc.message}
+                reports.append(r)
+                if r["status"] not in ("ok", "ended"):
+                    failed += 1
+                    err_console.print(f"{safe_text(n)}: {r['status']} ({r.get('code')})"
+                                      + (f": {safe_text(r['message'])}" if r.get("message") else "")
+                                      + " — the previous copy is kept", highlight=False, markup=False)
+                elif not as_json:
+                    _say_report(r)
+
+    anyio.run(main, backend="asyncio")
+    if as_json:
+        emit_json({"copies": reports})
+    sys.stdout.flush()
+    if failed:
+        raise typer.Exit(1)
+
+
+@copies_app.command("remove")
+def remove_cmd(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", help="The peer whose copy to delete."),
+               as_json: bool = _JSON) -> None:
+    """Delete the copy of NAME kept here (the host's grant is unchanged: a later sync makes it again)."""
+    from node.common.errors import ConfigError
+    from node.runtime.copies import CopyStore
+
+    store = CopyStore(home_of(ctx), name)
+    if not store.remove():
+        raise ConfigError("copy-not-found", f"no copy of {name} is kept here")
+    if as_json:
+        emit_json({"removed": name})
+    else:
+        console.print(f"deleted the copy of {safe_text(name)}", highlight=False, markup=False)

@@ -1,0 +1,526 @@
+"""The peer side of copies a peer may keep (issue 33; specs/copies.md is normative).
+
+``<home>/copies/<peer>/`` holds one host's copy:
+
+- ``manifest.json`` — the copy's committed state, written atomically (0600):
+  ``{"v": 1, "peer", "hostKey", "syncedAt" (the last complete sync, RFC 3339 UTC or null),
+  "maxBytes", "indexed" (the copy's index holds every document listed), "documents": {source: {"version", "bytes", "textSha256", "file", "citation"}}}``;
+- ``docs/`` — one file per document, named by the peer (``<sha256(source)[:32]>-<version[:12]>``
+  and ``.md``/``.rst``/``.txt``), never by anything the host sent, so a hostile host cannot
+  write outside the folder; a file not in the manifest (a sync killed before its commit) is
+  deleted by the next sync and never answered from;
+- ``corpus/`` — the copy's own index, made by the same corpus code as the owner's
+  (:class:`node.corpus.store.Corpus` with ``docs/`` as its one root): the peer's own
+  corpus is another record and is never touched.
+
+:func:`sync_copy` pulls over a pooled knowledge-query session (iroh, handshake, quotas,
+audit: the host's ordinary path): ``copy_list`` → the manifest; what the manifest no longer
+lists is deleted at once (the grant narrowed or ended; ``copy-not-granted`` deletes the
+whole copy); then ``copy_fetch`` batches of what changed. Each document is checked before
+it is written — in the batch asked, its version and text hash those of the manifest, its
+``kith-citation-v1`` citation over the whole text verified as the host's
+(:func:`node.answer.citation.verify_citation`) — and the manifest is committed after each
+batch, so a killed sync resumes where it stopped and the previous copy stays whole. Any
+fault aborts with a code and leaves the last committed copy.
+
+:func:`search_copy` answers a question from a copy (``kith ask --peer NAME --copy``, and
+the fallback when the host is unreachable): the same answer service as the owner's own
+search, the copy's results named by the host's source ids. A copy is never served to
+anyone else: nothing here is reachable from a session this node hosts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from node.common.errors import ConfigError, KithError, PolicyError, ProtocolViolation, SigningError
+from node.common.home import atomic_write
+
+#: ``<home>/copies/``: every copy this node keeps, one folder per pinned peer name.
+COPIES_DIR = "copies"
+MANIFEST_FILE = "manifest.json"
+DOCS_DIR = "docs"
+#: The prefix of the copy's one root in its own index (its local source ids are ``/copy/...``).
+ROOT_NAME = "copy"
+#: Documents asked per ``copy_fetch`` (spec.json's bound).
+FETCH_BATCH = 64
+#: The most bytes one copy may hold whatever the host says (a host with no budget).
+MAX_LOCAL_BYTES = 4 << 30
+#: Longest source id kept (the citation's bound).
+MAX_SOURCE_CHARS = 1024
+_HEX = frozenset("0123456789abcdef")
+#: verify_citation results that are a fault of the signature (the rest: the text).
+_BAD_SIGNATURE = frozenset({"malformed", "unknown-version", "wrong-host", "span-mismatch", "wrong-domain",
+                            "signed-json", "bad-signature"})
+
+
+def copies_root(home: Path) -> Path:
+    """``<home>/copies``."""
+    return Path(home) / COPIES_DIR
+
+
+def _rfc3339(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _is_hex64(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
+
+
+class CopyStore:
+    """One peer's copy on disk (module docstring).
+
+    Args:
+        home: this node's home.
+        peer: the pinned peer's registry name (:data:`node.trust.peers.NAME_RE`: a safe
+            folder name).
+
+    Raises:
+        PolicyError: ``peer-bad-name`` for a name that is not a registry name.
+    """
+
+    def __init__(self, home: Path, peer: str) -> None:
+        from node.trust.peers import NAME_RE
+
+        if not isinstance(peer, str) or NAME_RE.fullmatch(peer) is None:
+            raise PolicyError("peer-bad-name", f"{str(peer)[:80]!a} is not a registry name")
+        self.home = Path(home)
+        self.peer = peer
+        self.dir = copies_root(home) / peer
+        self.docs = self.dir / DOCS_DIR
+        self.path = self.dir / MANIFEST_FILE
+
+    def exists(self) -> bool:
+        """True when a manifest was ever committed here."""
+        return self.path.is_file()
+
+    def load(self) -> dict[str, Any]:
+        """The committed state (an empty one when there is none).
+
+        Raises:
+            ConfigError: ``config-invalid`` when ``manifest.json`` cannot be read.
+        """
+        if not self.path.is_file():
+            return {"v": 1, "peer": self.peer, "hostKey": None, "syncedAt": None, "maxBytes": None,
+                    "documents": {}}
+        try:
+            state = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise ConfigError("config-invalid", f"copies/{self.peer}/{MANIFEST_FILE} cannot be read") from None
+        if not isinstance(state, dict) or not isinstance(state.get("documents"), dict):
+            raise ConfigError("config-invalid", f"copies/{self.peer}/{MANIFEST_FILE} is not a copy manifest")
+        return state
+
+    def commit(self, state: dict[str, Any]) -> None:
+        """Write ``state`` as the copy's manifest atomically (0600)."""
+        atomic_write(self.path, json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8"))
+
+    @staticmethod
+    def file_for(source: str, version: str) -> str:
+        """The file name a document of ``source`` at ``version`` is kept under (chosen
+        here, never by the host: only hex and a fixed suffix)."""
+        from node.corpus.parsers import kind_for
+
+        kind = kind_for(source.rsplit("/", 1)[-1])
+        suffix = {"markdown": ".md", "rst": ".rst"}.get(kind or "", ".txt")
+        return f"{hashlib.sha256(source.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}-{version[:12]}{suffix}"
+
+    def write_doc(self, name: str, text: str) -> None:
+        """Write one document file into ``docs/`` atomically."""
+        atomic_write(self.docs / name, text.encode("utf-8", "surrogatepass"))
+
+    def tidy(self, state: dict[str, Any]) -> list[str]:
+        """Delete every file of ``docs/`` that ``state`` does not list (a killed sync's, a
+        replaced version's); the names deleted."""
+        keep = {d.get("file") for d in state["documents"].values()}
+        gone: list[str] = []
+        if self.docs.is_dir():
+            for f in self.docs.iterdir():
+                if f.name not in keep and f.is_file():
+                    f.unlink(missing_ok=True)
+                    gone.append(f.name)
+        return gone
+
+    def index(self, changed: list[str] | None = None) -> dict[str, Any]:
+        """Bring the copy's own index in line with ``docs/`` (the owner's corpus code):
+        only the files ``changed`` (names written or deleted) when given and the index
+        exists (:meth:`node.corpus.store.Corpus.sync_paths`), else the whole folder
+        (:meth:`node.corpus.store.Corpus.sync`); the sync report."""
+        from node.corpus.store import Corpus
+
+        self.docs.mkdir(parents=True, exist_ok=True)
+        with Corpus(self.dir) as corpus:
+            if not any(r.prefix == ROOT_NAME for r in corpus.roots()):
+                corpus.add_root(self.docs, name=ROOT_NAME)
+                changed = None
+            if changed is not None:
+                return corpus.sync_paths([self.docs / n for n in dict.fromkeys(changed)])
+            return corpus.sync()
+
+    def remove(self) -> bool:
+        """Delete the whole copy; False when there was none."""
+        if not self.dir.exists():
+            return False
+        shutil.rmtree(self.dir)
+        return True
+
+    def summary(self) -> dict[str, Any]:
+        """``{"peer", "hostKey", "syncedAt", "documents", "bytes", "maxBytes"}`` of the
+        committed copy (``kith copies list``)."""
+        state = self.load()
+        docs = state["documents"]
+        return {"peer": self.peer, "hostKey": state.get("hostKey"), "syncedAt": state.get("syncedAt"),
+                "documents": len(docs), "bytes": sum(int(d.get("bytes") or 0) for d in docs.values()),
+                "maxBytes": state.get("maxBytes")}
+
+
+def list_copies(home: Path) -> list[dict[str, Any]]:
+    """Every copy of ``home`` (:meth:`CopyStore.summary`), by peer name."""
+    from node.trust.peers import NAME_RE
+
+    root = copies_root(home)
+    if not root.is_dir():
+        return []
+    return [CopyStore(home, d.name).summary() for d in sorted(root.iterdir())
+            if d.is_dir() and NAME_RE.fullmatch(d.name) and (d / MANIFEST_FILE).is_file()]
+
+
+# --- checking what the host sent ---------------------------------------------------------
+
+def check_manifest(message: Any) -> dict[str, dict[str, Any]]:
+    """The manifest's entries ``{source: {"version", "bytes", "textSha256"}}``.
+
+    Raises:
+        ProtocolViolation: ``copy-manifest-invalid`` (a duplicate or ill-formed entry).
+        PolicyError: ``copy-over-budget`` (the entries' bytes exceed the grant's
+            ``maxBytes``, or :data:`MAX_LOCAL_BYTES`).
+    """
+    docs = message.get("documents") if isinstance(message, dict) else None
+    if not isinstance(docs, list):
+        raise ProtocolViolation("copy-manifest-invalid", "the manifest has no document list")
+    out: dict[str, dict[str, Any]] = {}
+    total = 0
+    for d in docs:
+        src = d.get("source") if isinstance(d, dict) else None
+        if (not isinstance(src, str) or not src.startswith("/") or len(src) > MAX_SOURCE_CHARS
+                or "\n" in src or src in out or not _is_hex64(d.get("version"))
+                or not _is_hex64(d.get("textSha256"))
+                or isinstance(d.get("bytes"), bool) or not isinstance(d.get("bytes"), int) or d["bytes"] < 0):
+            raise ProtocolViolation("copy-manifest-invalid", "a manifest entry is ill-formed or repeated")
+        out[src] = {"version": d["version"], "bytes": d["bytes"], "textSha256": d["textSha256"]}
+        total += d["bytes"]
+    budget = message.get("maxBytes")
+    limit = min(budget, MAX_LOCAL_BYTES) if isinstance(budget, int) and not isinstance(budget, bool) else MAX_LOCAL_BYTES
+    if total > limit:
+        raise PolicyError("copy-over-budget", f"the copy would hold {total:,} bytes, over its budget of {limit:,}")
+    return out
+
+
+def check_document(doc: Any, wanted: dict[str, dict[str, Any]], host_key: str) -> tuple[str, str, dict[str, Any]]:
+    """``(source, text, citation)`` of one document the host sent, checked against the
+    manifest entries asked for (``wanted``) and the host's key (specs/copies.md §3).
+
+    Raises:
+        SigningError: ``copy-outside-grant`` (a source not asked for / not in the
+            manifest), ``copy-bad-signature`` (the citation does not verify as
+            ``host_key``'s over this source and the whole text), ``copy-version-mismatch``
+            (its version, text hash or size is not the manifest's, or its text is not the
+            text signed).
+    """
+    from node.answer.citation import text_digest, verify_citation
+
+    src = doc.get("source") if isinstance(doc, dict) else None
+    if not isinstance(src, str) or src not in wanted:
+        raise SigningError("copy-outside-grant", "the host sent a document the manifest does not list for this copy")
+    entry = wanted[src]
+    text, citation = doc.get("text"), doc.get("citation")
+    if not isinstance(text, str) or not isinstance(citation, dict):
+        raise SigningError("copy-bad-signature", f"{src[:200]}: no text or no citation")
+    row = verify_citation(citation, text=text, shown_sources=(src,), expected_host=host_key)
+    if row.result in _BAD_SIGNATURE:
+        raise SigningError("copy-bad-signature", f"{src[:200]}: {row.result}: {row.detail}")
+    if row.result == "text-changed":
+        raise SigningError("copy-version-mismatch", f"{src[:200]}: the text is not the text the host signed")
+    span = citation.get("span") or {}
+    if span.get("chars") != [0, len(text)] or span.get("lines") is not None or span.get("pages") is not None:
+        raise SigningError("copy-bad-signature", f"{src[:200]}: the signature is not over the whole document")
+    if (doc.get("version") != entry["version"] or citation.get("version") != entry["version"]
+            or text_digest(text) != entry["textSha256"]
+            or len(text.encode("utf-8", "surrogatepass")) != entry["bytes"]):
+        raise SigningError("copy-version-mismatch", f"{src[:200]}: its version or text is not the manifest's")
+    return src, text, citation
+
+
+# --- syncing -------------------------------------------------------------------------------
+
+Ask = Callable[[dict[str, Any]], Any]  # async (message request) -> the host's reply
+
+
+async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
+                    progress: Callable[[int, int], None] | None = None,
+                    now: Callable[[], float] = time.time) -> dict[str, Any]:
+    """Pull ``peer``'s copy over a session (module docstring; specs/copies.md §4).
+
+    Args:
+        home: this node's home.
+        peer: the pinned peer's registry name.
+        ask: ``await ask(request)`` sends one knowledge-query request (``{"action":
+            "copy_list"}`` / ``{"action": "copy_fetch", "sources": [...]}``) and returns
+            the host's reply (:meth:`node.runtime.pool.SessionPool.ask` bound to ``peer``).
+        host_key: the peer's pinned key: every document must be signed by it.
+        progress: ``(documents done, documents to fetch)`` after each batch.
+
+    Returns:
+        ``{"peer", "status": "ok" | "ended", "fetched", "removed", "unchanged",
+        "tooLarge", "refused", "documents", "bytes", "syncedAt"}``.
+
+    Raises:
+        KithError: ``copy-over-budget``, ``copy-manifest-invalid``, ``copy-outside-grant``,
+            ``copy-bad-signature``, ``copy-version-mismatch``, or the session's own
+            errors — the copy is then the last one committed (each batch is).
+    """
+    store = CopyStore(home, peer)
+    state = store.load()
+    if state.get("hostKey") not in (None, host_key):  # the name now names another key
+        store.remove()
+        state = CopyStore(home, peer).load()
+    reply = await ask({"action": "copy_list"})
+    if not isinstance(reply, dict) or reply.get("action") != "copy_manifest":
+        raise ProtocolViolation("copy-manifest-invalid", "the host did not answer with a manifest")
+    report: dict[str, Any] = {"peer": peer, "status": "ok", "fetched": 0, "removed": 0, "unchanged": 0,
+                              "tooLarge": [], "refused": []}
+    if reply.get("status") == "copy-not-granted":  # the grant ended: delete what it held
+        report["removed"] = len(state["documents"])
+        store.remove()
+        report.update(status="ended", documents=0, bytes=0, syncedAt=None)
+        return report
+    if reply.get("status") == "copy-over-budget":
+        raise PolicyError("copy-over-budget", f"the host says the copy is over its budget of {reply.get('maxBytes')} bytes")
+    manifest = check_manifest(reply)
+    held: dict[str, Any] = state["documents"]
+    gone = [s for s in held if s not in manifest]
+    for s in gone:  # no longer granted: deleted now, before anything new is fetched
+        del held[s]
+    report["removed"] = len(gone)
+    todo = [s for s, e in manifest.items()
+            if s not in held or (held[s]["version"], held[s]["textSha256"]) != (e["version"], e["textSha256"])]
+    state.update(hostKey=host_key, maxBytes=reply.get("maxBytes"))
+    complete = state.get("indexed") is True  # the index held every listed document before this sync
+    if gone or todo:  # the index lags the manifest until this sync's index step is committed
+        state["indexed"] = False
+    store.commit(state)
+    changed = store.tidy(state)
+    report["unchanged"] = len(manifest) - len(todo)
+    done = 0
+    queue = list(todo)
+    while queue:
+        batch, queue = queue[:FETCH_BATCH], queue[FETCH_BATCH:]
+        reply = await ask({"action": "copy_fetch", "sources": batch})
+        if not isinstance(reply, dict) or reply.get("action") != "copy_docs":
+            raise ProtocolViolation("copy-manifest-invalid", "the host did not answer with documents")
+        wanted = {s: manifest[s] for s in batch}
+        for doc in reply.get("documents") or []:
+            src, text, citation = check_document(doc, wanted, host_key)
+            del wanted[src]  # each at most once
+            entry = manifest[src]
+            name = store.file_for(src, entry["version"])
+            store.write_doc(name, text)
+            changed.append(name)
+            held[src] = {**entry, "file": name, "citation": citation}
+            done += 1
+        more = [s for s in reply.get("more") or [] if s in wanted]
+        report["tooLarge"] += [s for s in reply.get("tooLarge") or [] if s in wanted]
+        report["refused"] += [s for s in reply.get("refused") or [] if s in wanted]
+        if not reply.get("documents") and more:
+            raise ProtocolViolation("copy-manifest-invalid", "the host sent no document and asked to ask again")
+        queue = more + queue
+        store.commit(state)  # this batch is the copy now: a kill after it resumes from here
+        changed += store.tidy(state)
+        if progress is not None:
+            progress(done, len(todo))
+    report["fetched"] = done
+    state["syncedAt"] = _rfc3339(now())
+    store.commit(state)
+    if not state.get("indexed") or not (store.dir / "corpus").is_dir():  # else the index is current
+        store.index(changed if complete else None)  # after a killed sync: the whole folder
+        state["indexed"] = True
+        store.commit(state)
+    summary = store.summary()
+    report.update(documents=summary["documents"], bytes=summary["bytes"], syncedAt=state["syncedAt"])
+    return report
+
+
+async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int], None] | None = None
+                         ) -> dict[str, Any]:
+    """:func:`sync_copy` over ``pool`` (a :class:`node.runtime.pool.SessionPool`) to the
+    pinned ``peer``.
+
+    Raises:
+        KithError: ``peer-not-found`` for a name not pinned; as :func:`sync_copy`.
+    """
+    from node.trust.peers import PeerRegistry
+
+    rec = PeerRegistry.load(pool.home).by_name(peer)
+    if rec is None:
+        raise PolicyError("peer-not-found", f"no pinned peer is named {peer!r}")
+
+    async def ask(request: dict[str, Any]) -> Any:
+        return await pool.ask(peer, request)
+
+    return await sync_copy(pool.home, peer, ask, rec.public_key, progress=progress)
+
+
+# --- answering from a copy ------------------------------------------------------------------
+
+def _age(synced_at: str | None, now: float) -> str:
+    from node.common.grants import until_time
+
+    if not synced_at:
+        return "unknown age"
+    try:
+        s = max(0, int(now - until_time(synced_at)))
+    except KithError:
+        return "unknown age"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= size:
+            return f"{s // size} {unit} ago"
+    return f"{s} s ago"
+
+
+def copy_age_text(peer: str, synced_at: str | None, now: float | None = None) -> str:
+    """"from bea's copy of 2 h ago" (what text output says of an answer from a copy)."""
+    return f"from {peer}'s copy of {_age(synced_at, time.time() if now is None else now)}"
+
+
+def _renamed(node: Any, names: dict[str, str], depth: int = 0) -> Any:
+    """``node`` with every string that is a copy-local source id replaced by the host's."""
+    if depth > 32:
+        return node
+    if isinstance(node, str):
+        return names.get(node, node)
+    if isinstance(node, list):
+        return [_renamed(v, names, depth + 1) for v in node]
+    if isinstance(node, dict):
+        return {k: _renamed(v, names, depth + 1) for k, v in node.items()}
+    return node
+
+
+def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any]:
+    """Answer the flat ``request`` from ``peer``'s copy: ``{"status", "envelope",
+    "copyAsOf"}`` — the owner's answer service over the copy's index
+    (:func:`node.answer.service.answer_local`), each result's ``source`` (and
+    ``provenance.sourceId``) the host's source id and ``copyCitation`` the host's
+    signature over that whole document. Results of a file the manifest does not list are
+    dropped (a killed sync's).
+
+    Raises:
+        ConfigError: ``copy-not-found`` when no copy of ``peer`` was ever synced.
+    """
+    from node.answer.service import AnswerService
+    from node.corpus.store import Corpus
+
+    store = CopyStore(home, peer)
+    if not store.exists() or not (store.dir / "corpus").is_dir():
+        raise ConfigError("copy-not-found", f"no copy of {peer} is kept here (`kith copies sync {peer}`)")
+    state = store.load()
+    by_file = {f"/{ROOT_NAME}/{d['file']}": (s, d) for s, d in state["documents"].items()}
+    with Corpus(store.dir, readonly=True) as corpus:
+        answer = AnswerService(corpus).answer({k: v for k, v in request.items() if k != "citations"})
+    env = answer.get("envelope") or {}
+    kept = []
+    for r in env.get("results") or []:
+        found = by_file.get(r.get("source"))
+        if found is None:
+            continue
+        src, d = found
+        r["source"] = src
+        prov = r.get("provenance")
+        if isinstance(prov, dict):
+            prov["sourceId"] = src
+            prov.pop("contentHash", None)
+        r["alsoIn"] = [{**a, "source": by_file[a["source"]][0]} for a in r.get("alsoIn") or []
+                       if a.get("source") in by_file]
+        r["copyCitation"] = d.get("citation")
+        kept.append(r)
+    env["results"] = kept
+    env = _renamed(env, {f: v[0] for f, v in by_file.items()})
+    return {"status": answer.get("status") if kept or answer.get("status") != "ok" else "no-verified-results",
+            "envelope": env, "copyAsOf": state.get("syncedAt")}
+
+
+__all__ = ["COPIES_DIR", "CopyStore", "check_document", "check_manifest", "copies_root", "copy_age_text",
+           "list_copies", "search_copy", "sync_copy", "sync_with_pool"]
+
+
+# --- the background re-sync (node/runtime/runner.py) -----------------------------------------
+
+#: Seconds between two re-syncs of one copy that synced; after a failure (the host is away)
+#: the next try comes after :data:`RETRY_FIRST_S`, doubling to :data:`RESYNC_S`.
+RESYNC_S = 600.0
+RETRY_FIRST_S = 5.0
+#: Bound on one copy's sync in the background, seconds (what was committed is kept).
+SYNC_TIMEOUT_S = 600.0
+
+
+class CopiesTask:
+    """The runner task re-syncing every copy kept in the home (specs/copies.md §7): each
+    copy is synced once when the runner starts, then every :data:`RESYNC_S`; a host that
+    cannot be reached is tried again after a backoff (from :data:`RETRY_FIRST_S`), so a
+    host that wakes is synced soon after. One sync at a time per copy; each reports a
+    ``copy-synced`` / ``copy-ended`` / ``copy-failed`` event.
+
+    Args:
+        home: the node home.
+        clock: monotonic seconds.
+    """
+
+    name = "copies"
+
+    def __init__(self, home: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.home = Path(home)
+        self.clock = clock
+        self._due: dict[str, float] = {}
+        self._backoff: dict[str, float] = {}
+        self._running: set[str] = set()
+
+    async def step(self, runner: Any) -> float:
+        """Start the syncs that are due (:meth:`node.runtime.runner.Runner.spawn`); the
+        seconds until the next is."""
+        now = self.clock()
+        for row in list_copies(self.home):
+            peer = row["peer"]
+            if peer in self._running or self._due.get(peer, 0.0) > now:
+                continue
+            self._running.add(peer)
+            runner.spawn(self._sync, runner, peer)
+        return min([d - now for d in self._due.values() if d > now], default=RESYNC_S)
+
+    async def _sync(self, runner: Any, peer: str) -> None:
+        import anyio
+
+        try:
+            pool = await runner.pool()
+            with anyio.fail_after(SYNC_TIMEOUT_S):
+                report = await sync_with_pool(pool, peer)
+        except Exception as exc:  # noqa: BLE001 - the host is away, or refused: try again later
+            from node.runtime.pool import PeerGone, classify_gone
+
+            code = (classify_gone(exc)[1] if isinstance(exc, PeerGone) else
+                    exc.code if isinstance(exc, KithError) else "peer-timeout" if isinstance(exc, TimeoutError)
+                    else "internal-error")
+            wait = min(RESYNC_S, self._backoff.get(peer, RETRY_FIRST_S / 2) * 2)
+            self._backoff[peer] = wait
+            self._due[peer] = self.clock() + wait
+            runner.emit({"event": "copy-failed", "peer": peer, "code": code or "peer-disconnected"})
+        else:
+            self._backoff.pop(peer, None)
+            self._due[peer] = self.clock() + RESYNC_S
+            runner.emit({"event": "copy-ended" if report["status"] == "ended" else "copy-synced",
+                         "peer": peer, "fetched": report["fetched"], "removed": report["removed"]})
+        finally:
+            self._running.discard(peer)

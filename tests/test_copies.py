@@ -1,0 +1,363 @@
+"""Copies a peer may keep (issue 33; specs/copies.md): the ``[[copy]]`` grant and
+``kith policy copy``; the host's manifest and signed, scrubbed documents (the real
+:class:`node.answer.copies.CopyServer` over a real corpus, policy and key); the peer's
+sync (:func:`node.runtime.copies.sync_copy`) — only what changed, what the grant no longer
+covers deleted, each fault of a hostile host refused with its code and the previous copy
+intact, a sync killed between batches resumed — and the search of a copy. The sync over
+iroh between real processes is tests/test_copies_iroh.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from node.answer.copies import CopyServer
+from node.common.errors import KithError, PolicyError
+from node.corpus.store import Corpus
+from node.policy.gate import EgressGate
+from node.policy.store import Policy
+from node.runtime.clock import rfc3339
+from node.runtime.copies import CopyStore, search_copy, sync_copy
+from node.trust.identity import load_or_init_identity
+
+from support.cli import invoke
+from support.homes import node_home
+
+DOCS = {
+    "sqlite.md": "# SQLite\n\nPRAGMA journal_mode=WAL lets readers continue while one writer appends.\n",
+    "deploy.md": "# Deploy\n\nThe staging server is rebuilt nightly; mail ops@example.com when it fails.\n",
+    "ask.md": "# Ask\n\nThe quarterly numbers are shared on request only.\n",
+    "notes/salary.md": "# Salary\n\nThe salary bands are private.\n",
+}
+
+
+@pytest.fixture()
+def host(tmp_path):
+    """A host home: /kb indexed; /kb/** public, /kb/ask.md ask, /kb/notes/** private; bea
+    granted a copy of /kb/**; e-mail scrubbed for bea."""
+    kb = tmp_path / "kb"
+    (kb / "notes").mkdir(parents=True)
+    for name, text in DOCS.items():
+        (kb / name).write_text(text)
+    home = node_home(tmp_path, "host")
+    with Corpus(home) as c:
+        c.add_root(kb)
+        c.sync()
+    policy = Policy.load(home)
+    policy.set("/kb/**", "public")
+    policy.set("/kb/ask.md", "ask")
+    policy.set("/kb/notes/**", "private")
+    policy.set_copy("/kb/**", "bea")
+    policy.set_scrub("bea", ["email"])
+    policy.save()
+    return home, kb
+
+
+def _server(home: Path) -> tuple[CopyServer, Corpus, str]:
+    ident = load_or_init_identity(home)
+    corpus = Corpus(home, readonly=True)
+    gate = EgressGate(corpus.roots(), Policy.load(home), home)
+    return CopyServer(corpus, gate, home, ident.secret, lambda: rfc3339(time.time())), corpus, ident.public_key
+
+
+def _asker(server: CopyServer, peer: str = "bea", tamper=None, calls=None):
+    async def ask(request):
+        if calls is not None:
+            calls.append(request)
+        if request["action"] == "copy_list":
+            reply = {"action": "copy_manifest", **server.manifest(peer)}
+        else:
+            reply = {"action": "copy_docs", **server.documents(peer, request["sources"])}
+        return tamper(request, reply) if tamper is not None else reply
+    return ask
+
+
+def _sync(guest: Path, ask, key: str, **kw):
+    return anyio.run(lambda: sync_copy(guest, "alice", ask, key, **kw))
+
+
+def _files(store: CopyStore) -> dict[str, str]:
+    return {f.name: f.read_text() for f in sorted(store.docs.iterdir())} if store.docs.is_dir() else {}
+
+
+# --- the grant ---------------------------------------------------------------------------
+
+def test_a_grant_covers_only_what_the_peer_may_already_see(host):
+    home, _ = host
+    policy = Policy.load(home)
+    assert policy.copy_allowed("/kb/sqlite.md", "bea") is not None
+    assert policy.copy_allowed("/kb/ask.md", "bea") is None  # ask: never copied
+    assert policy.copy_allowed("/kb/notes/salary.md", "bea") is None  # private: never
+    assert policy.copy_allowed("/kb/sqlite.md", "cat") is None  # not granted to cat
+    assert policy.copy_allowed("/kb/sqlite.md", None) is None  # never an anonymous peer
+    policy.set("/kb/deploy.md", "never")
+    assert policy.copy_allowed("/kb/deploy.md", "bea") is None
+
+
+def test_group_grants_and_their_end(tmp_path):
+    policy = Policy.from_toml('[[rule]]\nglob = "/kb/**"\ntier = "peers"\npeers = ["@team"]\n'
+                              '[group.team]\nmembers = ["bea"]\n'
+                              '[[copy]]\nglob = "/kb/**"\nfor = "@team"\nuntil = "2030-01-01T00:00:00Z"\nmax_bytes = 500\n')
+    assert policy.copy_allowed("/kb/a.md", "bea") is not None
+    assert policy.copy_budget("bea") == 500
+    policy.now = lambda: 1900000000.0  # after 2030-01-01
+    assert policy.copy_allowed("/kb/a.md", "bea") is None
+    again = Policy.from_toml(policy.to_toml())
+    assert [c.to_toml() for c in again.copy_grants] == [c.to_toml() for c in policy.copy_grants]
+
+
+@pytest.mark.parametrize("table", ['glob = "/kb/**"\nfor = "bea"\nkinds = ["email"]',
+                                   'glob = "/kb/**"\nfor = "not a name"',
+                                   'glob = "/kb/**"\nfor = "bea"\nmax_bytes = 0',
+                                   'glob = "/kb/**"\nfor = "bea"\nuntil = "tomorrow"',
+                                   'for = "bea"'])
+def test_a_bad_copy_table_is_refused(table):
+    with pytest.raises(PolicyError) as exc:
+        Policy.from_toml(f"[[copy]]\n{table}\n")
+    assert exc.value.code == "policy-invalid"
+
+
+def test_kith_policy_copy_tells_what_cannot_be_undone_and_is_listed_explained_checked(host):
+    home, _ = host
+    r = invoke(home, "policy", "copy", "/kb/*.md", "--for", "bea", "--max-bytes", "100000", "--until", "30d")
+    assert r.exit_code == 0, r.output
+    assert "keeps what it copied" in r.output and "signatures prove what was shared" in r.output
+    listed = json.loads(invoke(home, "policy", "list", "--json").stdout)
+    assert {"glob": "/kb/*.md", "for": "bea", "maxBytes": 100000} == {
+        k: v for k, v in listed["copy"][1].items() if k in ("glob", "for", "maxBytes")}
+    explained = json.loads(invoke(home, "policy", "explain", "/kb/sqlite.md", "--peer", "bea", "--json").stdout)
+    assert explained["copy"]["for"] == "bea"
+    assert json.loads(invoke(home, "policy", "explain", "/kb/ask.md", "--peer", "bea", "--json").stdout).get("copy") is None
+    checked = json.loads(invoke(home, "policy", "check", "--json").stdout)["copy"]
+    whole = next(c for c in checked if c["glob"] == "/kb/**")
+    assert whole["matches"] == 4 and whole["copyable"] == 2
+    assert sorted(whole["notCopied"]) == ["/kb/ask.md", "/kb/notes/salary.md"]
+    assert invoke(home, "policy", "copy", "/kb/*.md", "--for", "bea", "--off").exit_code == 0
+    assert [c["glob"] for c in json.loads(invoke(home, "policy", "list", "--json").stdout)["copy"]] == ["/kb/**"]
+    assert invoke(home, "policy", "copy", "/kb/**").exception.code == "usage"  # --for missing
+
+
+# --- the host's side ------------------------------------------------------------------------
+
+def test_the_manifest_and_documents_hold_only_copyable_scrubbed_signed_text(host):
+    from node.answer.citation import verify_citation
+
+    home, _ = host
+    server, corpus, key = _server(home)
+    with corpus:
+        manifest = server.manifest("bea")
+        assert manifest["status"] == "ok"
+        assert [d["source"] for d in manifest["documents"]] == ["/kb/deploy.md", "/kb/sqlite.md"]
+        docs = server.documents("bea", ["/kb/deploy.md", "/kb/ask.md", "/kb/notes/salary.md"])
+        assert docs["refused"] == ["/kb/ask.md", "/kb/notes/salary.md"]
+        (deploy,) = docs["documents"]
+        assert "ops@example.com" not in deploy["text"] and "[email]" in deploy["text"]
+        row = verify_citation(deploy["citation"], text=deploy["text"], shown_sources=("/kb/deploy.md",),
+                              expected_host=key)
+        assert row.result == "unpinned-key"  # signature and text verify (no pinned-peer table given)
+        assert server.manifest("cat")["status"] == "copy-not-granted"
+
+
+# --- the peer's sync -----------------------------------------------------------------------
+
+def test_sync_fetches_only_what_changed_and_deletes_what_is_no_longer_granted(host, tmp_path):
+    home, kb = host
+    guest = node_home(tmp_path, "guest")
+    own = Corpus(guest)
+    own.close()
+    server, corpus, key = _server(home)
+    with corpus:
+        first = _sync(guest, _asker(server), key)
+        assert (first["fetched"], first["documents"]) == (2, 2)
+        calls: list = []
+        again = _sync(guest, _asker(server, calls=calls), key)
+        assert (again["fetched"], again["unchanged"]) == (0, 2)
+        assert [c["action"] for c in calls] == ["copy_list"]  # nothing changed: no document asked
+    (kb / "sqlite.md").write_text(DOCS["sqlite.md"] + "\nCheckpoints move the log back.\n")
+    with Corpus(home) as c:
+        c.sync()
+    server, corpus, key = _server(home)
+    with corpus:
+        calls = []
+        changed = _sync(guest, _asker(server, calls=calls), key)
+        assert changed["fetched"] == 1 and calls[1]["sources"] == ["/kb/sqlite.md"]
+        hits = search_copy(guest, "alice", {"query": "checkpoints", "topK": 5})
+        assert [r["source"] for r in hits["envelope"]["results"]] == ["/kb/sqlite.md"]
+        policy = Policy.load(home)  # the grant narrows
+        policy.unset_copy("/kb/**", "bea")
+        policy.set_copy("/kb/sqlite.md", "bea")
+        policy.save()
+        narrowed = _sync(guest, _asker(server), key)
+        assert narrowed["removed"] == 1 and narrowed["documents"] == 1
+        assert search_copy(guest, "alice", {"query": "staging", "topK": 5})["envelope"]["results"] == []
+        policy.unset_copy("/kb/sqlite.md", "bea")  # the grant ends
+        policy.save()
+        ended = _sync(guest, _asker(server), key)
+        assert ended["status"] == "ended" and ended["removed"] == 1
+        assert not CopyStore(guest, "alice").dir.exists()
+    with Corpus(guest, readonly=True) as mine:  # the peer's own corpus never changed
+        assert mine.stats().get("documents", 0) == 0
+
+
+def _faulty(mutate):
+    def tamper(request, reply):
+        if reply["action"] == "copy_docs" and reply["documents"]:
+            mutate(reply)
+        return reply
+    return tamper
+
+
+def _bad_signature(reply):
+    sig = reply["documents"][0]["citation"]["signature"]
+    reply["documents"][0]["citation"]["signature"] = ("0" if sig[0] != "0" else "1") + sig[1:]
+
+
+def _text_changed(reply):
+    reply["documents"][0]["text"] += " (edited)"
+
+
+def _other_version(reply):
+    reply["documents"][0]["version"] = "a" * 64
+
+
+def _outside(reply):
+    reply["documents"][0]["source"] = "/kb/notes/salary.md"
+
+
+@pytest.mark.parametrize("mutate,code", [(_bad_signature, "copy-bad-signature"),
+                                         (_text_changed, "copy-version-mismatch"),
+                                         (_other_version, "copy-version-mismatch"),
+                                         (_outside, "copy-outside-grant")])
+def test_a_hostile_document_is_refused_and_the_previous_copy_stays(host, tmp_path, mutate, code):
+    home, kb = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)
+    store = CopyStore(guest, "alice")
+    before, files = store.load(), _files(store)
+    (kb / "sqlite.md").write_text(DOCS["sqlite.md"] + "\nA new line.\n")
+    with Corpus(home) as c:
+        c.sync()
+    server, corpus, key = _server(home)
+    with corpus:
+        with pytest.raises(KithError) as exc:
+            _sync(guest, _asker(server, tamper=_faulty(mutate)), key)
+    assert exc.value.code == code
+    assert store.load()["documents"] == before["documents"] and _files(store) == files  # the previous copy, whole
+    assert search_copy(guest, "alice", {"query": "WAL", "topK": 5})["envelope"]["results"]
+
+
+def test_a_document_signed_by_another_key_is_refused(host, tmp_path):
+    from node.trust.identity import Identity
+    import os
+
+    home, _ = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, _key = _server(home)
+    with corpus, pytest.raises(KithError) as exc:
+        _sync(guest, _asker(server), Identity(os.urandom(32)).public_key)  # the pinned key is another
+    assert exc.value.code == "copy-bad-signature"
+    assert CopyStore(guest, "alice").load()["documents"] == {}
+
+
+def test_over_the_budget_is_refused_with_a_code(host, tmp_path):
+    home, _ = host
+    guest = node_home(tmp_path, "guest")
+    policy = Policy.load(home)
+    policy.set_copy("/kb/**", "bea", max_bytes=50)
+    policy.save()
+    server, corpus, key = _server(home)
+    with corpus, pytest.raises(KithError) as exc:
+        _sync(guest, _asker(server), key)
+    assert exc.value.code == "copy-over-budget"
+
+    # a host that says ok but lists more than the budget it states
+    policy.set_copy("/kb/**", "bea", max_bytes=10**6)
+    policy.save()
+    server, corpus, key = _server(home)
+    manifest = server.manifest("bea")
+    assert manifest["status"] == "ok" and manifest["bytes"] > 50
+
+    async def ask(request):
+        if request["action"] == "copy_list":
+            return {"action": "copy_manifest", **manifest, "maxBytes": 50}
+        return {"action": "copy_docs", **server.documents("bea", request["sources"])}
+    with corpus, pytest.raises(KithError) as exc:
+        _sync(guest, ask, key)
+    assert exc.value.code == "copy-over-budget"
+
+
+def test_a_killed_sync_keeps_what_was_committed_and_resumes(host, tmp_path, monkeypatch):
+    import node.runtime.copies as copies
+
+    home, _ = host
+    guest = node_home(tmp_path, "guest")
+    monkeypatch.setattr(copies, "FETCH_BATCH", 1)
+    server, corpus, key = _server(home)
+    asked = []
+
+    def killed(request, reply):
+        asked.append(request["action"])
+        if asked.count("copy_fetch") == 2:
+            raise KeyboardInterrupt  # the process is killed during the second batch
+        return reply
+    with corpus:
+        with pytest.raises(KeyboardInterrupt):
+            _sync(guest, _asker(server, tamper=killed), key)
+        store = CopyStore(guest, "alice")
+        state = store.load()
+        assert list(state["documents"]) == ["/kb/deploy.md"] and state["syncedAt"] is None
+        assert set(_files(store)) == {d["file"] for d in state["documents"].values()}
+        calls: list = []
+        resumed = _sync(guest, _asker(server, calls=calls), key)
+    assert resumed["fetched"] == 1 and [c.get("sources") for c in calls[1:]] == [["/kb/sqlite.md"]]
+
+
+def test_a_hostile_source_id_never_names_a_file(host, tmp_path):
+    home, _ = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        real = server.manifest("bea")["documents"][0]
+    # a source id that is a path climbing out: the peer names its file by a hash
+    name = CopyStore.file_for("/../../../../etc/passwd", real["version"])
+    assert "/" not in name and ".." not in name and name.endswith(".txt")
+
+
+def test_search_of_a_copy_never_names_a_local_file(host, tmp_path):
+    home, _ = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)
+    answer = search_copy(guest, "alice", {"query": "staging server", "topK": 5})
+    text = json.dumps(answer)
+    assert "/copy/" not in text and str(guest) not in text
+    assert answer["envelope"]["results"][0]["source"] == "/kb/deploy.md"
+    assert answer["copyAsOf"]
+    with pytest.raises(KithError) as exc:
+        search_copy(guest, "nobody", {"query": "x", "topK": 1})
+    assert exc.value.code == "copy-not-found"
+
+
+def test_a_sync_killed_before_its_index_step_indexes_at_the_next(host, tmp_path, monkeypatch):
+    home, _ = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    real_index = CopyStore.index
+
+    def killed(self, changed=None):
+        raise KeyboardInterrupt
+    with corpus:
+        monkeypatch.setattr(CopyStore, "index", killed)
+        with pytest.raises(KeyboardInterrupt):
+            _sync(guest, _asker(server), key)
+        monkeypatch.setattr(CopyStore, "index", real_index)
+        again = _sync(guest, _asker(server), key)  # nothing left to fetch, but the index lagged
+    assert again["fetched"] == 0
+    assert search_copy(guest, "alice", {"query": "WAL", "topK": 5})["envelope"]["results"]

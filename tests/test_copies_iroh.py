@@ -1,0 +1,152 @@
+"""Copies over iroh on loopback between real processes (issue 33; specs/copies.md): the
+host grants bea a copy (`kith policy copy`), bea pulls it (`kith copies sync`), the host is
+stopped, and `kith ask --peer NAME` answers from the copy, marked ``fromCopy`` /
+``copyAsOf`` in JSON and "from alice's copy of …" in text; `--copy` answers from the copy
+only; the copy is never served on to a third node asking bea's own host; ending the grant
+deletes the copy at the next sync and says so."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from node.trust.identity import load_identity
+from node.trust.peers import PeerRegistry
+
+from support.cli import kith
+from support.envelopes import valid_ask
+from support.homes import FIXTURE, node_home, pin_host
+from support.hosts import HostProcess, prepare_host
+
+pytestmark = pytest.mark.iroh
+
+
+def test_grant_sync_host_stopped_ask_answers_from_the_copy(tmp_path):
+    corpus = tmp_path / "kb"
+    shutil.copytree(FIXTURE, corpus)
+    host = prepare_host(tmp_path, corpus)
+    assert kith(host, "policy", "set", "/kb/notes/**", "private").returncode == 0
+    bea = node_home(tmp_path, "bea")
+    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
+    granted = kith(host, "policy", "copy", "/kb/**", "--for", "bea")
+    assert granted.returncode == 0 and "keeps what it copied" in granted.stderr
+    h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
+    try:
+        pin_host(bea, "alice", h.invitation)
+        r = kith(bea, "copies", "sync", "alice", "--json", timeout=180)
+        assert r.returncode == 0, r.stderr
+        (report,) = json.loads(r.stdout)["copies"]
+        assert report["status"] == "ok" and report["fetched"] == 2  # notes/ is private: never copied
+        again = json.loads(kith(bea, "copies", "sync", "alice", "--json", timeout=180).stdout)["copies"][0]
+        assert (again["fetched"], again["unchanged"]) == (0, 2)
+    finally:
+        h.stop()
+    # the host sleeps: its copy answers, marked
+    r = kith(bea, "ask", "journal mode WAL", "--peer", "alice", "--json", "--timeout", "4", timeout=120)
+    assert r.returncode == 0, r.stderr
+    env = json.loads(r.stdout)
+    valid_ask(env)
+    (row,) = env["peers"]
+    assert row["status"] == "ok" and row["fromCopy"] is True and row["copyAsOf"]
+    assert env["results"][0]["source"] == "/kb/sqlite.md"
+    text = kith(bea, "ask", "journal mode WAL", "--peer", "alice", "--timeout", "4", timeout=120)
+    assert text.returncode == 0 and "from alice's copy of" in text.stdout
+    only = json.loads(kith(bea, "ask", "salary", "--peer", "alice", "--copy", "--json").stdout)
+    assert only["peers"][0]["fromCopy"] is True and only["results"] == []  # private notes were never copied
+    listed = json.loads(kith(bea, "copies", "list", "--json").stdout)["copies"]
+    assert [(c["peer"], c["documents"]) for c in listed] == [("alice", 2)]
+
+    # a copy is never served on: a third node asking bea's own host gets nothing of alice's
+    bea_kb = tmp_path / "bea-kb"
+    bea_kb.mkdir()
+    (bea_kb / "garden.md").write_text("# Garden\n\nTomatoes need sun.\n")
+    assert kith(bea, "index", "add", str(bea_kb)).returncode == 0
+    assert kith(bea, "index", "sync").returncode == 0
+    assert kith(bea, "policy", "set", "/**", "public").returncode == 0
+    cat = node_home(tmp_path, "cat")
+    bh = HostProcess(bea, "--invite-file", str(tmp_path / "bea-inv.json"))
+    try:
+        pin_host(cat, "bea", bh.invitation)
+        asked = json.loads(kith(cat, "ask", "journal mode WAL", "--peer", "bea", "--json", timeout=120).stdout)
+        assert asked["peers"][0]["status"] in ("ok", "no-verified-results") and "fromCopy" not in asked["peers"][0]
+        assert not any("sqlite" in r["source"] for r in asked["results"])
+    finally:
+        bh.stop()
+
+
+def test_ending_the_grant_deletes_the_copy_at_the_next_sync(tmp_path):
+    corpus = tmp_path / "kb"
+    shutil.copytree(FIXTURE, corpus)
+    host = prepare_host(tmp_path, corpus)
+    bea = node_home(tmp_path, "bea")
+    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
+    assert kith(host, "policy", "copy", "/kb/**", "--for", "bea").returncode == 0
+    h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
+    try:
+        pin_host(bea, "alice", h.invitation)
+        assert kith(bea, "copies", "sync", "alice", timeout=180).returncode == 0
+        assert kith(host, "policy", "copy", "/kb/sqlite.md", "--for", "bea").returncode == 0
+        assert kith(host, "policy", "copy", "/kb/**", "--for", "bea", "--off").returncode == 0  # narrowed
+        r = kith(bea, "copies", "sync", "alice", timeout=180)
+        assert r.returncode == 0, r.stderr
+        assert "deleted 2 (no longer granted)" in r.stdout
+        assert kith(host, "policy", "copy", "/kb/sqlite.md", "--for", "bea", "--off").returncode == 0  # ended
+        r = kith(bea, "copies", "sync", "alice", timeout=180)
+        assert r.returncode == 0 and "no longer grants a copy: deleted 1 document(s)" in r.stderr
+        assert json.loads(kith(bea, "copies", "list", "--json").stdout)["copies"] == []
+        assert kith(bea, "ask", "WAL", "--peer", "alice", "--copy").returncode == 1  # copy-not-found row
+    finally:
+        h.stop()
+
+
+def test_the_home_runner_re_syncs_a_copy_in_the_background(tmp_path):
+    import anyio
+
+    from node.runtime.copies import CopyStore
+    from node.runtime.pool import SessionPool
+    from node.runtime.runner import Runner, default_tasks
+    from support.hosts import STEADY, InProcessHost
+
+    corpus = tmp_path / "kb"
+    shutil.copytree(FIXTURE, corpus)
+    host = prepare_host(tmp_path, corpus)
+    bea = node_home(tmp_path, "bea")
+    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
+    assert kith(host, "policy", "copy", "/kb/sqlite.md", "--for", "bea").returncode == 0
+    store = CopyStore(bea, "alice")
+    store.commit(store.load())  # bea keeps a copy of alice (nothing in it yet)
+    events: list[dict] = []
+
+    async def main():
+        h = InProcessHost(host, tmp_path, heartbeat=STEADY)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(h.run)
+            with anyio.fail_after(60):
+                await h.ready.wait()
+            pin_host(bea, "alice", h.invite)
+            # the process's own pool (as `kith api serve` / `kith mcp` pass theirs), bound here:
+            # a pool bound inside a runner job cannot be exited by the runner (see the report)
+            async with SessionPool(bea, load_identity(bea), local=True) as pool:
+                await pool._ensure_node()
+
+                async def own_pool():
+                    return pool
+                runner = Runner(bea, default_tasks(bea), pool=own_pool, command="test", on_event=events.append)
+                stop_runner = anyio.CancelScope()
+
+                async def run_runner():
+                    with stop_runner:
+                        await runner.run()
+                tg.start_soon(run_runner)
+                with anyio.fail_after(120):
+                    while not any(e["event"] == "copy-synced" for e in events):
+                        await anyio.sleep(0.05)
+                stop_runner.cancel()
+            h.stop.set()
+
+    anyio.run(main)
+    synced = next(e for e in events if e["event"] == "copy-synced")
+    assert synced == {"event": "copy-synced", "peer": "alice", "fetched": 1, "removed": 0}
+    assert list(store.load()["documents"]) == ["/kb/sqlite.md"]
