@@ -88,7 +88,7 @@ def test_command_event_lines_follow_the_table(monkeypatch):
         checked({"event": "device-code"}, command=True)
 
 
-OUTBOX_KINDS = {"outbox-answered", "outbox-pending", "outbox-failed", "outbox-expired", "outbox-runner-started"}
+OUTBOX_KINDS = {"copy-synced", "copy-ended", "copy-failed", "outbox-answered", "outbox-pending", "outbox-failed", "outbox-expired", "outbox-runner-started"}
 
 
 def test_the_runners_outbox_events_are_in_the_table(tmp_path, monkeypatch):

@@ -386,10 +386,38 @@ class OutboxExpired(CommandEvent, tag="outbox-expired", kw_only=True):
     """Deliveries closed as ``expired``."""
 
 
+class CopySynced(CommandEvent, tag="copy-synced", kw_only=True):
+    """The home runner (node/runtime/copies.py): a peer's copy was re-synced (specs/copies.md)."""
+
+    peer: str
+    """The peer's pinned name."""
+    fetched: int
+    """Documents fetched in this sync."""
+    removed: int
+    """Documents removed from the copy in this sync."""
+
+
+class CopyEnded(CommandEvent, tag="copy-ended", kw_only=True):
+    """The home runner: the peer no longer grants the copy (``copy-not-granted``); it was deleted."""
+
+    peer: str
+    fetched: int
+    removed: int
+
+
+class CopyFailed(CommandEvent, tag="copy-failed", kw_only=True):
+    """The home runner: a copy's sync failed (the peer is away or refused); it is tried again later."""
+
+    peer: str
+    code: str
+    """Why (specs/error-codes.md)."""
+
+
 #: the commands' table (add a new kind here, as for host events)
 COMMAND_EVENT_TYPES: tuple[type[CommandEvent], ...] = (
     HostPairingCode, DeviceCode, DeviceBound, PairingWords, DeviceJoined, DeviceRevokedHere,
     OutboxRunnerStarted, OutboxAnswered, OutboxPending, OutboxFailed, OutboxExpired,
+    CopySynced, CopyEnded, CopyFailed,
 )
 AnyCommandEvent = Union[COMMAND_EVENT_TYPES]  # type: ignore[valid-type]
 
