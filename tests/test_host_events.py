@@ -86,3 +86,56 @@ def test_command_event_lines_follow_the_table(monkeypatch):
     monkeypatch.setenv(host_events.STRICT_ENV, "1")
     with pytest.raises(msgspec.ValidationError):
         checked({"event": "device-code"}, command=True)
+
+
+OUTBOX_KINDS = {"copy-synced", "copy-ended", "copy-failed", "outbox-answered", "outbox-pending", "outbox-failed", "outbox-expired", "outbox-runner-started"}
+
+
+def test_the_runners_outbox_events_are_in_the_table(tmp_path, monkeypatch):
+    """The home runner's delivery events (`kith outbox run --json` lines, specs/outbox.md §5)
+    are the table's: each kind in $defs.CommandEvent and documented, and the runner refuses
+    one the table does not describe in strict mode (tests), as a host does."""
+    from node.runtime.runner import Runner
+
+    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
+    commands = schema["$defs"]["CommandEvent"]["discriminator"]["mapping"]
+    assert OUTBOX_KINDS <= set(commands)
+    validator = jsonschema.Draft202012Validator({"$defs": schema["$defs"], "$ref": "#/$defs/CommandEvent"})
+    seen: list[dict] = []
+    runner = Runner(tmp_path, [], on_event=seen.append)
+    good = [{"event": "outbox-answered", "id": "q1", "peer": "alice", "status": "ok"},
+            {"event": "outbox-pending", "id": "q1", "peer": "alice", "approval_id": "ap1"},
+            {"event": "outbox-failed", "id": "q1", "peer": "alice", "code": "peer-not-found"},
+            {"event": "outbox-expired", "rows": 2},
+            {"event": "outbox-runner-started"}]
+    for ev in good:
+        assert not list(validator.iter_errors(ev)), ev
+        runner.emit(ev)
+    assert seen == good
+    monkeypatch.setenv(host_events.STRICT_ENV, "1")
+    with pytest.raises(msgspec.ValidationError):
+        runner.emit({"event": "outbox-answered", "id": "q1"})  # fields missing
+
+
+#: event lines built as literal dicts on purpose: `kith index watch --json` prints the sync
+#: report of specs/corpus.md under `event` (specs/host-events.md says they are not in the table)
+LITERAL_EVENTS_ALLOWED = {("node/cli/index_cmd.py", "index-updated"), ("node/cli/index_cmd.py", "index-synced")}
+
+
+def test_no_emitter_builds_an_event_as_a_literal_dict():
+    """Every event is built from the table's classes: no ``{"event": "kind", ...}`` dict
+    literal in node/ outside node/common/host_events.py (the outbox runner's were, issue 32)."""
+    import ast
+
+    found = []
+    for path in sorted((REPO / "node").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel == "node/common/host_events.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Dict):
+                for k, v in zip(node.keys, node.values):
+                    if (isinstance(k, ast.Constant) and k.value == "event" and isinstance(v, ast.Constant)
+                            and (rel, v.value) not in LITERAL_EVENTS_ALLOWED):
+                        found.append(f"{rel}:{node.lineno} {v.value}")
+    assert not found, f"events built outside the table (node/common/host_events.py): {found}"

@@ -274,6 +274,46 @@ def test_ids_resolve_by_prefix(tmp_path):
             assert exc.value.code == "outbox-not-found"
 
 
+@pytest.mark.parametrize("change", ["blocked", "removed"])
+def test_a_question_for_a_peer_blocked_or_removed_since_fails_with_an_event(tmp_path, change):
+    """A kept question whose peer was blocked (or unpinned) since it was queued is closed
+    with its code and reported as an ``outbox-failed`` event — a blocked peer's used to be
+    closed without one, so `kith outbox run` said nothing of it (specs/outbox.md §5)."""
+    import anyio
+
+    from node.runtime.outbox_task import OutboxTask
+    from node.runtime.runner import Runner
+
+    home = _home(tmp_path, "guest")
+    registry = PeerRegistry.load(home)
+    registry.pin("alice", KEY)
+    registry.save()
+    with OutboxStore(home) as store:
+        qid = store.add(REQUEST, [("alice", KEY)])["id"]
+    registry = PeerRegistry.load(home)
+    if change == "blocked":
+        registry.block("alice")
+    else:
+        registry.remove("alice")
+    registry.save()
+    seen: list[dict] = []
+
+    async def main():
+        runner = Runner(home, [OutboxTask(home)], on_event=seen.append, command="test")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner.run)
+            with anyio.fail_after(60):
+                while not seen:
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    code = "ask-peer-blocked" if change == "blocked" else "peer-not-found"
+    assert seen == [{"event": "outbox-failed", "id": qid, "peer": "alice", "code": code}]
+    with OutboxStore(home) as store:
+        assert store.get(qid)["peers"][0]["code"] == code
+
+
 # --------------------------------------------------------------------------- real processes
 def _kith(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, env=ENV,
@@ -350,6 +390,10 @@ def test_a_question_queued_while_the_host_is_down_is_answered_after_it_starts(wo
         host, _inv = _start_host(host_home, url)
         ev = _event(runner, "outbox-answered")
         assert (ev["id"], ev["peer"], ev["status"]) == (qid, "alice", "ok")
+        # the host writes its audit in batches and is SIGKILLed below: wait (bounded) for the record
+        deadline = time.monotonic() + 60
+        while not _answered_in_audit(host_home, qid)[0] and time.monotonic() < deadline:
+            time.sleep(0.2)
         runner.send_signal(signal.SIGTERM)  # a runner that delivered stops cleanly
         assert runner.wait(timeout=60) == 0, runner.stderr.read()[-3000:]
     finally:

@@ -195,7 +195,9 @@ def run_cmd(
                                       "waiting to take over when it stops", highlight=False, markup=False)
                     await runner.holding.wait()
                 if json_out:
-                    emit_json({"event": "outbox-runner-started"})
+                    from node.common.host_events import OutboxRunnerStarted, checked
+
+                    emit_json(checked(OutboxRunnerStarted().to_dict(), command=True))
                 else:
                     err_console.print("delivering the outbox (Ctrl-C to stop)", highlight=False)
 

@@ -346,9 +346,78 @@ class DeviceRevokedHere(CommandEvent, tag="device-revoked", kw_only=True):
     published: bool
 
 
+class OutboxRunnerStarted(CommandEvent, tag="outbox-runner-started", kw_only=True):
+    """``kith outbox run --json``: this process holds the home's runner lock and delivers."""
+
+
+class OutboxAnswered(CommandEvent, tag="outbox-answered", kw_only=True):
+    """The home runner (node/runtime/runner.py): a kept question's peer answered it
+    (specs/outbox.md §5)."""
+
+    id: str
+    """The question's id in the outbox."""
+    peer: str
+    """The peer's pinned name."""
+    status: str | None
+    """The answer's ``status`` (``ok``, ``no-results``, ...)."""
+
+
+class OutboxPending(CommandEvent, tag="outbox-pending", kw_only=True):
+    """The home runner: the peer's host keeps the question for its owner's approval."""
+
+    id: str
+    peer: str
+    approval_id: str | None
+
+
+class OutboxFailed(CommandEvent, tag="outbox-failed", kw_only=True):
+    """The home runner: a kept question cannot be delivered (its row is closed)."""
+
+    id: str
+    peer: str
+    code: str
+    """Why (specs/error-codes.md): ``peer-not-found``, ``outbox-peer-changed``, ..."""
+
+
+class OutboxExpired(CommandEvent, tag="outbox-expired", kw_only=True):
+    """The home runner: kept questions passed their expiry unanswered."""
+
+    rows: int
+    """Deliveries closed as ``expired``."""
+
+
+class CopySynced(CommandEvent, tag="copy-synced", kw_only=True):
+    """The home runner (node/runtime/copies.py): a peer's copy was re-synced (specs/copies.md)."""
+
+    peer: str
+    """The peer's pinned name."""
+    fetched: int
+    """Documents fetched in this sync."""
+    removed: int
+    """Documents removed from the copy in this sync."""
+
+
+class CopyEnded(CommandEvent, tag="copy-ended", kw_only=True):
+    """The home runner: the peer no longer grants the copy (``copy-not-granted``); it was deleted."""
+
+    peer: str
+    fetched: int
+    removed: int
+
+
+class CopyFailed(CommandEvent, tag="copy-failed", kw_only=True):
+    """The home runner: a copy's sync failed (the peer is away or refused); it is tried again later."""
+
+    peer: str
+    code: str
+    """Why (specs/error-codes.md)."""
+
+
 #: the commands' table (add a new kind here, as for host events)
 COMMAND_EVENT_TYPES: tuple[type[CommandEvent], ...] = (
     HostPairingCode, DeviceCode, DeviceBound, PairingWords, DeviceJoined, DeviceRevokedHere,
+    OutboxRunnerStarted, OutboxAnswered, OutboxPending, OutboxFailed, OutboxExpired,
+    CopySynced, CopyEnded, CopyFailed,
 )
 AnyCommandEvent = Union[COMMAND_EVENT_TYPES]  # type: ignore[valid-type]
 

@@ -503,6 +503,8 @@ class CopiesTask:
     async def _sync(self, runner: Any, peer: str) -> None:
         import anyio
 
+        from node.common.host_events import CopyEnded, CopyFailed, CopySynced
+
         try:
             pool = await runner.pool()
             with anyio.fail_after(SYNC_TIMEOUT_S):
@@ -516,11 +518,11 @@ class CopiesTask:
             wait = min(RESYNC_S, self._backoff.get(peer, RETRY_FIRST_S / 2) * 2)
             self._backoff[peer] = wait
             self._due[peer] = self.clock() + wait
-            runner.emit({"event": "copy-failed", "peer": peer, "code": code or "peer-disconnected"})
+            runner.emit(CopyFailed(peer=peer, code=code or "peer-disconnected").to_dict())
         else:
             self._backoff.pop(peer, None)
             self._due[peer] = self.clock() + RESYNC_S
-            runner.emit({"event": "copy-ended" if report["status"] == "ended" else "copy-synced",
-                         "peer": peer, "fetched": report["fetched"], "removed": report["removed"]})
+            kind = CopyEnded if report["status"] == "ended" else CopySynced
+            runner.emit(kind(peer=peer, fetched=report["fetched"], removed=report["removed"]).to_dict())
         finally:
             self._running.discard(peer)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from node.common.errors import KithError, UsageError
-from node.common.grants import until_time
+from node.common.grants import ended
 from node.common.host_events import GrantExpired
 
 log = logging.getLogger("kith.grants")
@@ -99,7 +99,7 @@ class GrantWatcher:
         self._stamps: tuple[Any, ...] | None = None
         self._grants: list[dict[str, Any]] = []
         now = clock.time()
-        self._reported = {_ident(g) for g in self._current() if until_time(g["until"]) <= now}
+        self._reported = {_ident(g) for g in self._current() if ended(g["until"], now)}
 
     def _current(self) -> list[dict[str, Any]]:
         """:func:`grants_with_ends`, read again only when ``peers.json`` or ``policy.toml``
@@ -127,7 +127,7 @@ class GrantWatcher:
         out = []
         for g in self._current():
             ident = _ident(g)
-            if ident in self._reported or until_time(g["until"]) > now:
+            if ident in self._reported or not ended(g["until"], now):
                 continue
             self._reported.add(ident)
             n = sum(self.sessions.end_named(name, "session-grant-expired", "a grant of this peer ended")

@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 
 from node.common.errors import KithError
+from node.common.host_events import OutboxAnswered, OutboxExpired, OutboxFailed, OutboxPending
 from node.runtime.outbox import OpenDelivery, OutboxStore, classify
 
 log = logging.getLogger("kith.outbox")
@@ -89,7 +90,7 @@ class OutboxTask:
         store = await anyio.to_thread.run_sync(self._open_store)
         expired = await anyio.to_thread.run_sync(store.expire)
         if expired:
-            runner.emit({"event": "outbox-expired", "rows": expired})
+            runner.emit(OutboxExpired(rows=expired).to_dict())
         peers = await anyio.to_thread.run_sync(store.open_peers)
         now = runner.clock()
         nxt = 1.0
@@ -127,12 +128,11 @@ class OutboxTask:
                 if rec is None or rec.public_key != item.peer_key:
                     code = "peer-not-found" if rec is None else "outbox-peer-changed"
                     await anyio.to_thread.run_sync(store.fail, item.question_id, key, code)
-                    runner.emit({"event": "outbox-failed", "id": item.question_id, "peer": item.peer_name, "code": code})
+                    runner.emit(OutboxFailed(id=item.question_id, peer=item.peer_name, code=code).to_dict())
                     continue
                 if registry.is_blocked(rec.public_key):
                     await anyio.to_thread.run_sync(store.fail, item.question_id, key, "ask-peer-blocked")
-                    runner.emit({"event": "outbox-failed", "id": item.question_id, "peer": item.peer_name,
-                                 "code": "ask-peer-blocked"})
+                    runner.emit(OutboxFailed(id=item.question_id, peer=item.peer_name, code="ask-peer-blocked").to_dict())
                     continue
                 request = {**item.request, "query_id": item.query_id}
                 message = None
@@ -169,13 +169,13 @@ class OutboxTask:
                     self._row_due.pop((item.question_id, key), None)
                     self._row_tries.pop((item.question_id, key), None)
                     if stored:
-                        runner.emit({"event": "outbox-answered", "id": item.question_id, "peer": item.peer_name,
-                                     "status": message.get("status")})
+                        runner.emit(OutboxAnswered(id=item.question_id, peer=item.peer_name,
+                                                    status=message.get("status")).to_dict())
                 elif outcome.state == "pending-approval":
                     self._row_due[(item.question_id, key)] = now + self._row_wait(item, key, PENDING_RETRY_S,
                                                                                   PENDING_RETRY_CAP_S)
-                    runner.emit({"event": "outbox-pending", "id": item.question_id, "peer": item.peer_name,
-                                 "approval_id": message.get("approval_id")})
+                    runner.emit(OutboxPending(id=item.question_id, peer=item.peer_name,
+                                              approval_id=message.get("approval_id")).to_dict())
                 elif outcome.code == "rate-limited":
                     # the host's quota is the peer's, not the question's: none of this peer's
                     # questions is asked before it lets us (each ask would be refused and counted)

@@ -91,7 +91,13 @@ class Runner:
         self._wake.set()
 
     def emit(self, event: dict[str, Any]) -> None:
-        """Report a task's event (to ``on_event``; never raises)."""
+        """Report a task's event (to ``on_event``), checked against the table in
+        node/common/host_events.py (specs/host-events.md): outside tests a mismatch is
+        logged and the event sent on, with ``KITH_STRICT_EVENTS`` it raises
+        :class:`msgspec.ValidationError`; a failing ``on_event`` never raises."""
+        from node.common.host_events import checked
+
+        checked(event, command=True)
         if self.on_event is not None:
             try:
                 self.on_event(event)
