@@ -323,7 +323,9 @@ class _Handlers:
     async def openapi(self, request: Request) -> JSONResponse:
         return JSONResponse(openapi_document())
 
-    async def search(self, request: Request) -> JSONResponse:
+    async def _json_body(self, request: Request) -> Any:
+        """The request's JSON body (at most ``max_body_bytes``, at most ``MAX_JSON_DEPTH``
+        levels deep), or the 400 ``request-invalid`` response to send instead."""
         raw = await read_body(request, self.max_body_bytes)
         try:
             body = msgspec.json.decode(raw)
@@ -331,6 +333,12 @@ class _Handlers:
             return _invalid("The body is not JSON.")
         if too_deep(body):
             return _invalid(f"The body nests deeper than {MAX_JSON_DEPTH} levels.")
+        return body
+
+    async def search(self, request: Request) -> JSONResponse:
+        body = await self._json_body(request)
+        if isinstance(body, JSONResponse):
+            return body
         if isinstance(body, dict) and "peers" in body and self.pools is not None:
             return await self._peers_search(body)
         answer = await anyio.to_thread.run_sync(
@@ -427,13 +435,9 @@ class _Handlers:
         ``outbox`` (specs/outbox.md §6). ``outbox-full`` is 507."""
         from node.runtime.outbox import parse_keep
 
-        raw = await read_body(request, self.max_body_bytes)
-        try:
-            body = msgspec.json.decode(raw)
-        except (msgspec.DecodeError, RecursionError):
-            return _invalid("The body is not JSON.")
-        if too_deep(body):
-            return _invalid(f"The body nests deeper than {MAX_JSON_DEPTH} levels.")
+        body = await self._json_body(request)
+        if isinstance(body, JSONResponse):
+            return body
         if not isinstance(body, dict) or "peers" not in body:
             return _invalid("POST /outbox asks pinned peers: the field 'peers' is required.")
         body = dict(body)
