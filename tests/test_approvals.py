@@ -383,8 +383,11 @@ def test_the_handle_exposes_only_search(world) -> None:
     public = {n for n in dir(handle) if not n.startswith("_")}
     # check_versions answers only current / stale / unknown for a citation's keyed version
     # (specs/citations.md), from this peer's view; small says only where the peer's next
-    # plain answer may run (node/answer/inline.py), from this view's own last answer
-    assert public == {"search", "check_versions", "small", "peer_name", "peer_key"}
+    # plain answer may run (node/answer/inline.py), from this view's own last answer;
+    # copy_manifest / copy_documents answer only what this peer's [[copy]] grants let it keep,
+    # scrubbed and signed (node/answer/copies.py, specs/copies.md)
+    assert public == {"search", "check_versions", "small", "copy_manifest", "copy_documents",
+                      "peer_name", "peer_key"}
     for attr in ("corpus", "gate", "index", "search_hits", "_corpus", "__dict__"):
         assert not hasattr(handle, attr), attr
     with pytest.raises(AttributeError):

@@ -601,10 +601,10 @@ COPY_WARNING = ("a copy cannot be taken back from a peer that stops syncing: it 
 
 def _copy_json(policy: Policy) -> list:
     """The ``[[copy]]`` grants as stored: ``[{"glob", "for", "until", "maxBytes", "inForce"}]``."""
-    from node.common.grants import in_force
+    from node.common.grants import ended
 
     return [{"glob": c.glob, "for": c.recipient, "until": c.until, "maxBytes": c.max_bytes,
-             "inForce": in_force(c.until, policy.now())} for c in policy.copy_grants]
+             "inForce": not ended(c.until, policy.now())} for c in policy.copy_grants]
 
 
 def _copy_lines(policy: Policy) -> list[str]:
