@@ -162,6 +162,26 @@ def test_the_manifest_and_documents_hold_only_copyable_scrubbed_signed_text(host
         assert server.manifest("cat")["status"] == "copy-not-granted"
 
 
+def test_what_a_peer_may_keep_follows_an_override_that_ends_between_two_requests(host):
+    """The host decides what a peer may keep once per policy, corpus generation and grants
+    in force; an override whose ``until`` passes (no file change, no re-index) is seen at
+    the next request all the same."""
+    home, _ = host
+    policy = Policy.load(home)
+    policy.set("/kb/sqlite.md", "private")
+    policy.save()
+    with open(home / "policy.toml", "a") as f:
+        f.write('\n[[override]]\npeer = "bea"\nglob = "/kb/sqlite.md"\ntier = "public"\n'
+                'until = "2030-01-01T00:00:00Z"\n')
+    server, corpus, _ = _server(home)
+    with corpus:
+        assert "/kb/sqlite.md" in [d["source"] for d in server.manifest("bea")["documents"]]
+        assert [d["source"] for d in server.documents("bea", ["/kb/sqlite.md"])["documents"]] == ["/kb/sqlite.md"]
+        server._gate.current_policy().now = lambda: 1900000000.0  # after 2030-01-01: the override ended
+        assert server.documents("bea", ["/kb/sqlite.md"])["refused"] == ["/kb/sqlite.md"]
+        assert "/kb/sqlite.md" not in [d["source"] for d in server.manifest("bea")["documents"]]
+
+
 # --- the peer's sync -----------------------------------------------------------------------
 
 def test_sync_fetches_only_what_changed_and_deletes_what_is_no_longer_granted(host, tmp_path):

@@ -40,6 +40,8 @@ MAX_FETCH = 64
 MAX_MANIFEST = 20000
 #: Bytes of a ``copy_docs`` message outside its documents' texts and citations.
 DOCS_OVERHEAD_BYTES = 4096
+#: Peers whose copyable set is kept decided at once (more: all are decided again).
+MAX_KEPT_PEERS = 256
 
 
 class CopyServer:
@@ -68,6 +70,8 @@ class CopyServer:
         self._lock = threading.Lock()
         #: (stored id, content hash, kinds) -> (text, bytes, sha256): the scrubbed text once made
         self._texts: dict[tuple[str, str, frozenset[str]], tuple[str, int, str]] = {}
+        #: peer name -> (:meth:`_copyable_key`, what it may keep): decided once per key
+        self._copyables: dict[str | None, tuple[tuple[Any, ...], dict[str, tuple[str, str]]]] = {}
 
     def _version_key(self) -> bytes:
         with self._lock:
@@ -76,19 +80,40 @@ class CopyServer:
             assert self._key is not None
             return self._key
 
+    def _copyable_key(self, policy: Any, peer_name: str | None, grants: list[Any]) -> tuple[Any, ...]:
+        """What :meth:`_copyable` is a function of: the peer's lens key (policy stamp, its
+        groups and overrides in force, the corpus generation:
+        :meth:`node.policy.gate.EgressGate.lens_key`), its copy grants in force and the
+        corpus roots. The generation is read before the documents, so a key is never
+        newer than what is kept under it."""
+        return (self._gate.lens_key(policy, peer_name, self._corpus.generation()),
+                tuple((c.glob, c.recipient, c.until) for c in grants), tuple(self._corpus.roots()))
+
     def _copyable(self, peer_name: str | None) -> tuple[Any, dict[str, tuple[str, str]]]:
-        """``(policy, {canonical id: (stored id, content hash)})`` of what the peer may keep."""
+        """``(policy, {canonical id: (stored id, content hash)})`` of what the peer may keep,
+        decided once per :meth:`_copyable_key` (a manifest and each batch of a sync ask
+        for it: one decision of every document, not one per request)."""
         from node.corpus.sources import SourceNormalizer
 
         policy = self._gate.current_policy()
-        if self._corpus is None or not policy.copy_grants_for(peer_name):
+        grants = policy.copy_grants_for(peer_name)
+        if self._corpus is None or not grants:
             return policy, {}
+        key = self._copyable_key(policy, peer_name, grants)
+        with self._lock:
+            kept = self._copyables.get(peer_name)
+        if kept is not None and kept[0] == key:
+            return policy, kept[1]
         normalize = SourceNormalizer(self._corpus.roots())
         out: dict[str, tuple[str, str]] = {}
         for stored, content_hash in self._corpus.done_documents():
             canonical = normalize(stored)
             if canonical is not None and policy.copy_allowed(canonical, peer_name) is not None:
                 out[canonical] = (stored, content_hash)
+        with self._lock:
+            if len(self._copyables) >= MAX_KEPT_PEERS and peer_name not in self._copyables:
+                self._copyables.clear()
+            self._copyables[peer_name] = (key, out)
         return policy, out
 
     def _text(self, policy: Any, peer_name: str | None, canonical: str, stored: str,
