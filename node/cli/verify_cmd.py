@@ -22,9 +22,10 @@ def verify_cmd(
     import anyio
 
     from node.answer.citation import known_keys, read_answer, report, summary, verify_answer
+    from node.runtime.copies import copy_texts
 
     home = home_of(ctx)
-    rows = verify_answer(read_answer(answer), known=known_keys(home))
+    rows = verify_answer(read_answer(answer), known=known_keys(home), copies=copy_texts(home))
     if against_host:
         from node.runtime.citecheck import against_hosts
 
@@ -41,8 +42,8 @@ def verify_cmd(
         table = Table(box=None, pad_edge=False)
         for col in ("result", "source", "host", "peer", "where", "detail"):
             table.add_column(col)
-        for r in rows:
-            table.add_row(r.result, r.source or "-", (r.host_key or "-")[:16],
+        for r in rows:  # a result from a copy says so in its result column
+            table.add_row(r.result + (" (copy)" if r.copy is not None else ""), r.source or "-", (r.host_key or "-")[:16],
                           r.peer or "-", r.where or "-", r.detail)
         console.print(table)
         counts = ", ".join(f"{n} {k}" for k, n in summary(rows).items())
