@@ -515,9 +515,12 @@ def verify_copy_result(result: dict[str, Any], *, host: str | None, known: Known
         if shown_in(text, document):
             return judged(row._replace(result="span-mismatch"), "the result's text is in the document, but not at copySpan")
         return judged(row._replace(result="text-changed"), "the result's text is not in the document the host signed")
-    who = f"pinned peer {row.peer}" if row.result == "genuine" else "a key that is not a pinned peer"
-    return judged(row, f"that host's, from a copy of {str(citation.get('signedAt'))[:64]}: signed by {who} over "
-                       "the whole document, the result's words are in it at copySpan", signed=True)
+    when = str(citation.get("signedAt"))[:64]
+    if row.result == "unpinned-key":
+        return judged(row, f"from a copy of {when}: the signature over the whole document and the result's words "
+                           "at copySpan verify, but the signing key is not a pinned peer", signed=True)
+    return judged(row, f"that host's, from a copy of {when}: signed by pinned peer {row.peer} over the whole "
+                       "document; the result's words are in it at copySpan", signed=True)
 
 
 def _host_of(obj: dict[str, Any], inherited: str | None) -> str | None:
