@@ -1,5 +1,5 @@
 """``kith verify ANSWER.json``: check every signed citation of a saved answer
-(specs/citations.md §3-5; node/answer/citation.py)."""
+(specs/citations.md §3-5, results from a copy §7; node/answer/citation.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ def verify_cmd(
     local: bool = typer.Option(False, "--offline", "--local", envvar="KITH_OFFLINE", help="With --against-host: offline, loopback only, relays off (--local: the old spelling, deprecated)."),
 ) -> None:
     """Check the signed citations of a saved answer: signature, exact text, span, and
-    whether the signing key is a pinned peer. Exits 0 only when every result verifies."""
+    whether the signing key is a pinned peer. A result answered from a copy is checked
+    against the copy document this home keeps (the host's signature over the whole
+    document, the result's text at its copySpan). Exits 0 only when every result verifies."""
     import anyio
 
     from node.answer.citation import known_keys, read_answer, report, summary, verify_answer
