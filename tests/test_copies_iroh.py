@@ -156,7 +156,13 @@ def test_kith_verify_accepts_each_result_of_an_answer_from_a_copy_as_the_hosts(t
     """The host is stopped after bea synced its copy; `kith ask --peer alice --json` answers
     from the copy and `kith verify` of that saved output accepts every result as alice's,
     from a copy (the host's signature over each whole document, checked against bea's copy
-    document); one copied document changed on disk is refused (`text-changed`)."""
+    document); so do MCP `search`/`verify` and `POST /search`/`POST /verify`; one copied
+    document changed on disk is refused (`text-changed`)."""
+    import anyio
+    import httpx
+
+    from node.local.api import run_api_in_thread
+    from node.local.mcp import call_search, call_verify
     from node.runtime.copies import CopyStore
 
     corpus = tmp_path / "kb"
@@ -187,6 +193,20 @@ def test_kith_verify_accepts_each_result_of_an_answer_from_a_copy_as_the_hosts(t
     assert report["ok"] and len(report["rows"]) == len(env["results"])
     assert all(row["result"] == "genuine" and row["fromCopy"] and row["peer"] == "alice" and row["hostKey"] == key
                and "that host's, from a copy of" in row["detail"] for row in report["rows"])
+    # MCP `search` and `POST /search` with `peers` answer from the copy the same way (one
+    # envelope, node/runtime/fanout.py), and their answers verify as alice's too
+    found = anyio.run(lambda: call_search(bea, {"query": "file", "peers": ["alice"]}, local=True))
+    assert not found.is_error and found.structured_content["results"]
+    assert all(x["fromCopy"] and x["copySpan"] for x in found.structured_content["results"])
+    as_saved = {"content": [{"type": "text", "text": c.text} for c in found.content]}  # as an agent keeps it
+    mcp_report = call_verify(bea, {"answer": as_saved}).structured_content
+    assert mcp_report["ok"] and all(row["fromCopy"] for row in mcp_report["rows"])
+    with run_api_in_thread(bea, offline=True) as url, httpx.Client(timeout=90) as http:
+        merged = http.post(f"{url}/search", json={"query": "file", "peers": ["alice"]}).json()
+        api_report = http.post(f"{url}/verify", json={"answer": merged}).json()
+    valid_ask(merged)
+    assert merged["results"] and all(x["fromCopy"] and x["copyCitation"] for x in merged["results"])
+    assert api_report["ok"] and all(row["fromCopy"] for row in api_report["rows"])
     # one copied document changed on disk: its result is refused, the others still hold
     store = CopyStore(bea, "alice")
     first = env["results"][0]["source"]
