@@ -29,6 +29,7 @@ import hmac
 import json
 import re
 import secrets
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
@@ -406,6 +407,31 @@ def _words(text: str) -> list[str]:
     return _WORD.findall(text.casefold())
 
 
+@lru_cache(maxsize=16)
+def _readable_words(text: str) -> tuple[str, ...]:
+    """The words of ``text``'s readable form (kept for the few documents one answer's
+    results from a copy point into)."""
+    return tuple(_words(readable.clean(text)))
+
+
+def _find(hay: tuple[str, ...], need: list[str], start: int, cut: bool) -> int:
+    """The first index ``>= start`` where ``need`` occurs in ``hay`` (its last word may be
+    a prefix when ``cut``), or -1."""
+    m, first, last = len(need), need[0], need[-1]
+    for i in range(start, len(hay) - m + 1):
+        w = hay[i]
+        if m == 1:
+            if w == first or (cut and w.startswith(first)):
+                return i
+            continue
+        if w != first:
+            continue
+        end = hay[i + m - 1]
+        if (end == last or (cut and end.startswith(last))) and all(hay[i + k] == need[k] for k in range(1, m - 1)):
+            return i
+    return -1
+
+
 def shown_in(preview: str, text: str) -> bool:
     """True when the evidence text ``preview`` (a ``textPreview``: the chunk's readable
     text, :func:`node.answer.readable.clean`, from its best sentence on, cut, with
@@ -413,25 +439,19 @@ def shown_in(preview: str, text: str) -> bool:
     the words of each part between ellipses occur in ``clean(text)`` contiguously, the
     parts in order (the last word before an ellipsis may be cut: a prefix). Words are
     runs of letters and digits, compared case-folded; punctuation, whitespace and markup
-    are not compared (the preview joins sentences with its own separators)."""
-    hay = _words(readable.clean(text))
+    are not compared (the preview joins sentences with its own separators).
+    specs/citations.md §7 step 4."""
+    hay = _readable_words(text)
     pos = 0
     parts = preview.split(readable.ELLIPSIS)
     for n, part in enumerate(parts):
         need = _words(part)
         if not need:
             continue
-        cut = n < len(parts) - 1  # an ellipsis follows: its last word may be cut short
-        head, last = need[:-1], need[-1]
-        first = None
-        for i in range(pos, len(hay) - len(need) + 1):
-            if hay[i:i + len(head)] == head and (
-                    hay[i + len(head)] == last or (cut and hay[i + len(head)].startswith(last))):
-                first = i
-                break
-        if first is None:
+        found = _find(hay, need, pos, cut=n < len(parts) - 1)
+        if found < 0:
             return False
-        pos = first + len(need)
+        pos = found + len(need)
     return True
 
 

@@ -471,8 +471,16 @@ def copy_texts(home: Path) -> Callable[[str, str], tuple[str, str] | None]:
         once, at the first lookup; an unreadable one holds nothing. Never raises.
     """
     states: list[tuple[CopyStore, dict[str, Any]]] | None = None
+    read: dict[tuple[str, str], tuple[str, str] | None] = {}  # the last documents read (≤ 32)
 
     def lookup(host_key: str, source: str) -> tuple[str, str] | None:
+        if (host_key, source) not in read:
+            if len(read) >= 32:
+                read.clear()
+            read[(host_key, source)] = _read(host_key, source)
+        return read[(host_key, source)]
+
+    def _read(host_key: str, source: str) -> tuple[str, str] | None:
         nonlocal states
         if states is None:
             states = []
