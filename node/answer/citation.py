@@ -18,8 +18,11 @@ version is still current (:meth:`node.answer.service.AnswerService.check_version
 
 Verifier side — :func:`verify_citation` judges one citation against the result that carries
 it; :func:`verify_answer` walks a saved answer (``kith join --json`` lines, ``kith ask``,
-MCP or API JSON) and judges every citation in it. Nothing here does I/O but
-:func:`load_version_key` and :func:`read_answer`.
+MCP or API JSON) and judges every citation in it; :func:`verify_copy_result` judges a
+result answered from a copy — the host's signature over the whole copied document, then
+the result's text at its ``copySpan`` — against the copy document this home keeps (through
+the lookup the caller passes, :func:`node.runtime.copies.copy_texts`; specs/citations.md
+§7). Nothing here does I/O but :func:`load_version_key` and :func:`read_answer`.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
-from node.common.errors import ConfigError, SigningError
 from node.answer import readable
+from node.common.errors import ConfigError, SigningError
 from node.common.home import atomic_write
 from node.trust import signing
 from node.trust.signing import PUBLIC_KEY_HEX_LEN, SHA256_HEX_LEN, SIGNATURE_HEX_LEN, TAG_CITATION
@@ -455,7 +458,9 @@ def shown_in(preview: str, text: str) -> bool:
     return True
 
 
-def _pair(value: Any) -> list[int] | None:
+def char_range(value: Any) -> list[int] | None:
+    """``value`` when it is a character range ``[start, end]`` (two integers ``0 <= start
+    <= end < 2^53``, as a span's ``chars``), else None."""
     if (isinstance(value, list) and len(value) == 2
             and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 53 for v in value)
             and value[0] <= value[1]):
@@ -526,7 +531,7 @@ def verify_copy_result(result: dict[str, Any], *, host: str | None, known: Known
         return judged(row)
     if citation["span"] != {"lines": None, "pages": None, "chars": [0, len(document)]}:
         return judged(row._replace(result="span-mismatch"), "the host's signature is not over the whole document")
-    span = _pair(result.get("copySpan"))
+    span = char_range(result.get("copySpan"))
     if span is None or span[1] > len(document):
         return judged(row._replace(result="span-mismatch"), "copySpan is not a character range of the copied document")
     if not isinstance(text, str):
@@ -781,7 +786,7 @@ def summary(rows: Iterable[Row]) -> dict[str, int]:
 
 
 __all__ = ["CITATION_VERSION", "CitationSigner", "Evidence", "KEY_FILE", "MAX_ANSWER_BYTES",
-           "RESULTS", "Row", "SIGNED", "SIGNING_OFF", "VERIFIED", "CopyText", "keyed_version", "known_keys",
+           "RESULTS", "Row", "SIGNED", "SIGNING_OFF", "VERIFIED", "CopyText", "char_range", "keyed_version", "known_keys",
            "load_version_key", "parse_answer", "payload_of", "read_answer", "report", "shown_in", "span_of",
            "span_text", "summary", "text_digest", "verify_answer", "verify_citation", "verify_copy_result",
            "verify_request"]

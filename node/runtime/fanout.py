@@ -240,12 +240,11 @@ def _copy_fields(row: PeerRow, result: dict[str, Any]) -> dict[str, Any]:
     (two integers ``0 <= start <= end``, else None)."""
     if not row.from_copy:
         return {}
-    cite, span = result.get("copyCitation"), result.get("copySpan")
-    ok_span = (isinstance(span, list) and len(span) == 2
-               and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 53 for v in span)
-               and span[0] <= span[1])
+    from node.answer.citation import char_range
+
+    cite, span = result.get("copyCitation"), char_range(result.get("copySpan"))
     return {"fromCopy": True, "copyAsOf": row.copy_as_of, "copyCitation": cite if isinstance(cite, dict) else None,
-            "copySpan": list(span) if ok_span else None}
+            "copySpan": list(span) if span is not None else None}
 
 
 def _content_key(text: str) -> str:
