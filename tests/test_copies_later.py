@@ -177,3 +177,54 @@ INSERT INTO deliveries(question_id, peer_name, peer_key, state) VALUES
         assert (old["peers"][0]["fromCopy"], old["peers"][0]["copyAsOf"]) == (False, None)
         new = store.add({"query": "q2"}, [("bob", "bbbb")], from_copy={"bbbb": "2026-12-01T10:00:00Z"})
         assert new["peers"][0]["fromCopy"] is True
+
+
+@pytest.mark.iroh
+def test_a_host_known_gone_is_answered_from_its_copy_at_once_and_mcp_and_the_api_keep_it_for_later(tmp_path):
+    """The host is killed: its port refuses the dial, so the copy answers at once (before:
+    at the 5 s connection timeout) — `kith ask`, MCP `ask_later` and `POST /outbox`, the
+    last two also keeping the question for the live host with the copy's mark."""
+    import anyio
+    import httpx
+
+    from node.local.api import run_api_in_thread
+    from node.local.mcp import call_ask_later
+
+    corpus = tmp_path / "kb"
+    shutil.copytree(FIXTURE, corpus)
+    host = prepare_host(tmp_path, corpus)
+    bea = node_home(tmp_path, "bea")
+    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
+    assert kith(host, "policy", "copy", "/kb/**", "--for", "bea").returncode == 0
+    h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
+    try:
+        pin_host(bea, "alice", h.invitation)
+        assert kith(bea, "copies", "sync", "alice", timeout=180).returncode == 0
+    finally:
+        h.proc.kill()  # gone without a word: its port is closed
+        h.proc.wait(timeout=30)
+    t0 = time.monotonic()
+    r = kith(bea, "ask", "journal mode WAL", "--peer", "alice", "--json", "--offline", "--timeout", "10")
+    wall = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    env = json.loads(r.stdout)
+    assert env["peers"][0]["fromCopy"] is True and env["results"][0]["source"] == "/kb/sqlite.md"
+    assert env["elapsedMs"] < 2500, env["elapsedMs"]  # not the 5 s connection timeout, nor the deadline
+    assert wall < 6
+
+    async def mcp():
+        return await call_ask_later(bea, {"query": "journal mode WAL", "peers": ["alice"]}, local=True)
+    got = anyio.run(mcp)
+    assert not got.is_error, got.content
+    menv = got.structured_content
+    valid_ask(menv)
+    assert menv["peers"][0]["fromCopy"] is True and menv["outbox"]["peers"] == ["alice"]
+    with run_api_in_thread(bea, offline=True) as api:
+        posted = httpx.post(api + "/outbox", json={"query": "journal mode WAL", "peers": ["alice"]}, timeout=120)
+    assert posted.status_code == 200, posted.text
+    aenv = posted.json()
+    assert aenv["peers"][0]["fromCopy"] is True and aenv["outbox"]["peers"] == ["alice"]
+    with OutboxStore(bea) as store:
+        for qid in (menv["outbox"]["id"], aenv["outbox"]["id"]):
+            (row,) = store.get(qid)["peers"]
+            assert (row["state"], row["fromCopy"], row["copyAsOf"]) == ("waiting", True, env["peers"][0]["copyAsOf"])
