@@ -21,6 +21,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -363,9 +364,11 @@ def test_terminal_output_wraps_to_the_width_and_a_pipe_gets_whole_lines(world) -
 @pytest.mark.iroh
 @pytest.mark.slow
 def test_a_host_that_dies_is_never_a_silent_wait(tmp_path: Path) -> None:
-    """A host killed mid-session: a spinner while the question waits, then
-    peer-unresponsive; joining it again: "connecting to …" after 1 s, then
-    transport-connect-failed. (The heartbeat is shortened through its test-only variable.)"""
+    """A host that stops mid-session (SIGSTOP: asleep, its port still bound): a spinner
+    while the question waits, then peer-unresponsive; joining it again: "connecting to …"
+    after 1 s, then transport-connect-failed. Once it is killed (nothing listens on its
+    port) a join is refused at once with the same code. (The heartbeat is shortened
+    through its test-only variable.)"""
     KITH, Host, kith = _kith()
     docs = tmp_path / "docs"
     (docs / "public").mkdir(parents=True)
@@ -379,8 +382,7 @@ def test_a_host_that_dies_is_never_a_silent_wait(tmp_path: Path) -> None:
     killed = []
 
     def kill_host() -> str:
-        host.proc.kill()
-        host.proc.wait(timeout=10)
+        host.proc.send_signal(signal.SIGSTOP)
         killed.append(True)
         return "cleanup\n"
 
@@ -390,20 +392,26 @@ def test_a_host_that_dies_is_never_a_silent_wait(tmp_path: Path) -> None:
         argv = [*KITH, "--home", str(guest), "join", str(invite), "--local", "--trust"]
         master_out, code = _in_pty(argv, columns=100, env={"KITH_TEST_HEARTBEAT": "0.5,3"},
                                    replies=[("ask> ", "cleanup\n"), ("[q1] ok", kill_host)])
+        # the host is asleep: a new join says it is connecting, then gives up with a stable code
+        r = kith(guest, "join", str(invite), "--local", "--trust", "--query", "cleanup", timeout=120)
     finally:
-        if host.proc.poll() is None:
-            host.stop()
+        host.proc.kill()
+        host.proc.wait(timeout=10)
+    t0 = time.monotonic()
+    refused = kith(guest, "join", str(invite), "--local", "--trust", "--query", "cleanup", timeout=120)
+    refused_s = time.monotonic() - t0
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", master_out)
     assert killed and code == 1, text
     assert "[q1] ok: 1 result(s)" in text
     assert "waiting for the answer to q2 (up to 3 s of silence)" in text
     assert "error [peer-unresponsive]" in text
-    # the host is gone: a new join says it is connecting, then gives up with a stable code
-    r = kith(guest, "join", str(invite), "--local", "--trust", "--query", "cleanup", timeout=120)
     assert r.returncode == 1
     assert "connecting to " in r.stderr and "(gives up after 15 s)" in r.stderr
     assert "error [transport-connect-failed]" in r.stderr
     assert r.stdout == ""
+    # killed: its port refuses the dial, so the join fails at once (not at the 15 s bound)
+    assert refused.returncode == 1 and "error [transport-connect-failed]" in refused.stderr
+    assert "nothing listens there" in refused.stderr and refused_s < 10, (refused_s, refused.stderr)
 
 
 
@@ -411,7 +419,8 @@ def test_a_host_that_dies_is_never_a_silent_wait(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_join_says_whom_it_waits_for_and_stops_on_time(tmp_path: Path) -> None:
     """Issue 20, over real processes (off a terminal, so no spinner: plain stderr lines).
-    A question outstanding for 2 s to a killed host: "still waiting for … to answer q2"
+    A question outstanding for 2 s to a host that stopped (SIGSTOP: asleep, its port still
+    bound — a killed one is refused at once): "still waiting for … to answer q2"
     from 2 s on, again every few seconds, until the heartbeat's dead-peer bound ends it
     (shortened to 6 s through its test-only variable). Joining the killed host again: a
     line each second while it keeps trying, and the error at the connect bound (not ~3 s
@@ -443,8 +452,7 @@ def test_join_says_whom_it_waits_for_and_stops_on_time(tmp_path: Path) -> None:
         j.stdin.write("cleanup\n")
         j.stdin.flush()
         out.wait_for("[q1] ok", 90)
-        host.proc.kill()
-        host.proc.wait(timeout=10)
+        host.proc.send_signal(_signal.SIGSTOP)
         sent = time.monotonic()
         j.stdin.write("cleanup\n")
         j.stdin.flush()
@@ -472,8 +480,8 @@ def test_join_says_whom_it_waits_for_and_stops_on_time(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        if host.proc.poll() is None:
-            host.stop()
+        host.proc.kill()
+        host.proc.wait(timeout=10)
     key = json.loads(invite.read_text())["host_public_key"][:16]
     assert "error [peer-unresponsive]" in text, text
     assert len(waited) >= 2, text

@@ -106,8 +106,8 @@ def ask_cmd(
     discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the merged envelope (specs/ask.schema.json) as JSON."),
     citations: bool = typer.Option(False, "--citations", help="Ask each peer to sign a citation for its results (hosts with --sign-citations do); save --json and check it with `kith verify`."),
-    later: bool = typer.Option(False, "--later", help="Keep the question for every peer that is offline now (or whose answer waits for its owner's approval) in this home's outbox; a running `kith host`, `kith api serve`, `kith mcp` or `kith outbox run` delivers it when the peer is back (`kith outbox list`)."),
-    copy_only: bool = typer.Option(False, "--copy", help="Answer only from this node's copies of the peers (`kith copies sync`); no peer is asked. Without it, a peer that is unreachable is answered from its copy when one is kept, marked \"from NAME's copy of ...\"."),
+    later: bool = typer.Option(False, "--later", help="Keep the question for every peer that is offline now (or whose answer waits for its owner's approval) in this home's outbox; a running `kith host`, `kith api serve`, `kith mcp` or `kith outbox run` delivers it when the peer is back (`kith outbox list`). A peer answered from its copy (or with --copy) is kept too: the copy answers now, the live host later."),
+    copy_only: bool = typer.Option(False, "--copy", help="Answer only from this node's copies of the peers (`kith copies sync`); no peer is asked. Without it, a peer that is unreachable is answered from its copy when one is kept, marked \"from NAME's copy of ...\". With --later the question is also kept for the live hosts (they are not dialled now)."),
     keep: Optional[str] = typer.Option(None, "--keep", metavar="DURATION", help="With --later: how long the outbox keeps the question (30m, 12h, 7d, 2w; default 7d)."),
 ) -> None:
     """Ask pinned peers one question at once; print one merged answer citing who said what."""
@@ -194,6 +194,10 @@ def ask_cmd(
 
                 kept = keep_for_later(home, request, env, keep_s=keep_s)
                 if kept is not None:
+                    copied = [p["name"] for p in env["peers"] if p.get("fromCopy")]
+                    if copied:
+                        err_console.print(f"answered from the copy of {', '.join(safe_text(n) for n in copied)} now; "
+                                          "the live answer is kept for later", highlight=False, markup=False)
                     err_console.print(f"kept in the outbox as {kept['id'][:12]} for "
                                       f"{', '.join(safe_text(n) for n in kept['peers'])} until {kept['expiresAt']}: "
                                       f"`kith outbox show {kept['id'][:12]}` (delivered while `kith host`, "

@@ -84,6 +84,7 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     for r in records:
         peers = ", ".join(f"{safe_text(p['name'])} {p['state']}" + (f" ({p['code']})" if p["code"] and
                                                                         p["state"] != "answered" else "")
+                          + (" [copy answered meanwhile]" if p.get("fromCopy") else "")
                           for p in r["peers"])
         state = r["state"] + (" *new*" if r["unread"] else "")
         table.add_row(r["id"][:12], state, safe_text(r["query"] or ""), peers, r["expiresAt"])
@@ -117,6 +118,10 @@ def show_cmd(ctx: typer.Context, question_id: str = typer.Argument(..., metavar=
         code = f" ({p['code']})" if p["code"] and p["state"] != "answered" else ""
         console.print(f"  {safe_text(p['name'])}: {p['state']}{code}{extra}, {p['attempts']} attempt(s)"
                       + (f", answered {p['answeredAt']}" if p["answeredAt"] else ""), highlight=False)
+        if p.get("fromCopy"):  # specs/copies.md §6: the copy answered when it was asked
+            live = "the live answer is below" if p["state"] == "answered" else "the live host's answer is awaited"
+            console.print(f"    answered meanwhile from {safe_text(p['name'])}'s copy synced "
+                          f"{p.get('copyAsOf') or 'at an unknown time'}; {live}", highlight=False, markup=False)
     if out["answer"] is not None:
         from node.cli.ask_cmd import render
 

@@ -618,9 +618,11 @@ SYNC_TIMEOUT_S = 600.0
 class CopiesTask:
     """The runner task re-syncing every copy kept in the home (specs/copies.md §7): each
     copy is synced once when the runner starts, then every :data:`RESYNC_S`; a host that
-    cannot be reached is tried again after a backoff (from :data:`RETRY_FIRST_S`), so a
-    host that wakes is synced soon after. One sync at a time per copy; each reports a
-    ``copy-synced`` / ``copy-ended`` / ``copy-failed`` event.
+    cannot be reached is tried again after a backoff (from :data:`RETRY_FIRST_S`), and a
+    host the runner reaches again (:meth:`node.runtime.runner.Runner.peer_back`: the
+    outbox delivered it a question) is re-synced at once. One sync at a time per copy;
+    each reports a ``copy-synced`` / ``copy-ended`` / ``copy-failed`` event; a sync that
+    succeeds after a failed one sends ``peer_back`` itself (the outbox delivers at once).
 
     Args:
         home: the node home.
@@ -648,6 +650,13 @@ class CopiesTask:
             runner.spawn(self._sync, runner, peer)
         return min([d - now for d in self._due.values() if d > now], default=RESYNC_S)
 
+    def on_peer_back(self, runner: Any, key: str) -> None:
+        """:meth:`node.runtime.runner.Runner.peer_back`: every copy of the host ``key``
+        (its pinned key, the manifest's ``hostKey``) not syncing now is due now."""
+        for row in list_copies(self.home):
+            if row.get("hostKey") == key and row["peer"] not in self._running:
+                self._due[row["peer"]] = 0.0
+
     async def _sync(self, runner: Any, peer: str) -> None:
         import anyio
 
@@ -668,9 +677,13 @@ class CopiesTask:
             self._due[peer] = self.clock() + wait
             runner.emit(CopyFailed(peer=peer, code=code or "peer-disconnected").to_dict())
         else:
-            self._backoff.pop(peer, None)
+            was_away = self._backoff.pop(peer, None) is not None
             self._due[peer] = self.clock() + RESYNC_S
             kind = CopyEnded if report["status"] == "ended" else CopySynced
             runner.emit(kind(peer=peer, fetched=report["fetched"], removed=report["removed"]).to_dict())
+            if was_away and report["status"] == "ok":  # still running: its own hook leaves this copy be
+                key = CopyStore(self.home, peer).load().get("hostKey")
+                if isinstance(key, str):
+                    runner.peer_back(key)
         finally:
             self._running.discard(peer)

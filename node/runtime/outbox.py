@@ -12,7 +12,9 @@ stored or stored whole). Two tables:
 - ``deliveries``: one row per question and peer — the peer's registry name and pinned
   key, ``state`` (:data:`STATES`), ``attempts``, the last refusal ``code``, the host's
   ``approval_id`` while it waits for its owner, and once answered the host's ``results``
-  message as received (``answer``), ``answered_at`` and ``read_at``.
+  message as received (``answer``), ``answered_at`` and ``read_at``; ``from_copy`` /
+  ``copy_as_of`` when this node's copy of the peer answered the question meanwhile
+  (specs/copies.md §6: the row still waits for the live host's answer).
 
 Delivery is exactly once per question and peer: the question travels with
 ``query_id`` = :func:`query_id_of` (the idempotency key; a resend after a crash carries
@@ -88,6 +90,8 @@ CREATE TABLE IF NOT EXISTS deliveries(
   answer_bytes INTEGER NOT NULL DEFAULT 0,
   answered_at REAL,
   read_at REAL,
+  from_copy INTEGER NOT NULL DEFAULT 0,
+  copy_as_of TEXT,
   PRIMARY KEY(question_id, peer_key));
 CREATE INDEX IF NOT EXISTS deliveries_state ON deliveries(state, peer_key);
 CREATE INDEX IF NOT EXISTS questions_expiry ON questions(expires_at);
@@ -174,8 +178,9 @@ def classify(message: Any, query_id: str) -> Outcome:
 
 @dataclass(frozen=True)
 class OpenDelivery:
-    """An open row the runner delivers: the question's id, its ``query_id``, its request
-    and the peer's name and pinned key."""
+    """An open row the runner delivers: the question's id, its ``query_id``, its request,
+    the peer's name and pinned key, its state and whether this node's copy of the peer
+    answered it meanwhile (``from_copy``)."""
 
     question_id: str
     query_id: str
@@ -183,6 +188,7 @@ class OpenDelivery:
     peer_name: str
     peer_key: str
     state: str
+    from_copy: bool = False
 
 
 class OutboxStore:
@@ -211,10 +217,12 @@ class OutboxStore:
             self.db.execute("PRAGMA foreign_keys=ON")
             with self._lock:
                 self.db.executescript(_SCHEMA)
+                _add_copy_columns(self.db)
                 # a file of another schema (a hand-made or foreign table of that name)
                 self.db.execute("SELECT id, request, created_at, expires_at, bytes FROM questions LIMIT 0")
                 self.db.execute("SELECT question_id, peer_name, peer_key, state, attempts, code, last_attempt_at, "
-                                "approval_id, answer, answer_bytes, answered_at, read_at FROM deliveries LIMIT 0")
+                                "approval_id, answer, answer_bytes, answered_at, read_at, from_copy, copy_as_of "
+                                "FROM deliveries LIMIT 0")
         except sqlite3.DatabaseError as exc:
             self.db.close()
             raise _corrupt(self.path, exc) from None
@@ -246,12 +254,16 @@ class OutboxStore:
                     store._lock.release()
         return _Tx()
 
-    def add(self, request: dict[str, Any], peers: list[tuple[str, str]], *, keep_s: int = DEFAULT_KEEP_S) -> dict[str, Any]:
+    def add(self, request: dict[str, Any], peers: list[tuple[str, str]], *, keep_s: int = DEFAULT_KEEP_S,
+            from_copy: dict[str, str | None] | None = None) -> dict[str, Any]:
         """Queue one question for ``peers`` (``(name, pinned key)`` pairs, at least one).
 
         Args:
             request: the flat request, already checked against the request contract.
             peers: the peers to deliver it to. keep_s: seconds to keep it (:func:`parse_keep`).
+            from_copy: pinned key → ``copyAsOf`` (the copy's ``syncedAt``, or None) of the
+                peers this node's copy answered meanwhile (specs/outbox.md §1): their rows
+                say so (``fromCopy``, ``copyAsOf``) and wait for the live host as any other.
 
         Returns:
             The new record (:meth:`get`).
@@ -269,8 +281,10 @@ class OutboxStore:
             _check_room(db, len(body))
             db.execute("INSERT INTO questions(id, request, created_at, expires_at, bytes) VALUES (?,?,?,?,?)",
                        (qid, body, now, now + keep_s, len(body)))
-            db.executemany("INSERT OR IGNORE INTO deliveries(question_id, peer_name, peer_key, state) VALUES (?,?,?,?)",
-                           [(qid, name, key, "waiting") for name, key in peers])
+            copied = from_copy or {}
+            db.executemany("INSERT OR IGNORE INTO deliveries(question_id, peer_name, peer_key, state, from_copy, "
+                           "copy_as_of) VALUES (?,?,?,?,?,?)",
+                           [(qid, name, key, "waiting", int(key in copied), copied.get(key)) for name, key in peers])
         got = self.get(qid)
         assert got is not None
         return got
@@ -375,17 +389,17 @@ class OutboxStore:
         args: tuple[Any, ...] = (peer_key,) if peer_key else ()
         with self._lock:
             rows = self.db.execute(
-                "SELECT d.question_id, q.request, d.peer_name, d.peer_key, d.state FROM deliveries d "
+                "SELECT d.question_id, q.request, d.peer_name, d.peer_key, d.state, d.from_copy FROM deliveries d "
                 f"JOIN questions q ON q.id = d.question_id WHERE {where} "
                 "ORDER BY q.created_at, d.question_id LIMIT ?", (*args, limit + len(skip))).fetchall()
         out: list[OpenDelivery] = []
         bad: list[tuple[str, str]] = []
-        for qid, req, name, key, state in rows:
+        for qid, req, name, key, state, copied in rows:
             request = _request_of(req)
             if request is None:  # never sent: the row is closed, the others are delivered
                 bad.append((qid, key))
             elif qid not in skip:
-                out.append(OpenDelivery(qid, query_id_of(qid), request, name, key, state))
+                out.append(OpenDelivery(qid, query_id_of(qid), request, name, key, state, bool(copied)))
         for qid, key in bad:
             self.fail(qid, key, "outbox-corrupt")
         return out[:limit]
@@ -449,20 +463,35 @@ class OutboxStore:
             for q in qs:
                 ds[q[0]] = self.db.execute(
                     "SELECT peer_name, peer_key, state, attempts, code, last_attempt_at, approval_id, answer, "
-                    "answered_at, read_at FROM deliveries WHERE question_id=? ORDER BY rowid", (q[0],)).fetchall()
+                    "answered_at, read_at, from_copy, copy_as_of FROM deliveries WHERE question_id=? ORDER BY rowid",
+                    (q[0],)).fetchall()
         for qid, req, created, expires in qs:
             request = _request_of(req)  # None: unreadable (outbox-corrupt), shown so it can be removed
             peers = []
             answers = []
-            for name, key, state, attempts, code, last, aid, answer, answered, read in ds[qid]:
+            for name, key, state, attempts, code, last, aid, answer, answered, read, copied, as_of in ds[qid]:
                 peers.append({"name": name, "key": key, "state": state, "attempts": attempts, "code": code,
                               "lastAttemptAt": _iso(last), "approvalId": aid, "answeredAt": _iso(answered),
-                              "readAt": _iso(read)})
+                              "readAt": _iso(read), "fromCopy": bool(copied), "copyAsOf": as_of})
                 answers.append(_answer_of(answer) if request is not None else None)
             yield {"id": qid, "query": request.get("query") if request else None, "request": request, "createdAt": _iso(created),
                    "expiresAt": _iso(expires), "state": overall_state([p["state"] for p in peers]),
                    "unread": any(p["answeredAt"] and not p["readAt"] for p in peers),
                    "peers": peers, "_answers": answers}
+
+
+def _add_copy_columns(db: Any) -> None:
+    """Give a file made before copies (specs/copies.md §6) its ``from_copy`` and
+    ``copy_as_of`` columns (an ``ALTER TABLE``; two processes racing to add them is
+    harmless: the loser finds them there)."""
+    have = {r[1] for r in db.execute("PRAGMA table_info(deliveries)")}
+    for column, kind in (("from_copy", "INTEGER NOT NULL DEFAULT 0"), ("copy_as_of", "TEXT")):
+        if column not in have:
+            try:
+                db.execute(f"ALTER TABLE deliveries ADD COLUMN {column} {kind}")
+            except sqlite3.OperationalError as exc:
+                if "duplicate column" not in str(exc):
+                    raise
 
 
 def open_home_db_checked(path: Path) -> Any:
@@ -580,11 +609,25 @@ def public_record(record: dict[str, Any], *, answer: bool = True) -> dict[str, A
 LATER_STATUSES = ("unreachable", "peer-timeout", "pending-approval", "rate-limited")
 
 
+def later_peers(envelope: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of a merged envelope whose live host still owes its answer — what
+    ``--later`` keeps the question for (specs/outbox.md §1): a status of
+    :data:`LATER_STATUSES`; a row this node's copy answered (``fromCopy``: the host was
+    not reached, or with ``--copy`` not asked); a ``--copy`` row with no copy
+    (``copy-not-found``: the host was not asked). Never this node's own row, never a row
+    without a pinned key."""
+    return [p for p in envelope["peers"]
+            if p["key"] and not p.get("self")
+            and (p["status"] in LATER_STATUSES or p.get("fromCopy") or p["code"] == "copy-not-found")]
+
+
 def keep_for_later(home: Path, request: dict[str, Any], envelope: dict[str, Any], *,
                    keep_s: int = DEFAULT_KEEP_S) -> dict[str, Any] | None:
-    """Queue ``request`` for every peer of a ``kith ask`` envelope whose row has one of
-    :data:`LATER_STATUSES` (the ``--later`` choice: MCP ``ask_later``, local API ``POST
-    /outbox`` too), and say so in the envelope's ``outbox`` member.
+    """Queue ``request`` for every peer of a ``kith ask`` envelope :func:`later_peers`
+    names (the ``--later`` choice: MCP ``ask_later``, local API ``POST /outbox`` too), and
+    say so in the envelope's ``outbox`` member. A row answered from a copy is kept too,
+    marked ``fromCopy`` / ``copyAsOf`` in the record: the copy answered now, the live
+    host's answer is delivered when it is back (specs/copies.md §6).
 
     Args:
         home: the node home. request: the flat request as asked (``citations`` included).
@@ -599,13 +642,14 @@ def keep_for_later(home: Path, request: dict[str, Any], envelope: dict[str, Any]
     Raises:
         ConfigError: ``outbox-full``.
     """
-    peers = [(p["name"], p["key"]) for p in envelope["peers"]
-             if p["status"] in LATER_STATUSES and p["key"] and not p.get("self")]
+    rows = later_peers(envelope)
     info = None
-    if peers:
+    if rows:
+        copied = {p["key"]: p.get("copyAsOf") for p in rows if p.get("fromCopy")}
         with OutboxStore(home) as store:
-            rec = store.add({k: v for k, v in request.items() if k != "query_id"}, peers, keep_s=keep_s)
-        info = {"id": rec["id"], "peers": [n for n, _k in peers], "expiresAt": rec["expiresAt"]}
+            rec = store.add({k: v for k, v in request.items() if k != "query_id"},
+                            [(p["name"], p["key"]) for p in rows], keep_s=keep_s, from_copy=copied)
+        info = {"id": rec["id"], "peers": [p["name"] for p in rows], "expiresAt": rec["expiresAt"]}
     envelope["outbox"] = info
     return info
 
@@ -617,4 +661,4 @@ def _iso(t: float | None) -> str | None:
 
 
 __all__ = ["OutboxStore", "Outcome", "OpenDelivery", "classify", "merged_answer", "overall_state", "parse_keep",
-           "public_record", "query_id_of", "keep_for_later", "LATER_STATUSES", "DEFAULT_KEEP_S", "MAX_QUESTIONS", "MAX_BYTES", "STATES"]
+           "public_record", "query_id_of", "keep_for_later", "later_peers", "LATER_STATUSES", "DEFAULT_KEEP_S", "MAX_QUESTIONS", "MAX_BYTES", "STATES"]

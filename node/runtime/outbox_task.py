@@ -72,6 +72,7 @@ class OutboxTask:
         self._busy: set[str] = set()  # peer keys with a delivery job running
         self._peer_due: dict[str, float] = {}  # peer key → monotonic time it is due again
         self._failures: dict[str, int] = {}
+        self._away: set[str] = set()  # peer keys whose last attempt could not reach them
         self._row_due: dict[tuple[str, str], float] = {}  # (question id, peer key) → due again
         self._row_tries: dict[tuple[str, str], int] = {}  # answers that were not complete, per row
 
@@ -159,8 +160,14 @@ class OutboxTask:
                     return
                 if os.environ.get(KILL_BEFORE_STORE_ENV):  # tests: killed between delivery and storing
                     os.kill(os.getpid(), signal.SIGKILL)
+                was_away = key in self._away
                 self._failures.pop(key, None)
+                self._away.discard(key)
                 self._peer_due.pop(key, None)
+                if was_away or item.from_copy:
+                    # the host is back (it could not be reached, or its copy answered this
+                    # question in its stead): the home's other tasks hear it — its copy re-syncs
+                    runner.peer_back(key)
                 outcome = classify(message, item.query_id)
                 stored = await anyio.to_thread.run_sync(
                     lambda: store.record_attempt(item.question_id, key, outcome, message=message))
@@ -205,6 +212,12 @@ class OutboxTask:
         self._row_tries[k] = n + 1
         return min(cap, first * (2 ** min(n, 20)))
 
+    def on_peer_back(self, runner: Any, key: str) -> None:
+        """:meth:`node.runtime.runner.Runner.peer_back`: a peer another task reached again
+        is due now when its last delivery could not reach it (not when it refused)."""
+        if key in self._away:
+            self._peer_due.pop(key, None)
+
     def _back_off(self, runner: Any, key: str, *, refused: bool = False) -> None:
         """The peer is due again after :data:`BACKOFF_FIRST_S` doubling to
         :data:`BACKOFF_CAP_S` while it cannot be reached, or — when it was reached and the
@@ -213,6 +226,10 @@ class OutboxTask:
         no is not asked every 2 s for a week."""
         n = self._failures.get(key, 0)
         self._failures[key] = n + 1
+        if refused:
+            self._away.discard(key)
+        else:
+            self._away.add(key)
         first, cap = (REFUSED_RETRY_S, REFUSED_RETRY_CAP_S) if refused else (BACKOFF_FIRST_S, BACKOFF_CAP_S)
         self._peer_due[key] = runner.clock() + min(cap, first * (2 ** min(n, 20)))
 

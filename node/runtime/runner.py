@@ -90,6 +90,27 @@ class Runner:
         """Step every task now (new work was queued in this process)."""
         self._wake.set()
 
+    def peer_back(self, key: str) -> None:
+        """A host the runner's tasks could not reach answered again — the one "peer is back"
+        signal of the home (specs/outbox.md §5, specs/copies.md §7). The outbox's delivery
+        sends it when a peer it had failed to reach answers a question; the copies' re-sync
+        when a copy whose last sync failed syncs. Every task with an ``on_peer_back(runner,
+        key)`` method is told (the outbox delivers that peer's questions now, the copy of
+        that host is re-synced now), then every task is stepped.
+
+        Args:
+            key: the host's pinned public key.
+        """
+        for task in self.tasks:
+            hook = getattr(task, "on_peer_back", None)
+            if hook is None:
+                continue
+            try:
+                hook(self, key)
+            except Exception:  # noqa: BLE001 - one task's hook never stops the others
+                log.warning("runner task %s: peer-back hook failed", task.name, exc_info=True)
+        self.wake()
+
     def emit(self, event: dict[str, Any]) -> None:
         """Report a task's event (to ``on_event``), checked against the table in
         node/common/host_events.py (specs/host-events.md): outside tests a mismatch is

@@ -48,12 +48,79 @@ MAX_READ_BYTES = 1024 * 1024
 #: in one process).
 MAX_WRITE_BYTES = 256 * 1024
 CONNECT_TIMEOUT_S = 15.0
+#: How long :func:`all_refused` listens for the host's machine to refuse every direct
+#: address of a dial (s), and how often it sends its empty probe datagram again (s). A
+#: refusal on loopback or a LAN comes back within milliseconds; a machine that is asleep
+#: or gone sends none, and the dial then waits out its own timeout as before.
+REFUSAL_PROBE_S = 1.0
+REFUSAL_RESEND_S = 0.25
 
 #: On close, how long a stream waits for the peer to acknowledge every byte sent (s)
 #: before the connection is closed anyway. The last frame before a close (a refusal, the
 #: terminal ``end``) must reach the peer: closing the connection first discards what is
 #: still in flight, so this bound is generous; an acknowledged stream closes at once.
 DRAIN_TIMEOUT_S = 5.0
+
+
+async def all_refused(addresses: list[str], *, wait_s: float = REFUSAL_PROBE_S) -> bool:
+    """True when every one of ``addresses`` (``"ip:port"``, ``"[v6]:port"``) is refused by
+    its machine within ``wait_s`` seconds: an empty UDP datagram sent to it from a
+    connected socket comes back as ``ECONNREFUSED`` (ICMP port unreachable: nothing
+    listens on that port) or the network says it cannot be reached
+    (``ENETUNREACH``/``EHOSTUNREACH``). False as soon as one answers anything, when one is
+    not an address, or when the time runs out without every refusal (a machine asleep or
+    behind a firewall sends none). A live host's QUIC socket drops the empty datagram.
+    Used by :meth:`IrohNode.connect` (specs/transport.md §3) so that a dial to a host known
+    gone fails at once instead of at its timeout."""
+    import errno
+    import socket
+    import time
+
+    dead = {errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH}
+    socks: list[socket.socket] = []
+    try:
+        for a in addresses:
+            host, _, port = a.rpartition(":")
+            host = host.strip("[]")
+            try:
+                s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+            except OSError:
+                return False
+            socks.append(s)
+            s.setblocking(False)
+            try:
+                s.connect((host, int(port)))
+            except (OSError, ValueError) as exc:
+                if getattr(exc, "errno", None) not in dead:
+                    return False
+        gone: set[int] = set()
+        end = time.monotonic() + wait_s
+        next_send = 0.0
+        while time.monotonic() < end:
+            send = time.monotonic() >= next_send
+            if send:
+                next_send = time.monotonic() + REFUSAL_RESEND_S
+            for i, s in enumerate(socks):
+                if i in gone:
+                    continue
+                try:
+                    if send:
+                        s.send(b"")
+                    s.recv(1)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    if exc.errno in dead:
+                        gone.add(i)
+                    continue
+                return False  # something answered at that address
+            if len(gone) == len(socks):
+                return True
+            await anyio.sleep(0.02)
+        return False
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _io_error(what: str) -> TransportError:
@@ -309,13 +376,38 @@ class IrohNode:
 
             found = await lan.resolve(str(addr.id()))  # fresh LAN addresses first, then the ticket's
             addr = iroh.EndpointAddr(addr.id(), None, dialable([*found, *(str(a) for a in addr.direct_addresses())]))
-        try:
-            with anyio.fail_after(timeout_s):
-                return await self.endpoint.connect(addr, self.alpn)
-        except TimeoutError:
-            raise TransportError("transport-connect-failed", f"no answer from the host within {timeout_s:.0f} s") from None
-        except iroh.IrohError:
-            raise TransportError("transport-connect-failed", "the host refused or could not be reached") from None
+        direct = [str(a) for a in addr.direct_addresses()]
+        # Only direct addresses, and no address lookup that could find the host elsewhere:
+        # when the host's machine refuses every one of them (nothing listens on the port:
+        # the host is not running), iroh would retry them until the timeout — fail now.
+        probe = bool(direct) and addr.relay_url() is None and not self.mode.uses_n0
+        refused = False
+        failure: BaseException | None = None
+        conn = None
+        dial = anyio.CancelScope()
+        async with anyio.create_task_group() as tg:
+            async def watch() -> None:
+                nonlocal refused
+                if await all_refused(direct):
+                    refused = True
+                    dial.cancel()
+            if probe:
+                tg.start_soon(watch)
+            try:
+                with dial, anyio.fail_after(timeout_s):
+                    conn = await self.endpoint.connect(addr, self.alpn)
+            except (TimeoutError, iroh.IrohError) as exc:
+                failure = exc
+            finally:
+                tg.cancel_scope.cancel()
+        if conn is not None:
+            return conn
+        if refused:
+            raise TransportError("transport-connect-failed", "the host's address refused the connection "
+                                 "(nothing listens there: the host is not running)")
+        if isinstance(failure, TimeoutError):
+            raise TransportError("transport-connect-failed", f"no answer from the host within {timeout_s:.0f} s")
+        raise TransportError("transport-connect-failed", "the host refused or could not be reached")
 
     def dial_addr(self, addr: iroh.EndpointAddr) -> iroh.EndpointAddr:
         """What of a ticket's address this endpoint may dial (specs/transport.md §1, §5):
