@@ -491,10 +491,16 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
             changed += store.tidy(state)
             if progress is not None:
                 progress(done, len(todo))
-    except BaseException:
+    except BaseException as exc:
         # a fault, a lost host, a full disk: what this batch wrote is not the copy
         with contextlib.suppress(Exception):
             store.tidy(store.load())
+        if done and isinstance(exc, Exception):  # the batches committed answer a search now
+            with contextlib.suppress(Exception):
+                store.index(changed if complete else None)
+                kept = store.load()
+                kept["indexed"] = True
+                store.commit(kept)
         raise
     report["fetched"] = done
     if not state.get("indexed") or not (store.dir / "corpus").is_dir():  # else the index is current
