@@ -38,6 +38,7 @@ import json
 import os
 import shutil
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -568,29 +569,123 @@ def _renamed(node: Any, names: dict[str, str], depth: int = 0) -> Any:
     return node
 
 
+#: The most copies :func:`search_copy` keeps open at once (least recently used closed first).
+OPEN_COPIES_MAX = 8
+
+
+class _OpenCopy:
+    """One copy held open for search: its committed state as of ``key`` (the manifest
+    file's inode, mtime and size), its index and the maps from its local ids to the host's.
+    ``users`` counts searches running on it; one retired while in use is closed by the
+    last of them."""
+
+    __slots__ = ("key", "corpus", "state", "by_file", "names", "users", "retired")
+
+    def __init__(self, key: tuple[int, int, int], corpus: Any, state: dict[str, Any]) -> None:
+        self.key = key
+        self.corpus = corpus
+        self.state = state
+        #: local source id (``/copy/<file>``) → (the host's source id, its manifest entry)
+        self.by_file = {f"/{ROOT_NAME}/{d['file']}": (s, d) for s, d in state["documents"].items()}
+        self.names = {f: v[0] for f, v in self.by_file.items()}
+        self.users = 0
+        self.retired = False
+
+
+_open_copies: dict[Path, _OpenCopy] = {}
+_open_lock = threading.Lock()
+
+
+def _retire(entry: _OpenCopy) -> None:
+    """Close ``entry`` now, or when its last search ends (call with the lock held)."""
+    entry.retired = True
+    if entry.users == 0:
+        entry.corpus.close()
+
+
+def _acquire(store: CopyStore) -> _OpenCopy:
+    """The copy held open at its committed state, opened (again) when the manifest changed
+    since (a sync committed; the copy was removed and made anew); its ``users`` counted up.
+
+    Raises:
+        ConfigError: ``copy-not-found`` (no index, or the manifest went); ``config-invalid``.
+    """
+    from node.corpus.store import Corpus
+
+    try:
+        st = store.path.stat()
+    except OSError:
+        st = None
+    if st is None or not (store.dir / "corpus").is_dir():
+        with _open_lock:
+            gone = _open_copies.pop(store.dir, None)
+            if gone is not None:
+                _retire(gone)
+        raise ConfigError("copy-not-found", f"no copy of {store.peer} is kept here (`kith copies sync {store.peer}`)")
+    key = (st.st_ino, st.st_mtime_ns, st.st_size)
+    with _open_lock:
+        entry = _open_copies.get(store.dir)
+        if entry is not None and entry.key == key:
+            entry.users += 1
+            _open_copies[store.dir] = _open_copies.pop(store.dir)  # most recently used last
+            return entry
+    fresh = _OpenCopy(key, Corpus(store.dir, readonly=True), store.load())
+    fresh.users = 1
+    with _open_lock:
+        old = _open_copies.pop(store.dir, None)
+        if old is not None:
+            _retire(old)
+        _open_copies[store.dir] = fresh
+        while len(_open_copies) > OPEN_COPIES_MAX:
+            _retire(_open_copies.pop(next(iter(_open_copies))))
+    return fresh
+
+
+def _release(entry: _OpenCopy) -> None:
+    with _open_lock:
+        entry.users -= 1
+        if entry.retired and entry.users == 0:
+            entry.corpus.close()
+
+
+def close_open_copies() -> None:
+    """Close every copy :func:`search_copy` holds open (tests; a process about to remove
+    copies wholesale). Searches running finish on theirs first."""
+    with _open_lock:
+        while _open_copies:
+            _retire(_open_copies.popitem()[1])
+
+
 def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any]:
     """Answer the flat ``request`` from ``peer``'s copy: ``{"status", "envelope",
     "copyAsOf"}`` — the owner's answer service over the copy's index
     (:func:`node.answer.service.answer_local`), each result's ``source`` (and
-    ``provenance.sourceId``) the host's source id and ``copyCitation`` the host's
-    signature over that whole document. Results of a file the manifest does not list are
-    dropped (a killed sync's).
+    ``provenance.sourceId``) the host's source id, ``copyCitation`` the host's
+    signature over that whole document and ``copySpan`` ``[start, end)`` the chunk's
+    character offsets in that signed text (None on a record without offsets), so
+    ``kith verify`` can check the result's text is in it there (specs/citations.md §7).
+    Results of a file the manifest does not list are dropped (a killed sync's).
+
+    The copy's index, manifest and id maps stay open between questions (at most
+    :data:`OPEN_COPIES_MAX` copies) and are opened again when the manifest file changes, so
+    a long-running process (``kith api serve``, ``kith mcp``) answers a copy at the cost of
+    the owner's own search (specs/copies.md §6). Thread-safe.
 
     Raises:
         ConfigError: ``copy-not-found`` when no copy of ``peer`` was ever synced.
     """
-    from node.answer.service import AnswerService
-    from node.corpus.store import Corpus
+    from node.answer.service import answer_local
 
     store = CopyStore(home, peer)
     store.reindex_if_outdated()  # an index of an older schema answers nothing: rebuilt first
-    if not store.exists() or not (store.dir / "corpus").is_dir():
-        raise ConfigError("copy-not-found", f"no copy of {peer} is kept here (`kith copies sync {peer}`)")
-    state = store.load()
-    by_file = {f"/{ROOT_NAME}/{d['file']}": (s, d) for s, d in state["documents"].items()}
-    with Corpus(store.dir, readonly=True) as corpus:
-        answer = AnswerService(corpus).answer({k: v for k, v in request.items() if k != "citations"})
-    env = answer.get("envelope") or {}
+    entry = _acquire(store)
+    try:
+        answer = answer_local(entry.corpus, {k: v for k, v in request.items() if k != "citations"})
+        env = answer.get("envelope") or {}
+        spans = entry.corpus.chunk_evidence([r.get("id") for r in env.get("results") or []])
+    finally:
+        _release(entry)
+    by_file = entry.by_file
     kept = []
     for r in env.get("results") or []:
         found = by_file.get(r.get("source"))
@@ -605,15 +700,70 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
         r["alsoIn"] = [{**a, "source": by_file[a["source"]][0]} for a in r.get("alsoIn") or []
                        if a.get("source") in by_file]
         r["copyCitation"] = d.get("citation")
+        ev = spans.get(r.get("id"))
+        r["copySpan"] = [ev[1], ev[2]] if ev and isinstance(ev[1], int) and isinstance(ev[2], int) else None
         kept.append(r)
     env["results"] = kept
-    env = _renamed(env, {f: v[0] for f, v in by_file.items()})
+    env = _renamed(env, entry.names)
     return {"status": answer.get("status") if kept or answer.get("status") != "ok" else "no-verified-results",
-            "envelope": env, "copyAsOf": state.get("syncedAt")}
+            "envelope": env, "copyAsOf": entry.state.get("syncedAt")}
+
+
+def copy_texts(home: Path) -> Callable[[str, str], tuple[str, str] | None]:
+    """The copy documents ``home`` keeps, for ``kith verify`` of a result from a copy
+    (:func:`node.answer.citation.verify_copy_result`; specs/citations.md §7).
+
+    Returns:
+        ``lookup(host key, source id) → (text, textSha256) | None``: the text of the
+        document the copy of the peer pinned under that key holds for that source (read
+        from ``docs/`` as it is on disk now, undecodable bytes replaced, so a changed file
+        fails the host's signature) and the text hash its manifest lists; None when no
+        copy of that key lists the source or its file is gone. The manifests are read
+        once, at the first lookup; an unreadable one holds nothing. Never raises.
+    """
+    states: list[tuple[CopyStore, dict[str, Any]]] | None = None
+    read: dict[tuple[str, str], tuple[str, str] | None] = {}  # the last documents read (≤ 32)
+
+    def lookup(host_key: str, source: str) -> tuple[str, str] | None:
+        if (host_key, source) not in read:
+            if len(read) >= 32:
+                read.clear()
+            read[(host_key, source)] = _read(host_key, source)
+        return read[(host_key, source)]
+
+    def _read(host_key: str, source: str) -> tuple[str, str] | None:
+        nonlocal states
+        if states is None:
+            states = []
+            root = copies_root(home)
+            for folder in sorted(root.iterdir()) if root.is_dir() else []:
+                try:
+                    store = CopyStore(home, folder.name)
+                    if store.exists():
+                        states.append((store, store.load()))
+                except KithError:  # not a registry name, an unreadable manifest
+                    continue
+        for store, state in states:
+            entry = state["documents"].get(source) if state.get("hostKey") == host_key else None
+            if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
+                continue
+            try:
+                data = (store.docs / Path(entry["file"]).name).read_bytes()
+            except OSError:
+                return None
+            try:
+                text = data.decode("utf-8", "surrogatepass")  # as written (CopyStore.write_doc)
+            except UnicodeDecodeError:
+                text = data.decode("utf-8", "replace")
+            return text, str(entry.get("textSha256"))
+        return None
+
+    return lookup
 
 
 __all__ = ["COPIES_DIR", "CopyStore", "check_document", "check_manifest", "copies_root", "copy_age_text",
-           "list_copies", "reindex_copies", "search_copy", "sync_copy", "sync_with_pool"]
+           "close_open_copies", "copy_texts", "list_copies", "reindex_copies", "search_copy", "sync_copy",
+           "sync_with_pool"]
 
 
 # --- the background re-sync (node/runtime/runner.py) -----------------------------------------
