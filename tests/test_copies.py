@@ -597,3 +597,168 @@ def test_kith_ask_and_kith_verify_mark_each_copy_result_and_mcp_and_the_api_veri
         assert http.post(f"{url}/verify", json={"answer": answer}).json() == report  # POST /verify
     elsewhere = kith(node_home(tmp_path, "cat"), "verify", str(saved), "--json")  # no copy there
     assert elsewhere.returncode == 1 and set(json.loads(elsewhere.stdout)["counts"]) == {"copy-not-held"}
+
+
+# --- faults: the previous copy stays whole (specs/copies.md §9) -------------------------------
+
+def _copy_state(store: CopyStore) -> tuple[dict, dict[str, str], list[str]]:
+    """(manifest, docs/ files, what a search of it answers): the copy as a user sees it."""
+    hits = search_copy(store.home, store.peer, {"query": "WAL journal staging", "topK": 5})["envelope"]["results"]
+    return store.load(), _files(store), sorted(r["source"] for r in hits)
+
+
+def _changed_host(home: Path, kb: Path, text: str) -> None:
+    (kb / "sqlite.md").write_text(text)
+    (kb / "deploy.md").write_text(DOCS["deploy.md"] + "\nRebuilt at two.\n")
+    with Corpus(home) as c:
+        c.sync()
+
+
+def test_a_fault_in_a_batch_writes_nothing_of_it_and_keeps_the_index_flag(host, tmp_path):
+    """Every document of a batch is checked before any is written: a bad second document
+    leaves no file of the first; a sync refused before anything changed keeps
+    ``indexed: true`` (the next sync re-indexes only what changes)."""
+    home, kb = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)
+    store = CopyStore(guest, "alice")
+    before = _copy_state(store)
+    assert before[0]["indexed"] is True
+    _changed_host(home, kb, DOCS["sqlite.md"] + "\nA new line.\n")
+
+    def second_bad(reply):
+        assert len(reply["documents"]) == 2
+        reply["documents"][1]["text"] += " (edited)"
+    server, corpus, key = _server(home)
+    with corpus, pytest.raises(KithError) as exc:
+        _sync(guest, _asker(server, tamper=_faulty(second_bad)), key)
+    assert exc.value.code == "copy-version-mismatch"
+    assert _copy_state(store) == before  # manifest (indexed still true), files, answers
+
+
+@pytest.mark.parametrize("source", ["/kb/../../etc/passwd", "kb/relative.md", "/kb/./x.md", "/kb//x.md",
+                                    "/kb\\..\\x.md", "/kb/x\x00.md"])
+def test_a_manifest_naming_a_path_that_climbs_is_refused(host, tmp_path, source):
+    home, _ = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)
+        store = CopyStore(guest, "alice")
+        before = _copy_state(store)
+
+        def climb(request, reply):
+            if reply["action"] == "copy_manifest":
+                reply["documents"][0]["source"] = source
+            return reply
+        with pytest.raises(KithError) as exc:
+            _sync(guest, _asker(server, tamper=climb), key)
+    assert exc.value.code == "copy-manifest-invalid"
+    assert _copy_state(store) == before
+
+
+def test_a_manifest_that_cannot_be_written_is_io_error_and_leaves_no_temp_file(host, tmp_path):
+    """Any OSError but a full disk is the home's ``io-error``, as a KithError (the sync's
+    row says it), and the temp file is removed."""
+    home, _ = host
+    guest = node_home(tmp_path, "guest")
+    store = CopyStore(guest, "alice")
+    store.path.mkdir(parents=True)  # manifest.json is a folder: the rename fails (EISDIR)
+    server, corpus, key = _server(home)
+    with corpus, pytest.raises(KithError) as exc:
+        _sync(guest, _asker(server), key)
+    assert exc.value.code == "io-error" and "copies/alice" in exc.value.message
+    assert [p.name for p in store.dir.iterdir()] == ["manifest.json"]  # no .manifest.json.*.tmp
+    store.path.rmdir()
+    store.docs.parent.mkdir(parents=True, exist_ok=True)
+    store.docs.write_text("a file where the folder should be")
+    with pytest.raises(KithError) as exc:
+        store.write_doc("x.md", "text")
+    assert exc.value.code == "io-error"
+
+
+_FULL_DISK_SYNC = """
+import resource, signal, sys, time
+sys.path[:0] = {paths!r}
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+from pathlib import Path
+import anyio
+from node.common.errors import KithError
+from test_copies import _asker, _server
+from node.runtime.copies import sync_copy
+server, corpus, key = _server(Path({host!r}))
+try:
+    anyio.run(lambda: sync_copy(Path({guest!r}), "alice", _asker(server), key))
+except KithError as exc:
+    print(exc.code, exc.message)
+else:
+    print("ok")
+"""
+
+
+def test_a_full_disk_is_copy_disk_full_and_the_previous_copy_stays(host, tmp_path):
+    """A real full disk: the sync runs in a child process whose file-size limit
+    (RLIMIT_FSIZE, SIGXFSZ ignored) is below the new document's size."""
+    import subprocess
+    import sys
+
+    home, kb = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)
+    store = CopyStore(guest, "alice")
+    before = _copy_state(store)
+    _changed_host(home, kb, DOCS["sqlite.md"] + "".join(f"\nLine {i} of a long log about checkpoints.\n"
+                                                        for i in range(6000)))
+    script = _FULL_DISK_SYNC.format(paths=[str(Path(__file__).parent)] + sys.path, limit=150_000,
+                                    host=str(home), guest=str(guest))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("copy-disk-full "), r.stdout + r.stderr
+    assert _copy_state(store) == before
+    assert not [p for p in store.dir.rglob("*.tmp")]
+    again = _sync(guest, _asker(_server(home)[0]), key)  # room again: the sync completes
+    assert again["fetched"] == 2
+
+
+def test_a_copy_indexed_under_an_older_schema_is_rebuilt_locally(host, tmp_path):
+    """A copy's index of another index schema (search answers nothing) or chunker is
+    rebuilt from docs/ — at a search of it, at its sync, at `kith index sync` — asking no one."""
+    import sqlite3
+
+    home, _ = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)
+    store = CopyStore(guest, "alice")
+    before = _copy_state(store)
+    db = store.dir / "corpus" / "corpus.sqlite3"
+    assert db.is_file()
+
+    def older(sql: str) -> None:
+        with sqlite3.connect(db) as c:
+            c.execute(sql)
+        import os
+        os.utime(store.path)  # as a new process would see it (the check is cached per manifest)
+    older("UPDATE meta SET value = '1' WHERE key = 'index_schema_version'")
+    assert _copy_state(store) == before  # search_copy rebuilt it first
+    assert store.reindex_if_outdated() is False  # current now
+    older("UPDATE documents SET chunker_sig = 'recursive:v1:1200:150'")
+
+    async def nobody(request):
+        raise AssertionError("a re-index asks no one")
+    with pytest.raises(AssertionError):
+        _sync(guest, nobody, key)  # the sync re-indexes before it asks
+    with sqlite3.connect(db) as c:
+        assert {r[0] for r in c.execute("SELECT chunker_sig FROM documents")} != {"recursive:v1:1200:150"}
+    older("UPDATE meta SET value = '1' WHERE key = 'index_schema_version'")
+    r = invoke(guest, "index", "sync", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["copiesReindexed"] == ["alice"]
+    assert _copy_state(store) == before

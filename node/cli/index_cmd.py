@@ -15,7 +15,7 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from node.cli.common import console, emit_json, err_console, home_of, warn
+from node.cli.common import console, emit_json, err_console, home_of, safe_text, warn
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import CorpusError
 
@@ -350,11 +350,19 @@ def _sync(ctx: typer.Context, mode: SyncMode, json_out: bool) -> None:
         if dense.enabled(corpus) and dense.extra_available():
             report["dense"] = _embed(corpus, json_out=json_out, batch_size=dense.BATCH_SIZE,
                                      enable=False)
+    from node.runtime.copies import reindex_copies
+
+    # the copies this node keeps are indexed like its own corpus: re-indexed with it when
+    # the index schema or chunker changed (specs/copies.md §5)
+    report["copiesReindexed"] = reindex_copies(home_of(ctx))
     if json_out:
         emit_json(report)
         return
     console.print(_summary(report) + f" ({report['files']} files, {report['bytes']:,} bytes read)",
                   highlight=False, soft_wrap=True)
+    for peer in report["copiesReindexed"]:
+        console.print(f"re-indexed the copy of {safe_text(peer)} (its index was of an older schema)",
+                      highlight=False, markup=False, soft_wrap=True)
     for line in skipped_lines([*report.get("skippedSources", []), *report.get("skippedFolders", [])]):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     _print_errors(report)

@@ -60,6 +60,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "io-error": ("config", "A local file or folder could not be read or written."),
     "answer-invalid": ("config", "The file is not a saved Kith answer (not JSON or JSON lines, not UTF-8, or larger than 8 MiB)."),
     "home-in-use": ("config", "Another `kith host` is already serving this home."),
+    "copy-disk-full": ("config", "The copy could not be written: the disk, the quota or the file-size limit is full; the previous copy is intact.", "free some space and sync again (`kith copies sync NAME`)"),
     "copy-not-found": ("config", "No copy of that peer is kept here.", "`kith copies list` shows the copies; `kith copies sync NAME` makes one"),
     "outbox-full": ("config", "The outbox is full; nothing was kept.", "remove answered questions: `kith outbox remove --done`"),
     "outbox-not-found": ("config", "No question in the outbox has that id.", "`kith outbox list` shows the ids"),

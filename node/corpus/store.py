@@ -650,6 +650,33 @@ class Corpus:
         when there is no corpus; :meth:`Record.index_lag <node.corpus.record.Record.index_lag>`)."""
         return self.record.index_lag()
 
+    def index_outdated(self) -> bool:
+        """True when the index was built by another Kith than this one and a sync would
+        rebuild it: the tantivy index is of another
+        :data:`node.corpus.search.INDEX_SCHEMA_VERSION` (what :meth:`repair_lag` and every
+        writer rebuild from the record), or a ``done`` document was chunked under another
+        chunker signature than its root's now (:attr:`node.corpus.ingest.DocRef.sig`: the
+        chunker, :data:`node.corpus.chunking.CHUNKER_VERSION` and the root's chunk sizes —
+        what :meth:`sync` re-chunks). False for a corpus never indexed (a lag, not an old
+        index) and when there is no corpus. Never raises for a missing or unreadable record.
+        """
+        with self.record.lock:
+            if self.record.db is None:
+                return False
+            try:
+                built = self.record.get_meta("index_schema_version")
+                if built is not None and built != str(search.INDEX_SCHEMA_VERSION):
+                    return True
+                for root in self.roots():
+                    sig = ingest.file_ref(root, "").sig
+                    if self.record.db.execute(
+                            "SELECT 1 FROM documents WHERE root_prefix = ? AND status = 'done' "
+                            "AND chunker_sig IS NOT ? LIMIT 1", (root.prefix, sig)).fetchone():
+                        return True
+            except sqlite3.Error:
+                return False
+            return False
+
     def index_syncing(self) -> bool:
         """True while the index is not settled: no sync has completed yet (a first sync
         may be running) or the index lags the record (:meth:`index_lag` > 0: a sync is

@@ -31,11 +31,16 @@ anyone else: nothing here is reachable from a session this node hosts.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
+import os
 import shutil
+import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -58,6 +63,39 @@ _HEX = frozenset("0123456789abcdef")
 #: verify_citation results that are a fault of the signature (the rest: the text).
 _BAD_SIGNATURE = frozenset({"malformed", "unknown-version", "wrong-host", "span-mismatch", "wrong-domain",
                             "signed-json", "bad-signature"})
+
+
+#: errno values that mean the disk, the user's quota or the process's file-size limit is
+#: full: a write refused so is ``copy-disk-full``; any other OSError is ``io-error``.
+_DISK_FULL = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG) if e is not None)
+#: How those read in an error that is not an OSError (tantivy's, SQLite's "disk is full").
+_DISK_FULL_TEXT = tuple(os.strerror(e) for e in _DISK_FULL) + ("database or disk is full",)
+
+
+@contextlib.contextmanager
+def _disk(peer: str, what: str) -> Iterator[None]:
+    """Turn a local write failure while ``what`` (a few words) in ``peer``'s copy into its
+    refusal (specs/copies.md §9): the disk, quota or file size full → ``copy-disk-full``,
+    any other OSError (or a read-only SQLite) → ``io-error``. Other errors pass."""
+    try:
+        yield
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        if exc.errno in _DISK_FULL:
+            raise ConfigError("copy-disk-full", f"copies/{peer}: {what}: {reason}") from None
+        raise ConfigError("io-error", f"copies/{peer}: {what}: {reason}") from None
+    except (sqlite3.Error, ValueError, RuntimeError) as exc:  # SQLite's and tantivy's own
+        text = str(exc)
+        if any(t in text for t in _DISK_FULL_TEXT):
+            raise ConfigError("copy-disk-full", f"copies/{peer}: {what}: the disk is full") from None
+        if isinstance(exc, sqlite3.OperationalError) and "readonly" in text:
+            raise ConfigError("io-error", f"copies/{peer}: {what}: the copy's index is read-only") from None
+        raise
+
+
+#: (copy folder) -> the manifest's mtime_ns when :meth:`CopyStore.reindex_if_outdated`
+#: last found its index current (the code's schema cannot change within a process).
+_CURRENT: dict[Path, int] = {}
 
 
 def copies_root(home: Path) -> Path:
@@ -118,56 +156,133 @@ class CopyStore:
         return state
 
     def commit(self, state: dict[str, Any]) -> None:
-        """Write ``state`` as the copy's manifest atomically (0600)."""
-        atomic_write(self.path, json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8"))
+        """Write ``state`` as the copy's manifest atomically (0600): a temp file in the
+        copy's folder, fsync, rename (:func:`node.common.home.atomic_write`); on a failure
+        the temp file is removed and the manifest is the one committed before.
+
+        Raises:
+            ConfigError: ``copy-disk-full`` (ENOSPC, EDQUOT, EFBIG), ``io-error`` (any
+                other OSError).
+        """
+        with _disk(self.peer, "writing the manifest"):
+            atomic_write(self.path, json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8"))
 
     @staticmethod
-    def file_for(source: str, version: str) -> str:
-        """The file name a document of ``source`` at ``version`` is kept under (chosen
-        here, never by the host: only hex and a fixed suffix)."""
+    def file_for(source: str, version: str, text_sha256: str = "") -> str:
+        """The file name a document of ``source`` at ``version`` with text hash
+        ``text_sha256`` is kept under: ``<sha256(source)[:32]>-<version[:12]>-<text_sha256[:12]>``
+        and ``.md``/``.rst``/``.txt`` — chosen here, never by the host (only hex and a
+        fixed suffix), and another name for another text of the same version (a scrub
+        changed), so a write never replaces a committed document's file."""
         from node.corpus.parsers import kind_for
 
         kind = kind_for(source.rsplit("/", 1)[-1])
         suffix = {"markdown": ".md", "rst": ".rst"}.get(kind or "", ".txt")
-        return f"{hashlib.sha256(source.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}-{version[:12]}{suffix}"
+        digest = f"-{text_sha256[:12]}" if text_sha256 else ""
+        return (f"{hashlib.sha256(source.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}-{version[:12]}"
+                f"{digest}{suffix}")
 
     def write_doc(self, name: str, text: str) -> None:
-        """Write one document file into ``docs/`` atomically."""
-        atomic_write(self.docs / name, text.encode("utf-8", "surrogatepass"))
+        """Write one document file into ``docs/`` atomically (temp file, fsync, rename;
+        the temp file removed on a failure).
+
+        Raises:
+            ConfigError: ``copy-disk-full``, ``io-error`` (as :meth:`commit`).
+        """
+        with _disk(self.peer, "writing a document"):
+            atomic_write(self.docs / name, text.encode("utf-8", "surrogatepass"))
 
     def tidy(self, state: dict[str, Any]) -> list[str]:
-        """Delete every file of ``docs/`` that ``state`` does not list (a killed sync's, a
-        replaced version's); the names deleted."""
+        """Delete every file of ``docs/`` that ``state`` does not list (a killed or failed
+        sync's, a replaced version's, a temp file left by a crash); the names deleted.
+
+        Raises:
+            ConfigError: ``io-error`` (a file cannot be deleted).
+        """
         keep = {d.get("file") for d in state["documents"].values()}
         gone: list[str] = []
-        if self.docs.is_dir():
-            for f in self.docs.iterdir():
-                if f.name not in keep and f.is_file():
-                    f.unlink(missing_ok=True)
-                    gone.append(f.name)
+        with _disk(self.peer, "deleting a document"):
+            if self.docs.is_dir():
+                for f in self.docs.iterdir():
+                    if f.name not in keep and f.is_file():
+                        f.unlink(missing_ok=True)
+                        gone.append(f.name)
         return gone
 
     def index(self, changed: list[str] | None = None) -> dict[str, Any]:
         """Bring the copy's own index in line with ``docs/`` (the owner's corpus code):
         only the files ``changed`` (names written or deleted) when given and the index
         exists (:meth:`node.corpus.store.Corpus.sync_paths`), else the whole folder
-        (:meth:`node.corpus.store.Corpus.sync`); the sync report."""
+        (:meth:`node.corpus.store.Corpus.sync`, which also rebuilds an index of an older
+        schema and re-chunks what an older chunker made); the sync report.
+
+        Raises:
+            ConfigError: ``copy-disk-full``, ``io-error`` (as :meth:`commit`): the index
+                may then lag ``docs/`` (the manifest says ``indexed: false``; the next
+                sync indexes the whole folder).
+            CorpusError: ``index-locked`` (another process writes this copy's index).
+        """
         from node.corpus.store import Corpus
 
-        self.docs.mkdir(parents=True, exist_ok=True)
-        with Corpus(self.dir) as corpus:
-            if not any(r.prefix == ROOT_NAME for r in corpus.roots()):
-                corpus.add_root(self.docs, name=ROOT_NAME)
-                changed = None
-            if changed is not None:
-                return corpus.sync_paths([self.docs / n for n in dict.fromkeys(changed)])
-            return corpus.sync()
+        with _disk(self.peer, "indexing"):
+            self.docs.mkdir(parents=True, exist_ok=True)
+            with Corpus(self.dir) as corpus:
+                if not any(r.prefix == ROOT_NAME for r in corpus.roots()):
+                    corpus.add_root(self.docs, name=ROOT_NAME)
+                    changed = None
+                if changed is not None:
+                    return corpus.sync_paths([self.docs / n for n in dict.fromkeys(changed)])
+                return corpus.sync()
+
+    def reindex_if_outdated(self) -> bool:
+        """Rebuild the copy's index from its ``docs/`` — locally, asking no one — when it
+        was built under another index schema or chunker than this code's
+        (:meth:`node.corpus.store.Corpus.index_outdated`, the owner's own test), so a copy
+        is re-indexed with the owner's corpus when the schema changes (specs/copies.md
+        §5). Called at the start of every sync (:func:`sync_copy`), by ``kith index sync``
+        (:func:`reindex_copies`) and before a search of the copy. A copy found current is
+        not opened again until its manifest changes (one ``stat``).
+
+        Returns:
+            True when the index was rebuilt; False when it was current, there is no copy
+            or index yet, or another process holds the copy's writer (that process's
+            sync rebuilds it).
+
+        Raises:
+            ConfigError: ``copy-disk-full``, ``io-error`` (as :meth:`index`).
+        """
+        from node.common.errors import CorpusError
+        from node.corpus.store import Corpus
+
+        try:
+            stamp = self.path.stat().st_mtime_ns
+        except OSError:
+            return False
+        if _CURRENT.get(self.dir) == stamp or not (self.dir / "corpus").is_dir():
+            return False
+        with Corpus(self.dir, readonly=True) as corpus:
+            outdated = corpus.index_outdated()
+        if outdated:
+            try:
+                self.index(None)
+            except CorpusError as exc:
+                if exc.code == "index-locked":
+                    return False
+                raise
+        _CURRENT[self.dir] = stamp
+        return outdated
 
     def remove(self) -> bool:
-        """Delete the whole copy; False when there was none."""
+        """Delete the whole copy; False when there was none.
+
+        Raises:
+            ConfigError: ``io-error`` (a file cannot be deleted).
+        """
         if not self.dir.exists():
             return False
-        shutil.rmtree(self.dir)
+        _CURRENT.pop(self.dir, None)
+        with _disk(self.peer, "deleting the copy"):
+            shutil.rmtree(self.dir)
         return True
 
     def summary(self) -> dict[str, Any]:
@@ -178,6 +293,17 @@ class CopyStore:
         return {"peer": self.peer, "hostKey": state.get("hostKey"), "syncedAt": state.get("syncedAt"),
                 "documents": len(docs), "bytes": sum(int(d.get("bytes") or 0) for d in docs.values()),
                 "maxBytes": state.get("maxBytes")}
+
+
+def reindex_copies(home: Path) -> list[str]:
+    """:meth:`CopyStore.reindex_if_outdated` of every copy of ``home`` (``kith index
+    sync``: a copy is re-indexed with the owner's corpus when the schema changes); the
+    peers whose copy was rebuilt.
+
+    Raises:
+        ConfigError: ``copy-disk-full``, ``io-error``.
+    """
+    return [row["peer"] for row in list_copies(home) if CopyStore(home, row["peer"]).reindex_if_outdated()]
 
 
 def list_copies(home: Path) -> list[dict[str, Any]]:
@@ -197,10 +323,15 @@ def check_manifest(message: Any) -> dict[str, dict[str, Any]]:
     """The manifest's entries ``{source: {"version", "bytes", "textSha256"}}``.
 
     Raises:
-        ProtocolViolation: ``copy-manifest-invalid`` (a duplicate or ill-formed entry).
+        ProtocolViolation: ``copy-manifest-invalid`` (a duplicate or ill-formed entry; a
+            source that is not its own canonical id,
+            :func:`node.corpus.sources.lexical_form`: relative, ``.``/``..`` segments,
+            NUL, a backslash or doubled slash, over 1024 characters, a newline).
         PolicyError: ``copy-over-budget`` (the entries' bytes exceed the grant's
             ``maxBytes``, or :data:`MAX_LOCAL_BYTES`).
     """
+    from node.corpus.sources import lexical_form
+
     docs = message.get("documents") if isinstance(message, dict) else None
     if not isinstance(docs, list):
         raise ProtocolViolation("copy-manifest-invalid", "the manifest has no document list")
@@ -208,7 +339,7 @@ def check_manifest(message: Any) -> dict[str, dict[str, Any]]:
     total = 0
     for d in docs:
         src = d.get("source") if isinstance(d, dict) else None
-        if (not isinstance(src, str) or not src.startswith("/") or len(src) > MAX_SOURCE_CHARS
+        if (not isinstance(src, str) or len(src) > MAX_SOURCE_CHARS or lexical_form(src) != src
                 or "\n" in src or src in out or not _is_hex64(d.get("version"))
                 or not _is_hex64(d.get("textSha256"))
                 or isinstance(d.get("bytes"), bool) or not isinstance(d.get("bytes"), int) or d["bytes"] < 0):
@@ -259,6 +390,11 @@ def check_document(doc: Any, wanted: dict[str, dict[str, Any]], host_key: str) -
 
 # --- syncing -------------------------------------------------------------------------------
 
+def _strings(value: Any) -> list[str]:
+    """The strings of a list the host sent (anything else: none)."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
 Ask = Callable[[dict[str, Any]], Any]  # async (message request) -> the host's reply
 
 
@@ -282,14 +418,17 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
 
     Raises:
         KithError: ``copy-over-budget``, ``copy-manifest-invalid``, ``copy-outside-grant``,
-            ``copy-bad-signature``, ``copy-version-mismatch``, or the session's own
-            errors — the copy is then the last one committed (each batch is).
+            ``copy-bad-signature``, ``copy-version-mismatch``, ``copy-disk-full``,
+            ``io-error``, or the session's own errors — the copy is then the last one
+            committed (each batch is): its manifest, its files (what the failed batch
+            wrote is deleted) and what its index answers (specs/copies.md §9).
     """
     store = CopyStore(home, peer)
     state = store.load()
     if state.get("hostKey") not in (None, host_key):  # the name now names another key
         store.remove()
         state = CopyStore(home, peer).load()
+    store.reindex_if_outdated()  # an index of an older schema: rebuilt from docs/, no network
     reply = await ask({"action": "copy_list"})
     if not isinstance(reply, dict) or reply.get("action") != "copy_manifest":
         raise ProtocolViolation("copy-manifest-invalid", "the host did not answer with a manifest")
@@ -312,45 +451,64 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
             if s not in held or (held[s]["version"], held[s]["textSha256"]) != (e["version"], e["textSha256"])]
     state.update(hostKey=host_key, maxBytes=reply.get("maxBytes"))
     complete = state.get("indexed") is True  # the index held every listed document before this sync
-    if gone or todo:  # the index lags the manifest until this sync's index step is committed
+    if gone:  # the index lags the manifest from the first change committed to its index step
         state["indexed"] = False
     store.commit(state)
     changed = store.tidy(state)
     report["unchanged"] = len(manifest) - len(todo)
     done = 0
     queue = list(todo)
-    while queue:
-        batch, queue = queue[:FETCH_BATCH], queue[FETCH_BATCH:]
-        reply = await ask({"action": "copy_fetch", "sources": batch})
-        if not isinstance(reply, dict) or reply.get("action") != "copy_docs":
-            raise ProtocolViolation("copy-manifest-invalid", "the host did not answer with documents")
-        wanted = {s: manifest[s] for s in batch}
-        for doc in reply.get("documents") or []:
-            src, text, citation = check_document(doc, wanted, host_key)
-            del wanted[src]  # each at most once
-            entry = manifest[src]
-            name = store.file_for(src, entry["version"])
-            store.write_doc(name, text)
-            changed.append(name)
-            held[src] = {**entry, "file": name, "citation": citation}
-            done += 1
-        more = [s for s in reply.get("more") or [] if s in wanted]
-        report["tooLarge"] += [s for s in reply.get("tooLarge") or [] if s in wanted]
-        report["refused"] += [s for s in reply.get("refused") or [] if s in wanted]
-        if not reply.get("documents") and more:
-            raise ProtocolViolation("copy-manifest-invalid", "the host sent no document and asked to ask again")
-        queue = more + queue
-        store.commit(state)  # this batch is the copy now: a kill after it resumes from here
-        changed += store.tidy(state)
-        if progress is not None:
-            progress(done, len(todo))
+    try:
+        while queue:
+            batch, queue = queue[:FETCH_BATCH], queue[FETCH_BATCH:]
+            reply = await ask({"action": "copy_fetch", "sources": batch})
+            if not isinstance(reply, dict) or reply.get("action") != "copy_docs":
+                raise ProtocolViolation("copy-manifest-invalid", "the host did not answer with documents")
+            wanted = {s: manifest[s] for s in batch}
+            docs = reply.get("documents") or []
+            if not isinstance(docs, list):
+                raise ProtocolViolation("copy-manifest-invalid", "the host's documents are not a list")
+            fetched: dict[str, dict[str, Any]] = {}
+            for doc in docs:  # every document of the batch checked before any is written
+                src, text, citation = check_document(doc, wanted, host_key)
+                del wanted[src]  # each at most once
+                entry = manifest[src]
+                fetched[src] = {**entry, "file": store.file_for(src, entry["version"], entry["textSha256"]),
+                                "citation": citation, "text": text}
+            for src, row in fetched.items():
+                store.write_doc(row["file"], row.pop("text"))
+                changed.append(row["file"])
+            more = [s for s in _strings(reply.get("more")) if s in wanted]
+            report["tooLarge"] += [s for s in _strings(reply.get("tooLarge")) if s in wanted]
+            report["refused"] += [s for s in _strings(reply.get("refused")) if s in wanted]
+            if not docs and more:
+                raise ProtocolViolation("copy-manifest-invalid", "the host sent no document and asked to ask again")
+            queue = more + queue
+            if fetched:
+                held.update(fetched)
+                done += len(fetched)
+                state["indexed"] = False
+                store.commit(state)  # this batch is the copy now: a kill after it resumes from here
+            changed += store.tidy(state)
+            if progress is not None:
+                progress(done, len(todo))
+    except BaseException as exc:
+        # a fault, a lost host, a full disk: what this batch wrote is not the copy
+        with contextlib.suppress(Exception):
+            store.tidy(store.load())
+        if done and isinstance(exc, Exception):  # the batches committed answer a search now
+            with contextlib.suppress(Exception):
+                store.index(changed if complete else None)
+                kept = store.load()
+                kept["indexed"] = True
+                store.commit(kept)
+        raise
     report["fetched"] = done
-    state["syncedAt"] = _rfc3339(now())
-    store.commit(state)
     if not state.get("indexed") or not (store.dir / "corpus").is_dir():  # else the index is current
         store.index(changed if complete else None)  # after a killed sync: the whole folder
         state["indexed"] = True
-        store.commit(state)
+    state["syncedAt"] = _rfc3339(now())  # only a sync that completed, its index included
+    store.commit(state)
     summary = store.summary()
     report.update(documents=summary["documents"], bytes=summary["bytes"], syncedAt=state["syncedAt"])
     return report
@@ -518,7 +676,9 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
     """
     from node.answer.service import answer_local
 
-    entry = _acquire(CopyStore(home, peer))
+    store = CopyStore(home, peer)
+    store.reindex_if_outdated()  # an index of an older schema answers nothing: rebuilt first
+    entry = _acquire(store)
     try:
         answer = answer_local(entry.corpus, {k: v for k, v in request.items() if k != "citations"})
         env = answer.get("envelope") or {}
@@ -602,7 +762,8 @@ def copy_texts(home: Path) -> Callable[[str, str], tuple[str, str] | None]:
 
 
 __all__ = ["COPIES_DIR", "CopyStore", "check_document", "check_manifest", "copies_root", "copy_age_text",
-           "close_open_copies", "copy_texts", "list_copies", "search_copy", "sync_copy", "sync_with_pool"]
+           "close_open_copies", "copy_texts", "list_copies", "reindex_copies", "search_copy", "sync_copy",
+           "sync_with_pool"]
 
 
 # --- the background re-sync (node/runtime/runner.py) -----------------------------------------
