@@ -407,7 +407,8 @@ class CopyEnded(CommandEvent, tag="copy-ended", kw_only=True):
     via: str = "sync"
     """How it was learnt: ``sync`` (the host's manifest said ``copy-not-granted``),
     ``handshake`` (a session's ``_session_proof`` said the grant ended), ``expired`` (the
-    grant's end passed; the host was not asked)."""
+    grant's end passed; the host was not asked), ``device-revoked`` (a revocation list this
+    home took names the host's device key)."""
 
 
 class CopyFailed(CommandEvent, tag="copy-failed", kw_only=True):
