@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -168,6 +169,10 @@ class CopyStore:
         """Delete the whole copy; False when there was none."""
         if not self.dir.exists():
             return False
+        with _open_lock:  # a copy search_copy holds open is closed (by its last search)
+            held = _open_copies.pop(self.dir, None)
+            if held is not None:
+                _retire(held)
         shutil.rmtree(self.dir)
         return True
 
@@ -624,6 +629,93 @@ def _renamed(node: Any, names: dict[str, str], depth: int = 0) -> Any:
     return node
 
 
+#: The most copies :func:`search_copy` keeps open at once (least recently used closed first).
+OPEN_COPIES_MAX = 8
+
+
+class _OpenCopy:
+    """One copy held open for search: its committed state as of ``key`` (the manifest
+    file's inode, mtime and size), its index and the maps from its local ids to the host's.
+    ``users`` counts searches running on it; one retired while in use is closed by the
+    last of them."""
+
+    __slots__ = ("key", "corpus", "state", "by_file", "names", "users", "retired")
+
+    def __init__(self, key: tuple[int, int, int], corpus: Any, state: dict[str, Any]) -> None:
+        self.key = key
+        self.corpus = corpus
+        self.state = state
+        #: local source id (``/copy/<file>``) → (the host's source id, its manifest entry)
+        self.by_file = {f"/{ROOT_NAME}/{d['file']}": (s, d) for s, d in state["documents"].items()}
+        self.names = {f: v[0] for f, v in self.by_file.items()}
+        self.users = 0
+        self.retired = False
+
+
+_open_copies: dict[Path, _OpenCopy] = {}
+_open_lock = threading.Lock()
+
+
+def _retire(entry: _OpenCopy) -> None:
+    """Close ``entry`` now, or when its last search ends (call with the lock held)."""
+    entry.retired = True
+    if entry.users == 0:
+        entry.corpus.close()
+
+
+def _acquire(store: CopyStore) -> _OpenCopy:
+    """The copy held open at its committed state, opened (again) when the manifest changed
+    since (a sync committed; the copy was removed and made anew); its ``users`` counted up.
+
+    Raises:
+        ConfigError: ``copy-not-found`` (no index, or the manifest went); ``config-invalid``.
+    """
+    from node.corpus.store import Corpus
+
+    try:
+        st = store.path.stat()
+    except OSError:
+        st = None
+    if st is None or not (store.dir / "corpus").is_dir():
+        with _open_lock:
+            gone = _open_copies.pop(store.dir, None)
+            if gone is not None:
+                _retire(gone)
+        raise ConfigError("copy-not-found", f"no copy of {store.peer} is kept here (`kith copies sync {store.peer}`)")
+    key = (st.st_ino, st.st_mtime_ns, st.st_size)
+    with _open_lock:
+        entry = _open_copies.get(store.dir)
+        if entry is not None and entry.key == key:
+            entry.users += 1
+            _open_copies[store.dir] = _open_copies.pop(store.dir)  # most recently used last
+            return entry
+    fresh = _OpenCopy(key, Corpus(store.dir, readonly=True), store.load())
+    fresh.users = 1
+    with _open_lock:
+        old = _open_copies.pop(store.dir, None)
+        if old is not None:
+            _retire(old)
+        _open_copies[store.dir] = fresh
+        while len(_open_copies) > OPEN_COPIES_MAX:
+            _retire(_open_copies.pop(next(iter(_open_copies))))
+    return fresh
+
+
+def _release(entry: _OpenCopy) -> None:
+    with _open_lock:
+        entry.users -= 1
+        if entry.retired and entry.users == 0:
+            entry.corpus.close()
+
+
+def close_open_copies() -> None:
+    """Close every copy :func:`search_copy` holds open (tests; a process about to remove
+    copies wholesale). Searches running finish on theirs first."""
+    with _open_lock:
+        while _open_copies:
+            _retire(_open_copies.popitem()[1])
+
+
 def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any]:
     """Answer the flat ``request`` from ``peer``'s copy: ``{"status", "envelope",
     "copyAsOf"}`` — the owner's answer service over the copy's index
@@ -632,25 +724,29 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
     signature over that whole document. Results of a file the manifest does not list are
     dropped (a killed sync's).
 
+    The copy's index, manifest and id maps stay open between questions (at most
+    :data:`OPEN_COPIES_MAX` copies) and are opened again when the manifest file changes, so
+    a long-running process (``kith api serve``, ``kith mcp``) answers a copy at the cost of
+    the owner's own search (specs/copies.md §6). Thread-safe.
+
     Raises:
         ConfigError: ``copy-not-found`` when no copy of ``peer`` was ever synced.
         PolicyError: ``copy-expired`` when the copy's end (:meth:`CopyStore.until`) has
             passed: the copy is deleted (specs/copies.md §5).
     """
-    from node.answer.service import AnswerService
-    from node.corpus.store import Corpus
+    from node.answer.service import answer_local
 
     store = CopyStore(home, peer)
-    if not store.exists() or not (store.dir / "corpus").is_dir():
-        raise ConfigError("copy-not-found", f"no copy of {peer} is kept here (`kith copies sync {peer}`)")
-    if store.expired(time.time()):  # past its grant's end: deleted, never answered from
+    if store.exists() and store.expired(time.time()):  # past its grant's end: deleted, never answered from
         until = store.until()
         _ended_copy(store, "expired")
         raise PolicyError("copy-expired", f"{peer}'s copy ended at {until}; it was deleted")
-    state = store.load()
-    by_file = {f"/{ROOT_NAME}/{d['file']}": (s, d) for s, d in state["documents"].items()}
-    with Corpus(store.dir, readonly=True) as corpus:
-        answer = AnswerService(corpus).answer({k: v for k, v in request.items() if k != "citations"})
+    entry = _acquire(store)
+    try:
+        answer = answer_local(entry.corpus, {k: v for k, v in request.items() if k != "citations"})
+    finally:
+        _release(entry)
+    by_file = entry.by_file
     env = answer.get("envelope") or {}
     kept = []
     for r in env.get("results") or []:
@@ -668,14 +764,14 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
         r["copyCitation"] = d.get("citation")
         kept.append(r)
     env["results"] = kept
-    env = _renamed(env, {f: v[0] for f, v in by_file.items()})
+    env = _renamed(env, entry.names)
     return {"status": answer.get("status") if kept or answer.get("status") != "ok" else "no-verified-results",
-            "envelope": env, "copyAsOf": state.get("syncedAt")}
+            "envelope": env, "copyAsOf": entry.state.get("syncedAt")}
 
 
-__all__ = ["COPIES_DIR", "CopyStore", "check_copy_state", "check_document", "check_manifest", "copies_of_key",
-           "copies_root", "copy_age_text", "copy_notices", "end_copies", "expire_copies", "list_copies",
-           "search_copy", "seen_state", "stale", "sync_copy", "sync_with_pool", "take_copy_state"]
+__all__ = ["COPIES_DIR", "CopyStore", "check_copy_state", "check_document", "check_manifest", "close_open_copies",
+           "copies_of_key", "copies_root", "copy_age_text", "copy_notices", "end_copies", "expire_copies",
+           "list_copies", "search_copy", "seen_state", "stale", "sync_copy", "sync_with_pool", "take_copy_state"]
 
 
 # --- the background re-sync (node/runtime/runner.py) -----------------------------------------
