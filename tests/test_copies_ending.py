@@ -234,3 +234,16 @@ def test_a_revoked_device_s_copies_are_deleted(host, tmp_path):  # noqa: F811
     assert [(n["peer"], n["via"]) for n in ended] == [("alice", "device-revoked")]
     assert not C.CopyStore(guest, "alice").dir.exists()
 
+
+
+def test_the_owner_is_told_what_ending_does_and_cannot_undo(host):  # noqa: F811
+    home, _ = host
+    r = invoke(home, "policy", "set", "/kb/deploy.md", "private")
+    assert r.exit_code == 0 and "copy grants follow tiers" in r.output and "keeps what it copied" in r.output
+    r = invoke(home, "policy", "copy", "/kb/**", "--for", "bea", "--off", "--json")
+    assert r.exit_code == 0
+    warning = json.loads(r.stdout)["warning"]
+    assert "next sync or handshake" in warning and "keeps what it copied" in warning
+    assert "signatures prove what was shared" in warning
+    r = invoke(home, "policy", "copy", "/kb/**", "--for", "bea", "--until", "30d")
+    assert r.exit_code == 0 and "even if it never reaches this host again" in r.output
