@@ -166,14 +166,25 @@ class CopyStore:
             return corpus.sync()
 
     def remove(self) -> bool:
-        """Delete the whole copy; False when there was none."""
+        """Delete the whole copy; False when there was none. The folder is first renamed
+        away (``copies/.gone-…``, atomic: no reader sees half a copy, and a search running
+        on it meanwhile cannot make the deletion fail), then deleted, with any such folder
+        an earlier removal left behind."""
+        import secrets
+
         if not self.dir.exists():
             return False
         with _open_lock:  # a copy search_copy holds open is closed (by its last search)
             held = _open_copies.pop(self.dir, None)
             if held is not None:
                 _retire(held)
-        shutil.rmtree(self.dir)
+        gone = self.dir.with_name(f".gone-{secrets.token_hex(8)}")
+        try:
+            self.dir.rename(gone)
+        except FileNotFoundError:
+            return False
+        for old in self.dir.parent.glob(".gone-*"):
+            shutil.rmtree(old, ignore_errors=True)
         return True
 
     def summary(self) -> dict[str, Any]:

@@ -474,6 +474,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
                 take_copy_state(home, ev.peer_public_key, ev.peer_copy_state)
             except KithError as exc:  # an ill-formed state is ignored; the session goes on
                 logging.getLogger("kith.copies").warning("the host's copy state was refused: %s", exc.code)
+            except OSError as exc:  # the copy could not be deleted now: its next sync does; the session goes on
+                logging.getLogger("kith.copies").warning("a copy could not be deleted: %s", type(exc).__name__)
         if host_seen is not None:
             host_seen.update({"public_key": ev.peer_public_key, "profile": clean_profile(ev.peer_profile)})
         if on_ready is not None:
