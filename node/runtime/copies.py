@@ -9,6 +9,8 @@
   and ``.md``/``.rst``/``.txt``), never by anything the host sent, so a hostile host cannot
   write outside the folder; a file not in the manifest (a sync killed before its commit) is
   deleted by the next sync and never answered from;
+- ``grant.json`` — the host's last handshake's word on the grant (``{"stamp", "until",
+  "seenAt"}``, :func:`take_copy_state`);
 - ``corpus/`` — the copy's own index, made by the same corpus code as the owner's
   (:class:`node.corpus.store.Corpus` with ``docs/`` as its one root): the peer's own
   corpus is another record and is never touched.
@@ -22,6 +24,13 @@ it is written — in the batch asked, its version and text hash those of the man
 (:func:`node.answer.citation.verify_citation`) — and the manifest is committed after each
 batch, so a killed sync resumes where it stopped and the previous copy stays whole. Any
 fault aborts with a code and leaves the last committed copy.
+
+Ending a copy (specs/copies.md §5.1): every session's handshake tells the grant's state
+(:func:`take_copy_state`: not granted → the copy is deleted now; a new stamp → the runner
+re-syncs it), a copy past its ``until`` is deleted by this node without asking
+(:func:`expire_copies`, :func:`search_copy`), and ``kith peers remove`` / a revoked device
+delete the copies held from that host (:func:`end_copies`); each says so
+(:class:`copy_notices`, stderr by default).
 
 :func:`search_copy` answers a question from a copy (``kith ask --peer NAME --copy``, and
 the fallback when the host is unreachable): the same answer service as the owner's own
