@@ -135,6 +135,12 @@ class CopyServer:
             self._texts[key] = got
         return got
 
+    def state(self, peer_name: str | None) -> dict[str, Any]:
+        """The copy grant state the handshake tells ``peer_name`` (``{"granted", "stamp",
+        "until"}``: :meth:`node.policy.store.Policy.copy_state` under the current policy;
+        specs/copies.md §5). Cheap: no source is decided."""
+        return self._gate.current_policy().copy_state(peer_name)
+
     def manifest(self, peer_name: str | None) -> dict[str, Any]:
         """The ``copy_manifest`` fields for ``peer_name``: ``status`` (``ok`` or
         ``copy-not-granted`` / ``copy-over-budget``), ``maxBytes`` (the grant's budget or

@@ -281,6 +281,12 @@ class AnswerService:
             return {"status": "copy-not-granted", "maxBytes": None, "bytes": 0, "documents": [], "truncated": False}
         return self.copier.manifest(view.name)
 
+    def copy_state(self, peer_name: str | None) -> dict[str, Any] | None:
+        """The copy grant state a handshake tells ``peer_name`` (None: anonymous)
+        (:meth:`node.answer.copies.CopyServer.state`), or None when this node serves no
+        copies (the handshake then says nothing)."""
+        return None if self.copier is None else self.copier.state(peer_name)
+
     def copy_documents(self, sources: Any, view: PeerView) -> dict[str, Any]:
         """The signed, scrubbed documents ``view`` may keep among ``sources``
         (:meth:`node.answer.copies.CopyServer.documents`); all ``refused`` without a copier."""

@@ -42,9 +42,11 @@ def _say_report(r: dict[str, Any]) -> None:
 
 @copies_app.command("list")
 def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
-    """List the copies kept here: peer, documents, bytes, when last synced."""
-    from node.runtime.copies import copy_age_text, list_copies
+    """List the copies kept here: peer, documents, bytes, when last synced, when the grant
+    ends. A copy past its end is deleted first (and said so on stderr)."""
+    from node.runtime.copies import copy_age_text, expire_copies, list_copies
 
+    expire_copies(home_of(ctx))
     rows = list_copies(home_of(ctx))
     if as_json:
         emit_json({"copies": rows})
@@ -56,8 +58,10 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     for r in rows:
         budget = "" if r["maxBytes"] is None else f" of {r['maxBytes']:,}"
         when = copy_age_text(r["peer"], r["syncedAt"]) if r["syncedAt"] else "never completed a sync"
+        ends = f"ends {r['until']}" if r["until"] else "no end set"
         console.print(f"{safe_text(r['peer'])}: {r['documents']} document(s), {r['bytes']:,}{budget} bytes, "
-                      f"{when.replace('from ', '', 1) if r['syncedAt'] else when}", highlight=False, markup=False)
+                      f"{when.replace('from ', '', 1) if r['syncedAt'] else when}, {ends}",
+                      highlight=False, markup=False)
 
 
 @copies_app.command("sync")

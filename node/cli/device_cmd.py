@@ -158,6 +158,10 @@ def device_revoke_cmd(
 
     home = home_of(ctx)
     doc, new = revoke_device(home, name)
+    from node.runtime.copies import end_copies
+
+    for key in new:  # a copy kept here of the revoked device goes (stderr says so; specs/copies.md §5)
+        end_copies(home, host_key=key, via="device-revoked")
     if out is not None:
         atomic_write(Path(out), (json.dumps(doc, indent=2) + "\n").encode("utf-8"), mode=0o644)
     published = None

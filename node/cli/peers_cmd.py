@@ -118,7 +118,8 @@ def remove_cmd(
     yes: bool = typer.Option(False, "--yes", help="Remove it even if its key, then an anonymous peer, would be served sources unscrubbed that are scrubbed for NAME (without it, a terminal asks and anything else is refused)."),
     as_json: bool = _JSON,
 ) -> None:
-    """Remove NAME from the registry. A running host ends its sessions admitted under
+    """Remove NAME from the registry. A copy of NAME's sources kept here is deleted (and
+    said so). A running host ends its sessions admitted under
     NAME within seconds (session-revoked); it may join again as an anonymous peer — so when
     something is scrubbed for NAME (or its groups) and not for every peer, this says which
     indexed sources its key would then receive unscrubbed and asks first (--yes)."""
@@ -137,10 +138,18 @@ def remove_cmd(
     rec = removed[0]
     cancelled = _cancel_approvals(home, rec.public_key)
     _audit(home, "peer-removed", peer=rec.public_key, peer_name=rec.name, approvals_cancelled=cancelled or None)
+    from node.runtime.copies import copy_notices, end_copies
+
+    ended: list[dict] = []  # its copy kept here goes with it (specs/copies.md §5)
+    with copy_notices(ended.append):
+        end_copies(home, peer=rec.name, via="peer-removed")
     if as_json:
-        emit_json({"name": rec.name, "removed": True})
+        emit_json({"name": rec.name, "removed": True,
+                   "copyRemoved": sum(n["removed"] for n in ended) if ended else None})
     else:
         console.print(f"removed {rec.name}", highlight=False, markup=False)
+        for n in ended:
+            err_console.print(f"kith: {n['text']}", highlight=False, markup=False)
 
 
 @peers_app.command("block")
@@ -516,6 +525,14 @@ def import_revocation_cmd(
     pin = person_pin(registry, checked.person)
     _audit(home, "revocation-imported", person=checked.person, peer_name=pin.name if pin else None,
            seq=checked.seq, devices=offered.newly_revoked or None)
+    from node.runtime.copies import copy_notices, end_copies
+
+    ended: list[dict] = []  # copies held from a revoked device's host key go (specs/copies.md §5)
+    with copy_notices(ended.append):
+        for key in offered.newly_revoked:
+            end_copies(home, host_key=key, via="device-revoked")
+    for n in ended:
+        err_console.print(f"kith: {n['text']}", highlight=False, markup=False)
     out = {"person": checked.person, "peer_name": pin.name if pin else None, "seq": checked.seq,
            "outcome": offered.outcome, "revoked": list(checked.revoked), "newly_revoked": offered.newly_revoked}
     if as_json:

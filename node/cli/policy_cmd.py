@@ -251,6 +251,8 @@ def set_cmd(
                           soft_wrap=True)
     if warning:
         _warn(warning)
+    if policy.copy_grants:
+        _note(COPY_TIER_NOTE)
     _note(LIVE_NOTE)
 
 
@@ -596,7 +598,17 @@ def explain_cmd(
 #: What the owner is told when granting a copy: what no later change can undo (specs/copies.md §5).
 COPY_WARNING = ("a copy cannot be taken back from a peer that stops syncing: it keeps what it copied, "
                 "and the host's signatures prove what was shared. Ending or narrowing the grant deletes "
-                "the copy at that peer's next sync only.")
+                "the copy at that peer's next sync or handshake with this host only (an --until its own "
+                "node enforces, without asking this host).")
+#: What ending or narrowing a grant does, and what it cannot (specs/copies.md §5).
+COPY_ENDING_NOTE = ("the peer deletes what this no longer grants at its next sync or handshake with this host "
+                    "(any session it opens: an ask, a queued question's delivery, a sync); what cannot be undone: "
+                    "a peer that stops syncing and never connects again keeps what it copied, and this host's "
+                    "signatures prove what was shared.")
+#: `policy set` when copy grants exist: tiers decide what a copy may hold too.
+COPY_TIER_NOTE = ("copy grants follow tiers: a source this no longer serves a granted peer without asking "
+                  "(ask, private, never, or peers not naming it) leaves that peer's copy at its next sync or "
+                  "handshake with this host; a peer that never connects again keeps what it copied.")
 
 
 def _copy_json(policy: Policy) -> list:
@@ -650,18 +662,21 @@ def copy_cmd(
     for_target: Optional[str] = typer.Option(None, "--for", metavar="PEER|@GROUP",
                                              help="Who may keep the copy: a pinned peer's (or person's) name, or @GROUP."),
     until: Optional[str] = typer.Option(None, "--until", metavar="DATE|DURATION",
-                                        help="End the grant then (2027-01-31, 2027-01-31T18:00:00Z, 30d); the peer's next sync deletes the copy."),
+                                        help="End the grant then (2027-01-31, 2027-01-31T18:00:00Z, 30d); the peer's own node deletes the copy then, even if it never reaches this host again."),
     max_bytes: Optional[int] = typer.Option(None, "--max-bytes", metavar="N", min=1,
                                             help="The most bytes of text the copy may hold (a sync over it is refused: copy-over-budget)."),
-    off: bool = typer.Option(False, "--off", help="End the grant (GLOB, --for): the peer's next sync deletes what it copied under it."),
+    off: bool = typer.Option(False, "--off", help="End the grant (GLOB, --for): the peer's next sync or handshake with this host deletes what it copied under it."),
     as_json: bool = _JSON,
 ) -> None:
     """Let a pinned peer keep a copy of some sources, so it can search them while this
     host sleeps (`kith copies sync` on its side). Only sources it may already see are
     copied (tier public, or peers naming it); ask, private and never sources never are.
     The copy holds the text as scrubbed for that peer, each document signed by this host.
-    What cannot be undone: a peer that stops syncing keeps what it copied. Without
-    arguments, list the grants."""
+    Ending or narrowing it (--off, --until, a tier change) deletes what the peer may no
+    longer hold at its next sync or handshake with this host; at --until its own node
+    deletes the copy without asking. What cannot be undone: a peer that stops syncing keeps
+    what it copied, and the signatures prove what was shared. Without arguments, list the
+    grants."""
     from node.common.grants import parse_until
 
     home = home_of(ctx)
@@ -680,6 +695,8 @@ def copy_cmd(
             changed = policy.unset_copy(glob, for_target)
             if not changed:
                 _warn(f"no copy grant {glob} for {for_target}; nothing changed")
+            else:
+                _warn(COPY_ENDING_NOTE)
         else:
             end = parse_until(until) if until is not None else None
             policy.set_copy(glob, for_target, until=end, max_bytes=max_bytes)
@@ -691,9 +708,12 @@ def copy_cmd(
             policy.save()
     if as_json:
         emit_json({"copy": _copy_json(policy), "changed": changed,
-                   **({"warning": COPY_WARNING} if changed and not off else {})})
+                   **({"warning": COPY_ENDING_NOTE if off else COPY_WARNING} if changed else {})})
     else:
         console.print("copies peers may keep (`kith policy copy GLOB --for PEER|@GROUP [--until ...] [--max-bytes N]`):\n"
                       + "\n".join(_copy_lines(policy)), highlight=False, markup=False, soft_wrap=True)
     if changed:
-        _note("the peer's next `kith copies sync` (or its running node's) applies this")
+        _note("the peer's next sync or handshake with this host applies this (`kith copies sync`, its running "
+              "node's, or any `kith ask` it sends here)"
+              + ("" if off or until is None else "; at --until its own node deletes the copy, even if it "
+                 "never reaches this host again"))

@@ -398,11 +398,17 @@ class CopySynced(CommandEvent, tag="copy-synced", kw_only=True):
 
 
 class CopyEnded(CommandEvent, tag="copy-ended", kw_only=True):
-    """The home runner: the peer no longer grants the copy (``copy-not-granted``); it was deleted."""
+    """The home runner: a copy this node may no longer hold was deleted (specs/copies.md §5)."""
 
     peer: str
     fetched: int
     removed: int
+    """Documents deleted."""
+    via: str = "sync"
+    """How it was learnt: ``sync`` (the host's manifest said ``copy-not-granted``),
+    ``handshake`` (a session's ``_session_proof`` said the grant ended), ``expired`` (the
+    grant's end passed; the host was not asked), ``device-revoked`` (a revocation list this
+    home took names the host's device key)."""
 
 
 class CopyFailed(CommandEvent, tag="copy-failed", kw_only=True):

@@ -44,6 +44,10 @@ class SessionProof(_Frame, tag="_session_proof"):
     #: Only to a guest that advertised ``device_card_v1``: this hosting device's card
     #: (:func:`node.trust.card.check_card` owns its shape; the guest checks it, specs/session.md §4.2).
     device_card: Any = None
+    #: Only to a guest that advertised ``copy_state_v1``: the state of the copy grant for
+    #: this guest, ``{"granted", "stamp", "until"}`` (the guest's runtime checks its shape:
+    #: :func:`node.runtime.copies.check_copy_state`; specs/session.md §4.2, specs/copies.md §5).
+    copy_state: Any = None
 
 
 class SessionReady(_Frame, tag="_session_ready"):

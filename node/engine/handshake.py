@@ -43,6 +43,9 @@ FRAMES_V2 = 2
 #: The capability a guest that takes device cards advertises; only then does
 #: ``_session_proof`` carry ``device_card`` (specs/session.md §4.2, specs/peers.md §13).
 CARD_CAPABILITY = "device_card_v1"
+#: The capability a guest that keeps copies advertises; only then does ``_session_proof``
+#: carry ``copy_state`` (specs/session.md §4.2, specs/copies.md §5).
+COPY_CAPABILITY = "copy_state_v1"
 
 
 @dataclass
@@ -79,6 +82,12 @@ class HostConfig:
             ``handshake-device-revoked``, specs/peers.md §10).
         card: ``()`` → this hosting device's card (specs/peers.md §13) or None, sent in
             ``_session_proof`` to a guest that advertised ``device_card_v1``.
+        copy_state: ``(person_capable)`` → the copy grant state for this guest
+            (``{"granted": bool, "stamp": str, "until": str | None}``, specs/copies.md §5) or
+            None when the host cannot tell yet (``person_capable``: the guest advertised
+            ``person_chain_v1``, so its person may only be known at ``_session_ready``);
+            called after admission, sent in ``_session_proof`` only to a guest that
+            advertised ``copy_state_v1``.
     """
 
     remote_id: str
@@ -93,6 +102,7 @@ class HostConfig:
     admit_person: Callable[[PersonIdentity | None, RevocationList | None, str | None], None] = \
         lambda person, revocation, deferred: None
     card: Callable[[], dict[str, Any] | None] = lambda: None
+    copy_state: Callable[[bool], dict[str, Any] | None] = lambda person_capable: None
 
 
 @dataclass
@@ -118,6 +128,9 @@ class GuestConfig:
             :mod:`node.trust.revocation_list`), or None; sent beside ``binding_chain`` only.
         want_card: advertise ``device_card_v1``: the host's device card comes back in
             ``_session_proof`` (unchecked here; :attr:`SessionReady.peer_card`).
+        want_copy_state: advertise ``copy_state_v1``: the host's copy grant state for this
+            guest comes back in ``_session_proof`` (unchecked here;
+            :attr:`SessionReady.peer_copy_state`).
     """
 
     remote_id: str
@@ -130,6 +143,7 @@ class GuestConfig:
     binding_chain: list[dict[str, Any]] | None = None
     revocation_list: dict[str, Any] | None = None
     want_card: bool = False
+    want_copy_state: bool = False
 
 
 def signing_refusal(exc: SigningError) -> HandshakeError:
@@ -242,10 +256,12 @@ class HostHandshake(_Handshake):
         offer = self.ui.offer(self.capabilities)
         self.frames_version = FRAMES_V2 if PERSON_CAPABILITY in self.capabilities else None
         card = h.card() if CARD_CAPABILITY in self.capabilities else None
+        copy_state = (h.copy_state(PERSON_CAPABILITY in self.capabilities)
+                      if COPY_CAPABILITY in self.capabilities else None)
         self._queue(F.SessionProof(session_id=self.session_id, host_public_key=self.public_key,
                                    host_nonce=host_nonce, host_signature=sig, ui_offer=offer,
                                    profile=dict(h.profile), frames_version=self.frames_version,
-                                   device_card=card))
+                                   device_card=card, copy_state=copy_state))
         return []
 
     def _admit(self, frame: F.SessionInit) -> None:
@@ -316,6 +332,7 @@ class GuestHandshake(_Handshake):
         self._advertised: list[str] = []
         self.host_frames_version: int | None = None  # FRAMES_V2 when the host's proof said so
         self.peer_card: Any = None  # the host's device card as sent (checked by the runtime)
+        self.peer_copy_state: Any = None  # the host's copy grant state as sent (checked by the runtime)
 
     def initiate(self) -> None:
         """Queue ``_session_init`` with a fresh 32-byte nonce."""
@@ -326,6 +343,8 @@ class GuestHandshake(_Handshake):
             caps.append(PERSON_CAPABILITY)
         if g.want_card and CARD_CAPABILITY not in caps:
             caps.append(CARD_CAPABILITY)
+        if g.want_copy_state and COPY_CAPABILITY not in caps:
+            caps.append(COPY_CAPABILITY)
         self._advertised = caps
         self._queue(F.SessionInit(post_id=g.post_id, protocol_id=self.spec.protocol_id,
                                   guest_public_key=self.public_key, guest_nonce=self._nonce,
@@ -356,6 +375,8 @@ class GuestHandshake(_Handshake):
             raise HandshakeError("handshake-malformed", "frames_version was not offered")
         if frame.device_card is not None and CARD_CAPABILITY not in self._advertised:
             raise HandshakeError("handshake-malformed", "device_card was not asked for")
+        if frame.copy_state is not None and COPY_CAPABILITY not in self._advertised:
+            raise HandshakeError("handshake-malformed", "copy_state was not asked for")
         check_hex(frame.host_public_key, PUBLIC_KEY_HEX_LEN, "host_public_key")
         if not (frame.host_public_key == g.host_public_key == g.remote_id):
             raise HandshakeError("handshake-key-mismatch",
@@ -383,6 +404,7 @@ class GuestHandshake(_Handshake):
         self.peer_public_key = frame.host_public_key
         self.host_frames_version = frame.frames_version
         self.peer_card = frame.device_card
+        self.peer_copy_state = frame.copy_state
         self.proof = {"session_id": sid, "post_id": g.post_id, "protocol_id": self.spec.protocol_id,
                       "host_public_key": frame.host_public_key, "guest_public_key": self.public_key,
                       "guest_nonce": self._nonce, "host_nonce": frame.host_nonce,
@@ -406,4 +428,5 @@ class GuestHandshake(_Handshake):
                                binding_chain=list(chain) if chain is not None else None,
                                revocation_list=dict(revocation) if revocation is not None else None)
         return frame, SessionReady(self.session_id, self.peer_public_key or "", dict(self.peer_profile), [],
-                                   dict(self.proof), peer_card=self.peer_card)
+                                   dict(self.proof), peer_card=self.peer_card,
+                                   peer_copy_state=self.peer_copy_state)

@@ -35,6 +35,7 @@ The file is read with stdlib :mod:`tomllib` and written with ``tomli-w`` through
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import tomllib
@@ -1023,6 +1024,37 @@ class Policy:
         if not grants or any(c.max_bytes is None for c in grants):
             return None
         return max(c.max_bytes for c in grants if c.max_bytes is not None)
+
+    def copy_until(self, peer_name: str | None) -> str | None:
+        """The end of ``peer_name``'s copy (RFC 3339 UTC): the latest ``until`` among its
+        grants in force; None when one of them never ends, or there is none. The peer's
+        node deletes its copy once it passes (specs/copies.md §5)."""
+        from node.common.grants import until_time
+
+        grants = self.copy_grants_for(peer_name)
+        if not grants or any(c.until is None for c in grants):
+            return None
+        return max((c.until for c in grants if c.until is not None), key=until_time)
+
+    def copy_state(self, peer_name: str | None) -> dict[str, Any]:
+        """What a host tells ``peer_name`` of its copy in the handshake (specs/copies.md §5,
+        specs/session.md §4.2): ``{"granted": bool (a grant in force names it), "stamp":
+        32 hex, "until": :meth:`copy_until`}``. ``stamp`` is opaque: SHA-256 of the policy
+        document (rules, overrides, groups, scrubs, grants) and of what is in force for
+        this peer now (its groups, its copy grants, its overrides whose ``until`` has not
+        passed), so it changes whenever what the peer may keep may have changed — the
+        peer then re-syncs. Cheap: no source is decided."""
+        import hashlib
+
+        from node.common.grants import in_force
+
+        grants = self.copy_grants_for(peer_name)
+        names = ({peer_name} | self.groups_of(peer_name)) if peer_name is not None else set()
+        now = self.now()
+        basis = [self.to_toml(), sorted(names), [c.to_toml() for c in grants],
+                 [i for i, r in enumerate(self._overrides) if r.peer in names and in_force(r.until, now)]]
+        stamp = hashlib.sha256(json.dumps(basis, sort_keys=True).encode("utf-8")).hexdigest()[:32]
+        return {"granted": bool(grants), "stamp": stamp, "until": self.copy_until(peer_name)}
 
     # --- deciding -------------------------------------------------------------------------
     def match(self, canonical: str, peer_name: str | None = None) -> Rule | None:

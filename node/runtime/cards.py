@@ -196,9 +196,15 @@ def _keep_revocation(home: Path, rec: "PeerRecord", revocation: dict[str, Any] |
     if revocation is None:
         return
     try:
-        RevocationStore.load(home).offer(check_list(revocation, person=rec.public_key), via="server", now=_now())
+        offered = RevocationStore.load(home).offer(check_list(revocation, person=rec.public_key), via="server",
+                                                   now=_now())
     except KithError as exc:  # a forged or foreign list from the server: not kept
         log.info("revocation list from the server refused (%s)", exc.code)
+        return
+    from node.runtime.copies import end_copies
+
+    for key in offered.newly_revoked:  # copies held from a revoked device go (specs/copies.md §5)
+        end_copies(home, host_key=key, via="device-revoked")
 
 
 #: Seconds between two reads of a person's revocation list from its pin's server by one

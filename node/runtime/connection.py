@@ -87,12 +87,15 @@ class Answering:
             None (:meth:`node.answer.citation.CitationSigner.rewrite`).
         check: the egress gate's check of one outgoing frame (raises ``EgressRefused``), or None.
         knowledge_for: ``(peer_name | None, grant_key)`` → the peer's knowledge handle.
+        copy_state: ``peer_name | None`` → the copy grant state the handshake tells that
+            peer (:meth:`node.answer.service.AnswerService.copy_state`), or None (say nothing).
     """
 
     tap: Callable[[str], Any]
     rewrite: Callable[[Any, Any], Any]
     check: Callable[[Any], None] | None
     knowledge_for: Callable[[str | None, str | None], Any]
+    copy_state: Callable[[str | None], Any] = lambda name: None
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,7 @@ class Connection:
             "host", setup.spec, public_key=identity.public_key, sign=identity.sign,
             host=HostConfig(remote_id=self.remote, post_protocol=self.post_protocol, nonce_unseen=self.nonce_unseen,
                             profile=setup.profile, ui_bundle=setup.ui_bundle, named_post=self.named_post,
-                            card=setup.card, **engine_seams(self.door, self.visit)),
+                            card=setup.card, copy_state=self.copy_state, **engine_seams(self.door, self.visit)),
             egress_check=self.egress)
         with self.session_scope:  # cancelled when ended from outside (evicted, revoked, the owner)
             outcome = await run_session(self.stream, self.engine, setup.hooks, make_context=self.make_context,
@@ -299,6 +302,22 @@ class Connection:
             check(frame)  # EgressGate.check_frame
         self.tap.outgoing(frame)
         return frame if rewritten is not None else None
+
+    def copy_state(self, person_capable: bool) -> dict[str, Any] | None:
+        """The engine's ``HostConfig.copy_state``: what this guest is told of its copy in
+        ``_session_proof`` (specs/copies.md §5). A pinned device key → its name's state; an
+        unpinned key that advertised a person chain → None (its person, and so its grants,
+        is only known at ``_session_ready``: say nothing rather than end a copy it holds);
+        any other key is anonymous (never granted)."""
+        visit = self.visit
+        pinned = visit.pinned if visit is not None else None
+        if pinned is None and person_capable:
+            return None
+        try:
+            return self.answering.copy_state(pinned.name if pinned is not None else None)
+        except Exception:  # noqa: BLE001 - the handshake never fails for it: say nothing
+            logging.getLogger("kith.copies").warning("the copy state for a guest could not be decided")
+            return None
 
     def make_context(self, ev: SessionReady) -> HookContext:
         """The session is ready: record its proof and nonce, tell the table and the

@@ -9,6 +9,8 @@
   and ``.md``/``.rst``/``.txt``), never by anything the host sent, so a hostile host cannot
   write outside the folder; a file not in the manifest (a sync killed before its commit) is
   deleted by the next sync and never answered from;
+- ``grant.json`` — the host's last handshake's word on the grant (``{"stamp", "until",
+  "seenAt"}``, :func:`take_copy_state`);
 - ``corpus/`` — the copy's own index, made by the same corpus code as the owner's
   (:class:`node.corpus.store.Corpus` with ``docs/`` as its one root): the peer's own
   corpus is another record and is never touched.
@@ -22,6 +24,13 @@ it is written — in the batch asked, its version and text hash those of the man
 (:func:`node.answer.citation.verify_citation`) — and the manifest is committed after each
 batch, so a killed sync resumes where it stopped and the previous copy stays whole. Any
 fault aborts with a code and leaves the last committed copy.
+
+Ending a copy (specs/copies.md §5.1): every session's handshake tells the grant's state
+(:func:`take_copy_state`: not granted → the copy is deleted now; a new stamp → the runner
+re-syncs it), a copy past its ``until`` is deleted by this node without asking
+(:func:`expire_copies`, :func:`search_copy`), and ``kith peers remove`` / a revoked device
+delete the copies held from that host (:func:`end_copies`); each says so
+(:class:`copy_notices`, stderr by default).
 
 :func:`search_copy` answers a question from a copy (``kith ask --peer NAME --copy``, and
 the fallback when the host is unreachable): the same answer service as the owner's own
@@ -50,6 +59,8 @@ from node.common.home import atomic_write
 #: ``<home>/copies/``: every copy this node keeps, one folder per pinned peer name.
 COPIES_DIR = "copies"
 MANIFEST_FILE = "manifest.json"
+#: The host's last word on the grant (``{"stamp", "until", "seenAt"}``), from a handshake.
+GRANT_FILE = "grant.json"
 DOCS_DIR = "docs"
 #: The prefix of the copy's one root in its own index (its local source ids are ``/copy/...``).
 ROOT_NAME = "copy"
@@ -273,26 +284,78 @@ class CopyStore:
         return outdated
 
     def remove(self) -> bool:
-        """Delete the whole copy; False when there was none.
+        """Delete the whole copy; False when there was none. The folder is first renamed
+        away (``copies/.gone-…``, atomic: no reader sees half a copy, and a search running
+        on it meanwhile cannot make the deletion fail), then deleted, with any such folder
+        an earlier removal left behind.
 
         Raises:
-            ConfigError: ``io-error`` (a file cannot be deleted).
+            ConfigError: ``io-error`` (the folder cannot be renamed away).
         """
+        import secrets
+
         if not self.dir.exists():
             return False
         _CURRENT.pop(self.dir, None)
-        with _disk(self.peer, "deleting the copy"):
-            shutil.rmtree(self.dir)
+        with _open_lock:  # a copy search_copy holds open is closed (by its last search)
+            held = _open_copies.pop(self.dir, None)
+            if held is not None:
+                _retire(held)
+        gone = self.dir.with_name(f".gone-{secrets.token_hex(8)}")
+        try:
+            with _disk(self.peer, "deleting the copy"):
+                self.dir.rename(gone)
+        except FileNotFoundError:
+            return False
+        for old in self.dir.parent.glob(".gone-*"):
+            shutil.rmtree(old, ignore_errors=True)
         return True
 
     def summary(self) -> dict[str, Any]:
-        """``{"peer", "hostKey", "syncedAt", "documents", "bytes", "maxBytes"}`` of the
-        committed copy (``kith copies list``)."""
+        """``{"peer", "hostKey", "syncedAt", "documents", "bytes", "maxBytes", "until"}`` of
+        the committed copy (``kith copies list``; ``until``: :meth:`until`)."""
         state = self.load()
         docs = state["documents"]
         return {"peer": self.peer, "hostKey": state.get("hostKey"), "syncedAt": state.get("syncedAt"),
                 "documents": len(docs), "bytes": sum(int(d.get("bytes") or 0) for d in docs.values()),
-                "maxBytes": state.get("maxBytes")}
+                "maxBytes": state.get("maxBytes"), "until": self.until(state)}
+
+    # --- the host's last word on the grant (specs/copies.md §5) --------------------------
+    def grant(self) -> dict[str, Any] | None:
+        """``grant.json``: the copy grant state the host's last handshake told this node
+        (``{"stamp", "until", "seenAt"}``), or None (never told, or unreadable)."""
+        try:
+            got = json.loads((self.dir / GRANT_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return got if isinstance(got, dict) else None
+
+    def write_grant(self, state: dict[str, Any], now: float) -> None:
+        """Record a checked copy grant state (:func:`check_copy_state`) as ``grant.json``."""
+        atomic_write(self.dir / GRANT_FILE, json.dumps(
+            {"stamp": state["stamp"], "until": state["until"], "seenAt": _rfc3339(now)},
+            sort_keys=True).encode("utf-8"))
+
+    def until(self, state: dict[str, Any] | None = None) -> str | None:
+        """When this copy ends (RFC 3339 UTC) or None (never said): the host's last
+        handshake's ``until`` (``grant.json``) when one was recorded, else the one of the
+        last sync (``manifest.json``)."""
+        grant = self.grant()
+        if grant is not None:
+            return grant.get("until")
+        return (state if state is not None else self.load()).get("until")
+
+    def expired(self, now: float) -> bool:
+        """True once :meth:`until` has passed (an ill-formed one counts as passed)."""
+        from node.common.grants import ended
+
+        until = self.until()
+        if until is None:
+            return False
+        try:
+            return ended(until, now)
+        except KithError:
+            return True
 
 
 def reindex_copies(home: Path) -> list[str]:
@@ -508,6 +571,10 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
         store.index(changed if complete else None)  # after a killed sync: the whole folder
         state["indexed"] = True
     state["syncedAt"] = _rfc3339(now())  # only a sync that completed, its index included
+    told = seen_state(home, host_key)  # what this session's handshake said of the grant
+    if told is not None:
+        state.update(until=told["until"], stamp=told["stamp"])
+        store.write_grant(told, now())
     store.commit(state)
     summary = store.summary()
     report.update(documents=summary["documents"], bytes=summary["bytes"], syncedAt=state["syncedAt"])
@@ -532,6 +599,177 @@ async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int],
         return await pool.ask(peer, request)
 
     return await sync_copy(pool.home, peer, ask, rec.public_key, progress=progress)
+
+
+# --- ending a copy (specs/copies.md §5) -------------------------------------------------------
+
+#: What this process's handshakes last told of each host's copy grant: (home, host key) →
+#: the checked state. A first sync's handshake comes before its copy folder exists.
+_SEEN: dict[tuple[str, str], dict[str, Any]] = {}
+_SEEN_MAX = 1024
+#: Who is told that a copy was deleted (:func:`copy_notices`); the innermost one only.
+_LISTENERS: list[Callable[[dict[str, Any]], None]] = []
+
+
+def check_copy_state(raw: Any) -> dict[str, Any]:
+    """The ``copy_state`` of a host's ``_session_proof`` (specs/session.md §4.2), checked:
+    ``{"granted": bool, "stamp": 32 lowercase hex, "until": RFC 3339 UTC | None}``.
+
+    Raises:
+        ProtocolViolation: ``copy-state-invalid`` for any other shape (the session goes on;
+            the state is ignored).
+    """
+    from node.common.grants import until_time
+
+    if (not isinstance(raw, dict) or set(raw) != {"granted", "stamp", "until"}
+            or not isinstance(raw["granted"], bool) or not isinstance(raw["stamp"], str)
+            or len(raw["stamp"]) != 32 or not set(raw["stamp"]) <= _HEX):
+        raise ProtocolViolation("copy-state-invalid", "the host's copy_state is not {granted, stamp, until}")
+    if raw["until"] is not None:
+        try:
+            until_time(raw["until"])
+        except KithError:
+            raise ProtocolViolation("copy-state-invalid", "the host's copy_state has a bad until") from None
+    return {"granted": raw["granted"], "stamp": raw["stamp"], "until": raw["until"]}
+
+
+def seen_state(home: Path, host_key: str) -> dict[str, Any] | None:
+    """The copy grant state the last handshake with ``host_key`` in this process told, or None."""
+    return _SEEN.get((str(Path(home).resolve()), host_key))
+
+
+class copy_notices:  # noqa: N801 - a context manager used as a statement
+    """``with copy_notices(fn):`` — ``fn(notice)`` is told of every copy this process deletes
+    because it may no longer hold it (instead of stderr, the default), innermost first:
+    ``notice`` is ``{"peer", "kind": "ended", "removed" (documents), "via": "handshake" |
+    "expired" | "peer-removed" | "device-revoked", "text"}``, or ``{"peer", "kind":
+    "changed"}`` when a handshake told a new grant stamp (the copy is :func:`stale`; stderr
+    is not told of those). The home runner turns ``ended`` into ``copy-ended`` events and
+    wakes for ``changed`` (specs/copies.md §7)."""
+
+    def __init__(self, fn: Callable[[dict[str, Any]], None]) -> None:
+        self.fn = fn
+
+    def __enter__(self) -> "copy_notices":
+        _LISTENERS.append(self.fn)
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        if self.fn in _LISTENERS:
+            _LISTENERS.remove(self.fn)
+
+
+_WHY = {"handshake": "its host no longer grants it (told in the handshake)",
+        "expired": "its grant's end has passed",
+        "peer-removed": "its host was removed from the peer registry",
+        "device-revoked": "its host's device was revoked"}
+
+
+def _ended_copy(store: CopyStore, via: str) -> dict[str, Any] | None:
+    """Delete ``store``'s copy and tell the innermost listener (stderr without one); the notice."""
+    if not store.dir.exists():
+        return None
+    try:
+        removed = len(store.load()["documents"])
+    except KithError:
+        removed = 0
+    store.remove()
+    notice = {"peer": store.peer, "kind": "ended", "removed": removed, "via": via,
+              "text": f"{store.peer}'s copy was deleted ({removed} document(s)): {_WHY[via]}"}
+    if _LISTENERS:
+        try:
+            _LISTENERS[-1](notice)
+        except Exception:  # noqa: BLE001 - a listener's fault never undoes the deletion
+            pass
+    else:
+        import sys
+
+        print(f"kith: {notice['text']}", file=sys.stderr)
+    return notice
+
+
+def copies_of_key(home: Path, host_key: str) -> list[CopyStore]:
+    """The copies of ``home`` held from the host key ``host_key`` (the ``hostKey`` their
+    sync verified every document against)."""
+    return [CopyStore(home, row["peer"]) for row in list_copies(home) if row.get("hostKey") == host_key]
+
+
+def take_copy_state(home: Path, host_key: str, raw: Any, *, now: Callable[[], float] = time.time
+                    ) -> list[dict[str, Any]]:
+    """Act on the ``copy_state`` the host ``host_key`` sent in its ``_session_proof`` (the
+    guest's runtime calls it at every ready session: ``kith ask``, an outbox delivery, a
+    sync). Not granted → every copy held from that key is deleted now
+    (:func:`copy_notices`); granted → its ``stamp`` and ``until`` are recorded in each
+    copy's ``grant.json`` (a stamp that differs from the one the copy was last synced under
+    makes the runner's :class:`CopiesTask` sync it at its next step; an ``until`` is the
+    copy's end, :func:`expire_copies`). Only the host's own handshake counts: ``host_key``
+    is the key the session's proof verified.
+
+    Returns:
+        The notices of the copies deleted.
+
+    Raises:
+        ProtocolViolation: ``copy-state-invalid`` (:func:`check_copy_state`).
+    """
+    state = check_copy_state(raw)
+    seen_key = (str(Path(home).resolve()), host_key)
+    if len(_SEEN) >= _SEEN_MAX and seen_key not in _SEEN:
+        _SEEN.clear()
+    _SEEN[seen_key] = state
+    notices = []
+    for store in copies_of_key(home, host_key):
+        if not state["granted"]:
+            got = _ended_copy(store, "handshake")
+            if got is not None:
+                notices.append(got)
+        else:
+            told = store.grant() or {}
+            if (told.get("stamp"), told.get("until")) != (state["stamp"], state["until"]):
+                store.write_grant(state, now())
+            if stale(store) and _LISTENERS:  # the runner syncs it at its next step: wake it
+                try:
+                    _LISTENERS[-1]({"peer": store.peer, "kind": "changed"})
+                except Exception:  # noqa: BLE001
+                    pass
+    return notices
+
+
+def stale(store: CopyStore) -> bool:
+    """True when the host's last handshake told a grant stamp other than the one the copy
+    was last synced under: the grants or the policy for this peer changed since."""
+    grant = store.grant()
+    if grant is None:
+        return False
+    try:
+        synced = store.load().get("stamp")
+    except KithError:
+        return True
+    return grant.get("stamp") != synced
+
+
+def expire_copies(home: Path, now: float | None = None) -> list[dict[str, Any]]:
+    """Delete every copy of ``home`` whose end (:meth:`CopyStore.until`) has passed, without
+    asking its host (specs/copies.md §5: this relies on this node doing so); the notices."""
+    t = time.time() if now is None else now
+    out = []
+    for row in list_copies(home):
+        store = CopyStore(home, row["peer"])
+        if store.expired(t):
+            got = _ended_copy(store, "expired")
+            if got is not None:
+                out.append(got)
+    return out
+
+
+def end_copies(home: Path, *, peer: str | None = None, host_key: str | None = None, via: str
+               ) -> list[dict[str, Any]]:
+    """Delete the copy kept under the registry name ``peer`` and/or every copy held from
+    ``host_key`` (``kith peers remove``: ``peer-removed``; a revoked device:
+    ``device-revoked``); the notices."""
+    stores = [CopyStore(home, peer)] if peer is not None else []
+    if host_key is not None:
+        stores += [s for s in copies_of_key(home, host_key) if s.peer != peer]
+    return [n for n in (_ended_copy(s, via) for s in stores) if n is not None]
 
 
 # --- answering from a copy ------------------------------------------------------------------
@@ -673,10 +911,16 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
 
     Raises:
         ConfigError: ``copy-not-found`` when no copy of ``peer`` was ever synced.
+        PolicyError: ``copy-expired`` when the copy's end (:meth:`CopyStore.until`) has
+            passed: the copy is deleted (specs/copies.md §5).
     """
     from node.answer.service import answer_local
 
     store = CopyStore(home, peer)
+    if store.exists() and store.expired(time.time()):  # past its grant's end: deleted, never answered from
+        until = store.until()
+        _ended_copy(store, "expired")
+        raise PolicyError("copy-expired", f"{peer}'s copy ended at {until}; it was deleted")
     store.reindex_if_outdated()  # an index of an older schema answers nothing: rebuilt first
     entry = _acquire(store)
     try:
@@ -761,9 +1005,10 @@ def copy_texts(home: Path) -> Callable[[str, str], tuple[str, str] | None]:
     return lookup
 
 
-__all__ = ["COPIES_DIR", "CopyStore", "check_document", "check_manifest", "copies_root", "copy_age_text",
-           "close_open_copies", "copy_texts", "list_copies", "reindex_copies", "search_copy", "sync_copy",
-           "sync_with_pool"]
+__all__ = ["COPIES_DIR", "CopyStore", "check_copy_state", "check_document", "check_manifest", "close_open_copies",
+           "copies_of_key", "copies_root", "copy_age_text", "copy_notices", "copy_texts", "end_copies",
+           "expire_copies", "list_copies", "reindex_copies", "search_copy", "seen_state", "stale", "sync_copy",
+           "sync_with_pool", "take_copy_state"]
 
 
 # --- the background re-sync (node/runtime/runner.py) -----------------------------------------
@@ -800,13 +1045,19 @@ class CopiesTask:
         self._running: set[str] = set()
 
     async def step(self, runner: Any) -> float:
-        """Start the syncs that are due (:meth:`node.runtime.runner.Runner.spawn`); the
-        seconds until the next is."""
+        """Delete the copies past their end (:func:`expire_copies`, a ``copy-ended`` event
+        each), then start the syncs that are due — and those a handshake found
+        :func:`stale` — (:meth:`node.runtime.runner.Runner.spawn`); the seconds until the
+        next is."""
+        with copy_notices(self.listener(runner)):
+            expire_copies(self.home)
         now = self.clock()
         for row in list_copies(self.home):
             peer = row["peer"]
-            if peer in self._running or self._due.get(peer, 0.0) > now:
+            if peer in self._running:
                 continue
+            if self._due.get(peer, 0.0) > now and (peer in self._backoff or not stale(CopyStore(self.home, peer))):
+                continue  # a stale copy is synced now, unless its host is being retried
             self._running.add(peer)
             runner.spawn(self._sync, runner, peer)
         return min([d - now for d in self._due.values() if d > now], default=RESYNC_S)
@@ -817,6 +1068,20 @@ class CopiesTask:
         for row in list_copies(self.home):
             if row.get("hostKey") == key and row["peer"] not in self._running:
                 self._due[row["peer"]] = 0.0
+
+    @staticmethod
+    def listener(runner: Any) -> Callable[[dict[str, Any]], None]:
+        """The :func:`copy_notices` listener of ``runner``'s process: a deleted copy is a
+        ``copy-ended`` event (``via`` why), a changed grant wakes the runner."""
+        from node.common.host_events import CopyEnded
+
+        def tell(notice: dict[str, Any]) -> None:
+            if notice.get("kind") == "changed":
+                runner.wake()
+            else:
+                runner.emit(CopyEnded(peer=notice["peer"], fetched=0, removed=notice["removed"],
+                                      via=notice["via"]).to_dict())
+        return tell
 
     async def _sync(self, runner: Any, peer: str) -> None:
         import anyio
@@ -840,8 +1105,11 @@ class CopiesTask:
         else:
             was_away = self._backoff.pop(peer, None) is not None
             self._due[peer] = self.clock() + RESYNC_S
-            kind = CopyEnded if report["status"] == "ended" else CopySynced
-            runner.emit(kind(peer=peer, fetched=report["fetched"], removed=report["removed"]).to_dict())
+            if report["status"] == "ended":
+                runner.emit(CopyEnded(peer=peer, fetched=report["fetched"], removed=report["removed"],
+                                      via="sync").to_dict())
+            else:
+                runner.emit(CopySynced(peer=peer, fetched=report["fetched"], removed=report["removed"]).to_dict())
             if was_away and report["status"] == "ok":  # still running: its own hook leaves this copy be
                 key = CopyStore(self.home, peer).load().get("hostKey")
                 if isinstance(key, str):

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 from node.answer.contract import TOP_K_DEFAULT
 from node.runtime.driver import SessionOutcome, run_session
 from node.engine.session import GuestConfig, SessionEngine, SessionReady
-from node.common.errors import ConfigError, HandshakeError, InvitationError
+from node.common.errors import ConfigError, HandshakeError, InvitationError, KithError
 from node.runtime.hooks import HookContext, PeerInfo, load_hooks
 from node.trust.identity import Identity
 from node.trust.invitation import POST_ID_RE, Invitation, parse_invitation, verify_invitation
@@ -422,7 +422,9 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             once when the stream opened (``previous`` None), then at each change of the
             path iroh selected (direct ↔ relayed; specs/transport.md §3).
 
-    The guest asks for the host's device card (``device_card_v1``) and keeps it when the
+    The guest asks for the host's copy grant state (``copy_state_v1``) and acts on it
+    (:func:`node.runtime.copies.take_copy_state`: a copy no longer granted is deleted now,
+    saying so). The guest asks for the host's device card (``device_card_v1``) and keeps it when the
     host is a device of a person pinned here with ``--devices``
     (:func:`node.runtime.cards.take_card`; a bad card is refused with its code and never kept).
     The guest shares its own profile (``<home>/profile.json``) in ``_session_init``; the
@@ -465,6 +467,15 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             from node.runtime.cards import take_card
 
             take_card(home, ev.peer_card, via="handshake", device=ev.peer_public_key)
+        if ev.peer_copy_state is not None:  # the host's word on our copy of it (specs/copies.md §5)
+            from node.runtime.copies import take_copy_state
+
+            try:
+                take_copy_state(home, ev.peer_public_key, ev.peer_copy_state)
+            except KithError as exc:  # an ill-formed state is ignored; the session goes on
+                logging.getLogger("kith.copies").warning("the host's copy state was refused: %s", exc.code)
+            except OSError as exc:  # the copy could not be deleted now: its next sync does; the session goes on
+                logging.getLogger("kith.copies").warning("a copy could not be deleted: %s", type(exc).__name__)
         if host_seen is not None:
             host_seen.update({"public_key": ev.peer_public_key, "profile": clean_profile(ev.peer_profile)})
         if on_ready is not None:
@@ -500,7 +511,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
                                                  capabilities=[UI_CAPABILITY] if accept_host_ui else [],
                                                  want_ui=accept_host_ui and local_ui_dir(pdir) is None,
                                                  binding_chain=own_chain(home, identity.public_key),
-                                                 revocation_list=own_revocation(home), want_card=True))
+                                                 revocation_list=own_revocation(home), want_card=True,
+                                                 want_copy_state=True))
 
         def on_ui(ev: Any, session_id: str) -> Path:
             return install_bundle(home, session_id, ev.files)

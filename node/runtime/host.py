@@ -504,8 +504,10 @@ class Host:
                              hook_options=opts.hook_options, ttl_s=opts.ttl_s,
                              first_stream_timeout_s=self.first_stream_timeout_s, reject_frame=self.reject_frame,
                              pairing_code=self.pairing_code, card=self.current_card)
+        service = getattr(self.knowledge, "service", None)
         answering = Answering(tap=self.audit.tap, rewrite=self.citations.rewrite,
-                              check=self.knowledge.egress_check, knowledge_for=self.knowledge.handle_for)
+                              check=self.knowledge.egress_check, knowledge_for=self.knowledge.handle_for,
+                              copy_state=getattr(service, "copy_state", None) or (lambda _name: None))
         return Wiring(door=self.door, table=self.table, posts=self.posts, nonces=self.seen_nonces,
                       listener=self.listener, emit=self.emit, clock=self.clock, setup=setup, answering=answering)
 

@@ -182,6 +182,10 @@ class PeersWatcher:
                                            of_persons=None if persons & set(persons_of_device(registry, key))
                                            else persons)
                 for key in devices)
+        from node.runtime.copies import end_copies
+
+        for key in devices:  # copies this home keeps of a revoked device go (specs/copies.md §5)
+            end_copies(self.home, host_key=key, via="device-revoked")
         pin = pin or person_pin(registry, person)
         ev = DeviceRevoked(person=person, peer_name=pin.name if pin else None, devices=list(devices), seq=seq,
                            via=via, sessions_ended=n).to_dict()

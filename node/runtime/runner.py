@@ -165,6 +165,10 @@ class Runner:
                     self._own_pool = await stack.enter_async_context(
                         SessionPool(self.home, load_identity(self.home), local=self.local, mode=self.mode,
                                     down_s=0.0))
+                from node.runtime.copies import CopiesTask, copy_notices
+
+                # a session of this process that learns a copy ended tells the runner (copy-ended)
+                stack.enter_context(copy_notices(CopiesTask.listener(self)))
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
                     await self._loop()

@@ -1,0 +1,249 @@
+"""Ending a copy (issue 33 item 4; specs/copies.md §5, specs/session.md §4.2): the host's
+``_session_proof`` carries the copy grant state to a guest that advertised ``copy_state_v1``
+(the sans-I/O engine over an in-memory pipe); the guest deletes a copy no longer granted at
+any session and syncs a changed one at the runner's next step; a copy past its ``until`` is
+deleted by the peer's own node (``copy-expired``); ``kith peers remove`` and a revoked
+device delete the copies held from that host."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import anyio
+import pytest
+
+from node.common.errors import KithError
+from node.common.grants import until_time
+from node.engine.session import SessionClosed, SessionReady
+from node.policy.store import Policy
+from node.protocol.spec import load_spec
+from node.runtime import copies as C
+from node.runtime.clock import rfc3339
+from node.trust.peers import PeerRegistry
+
+from support.cli import invoke
+from support.engines import EnginePair
+from support.homes import PROTOCOLS, node_home
+
+from test_copies import _asker, _server, host  # noqa: F401 - the fixture
+
+STATE = {"granted": True, "stamp": "ab" * 16, "until": None}
+
+
+@pytest.fixture(scope="module")
+def kq():
+    return load_spec(PROTOCOLS / "knowledge-query")
+
+
+# --- the handshake field (engine, in memory) ----------------------------------------------
+
+def _pair(spec, host_id, guest_id, *, want: bool, state=STATE, calls=None):
+    pair = EnginePair(spec, host_id, guest_id)
+
+    def copy_state(person_capable):
+        if calls is not None:
+            calls.append(person_capable)
+        return state
+    pair.host._hs.config.copy_state = copy_state
+    pair.guest._hs.config.want_copy_state = want
+    return pair
+
+
+def test_the_proof_carries_the_copy_state_to_a_guest_that_asked(kq, host_id, guest_id):
+    calls: list = []
+    pair = _pair(kq, host_id, guest_id, want=True, calls=calls)
+    pair.handshake()
+    (ready,) = pair.of(pair.guest_events, SessionReady)
+    assert ready.peer_copy_state == STATE and calls == [False]  # no person chain advertised
+    assert "copy_state_v1" in pair.of(pair.host_events, SessionReady)[0].peer_capabilities
+
+
+def test_a_guest_that_did_not_advertise_never_receives_it(kq, host_id, guest_id):
+    calls: list = []
+    pair = _pair(kq, host_id, guest_id, want=False, calls=calls)
+    pair.guest.initiate()
+    init = pair.guest.data_to_send()
+    assert b"copy_state_v1" not in init
+    pair.host_events += pair.host.receive_data(init)
+    proof = pair.host.data_to_send()
+    assert b"copy_state" not in proof and calls == []  # never asked, never decided
+    pair.guest_events += pair.guest.receive_data(proof)
+    pair.guest_events += pair.guest.confirm_ready()
+    pair.pump()
+    assert pair.of(pair.guest_events, SessionReady)[0].peer_copy_state is None
+
+
+def test_a_copy_state_the_guest_did_not_ask_for_is_refused(kq, host_id, guest_id):
+    pair = _pair(kq, host_id, guest_id, want=False)
+    pair.guest.initiate()
+    pair.host.receive_data(pair.guest.data_to_send())
+    proof = json.loads(pair.host.data_to_send().decode().splitlines()[0])
+    proof["copy_state"] = STATE  # a host (or a man in the middle of nothing: QUIC) adds it unasked
+    pair.guest_events += pair.guest.receive_data((json.dumps(proof) + "\n").encode())
+    (closed,) = pair.of(pair.guest_events, SessionClosed)
+    assert closed.code == "handshake-malformed"
+
+
+def test_a_host_that_cannot_tell_says_nothing(kq, host_id, guest_id):
+    pair = _pair(kq, host_id, guest_id, want=True, state=None)
+    pair.handshake()
+    assert pair.of(pair.guest_events, SessionReady)[0].peer_copy_state is None
+
+
+# --- the host's state --------------------------------------------------------------------
+
+def test_the_state_changes_when_the_grant_or_a_tier_changes(host):  # noqa: F811
+    home, _ = host
+    p = Policy.load(home)
+    first = p.copy_state("bea")
+    assert first["granted"] is True and first["until"] is None and len(first["stamp"]) == 32
+    assert Policy.load(home).copy_state("bea") == first  # stable while nothing changes
+    assert p.copy_state(None)["granted"] is False and p.copy_state("cat")["granted"] is False
+    p.set("/kb/deploy.md", "private")  # a tier narrows what may be kept
+    narrowed = p.copy_state("bea")
+    assert narrowed["granted"] is True and narrowed["stamp"] != first["stamp"]
+    p.set_copy("/kb/sqlite.md", "bea", until="2030-01-01T00:00:00Z")
+    assert p.copy_state("bea")["until"] is None  # /kb/** never ends: neither does the copy
+    p.unset_copy("/kb/**", "bea")
+    assert p.copy_state("bea")["until"] == "2030-01-01T00:00:00Z"
+    p.set_copy("/kb/deploy.md", "bea", until="2031-01-01T00:00:00Z")
+    assert p.copy_state("bea")["until"] == "2031-01-01T00:00:00Z"  # the latest end in force
+    p.unset_copy("/kb/sqlite.md", "bea")
+    p.unset_copy("/kb/deploy.md", "bea")
+    assert p.copy_state("bea")["granted"] is False
+
+
+# --- the guest acts on it ----------------------------------------------------------------
+
+def _synced(tmp_path, home, told=None):
+    """bea's home with a synced copy of ``home`` under the name alice (told ``told`` by a
+    handshake before the sync, as a pooled session's would)."""
+    server, corpus, key = _server(home)
+    guest = node_home(tmp_path, "bea")
+    if told is not None:
+        C.take_copy_state(guest, key, told)
+    report = anyio.run(lambda: C.sync_copy(guest, "alice", _asker(server), key))
+    corpus.close()
+    assert report["status"] == "ok" and report["documents"] == 2
+    return guest, key
+
+
+def test_not_granted_in_a_handshake_deletes_the_copy_and_says_so(host, tmp_path, capsys):  # noqa: F811
+    home, _ = host
+    guest, key = _synced(tmp_path, home, told=STATE)
+    assert C.CopyStore(guest, "alice").exists()
+    C.take_copy_state(guest, "11" * 32, {**STATE, "granted": False})  # another host's word: nothing
+    assert C.CopyStore(guest, "alice").exists()
+    notices = C.take_copy_state(guest, key, {**STATE, "granted": False})
+    assert not C.CopyStore(guest, "alice").dir.exists()
+    assert [(n["peer"], n["removed"], n["via"]) for n in notices] == [("alice", 2, "handshake")]
+    assert "alice's copy was deleted (2 document(s)): its host no longer grants it" in capsys.readouterr().err
+
+
+def test_a_changed_stamp_makes_the_copy_stale_until_synced(host, tmp_path):  # noqa: F811
+    home, _ = host
+    guest, key = _synced(tmp_path, home, told=STATE)
+    store = C.CopyStore(guest, "alice")
+    assert store.load()["stamp"] == STATE["stamp"] and not C.stale(store)
+    told: list = []
+    with C.copy_notices(told.append):
+        C.take_copy_state(guest, key, {**STATE, "stamp": "cd" * 16})
+    assert C.stale(store) and told == [{"peer": "alice", "kind": "changed"}]
+    server, corpus, _ = _server(home)
+    anyio.run(lambda: C.sync_copy(guest, "alice", _asker(server), key))
+    corpus.close()
+    assert not C.stale(store) and store.load()["stamp"] == "cd" * 16
+
+
+@pytest.mark.parametrize("bad", [None, [], {"granted": "yes", "stamp": "ab" * 16, "until": None},
+                                 {"granted": True, "stamp": "AB" * 16, "until": None},
+                                 {"granted": True, "stamp": "ab" * 16, "until": "tomorrow"},
+                                 {**STATE, "extra": 1}])
+def test_an_ill_formed_state_is_refused_with_a_code(tmp_path, bad):
+    with pytest.raises(KithError) as exc:
+        C.take_copy_state(tmp_path, "11" * 32, bad)
+    assert exc.value.code == "copy-state-invalid"
+
+
+class _Runner:
+    def __init__(self):
+        self.events, self.spawned, self.woken = [], [], 0
+
+    def emit(self, ev):
+        self.events.append(ev)
+
+    def spawn(self, fn, *args):
+        self.spawned.append(args[1])
+
+    def wake(self):
+        self.woken += 1
+
+
+def test_until_passed_deletes_the_copy_without_the_host(host, tmp_path):  # noqa: F811
+    home, _ = host
+    guest, key = _synced(tmp_path, home, told={**STATE, "until": rfc3339(time.time() + 3600)})
+    store = C.CopyStore(guest, "alice")
+    assert store.load()["until"] == store.until() and C.list_copies(guest)[0]["until"] == store.until()
+    listed = invoke(guest, "copies", "list")
+    assert listed.exit_code == 0 and f"ends {store.until()}" in listed.stdout
+    C.search_copy(guest, "alice", {"queries": ["WAL"]})  # in force: answers
+    later = until_time(store.until()) + 1
+    assert C.expire_copies(guest, now=later - 2) == [] and store.exists()
+    store.write_grant({**STATE, "until": rfc3339(time.time() - 1)}, time.time())  # its end passed
+    with pytest.raises(KithError) as exc:
+        C.search_copy(guest, "alice", {"queries": ["WAL"]})
+    assert exc.value.code == "copy-expired" and not store.dir.exists()
+
+
+def test_the_runner_ends_an_expired_copy_and_syncs_a_stale_one(host, tmp_path):  # noqa: F811
+    home, _ = host
+    guest, key = _synced(tmp_path, home, told=STATE)
+    task = C.CopiesTask(guest, clock=lambda: 100.0)
+    task._due["alice"] = 10_000.0  # synced a moment ago: not due
+    runner = _Runner()
+    anyio.run(task.step, runner)
+    assert runner.spawned == []
+    C.take_copy_state(guest, key, {**STATE, "stamp": "ef" * 16})  # the grant changed
+    anyio.run(task.step, runner)
+    assert runner.spawned == ["alice"]  # at its next step, not at the interval's end
+    task._running.clear()
+    C.CopyStore(guest, "alice").write_grant({**STATE, "until": rfc3339(time.time() - 5)}, time.time())
+    anyio.run(task.step, runner)
+    assert not C.CopyStore(guest, "alice").dir.exists()
+    assert [(e["event"], e["peer"], e["removed"], e["via"]) for e in runner.events] == [
+        ("copy-ended", "alice", 2, "expired")]
+
+
+def test_peers_remove_deletes_the_copy_and_says_so(host, tmp_path):  # noqa: F811
+    home, _ = host
+    guest, key = _synced(tmp_path, home)
+    PeerRegistry.load(guest).add("alice", key)
+    r = invoke(guest, "peers", "remove", "alice", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["copyRemoved"] == 2
+    assert not C.CopyStore(guest, "alice").dir.exists()
+
+
+def test_a_revoked_device_s_copies_are_deleted(host, tmp_path):  # noqa: F811
+    home, _ = host
+    guest, key = _synced(tmp_path, home)
+    ended = C.end_copies(guest, host_key="22" * 32, via="device-revoked")
+    assert ended == [] and C.CopyStore(guest, "alice").exists()
+    ended = C.end_copies(guest, host_key=key, via="device-revoked")
+    assert [(n["peer"], n["via"]) for n in ended] == [("alice", "device-revoked")]
+    assert not C.CopyStore(guest, "alice").dir.exists()
+
+
+
+def test_the_owner_is_told_what_ending_does_and_cannot_undo(host):  # noqa: F811
+    home, _ = host
+    r = invoke(home, "policy", "set", "/kb/deploy.md", "private")
+    assert r.exit_code == 0 and "copy grants follow tiers" in r.output and "keeps what it copied" in r.output
+    r = invoke(home, "policy", "copy", "/kb/**", "--for", "bea", "--off", "--json")
+    assert r.exit_code == 0
+    warning = json.loads(r.stdout)["warning"]
+    assert "next sync or handshake" in warning and "keeps what it copied" in warning
+    assert "signatures prove what was shared" in warning
+    r = invoke(home, "policy", "copy", "/kb/**", "--for", "bea", "--until", "30d")
+    assert r.exit_code == 0 and "even if it never reaches this host again" in r.output
