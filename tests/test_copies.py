@@ -419,3 +419,17 @@ def test_a_copy_held_open_between_questions_follows_its_syncs_and_removal(host, 
     assert len(copies_mod._open_copies) <= copies_mod.OPEN_COPIES_MAX
     copies_mod.close_open_copies()
     assert not copies_mod._open_copies
+
+
+def test_a_damaged_copy_index_is_refused_with_a_code_not_a_traceback(host, tmp_path):
+    home, _ = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)
+    store = CopyStore(guest, "alice")
+    (store.dir / "corpus" / "corpus.sqlite3").write_bytes(b"not a database" * 400)
+    with pytest.raises(KithError) as exc:
+        search_copy(guest, "alice", {"query": "WAL", "topK": 5})
+    assert exc.value.code == "index-unavailable"
+    assert "kith copies remove alice" in str(exc.value)

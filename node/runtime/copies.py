@@ -34,12 +34,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from node.common.errors import ConfigError, KithError, PolicyError, ProtocolViolation, SigningError
+from node.common.errors import ConfigError, CorpusError, KithError, PolicyError, ProtocolViolation, SigningError
 from node.common.home import atomic_write
 
 #: ``<home>/copies/``: every copy this node keeps, one folder per pinned peer name.
@@ -512,15 +513,23 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
     the owner's own search (specs/copies.md §6). Thread-safe.
 
     Raises:
-        ConfigError: ``copy-not-found`` when no copy of ``peer`` was ever synced.
+        ConfigError: ``copy-not-found`` when no copy of ``peer`` was ever synced;
+            ``config-invalid`` when its ``manifest.json`` cannot be read.
+        CorpusError: ``index-unavailable`` when the copy's index is damaged (not SQLite).
     """
     from node.answer.service import answer_local
 
-    entry = _acquire(CopyStore(home, peer))
     try:
-        answer = answer_local(entry.corpus, {k: v for k, v in request.items() if k != "citations"})
-    finally:
-        _release(entry)
+        entry = _acquire(CopyStore(home, peer))
+        try:
+            answer = answer_local(entry.corpus, {k: v for k, v in request.items() if k != "citations"})
+        finally:
+            _release(entry)
+    except sqlite3.DatabaseError as exc:  # a damaged copy index: refused, never a traceback
+        raise CorpusError(
+            "index-unavailable",
+            f"the index of {peer}'s copy cannot be read ({exc}); `kith copies remove {peer}` "
+            f"then `kith copies sync {peer}` makes it again") from None
     by_file = entry.by_file
     env = answer.get("envelope") or {}
     kept = []
