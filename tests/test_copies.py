@@ -433,3 +433,11 @@ def test_a_damaged_copy_index_is_refused_with_a_code_not_a_traceback(host, tmp_p
         search_copy(guest, "alice", {"query": "WAL", "topK": 5})
     assert exc.value.code == "index-unavailable"
     assert "kith copies remove alice" in str(exc.value)
+
+
+def test_policy_check_names_a_copy_grant_for_a_peer_that_is_not_pinned(host):
+    home, _ = host
+    assert invoke(home, "policy", "copy", "/kb/**", "--for", "nobody").exit_code == 0
+    checked = json.loads(invoke(home, "policy", "check", "--json").stdout)
+    assert {"where": "copy grant /kb/**", "name": "nobody"} in checked["notPinned"]
+    assert "copy grant /kb/**: nobody" in invoke(home, "policy", "check").stdout

@@ -255,8 +255,8 @@ def set_cmd(
 
 
 def _not_pinned(home: Path, policy: Policy) -> list[dict[str, str]]:
-    """``[{"where", "name"}]``: each rule (its ``peers``), override (its ``--for``) and
-    group member naming a peer that is not pinned in ``peers.json`` (any more) — it grants
+    """``[{"where", "name"}]``: each rule (its ``peers``), override (its ``--for``), group
+    member and copy grant (its ``--for``, specs/copies.md §1) naming a peer that is not pinned in ``peers.json`` (any more) — it grants
     nothing until that name is pinned again (`kith policy check`, issue 32)."""
     from node.policy.store import GROUP_PREFIX
     from node.trust.peers import PeerRegistry
@@ -269,6 +269,8 @@ def _not_pinned(home: Path, policy: Policy) -> list[dict[str, str]]:
                 if not n.startswith(GROUP_PREFIX) and n not in pinned]
     for group in policy.groups.values():
         out += [{"where": f"@{group.name}", "name": m} for m in sorted(group.members) if m not in pinned]
+    out += [{"where": f"copy grant {c.glob}", "name": c.recipient} for c in policy.copy_grants
+            if not c.recipient.startswith(GROUP_PREFIX) and c.recipient not in pinned]
     return out
 
 
@@ -276,8 +278,8 @@ def _not_pinned(home: Path, policy: Policy) -> list[dict[str, str]]:
 def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """List the rules that match no indexed source (typos) and the indexed sources no rule
     decides (private by default), with how many sources each rule decides, the indexed
-    sources served unscrubbed to a peer that a scrub entry once covered, and the rules and
-    groups naming a peer that is not pinned (any more)."""
+    sources served unscrubbed to a peer that a scrub entry once covered, and the rules,
+    groups and copy grants naming a peer that is not pinned (any more)."""
     from node.policy.scrub_coverage import ScrubRecord, recipients, unscrubbed
     from node.trust.peers import PeerRegistry
 
