@@ -441,3 +441,14 @@ def test_policy_check_names_a_copy_grant_for_a_peer_that_is_not_pinned(host):
     checked = json.loads(invoke(home, "policy", "check", "--json").stdout)
     assert {"where": "copy grant /kb/**", "name": "nobody"} in checked["notPinned"]
     assert "copy grant /kb/**: nobody" in invoke(home, "policy", "check").stdout
+
+
+def test_policy_copy_warns_when_another_grant_decides_the_budget(host):
+    home, _ = host  # the fixture's /kb/** grant for bea sets no --max-bytes
+    r = invoke(home, "policy", "copy", "/kb/*.md", "--for", "bea", "--max-bytes", "100000")
+    assert r.exit_code == 0, r.output
+    assert "bea's copy may hold any number of bytes, not 100,000" in r.output
+    assert "bea's copy may hold" not in invoke(home, "policy", "copy", "/kb/**", "--for", "bea",
+                                               "--max-bytes", "200000").output
+    r = invoke(home, "policy", "copy", "/kb/**", "--for", "bea", "--max-bytes", str(10**20))
+    assert r.exit_code == 2 and "--max-bytes" in r.output

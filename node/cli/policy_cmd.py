@@ -14,7 +14,7 @@ from node.corpus.types import Root
 from node.common.errors import KithError, UsageError
 from node.policy.coverage import (MAX_LISTED, check_policy, indexed_sources, rule_coverage, rule_label,
                                   unmatched_scrubs)
-from node.policy.store import (ANONYMOUS_SHARED_FACTOR, MIN_MESSAGE_BYTES, TIERS, Decision, Policy, Quota,
+from node.policy.store import (ANONYMOUS_SHARED_FACTOR, MAX_COPY_BYTES, MIN_MESSAGE_BYTES, TIERS, Decision, Policy, Quota,
                                Rule, check_peer_names)
 
 #: said after every change: a running host re-reads policy.toml at its next query
@@ -653,8 +653,10 @@ def copy_cmd(
                                              help="Who may keep the copy: a pinned peer's (or person's) name, or @GROUP."),
     until: Optional[str] = typer.Option(None, "--until", metavar="DATE|DURATION",
                                         help="End the grant then (2027-01-31, 2027-01-31T18:00:00Z, 30d); the peer's next sync deletes the copy."),
-    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", metavar="N", min=1,
-                                            help="The most bytes of text the copy may hold (a sync over it is refused: copy-over-budget)."),
+    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", metavar="N", min=1, max=MAX_COPY_BYTES,
+                                            help="The most bytes of text the copy may hold (a sync over it is refused: "
+                                                 "copy-over-budget). With several grants for one peer, the largest "
+                                                 "counts, and none when one has none."),
     off: bool = typer.Option(False, "--off", help="End the grant (GLOB, --for): the peer's next sync deletes what it copied under it."),
     as_json: bool = _JSON,
 ) -> None:
@@ -688,6 +690,11 @@ def copy_cmd(
             changed = True
             if not for_target.startswith("@"):
                 _warn_unpinned(home, [for_target], "--for")
+                budget = policy.copy_budget(for_target)
+                if budget != max_bytes:  # another grant decides it (specs/copies.md §1)
+                    _warn(f"{for_target}'s copy may hold {'any number of' if budget is None else f'{budget:,}'} "
+                          f"bytes, not {'any number' if max_bytes is None else f'{max_bytes:,}'}: the budget is "
+                          f"the largest --max-bytes among {for_target}'s grants, none when one sets none")
             _warn(COPY_WARNING)
         if changed:
             policy.save()
