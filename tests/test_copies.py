@@ -452,3 +452,23 @@ def test_policy_copy_warns_when_another_grant_decides_the_budget(host):
                                                "--max-bytes", "200000").output
     r = invoke(home, "policy", "copy", "/kb/**", "--for", "bea", "--max-bytes", str(10**20))
     assert r.exit_code == 2 and "--max-bytes" in r.output
+
+
+def test_a_damaged_manifest_is_refused_with_the_way_out(host, tmp_path):
+    home, _ = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)
+    assert invoke(guest, "peers", "add", "alice", key).exit_code == 0
+    CopyStore(guest, "alice").path.write_text("{not json")
+    way_out = "`kith copies remove alice` deletes this copy; `kith copies sync alice` then makes it again"
+    listed = invoke(guest, "copies", "list")
+    assert listed.exception.code == "config-invalid" and listed.exception.hint == way_out
+    synced = invoke(guest, "copies", "sync", "alice", "--offline", "--json")
+    assert synced.exit_code == 1
+    assert json.loads(synced.stdout)["copies"][0] == {
+        "peer": "alice", "status": "refused", "code": "config-invalid",
+        "message": "copies/alice/manifest.json cannot be read", "hint": way_out}
+    assert way_out in synced.stderr
+    assert invoke(guest, "copies", "remove", "alice").exit_code == 0

@@ -101,6 +101,10 @@ class CopyStore:
         """True when a manifest was ever committed here."""
         return self.path.is_file()
 
+    @property
+    def _remake_hint(self) -> str:
+        return f"`kith copies remove {self.peer}` deletes this copy; `kith copies sync {self.peer}` then makes it again"
+
     def load(self) -> dict[str, Any]:
         """The committed state (an empty one when there is none).
 
@@ -113,9 +117,11 @@ class CopyStore:
         try:
             state = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            raise ConfigError("config-invalid", f"copies/{self.peer}/{MANIFEST_FILE} cannot be read") from None
+            raise ConfigError("config-invalid", f"copies/{self.peer}/{MANIFEST_FILE} cannot be read",
+                              hint=self._remake_hint) from None
         if not isinstance(state, dict) or not isinstance(state.get("documents"), dict):
-            raise ConfigError("config-invalid", f"copies/{self.peer}/{MANIFEST_FILE} is not a copy manifest")
+            raise ConfigError("config-invalid", f"copies/{self.peer}/{MANIFEST_FILE} is not a copy manifest",
+                              hint=self._remake_hint)
         return state
 
     def commit(self, state: dict[str, Any]) -> None:
