@@ -472,3 +472,21 @@ def test_a_damaged_manifest_is_refused_with_the_way_out(host, tmp_path):
         "message": "copies/alice/manifest.json cannot be read", "hint": way_out}
     assert way_out in synced.stderr
     assert invoke(guest, "copies", "remove", "alice").exit_code == 0
+
+
+def test_a_source_whose_id_holds_a_scrubbed_value_is_never_copied(host, tmp_path):
+    home, kb = host  # e-mail is scrubbed for bea; a live answer shows this id as /kb/[email]
+    (kb / "carol.private@example.com.md").write_text("# Carol\n\nMeeting notes for carol.\n")
+    with Corpus(home) as c:
+        c.sync()
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        assert all("example.com" not in d["source"] for d in server.manifest("bea")["documents"])
+        _sync(guest, _asker(server), key)
+    store = CopyStore(guest, "alice")
+    assert "example.com" not in store.path.read_text()
+    assert all("example.com" not in t for t in _files(store).values())
+    explained = json.loads(invoke(home, "policy", "explain", "/kb/carol.private@example.com.md",
+                                  "--peer", "bea", "--json").stdout)
+    assert explained["allowed"] and explained.get("copy") is None

@@ -621,7 +621,8 @@ def _copy_lines(policy: Policy) -> list[str]:
 
 def _copy_check(policy: Policy, sources: list) -> list:
     """Per grant: how many indexed sources its glob matches, how many the recipient may keep
-    (the rest are ``ask``/``private``/``never`` or not shared with it and are never copied).
+    (the rest are ``ask``/``private``/``never``, not shared with it or have a scrubbed value
+    in their id, and are never copied).
     A group grant is counted for the group's current members together."""
     out = []
     for c in policy.copy_grants:
@@ -640,7 +641,7 @@ def _copy_check_lines(policy: Policy, sources: list) -> list[str]:
     for c in _copy_check(policy, sources):
         lines.append(f"copy grant {c['glob']} for {c['for']}: matches {c['matches']}, may be kept {c['copyable']}")
         if c["notCopied"]:
-            lines.append("  never copied (ask, private, never or not shared with it):")
+            lines.append("  never copied (ask, private, never, not shared with it, or its id holds a value scrubbed for it):")
             lines += [f"    {s}" for s in c["notCopied"]]
     return lines
 
