@@ -490,3 +490,12 @@ def test_a_source_whose_id_holds_a_scrubbed_value_is_never_copied(host, tmp_path
     explained = json.loads(invoke(home, "policy", "explain", "/kb/carol.private@example.com.md",
                                   "--peer", "bea", "--json").stdout)
     assert explained["allowed"] and explained.get("copy") is None
+
+
+def test_a_refused_first_sync_does_not_claim_a_previous_copy(tmp_path):
+    guest = node_home(tmp_path, "guest")
+    assert invoke(guest, "peers", "add", "alice", "ab" * 32).exit_code == 0
+    for name in ("alice", "../x"):
+        r = invoke(guest, "copies", "sync", name, "--offline")
+        assert r.exit_code == 1
+        assert "no copy is kept here" in r.stderr and "previous copy" not in r.stderr, r.stderr

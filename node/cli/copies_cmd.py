@@ -79,7 +79,7 @@ def sync_cmd(
     import anyio
 
     from node.common.errors import CODES, KithError, UsageError
-    from node.runtime.copies import list_copies, sync_with_pool
+    from node.runtime.copies import CopyStore, list_copies, sync_with_pool
     from node.runtime.pool import PeerGone, SessionPool, classify_gone
     from node.trust.identity import load_identity
 
@@ -92,6 +92,12 @@ def sync_cmd(
     identity = load_identity(home)
     reports: list[dict[str, Any]] = []
     failed = 0
+
+    def _kept(n: str) -> bool:
+        try:
+            return CopyStore(home, n).exists()
+        except KithError:  # not a registry name: never a copy
+            return False
 
     async def main() -> None:
         nonlocal failed
@@ -118,7 +124,7 @@ def sync_cmd(
                     failed += 1
                     err_console.print(f"{safe_text(n)}: {r['status']} ({r.get('code')})"
                                       + (f": {safe_text(r['message'])}" if r.get("message") else "")
-                                      + " — the previous copy is kept"
+                                      + (" — the previous copy is kept" if _kept(n) else " — no copy is kept here")
                                       + (f"\n  hint: {safe_text(r['hint'])}" if r.get("hint") else ""),
                                       highlight=False, markup=False)
                 elif not as_json:
