@@ -499,3 +499,9 @@ def test_a_refused_first_sync_does_not_claim_a_previous_copy(tmp_path):
         r = invoke(guest, "copies", "sync", name, "--offline")
         assert r.exit_code == 1
         assert "no copy is kept here" in r.stderr and "previous copy" not in r.stderr, r.stderr
+
+
+def test_policy_copy_for_a_group_that_does_not_exist_warns(host):
+    home, _ = host
+    r = invoke(home, "policy", "copy", "/kb/**", "--for", "@nobody")
+    assert r.exit_code == 0 and "--for @nobody: no group has that name" in r.output

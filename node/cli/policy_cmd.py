@@ -689,8 +689,8 @@ def copy_cmd(
             end = parse_until(until) if until is not None else None
             policy.set_copy(glob, for_target, until=end, max_bytes=max_bytes)
             changed = True
+            _warn_unpinned(home, [for_target], "--for")
             if not for_target.startswith("@"):
-                _warn_unpinned(home, [for_target], "--for")
                 budget = policy.copy_budget(for_target)
                 if budget != max_bytes:  # another grant decides it (specs/copies.md §1)
                     _warn(f"{for_target}'s copy may hold {'any number of' if budget is None else f'{budget:,}'} "
