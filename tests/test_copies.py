@@ -421,6 +421,184 @@ def test_a_copy_held_open_between_questions_follows_its_syncs_and_removal(host, 
     assert not copies_mod._open_copies
 
 
+# --- results from a copy: a citation kith verify accepts as the host's ------------------------
+
+def _copied(host, tmp_path) -> tuple[Path, str]:
+    """A guest home keeping alice's copy (synced from ``host``), alice pinned under the
+    host's key; ``(guest home, host key)``."""
+    from node.trust.peers import PeerRegistry
+
+    home, _ = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)
+    PeerRegistry.load(guest).add("alice", key)
+    return guest, key
+
+
+def _ask_copy(guest: Path, query: str) -> dict:
+    """The merged envelope of asking alice ``query`` from her copy only (``kith ask --copy``'s
+    fan_out over a real pool that never binds: no peer is asked)."""
+    from node.runtime.fanout import fan_out
+    from node.runtime.pool import SessionPool
+    from node.trust.identity import load_identity
+
+    async def main():
+        async with SessionPool(guest, load_identity(guest), local=True) as pool:
+            return await fan_out(pool, {"query": query, "topK": 5}, ["alice"], copies="only")
+    return anyio.run(main)
+
+
+def _verify_rows(answer, home: Path):
+    from node.answer.citation import known_keys, verify_answer
+    from node.runtime.copies import copy_texts
+
+    return verify_answer(answer, known=known_keys(home), copies=copy_texts(home))
+
+
+def test_a_merged_result_from_a_copy_carries_the_hosts_document_signature_and_its_span(host, tmp_path):
+    from node.answer.citation import shown_in
+
+    from support.envelopes import valid_ask
+
+    guest, key = _copied(host, tmp_path)
+    env = _ask_copy(guest, "staging server")
+    valid_ask(env)
+    (r,) = [x for x in env["results"] if x["source"] == "/kb/deploy.md"]
+    assert r["fromCopy"] is True and r["copyAsOf"] == env["peers"][0]["copyAsOf"] is not None
+    cite = r["copyCitation"]
+    store = CopyStore(guest, "alice")
+    entry = store.load()["documents"]["/kb/deploy.md"]
+    document = (store.docs / entry["file"]).read_text()
+    assert cite == entry["citation"] and cite["hostKey"] == key and cite["source"] == "/kb/deploy.md"
+    assert cite["span"]["chars"] == [0, len(document)] and "[email]" in document  # the scrubbed text, signed whole
+    start, end = r["copySpan"]
+    assert 0 <= start < end <= len(document) and shown_in(r["textPreview"], document[start:end])
+    rows = _verify_rows(env, guest)
+    assert [row.result for row in rows] == ["genuine"] * len(env["results"])
+    assert rows[0].copy == cite["signedAt"] and rows[0].peer == "alice"
+    assert "that host's, from a copy of " + cite["signedAt"] in rows[0].detail
+    assert rows[0].as_json()["fromCopy"] is True and rows[0].as_json()["copySignedAt"] == cite["signedAt"]
+
+
+def _edit_document(guest, env, r):
+    store = CopyStore(guest, "alice")
+    path = store.docs / store.load()["documents"][r["source"]]["file"]
+    path.write_text(path.read_text().replace("nightly", "weekly"))
+
+
+def _move_span(guest, env, r):
+    r["copySpan"] = [0, 8]  # "# Deploy": the preview is in the document, not there
+
+
+def _span_outside(guest, env, r):
+    r["copySpan"] = [0, r["copyCitation"]["span"]["chars"][1] + 10]
+
+
+def _edit_preview(guest, env, r):
+    r["textPreview"] = r["textPreview"].replace("nightly", "hourly")
+    env.pop("fence")  # (the merged fence is judged on its own: only this row is looked at here)
+
+
+def _other_host(guest, env, r):
+    r["peer"]["key"] = "ab" * 32
+
+
+def _forged_signature(guest, env, r):
+    sig = r["copyCitation"]["signature"]
+    r["copyCitation"] = {**r["copyCitation"], "signature": ("0" if sig[0] != "0" else "1") + sig[1:]}
+
+
+def _copy_removed(guest, env, r):
+    CopyStore(guest, "alice").remove()
+
+
+def _re_synced(guest, env, r):
+    store = CopyStore(guest, "alice")
+    state = store.load()
+    state["documents"][r["source"]]["textSha256"] = "0" * 64  # the copy holds another version now
+    store.commit(state)
+
+
+def _unpinned(guest, env, r):
+    from node.trust.peers import PeerRegistry
+
+    reg = PeerRegistry.load(guest)
+    reg.remove("alice")
+
+
+@pytest.mark.parametrize("tamper,result", [(_edit_document, "text-changed"), (_move_span, "span-mismatch"),
+                                           (_span_outside, "span-mismatch"), (_edit_preview, "text-changed"),
+                                           (_other_host, "wrong-host"), (_forged_signature, "bad-signature"),
+                                           (_copy_removed, "copy-not-held"), (_re_synced, "copy-not-held"),
+                                           (_unpinned, "unpinned-key")])
+def test_a_result_from_a_copy_that_does_not_hold_is_refused_with_its_code(host, tmp_path, tamper, result):
+    guest, _ = _copied(host, tmp_path)
+    env = _ask_copy(guest, "staging server")
+    (i, r), = [(i, x) for i, x in enumerate(env["results"]) if x["source"] == "/kb/deploy.md"]
+    assert _verify_rows(env, guest)[i].result == "genuine"
+    tamper(guest, env, r)
+    row = next(row for row in _verify_rows(env, guest) if row.where == f"results[{i}]")
+    assert row.result == result and row.copy is not None and row.detail.startswith("from a copy")
+
+
+def test_the_copy_fields_go_with_the_peer_a_merged_result_names(host, tmp_path):
+    from node.runtime.fanout import PeerRow, build_envelope
+
+    guest, key = _copied(host, tmp_path)
+    found = search_copy(guest, "alice", {"query": "staging server", "topK": 5})["envelope"]["results"]
+    deploy = next(x for x in found if x["source"] == "/kb/deploy.md")
+    other = {**deploy, "id": "o1", "source": "/kb/other.md", "textPreview": "Something else entirely."}
+    live = {k: v for k, v in deploy.items() if k not in ("copyCitation", "copySpan")}
+    live = {**live, "id": "b1", "source": "/bob/deploy.md"}  # bob returned the same text live
+
+    def merged(rows, answers):
+        env = build_envelope({"query": "q", "topK": 5}, rows, answers, timeout_s=1, elapsed_ms=1, top_k=5)
+        return next(m for m in env["results"] if m["textPreview"] == deploy["textPreview"])
+
+    def copy_row():
+        return PeerRow("alice", key, status="ok", from_copy=True, copy_as_of="2026-01-01T00:00:00Z")
+    bob = PeerRow("bob", "cd" * 32, status="ok")
+    m = merged([copy_row(), bob], {0: [other, deploy], 1: [live]})  # bob ranks it first: named bob
+    assert m["peer"]["name"] == "bob" and not {"fromCopy", "copyCitation", "copySpan", "copyAsOf"} & set(m)
+    m = merged([bob, copy_row()], {0: [other, live], 1: [deploy]})  # alice's copy ranks it first
+    assert m["peer"]["name"] == "alice" and m["fromCopy"] is True and m["copyAsOf"] == "2026-01-01T00:00:00Z"
+    assert m["copyCitation"] == deploy["copyCitation"] and m["copySpan"] == deploy["copySpan"]
+
+
+def test_kith_ask_and_kith_verify_mark_each_copy_result_and_mcp_and_the_api_verify_it(host, tmp_path):
+    import os
+
+    import httpx
+
+    from node.local.api import run_api_in_thread
+    from node.local.mcp import call_verify
+
+    from support.cli import kith
+
+    guest, _ = _copied(host, tmp_path)
+    text = kith(guest, "ask", "staging server", "--peer", "alice", "--copy")
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    heads = [n for n, line in enumerate(lines) if line.lstrip().startswith("#")]
+    assert heads and all(lines[n + 1].strip().startswith("from alice's copy of ") for n in heads)
+    saved = tmp_path / "answer.json"
+    asked = kith(guest, "ask", "staging server", "--peer", "alice", "--copy", "--json")
+    saved.write_text(asked.stdout)
+    checked = kith(guest, "verify", str(saved), env={**os.environ, "COLUMNS": "400"})  # the table unwrapped
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "genuine (copy)" in checked.stdout and "that host's, from a copy of" in checked.stdout
+    report = json.loads(kith(guest, "verify", str(saved), "--json").stdout)
+    assert report["ok"] and all(r["fromCopy"] for r in report["rows"])
+    answer = json.loads(asked.stdout)
+    assert call_verify(guest, {"answer": answer}).structured_content == report  # MCP `verify`
+    with run_api_in_thread(guest) as url, httpx.Client(timeout=30) as http:
+        assert http.post(f"{url}/verify", json={"answer": answer}).json() == report  # POST /verify
+    elsewhere = kith(node_home(tmp_path, "cat"), "verify", str(saved), "--json")  # no copy there
+    assert elsewhere.returncode == 1 and set(json.loads(elsewhere.stdout)["counts"]) == {"copy-not-held"}
+
+
 def test_a_damaged_copy_index_is_refused_with_a_code_not_a_traceback(host, tmp_path):
     home, _ = host
     guest = node_home(tmp_path, "guest")

@@ -150,3 +150,71 @@ def test_the_home_runner_re_syncs_a_copy_in_the_background(tmp_path):
     synced = next(e for e in events if e["event"] == "copy-synced")
     assert synced == {"event": "copy-synced", "peer": "alice", "fetched": 1, "removed": 0}
     assert list(store.load()["documents"]) == ["/kb/sqlite.md"]
+
+
+def test_kith_verify_accepts_each_result_of_an_answer_from_a_copy_as_the_hosts(tmp_path):
+    """The host is stopped after bea synced its copy; `kith ask --peer alice --json` answers
+    from the copy and `kith verify` of that saved output accepts every result as alice's,
+    from a copy (the host's signature over each whole document, checked against bea's copy
+    document); so do MCP `search`/`verify` and `POST /search`/`POST /verify`; one copied
+    document changed on disk is refused (`text-changed`)."""
+    import anyio
+    import httpx
+
+    from node.local.api import run_api_in_thread
+    from node.local.mcp import call_search, call_verify
+    from node.runtime.copies import CopyStore
+
+    corpus = tmp_path / "kb"
+    shutil.copytree(FIXTURE, corpus)
+    host = prepare_host(tmp_path, corpus)
+    bea = node_home(tmp_path, "bea")
+    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
+    assert kith(host, "policy", "copy", "/kb/**", "--for", "bea").returncode == 0
+    h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
+    try:
+        pin_host(bea, "alice", h.invitation)
+        r = kith(bea, "copies", "sync", "alice", timeout=180)
+        assert r.returncode == 0, r.stderr
+    finally:
+        h.stop()
+    r = kith(bea, "ask", "file", "--peer", "alice", "--json", "--timeout", "4", timeout=120)
+    assert r.returncode == 0, r.stderr
+    env = json.loads(r.stdout)
+    valid_ask(env)
+    assert env["peers"][0]["fromCopy"] is True and len({x["source"] for x in env["results"]}) == 2
+    assert all(x["fromCopy"] and x["copyCitation"] and x["copySpan"] for x in env["results"])
+    saved = tmp_path / "answer.json"
+    saved.write_text(r.stdout)
+    v = kith(bea, "verify", str(saved), "--json")
+    assert v.returncode == 0, v.stdout + v.stderr
+    report = json.loads(v.stdout)
+    key = load_identity(host).public_key
+    assert report["ok"] and len(report["rows"]) == len(env["results"])
+    assert all(row["result"] == "genuine" and row["fromCopy"] and row["peer"] == "alice" and row["hostKey"] == key
+               and "that host's, from a copy of" in row["detail"] for row in report["rows"])
+    # MCP `search` and `POST /search` with `peers` answer from the copy the same way (one
+    # envelope, node/runtime/fanout.py), and their answers verify as alice's too
+    found = anyio.run(lambda: call_search(bea, {"query": "file", "peers": ["alice"]}, local=True))
+    assert not found.is_error and found.structured_content["results"]
+    assert all(x["fromCopy"] and x["copySpan"] for x in found.structured_content["results"])
+    as_saved = {"content": [{"type": "text", "text": c.text} for c in found.content]}  # as an agent keeps it
+    mcp_report = call_verify(bea, {"answer": as_saved}).structured_content
+    assert mcp_report["ok"] and all(row["fromCopy"] for row in mcp_report["rows"])
+    with run_api_in_thread(bea, offline=True) as url, httpx.Client(timeout=90) as http:
+        merged = http.post(f"{url}/search", json={"query": "file", "peers": ["alice"]}).json()
+        api_report = http.post(f"{url}/verify", json={"answer": merged}).json()
+    valid_ask(merged)
+    assert merged["results"] and all(x["fromCopy"] and x["copyCitation"] for x in merged["results"])
+    assert api_report["ok"] and all(row["fromCopy"] for row in api_report["rows"])
+    # one copied document changed on disk: its result is refused, the others still hold
+    store = CopyStore(bea, "alice")
+    first = env["results"][0]["source"]
+    doc = store.docs / store.load()["documents"][first]["file"]
+    doc.write_text(doc.read_text() + "\nA line the host never signed.\n")
+    v = kith(bea, "verify", str(saved), "--json")
+    report = json.loads(v.stdout)
+    assert v.returncode == 1 and report["ok"] is False
+    refused = [row for row in report["rows"] if row["source"] == first]
+    assert refused and all(row["result"] == "text-changed" for row in refused)
+    assert all(row["result"] == "genuine" for row in report["rows"] if row["source"] != first)

@@ -18,8 +18,11 @@ version is still current (:meth:`node.answer.service.AnswerService.check_version
 
 Verifier side — :func:`verify_citation` judges one citation against the result that carries
 it; :func:`verify_answer` walks a saved answer (``kith join --json`` lines, ``kith ask``,
-MCP or API JSON) and judges every citation in it. Nothing here does I/O but
-:func:`load_version_key` and :func:`read_answer`.
+MCP or API JSON) and judges every citation in it; :func:`verify_copy_result` judges a
+result answered from a copy — the host's signature over the whole copied document, then
+the result's text at its ``copySpan`` — against the copy document this home keeps (through
+the lookup the caller passes, :func:`node.runtime.copies.copy_texts`; specs/citations.md
+§7). Nothing here does I/O but :func:`load_version_key` and :func:`read_answer`.
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import secrets
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
+from node.answer import readable
 from node.common.errors import ConfigError, SigningError
 from node.common.home import atomic_write
 from node.trust import signing
@@ -66,6 +72,8 @@ RESULTS = {
     "bad-signature": "the signature does not verify",
     "text-changed": "the evidence text is not the text that was signed",
     "no-citation": "a result without a citation",
+    "copy-not-held": "a result from a copy: this home keeps no copy of the document version it cites, "
+                     "so its text cannot be checked against the host's signature",
     "unchecked": "--against-host: the host could not say whether this version is current",
 }
 #: Results that count as verified (``kith verify`` exits 0 only when every row is one).
@@ -278,16 +286,28 @@ class Row(NamedTuple):
     person: str | None
     detail: str
     where: str
+    #: None for a result's own citation; for a result from a copy (judged by
+    #: :func:`verify_copy_result`) the time the host signed the copied document when it
+    #: verified, else ``""``.
+    copy: str | None = None
 
     def as_json(self) -> dict[str, Any]:
-        """``{"result", "source", "hostKey", "version", "peer", "person", "detail", "where"}``."""
-        return {"result": self.result, "source": self.source, "hostKey": self.host_key,
-                "version": self.version, "peer": self.peer, "person": self.person,
-                "detail": self.detail, "where": self.where}
+        """``{"result", "source", "hostKey", "version", "peer", "person", "detail", "where"}``,
+        and for a result from a copy ``fromCopy: true`` and ``copySignedAt`` (the signed
+        time of the copied document, null unless it verified)."""
+        out = {"result": self.result, "source": self.source, "hostKey": self.host_key,
+               "version": self.version, "peer": self.peer, "person": self.person,
+               "detail": self.detail, "where": self.where}
+        if self.copy is not None:
+            out.update(fromCopy=True, copySignedAt=self.copy or None)
+        return out
 
 
 #: ``host key → (pinned peer name, person key or None)``, or None when not pinned.
 KnownKey = Callable[[str], "tuple[str, str | None] | None"]
+#: ``(host key, source id) → (text, textSha256 its manifest lists) | None``: the document
+#: this home's copy of that host keeps for that source (:func:`node.runtime.copies.copy_texts`).
+CopyText = Callable[[str, str], "tuple[str, str] | None"]
 
 
 def _json_variants(citation: dict[str, Any]) -> Iterator[bytes]:
@@ -383,6 +403,151 @@ def verify_citation(citation: Any, *, text: Any, location: Any = None, shown_sou
     return row("genuine", f"signed by pinned peer {peer[0]}", peer)
 
 
+_WORD = re.compile(r"[^\W_]+")
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.casefold())
+
+
+@lru_cache(maxsize=16)
+def _readable_words(text: str) -> tuple[str, ...]:
+    """The words of ``text``'s readable form (kept for the few documents one answer's
+    results from a copy point into)."""
+    return tuple(_words(readable.clean(text)))
+
+
+def _find(hay: tuple[str, ...], need: list[str], start: int, cut: bool) -> int:
+    """The first index ``>= start`` where ``need`` occurs in ``hay`` (its last word may be
+    a prefix when ``cut``), or -1."""
+    m, first, last = len(need), need[0], need[-1]
+    for i in range(start, len(hay) - m + 1):
+        w = hay[i]
+        if m == 1:
+            if w == first or (cut and w.startswith(first)):
+                return i
+            continue
+        if w != first:
+            continue
+        end = hay[i + m - 1]
+        if (end == last or (cut and end.startswith(last))) and all(hay[i + k] == need[k] for k in range(1, m - 1)):
+            return i
+    return -1
+
+
+def shown_in(preview: str, text: str) -> bool:
+    """True when the evidence text ``preview`` (a ``textPreview``: the chunk's readable
+    text, :func:`node.answer.readable.clean`, from its best sentence on, cut, with
+    :data:`node.answer.readable.ELLIPSIS` where text was left out) is made of ``text``:
+    the words of each part between ellipses occur in ``clean(text)`` contiguously, the
+    parts in order (the last word before an ellipsis may be cut: a prefix). Words are
+    runs of letters and digits, compared case-folded; punctuation, whitespace and markup
+    are not compared (the preview joins sentences with its own separators).
+    specs/citations.md §7 step 4."""
+    hay = _readable_words(text)
+    pos = 0
+    parts = preview.split(readable.ELLIPSIS)
+    for n, part in enumerate(parts):
+        need = _words(part)
+        if not need:
+            continue
+        found = _find(hay, need, pos, cut=n < len(parts) - 1)
+        if found < 0:
+            return False
+        pos = found + len(need)
+    return True
+
+
+def char_range(value: Any) -> list[int] | None:
+    """``value`` when it is a character range ``[start, end]`` (two integers ``0 <= start
+    <= end < 2^53``, as a span's ``chars``), else None."""
+    if (isinstance(value, list) and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 53 for v in value)
+            and value[0] <= value[1]):
+        return value
+    return None
+
+
+def verify_copy_result(result: dict[str, Any], *, host: str | None, known: KnownKey | None,
+                       copies: CopyText | None, where: str = "") -> Row:
+    """Judge a result answered from a copy (it carries ``copyCitation``, the host's
+    signature over the whole copied document, and ``copySpan``; specs/citations.md §7):
+
+    1. the copy document this home keeps for (``copyCitation.hostKey``, its ``source``)
+       is looked up (``copies``); none, or one of another version (the copy was
+       re-synced since) → ``copy-not-held``, unless the citation itself is forged
+       (malformed, another host than ``host``, a bad signature: that row);
+    2. :func:`verify_citation` of ``copyCitation`` over that document's whole text:
+       ``text-changed`` when the document was changed on disk; the host, source and
+       signature checks as for any citation;
+    3. the signature must cover the whole document (``span.chars == [0, len]``, no lines
+       or pages) and ``copySpan`` must be a range of it, else ``span-mismatch``;
+    4. :func:`shown_in` (``textPreview``, the text at ``copySpan``): else ``span-mismatch``
+       when the preview is made of the document elsewhere, ``text-changed`` when not.
+
+    Args:
+        result: the saved result (a merged ``kith ask`` result).
+        host: the key the answer names as its host (``peer.key``), or None.
+        known: ``key → (peer name, person)`` for pinned peers.
+        copies: the copy documents of this home (None: none are kept).
+        where: the result's place in the file.
+
+    Returns:
+        A :class:`Row` with ``copy`` set. Never raises.
+    """
+    citation = result.get("copyCitation")
+    prov = result.get("provenance")
+    shown = (result.get("source"), prov.get("sourceId") if isinstance(prov, dict) else None)
+    text = result.get("textPreview")
+
+    def judged(r: Row, detail: str | None = None, signed: bool = False) -> Row:
+        if signed:
+            return r._replace(detail=detail or r.detail, copy=str(citation.get("signedAt"))[:64])
+        return r._replace(detail=f"from a copy: {detail or r.detail}", copy="")
+
+    key = citation.get("hostKey") if isinstance(citation, dict) else None
+    src = citation.get("source") if isinstance(citation, dict) else None
+    found = None
+    if copies is not None and isinstance(key, str) and isinstance(src, str):
+        try:
+            found = copies(key, src)
+        except Exception:  # noqa: BLE001 - an unreadable copy holds nothing to check against
+            found = None
+    if found is None or found[1] != citation.get("textSha256"):
+        probe = verify_citation(citation, text="", shown_sources=shown, expected_host=host, where=where)
+        if probe.result not in ("text-changed", "unpinned-key"):  # the signature itself fails
+            return judged(probe)
+        detail = ("this home keeps no copy of this document from that host" if found is None else
+                  "this home's copy now holds another version of this document (re-synced since)")
+        return judged(probe._replace(result="copy-not-held"),
+                      f"{detail}: the host's signature covers the whole document, so the result's text "
+                      "cannot be checked here (verify on the home that asked, or ask again)")
+    document = found[0]
+    row = verify_citation(citation, text=document, shown_sources=shown, expected_host=host, known=known,
+                          where=where)
+    if row.result == "text-changed":
+        return judged(row, "this home's copy of the document is not the text the host signed (changed on disk)")
+    if row.result not in ("genuine", "unpinned-key"):
+        return judged(row)
+    if citation["span"] != {"lines": None, "pages": None, "chars": [0, len(document)]}:
+        return judged(row._replace(result="span-mismatch"), "the host's signature is not over the whole document")
+    span = char_range(result.get("copySpan"))
+    if span is None or span[1] > len(document):
+        return judged(row._replace(result="span-mismatch"), "copySpan is not a character range of the copied document")
+    if not isinstance(text, str):
+        return judged(row._replace(result="malformed"), "the result carries no evidence text (textPreview)")
+    if not shown_in(text, document[span[0]:span[1]]):
+        if shown_in(text, document):
+            return judged(row._replace(result="span-mismatch"), "the result's text is in the document, but not at copySpan")
+        return judged(row._replace(result="text-changed"), "the result's text is not in the document the host signed")
+    when = str(citation.get("signedAt"))[:64]
+    if row.result == "unpinned-key":
+        return judged(row, f"from a copy of {when}: the signature over the whole document and the result's words "
+                           "at copySpan verify, but the signing key is not a pinned peer", signed=True)
+    return judged(row, f"that host's, from a copy of {when}: signed by pinned peer {row.peer} over the whole "
+                       "document; the result's words are in it at copySpan", signed=True)
+
+
 def _host_of(obj: dict[str, Any], inherited: str | None) -> str | None:
     peer = obj.get("peer")
     if isinstance(peer, dict) and isinstance(peer.get("key"), str):
@@ -449,10 +614,12 @@ def _results(node: Any, where: str, host: str | None, depth: int = 0) -> Iterato
             yield _FORGED_FENCE, f"{where}.fence" if where else "fence", host
 
 
-def verify_answer(answer: Any, *, known: KnownKey | None = None) -> list[Row]:
+def verify_answer(answer: Any, *, known: KnownKey | None = None, copies: CopyText | None = None) -> list[Row]:
     """Judge every result of a saved answer (one JSON value or a list of JSON lines).
 
-    A result without a citation is a ``no-citation`` row. At most :data:`MAX_CITATIONS`
+    A result answered from a copy (it carries ``copyCitation``) is judged against this
+    home's copy document (``copies``; :func:`verify_copy_result`); a result without a
+    citation is a ``no-citation`` row. At most :data:`MAX_CITATIONS`
     results are judged; when there are more, one last ``malformed`` row says the rest
     were not (so the answer is not verified). Never raises."""
     rows: list[Row] = []
@@ -463,6 +630,9 @@ def verify_answer(answer: Any, *, known: KnownKey | None = None) -> list[Row]:
             break
         if result is _UNREADABLE_FENCE or result is _FORGED_FENCE or result is _TOO_DEEP:
             rows.append(Row("malformed", None, None, None, None, None, result["detail"], where))
+            continue
+        if "copyCitation" in result and result.get("copyCitation") is not None:
+            rows.append(verify_copy_result(result, host=host, known=known, copies=copies, where=where))
             continue
         if "citation" not in result:
             rows.append(Row("no-citation", result["source"][:MAX_SOURCE_CHARS], None, None, None, None,
@@ -582,9 +752,13 @@ def report(rows: list[Row]) -> dict[str, Any]:
             "rows": [r.as_json() for r in rows]}
 
 
-def verify_request(body: Any, known: KnownKey | None) -> dict[str, Any]:
+def verify_request(body: Any, known: KnownKey | None, copies: CopyText | None = None) -> dict[str, Any]:
     """Verify the answer of an MCP ``verify`` call or a ``POST /verify`` body:
     ``{"answer": <the saved answer as JSON, or a string of JSON / JSON lines>}``.
+
+    Args:
+        known: the home's pinned keys (:func:`known_keys`).
+        copies: the home's copy documents (:func:`node.runtime.copies.copy_texts`).
 
     Returns:
         :func:`report` of its rows.
@@ -600,7 +774,7 @@ def verify_request(body: Any, known: KnownKey | None) -> dict[str, Any]:
         answer = parse_answer(answer.encode("utf-8", "surrogatepass"), "answer")
     if not isinstance(answer, (dict, list)):
         raise ConfigError("answer-invalid", "the answer must be a saved Kith answer (a JSON object or list)")
-    return report(verify_answer(answer, known=known))
+    return report(verify_answer(answer, known=known, copies=copies))
 
 
 def summary(rows: Iterable[Row]) -> dict[str, int]:
@@ -612,6 +786,7 @@ def summary(rows: Iterable[Row]) -> dict[str, int]:
 
 
 __all__ = ["CITATION_VERSION", "CitationSigner", "Evidence", "KEY_FILE", "MAX_ANSWER_BYTES",
-           "RESULTS", "Row", "SIGNED", "SIGNING_OFF", "VERIFIED", "keyed_version", "known_keys",
-           "load_version_key", "parse_answer", "payload_of", "read_answer", "report", "span_of",
-           "span_text", "summary", "text_digest", "verify_answer", "verify_citation", "verify_request"]
+           "RESULTS", "Row", "SIGNED", "SIGNING_OFF", "VERIFIED", "CopyText", "char_range", "keyed_version", "known_keys",
+           "load_version_key", "parse_answer", "payload_of", "read_answer", "report", "shown_in", "span_of",
+           "span_text", "summary", "text_digest", "verify_answer", "verify_citation", "verify_copy_result",
+           "verify_request"]

@@ -48,6 +48,10 @@ def render(env: dict[str, Any]) -> None:
     for r in results:
         where = location_text(r.get("location"))
         lines.append(Line(f"#{r['rank']} {_who_said(r)}" + (f"  {where}" if where else ""), indent=2, hang=5))
+        if r.get("fromCopy"):  # specs/copies.md §6: every result from a copy says so
+            from node.runtime.copies import copy_age_text
+
+            lines.append(Line(copy_age_text(safe_text(r["peer"]["name"]), r.get("copyAsOf")), indent=5, hang=5))
         heading = heading_text(r.get("location"))
         if heading:
             lines.append(Line(heading, indent=5, hang=5))

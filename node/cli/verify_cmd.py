@@ -1,5 +1,5 @@
 """``kith verify ANSWER.json``: check every signed citation of a saved answer
-(specs/citations.md §3-5; node/answer/citation.py)."""
+(specs/citations.md §3-5, results from a copy §7; node/answer/citation.py)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,16 @@ def verify_cmd(
     local: bool = typer.Option(False, "--offline", "--local", envvar="KITH_OFFLINE", help="With --against-host: offline, loopback only, relays off (--local: the old spelling, deprecated)."),
 ) -> None:
     """Check the signed citations of a saved answer: signature, exact text, span, and
-    whether the signing key is a pinned peer. Exits 0 only when every result verifies."""
+    whether the signing key is a pinned peer. A result answered from a copy is checked
+    against the copy document this home keeps (the host's signature over the whole
+    document, the result's text at its copySpan). Exits 0 only when every result verifies."""
     import anyio
 
     from node.answer.citation import known_keys, read_answer, report, summary, verify_answer
+    from node.runtime.copies import copy_texts
 
     home = home_of(ctx)
-    rows = verify_answer(read_answer(answer), known=known_keys(home))
+    rows = verify_answer(read_answer(answer), known=known_keys(home), copies=copy_texts(home))
     if against_host:
         from node.runtime.citecheck import against_hosts
 
@@ -41,8 +44,8 @@ def verify_cmd(
         table = Table(box=None, pad_edge=False)
         for col in ("result", "source", "host", "peer", "where", "detail"):
             table.add_column(col)
-        for r in rows:
-            table.add_row(r.result, r.source or "-", (r.host_key or "-")[:16],
+        for r in rows:  # a result from a copy says so in its result column
+            table.add_row(r.result + (" (copy)" if r.copy is not None else ""), r.source or "-", (r.host_key or "-")[:16],
                           r.peer or "-", r.where or "-", r.detail)
         console.print(table)
         counts = ", ".join(f"{n} {k}" for k, n in summary(rows).items())

@@ -12,8 +12,8 @@
   marked ``untrusted``/``suspicious`` by this node, fenced in its ``fence`` block, and
   header ``X-Kith-Untrusted: peer-evidence`` when any result is a peer's (specs/ask.md §7).
 - ``POST /verify`` — ``{"answer": <a saved answer>}`` → the ``kith verify --json``
-  document of its signed citations (specs/citations.md; reads only the peer registry, asks
-  no host).
+  document of its signed citations (specs/citations.md; reads only the peer registry and,
+  for results from a copy, this home's copy documents; asks no host).
 
 Everything else is refused before any handler runs and changes nothing: a client whose
 address is not loopback answers 403 ``api-loopback-only`` (checked first, on every
@@ -195,7 +195,9 @@ def openapi_document() -> dict[str, Any]:
                     "result": {"enum": list(_verify_results())}, "source": {"type": ["string", "null"]},
                     "hostKey": {"type": ["string", "null"]}, "version": {"type": ["string", "null"]},
                     "peer": {"type": ["string", "null"]}, "person": {"type": ["string", "null"]},
-                    "detail": {"type": "string"}, "where": {"type": "string"}}}}}},
+                    "detail": {"type": "string"}, "where": {"type": "string"},
+                    "fromCopy": {"type": "boolean", "description": "only on a result from a copy (citations.md §7)"},
+                    "copySignedAt": {"type": ["string", "null"]}}}}}},
             "Error": _err_schema(),
             "InvalidRequest": {**_err_schema(), "required": ["error", "envelope"],
                                "properties": {**_err_schema()["properties"],
@@ -352,6 +354,7 @@ class _Handlers:
     async def verify(self, request: Request) -> JSONResponse:
         """``POST /verify``: the signed citations of a saved answer (specs/citations.md)."""
         from node.answer.citation import MAX_ANSWER_BYTES, known_keys, verify_request
+        from node.runtime.copies import copy_texts
 
         raw = await read_body(request, MAX_ANSWER_BYTES + 64)
         try:
@@ -360,7 +363,7 @@ class _Handlers:
             raise ConfigError("answer-invalid", "The body is not JSON.") from None
         home = self.holder.home
         # answer-invalid (400) from a body that is not a saved answer
-        return JSONResponse(await anyio.to_thread.run_sync(lambda: verify_request(body, known_keys(home))))
+        return JSONResponse(await anyio.to_thread.run_sync(lambda: verify_request(body, known_keys(home), copy_texts(home))))
 
     async def _peers_search(self, body: dict[str, Any], keep_s: int | None = None) -> JSONResponse:
         """``peers`` (a local-only extension, specs/ask.md §5): taken off, the rest checked

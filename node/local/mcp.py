@@ -22,7 +22,8 @@ Built on the official MCP Python SDK 2.x (``mcp.server.mcpserver.MCPServer``,
 
 A second tool, ``verify``, takes ``{"answer": <a saved answer>}`` and returns the
 ``kith verify --json`` document of its signed citations (specs/citations.md §6; it reads
-the peer registry only and asks no host); a body that is not a saved answer is a tool
+the peer registry and, for results from a copy, this home's copy documents, and asks no
+host); a body that is not a saved answer is a tool
 error ``[answer-invalid] …``.
 
 Two more tools serve the outbox (specs/outbox.md §6): ``ask_later`` is the one tool that
@@ -348,8 +349,10 @@ VERIFY_DESCRIPTION = (
     "Check the host-signed citations of a saved Kith answer (read-only, offline): pass the "
     "answer as 'answer' (its JSON, or a string of JSON / JSON lines). Returns one row per "
     "result — genuine, text-changed, bad-signature, wrong-host, span-mismatch, wrong-domain, "
-    "signed-json, unknown-version, malformed, unpinned-key or no-citation — and ok, true "
-    "only when every row is genuine. Quote only text whose row is genuine as verified."
+    "signed-json, unknown-version, malformed, unpinned-key, no-citation or copy-not-held — "
+    "and ok, true only when every row is genuine. A result answered from this node's copy of "
+    "a host (fromCopy) is checked against the copy document kept here: its row says fromCopy "
+    "and 'that host's, from a copy of <date>'. Quote only text whose row is genuine as verified."
 )
 VERIFY_INPUT_SCHEMA: dict[str, Any] = {
     "type": "object", "additionalProperties": False, "required": ["answer"],
@@ -375,9 +378,10 @@ def call_verify(home: Path, arguments: dict[str, Any]) -> Any:
     from mcp.types import CallToolResult, TextContent
 
     from node.answer.citation import known_keys, verify_request
+    from node.runtime.copies import copy_texts
 
     try:
-        doc = verify_request(arguments, known_keys(home))
+        doc = verify_request(arguments, known_keys(home), copy_texts(home))
     except KithError as exc:
         return _refusal(exc.code, exc.message)
     return CallToolResult(content=[TextContent(type="text", text=json.dumps(doc))], structured_content=doc)

@@ -509,9 +509,11 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
     """Answer the flat ``request`` from ``peer``'s copy: ``{"status", "envelope",
     "copyAsOf"}`` — the owner's answer service over the copy's index
     (:func:`node.answer.service.answer_local`), each result's ``source`` (and
-    ``provenance.sourceId``) the host's source id and ``copyCitation`` the host's
-    signature over that whole document. Results of a file the manifest does not list are
-    dropped (a killed sync's).
+    ``provenance.sourceId``) the host's source id, ``copyCitation`` the host's
+    signature over that whole document and ``copySpan`` ``[start, end)`` the chunk's
+    character offsets in that signed text (None on a record without offsets), so
+    ``kith verify`` can check the result's text is in it there (specs/citations.md §7).
+    Results of a file the manifest does not list are dropped (a killed sync's).
 
     The copy's index, manifest and id maps stay open between questions (at most
     :data:`OPEN_COPIES_MAX` copies) and are opened again when the manifest file changes, so
@@ -529,6 +531,8 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
         entry = _acquire(CopyStore(home, peer))
         try:
             answer = answer_local(entry.corpus, {k: v for k, v in request.items() if k != "citations"})
+            env = answer.get("envelope") or {}
+            spans = entry.corpus.chunk_evidence([r.get("id") for r in env.get("results") or []])
         finally:
             _release(entry)
     except sqlite3.DatabaseError as exc:  # a damaged copy index: refused, never a traceback
@@ -537,7 +541,6 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
             f"the index of {peer}'s copy cannot be read ({exc}); `kith copies remove {peer}` "
             f"then `kith copies sync {peer}` makes it again") from None
     by_file = entry.by_file
-    env = answer.get("envelope") or {}
     kept = []
     for r in env.get("results") or []:
         found = by_file.get(r.get("source"))
@@ -552,6 +555,8 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
         r["alsoIn"] = [{**a, "source": by_file[a["source"]][0]} for a in r.get("alsoIn") or []
                        if a.get("source") in by_file]
         r["copyCitation"] = d.get("citation")
+        ev = spans.get(r.get("id"))
+        r["copySpan"] = [ev[1], ev[2]] if ev and isinstance(ev[1], int) and isinstance(ev[2], int) else None
         kept.append(r)
     env["results"] = kept
     env = _renamed(env, entry.names)
@@ -559,8 +564,60 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
             "envelope": env, "copyAsOf": entry.state.get("syncedAt")}
 
 
+def copy_texts(home: Path) -> Callable[[str, str], tuple[str, str] | None]:
+    """The copy documents ``home`` keeps, for ``kith verify`` of a result from a copy
+    (:func:`node.answer.citation.verify_copy_result`; specs/citations.md §7).
+
+    Returns:
+        ``lookup(host key, source id) → (text, textSha256) | None``: the text of the
+        document the copy of the peer pinned under that key holds for that source (read
+        from ``docs/`` as it is on disk now, undecodable bytes replaced, so a changed file
+        fails the host's signature) and the text hash its manifest lists; None when no
+        copy of that key lists the source or its file is gone. The manifests are read
+        once, at the first lookup; an unreadable one holds nothing. Never raises.
+    """
+    states: list[tuple[CopyStore, dict[str, Any]]] | None = None
+    read: dict[tuple[str, str], tuple[str, str] | None] = {}  # the last documents read (≤ 32)
+
+    def lookup(host_key: str, source: str) -> tuple[str, str] | None:
+        if (host_key, source) not in read:
+            if len(read) >= 32:
+                read.clear()
+            read[(host_key, source)] = _read(host_key, source)
+        return read[(host_key, source)]
+
+    def _read(host_key: str, source: str) -> tuple[str, str] | None:
+        nonlocal states
+        if states is None:
+            states = []
+            root = copies_root(home)
+            for folder in sorted(root.iterdir()) if root.is_dir() else []:
+                try:
+                    store = CopyStore(home, folder.name)
+                    if store.exists():
+                        states.append((store, store.load()))
+                except KithError:  # not a registry name, an unreadable manifest
+                    continue
+        for store, state in states:
+            entry = state["documents"].get(source) if state.get("hostKey") == host_key else None
+            if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
+                continue
+            try:
+                data = (store.docs / Path(entry["file"]).name).read_bytes()
+            except OSError:
+                return None
+            try:
+                text = data.decode("utf-8", "surrogatepass")  # as written (CopyStore.write_doc)
+            except UnicodeDecodeError:
+                text = data.decode("utf-8", "replace")
+            return text, str(entry.get("textSha256"))
+        return None
+
+    return lookup
+
+
 __all__ = ["COPIES_DIR", "CopyStore", "check_document", "check_manifest", "copies_root", "copy_age_text",
-           "close_open_copies", "list_copies", "search_copy", "sync_copy", "sync_with_pool"]
+           "close_open_copies", "copy_texts", "list_copies", "search_copy", "sync_copy", "sync_with_pool"]
 
 
 # --- the background re-sync (node/runtime/runner.py) -----------------------------------------

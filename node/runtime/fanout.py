@@ -226,6 +226,27 @@ def _also_in(result: dict[str, Any]) -> list[str]:
             and isinstance(a.get("source"), str) and 0 < len(a["source"]) <= MAX_SOURCE_CHARS]
 
 
+#: The fields a merged result answered from a copy carries (specs/copies.md §6,
+#: specs/citations.md §7); they go with the peer the result names, as ``citation`` does.
+COPY_FIELDS = ("fromCopy", "copyAsOf", "copyCitation", "copySpan")
+
+
+def _copy_fields(row: PeerRow, result: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`COPY_FIELDS` of a result of ``row`` (``{}`` unless the row was answered
+    from this node's copy): ``fromCopy`` true, ``copyAsOf`` the copy's last complete sync,
+    ``copyCitation`` the host's signature over the whole copied document (an object as
+    :func:`node.runtime.copies.search_copy` read it from the copy's manifest, else None)
+    and ``copySpan`` ``[start, end)``, where the result's chunk sits in that signed text
+    (two integers ``0 <= start <= end``, else None)."""
+    if not row.from_copy:
+        return {}
+    from node.answer.citation import char_range
+
+    cite, span = result.get("copyCitation"), char_range(result.get("copySpan"))
+    return {"fromCopy": True, "copyAsOf": row.copy_as_of, "copyCitation": cite if isinstance(cite, dict) else None,
+            "copySpan": list(span) if span is not None else None}
+
+
 def _content_key(text: str) -> str:
     return hashlib.sha256(" ".join(text.casefold().split()).encode("utf-8")).hexdigest()
 
@@ -249,6 +270,8 @@ def fuse(per_peer: list[tuple[PeerRow, list[dict[str, Any]], bool]], top_k: int)
         Merged results, best first: ``rank``, ``fusedScore``, ``peer``, ``source``, ``id``,
         ``location`` (heading path and line range or page, or None), ``textPreview``, ``date``, ``tags``, ``peerScore``, ``untrusted``,
         ``citation`` (only when the named peer signed one: its object as sent, for ``kith verify``),
+        ``fromCopy``/``copyAsOf``/``copyCitation``/``copySpan`` (only when the named peer's row
+        was answered from this node's copy: :func:`_copy_fields`),
         ``suspicious`` (+ ``suspiciousReasons``: :func:`node.answer.fence.scan`), ``attributions`` (every peer that returned the same content, each with the
         ``alsoIn`` sources that peer collapsed into it).
     """
@@ -272,12 +295,15 @@ def fuse(per_peer: list[tuple[PeerRow, list[dict[str, Any]], bool]], top_k: int)
                     "untrusted": untrusted, "attributions": [], "_best": (rank, order)}
                 if isinstance(r.get("citation"), dict):  # the host's signed citation, as sent
                     m["citation"] = r["citation"]
+                m.update(_copy_fields(row, r))
             elif (rank, order) < m["_best"]:
                 m.update(peer=who, source=r["source"], id=r["id"], location=_location(r),
                          _best=(rank, order))
-                m.pop("citation", None)  # the citation goes with the peer the result names
+                for k in ("citation", *COPY_FIELDS):  # they go with the peer the result names
+                    m.pop(k, None)
                 if isinstance(r.get("citation"), dict):
                     m["citation"] = r["citation"]
+                m.update(_copy_fields(row, r))
             if all(_who(a["peer"]) != _who(who) for a in m["attributions"]):
                 m["attributions"].append(attribution)
                 m["fusedScore"] += 1.0 / (RRF_K + rank)
