@@ -762,3 +762,89 @@ def test_a_copy_indexed_under_an_older_schema_is_rebuilt_locally(host, tmp_path)
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["copiesReindexed"] == ["alice"]
     assert _copy_state(store) == before
+
+
+def test_a_damaged_copy_index_is_refused_with_a_code_not_a_traceback(host, tmp_path):
+    home, _ = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)
+    store = CopyStore(guest, "alice")
+    (store.dir / "corpus" / "corpus.sqlite3").write_bytes(b"not a database" * 400)
+    with pytest.raises(KithError) as exc:
+        search_copy(guest, "alice", {"query": "WAL", "topK": 5})
+    assert exc.value.code == "index-unavailable"
+    assert "kith copies remove alice" in str(exc.value)
+
+
+def test_policy_check_names_a_copy_grant_for_a_peer_that_is_not_pinned(host):
+    home, _ = host
+    assert invoke(home, "policy", "copy", "/kb/**", "--for", "nobody").exit_code == 0
+    checked = json.loads(invoke(home, "policy", "check", "--json").stdout)
+    assert {"where": "copy grant /kb/**", "name": "nobody"} in checked["notPinned"]
+    assert "copy grant /kb/**: nobody" in invoke(home, "policy", "check").stdout
+
+
+def test_policy_copy_warns_when_another_grant_decides_the_budget(host):
+    home, _ = host  # the fixture's /kb/** grant for bea sets no --max-bytes
+    r = invoke(home, "policy", "copy", "/kb/*.md", "--for", "bea", "--max-bytes", "100000")
+    assert r.exit_code == 0, r.output
+    assert "bea's copy may hold any number of bytes, not 100,000" in r.output
+    assert "bea's copy may hold" not in invoke(home, "policy", "copy", "/kb/**", "--for", "bea",
+                                               "--max-bytes", "200000").output
+    r = invoke(home, "policy", "copy", "/kb/**", "--for", "bea", "--max-bytes", str(10**20))
+    assert r.exit_code == 2 and "--max-bytes" in r.output
+
+
+def test_a_damaged_manifest_is_refused_with_the_way_out(host, tmp_path):
+    home, _ = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)
+    assert invoke(guest, "peers", "add", "alice", key).exit_code == 0
+    CopyStore(guest, "alice").path.write_text("{not json")
+    way_out = "`kith copies remove alice` deletes this copy; `kith copies sync alice` then makes it again"
+    listed = invoke(guest, "copies", "list")
+    assert listed.exception.code == "config-invalid" and listed.exception.hint == way_out
+    synced = invoke(guest, "copies", "sync", "alice", "--offline", "--json")
+    assert synced.exit_code == 1
+    assert json.loads(synced.stdout)["copies"][0] == {
+        "peer": "alice", "status": "refused", "code": "config-invalid",
+        "message": "copies/alice/manifest.json cannot be read", "hint": way_out}
+    assert way_out in synced.stderr
+    assert invoke(guest, "copies", "remove", "alice").exit_code == 0
+
+
+def test_a_source_whose_id_holds_a_scrubbed_value_is_never_copied(host, tmp_path):
+    home, kb = host  # e-mail is scrubbed for bea; a live answer shows this id as /kb/[email]
+    (kb / "carol.private@example.com.md").write_text("# Carol\n\nMeeting notes for carol.\n")
+    with Corpus(home) as c:
+        c.sync()
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        assert all("example.com" not in d["source"] for d in server.manifest("bea")["documents"])
+        _sync(guest, _asker(server), key)
+    store = CopyStore(guest, "alice")
+    assert "example.com" not in store.path.read_text()
+    assert all("example.com" not in t for t in _files(store).values())
+    explained = json.loads(invoke(home, "policy", "explain", "/kb/carol.private@example.com.md",
+                                  "--peer", "bea", "--json").stdout)
+    assert explained["allowed"] and explained.get("copy") is None
+
+
+def test_a_refused_first_sync_does_not_claim_a_previous_copy(tmp_path):
+    guest = node_home(tmp_path, "guest")
+    assert invoke(guest, "peers", "add", "alice", "ab" * 32).exit_code == 0
+    for name in ("alice", "../x"):
+        r = invoke(guest, "copies", "sync", name, "--offline")
+        assert r.exit_code == 1
+        assert "no copy is kept here" in r.stderr and "previous copy" not in r.stderr, r.stderr
+
+
+def test_policy_copy_for_a_group_that_does_not_exist_warns(host):
+    home, _ = host
+    r = invoke(home, "policy", "copy", "/kb/**", "--for", "@nobody")
+    assert r.exit_code == 0 and "--for @nobody: no group has that name" in r.output

@@ -82,8 +82,8 @@ def sync_cmd(
     previous copy whole. Progress on stderr."""
     import anyio
 
-    from node.common.errors import KithError, UsageError
-    from node.runtime.copies import list_copies, sync_with_pool
+    from node.common.errors import CODES, KithError, UsageError
+    from node.runtime.copies import CopyStore, list_copies, sync_with_pool
     from node.runtime.pool import PeerGone, SessionPool, classify_gone
     from node.trust.identity import load_identity
 
@@ -96,6 +96,12 @@ def sync_cmd(
     identity = load_identity(home)
     reports: list[dict[str, Any]] = []
     failed = 0
+
+    def _kept(n: str) -> bool:
+        try:
+            return CopyStore(home, n).exists()
+        except KithError:  # not a registry name: never a copy
+            return False
 
     async def main() -> None:
         nonlocal failed
@@ -113,13 +119,18 @@ def sync_cmd(
                 except TimeoutError:
                     r = {"peer": n, "status": "peer-timeout", "code": "peer-timeout"}
                 except KithError as exc:
-                    r = {"peer": n, "status": "refused", "code": exc.code, "message": exc.message}
+                    r = {"peer": n, "status": "refused", "code": exc.code, "message": exc.message,
+                         **({"hint": exc.hint} if exc.hint else {})}
+                if r["status"] not in ("ok", "ended") and "hint" not in r and r.get("code") in CODES:
+                    r.update({"hint": CODES[r["code"]].hint} if CODES[r["code"]].hint else {})
                 reports.append(r)
                 if r["status"] not in ("ok", "ended"):
                     failed += 1
                     err_console.print(f"{safe_text(n)}: {r['status']} ({r.get('code')})"
                                       + (f": {safe_text(r['message'])}" if r.get("message") else "")
-                                      + " — the previous copy is kept", highlight=False, markup=False)
+                                      + (" — the previous copy is kept" if _kept(n) else " — no copy is kept here")
+                                      + (f"\n  hint: {safe_text(r['hint'])}" if r.get("hint") else ""),
+                                      highlight=False, markup=False)
                 elif not as_json:
                     _say_report(r)
 

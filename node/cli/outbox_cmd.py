@@ -163,7 +163,8 @@ def run_cmd(
     discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
     json_out: bool = typer.Option(False, "--json", help="One JSON object per line: each delivery event."),
 ) -> None:
-    """Deliver the kept questions until Ctrl-C/SIGTERM (for a home that runs no `kith host`,
+    """Deliver the kept questions and re-sync this home's copies (`kith copies`: at start,
+    then every 10 min) until Ctrl-C/SIGTERM (for a home that runs no `kith host`,
     `kith api serve` or `kith mcp`). Only one process of a home delivers at a time."""
     import anyio
 

@@ -14,7 +14,7 @@ from node.corpus.types import Root
 from node.common.errors import KithError, UsageError
 from node.policy.coverage import (MAX_LISTED, check_policy, indexed_sources, rule_coverage, rule_label,
                                   unmatched_scrubs)
-from node.policy.store import (ANONYMOUS_SHARED_FACTOR, MIN_MESSAGE_BYTES, TIERS, Decision, Policy, Quota,
+from node.policy.store import (ANONYMOUS_SHARED_FACTOR, MAX_COPY_BYTES, MIN_MESSAGE_BYTES, TIERS, Decision, Policy, Quota,
                                Rule, check_peer_names)
 
 #: said after every change: a running host re-reads policy.toml at its next query
@@ -257,8 +257,8 @@ def set_cmd(
 
 
 def _not_pinned(home: Path, policy: Policy) -> list[dict[str, str]]:
-    """``[{"where", "name"}]``: each rule (its ``peers``), override (its ``--for``) and
-    group member naming a peer that is not pinned in ``peers.json`` (any more) — it grants
+    """``[{"where", "name"}]``: each rule (its ``peers``), override (its ``--for``), group
+    member and copy grant (its ``--for``, specs/copies.md §1) naming a peer that is not pinned in ``peers.json`` (any more) — it grants
     nothing until that name is pinned again (`kith policy check`, issue 32)."""
     from node.policy.store import GROUP_PREFIX
     from node.trust.peers import PeerRegistry
@@ -271,6 +271,8 @@ def _not_pinned(home: Path, policy: Policy) -> list[dict[str, str]]:
                 if not n.startswith(GROUP_PREFIX) and n not in pinned]
     for group in policy.groups.values():
         out += [{"where": f"@{group.name}", "name": m} for m in sorted(group.members) if m not in pinned]
+    out += [{"where": f"copy grant {c.glob}", "name": c.recipient} for c in policy.copy_grants
+            if not c.recipient.startswith(GROUP_PREFIX) and c.recipient not in pinned]
     return out
 
 
@@ -278,8 +280,8 @@ def _not_pinned(home: Path, policy: Policy) -> list[dict[str, str]]:
 def check_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """List the rules that match no indexed source (typos) and the indexed sources no rule
     decides (private by default), with how many sources each rule decides, the indexed
-    sources served unscrubbed to a peer that a scrub entry once covered, and the rules and
-    groups naming a peer that is not pinned (any more)."""
+    sources served unscrubbed to a peer that a scrub entry once covered, and the rules,
+    groups and copy grants naming a peer that is not pinned (any more)."""
     from node.policy.scrub_coverage import ScrubRecord, recipients, unscrubbed
     from node.trust.peers import PeerRegistry
 
@@ -631,7 +633,8 @@ def _copy_lines(policy: Policy) -> list[str]:
 
 def _copy_check(policy: Policy, sources: list) -> list:
     """Per grant: how many indexed sources its glob matches, how many the recipient may keep
-    (the rest are ``ask``/``private``/``never`` or not shared with it and are never copied).
+    (the rest are ``ask``/``private``/``never``, not shared with it or have a scrubbed value
+    in their id, and are never copied).
     A group grant is counted for the group's current members together."""
     out = []
     for c in policy.copy_grants:
@@ -650,7 +653,7 @@ def _copy_check_lines(policy: Policy, sources: list) -> list[str]:
     for c in _copy_check(policy, sources):
         lines.append(f"copy grant {c['glob']} for {c['for']}: matches {c['matches']}, may be kept {c['copyable']}")
         if c["notCopied"]:
-            lines.append("  never copied (ask, private, never or not shared with it):")
+            lines.append("  never copied (ask, private, never, not shared with it, or its id holds a value scrubbed for it):")
             lines += [f"    {s}" for s in c["notCopied"]]
     return lines
 
@@ -663,8 +666,10 @@ def copy_cmd(
                                              help="Who may keep the copy: a pinned peer's (or person's) name, or @GROUP."),
     until: Optional[str] = typer.Option(None, "--until", metavar="DATE|DURATION",
                                         help="End the grant then (2027-01-31, 2027-01-31T18:00:00Z, 30d); the peer's own node deletes the copy then, even if it never reaches this host again."),
-    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", metavar="N", min=1,
-                                            help="The most bytes of text the copy may hold (a sync over it is refused: copy-over-budget)."),
+    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", metavar="N", min=1, max=MAX_COPY_BYTES,
+                                            help="The most bytes of text the copy may hold (a sync over it is refused: "
+                                                 "copy-over-budget). With several grants for one peer, the largest "
+                                                 "counts, and none when one has none."),
     off: bool = typer.Option(False, "--off", help="End the grant (GLOB, --for): the peer's next sync or handshake with this host deletes what it copied under it."),
     as_json: bool = _JSON,
 ) -> None:
@@ -701,8 +706,13 @@ def copy_cmd(
             end = parse_until(until) if until is not None else None
             policy.set_copy(glob, for_target, until=end, max_bytes=max_bytes)
             changed = True
+            _warn_unpinned(home, [for_target], "--for")
             if not for_target.startswith("@"):
-                _warn_unpinned(home, [for_target], "--for")
+                budget = policy.copy_budget(for_target)
+                if budget != max_bytes:  # another grant decides it (specs/copies.md §1)
+                    _warn(f"{for_target}'s copy may hold {'any number of' if budget is None else f'{budget:,}'} "
+                          f"bytes, not {'any number' if max_bytes is None else f'{max_bytes:,}'}: the budget is "
+                          f"the largest --max-bytes among {for_target}'s grants, none when one sets none")
             _warn(COPY_WARNING)
         if changed:
             policy.save()

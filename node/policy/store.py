@@ -1008,13 +1008,21 @@ class Policy:
         """The grant under which ``peer_name`` may keep a copy of the source ``canonical``,
         or None: a grant in force covers it AND the peer may already be served it
         (:meth:`decide_canonical` allowed, tier in :data:`COPY_TIERS`); ``ask``,
-        ``private`` and ``never`` sources never are (specs/copies.md §1)."""
+        ``private`` and ``never`` sources never are, nor a source whose id holds a value
+        scrubbed for the peer: a copy keys and signs documents by their real id, so one is
+        answered live only, its id scrubbed (specs/copies.md §1)."""
         grants = [c for c in self.copy_grants_for(peer_name) if c.matcher.match(canonical)]
         if not grants:
             return None
         d = self.decide_canonical(canonical, peer_name)
         if not d.allowed or d.tier not in COPY_TIERS:
             return None
+        kinds = self.scrub_kinds(canonical, peer_name)
+        if kinds:
+            from node.common.scrub import scrub
+
+            if scrub(canonical, kinds) != canonical:
+                return None
         return grants[0]
 
     def copy_budget(self, peer_name: str | None) -> int | None:

@@ -53,7 +53,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
-from node.common.errors import ConfigError, KithError, PolicyError, ProtocolViolation, SigningError
+from node.common.errors import ConfigError, CorpusError, KithError, PolicyError, ProtocolViolation, SigningError
 from node.common.home import atomic_write
 
 #: ``<home>/copies/``: every copy this node keeps, one folder per pinned peer name.
@@ -149,6 +149,10 @@ class CopyStore:
         """True when a manifest was ever committed here."""
         return self.path.is_file()
 
+    @property
+    def _remake_hint(self) -> str:
+        return f"`kith copies remove {self.peer}` deletes this copy; `kith copies sync {self.peer}` then makes it again"
+
     def load(self) -> dict[str, Any]:
         """The committed state (an empty one when there is none).
 
@@ -161,9 +165,11 @@ class CopyStore:
         try:
             state = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            raise ConfigError("config-invalid", f"copies/{self.peer}/{MANIFEST_FILE} cannot be read") from None
+            raise ConfigError("config-invalid", f"copies/{self.peer}/{MANIFEST_FILE} cannot be read",
+                              hint=self._remake_hint) from None
         if not isinstance(state, dict) or not isinstance(state.get("documents"), dict):
-            raise ConfigError("config-invalid", f"copies/{self.peer}/{MANIFEST_FILE} is not a copy manifest")
+            raise ConfigError("config-invalid", f"copies/{self.peer}/{MANIFEST_FILE} is not a copy manifest",
+                              hint=self._remake_hint)
         return state
 
     def commit(self, state: dict[str, Any]) -> None:
@@ -910,7 +916,9 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
     the owner's own search (specs/copies.md §6). Thread-safe.
 
     Raises:
-        ConfigError: ``copy-not-found`` when no copy of ``peer`` was ever synced.
+        ConfigError: ``copy-not-found`` when no copy of ``peer`` was ever synced;
+            ``config-invalid`` when its ``manifest.json`` cannot be read.
+        CorpusError: ``index-unavailable`` when the copy's index is damaged (not SQLite).
         PolicyError: ``copy-expired`` when the copy's end (:meth:`CopyStore.until`) has
             passed: the copy is deleted (specs/copies.md §5).
     """
@@ -921,14 +929,20 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
         until = store.until()
         _ended_copy(store, "expired")
         raise PolicyError("copy-expired", f"{peer}'s copy ended at {until}; it was deleted")
-    store.reindex_if_outdated()  # an index of an older schema answers nothing: rebuilt first
-    entry = _acquire(store)
     try:
-        answer = answer_local(entry.corpus, {k: v for k, v in request.items() if k != "citations"})
-        env = answer.get("envelope") or {}
-        spans = entry.corpus.chunk_evidence([r.get("id") for r in env.get("results") or []])
-    finally:
-        _release(entry)
+        store.reindex_if_outdated()  # an index of an older schema answers nothing: rebuilt first
+        entry = _acquire(store)
+        try:
+            answer = answer_local(entry.corpus, {k: v for k, v in request.items() if k != "citations"})
+            env = answer.get("envelope") or {}
+            spans = entry.corpus.chunk_evidence([r.get("id") for r in env.get("results") or []])
+        finally:
+            _release(entry)
+    except sqlite3.DatabaseError as exc:  # a damaged copy index: refused, never a traceback
+        raise CorpusError(
+            "index-unavailable",
+            f"the index of {peer}'s copy cannot be read ({exc}); `kith copies remove {peer}` "
+            f"then `kith copies sync {peer}` makes it again") from None
     by_file = entry.by_file
     kept = []
     for r in env.get("results") or []:
