@@ -312,6 +312,29 @@ def test_over_the_budget_is_refused_with_a_code(host, tmp_path):
     assert exc.value.code == "copy-over-budget"
 
 
+def test_a_grant_narrowed_as_its_budget_shrank_still_deletes_what_it_no_longer_covers(host, tmp_path):
+    """Narrowing a grant while lowering its budget under what remains: the sync is refused
+    copy-over-budget (nothing fetched), yet what the grant no longer covers is deleted and
+    never answered from again; what remains is kept as it was."""
+    home, _ = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)
+    assert sorted(CopyStore(guest, "alice").load()["documents"]) == ["/kb/deploy.md", "/kb/sqlite.md"]
+    policy = Policy.load(home)
+    policy.unset_copy("/kb/**", "bea")
+    policy.set_copy("/kb/sqlite.md", "bea", max_bytes=10)  # narrower, and under what sqlite.md holds
+    policy.save()
+    server, corpus, key = _server(home)
+    with corpus, pytest.raises(KithError) as exc:
+        _sync(guest, _asker(server), key)
+    assert exc.value.code == "copy-over-budget"
+    assert sorted(CopyStore(guest, "alice").load()["documents"]) == ["/kb/sqlite.md"]
+    assert search_copy(guest, "alice", {"query": "staging server", "topK": 5})["envelope"]["results"] == []
+    assert search_copy(guest, "alice", {"query": "WAL readers", "topK": 5})["envelope"]["results"]
+
+
 def test_a_killed_sync_keeps_what_was_committed_and_resumes(host, tmp_path, monkeypatch):
     import node.runtime.copies as copies
 

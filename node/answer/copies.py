@@ -161,8 +161,10 @@ class CopyServer:
             entries.append({"source": canonical, "version": keyed_version(key, content_hash),
                             "bytes": got[1], "textSha256": got[2]})
         status = "ok" if budget is None or total <= budget else "copy-over-budget"
+        # over budget the entries are still listed (nothing will be fetched), so the peer
+        # can delete what it may no longer hold (specs/copies.md §2)
         return {"status": status, "maxBytes": budget, "bytes": total,
-                "documents": entries if status == "ok" else [], "truncated": len(docs) > MAX_MANIFEST}
+                "documents": entries, "truncated": len(docs) > MAX_MANIFEST}
 
     def documents(self, peer_name: str | None, sources: list[str]) -> dict[str, Any]:
         """The ``copy_docs`` fields for the sources asked: ``documents`` ``[{source, version,

@@ -388,8 +388,10 @@ def list_copies(home: Path) -> list[dict[str, Any]]:
 
 # --- checking what the host sent ---------------------------------------------------------
 
-def check_manifest(message: Any) -> dict[str, dict[str, Any]]:
-    """The manifest's entries ``{source: {"version", "bytes", "textSha256"}}``.
+def check_manifest(message: Any, *, check_budget: bool = True) -> dict[str, dict[str, Any]]:
+    """The manifest's entries ``{source: {"version", "bytes", "textSha256"}}``; with
+    ``check_budget`` False the entries are checked but not their sum (what an over-budget
+    manifest still lists: :func:`sync_copy` deletes what it no longer lists).
 
     Raises:
         ProtocolViolation: ``copy-manifest-invalid`` (a duplicate or ill-formed entry; a
@@ -417,7 +419,7 @@ def check_manifest(message: Any) -> dict[str, dict[str, Any]]:
         total += d["bytes"]
     budget = message.get("maxBytes")
     limit = min(budget, MAX_LOCAL_BYTES) if isinstance(budget, int) and not isinstance(budget, bool) else MAX_LOCAL_BYTES
-    if total > limit:
+    if check_budget and total > limit:
         raise PolicyError("copy-over-budget", f"the copy would hold {total:,} bytes, over its budget of {limit:,}")
     return out
 
@@ -508,10 +510,29 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
         store.remove()
         report.update(status="ended", documents=0, bytes=0, syncedAt=None)
         return report
-    if reply.get("status") == "copy-over-budget":
-        raise PolicyError("copy-over-budget", f"the host says the copy is over its budget of {reply.get('maxBytes')} bytes")
-    manifest = check_manifest(reply)
     held: dict[str, Any] = state["documents"]
+    over: PolicyError | None = None
+    if reply.get("status") == "copy-over-budget":
+        over = PolicyError("copy-over-budget", f"the host says the copy is over its budget of {reply.get('maxBytes')} bytes")
+    else:
+        try:
+            check_manifest(reply)
+        except PolicyError as exc:
+            over = exc
+    if over is not None:  # nothing is fetched; what the host no longer lists still goes
+        listed = check_manifest(reply, check_budget=False) if reply.get("documents") else None
+        gone = [s for s in held if listed is not None and s not in listed]
+        if gone:  # the grant narrowed as its budget shrank: deleted, the rest kept as it was
+            for s in gone:
+                del held[s]
+            state["indexed"] = False
+            store.commit(state)
+            store.tidy(state)
+            store.index(None)
+            state["indexed"] = True
+            store.commit(state)
+        raise over
+    manifest = check_manifest(reply)
     gone = [s for s in held if s not in manifest]
     for s in gone:  # no longer granted: deleted now, before anything new is fetched
         del held[s]
