@@ -9,71 +9,28 @@ iroh between real processes is tests/test_copies_iroh.py."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import anyio
 import pytest
 
-from node.answer.copies import CopyServer
 from node.common.errors import KithError, PolicyError
 from node.corpus.store import Corpus
-from node.policy.gate import EgressGate
 from node.policy.store import Policy
-from node.runtime.clock import rfc3339
 from node.runtime.copies import CopyStore, search_copy, sync_copy
-from node.trust.identity import load_or_init_identity
 
 from support.cli import invoke
+from support.copies import DOCS, copy_asker, copy_host, copy_server
 from support.homes import node_home
-
-DOCS = {
-    "sqlite.md": "# SQLite\n\nPRAGMA journal_mode=WAL lets readers continue while one writer appends.\n",
-    "deploy.md": "# Deploy\n\nThe staging server is rebuilt nightly; mail ops@example.com when it fails.\n",
-    "ask.md": "# Ask\n\nThe quarterly numbers are shared on request only.\n",
-    "notes/salary.md": "# Salary\n\nThe salary bands are private.\n",
-}
-
 
 @pytest.fixture()
 def host(tmp_path):
-    """A host home: /kb indexed; /kb/** public, /kb/ask.md ask, /kb/notes/** private; bea
-    granted a copy of /kb/**; e-mail scrubbed for bea."""
-    kb = tmp_path / "kb"
-    (kb / "notes").mkdir(parents=True)
-    for name, text in DOCS.items():
-        (kb / name).write_text(text)
-    home = node_home(tmp_path, "host")
-    with Corpus(home) as c:
-        c.add_root(kb)
-        c.sync()
-    policy = Policy.load(home)
-    policy.set("/kb/**", "public")
-    policy.set("/kb/ask.md", "ask")
-    policy.set("/kb/notes/**", "private")
-    policy.set_copy("/kb/**", "bea")
-    policy.set_scrub("bea", ["email"])
-    policy.save()
-    return home, kb
+    """A copy-granting host home (:func:`support.copies.copy_host`)."""
+    return copy_host(tmp_path)
 
 
-def _server(home: Path) -> tuple[CopyServer, Corpus, str]:
-    ident = load_or_init_identity(home)
-    corpus = Corpus(home, readonly=True)
-    gate = EgressGate(corpus.roots(), Policy.load(home), home)
-    return CopyServer(corpus, gate, home, ident.secret, lambda: rfc3339(time.time())), corpus, ident.public_key
-
-
-def _asker(server: CopyServer, peer: str = "bea", tamper=None, calls=None):
-    async def ask(request):
-        if calls is not None:
-            calls.append(request)
-        if request["action"] == "copy_list":
-            reply = {"action": "copy_manifest", **server.manifest(peer)}
-        else:
-            reply = {"action": "copy_docs", **server.documents(peer, request["sources"])}
-        return tamper(request, reply) if tamper is not None else reply
-    return ask
+_server = copy_server
+_asker = copy_asker
 
 
 def _sync(guest: Path, ask, key: str, **kw):
@@ -363,7 +320,6 @@ def test_a_killed_sync_keeps_what_was_committed_and_resumes(host, tmp_path, monk
 
 def test_a_hostile_source_id_never_names_a_file(host, tmp_path):
     home, _ = host
-    guest = node_home(tmp_path, "guest")
     server, corpus, key = _server(home)
     with corpus:
         real = server.manifest("bea")["documents"][0]

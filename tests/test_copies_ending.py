@@ -26,7 +26,13 @@ from support.cli import invoke
 from support.engines import EnginePair
 from support.homes import PROTOCOLS, node_home
 
-from test_copies import _asker, _server, host  # noqa: F401 - the fixture
+from support.copies import copy_asker as _asker, copy_host, copy_server as _server
+
+@pytest.fixture()
+def host(tmp_path):
+    """A copy-granting host home (:func:`support.copies.copy_host`)."""
+    return copy_host(tmp_path)
+
 
 STATE = {"granted": True, "stamp": "ab" * 16, "until": None}
 
@@ -93,7 +99,7 @@ def test_a_host_that_cannot_tell_says_nothing(kq, host_id, guest_id):
 
 # --- the host's state --------------------------------------------------------------------
 
-def test_the_state_changes_when_the_grant_or_a_tier_changes(host):  # noqa: F811
+def test_the_state_changes_when_the_grant_or_a_tier_changes(host):
     home, _ = host
     p = Policy.load(home)
     first = p.copy_state("bea")
@@ -129,7 +135,7 @@ def _synced(tmp_path, home, told=None):
     return guest, key
 
 
-def test_not_granted_in_a_handshake_deletes_the_copy_and_says_so(host, tmp_path, capsys):  # noqa: F811
+def test_not_granted_in_a_handshake_deletes_the_copy_and_says_so(host, tmp_path, capsys):
     home, _ = host
     guest, key = _synced(tmp_path, home, told=STATE)
     assert C.CopyStore(guest, "alice").exists()
@@ -141,7 +147,7 @@ def test_not_granted_in_a_handshake_deletes_the_copy_and_says_so(host, tmp_path,
     assert "alice's copy was deleted (2 document(s)): its host no longer grants it" in capsys.readouterr().err
 
 
-def test_a_changed_stamp_makes_the_copy_stale_until_synced(host, tmp_path):  # noqa: F811
+def test_a_changed_stamp_makes_the_copy_stale_until_synced(host, tmp_path):
     home, _ = host
     guest, key = _synced(tmp_path, home, told=STATE)
     store = C.CopyStore(guest, "alice")
@@ -180,7 +186,7 @@ class _Runner:
         self.woken += 1
 
 
-def test_until_passed_deletes_the_copy_without_the_host(host, tmp_path):  # noqa: F811
+def test_until_passed_deletes_the_copy_without_the_host(host, tmp_path):
     home, _ = host
     guest, key = _synced(tmp_path, home, told={**STATE, "until": rfc3339(time.time() + 3600)})
     store = C.CopyStore(guest, "alice")
@@ -196,7 +202,7 @@ def test_until_passed_deletes_the_copy_without_the_host(host, tmp_path):  # noqa
     assert exc.value.code == "copy-expired" and not store.dir.exists()
 
 
-def test_the_runner_ends_an_expired_copy_and_syncs_a_stale_one(host, tmp_path):  # noqa: F811
+def test_the_runner_ends_an_expired_copy_and_syncs_a_stale_one(host, tmp_path):
     home, _ = host
     guest, key = _synced(tmp_path, home, told=STATE)
     task = C.CopiesTask(guest, clock=lambda: 100.0)
@@ -215,7 +221,7 @@ def test_the_runner_ends_an_expired_copy_and_syncs_a_stale_one(host, tmp_path): 
         ("copy-ended", "alice", 2, "expired")]
 
 
-def test_peers_remove_deletes_the_copy_and_says_so(host, tmp_path):  # noqa: F811
+def test_peers_remove_deletes_the_copy_and_says_so(host, tmp_path):
     home, _ = host
     guest, key = _synced(tmp_path, home)
     PeerRegistry.load(guest).add("alice", key)
@@ -225,7 +231,7 @@ def test_peers_remove_deletes_the_copy_and_says_so(host, tmp_path):  # noqa: F81
     assert not C.CopyStore(guest, "alice").dir.exists()
 
 
-def test_a_revoked_device_s_copies_are_deleted(host, tmp_path):  # noqa: F811
+def test_a_revoked_device_s_copies_are_deleted(host, tmp_path):
     home, _ = host
     guest, key = _synced(tmp_path, home)
     ended = C.end_copies(guest, host_key="22" * 32, via="device-revoked")
@@ -236,7 +242,7 @@ def test_a_revoked_device_s_copies_are_deleted(host, tmp_path):  # noqa: F811
 
 
 
-def test_the_owner_is_told_what_ending_does_and_cannot_undo(host):  # noqa: F811
+def test_the_owner_is_told_what_ending_does_and_cannot_undo(host):
     home, _ = host
     r = invoke(home, "policy", "set", "/kb/deploy.md", "private")
     assert r.exit_code == 0 and "copy grants follow tiers" in r.output and "keeps what it copied" in r.output

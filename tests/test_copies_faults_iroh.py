@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import resource
 import select
@@ -27,7 +26,7 @@ from node.trust.identity import load_identity
 from node.trust.peers import PeerRegistry
 
 import support.hosts as hosts
-from support.cli import KITH, kith, kith_argv
+from support.cli import kith, kith_argv
 from support.homes import node_home, pin_host
 from support.hosts import ENV, HostProcess, prepare_host
 

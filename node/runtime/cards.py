@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from node.common.errors import KithError
 from node.common.home import atomic_write
+from node.runtime.clock import unix_of
 from node.trust.card import SEQ_FILE, CardStore, DeviceCard, check_card, make_card
 
 if TYPE_CHECKING:
@@ -34,6 +35,15 @@ def _now() -> str:
     from node.trust.person import now_rfc3339
 
     return now_rfc3339()
+
+
+def _mark_now() -> str:
+    """Now as RFC 3339 UTC with milliseconds, for a card's ``lastSeen`` / ``lastFailed``: a
+    device that answered and then failed within one second must read as failed
+    (``CardEntry.online`` compares the two stamps)."""
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 # ----------------------------------------------------------------------------- host side
@@ -140,7 +150,7 @@ def accept_card(home: Path, doc: object, *, via: str, device: str | None = None)
     store = CardStore.load(home)
     outcome = store.offer(rec.public_key, card, via=via, now=_now())
     if via == "handshake":  # it just completed a handshake with this guest: it is up
-        store.mark(rec.public_key, card.device, ok=True, now=_now())
+        store.mark(rec.public_key, card.device, ok=True, now=_mark_now())
     note_device(registry, rec, card.device, card.device_name)
     return rec.name, card, outcome
 
@@ -267,7 +277,7 @@ def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], 
     registry = PeerRegistry.load(home)
     out: list[tuple[dict[str, str], Any]] = []
     entries = sorted(store.devices_of(rec.public_key).items(),
-                     key=lambda kv: (kv[1].last_seen or "", kv[1].received_at), reverse=True)
+                     key=lambda kv: (unix_of(kv[1].last_seen or ""), kv[1].received_at), reverse=True)
     for key, entry in entries:
         if registry.is_blocked(key) or revocations.revokes(key, [rec.public_key, entry.card.get("person_key", "")]):
             continue  # revoked or blocked after the card was kept: ignored
@@ -316,7 +326,7 @@ def mark_answered(home: Path, rec: "PeerRecord", device: str) -> None:
     minute while it keeps answering, :meth:`node.trust.card.CardStore.mark`)."""
     from node.trust.card import CARDS_FILE
 
-    _cached(home, CARDS_FILE, CardStore.load).mark(rec.public_key, device, ok=True, now=_now())
+    _cached(home, CARDS_FILE, CardStore.load).mark(rec.public_key, device, ok=True, now=_mark_now())
 
 
 _CACHE: dict[str, tuple[tuple[int, int], Any]] = {}
@@ -397,7 +407,7 @@ async def ask_devices(pool: "SessionPool", rec: "PeerRecord", targets: list[tupl
     log.debug("person %s: %d device(s) asked in %.3f s", rec.name, len(targets), time.monotonic() - started)
     if store_marks:
         store = CardStore.load(pool.home)
-        now = _now()
+        now = _mark_now()
         for key, ok in store_marks:
             store.mark(rec.public_key, key, ok=ok, now=now)
     if winner:

@@ -46,6 +46,8 @@ STORE_VERSION = 1
 _FIELDS = frozenset({"type", "person_key", "device_key", "device_name", "binding_chain", "invitation", "totals",
                      "created", "seq", "signature"})
 _CREATED_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
+#: A kept ``lastSeen`` / ``lastFailed``: RFC 3339 UTC, milliseconds allowed.
+_MARK_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z")
 
 
 @dataclass(frozen=True)
@@ -222,8 +224,12 @@ class CardEntry:
 
     @property
     def online(self) -> bool:
-        """True when its last ask here was answered (it answered after it last failed)."""
-        return self.last_seen is not None and (self.last_failed is None or self.last_seen >= self.last_failed)
+        """True when its last ask here was answered (it answered after it last failed).
+
+        The stamps are compared as times, not text: stamps with milliseconds (what
+        :mod:`node.runtime.cards` writes) and older second stamps order correctly."""
+        return self.last_seen is not None and (self.last_failed is None
+                                               or _seconds(self.last_seen) >= _seconds(self.last_failed))
 
     def as_json(self) -> dict[str, Any]:
         """The stored shape."""
@@ -264,7 +270,8 @@ class CardStore:
             raise ConfigError("config-invalid", f"{CARDS_FILE} is not valid JSON", hint=hint) from None
 
         def stamp(value: object, what: str, *, optional: bool) -> Any:
-            if (value is None and optional) or (isinstance(value, str) and _CREATED_RE.fullmatch(value)):
+            pattern = _CREATED_RE if what == "receivedAt" else _MARK_RE
+            if (value is None and optional) or (isinstance(value, str) and pattern.fullmatch(value)):
                 return value
             raise ValueError(f"{what} must be an RFC 3339 UTC time{' or null' if optional else ''}")
 

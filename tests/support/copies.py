@@ -1,0 +1,83 @@
+"""A copy-granting host home and an in-memory link to its copy server, shared by the
+copy tests (specs/copies.md): the real :class:`node.answer.copies.CopyServer` over a real
+corpus, policy and key, asked without a transport."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from node.answer.copies import CopyServer
+from node.corpus.store import Corpus
+from node.policy.gate import EgressGate
+from node.policy.store import Policy
+from node.runtime.clock import rfc3339
+from node.trust.identity import load_or_init_identity
+
+from support.homes import node_home
+
+#: The host's documents, by path under its ``kb`` root.
+DOCS = {
+    "sqlite.md": "# SQLite\n\nPRAGMA journal_mode=WAL lets readers continue while one writer appends.\n",
+    "deploy.md": "# Deploy\n\nThe staging server is rebuilt nightly; mail ops@example.com when it fails.\n",
+    "ask.md": "# Ask\n\nThe quarterly numbers are shared on request only.\n",
+    "notes/salary.md": "# Salary\n\nThe salary bands are private.\n",
+}
+
+
+def copy_host(tmp_path: Path) -> tuple[Path, Path]:
+    """A host home: ``kb`` (:data:`DOCS`) indexed; /kb/** public, /kb/ask.md ask,
+    /kb/notes/** private; bea granted a copy of /kb/**; e-mail scrubbed for bea.
+
+    Returns:
+        (host home, kb folder).
+    """
+    kb = tmp_path / "kb"
+    (kb / "notes").mkdir(parents=True)
+    for name, text in DOCS.items():
+        (kb / name).write_text(text)
+    home = node_home(tmp_path, "host")
+    with Corpus(home) as c:
+        c.add_root(kb)
+        c.sync()
+    policy = Policy.load(home)
+    policy.set("/kb/**", "public")
+    policy.set("/kb/ask.md", "ask")
+    policy.set("/kb/notes/**", "private")
+    policy.set_copy("/kb/**", "bea")
+    policy.set_scrub("bea", ["email"])
+    policy.save()
+    return home, kb
+
+
+def copy_server(home: Path) -> tuple[CopyServer, Corpus, str]:
+    """The host's copy server as ``kith host`` builds it.
+
+    Returns:
+        (server, its read-only corpus — close it, the host's public key hex).
+    """
+    ident = load_or_init_identity(home)
+    corpus = Corpus(home, readonly=True)
+    gate = EgressGate(corpus.roots(), Policy.load(home), home)
+    return CopyServer(corpus, gate, home, ident.secret, lambda: rfc3339(time.time())), corpus, ident.public_key
+
+
+def copy_asker(server: CopyServer, peer: str = "bea", tamper: Callable[[dict, dict], dict] | None = None,
+               calls: list[dict] | None = None) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
+    """An ``ask`` for :func:`node.runtime.copies.sync_copy` answered by ``server`` as
+    ``peer``: ``copy_list`` → ``copy_manifest``, ``copy_get`` → ``copy_docs``.
+
+    Args:
+        tamper: ``(request, reply) -> reply`` a hostile host's change, or None.
+        calls: a list each request is appended to, or None.
+    """
+    async def ask(request: dict[str, Any]) -> dict[str, Any]:
+        if calls is not None:
+            calls.append(request)
+        if request["action"] == "copy_list":
+            reply = {"action": "copy_manifest", **server.manifest(peer)}
+        else:
+            reply = {"action": "copy_docs", **server.documents(peer, request["sources"])}
+        return tamper(request, reply) if tamper is not None else reply
+    return ask
