@@ -782,11 +782,18 @@ def test_a_damaged_manifest_is_refused_with_the_way_out(host, tmp_path):
     server, corpus, key = _server(home)
     with corpus:
         _sync(guest, _asker(server), key)
+        anyio.run(lambda: sync_copy(guest, "carl", _asker(server), key))  # a second, healthy copy
     assert invoke(guest, "peers", "add", "alice", key).exit_code == 0
     CopyStore(guest, "alice").path.write_text("{not json")
     way_out = "`kith copies remove alice` deletes this copy; `kith copies sync alice` then makes it again"
-    listed = invoke(guest, "copies", "list")
-    assert listed.exception.code == "config-invalid" and listed.exception.hint == way_out
+    listed = invoke(guest, "copies", "list")  # the damaged one says what it is; the other is listed as usual
+    assert listed.exit_code == 1
+    assert f"alice: damaged — config-invalid: copies/alice/manifest.json cannot be read ({way_out})" in listed.stdout
+    assert "carl: 2 document(s)" in listed.stdout
+    rows = {r["peer"]: r for r in json.loads(invoke(guest, "copies", "list", "--json").stdout)["copies"]}
+    assert rows["alice"]["error"] == {"code": "config-invalid", "message": "copies/alice/manifest.json cannot be read",
+                                      "hint": way_out}
+    assert rows["carl"]["documents"] == 2 and "error" not in rows["carl"]
     synced = invoke(guest, "copies", "sync", "alice", "--offline", "--json")
     assert synced.exit_code == 1
     assert json.loads(synced.stdout)["copies"][0] == {

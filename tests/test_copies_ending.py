@@ -253,3 +253,17 @@ def test_the_owner_is_told_what_ending_does_and_cannot_undo(host):
     assert "signatures prove what was shared" in warning
     r = invoke(home, "policy", "copy", "/kb/**", "--for", "bea", "--until", "30d")
     assert r.exit_code == 0 and "even if it never reaches this host again" in r.output
+
+
+def test_a_damaged_copy_is_left_alone_by_the_runner_and_never_stops_the_others(host, tmp_path):
+    home, _ = host
+    guest, key = _synced(tmp_path, home, told=STATE)
+    damaged = C.CopyStore(guest, "carl")
+    damaged.dir.mkdir(parents=True)
+    damaged.path.write_text("{not json")  # a hand-edited (or half-restored) manifest
+    task = C.CopiesTask(guest, clock=lambda: 100.0)
+    runner = _Runner()
+    anyio.run(task.step, runner)  # neither raises nor syncs the damaged copy
+    assert runner.spawned == ["alice"]
+    assert C.reindex_copies(guest) == [] and C.expire_copies(guest) == []
+    assert damaged.path.read_text() == "{not json"  # kept for its owner to look at

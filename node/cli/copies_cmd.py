@@ -43,25 +43,36 @@ def _say_report(r: dict[str, Any]) -> None:
 @copies_app.command("list")
 def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """List the copies kept here: peer, documents, bytes, when last synced, when the grant
-    ends. A copy past its end is deleted first (and said so on stderr)."""
+    ends. A copy past its end is deleted first (and said so on stderr). A damaged copy is
+    listed with its code and the way out, the others as usual; the exit status is then 1."""
     from node.runtime.copies import copy_age_text, expire_copies, list_copies
 
     expire_copies(home_of(ctx))
     rows = list_copies(home_of(ctx))
+    damaged = any("error" in r for r in rows)
     if as_json:
         emit_json({"copies": rows})
+        if damaged:
+            raise typer.Exit(1)
         return
     if not rows:
         console.print("no copies are kept here (a host grants one with `kith policy copy GLOB --for YOU`; "
                       "then `kith copies sync NAME`)", highlight=False, markup=False)
         return
     for r in rows:
+        if "error" in r:
+            err = r["error"]
+            console.print(f"{safe_text(r['peer'])}: damaged — {err['code']}: {err['message']}"
+                          + (f" ({err['hint']})" if err.get("hint") else ""), highlight=False, markup=False)
+            continue
         budget = "" if r["maxBytes"] is None else f" of {r['maxBytes']:,}"
         when = copy_age_text(r["peer"], r["syncedAt"]) if r["syncedAt"] else "never completed a sync"
         ends = f"ends {r['until']}" if r["until"] else "no end set"
         console.print(f"{safe_text(r['peer'])}: {r['documents']} document(s), {r['bytes']:,}{budget} bytes, "
                       f"{when.replace('from ', '', 1) if r['syncedAt'] else when}, {ends}",
                       highlight=False, markup=False)
+    if damaged:
+        raise typer.Exit(1)
 
 
 @copies_app.command("sync")

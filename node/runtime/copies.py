@@ -319,12 +319,20 @@ class CopyStore:
 
     def summary(self) -> dict[str, Any]:
         """``{"peer", "hostKey", "syncedAt", "documents", "bytes", "maxBytes", "until"}`` of
-        the committed copy (``kith copies list``; ``until``: :meth:`until`)."""
-        state = self.load()
-        docs = state["documents"]
-        return {"peer": self.peer, "hostKey": state.get("hostKey"), "syncedAt": state.get("syncedAt"),
-                "documents": len(docs), "bytes": sum(int(d.get("bytes") or 0) for d in docs.values()),
-                "maxBytes": state.get("maxBytes"), "until": self.until(state)}
+        the committed copy (``kith copies list``; ``until``: :meth:`until`). A copy whose
+        manifest cannot be read is one row of its own: the same keys empty, and ``error``
+        ``{"code", "message", "hint"}`` (one damaged copy never hides the others)."""
+        try:
+            state = self.load()
+            docs = state["documents"]
+            return {"peer": self.peer, "hostKey": state.get("hostKey"), "syncedAt": state.get("syncedAt"),
+                    "documents": len(docs), "bytes": sum(int(d.get("bytes") or 0) for d in docs.values()
+                                                         if isinstance(d, dict) and isinstance(d.get("bytes"), int)),
+                    "maxBytes": state.get("maxBytes"), "until": self.until(state)}
+        except KithError as exc:
+            return {"peer": self.peer, "hostKey": None, "syncedAt": None, "documents": 0, "bytes": 0,
+                    "maxBytes": None, "until": None,
+                    "error": {"code": exc.code, "message": exc.message, "hint": exc.hint}}
 
     # --- the host's last word on the grant (specs/copies.md §5) --------------------------
     def grant(self) -> dict[str, Any] | None:
@@ -372,11 +380,13 @@ def reindex_copies(home: Path) -> list[str]:
     Raises:
         ConfigError: ``copy-disk-full``, ``io-error``.
     """
-    return [row["peer"] for row in list_copies(home) if CopyStore(home, row["peer"]).reindex_if_outdated()]
+    return [row["peer"] for row in list_copies(home)
+            if "error" not in row and CopyStore(home, row["peer"]).reindex_if_outdated()]
 
 
 def list_copies(home: Path) -> list[dict[str, Any]]:
-    """Every copy of ``home`` (:meth:`CopyStore.summary`), by peer name."""
+    """Every copy of ``home`` (:meth:`CopyStore.summary`), by peer name; a damaged one is a
+    row with ``error`` that the background tasks (expiry, re-sync, re-index) leave alone."""
     from node.trust.peers import NAME_RE
 
     root = copies_root(home)
@@ -781,7 +791,7 @@ def expire_copies(home: Path, now: float | None = None) -> list[dict[str, Any]]:
     out = []
     for row in list_copies(home):
         store = CopyStore(home, row["peer"])
-        if store.expired(t):
+        if "error" not in row and store.expired(t):
             got = _ended_copy(store, "expired")
             if got is not None:
                 out.append(got)
@@ -1089,8 +1099,8 @@ class CopiesTask:
         now = self.clock()
         for row in list_copies(self.home):
             peer = row["peer"]
-            if peer in self._running:
-                continue
+            if peer in self._running or "error" in row:
+                continue  # a damaged copy waits for `kith copies remove` (its row says so)
             if self._due.get(peer, 0.0) > now and (peer in self._backoff or not stale(CopyStore(self.home, peer))):
                 continue  # a stale copy is synced now, unless its host is being retried
             self._running.add(peer)
