@@ -834,3 +834,13 @@ def test_policy_copy_for_a_group_that_does_not_exist_warns(host):
     home, _ = host
     r = invoke(home, "policy", "copy", "/kb/**", "--for", "@nobody")
     assert r.exit_code == 0 and "--for @nobody: no group has that name" in r.output
+
+
+def test_policy_copy_warns_when_the_grant_copies_nothing(host):
+    home, _ = host
+    r = invoke(home, "policy", "copy", "/kbb/**", "--for", "bea")  # a typo
+    assert r.exit_code == 0 and "/kbb/** matches no indexed source: nothing is copied" in r.output, r.output
+    r = invoke(home, "policy", "copy", "/kb/notes/**", "--for", "bea")  # private: never copied
+    assert "bea may keep none of the 1 source(s) /kb/notes/** matches" in r.output, r.output
+    r = invoke(home, "policy", "copy", "/kb/*.md", "--for", "bea")
+    assert "matches no indexed source" not in r.output and "may keep none" not in r.output

@@ -658,6 +658,21 @@ def _copy_check_lines(policy: Policy, sources: list) -> list[str]:
     return lines
 
 
+def _warn_copy_reach(home: Path, policy: Policy, glob: str, recipient: str) -> None:
+    """What ``kith policy copy GLOB --for NAME`` says when the new grant copies nothing: its
+    glob matches no indexed source (a typo, or a folder not indexed yet), or every source it
+    matches is one the recipient may not keep (:func:`_copy_check`'s count)."""
+    rows = [c for c in _copy_check(policy, indexed_sources(home)) if c["glob"] == glob and c["for"] == recipient]
+    if not rows:
+        return
+    if rows[0]["matches"] == 0:
+        _warn(f"{glob} matches no indexed source: nothing is copied until a source it matches is indexed "
+              "(`kith policy check` lists each grant's matches)")
+    elif rows[0]["copyable"] == 0:
+        _warn(f"{recipient} may keep none of the {rows[0]['matches']} source(s) {glob} matches (ask, private, never, "
+              "not shared with it, or a scrubbed value in the id): nothing is copied")
+
+
 @policy_app.command("copy")
 def copy_cmd(
     ctx: typer.Context,
@@ -713,6 +728,7 @@ def copy_cmd(
                     _warn(f"{for_target}'s copy may hold {'any number of' if budget is None else f'{budget:,}'} "
                           f"bytes, not {'any number' if max_bytes is None else f'{max_bytes:,}'}: the budget is "
                           f"the largest --max-bytes among {for_target}'s grants, none when one sets none")
+            _warn_copy_reach(home, policy, glob, for_target)
             _warn(COPY_WARNING)
         if changed:
             policy.save()
