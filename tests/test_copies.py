@@ -180,6 +180,32 @@ def test_sync_fetches_only_what_changed_and_deletes_what_is_no_longer_granted(ho
         assert mine.stats().get("documents", 0) == 0
 
 
+def test_a_document_changed_or_lost_on_this_machine_is_fetched_again(host, tmp_path):
+    """The attacker's finding #4: a copied file edited or deleted here was kept as it was
+    (and answered, failing `kith verify`) until its host changed it."""
+    home, _kb = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)
+        store = CopyStore(guest, "alice")
+        held = store.load()["documents"]
+        edited = store.docs / held["/kb/sqlite.md"]["file"]
+        signed = edited.read_text()
+        edited.write_text("planted text, not the host's\n")
+        (store.docs / held["/kb/deploy.md"]["file"]).unlink()
+        calls: list = []
+        repaired = _sync(guest, _asker(server, calls=calls), key)
+        assert (repaired["fetched"], repaired["repaired"], repaired["unchanged"]) == (2, 2, 0)
+        assert sorted(calls[1]["sources"]) == ["/kb/deploy.md", "/kb/sqlite.md"]
+        assert edited.read_text() == signed
+        assert all(store.intact(e) for e in store.load()["documents"].values())
+        hits = search_copy(guest, "alice", {"query": "staging", "topK": 5})["envelope"]["results"]
+        assert "/kb/deploy.md" in [r["source"] for r in hits]
+        again = _sync(guest, _asker(server), key)
+        assert (again["fetched"], again["repaired"]) == (0, 0)
+
+
 def _faulty(mutate):
     def tamper(request, reply):
         if reply["action"] == "copy_docs" and reply["documents"]:

@@ -34,6 +34,8 @@ def _say_report(r: dict[str, Any]) -> None:
             f"unchanged {r['unchanged']}, deleted {r['removed']}")
     if r["removed"]:
         line += " (no longer granted)"
+    if r.get("repaired"):
+        line += f"; {r['repaired']} fetched again (the file here was gone or changed)"
     console.print(line, highlight=False, markup=False)
     for key, what in (("tooLarge", "too large to copy"), ("refused", "refused by the host")):
         if r[key]:

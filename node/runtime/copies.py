@@ -209,6 +209,19 @@ class CopyStore:
         with _disk(self.peer, "writing a document"):
             atomic_write(self.docs / name, text.encode("utf-8", "surrogatepass"))
 
+    def intact(self, entry: dict[str, Any]) -> bool:
+        """True when the file of the committed document ``entry`` (a manifest row) is in
+        ``docs/`` with the size and text hash the host signed; False when it is gone or
+        changed on this machine (hand-edited, truncated, half-restored from a backup), so
+        the next sync fetches it again (specs/copies.md §4, step 3). Never raises."""
+        try:
+            path = self.docs / Path(str(entry.get("file"))).name
+            if path.stat().st_size != entry.get("bytes"):
+                return False
+            return hashlib.sha256(path.read_bytes()).hexdigest() == entry.get("textSha256")
+        except (OSError, ValueError):
+            return False
+
     def tidy(self, state: dict[str, Any]) -> list[str]:
         """Delete every file of ``docs/`` that ``state`` does not list (a killed or failed
         sync's, a replaced version's, a temp file left by a crash); the names deleted.
@@ -495,7 +508,9 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
 
     Returns:
         ``{"peer", "status": "ok" | "ended", "fetched", "removed", "unchanged",
-        "tooLarge", "refused", "documents", "bytes", "syncedAt"}``.
+        "repaired", "tooLarge", "refused", "documents", "bytes", "syncedAt"}``
+        (``repaired``: of ``fetched``, the documents fetched again because their file
+        here was gone or changed).
 
     Raises:
         KithError: ``copy-over-budget``, ``copy-manifest-invalid``, ``copy-outside-grant``,
@@ -514,7 +529,7 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
     if not isinstance(reply, dict) or reply.get("action") != "copy_manifest":
         raise ProtocolViolation("copy-manifest-invalid", "the host did not answer with a manifest")
     report: dict[str, Any] = {"peer": peer, "status": "ok", "fetched": 0, "removed": 0, "unchanged": 0,
-                              "tooLarge": [], "refused": []}
+                              "repaired": 0, "tooLarge": [], "refused": []}
     if reply.get("status") == "copy-not-granted":  # the grant ended: delete what it held
         report["removed"] = len(state["documents"])
         store.remove()
@@ -549,6 +564,11 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
     report["removed"] = len(gone)
     todo = [s for s, e in manifest.items()
             if s not in held or (held[s]["version"], held[s]["textSha256"]) != (e["version"], e["textSha256"])]
+    # a committed document whose file was lost or changed here is fetched again (same name)
+    outdated = set(todo)
+    damaged = [s for s in manifest if s in held and s not in outdated and not store.intact(held[s])]
+    todo += damaged
+    report["repaired"] = len(damaged)
     state.update(hostKey=host_key, maxBytes=reply.get("maxBytes"))
     complete = state.get("indexed") is True  # the index held every listed document before this sync
     if gone:  # the index lags the manifest from the first change committed to its index step
