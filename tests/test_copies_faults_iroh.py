@@ -141,6 +141,27 @@ def test_a_guest_killed_mid_sync_resumes_with_only_what_is_missing(tmp_path):
     assert _ask_copy(bea, "marker7") == ["/kb/docs/p0007.md"]
 
 
+def test_a_guest_killed_four_times_is_not_refused_as_busy_at_its_fifth_sync(tmp_path):
+    """The attacker's finding #6: each SIGKILLed sync left a session the host held until
+    QUIC's idle timeout, so after four (``max_sessions_per_peer``) the next sync was
+    refused ``handshake-peer-busy`` for half a minute; now its quietest dead session makes
+    room (specs/session.md, the per-key cap)."""
+    host, _kb, bea = _setup(tmp_path, 320)
+    h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
+    try:
+        pin_host(bea, "alice", h.invitation)
+        for _ in range(4):
+            proc = subprocess.Popen(kith_argv(bea, "copies", "sync", "alice"), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=ENV)
+            _kill_at_first_progress(proc, proc)
+            assert proc.wait(timeout=30) == -signal.SIGKILL
+        rc, report = _sync(bea)
+        assert (rc, report["status"]) == (0, "ok"), report
+    finally:
+        h.stop()
+    assert len(CopyStore(bea, "alice").load()["documents"]) == 320
+
+
 def test_a_host_killed_mid_transfer_fails_the_sync_with_a_code_and_the_copy_stays(tmp_path):
     host, kb, bea = _setup(tmp_path, 320)
     key = load_identity(host).public_key

@@ -55,6 +55,27 @@ def test_per_peer_and_overall_bounds():
     assert adm.sessions == 3 and s.ended == {}
 
 
+def test_a_key_at_its_cap_evicts_its_own_quiet_session_not_another_keys():
+    """A guest killed a few times (its sessions dead until QUIC's idle timeout) is not
+    refused for the next half minute: its own quietest session makes room."""
+    adm, s, events = make(max_sessions_per_peer=2)
+    first, _ = s.open(A, name="alice")
+    adm.session_ready(first)
+    adm.clock.advance(1.0)
+    second, _ = s.open(A, name="alice")
+    adm.session_ready(second)
+    other, _ = s.open(B, name="bea")
+    adm.session_ready(other)
+    assert s.open(A, name="alice")[1] == "handshake-peer-busy"  # none quiet yet
+    adm.begin_query(first)  # answering: never evicted
+    adm.clock.advance(QUIET_AFTER_S)
+    assert s.open(A, name="alice")[1] is None  # the second, quiet, makes room; the first is busy
+    assert s.ended == {second: "session-evicted"} and adm.sessions_of(A) == 2
+    assert events[-1] == {"event": "session-evicted", "peer": A, "code": "session-evicted", "idle_s": QUIET_AFTER_S}
+    assert s.open(A, name="alice")[1] == "handshake-peer-busy"  # the newcomer is not READY, the first busy
+    assert other not in s.ended
+
+
 def test_full_host_evicts_the_oldest_handshake_not_a_ready_session():
     adm, s, events = make(max_sessions=3)
     ready, _ = s.open(A)

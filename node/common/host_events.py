@@ -114,7 +114,8 @@ class SessionRefused(HostEvent, tag="session-refused", kw_only=True):
 
 
 class SessionEvicted(HostEvent, tag="session-evicted", kw_only=True):
-    """An idle anonymous session was ended to make room for a newcomer."""
+    """An idle anonymous session was ended to make room for a newcomer, or a quiet session
+    of a key that opened one more than ``max_sessions_per_peer`` (specs/session.md)."""
 
     peer: str
     code: Literal["session-evicted"] = "session-evicted"

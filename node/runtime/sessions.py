@@ -279,14 +279,17 @@ class SessionTable:
             None when a slot was taken (release it with :meth:`close_session`), else the
             refusal code to send at once: ``handshake-too-many-failures`` (``peer`` is in
             its cool-down; :meth:`cooldown_left`), ``handshake-peer-busy`` (``peer`` holds
-            ``max_sessions_per_peer`` already) or ``handshake-host-busy`` (no slot could
+            ``max_sessions_per_peer`` already, none of them quiet: a quiet one, its
+            least recently answered, is evicted for it instead) or ``handshake-host-busy`` (no slot could
             be freed).
         """
         if self.cooldown_left(peer) > 0:
             return "handshake-too-many-failures"
         held = self.sessions_of(peer)
         if held >= self.limits.max_sessions_per_peer:
-            return "handshake-peer-busy"
+            if not self._evict_own(peer):
+                return "handshake-peer-busy"
+            held -= 1
         now = self.clock.monotonic()
         paused = anonymous and now - self._evicted.get(peer, -math.inf) \
             < EVICTED_KEY_PAUSE * self.limits.evict_idle_after_s
@@ -300,6 +303,25 @@ class SessionTable:
         self._sessions[token] = _Session(peer=peer, end=end, alive=alive, anonymous=anonymous,
                                          name=None if anonymous else name, opened=now, last_active=now)
         return None
+
+    def _evict_own(self, peer: str) -> bool:
+        """Make room for a newcomer of key ``peer`` that holds ``max_sessions_per_peer``
+        already: its own quiet session (ready, none in flight, no query answered for
+        ``quiet_after_s``) answered least recently is ended with ``session-evicted``.
+        Such sessions are most often a killed process's, which the host would otherwise
+        hold until QUIC's idle timeout; a live one's guest opens another when it asks
+        again (specs/session.md). Returns False when none is quiet."""
+        now = self.clock.monotonic()
+        quiet = [(s.last_active, t) for t, s in self._sessions.items()
+                 if s.peer == peer and s.ready and s.holds_slot and s.busy == 0 and s.alive()
+                 and now - s.last_active >= self.limits.quiet_after_s]
+        if not quiet:
+            return False
+        last, token = min(quiet)
+        self.end(token, "session-evicted", "evicted: this peer key opened a new session and this one was its quietest",
+                 cause="evicted")
+        self.on_event(SessionEvicted(peer=peer, idle_s=round(now - last, 3)).to_dict())
+        return True
 
     def _make_room(self, *, fresh: bool, may_evict: bool, anonymous_only: bool = True) -> bool:
         if not may_evict:
