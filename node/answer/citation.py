@@ -549,9 +549,15 @@ def verify_copy_result(result: dict[str, Any], *, host: str | None, known: Known
 
 
 def _host_of(obj: dict[str, Any], inherited: str | None) -> str | None:
+    """The host key ``obj``'s ``peer`` names: its ``device.key`` for a person pin's answer
+    (the device that answered signs, specs/peers.md §13), else its ``key``."""
     peer = obj.get("peer")
-    if isinstance(peer, dict) and isinstance(peer.get("key"), str):
-        return peer["key"]
+    if isinstance(peer, dict):
+        device = peer.get("device")
+        if isinstance(device, dict) and isinstance(device.get("key"), str):
+            return device["key"]
+        if isinstance(peer.get("key"), str):
+            return peer["key"]
     return inherited
 
 
@@ -725,20 +731,44 @@ def parse_answer(data: bytes, name: str = "the answer") -> Any:
 def known_keys(home: Path) -> KnownKey:
     """``key → (pinned name, person)`` from ``home``'s peer registry (a blocked key is not
     known); the person is named when the key is one of this home's own bound devices
-    (``person.json``). Raises what :meth:`node.trust.peers.PeerRegistry.load` raises."""
+    (``person.json``), or when it is a device of a person pin (``--devices``) whose card
+    this home keeps (``cards.json``, its chain checked when it was kept; a device the
+    person's revocation list kept here names is not known) — that pin's name and person
+    key. Raises what :meth:`node.trust.peers.PeerRegistry.load` raises."""
+    from node.trust.card import CardStore
     from node.trust.peers import PeerRegistry
     from node.trust.person import load_person
+    from node.trust.revocation_list import RevocationStore
 
     registry = PeerRegistry.load(home)
     try:
         person = load_person(home)
     except Exception:  # noqa: BLE001 - a broken person.json names no person, it fails nothing
         person = None
+    devices: dict[str, tuple[str, str]] | None = None  # device key -> (pin name, person key), read once
+
+    def device_of(key: str) -> tuple[str, str] | None:
+        nonlocal devices
+        if devices is None:
+            devices = {}
+            try:
+                cards, revoked = CardStore.load(home), RevocationStore.load(home)
+            except Exception:  # noqa: BLE001 - unreadable cards name no device, they fail nothing
+                return None
+            for rec in registry.peers.values():
+                if not rec.devices or registry.is_blocked(rec.public_key):
+                    continue
+                for device in cards.devices_of(rec.public_key):
+                    if not revoked.revokes(device, [rec.public_key]):
+                        devices.setdefault(device, (rec.name, rec.public_key))
+        return devices.get(key)
 
     def known(key: str) -> tuple[str, str | None] | None:
-        rec = registry.by_key(key)
-        if rec is None or registry.is_blocked(key):
+        if registry.is_blocked(key):
             return None
+        rec = registry.by_key(key)
+        if rec is None:
+            return device_of(key)
         owner = person.person_key if person is not None and person.binding_for(key) else None
         return rec.name, owner
 

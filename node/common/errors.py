@@ -298,6 +298,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "copy-bad-signature": ("signing", "A copied document's signature does not verify as the host's over its whole text; the sync stopped, the previous copy is intact."),
     "copy-version-mismatch": ("signing", "A copied document's version, size or text hash is not the one its manifest and signature name; the sync stopped, the previous copy is intact."),
     "copy-manifest-invalid": ("protocol", "The host's copy manifest or documents answer is ill-formed; the sync stopped, the previous copy is intact."),
+    "copy-device-changed": ("protocol", "Another device of the person answered in the middle of the copy's sync; the sync stopped, what was committed is kept.", "sync again (`kith copies sync NAME`): the sync is then with one device"),
     "copy-state-invalid": ("protocol", "The host's copy_state in its handshake is not {granted, stamp, until}; it was ignored, the copy is unchanged."),
     "outbox-peer-changed": ("policy", "The peer's name is now pinned to another key; the kept question is not sent to it."),
     "group-not-found": ("policy", "No group with that name is in policy.toml."),

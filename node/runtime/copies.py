@@ -643,19 +643,45 @@ async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int],
     """:func:`sync_copy` over ``pool`` (a :class:`node.runtime.pool.SessionPool`) to the
     pinned ``peer``.
 
+    A person pin (``--devices``, specs/peers.md §13) is asked like any question to it: its
+    awake device that answers ``copy_list`` first is the host of this sync — every later
+    batch must come from that device, and every document must be signed by that device's
+    key (the key this guest dialled, never one a host names) — so the copy is one device's
+    (specs/copies.md §4.1).
+
     Raises:
-        KithError: ``peer-not-found`` for a name not pinned; as :func:`sync_copy`.
+        KithError: ``peer-not-found`` for a name not pinned; ``copy-device-changed``
+            when another device of the person answers a later batch; as :func:`sync_copy`.
     """
     from node.trust.peers import PeerRegistry
 
     rec = PeerRegistry.load(pool.home).by_name(peer)
     if rec is None:
         raise PolicyError("peer-not-found", f"no pinned peer is named {peer!r}")
+    if not rec.devices:
+        async def ask(request: dict[str, Any]) -> Any:
+            return await pool.ask(peer, request)
 
-    async def ask(request: dict[str, Any]) -> Any:
-        return await pool.ask(peer, request)
+        return await sync_copy(pool.home, peer, ask, rec.public_key, progress=progress)
 
-    return await sync_copy(pool.home, peer, ask, rec.public_key, progress=progress)
+    first = await pool.ask(peer, {"action": "copy_list"})
+    device = first.get("device") if isinstance(first, dict) else None
+    device_key = device.get("key") if isinstance(device, dict) else None
+    if not _is_hex64(device_key):  # an answer not from a device (a person pin with no card)
+        raise ProtocolViolation("copy-manifest-invalid", f"{peer}'s answer names no device of the person")
+    told = [first]
+
+    async def ask_device(request: dict[str, Any]) -> Any:
+        if told and request == {"action": "copy_list"}:
+            return told.pop()
+        reply = await pool.ask(peer, request)
+        got = reply.get("device") if isinstance(reply, dict) else None
+        if not isinstance(got, dict) or got.get("key") != device_key:
+            raise ProtocolViolation("copy-device-changed",
+                                    f"another device of {peer} answered in the middle of the sync")
+        return reply
+
+    return await sync_copy(pool.home, peer, ask_device, device_key, progress=progress)
 
 
 # --- ending a copy (specs/copies.md §5) -------------------------------------------------------
@@ -953,7 +979,8 @@ def close_open_copies() -> None:
 
 def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any]:
     """Answer the flat ``request`` from ``peer``'s copy: ``{"status", "envelope",
-    "copyAsOf"}`` — the owner's answer service over the copy's index
+    "copyAsOf", "hostKey"}`` (``hostKey``: the key that signed the copy — a device's for
+    a person pin, specs/copies.md §4.1) — the owner's answer service over the copy's index
     (:func:`node.answer.service.answer_local`), each result's ``source`` (and
     ``provenance.sourceId``) the host's source id, ``copyCitation`` the host's
     signature over that whole document and ``copySpan`` ``[start, end)`` the chunk's
@@ -1015,7 +1042,7 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
     env["results"] = kept
     env = _renamed(env, entry.names)
     return {"status": answer.get("status") if kept or answer.get("status") != "ok" else "no-verified-results",
-            "envelope": env, "copyAsOf": entry.state.get("syncedAt")}
+            "envelope": env, "copyAsOf": entry.state.get("syncedAt"), "hostKey": entry.state.get("hostKey")}
 
 
 def copy_texts(home: Path) -> Callable[[str, str], tuple[str, str] | None]:

@@ -377,6 +377,12 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
             return
         row.status, row.code = "ok", None
         row.from_copy, row.copy_as_of = True, answer.get("copyAsOf")
+        host = answer.get("hostKey")
+        if isinstance(host, str) and host != row.key:  # a person's copy is one device's (specs/copies.md §4.1)
+            from node.trust.card import CardStore
+
+            entry = CardStore.load(pool.home).devices_of(row.key).get(host)
+            row.device = {"key": host, "name": str(entry.card.get("device_name", "")) if entry else ""}
         answers[i] = _row_from_message(row, {"status": answer.get("status"), "envelope": answer.get("envelope")})
 
     reading: set[int] = set()
