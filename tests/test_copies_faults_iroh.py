@@ -256,9 +256,20 @@ def hostile_manifest(self, peer):
         out["maxBytes"] = 10
     elif mode == "climb-manifest":
         out["documents"][0]["source"] = "/kb/../../../../escaped.md"
-    elif mode == "ill-formed-manifest":
+    elif mode in ("ill-formed-manifest", "bypass-manifest"):
         out["documents"][0]["file"] = "/tmp/escaped.md"
     return out
+
+import node.engine.business as business
+check = business.BusinessLoop.check
+
+def lax_check(self, msg, *, sender):  # "bypass-manifest": this host's engine sends it anyway
+    if (sender == "host" and isinstance(msg, dict) and msg.get("action") == "copy_manifest"
+            and MODE.read_text().strip() == "bypass-manifest"):
+        return False
+    return check(self, msg, sender=sender)
+
+business.BusinessLoop.check = lax_check
 
 def hostile_documents(self, peer, sources):
     out = documents(self, peer, sources)
@@ -305,7 +316,8 @@ CASES = [("unsigned", "copy-bad-signature"), ("other-key", "copy-bad-signature")
          ("truncated", "copy-version-mismatch"), ("outside", "copy-outside-grant"),
          ("over-budget", "copy-over-budget"), ("climb-manifest", "copy-manifest-invalid"),
          ("climb-document", "copy-outside-grant"), ("absolute-document", "copy-outside-grant"),
-         ("ill-formed-manifest", "hook-output-invalid"), ("ill-formed-documents", "hook-output-invalid")]
+         ("ill-formed-manifest", "hook-output-invalid"), ("ill-formed-documents", "hook-output-invalid"),
+         ("bypass-manifest", "peer-answer-invalid")]
 
 
 def _tree(root: Path, skip: Path) -> dict[str, str]:

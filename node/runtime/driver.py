@@ -223,6 +223,7 @@ async def run_session(
     heartbeat: tuple[float, float] | None | str = "default",
     send_timeout_s: float | None | str = "default",
     stop: anyio.Event | None = None,
+    on_refused: Callable[[str, str], None] | None = None,
 ) -> SessionOutcome:
     """Run one session to its end over ``stream`` and return how it ended.
 
@@ -247,6 +248,9 @@ async def run_session(
             peer that stops reading is aborted with ``peer-unresponsive``.
         stop: when set, the session ends cleanly after the current hook: the protocol's
             terminal message (``end``) or ``_error session-shutdown`` is sent.
+        on_refused: called (on the event loop) with ``(code, message)`` of each message
+            of the peer this engine refused (``message-schema-invalid``, …; the engine has
+            answered it with ``_error`` and counts it against ``max_invalid``).
 
     Never raises for peer behaviour; transport failures end the session as
     ``peer-disconnected``. The stream is closed on return; ``on_end`` gets the reason
@@ -361,6 +365,8 @@ async def run_session(
             return await hook(hooks.on_message, ctx, ev.message)
         if isinstance(ev, MessageRefused):
             outcome.refused.append(ev.code)
+            if on_refused is not None:
+                on_refused(ev.code, ev.message)
         elif isinstance(ev, RemoteError):
             pass  # recorded in emit() (bounded by MAX_REMOTE_ERRORS: a peer may send thousands)
         elif isinstance(ev, UiArtifactRefused):

@@ -396,7 +396,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
                        accept_host_ui: bool = False,
                        heartbeat: Any = "default", node: Any = None,
                        connect_timeout_s: float | None = None,
-                       on_path: Callable[[Any, Any], None] | None = None) -> SessionOutcome:
+                       on_path: Callable[[Any, Any], None] | None = None,
+                       on_refused: Callable[[str, str], None] | None = None) -> SessionOutcome:
     """Connect to the host of ``inv`` and run one session with the protocol's guest hooks.
 
     Args:
@@ -421,6 +422,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
         on_path: called ``(now, previous)`` with :class:`node.transport.paths.PathInfo`s:
             once when the stream opened (``previous`` None), then at each change of the
             path iroh selected (direct ↔ relayed; specs/transport.md §3).
+        on_refused: called with ``(code, message)`` of each host message this guest's
+            engine refused (:func:`node.runtime.driver.run_session`).
 
     The guest asks for the host's copy grant state (``copy_state_v1``) and acts on it
     (:func:`node.runtime.copies.take_copy_state`: a copy no longer granted is deleted now,
@@ -520,7 +523,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
         try:
             outcome = await run_session(stream, engine, hooks, make_context=make_context, on_proof=on_proof,
                                         on_ui=on_ui, hook_timeout_s=None if interactive else "spec",
-                                        idle_timeout_s=None if interactive else "spec", heartbeat=heartbeat)
+                                        idle_timeout_s=None if interactive else "spec", heartbeat=heartbeat,
+                                        on_refused=on_refused)
         finally:
             if shared:  # the endpoint stays open: this session's connection must not
                 try:

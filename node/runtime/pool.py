@@ -121,6 +121,17 @@ class PeerSession:
                 self._waiter.set_result(message)
         self._loop.call_soon_threadsafe(deliver)
 
+    def _on_refused(self, code: str, message: str) -> None:
+        """The host sent a message this guest's engine refused (``message-schema-invalid``,
+        …): the question waiting for it fails now with ``peer-answer-invalid`` instead of
+        waiting for a valid answer that may never come (the session is then cancelled:
+        the turn is the host's, it cannot carry another question)."""
+        from node.common.errors import error_for
+
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(error_for("peer-answer-invalid",
+                                                 f"the host's answer was refused by this guest: {code}: {message[:200]}"))
+
     def _on_path(self, now: Any, _previous: Any) -> None:
         self.path = now
 
@@ -141,7 +152,7 @@ class PeerSession:
                     self.target.spec, local=self.pool.local, mode=self.pool.mode, server_url=None, options=options,
                     interactive=True, on_ready=self._on_ready, heartbeat=self.pool.heartbeat,
                     node=self.pool.node, connect_timeout_s=self.pool.connect_timeout_s,
-                    on_path=self._on_path)
+                    on_path=self._on_path, on_refused=self._on_refused)
         except KithError as exc:
             self.error = exc
             if isinstance(exc, TransportError) and self.session_id is None:
