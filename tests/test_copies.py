@@ -9,6 +9,7 @@ iroh between real processes is tests/test_copies_iroh.py."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import anyio
@@ -204,6 +205,31 @@ def test_a_document_changed_or_lost_on_this_machine_is_fetched_again(host, tmp_p
         assert "/kb/deploy.md" in [r["source"] for r in hits]
         again = _sync(guest, _asker(server), key)
         assert (again["fetched"], again["repaired"]) == (0, 0)
+
+
+def test_a_second_sync_of_one_copy_at_once_is_refused_before_it_asks_anything(host, tmp_path):
+    """The attacker's finding #15: a `kith copies sync` beside the host's background
+    re-sync — each deletes the files its committed manifest does not list."""
+    home, _kb = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    seen: list = []
+    with corpus:
+        inner = _asker(server)
+
+        async def ask(request):
+            if not seen:  # while this sync runs, another starts
+                second: list = []
+                with pytest.raises(KithError) as busy:
+                    await sync_copy(guest, "alice", _asker(server, calls=second), key)
+                seen.append((busy.value.code, second, str(busy.value)))
+            return await inner(request)
+
+        report = _sync(guest, ask, key)
+        assert report["fetched"] == 2
+        code, second, message = seen[0]
+        assert code == "copy-sync-running" and second == [] and f"pid {os.getpid()}" in message
+        assert _sync(guest, _asker(server), key)["unchanged"] == 2  # the lock went with the first sync
 
 
 def _faulty(mutate):

@@ -61,6 +61,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "answer-invalid": ("config", "The file is not a saved Kith answer (not JSON or JSON lines, not UTF-8, or larger than 8 MiB)."),
     "home-in-use": ("config", "Another `kith host` is already serving this home."),
     "copy-disk-full": ("config", "The copy could not be written: the disk, the quota or the file-size limit is full; the previous copy is intact.", "free some space and sync again (`kith copies sync NAME`)"),
+    "copy-sync-running": ("config", "Another process of this home is syncing that copy now; nothing was asked or changed.", "wait for it to end; `kith copies list` then shows the copy as it synced"),
     "copy-not-found": ("config", "No copy of that peer is kept here.", "`kith copies list` shows the copies; `kith copies sync NAME` makes one"),
     "outbox-full": ("config", "The outbox is full; nothing was kept.", "remove answered questions: `kith outbox remove --done`"),
     "outbox-not-found": ("config", "No question in the outbox has that id.", "`kith outbox list` shows the ids"),

@@ -495,7 +495,11 @@ Ask = Callable[[dict[str, Any]], Any]  # async (message request) -> the host's r
 async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
                     progress: Callable[[int, int], None] | None = None,
                     now: Callable[[], float] = time.time) -> dict[str, Any]:
-    """Pull ``peer``'s copy over a session (module docstring; specs/copies.md §4).
+    """Pull ``peer``'s copy over a session (module docstring; specs/copies.md §4), holding
+    ``<home>/copies/.<peer>.sync.lock`` (an exclusive ``flock``) throughout: one sync of a
+    copy at a time across this home's processes (a `kith copies sync` beside a running
+    host's background re-sync), since each deletes the files the manifest it committed does
+    not list.
 
     Args:
         home: this node's home.
@@ -513,12 +517,32 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
         here was gone or changed).
 
     Raises:
-        KithError: ``copy-over-budget``, ``copy-manifest-invalid``, ``copy-outside-grant``,
+        KithError: ``copy-sync-running`` (another process of this home syncs this copy
+            now; nothing was asked or changed), ``copy-over-budget``,
+            ``copy-manifest-invalid``, ``copy-outside-grant``,
             ``copy-bad-signature``, ``copy-version-mismatch``, ``copy-disk-full``,
             ``io-error``, or the session's own errors — the copy is then the last one
             committed (each batch is): its manifest, its files (what the failed batch
             wrote is deleted) and what its index answers (specs/copies.md §9).
     """
+    from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
+
+    CopyStore(home, peer)  # peer-bad-name before any file is named after it
+    lock = copies_root(home) / f".{peer}.sync.lock"
+    with _disk(peer, "taking the sync lock"):
+        fd = acquire_owner_lock(lock, "kith copies sync")
+    if fd is None:
+        raise ConfigError("copy-sync-running", f"another process is syncing {peer}'s copy now ({lock_owner(lock)})",
+                          hint=f"wait for it to end; `kith copies list` then shows {peer}'s copy as it synced")
+    try:
+        return await _sync_copy(home, peer, ask, host_key, progress=progress, now=now)
+    finally:
+        release_owner_lock(fd)
+
+
+async def _sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
+                     progress: Callable[[int, int], None] | None, now: Callable[[], float]) -> dict[str, Any]:
+    """:func:`sync_copy`'s work, under its lock."""
     store = CopyStore(home, peer)
     state = store.load()
     if state.get("hostKey") not in (None, host_key):  # the name now names another key
@@ -1175,25 +1199,36 @@ class CopiesTask:
                                       via=notice["via"]).to_dict())
         return tell
 
+    def _failed(self, runner: Any, peer: str, exc: BaseException) -> None:
+        """A sync of ``peer`` failed with ``exc``: the next try after a doubling backoff
+        (:data:`RETRY_FIRST_S` … :data:`RESYNC_S`), a ``copy-failed`` event with its code."""
+        from node.common.host_events import CopyFailed
+        from node.runtime.pool import PeerGone, classify_gone
+
+        code = (classify_gone(exc)[1] if isinstance(exc, PeerGone) else
+                exc.code if isinstance(exc, KithError) else "peer-timeout" if isinstance(exc, TimeoutError)
+                else "internal-error")
+        wait = min(RESYNC_S, self._backoff.get(peer, RETRY_FIRST_S / 2) * 2)
+        self._backoff[peer] = wait
+        self._due[peer] = self.clock() + wait
+        runner.emit(CopyFailed(peer=peer, code=code or "peer-disconnected").to_dict())
+
     async def _sync(self, runner: Any, peer: str) -> None:
         import anyio
 
-        from node.common.host_events import CopyEnded, CopyFailed, CopySynced
+        from node.common.host_events import CopyEnded, CopySynced
 
         try:
             pool = await runner.pool()
             with anyio.fail_after(SYNC_TIMEOUT_S):
                 report = await sync_with_pool(pool, peer)
+        except ConfigError as exc:
+            if exc.code != "copy-sync-running":
+                self._failed(runner, peer, exc)
+            else:  # another process of this home syncs it now (kith copies sync): look again soon
+                self._due[peer] = self.clock() + RETRY_FIRST_S
         except Exception as exc:  # noqa: BLE001 - the host is away, or refused: try again later
-            from node.runtime.pool import PeerGone, classify_gone
-
-            code = (classify_gone(exc)[1] if isinstance(exc, PeerGone) else
-                    exc.code if isinstance(exc, KithError) else "peer-timeout" if isinstance(exc, TimeoutError)
-                    else "internal-error")
-            wait = min(RESYNC_S, self._backoff.get(peer, RETRY_FIRST_S / 2) * 2)
-            self._backoff[peer] = wait
-            self._due[peer] = self.clock() + wait
-            runner.emit(CopyFailed(peer=peer, code=code or "peer-disconnected").to_dict())
+            self._failed(runner, peer, exc)
         else:
             was_away = self._backoff.pop(peer, None) is not None
             self._due[peer] = self.clock() + RESYNC_S
