@@ -205,6 +205,12 @@ def test_a_document_changed_or_lost_on_this_machine_is_fetched_again(host, tmp_p
         assert "/kb/deploy.md" in [r["source"] for r in hits]
         again = _sync(guest, _asker(server), key)
         assert (again["fetched"], again["repaired"]) == (0, 0)
+        # an edit that keeps the size, made later than the sync wrote the file: hashed, fetched again
+        before = edited.stat().st_mtime_ns
+        edited.write_bytes(b"z" * len(signed.encode()))
+        os.utime(edited, ns=(before + 10**9, before + 10**9))
+        same_size = _sync(guest, _asker(server), key)
+        assert (same_size["fetched"], same_size["repaired"]) == (1, 1) and edited.read_text() == signed
 
 
 def test_a_second_sync_of_one_copy_at_once_is_refused_before_it_asks_anything(host, tmp_path):

@@ -4,7 +4,7 @@
 
 - ``manifest.json`` — the copy's committed state, written atomically (0600):
   ``{"v": 1, "peer", "hostKey", "syncedAt" (the last complete sync, RFC 3339 UTC or null),
-  "maxBytes", "indexed" (the copy's index holds every document listed), "documents": {source: {"version", "bytes", "textSha256", "file", "citation"}}}``;
+  "maxBytes", "indexed" (the copy's index holds every document listed), "documents": {source: {"version", "bytes", "textSha256", "file", "citation", "mtimeNs"}}}``;
 - ``docs/`` — one file per document, named by the peer (``<sha256(source)[:32]>-<version[:12]>``
   and ``.md``/``.rst``/``.txt``), never by anything the host sent, so a hostile host cannot
   write outside the folder; a file not in the manifest (a sync killed before its commit) is
@@ -213,14 +213,30 @@ class CopyStore:
         """True when the file of the committed document ``entry`` (a manifest row) is in
         ``docs/`` with the size and text hash the host signed; False when it is gone or
         changed on this machine (hand-edited, truncated, half-restored from a backup), so
-        the next sync fetches it again (specs/copies.md §4, step 3). Never raises."""
+        the next sync fetches it again (specs/copies.md §4, step 3). A file whose size and
+        modification time (ns) are the ones ``entry["mtimeNs"]`` recorded when it was
+        written or last hashed is not read again; one hashed and found whole gets its
+        time recorded in ``entry`` (committed with the manifest). Never raises."""
         try:
             path = self.docs / Path(str(entry.get("file"))).name
-            if path.stat().st_size != entry.get("bytes"):
+            st = path.stat()
+            if st.st_size != entry.get("bytes"):
                 return False
-            return hashlib.sha256(path.read_bytes()).hexdigest() == entry.get("textSha256")
+            if entry.get("mtimeNs") == st.st_mtime_ns:
+                return True
+            if hashlib.sha256(path.read_bytes()).hexdigest() != entry.get("textSha256"):
+                return False
+            entry["mtimeNs"] = st.st_mtime_ns
+            return True
         except (OSError, ValueError):
             return False
+
+    def mtime_ns(self, name: str) -> int | None:
+        """The modification time (ns) of ``docs/<name>``, or None when it cannot be read."""
+        try:
+            return (self.docs / name).stat().st_mtime_ns
+        except OSError:
+            return None
 
     def tidy(self, state: dict[str, Any]) -> list[str]:
         """Delete every file of ``docs/`` that ``state`` does not list (a killed or failed
@@ -621,6 +637,7 @@ async def _sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
                                 "citation": citation, "text": text}
             for src, row in fetched.items():
                 store.write_doc(row["file"], row.pop("text"))
+                row["mtimeNs"] = store.mtime_ns(row["file"])
                 changed.append(row["file"])
             more = [s for s in _strings(reply.get("more")) if s in wanted]
             report["tooLarge"] += [s for s in _strings(reply.get("tooLarge")) if s in wanted]
