@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -278,16 +278,20 @@ def gated_controller(controller: dict[str, Any], allowed: int) -> dict[str, Any]
     return out
 
 
-def owner_ids(hits: list[Hit], canonical: Callable[[str], str]) -> list[Hit]:
+def owner_ids(hits: list[Hit], canonical: Callable[[str], str],
+              names: Mapping[str, str] | None = None) -> list[Hit]:
     """The owner's hits with canonical (NFC) ids — the same wire ids the gate gives peers:
     the id each hit carries from the corpus (:func:`node.corpus.sources.carried_id`),
-    else ``canonical(source id)`` (each source once)."""
+    else ``canonical(source id)`` (each source once); then, with ``names``, an id it maps
+    is replaced by its value (a copy's local id by the host's: specs/copies.md §6)."""
     known: dict[str, str] = {}
 
     def owned(h: Hit) -> Hit:
         sid = carried_id(h) or known.get(h.source_id)
         if sid is None:
             sid = known[h.source_id] = canonical(h.source_id)
+        if names is not None:
+            sid = names.get(sid, sid)
         return h if sid == h.source_id else dataclasses.replace(h, source_id=sid)
 
     with folders_resolved_once():  # only for hits without a carried id

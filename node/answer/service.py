@@ -80,13 +80,21 @@ class AnswerService:
         version_key: the host's document-version secret
             (:func:`node.answer.citation.load_version_key`), or None: then
             :meth:`check_versions` can say nothing (``unavailable``).
+        copier: the :class:`node.answer.copies.CopyServer` answering copy requests, or None.
+        source_names: ``{source id: id to show}`` applied to the owner view's hits before
+            the envelope is built (a copy's local ids → its host's,
+            :func:`node.runtime.copies.search_copy`), or None.
 
     ``inline`` (:class:`node.answer.inline.InlineCosts`) says which peer answers are small.
     """
 
     def __init__(self, corpus: Any, gate: Any = None, *, limiter: Any = None,
-                 version_key: bytes | None = None, copier: Any = None) -> None:
+                 version_key: bytes | None = None, copier: Any = None,
+                 source_names: dict[str, str] | None = None) -> None:
         self._corpus = corpus
+        #: the owner view's ids renamed (a copy's local ids → the host's, node/runtime/copies.py),
+        #: so the envelope is built with them; None: the corpus's own
+        self._source_names = source_names
         #: the :class:`node.answer.copies.CopyServer` answering copy requests, or None
         #: (this node serves no copies: ``copy-not-granted``)
         self.copier = copier
@@ -209,7 +217,7 @@ class AnswerService:
         q.marks["gate"] = time.perf_counter()
         top_k, peer = q.req["topK"], q.peer
         if peer is None:
-            return screen.Screened(screen.owner_ids(hits, self._canonical)[:top_k], controller)
+            return screen.Screened(screen.owner_ids(hits, self._canonical, self._source_names)[:top_k], controller)
 
         def deeper(limit: int) -> tuple[list[Any], dict[str, Any]] | dict[str, Any] | None:
             if q.deadline is not None and time.monotonic() >= q.deadline:

@@ -104,6 +104,8 @@ def _disk(peer: str, what: str) -> Iterator[None]:
         raise
 
 
+#: grant.json path -> ((inode, mtime_ns, size), what it held) as :meth:`CopyStore.grant` last read it
+_GRANTS: dict[Path, tuple[tuple[int, int, int], dict[str, Any] | None]] = {}
 #: (copy folder) -> the manifest's mtime_ns when :meth:`CopyStore.reindex_if_outdated`
 #: last found its index current (the code's schema cannot change within a process).
 _CURRENT: dict[Path, int] = {}
@@ -366,12 +368,24 @@ class CopyStore:
     # --- the host's last word on the grant (specs/copies.md §5) --------------------------
     def grant(self) -> dict[str, Any] | None:
         """``grant.json``: the copy grant state the host's last handshake told this node
-        (``{"stamp", "until", "seenAt"}``), or None (never told, or unreadable)."""
+        (``{"stamp", "until", "seenAt"}``), or None (never told, or unreadable). Read again
+        only when the file's inode, modification time or size changed (every search of a
+        copy asks for its end)."""
+        path = self.dir / GRANT_FILE
         try:
-            got = json.loads((self.dir / GRANT_FILE).read_text(encoding="utf-8"))
+            st = path.stat()
+            key = (st.st_ino, st.st_mtime_ns, st.st_size)
+            seen = _GRANTS.get(path)
+            if seen is not None and seen[0] == key:
+                return dict(seen[1]) if seen[1] is not None else None
+            got = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        return got if isinstance(got, dict) else None
+        got = got if isinstance(got, dict) else None
+        if len(_GRANTS) >= 256:
+            _GRANTS.clear()
+        _GRANTS[path] = (key, got)
+        return dict(got) if got is not None else None
 
     def write_grant(self, state: dict[str, Any], now: float) -> None:
         """Record a checked copy grant state (:func:`check_copy_state`) as ``grant.json``."""
@@ -918,19 +932,6 @@ def copy_age_text(peer: str, synced_at: str | None, now: float | None = None) ->
     return f"from {peer}'s copy of {_age(synced_at, time.time() if now is None else now)}"
 
 
-def _renamed(node: Any, names: dict[str, str], depth: int = 0) -> Any:
-    """``node`` with every string that is a copy-local source id replaced by the host's."""
-    if depth > 32:
-        return node
-    if isinstance(node, str):
-        return names.get(node, node)
-    if isinstance(node, list):
-        return [_renamed(v, names, depth + 1) for v in node]
-    if isinstance(node, dict):
-        return {k: _renamed(v, names, depth + 1) for k, v in node.items()}
-    return node
-
-
 #: The most copies :func:`search_copy` keeps open at once (least recently used closed first).
 OPEN_COPIES_MAX = 8
 
@@ -941,15 +942,18 @@ class _OpenCopy:
     ``users`` counts searches running on it; one retired while in use is closed by the
     last of them."""
 
-    __slots__ = ("key", "corpus", "state", "by_file", "names", "users", "retired")
+    __slots__ = ("key", "corpus", "state", "names", "service", "users", "retired")
 
     def __init__(self, key: tuple[int, int, int], corpus: Any, state: dict[str, Any]) -> None:
+        from node.answer.service import AnswerService
+
         self.key = key
         self.corpus = corpus
         self.state = state
-        #: local source id (``/copy/<file>``) → (the host's source id, its manifest entry)
-        self.by_file = {f"/{ROOT_NAME}/{d['file']}": (s, d) for s, d in state["documents"].items()}
-        self.names = {f: v[0] for f, v in self.by_file.items()}
+        #: local source id (``/copy/<file>``) → the host's source id
+        self.names = {f"/{ROOT_NAME}/{d['file']}": s for s, d in state["documents"].items()}
+        #: the owner's answer service over the copy's index, its hits named by the host's ids
+        self.service = AnswerService(corpus, source_names=self.names)
         self.users = 0
         self.retired = False
 
@@ -1022,7 +1026,8 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
     """Answer the flat ``request`` from ``peer``'s copy: ``{"status", "envelope",
     "copyAsOf", "hostKey"}`` (``hostKey``: the key that signed the copy — a device's for
     a person pin, specs/copies.md §4.1) — the owner's answer service over the copy's index
-    (:func:`node.answer.service.answer_local`), each result's ``source`` (and
+    (:class:`node.answer.service.AnswerService`, its hits named by the host's ids before
+    the envelope is built), each result's ``source`` (and
     ``provenance.sourceId``) the host's source id, ``copyCitation`` the host's
     signature over that whole document and ``copySpan`` ``[start, end)`` the chunk's
     character offsets in that signed text (None on a record without offsets), so
@@ -1041,8 +1046,6 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
         PolicyError: ``copy-expired`` when the copy's end (:meth:`CopyStore.until`) has
             passed: the copy is deleted (specs/copies.md §5).
     """
-    from node.answer.service import answer_local
-
     store = CopyStore(home, peer)
     if store.exists() and store.expired(time.time()):  # past its grant's end: deleted, never answered from
         until = store.until()
@@ -1052,7 +1055,7 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
         store.reindex_if_outdated()  # an index of an older schema answers nothing: rebuilt first
         entry = _acquire(store)
         try:
-            answer = answer_local(entry.corpus, {k: v for k, v in request.items() if k != "citations"})
+            answer = entry.service.answer({k: v for k, v in request.items() if k != "citations"})
             env = answer.get("envelope") or {}
             spans = entry.corpus.chunk_evidence([r.get("id") for r in env.get("results") or []])
         finally:
@@ -1062,26 +1065,22 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
             "index-unavailable",
             f"the index of {peer}'s copy cannot be read ({exc}); `kith copies remove {peer}` "
             f"then `kith copies sync {peer}` makes it again") from None
-    by_file = entry.by_file
+    held = entry.state["documents"]  # the envelope names the host's ids (AnswerService source_names)
     kept = []
     for r in env.get("results") or []:
-        found = by_file.get(r.get("source"))
-        if found is None:
+        src = r.get("source")
+        d = held.get(src) if isinstance(src, str) else None
+        if d is None:  # a file the manifest does not list (a killed sync's): dropped
             continue
-        src, d = found
-        r["source"] = src
         prov = r.get("provenance")
         if isinstance(prov, dict):
-            prov["sourceId"] = src
             prov.pop("contentHash", None)
-        r["alsoIn"] = [{**a, "source": by_file[a["source"]][0]} for a in r.get("alsoIn") or []
-                       if a.get("source") in by_file]
+        r["alsoIn"] = [a for a in r.get("alsoIn") or [] if a.get("source") in held]
         r["copyCitation"] = d.get("citation")
         ev = spans.get(r.get("id"))
         r["copySpan"] = [ev[1], ev[2]] if ev and isinstance(ev[1], int) and isinstance(ev[2], int) else None
         kept.append(r)
     env["results"] = kept
-    env = _renamed(env, entry.names)
     return {"status": answer.get("status") if kept or answer.get("status") != "ok" else "no-verified-results",
             "envelope": env, "copyAsOf": entry.state.get("syncedAt"), "hostKey": entry.state.get("hostKey")}
 
