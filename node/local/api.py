@@ -162,7 +162,8 @@ def openapi_document() -> dict[str, Any]:
                             "500": {"description": "the outbox file is damaged (outbox-corrupt)", **err}}},
                 "post": {
                     "summary": "Queue (the API's one write, to this node's outbox only): ask pinned peers "
-                               "now and keep the question for those offline; delivered by the home's "
+                               "now and keep the question for those offline, pending approval or "
+                               "answered from this node's copy of them; delivered by the home's "
                                "background runner when they are back",
                     "requestBody": {"required": True, "content": {"application/json": {
                         "schema": {"$ref": "#/components/schemas/OutboxRequest"}}}},
@@ -224,7 +225,8 @@ def _contract() -> dict[str, Any]:
         "routes": {"GET": list(GET_PATHS), "POST": [SEARCH_PATH, VERIFY_PATH, OUTBOX_PATH]},
         "refused": "any other method on any path answers 403 api-read-only and changes nothing",
         "writes": {f"POST {OUTBOX_PATH}": "queue: ask pinned peers now and keep the question for those "
-                                           "offline in this node's outbox (specs/outbox.md); the only "
+                                           "offline, pending approval or answered from this node's copy "
+                                           "of them in this node's outbox (specs/outbox.md); the only "
                                            "operation that writes, and only the outbox"},
         "request": openapi_document()["components"]["schemas"]["SearchRequest"],
         "envelopeKeys": list(env_mod.ENVELOPE_KEYS),

@@ -390,8 +390,10 @@ def call_verify(home: Path, arguments: dict[str, Any]) -> Any:
 ASK_LATER_DESCRIPTION = (
     "Queue a question (this tool writes, to this node's outbox only): asks pinned peers now, "
     "exactly as 'search' with 'peers' does, and keeps the question for every peer that is "
-    "offline now or whose answer waits for its owner's approval; a running kith host, kith "
-    "api serve, kith mcp or kith outbox run of this home delivers it when the peer is back. "
+    "offline now, whose answer waits for its owner's approval, or that was answered from this "
+    "node's copy of it (the copy answers now, marked fromCopy; the live host later); a running "
+    "kith host, kith api serve, kith mcp or kith outbox run of this home delivers it when the "
+    "peer is back. "
     "Returns the merged envelope with 'outbox' {id, peers, expiresAt} (null when every peer "
     "answered). Fetch the kept answers later with the 'outbox' tool. 'keep': how long to "
     "keep it (seconds or 30m, 12h, 7d, 2w; default 7d)."
