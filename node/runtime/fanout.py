@@ -79,7 +79,6 @@ class PeerRow:
     retry_after_s: int | None = None
     latency_ms: float | None = None
     results: int = 0
-    message: str | None = None
     #: True for this node's own corpus (``--local``): its text is not third-party.
     own: bool = False
     #: the session's network path, ``{"kind", "relayUrl"}`` (specs/transport.md §3), or None
@@ -168,8 +167,8 @@ def _row_from_message(row: PeerRow, message: dict[str, Any]) -> list[dict[str, A
     status = message.get("status")
     try:
         results = _check_results(message.get("envelope"))
-    except ValueError as exc:
-        row.status, row.code, row.message = "refused", "peer-answer-invalid", str(exc)
+    except ValueError:
+        row.status, row.code = "refused", "peer-answer-invalid"
         return []
     if status == "ok":
         row.status, row.results = "ok", len(results)
@@ -469,10 +468,8 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
     elapsed = (time.perf_counter() - t0) * 1000
     for i, row in enumerate(rows):  # the host did not answer in time: its copy does (specs/copies.md §6)
         if row.status in ("peer-timeout", "unreachable") and i in copied:
-            code = row.code or row.status
             apply_copy(i, row, copied[i])
             row.latency_ms = elapsed
-            row.message = f"the host did not answer ({code}); answered from this node's copy"
     for row in rows:  # asked, still out at the deadline: it took (at least) the whole time
         if row.status == "peer-timeout" and row.latency_ms is None:
             row.latency_ms = elapsed
