@@ -238,6 +238,54 @@ def test_a_second_sync_of_one_copy_at_once_is_refused_before_it_asks_anything(ho
         assert _sync(guest, _asker(server), key)["unchanged"] == 2  # the lock went with the first sync
 
 
+def test_a_copy_folder_that_is_a_symbolic_link_is_never_tidied_through(host, tmp_path):
+    """The attacker's finding: docs/ moved to another disk and linked back lost every other
+    file of that folder at the next sync (a sync deletes what its manifest does not list)."""
+    import shutil
+
+    home, _kb = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)
+        store = CopyStore(guest, "alice")
+        elsewhere = tmp_path / "bigger-disk"
+        shutil.copytree(store.docs, elsewhere)
+        (elsewhere / "precious.txt").write_text("not the copy's\n")
+        shutil.rmtree(store.docs)
+        store.docs.symlink_to(elsewhere)
+        with pytest.raises(KithError) as refused:
+            _sync(guest, _asker(server), key)
+        assert refused.value.code == "io-error" and "symbolic link" in str(refused.value)
+        assert (elsewhere / "precious.txt").read_text() == "not the copy's\n"
+
+
+def test_a_copy_removed_while_its_sync_runs_stays_removed(host, tmp_path):
+    """The attacker's finding: `kith copies remove` / `kith peers remove` during a sync in
+    another process said the copy was deleted, and the sync then made it again."""
+    home, _kb = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        inner = _asker(server)
+        asked: list = []
+
+        async def ask(request):
+            asked.append(request["action"])
+            if request["action"] == "copy_fetch":  # the owner removes the copy meanwhile
+                assert CopyStore(guest, "alice").remove() is True
+            return await inner(request)
+
+        _sync(guest, _asker(server), key)  # a copy to remove
+        CopyStore(guest, "alice").remove()  # and removed: the next sync starts from nothing
+        with pytest.raises(KithError) as stopped:
+            _sync(guest, ask, key)
+        assert stopped.value.code == "copy-removed" and asked == ["copy_list", "copy_fetch"]
+        assert not CopyStore(guest, "alice").dir.exists()
+        again = _sync(guest, _asker(server), key)  # a later sync makes it again, as asked
+        assert again["fetched"] == 2
+
+
 def _faulty(mutate):
     def tamper(request, reply):
         if reply["action"] == "copy_docs" and reply["documents"]:
@@ -801,18 +849,40 @@ def test_a_copy_indexed_under_an_older_schema_is_rebuilt_locally(host, tmp_path)
     assert _copy_state(store) == before
 
 
-def test_a_damaged_copy_index_is_refused_with_a_code_not_a_traceback(host, tmp_path):
+def test_a_damaged_or_lost_copy_index_is_rebuilt_from_the_copy_with_no_one_asked(host, tmp_path):
+    """The attacker's findings: a copy index that is not a database was a traceback in
+    `kith copies sync` and `kith index sync`; a deleted one made the copy unanswerable
+    (`copy-not-found`) while its host slept, its text still in docs/."""
+    from node.runtime.copies import reindex_copies
+
     home, _ = host
     guest = node_home(tmp_path, "guest")
     server, corpus, key = _server(home)
     with corpus:
         _sync(guest, _asker(server), key)
     store = CopyStore(guest, "alice")
+    question = {"query": "WAL journal readers", "topK": 5}
+    want = [r["source"] for r in search_copy(guest, "alice", question)["envelope"]["results"]]
+    assert "/kb/sqlite.md" in want
     (store.dir / "corpus" / "corpus.sqlite3").write_bytes(b"not a database" * 400)
-    with pytest.raises(KithError) as exc:
-        search_copy(guest, "alice", {"query": "WAL", "topK": 5})
-    assert exc.value.code == "index-unavailable"
-    assert "kith copies remove alice" in str(exc.value)
+    for suffix in ("-wal", "-shm"):
+        (store.dir / "corpus" / f"corpus.sqlite3{suffix}").unlink(missing_ok=True)
+    assert reindex_copies(guest) == ["alice"]  # `kith index sync`: rebuilt, not a traceback
+    assert [r["source"] for r in search_copy(guest, "alice", question)["envelope"]["results"]] == want
+    import shutil
+
+    shutil.rmtree(store.dir / "corpus")  # lost: the next search rebuilds it
+    assert [r["source"] for r in search_copy(guest, "alice", question)["envelope"]["results"]] == want
+    (store.dir / "corpus" / "corpus.sqlite3").write_bytes(b"not a database" * 400)  # under a search held open
+    for suffix in ("-wal", "-shm"):
+        (store.dir / "corpus" / f"corpus.sqlite3{suffix}").unlink(missing_ok=True)
+    try:
+        first = [r["source"] for r in search_copy(guest, "alice", question)["envelope"]["results"]]
+    except KithError as exc:  # refused with its code, never a traceback; the next one rebuilds
+        assert exc.code == "index-unavailable" and "rebuilds it" in str(exc)
+        first = None
+    assert first in (None, want)
+    assert [r["source"] for r in search_copy(guest, "alice", question)["envelope"]["results"]] == want
 
 
 def test_policy_check_names_a_copy_grant_for_a_peer_that_is_not_pinned(host):

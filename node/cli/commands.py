@@ -745,8 +745,11 @@ def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]],
                                  hint="ask the host's owner; `kith peers remove` leaves public sources only, "
                                       "`kith peers block` refuses every new session")
         if rcode == "session-evicted":  # an idle anonymous session made room for another guest
-            raise SessionAborted("session-evicted", "the host ended this idle session to make room for another guest",
-                                 hint="join again; a pinned peer (`kith peers add` on the host) is never evicted")
+            raise SessionAborted("session-evicted", "the host ended this idle session to make room for another "
+                                 "guest, or for a newer session of this same node (it holds the most sessions a "
+                                 "peer may)",
+                                 hint="join again; a pinned peer (`kith peers add` on the host) is never evicted "
+                                      "for another guest")
         if rcode == "session-device-revoked":  # this device's person revoked it (specs/peers.md §10)
             raise SessionAborted("session-device-revoked", "the host learnt that this device was revoked by its "
                                  "person and ended the session",

@@ -103,7 +103,7 @@ def sync_cmd(
     home = identity_home_of(ctx)
     mode = transport_mode(home, relay=relay, relay_only=relay_only, lan=lan, discovery=discovery, offline=offline,
                           command="copies sync")
-    names = list(name or []) or [r["peer"] for r in list_copies(home)]
+    names = list(dict.fromkeys(name or [])) or [r["peer"] for r in list_copies(home)]  # each once
     if not names:
         raise UsageError("usage", "name a pinned peer (`kith copies sync NAME`); no copy is kept here yet")
     identity = load_identity(home)

@@ -240,13 +240,29 @@ class CopyStore:
         except OSError:
             return None
 
+    def check_own_folders(self) -> None:
+        """Refuse to work in a copy whose folder or ``docs/`` is a symbolic link: a sync
+        deletes the files of ``docs/`` its manifest does not list, so a link (a folder moved
+        to another disk and linked back) would make it delete someone else's files.
+
+        Raises:
+            ConfigError: ``io-error`` naming the link.
+        """
+        for path, what in ((self.dir, f"copies/{self.peer}"), (self.docs, f"copies/{self.peer}/{DOCS_DIR}")):
+            if path.is_symlink():
+                raise ConfigError("io-error", f"{what} is a symbolic link: a copy is written and tidied only in "
+                                  "its own folders, never through a link",
+                                  hint=f"move the link away; `kith copies sync {self.peer}` then makes the copy again")
+
     def tidy(self, state: dict[str, Any]) -> list[str]:
         """Delete every file of ``docs/`` that ``state`` does not list (a killed or failed
         sync's, a replaced version's, a temp file left by a crash); the names deleted.
 
         Raises:
-            ConfigError: ``io-error`` (a file cannot be deleted).
+            ConfigError: ``io-error`` (a file cannot be deleted; the copy's folder or
+                ``docs/`` is a symbolic link, :meth:`check_own_folders`).
         """
+        self.check_own_folders()
         keep = {d.get("file") for d in state["documents"].values()}
         gone: list[str] = []
         with _disk(self.peer, "deleting a document"):
@@ -282,14 +298,16 @@ class CopyStore:
                     return corpus.sync_paths([self.docs / n for n in dict.fromkeys(changed)])
                 return corpus.sync()
 
-    def reindex_if_outdated(self) -> bool:
+    def reindex_if_outdated(self, *, force: bool = False) -> bool:
         """Rebuild the copy's index from its ``docs/`` — locally, asking no one — when it
         was built under another index schema or chunker than this code's
         (:meth:`node.corpus.store.Corpus.index_outdated`, the owner's own test), so a copy
         is re-indexed with the owner's corpus when the schema changes (specs/copies.md
-        §5). Called at the start of every sync (:func:`sync_copy`), by ``kith index sync``
+        §5); also when it is gone or cannot be read (deleted or damaged on this machine:
+        its text is still in ``docs/``). Called at the start of every sync (:func:`sync_copy`), by ``kith index sync``
         (:func:`reindex_copies`) and before a search of the copy. A copy found current is
-        not opened again until its manifest changes (one ``stat``).
+        not opened again until its manifest changes (one ``stat``), unless ``force``
+        (``kith index sync``).
 
         Returns:
             True when the index was rebuilt; False when it was current, there is no copy
@@ -306,12 +324,32 @@ class CopyStore:
             stamp = self.path.stat().st_mtime_ns
         except OSError:
             return False
-        if _CURRENT.get(self.dir) == stamp or not (self.dir / "corpus").is_dir():
+        index_dir = self.dir / "corpus"
+        if not force and _CURRENT.get(self.dir) == stamp and index_dir.is_dir():
             return False
-        with Corpus(self.dir, readonly=True) as corpus:
-            outdated = corpus.index_outdated()
+        damaged = False
+        if not index_dir.is_dir():  # lost (deleted by hand): rebuilt when docs/ holds the text
+            try:
+                outdated = self.docs.is_dir() and any(f.is_file() for f in self.docs.iterdir())
+            except OSError:
+                outdated = False
+        else:
+            try:
+                with Corpus(self.dir, readonly=True) as corpus:
+                    outdated = corpus.index_outdated()
+            except (sqlite3.DatabaseError, ValueError, CorpusError) as exc:
+                if isinstance(exc, CorpusError) and exc.code == "index-locked":
+                    return False
+                outdated = damaged = True  # not an index this code can read: rebuilt from docs/
         if outdated:
             try:
+                if damaged:
+                    with _open_lock:  # a search holding the broken index open lets go of it
+                        held = _open_copies.pop(self.dir, None)
+                        if held is not None:
+                            _retire(held)
+                    with _disk(self.peer, "deleting the damaged index"):
+                        shutil.rmtree(index_dir)
                 self.index(None)
             except CorpusError as exc:
                 if exc.code == "index-locked":
@@ -320,17 +358,36 @@ class CopyStore:
         _CURRENT[self.dir] = stamp
         return outdated
 
-    def remove(self) -> bool:
+    @property
+    def _removal_marker(self) -> Path:
+        return copies_root(self.home) / f".{self.peer}.removed"
+
+    def removal_mark(self) -> tuple[int, int] | None:
+        """The (inode, mtime ns) of ``copies/.<peer>.removed``, rewritten by every
+        :meth:`remove` (None: never removed): a sync running in another process compares it
+        before each commit and stops (``copy-removed``) when it changed."""
+        try:
+            st = self._removal_marker.stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def remove(self, *, mark: bool = True) -> bool:
         """Delete the whole copy; False when there was none. The folder is first renamed
         away (``copies/.gone-…``, atomic: no reader sees half a copy, and a search running
         on it meanwhile cannot make the deletion fail), then deleted, with any such folder
-        an earlier removal left behind.
+        an earlier removal left behind. With ``mark`` (every removal but a sync's own) the
+        removal marker (:meth:`removal_mark`) is rewritten first, so a sync running now
+        does not make the copy again.
 
         Raises:
             ConfigError: ``io-error`` (the folder cannot be renamed away).
         """
         import secrets
 
+        if mark and copies_root(self.home).is_dir():
+            with _disk(self.peer, "marking the removal"):
+                atomic_write(self._removal_marker, _rfc3339(time.time()).encode())
         if not self.dir.exists():
             return False
         _CURRENT.pop(self.dir, None)
@@ -424,7 +481,7 @@ def reindex_copies(home: Path) -> list[str]:
         ConfigError: ``copy-disk-full``, ``io-error``.
     """
     return [row["peer"] for row in list_copies(home)
-            if "error" not in row and CopyStore(home, row["peer"]).reindex_if_outdated()]
+            if "error" not in row and CopyStore(home, row["peer"]).reindex_if_outdated(force=True)]
 
 
 def list_copies(home: Path) -> list[dict[str, Any]]:
@@ -524,7 +581,7 @@ Ask = Callable[[dict[str, Any]], Any]  # async (message request) -> the host's r
 
 async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
                     progress: Callable[[int, int], None] | None = None,
-                    now: Callable[[], float] = time.time) -> dict[str, Any]:
+                    now: Callable[[], float] = time.time, holder: str = "kith copies sync") -> dict[str, Any]:
     """Pull ``peer``'s copy over a session (module docstring; specs/copies.md §4), holding
     ``<home>/copies/.<peer>.sync.lock`` (an exclusive ``flock``) throughout: one sync of a
     copy at a time across this home's processes (a `kith copies sync` beside a running
@@ -539,6 +596,7 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
             the host's reply (:meth:`node.runtime.pool.SessionPool.ask` bound to ``peer``).
         host_key: the peer's pinned key: every document must be signed by it.
         progress: ``(documents done, documents to fetch)`` after each batch.
+        holder: what this process is, for a second sync refused while this one runs.
 
     Returns:
         ``{"peer", "status": "ok" | "ended", "fetched", "removed", "unchanged",
@@ -548,7 +606,10 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
 
     Raises:
         KithError: ``copy-sync-running`` (another process of this home syncs this copy
-            now; nothing was asked or changed), ``copy-over-budget``,
+            now; nothing was asked or changed), ``copy-removed`` (the copy was removed —
+            ``kith copies remove``, ``kith peers remove``, its end — while this sync ran:
+            what it wrote is deleted too), ``io-error`` for a copy folder or ``docs/`` that
+            is a symbolic link, ``copy-over-budget``,
             ``copy-manifest-invalid``, ``copy-outside-grant``,
             ``copy-bad-signature``, ``copy-version-mismatch``, ``copy-disk-full``,
             ``io-error``, or the session's own errors — the copy is then the last one
@@ -560,12 +621,16 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
     CopyStore(home, peer)  # peer-bad-name before any file is named after it
     lock = copies_root(home) / f".{peer}.sync.lock"
     with _disk(peer, "taking the sync lock"):
-        fd = acquire_owner_lock(lock, "kith copies sync")
+        fd = acquire_owner_lock(lock, holder)
     if fd is None:
         raise ConfigError("copy-sync-running", f"another process is syncing {peer}'s copy now ({lock_owner(lock)})",
                           hint=f"wait for it to end; `kith copies list` then shows {peer}'s copy as it synced")
     try:
         return await _sync_copy(home, peer, ask, host_key, progress=progress, now=now)
+    except ConfigError as exc:
+        if exc.code == "copy-removed":  # what this sync wrote after the removal goes too
+            CopyStore(home, peer).remove(mark=False)
+        raise
     finally:
         release_owner_lock(fd)
 
@@ -574,19 +639,30 @@ async def _sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
                      progress: Callable[[int, int], None] | None, now: Callable[[], float]) -> dict[str, Any]:
     """:func:`sync_copy`'s work, under its lock."""
     store = CopyStore(home, peer)
+    store.check_own_folders()
+    mark = store.removal_mark()  # a removal by anyone else from now on stops this sync
+
+    def commit(state: dict[str, Any]) -> None:  # never a copy someone removed meanwhile
+        if store.removal_mark() != mark:
+            raise ConfigError("copy-removed", f"{peer}'s copy was removed while this sync ran "
+                              "(`kith copies remove`, `kith peers remove`, its grant's end); nothing of it is kept")
+        store.commit(state)
+
     state = store.load()
-    if state.get("hostKey") not in (None, host_key):  # the name now names another key
-        store.remove()
+    replaced = 0
+    if state.get("hostKey") not in (None, host_key):  # the name now names another key (or device)
+        replaced = len(state["documents"])
+        store.remove(mark=False)
         state = CopyStore(home, peer).load()
-    store.reindex_if_outdated()  # an index of an older schema: rebuilt from docs/, no network
+    store.reindex_if_outdated()  # an index of an older schema, lost or damaged: rebuilt from docs/, no network
     reply = await ask({"action": "copy_list"})
     if not isinstance(reply, dict) or reply.get("action") != "copy_manifest":
         raise ProtocolViolation("copy-manifest-invalid", "the host did not answer with a manifest")
-    report: dict[str, Any] = {"peer": peer, "status": "ok", "fetched": 0, "removed": 0, "unchanged": 0,
+    report: dict[str, Any] = {"peer": peer, "status": "ok", "fetched": 0, "removed": replaced, "unchanged": 0,
                               "repaired": 0, "tooLarge": [], "refused": []}
     if reply.get("status") == "copy-not-granted":  # the grant ended: delete what it held
-        report["removed"] = len(state["documents"])
-        store.remove()
+        report["removed"] += len(state["documents"])
+        store.remove(mark=False)
         report.update(status="ended", documents=0, bytes=0, syncedAt=None)
         return report
     held: dict[str, Any] = state["documents"]
@@ -605,17 +681,17 @@ async def _sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
             for s in gone:
                 del held[s]
             state["indexed"] = False
-            store.commit(state)
+            commit(state)
             store.tidy(state)
             store.index(None)
             state["indexed"] = True
-            store.commit(state)
+            commit(state)
         raise over
     manifest = check_manifest(reply)
     gone = [s for s in held if s not in manifest]
     for s in gone:  # no longer granted: deleted now, before anything new is fetched
         del held[s]
-    report["removed"] = len(gone)
+    report["removed"] += len(gone)
     todo = [s for s, e in manifest.items()
             if s not in held or (held[s]["version"], held[s]["textSha256"]) != (e["version"], e["textSha256"])]
     # a committed document whose file was lost or changed here is fetched again (same name)
@@ -627,7 +703,7 @@ async def _sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
     complete = state.get("indexed") is True  # the index held every listed document before this sync
     if gone:  # the index lags the manifest from the first change committed to its index step
         state["indexed"] = False
-    store.commit(state)
+    commit(state)
     changed = store.tidy(state)
     report["unchanged"] = len(manifest) - len(todo)
     done = 0
@@ -663,11 +739,14 @@ async def _sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
                 held.update(fetched)
                 done += len(fetched)
                 state["indexed"] = False
-                store.commit(state)  # this batch is the copy now: a kill after it resumes from here
+                commit(state)  # this batch is the copy now: a kill after it resumes from here
             changed += store.tidy(state)
             if progress is not None:
                 progress(done, len(todo))
     except BaseException as exc:
+        if isinstance(exc, ConfigError) and exc.code == "copy-removed":
+            store.remove(mark=False)  # what this sync wrote after the removal goes too
+            raise
         # a fault, a lost host, a full disk: what this batch wrote is not the copy
         with contextlib.suppress(Exception):
             store.tidy(store.load())
@@ -676,7 +755,7 @@ async def _sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
                 store.index(changed if complete else None)
                 kept = store.load()
                 kept["indexed"] = True
-                store.commit(kept)
+                commit(kept)
         raise
     report["fetched"] = done
     if not state.get("indexed") or not (store.dir / "corpus").is_dir():  # else the index is current
@@ -687,19 +766,20 @@ async def _sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
     if told is not None:
         state.update(until=told["until"], stamp=told["stamp"])
         store.write_grant(told, now())
-    store.commit(state)
+    commit(state)
     summary = store.summary()
     report.update(documents=summary["documents"], bytes=summary["bytes"], syncedAt=state["syncedAt"])
     return report
 
 
-async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int], None] | None = None
-                         ) -> dict[str, Any]:
+async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int], None] | None = None,
+                         holder: str = "kith copies sync") -> dict[str, Any]:
     """:func:`sync_copy` over ``pool`` (a :class:`node.runtime.pool.SessionPool`) to the
     pinned ``peer``.
 
-    A person pin (``--devices``, specs/peers.md §13) is asked like any question to it: its
-    awake device that answers ``copy_list`` first is the host of this sync — every later
+    A person pin (``--devices``, specs/peers.md §13) is asked like any question to it —
+    the device whose copy is kept here first, when it is awake — and its device that
+    answers ``copy_list`` is the host of this sync — every later
     batch must come from that device, and every document must be signed by that device's
     key (the key this guest dialled, never one a host names) — so the copy is one device's
     (specs/copies.md §4.1).
@@ -717,11 +797,27 @@ async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int],
         async def ask(request: dict[str, Any]) -> Any:
             return await pool.ask(peer, request)
 
-        return await sync_copy(pool.home, peer, ask, rec.public_key, progress=progress)
+        return await sync_copy(pool.home, peer, ask, rec.public_key, progress=progress, holder=holder)
 
-    first = await pool.ask(peer, {"action": "copy_list"})
-    device = first.get("device") if isinstance(first, dict) else None
-    device_key = device.get("key") if isinstance(device, dict) else None
+    first = device_key = None
+    try:
+        held = CopyStore(pool.home, peer).load().get("hostKey")
+    except KithError:
+        held = None
+    if _is_hex64(held):  # the device whose copy is kept here is asked first: no switch while it is awake
+        from node.runtime.cards import device_targets
+        from node.runtime.pool import PeerGone
+
+        target = next((t for d, t in device_targets(pool.home, rec) if d["key"] == held), None)
+        if target is not None:
+            try:
+                first, device_key = await pool.ask(target, {"action": "copy_list"}), held
+            except (PeerGone, KithError):  # asleep, or refused: any awake device of the person
+                first = None
+    if first is None:
+        first = await pool.ask(peer, {"action": "copy_list"})
+        device = first.get("device") if isinstance(first, dict) else None
+        device_key = device.get("key") if isinstance(device, dict) else None
     if not _is_hex64(device_key):  # an answer not from a device (a person pin with no card)
         raise ProtocolViolation("copy-manifest-invalid", f"{peer}'s answer names no device of the person")
     told = [first]
@@ -736,7 +832,7 @@ async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int],
                                     f"another device of {peer} answered in the middle of the sync")
         return reply
 
-    return await sync_copy(pool.home, peer, ask_device, device_key, progress=progress)
+    return await sync_copy(pool.home, peer, ask_device, device_key, progress=progress, holder=holder)
 
 
 # --- ending a copy (specs/copies.md §5) -------------------------------------------------------
@@ -1060,11 +1156,12 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
             spans = entry.corpus.chunk_evidence([r.get("id") for r in env.get("results") or []])
         finally:
             _release(entry)
-    except sqlite3.DatabaseError as exc:  # a damaged copy index: refused, never a traceback
+    except sqlite3.DatabaseError as exc:  # damaged while held open: refused now, rebuilt by the next use
+        _CURRENT.pop(store.dir, None)
         raise CorpusError(
             "index-unavailable",
-            f"the index of {peer}'s copy cannot be read ({exc}); `kith copies remove {peer}` "
-            f"then `kith copies sync {peer}` makes it again") from None
+            f"the index of {peer}'s copy cannot be read ({exc}); the next search of it, "
+            f"`kith copies sync {peer}` or `kith index sync` rebuilds it from the copy's documents") from None
     held = entry.state["documents"]  # the envelope names the host's ids (AnswerService source_names)
     kept = []
     for r in env.get("results") or []:
@@ -1237,7 +1334,7 @@ class CopiesTask:
         try:
             pool = await runner.pool()
             with anyio.fail_after(SYNC_TIMEOUT_S):
-                report = await sync_with_pool(pool, peer)
+                report = await sync_with_pool(pool, peer, holder="a running node's background re-sync")
         except ConfigError as exc:
             if exc.code != "copy-sync-running":
                 self._failed(runner, peer, exc)
