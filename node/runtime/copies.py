@@ -902,6 +902,7 @@ _WHY = {"handshake": "its host no longer grants it (told in the handshake)",
 def _ended_copy(store: CopyStore, via: str) -> dict[str, Any] | None:
     """Delete ``store``'s copy and tell the innermost listener (stderr without one); the notice."""
     if not store.dir.exists():
+        store.remove()  # none yet: a first sync running now still must not make one
         return None
     try:
         removed = len(store.load()["documents"])
