@@ -194,7 +194,10 @@ def test_a_document_changed_or_lost_on_this_machine_is_fetched_again(host, tmp_p
         edited = store.docs / held["/kb/sqlite.md"]["file"]
         signed = edited.read_text()
         edited.write_text("planted text, not the host's\n")
-        (store.docs / held["/kb/deploy.md"]["file"]).unlink()
+        lost = store.docs / held["/kb/deploy.md"]["file"]
+        lost.unlink()
+        lost.mkdir()  # and a folder made in its place
+        (lost / "inside.txt").write_text("x")
         calls: list = []
         repaired = _sync(guest, _asker(server, calls=calls), key)
         assert (repaired["fetched"], repaired["repaired"], repaired["unchanged"]) == (2, 2, 0)

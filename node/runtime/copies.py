@@ -203,13 +203,17 @@ class CopyStore:
 
     def write_doc(self, name: str, text: str) -> None:
         """Write one document file into ``docs/`` atomically (temp file, fsync, rename;
-        the temp file removed on a failure).
+        the temp file removed on a failure); a folder in its place (made on this machine)
+        is deleted first — ``docs/`` holds only the copy's own files.
 
         Raises:
             ConfigError: ``copy-disk-full``, ``io-error`` (as :meth:`commit`).
         """
-        with _disk(self.peer, "writing a document"):
-            atomic_write(self.docs / name, text.encode("utf-8", "surrogatepass"))
+        path = self.docs / name
+        with _disk(self.peer, f"writing document {name}"):
+            if path.is_dir() and not path.is_symlink():  # a folder made in its place here: the copy's own
+                shutil.rmtree(path)
+            atomic_write(path, text.encode("utf-8", "surrogatepass"))
 
     def intact(self, entry: dict[str, Any]) -> bool:
         """True when the file of the committed document ``entry`` (a manifest row) is in
