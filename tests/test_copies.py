@@ -870,6 +870,14 @@ def test_a_damaged_or_lost_copy_index_is_rebuilt_from_the_copy_with_no_one_asked
     (store.dir / "corpus" / "corpus.sqlite3").write_bytes(b"not a database" * 400)
     for suffix in ("-wal", "-shm"):
         (store.dir / "corpus" / f"corpus.sqlite3{suffix}").unlink(missing_ok=True)
+    from node.common.home import acquire_owner_lock, release_owner_lock
+
+    syncing = acquire_owner_lock(store.sync_lock, "another process's sync")  # its index is that sync's
+    try:
+        assert reindex_copies(guest) == []
+        assert (store.dir / "corpus" / "corpus.sqlite3").read_bytes().startswith(b"not a database")
+    finally:
+        release_owner_lock(syncing)
     assert reindex_copies(guest) == ["alice"]  # `kith index sync`: rebuilt, not a traceback
     assert [r["source"] for r in search_copy(guest, "alice", question)["envelope"]["results"]] == want
     import shutil

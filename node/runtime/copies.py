@@ -302,7 +302,7 @@ class CopyStore:
                     return corpus.sync_paths([self.docs / n for n in dict.fromkeys(changed)])
                 return corpus.sync()
 
-    def reindex_if_outdated(self, *, force: bool = False) -> bool:
+    def reindex_if_outdated(self, *, force: bool = False, locked: bool = False) -> bool:
         """Rebuild the copy's index from its ``docs/`` — locally, asking no one — when it
         was built under another index schema or chunker than this code's
         (:meth:`node.corpus.store.Corpus.index_outdated`, the owner's own test), so a copy
@@ -311,7 +311,9 @@ class CopyStore:
         its text is still in ``docs/``). Called at the start of every sync (:func:`sync_copy`), by ``kith index sync``
         (:func:`reindex_copies`) and before a search of the copy. A copy found current is
         not opened again until its manifest changes (one ``stat``), unless ``force``
-        (``kith index sync``).
+        (``kith index sync``). A rebuild runs only under the copy's sync lock (``locked``:
+        the caller, a sync, holds it): while another process syncs the copy, its index is
+        left to that sync — an index being written is never taken for a damaged one.
 
         Returns:
             True when the index was rebuilt; False when it was current, there is no copy
@@ -341,11 +343,24 @@ class CopyStore:
             try:
                 with Corpus(self.dir, readonly=True) as corpus:
                     outdated = corpus.index_outdated()
+            except sqlite3.OperationalError:  # locked, busy, cannot open now: not damaged
+                return False
             except (sqlite3.DatabaseError, ValueError, CorpusError) as exc:
                 if isinstance(exc, CorpusError) and exc.code == "index-locked":
                     return False
                 outdated = damaged = True  # not an index this code can read: rebuilt from docs/
-        if outdated:
+        if not outdated:
+            _CURRENT[self.dir] = stamp
+            return False
+        from node.common.home import acquire_owner_lock, release_owner_lock
+
+        fd = None
+        if not locked:
+            with _disk(self.peer, "taking the sync lock"):
+                fd = acquire_owner_lock(self.sync_lock, "a rebuild of the copy's index")
+            if fd is None:  # a sync runs now: it indexes the copy itself
+                return False
+        try:
             try:
                 if damaged:
                     with _open_lock:  # a search holding the broken index open lets go of it
@@ -359,8 +374,16 @@ class CopyStore:
                 if exc.code == "index-locked":
                     return False
                 raise
+        finally:
+            release_owner_lock(fd)
         _CURRENT[self.dir] = stamp
-        return outdated
+        return True
+
+    @property
+    def sync_lock(self) -> Path:
+        """``copies/.<peer>.sync.lock``: held (``flock``) by the one process syncing this
+        copy or rebuilding its index (:func:`sync_copy`)."""
+        return copies_root(self.home) / f".{self.peer}.sync.lock"
 
     @property
     def _removal_marker(self) -> Path:
@@ -622,8 +645,7 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
     """
     from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
 
-    CopyStore(home, peer)  # peer-bad-name before any file is named after it
-    lock = copies_root(home) / f".{peer}.sync.lock"
+    lock = CopyStore(home, peer).sync_lock  # peer-bad-name before any file is named after it
     with _disk(peer, "taking the sync lock"):
         fd = acquire_owner_lock(lock, holder)
     if fd is None:
@@ -658,7 +680,7 @@ async def _sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
         replaced = len(state["documents"])
         store.remove(mark=False)
         state = CopyStore(home, peer).load()
-    store.reindex_if_outdated()  # an index of an older schema, lost or damaged: rebuilt from docs/, no network
+    store.reindex_if_outdated(locked=True)  # an index of an older schema, lost or damaged: rebuilt from docs/
     reply = await ask({"action": "copy_list"})
     if not isinstance(reply, dict) or reply.get("action") != "copy_manifest":
         raise ProtocolViolation("copy-manifest-invalid", "the host did not answer with a manifest")
