@@ -289,6 +289,28 @@ def test_a_copy_removed_while_its_sync_runs_stays_removed(host, tmp_path):
         assert again["fetched"] == 2
 
 
+def test_a_removal_that_makes_a_write_of_the_sync_fail_is_copy_removed(host, tmp_path, monkeypatch):
+    """The second attacker's finding: a removal landing between a batch's writes made the
+    next write fail (`io-error`, the folder gone) and the fault path indexed the removed
+    copy again, leaving a folder behind."""
+    home, _kb = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    write = CopyStore.write_doc
+
+    def removed_then_write(self, name, text):
+        CopyStore(guest, "alice").remove()  # the owner's `kith copies remove` in another process
+        write(self, name, text)
+        raise KithError("io-error", "copies/alice: writing document: No such file or directory")
+
+    with corpus:
+        monkeypatch.setattr(CopyStore, "write_doc", removed_then_write)
+        with pytest.raises(KithError) as stopped:
+            _sync(guest, _asker(server), key)
+    assert stopped.value.code == "copy-removed"
+    assert not CopyStore(guest, "alice").dir.exists()
+
+
 def _faulty(mutate):
     def tamper(request, reply):
         if reply["action"] == "copy_docs" and reply["documents"]:

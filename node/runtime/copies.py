@@ -104,6 +104,19 @@ def _disk(peer: str, what: str) -> Iterator[None]:
         raise
 
 
+@contextlib.contextmanager
+def _index_changed_under(peer: str) -> Iterator[None]:
+    """The index's files went away under this write (deleted by hand meanwhile): tantivy's
+    ``ValueError`` "FileDoesNotExist" is ``io-error``, never a traceback."""
+    try:
+        yield
+    except (ValueError, RuntimeError) as exc:
+        if "FileDoesNotExist" in str(exc) or "No such file" in str(exc):
+            raise ConfigError("io-error", f"copies/{peer}: indexing: the index's files went away while it was "
+                              "written", hint=f"`kith copies sync {peer}` indexes the copy again") from None
+        raise
+
+
 #: grant.json path -> ((inode, mtime_ns, size), what it held) as :meth:`CopyStore.grant` last read it
 _GRANTS: dict[Path, tuple[tuple[int, int, int], dict[str, Any] | None]] = {}
 #: (copy folder) -> the manifest's mtime_ns when :meth:`CopyStore.reindex_if_outdated`
@@ -292,7 +305,7 @@ class CopyStore:
         """
         from node.corpus.store import Corpus
 
-        with _disk(self.peer, "indexing"):
+        with _disk(self.peer, "indexing"), _index_changed_under(self.peer):
             self.docs.mkdir(parents=True, exist_ok=True)
             with Corpus(self.dir) as corpus:
                 if not any(r.prefix == ROOT_NAME for r in corpus.roots()):
@@ -651,11 +664,20 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
     if fd is None:
         raise ConfigError("copy-sync-running", f"another process is syncing {peer}'s copy now ({lock_owner(lock)})",
                           hint=f"wait for it to end; `kith copies list` then shows {peer}'s copy as it synced")
+    store = CopyStore(home, peer)
+    mark = store.removal_mark()
     try:
         return await _sync_copy(home, peer, ask, host_key, progress=progress, now=now)
-    except ConfigError as exc:
-        if exc.code == "copy-removed":  # what this sync wrote after the removal goes too
-            CopyStore(home, peer).remove(mark=False)
+    except Exception as exc:
+        # removed while this sync ran — the failure may be a write into the folder the
+        # removal took away: what this sync wrote after the removal goes too
+        if (isinstance(exc, ConfigError) and exc.code == "copy-removed") or store.removal_mark() != mark:
+            store.remove(mark=False)
+            if isinstance(exc, ConfigError) and exc.code == "copy-removed":
+                raise
+            raise ConfigError("copy-removed", f"{peer}'s copy was removed while this sync ran "
+                              "(`kith copies remove`, `kith peers remove`, its grant's end); nothing of it "
+                              "is kept") from None
         raise
     finally:
         release_owner_lock(fd)
@@ -770,9 +792,8 @@ async def _sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
             if progress is not None:
                 progress(done, len(todo))
     except BaseException as exc:
-        if isinstance(exc, ConfigError) and exc.code == "copy-removed":
-            store.remove(mark=False)  # what this sync wrote after the removal goes too
-            raise
+        if (isinstance(exc, ConfigError) and exc.code == "copy-removed") or store.removal_mark() != mark:
+            raise  # removed meanwhile (a write may have failed for it first): sync_copy deletes what is left
         # a fault, a lost host, a full disk: what this batch wrote is not the copy
         with contextlib.suppress(Exception):
             store.tidy(store.load())
