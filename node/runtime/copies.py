@@ -101,18 +101,8 @@ def _disk(peer: str, what: str) -> Iterator[None]:
             raise ConfigError("copy-disk-full", f"copies/{peer}: {what}: the disk is full") from None
         if isinstance(exc, sqlite3.OperationalError) and "readonly" in text:
             raise ConfigError("io-error", f"copies/{peer}: {what}: the copy's index is read-only") from None
-        raise
-
-
-@contextlib.contextmanager
-def _index_changed_under(peer: str) -> Iterator[None]:
-    """The index's files went away under this write (deleted by hand meanwhile): tantivy's
-    ``ValueError`` "FileDoesNotExist" is ``io-error``, never a traceback."""
-    try:
-        yield
-    except (ValueError, RuntimeError) as exc:
-        if "FileDoesNotExist" in str(exc) or "No such file" in str(exc):
-            raise ConfigError("io-error", f"copies/{peer}: indexing: the index's files went away while it was "
+        if "FileDoesNotExist" in text:  # tantivy: the index's files went away under this write
+            raise ConfigError("io-error", f"copies/{peer}: {what}: the index's files went away while it was "
                               "written", hint=f"`kith copies sync {peer}` indexes the copy again") from None
         raise
 
@@ -305,7 +295,7 @@ class CopyStore:
         """
         from node.corpus.store import Corpus
 
-        with _disk(self.peer, "indexing"), _index_changed_under(self.peer):
+        with _disk(self.peer, "indexing"):
             self.docs.mkdir(parents=True, exist_ok=True)
             with Corpus(self.dir) as corpus:
                 if not any(r.prefix == ROOT_NAME for r in corpus.roots()):
@@ -658,42 +648,46 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
     """
     from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
 
-    lock = CopyStore(home, peer).sync_lock  # peer-bad-name before any file is named after it
+    store = CopyStore(home, peer)  # peer-bad-name before any file is named after it
     with _disk(peer, "taking the sync lock"):
-        fd = acquire_owner_lock(lock, holder)
+        fd = acquire_owner_lock(store.sync_lock, holder)
     if fd is None:
-        raise ConfigError("copy-sync-running", f"another process is syncing {peer}'s copy now ({lock_owner(lock)})",
+        raise ConfigError("copy-sync-running", f"another process is syncing {peer}'s copy now "
+                          f"({lock_owner(store.sync_lock)})",
                           hint=f"wait for it to end; `kith copies list` then shows {peer}'s copy as it synced")
-    store = CopyStore(home, peer)
-    mark = store.removal_mark()
+    mark = store.removal_mark()  # a removal by anyone else from now on stops this sync
     try:
-        return await _sync_copy(home, peer, ask, host_key, progress=progress, now=now)
+        return await _sync_copy(store, ask, host_key, mark, progress=progress, now=now)
     except Exception as exc:
         # removed while this sync ran — the failure may be a write into the folder the
         # removal took away: what this sync wrote after the removal goes too
-        if (isinstance(exc, ConfigError) and exc.code == "copy-removed") or store.removal_mark() != mark:
+        removed = isinstance(exc, ConfigError) and exc.code == "copy-removed"
+        if removed or store.removal_mark() != mark:
             store.remove(mark=False)
-            if isinstance(exc, ConfigError) and exc.code == "copy-removed":
+            if removed:
                 raise
-            raise ConfigError("copy-removed", f"{peer}'s copy was removed while this sync ran "
-                              "(`kith copies remove`, `kith peers remove`, its grant's end); nothing of it "
-                              "is kept") from None
+            raise _removed(peer) from None
         raise
     finally:
         release_owner_lock(fd)
 
 
-async def _sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
+def _removed(peer: str) -> ConfigError:
+    """``copy-removed``: ``peer``'s copy was removed while a sync of it ran."""
+    return ConfigError("copy-removed", f"{peer}'s copy was removed while this sync ran "
+                       "(`kith copies remove`, `kith peers remove`, its grant's end); nothing of it is kept")
+
+
+async def _sync_copy(store: CopyStore, ask: Ask, host_key: str, mark: tuple[int, int] | None, *,
                      progress: Callable[[int, int], None] | None, now: Callable[[], float]) -> dict[str, Any]:
-    """:func:`sync_copy`'s work, under its lock."""
-    store = CopyStore(home, peer)
+    """:func:`sync_copy`'s work, under its lock; ``mark`` is the removal mark
+    (:meth:`CopyStore.removal_mark`) when the sync began."""
+    home, peer = store.home, store.peer
     store.check_own_folders()
-    mark = store.removal_mark()  # a removal by anyone else from now on stops this sync
 
     def commit(state: dict[str, Any]) -> None:  # never a copy someone removed meanwhile
         if store.removal_mark() != mark:
-            raise ConfigError("copy-removed", f"{peer}'s copy was removed while this sync ran "
-                              "(`kith copies remove`, `kith peers remove`, its grant's end); nothing of it is kept")
+            raise _removed(peer)
         store.commit(state)
 
     state = store.load()
