@@ -57,14 +57,14 @@ _EVENT_VIOLATIONS: list[str] = []
 
 @pytest.fixture(scope="session", autouse=True)
 def _host_events_follow_the_schema():
-    """Validate every event an in-process :class:`node.runtime.host.Host` emits against
+    """Validate every event an in-process :class:`node.host.host.Host` emits against
     specs/host-events.schema.json (the schema the table generates; tests/test_host_events.py
     checks the file is current). Violations fail the test that caused them (below)."""
     import json
 
     import jsonschema
 
-    from node.runtime.host import Host
+    from node.host.host import Host
 
     validator = jsonschema.Draft202012Validator(
         json.loads((REPO / "specs" / "host-events.schema.json").read_text(encoding="utf-8")))

@@ -30,7 +30,7 @@ from node.local.mcp import call_search
 from node.protocol.spec import load_spec
 from node.runtime.driver import run_session
 from node.runtime.hooks import HookContext, PeerInfo, load_hooks
-from node.runtime.host import open_knowledge
+from node.host.host import open_knowledge
 from node.transport.memory import memory_pipe
 from node.trust.identity import Identity
 

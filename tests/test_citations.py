@@ -483,7 +483,7 @@ def test_kith_join_json_lines_are_a_saved_answer_kith_verify_reads(tmp_path):
 
 
 def test_check_versions_says_current_stale_or_unknown_and_is_no_oracle(tmp_path):
-    from node.runtime.host import open_knowledge
+    from node.host.host import open_knowledge
 
     host_home, kb = _host_home(tmp_path)
     (kb / "private").mkdir()
@@ -524,7 +524,7 @@ def test_check_versions_of_a_scrubbed_source_id_is_current_and_no_oracle_for_the
     asked about it, the host says ``current``, not ``stale``; asked about the id with the
     real value in it, it says ``unknown`` (as for a value that is not there), so a check
     cannot confirm a guessed e-mail address."""
-    from node.runtime.host import open_knowledge
+    from node.host.host import open_knowledge
 
     host_home, kb = _host_home(tmp_path)
     text = "# Notes\n\nThe staging notes of the team.\n"

@@ -24,7 +24,7 @@ from support.homes import PROTOCOLS
 from support.hosts import ENV, InProcessHost
 
 from node.common.errors import KithError
-from node.runtime.control import ControlClient, control_socket_path, resolve_id, short_ids
+from node.host.control import ControlClient, control_socket_path, resolve_id, short_ids
 
 FIXTURE = PROTOCOLS / "knowledge-query" / "test" / "corpus"
 #: Only a deadline (s) for a change to show; never asserted as a speed.
@@ -290,7 +290,7 @@ def _other_user_attempts(home: Path, path: Path) -> tuple[subprocess.CompletedPr
     client = _as_nobody(f"""
         import httpx, httpx._transports.default  # noqa: F401  (imported while /root is readable)
         from node.common.errors import KithError
-        from node.runtime.control import ControlClient
+        from node.host.control import ControlClient
         ControlClient({str(home)!r})  # warm every import
         drop()
         try:

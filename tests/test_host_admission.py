@@ -16,7 +16,7 @@ import pytest
 
 from node.corpus.store import Corpus
 from node.runtime.guest import check_invitation, join_session
-from node.runtime.sessions import QUIET_AFTER_S
+from node.host.sessions import QUIET_AFTER_S
 from node.trust.identity import Identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry

@@ -1,4 +1,4 @@
-"""The real host (:class:`node.runtime.host.Host`) over memory pipes, its time driven by a
+"""The real host (:class:`node.host.host.Host`) over memory pipes, its time driven by a
 :class:`node.runtime.clock.ManualClock`: fair admission without a wait, expiry on the
 host's clock, a clock that jumps, a connection that dies, a failing connection that stays
 its own. No iroh and no sleeps to wait out bounds (the same rules over real iroh are in
@@ -17,7 +17,7 @@ import pytest
 from node.engine.session import GuestConfig, SessionEngine
 from node.runtime.driver import run_session
 from node.runtime.hooks import HookContext, PeerInfo, load_hooks
-from node.runtime.sessions import QUIET_AFTER_S
+from node.host.sessions import QUIET_AFTER_S
 from node.trust.identity import Identity
 from node.trust.peers import PeerRegistry
 

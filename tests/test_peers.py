@@ -11,7 +11,7 @@ import pytest
 
 from node.engine.session import SessionReady
 from node.common.errors import CODES, KithError, PolicyError
-from node.runtime.sessions import admission
+from node.host.sessions import admission
 from node.trust.peers import PeerRegistry, clean_profile, load_own_profile, save_own_profile
 from node.policy.approvals import Approvals
 from node.policy.redact import RedactingFilter, redact

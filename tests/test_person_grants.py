@@ -1,5 +1,5 @@
 """Grants on people and stolen-device revocation (issue 22 items 2 and 3; specs/peers.md
-§10) over the real :class:`node.runtime.host.Host` on memory pipes: two devices of a person
+§10) over the real :class:`node.host.host.Host` on memory pipes: two devices of a person
 pinned with ``--devices`` are one peer (its tiers, one quota bucket, listed under its name,
 "alice's new device"), a device of a person pinned by one device key is a stranger, and
 every attack is refused with its own code with nothing of the corpus served — a forged

@@ -15,8 +15,8 @@ import pytest
 
 from node.community.client import CommunityClient
 from node.community.server import run_server_in_thread
-from node.runtime.revocation import PeersWatcher
-from node.runtime.sessions import SessionTable
+from node.host.revocation import PeersWatcher
+from node.host.sessions import SessionTable
 from node.trust.identity import init_identity, load_identity
 from node.trust.peers import PeerRegistry, pin_person
 from node.trust.person import load_person

@@ -343,8 +343,8 @@ def test_the_property_sees_a_leak_when_a_confirmed_change_stops_scrubbing(world)
 
 
 def test_a_running_host_records_what_a_hand_edit_later_removes_and_policy_check_lists_it(home):
-    from node.runtime.sessions import SessionTable
-    from node.runtime.revocation import PeersWatcher
+    from node.host.sessions import SessionTable
+    from node.host.revocation import PeersWatcher
 
     (home / "policy.toml").write_text('[[rule]]\nglob = "/contacts/**"\ntier = "public"\n'
                                       '[[scrub]]\nfor = "*"\nkinds = ["email"]\n')

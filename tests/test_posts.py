@@ -1,4 +1,4 @@
-"""The host's kept posts (node/runtime/posts.py, issue 30 item 1): ``<home>/posts.json``
+"""The host's kept posts (node/host/posts.py, issue 30 item 1): ``<home>/posts.json``
 keeps each live file-mode post and its uses; a restart honours it until its own expiry or
 use count, hands the use count back to the session table, writes the same document again
 only when its ticket still describes the endpoint, and refuses a file it did not write
@@ -14,8 +14,8 @@ import pytest
 
 from node.common.errors import ConfigError, HandshakeError
 from node.runtime.clock import ManualClock
-from node.runtime.posts import POSTS_FILE, Posts
-from node.runtime.sessions import AdmissionLimits, SessionTable
+from node.host.posts import POSTS_FILE, Posts
+from node.host.sessions import AdmissionLimits, SessionTable
 from node.trust.identity import Identity
 from node.trust.invitation import create_invitation
 

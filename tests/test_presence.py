@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from node.engine.session import GuestConfig, SessionEngine
-from node.runtime.grants import has_grant, presence_from, refusal_code
+from node.host.grants import has_grant, presence_from, refusal_code
 from node.runtime.guest import check_invitation
 from node.transport.iroh import bind_node
 from node.trust.identity import Identity

@@ -1,4 +1,4 @@
-"""The doorkeeper (node/runtime/doorkeeper.py) driven directly, step by step, with the real
+"""The doorkeeper (node/host/doorkeeper.py) driven directly, step by step, with the real
 parts it asks — a :class:`SessionTable` on a :class:`ManualClock`, the peers watcher over a
 real ``peers.json``, the rotation ledger, real binding chains and revocation lists — and no
 transport: who is refused at which step, with which code, and what a refusal leaves behind
@@ -14,7 +14,7 @@ import pytest
 
 from node.common.errors import HandshakeError
 from node.runtime.clock import ManualClock
-from node.runtime.doorkeeper import (
+from node.host.doorkeeper import (
     Admitted,
     Arrival,
     Chain,
@@ -26,8 +26,8 @@ from node.runtime.doorkeeper import (
     engine_seams,
     judge_init,
 )
-from node.runtime.revocation import PeersWatcher
-from node.runtime.sessions import AdmissionLimits, SessionTable
+from node.host.revocation import PeersWatcher
+from node.host.sessions import AdmissionLimits, SessionTable
 from node.trust.binding import device_link, verify_chain
 from node.trust.identity import Identity
 from node.trust.peers import PeerRegistry, pin_person
@@ -124,7 +124,7 @@ def test_the_slot_bounds_refuse_a_peer_over_its_share(home):
 def test_a_device_its_person_pin_has_seen_takes_a_pinned_slot_not_an_anonymous_one(home):
     """The anonymous share is full of guests who are asking (none may be evicted): a device
     of a person pin that the host has seen before still gets in, as a pinned peer would
-    (it holds the pin's grant, node/runtime/grants.py); a device the pin has not seen, or
+    (it holds the pin's grant, node/host/grants.py); a device the pin has not seen, or
     one its person revoked, is an anonymous newcomer and is turned away."""
     from node.trust.peers import note_device
 

@@ -1,4 +1,4 @@
-"""Views warm before the first question (node/runtime/warm.py; issue 29 item 4): a running
+"""Views warm before the first question (node/host/warm.py; issue 29 item 4): a running
 host builds the views of its anonymous guests and of its pinned peers at start and again
 after a policy change or a sync, before any of them asks."""
 
@@ -11,7 +11,7 @@ import anyio
 from node.answer.service import PeerView
 from node.corpus.store import Corpus
 from node.policy.store import Policy
-from node.runtime.warm import ViewWarmer
+from node.host.warm import ViewWarmer
 from node.trust.peers import PeerRegistry
 from support.homes import node_home
 from support.memory import MemoryHost

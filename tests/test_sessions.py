@@ -1,4 +1,4 @@
-"""The host's session table, without iroh: :class:`node.runtime.sessions.SessionTable`
+"""The host's session table, without iroh: :class:`node.host.sessions.SessionTable`
 driven directly with a :class:`node.runtime.clock.ManualClock` and recording callbacks
 (what the host does over real connections is in tests/test_transport_session.py,
 tests/test_host_admission.py and, over memory pipes, tests/test_host_machines.py)."""
@@ -9,7 +9,7 @@ import pytest
 
 from node.common.errors import HandshakeError
 from node.runtime.clock import ManualClock
-from node.runtime.sessions import HANDSHAKE_GRACE_S, QUIET_AFTER_S, AdmissionLimits, SessionTable
+from node.host.sessions import HANDSHAKE_GRACE_S, QUIET_AFTER_S, AdmissionLimits, SessionTable
 from node.trust.peers import PeerRegistry
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
@@ -211,7 +211,7 @@ def test_activity_tracking_ignores_rate_limited_answers():
             return {"status": self.status, "envelope": None}
 
     inner = Handle()
-    from node.runtime.sessions import ActivityTracked
+    from node.host.sessions import ActivityTracked
 
     tracked = ActivityTracked(inner, lambda: adm.begin_query(t), lambda status: adm.activity(t, status))
     adm.clock.advance(20)
@@ -333,7 +333,7 @@ def test_a_success_resets_the_count():
 
 
 def test_a_post_is_retired_after_n_failures_from_any_keys_only_when_allowed():
-    from node.runtime.posts import Posts
+    from node.host.posts import Posts
 
     events: list[dict] = []
     warned: list[str] = []
@@ -358,7 +358,7 @@ def test_a_post_is_retired_after_n_failures_from_any_keys_only_when_allowed():
 
 
 def test_failure_memory_is_bounded():
-    from node.runtime.sessions import MAX_FAILURE_KEYS
+    from node.host.sessions import MAX_FAILURE_KEYS
 
     adm, _s, _ = make(max_failures=2)
     for i in range(MAX_FAILURE_KEYS + 10):
@@ -370,7 +370,7 @@ def test_a_key_whose_session_was_evicted_cannot_evict_in_turn():
     """Throw-away attackers reconnecting after an eviction must not keep every anonymous
     slot young by evicting each other: an evicted key takes only free slots for a while,
     and an honest newcomer can still evict the idle sessions they hold."""
-    from node.runtime.sessions import EVICTED_KEY_PAUSE
+    from node.host.sessions import EVICTED_KEY_PAUSE
 
     adm, s, _ = make(max_sessions=8, max_sessions_per_peer=4, anonymous_sessions=2, evict_idle_after_s=5)
     a1, _ = s.open(A, anonymous=True)

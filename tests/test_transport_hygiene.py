@@ -51,7 +51,7 @@ def test_a_host_publishing_to_a_server_warns_about_private_addresses_in_its_tick
         hosts.append(host)
 
         async def run() -> None:
-            from node.runtime.host import Host
+            from node.host.host import Host
             from node.trust.identity import load_identity
 
             def on_inv(inv):

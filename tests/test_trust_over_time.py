@@ -15,10 +15,10 @@ import pytest
 from node.common.errors import ConfigError, KithError
 from node.engine.framing import encode_frame
 from node.engine.session import OutgoingFrame
-from node.runtime.audit import HostAudit
+from node.host.audit import HostAudit
 from node.trust.audit_log import AuditLog, AuditProblem, read_audit
-from node.runtime.revocation import PeersWatcher
-from node.runtime.sessions import SessionTable
+from node.host.revocation import PeersWatcher
+from node.host.sessions import SessionTable
 from node.trust.pairing import pairing_code, wordlist
 from node.trust.peers import PEERS_FILE, REGISTRY_VERSION, PeerRegistry
 

@@ -4,7 +4,7 @@ Issue 24 items 1-2; the payload is ``kith-citation-v1`` (``specs/signed-payloads
 the citation object and the verify results are in ``specs/citations.md``.
 
 Host side — :class:`CitationSigner` runs at the egress seam
-(:meth:`node.runtime.connection.Connection.egress`), the last step before a ``results``
+(:meth:`node.host.connection.Connection.egress`), the last step before a ``results``
 frame leaves, so it signs exactly the evidence text that is sent (after every step that may
 change it). It signs only when the owner allows it (``kith host --sign-citations``); a
 query asking for citations from a host that does not sign gets its results without them and

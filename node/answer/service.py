@@ -116,7 +116,7 @@ class AnswerService:
 
     def warm(self, view: PeerView) -> int:
         """Build the index ``view`` searches on now, outside the corpus lock
-        (:meth:`node.corpus.store.Corpus.warm_view`; node/runtime/warm.py): the number of
+        (:meth:`node.corpus.store.Corpus.warm_view`; node/host/warm.py): the number of
         documents it holds (0 without a corpus). Raises CorpusError ``index-unavailable``."""
         if self._corpus is None:
             return 0

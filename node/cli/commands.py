@@ -156,7 +156,7 @@ def host_cmd(
       --offline             loopback only (tests, demos); --local is its old spelling
     The session path (direct / relayed via URL) shows in events, `kith sessions` and `kith status`.
     """
-    from node.runtime.host import HostOptions, serve_host
+    from node.host.host import HostOptions, serve_host
 
     if not server and invite_file is None:
         raise UsageError("usage", "give --server URL (publish) or --invite-file FILE (paired peers, no server)")
@@ -165,7 +165,7 @@ def host_cmd(
     home = identity_home_of(ctx)
     mode = transport_mode(home, relay=relay, relay_only=relay_only, lan=lan, discovery=discovery, offline=offline,
                           local=local, command="host")
-    from node.runtime.grants import presence_from
+    from node.host.grants import presence_from
 
     presence = presence_from(presence, home)
     if unlisted and not server:

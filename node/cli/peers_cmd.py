@@ -14,7 +14,7 @@ from node.trust.peers import PeerRegistry, load_own_profile, save_own_profile, s
 def _cancel_approvals(home, key: str) -> list[str]:
     """Deny the peer's pending approval requests now (a running host also does it when it
     sees the change; specs/peers.md §5), and say so on stderr."""
-    from node.runtime.revocation import cancel_approvals
+    from node.host.revocation import cancel_approvals
 
     ids = cancel_approvals(home, key)
     if ids:

@@ -1,5 +1,5 @@
 """``kith status`` and ``kith sessions``: the owner's view of this node and of its running
-host (read over the control channel, node/runtime/control.py; specs/control.md)."""
+host (read over the control channel, node/host/control.py; specs/control.md)."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def _policy_line(p: dict[str, Any], host_running: bool) -> str:
 
 def _host_state(home: Path) -> dict[str, Any] | None:
     """The running host's state, or None when no host runs (``host-not-running``)."""
-    from node.runtime.control import ControlClient
+    from node.host.control import ControlClient
 
     try:
         return ControlClient(home).state()
@@ -107,7 +107,7 @@ def status_report(home: Path) -> dict[str, Any]:
     "ended"}], "policy": {"ok", "rules", "groups", "code", "message", "inForce"}}``
     (specs/control.md; ``grants``: every grant with an end, soonest first, specs/peers.md
     §12; ``policy``: :func:`_policy`). Works without a running host (``host`` null)."""
-    from node.runtime.control import pending_approvals
+    from node.host.control import pending_approvals
 
     host = _host_state(home)
     return {"home": str(home), "identity": _identity(home), "index": _index(home), "host": host,
@@ -116,9 +116,9 @@ def status_report(home: Path) -> dict[str, Any]:
 
 
 def _grants(home: Path) -> list[dict[str, Any]]:
-    """Every grant of this home that ends, soonest first (:func:`node.runtime.grants.grants_with_ends`)."""
+    """Every grant of this home that ends, soonest first (:func:`node.host.grants.grants_with_ends`)."""
     from node.common.grants import ended
-    from node.runtime.grants import grants_with_ends
+    from node.host.grants import grants_with_ends
 
     rows = [{**{k: v for k, v in g.items() if k != "names"}, "ended": ended(g["until"])}
             for g in grants_with_ends(home)]
@@ -160,7 +160,7 @@ def _path(path: Any) -> str:
 
 
 def _session_lines(sessions: list[dict[str, Any]]) -> list[str]:
-    from node.runtime.control import short_ids
+    from node.host.control import short_ids
 
     ids = short_ids([s["id"] for s in sessions])
     out = []
@@ -235,7 +235,7 @@ def sessions_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--jso
     """List the running host's live sessions (ids, peer, since, queries, statuses, quota left)."""
     if ctx.invoked_subcommand is not None:
         return
-    from node.runtime.control import ControlClient
+    from node.host.control import ControlClient
 
     sessions = ControlClient(home_of(ctx)).state()["sessions"]
     if json_out:
@@ -255,7 +255,7 @@ def sessions_end_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """End one live session now: the guest is told `session-ended-by-owner`."""
-    from node.runtime.control import ControlClient
+    from node.host.control import ControlClient
 
     out = ControlClient(home_of(ctx)).end_session(session_id)
     if json_out:

@@ -4,7 +4,7 @@ membership (specs/policy.md §8, specs/peers.md §12).
 A grant's end is stored as RFC 3339 UTC (``YYYY-MM-DDTHH:MM:SSZ``); it is in force while
 ``now < until``. :func:`parse_until` turns what the owner typed into that form;
 :func:`until_time` reads it back (Unix seconds). The running host ends the sessions of a
-grant that just ended (:mod:`node.runtime.grants`); every decision made after that
+grant that just ended (:mod:`node.host.grants`); every decision made after that
 ignores it. Pure time arithmetic below the trust and policy layers, which both read grant
 ends (tests/test_layers.py).
 """

@@ -21,7 +21,7 @@ CONFIG_FILE = "config.toml"
 #: refused rather than silently ignored — specs/transport.md §1, §4).
 CONFIG_TABLES: dict[str, tuple[str, ...]] = {
     "transport": ("relay", "relay_only", "lan", "discovery"),  # node/transport/modes.py
-    "host": ("presence",),  # node/runtime/grants.py
+    "host": ("presence",),  # node/host/grants.py
 }
 
 

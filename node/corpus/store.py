@@ -393,7 +393,7 @@ class Corpus:
     def warm_view(self, lens: Lens) -> int:
         """Build (or bring up to date) the index of the view ``lens`` now, so its first
         search does not pay for it (a host warms its guests' views at start and after
-        each change, node/runtime/warm.py). A view that needs a new index is built
+        each change, node/host/warm.py). A view that needs a new index is built
         outside the corpus lock (:meth:`node.corpus.views.Views.prepare`): searches of
         other views go on meanwhile.
 

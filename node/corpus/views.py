@@ -39,7 +39,7 @@ search on the main index costs. A view that needs a new index is built *outside*
 corpus lock, on a SQLite connection of its own (:meth:`Views.prepare`, called by
 :meth:`Corpus.warm_view <node.corpus.store.Corpus.warm_view>` and before every lens
 search), so the owner's and other peers' searches are not held up by it; a host builds
-its guests' views before they ask (node/runtime/warm.py).
+its guests' views before they ask (node/host/warm.py).
 
 A view that sees the whole corpus (every ``done`` document) is served from the main
 on-disk index instead, when that index holds exactly the record's chunks: no change

@@ -1,5 +1,5 @@
 """``kith protocol test DIR``: run both roles of a protocol in one process over memory
-pipes — the real host (:class:`node.runtime.host.Host`: session table, posts, audit,
+pipes — the real host (:class:`node.host.host.Host`: session table, posts, audit,
 egress gate, answer service) and a guest on the real engine, with every validation and
 termination rule — in a throwaway home (DESIGN §7).
 
@@ -37,7 +37,7 @@ from node.engine.session import GuestConfig, SessionEngine, SessionReady
 from node.protocol.spec import load_spec
 from node.runtime.driver import SessionOutcome, run_session
 from node.runtime.hooks import HookContext, Hooks, PeerInfo, load_hooks
-from node.runtime.host import Host, HostOptions
+from node.host.host import Host, HostOptions
 from node.transport.memory import MemoryListener
 from node.trust.identity import Identity, init_identity, load_identity
 

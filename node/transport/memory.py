@@ -80,7 +80,7 @@ class MemoryListener:
     """A host endpoint over memory pipes, with the listener shape the host uses of
     :class:`node.transport.iroh.IrohNode` (``ticket``, ``wait_online``, ``connections``,
     ``accept_stream``, ``close_connection``, ``remote_of``): ``kith protocol test`` and
-    the host tests run the real :class:`node.runtime.host.Host` on it, no iroh needed.
+    the host tests run the real :class:`node.host.host.Host` on it, no iroh needed.
 
     Args:
         endpoint_id: the host's key (64 hex), what a guest's stream names as its remote.

@@ -24,7 +24,7 @@ checked against guessed queries. ``kith host --audit-queries`` records the text 
 :class:`AuditLog` writes; :func:`read_audit` reads (a corrupt or truncated line is
 reported as ``audit-line-invalid`` and skipped, never fatal). The host's tap that turns its
 events, incoming queries and outgoing ``results`` frames into records is
-:class:`node.runtime.audit.HostAudit`; the owner's commands (``kith peers``, ``kith
+:class:`node.host.audit.HostAudit`; the owner's commands (``kith peers``, ``kith
 approvals``) write through :class:`AuditLog` directly.
 """
 

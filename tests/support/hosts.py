@@ -1,5 +1,5 @@
 """The real host over iroh on loopback (relay disabled): :class:`InProcessHost` runs
-:class:`node.runtime.host.Host` in the test's event loop with a ManualClock,
+:class:`node.host.host.Host` in the test's event loop with a ManualClock,
 :class:`HostProcess` runs ``kith host --local --json`` as a process; :func:`raw_guest` is a
 guest on the real engine that the test steers (ends at once, claims another key, names
 another post, hangs up after the proof)."""
@@ -20,7 +20,7 @@ from node.engine.session import GuestConfig, SessionEngine, State
 from node.runtime.clock import ManualClock
 from node.runtime.driver import run_session
 from node.runtime.hooks import HookContext, Hooks, PeerInfo
-from node.runtime.host import Host, HostOptions
+from node.host.host import Host, HostOptions
 from node.transport.iroh import bind_node
 from node.trust.identity import Identity, load_identity
 
@@ -36,7 +36,7 @@ ENV = {**os.environ, "KITH_TEST_HEARTBEAT": "0.2,1.0"}
 
 
 class InProcessHost:
-    """The real :class:`node.runtime.host.Host` in this event loop, over iroh on loopback,
+    """The real :class:`node.host.host.Host` in this event loop, over iroh on loopback,
     with a :class:`node.runtime.clock.ManualClock` the test advances (``clock``; pass
     ``clock=SYSTEM_CLOCK`` for real time); ``events`` collects what it reports and
     ``host`` is the running Host (its session table, posts)."""

@@ -1,4 +1,4 @@
-"""The real host (:class:`node.runtime.host.Host`) over memory pipes with a
+"""The real host (:class:`node.host.host.Host`) over memory pipes with a
 :class:`node.runtime.clock.ManualClock`, run in the test's task group (:class:`MemoryHost`),
 and a knowledge-query guest on the real engine and hooks (:class:`MemoryGuest`): admission,
 expiry and eviction tested by advancing the clock, without iroh."""
@@ -19,7 +19,7 @@ from node.protocol.spec import load_spec
 from node.runtime.clock import ManualClock
 from node.runtime.driver import run_session
 from node.runtime.hooks import HookContext, PeerInfo, load_hooks
-from node.runtime.host import Host, HostOptions
+from node.host.host import Host, HostOptions
 from node.transport.memory import MemoryListener
 from node.trust.identity import Identity, init_identity, load_identity
 

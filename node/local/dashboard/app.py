@@ -86,10 +86,10 @@ def check_host(host: str) -> None:
 
 def live_state(home: Path) -> tuple[dict[str, Any] | None, str | None]:
     """The running host's live state from its control channel
-    (:meth:`node.runtime.control.ControlClient.state`, specs/control.md), or
+    (:meth:`node.host.control.ControlClient.state`, specs/control.md), or
     ``(None, why)``: ``why`` is ``"host not running"`` when no host serves this home, else
     the channel's refusal as ``"code: message"``."""
-    from node.runtime.control import ControlClient
+    from node.host.control import ControlClient
 
     try:
         return ControlClient(home).state(), None
@@ -107,7 +107,7 @@ def end_live_session(home: Path, session_id: str) -> dict[str, Any]:
         KithError: ``host-not-running``, ``live-session-not-found``,
             ``live-session-ambiguous`` (:meth:`ControlClient.end_session`).
     """
-    from node.runtime.control import ControlClient
+    from node.host.control import ControlClient
 
     return ControlClient(home).end_session(session_id)
 

@@ -17,7 +17,7 @@ A host serves HTTP/1.1 with JSON bodies on a Unix domain socket,
 Endpoints (specs/control.md): ``GET /v1/state`` (the live state, :meth:`HostControl.state`)
 and ``POST /v1/sessions/end`` ``{"id": ID-or-unique-prefix}`` (ends that session with
 ``session-ended-by-owner``, through the same path revocation uses,
-:meth:`node.runtime.sessions.SessionTable.end_session`).
+:meth:`node.host.sessions.SessionTable.end_session`).
 
 :class:`ControlClient` is the owner's side (``kith status``, ``kith sessions``, the
 dashboard). It raises ``host-not-running`` when nothing listens (no socket file, or a stale
@@ -191,7 +191,7 @@ class HostControl:
     Attributes:
         home: the node home.
         identity: the host's :class:`node.trust.identity.Identity`.
-        sessions: the host's :class:`node.runtime.sessions.SessionTable`.
+        sessions: the host's :class:`node.host.sessions.SessionTable`.
         posts: ``() -> [{"postId", "server", "expiresAt"}]``, the posts guests may join now.
         index: ``() -> {"ready", "roots", "documents", "chunks", ...}``; may block (run
             in a worker thread).

@@ -1,12 +1,12 @@
 """One accepted connection of a host, from its first stream to its end.
 
 :class:`Connection` is what ``serve_host`` used to keep as nested closures: it waits for
-the guest's stream, takes a slot in the host's :class:`node.runtime.sessions.SessionTable`,
+the guest's stream, takes a slot in the host's :class:`node.host.sessions.SessionTable`,
 builds the host-side :class:`node.engine.session.SessionEngine` with the host's posts,
 nonces, admission predicate and egress seam, runs the session with
 :func:`node.runtime.driver.run_session`, reports how it ended and always gives its slot,
 its post reservation and its nonce back. Who may come in is asked of the host's
-:class:`node.runtime.doorkeeper.Doorkeeper`, step by step. What it shares with other
+:class:`node.host.doorkeeper.Doorkeeper`, step by step. What it shares with other
 connections is given at construction as one :class:`Wiring` the host builds once — the
 doorkeeper, the table, the posts, the nonce table, the listener, the event sink, the clock,
 the session setup and the answering seams — never the host itself; an exception inside one
@@ -26,10 +26,10 @@ from node.common.host_events import (EventPath, PersonDeviceNew, SessionEnded, S
                                      SessionStarted)
 from node.engine.framing import encode_frame
 from node.engine.session import HostConfig, OutgoingFrame, SessionEngine, SessionReady
-from node.runtime.doorkeeper import Admitted, Arrival, Doorkeeper, Visit, engine_seams
+from node.host.doorkeeper import Admitted, Arrival, Doorkeeper, Visit, engine_seams
 from node.runtime.driver import run_session
 from node.runtime.hooks import HookContext, PeerInfo
-from node.runtime.sessions import ActivityTracked
+from node.host.sessions import ActivityTracked
 from node.trust.peers import note_device
 
 log = logging.getLogger("kith.host")
@@ -82,7 +82,7 @@ class Answering:
     """The seams between a session and the host's knowledge.
 
     Attributes:
-        tap: ``peer_key`` → the audit tap of one session (:meth:`node.runtime.audit.HostAudit.tap`).
+        tap: ``peer_key`` → the audit tap of one session (:meth:`node.host.audit.HostAudit.tap`).
         rewrite: ``(message, replying_to)`` → the message with its signed citations, or
             None (:meth:`node.answer.citation.CitationSigner.rewrite`).
         check: the egress gate's check of one outgoing frame (raises ``EgressRefused``), or None.
@@ -103,9 +103,9 @@ class Wiring:
     """Everything a :class:`Connection` uses, built once by the host.
 
     Attributes:
-        door: the :class:`node.runtime.doorkeeper.Doorkeeper` (every admission decision).
-        table: the :class:`node.runtime.sessions.SessionTable` (slots, activity, failures).
-        posts: the :class:`node.runtime.posts.Posts` (what may be joined; its keeper).
+        door: the :class:`node.host.doorkeeper.Doorkeeper` (every admission decision).
+        table: the :class:`node.host.sessions.SessionTable` (slots, activity, failures).
+        posts: the :class:`node.host.posts.Posts` (what may be joined; its keeper).
         nonces: the :class:`node.trust.seen_nonces.SeenNonces` table.
         listener: the endpoint (``accept_stream``, ``close_connection``).
         emit: reports one host event.

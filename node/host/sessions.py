@@ -10,7 +10,7 @@ sleeps: it carries out its decisions through the ``end`` callback each connectio
 it, and time is the host's injected :class:`node.runtime.clock.Clock`, so every rule here
 is tested without iroh (``tests/test_sessions.py``).
 
-Who may come in is the doorkeeper's (node/runtime/doorkeeper.py): it takes the slots
+Who may come in is the doorkeeper's (node/host/doorkeeper.py): it takes the slots
 here (:meth:`SessionTable.open_session`) and judges each step of a handshake.
 """
 
@@ -22,7 +22,7 @@ from typing import Any, Callable, Collection
 
 from node.common.host_events import SessionEvicted, SessionRefused
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
-from node.runtime.doorkeeper import DEFERRABLE_CODES, admission, admits  # noqa: F401  (their old home)
+from node.host.doorkeeper import DEFERRABLE_CODES, admission, admits  # noqa: F401  (their old home)
 
 #: Live sessions a host serves at once (``HostOptions.max_sessions``).
 MAX_CONCURRENT_SESSIONS = 64
@@ -518,7 +518,7 @@ class SessionTable:
 
     def end_named(self, name: str, code: str, message: str = "") -> int:
         """End every live session admitted under the registry name ``name`` (whatever its
-        key: a grant that ended, node/runtime/grants.py). Returns how many."""
+        key: a grant that ended, node/host/grants.py). Returns how many."""
         n = 0
         for token, s in list(self._sessions.items()):
             if s.name == name and s.holds_slot and s.alive():
@@ -627,7 +627,7 @@ class SessionTable:
         """A post of an earlier run of this host comes back with the ``uses`` it had
         (sessions that became ready) and its own ``limit`` (its invitation's
         ``max_sessions``; None = unlimited): its use count goes on where it stopped
-        (node/runtime/posts.py, issue 30)."""
+        (node/host/posts.py, issue 30)."""
         self._claimed[post_id] = max(self._claimed.get(post_id, 0), int(uses))
         self._post_limits[post_id] = limit
 
@@ -636,7 +636,7 @@ class SessionTable:
         """A handshake of ``peer`` that named a live post ended with ``code``: when
         :func:`is_failure`, it counts, and the key's ``max_failures``-th failure starts its
         cool-down (and resets its count). (A post's own failure cap is
-        :meth:`node.runtime.posts.Posts.record_failure`.)"""
+        :meth:`node.host.posts.Posts.record_failure`.)"""
         if not is_failure(code):
             return
         now = self.clock.monotonic()
@@ -666,7 +666,7 @@ class SessionTable:
         return len(self._failures)
 
     # ------------------------------------------------------------ the predicate
-    #: The ``_session_init`` admission predicate, :func:`node.runtime.doorkeeper.admits`
+    #: The ``_session_init`` admission predicate, :func:`node.host.doorkeeper.admits`
     #: (the doorkeeper holds every admission rule; kept here under its old name).
     admits = staticmethod(admits)
 
@@ -682,7 +682,7 @@ class ActivityTracked:
             bound to the session's token.
         answered: when given, called with each answer dict before it is returned (the
             audit tap takes the scrubbing gate's counts from it,
-            :meth:`node.runtime.audit._SessionTap.answered`).
+            :meth:`node.host.audit._SessionTap.answered`).
     """
 
     def __init__(self, inner: Any, begin: Callable[[], None], done: Callable[[str], None],

@@ -5,7 +5,7 @@ their expiry, the failure cap that retires a single-use or file-mode post, repub
 (through :class:`node.community.keeper.PostKeeper` when there is a community server) and
 withdrawal on stop. It reads time only through the host's
 :class:`node.runtime.clock.Clock`, so expiry is tested by advancing a clock. The session
-table (:class:`node.runtime.sessions.SessionTable`) counts a post's *uses*; this class
+table (:class:`node.host.sessions.SessionTable`) counts a post's *uses*; this class
 decides whether a post can be named at all.
 
 In file mode the live posts are kept in ``<home>/posts.json`` (:data:`POSTS_FILE`; issue
@@ -27,7 +27,7 @@ from node.common.errors import HandshakeError
 from node.common.home import atomic_write
 from node.common.host_events import PostExpired, PostRetired, Republished
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339, unix_of
-from node.runtime.sessions import MAX_FAILED_HANDSHAKES, is_failure
+from node.host.sessions import MAX_FAILED_HANDSHAKES, is_failure
 from node.trust.invitation import Invitation
 
 log = logging.getLogger("kith.host")
@@ -110,7 +110,7 @@ class Posts:
         """Honour again the posts an earlier run of this host kept in :data:`POSTS_FILE`
         (file mode): each one not expired on this host's clock, not used up, for this
         protocol and this host key, with its use count given back to ``table``
-        (:meth:`node.runtime.sessions.SessionTable.restore_post`).
+        (:meth:`node.host.sessions.SessionTable.restore_post`).
 
         Returns:
             ``[{"post_id", "uses", "max_sessions", "expires_at"}]`` of the posts restored.

@@ -1,9 +1,9 @@
 """The Host role: bind an endpoint, publish (or write) an invitation, serve guests until stopped.
 
 :class:`Host` builds the host's small machines once and wires them in one place: the
-session table (node/runtime/sessions.py: who is connected), the doorkeeper
-(node/runtime/doorkeeper.py: who may come in), the posts (node/runtime/posts.py: what may be
-joined), one :class:`node.runtime.connection.Connection` per accepted connection (given its
+session table (node/host/sessions.py: who is connected), the doorkeeper
+(node/host/doorkeeper.py: who may come in), the posts (node/host/posts.py: what may be
+joined), one :class:`node.host.connection.Connection` per accepted connection (given its
 collaborators, never the host), the audit tap, the peers watcher and the knowledge behind the
 egress gate. It takes an injectable clock and endpoint, so ``kith protocol test`` and the
 tests run this same host over memory pipes. :func:`serve_host` is what ``kith host`` calls.
@@ -25,11 +25,11 @@ from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
 from node.common.host_events import PostRestored, checked as checked_event
 from node.engine.session import HostConfig, SessionEngine
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
-from node.runtime.connection import FIRST_STREAM_TIMEOUT_S, Answering, Connection, SessionSetup, Wiring
+from node.host.connection import FIRST_STREAM_TIMEOUT_S, Answering, Connection, SessionSetup, Wiring
 from node.transport.modes import RELAY_CHECK_S
 from node.runtime.hooks import load_hooks
-from node.runtime.posts import Posts
-from node.runtime.sessions import EVICT_IDLE_AFTER_S, FAILURE_COOLDOWN_S, MAX_CONCURRENT_SESSIONS, \
+from node.host.posts import Posts
+from node.host.sessions import EVICT_IDLE_AFTER_S, FAILURE_COOLDOWN_S, MAX_CONCURRENT_SESSIONS, \
     MAX_FAILED_HANDSHAKES, MAX_SESSIONS_PER_PEER, AdmissionLimits, SessionTable
 from node.trust.identity import load_identity
 from node.trust.invitation import DEFAULT_TTL_S, Invitation, create_invitation
@@ -55,7 +55,7 @@ class HostOptions:
         transport: the :class:`node.transport.modes.TransportMode` (``--relay``,
             ``--relay-only``, ``--lan``, ``--discovery``, ``--offline``; specs/transport.md),
             or None for ``local``'s.
-        presence: ``"open"`` or ``"granted"`` (``--presence``; node/runtime/grants.py):
+        presence: ``"open"`` or ``"granted"`` (``--presence``; node/host/grants.py):
             under ``granted`` a peer holding no grant gets the unknown-post refusal.
         unlisted: publish the post unlisted (reachable by ``post_id``, absent from browse).
         ttl_s: invitation lifetime in seconds.
@@ -73,11 +73,11 @@ class HostOptions:
         evict_idle_after_s: a READY anonymous session that answered no query for this
             long (s) may be evicted (``session-evicted``) for *any* newcomer
             (``--evict-idle-after``); a newcomer that holds no session yet evicts a quiet
-            one at once (:meth:`node.runtime.sessions.SessionTable.open_session`).
+            one at once (:meth:`node.host.sessions.SessionTable.open_session`).
         new_invitation: file mode: the posts of earlier runs (``<home>/posts.json``) are no
             longer honoured and a new invitation is signed (``--new-invitation``); without
             it they are honoured until their own expiry or use count, and the last one is
-            written again when it still describes the endpoint (node/runtime/posts.py).
+            written again when it still describes the endpoint (node/host/posts.py).
         max_failed_handshakes / failure_cooldown_s: after that many failed handshakes a
             key is refused for that long (``handshake-too-many-failures``); a single-use
             or file-mode post with that many failures from any keys is retired
@@ -152,7 +152,7 @@ class Knowledge:
             corpus; call it from a worker thread).
         evidence: ``[chunk ids] → {chunk id: (content hash, char_start, char_end)}`` — what
             a signed citation needs of served chunks (:meth:`node.corpus.store.Corpus.chunk_evidence`).
-        warmer: the :class:`node.runtime.warm.ViewWarmer` a running host starts (its
+        warmer: the :class:`node.host.warm.ViewWarmer` a running host starts (its
             ``pinned`` set by the host), or None without a corpus.
     """
 
@@ -190,7 +190,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
     from node.policy.gate import EgressGate
     from node.policy.quota import RateLimiter
     from node.policy.store import Policy
-    from node.runtime.warm import ViewWarmer
+    from node.host.warm import ViewWarmer
 
     policy = Policy.load(home)
     if now is not None:
@@ -229,7 +229,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
         clock = now if now is not None else time.time
         copier = CopyServer(corpus, gate, home, copy_secret, lambda: rfc3339(clock()))
     service = AnswerService(corpus, gate, limiter=limiter, version_key=version_key, copier=copier)
-    warmer = ViewWarmer(service, gate, corpus, lambda: [])  # run by Host.run (node/runtime/warm.py)
+    warmer = ViewWarmer(service, gate, corpus, lambda: [])  # run by Host.run (node/host/warm.py)
 
     def close() -> None:
         corpus.close()
@@ -287,7 +287,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     session slot is taken, the oldest session still in its handshake is ended with
     ``handshake-host-busy`` to make room before a new guest is refused, and a newcomer that
     holds no session yet evicts a quiet anonymous session at once
-    (:meth:`node.runtime.sessions.SessionTable.open_session`).
+    (:meth:`node.host.sessions.SessionTable.open_session`).
 
     A post with ``opts.post_max_sessions`` admits that many handshakes: a slot is reserved
     when ``_session_init`` is accepted and given back if that session never becomes
@@ -308,7 +308,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     One ``kith host`` serves a home at a time: it holds ``<home>/host.lock`` (``flock``,
     naming its pid) while serving. While it serves, its owner's control channel listens on
     ``<home>/run/control.sock`` (live sessions, posts, index readiness, approvals; ending a
-    session with ``session-ended-by-owner``): :mod:`node.runtime.control`, specs/control.md;
+    session with ``session-ended-by-owner``): :mod:`node.host.control`, specs/control.md;
     ``on_invitation`` is called once that channel answers.
 
     Raises:
@@ -331,10 +331,10 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
 class Host:
     """One host process's serving machinery, built once and wired in one place.
 
-    A ``Host`` owns a :class:`node.runtime.sessions.SessionTable` (who is connected),
-    :class:`node.runtime.posts.Posts` (what may be joined), the audit tap, the peers
+    A ``Host`` owns a :class:`node.host.sessions.SessionTable` (who is connected),
+    :class:`node.host.posts.Posts` (what may be joined), the audit tap, the peers
     watcher and the knowledge behind the egress gate; each accepted connection is a
-    :class:`node.runtime.connection.Connection`. Every event goes through :meth:`emit`
+    :class:`node.host.connection.Connection`. Every event goes through :meth:`emit`
     (the audit log, then the owner's ``on_event``, then the post keeper), fixed when the
     host is built. Time comes from ``clock`` and the endpoint from ``bind``, so the same
     host runs over iroh (``kith host``) and over memory pipes (``kith protocol test``,
@@ -406,8 +406,8 @@ class Host:
         Raises:
             KithError: protocol not found/invalid, broken ``peers.json``, ...
         """
-        from node.runtime.audit import HostAudit
-        from node.runtime.revocation import PeersWatcher
+        from node.host.audit import HostAudit
+        from node.host.revocation import PeersWatcher
         from node.trust.audit_log import AuditLog
         from node.trust.seen_nonces import SeenNonces
 
@@ -429,7 +429,7 @@ class Host:
         self._closers: list[Callable[[], None]] = [self.knowledge.close]
         registry = PeerRegistry.load(self.home)  # a broken registry fails here, before binding
         if opts.presence == "granted":
-            from node.runtime.grants import unseen_person_pins
+            from node.host.grants import unseen_person_pins
 
             for name in unseen_person_pins(registry):
                 self.warn(f"presence granted: no device of person pin {name!r} has joined yet, so each of its "
@@ -479,7 +479,7 @@ class Host:
         person = load_person(self.home)
         self.peers_watcher = PeersWatcher(self.home, self.table, on_event=self.emit, now=self.clock.time,
                                           own_person=person.person_key if person else None)
-        from node.runtime.grants import GrantWatcher
+        from node.host.grants import GrantWatcher
         from node.trust.rotation import RotationLedger
 
         self.grant_watcher = GrantWatcher(self.home, self.table, self.clock, on_event=self.emit)
@@ -488,7 +488,7 @@ class Host:
             warmer.pinned = lambda: list(self.peers_watcher.known().peers)
             warmer.anonymous = not (opts.peers_only or opts.presence == "granted")  # none is answered
         self.rotations = RotationLedger.load(self.home)  # the person-key rotations this host followed
-        from node.runtime.doorkeeper import Doorkeeper
+        from node.host.doorkeeper import Doorkeeper
 
         # every admission decision (slots, cool-downs, grants, presence, person checks)
         self.door = Doorkeeper(table=self.table, peers=self.peers_watcher, rotations=self.rotations,
@@ -541,7 +541,7 @@ class Host:
     # ------------------------------------------------------------ running
     async def run(self) -> None:
         """Serve until ``stop`` is set or the task is cancelled (see :func:`serve_host`)."""
-        from node.runtime.control import check_run_dir, control_socket_path
+        from node.host.control import check_run_dir, control_socket_path
 
         started_at = self.clock.time()
         if self.opts.control:
@@ -563,9 +563,9 @@ class Host:
                 keeper = self.posts.keep(inv, self._new_invitation)
                 async with anyio.create_task_group() as tg:
                     if self.opts.control:
-                        from node.runtime.control import HostControl, serve_control
+                        from node.host.control import HostControl, serve_control
 
-                        # the owner's control channel (<home>/run/control.sock; node/runtime/control.py)
+                        # the owner's control channel (<home>/run/control.sock; node/host/control.py)
                         await tg.start(serve_control, HostControl(self.home, self.identity, self.table,
                                                                   self.posts.listing, self.knowledge.index,
                                                                   self.knowledge.quota_left, started_at=started_at,

@@ -5,7 +5,7 @@ ends that peer's open sessions with ``session-revoked``.
 :class:`PeersWatcher` polls the stamps of
 ``peers.json`` and ``policy.toml`` (:func:`node.policy.store.file_stamp`, one ``os.stat``
 each per :data:`POLL_INTERVAL_S`), diffs the registry and ends the revoked peer's sessions through the host's one session table
-(:meth:`node.runtime.sessions.SessionTable.end_sessions`); pending approvals of a
+(:meth:`node.host.sessions.SessionTable.end_sessions`); pending approvals of a
 revoked peer are denied (:func:`cancel_approvals`). New handshakes of a blocked key are
 refused by the host's admission predicate (``handshake-peer-blocked``), which re-reads the
 registry for every connection, so they never depend on the watcher.
@@ -65,7 +65,7 @@ class PeersWatcher:
 
     Args:
         home: the node home.
-        sessions: the host's :class:`node.runtime.sessions.SessionTable`.
+        sessions: the host's :class:`node.host.sessions.SessionTable`.
         on_event: the host's event sink; gets ``peer-revoked`` {``peer``, ``peer_name``,
             ``cause`` (``removed`` | ``blocked``), ``code``, ``sessions_ended``,
             ``approvals_cancelled``}, ``policy-reloaded`` {``ok``, ``rules`` | ``code``}

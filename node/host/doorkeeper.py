@@ -5,9 +5,9 @@ answers :class:`Admitted` or :class:`Refused` (the code the guest is sent, the m
 and a ``reason`` for the owner's event):
 
 1. :class:`Arrival` — its stream opened. Under ``presence = granted`` a key holding no
-   grant gets the unknown-post refusal before anything else (node/runtime/grants.py); a
+   grant gets the unknown-post refusal before anything else (node/host/grants.py); a
    stopping host refuses ``session-shutdown``; then a session slot is taken in the
-   :class:`node.runtime.sessions.SessionTable` (per-peer and anonymous bounds, fair
+   :class:`node.host.sessions.SessionTable` (per-peer and anonymous bounds, fair
    eviction, failed-handshake cool-downs; a pinned key, or a device a person pin has seen,
    takes a pinned peer's slot, outside the anonymous share). Admitted carries the :class:`Visit`: the peer
    registry as read now, which every later step of this connection judges by.
@@ -37,7 +37,7 @@ from typing import Any, Callable, Union
 
 from node.common.errors import HandshakeError
 from node.common.host_events import PersonRotated
-from node.runtime.grants import has_grant, refusal_code
+from node.host.grants import has_grant, refusal_code
 from node.trust.rotation import pinned_in_lineage
 
 #: ``_session_init`` refusals a guest that advertised ``person_chain_v1`` may have deferred to
@@ -167,7 +167,7 @@ def judge_init(registry: Any, peers_only: bool, key: str, profile: dict[str, Any
     ``peer-key-changed`` for a key that is not pinned but whose shared ``displayName``
     claims a pinned name; with ``peers_only``, ``handshake-not-admitted`` for a key not in
     ``registry``. Under ``presence = granted`` a refusal passes through
-    :func:`node.runtime.grants.refusal_code` (a no-grant code becomes the unknown-post one),
+    :func:`node.host.grants.refusal_code` (a no-grant code becomes the unknown-post one),
     except a deferrable code of a key that holds a grant (a person pin's seen device: its
     chain decides at :class:`Ready`).
     """
@@ -195,7 +195,7 @@ def judge_init(registry: Any, peers_only: bool, key: str, profile: dict[str, Any
 def admits(registry: Any, peers_only: bool, key: str, profile: dict[str, Any], revocations: Any = None) -> bool:
     """:func:`judge_init` under ``open`` presence as the engine's old ``admit`` shape: True,
     False for ``handshake-not-admitted``, or raises :class:`HandshakeError` for any other
-    refusal (kept as :meth:`node.runtime.sessions.SessionTable.admits`)."""
+    refusal (kept as :meth:`node.host.sessions.SessionTable.admits`)."""
     verdict = judge_init(registry, peers_only, key, profile, revocations)
     if isinstance(verdict, Admitted):
         return True
@@ -225,14 +225,14 @@ class Doorkeeper:
     """The host's admission, one request at a time (:meth:`admit`).
 
     Args:
-        table: the host's :class:`node.runtime.sessions.SessionTable` (slots, cool-downs).
-        peers: the host's :class:`node.runtime.revocation.PeersWatcher` (``current()``,
+        table: the host's :class:`node.host.sessions.SessionTable` (slots, cool-downs).
+        peers: the host's :class:`node.host.revocation.PeersWatcher` (``current()``,
             ``known()``, ``revocations()``, ``apply_list()``).
         rotations: the host's :class:`node.trust.rotation.RotationLedger`.
         presence: ``"open"`` or ``"granted"`` (``kith host --presence``).
         peers_only: admit only keys in the registry (``--peers-only``).
         closing: True once the host is stopping (new sessions get ``session-shutdown``).
-        emit: reports ``person-rotated`` events (the host's :meth:`~node.runtime.host.Host.emit`).
+        emit: reports ``person-rotated`` events (the host's :meth:`~node.host.host.Host.emit`).
     """
 
     def __init__(self, *, table: Any, peers: Any, rotations: Any, presence: str = "open", peers_only: bool = False,
@@ -269,7 +269,7 @@ class Doorkeeper:
         granted = has_grant(registry, r.key, self.peers.revocations())
         if self.presence == "granted" and not granted:
             # first, before any other refusal (a shutting-down host's session-shutdown included):
-            # no slot, nonce or post use is taken, no heartbeat is ever sent (node/runtime/grants.py)
+            # no slot, nonce or post use is taken, no heartbeat is ever sent (node/host/grants.py)
             return Refused(refusal_code("granted", "handshake-not-admitted", granted=False), reason="no-grant")
         if self.closing():
             return Refused("session-shutdown")

@@ -82,7 +82,7 @@ class GrantWatcher:
 
     Args:
         home: the node home.
-        sessions: the host's :class:`node.runtime.sessions.SessionTable`.
+        sessions: the host's :class:`node.host.sessions.SessionTable`.
         clock: the host's clock.
         on_event: gets ``grant-expired`` {``kind``, ``peer_name``, ``group``?, ``glob``?,
             ``until``, ``code`` (``session-grant-expired``), ``sessions_ended``}.

@@ -78,7 +78,7 @@ def _path_kind(path: Any) -> str | None:
 class HostAudit:
     """Feeds a running host's activity into an :class:`AuditLog`.
 
-    Hooked at the host level (node/runtime/host.py), independent of the answer path:
+    Hooked at the host level (node/host/host.py), independent of the answer path:
     ``observe`` wraps the host's ``on_event`` (session started/ended, refused
     handshakes, revocations, policy reloads); ``wrap_hooks`` wraps the protocol's
     ``on_message`` to record each incoming message with a ``query`` string; ``tap`` gives
