@@ -86,7 +86,7 @@ def test_a_person_with_two_devices_one_asleep_answers_from_the_awake_one(tmp_pat
         # MCP `search` and the local API's POST /search ask peers by name through the same call
         import anyio
 
-        from node.runtime.fanout import peers_search
+        from node.guest.fanout import peers_search
 
         merged = anyio.run(lambda: peers_search(guest, ["bea"], {"query": "sqlite write-ahead log"}, local=True,
                                                 timeout_s=60), backend="asyncio")
@@ -159,7 +159,7 @@ def test_a_warm_device_that_goes_to_sleep_mid_conversation_hands_over_to_the_awa
 
     import anyio
 
-    from node.runtime.pool import SessionPool
+    from node.guest.pool import SessionPool
     from node.trust.identity import load_identity
 
     desk, laptop, guest, person, desk_key, laptop_key = _person(tmp_path)

@@ -202,7 +202,7 @@ def test_the_outbox_routes_answer_a_damaged_file_with_500_and_an_empty_one_with_
     outbox list --json`` (zeros, the bounds); a damaged ``outbox.sqlite`` is the node's own
     fault: 500 ``outbox-corrupt``, and ``POST /outbox`` asks nobody."""
     from node.local.api import run_api_in_thread
-    from node.runtime.outbox import MAX_BYTES, MAX_QUESTIONS
+    from node.guest.outbox import MAX_BYTES, MAX_QUESTIONS
     from node.trust.identity import load_or_init_identity
 
     load_or_init_identity(tmp_path)

@@ -20,9 +20,9 @@ import pytest
 
 from node.corpus.store import Corpus
 from node.policy.store import Policy
-from node.runtime.fanout import MAX_PEERS, fan_out, local_searcher
-from node.runtime.guest import resolve_peer
-from node.runtime.pool import SessionPool
+from node.guest.fanout import MAX_PEERS, fan_out, local_searcher
+from node.guest.guest import resolve_peer
+from node.guest.pool import SessionPool
 from node.trust.identity import Identity, load_or_init_identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry

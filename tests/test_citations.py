@@ -17,7 +17,7 @@ import pytest
 from node.answer import citation as C
 from node.corpus.store import Corpus
 from node.policy.store import Policy
-from node.runtime.guest import GuestOptions, ask, open_target
+from node.guest.guest import GuestOptions, ask, open_target
 from node.trust import signing
 from node.trust.identity import load_identity
 from node.trust.invitation import parse_invitation
@@ -428,8 +428,8 @@ def test_mcp_verify_tool(tmp_path):
 
 
 def test_kith_ask_keeps_each_peers_citation_for_verify(tmp_path):
-    from node.runtime.fanout import fan_out
-    from node.runtime.pool import SessionPool
+    from node.guest.fanout import fan_out
+    from node.guest.pool import SessionPool
 
     host_home, _kb = _host_home(tmp_path)
     guest = _home(tmp_path, "guest")

@@ -84,7 +84,7 @@ def test_join_against_a_real_host_imports_no_server_side_module(tmp_path: Path):
     assert r.returncode == 0, r.stderr[-3000:]
     answer = json.loads(r.stdout.splitlines()[0])
     assert answer["status"] == "ok" and answer["envelope"]["results"]
-    assert "node.runtime.guest" in mods
+    assert "node.guest.guest" in mods
     assert _loaded(mods, SERVER_SIDE) == []
     assert _loaded(mods, ("node.cli.community_cmd", "node.cli.policy_cmd", "node.cli.index_cmd")) == []
 

@@ -18,7 +18,7 @@ from node.common.grants import until_time
 from node.engine.session import SessionClosed, SessionReady
 from node.policy.store import Policy
 from node.protocol.spec import load_spec
-from node.runtime import copies as C
+from node.guest import copies as C
 from node.runtime.clock import rfc3339
 from node.trust.peers import PeerRegistry
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from node.runtime.copies import CopyStore, check_document
+from node.guest.copies import CopyStore, check_document
 from node.trust.identity import load_identity
 from node.trust.peers import PeerRegistry
 

@@ -104,9 +104,9 @@ def test_ending_the_grant_deletes_the_copy_at_the_next_sync(tmp_path):
 def test_the_home_runner_re_syncs_a_copy_in_the_background(tmp_path):
     import anyio
 
-    from node.runtime.copies import CopyStore
-    from node.runtime.pool import SessionPool
-    from node.runtime.runner import Runner, default_tasks
+    from node.guest.copies import CopyStore
+    from node.guest.pool import SessionPool
+    from node.guest.runner import Runner, default_tasks
     from support.hosts import STEADY, InProcessHost
 
     corpus = tmp_path / "kb"
@@ -163,7 +163,7 @@ def test_kith_verify_accepts_each_result_of_an_answer_from_a_copy_as_the_hosts(t
 
     from node.local.api import run_api_in_thread
     from node.local.mcp import call_search, call_verify
-    from node.runtime.copies import CopyStore
+    from node.guest.copies import CopyStore
 
     corpus = tmp_path / "kb"
     shutil.copytree(FIXTURE, corpus)
@@ -194,7 +194,7 @@ def test_kith_verify_accepts_each_result_of_an_answer_from_a_copy_as_the_hosts(t
     assert all(row["result"] == "genuine" and row["fromCopy"] and row["peer"] == "alice" and row["hostKey"] == key
                and "that host's, from a copy of" in row["detail"] for row in report["rows"])
     # MCP `search` and `POST /search` with `peers` answer from the copy the same way (one
-    # envelope, node/runtime/fanout.py), and their answers verify as alice's too
+    # envelope, node/guest/fanout.py), and their answers verify as alice's too
     found = anyio.run(lambda: call_search(bea, {"query": "file", "peers": ["alice"]}, local=True))
     assert not found.is_error and found.structured_content["results"]
     assert all(x["fromCopy"] and x["copySpan"] for x in found.structured_content["results"])

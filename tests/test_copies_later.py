@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from node.runtime.outbox import OutboxStore, later_peers
+from node.guest.outbox import OutboxStore, later_peers
 from node.trust.identity import load_identity
 from node.trust.peers import PeerRegistry
 
@@ -146,7 +146,7 @@ def test_later_keeps_a_copy_answered_row_and_says_so_in_the_record(tmp_path):
                ("dan", "d" * 64, "unreachable", "transport-connect-failed", {}),
                ("eve", "e" * 64, "refused", "ask-peer-blocked", {}))
     assert [p["name"] for p in later_peers(env)] == ["alice", "cat", "dan"]
-    from node.runtime.outbox import keep_for_later
+    from node.guest.outbox import keep_for_later
 
     info = keep_for_later(tmp_path, {"query": "q", "topK": 5}, env)
     assert info["peers"] == ["alice", "cat", "dan"]

@@ -233,7 +233,7 @@ def test_approvals_page_approves_and_the_cli_sees_it(home: Path, dash) -> None:
 
 
 def test_outbox_page_shows_kept_questions_and_answers_and_removes_one(home: Path, dash) -> None:
-    from node.runtime.outbox import OutboxStore, classify, query_id_of
+    from node.guest.outbox import OutboxStore, classify, query_id_of
 
     base, login = dash
     with OutboxStore(home) as store:

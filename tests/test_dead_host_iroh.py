@@ -18,8 +18,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from node.runtime.fanout import fan_out
-from node.runtime.pool import SessionPool
+from node.guest.fanout import fan_out
+from node.guest.pool import SessionPool
 from node.trust.identity import load_identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry

@@ -152,7 +152,7 @@ def test_kith_ask_keeps_each_peers_copies_and_prints_them() -> None:
     from rich.console import Console
 
     from node.cli import ask_cmd
-    from node.runtime.fanout import PeerRow, fuse
+    from node.guest.fanout import PeerRow, fuse
 
     def result(source: str, also: object) -> dict:
         return {"source": source, "id": "c1", "textPreview": "Same words here.", "alsoIn": also}

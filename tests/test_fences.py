@@ -17,7 +17,7 @@ import pytest
 from node.answer.fence import REASONS, fenced, mark_answer, scan
 from node.corpus.store import Corpus
 from node.policy.store import Policy
-from node.runtime.pool import SessionPool
+from node.guest.pool import SessionPool
 from node.trust.identity import load_or_init_identity
 
 from support.cli import KITH, readline as _readline

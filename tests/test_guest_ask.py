@@ -1,4 +1,4 @@
-"""One guest API (node.runtime.guest.ask) for every caller that asks a Host: the MCP
+"""One guest API (node.guest.guest.ask) for every caller that asks a Host: the MCP
 server's peer search goes through it and gets the Host's policy-gated answer; a Host that
 is not pinned is refused before any session; typed GuestOptions carry questions, topK and
 filters to the Host. Real iroh on loopback, relay disabled."""
@@ -14,7 +14,7 @@ import pytest
 from node.corpus.store import Corpus
 from node.local.mcp import call_search
 from node.policy.store import Policy
-from node.runtime.guest import GuestOptions, ask, open_target
+from node.guest.guest import GuestOptions, ask, open_target
 from node.trust.identity import Identity, load_or_init_identity
 from node.trust.peers import PeerRegistry
 

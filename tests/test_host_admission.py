@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from node.corpus.store import Corpus
-from node.runtime.guest import check_invitation, join_session
+from node.guest.guest import check_invitation, join_session
 from node.host.sessions import QUIET_AFTER_S
 from node.trust.identity import Identity
 from node.trust.invitation import parse_invitation

@@ -95,7 +95,7 @@ def test_the_runners_outbox_events_are_in_the_table(tmp_path, monkeypatch):
     """The home runner's delivery events (`kith outbox run --json` lines, specs/outbox.md §5)
     are the table's: each kind in $defs.CommandEvent and documented, and the runner refuses
     one the table does not describe in strict mode (tests), as a host does."""
-    from node.runtime.runner import Runner
+    from node.guest.runner import Runner
 
     schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
     commands = schema["$defs"]["CommandEvent"]["discriminator"]["mapping"]

@@ -1,6 +1,6 @@
 """The layer order of the ``node`` packages (specs/corpus.md "Layers"): no import runs up.
 
-``common`` < ``corpus`` < ``trust`` < ``policy`` < ``answer`` < ``runtime`` < ``host`` < ``cli``: a package
+``common`` < ``corpus`` < ``trust`` < ``policy`` < ``answer`` < ``runtime`` < ``guest`` < ``host`` < ``cli``: a package
 imports only packages below it (and itself) — at the top of a module or inside a function
 alike, absolute or relative. The policy decides what a peer may see and hands the corpus a
 lens (node/corpus/lens.py); the corpus never asks the policy. The packages beside that
@@ -20,7 +20,7 @@ import pytest
 
 NODE = Path(__file__).resolve().parent.parent / "node"
 ORDER = ["common", "protocol", "transport", "corpus", "trust", "engine", "community", "policy",
-         "answer", "runtime", "host", "local", "devtools", "cli"]
+         "answer", "runtime", "guest", "host", "local", "devtools", "cli"]
 
 
 def _imports(package: str) -> list[tuple[str, int, str]]:

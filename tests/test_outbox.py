@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from node.runtime.outbox import MAX_QUESTIONS, OutboxStore, classify, merged_answer, parse_keep, query_id_of
+from node.guest.outbox import MAX_QUESTIONS, OutboxStore, classify, merged_answer, parse_keep, query_id_of
 from node.trust.identity import load_or_init_identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
@@ -179,7 +179,7 @@ def test_the_room_checked_before_asking_is_the_room_the_question_takes(tmp_path)
     is asked: a question that :meth:`add` would refuse is refused by that check too (the
     same bytes are counted), so nobody is asked for a question that cannot be kept."""
     from node.common.errors import ConfigError
-    from node.runtime.outbox import MAX_BYTES, request_body
+    from node.guest.outbox import MAX_BYTES, request_body
 
     request = {"query": "when is the staging server deleted?", "topK": 5, "citations": True}
     size = len(request_body(request))
@@ -227,7 +227,7 @@ def test_a_damaged_question_is_closed_and_the_others_are_still_listed_and_delive
         assert listed[good]["state"] == "waiting"
         with store._tx() as db:  # a damaged stored answer counts as none
             db.execute("UPDATE deliveries SET answer='[1', state='answered' WHERE question_id=?", (good,))
-        from node.runtime.outbox import public_record
+        from node.guest.outbox import public_record
 
         assert public_record(store.get(good))["answer"] is None and public_record(store.get(bad))["answer"] is None
         assert store.remove_done() and store.list() == []
@@ -281,8 +281,8 @@ def test_a_question_for_a_peer_blocked_or_removed_since_fails_with_an_event(tmp_
     closed without one, so `kith outbox run` said nothing of it (specs/outbox.md §5)."""
     import anyio
 
-    from node.runtime.outbox_task import OutboxTask
-    from node.runtime.runner import Runner
+    from node.guest.outbox_task import OutboxTask
+    from node.guest.runner import Runner
 
     home = _home(tmp_path, "guest")
     registry = PeerRegistry.load(home)

@@ -1,8 +1,8 @@
-"""The outbox's delivery task (node/runtime/outbox_task.py; specs/outbox.md §3, §5): before
+"""The outbox's delivery task (node/guest/outbox_task.py; specs/outbox.md §3, §5): before
 each attempt the peer name is looked up again, and a question that can never be delivered
 (name removed, re-pinned to another key, blocked) is closed, reported, and never sent.
 
-A real :class:`~node.runtime.runner.Runner` drives a real :class:`OutboxTask` over a real
+A real :class:`~node.guest.runner.Runner` drives a real :class:`OutboxTask` over a real
 outbox file and peer registry; its session pool is one that fails the test if it is ever
 used (no question may be sent).
 """
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import anyio
 
-from node.runtime.outbox import OutboxStore
-from node.runtime.outbox_task import OutboxTask
-from node.runtime.runner import Runner
+from node.guest.outbox import OutboxStore
+from node.guest.outbox_task import OutboxTask
+from node.guest.runner import Runner
 from node.trust.identity import load_or_init_identity
 from node.trust.peers import PeerRegistry
 

@@ -67,7 +67,7 @@ def test_the_agent_notice_is_not_printed_to_a_person_at_a_terminal(monkeypatch) 
 
     from node.cli import ask_cmd
     from node.answer.fence import TEXT_NOTICE
-    from node.runtime.fanout import UNTRUSTED_NOTICE
+    from node.guest.fanout import UNTRUSTED_NOTICE
 
     env = {"results": [{"rank": 1, "source": "/docs/a.md", "textPreview": "text", "untrusted": True,
                         "attributions": [{"peer": {"name": "alice"}}], "location": None}],
@@ -92,7 +92,7 @@ def test_kith_ask_text_shows_each_peers_source_id_when_they_differ(monkeypatch) 
     import io
 
     from node.cli import ask_cmd
-    from node.runtime.fanout import PeerRow, fuse
+    from node.guest.fanout import PeerRow, fuse
 
     alice, bob = PeerRow("alice", "a" * 64, status="ok"), PeerRow("bob", "b" * 64, status="ok")
     same = "The same paragraph, word for word."

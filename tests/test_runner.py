@@ -1,4 +1,4 @@
-"""The home's background runner (node/runtime/runner.py; specs/outbox.md §5): it drives a
+"""The home's background runner (node/guest/runner.py; specs/outbox.md §5): it drives a
 task list, only one process (lock holder) of a home drives it at a time and the next takes
 over when it stops, a failing task or job never stops the others, and ``wake`` steps the
 tasks at once."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import anyio
 
-from node.runtime.runner import Runner
+from node.guest.runner import Runner
 from node.trust.identity import load_or_init_identity
 
 

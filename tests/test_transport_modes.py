@@ -234,7 +234,7 @@ import json, sys, anyio
 sys.path.insert(0, sys.argv[2])
 from pathlib import Path
 from node.local.mcp import peer_search
-from node.runtime.pool import SessionPool
+from node.guest.pool import SessionPool
 from node.trust.identity import load_or_init_identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
@@ -275,7 +275,7 @@ def test_mcp_and_api_peer_searches_follow_the_homes_transport_table(tmp_path):
     namespace of its own); a bad table is refused when the pool opens."""
     import anyio
 
-    from node.runtime.pool import SessionPool
+    from node.guest.pool import SessionPool
     from node.trust.identity import load_or_init_identity
 
     r = subprocess.run([*_isolated(), sys.executable, "-c", POOL_SCRIPT, str(tmp_path), str(Path(__file__).parent)],

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import anyio
 import pytest
 
-from node.runtime.guest import GuestOptions, ask, open_target
+from node.guest.guest import GuestOptions, ask, open_target
 from node.transport.paths import PathInfo, PathTracker, path_of
 from node.trust.identity import load_identity
 

@@ -1,4 +1,4 @@
-"""Device cards (node/trust/card.py, node/runtime/cards.py; specs/peers.md §13): a card made by a bound device verifies and is kept for
+"""Device cards (node/trust/card.py, node/guest/cards.py; specs/peers.md §13): a card made by a bound device verifies and is kept for
 the person pinned with --devices; hostile or stale cards — a wrong signature, another
 person's device, a revoked device, an old sequence, a card of another device — are refused
 with their own codes, nothing is kept, and the device is never dialled; the community server
@@ -17,7 +17,7 @@ import pytest
 from node.common.errors import KithError
 from node.community.client import CommunityClient
 from node.community.server import run_server_in_thread
-from node.runtime.cards import accept_card, device_targets
+from node.guest.cards import accept_card, device_targets
 from node.trust.binding import device_link
 from node.trust.card import CardStore, check_card, make_card
 from node.trust.identity import Identity
@@ -284,7 +284,7 @@ def test_a_card_kept_before_its_device_was_revoked_is_no_longer_dialled(tmp_path
 
 
 def test_two_devices_of_one_person_returning_the_same_text_are_both_attributed():
-    from node.runtime.fanout import PeerRow, fuse
+    from node.guest.fanout import PeerRow, fuse
 
     hit = {"source": "/notes/a.md", "id": "c1", "textPreview": "the same words"}
     desk = PeerRow("bea", "p" * 64, status="ok", device={"key": "d" * 64, "name": "desk"})
@@ -295,7 +295,7 @@ def test_two_devices_of_one_person_returning_the_same_text_are_both_attributed()
 
 
 def test_a_guest_takes_the_persons_revocation_list_from_the_server_before_its_cards(tmp_path):
-    from node.runtime.cards import fetch_cards
+    from node.guest.cards import fetch_cards
 
     bea = Person()
     desk, desk_chain = bea.device("desk")
@@ -318,7 +318,7 @@ def test_a_guest_takes_the_persons_revocation_list_from_the_server_before_its_ca
 
 
 def test_resolving_a_person_pin_without_an_invitation_takes_the_card_of_its_device(tmp_path):
-    from node.runtime.guest import resolve_peer
+    from node.guest.guest import resolve_peer
 
     bea = Person()
     desk, chain = bea.device("desk")
@@ -368,7 +368,7 @@ def test_a_hand_corrupted_cards_file_is_config_invalid_naming_the_file(tmp_path,
 def test_joining_a_device_of_a_pinned_person_again_is_not_host_key_changed(tmp_path):
     # `kith join INVITE` of bea's desk a second time (its card was taken the first time):
     # the desk is a known device of the person pin, not another host under that name
-    from node.runtime.guest import check_pinned_name, trust_status
+    from node.guest.guest import check_pinned_name, trust_status
     from node.trust.invitation import parse_invitation
 
     bea = Person()

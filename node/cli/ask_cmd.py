@@ -1,5 +1,5 @@
 """``kith ask``: one question to several pinned peers at once, one merged, attributed
-answer (specs/ask.md; node/runtime/fanout.py).
+answer (specs/ask.md; node/guest/fanout.py).
 
 Exit status (specs/ask.md §6): 0 when at least one peer (or ``--local``) answered ``ok``,
 or ``--later`` kept the question in the outbox (specs/outbox.md); 1 otherwise (every peer refused, was unreachable or timed out, or had no verified
@@ -49,7 +49,7 @@ def render(env: dict[str, Any]) -> None:
         where = location_text(r.get("location"))
         lines.append(Line(f"#{r['rank']} {_who_said(r)}" + (f"  {where}" if where else ""), indent=2, hang=5))
         if r.get("fromCopy"):  # specs/copies.md §6: every result from a copy says so
-            from node.runtime.copies import copy_age_text
+            from node.guest.copies import copy_age_text
 
             lines.append(Line(copy_age_text(safe_text(r["peer"]["name"]), r.get("copyAsOf")), indent=5, hang=5))
         heading = heading_text(r.get("location"))
@@ -80,7 +80,7 @@ def render(env: dict[str, Any]) -> None:
         if p["retryAfterS"] is not None:
             detail = f"retry in {p['retryAfterS']} s"
         if p.get("fromCopy"):  # specs/copies.md §6
-            from node.runtime.copies import copy_age_text
+            from node.guest.copies import copy_age_text
 
             detail = copy_age_text(p["name"], p.get("copyAsOf"))
         latency = "-" if p["latencyMs"] is None else f"{p['latencyMs']:.0f} ms"
@@ -113,8 +113,8 @@ def ask_cmd(
     """Ask pinned peers one question at once; print one merged answer citing who said what."""
     from node.answer import contract
     from node.common.errors import KithError, UsageError, error_for
-    from node.runtime.fanout import fan_out, local_searcher
-    from node.runtime.pool import SessionPool
+    from node.guest.fanout import fan_out, local_searcher
+    from node.guest.pool import SessionPool
     from node.trust.identity import load_identity
     from node.trust.peers import PeerRegistry
 
@@ -124,7 +124,7 @@ def ask_cmd(
     if all_peers and peer:
         raise UsageError("usage", "give --peer NAME... or --all-peers, not both")
     registry = PeerRegistry.load(home)
-    from node.runtime.fanout import askable_peers
+    from node.guest.fanout import askable_peers
 
     names = askable_peers(registry) if all_peers else list(peer)
     if not names and not local_corpus:
@@ -132,7 +132,7 @@ def ask_cmd(
             raise UsageError("usage", "--all-peers: no unblocked peer is pinned here "
                              "(`kith join --pin NAME`, `kith peers add NAME KEY --invite ...`)")
         raise UsageError("usage", "name a peer (--peer NAME, repeatable), --all-peers or --local")
-    from node.runtime.fanout import LOCAL_NAME
+    from node.guest.fanout import LOCAL_NAME
 
     if local_corpus and LOCAL_NAME in names:  # two rows named `local`: citations ambiguous
         raise UsageError("usage", f"a pinned peer is named {LOCAL_NAME!r}, the name of --local's row; "
@@ -141,7 +141,7 @@ def ask_cmd(
         raise UsageError("usage", "--keep is for --later")
     if copy_only and (local_corpus or all_peers and not names):
         raise UsageError("usage", "--copy answers from the copies of the peers named (--peer NAME or --all-peers)")
-    from node.runtime.outbox import parse_keep
+    from node.guest.outbox import parse_keep
 
     keep_s = parse_keep(keep)  # outbox-keep-invalid (exit 2) before anything is asked
     request = {"query": question, "topK": top_k}
@@ -152,7 +152,7 @@ def ask_cmd(
     if citations:  # a knowledge-query message field beside the request (node/answer/citation.py)
         request["citations"] = True
     if later:  # a full outbox refuses before anyone is asked (outbox-full)
-        from node.runtime.outbox import OutboxStore
+        from node.guest.outbox import OutboxStore
 
         with OutboxStore(home) as store:
             store.check_room(request)
@@ -181,7 +181,7 @@ def ask_cmd(
 
     async def main() -> dict[str, Any]:
         from node.cli.render import WAIT_NOTICE_S, WAIT_REPEAT_S
-        from node.runtime.fanout import ASK_END_WAIT_S, dedupe_names
+        from node.guest.fanout import ASK_END_WAIT_S, dedupe_names
 
         dedupe_names(names)  # ask-too-many-peers before binding anything
         async with SessionPool(home, identity, local=mode.offline, mode=mode, end_wait_s=ASK_END_WAIT_S) as pool:
@@ -190,7 +190,7 @@ def ask_cmd(
                                 on_waiting=(WAIT_NOTICE_S, WAIT_REPEAT_S, say_waiting),
                                 copies="only" if copy_only else "fallback")
             if later:  # the outbox (specs/outbox.md): kept for the peers that did not answer
-                from node.runtime.outbox import keep_for_later
+                from node.guest.outbox import keep_for_later
 
                 kept = keep_for_later(home, request, env, keep_s=keep_s)
                 if kept is not None:

@@ -298,7 +298,7 @@ def host_cmd(
                     stop.set()
 
         from node.cli.outbox_cmd import say_delivery
-        from node.runtime.runner import run_background
+        from node.guest.runner import run_background
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(until_signal)
@@ -447,7 +447,7 @@ def join_cmd(
     accept_host_ui: bool = typer.Option(False, "--accept-host-ui", help="Advertise p2p_ui_v1: accept the host's UI bundle when this protocol has no local ui/ (verified, installed per session under the home)."),
 ) -> None:
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
-    from node.runtime.guest import GuestOptions, ask, check_pinned_name, open_target, resolve_peer, trust_status
+    from node.guest.guest import GuestOptions, ask, check_pinned_name, open_target, resolve_peer, trust_status
     from node.trust.identity import fingerprint, load_identity
     from node.trust.pairing import pairing_code
 
@@ -676,10 +676,10 @@ def join_cmd(
 
 async def _newer_post(name: str, home: Path, outcome: Any) -> Any:
     """``kith join --peer NAME`` whose saved invitation the host refused as gone
-    (:data:`node.runtime.guest.GONE_CODES`): the newest live post of the peer's key on the
+    (:data:`node.guest.guest.GONE_CODES`): the newest live post of the peer's key on the
     community server the pin came from (``resolve_peer(skip_saved=True)``), said on
     stderr, or None (another outcome, no server, or nothing newer there)."""
-    from node.runtime.guest import GONE_CODES, resolve_peer
+    from node.guest.guest import GONE_CODES, resolve_peer
     from node.trust.peers import PeerRegistry
 
     if outcome is None or outcome.reason != "rejected" or outcome.code not in GONE_CODES:
@@ -717,10 +717,10 @@ def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]],
                  target: Any = None) -> None:
     """Raise the refusal ``kith join`` ends with for ``outcome`` (None: success): the
     session's own failure first (a host that no longer honours the invitation of
-    ``target``, a :class:`node.runtime.guest.Target`: ``invitation-gone``), else
+    ``target``, a :class:`node.guest.guest.Target`: ``invitation-gone``), else
     ``questions-unanswered`` when an answer's status is not in
     :data:`node.cli.render.ANSWERED_STATUSES` (specs/exit-codes.md)."""
-    from node.runtime.guest import GONE_CODES, invitation_gone
+    from node.guest.guest import GONE_CODES, invitation_gone
 
     if outcome.ok and interactive and outcome.peer_end is not None:
         reason = _host_end_reason(outcome.peer_end)

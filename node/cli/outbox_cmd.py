@@ -36,7 +36,7 @@ def say_delivery(ev: dict[str, Any]) -> None:
                           + (f" ({ev['code']})" if ev.get("code") else ""), highlight=False, markup=False)
     elif ev.get("event") == "outbox-expired":
         err_console.print(f"outbox: {ev['rows']} question(s) expired unanswered", highlight=False, markup=False)
-    elif ev.get("event") == "copy-synced" and (ev.get("fetched") or ev.get("removed")):  # node/runtime/copies.py
+    elif ev.get("event") == "copy-synced" and (ev.get("fetched") or ev.get("removed")):  # node/guest/copies.py
         err_console.print(f"copy of {safe_text(ev['peer'])}: fetched {ev['fetched']}, deleted {ev['removed']}",
                           highlight=False, markup=False)
     elif ev.get("event") == "copy-ended":
@@ -48,7 +48,7 @@ def _store(ctx: typer.Context) -> Any:
     """The home's outbox; a home where nothing was ever kept has none, and reading it
     creates none (``outbox-not-found`` for an id)."""
     from node.common.errors import ConfigError
-    from node.runtime.outbox import OUTBOX_FILE, OutboxStore
+    from node.guest.outbox import OUTBOX_FILE, OutboxStore
 
     home = home_of(ctx)
     if not (home / OUTBOX_FILE).exists():
@@ -62,7 +62,7 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """List the kept questions, newest first: state per peer, expiry, unread answers."""
     from rich.table import Table
 
-    from node.runtime.outbox import OUTBOX_FILE, empty_usage
+    from node.guest.outbox import OUTBOX_FILE, empty_usage
 
     if not (home_of(ctx) / OUTBOX_FILE).exists():
         records: list[dict[str, Any]] = []
@@ -99,7 +99,7 @@ def show_cmd(ctx: typer.Context, question_id: str = typer.Argument(..., metavar=
              as_json: bool = _JSON) -> None:
     """Show one kept question and the merged answer of the peers that answered (marks the
     answers read)."""
-    from node.runtime.outbox import public_record
+    from node.guest.outbox import public_record
 
     with _store(ctx) as store:
         qid = store.resolve(question_id)
@@ -168,7 +168,7 @@ def run_cmd(
     `kith api serve` or `kith mcp`). Only one process of a home delivers at a time."""
     import anyio
 
-    from node.runtime.runner import Runner, default_tasks
+    from node.guest.runner import Runner, default_tasks
 
     home = identity_home_of(ctx)
     mode = transport_mode(home, relay=relay, relay_only=relay_only, lan=lan, discovery=discovery, offline=offline,
@@ -195,7 +195,7 @@ def run_cmd(
                     await runner.holding.wait()
                 if not runner.holding.is_set():
                     from node.common.home import lock_owner
-                    from node.runtime.runner import LOCK_FILE
+                    from node.guest.runner import LOCK_FILE
 
                     err_console.print(f"another process delivers this home's outbox ({lock_owner(home / LOCK_FILE)}); "
                                       "waiting to take over when it stops", highlight=False, markup=False)

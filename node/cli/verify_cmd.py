@@ -24,12 +24,12 @@ def verify_cmd(
     import anyio
 
     from node.answer.citation import known_keys, read_answer, report, summary, verify_answer
-    from node.runtime.copies import copy_texts
+    from node.guest.copies import copy_texts
 
     home = home_of(ctx)
     rows = verify_answer(read_answer(answer), known=known_keys(home), copies=copy_texts(home))
     if against_host:
-        from node.runtime.citecheck import against_hosts
+        from node.guest.citecheck import against_hosts
 
         rows = anyio.run(lambda: against_hosts(home, rows, local=local))
     doc = report(rows)

@@ -352,7 +352,7 @@ class OutboxRunnerStarted(CommandEvent, tag="outbox-runner-started", kw_only=Tru
 
 
 class OutboxAnswered(CommandEvent, tag="outbox-answered", kw_only=True):
-    """The home runner (node/runtime/runner.py): a kept question's peer answered it
+    """The home runner (node/guest/runner.py): a kept question's peer answered it
     (specs/outbox.md §5)."""
 
     id: str
@@ -388,7 +388,7 @@ class OutboxExpired(CommandEvent, tag="outbox-expired", kw_only=True):
 
 
 class CopySynced(CommandEvent, tag="copy-synced", kw_only=True):
-    """The home runner (node/runtime/copies.py): a peer's copy was re-synced (specs/copies.md)."""
+    """The home runner (node/guest/copies.py): a peer's copy was re-synced (specs/copies.md)."""
 
     peer: str
     """The peer's pinned name."""

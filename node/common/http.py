@@ -195,7 +195,7 @@ def base_url_of(sock: socket.socket) -> str:
 class _Server(uvicorn.Server):
     """uvicorn.Server that stops on SIGINT/SIGTERM without re-raising the signal afterwards
     (so ``kith community serve`` exits 0 after a clean shutdown), and runs ``on_loop()``
-    (an async callable: the home's background runner, node/runtime/runner.py) as a task
+    (an async callable: the home's background runner, node/guest/runner.py) as a task
     on its event loop from start-up to shutdown."""
 
     def __init__(self, config: uvicorn.Config, on_loop: Any = None) -> None:

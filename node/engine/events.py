@@ -39,10 +39,10 @@ class SessionReady(Event):
     proof: dict[str, Any]
     peer_person: Any = None
     #: (guest only) the host's device card as sent (``device_card``, unchecked: the guest's
-    #: runtime checks it, node/runtime/cards.py), or None.
+    #: runtime checks it, node/guest/cards.py), or None.
     peer_card: Any = None
     #: (guest only) the host's copy grant state as sent (``copy_state``, unchecked: the
-    #: guest's runtime checks it, node/runtime/copies.py), or None (not sent).
+    #: guest's runtime checks it, node/guest/copies.py), or None (not sent).
     peer_copy_state: Any = None
 
 

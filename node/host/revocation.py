@@ -182,7 +182,7 @@ class PeersWatcher:
                                            of_persons=None if persons & set(persons_of_device(registry, key))
                                            else persons)
                 for key in devices)
-        from node.runtime.copies import end_copies
+        from node.guest.copies import end_copies
 
         for key in devices:  # copies this home keeps of a revoked device go (specs/copies.md §5)
             end_copies(self.home, host_key=key, via="device-revoked")

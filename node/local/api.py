@@ -236,7 +236,7 @@ def _contract() -> dict[str, Any]:
 
 
 class _PoolKeeper:
-    """The API's one warm session pool for ``peers`` searches (node/runtime/pool.py),
+    """The API's one warm session pool for ``peers`` searches (node/guest/pool.py),
     started on the server's event loop by the first such request and kept by a
     background task until the server stops (the loop's end cancels it)."""
 
@@ -263,7 +263,7 @@ class _PoolKeeper:
         return self.pool
 
     async def _keep(self, ready: Any) -> None:
-        from node.runtime.pool import SessionPool
+        from node.guest.pool import SessionPool
         from node.trust.identity import load_identity
 
         try:
@@ -302,7 +302,7 @@ class _Handlers:
         """``{"available", "pinned"}``: can ``POST /search`` with ``peers`` ask anyone —
         peer search is served, this home has an identity, and ``pinned`` (the peers
         ``"all"`` asks) is not 0. Whether each answers shows in the search's rows."""
-        from node.runtime.fanout import askable_peers
+        from node.guest.fanout import askable_peers
         from node.trust.identity import key_path
         from node.trust.peers import PeerRegistry
 
@@ -356,7 +356,7 @@ class _Handlers:
     async def verify(self, request: Request) -> JSONResponse:
         """``POST /verify``: the signed citations of a saved answer (specs/citations.md)."""
         from node.answer.citation import MAX_ANSWER_BYTES, known_keys, verify_request
-        from node.runtime.copies import copy_texts
+        from node.guest.copies import copy_texts
 
         raw = await read_body(request, MAX_ANSWER_BYTES + 64)
         try:
@@ -371,8 +371,8 @@ class _Handlers:
         """``peers`` (a local-only extension, specs/ask.md §5): taken off, the rest checked
         against the one request contract, then every named pinned peer asked at once. With
         ``keep_s`` (``POST /outbox``) the question is then kept in the outbox for the peers
-        that did not answer (:func:`node.runtime.outbox.keep_for_later`)."""
-        from node.runtime.fanout import PEERS_TIMEOUT_S, check_peers_field, peers_search
+        that did not answer (:func:`node.guest.outbox.keep_for_later`)."""
+        from node.guest.fanout import PEERS_TIMEOUT_S, check_peers_field, peers_search
 
         body = dict(body)
         peers = body.pop("peers")
@@ -391,7 +391,7 @@ class _Handlers:
         home = self.holder.home
         request = {**body, "topK": body.get("topK", contract.TOP_K_DEFAULT)}  # as the outbox keeps it
         if keep_s is not None:  # outbox-full before anyone is asked
-            from node.runtime.outbox import OutboxStore
+            from node.guest.outbox import OutboxStore
 
             def check() -> None:
                 with OutboxStore(home) as store:
@@ -401,7 +401,7 @@ class _Handlers:
         pool = await self.pools.get()
         merged = await peers_search(home, peers, body, pool=pool, timeout_s=PEERS_TIMEOUT_S)
         if keep_s is not None:
-            from node.runtime.outbox import keep_for_later
+            from node.guest.outbox import keep_for_later
 
             await anyio.to_thread.run_sync(lambda: keep_for_later(home, request, merged, keep_s=keep_s))
         untrusted = "peer-evidence" if any(r.get("untrusted") for r in merged["results"]) else "none"
@@ -411,7 +411,7 @@ class _Handlers:
     async def outbox_read(self, request: Request) -> JSONResponse:
         """``GET /outbox``: every kept question (``{"questions", "usage"}``); ``?id=PREFIX``:
         one record with its merged answer (specs/outbox.md §2). Reading marks nothing."""
-        from node.runtime.outbox import OUTBOX_FILE, OutboxStore, empty_usage, public_record
+        from node.guest.outbox import OUTBOX_FILE, OutboxStore, empty_usage, public_record
 
         home = self.holder.home
         qid = request.query_params.get("id")
@@ -438,7 +438,7 @@ class _Handlers:
         ``keep`` (seconds or a duration, default 7 days): the peers are asked now and the
         question is kept for those that did not answer; the merged envelope carries
         ``outbox`` (specs/outbox.md §6). ``outbox-full`` is 507."""
-        from node.runtime.outbox import parse_keep
+        from node.guest.outbox import parse_keep
 
         body = await self._json_body(request)
         if isinstance(body, JSONResponse):
@@ -662,8 +662,8 @@ def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *
 
 def background_runner(home: Path | str, offline: bool) -> Callable[[], Any]:
     """The async callable the API's server runs on its loop while it serves: the home's
-    background runner (node/runtime/runner.py; the outbox's delivery, specs/outbox.md §5)."""
-    from node.runtime.runner import run_background
+    background runner (node/guest/runner.py; the outbox's delivery, specs/outbox.md §5)."""
+    from node.guest.runner import run_background
 
     async def run() -> None:
         await run_background(Path(home), command="kith api serve", local=offline)

@@ -8,17 +8,17 @@ Built on the official MCP Python SDK 2.x (``mcp.server.mcpserver.MCPServer``,
   (:func:`node.answer.service.answer_local`);
 - with ``peer`` (an invitation file, an invitation JSON string, or a ``post_id`` with
   ``server``): one knowledge-query session with that Host via
-  :func:`node.runtime.guest.ask` (the guest API ``kith join`` uses too) — the Host's
+  :func:`node.guest.guest.ask` (the guest API ``kith join`` uses too) — the Host's
   policy decides what comes back. Only peers the user has joined and pinned (``kith join
   … --pin NAME``) are searched; any other Host is refused with ``host-not-trusted`` (an
   agent must not open sessions to strangers). The answer is the Host's envelope plus
   nothing else.
 
 - with ``peers`` (a list of pinned peer names, or ``"all"``): one question to every such
-  peer at once (node/runtime/fanout.py; specs/ask.md §5); the result is the merged,
+  peer at once (node/guest/fanout.py; specs/ask.md §5); the result is the merged,
   attributed envelope (``specs/ask.schema.json``) and its text starts with a notice that
   peers' text is untrusted third-party evidence. ``peer`` also takes a pinned name.
-  Peer searches go through the server's warm session pool (node/runtime/pool.py).
+  Peer searches go through the server's warm session pool (node/guest/pool.py).
 
 A second tool, ``verify``, takes ``{"answer": <a saved answer>}`` and returns the
 ``kith verify --json`` document of its signed citations (specs/citations.md §6; it reads
@@ -30,7 +30,7 @@ Two more tools serve the outbox (specs/outbox.md §6): ``ask_later`` is the one 
 writes — it asks pinned peers now, as ``search`` with ``peers``, and keeps the question in
 this node's outbox for those offline (its annotations say ``readOnlyHint`` false) — and
 ``outbox`` reads the kept questions and their answers. While the server runs it drives
-the home's background runner (node/runtime/runner.py), which delivers the outbox.
+the home's background runner (node/guest/runner.py), which delivers the outbox.
 
 Read-only otherwise: the tools never index, syncs, writes settings or memory, or starts servers;
 their annotations say so (``readOnlyHint``). Bad input gets the same typed refusal as the
@@ -96,7 +96,7 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
         home: the node home (identity, peers registry). peer: a pinned peer's name, an
             invitation file / JSON / ``post_id``. body: the validated flat request.
             server: community server URL (needed for a ``post_id``). local: iroh local
-            mode (tests, offline). pool: the warm :class:`~node.runtime.pool.SessionPool`
+            mode (tests, offline). pool: the warm :class:`~node.guest.pool.SessionPool`
             (None: one for this call).
         timeout_s: end-to-end limit in seconds (connect, handshake, answer). The request's
             ``remainingBudgetMs`` is sent to the host and bounds its search, exactly as for
@@ -112,8 +112,8 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
             ``peer-search-failed`` (no answer in time / session failed).
     """
     from node.common.errors import InvitationError
-    from node.runtime.guest import open_target
-    from node.runtime.pool import PeerGone, SessionPool, classify_gone
+    from node.guest.guest import open_target
+    from node.guest.pool import PeerGone, SessionPool, classify_gone
     from node.trust.identity import load_identity
     from node.trust.peers import PeerRegistry
 
@@ -259,7 +259,7 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     contract:
     ``topK`` a strict integer 1–20 — ``"5"`` and ``true`` are refused — and unknown
     arguments refused), plus ``peer`` (non-empty string or invitation object) and
-    ``server`` (string, only with ``peer``), ``peers`` (:func:`node.runtime.fanout.check_peers_field`; not
+    ``server`` (string, only with ``peer``), ``peers`` (:func:`node.guest.fanout.check_peers_field`; not
     with ``peer``), ``citations`` (a boolean, only with ``peer`` or ``peers``: asks the
     host(s) to sign; specs/citations.md). ``pool``: the server's warm session pool (None: one per call).
     ``holder``: the server's open corpus (:class:`node.answer.holder.CorpusHolder`; None:
@@ -286,7 +286,7 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     if peers is not None:
         if peer is not None or server is not None:
             return _invalid("The field 'peers' is not used with 'peer' or 'server'.")
-        from node.runtime.fanout import check_peers_field
+        from node.guest.fanout import check_peers_field
 
         bad = check_peers_field(peers)
         if bad is not None:
@@ -296,7 +296,7 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
         except CorpusError as exc:
             return _invalid(exc.message)
         try:
-            from node.runtime.fanout import peers_search
+            from node.guest.fanout import peers_search
 
             merged = await peers_search(home, peers, {**args, **signed}, local=local, pool=pool)
         except KithError as exc:
@@ -378,7 +378,7 @@ def call_verify(home: Path, arguments: dict[str, Any]) -> Any:
     from mcp.types import CallToolResult, TextContent
 
     from node.answer.citation import known_keys, verify_request
-    from node.runtime.copies import copy_texts
+    from node.guest.copies import copy_texts
 
     try:
         doc = verify_request(arguments, known_keys(home), copy_texts(home))
@@ -425,7 +425,7 @@ def ask_later_schema() -> dict[str, Any]:
 
 async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool = False, pool: Any = None) -> Any:
     """Run one ``ask_later`` tool call (specs/outbox.md §6): validated as ``search`` with
-    ``peers``, ``keep`` by :func:`node.runtime.outbox.parse_keep`; the peers are asked now
+    ``peers``, ``keep`` by :func:`node.guest.outbox.parse_keep`; the peers are asked now
     and the question kept for those that did not answer.
 
     Returns:
@@ -434,8 +434,8 @@ async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool =
     """
     import anyio
 
-    from node.runtime.fanout import check_peers_field, peers_search
-    from node.runtime.outbox import OutboxStore, keep_for_later, parse_keep
+    from node.guest.fanout import check_peers_field, peers_search
+    from node.guest.outbox import OutboxStore, keep_for_later, parse_keep
 
     args = dict(arguments)
     peers = args.pop("peers", None)
@@ -473,10 +473,10 @@ async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool =
 
 def call_outbox(home: Path, arguments: dict[str, Any]) -> Any:
     """Run one ``outbox`` tool call: the list, or one record with its merged answer
-    (:func:`node.runtime.outbox.public_record`); reading marks nothing."""
+    (:func:`node.guest.outbox.public_record`); reading marks nothing."""
     from mcp.types import CallToolResult, TextContent
 
-    from node.runtime.outbox import OUTBOX_FILE, OutboxStore, empty_usage, public_record
+    from node.guest.outbox import OUTBOX_FILE, OutboxStore, empty_usage, public_record
 
     qid = arguments.get("id")
     if set(arguments) - {"id"} or (qid is not None and not isinstance(qid, str)):
@@ -549,7 +549,7 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
 
     @asynccontextmanager
     async def lifespan(_server: Any):
-        from node.runtime.pool import SessionPool
+        from node.guest.pool import SessionPool
         from node.trust.identity import key_path, load_identity
 
         try:
@@ -560,7 +560,7 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
                 pools.append(pool)
                 import anyio
 
-                from node.runtime.runner import run_background
+                from node.guest.runner import run_background
 
                 try:
                     async with anyio.create_task_group() as tg:

@@ -227,7 +227,7 @@ class CardEntry:
         """True when its last ask here was answered (it answered after it last failed).
 
         The stamps are compared as times, not text: stamps with milliseconds (what
-        :mod:`node.runtime.cards` writes) and older second stamps order correctly."""
+        :mod:`node.guest.cards` writes) and older second stamps order correctly."""
         return self.last_seen is not None and (self.last_failed is None
                                                or _seconds(self.last_seen) >= _seconds(self.last_failed))
 

@@ -16,7 +16,7 @@ home's own files through the modules the CLI uses — nothing is computed twice:
 ``/approvals``          the queue (:class:`Approvals`); approve / deny [remember]
                         through :func:`node.policy.approvals.decide_as_owner`
 ``/outbox``              questions kept for offline peers and their answers
-                        (:class:`node.runtime.outbox.OutboxStore`); remove one
+                        (:class:`node.guest.outbox.OutboxStore`); remove one
 ``/search``             the owner's corpus through the one answer path: as the owner
                         (:func:`answer_local`) or *as a peer would see it*
                         (:class:`AnswerService` with the host's gate, a :class:`PeerView`)
@@ -404,9 +404,9 @@ class _Pages:
     # --- outbox ---------------------------------------------------------------------------
     async def outbox(self, request: Request) -> HTMLResponse:
         """The kept questions, newest first, each with its rows and — once answered — its
-        merged answer (:func:`node.runtime.outbox.public_record`); viewing marks nothing."""
+        merged answer (:func:`node.guest.outbox.public_record`); viewing marks nothing."""
         def gather() -> dict[str, Any]:
-            from node.runtime.outbox import OUTBOX_FILE, OutboxStore, public_record
+            from node.guest.outbox import OUTBOX_FILE, OutboxStore, public_record
 
             if not (self.home / OUTBOX_FILE).exists():
                 return {"questions": [], "usage": None, "outbox_error": None}
@@ -421,7 +421,7 @@ class _Pages:
 
     async def outbox_remove(self, request: Request) -> Response:
         def action(form: dict[str, str]) -> str:
-            from node.runtime.outbox import OutboxStore
+            from node.guest.outbox import OutboxStore
 
             with OutboxStore(self.home) as store:
                 qid = store.resolve(self._field(form, "id"))

@@ -623,7 +623,7 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
         peer: the pinned peer's registry name.
         ask: ``await ask(request)`` sends one knowledge-query request (``{"action":
             "copy_list"}`` / ``{"action": "copy_fetch", "sources": [...]}``) and returns
-            the host's reply (:meth:`node.runtime.pool.SessionPool.ask` bound to ``peer``).
+            the host's reply (:meth:`node.guest.pool.SessionPool.ask` bound to ``peer``).
         host_key: the peer's pinned key: every document must be signed by it.
         progress: ``(documents done, documents to fetch)`` after each batch.
         holder: what this process is, for a second sync refused while this one runs.
@@ -815,7 +815,7 @@ async def _sync_copy(store: CopyStore, ask: Ask, host_key: str, mark: tuple[int,
 
 async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int], None] | None = None,
                          holder: str = "kith copies sync") -> dict[str, Any]:
-    """:func:`sync_copy` over ``pool`` (a :class:`node.runtime.pool.SessionPool`) to the
+    """:func:`sync_copy` over ``pool`` (a :class:`node.guest.pool.SessionPool`) to the
     pinned ``peer``.
 
     A person pin (``--devices``, specs/peers.md §13) is asked like any question to it —
@@ -846,8 +846,8 @@ async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int],
     except KithError:
         held = None
     if _is_hex64(held):  # the device whose copy is kept here is asked first: no switch while it is awake
-        from node.runtime.cards import device_targets
-        from node.runtime.pool import PeerGone
+        from node.guest.cards import device_targets
+        from node.guest.pool import PeerGone
 
         target = next((t for d, t in device_targets(pool.home, rec) if d["key"] == held), None)
         if target is not None:
@@ -1282,7 +1282,7 @@ __all__ = ["COPIES_DIR", "CopyStore", "check_copy_state", "check_document", "che
            "sync_with_pool", "take_copy_state"]
 
 
-# --- the background re-sync (node/runtime/runner.py) -----------------------------------------
+# --- the background re-sync (node/guest/runner.py) -----------------------------------------
 
 #: Seconds between two re-syncs of one copy that synced; after a failure (the host is away)
 #: the next try comes after :data:`RETRY_FIRST_S`, doubling to :data:`RESYNC_S`.
@@ -1296,7 +1296,7 @@ class CopiesTask:
     """The runner task re-syncing every copy kept in the home (specs/copies.md §7): each
     copy is synced once when the runner starts, then every :data:`RESYNC_S`; a host that
     cannot be reached is tried again after a backoff (from :data:`RETRY_FIRST_S`), and a
-    host the runner reaches again (:meth:`node.runtime.runner.Runner.peer_back`: the
+    host the runner reaches again (:meth:`node.guest.runner.Runner.peer_back`: the
     outbox delivered it a question) is re-synced at once. One sync at a time per copy;
     each reports a ``copy-synced`` / ``copy-ended`` / ``copy-failed`` event; a sync that
     succeeds after a failed one sends ``peer_back`` itself (the outbox delivers at once).
@@ -1318,7 +1318,7 @@ class CopiesTask:
     async def step(self, runner: Any) -> float:
         """Delete the copies past their end (:func:`expire_copies`, a ``copy-ended`` event
         each), then start the syncs that are due — and those a handshake found
-        :func:`stale` — (:meth:`node.runtime.runner.Runner.spawn`); the seconds until the
+        :func:`stale` — (:meth:`node.guest.runner.Runner.spawn`); the seconds until the
         next is."""
         with copy_notices(self.listener(runner)):
             expire_copies(self.home)
@@ -1334,7 +1334,7 @@ class CopiesTask:
         return min([d - now for d in self._due.values() if d > now], default=RESYNC_S)
 
     def on_peer_back(self, runner: Any, key: str) -> None:
-        """:meth:`node.runtime.runner.Runner.peer_back`: every copy of the host ``key``
+        """:meth:`node.guest.runner.Runner.peer_back`: every copy of the host ``key``
         (its pinned key, the manifest's ``hostKey``) not syncing now is due now."""
         for row in list_copies(self.home):
             if row.get("hostKey") == key and row["peer"] not in self._running:
@@ -1358,7 +1358,7 @@ class CopiesTask:
         """A sync of ``peer`` failed with ``exc``: the next try after a doubling backoff
         (:data:`RETRY_FIRST_S` … :data:`RESYNC_S`), a ``copy-failed`` event with its code."""
         from node.common.host_events import CopyFailed
-        from node.runtime.pool import PeerGone, classify_gone
+        from node.guest.pool import PeerGone, classify_gone
 
         code = (classify_gone(exc)[1] if isinstance(exc, PeerGone) else
                 exc.code if isinstance(exc, KithError) else "peer-timeout" if isinstance(exc, TimeoutError)

@@ -2,7 +2,7 @@
 
 A long-running caller (``kith mcp``, the local API, ``kith ask``) asks peers through a
 :class:`SessionPool`: the first question to a peer resolves it
-(:func:`node.runtime.guest.resolve_peer` for a name, or a :class:`~node.runtime.guest.Target`
+(:func:`node.guest.guest.resolve_peer` for a name, or a :class:`~node.guest.guest.Target`
 the caller verified), opens one knowledge-query session on the pool's endpoint and keeps
 it; the next question to that peer goes over the same session (one round trip, no
 handshake). Rules (specs/ask.md §4, DESIGN §3):
@@ -38,14 +38,14 @@ import anyio
 
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import InvitationError, KithError, SessionAborted, TransportError
-from node.runtime.guest import Target, join_session, resolve_peer
+from node.guest.guest import Target, join_session, resolve_peer
 from node.trust.identity import Identity
 
 log = logging.getLogger("kith.pool")
 
 #: The protocol every pooled session speaks (its ALPN is the endpoint's).
 PROTOCOL = "knowledge-query"
-#: Default bound on live sessions (one per peer); ≥ :data:`node.runtime.fanout.MAX_PEERS`
+#: Default bound on live sessions (one per peer); ≥ :data:`node.guest.fanout.MAX_PEERS`
 #: so one fan-out always fits, and below anyio's 40 worker threads (each live session's
 #: guest hook waits for its next question in one).
 MAX_SESSIONS = 24
@@ -231,7 +231,7 @@ class SessionPool:
             closed under :data:`node.transport.iroh.GUEST_CLOSE_TIMEOUT_S`.
         down_s: seconds an address whose new session never came up is not tried again
             (:data:`DOWN_S`; the home's background runner passes 0: it keeps its own
-            backoff per peer, node/runtime/outbox_task.py).
+            backoff per peer, node/guest/outbox_task.py).
     """
 
     home: Path
@@ -345,7 +345,7 @@ class SessionPool:
 
     def clear_down(self, target: Target) -> None:
         """Forget the down mark of ``target``'s address: its session was cancelled because
-        another device of its person answered first (node/runtime/cards.py), not because
+        another device of its person answered first (node/guest/cards.py), not because
         it did not answer, so the next question may dial it at once."""
         self._down.pop((target.invitation.host_public_key, target.invitation.transport_info.ticket), None)
 
@@ -392,7 +392,7 @@ class SessionPool:
                 the registry on every question: a removed or blocked name is refused even
                 with a warm session) or a verified :class:`Target` (pinned by the caller).
                 A person pin (``--devices``) with device cards is asked on every device at
-                once, the first complete answer winning (:func:`node.runtime.cards.ask_devices`;
+                once, the first complete answer winning (:func:`node.guest.cards.ask_devices`;
                 its pin's server is asked for cards when none is usable or every device
                 failed, and for the person's revocation list beside every ask, at most once
                 a minute: a revoked device's answer is dropped; specs/peers.md §13); the
@@ -449,7 +449,7 @@ class SessionPool:
                     session = self._session_for(peer)
                 warm_before = session.answered > 0
                 message = await session.ask(request)
-                message.pop("device", None)  # named by this guest only (node/runtime/cards.py)
+                message.pop("device", None)  # named by this guest only (node/guest/cards.py)
                 return message
             except PeerGone as gone:
                 if skip_saved and gone is last_gone:
@@ -469,10 +469,10 @@ class SessionPool:
 
     async def _ask_person_checked(self, person: Any, name: str, request: dict[str, Any]) -> dict[str, Any] | None:
         """:meth:`_ask_person`, with the person's revocation list read from its pin's
-        server beside it (:func:`node.runtime.cards.refresh_revocation`, at most once a
+        server beside it (:func:`node.guest.cards.refresh_revocation`, at most once a
         minute): an answer from a device that list revokes is dropped and the person asked
         again without it (specs/peers.md §13)."""
-        from node.runtime.cards import is_revoked, refresh_revocation
+        from node.guest.cards import is_revoked, refresh_revocation
 
         if not person.server:
             return await self._ask_person(person, name, request)
@@ -505,7 +505,7 @@ class SessionPool:
         its session ends only when the keep-alive gives up), ask its other dialable devices
         too, the warm one still running; the first answer of either wins. None when the
         warm session ended unanswered first, or every device did (the caller races them all)."""
-        from node.runtime.cards import ask_devices, device_targets, mark_answered
+        from node.guest.cards import ask_devices, device_targets, mark_answered
 
         got: list[dict[str, Any]] = []
         warm_done = anyio.Event()
@@ -541,10 +541,10 @@ class SessionPool:
 
     async def _ask_person(self, person: Any, name: str, request: dict[str, Any]) -> dict[str, Any] | None:
         """Ask every device of the person pin ``person`` with a usable card at once
-        (:func:`node.runtime.cards.ask_devices`), its warm device first; the server's cards
+        (:func:`node.guest.cards.ask_devices`), its warm device first; the server's cards
         when none is usable or every device failed. None when no device can be dialled (the
         caller resolves the pin as one host)."""
-        from node.runtime.cards import ask_devices, device_targets, fetch_cards, warm_device
+        from node.guest.cards import ask_devices, device_targets, fetch_cards, warm_device
         from node.trust.peers import PeerRegistry
 
         warm = warm_device(self, person)
@@ -585,8 +585,8 @@ def _connect_failed(gone: PeerGone) -> bool:
 
 
 def _post_gone(gone: PeerGone) -> bool:
-    """The host refused the post itself (:data:`node.runtime.guest.GONE_CODES`)."""
-    from node.runtime.guest import GONE_CODES
+    """The host refused the post itself (:data:`node.guest.guest.GONE_CODES`)."""
+    from node.guest.guest import GONE_CODES
 
     out = gone.outcome
     return out is not None and getattr(out, "reason", None) == "rejected" and out.code in GONE_CODES

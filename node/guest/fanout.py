@@ -3,7 +3,7 @@ attributed answer (``kith ask``, MCP ``search`` with ``peers``, local API ``peer
 
 specs/ask.md is normative; ``specs/ask.schema.json`` is the merged envelope's schema.
 
-- Every peer is asked concurrently over the :class:`~node.runtime.pool.SessionPool`
+- Every peer is asked concurrently over the :class:`~node.guest.pool.SessionPool`
   (warm sessions); the local corpus too with ``local``. One deadline for all: at the
   deadline the answer is built from what arrived, and every peer still out is
   ``peer-timeout`` (listed in ``missing``).
@@ -17,7 +17,7 @@ specs/ask.md is normative; ``specs/ask.schema.json`` is the merged envelope's sc
   ``fence``: the untrusted evidence as one delimited block (node/answer/fence.py).
 - A person pin (``--devices``) is one row: every device of it with a card is asked at once
   and the first complete answer fills the row, naming its ``device``
-  (node/runtime/cards.py, specs/peers.md §13).
+  (node/guest/cards.py, specs/peers.md §13).
 - Bad input is per peer: an unknown or blocked name, an invitation for another key or
   protocol, a malformed answer, a peer that never answers — each gets its own row in
   ``peers`` and never changes another peer's row or the merged results.
@@ -36,7 +36,7 @@ import anyio
 from node.answer import fence
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import KithError, UsageError
-from node.runtime.pool import PeerGone, SessionPool, classify_gone
+from node.guest.pool import PeerGone, SessionPool, classify_gone
 
 #: Most distinct peers one ask may name (``ask-too-many-peers`` beyond).
 MAX_PEERS = 16
@@ -234,7 +234,7 @@ def _copy_fields(row: PeerRow, result: dict[str, Any]) -> dict[str, Any]:
     """The :data:`COPY_FIELDS` of a result of ``row`` (``{}`` unless the row was answered
     from this node's copy): ``fromCopy`` true, ``copyAsOf`` the copy's last complete sync,
     ``copyCitation`` the host's signature over the whole copied document (an object as
-    :func:`node.runtime.copies.search_copy` read it from the copy's manifest, else None)
+    :func:`node.guest.copies.search_copy` read it from the copy's manifest, else None)
     and ``copySpan`` ``[start, end)``, where the result's chunk sits in that signed text
     (two integers ``0 <= start <= end``, else None)."""
     if not row.from_copy:
@@ -361,7 +361,7 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
     copied: dict[int, dict[str, Any]] = {}  # row index -> its copy's answer, ready (copies "fallback")
 
     async def copy_answer(name: str) -> dict[str, Any] | None:
-        from node.runtime.copies import CopyStore, search_copy
+        from node.guest.copies import CopyStore, search_copy
 
         if not CopyStore(pool.home, name).exists():
             return None
@@ -535,7 +535,7 @@ async def peers_search(home: Path, peers: list[str] | str, body: dict[str, Any],
     Raises:
         UsageError: ``ask-too-many-peers``.
     """
-    from node.runtime.pool import SessionPool
+    from node.guest.pool import SessionPool
     from node.trust.identity import load_identity
     from node.trust.peers import PeerRegistry
 

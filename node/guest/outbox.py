@@ -29,7 +29,7 @@ stored — the bound refuses new questions, never an answer already asked for.
 
 Time: ``expires_at`` is wall-clock (the only use of wall time: a question kept for 7 days
 means 7 calendar days, also across reboots); backoff between attempts is monotonic and
-lives in the runner's memory (node/runtime/runner.py), so a clock jump never causes or
+lives in the runner's memory (node/guest/runner.py), so a clock jump never causes or
 skips an attempt. Expiry rule (specs/outbox.md §4): an open row expires at the first
 runner pass whose wall clock reads ``>= expires_at``; a clock set back keeps it longer, a
 clock set forward expires it sooner — neither resends or drops an answer already stored.
@@ -148,13 +148,13 @@ def classify(message: Any, query_id: str) -> Outcome:
     """Judge a host's ``results`` message to an outbox question (specs/outbox.md §3).
 
     Only a complete answer closes the row: status ``ok`` or ``no-verified-results`` with a
-    well-formed envelope (:func:`node.runtime.fanout._check_results`) for this very
+    well-formed envelope (:func:`node.guest.fanout._check_results`) for this very
     ``query_id``. ``pending-approval`` (with its envelope) keeps the row open as
     ``pending-approval``. Anything else — ``rate-limited``, a refusal, a malformed
     envelope, an answer to another ``query_id``, a status claiming it answered before —
     changes nothing but the recorded code: the question is asked again.
     """
-    from node.runtime.fanout import _check_results
+    from node.guest.fanout import _check_results
 
     if not isinstance(message, dict):
         return Outcome(None, "peer-answer-invalid")
@@ -576,7 +576,7 @@ def merged_answer(record: dict[str, Any]) -> dict[str, Any]:
     answers, as ``kith ask`` would have printed it had every peer answered at once: one row
     per peer (``ok`` / ``no-verified-results`` / ``pending-approval`` from its stored
     answer; ``unreachable`` with the row's code while it waits)."""
-    from node.runtime.fanout import PeerRow, _row_from_message, build_envelope
+    from node.guest.fanout import PeerRow, _row_from_message, build_envelope
 
     rows: list[PeerRow] = []
     answers: dict[int, list[dict[str, Any]]] = {}
@@ -631,7 +631,7 @@ def keep_for_later(home: Path, request: dict[str, Any], envelope: dict[str, Any]
 
     Args:
         home: the node home. request: the flat request as asked (``citations`` included).
-        envelope: the merged envelope (:func:`node.runtime.fanout.fan_out`); its
+        envelope: the merged envelope (:func:`node.guest.fanout.fan_out`); its
             ``outbox`` is set to the result.
         keep_s: seconds to keep it.
 

@@ -12,8 +12,8 @@ The runner drives a task list. A task is any object with a ``name`` and
 and returns the seconds until it wants to be stepped again (it is stepped sooner when
 :meth:`Runner.wake` is called). Tasks share the runner's warm session pool
 (:meth:`Runner.pool`) and start long work with :meth:`Runner.spawn`. The outbox's
-delivery (:class:`node.runtime.outbox_task.OutboxTask`) is the first task, the copies'
-re-sync (:class:`node.runtime.copies.CopiesTask`) the second.
+delivery (:class:`node.guest.outbox_task.OutboxTask`) is the first task, the copies'
+re-sync (:class:`node.guest.copies.CopiesTask`) the second.
 
 Time here is monotonic (``time.monotonic``): a wall-clock jump never makes a task run
 sooner or later.
@@ -59,11 +59,11 @@ class Runner:
         home: the node home.
         tasks: the task list (:func:`default_tasks`).
         pool: an async callable returning the process's warm
-            :class:`~node.runtime.pool.SessionPool` (the local API's and MCP's own), or
+            :class:`~node.guest.pool.SessionPool` (the local API's and MCP's own), or
             None: the runner opens one itself on first use (``kith host``, ``kith outbox
             run``) with ``mode``/``local``.
         mode, local: the transport of the runner's own pool (see
-            :class:`~node.runtime.pool.SessionPool`).
+            :class:`~node.guest.pool.SessionPool`).
         command: what the process is, written into the lock file (``kith host``).
         on_event: called with one dict per event a task reports (``outbox-answered``, …).
         clock: monotonic seconds.
@@ -159,13 +159,13 @@ class Runner:
             self.holding.set()
             async with AsyncExitStack() as stack:
                 if self._pool_getter is None:  # entered here, in the runner's own task; it binds on first use
-                    from node.runtime.pool import SessionPool
+                    from node.guest.pool import SessionPool
                     from node.trust.identity import load_identity
 
                     self._own_pool = await stack.enter_async_context(
                         SessionPool(self.home, load_identity(self.home), local=self.local, mode=self.mode,
                                     down_s=0.0))
-                from node.runtime.copies import CopiesTask, copy_notices
+                from node.guest.copies import CopiesTask, copy_notices
 
                 # a session of this process that learns a copy ended tells the runner (copy-ended)
                 stack.enter_context(copy_notices(CopiesTask.listener(self)))
@@ -201,9 +201,9 @@ class Runner:
 
 def default_tasks(home: Path) -> list[Any]:
     """The task list every long-running process of a home drives: the outbox's delivery
-    and the re-sync of the copies it keeps (node/runtime/copies.py, specs/copies.md §7)."""
-    from node.runtime.copies import CopiesTask
-    from node.runtime.outbox_task import OutboxTask
+    and the re-sync of the copies it keeps (node/guest/copies.py, specs/copies.md §7)."""
+    from node.guest.copies import CopiesTask
+    from node.guest.outbox_task import OutboxTask
 
     return [OutboxTask(home), CopiesTask(home)]
 

@@ -5,7 +5,7 @@ Each step: open rows past their expiry are closed (``expired``), then every peer
 rows that is due and not being asked already gets one delivery job (:meth:`OutboxTask._deliver`),
 at most :data:`MAX_PARALLEL` at a time. A job asks that peer its open questions, oldest
 first, over the runner's warm pool (one session; each question under
-:data:`ATTEMPT_TIMEOUT_S`), and stores each outcome (:func:`node.runtime.outbox.classify`)
+:data:`ATTEMPT_TIMEOUT_S`), and stores each outcome (:func:`node.guest.outbox.classify`)
 before it asks the next. When the peer cannot be reached the job ends and the peer is due
 again after a backoff: :data:`BACKOFF_FIRST_S` doubling to :data:`BACKOFF_CAP_S`
 (monotonic, in memory: a new runner tries every peer at once). A ``pending-approval``
@@ -27,7 +27,7 @@ import anyio
 
 from node.common.errors import KithError
 from node.common.host_events import OutboxAnswered, OutboxExpired, OutboxFailed, OutboxPending
-from node.runtime.outbox import OpenDelivery, OutboxStore, classify
+from node.guest.outbox import OpenDelivery, OutboxStore, classify
 
 log = logging.getLogger("kith.outbox")
 
@@ -58,7 +58,7 @@ STEP_ROWS = 5000
 
 
 class OutboxTask:
-    """The delivery task (:class:`node.runtime.runner.RunnerTask`).
+    """The delivery task (:class:`node.guest.runner.RunnerTask`).
 
     Args:
         home: the node home. store: the outbox (None: opened on first step).
@@ -84,7 +84,7 @@ class OutboxTask:
     async def step(self, runner: Any) -> float:
         """Expire, then start a delivery job for every due peer; returns the seconds until
         the next peer or row is due (at most the runner's poll)."""
-        from node.runtime.outbox import OUTBOX_FILE
+        from node.guest.outbox import OUTBOX_FILE
 
         if self.store is None and not (self.home / OUTBOX_FILE).exists():
             return 1.0  # nothing was ever queued here: no file is created
@@ -117,7 +117,7 @@ class OutboxTask:
 
     async def _deliver(self, runner: Any, key: str, items: list[OpenDelivery]) -> None:
         """Ask one peer its open questions in order; stop at the first that cannot reach it."""
-        from node.runtime.pool import PeerGone, classify_gone
+        from node.guest.pool import PeerGone, classify_gone
         from node.trust.peers import PeerRegistry
 
         store = self.store
@@ -213,7 +213,7 @@ class OutboxTask:
         return min(cap, first * (2 ** min(n, 20)))
 
     def on_peer_back(self, runner: Any, key: str) -> None:
-        """:meth:`node.runtime.runner.Runner.peer_back`: a peer another task reached again
+        """:meth:`node.guest.runner.Runner.peer_back`: a peer another task reached again
         is due now when its last delivery could not reach it (not when it refused)."""
         if key in self._away:
             self._peer_due.pop(key, None)

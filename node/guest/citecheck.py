@@ -3,7 +3,7 @@ still current (specs/citations.md §5), over a knowledge-query session like ``ki
 
 One ``check`` message per host (at most :data:`node.answer.contract.MAX_CHECK_ITEMS`
 versions each, more in further messages of the same session) through a
-:class:`node.runtime.pool.SessionPool`; only hosts pinned in this home's registry are
+:class:`node.guest.pool.SessionPool`; only hosts pinned in this home's registry are
 asked (a key nobody pinned has no invitation to join).
 """
 
@@ -30,7 +30,7 @@ async def against_hosts(home: Path, rows: list[Row], *, local: bool = False,
     ``unchecked`` when the host is not pinned, not reached or keeps no versions; a current
     one keeps its result with ``, current on the host`` in its detail. Never raises for a
     host that fails; the order of ``rows`` is kept."""
-    from node.runtime.pool import SessionPool
+    from node.guest.pool import SessionPool
     from node.trust.identity import load_identity
     from node.trust.peers import PeerRegistry
 

@@ -21,13 +21,13 @@ from node.runtime.clock import unix_of
 from node.trust.card import SEQ_FILE, CardStore, DeviceCard, check_card, make_card
 
 if TYPE_CHECKING:
-    from node.runtime.pool import SessionPool
+    from node.guest.pool import SessionPool
     from node.trust.identity import Identity
     from node.trust.peers import PeerRecord
 
 log = logging.getLogger("kith.cards")
 
-#: The statuses of a complete answer (the first one of any device wins; node/runtime/fanout.py).
+#: The statuses of a complete answer (the first one of any device wins; node/guest/fanout.py).
 COMPLETE = ("ok", "no-verified-results")
 
 
@@ -211,7 +211,7 @@ def _keep_revocation(home: Path, rec: "PeerRecord", revocation: dict[str, Any] |
     except KithError as exc:  # a forged or foreign list from the server: not kept
         log.info("revocation list from the server refused (%s)", exc.code)
         return
-    from node.runtime.copies import end_copies
+    from node.guest.copies import end_copies
 
     for key in offered.newly_revoked:  # copies held from a revoked device go (specs/copies.md §5)
         end_copies(home, host_key=key, via="device-revoked")
@@ -229,7 +229,7 @@ async def refresh_revocation(home: Path, rec: "PeerRecord") -> None:
     """Read the person pin's revocation list from its server (``GET
     /api/v1/revocations/{person_key}``) and keep it when it verifies and is newer, at most
     once every :data:`REVOCATION_EVERY_S` per process, within :data:`REVOCATION_WAIT_S`.
-    Run beside the ask of that person (:meth:`node.runtime.pool.SessionPool.ask`), so a
+    Run beside the ask of that person (:meth:`node.guest.pool.SessionPool.ask`), so a
     device revoked and published while a guest still answers from its card is dropped by
     that very ask. A server that is down or slow changes nothing."""
     from node.community.client import CommunityClient
@@ -263,10 +263,10 @@ def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], 
     """Every device of the person pin ``rec`` this home can dial now: ``({"key", "name"},
     Target)`` from each kept card whose device is neither revoked nor blocked here (``kith
     peers block KEY``) and whose invitation verifies (expiry, protocol, binding;
-    :func:`node.runtime.guest._pinned_target`), plus the pin's saved invitation when no card
+    :func:`node.guest.guest._pinned_target`), plus the pin's saved invitation when no card
     is of its device (and it is not blocked). Most recently answering first."""
     from node.common.errors import InvitationError
-    from node.runtime.guest import _pinned_target, protocol_cache
+    from node.guest.guest import _pinned_target, protocol_cache
     from node.trust.invitation import parse_invitation
     from node.trust.peers import PeerRegistry
     from node.trust.revocation_list import RevocationStore
@@ -364,7 +364,7 @@ async def ask_devices(pool: "SessionPool", rec: "PeerRecord", targets: list[tupl
     """
     import anyio
 
-    from node.runtime.pool import PeerGone
+    from node.guest.pool import PeerGone
 
     store_marks: list[tuple[str, bool]] = []
     winner: list[dict[str, Any]] = []

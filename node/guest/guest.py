@@ -310,7 +310,7 @@ async def resolve_peer(name: str, home: Path, *, skip_saved: bool = False) -> Ta
         except InvitationError as exc:
             first = exc
     if rec.devices and not skip_saved:  # a person pin: the device that answered here last (specs/peers.md §13)
-        from node.runtime.cards import device_targets
+        from node.guest.cards import device_targets
 
         for _device, target in device_targets(home, rec):
             return target
@@ -416,7 +416,7 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             (``outcome.ui_path`` is its ``index.html``).
         heartbeat: ``(ping_interval_s, unresponsive_s)`` or ``"default"`` (10, 30).
         node: an already bound :class:`node.transport.iroh.IrohNode` for ``spec.alpn``
-            (the warm pool's one endpoint, node/runtime/pool.py): the session opens its own
+            (the warm pool's one endpoint, node/guest/pool.py): the session opens its own
             connection on it and leaves the endpoint open. None: bind one for this session.
         connect_timeout_s: bound on connecting, seconds (None: the transport's 15 s).
         on_path: called ``(now, previous)`` with :class:`node.transport.paths.PathInfo`s:
@@ -426,10 +426,10 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             engine refused (:func:`node.runtime.driver.run_session`).
 
     The guest asks for the host's copy grant state (``copy_state_v1``) and acts on it
-    (:func:`node.runtime.copies.take_copy_state`: a copy no longer granted is deleted now,
+    (:func:`node.guest.copies.take_copy_state`: a copy no longer granted is deleted now,
     saying so). The guest asks for the host's device card (``device_card_v1``) and keeps it when the
     host is a device of a person pinned here with ``--devices``
-    (:func:`node.runtime.cards.take_card`; a bad card is refused with its code and never kept).
+    (:func:`node.guest.cards.take_card`; a bad card is refused with its code and never kept).
     The guest shares its own profile (``<home>/profile.json``) in ``_session_init``; the
     host's shared profile is merged into the registry only when the host key is already
     pinned. A host whose key is not pinned but whose ``displayName`` claims a pinned name
@@ -467,11 +467,11 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
     def make_context(ev: SessionReady) -> HookContext:
         PeerRegistry.load(home).merge_profile(ev.peer_public_key, ev.peer_profile)
         if ev.peer_card is not None:  # kept only for a person pinned here with --devices (specs/peers.md §13)
-            from node.runtime.cards import take_card
+            from node.guest.cards import take_card
 
             take_card(home, ev.peer_card, via="handshake", device=ev.peer_public_key)
         if ev.peer_copy_state is not None:  # the host's word on our copy of it (specs/copies.md §5)
-            from node.runtime.copies import take_copy_state
+            from node.guest.copies import take_copy_state
 
             try:
                 take_copy_state(home, ev.peer_public_key, ev.peer_copy_state)
