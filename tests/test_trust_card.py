@@ -1,4 +1,4 @@
-"""Device cards (node/trust/card.py, node/guest/cards.py; specs/peers.md §13): a card made by a bound device verifies and is kept for
+"""Device cards (node/trust/card.py, node/host/card.py, node/guest/cards.py; specs/peers.md §13): a card made by a bound device verifies and is kept for
 the person pinned with --devices; hostile or stale cards — a wrong signature, another
 person's device, a revoked device, an old sequence, a card of another device — are refused
 with their own codes, nothing is kept, and the device is never dialled; the community server

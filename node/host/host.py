@@ -671,7 +671,7 @@ class Host:
     def _new_card(self, inv: Invitation) -> None:
         """Sign this device's card for ``inv``, the post that just became live (none when the
         home's person has not bound this device)."""
-        from node.guest.cards import own_card
+        from node.host.card import own_card
 
         try:
             self._card = own_card(self.home, self.identity, inv.to_dict())

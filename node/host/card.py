@@ -1,0 +1,82 @@
+"""The hosting device's own card (specs/peers.md §13): made for its live invitation, with the
+public totals and a new sequence number; published by the host (:meth:`node.host.host.Host`)
+in its handshake and to the community server. The pure rules are :mod:`node.trust.card`; a
+guest's handling of the cards it is sent is :mod:`node.guest.cards`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from node.common.errors import KithError
+from node.common.home import atomic_write
+from node.trust.card import SEQ_FILE, make_card
+
+if TYPE_CHECKING:
+    from node.trust.identity import Identity
+
+
+def _now() -> str:
+    from node.trust.person import now_rfc3339
+
+    return now_rfc3339()
+
+
+def public_totals(home: Path) -> tuple[int, int]:
+    """``(documents, chunks)`` this home shares with anyone: the indexed documents whose
+    winning policy rule for a stranger is ``public`` (:meth:`node.policy.store.Policy.match`
+    with no peer name) and their chunks. ``(0, 0)`` without a corpus or policy."""
+    import sqlite3
+
+    from node.corpus.store import Corpus
+    from node.policy.store import Policy
+
+    try:
+        policy = Policy.load(home)
+        corpus = Corpus(home, readonly=True)
+    except KithError:
+        return 0, 0
+    try:
+        with corpus.record.lock:
+            db = corpus.record.db
+            if db is None:
+                return 0, 0
+            try:
+                rows = db.execute("SELECT source_id, chunk_count FROM documents WHERE status = 'done'").fetchall()
+            except sqlite3.OperationalError:
+                return 0, 0
+    finally:
+        corpus.close()
+    docs = chunks = 0
+    for source, count in rows:
+        rule = policy.match(source)
+        if rule is not None and rule.tier == "public":
+            docs, chunks = docs + 1, chunks + int(count or 0)
+    return docs, chunks
+
+
+def next_seq(home: Path) -> int:
+    """The next card sequence number of this home (``<home>/card-seq``, written before the
+    card is used: a crash never reuses a number)."""
+    path = Path(home) / SEQ_FILE
+    try:
+        last = int(path.read_text("ascii").strip())
+    except (OSError, ValueError):
+        last = -1
+    seq = max(last + 1, 0)
+    atomic_write(path, f"{seq}\n".encode("ascii"))
+    return seq
+
+
+def own_card(home: Path, identity: "Identity", invitation: dict[str, Any]) -> dict[str, Any] | None:
+    """This hosting device's card for its live ``invitation`` (a new ``seq``), or None when
+    its person has not bound it (no person yet: nothing to vouch for it)."""
+    from node.trust.person import own_chain
+
+    chain = own_chain(home, identity.public_key)
+    if chain is None:
+        return None
+    documents, chunks = public_totals(home)
+    return make_card(identity.secret, chain, invitation, documents=documents, chunks=chunks, created=_now(),
+                     seq=next_seq(home))
