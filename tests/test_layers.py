@@ -1,6 +1,6 @@
 """The layer order of the ``node`` packages (specs/corpus.md "Layers"): no import runs up.
 
-``common`` < ``corpus`` < ``trust`` < ``policy`` < ``answer`` < ``runtime`` < ``guest`` < ``host`` < ``cli``: a package
+``common`` < ``corpus`` < ``trust`` < ``policy`` < ``answer`` < ``runtime`` < ``host``, ``guest`` < ``cli``: a package
 imports only packages below it (and itself) — at the top of a module or inside a function
 alike, absolute or relative. The policy decides what a peer may see and hands the corpus a
 lens (node/corpus/lens.py); the corpus never asks the policy. The packages beside that
@@ -8,6 +8,10 @@ stack (the wire ``protocol``, the ``transport``, the sans-I/O ``engine``, the ``
 server and client, the ``local`` API/MCP front ends, the ``devtools``) have their place in
 the same order, and a package the order does not name fails (a new package is placed, not
 left unchecked).
+
+The two wings above ``runtime`` — ``host`` (serving) and ``guest`` (asking) — share no arrow:
+neither imports the other, in either direction (the command that runs both roles wires a
+callback where one must reach the other). Their place in ORDER is only the order checked.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import pytest
 
 NODE = Path(__file__).resolve().parent.parent / "node"
 ORDER = ["common", "protocol", "transport", "corpus", "trust", "engine", "community", "policy",
-         "answer", "runtime", "guest", "host", "local", "devtools", "cli"]
+         "answer", "runtime", "host", "guest", "local", "devtools", "cli"]
 
 
 def _imports(package: str) -> list[tuple[str, int, str]]:
@@ -50,6 +54,17 @@ def test_no_import_runs_up(package: str) -> None:
     above = set(ORDER[ORDER.index(package) + 1:])
     upward = sorted({(f, line, p) for f, line, p in _imports(package) if p in above})
     assert upward == [], f"{package} imports from a layer above it: {upward}"
+
+
+#: Packages that never import each other, either way (ORDER alone checks one direction).
+WINGS = ("host", "guest")
+
+
+def test_the_host_and_guest_wings_share_no_arrow() -> None:
+    for wing in WINGS:
+        others = set(WINGS) - {wing}
+        across = sorted({(f, line, p) for f, line, p in _imports(wing) if p in others})
+        assert across == [], f"{wing} imports from the other wing: {across}"
 
 
 def test_every_package_is_placed() -> None:

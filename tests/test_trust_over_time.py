@@ -347,6 +347,27 @@ def test_watcher_reports_policy_reloads(tmp_path):
                       {"event": "policy-reloaded", "ok": False, "rules": None, "code": "policy-invalid"}]
 
 
+def test_watcher_tells_its_owner_which_devices_were_revoked_and_never_touches_copies(tmp_path):
+    """A list that revokes a device ends its sessions, then the keys go to the callback the
+    command running both roles wires (``kith host`` ends the copies kept of them there); the
+    host wing itself has no copy code."""
+    from node.trust.peers import pin_person
+    from node.trust.revocation_list import check_list, make_list
+    from node.trust.signing import public_key_of
+
+    secret = os.urandom(32)
+    person = public_key_of(secret)
+    pin_person(PeerRegistry.load(tmp_path), "alice", person)
+    told: list[list[str]] = []
+    events: list[dict] = []
+    watcher = PeersWatcher(tmp_path, SessionTable(), on_event=events.append, on_devices_revoked=told.append)
+    checked = check_list(make_list(secret, [B], 1, "2026-12-01T10:00:00Z"), person=person)
+    ev = watcher.apply_list(checked, via="handshake")
+    assert ev is not None and ev["devices"] == [B] and told == [[B]]
+    assert watcher.apply_list(checked, via="handshake") is None and told == [[B]]  # nothing new: not told again
+    assert not (tmp_path / "copies").exists()
+
+
 # ------------------------------------------------- ending sessions in every state (memory pipe)
 @pytest.mark.parametrize("stage", ["handshake", "ready"])
 def test_end_sessions_rejects_a_handshake_and_errors_a_ready_session(stage, host_id, guest_id):

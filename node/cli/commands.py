@@ -305,10 +305,20 @@ def host_cmd(
             # the home's background work while it hosts: the outbox's delivery (specs/outbox.md §5)
             tg.start_soon(partial(run_background, home, command="kith host", mode=mode, local=mode.offline,
                                   on_event=say_delivery))
-            await serve_host(home, opts, on_invitation=on_invitation, on_event=on_event, warn=warn, stop=stop)
+            await serve_host(home, opts, on_invitation=on_invitation, on_event=on_event, warn=warn, stop=stop,
+                             on_devices_revoked=partial(_end_revoked_copies, home))
             tg.cancel_scope.cancel()
 
     anyio.run(main, backend="asyncio")
+
+
+def _end_revoked_copies(home: Path, keys: list[str]) -> None:
+    """The copies this home keeps of devices revoked while it hosts go (specs/copies.md §5):
+    the guest's side, wired into the host by the command that runs both."""
+    from node.guest.copies import end_copies
+
+    for key in keys:
+        end_copies(home, host_key=key, via="device-revoked")
 
 
 # ----------------------------------------------------------------------------- join

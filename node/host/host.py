@@ -266,7 +266,8 @@ def _quota_left(gate: Any, limiter: Any) -> Callable[[str | None, str], dict[str
 
 async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[dict[str, Any]], None],
                      on_event: Callable[[dict[str, Any]], None], warn: Callable[[str], None],
-                     stop: anyio.Event | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+                     stop: anyio.Event | None = None, clock: Clock = SYSTEM_CLOCK,
+                     on_devices_revoked: Callable[[list[str]], None] | None = None) -> None:
     """Serve guests until ``stop`` is set (or until cancelled), as one :class:`Host` over iroh.
 
     On ``stop`` (the CLI sets it on SIGINT/SIGTERM): no new connection is accepted, every
@@ -304,6 +305,9 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
         warn: prints a warning for the owner (stderr).
         stop: set it to shut down cleanly.
         clock: the host's clock (tests pass a :class:`node.runtime.clock.ManualClock`).
+        on_devices_revoked: told the keys of devices whose person revoked them, after their
+            sessions ended (``kith host`` ends the copies this home keeps of them here,
+            specs/copies.md §5; the host itself never touches ``copies/``), or None.
 
     One ``kith host`` serves a home at a time: it holds ``<home>/host.lock`` (``flock``,
     naming its pid) while serving. While it serves, its owner's control channel listens on
@@ -323,7 +327,7 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
                           hint="Stop it first, or host from another home (--home DIR).")
     try:
         await Host(home, opts, identity, on_invitation=on_invitation, on_event=on_event, warn=warn,
-                   stop=stop, clock=clock).run()
+                   stop=stop, clock=clock, on_devices_revoked=on_devices_revoked).run()
     finally:
         release_owner_lock(host_lock)
 
@@ -351,12 +355,14 @@ class Host:
             listener shape of :class:`node.transport.iroh.IrohNode`; see
             :class:`node.transport.memory.MemoryListener`); default: iroh, bound with
             ``opts.local``.
+        on_devices_revoked: as :func:`serve_host`.
     """
 
     def __init__(self, home: Path, opts: HostOptions, identity: Any, *,
                  on_invitation: Callable[[dict[str, Any]], None], on_event: Callable[[dict[str, Any]], None],
                  warn: Callable[[str], None], stop: anyio.Event | None = None, clock: Clock = SYSTEM_CLOCK,
-                 bind: Callable[[bytes, bytes], Any] | None = None) -> None:
+                 bind: Callable[[bytes, bytes], Any] | None = None,
+                 on_devices_revoked: Callable[[list[str]], None] | None = None) -> None:
         self.home = Path(home)
         self.opts = opts
         self.identity = identity
@@ -366,6 +372,7 @@ class Host:
         self.stop = stop
         self.clock = clock
         self.bind = bind or self._bind_iroh
+        self.on_devices_revoked = on_devices_revoked
         self.first_stream_timeout_s = FIRST_STREAM_TIMEOUT_S
         self.session_stop = anyio.Event()
         self.listener: Any = None
@@ -478,7 +485,8 @@ class Host:
 
         person = load_person(self.home)
         self.peers_watcher = PeersWatcher(self.home, self.table, on_event=self.emit, now=self.clock.time,
-                                          own_person=person.person_key if person else None)
+                                          own_person=person.person_key if person else None,
+                                          on_devices_revoked=self.on_devices_revoked)
         from node.host.grants import GrantWatcher
         from node.trust.rotation import RotationLedger
 

@@ -75,17 +75,22 @@ class PeersWatcher:
         interval_s: poll period (s).
         now: Unix time (s) pins' ``until`` is compared with (the host's clock).
         own_person: this home's person key (its own list is kept from any device), or None.
+        on_devices_revoked: told the keys of newly revoked devices after their sessions
+            ended (the command that runs both roles wires the guest's copy ending here:
+            specs/copies.md §5), or None.
     """
 
     def __init__(self, home: Path, sessions: Any, *, on_event: Callable[[dict[str, Any]], None],
                  interval_s: float = POLL_INTERVAL_S, now: Callable[[], float] | None = None,
-                 own_person: str | None = None) -> None:
+                 own_person: str | None = None,
+                 on_devices_revoked: Callable[[list[str]], None] | None = None) -> None:
         import time
 
         self.home = Path(home)
         self.now = now or time.time
         self.sessions = sessions
         self.on_event = on_event
+        self.on_devices_revoked = on_devices_revoked
         self.interval_s = interval_s
         self._peers_stamp = file_stamp(self.home / PEERS_FILE)
         self._policy_stamp = file_stamp(self.home / "policy.toml")
@@ -182,10 +187,8 @@ class PeersWatcher:
                                            of_persons=None if persons & set(persons_of_device(registry, key))
                                            else persons)
                 for key in devices)
-        from node.guest.copies import end_copies
-
-        for key in devices:  # copies this home keeps of a revoked device go (specs/copies.md §5)
-            end_copies(self.home, host_key=key, via="device-revoked")
+        if self.on_devices_revoked is not None:  # copies this home keeps of them go (specs/copies.md §5)
+            self.on_devices_revoked(list(devices))
         pin = pin or person_pin(registry, person)
         ev = DeviceRevoked(person=person, peer_name=pin.name if pin else None, devices=list(devices), seq=seq,
                            via=via, sessions_ended=n).to_dict()
