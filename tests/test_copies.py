@@ -1,7 +1,7 @@
 """Copies a peer may keep (issue 33; specs/copies.md): the ``[[copy]]`` grant and
 ``kith policy copy``; the host's manifest and signed, scrubbed documents (the real
 :class:`node.answer.copies.CopyServer` over a real corpus, policy and key); the peer's
-sync (:func:`node.guest.copies.sync_copy`) — only what changed, what the grant no longer
+sync (:func:`node.guest.copies.sync.sync_copy`) — only what changed, what the grant no longer
 covers deleted, each fault of a hostile host refused with its code and the previous copy
 intact, a sync killed between batches resumed — and the search of a copy. The sync over
 iroh between real processes is tests/test_copies_iroh.py."""
@@ -18,7 +18,9 @@ import pytest
 from node.common.errors import KithError, PolicyError
 from node.corpus.store import Corpus
 from node.policy.store import Policy
-from node.guest.copies import CopyStore, search_copy, sync_copy
+from node.guest.copies.search import search_copy
+from node.guest.copies.store import CopyStore
+from node.guest.copies.sync import sync_copy
 
 from support.cli import invoke
 from support.copies import DOCS, copy_asker, copy_host, copy_server
@@ -424,7 +426,7 @@ def test_a_grant_narrowed_as_its_budget_shrank_still_deletes_what_it_no_longer_c
 
 
 def test_a_killed_sync_keeps_what_was_committed_and_resumes(host, tmp_path, monkeypatch):
-    import node.guest.copies as copies
+    import node.guest.copies.sync as copies
 
     home, _ = host
     guest = node_home(tmp_path, "guest")
@@ -497,7 +499,7 @@ def test_a_copy_held_open_between_questions_follows_its_syncs_and_removal(host, 
     """A long-running process (kith api serve, kith mcp) keeps a copy's index open between
     questions; a sync, a removal and a new copy under the same name are each seen at the
     next question, and no more than OPEN_COPIES_MAX copies stay open."""
-    from node.guest import copies as copies_mod
+    from node.guest.copies import store as copies_mod
 
     home, kb = host
     guest = node_home(tmp_path, "guest")
@@ -562,7 +564,7 @@ def _ask_copy(guest: Path, query: str) -> dict:
 
 def _verify_rows(answer, home: Path):
     from node.answer.citation import known_keys, verify_answer
-    from node.guest.copies import copy_texts
+    from node.guest.copies.search import copy_texts
 
     return verify_answer(answer, known=known_keys(home), copies=copy_texts(home))
 
@@ -798,7 +800,7 @@ from pathlib import Path
 import anyio
 from node.common.errors import KithError
 from test_copies import _asker, _server
-from node.guest.copies import sync_copy
+from node.guest.copies.sync import sync_copy
 server, corpus, key = _server(Path({host!r}))
 try:
     anyio.run(lambda: sync_copy(Path({guest!r}), "alice", _asker(server), key))
@@ -878,7 +880,7 @@ def test_a_damaged_or_lost_copy_index_is_rebuilt_from_the_copy_with_no_one_asked
     """The attacker's findings: a copy index that is not a database was a traceback in
     `kith copies sync` and `kith index sync`; a deleted one made the copy unanswerable
     (`copy-not-found`) while its host slept, its text still in docs/."""
-    from node.guest.copies import reindex_copies
+    from node.guest.copies.store import reindex_copies
 
     home, _ = host
     guest = node_home(tmp_path, "guest")

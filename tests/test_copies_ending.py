@@ -18,7 +18,11 @@ from node.common.grants import until_time
 from node.engine.session import SessionClosed, SessionReady
 from node.policy.store import Policy
 from node.protocol.spec import load_spec
-from node.guest import copies as C
+from node.guest.copies.lifecycle import copy_notices, end_copies, expire_copies, stale, take_copy_state
+from node.guest.copies.search import search_copy
+from node.guest.copies.store import CopyStore, list_copies, reindex_copies
+from node.guest.copies.sync import sync_copy
+from node.guest.copies.task import CopiesTask
 from node.runtime.clock import rfc3339
 from node.trust.peers import PeerRegistry
 
@@ -128,8 +132,8 @@ def _synced(tmp_path, home, told=None):
     server, corpus, key = _server(home)
     guest = node_home(tmp_path, "bea")
     if told is not None:
-        C.take_copy_state(guest, key, told)
-    report = anyio.run(lambda: C.sync_copy(guest, "alice", _asker(server), key))
+        take_copy_state(guest, key, told)
+    report = anyio.run(lambda: sync_copy(guest, "alice", _asker(server), key))
     corpus.close()
     assert report["status"] == "ok" and report["documents"] == 2
     return guest, key
@@ -138,11 +142,11 @@ def _synced(tmp_path, home, told=None):
 def test_not_granted_in_a_handshake_deletes_the_copy_and_says_so(host, tmp_path, capsys):
     home, _ = host
     guest, key = _synced(tmp_path, home, told=STATE)
-    assert C.CopyStore(guest, "alice").exists()
-    C.take_copy_state(guest, "11" * 32, {**STATE, "granted": False})  # another host's word: nothing
-    assert C.CopyStore(guest, "alice").exists()
-    notices = C.take_copy_state(guest, key, {**STATE, "granted": False})
-    assert not C.CopyStore(guest, "alice").dir.exists()
+    assert CopyStore(guest, "alice").exists()
+    take_copy_state(guest, "11" * 32, {**STATE, "granted": False})  # another host's word: nothing
+    assert CopyStore(guest, "alice").exists()
+    notices = take_copy_state(guest, key, {**STATE, "granted": False})
+    assert not CopyStore(guest, "alice").dir.exists()
     assert [(n["peer"], n["removed"], n["via"]) for n in notices] == [("alice", 2, "handshake")]
     assert "alice's copy was deleted (2 document(s)): its host no longer grants it" in capsys.readouterr().err
 
@@ -150,16 +154,16 @@ def test_not_granted_in_a_handshake_deletes_the_copy_and_says_so(host, tmp_path,
 def test_a_changed_stamp_makes_the_copy_stale_until_synced(host, tmp_path):
     home, _ = host
     guest, key = _synced(tmp_path, home, told=STATE)
-    store = C.CopyStore(guest, "alice")
-    assert store.load()["stamp"] == STATE["stamp"] and not C.stale(store)
+    store = CopyStore(guest, "alice")
+    assert store.load()["stamp"] == STATE["stamp"] and not stale(store)
     told: list = []
-    with C.copy_notices(told.append):
-        C.take_copy_state(guest, key, {**STATE, "stamp": "cd" * 16})
-    assert C.stale(store) and told == [{"peer": "alice", "kind": "changed"}]
+    with copy_notices(told.append):
+        take_copy_state(guest, key, {**STATE, "stamp": "cd" * 16})
+    assert stale(store) and told == [{"peer": "alice", "kind": "changed"}]
     server, corpus, _ = _server(home)
-    anyio.run(lambda: C.sync_copy(guest, "alice", _asker(server), key))
+    anyio.run(lambda: sync_copy(guest, "alice", _asker(server), key))
     corpus.close()
-    assert not C.stale(store) and store.load()["stamp"] == "cd" * 16
+    assert not stale(store) and store.load()["stamp"] == "cd" * 16
 
 
 @pytest.mark.parametrize("bad", [None, [], {"granted": "yes", "stamp": "ab" * 16, "until": None},
@@ -168,7 +172,7 @@ def test_a_changed_stamp_makes_the_copy_stale_until_synced(host, tmp_path):
                                  {**STATE, "extra": 1}])
 def test_an_ill_formed_state_is_refused_with_a_code(tmp_path, bad):
     with pytest.raises(KithError) as exc:
-        C.take_copy_state(tmp_path, "11" * 32, bad)
+        take_copy_state(tmp_path, "11" * 32, bad)
     assert exc.value.code == "copy-state-invalid"
 
 
@@ -189,34 +193,34 @@ class _Runner:
 def test_until_passed_deletes_the_copy_without_the_host(host, tmp_path):
     home, _ = host
     guest, key = _synced(tmp_path, home, told={**STATE, "until": rfc3339(time.time() + 3600)})
-    store = C.CopyStore(guest, "alice")
-    assert store.load()["until"] == store.until() and C.list_copies(guest)[0]["until"] == store.until()
+    store = CopyStore(guest, "alice")
+    assert store.load()["until"] == store.until() and list_copies(guest)[0]["until"] == store.until()
     listed = invoke(guest, "copies", "list")
     assert listed.exit_code == 0 and f"ends {store.until()}" in listed.stdout
-    C.search_copy(guest, "alice", {"queries": ["WAL"]})  # in force: answers
+    search_copy(guest, "alice", {"queries": ["WAL"]})  # in force: answers
     later = until_time(store.until()) + 1
-    assert C.expire_copies(guest, now=later - 2) == [] and store.exists()
+    assert expire_copies(guest, now=later - 2) == [] and store.exists()
     store.write_grant({**STATE, "until": rfc3339(time.time() - 1)}, time.time())  # its end passed
     with pytest.raises(KithError) as exc:
-        C.search_copy(guest, "alice", {"queries": ["WAL"]})
+        search_copy(guest, "alice", {"queries": ["WAL"]})
     assert exc.value.code == "copy-expired" and not store.dir.exists()
 
 
 def test_the_runner_ends_an_expired_copy_and_syncs_a_stale_one(host, tmp_path):
     home, _ = host
     guest, key = _synced(tmp_path, home, told=STATE)
-    task = C.CopiesTask(guest, clock=lambda: 100.0)
+    task = CopiesTask(guest, clock=lambda: 100.0)
     task._due["alice"] = 10_000.0  # synced a moment ago: not due
     runner = _Runner()
     anyio.run(task.step, runner)
     assert runner.spawned == []
-    C.take_copy_state(guest, key, {**STATE, "stamp": "ef" * 16})  # the grant changed
+    take_copy_state(guest, key, {**STATE, "stamp": "ef" * 16})  # the grant changed
     anyio.run(task.step, runner)
     assert runner.spawned == ["alice"]  # at its next step, not at the interval's end
     task._running.clear()
-    C.CopyStore(guest, "alice").write_grant({**STATE, "until": rfc3339(time.time() - 5)}, time.time())
+    CopyStore(guest, "alice").write_grant({**STATE, "until": rfc3339(time.time() - 5)}, time.time())
     anyio.run(task.step, runner)
-    assert not C.CopyStore(guest, "alice").dir.exists()
+    assert not CopyStore(guest, "alice").dir.exists()
     assert [(e["event"], e["peer"], e["removed"], e["via"]) for e in runner.events] == [
         ("copy-ended", "alice", 2, "expired")]
 
@@ -228,17 +232,17 @@ def test_peers_remove_deletes_the_copy_and_says_so(host, tmp_path):
     r = invoke(guest, "peers", "remove", "alice", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["copyRemoved"] == 2
-    assert not C.CopyStore(guest, "alice").dir.exists()
+    assert not CopyStore(guest, "alice").dir.exists()
 
 
 def test_a_revoked_device_s_copies_are_deleted(host, tmp_path):
     home, _ = host
     guest, key = _synced(tmp_path, home)
-    ended = C.end_copies(guest, host_key="22" * 32, via="device-revoked")
-    assert ended == [] and C.CopyStore(guest, "alice").exists()
-    ended = C.end_copies(guest, host_key=key, via="device-revoked")
+    ended = end_copies(guest, host_key="22" * 32, via="device-revoked")
+    assert ended == [] and CopyStore(guest, "alice").exists()
+    ended = end_copies(guest, host_key=key, via="device-revoked")
     assert [(n["peer"], n["via"]) for n in ended] == [("alice", "device-revoked")]
-    assert not C.CopyStore(guest, "alice").dir.exists()
+    assert not CopyStore(guest, "alice").dir.exists()
 
 
 
@@ -258,12 +262,12 @@ def test_the_owner_is_told_what_ending_does_and_cannot_undo(host):
 def test_a_damaged_copy_is_left_alone_by_the_runner_and_never_stops_the_others(host, tmp_path):
     home, _ = host
     guest, key = _synced(tmp_path, home, told=STATE)
-    damaged = C.CopyStore(guest, "carl")
+    damaged = CopyStore(guest, "carl")
     damaged.dir.mkdir(parents=True)
     damaged.path.write_text("{not json")  # a hand-edited (or half-restored) manifest
-    task = C.CopiesTask(guest, clock=lambda: 100.0)
+    task = CopiesTask(guest, clock=lambda: 100.0)
     runner = _Runner()
     anyio.run(task.step, runner)  # neither raises nor syncs the damaged copy
     assert runner.spawned == ["alice"]
-    assert C.reindex_copies(guest) == [] and C.expire_copies(guest) == []
+    assert reindex_copies(guest) == [] and expire_copies(guest) == []
     assert damaged.path.read_text() == "{not json"  # kept for its owner to look at

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from node.common.grants import until_time
-from node.guest.copies import CopyStore
+from node.guest.copies.store import CopyStore
 from node.trust.identity import load_identity
 from node.trust.peers import PeerRegistry
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from node.guest.copies import CopyStore, check_document
+from node.guest.copies.checks import check_document
+from node.guest.copies.store import CopyStore
 from node.trust.identity import load_identity
 from node.trust.peers import PeerRegistry
 

@@ -104,7 +104,7 @@ def test_ending_the_grant_deletes_the_copy_at_the_next_sync(tmp_path):
 def test_the_home_runner_re_syncs_a_copy_in_the_background(tmp_path):
     import anyio
 
-    from node.guest.copies import CopyStore
+    from node.guest.copies.store import CopyStore
     from node.guest.pool import SessionPool
     from node.guest.runner import Runner, default_tasks
     from support.hosts import STEADY, InProcessHost
@@ -163,7 +163,7 @@ def test_kith_verify_accepts_each_result_of_an_answer_from_a_copy_as_the_hosts(t
 
     from node.local.api import run_api_in_thread
     from node.local.mcp import call_search, call_verify
-    from node.guest.copies import CopyStore
+    from node.guest.copies.store import CopyStore
 
     corpus = tmp_path / "kb"
     shutil.copytree(FIXTURE, corpus)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from node.guest.copies import CopyStore
+from node.guest.copies.store import CopyStore
 from node.trust.identity import load_identity
 from support.cli import KITH, kith
 from support.devices import pair_device

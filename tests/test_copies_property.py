@@ -25,7 +25,8 @@ from node.corpus.store import Corpus
 from node.policy.gate import EgressGate
 from node.policy.store import Policy
 from node.runtime.clock import rfc3339
-from node.guest.copies import CopyStore, sync_copy
+from node.guest.copies.store import CopyStore
+from node.guest.copies.sync import sync_copy
 from node.trust.identity import load_or_init_identity
 
 FILES = ["a/one.md", "a/two.md", "b/three.md", "b/four.md", "five.md"]

@@ -21,7 +21,7 @@ it; :func:`verify_answer` walks a saved answer (``kith join --json`` lines, ``ki
 MCP or API JSON) and judges every citation in it; :func:`verify_copy_result` judges a
 result answered from a copy — the host's signature over the whole copied document, then
 the result's text at its ``copySpan`` — against the copy document this home keeps (through
-the lookup the caller passes, :func:`node.guest.copies.copy_texts`; specs/citations.md
+the lookup the caller passes, :func:`node.guest.copies.search.copy_texts`; specs/citations.md
 §7). Nothing here does I/O but :func:`load_version_key` and :func:`read_answer`.
 """
 
@@ -306,7 +306,7 @@ class Row(NamedTuple):
 #: ``host key → (pinned peer name, person key or None)``, or None when not pinned.
 KnownKey = Callable[[str], "tuple[str, str | None] | None"]
 #: ``(host key, source id) → (text, textSha256 its manifest lists) | None``: the document
-#: this home's copy of that host keeps for that source (:func:`node.guest.copies.copy_texts`).
+#: this home's copy of that host keeps for that source (:func:`node.guest.copies.search.copy_texts`).
 CopyText = Callable[[str, str], "tuple[str, str] | None"]
 
 
@@ -788,7 +788,7 @@ def verify_request(body: Any, known: KnownKey | None, copies: CopyText | None = 
 
     Args:
         known: the home's pinned keys (:func:`known_keys`).
-        copies: the home's copy documents (:func:`node.guest.copies.copy_texts`).
+        copies: the home's copy documents (:func:`node.guest.copies.search.copy_texts`).
 
     Returns:
         :func:`report` of its rows.

@@ -83,7 +83,7 @@ class AnswerService:
         copier: the :class:`node.answer.copies.CopyServer` answering copy requests, or None.
         source_names: ``{source id: id to show}`` applied to the owner view's hits before
             the envelope is built (a copy's local ids → its host's,
-            :func:`node.guest.copies.search_copy`), or None.
+            :func:`node.guest.copies.search.search_copy`), or None.
 
     ``inline`` (:class:`node.answer.inline.InlineCosts`) says which peer answers are small.
     """
@@ -92,7 +92,7 @@ class AnswerService:
                  version_key: bytes | None = None, copier: Any = None,
                  source_names: dict[str, str] | None = None) -> None:
         self._corpus = corpus
-        #: the owner view's ids renamed (a copy's local ids → the host's, node/guest/copies.py),
+        #: the owner view's ids renamed (a copy's local ids → the host's, node/guest/copies/search.py),
         #: so the envelope is built with them; None: the corpus's own
         self._source_names = source_names
         #: the :class:`node.answer.copies.CopyServer` answering copy requests, or None

@@ -49,7 +49,7 @@ def render(env: dict[str, Any]) -> None:
         where = location_text(r.get("location"))
         lines.append(Line(f"#{r['rank']} {_who_said(r)}" + (f"  {where}" if where else ""), indent=2, hang=5))
         if r.get("fromCopy"):  # specs/copies.md §6: every result from a copy says so
-            from node.guest.copies import copy_age_text
+            from node.guest.copies.search import copy_age_text
 
             lines.append(Line(copy_age_text(safe_text(r["peer"]["name"]), r.get("copyAsOf")), indent=5, hang=5))
         heading = heading_text(r.get("location"))
@@ -80,7 +80,7 @@ def render(env: dict[str, Any]) -> None:
         if p["retryAfterS"] is not None:
             detail = f"retry in {p['retryAfterS']} s"
         if p.get("fromCopy"):  # specs/copies.md §6
-            from node.guest.copies import copy_age_text
+            from node.guest.copies.search import copy_age_text
 
             detail = copy_age_text(p["name"], p.get("copyAsOf"))
         latency = "-" if p["latencyMs"] is None else f"{p['latencyMs']:.0f} ms"

@@ -315,7 +315,7 @@ def host_cmd(
 def _end_revoked_copies(home: Path, keys: list[str]) -> None:
     """The copies this home keeps of devices revoked while it hosts go (specs/copies.md §5):
     the guest's side, wired into the host by the command that runs both."""
-    from node.guest.copies import end_copies
+    from node.guest.copies.lifecycle import end_copies
 
     for key in keys:
         end_copies(home, host_key=key, via="device-revoked")

@@ -1,5 +1,5 @@
 """``kith copies``: the copies this node keeps of hosts that granted one (specs/copies.md;
-node/guest/copies.py)."""
+node/guest/copies/)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,9 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """List the copies kept here: peer, documents, bytes, when last synced, when the grant
     ends. A copy past its end is deleted first (and said so on stderr). A damaged copy is
     listed with its code and the way out, the others as usual; the exit status is then 1."""
-    from node.guest.copies import copy_age_text, expire_copies, list_copies
+    from node.guest.copies.lifecycle import expire_copies
+    from node.guest.copies.search import copy_age_text
+    from node.guest.copies.store import list_copies
 
     expire_copies(home_of(ctx))
     rows = list_copies(home_of(ctx))
@@ -96,7 +98,8 @@ def sync_cmd(
     import anyio
 
     from node.common.errors import CODES, KithError, UsageError
-    from node.guest.copies import CopyStore, list_copies, sync_with_pool
+    from node.guest.copies.store import CopyStore, list_copies
+    from node.guest.copies.sync import sync_with_pool
     from node.guest.pool import PeerGone, SessionPool, classify_gone
     from node.trust.identity import load_identity
 
@@ -160,7 +163,7 @@ def remove_cmd(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME
                as_json: bool = _JSON) -> None:
     """Delete the copy of NAME kept here (the host's grant is unchanged: a later sync makes it again)."""
     from node.common.errors import ConfigError
-    from node.guest.copies import CopyStore
+    from node.guest.copies.store import CopyStore
 
     store = CopyStore(home_of(ctx), name)
     if not store.remove():

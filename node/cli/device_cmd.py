@@ -158,7 +158,7 @@ def device_revoke_cmd(
 
     home = home_of(ctx)
     doc, new = revoke_device(home, name)
-    from node.guest.copies import end_copies
+    from node.guest.copies.lifecycle import end_copies
 
     for key in new:  # a copy kept here of the revoked device goes (stderr says so; specs/copies.md §5)
         end_copies(home, host_key=key, via="device-revoked")

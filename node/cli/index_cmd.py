@@ -350,7 +350,7 @@ def _sync(ctx: typer.Context, mode: SyncMode, json_out: bool) -> None:
         if dense.enabled(corpus) and dense.extra_available():
             report["dense"] = _embed(corpus, json_out=json_out, batch_size=dense.BATCH_SIZE,
                                      enable=False)
-    from node.guest.copies import reindex_copies
+    from node.guest.copies.store import reindex_copies
 
     # the copies this node keeps are indexed like its own corpus: re-indexed with it when
     # the index schema or chunker changed (specs/copies.md §5)

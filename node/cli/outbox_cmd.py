@@ -36,7 +36,7 @@ def say_delivery(ev: dict[str, Any]) -> None:
                           + (f" ({ev['code']})" if ev.get("code") else ""), highlight=False, markup=False)
     elif ev.get("event") == "outbox-expired":
         err_console.print(f"outbox: {ev['rows']} question(s) expired unanswered", highlight=False, markup=False)
-    elif ev.get("event") == "copy-synced" and (ev.get("fetched") or ev.get("removed")):  # node/guest/copies.py
+    elif ev.get("event") == "copy-synced" and (ev.get("fetched") or ev.get("removed")):  # node/guest/copies/task.py
         err_console.print(f"copy of {safe_text(ev['peer'])}: fetched {ev['fetched']}, deleted {ev['removed']}",
                           highlight=False, markup=False)
     elif ev.get("event") == "copy-ended":

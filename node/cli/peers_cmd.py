@@ -138,7 +138,7 @@ def remove_cmd(
     rec = removed[0]
     cancelled = _cancel_approvals(home, rec.public_key)
     _audit(home, "peer-removed", peer=rec.public_key, peer_name=rec.name, approvals_cancelled=cancelled or None)
-    from node.guest.copies import copy_notices, end_copies
+    from node.guest.copies.lifecycle import copy_notices, end_copies
 
     ended: list[dict] = []  # its copy kept here goes with it (specs/copies.md §5)
     with copy_notices(ended.append):
@@ -525,7 +525,7 @@ def import_revocation_cmd(
     pin = person_pin(registry, checked.person)
     _audit(home, "revocation-imported", person=checked.person, peer_name=pin.name if pin else None,
            seq=checked.seq, devices=offered.newly_revoked or None)
-    from node.guest.copies import copy_notices, end_copies
+    from node.guest.copies.lifecycle import copy_notices, end_copies
 
     ended: list[dict] = []  # copies held from a revoked device's host key go (specs/copies.md §5)
     with copy_notices(ended.append):

@@ -24,7 +24,7 @@ def verify_cmd(
     import anyio
 
     from node.answer.citation import known_keys, read_answer, report, summary, verify_answer
-    from node.guest.copies import copy_texts
+    from node.guest.copies.search import copy_texts
 
     home = home_of(ctx)
     rows = verify_answer(read_answer(answer), known=known_keys(home), copies=copy_texts(home))

@@ -388,7 +388,7 @@ class OutboxExpired(CommandEvent, tag="outbox-expired", kw_only=True):
 
 
 class CopySynced(CommandEvent, tag="copy-synced", kw_only=True):
-    """The home runner (node/guest/copies.py): a peer's copy was re-synced (specs/copies.md)."""
+    """The home runner (node/guest/copies/task.py): a peer's copy was re-synced (specs/copies.md)."""
 
     peer: str
     """The peer's pinned name."""

@@ -42,7 +42,7 @@ class SessionReady(Event):
     #: runtime checks it, node/guest/cards.py), or None.
     peer_card: Any = None
     #: (guest only) the host's copy grant state as sent (``copy_state``, unchecked: the
-    #: guest's runtime checks it, node/guest/copies.py), or None (not sent).
+    #: guest's runtime checks it, node/guest/copies/lifecycle.py), or None (not sent).
     peer_copy_state: Any = None
 
 

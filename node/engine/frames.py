@@ -46,7 +46,7 @@ class SessionProof(_Frame, tag="_session_proof"):
     device_card: Any = None
     #: Only to a guest that advertised ``copy_state_v1``: the state of the copy grant for
     #: this guest, ``{"granted", "stamp", "until"}`` (the guest's runtime checks its shape:
-    #: :func:`node.guest.copies.check_copy_state`; specs/session.md §4.2, specs/copies.md §5).
+    #: :func:`node.guest.copies.checks.check_copy_state`; specs/session.md §4.2, specs/copies.md §5).
     copy_state: Any = None
 
 

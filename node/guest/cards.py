@@ -148,7 +148,7 @@ def _keep_revocation(home: Path, rec: "PeerRecord", revocation: dict[str, Any] |
     except KithError as exc:  # a forged or foreign list from the server: not kept
         log.info("revocation list from the server refused (%s)", exc.code)
         return
-    from node.guest.copies import end_copies
+    from node.guest.copies.lifecycle import end_copies
 
     for key in offered.newly_revoked:  # copies held from a revoked device go (specs/copies.md §5)
         end_copies(home, host_key=key, via="device-revoked")

@@ -234,7 +234,7 @@ def _copy_fields(row: PeerRow, result: dict[str, Any]) -> dict[str, Any]:
     """The :data:`COPY_FIELDS` of a result of ``row`` (``{}`` unless the row was answered
     from this node's copy): ``fromCopy`` true, ``copyAsOf`` the copy's last complete sync,
     ``copyCitation`` the host's signature over the whole copied document (an object as
-    :func:`node.guest.copies.search_copy` read it from the copy's manifest, else None)
+    :func:`node.guest.copies.search.search_copy` read it from the copy's manifest, else None)
     and ``copySpan`` ``[start, end)``, where the result's chunk sits in that signed text
     (two integers ``0 <= start <= end``, else None)."""
     if not row.from_copy:
@@ -361,7 +361,8 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
     copied: dict[int, dict[str, Any]] = {}  # row index -> its copy's answer, ready (copies "fallback")
 
     async def copy_answer(name: str) -> dict[str, Any] | None:
-        from node.guest.copies import CopyStore, search_copy
+        from node.guest.copies.search import search_copy
+        from node.guest.copies.store import CopyStore
 
         if not CopyStore(pool.home, name).exists():
             return None

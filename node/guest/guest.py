@@ -426,7 +426,7 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             engine refused (:func:`node.runtime.driver.run_session`).
 
     The guest asks for the host's copy grant state (``copy_state_v1``) and acts on it
-    (:func:`node.guest.copies.take_copy_state`: a copy no longer granted is deleted now,
+    (:func:`node.guest.copies.lifecycle.take_copy_state`: a copy no longer granted is deleted now,
     saying so). The guest asks for the host's device card (``device_card_v1``) and keeps it when the
     host is a device of a person pinned here with ``--devices``
     (:func:`node.guest.cards.take_card`; a bad card is refused with its code and never kept).
@@ -471,7 +471,7 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
 
             take_card(home, ev.peer_card, via="handshake", device=ev.peer_public_key)
         if ev.peer_copy_state is not None:  # the host's word on our copy of it (specs/copies.md §5)
-            from node.guest.copies import take_copy_state
+            from node.guest.copies.lifecycle import take_copy_state
 
             try:
                 take_copy_state(home, ev.peer_public_key, ev.peer_copy_state)

@@ -13,7 +13,7 @@ and returns the seconds until it wants to be stepped again (it is stepped sooner
 :meth:`Runner.wake` is called). Tasks share the runner's warm session pool
 (:meth:`Runner.pool`) and start long work with :meth:`Runner.spawn`. The outbox's
 delivery (:class:`node.guest.outbox_task.OutboxTask`) is the first task, the copies'
-re-sync (:class:`node.guest.copies.CopiesTask`) the second.
+re-sync (:class:`node.guest.copies.task.CopiesTask`) the second.
 
 Time here is monotonic (``time.monotonic``): a wall-clock jump never makes a task run
 sooner or later.
@@ -165,7 +165,8 @@ class Runner:
                     self._own_pool = await stack.enter_async_context(
                         SessionPool(self.home, load_identity(self.home), local=self.local, mode=self.mode,
                                     down_s=0.0))
-                from node.guest.copies import CopiesTask, copy_notices
+                from node.guest.copies.lifecycle import copy_notices
+                from node.guest.copies.task import CopiesTask
 
                 # a session of this process that learns a copy ended tells the runner (copy-ended)
                 stack.enter_context(copy_notices(CopiesTask.listener(self)))
@@ -201,8 +202,8 @@ class Runner:
 
 def default_tasks(home: Path) -> list[Any]:
     """The task list every long-running process of a home drives: the outbox's delivery
-    and the re-sync of the copies it keeps (node/guest/copies.py, specs/copies.md §7)."""
-    from node.guest.copies import CopiesTask
+    and the re-sync of the copies it keeps (node/guest/copies/task.py, specs/copies.md §7)."""
+    from node.guest.copies.task import CopiesTask
     from node.guest.outbox_task import OutboxTask
 
     return [OutboxTask(home), CopiesTask(home)]

@@ -356,7 +356,7 @@ class _Handlers:
     async def verify(self, request: Request) -> JSONResponse:
         """``POST /verify``: the signed citations of a saved answer (specs/citations.md)."""
         from node.answer.citation import MAX_ANSWER_BYTES, known_keys, verify_request
-        from node.guest.copies import copy_texts
+        from node.guest.copies.search import copy_texts
 
         raw = await read_body(request, MAX_ANSWER_BYTES + 64)
         try:

@@ -378,7 +378,7 @@ def call_verify(home: Path, arguments: dict[str, Any]) -> Any:
     from mcp.types import CallToolResult, TextContent
 
     from node.answer.citation import known_keys, verify_request
-    from node.guest.copies import copy_texts
+    from node.guest.copies.search import copy_texts
 
     try:
         doc = verify_request(arguments, known_keys(home), copy_texts(home))

@@ -65,7 +65,7 @@ def copy_server(home: Path) -> tuple[CopyServer, Corpus, str]:
 
 def copy_asker(server: CopyServer, peer: str = "bea", tamper: Callable[[dict, dict], dict] | None = None,
                calls: list[dict] | None = None) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
-    """An ``ask`` for :func:`node.guest.copies.sync_copy` answered by ``server`` as
+    """An ``ask`` for :func:`node.guest.copies.sync.sync_copy` answered by ``server`` as
     ``peer``: ``copy_list`` → ``copy_manifest``, ``copy_get`` → ``copy_docs``.
 
     Args:

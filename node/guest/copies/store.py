@@ -1,0 +1,565 @@
+"""A copy on disk (:class:`CopyStore`: manifest, ``docs/``, ``grant.json``, its own index,
+the sync lock and the removal mark) and the copies a search holds open (package docstring;
+specs/copies.md §2)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from node.common.errors import ConfigError, KithError, PolicyError
+from node.common.home import atomic_write
+
+#: ``<home>/copies/``: every copy this node keeps, one folder per pinned peer name.
+COPIES_DIR = "copies"
+MANIFEST_FILE = "manifest.json"
+#: The host's last word on the grant (``{"stamp", "until", "seenAt"}``), from a handshake.
+GRANT_FILE = "grant.json"
+DOCS_DIR = "docs"
+#: The prefix of the copy's one root in its own index (its local source ids are ``/copy/...``).
+ROOT_NAME = "copy"
+
+#: errno values that mean the disk, the user's quota or the process's file-size limit is
+#: full: a write refused so is ``copy-disk-full``; any other OSError is ``io-error``.
+_DISK_FULL = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG) if e is not None)
+#: How those read in an error that is not an OSError (tantivy's, SQLite's "disk is full").
+_DISK_FULL_TEXT = tuple(os.strerror(e) for e in _DISK_FULL) + ("database or disk is full",)
+
+
+@contextlib.contextmanager
+def _disk(peer: str, what: str) -> Iterator[None]:
+    """Turn a local write failure while ``what`` (a few words) in ``peer``'s copy into its
+    refusal (specs/copies.md §9): the disk, quota or file size full → ``copy-disk-full``,
+    any other OSError (or a read-only SQLite) → ``io-error``. Other errors pass."""
+    try:
+        yield
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        if exc.errno in _DISK_FULL:
+            raise ConfigError("copy-disk-full", f"copies/{peer}: {what}: {reason}") from None
+        raise ConfigError("io-error", f"copies/{peer}: {what}: {reason}") from None
+    except (sqlite3.Error, ValueError, RuntimeError) as exc:  # SQLite's and tantivy's own
+        text = str(exc)
+        if any(t in text for t in _DISK_FULL_TEXT):
+            raise ConfigError("copy-disk-full", f"copies/{peer}: {what}: the disk is full") from None
+        if isinstance(exc, sqlite3.OperationalError) and "readonly" in text:
+            raise ConfigError("io-error", f"copies/{peer}: {what}: the copy's index is read-only") from None
+        if "FileDoesNotExist" in text:  # tantivy: the index's files went away under this write
+            raise ConfigError("io-error", f"copies/{peer}: {what}: the index's files went away while it was "
+                              "written", hint=f"`kith copies sync {peer}` indexes the copy again") from None
+        raise
+
+
+#: grant.json path -> ((inode, mtime_ns, size), what it held) as :meth:`CopyStore.grant` last read it
+_GRANTS: dict[Path, tuple[tuple[int, int, int], dict[str, Any] | None]] = {}
+#: (copy folder) -> the manifest's mtime_ns when :meth:`CopyStore.reindex_if_outdated`
+#: last found its index current (the code's schema cannot change within a process).
+_CURRENT: dict[Path, int] = {}
+
+
+def copies_root(home: Path) -> Path:
+    """``<home>/copies``."""
+    return Path(home) / COPIES_DIR
+
+
+def _rfc3339(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+class CopyStore:
+    """One peer's copy on disk (module docstring).
+
+    Args:
+        home: this node's home.
+        peer: the pinned peer's registry name (:data:`node.trust.peers.NAME_RE`: a safe
+            folder name).
+
+    Raises:
+        PolicyError: ``peer-bad-name`` for a name that is not a registry name.
+    """
+
+    def __init__(self, home: Path, peer: str) -> None:
+        from node.trust.peers import NAME_RE
+
+        if not isinstance(peer, str) or NAME_RE.fullmatch(peer) is None:
+            raise PolicyError("peer-bad-name", f"{str(peer)[:80]!a} is not a registry name")
+        self.home = Path(home)
+        self.peer = peer
+        self.dir = copies_root(home) / peer
+        self.docs = self.dir / DOCS_DIR
+        self.path = self.dir / MANIFEST_FILE
+
+    def exists(self) -> bool:
+        """True when a manifest was ever committed here."""
+        return self.path.is_file()
+
+    @property
+    def _remake_hint(self) -> str:
+        return f"`kith copies remove {self.peer}` deletes this copy; `kith copies sync {self.peer}` then makes it again"
+
+    def load(self) -> dict[str, Any]:
+        """The committed state (an empty one when there is none).
+
+        Raises:
+            ConfigError: ``config-invalid`` when ``manifest.json`` cannot be read.
+        """
+        if not self.path.is_file():
+            return {"v": 1, "peer": self.peer, "hostKey": None, "syncedAt": None, "maxBytes": None,
+                    "documents": {}}
+        try:
+            state = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise ConfigError("config-invalid", f"copies/{self.peer}/{MANIFEST_FILE} cannot be read",
+                              hint=self._remake_hint) from None
+        if not isinstance(state, dict) or not isinstance(state.get("documents"), dict):
+            raise ConfigError("config-invalid", f"copies/{self.peer}/{MANIFEST_FILE} is not a copy manifest",
+                              hint=self._remake_hint)
+        return state
+
+    def commit(self, state: dict[str, Any]) -> None:
+        """Write ``state`` as the copy's manifest atomically (0600): a temp file in the
+        copy's folder, fsync, rename (:func:`node.common.home.atomic_write`); on a failure
+        the temp file is removed and the manifest is the one committed before.
+
+        Raises:
+            ConfigError: ``copy-disk-full`` (ENOSPC, EDQUOT, EFBIG), ``io-error`` (any
+                other OSError).
+        """
+        with _disk(self.peer, "writing the manifest"):
+            atomic_write(self.path, json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8"))
+
+    @staticmethod
+    def file_for(source: str, version: str, text_sha256: str = "") -> str:
+        """The file name a document of ``source`` at ``version`` with text hash
+        ``text_sha256`` is kept under: ``<sha256(source)[:32]>-<version[:12]>-<text_sha256[:12]>``
+        and ``.md``/``.rst``/``.txt`` — chosen here, never by the host (only hex and a
+        fixed suffix), and another name for another text of the same version (a scrub
+        changed), so a write never replaces a committed document's file."""
+        from node.corpus.parsers import kind_for
+
+        kind = kind_for(source.rsplit("/", 1)[-1])
+        suffix = {"markdown": ".md", "rst": ".rst"}.get(kind or "", ".txt")
+        digest = f"-{text_sha256[:12]}" if text_sha256 else ""
+        return (f"{hashlib.sha256(source.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}-{version[:12]}"
+                f"{digest}{suffix}")
+
+    def write_doc(self, name: str, text: str) -> None:
+        """Write one document file into ``docs/`` atomically (temp file, fsync, rename;
+        the temp file removed on a failure); a folder in its place (made on this machine)
+        is deleted first — ``docs/`` holds only the copy's own files.
+
+        Raises:
+            ConfigError: ``copy-disk-full``, ``io-error`` (as :meth:`commit`).
+        """
+        path = self.docs / name
+        with _disk(self.peer, f"writing document {name}"):
+            if path.is_dir() and not path.is_symlink():  # a folder made in its place here: the copy's own
+                shutil.rmtree(path)
+            atomic_write(path, text.encode("utf-8", "surrogatepass"))
+
+    def intact(self, entry: dict[str, Any]) -> bool:
+        """True when the file of the committed document ``entry`` (a manifest row) is in
+        ``docs/`` with the size and text hash the host signed; False when it is gone or
+        changed on this machine (hand-edited, truncated, half-restored from a backup), so
+        the next sync fetches it again (specs/copies.md §4, step 3). A file whose size and
+        modification time (ns) are the ones ``entry["mtimeNs"]`` recorded when it was
+        written or last hashed is not read again; one hashed and found whole gets its
+        time recorded in ``entry`` (committed with the manifest). Never raises."""
+        try:
+            path = self.docs / Path(str(entry.get("file"))).name
+            st = path.stat()
+            if st.st_size != entry.get("bytes"):
+                return False
+            if entry.get("mtimeNs") == st.st_mtime_ns:
+                return True
+            if hashlib.sha256(path.read_bytes()).hexdigest() != entry.get("textSha256"):
+                return False
+            entry["mtimeNs"] = st.st_mtime_ns
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def mtime_ns(self, name: str) -> int | None:
+        """The modification time (ns) of ``docs/<name>``, or None when it cannot be read."""
+        try:
+            return (self.docs / name).stat().st_mtime_ns
+        except OSError:
+            return None
+
+    def check_own_folders(self) -> None:
+        """Refuse to work in a copy whose folder or ``docs/`` is a symbolic link: a sync
+        deletes the files of ``docs/`` its manifest does not list, so a link (a folder moved
+        to another disk and linked back) would make it delete someone else's files.
+
+        Raises:
+            ConfigError: ``io-error`` naming the link.
+        """
+        for path, what in ((self.dir, f"copies/{self.peer}"), (self.docs, f"copies/{self.peer}/{DOCS_DIR}")):
+            if path.is_symlink():
+                raise ConfigError("io-error", f"{what} is a symbolic link: a copy is written and tidied only in "
+                                  "its own folders, never through a link",
+                                  hint=f"move the link away; `kith copies sync {self.peer}` then makes the copy again")
+
+    def tidy(self, state: dict[str, Any]) -> list[str]:
+        """Delete every file of ``docs/`` that ``state`` does not list (a killed or failed
+        sync's, a replaced version's, a temp file left by a crash); the names deleted.
+
+        Raises:
+            ConfigError: ``io-error`` (a file cannot be deleted; the copy's folder or
+                ``docs/`` is a symbolic link, :meth:`check_own_folders`).
+        """
+        self.check_own_folders()
+        keep = {d.get("file") for d in state["documents"].values()}
+        gone: list[str] = []
+        with _disk(self.peer, "deleting a document"):
+            if self.docs.is_dir():
+                for f in self.docs.iterdir():
+                    if f.name not in keep and f.is_file():
+                        f.unlink(missing_ok=True)
+                        gone.append(f.name)
+        return gone
+
+    def index(self, changed: list[str] | None = None) -> dict[str, Any]:
+        """Bring the copy's own index in line with ``docs/`` (the owner's corpus code):
+        only the files ``changed`` (names written or deleted) when given and the index
+        exists (:meth:`node.corpus.store.Corpus.sync_paths`), else the whole folder
+        (:meth:`node.corpus.store.Corpus.sync`, which also rebuilds an index of an older
+        schema and re-chunks what an older chunker made); the sync report.
+
+        Raises:
+            ConfigError: ``copy-disk-full``, ``io-error`` (as :meth:`commit`): the index
+                may then lag ``docs/`` (the manifest says ``indexed: false``; the next
+                sync indexes the whole folder).
+            CorpusError: ``index-locked`` (another process writes this copy's index).
+        """
+        from node.corpus.store import Corpus
+
+        with _disk(self.peer, "indexing"):
+            self.docs.mkdir(parents=True, exist_ok=True)
+            with Corpus(self.dir) as corpus:
+                if not any(r.prefix == ROOT_NAME for r in corpus.roots()):
+                    corpus.add_root(self.docs, name=ROOT_NAME)
+                    changed = None
+                if changed is not None:
+                    return corpus.sync_paths([self.docs / n for n in dict.fromkeys(changed)])
+                return corpus.sync()
+
+    def reindex_if_outdated(self, *, force: bool = False, locked: bool = False) -> bool:
+        """Rebuild the copy's index from its ``docs/`` — locally, asking no one — when it
+        was built under another index schema or chunker than this code's
+        (:meth:`node.corpus.store.Corpus.index_outdated`, the owner's own test), so a copy
+        is re-indexed with the owner's corpus when the schema changes (specs/copies.md
+        §5); also when it is gone or cannot be read (deleted or damaged on this machine:
+        its text is still in ``docs/``). Called at the start of every sync (:func:`sync_copy`), by ``kith index sync``
+        (:func:`reindex_copies`) and before a search of the copy. A copy found current is
+        not opened again until its manifest changes (one ``stat``), unless ``force``
+        (``kith index sync``). A rebuild runs only under the copy's sync lock (``locked``:
+        the caller, a sync, holds it): while another process syncs the copy, its index is
+        left to that sync — an index being written is never taken for a damaged one.
+
+        Returns:
+            True when the index was rebuilt; False when it was current, there is no copy
+            or index yet, or another process holds the copy's writer (that process's
+            sync rebuilds it).
+
+        Raises:
+            ConfigError: ``copy-disk-full``, ``io-error`` (as :meth:`index`).
+        """
+        from node.common.errors import CorpusError
+        from node.corpus.store import Corpus
+
+        try:
+            stamp = self.path.stat().st_mtime_ns
+        except OSError:
+            return False
+        index_dir = self.dir / "corpus"
+        if not force and _CURRENT.get(self.dir) == stamp and index_dir.is_dir():
+            return False
+        damaged = False
+        if not index_dir.is_dir():  # lost (deleted by hand): rebuilt when docs/ holds the text
+            try:
+                outdated = self.docs.is_dir() and any(f.is_file() for f in self.docs.iterdir())
+            except OSError:
+                outdated = False
+        else:
+            try:
+                with Corpus(self.dir, readonly=True) as corpus:
+                    outdated = corpus.index_outdated()
+            except sqlite3.OperationalError:  # locked, busy, cannot open now: not damaged
+                return False
+            except (sqlite3.DatabaseError, ValueError, CorpusError) as exc:
+                if isinstance(exc, CorpusError) and exc.code == "index-locked":
+                    return False
+                outdated = damaged = True  # not an index this code can read: rebuilt from docs/
+        if not outdated:
+            _CURRENT[self.dir] = stamp
+            return False
+        from node.common.home import acquire_owner_lock, release_owner_lock
+
+        fd = None
+        if not locked:
+            with _disk(self.peer, "taking the sync lock"):
+                fd = acquire_owner_lock(self.sync_lock, "a rebuild of the copy's index")
+            if fd is None:  # a sync runs now: it indexes the copy itself
+                return False
+        try:
+            try:
+                if damaged:
+                    with _open_lock:  # a search holding the broken index open lets go of it
+                        held = _open_copies.pop(self.dir, None)
+                        if held is not None:
+                            _retire(held)
+                    with _disk(self.peer, "deleting the damaged index"):
+                        shutil.rmtree(index_dir)
+                self.index(None)
+            except CorpusError as exc:
+                if exc.code == "index-locked":
+                    return False
+                raise
+        finally:
+            release_owner_lock(fd)
+        _CURRENT[self.dir] = stamp
+        return True
+
+    @property
+    def sync_lock(self) -> Path:
+        """``copies/.<peer>.sync.lock``: held (``flock``) by the one process syncing this
+        copy or rebuilding its index (:func:`sync_copy`)."""
+        return copies_root(self.home) / f".{self.peer}.sync.lock"
+
+    @property
+    def _removal_marker(self) -> Path:
+        return copies_root(self.home) / f".{self.peer}.removed"
+
+    def removal_mark(self) -> tuple[int, int] | None:
+        """The (inode, mtime ns) of ``copies/.<peer>.removed``, rewritten by every
+        :meth:`remove` (None: never removed): a sync running in another process compares it
+        before each commit and stops (``copy-removed``) when it changed."""
+        try:
+            st = self._removal_marker.stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def remove(self, *, mark: bool = True) -> bool:
+        """Delete the whole copy; False when there was none. The folder is first renamed
+        away (``copies/.gone-…``, atomic: no reader sees half a copy, and a search running
+        on it meanwhile cannot make the deletion fail), then deleted, with any such folder
+        an earlier removal left behind. With ``mark`` (every removal but a sync's own) the
+        removal marker (:meth:`removal_mark`) is rewritten first, so a sync running now
+        does not make the copy again.
+
+        Raises:
+            ConfigError: ``io-error`` (the folder cannot be renamed away).
+        """
+        import secrets
+
+        if mark and copies_root(self.home).is_dir():
+            with _disk(self.peer, "marking the removal"):
+                atomic_write(self._removal_marker, _rfc3339(time.time()).encode())
+        if not self.dir.exists():
+            return False
+        _CURRENT.pop(self.dir, None)
+        with _open_lock:  # a copy search_copy holds open is closed (by its last search)
+            held = _open_copies.pop(self.dir, None)
+            if held is not None:
+                _retire(held)
+        gone = self.dir.with_name(f".gone-{secrets.token_hex(8)}")
+        try:
+            with _disk(self.peer, "deleting the copy"):
+                self.dir.rename(gone)
+        except FileNotFoundError:
+            return False
+        for old in self.dir.parent.glob(".gone-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        return True
+
+    def summary(self) -> dict[str, Any]:
+        """``{"peer", "hostKey", "syncedAt", "documents", "bytes", "maxBytes", "until"}`` of
+        the committed copy (``kith copies list``; ``until``: :meth:`until`). A copy whose
+        manifest cannot be read is one row of its own: the same keys empty, and ``error``
+        ``{"code", "message", "hint"}`` (one damaged copy never hides the others)."""
+        try:
+            state = self.load()
+            docs = state["documents"]
+            return {"peer": self.peer, "hostKey": state.get("hostKey"), "syncedAt": state.get("syncedAt"),
+                    "documents": len(docs), "bytes": sum(int(d.get("bytes") or 0) for d in docs.values()
+                                                         if isinstance(d, dict) and isinstance(d.get("bytes"), int)),
+                    "maxBytes": state.get("maxBytes"), "until": self.until(state)}
+        except KithError as exc:
+            return {"peer": self.peer, "hostKey": None, "syncedAt": None, "documents": 0, "bytes": 0,
+                    "maxBytes": None, "until": None,
+                    "error": {"code": exc.code, "message": exc.message, "hint": exc.hint}}
+
+    # --- the host's last word on the grant (specs/copies.md §5) --------------------------
+    def grant(self) -> dict[str, Any] | None:
+        """``grant.json``: the copy grant state the host's last handshake told this node
+        (``{"stamp", "until", "seenAt"}``), or None (never told, or unreadable). Read again
+        only when the file's inode, modification time or size changed (every search of a
+        copy asks for its end)."""
+        path = self.dir / GRANT_FILE
+        try:
+            st = path.stat()
+            key = (st.st_ino, st.st_mtime_ns, st.st_size)
+            seen = _GRANTS.get(path)
+            if seen is not None and seen[0] == key:
+                return dict(seen[1]) if seen[1] is not None else None
+            got = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        got = got if isinstance(got, dict) else None
+        if len(_GRANTS) >= 256:
+            _GRANTS.clear()
+        _GRANTS[path] = (key, got)
+        return dict(got) if got is not None else None
+
+    def write_grant(self, state: dict[str, Any], now: float) -> None:
+        """Record a checked copy grant state (:func:`check_copy_state`) as ``grant.json``."""
+        atomic_write(self.dir / GRANT_FILE, json.dumps(
+            {"stamp": state["stamp"], "until": state["until"], "seenAt": _rfc3339(now)},
+            sort_keys=True).encode("utf-8"))
+
+    def until(self, state: dict[str, Any] | None = None) -> str | None:
+        """When this copy ends (RFC 3339 UTC) or None (never said): the host's last
+        handshake's ``until`` (``grant.json``) when one was recorded, else the one of the
+        last sync (``manifest.json``)."""
+        grant = self.grant()
+        if grant is not None:
+            return grant.get("until")
+        return (state if state is not None else self.load()).get("until")
+
+    def expired(self, now: float) -> bool:
+        """True once :meth:`until` has passed (an ill-formed one counts as passed)."""
+        from node.common.grants import ended
+
+        until = self.until()
+        if until is None:
+            return False
+        try:
+            return ended(until, now)
+        except KithError:
+            return True
+
+
+def reindex_copies(home: Path) -> list[str]:
+    """:meth:`CopyStore.reindex_if_outdated` of every copy of ``home`` (``kith index
+    sync``: a copy is re-indexed with the owner's corpus when the schema changes); the
+    peers whose copy was rebuilt.
+
+    Raises:
+        ConfigError: ``copy-disk-full``, ``io-error``.
+    """
+    return [row["peer"] for row in list_copies(home)
+            if "error" not in row and CopyStore(home, row["peer"]).reindex_if_outdated(force=True)]
+
+
+def list_copies(home: Path) -> list[dict[str, Any]]:
+    """Every copy of ``home`` (:meth:`CopyStore.summary`), by peer name; a damaged one is a
+    row with ``error`` that the background tasks (expiry, re-sync, re-index) leave alone."""
+    from node.trust.peers import NAME_RE
+
+    root = copies_root(home)
+    if not root.is_dir():
+        return []
+    return [CopyStore(home, d.name).summary() for d in sorted(root.iterdir())
+            if d.is_dir() and NAME_RE.fullmatch(d.name) and (d / MANIFEST_FILE).is_file()]
+
+
+#: The most copies :func:`search_copy` keeps open at once (least recently used closed first).
+OPEN_COPIES_MAX = 8
+
+
+class _OpenCopy:
+    """One copy held open for search: its committed state as of ``key`` (the manifest
+    file's inode, mtime and size), its index and the maps from its local ids to the host's.
+    ``users`` counts searches running on it; one retired while in use is closed by the
+    last of them."""
+
+    __slots__ = ("key", "corpus", "state", "names", "service", "users", "retired")
+
+    def __init__(self, key: tuple[int, int, int], corpus: Any, state: dict[str, Any]) -> None:
+        from node.answer.service import AnswerService
+
+        self.key = key
+        self.corpus = corpus
+        self.state = state
+        #: local source id (``/copy/<file>``) → the host's source id
+        self.names = {f"/{ROOT_NAME}/{d['file']}": s for s, d in state["documents"].items()}
+        #: the owner's answer service over the copy's index, its hits named by the host's ids
+        self.service = AnswerService(corpus, source_names=self.names)
+        self.users = 0
+        self.retired = False
+
+
+_open_copies: dict[Path, _OpenCopy] = {}
+_open_lock = threading.Lock()
+
+
+def _retire(entry: _OpenCopy) -> None:
+    """Close ``entry`` now, or when its last search ends (call with the lock held)."""
+    entry.retired = True
+    if entry.users == 0:
+        entry.corpus.close()
+
+
+def _acquire(store: CopyStore) -> _OpenCopy:
+    """The copy held open at its committed state, opened (again) when the manifest changed
+    since (a sync committed; the copy was removed and made anew); its ``users`` counted up.
+
+    Raises:
+        ConfigError: ``copy-not-found`` (no index, or the manifest went); ``config-invalid``.
+    """
+    from node.corpus.store import Corpus
+
+    try:
+        st = store.path.stat()
+    except OSError:
+        st = None
+    if st is None or not (store.dir / "corpus").is_dir():
+        with _open_lock:
+            gone = _open_copies.pop(store.dir, None)
+            if gone is not None:
+                _retire(gone)
+        raise ConfigError("copy-not-found", f"no copy of {store.peer} is kept here (`kith copies sync {store.peer}`)")
+    key = (st.st_ino, st.st_mtime_ns, st.st_size)
+    with _open_lock:
+        entry = _open_copies.get(store.dir)
+        if entry is not None and entry.key == key:
+            entry.users += 1
+            _open_copies[store.dir] = _open_copies.pop(store.dir)  # most recently used last
+            return entry
+    fresh = _OpenCopy(key, Corpus(store.dir, readonly=True), store.load())
+    fresh.users = 1
+    with _open_lock:
+        old = _open_copies.pop(store.dir, None)
+        if old is not None:
+            _retire(old)
+        _open_copies[store.dir] = fresh
+        while len(_open_copies) > OPEN_COPIES_MAX:
+            _retire(_open_copies.pop(next(iter(_open_copies))))
+    return fresh
+
+
+def _release(entry: _OpenCopy) -> None:
+    with _open_lock:
+        entry.users -= 1
+        if entry.retired and entry.users == 0:
+            entry.corpus.close()
+
+
+def close_open_copies() -> None:
+    """Close every copy :func:`search_copy` holds open (tests; a process about to remove
+    copies wholesale). Searches running finish on theirs first."""
+    with _open_lock:
+        while _open_copies:
+            _retire(_open_copies.popitem()[1])
