@@ -359,5 +359,5 @@ async def ask_devices(pool: "SessionPool", rec: "PeerRecord", targets: list[tupl
     raise PeerGone(None, None, False)
 
 
-__all__ = ["accept_card", "ask_devices", "device_targets", "fetch_cards", "is_revoked", "next_seq", "own_card",
-           "public_totals", "refresh_revocation", "take_card"]
+__all__ = ["accept_card", "ask_devices", "device_targets", "fetch_cards", "is_revoked", "refresh_revocation",
+           "take_card"]
