@@ -18,7 +18,7 @@ from node.common.grants import until_time
 from node.engine.session import SessionClosed, SessionReady
 from node.policy.store import Policy
 from node.protocol.spec import load_spec
-from node.guest.copies.lifecycle import copy_notices, end_copies, expire_copies, stale, take_copy_state
+from node.guest.copies.lifecycle import end_copies, expire_copies, stale, take_copy_state
 from node.guest.copies.search import search_copy
 from node.guest.copies.store import CopyStore, list_copies, reindex_copies
 from node.guest.copies.sync import sync_copy
@@ -157,8 +157,7 @@ def test_a_changed_stamp_makes_the_copy_stale_until_synced(host, tmp_path):
     store = CopyStore(guest, "alice")
     assert store.load()["stamp"] == STATE["stamp"] and not stale(store)
     told: list = []
-    with copy_notices(told.append):
-        take_copy_state(guest, key, {**STATE, "stamp": "cd" * 16})
+    take_copy_state(guest, key, {**STATE, "stamp": "cd" * 16}, notify=told.append)
     assert stale(store) and told == [{"peer": "alice", "kind": "changed"}]
     server, corpus, _ = _server(home)
     anyio.run(lambda: sync_copy(guest, "alice", _asker(server), key))
@@ -233,6 +232,18 @@ def test_peers_remove_deletes_the_copy_and_says_so(host, tmp_path):
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["copyRemoved"] == 2
     assert not CopyStore(guest, "alice").dir.exists()
+
+
+def test_a_deletion_tells_the_sink_its_caller_passed_and_no_one_else(host, tmp_path, capsys):
+    """Notices are an argument, not a process-wide stack: the caller's sink is told, stderr
+    is not (it is told only when no sink is passed: the handshake test above)."""
+    home, _ = host
+    guest, key = _synced(tmp_path, home)
+    capsys.readouterr()
+    told: list = []
+    end_copies(guest, host_key=key, via="device-revoked", notify=told.append)
+    assert [(n["peer"], n["kind"], n["via"]) for n in told] == [("alice", "ended", "device-revoked")]
+    assert "copy was deleted" not in capsys.readouterr().err
 
 
 def test_a_revoked_device_s_copies_are_deleted(host, tmp_path):

@@ -138,11 +138,10 @@ def remove_cmd(
     rec = removed[0]
     cancelled = _cancel_approvals(home, rec.public_key)
     _audit(home, "peer-removed", peer=rec.public_key, peer_name=rec.name, approvals_cancelled=cancelled or None)
-    from node.guest.copies.lifecycle import copy_notices, end_copies
+    from node.guest.copies.lifecycle import end_copies
 
     ended: list[dict] = []  # its copy kept here goes with it (specs/copies.md §5)
-    with copy_notices(ended.append):
-        end_copies(home, peer=rec.name, via="peer-removed")
+    end_copies(home, peer=rec.name, via="peer-removed", notify=ended.append)
     if as_json:
         emit_json({"name": rec.name, "removed": True,
                    "copyRemoved": sum(n["removed"] for n in ended) if ended else None})
@@ -525,12 +524,11 @@ def import_revocation_cmd(
     pin = person_pin(registry, checked.person)
     _audit(home, "revocation-imported", person=checked.person, peer_name=pin.name if pin else None,
            seq=checked.seq, devices=offered.newly_revoked or None)
-    from node.guest.copies.lifecycle import copy_notices, end_copies
+    from node.guest.copies.lifecycle import end_copies
 
     ended: list[dict] = []  # copies held from a revoked device's host key go (specs/copies.md §5)
-    with copy_notices(ended.append):
-        for key in offered.newly_revoked:
-            end_copies(home, host_key=key, via="device-revoked")
+    for key in offered.newly_revoked:
+        end_copies(home, host_key=key, via="device-revoked", notify=ended.append)
     for n in ended:
         err_console.print(f"kith: {n['text']}", highlight=False, markup=False)
     out = {"person": checked.person, "peer_name": pin.name if pin else None, "seq": checked.seq,

@@ -109,7 +109,7 @@ def take_card(home: Path, doc: object, *, via: str, device: str | None = None) -
     return None
 
 
-async def fetch_cards(home: Path, rec: "PeerRecord") -> list[str]:
+async def fetch_cards(home: Path, rec: "PeerRecord", *, notify: Any = None) -> list[str]:
     """Ask the pin's community server for its person's revocation list and cards: the list
     first (kept when it verifies and is newer, specs/peers.md §10), so a revoked device's
     card is refused; then each card that passes (:func:`accept_card`, ``via="server"``).
@@ -125,7 +125,7 @@ async def fetch_cards(home: Path, rec: "PeerRecord") -> list[str]:
             docs = await client.get_cards(rec.public_key)
     except KithError:
         return []
-    _keep_revocation(home, rec, revocation)
+    _keep_revocation(home, rec, revocation, notify)
     codes = []
     for doc in docs:
         try:
@@ -135,9 +135,12 @@ async def fetch_cards(home: Path, rec: "PeerRecord") -> list[str]:
     return codes
 
 
-def _keep_revocation(home: Path, rec: "PeerRecord", revocation: dict[str, Any] | None) -> None:
+def _keep_revocation(home: Path, rec: "PeerRecord", revocation: dict[str, Any] | None,
+                     notify: Any = None) -> None:
     """Keep the server's revocation list of the person pin ``rec`` when it verifies and is
-    newer (specs/peers.md §10); a forged or foreign one is logged and dropped."""
+    newer (specs/peers.md §10); a forged or foreign one is logged and dropped. The copies
+    held from the devices it newly revokes end, told to ``notify``
+    (:data:`node.guest.copies.lifecycle.Notify`; stderr without one)."""
     from node.trust.revocation_list import RevocationStore, check_list
 
     if revocation is None:
@@ -151,7 +154,7 @@ def _keep_revocation(home: Path, rec: "PeerRecord", revocation: dict[str, Any] |
     from node.guest.copies.lifecycle import end_copies
 
     for key in offered.newly_revoked:  # copies held from a revoked device go (specs/copies.md §5)
-        end_copies(home, host_key=key, via="device-revoked")
+        end_copies(home, host_key=key, via="device-revoked", notify=notify)
 
 
 #: Seconds between two reads of a person's revocation list from its pin's server by one
@@ -162,7 +165,7 @@ REVOCATION_WAIT_S = 5.0
 _REVOCATION_READ: dict[tuple[str, str], float] = {}
 
 
-async def refresh_revocation(home: Path, rec: "PeerRecord") -> None:
+async def refresh_revocation(home: Path, rec: "PeerRecord", *, notify: Any = None) -> None:
     """Read the person pin's revocation list from its server (``GET
     /api/v1/revocations/{person_key}``) and keep it when it verifies and is newer, at most
     once every :data:`REVOCATION_EVERY_S` per process, within :data:`REVOCATION_WAIT_S`.
@@ -186,7 +189,7 @@ async def refresh_revocation(home: Path, rec: "PeerRecord") -> None:
                 revocation = await client.get_revocation(rec.public_key)
         except KithError:
             return
-        _keep_revocation(home, rec, revocation)
+        _keep_revocation(home, rec, revocation, notify)
 
 
 def is_revoked(home: Path, rec: "PeerRecord", device: str) -> bool:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -367,7 +368,8 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
         if not CopyStore(pool.home, name).exists():
             return None
         try:
-            return await anyio.to_thread.run_sync(search_copy, pool.home, name, request, abandon_on_cancel=True)
+            find = partial(search_copy, pool.home, name, request, notify=getattr(pool, "on_copy_notice", None))
+            return await anyio.to_thread.run_sync(find, abandon_on_cancel=True)
         except KithError as exc:
             return {"error": exc.code}
 

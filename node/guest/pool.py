@@ -31,6 +31,7 @@ import queue
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +153,8 @@ class PeerSession:
                     self.target.spec, local=self.pool.local, mode=self.pool.mode, server_url=None, options=options,
                     interactive=True, on_ready=self._on_ready, heartbeat=self.pool.heartbeat,
                     node=self.pool.node, connect_timeout_s=self.pool.connect_timeout_s,
-                    on_path=self._on_path, on_refused=self._on_refused)
+                    on_path=self._on_path, on_refused=self._on_refused,
+                    on_copy_notice=self.pool.on_copy_notice)
         except KithError as exc:
             self.error = exc
             if isinstance(exc, TransportError) and self.session_id is None:
@@ -232,6 +234,9 @@ class SessionPool:
         down_s: seconds an address whose new session never came up is not tried again
             (:data:`DOWN_S`; the home's background runner passes 0: it keeps its own
             backoff per peer, node/guest/outbox_task.py).
+        on_copy_notice: told of each copy this pool's sessions end or find changed
+            (:data:`node.guest.copies.lifecycle.Notify`; the home runner's), or None:
+            stderr.
     """
 
     home: Path
@@ -244,6 +249,7 @@ class SessionPool:
     connect_timeout_s: float = 5.0
     end_wait_s: float = END_WAIT_S
     down_s: float = DOWN_S
+    on_copy_notice: Any = None
     stats: PoolStats = field(default_factory=PoolStats)
 
     def __post_init__(self) -> None:
@@ -486,7 +492,7 @@ class SessionPool:
                 failed.append(exc)
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(refresh_revocation, self.home, person)
+            tg.start_soon(partial(refresh_revocation, self.home, person, notify=self.on_copy_notice))
             await race()
         if failed:
             raise failed[0]
@@ -554,7 +560,7 @@ class SessionPool:
                 return answer
         targets = device_targets(self.home, person)
         if not targets and person.server:
-            await fetch_cards(self.home, person)
+            await fetch_cards(self.home, person, notify=self.on_copy_notice)
             person = PeerRegistry.load(self.home).by_name(name) or person  # its new seenDevices
             targets = device_targets(self.home, person)
         if targets:
@@ -565,7 +571,7 @@ class SessionPool:
                     raise
                 # every device it knew is down: the server may hold newer cards
                 before = {t.invitation.transport_info.ticket for _, t in targets}
-                await fetch_cards(self.home, person)
+                await fetch_cards(self.home, person, notify=self.on_copy_notice)
                 person = PeerRegistry.load(self.home).by_name(name) or person
                 targets = [(d, t) for d, t in device_targets(self.home, person)
                            if t.invitation.transport_info.ticket not in before]

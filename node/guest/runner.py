@@ -136,10 +136,23 @@ class Runner:
                 log.warning("runner job %s failed", getattr(fn, "__name__", "?"), exc_info=True)
         self._tg.start_soon(guarded)
 
+    def copy_notice(self, notice: dict[str, Any]) -> None:
+        """The copy notices of this runner's pool and tasks
+        (:data:`node.guest.copies.lifecycle.Notify`): a deleted copy is a ``copy-ended``
+        event, a changed grant wakes the runner
+        (:meth:`node.guest.copies.task.CopiesTask.listener`)."""
+        from node.guest.copies.task import CopiesTask
+
+        CopiesTask.listener(self)(notice)
+
     async def pool(self) -> Any:
-        """The warm session pool the tasks ask peers through."""
+        """The warm session pool the tasks ask peers through (a pool handed in that tells
+        no one of the copies its sessions end tells this runner)."""
         if self._pool_getter is not None:
-            return await self._pool_getter()
+            pool = await self._pool_getter()
+            if getattr(pool, "on_copy_notice", None) is None:
+                pool.on_copy_notice = self.copy_notice
+            return pool
         assert self._own_pool is not None, "the runner is not running"
         return self._own_pool
 
@@ -162,14 +175,10 @@ class Runner:
                     from node.guest.pool import SessionPool
                     from node.trust.identity import load_identity
 
+                    # a session of its pool that learns a copy ended tells the runner (copy-ended)
                     self._own_pool = await stack.enter_async_context(
                         SessionPool(self.home, load_identity(self.home), local=self.local, mode=self.mode,
-                                    down_s=0.0))
-                from node.guest.copies.lifecycle import copy_notices
-                from node.guest.copies.task import CopiesTask
-
-                # a session of this process that learns a copy ended tells the runner (copy-ended)
-                stack.enter_context(copy_notices(CopiesTask.listener(self)))
+                                    down_s=0.0, on_copy_notice=self.copy_notice))
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
                     await self._loop()

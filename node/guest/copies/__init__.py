@@ -34,7 +34,7 @@ Ending a copy (specs/copies.md §5.1): every session's handshake tells the grant
 re-syncs it), a copy past its ``until`` is deleted by this node without asking
 (:func:`expire_copies`, :func:`search_copy`), and ``kith peers remove`` / a revoked device
 delete the copies held from that host (:func:`end_copies`); each says so
-(:class:`copy_notices`, stderr by default).
+to the ``notify`` its caller passes (:data:`.lifecycle.Notify`; stderr by default).
 
 :func:`search_copy` answers a question from a copy (``kith ask --peer NAME --copy``, and
 the fallback when the host is unreachable): the same answer service as the owner's own

@@ -15,8 +15,6 @@ from node.guest.copies.store import CopyStore, list_copies
 #: the checked state. A first sync's handshake comes before its copy folder exists.
 _SEEN: dict[tuple[str, str], dict[str, Any]] = {}
 _SEEN_MAX = 1024
-#: Who is told that a copy was deleted (:func:`copy_notices`); the innermost one only.
-_LISTENERS: list[Callable[[dict[str, Any]], None]] = []
 
 
 def seen_state(home: Path, host_key: str) -> dict[str, Any] | None:
@@ -24,25 +22,28 @@ def seen_state(home: Path, host_key: str) -> dict[str, Any] | None:
     return _SEEN.get((str(Path(home).resolve()), host_key))
 
 
-class copy_notices:  # noqa: N801 - a context manager used as a statement
-    """``with copy_notices(fn):`` — ``fn(notice)`` is told of every copy this process deletes
-    because it may no longer hold it (instead of stderr, the default), innermost first:
-    ``notice`` is ``{"peer", "kind": "ended", "removed" (documents), "via": "handshake" |
-    "expired" | "peer-removed" | "device-revoked", "text"}``, or ``{"peer", "kind":
-    "changed"}`` when a handshake told a new grant stamp (the copy is :func:`stale`; stderr
-    is not told of those). The home runner turns ``ended`` into ``copy-ended`` events and
-    wakes for ``changed`` (specs/copies.md §7)."""
+#: Who is told of a copy this node deletes because it may no longer hold it, passed by the
+#: caller (the home runner's :meth:`node.guest.copies.task.CopiesTask.listener`, a command
+#: collecting what it prints): ``notice`` is ``{"peer", "kind": "ended", "removed"
+#: (documents), "via": "handshake" | "expired" | "peer-removed" | "device-revoked",
+#: "text"}``, or ``{"peer", "kind": "changed"}`` when a handshake told a new grant stamp
+#: (the copy is :func:`stale`). Without one, an ``ended`` notice goes to stderr and a
+#: ``changed`` one to no one. The runner turns ``ended`` into ``copy-ended`` events and wakes
+#: for ``changed`` (specs/copies.md §7).
+Notify = Callable[[dict[str, Any]], None]
 
-    def __init__(self, fn: Callable[[dict[str, Any]], None]) -> None:
-        self.fn = fn
 
-    def __enter__(self) -> "copy_notices":
-        _LISTENERS.append(self.fn)
-        return self
+def _tell(notify: Notify | None, notice: dict[str, Any]) -> None:
+    if notify is None:
+        if notice.get("kind") == "ended":
+            import sys
 
-    def __exit__(self, *_exc: Any) -> None:
-        if self.fn in _LISTENERS:
-            _LISTENERS.remove(self.fn)
+            print(f"kith: {notice['text']}", file=sys.stderr)
+        return
+    try:
+        notify(notice)
+    except Exception:  # noqa: BLE001 - a listener's fault never undoes the deletion
+        pass
 
 
 _WHY = {"handshake": "its host no longer grants it (told in the handshake)",
@@ -51,8 +52,8 @@ _WHY = {"handshake": "its host no longer grants it (told in the handshake)",
         "device-revoked": "its host's device was revoked"}
 
 
-def _ended_copy(store: CopyStore, via: str) -> dict[str, Any] | None:
-    """Delete ``store``'s copy and tell the innermost listener (stderr without one); the notice."""
+def _ended_copy(store: CopyStore, via: str, notify: Notify | None = None) -> dict[str, Any] | None:
+    """Delete ``store``'s copy and tell ``notify`` (stderr without one, :data:`Notify`); the notice."""
     if not store.dir.exists():
         store.remove()  # none yet: a first sync running now still must not make one
         return None
@@ -63,15 +64,7 @@ def _ended_copy(store: CopyStore, via: str) -> dict[str, Any] | None:
     store.remove()
     notice = {"peer": store.peer, "kind": "ended", "removed": removed, "via": via,
               "text": f"{store.peer}'s copy was deleted ({removed} document(s)): {_WHY[via]}"}
-    if _LISTENERS:
-        try:
-            _LISTENERS[-1](notice)
-        except Exception:  # noqa: BLE001 - a listener's fault never undoes the deletion
-            pass
-    else:
-        import sys
-
-        print(f"kith: {notice['text']}", file=sys.stderr)
+    _tell(notify, notice)
     return notice
 
 
@@ -81,12 +74,12 @@ def copies_of_key(home: Path, host_key: str) -> list[CopyStore]:
     return [CopyStore(home, row["peer"]) for row in list_copies(home) if row.get("hostKey") == host_key]
 
 
-def take_copy_state(home: Path, host_key: str, raw: Any, *, now: Callable[[], float] = time.time
-                    ) -> list[dict[str, Any]]:
+def take_copy_state(home: Path, host_key: str, raw: Any, *, now: Callable[[], float] = time.time,
+                    notify: Notify | None = None) -> list[dict[str, Any]]:
     """Act on the ``copy_state`` the host ``host_key`` sent in its ``_session_proof`` (the
     guest's runtime calls it at every ready session: ``kith ask``, an outbox delivery, a
     sync). Not granted → every copy held from that key is deleted now
-    (:func:`copy_notices`); granted → its ``stamp`` and ``until`` are recorded in each
+    (told to ``notify``, :data:`Notify`); granted → its ``stamp`` and ``until`` are recorded in each
     copy's ``grant.json`` (a stamp that differs from the one the copy was last synced under
     makes the runner's :class:`CopiesTask` sync it at its next step; an ``until`` is the
     copy's end, :func:`expire_copies`). Only the host's own handshake counts: ``host_key``
@@ -106,18 +99,15 @@ def take_copy_state(home: Path, host_key: str, raw: Any, *, now: Callable[[], fl
     notices = []
     for store in copies_of_key(home, host_key):
         if not state["granted"]:
-            got = _ended_copy(store, "handshake")
+            got = _ended_copy(store, "handshake", notify)
             if got is not None:
                 notices.append(got)
         else:
             told = store.grant() or {}
             if (told.get("stamp"), told.get("until")) != (state["stamp"], state["until"]):
                 store.write_grant(state, now())
-            if stale(store) and _LISTENERS:  # the runner syncs it at its next step: wake it
-                try:
-                    _LISTENERS[-1]({"peer": store.peer, "kind": "changed"})
-                except Exception:  # noqa: BLE001
-                    pass
+            if stale(store) and notify is not None:  # the runner syncs it at its next step: wake it
+                _tell(notify, {"peer": store.peer, "kind": "changed"})
     return notices
 
 
@@ -134,7 +124,7 @@ def stale(store: CopyStore) -> bool:
     return grant.get("stamp") != synced
 
 
-def expire_copies(home: Path, now: float | None = None) -> list[dict[str, Any]]:
+def expire_copies(home: Path, now: float | None = None, *, notify: Notify | None = None) -> list[dict[str, Any]]:
     """Delete every copy of ``home`` whose end (:meth:`CopyStore.until`) has passed, without
     asking its host (specs/copies.md §5: this relies on this node doing so); the notices."""
     t = time.time() if now is None else now
@@ -142,18 +132,18 @@ def expire_copies(home: Path, now: float | None = None) -> list[dict[str, Any]]:
     for row in list_copies(home):
         store = CopyStore(home, row["peer"])
         if "error" not in row and store.expired(t):
-            got = _ended_copy(store, "expired")
+            got = _ended_copy(store, "expired", notify)
             if got is not None:
                 out.append(got)
     return out
 
 
-def end_copies(home: Path, *, peer: str | None = None, host_key: str | None = None, via: str
-               ) -> list[dict[str, Any]]:
+def end_copies(home: Path, *, peer: str | None = None, host_key: str | None = None, via: str,
+               notify: Notify | None = None) -> list[dict[str, Any]]:
     """Delete the copy kept under the registry name ``peer`` and/or every copy held from
     ``host_key`` (``kith peers remove``: ``peer-removed``; a revoked device:
-    ``device-revoked``); the notices."""
+    ``device-revoked``); the notices, each told to ``notify`` (:data:`Notify`)."""
     stores = [CopyStore(home, peer)] if peer is not None else []
     if host_key is not None:
         stores += [s for s in copies_of_key(home, host_key) if s.peer != peer]
-    return [n for n in (_ended_copy(s, via) for s in stores) if n is not None]
+    return [n for n in (_ended_copy(s, via, notify) for s in stores) if n is not None]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from node.common.errors import CorpusError, KithError, PolicyError
-from node.guest.copies.lifecycle import _ended_copy
+from node.guest.copies.lifecycle import Notify, _ended_copy
 from node.guest.copies.store import _CURRENT, CopyStore, _acquire, _release, copies_root
 
 def _age(synced_at: str | None, now: float) -> str:
@@ -33,7 +33,8 @@ def copy_age_text(peer: str, synced_at: str | None, now: float | None = None) ->
     return f"from {peer}'s copy of {_age(synced_at, time.time() if now is None else now)}"
 
 
-def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any]:
+def search_copy(home: Path, peer: str, request: dict[str, Any], *, notify: Notify | None = None
+                ) -> dict[str, Any]:
     """Answer the flat ``request`` from ``peer``'s copy: ``{"status", "envelope",
     "copyAsOf", "hostKey"}`` (``hostKey``: the key that signed the copy — a device's for
     a person pin, specs/copies.md §4.1) — the owner's answer service over the copy's index
@@ -55,12 +56,13 @@ def search_copy(home: Path, peer: str, request: dict[str, Any]) -> dict[str, Any
             ``config-invalid`` when its ``manifest.json`` cannot be read.
         CorpusError: ``index-unavailable`` when the copy's index is damaged (not SQLite).
         PolicyError: ``copy-expired`` when the copy's end (:meth:`CopyStore.until`) has
-            passed: the copy is deleted (specs/copies.md §5).
+            passed: the copy is deleted (specs/copies.md §5), told to ``notify``
+            (:data:`node.guest.copies.lifecycle.Notify`; stderr without one).
     """
     store = CopyStore(home, peer)
     if store.exists() and store.expired(time.time()):  # past its grant's end: deleted, never answered from
         until = store.until()
-        _ended_copy(store, "expired")
+        _ended_copy(store, "expired", notify)
         raise PolicyError("copy-expired", f"{peer}'s copy ended at {until}; it was deleted")
     try:
         store.reindex_if_outdated()  # an index of an older schema answers nothing: rebuilt first

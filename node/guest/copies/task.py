@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from node.common.errors import ConfigError, KithError
-from node.guest.copies.lifecycle import copy_notices, expire_copies, stale
+from node.guest.copies.lifecycle import expire_copies, stale
 from node.guest.copies.store import CopyStore, list_copies
 from node.guest.copies.sync import sync_with_pool
 
@@ -47,8 +47,7 @@ class CopiesTask:
         each), then start the syncs that are due — and those a handshake found
         :func:`stale` — (:meth:`node.guest.runner.Runner.spawn`); the seconds until the
         next is."""
-        with copy_notices(self.listener(runner)):
-            expire_copies(self.home)
+        expire_copies(self.home, notify=self.listener(runner))
         now = self.clock()
         for row in list_copies(self.home):
             peer = row["peer"]
@@ -69,7 +68,8 @@ class CopiesTask:
 
     @staticmethod
     def listener(runner: Any) -> Callable[[dict[str, Any]], None]:
-        """The :func:`copy_notices` listener of ``runner``'s process: a deleted copy is a
+        """The copy notices' listener (:data:`node.guest.copies.lifecycle.Notify`) of
+        ``runner`` — its own steps and its pool's sessions pass it: a deleted copy is a
         ``copy-ended`` event (``via`` why), a changed grant wakes the runner."""
         from node.common.host_events import CopyEnded
 
