@@ -686,10 +686,11 @@ def join_cmd(
 
 async def _newer_post(name: str, home: Path, outcome: Any) -> Any:
     """``kith join --peer NAME`` whose saved invitation the host refused as gone
-    (:data:`node.guest.guest.GONE_CODES`): the newest live post of the peer's key on the
+    (:data:`node.guest.targets.GONE_CODES`): the newest live post of the peer's key on the
     community server the pin came from (``resolve_peer(skip_saved=True)``), said on
     stderr, or None (another outcome, no server, or nothing newer there)."""
-    from node.guest.guest import GONE_CODES, resolve_peer
+    from node.guest.guest import resolve_peer
+    from node.guest.targets import GONE_CODES
     from node.trust.peers import PeerRegistry
 
     if outcome is None or outcome.reason != "rejected" or outcome.code not in GONE_CODES:
@@ -727,10 +728,11 @@ def _join_result(outcome: Any, query: list[str], answered: list[dict[str, Any]],
                  target: Any = None) -> None:
     """Raise the refusal ``kith join`` ends with for ``outcome`` (None: success): the
     session's own failure first (a host that no longer honours the invitation of
-    ``target``, a :class:`node.guest.guest.Target`: ``invitation-gone``), else
+    ``target``, a :class:`node.guest.targets.Target`: ``invitation-gone``), else
     ``questions-unanswered`` when an answer's status is not in
     :data:`node.cli.render.ANSWERED_STATUSES` (specs/exit-codes.md)."""
-    from node.guest.guest import GONE_CODES, invitation_gone
+    from node.guest.guest import invitation_gone
+    from node.guest.targets import GONE_CODES
 
     if outcome.ok and interactive and outcome.peer_end is not None:
         reason = _host_end_reason(outcome.peer_end)

@@ -100,7 +100,8 @@ def sync_cmd(
     from node.common.errors import CODES, KithError, UsageError
     from node.guest.copies.store import CopyStore, list_copies
     from node.guest.copies.sync import sync_with_pool
-    from node.guest.pool import PeerGone, SessionPool, classify_gone
+    from node.guest.pool import SessionPool
+    from node.guest.targets import PeerGone, classify_gone
     from node.trust.identity import load_identity
 
     home = identity_home_of(ctx)

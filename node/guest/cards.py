@@ -304,7 +304,7 @@ async def ask_devices(pool: "SessionPool", rec: "PeerRecord", targets: list[tupl
     """
     import anyio
 
-    from node.guest.pool import PeerGone
+    from node.guest.targets import PeerGone
 
     store_marks: list[tuple[str, bool]] = []
     winner: list[dict[str, Any]] = []

@@ -37,7 +37,8 @@ import anyio
 from node.answer import fence
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import KithError, UsageError
-from node.guest.pool import PeerGone, SessionPool, classify_gone
+from node.guest.pool import SessionPool
+from node.guest.targets import PeerGone, classify_gone
 
 #: Most distinct peers one ask may name (``ask-too-many-peers`` beyond).
 MAX_PEERS = 16

@@ -27,6 +27,7 @@ from node.trust.invitation import POST_ID_RE, Invitation, parse_invitation, veri
 from node.trust.peers import PeerRegistry, clean_profile, load_own_profile
 from node.trust.person import own_chain, own_revocation
 from node.protocol.spec import ProtocolSpec, find_protocol_dir, load_spec
+from node.guest.targets import Target
 
 log = logging.getLogger("kith.guest")
 
@@ -70,17 +71,6 @@ class GuestOptions:
         if self.on_results is not None:
             out["on_results"] = self.on_results
         return out
-
-
-@dataclass(frozen=True)
-class Target:
-    """A Host to ask: its verified invitation, the local protocol it names, and the
-    registry name pinned to its key (None for a host never pinned)."""
-
-    invitation: Invitation
-    protocol_dir: Path
-    spec: ProtocolSpec
-    pinned_name: str | None
 
 
 @dataclass
@@ -208,16 +198,9 @@ def check_pinned_name(name: str, inv: Invitation, home: Path) -> None:
                               "that pin is no longer wanted")
 
 
-#: The host's refusals that mean the invitation itself is gone there — it restarted
-#: without it, withdrew it (``kith host --new-invitation``), used it up or it expired
-#: there; under ``--presence granted`` also "you hold no grant", on purpose the same — for
-#: which the guest says ``invitation-gone`` (issue 30; specs/invitation.md).
-GONE_CODES = ("handshake-unknown-post", "handshake-post-expired")
-
-
 def invitation_gone(code: str, inv: Invitation, pinned_name: str | None) -> InvitationError:
     """The guest's ``invitation-gone`` refusal for the host's ``code`` (one of
-    :data:`GONE_CODES`): which host and post, and what to do — a pinned peer is refreshed
+    :data:`node.guest.targets.GONE_CODES`): which host and post, and what to do — a pinned peer is refreshed
     by joining a new invitation once; an unpinned host can be pinned with it."""
     who = repr(pinned_name) if pinned_name else f"{inv.host_public_key[:16]}…"
     why = "it expired there" if code == "handshake-post-expired" else \

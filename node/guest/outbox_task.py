@@ -117,7 +117,7 @@ class OutboxTask:
 
     async def _deliver(self, runner: Any, key: str, items: list[OpenDelivery]) -> None:
         """Ask one peer its open questions in order; stop at the first that cannot reach it."""
-        from node.guest.pool import PeerGone, classify_gone
+        from node.guest.targets import PeerGone, classify_gone
         from node.trust.peers import PeerRegistry
 
         store = self.store

@@ -2,7 +2,7 @@
 
 A long-running caller (``kith mcp``, the local API, ``kith ask``) asks peers through a
 :class:`SessionPool`: the first question to a peer resolves it
-(:func:`node.guest.guest.resolve_peer` for a name, or a :class:`~node.guest.guest.Target`
+(:func:`node.guest.guest.resolve_peer` for a name, or a :class:`~node.guest.targets.Target`
 the caller verified), opens one knowledge-query session on the pool's endpoint and keeps
 it; the next question to that peer goes over the same session (one round trip, no
 handshake). Rules (specs/ask.md §4, DESIGN §3):
@@ -39,7 +39,8 @@ import anyio
 
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import InvitationError, KithError, SessionAborted, TransportError
-from node.guest.guest import Target, join_session, resolve_peer
+from node.guest.guest import join_session, resolve_peer
+from node.guest.targets import PeerGone, Target, connect_failed, post_gone
 from node.trust.identity import Identity
 
 log = logging.getLogger("kith.pool")
@@ -57,17 +58,6 @@ END_WAIT_S = 3.0
 #: Seconds an address whose new session never came up is not tried again (its peer is
 #: ``unreachable`` at once meanwhile, instead of costing every ask its whole deadline).
 DOWN_S = 15.0
-
-
-class PeerGone(Exception):
-    """The session ended before answering (``outcome`` says how; ``reached`` is True when
-    it had completed its handshake, i.e. the host was reachable)."""
-
-    def __init__(self, outcome: Any, error: KithError | None, reached: bool) -> None:
-        super().__init__("session ended")
-        self.outcome = outcome
-        self.error = error
-        self.reached = reached
 
 
 @dataclass
@@ -467,7 +457,7 @@ class SessionPool:
                     retried_warm = True  # the host ended a warm session: re-resolve, new session
                     continue
                 if (name is not None and not skip_saved and not gone.reached
-                        and (_connect_failed(gone) or _post_gone(gone)) and rec is not None and rec.server):
+                        and (connect_failed(gone) or post_gone(gone)) and rec is not None and rec.server):
                     skip_saved = True  # the saved invitation's address did not answer, or its post is gone there
                     continue
                 raise
@@ -586,40 +576,4 @@ class SessionPool:
 WARM_HEDGE_S = 2.0
 
 
-def _connect_failed(gone: PeerGone) -> bool:
-    return isinstance(gone.error, TransportError)
-
-
-def _post_gone(gone: PeerGone) -> bool:
-    """The host refused the post itself (:data:`node.guest.guest.GONE_CODES`)."""
-    from node.guest.guest import GONE_CODES
-
-    out = gone.outcome
-    return out is not None and getattr(out, "reason", None) == "rejected" and out.code in GONE_CODES
-
-
-def classify_gone(gone: PeerGone) -> tuple[str, str | None]:
-    """``(status, code)`` of the per-peer table for a session that ended unanswered
-    (specs/ask.md §3): a refused handshake is ``refused`` with its code; a failed
-    connection or a session the host dropped is ``unreachable``."""
-    out = gone.outcome
-    if gone.error is not None:
-        if isinstance(gone.error, TransportError):
-            return "unreachable", gone.error.code
-        return "refused", gone.error.code
-    if _post_gone(gone):
-        return "refused", "invitation-gone"  # the host no longer honours the saved invitation (issue 30)
-    if out is not None and getattr(out, "reason", None) == "rejected":
-        return "refused", out.code or "handshake-rejected"
-    if out is not None and out.remote_errors:
-        code = out.remote_errors[-1][0]
-        if code not in ("session-evicted", "session-shutdown"):
-            return "refused", code
-    if out is not None and out.code:
-        return "unreachable", out.code
-    if out is not None and isinstance(out.peer_end, dict):
-        return "unreachable", "session-shutdown" if out.peer_end.get("reason") == "shutdown" else "peer-disconnected"
-    return "unreachable", "peer-disconnected"
-
-
-__all__ = ["SessionPool", "PeerGone", "PoolStats", "classify_gone"]
+__all__ = ["SessionPool", "PoolStats"]

@@ -113,7 +113,8 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
     """
     from node.common.errors import InvitationError
     from node.guest.guest import open_target
-    from node.guest.pool import PeerGone, SessionPool, classify_gone
+    from node.guest.pool import SessionPool
+    from node.guest.targets import PeerGone, classify_gone
     from node.trust.identity import load_identity
     from node.trust.peers import PeerRegistry
 

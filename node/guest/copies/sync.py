@@ -264,7 +264,7 @@ async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int],
         held = None
     if _is_hex64(held):  # the device whose copy is kept here is asked first: no switch while it is awake
         from node.guest.cards import device_targets
-        from node.guest.pool import PeerGone
+        from node.guest.targets import PeerGone
 
         target = next((t for d, t in device_targets(pool.home, rec) if d["key"] == held), None)
         if target is not None:

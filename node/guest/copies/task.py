@@ -85,7 +85,7 @@ class CopiesTask:
         """A sync of ``peer`` failed with ``exc``: the next try after a doubling backoff
         (:data:`RETRY_FIRST_S` … :data:`RESYNC_S`), a ``copy-failed`` event with its code."""
         from node.common.host_events import CopyFailed
-        from node.guest.pool import PeerGone, classify_gone
+        from node.guest.targets import PeerGone, classify_gone
 
         code = (classify_gone(exc)[1] if isinstance(exc, PeerGone) else
                 exc.code if isinstance(exc, KithError) else "peer-timeout" if isinstance(exc, TimeoutError)
