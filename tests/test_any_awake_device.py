@@ -159,6 +159,8 @@ def test_a_warm_device_that_goes_to_sleep_mid_conversation_hands_over_to_the_awa
 
     import anyio
 
+    from node.guest.asker import Asker
+
     from node.guest.pool import SessionPool
     from node.trust.identity import load_identity
 
@@ -174,12 +176,12 @@ def test_a_warm_device_that_goes_to_sleep_mid_conversation_hands_over_to_the_awa
         async def main() -> tuple[str, dict]:
             async with SessionPool(guest, load_identity(guest), local=True) as pool:
                 with anyio.fail_after(60):
-                    first = await pool.ask("bea", {"query": "sqlite write-ahead log", "topK": 3})
+                    first = await Asker(pool).ask("bea", {"query": "sqlite write-ahead log", "topK": 3})
                 sleeper = first["device"]["key"]
                 os.kill(hosts[sleeper].proc.pid, signal.SIGSTOP)
                 stopped.append(hosts[sleeper].proc.pid)
                 with anyio.fail_after(20):  # well under the transport's idle timeout (30 s)
-                    return sleeper, await pool.ask("bea", {"query": "sqlite write-ahead log", "topK": 3})
+                    return sleeper, await Asker(pool).ask("bea", {"query": "sqlite write-ahead log", "topK": 3})
 
         sleeper, answer = anyio.run(main, backend="asyncio")
         assert answer["status"] == "ok" and answer["device"]["key"] == ({desk_key, laptop_key} - {sleeper}).pop()

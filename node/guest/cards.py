@@ -1,10 +1,11 @@
 """Device cards on the asking side (specs/peers.md §13): a guest takes the cards it is sent
 (handshake, community server), keeps those of the persons it pinned with ``--devices``, and
-asks every known device of such a person at once, taking the first complete answer.
+says which devices of such a person may be dialled.
 
 The pure rules (shape, signatures) are :mod:`node.trust.card`; the hosting device's own card
 is :mod:`node.host.card`. This module adds what needs the home: the pin a card belongs to,
-revocation lists, and the race over the session pool.
+revocation lists, and the marks of which device answered (the race over a person's devices
+is the asker's, node/guest/asker.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from node.runtime.clock import unix_of
 from node.trust.card import CardStore, DeviceCard, check_card
 
 if TYPE_CHECKING:
-    from node.guest.pool import SessionPool
     from node.trust.identity import Identity
     from node.trust.peers import PeerRecord
 
@@ -169,7 +169,7 @@ async def refresh_revocation(home: Path, rec: "PeerRecord", *, notify: Any = Non
     """Read the person pin's revocation list from its server (``GET
     /api/v1/revocations/{person_key}``) and keep it when it verifies and is newer, at most
     once every :data:`REVOCATION_EVERY_S` per process, within :data:`REVOCATION_WAIT_S`.
-    Run beside the ask of that person (:meth:`node.guest.pool.SessionPool.ask`), so a
+    Run beside the ask of that person (:meth:`node.guest.asker.Asker.ask`), so a
     device revoked and published while a guest still answers from its card is dropped by
     that very ask. A server that is down or slow changes nothing."""
     from node.community.client import CommunityClient
@@ -239,28 +239,6 @@ def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], 
     return out
 
 
-def warm_device(pool: "SessionPool", rec: "PeerRecord") -> tuple[dict[str, str], Any] | None:
-    """A live, ready pooled session to a device of the person pin ``rec`` that is not
-    revoked nor blocked here, as ``({"key", "name"}, session)``, or None. A device that
-    answered over it is awake: the next question goes there first (no dial of the others)."""
-    from node.trust.card import CARDS_FILE
-    from node.trust.peers import PEERS_FILE, PeerRegistry
-    from node.trust.revocation_list import REVOCATIONS_FILE, RevocationStore
-
-    cards = _cached(pool.home, CARDS_FILE, CardStore.load).devices_of(rec.public_key)
-    registry = _cached(pool.home, PEERS_FILE, PeerRegistry.load)
-    for key, seen in rec.seen_devices.items():  # every device a card was taken of is seen
-        live = pool.sessions.get(key)
-        if (live is None or live.closed.is_set() or live.session_id is None or not live.answered
-                or registry.is_blocked(key)):  # only a session that answered: a race's loser is not warm
-            continue
-        person = cards[key].card.get("person_key", "") if key in cards else ""
-        if _cached(pool.home, REVOCATIONS_FILE, RevocationStore.load).revokes(key, [rec.public_key, person]):
-            continue
-        return {"key": key, "name": seen["name"]}, live
-    return None
-
-
 def mark_answered(home: Path, rec: "PeerRecord", device: str) -> None:
     """Record that ``device`` of the person pin ``rec`` answered now (written at most once a
     minute while it keeps answering, :meth:`node.trust.card.CardStore.mark`)."""
@@ -289,78 +267,5 @@ def _cached(home: Path, name: str, load: Any) -> Any:
     return kept[1]
 
 
-async def ask_devices(pool: "SessionPool", rec: "PeerRecord", targets: list[tuple[dict[str, str], Any]],
-                      request: dict[str, Any]) -> dict[str, Any]:
-    """Ask every device in ``targets`` the same request at once; the first complete answer
-    (``ok`` / ``no-verified-results``) wins and the others are cancelled.
-
-    Returns:
-        that answer, with ``device`` ``{"key", "name"}`` set by this guest (never taken from
-        a host). When no device answers completely, the first incomplete answer (pending
-        approval, rate-limited, a refusal) if any.
-
-    Raises:
-        PeerGone: every device's session ended unanswered (the last one's).
-    """
-    import anyio
-
-    from node.guest.targets import PeerGone
-
-    store_marks: list[tuple[str, bool]] = []
-    winner: list[dict[str, Any]] = []
-    partial: list[dict[str, Any]] = []
-    gone: list[BaseException] = []
-    pending = {device["key"] for device, _ in targets}
-
-    async def one(device: dict[str, str], target: Any, tg: Any) -> None:
-        try:
-            message = await pool.ask(target, request)
-        except (PeerGone, KithError) as exc:
-            gone.append(exc)
-            store_marks.append((device["key"], False))
-            pending.discard(device["key"])
-            return
-        pending.discard(device["key"])
-        store_marks.append((device["key"], True))
-        answer = {**message, "device": dict(device)}
-        if answer.get("status") in COMPLETE:
-            if not winner:
-                winner.append(answer)
-                # a device that has not even finished its handshake by now is not up: it
-                # failed this ask (an awake one that is only slower has, and is not marked)
-                for key in pending:
-                    live = pool.sessions.get(key)
-                    if live is None or live.session_id is None:
-                        store_marks.append((key, False))
-                tg.cancel_scope.cancel()
-        else:
-            partial.append(answer)
-
-    started = time.monotonic()
-    async with anyio.create_task_group() as tg:
-        for device, target in targets:
-            tg.start_soon(one, device, target, tg)
-    if winner:  # the ones still out were cancelled because another answered: not down
-        for device, target in targets:
-            if device["key"] in pending:
-                pool.clear_down(target)
-    log.debug("person %s: %d device(s) asked in %.3f s", rec.name, len(targets), time.monotonic() - started)
-    if store_marks:
-        store = CardStore.load(pool.home)
-        now = _mark_now()
-        for key, ok in store_marks:
-            store.mark(rec.public_key, key, ok=ok, now=now)
-    if winner:
-        return winner[0]
-    if partial:
-        return partial[0]
-    last = gone[-1] if gone else None
-    if isinstance(last, PeerGone):
-        raise last
-    if isinstance(last, KithError):
-        raise last
-    raise PeerGone(None, None, False)
-
-
-__all__ = ["accept_card", "ask_devices", "device_targets", "fetch_cards", "is_revoked", "refresh_revocation",
+__all__ = ["accept_card", "device_targets", "fetch_cards", "is_revoked", "mark_answered", "refresh_revocation",
            "take_card"]

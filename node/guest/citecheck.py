@@ -30,6 +30,7 @@ async def against_hosts(home: Path, rows: list[Row], *, local: bool = False,
     ``unchecked`` when the host is not pinned, not reached or keeps no versions; a current
     one keeps its result with ``, current on the host`` in its detail. Never raises for a
     host that fails; the order of ``rows`` is kept."""
+    from node.guest.asker import Asker
     from node.guest.pool import SessionPool
     from node.trust.identity import load_identity
     from node.trust.peers import PeerRegistry
@@ -57,7 +58,7 @@ async def against_hosts(home: Path, rows: list[Row], *, local: bool = False,
                 with anyio.fail_after(timeout_s):
                     for start in range(0, len(asked), MAX_CHECK_ITEMS):
                         part = asked[start:start + MAX_CHECK_ITEMS]
-                        reply = await pool.ask(rec.name, {"action": "check", "versions": [
+                        reply = await Asker(pool).ask(rec.name, {"action": "check", "versions": [
                             {"source": s, "version": v} for s, v in part]})
                         if reply.get("action") != "checked" or reply.get("status") != "ok":
                             failed = "the host keeps no document versions to check against"

@@ -37,6 +37,7 @@ import anyio
 from node.answer import fence
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import KithError, UsageError
+from node.guest.asker import Asker
 from node.guest.pool import SessionPool
 from node.guest.targets import PeerGone, classify_gone
 
@@ -412,7 +413,7 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
         if copies == "fallback":  # ready before the deadline, used only if the host does not answer
             tg_copies.start_soon(prepare_copy, i, name)
         try:
-            message = await pool.ask(name, request)
+            message = await Asker(pool).ask(name, request)
         except PeerGone as gone:
             row.status, row.code = classify_gone(gone)
             heard = getattr(gone.outcome, "last_heard_at", None)

@@ -117,6 +117,7 @@ class OutboxTask:
 
     async def _deliver(self, runner: Any, key: str, items: list[OpenDelivery]) -> None:
         """Ask one peer its open questions in order; stop at the first that cannot reach it."""
+        from node.guest.asker import Asker
         from node.guest.targets import PeerGone, classify_gone
         from node.trust.peers import PeerRegistry
 
@@ -142,7 +143,7 @@ class OutboxTask:
                 try:
                     pool = await runner.pool()
                     with anyio.fail_after(ATTEMPT_TIMEOUT_S):
-                        message = await pool.ask(item.peer_name, request)
+                        message = await Asker(pool).ask(item.peer_name, request)
                 except TimeoutError:
                     code = "peer-timeout"
                 except PeerGone as gone:

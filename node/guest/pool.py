@@ -1,15 +1,15 @@
 """Warm connections to pinned peers: one iroh endpoint, one live session per peer, bounded.
 
 A long-running caller (``kith mcp``, the local API, ``kith ask``) asks peers through a
-:class:`SessionPool`: the first question to a peer resolves it
-(:func:`node.guest.guest.resolve_peer` for a name, or a :class:`~node.guest.targets.Target`
-the caller verified), opens one knowledge-query session on the pool's endpoint and keeps
-it; the next question to that peer goes over the same session (one round trip, no
-handshake). Rules (specs/ask.md §4, DESIGN §3):
+:class:`SessionPool`, which knows only targets (:class:`~node.guest.targets.Target`: a
+verified invitation); who answers for a name is decided above it
+(:class:`node.guest.asker.Asker`). The first question to a target opens one
+knowledge-query session on the pool's endpoint and keeps it; the next question to that host
+goes over the same session (one round trip, no handshake). Rules (specs/ask.md §4, DESIGN §3):
 
 - **No session is ever resumed.** When the host ended a session (``end``, shutdown,
   ``session-evicted``, restart, heartbeat loss) the pool forgets it; the next question
-  re-resolves the peer and opens a new session, or the peer is ``unreachable``. A host
+  (the asker re-resolving a name first) opens a new session, or the peer is ``unreachable``. A host
   that went silent with the question out (``peer-unresponsive``, 4 s: specs/session.md
   §7.2) is ``unreachable`` at once; it is not dialled again for that question.
 - A question that is not answered by its deadline poisons its session (a late answer
@@ -31,7 +31,6 @@ import queue
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +38,8 @@ import anyio
 
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import InvitationError, KithError, SessionAborted, TransportError
-from node.guest.guest import join_session, resolve_peer
-from node.guest.targets import PeerGone, Target, connect_failed, post_gone
+from node.guest.guest import join_session
+from node.guest.targets import PeerGone, Target
 from node.trust.identity import Identity
 
 log = logging.getLogger("kith.pool")
@@ -379,21 +378,23 @@ class SessionPool:
             return None
         return {"kind": s.path.kind, "relayUrl": s.path.relay_url}
 
-    async def ask(self, peer: str | Target, request: dict[str, Any]) -> dict[str, Any]:
-        """Ask ``peer`` one flat request (``query``, ``topK``, filters; the one request
-        contract, already validated) over its warm session, opening one when needed.
+    def warm(self, key: str) -> PeerSession | None:
+        """The live session to host ``key``, or None (none, or it ended)."""
+        s = self.sessions.get(key)
+        return None if s is None or s.closed.is_set() else s
+
+    async def ask(self, target: Target, request: dict[str, Any], *, renew: bool = True) -> dict[str, Any]:
+        """Ask ``target`` one flat request (``query``, ``topK``, filters; the one request
+        contract, already validated) over its warm session, opening one when needed. Who
+        answers for a name — the saved host, or every awake device of a person — is decided
+        above the pool (:class:`node.guest.asker.Asker`).
 
         Args:
-            peer: a registry name (resolved with :func:`resolve_peer`, re-checked against
-                the registry on every question: a removed or blocked name is refused even
-                with a warm session) or a verified :class:`Target` (pinned by the caller).
-                A person pin (``--devices``) with device cards is asked on every device at
-                once, the first complete answer winning (:func:`node.guest.cards.ask_devices`;
-                its pin's server is asked for cards when none is usable or every device
-                failed, and for the person's revocation list beside every ask, at most once
-                a minute: a revoked device's answer is dropped; specs/peers.md §13); the
-                answer then carries ``device``.
+            target: a verified :class:`Target` (resolved or pinned by the caller).
             request: the flat request.
+            renew: when a warm session (one that had answered) ends unanswered, ask once more
+                over a new session (the host ended it: restart, eviction); False lets the
+                caller decide (the asker re-resolves the name first).
 
         Returns:
             The host's ``results`` message (``status``, ``envelope``, ``retry_after_s`` /
@@ -401,179 +402,25 @@ class SessionPool:
 
         Raises:
             PeerGone: the session ended (or never came up) before answering; ``reached``
-                says whether its handshake had completed.
-            KithError: resolution refusals (``peer-not-found``, ``ask-peer-blocked``,
-                ``host-key-changed``, ``invitation-*``, ``ask-protocol-unsupported``,
-                community errors), ``ask-pool-full``.
+                says whether its handshake had completed. A host that went silent with the
+                question out (``peer-unresponsive``) is never asked again for it.
+            KithError: ``ask-protocol-unsupported``, ``ask-pool-full``.
         """
         await self._ensure_node()
-        name = peer if isinstance(peer, str) else None
-        if name is not None:  # a person pin: every device it has a card of, at once (specs/peers.md §13)
-            from node.trust.peers import PeerRegistry
-
-            registry = PeerRegistry.load(self.home)
-            person = registry.by_name(name)
-            if person is not None and person.devices and not registry.is_blocked(person.public_key):
-                answer = await self._ask_person_checked(person, name, request)
-                if answer is not None:
-                    return answer
-        rec = None
-        skip_saved = retried_warm = False
-        last_gone: PeerGone | None = None
+        retried = not renew
         while True:
-            warm_before = False
+            session = self._session_for(target)
+            warm_before = session.answered > 0
             try:
-                if name is not None:
-                    from node.trust.peers import PeerRegistry
-
-                    registry = PeerRegistry.load(self.home)
-                    rec = registry.by_name(name)
-                    warm = self.sessions.get(rec.public_key) if rec is not None else None
-                    if warm is not None and not registry.is_blocked(rec.public_key) and not warm.closed.is_set():
-                        session = warm
-                    elif skip_saved:
-                        try:
-                            target = await resolve_peer(name, self.home, skip_saved=True)
-                        except KithError:  # the server has nothing newer: the host is unreachable
-                            assert last_gone is not None
-                            raise last_gone from None
-                        session = self._session_for(target)
-                    else:
-                        session = self._session_for(await resolve_peer(name, self.home))
-                else:
-                    assert isinstance(peer, Target)
-                    session = self._session_for(peer)
-                warm_before = session.answered > 0
                 message = await session.ask(request)
-                message.pop("device", None)  # named by this guest only (node/guest/cards.py)
-                return message
             except PeerGone as gone:
-                if skip_saved and gone is last_gone:
-                    raise
-                last_gone = gone
                 if getattr(gone.outcome, "code", None) == "peer-unresponsive":
                     raise  # went silent with the question out: gone, not a session to renew
-                if warm_before and not retried_warm:
-                    retried_warm = True  # the host ended a warm session: re-resolve, new session
-                    continue
-                if (name is not None and not skip_saved and not gone.reached
-                        and (connect_failed(gone) or post_gone(gone)) and rec is not None and rec.server):
-                    skip_saved = True  # the saved invitation's address did not answer, or its post is gone there
+                if warm_before and not retried:
+                    retried = True  # the host ended a warm session: a new session
                     continue
                 raise
-
-
-    async def _ask_person_checked(self, person: Any, name: str, request: dict[str, Any]) -> dict[str, Any] | None:
-        """:meth:`_ask_person`, with the person's revocation list read from its pin's
-        server beside it (:func:`node.guest.cards.refresh_revocation`, at most once a
-        minute): an answer from a device that list revokes is dropped and the person asked
-        again without it (specs/peers.md §13)."""
-        from node.guest.cards import is_revoked, refresh_revocation
-
-        if not person.server:
-            return await self._ask_person(person, name, request)
-        got: list[Any] = []
-        failed: list[BaseException] = []
-
-        async def race() -> None:
-            try:
-                got.append(await self._ask_person(person, name, request))
-            except Exception as exc:  # noqa: BLE001 - re-raised below, outside the task group
-                failed.append(exc)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(partial(refresh_revocation, self.home, person, notify=self.on_copy_notice))
-            await race()
-        if failed:
-            raise failed[0]
-        answer = got[0]
-        device = (answer or {}).get("device")
-        if isinstance(device, dict) and is_revoked(self.home, person, str(device.get("key"))):
-            log.warning("%s: device %s answered but its person revoked it; asking the others", name,
-                        str(device.get("key"))[:16])
-            return await self._ask_person(person, name, request)
-        return answer
-
-    async def _ask_warm_device(self, person: Any, warm: tuple[dict[str, str], Any],
-                               request: dict[str, Any]) -> dict[str, Any] | None:
-        """Ask the person's device with a warm session; when it has not answered within
-        :data:`WARM_HEDGE_S` (it may have gone to sleep: a stopped host sends nothing, and
-        its session ends only when the keep-alive gives up), ask its other dialable devices
-        too, the warm one still running; the first answer of either wins. None when the
-        warm session ended unanswered first, or every device did (the caller races them all)."""
-        from node.guest.cards import ask_devices, device_targets, mark_answered
-
-        got: list[dict[str, Any]] = []
-        warm_done = anyio.Event()
-
-        async def ask_warm(tg: Any) -> None:
-            try:
-                message = await warm[1].ask(request)
-            except PeerGone:
-                warm_done.set()
-                return
-            mark_answered(self.home, person, warm[0]["key"])
-            got.append({**message, "device": dict(warm[0])})
-            tg.cancel_scope.cancel()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(ask_warm, tg)
-            with anyio.move_on_after(WARM_HEDGE_S):
-                await warm_done.wait()
-            if warm_done.is_set():  # its session ended unanswered: the caller races every device, it too
-                return None
-            others = [(d, t) for d, t in device_targets(self.home, person) if d["key"] != warm[0]["key"]]
-            if others:
-                log.info("%s: the warm device %s has not answered in %.1f s; asking %d other device(s)",
-                         person.name, warm[0]["key"][:16], WARM_HEDGE_S, len(others))
-                try:
-                    got.append(await ask_devices(self, person, others, request))
-                except PeerGone:
-                    pass  # the warm one may still answer
-                else:
-                    tg.cancel_scope.cancel()
-            await warm_done.wait()
-        return got[0] if got else None
-
-    async def _ask_person(self, person: Any, name: str, request: dict[str, Any]) -> dict[str, Any] | None:
-        """Ask every device of the person pin ``person`` with a usable card at once
-        (:func:`node.guest.cards.ask_devices`), its warm device first; the server's cards
-        when none is usable or every device failed. None when no device can be dialled (the
-        caller resolves the pin as one host)."""
-        from node.guest.cards import ask_devices, device_targets, fetch_cards, warm_device
-        from node.trust.peers import PeerRegistry
-
-        warm = warm_device(self, person)
-        if warm is not None:  # a device that answered over this session is awake: ask it first
-            answer = await self._ask_warm_device(person, warm, request)
-            if answer is not None:
-                return answer
-        targets = device_targets(self.home, person)
-        if not targets and person.server:
-            await fetch_cards(self.home, person, notify=self.on_copy_notice)
-            person = PeerRegistry.load(self.home).by_name(name) or person  # its new seenDevices
-            targets = device_targets(self.home, person)
-        if targets:
-            try:
-                return await ask_devices(self, person, targets, request)
-            except PeerGone:
-                if not person.server:
-                    raise
-                # every device it knew is down: the server may hold newer cards
-                before = {t.invitation.transport_info.ticket for _, t in targets}
-                await fetch_cards(self.home, person, notify=self.on_copy_notice)
-                person = PeerRegistry.load(self.home).by_name(name) or person
-                targets = [(d, t) for d, t in device_targets(self.home, person)
-                           if t.invitation.transport_info.ticket not in before]
-                if not targets:
-                    raise
-                return await ask_devices(self, person, targets, request)
-        return None
-
-
-#: Seconds a person's warm device may take before its other devices are asked too
-#: (:meth:`SessionPool._ask_warm_device`; specs/peers.md §13).
-WARM_HEDGE_S = 2.0
-
+            message.pop("device", None)  # named by this guest only (node/guest/asker.py)
+            return message
 
 __all__ = ["SessionPool", "PoolStats"]

@@ -112,6 +112,7 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
             ``peer-search-failed`` (no answer in time / session failed).
     """
     from node.common.errors import InvitationError
+    from node.guest.asker import Asker
     from node.guest.guest import open_target
     from node.guest.pool import SessionPool
     from node.guest.targets import PeerGone, classify_gone
@@ -122,7 +123,7 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
 
     identity = load_identity(home)
     if PeerRegistry.load(home).by_name(peer) is not None:
-        target: Any = peer  # a pinned name: resolved by the pool (saved invitation, then server)
+        target: Any = peer  # a pinned name: resolved by the asker (saved invitation, then server)
     else:
         try:
             target = await open_target(peer, home, server_url=server)
@@ -150,7 +151,7 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
 
     async def run(p: Any) -> Any:
         with anyio.move_on_after(timeout_s):
-            return await p.ask(target, request)
+            return await Asker(p).ask(target, request)
         return None
 
     try:

@@ -40,7 +40,7 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
         peer: the pinned peer's registry name.
         ask: ``await ask(request)`` sends one knowledge-query request (``{"action":
             "copy_list"}`` / ``{"action": "copy_fetch", "sources": [...]}``) and returns
-            the host's reply (:meth:`node.guest.pool.SessionPool.ask` bound to ``peer``).
+            the host's reply (:meth:`node.guest.asker.Asker.ask` bound to ``peer``).
         host_key: the peer's pinned key: every document must be signed by it.
         progress: ``(documents done, documents to fetch)`` after each batch.
         holder: what this process is, for a second sync refused while this one runs.
@@ -246,14 +246,16 @@ async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int],
         KithError: ``peer-not-found`` for a name not pinned; ``copy-device-changed``
             when another device of the person answers a later batch; as :func:`sync_copy`.
     """
+    from node.guest.asker import Asker
     from node.trust.peers import PeerRegistry
 
+    asker = Asker(pool)  # who answers for the name: the saved host, or a device of the person
     rec = PeerRegistry.load(pool.home).by_name(peer)
     if rec is None:
         raise PolicyError("peer-not-found", f"no pinned peer is named {peer!r}")
     if not rec.devices:
         async def ask(request: dict[str, Any]) -> Any:
-            return await pool.ask(peer, request)
+            return await asker.ask(peer, request)
 
         return await sync_copy(pool.home, peer, ask, rec.public_key, progress=progress, holder=holder)
 
@@ -273,7 +275,7 @@ async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int],
             except (PeerGone, KithError):  # asleep, or refused: any awake device of the person
                 first = None
     if first is None:
-        first = await pool.ask(peer, {"action": "copy_list"})
+        first = await asker.ask(peer, {"action": "copy_list"})
         device = first.get("device") if isinstance(first, dict) else None
         device_key = device.get("key") if isinstance(device, dict) else None
     if not _is_hex64(device_key):  # an answer not from a device (a person pin with no card)
@@ -283,7 +285,7 @@ async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int],
     async def ask_device(request: dict[str, Any]) -> Any:
         if told and request == {"action": "copy_list"}:
             return told.pop()
-        reply = await pool.ask(peer, request)
+        reply = await asker.ask(peer, request)
         got = reply.get("device") if isinstance(reply, dict) else None
         if not isinstance(got, dict) or got.get("key") != device_key:
             raise ProtocolViolation("copy-device-changed",
