@@ -15,7 +15,8 @@ import anyio
 import pytest
 
 from node.corpus.store import Corpus
-from node.guest.guest import check_invitation, join_session
+from node.guest.guest import join_session
+from node.guest.targets import check_invitation
 from node.host.sessions import QUIET_AFTER_S
 from node.trust.identity import Identity
 from node.trust.invitation import parse_invitation

@@ -31,7 +31,8 @@ from node.community.client import CommunityClient
 from node.community.keeper import PostKeeper
 from node.community.server import run_server_in_thread
 from node.engine.session import State, UiArtifactRefused
-from node.guest.guest import check_invitation, join_session, resolve_invitation
+from node.guest.guest import join_session, resolve_invitation
+from node.guest.targets import check_invitation
 from node.host.sessions import HANDSHAKE_GRACE_S
 
 from node.trust.identity import Identity, load_or_init_identity

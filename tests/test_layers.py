@@ -56,6 +56,95 @@ def test_no_import_runs_up(package: str) -> None:
     assert upward == [], f"{package} imports from a layer above it: {upward}"
 
 
+#: The most import circles ``node/`` may hold (issue 39: 4 before the asking side got its wing).
+MAX_CIRCLES = 2
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """``module → modules of node/ it imports``: at the top, inside functions and under
+    ``TYPE_CHECKING`` alike, absolute or relative; a package's ``__init__`` left out (an
+    import of ``node.x.y`` that names a module counts as that module)."""
+    mods = {".".join(("node", *p.relative_to(NODE).with_suffix("").parts)): p
+            for p in NODE.rglob("*.py") if p.name != "__init__.py"}
+
+    def module_of(name: str) -> str | None:
+        parts = name.split(".")
+        for i in range(len(parts), 1, -1):
+            if ".".join(parts[:i]) in mods:
+                return ".".join(parts[:i])
+        return None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = mod.split(".")[:-node.level] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                names = [module] + [f"{module}.{a.name}" for a in node.names]
+            for name in names:
+                target = module_of(name) if name.startswith("node.") else None
+                if target is not None and target != mod:
+                    graph[mod].add(target)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, edges = work[-1]
+            w = next(edges, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return sorted(out)
+
+
+def test_the_import_graph_holds_at_most_two_circles_and_none_in_a_wing() -> None:
+    circles = _circles(_module_graph())
+    assert len(circles) <= MAX_CIRCLES, f"import circles in node/: {circles}"
+    winged = [c for c in circles if any(m.startswith(("node.host.", "node.guest.")) for m in c)]
+    assert winged == [], f"a wing holds an import circle: {winged}"
+
+
+def test_circles_are_found_by_the_counter() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _circles(graph) == [["a", "b", "c"]]
+
+
 #: Packages that never import each other, either way (ORDER alone checks one direction).
 WINGS = ("host", "guest")
 

@@ -191,7 +191,8 @@ def test_deny_glob_on_a_folder_is_not_bypassed_by_any_spelling(world) -> None:
     """Every spelling rides in the query's `sources` filter (and, where it is text, as the
     query itself); the answer never carries the secret, and equals byte for byte what a
     request for a source that does not exist gets (only the request shapes the envelope)."""
-    from node.guest.guest import check_invitation, join_session, resolve_invitation
+    from node.guest.guest import join_session, resolve_invitation
+    from node.guest.targets import check_invitation
     from node.trust.identity import load_or_init_identity
 
     home = world["guests"]["alice"]  # the most trusted guest: public + peers + approvals

@@ -12,7 +12,7 @@ import pytest
 
 from node.engine.session import GuestConfig, SessionEngine
 from node.host.grants import has_grant, presence_from, refusal_code
-from node.guest.guest import check_invitation
+from node.guest.targets import check_invitation
 from node.transport.iroh import bind_node
 from node.trust.identity import Identity
 from node.trust.invitation import parse_invitation

@@ -20,7 +20,8 @@ import pytest
 
 from node.engine.session import GuestConfig, SessionEngine
 from node.runtime.driver import run_session
-from node.guest.guest import check_invitation, join_session
+from node.guest.guest import join_session
+from node.guest.targets import check_invitation
 from node.runtime.hooks import Hooks
 from node.trust.identity import Identity
 from node.trust.invitation import parse_invitation

@@ -151,7 +151,7 @@ def _print_version(value: bool) -> None:
     if value:
         import sys
 
-        from node.cli.main import version_text
+        from node.cli.version import version_text
 
         sys.stdout.write(version_text() + "\n")
         raise typer.Exit(0)

@@ -13,16 +13,10 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from node.cli.version import version_text
+
 if TYPE_CHECKING:
     from node.common.errors import KithError
-
-
-def version_text() -> str:
-    """``kith <version> (Python <version>)``: the version of this code
-    (``node.__version__``, the one the package is built with: pyproject.toml reads it)."""
-    import node
-
-    return f"kith {node.__version__} (Python {sys.version.split()[0]})"
 
 
 def __getattr__(name: str) -> Any:

@@ -82,7 +82,8 @@ def add_cmd(
         import anyio
 
         from node.common.errors import HandshakeError
-        from node.guest.guest import check_invitation, resolve_invitation
+        from node.guest.guest import resolve_invitation
+        from node.guest.targets import check_invitation
 
         inv = anyio.run(lambda: resolve_invitation(invite, server_url=server), backend="asyncio")
         if devices:

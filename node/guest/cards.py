@@ -203,10 +203,10 @@ def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], 
     """Every device of the person pin ``rec`` this home can dial now: ``({"key", "name"},
     Target)`` from each kept card whose device is neither revoked nor blocked here (``kith
     peers block KEY``) and whose invitation verifies (expiry, protocol, binding;
-    :func:`node.guest.guest._pinned_target`), plus the pin's saved invitation when no card
+    :func:`node.guest.targets.pinned_target`), plus the pin's saved invitation when no card
     is of its device (and it is not blocked). Most recently answering first."""
     from node.common.errors import InvitationError
-    from node.guest.guest import _pinned_target, protocol_cache
+    from node.guest.targets import pinned_target, protocol_cache
     from node.trust.invitation import parse_invitation
     from node.trust.peers import PeerRegistry
     from node.trust.revocation_list import RevocationStore
@@ -222,13 +222,13 @@ def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], 
         if registry.is_blocked(key) or revocations.revokes(key, [rec.public_key, entry.card.get("person_key", "")]):
             continue  # revoked or blocked after the card was kept: ignored
         try:
-            target = _pinned_target(parse_invitation(entry.card["invitation"]), rec, home, protocols=protocols)
+            target = pinned_target(parse_invitation(entry.card["invitation"]), rec, home, protocols=protocols)
         except (InvitationError, KithError):
             continue
         out.append(({"key": key, "name": str(entry.card.get("device_name", ""))}, target))
     if rec.invitation is not None:
         try:
-            saved = _pinned_target(parse_invitation(rec.invitation), rec, home, protocols=protocols)
+            saved = pinned_target(parse_invitation(rec.invitation), rec, home, protocols=protocols)
         except KithError:
             saved = None
         key = saved.invitation.host_public_key if saved is not None else ""

@@ -23,11 +23,11 @@ from node.engine.session import GuestConfig, SessionEngine, SessionReady
 from node.common.errors import ConfigError, HandshakeError, InvitationError, KithError
 from node.runtime.hooks import HookContext, PeerInfo, load_hooks
 from node.trust.identity import Identity
-from node.trust.invitation import POST_ID_RE, Invitation, parse_invitation, verify_invitation
+from node.trust.invitation import POST_ID_RE, Invitation, parse_invitation
 from node.trust.peers import PeerRegistry, clean_profile, load_own_profile
 from node.trust.person import own_chain, own_revocation
-from node.protocol.spec import ProtocolSpec, find_protocol_dir, load_spec
-from node.guest.targets import Target
+from node.protocol.spec import ProtocolSpec
+from node.guest.targets import Target, check_invitation, pinned_target
 
 log = logging.getLogger("kith.guest")
 
@@ -121,41 +121,6 @@ async def resolve_invitation(arg: str, *, server_url: str | None) -> Invitation:
         return await client.get_invitation(arg)
 
 
-def protocol_cache() -> dict[str, tuple[Path | None, ProtocolSpec | None]]:
-    """An empty cache for :func:`check_invitation`'s ``protocols`` (protocol name →
-    ``(protocol_dir, spec)``): one caller checking several invitations loads each protocol once."""
-    return {}
-
-
-def check_invitation(inv: Invitation, home: Path, *,
-                     protocols: dict[str, tuple[Path | None, ProtocolSpec | None]] | None = None
-                     ) -> tuple[Path, ProtocolSpec]:
-    """Every check of DESIGN §5 before connecting, plus the pinned-key check.
-
-    Args:
-        protocols: a :func:`protocol_cache` to read and fill (None: load the protocol now).
-
-    Returns:
-        ``(protocol_dir, spec)`` of the local protocol the invitation names.
-
-    Raises:
-        InvitationError: any ``invitation-*`` code.
-    """
-    from node.transport.iroh import ticket_endpoint_id
-
-    found = protocols.get(inv.protocol.name) if protocols is not None else None
-    if found is None:
-        pdir = find_protocol_dir(inv.protocol.name, home)
-        found = (pdir, load_spec(pdir) if pdir is not None else None)
-        if protocols is not None:
-            protocols[inv.protocol.name] = found
-    pdir, spec = found
-    verify_invitation(inv, ticket_endpoint_id=ticket_endpoint_id,
-                      local_protocol_id=spec.protocol_id if spec else None)
-    assert pdir is not None and spec is not None
-    return pdir, spec
-
-
 def trust_status(inv: Invitation, home: Path) -> str | None:
     """The registry name pinned to the host key (or the person pin of a host device this
     home knows that person bound, specs/peers.md §10), or None for an unknown host.
@@ -242,21 +207,6 @@ def _pinned_record(name: str, registry: PeerRegistry) -> Any:
     return rec
 
 
-def _pinned_target(inv: Invitation, rec: Any, home: Path, *, protocols: Any = None) -> Target:
-    """Every check of ``kith join`` on ``inv`` (:func:`check_invitation`, ``protocols`` its
-    cache), plus: its host key is the key pinned for ``rec``, or — for a person pin — a
-    device this home knows that person bound (:func:`node.trust.peers.known_device_of`;
-    ``host-key-changed`` otherwise)."""
-    from node.trust.peers import known_device_of
-
-    if inv.host_public_key != rec.public_key and not (
-            rec.devices and known_device_of(home, rec.public_key, inv.host_public_key, rec)):
-        raise HandshakeError("host-key-changed",
-                             f"the invitation for {rec.name!r} names another host key than the pinned one")
-    pdir, spec = check_invitation(inv, home, protocols=protocols)
-    return Target(inv, pdir, spec, rec.name)
-
-
 async def resolve_peer(name: str, home: Path, *, skip_saved: bool = False) -> Target:
     """A pinned peer's current invitation, verified: the saved one first, then the newest
     live post of its key on the community server it came from (``browse --host KEY``),
@@ -287,7 +237,7 @@ async def resolve_peer(name: str, home: Path, *, skip_saved: bool = False) -> Ta
     first: Exception | None = None
     if rec.invitation is not None and not skip_saved:
         try:
-            return _pinned_target(parse_invitation(rec.invitation), rec, home)
+            return pinned_target(parse_invitation(rec.invitation), rec, home)
         except HandshakeError:
             raise  # a saved invitation for another key: never fall back silently
         except InvitationError as exc:
@@ -309,7 +259,7 @@ async def resolve_peer(name: str, home: Path, *, skip_saved: bool = False) -> Ta
         page = await client.browse(host=rec.public_key, limit=20)
     for post in page["invitations"]:
         try:
-            target = _pinned_target(parse_invitation(post["invitation"]), rec, home)
+            target = pinned_target(parse_invitation(post["invitation"]), rec, home)
         except (InvitationError, HandshakeError) as exc:
             first = first or exc
             continue
