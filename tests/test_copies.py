@@ -497,40 +497,44 @@ def test_a_sync_killed_before_its_index_step_indexes_at_the_next(host, tmp_path,
 
 def test_a_copy_held_open_between_questions_follows_its_syncs_and_removal(host, tmp_path):
     """A long-running process (kith api serve, kith mcp) keeps a copy's index open between
-    questions; a sync, a removal and a new copy under the same name are each seen at the
-    next question, and no more than OPEN_COPIES_MAX copies stay open."""
-    from node.guest.copies import store as copies_mod
+    questions in its session pool's OpenCopies; a sync, a removal and a new copy under the
+    same name are each seen at the next question, and no more than OPEN_COPIES_MAX copies
+    stay open. A search without one holds nothing open after it."""
+    from node.guest.copies.store import OPEN_COPIES_MAX, OpenCopies
 
     home, kb = host
     guest = node_home(tmp_path, "guest")
     server, corpus, key = _server(home)
     with corpus:
         _sync(guest, _asker(server), key)
-    first = search_copy(guest, "alice", {"query": "staging server", "topK": 5})
-    held = copies_mod._open_copies[CopyStore(guest, "alice").dir]
-    assert search_copy(guest, "alice", {"query": "staging server", "topK": 5}) == first
-    assert copies_mod._open_copies[CopyStore(guest, "alice").dir] is held  # not opened again
+    opened = OpenCopies()
+    alice = CopyStore(guest, "alice").dir
+    first = search_copy(guest, "alice", {"query": "staging server", "topK": 5}, copies=opened)
+    held = opened.held(alice)
+    assert search_copy(guest, "alice", {"query": "staging server", "topK": 5}, copies=opened) == first
+    assert opened.held(alice) is held  # not opened again
+    assert search_copy(guest, "alice", {"query": "staging server", "topK": 5}) == first  # its own, closed after
     (kb / "deploy.md").write_text("# Deploy\n\nThe staging server moved to the blue rack.\n")
     with Corpus(home) as c:
         c.sync()
     server, corpus, key = _server(home)
     with corpus:
         _sync(guest, _asker(server), key)
-    text = json.dumps(search_copy(guest, "alice", {"query": "blue rack", "topK": 5}))
+    text = json.dumps(search_copy(guest, "alice", {"query": "blue rack", "topK": 5}, copies=opened))
     assert "blue rack" in text and held.retired
     CopyStore(guest, "alice").remove()  # kith copies remove alice
     with pytest.raises(KithError) as exc:
-        search_copy(guest, "alice", {"query": "staging", "topK": 5})
+        search_copy(guest, "alice", {"query": "staging", "topK": 5}, copies=opened)
     assert exc.value.code == "copy-not-found"
-    assert CopyStore(guest, "alice").dir not in copies_mod._open_copies
-    for i in range(copies_mod.OPEN_COPIES_MAX + 2):  # many copies: the oldest are closed
+    assert opened.held(alice) is None
+    for i in range(OPEN_COPIES_MAX + 2):  # many copies: the oldest are closed
         server, corpus, key = _server(home)
         with corpus:
             anyio.run(lambda: sync_copy(guest, f"peer{i}", _asker(server), key))
-        search_copy(guest, f"peer{i}", {"query": "WAL", "topK": 3})
-    assert len(copies_mod._open_copies) <= copies_mod.OPEN_COPIES_MAX
-    copies_mod.close_open_copies()
-    assert not copies_mod._open_copies
+        search_copy(guest, f"peer{i}", {"query": "WAL", "topK": 3}, copies=opened)
+    assert len(opened) <= OPEN_COPIES_MAX
+    opened.close()
+    assert len(opened) == 0
 
 
 # --- results from a copy: a citation kith verify accepts as the host's ------------------------

@@ -370,7 +370,8 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
         if not CopyStore(pool.home, name).exists():
             return None
         try:
-            find = partial(search_copy, pool.home, name, request, notify=getattr(pool, "on_copy_notice", None))
+            find = partial(search_copy, pool.home, name, request, notify=getattr(pool, "on_copy_notice", None),
+                           copies=getattr(pool, "copies", None))
             return await anyio.to_thread.run_sync(find, abandon_on_cancel=True)
         except KithError as exc:
             return {"error": exc.code}

@@ -248,6 +248,18 @@ class SessionPool:
         self._tg: Any = None
         self._bind_lock = anyio.Lock()
         self._down: dict[tuple[str, str], float] = {}
+        self._copies: Any = None
+
+    @property
+    def copies(self) -> Any:
+        """The copies this process searches, held open between questions
+        (:class:`node.guest.copies.store.OpenCopies`, made on first use; closed with the
+        pool)."""
+        if self._copies is None:
+            from node.guest.copies.store import OpenCopies
+
+            self._copies = OpenCopies()
+        return self._copies
 
     async def __aenter__(self) -> "SessionPool":
         from node.protocol.spec import find_protocol_dir, load_spec
@@ -303,6 +315,8 @@ class SessionPool:
                 await self._stack.__aexit__(None, None, None)
             finally:
                 self.node = None
+                if self._copies is not None:  # the copies its searches held open
+                    self._copies.close()
 
     def _forget(self, s: PeerSession) -> None:
         if self.sessions.get(s.key) is s:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from node.common.errors import CorpusError, KithError, PolicyError
 from node.guest.copies.lifecycle import Notify, _ended_copy
-from node.guest.copies.store import _CURRENT, CopyStore, _acquire, _release, copies_root
+from node.guest.copies.store import CopyStore, OpenCopies, copies_root
 
 def _age(synced_at: str | None, now: float) -> str:
     from node.common.grants import until_time
@@ -33,8 +33,8 @@ def copy_age_text(peer: str, synced_at: str | None, now: float | None = None) ->
     return f"from {peer}'s copy of {_age(synced_at, time.time() if now is None else now)}"
 
 
-def search_copy(home: Path, peer: str, request: dict[str, Any], *, notify: Notify | None = None
-                ) -> dict[str, Any]:
+def search_copy(home: Path, peer: str, request: dict[str, Any], *, notify: Notify | None = None,
+                copies: OpenCopies | None = None) -> dict[str, Any]:
     """Answer the flat ``request`` from ``peer``'s copy: ``{"status", "envelope",
     "copyAsOf", "hostKey"}`` (``hostKey``: the key that signed the copy — a device's for
     a person pin, specs/copies.md §4.1) — the owner's answer service over the copy's index
@@ -46,10 +46,12 @@ def search_copy(home: Path, peer: str, request: dict[str, Any], *, notify: Notif
     ``kith verify`` can check the result's text is in it there (specs/citations.md §7).
     Results of a file the manifest does not list are dropped (a killed sync's).
 
-    The copy's index, manifest and id maps stay open between questions (at most
-    :data:`OPEN_COPIES_MAX` copies) and are opened again when the manifest file changes, so
-    a long-running process (``kith api serve``, ``kith mcp``) answers a copy at the cost of
-    the owner's own search (specs/copies.md §6). Thread-safe.
+    With ``copies`` (the process's :class:`node.guest.copies.store.OpenCopies`, its session
+    pool's) the copy's index, manifest and id maps stay open between questions (at most
+    :data:`node.guest.copies.store.OPEN_COPIES_MAX` copies) and are opened again when the
+    manifest file changes, so a long-running process (``kith api serve``, ``kith mcp``)
+    answers a copy at the cost of the owner's own search (specs/copies.md §6); without, the
+    copy is opened for this search and closed. Thread-safe.
 
     Raises:
         ConfigError: ``copy-not-found`` when no copy of ``peer`` was ever synced;
@@ -59,22 +61,34 @@ def search_copy(home: Path, peer: str, request: dict[str, Any], *, notify: Notif
             passed: the copy is deleted (specs/copies.md §5), told to ``notify``
             (:data:`node.guest.copies.lifecycle.Notify`; stderr without one).
     """
-    store = CopyStore(home, peer)
+    own = copies is None
+    cache = OpenCopies() if copies is None else copies
+    try:
+        return _search(CopyStore(home, peer, cache=cache), request, notify)
+    finally:
+        if own:
+            cache.close()
+
+
+def _search(store: CopyStore, request: dict[str, Any], notify: Notify | None) -> dict[str, Any]:
+    """:func:`search_copy` with the copy's cache in ``store.cache``."""
+    cache, peer = store.cache, store.peer
+    assert cache is not None
     if store.exists() and store.expired(time.time()):  # past its grant's end: deleted, never answered from
         until = store.until()
         _ended_copy(store, "expired", notify)
         raise PolicyError("copy-expired", f"{peer}'s copy ended at {until}; it was deleted")
     try:
         store.reindex_if_outdated()  # an index of an older schema answers nothing: rebuilt first
-        entry = _acquire(store)
+        entry = cache.acquire(store)
         try:
             answer = entry.service.answer({k: v for k, v in request.items() if k != "citations"})
             env = answer.get("envelope") or {}
             spans = entry.corpus.chunk_evidence([r.get("id") for r in env.get("results") or []])
         finally:
-            _release(entry)
+            cache.release(entry)
     except sqlite3.DatabaseError as exc:  # damaged while held open: refused now, rebuilt by the next use
-        _CURRENT.pop(store.dir, None)
+        cache.current.pop(store.dir, None)
         raise CorpusError(
             "index-unavailable",
             f"the index of {peer}'s copy cannot be read ({exc}); the next search of it, "

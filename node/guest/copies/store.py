@@ -60,13 +60,6 @@ def _disk(peer: str, what: str) -> Iterator[None]:
         raise
 
 
-#: grant.json path -> ((inode, mtime_ns, size), what it held) as :meth:`CopyStore.grant` last read it
-_GRANTS: dict[Path, tuple[tuple[int, int, int], dict[str, Any] | None]] = {}
-#: (copy folder) -> the manifest's mtime_ns when :meth:`CopyStore.reindex_if_outdated`
-#: last found its index current (the code's schema cannot change within a process).
-_CURRENT: dict[Path, int] = {}
-
-
 def copies_root(home: Path) -> Path:
     """``<home>/copies``."""
     return Path(home) / COPIES_DIR
@@ -83,12 +76,15 @@ class CopyStore:
         home: this node's home.
         peer: the pinned peer's registry name (:data:`node.trust.peers.NAME_RE`: a safe
             folder name).
+        cache: the process's :class:`OpenCopies` (what it holds open and last read of each
+            copy; its owner is the process's session pool), or None: nothing is kept
+            between calls.
 
     Raises:
         PolicyError: ``peer-bad-name`` for a name that is not a registry name.
     """
 
-    def __init__(self, home: Path, peer: str) -> None:
+    def __init__(self, home: Path, peer: str, *, cache: "OpenCopies | None" = None) -> None:
         from node.trust.peers import NAME_RE
 
         if not isinstance(peer, str) or NAME_RE.fullmatch(peer) is None:
@@ -98,6 +94,7 @@ class CopyStore:
         self.dir = copies_root(home) / peer
         self.docs = self.dir / DOCS_DIR
         self.path = self.dir / MANIFEST_FILE
+        self.cache = cache
 
     def exists(self) -> bool:
         """True when a manifest was ever committed here."""
@@ -283,7 +280,8 @@ class CopyStore:
         except OSError:
             return False
         index_dir = self.dir / "corpus"
-        if not force and _CURRENT.get(self.dir) == stamp and index_dir.is_dir():
+        current = self.cache.current if self.cache is not None else {}
+        if not force and current.get(self.dir) == stamp and index_dir.is_dir():
             return False
         damaged = False
         if not index_dir.is_dir():  # lost (deleted by hand): rebuilt when docs/ holds the text
@@ -302,7 +300,7 @@ class CopyStore:
                     return False
                 outdated = damaged = True  # not an index this code can read: rebuilt from docs/
         if not outdated:
-            _CURRENT[self.dir] = stamp
+            current[self.dir] = stamp
             return False
         from node.common.home import acquire_owner_lock, release_owner_lock
 
@@ -315,10 +313,8 @@ class CopyStore:
         try:
             try:
                 if damaged:
-                    with _open_lock:  # a search holding the broken index open lets go of it
-                        held = _open_copies.pop(self.dir, None)
-                        if held is not None:
-                            _retire(held)
+                    if self.cache is not None:  # a search holding the broken index open lets go of it
+                        self.cache.drop(self.dir)
                     with _disk(self.peer, "deleting the damaged index"):
                         shutil.rmtree(index_dir)
                 self.index(None)
@@ -328,7 +324,7 @@ class CopyStore:
                 raise
         finally:
             release_owner_lock(fd)
-        _CURRENT[self.dir] = stamp
+        current[self.dir] = stamp
         return True
 
     @property
@@ -369,11 +365,8 @@ class CopyStore:
                 atomic_write(self._removal_marker, _rfc3339(time.time()).encode())
         if not self.dir.exists():
             return False
-        _CURRENT.pop(self.dir, None)
-        with _open_lock:  # a copy search_copy holds open is closed (by its last search)
-            held = _open_copies.pop(self.dir, None)
-            if held is not None:
-                _retire(held)
+        if self.cache is not None:  # a copy its searches hold open is closed (by its last search)
+            self.cache.drop(self.dir)
         gone = self.dir.with_name(f".gone-{secrets.token_hex(8)}")
         try:
             with _disk(self.peer, "deleting the copy"):
@@ -406,21 +399,22 @@ class CopyStore:
         """``grant.json``: the copy grant state the host's last handshake told this node
         (``{"stamp", "until", "seenAt"}``), or None (never told, or unreadable). Read again
         only when the file's inode, modification time or size changed (every search of a
-        copy asks for its end)."""
+        copy asks for its end; :class:`OpenCopies` keeps what was read)."""
         path = self.dir / GRANT_FILE
+        grants = self.cache.grants if self.cache is not None else {}
         try:
             st = path.stat()
             key = (st.st_ino, st.st_mtime_ns, st.st_size)
-            seen = _GRANTS.get(path)
+            seen = grants.get(path)
             if seen is not None and seen[0] == key:
                 return dict(seen[1]) if seen[1] is not None else None
             got = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         got = got if isinstance(got, dict) else None
-        if len(_GRANTS) >= 256:
-            _GRANTS.clear()
-        _GRANTS[path] = (key, got)
+        if len(grants) >= 256:
+            grants.clear()
+        grants[path] = (key, got)
         return dict(got) if got is not None else None
 
     def write_grant(self, state: dict[str, Any], now: float) -> None:
@@ -475,7 +469,7 @@ def list_copies(home: Path) -> list[dict[str, Any]]:
             if d.is_dir() and NAME_RE.fullmatch(d.name) and (d / MANIFEST_FILE).is_file()]
 
 
-#: The most copies :func:`search_copy` keeps open at once (least recently used closed first).
+#: The most copies one :class:`OpenCopies` keeps open at once (least recently used closed first).
 OPEN_COPIES_MAX = 8
 
 
@@ -501,8 +495,88 @@ class _OpenCopy:
         self.retired = False
 
 
-_open_copies: dict[Path, _OpenCopy] = {}
-_open_lock = threading.Lock()
+class OpenCopies:
+    """What one process keeps of the copies it searches: the copies held open (their index,
+    manifest and id maps; at most ``max_open``, least recently used closed first), when each
+    copy's index was last found current, and the ``grant.json`` each last read. Its owner
+    is the process's session pool (:attr:`node.guest.pool.SessionPool.copies`), closed with
+    it; a caller without one opens a copy for one search. Thread-safe."""
+
+    def __init__(self, max_open: int = OPEN_COPIES_MAX) -> None:
+        self.max_open = max_open
+        self._open: dict[Path, _OpenCopy] = {}
+        self._lock = threading.Lock()
+        #: copy folder → the manifest's mtime_ns when its index was last found current
+        #: (:meth:`CopyStore.reindex_if_outdated`; the code's schema cannot change within a process)
+        self.current: dict[Path, int] = {}
+        #: grant.json path → ((inode, mtime_ns, size), what it held) (:meth:`CopyStore.grant`)
+        self.grants: dict[Path, tuple[tuple[int, int, int], dict[str, Any] | None]] = {}
+
+    def held(self, folder: Path) -> "_OpenCopy | None":
+        """The copy held open for ``folder``, or None."""
+        with self._lock:
+            return self._open.get(folder)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def drop(self, folder: Path) -> None:
+        """Forget ``folder``'s copy: closed now, or by its last search (removed, damaged)."""
+        self.current.pop(folder, None)
+        with self._lock:
+            held = self._open.pop(folder, None)
+            if held is not None:
+                _retire(held)
+
+    def acquire(self, store: CopyStore) -> "_OpenCopy":
+        """The copy held open at its committed state, opened (again) when the manifest
+        changed since (a sync committed; the copy was removed and made anew); its ``users``
+        counted up.
+
+        Raises:
+            ConfigError: ``copy-not-found`` (no index, or the manifest went); ``config-invalid``.
+        """
+        from node.corpus.store import Corpus
+
+        try:
+            st = store.path.stat()
+        except OSError:
+            st = None
+        if st is None or not (store.dir / "corpus").is_dir():
+            self.drop(store.dir)
+            raise ConfigError("copy-not-found", f"no copy of {store.peer} is kept here (`kith copies sync {store.peer}`)")
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        with self._lock:
+            entry = self._open.get(store.dir)
+            if entry is not None and entry.key == key:
+                entry.users += 1
+                self._open[store.dir] = self._open.pop(store.dir)  # most recently used last
+                return entry
+        fresh = _OpenCopy(key, Corpus(store.dir, readonly=True), store.load())
+        fresh.users = 1
+        with self._lock:
+            old = self._open.pop(store.dir, None)
+            if old is not None:
+                _retire(old)
+            self._open[store.dir] = fresh
+            while len(self._open) > self.max_open:
+                _retire(self._open.pop(next(iter(self._open))))
+        return fresh
+
+    def release(self, entry: "_OpenCopy") -> None:
+        """One search on ``entry`` ended: closed when it was retired and was the last."""
+        with self._lock:
+            entry.users -= 1
+            if entry.retired and entry.users == 0:
+                entry.corpus.close()
+
+    def close(self) -> None:
+        """Close every copy held open (searches running finish on theirs first)."""
+        with self._lock:
+            while self._open:
+                _retire(self._open.popitem()[1])
+        self.current.clear()
+        self.grants.clear()
 
 
 def _retire(entry: _OpenCopy) -> None:
@@ -510,56 +584,3 @@ def _retire(entry: _OpenCopy) -> None:
     entry.retired = True
     if entry.users == 0:
         entry.corpus.close()
-
-
-def _acquire(store: CopyStore) -> _OpenCopy:
-    """The copy held open at its committed state, opened (again) when the manifest changed
-    since (a sync committed; the copy was removed and made anew); its ``users`` counted up.
-
-    Raises:
-        ConfigError: ``copy-not-found`` (no index, or the manifest went); ``config-invalid``.
-    """
-    from node.corpus.store import Corpus
-
-    try:
-        st = store.path.stat()
-    except OSError:
-        st = None
-    if st is None or not (store.dir / "corpus").is_dir():
-        with _open_lock:
-            gone = _open_copies.pop(store.dir, None)
-            if gone is not None:
-                _retire(gone)
-        raise ConfigError("copy-not-found", f"no copy of {store.peer} is kept here (`kith copies sync {store.peer}`)")
-    key = (st.st_ino, st.st_mtime_ns, st.st_size)
-    with _open_lock:
-        entry = _open_copies.get(store.dir)
-        if entry is not None and entry.key == key:
-            entry.users += 1
-            _open_copies[store.dir] = _open_copies.pop(store.dir)  # most recently used last
-            return entry
-    fresh = _OpenCopy(key, Corpus(store.dir, readonly=True), store.load())
-    fresh.users = 1
-    with _open_lock:
-        old = _open_copies.pop(store.dir, None)
-        if old is not None:
-            _retire(old)
-        _open_copies[store.dir] = fresh
-        while len(_open_copies) > OPEN_COPIES_MAX:
-            _retire(_open_copies.pop(next(iter(_open_copies))))
-    return fresh
-
-
-def _release(entry: _OpenCopy) -> None:
-    with _open_lock:
-        entry.users -= 1
-        if entry.retired and entry.users == 0:
-            entry.corpus.close()
-
-
-def close_open_copies() -> None:
-    """Close every copy :func:`search_copy` holds open (tests; a process about to remove
-    copies wholesale). Searches running finish on theirs first."""
-    with _open_lock:
-        while _open_copies:
-            _retire(_open_copies.popitem()[1])
