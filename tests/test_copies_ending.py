@@ -131,9 +131,10 @@ def _synced(tmp_path, home, told=None):
     handshake before the sync, as a pooled session's would)."""
     server, corpus, key = _server(home)
     guest = node_home(tmp_path, "bea")
+    states: dict = {}  # the session pool's (SessionPool.copy_states)
     if told is not None:
-        take_copy_state(guest, key, told)
-    report = anyio.run(lambda: sync_copy(guest, "alice", _asker(server), key))
+        take_copy_state(guest, key, told, states=states)
+    report = anyio.run(lambda: sync_copy(guest, "alice", _asker(server), key, told=states.get))
     corpus.close()
     assert report["status"] == "ok" and report["documents"] == 2
     return guest, key
@@ -157,10 +158,11 @@ def test_a_changed_stamp_makes_the_copy_stale_until_synced(host, tmp_path):
     store = CopyStore(guest, "alice")
     assert store.load()["stamp"] == STATE["stamp"] and not stale(store)
     told: list = []
-    take_copy_state(guest, key, {**STATE, "stamp": "cd" * 16}, notify=told.append)
+    states: dict = {}  # the session pool's, as its next handshake fills it
+    take_copy_state(guest, key, {**STATE, "stamp": "cd" * 16}, notify=told.append, states=states)
     assert stale(store) and told == [{"peer": "alice", "kind": "changed"}]
     server, corpus, _ = _server(home)
-    anyio.run(lambda: sync_copy(guest, "alice", _asker(server), key))
+    anyio.run(lambda: sync_copy(guest, "alice", _asker(server), key, told=states.get))
     corpus.close()
     assert not stale(store) and store.load()["stamp"] == "cd" * 16
 

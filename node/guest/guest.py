@@ -331,7 +331,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
                        connect_timeout_s: float | None = None,
                        on_path: Callable[[Any, Any], None] | None = None,
                        on_refused: Callable[[str, str], None] | None = None,
-                       on_copy_notice: Callable[[dict[str, Any]], None] | None = None) -> SessionOutcome:
+                       on_copy_notice: Callable[[dict[str, Any]], None] | None = None,
+                       copy_states: dict[str, dict[str, Any]] | None = None) -> SessionOutcome:
     """Connect to the host of ``inv`` and run one session with the protocol's guest hooks.
 
     Args:
@@ -360,6 +361,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             engine refused (:func:`node.runtime.driver.run_session`).
         on_copy_notice: told of each copy the host's word ends or changes
             (:data:`node.guest.copies.lifecycle.Notify`), or None: stderr.
+        copy_states: where the host's word on the copy grant is remembered for a sync
+            (:data:`node.guest.copies.lifecycle.CopyStates`, the session pool's), or None.
 
     The guest asks for the host's copy grant state (``copy_state_v1``) and acts on it
     (:func:`node.guest.copies.lifecycle.take_copy_state`: a copy no longer granted is deleted now,
@@ -410,7 +413,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             from node.guest.copies.lifecycle import take_copy_state
 
             try:
-                take_copy_state(home, ev.peer_public_key, ev.peer_copy_state, notify=on_copy_notice)
+                take_copy_state(home, ev.peer_public_key, ev.peer_copy_state, notify=on_copy_notice,
+                                states=copy_states)
             except KithError as exc:  # an ill-formed state is ignored; the session goes on
                 logging.getLogger("kith.copies").warning("the host's copy state was refused: %s", exc.code)
             except OSError as exc:  # the copy could not be deleted now: its next sync does; the session goes on

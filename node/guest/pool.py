@@ -143,7 +143,7 @@ class PeerSession:
                     interactive=True, on_ready=self._on_ready, heartbeat=self.pool.heartbeat,
                     node=self.pool.node, connect_timeout_s=self.pool.connect_timeout_s,
                     on_path=self._on_path, on_refused=self._on_refused,
-                    on_copy_notice=self.pool.on_copy_notice)
+                    on_copy_notice=self.pool.on_copy_notice, copy_states=self.pool.copy_states)
         except KithError as exc:
             self.error = exc
             if isinstance(exc, TransportError) and self.session_id is None:
@@ -249,6 +249,9 @@ class SessionPool:
         self._bind_lock = anyio.Lock()
         self._down: dict[tuple[str, str], float] = {}
         self._copies: Any = None
+        #: what its sessions' handshakes last told of each host's copy grant
+        #: (:data:`node.guest.copies.lifecycle.CopyStates`; a sync over this pool records it)
+        self.copy_states: dict[str, dict[str, Any]] = {}
 
     @property
     def copies(self) -> Any:

@@ -11,15 +11,12 @@ from node.common.errors import KithError
 from node.guest.copies.checks import check_copy_state
 from node.guest.copies.store import CopyStore, list_copies
 
-#: What this process's handshakes last told of each host's copy grant: (home, host key) →
-#: the checked state. A first sync's handshake comes before its copy folder exists.
-_SEEN: dict[tuple[str, str], dict[str, Any]] = {}
-_SEEN_MAX = 1024
-
-
-def seen_state(home: Path, host_key: str) -> dict[str, Any] | None:
-    """The copy grant state the last handshake with ``host_key`` in this process told, or None."""
-    return _SEEN.get((str(Path(home).resolve()), host_key))
+#: The most hosts a :data:`CopyStates` remembers (cleared when full).
+STATES_MAX = 1024
+#: What the handshakes of one session pool last told of each host's copy grant: host key →
+#: the checked state (:attr:`node.guest.pool.SessionPool.copy_states`, its owner). A first
+#: sync's handshake comes before its copy folder exists, so the sync reads it here.
+CopyStates = dict[str, dict[str, Any]]
 
 
 #: Who is told of a copy this node deletes because it may no longer hold it, passed by the
@@ -75,7 +72,7 @@ def copies_of_key(home: Path, host_key: str) -> list[CopyStore]:
 
 
 def take_copy_state(home: Path, host_key: str, raw: Any, *, now: Callable[[], float] = time.time,
-                    notify: Notify | None = None) -> list[dict[str, Any]]:
+                    notify: Notify | None = None, states: CopyStates | None = None) -> list[dict[str, Any]]:
     """Act on the ``copy_state`` the host ``host_key`` sent in its ``_session_proof`` (the
     guest's runtime calls it at every ready session: ``kith ask``, an outbox delivery, a
     sync). Not granted → every copy held from that key is deleted now
@@ -83,7 +80,8 @@ def take_copy_state(home: Path, host_key: str, raw: Any, *, now: Callable[[], fl
     copy's ``grant.json`` (a stamp that differs from the one the copy was last synced under
     makes the runner's :class:`CopiesTask` sync it at its next step; an ``until`` is the
     copy's end, :func:`expire_copies`). Only the host's own handshake counts: ``host_key``
-    is the key the session's proof verified.
+    is the key the session's proof verified. With ``states`` (the session pool's
+    :data:`CopyStates`) the state is remembered there for a sync over that pool.
 
     Returns:
         The notices of the copies deleted.
@@ -92,10 +90,10 @@ def take_copy_state(home: Path, host_key: str, raw: Any, *, now: Callable[[], fl
         ProtocolViolation: ``copy-state-invalid`` (:func:`check_copy_state`).
     """
     state = check_copy_state(raw)
-    seen_key = (str(Path(home).resolve()), host_key)
-    if len(_SEEN) >= _SEEN_MAX and seen_key not in _SEEN:
-        _SEEN.clear()
-    _SEEN[seen_key] = state
+    if states is not None:
+        if len(states) >= STATES_MAX and host_key not in states:
+            states.clear()
+        states[host_key] = state
     notices = []
     for store in copies_of_key(home, host_key):
         if not state["granted"]:

@@ -11,7 +11,6 @@ from typing import Any, Callable
 
 from node.common.errors import ConfigError, KithError, PolicyError, ProtocolViolation
 from node.guest.copies.checks import _is_hex64, check_document, check_manifest
-from node.guest.copies.lifecycle import seen_state
 from node.guest.copies.store import CopyStore, _disk, _rfc3339
 
 #: Documents asked per ``copy_fetch`` (spec.json's bound).
@@ -28,7 +27,8 @@ Ask = Callable[[dict[str, Any]], Any]  # async (message request) -> the host's r
 
 async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
                     progress: Callable[[int, int], None] | None = None,
-                    now: Callable[[], float] = time.time, holder: str = "kith copies sync") -> dict[str, Any]:
+                    now: Callable[[], float] = time.time, holder: str = "kith copies sync",
+                    told: Callable[[str], dict[str, Any] | None] | None = None) -> dict[str, Any]:
     """Pull ``peer``'s copy over a session (module docstring; specs/copies.md §4), holding
     ``<home>/copies/.<peer>.sync.lock`` (an exclusive ``flock``) throughout: one sync of a
     copy at a time across this home's processes (a `kith copies sync` beside a running
@@ -44,6 +44,9 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
         host_key: the peer's pinned key: every document must be signed by it.
         progress: ``(documents done, documents to fetch)`` after each batch.
         holder: what this process is, for a second sync refused while this one runs.
+        told: ``told(host_key)`` → the copy grant state the session's handshake told
+            (:data:`node.guest.copies.lifecycle.CopyStates`, ``.get`` of the pool's), or
+            None: recorded as the copy's ``until`` and ``stamp`` once the sync completes.
 
     Returns:
         ``{"peer", "status": "ok" | "ended", "fetched", "removed", "unchanged",
@@ -74,7 +77,7 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
                           hint=f"wait for it to end; `kith copies list` then shows {peer}'s copy as it synced")
     mark = store.removal_mark()  # a removal by anyone else from now on stops this sync
     try:
-        return await _sync_copy(store, ask, host_key, mark, progress=progress, now=now)
+        return await _sync_copy(store, ask, host_key, mark, progress=progress, now=now, told=told)
     except Exception as exc:
         # removed while this sync ran — the failure may be a write into the folder the
         # removal took away: what this sync wrote after the removal goes too
@@ -96,7 +99,8 @@ def _removed(peer: str) -> ConfigError:
 
 
 async def _sync_copy(store: CopyStore, ask: Ask, host_key: str, mark: tuple[int, int] | None, *,
-                     progress: Callable[[int, int], None] | None, now: Callable[[], float]) -> dict[str, Any]:
+                     progress: Callable[[int, int], None] | None, now: Callable[[], float],
+                     told: Callable[[str], dict[str, Any] | None] | None) -> dict[str, Any]:
     """:func:`sync_copy`'s work, under its lock; ``mark`` is the removal mark
     (:meth:`CopyStore.removal_mark`) when the sync began."""
     home, peer = store.home, store.peer
@@ -220,10 +224,10 @@ async def _sync_copy(store: CopyStore, ask: Ask, host_key: str, mark: tuple[int,
         store.index(changed if complete else None)  # after a killed sync: the whole folder
         state["indexed"] = True
     state["syncedAt"] = _rfc3339(now())  # only a sync that completed, its index included
-    told = seen_state(home, host_key)  # what this session's handshake said of the grant
-    if told is not None:
-        state.update(until=told["until"], stamp=told["stamp"])
-        store.write_grant(told, now())
+    said = told(host_key) if told is not None else None  # what this session's handshake said of the grant
+    if said is not None:
+        state.update(until=said["until"], stamp=said["stamp"])
+        store.write_grant(said, now())
     commit(state)
     summary = store.summary()
     report.update(documents=summary["documents"], bytes=summary["bytes"], syncedAt=state["syncedAt"])
@@ -257,7 +261,8 @@ async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int],
         async def ask(request: dict[str, Any]) -> Any:
             return await asker.ask(peer, request)
 
-        return await sync_copy(pool.home, peer, ask, rec.public_key, progress=progress, holder=holder)
+        return await sync_copy(pool.home, peer, ask, rec.public_key, progress=progress, holder=holder,
+                               told=pool.copy_states.get)
 
     first = device_key = None
     try:
@@ -292,4 +297,5 @@ async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int],
                                     f"another device of {peer} answered in the middle of the sync")
         return reply
 
-    return await sync_copy(pool.home, peer, ask_device, device_key, progress=progress, holder=holder)
+    return await sync_copy(pool.home, peer, ask_device, device_key, progress=progress, holder=holder,
+                           told=pool.copy_states.get)
