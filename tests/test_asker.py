@@ -14,6 +14,7 @@ import pytest
 import node.guest.asker as asker_mod
 from node.common.errors import KithError, TransportError
 from node.guest.asker import Asker
+from node.guest.peerview import PeerView
 from node.guest.targets import PeerGone
 from node.runtime.driver import SessionOutcome
 from node.trust.peers import PeerRegistry
@@ -31,6 +32,7 @@ class Pool:
 
     def __init__(self, home, fail: dict[str, PeerGone] | None = None) -> None:
         self.home = home
+        self.peers = PeerView(home)
         self.on_copy_notice = None
         self.sessions: dict = {}
         self.fail = fail or {}

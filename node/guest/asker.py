@@ -23,7 +23,6 @@ from node.guest.cards import (COMPLETE, _cached, _mark_now, device_targets, fetc
 from node.guest.guest import resolve_peer
 from node.guest.targets import PeerGone, Target, connect_failed, post_gone
 from node.trust.card import CardStore
-from node.trust.peers import PeerRegistry
 
 if TYPE_CHECKING:
     from node.guest.pool import SessionPool
@@ -74,7 +73,8 @@ class Asker:
             return await self.pool.ask(peer, request)
         name = peer
         home = self.pool.home
-        registry = PeerRegistry.load(home)
+        peers = self.pool.peers  # read again only when peers.json changed
+        registry = peers.now()
         person = registry.by_name(name)
         if person is not None and person.devices and not registry.is_blocked(person.public_key):
             answer = await self._ask_person_checked(person, name, request)
@@ -86,7 +86,7 @@ class Asker:
         while True:
             warm_before = False
             try:
-                registry = PeerRegistry.load(home)
+                registry = peers.now()
                 rec = registry.by_name(name)
                 warm = self.pool.warm(rec.public_key) if rec is not None else None
                 if warm is not None and not registry.is_blocked(rec.public_key):
@@ -198,7 +198,7 @@ class Asker:
         targets = device_targets(self.pool.home, person)
         if not targets and person.server:
             await fetch_cards(self.pool.home, person, notify=self.pool.on_copy_notice)
-            person = PeerRegistry.load(self.pool.home).by_name(name) or person  # its new seenDevices
+            person = self.pool.peers.now().by_name(name) or person  # its new seenDevices
             targets = device_targets(self.pool.home, person)
         if targets:
             try:
@@ -209,7 +209,7 @@ class Asker:
                 # every device it knew is down: the server may hold newer cards
                 before = {t.invitation.transport_info.ticket for _, t in targets}
                 await fetch_cards(self.pool.home, person, notify=self.pool.on_copy_notice)
-                person = PeerRegistry.load(self.pool.home).by_name(name) or person
+                person = self.pool.peers.now().by_name(name) or person
                 targets = [(d, t) for d, t in device_targets(self.pool.home, person)
                            if t.invitation.transport_info.ticket not in before]
                 if not targets:
@@ -222,11 +222,10 @@ class Asker:
         revoked nor blocked here, as ``({"key", "name"}, session)``, or None. A device that
         answered over it is awake: the next question goes there first (no dial of the others)."""
         from node.trust.card import CARDS_FILE
-        from node.trust.peers import PEERS_FILE
         from node.trust.revocation_list import REVOCATIONS_FILE, RevocationStore
 
         cards = _cached(self.pool.home, CARDS_FILE, CardStore.load).devices_of(rec.public_key)
-        registry = _cached(self.pool.home, PEERS_FILE, PeerRegistry.load)
+        registry = self.pool.peers.now()
         for key, seen in rec.seen_devices.items():  # every device a card was taken of is seen
             live = self.pool.sessions.get(key)
             if (live is None or live.closed.is_set() or live.session_id is None or not live.answered

@@ -356,7 +356,7 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
 
     names = dedupe_names(list(peers))
     top_k = int(request.get("topK", TOP_K_DEFAULT))
-    registry = PeerRegistry.load(pool.home)
+    registry = pool.peers.now() if hasattr(pool, "peers") else PeerRegistry.load(pool.home)
     rows: list[PeerRow] = []
     answers: dict[int, list[dict[str, Any]]] = {}
     t0 = time.perf_counter()

@@ -249,9 +249,20 @@ class SessionPool:
         self._bind_lock = anyio.Lock()
         self._down: dict[tuple[str, str], float] = {}
         self._copies: Any = None
+        self._peers: Any = None
         #: what its sessions' handshakes last told of each host's copy grant
         #: (:data:`node.guest.copies.lifecycle.CopyStates`; a sync over this pool records it)
         self.copy_states: dict[str, dict[str, Any]] = {}
+
+    @property
+    def peers(self) -> Any:
+        """This process's view of ``peers.json`` (:class:`node.guest.peerview.PeerView`, made
+        on first use): read again only when the file changed."""
+        if self._peers is None:
+            from node.guest.peerview import PeerView
+
+            self._peers = PeerView(self.home)
+        return self._peers
 
     @property
     def copies(self) -> Any:

@@ -251,10 +251,9 @@ async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int],
             when another device of the person answers a later batch; as :func:`sync_copy`.
     """
     from node.guest.asker import Asker
-    from node.trust.peers import PeerRegistry
 
     asker = Asker(pool)  # who answers for the name: the saved host, or a device of the person
-    rec = PeerRegistry.load(pool.home).by_name(peer)
+    rec = pool.peers.now().by_name(peer)
     if rec is None:
         raise PolicyError("peer-not-found", f"no pinned peer is named {peer!r}")
     if not rec.devices:
