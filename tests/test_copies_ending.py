@@ -23,7 +23,7 @@ from node.guest.copies.search import search_copy
 from node.guest.copies.store import CopyStore, list_copies, reindex_copies
 from node.guest.copies.sync import sync_copy
 from node.guest.copies.task import CopiesTask
-from node.runtime.clock import rfc3339
+from node.runtime.clock import ManualClock, rfc3339
 from node.trust.peers import PeerRegistry
 
 from support.cli import invoke
@@ -210,7 +210,7 @@ def test_until_passed_deletes_the_copy_without_the_host(host, tmp_path):
 def test_the_runner_ends_an_expired_copy_and_syncs_a_stale_one(host, tmp_path):
     home, _ = host
     guest, key = _synced(tmp_path, home, told=STATE)
-    task = CopiesTask(guest, clock=lambda: 100.0)
+    task = CopiesTask(guest, clock=ManualClock())
     task._due["alice"] = 10_000.0  # synced a moment ago: not due
     runner = _Runner()
     anyio.run(task.step, runner)
@@ -278,7 +278,7 @@ def test_a_damaged_copy_is_left_alone_by_the_runner_and_never_stops_the_others(h
     damaged = CopyStore(guest, "carl")
     damaged.dir.mkdir(parents=True)
     damaged.path.write_text("{not json")  # a hand-edited (or half-restored) manifest
-    task = CopiesTask(guest, clock=lambda: 100.0)
+    task = CopiesTask(guest, clock=ManualClock())
     runner = _Runner()
     anyio.run(task.step, runner)  # neither raises nor syncs the damaged copy
     assert runner.spawned == ["alice"]

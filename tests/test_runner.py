@@ -9,7 +9,8 @@ from pathlib import Path
 
 import anyio
 
-from node.guest.runner import Runner
+from node.guest.runner import LOCK_RETRY_S, Runner
+from node.runtime.clock import ManualClock
 from node.trust.identity import load_or_init_identity
 
 
@@ -33,12 +34,20 @@ class Counting:
 
 
 def test_one_runner_per_home_drives_the_tasks_and_the_next_takes_over(tmp_path: Path) -> None:
+    """The second runner waits for the lock on its clock: the test advances that clock to
+    make it try again, instead of sleeping while it might."""
     load_or_init_identity(tmp_path)
+
+    async def asleep(clock: ManualClock) -> None:
+        with anyio.fail_after(30):
+            while clock.sleepers() == 0:
+                await anyio.sleep(0.01)
 
     async def main():
         first, second = Counting("a"), Counting("b")
+        waiting = ManualClock()
         r1 = Runner(tmp_path, [first], command="one")
-        r2 = Runner(tmp_path, [second], command="two")
+        r2 = Runner(tmp_path, [second], command="two", clock=waiting)
         async with anyio.create_task_group() as tg:
             scope1 = anyio.CancelScope()
 
@@ -52,16 +61,50 @@ def test_one_runner_per_home_drives_the_tasks_and_the_next_takes_over(tmp_path: 
             with anyio.fail_after(30):
                 while first.steps == 0:
                     await anyio.sleep(0.01)
-            await anyio.sleep(0.3)  # r2 had its chance to take the lock, and did not
+            await asleep(waiting)  # r2 found the lock held and waits to try again
+            waiting.advance(LOCK_RETRY_S)
+            await asleep(waiting)  # it tried again: still held, so it waits again
             assert not r2.holding.is_set() and second.steps == 0
             scope1.cancel()  # the first process stops: its lock is released
             with anyio.fail_after(30):
-                await r2.holding.wait()
+                while not r2.holding.is_set():
+                    await asleep(waiting)
+                    waiting.advance(LOCK_RETRY_S)
+                    await anyio.sleep(0.01)
                 while second.steps == 0:
                     await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
 
     anyio.run(main, backend="asyncio")
+
+
+def test_a_task_is_stepped_again_when_the_runners_clock_reaches_its_wait(tmp_path: Path) -> None:
+    load_or_init_identity(tmp_path)
+
+    async def main():
+        clock = ManualClock()
+        task = Counting("t", wait=0.5)
+        runner = Runner(tmp_path, [task], pool=_no_pool, clock=clock)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner.run)
+            with anyio.fail_after(30):
+                while task.steps == 0 or clock.sleepers() == 0:
+                    await anyio.sleep(0.01)
+            stepped = task.stepped
+            clock.advance(0.4)  # not yet due
+            await anyio.sleep(0.01)
+            assert task.steps == 1
+            clock.advance(0.1)
+            with anyio.fail_after(30):
+                await stepped.wait()
+            assert task.steps == 2
+            tg.cancel_scope.cancel()
+
+    anyio.run(main, backend="asyncio")
+
+
+async def _no_pool():
+    return None
 
 
 def test_a_failing_task_or_job_never_stops_the_others_and_wake_steps_at_once(tmp_path: Path) -> None:

@@ -93,7 +93,7 @@ class OutboxTask:
         if expired:
             runner.emit(OutboxExpired(rows=expired).to_dict())
         peers = await anyio.to_thread.run_sync(store.open_peers)
-        now = runner.clock()
+        now = runner.now()
         nxt = 1.0
         for key in peers:
             if key in self._busy:
@@ -172,7 +172,7 @@ class OutboxTask:
                 outcome = classify(message, item.query_id)
                 stored = await anyio.to_thread.run_sync(
                     lambda: store.record_attempt(item.question_id, key, outcome, message=message))
-                now = runner.clock()
+                now = runner.now()
                 if outcome.state == "answered":
                     self._row_due.pop((item.question_id, key), None)
                     self._row_tries.pop((item.question_id, key), None)
@@ -232,7 +232,7 @@ class OutboxTask:
         else:
             self._away.add(key)
         first, cap = (REFUSED_RETRY_S, REFUSED_RETRY_CAP_S) if refused else (BACKOFF_FIRST_S, BACKOFF_CAP_S)
-        self._peer_due[key] = runner.clock() + min(cap, first * (2 ** min(n, 20)))
+        self._peer_due[key] = runner.now() + min(cap, first * (2 ** min(n, 20)))
 
 
 __all__ = ["OutboxTask", "BACKOFF_FIRST_S", "BACKOFF_CAP_S", "ATTEMPT_TIMEOUT_S"]

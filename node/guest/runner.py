@@ -15,18 +15,20 @@ and returns the seconds until it wants to be stepped again (it is stepped sooner
 delivery (:class:`node.guest.outbox_task.OutboxTask`) is the first task, the copies'
 re-sync (:class:`node.guest.copies.task.CopiesTask`) the second.
 
-Time here is monotonic (``time.monotonic``): a wall-clock jump never makes a task run
-sooner or later.
+Time here is the runner's :class:`node.runtime.clock.Clock` (its monotonic reading, and its
+sleep): a wall-clock jump never makes a task run sooner or later, and a test drives the
+runner by advancing a :class:`node.runtime.clock.ManualClock` instead of sleeping.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol
 
 import anyio
+
+from node.runtime.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger("kith.runner")
 
@@ -66,13 +68,14 @@ class Runner:
             :class:`~node.guest.pool.SessionPool`).
         command: what the process is, written into the lock file (``kith host``).
         on_event: called with one dict per event a task reports (``outbox-answered``, …).
-        clock: monotonic seconds.
+        clock: the :class:`node.runtime.clock.Clock` it reads and sleeps on (the host's
+            when it runs beside one).
     """
 
     def __init__(self, home: Path, tasks: list[Any], *, pool: Callable[[], Awaitable[Any]] | None = None,
                  mode: Any = None, local: bool = False, command: str = "kith",
                  on_event: Callable[[dict[str, Any]], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.home = Path(home)
         self.tasks = list(tasks)
         self._pool_getter = pool
@@ -85,6 +88,10 @@ class Runner:
         self._wake = anyio.Event()
         self._own_pool: Any = None
         self._tg: Any = None
+
+    def now(self) -> float:
+        """Monotonic seconds on the runner's clock (what tasks schedule by)."""
+        return self.clock.monotonic()
 
     def wake(self) -> None:
         """Step every task now (new work was queued in this process)."""
@@ -168,7 +175,7 @@ class Runner:
             while fd is None:
                 fd = acquire_owner_lock(self.home / LOCK_FILE, self.command)
                 if fd is None:
-                    await anyio.sleep(LOCK_RETRY_S)
+                    await self.clock.sleep(LOCK_RETRY_S)
             self.holding.set()
             async with AsyncExitStack() as stack:
                 if self._pool_getter is None:  # entered here, in the runner's own task; it binds on first use
@@ -191,7 +198,7 @@ class Runner:
         due = {id(t): 0.0 for t in self.tasks}
         errors = {id(t): 0 for t in self.tasks}
         while True:
-            now = self.clock()
+            now = self.now()
             for task in self.tasks:
                 if due[id(task)] > now and not self._wake.is_set():
                     continue
@@ -202,36 +209,48 @@ class Runner:
                     errors[id(task)] += 1
                     log.warning("runner task %s failed", task.name, exc_info=True)
                     wait = ERROR_BACKOFF_S if errors[id(task)] > 2 else MAX_SLEEP_S
-                due[id(task)] = self.clock() + max(0.0, min(float(wait), MAX_SLEEP_S))
+                due[id(task)] = self.now() + max(0.0, min(float(wait), MAX_SLEEP_S))
             self._wake = anyio.Event()
-            sleep = max(0.0, min(due.values()) - self.clock()) if due else MAX_SLEEP_S
-            with anyio.move_on_after(sleep):
-                await self._wake.wait()
+            sleep = max(0.0, min(due.values()) - self.now()) if due else MAX_SLEEP_S
+            await self._until_woken(sleep)
+
+    async def _until_woken(self, seconds: float) -> None:
+        """Wait ``seconds`` on the runner's clock, or less when :meth:`wake` is called."""
+        async with anyio.create_task_group() as tg:
+            async def alarm() -> None:
+                await self.clock.sleep(seconds)
+                tg.cancel_scope.cancel()
+            tg.start_soon(alarm)
+            await self._wake.wait()
+            tg.cancel_scope.cancel()
 
 
-def default_tasks(home: Path) -> list[Any]:
+def default_tasks(home: Path, clock: Clock = SYSTEM_CLOCK) -> list[Any]:
     """The task list every long-running process of a home drives: the outbox's delivery
-    and the re-sync of the copies it keeps (node/guest/copies/task.py, specs/copies.md §7)."""
+    and the re-sync of the copies it keeps (node/guest/copies/task.py, specs/copies.md §7),
+    on ``clock``."""
     from node.guest.copies.task import CopiesTask
     from node.guest.outbox_task import OutboxTask
 
-    return [OutboxTask(home), CopiesTask(home)]
+    return [OutboxTask(home), CopiesTask(home, clock=clock)]
 
 
 async def run_background(home: Path, *, command: str, pool: Callable[[], Awaitable[Any]] | None = None,
                          mode: Any = None, local: bool = False,
-                         on_event: Callable[[dict[str, Any]], None] | None = None,
+                         on_event: Callable[[dict[str, Any]], None] | None = None, clock: Clock = SYSTEM_CLOCK,
                          task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
     """Run the home's :class:`Runner` with :func:`default_tasks` until cancelled (the
     entry point ``kith host``, ``kith api serve`` and ``kith mcp`` call on their event
     loop). A home without an identity runs nothing; a runner that fails is logged and
-    ends, never the process around it (``kith host`` keeps serving)."""
+    ends, never the process around it (``kith host`` keeps serving). ``clock``: the
+    host's when it runs beside one."""
     from node.trust.identity import key_path
 
     if not key_path(Path(home)).is_file():  # no identity: nothing can have been queued here
         task_status.started()
         return
-    runner = Runner(home, default_tasks(home), pool=pool, mode=mode, local=local, command=command, on_event=on_event)
+    runner = Runner(home, default_tasks(home, clock), pool=pool, mode=mode, local=local, command=command,
+                    on_event=on_event, clock=clock)
     try:
         await runner.run(task_status=task_status)
     except Exception:  # noqa: BLE001 - the background work never ends the process it runs in

@@ -82,6 +82,11 @@ class ManualClock:
         self._sleepers.append((self._mono + seconds if math.isfinite(seconds) else math.inf, woken))
         await woken.wait()
 
+    def sleepers(self) -> int:
+        """How many :meth:`sleep` calls wait now (a test waits for a machine to be asleep
+        on this clock before it advances it)."""
+        return len(self._sleepers)
+
     def advance(self, seconds: float) -> None:
         """Move both readings forward by ``seconds`` (≥ 0) and wake the sleepers due."""
         if seconds < 0:

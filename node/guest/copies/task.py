@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -10,6 +9,7 @@ from node.common.errors import ConfigError, KithError
 from node.guest.copies.lifecycle import expire_copies, stale
 from node.guest.copies.store import CopyStore, list_copies
 from node.guest.copies.sync import sync_with_pool
+from node.runtime.clock import SYSTEM_CLOCK, Clock
 
 #: Seconds between two re-syncs of one copy that synced; after a failure (the host is away)
 #: the next try comes after :data:`RETRY_FIRST_S`, doubling to :data:`RESYNC_S`.
@@ -30,12 +30,12 @@ class CopiesTask:
 
     Args:
         home: the node home.
-        clock: monotonic seconds.
+        clock: the :class:`node.runtime.clock.Clock` its schedule reads (monotonic).
     """
 
     name = "copies"
 
-    def __init__(self, home: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, home: Path, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.home = Path(home)
         self.clock = clock
         self._due: dict[str, float] = {}
@@ -48,7 +48,7 @@ class CopiesTask:
         :func:`stale` — (:meth:`node.guest.runner.Runner.spawn`); the seconds until the
         next is."""
         expire_copies(self.home, notify=self.listener(runner))
-        now = self.clock()
+        now = self.clock.monotonic()
         for row in list_copies(self.home):
             peer = row["peer"]
             if peer in self._running or "error" in row:
@@ -92,7 +92,7 @@ class CopiesTask:
                 else "internal-error")
         wait = min(RESYNC_S, self._backoff.get(peer, RETRY_FIRST_S / 2) * 2)
         self._backoff[peer] = wait
-        self._due[peer] = self.clock() + wait
+        self._due[peer] = self.clock.monotonic() + wait
         runner.emit(CopyFailed(peer=peer, code=code or "peer-disconnected").to_dict())
 
     async def _sync(self, runner: Any, peer: str) -> None:
@@ -108,12 +108,12 @@ class CopiesTask:
             if exc.code != "copy-sync-running":
                 self._failed(runner, peer, exc)
             else:  # another process of this home syncs it now (kith copies sync): look again soon
-                self._due[peer] = self.clock() + RETRY_FIRST_S
+                self._due[peer] = self.clock.monotonic() + RETRY_FIRST_S
         except Exception as exc:  # noqa: BLE001 - the host is away, or refused: try again later
             self._failed(runner, peer, exc)
         else:
             was_away = self._backoff.pop(peer, None) is not None
-            self._due[peer] = self.clock() + RESYNC_S
+            self._due[peer] = self.clock.monotonic() + RESYNC_S
             if report["status"] == "ended":
                 runner.emit(CopyEnded(peer=peer, fetched=report["fetched"], removed=report["removed"],
                                       via="sync").to_dict())
