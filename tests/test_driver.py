@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import anyio
+import pytest
 
 from node.runtime.driver import run_session
 from node.runtime.hooks import HookResult, Hooks, load_hooks
@@ -404,3 +405,24 @@ def test_a_small_call_takes_a_thread_while_another_hook_call_runs_in_one(host_id
     anyio.run(main)
     assert [m["text"] for m in got] == ["DURING", "AFTER"]
     assert [(t, on_loop) for t, on_loop in seen if t] == [("during", False), ("after", True)]
+
+
+@pytest.mark.parametrize("raw,want", [("0.2,1", (0.2, 1.0)), ("", None), ("1", None), ("x,y", None),
+                                      ("5,1", None), ("0,1", None)])
+def test_test_only_heartbeat_override_is_strict(raw, want):
+    """The driver reads the test-only override; the engine reads no environment."""
+    from node.runtime.driver import heartbeat_from_env
+
+    assert heartbeat_from_env({"KITH_TEST_HEARTBEAT": raw}) == want
+
+
+def test_the_engine_reads_no_environment_variable():
+    import ast
+    from pathlib import Path as _Path
+
+    import node.engine
+
+    for path in sorted(_Path(node.engine.__file__).parent.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        reads = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in ("environ", "getenv")]
+        assert reads == [], f"{path.name} reads the environment at lines {reads}"

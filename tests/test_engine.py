@@ -25,7 +25,7 @@ from node.engine.session import (
     SessionReady,
     State,
 )
-from node.engine.timers import PING, SessionTimers, Timeouts, heartbeat_from_env
+from node.engine.timers import PING, SessionTimers, Timeouts
 from node.common.errors import EgressRefused, HookError, ProtocolViolation
 from node.trust.signing import role_message, session_id_of, session_payload
 from node.protocol.spec import load_spec
@@ -463,12 +463,6 @@ def test_timers_pure_decisions():
     t2.session_ready(0.0)
     assert t2.due(5.0) == "idle-timeout"
     assert SessionTimers(Timeouts(None, None, None, None), 0.0).next_deadline() is None
-
-
-@pytest.mark.parametrize("raw,want", [("0.2,1", (0.2, 1.0)), ("", None), ("1", None), ("x,y", None),
-                                      ("5,1", None), ("0,1", None)])
-def test_test_only_heartbeat_override_is_strict(raw, want):
-    assert heartbeat_from_env({"KITH_TEST_HEARTBEAT": raw}) == want
 
 
 def test_ping_every_interval_and_pong_answers(echo, host_id, guest_id):

@@ -22,7 +22,6 @@ Any bound may be None (disabled).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 PING_INTERVAL_S = 10.0
@@ -33,12 +32,6 @@ HANDSHAKE_STEP_S = 10.0
 #: driver's receiver answers pings beside the hooks).
 INFLIGHT_PING_S = 1.0
 INFLIGHT_UNRESPONSIVE_S = 4.0
-
-#: Test-only override of the heartbeat, ``"<ping_interval_s>,<unresponsive_s>"`` (e.g.
-#: ``"0.2,1"``), so that tests and the load script can watch a killed ``kith join``
-#: being detected in about a second instead of 30. Never set it in production.
-TEST_HEARTBEAT_ENV = "KITH_TEST_HEARTBEAT"
-
 
 @dataclass(frozen=True)
 class Timeouts:
@@ -60,25 +53,6 @@ class Timeouts:
     idle_s: float | None = None
     inflight_ping_s: float | None = None
     inflight_unresponsive_s: float | None = None
-
-
-def heartbeat_from_env(environ: dict[str, str] | None = None) -> tuple[float, float] | None:
-    """Parse the test-only :data:`TEST_HEARTBEAT_ENV` override.
-
-    Returns:
-        ``(ping_interval_s, unresponsive_s)``, or None when unset or malformed (a malformed
-        value is ignored so a typo can never disable the heartbeat).
-    """
-    raw = (environ if environ is not None else os.environ).get(TEST_HEARTBEAT_ENV, "")
-    if not raw:
-        return None
-    try:
-        ping, dead = (float(x) for x in raw.split(","))
-    except ValueError:
-        return None
-    if not (0 < ping < dead <= 3600):
-        return None
-    return ping, dead
 
 
 PING = "ping"
