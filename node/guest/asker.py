@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from node.common.errors import KithError
-from node.guest.cards import (COMPLETE, _cached, _mark_now, device_targets, fetch_cards, is_revoked, mark_answered,
+from node.guest.cards import (COMPLETE, _mark_now, device_targets, fetch_cards, is_revoked, mark_answered,
                               refresh_revocation)
 from node.guest.guest import resolve_peer
 from node.guest.targets import PeerGone, Target, connect_failed, post_gone
-from node.trust.card import CardStore
+from node.trust.card import CARDS_FILE, CardStore
+from node.trust.revocation_list import REVOCATIONS_FILE, RevocationStore
 
 if TYPE_CHECKING:
     from node.guest.pool import SessionPool
@@ -134,7 +135,8 @@ class Asker:
                 failed.append(exc)
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(partial(refresh_revocation, self.pool.home, person, notify=self.pool.on_copy_notice))
+            tg.start_soon(partial(refresh_revocation, self.pool.home, person, notify=self.pool.on_copy_notice,
+                                  last_read=self.pool.revocation_reads))
             await race()
         if failed:
             raise failed[0]
@@ -162,7 +164,7 @@ class Asker:
             except PeerGone:
                 warm_done.set()
                 return
-            mark_answered(self.pool.home, person, warm[0]["key"])
+            mark_answered(self.pool.home_file(CARDS_FILE, CardStore.load).now(), person, warm[0]["key"])
             got.append({**message, "device": dict(warm[0])})
             tg.cancel_scope.cancel()
 
@@ -221,10 +223,7 @@ class Asker:
         """A live, ready pooled session to a device of the person pin ``rec`` that is not
         revoked nor blocked here, as ``({"key", "name"}, session)``, or None. A device that
         answered over it is awake: the next question goes there first (no dial of the others)."""
-        from node.trust.card import CARDS_FILE
-        from node.trust.revocation_list import REVOCATIONS_FILE, RevocationStore
-
-        cards = _cached(self.pool.home, CARDS_FILE, CardStore.load).devices_of(rec.public_key)
+        cards = self.pool.home_file(CARDS_FILE, CardStore.load).now().devices_of(rec.public_key)
         registry = self.pool.peers.now()
         for key, seen in rec.seen_devices.items():  # every device a card was taken of is seen
             live = self.pool.sessions.get(key)
@@ -232,7 +231,7 @@ class Asker:
                     or registry.is_blocked(key)):  # only a session that answered: a race's loser is not warm
                 continue
             person = cards[key].card.get("person_key", "") if key in cards else ""
-            if _cached(self.pool.home, REVOCATIONS_FILE, RevocationStore.load).revokes(key, [rec.public_key, person]):
+            if self.pool.home_file(REVOCATIONS_FILE, RevocationStore.load).now().revokes(key, [rec.public_key, person]):
                 continue
             return {"key": key, "name": seen["name"]}, live
         return None

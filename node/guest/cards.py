@@ -162,13 +162,15 @@ def _keep_revocation(home: Path, rec: "PeerRecord", revocation: dict[str, Any] |
 REVOCATION_EVERY_S = 60.0
 #: Seconds one such read may take before the answer is returned without it.
 REVOCATION_WAIT_S = 5.0
-_REVOCATION_READ: dict[tuple[str, str], float] = {}
 
 
-async def refresh_revocation(home: Path, rec: "PeerRecord", *, notify: Any = None) -> None:
+async def refresh_revocation(home: Path, rec: "PeerRecord", *, notify: Any = None,
+                             last_read: dict[str, float] | None = None) -> None:
     """Read the person pin's revocation list from its server (``GET
     /api/v1/revocations/{person_key}``) and keep it when it verifies and is newer, at most
-    once every :data:`REVOCATION_EVERY_S` per process, within :data:`REVOCATION_WAIT_S`.
+    once every :data:`REVOCATION_EVERY_S` per ``last_read`` (person key → when; the session
+    pool's :attr:`~node.guest.pool.SessionPool.revocation_reads`: once per process; None:
+    read now), within :data:`REVOCATION_WAIT_S`.
     Run beside the ask of that person (:meth:`node.guest.asker.Asker.ask`), so a
     device revoked and published while a guest still answers from its card is dropped by
     that very ask. A server that is down or slow changes nothing."""
@@ -176,11 +178,11 @@ async def refresh_revocation(home: Path, rec: "PeerRecord", *, notify: Any = Non
 
     if not rec.server:
         return
-    memo = (str(home), rec.public_key)
-    now = time.monotonic()
-    if now - _REVOCATION_READ.get(memo, -REVOCATION_EVERY_S) < REVOCATION_EVERY_S:
-        return
-    _REVOCATION_READ[memo] = now
+    if last_read is not None:
+        now = time.monotonic()
+        if now - last_read.get(rec.public_key, -REVOCATION_EVERY_S) < REVOCATION_EVERY_S:
+            return
+        last_read[rec.public_key] = now
     import anyio
 
     with anyio.move_on_after(REVOCATION_WAIT_S):
@@ -239,32 +241,11 @@ def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], 
     return out
 
 
-def mark_answered(home: Path, rec: "PeerRecord", device: str) -> None:
-    """Record that ``device`` of the person pin ``rec`` answered now (written at most once a
-    minute while it keeps answering, :meth:`node.trust.card.CardStore.mark`)."""
-    from node.trust.card import CARDS_FILE
-
-    _cached(home, CARDS_FILE, CardStore.load).mark(rec.public_key, device, ok=True, now=_mark_now())
-
-
-_CACHE: dict[str, tuple[tuple[int, int], Any]] = {}
-
-
-def _cached(home: Path, name: str, load: Any) -> Any:
-    """``load(home)`` of the file ``<home>/name``, read again only when the file changed
-    (its mtime and size; both stores are written by tmp+rename): a warm question parses
-    nothing."""
-    path = Path(home) / name
-    try:
-        st = path.stat()
-        stamp = (st.st_mtime_ns, st.st_size)
-    except OSError:
-        stamp = (0, -1)
-    kept = _CACHE.get(str(path))
-    if kept is None or kept[0] != stamp:
-        kept = (stamp, load(home))
-        _CACHE[str(path)] = kept
-    return kept[1]
+def mark_answered(store: CardStore, rec: "PeerRecord", device: str) -> None:
+    """Record in ``store`` (the process's view of the kept cards) that ``device`` of the
+    person pin ``rec`` answered now (written at most once a minute while it keeps
+    answering, :meth:`node.trust.card.CardStore.mark`)."""
+    store.mark(rec.public_key, device, ok=True, now=_mark_now())
 
 
 __all__ = ["accept_card", "device_targets", "fetch_cards", "is_revoked", "mark_answered", "refresh_revocation",

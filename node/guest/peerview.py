@@ -1,30 +1,33 @@
-"""One view of the peer registry per process: ``<home>/peers.json`` read again only when the
-file changed (its inode, modification time or size: every write is a temp file renamed into
-place), so a warm question reads nothing. The owner is the process's session pool
-(:attr:`node.guest.pool.SessionPool.peers`); the asker, the fan-out and the copies' sync read
-the registry through it. Writers load and save the registry themselves
-(:class:`node.trust.peers.PeerRegistry`); the view sees their write at its next read.
+"""One view per process of each home file the asking side reads on every question:
+``peers.json``, and the kept device cards and revocation lists. A file is read again only
+when it changed (its inode, modification time or size: every write is a temp file renamed
+into place), so a warm question reads nothing. The owner is the process's session pool
+(:attr:`node.guest.pool.SessionPool.peers`, :meth:`node.guest.pool.SessionPool.home_file`);
+the asker, the fan-out and the copies' sync read through it. Writers load and save the file
+themselves; a view sees their write at its next read.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from node.trust.peers import PEERS_FILE, PeerRegistry
 
 
-class PeerView:
-    """``now()`` → the registry as ``peers.json`` says now (a broken file raises
-    ``config-invalid`` as :meth:`node.trust.peers.PeerRegistry.load` does, each time it is
-    asked, until fixed). ``loads`` counts the reads (tests, benchmarks)."""
+class FileView:
+    """``now()`` → ``load(home)`` as ``<home>/name`` says now; a file that cannot be loaded
+    raises as ``load`` does, each time it is asked, until fixed. ``loads`` counts the reads
+    (tests, benchmarks)."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, name: str, load: Callable[[Path], Any]) -> None:
         self.home = Path(home)
-        self.path = self.home / PEERS_FILE
+        self.path = self.home / name
+        self.load = load
         self.loads = 0
         self._stamp: Any = None
-        self._registry: PeerRegistry | None = None
+        self._value: Any = None
+        self._read = False
 
     def _stat(self) -> tuple[int, int, int] | None:
         try:
@@ -33,14 +36,24 @@ class PeerView:
             return None
         return st.st_ino, st.st_mtime_ns, st.st_size
 
-    def now(self) -> PeerRegistry:
-        """The registry, loaded again only when the file changed since the last read."""
+    def now(self) -> Any:
+        """The loaded file, loaded again only when it changed since the last read."""
         stamp = self._stat()
-        if self._registry is None or stamp != self._stamp:
-            registry = PeerRegistry.load(self.home)
+        if not self._read or stamp != self._stamp:
+            value = self.load(self.home)
             self.loads += 1
-            self._registry, self._stamp = registry, stamp
-        return self._registry
+            self._value, self._stamp, self._read = value, stamp, True
+        return self._value
 
 
-__all__ = ["PeerView"]
+class PeerView(FileView):
+    """The peer registry (:class:`node.trust.peers.PeerRegistry`) as ``peers.json`` says now."""
+
+    def __init__(self, home: Path) -> None:
+        super().__init__(home, PEERS_FILE, PeerRegistry.load)
+
+    def now(self) -> PeerRegistry:
+        return super().now()
+
+
+__all__ = ["FileView", "PeerView"]

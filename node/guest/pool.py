@@ -250,6 +250,10 @@ class SessionPool:
         self._down: dict[tuple[str, str], float] = {}
         self._copies: Any = None
         self._peers: Any = None
+        self._files: dict[str, Any] = {}
+        #: person key → when its revocation list was last read from its server (monotonic;
+        #: :func:`node.guest.cards.refresh_revocation`, at most once a minute per person)
+        self.revocation_reads: dict[str, float] = {}
         #: what its sessions' handshakes last told of each host's copy grant
         #: (:data:`node.guest.copies.lifecycle.CopyStates`; a sync over this pool records it)
         self.copy_states: dict[str, dict[str, Any]] = {}
@@ -263,6 +267,17 @@ class SessionPool:
 
             self._peers = PeerView(self.home)
         return self._peers
+
+    def home_file(self, name: str, load: Any) -> Any:
+        """This process's view of ``<home>/name`` loaded with ``load``
+        (:class:`node.guest.peerview.FileView`, made on first use): read again only when the
+        file changed (the kept cards and revocation lists the asker reads at each question)."""
+        view = self._files.get(name)
+        if view is None:
+            from node.guest.peerview import FileView
+
+            view = self._files[name] = FileView(self.home, name, load)
+        return view
 
     @property
     def copies(self) -> Any:
