@@ -99,3 +99,18 @@ def test_a_host_that_went_silent_with_the_question_out_is_not_dialled_again(tmp_
     with pytest.raises(PeerGone):
         anyio.run(lambda: Asker(pool).ask("alice", {"query": "x"}))
     assert pool.asked == [("saved", False)]
+
+
+def test_the_registry_is_read_once_per_change_however_many_questions(tmp_path, resolved):
+    PeerRegistry.load(tmp_path).add("alice", KEY)
+    pool = Pool(tmp_path)
+    asker = Asker(pool)
+
+    async def three():
+        for _ in range(3):
+            await asker.ask("alice", {"query": "x"})
+    anyio.run(three)
+    assert pool.peers.loads == 1
+    PeerRegistry.load(tmp_path).add("bob", os.urandom(32).hex())  # changed meanwhile: read at the next question
+    anyio.run(lambda: Asker(pool).ask("alice", {"query": "x"}))
+    assert pool.peers.loads == 2
