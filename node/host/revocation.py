@@ -24,6 +24,8 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
+import anyio
+
 from node.common.errors import ConfigError, KithError, PolicyError
 from node.common.host_events import ConfigInvalid, DeviceRevoked, PeerRevoked, PolicyReloaded
 from node.policy.store import file_stamp
@@ -70,7 +72,7 @@ class PeersWatcher:
             ``config-invalid`` {``file``} (the last good registry or store stays in force)
             and ``device-revoked`` {``person``, ``peer_name``, ``devices``, ``seq``,
             ``via``, ``code``, ``sessions_ended``}.
-        interval_s: poll period (s), slept on the session table's clock (the host's).
+        interval_s: poll period (s).
         now: Unix time (s) pins' ``until`` is compared with (the host's clock).
         own_person: this home's person key (its own list is kept from any device), or None.
         on_devices_revoked: told the keys of newly revoked devices after their sessions
@@ -169,7 +171,7 @@ class PeersWatcher:
                                 self.apply_list(checked, via="server", lineage=lineage)
                 except KithError as exc:
                     log.info("could not fetch revocation lists: %s", exc.code)
-            await self.sessions.clock.sleep(interval_s)  # the host's clock
+            await anyio.sleep(interval_s)
 
     def _devices_revoked(self, person: str, devices: list[str], seq: int, via: str,
                          registry: PeerRegistry, pin: Any = None, lineage: list[str] | None = None
@@ -239,7 +241,7 @@ class PeersWatcher:
     async def run(self) -> None:
         """Poll until cancelled; never raises for a bad file."""
         while True:
-            await self.sessions.clock.sleep(self.interval_s)  # the host's clock
+            await anyio.sleep(self.interval_s)
             try:
                 self.poll()
             except KithError as exc:  # e.g. approvals unreadable: keep serving
