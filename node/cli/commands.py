@@ -299,14 +299,16 @@ def host_cmd(
 
         from node.cli.outbox_cmd import say_delivery
         from node.guest.runner import run_background
+        from node.runtime.clock import SYSTEM_CLOCK
 
+        clock = SYSTEM_CLOCK  # one clock for the host and the home's background work beside it
         async with anyio.create_task_group() as tg:
             tg.start_soon(until_signal)
             # the home's background work while it hosts: the outbox's delivery (specs/outbox.md §5)
             tg.start_soon(partial(run_background, home, command="kith host", mode=mode, local=mode.offline,
-                                  on_event=say_delivery))
+                                  on_event=say_delivery, clock=clock))
             await serve_host(home, opts, on_invitation=on_invitation, on_event=on_event, warn=warn, stop=stop,
-                             on_devices_revoked=partial(_end_revoked_copies, home))
+                             clock=clock, on_devices_revoked=partial(_end_revoked_copies, home))
             tg.cancel_scope.cancel()
 
     anyio.run(main, backend="asyncio")
