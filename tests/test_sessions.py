@@ -44,6 +44,7 @@ def test_per_peer_and_overall_bounds():
     t2, r2 = s.open(A)
     for t in (t1, t2):
         adm.session_ready(t)
+        adm.begin_query(t)  # both answering: neither makes room for a third of A
     assert (r1, r2) == (None, None)
     assert s.open(A)[1] == "handshake-peer-busy"
     t3, r3 = s.open(B)
@@ -55,25 +56,32 @@ def test_per_peer_and_overall_bounds():
     assert adm.sessions == 3 and s.ended == {}
 
 
-def test_a_key_at_its_cap_evicts_its_own_quiet_session_not_another_keys():
-    """A guest killed a few times (its sessions dead until QUIC's idle timeout) is not
-    refused for the next half minute: its own quietest session makes room."""
+def test_a_key_at_its_cap_evicts_its_own_idle_session_not_another_keys():
+    """A guest killed a few times (its sessions dead until the heartbeat gives up) is not
+    refused for the next half minute, however fast it came back: its own least recently
+    answered idle session makes room at once (no quiet time: the outcome must not depend
+    on how fast the guest restarted)."""
     adm, s, events = make(max_sessions_per_peer=2)
     first, _ = s.open(A, name="alice")
     adm.session_ready(first)
-    adm.clock.advance(1.0)
+    adm.clock.advance(0.25)
     second, _ = s.open(A, name="alice")
     adm.session_ready(second)
     other, _ = s.open(B, name="bea")
     adm.session_ready(other)
-    assert s.open(A, name="alice")[1] == "handshake-peer-busy"  # none quiet yet
-    adm.begin_query(first)  # answering: never evicted
-    adm.clock.advance(QUIET_AFTER_S)
-    assert s.open(A, name="alice")[1] is None  # the second, quiet, makes room; the first is busy
-    assert s.ended == {second: "session-evicted"} and adm.sessions_of(A) == 2
-    assert events[-1] == {"event": "session-evicted", "peer": A, "code": "session-evicted", "idle_s": QUIET_AFTER_S}
-    assert s.open(A, name="alice")[1] == "handshake-peer-busy"  # the newcomer is not READY, the first busy
-    assert other not in s.ended
+    adm.clock.advance(0.25)
+    third, code = s.open(A, name="alice")  # half a second after the first: the first makes room
+    assert code is None
+    assert s.ended == {first: "session-evicted"} and adm.sessions_of(A) == 2
+    assert events[-1] == {"event": "session-evicted", "peer": A, "code": "session-evicted", "idle_s": 0.5}
+    adm.begin_query(second)  # answering: never evicted
+    assert s.open(A, name="alice")[1] == "handshake-peer-busy"  # the third is not READY yet
+    adm.session_ready(third)
+    adm.begin_query(third)
+    assert s.open(A, name="alice")[1] == "handshake-peer-busy"  # both answering
+    adm.activity(third, "ok")
+    assert s.open(A, name="alice")[1] is None  # the third, done answering, makes room
+    assert third in s.ended and second not in s.ended and other not in s.ended
 
 
 def test_full_host_evicts_the_oldest_handshake_not_a_ready_session():

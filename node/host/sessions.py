@@ -279,9 +279,10 @@ class SessionTable:
             None when a slot was taken (release it with :meth:`close_session`), else the
             refusal code to send at once: ``handshake-too-many-failures`` (``peer`` is in
             its cool-down; :meth:`cooldown_left`), ``handshake-peer-busy`` (``peer`` holds
-            ``max_sessions_per_peer`` already, none of them quiet: a quiet one, its
-            least recently answered, is evicted for it instead) or ``handshake-host-busy`` (no slot could
-            be freed).
+            ``max_sessions_per_peer`` already, every one of them answering or still in its
+            handshake: otherwise its own READY session with none in flight, the one answered
+            least recently, is evicted for it instead) or ``handshake-host-busy`` (no slot
+            could be freed).
         """
         if self.cooldown_left(peer) > 0:
             return "handshake-too-many-failures"
@@ -306,19 +307,23 @@ class SessionTable:
 
     def _evict_own(self, peer: str) -> bool:
         """Make room for a newcomer of key ``peer`` that holds ``max_sessions_per_peer``
-        already: its own quiet session (ready, none in flight, no query answered for
-        ``quiet_after_s``) answered least recently is ended with ``session-evicted``.
-        Such sessions are most often a killed process's, which the host would otherwise
-        hold until QUIC's idle timeout; a live one's guest opens another when it asks
-        again (specs/session.md). Returns False when none is quiet."""
+        already: its own READY session with no query in flight, the one answered least
+        recently, is ended with ``session-evicted``. Such sessions are most often a killed
+        process's, which the host would otherwise hold until the heartbeat gives up on it
+        (30 s); a live one's guest opens another when it asks again (specs/session.md).
+
+        No quiet time is asked for, unlike an anonymous newcomer's eviction of another key
+        (:data:`QUIET_AFTER_S`): a key ends only its own sessions here, so it can harm no
+        one else, and a guest killed several times within two seconds (Ctrl-C on
+        ``kith copies sync``) is let in however fast it came back. Returns False when every
+        session of the key is answering or still in its handshake."""
         now = self.clock.monotonic()
-        quiet = [(s.last_active, t) for t, s in self._sessions.items()
-                 if s.peer == peer and s.ready and s.holds_slot and s.busy == 0 and s.alive()
-                 and now - s.last_active >= self.limits.quiet_after_s]
-        if not quiet:
+        idle = [(s.last_active, t) for t, s in self._sessions.items()
+                if s.peer == peer and s.ready and s.holds_slot and s.busy == 0 and s.alive()]
+        if not idle:
             return False
-        last, token = min(quiet)
-        self.end(token, "session-evicted", "evicted: this peer key opened a new session and this one was its quietest",
+        last, token = min(idle)
+        self.end(token, "session-evicted", "evicted: this peer key opened a new session and this one was its least recently used",
                  cause="evicted")
         self.on_event(SessionEvicted(peer=peer, idle_s=round(now - last, 3)).to_dict())
         return True
