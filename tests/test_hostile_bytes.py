@@ -1,0 +1,85 @@
+"""Hostile bytes (issue 42 item 2): a question that is not valid UTF-8 (bytes Python turns
+into lone surrogates) is ``query-invalid`` in ``kith search``, ``kith ask`` and ``kith join
+--query`` — checked in one place, ``node.answer.contract.validate`` — and a question the
+contract refuses at the interactive ``ask>`` prompt gets the same refusal as with
+``--query`` while the session goes on. Real processes: argv and stdin carry raw bytes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from node.answer import contract
+from node.common.errors import CorpusError
+
+from support.cli import KITH, kith
+from support.homes import initialized
+from support.hosts import HostProcess, notes_host
+
+BAD = b"temp\xff\xfefile"
+
+
+def _run(home: Path, *args: bytes | str, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    argv = [*KITH, "--home", str(home), *args]
+    return subprocess.run(argv, capture_output=True, input=stdin, timeout=timeout,
+                          stdin=None if stdin is not None else subprocess.DEVNULL)
+
+
+def _refused(proc: subprocess.CompletedProcess, code: str, status: int) -> None:
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == status, (proc.returncode, err)
+    assert f"error [{code}]" in err, err
+    assert "Traceback" not in err and "Traceback" not in proc.stdout.decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize("value", ["temp\udcff\udcfefile", "a\ud800b", "\udfff"])
+def test_the_contract_refuses_lone_surrogates_in_the_query_and_filters(value):
+    with pytest.raises(CorpusError) as exc:
+        contract.validate({"query": value})
+    assert exc.value.code == "query-invalid" and "UTF-8" in exc.value.message
+    with pytest.raises(CorpusError) as exc:
+        contract.validate({"query": "ok", "tags": [value]})
+    assert exc.value.code == "query-invalid" and "'tags'" in exc.value.message
+    with pytest.raises(CorpusError) as exc:
+        contract.validate({"query": "ok", "sources": ["/" + value]})
+    assert exc.value.code == "query-invalid"
+
+
+def test_undecodable_bytes_are_query_invalid_in_every_command(tmp_path):
+    home = initialized(tmp_path / "home")
+    _refused(_run(home, "search", BAD), "query-invalid", 1)
+    _refused(_run(home, "search", "--json", BAD), "query-invalid", 1)
+    _refused(_run(home, "search", "ok", "--source", b"/x/" + BAD), "query-invalid", 1)
+    _refused(_run(home, "ask", "--local", BAD), "query-invalid", 2)
+    _refused(_run(home, "join", str(tmp_path / "invite.json"), "--query", BAD), "query-invalid", 1)
+    assert not (home / "outbox.sqlite").exists()
+
+
+@pytest.mark.iroh
+def test_a_question_refused_at_the_prompt_reads_like_query_and_keeps_the_session(tmp_path):
+    host_home = notes_host(tmp_path)
+    guest = initialized(tmp_path / "guest")
+    invite = tmp_path / "invite.json"
+    host = HostProcess(host_home, "--invite-file", str(invite))
+    try:
+        too_long = "x" * (contract.MAX_QUERY_CHARS + 1)
+        typed = b"\n".join([too_long.encode(), b"a\x00b", BAD, b"staging server", b""])
+        proc = _run(guest, "join", str(invite), "--offline", "--trust", "--json", stdin=typed, timeout=120)
+        by_query = _run(guest, "join", str(invite), "--query", too_long)
+    finally:
+        host.stop()
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    refusals = [line for line in err.splitlines() if "error [" in line]
+    assert len(refusals) == 3 and all("error [query-invalid]" in line for line in refusals), refusals
+    # the same words as the refusal of --query
+    first = by_query.stderr.decode().splitlines()[0]
+    assert first in refusals[0], (first, refusals[0])
+    # the session went on: the fourth question was asked and answered
+    answers = [json.loads(line) for line in proc.stdout.decode().splitlines() if line.strip()]
+    results = [a for a in answers if a.get("action") == "results"]
+    assert len(results) == 1 and results[0]["status"] == "ok", answers
