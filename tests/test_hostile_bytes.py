@@ -83,3 +83,36 @@ def test_a_question_refused_at_the_prompt_reads_like_query_and_keeps_the_session
     answers = [json.loads(line) for line in proc.stdout.decode().splitlines() if line.strip()]
     results = [a for a in answers if a.get("action") == "results"]
     assert len(results) == 1 and results[0]["status"] == "ok", answers
+
+
+def test_file_and_folder_names_that_are_not_utf8_are_skipped_and_counted(tmp_path):
+    import os
+
+    home = initialized(tmp_path / "home")
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "good.md").write_text("# Good\n\nThe staging server restarts at noon.\n")
+    raw = os.fsencode(root)
+    with open(raw + b"/bad\xfe.md", "wb") as f:
+        f.write(b"# Bad\n\nhidden words here\n")
+    os.mkdir(raw + b"/dir\xff")
+    with open(raw + b"/dir\xff/inside.md", "wb") as f:
+        f.write(b"# Inside\n\nhidden words here\n")
+    assert kith(home, "index", "add", str(root)).returncode == 0
+    proc = kith(home, "index", "sync", "--json")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report["indexed"] == 1 and report["ignored"] == {"name-not-utf8": 2}, report
+    found = kith(home, "search", "staging server", "--json")
+    assert found.returncode == 0 and json.loads(found.stdout)["results"], found.stderr
+    assert not json.loads(kith(home, "search", "hidden words", "--json").stdout)["results"]
+
+
+def test_a_root_whose_path_is_not_utf8_is_refused_with_its_own_code(tmp_path):
+    import os
+
+    home = initialized(tmp_path / "home")
+    bad = os.fsencode(tmp_path) + b"/folder\xff"
+    os.mkdir(bad)
+    _refused(_run(home, "index", "add", bad), "root-path-invalid", 1)
+    assert json.loads(kith(home, "index", "status", "--json").stdout)["roots"] == 0

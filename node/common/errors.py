@@ -250,6 +250,8 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "display-name-taken": ("community", "Another identity already uses a display name that looks like this one."),
     # --- corpus ---------------------------------------------------------------------------
     "root-not-found": ("corpus", "The folder to index does not exist or is not a directory."),
+    "root-path-invalid": ("corpus", "The folder's path is not valid UTF-8.",
+                          "rename the folder (or the folder above it) to a UTF-8 name, then add it"),
     "root-exists": ("corpus", "That folder is already a source root."),
     "index-locked": ("corpus", "Another process is writing the index."),
     "index-unavailable": ("corpus", "The index is missing or unreadable."),

@@ -125,6 +125,7 @@ class Corpus:
         Raises:
             CorpusError: ``chunking-invalid`` (checked first, before anything is stored),
                 ``root-not-found`` (missing or not a directory; names the path),
+                ``root-path-invalid`` (its resolved path is not UTF-8),
                 ``root-too-broad`` (without ``force``), ``root-name-invalid``,
                 ``root-name-taken`` (``name`` in use or used before), ``root-exists`` (same
                 resolved folder already registered), ``corpus-readonly``.
@@ -141,6 +142,9 @@ class Corpus:
                 raise CorpusError("root-not-found",
                                   f"{os.path.abspath(p)} does not exist or is not a folder.")
             real = p.resolve()
+            if not ingest._utf8_name(str(real)):
+                raise CorpusError("root-path-invalid", f"{ascii(str(real))[1:-1]}: its path holds bytes that "
+                                  "are not UTF-8, which no source id can carry.")
             broad = too_broad(real)
             if broad is not None and not force:
                 raise CorpusError("root-too-broad", f"{real} is {broad}: indexing it would read "
