@@ -596,7 +596,7 @@ class Corpus:
         Returns:
             ``{"roots", "documents", "done", "chunks", "failed", "empty", "processing",
             "stale": int, "ready": bool, "last_sync": str | None, "index_lag": int,
-            "sync_running": bool, "interrupted": bool}``;
+            "sync_running": bool, "interrupted": bool, "index_missing": bool}``;
             ``ready`` is True when a sync has completed, the index is present and of
             the current schema, and it holds every change of the record
             (``index_lag`` 0: false while a sync is writing or after a crash left
@@ -605,13 +605,15 @@ class Corpus:
             ``interrupted``: no writer is running yet documents are still
             ``processing``, the index lags the record, or documents exist and no sync
             ever completed — a sync was killed; the next ``kith index sync`` finishes
-            it. Never raises for a missing corpus (all zero, not ready).
+            it. ``index_missing``: a sync completed but the tantivy folder is gone —
+            ``kith index sync`` rebuilds it from the record. Never raises for a missing
+            corpus (all zero, not ready).
         """
         with self.record.lock:
             out: dict[str, Any] = {"roots": 0, "documents": 0, "done": 0, "chunks": 0,
                                    "failed": 0, "empty": 0, "processing": 0, "stale": 0,
                                    "ready": False, "last_sync": None, "index_lag": 0,
-                                   "sync_running": False, "interrupted": False}
+                                   "sync_running": False, "interrupted": False, "index_missing": False}
             if self.record.db is None:
                 return out
             db = self.record.db
@@ -642,7 +644,10 @@ class Corpus:
             out["ready"] = bool(
                 out["last_sync"] and not out["index_lag"]
                 and self.record.get_meta("index_schema_version") == str(search.INDEX_SCHEMA_VERSION)
-                and tantivy.Index.exists(str(self.index_dir)))
+                and self.index_dir.is_dir() and tantivy.Index.exists(str(self.index_dir)))
+            # a record that was synced but whose tantivy folder is gone: `kith index sync`
+            # rebuilds it from the record (nothing is read from the sources again)
+            out["index_missing"] = bool(out["last_sync"]) and not self.index_dir.is_dir()
             out["sync_running"] = self.record.writer is not None or lock_active(self.lock_path)
             out["interrupted"] = not out["sync_running"] and bool(
                 out["processing"] or out["index_lag"]

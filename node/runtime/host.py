@@ -201,7 +201,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
         corpus = Corpus(home, readonly=True)
     except KithError as exc:
         warn(f"the index is not available ({exc.code}); guests will get no results. "
-             "Run `kith index add PATH` and `kith index sync`.")
+             + (f"{exc.message}: {exc.hint}" if exc.hint else "Run `kith index add PATH` and `kith index sync`."))
         gate = EgressGate([], policy, home)
         service = AnswerService(None, gate, limiter=limiter, version_key=version_key)
         return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
@@ -212,7 +212,10 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
         warn("the index is behind its record and another process is writing it; "
              "guests may miss documents until that sync finishes.")
     stats = corpus.stats()
-    if not stats.get("chunks"):
+    if stats.get("index_missing"):
+        warn("the search index (corpus/tantivy) is missing; guests get index-unavailable until "
+             "`kith index sync` rebuilds it from the corpus record.")
+    elif not stats.get("chunks"):
         warn("the index is empty; guests will get no results. Run `kith index add PATH` and `kith index sync`.")
     elif stats.get("failed"):
         warn(f"{stats['failed']} document(s) failed to index; see `kith index status`.")

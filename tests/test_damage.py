@@ -1,0 +1,245 @@
+"""The damage matrix (issue 42 item 1): a file of the home put through garbage, truncation,
+empty, deleted, a folder in its place and a full disk, against the commands that read or
+write it. Every case passes when: the exit status is the one expected, a failure prints
+``error [code]`` with a ``hint:`` line (the code among those expected), no traceback is on
+either stream, and nothing else in the home changed.
+
+The commands run in this process (``node.cli.main.main``, the real dispatcher), with one
+real ``kith`` process per file as a sample; a full disk is a real one: a process whose
+file-size limit (``RLIMIT_FSIZE``) is below what it must write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import resource
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from support.cli import KITH, kith
+from support.homes import FIXTURE
+
+
+# ----------------------------------------------------------------------------- the home
+@pytest.fixture(scope="module")
+def base_home(tmp_path_factory) -> Path:
+    """One home, made once: a synced corpus (the knowledge-query fixture), a policy rule,
+    a kept outbox question, a pinned peer. Each case works on a copy."""
+    home = tmp_path_factory.mktemp("damage") / "home"
+    for args in (("init",), ("index", "add", str(FIXTURE)), ("index", "sync"), ("policy", "set", "/corpus/**", "public")):
+        r = kith(home, *args, timeout=300)
+        assert r.returncode == 0, (args, r.stderr)
+    _keep_a_question(home)
+    return home
+
+
+def _keep_a_question(home: Path) -> None:
+    from node.runtime.outbox import OutboxStore
+
+    with OutboxStore(home) as store:
+        store.add({"query": "when does the staging server restart", "topK": 5}, [("alice", "ab" * 32)])
+
+
+def _snapshot(home: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for p in sorted(home.rglob("*")):
+        rel = p.relative_to(home).as_posix()
+        if p.is_symlink() or not p.is_file():
+            out[rel] = "dir" if p.is_dir() else "other"
+            continue
+        try:
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+        except OSError:
+            out[rel] = "unreadable"
+    return out
+
+
+#: files a command may rewrite whatever the damage: lock files (their owner text) and the
+#: quota buckets a read touches
+VOLATILE = (".lock", "-wal", "-shm")
+
+
+def _changed(before: dict[str, str], after: dict[str, str], allowed: tuple[str, ...]) -> list[str]:
+    keys = set(before) | set(after)
+    return sorted(k for k in keys if before.get(k) != after.get(k)
+                  and not k.endswith(VOLATILE) and not any(k == a or k.startswith(a + "/") for a in allowed))
+
+
+# --------------------------------------------------------------------------- damage kinds
+def garbage(p: Path) -> None:
+    p.write_bytes(bytes((i * 97 + 13) % 256 for i in range(5000)))
+
+
+def truncated(p: Path) -> None:
+    data = p.read_bytes()
+    p.write_bytes(data[: max(1, len(data) // 2)])
+
+
+def empty(p: Path) -> None:
+    p.write_bytes(b"")
+
+
+def deleted(p: Path) -> None:
+    if p.is_dir():
+        shutil.rmtree(p)
+    else:
+        p.unlink()
+
+
+def folder(p: Path) -> None:
+    deleted(p)
+    p.mkdir()
+    (p / "x").write_text("not the file\n")
+
+
+# ------------------------------------------------------------------------------- running
+@dataclass
+class Ran:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def error_code(self) -> str | None:
+        for line in self.err.splitlines():
+            if line.startswith("error [") and "]" in line:
+                return line[len("error ["):line.index("]")]
+        return None
+
+
+def run_inproc(home: Path, *args: str) -> Ran:
+    """``kith --home HOME ARGS`` through the real dispatcher in this process; an exception
+    that escapes it is a traceback (the test fails with it)."""
+    from node.cli import main as cli_main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            cli_main.main(["--home", str(home), *args])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+def run_proc(home: Path, *args: str, fsize: int | None = None) -> Ran:
+    def limit() -> None:
+        if fsize is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    r = subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL, preexec_fn=limit)
+    return Ran(r.returncode, r.stdout, r.stderr)
+
+
+def check(r: Ran, codes: set[str] | None, *, ok: bool = False) -> None:
+    """``codes``: the refusals allowed (None: the command must succeed)."""
+    assert "Traceback" not in r.err and "Traceback" not in r.out, r.err[-3000:]
+    if codes is None or ok and r.code == 0:
+        assert r.code == 0, (r.code, r.err[-2000:])
+        return
+    assert r.code != 0, f"exit 0 where {codes} was expected; out: {r.out[-500:]}"
+    assert r.error_code in codes, (r.error_code, codes, r.err[-2000:])
+    assert "  hint: " in r.err, f"no hint: {r.err[-1000:]}"
+
+
+# ------------------------------------------------------------------------- the matrix
+CORPUS_DB = "corpus/corpus.sqlite3"
+CORRUPT = {"corpus-corrupt"}
+#: (file, damage, command, expected codes — None: success, ok: success allowed too)
+CORPUS_CASES = [
+    *[(CORPUS_DB, d, cmd, CORRUPT, False) for d in (garbage, truncated)
+      for cmd in (("search", "sqlite"), ("index", "status"), ("index", "sync"), ("index", "sync", "--mode", "full"))],
+    *[(CORPUS_DB, d, ("status",), None, False) for d in (garbage, truncated, empty, deleted)],
+    # an empty or deleted record is an empty corpus: search has nothing to answer from
+    *[(CORPUS_DB, d, ("search", "sqlite"), {"index-unavailable"}, False) for d in (empty, deleted)],
+    *[(CORPUS_DB, d, ("index", "status"), None, False) for d in (empty, deleted)],
+    (CORPUS_DB, folder, ("search", "sqlite"), {"io-error"}, False),
+    (CORPUS_DB, folder, ("index", "status"), {"io-error"}, False),
+    (CORPUS_DB, folder, ("index", "sync"), {"io-error"}, False),
+    ("corpus/tantivy", deleted, ("search", "sqlite"), {"index-unavailable"}, False),
+    ("corpus/tantivy", deleted, ("index", "status"), None, False),
+    ("corpus/tantivy", folder, ("search", "sqlite"), {"index-unavailable"}, False),
+]
+
+
+def _id(case) -> str:
+    target, damage, cmd, *_ = case
+    return f"{target}-{damage.__name__}-{'_'.join(cmd)}"
+
+
+@pytest.mark.parametrize("case", CORPUS_CASES, ids=[_id(c) for c in CORPUS_CASES])
+def test_corpus_damage(base_home, tmp_path, case):
+    target, damage, cmd, codes, ok = case
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    damage(home / target)
+    before = _snapshot(home)
+    r = run_inproc(home, *cmd)
+    check(r, codes, ok=ok)
+    allowed: tuple[str, ...] = (target,) if codes is None else ()
+    if cmd[:2] == ("index", "sync") and codes is None:
+        allowed = ("corpus",)
+    assert not _changed(before, _snapshot(home), allowed), _changed(before, _snapshot(home), allowed)
+
+
+def test_a_deleted_index_folder_is_named_with_its_repair_and_the_repair_works(base_home, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    shutil.rmtree(home / "corpus" / "tantivy")
+    found = run_inproc(home, "search", "write-ahead log")
+    check(found, {"index-unavailable"})
+    assert "kith index sync" in found.err
+    status = run_inproc(home, "index", "status")
+    assert "missing: run `kith index sync`" in status.out, status.out
+    for mode in ((), ("--mode", "full")):
+        shutil.rmtree(home / "corpus" / "tantivy", ignore_errors=True)
+        synced = run_inproc(home, "index", "sync", *mode)
+        check(synced, None)
+        assert "rebuilding it from the corpus record" in synced.err, synced.err
+        answer = run_inproc(home, "search", "write-ahead log", "--json")
+        check(answer, None)
+        assert json.loads(answer.out)["results"], answer.out
+
+
+def test_a_damaged_corpus_database_in_a_real_process(base_home, tmp_path):
+    """The sample subprocess of the corpus record: `kith index status` and `kith host`."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    garbage(home / CORPUS_DB)
+    before = _snapshot(home)
+    r = run_proc(home, "index", "status")
+    check(r, CORRUPT)
+    assert "mv " in r.err and "kith index add FOLDER" in r.err
+    assert not _changed(before, _snapshot(home), ())
+
+
+def test_a_full_disk_during_a_corpus_sync_is_disk_full_not_corrupt(base_home, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    docs = tmp_path / "big"
+    docs.mkdir()
+    words = ["alpha", "beta", "gamma", "delta", "omega", "sqlite", "index", "kith"]
+    (docs / "big.md").write_text("\n\n".join(" ".join(words[(i * 7 + j) % 8] + str(j % 50) for j in range(60))
+                                             for i in range(3000)))
+    check(run_inproc(home, "index", "add", str(docs)), None)
+    size = (home / CORPUS_DB).stat().st_size
+    r = run_proc(home, "index", "sync", fsize=size + 64 * 1024)
+    check(r, {"disk-full"})
+    status = run_inproc(home, "index", "status", "--json")  # the record is whole: readable, no lag
+    check(status, None)
+    assert json.loads(status.out)["roots"] == 2
+    again = run_inproc(home, "index", "sync")  # room again: the sync completes
+    check(again, None)
