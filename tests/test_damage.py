@@ -243,3 +243,117 @@ def test_a_full_disk_during_a_corpus_sync_is_disk_full_not_corrupt(base_home, tm
     assert json.loads(status.out)["roots"] == 2
     again = run_inproc(home, "index", "sync")  # room again: the sync completes
     check(again, None)
+
+
+# ------------------------------------------------------------------------------ the outbox
+OUTBOX = "outbox.sqlite"
+OUTBOX_CASES = [
+    *[(OUTBOX, d, cmd, {"outbox-corrupt"}, False) for d in (garbage, truncated)
+      for cmd in (("outbox", "list"), ("outbox", "remove", "--done"), ("status",))],
+    (OUTBOX, empty, ("outbox", "list"), None, False),
+    (OUTBOX, deleted, ("outbox", "list"), None, False),
+    (OUTBOX, deleted, ("outbox", "remove", "--done"), {"outbox-not-found"}, True),
+    (OUTBOX, folder, ("outbox", "list"), {"io-error"}, False),
+]
+
+
+@pytest.mark.parametrize("case", OUTBOX_CASES, ids=[_id(c) for c in OUTBOX_CASES])
+def test_outbox_damage(base_home, tmp_path, case):
+    target, damage, cmd, codes, ok = case
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    damage(home / target)
+    before = _snapshot(home)
+    r = run_inproc(home, *cmd)
+    if cmd == ("status",):  # status reports the outbox's fault on its line and goes on
+        check(r, None)
+        assert "outbox" in r.out
+    else:
+        check(r, codes, ok=ok)
+    allowed = (target,) if codes is None else ()
+    assert not _changed(before, _snapshot(home), allowed), _changed(before, _snapshot(home), allowed)
+
+
+def test_text_in_a_time_column_is_one_bad_row_not_a_traceback(base_home, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    _keep_a_question(home)
+    db = sqlite3.connect(home / OUTBOX)
+    first = db.execute("SELECT id FROM questions ORDER BY rowid LIMIT 1").fetchone()[0]
+    db.execute("UPDATE questions SET created_at='yesterday', expires_at='never' WHERE id=?", (first,))
+    db.execute("UPDATE deliveries SET last_attempt_at='x', answered_at='y', read_at=X'00' WHERE question_id=?", (first,))
+    db.commit()
+    db.close()
+    for args in (("outbox", "list"), ("outbox", "list", "--json"), ("outbox", "show", first[:12], "--json")):
+        r = run_inproc(home, *args)
+        check(r, None)
+    listed = json.loads(run_inproc(home, "outbox", "list", "--json").out)["questions"]
+    assert len(listed) == 2 and {q["id"] for q in listed} >= {first}
+    bad = next(q for q in listed if q["id"] == first)
+    assert bad["createdAt"] is None and bad["expiresAt"] is None and bad["peers"][0]["lastAttemptAt"] is None
+
+
+_FULL_OUTBOX = """
+import resource, sys
+sys.path[:0] = {paths!r}
+from pathlib import Path
+from node.common.errors import KithError
+from node.runtime.outbox import OutboxStore
+store = OutboxStore(Path({home!r}))
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    for i in range(5000):
+        store.add({{"query": "question %d " % i + "x" * 1900, "topK": 5}}, [("alice", "ab" * 32)])
+except KithError as exc:
+    print(exc.code)
+else:
+    print("ok")
+"""
+
+
+def test_a_full_disk_on_the_outbox_is_disk_full_and_keeps_every_question(base_home, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    listed = json.loads(run_inproc(home, "outbox", "list", "--json").out)["questions"]
+    size = max(p.stat().st_size for p in home.glob(OUTBOX + "*"))
+    script = _FULL_OUTBOX.format(paths=sys.path, home=str(home), limit=size + 40_000)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "disk-full", r.stdout + r.stderr
+    after = run_inproc(home, "outbox", "list", "--json")
+    check(after, None)
+    ids = {q["id"] for q in json.loads(after.out)["questions"]}
+    assert {q["id"] for q in listed} <= ids  # the kept questions are all there: nothing to move aside
+
+
+def test_a_background_fault_is_logged_once_until_it_changes(base_home, tmp_path, caplog):
+    """A damaged outbox under the runner: one line with its code and hint, not a traceback
+    per step; a new fault is told again, and so is the recovery."""
+    import anyio
+
+    from node.runtime.outbox_task import OutboxTask
+    from node.runtime.runner import Runner
+
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    garbage(home / OUTBOX)
+    task = OutboxTask(home)
+    told: dict = {}
+    caplog.set_level("WARNING", logger="kith.runner")
+
+    def step() -> None:
+        try:
+            anyio.run(task.step, None)
+        except Exception as exc:  # noqa: BLE001 - what the runner's loop catches
+            Runner._tell(task.name, exc, told, 1)
+
+    for _ in range(5):
+        step()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "[outbox-corrupt]" in lines[0] and "hint:" in lines[0], lines
+    assert not any(r.exc_info for r in caplog.records)
+    folder(home / OUTBOX)  # another fault: told once more
+    for _ in range(3):
+        step()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "[io-error]" in lines[1], lines
