@@ -357,3 +357,52 @@ def test_a_background_fault_is_logged_once_until_it_changes(base_home, tmp_path,
         step()
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and "[io-error]" in lines[1], lines
+
+
+# ---------------------------------------------------------- the host's posts and its port
+@pytest.fixture(scope="module")
+def hosted_home(base_home, tmp_path_factory) -> Path:
+    """``base_home`` after one run of ``kith host --offline`` (file mode): it kept its post
+    (posts.json) and its port (endpoint.json)."""
+    from support.hosts import HostProcess
+
+    home = tmp_path_factory.mktemp("hosted") / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    host = HostProcess(home, "--invite-file", str(home.parent / "invite.json"))
+    code, _, err = host.stop()
+    assert code == 0, err
+    assert (home / "posts.json").is_file() and (home / "endpoint.json").is_file()
+    return home
+
+
+def _host_refused(home: Path, *args: str) -> Ran:
+    r = subprocess.run([*KITH, "--home", str(home), "host", "--local", "--json", *args], capture_output=True,
+                       text=True, timeout=60, stdin=subprocess.DEVNULL)
+    return Ran(r.returncode, r.stdout, r.stderr)
+
+
+@pytest.mark.iroh
+@pytest.mark.parametrize("damage", [garbage, truncated, empty, folder], ids=lambda d: d.__name__)
+def test_damaged_posts_and_port_files_at_host_start(hosted_home, tmp_path, damage):
+    """A bad posts.json refuses `kith host` with the way out in the hint; that way out,
+    --new-invitation, starts and replaces it. An unreadable endpoint.json while a kept
+    invitation names the old port: refused the same way, never a silent new port."""
+    from support.hosts import HostProcess
+
+    for target in ("posts.json", "endpoint.json"):
+        home = tmp_path / target / "home"
+        shutil.copytree(hosted_home, home, symlinks=True)
+        damage(home / target)
+        before = _snapshot(home)
+        r = _host_refused(home, "--invite-file", str(tmp_path / "inv.json"))
+        check(r, {"config-invalid"})
+        assert target in r.err and "--new-invitation" in r.err
+        assert not _changed(before, _snapshot(home), ("run",)), _changed(before, _snapshot(home), ("run",))
+        if damage is folder:  # a folder is not replaced by a file: that start is refused io-error
+            check(_host_refused(home, "--new-invitation", "--invite-file", str(tmp_path / "inv.json")), {"io-error"})
+            continue
+        host = HostProcess(home, "--new-invitation", "--invite-file", str(tmp_path / "inv.json"))
+        code, _, err = host.stop()
+        assert code == 0 and "Traceback" not in err, err
+        assert f"{target}" in err and "warning" in err, err
+        assert json.loads((home / target).read_text())  # replaced by a whole file
