@@ -406,3 +406,103 @@ def test_damaged_posts_and_port_files_at_host_start(hosted_home, tmp_path, damag
         assert code == 0 and "Traceback" not in err, err
         assert f"{target}" in err and "warning" in err, err
         assert json.loads((home / target).read_text())  # replaced by a whole file
+
+
+# ------------------------------------------------------------- the rest of the home
+def _full_home(base: Path, where: Path) -> Path:
+    """``base`` with the files a used home holds beside the corpus and the outbox: a pinned
+    peer (peers.json), config.toml, an audit line."""
+    home = where / "home"
+    shutil.copytree(base, home, symlinks=True)
+    check(run_inproc(home, "peers", "add", "bob", "ef" * 32), None)
+    (home / "config.toml").write_text('[transport]\nrelay = "none"\n')
+    (home / "audit.jsonl").write_text('{"ts": "2026-12-05T00:00:00Z", "event": "session-started"}\n')
+    return home
+
+
+@pytest.fixture(scope="module")
+def full_home(hosted_home, tmp_path_factory) -> Path:
+    return _full_home(hosted_home, tmp_path_factory.mktemp("full"))
+
+
+#: every file of the home below, and the commands that read or write it (in this process)
+READERS: dict[str, list[tuple[str, ...]]] = {
+    "identity.key": [("status",), ("peers", "list"), ("device", "list"), ("person", "show"), ("outbox", "list")],
+    "person.json": [("status",), ("device", "list"), ("person", "show"), ("peers", "list")],
+    "person.key": [("status",), ("device", "list"), ("person", "show")],
+    "policy.toml": [("status",), ("policy", "list"), ("search", "sqlite")],
+    "peers.json": [("status",), ("peers", "list"), ("policy", "list"), ("outbox", "list"), ("copies", "list")],
+    "config.toml": [("status",), ("policy", "list")],
+    "audit.jsonl": [("status",), ("audit",)],
+    "posts.json": [("status",)],
+    "endpoint.json": [("status",)],
+    "quota.sqlite": [("status",), ("peers", "list")],
+    "seen-nonces.sqlite": [("status",)],
+    "card-seq": [("status",)],
+    "run": [("status",)],
+    "host.lock": [("status",), ("index", "status")],
+    "runner.lock": [("status",), ("outbox", "list")],
+    "policy.toml.lock": [("policy", "list"), ("status",)],
+    "corpus/writer.lock": [("index", "status"), ("search", "sqlite")],
+}
+#: what a damaged file may be refused with (anything else fails the test)
+CODES_OF: dict[str, set[str]] = {
+    "identity.key": {"identity-corrupt", "home-not-initialized", "io-error"},
+    "person.json": {"config-invalid", "io-error"},
+    "person.key": {"identity-corrupt", "io-error"},
+    "policy.toml": {"policy-invalid", "io-error"},
+    "peers.json": {"config-invalid", "io-error"},
+    "config.toml": {"transport-mode-invalid", "presence-invalid", "io-error"},
+    "audit.jsonl": {"io-error"},
+}
+DAMAGES = (garbage, truncated, empty, deleted, folder)
+SWEEP = [(f, d) for f in READERS for d in DAMAGES]
+
+
+@pytest.mark.parametrize("target,damage", SWEEP, ids=[f"{f}-{d.__name__}" for f, d in SWEEP])
+def test_home_file_damage(full_home, tmp_path, target, damage):
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    path = home / target
+    if path.is_dir() and damage in (garbage, truncated, empty):
+        shutil.rmtree(path)
+        path.write_bytes(b"")  # a file where the folder was
+    if not path.exists() and damage is not folder:
+        (garbage if damage is not deleted else (lambda p: None))(path)
+    if path.exists() or damage is folder:
+        if not (damage is folder and path.is_dir()):
+            damage(path)
+    before = _snapshot(home)
+    for cmd in READERS[target]:
+        r = run_inproc(home, *cmd)
+        check(r, CODES_OF.get(target, set()) | {"io-error", "control-dir-unsafe"}, ok=True)
+        assert not _changed(before, _snapshot(home), (target,)), (cmd, _changed(before, _snapshot(home), (target,)))
+
+
+def _host(home: Path) -> Ran:
+    """``kith host --local --json`` as a real process: its refusal, or (started) exit 0
+    after SIGINT."""
+    from support.hosts import HostProcess
+
+    try:
+        host = HostProcess(home, "--invite-file", str(home.parent / "inv.json"))
+    except AssertionError as exc:
+        return Ran(1, "", str(exc))
+    code, out, err = host.stop()
+    return Ran(code, out, err)
+
+
+@pytest.mark.iroh
+@pytest.mark.parametrize("target,codes", [("quota.sqlite", {"config-invalid"}), ("seen-nonces.sqlite", {"config-invalid"}),
+                                          ("identity.key", {"identity-corrupt"}), ("peers.json", {"config-invalid"}),
+                                          ("policy.toml", {"policy-invalid"}), ("person.json", {"config-invalid"}),
+                                          ("config.toml", {"transport-mode-invalid", "presence-invalid"})])
+def test_host_start_on_a_damaged_file_in_a_real_process(full_home, tmp_path, target, codes):
+    """The sample subprocess of each file `kith host` reads at start: garbage is refused
+    with the file's code and a hint, and no traceback."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    garbage(home / target)
+    r = subprocess.run([*KITH, "--home", str(home), "host", "--offline", "--invite-file", str(tmp_path / "inv.json")],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    check(Ran(r.returncode, r.stdout, r.stderr), codes)

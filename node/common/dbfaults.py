@@ -111,4 +111,13 @@ def sqlite_fault(exc: BaseException, path: Path, corrupt: Callable[[], KithError
     return None
 
 
-__all__ = ["DISK_FULL_ERRNOS", "disk_full", "io_error", "sqlite_fault"]
+def state_fault(exc: BaseException, path: Path, holds: str) -> KithError | None:
+    """:func:`sqlite_fault` for a small state database of the home (the quota buckets, the
+    seen nonces): damage is ``config-invalid``, whose hint is to move the file aside —
+    ``holds`` says what is lost then (it is derived state, rebuilt empty)."""
+    return sqlite_fault(exc, path, lambda: ConfigError(
+        "config-invalid", f"{path.name} is not a readable database (damaged or not SQLite)",
+        hint=f"move it aside (mv {path} {path}.bad): {holds}"))
+
+
+__all__ = ["DISK_FULL_ERRNOS", "disk_full", "io_error", "sqlite_fault", "state_fault"]

@@ -51,7 +51,8 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "outbox-keep-invalid": ("usage", "--keep is not a duration from 1 minute to 30 days (30m, 12h, 7d, 2w)."),
     "transport-mode-invalid": ("usage", "The transport options are not valid (--relay, --relay-only, --lan, --discovery, --offline)."),
     "presence-invalid": ("usage", "The host's presence setting is not open or granted."),
-    "config-invalid": ("config", "A configuration file is not valid."),
+    "config-invalid": ("config", "A configuration file is not valid.",
+                       "fix the file the message names, or move it aside (mv FILE FILE.bad) and set again what it held"),
     "audit-line-invalid": ("config", "A line of the audit log is not a valid record; it was skipped."),
     "home-not-initialized": ("config", "This path is not an initialised Kith home; run `kith init`."),
     "home-not-a-folder": ("config", "The Kith home given is a file, not a folder."),
@@ -76,7 +77,9 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "live-session-not-found": ("config", "No live session of the running host has that id."),
     "live-session-ambiguous": ("config", "Several live sessions start with that id prefix; give more digits."),
     # --- identity / signing ----------------------------------------------------------
-    "identity-corrupt": ("identity", "The identity key file is unreadable or malformed."),
+    "identity-corrupt": ("identity", "The identity key file is unreadable or malformed.",
+                         "restore identity.key from a backup; without one, move it aside and run `kith init` "
+                         "(a new identity: peers must pin the new key)"),
     "device-no-person-key": ("config", "This device does not hold the person key; run `kith device add` on the one that does."),
     "device-has-person": ("config", "This home already has a person; `kith device join` is for a new home."),
     "pairing-code-invalid": ("usage", "The device pairing code is not <16 base32 characters>@<ticket>."),
@@ -287,7 +290,9 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "dashboard-csrf": ("corpus", "The dashboard form's CSRF token is missing or wrong."),
     "dashboard-form-invalid": ("corpus", "The dashboard form is not valid."),
     # --- policy ---------------------------------------------------------------------------
-    "policy-invalid": ("policy", "The policy file is not valid."),
+    "policy-invalid": ("policy", "The policy file is not valid.",
+                       "fix policy.toml where the message says (`kith policy list` reads it again); a running "
+                       "`kith host` keeps serving its last good policy meanwhile"),
     "policy-bad-glob": ("policy", "The policy glob is not valid."),
     "policy-bad-tier": ("policy", "The policy tier is not one of public, peers, ask, private, never."),
     "scrub-bad-kind": ("policy", "A scrub kind is not one of email, phone, card, iban, secret."),

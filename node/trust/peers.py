@@ -189,7 +189,9 @@ class PeerRegistry:
         except FileNotFoundError:
             return cls(path, {})
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            raise ConfigError("config-invalid", f"{PEERS_FILE} is not valid JSON") from None
+            raise ConfigError("config-invalid", f"{PEERS_FILE} is not valid JSON",
+                              hint=f"fix it, or move it aside (mv {PEERS_FILE} {PEERS_FILE}.bad): this home then "
+                                   "pins no peer, and `kith peers add NAME KEY` pins each again") from None
         peers: dict[str, PeerRecord] = {}
         blocked: dict[str, BlockRecord] = {}
         try:
