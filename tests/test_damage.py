@@ -506,3 +506,19 @@ def test_host_start_on_a_damaged_file_in_a_real_process(full_home, tmp_path, tar
     r = subprocess.run([*KITH, "--home", str(home), "host", "--offline", "--invite-file", str(tmp_path / "inv.json")],
                        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     check(Ran(r.returncode, r.stdout, r.stderr), codes)
+
+
+# ------------------------------------------------------------------ a full disk on write
+@pytest.mark.parametrize("cmd", [("policy", "set", "/corpus/notes/**", "private"), ("peers", "add", "zed", "cd" * 32),
+                                 ("peers", "group", "add", "team", "bob"), ("peers", "remove", "bob"),
+                                 ("outbox", "remove", "--done")],
+                         ids=lambda c: "_".join(c[:2]))
+def test_a_full_disk_on_write_is_disk_full_and_changes_nothing(full_home, tmp_path, cmd):
+    """A real full disk: the command runs with a file-size limit of one byte, so any
+    write that grows a file fails (EFBIG, SIGXFSZ ignored as Python does)."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    before = _snapshot(home)
+    r = run_proc(home, *cmd, fsize=1)
+    check(r, {"disk-full"}, ok=True)
+    assert not _changed(before, _snapshot(home), ()), _changed(before, _snapshot(home), ())
