@@ -522,3 +522,33 @@ def test_a_full_disk_on_write_is_disk_full_and_changes_nothing(full_home, tmp_pa
     r = run_proc(home, *cmd, fsize=1)
     check(r, {"disk-full"}, ok=True)
     assert not _changed(before, _snapshot(home), ()), _changed(before, _snapshot(home), ())
+
+
+# ----------------------------------------------------------------------- no permission
+@pytest.mark.parametrize("target,cmd,codes", [
+    ("corpus/corpus.sqlite3", ("index", "status"), {"io-error"}),
+    ("outbox.sqlite", ("outbox", "list"), {"io-error"}),
+    ("peers.json", ("peers", "list"), {"io-error"}),
+    ("person.json", ("person", "show"), {"io-error"}),
+    ("person.key", ("person", "show"), {"io-error"}),
+    ("identity.key", ("status",), {"io-error"}),
+    ("policy.toml", ("policy", "list"), {"policy-invalid"}),  # its message says "Permission denied"
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_an_unreadable_file_is_an_io_error_never_corrupt(full_home, tmp_path, target, cmd, codes):
+    """No permission, in a real process: as root it runs without the capabilities that
+    read every file (setpriv), as tests/test_cli_owner.py does."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv (util-linux): apt-get install util-linux")
+        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    os.chmod(home / target, 0)
+    before = _snapshot(home)
+    r = subprocess.run([*prefix, *KITH, "--home", str(home), *cmd], capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    ran = Ran(r.returncode, r.stdout, r.stderr)
+    check(ran, codes)
+    assert "permission denied" in r.stderr.lower() or "cannot be opened" in r.stderr, r.stderr
+    assert not _changed(before, _snapshot(home), ()), _changed(before, _snapshot(home), ())

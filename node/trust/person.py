@@ -151,7 +151,11 @@ def _load_seed(path: Path) -> bytes | None:
         text = path.read_text("ascii").strip()
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError):
+    except OSError as exc:  # unreadable is not corrupt: never suggest replacing the key
+        from node.common.dbfaults import io_error
+
+        raise io_error(str(path), exc.strerror or type(exc).__name__) from None
+    except UnicodeDecodeError:
         raise KithError("identity-corrupt", f"{path.name} in this home is not readable",
                         hint=f"restore {path.name} from a backup, or replace the person key with your 24 recovery "
                              "words: `kith person rotate --recovery`") from None
@@ -221,7 +225,11 @@ def load_person(home: Path) -> PersonRecord | None:
         raw = json.loads(path.read_text("utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError, ValueError):
+    except OSError as exc:  # unreadable is not invalid
+        from node.common.dbfaults import io_error
+
+        raise io_error(str(path), exc.strerror or type(exc).__name__) from None
+    except (UnicodeDecodeError, ValueError):
         raise ConfigError("config-invalid", f"{PERSON_FILE} is not valid JSON",
                           hint=f"restore {PERSON_FILE} (the signed person record) from a backup") from None
     return person_from_json(raw)
