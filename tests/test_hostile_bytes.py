@@ -116,3 +116,19 @@ def test_a_root_whose_path_is_not_utf8_is_refused_with_its_own_code(tmp_path):
     os.mkdir(bad)
     _refused(_run(home, "index", "add", bad), "root-path-invalid", 1)
     assert json.loads(kith(home, "index", "status", "--json").stdout)["roots"] == 0
+
+
+def test_undecodable_bytes_in_other_arguments_get_the_arguments_own_code(tmp_path):
+    """Names, globs and files given as bytes that are not UTF-8: each argument's own
+    refusal, never a traceback."""
+    home = initialized(tmp_path / "home")
+    for args, code in [(("peers", "remove", BAD), "peer-not-found"),
+                       (("policy", "set", "/x/**", "peers", "--peer", BAD), "peer-bad-name"),
+                       (("policy", "set", b"/x/" + BAD, "public"), "policy-bad-glob"),
+                       (("verify", BAD), "file-not-found"),
+                       (("join", BAD), "invitation-malformed"),
+                       (("index", "add", str(tmp_path), "--name", BAD), "root-name-invalid")]:
+        proc = _run(home, *args)
+        err = proc.stderr.decode("utf-8", "replace")
+        assert "Traceback" not in err, (args, err)
+        _refused(proc, code, proc.returncode or 1)
