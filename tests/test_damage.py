@@ -444,6 +444,11 @@ READERS: dict[str, list[tuple[str, ...]]] = {
     "runner.lock": [("status",), ("outbox", "list")],
     "policy.toml.lock": [("policy", "list"), ("status",)],
     "corpus/writer.lock": [("index", "status"), ("search", "sqlite")],
+    "revocations.json": [("status",), ("peers", "list"), ("device", "list")],
+    "rotations.json": [("status",), ("peers", "list"), ("person", "show")],
+    "cards.json": [("status",), ("peers", "list")],
+    "approvals": [("status",), ("approvals", "list")],
+    "approvals/promoted.json": [("status",), ("approvals", "list")],
 }
 #: what a damaged file may be refused with (anything else fails the test)
 CODES_OF: dict[str, set[str]] = {
@@ -454,6 +459,9 @@ CODES_OF: dict[str, set[str]] = {
     "peers.json": {"config-invalid", "io-error"},
     "config.toml": {"transport-mode-invalid", "presence-invalid", "io-error"},
     "audit.jsonl": {"io-error"},
+    "revocations.json": {"config-invalid"},
+    "rotations.json": {"config-invalid"},
+    "cards.json": {"config-invalid"},
 }
 DAMAGES = (garbage, truncated, empty, deleted, folder)
 SWEEP = [(f, d) for f in READERS for d in DAMAGES]
@@ -464,13 +472,16 @@ def test_home_file_damage(full_home, tmp_path, target, damage):
     home = tmp_path / "home"
     shutil.copytree(full_home, home, symlinks=True)
     path = home / target
-    if path.is_dir() and damage in (garbage, truncated, empty):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir() and damage is not folder:
         shutil.rmtree(path)
-        path.write_bytes(b"")  # a file where the folder was
-    if not path.exists() and damage is not folder:
-        (garbage if damage is not deleted else (lambda p: None))(path)
-    if path.exists() or damage is folder:
-        if not (damage is folder and path.is_dir()):
+        if damage is not deleted:
+            garbage(path)  # a file where the folder was, then damaged
+            damage(path)
+    elif not path.is_dir():
+        if not path.exists() and damage is not deleted:
+            garbage(path)  # a file this home does not hold yet: made, then damaged
+        if path.exists():
             damage(path)
     before = _snapshot(home)
     for cmd in READERS[target]:
