@@ -563,3 +563,15 @@ def test_an_unreadable_file_is_an_io_error_never_corrupt(full_home, tmp_path, ta
     check(ran, codes)
     assert "permission denied" in r.stderr.lower() or "cannot be opened" in r.stderr, r.stderr
     assert not _changed(before, _snapshot(home), ()), _changed(before, _snapshot(home), ())
+
+
+def test_an_emptied_index_folder_is_said_and_rebuilt_too(base_home, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    shutil.rmtree(home / "corpus" / "tantivy")
+    (home / "corpus" / "tantivy").mkdir()  # recreated by hand, empty
+    assert "missing: run `kith index sync`" in run_inproc(home, "index", "status").out
+    synced = run_inproc(home, "index", "sync")
+    check(synced, None)
+    assert "rebuilding it from the corpus record" in synced.err
+    assert json.loads(run_inproc(home, "search", "write-ahead log", "--json").out)["results"]

@@ -605,7 +605,8 @@ class Corpus:
             ``interrupted``: no writer is running yet documents are still
             ``processing``, the index lags the record, or documents exist and no sync
             ever completed — a sync was killed; the next ``kith index sync`` finishes
-            it. ``index_missing``: a sync completed but the tantivy folder is gone —
+            it. ``index_missing``: a sync completed but the tantivy folder is gone (or
+            holds no index: emptied, recreated by hand) —
             ``kith index sync`` rebuilds it from the record. Never raises for a missing
             corpus (all zero, not ready).
         """
@@ -647,7 +648,8 @@ class Corpus:
                 and self.index_dir.is_dir() and tantivy.Index.exists(str(self.index_dir)))
             # a record that was synced but whose tantivy folder is gone: `kith index sync`
             # rebuilds it from the record (nothing is read from the sources again)
-            out["index_missing"] = bool(out["last_sync"]) and not self.index_dir.is_dir()
+            out["index_missing"] = bool(out["last_sync"]) and not (
+                self.index_dir.is_dir() and tantivy.Index.exists(str(self.index_dir)))
             out["sync_running"] = self.record.writer is not None or lock_active(self.lock_path)
             out["interrupted"] = not out["sync_running"] and bool(
                 out["processing"] or out["index_lag"]
