@@ -575,3 +575,19 @@ def test_an_emptied_index_folder_is_said_and_rebuilt_too(base_home, tmp_path):
     check(synced, None)
     assert "rebuilding it from the corpus record" in synced.err
     assert json.loads(run_inproc(home, "search", "write-ahead log", "--json").out)["results"]
+
+
+@pytest.mark.parametrize("damage", [empty, deleted], ids=lambda d: d.__name__)
+def test_a_lost_corpus_record_is_said_with_the_way_out(base_home, tmp_path, damage):
+    """corpus.sqlite3 emptied or deleted beside its index: index status says the folders
+    are lost and how to add them again; that way out works."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    damage(home / CORPUS_DB)
+    status = run_inproc(home, "index", "status")
+    check(status, None)
+    assert "missing or empty" in status.out and "kith index add FOLDER" in status.out, status.out
+    check(run_inproc(home, "index", "add", str(FIXTURE)), None)
+    check(run_inproc(home, "index", "sync"), None)
+    assert json.loads(run_inproc(home, "search", "write-ahead log", "--json").out)["results"]
+    assert "missing or empty" not in run_inproc(home, "index", "status").out

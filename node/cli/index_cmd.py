@@ -404,6 +404,10 @@ def status_cmd(
         f"last sync {st['last_sync'] or 'never'}", highlight=False, soft_wrap=True)
     if st["dense"]["enabled"] or st["dense"]["vectors"]:
         console.print(_dense_line(st["dense"]), highlight=False, markup=False, soft_wrap=True)
+    if st.get("record_lost"):
+        console.print("  the corpus record (corpus/corpus.sqlite3) is missing or empty, while an index built from it "
+                      "is here: its folders and documents are lost — add the folders again (`kith index add "
+                      "FOLDER`), then `kith index sync`", highlight=False, markup=False, soft_wrap=True)
     if st.get("index_missing"):
         console.print("  the search index (corpus/tantivy) is missing: run `kith index sync` to rebuild it from "
                       "the corpus record (nothing is read again)", highlight=False, markup=False, soft_wrap=True)

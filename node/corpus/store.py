@@ -596,7 +596,8 @@ class Corpus:
         Returns:
             ``{"roots", "documents", "done", "chunks", "failed", "empty", "processing",
             "stale": int, "ready": bool, "last_sync": str | None, "index_lag": int,
-            "sync_running": bool, "interrupted": bool, "index_missing": bool}``;
+            "sync_running": bool, "interrupted": bool, "index_missing": bool,
+            "record_lost": bool}``;
             ``ready`` is True when a sync has completed, the index is present and of
             the current schema, and it holds every change of the record
             (``index_lag`` 0: false while a sync is writing or after a crash left
@@ -607,14 +608,21 @@ class Corpus:
             ever completed — a sync was killed; the next ``kith index sync`` finishes
             it. ``index_missing``: a sync completed but the tantivy folder is gone (or
             holds no index: emptied, recreated by hand) —
-            ``kith index sync`` rebuilds it from the record. Never raises for a missing
+            ``kith index sync`` rebuilds it from the record. ``record_lost``: no record
+            (``corpus.sqlite3`` deleted or empty) beside an index built from one — its
+            folders and documents are lost; they are added again. Never raises for a missing
             corpus (all zero, not ready).
         """
         with self.record.lock:
             out: dict[str, Any] = {"roots": 0, "documents": 0, "done": 0, "chunks": 0,
                                    "failed": 0, "empty": 0, "processing": 0, "stale": 0,
                                    "ready": False, "last_sync": None, "index_lag": 0,
-                                   "sync_running": False, "interrupted": False, "index_missing": False}
+                                   "sync_running": False, "interrupted": False, "index_missing": False,
+                                   "record_lost": False}
+            # the record deleted or emptied while the index built from it is still here: its
+            # roots and documents are gone (nothing rebuilds them), said by `kith index status`
+            out["record_lost"] = self.record.get_meta("schema_version") is None and \
+                self.index_dir.is_dir() and tantivy.Index.exists(str(self.index_dir))
             if self.record.db is None:
                 return out
             db = self.record.db
