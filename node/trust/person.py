@@ -142,7 +142,8 @@ def recovery_secret_of(words: str) -> bytes:
     m = Mnemonic("english")
     phrase = " ".join(words.split())
     if len(phrase.split()) != 24 or not m.check(phrase):
-        raise ConfigError("config-invalid", "the recovery words are not a valid 24-word phrase")
+        raise ConfigError("config-invalid", "the recovery words are not a valid 24-word phrase",
+                          hint="type the 24 words `kith init` printed, in their order, separated by spaces")
     return bytes(m.to_entropy(phrase))
 
 
