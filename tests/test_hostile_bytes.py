@@ -132,3 +132,39 @@ def test_undecodable_bytes_in_other_arguments_get_the_arguments_own_code(tmp_pat
         err = proc.stderr.decode("utf-8", "replace")
         assert "Traceback" not in err, (args, err)
         _refused(proc, code, proc.returncode or 1)
+
+
+def test_an_mcp_request_holding_a_lone_surrogate_is_answered_query_invalid(tmp_path):
+    """`kith mcp` over real stdio: the MCP library's parser refuses a JSON ``\\udcff``
+    escape and dropped the request (its client waited forever); it is answered with
+    [query-invalid], and the next request is served as usual."""
+    import select
+    import sys
+
+    home = initialized(tmp_path / "home")
+    proc = subprocess.Popen([sys.executable, "-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines = [{"jsonrpc": "2.0", "id": 0, "method": "initialize",
+              "params": {"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+             {"jsonrpc": "2.0", "method": "notifications/initialized"}]
+    bad = ('{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"search",'
+           '"arguments":{"query":"temp\\udcff\\udcfefile"}}}')
+    good = {"jsonrpc": "2.0", "id": 4, "method": "tools/list"}
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(("\n".join([*(json.dumps(x) for x in lines), bad, json.dumps(good)]) + "\n").encode())
+        proc.stdin.flush()
+        answers: dict = {}
+        while not {3, 4} <= set(answers):
+            ready, _, _ = select.select([proc.stdout], [], [], 60)
+            assert ready, f"no answer for {({3, 4} - set(answers))}; stderr: {proc.stderr.read1(65536) if proc.stderr else b''}"
+            line = proc.stdout.readline()
+            assert line, "kith mcp ended"
+            msg = json.loads(line)
+            answers[msg.get("id")] = msg
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    assert answers[3]["error"]["message"].startswith("[query-invalid]"), answers[3]
+    assert "result" in answers[4] and answers[4]["result"]["tools"]
+    assert b"Traceback" not in proc.stderr.read()
