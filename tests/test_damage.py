@@ -591,3 +591,21 @@ def test_a_lost_corpus_record_is_said_with_the_way_out(base_home, tmp_path, dama
     check(run_inproc(home, "index", "sync"), None)
     assert json.loads(run_inproc(home, "search", "write-ahead log", "--json").out)["results"]
     assert "missing or empty" not in run_inproc(home, "index", "status").out
+
+
+@pytest.mark.parametrize("cmd", [("api", "serve"), ("mcp",)], ids=lambda c: c[0])
+def test_a_long_running_reader_of_a_damaged_corpus_refuses_at_start(base_home, tmp_path, cmd):
+    """`kith api serve` and `kith mcp` over a corpus database of random bytes: refused at
+    start with its code and repair, never a traceback."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    garbage(home / CORPUS_DB)
+    proc = subprocess.Popen([*KITH, "--home", str(home), *cmd], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    check(Ran(proc.returncode, out, err), CORRUPT)
