@@ -609,3 +609,21 @@ def test_a_long_running_reader_of_a_damaged_corpus_refuses_at_start(base_home, t
             proc.kill()
             proc.wait()
     check(Ran(proc.returncode, out, err), CORRUPT)
+
+
+def test_the_dashboard_shows_a_damaged_corpus_with_its_code_and_way_out(base_home, tmp_path):
+    """`kith dashboard` over a corpus database of random bytes: the overview and the roots
+    page say corpus-corrupt and its repair (they said "no corpus yet: add a root")."""
+    from node.local.dashboard.app import run_dashboard_in_thread
+    from support.dashboard import logged_in
+
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    garbage(home / CORPUS_DB)
+    with run_dashboard_in_thread(home) as (base, login):
+        client = logged_in(base, login)
+        for page in ("/", "/roots"):
+            r = client.get(page)
+            assert r.status_code == 200, (page, r.status_code)
+            assert 'id="corpus-fault"' in r.text and "corpus-corrupt" in r.text, r.text[-2000:]
+            assert "no corpus yet" not in r.text
