@@ -627,3 +627,20 @@ def test_the_dashboard_shows_a_damaged_corpus_with_its_code_and_way_out(base_hom
             assert r.status_code == 200, (page, r.status_code)
             assert 'id="corpus-fault"' in r.text and "corpus-corrupt" in r.text, r.text[-2000:]
             assert "no corpus yet" not in r.text
+
+
+@pytest.mark.parametrize("target", list(READERS))
+def test_each_home_file_damaged_in_a_real_process(full_home, tmp_path, target):
+    """The sample real process of every file the sweep damages: garbage in its place, its
+    first reader as `kith` itself (the in-process runs share this interpreter)."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    path = home / target
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        shutil.rmtree(path)
+    garbage(path)
+    before = _snapshot(home)
+    r = run_proc(home, *READERS[target][0])
+    check(r, CODES_OF.get(target, set()) | {"io-error", "control-dir-unsafe"}, ok=True)
+    assert not _changed(before, _snapshot(home), (target,)), _changed(before, _snapshot(home), (target,))
