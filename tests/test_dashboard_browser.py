@@ -26,7 +26,7 @@ from support.cli import KITH, kith
 from support.hosts import HostProcess as Host
 
 CHROMIUM = Path("/usr/bin/chromium")
-INSTALL = "apt-get install -y chromium (scripts/test does this as root; KITH_NO_APT=1 skips it)"
+INSTALL = "apt-get install -y --no-install-recommends chromium (scripts/test does this as root; KITH_NO_APT=1 skips it)"
 if not CHROMIUM.exists():
     pytest.skip(f"no /usr/bin/chromium: {INSTALL}", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install 'kith-node[dev]' (playwright)")

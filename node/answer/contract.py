@@ -164,6 +164,19 @@ def _bad(field: str, rule: str) -> CorpusError:
     return CorpusError("query-invalid", f"The field '{field}' {rule}.")
 
 
+def _encodable(field: str, v: str) -> str:
+    """``v`` when it is text UTF-8 can carry; a string holding a lone surrogate (what
+    Python makes of bytes that are not UTF-8 in an argument, a file name or stdin, by
+    ``surrogateescape``) is refused as ``query-invalid`` before it reaches the index, a
+    JSON encoder or a peer."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad(field, "must be valid UTF-8 text (it holds bytes that are not UTF-8, "
+                          "or a lone surrogate)") from None
+    return v
+
+
 def _int(field: str, v: Any, lo: int, hi: int) -> int:
     """An integer in [lo, hi]; a float with an integral value counts (JSON Schema's
     ``integer``), a bool does not."""
@@ -199,6 +212,7 @@ def _string_list(field: str, v: Any, *, max_chars: int, pattern: re.Pattern[str]
             raise _bad(field, "must contain only non-empty strings")
         if len(item) > max_chars:
             raise _bad(field, f"values must be at most {max_chars} characters")
+        _encodable(field, item)
         if not pattern.match(item):
             raise _bad(field, rule or "values must not be blank or contain NUL")
         if item not in out:
@@ -212,7 +226,8 @@ def validate(body: Any) -> dict[str, Any]:
     Args:
         body: the JSON object with the :data:`FIELDS` (protocol envelope fields such as
             ``action``/``query_id`` and local-only fields must be removed by the caller):
-            ``query`` (required; 1–:data:`MAX_QUERY_CHARS` characters, not blank, no NUL),
+            ``query`` (required; 1–:data:`MAX_QUERY_CHARS` characters, not blank, no NUL,
+            valid UTF-8: no lone surrogate, which is what undecodable bytes become),
             ``topK`` (integer 1–:data:`TOP_K_MAX`, default :data:`TOP_K_DEFAULT`),
             ``remainingBudgetMs`` (integer 0–:data:`MAX_REQUEST_BUDGET_MS`, ms),
             ``dedupe`` (``"chunk"`` default, or ``"document"``), filters ``date``
@@ -246,6 +261,7 @@ def validate(body: Any) -> dict[str, Any]:
         raise _bad("query", f"must be at most {MAX_QUERY_CHARS} characters")
     if not _TEXT_RE.match(query):
         raise _bad("query", "must not be blank or contain NUL characters")
+    _encodable("query", query)
     top_k = _int("topK", body.get("topK", TOP_K_DEFAULT), 1, TOP_K_MAX)
     budget = body.get("remainingBudgetMs")
     if budget is not None:

@@ -593,19 +593,29 @@ def join_cmd(
                                       highlight=False, markup=False)
 
         def next_question() -> str | None:
-            try:
-                sys.stderr.write("ask> ")  # stdout carries only JSON in --json mode (DESIGN §13)
-                sys.stderr.flush()
-                at_prompt[0] = True
-                text = input()
-            except EOFError:
-                return None
-            finally:
-                at_prompt[0] = False
-            text = text.strip()
-            if text:
+            # a question the contract refuses (too long, NUL, not UTF-8) gets the refusal
+            # --query gives, and the prompt asks again: the session goes on
+            from node.cli.main import print_error
+
+            while True:
+                try:
+                    sys.stderr.write("ask> ")  # stdout carries only JSON in --json mode (DESIGN §13)
+                    sys.stderr.flush()
+                    at_prompt[0] = True
+                    text = input()
+                except EOFError:
+                    return None
+                finally:
+                    at_prompt[0] = False
+                if not text.strip():
+                    return None
+                try:
+                    contract.validate({"query": text, "topK": top_k})
+                except KithError as exc:
+                    print_error(exc)  # text only: in --json mode stdout carries results only
+                    continue
                 wait_for_answer()
-            return text or None
+                return text.strip()
 
         options = GuestOptions(queries=tuple(query), on_results=on_results, top_k=top_k,
                                next_question=next_question if interactive else None,
@@ -668,6 +678,11 @@ def join_cmd(
     at_prompt = [False]  # the ask> prompt's input() is waiting on a worker thread
     if interactive:
         _install_interactive_sigint()
+        try:  # bytes that are not UTF-8 at the prompt become lone surrogates, which the
+            # contract refuses as query-invalid, instead of a UnicodeDecodeError
+            sys.stdin.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
+        except (AttributeError, ValueError):
+            pass  # not a text stream of its own (a test runner's)
     try:
         outcome = anyio.run(main, backend="asyncio")
     except (KeyboardInterrupt, KithError) as exc:

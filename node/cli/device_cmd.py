@@ -23,8 +23,6 @@ device_app = typer.Typer(help="This person's devices (list, add, join, revoke)."
 @device_app.command("list")
 def device_list_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """List the devices this home's person key has bound (this device marked, revoked ones too)."""
-    from node.common.errors import ConfigError
-    from node.common.home import init_hint
     from node.trust.identity import load_identity
     from node.trust.person import load_person, load_person_secret
     from node.trust.revocation_list import device_marks, own_devices
@@ -33,7 +31,9 @@ def device_list_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--
     ident = load_identity(home)
     person = load_person(home)
     if person is None:
-        raise ConfigError("home-not-initialized", "This home has no person key yet.", hint=init_hint(home))
+        from node.trust.person import no_record_error
+
+        raise no_record_error(home)
     rows = own_devices(home, person, ident.public_key)
     if json_out:
         emit_json({"person_key": person.person_key, "holds_person_key": load_person_secret(home) is not None,

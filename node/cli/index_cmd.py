@@ -326,7 +326,10 @@ def sync_cmd(
 def _sync(ctx: typer.Context, mode: SyncMode, json_out: bool) -> None:
     from node.corpus.store import Corpus
 
-    with Corpus(home_of(ctx)) as corpus:
+    with Corpus(home_of(ctx)) as corpus, corpus.record.faults():
+        if corpus.stats()["index_missing"]:  # said on stderr: --json keeps stdout to the report
+            err_console.print("the search index (corpus/tantivy) is missing: rebuilding it from the corpus record",
+                              highlight=False, markup=False, soft_wrap=True)
         if json_out or not err_console.is_terminal:
             report = corpus.sync(mode=mode.value)
         else:
@@ -378,7 +381,7 @@ def status_cmd(
 
     from node.corpus import dense
 
-    with Corpus(home_of(ctx), readonly=True) as corpus:
+    with Corpus(home_of(ctx), readonly=True) as corpus, corpus.record.faults():
         st = corpus.status_report()
         st["dense"] = dense.status(corpus)
     if json_out:
@@ -401,6 +404,13 @@ def status_cmd(
         f"last sync {st['last_sync'] or 'never'}", highlight=False, soft_wrap=True)
     if st["dense"]["enabled"] or st["dense"]["vectors"]:
         console.print(_dense_line(st["dense"]), highlight=False, markup=False, soft_wrap=True)
+    if st.get("record_lost"):
+        console.print("  the corpus record (corpus/corpus.sqlite3) is missing or empty, while an index built from it "
+                      "is here: its folders and documents are lost — add the folders again (`kith index add "
+                      "FOLDER`), then `kith index sync`", highlight=False, markup=False, soft_wrap=True)
+    if st.get("index_missing"):
+        console.print("  the search index (corpus/tantivy) is missing: run `kith index sync` to rebuild it from "
+                      "the corpus record (nothing is read again)", highlight=False, markup=False, soft_wrap=True)
     if st["interrupted"]:
         console.print("  the last sync did not finish (no sync is running): run `kith index sync`",
                       highlight=False, markup=False, soft_wrap=True)
@@ -514,7 +524,11 @@ def search_cmd(
         except CorpusError:
             pass  # a corrupt index: the search below answers index-unavailable
     try:
-        answer = answer_local(corpus, body)
+        if corpus is not None:
+            with corpus.record.faults():  # a damaged record read mid-search: corpus-corrupt
+                answer = answer_local(corpus, body)
+        else:
+            answer = answer_local(corpus, body)
     finally:
         if corpus is not None:
             corpus.close()

@@ -43,8 +43,10 @@ def _wants_json(argv: list[str]) -> bool:
 
 def _as_kith_error(exc: BaseException) -> KithError | None:
     """The refusal to report for ``exc``: a KithError itself, the first KithError inside an
-    exception group (anyio task groups wrap what a task raised), or a local I/O failure
-    (read-only home, permission denied) as ``io-error``. None: not ours — re-raise."""
+    exception group (anyio task groups wrap what a task raised), a full disk (ENOSPC,
+    EDQUOT, EFBIG; SQLite's "database or disk is full") as ``disk-full``, or another local
+    I/O failure (read-only home, permission denied) as ``io-error``. None: not ours —
+    re-raise."""
     from node.common.errors import ConfigError, KithError
 
     if isinstance(exc, KithError):
@@ -57,10 +59,18 @@ def _as_kith_error(exc: BaseException) -> KithError | None:
         return None
     if isinstance(exc, OSError):
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        from node.common.dbfaults import DISK_FULL_ERRNOS, disk_full
+
+        if exc.errno in DISK_FULL_ERRNOS:  # never "corrupt", never a bare io-error
+            return disk_full(str(exc.filename) if getattr(exc, "filename", None) else "the Kith home")
         return ConfigError("io-error", f"{exc.strerror or type(exc).__name__}{where}",
                            hint="check that the Kith home and the files named are writable by you")
     import sqlite3
 
+    if isinstance(exc, sqlite3.OperationalError) and "database or disk is full" in str(exc):
+        from node.common.dbfaults import disk_full
+
+        return disk_full("a database in the Kith home")
     if isinstance(exc, sqlite3.OperationalError) and "readonly" in str(exc):
         return ConfigError("io-error", "the database in the Kith home is read-only",
                            hint="check that the Kith home is writable by you")

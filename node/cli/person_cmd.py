@@ -36,15 +36,15 @@ def person_words(person_key: str) -> str:
 
 
 def _record(home: Path):
-    from node.common.errors import ConfigError
-    from node.common.home import init_hint
     from node.trust.person import load_person
     from node.trust.rotation import finish_pending_key
 
     finish_pending_key(home)
     rec = load_person(home)
     if rec is None:
-        raise ConfigError("home-not-initialized", "This home has no person key yet.", hint=init_hint(home))
+        from node.trust.person import no_record_error
+
+        raise no_record_error(home)
     return rec
 
 

@@ -46,8 +46,9 @@ def _index(home: Path) -> dict[str, Any]:
 
     try:
         with Corpus(home, readonly=True) as corpus:
-            stats = corpus.stats()
-            roots = [f"/{r.prefix}/" for r in corpus.roots()]
+            with corpus.record.faults():
+                stats = corpus.stats()
+                roots = [f"/{r.prefix}/" for r in corpus.roots()]
     except KithError as exc:
         return {"ready": False, "roots": [], "documents": 0, "chunks": 0, "failed": 0, "lastSync": None,
                 "error": exc.code}
@@ -197,8 +198,11 @@ def status_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
                + (f"  rotated {ident['rotations']} time(s)" if ident["rotations"] else ""))
     _print(_policy_line(report["policy"], host is not None))
     roots = " ".join(index["roots"]) or "none (`kith index add PATH`)"
-    _print(f"index: {'ready' if index['ready'] else 'not ready'}, roots {roots}, documents {index['documents']}, "
-           f"chunks {index['chunks']}" + (f", failed {index['failed']}" if index.get("failed") else ""))
+    if index.get("error"):  # a damaged or unreadable record: its code, and where the repair is said
+        _print(f"index: unreadable [{index['error']}] (`kith index status` says why and how to repair it)")
+    else:
+        _print(f"index: {'ready' if index['ready'] else 'not ready'}, roots {roots}, documents {index['documents']}, "
+               f"chunks {index['chunks']}" + (f", failed {index['failed']}" if index.get("failed") else ""))
     if host is None:
         _print("host: not running")
     else:

@@ -240,6 +240,11 @@ def open_home_db(path: Path) -> Any:
     return db
 
 
+#: the way out of a bad ``config.toml``: it only holds defaults a command line can give
+_CONFIG_HINT = ("fix <home>/config.toml (UTF-8 TOML: [transport], [host]; specs/transport.md §1), or move it "
+                "aside: every setting then has its default")
+
+
 def config_table(home: Path | None, table: str, code: str) -> dict[str, Any]:
     """The ``[table]`` of ``<home>/config.toml`` (``{}`` without the file or the table).
 
@@ -265,16 +270,16 @@ def config_table(home: Path | None, table: str, code: str) -> dict[str, Any]:
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(code, f"{CONFIG_FILE} cannot be read ({type(exc).__name__})") from None
+        raise UsageError(code, f"{CONFIG_FILE} cannot be read ({type(exc).__name__})", hint=_CONFIG_HINT) from None
     unknown = sorted(set(data) - set(CONFIG_TABLES))
     if unknown:
         raise UsageError(code, f"{CONFIG_FILE}: unknown table [{unknown[0][:40]}] (known: "
-                         + ", ".join(f"[{t}]" for t in CONFIG_TABLES) + ")")
+                         + ", ".join(f"[{t}]" for t in CONFIG_TABLES) + ")", hint=_CONFIG_HINT)
     found = data.get(table, {})
     if not isinstance(found, dict):
-        raise UsageError(code, f"{CONFIG_FILE}: [{table}] must be a table")
+        raise UsageError(code, f"{CONFIG_FILE}: [{table}] must be a table", hint=_CONFIG_HINT)
     unknown = sorted(set(found) - set(CONFIG_TABLES[table]))
     if unknown:
         raise UsageError(code, f"{CONFIG_FILE}: unknown [{table}] key {unknown[0][:40]!r} (known: "
-                         + ", ".join(CONFIG_TABLES[table]) + ")")
+                         + ", ".join(CONFIG_TABLES[table]) + ")", hint=_CONFIG_HINT)
     return found

@@ -44,7 +44,7 @@ def canonical_glob(glob: str, *, where: str = "") -> str:
 
     Raises:
         PolicyError: ``policy-bad-glob`` when the glob is not a string, is empty, contains
-            NUL, is longer than :data:`MAX_GLOB_CHARS`, does not start with ``/`` (or a
+            NUL or text that is not UTF-8 (a lone surrogate), is longer than :data:`MAX_GLOB_CHARS`, does not start with ``/`` (or a
             drive/UNC prefix), has a ``.``/``..`` segment, has ``**`` inside a segment, or
             more than :data:`MAX_DOUBLE_STARS` ``**`` segments.
     """
@@ -52,6 +52,10 @@ def canonical_glob(glob: str, *, where: str = "") -> str:
         raise _glob_error(glob, "must be a non-empty string", where)
     if "\x00" in glob:
         raise _glob_error(glob, "contains NUL", where)
+    try:
+        glob.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8 (lone surrogates): no source id has them
+        raise _glob_error(glob, "is not valid UTF-8 text", where) from None
     if len(glob) > MAX_GLOB_CHARS:
         raise _glob_error(glob[:40] + "...", f"longer than {MAX_GLOB_CHARS} characters", where)
     canon = lexical_form(glob)

@@ -203,6 +203,16 @@ def accept_file(full: Path, base: Path, exclude: Path | None = None,
     return True
 
 
+def _utf8_name(name: str) -> bool:
+    """False for a file or folder name whose bytes are not UTF-8 (Python spells them as
+    lone surrogates): no source id, policy glob or peer's citation can name it."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def walk_root(root_path: Path, exclude: Path | None = None, *, own_home: Path | None = None,
               skipped: list[str] | None = None, filt: RootFilter | None = None,
               rel_prefix: str = "", ignored: dict[str, int] | None = None,
@@ -218,7 +228,8 @@ def walk_root(root_path: Path, exclude: Path | None = None, *, own_home: Path | 
     then nothing is listed); its path relative to the root (``""`` for the root) is
     appended to ``skipped``. ``filt`` (:class:`node.corpus.ignore.RootFilter`) prunes the
     default excludes and the root's ``.kithignore``; each folder or file it drops adds 1
-    to ``ignored[reason]``. ``rel_prefix``: where ``root_path`` lies inside its root
+    to ``ignored[reason]``, as each one whose name is not UTF-8 adds 1 to
+    ``ignored["name-not-utf8"]`` (never entered or read). ``rel_prefix``: where ``root_path`` lies inside its root
     (``""`` for the root itself; the watcher walks sub-folders), for matching.
     ``complete`` is False when some folder could not be listed: nothing of that root may
     then be removed as gone (a skipped home does not make a listing incomplete: what was
@@ -260,6 +271,9 @@ def walk_root(root_path: Path, exclude: Path | None = None, *, own_home: Path | 
         for d in sorted(dirnames):
             if d.startswith("."):
                 continue
+            if not _utf8_name(d):
+                _count("name-not-utf8")
+                continue
             if is_kith_home(here / d, own_home):
                 if skipped is not None:
                     skipped.append((here / d).relative_to(base).as_posix())
@@ -276,6 +290,9 @@ def walk_root(root_path: Path, exclude: Path | None = None, *, own_home: Path | 
             continue
         for name in sorted(filenames):
             if name.startswith("."):
+                continue
+            if not _utf8_name(name):  # a source id is UTF-8 text: it cannot name this file
+                _count("name-not-utf8")
                 continue
             if filt is not None and filt.file_ignored(f"{here_rel}/{name}" if here_rel else name):
                 _count("kithignore")

@@ -130,12 +130,19 @@ class Record:
             return
         if not readonly:
             self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with self.faults():
+            self._open(readonly)
+
+    def _open(self, readonly: bool) -> None:
         self.db = sqlite3.connect(self.db_path, timeout=10.0, isolation_level=None,
-                                   check_same_thread=False)
+                                  check_same_thread=False)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA busy_timeout=10000")
+        # the header and the schema are read now: a file that is not a database, or
+        # whose first pages are gone, is refused here (corpus-corrupt), not at a query
+        self.db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
         if readonly and self.get_meta("schema_version") != str(SCHEMA_VERSION):
-            with contextlib.suppress(sqlite3.Error):  # an older record: add the new columns
+            with contextlib.suppress(sqlite3.OperationalError):  # an older record: add the new columns
                 self._migrate()
         if not readonly:
             self.db.execute("PRAGMA journal_mode=WAL")
@@ -144,6 +151,37 @@ class Record:
             self._migrate()
             if self.get_meta("schema_version") != str(SCHEMA_VERSION):
                 self.set_meta("schema_version", str(SCHEMA_VERSION))
+
+    def corrupt(self) -> CorpusError:
+        """``corpus-corrupt``: ``corpus.sqlite3`` is not a (whole) SQLite database. It is
+        the authority (the roots, the documents, their chunks): the index is rebuilt from
+        it, not it from anything, so its repair is to move it aside and add the folders
+        again."""
+        return CorpusError(
+            "corpus-corrupt", f"{self.db_path} is not a readable corpus database (damaged or not SQLite)",
+            hint=f"move it aside (mv {self.db_path} {self.db_path}.bad), then add your folders again "
+                 "(`kith index add FOLDER`) and run `kith index sync`; policy, peers and the rest of the "
+                 "home are kept")
+
+    @contextlib.contextmanager
+    def faults(self) -> Iterator[None]:
+        """Turn a SQLite failure of ``corpus.sqlite3`` inside the block into its refusal
+        (:func:`node.common.dbfaults.sqlite_fault`): ``corpus-corrupt``, ``disk-full``,
+        ``io-error``; any other exception passes unchanged."""
+        from node.common.dbfaults import sqlite_fault
+
+        try:
+            yield
+        except (sqlite3.DatabaseError, OSError) as exc:
+            refusal = sqlite_fault(exc, self.db_path, self.corrupt) if isinstance(exc, sqlite3.DatabaseError) \
+                else None
+            if refusal is None:
+                raise
+            if self.db is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    self.db.close()
+                self.db = None
+            raise refusal from None
 
     # -- plumbing ---------------------------------------------------------------------
     def _migrate(self) -> None:
@@ -255,7 +293,7 @@ class Record:
         try:
             rebuild = self.get_meta("index_schema_version") != str(search.INDEX_SCHEMA_VERSION)
             index = None
-            if not rebuild and tantivy.Index.exists(str(self.index_dir)):
+            if not rebuild and self.index_dir.is_dir() and tantivy.Index.exists(str(self.index_dir)):
                 try:
                     index = tantivy.Index.open(str(self.index_dir))
                 except ValueError:

@@ -125,6 +125,7 @@ class Corpus:
         Raises:
             CorpusError: ``chunking-invalid`` (checked first, before anything is stored),
                 ``root-not-found`` (missing or not a directory; names the path),
+                ``root-path-invalid`` (its resolved path is not UTF-8),
                 ``root-too-broad`` (without ``force``), ``root-name-invalid``,
                 ``root-name-taken`` (``name`` in use or used before), ``root-exists`` (same
                 resolved folder already registered), ``corpus-readonly``.
@@ -141,6 +142,9 @@ class Corpus:
                 raise CorpusError("root-not-found",
                                   f"{os.path.abspath(p)} does not exist or is not a folder.")
             real = p.resolve()
+            if not ingest._utf8_name(str(real)):
+                raise CorpusError("root-path-invalid", f"{ascii(str(real))[1:-1]}: its path holds bytes that "
+                                  "are not UTF-8, which no source id can carry.")
             broad = too_broad(real)
             if broad is not None and not force:
                 raise CorpusError("root-too-broad", f"{real} is {broad}: indexing it would read "
@@ -592,7 +596,8 @@ class Corpus:
         Returns:
             ``{"roots", "documents", "done", "chunks", "failed", "empty", "processing",
             "stale": int, "ready": bool, "last_sync": str | None, "index_lag": int,
-            "sync_running": bool, "interrupted": bool}``;
+            "sync_running": bool, "interrupted": bool, "index_missing": bool,
+            "record_lost": bool}``;
             ``ready`` is True when a sync has completed, the index is present and of
             the current schema, and it holds every change of the record
             (``index_lag`` 0: false while a sync is writing or after a crash left
@@ -601,13 +606,23 @@ class Corpus:
             ``interrupted``: no writer is running yet documents are still
             ``processing``, the index lags the record, or documents exist and no sync
             ever completed — a sync was killed; the next ``kith index sync`` finishes
-            it. Never raises for a missing corpus (all zero, not ready).
+            it. ``index_missing``: a sync completed but the tantivy folder is gone (or
+            holds no index: emptied, recreated by hand) —
+            ``kith index sync`` rebuilds it from the record. ``record_lost``: no record
+            (``corpus.sqlite3`` deleted or empty) beside an index built from one — its
+            folders and documents are lost; they are added again. Never raises for a missing
+            corpus (all zero, not ready).
         """
         with self.record.lock:
             out: dict[str, Any] = {"roots": 0, "documents": 0, "done": 0, "chunks": 0,
                                    "failed": 0, "empty": 0, "processing": 0, "stale": 0,
                                    "ready": False, "last_sync": None, "index_lag": 0,
-                                   "sync_running": False, "interrupted": False}
+                                   "sync_running": False, "interrupted": False, "index_missing": False,
+                                   "record_lost": False}
+            # the record deleted or emptied while the index built from it is still here: its
+            # roots and documents are gone (nothing rebuilds them), said by `kith index status`
+            out["record_lost"] = self.record.get_meta("schema_version") is None and \
+                self.index_dir.is_dir() and tantivy.Index.exists(str(self.index_dir))
             if self.record.db is None:
                 return out
             db = self.record.db
@@ -638,7 +653,11 @@ class Corpus:
             out["ready"] = bool(
                 out["last_sync"] and not out["index_lag"]
                 and self.record.get_meta("index_schema_version") == str(search.INDEX_SCHEMA_VERSION)
-                and tantivy.Index.exists(str(self.index_dir)))
+                and self.index_dir.is_dir() and tantivy.Index.exists(str(self.index_dir)))
+            # a record that was synced but whose tantivy folder is gone: `kith index sync`
+            # rebuilds it from the record (nothing is read from the sources again)
+            out["index_missing"] = bool(out["last_sync"]) and not (
+                self.index_dir.is_dir() and tantivy.Index.exists(str(self.index_dir)))
             out["sync_running"] = self.record.writer is not None or lock_active(self.lock_path)
             out["interrupted"] = not out["sync_running"] and bool(
                 out["processing"] or out["index_lag"]

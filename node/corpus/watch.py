@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from node.common.host_events import IndexChange, IndexUpdated
+from node.corpus import ingest
 from node.corpus.store import Corpus
 
 #: Debounce window (ms): changes within it are applied as one batch.
@@ -91,7 +92,9 @@ class CorpusWatcher:
             return False
         for base in self._bases:
             if p.is_relative_to(base):
-                return not any(part.startswith(".") for part in p.relative_to(base).parts)
+                # hidden paths, and names that are not UTF-8 (the walk never reads them)
+                return not any(part.startswith(".") or not ingest._utf8_name(part)
+                               for part in p.relative_to(base).parts)
         return False
 
     def apply(self, changes: Iterable[tuple[Any, str]]) -> dict[str, Any] | None:

@@ -54,6 +54,13 @@ _struct_encoder = msgspec.json.Encoder()
 _UI_DATA_ACTIONS = frozenset({"_ui_artifact_begin", "_ui_artifact_file", "_ui_artifact_end"})
 
 
+#: The line limit of everything a host receives before READY (bytes, without the ``\n``),
+#: whatever the protocol's ``max_message_bytes``: an unauthenticated dialer makes the host
+#: buffer at most this much (specs/session.md §2). A ``_session_init`` with a full profile
+#: is a few KiB.
+PRE_READY_MAX_LINE_BYTES = 64 * 1024
+
+
 class OutgoingFrame(NamedTuple):
     """One outgoing business frame as the egress seam sees it (``egress_check``).
 
@@ -120,7 +127,8 @@ class SessionEngine:
         self._guest = guest
         self._egress_check = egress_check
         self._last_received: dict[str, Any] | None = None  # the peer's last business message
-        self._framer = LineFramer(spec.limits.max_message_bytes)
+        self._framer = LineFramer(spec.limits.max_message_bytes if host is None else
+                                  min(spec.limits.max_message_bytes, PRE_READY_MAX_LINE_BYTES))
         #: the frames queued for the peer, each whole with its newline (data_to_send joins
         #: them only when there is more than one: a lone frame leaves without a copy)
         self._out: list[bytes] = []
@@ -260,7 +268,28 @@ class SessionEngine:
         return self.state is State.CLOSED
 
     def receive_data(self, data: bytes) -> list[Event]:
-        """Feed bytes from the peer; return what happened, in order."""
+        """Feed bytes from the peer; return what happened, in order.
+
+        A host before READY takes the bytes one line at a time under
+        :data:`PRE_READY_MAX_LINE_BYTES`, so the line that makes the session ready is
+        handled before the next line is measured against the protocol's own limit."""
+        events: list[Event] = []
+        while data and not self.closed and self._small_frames:
+            nl = data.find(b"\n")
+            head, data = (data, b"") if nl < 0 else (data[:nl + 1], data[nl + 1:])
+            events.extend(self._receive_chunk(head))
+            if not self._small_frames:  # READY now: the protocol's limit from here on
+                self._framer.max_line_bytes = self.spec.limits.max_message_bytes
+        if data:
+            events.extend(self._receive_chunk(data))
+        return events
+
+    @property
+    def _small_frames(self) -> bool:
+        """A host whose session is not ready yet (its framer holds lines to the small limit)."""
+        return self.role == "host" and self.state is not State.READY
+
+    def _receive_chunk(self, data: bytes) -> list[Event]:
         events: list[Event] = []
         if self.closed:
             return events
@@ -493,6 +522,7 @@ class SessionEngine:
 
 __all__ = [
     "EgressRefused", "Event", "GuestConfig", "HostConfig", "MessageReceived", "MessageRefused", "OutgoingFrame",
+    "PRE_READY_MAX_LINE_BYTES",
     "ProofVerified", "RemoteError", "SessionClosed", "SessionEngine", "SessionReady", "State",
     "Timeouts", "UiArtifactReceived", "UiArtifactRefused",
 ]

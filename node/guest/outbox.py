@@ -37,6 +37,7 @@ clock set forward expires it sooner — neither resends or drops an answer alrea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from node.common.errors import ConfigError, UsageError
+from node.common.errors import ConfigError, KithError, UsageError
 
 #: The file in the home.
 OUTBOX_FILE = "outbox.sqlite"
@@ -225,7 +226,7 @@ class OutboxStore:
                                 "FROM deliveries LIMIT 0")
         except sqlite3.DatabaseError as exc:
             self.db.close()
-            raise _corrupt(self.path, exc) from None
+            raise _fault(self.path, exc) from None
 
     def close(self) -> None:
         """Close the connection."""
@@ -247,11 +248,19 @@ class OutboxStore:
                 store.db.execute("BEGIN IMMEDIATE")
                 return store.db
 
-            def __exit__(self, kind: Any, *rest: Any) -> None:
+            def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
                 try:
-                    store.db.execute("COMMIT" if kind is None else "ROLLBACK")
+                    try:
+                        store.db.execute("COMMIT" if kind is None else "ROLLBACK")
+                    except sqlite3.DatabaseError as failed:  # a full disk at COMMIT
+                        if kind is None:
+                            with contextlib.suppress(sqlite3.Error):
+                                store.db.execute("ROLLBACK")
+                            raise _fault(store.path, failed) from None
                 finally:
                     store._lock.release()
+                if isinstance(exc, sqlite3.DatabaseError):  # a full disk, a damaged page
+                    raise _fault(store.path, exc) from None
         return _Tx()
 
     def add(self, request: dict[str, Any], peers: list[tuple[str, str]], *, keep_s: int = DEFAULT_KEEP_S,
@@ -456,6 +465,13 @@ class OutboxStore:
 
     def _records(self, where: str, args: tuple[Any, ...], *, order: str = "ASC",
                  limit: int = MAX_QUESTIONS) -> Iterator[dict[str, Any]]:
+        try:
+            qs, ds = self._rows(where, args, order, limit)
+        except sqlite3.DatabaseError as exc:  # a damaged page read now, not at open
+            raise _fault(self.path, exc) from None
+        yield from _shaped(qs, ds)
+
+    def _rows(self, where: str, args: tuple[Any, ...], order: str, limit: int) -> tuple[list[Any], dict[str, Any]]:
         with self._lock:
             qs = self.db.execute(f"SELECT q.id, q.request, q.created_at, q.expires_at FROM questions q {where} "
                                  f"ORDER BY q.created_at {order}, q.id LIMIT ?", (*args, limit)).fetchall()
@@ -465,19 +481,24 @@ class OutboxStore:
                     "SELECT peer_name, peer_key, state, attempts, code, last_attempt_at, approval_id, answer, "
                     "answered_at, read_at, from_copy, copy_as_of FROM deliveries WHERE question_id=? ORDER BY rowid",
                     (q[0],)).fetchall()
-        for qid, req, created, expires in qs:
-            request = _request_of(req)  # None: unreadable (outbox-corrupt), shown so it can be removed
-            peers = []
-            answers = []
-            for name, key, state, attempts, code, last, aid, answer, answered, read, copied, as_of in ds[qid]:
-                peers.append({"name": name, "key": key, "state": state, "attempts": attempts, "code": code,
-                              "lastAttemptAt": _iso(last), "approvalId": aid, "answeredAt": _iso(answered),
-                              "readAt": _iso(read), "fromCopy": bool(copied), "copyAsOf": as_of})
-                answers.append(_answer_of(answer) if request is not None else None)
-            yield {"id": qid, "query": request.get("query") if request else None, "request": request, "createdAt": _iso(created),
-                   "expiresAt": _iso(expires), "state": overall_state([p["state"] for p in peers]),
-                   "unread": any(p["answeredAt"] and not p["readAt"] for p in peers),
-                   "peers": peers, "_answers": answers}
+        return qs, ds
+
+
+def _shaped(qs: list[Any], ds: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The records of the rows :meth:`OutboxStore._rows` read."""
+    for qid, req, created, expires in qs:
+        request = _request_of(req)  # None: unreadable (outbox-corrupt), shown so it can be removed
+        peers = []
+        answers = []
+        for name, key, state, attempts, code, last, aid, answer, answered, read, copied, as_of in ds[qid]:
+            peers.append({"name": name, "key": key, "state": state, "attempts": attempts, "code": code,
+                          "lastAttemptAt": _iso(last), "approvalId": aid, "answeredAt": _iso(answered),
+                          "readAt": _iso(read), "fromCopy": bool(copied), "copyAsOf": as_of})
+            answers.append(_answer_of(answer) if request is not None else None)
+        yield {"id": qid, "query": request.get("query") if request else None, "request": request, "createdAt": _iso(created),
+               "expiresAt": _iso(expires), "state": overall_state([p["state"] for p in peers]),
+               "unread": any(p["answeredAt"] and not p["readAt"] for p in peers),
+               "peers": peers, "_answers": answers}
 
 
 def _add_copy_columns(db: Any) -> None:
@@ -506,7 +527,16 @@ def open_home_db_checked(path: Path) -> Any:
     try:
         return open_home_db(path)
     except sqlite3.DatabaseError as exc:
-        raise _corrupt(path, exc) from None
+        raise _fault(path, exc) from None
+
+
+def _fault(path: Path, exc: sqlite3.DatabaseError) -> KithError:
+    """What a SQLite failure on the outbox file means (:func:`node.common.dbfaults.sqlite_fault`):
+    ``disk-full`` or ``io-error`` — the file is intact, moving it aside would abandon its
+    questions — and ``outbox-corrupt`` only for bytes that are not (the outbox's) SQLite."""
+    from node.common.dbfaults import sqlite_fault
+
+    return sqlite_fault(exc, path, lambda: _corrupt(path, exc)) or _corrupt(path, exc)
 
 
 def _corrupt(path: Path, exc: Exception) -> ConfigError:
@@ -654,10 +684,16 @@ def keep_for_later(home: Path, request: dict[str, Any], envelope: dict[str, Any]
     return info
 
 
-def _iso(t: float | None) -> str | None:
-    if t is None:
+def _iso(t: Any) -> str | None:
+    """A stored time as RFC 3339 UTC; None when unset, or when the column holds something
+    that is not a time (a hand-edited or damaged row: that row reads without it, the
+    others are untouched)."""
+    if t is None or isinstance(t, bool) or not isinstance(t, (int, float)):
         return None
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 __all__ = ["OutboxStore", "Outcome", "OpenDelivery", "classify", "merged_answer", "overall_state", "parse_keep",

@@ -197,6 +197,7 @@ class Runner:
     async def _loop(self) -> None:
         due = {id(t): 0.0 for t in self.tasks}
         errors = {id(t): 0 for t in self.tasks}
+        told: dict[int, tuple[str, str]] = {}  # task → the fault last logged for it
         while True:
             now = self.now()
             for task in self.tasks:
@@ -205,9 +206,11 @@ class Runner:
                 try:
                     wait = await task.step(self)
                     errors[id(task)] = 0
-                except Exception:  # noqa: BLE001 - one task's failure never stops the others
+                    if told.pop(id(task), None) is not None:
+                        log.warning("runner task %s works again", task.name)
+                except Exception as exc:  # noqa: BLE001 - one task's failure never stops the others
                     errors[id(task)] += 1
-                    log.warning("runner task %s failed", task.name, exc_info=True)
+                    self._tell(task.name, exc, told, id(task))
                     wait = ERROR_BACKOFF_S if errors[id(task)] > 2 else MAX_SLEEP_S
                 due[id(task)] = self.now() + max(0.0, min(float(wait), MAX_SLEEP_S))
             self._wake = anyio.Event()
@@ -223,6 +226,30 @@ class Runner:
             tg.start_soon(alarm)
             await self._wake.wait()
             tg.cancel_scope.cancel()
+
+    @staticmethod
+    def _tell(name: str, exc: Exception, told: dict[int, tuple[str, str]], key: int) -> None:
+        """Log a task's fault once — a refusal (``KithError``, or a local I/O failure as
+        ``io-error``) as one line with its code and hint, anything else with its traceback
+        — then stay quiet while the same fault repeats, until it changes or the task works
+        again (issue 42: a damaged outbox was a traceback every second)."""
+        from node.common.dbfaults import DISK_FULL_ERRNOS, disk_full, io_error
+        from node.common.errors import KithError
+
+        refusal: KithError | None = exc if isinstance(exc, KithError) else None
+        if isinstance(exc, OSError):
+            where = str(exc.filename) if exc.filename else "the Kith home"
+            refusal = disk_full(where) if exc.errno in DISK_FULL_ERRNOS else \
+                io_error(where, exc.strerror or type(exc).__name__)
+        fault = (refusal.code, refusal.message) if refusal is not None else (type(exc).__name__, str(exc))
+        if told.get(key) == fault:
+            return
+        told[key] = fault
+        if refusal is not None:
+            log.warning("runner task %s failed: [%s] %s%s (said once; quiet until it changes)", name, refusal.code,
+                        refusal.message, f" — hint: {refusal.hint}" if refusal.hint else "")
+        else:
+            log.warning("runner task %s failed (said once; quiet until it changes)", name, exc_info=exc)
 
 
 def default_tasks(home: Path, clock: Clock = SYSTEM_CLOCK) -> list[Any]:

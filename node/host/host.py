@@ -201,7 +201,7 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
         corpus = Corpus(home, readonly=True)
     except KithError as exc:
         warn(f"the index is not available ({exc.code}); guests will get no results. "
-             "Run `kith index add PATH` and `kith index sync`.")
+             + (f"{exc.message}: {exc.hint}" if exc.hint else "Run `kith index add PATH` and `kith index sync`."))
         gate = EgressGate([], policy, home)
         service = AnswerService(None, gate, limiter=limiter, version_key=version_key)
         return Knowledge(lambda peer, key=None: service.knowledge_for(PeerView(peer, key)),
@@ -212,7 +212,10 @@ def open_knowledge(home: Path, warn: Callable[[str], None], now: Callable[[], fl
         warn("the index is behind its record and another process is writing it; "
              "guests may miss documents until that sync finishes.")
     stats = corpus.stats()
-    if not stats.get("chunks"):
+    if stats.get("index_missing"):
+        warn("the search index (corpus/tantivy) is missing; guests get index-unavailable until "
+             "`kith index sync` rebuilds it from the corpus record.")
+    elif not stats.get("chunks"):
         warn("the index is empty; guests will get no results. Run `kith index add PATH` and `kith index sync`.")
     elif stats.get("failed"):
         warn(f"{stats['failed']} document(s) failed to index; see `kith index status`.")
@@ -385,10 +388,20 @@ class Host:
     def _bind_iroh(self, secret: bytes, alpn: bytes) -> Any:
         from node.transport.iroh import bind_node
         from node.transport.modes import DEFAULT, OFFLINE
-        from node.transport.port import keeps_port, load_port
+        from node.transport.port import PORT_FILE, keeps_port, load_port, port_file_damaged
 
         mode = self.opts.transport or (OFFLINE if self.opts.local else DEFAULT)
         port = load_port(self.home) if keeps_port(mode) else None  # where this home's host was
+        if keeps_port(mode) and port_file_damaged(self.home):
+            if self._restored:  # their tickets name a port this start cannot know
+                raise ConfigError(
+                    "config-invalid", f"{PORT_FILE}: not a kept port ({{\"version\": 1, \"port\": N}}), yet "
+                    f"{len(self._restored)} invitation(s) kept from the last run name that port: binding a new "
+                    "one would strand their guests",
+                    hint="`kith host --new-invitation` binds a new port and signs a new invitation (the old ones "
+                         f"are no longer honoured); or put back {PORT_FILE} with the last run's port")
+            self.warn(f"{PORT_FILE} was unreadable: the port of the last run is unknown; a new port is bound and "
+                      "kept from now on (no invitation of an earlier run is honoured)")
         return bind_node(secret, alpn, local=self.opts.local, mode=self.opts.transport, port=port)
 
     def _keep_port(self, listener: Any) -> None:
@@ -474,7 +487,15 @@ class Host:
         # file mode: the posts of earlier runs (a bad posts.json fails here, before binding)
         self._restored: list[dict[str, Any]] = []
         if not opts.server_url:
-            self._restored = self.posts.restore(self.table, self.identity.public_key)
+            try:
+                self._restored = self.posts.restore(self.table, self.identity.public_key)
+            except KithError as exc:
+                if not opts.new_invitation or exc.code != "config-invalid":
+                    raise
+                # --new-invitation forgets the kept posts anyway: an unreadable file is what
+                # it replaces, not a reason to refuse (the flag is its way out)
+                self.warn(f"--new-invitation: {exc.message}; it is replaced, no invitation of an earlier run "
+                          "is honoured")
             if opts.new_invitation:
                 gone = self.posts.forget_kept()
                 self._restored = []

@@ -357,8 +357,8 @@ def _load_kept(home: Path, host_key: str) -> list[tuple[Invitation, int]]:
 
     def bad(why: str) -> ConfigError:
         return ConfigError("config-invalid", f"{POSTS_FILE}: {why}",
-                           hint=f"move {path} away: the host then signs a new invitation (the old ones are "
-                                "no longer honoured)")
+                           hint="start `kith host --new-invitation`: it replaces the file and signs a new "
+                                "invitation (the old ones are no longer honoured)")
     try:
         if path.stat().st_size > MAX_POSTS_FILE_BYTES:
             raise bad("larger than a host ever writes")

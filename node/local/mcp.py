@@ -693,7 +693,62 @@ def run_stdio(home: Path | str, *, local: bool = False) -> None:
     server = build_server(home, local=local)
 
     async def main() -> None:
-        async with stdio_server() as (read, write):
-            await server.run(read, write, server.create_initialization_options())
+        async with stdio_server() as (read, write), anyio.create_task_group() as tg:
+            passed, incoming = anyio.create_memory_object_stream[Any](0)
+            tg.start_soon(answer_unreadable_text, read, passed, write)
+            await server.run(incoming, write, server.create_initialization_options())
+            tg.cancel_scope.cancel()
 
     anyio.run(main)
+
+
+#: the JSON-RPC error of a request whose text is not valid UTF-8 (invalid params)
+UNREADABLE_TEXT_CODE = -32602
+
+
+def unreadable_text_reply(item: Any) -> Any | None:
+    """The JSON-RPC error for a line the MCP library refused to parse only because a string
+    in it holds a lone surrogate (a JSON ``\\udcff`` escape: text that is not UTF-8), or None.
+
+    The library's parser refuses such a line and drops the request, so its client waits
+    forever; Python's ``json`` reads it, which gives the request's id, and the request is
+    answered ``[query-invalid]`` (issue 42: hostile bytes get the argument's code)."""
+
+    errors = getattr(item, "errors", None)
+    if not callable(errors):
+        return None
+    try:
+        first = errors()[0]
+        raw = first.get("input") if first.get("type") == "json_invalid" else None
+        request = json.loads(raw) if isinstance(raw, (str, bytes)) else None
+    except (ValueError, TypeError, IndexError, AttributeError):
+        return None
+    if not isinstance(request, dict) or not isinstance(request.get("method"), str):
+        return None
+    rid = request.get("id")
+    if isinstance(rid, bool) or not isinstance(rid, (int, str)):
+        return None  # a notification: nothing to answer
+    try:
+        json.dumps(request, ensure_ascii=False).encode("utf-8")
+        return None  # not a lone surrogate: the library's own refusal stands
+    except UnicodeEncodeError:
+        pass
+    import mcp_types as types
+
+    return types.JSONRPCError(jsonrpc="2.0", id=rid, error=types.ErrorData(
+        code=UNREADABLE_TEXT_CODE, message="[query-invalid] a string in the request is not valid UTF-8 text "
+                                           "(it holds a lone surrogate)"))
+
+
+async def answer_unreadable_text(read: Any, passed: Any, write: Any) -> None:
+    """Pass what the stdio transport read on to the server, answering each request that
+    :func:`unreadable_text_reply` refuses instead of passing on its parse error."""
+    from mcp.shared.message import SessionMessage
+
+    async with passed:
+        async for item in read:
+            reply = unreadable_text_reply(item)
+            if reply is not None:
+                await write.send(SessionMessage(reply))
+                continue
+            await passed.send(item)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -58,12 +59,21 @@ class QuotaStore:
 
     def __init__(self, home: Path, *, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(home) / self.FILE_NAME
-        self._db = open_home_db(self.path)  # 0600, WAL
-        self._db.execute("CREATE TABLE IF NOT EXISTS bucket (key TEXT PRIMARY KEY, tokens REAL NOT NULL,"
-                         " stamp REAL NOT NULL)")
-        self._db.execute("DELETE FROM bucket WHERE stamp < ?", (clock() - self.MAX_AGE_S,))
-        self._db.execute("DELETE FROM bucket WHERE key NOT IN (SELECT key FROM bucket ORDER BY stamp DESC LIMIT ?)",
-                         (self.MAX_ROWS,))
+        try:
+            self._db = open_home_db(self.path)  # 0600, WAL
+            self._db.execute("CREATE TABLE IF NOT EXISTS bucket (key TEXT PRIMARY KEY, tokens REAL NOT NULL,"
+                             " stamp REAL NOT NULL)")
+            self._db.execute("DELETE FROM bucket WHERE stamp < ?", (clock() - self.MAX_AGE_S,))
+            self._db.execute("DELETE FROM bucket WHERE key NOT IN (SELECT key FROM bucket ORDER BY stamp DESC "
+                             "LIMIT ?)", (self.MAX_ROWS,))
+        except (sqlite3.DatabaseError, OSError) as exc:
+            from node.common.dbfaults import state_fault
+
+            refusal = state_fault(exc, self.path, "it holds the peers' quota buckets; a new file starts with "
+                                                  "every bucket full")
+            if refusal is None:
+                raise
+            raise refusal from None
 
     def load(self, key: str) -> tuple[float, float] | None:
         """``(tokens, stamp)`` of ``key``'s bucket, or None when none is stored."""

@@ -39,6 +39,14 @@ def load_port(home: Path) -> int | None:
     return port if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 else None
 
 
+def port_file_damaged(home: Path) -> bool:
+    """True when ``<home>/endpoint.json`` exists but :func:`load_port` cannot read a port
+    from it (garbage, truncated, empty, a folder in its place, no permission): the port
+    of the last run is then unknown."""
+    path = Path(home) / PORT_FILE
+    return (path.exists() or path.is_symlink()) and load_port(home) is None
+
+
 def save_port(home: Path, port: int) -> None:
     """Keep ``port`` as this home's host port (atomically; unchanged files are not rewritten)."""
     if load_port(home) == port:
@@ -52,4 +60,4 @@ def with_port(bind_addr: str, port: int) -> str:
     return f"{host}:{int(port)}"
 
 
-__all__ = ["PORT_FILE", "keeps_port", "load_port", "save_port", "with_port"]
+__all__ = ["PORT_FILE", "keeps_port", "load_port", "port_file_damaged", "save_port", "with_port"]

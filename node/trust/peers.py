@@ -188,8 +188,14 @@ class PeerRegistry:
             raw = json.loads(data.decode("utf-8"))
         except FileNotFoundError:
             return cls(path, {})
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            raise ConfigError("config-invalid", f"{PEERS_FILE} is not valid JSON") from None
+        except OSError as exc:  # unreadable is not invalid: never suggest moving it aside
+            from node.common.dbfaults import io_error
+
+            raise io_error(str(path), exc.strerror or type(exc).__name__) from None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ConfigError("config-invalid", f"{PEERS_FILE} is not valid JSON",
+                              hint=f"fix it, or move it aside (mv {PEERS_FILE} {PEERS_FILE}.bad): this home then "
+                                   "pins no peer, and `kith peers add NAME KEY` pins each again") from None
         peers: dict[str, PeerRecord] = {}
         blocked: dict[str, BlockRecord] = {}
         try:

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import socket
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -141,7 +142,8 @@ def recovery_secret_of(words: str) -> bytes:
     m = Mnemonic("english")
     phrase = " ".join(words.split())
     if len(phrase.split()) != 24 or not m.check(phrase):
-        raise ConfigError("config-invalid", "the recovery words are not a valid 24-word phrase")
+        raise ConfigError("config-invalid", "the recovery words are not a valid 24-word phrase",
+                          hint="type the 24 words `kith init` printed, in their order, separated by spaces")
     return bytes(m.to_entropy(phrase))
 
 
@@ -150,8 +152,14 @@ def _load_seed(path: Path) -> bytes | None:
         text = path.read_text("ascii").strip()
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError):
-        raise KithError("identity-corrupt", f"{path.name} in this home is not readable") from None
+    except OSError as exc:  # unreadable is not corrupt: never suggest replacing the key
+        from node.common.dbfaults import io_error
+
+        raise io_error(str(path), exc.strerror or type(exc).__name__) from None
+    except UnicodeDecodeError:
+        raise KithError("identity-corrupt", f"{path.name} in this home is not readable",
+                        hint=f"restore {path.name} from a backup, or replace the person key with your 24 recovery "
+                             "words: `kith person rotate --recovery`") from None
     if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
         raise KithError("identity-corrupt", f"{path.name} in this home is not 64 lowercase hex",
                         hint=f"move {path.name} aside")
@@ -218,8 +226,13 @@ def load_person(home: Path) -> PersonRecord | None:
         raw = json.loads(path.read_text("utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError, ValueError):
-        raise ConfigError("config-invalid", f"{PERSON_FILE} is not valid JSON") from None
+    except OSError as exc:  # unreadable is not invalid
+        from node.common.dbfaults import io_error
+
+        raise io_error(str(path), exc.strerror or type(exc).__name__) from None
+    except (UnicodeDecodeError, ValueError):
+        raise ConfigError("config-invalid", f"{PERSON_FILE} is not valid JSON",
+                          hint=f"restore {PERSON_FILE} (the signed person record) from a backup") from None
     return person_from_json(raw)
 
 
@@ -275,6 +288,21 @@ def save_person(home: Path, rec: PersonRecord) -> None:
     atomic_write(home / PERSON_FILE, (json.dumps(rec.as_json(), indent=2) + "\n").encode("utf-8"))
 
 
+def no_record_error(home: Path) -> Any:
+    """The refusal of a command that needs this home's person record and finds none:
+    ``home-not-initialized`` (run ``kith init``) — or, when ``person.key`` is here without
+    ``person.json`` (deleted or lost), ``config-invalid`` saying so: ``kith init`` would make
+    a new person (it keeps the old key aside as ``person.key.<time>.bak``)."""
+    from node.common.errors import ConfigError
+    from node.common.home import init_hint
+
+    if (home / PERSON_KEY_FILE).exists():
+        return ConfigError("config-invalid", f"{PERSON_FILE} is missing, yet {PERSON_KEY_FILE} is here",
+                           hint=f"restore {PERSON_FILE} (the signed person record) from a backup; `kith init` "
+                                f"would make a new person key (keeping this one aside as {PERSON_KEY_FILE}.<time>.bak)")
+    return ConfigError("home-not-initialized", "This home has no person key yet.", hint=init_hint(home))
+
+
 def init_person(home: Path, device: Identity, device_name: str | None = None
                 ) -> tuple[PersonRecord, str | None]:
     """Create this home's person key and bind ``device`` to it, unless the home has a person.
@@ -293,6 +321,9 @@ def init_person(home: Path, device: Identity, device_name: str | None = None
     existing = load_person(home)
     if existing is not None:
         return existing, None
+    kept = home / PERSON_KEY_FILE
+    if kept.exists():  # a key without its record: never destroyed, kept beside (issue 42)
+        os.replace(kept, home / f"{PERSON_KEY_FILE}.{int(time.time())}.bak")
     name = check_device_name(device_name) if device_name is not None else default_device_name(home)
     person_secret = os.urandom(32)
     secret = os.urandom(32)

@@ -20,6 +20,7 @@ Bounded while the host runs (issue 11), by two rules:
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -51,11 +52,20 @@ class SeenNonces:
         self._max_rows = max_rows
         self._lock = threading.Lock()
         self._reserved: set[str] = set()
-        self._db = open_home_db(self.path)  # 0600, WAL
-        self._db.execute("CREATE TABLE IF NOT EXISTS seen_nonce (nonce TEXT PRIMARY KEY, post_id TEXT NOT NULL,"
-                         " expires_at REAL NOT NULL)")
-        self._db.execute("CREATE INDEX IF NOT EXISTS seen_nonce_expiry ON seen_nonce (expires_at)")
-        self._rows = self._db.execute("SELECT count(*) FROM seen_nonce").fetchone()[0]
+        try:
+            self._db = open_home_db(self.path)  # 0600, WAL
+            self._db.execute("CREATE TABLE IF NOT EXISTS seen_nonce (nonce TEXT PRIMARY KEY, post_id TEXT NOT NULL,"
+                             " expires_at REAL NOT NULL)")
+            self._db.execute("CREATE INDEX IF NOT EXISTS seen_nonce_expiry ON seen_nonce (expires_at)")
+            self._rows = self._db.execute("SELECT count(*) FROM seen_nonce").fetchone()[0]
+        except (sqlite3.DatabaseError, OSError) as exc:
+            from node.common.dbfaults import state_fault
+
+            refusal = state_fault(exc, self.path, "it holds the handshake nonces already seen (replay "
+                                                  "protection); a new file starts empty")
+            if refusal is None:
+                raise
+            raise refusal from None
         self.purge()
 
     def purge(self) -> int:

@@ -125,7 +125,7 @@ class PgCluster:
         bindir = _pg_bindir()
         if bindir is None:
             pytest.skip("PostgreSQL server binaries (initdb, pg_ctl, postgres) are not "
-                        "installed (Debian: apt-get install postgresql)")
+                        "installed (Debian: apt-get install --no-install-recommends postgresql)")
         self.bindir = bindir
         self.prefix: list[str] = []
         self.root = Path(tempfile.mkdtemp(prefix="kith-pg-"))

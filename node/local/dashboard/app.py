@@ -174,11 +174,20 @@ class _Pages:
         return self._done(where, "ok", text)
 
     def _corpus(self) -> Any:
-        """The read-only corpus, or None when the home has none yet."""
+        """The read-only corpus, or None when the home has none yet (or it cannot be read:
+        :meth:`_corpus_and_fault` says why)."""
+        return self._corpus_and_fault()[0]
+
+    def _corpus_and_fault(self) -> tuple[Any, str | None]:
+        """``(corpus, None)``, ``(None, None)`` when the home has none yet, or ``(None,
+        "code: message — hint")`` when it cannot be read (a damaged record is not "no
+        corpus": the page says so, with its way out)."""
         try:
-            return self.corpus.get()
-        except KithError:
-            return None
+            return self.corpus.get(), None
+        except KithError as exc:
+            if exc.code == "index-unavailable":
+                return None, None
+            return None, f"{exc.code}: {exc.message}" + (f" — {exc.hint}" if exc.hint else "")
 
     # --- overview -------------------------------------------------------------------------
     async def overview(self, request: Request) -> HTMLResponse:
@@ -193,12 +202,12 @@ class _Pages:
                 identity = {"key": ident.public_key, "fingerprint": fingerprint(ident.public_key)}
             except KithError as exc:
                 identity = {"error": f"{exc.code}: {exc.message}"}
-            corpus = self._corpus()
+            corpus, fault = self._corpus_and_fault()
             stats = corpus.stats() if corpus is not None else None
             policy = Policy.load(self.home)
             registry = PeerRegistry.load(self.home)
             live, why = live_state(self.home)
-            return {"identity": identity, "stats": stats, "rules": len(policy.rules),
+            return {"identity": identity, "stats": stats, "corpus_fault": fault, "rules": len(policy.rules),
                     "overrides": len(policy.overrides), "peers": len(registry.peers),
                     "blocked": len(registry.blocked), "pending": len(Approvals(self.home).pending()),
                     "live": live, "live_why": why, "home": str(self.home)}
@@ -208,8 +217,9 @@ class _Pages:
     # --- roots ----------------------------------------------------------------------------
     async def roots(self, request: Request) -> HTMLResponse:
         def gather() -> dict[str, Any]:
-            corpus = self._corpus()
-            return {"status": corpus.status_report(max_listed=200) if corpus is not None else None}
+            corpus, fault = self._corpus_and_fault()
+            return {"status": corpus.status_report(max_listed=200) if corpus is not None else None,
+                    "corpus_fault": fault}
 
         return self._render("roots.html", request, **await anyio.to_thread.run_sync(gather))
 

@@ -1,0 +1,123 @@
+"""What a failed SQLite call on a file of the home means, as a typed refusal: one table
+for every database Kith keeps in a home (the corpus record, the outbox, ...).
+
+SQLite reports the cause in ``sqlite_errorname`` (Python 3.11+):
+
+- ``SQLITE_FULL`` — the disk, the user's quota or the process's file-size limit is full
+  (SQLite's "database or disk is full"; a write that fails with ENOSPC, EDQUOT or EFBIG
+  partway) → ``disk-full``: never "corrupt", the file is intact; so is an ``SQLITE_IOERR``
+  when the disk has less than 1 MiB free or the file reached ``RLIMIT_FSIZE`` (a write
+  that failed at once: SQLite then reports an I/O error, not a full disk);
+- ``SQLITE_IOERR*``, ``SQLITE_READONLY*``, ``SQLITE_CANTOPEN*``, ``SQLITE_PERM``,
+  ``SQLITE_AUTH`` — the file cannot be read or written (no permission, a folder in its
+  place, a failing disk, a write past a file-size limit) → ``io-error``;
+- ``SQLITE_CORRUPT*``, ``SQLITE_NOTADB`` — the bytes are not a (whole) database → the
+  caller's own "corrupt" refusal, which names its repair;
+- anything else (``SQLITE_BUSY``, ``SQLITE_LOCKED``, a programming error) → None: not a
+  fault of the file, the caller decides.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+from pathlib import Path
+from typing import Callable
+
+from node.common.errors import ConfigError, KithError
+
+#: errnos of a full disk, quota or file-size limit
+DISK_FULL_ERRNOS = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG)
+                             if e is not None)
+
+
+def disk_full(where: str) -> ConfigError:
+    """``disk-full`` for a write to ``where`` (a path of the home, or what was written)."""
+    return ConfigError("disk-full", f"writing {where} failed: the disk (or your quota, or this process's "
+                       "file-size limit) is full")
+
+
+def io_error(where: str, why: str) -> ConfigError:
+    """``io-error`` for ``where`` that cannot be read or written (``why``: the cause)."""
+    return ConfigError("io-error", f"{why} ({where})",
+                       hint="check that the Kith home and the files named are readable and writable by you, "
+                            "and that the disk works")
+
+
+#: free bytes below which a failed write counts as a full disk
+LOW_SPACE_BYTES = 1 << 20
+
+
+def _looks_full(path: Path) -> bool:
+    """Whether a write error on the database ``path`` (SQLite says only
+    ``SQLITE_IOERR_WRITE`` when write(2) failed with EFBIG or ENOSPC at once) came from a
+    full disk: the file system has less than :data:`LOW_SPACE_BYTES` free, or the file, its
+    WAL or its journal reached this process's file-size limit (``RLIMIT_FSIZE``)."""
+    try:
+        st = os.statvfs(path.parent)
+        if st.f_bavail * st.f_frsize < LOW_SPACE_BYTES:
+            return True
+    except OSError:
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return False
+    if soft == resource.RLIM_INFINITY:
+        return False
+    for suffix in ("", "-wal", "-journal"):
+        try:
+            if os.path.getsize(f"{path}{suffix}") + 64 * 1024 >= soft:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def sqlite_fault(exc: BaseException, path: Path, corrupt: Callable[[], KithError]) -> KithError | None:
+    """The refusal for ``exc`` raised by SQLite on the database ``path`` (module docstring),
+    or None when it is not a fault of the file (busy, locked, a bug).
+
+    Args:
+        exc: the exception caught (an ``OSError`` of a full disk counts too).
+        path: the database file (named in the message).
+        corrupt: makes the caller's refusal for a file that is not a whole database.
+    """
+    if isinstance(exc, OSError):
+        if exc.errno in DISK_FULL_ERRNOS:
+            return disk_full(str(path))
+        return io_error(str(path), exc.strerror or type(exc).__name__)
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return None
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    text = str(exc)
+    if name == "SQLITE_FULL" or "database or disk is full" in text:
+        return disk_full(str(path))
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "file is not a database" in text \
+            or "malformed" in text:
+        return corrupt()
+    if name.startswith("SQLITE_IOERR") and _looks_full(path):
+        return disk_full(str(path))
+    if name.startswith(("SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_AUTH")):
+        base = "_".join(name.split("_")[:2])  # SQLITE_READONLY_DBMOVED -> SQLITE_READONLY
+        why = {"SQLITE_READONLY": "the database is read-only", "SQLITE_CANTOPEN": "the database cannot be opened",
+               "SQLITE_PERM": "permission denied"}.get(base, f"the database cannot be read or written: {text[:80]}")
+        return io_error(str(path), why)
+    if os.path.isdir(path):
+        return io_error(str(path), "a folder is in the place of the database file")
+    return None
+
+
+def state_fault(exc: BaseException, path: Path, holds: str) -> KithError | None:
+    """:func:`sqlite_fault` for a small state database of the home (the quota buckets, the
+    seen nonces): damage is ``config-invalid``, whose hint is to move the file aside —
+    ``holds`` says what is lost then (it is derived state, rebuilt empty)."""
+    return sqlite_fault(exc, path, lambda: ConfigError(
+        "config-invalid", f"{path.name} is not a readable database (damaged or not SQLite)",
+        hint=f"move it aside (mv {path} {path}.bad): {holds}"))
+
+
+__all__ = ["DISK_FULL_ERRNOS", "disk_full", "io_error", "sqlite_fault", "state_fault"]

@@ -1,0 +1,646 @@
+"""The damage matrix (issue 42 item 1): a file of the home put through garbage, truncation,
+empty, deleted, a folder in its place and a full disk, against the commands that read or
+write it. Every case passes when: the exit status is the one expected, a failure prints
+``error [code]`` with a ``hint:`` line (the code among those expected), no traceback is on
+either stream, and nothing else in the home changed.
+
+The commands run in this process (``node.cli.main.main``, the real dispatcher), with one
+real ``kith`` process per file as a sample; a full disk is a real one: a process whose
+file-size limit (``RLIMIT_FSIZE``) is below what it must write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import resource
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from support.cli import KITH, kith
+from support.homes import FIXTURE
+
+
+# ----------------------------------------------------------------------------- the home
+@pytest.fixture(scope="module")
+def base_home(tmp_path_factory) -> Path:
+    """One home, made once: a synced corpus (the knowledge-query fixture), a policy rule,
+    a kept outbox question, a pinned peer. Each case works on a copy."""
+    home = tmp_path_factory.mktemp("damage") / "home"
+    for args in (("init",), ("index", "add", str(FIXTURE)), ("index", "sync"), ("policy", "set", "/corpus/**", "public")):
+        r = kith(home, *args, timeout=300)
+        assert r.returncode == 0, (args, r.stderr)
+    _keep_a_question(home)
+    return home
+
+
+def _keep_a_question(home: Path) -> None:
+    from node.guest.outbox import OutboxStore
+
+    with OutboxStore(home) as store:
+        store.add({"query": "when does the staging server restart", "topK": 5}, [("alice", "ab" * 32)])
+
+
+def _snapshot(home: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for p in sorted(home.rglob("*")):
+        rel = p.relative_to(home).as_posix()
+        if p.is_symlink() or not p.is_file():
+            out[rel] = "dir" if p.is_dir() else "other"
+            continue
+        try:
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+        except OSError:
+            out[rel] = "unreadable"
+    return out
+
+
+#: files a command may rewrite whatever the damage: lock files (their owner text) and the
+#: quota buckets a read touches
+VOLATILE = (".lock", "-wal", "-shm")
+
+
+def _changed(before: dict[str, str], after: dict[str, str], allowed: tuple[str, ...]) -> list[str]:
+    keys = set(before) | set(after)
+    return sorted(k for k in keys if before.get(k) != after.get(k)
+                  and not k.endswith(VOLATILE) and not any(k == a or k.startswith(a + "/") for a in allowed))
+
+
+# --------------------------------------------------------------------------- damage kinds
+def garbage(p: Path) -> None:
+    p.write_bytes(bytes((i * 97 + 13) % 256 for i in range(5000)))
+
+
+def truncated(p: Path) -> None:
+    data = p.read_bytes()
+    p.write_bytes(data[: max(1, len(data) // 2)])
+
+
+def empty(p: Path) -> None:
+    p.write_bytes(b"")
+
+
+def deleted(p: Path) -> None:
+    if p.is_dir():
+        shutil.rmtree(p)
+    else:
+        p.unlink()
+
+
+def folder(p: Path) -> None:
+    deleted(p)
+    p.mkdir()
+    (p / "x").write_text("not the file\n")
+
+
+# ------------------------------------------------------------------------------- running
+@dataclass
+class Ran:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def error_code(self) -> str | None:
+        for line in self.err.splitlines():
+            if line.startswith("error [") and "]" in line:
+                return line[len("error ["):line.index("]")]
+        return None
+
+
+def run_inproc(home: Path, *args: str) -> Ran:
+    """``kith --home HOME ARGS`` through the real dispatcher in this process; an exception
+    that escapes it is a traceback (the test fails with it)."""
+    from node.cli import main as cli_main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            cli_main.main(["--home", str(home), *args])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+def run_proc(home: Path, *args: str, fsize: int | None = None) -> Ran:
+    def limit() -> None:
+        if fsize is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    r = subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL, preexec_fn=limit)
+    return Ran(r.returncode, r.stdout, r.stderr)
+
+
+def check(r: Ran, codes: set[str] | None, *, ok: bool = False) -> None:
+    """``codes``: the refusals allowed (None: the command must succeed)."""
+    assert "Traceback" not in r.err and "Traceback" not in r.out, r.err[-3000:]
+    if codes is None or ok and r.code == 0:
+        assert r.code == 0, (r.code, r.err[-2000:])
+        return
+    assert r.code != 0, f"exit 0 where {codes} was expected; out: {r.out[-500:]}"
+    assert r.error_code in codes, (r.error_code, codes, r.err[-2000:])
+    assert "  hint: " in r.err, f"no hint: {r.err[-1000:]}"
+
+
+# ------------------------------------------------------------------------- the matrix
+CORPUS_DB = "corpus/corpus.sqlite3"
+CORRUPT = {"corpus-corrupt"}
+#: (file, damage, command, expected codes — None: success, ok: success allowed too)
+CORPUS_CASES = [
+    *[(CORPUS_DB, d, cmd, CORRUPT, False) for d in (garbage, truncated)
+      for cmd in (("search", "sqlite"), ("index", "status"), ("index", "sync"), ("index", "sync", "--mode", "full"))],
+    *[(CORPUS_DB, d, ("status",), None, False) for d in (garbage, truncated, empty, deleted)],
+    # an empty or deleted record is an empty corpus: search has nothing to answer from
+    *[(CORPUS_DB, d, ("search", "sqlite"), {"index-unavailable"}, False) for d in (empty, deleted)],
+    *[(CORPUS_DB, d, ("index", "status"), None, False) for d in (empty, deleted)],
+    (CORPUS_DB, folder, ("search", "sqlite"), {"io-error"}, False),
+    (CORPUS_DB, folder, ("index", "status"), {"io-error"}, False),
+    (CORPUS_DB, folder, ("index", "sync"), {"io-error"}, False),
+    ("corpus/tantivy", deleted, ("search", "sqlite"), {"index-unavailable"}, False),
+    ("corpus/tantivy", deleted, ("index", "status"), None, False),
+    ("corpus/tantivy", folder, ("search", "sqlite"), {"index-unavailable"}, False),
+]
+
+
+def _id(case) -> str:
+    target, damage, cmd, *_ = case
+    return f"{target}-{damage.__name__}-{'_'.join(cmd)}"
+
+
+@pytest.mark.parametrize("case", CORPUS_CASES, ids=[_id(c) for c in CORPUS_CASES])
+def test_corpus_damage(base_home, tmp_path, case):
+    target, damage, cmd, codes, ok = case
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    damage(home / target)
+    before = _snapshot(home)
+    r = run_inproc(home, *cmd)
+    check(r, codes, ok=ok)
+    allowed: tuple[str, ...] = (target,) if codes is None else ()
+    if cmd[:2] == ("index", "sync") and codes is None:
+        allowed = ("corpus",)
+    assert not _changed(before, _snapshot(home), allowed), _changed(before, _snapshot(home), allowed)
+
+
+def test_a_deleted_index_folder_is_named_with_its_repair_and_the_repair_works(base_home, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    shutil.rmtree(home / "corpus" / "tantivy")
+    found = run_inproc(home, "search", "write-ahead log")
+    check(found, {"index-unavailable"})
+    assert "kith index sync" in found.err
+    status = run_inproc(home, "index", "status")
+    assert "missing: run `kith index sync`" in status.out, status.out
+    for mode in ((), ("--mode", "full")):
+        shutil.rmtree(home / "corpus" / "tantivy", ignore_errors=True)
+        synced = run_inproc(home, "index", "sync", *mode)
+        check(synced, None)
+        assert "rebuilding it from the corpus record" in synced.err, synced.err
+        answer = run_inproc(home, "search", "write-ahead log", "--json")
+        check(answer, None)
+        assert json.loads(answer.out)["results"], answer.out
+
+
+def test_a_damaged_corpus_database_in_a_real_process(base_home, tmp_path):
+    """The sample subprocess of the corpus record: `kith index status` and `kith host`."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    garbage(home / CORPUS_DB)
+    before = _snapshot(home)
+    r = run_proc(home, "index", "status")
+    check(r, CORRUPT)
+    assert "mv " in r.err and "kith index add FOLDER" in r.err
+    assert not _changed(before, _snapshot(home), ())
+
+
+def test_a_full_disk_during_a_corpus_sync_is_disk_full_not_corrupt(base_home, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    docs = tmp_path / "big"
+    docs.mkdir()
+    words = ["alpha", "beta", "gamma", "delta", "omega", "sqlite", "index", "kith"]
+    (docs / "big.md").write_text("\n\n".join(" ".join(words[(i * 7 + j) % 8] + str(j % 50) for j in range(60))
+                                             for i in range(3000)))
+    check(run_inproc(home, "index", "add", str(docs)), None)
+    size = (home / CORPUS_DB).stat().st_size
+    r = run_proc(home, "index", "sync", fsize=size + 64 * 1024)
+    check(r, {"disk-full"})
+    status = run_inproc(home, "index", "status", "--json")  # the record is whole: readable, no lag
+    check(status, None)
+    assert json.loads(status.out)["roots"] == 2
+    again = run_inproc(home, "index", "sync")  # room again: the sync completes
+    check(again, None)
+
+
+# ------------------------------------------------------------------------------ the outbox
+OUTBOX = "outbox.sqlite"
+OUTBOX_CASES = [
+    *[(OUTBOX, d, cmd, {"outbox-corrupt"}, False) for d in (garbage, truncated)
+      for cmd in (("outbox", "list"), ("outbox", "remove", "--done"), ("status",))],
+    (OUTBOX, empty, ("outbox", "list"), None, False),
+    (OUTBOX, deleted, ("outbox", "list"), None, False),
+    (OUTBOX, deleted, ("outbox", "remove", "--done"), {"outbox-not-found"}, True),
+    (OUTBOX, folder, ("outbox", "list"), {"io-error"}, False),
+]
+
+
+@pytest.mark.parametrize("case", OUTBOX_CASES, ids=[_id(c) for c in OUTBOX_CASES])
+def test_outbox_damage(base_home, tmp_path, case):
+    target, damage, cmd, codes, ok = case
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    damage(home / target)
+    before = _snapshot(home)
+    r = run_inproc(home, *cmd)
+    if cmd == ("status",):  # status reports the outbox's fault on its line and goes on
+        check(r, None)
+        assert "outbox" in r.out
+    else:
+        check(r, codes, ok=ok)
+    allowed = (target,) if codes is None else ()
+    assert not _changed(before, _snapshot(home), allowed), _changed(before, _snapshot(home), allowed)
+
+
+def test_text_in_a_time_column_is_one_bad_row_not_a_traceback(base_home, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    _keep_a_question(home)
+    db = sqlite3.connect(home / OUTBOX)
+    first = db.execute("SELECT id FROM questions ORDER BY rowid LIMIT 1").fetchone()[0]
+    db.execute("UPDATE questions SET created_at='yesterday', expires_at='never' WHERE id=?", (first,))
+    db.execute("UPDATE deliveries SET last_attempt_at='x', answered_at='y', read_at=X'00' WHERE question_id=?", (first,))
+    db.commit()
+    db.close()
+    for args in (("outbox", "list"), ("outbox", "list", "--json"), ("outbox", "show", first[:12], "--json")):
+        r = run_inproc(home, *args)
+        check(r, None)
+    listed = json.loads(run_inproc(home, "outbox", "list", "--json").out)["questions"]
+    assert len(listed) == 2 and {q["id"] for q in listed} >= {first}
+    bad = next(q for q in listed if q["id"] == first)
+    assert bad["createdAt"] is None and bad["expiresAt"] is None and bad["peers"][0]["lastAttemptAt"] is None
+
+
+_FULL_OUTBOX = """
+import resource, sys
+sys.path[:0] = {paths!r}
+from pathlib import Path
+from node.common.errors import KithError
+from node.guest.outbox import OutboxStore
+store = OutboxStore(Path({home!r}))
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    for i in range(5000):
+        store.add({{"query": "question %d " % i + "x" * 1900, "topK": 5}}, [("alice", "ab" * 32)])
+except KithError as exc:
+    print(exc.code)
+else:
+    print("ok")
+"""
+
+
+def test_a_full_disk_on_the_outbox_is_disk_full_and_keeps_every_question(base_home, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    listed = json.loads(run_inproc(home, "outbox", "list", "--json").out)["questions"]
+    size = max(p.stat().st_size for p in home.glob(OUTBOX + "*"))
+    script = _FULL_OUTBOX.format(paths=sys.path, home=str(home), limit=size + 40_000)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "disk-full", r.stdout + r.stderr
+    after = run_inproc(home, "outbox", "list", "--json")
+    check(after, None)
+    ids = {q["id"] for q in json.loads(after.out)["questions"]}
+    assert {q["id"] for q in listed} <= ids  # the kept questions are all there: nothing to move aside
+
+
+def test_a_background_fault_is_logged_once_until_it_changes(base_home, tmp_path, caplog):
+    """A damaged outbox under the runner: one line with its code and hint, not a traceback
+    per step; a new fault is told again, and so is the recovery."""
+    import anyio
+
+    from node.guest.outbox_task import OutboxTask
+    from node.guest.runner import Runner
+
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    garbage(home / OUTBOX)
+    task = OutboxTask(home)
+    told: dict = {}
+    caplog.set_level("WARNING", logger="kith.runner")
+
+    def step() -> None:
+        try:
+            anyio.run(task.step, None)
+        except Exception as exc:  # noqa: BLE001 - what the runner's loop catches
+            Runner._tell(task.name, exc, told, 1)
+
+    for _ in range(5):
+        step()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "[outbox-corrupt]" in lines[0] and "hint:" in lines[0], lines
+    assert not any(r.exc_info for r in caplog.records)
+    folder(home / OUTBOX)  # another fault: told once more
+    for _ in range(3):
+        step()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "[io-error]" in lines[1], lines
+
+
+# ---------------------------------------------------------- the host's posts and its port
+@pytest.fixture(scope="module")
+def hosted_home(base_home, tmp_path_factory) -> Path:
+    """``base_home`` after one run of ``kith host --offline`` (file mode): it kept its post
+    (posts.json) and its port (endpoint.json)."""
+    from support.hosts import HostProcess
+
+    home = tmp_path_factory.mktemp("hosted") / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    host = HostProcess(home, "--invite-file", str(home.parent / "invite.json"))
+    code, _, err = host.stop()
+    assert code == 0, err
+    assert (home / "posts.json").is_file() and (home / "endpoint.json").is_file()
+    return home
+
+
+def _host_refused(home: Path, *args: str) -> Ran:
+    r = subprocess.run([*KITH, "--home", str(home), "host", "--local", "--json", *args], capture_output=True,
+                       text=True, timeout=60, stdin=subprocess.DEVNULL)
+    return Ran(r.returncode, r.stdout, r.stderr)
+
+
+@pytest.mark.iroh
+@pytest.mark.parametrize("damage", [garbage, truncated, empty, folder], ids=lambda d: d.__name__)
+def test_damaged_posts_and_port_files_at_host_start(hosted_home, tmp_path, damage):
+    """A bad posts.json refuses `kith host` with the way out in the hint; that way out,
+    --new-invitation, starts and replaces it. An unreadable endpoint.json while a kept
+    invitation names the old port: refused the same way, never a silent new port."""
+    from support.hosts import HostProcess
+
+    for target in ("posts.json", "endpoint.json"):
+        home = tmp_path / target / "home"
+        shutil.copytree(hosted_home, home, symlinks=True)
+        damage(home / target)
+        before = _snapshot(home)
+        r = _host_refused(home, "--invite-file", str(tmp_path / "inv.json"))
+        check(r, {"config-invalid"})
+        assert target in r.err and "--new-invitation" in r.err
+        assert not _changed(before, _snapshot(home), ("run",)), _changed(before, _snapshot(home), ("run",))
+        if damage is folder:  # a folder is not replaced by a file: that start is refused io-error
+            check(_host_refused(home, "--new-invitation", "--invite-file", str(tmp_path / "inv.json")), {"io-error"})
+            continue
+        host = HostProcess(home, "--new-invitation", "--invite-file", str(tmp_path / "inv.json"))
+        code, _, err = host.stop()
+        assert code == 0 and "Traceback" not in err, err
+        assert f"{target}" in err and "warning" in err, err
+        assert json.loads((home / target).read_text())  # replaced by a whole file
+
+
+# ------------------------------------------------------------- the rest of the home
+def _full_home(base: Path, where: Path) -> Path:
+    """``base`` with the files a used home holds beside the corpus and the outbox: a pinned
+    peer (peers.json), config.toml, an audit line."""
+    home = where / "home"
+    shutil.copytree(base, home, symlinks=True)
+    check(run_inproc(home, "peers", "add", "bob", "ef" * 32), None)
+    (home / "config.toml").write_text('[transport]\nrelay = "none"\n')
+    (home / "audit.jsonl").write_text('{"ts": "2026-12-05T00:00:00Z", "event": "session-started"}\n')
+    return home
+
+
+@pytest.fixture(scope="module")
+def full_home(hosted_home, tmp_path_factory) -> Path:
+    return _full_home(hosted_home, tmp_path_factory.mktemp("full"))
+
+
+#: every file of the home below, and the commands that read or write it (in this process)
+READERS: dict[str, list[tuple[str, ...]]] = {
+    "identity.key": [("status",), ("peers", "list"), ("device", "list"), ("person", "show"), ("outbox", "list")],
+    "person.json": [("status",), ("device", "list"), ("person", "show"), ("peers", "list")],
+    "person.key": [("status",), ("device", "list"), ("person", "show")],
+    "policy.toml": [("status",), ("policy", "list"), ("search", "sqlite")],
+    "peers.json": [("status",), ("peers", "list"), ("policy", "list"), ("outbox", "list"), ("copies", "list")],
+    "config.toml": [("status",), ("policy", "list")],
+    "audit.jsonl": [("status",), ("audit",)],
+    "posts.json": [("status",)],
+    "endpoint.json": [("status",)],
+    "quota.sqlite": [("status",), ("peers", "list")],
+    "seen-nonces.sqlite": [("status",)],
+    "card-seq": [("status",)],
+    "run": [("status",)],
+    "host.lock": [("status",), ("index", "status")],
+    "runner.lock": [("status",), ("outbox", "list")],
+    "policy.toml.lock": [("policy", "list"), ("status",)],
+    "corpus/writer.lock": [("index", "status"), ("search", "sqlite")],
+    "revocations.json": [("status",), ("peers", "list"), ("device", "list")],
+    "rotations.json": [("status",), ("peers", "list"), ("person", "show")],
+    "cards.json": [("status",), ("peers", "list")],
+    "approvals": [("status",), ("approvals", "list")],
+    "approvals/promoted.json": [("status",), ("approvals", "list")],
+}
+#: what a damaged file may be refused with (anything else fails the test)
+CODES_OF: dict[str, set[str]] = {
+    "identity.key": {"identity-corrupt", "home-not-initialized", "io-error"},
+    "person.json": {"config-invalid", "io-error"},
+    "person.key": {"identity-corrupt", "io-error"},
+    "policy.toml": {"policy-invalid", "io-error"},
+    "peers.json": {"config-invalid", "io-error"},
+    "config.toml": {"transport-mode-invalid", "presence-invalid", "io-error"},
+    "audit.jsonl": {"io-error"},
+    "revocations.json": {"config-invalid"},
+    "rotations.json": {"config-invalid"},
+    "cards.json": {"config-invalid"},
+}
+DAMAGES = (garbage, truncated, empty, deleted, folder)
+SWEEP = [(f, d) for f in READERS for d in DAMAGES]
+
+
+@pytest.mark.parametrize("target,damage", SWEEP, ids=[f"{f}-{d.__name__}" for f, d in SWEEP])
+def test_home_file_damage(full_home, tmp_path, target, damage):
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    path = home / target
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir() and damage is not folder:
+        shutil.rmtree(path)
+        if damage is not deleted:
+            garbage(path)  # a file where the folder was, then damaged
+            damage(path)
+    elif not path.is_dir():
+        if not path.exists() and damage is not deleted:
+            garbage(path)  # a file this home does not hold yet: made, then damaged
+        if path.exists():
+            damage(path)
+    before = _snapshot(home)
+    for cmd in READERS[target]:
+        r = run_inproc(home, *cmd)
+        check(r, CODES_OF.get(target, set()) | {"io-error", "control-dir-unsafe"}, ok=True)
+        assert not _changed(before, _snapshot(home), (target,)), (cmd, _changed(before, _snapshot(home), (target,)))
+
+
+def _host(home: Path) -> Ran:
+    """``kith host --local --json`` as a real process: its refusal, or (started) exit 0
+    after SIGINT."""
+    from support.hosts import HostProcess
+
+    try:
+        host = HostProcess(home, "--invite-file", str(home.parent / "inv.json"))
+    except AssertionError as exc:
+        return Ran(1, "", str(exc))
+    code, out, err = host.stop()
+    return Ran(code, out, err)
+
+
+@pytest.mark.iroh
+@pytest.mark.parametrize("target,codes", [("quota.sqlite", {"config-invalid"}), ("seen-nonces.sqlite", {"config-invalid"}),
+                                          ("identity.key", {"identity-corrupt"}), ("peers.json", {"config-invalid"}),
+                                          ("policy.toml", {"policy-invalid"}), ("person.json", {"config-invalid"}),
+                                          ("config.toml", {"transport-mode-invalid", "presence-invalid"})])
+def test_host_start_on_a_damaged_file_in_a_real_process(full_home, tmp_path, target, codes):
+    """The sample subprocess of each file `kith host` reads at start: garbage is refused
+    with the file's code and a hint, and no traceback."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    garbage(home / target)
+    r = subprocess.run([*KITH, "--home", str(home), "host", "--offline", "--invite-file", str(tmp_path / "inv.json")],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    check(Ran(r.returncode, r.stdout, r.stderr), codes)
+
+
+# ------------------------------------------------------------------ a full disk on write
+@pytest.mark.parametrize("cmd", [("policy", "set", "/corpus/notes/**", "private"), ("peers", "add", "zed", "cd" * 32),
+                                 ("peers", "group", "add", "team", "bob"), ("peers", "remove", "bob"),
+                                 ("outbox", "remove", "--done")],
+                         ids=lambda c: "_".join(c[:2]))
+def test_a_full_disk_on_write_is_disk_full_and_changes_nothing(full_home, tmp_path, cmd):
+    """A real full disk: the command runs with a file-size limit of one byte, so any
+    write that grows a file fails (EFBIG, SIGXFSZ ignored as Python does)."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    before = _snapshot(home)
+    r = run_proc(home, *cmd, fsize=1)
+    check(r, {"disk-full"}, ok=True)
+    assert not _changed(before, _snapshot(home), ()), _changed(before, _snapshot(home), ())
+
+
+# ----------------------------------------------------------------------- no permission
+@pytest.mark.parametrize("target,cmd,codes", [
+    ("corpus/corpus.sqlite3", ("index", "status"), {"io-error"}),
+    ("outbox.sqlite", ("outbox", "list"), {"io-error"}),
+    ("peers.json", ("peers", "list"), {"io-error"}),
+    ("person.json", ("person", "show"), {"io-error"}),
+    ("person.key", ("person", "show"), {"io-error"}),
+    ("identity.key", ("status",), {"io-error"}),
+    ("policy.toml", ("policy", "list"), {"policy-invalid"}),  # its message says "Permission denied"
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_an_unreadable_file_is_an_io_error_never_corrupt(full_home, tmp_path, target, cmd, codes):
+    """No permission, in a real process: as root it runs without the capabilities that
+    read every file (setpriv), as tests/test_cli_owner.py does."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv (util-linux): apt-get install util-linux")
+        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    os.chmod(home / target, 0)
+    before = _snapshot(home)
+    r = subprocess.run([*prefix, *KITH, "--home", str(home), *cmd], capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    ran = Ran(r.returncode, r.stdout, r.stderr)
+    check(ran, codes)
+    assert "permission denied" in r.stderr.lower() or "cannot be opened" in r.stderr, r.stderr
+    assert not _changed(before, _snapshot(home), ()), _changed(before, _snapshot(home), ())
+
+
+def test_an_emptied_index_folder_is_said_and_rebuilt_too(base_home, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    shutil.rmtree(home / "corpus" / "tantivy")
+    (home / "corpus" / "tantivy").mkdir()  # recreated by hand, empty
+    assert "missing: run `kith index sync`" in run_inproc(home, "index", "status").out
+    synced = run_inproc(home, "index", "sync")
+    check(synced, None)
+    assert "rebuilding it from the corpus record" in synced.err
+    assert json.loads(run_inproc(home, "search", "write-ahead log", "--json").out)["results"]
+
+
+@pytest.mark.parametrize("damage", [empty, deleted], ids=lambda d: d.__name__)
+def test_a_lost_corpus_record_is_said_with_the_way_out(base_home, tmp_path, damage):
+    """corpus.sqlite3 emptied or deleted beside its index: index status says the folders
+    are lost and how to add them again; that way out works."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    damage(home / CORPUS_DB)
+    status = run_inproc(home, "index", "status")
+    check(status, None)
+    assert "missing or empty" in status.out and "kith index add FOLDER" in status.out, status.out
+    check(run_inproc(home, "index", "add", str(FIXTURE)), None)
+    check(run_inproc(home, "index", "sync"), None)
+    assert json.loads(run_inproc(home, "search", "write-ahead log", "--json").out)["results"]
+    assert "missing or empty" not in run_inproc(home, "index", "status").out
+
+
+@pytest.mark.parametrize("cmd", [("api", "serve"), ("mcp",)], ids=lambda c: c[0])
+def test_a_long_running_reader_of_a_damaged_corpus_refuses_at_start(base_home, tmp_path, cmd):
+    """`kith api serve` and `kith mcp` over a corpus database of random bytes: refused at
+    start with its code and repair, never a traceback."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    garbage(home / CORPUS_DB)
+    proc = subprocess.Popen([*KITH, "--home", str(home), *cmd], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    check(Ran(proc.returncode, out, err), CORRUPT)
+
+
+def test_the_dashboard_shows_a_damaged_corpus_with_its_code_and_way_out(base_home, tmp_path):
+    """`kith dashboard` over a corpus database of random bytes: the overview and the roots
+    page say corpus-corrupt and its repair (they said "no corpus yet: add a root")."""
+    from node.local.dashboard.app import run_dashboard_in_thread
+    from support.dashboard import logged_in
+
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    garbage(home / CORPUS_DB)
+    with run_dashboard_in_thread(home) as (base, login):
+        client = logged_in(base, login)
+        for page in ("/", "/roots"):
+            r = client.get(page)
+            assert r.status_code == 200, (page, r.status_code)
+            assert 'id="corpus-fault"' in r.text and "corpus-corrupt" in r.text, r.text[-2000:]
+            assert "no corpus yet" not in r.text
+
+
+@pytest.mark.parametrize("target", list(READERS))
+def test_each_home_file_damaged_in_a_real_process(full_home, tmp_path, target):
+    """The sample real process of every file the sweep damages: garbage in its place, its
+    first reader as `kith` itself (the in-process runs share this interpreter)."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    path = home / target
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        shutil.rmtree(path)
+    garbage(path)
+    before = _snapshot(home)
+    r = run_proc(home, *READERS[target][0])
+    check(r, CODES_OF.get(target, set()) | {"io-error", "control-dir-unsafe"}, ok=True)
+    assert not _changed(before, _snapshot(home), (target,)), _changed(before, _snapshot(home), (target,))
