@@ -33,7 +33,8 @@ def init_cmd(
     The person key signs a device binding for this device; a recovery secret is printed
     ONCE as 24 words (write them on paper: they are not stored and cannot be shown again).
     On a home that already has both, prints them and changes nothing; a home made before
-    person keys keeps its identity key as this device's key and gets a person key.
+    person keys keeps its identity key as this device's key and gets a person key. A home
+    without agents gets the agent `default` (`kith agent`), whose token is printed once.
     """
     from node.common.errors import SigningError
     from node.trust.identity import fingerprint, init_identity
@@ -46,8 +47,12 @@ def init_cmd(
     except SigningError as exc:
         raise UsageError("usage", f"--device-name: {exc.message}") from None
     binding = person.binding_for(ident.public_key)
+    from node.local.agents import ensure_default_agent
+
+    agent_token = ensure_default_agent(home)  # the agent `default` (specs/agents.md); its token shown once
     if json_out:
         emit_json({"public_key": ident.public_key, "fingerprint": ident.fingerprint, "created": created,
+                   "agent_token": agent_token,
                    "home": str(home), "person_key": person.person_key,
                    "person_fingerprint": fingerprint(person.person_key), "person_created": words is not None,
                    "device_name": binding["device_name"] if binding else None,
@@ -63,6 +68,11 @@ def init_cmd(
     if binding:
         console.print(f"  this device: {safe_text(binding['device_name'])!r} (binding {binding['seq']})",
                       highlight=False, markup=False)
+    if agent_token:
+        console.print("Created the agent 'default' for `kith mcp` and the local API (every source, every "
+                      "pinned peer, the outbox; outbound: ask). Its token (shown once; `kith agent rotate "
+                      "default` prints a new one):", highlight=False, markup=False)
+        console.print(f"  {agent_token}", highlight=False, markup=False)
     if words:
         console.print("Recovery secret (shown once, not stored; write it on paper — it can sign a rotation of "
                       "the person key if the device holding it is lost):", highlight=False, markup=False)

@@ -19,7 +19,7 @@ from rich.console import Console, ConsoleDimensions
 from rich.segment import Segment
 from rich.text import Text
 
-from node.common.home import create_home, home_initialized, require_home, resolve_home
+from node.common.home import IDENTITY_FILE, create_home, home_initialized, require_home, resolve_home
 
 #: Width a console lays out to when its stream is not a terminal: long lines (a `kith
 #: join ...` command to copy, a table row) must not be cut at 80 columns in a pipe or file.
@@ -155,7 +155,22 @@ def home_of(ctx: typer.Context, *, server: bool = False) -> Path:
         ConfigError: ``home-not-a-folder`` (the path is a file), ``home-not-initialized``
             (no such home yet; the ``kith --home DIR init`` hint).
     """
-    return require_home(state_of(ctx).home_path, server=server)
+    home = require_home(state_of(ctx).home_path, server=server)
+    if (home / IDENTITY_FILE).is_file():  # not a community server's home
+        _default_agent(home)
+    return home
+
+
+def _default_agent(home: Path) -> None:
+    """The first command in a home made before agents creates the agent ``default``
+    (node/local/agents.py) and says how to get its token (it is never printed here)."""
+    from node.local.agents import AGENTS_FILE, ensure_default_agent
+
+    if (home / AGENTS_FILE).exists():
+        return
+    if ensure_default_agent(home) is not None:
+        warn("created the agent 'default' (every source, every pinned peer, the outbox; outbound: ask) "
+             "for `kith mcp` and the local API; `kith agent rotate default` prints its token")
 
 
 #: The same check: every command that reads the home needs an initialised one.

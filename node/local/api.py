@@ -53,7 +53,8 @@ from node.answer import contract
 from node.answer import envelope as env_mod
 from node.answer.holder import CorpusHolder
 from node.answer.service import answer_local
-from node.common.errors import ConfigError, CorpusError, KithError
+from node.common.errors import AgentError, ConfigError, CorpusError, KithError
+from node.local.agents import Operation, Scope as AgentScope, api_operation, authorize, bearer_token
 from node.common.http import (
     MAX_JSON_DEPTH,
     base_url_of,
@@ -279,13 +280,24 @@ class _PoolKeeper:
             ready.set()
 
 
+#: The ASGI scope key the guard leaves the request's bearer token under for the handlers.
+TOKEN_KEY = "kith.agent_token"
+
+
 class _Handlers:
     def __init__(self, holder: CorpusHolder, max_body_bytes: int, pools: _PoolKeeper | None = None) -> None:
         self.holder = holder
         self.max_body_bytes = max_body_bytes
         self.pools = pools
 
+    def _authorize(self, request: Request, body: Any = None) -> AgentScope:
+        """The one scope check (:func:`node.local.agents.authorize`) for this request's
+        route and body; raises ``AgentError`` (answered 401/403 by ``_on_kith_error``)."""
+        return authorize(self.holder.home, request.scope.get(TOKEN_KEY),
+                         api_operation(request.method, request.url.path, body))
+
     async def health(self, request: Request) -> JSONResponse:
+        self._authorize(request)
         st = await anyio.to_thread.run_sync(lambda: self.holder.get().stats())
         syncing = st["processing"] or st["index_lag"] or (st["last_sync"] is None
                                                           and st["documents"])
@@ -316,15 +328,18 @@ class _Handlers:
         return {"available": n > 0, "pinned": n}
 
     async def stats(self, request: Request) -> JSONResponse:
+        self._authorize(request)
         st = await anyio.to_thread.run_sync(lambda: self.holder.get().stats())
         keep = ("roots", "documents", "done", "chunks", "failed", "empty", "processing",
                 "stale", "ready", "last_sync", "index_lag")
         return JSONResponse({k: st.get(k) for k in keep})
 
     async def contract(self, request: Request) -> JSONResponse:
+        self._authorize(request)
         return JSONResponse(_contract())
 
     async def openapi(self, request: Request) -> JSONResponse:
+        self._authorize(request)
         return JSONResponse(openapi_document())
 
     async def _json_body(self, request: Request) -> Any:
@@ -343,10 +358,11 @@ class _Handlers:
         body = await self._json_body(request)
         if isinstance(body, JSONResponse):
             return body
+        scope = self._authorize(request, body)
         if isinstance(body, dict) and "peers" in body and self.pools is not None:
-            return await self._peers_search(body)
+            return await self._peers_search(body, scope=scope)
         answer = await anyio.to_thread.run_sync(
-            lambda: answer_local(self.holder.get(), body))
+            lambda: answer_local(self.holder.get(), body, scope_sources=scope.source_filter()))
         if answer["status"] == "invalid-request":
             err = answer.get("error") or {"code": "query-invalid", "message": "invalid request"}
             return JSONResponse({"error": err, "envelope": answer["envelope"]}, status_code=400)
@@ -358,6 +374,7 @@ class _Handlers:
         from node.answer.citation import MAX_ANSWER_BYTES, known_keys, verify_request
         from node.runtime.copies import copy_texts
 
+        self._authorize(request)
         raw = await read_body(request, MAX_ANSWER_BYTES + 64)
         try:
             body = msgspec.json.decode(raw)
@@ -367,11 +384,13 @@ class _Handlers:
         # answer-invalid (400) from a body that is not a saved answer
         return JSONResponse(await anyio.to_thread.run_sync(lambda: verify_request(body, known_keys(home), copy_texts(home))))
 
-    async def _peers_search(self, body: dict[str, Any], keep_s: int | None = None) -> JSONResponse:
+    async def _peers_search(self, body: dict[str, Any], keep_s: int | None = None, *,
+                            scope: AgentScope) -> JSONResponse:
         """``peers`` (a local-only extension, specs/ask.md §5): taken off, the rest checked
         against the one request contract, then every named pinned peer asked at once. With
         ``keep_s`` (``POST /outbox``) the question is then kept in the outbox for the peers
-        that did not answer (:func:`node.runtime.outbox.keep_for_later`)."""
+        that did not answer (:func:`node.runtime.outbox.keep_for_later`). ``scope``: the
+        agent's (``"all"`` becomes the peers it may ask: :meth:`node.local.agents.Scope.peers_for`)."""
         from node.runtime.fanout import PEERS_TIMEOUT_S, check_peers_field, peers_search
 
         body = dict(body)
@@ -386,6 +405,7 @@ class _Handlers:
             contract.validate(body)
         except CorpusError as exc:
             return _invalid(exc.message)
+        peers = scope.peers_for(peers)
         if citations:
             body["citations"] = True
         home = self.holder.home
@@ -414,6 +434,7 @@ class _Handlers:
         from node.runtime.outbox import OUTBOX_FILE, OutboxStore, empty_usage, public_record
 
         home = self.holder.home
+        self._authorize(request)
         qid = request.query_params.get("id")
 
         def read() -> dict[str, Any]:
@@ -440,9 +461,11 @@ class _Handlers:
         ``outbox`` (specs/outbox.md §6). ``outbox-full`` is 507."""
         from node.runtime.outbox import parse_keep
 
+        self._authorize(request, {})
         body = await self._json_body(request)
         if isinstance(body, JSONResponse):
             return body
+        scope = self._authorize(request, body)
         if not isinstance(body, dict) or "peers" not in body:
             return _invalid("POST /outbox asks pinned peers: the field 'peers' is required.")
         body = dict(body)
@@ -454,7 +477,7 @@ class _Handlers:
         except KithError as exc:
             return error_response(exc.code, exc.message, 400)
         try:
-            return await self._peers_search(body, keep_s=keep_s)
+            return await self._peers_search(body, keep_s=keep_s, scope=scope)
         except ConfigError as exc:
             if exc.code == "outbox-full":
                 return error_response(exc.code, exc.message, 507)
@@ -471,7 +494,14 @@ def _invalid(message: str) -> JSONResponse:
 async def _on_kith_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, KithError)
     status = exc.status  # 400 unless the raise site gave one (KithError.status)
-    return error_response(exc.code, exc.message, status)
+    if exc.code == "agents-file-invalid":
+        status = 500
+    return error_response(exc.code, exc.message, status, _challenge(status))
+
+
+def _challenge(status: int) -> dict[str, str] | None:
+    """``WWW-Authenticate: Bearer`` on a 401 (RFC 6750)."""
+    return {"WWW-Authenticate": 'Bearer realm="kith"'} if status == 401 else None
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -548,12 +578,15 @@ def _json_content_type(scope: Scope) -> bool:
 
 
 class _Guard:
-    """Outer ASGI layer: loopback clients only, loopback Host/Origin only, then read-only
-    routing and the JSON content type — before Starlette (so no handler, body read or
-    corpus access happens for a refused request)."""
+    """Outer ASGI layer: loopback clients only, loopback Host/Origin only, an agent's
+    credential (``Authorization: Bearer``; only ``GET /health`` answers without one, and
+    then only "up"), then read-only routing and the JSON content type — before Starlette
+    (so no handler, body read or corpus access happens for a refused request). Each
+    handler then checks its own operation with the same :func:`node.local.agents.authorize`."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, home: Path) -> None:
         self.app = app
+        self.home = home
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -566,6 +599,18 @@ class _Guard:
             return
         method = scope["method"].upper()
         path = scope["path"]
+        # never a query string or a cookie: the Authorization header alone
+        token = bearer_token(_header(scope, b"authorization"))
+        if token is None and method in ("GET", "HEAD") and path == "/health":
+            await JSONResponse({"service": SERVICE, "status": "up"})(scope, receive, send)
+            return
+        try:
+            authorize(self.home, token, Operation("connect"))
+        except KithError as exc:
+            status = exc.status if isinstance(exc, AgentError) else 500
+            await error_response(exc.code, exc.message, status, _challenge(status))(scope, receive, send)
+            return
+        scope[TOKEN_KEY] = token
         if method == "POST" and path in (SEARCH_PATH, VERIFY_PATH, OUTBOX_PATH):
             if not _json_content_type(scope):
                 await error_response("api-content-type", f"POST {path} takes "
@@ -608,7 +653,7 @@ def create_app(home: Path | str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     ]
     inner = Starlette(routes=routes, exception_handlers={
         KithError: _on_kith_error, Exception: _on_unexpected})
-    guard = _Guard(inner)
+    guard = _Guard(inner, Path(home))
     guard.holder = h.holder  # type: ignore[attr-defined]
     return guard
 
@@ -704,12 +749,13 @@ def run_api_in_thread(home: Path | str, host: str = "127.0.0.1", port: int = 0, 
 
 
 def search_via_api(base_url: str, body: dict[str, Any], budget: env_mod.SearchBudget,
-                   *, timeout_s: float = 65.0) -> dict[str, Any]:
+                   *, token: str, timeout_s: float = 65.0) -> dict[str, Any]:
     """Client helper: one ``POST /search`` inside a shared :class:`SearchBudget`.
 
     Args:
         base_url: the API's base URL. body: the request (without ``remainingBudgetMs``).
         budget: the loop's budget; its deadline is never reset.
+        token: an agent's token (``Authorization: Bearer``; specs/agents.md).
         timeout_s: HTTP timeout (s), never longer than the budget left.
 
     Returns:
@@ -722,7 +768,8 @@ def search_via_api(base_url: str, body: dict[str, Any], budget: env_mod.SearchBu
 
     req = budget.next_request(body)
     timeout = min(timeout_s, req["remainingBudgetMs"] / 1000.0 + 5.0)
-    r = httpx.post(base_url.rstrip("/") + SEARCH_PATH, json=req, timeout=timeout)
+    r = httpx.post(base_url.rstrip("/") + SEARCH_PATH, json=req, timeout=timeout,
+                   headers={"Authorization": f"Bearer {token}"})
     if r.status_code == 400:
         raise CorpusError("query-invalid", str(r.json().get("error", {}).get("message", ""))[:200]
                           or None)

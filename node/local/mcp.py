@@ -44,6 +44,7 @@ a path or exception text.
 from __future__ import annotations
 
 import json
+from contextvars import ContextVar
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,10 @@ from node.common.errors import CorpusError, KithError
 
 #: Seconds a peer search may take end to end (connect + handshake + one answer).
 PEER_TIMEOUT_S = 30.0
+
+#: The scope of the agent whose tool call is running (set by the server's ``call_tool``
+#: after :func:`node.local.agents.authorize`; None in-process, where the owner calls).
+CURRENT_SCOPE: ContextVar[Any] = ContextVar("kith_agent_scope", default=None)
 
 TOOL_DESCRIPTION = (
     "Search indexed knowledge (read-only). Without 'peer' it searches this node's own "
@@ -72,16 +77,18 @@ TOOL_DESCRIPTION = (
 )
 
 
-def _local(home: Path, body: dict[str, Any], holder: Any = None) -> dict[str, Any]:
+def _local(home: Path, body: dict[str, Any], holder: Any = None,
+           scope_sources: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The owner's own answer: from ``holder``'s open corpus (the server's one, kept for
-    its lifetime), or from a corpus opened for this call alone when there is none."""
+    its lifetime), or from a corpus opened for this call alone when there is none;
+    ``scope_sources``: an agent's narrowing (:func:`node.answer.service.answer_local`)."""
     if holder is not None:
-        return answer_local(holder.get(), body)
+        return answer_local(holder.get(), body, scope_sources=scope_sources)
     from node.corpus.store import Corpus
 
     corpus = Corpus(home, readonly=True)
     try:
-        answer = answer_local(corpus, body)
+        answer = answer_local(corpus, body, scope_sources=scope_sources)
     finally:
         corpus.close()
     return answer
@@ -252,7 +259,7 @@ def _invalid(message: str) -> Any:
 
 
 async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = False, pool: Any = None,
-                      holder: Any = None) -> Any:
+                      holder: Any = None, scope: Any = None) -> Any:
     """Run one ``search`` tool call on the raw (JSON-decoded) ``arguments``.
 
     Validation is the local API's (:func:`node.answer.contract.validate`, the one request
@@ -263,7 +270,10 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     with ``peer``), ``citations`` (a boolean, only with ``peer`` or ``peers``: asks the
     host(s) to sign; specs/citations.md). ``pool``: the server's warm session pool (None: one per call).
     ``holder``: the server's open corpus (:class:`node.answer.holder.CorpusHolder`; None:
-    the corpus is opened for this call).
+    the corpus is opened for this call). ``scope``: the calling agent's
+    (:class:`node.local.agents.Scope`, already checked by :func:`node.local.agents.authorize`
+    for this call): it narrows a local search to its sources and ``"all"`` to its peers;
+    None (in-process, the owner) narrows nothing.
 
     Returns:
         A ``CallToolResult``: the envelope as structured content, or ``is_error`` true
@@ -298,6 +308,8 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
         try:
             from node.runtime.fanout import peers_search
 
+            if scope is not None:
+                peers = scope.peers_for(peers)
             merged = await peers_search(home, peers, {**args, **signed}, local=local, pool=pool)
         except KithError as exc:
             return _refusal(exc.code, exc.message)
@@ -307,7 +319,8 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     if peer is None:
         if server is not None:
             return _invalid("The field 'server' is only used with 'peer'.")
-        answer = await anyio.to_thread.run_sync(_local, home, args, holder)
+        answer = await anyio.to_thread.run_sync(_local, home, args, holder,
+                                                scope.source_filter() if scope is not None else None)
         if answer["status"] == "invalid-request":
             err = answer.get("error") or {}
             return _refusal(str(err.get("code") or "query-invalid"),
@@ -423,10 +436,12 @@ def ask_later_schema() -> dict[str, Any]:
     return schema
 
 
-async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool = False, pool: Any = None) -> Any:
+async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool = False, pool: Any = None,
+                         scope: Any = None) -> Any:
     """Run one ``ask_later`` tool call (specs/outbox.md §6): validated as ``search`` with
     ``peers``, ``keep`` by :func:`node.runtime.outbox.parse_keep`; the peers are asked now
-    and the question kept for those that did not answer.
+    and the question kept for those that did not answer. ``scope``: as for
+    :func:`call_search` (``"all"`` becomes the agent's peers).
 
     Returns:
         A ``CallToolResult``: the merged envelope (with ``outbox``), or a tool error
@@ -464,6 +479,8 @@ async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool =
             with OutboxStore(home) as store:
                 store.check_room(request)
         await anyio.to_thread.run_sync(check)
+        if scope is not None:
+            peers = scope.peers_for(peers)
         merged = await peers_search(home, peers, body, local=local, pool=pool)
         await anyio.to_thread.run_sync(lambda: keep_for_later(home, request, merged, keep_s=keep_s))
     except KithError as exc:
@@ -509,9 +526,16 @@ def _merged_result_of(record: dict[str, Any]) -> Any:
     return _result(record, record["answer"]["notice"])
 
 
-def build_server(home: Path | str, *, local: bool = False) -> Any:
-    """Build the MCP server (``MCPServer`` named ``kith``) with its ``search`` and
-    ``verify`` tools.
+def build_server(home: Path | str, *, local: bool = False, agent: str | None = None,
+                 token: str | None = None) -> Any:
+    """Build the MCP server (``MCPServer`` named ``kith``) with its ``search``,
+    ``verify``, ``ask_later`` and ``outbox`` tools.
+
+    Every tool call first passes :func:`node.local.agents.authorize` with ``token`` and
+    the call's operation (:func:`node.local.agents.tool_operation`) — the same check as
+    every route of the local API; a refusal is a tool error ``[agent-…] message`` and
+    nothing runs. The file of agents is re-read when it changes, so a removed, rotated or
+    expired agent is refused from its next call on.
 
     The tool's arguments are validated by Kith, not coerced by the SDK: its input schema
     is :func:`input_schema` and each call goes to :func:`call_search` with the arguments
@@ -519,6 +543,8 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
 
     Args:
         home: the node home. local: iroh local mode for peer searches.
+        agent: the agent name the token must be (None: whichever agent it is).
+        token: the agent's token (None: every call is refused ``agent-token-required``).
 
     Returns:
         An ``mcp.server.Server`` (:func:`_wire_server`); :func:`run_stdio` serves it.
@@ -543,7 +569,7 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
 
     async def search(arguments: dict[str, Any]) -> Any:
         return await call_search(home, arguments, local=local, pool=pools[0] if pools else None,
-                                 holder=holder)
+                                 holder=holder, scope=CURRENT_SCOPE.get())
 
     from contextlib import asynccontextmanager
 
@@ -595,7 +621,8 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
             wrap_output=m.wrap_output), "parameters": schema})
 
     async def ask_later(arguments: dict[str, Any]) -> Any:
-        return await call_ask_later(home, arguments, local=local, pool=pools[0] if pools else None)
+        return await call_ask_later(home, arguments, local=local, pool=pools[0] if pools else None,
+                                    scope=CURRENT_SCOPE.get())
 
     def outbox(arguments: dict[str, Any]) -> Any:
         return call_outbox(home, arguments)
@@ -624,7 +651,11 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
     import logging
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    return _wire_server(tools, lifespan)
+    from node.local.agents import authorize, tool_operation
+
+    def check_call(name: str, arguments: Any) -> Any:
+        return authorize(home, token, tool_operation(name, arguments), agent=agent)
+    return _wire_server(tools, lifespan, check_call)
 
 
 #: How long (ms) a client may cache ``tools/list`` and ``server/discover``: the tools are
@@ -633,12 +664,15 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
 LIST_TTL_MS = 3_600_000
 
 
-def _wire_server(tools: Any, lifespan: Any) -> Any:
+def _wire_server(tools: Any, lifespan: Any, check_call: Any) -> Any:
     """The MCP server a client talks to (``mcp.server.Server``), for the 2025-11-25
     ``initialize`` handshake and the 2026-07-28 ``server/discover`` alike: it names
     itself ``kith`` with Kith's version, advertises the ``tools`` capability only (no
     prompts, resources or subscriptions: it has none), and lets clients cache its tool
-    list for :data:`LIST_TTL_MS`. ``tools`` is the MCPServer holding the two tools."""
+    list for :data:`LIST_TTL_MS`. ``tools`` is the MCPServer holding the tools;
+    ``check_call(name, arguments)`` is the agent check every call passes first (it returns
+    the scope, set as :data:`CURRENT_SCOPE` while the tool runs, or raises a KithError
+    answered as a tool error)."""
     from mcp.server import Server
     from mcp.server.caching import CacheHint
     from mcp.shared.exceptions import MCPError
@@ -652,12 +686,23 @@ def _wire_server(tools: Any, lifespan: Any) -> Any:
     async def call_tool(_ctx: Any, params: Any) -> Any:
         from mcp.server.mcpserver.exceptions import ToolError
 
+        from node.common.errors import KithError
+
+        arguments = params.arguments or {}
         try:
-            return await tools.call_tool(params.name, params.arguments or {})
+            scope = check_call(params.name, arguments)
+        except KithError as exc:  # agent-… (or agents-file-invalid): nothing runs
+            return CallToolResult(content=[TextContent(type="text", text=f"[{exc.code}] {exc.message}")],
+                                  is_error=True)
+        reset = CURRENT_SCOPE.set(scope)
+        try:
+            return await tools.call_tool(params.name, arguments)
         except MCPError:
             raise
         except ToolError as exc:  # an unknown tool name: the SDK's own sentence, no path
             return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+        finally:
+            CURRENT_SCOPE.reset(reset)
 
     hint = CacheHint(ttl_ms=LIST_TTL_MS, scope="public")
     return Server("kith", version=__version__, title="Kith", instructions=env_mod.USAGE_PROMPT,
@@ -679,16 +724,34 @@ def startup_repair(home: Path | str, warn: Any = None) -> str:
     return outcome
 
 
-def run_stdio(home: Path | str, *, local: bool = False) -> None:
-    """Serve the MCP tool over stdio until the client closes it (after the start-up
-    repair of a lagging index; warnings go to stderr, stdout carries the protocol)."""
+def run_stdio(home: Path | str, *, local: bool = False, agent: str | None = None,
+              token: str | None = None) -> None:
+    """Serve the MCP tools over stdio until the client closes it, as the agent ``agent``
+    (``kith mcp`` passes ``default`` unless ``--agent``; None: whichever agent the token
+    is) with ``token`` (default: the environment's :data:`node.local.agents.TOKEN_ENV`),
+    after the start-up repair of a lagging index; warnings go to stderr, stdout carries
+    the protocol.
+
+    Raises:
+        AgentError: ``agent-token-required``, ``agent-token-invalid``, ``agent-expired``
+            before anything is served. ConfigError: ``agent-not-found`` for an ``agent``
+            that does not exist.
+    """
+    import os
     import sys
 
     import anyio
     from mcp.server.stdio import stdio_server
 
+    from node.common.errors import ConfigError
+    from node.local.agents import TOKEN_ENV, Operation, authorize, load_agents
+
+    token = token if token is not None else os.environ.get(TOKEN_ENV)
+    if agent is not None and agent not in load_agents(home):
+        raise ConfigError("agent-not-found", f"no agent named {agent!r}")
+    authorize(home, token, Operation("connect"), agent=agent)
     startup_repair(home, lambda line: print(line, file=sys.stderr))
-    server = build_server(home, local=local)
+    server = build_server(home, local=local, agent=agent, token=token)
 
     async def main() -> None:
         async with stdio_server() as (read, write):
