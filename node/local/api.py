@@ -15,6 +15,12 @@
   document of its signed citations (specs/citations.md; reads only the peer registry and,
   for results from a copy, this home's copy documents; asks no host).
 
+Every request but ``GET /health`` needs an agent's credential (``Authorization: Bearer``,
+specs/agents.md; never a query string or a cookie) and is held to the agent's scope by
+:func:`node.local.agents.authorize` — the one check ``kith mcp`` runs for every tool too:
+401 ``agent-token-required`` / ``agent-token-invalid`` / ``agent-expired``, 403
+``agent-scope``. ``GET /health`` without a credential answers only that the server is up.
+
 Everything else is refused before any handler runs and changes nothing: a client whose
 address is not loopback answers 403 ``api-loopback-only`` (checked first, on every
 request); a ``Host`` header that is not a loopback name with the server's port, or an
@@ -91,10 +97,14 @@ def openapi_document() -> dict[str, Any]:
     err = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     envelope_ref = {"$ref": "https://kith.invalid/specs/search-envelope.schema.json"}
     refused = {"description": "Read-only API: refused, nothing changed (api-read-only), a "
-                              "non-loopback client (api-loopback-only), or a Host/Origin "
-                              "header that is not loopback with this port (api-bad-host).",
+                              "non-loopback client (api-loopback-only), a Host/Origin "
+                              "header that is not loopback with this port (api-bad-host), or "
+                              "an operation outside the agent's scope (agent-scope).",
                **err}
-    return {
+    unauthorized = {"description": "No agent credential (agent-token-required), a token no current "
+                                   "agent has (agent-token-invalid: wrong, rotated or removed) or an "
+                                   "expired agent (agent-expired); WWW-Authenticate: Bearer.", **err}
+    doc = {
         "openapi": "3.1.0",
         "info": {"title": "Kith local read-only API", "version": str(env_mod.SCHEMA_VERSION),
                  "description": (
@@ -104,7 +114,8 @@ def openapi_document() -> dict[str, Any]:
             "outbox (specs/outbox.md), never the corpus, settings or policy.")},
         "servers": [{"url": f"http://127.0.0.1:{DEFAULT_PORT}"}],
         "paths": {
-            "/health": {"get": {"summary": "Readiness and the usage policy", "responses": {
+            "/health": {"get": {"summary": "Readiness and the usage policy (without a credential: only "
+                                           "{service, status: up})", "security": [{}, {"agentToken": []}], "responses": {
                 "200": {"description": "ready or not; see available/reason",
                         "content": {"application/json": {"schema": {"type": "object"}}}},
                 "403": refused}}},
@@ -178,7 +189,13 @@ def openapi_document() -> dict[str, Any]:
                         "500": {"description": "the outbox file is damaged (outbox-corrupt); nobody was asked", **err},
                         "507": {"description": "the outbox is full (outbox-full); nothing was kept", **err}}}},
         },
-        "components": {"schemas": {
+        "security": [{"agentToken": []}],
+        "components": {"securitySchemes": {"agentToken": {
+            "type": "http", "scheme": "bearer",
+            "description": "An agent's token (`kith agent add|rotate`, specs/agents.md), in the "
+                           "Authorization header only: never a query string or a cookie. Every "
+                           "route but GET /health needs it; GET /health without it answers only "
+                           "{service, status: up}."}}, "schemas": {
             "OutboxRequest": {**contract.core_schema(), "required": ["query", "peers"],
                               "properties": {**contract.core_schema()["properties"],
                                              "peers": {"oneOf": [{"const": "all"}, {
@@ -209,6 +226,12 @@ def openapi_document() -> dict[str, Any]:
             "SearchRequest": contract.core_schema(),
         }},
     }
+    for ops in doc["paths"].values():  # every route: the agent's credential and scope
+        for op in ops.values():
+            op["responses"]["401"] = unauthorized
+            op["responses"].setdefault("403", refused)
+            op["responses"] = dict(sorted(op["responses"].items()))
+    return doc
 
 
 def _verify_results() -> tuple[str, ...]:

@@ -32,6 +32,14 @@ this node's outbox for those offline (its annotations say ``readOnlyHint`` false
 ``outbox`` reads the kept questions and their answers. While the server runs it drives
 the home's background runner (node/runtime/runner.py), which delivers the outbox.
 
+The server runs as an agent (specs/agents.md): ``kith mcp --agent NAME`` (default
+``default``) with that agent's token in ``KITH_AGENT_TOKEN``; it does not start without
+one, and every tool call first passes :func:`node.local.agents.authorize` — the one check
+every route of the local API passes — which refuses an agent removed, rotated or expired
+since, or a call outside its scope, as a tool error ``[agent-…] message``. The scope also
+narrows what runs: a local search only sees the agent's sources, ``peers: "all"`` means
+the peers it may ask.
+
 Read-only otherwise: the tools never index, syncs, writes settings or memory, or starts servers;
 their annotations say so (``readOnlyHint``). Bad input gets the same typed refusal as the
 API: a tool error (``is_error`` true) whose text is ``[code] message`` — e.g.
