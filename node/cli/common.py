@@ -201,6 +201,29 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
+def confirm_outbound(holds: list[Any]) -> bool | None:
+    """Ask the owner at a terminal whether to send a question the outbound gate held
+    (node/policy/outbound.py): the kinds and source ids (never the text), then ``[y/N]``
+    for :data:`node.policy.outbound.PROMPT_TIMEOUT_S` seconds.
+
+    Returns:
+        True to send, False when refused, None when nobody answered in time (denied).
+    """
+    import select
+
+    from node.policy.outbound import PROMPT_TIMEOUT_S
+
+    kinds = sorted({h.kind + (f" from {h.source}" if h.source else "") + (f" (hidden from {h.peer})" if h.peer else "")
+                    for h in holds})
+    err_console.print(safe_text("the question carries " + "; ".join(kinds)), highlight=False, markup=False)
+    err_console.print(f"send it anyway? [y/N] ({PROMPT_TIMEOUT_S} s) ", end="", highlight=False, markup=False)
+    ready, _, _ = select.select([sys.stdin], [], [], PROMPT_TIMEOUT_S)
+    if not ready:
+        err_console.print("", highlight=False)
+        return None
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
 def warn(message: str) -> None:
     """Print a warning line to stderr."""
     from rich.text import Text

@@ -307,6 +307,9 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "group-member-not-found": ("policy", "That peer is not a member of the group."),
     "peer-not-blocked": ("policy", "That peer's key is not blocked."),
     "peer-key-changed": ("handshake", "This peer claims a pinned name but presents a different key."),
+    "outbound-held": ("egress", "The outbound gate held the question: it carries private text, a personal value or a secret; nothing was sent.", "`kith sent --json` shows what was held and why; rephrase without it, or `kith agent set NAME --outbound ask|allow`"),
+    "outbound-needs-confirmation": ("egress", "The outbound gate held the question and nobody could confirm it here; nothing was sent.", "`kith sent approve ID` lets the same question through once; at a terminal, `--yes` sends it"),
+    "outbound-not-pending": ("egress", "No held question with that id is waiting (its time ran out: it was denied).", "`kith sent --json` shows the held questions"),
     # --- agents (issue 41, specs/agents.md) ----------------------------------------------
     "agent-token-required": ("agent", "This door needs an agent token: `Authorization: Bearer TOKEN` on the local API, KITH_AGENT_TOKEN for `kith mcp`.", "`kith agent rotate default` prints a new token of the default agent; `kith agent add NAME` makes a narrower one"),
     "agent-token-invalid": ("agent", "The agent token is not one this home issued (wrong, rotated or removed).", "`kith agent list` shows the agents; `kith agent rotate NAME` prints a new token"),

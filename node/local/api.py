@@ -441,8 +441,13 @@ class _Handlers:
                     store.check_room(request)
             await anyio.to_thread.run_sync(check)
         assert self.pools is not None
+        from node.policy.outbound import door_gate
+
+        # the outbound gate, before the first byte leaves (outbound-held / -needs-confirmation: 403)
+        ticket = await anyio.to_thread.run_sync(lambda: door_gate(home, scope, body, peers))
         pool = await self.pools.get()
         merged = await peers_search(home, peers, body, pool=pool, timeout_s=PEERS_TIMEOUT_S)
+        await anyio.to_thread.run_sync(lambda: ticket.done(merged))
         if keep_s is not None:
             from node.runtime.outbox import keep_for_later
 

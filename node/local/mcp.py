@@ -316,9 +316,14 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
         try:
             from node.runtime.fanout import peers_search
 
+            from node.policy.outbound import door_gate
+
             if scope is not None:
                 peers = scope.peers_for(peers)
-            merged = await peers_search(home, peers, {**args, **signed}, local=local, pool=pool)
+            sent = {**args, **signed}
+            ticket = await anyio.to_thread.run_sync(door_gate, home, scope, sent, peers)
+            merged = await peers_search(home, peers, sent, local=local, pool=pool)
+            await anyio.to_thread.run_sync(ticket.done, merged)
         except KithError as exc:
             return _refusal(exc.code, exc.message)
         return _merged_result(merged)
@@ -348,7 +353,15 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     except CorpusError as exc:
         return _invalid(exc.message)
     try:
-        answer = await peer_search(home, peer, {**args, **signed}, server=server, local=local, pool=pool)
+        from node.policy.outbound import door_gate
+
+        sent = {**args, **signed}
+        from node.trust.peers import NAME_RE
+
+        named = peer if NAME_RE.fullmatch(peer) else None  # an invitation: a peer without a name here
+        ticket = await anyio.to_thread.run_sync(door_gate, home, scope, sent, [named])
+        answer = await peer_search(home, peer, sent, server=server, local=local, pool=pool)
+        await anyio.to_thread.run_sync(ticket.done, answer)
     except KithError as exc:
         return _refusal(exc.code, exc.message)
     envelope = answer["envelope"]
@@ -487,9 +500,13 @@ async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool =
             with OutboxStore(home) as store:
                 store.check_room(request)
         await anyio.to_thread.run_sync(check)
+        from node.policy.outbound import door_gate
+
         if scope is not None:
             peers = scope.peers_for(peers)
+        ticket = await anyio.to_thread.run_sync(door_gate, home, scope, body, peers)
         merged = await peers_search(home, peers, body, local=local, pool=pool)
+        await anyio.to_thread.run_sync(ticket.done, merged)
         await anyio.to_thread.run_sync(lambda: keep_for_later(home, request, merged, keep_s=keep_s))
     except KithError as exc:
         return _refusal(exc.code, exc.message)
