@@ -455,6 +455,7 @@ def join_cmd(
     citations: bool = typer.Option(False, "--citations", help="Ask the host to sign a citation for each result (it signs only with --sign-citations); check them later with `kith verify`."),
     pin: Optional[str] = typer.Option(None, "--pin", metavar="NAME", help="After a successful session, pin the host in the peer registry as NAME (a name pinned to another key is refused)."),
     accept_host_ui: bool = typer.Option(False, "--accept-host-ui", help="Advertise p2p_ui_v1: accept the host's UI bundle when this protocol has no local ui/ (verified, installed per session under the home)."),
+    yes: bool = typer.Option(False, "--yes", help="Send a question even when the outbound gate holds it (12+ words of a source hidden from this host, a personal value or a secret); without it you are asked at a terminal, and refused (outbound-needs-confirmation) without one."),
 ) -> None:
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
     from node.runtime.guest import GuestOptions, ask, check_pinned_name, open_target, resolve_peer, trust_status
@@ -514,6 +515,17 @@ def join_cmd(
             if answer.strip().lower() not in ("y", "yes"):
                 raise InvitationError("host-not-trusted", "you did not trust the host")
 
+        from node.cli.common import confirm_outbound
+        from node.policy.outbound import OWNER, gate
+
+        at_terminal = sys.stdin.isatty() and sys.stderr.isatty()
+
+        def gated(text: str) -> Any:
+            """The outbound gate for one question to this host, before it leaves (specs/agents.md §5)."""
+            return gate(home, {"query": text, "topK": top_k}, [name], actor=OWNER, rule="ask", yes=yes,
+                        confirm=confirm_outbound if at_terminal else None)
+
+        tickets = [await anyio.to_thread.run_sync(gated, text) for text in query]  # all, before connecting
         import time
 
         from node.cli.render import WAIT_NOTICE_S, WAIT_REPEAT_S
@@ -568,6 +580,8 @@ def join_cmd(
             outstanding[0] = None
             waiting.stop()
             shown_results.append(message)
+            if len(shown_results) <= len(tickets):  # what came back, in the outbound log
+                tickets[len(shown_results) - 1].done(message.get("envelope") or {"status": message.get("status")})
             if json_out:  # which host answered, for `kith verify` (the message does not say)
                 emit_json({**message, "peer": {"key": inv.host_public_key, "name": name}})
             else:
@@ -602,6 +616,11 @@ def join_cmd(
                 at_prompt[0] = False
             text = text.strip()
             if text:
+                try:
+                    tickets.append(gated(text))
+                except KithError as exc:  # held and not confirmed: nothing left; ask again
+                    err_console.print(safe_text(f"error [{exc.code}]: {exc.message}"), highlight=False, markup=False)
+                    return next_question()
                 wait_for_answer()
             return text or None
 
