@@ -6,7 +6,8 @@ sent. The gate :func:`check`\\ s the text and holds it when it carries
 
 - ``private-text``: a span of 12 or more consecutive words of this node's own text that a
   receiving peer may not see (the owner's policy: the source's tier hides it from that
-  peer), matched after case, whitespace and punctuation are normalised (:func:`words`);
+  peer, and no source it may see holds the same span), matched after case, whitespace and
+  punctuation are normalised (:func:`words`);
 - a value the scrub detectors flag (``email``, ``phone``, ``card``, ``iban``;
   :mod:`node.common.scrub`);
 - a ``secret`` (private-key blocks, common API-key shapes; the scrub's ``secret``).
@@ -241,20 +242,27 @@ def fingerprints(home: Path | str, db: sqlite3.Connection | None = None) -> _Fin
 
 
 # --- the check --------------------------------------------------------------------------------
-def _shared_run(question: set[tuple[str, ...]], ws: list[str]) -> bool:
-    """True when ``ws`` contains one of the question's MIN_WORDS-word runs (only the
-    positions whose first word starts one of them are tried)."""
+def _shared_runs(question: dict[tuple[str, ...], int], ws: list[str]) -> set[int]:
+    """The question's MIN_WORDS-word runs (by position) that ``ws`` contains; only the
+    positions whose first word starts one of them are tried."""
     firsts = {run[0] for run in question}
-    return any(ws[i] in firsts and tuple(ws[i:i + MIN_WORDS]) in question
-               for i in range(len(ws) - MIN_WORDS + 1))
+    found = set()
+    for i in range(len(ws) - MIN_WORDS + 1):
+        if ws[i] in firsts:
+            at = question.get(tuple(ws[i:i + MIN_WORDS]))
+            if at is not None:
+                found.add(at)
+    return found
 
 
 def private_spans(home: Path | str, text: str, peers: Sequence[str | None]) -> list[Hold]:
-    """``private-text`` holds: every source holding a run of :data:`MIN_WORDS` words of
-    ``text`` whose tier hides it from one of ``peers`` (a name, or None: anonymous).
+    """``private-text`` holds: for each of ``peers`` (a name, or None: anonymous), every
+    source whose tier hides it from that peer and that holds a run of :data:`MIN_WORDS`
+    words of ``text`` which no source the peer may see also holds (text the peer can read
+    anyway is not a leak).
 
     Reads the fingerprints (:func:`fingerprints`), then the stored text of each candidate
-    chunk (one row each) and the policy (``<home>/policy.toml``).
+    chunk (one query per 500) and the policy (``<home>/policy.toml``).
     """
     home = Path(home)
     ws = words(text)
@@ -272,28 +280,31 @@ def private_spans(home: Path | str, text: str, peers: Sequence[str | None]) -> l
             candidates.update(fp.lookup(h))
         if not candidates:
             return []
-        runs = {tuple(ws[i:i + MIN_WORDS]) for i in range(len(ws) - MIN_WORDS + 1)}
-        sources: set[str] = set()
+        runs: dict[tuple[str, ...], int] = {}
+        for i in range(len(ws) - MIN_WORDS + 1):
+            runs.setdefault(tuple(ws[i:i + MIN_WORDS]), i)
+        found: dict[str, set[int]] = {}  # source id -> the question's runs it holds
         ids = sorted(candidates)
         for start in range(0, len(ids), 500):  # the candidates' stored text, in one query per 500
             part = ids[start:start + 500]
             rows = db.execute("SELECT c.text, d.source_id FROM chunks c JOIN documents d ON d.doc_id = c.doc_id "
                               f"WHERE c.rowid IN ({','.join('?' * len(part))})", part).fetchall()
             for text_, source in rows:
-                if source not in sources and _shared_run(runs, words(text_)):
-                    sources.add(source)
+                shared = _shared_runs(runs, words(text_))
+                if shared:
+                    found.setdefault(source, set()).update(shared)
     finally:
         db.close()
-    if not sources:
+    if not found:
         return []
     from node.policy.store import Policy
 
     policy = Policy.load(home)
     holds = []
-    for source in sorted(sources):
-        for peer in peers:
-            if not policy.decide_canonical(source, peer).allowed:
-                holds.append(Hold("private-text", source, peer))
+    for peer in peers:
+        hidden = {s: r for s, r in found.items() if not policy.decide_canonical(s, peer).allowed}
+        seen = set().union(*(r for s, r in found.items() if s not in hidden))
+        holds.extend(Hold("private-text", s, peer) for s, r in sorted(hidden.items()) if r - seen)
     return holds
 
 
