@@ -95,9 +95,16 @@ class Hold:
 
 
 # --- normalisation and fingerprints ---------------------------------------------------------
+#: ASCII text's fast path: every character that is not a word character becomes a space,
+#: capitals become small (the same words as ``\w+`` over the case-folded text).
+_ASCII_WORDS = {c: (chr(c).lower() if chr(c).isalnum() or chr(c) == "_" else " ") for c in range(128)}
+
+
 def words(text: str) -> list[str]:
     """The words of ``text`` after normalisation: NFKC, case folded, every run of
     punctuation and whitespace (line breaks included) a separator."""
+    if text.isascii():
+        return text.translate(_ASCII_WORDS).split()
     return _WORD_RE.findall(unicodedata.normalize("NFKC", text).casefold())
 
 
@@ -175,11 +182,17 @@ class _Fingerprints:
     rowids: array.array  # type: ignore[type-arg]
     stamp: tuple[int, ...] = ()
 
-    def lookup(self, h: int) -> Iterator[int]:
-        i = bisect.bisect_left(self.hashes, h)
-        while i < len(self.hashes) and self.hashes[i] == h:
-            yield self.rowids[i]
-            i += 1
+    def lookup_all(self, wanted: Iterable[int]) -> set[int]:
+        """The row ids of the chunks holding any of the hashes ``wanted``."""
+        hashes, rowids, n = self.hashes, self.rowids, len(self.hashes)
+        found: set[int] = set()
+        left = bisect.bisect_left
+        for h in wanted:
+            i = left(hashes, h)
+            while i < n and hashes[i] == h:
+                found.add(rowids[i])
+                i += 1
+        return found
 
 
 _fp_lock = threading.Lock()
@@ -242,10 +255,9 @@ def fingerprints(home: Path | str, db: sqlite3.Connection | None = None) -> _Fin
 
 
 # --- the check --------------------------------------------------------------------------------
-def _shared_runs(question: dict[tuple[str, ...], int], ws: list[str]) -> set[int]:
+def _shared_runs(question: dict[tuple[str, ...], int], firsts: set[str], ws: list[str]) -> set[int]:
     """The question's MIN_WORDS-word runs (by position) that ``ws`` contains; only the
-    positions whose first word starts one of them are tried."""
-    firsts = {run[0] for run in question}
+    positions whose word is in ``firsts`` (the runs' first words) are tried."""
     found = set()
     for i in range(len(ws) - MIN_WORDS + 1):
         if ws[i] in firsts:
@@ -275,14 +287,13 @@ def private_spans(home: Path | str, text: str, peers: Sequence[str | None]) -> l
         fp = fingerprints(home, db)
         if fp is None:
             return []
-        candidates: set[int] = set()
-        for h in set(_shingle_hashes(ws)):
-            candidates.update(fp.lookup(h))
+        candidates = fp.lookup_all(set(_shingle_hashes(ws)))
         if not candidates:
             return []
         runs: dict[tuple[str, ...], int] = {}
         for i in range(len(ws) - MIN_WORDS + 1):
             runs.setdefault(tuple(ws[i:i + MIN_WORDS]), i)
+        firsts = {run[0] for run in runs}
         found: dict[str, set[int]] = {}  # source id -> the question's runs it holds
         ids = sorted(candidates)
         for start in range(0, len(ids), 500):  # the candidates' stored text, in one query per 500
@@ -290,7 +301,7 @@ def private_spans(home: Path | str, text: str, peers: Sequence[str | None]) -> l
             rows = db.execute("SELECT c.text, d.source_id FROM chunks c JOIN documents d ON d.doc_id = c.doc_id "
                               f"WHERE c.rowid IN ({','.join('?' * len(part))})", part).fetchall()
             for text_, source in rows:
-                shared = _shared_runs(runs, words(text_))
+                shared = _shared_runs(runs, firsts, words(text_))
                 if shared:
                     found.setdefault(source, set()).update(shared)
     finally:
