@@ -312,3 +312,25 @@ def test_the_first_command_in_an_older_home_creates_the_default_agent(tmp_path: 
     assert [a["name"] for a in json.loads(out.stdout)["agents"]] == ["default"]
     assert "kith agent rotate default" in out.stderr
     assert _kith(h, "agent", "list", "--json").stderr == ""  # once
+
+
+def test_mcp_holds_each_dimension_of_a_scope(home: Path) -> None:
+    """Peers without the outbox: the outbox tools are refused, verify runs; then the same
+    server refuses the agent once it has expired."""
+    env = {**os.environ, TOKEN_ENV: _token(home, "mcp-peers", peers=["bob"])}
+
+    async def calls(s):
+        out = [await s.call_tool("outbox", {}),
+               await s.call_tool("ask_later", {"query": "x", "peers": ["bob"]}),
+               await s.call_tool("verify", {"answer": "nope"}),
+               await s.call_tool("search", {"query": "x", "peers": ["alice"]}),
+               await s.call_tool("search", {"query": "x", "peer": '{"not": "a pinned name"}'})]
+        set_agent(home, "mcp-peers", until="2020-01-01T00:00:00Z")
+        out.append(await s.call_tool("verify", {"answer": "nope"}))
+        return out
+
+    outbox, later, verify, alice, invitation, expired = _mcp(home, calls, env)
+    for res in (outbox, later, alice, invitation):
+        assert res.is_error and res.content[0].text.startswith("[agent-scope] "), res.content[0].text
+    assert verify.is_error and verify.content[0].text.startswith("[answer-invalid] ")  # it ran
+    assert expired.is_error and expired.content[0].text.startswith("[agent-expired] ")
