@@ -202,3 +202,36 @@ def test_every_sender_of_the_doors_and_the_cli_passes_the_gate() -> None:
     deliver = next(n for n in ast.walk(ast.parse((REPO / "node" / "runtime" / "outbox_task.py").read_text()))
                    if isinstance(n, ast.AsyncFunctionDef) and n.name == "_deliver")
     assert {c.func.id for c in ast.walk(deliver) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)} >= {"gate"}
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_mcp_asks_the_person_through_elicitation_when_the_client_can(home: Path, mode: str) -> None:
+    """Under ``ask``, a client that declares elicitation is asked (2026-07-28:
+    ``input_required``; 2025-11-25: ``elicitation/create``): declined, nothing is sent;
+    accepted, the question is sent once."""
+    from mcp import types
+    from mcp.client.client import Client
+
+    agent = f"mcp-elicit-{mode}"
+    env = {**os.environ, TOKEN_ENV: agent_token(home, agent, peers=("alice",), outbound="ask")}
+    params = StdioServerParameters(command=sys.executable, cwd=str(REPO), env=env,
+                                   args=["-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"])
+    answers = iter([False, True])
+    asked: list[str] = []
+
+    async def elicit(_context, p):
+        asked.append(p.message)
+        return types.ElicitResult(action="accept", content={"send": next(answers)})
+
+    async def main():
+        async with Client(params, mode=mode, elicitation_callback=elicit) as c:
+            return [await c.call_tool("search", {"query": QUOTE_PRIVATE + f" ({mode})", "peers": ["alice"]}),
+                    await c.call_tool("search", {"query": QUOTE_PRIVATE + f" ({mode})", "peers": ["alice"]})]
+
+    declined, accepted = anyio.run(main)
+    assert len(asked) == 2 and "/kb/private/plans.md" in asked[0] and "merger" not in asked[0].lower()
+    assert declined.is_error and declined.content[0].text.startswith("[outbound-held] ")
+    assert not accepted.is_error, accepted.content
+    decisions = [r["decision"] for r in outbound.read_log(home, agent=agent)]
+    assert decisions == ["denied", "needs-confirmation", "approved"], decisions  # held, asked, released
+    assert outbound.read_log(home, agent=agent)[-1]["result"]["peers"] == {"alice": "refused"}

@@ -38,7 +38,11 @@ one, and every tool call first passes :func:`node.local.agents.authorize` — th
 every route of the local API passes — which refuses an agent removed, rotated or expired
 since, or a call outside its scope, as a tool error ``[agent-…] message``. The scope also
 narrows what runs: a local search only sees the agent's sources, ``peers: "all"`` means
-the peers it may ask.
+the peers it may ask. A question to peers passes the outbound gate
+(node/policy/outbound.py) first; one it holds under the agent's rule ``ask`` is put to the
+person through the client's form elicitation when the client declares it (2026-07-28
+``input_required``; 2025-11-25 ``elicitation/create``), else refused with
+``outbound-needs-confirmation`` and the id ``kith sent approve`` takes.
 
 Read-only otherwise: the tools never index, syncs, writes settings or memory, or starts servers;
 their annotations say so (``readOnlyHint``). Bad input gets the same typed refusal as the
@@ -52,6 +56,7 @@ a path or exception text.
 from __future__ import annotations
 
 import json
+import re
 from contextvars import ContextVar
 from functools import partial
 from pathlib import Path
@@ -680,7 +685,7 @@ def build_server(home: Path | str, *, local: bool = False, agent: str | None = N
 
     def check_call(name: str, arguments: Any) -> Any:
         return authorize(home, token, tool_operation(name, arguments), agent=agent)
-    return _wire_server(tools, lifespan, check_call)
+    return _wire_server(tools, lifespan, check_call, home)
 
 
 #: How long (ms) a client may cache ``tools/list`` and ``server/discover``: the tools are
@@ -689,7 +694,7 @@ def build_server(home: Path | str, *, local: bool = False, agent: str | None = N
 LIST_TTL_MS = 3_600_000
 
 
-def _wire_server(tools: Any, lifespan: Any, check_call: Any) -> Any:
+def _wire_server(tools: Any, lifespan: Any, check_call: Any, home: Path | None = None) -> Any:
     """The MCP server a client talks to (``mcp.server.Server``), for the 2025-11-25
     ``initialize`` handshake and the 2026-07-28 ``server/discover`` alike: it names
     itself ``kith`` with Kith's version, advertises the ``tools`` capability only (no
@@ -697,7 +702,9 @@ def _wire_server(tools: Any, lifespan: Any, check_call: Any) -> Any:
     list for :data:`LIST_TTL_MS`. ``tools`` is the MCPServer holding the tools;
     ``check_call(name, arguments)`` is the agent check every call passes first (it returns
     the scope, set as :data:`CURRENT_SCOPE` while the tool runs, or raises a KithError
-    answered as a tool error)."""
+    answered as a tool error). A call the outbound gate held for confirmation
+    (``outbound-needs-confirmation``) is put to the person through the client when it
+    supports elicitation (:func:`_ask_the_person`); ``home``: the node home (None: never)."""
     from mcp.server import Server
     from mcp.server.caching import CacheHint
     from mcp.shared.exceptions import MCPError
@@ -721,7 +728,15 @@ def _wire_server(tools: Any, lifespan: Any, check_call: Any) -> Any:
                                   is_error=True)
         reset = CURRENT_SCOPE.set(scope)
         try:
-            return await tools.call_tool(params.name, arguments)
+            if getattr(params, "request_state", None) is not None and home is not None:
+                refused = _confirmed(home, scope, params)  # the retry of a held call (2026-07-28)
+                if refused is not None:
+                    return refused
+            result = await tools.call_tool(params.name, arguments)
+            qid = held_id(result)
+            if qid is not None and home is not None and _can_elicit(_ctx):
+                return await _ask_the_person(_ctx, home, scope, params, arguments, tools, qid, result)
+            return result
         except MCPError:
             raise
         except ToolError as exc:  # an unknown tool name: the SDK's own sentence, no path
@@ -733,6 +748,111 @@ def _wire_server(tools: Any, lifespan: Any, check_call: Any) -> Any:
     return Server("kith", version=__version__, title="Kith", instructions=env_mod.USAGE_PROMPT,
                   lifespan=lifespan, cache_hints={"tools/list": hint, "server/discover": hint},
                   on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+#: The key of the one input request the server makes (the outbound gate's confirmation).
+CONFIRM_KEY = "kith-outbound"
+CONFIRM_SCHEMA: dict[str, Any] = {"type": "object", "required": ["send"], "properties": {
+    "send": {"type": "boolean", "title": "Send it anyway", "default": False}}}
+_HELD_RE = re.compile(r"^\[outbound-needs-confirmation\] (.*); id ([0-9a-f]{16})$")
+
+
+def held_id(result: Any) -> str | None:
+    """The id of the held question when ``result`` is the tool error
+    ``[outbound-needs-confirmation] …; id ID``, else None."""
+    if not getattr(result, "is_error", False) or not result.content:
+        return None
+    m = _HELD_RE.match(getattr(result.content[0], "text", "") or "")
+    return m.group(2) if m else None
+
+
+def _can_elicit(ctx: Any) -> bool:
+    """True when the client declared form elicitation (a person can be asked)."""
+    from mcp.types import ClientCapabilities, ElicitationCapability
+
+    try:
+        return bool(ctx.session.check_client_capability(ClientCapabilities(elicitation=ElicitationCapability())))
+    except AttributeError:
+        return False
+
+
+def _confirmation_message(scope: Any, result: Any) -> str:
+    m = _HELD_RE.match(result.content[0].text)
+    why = m.group(1) if m else "held"
+    who = scope.name if scope is not None else "owner"
+    return (f"Kith's outbound gate {why} in a question agent {who!r} is sending to peers. "
+            "Send it anyway? (Declining, or no answer, sends nothing.)")
+
+
+async def _ask_the_person(ctx: Any, home: Path, scope: Any, params: Any, arguments: dict[str, Any],
+                          tools: Any, qid: str, result: Any) -> Any:
+    """Put a held question to the person: on 2026-07-28 an ``input_required`` result with a
+    form elicitation (the client retries with the answer: :func:`_confirmed`); on 2025-11-25
+    an ``elicitation/create`` request now, answered within
+    :data:`node.policy.outbound.PROMPT_TIMEOUT_S` — accepted, the question is released
+    once (:func:`node.policy.outbound.approve`) and the tool runs again; else refused."""
+    from mcp.types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult
+
+    message = _confirmation_message(scope, result)
+    if str(getattr(ctx, "protocol_version", "")) >= "2026-07-28":
+        return InputRequiredResult(input_requests={CONFIRM_KEY: ElicitRequest(params=ElicitRequestFormParams(
+            message=message, requested_schema=CONFIRM_SCHEMA))}, request_state=qid)
+    import anyio
+
+    answer = None
+    with anyio.move_on_after(_prompt_timeout()):
+        answer = await ctx.session.elicit_form(message, CONFIRM_SCHEMA, related_request_id=ctx.request_id)
+    if not _accepted(answer):
+        return _denied(home, qid, answer is None)
+    refused = _release(home, scope, qid)
+    return refused if refused is not None else await tools.call_tool(params.name, arguments)
+
+
+def _prompt_timeout() -> float:
+    from node.policy.outbound import PROMPT_TIMEOUT_S
+
+    return float(PROMPT_TIMEOUT_S)
+
+
+def _accepted(answer: Any) -> bool:
+    if answer is None:
+        return False
+    if isinstance(answer, dict):
+        action, content = answer.get("action"), answer.get("content") or {}
+    else:
+        action, content = getattr(answer, "action", None), getattr(answer, "content", None) or {}
+    return action == "accept" and isinstance(content, dict) and content.get("send") is True
+
+
+def _release(home: Path, scope: Any, qid: str) -> Any:
+    """Approve the held question ``qid`` of this agent; a tool error when it cannot be."""
+    from node.policy.outbound import approve
+
+    try:
+        approve(home, qid, agent=scope.name if scope is not None else None)
+    except KithError as exc:
+        return _refusal(exc.code, exc.message)
+    return None
+
+
+def _denied(home: Path, qid: str, timed_out: bool) -> Any:
+    from node.policy.outbound import deny
+
+    deny(home, qid, timed_out=timed_out)
+    return _refusal("outbound-held", "the person did not confirm the held question"
+                    + (" in time" if timed_out else "") + "; nothing was sent")
+
+
+def _confirmed(home: Path, scope: Any, params: Any) -> Any:
+    """The retry of a call answered with ``input_required``: None to run it (the person
+    accepted: the question is released once), else the refusal."""
+    qid = params.request_state
+    responses = getattr(params, "input_responses", None) or {}
+    if not isinstance(qid, str) or not re.fullmatch(r"[0-9a-f]{16}", qid):
+        return _refusal("outbound-not-pending", "the requestState is not a held question of this server")
+    if not _accepted(responses.get(CONFIRM_KEY)):
+        return _denied(home, qid, False)
+    return _release(home, scope, qid)
 
 
 def startup_repair(home: Path | str, warn: Any = None) -> str:

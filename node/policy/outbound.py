@@ -549,6 +549,8 @@ def read_log(home: Path | str, *, agent: str | None = None, peer: str | None = N
                 order.append(rec)
             elif "result" in rec and rec["id"] in entries:
                 entries[rec["id"]]["result"] = rec["result"]
+            elif "deniedBy" in rec and rec["id"] in entries:  # a person said no, or nobody answered
+                entries[rec["id"]]["decision"] = "denied-timeout" if rec["deniedBy"] == "timeout" else "denied"
     return [r for r in order
             if (agent is None or r.get("agent") == agent) and (peer is None or peer in (r.get("peers") or []))
             and (since is None or str(r.get("at", "")) >= since)]
@@ -592,7 +594,18 @@ def _take_approval(home: Path, qid: str) -> bool:
     return True
 
 
-def approve(home: Path | str, qid: str) -> dict[str, Any]:
+def deny(home: Path | str, qid: str, *, timed_out: bool = False) -> None:
+    """Deny the held question ``qid`` (a person said no, or did not answer in time): its
+    pending entry is dropped and the decision logged."""
+    home = Path(home)
+    with _flocked(home, APPROVALS_FILE):
+        doc = _approvals(home)
+        if doc.pop(qid, None) is not None:
+            _save_approvals(home, doc)
+    _append(home, {"id": qid, "at": _now(), "deniedBy": "timeout" if timed_out else OWNER})
+
+
+def approve(home: Path | str, qid: str, *, agent: str | None = None) -> dict[str, Any]:
     """Release the held question ``qid`` (``kith sent approve``): its identical retry by
     the same agent to the same peers is sent once, within :data:`APPROVAL_TTL_S` of the
     hold.
@@ -600,15 +613,19 @@ def approve(home: Path | str, qid: str) -> dict[str, Any]:
     Returns:
         The pending entry (agent, peers, holds, expires).
 
+    Args:
+        agent: when given, the held question must be this agent's (an MCP client confirming
+            through its own server).
+
     Raises:
-        EgressRefused: ``outbound-not-pending`` when no held question has that id, or its
-            time ran out (it was denied).
+        EgressRefused: ``outbound-not-pending`` when no held question has that id (of
+            ``agent``), or its time ran out (it was denied).
     """
     home = Path(home)
     with _flocked(home, APPROVALS_FILE):
         doc = _approvals(home)
         entry = doc.get(qid)
-        if not entry or entry.get("expires", 0) <= time.time():
+        if not entry or entry.get("expires", 0) <= time.time() or (agent is not None and entry.get("agent") != agent):
             raise EgressRefused("outbound-not-pending", f"no held question {qid[:32]!r} is waiting")
         entry["approved"] = True
         _save_approvals(home, doc)
@@ -616,6 +633,6 @@ def approve(home: Path | str, qid: str) -> dict[str, Any]:
     return entry
 
 
-__all__ = ["APPROVAL_TTL_S", "Hold", "MIN_WORDS", "OWNER", "Ticket", "approve", "check", "door_gate",
+__all__ = ["APPROVAL_TTL_S", "Hold", "MIN_WORDS", "OWNER", "Ticket", "approve", "check", "deny", "door_gate",
            "fingerprints", "gate", "receiving_peers", "log_files", "private_spans", "question_text", "read_log", "value_holds", "words",
            "write_fingerprints"]
