@@ -235,3 +235,38 @@ def test_mcp_asks_the_person_through_elicitation_when_the_client_can(home: Path,
     decisions = [r["decision"] for r in outbound.read_log(home, agent=agent)]
     assert decisions == ["denied", "needs-confirmation", "approved"], decisions  # held, asked, released
     assert outbound.read_log(home, agent=agent)[-1]["result"]["peers"] == {"alice": "refused"}
+
+
+@pytest.mark.parametrize("reply, decision", [("n\n", "denied"), ("y\n", "confirmed")])
+def test_kith_ask_at_a_terminal_asks_the_owner(home: Path, reply: str, decision: str) -> None:
+    """On a pseudo-terminal the owner is asked ``[y/N]``, told the kinds and sources (never
+    the text): no sends nothing (exit 1, ``outbound-held``), yes sends it."""
+    from support.terminal import in_pty
+
+    question = QUOTE_PRIVATE + f" [{decision}]"
+    out, code = in_pty([*KITH, "--home", str(home), "ask", question, "--peer", "alice", "--offline",
+                        "--timeout", "2"], columns=120, replies=[("send it anyway? [y/N]", reply)])
+    assert "private-text from /kb/private/plans.md" in out and "send it anyway? [y/N]" in out
+    row = _last(home, outbound.OWNER)
+    assert row["text"] == question and row["decision"] == decision
+    if decision == "denied":
+        assert code == 1 and "outbound-held" in out and row["result"] is None
+    else:
+        assert row["result"] is not None  # sent; alice (a key nobody holds) refused it
+
+
+def test_the_log_rotates_as_the_audit_and_reads_across_its_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(outbound, "MAX_LOG_BYTES", 2000)
+    h = tmp_path / "h"
+    h.mkdir()
+    for i in range(80):
+        outbound.gate(h, {"query": f"question number {i} about the weather"}, ["alice"], actor="bot", rule="allow")
+    files = outbound.log_files(h)
+    assert [p.name for p in files] == ["sent.jsonl.3", "sent.jsonl.2", "sent.jsonl.1", "sent.jsonl"]
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 and p.stat().st_size <= 2000 for p in files)
+    rows = outbound.read_log(h, agent="bot")
+    assert rows[-1]["text"] == "question number 79 about the weather" and len(rows) < 80  # the oldest dropped
+    assert outbound.read_log(h, since="2999-01-01") == [] and outbound.read_log(h, peer="bob") == []
+    out = subprocess.run([*KITH, "--home", str(initialized(tmp_path / "k")), "sent", "--since", "1h", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert json.loads(out.stdout) == {"sent": []}
