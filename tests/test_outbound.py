@@ -270,3 +270,43 @@ def test_the_log_rotates_as_the_audit_and_reads_across_its_files(tmp_path: Path,
     out = subprocess.run([*KITH, "--home", str(initialized(tmp_path / "k")), "sent", "--since", "1h", "--json"],
                          capture_output=True, text=True, timeout=120)
     assert json.loads(out.stdout) == {"sent": []}
+
+
+def test_kith_join_gates_each_query_before_connecting(home: Path, tmp_path: Path) -> None:
+    """``kith join --query``: without a terminal and ``--yes`` a held question is refused
+    before anything is sent; with ``--yes`` it is sent and what came back is logged."""
+    from node.policy.store import Policy
+
+    from support.cli import readline
+    from support.homes import node_home, pin_host
+    from support.hosts import ENV
+
+    host_home = node_home(tmp_path, "host")
+    kb = tmp_path / "kb-host"
+    kb.mkdir()
+    (kb / "weather.md").write_text("# Weather\n\nIt rains on Tuesdays in the valley.\n")
+    with Corpus(host_home) as c:
+        c.add_root(kb)
+        c.sync()
+    policy = Policy.load(host_home)
+    policy.set("/kb-host/**", "public")
+    policy.save()
+    invite = tmp_path / "invite.json"
+    proc = subprocess.Popen([*KITH, "--home", str(host_home), "host", "--local", "--json", "--invite-file", str(invite)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=ENV)
+    try:
+        json.loads(readline(proc, 60))
+        pin_host(home, "valley", invite)
+        argv = [*KITH, "--home", str(home), "join", "--peer", "valley", "--query", QUOTE_PRIVATE + " (join)", "--offline"]
+        held = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=ENV)
+        assert held.returncode == 1 and "outbound-needs-confirmation" in held.stderr, held.stderr
+        row = _last(home, outbound.OWNER)
+        assert row["decision"] == "needs-confirmation" and row["peers"] == ["valley"] and row["result"] is None
+        sent = subprocess.run([*argv, "--yes"], capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL, env=ENV)
+        assert sent.returncode == 0, sent.stderr
+        row = _last(home, outbound.OWNER)
+        assert row["decision"] == "confirmed" and row["result"]["status"] in ("ok", "no-verified-results"), row
+    finally:
+        proc.kill()
+        proc.wait()

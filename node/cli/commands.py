@@ -581,7 +581,7 @@ def join_cmd(
             waiting.stop()
             shown_results.append(message)
             if len(shown_results) <= len(tickets):  # what came back, in the outbound log
-                tickets[len(shown_results) - 1].done(message.get("envelope") or {"status": message.get("status")})
+                tickets[len(shown_results) - 1].done({**(message.get("envelope") or {}), "status": message.get("status")})
             if json_out:  # which host answered, for `kith verify` (the message does not say)
                 emit_json({**message, "peer": {"key": inv.host_public_key, "name": name}})
             else:
