@@ -245,6 +245,9 @@ class _Pages:
             mode = form.get("mode") or "new_only"
             with self._writable() as corpus:
                 rep = corpus.sync(mode=mode)
+            from node.policy.outbound import write_fingerprints
+
+            write_fingerprints(self.home)  # the outbound gate's, at index time (specs/agents.md §6)
             return (f"sync ({rep['mode']}): indexed {rep['indexed']}, updated {rep['updated']}, "
                     f"skipped {rep['skipped']}, removed {rep['removed']}, failed {rep['failed']}, "
                     f"empty {rep['empty']}; {rep['chunks']} chunks in {rep['seconds']:.2f} s")
