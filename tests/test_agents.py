@@ -334,3 +334,47 @@ def test_mcp_holds_each_dimension_of_a_scope(home: Path) -> None:
         assert res.is_error and res.content[0].text.startswith("[agent-scope] "), res.content[0].text
     assert verify.is_error and verify.content[0].text.startswith("[answer-invalid] ")  # it ran
     assert expired.is_error and expired.content[0].text.startswith("[agent-expired] ")
+
+
+def _raw_agent(name: str, token: str, **fields) -> dict:
+    import hashlib
+
+    return {"name": name, "tokenSha256": hashlib.sha256(token.encode()).hexdigest(), "sources": [],
+            "peers": [], "queue": False, "outbound": "ask", "until": None, **fields}
+
+
+@pytest.mark.parametrize("fields", [{"queue": "no"}, {"sources": "/kb/public/**"}, {"peers": "all"},
+                                    {"until": 12}, {"tokenSha256": "abc"}])
+def test_a_hand_edited_agents_file_with_a_wrong_type_is_refused_not_misread(tmp_path: Path, fields: dict) -> None:
+    """``"queue": "no"`` must not grant the outbox, nor ``"sources": "/kb/**"`` become the
+    globs '/', 'k', 'b'... (the folder '/' is every source): a value of the wrong type makes
+    the whole file ``agents-file-invalid``, on both the API and ``kith agent``."""
+    h = initialized(tmp_path / "home")
+    token = "kith_agent_" + "x" * 43
+    doc = {"format": 1, "agents": [_raw_agent("edited", token, **fields)]}
+    (h / "agents.json").write_text(json.dumps(doc))
+    os.chmod(h / "agents.json", 0o600)
+    with run_api_in_thread(h, offline=True) as url:
+        r = HTTP.get(url + "/outbox", headers=bearer(token))
+        assert r.status_code == 500 and r.json()["error"]["code"] == "agents-file-invalid", r.text
+    out = _kith(h, "agent", "list", "--json")
+    assert out.returncode == 1 and "agents-file-invalid" in out.stdout + out.stderr
+
+
+def test_an_agents_file_other_accounts_may_write_is_refused_and_a_readable_one_tightened(tmp_path: Path) -> None:
+    """Another account that can write ``agents.json`` could add its own token's hash: such a
+    file is refused (``agents-file-invalid``) by a running server and by ``kith agent``; a
+    file only readable by others is made 0600 again (as the identity key is)."""
+    h = initialized(tmp_path / "home")
+    token = add_agent(h, "bot", sources=["**"])[1]
+    path = h / "agents.json"
+    with run_api_in_thread(h, offline=True) as url:
+        os.chmod(path, 0o666)
+        r = HTTP.get(url + "/stats", headers=bearer(token))
+        assert r.status_code == 500 and r.json()["error"]["code"] == "agents-file-invalid", r.text
+        assert "other accounts" in r.json()["error"]["message"]
+        out = _kith(h, "agent", "list")
+        assert out.returncode == 1 and "agents-file-invalid" in out.stderr
+        os.chmod(path, 0o644)
+        assert HTTP.get(url + "/stats", headers=bearer(token)).status_code == 200
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600

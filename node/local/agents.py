@@ -325,28 +325,76 @@ def load_agents(home: Path | str) -> dict[str, Agent]:
     """
     path = agents_path(home)
     try:
-        raw = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return {}
     except OSError:
         raise ConfigError("agents-file-invalid", "agents.json cannot be read") from None
     try:
+        _check_owner_only(fd)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read()
+    except OSError:
+        raise ConfigError("agents-file-invalid", "agents.json cannot be read") from None
+    finally:
+        os.close(fd)
+    try:
         doc = json.loads(raw)
         rows = doc["agents"]
+        if not isinstance(rows, list):
+            raise TypeError("agents")
         agents = {}
         for row in rows:
-            agent = Agent(name=str(row["name"]), token_hash=str(row["tokenSha256"]),
-                          sources=tuple(str(s) for s in row.get("sources", ())),
-                          peers=tuple(str(p) for p in row.get("peers", ())),
-                          queue=bool(row.get("queue", False)), outbound=str(row.get("outbound", "ask")),
-                          until=row.get("until"), created_at=str(row.get("createdAt", "")),
-                          rotated_at=row.get("rotatedAt"))
-            if agent.outbound not in OUTBOUND_RULES or not _NAME_RE.fullmatch(agent.name):
+            agent = Agent(name=_typed(row["name"], str), token_hash=_typed(row["tokenSha256"], str),
+                          sources=_strings(row.get("sources", [])), peers=_strings(row.get("peers", [])),
+                          queue=_typed(row.get("queue", False), bool),
+                          outbound=_typed(row.get("outbound", "ask"), str),
+                          until=_typed(row.get("until"), str, None),
+                          created_at=_typed(row.get("createdAt", ""), str),
+                          rotated_at=_typed(row.get("rotatedAt"), str, None))
+            if (agent.outbound not in OUTBOUND_RULES or not _NAME_RE.fullmatch(agent.name)
+                    or not _HASH_RE.fullmatch(agent.token_hash) or agent.name in agents):
                 raise ValueError(agent.name)
             agents[agent.name] = agent
     except (ValueError, KeyError, TypeError, AttributeError):
         raise ConfigError("agents-file-invalid", "agents.json is not a valid agents file") from None
     return agents
+
+
+_HASH_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _typed(value: Any, kind: type, *none: None) -> Any:
+    """``value`` when it is a ``kind`` (or None when ``none`` is given); else TypeError —
+    a hand-edited ``"queue": "no"`` must not read as true, nor a string as a list."""
+    if (none and value is None) or (type(value) is kind):
+        return value
+    raise TypeError(kind.__name__)
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(type(v) is str for v in value):
+        raise TypeError("a list of strings")
+    return tuple(value)
+
+
+def _check_owner_only(fd: int) -> None:
+    """Refuse an ``agents.json`` that another account owns or may write (it could add its
+    own token's hash); make one that others may only read 0600 again, as the identity key."""
+    import stat
+
+    st = os.fstat(fd)
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError("agents-file-invalid", "agents.json is not a regular file")
+    if (hasattr(os, "geteuid") and st.st_uid != os.geteuid()) or mode & 0o022:
+        raise ConfigError("agents-file-invalid", f"agents.json (mode {mode:04o}) may be written by other "
+                          "accounts; it must be 0600 and this account's",
+                          hint="check who could change it (it holds only hashes and scopes), then "
+                               "`chmod 600 agents.json` in the home")
+    if mode & 0o077:
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o600)
 
 
 @contextlib.contextmanager
