@@ -378,3 +378,14 @@ def test_an_agents_file_other_accounts_may_write_is_refused_and_a_readable_one_t
         os.chmod(path, 0o644)
         assert HTTP.get(url + "/stats", headers=bearer(token)).status_code == 200
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("name", ["owner", "outbox", "OWNER"])
+def test_an_agent_may_not_take_a_name_the_outbound_log_uses_for_someone_else(tmp_path: Path, name: str) -> None:
+    """``kith sent`` records the owner at a terminal as ``owner`` and the outbox's later
+    deliveries as ``outbox``: an agent of that name would be indistinguishable from them
+    in the log (``kith sent --agent owner``) and would share the owner's held-question ids."""
+    h = initialized(tmp_path / "home")
+    out = _kith(h, "agent", "add", name, "--sources", "**")
+    assert out.returncode == 2 and "agent-invalid" in out.stderr and "reserved" in out.stderr
+    assert name not in [a["name"] for a in json.loads(_kith(h, "agent", "list", "--json").stdout)["agents"]]

@@ -477,9 +477,17 @@ def check_scope_values(*, sources: Sequence[str] | None = None, peers: Sequence[
     return out
 
 
+#: Names the outbound log gives to others than agents: the owner at a terminal, and the
+#: outbox's later deliveries (node/runtime/outbox_task.py).
+RESERVED_NAMES = ("owner", "outbox")
+
+
 def _check_name(name: str) -> None:
     if not _NAME_RE.fullmatch(name or ""):
         raise UsageError("agent-invalid", f"agent name {name[:40]!r} is not 1-64 of [A-Za-z0-9_.-]")
+    if name.lower() in RESERVED_NAMES:
+        raise UsageError("agent-invalid", f"agent name {name!r} is reserved: the outbound log (`kith sent`) "
+                         "names the owner at a terminal 'owner' and the outbox's deliveries 'outbox'")
 
 
 def add_agent(home: Path | str, name: str, *, sources: Sequence[str] = (), peers: Sequence[str] = (),
