@@ -19,6 +19,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from support.agents import api_headers
 from support.homes import initialized
 from node.answer.service import answer_local
 from node.cli import main as cli_main
@@ -153,10 +154,11 @@ def _comparable(env: dict[str, Any]) -> dict[str, Any]:
 def test_every_entry_point_gives_the_same_answer(home: Path) -> None:
     from node.answer.contract import core_schema
 
+    auth = api_headers(home)  # an agent's credential (specs/agents.md)
     with run_api_in_thread(home) as url:
         for request in REQUESTS:
             assert set(request) <= set(core_schema()["properties"])
-            api = httpx.post(url + "/search", json=request)
+            api = httpx.post(headers=auth, url=url + "/search", json=request)
             assert api.status_code == 200
             envelopes = {"api": api.json(), "cli": _cli(home, request), "mcp": _mcp(home, request)}
             peer = _peer(home, request)
@@ -186,8 +188,9 @@ def test_refused_the_same_way_everywhere(home: Path) -> None:
     assert local["status"] == "invalid-request" and local["error"]["code"] == "query-invalid"
     result = anyio.run(call_search, home, dict(request))
     assert result.is_error and "[query-invalid]" in result.content[0].text
+    auth = api_headers(home)  # an agent's credential (specs/agents.md)
     with run_api_in_thread(home) as url:
-        assert httpx.post(url + "/search", json=request).status_code == 400
+        assert httpx.post(headers=auth, url=url + "/search", json=request).status_code == 400
     spec = load_spec(KQ)
     assert not spec.messages["query"].validator.is_valid(
         {"action": "query", "query_id": "q1", **request})

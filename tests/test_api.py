@@ -15,7 +15,12 @@ from node.answer.envelope import ENVELOPE_KEYS, SearchBudget
 from node.corpus.store import Corpus
 from node.common.errors import CorpusError
 
+from support.agents import api_headers
+
 REPO = Path(__file__).resolve().parents[1]
+#: every request of these tests carries an agent's token (specs/agents.md); set per server
+API = httpx.Client()
+SERVED_AUTH: dict[str, str] = {}
 SCHEMA = json.loads((REPO / "specs" / "search-envelope.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 
@@ -48,18 +53,26 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     with Corpus(home) as c:
         c.add_root(root)
         c.sync()
+    SERVED_AUTH.update(api_headers(home))
     with run_api_in_thread(home, max_body_bytes=4096) as url:
         yield url, home, root
 
 
+@pytest.fixture(autouse=True)
+def _served_credential() -> None:
+    """Each test starts with the module server's credential (a test with its own home sets
+    its own)."""
+    API.headers.update(SERVED_AUTH)
+
+
 def test_read_routes_answer(served) -> None:
     url, home, root = served
-    h = httpx.get(url + "/health").json()
+    h = API.get(url + "/health").json()
     assert h["status"] == "ok" and h["available"] is True and h["readOnly"] is True
     assert h["externalAgentContract"]["readOnly"] is True
-    s = httpx.get(url + "/stats").json()
+    s = API.get(url + "/stats").json()
     assert s["done"] == 2 and s["ready"] is True
-    c = httpx.get(url + "/contract").json()
+    c = API.get(url + "/contract").json()
     assert c["routes"] == {"GET": ["/health", "/stats", "/contract", "/openapi.json", "/outbox"],
                            "POST": ["/search", "/verify", "/outbox"]}
     assert list(c["writes"]) == ["POST /outbox"]  # the one write, named (specs/outbox.md)
@@ -73,7 +86,7 @@ def test_read_routes_answer(served) -> None:
 
 def test_served_openapi_equals_the_spec_file(served) -> None:
     url, _, _ = served
-    served_doc = httpx.get(url + "/openapi.json").json()
+    served_doc = API.get(url + "/openapi.json").json()
     on_disk = json.loads((REPO / "specs" / "openapi.json").read_text())
     assert served_doc == on_disk == json.loads(json.dumps(openapi_document()))
     assert set(served_doc["paths"]) == {"/health", "/stats", "/contract", "/openapi.json", "/search", "/verify",
@@ -82,7 +95,7 @@ def test_served_openapi_equals_the_spec_file(served) -> None:
 
 def test_search_returns_a_valid_envelope(served) -> None:
     url, _, root = served
-    r = httpx.post(url + "/search", json={"query": "staging server deleted", "topK": 3})
+    r = API.post(url + "/search", json={"query": "staging server deleted", "topK": 3})
     assert r.status_code == 200 and r.headers["x-kith-status"] == "ok"
     env = r.json()
     _valid(env)
@@ -96,7 +109,7 @@ def test_search_returns_a_valid_envelope(served) -> None:
 ])
 def test_search_without_results_keeps_every_key(served, body: dict, reason: str) -> None:
     url, _, _ = served
-    r = httpx.post(url + "/search", json=body)
+    r = API.post(url + "/search", json=body)
     assert r.status_code == 200
     env = r.json()
     _valid(env)
@@ -107,7 +120,7 @@ def test_search_without_results_keeps_every_key(served, body: dict, reason: str)
                                      b'{"query": "q", "tags": []}'])
 def test_bad_search_bodies_are_400_with_a_code(served, content: bytes) -> None:
     url, _, _ = served
-    r = httpx.post(url + "/search", content=content,
+    r = API.post(url + "/search", content=content,
                    headers={"content-type": "application/json"})
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "query-invalid"
@@ -124,7 +137,7 @@ def test_bad_search_bodies_are_400_with_a_code(served, content: bytes) -> None:
 def test_every_mutation_is_403_and_changes_nothing(served, method: str, path: str) -> None:
     url, home, _ = served
     before = _snapshot(home)
-    r = httpx.request(method, url + path, json={"query": "x", "root": "/etc"})
+    r = API.request(method, url + path, json={"query": "x", "root": "/etc"})
     assert r.status_code == 403
     assert r.json()["error"]["code"] == "api-read-only"
     assert _snapshot(home) == before
@@ -132,20 +145,20 @@ def test_every_mutation_is_403_and_changes_nothing(served, method: str, path: st
 
 def test_unknown_get_is_404(served) -> None:
     url, _, _ = served
-    r = httpx.get(url + "/index")
+    r = API.get(url + "/index")
     assert r.status_code == 404 and r.json()["error"]["code"] == "not-found"
 
 
 def test_body_over_the_limit_is_413(served) -> None:
     url, _, _ = served
     big = json.dumps({"query": "q" * 5000}).encode()
-    r = httpx.post(url + "/search", content=big, headers={"content-type": "application/json"})
+    r = API.post(url + "/search", content=big, headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "request-too-large"
 
     def chunks():  # no Content-Length: cut off while reading
         for _ in range(10):
             yield b" " * 1000
-    r = httpx.post(url + "/search", content=chunks(), headers={"content-type": "application/json"})
+    r = API.post(url + "/search", content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413
 
 
@@ -173,11 +186,12 @@ def test_non_loopback_bind_is_refused(tmp_path: Path) -> None:
 
 
 def test_api_without_a_corpus_is_unavailable_not_an_error(tmp_path: Path) -> None:
+    API.headers.update(api_headers(tmp_path / "fresh-home"))
     with run_api_in_thread(tmp_path / "fresh-home") as url:
-        h = httpx.get(url + "/health").json()
+        h = API.get(url + "/health").json()
         assert h["available"] is False and h["status"] == "unavailable"
         assert h["peers"] == {"available": False, "pinned": 0}  # no identity, nobody pinned
-        env = httpx.post(url + "/search", json={"query": "anything"}).json()
+        env = API.post(url + "/search", json={"query": "anything"}).json()
         _valid(env)
         assert env["available"] is False and env["reason"] == "index-unavailable"
     assert not (tmp_path / "fresh-home" / "corpus").exists()  # the API created nothing
@@ -185,15 +199,16 @@ def test_api_without_a_corpus_is_unavailable_not_an_error(tmp_path: Path) -> Non
 
 def test_client_budget_spans_retries(served) -> None:
     url, _, _ = served
+    token = API.headers["Authorization"].split()[1]
     budget = SearchBudget(90)
     sent = []
     for _ in range(3):
-        env = search_via_api(url, {"query": "staging", "topK": 2}, budget)
+        env = search_via_api(url, {"query": "staging", "topK": 2}, budget, token=token)
         _valid(env)
         sent.append(budget._last_ms)
     assert sent == sorted(sent, reverse=True)
     with pytest.raises(CorpusError) as e:
-        search_via_api(url, {"query": "staging"}, budget)
+        search_via_api(url, {"query": "staging"}, budget, token=token)
     assert e.value.code == "budget-exhausted"
 
 
@@ -206,11 +221,12 @@ def test_the_outbox_routes_answer_a_damaged_file_with_500_and_an_empty_one_with_
     from node.trust.identity import load_or_init_identity
 
     load_or_init_identity(tmp_path)
+    API.headers.update(api_headers(tmp_path))
     with run_api_in_thread(tmp_path, offline=True) as url:
-        empty = httpx.get(url + "/outbox", timeout=30)
+        empty = API.get(url + "/outbox", timeout=30)
         (tmp_path / "outbox.sqlite").write_bytes(b"not a database" * 50)
-        got = httpx.get(url + "/outbox", timeout=30)
-        posted = httpx.post(url + "/outbox", json={"query": "x", "peers": ["alice"]}, timeout=30)
+        got = API.get(url + "/outbox", timeout=30)
+        posted = API.post(url + "/outbox", json={"query": "x", "peers": ["alice"]}, timeout=30)
     assert empty.status_code == 200 and empty.json() == {"questions": [], "usage": {
         "questions": 0, "open": 0, "bytes": 0, "maxQuestions": MAX_QUESTIONS, "maxBytes": MAX_BYTES}}
     assert got.status_code == 500 and got.json()["error"]["code"] == "outbox-corrupt"

@@ -27,6 +27,7 @@ from node.trust.identity import Identity, load_or_init_identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
 
+from support.agents import api_headers
 from support.cli import KITH, readline as _readline
 from support.envelopes import valid_ask as valid
 from support.homes import PROTOCOLS, node_home as _home, pin_host as _pin
@@ -435,14 +436,15 @@ def test_local_api_search_takes_peers_and_stays_read_only(tmp_path):
             proc, invite = _start_host_process(tmp_path, name)
             procs.append(proc)
             _pin(guest_home, name, invite)
+        auth = api_headers(guest_home)  # an agent's credential (specs/agents.md)
         with run_api_in_thread(guest_home, offline=True) as url:
-            merged = httpx.post(url + "/search", json={"query": "staging server", "topK": 3,
+            merged = httpx.post(headers=auth, url=url + "/search", json={"query": "staging server", "topK": 3,
                                                        "peers": ["alice", "bob", "ghost"]}, timeout=60)
-            again = httpx.post(url + "/search", json={"query": "nightly backup", "peers": "all"}, timeout=60)
-            bad = httpx.post(url + "/search", json={"query": "x", "peers": 7}, timeout=60)
-            unknown = httpx.post(url + "/search", json={"query": "x", "peers": ["alice"], "bogus": 1}, timeout=60)
-            put = httpx.put(url + "/search", json={"query": "x", "peers": ["alice"]}, timeout=60)
-            health = httpx.get(url + "/health", timeout=60).json()
+            again = httpx.post(headers=auth, url=url + "/search", json={"query": "nightly backup", "peers": "all"}, timeout=60)
+            bad = httpx.post(headers=auth, url=url + "/search", json={"query": "x", "peers": 7}, timeout=60)
+            unknown = httpx.post(headers=auth, url=url + "/search", json={"query": "x", "peers": ["alice"], "bogus": 1}, timeout=60)
+            put = httpx.put(headers=auth, url=url + "/search", json={"query": "x", "peers": ["alice"]}, timeout=60)
+            health = httpx.get(headers=auth, url=url + "/health", timeout=60).json()
     finally:
         for p in procs:
             p.kill()

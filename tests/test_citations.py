@@ -23,6 +23,7 @@ from node.trust.identity import load_identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
 
+from support.agents import api_headers, mcp_env
 from support.cli import KITH
 from support.homes import node_home as _home
 from support.hosts import ENV, InProcessHost
@@ -384,7 +385,7 @@ def test_post_verify_on_the_local_api(tmp_path):
 
     home = _pinned_checker(tmp_path)
     answer = _answer_with_one_edit()
-    with run_api_in_thread(home) as url, httpx.Client(timeout=30) as http:
+    with run_api_in_thread(home) as url, httpx.Client(timeout=30, headers=api_headers(home)) as http:
         ok = http.post(f"{url}/verify", json={"answer": answer})
         as_lines = http.post(f"{url}/verify", json={"answer": json.dumps(answer) + "\n"})
         bad = http.post(f"{url}/verify", json={"nope": 1})
@@ -408,7 +409,7 @@ def test_mcp_verify_tool(tmp_path):
     home = _pinned_checker(tmp_path)
     answer = _answer_with_one_edit()
     params = StdioServerParameters(command=sys.executable, args=[
-        "-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"],
+        "-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"], env=mcp_env(home),
         cwd=str(Path(__file__).resolve().parents[1]))
 
     async def main():

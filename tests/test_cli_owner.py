@@ -576,10 +576,10 @@ def test_mcp_peer_call_prints_no_httpx_lines(tmp_path: Path) -> None:
     from mcp.client.stdio import stdio_client
 
     home = tmp_path / "h"
-    ok(kith(home, "init"))
+    token = json.loads(ok(kith(home, "init", "--json")).stdout)["agent_token"]  # the default agent's
     errlog = tmp_path / "mcp-stderr.txt"
     with run_server_in_thread(tmp_path / "server" / "community.sqlite3") as url:
-        params = StdioServerParameters(command=sys.executable, cwd=str(REPO), env=ENV,
+        params = StdioServerParameters(command=sys.executable, cwd=str(REPO), env={**ENV, "KITH_AGENT_TOKEN": token},
                                        args=["-m", "node.cli.main", "--home", str(home), "mcp"])
 
         async def main():

@@ -22,6 +22,7 @@ from node.guest.copies.search import search_copy
 from node.guest.copies.store import CopyStore
 from node.guest.copies.sync import sync_copy
 
+from support.agents import api_headers
 from support.cli import invoke
 from support.copies import DOCS, copy_asker, copy_host, copy_server
 from support.homes import node_home
@@ -709,7 +710,7 @@ def test_kith_ask_and_kith_verify_mark_each_copy_result_and_mcp_and_the_api_veri
     assert report["ok"] and all(r["fromCopy"] for r in report["rows"])
     answer = json.loads(asked.stdout)
     assert call_verify(guest, {"answer": answer}).structured_content == report  # MCP `verify`
-    with run_api_in_thread(guest) as url, httpx.Client(timeout=30) as http:
+    with run_api_in_thread(guest) as url, httpx.Client(timeout=30, headers=api_headers(guest)) as http:
         assert http.post(f"{url}/verify", json={"answer": answer}).json() == report  # POST /verify
     elsewhere = kith(node_home(tmp_path, "cat"), "verify", str(saved), "--json")  # no copy there
     assert elsewhere.returncode == 1 and set(json.loads(elsewhere.stdout)["counts"]) == {"copy-not-held"}

@@ -15,6 +15,7 @@ import pytest
 from node.trust.identity import load_identity
 from node.trust.peers import PeerRegistry
 
+from support.agents import api_headers
 from support.cli import kith
 from support.envelopes import valid_ask
 from support.homes import FIXTURE, node_home, pin_host
@@ -201,7 +202,7 @@ def test_kith_verify_accepts_each_result_of_an_answer_from_a_copy_as_the_hosts(t
     as_saved = {"content": [{"type": "text", "text": c.text} for c in found.content]}  # as an agent keeps it
     mcp_report = call_verify(bea, {"answer": as_saved}).structured_content
     assert mcp_report["ok"] and all(row["fromCopy"] for row in mcp_report["rows"])
-    with run_api_in_thread(bea, offline=True) as url, httpx.Client(timeout=90) as http:
+    with run_api_in_thread(bea, offline=True) as url, httpx.Client(timeout=90, headers=api_headers(bea)) as http:
         merged = http.post(f"{url}/search", json={"query": "file", "peers": ["alice"]}).json()
         api_report = http.post(f"{url}/verify", json={"answer": merged}).json()
     valid_ask(merged)

@@ -23,6 +23,7 @@ from node.guest.outbox import OutboxStore, later_peers
 from node.trust.identity import load_identity
 from node.trust.peers import PeerRegistry
 
+from support.agents import api_headers
 from support.cli import KITH, kith, readline
 from support.envelopes import valid_ask
 from support.homes import FIXTURE, node_home, pin_host
@@ -219,8 +220,9 @@ def test_a_host_known_gone_is_answered_from_its_copy_at_once_and_mcp_and_the_api
     menv = got.structured_content
     valid_ask(menv)
     assert menv["peers"][0]["fromCopy"] is True and menv["outbox"]["peers"] == ["alice"]
+    auth = api_headers(bea)  # an agent's credential (specs/agents.md)
     with run_api_in_thread(bea, offline=True) as api:
-        posted = httpx.post(api + "/outbox", json={"query": "journal mode WAL", "peers": ["alice"]}, timeout=120)
+        posted = httpx.post(headers=auth, url=api + "/outbox", json={"query": "journal mode WAL", "peers": ["alice"]}, timeout=120)
     assert posted.status_code == 200, posted.text
     aenv = posted.json()
     assert aenv["peers"][0]["fromCopy"] is True and aenv["outbox"]["peers"] == ["alice"]

@@ -350,3 +350,28 @@ def test_the_kith_dashboard_command_prints_a_login_url_that_works(home: Path) ->
     assert proc.returncode == 0, err
     assert info["login"] in err  # the URL is on stderr too, whole, on its own line
     assert info["login"] in err.splitlines()
+
+
+def test_agents_page_lists_adds_and_removes_agents_and_the_sent_page_shows_the_log(home: Path, dash) -> None:
+    """Issue 41: the dashboard (its own login) lists, adds and removes agents — a new token
+    shown once — and shows the outbound log."""
+    from node.local.agents import Operation, authorize, load_agents
+    from node.policy.outbound import OWNER, gate
+
+    base, login = dash
+    client = _logged_in(base, login)
+    page = client.get("/agents").text
+    assert 'data-name="default"' in page and "tokenSha256" not in page
+    r = client.post("/agents/add", data={"csrf": _csrf(page), "name": "reader", "sources": "/docs/public/**",
+                                         "peers": "alice", "outbound": "block", "until": "7d"})
+    assert r.status_code == 303
+    shown = client.get("/agents").text
+    token = re.search(r"(kith_agent_[A-Za-z0-9_\-]+)", shown).group(1)
+    assert authorize(home, token, Operation("search")).name == "reader"
+    assert token not in client.get("/agents").text  # once
+    assert load_agents(home)["reader"].outbound == "block"
+    r = client.post("/agents/remove", data={"csrf": _csrf(shown), "name": "reader"})
+    assert r.status_code == 303 and "reader" not in load_agents(home)
+    gate(home, {"query": "mail jo.smith@example.org <b>now</b>"}, ["alice"], actor=OWNER, rule="allow")
+    sent = client.get("/sent").text
+    assert "allowed" in sent and "email" in sent and "&lt;b&gt;now" in sent and "<b>now" not in sent

@@ -20,6 +20,7 @@ from node.policy.store import Policy
 from node.guest.pool import SessionPool
 from node.trust.identity import load_or_init_identity
 
+from support.agents import api_headers
 from support.cli import KITH, readline as _readline
 from support.envelopes import valid_ask as valid
 from support.homes import node_home as _home, pin_host as _pin
@@ -249,10 +250,11 @@ def test_local_api_peer_answers_are_fenced_and_marked(tmp_path):
         guest_home = _home(tmp_path, "guest")
         load_or_init_identity(guest_home)
         _pin(guest_home, "alice", invite)
+        auth = api_headers(guest_home)  # an agent's credential (specs/agents.md)
         with run_api_in_thread(guest_home, offline=True) as url:
-            got = httpx.post(url + "/search", json={"query": "walrus clams invoice", "topK": 5, "peers": ["alice"]},
+            got = httpx.post(headers=auth, url=url + "/search", json={"query": "walrus clams invoice", "topK": 5, "peers": ["alice"]},
                              timeout=60)
-            own = httpx.post(url + "/search", json={"query": "walrus"}, timeout=60)
+            own = httpx.post(headers=auth, url=url + "/search", json={"query": "walrus"}, timeout=60)
     finally:
         proc.kill()
         proc.wait()

@@ -39,6 +39,8 @@ try:
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
+from support.agents import api_headers, mcp_env
+
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "specs" / "search-envelope.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -53,6 +55,13 @@ FILES = {
 
 #: one client for the whole module (a new httpx client per call costs ~0.1 s of set-up)
 HTTP = httpx.Client(timeout=30)
+#: the module server's credential (specs/agents.md); a test with its own home sets its own
+SERVED_AUTH: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True)
+def _served_credential() -> None:
+    HTTP.headers.update(SERVED_AUTH)
 
 
 def _valid(env: dict) -> None:
@@ -76,6 +85,7 @@ def _make_corpus(base: Path) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory):
     home, root = _make_corpus(tmp_path_factory.mktemp("review-api"))
+    SERVED_AUTH.update(api_headers(home))
     with run_api_in_thread(home) as url:
         yield url, home, root
 
@@ -156,6 +166,7 @@ def test_connections_that_never_finish_headers_are_bounded_and_dropped(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(httpbounds, "HEADER_TIMEOUT_S", 1.0)
     monkeypatch.setattr(httpbounds, "MAX_CONNECTIONS", 20)
+    HTTP.headers.update(api_headers(tmp_path / "home"))
     with run_api_in_thread(tmp_path / "home") as url:
         socks = []
         try:
@@ -224,6 +235,7 @@ def _mcp(home: Path, calls):
     params = StdioServerParameters(
         command=sys.executable,
         args=["-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"],
+        env=mcp_env(home),
         cwd=str(REPO))
 
     async def main():
@@ -373,6 +385,7 @@ def _crash_behind(home: Path, root: Path) -> None:
 def test_a_lagging_index_is_reported_not_hidden(tmp_path: Path) -> None:
     home, root = _make_corpus(tmp_path)
     _crash_behind(home, root)
+    HTTP.headers.update(api_headers(home))
     with Corpus(home, readonly=True) as ro:
         st = ro.stats()
         assert st["index_lag"] > 0 and st["ready"] is False
@@ -396,6 +409,7 @@ def test_a_lagging_index_is_reported_not_hidden(tmp_path: Path) -> None:
 def test_api_start_repairs_the_lag_or_warns_when_locked(tmp_path: Path) -> None:
     home, root = _make_corpus(tmp_path)
     _crash_behind(home, root)
+    HTTP.headers.update(api_headers(home))
     # another process holds the writer: the API does not wait, it warns and says syncing
     fd = os.open(home / "corpus" / "writer.lock", os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -482,6 +496,7 @@ def test_no_hits_envelope_is_still_the_empty_one() -> None:
 
 
 def test_a_server_bound_to_another_loopback_address_answers_its_own_name(tmp_path: Path) -> None:
+    HTTP.headers.update(api_headers(tmp_path / "home"))
     try:
         ctx = run_api_in_thread(tmp_path / "home", host="127.0.0.2")
         url = ctx.__enter__()

@@ -16,6 +16,8 @@ from node.corpus.store import Corpus
 
 from support.homes import initialized
 
+from support.agents import api_headers, mcp_env
+
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "specs" / "search-envelope.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -40,6 +42,7 @@ def _session(home: Path, calls):
     params = StdioServerParameters(
         command=sys.executable,
         args=["-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"],
+        env=mcp_env(home),
         cwd=str(REPO))
 
     async def main():
@@ -113,6 +116,7 @@ def test_the_server_says_who_it_is_and_only_what_it_has_in_both_eras(home: Path,
     params = StdioServerParameters(
         command=sys.executable,
         args=["-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"],
+        env=mcp_env(home),
         cwd=str(REPO))
 
     async def main():

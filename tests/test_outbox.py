@@ -24,6 +24,7 @@ from node.trust.identity import load_or_init_identity
 from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
 
+from support.agents import api_headers
 from support.cli import KITH, readline as _readline
 from support.community import NO_LIMITS
 from support.envelopes import valid_ask as valid
@@ -523,11 +524,12 @@ def test_the_local_api_queues_by_name_and_its_runner_delivers(world):
     url, host_home, guest_home = world
     host = None
     try:
+        auth = api_headers(guest_home)  # an agent's credential (specs/agents.md)
         with run_api_in_thread(guest_home, offline=True, background=True) as api:
-            bad = httpx.post(api + "/outbox", json={"query": "staging", "peers": ["alice"], "keep": "7 days"},
+            bad = httpx.post(headers=auth, url=api + "/outbox", json={"query": "staging", "peers": ["alice"], "keep": "7 days"},
                              timeout=60)
-            no_peers = httpx.post(api + "/outbox", json={"query": "staging"}, timeout=60)
-            queued = httpx.post(api + "/outbox", json={"query": "staging server deleted", "peers": ["alice"],
+            no_peers = httpx.post(headers=auth, url=api + "/outbox", json={"query": "staging"}, timeout=60)
+            queued = httpx.post(headers=auth, url=api + "/outbox", json={"query": "staging server deleted", "peers": ["alice"],
                                                        "keep": "2h"}, timeout=120)
             assert queued.status_code == 200, queued.text
             env = queued.json()
@@ -537,13 +539,13 @@ def test_the_local_api_queues_by_name_and_its_runner_delivers(world):
             deadline = time.monotonic() + 120
             record = None
             while time.monotonic() < deadline:
-                record = httpx.get(api + "/outbox", params={"id": qid[:10]}, timeout=30).json()
+                record = httpx.get(headers=auth, url=api + "/outbox", params={"id": qid[:10]}, timeout=30).json()
                 if record["state"] == "answered":
                     break
                 time.sleep(0.5)
-            listing = httpx.get(api + "/outbox", timeout=30).json()
-            missing = httpx.get(api + "/outbox", params={"id": "ffff0000"}, timeout=30)
-            put = httpx.put(api + "/outbox", json={}, timeout=30)
+            listing = httpx.get(headers=auth, url=api + "/outbox", timeout=30).json()
+            missing = httpx.get(headers=auth, url=api + "/outbox", params={"id": "ffff0000"}, timeout=30)
+            put = httpx.put(headers=auth, url=api + "/outbox", json={}, timeout=30)
     finally:
         _stop(host)
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "outbox-keep-invalid"

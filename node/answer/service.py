@@ -66,6 +66,8 @@ class _Query:
     deadline: float | None = None
     timings: dict[str, float] | None = None
     marks: dict[str, float] = field(default_factory=dict)  # perf_counter per stage start
+    #: an agent's ``sources`` globs (node/local/agents.py), ANDed with the request's filters
+    scope_sources: tuple[str, ...] | None = None
 
 
 class AnswerService:
@@ -132,7 +134,8 @@ class AnswerService:
 
     # --- the answer ---------------------------------------------------------------------
     def answer(self, body: Any, view: View = OWNER, *,
-               timings: dict[str, float] | None = None) -> dict[str, Any]:
+               timings: dict[str, float] | None = None,
+               scope_sources: tuple[str, ...] | None = None) -> dict[str, Any]:
         """Answer one search request as ``view``: admit → search → screen → render.
 
         Args:
@@ -140,6 +143,9 @@ class AnswerService:
             view: :data:`OWNER` or a :class:`PeerView`.
             timings: when given, filled with the seconds spent per stage — ``search``,
                 ``gate`` (the screen) and ``envelope`` — for ``scripts/bench``'s profile.
+            scope_sources: an agent's ``sources`` globs (:meth:`node.local.agents.Scope.source_filter`):
+                only sources matching one of them are searched, besides the request's
+                own filters (which are echoed unchanged). None: no narrowing.
 
         Returns:
             ``{"status": str, "envelope": dict}`` plus ``error`` / ``approval_id`` /
@@ -149,6 +155,7 @@ class AnswerService:
         q = self._admit(body, view, timings)
         if isinstance(q, dict):
             return q
+        q.scope_sources = scope_sources
         found = self._search(q, q.req["topK"])
         if isinstance(found, dict):
             return found
@@ -200,8 +207,11 @@ class AnswerService:
         try:
             if q.peer is not None and q.lens is None:
                 q.lens = self.lens_for(q.peer, q.policy)
+            filters = req["filters"] or None
+            if q.scope_sources is not None:  # an agent's scope: ANDed, never echoed
+                filters = {**(filters or {}), "scopeSources": list(q.scope_sources)}
             hits, controller = self._corpus.search_hits(
-                req["query"], limit=limit, filters=req["filters"] or None, deadline=q.deadline,
+                req["query"], limit=limit, filters=filters, deadline=q.deadline,
                 max_per_document=contract.DEDUPE_LEVELS[req["dedupe"]], lens=q.lens)
         except CorpusError as exc:
             if exc.code == "query-invalid":  # e.g. a query of stop words only
@@ -315,17 +325,18 @@ _local_services: weakref.WeakKeyDictionary[Any, AnswerService] = weakref.WeakKey
 _local_lock = threading.Lock()
 
 
-def answer_local(corpus: Any, body: Any) -> dict[str, Any]:
+def answer_local(corpus: Any, body: Any, *, scope_sources: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Answer ``body`` over ``corpus`` (or None: no corpus yet) as the owner
-    (:data:`OWNER`) — ``kith search``, ``POST /search``, MCP's local search. One service
-    per corpus object is kept while the corpus lives."""
+    (:data:`OWNER`) — ``kith search``, ``POST /search``, MCP's local search; an agent's
+    ``scope_sources`` narrow it (:meth:`AnswerService.answer`). One service per corpus
+    object is kept while the corpus lives."""
     if corpus is None:
-        return AnswerService(None).answer(body, OWNER)
+        return AnswerService(None).answer(body, OWNER, scope_sources=scope_sources)
     with _local_lock:
         service = _local_services.get(corpus)
         if service is None:
             service = _local_services[corpus] = AnswerService(corpus)
-    return service.answer(body, OWNER)
+    return service.answer(body, OWNER, scope_sources=scope_sources)
 
 
 __all__ = ["AnswerService", "Knowledge", "MESSAGE_OVERHEAD_BYTES", "NO_RESULT_FLOOR_S", "OWNER",

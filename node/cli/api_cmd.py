@@ -26,7 +26,8 @@ def serve_cmd(
 ) -> None:
     """Serve GET /health, /stats, /contract, /openapi.json, POST /search (this home's corpus
     or pinned peers) and POST /verify (a saved answer's citations) until Ctrl-C/SIGTERM. Every other method answers 403 and changes nothing; only a
-    loopback Host/Origin with this port is answered. A lagging index is repaired at start
+    loopback Host/Origin with this port is answered. Every request but GET /health needs an
+    agent's token (`Authorization: Bearer TOKEN`; `kith agent`) and is held to its scope. A lagging index is repaired at start
     when no other process is writing it (else a warning).
 
     The one write: POST /outbox asks pinned peers now and keeps the question for those that
@@ -60,8 +61,12 @@ def mcp_cmd(
     local: bool = typer.Option(False, "--offline", "--local", envvar="KITH_OFFLINE",
                                help="Offline mode for peer searches: loopback only, relays off "
                                     "(--local: the old spelling, deprecated)."),
+    agent: str = typer.Option("default", "--agent", metavar="NAME",
+                              help="Serve as this agent (`kith agent`); its token is read from "
+                                   "$KITH_AGENT_TOKEN, and every tool call is held to its scope."),
 ) -> None:
-    """Serve the read-only `search` tool over MCP stdio (local corpus and joined peers)."""
+    """Serve the read-only `search` tool over MCP stdio (local corpus and joined peers), as
+    the agent NAME whose token is in $KITH_AGENT_TOKEN (`kith agent rotate NAME` prints one)."""
     from node.local.mcp import run_stdio
 
-    run_stdio(home_of(ctx), local=local)
+    run_stdio(home_of(ctx), local=local, agent=agent)

@@ -51,6 +51,8 @@ COMMANDS: tuple[Entry, ...] = (
     Entry("copies", "node.cli.copies_cmd", "copies_app"),
     Entry("community", "node.cli.community_cmd", "community_app"),
     Entry("api", "node.cli.api_cmd", "api_app"),
+    Entry("agent", "node.cli.agent_cmd", "agent_app"),
+    Entry("sent", "node.cli.sent_cmd", "sent_app"),
     Entry("sessions", "node.cli.status_cmd", "sessions_app"),
     Entry("device", "node.cli.device_cmd", "device_app"),
     Entry("person", "node.cli.person_cmd", "person_app"),

@@ -109,6 +109,7 @@ def ask_cmd(
     later: bool = typer.Option(False, "--later", help="Keep the question for every peer that is offline now (or whose answer waits for its owner's approval) in this home's outbox; a running `kith host`, `kith api serve`, `kith mcp` or `kith outbox run` delivers it when the peer is back (`kith outbox list`). A peer answered from its copy (or with --copy) is kept too: the copy answers now, the live host later."),
     copy_only: bool = typer.Option(False, "--copy", help="Answer only from this node's copies of the peers (`kith copies sync`); no peer is asked. Without it, a peer that is unreachable is answered from its copy when one is kept, marked \"from NAME's copy of ...\". With --later the question is also kept for the live hosts (they are not dialled now)."),
     keep: Optional[str] = typer.Option(None, "--keep", metavar="DURATION", help="With --later: how long the outbox keeps the question (30m, 12h, 7d, 2w; default 7d)."),
+    yes: bool = typer.Option(False, "--yes", help="Send the question even when the outbound gate holds it (it carries 12+ words of a source hidden from a peer, a personal value or a secret); without it you are asked at a terminal, and refused (outbound-needs-confirmation) without one."),
 ) -> None:
     """Ask pinned peers one question at once; print one merged answer citing who said what."""
     from node.answer import contract
@@ -156,6 +157,13 @@ def ask_cmd(
 
         with OutboxStore(home) as store:
             store.check_room(request)
+    ticket = None
+    if names and not copy_only:  # the outbound gate, before anything leaves (specs/agents.md §5)
+        from node.cli.common import confirm_outbound
+        from node.policy.outbound import OWNER, gate
+
+        ticket = gate(home, request, names, actor=OWNER, rule="ask", yes=yes,
+                      confirm=confirm_outbound if sys.stdin.isatty() and sys.stderr.isatty() else None)
     identity = load_identity(home)
 
     def show(env: dict[str, Any]) -> None:
@@ -189,6 +197,8 @@ def ask_cmd(
                                 local=local_searcher(home) if local_corpus else None, own_key=identity.public_key,
                                 on_waiting=(WAIT_NOTICE_S, WAIT_REPEAT_S, say_waiting),
                                 copies="only" if copy_only else "fallback")
+            if ticket is not None:
+                ticket.done(env)
             if later:  # the outbox (specs/outbox.md): kept for the peers that did not answer
                 from node.guest.outbox import keep_for_later
 

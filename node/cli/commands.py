@@ -33,7 +33,8 @@ def init_cmd(
     The person key signs a device binding for this device; a recovery secret is printed
     ONCE as 24 words (write them on paper: they are not stored and cannot be shown again).
     On a home that already has both, prints them and changes nothing; a home made before
-    person keys keeps its identity key as this device's key and gets a person key.
+    person keys keeps its identity key as this device's key and gets a person key. A home
+    without agents gets the agent `default` (`kith agent`), whose token is printed once.
     """
     from node.common.errors import SigningError
     from node.trust.identity import fingerprint, init_identity
@@ -46,8 +47,12 @@ def init_cmd(
     except SigningError as exc:
         raise UsageError("usage", f"--device-name: {exc.message}") from None
     binding = person.binding_for(ident.public_key)
+    from node.local.agents import ensure_default_agent
+
+    agent_token = ensure_default_agent(home)  # the agent `default` (specs/agents.md); its token shown once
     if json_out:
         emit_json({"public_key": ident.public_key, "fingerprint": ident.fingerprint, "created": created,
+                   "agent_token": agent_token,
                    "home": str(home), "person_key": person.person_key,
                    "person_fingerprint": fingerprint(person.person_key), "person_created": words is not None,
                    "device_name": binding["device_name"] if binding else None,
@@ -63,6 +68,11 @@ def init_cmd(
     if binding:
         console.print(f"  this device: {safe_text(binding['device_name'])!r} (binding {binding['seq']})",
                       highlight=False, markup=False)
+    if agent_token:
+        console.print("Created the agent 'default' for `kith mcp` and the local API (every source, every "
+                      "pinned peer, the outbox; outbound: ask). Its token (shown once; `kith agent rotate "
+                      "default` prints a new one):", highlight=False, markup=False)
+        console.print(f"  {agent_token}", highlight=False, markup=False)
     if words:
         console.print("Recovery secret (shown once, not stored; write it on paper — it can sign a rotation of "
                       "the person key if the device holding it is lost):", highlight=False, markup=False)
@@ -457,6 +467,7 @@ def join_cmd(
     citations: bool = typer.Option(False, "--citations", help="Ask the host to sign a citation for each result (it signs only with --sign-citations); check them later with `kith verify`."),
     pin: Optional[str] = typer.Option(None, "--pin", metavar="NAME", help="After a successful session, pin the host in the peer registry as NAME (a name pinned to another key is refused)."),
     accept_host_ui: bool = typer.Option(False, "--accept-host-ui", help="Advertise p2p_ui_v1: accept the host's UI bundle when this protocol has no local ui/ (verified, installed per session under the home)."),
+    yes: bool = typer.Option(False, "--yes", help="Send a question even when the outbound gate holds it (12+ words of a source hidden from this host, a personal value or a secret); without it you are asked at a terminal, and refused (outbound-needs-confirmation) without one."),
 ) -> None:
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
     from node.guest.guest import GuestOptions, ask, check_pinned_name, open_target, resolve_peer, trust_status
@@ -516,6 +527,17 @@ def join_cmd(
             if answer.strip().lower() not in ("y", "yes"):
                 raise InvitationError("host-not-trusted", "you did not trust the host")
 
+        from node.cli.common import confirm_outbound
+        from node.policy.outbound import OWNER, gate
+
+        at_terminal = sys.stdin.isatty() and sys.stderr.isatty()
+
+        def gated(text: str) -> Any:
+            """The outbound gate for one question to this host, before it leaves (specs/agents.md §5)."""
+            return gate(home, {"query": text, "topK": top_k}, [name], actor=OWNER, rule="ask", yes=yes,
+                        confirm=confirm_outbound if at_terminal else None)
+
+        tickets = [await anyio.to_thread.run_sync(gated, text) for text in query]  # all, before connecting
         import time
 
         from node.cli.render import WAIT_NOTICE_S, WAIT_REPEAT_S
@@ -570,6 +592,8 @@ def join_cmd(
             outstanding[0] = None
             waiting.stop()
             shown_results.append(message)
+            if len(shown_results) <= len(tickets):  # what came back, in the outbound log
+                tickets[len(shown_results) - 1].done({**(message.get("envelope") or {}), "status": message.get("status")})
             if json_out:  # which host answered, for `kith verify` (the message does not say)
                 emit_json({**message, "peer": {"key": inv.host_public_key, "name": name}})
             else:
@@ -611,6 +635,7 @@ def join_cmd(
                     return None
                 try:
                     contract.validate({"query": text, "topK": top_k})
+                    tickets.append(gated(text.strip()))  # the outbound gate (held, not confirmed: refused)
                 except KithError as exc:
                     print_error(exc)  # text only: in --json mode stdout carries results only
                     continue

@@ -19,7 +19,7 @@ from rich.console import Console, ConsoleDimensions
 from rich.segment import Segment
 from rich.text import Text
 
-from node.common.home import create_home, home_initialized, require_home, resolve_home
+from node.common.home import IDENTITY_FILE, create_home, home_initialized, require_home, resolve_home
 
 #: Width a console lays out to when its stream is not a terminal: long lines (a `kith
 #: join ...` command to copy, a table row) must not be cut at 80 columns in a pipe or file.
@@ -155,7 +155,22 @@ def home_of(ctx: typer.Context, *, server: bool = False) -> Path:
         ConfigError: ``home-not-a-folder`` (the path is a file), ``home-not-initialized``
             (no such home yet; the ``kith --home DIR init`` hint).
     """
-    return require_home(state_of(ctx).home_path, server=server)
+    home = require_home(state_of(ctx).home_path, server=server)
+    if (home / IDENTITY_FILE).is_file():  # not a community server's home
+        _default_agent(home)
+    return home
+
+
+def _default_agent(home: Path) -> None:
+    """The first command in a home made before agents creates the agent ``default``
+    (node/local/agents.py) and says how to get its token (it is never printed here)."""
+    from node.local.agents import AGENTS_FILE, ensure_default_agent
+
+    if (home / AGENTS_FILE).exists():
+        return
+    if ensure_default_agent(home) is not None:
+        warn("created the agent 'default' (every source, every pinned peer, the outbox; outbound: ask) "
+             "for `kith mcp` and the local API; `kith agent rotate default` prints its token")
 
 
 #: The same check: every command that reads the home needs an initialised one.
@@ -184,6 +199,29 @@ def emit_json(obj: Any) -> None:
     """Print one JSON document on one line to stdout and flush (JSON-Lines friendly)."""
     sys.stdout.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n")
     sys.stdout.flush()
+
+
+def confirm_outbound(holds: list[Any]) -> bool | None:
+    """Ask the owner at a terminal whether to send a question the outbound gate held
+    (node/policy/outbound.py): the kinds and source ids (never the text), then ``[y/N]``
+    for :data:`node.policy.outbound.PROMPT_TIMEOUT_S` seconds.
+
+    Returns:
+        True to send, False when refused, None when nobody answered in time (denied).
+    """
+    import select
+
+    from node.policy.outbound import PROMPT_TIMEOUT_S
+
+    kinds = sorted({h.kind + (f" from {h.source}" if h.source else "") + (f" (hidden from {h.peer})" if h.peer else "")
+                    for h in holds})
+    err_console.print(safe_text("the question carries " + "; ".join(kinds)), highlight=False, markup=False)
+    err_console.print(f"send it anyway? [y/N] ({PROMPT_TIMEOUT_S} s) ", end="", highlight=False, markup=False)
+    ready, _, _ = select.select([sys.stdin], [], [], PROMPT_TIMEOUT_S)
+    if not ready:
+        err_console.print("", highlight=False)
+        return None
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 def warn(message: str) -> None:

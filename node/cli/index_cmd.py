@@ -358,6 +358,11 @@ def _sync(ctx: typer.Context, mode: SyncMode, json_out: bool) -> None:
     # the copies this node keeps are indexed like its own corpus: re-indexed with it when
     # the index schema or chunker changed (specs/copies.md §5)
     report["copiesReindexed"] = reindex_copies(home_of(ctx))
+    from node.policy.outbound import write_fingerprints
+
+    # the outbound gate's fingerprints of this node's own text, written at index time
+    # (specs/agents.md §6); a check finding them older than the corpus rewrites them
+    write_fingerprints(home_of(ctx))
     if json_out:
         emit_json(report)
         return

@@ -319,6 +319,18 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "group-member-not-found": ("policy", "That peer is not a member of the group."),
     "peer-not-blocked": ("policy", "That peer's key is not blocked."),
     "peer-key-changed": ("handshake", "This peer claims a pinned name but presents a different key."),
+    "outbound-held": ("egress", "The outbound gate held the question: it carries private text, a personal value or a secret; nothing was sent.", "`kith sent --json` shows what was held and why; rephrase without it, or `kith agent set NAME --outbound ask|allow`"),
+    "outbound-needs-confirmation": ("egress", "The outbound gate held the question and nobody could confirm it here; nothing was sent.", "`kith sent approve ID` lets the same question through once; at a terminal, `--yes` sends it"),
+    "outbound-not-pending": ("egress", "No held question with that id is waiting (its time ran out: it was denied).", "`kith sent --json` shows the held questions"),
+    # --- agents (issue 41, specs/agents.md) ----------------------------------------------
+    "agent-token-required": ("agent", "This door needs an agent token: `Authorization: Bearer TOKEN` on the local API, KITH_AGENT_TOKEN for `kith mcp`.", "`kith agent rotate default` prints a new token of the default agent; `kith agent add NAME` makes a narrower one"),
+    "agent-token-invalid": ("agent", "The agent token is not one this home issued (wrong, rotated or removed).", "`kith agent list` shows the agents; `kith agent rotate NAME` prints a new token"),
+    "agent-expired": ("agent", "The agent's credential has expired.", "`kith agent set NAME --until …` extends it, or `--until never`"),
+    "agent-scope": ("agent", "The agent's scope does not allow this.", "`kith agent show NAME` shows its scope; `kith agent set NAME …` widens it"),
+    "agent-invalid": ("usage", "An agent name or scope value is not valid."),
+    "agent-exists": ("config", "An agent of that name exists already.", "`kith agent rotate NAME` gives it a new token; `kith agent set NAME` changes its scope"),
+    "agent-not-found": ("config", "No agent has that name.", "`kith agent list` shows the agents"),
+    "agents-file-invalid": ("config", "<home>/agents.json is not a readable agents file.", "restore it from a backup, or move it aside: the next command creates the `default` agent again"),
     # --- generic ----------------------------------------------------------------------------
     "internal-error": ("internal", "An internal error occurred."),
 }
@@ -471,13 +483,21 @@ class PolicyError(KithError):
     _category = "policy"
 
 
+class AgentError(KithError):
+    """A refusal of an agent credential or scope at a local door (node/local/agents.py):
+    ``status`` 401 for a missing, unknown or expired credential, 403 for an operation
+    outside the agent's scope."""
+
+    _category = "agent"
+
+
 CATEGORY_CLASSES: dict[str, type[KithError]] = {
     "internal": KithError,
     "identity": KithError,
     **{cls._category: cls for cls in (UsageError, ConfigError, SigningError, InvitationError,
                                       HandshakeError, ProtocolViolation, SessionAborted,
                                       SpecError, HookError, EgressRefused, TransportError,
-                                      CommunityError, CorpusError, PolicyError)
+                                      CommunityError, CorpusError, PolicyError, AgentError)
        if cls._category is not None},
 }
 """category → the one class raised for its codes (``internal`` and ``identity`` codes have no

@@ -300,6 +300,8 @@ _IBAN_REGROUP = re.compile(r"\s(?=[A-Z0-9])")
 
 
 def _iban(text: str) -> list[tuple[int, int]]:
+    if _IBAN.search(text) is None:  # no candidate: stdnum (~50 ms to import) is not loaded
+        return []
     from stdnum import iban
 
     return _grouped_values(_IBAN, text, lambda at: _free_left(text, at),

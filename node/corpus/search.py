@@ -442,10 +442,11 @@ def passes_filters(source_id: str, metadata: dict[str, Any], filters: dict[str, 
 
     Fails closed: a filter on a value the document does not have excludes it
     (DESIGN §9). File documents carry no metadata in this cut, so only ``sources``
-    can select them.
+    can select them. ``scopeSources`` (an agent's scope, added by the answer service after
+    the request was checked) matches as ``sources`` does, ANDed with it.
     """
     for key, want in filters.items():
-        if key == "sources":
+        if key in ("sources", "scopeSources"):  # scopeSources: an agent's (never a request's)
             if not any(source_glob(g).match(source_id) for g in want):
                 return False
         elif key in _META_KEYS:

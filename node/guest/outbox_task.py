@@ -144,9 +144,14 @@ class OutboxTask:
                 code = None
                 refused = False  # reached, but the host (or this node) refused: back off longer
                 try:
+                    from node.policy.outbound import gate  # logged (the agent's rule decided when it was kept)
+
+                    ticket = await anyio.to_thread.run_sync(
+                        lambda: gate(self.home, item.request, [item.peer_name], actor="outbox", rule="allow"))
                     pool = await runner.pool()
                     with anyio.fail_after(ATTEMPT_TIMEOUT_S):
                         message = await Asker(pool).ask(item.peer_name, request)
+                    await anyio.to_thread.run_sync(ticket.done, message)
                 except TimeoutError:
                     code = "peer-timeout"
                 except PeerGone as gone:

@@ -15,6 +15,12 @@
   document of its signed citations (specs/citations.md; reads only the peer registry and,
   for results from a copy, this home's copy documents; asks no host).
 
+Every request but ``GET /health`` needs an agent's credential (``Authorization: Bearer``,
+specs/agents.md; never a query string or a cookie) and is held to the agent's scope by
+:func:`node.local.agents.authorize` — the one check ``kith mcp`` runs for every tool too:
+401 ``agent-token-required`` / ``agent-token-invalid`` / ``agent-expired``, 403
+``agent-scope``. ``GET /health`` without a credential answers only that the server is up.
+
 Everything else is refused before any handler runs and changes nothing: a client whose
 address is not loopback answers 403 ``api-loopback-only`` (checked first, on every
 request); a ``Host`` header that is not a loopback name with the server's port, or an
@@ -53,7 +59,8 @@ from node.answer import contract
 from node.answer import envelope as env_mod
 from node.answer.holder import CorpusHolder
 from node.answer.service import answer_local
-from node.common.errors import ConfigError, CorpusError, KithError
+from node.common.errors import AgentError, ConfigError, CorpusError, KithError
+from node.local.agents import Operation, Scope as AgentScope, api_operation, authorize, bearer_token
 from node.common.http import (
     MAX_JSON_DEPTH,
     base_url_of,
@@ -90,10 +97,14 @@ def openapi_document() -> dict[str, Any]:
     err = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
     envelope_ref = {"$ref": "https://kith.invalid/specs/search-envelope.schema.json"}
     refused = {"description": "Read-only API: refused, nothing changed (api-read-only), a "
-                              "non-loopback client (api-loopback-only), or a Host/Origin "
-                              "header that is not loopback with this port (api-bad-host).",
+                              "non-loopback client (api-loopback-only), a Host/Origin "
+                              "header that is not loopback with this port (api-bad-host), or "
+                              "an operation outside the agent's scope (agent-scope).",
                **err}
-    return {
+    unauthorized = {"description": "No agent credential (agent-token-required), a token no current "
+                                   "agent has (agent-token-invalid: wrong, rotated or removed) or an "
+                                   "expired agent (agent-expired); WWW-Authenticate: Bearer.", **err}
+    doc = {
         "openapi": "3.1.0",
         "info": {"title": "Kith local read-only API", "version": str(env_mod.SCHEMA_VERSION),
                  "description": (
@@ -103,7 +114,8 @@ def openapi_document() -> dict[str, Any]:
             "outbox (specs/outbox.md), never the corpus, settings or policy.")},
         "servers": [{"url": f"http://127.0.0.1:{DEFAULT_PORT}"}],
         "paths": {
-            "/health": {"get": {"summary": "Readiness and the usage policy", "responses": {
+            "/health": {"get": {"summary": "Readiness and the usage policy (without a credential: only "
+                                           "{service, status: up})", "security": [{}, {"agentToken": []}], "responses": {
                 "200": {"description": "ready or not; see available/reason",
                         "content": {"application/json": {"schema": {"type": "object"}}}},
                 "403": refused}}},
@@ -177,7 +189,13 @@ def openapi_document() -> dict[str, Any]:
                         "500": {"description": "the outbox file is damaged (outbox-corrupt); nobody was asked", **err},
                         "507": {"description": "the outbox is full (outbox-full); nothing was kept", **err}}}},
         },
-        "components": {"schemas": {
+        "security": [{"agentToken": []}],
+        "components": {"securitySchemes": {"agentToken": {
+            "type": "http", "scheme": "bearer",
+            "description": "An agent's token (`kith agent add|rotate`, specs/agents.md), in the "
+                           "Authorization header only: never a query string or a cookie. Every "
+                           "route but GET /health needs it; GET /health without it answers only "
+                           "{service, status: up}."}}, "schemas": {
             "OutboxRequest": {**contract.core_schema(), "required": ["query", "peers"],
                               "properties": {**contract.core_schema()["properties"],
                                              "peers": {"oneOf": [{"const": "all"}, {
@@ -208,6 +226,12 @@ def openapi_document() -> dict[str, Any]:
             "SearchRequest": contract.core_schema(),
         }},
     }
+    for ops in doc["paths"].values():  # every route: the agent's credential and scope
+        for op in ops.values():
+            op["responses"]["401"] = unauthorized
+            op["responses"].setdefault("403", refused)
+            op["responses"] = dict(sorted(op["responses"].items()))
+    return doc
 
 
 def _verify_results() -> tuple[str, ...]:
@@ -279,13 +303,24 @@ class _PoolKeeper:
             ready.set()
 
 
+#: The ASGI scope key the guard leaves the request's bearer token under for the handlers.
+TOKEN_KEY = "kith.agent_token"
+
+
 class _Handlers:
     def __init__(self, holder: CorpusHolder, max_body_bytes: int, pools: _PoolKeeper | None = None) -> None:
         self.holder = holder
         self.max_body_bytes = max_body_bytes
         self.pools = pools
 
+    def _authorize(self, request: Request, body: Any = None) -> AgentScope:
+        """The one scope check (:func:`node.local.agents.authorize`) for this request's
+        route and body; raises ``AgentError`` (answered 401/403 by ``_on_kith_error``)."""
+        return authorize(self.holder.home, request.scope.get(TOKEN_KEY),
+                         api_operation(request.method, request.url.path, body))
+
     async def health(self, request: Request) -> JSONResponse:
+        self._authorize(request)
         st = await anyio.to_thread.run_sync(lambda: self.holder.get().stats())
         syncing = st["processing"] or st["index_lag"] or (st["last_sync"] is None
                                                           and st["documents"])
@@ -316,15 +351,18 @@ class _Handlers:
         return {"available": n > 0, "pinned": n}
 
     async def stats(self, request: Request) -> JSONResponse:
+        self._authorize(request)
         st = await anyio.to_thread.run_sync(lambda: self.holder.get().stats())
         keep = ("roots", "documents", "done", "chunks", "failed", "empty", "processing",
                 "stale", "ready", "last_sync", "index_lag")
         return JSONResponse({k: st.get(k) for k in keep})
 
     async def contract(self, request: Request) -> JSONResponse:
+        self._authorize(request)
         return JSONResponse(_contract())
 
     async def openapi(self, request: Request) -> JSONResponse:
+        self._authorize(request)
         return JSONResponse(openapi_document())
 
     async def _json_body(self, request: Request) -> Any:
@@ -343,10 +381,11 @@ class _Handlers:
         body = await self._json_body(request)
         if isinstance(body, JSONResponse):
             return body
+        scope = self._authorize(request, body)
         if isinstance(body, dict) and "peers" in body and self.pools is not None:
-            return await self._peers_search(body)
+            return await self._peers_search(body, scope=scope)
         answer = await anyio.to_thread.run_sync(
-            lambda: answer_local(self.holder.get(), body))
+            lambda: answer_local(self.holder.get(), body, scope_sources=scope.source_filter()))
         if answer["status"] == "invalid-request":
             err = answer.get("error") or {"code": "query-invalid", "message": "invalid request"}
             return JSONResponse({"error": err, "envelope": answer["envelope"]}, status_code=400)
@@ -358,6 +397,7 @@ class _Handlers:
         from node.answer.citation import MAX_ANSWER_BYTES, known_keys, verify_request
         from node.guest.copies.search import copy_texts
 
+        self._authorize(request)
         raw = await read_body(request, MAX_ANSWER_BYTES + 64)
         try:
             body = msgspec.json.decode(raw)
@@ -367,11 +407,13 @@ class _Handlers:
         # answer-invalid (400) from a body that is not a saved answer
         return JSONResponse(await anyio.to_thread.run_sync(lambda: verify_request(body, known_keys(home), copy_texts(home))))
 
-    async def _peers_search(self, body: dict[str, Any], keep_s: int | None = None) -> JSONResponse:
+    async def _peers_search(self, body: dict[str, Any], keep_s: int | None = None, *,
+                            scope: AgentScope) -> JSONResponse:
         """``peers`` (a local-only extension, specs/ask.md §5): taken off, the rest checked
         against the one request contract, then every named pinned peer asked at once. With
         ``keep_s`` (``POST /outbox``) the question is then kept in the outbox for the peers
-        that did not answer (:func:`node.guest.outbox.keep_for_later`)."""
+        that did not answer (:func:`node.guest.outbox.keep_for_later`). ``scope``: the
+        agent's (``"all"`` becomes the peers it may ask: :meth:`node.local.agents.Scope.peers_for`)."""
         from node.guest.fanout import PEERS_TIMEOUT_S, check_peers_field, peers_search
 
         body = dict(body)
@@ -386,6 +428,7 @@ class _Handlers:
             contract.validate(body)
         except CorpusError as exc:
             return _invalid(exc.message)
+        peers = scope.peers_for(peers)
         if citations:
             body["citations"] = True
         home = self.holder.home
@@ -398,8 +441,13 @@ class _Handlers:
                     store.check_room(request)
             await anyio.to_thread.run_sync(check)
         assert self.pools is not None
+        from node.policy.outbound import door_gate
+
+        # the outbound gate, before the first byte leaves (outbound-held / -needs-confirmation: 403)
+        ticket = await anyio.to_thread.run_sync(lambda: door_gate(home, scope, body, peers))
         pool = await self.pools.get()
         merged = await peers_search(home, peers, body, pool=pool, timeout_s=PEERS_TIMEOUT_S)
+        await anyio.to_thread.run_sync(lambda: ticket.done(merged))
         if keep_s is not None:
             from node.guest.outbox import keep_for_later
 
@@ -414,6 +462,7 @@ class _Handlers:
         from node.guest.outbox import OUTBOX_FILE, OutboxStore, empty_usage, public_record
 
         home = self.holder.home
+        self._authorize(request)
         qid = request.query_params.get("id")
 
         def read() -> dict[str, Any]:
@@ -440,9 +489,11 @@ class _Handlers:
         ``outbox`` (specs/outbox.md §6). ``outbox-full`` is 507."""
         from node.guest.outbox import parse_keep
 
+        self._authorize(request, {})
         body = await self._json_body(request)
         if isinstance(body, JSONResponse):
             return body
+        scope = self._authorize(request, body)
         if not isinstance(body, dict) or "peers" not in body:
             return _invalid("POST /outbox asks pinned peers: the field 'peers' is required.")
         body = dict(body)
@@ -454,7 +505,7 @@ class _Handlers:
         except KithError as exc:
             return error_response(exc.code, exc.message, 400)
         try:
-            return await self._peers_search(body, keep_s=keep_s)
+            return await self._peers_search(body, keep_s=keep_s, scope=scope)
         except ConfigError as exc:
             if exc.code == "outbox-full":
                 return error_response(exc.code, exc.message, 507)
@@ -471,7 +522,14 @@ def _invalid(message: str) -> JSONResponse:
 async def _on_kith_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, KithError)
     status = exc.status  # 400 unless the raise site gave one (KithError.status)
-    return error_response(exc.code, exc.message, status)
+    if exc.code == "agents-file-invalid":
+        status = 500
+    return error_response(exc.code, exc.message, status, _challenge(status))
+
+
+def _challenge(status: int) -> dict[str, str] | None:
+    """``WWW-Authenticate: Bearer`` on a 401 (RFC 6750)."""
+    return {"WWW-Authenticate": 'Bearer realm="kith"'} if status == 401 else None
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -548,12 +606,15 @@ def _json_content_type(scope: Scope) -> bool:
 
 
 class _Guard:
-    """Outer ASGI layer: loopback clients only, loopback Host/Origin only, then read-only
-    routing and the JSON content type — before Starlette (so no handler, body read or
-    corpus access happens for a refused request)."""
+    """Outer ASGI layer: loopback clients only, loopback Host/Origin only, an agent's
+    credential (``Authorization: Bearer``; only ``GET /health`` answers without one, and
+    then only "up"), then read-only routing and the JSON content type — before Starlette
+    (so no handler, body read or corpus access happens for a refused request). Each
+    handler then checks its own operation with the same :func:`node.local.agents.authorize`."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, home: Path) -> None:
         self.app = app
+        self.home = home
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -566,6 +627,18 @@ class _Guard:
             return
         method = scope["method"].upper()
         path = scope["path"]
+        # never a query string or a cookie: the Authorization header alone
+        token = bearer_token(_header(scope, b"authorization"))
+        if token is None and method in ("GET", "HEAD") and path == "/health":
+            await JSONResponse({"service": SERVICE, "status": "up"})(scope, receive, send)
+            return
+        try:
+            authorize(self.home, token, Operation("connect"))
+        except KithError as exc:
+            status = exc.status if isinstance(exc, AgentError) else 500
+            await error_response(exc.code, exc.message, status, _challenge(status))(scope, receive, send)
+            return
+        scope[TOKEN_KEY] = token
         if method == "POST" and path in (SEARCH_PATH, VERIFY_PATH, OUTBOX_PATH):
             if not _json_content_type(scope):
                 await error_response("api-content-type", f"POST {path} takes "
@@ -608,7 +681,7 @@ def create_app(home: Path | str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     ]
     inner = Starlette(routes=routes, exception_handlers={
         KithError: _on_kith_error, Exception: _on_unexpected})
-    guard = _Guard(inner)
+    guard = _Guard(inner, Path(home))
     guard.holder = h.holder  # type: ignore[attr-defined]
     return guard
 
@@ -704,12 +777,13 @@ def run_api_in_thread(home: Path | str, host: str = "127.0.0.1", port: int = 0, 
 
 
 def search_via_api(base_url: str, body: dict[str, Any], budget: env_mod.SearchBudget,
-                   *, timeout_s: float = 65.0) -> dict[str, Any]:
+                   *, token: str, timeout_s: float = 65.0) -> dict[str, Any]:
     """Client helper: one ``POST /search`` inside a shared :class:`SearchBudget`.
 
     Args:
         base_url: the API's base URL. body: the request (without ``remainingBudgetMs``).
         budget: the loop's budget; its deadline is never reset.
+        token: an agent's token (``Authorization: Bearer``; specs/agents.md).
         timeout_s: HTTP timeout (s), never longer than the budget left.
 
     Returns:
@@ -722,7 +796,8 @@ def search_via_api(base_url: str, body: dict[str, Any], budget: env_mod.SearchBu
 
     req = budget.next_request(body)
     timeout = min(timeout_s, req["remainingBudgetMs"] / 1000.0 + 5.0)
-    r = httpx.post(base_url.rstrip("/") + SEARCH_PATH, json=req, timeout=timeout)
+    r = httpx.post(base_url.rstrip("/") + SEARCH_PATH, json=req, timeout=timeout,
+                   headers={"Authorization": f"Bearer {token}"})
     if r.status_code == 400:
         raise CorpusError("query-invalid", str(r.json().get("error", {}).get("message", ""))[:200]
                           or None)

@@ -32,6 +32,18 @@ this node's outbox for those offline (its annotations say ``readOnlyHint`` false
 ``outbox`` reads the kept questions and their answers. While the server runs it drives
 the home's background runner (node/guest/runner.py), which delivers the outbox.
 
+The server runs as an agent (specs/agents.md): ``kith mcp --agent NAME`` (default
+``default``) with that agent's token in ``KITH_AGENT_TOKEN``; it does not start without
+one, and every tool call first passes :func:`node.local.agents.authorize` — the one check
+every route of the local API passes — which refuses an agent removed, rotated or expired
+since, or a call outside its scope, as a tool error ``[agent-…] message``. The scope also
+narrows what runs: a local search only sees the agent's sources, ``peers: "all"`` means
+the peers it may ask. A question to peers passes the outbound gate
+(node/policy/outbound.py) first; one it holds under the agent's rule ``ask`` is put to the
+person through the client's form elicitation when the client declares it (2026-07-28
+``input_required``; 2025-11-25 ``elicitation/create``), else refused with
+``outbound-needs-confirmation`` and the id ``kith sent approve`` takes.
+
 Read-only otherwise: the tools never index, syncs, writes settings or memory, or starts servers;
 their annotations say so (``readOnlyHint``). Bad input gets the same typed refusal as the
 API: a tool error (``is_error`` true) whose text is ``[code] message`` — e.g.
@@ -44,6 +56,8 @@ a path or exception text.
 from __future__ import annotations
 
 import json
+import re
+from contextvars import ContextVar
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -55,6 +69,10 @@ from node.common.errors import CorpusError, KithError
 
 #: Seconds a peer search may take end to end (connect + handshake + one answer).
 PEER_TIMEOUT_S = 30.0
+
+#: The scope of the agent whose tool call is running (set by the server's ``call_tool``
+#: after :func:`node.local.agents.authorize`; None in-process, where the owner calls).
+CURRENT_SCOPE: ContextVar[Any] = ContextVar("kith_agent_scope", default=None)
 
 TOOL_DESCRIPTION = (
     "Search indexed knowledge (read-only). Without 'peer' it searches this node's own "
@@ -72,16 +90,18 @@ TOOL_DESCRIPTION = (
 )
 
 
-def _local(home: Path, body: dict[str, Any], holder: Any = None) -> dict[str, Any]:
+def _local(home: Path, body: dict[str, Any], holder: Any = None,
+           scope_sources: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The owner's own answer: from ``holder``'s open corpus (the server's one, kept for
-    its lifetime), or from a corpus opened for this call alone when there is none."""
+    its lifetime), or from a corpus opened for this call alone when there is none;
+    ``scope_sources``: an agent's narrowing (:func:`node.answer.service.answer_local`)."""
     if holder is not None:
-        return answer_local(holder.get(), body)
+        return answer_local(holder.get(), body, scope_sources=scope_sources)
     from node.corpus.store import Corpus
 
     corpus = Corpus(home, readonly=True)
     try:
-        answer = answer_local(corpus, body)
+        answer = answer_local(corpus, body, scope_sources=scope_sources)
     finally:
         corpus.close()
     return answer
@@ -254,7 +274,7 @@ def _invalid(message: str) -> Any:
 
 
 async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = False, pool: Any = None,
-                      holder: Any = None) -> Any:
+                      holder: Any = None, scope: Any = None) -> Any:
     """Run one ``search`` tool call on the raw (JSON-decoded) ``arguments``.
 
     Validation is the local API's (:func:`node.answer.contract.validate`, the one request
@@ -265,7 +285,10 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     with ``peer``), ``citations`` (a boolean, only with ``peer`` or ``peers``: asks the
     host(s) to sign; specs/citations.md). ``pool``: the server's warm session pool (None: one per call).
     ``holder``: the server's open corpus (:class:`node.answer.holder.CorpusHolder`; None:
-    the corpus is opened for this call).
+    the corpus is opened for this call). ``scope``: the calling agent's
+    (:class:`node.local.agents.Scope`, already checked by :func:`node.local.agents.authorize`
+    for this call): it narrows a local search to its sources and ``"all"`` to its peers;
+    None (in-process, the owner) narrows nothing.
 
     Returns:
         A ``CallToolResult``: the envelope as structured content, or ``is_error`` true
@@ -300,7 +323,14 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
         try:
             from node.guest.fanout import peers_search
 
-            merged = await peers_search(home, peers, {**args, **signed}, local=local, pool=pool)
+            from node.policy.outbound import door_gate
+
+            if scope is not None:
+                peers = scope.peers_for(peers)
+            sent = {**args, **signed}
+            ticket = await anyio.to_thread.run_sync(door_gate, home, scope, sent, peers)
+            merged = await peers_search(home, peers, sent, local=local, pool=pool)
+            await anyio.to_thread.run_sync(ticket.done, merged)
         except KithError as exc:
             return _refusal(exc.code, exc.message)
         return _merged_result(merged)
@@ -309,7 +339,8 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     if peer is None:
         if server is not None:
             return _invalid("The field 'server' is only used with 'peer'.")
-        answer = await anyio.to_thread.run_sync(_local, home, args, holder)
+        answer = await anyio.to_thread.run_sync(_local, home, args, holder,
+                                                scope.source_filter() if scope is not None else None)
         if answer["status"] == "invalid-request":
             err = answer.get("error") or {}
             return _refusal(str(err.get("code") or "query-invalid"),
@@ -329,7 +360,15 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     except CorpusError as exc:
         return _invalid(exc.message)
     try:
-        answer = await peer_search(home, peer, {**args, **signed}, server=server, local=local, pool=pool)
+        from node.policy.outbound import door_gate
+
+        sent = {**args, **signed}
+        from node.trust.peers import NAME_RE
+
+        named = peer if NAME_RE.fullmatch(peer) else None  # an invitation: a peer without a name here
+        ticket = await anyio.to_thread.run_sync(door_gate, home, scope, sent, [named])
+        answer = await peer_search(home, peer, sent, server=server, local=local, pool=pool)
+        await anyio.to_thread.run_sync(ticket.done, answer)
     except KithError as exc:
         return _refusal(exc.code, exc.message)
     envelope = answer["envelope"]
@@ -425,10 +464,12 @@ def ask_later_schema() -> dict[str, Any]:
     return schema
 
 
-async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool = False, pool: Any = None) -> Any:
+async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool = False, pool: Any = None,
+                         scope: Any = None) -> Any:
     """Run one ``ask_later`` tool call (specs/outbox.md §6): validated as ``search`` with
     ``peers``, ``keep`` by :func:`node.guest.outbox.parse_keep`; the peers are asked now
-    and the question kept for those that did not answer.
+    and the question kept for those that did not answer. ``scope``: as for
+    :func:`call_search` (``"all"`` becomes the agent's peers).
 
     Returns:
         A ``CallToolResult``: the merged envelope (with ``outbox``), or a tool error
@@ -466,7 +507,13 @@ async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool =
             with OutboxStore(home) as store:
                 store.check_room(request)
         await anyio.to_thread.run_sync(check)
+        from node.policy.outbound import door_gate
+
+        if scope is not None:
+            peers = scope.peers_for(peers)
+        ticket = await anyio.to_thread.run_sync(door_gate, home, scope, body, peers)
         merged = await peers_search(home, peers, body, local=local, pool=pool)
+        await anyio.to_thread.run_sync(ticket.done, merged)
         await anyio.to_thread.run_sync(lambda: keep_for_later(home, request, merged, keep_s=keep_s))
     except KithError as exc:
         return _refusal(exc.code, exc.message)
@@ -511,9 +558,16 @@ def _merged_result_of(record: dict[str, Any]) -> Any:
     return _result(record, record["answer"]["notice"])
 
 
-def build_server(home: Path | str, *, local: bool = False) -> Any:
-    """Build the MCP server (``MCPServer`` named ``kith``) with its ``search`` and
-    ``verify`` tools.
+def build_server(home: Path | str, *, local: bool = False, agent: str | None = None,
+                 token: str | None = None) -> Any:
+    """Build the MCP server (``MCPServer`` named ``kith``) with its ``search``,
+    ``verify``, ``ask_later`` and ``outbox`` tools.
+
+    Every tool call first passes :func:`node.local.agents.authorize` with ``token`` and
+    the call's operation (:func:`node.local.agents.tool_operation`) — the same check as
+    every route of the local API; a refusal is a tool error ``[agent-…] message`` and
+    nothing runs. The file of agents is re-read when it changes, so a removed, rotated or
+    expired agent is refused from its next call on.
 
     The tool's arguments are validated by Kith, not coerced by the SDK: its input schema
     is :func:`input_schema` and each call goes to :func:`call_search` with the arguments
@@ -521,6 +575,8 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
 
     Args:
         home: the node home. local: iroh local mode for peer searches.
+        agent: the agent name the token must be (None: whichever agent it is).
+        token: the agent's token (None: every call is refused ``agent-token-required``).
 
     Returns:
         An ``mcp.server.Server`` (:func:`_wire_server`); :func:`run_stdio` serves it.
@@ -545,7 +601,7 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
 
     async def search(arguments: dict[str, Any]) -> Any:
         return await call_search(home, arguments, local=local, pool=pools[0] if pools else None,
-                                 holder=holder)
+                                 holder=holder, scope=CURRENT_SCOPE.get())
 
     from contextlib import asynccontextmanager
 
@@ -597,7 +653,8 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
             wrap_output=m.wrap_output), "parameters": schema})
 
     async def ask_later(arguments: dict[str, Any]) -> Any:
-        return await call_ask_later(home, arguments, local=local, pool=pools[0] if pools else None)
+        return await call_ask_later(home, arguments, local=local, pool=pools[0] if pools else None,
+                                    scope=CURRENT_SCOPE.get())
 
     def outbox(arguments: dict[str, Any]) -> Any:
         return call_outbox(home, arguments)
@@ -626,7 +683,11 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
     import logging
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    return _wire_server(tools, lifespan)
+    from node.local.agents import authorize, tool_operation
+
+    def check_call(name: str, arguments: Any) -> Any:
+        return authorize(home, token, tool_operation(name, arguments), agent=agent)
+    return _wire_server(tools, lifespan, check_call, home)
 
 
 #: How long (ms) a client may cache ``tools/list`` and ``server/discover``: the tools are
@@ -635,12 +696,17 @@ def build_server(home: Path | str, *, local: bool = False) -> Any:
 LIST_TTL_MS = 3_600_000
 
 
-def _wire_server(tools: Any, lifespan: Any) -> Any:
+def _wire_server(tools: Any, lifespan: Any, check_call: Any, home: Path | None = None) -> Any:
     """The MCP server a client talks to (``mcp.server.Server``), for the 2025-11-25
     ``initialize`` handshake and the 2026-07-28 ``server/discover`` alike: it names
     itself ``kith`` with Kith's version, advertises the ``tools`` capability only (no
     prompts, resources or subscriptions: it has none), and lets clients cache its tool
-    list for :data:`LIST_TTL_MS`. ``tools`` is the MCPServer holding the two tools."""
+    list for :data:`LIST_TTL_MS`. ``tools`` is the MCPServer holding the tools;
+    ``check_call(name, arguments)`` is the agent check every call passes first (it returns
+    the scope, set as :data:`CURRENT_SCOPE` while the tool runs, or raises a KithError
+    answered as a tool error). A call the outbound gate held for confirmation
+    (``outbound-needs-confirmation``) is put to the person through the client when it
+    supports elicitation (:func:`_ask_the_person`); ``home``: the node home (None: never)."""
     from mcp.server import Server
     from mcp.server.caching import CacheHint
     from mcp.shared.exceptions import MCPError
@@ -654,17 +720,141 @@ def _wire_server(tools: Any, lifespan: Any) -> Any:
     async def call_tool(_ctx: Any, params: Any) -> Any:
         from mcp.server.mcpserver.exceptions import ToolError
 
+        from node.common.errors import KithError
+
+        arguments = params.arguments or {}
         try:
-            return await tools.call_tool(params.name, params.arguments or {})
+            scope = check_call(params.name, arguments)
+        except KithError as exc:  # agent-… (or agents-file-invalid): nothing runs
+            return CallToolResult(content=[TextContent(type="text", text=f"[{exc.code}] {exc.message}")],
+                                  is_error=True)
+        reset = CURRENT_SCOPE.set(scope)
+        try:
+            if getattr(params, "request_state", None) is not None and home is not None:
+                refused = _confirmed(home, scope, params)  # the retry of a held call (2026-07-28)
+                if refused is not None:
+                    return refused
+            result = await tools.call_tool(params.name, arguments)
+            qid = held_id(result)
+            if qid is not None and home is not None and _can_elicit(_ctx):
+                return await _ask_the_person(_ctx, home, scope, params, arguments, tools, qid, result)
+            return result
         except MCPError:
             raise
         except ToolError as exc:  # an unknown tool name: the SDK's own sentence, no path
             return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+        finally:
+            CURRENT_SCOPE.reset(reset)
 
     hint = CacheHint(ttl_ms=LIST_TTL_MS, scope="public")
     return Server("kith", version=__version__, title="Kith", instructions=env_mod.USAGE_PROMPT,
                   lifespan=lifespan, cache_hints={"tools/list": hint, "server/discover": hint},
                   on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+#: The key of the one input request the server makes (the outbound gate's confirmation).
+CONFIRM_KEY = "kith-outbound"
+CONFIRM_SCHEMA: dict[str, Any] = {"type": "object", "required": ["send"], "properties": {
+    "send": {"type": "boolean", "title": "Send it anyway", "default": False}}}
+_HELD_RE = re.compile(r"^\[outbound-needs-confirmation\] (.*); id ([0-9a-f]{16})$")
+
+
+def held_id(result: Any) -> str | None:
+    """The id of the held question when ``result`` is the tool error
+    ``[outbound-needs-confirmation] …; id ID``, else None."""
+    if not getattr(result, "is_error", False) or not result.content:
+        return None
+    m = _HELD_RE.match(getattr(result.content[0], "text", "") or "")
+    return m.group(2) if m else None
+
+
+def _can_elicit(ctx: Any) -> bool:
+    """True when the client declared form elicitation (a person can be asked)."""
+    from mcp.types import ClientCapabilities, ElicitationCapability
+
+    try:
+        return bool(ctx.session.check_client_capability(ClientCapabilities(elicitation=ElicitationCapability())))
+    except AttributeError:
+        return False
+
+
+def _confirmation_message(scope: Any, result: Any) -> str:
+    m = _HELD_RE.match(result.content[0].text)
+    why = m.group(1) if m else "held"
+    who = scope.name if scope is not None else "owner"
+    return (f"Kith's outbound gate {why} in a question agent {who!r} is sending to peers. "
+            "Send it anyway? (Declining, or no answer, sends nothing.)")
+
+
+async def _ask_the_person(ctx: Any, home: Path, scope: Any, params: Any, arguments: dict[str, Any],
+                          tools: Any, qid: str, result: Any) -> Any:
+    """Put a held question to the person: on 2026-07-28 an ``input_required`` result with a
+    form elicitation (the client retries with the answer: :func:`_confirmed`); on 2025-11-25
+    an ``elicitation/create`` request now, answered within
+    :data:`node.policy.outbound.PROMPT_TIMEOUT_S` — accepted, the question is released
+    once (:func:`node.policy.outbound.approve`) and the tool runs again; else refused."""
+    from mcp.types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult
+
+    message = _confirmation_message(scope, result)
+    if str(getattr(ctx, "protocol_version", "")) >= "2026-07-28":
+        return InputRequiredResult(input_requests={CONFIRM_KEY: ElicitRequest(params=ElicitRequestFormParams(
+            message=message, requested_schema=CONFIRM_SCHEMA))}, request_state=qid)
+    import anyio
+
+    answer = None
+    with anyio.move_on_after(_prompt_timeout()):
+        answer = await ctx.session.elicit_form(message, CONFIRM_SCHEMA, related_request_id=ctx.request_id)
+    if not _accepted(answer):
+        return _denied(home, qid, answer is None)
+    refused = _release(home, scope, qid)
+    return refused if refused is not None else await tools.call_tool(params.name, arguments)
+
+
+def _prompt_timeout() -> float:
+    from node.policy.outbound import PROMPT_TIMEOUT_S
+
+    return float(PROMPT_TIMEOUT_S)
+
+
+def _accepted(answer: Any) -> bool:
+    if answer is None:
+        return False
+    if isinstance(answer, dict):
+        action, content = answer.get("action"), answer.get("content") or {}
+    else:
+        action, content = getattr(answer, "action", None), getattr(answer, "content", None) or {}
+    return action == "accept" and isinstance(content, dict) and content.get("send") is True
+
+
+def _release(home: Path, scope: Any, qid: str) -> Any:
+    """Approve the held question ``qid`` of this agent; a tool error when it cannot be."""
+    from node.policy.outbound import approve
+
+    try:
+        approve(home, qid, agent=scope.name if scope is not None else None)
+    except KithError as exc:
+        return _refusal(exc.code, exc.message)
+    return None
+
+
+def _denied(home: Path, qid: str, timed_out: bool) -> Any:
+    from node.policy.outbound import deny
+
+    deny(home, qid, timed_out=timed_out)
+    return _refusal("outbound-held", "the person did not confirm the held question"
+                    + (" in time" if timed_out else "") + "; nothing was sent")
+
+
+def _confirmed(home: Path, scope: Any, params: Any) -> Any:
+    """The retry of a call answered with ``input_required``: None to run it (the person
+    accepted: the question is released once), else the refusal."""
+    qid = params.request_state
+    responses = getattr(params, "input_responses", None) or {}
+    if not isinstance(qid, str) or not re.fullmatch(r"[0-9a-f]{16}", qid):
+        return _refusal("outbound-not-pending", "the requestState is not a held question of this server")
+    if not _accepted(responses.get(CONFIRM_KEY)):
+        return _denied(home, qid, False)
+    return _release(home, scope, qid)
 
 
 def startup_repair(home: Path | str, warn: Any = None) -> str:
@@ -681,16 +871,34 @@ def startup_repair(home: Path | str, warn: Any = None) -> str:
     return outcome
 
 
-def run_stdio(home: Path | str, *, local: bool = False) -> None:
-    """Serve the MCP tool over stdio until the client closes it (after the start-up
-    repair of a lagging index; warnings go to stderr, stdout carries the protocol)."""
+def run_stdio(home: Path | str, *, local: bool = False, agent: str | None = None,
+              token: str | None = None) -> None:
+    """Serve the MCP tools over stdio until the client closes it, as the agent ``agent``
+    (``kith mcp`` passes ``default`` unless ``--agent``; None: whichever agent the token
+    is) with ``token`` (default: the environment's :data:`node.local.agents.TOKEN_ENV`),
+    after the start-up repair of a lagging index; warnings go to stderr, stdout carries
+    the protocol.
+
+    Raises:
+        AgentError: ``agent-token-required``, ``agent-token-invalid``, ``agent-expired``
+            before anything is served. ConfigError: ``agent-not-found`` for an ``agent``
+            that does not exist.
+    """
+    import os
     import sys
 
     import anyio
     from mcp.server.stdio import stdio_server
 
+    from node.common.errors import ConfigError
+    from node.local.agents import TOKEN_ENV, Operation, authorize, load_agents
+
+    token = token if token is not None else os.environ.get(TOKEN_ENV)
+    if agent is not None and agent not in load_agents(home):
+        raise ConfigError("agent-not-found", f"no agent named {agent!r}")
+    authorize(home, token, Operation("connect"), agent=agent)
     startup_repair(home, lambda line: print(line, file=sys.stderr))
-    server = build_server(home, local=local)
+    server = build_server(home, local=local, agent=agent, token=token)
 
     async def main() -> None:
         async with stdio_server() as (read, write), anyio.create_task_group() as tg:

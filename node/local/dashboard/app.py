@@ -255,6 +255,9 @@ class _Pages:
             mode = form.get("mode") or "new_only"
             with self._writable() as corpus:
                 rep = corpus.sync(mode=mode)
+            from node.policy.outbound import write_fingerprints
+
+            write_fingerprints(self.home)  # the outbound gate's, at index time (specs/agents.md §6)
             return (f"sync ({rep['mode']}): indexed {rep['indexed']}, updated {rep['updated']}, "
                     f"skipped {rep['skipped']}, removed {rep['removed']}, failed {rep['failed']}, "
                     f"empty {rep['empty']}; {rep['chunks']} chunks in {rep['seconds']:.2f} s")
@@ -440,6 +443,51 @@ class _Pages:
 
         return await self._act(request, "/outbox", action)
 
+    # --- agents and the outbound log (specs/agents.md) --------------------------------------
+    async def agents(self, request: Request) -> HTMLResponse:
+        """The agents of the local doors and their scopes (never a token or its hash)."""
+        def gather() -> dict[str, Any]:
+            from node.local.agents import load_agents
+
+            try:
+                rows = [a.public() for a in sorted(load_agents(self.home).values(), key=lambda a: a.name)]
+                return {"agents": rows, "agents_error": None}
+            except KithError as exc:
+                return {"agents": [], "agents_error": f"{exc.code}: {exc.message}"}
+
+        return self._render("agents.html", request, **await anyio.to_thread.run_sync(gather))
+
+    async def agents_add(self, request: Request) -> Response:
+        """Add an agent from the form; its token is shown once, in the page's notice."""
+        def action(form: dict[str, str]) -> str:
+            from node.common.grants import parse_until
+            from node.local.agents import add_agent
+
+            until = form.get("until", "").strip()
+            agent, token = add_agent(self.home, self._field(form, "name"), sources=form.get("sources", "").split(),
+                                     peers=form.get("peers", "").split(), queue=form.get("queue") == "on",
+                                     outbound=form.get("outbound", "ask"), until=parse_until(until) if until else None)
+            return f"added agent {agent.name}; its token (shown once): {token}"
+
+        return await self._act(request, "/agents", action)
+
+    async def agents_remove(self, request: Request) -> Response:
+        def action(form: dict[str, str]) -> str:
+            from node.local.agents import remove_agent
+
+            return f"removed agent {remove_agent(self.home, self._field(form, 'name')).name}; its token no longer works"
+
+        return await self._act(request, "/agents", action)
+
+    async def sent(self, request: Request) -> HTMLResponse:
+        """The outbound log, newest first (the last 200 decisions)."""
+        def gather() -> dict[str, Any]:
+            from node.policy.outbound import read_log
+
+            return {"sent": list(reversed(read_log(self.home)[-200:]))}
+
+        return self._render("sent.html", request, **await anyio.to_thread.run_sync(gather))
+
     # --- search ---------------------------------------------------------------------------
     def _peer_service(self, corpus: Any) -> Any:
         """One :class:`AnswerService` with the host's kind of gate over the read-only corpus
@@ -538,6 +586,10 @@ def create_app(home: Path | str) -> Guard:
         Route("/outbox", p.outbox, methods=["GET"]),
         Route("/outbox/remove", p.outbox_remove, methods=["POST"]),
         Route("/search", p.search, methods=["GET"]),
+        Route("/agents", p.agents, methods=["GET"]),
+        Route("/agents/add", p.agents_add, methods=["POST"]),
+        Route("/agents/remove", p.agents_remove, methods=["POST"]),
+        Route("/sent", p.sent, methods=["GET"]),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
     inner = Starlette(routes=routes, exception_handlers={KithError: _on_kith_error,

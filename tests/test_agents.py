@@ -1,0 +1,391 @@
+"""Issue 41: agents act with the least authority the owner gives them (specs/agents.md).
+
+Both local doors — a real uvicorn server on 127.0.0.1 and the real ``kith mcp`` stdio
+server — require an agent's credential and hold it to its scope through the one check
+(:func:`node.local.agents.authorize`); ``kith agent`` manages the credentials.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from node.corpus.store import Corpus
+from node.local.agents import (API_OPERATIONS, TOKEN_ENV, TOOL_OPERATIONS, add_agent, authorize, ensure_default_agent, load_agents,
+                               Operation, remove_agent, rotate_agent, set_agent)
+from node.local.api import create_app, run_api_in_thread
+from node.common.errors import AgentError
+
+from support.agents import bearer
+from support.cli import KITH
+from support.homes import initialized, new_identity
+
+REPO = Path(__file__).resolve().parents[1]
+HTTP = httpx.Client(timeout=30)
+NOTE = "The staging server is deleted automatically every night by the cleanup job."
+SECRET = "Payroll numbers for the quarter are kept in the locked cabinet."
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("agents")
+    root = base / "kb"
+    (root / "public").mkdir(parents=True)
+    (root / "private").mkdir()
+    (root / "public" / "deploy.md").write_text(f"# Deploy\n\n{NOTE}\n")
+    (root / "private" / "payroll.md").write_text(f"# Payroll\n\n{SECRET}\n")
+    h = initialized(base / "home")
+    ensure_default_agent(h)  # as `kith init` does
+    with Corpus(h) as c:
+        c.add_root(root)
+        c.sync()
+    from node.trust.peers import PeerRegistry
+
+    PeerRegistry.load(h).add("alice", new_identity().public_key)  # pinned (never reached here)
+    PeerRegistry.load(h).add("bob", new_identity().public_key)
+    return h
+
+
+@pytest.fixture(scope="module")
+def api(home: Path):
+    with run_api_in_thread(home, offline=True) as url:
+        yield url
+
+
+def _token(home: Path, name: str, **scope) -> str:
+    if name in load_agents(home):
+        remove_agent(home, name)
+    return add_agent(home, name, **scope)[1]
+
+
+#: every route of the local API, with a body for each POST
+ROUTES = [("GET", "/health", None), ("GET", "/stats", None), ("GET", "/contract", None),
+          ("GET", "/openapi.json", None), ("POST", "/search", {"query": "staging server"}),
+          ("POST", "/search", {"query": "staging server", "peers": ["alice"]}),
+          ("POST", "/search", {"query": "staging server", "peers": "all"}),
+          ("POST", "/verify", {"answer": {}}), ("GET", "/outbox", None),
+          ("POST", "/outbox", {"query": "staging server", "peers": ["alice"]})]
+#: the routes that disclose nothing of the owner's (static documents, and health)
+STATIC = {"/health", "/contract", "/openapi.json"}
+
+
+def _call(url: str, method: str, path: str, body, headers=None) -> httpx.Response:
+    return HTTP.request(method, url + path, json=body, headers=headers or {})
+
+
+def test_the_route_table_and_the_tool_list_are_the_check_s_tables(home: Path) -> None:
+    """Every route served (and, over stdio below, every tool listed) has its operation in
+    the one table the check reads: a new route or tool without one fails here."""
+    app = create_app(home)
+    served = {(m, r.path) for r in app.app.routes for m in r.methods if m != "HEAD"}
+    app.holder.close()
+    assert served == set(API_OPERATIONS)
+    assert {(m, p) for m, p, _ in ROUTES} == served
+    # the tools: test_mcp_holds_every_tool_to_the_scope_and_sees_a_rotation_at_once
+
+
+def test_no_credential_gets_nothing_but_up(home: Path, api: str) -> None:
+    for method, path, body in ROUTES:
+        r = _call(api, method, path, body)
+        if path == "/health":
+            assert r.status_code == 200 and r.json() == {"service": "kith-local-api", "status": "up"}
+            continue
+        assert r.status_code == 401, (method, path)
+        assert r.json()["error"]["code"] == "agent-token-required"
+        assert r.headers["www-authenticate"].startswith("Bearer")
+        assert "staging" not in r.text.lower()
+    token = _token(home, "full", sources=["**"], peers=["all"], queue=True)
+    # a token anywhere but the Authorization header is never read
+    assert HTTP.get(api + "/stats", params={"token": token}).status_code == 401
+    assert HTTP.get(api + "/stats", params={"access_token": token}).status_code == 401
+    assert HTTP.get(api + "/stats", headers={"Cookie": f"token={token}"}).status_code == 401
+    assert HTTP.get(api + "/stats", headers={"Authorization": f"Basic {token}"}).status_code == 401
+    wrong = HTTP.get(api + "/stats", headers=bearer(token[:-2] + "xx"))
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "agent-token-invalid"
+    assert HTTP.get(api + "/stats", headers=bearer(token)).json()["done"] == 2
+
+
+def test_another_process_without_a_token_is_refused(home: Path, api: str) -> None:
+    """Another process (as uid ``nobody`` when this runs as root: another OS account)
+    sends the request of the issue's report and gets nothing."""
+    code = ("import json, urllib.request, urllib.error, sys\n"
+            f"req = urllib.request.Request({api + '/search'!r}, data=json.dumps({{'query': 'staging server'}}).encode(),"
+            " headers={'Content-Type': 'application/json'})\n"
+            "try:\n    urllib.request.urlopen(req, timeout=30); print('200')\n"
+            "except urllib.error.HTTPError as e:\n    print(e.code, e.read().decode())\n")
+    # stdlib only: another account may not be able to run this tree's interpreter
+    python = shutil.which("python3", path="/usr/bin:/usr/local/bin") or sys.executable
+    kwargs = {"user": "nobody"} if os.geteuid() == 0 and python != sys.executable else {}
+    out = subprocess.run([python, "-I", "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd="/", **kwargs)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("401 ") and "agent-token-required" in out.stdout
+    assert "staging" not in out.stdout.split(" ", 1)[1].lower()
+
+
+def test_an_out_of_scope_credential_gets_nothing_from_any_route(home: Path, api: str) -> None:
+    token = _token(home, "nothing")  # no sources, no peers, no queue
+    for method, path, body in ROUTES:
+        r = _call(api, method, path, body, bearer(token))
+        if path in STATIC:
+            assert r.status_code == 200
+            assert "staging" not in r.text.lower() and "payroll" not in r.text.lower()
+            continue
+        assert r.status_code == 403, (method, path, body, r.text)
+        assert r.json()["error"]["code"] == "agent-scope"
+
+
+def test_every_dimension_of_a_scope_on_the_api(home: Path, api: str) -> None:
+    # sources: a local search sees only its globs, ANDed with the request's own filter
+    public = bearer(_token(home, "public-only", sources=["/kb/public/**"]))
+    found = HTTP.post(api + "/search", json={"query": "payroll numbers cabinet"}, headers=public).json()
+    assert all(r["source"].startswith("/kb/public/") for r in found["results"])
+    assert SECRET.split()[0] not in json.dumps(found["results"])
+    asked = HTTP.post(api + "/search", json={"query": "payroll numbers cabinet", "sources": ["/kb/private/**"]},
+                      headers=public).json()
+    assert asked["results"] == []
+    own = HTTP.post(api + "/search", json={"query": "staging server deleted"}, headers=public).json()
+    assert own["results"][0]["source"] == "/kb/public/deploy.md"
+    assert HTTP.get(api + "/stats", headers=public).json()["error"]["code"] == "agent-scope"  # counts: all sources
+    # peers: a peer not named is refused; "all" narrows to the named ones
+    only_bob = bearer(_token(home, "only-bob", peers=["bob"]))
+    r = HTTP.post(api + "/search", json={"query": "x", "peers": ["alice"]}, headers=only_bob)
+    assert r.status_code == 403 and "'alice'" in r.json()["error"]["message"]
+    nobody = bearer(_token(home, "only-carol", peers=["carol"]))  # carol is not pinned
+    r = HTTP.post(api + "/search", json={"query": "x", "peers": "all"}, headers=nobody)
+    assert r.status_code == 403 and "none of the pinned" in r.json()["error"]["message"]
+    r = HTTP.post(api + "/search", json={"query": "x"}, headers=only_bob)
+    assert r.status_code == 403  # no sources: nothing of this node's own
+    # verify needs some peer; with one it runs (a bad body is answer-invalid, not agent-scope)
+    assert HTTP.post(api + "/verify", json={"answer": "nope"}, headers=only_bob).json()["error"]["code"] == "answer-invalid"
+    # queue: the outbox needs --queue
+    assert HTTP.get(api + "/outbox", headers=only_bob).status_code == 403
+    queue = bearer(_token(home, "queue", peers=["bob"], queue=True))
+    assert HTTP.get(api + "/outbox", headers=queue).status_code == 200
+    r = HTTP.post(api + "/outbox", json={"query": "x", "peers": ["alice"]}, headers=queue)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "agent-scope"
+
+
+def test_a_running_server_refuses_a_rotated_removed_or_expired_agent_at_once(home: Path, api: str) -> None:
+    token = _token(home, "short", sources=["**"])
+    assert HTTP.get(api + "/stats", headers=bearer(token)).status_code == 200
+    _, new = rotate_agent(home, "short")
+    assert HTTP.get(api + "/stats", headers=bearer(token)).json()["error"]["code"] == "agent-token-invalid"
+    assert HTTP.get(api + "/stats", headers=bearer(new)).status_code == 200
+    set_agent(home, "short", until="2020-01-01T00:00:00Z")
+    r = HTTP.get(api + "/stats", headers=bearer(new))
+    assert r.status_code == 401 and r.json()["error"]["code"] == "agent-expired"
+    set_agent(home, "short", until=None)
+    assert HTTP.get(api + "/stats", headers=bearer(new)).status_code == 200
+    remove_agent(home, "short")
+    assert HTTP.get(api + "/stats", headers=bearer(new)).json()["error"]["code"] == "agent-token-invalid"
+
+
+def test_the_one_check_refuses_typed(home: Path) -> None:
+    with pytest.raises(AgentError) as e:
+        authorize(home, None, Operation("connect"))
+    assert e.value.code == "agent-token-required" and e.value.status == 401
+    token = _token(home, "named", sources=["**"])
+    assert authorize(home, token, Operation("search")).name == "named"
+    with pytest.raises(AgentError) as e:  # kith mcp --agent default with another agent's token
+        authorize(home, token, Operation("connect"), agent="default")
+    assert e.value.code == "agent-token-invalid"
+    with pytest.raises(AgentError) as e:
+        authorize(home, token, Operation("ask", ("alice",)))
+    assert e.value.code == "agent-scope" and e.value.status == 403
+
+
+# --- kith mcp ----------------------------------------------------------------------------
+def _mcp(home: Path, calls, env: dict[str, str], agent: str | None = None):
+    args = f"run_stdio({str(home)!r}" + (f", agent={agent!r})" if agent else ")")
+    params = StdioServerParameters(command=sys.executable, cwd=str(REPO), env=env,
+                                   args=["-c", f"from node.local.mcp import run_stdio; {args}"])
+
+    async def main():
+        async with stdio_client(params) as (r, w):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                return await calls(s)
+
+    return anyio.run(main)
+
+
+#: one call of every tool, with the arguments that reach each dimension
+TOOL_CALLS = [("search", {"query": "staging server"}), ("search", {"query": "staging", "peers": ["alice"]}),
+              ("search", {"query": "staging", "peers": "all"}), ("search", {"query": "staging", "peer": "alice"}),
+              ("verify", {"answer": {}}), ("outbox", {}), ("ask_later", {"query": "staging", "peers": ["alice"]})]
+
+
+def test_mcp_refuses_to_start_without_a_token_and_with_another_agent_s(home: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    out = subprocess.run([*KITH, "--home", str(home), "mcp"], capture_output=True, text=True, env=env,
+                         stdin=subprocess.DEVNULL, timeout=120)
+    assert out.returncode == 1 and "agent-token-required" in out.stderr
+    env[TOKEN_ENV] = _token(home, "other", sources=["**"])
+    out = subprocess.run([*KITH, "--home", str(home), "mcp"], capture_output=True, text=True, env=env,
+                         stdin=subprocess.DEVNULL, timeout=120)
+    assert out.returncode == 1 and "agent-token-invalid" in out.stderr  # not the default agent's
+    out = subprocess.run([*KITH, "--home", str(home), "mcp", "--agent", "nosuch"], capture_output=True,
+                         text=True, env=env, stdin=subprocess.DEVNULL, timeout=120)
+    assert out.returncode == 1 and "agent-not-found" in out.stderr
+
+
+def test_mcp_holds_every_tool_to_the_scope_and_sees_a_rotation_at_once(home: Path) -> None:
+    env = {**os.environ, TOKEN_ENV: _token(home, "mcp-nothing")}
+
+    async def calls(s):
+        tools = [t.name for t in (await s.list_tools()).tools]
+        results = [await s.call_tool(name, args) for name, args in TOOL_CALLS]
+        rotate_agent(home, "mcp-nothing")
+        after = await s.call_tool("search", {"query": "staging server"})
+        return tools, results, after
+
+    tools, results, after = _mcp(home, calls, env)
+    assert {name for name, _ in TOOL_CALLS} == set(tools) == set(TOOL_OPERATIONS)
+    for (name, args), res in zip(TOOL_CALLS, results):
+        assert res.is_error, (name, args)
+        assert res.content[0].text.startswith("[agent-scope] "), (name, args, res.content[0].text)
+    assert after.is_error and after.content[0].text.startswith("[agent-token-invalid] ")
+
+
+def test_mcp_narrows_a_search_to_the_agent_s_sources(home: Path) -> None:
+    env = {**os.environ, TOKEN_ENV: _token(home, "mcp-public", sources=["/kb/public/**"], peers=["bob"])}
+
+    async def calls(s):
+        return (await s.call_tool("search", {"query": "payroll numbers cabinet"}),
+                await s.call_tool("search", {"query": "staging server deleted"}),
+                await s.call_tool("search", {"query": "x", "peers": ["alice"]}))
+
+    hidden, shown, alice = _mcp(home, calls, env, agent="mcp-public")
+    assert all(r["source"].startswith("/kb/public/") for r in hidden.structured_content["results"])
+    assert shown.structured_content["results"][0]["source"] == "/kb/public/deploy.md"
+    assert alice.is_error and alice.content[0].text.startswith("[agent-scope] ")
+
+
+# --- kith agent --------------------------------------------------------------------------
+def _kith(home: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*KITH, "--home", str(home), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_kith_agent_lifecycle_keeps_only_hashes(tmp_path: Path) -> None:
+    h = tmp_path / "home"
+    init = json.loads(_kith(h, "init", "--json").stdout)
+    token = init["agent_token"]
+    assert token.startswith("kith_agent_")
+    path = h / "agents.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert token not in path.read_text()
+    listed = json.loads(_kith(h, "agent", "list", "--json").stdout)["agents"]
+    assert listed == [{**listed[0], "name": "default", "sources": ["/**"], "peers": ["all"], "queue": True,
+                       "outbound": "ask", "until": None, "expired": False}]
+    added = json.loads(_kith(h, "agent", "add", "bot", "--sources", "/notes/**", "--peers", "@team",
+                             "--until", "7d", "--json").stdout)
+    assert added["peers"] == ["@team"] and added["token"] not in path.read_text()
+    assert "token" not in _kith(h, "agent", "show", "bot", "--json").stdout
+    again = _kith(h, "agent", "add", "bot", "--json")
+    assert again.returncode == 1 and "agent-exists" in again.stdout + again.stderr
+    bad = _kith(h, "agent", "add", "x", "--outbound", "maybe")
+    assert bad.returncode == 2 and "agent-invalid" in bad.stderr
+    changed = json.loads(_kith(h, "agent", "set", "bot", "--peers", "none", "--queue", "--json").stdout)
+    assert changed["peers"] == ["none"] and changed["queue"] is True
+    rotated = json.loads(_kith(h, "agent", "rotate", "bot", "--json").stdout)
+    assert rotated["token"] != added["token"] and rotated["token"] not in path.read_text()
+    assert json.loads(_kith(h, "agent", "remove", "bot", "--json").stdout) == {"removed": "bot"}
+    gone = _kith(h, "agent", "show", "bot")
+    assert gone.returncode == 1 and "agent-not-found" in gone.stderr
+
+
+def test_the_first_command_in_an_older_home_creates_the_default_agent(tmp_path: Path) -> None:
+    h = initialized(tmp_path / "older")  # a home made before agents: no agents.json
+    out = _kith(h, "agent", "list", "--json")
+    assert [a["name"] for a in json.loads(out.stdout)["agents"]] == ["default"]
+    assert "kith agent rotate default" in out.stderr
+    assert _kith(h, "agent", "list", "--json").stderr == ""  # once
+
+
+def test_mcp_holds_each_dimension_of_a_scope(home: Path) -> None:
+    """Peers without the outbox: the outbox tools are refused, verify runs; then the same
+    server refuses the agent once it has expired."""
+    env = {**os.environ, TOKEN_ENV: _token(home, "mcp-peers", peers=["bob"])}
+
+    async def calls(s):
+        out = [await s.call_tool("outbox", {}),
+               await s.call_tool("ask_later", {"query": "x", "peers": ["bob"]}),
+               await s.call_tool("verify", {"answer": "nope"}),
+               await s.call_tool("search", {"query": "x", "peers": ["alice"]}),
+               await s.call_tool("search", {"query": "x", "peer": '{"not": "a pinned name"}'})]
+        set_agent(home, "mcp-peers", until="2020-01-01T00:00:00Z")
+        out.append(await s.call_tool("verify", {"answer": "nope"}))
+        return out
+
+    outbox, later, verify, alice, invitation, expired = _mcp(home, calls, env)
+    for res in (outbox, later, alice, invitation):
+        assert res.is_error and res.content[0].text.startswith("[agent-scope] "), res.content[0].text
+    assert verify.is_error and verify.content[0].text.startswith("[answer-invalid] ")  # it ran
+    assert expired.is_error and expired.content[0].text.startswith("[agent-expired] ")
+
+
+def _raw_agent(name: str, token: str, **fields) -> dict:
+    import hashlib
+
+    return {"name": name, "tokenSha256": hashlib.sha256(token.encode()).hexdigest(), "sources": [],
+            "peers": [], "queue": False, "outbound": "ask", "until": None, **fields}
+
+
+@pytest.mark.parametrize("fields", [{"queue": "no"}, {"sources": "/kb/public/**"}, {"peers": "all"},
+                                    {"until": 12}, {"tokenSha256": "abc"}])
+def test_a_hand_edited_agents_file_with_a_wrong_type_is_refused_not_misread(tmp_path: Path, fields: dict) -> None:
+    """``"queue": "no"`` must not grant the outbox, nor ``"sources": "/kb/**"`` become the
+    globs '/', 'k', 'b'... (the folder '/' is every source): a value of the wrong type makes
+    the whole file ``agents-file-invalid``, on both the API and ``kith agent``."""
+    h = initialized(tmp_path / "home")
+    token = "kith_agent_" + "x" * 43
+    doc = {"format": 1, "agents": [_raw_agent("edited", token, **fields)]}
+    (h / "agents.json").write_text(json.dumps(doc))
+    os.chmod(h / "agents.json", 0o600)
+    with run_api_in_thread(h, offline=True) as url:
+        r = HTTP.get(url + "/outbox", headers=bearer(token))
+        assert r.status_code == 500 and r.json()["error"]["code"] == "agents-file-invalid", r.text
+    out = _kith(h, "agent", "list", "--json")
+    assert out.returncode == 1 and "agents-file-invalid" in out.stdout + out.stderr
+
+
+def test_an_agents_file_other_accounts_may_write_is_refused_and_a_readable_one_tightened(tmp_path: Path) -> None:
+    """Another account that can write ``agents.json`` could add its own token's hash: such a
+    file is refused (``agents-file-invalid``) by a running server and by ``kith agent``; a
+    file only readable by others is made 0600 again (as the identity key is)."""
+    h = initialized(tmp_path / "home")
+    token = add_agent(h, "bot", sources=["**"])[1]
+    path = h / "agents.json"
+    with run_api_in_thread(h, offline=True) as url:
+        os.chmod(path, 0o666)
+        r = HTTP.get(url + "/stats", headers=bearer(token))
+        assert r.status_code == 500 and r.json()["error"]["code"] == "agents-file-invalid", r.text
+        assert "other accounts" in r.json()["error"]["message"]
+        out = _kith(h, "agent", "list")
+        assert out.returncode == 1 and "agents-file-invalid" in out.stderr
+        os.chmod(path, 0o644)
+        assert HTTP.get(url + "/stats", headers=bearer(token)).status_code == 200
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("name", ["owner", "outbox", "OWNER"])
+def test_an_agent_may_not_take_a_name_the_outbound_log_uses_for_someone_else(tmp_path: Path, name: str) -> None:
+    """``kith sent`` records the owner at a terminal as ``owner`` and the outbox's later
+    deliveries as ``outbox``: an agent of that name would be indistinguishable from them
+    in the log (``kith sent --agent owner``) and would share the owner's held-question ids."""
+    h = initialized(tmp_path / "home")
+    out = _kith(h, "agent", "add", name, "--sources", "**")
+    assert out.returncode == 2 and "agent-invalid" in out.stderr and "reserved" in out.stderr
+    assert name not in [a["name"] for a in json.loads(_kith(h, "agent", "list", "--json").stdout)["agents"]]

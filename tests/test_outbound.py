@@ -1,0 +1,312 @@
+"""Issue 41 items 3-4: the outbound gate sees what leaves before it leaves
+(node/policy/outbound.py, specs/agents.md §5-§6).
+
+Through a real HTTP server on 127.0.0.1 and the real ``kith mcp`` stdio server: an agent's
+question to a peer that carries 12+ words of a source hidden from that peer, a personal
+value or a secret is held, and the agent's rule decides (allow / ask / block); every
+decision, and what came back, is in the 0600 outbound log ``kith sent`` reads. The peer
+``alice`` is pinned under a key nobody holds: a question that passes the gate is sent and
+refused there at once, one that is held never reaches the fan-out.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from node.common.errors import EgressRefused
+from node.corpus.store import Corpus
+from node.local.agents import TOKEN_ENV
+from node.local.api import run_api_in_thread
+from node.policy import outbound
+
+from support.agents import agent_token, bearer
+from support.cli import KITH
+from support.homes import initialized, new_identity
+
+REPO = Path(__file__).resolve().parents[1]
+HTTP = httpx.Client(timeout=60)
+PLANS = ("The merger with the northern cooperative will be announced to staff only after the board "
+         "signs the final agreement in March, and until then nobody outside the finance group may hear of it.")
+HANDBOOK = ("Visitors sign in at the front desk and wear the green badge for the whole visit, even in the "
+            "canteen and the car park, and return it at the desk when they leave the building.")
+#: 14 words of PLANS with case, punctuation and a line break changed
+QUOTE_PRIVATE = "Did you hear?  THE merger, with the Northern\ncooperative — will be announced to staff only after the board..."
+#: 14 words of HANDBOOK (public for everyone)
+QUOTE_PUBLIC = "Is it true that visitors sign in at the front desk and wear the green badge for the whole visit?"
+#: 10 words of PLANS: under the span
+QUOTE_SHORT = "what does 'announced to staff only after the board signs the final' mean"
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("outbound")
+    root = base / "kb"
+    (root / "private").mkdir(parents=True)
+    (root / "public").mkdir()
+    (root / "private" / "plans.md").write_text(f"# Plans\n\n{PLANS}\n")
+    (root / "public" / "handbook.md").write_text(f"# Handbook\n\n{HANDBOOK}\n")
+    h = initialized(base / "home")
+    with Corpus(h) as c:
+        c.add_root(root)
+        c.sync()
+    out = subprocess.run([*KITH, "--home", str(h), "policy", "set", "/kb/public/**", "public", "--yes"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    from node.trust.peers import PeerRegistry
+
+    PeerRegistry.load(h).add("alice", new_identity().public_key)
+    return h
+
+
+@pytest.fixture(scope="module")
+def api(home: Path):
+    with run_api_in_thread(home, offline=True) as url:
+        yield url
+
+
+def _ask(url: str, token: str, query: str) -> httpx.Response:
+    return HTTP.post(url + "/search", json={"query": query, "peers": ["alice"]}, headers=bearer(token))
+
+
+def _last(home: Path, agent: str) -> dict:
+    return outbound.read_log(home, agent=agent)[-1]
+
+
+def test_block_holds_private_text_values_and_secrets_and_names_no_text(home: Path, api: str) -> None:
+    token = agent_token(home, "blocker", peers=("alice",), outbound="block")
+    held = _ask(api, token, QUOTE_PRIVATE)
+    assert held.status_code == 403
+    err = held.json()["error"]
+    assert err["code"] == "outbound-held" and "/kb/private/plans.md" in err["message"]
+    assert "merger" not in err["message"].lower() and "cooperative" not in err["message"].lower()
+    row = _last(home, "blocker")
+    assert row["decision"] == "blocked" and row["holds"] == [
+        {"kind": "private-text", "source": "/kb/private/plans.md", "peer": "alice"}]
+    assert row["result"] is None  # nothing was sent, nothing came back
+    for query, kind in (("mail me at jo.smith@example.org about the plan", "email"),
+                        ("is AKIAIOSFODNN7EXAMPLE still the key we use", "secret")):
+        r = _ask(api, token, query)
+        assert r.status_code == 403 and kind in r.json()["error"]["message"]
+    # what may leave does: public text, a short quote, a plain question
+    for query in (QUOTE_PUBLIC, QUOTE_SHORT, "when is the staff meeting"):
+        r = _ask(api, token, query)
+        assert r.status_code == 200, (query, r.text)
+        row = _last(home, "blocker")
+        assert row["decision"] == "sent" and row["holds"] == [] and row["result"]["peers"] == {"alice": "refused"}
+
+
+def test_ask_needs_the_owner_and_approve_releases_one_identical_retry(home: Path, api: str) -> None:
+    token = agent_token(home, "asker", peers=("alice",), outbound="ask")
+    first = _ask(api, token, QUOTE_PRIVATE)
+    assert first.status_code == 403 and first.json()["error"]["code"] == "outbound-needs-confirmation"
+    qid = first.json()["error"]["message"].rsplit("id ", 1)[1]
+    other = _ask(api, token, QUOTE_PRIVATE + " Really?")  # another question is not released
+    out = subprocess.run([*KITH, "--home", str(home), "sent", "approve", qid, "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["approved"] == qid
+    assert other.json()["error"]["code"] == "outbound-needs-confirmation"
+    again = _ask(api, token, QUOTE_PRIVATE)
+    assert again.status_code == 200, again.text
+    row = _last(home, "asker")
+    assert row["id"] == qid and row["decision"] == "approved" and row["result"]["peers"] == {"alice": "refused"}
+    assert _ask(api, token, QUOTE_PRIVATE).json()["error"]["code"] == "outbound-needs-confirmation"  # once
+    gone = subprocess.run([*KITH, "--home", str(home), "sent", "approve", "0123456789abcdef"],
+                          capture_output=True, text=True, timeout=120)
+    assert gone.returncode == 1 and "outbound-not-pending" in gone.stderr
+
+
+def test_allow_sends_and_logs_the_hold(home: Path, api: str) -> None:
+    token = agent_token(home, "allower", peers=("alice",), outbound="allow")
+    assert _ask(api, token, QUOTE_PRIVATE).status_code == 200
+    row = _last(home, "allower")
+    assert row["decision"] == "allowed" and row["holds"][0]["source"] == "/kb/private/plans.md"
+    assert row["text"] == QUOTE_PRIVATE and row["peers"] == ["alice"]
+    assert stat.S_IMODE((home / "sent.jsonl").stat().st_mode) == 0o600
+    listed = subprocess.run([*KITH, "--home", str(home), "sent", "--agent", "allower", "--peer", "alice", "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert [r["decision"] for r in json.loads(listed.stdout)["sent"]] == ["allowed"]
+
+
+def test_a_terminal_prompt_that_gets_no_answer_denies(home: Path) -> None:
+    with pytest.raises(EgressRefused) as e:
+        outbound.gate(home, {"query": QUOTE_PRIVATE}, ["alice"], actor=outbound.OWNER, rule="ask",
+                      confirm=lambda holds: None)
+    assert e.value.code == "outbound-held"
+    assert _last(home, outbound.OWNER)["decision"] == "denied-timeout"
+    ticket = outbound.gate(home, {"query": QUOTE_PRIVATE}, ["alice"], actor=outbound.OWNER, rule="ask",
+                           confirm=lambda holds: True)
+    assert ticket.decision == "confirmed"
+
+
+def test_mcp_tools_pass_the_same_gate(home: Path) -> None:
+    env = {**os.environ, TOKEN_ENV: agent_token(home, "mcp-asker", peers=("alice",), queue=True, outbound="ask")}
+    params = StdioServerParameters(command=sys.executable, cwd=str(REPO), env=env,
+                                   args=["-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"])
+
+    async def main():
+        async with stdio_client(params) as (r, w):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                return [await s.call_tool("search", {"query": QUOTE_PRIVATE, "peers": ["alice"]}),
+                        await s.call_tool("search", {"query": QUOTE_PRIVATE, "peer": "alice"}),
+                        await s.call_tool("ask_later", {"query": QUOTE_PRIVATE, "peers": ["alice"]})]
+
+    for res in anyio.run(main):
+        assert res.is_error and res.content[0].text.startswith("[outbound-needs-confirmation] ")
+    assert [r["decision"] for r in outbound.read_log(home, agent="mcp-asker")] == ["needs-confirmation"] * 3
+
+
+def test_kith_ask_without_a_terminal_needs_yes(home: Path) -> None:
+    argv = [*KITH, "--home", str(home), "ask", QUOTE_PRIVATE, "--peer", "alice", "--offline", "--timeout", "2"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 1 and "outbound-needs-confirmation" in out.stderr and "kith sent approve" in out.stderr
+    assert _last(home, outbound.OWNER)["decision"] == "needs-confirmation"
+    out = subprocess.run([*argv, "--yes"], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    row = _last(home, outbound.OWNER)
+    assert row["decision"] == "confirmed" and row["result"] is not None, out.stderr
+
+
+def test_every_sender_of_the_doors_and_the_cli_passes_the_gate() -> None:
+    """A function of node/local or node/cli that sends a question to peers (the fan-out,
+    one peer's search, a guest session) must also call the gate: a new sender without it
+    fails here."""
+    senders = {"peers_search", "peer_search", "fan_out", "ask"}
+    gates = {"gate", "door_gate"}
+    missing = []
+    for folder in ("local", "cli"):
+        for path in sorted((REPO / "node" / folder).glob("*.py")):
+            tree = ast.parse(path.read_text())
+            for fn in [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]:
+                called = {c.func.id if isinstance(c.func, ast.Name) else c.func.attr
+                          for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, (ast.Name, ast.Attribute))}
+                defined = {d.name for d in ast.walk(fn) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                named = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}  # run_sync(door_gate, ...)
+                sends = (called & senders) - defined
+                if sends and not (called | named) & gates and fn.name not in ("peer_search",):
+                    missing.append(f"{path.name}:{fn.name} calls {sorted(sends)}")
+    assert not missing, missing
+    # the outbox's later delivery (node/runtime: one call site) logs through the same gate
+    deliver = next(n for n in ast.walk(ast.parse((REPO / "node" / "runtime" / "outbox_task.py").read_text()))
+                   if isinstance(n, ast.AsyncFunctionDef) and n.name == "_deliver")
+    assert {c.func.id for c in ast.walk(deliver) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)} >= {"gate"}
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_mcp_asks_the_person_through_elicitation_when_the_client_can(home: Path, mode: str) -> None:
+    """Under ``ask``, a client that declares elicitation is asked (2026-07-28:
+    ``input_required``; 2025-11-25: ``elicitation/create``): declined, nothing is sent;
+    accepted, the question is sent once."""
+    from mcp import types
+    from mcp.client.client import Client
+
+    agent = f"mcp-elicit-{mode}"
+    env = {**os.environ, TOKEN_ENV: agent_token(home, agent, peers=("alice",), outbound="ask")}
+    params = StdioServerParameters(command=sys.executable, cwd=str(REPO), env=env,
+                                   args=["-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"])
+    answers = iter([False, True])
+    asked: list[str] = []
+
+    async def elicit(_context, p):
+        asked.append(p.message)
+        return types.ElicitResult(action="accept", content={"send": next(answers)})
+
+    async def main():
+        async with Client(params, mode=mode, elicitation_callback=elicit) as c:
+            return [await c.call_tool("search", {"query": QUOTE_PRIVATE + f" ({mode})", "peers": ["alice"]}),
+                    await c.call_tool("search", {"query": QUOTE_PRIVATE + f" ({mode})", "peers": ["alice"]})]
+
+    declined, accepted = anyio.run(main)
+    assert len(asked) == 2 and "/kb/private/plans.md" in asked[0] and "merger" not in asked[0].lower()
+    assert declined.is_error and declined.content[0].text.startswith("[outbound-held] ")
+    assert not accepted.is_error, accepted.content
+    decisions = [r["decision"] for r in outbound.read_log(home, agent=agent)]
+    assert decisions == ["denied", "needs-confirmation", "approved"], decisions  # held, asked, released
+    assert outbound.read_log(home, agent=agent)[-1]["result"]["peers"] == {"alice": "refused"}
+
+
+@pytest.mark.parametrize("reply, decision", [("n\n", "denied"), ("y\n", "confirmed")])
+def test_kith_ask_at_a_terminal_asks_the_owner(home: Path, reply: str, decision: str) -> None:
+    """On a pseudo-terminal the owner is asked ``[y/N]``, told the kinds and sources (never
+    the text): no sends nothing (exit 1, ``outbound-held``), yes sends it."""
+    from support.terminal import in_pty
+
+    question = QUOTE_PRIVATE + f" [{decision}]"
+    out, code = in_pty([*KITH, "--home", str(home), "ask", question, "--peer", "alice", "--offline",
+                        "--timeout", "2"], columns=120, replies=[("send it anyway? [y/N]", reply)])
+    assert "private-text from /kb/private/plans.md" in out and "send it anyway? [y/N]" in out
+    row = _last(home, outbound.OWNER)
+    assert row["text"] == question and row["decision"] == decision
+    if decision == "denied":
+        assert code == 1 and "outbound-held" in out and row["result"] is None
+    else:
+        assert row["result"] is not None  # sent; alice (a key nobody holds) refused it
+
+
+def test_the_log_rotates_as_the_audit_and_reads_across_its_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(outbound, "MAX_LOG_BYTES", 2000)
+    h = tmp_path / "h"
+    h.mkdir()
+    for i in range(80):
+        outbound.gate(h, {"query": f"question number {i} about the weather"}, ["alice"], actor="bot", rule="allow")
+    files = outbound.log_files(h)
+    assert [p.name for p in files] == ["sent.jsonl.3", "sent.jsonl.2", "sent.jsonl.1", "sent.jsonl"]
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 and p.stat().st_size <= 2000 for p in files)
+    rows = outbound.read_log(h, agent="bot")
+    assert rows[-1]["text"] == "question number 79 about the weather" and len(rows) < 80  # the oldest dropped
+    assert outbound.read_log(h, since="2999-01-01") == [] and outbound.read_log(h, peer="bob") == []
+    out = subprocess.run([*KITH, "--home", str(initialized(tmp_path / "k")), "sent", "--since", "1h", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert json.loads(out.stdout) == {"sent": []}
+
+
+def test_kith_join_gates_each_query_before_connecting(home: Path, tmp_path: Path) -> None:
+    """``kith join --query``: without a terminal and ``--yes`` a held question is refused
+    before anything is sent; with ``--yes`` it is sent and what came back is logged."""
+    from node.policy.store import Policy
+
+    from support.cli import readline
+    from support.homes import node_home, pin_host
+    from support.hosts import ENV
+
+    host_home = node_home(tmp_path, "host")
+    kb = tmp_path / "kb-host"
+    kb.mkdir()
+    (kb / "weather.md").write_text("# Weather\n\nIt rains on Tuesdays in the valley.\n")
+    with Corpus(host_home) as c:
+        c.add_root(kb)
+        c.sync()
+    policy = Policy.load(host_home)
+    policy.set("/kb-host/**", "public")
+    policy.save()
+    invite = tmp_path / "invite.json"
+    proc = subprocess.Popen([*KITH, "--home", str(host_home), "host", "--local", "--json", "--invite-file", str(invite)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=ENV)
+    try:
+        json.loads(readline(proc, 60))
+        pin_host(home, "valley", invite)
+        argv = [*KITH, "--home", str(home), "join", "--peer", "valley", "--query", QUOTE_PRIVATE + " (join)", "--offline"]
+        held = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=ENV)
+        assert held.returncode == 1 and "outbound-needs-confirmation" in held.stderr, held.stderr
+        row = _last(home, outbound.OWNER)
+        assert row["decision"] == "needs-confirmation" and row["peers"] == ["valley"] and row["result"] is None
+        sent = subprocess.run([*argv, "--yes"], capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL, env=ENV)
+        assert sent.returncode == 0, sent.stderr
+        row = _last(home, outbound.OWNER)
+        assert row["decision"] == "confirmed" and row["result"]["status"] in ("ok", "no-verified-results"), row
+    finally:
+        proc.kill()
+        proc.wait()
