@@ -198,8 +198,8 @@ def test_every_sender_of_the_doors_and_the_cli_passes_the_gate() -> None:
                 if sends and not (called | named) & gates and fn.name not in ("peer_search",):
                     missing.append(f"{path.name}:{fn.name} calls {sorted(sends)}")
     assert not missing, missing
-    # the outbox's later delivery (node/runtime: one call site) logs through the same gate
-    deliver = next(n for n in ast.walk(ast.parse((REPO / "node" / "runtime" / "outbox_task.py").read_text()))
+    # the outbox's later delivery (node/guest: one call site) logs through the same gate
+    deliver = next(n for n in ast.walk(ast.parse((REPO / "node" / "guest" / "outbox_task.py").read_text()))
                    if isinstance(n, ast.AsyncFunctionDef) and n.name == "_deliver")
     assert {c.func.id for c in ast.walk(deliver) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)} >= {"gate"}
 
