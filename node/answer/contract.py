@@ -29,7 +29,8 @@ from functools import lru_cache
 from typing import Any
 
 from node.common.errors import CorpusError, KithError
-from node.corpus import globs, search
+from node.corpus import globs
+from node.corpus.types import MAX_PER_DOCUMENT
 
 #: ``query``: characters, counted before surrounding whitespace is stripped.
 MAX_QUERY_CHARS = 2000
@@ -50,7 +51,7 @@ MAX_SERVER_BUDGET_MS = 60_000
 #: chunks, at most 2 per document; ``document``: one per document). Documents with the
 #: same content share one cap, and a chunk text found in several documents is always one
 #: result listing the others in ``alsoIn`` (issue 20 item 6), at either level.
-DEDUPE_LEVELS = {"chunk": search.MAX_PER_DOCUMENT, "document": 1}
+DEDUPE_LEVELS = {"chunk": MAX_PER_DOCUMENT, "document": 1}
 
 #: Filter fields that take a string or a non-empty list of strings.
 LIST_FILTERS = ("project", "tags", "sourceSets", "lifecycle", "workType")
@@ -287,7 +288,7 @@ def validate(body: Any) -> dict[str, Any]:
                                  rule="globs must start with '/' (they match source ids)")
             for g in found:
                 try:
-                    search.source_glob(g)  # the policy's glob language and linear matcher
+                    globs.source_glob(g)  # the policy's glob language and linear matcher
                 except KithError:
                     raise _bad(key, "globs use '*', '?' within a segment and '**' as a whole "
                                     "segment, without '.' or '..' segments") from None

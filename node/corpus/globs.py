@@ -13,8 +13,10 @@ egress policy's rules and the search request's ``sources`` filter.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
+from typing import Any
 
 from node.common.errors import PolicyError
 from node.corpus.sources import lexical_form
@@ -232,3 +234,18 @@ def specificity(canon: str) -> int:
     specific (a tie the policy breaks by the more restrictive tier, specs/policy.md §2)."""
     canon = folder_form(canon)
     return len(canon) - canon.count("*") - canon.count("?")
+
+
+@functools.lru_cache(maxsize=512)
+def source_glob(glob: str) -> Any:
+    """The ``sources`` filter glob as a compiled matcher: the policy's glob language
+    (``*``/``?`` within a segment, ``**`` a whole segment; a trailing ``/`` means everything
+    below) and its linear-time :class:`GlobMatcher` — never a backtracking regex a peer
+    could make explode. Here, not in node.corpus.search, so that the answer contract and
+    an agent's scope check a glob without importing tantivy (issue 44: a guest that starts
+    fast).
+
+    Raises:
+        PolicyError: ``policy-bad-glob`` for a glob outside that language.
+    """
+    return GlobMatcher(canonical_glob(glob + "**" if glob.endswith("/") else glob))

@@ -18,13 +18,15 @@ CJK runs are pre-split in Python into overlapping bigrams (``故乡`` stays ``�
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Container, Iterable, Iterator, Sequence
 from functools import lru_cache
 from typing import Any
 
 import tantivy
+
+from node.corpus.globs import source_glob  # noqa: F401  (its old home: the filters below use it)
+from node.corpus.types import MAX_PER_DOCUMENT as _MAX_PER_DOCUMENT
 
 #: Bump when the schema or analyzers change: an index of another version is rebuilt by
 #: the next writer (``kith index sync``, start-up repair) and refused with
@@ -35,8 +37,9 @@ import tantivy
 #: batch instead of a stored-document fetch each.
 INDEX_SCHEMA_VERSION = 4
 RRF_K = 60
-#: Default cap of chunks per document in one result list (document-level dedup).
-MAX_PER_DOCUMENT = 2
+#: Default cap of chunks per document in one result list (document-level dedup); kept in
+#: node.corpus.types so that the answer contract reads it without importing tantivy.
+MAX_PER_DOCUMENT = _MAX_PER_DOCUMENT
 #: Boost of a page-title match (the document's first heading and its file name's words)
 #: relative to body matches, and of a section-heading match (the rest of the heading
 #: path). A release note, tutorial or FAQ *section* titled after a module no longer
@@ -416,22 +419,6 @@ def exact_query(schema: Any, query: str) -> Any | None:
 
 
 # --- filters -------------------------------------------------------------------------
-
-@lru_cache(maxsize=256)
-@functools.lru_cache(maxsize=512)
-def source_glob(glob: str) -> Any:
-    """The ``sources`` filter glob as a compiled matcher: the policy's glob language
-    (``*``/``?`` within a segment, ``**`` a whole segment; a trailing ``/`` means everything
-    below) and its linear-time :class:`node.corpus.globs.GlobMatcher` — never a
-    backtracking regex a peer could make explode.
-
-    Raises:
-        PolicyError: ``policy-bad-glob`` for a glob outside that language.
-    """
-    from node.corpus.globs import GlobMatcher, canonical_glob
-
-    return GlobMatcher(canonical_glob(glob + "**" if glob.endswith("/") else glob))
-
 
 _META_KEYS = {"project": "project", "lifecycle": "lifecycle", "workType": "workType",
               "tags": "tags", "sourceSets": "sourceSet"}

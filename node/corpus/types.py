@@ -11,6 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+#: Default cap of chunks per document in one result list (document-level dedup; the
+#: contract's ``dedupe: chunk``). Here, beside the result types, so that the answer contract
+#: reads it without importing tantivy.
+MAX_PER_DOCUMENT = 2
+
 
 @dataclass(frozen=True)
 class Root:

@@ -608,7 +608,7 @@ def _expired(until: str | None, now: float | None = None) -> bool:
 
 
 def _matcher(glob: str) -> Any:
-    from node.corpus.search import source_glob
+    from node.corpus.globs import source_glob
 
     return source_glob(glob)
 

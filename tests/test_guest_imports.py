@@ -1,0 +1,79 @@
+"""A guest that asks a live peer loads neither tantivy, nor the corpus's search and store, nor
+the host's modules (issue 44, "a guest that starts fast"): `kith join --query`, `kith ask
+--peer` and `kith verify` are real processes here, run with ``python -X importtime`` against a
+real `kith host` on loopback, and every module they imported is read from that report.
+
+Allowed from the corpus package: its pure modules (``globs``: the glob language a request's
+``sources`` filter and an agent's scope are checked in; ``sources``; ``types``). The outbound
+gate (node.policy.outbound) reads its small fingerprint file, never the corpus package."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.cli import kith
+from support.homes import node_home, pin_host
+from support.hosts import ENV, HostProcess, prepare_host
+
+pytestmark = pytest.mark.iroh
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "demo" / "corpus" / "python-docs-sample"
+#: corpus modules a guest may load: pure, no tantivy, no SQLite
+PURE_CORPUS = {"node.corpus", "node.corpus.globs", "node.corpus.sources", "node.corpus.types"}
+
+
+def _imported(home: Path, *args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run ``kith --home HOME ARGS`` under ``-X importtime``: (the process, the modules it imported)."""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "node.cli.main", "--home", str(home), *args],
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=ENV)
+    modules = {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    assert "node.cli.main" in modules, r.stderr[-2000:]  # the report was read
+    return r, modules
+
+
+def _forbidden(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules
+                  if m == "tantivy" or m.startswith("tantivy.") or m.startswith("node.host")
+                  or (m.startswith("node.corpus") and m not in PURE_CORPUS))
+
+
+def test_join_ask_and_verify_of_a_live_peer_load_no_tantivy_corpus_or_host_module(tmp_path):
+    host = prepare_host(tmp_path, SAMPLE)
+    guest = node_home(tmp_path, "guest")
+    h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
+    try:
+        r, modules = _imported(guest, "join", str(tmp_path / "inv.json"), "--local", "--trust", "--query",
+                               "run a command and capture its output")
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "subprocess" in r.stdout  # a real answer came back
+        assert _forbidden(modules) == []
+
+        pin_host(guest, "alice", h.invitation)
+        r, modules = _imported(guest, "ask", "run a command and capture its output", "--peer", "alice",
+                               "--json", "--citations")
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "/python-docs-sample/subprocess.rst.txt" in r.stdout
+        assert _forbidden(modules) == []
+        (tmp_path / "answer.json").write_text(r.stdout)
+    finally:
+        h.stop()
+    r, modules = _imported(guest, "verify", str(tmp_path / "answer.json"))
+    assert r.returncode in (0, 1), r.stderr[-2000:]  # a verdict, whatever it is, without the corpus
+    assert "result" in r.stdout
+    assert _forbidden(modules) == []
+
+
+def test_the_check_sees_a_forbidden_module(tmp_path):
+    """The check itself: `kith search` (the owner's own corpus) does load tantivy and the
+    corpus's search, so the rule above could fail."""
+    home = node_home(tmp_path, "owner")
+    assert kith(home, "index", "add", str(SAMPLE)).returncode == 0
+    assert kith(home, "index", "sync").returncode == 0
+    r, modules = _imported(home, "search", "capture output", "--top-k", "1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "tantivy" in _forbidden(modules) and "node.corpus.search" in _forbidden(modules)
