@@ -307,7 +307,8 @@ def _should(subs: Iterable[Any]) -> Any:
 
 def rewrite_query(schema: Any, plan: Plan) -> Any | None:
     """The ``rewrite-expanded`` query: own stems (body + boosted title), expansion stems
-    at :data:`EXPANSION_WEIGHT`, and sloppy phrases of adjacent key-term pairs."""
+    at :data:`EXPANSION_WEIGHT`, sloppy phrases of adjacent key-term pairs, and what the
+    query may name on ``defines`` (:func:`node.corpus.search.definition_query_terms`)."""
     Q = tantivy.Query
     subs = []
     for t in plan.stems:
@@ -326,6 +327,9 @@ def rewrite_query(schema: Any, plan: Plan) -> Any | None:
                                       EXPANSION_WEIGHT * REWRITE_SECTION_BOOST))
     for a, b in plan.pairs:
         subs.append(Q.boost_query(Q.phrase_query(schema, "exact", [a, b], PAIR_SLOP), PAIR_BOOST))
+    if subs and search.DEFINES_BOOST:  # the defining chunk, as in the baseline
+        for t in search.definition_query_terms(plan.query):
+            subs.append(Q.boost_query(Q.term_query(schema, "defines", t), search.DEFINES_BOOST))
     return _should(subs) if subs else None
 
 
