@@ -91,7 +91,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory):
     (root / "whatsnew.rst").write_text(WHATSNEW)
     (root / "tutorial.rst").write_text(TUTORIAL)
     c = Corpus(base / "home")
-    c.add_root(root)
+    c.add_root(root, chunk_size=200, chunk_overlap=0)  # an entry or two per chunk
     c.sync()
     yield c
     c.close()
@@ -104,6 +104,12 @@ def test_a_directive_defined_name_ranks_its_definition_first(corpus, query: str)
     repeat it, only mention it."""
     hits, _ctl = corpus.search_hits(query, limit=3)
     assert hits[0].source_id.endswith("/library/textwrap.rst"), [h.source_id for h in hits]
+
+
+def test_the_heading_path_shows_the_definition(corpus) -> None:
+    hits, _ctl = corpus.search_hits("textwrap.dedent", limit=1)
+    assert hits[0].location["headingPath"] == ["textwrap --- Text wrapping and filling",
+                                               "textwrap.dedent"]
 
 
 def test_mentions_are_still_found(corpus) -> None:

@@ -909,9 +909,15 @@ def _index_lag(corpus: Any) -> int:
 
 def _location(row: sqlite3.Row) -> dict[str, Any]:
     """Citation location of a chunk row: line range, heading path, and the page range
-    for a PDF (``page``/``pageEnd``, 1-based)."""
+    for a PDF (``page``/``pageEnd``, 1-based). A chunk that defines a named object (a
+    reST/Sphinx directive, :attr:`node.corpus.chunking.Chunk.defines`) shows the first
+    one at the end of its heading path (``[..., "textwrap.dedent"]``)."""
+    path = json.loads(row["heading_path"])
+    named = [d for d in json.loads(row["defines"] or "[]") if d not in path]
+    if named:
+        path.append(named[0])
     loc: dict[str, Any] = {"lineStart": row["line_start"], "lineEnd": row["line_end"],
-                           "headingPath": json.loads(row["heading_path"])}
+                           "headingPath": path}
     if row["page_start"] is not None:
         loc["page"] = row["page_start"]
         loc["pageEnd"] = row["page_end"]
@@ -1069,7 +1075,7 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
             break
         rows = {r["chunk_id"]: r for r in db.execute(
             "SELECT chunk_id, doc_id, text, line_start, line_end, heading_path, page_start, "
-            "page_end FROM chunks "
+            "page_end, defines FROM chunks "
             f"WHERE chunk_id IN ({','.join('?' * len(batch))})", batch)}
         for cid in batch:
             row = rows.get(cid)
