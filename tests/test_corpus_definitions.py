@@ -151,3 +151,20 @@ def test_an_entry_too_big_for_one_chunk_is_still_cut() -> None:
     chunks = chunk_text(text, kind="rst", chunk_size=200, chunk_overlap=0)
     assert len(chunks) > 3 and all(len(c.text) <= 200 for c in chunks)
     assert "Paragraph 0" in chunks[0].text
+
+
+def test_html_headings_and_dt_terms_are_definitions() -> None:
+    from node.corpus.parsers import parse_bytes
+
+    page = (b"<html><head><title>Resource Consumption</title></head><body><main>"
+            b"<h2>Memory</h2><dl><dt>work_mem (integer)</dt><dd><p>Sets the base maximum "
+            b"amount of memory to be used by a query operation.</p></dd>"
+            b"<dt>maintenance_work_mem (integer)</dt><dd><p>Memory for VACUUM.</p></dd></dl>"
+            b"</main></body></html>")
+    parsed = parse_bytes(page, "html", "runtime-config-resource.html")
+    assert "\x01" not in parsed.text
+    assert [n for _o, n in parsed.definitions] == ["work_mem", "maintenance_work_mem"]
+    assert all(parsed.text[o:].startswith(n) for o, n in parsed.definitions)
+    chunks = chunk_text(parsed.text, kind="html", parsed_definitions=parsed.definitions)
+    assert [d for c in chunks for d in c.defines] == [
+        "Resource Consumption", "Memory", "work_mem", "maintenance_work_mem"]

@@ -522,7 +522,8 @@ def structure_for(kind: str) -> str:
 def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK_SIZE,
                chunk_overlap: int = DEFAULT_CHUNK_OVERLAP, chunker: str = "recursive",
                structure: str | None = None, page_starts: tuple[int, ...] = (),
-               title: str = "") -> list[Chunk]:
+               title: str = "", parsed_definitions: tuple[tuple[int, str], ...] = (),
+               ) -> list[Chunk]:
     """Chunk a document.
 
     Args:
@@ -535,6 +536,9 @@ def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK
         page_starts: offsets where pages start (PDF); chunks then carry page numbers.
         title: the document's title from its metadata (a PDF's ``/Title``), or ``""``:
             the heading path of every chunk that has none (a PDF has no headings).
+        parsed_definitions: ``(offset, name)`` the parser found defined beyond the headings (an
+            HTML page's ``<dt>`` terms, offsets in the LF-normalised ``text``), added to
+            what :func:`definitions` finds.
 
     Returns:
         The chunks in document order; empty when the text is only whitespace.
@@ -556,6 +560,8 @@ def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK
         heads = _headings(text, structure, line_starts, lines)
         sections = _sections(text, structure, line_starts, lines, heads)
         defs = definitions(text, structure, line_starts, lines, heads)
+        if parsed_definitions:
+            defs = sorted(defs + list(parsed_definitions), key=operator.itemgetter(0))
     def_at = [o for o, _n in defs]
     chunks: list[Chunk] = []
     for sec_start, sec_end, path in sections:

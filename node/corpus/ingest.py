@@ -540,7 +540,8 @@ class Writer:
             chunks = chunking.chunk_text(parsed.text, kind=parsed.kind, structure=parsed.structure,
                                          chunker=doc.chunker, chunk_size=doc.chunk_size,
                                          chunk_overlap=doc.chunk_overlap,
-                                         page_starts=parsed.page_starts, title=parsed.title)
+                                         page_starts=parsed.page_starts, title=parsed.title,
+                                         parsed_definitions=parsed.definitions)
         except Exception as exc:
             self.fail(doc, size, mtime_ns, "chunk-failed", error_message("chunk", exc),
                       content_hash=content_hash, kind=kind)
