@@ -17,6 +17,13 @@ pieces are packed greedily into chunks of at most ``chunk_size`` characters. A n
 starts by repeating whole trailing pieces of the previous one, up to ``chunk_overlap``
 characters: the overlap is a ceiling, not a guarantee.
 
+Before packing (``recursive``, ``markdown``), paragraphs are joined into *units* a chunk
+keeps whole when they fit (:func:`_units`): a reST directive and its indented body, a
+definition-list entry, a ``::`` paragraph and its literal block, a fenced code block.
+Every chunk records what it *defines* (:func:`definitions`, ``Chunk.defines``): the
+headings and the reST/Sphinx object directives (with their module: ``textwrap.dedent``)
+that start in it, and the terms the parser found (HTML ``<dt>``); ``fixed`` records none.
+
 CRLF and lone CR are normalised to LF before anything else, so a CRLF file yields exactly
 the chunks (text, offsets, line ranges) of its LF twin. Every chunk is an exact slice of
 the normalised text (leading/trailing whitespace trimmed) and carries its 1-based line
