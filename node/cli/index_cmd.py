@@ -327,6 +327,10 @@ def _sync(ctx: typer.Context, mode: SyncMode, json_out: bool) -> None:
     from node.corpus.store import Corpus
 
     with Corpus(home_of(ctx)) as corpus:
+        if not json_out and corpus.index_outdated():  # one notice; the progress follows
+            err_console.print("the index was built by an older Kith (index schema or chunker "
+                              "changed): every document is indexed again once",
+                              highlight=False, markup=False, soft_wrap=True)
         if json_out or not err_console.is_terminal:
             report = corpus.sync(mode=mode.value)
         else:
