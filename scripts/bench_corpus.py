@@ -212,8 +212,8 @@ def kith_schema_build(db_path: Path, workdir: Path) -> float:
     index = tantivy.Index(search.build_schema(), path=str(workdir))
     search.register_analyzers(index)
     writer = index.writer(record._WRITER_HEAP, record._WRITER_THREADS)  # the sync's writer
-    for cid, did, text, title in rows:
-        writer.add_document(search.make_document(cid, did, text, title))
+    for cid, did, text, title, defines in rows:
+        writer.add_document(search.make_document(cid, did, text, title, defines))
     writer.commit()
     writer.wait_merging_threads()
     return time.perf_counter() - t0
@@ -320,9 +320,10 @@ def ablation(corpus_dir: Path, repeat: int) -> None:
                 search.register_analyzers(index)
                 writer = index.writer(record._WRITER_HEAP, record._WRITER_THREADS)
                 build = 0.0
-                for cid, did, text, title in rows:
+                for cid, did, text, title, defines in rows:
                     b0 = time.process_time()
-                    doc = tantivy.Document(**search.document_fields(cid, did, text, title, kept))
+                    doc = tantivy.Document(**search.document_fields(cid, did, text, title, kept,
+                                                                         defines))
                     build += time.process_time() - b0
                     writer.add_document(doc)
                 writer.commit()

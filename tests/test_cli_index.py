@@ -84,6 +84,25 @@ def test_human_output(env) -> None:
     assert "/kb/" in r.stdout and "ready yes" in r.stdout
 
 
+def test_a_home_indexed_by_an_older_kith_is_indexed_again_with_one_notice(env, tmp_path) -> None:
+    """Issue 40: a new chunker (or index schema) re-indexes every document at the next
+    sync, which says so once; the sync after it is quiet."""
+    import sqlite3
+
+    run, root = env
+    run("index", "add", str(root))
+    assert "indexed again" not in run("index", "sync").output
+    db = sqlite3.connect(tmp_path / "home" / "corpus" / "corpus.sqlite3")
+    with db:  # what an older chunker left behind
+        db.execute("UPDATE documents SET chunker_sig = 'recursive:v1:1200:150'")
+    db.close()
+    r = run("index", "sync")
+    assert r.exit_code == 0 and "every document is indexed again once" in r.output
+    assert "updated 1" in r.stdout
+    r = run("index", "sync")
+    assert "indexed again" not in r.output and "updated 0" in r.stdout
+
+
 def test_search_before_any_sync(env) -> None:
     run, _ = env
     r = run("search", "staging", "--json")

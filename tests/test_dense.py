@@ -590,3 +590,33 @@ def test_full_model_tier_is_fused_by_normalised_weighted_sum(kb, monkeypatch) ->
     jsonschema.Draft202012Validator(SCHEMA).validate(env)
     assert env["retrievalController"]["fusion"]["method"] == "weighted-sum"
     assert env["retrievalController"]["fusion"]["weights"]["dense"] == retrieval.DENSE_WEIGHTS["minilm"]
+
+
+def test_a_rare_exact_term_beats_a_dense_near_miss(tmp_path: Path, monkeypatch) -> None:
+    """Lexical corroboration (issue 40): with the full model's tier, a page only the
+    dense pass finds (all about cats) never outranks the one page that holds the
+    question's rare word (``zorblax``), however close the meaning; without the guard
+    the dense page would come first."""
+    root = tmp_path / "kb"
+    root.mkdir()
+    (root / "cats.md").write_text("# Cat\n\nA cat. A kitten. A cat and a kitten.\n")
+    (root / "ops.md").write_text("# Operations\n\nThe zorblax daemon restarts the staging "
+                                 "server every night and mails a report to the team.\n")
+    for i in range(3):
+        (root / f"n{i}.md").write_text(f"# Note {i}\n\nThe staging server restarts.\n")
+    home = tmp_path / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+        dense.embed_missing(c, MINILM)
+        c.record.set_meta(dense.META_TIER, "minilm")
+        c.record.set_meta(dense.META_ENABLED, "1")
+    monkeypatch.setattr(dense, "corpus_embedder", lambda _c: MINILM)
+    monkeypatch.setattr(dense, "missing_modules", lambda: ())
+    with Corpus(home, readonly=True) as c:
+        hits, _ = c.search_hits("feline zorblax", limit=3)
+        assert hits[0].source_id == "/kb/ops.md", [h.source_id for h in hits]
+        assert [h.source_id for h in hits][:2] == ["/kb/ops.md", "/kb/cats.md"]
+        monkeypatch.setattr(retrieval, "RARE_TERM_GUARD", False)
+        hits, _ = c.search_hits("feline zorblax", limit=3)
+        assert hits[0].source_id == "/kb/cats.md"  # what the guard prevents

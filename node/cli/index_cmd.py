@@ -330,6 +330,10 @@ def _sync(ctx: typer.Context, mode: SyncMode, json_out: bool) -> None:
         if corpus.stats()["index_missing"]:  # said on stderr: --json keeps stdout to the report
             err_console.print("the search index (corpus/tantivy) is missing: rebuilding it from the corpus record",
                               highlight=False, markup=False, soft_wrap=True)
+        elif not json_out and corpus.index_outdated():  # one notice; the progress follows
+            err_console.print("the index was built by an older Kith (index schema or chunker "
+                              "changed): every document is indexed again once",
+                              highlight=False, markup=False, soft_wrap=True)
         if json_out or not err_console.is_terminal:
             report = corpus.sync(mode=mode.value)
         else:

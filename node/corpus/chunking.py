@@ -17,6 +17,13 @@ pieces are packed greedily into chunks of at most ``chunk_size`` characters. A n
 starts by repeating whole trailing pieces of the previous one, up to ``chunk_overlap``
 characters: the overlap is a ceiling, not a guarantee.
 
+Before packing (``recursive``, ``markdown``), paragraphs are joined into *units* a chunk
+keeps whole when they fit (:func:`_units`): a reST directive and its indented body, a
+definition-list entry, a ``::`` paragraph and its literal block, a fenced code block.
+Every chunk records what it *defines* (:func:`definitions`, ``Chunk.defines``): the
+headings and the reST/Sphinx object directives (with their module: ``textwrap.dedent``)
+that start in it, and the terms the parser found (HTML ``<dt>``); ``fixed`` records none.
+
 CRLF and lone CR are normalised to LF before anything else, so a CRLF file yields exactly
 the chunks (text, offsets, line ranges) of its LF twin. Every chunk is an exact slice of
 the normalised text (leading/trailing whitespace trimmed) and carries its 1-based line
@@ -39,7 +46,10 @@ from dataclasses import dataclass
 DEFAULT_CHUNK_SIZE = 1200
 DEFAULT_CHUNK_OVERLAP = 150
 #: Bumped whenever the chunker's output changes for the same input (part of chunk ids).
-CHUNKER_VERSION = 5
+CHUNKER_VERSION = 6
+# 6 (issue 40): a chunk records what it defines (headings, reST/Sphinx object directives
+# with their module), and a directive block, a definition-list entry or a code block is
+# one unit of the split whenever it fits (a signature and its description share a chunk).
 # 5 (issue 29): no line or word cut between two groups of a grouped value (a card, an
 # IBAN, a phone number), so no chunk holds a fragment of one that scrubbing cannot see.
 # 4 (issue 20): Markdown front matter is metadata (its lines blanked), the text decoder
@@ -77,6 +87,10 @@ class Chunk:
         line_start / line_end: 1-based inclusive line range.
         heading_path: titles of the enclosing headings, outermost first (empty for text).
         page_start / page_end: 1-based page range (PDF), else ``None``.
+        defines: what the chunk defines (:func:`definitions`): the titles of the headings
+            and the names of the reST/Sphinx object directives that start inside it, a
+            directive's name with its module (and class) when it has one
+            (``textwrap.dedent``), in document order.
     """
 
     ordinal: int
@@ -88,6 +102,7 @@ class Chunk:
     heading_path: tuple[str, ...] = ()
     page_start: int | None = None
     page_end: int | None = None
+    defines: tuple[str, ...] = ()
 
 
 def normalize_newlines(text: str) -> str:
@@ -237,20 +252,31 @@ def _rst_headings(lines: list[str], text: str, offsets: list[int]) -> list[tuple
     return out
 
 
+def _headings(text: str, structure: str, offsets: list[int], lines: list[str]
+              ) -> list[tuple[int, int, str]]:
+    """(line index where the section starts, level, title) of every heading."""
+    if structure not in ("markdown", "atx", "rst"):
+        return []
+    return (_rst_headings(lines, text, offsets) if structure == "rst"
+            else _markdown_headings(lines, setext=structure == "markdown"))
+
+
 def _sections(text: str, structure: str, offsets: list[int] | None = None,
-              lines: list[str] | None = None) -> list[tuple[int, int, tuple[str, ...]]]:
+              lines: list[str] | None = None,
+              heads: list[tuple[int, int, str]] | None = None,
+              ) -> list[tuple[int, int, tuple[str, ...]]]:
     """Split text into (start, end, heading_path) sections covering all of it
-    (``offsets``/``lines``: :func:`_line_offsets` and the lines, when known). A Markdown
-    or ATX heading with no text before its first subheading starts that subsection's
-    section instead of a section of its own."""
+    (``offsets``/``lines``/``heads``: :func:`_line_offsets`, the lines and
+    :func:`_headings`, when known). A Markdown or ATX heading with no text before its
+    first subheading starts that subsection's section instead of a section of its own."""
     if structure not in ("markdown", "atx", "rst"):
         return [(0, len(text), ())]
     if lines is None:
         lines = text.split("\n")
     if offsets is None:
         offsets = _line_offsets(text, lines)
-    heads = (_rst_headings(lines, text, offsets) if structure == "rst"
-             else _markdown_headings(lines, setext=structure == "markdown"))
+    if heads is None:
+        heads = _headings(text, structure, offsets, lines)
     if not heads:
         return [(0, len(text), ())]
     out: list[tuple[int, int, tuple[str, ...]]] = []
@@ -274,6 +300,157 @@ def _sections(text: str, structure: str, offsets: list[int] | None = None,
             carry = start
             continue
         out.append((start, end, tuple(t for _, t in stack if t)))
+    return out
+
+
+# --- definitions ---------------------------------------------------------------------
+
+#: reST/Sphinx directives that define an object (with or without a domain: ``py:``,
+#: ``c:``…). ``module`` also sets the current module; ``currentmodule`` only sets it.
+OBJECT_DIRECTIVES = frozenset("""
+function class method attribute data exception module option cmdoption envvar decorator
+decoratormethod classmethod staticmethod abstractmethod coroutinefunction coroutinemethod
+property describe object opcode pdbcommand type member macro var enum enumerator struct
+union
+""".split())
+#: Object kinds whose name lives in the current module (and class): ``textwrap.dedent``.
+_PY_MEMBERS = frozenset("""
+function class method attribute data exception decorator decoratormethod classmethod
+staticmethod abstractmethod coroutinefunction coroutinemethod property
+""".split())
+_CLASSLIKE = frozenset(("class", "exception"))
+#: ``.. [domain:]name:: argument`` — found by its literal ``..`` (the line start is
+#: checked after): a ``^`` with ``re.M`` would try the pattern at every character.
+_DIRECTIVE = re.compile(r"\.\.[ \t]+(?:(\w+):)?([a-z]+)::[ \t]*([^\n]*)")
+_C_NAME = re.compile(r"([A-Za-z_][\w.]*)[ \t]*(?:\(|$)")
+
+
+def _directive_names(domain: str | None, kind: str, arg: str) -> list[str]:
+    """The bare names one object directive defines (``dedent(text)`` → ``dedent``; an
+    option ``-h, --help`` → ``-h``, ``--help``)."""
+    arg = arg.strip().rstrip("\\").strip()
+    if not arg:
+        return []
+    if domain in ("c", "cpp"):
+        m = _C_NAME.search(arg.split("(", 1)[0].strip() + "(")
+        return [m.group(1)] if m else []
+    if kind in ("option", "cmdoption"):
+        return [o.split()[0].split("=", 1)[0].split("[", 1)[0]
+                for o in arg.split(", ") if o.strip()]
+    if kind in ("describe", "object"):
+        return [" ".join(arg.split())[:80]]
+    for prefix in ("async ", "await ", "class ", "abstract "):
+        if arg.startswith(prefix):
+            arg = arg[len(prefix):].lstrip()
+    name = re.split(r"[\s(\[:]", arg, maxsplit=1)[0].strip(",")
+    return [name] if name else []
+
+
+def definitions(text: str, structure: str, offsets: list[int] | None = None,
+                lines: list[str] | None = None,
+                heads: list[tuple[int, int, str]] | None = None) -> list[tuple[int, str]]:
+    """Where ``text`` (LF-normalised) defines something: ``(offset, name)`` in document
+    order.
+
+    - every heading the chunker cuts at (Markdown, reST, the ATX headings HTML and DOCX
+      are rendered with): its title, at the heading's line;
+    - with ``structure`` ``rst``, every object directive (:data:`OBJECT_DIRECTIVES`):
+      its name, qualified with the current module (``.. module::`` /
+      ``.. currentmodule::``) and the enclosing ``class``/``exception`` directive for
+      Python objects, so ``.. function:: dedent(text)`` under ``.. module:: textwrap`` is
+      ``textwrap.dedent`` and a ``.. method:: wrap`` nested in ``.. class:: TextWrapper``
+      there is ``textwrap.TextWrapper.wrap``.
+    """
+    if lines is None:
+        lines = text.split("\n")
+    if offsets is None:
+        offsets = _line_offsets(text, lines)
+    if heads is None:
+        heads = _headings(text, structure, offsets, lines)
+    out = [(offsets[line] + len(lines[line]) - len(lines[line].lstrip()), title)
+           for line, _level, title in heads if title]
+    if structure != "rst":
+        return out
+    found: list[tuple[int, str]] = []
+    module = ""
+    classes: list[tuple[int, str]] = []  # (indent, qualified name) of open class blocks
+    for m in _DIRECTIVE.finditer(text):
+        start = text.rfind("\n", 0, m.start()) + 1
+        lead = text[start:m.start()]
+        if lead.strip(" \t"):
+            continue  # not at the start of a line
+        domain, kind, arg = m.group(1), m.group(2), m.group(3)
+        if domain not in (None, "py", "c", "cpp", "std", "js", "rst"):
+            continue
+        indent = len(lead.expandtabs())
+        while classes and classes[-1][0] >= indent:
+            classes.pop()
+        if kind in ("module", "currentmodule") and domain in (None, "py"):
+            module = arg.strip()
+            classes.clear()
+            if kind == "module" and module:
+                found.append((m.start(), module))
+            continue
+        if kind not in OBJECT_DIRECTIVES:
+            continue
+        for name in _directive_names(domain, kind, arg):
+            full = name
+            if domain in (None, "py") and kind in _PY_MEMBERS:
+                owner = classes[-1][1] if classes else module
+                if owner and not (full == owner or full.startswith(owner + ".")
+                                  or (module and full.startswith(module + "."))):
+                    full = f"{owner}.{full}"
+            found.append((m.start(), full))
+            if kind in _CLASSLIKE and domain in (None, "py"):
+                classes.append((indent, full))
+    if not out:
+        return found
+    return sorted(out + found, key=operator.itemgetter(0))
+
+
+# --- units ---------------------------------------------------------------------------
+
+_FENCE_LINE = re.compile(r"^ {0,3}(?:`{3,}|~{3,})", re.M)
+
+
+def _indent(text: str, start: int) -> int | None:
+    """Indentation of the line ``start`` is on, or None when ``start`` is not at that
+    line's first non-blank character (a piece cut inside a line)."""
+    line = text.rfind("\n", 0, start) + 1
+    lead = text[line:start]
+    if lead.strip(" \t"):
+        return None
+    return len(lead.expandtabs())
+
+
+def _units(text: str, spans: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """Join paragraph pieces into the units a chunk keeps whole when they fit: a block
+    and the pieces indented deeper than its first line (a reST directive and its body, a
+    definition-list entry's further paragraphs, a ``::`` paragraph and its literal
+    block), and a fenced code block's pieces from its opening fence to its closing one.
+    A unit that does not fit keeps as many of its leading pieces as fit (a signature and
+    its first paragraph), and the rest form units of their own."""
+    n = len(spans)
+    if n < 2:
+        return spans
+    indents = [_indent(text, s) for s, _e in spans]
+    fences = [("```" in text[s:e] or "~~~" in text[s:e])  # the regex only where needed
+              and len(_FENCE_LINE.findall(text, text.rfind("\n", 0, s) + 1, e)) % 2 == 1
+              for s, e in spans]
+    out: list[tuple[int, int]] = []
+    i = 0
+    while i < n:
+        head = indents[i]
+        open_fence = fences[i]
+        j = i + 1
+        while j < n and spans[j][1] - spans[i][0] <= size:
+            if open_fence:
+                open_fence = not fences[j]
+            elif head is None or indents[j] is None or indents[j] <= head:
+                break
+            j += 1
+        out.append((spans[i][0], spans[j - 1][1]))
+        i = j
     return out
 
 
@@ -303,7 +480,7 @@ def _split(text: str, start: int, end: int, size: int, level: int) -> list[tuple
         else:
             spans.append((prev, cut))
         prev = cut
-    return spans
+    return _units(text, spans, size) if level == 0 else spans
 
 
 def _pack(pieces: list[tuple[int, int]], size: int, overlap: int) -> list[tuple[int, int]]:
@@ -352,7 +529,8 @@ def structure_for(kind: str) -> str:
 def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK_SIZE,
                chunk_overlap: int = DEFAULT_CHUNK_OVERLAP, chunker: str = "recursive",
                structure: str | None = None, page_starts: tuple[int, ...] = (),
-               title: str = "") -> list[Chunk]:
+               title: str = "", parsed_definitions: tuple[tuple[int, str], ...] = (),
+               ) -> list[Chunk]:
     """Chunk a document.
 
     Args:
@@ -365,6 +543,9 @@ def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK
         page_starts: offsets where pages start (PDF); chunks then carry page numbers.
         title: the document's title from its metadata (a PDF's ``/Title``), or ``""``:
             the heading path of every chunk that has none (a PDF has no headings).
+        parsed_definitions: ``(offset, name)`` the parser found defined beyond the headings (an
+            HTML page's ``<dt>`` terms, offsets in the LF-normalised ``text``), added to
+            what :func:`definitions` finds.
 
     Returns:
         The chunks in document order; empty when the text is only whitespace.
@@ -381,8 +562,14 @@ def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK
         structure = "markdown"
     if chunker == "fixed":
         sections: list[tuple[int, int, tuple[str, ...]]] = [(0, len(text), ())]
+        defs: list[tuple[int, str]] = []
     else:
-        sections = _sections(text, structure, line_starts, lines)
+        heads = _headings(text, structure, line_starts, lines)
+        sections = _sections(text, structure, line_starts, lines, heads)
+        defs = definitions(text, structure, line_starts, lines, heads)
+        if parsed_definitions:
+            defs = sorted(defs + list(parsed_definitions), key=operator.itemgetter(0))
+    def_at = [o for o, _n in defs]
     chunks: list[Chunk] = []
     for sec_start, sec_end, path in sections:
         if not path and title:
@@ -407,5 +594,8 @@ def chunk_text(text: str, *, kind: str = "text", chunk_size: int = DEFAULT_CHUNK
                 line_start=bisect.bisect_right(line_starts, s2),
                 line_end=bisect.bisect_right(line_starts, e2 - 1),
                 heading_path=path, page_start=page_start, page_end=page_end,
+                defines=tuple(dict.fromkeys(
+                    n for _o, n in defs[bisect.bisect_left(def_at, s2):
+                                        bisect.bisect_left(def_at, e2)])),
             ))
     return chunks

@@ -557,7 +557,8 @@ class Writer:
             chunks = chunking.chunk_text(parsed.text, kind=parsed.kind, structure=parsed.structure,
                                          chunker=doc.chunker, chunk_size=doc.chunk_size,
                                          chunk_overlap=doc.chunk_overlap,
-                                         page_starts=parsed.page_starts, title=parsed.title)
+                                         page_starts=parsed.page_starts, title=parsed.title,
+                                         parsed_definitions=parsed.definitions)
         except Exception as exc:
             self.fail(doc, size, mtime_ns, "chunk-failed", error_message("chunk", exc),
                       content_hash=content_hash, kind=kind)
@@ -580,10 +581,12 @@ class Writer:
             # between the two can only leave a duplicate, never a gap
             self.db.executemany(
                 """INSERT OR REPLACE INTO chunks(chunk_id, doc_id, ordinal, text, line_start,
-                       line_end, heading_path, page_start, page_end, char_start, char_end)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?)""",
+                       line_end, heading_path, page_start, page_end, char_start, char_end,
+                       defines)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?)""",
                 [(cid, doc_id, ch.ordinal, ch.text, ch.line_start, ch.line_end,
-                  paths[ch.heading_path], ch.page_start, ch.page_end, ch.char_start, ch.char_end)
+                  paths[ch.heading_path], ch.page_start, ch.page_end, ch.char_start, ch.char_end,
+                  json.dumps(list(ch.defines), ensure_ascii=False) if ch.defines else "[]")
                  for cid, ch in zip(ids, chunks)])
             if existed:
                 self.db.execute(
@@ -611,7 +614,8 @@ class Writer:
             title = titles.get(hp)
             if title is None:
                 title = titles[hp] = search.index_title(doc.source_id, hp)
-            add(make(cid, doc_id, ch.text, title))
+            add(make(cid, doc_id, ch.text, title,
+                     search.definition_terms(ch.defines, hp) if ch.defines else ()))
         stages["index"] += time.perf_counter() - t4
         if self._batch is not None:
             self._batch = (self._batch[0], self._batch[1] + len(chunks))

@@ -108,6 +108,9 @@ class ParsedDocument:
             U+FFFD, ``frontMatter`` (``yaml``/``toml``) when front matter was read,
             ``frontMatterIgnored`` (a reason of :func:`front_matter`) when a block
             was read as text, ``frontMatterDropped`` (keys with unusable values).
+        definitions: ``(offset in text, name)`` of what the document defines beyond its
+            headings: an HTML page's ``<dt>`` terms (:func:`_defined_terms`); the chunker
+            adds them to the chunks' ``defines``.
     """
 
     text: str
@@ -120,6 +123,7 @@ class ParsedDocument:
     title: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
+    definitions: tuple[tuple[int, str], ...] = ()
 
 
 def kind_for(name: str) -> str | None:
@@ -482,6 +486,8 @@ _NEVER_TEXT_TAGS = frozenset(("script", "style", "noscript", "template", "svg", 
 _PAGE_LEVEL_TAGS = frozenset(("header", "footer", "aside"))
 _SECTIONING = frozenset(("article", "section", "main"))
 _HEADINGS = {f"h{n}": n for n in range(1, 7)}
+#: Marks the start of a ``<dt>`` line while a page is rendered (never left in the text).
+_TERM_MARK = "\x01"
 _WS = re.compile(r"[ \t\u00a0]+")
 #: ARIA landmark roles of page furniture, not content (dropped like ``<nav>``).
 _DROP_ROLES = frozenset(("navigation", "banner", "contentinfo", "search", "complementary"))
@@ -618,6 +624,8 @@ def _raw_text(main: object, furniture: bool, sectioned: bool, admonition: bool) 
                 out.append("\n" if name in _LINE_TAGS else "\n\n")
             if name == "li":  # a list item keeps its bullet: one item per line on display
                 out.append("- ")
+            elif name == "dt":  # a defined term: marked, recorded and unmarked by _html
+                out.append(_TERM_MARK)
             continue
         if _is_admonition(node):
             boxes -= 1
@@ -716,9 +724,30 @@ def _html(data: bytes) -> ParsedDocument:
         text = "#" + text[len(first.group(1)):]  # at the root, without a title-only chunk
     elif title and not text.startswith("# "):
         text = f"# {title}\n\n{text}" if text else f"# {title}"
+    text, terms = _defined_terms(text)
     return ParsedDocument(text=text, kind="html", encoding=encoding,
                           fallback=encoding not in ("utf-8", "ascii", "utf-8-sig"),
-                          structure="atx")
+                          structure="atx", definitions=terms)
+
+
+def _defined_terms(text: str) -> tuple[str, tuple[tuple[int, str], ...]]:
+    """``text`` without its ``<dt>`` marks, and ``(offset, name)`` of each marked line: the
+    line up to a parenthesis or a dash (``work_mem (integer)`` → ``work_mem``), when that
+    is at most 6 words."""
+    if _TERM_MARK not in text:
+        return text, ()
+    out: list[str] = []
+    terms: list[tuple[int, str]] = []
+    pos = 0
+    for part in text.split(_TERM_MARK):
+        if out:  # a marked line starts here
+            line = part.split("\n", 1)[0]
+            name = re.split(r"\s+[(\[—–]|\s+-\s", line, maxsplit=1)[0].strip()
+            if name and len(name.split()) <= 6:
+                terms.append((pos, name))
+        out.append(part)
+        pos += len(part)
+    return "".join(out), tuple(terms)
 
 
 def _json_lines(value: object, path: str, out: list[str]) -> None:

@@ -73,7 +73,7 @@ CREATE TABLE IF NOT EXISTS chunks(
     chunk_id TEXT PRIMARY KEY, doc_id TEXT NOT NULL, ordinal INTEGER NOT NULL,
     text TEXT NOT NULL, line_start INTEGER, line_end INTEGER,
     heading_path TEXT NOT NULL DEFAULT '[]', page_start INTEGER, page_end INTEGER,
-    char_start INTEGER, char_end INTEGER);
+    char_start INTEGER, char_end INTEGER, defines TEXT NOT NULL DEFAULT '[]');
 CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc_id);
 CREATE TABLE IF NOT EXISTS removed_prefixes(prefix TEXT PRIMARY KEY, removed_at TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS changes(
@@ -86,7 +86,9 @@ _ADDED_COLUMNS = {
                   ("parse_notes", "TEXT NOT NULL DEFAULT '{}'")),
     "chunks": (("page_start", "INTEGER"), ("page_end", "INTEGER"),
                # the chunk's offsets in the LF-normalised text (signed citations, issue 24)
-               ("char_start", "INTEGER"), ("char_end", "INTEGER")),
+               ("char_start", "INTEGER"), ("char_end", "INTEGER"),
+               # what the chunk defines (chunking.Chunk.defines, a JSON list), issue 40
+               ("defines", "TEXT NOT NULL DEFAULT '[]'")),
 }
 _POST_DDL = "CREATE INDEX IF NOT EXISTS documents_parent ON documents(parent_doc_id);"
 
@@ -356,8 +358,8 @@ class Record:
             if pending:
                 for doc_id in pending:
                     w.delete_documents_by_term("doc_id", doc_id)
-                for cid, did, text, title in iter_chunks_for_index(db, pending):
-                    w.add_document(search.make_document(cid, did, text, title))
+                for cid, did, text, title, defines in iter_chunks_for_index(db, pending):
+                    w.add_document(search.make_document(cid, did, text, title, defines))
                 self.commit_index()
             self.index.reload()
             expected = db.execute("SELECT COUNT(*) FROM chunks c JOIN documents d "
@@ -367,8 +369,8 @@ class Record:
             w.delete_all_documents()
             total = db.execute("SELECT COUNT(*) FROM chunks c JOIN documents d "
                                "ON d.doc_id = c.doc_id WHERE d.status='done'").fetchone()[0] if progress else 0
-            for n, (cid, did, text, title) in enumerate(iter_chunks_for_index(db), 1):
-                w.add_document(search.make_document(cid, did, text, title))
+            for n, (cid, did, text, title, defines) in enumerate(iter_chunks_for_index(db), 1):
+                w.add_document(search.make_document(cid, did, text, title, defines))
                 if progress is not None and n % REBUILD_STEP == 0:
                     progress(n, total)
             if progress is not None:
@@ -504,11 +506,13 @@ class Record:
 
 
 def iter_chunks_for_index(db: Any, doc_ids: list[str] | None = None,
-                          ) -> Iterator[tuple[str, str, str, tuple[str, str]]]:
-    """Yield ``(chunk_id, doc_id, text, (page title, section))`` of ``done`` documents
-    (all, or ``doc_ids``; :func:`node.corpus.search.index_title`)."""
-    sql = ("SELECT c.chunk_id, c.doc_id, c.text, c.heading_path, d.source_id FROM chunks c "
-           "JOIN documents d ON d.doc_id = c.doc_id WHERE d.status = 'done'")
+                          ) -> Iterator[tuple[str, str, str, tuple[str, str], list[str]]]:
+    """Yield ``(chunk_id, doc_id, text, (page title, section), defines)`` of ``done``
+    documents (all, or ``doc_ids``; :func:`node.corpus.search.index_title`; ``defines``:
+    the ``defines`` field's tokens, :func:`node.corpus.search.definition_terms` of what
+    the chunk defines, :attr:`node.corpus.chunking.Chunk.defines`)."""
+    sql = ("SELECT c.chunk_id, c.doc_id, c.text, c.heading_path, d.source_id, c.defines "
+           "FROM chunks c JOIN documents d ON d.doc_id = c.doc_id WHERE d.status = 'done'")
     if doc_ids is None:
         batches: list[tuple[str, tuple[Any, ...]]] = [(sql, ())]
     else:
@@ -517,5 +521,7 @@ def iter_chunks_for_index(db: Any, doc_ids: list[str] | None = None,
             part = doc_ids[i:i + 500]
             batches.append((sql + f" AND c.doc_id IN ({','.join('?' * len(part))})", tuple(part)))
     for q, params in batches:
-        for cid, did, text, hp, sid in db.execute(q, params):
-            yield cid, did, text, search.index_title(sid, json.loads(hp))
+        for cid, did, text, hp, sid, defines in db.execute(q, params):
+            path = json.loads(hp)
+            yield (cid, did, text, search.index_title(sid, path),
+                   search.definition_terms(json.loads(defines), path) if defines != "[]" else [])

@@ -43,6 +43,9 @@ A search with a lens (:class:`node.corpus.lens.Lens`, a peer's view) runs every 
 own index (:mod:`node.corpus.views`), so candidates, early stop, fusion and scores depend
 only on the documents the view may see (specs/policy.md §6.1).
 
+With a dense pass, a chunk only it found never outranks the best chunk holding a rare
+query term (:func:`guard_rare_terms`, issue 40).
+
 The per-pass raw scores of every returned hit are in ``Hit.score_components``
 (``bm25``, ``exact``, ``rewrite``, ``dense``, ``rrf``; 0.0 when a pass ran and did not
 find the chunk; absent when the pass did not run).
@@ -307,7 +310,8 @@ def _should(subs: Iterable[Any]) -> Any:
 
 def rewrite_query(schema: Any, plan: Plan) -> Any | None:
     """The ``rewrite-expanded`` query: own stems (body + boosted title), expansion stems
-    at :data:`EXPANSION_WEIGHT`, and sloppy phrases of adjacent key-term pairs."""
+    at :data:`EXPANSION_WEIGHT`, sloppy phrases of adjacent key-term pairs, and what the
+    query may name on ``defines`` (:func:`node.corpus.search.definition_query_terms`)."""
     Q = tantivy.Query
     subs = []
     for t in plan.stems:
@@ -326,6 +330,9 @@ def rewrite_query(schema: Any, plan: Plan) -> Any | None:
                                       EXPANSION_WEIGHT * REWRITE_SECTION_BOOST))
     for a, b in plan.pairs:
         subs.append(Q.boost_query(Q.phrase_query(schema, "exact", [a, b], PAIR_SLOP), PAIR_BOOST))
+    if subs and search.DEFINES_BOOST:  # the defining chunk, as in the baseline
+        for t in search.definition_query_terms(plan.query):
+            subs.append(Q.boost_query(Q.term_query(schema, "defines", t), search.DEFINES_BOOST))
     return _should(subs) if subs else None
 
 
@@ -598,6 +605,50 @@ def aggregate_documents(fused: dict[Any, float], doc_key: Callable[[Any], str | 
     return out
 
 
+#: Lexical corroboration of the dense pass (issue 40): a chunk only the dense pass found
+#: never outranks the best chunk that holds a rare query term (:func:`guard_rare_terms`).
+RARE_TERM_GUARD = True
+#: A query stem is rare when at most this share of the searched index's chunks hold it
+#: (and at least one does); never fewer than :data:`RARE_MIN_DF` chunks.
+RARE_SHARE = 0.001
+RARE_MIN_DF = 1
+
+
+def guard_rare_terms(fused: dict[Any, float], ranked: dict[str, list[tuple[Any, float]]],
+                     searcher: Any, schema: Any, plan: Plan, ids: StoredIds,
+                     ) -> dict[Any, float]:
+    """Cap the chunks only the dense pass found below the best fused chunk that holds a
+    rare query term (:data:`RARE_SHARE`): a near miss by meaning never outranks an exact
+    match on a rare word (an error code, a product name). Their order among themselves is
+    kept; nothing changes when the query has no rare term in the index. Keys are chunk
+    ids (with a dense pass every list names chunks); one extra term query of the rare
+    stems, only when the dense pass ran and the query has one."""
+    limit = max(RARE_MIN_DF, RARE_SHARE * searcher.num_docs)
+    rare = [t for t in plan.stems if 0 < searcher.doc_freq("body", t) <= limit]
+    if not rare:
+        return fused
+    lexical = {k for name, hits in ranked.items() if name != "dense" for k, _s in hits}
+    dense_only = [k for k, _s in ranked["dense"] if k not in lexical]
+    if not dense_only:
+        return fused
+    Q = tantivy.Query
+    q = Q.boolean_query([(tantivy.Occur.Should, Q.term_query(schema, "body", t)) for t in rare])
+    found = searcher.search(q, int(limit) * len(rare) + 1, count=False).hits
+    ids.prefetch((a.segment_ord, a.doc) for _s, a in found)
+    with_rare = [c for c in (ids.cid((a.segment_ord, a.doc)) for _s, a in found) if c in fused]
+    if not with_rare:
+        return fused
+    floor = max(fused[k] for k in with_rare)
+    over = [k for k in dense_only if fused.get(k, 0.0) >= floor]
+    if not over:
+        return fused
+    out = dict(fused)
+    top = max(fused[k] for k in over)
+    for k in over:  # just below the floor, in their own order
+        out[k] = floor * 0.999 * fused[k] / top
+    return out
+
+
 def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str], view: Any = None) -> bool:
     """True when every chunk in ``chunk_ids`` contains every stem (body or heading); for a
     document a scrubbed ``view`` scrubs (:mod:`node.corpus.views`), in its scrubbed text —
@@ -832,6 +883,8 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             if stop is not None:
                 controller.update(earlyStop=True, stopReason=stop)
             fused = fuse(ranked, controller["fusion"]["weights"], controller["fusion"]["method"])
+            if ranked.get("dense") and RARE_TERM_GUARD:
+                fused = guard_rare_terms(fused, ranked, searcher, schema, plan, ids)
             base = ranked.get("baseline-bm25") or []
             top_bm25 = base[0][1] if base else 0.0
             bm25_of = dict(base)
@@ -905,9 +958,15 @@ def _index_lag(corpus: Any) -> int:
 
 def _location(row: sqlite3.Row) -> dict[str, Any]:
     """Citation location of a chunk row: line range, heading path, and the page range
-    for a PDF (``page``/``pageEnd``, 1-based)."""
+    for a PDF (``page``/``pageEnd``, 1-based). A chunk that defines a named object (a
+    reST/Sphinx directive, :attr:`node.corpus.chunking.Chunk.defines`) shows the first
+    one at the end of its heading path (``[..., "textwrap.dedent"]``)."""
+    path = json.loads(row["heading_path"])
+    named = [d for d in json.loads(row["defines"] or "[]") if d not in path]
+    if named:
+        path.append(named[0])
     loc: dict[str, Any] = {"lineStart": row["line_start"], "lineEnd": row["line_end"],
-                           "headingPath": json.loads(row["heading_path"])}
+                           "headingPath": path}
     if row["page_start"] is not None:
         loc["page"] = row["page_start"]
         loc["pageEnd"] = row["page_end"]
@@ -1065,7 +1124,7 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
             break
         rows = {r["chunk_id"]: r for r in db.execute(
             "SELECT chunk_id, doc_id, text, line_start, line_end, heading_path, page_start, "
-            "page_end FROM chunks "
+            "page_end, defines FROM chunks "
             f"WHERE chunk_id IN ({','.join('?' * len(batch))})", batch)}
         for cid in batch:
             row = rows.get(cid)

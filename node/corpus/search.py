@@ -35,7 +35,9 @@ from node.corpus.types import MAX_PER_DOCUMENT as _MAX_PER_DOCUMENT
 #: the ``ident`` field holds whole identifiers. 4 (issue 31): the chunk and document ids
 #: are also u64 fast fields (:data:`ID_FAST_FIELDS`), read per candidate in one columnar
 #: batch instead of a stored-document fetch each.
-INDEX_SCHEMA_VERSION = 4
+INDEX_SCHEMA_VERSION = 5
+# 5 (issue 40): the ``defines`` field (what a chunk defines: headings, object directives
+# with their module, :func:`definition_terms`).
 RRF_K = 60
 #: Default cap of chunks per document in one result list (document-level dedup); kept in
 #: node.corpus.types so that the answer contract reads it without importing tantivy.
@@ -59,6 +61,19 @@ IDENT_BOOST = 2.0
 #: stemming conflates ``prints`` with the ubiquitous ``print``; the exact form keeps the
 #: user's precision (measured with scripts/eval).
 EXACT_FORM_BOOST = 1.0
+#: Boost of a match on what a chunk *defines* (``defines`` field,
+#: :func:`definition_terms`): a query naming ``textwrap.dedent`` finds the chunk of its
+#: ``.. function:: dedent`` under ``.. module:: textwrap`` above release notes and
+#: tutorials that spell the dotted name (``ident``, :data:`IDENT_BOOST`) and mention it.
+DEFINES_BOOST = 4.0
+#: Bare query words (``dedent``) are matched against the defined names only in a query
+#: of at most this many key words (a name looked up); longer queries match whole
+#: identifiers (``textwrap.dedent``, ``max_connections``) and the whole query (a heading
+#: typed as it is) only. Bare words in every query cost the plain-language sets, whose
+#: everyday words (``read``, ``open``, ``copy``) are the names of many methods:
+#: scripts/eval python-docs dev nDCG@10 0.706 → 0.691, legacy 0.698 → 0.594 (boost 4;
+#: boost 1: 0.711 / 0.691); at most 2 key words: unchanged on both.
+DEFINES_BARE_WORDS = 2
 
 # CJK Unified Ideographs (+ext A), Hiragana, Katakana, Hangul syllables.
 _CJK_RUN = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]{2,}")
@@ -173,8 +188,9 @@ def identifiers(text: str) -> list[str]:
 #: The index's fields in schema order, ``(name, tokenizer, index option, stored)``:
 #: ``chunk_id`` and ``doc_id`` (raw, stored), ``body``, ``title`` (page title) and
 #: ``section`` (section headings) with ``kith_en``, ``ident`` (raw, one token per whole
-#: identifier), ``exact`` (``kith_exact`` with positions). ``scripts/bench_corpus.py
-#: --ablation`` builds its variants from this table.
+#: identifier), ``exact`` (``kith_exact`` with positions), ``defines`` (raw, what the chunk
+#: defines: :func:`definition_terms`). ``scripts/bench_corpus.py --ablation`` builds its
+#: variants from this table.
 SCHEMA_FIELDS: tuple[tuple[str, str, str, bool], ...] = (
     ("chunk_id", "raw", "position", True),
     ("doc_id", "raw", "basic", True),
@@ -183,6 +199,7 @@ SCHEMA_FIELDS: tuple[tuple[str, str, str, bool], ...] = (
     ("section", "kith_en", "freq", False),
     ("ident", "raw", "freq", False),
     ("exact", "kith_exact", "position", False),
+    ("defines", "raw", "freq", False),
 )
 
 
@@ -256,12 +273,66 @@ def _name_words(source_id: str) -> str:
     return name.replace("_", " ").replace("-", " ")
 
 
+_CALL_SUFFIX = re.compile(r"\s*\(\s*\)\s*$")
+
+
+def _name_key(name: str) -> str:
+    """A defined name or a query as one ``defines`` token: folded like the ``exact``
+    field (lowercase, ASCII folding), whitespace collapsed, a trailing ``()`` dropped."""
+    folded = " ".join(exact_terms(name)) if not name.isascii() else name.lower()
+    return " ".join(_CALL_SUFFIX.sub("", folded).split())
+
+
+def definition_terms(defines: Iterable[str], headings: Iterable[str] = ()) -> list[str]:
+    """The ``defines`` field's tokens for what a chunk defines (``headings``: its heading
+    path; a defined name that is one of them is a heading).
+
+    A named object (a directive's name): the name whole (folded, :func:`_name_key`) and,
+    when dotted, each dotted suffix down to its last part (``textwrap.TextWrapper.wrap``
+    → ``textwrap.textwrapper.wrap``, ``textwrapper.wrap``, ``wrap``). A heading: ``#``
+    and its whole folded title (matched only by a query that is that title), and the
+    whole identifiers it holds (:func:`identifiers`) — a heading's ordinary words are
+    no name, so a query word meets them in ``title``/``section`` only."""
+    heads = set(headings)
+    out: list[str] = []
+    for name in defines:
+        key = _name_key(name)
+        if not key or len(key) > 200:
+            continue
+        if name in heads:
+            out.append("#" + key)
+            out.extend(identifiers(name))
+            continue
+        out.append(key)
+        if "." in key.strip("."):
+            parts = [p for p in key.split(".") if p]
+            out.extend(".".join(parts[i:]) for i in range(1, len(parts)))
+    return _unique(out)
+
+
+def definition_query_terms(query: str) -> list[str]:
+    """The ``defines`` tokens a query may match: its whole identifiers (with their dotted
+    suffixes), its unstemmed key words when it has at most :data:`DEFINES_BARE_WORDS`
+    of them, and the whole
+    query as a name and as a heading (``#`` + the folded query)."""
+    terms = [*identifiers(query)]
+    keys = key_terms(query)
+    if len(keys) <= DEFINES_BARE_WORDS:
+        terms.extend(keys)
+    whole = _name_key(query)
+    if whole:
+        terms.extend((whole, "#" + whole))
+    return _unique(terms)
+
+
 def document_fields(chunk_id: str, doc_id: str, text: str, title: tuple[str, str],
-                    fields: Container[str] | None = None) -> dict[str, Any]:
-    """The field values of one chunk's tantivy document (``title``: :func:`index_title`);
-    ``ident`` only when the text holds identifiers. ``fields`` (default all) limits which
-    optional fields are computed — ``scripts/bench_corpus.py --ablation`` times the sync
-    without one; ``chunk_id``, ``doc_id`` and ``body`` are always there."""
+                    fields: Container[str] | None = None,
+                    defines: Sequence[str] = ()) -> dict[str, Any]:
+    """The field values of one chunk's tantivy document (``title``: :func:`index_title`;
+    ``defines``: the ``defines`` tokens, :func:`definition_terms`);
+    ``ident`` and ``defines`` only when there are any. ``fields`` (default all) limits
+    which optional fields are computed — ``scripts/bench_corpus.py --ablation`` times the
+    sync without one; ``chunk_id``, ``doc_id`` and ``body`` are always there."""
     body = cjk_bigrams(text)
     page, section = title
     out: dict[str, Any] = {"chunk_id": chunk_id, "doc_id": doc_id, "body": body}
@@ -275,14 +346,18 @@ def document_fields(chunk_id: str, doc_id: str, text: str, title: tuple[str, str
         idents = identifiers(text)
         if idents:  # a list is one value per item, as add_text("ident", word) each
             out["ident"] = idents
+    if defines and (fields is None or "defines" in fields):
+        out["defines"] = list(defines)
     return out
 
 
-def make_document(chunk_id: str, doc_id: str, text: str, title: tuple[str, str]) -> Any:
-    """Build the tantivy document for one chunk (``title``: :func:`index_title`), with its
-    ids as fast fields when they pack (:func:`pack_ids`; added as unsigned values: a
-    keyword argument above 2**63 would become a float)."""
-    doc = tantivy.Document(**document_fields(chunk_id, doc_id, text, title))
+def make_document(chunk_id: str, doc_id: str, text: str, title: tuple[str, str],
+                  defines: Sequence[str] = ()) -> Any:
+    """Build the tantivy document for one chunk (``title``: :func:`index_title`;
+    ``defines``: its :func:`definition_terms`), with its ids as fast fields when they pack
+    (:func:`pack_ids`; added as unsigned values: a keyword argument above 2**63 would
+    become a float)."""
+    doc = tantivy.Document(**document_fields(chunk_id, doc_id, text, title, defines=defines))
     packed = pack_ids(chunk_id, doc_id)
     if packed is not None:
         for name, value in zip(ID_FAST_FIELDS, packed):
@@ -380,7 +455,10 @@ def baseline_query(schema: Any, query: str) -> tuple[Any | None, str]:
 
     OR of the stemmed terms over ``body`` plus ``title`` (boosted by
     :data:`TITLE_BOOST`) plus the unstemmed key words on ``exact`` (boosted by
-    :data:`EXACT_FORM_BOOST`). A query of stopwords only falls back to the ``exact`` field.
+    :data:`EXACT_FORM_BOOST`) plus the whole identifiers on ``ident``
+    (:data:`IDENT_BOOST`) plus what the query may name on ``defines``
+    (:func:`definition_query_terms`, :data:`DEFINES_BOOST`). A query of stopwords only
+    falls back to the ``exact`` field.
     """
     terms = query_terms(query)
     Q = tantivy.Query
@@ -399,6 +477,10 @@ def baseline_query(schema: Any, query: str) -> tuple[Any | None, str]:
         for t in key_terms(query):  # the user's exact word form scores on top of its stem
             subs.append((tantivy.Occur.Should,
                          Q.boost_query(Q.term_query(schema, "exact", t), EXACT_FORM_BOOST)))
+        if DEFINES_BOOST:  # the chunk that defines a name above those that mention it
+            for t in definition_query_terms(query):
+                subs.append((tantivy.Occur.Should,
+                             Q.boost_query(Q.term_query(schema, "defines", t), DEFINES_BOOST)))
         return Q.boolean_query(subs), "body"
     fallback = _unique(exact_terms(query))
     if not fallback:
@@ -408,13 +490,20 @@ def baseline_query(schema: Any, query: str) -> tuple[Any | None, str]:
 
 
 def exact_query(schema: Any, query: str) -> Any | None:
-    """Build the exact-entity query (OR of phrase/term queries on ``exact``), or None."""
+    """Build the exact-entity query (OR of phrase/term queries on ``exact``, and of the
+    query's whole identifiers on ``defines`` boosted by :data:`DEFINES_BOOST`: the chunk
+    that defines ``textwrap.dedent`` is an exact match for it even where the text never
+    spells it), or None."""
     Q = tantivy.Query
     subs = []
     for unit in exact_units(query):
         q = (Q.term_query(schema, "exact", unit[0]) if len(unit) == 1
              else Q.phrase_query(schema, "exact", unit))
         subs.append((tantivy.Occur.Should, q))
+    if subs and DEFINES_BOOST:
+        for t in _unique(identifiers(query)):
+            subs.append((tantivy.Occur.Should,
+                         Q.boost_query(Q.term_query(schema, "defines", t), DEFINES_BOOST)))
     return Q.boolean_query(subs) if subs else None
 
 

@@ -369,15 +369,16 @@ def _add(writer: Any, db: sqlite3.Connection, doc_ids: list[str],
     """Index the chunks of ``doc_ids``; a document whose signature in ``docs`` carries
     scrub kinds is indexed over its scrubbed text and title (a chunk whose scrubbing
     fails is left out: fail closed)."""
-    for cid, did, text, title in iter_chunks_for_index(db, sorted(doc_ids)):
+    for cid, did, text, title, defines in iter_chunks_for_index(db, sorted(doc_ids)):
         kinds = scrub_kinds(docs.get(did))
         if kinds:
             try:
                 text = scrub_cached(cid, text, kinds)  # kept: the answers reuse it
                 title = (scrub(title[0], kinds), scrub(title[1], kinds))
+                defines = [scrub(d, kinds) for d in defines]
             except ScrubFailed:
                 continue
-        writer.add_document(search.make_document(cid, did, text, title))
+        writer.add_document(search.make_document(cid, did, text, title, defines))
 
 
 def _build(db: sqlite3.Connection, docs: _Docs) -> ViewIndex:
