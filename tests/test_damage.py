@@ -599,9 +599,14 @@ def test_a_long_running_reader_of_a_damaged_corpus_refuses_at_start(base_home, t
     start with its code and repair, never a traceback."""
     home = tmp_path / "home"
     shutil.copytree(base_home, home, symlinks=True)
+    from support.agents import TEST_AGENT, mcp_env
+
+    env = mcp_env(home)  # a valid agent token: the refusal must be the corpus's, not the door's
+    if cmd == ("mcp",):
+        cmd = ("mcp", "--agent", TEST_AGENT)
     garbage(home / CORPUS_DB)
     proc = subprocess.Popen([*KITH, "--home", str(home), *cmd], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
     try:
         out, err = proc.communicate(timeout=60)
     finally:

@@ -143,9 +143,11 @@ def test_an_mcp_request_holding_a_lone_surrogate_is_answered_query_invalid(tmp_p
     import select
     import sys
 
+    from support.agents import mcp_env
+
     home = initialized(tmp_path / "home")
     proc = subprocess.Popen([sys.executable, "-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=mcp_env(home))
     lines = [{"jsonrpc": "2.0", "id": 0, "method": "initialize",
               "params": {"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
              {"jsonrpc": "2.0", "method": "notifications/initialized"}]
