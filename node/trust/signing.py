@@ -45,10 +45,16 @@ TAG_CITATION = "kith-citation-v1"
 #: A hosting device's card: how to reach it and what it shares in public totals
 #: (specs/signed-payloads.md §3b), signed by the device key its binding chain binds.
 TAG_DEVICE_CARD = "kith-device-card-v1"
+#: A device card that names where its host takes sealed questions (specs/sealed.md §6): the
+#: v1 lines plus the holders, in their own domain so a v1 signature never stands for a v2 card.
+TAG_DEVICE_CARD_V2 = "kith-device-card-v2"
+#: A sealed question or answer, signed by its sender's device key (specs/sealed.md §2).
+TAG_SEALED_RECORD = "kith-sealed-record-v1"
 #: Every domain tag above: a verifier names a signature made for another of them.
 DOMAIN_TAGS = (TAG_TRANSPORT_BINDING, TAG_SESSION, TAG_SESSION_HOST, TAG_SESSION_GUEST,
                TAG_REQUEST, TAG_DEVICE_BINDING, TAG_PERSON_SUCCESSOR, TAG_PERSON_RECOVERY,
-               TAG_PERSON_RECOVERY_ROTATION, TAG_DEVICE_REVOCATION, TAG_CITATION, TAG_DEVICE_CARD)
+               TAG_PERSON_RECOVERY_ROTATION, TAG_DEVICE_REVOCATION, TAG_CITATION, TAG_DEVICE_CARD,
+               TAG_DEVICE_CARD_V2, TAG_SEALED_RECORD)
 
 _HEX_RE = {n: re.compile(rf"[0-9a-f]{{{n}}}") for n in (64, 128)}
 
