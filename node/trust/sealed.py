@@ -411,6 +411,11 @@ class SeenRecords:
         self.max_ids = max_ids
         self._until: dict[str, int] = {}
 
+    def seen(self, opened: Opened, *, now: float) -> bool:
+        """True when ``opened``'s id was admitted and has not expired (nothing is recorded)."""
+        until = self._until.get(opened.id)
+        return until is not None and until > now
+
     def admit(self, opened: Opened, *, now: float) -> None:
         """Record ``opened``'s id, or refuse a record acted on before.
 
