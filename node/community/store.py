@@ -650,11 +650,15 @@ class CommunityStore:
                     more = True
                     break
                 used += row[2]
-                wrapped = {r[0]: bytes(r[1]) for r in conn.execute(
-                    "SELECT recipient_key, wrapped_key FROM mailbox_recipients WHERE record_id = ? "
-                    "ORDER BY recipient_key", (row[0],)).fetchall()}
                 out.append({"id": row[0], "sender": row[1], "bucket": int(row[2]), "box": bytes(row[3]),
-                            "created_unix": float(row[4]), "expires_unix": float(row[5]), "recipients": wrapped})
+                            "created_unix": float(row[4]), "expires_unix": float(row[5]), "recipients": {}})
+            if out:  # every recipient of the records taken, in one statement
+                by_id = {r["id"]: r for r in out}
+                marks = ", ".join("?" for _ in by_id)
+                for record_id, key, wrapped in conn.execute(
+                        "SELECT record_id, recipient_key, wrapped_key FROM mailbox_recipients "
+                        f"WHERE record_id IN ({marks}) ORDER BY recipient_key", tuple(by_id)).fetchall():
+                    by_id[record_id]["recipients"][key] = bytes(wrapped)
         return out, more
 
     def ack_sealed(self, recipient: str, record_ids: list[str]) -> int:
