@@ -100,6 +100,10 @@ class HostOptions:
             for (``--sign-citations``; node/answer/citation.py). Off: such a query gets
             its results unsigned, marked ``citations: "signing-off"``. A signed answer
             cannot be denied later.
+        mailbox: take the sealed questions left for this device at ``server_url``'s
+            mailbox at start and every few seconds, answer each as a live one and leave the
+            sealed answer (``--mailbox``; node/host/sealed_host.py, specs/sealed.md);
+            the card posted on the server says so (card format 2).
     """
 
     protocol: str = "knowledge-query"
@@ -128,6 +132,7 @@ class HostOptions:
     protocol_dir: Path | None = None
     hook_options: dict[str, Any] = field(default_factory=dict)
     control: bool = True
+    mailbox: bool = False
     sign_citations: bool = False
     new_invitation: bool = False
 
@@ -616,6 +621,10 @@ class Host:
                     if self.opts.server_url:  # the person pins' revocation lists (specs/peers.md §10)
                         tg.start_soon(self.peers_watcher.watch_server, self.opts.server_url, self.identity)
                         tg.start_soon(self._publish_cards)  # this device's card (specs/peers.md §13)
+                        if self.opts.mailbox:  # sealed questions left with the server (specs/sealed.md)
+                            from node.host.sealed_host import take_sealed_questions
+
+                            tg.start_soon(take_sealed_questions, self)
                     async with anyio.create_task_group() as accepting:
                         if self.stop is not None:
                             accepting.start_soon(self._stop_watch, accepting.cancel_scope)
@@ -726,6 +735,10 @@ class Host:
             card = self._card
             if card is None:
                 continue
+            if self.opts.mailbox:  # the server's copy names the mailbox (card format 2, specs/sealed.md §6)
+                from node.host.card import with_mailboxes
+
+                card = with_mailboxes(self.identity, card, [self.opts.server_url])
             try:
                 async with CommunityClient(self.opts.server_url, self.identity) as client:
                     await client.publish_card(card)
