@@ -1,5 +1,5 @@
 """A sealed answer goes into the outbox row it answers, once, and only from the peer the row
-was kept for (node/runtime/sealed_answers.py; issue 43 item 4). Then the whole way round on
+was kept for (node/guest/sealed_answers.py; issue 43 item 4). Then the whole way round on
 a real server: the asker's outbox row is answered by a host that was never up with it."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from node.community.client import CommunityClient
 from node.community.inbox import leave_question, take_step
 from node.community.server import run_server_in_thread
 from node.community.store import MailboxLimits
-from node.runtime.outbox import OutboxStore, query_id_of
-from node.runtime.sealed_answers import store_sealed_answer
+from node.guest.outbox import OutboxStore, query_id_of
+from node.guest.sealed_answers import store_sealed_answer
 from node.trust.binding import device_link
 from node.trust.identity import Identity
 from node.trust.sealed import open_sealed, seal

@@ -49,8 +49,9 @@ class InboxReport:
         stored: question ids of answers handed to ``on_answer`` that it stored.
         refused: refusal code → how many records were dropped with it (``sealed-*``, or a
             code ``on_question`` raised, e.g. a revoked asker).
-        kept: record ids left at the holder for a later step (the answer could not be
-            left: the asker's holder unreachable or full).
+        kept: record ids left at the holder: the answer could not be left (the asker's
+            holder unreachable or full: a later step tries again), or a kind this step
+            does not take (a host's step leaves answers, an asker's leaves questions).
         acked: how many records the holder removed. more: others wait.
     """
 
@@ -103,10 +104,10 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
         chain: this device's binding chain, carried in its sealed answers (None: none).
         on_question: ``Opened → results message`` (sync or async): the host's one answer
             path for this asker at answer time; may raise :class:`KithError` to drop the
-            question with that code (a revoked or blocked asker); None: questions are
-            dropped as ``sealed-not-for-me`` (this device does not answer).
+            question with that code (a revoked or blocked asker); None: questions are left
+            at the holder (``kept``) for the part of this device that answers.
         on_answer: ``Opened → bool`` (sync or async): store an answer (True: stored, False:
-            nothing was open for it); None: answers are dropped as ``sealed-not-for-me``.
+            nothing was open for it); None: answers are left at the holder (``kept``).
         seen: the records this process acted on (:class:`SeenRecords`; a new one when None).
         holder_for: ``URL → CommunityClient`` signing as ``identity`` for an asker's holder
             (default: ``client`` for its own URL, a new client for another).
@@ -137,17 +138,18 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
             report.refuse("sealed-replayed")
             done.append(opened.id)
             continue
+        if (on_question if opened.kind == "question" else on_answer) is None:
+            report.kept.append(opened.id)  # another part of this device takes that kind
+            continue
         try:
             if opened.kind == "question":
-                if on_question is None:
-                    raise KithError("sealed-not-for-me", "this device does not answer sealed questions")
+                assert on_question is not None
                 if not await _leave_answer(client, identity, chain, opened, on_question, holder_for, clock):
                     report.kept.append(opened.id)
                     continue
                 report.answered.append(opened.question_id)
             else:
-                if on_answer is None:
-                    raise KithError("sealed-not-for-me", "this device keeps no sealed answers")
+                assert on_answer is not None
                 if await _call(on_answer, opened):
                     report.stored.append(opened.question_id)
         except KithError as exc:

@@ -10,7 +10,7 @@ stored only when:
 - its sender is the peer that row was kept for: the row's pinned key is the sender's
   device key, or — a person pin — the sender's verified chain descends from it (the person
   key or a key it was rotated from);
-- it is the answer :func:`node.runtime.outbox.classify` accepts for that row (the very
+- it is the answer :func:`node.guest.outbox.classify` accepts for that row (the very
   ``query_id``, a well-formed envelope): a complete answer closes the row, a
   ``pending-approval`` one is stored as the interim answer, anything else is recorded as
   the row's code and the row stays open.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from node.runtime.outbox import OutboxStore, classify, query_id_of
+from node.guest.outbox import OutboxStore, classify, query_id_of
 from node.trust.sealed import Opened
 
 
