@@ -171,3 +171,64 @@ def test_records_that_do_not_open_are_dropped_with_their_code(tmp_path: Path) ->
     with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
         asyncio.run(scenario(url))
     store.close()
+
+
+def test_the_host_never_dials_a_holder_the_asker_names(tmp_path: Path) -> None:
+    """reply_to.holders naming another server (it could be any address on the host's
+    network): the answer goes to the holder the question came from, the other gets nothing."""
+    host, asker = new_identity(), new_identity()
+    own, other = open_store(tmp_path / "own.sqlite3"), open_store(tmp_path / "other.sqlite3")
+
+    async def scenario(url: str, elsewhere: str) -> None:
+        async with CommunityClient(url, asker) as a, CommunityClient(url, host) as h:
+            await leave_question(a, asker, None, question_id=QID, request={"query": QUESTION}, peer=host.public_key,
+                                 recipients=[host.public_key], holders=[elsewhere], expires=time.time() + 3600)
+            report = await take_step(h, host, None, on_question=fixed_answer("here"))
+            assert report.answered == [QID]
+            records, _ = await a.take_sealed()
+            assert len(records) == 1
+
+    try:
+        with run_server_in_thread(own, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url, \
+                run_server_in_thread(other, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as elsewhere:
+            asyncio.run(scenario(url, elsewhere))
+        assert other.mailbox_usage()["records"] == 0 and other.nonce_count() == 0  # never requested
+    finally:
+        own.close()
+        other.close()
+
+
+def test_the_asker_killed_before_its_ack_keeps_one_answer(tmp_path: Path) -> None:
+    """The asker stores the answer, then dies before acking it: the next step finds the row
+    closed (nothing stored twice) and acks the record."""
+    host, asker = new_identity(), new_identity()
+    store = open_store(tmp_path / "c.sqlite3")
+    kept: list[str] = []
+    calls = [0]
+
+    def kill_after_storing() -> float:  # 1 open, 2 seen, 3 record it as done (after on_answer)
+        calls[0] += 1
+        if calls[0] == 3:
+            raise Killed()
+        return time.time()
+
+    def store_once(opened) -> bool:  # the outbox's rule: only into an open row
+        if opened.question_id in kept:
+            return False
+        kept.append(opened.question_id)
+        return True
+
+    async def scenario(url: str) -> None:
+        async with CommunityClient(url, asker) as a, CommunityClient(url, host) as h:
+            await leave_question(a, asker, None, question_id=QID, request={"query": QUESTION}, peer=host.public_key,
+                                 recipients=[host.public_key], expires=time.time() + 3600)
+            await take_step(h, host, None, on_question=fixed_answer("x"))
+            with pytest.raises(Killed):
+                await take_step(a, asker, None, on_answer=store_once, clock=kill_after_storing)
+            again = await take_step(a, asker, None, on_answer=store_once)
+            assert again.stored == [] and again.acked == 1 and kept == [QID]
+            assert store.mailbox_usage()["records"] == 0
+
+    with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+        asyncio.run(scenario(url))
+    store.close()

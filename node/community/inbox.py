@@ -11,9 +11,10 @@ hand an answer to the asker's store — then ack. The order makes every crash sa
    again, never answered twice (a holder that hands out a question twice gets one answer);
 4. a question: ``on_question(opened)`` → the ``results`` message (the one answer path, as
    for a live question) → sealed to the asker's ``reply_to.keys`` with the same question id
-   → put with the asker's holders (``mailbox-conflict`` there means that answer is kept
-   already); an answer: ``on_answer(opened)`` stores it (the outbox stores only into an
-   open row: one stored answer per question);
+   → put with the holder the question came from (``mailbox-conflict`` there means that
+   answer is kept already; the asker's ``reply_to.holders`` is never dialled: a host never
+   requests an address an asker chose); an answer: ``on_answer(opened)`` stores it (the
+   outbox stores only into an open row: one stored answer per question);
 5. only then ack. A process killed anywhere before the ack takes the record again and
    answers again with the same id; the asker keeps one answer.
 
@@ -94,7 +95,6 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
                     on_question: Callable[[Opened], Any] | None = None,
                     on_answer: Callable[[Opened], Any] | None = None,
                     seen: SeenRecords | None = None,
-                    holder_for: Callable[[str], CommunityClient] | None = None,
                     clock: Callable[[], float] = time.time) -> InboxReport:
     """Take the records waiting at ``client``'s holder for ``identity`` and act on each once.
 
@@ -109,8 +109,6 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
         on_answer: ``Opened → bool`` (sync or async): store an answer (True: stored, False:
             nothing was open for it); None: answers are left at the holder (``kept``).
         seen: the records this process acted on (:class:`SeenRecords`; a new one when None).
-        holder_for: ``URL → CommunityClient`` signing as ``identity`` for an asker's holder
-            (default: ``client`` for its own URL, a new client for another).
         clock: Unix seconds.
 
     Returns:
@@ -144,7 +142,7 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
         try:
             if opened.kind == "question":
                 assert on_question is not None
-                if not await _leave_answer(client, identity, chain, opened, on_question, holder_for, clock):
+                if not await _leave_answer(client, identity, chain, opened, on_question, clock):
                     report.kept.append(opened.id)
                     continue
                 report.answered.append(opened.question_id)
@@ -165,33 +163,27 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
 
 
 async def _leave_answer(client: CommunityClient, identity: Identity, chain: list[dict[str, Any]] | None,
-                        opened: Opened, on_question: Callable[[Opened], Any],
-                        holder_for: Callable[[str], CommunityClient] | None, clock: Callable[[], float]) -> bool:
-    """Answer ``opened`` and leave the sealed answer with the asker's holders (its own holder
-    when it names none). True when at least one holder keeps it; False to try again later.
+                        opened: Opened, on_question: Callable[[Opened], Any], clock: Callable[[], float]) -> bool:
+    """Answer ``opened`` and leave the sealed answer with the holder the question came from.
+    True when that holder keeps it; False to try again later.
+
+    The question's ``reply_to.holders`` is checked but never dialled: a host would otherwise
+    POST signed requests to any address an asker names (its own network included). The
+    asker left the question here, so it takes its answer here.
 
     Raises:
         KithError: ``sealed-malformed`` (no valid ``reply_to``), or what ``on_question`` raised.
     """
-    keys, holders = reply_of(opened)
+    keys, _holders = reply_of(opened)
     results = await _call(on_question, opened)
     now = clock()
     answer = seal(identity.secret, chain, kind="answer", question_id=opened.question_id, body={"results": results},
                   recipients=keys, now=now, expires=max(opened.expires_unix, int(now) + 60))
-    targets = holders or [client.base_url]
-    for url in targets:
-        own = url.rstrip("/") == client.base_url
-        holder = client if own else (holder_for(url) if holder_for is not None else CommunityClient(url, identity))
-        try:
-            await holder.put_sealed(answer)
-            return True
-        except CommunityError as exc:
-            if exc.code == "mailbox-conflict":
-                return True  # an answer to this question is kept there already
-        finally:
-            if not own and holder_for is None:
-                await holder.aclose()
-    return False
+    try:
+        await client.put_sealed(answer)
+    except CommunityError as exc:
+        return exc.code == "mailbox-conflict"  # an answer to this question is kept there already
+    return True
 
 
 def results_for(handle: Any, opened: Opened) -> dict[str, Any]:
