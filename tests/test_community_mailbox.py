@@ -127,7 +127,7 @@ def test_a_question_and_its_answer_through_the_mailbox_on_each_store(served) -> 
             got = open_sealed(records[0], asker.secret, now=time.time())
             assert got.kind == "answer" and got.question_id == QID and got.body["results"]["text"] == ANSWER_TEXT
             assert await a.ack_sealed([records[0]["id"]]) == 1
-            assert store.mailbox_usage() == {"records": 0, "bytes": 0}
+            assert store.mailbox_usage() == {"records": 0, "bytes": 0} == store.mailbox_totals()
 
     asyncio.run(scenario())
 
@@ -193,6 +193,11 @@ def test_bounds_per_sender_per_recipient_and_in_total_on_each_store(database) ->
         ids = [rec["id"] for rec in take(http, host).json()["records"]]
         assert len(ids) == 3 and ack(http, ids[:1], host).json() == {"removed": 1}
         assert put(http, question(others[5], others[4], qid=qid(8)), others[5]).status_code == 201
+    store = open_store(database)
+    try:  # the totals the bounds read are the tables' own
+        assert store.mailbox_totals() == store.mailbox_usage() == {"records": 5, "bytes": 5 * 2048}
+    finally:
+        store.close()
 
 
 def test_total_bytes_bound(tmp_path: Path) -> None:
@@ -218,7 +223,7 @@ def test_expired_records_are_never_handed_out_and_are_removed(tmp_path: Path) ->
             assert take(http, host, clock=now[0]).json() == {"records": [], "more": False}
             assert store.mailbox_usage()["records"] == 1  # until the next put
             assert put(http, question(asker, host, qid="7" * 32, now=now[0]), asker, clock=now[0]).status_code == 201
-            assert store.mailbox_usage()["records"] == 1
+            assert store.mailbox_usage()["records"] == 1 and store.mailbox_totals() == store.mailbox_usage()
     finally:
         store.close()
 

@@ -561,11 +561,39 @@ class CommunityStore:
         """Serialise mailbox writes across instances, so the bounds hold exactly (SQLite's
         ``BEGIN IMMEDIATE`` already does; PostgreSQL takes a transaction advisory lock)."""
 
+    def _mailbox_totals(self, conn: _Conn) -> tuple[int, int]:
+        """``(records, bytes)`` kept, from two ``meta`` rows kept exact under the mailbox
+        lock (counted from the tables once when absent), so a put costs the same at 10 or
+        100,000 records."""
+        rows = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('mailbox_records', 'mailbox_bytes')")
+                    .fetchall())
+        if len(rows) == 2:
+            return int(rows["mailbox_records"]), int(rows["mailbox_bytes"])
+        count, total = conn.execute("SELECT count(*), coalesce(sum(bucket), 0) FROM mailbox").fetchone()
+        self._set_mailbox_totals(conn, int(count), int(total))
+        return int(count), int(total)
+
+    @staticmethod
+    def _set_mailbox_totals(conn: _Conn, count: int, total: int) -> None:
+        for key, value in (("mailbox_records", count), ("mailbox_bytes", total)):
+            conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) "
+                         "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, str(value)))
+
+    def _remove_sealed(self, conn: _Conn, record_id: str) -> int:
+        """Delete one record and its recipients, keeping the totals; returns 1 or 0."""
+        row = conn.execute("SELECT bucket FROM mailbox WHERE record_id = ?", (record_id,)).fetchone()
+        conn.execute("DELETE FROM mailbox_recipients WHERE record_id = ?", (record_id,))
+        if row is None:
+            return 0
+        conn.execute("DELETE FROM mailbox WHERE record_id = ?", (record_id,))
+        count, total = self._mailbox_totals(conn)
+        self._set_mailbox_totals(conn, max(0, count - 1), max(0, total - int(row[0])))
+        return 1
+
     def _prune_mailbox(self, conn: _Conn, now: float) -> int:
         gone = conn.execute("SELECT record_id FROM mailbox WHERE expires_unix <= ? LIMIT 1000", (now,)).fetchall()
         for (record_id,) in gone:
-            conn.execute("DELETE FROM mailbox_recipients WHERE record_id = ?", (record_id,))
-            conn.execute("DELETE FROM mailbox WHERE record_id = ?", (record_id,))
+            self._remove_sealed(conn, record_id)
         return len(gone)
 
     def put_sealed(self, *, record_id: str, sender: str, recipients: dict[str, bytes], bucket: int, box: bytes,
@@ -612,8 +640,8 @@ class CommunityStore:
                 if waiting >= limits.per_recipient:
                     raise CommunityError("mailbox-recipient-full", f"a recipient has {limits.per_recipient} "
                                          "sealed records waiting here", status=507)
-            count, total = conn.execute("SELECT count(*), coalesce(sum(bucket), 0) FROM mailbox").fetchone()
-            if count >= limits.max_records or int(total) + bucket > limits.max_bytes:
+            count, total = self._mailbox_totals(conn)
+            if count >= limits.max_records or total + bucket > limits.max_bytes:
                 raise CommunityError("mailbox-full", "the mailbox is full", status=507)
             conn.execute("INSERT INTO mailbox (record_id, sender_key, bucket, sealed_box, created_unix, expires_unix, "
                          "stored_unix) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -621,6 +649,7 @@ class CommunityStore:
             for key, wrapped in recipients.items():
                 conn.execute("INSERT INTO mailbox_recipients (recipient_key, record_id, wrapped_key, stored_unix) "
                              "VALUES (?, ?, ?, ?)", (key, record_id, wrapped, now))
+            self._set_mailbox_totals(conn, count + 1, total + bucket)
             return "new"
 
     def take_sealed(self, recipient: str, *, limit: int, max_bytes: int, now: float) -> tuple[list[dict[str, Any]], bool]:
@@ -677,15 +706,22 @@ class CommunityStore:
                                     (recipient, record_id)).fetchone()
                 if mine is None:
                     continue
-                conn.execute("DELETE FROM mailbox_recipients WHERE record_id = ?", (record_id,))
-                removed += conn.execute("DELETE FROM mailbox WHERE record_id = ?", (record_id,)).rowcount
+                removed += self._remove_sealed(conn, record_id)
         return removed
 
     def mailbox_usage(self) -> dict[str, int]:
-        """``{"records", "bytes"}`` kept in the mailbox (for stats and tests)."""
+        """``{"records", "bytes"}`` kept in the mailbox, counted from the tables (for stats
+        and tests; they check the kept totals against it)."""
         with self._read() as conn:
             count, total = conn.execute("SELECT count(*), coalesce(sum(bucket), 0) FROM mailbox").fetchone()
         return {"records": int(count), "bytes": int(total)}
+
+    def mailbox_totals(self) -> dict[str, int]:
+        """The totals the bounds are checked against (``meta``; see :meth:`_mailbox_totals`)."""
+        with self._write() as conn:
+            self._mailbox_lock(conn)
+            count, total = self._mailbox_totals(conn)
+        return {"records": count, "bytes": total}
 
     # --- protocols ------------------------------------------------------------------------
     def insert_protocol(self, *, protocol_id: str, name: str, version: str, spec: dict[str, Any],
