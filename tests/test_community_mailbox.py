@@ -278,7 +278,7 @@ def test_racing_puts_on_two_instances_keep_the_total_bound(pg_server) -> None:
     assert sorted(codes) == [201] * 5 + [507] * 7
     store = open_store(database)
     try:
-        assert store.mailbox_usage()["records"] == 5
+        assert store.mailbox_usage()["records"] == 5 and store.mailbox_totals() == store.mailbox_usage()
     finally:
         store.close()
 
