@@ -103,7 +103,8 @@ class HostOptions:
         mailbox: take the sealed questions left for this device at ``server_url``'s
             mailbox at start and every few seconds, answer each as a live one and leave the
             sealed answer (``--mailbox``; node/host/sealed_host.py, specs/sealed.md);
-            the card posted on the server says so (card format 2).
+            this device's card says so (card format 2, in the handshake and on the server:
+            one card per ``seq``, so a guest never holds two that disagree).
     """
 
     protocol: str = "knowledge-query"
@@ -713,6 +714,10 @@ class Host:
 
         try:
             self._card = own_card(self.home, self.identity, inv.to_dict())
+            if self._card is not None and self.opts.mailbox and self.opts.server_url:
+                from node.host.card import with_mailboxes  # card format 2 (specs/sealed.md §6)
+
+                self._card = with_mailboxes(self.identity, self._card, [self.opts.server_url])
         except KithError as exc:  # a person record that does not load: no card, the host serves on
             self._card = None
             self.warn(f"no device card is published ({exc.code}): guests reach this device only by its invitation")
@@ -735,10 +740,6 @@ class Host:
             card = self._card
             if card is None:
                 continue
-            if self.opts.mailbox:  # the server's copy names the mailbox (card format 2, specs/sealed.md §6)
-                from node.host.card import with_mailboxes
-
-                card = with_mailboxes(self.identity, card, [self.opts.server_url])
             try:
                 async with CommunityClient(self.opts.server_url, self.identity) as client:
                     await client.publish_card(card)
