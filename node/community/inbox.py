@@ -28,7 +28,7 @@ import inspect
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from node.common.errors import CommunityError, KithError
 from node.community.client import CommunityClient
