@@ -47,6 +47,10 @@ def test_a_later_question_answered_through_the_persons_mailbox(tmp_path: Path) -
             task = SealedOutboxTask(asker_home, every_s=0)
 
             async def scenario() -> None:
+                await task.step(None)  # not tried live yet: nothing is left
+                assert store.mailbox_usage()["records"] == 0
+                with OutboxStore(asker_home) as outbox:  # the live delivery could not reach bea
+                    outbox.record_attempt(qid, public_key_of(person), None, code="transport-connect-failed")
                 await task.step(None)  # the asker's runner: left with bea's mailbox
                 assert store.mailbox_usage()["records"] == 1
                 await task.step(None)  # nothing new: left once per process
@@ -67,6 +71,17 @@ def test_a_later_question_answered_through_the_persons_mailbox(tmp_path: Path) -
         record = outbox.get(qid)
     assert record["state"] == "answered"
     assert record["_answers"][0]["envelope"]["results"][0]["textPreview"] == "under the blue pot"
+
+
+def test_a_host_reached_live_is_not_asked_again_through_the_mailbox(tmp_path: Path) -> None:
+    from node.runtime.sealed_outbox import _unreached
+
+    base = {"state": "waiting", "attempts": 1, "code": "transport-connect-failed"}
+    assert _unreached(base)
+    assert not _unreached({**base, "attempts": 0})
+    assert not _unreached({**base, "code": "rate-limited"})
+    assert not _unreached({**base, "state": "pending-approval", "code": "pending-approval"})
+    assert not _unreached({**base, "state": "answered"})
 
 
 def test_a_peer_without_a_mailbox_card_is_left_nowhere(tmp_path: Path) -> None:

@@ -4,11 +4,14 @@ specs/outbox.md §5): a task of the home's runner beside the live delivery.
 Each step, for every open outbox row whose peer is a person pin (``--devices``) with a
 kept card of format 2 (``mailboxes``, specs/sealed.md §6):
 
-1. the question is **left** (once per process; again after a restart, which the holder
-   keeps once) with the first mailbox that person's cards name, sealed to every device of
-   the person this home keeps a card of, with the row's question id, request and expiry —
-   the question also stays in the outbox and is still delivered live when the host is
-   reachable: whichever answer comes first closes the row, the other changes nothing;
+1. once the live delivery tried the row and could not reach its host (``waiting``, an
+   attempt made, a code other than ``rate-limited`` / ``pending-approval``: a host that
+   answers live is never asked twice), the question is **left** (once per process; again
+   after a restart, which the holder keeps once) with the first mailbox that person's
+   cards name, sealed to every device of the person this home keeps a card of, with the
+   row's question id, request and expiry — it also stays in the outbox and is still
+   delivered live when the host comes up: whichever answer comes first closes the row,
+   the other changes nothing;
 2. the answers waiting at each such mailbox for this device are **taken** and stored into
    their rows (:func:`node.guest.sealed_answers.store_sealed_answer`: only from the
    pinned person's devices, once), then acked. Questions left for this device (when it
@@ -88,7 +91,9 @@ class SealedOutboxTask:
         chain = own_chain(self.home, identity.public_key)
         with OutboxStore(self.home, clock=self.clock.time) as store:
             rows = store.open_deliveries()
-            expiry = {r["id"]: r["expiresAt"] for r in store.records()}
+            records = store.records()
+            expiry = {r["id"]: r["expiresAt"] for r in records}
+            tried = {(r["id"], p["key"]) for r in records for p in r["peers"] if _unreached(p)}
             boxes: set[str] = set()
             known: dict[str, tuple[list[str], list[str]]] = {}
             for row in rows:
@@ -98,7 +103,7 @@ class SealedOutboxTask:
                 if not urls or not devices:
                     continue
                 boxes.update(urls)
-                if (row.question_id, urls[0]) in self._left:
+                if (row.question_id, urls[0]) in self._left or (row.question_id, row.peer_key) not in tried:
                     continue
                 try:
                     async with CommunityClient(urls[0], identity) as client:
@@ -122,6 +127,17 @@ class SealedOutboxTask:
         if url not in self._said:
             self._said.add(url)
             log.warning("the mailbox at %s: %s (%s)", url, exc.message, exc.code)
+
+
+#: Row codes that say the host was reached (it answers live; nothing is left with a holder).
+REACHED_CODES = frozenset({"rate-limited", "pending-approval"})
+
+
+def _unreached(peer: dict[str, Any]) -> bool:
+    """A row the live delivery tried and could not get an answer from (its host asleep):
+    ``waiting``, at least one attempt, and a code other than a reached host's."""
+    return (peer.get("state") == "waiting" and (peer.get("attempts") or 0) >= 1
+            and peer.get("code") is not None and peer.get("code") not in REACHED_CODES)
 
 
 def _unix(stamp: Any) -> float | None:
