@@ -153,6 +153,7 @@ def test_kith_host_mailbox_answers_what_was_left_while_it_slept(tmp_path: Path, 
             assert store.mailbox_usage()["records"] == 1
             t0 = time.monotonic()
             proc = HostProcess(host_home, "--server", url, "--mailbox")
+            up = time.monotonic() - t0  # the invitation printed: endpoint bound, post published
             try:
                 wait_for("the sealed answer at the holder", lambda: store.mailbox_usage()["records"] == 1 and
                          _answer_waiting(url, asker), timeout_s=60, every_s=0.05)
@@ -160,7 +161,8 @@ def test_kith_host_mailbox_answers_what_was_left_while_it_slept(tmp_path: Path, 
                 cards = wait_for("the card on the server", lambda: _cards(url, host_home), timeout_s=30)
             finally:
                 proc.stop()
-            print(f"kith host --mailbox: sealed answer at the holder {took:.2f} s after the host was started")
+            print(f"kith host --mailbox: sealed answer at the holder {took:.2f} s after the host was started "
+                  f"({up:.2f} s until it printed its invitation)")
             assert check_card(cards[0]).mailboxes == (url,)
 
             async def take_answer() -> None:
