@@ -71,6 +71,11 @@ def test_two_homes_never_up_together_through_a_community_mailbox(tmp_path: Path)
             assert r.returncode == 0, r.stderr
             qid = json.loads(r.stdout)["outbox"]["id"]
             _outbox_run_until(guest, "the question at the mailbox", lambda: store.mailbox_usage()["records"] == 1)
+            _outbox_run_until(guest, "the row saying where it waits", lambda: json.loads(kith(
+                guest, "outbox", "show", qid, "--json").stdout)["peers"][0]["leftWith"] == url)
+            listed = kith(guest, "outbox", "list")
+            compact = "".join(listed.stdout.split())  # the table wraps its cells
+            assert f"[leftwith{url}]" in compact, listed.stdout
             # 3. the host, alone: takes, answers, acks
             question_ids = _record_ids(store)
             t0 = time.monotonic()

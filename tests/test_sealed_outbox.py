@@ -53,8 +53,10 @@ def test_a_later_question_answered_through_the_persons_mailbox(tmp_path: Path) -
                     outbox.record_attempt(qid, public_key_of(person), None, code="transport-connect-failed")
                 await task.step(None)  # the asker's runner: left with bea's mailbox
                 assert store.mailbox_usage()["records"] == 1
-                await task.step(None)  # nothing new: left once per process
-                assert store.mailbox_usage()["records"] == 1
+                with OutboxStore(asker_home) as outbox:  # kith outbox shows where it waits
+                    assert outbox.get(qid)["peers"][0]["leftWith"] == url
+                await SealedOutboxTask(asker_home, every_s=0).step(None)  # a restarted runner: not left again
+                assert store.mailbox_usage()["records"] == 1 and store.nonce_count() == 4
                 async with CommunityClient(url, laptop) as h:  # bea's laptop wakes alone
                     done = await take_step(h, laptop, chain, on_question=lambda op: {
                         "action": "results", "query_id": query_id_of(op.question_id), "status": "ok",

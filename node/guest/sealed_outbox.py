@@ -6,8 +6,8 @@ kept card of format 2 (``mailboxes``, specs/sealed.md §6):
 
 1. once the live delivery tried the row and could not reach its host (``waiting``, an
    attempt made, a code other than ``rate-limited`` / ``pending-approval``: a host that
-   answers live is never asked twice), the question is **left** (once per process; again
-   after a restart, which the holder keeps once) with the first mailbox that person's
+   answers live is never asked twice), the question is **left** (once: the row records the
+   holder, ``leftWith``, which ``kith outbox`` shows) with the first mailbox that person's
    cards name, sealed to every device of the person this home keeps a card of, with the
    row's question id, request and expiry — it also stays in the outbox and is still
    delivered live when the host comes up: whichever answer comes first closes the row,
@@ -69,7 +69,6 @@ class SealedOutboxTask:
         self.home = Path(home)
         self.clock = clock if clock is not None else SYSTEM_CLOCK
         self.every_s = every_s
-        self._left: set[tuple[str, str]] = set()
         self._said: set[str] = set()
         self._last = float("-inf")  # monotonic time of the last step that did work
 
@@ -94,6 +93,7 @@ class SealedOutboxTask:
             records = store.records()
             expiry = {r["id"]: r["expiresAt"] for r in records}
             tried = {(r["id"], p["key"]) for r in records for p in r["peers"] if _unreached(p)}
+            left = {(r["id"], p["key"]): p["leftWith"] for r in records for p in r["peers"] if p.get("leftWith")}
             boxes: set[str] = set()
             known: dict[str, tuple[list[str], list[str]]] = {}
             for row in rows:
@@ -103,7 +103,8 @@ class SealedOutboxTask:
                 if not urls or not devices:
                     continue
                 boxes.update(urls)
-                if (row.question_id, urls[0]) in self._left or (row.question_id, row.peer_key) not in tried:
+                if (left.get((row.question_id, row.peer_key)) == urls[0]
+                        or (row.question_id, row.peer_key) not in tried):
                     continue
                 try:
                     async with CommunityClient(urls[0], identity) as client:
@@ -111,7 +112,7 @@ class SealedOutboxTask:
                                              request=row.request, peer=row.peer_key, recipients=devices,
                                              expires=_unix(expiry.get(row.question_id)) or self.clock.time() + 3600,
                                              clock=self.clock.time)
-                    self._left.add((row.question_id, urls[0]))
+                    store.mark_left(row.question_id, row.peer_key, urls[0])
                 except KithError as exc:
                     self._say(urls[0], exc)
             for url in sorted(boxes):
