@@ -48,7 +48,7 @@ def fixed_answer(text: str):
 
 
 def test_two_homes_never_up_together_through_the_mailbox(tmp_path: Path) -> None:
-    from node.runtime.host import open_knowledge
+    from node.host.host import open_knowledge
 
     host_home = notes_host(tmp_path)
     from node.trust.identity import load_identity

@@ -76,7 +76,7 @@ def test_a_later_question_answered_through_the_persons_mailbox(tmp_path: Path) -
 
 
 def test_a_host_reached_live_is_not_asked_again_through_the_mailbox(tmp_path: Path) -> None:
-    from node.runtime.sealed_outbox import _unreached
+    from node.guest.sealed_outbox import _unreached
 
     base = {"state": "waiting", "attempts": 1, "code": "transport-connect-failed"}
     assert _unreached(base)

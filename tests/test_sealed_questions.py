@@ -42,7 +42,7 @@ def ask_and_answer(url: str, host_home: Path, asker: Identity, chain: list | Non
                    peers_only: bool = False) -> tuple[object, list[dict]]:
     """The asker leaves a question; the host wakes and takes its mailbox once; the asker
     wakes and takes what came back. Returns the host's report and the answers' results."""
-    from node.runtime.host import open_knowledge
+    from node.host.host import open_knowledge
 
     host = load_identity(host_home)
     got: list[dict] = []

@@ -10,7 +10,7 @@ for one host home. For each opened question it:
    device answers under its name, a device of a person pin under the pin's name, any other
    as an anonymous peer (``public`` sources only);
 2. answers through the **one answer path**: the peer's knowledge handle
-   (:meth:`node.runtime.host.Knowledge.handle_for` → :class:`node.answer.service.AnswerService`:
+   (:meth:`node.host.host.Knowledge.handle_for` → :class:`node.answer.service.AnswerService`:
    its policy, quota, ``ask``-tier approvals, scrubbing, citations as configured) with the
    message the knowledge-query hook builds (:func:`node.community.inbox.results_for`);
 3. passes the ``results`` message through the **egress gate seam** (``egress_check``), with
@@ -18,7 +18,7 @@ for one host home. For each opened question it:
 4. records ``query`` and ``results`` in the **audit log** (keyed hash of the question by
    default), with ``via: "sealed"`` and no session id.
 
-Simplifications against the live doorkeeper (node/runtime/doorkeeper.py, which this layer
+Simplifications against the live doorkeeper (node/host/doorkeeper.py, which this layer
 may not import; its rules are restated here, not shared): a pin on any key of the chain's
 lineage counts, without the host's rotation ledger (specs/peers.md §11); there is no
 profile, so no look-alike-name check; ``presence = granted`` is not applied.
@@ -53,7 +53,7 @@ def judge_sealed(home: Path, opened: Opened, *, peers_only: bool = False) -> str
     registry = PeerRegistry.load(home)
     revocations = RevocationStore.load(home)
     key = opened.sender
-    # the key-level rules of the handshake's _session_init (node/runtime/doorkeeper.judge_init)
+    # the key-level rules of the handshake's _session_init (node/host/doorkeeper.judge_init)
     if revocations.revokes(key, persons_of_device(registry, key)) is not None:
         raise error_for("handshake-device-revoked", "this device was revoked by its person")
     if registry.is_blocked(key):
@@ -90,7 +90,7 @@ def host_answerer(home: Path, knowledge: Any, *, peers_only: bool = False,
 
     Args:
         home: the host's home (peers, revocation lists re-read per question).
-        knowledge: the host's :class:`node.runtime.host.Knowledge` (``open_knowledge``).
+        knowledge: the host's :class:`node.host.host.Knowledge` (``open_knowledge``).
         peers_only: as ``kith host --peers-only``.
         audit: the host's :class:`node.trust.audit_log.AuditLog`, or None (nothing recorded).
 

@@ -30,7 +30,7 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
     """Take and answer this host's sealed questions until cancelled.
 
     Args:
-        host: the running :class:`node.runtime.host.Host` (its ``home``, ``identity``,
+        host: the running :class:`node.host.host.Host` (its ``home``, ``identity``,
             ``opts.server_url`` / ``opts.peers_only``, ``knowledge``, ``audit``, ``warn``).
         every_s: seconds between takes.
     """
