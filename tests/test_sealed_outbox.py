@@ -6,6 +6,7 @@ the answer into the row. A peer with no such card is delivered live only, as bef
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 
@@ -72,6 +73,10 @@ def test_a_later_question_answered_through_the_persons_mailbox(tmp_path: Path) -
     with OutboxStore(asker_home) as outbox:
         record = outbox.get(qid)
     assert record["state"] == "answered"
+    # the question passed the outbound gate before it was sealed, and kith sent shows it
+    sent = [json.loads(line) for line in (asker_home / "sent.jsonl").read_text().splitlines()]
+    mine = [e for e in sent if e.get("agent") == "outbox" and "where is the key" in e.get("text", "")]
+    assert len(mine) == 1 and mine[0]["decision"] == "sent"
     assert record["_answers"][0]["envelope"]["results"][0]["textPreview"] == "under the blue pot"
 
 

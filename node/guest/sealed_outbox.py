@@ -11,7 +11,9 @@ kept card of format 2 (``mailboxes``, specs/sealed.md §6):
    cards name, sealed to every device of the person this home keeps a card of, with the
    row's question id, request and expiry — it also stays in the outbox and is still
    delivered live when the host comes up: whichever answer comes first closes the row,
-   the other changes nothing;
+   the other changes nothing. Before it is sealed the question passes the one outbound
+   gate (:func:`node.policy.outbound.gate`, actor ``outbox``, as the live delivery), which
+   logs it in ``kith sent``;
 2. the answers waiting at each such mailbox for this device are **taken** and stored into
    their rows (:func:`node.guest.sealed_answers.store_sealed_answer`: only from the
    pinned person's devices, once), then acked. Questions left for this device (when it
@@ -79,6 +81,7 @@ class SealedOutboxTask:
         from node.community.inbox import leave_question, take_step
         from node.guest.outbox import OutboxStore
         from node.guest.sealed_answers import store_sealed_answer
+        from node.policy.outbound import gate
         from node.trust.identity import load_identity
         from node.trust.person import own_chain
 
@@ -107,12 +110,16 @@ class SealedOutboxTask:
                         or (row.question_id, row.peer_key) not in tried):
                     continue
                 try:
+                    # the one outbound gate before the question is sealed (specs/agents.md), logged
+                    # as the live delivery's is (the agent's rule decided when it was kept)
+                    ticket = gate(self.home, row.request, [row.peer_name], actor="outbox", rule="allow")
                     async with CommunityClient(urls[0], identity) as client:
                         await leave_question(client, identity, chain, question_id=row.question_id,
                                              request=row.request, peer=row.peer_key, recipients=devices,
                                              expires=_unix(expiry.get(row.question_id)) or self.clock.time() + 3600,
                                              clock=self.clock.time)
                     store.mark_left(row.question_id, row.peer_key, urls[0])
+                    ticket.done(f"left-with-holder {urls[0]}")
                 except KithError as exc:
                     self._say(urls[0], exc)
             for url in sorted(boxes):
