@@ -21,7 +21,7 @@ import pytest
 
 from node.community.requests import signed_headers
 from node.community.server import run_server_in_thread
-from node.community.store import TABLES, PostgresStore, open_store
+from node.community.store import MAILBOX_TABLES, TABLES, PostgresStore, open_store
 from node.common.errors import CommunityError
 from node.trust.identity import Identity
 
@@ -111,14 +111,35 @@ def test_racing_proofs_on_each_store(base_url: str) -> None:
     assert sorted(asyncio.run(race())) == [201] * 2 + [409] * 8
 
 
+#: The mailbox's columns and what each may hold (specs/sealed.md §3): keys (text), numbers
+#: and times, and exactly two binary columns — the ciphertext and the wrapped content keys.
+MAILBOX_COLUMNS = {
+    "mailbox": {"record_id": "key", "sender_key": "key", "bucket": "number", "sealed_box": "sealed",
+                "created_unix": "number", "expires_unix": "number", "stored_unix": "number"},
+    "mailbox_recipients": {"recipient_key": "key", "record_id": "key", "wrapped_key": "sealed",
+                           "stored_unix": "number"},
+}
+_KINDS = {"key": {"text"}, "number": {"integer", "bigint", "real", "double precision"},
+          "sealed": {"blob", "bytea"}}
+
+
 def test_schema_has_no_place_for_content_on_each_store(database) -> None:
+    """The server never sees plaintext: no column sounds like content, and the mailbox's
+    columns can hold only sealed bytes (binary) and metadata (keys, numbers, times)."""
     store = open_store(database)
     try:
         columns = store.columns()
+        types = {t: store.column_types(t) for t in MAILBOX_TABLES}
     finally:
         store.close()
     assert set(columns) == set(TABLES)
     assert_no_content_columns({c for cols in columns.values() for c in cols})
+    for table, expected in MAILBOX_COLUMNS.items():
+        assert set(types[table]) == set(expected), table
+        for column, kind in expected.items():
+            assert types[table][column] in _KINDS[kind], (table, column, types[table][column])
+    # nowhere else in the schema is there a binary column
+    assert set(MAILBOX_TABLES) == set(MAILBOX_COLUMNS)
 
 
 def test_reopening_keeps_the_data(database) -> None:
@@ -199,7 +220,7 @@ def test_first_cut_sqlite_database_is_migrated(tmp_path: Path) -> None:
         open_store(db)
     assert err.value.code == "database-schema-old" and "kith community migrate" in err.value.message
     store = open_store(db, migrate=True)  # ...`kith community migrate` brings it forward
-    assert store.applied == [2, 3, 4, 5, 6] and store.schema_version() == 6
+    assert store.applied == [2, 3, 4, 5, 6, 7] and store.schema_version() == 7
     row = store.get_invitation(inv.post_id)
     assert row is not None and row.sessions_count == 1 and row.document["post_id"] == inv.post_id
     assert store.get_session(proof["session_id"])["closed_unix"] is None

@@ -141,6 +141,7 @@ def host_cmd(
     tag: list[str] = typer.Option([], "--tag", help="Tag the invitation (repeatable)."),
     json_out: bool = typer.Option(False, "--json", help="Invitation as JSON on the first stdout line, then one event object per line."),
     peers_only: bool = typer.Option(False, "--peers-only", help="Admit only guests pinned in the peer registry (kith peers add), or devices of a person pinned with --devices."),
+    mailbox: bool = typer.Option(False, "--mailbox", help="With --server: take the sealed questions left for this device in the server's mailbox (at start, then every 5 s), answer each under this host's rules now, and leave the sealed answer there; this device's card names the mailbox (card format 2: older guests ignore it)."),
     share_ui: bool = typer.Option(False, "--share-ui", help="Offer the protocol's ui/ bundle to guests that join with --accept-host-ui."),
     max_sessions: Optional[int] = typer.Option(None, "--max-sessions", min=1, max=1_000_000, help="Sessions one post_id allows (1 = single-use); with --server a used-up or expired post is republished under a new post_id."),
     watch: bool = typer.Option(False, "--watch", help="Re-index added, changed and deleted files live (holds the index writer lock while hosting)."),
@@ -188,6 +189,9 @@ def host_cmd(
     opts.watch = watch
     opts.audit_queries = audit_queries
     opts.sign_citations = sign_citations
+    if mailbox and not server:
+        raise UsageError("usage", "--mailbox takes sealed questions from a community server: give --server URL")
+    opts.mailbox = mailbox
     if new_invitation and server:
         raise UsageError("usage", "--new-invitation is for file mode: a server post is withdrawn at every exit")
     opts.new_invitation = new_invitation

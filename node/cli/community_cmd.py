@@ -165,6 +165,11 @@ def serve(
     ),
     access_log: bool = typer.Option(False, "--access-log", help="Log each request on stderr."),
     trust_proxy: list[str] = typer.Option([], "--trust-proxy", metavar="CIDR", help="A reverse proxy (IP or CIDR network, repeatable) whose X-Forwarded-For header names the client for the per-address limit. Without it the header is ignored."),
+    mailbox: bool = typer.Option(False, "--mailbox", help="Keep sealed questions and answers for nodes that are never up together (opaque sealed records only: keys, times, a size bucket, ciphertext; specs/sealed.md). Off by default."),
+    mailbox_per_sender: int = typer.Option(200, "--mailbox-per-sender", min=1, metavar="N", help="With --mailbox: sealed records one sender may have waiting."),
+    mailbox_per_recipient: int = typer.Option(2000, "--mailbox-per-recipient", min=1, metavar="N", help="With --mailbox: sealed records that may wait for one recipient."),
+    mailbox_max_records: int = typer.Option(100_000, "--mailbox-max-records", min=1, metavar="N", help="With --mailbox: sealed records kept in total."),
+    mailbox_max_mb: int = typer.Option(512, "--mailbox-max-mb", min=1, metavar="MIB", help="With --mailbox: the sum of the kept records' size buckets, in MiB."),
 ) -> None:
     """Serve the community REST API (/api/v1) until Ctrl-C/SIGTERM.
 
@@ -191,12 +196,17 @@ def serve(
     try:
         if isinstance(store, SqliteStore):
             store.lock_single_writer()  # a second serve on this file is refused clearly
-        app = create_app(store, rate_limits=limits, lease_ttl_s=lease_ttl)
+        from node.community.store import MailboxLimits
+
+        box = MailboxLimits(per_sender=mailbox_per_sender, per_recipient=mailbox_per_recipient,
+                            max_records=mailbox_max_records, max_bytes=mailbox_max_mb << 20) if mailbox else None
+        app = create_app(store, rate_limits=limits, lease_ttl_s=lease_ttl, mailbox=box)
         sock = bind_socket(host, port)
         url = base_url_of(sock)
         try:
-            err_console.print(f"kith community server listening on {url} ({store.describe()}; "
-                              "Ctrl-C to stop)", highlight=False, markup=False, soft_wrap=True)
+            err_console.print(f"kith community server listening on {url} ({store.describe()}"
+                              f"{'; mailbox on' if mailbox else ''}; Ctrl-C to stop)",
+                              highlight=False, markup=False, soft_wrap=True)
             if json_out:
                 emit_json({"url": url, "database": store.dialect})
             serve_forever(app, sock, access_log=access_log, trust_proxy=proxies)

@@ -85,6 +85,8 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         peers = ", ".join(f"{safe_text(p['name'])} {p['state']}" + (f" ({p['code']})" if p["code"] and
                                                                         p["state"] != "answered" else "")
                           + (" [copy answered meanwhile]" if p.get("fromCopy") else "")
+                          + (f" [left with {safe_text(p['leftWith'])}]" if p.get("leftWith") and
+                             p["state"] != "answered" else "")
                           for p in r["peers"])
         state = r["state"] + (" *new*" if r["unread"] else "")
         table.add_row(r["id"][:12], state, safe_text(r["query"] or ""), peers, r["expiresAt"])
@@ -118,6 +120,9 @@ def show_cmd(ctx: typer.Context, question_id: str = typer.Argument(..., metavar=
         code = f" ({p['code']})" if p["code"] and p["state"] != "answered" else ""
         console.print(f"  {safe_text(p['name'])}: {p['state']}{code}{extra}, {p['attempts']} attempt(s)"
                       + (f", answered {p['answeredAt']}" if p["answeredAt"] else ""), highlight=False)
+        if p.get("leftWith") and p["state"] != "answered":  # specs/sealed.md §10
+            console.print(f"    left sealed with {safe_text(p['leftWith'])}: its host takes it when it wakes",
+                          highlight=False, markup=False)
         if p.get("fromCopy"):  # specs/copies.md §6: the copy answered when it was asked
             live = "the live answer is below" if p["state"] == "answered" else "the live host's answer is awaited"
             console.print(f"    answered meanwhile from {safe_text(p['name'])}'s copy synced "

@@ -441,6 +441,67 @@ class CommunityClient:
         cards = data.get("cards") if isinstance(data, dict) else None
         return [c for c in cards if isinstance(c, dict)] if isinstance(cards, list) else []
 
+    # --- the mailbox of sealed records (specs/sealed.md) ---------------------------------------
+    async def put_sealed(self, record: dict[str, Any]) -> dict[str, Any]:
+        """``POST /api/v1/mailbox``: leave a sealed record (:func:`node.trust.sealed.seal`;
+        the identity must be its ``sender``). Putting the same record again is harmless.
+
+        Returns:
+            ``{"id", "stored", "expires"}`` (``stored`` false: this record was kept already).
+
+        Raises:
+            CommunityError: ``mailbox-off`` (404), ``sealed-*`` (400), ``forbidden`` (403: not
+                the sender), ``mailbox-conflict`` (409), ``mailbox-sender-full`` (429),
+                ``mailbox-recipient-full`` / ``mailbox-full`` (507), ``rate-limited``,
+                ``request-*``, ``server-unreachable``, ``server-error`` (also an answer
+                naming another id).
+        """
+        body = json.dumps(record, separators=(",", ":")).encode()
+        status, data = await self._request("POST", "/mailbox", body=body, signed=True)
+        if not isinstance(data, dict) or data.get("id") != record.get("id") or not isinstance(data.get("stored"), bool):
+            raise CommunityError("server-error", f"the community server at {self.display_url} answered a "
+                                 "mailbox put with another record", status=status)
+        return data
+
+    async def take_sealed(self, limit: int = 20) -> tuple[list[dict[str, Any]], bool]:
+        """``POST /api/v1/mailbox/take``: the sealed records waiting for this identity's key,
+        oldest first. They stay at the server until :meth:`ack_sealed`; each is unchecked
+        here — the caller opens it with :func:`node.trust.sealed.open_sealed`.
+
+        Args:
+            limit: most records (1-100).
+
+        Returns:
+            ``(records, more)``: ``more`` when others wait for a next take.
+
+        Raises:
+            CommunityError: ``mailbox-off``, ``rate-limited``, ``request-*``,
+                ``server-unreachable``, ``server-error``.
+        """
+        body = json.dumps({"limit": limit}).encode()
+        status, data = await self._request("POST", "/mailbox/take", body=body, signed=True)
+        records = data.get("records") if isinstance(data, dict) else None
+        if not isinstance(records, list):
+            raise CommunityError("server-error", f"the community server at {self.display_url} answered a "
+                                 "mailbox take without records", status=status)
+        return [r for r in records if isinstance(r, dict)], data.get("more") is True
+
+    async def ack_sealed(self, ids: list[str]) -> int:
+        """``POST /api/v1/mailbox/ack``: remove records this identity took and dealt with (an
+        id not kept, or not sealed to this key, is ignored).
+
+        Returns:
+            how many records the server removed.
+
+        Raises:
+            CommunityError: ``mailbox-off``, ``request-invalid`` (not 1-100 record ids),
+                ``rate-limited``, ``request-*``, ``server-unreachable``, ``server-error``.
+        """
+        body = json.dumps({"ids": list(ids)}).encode()
+        _status, data = await self._request("POST", "/mailbox/ack", body=body, signed=True)
+        removed = data.get("removed") if isinstance(data, dict) else None
+        return removed if isinstance(removed, int) and not isinstance(removed, bool) else 0
+
     # --- protocols -------------------------------------------------------------------------
     async def publish_protocol(self, spec: dict[str, Any]) -> dict[str, Any]:
         """``POST /api/v1/protocols``: publish a spec.json object by content.

@@ -1,10 +1,12 @@
 """The community server: an ASGI app (Starlette) over a SQLite or PostgreSQL store (DESIGN §12).
 
-It helps peers find each other and nothing more: identities (a key and a profile),
+It helps peers find each other: identities (a key and a profile),
 protocol specs by content, invitations (publish, browse, get, status, renew, withdraw,
 ``max_sessions``), session proofs (submit, status, close) and feedback (one rating per
-participant per session). It never receives a query, an answer or corpus data, and has
-nowhere to store one. Routes, bodies, statuses, error codes and the order of every check
+participant per session). It never sees plaintext: with the mailbox on (``--mailbox``,
+off by default) it holds opaque sealed records only (specs/sealed.md) — keys, times, a
+size bucket and ciphertext — and otherwise has nowhere to store a query, an answer or
+corpus data. Routes, bodies, statuses, error codes and the order of every check
 are specified in ``specs/community-api.md``.
 
 Rules enforced here (all answers are JSON; every error is
@@ -81,7 +83,7 @@ from node.community.requests import (
     SignedRequest,
     check_signed_request,
 )
-from node.community.store import CommunityStore, InvitationRow, open_store
+from node.community.store import CommunityStore, InvitationRow, MailboxLimits, open_store
 from node.protocol.spec import parse_spec
 from node.trust.invitation import (
     MAX_INVITATION_BYTES,
@@ -126,6 +128,15 @@ MAX_COMMENT_CHARS = 1000
 DEFAULT_BROWSE_LIMIT = 20
 MAX_BROWSE_LIMIT = 100
 LEASE_REFRESH_DIVISOR = 3.0
+#: Largest ``POST /mailbox`` body: the largest sealed record (a 128 KiB bucket in base64,
+#: 16 recipients) with room to spare, in bytes.
+MAX_SEALED_BODY_BYTES = 192 * 1024
+#: Most records one ``POST /mailbox/take`` returns, and most ids one ack names.
+MAX_TAKE = 100
+#: A take stops adding records once their buckets pass this (bytes): its answer stays under
+#: the client's 1 MiB cap once base64-encoded.
+MAX_TAKE_BYTES = 512 * 1024
+_RECORD_ID_RE = re.compile(r"[0-9a-f]{32}")
 #: ``Retry-After`` of a 503 (the database is unavailable or a statement timed out), seconds.
 RETRY_AFTER_UNAVAILABLE_S = 2
 
@@ -168,6 +179,18 @@ class CloseBody(msgspec.Struct, forbid_unknown_fields=True):
     """Body of ``POST /api/v1/sessions/{session_id}/close``: an optional reason code."""
 
     reason: str = "closed"
+
+
+class TakeBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of ``POST /api/v1/mailbox/take``: how many records at most (empty: 20)."""
+
+    limit: int = 20
+
+
+class AckBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of ``POST /api/v1/mailbox/ack``: the ids of records taken and dealt with."""
+
+    ids: list[str]
 
 
 class FeedbackBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -294,8 +317,9 @@ class _App:
 
     def __init__(self, store: CommunityStore, *, max_body_bytes: int, max_spec_bytes: int,
                  rate_limits: RateLimits, clock: Callable[[], float],
-                 lease_ttl_s: float) -> None:
+                 lease_ttl_s: float, mailbox: MailboxLimits | None = None) -> None:
         self.store = store
+        self.mailbox = mailbox
         self.max_body_bytes = max_body_bytes
         self.max_spec_bytes = max_spec_bytes
         self.clock = clock
@@ -432,6 +456,58 @@ class _App:
         if not cards:
             raise CommunityError("card-not-found", "no live card of that person key", status=404)
         return JSONResponse({"person_key": key, "cards": cards})
+
+    # --- the mailbox of sealed records (specs/sealed.md) ------------------------------------
+    def _mailbox_limits(self) -> MailboxLimits:
+        if self.mailbox is None:
+            raise CommunityError("mailbox-off", "this community server keeps no mailbox (it runs without "
+                                 "--mailbox)", status=404)
+        return self.mailbox
+
+    # POST /api/v1/mailbox
+    async def put_sealed(self, request: Request) -> JSONResponse:
+        from node.trust.sealed import check_envelope
+
+        limits = self._mailbox_limits()
+        signed, body = await self._signed_body(request, MAX_SEALED_BODY_BYTES)
+        raw = decode_json(body, what="sealed record")
+        try:
+            env = check_envelope(raw, now=self.clock())
+        except KithError as exc:  # sealed-malformed / -wrong-size / -expired
+            raise KithError(exc.code, exc.message, status=400) from None
+        if env.sender != signed.public_key:
+            raise CommunityError("forbidden", "a sealed record is put by its sender's key", status=403)
+        outcome = await self._db(self.store.put_sealed, record_id=env.id, sender=env.sender, recipients=env.wrapped,
+                                 bucket=env.bucket, box=env.box, created_unix=env.created_unix,
+                                 expires_unix=env.expires_unix, limits=limits, now=self.clock())
+        return JSONResponse({"id": env.id, "stored": outcome == "new", "expires": raw["expires"]},
+                            status_code=201 if outcome == "new" else 200)
+
+    # POST /api/v1/mailbox/take
+    async def take_sealed(self, request: Request) -> JSONResponse:
+        from node.trust.sealed import Envelope
+
+        self._mailbox_limits()
+        signed, body = await self._signed_body(request)
+        take = decode_json(body, TakeBody, what="take", empty=True)
+        if isinstance(take.limit, bool) or not 1 <= take.limit <= MAX_TAKE:
+            raise CommunityError("request-invalid", f"limit is 1 to {MAX_TAKE}", status=400)
+        rows, more = await self._db(self.store.take_sealed, signed.public_key, limit=take.limit,
+                                    max_bytes=MAX_TAKE_BYTES, now=self.clock())
+        records = [Envelope(r["id"], r["sender"], tuple(r["recipients"]), r["recipients"], int(r["created_unix"]),
+                            int(r["expires_unix"]), r["bucket"], r["box"]).as_json() for r in rows]
+        return JSONResponse({"records": records, "more": more})
+
+    # POST /api/v1/mailbox/ack
+    async def ack_sealed(self, request: Request) -> JSONResponse:
+        self._mailbox_limits()
+        signed, body = await self._signed_body(request)
+        ack = decode_json(body, AckBody, what="ack")
+        if not 1 <= len(ack.ids) <= MAX_TAKE or any(_RECORD_ID_RE.fullmatch(i) is None for i in ack.ids):
+            raise CommunityError("request-invalid", f"ids is 1 to {MAX_TAKE} record ids (32 lowercase hex)",
+                                 status=400)
+        removed = await self._db(self.store.ack_sealed, signed.public_key, ack.ids)
+        return JSONResponse({"removed": removed})
 
     # --- protocols -------------------------------------------------------------------------
     # POST /api/v1/protocols
@@ -935,7 +1011,8 @@ def create_app(database: Path | str | CommunityStore, *,
                max_spec_bytes: int = DEFAULT_MAX_SPEC_BYTES,
                rate_limits: RateLimits | None = None,
                clock: Callable[[], float] = time.time,
-               lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> Starlette:
+               lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+               mailbox: MailboxLimits | None = None) -> Starlette:
     """Build the community server ASGI app.
 
     Args:
@@ -948,6 +1025,9 @@ def create_app(database: Path | str | CommunityStore, *,
         clock: returns the current Unix time in seconds (tests inject one).
         lease_ttl_s: how long a post's liveness lease holds after a refresh, in seconds
             (default 24; hosts refresh every third of it).
+        mailbox: keep sealed records within these bounds (``kith community serve
+            --mailbox``; specs/sealed.md); None (the default): the mailbox routes answer
+            404 ``mailbox-off``.
 
     Returns:
         A Starlette app serving the routes of ``specs/community-api.md``; its store is
@@ -958,7 +1038,8 @@ def create_app(database: Path | str | CommunityStore, *,
     """
     store = database if isinstance(database, CommunityStore) else open_store(database)
     h = _App(store, max_body_bytes=max_body_bytes, max_spec_bytes=max_spec_bytes,
-             rate_limits=rate_limits or RateLimits(), clock=clock, lease_ttl_s=lease_ttl_s)
+             rate_limits=rate_limits or RateLimits(), clock=clock, lease_ttl_s=lease_ttl_s,
+             mailbox=mailbox)
     p = API_PREFIX
     table: list[tuple[str, Callable[[Request], Awaitable[JSONResponse]], str]] = [
         (f"{p}/health", h.health, "GET"),
@@ -968,6 +1049,9 @@ def create_app(database: Path | str | CommunityStore, *,
         (f"{p}/revocations/{{person_key}}", h.get_revocation, "GET"),
         (f"{p}/cards", h.publish_card, "POST"),
         (f"{p}/cards/{{person_key}}", h.get_cards, "GET"),
+        (f"{p}/mailbox", h.put_sealed, "POST"),
+        (f"{p}/mailbox/take", h.take_sealed, "POST"),
+        (f"{p}/mailbox/ack", h.ack_sealed, "POST"),
         (f"{p}/protocols", h.publish_protocol, "POST"),
         (f"{p}/protocols/{{protocol_id}}", h.get_protocol, "GET"),
         (f"{p}/invitations", h.publish_invitation, "POST"),
@@ -1011,14 +1095,15 @@ def run_server_in_thread(database: Path | str | CommunityStore, host: str = "127
                          clock: Callable[[], float] = time.time,
                          lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
                          startup_timeout_s: float = 10.0,
-                         trust_proxy: list[str] | None = None) -> Iterator[str]:
+                         trust_proxy: list[str] | None = None,
+                         mailbox: MailboxLimits | None = None) -> Iterator[str]:
     """Serve a community app in a daemon thread for the duration of a ``with`` block.
 
     Args:
         database: a SQLite path, a database URL or an open store (see :func:`create_app`;
             a store opened here is closed on exit, a store passed in is left open).
         host, port: where to listen (port 0 = a free port).
-        max_body_bytes, max_spec_bytes, rate_limits, clock, lease_ttl_s: passed to
+        max_body_bytes, max_spec_bytes, rate_limits, clock, lease_ttl_s, mailbox: passed to
             :func:`create_app`.
         startup_timeout_s: how long to wait for the server to start, in seconds.
         trust_proxy: reverse proxies (IP/CIDR) whose ``X-Forwarded-For`` is taken as the
@@ -1032,7 +1117,7 @@ def run_server_in_thread(database: Path | str | CommunityStore, host: str = "127
             server does not start in time.
     """
     app = create_app(database, max_body_bytes=max_body_bytes, max_spec_bytes=max_spec_bytes,
-                     rate_limits=rate_limits, clock=clock, lease_ttl_s=lease_ttl_s)
+                     rate_limits=rate_limits, clock=clock, lease_ttl_s=lease_ttl_s, mailbox=mailbox)
     owned = not isinstance(database, CommunityStore)
     try:
         sock = bind_socket(host, port)

@@ -2,9 +2,10 @@
 
 It holds only small public records: identities (key + profile), published protocol specs,
 invitations (+ their tags), session proofs (+ close status), feedback ratings and the
-request nonces seen in the replay window. There is no table or column for a query, an
-answer or corpus data — the server never receives one (DESIGN §12; a test checks the
-schema).
+request nonces seen in the replay window — and, with the mailbox on, opaque sealed records
+(specs/sealed.md): keys, times, a size bucket and ciphertext. There is no table or column
+for a plaintext query, answer or corpus data — the server never sees one (DESIGN §12; a
+test checks the schema, another greps the database file for a sealed question).
 
 Both backends run the same SQL (written with ``?`` placeholders; the PostgreSQL backend
 rewrites them to ``%s``) behind one interface, :class:`CommunityStore`:
@@ -40,7 +41,7 @@ from node.common.errors import CommunityError, UsageError
 from node.community.defaults import DEFAULT_POOL_SIZE  # there, so --help shows it without this module
 
 #: The schema this code reads and writes; :data:`MIGRATIONS` lead up to it.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 DB_DIR = "community"
 DB_FILE = "community.sqlite3"
 #: How long a connection waits for another writer (SQLite) or for a pooled connection
@@ -62,7 +63,9 @@ RATE_PRUNE_EVERY_S = 30.0
 #: Tables of the schema, for tests and stats; nothing else is ever created.
 TABLES = ("meta", "schema_migrations", "identities", "identity_skeletons", "protocols",
           "invitations", "invitation_tags", "sessions", "feedback", "request_nonces",
-          "rate_limits", "revocations", "device_cards")
+          "rate_limits", "revocations", "device_cards", "mailbox", "mailbox_recipients")
+#: The mailbox's tables (specs/community-api.md, "Mailbox"): sealed bytes and metadata only.
+MAILBOX_TABLES = ("mailbox", "mailbox_recipients")
 
 # Schema version 2 (the base every migration starts from), one text for both dialects;
 # {AUTO_PK} and {REAL} differ.
@@ -233,6 +236,22 @@ class _Conn(Protocol):  # the part of a DB-API connection the store uses
     def execute(self, sql: str, params: tuple[Any, ...] = ...) -> Any: ...
 
 
+@dataclass(frozen=True)
+class MailboxLimits:
+    """The mailbox's bounds (``kith community serve --mailbox``; specs/community-api.md).
+
+    Attributes:
+        per_sender: records one sender key may have waiting. per_recipient: records waiting
+            for one recipient key. max_records: records in total. max_bytes: the sum of
+            their size buckets, in bytes.
+    """
+
+    per_sender: int = 200
+    per_recipient: int = 2000
+    max_records: int = 100_000
+    max_bytes: int = 512 << 20
+
+
 class CommunityStore:
     """The community database behind one interface; subclasses supply connections.
 
@@ -338,6 +357,12 @@ class CommunityStore:
     # --- introspection (tests) ------------------------------------------------------------
     def columns(self) -> dict[str, list[str]]:
         """``table → column names`` of the live schema (tests assert what is stored)."""
+        raise NotImplementedError
+
+    def column_types(self, table: str) -> dict[str, str]:
+        """``column → declared type`` (lower case: ``text``, ``blob``/``bytea``, ``integer``,
+        ``bigint``, ``real``/``double precision``) of one table (tests assert what the
+        mailbox can hold)."""
         raise NotImplementedError
 
     # --- request nonces -------------------------------------------------------------------
@@ -530,6 +555,173 @@ class CommunityStore:
             rows = conn.execute("SELECT card FROM device_cards WHERE person_key = ? AND expires_unix > ? "
                                 "ORDER BY updated_unix DESC, device_key", (person_key, now)).fetchall()
         return [json.loads(r[0]) for r in rows]
+
+    # --- the mailbox of sealed records (specs/sealed.md, specs/community-api.md "Mailbox") ----
+    def _mailbox_lock(self, conn: _Conn) -> None:
+        """Serialise mailbox writes across instances, so the bounds hold exactly (SQLite's
+        ``BEGIN IMMEDIATE`` already does; PostgreSQL takes a transaction advisory lock)."""
+
+    def _mailbox_totals(self, conn: _Conn) -> tuple[int, int]:
+        """``(records, bytes)`` kept, from two ``meta`` rows kept exact under the mailbox
+        lock (counted from the tables once when absent), so a put costs the same at 10 or
+        100,000 records."""
+        rows = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('mailbox_records', 'mailbox_bytes')")
+                    .fetchall())
+        if len(rows) == 2:
+            return int(rows["mailbox_records"]), int(rows["mailbox_bytes"])
+        count, total = conn.execute("SELECT count(*), coalesce(sum(bucket), 0) FROM mailbox").fetchone()
+        self._set_mailbox_totals(conn, int(count), int(total))
+        return int(count), int(total)
+
+    @staticmethod
+    def _set_mailbox_totals(conn: _Conn, count: int, total: int) -> None:
+        for key, value in (("mailbox_records", count), ("mailbox_bytes", total)):
+            conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) "
+                         "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, str(value)))
+
+    def _remove_sealed(self, conn: _Conn, record_id: str) -> int:
+        """Delete one record and its recipients, keeping the totals; returns 1 or 0."""
+        row = conn.execute("SELECT bucket FROM mailbox WHERE record_id = ?", (record_id,)).fetchone()
+        conn.execute("DELETE FROM mailbox_recipients WHERE record_id = ?", (record_id,))
+        if row is None:
+            return 0
+        conn.execute("DELETE FROM mailbox WHERE record_id = ?", (record_id,))
+        count, total = self._mailbox_totals(conn)
+        self._set_mailbox_totals(conn, max(0, count - 1), max(0, total - int(row[0])))
+        return 1
+
+    def _prune_mailbox(self, conn: _Conn, now: float) -> int:
+        gone = conn.execute("SELECT record_id FROM mailbox WHERE expires_unix <= ? LIMIT 1000", (now,)).fetchall()
+        for (record_id,) in gone:
+            self._remove_sealed(conn, record_id)
+        return len(gone)
+
+    def put_sealed(self, *, record_id: str, sender: str, recipients: dict[str, bytes], bucket: int, box: bytes,
+                   created_unix: float, expires_unix: float, limits: "MailboxLimits", now: float) -> str:
+        """Keep one sealed record (already shape-checked by
+        :func:`node.trust.sealed.check_envelope`), once per ``record_id``.
+
+        Expired records are removed first (at most 1000 per call). The bounds are checked in
+        this order under one lock: the sender's waiting records, each recipient's, the total
+        count and bytes.
+
+        Args:
+            recipients: recipient key → its wrapped content key (80 bytes).
+            limits: the :class:`MailboxLimits`. now: Unix seconds.
+
+        Returns:
+            ``new`` (kept) or ``same`` (this very record is kept already: nothing changes).
+
+        Raises:
+            CommunityError: ``mailbox-conflict`` (409: another record under that id),
+                ``mailbox-sender-full`` (429), ``mailbox-recipient-full`` (507),
+                ``mailbox-full`` (507), ``database-unavailable`` / ``database-timeout`` (503).
+        """
+        with self._write() as conn:
+            self._mailbox_lock(conn)
+            self._prune_mailbox(conn, now)
+            row = conn.execute("SELECT sender_key, sealed_box FROM mailbox WHERE record_id = ?",
+                               (record_id,)).fetchone()
+            if row is not None:
+                kept = {r[0]: bytes(r[1]) for r in conn.execute(
+                    "SELECT recipient_key, wrapped_key FROM mailbox_recipients WHERE record_id = ?",
+                    (record_id,)).fetchall()}
+                if row[0] == sender and bytes(row[1]) == box and kept == recipients:
+                    return "same"
+                raise CommunityError("mailbox-conflict", "another sealed record with that id is kept here",
+                                     status=409)
+            waiting = conn.execute("SELECT count(*) FROM mailbox WHERE sender_key = ?", (sender,)).fetchone()[0]
+            if waiting >= limits.per_sender:
+                raise CommunityError("mailbox-sender-full", f"this sender has {limits.per_sender} sealed records "
+                                     "waiting here; wait until they are taken or expire", status=429)
+            for key in recipients:
+                waiting = conn.execute("SELECT count(*) FROM mailbox_recipients WHERE recipient_key = ?",
+                                       (key,)).fetchone()[0]
+                if waiting >= limits.per_recipient:
+                    raise CommunityError("mailbox-recipient-full", f"a recipient has {limits.per_recipient} "
+                                         "sealed records waiting here", status=507)
+            count, total = self._mailbox_totals(conn)
+            if count >= limits.max_records or total + bucket > limits.max_bytes:
+                raise CommunityError("mailbox-full", "the mailbox is full", status=507)
+            conn.execute("INSERT INTO mailbox (record_id, sender_key, bucket, sealed_box, created_unix, expires_unix, "
+                         "stored_unix) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         (record_id, sender, bucket, box, created_unix, expires_unix, now))
+            for key, wrapped in recipients.items():
+                conn.execute("INSERT INTO mailbox_recipients (recipient_key, record_id, wrapped_key, stored_unix) "
+                             "VALUES (?, ?, ?, ?)", (key, record_id, wrapped, now))
+            self._set_mailbox_totals(conn, count + 1, total + bucket)
+            return "new"
+
+    def take_sealed(self, recipient: str, *, limit: int, max_bytes: int, now: float) -> tuple[list[dict[str, Any]], bool]:
+        """The records waiting for ``recipient`` that have not expired, oldest first (they
+        stay until acked).
+
+        Args:
+            limit: most records. max_bytes: stop before the buckets pass this (at least one
+                record is returned). now: Unix seconds.
+
+        Returns:
+            ``(records, more)``: each record ``{"id", "sender", "recipients": {key: wrapped},
+            "bucket", "box", "created_unix", "expires_unix"}``; ``more`` when records were
+            left for a next take.
+        """
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT m.record_id, m.sender_key, m.bucket, m.sealed_box, m.created_unix, m.expires_unix "
+                "FROM mailbox_recipients r JOIN mailbox m ON m.record_id = r.record_id "
+                "WHERE r.recipient_key = ? AND m.expires_unix > ? ORDER BY r.stored_unix, r.record_id LIMIT ?",
+                (recipient, now, limit + 1)).fetchall()
+            out: list[dict[str, Any]] = []
+            used = 0
+            more = len(rows) > limit
+            for row in rows[:limit]:
+                if out and used + row[2] > max_bytes:
+                    more = True
+                    break
+                used += row[2]
+                out.append({"id": row[0], "sender": row[1], "bucket": int(row[2]), "box": bytes(row[3]),
+                            "created_unix": float(row[4]), "expires_unix": float(row[5]), "recipients": {}})
+            if out:  # every recipient of the records taken, in one statement
+                by_id = {r["id"]: r for r in out}
+                marks = ", ".join("?" for _ in by_id)
+                for record_id, key, wrapped in conn.execute(
+                        "SELECT record_id, recipient_key, wrapped_key FROM mailbox_recipients "
+                        f"WHERE record_id IN ({marks}) ORDER BY recipient_key", tuple(by_id)).fetchall():
+                    by_id[record_id]["recipients"][key] = bytes(wrapped)
+        return out, more
+
+    def ack_sealed(self, recipient: str, record_ids: list[str]) -> int:
+        """Remove the records among ``record_ids`` that ``recipient`` is a recipient of (for
+        every recipient: one device of a person answering is enough). Unknown ids, or
+        records of others, are left alone.
+
+        Returns:
+            how many records were removed.
+        """
+        removed = 0
+        with self._write() as conn:
+            self._mailbox_lock(conn)
+            for record_id in dict.fromkeys(record_ids):
+                mine = conn.execute("SELECT 1 FROM mailbox_recipients WHERE recipient_key = ? AND record_id = ?",
+                                    (recipient, record_id)).fetchone()
+                if mine is None:
+                    continue
+                removed += self._remove_sealed(conn, record_id)
+        return removed
+
+    def mailbox_usage(self) -> dict[str, int]:
+        """``{"records", "bytes"}`` kept in the mailbox, counted from the tables (for stats
+        and tests; they check the kept totals against it)."""
+        with self._read() as conn:
+            count, total = conn.execute("SELECT count(*), coalesce(sum(bucket), 0) FROM mailbox").fetchone()
+        return {"records": int(count), "bytes": int(total)}
+
+    def mailbox_totals(self) -> dict[str, int]:
+        """The totals the bounds are checked against (``meta``; see :meth:`_mailbox_totals`)."""
+        with self._write() as conn:
+            self._mailbox_lock(conn)
+            count, total = self._mailbox_totals(conn)
+        return {"records": count, "bytes": total}
 
     # --- protocols ------------------------------------------------------------------------
     def insert_protocol(self, *, protocol_id: str, name: str, version: str, spec: dict[str, Any],
@@ -845,6 +1037,38 @@ def _to_v6(store: CommunityStore, conn: _Conn, from_version: int) -> None:
     store._run_script(conn, _MIGRATION_6)
 
 
+# Version 7: the mailbox (specs/sealed.md, specs/community-api.md "Mailbox"): sealed records
+# left for recipients. One row per record (its sender, bucket, times and the ciphertext),
+# one row per recipient (its key and the content key wrapped for it). Nothing here is text.
+_MIGRATION_7 = """
+CREATE TABLE IF NOT EXISTS mailbox (
+    record_id    TEXT PRIMARY KEY,       -- the outer id (32 hex, a hash: not the question id)
+    sender_key   TEXT NOT NULL,
+    bucket       INTEGER NOT NULL,       -- the padded size (bytes)
+    sealed_box   {BLOB} NOT NULL,        -- ciphertext only (XSalsa20-Poly1305)
+    created_unix {REAL} NOT NULL,
+    expires_unix {REAL} NOT NULL,
+    stored_unix  {REAL} NOT NULL
+);
+CREATE INDEX IF NOT EXISTS mailbox_sender ON mailbox (sender_key);
+CREATE INDEX IF NOT EXISTS mailbox_expires ON mailbox (expires_unix);
+CREATE TABLE IF NOT EXISTS mailbox_recipients (
+    recipient_key TEXT NOT NULL,
+    record_id     TEXT NOT NULL,
+    wrapped_key   {BLOB} NOT NULL,       -- the record's content key sealed to this recipient
+    stored_unix   {REAL} NOT NULL,
+    PRIMARY KEY (recipient_key, record_id)
+);
+CREATE INDEX IF NOT EXISTS mailbox_recipients_record ON mailbox_recipients (record_id);
+CREATE INDEX IF NOT EXISTS mailbox_recipients_order ON mailbox_recipients (recipient_key, stored_unix)
+"""
+
+
+def _to_v7(store: CommunityStore, conn: _Conn, from_version: int) -> None:
+    """The mailbox of sealed records (two tables)."""
+    store._run_script(conn, _MIGRATION_7)
+
+
 def _to_v4(store: CommunityStore, conn: _Conn, from_version: int) -> None:
     """Persons' revocation lists (one row per person key)."""
     store._run_script(conn, _MIGRATION_4)
@@ -858,13 +1082,14 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[CommunityStore, _Conn, int], None]],
     (4, "persons' device revocation lists", _to_v4),
     (5, "unlisted posts", _to_v5),
     (6, "hosting devices' cards", _to_v6),
+    (7, "the mailbox of sealed records", _to_v7),
 )
 
 
 # --- SQLite ---------------------------------------------------------------------------------
 #: Statement time allowed to a migration or a backup, in seconds.
 _MAINTENANCE_TIMEOUT_S = 3600.0
-_SQLITE_TYPES = {"AUTO_PK": "INTEGER PRIMARY KEY AUTOINCREMENT", "REAL": "REAL"}
+_SQLITE_TYPES = {"AUTO_PK": "INTEGER PRIMARY KEY AUTOINCREMENT", "REAL": "REAL", "BLOB": "BLOB"}
 
 
 def _sqlite_unavailable(exc: sqlite3.Error) -> CommunityError:
@@ -1065,12 +1290,20 @@ class SqliteStore(CommunityStore):
                 "AND name NOT LIKE 'sqlite_%'")]
             return {t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")] for t in tables}
 
+    def column_types(self, table: str) -> dict[str, str]:
+        if table not in TABLES:
+            raise ValueError(f"not a community table: {table}")
+        with self._read() as conn:
+            return {r[1]: str(r[2]).lower() for r in conn.execute(f"PRAGMA table_info({table})")}
+
 
 # --- PostgreSQL -----------------------------------------------------------------------------
 _PG_TYPES = {"AUTO_PK": "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY",
-             "REAL": "DOUBLE PRECISION"}
+             "REAL": "DOUBLE PRECISION", "BLOB": "BYTEA"}
 #: An advisory lock key: one migrator at a time across instances.
 _MIGRATION_LOCK = 7464327
+#: An advisory lock key: mailbox writes one at a time across instances (exact bounds).
+_MAILBOX_LOCK = 7464328
 
 
 class _PgConn:
@@ -1114,6 +1347,9 @@ class PostgresStore(CommunityStore):
     dialect = "postgresql"
     _for_update = " FOR UPDATE"
     _greatest = "greatest"
+
+    def _mailbox_lock(self, conn: _Conn) -> None:
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (_MAILBOX_LOCK,))
 
     def __init__(self, url: str, *, pool_size: int = DEFAULT_POOL_SIZE,
                  connect_timeout_s: float = BUSY_TIMEOUT_S,
@@ -1216,6 +1452,13 @@ class PostgresStore(CommunityStore):
         for table, column in rows:
             out.setdefault(table, []).append(column)
         return out
+
+    def column_types(self, table: str) -> dict[str, str]:
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT column_name, data_type FROM information_schema.columns "
+                "WHERE table_schema = current_schema() AND table_name = ?", (table,)).fetchall()
+        return {c: str(t).lower() for c, t in rows}
 
 
 # --- opening --------------------------------------------------------------------------------

@@ -359,6 +359,14 @@ class OutboxStore:
                            ((outcome.code if outcome is not None else code), now, question_id, peer_key))
             return True
 
+    def mark_left(self, question_id: str, peer_key: str, holder: str) -> None:
+        """Record that a sealed copy of this open row's question was left with ``holder`` (a
+        community server's URL; specs/sealed.md §10): ``kith outbox`` shows it, and it is
+        not left again. A closed row is not changed."""
+        with self._tx() as db:
+            db.execute("UPDATE deliveries SET left_with=? WHERE question_id=? AND peer_key=? "
+                       "AND state IN ('waiting','pending-approval')", (holder, question_id, peer_key))
+
     def fail(self, question_id: str, peer_key: str, code: str) -> None:
         """Close an open row as ``failed`` with ``code`` (it can never be delivered)."""
         with self._tx() as db:
@@ -479,7 +487,8 @@ class OutboxStore:
             for q in qs:
                 ds[q[0]] = self.db.execute(
                     "SELECT peer_name, peer_key, state, attempts, code, last_attempt_at, approval_id, answer, "
-                    "answered_at, read_at, from_copy, copy_as_of FROM deliveries WHERE question_id=? ORDER BY rowid",
+                    "answered_at, read_at, from_copy, copy_as_of, left_with FROM deliveries WHERE question_id=? "
+                    "ORDER BY rowid",
                     (q[0],)).fetchall()
         return qs, ds
 
@@ -490,10 +499,11 @@ def _shaped(qs: list[Any], ds: dict[str, Any]) -> Iterator[dict[str, Any]]:
         request = _request_of(req)  # None: unreadable (outbox-corrupt), shown so it can be removed
         peers = []
         answers = []
-        for name, key, state, attempts, code, last, aid, answer, answered, read, copied, as_of in ds[qid]:
+        for name, key, state, attempts, code, last, aid, answer, answered, read, copied, as_of, left in ds[qid]:
             peers.append({"name": name, "key": key, "state": state, "attempts": attempts, "code": code,
                           "lastAttemptAt": _iso(last), "approvalId": aid, "answeredAt": _iso(answered),
-                          "readAt": _iso(read), "fromCopy": bool(copied), "copyAsOf": as_of})
+                          "readAt": _iso(read), "fromCopy": bool(copied), "copyAsOf": as_of,
+                          "leftWith": left})
             answers.append(_answer_of(answer) if request is not None else None)
         yield {"id": qid, "query": request.get("query") if request else None, "request": request, "createdAt": _iso(created),
                "expiresAt": _iso(expires), "state": overall_state([p["state"] for p in peers]),
@@ -506,7 +516,8 @@ def _add_copy_columns(db: Any) -> None:
     ``copy_as_of`` columns (an ``ALTER TABLE``; two processes racing to add them is
     harmless: the loser finds them there)."""
     have = {r[1] for r in db.execute("PRAGMA table_info(deliveries)")}
-    for column, kind in (("from_copy", "INTEGER NOT NULL DEFAULT 0"), ("copy_as_of", "TEXT")):
+    for column, kind in (("from_copy", "INTEGER NOT NULL DEFAULT 0"), ("copy_as_of", "TEXT"),
+                         ("left_with", "TEXT")):  # the holder a sealed copy was left with (specs/sealed.md)
         if column not in have:
             try:
                 db.execute(f"ALTER TABLE deliveries ADD COLUMN {column} {kind}")

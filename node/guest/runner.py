@@ -253,13 +253,15 @@ class Runner:
 
 
 def default_tasks(home: Path, clock: Clock = SYSTEM_CLOCK) -> list[Any]:
-    """The task list every long-running process of a home drives: the outbox's delivery
-    and the re-sync of the copies it keeps (node/guest/copies/task.py, specs/copies.md §7),
+    """The task list every long-running process of a home drives: the outbox's delivery,
+    the re-sync of the copies it keeps (node/guest/copies/task.py, specs/copies.md §7) and
+    the outbox's questions left with a holder (node/guest/sealed_outbox.py, specs/sealed.md),
     on ``clock``."""
     from node.guest.copies.task import CopiesTask
     from node.guest.outbox_task import OutboxTask
+    from node.guest.sealed_outbox import SealedOutboxTask  # questions left with a holder (specs/sealed.md)
 
-    return [OutboxTask(home), CopiesTask(home, clock=clock)]
+    return [OutboxTask(home), CopiesTask(home, clock=clock), SealedOutboxTask(home, clock=clock)]
 
 
 async def run_background(home: Path, *, command: str, pool: Callable[[], Awaitable[Any]] | None = None,

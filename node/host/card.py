@@ -80,3 +80,11 @@ def own_card(home: Path, identity: "Identity", invitation: dict[str, Any]) -> di
     documents, chunks = public_totals(home)
     return make_card(identity.secret, chain, invitation, documents=documents, chunks=chunks, created=_now(),
                      seq=next_seq(home))
+
+
+def with_mailboxes(identity: "Identity", card: dict[str, Any], mailboxes: list[str]) -> dict[str, Any]:
+    """This device's ``card`` signed again as card format 2 naming ``mailboxes``, with the
+    same ``seq`` (it replaces the format-1 card before either is sent: the handshake and the
+    server carry this one; specs/sealed.md §6)."""
+    return make_card(identity.secret, card["binding_chain"], card["invitation"], documents=card["totals"]["documents"],
+                     chunks=card["totals"]["chunks"], created=card["created"], seq=card["seq"], mailboxes=mailboxes)

@@ -100,6 +100,11 @@ class HostOptions:
             for (``--sign-citations``; node/answer/citation.py). Off: such a query gets
             its results unsigned, marked ``citations: "signing-off"``. A signed answer
             cannot be denied later.
+        mailbox: take the sealed questions left for this device at ``server_url``'s
+            mailbox at start and every few seconds, answer each as a live one and leave the
+            sealed answer (``--mailbox``; node/host/sealed_host.py, specs/sealed.md);
+            this device's card says so (card format 2, in the handshake and on the server:
+            one card per ``seq``, so a guest never holds two that disagree).
     """
 
     protocol: str = "knowledge-query"
@@ -128,6 +133,7 @@ class HostOptions:
     protocol_dir: Path | None = None
     hook_options: dict[str, Any] = field(default_factory=dict)
     control: bool = True
+    mailbox: bool = False
     sign_citations: bool = False
     new_invitation: bool = False
 
@@ -616,6 +622,10 @@ class Host:
                     if self.opts.server_url:  # the person pins' revocation lists (specs/peers.md §10)
                         tg.start_soon(self.peers_watcher.watch_server, self.opts.server_url, self.identity)
                         tg.start_soon(self._publish_cards)  # this device's card (specs/peers.md §13)
+                        if self.opts.mailbox:  # sealed questions left with the server (specs/sealed.md)
+                            from node.host.sealed_host import take_sealed_questions
+
+                            tg.start_soon(take_sealed_questions, self)
                     async with anyio.create_task_group() as accepting:
                         if self.stop is not None:
                             accepting.start_soon(self._stop_watch, accepting.cancel_scope)
@@ -704,6 +714,10 @@ class Host:
 
         try:
             self._card = own_card(self.home, self.identity, inv.to_dict())
+            if self._card is not None and self.opts.mailbox and self.opts.server_url:
+                from node.host.card import with_mailboxes  # card format 2 (specs/sealed.md §6)
+
+                self._card = with_mailboxes(self.identity, self._card, [self.opts.server_url])
         except KithError as exc:  # a person record that does not load: no card, the host serves on
             self._card = None
             self.warn(f"no device card is published ({exc.code}): guests reach this device only by its invitation")

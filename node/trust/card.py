@@ -12,6 +12,10 @@ address changes. Wire shape (exact fields)::
      "binding_chain": [link, ...], "invitation": {...}, "totals": {"documents": int,
      "chunks": int}, "created": "YYYY-MM-DDTHH:MM:SSZ", "seq": int, "signature": hex128}
 
+A **format-2** card adds ``"mailboxes": [url, ...]`` — where the device takes sealed
+questions (specs/sealed.md §6) — and is signed over ``kith-device-card-v2``; older guests
+refuse it as ``card-malformed`` (they check the fields exactly).
+
 ``totals`` are what the device shares with anyone (the ``public`` tier), never what a given
 peer may see. :func:`check_card` is pure (no I/O); :class:`CardStore` is the guest's
 ``<home>/cards.json`` — the cards of the persons it pinned with ``--devices``, each device's
@@ -45,6 +49,13 @@ STORE_VERSION = 1
 
 _FIELDS = frozenset({"type", "person_key", "device_key", "device_name", "binding_chain", "invitation", "totals",
                      "created", "seq", "signature"})
+#: Card format 2 (specs/sealed.md §6): format 1 plus ``mailboxes``, where the device takes
+#: its sealed questions; signed over ``kith-device-card-v2``.
+_FIELDS_V2 = _FIELDS | {"mailboxes"}
+#: Most mailbox URLs one card names, and the longest one (characters).
+MAX_MAILBOXES = 4
+MAX_MAILBOX_URL = 200
+_MAILBOX_RE = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/\-]*)?")
 _CREATED_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
 #: A kept ``lastSeen`` / ``lastFailed``: RFC 3339 UTC, milliseconds allowed.
 _MARK_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z")
@@ -71,6 +82,13 @@ class DeviceCard:
     seq: int
     identity: PersonIdentity
     doc: dict[str, Any]
+    #: where the device takes sealed questions (card format 2; empty: format 1)
+    mailboxes: tuple[str, ...] = ()
+
+    @property
+    def format(self) -> int:
+        """1, or 2 for a card with ``mailboxes`` (specs/sealed.md §6)."""
+        return 2 if "mailboxes" in self.doc else 1
 
     def lineage(self) -> list[str]:
         """The person key and every earlier key the chain descends from."""
@@ -86,11 +104,28 @@ def _payload(doc: dict[str, Any], inv: Invitation) -> bytes:
     return device_card_payload(person_key=doc["person_key"], device_key=doc["device_key"],
                                device_name=doc["device_name"], post_id=inv.post_id, ticket=inv.transport_info.ticket,
                                expires_at=inv.expires_at, documents=doc["totals"]["documents"],
-                               chunks=doc["totals"]["chunks"], created=doc["created"], seq=doc["seq"])
+                               chunks=doc["totals"]["chunks"], created=doc["created"], seq=doc["seq"],
+                               mailboxes=doc.get("mailboxes"))
+
+
+def check_mailboxes(urls: object) -> list[str]:
+    """Return ``urls`` if it is a card's ``mailboxes``: 1 to :data:`MAX_MAILBOXES` distinct
+    community-server base URLs (``http``/``https``, a host, an optional plain path, at most
+    :data:`MAX_MAILBOX_URL` characters; no query, user or space).
+
+    Raises:
+        KithError: ``card-malformed``.
+    """
+    if (not isinstance(urls, list) or not 1 <= len(urls) <= MAX_MAILBOXES or len(set(map(str, urls))) != len(urls)
+            or any(not isinstance(u, str) or len(u) > MAX_MAILBOX_URL or _MAILBOX_RE.fullmatch(u) is None
+                   for u in urls)):
+        raise KithError("card-malformed", f"mailboxes is 1 to {MAX_MAILBOXES} distinct http(s) base URLs")
+    return list(urls)
 
 
 def make_card(device_secret: bytes, chain: list[dict[str, Any]], invitation: dict[str, Any], *,
-              documents: int, chunks: int, created: str, seq: int) -> dict[str, Any]:
+              documents: int, chunks: int, created: str, seq: int,
+              mailboxes: list[str] | None = None) -> dict[str, Any]:
     """Sign this device's card with its own key's 32-byte seed.
 
     Args:
@@ -98,18 +133,24 @@ def make_card(device_secret: bytes, chain: list[dict[str, Any]], invitation: dic
         invitation: the device's live invitation document (its host key is this device).
         documents, chunks: the public totals. created: RFC 3339 UTC. seq: larger than
             any card this device signed before.
+        mailboxes: the community servers where this device takes sealed questions: a
+            card format 2 (specs/sealed.md §6), which older guests refuse; None (the
+            default) signs a format-1 card exactly as before.
 
     Returns:
-        the card (wire shape above).
+        the card (wire shape above, plus ``mailboxes`` when given).
 
     Raises:
         SigningError: ``bad-hex`` / ``bad-payload-value`` for a malformed value.
+        KithError: ``card-malformed`` for ``mailboxes`` that are not 1-4 distinct URLs.
     """
     device = chain[-1]
     inv = parse_invitation(invitation)
     doc = {"type": "device-card", "person_key": device["person_key"], "device_key": device["device_key"],
            "device_name": device["device_name"], "binding_chain": list(chain), "invitation": dict(invitation),
            "totals": {"documents": documents, "chunks": chunks}, "created": created, "seq": seq}
+    if mailboxes is not None:
+        doc["mailboxes"] = check_mailboxes(list(mailboxes))
     return {**doc, "signature": sign(device_secret, _payload(doc, inv))}
 
 
@@ -143,8 +184,10 @@ def check_card(doc: object, *, device: str | None = None) -> DeviceCard:
         raise bad("a device card is a JSON object")
     if card_size(doc) > MAX_CARD_BYTES:
         raise bad(f"a device card is at most {MAX_CARD_BYTES} bytes")
-    if set(doc) != _FIELDS or doc.get("type") != "device-card":
-        raise bad(f"a device card has exactly the fields {sorted(_FIELDS)} and type 'device-card'")
+    if set(doc) not in (_FIELDS, _FIELDS_V2) or doc.get("type") != "device-card":
+        raise bad(f"a device card has exactly the fields {sorted(_FIELDS)} (and, format 2, mailboxes) "
+                  "and type 'device-card'")
+    mailboxes = tuple(check_mailboxes(doc["mailboxes"])) if "mailboxes" in doc else ()
     totals = doc["totals"]
     if (not isinstance(totals, dict) or set(totals) != {"documents", "chunks"}
             or not _int(totals["documents"]) or not _int(totals["chunks"])):
@@ -190,7 +233,7 @@ def check_card(doc: object, *, device: str | None = None) -> DeviceCard:
     except SigningError:
         raise KithError("card-forged", "the card's signature does not verify by its device key") from None
     return DeviceCard(who.person, doc["device_key"], doc["device_name"], inv, totals["documents"],
-                      totals["chunks"], doc["seq"], who, dict(doc))
+                      totals["chunks"], doc["seq"], who, dict(doc), mailboxes)
 
 
 #: Seconds within which an online device's repeated answers are not written again.
@@ -363,5 +406,5 @@ class CardStore:
         atomic_write(self.path, (json.dumps(data, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
-__all__ = ["CARDS_FILE", "CardEntry", "CardStore", "DeviceCard", "MAX_CARD_BYTES", "MAX_DEVICES",
-           "SEQ_FILE", "card_size", "check_card", "make_card"]
+__all__ = ["CARDS_FILE", "CardEntry", "CardStore", "DeviceCard", "MAX_CARD_BYTES", "MAX_DEVICES", "MAX_MAILBOXES",
+           "SEQ_FILE", "card_size", "check_card", "check_mailboxes", "make_card"]

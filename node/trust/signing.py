@@ -45,10 +45,16 @@ TAG_CITATION = "kith-citation-v1"
 #: A hosting device's card: how to reach it and what it shares in public totals
 #: (specs/signed-payloads.md §3b), signed by the device key its binding chain binds.
 TAG_DEVICE_CARD = "kith-device-card-v1"
+#: A device card that names where its host takes sealed questions (specs/sealed.md §6): the
+#: v1 lines plus the holders, in their own domain so a v1 signature never stands for a v2 card.
+TAG_DEVICE_CARD_V2 = "kith-device-card-v2"
+#: A sealed question or answer, signed by its sender's device key (specs/sealed.md §2).
+TAG_SEALED_RECORD = "kith-sealed-record-v1"
 #: Every domain tag above: a verifier names a signature made for another of them.
 DOMAIN_TAGS = (TAG_TRANSPORT_BINDING, TAG_SESSION, TAG_SESSION_HOST, TAG_SESSION_GUEST,
                TAG_REQUEST, TAG_DEVICE_BINDING, TAG_PERSON_SUCCESSOR, TAG_PERSON_RECOVERY,
-               TAG_PERSON_RECOVERY_ROTATION, TAG_DEVICE_REVOCATION, TAG_CITATION, TAG_DEVICE_CARD)
+               TAG_PERSON_RECOVERY_ROTATION, TAG_DEVICE_REVOCATION, TAG_CITATION, TAG_DEVICE_CARD,
+               TAG_DEVICE_CARD_V2, TAG_SEALED_RECORD)
 
 _HEX_RE = {n: re.compile(rf"[0-9a-f]{{{n}}}") for n in (64, 128)}
 
@@ -287,13 +293,16 @@ def device_revocation_payload(*, person_key: str, created: str, seq: int, revoke
 
 
 def device_card_payload(*, person_key: str, device_key: str, device_name: str, post_id: str, ticket: str,
-                        expires_at: str, documents: int, chunks: int, created: str, seq: int) -> bytes:
+                        expires_at: str, documents: int, chunks: int, created: str, seq: int,
+                        mailboxes: list[str] | None = None) -> bytes:
     """What a hosting device signs as its card (specs/signed-payloads.md §3b).
 
     Lines: ``kith-device-card-v1``, ``person_key``, ``device_key``, ``device_name``,
     ``post_id``, ``ticket_sha256`` (SHA-256 of the ticket's UTF-8, hex), ``expires_at``
     (the invitation's), ``documents``, ``chunks`` (public totals, decimal), ``created``
     (RFC 3339 UTC), ``seq`` (decimal, 0 ≤ seq < 2^53; a newer card has a larger one).
+    With ``mailboxes`` (card format 2, specs/sealed.md §6) the tag is
+    ``kith-device-card-v2`` and ``count`` and one ``mailbox`` line per URL follow.
 
     Raises:
         SigningError: ``bad-hex`` for a malformed key, ``bad-payload-value`` for a line
@@ -304,11 +313,15 @@ def device_card_payload(*, person_key: str, device_key: str, device_name: str, p
     for label, n in (("documents", documents), ("chunks", chunks)):
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 2 ** 53:
             raise SigningError("bad-payload-value", f"{label} must be an integer from 0 to 2^53 - 1")
-    return build_payload(TAG_DEVICE_CARD, [
+    lines: list[tuple[str, object]] = [
         ("person_key", person_key), ("device_key", device_key), ("device_name", device_name),
         ("post_id", post_id), ("ticket_sha256", sha256_hex(ticket.encode("utf-8"))), ("expires_at", expires_at),
         ("documents", str(documents)), ("chunks", str(chunks)), ("created", created), ("seq", _check_seq(seq)),
-    ])
+    ]
+    if mailboxes is None:
+        return build_payload(TAG_DEVICE_CARD, lines)
+    return build_payload(TAG_DEVICE_CARD_V2, [*lines, ("count", str(len(mailboxes))),
+                                              *(("mailbox", url) for url in mailboxes)])
 
 
 def public_key_of(secret_seed: bytes) -> str:

@@ -1,0 +1,242 @@
+"""Taking sealed records from a holder and acting on them once (specs/sealed.md §5, §7).
+
+One step of a device's mailbox: take the records waiting for its key, open each, hand a
+question to the host's answer function and leave the sealed answer with the asker's holder,
+hand an answer to the asker's store — then ack. The order makes every crash safe:
+
+1. take (nothing changes at the holder);
+2. open (:func:`node.trust.sealed.open_sealed`); a record that does not open or verify is
+   acked and counted under its code — it never will, and nothing of it is kept;
+3. a record this process already acted on (:class:`node.trust.sealed.SeenRecords`) is acked
+   again, never answered twice (a holder that hands out a question twice gets one answer);
+4. a question: ``on_question(opened)`` → the ``results`` message (the one answer path, as
+   for a live question) → sealed to the asker's ``reply_to.keys`` with the same question id
+   → put with the holder the question came from (``mailbox-conflict`` there means that
+   answer is kept already; the asker's ``reply_to.holders`` is never dialled: a host never
+   requests an address an asker chose); an answer: ``on_answer(opened)`` stores it (the
+   outbox stores only into an open row: one stored answer per question);
+5. only then ack. A process killed anywhere before the ack takes the record again and
+   answers again with the same id; the asker keeps one answer.
+
+The answer function and the asker's store are given by the caller (the host's
+``Knowledge`` and admission, the guest's outbox): this module does the mailbox part only.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from node.common.errors import CommunityError, KithError
+from node.community.client import CommunityClient
+from node.trust.identity import Identity
+from node.trust.sealed import MAX_RECIPIENTS, Opened, SeenRecords, open_sealed, seal
+
+#: Most records one step takes.
+TAKE_LIMIT = 20
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_URL = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/\-]*)?")
+
+
+@dataclass
+class InboxReport:
+    """What one :func:`take_step` did.
+
+    Attributes:
+        answered: question ids whose sealed answer was left with the asker's holder.
+        stored: question ids of answers handed to ``on_answer`` that it stored.
+        refused: refusal code → how many records were dropped with it (``sealed-*``, or a
+            code ``on_question`` raised, e.g. a revoked asker).
+        kept: record ids left at the holder: the answer could not be left (the asker's
+            holder unreachable or full: a later step tries again), or a kind this step
+            does not take (a host's step leaves answers, an asker's leaves questions).
+        acked: how many records the holder removed. more: others wait.
+    """
+
+    answered: list[str] = field(default_factory=list)
+    stored: list[str] = field(default_factory=list)
+    refused: dict[str, int] = field(default_factory=dict)
+    kept: list[str] = field(default_factory=list)
+    acked: int = 0
+    more: bool = False
+
+    def refuse(self, code: str) -> None:
+        """Count one dropped record under ``code``."""
+        self.refused[code] = self.refused.get(code, 0) + 1
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    out = fn(*args)
+    return await out if inspect.isawaitable(out) else out
+
+
+def reply_of(opened: Opened) -> tuple[list[str], list[str]]:
+    """A question's ``reply_to``: ``(keys, holders)`` — the asker's device keys (1-16, hex)
+    and the holders' URLs (0-4, http(s)).
+
+    Raises:
+        KithError: ``sealed-malformed`` when the question does not say where its answer goes.
+    """
+    reply = opened.body.get("reply_to")
+    keys = reply.get("keys") if isinstance(reply, dict) else None
+    holders = reply.get("holders", []) if isinstance(reply, dict) else None
+    if (not isinstance(keys, list) or not 1 <= len(keys) <= MAX_RECIPIENTS
+            or any(not isinstance(k, str) or _HEX64.fullmatch(k) is None for k in keys)
+            or not isinstance(holders, list) or len(holders) > 4
+            or any(not isinstance(h, str) or len(h) > 200 or _URL.fullmatch(h) is None for h in holders)):
+        raise KithError("sealed-malformed", "the question's reply_to is not 1-16 device keys and 0-4 holder URLs")
+    return list(keys), list(holders)
+
+
+async def take_step(client: CommunityClient, identity: Identity, chain: list[dict[str, Any]] | None, *,
+                    on_question: Callable[[Opened], Any] | None = None,
+                    on_answer: Callable[[Opened], Any] | None = None,
+                    seen: SeenRecords | None = None,
+                    clock: Callable[[], float] = time.time) -> InboxReport:
+    """Take the records waiting at ``client``'s holder for ``identity`` and act on each once.
+
+    Args:
+        client: a :class:`CommunityClient` of the holder, signing as ``identity``.
+        identity: this device (its key opens the records; it signs the answers).
+        chain: this device's binding chain, carried in its sealed answers (None: none).
+        on_question: ``Opened → results message`` (sync or async): the host's one answer
+            path for this asker at answer time; may raise :class:`KithError` to drop the
+            question with that code (a revoked or blocked asker); None: questions are left
+            at the holder (``kept``) for the part of this device that answers.
+        on_answer: ``Opened → bool`` (sync or async): store an answer (True: stored, False:
+            nothing was open for it); None: answers are left at the holder (``kept``).
+        seen: the records this process acted on (:class:`SeenRecords`; a new one when None).
+        clock: Unix seconds.
+
+    Returns:
+        the :class:`InboxReport`.
+
+    Raises:
+        CommunityError: from the take itself (``mailbox-off``, ``server-unreachable``, …);
+            a failing put or ack leaves its record for a later step instead.
+    """
+    seen = seen if seen is not None else SeenRecords()
+    report = InboxReport()
+    records, report.more = await client.take_sealed(TAKE_LIMIT)
+    done: list[str] = []
+    for record in records:
+        rid = record.get("id") if isinstance(record.get("id"), str) else None
+        try:
+            opened = open_sealed(record, identity.secret, now=clock())
+            seen_before = seen.seen(opened, now=clock())
+        except KithError as exc:
+            report.refuse(exc.code)
+            if rid is not None:
+                done.append(rid)
+            continue
+        if seen_before:
+            report.refuse("sealed-replayed")
+            done.append(opened.id)
+            continue
+        if (on_question if opened.kind == "question" else on_answer) is None:
+            report.kept.append(opened.id)  # another part of this device takes that kind
+            continue
+        try:
+            if opened.kind == "question":
+                assert on_question is not None
+                if not await _leave_answer(client, identity, chain, opened, on_question, clock):
+                    report.kept.append(opened.id)
+                    continue
+                report.answered.append(opened.question_id)
+            else:
+                assert on_answer is not None
+                if await _call(on_answer, opened):
+                    report.stored.append(opened.question_id)
+        except KithError as exc:
+            report.refuse(exc.code)
+        seen.admit(opened, now=clock())
+        done.append(opened.id)
+    if done:
+        try:
+            report.acked = await client.ack_sealed(done)
+        except CommunityError:
+            pass  # taken again next step: the seen ids (or the asker's one row) keep it once
+    return report
+
+
+async def _leave_answer(client: CommunityClient, identity: Identity, chain: list[dict[str, Any]] | None,
+                        opened: Opened, on_question: Callable[[Opened], Any], clock: Callable[[], float]) -> bool:
+    """Answer ``opened`` and leave the sealed answer with the holder the question came from.
+    True when that holder keeps it; False to try again later.
+
+    The question's ``reply_to.holders`` is checked but never dialled: a host would otherwise
+    POST signed requests to any address an asker names (its own network included). The
+    asker left the question here, so it takes its answer here.
+
+    Raises:
+        KithError: ``sealed-malformed`` (no valid ``reply_to``), or what ``on_question`` raised.
+    """
+    keys, _holders = reply_of(opened)
+    results = await _call(on_question, opened)
+    now = clock()
+    answer = seal(identity.secret, chain, kind="answer", question_id=opened.question_id, body={"results": results},
+                  recipients=keys, now=now, expires=max(opened.expires_unix, int(now) + 60))
+    try:
+        await client.put_sealed(answer)
+    except CommunityError as exc:
+        return exc.code == "mailbox-conflict"  # an answer to this question is kept there already
+    return True
+
+
+def results_for(handle: Any, opened: Opened) -> dict[str, Any]:
+    """The ``results`` message for a sealed question, exactly as the knowledge-query host
+    hook builds it for a live ``query`` (protocols/knowledge-query/hooks.py): the request
+    answered by ``handle`` (the peer's ``ctx.knowledge``, :meth:`Knowledge.search`), the
+    query id ``outbox:<question id>`` (specs/outbox.md §3), the status and envelope, and
+    ``retry_after_s`` / ``approval_id`` when given.
+
+    Raises:
+        KithError: ``sealed-malformed`` when the question carries no request object.
+    """
+    request = opened.body.get("request")
+    if not isinstance(request, dict):
+        raise KithError("sealed-malformed", "the question carries no request object")
+    answer = handle.search(request)
+    reply = {"action": "results", "query_id": f"outbox:{opened.question_id}", "status": answer["status"],
+             "envelope": answer["envelope"]}
+    for key in ("retry_after_s", "approval_id"):
+        if answer.get(key) is not None:
+            reply[key] = answer[key]
+    return reply
+
+
+async def leave_question(client: CommunityClient, identity: Identity, chain: list[dict[str, Any]] | None, *,
+                         question_id: str, request: dict[str, Any], peer: str, recipients: list[str],
+                         holders: list[str] | None = None, expires: float,
+                         clock: Callable[[], float] = time.time) -> dict[str, Any]:
+    """Seal a question to the host's device keys and leave it with ``client``'s holder (the
+    guest's ``--later`` when the host is unreachable and its card names a mailbox).
+
+    Args:
+        question_id: the outbox id (32 hex; the idempotency key). request: the flat request.
+        peer: the host key asked. recipients: the host's device keys (its cards').
+        holders: where the answer should go (default: this holder). expires: Unix seconds.
+
+    Returns:
+        the sealed record left (its ``id`` is what the holder keeps).
+
+    Raises:
+        KithError: ``sealed-*`` from :func:`node.trust.sealed.seal`; CommunityError from the put
+            (``mailbox-off``, ``mailbox-*-full``, ``server-unreachable``…).
+    """
+    record = seal(identity.secret, chain, kind="question", question_id=question_id,
+                  body={"request": request, "peer": peer,
+                        "reply_to": {"keys": [identity.public_key], "holders": list(holders or [client.base_url])}},
+                  recipients=recipients, now=clock(), expires=expires)
+    try:
+        await client.put_sealed(record)
+    except CommunityError as exc:
+        if exc.code != "mailbox-conflict":
+            raise
+    return record
+
+
+__all__ = ["InboxReport", "TAKE_LIMIT", "leave_question", "reply_of", "results_for", "take_step"]

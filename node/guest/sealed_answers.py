@@ -1,0 +1,65 @@
+"""A sealed answer taken from a holder goes into the outbox row it answers, once
+(issue 43 item 4; specs/sealed.md §5, specs/outbox.md §3).
+
+The ``on_answer`` of :func:`node.community.inbox.take_step` on the asking side. An opened
+answer (its signature and chain verified by :func:`node.trust.sealed.open_sealed`) is
+stored only when:
+
+- its question id is a question of this outbox with an open row (``waiting`` or
+  ``pending-approval``);
+- its sender is the peer that row was kept for: the row's pinned key is the sender's
+  device key, or — a person pin — the sender's verified chain descends from it (the person
+  key or a key it was rotated from);
+- it is the answer :func:`node.guest.outbox.classify` accepts for that row (the very
+  ``query_id``, a well-formed envelope): a complete answer closes the row, a
+  ``pending-approval`` one is stored as the interim answer, anything else is recorded as
+  the row's code and the row stays open.
+
+A second answer to the same question changes nothing (the row is closed): one stored answer
+per question and peer. Nothing here dials anyone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from node.guest.outbox import OutboxStore, classify, query_id_of
+from node.trust.sealed import Opened
+
+
+def sender_is_peer(opened: Opened, peer_key: str) -> bool:
+    """True when ``opened`` was signed by the peer pinned as ``peer_key``: its device key,
+    or a person key its verified binding chain descends from."""
+    if opened.sender == peer_key:
+        return True
+    who = opened.identity
+    return who is not None and peer_key in (who.person, *who.earlier)
+
+
+def store_sealed_answer(store: OutboxStore, opened: Opened) -> bool:
+    """Store ``opened`` (kind ``answer``) into the open outbox row it answers.
+
+    Args:
+        store: the home's :class:`OutboxStore`.
+        opened: a sealed answer that opened and verified.
+
+    Returns:
+        True when a row took it as its answer (``answered``, or ``pending-approval``'s
+        interim answer); False when no open row of that question was kept for its sender
+        (an unknown or closed question, another peer's answer) or the answer is not one the
+        row accepts (its code is recorded; the row stays open).
+    """
+    if opened.kind != "answer":
+        return False
+    results: Any = opened.body.get("results")
+    for row in store.open_deliveries():
+        if row.question_id != opened.question_id or not sender_is_peer(opened, row.peer_key):
+            continue
+        outcome = classify(results, query_id_of(opened.question_id))
+        taken = store.record_attempt(row.question_id, row.peer_key, outcome,
+                                     message=results if isinstance(results, dict) else None)
+        return taken and outcome.state is not None
+    return False
+
+
+__all__ = ["sender_is_peer", "store_sealed_answer"]

@@ -1,0 +1,160 @@
+"""The outbox's questions left with a holder (issue 43 item 4; specs/sealed.md §7,
+specs/outbox.md §5): a task of the home's runner beside the live delivery.
+
+Each step, for every open outbox row whose peer is a person pin (``--devices``) with a
+kept card of format 2 (``mailboxes``, specs/sealed.md §6):
+
+1. once the live delivery tried the row and could not reach its host (``waiting``, an
+   attempt made, a code other than ``rate-limited`` / ``pending-approval``: a host that
+   answers live is never asked twice), the question is **left** (once: the row records the
+   holder, ``leftWith``, which ``kith outbox`` shows) with the first mailbox that person's
+   cards name, sealed to every device of the person this home keeps a card of, with the
+   row's question id, request and expiry — it also stays in the outbox and is still
+   delivered live when the host comes up: whichever answer comes first closes the row,
+   the other changes nothing. Before it is sealed the question passes the one outbound
+   gate (:func:`node.policy.outbound.gate`, actor ``outbox``, as the live delivery), which
+   logs it in ``kith sent``;
+2. the answers waiting at each such mailbox for this device are **taken** and stored into
+   their rows (:func:`node.guest.sealed_answers.store_sealed_answer`: only from the
+   pinned person's devices, once), then acked. Questions left for this device (when it
+   also hosts with ``--mailbox``) are left at the holder for ``kith host``.
+
+A device pin, or a person with no format-2 card, is delivered live only, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from node.common.errors import KithError
+
+log = logging.getLogger("kith.sealed")
+
+#: Seconds between two steps (the runner honours at most 1 s; this task needs less often).
+STEP_EVERY_S = 5.0
+
+
+def mailboxes_of(home: Path, person_key: str) -> tuple[list[str], list[str]]:
+    """``(mailbox URLs, device keys)`` of a pinned person from the cards kept here: the
+    URLs named by its format-2 cards (first seen first) and every device with a kept card.
+
+    Raises:
+        ConfigError: ``config-invalid`` when ``cards.json`` is not a valid store.
+    """
+    from node.trust.card import CardStore, check_card
+
+    urls: list[str] = []
+    devices: list[str] = []
+    for device, entry in CardStore.load(home).devices_of(person_key).items():
+        try:
+            card = check_card(entry.card)
+        except KithError:
+            continue
+        devices.append(device)
+        urls.extend(u for u in card.mailboxes if u not in urls)
+    return urls, devices
+
+
+class SealedOutboxTask:
+    """The runner task (``name`` ``sealed-outbox``; :func:`node.guest.runner.default_tasks`)."""
+
+    name = "sealed-outbox"
+
+    def __init__(self, home: Path, *, clock: Any = None, every_s: float = STEP_EVERY_S) -> None:
+        """Args: home: the asking home. clock: the runner's :class:`node.runtime.clock.Clock`
+        (wall time seals and expires; monotonic time spaces the steps). every_s: seconds
+        between two steps that do work (the runner steps every second)."""
+        from node.runtime.clock import SYSTEM_CLOCK
+
+        self.home = Path(home)
+        self.clock = clock if clock is not None else SYSTEM_CLOCK
+        self.every_s = every_s
+        self._said: set[str] = set()
+        self._last = float("-inf")  # monotonic time of the last step that did work
+
+    async def step(self, runner: Any = None) -> float:
+        """Leave the open rows' questions with their peers' mailboxes and take the answers
+        waiting there (module docstring). Returns the seconds until the next step."""
+        from node.community.client import CommunityClient
+        from node.community.inbox import leave_question, take_step
+        from node.guest.outbox import OutboxStore
+        from node.guest.sealed_answers import store_sealed_answer
+        from node.policy.outbound import gate
+        from node.trust.identity import load_identity
+        from node.trust.person import own_chain
+
+        now = self.clock.monotonic()
+        if now - self._last < self.every_s or not (self.home / "outbox.sqlite").exists():
+            return max(0.0, self.every_s - (now - self._last))
+        self._last = now
+        identity = load_identity(self.home)
+        chain = own_chain(self.home, identity.public_key)
+        with OutboxStore(self.home, clock=self.clock.time) as store:
+            rows = store.open_deliveries()
+            records = store.records()
+            expiry = {r["id"]: r["expiresAt"] for r in records}
+            tried = {(r["id"], p["key"]) for r in records for p in r["peers"] if _unreached(p)}
+            left = {(r["id"], p["key"]): p["leftWith"] for r in records for p in r["peers"] if p.get("leftWith")}
+            boxes: set[str] = set()
+            known: dict[str, tuple[list[str], list[str]]] = {}
+            for row in rows:
+                if row.peer_key not in known:  # cards.json read once per peer per step
+                    known[row.peer_key] = mailboxes_of(self.home, row.peer_key)
+                urls, devices = known[row.peer_key]
+                if not urls or not devices:
+                    continue
+                boxes.update(urls)
+                if (left.get((row.question_id, row.peer_key)) == urls[0]
+                        or (row.question_id, row.peer_key) not in tried):
+                    continue
+                try:
+                    # the one outbound gate before the question is sealed (specs/agents.md), logged
+                    # as the live delivery's is (the agent's rule decided when it was kept)
+                    ticket = gate(self.home, row.request, [row.peer_name], actor="outbox", rule="allow")
+                    async with CommunityClient(urls[0], identity) as client:
+                        await leave_question(client, identity, chain, question_id=row.question_id,
+                                             request=row.request, peer=row.peer_key, recipients=devices,
+                                             expires=_unix(expiry.get(row.question_id)) or self.clock.time() + 3600,
+                                             clock=self.clock.time)
+                    store.mark_left(row.question_id, row.peer_key, urls[0])
+                    ticket.done(f"left-with-holder {urls[0]}")
+                except KithError as exc:
+                    self._say(urls[0], exc)
+            for url in sorted(boxes):
+                try:
+                    async with CommunityClient(url, identity) as client:
+                        await take_step(client, identity, chain, on_answer=lambda op: store_sealed_answer(store, op),
+                                        clock=self.clock.time)
+                except KithError as exc:
+                    self._say(url, exc)
+        return self.every_s
+
+    def _say(self, url: str, exc: KithError) -> None:
+        if url not in self._said:
+            self._said.add(url)
+            log.warning("the mailbox at %s: %s (%s)", url, exc.message, exc.code)
+
+
+#: Row codes that say the host was reached (it answers live; nothing is left with a holder).
+REACHED_CODES = frozenset({"rate-limited", "pending-approval"})
+
+
+def _unreached(peer: dict[str, Any]) -> bool:
+    """A row the live delivery tried and could not get an answer from (its host asleep):
+    ``waiting``, at least one attempt, and a code other than a reached host's."""
+    return (peer.get("state") == "waiting" and (peer.get("attempts") or 0) >= 1
+            and peer.get("code") is not None and peer.get("code") not in REACHED_CODES)
+
+
+def _unix(stamp: Any) -> float | None:
+    from node.trust.invitation import parse_rfc3339
+
+    try:
+        return parse_rfc3339(stamp).timestamp() if isinstance(stamp, str) else None
+    except (ValueError, TypeError):
+        return None
+
+
+__all__ = ["STEP_EVERY_S", "SealedOutboxTask", "mailboxes_of"]

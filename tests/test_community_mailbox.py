@@ -1,0 +1,318 @@
+"""The community server's mailbox (issue 43 item 2a; specs/community-api.md "Mailbox",
+specs/sealed.md): off by default; signed put / take / ack of sealed records on SQLite and
+PostgreSQL behind a real HTTP server; idempotent by record id; bounded per sender, per
+recipient and in total; expired records never handed out; no plaintext in the database."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from node.community.client import CommunityClient
+from node.community.ratelimit import RateLimit, RateLimits
+from node.community.requests import signed_headers
+from node.community.server import run_server_in_thread
+from node.community.store import MailboxLimits, open_store
+from node.common.errors import KithError
+from node.trust.binding import device_link
+from node.trust.identity import Identity
+from node.trust.sealed import open_sealed, seal
+
+from support.community import (  # noqa: F401 (pg_server: a fixture)
+    NO_LIMITS,
+    error_of,
+    fresh_pg_database as _fresh_pg_database,
+    pg_server,
+)
+from support.homes import new_identity
+
+QUESTION = "which valve feeds the greenhouse sprinkler line"
+ANSWER_TEXT = "the second brass valve left of the rain barrel"
+QID = "5f" * 16
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request, tmp_path: Path) -> str | Path:
+    if request.param == "sqlite":
+        return tmp_path / "community.sqlite3"
+    return _fresh_pg_database(request.getfixturevalue("pg_server"))
+
+
+def chain_of(device: Identity) -> list:
+    return [device_link(os.urandom(32), device.public_key, "laptop", "2026-01-01T00:00:00Z", 0)]
+
+
+def question(asker: Identity, *hosts: Identity, qid: str = QID, now: float | None = None, ttl: float = 3600,
+             text: str = QUESTION) -> dict:
+    now = time.time() if now is None else now
+    return seal(asker.secret, chain_of(asker), kind="question", question_id=qid,
+                body={"request": {"query": text, "topK": 5}, "peer": hosts[0].public_key,
+                      "reply_to": {"keys": [asker.public_key], "holders": []}},
+                recipients=[h.public_key for h in hosts], now=now, expires=now + ttl)
+
+
+def put(http: httpx.Client, record: dict, signer: Identity, clock: float | None = None) -> httpx.Response:
+    body = json.dumps(record).encode()
+    return http.post("/api/v1/mailbox", content=body,
+                     headers=signed_headers(signer, "POST", "/api/v1/mailbox", body, now=clock))
+
+
+def take(http: httpx.Client, signer: Identity, limit: int = 20, clock: float | None = None) -> httpx.Response:
+    body = json.dumps({"limit": limit}).encode()
+    return http.post("/api/v1/mailbox/take", content=body,
+                     headers=signed_headers(signer, "POST", "/api/v1/mailbox/take", body, now=clock))
+
+
+def ack(http: httpx.Client, ids: list[str], signer: Identity) -> httpx.Response:
+    body = json.dumps({"ids": ids}).encode()
+    return http.post("/api/v1/mailbox/ack", content=body,
+                     headers=signed_headers(signer, "POST", "/api/v1/mailbox/ack", body))
+
+
+@pytest.fixture
+def served(database) -> Iterator[tuple[str, object]]:
+    store = open_store(database)
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            yield url, store
+    finally:
+        store.close()
+
+
+def test_the_mailbox_is_off_by_default(tmp_path: Path) -> None:
+    asker, host = new_identity(), new_identity()
+    with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS) as url, \
+            httpx.Client(base_url=url, timeout=20) as http:
+        for response in (put(http, question(asker, host), asker), take(http, host), ack(http, ["ab" * 16], host)):
+            assert response.status_code == 404 and error_of(response) == "mailbox-off"
+
+
+def test_a_question_and_its_answer_through_the_mailbox_on_each_store(served) -> None:
+    """The asker leaves a question sealed to two devices of the host; the host takes it,
+    opens it, acks it (once for both devices), and leaves its answer; the asker takes that."""
+    url, store = served
+    asker, laptop, desktop, stranger = new_identity(), new_identity(), new_identity(), new_identity()
+
+    async def scenario() -> None:
+        async with CommunityClient(url, asker) as a, CommunityClient(url, laptop) as h1, \
+                CommunityClient(url, desktop) as h2, CommunityClient(url, stranger) as s:
+            rec = question(asker, laptop, desktop)
+            assert (await a.put_sealed(rec))["stored"] is True
+            assert (await a.put_sealed(rec))["stored"] is False  # given twice: stored once
+            assert store.mailbox_usage()["records"] == 1
+            assert await s.take_sealed() == ([], False)
+            for client, me in ((h1, laptop), (h2, desktop)):
+                records, more = await client.take_sealed()
+                assert [r["id"] for r in records] == [rec["id"]] and not more
+                assert records[0] == rec  # handed out exactly as put
+                opened = open_sealed(records[0], me.secret, now=time.time())
+                assert opened.body["request"]["query"] == QUESTION
+            assert await s.ack_sealed([rec["id"]]) == 0  # not its record: nothing happens
+            assert await h2.ack_sealed([rec["id"]]) == 1  # one device acks for both
+            assert await h1.take_sealed() == ([], False)
+            assert await h1.ack_sealed([rec["id"]]) == 0  # acked again: harmless
+            answer = seal(laptop.secret, chain_of(laptop), kind="answer", question_id=opened.question_id,
+                          body={"results": {"action": "results", "status": "ok", "text": ANSWER_TEXT}},
+                          recipients=opened.body["reply_to"]["keys"], now=time.time(), expires=time.time() + 600)
+            assert (await h1.put_sealed(answer))["stored"] is True
+            records, _ = await a.take_sealed()
+            got = open_sealed(records[0], asker.secret, now=time.time())
+            assert got.kind == "answer" and got.question_id == QID and got.body["results"]["text"] == ANSWER_TEXT
+            assert await a.ack_sealed([records[0]["id"]]) == 1
+            assert store.mailbox_usage() == {"records": 0, "bytes": 0} == store.mailbox_totals()
+
+    asyncio.run(scenario())
+
+
+def test_refusals_store_nothing_on_each_store(served) -> None:
+    url, store = served
+    asker, host, mallory = new_identity(), new_identity(), new_identity()
+    rec = question(asker, host)
+    with httpx.Client(base_url=url, timeout=20) as http:
+        r = put(http, rec, mallory)  # only the sender leaves its record
+        assert r.status_code == 403 and error_of(r) == "forbidden"
+        r = put(http, {**rec, "bucket": 1000}, asker)
+        assert r.status_code == 400 and error_of(r) == "sealed-wrong-size"
+        box = base64.b64decode(rec["box"])
+        r = put(http, {**rec, "box": base64.b64encode(box[:-1]).decode()}, asker)
+        assert r.status_code == 400 and error_of(r) == "sealed-wrong-size"
+        r = put(http, question(asker, host, now=time.time() - 7200), asker)
+        assert r.status_code == 400 and error_of(r) == "sealed-expired"
+        r = put(http, {**rec, "type": "card"}, asker)
+        assert r.status_code == 400 and error_of(r) == "sealed-malformed"
+        r = http.post("/api/v1/mailbox", content=b"[]", headers=signed_headers(asker, "POST", "/api/v1/mailbox", b"[]"))
+        assert r.status_code == 400 and error_of(r) == "request-invalid"
+        assert store.mailbox_usage()["records"] == 0
+        assert put(http, rec, asker).status_code == 201
+        # the same question sealed again has other bytes under the same id: refused, the first stays
+        r = put(http, question(asker, host), asker)
+        assert r.status_code == 409 and error_of(r) == "mailbox-conflict"
+        records = take(http, host).json()["records"]
+        assert records == [rec]
+        for bad in ({"ids": []}, {"ids": ["X" * 32]}, {"ids": "ab"}, {"limit": 5}):
+            body = json.dumps(bad).encode()
+            r = http.post("/api/v1/mailbox/ack", content=body,
+                          headers=signed_headers(host, "POST", "/api/v1/mailbox/ack", body))
+            assert r.status_code == 400 and error_of(r) == "request-invalid"
+        for limit in (0, 101, True):
+            body = json.dumps({"limit": limit}).encode()
+            r = http.post("/api/v1/mailbox/take", content=body,
+                          headers=signed_headers(host, "POST", "/api/v1/mailbox/take", body))
+            assert r.status_code == 400 and error_of(r) == "request-invalid"
+        unsigned = http.post("/api/v1/mailbox/take", content=b"{}")
+        assert unsigned.status_code == 401 and error_of(unsigned) == "request-unsigned"
+
+
+def test_bounds_per_sender_per_recipient_and_in_total_on_each_store(database) -> None:
+    limits = MailboxLimits(per_sender=2, per_recipient=3, max_records=5, max_bytes=1 << 20)
+    flooder, host, others = new_identity(), new_identity(), [new_identity() for _ in range(6)]
+    with run_server_in_thread(database, rate_limits=NO_LIMITS, mailbox=limits) as url, \
+            httpx.Client(base_url=url, timeout=20) as http:
+        def qid(i: int) -> str:
+            return f"{i:032x}"
+        assert put(http, question(flooder, host, qid=qid(1)), flooder).status_code == 201
+        assert put(http, question(flooder, host, qid=qid(2)), flooder).status_code == 201
+        r = put(http, question(flooder, host, qid=qid(3)), flooder)  # a flood from one sender
+        assert r.status_code == 429 and error_of(r) == "mailbox-sender-full"
+        assert put(http, question(others[0], host, qid=qid(4)), others[0]).status_code == 201
+        r = put(http, question(others[1], host, qid=qid(5)), others[1])  # the host has 3 waiting
+        assert r.status_code == 507 and error_of(r) == "mailbox-recipient-full"
+        assert put(http, question(others[1], others[2], qid=qid(6)), others[1]).status_code == 201
+        assert put(http, question(others[3], others[4], qid=qid(7)), others[3]).status_code == 201
+        r = put(http, question(others[5], others[4], qid=qid(8)), others[5])  # 5 in total
+        assert r.status_code == 507 and error_of(r) == "mailbox-full"
+        # an ack frees room at once
+        ids = [rec["id"] for rec in take(http, host).json()["records"]]
+        assert len(ids) == 3 and ack(http, ids[:1], host).json() == {"removed": 1}
+        assert put(http, question(others[5], others[4], qid=qid(8)), others[5]).status_code == 201
+    store = open_store(database)
+    try:  # the totals the bounds read are the tables' own
+        assert store.mailbox_totals() == store.mailbox_usage() == {"records": 5, "bytes": 5 * 2048}
+    finally:
+        store.close()
+
+
+def test_total_bytes_bound(tmp_path: Path) -> None:
+    limits = MailboxLimits(max_bytes=4096)  # two 2 KiB buckets
+    a, b, c, host = new_identity(), new_identity(), new_identity(), new_identity()
+    with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS, mailbox=limits) as url, \
+            httpx.Client(base_url=url, timeout=20) as http:
+        assert put(http, question(a, host), a).status_code == 201
+        assert put(http, question(b, host, qid="1" * 32), b).status_code == 201
+        r = put(http, question(c, host, qid="2" * 32), c)
+        assert r.status_code == 507 and error_of(r) == "mailbox-full"
+
+
+def test_expired_records_are_never_handed_out_and_are_removed(tmp_path: Path) -> None:
+    now = [time.time()]
+    asker, host = new_identity(), new_identity()
+    store = open_store(tmp_path / "c.sqlite3")
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits(),
+                                  clock=lambda: now[0]) as url, httpx.Client(base_url=url, timeout=20) as http:
+            assert put(http, question(asker, host, ttl=60), asker, clock=now[0]).status_code == 201
+            now[0] += 61
+            assert take(http, host, clock=now[0]).json() == {"records": [], "more": False}
+            assert store.mailbox_usage()["records"] == 1  # until the next put
+            assert put(http, question(asker, host, qid="7" * 32, now=now[0]), asker, clock=now[0]).status_code == 201
+            assert store.mailbox_usage()["records"] == 1 and store.mailbox_totals() == store.mailbox_usage()
+    finally:
+        store.close()
+
+
+def test_take_pages_and_reports_more(tmp_path: Path) -> None:
+    host = new_identity()
+    with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url, \
+            httpx.Client(base_url=url, timeout=20) as http:
+        sent = []
+        for i in range(5):
+            sender = new_identity()
+            rec = question(sender, host, qid=f"{i + 1:032x}")
+            assert put(http, rec, sender).status_code == 201
+            sent.append(rec["id"])
+        first = take(http, host, limit=3).json()
+        assert [r["id"] for r in first["records"]] == sent[:3] and first["more"] is True
+        ack(http, sent[:3], host)
+        rest = take(http, host, limit=3).json()
+        assert [r["id"] for r in rest["records"]] == sent[3:] and rest["more"] is False
+
+
+def test_the_key_rate_limit_applies_to_the_mailbox(tmp_path: Path) -> None:
+    asker, host = new_identity(), new_identity()
+    limits = RateLimits(per_key=RateLimit(0.001, 2), per_address=RateLimit(0, 1))
+    with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=limits, mailbox=MailboxLimits()) as url, \
+            httpx.Client(base_url=url, timeout=20) as http:
+        assert put(http, question(asker, host), asker).status_code == 201
+        assert put(http, question(asker, host, qid="1" * 32), asker).status_code == 201
+        r = put(http, question(asker, host, qid="2" * 32), asker)
+        assert r.status_code == 429 and error_of(r) == "rate-limited" and "Retry-After" in r.headers
+
+
+def test_racing_puts_on_two_instances_keep_the_total_bound(pg_server) -> None:
+    """Two server processes' worth of instances on one PostgreSQL database: 12 senders race
+    for a mailbox of 5; exactly 5 are kept."""
+    database = _fresh_pg_database(pg_server)
+    host = new_identity()
+    senders = [new_identity() for _ in range(12)]
+    limits = MailboxLimits(max_records=5)
+    with run_server_in_thread(database, rate_limits=NO_LIMITS, mailbox=limits) as url1, \
+            run_server_in_thread(database, rate_limits=NO_LIMITS, mailbox=limits) as url2:
+        async def race() -> list[int]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                async def one(i: int, s: Identity) -> int:
+                    body = json.dumps(question(s, host, qid=f"{i + 1:032x}")).encode()
+                    url = (url1, url2)[i % 2]
+                    return (await client.post(url + "/api/v1/mailbox", content=body, headers=signed_headers(
+                        s, "POST", "/api/v1/mailbox", body))).status_code
+                return await asyncio.gather(*(one(i, s) for i, s in enumerate(senders)))
+
+        codes = asyncio.run(race())
+    assert sorted(codes) == [201] * 5 + [507] * 7
+    store = open_store(database)
+    try:
+        assert store.mailbox_usage()["records"] == 5 and store.mailbox_totals() == store.mailbox_usage()
+    finally:
+        store.close()
+
+
+def test_the_database_file_holds_no_plaintext(tmp_path: Path) -> None:
+    """Greps the SQLite file (and its WAL) for the question, the answer, the question id and
+    the asker's chain: none is there — only keys, times, buckets and ciphertext."""
+    db = tmp_path / "community.sqlite3"
+    asker, host = new_identity(), new_identity()
+    with run_server_in_thread(db, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url, \
+            httpx.Client(base_url=url, timeout=20) as http:
+        assert put(http, question(asker, host), asker).status_code == 201
+        answer = seal(host.secret, None, kind="answer", question_id=QID,
+                      body={"results": {"status": "ok", "text": ANSWER_TEXT}}, recipients=[asker.public_key],
+                      now=time.time(), expires=time.time() + 600)
+        assert put(http, answer, host).status_code == 201
+        raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("community.sqlite3"))
+        assert asker.public_key.encode() in raw  # the metadata is there...
+        for secret in (QUESTION, ANSWER_TEXT, "greenhouse", "brass valve", QID, "laptop", '"query"'):
+            assert secret.encode() not in raw, secret  # ...the plaintext is not
+            assert secret.encode("utf-16-le") not in raw
+
+
+def test_a_holder_cannot_make_a_record_open(served) -> None:
+    """A record altered at the holder (a flipped byte of the stored box) is refused by the
+    recipient as sealed-forged; the holder cannot pass it off as the sender's."""
+    url, store = served
+    asker, host = new_identity(), new_identity()
+    rec = question(asker, host)
+    with httpx.Client(base_url=url, timeout=20) as http:
+        assert put(http, rec, asker).status_code == 201
+        got = take(http, host).json()["records"][0]
+    box = bytearray(base64.b64decode(got["box"]))
+    box[100] ^= 0x40
+    with pytest.raises(KithError) as err:
+        open_sealed({**got, "box": base64.b64encode(bytes(box)).decode()}, host.secret, now=time.time())
+    assert err.value.code == "sealed-forged"

@@ -1,0 +1,92 @@
+"""A sealed answer goes into the outbox row it answers, once, and only from the peer the row
+was kept for (node/guest/sealed_answers.py; issue 43 item 4). Then the whole way round on
+a real server: the asker's outbox row is answered by a host that was never up with it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+from node.community.client import CommunityClient
+from node.community.inbox import leave_question, take_step
+from node.community.server import run_server_in_thread
+from node.community.store import MailboxLimits
+from node.guest.outbox import OutboxStore, query_id_of
+from node.guest.sealed_answers import store_sealed_answer
+from node.trust.binding import device_link
+from node.trust.identity import Identity
+from node.trust.sealed import open_sealed, seal
+from node.trust.signing import public_key_of
+
+from support.community import NO_LIMITS
+from support.homes import new_identity
+
+NOW = time.time()
+
+
+def results(qid: str, status: str = "ok", text: str = "at noon") -> dict:
+    return {"action": "results", "query_id": query_id_of(qid), "status": status,
+            "envelope": {"results": [{"id": "c1", "source": "/docs/notes.md", "textPreview": text}]}}
+
+
+def answer_from(sender: Identity, chain: list | None, asker: Identity, qid: str, body: dict):
+    rec = seal(sender.secret, chain, kind="answer", question_id=qid, body={"results": body},
+               recipients=[asker.public_key], now=NOW, expires=NOW + 600)
+    return open_sealed(rec, asker.secret, now=NOW)
+
+
+def test_stored_once_and_only_from_the_pinned_peer(tmp_path: Path) -> None:
+    asker, host, other = new_identity(), new_identity(), new_identity()
+    with OutboxStore(tmp_path) as store:
+        qid = store.add({"query": "when", "topK": 5}, [("ada", host.public_key)])["id"]
+        assert not store_sealed_answer(store, answer_from(other, None, asker, qid, results(qid)))  # not ada
+        assert not store_sealed_answer(store, answer_from(host, None, asker, "f" * 32, results("f" * 32)))
+        assert not store_sealed_answer(store, answer_from(host, None, asker, qid, results("e" * 32)))  # wrong id
+        assert store.get(qid)["peers"][0]["state"] == "waiting"
+        assert store_sealed_answer(store, answer_from(host, None, asker, qid, results(qid)))
+        assert not store_sealed_answer(store, answer_from(host, None, asker, qid, results(qid, text="again")))
+        record = store.get(qid)
+    assert record["peers"][0]["state"] == "answered"
+    assert record["_answers"][0]["envelope"]["results"][0]["textPreview"] == "at noon"
+
+
+def test_a_person_pin_takes_the_answer_of_any_of_its_devices(tmp_path: Path) -> None:
+    person = os.urandom(32)
+    asker, laptop = new_identity(), new_identity()
+    chain = [device_link(person, laptop.public_key, "laptop", "2026-01-01T00:00:00Z", 0)]
+    stranger_chain = [device_link(os.urandom(32), laptop.public_key, "laptop", "2026-01-01T00:00:00Z", 0)]
+    with OutboxStore(tmp_path) as store:
+        qid = store.add({"query": "when"}, [("bea", public_key_of(person))])["id"]
+        assert not store_sealed_answer(store, answer_from(laptop, stranger_chain, asker, qid, results(qid)))
+        assert not store_sealed_answer(store, answer_from(laptop, chain, asker, qid, results(qid, "rate-limited")))
+        assert store.get(qid)["peers"][0]["code"] == "rate-limited"  # recorded; the row stays open
+        assert store_sealed_answer(store, answer_from(laptop, chain, asker, qid, results(qid)))
+        assert store.get(qid)["peers"][0]["state"] == "answered"
+
+
+def test_an_outbox_question_answered_through_the_mailbox(tmp_path: Path) -> None:
+    """The asker's `--later` question (an outbox row) left sealed with the holder, taken and
+    answered by the host while the asker is away, and stored in the row when it wakes."""
+    asker, host = new_identity(), new_identity()
+    home = tmp_path / "asker"
+    home.mkdir()
+
+    async def scenario(url: str) -> None:
+        with OutboxStore(home) as store:
+            record = store.add({"query": "when does it restart", "topK": 3}, [("ada", host.public_key)])
+        async with CommunityClient(url, asker) as a:
+            await leave_question(a, asker, None, question_id=record["id"], request=record["request"],
+                                 peer=host.public_key, recipients=[host.public_key], expires=time.time() + 3600)
+        async with CommunityClient(url, host) as h:
+            done = await take_step(h, host, None, on_question=lambda op: results(op.question_id))
+        assert done.answered == [record["id"]]
+        with OutboxStore(home) as store:
+            async with CommunityClient(url, asker) as a:
+                got = await take_step(a, asker, None, on_answer=lambda op: store_sealed_answer(store, op))
+            assert got.stored == [record["id"]] and got.acked == 1
+            assert store.get(record["id"])["state"] == "answered"
+
+    with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+        asyncio.run(scenario(url))

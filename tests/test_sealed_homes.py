@@ -1,0 +1,106 @@
+"""Two homes that are never up at the same time complete a question and an answer through a
+third — a community server with `--mailbox` — all real `kith` processes on loopback (issue
+43 "done when" (a); README "Questions between homes that are never up together").
+
+1. the host `kith host --server URL --mailbox` runs once (its card, naming the mailbox,
+   goes to the server), then stops;
+2. the guest pins the host's person with `--devices --server URL` and asks `--later`: the
+   host is down, the question is kept, and `kith outbox run` leaves it sealed with the
+   mailbox, then stops;
+3. the host wakes (`kith host --server URL --mailbox`), answers, stops;
+4. the guest wakes (`kith outbox run`) and its row is answered; `kith outbox show` prints
+   the answer. The server's database holds neither the question nor the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from node.community.store import MailboxLimits, open_store
+from node.community.server import run_server_in_thread
+
+from support.cli import kith, kith_argv
+from support.community import NO_LIMITS, wait_for
+from support.hosts import HostProcess, notes_host
+
+QUESTION = "when does the staging server restart"
+
+
+def _outbox_run_until(home: Path, what: str, check, timeout_s: float = 90) -> None:
+    proc = subprocess.Popen(kith_argv(home, "outbox", "run", "--offline"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        wait_for(what, check, timeout_s=timeout_s, every_s=0.1)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+
+
+def test_two_homes_never_up_together_through_a_community_mailbox(tmp_path: Path) -> None:
+    host_home = notes_host(tmp_path)
+    person = json.loads(kith(host_home, "device", "list", "--json").stdout)["person_key"]
+    guest = tmp_path / "guest"
+    assert kith(guest, "init").returncode == 0
+    db = tmp_path / "server" / "community.sqlite3"
+    db.parent.mkdir()
+    store = open_store(db)
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            # 1. the host is up once: its card (naming the mailbox) is on the server
+            first = HostProcess(host_home, "--server", url, "--mailbox")
+            try:
+                import httpx
+
+                wait_for("the host's card", lambda: httpx.get(f"{url}/api/v1/cards/{person}", timeout=10)
+                         .status_code == 200, timeout_s=30)
+            finally:
+                first.stop()
+            # 2. the guest, alone: asks --later, the runner leaves the question at the mailbox
+            r = kith(guest, "peers", "add", "bea", person, "--devices", "--server", url)
+            assert r.returncode == 0, r.stderr
+            r = kith(guest, "ask", QUESTION, "--peer", "bea", "--later", "--offline", "--json", "--timeout", "5",
+                     timeout=120)
+            assert r.returncode == 0, r.stderr
+            qid = json.loads(r.stdout)["outbox"]["id"]
+            _outbox_run_until(guest, "the question at the mailbox", lambda: store.mailbox_usage()["records"] == 1)
+            _outbox_run_until(guest, "the row saying where it waits", lambda: json.loads(kith(
+                guest, "outbox", "show", qid, "--json").stdout)["peers"][0]["leftWith"] == url)
+            listed = kith(guest, "outbox", "list")
+            compact = "".join(listed.stdout.split())  # the table wraps its cells
+            assert f"[leftwith{url}]" in compact, listed.stdout
+            # 3. the host, alone: takes, answers, acks
+            question_ids = _record_ids(store)
+            t0 = time.monotonic()
+            second = HostProcess(host_home, "--server", url, "--mailbox")
+            try:  # the question acked after its answer was left: one record, another id
+                wait_for("the sealed answer", lambda: (ids := _record_ids(store)) and ids != question_ids,
+                         timeout_s=60, every_s=0.05)
+                took = time.monotonic() - t0
+            finally:
+                second.stop()
+            print(f"answer at the holder {took:.2f} s after `kith host` was started")
+            # 4. the guest, alone again: the row is answered
+            t0 = time.monotonic()
+            _outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
+                guest, "outbox", "show", qid, "--json").stdout)["state"] == "answered")
+            print(f"answer in the guest's outbox {time.monotonic() - t0:.2f} s after `kith outbox run` was started")
+            raw = b"".join(p.read_bytes() for p in db.parent.iterdir() if p.name.startswith(db.name))
+    finally:
+        store.close()
+    shown = json.loads(kith(guest, "outbox", "show", qid, "--json").stdout)
+    assert shown["answer"]["results"] and "noon" in shown["answer"]["results"][0]["textPreview"]
+    for plain in (QUESTION, "staging server", "noon"):
+        assert plain.encode() not in raw, plain
+
+
+def _record_ids(store) -> list[str]:
+    with store._read() as conn:
+        return [r[0] for r in conn.execute("SELECT record_id FROM mailbox").fetchall()]

@@ -1,0 +1,100 @@
+"""`--later` through a holder (node/guest/sealed_outbox.py; issue 43 item 4): an outbox row
+for a person pin whose card names a mailbox is left there sealed to the person's devices;
+a device of that person, never up with the asker, answers it; the asker's runner task takes
+the answer into the row. A peer with no such card is delivered live only, as before."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+from node.community.client import CommunityClient
+from node.community.inbox import take_step
+from node.community.server import run_server_in_thread
+from node.community.store import MailboxLimits, open_store
+from node.guest.cards import accept_card
+from node.guest.outbox import OutboxStore, query_id_of
+from node.guest.sealed_outbox import SealedOutboxTask, mailboxes_of
+from node.trust.binding import device_link
+from node.trust.card import make_card
+from node.trust.identity import Identity
+from node.trust.invitation import create_invitation
+from node.trust.peers import PeerRegistry, pin_person
+from node.trust.signing import public_key_of
+
+from support.community import NO_LIMITS
+from support.homes import node_home
+
+
+def test_a_later_question_answered_through_the_persons_mailbox(tmp_path: Path) -> None:
+    asker_home = node_home(tmp_path, "asker")
+    person = os.urandom(32)
+    laptop = Identity(os.urandom(32))
+    chain = [device_link(person, laptop.public_key, "laptop", "2026-01-01T00:00:00Z", 0)]
+    pin_person(PeerRegistry.load(asker_home), "bea", public_key_of(person))
+    store = open_store(tmp_path / "c.sqlite3")
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            inv = create_invitation(laptop, protocol_name="knowledge-query", protocol_version="1",
+                                    protocol_id="a" * 64, ticket="endpointticket")
+            card = make_card(laptop.secret, chain, inv.to_dict(), documents=1, chunks=1,
+                             created="2026-12-01T00:00:00Z", seq=1, mailboxes=[url])
+            accept_card(asker_home, card, via="server")
+            assert mailboxes_of(asker_home, public_key_of(person)) == ([url], [laptop.public_key])
+            with OutboxStore(asker_home) as outbox:
+                qid = outbox.add({"query": "where is the key", "topK": 3}, [("bea", public_key_of(person))])["id"]
+            task = SealedOutboxTask(asker_home, every_s=0)
+
+            async def scenario() -> None:
+                await task.step(None)  # not tried live yet: nothing is left
+                assert store.mailbox_usage()["records"] == 0
+                with OutboxStore(asker_home) as outbox:  # the live delivery could not reach bea
+                    outbox.record_attempt(qid, public_key_of(person), None, code="transport-connect-failed")
+                await task.step(None)  # the asker's runner: left with bea's mailbox
+                assert store.mailbox_usage()["records"] == 1
+                with OutboxStore(asker_home) as outbox:  # kith outbox shows where it waits
+                    assert outbox.get(qid)["peers"][0]["leftWith"] == url
+                await SealedOutboxTask(asker_home, every_s=0).step(None)  # a restarted runner: not left again
+                assert store.mailbox_usage()["records"] == 1 and store.nonce_count() == 4
+                async with CommunityClient(url, laptop) as h:  # bea's laptop wakes alone
+                    done = await take_step(h, laptop, chain, on_question=lambda op: {
+                        "action": "results", "query_id": query_id_of(op.question_id), "status": "ok",
+                        "envelope": {"results": [{"id": "c1", "source": "/home/keys.md",
+                                                  "textPreview": "under the blue pot"}]}})
+                assert done.answered == [qid]
+                await task.step(None)  # the asker's runner again: the answer is taken into the row
+                assert store.mailbox_usage()["records"] == 0
+
+            asyncio.run(scenario())
+    finally:
+        store.close()
+    with OutboxStore(asker_home) as outbox:
+        record = outbox.get(qid)
+    assert record["state"] == "answered"
+    # the question passed the outbound gate before it was sealed, and kith sent shows it
+    sent = [json.loads(line) for line in (asker_home / "sent.jsonl").read_text().splitlines()]
+    mine = [e for e in sent if e.get("agent") == "outbox" and "where is the key" in e.get("text", "")]
+    assert len(mine) == 1 and mine[0]["decision"] == "sent"
+    assert record["_answers"][0]["envelope"]["results"][0]["textPreview"] == "under the blue pot"
+
+
+def test_a_host_reached_live_is_not_asked_again_through_the_mailbox(tmp_path: Path) -> None:
+    from node.guest.sealed_outbox import _unreached
+
+    base = {"state": "waiting", "attempts": 1, "code": "transport-connect-failed"}
+    assert _unreached(base)
+    assert not _unreached({**base, "attempts": 0})
+    assert not _unreached({**base, "code": "rate-limited"})
+    assert not _unreached({**base, "state": "pending-approval", "code": "pending-approval"})
+    assert not _unreached({**base, "state": "answered"})
+
+
+def test_a_peer_without_a_mailbox_card_is_left_nowhere(tmp_path: Path) -> None:
+    asker_home = node_home(tmp_path, "asker")
+    host = Identity(os.urandom(32))
+    with OutboxStore(asker_home) as outbox:
+        outbox.add({"query": "q"}, [("ada", host.public_key)])
+    assert mailboxes_of(asker_home, host.public_key) == ([], [])
+    assert asyncio.run(SealedOutboxTask(asker_home).step(None)) > 0  # nothing dialled, nothing raised
