@@ -389,3 +389,43 @@ def test_an_agent_may_not_take_a_name_the_outbound_log_uses_for_someone_else(tmp
     out = _kith(h, "agent", "add", name, "--sources", "**")
     assert out.returncode == 2 and "agent-invalid" in out.stderr and "reserved" in out.stderr
     assert name not in [a["name"] for a in json.loads(_kith(h, "agent", "list", "--json").stdout)["agents"]]
+
+
+def _serve_lines(home: Path, n: int) -> list[str]:
+    """The first ``n`` stderr lines of a real ``kith api serve --port 0`` (then stopped),
+    read as they come (at most 60 s)."""
+    import selectors
+    import time
+
+    proc = subprocess.Popen([*KITH, "--home", str(home), "api", "serve", "--port", "0", "--offline"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    buf = b""
+    deadline = time.monotonic() + 60
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stderr, selectors.EVENT_READ)
+    try:
+        while buf.count(b"\n") < n and time.monotonic() < deadline:
+            if sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                chunk = os.read(proc.stderr.fileno(), 65536)
+                if not chunk:
+                    break
+                buf += chunk
+    finally:
+        sel.close()
+        proc.terminate()
+        proc.wait(timeout=60)
+    lines = buf.decode().splitlines()[:n]
+    return lines + [""] * (n - len(lines))
+
+
+def test_kith_api_serve_says_which_credential_it_wants(tmp_path: Path) -> None:
+    """A new user who starts the API is told, where it says it listens, that requests need
+    an agent's bearer token and how to get one — and warned when no agent could use it."""
+    h = tmp_path / "home"
+    assert _kith(h, "init").returncode == 0
+    listening, how = _serve_lines(h, 2)
+    assert "listening on http://127.0.0.1:" in listening
+    assert "Authorization: Bearer" in how and "kith agent rotate default" in how and "1 agent" in how, how
+    remove_agent(h, "default")
+    listening, how = _serve_lines(h, 2)
+    assert "no agent" in how and "kith agent add NAME" in how, how
