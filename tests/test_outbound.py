@@ -310,3 +310,27 @@ def test_kith_join_gates_each_query_before_connecting(home: Path, tmp_path: Path
     finally:
         proc.kill()
         proc.wait()
+
+
+def _disguised(text: str, joiner: str) -> str:
+    """``text`` with ``joiner`` inside every word longer than three letters."""
+    return " ".join(w[:2] + joiner + w[2:] if len(w) > 3 else w for w in text.split())
+
+
+@pytest.mark.parametrize("how", ["zero-width space", "soft hyphen", "word joiner", "byte order mark",
+                                 "underscores"])
+def test_invisible_characters_or_underscores_do_not_smuggle_private_text_past_the_check(
+        home: Path, api: str, how: str) -> None:
+    """Words are compared with punctuation as a separator: an invisible format character
+    (U+200B, U+00AD, U+2060, U+FEFF) inside each word — which a reader never sees — or
+    words joined by underscores must not hide 12+ words of a private note from the check."""
+    token = agent_token(home, "smuggler", peers=("alice",), outbound="block")
+    quote = PLANS.split(", and until")[0]  # 23 words of the private note
+    query = {"zero-width space": _disguised(quote, "\u200b"), "soft hyphen": _disguised(quote, "\u00ad"),
+             "word joiner": _disguised(quote, "\u2060"), "byte order mark": _disguised(quote, "\ufeff"),
+             "underscores": quote.replace(" ", "_")}[how]
+    r = _ask(api, token, query)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "outbound-held", r.text
+    assert "/kb/private/plans.md" in r.json()["error"]["message"]
+    # the same words with ordinary spaces and an identifier of a public page still pass
+    assert _ask(api, token, "what does snake_case_name mean in the handbook").status_code == 200
