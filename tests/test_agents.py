@@ -429,3 +429,24 @@ def test_kith_api_serve_says_which_credential_it_wants(tmp_path: Path) -> None:
     remove_agent(h, "default")
     listening, how = _serve_lines(h, 2)
     assert "no agent" in how and "kith agent add NAME" in how, how
+
+
+def test_kith_mcp_names_the_agent_a_token_belongs_to_and_takes_it_with_a_trailing_newline(home: Path) -> None:
+    """A valid token of another agent than the one ``kith mcp`` runs as is named as such
+    (with the ``--agent`` to use), not called a token this home never issued; a token
+    pasted into a client's config with a trailing newline or spaces works, as the API's
+    ``Authorization`` header does."""
+    token = _token(home, "reader", sources=["**"])
+    env = {**os.environ, TOKEN_ENV: token}
+    out = subprocess.run([*KITH, "--home", str(home), "mcp"], capture_output=True, text=True, env=env,
+                         stdin=subprocess.DEVNULL, timeout=120)
+    assert out.returncode == 1 and "agent-token-invalid" in out.stderr
+    assert "'reader'" in out.stderr and "kith mcp --agent reader" in out.stderr, out.stderr
+    env[TOKEN_ENV] = f" {token}\n"
+
+    async def calls(s):
+        return await s.call_tool("search", {"query": "staging server"})
+
+    res = _mcp(home, calls, env, agent="reader")
+    assert not res.is_error, res.content[0].text
+    assert [r["source"] for r in res.structured_content["results"]] == ["/kb/public/deploy.md"]

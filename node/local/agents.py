@@ -216,8 +216,11 @@ def authorize(home: Path | str, token: str | None, operation: Operation, *,
     for candidate in _cached_agents(home).values():  # every hash compared: constant time each
         if hmac.compare_digest(presented, candidate.token_hash):
             found = candidate
-    if found is None or (agent is not None and found.name != agent):
+    if found is None:
         raise AgentError("agent-token-invalid", status=401)
+    if agent is not None and found.name != agent:  # a live token, of another agent
+        raise AgentError("agent-token-invalid", f"This token is the agent {found.name!r}'s, not {agent!r}'s.",
+                         hint=f"`kith mcp --agent {found.name}` runs as it", status=401)
     if _expired(found.until, now):
         raise AgentError("agent-expired", f"The agent {found.name!r} expired at {found.until}.", status=401)
     scope = Scope(found, home)

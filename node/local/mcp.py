@@ -892,6 +892,7 @@ def run_stdio(home: Path | str, *, local: bool = False, agent: str | None = None
     from node.local.agents import TOKEN_ENV, Operation, authorize, load_agents
 
     token = token if token is not None else os.environ.get(TOKEN_ENV)
+    token = token.strip() if token else token  # pasted into a client's config with a newline
     if agent is not None and agent not in load_agents(home):
         raise ConfigError("agent-not-found", f"no agent named {agent!r}")
     authorize(home, token, Operation("connect"), agent=agent)
