@@ -450,3 +450,19 @@ def test_kith_mcp_names_the_agent_a_token_belongs_to_and_takes_it_with_a_trailin
     res = _mcp(home, calls, env, agent="reader")
     assert not res.is_error, res.content[0].text
     assert [r["source"] for r in res.structured_content["results"]] == ["/kb/public/deploy.md"]
+
+
+def test_kith_agent_add_and_set_warn_of_a_glob_or_peer_that_names_nothing(home: Path) -> None:
+    """A typo in ``--sources`` (the agent then silently finds nothing) or a ``--peers`` name
+    that is not pinned is kept — the corpus or the registry may catch up — but warned about."""
+    for name in ("typo", "fine"):
+        if name in load_agents(home):
+            remove_agent(home, name)
+    typo = _kith(home, "agent", "add", "typo", "--sources", "/kb/pubic/**", "--peers", "alcie")
+    assert typo.returncode == 0, typo.stderr
+    assert "warning: --sources /kb/pubic/** matches none of the 2 indexed sources" in typo.stderr, typo.stderr
+    assert "warning: --peers alcie is not a pinned peer" in typo.stderr, typo.stderr
+    fine = _kith(home, "agent", "add", "fine", "--sources", "/kb/public/**", "--peers", "alice")
+    assert fine.returncode == 0 and "warning" not in fine.stderr, fine.stderr
+    changed = _kith(home, "agent", "set", "fine", "--sources", "/kb/privte/**")
+    assert changed.returncode == 0 and "warning: --sources /kb/privte/** matches none" in changed.stderr

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from node.cli.common import console, emit_json, home_of
+from node.cli.common import console, emit_json, err_console, home_of
 
 agent_app = typer.Typer(
     help=(
@@ -41,6 +41,36 @@ def _print_agent(row: dict, token: str | None = None) -> None:
         console.print(f"  {token}", highlight=False, markup=False)
 
 
+def _warn_unmatched(home: object, row: dict, sources: bool, peers: bool) -> None:
+    """Warn on stderr of a ``--sources`` glob that matches none of the indexed sources (the
+    agent would find nothing there) and of a ``--peers`` name that is not pinned; both are
+    kept: the corpus and the registry may catch up."""
+    from pathlib import Path
+
+    home = Path(str(home))
+    if sources:
+        from node.corpus.search import source_glob
+        from node.policy.coverage import indexed_sources
+
+        ids = indexed_sources(home)
+        for glob in row["sources"]:
+            if ids and glob != "/**" and not any(source_glob(glob).match(s) for s in ids):
+                err_console.print(f"warning: --sources {glob} matches none of the {len(ids)} indexed sources "
+                                  "(`kith index status` lists the roots)", highlight=False, markup=False)
+    if peers:
+        from node.common.errors import KithError
+        from node.trust.peers import PeerRegistry
+
+        try:
+            pinned = set(PeerRegistry.load(home).peers)
+        except KithError:
+            return
+        for name in row["peers"]:
+            if name not in ("all", "none") and not name.startswith("@") and name not in pinned:
+                err_console.print(f"warning: --peers {name} is not a pinned peer (`kith peers list`); "
+                                  "the agent can ask it once it is", highlight=False, markup=False)
+
+
 def _until(value: Optional[str]) -> Optional[str]:
     from node.common.grants import parse_until
 
@@ -63,6 +93,7 @@ def add_cmd(
 
     agent, token = add_agent(home_of(ctx), name, sources=sources, peers=peers, queue=queue,
                              outbound=outbound, until=_until(until))
+    _warn_unmatched(home_of(ctx), agent.public(), bool(sources), bool(peers))
     if as_json:
         emit_json({**agent.public(), "token": token})
     else:
@@ -124,6 +155,7 @@ def set_cmd(
     if until is not None:
         changes["until"] = None if until == "never" else _until(until)
     row = set_agent(home_of(ctx), name, **changes).public()
+    _warn_unmatched(home_of(ctx), row, "sources" in changes, "peers" in changes)
     if as_json:
         emit_json(row)
     else:
