@@ -334,3 +334,50 @@ def test_invisible_characters_or_underscores_do_not_smuggle_private_text_past_th
     assert "/kb/private/plans.md" in r.json()["error"]["message"]
     # the same words with ordinary spaces and an identifier of a public page still pass
     assert _ask(api, token, "what does snake_case_name mean in the handbook").status_code == 200
+
+
+def test_private_text_in_the_mcp_peer_or_server_field_is_gated_before_any_request(home: Path) -> None:
+    """``search`` with ``peer`` (a post_id) and ``server``: the server URL is fetched before
+    the peer is reached, so 12+ words of a private note put into its path (or into an
+    invitation given as ``peer``) would leave this node ungated and unlogged. The gate reads
+    them: held under ``block``, and the listener at that URL gets no request at all."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Record(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            seen.append(self.path)
+            self.send_error(404)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    listener = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Record)
+    thread = threading.Thread(target=listener.serve_forever, daemon=True)
+    thread.start()
+    words = "-".join(PLANS.split()[:16]).strip(",.")
+    server = f"http://127.0.0.1:{listener.server_address[1]}/{words}"
+    invitation = {"v": 1, "post_id": "ab" * 16, "server": server, "note": PLANS}
+    env = {**os.environ, TOKEN_ENV: agent_token(home, "mcp-url", peers=("all",), outbound="block")}
+    params = StdioServerParameters(command=sys.executable, cwd=str(REPO), env=env,
+                                   args=["-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"])
+
+    async def main():
+        async with stdio_client(params) as (r, w):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                return [await s.call_tool("search", {"query": "hello", "peer": "ab" * 16, "server": server}),
+                        await s.call_tool("search", {"query": "hello", "peer": invitation})]
+
+    try:
+        results = anyio.run(main)
+    finally:
+        listener.shutdown()
+        listener.server_close()
+    for res in results:
+        assert res.is_error and res.content[0].text.startswith("[outbound-held] "), res.content[0].text
+        assert "/kb/private/plans.md" in res.content[0].text
+    assert seen == []
+    assert [r["decision"] for r in outbound.read_log(home, agent="mcp-url")] == ["blocked", "blocked"]

@@ -361,10 +361,14 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
         from node.policy.outbound import door_gate
 
         sent = {**args, **signed}
-        from node.trust.peers import NAME_RE
+        from node.trust.peers import NAME_RE, PeerRegistry
 
         named = peer if NAME_RE.fullmatch(peer) else None  # an invitation: a peer without a name here
-        ticket = await anyio.to_thread.run_sync(door_gate, home, scope, sent, [named])
+        # what else leaves: a server URL is fetched (its path too) and an invitation is used
+        # before the host is reached; the gate reads them with the question
+        pinned = named is not None and PeerRegistry.load(home).by_name(peer) is not None
+        gated = {**sent, **({} if pinned else {"peer": peer}), **({"server": server} if server else {})}
+        ticket = await anyio.to_thread.run_sync(door_gate, home, scope, gated, [named])
         answer = await peer_search(home, peer, sent, server=server, local=local, pool=pool)
         await anyio.to_thread.run_sync(ticket.done, answer)
     except KithError as exc:
