@@ -381,3 +381,22 @@ def test_private_text_in_the_mcp_peer_or_server_field_is_gated_before_any_reques
         assert "/kb/private/plans.md" in res.content[0].text
     assert seen == []
     assert [r["decision"] for r in outbound.read_log(home, agent="mcp-url")] == ["blocked", "blocked"]
+
+
+def test_a_hold_nobody_approved_in_time_reads_as_denied_in_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ask`` without a person: the held question waits :data:`APPROVAL_TTL_S` for ``kith
+    sent approve``, then it is denied — and ``kith sent`` must say so, not show it waiting
+    forever; one that was approved and retried is not called denied."""
+    h = tmp_path / "h"
+    h.mkdir()
+    secret = {"query": "mail jo.smith@example.org the minutes"}
+    released = {"query": "mail ann.lee@example.org the minutes"}
+    for body in (secret, released):
+        with pytest.raises(EgressRefused):
+            outbound.gate(h, body, ["alice"], actor="bot", rule="ask")
+    qid = outbound.read_log(h)[-1]["id"]
+    outbound.approve(h, qid)
+    assert outbound.gate(h, released, ["alice"], actor="bot", rule="ask").decision == "approved"
+    assert [r["decision"] for r in outbound.read_log(h)] == ["needs-confirmation", "needs-confirmation", "approved"]
+    monkeypatch.setattr(outbound, "APPROVAL_TTL_S", 0)  # the 15 minutes have passed
+    assert [r["decision"] for r in outbound.read_log(h)] == ["denied-timeout", "needs-confirmation", "approved"]

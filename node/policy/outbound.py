@@ -551,6 +551,7 @@ def read_log(home: Path | str, *, agent: str | None = None, peer: str | None = N
     Lines that are not records are skipped."""
     entries: dict[str, dict[str, Any]] = {}
     order: list[dict[str, Any]] = []
+    waiting: dict[str, dict[str, Any]] = {}  # the last hold of each question still waiting for approval
     for path in log_files(home):
         for raw in path.read_text("utf-8", errors="replace").splitlines():
             try:
@@ -563,10 +564,20 @@ def read_log(home: Path | str, *, agent: str | None = None, peer: str | None = N
                 rec = {**rec, "result": None}
                 entries[rec["id"]] = rec
                 order.append(rec)
+                if rec["decision"] != "needs-confirmation":  # a later decision on the same question
+                    waiting.pop(rec["id"], None)
+                else:
+                    waiting[rec["id"]] = rec
             elif "result" in rec and rec["id"] in entries:
                 entries[rec["id"]]["result"] = rec["result"]
             elif "deniedBy" in rec and rec["id"] in entries:  # a person said no, or nobody answered
                 entries[rec["id"]]["decision"] = "denied-timeout" if rec["deniedBy"] == "timeout" else "denied"
+                waiting.pop(rec["id"], None)
+    # a hold that no retry followed within APPROVAL_TTL_S was denied then (nothing was sent)
+    cutoff = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - APPROVAL_TTL_S))
+    for rec in waiting.values():
+        if str(rec.get("at", "")) <= cutoff:
+            rec["decision"] = "denied-timeout"
     return [r for r in order
             if (agent is None or r.get("agent") == agent) and (peer is None or peer in (r.get("peers") or []))
             and (since is None or str(r.get("at", "")) >= since)]
