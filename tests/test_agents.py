@@ -344,7 +344,7 @@ def _raw_agent(name: str, token: str, **fields) -> dict:
 
 
 @pytest.mark.parametrize("fields", [{"queue": "no"}, {"sources": "/kb/public/**"}, {"peers": "all"},
-                                    {"until": 12}, {"tokenSha256": "abc"}])
+                                    {"until": 12}, {"until": "tomorrow"}, {"tokenSha256": "abc"}])
 def test_a_hand_edited_agents_file_with_a_wrong_type_is_refused_not_misread(tmp_path: Path, fields: dict) -> None:
     """``"queue": "no"`` must not grant the outbox, nor ``"sources": "/kb/**"`` become the
     globs '/', 'k', 'b'... (the folder '/' is every source): a value of the wrong type makes

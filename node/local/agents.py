@@ -358,6 +358,13 @@ def load_agents(home: Path | str) -> dict[str, Agent]:
             if (agent.outbound not in OUTBOUND_RULES or not _NAME_RE.fullmatch(agent.name)
                     or not _HASH_RE.fullmatch(agent.token_hash) or agent.name in agents):
                 raise ValueError(agent.name)
+            if agent.until is not None:
+                from node.common.grants import until_time
+
+                try:
+                    until_time(agent.until)  # a time every later check can read
+                except KithError:
+                    raise ValueError(agent.until) from None
             agents[agent.name] = agent
     except (ValueError, KeyError, TypeError, AttributeError):
         raise ConfigError("agents-file-invalid", "agents.json is not a valid agents file") from None
