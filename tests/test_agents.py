@@ -466,3 +466,13 @@ def test_kith_agent_add_and_set_warn_of_a_glob_or_peer_that_names_nothing(home: 
     assert fine.returncode == 0 and "warning" not in fine.stderr, fine.stderr
     changed = _kith(home, "agent", "set", "fine", "--sources", "/kb/privte/**")
     assert changed.returncode == 0 and "warning: --sources /kb/privte/** matches none" in changed.stderr
+
+
+def test_kith_agent_add_takes_sources_none_as_set_does(tmp_path: Path) -> None:
+    """``--sources none`` is how ``kith agent set`` says "nothing of this node's own"; the
+    same words on ``add`` (a peers-only agent, written as the user would) must not be
+    refused as a glob."""
+    h = initialized(tmp_path / "home")
+    out = _kith(h, "agent", "add", "asker", "--sources", "none", "--peers", "all", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["sources"] == []

@@ -21,7 +21,7 @@ agent_app = typer.Typer(
 )
 
 _JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
-_SOURCES_HELP = "A glob of this node's source ids it may search ('**': every source); repeat for more. None: it searches nothing of this node's own."
+_SOURCES_HELP = "A glob of this node's source ids it may search ('**': every source); repeat for more. None given, or 'none': it searches nothing of this node's own."
 _PEERS_HELP = "A pinned peer it may ask: NAME, @GROUP, all or none; repeat for more. None given: it asks no one."
 _OUTBOUND_HELP = "What the outbound gate does with a question that carries private text, a personal value or a secret: allow (send and log), ask (the owner confirms) or block."
 _UNTIL_HELP = "When the credential ends: a duration (30m, 12h, 7d, 2w), a date (YYYY-MM-DD) or an RFC 3339 UTC time."
@@ -91,6 +91,7 @@ def add_cmd(
     """Add agent NAME and print its token once."""
     from node.local.agents import add_agent
 
+    sources = [] if sources == ["none"] else sources  # as `kith agent set --sources none`
     agent, token = add_agent(home_of(ctx), name, sources=sources, peers=peers, queue=queue,
                              outbound=outbound, until=_until(until))
     _warn_unmatched(home_of(ctx), agent.public(), bool(sources), bool(peers))
