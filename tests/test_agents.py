@@ -476,3 +476,37 @@ def test_kith_agent_add_takes_sources_none_as_set_does(tmp_path: Path) -> None:
     out = _kith(h, "agent", "add", "asker", "--sources", "none", "--peers", "all", "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["sources"] == []
+
+
+def test_the_outbox_shows_an_agent_only_questions_to_peers_it_may_ask(home: Path, api: str) -> None:
+    """``--queue`` lets an agent read the outbox, not the questions (and the answers) of
+    peers outside its ``--peers``: a question kept for bob (by the owner or another agent)
+    is neither listed nor shown to an agent that may ask only alice, on both doors."""
+    from node.runtime.outbox import OutboxStore
+    from node.trust.peers import PeerRegistry
+
+    bob_key = PeerRegistry.load(home).by_name("bob").public_key
+    alice_key = PeerRegistry.load(home).by_name("alice").public_key
+    with OutboxStore(home) as store:
+        to_bob = store.add({"query": "what did the payroll audit find", "topK": 5}, [("bob", bob_key)])["id"]
+        to_alice = store.add({"query": "when is the staging server rebuilt", "topK": 5}, [("alice", alice_key)])["id"]
+    token = _token(home, "alice-queue", peers=["alice"], queue=True)
+    listed = HTTP.get(api + "/outbox", headers=bearer(token))
+    assert listed.status_code == 200, listed.text
+    ids = [q["id"] for q in listed.json()["questions"]]
+    assert to_alice in ids and to_bob not in ids
+    one = HTTP.get(api + "/outbox", params={"id": to_bob}, headers=bearer(token))
+    assert one.status_code == 404 and one.json()["error"]["code"] == "outbox-not-found"
+    assert HTTP.get(api + "/outbox", params={"id": to_alice}, headers=bearer(token)).status_code == 200
+    everyone = _token(home, "all-queue", peers=["all"], queue=True)
+    assert to_bob in [q["id"] for q in HTTP.get(api + "/outbox", headers=bearer(everyone)).json()["questions"]]
+
+    env = {**os.environ, TOKEN_ENV: token}
+
+    async def calls(s):
+        return await s.call_tool("outbox", {}), await s.call_tool("outbox", {"id": to_bob})
+
+    listed_mcp, one_mcp = _mcp(home, calls, env, agent="alice-queue")
+    ids = [q["id"] for q in listed_mcp.structured_content["questions"]]
+    assert to_alice in ids and to_bob not in ids
+    assert one_mcp.is_error and one_mcp.content[0].text.startswith("[outbox-not-found] ")

@@ -161,6 +161,14 @@ class Scope:
             groups = _groups_of(self.home, peer)
         return any(g in granted for g in groups)
 
+    def may_read(self, record: dict[str, Any]) -> bool:
+        """True when the agent may see the outbox record ``record`` (its ``peers`` rows):
+        it may ask every peer the question was kept for — the questions and answers of
+        other peers are outside its scope even with ``--queue``."""
+        if ALL in self.agent.peers:
+            return True
+        return all(self.may_ask(str(p.get("name"))) for p in record.get("peers") or ())
+
     def peers_for(self, requested: Sequence[str] | str) -> list[str] | str:
         """The peers a request naming ``requested`` (names or ``"all"``) goes to: names
         unchanged (:func:`authorize` checked them); ``"all"`` stays ``"all"`` for an agent

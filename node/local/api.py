@@ -462,7 +462,7 @@ class _Handlers:
         from node.runtime.outbox import OUTBOX_FILE, OutboxStore, empty_usage, public_record
 
         home = self.holder.home
-        self._authorize(request)
+        scope = self._authorize(request)
         qid = request.query_params.get("id")
 
         def read() -> dict[str, Any]:
@@ -471,14 +471,16 @@ class _Handlers:
                     raise ConfigError("outbox-not-found", "the outbox is empty", status=404)
                 return {"questions": [], "usage": empty_usage()}
             with OutboxStore(home) as store:
-                if qid is None:
-                    return {"questions": store.list(), "usage": store.usage()}
+                if qid is None:  # only the questions kept for peers the agent may ask
+                    return {"questions": [q for q in store.list() if scope.may_read(q)], "usage": store.usage()}
                 try:
                     found = store.resolve(qid)
                 except ConfigError as exc:
                     raise ConfigError(exc.code, exc.message, status=404) from None
                 record = store.get(found)
                 assert record is not None
+                if not scope.may_read(record):
+                    raise ConfigError("outbox-not-found", f"no kept question {qid[:40]!r}", status=404)
                 return public_record(record)
         return JSONResponse(await anyio.to_thread.run_sync(read))
 

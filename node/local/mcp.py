@@ -522,9 +522,11 @@ async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool =
     return _merged_result(merged)
 
 
-def call_outbox(home: Path, arguments: dict[str, Any]) -> Any:
+def call_outbox(home: Path, arguments: dict[str, Any], scope: Any = None) -> Any:
     """Run one ``outbox`` tool call: the list, or one record with its merged answer
-    (:func:`node.runtime.outbox.public_record`); reading marks nothing."""
+    (:func:`node.runtime.outbox.public_record`); reading marks nothing. ``scope``: the
+    calling agent's — only the questions kept for peers it may ask are listed or shown
+    (:meth:`node.local.agents.Scope.may_read`); None (in-process, the owner): all."""
     from mcp.types import CallToolResult, TextContent
 
     from node.runtime.outbox import OUTBOX_FILE, OutboxStore, empty_usage, public_record
@@ -542,10 +544,15 @@ def call_outbox(home: Path, arguments: dict[str, Any]) -> Any:
         else:
             with OutboxStore(home) as store:
                 if qid is None:
-                    doc = {"questions": store.list(), "usage": store.usage()}
+                    doc = {"questions": [q for q in store.list() if scope is None or scope.may_read(q)],
+                           "usage": store.usage()}
                 else:
                     record = store.get(store.resolve(qid))
                     assert record is not None
+                    if scope is not None and not scope.may_read(record):
+                        from node.common.errors import ConfigError
+
+                        raise ConfigError("outbox-not-found", f"no kept question {qid[:40]!r}")
                     doc = public_record(record)
     except KithError as exc:
         return _refusal(exc.code, exc.message)
@@ -659,7 +666,7 @@ def build_server(home: Path | str, *, local: bool = False, agent: str | None = N
                                     scope=CURRENT_SCOPE.get())
 
     def outbox(arguments: dict[str, Any]) -> Any:
-        return call_outbox(home, arguments)
+        return call_outbox(home, arguments, scope=CURRENT_SCOPE.get())
 
     queue_tool = raw_tool(ask_later, "ask_later", ASK_LATER_DESCRIPTION, ask_later_schema(),
                           ToolAnnotations(title="Kith ask later (writes the outbox)", readOnlyHint=False,
