@@ -400,3 +400,17 @@ def test_a_hold_nobody_approved_in_time_reads_as_denied_in_the_log(tmp_path: Pat
     assert [r["decision"] for r in outbound.read_log(h)] == ["needs-confirmation", "needs-confirmation", "approved"]
     monkeypatch.setattr(outbound, "APPROVAL_TTL_S", 0)  # the 15 minutes have passed
     assert [r["decision"] for r in outbound.read_log(h)] == ["denied-timeout", "needs-confirmation", "approved"]
+
+
+@pytest.mark.parametrize("damage", [b"KITHFP2\n{\"generation\": 1, \"count\": 99999}\nxx", b"KITHFP2\nnot json",
+                                    b"KITHFP2\n[1]\n", b""])
+def test_a_damaged_fingerprint_file_is_rewritten_not_an_error_on_every_question(
+        home: Path, api: str, damage: bytes) -> None:
+    """``outbound.fp`` cut short, or not ours (a copied home, a disk error): the check
+    rewrites it from the corpus, as it does an outdated one, and still holds private text —
+    instead of answering every question to a peer with a 500 until the next sync."""
+    token = agent_token(home, "after-damage", peers=("alice",), outbound="block")
+    (home / outbound.FINGERPRINT_FILE).write_bytes(damage)
+    r = _ask(api, token, QUOTE_PRIVATE)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "outbound-held", r.text
+    assert _ask(api, token, "when is the staff meeting").status_code == 200

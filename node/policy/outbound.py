@@ -224,14 +224,20 @@ def _read_fingerprints(path: Path) -> _Fingerprints | None:
         return None
     if not raw.startswith(_MAGIC):
         return None
-    end = raw.index(b"\n", len(_MAGIC))
-    meta = json.loads(raw[len(_MAGIC):end])
-    n = int(meta["count"])
-    body = memoryview(raw)[end + 1:]
-    hashes, rowids = array.array("I"), array.array("I")
-    hashes.frombytes(body[:4 * n])
-    rowids.frombytes(body[4 * n:8 * n])
-    return _Fingerprints(int(meta["generation"]), hashes, rowids, _stat(path))
+    try:  # a file cut short or not ours reads as none: the check rewrites it
+        end = raw.index(b"\n", len(_MAGIC))
+        meta = json.loads(raw[len(_MAGIC):end])
+        n = int(meta["count"])
+        generation = int(meta["generation"])
+        body = memoryview(raw)[end + 1:]
+        if n < 0 or len(body) != 8 * n:
+            return None
+        hashes, rowids = array.array("I"), array.array("I")
+        hashes.frombytes(body[:4 * n])
+        rowids.frombytes(body[4 * n:8 * n])
+    except (ValueError, TypeError, KeyError):
+        return None
+    return _Fingerprints(generation, hashes, rowids, _stat(path))
 
 
 def fingerprints(home: Path | str, db: sqlite3.Connection | None = None) -> _Fingerprints | None:
