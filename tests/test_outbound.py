@@ -414,3 +414,12 @@ def test_a_damaged_fingerprint_file_is_rewritten_not_an_error_on_every_question(
     r = _ask(api, token, QUOTE_PRIVATE)
     assert r.status_code == 403 and r.json()["error"]["code"] == "outbound-held", r.text
     assert _ask(api, token, "when is the staff meeting").status_code == 200
+
+
+@pytest.mark.parametrize("since", ["2026-13-45", "2026-02-30T25:61:00Z"])
+def test_kith_sent_refuses_a_since_that_is_no_real_date(tmp_path: Path, since: str) -> None:
+    """``--since 2026-13-45`` used to filter by string comparison and print "nothing was
+    sent" — a typo read as an empty log."""
+    out = subprocess.run([*KITH, "--home", str(initialized(tmp_path / "k")), "sent", "--since", since],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--since" in out.stderr and "nothing was sent" not in out.stdout, out
