@@ -510,3 +510,15 @@ def test_the_outbox_shows_an_agent_only_questions_to_peers_it_may_ask(home: Path
     ids = [q["id"] for q in listed_mcp.structured_content["questions"]]
     assert to_alice in ids and to_bob not in ids
     assert one_mcp.is_error and one_mcp.content[0].text.startswith("[outbox-not-found] ")
+
+
+def test_two_authorization_headers_are_refused_whichever_comes_first(home: Path, api: str) -> None:
+    """A request carrying two ``Authorization`` headers is ambiguous (a proxy or another
+    reader may take the other one): refused 401, not answered with the first one's scope."""
+    token = _token(home, "twice", sources=["**"])
+    for pair in ((token, "wrong"), ("wrong", token), (token, token)):
+        r = HTTP.get(api + "/stats", headers=[("Authorization", f"Bearer {pair[0]}"),
+                                              ("Authorization", f"Bearer {pair[1]}")])
+        assert r.status_code == 401 and r.json()["error"]["code"] == "agent-token-invalid", (pair, r.text)
+        assert "WWW-Authenticate" in r.headers
+    assert HTTP.get(api + "/stats", headers=bearer(token)).status_code == 200

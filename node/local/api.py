@@ -629,7 +629,11 @@ class _Guard:
             return
         method = scope["method"].upper()
         path = scope["path"]
-        # never a query string or a cookie: the Authorization header alone
+        # never a query string or a cookie: the Authorization header alone, and only one
+        if sum(1 for key, _ in scope.get("headers") or () if key == b"authorization") > 1:
+            await error_response("agent-token-invalid", "The request carries more than one Authorization header.",
+                                 401, _challenge(401))(scope, receive, send)
+            return
         token = bearer_token(_header(scope, b"authorization"))
         if token is None and method in ("GET", "HEAD") and path == "/health":
             await JSONResponse({"service": SERVICE, "status": "up"})(scope, receive, send)
