@@ -522,3 +522,18 @@ def test_two_authorization_headers_are_refused_whichever_comes_first(home: Path,
         assert r.status_code == 401 and r.json()["error"]["code"] == "agent-token-invalid", (pair, r.text)
         assert "WWW-Authenticate" in r.headers
     assert HTTP.get(api + "/stats", headers=bearer(token)).status_code == 200
+
+
+def test_kith_agent_add_warns_of_a_group_the_policy_does_not_have(home: Path) -> None:
+    """``--peers @tema`` (a typo of @team) grants nothing until such a group exists: kept,
+    but warned about like an unpinned name."""
+    if "grouped" in load_agents(home):
+        remove_agent(home, "grouped")
+    out = _kith(home, "agent", "add", "grouped", "--peers", "@tema")
+    assert out.returncode == 0, out.stderr
+    assert "warning: --peers @tema is not a group" in out.stderr, out.stderr
+    assert _kith(home, "peers", "group", "add", "crew", "alice").returncode == 0
+    if "crewed" in load_agents(home):
+        remove_agent(home, "crewed")
+    known = _kith(home, "agent", "add", "crewed", "--peers", "@crew")
+    assert known.returncode == 0 and "warning" not in known.stderr, known.stderr

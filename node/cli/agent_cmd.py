@@ -69,6 +69,18 @@ def _warn_unmatched(home: object, row: dict, sources: bool, peers: bool) -> None
             if name not in ("all", "none") and not name.startswith("@") and name not in pinned:
                 err_console.print(f"warning: --peers {name} is not a pinned peer (`kith peers list`); "
                                   "the agent can ask it once it is", highlight=False, markup=False)
+        wanted = [n for n in row["peers"] if n.startswith("@")]
+        if wanted:
+            from node.policy.store import Policy
+
+            try:
+                groups = set(Policy.load(home).groups)
+            except KithError:
+                return
+            for name in wanted:
+                if name[1:] not in groups:
+                    err_console.print(f"warning: --peers {name} is not a group of the policy (`kith peers group`); "
+                                      "the agent can ask its members once it is", highlight=False, markup=False)
 
 
 def _until(value: Optional[str]) -> Optional[str]:
