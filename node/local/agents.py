@@ -405,7 +405,7 @@ def _check_owner_only(fd: int) -> None:
     mode = stat.S_IMODE(st.st_mode)
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError("agents-file-invalid", "agents.json is not a regular file")
-    if (hasattr(os, "geteuid") and st.st_uid != os.geteuid()) or mode & 0o022:
+    if (hasattr(os, "geteuid") and st.st_uid not in (os.geteuid(), 0)) or mode & 0o022:  # root may write anything anyway
         raise ConfigError("agents-file-invalid", f"agents.json (mode {mode:04o}) may be written by other "
                           "accounts; it must be 0600 and this account's",
                           hint="check who could change it (it holds only hashes and scopes), then "
