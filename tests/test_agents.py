@@ -537,3 +537,16 @@ def test_kith_agent_add_warns_of_a_group_the_policy_does_not_have(home: Path) ->
         remove_agent(home, "crewed")
     known = _kith(home, "agent", "add", "crewed", "--peers", "@crew")
     assert known.returncode == 0 and "warning" not in known.stderr, known.stderr
+
+
+def test_health_counts_only_the_peers_the_agent_may_ask(home: Path, api: str) -> None:
+    """``/health``'s ``peers`` says whether ``POST /search`` with ``peers`` can ask someone:
+    for an agent, ``"all"`` asks only its peers, so an agent that may ask no one is told
+    ``available: false`` (and learns nothing of how many peers the owner pinned)."""
+    counts = {}
+    for name, peers in (("h-none", []), ("h-alice", ["alice"]), ("h-all", ["all"])):
+        r = HTTP.get(api + "/health", headers=bearer(_token(home, name, peers=peers)))
+        assert r.status_code == 200, r.text
+        counts[name] = r.json()["peers"]
+    assert counts == {"h-none": {"available": False, "pinned": 0}, "h-alice": {"available": True, "pinned": 1},
+                      "h-all": {"available": True, "pinned": 2}}

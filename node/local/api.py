@@ -320,23 +320,24 @@ class _Handlers:
                          api_operation(request.method, request.url.path, body))
 
     async def health(self, request: Request) -> JSONResponse:
-        self._authorize(request)
+        scope = self._authorize(request)
         st = await anyio.to_thread.run_sync(lambda: self.holder.get().stats())
         syncing = st["processing"] or st["index_lag"] or (st["last_sync"] is None
                                                           and st["documents"])
         reason = None if st["ready"] else ("index-syncing" if syncing
                                            else "index-unavailable")
-        peers = await anyio.to_thread.run_sync(self._peers_health)
+        peers = await anyio.to_thread.run_sync(lambda: self._peers_health(scope))
         ok = bool(st["ready"]) or peers["available"]
         return JSONResponse({"service": SERVICE, "status": "ok" if ok else "unavailable",
                              "available": bool(st["ready"]), "reason": reason, "peers": peers,
                              "schemaVersion": env_mod.SCHEMA_VERSION, "readOnly": True,
                              "externalAgentContract": env_mod._external_contract()})
 
-    def _peers_health(self) -> dict[str, Any]:
+    def _peers_health(self, scope: AgentScope) -> dict[str, Any]:
         """``{"available", "pinned"}``: can ``POST /search`` with ``peers`` ask anyone —
         peer search is served, this home has an identity, and ``pinned`` (the peers
-        ``"all"`` asks) is not 0. Whether each answers shows in the search's rows."""
+        ``"all"`` asks for this agent: the pinned, unblocked ones it may ask) is not 0.
+        Whether each answers shows in the search's rows."""
         from node.runtime.fanout import askable_peers
         from node.trust.identity import key_path
         from node.trust.peers import PeerRegistry
@@ -345,7 +346,7 @@ class _Handlers:
         if self.pools is None or not key_path(home).is_file():
             return {"available": False, "pinned": 0}
         try:
-            n = len(askable_peers(PeerRegistry.load(home)))
+            n = len([p for p in askable_peers(PeerRegistry.load(home)) if scope.may_ask(p)])
         except KithError:  # an unreadable peers.json: nobody can be asked
             n = 0
         return {"available": n > 0, "pinned": n}
