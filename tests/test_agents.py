@@ -344,7 +344,7 @@ def _raw_agent(name: str, token: str, **fields) -> dict:
 
 
 @pytest.mark.parametrize("fields", [{"queue": "no"}, {"sources": "/kb/public/**"}, {"peers": "all"},
-                                    {"until": 12}, {"tokenSha256": "abc"}])
+                                    {"until": 12}, {"until": "tomorrow"}, {"tokenSha256": "abc"}])
 def test_a_hand_edited_agents_file_with_a_wrong_type_is_refused_not_misread(tmp_path: Path, fields: dict) -> None:
     """``"queue": "no"`` must not grant the outbox, nor ``"sources": "/kb/**"`` become the
     globs '/', 'k', 'b'... (the folder '/' is every source): a value of the wrong type makes
@@ -389,3 +389,164 @@ def test_an_agent_may_not_take_a_name_the_outbound_log_uses_for_someone_else(tmp
     out = _kith(h, "agent", "add", name, "--sources", "**")
     assert out.returncode == 2 and "agent-invalid" in out.stderr and "reserved" in out.stderr
     assert name not in [a["name"] for a in json.loads(_kith(h, "agent", "list", "--json").stdout)["agents"]]
+
+
+def _serve_lines(home: Path, n: int) -> list[str]:
+    """The first ``n`` stderr lines of a real ``kith api serve --port 0`` (then stopped),
+    read as they come (at most 60 s)."""
+    import selectors
+    import time
+
+    proc = subprocess.Popen([*KITH, "--home", str(home), "api", "serve", "--port", "0", "--offline"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    buf = b""
+    deadline = time.monotonic() + 60
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stderr, selectors.EVENT_READ)
+    try:
+        while buf.count(b"\n") < n and time.monotonic() < deadline:
+            if sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                chunk = os.read(proc.stderr.fileno(), 65536)
+                if not chunk:
+                    break
+                buf += chunk
+    finally:
+        sel.close()
+        proc.terminate()
+        proc.wait(timeout=60)
+    lines = buf.decode().splitlines()[:n]
+    return lines + [""] * (n - len(lines))
+
+
+def test_kith_api_serve_says_which_credential_it_wants(tmp_path: Path) -> None:
+    """A new user who starts the API is told, where it says it listens, that requests need
+    an agent's bearer token and how to get one — and warned when no agent could use it."""
+    h = tmp_path / "home"
+    assert _kith(h, "init").returncode == 0
+    listening, how = _serve_lines(h, 2)
+    assert "listening on http://127.0.0.1:" in listening
+    assert "Authorization: Bearer" in how and "kith agent rotate default" in how and "1 agent" in how, how
+    remove_agent(h, "default")
+    listening, how = _serve_lines(h, 2)
+    assert "no agent" in how and "kith agent add NAME" in how, how
+
+
+def test_kith_mcp_names_the_agent_a_token_belongs_to_and_takes_it_with_a_trailing_newline(home: Path) -> None:
+    """A valid token of another agent than the one ``kith mcp`` runs as is named as such
+    (with the ``--agent`` to use), not called a token this home never issued; a token
+    pasted into a client's config with a trailing newline or spaces works, as the API's
+    ``Authorization`` header does."""
+    token = _token(home, "reader", sources=["**"])
+    env = {**os.environ, TOKEN_ENV: token}
+    out = subprocess.run([*KITH, "--home", str(home), "mcp"], capture_output=True, text=True, env=env,
+                         stdin=subprocess.DEVNULL, timeout=120)
+    assert out.returncode == 1 and "agent-token-invalid" in out.stderr
+    assert "'reader'" in out.stderr and "kith mcp --agent reader" in out.stderr, out.stderr
+    env[TOKEN_ENV] = f" {token}\n"
+
+    async def calls(s):
+        return await s.call_tool("search", {"query": "staging server"})
+
+    res = _mcp(home, calls, env, agent="reader")
+    assert not res.is_error, res.content[0].text
+    assert [r["source"] for r in res.structured_content["results"]] == ["/kb/public/deploy.md"]
+
+
+def test_kith_agent_add_and_set_warn_of_a_glob_or_peer_that_names_nothing(home: Path) -> None:
+    """A typo in ``--sources`` (the agent then silently finds nothing) or a ``--peers`` name
+    that is not pinned is kept — the corpus or the registry may catch up — but warned about."""
+    for name in ("typo", "fine"):
+        if name in load_agents(home):
+            remove_agent(home, name)
+    typo = _kith(home, "agent", "add", "typo", "--sources", "/kb/pubic/**", "--peers", "alcie")
+    assert typo.returncode == 0, typo.stderr
+    assert "warning: --sources /kb/pubic/** matches none of the 2 indexed sources" in typo.stderr, typo.stderr
+    assert "warning: --peers alcie is not a pinned peer" in typo.stderr, typo.stderr
+    fine = _kith(home, "agent", "add", "fine", "--sources", "/kb/public/**", "--peers", "alice")
+    assert fine.returncode == 0 and "warning" not in fine.stderr, fine.stderr
+    changed = _kith(home, "agent", "set", "fine", "--sources", "/kb/privte/**")
+    assert changed.returncode == 0 and "warning: --sources /kb/privte/** matches none" in changed.stderr
+
+
+def test_kith_agent_add_takes_sources_none_as_set_does(tmp_path: Path) -> None:
+    """``--sources none`` is how ``kith agent set`` says "nothing of this node's own"; the
+    same words on ``add`` (a peers-only agent, written as the user would) must not be
+    refused as a glob."""
+    h = initialized(tmp_path / "home")
+    out = _kith(h, "agent", "add", "asker", "--sources", "none", "--peers", "all", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["sources"] == []
+
+
+def test_the_outbox_shows_an_agent_only_questions_to_peers_it_may_ask(home: Path, api: str) -> None:
+    """``--queue`` lets an agent read the outbox, not the questions (and the answers) of
+    peers outside its ``--peers``: a question kept for bob (by the owner or another agent)
+    is neither listed nor shown to an agent that may ask only alice, on both doors."""
+    from node.runtime.outbox import OutboxStore
+    from node.trust.peers import PeerRegistry
+
+    bob_key = PeerRegistry.load(home).by_name("bob").public_key
+    alice_key = PeerRegistry.load(home).by_name("alice").public_key
+    with OutboxStore(home) as store:
+        to_bob = store.add({"query": "what did the payroll audit find", "topK": 5}, [("bob", bob_key)])["id"]
+        to_alice = store.add({"query": "when is the staging server rebuilt", "topK": 5}, [("alice", alice_key)])["id"]
+    token = _token(home, "alice-queue", peers=["alice"], queue=True)
+    listed = HTTP.get(api + "/outbox", headers=bearer(token))
+    assert listed.status_code == 200, listed.text
+    ids = [q["id"] for q in listed.json()["questions"]]
+    assert to_alice in ids and to_bob not in ids
+    one = HTTP.get(api + "/outbox", params={"id": to_bob}, headers=bearer(token))
+    assert one.status_code == 404 and one.json()["error"]["code"] == "outbox-not-found"
+    assert HTTP.get(api + "/outbox", params={"id": to_alice}, headers=bearer(token)).status_code == 200
+    everyone = _token(home, "all-queue", peers=["all"], queue=True)
+    assert to_bob in [q["id"] for q in HTTP.get(api + "/outbox", headers=bearer(everyone)).json()["questions"]]
+
+    env = {**os.environ, TOKEN_ENV: token}
+
+    async def calls(s):
+        return await s.call_tool("outbox", {}), await s.call_tool("outbox", {"id": to_bob})
+
+    listed_mcp, one_mcp = _mcp(home, calls, env, agent="alice-queue")
+    ids = [q["id"] for q in listed_mcp.structured_content["questions"]]
+    assert to_alice in ids and to_bob not in ids
+    assert one_mcp.is_error and one_mcp.content[0].text.startswith("[outbox-not-found] ")
+
+
+def test_two_authorization_headers_are_refused_whichever_comes_first(home: Path, api: str) -> None:
+    """A request carrying two ``Authorization`` headers is ambiguous (a proxy or another
+    reader may take the other one): refused 401, not answered with the first one's scope."""
+    token = _token(home, "twice", sources=["**"])
+    for pair in ((token, "wrong"), ("wrong", token), (token, token)):
+        r = HTTP.get(api + "/stats", headers=[("Authorization", f"Bearer {pair[0]}"),
+                                              ("Authorization", f"Bearer {pair[1]}")])
+        assert r.status_code == 401 and r.json()["error"]["code"] == "agent-token-invalid", (pair, r.text)
+        assert "WWW-Authenticate" in r.headers
+    assert HTTP.get(api + "/stats", headers=bearer(token)).status_code == 200
+
+
+def test_kith_agent_add_warns_of_a_group_the_policy_does_not_have(home: Path) -> None:
+    """``--peers @tema`` (a typo of @team) grants nothing until such a group exists: kept,
+    but warned about like an unpinned name."""
+    if "grouped" in load_agents(home):
+        remove_agent(home, "grouped")
+    out = _kith(home, "agent", "add", "grouped", "--peers", "@tema")
+    assert out.returncode == 0, out.stderr
+    assert "warning: --peers @tema is not a group" in out.stderr, out.stderr
+    assert _kith(home, "peers", "group", "add", "crew", "alice").returncode == 0
+    if "crewed" in load_agents(home):
+        remove_agent(home, "crewed")
+    known = _kith(home, "agent", "add", "crewed", "--peers", "@crew")
+    assert known.returncode == 0 and "warning" not in known.stderr, known.stderr
+
+
+def test_health_counts_only_the_peers_the_agent_may_ask(home: Path, api: str) -> None:
+    """``/health``'s ``peers`` says whether ``POST /search`` with ``peers`` can ask someone:
+    for an agent, ``"all"`` asks only its peers, so an agent that may ask no one is told
+    ``available: false`` (and learns nothing of how many peers the owner pinned)."""
+    counts = {}
+    for name, peers in (("h-none", []), ("h-alice", ["alice"]), ("h-all", ["all"])):
+        r = HTTP.get(api + "/health", headers=bearer(_token(home, name, peers=peers)))
+        assert r.status_code == 200, r.text
+        counts[name] = r.json()["peers"]
+    assert counts == {"h-none": {"available": False, "pinned": 0}, "h-alice": {"available": True, "pinned": 1},
+                      "h-all": {"available": True, "pinned": 2}}

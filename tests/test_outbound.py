@@ -310,3 +310,116 @@ def test_kith_join_gates_each_query_before_connecting(home: Path, tmp_path: Path
     finally:
         proc.kill()
         proc.wait()
+
+
+def _disguised(text: str, joiner: str) -> str:
+    """``text`` with ``joiner`` inside every word longer than three letters."""
+    return " ".join(w[:2] + joiner + w[2:] if len(w) > 3 else w for w in text.split())
+
+
+@pytest.mark.parametrize("how", ["zero-width space", "soft hyphen", "word joiner", "byte order mark",
+                                 "underscores"])
+def test_invisible_characters_or_underscores_do_not_smuggle_private_text_past_the_check(
+        home: Path, api: str, how: str) -> None:
+    """Words are compared with punctuation as a separator: an invisible format character
+    (U+200B, U+00AD, U+2060, U+FEFF) inside each word — which a reader never sees — or
+    words joined by underscores must not hide 12+ words of a private note from the check."""
+    token = agent_token(home, "smuggler", peers=("alice",), outbound="block")
+    quote = PLANS.split(", and until")[0]  # 23 words of the private note
+    query = {"zero-width space": _disguised(quote, "\u200b"), "soft hyphen": _disguised(quote, "\u00ad"),
+             "word joiner": _disguised(quote, "\u2060"), "byte order mark": _disguised(quote, "\ufeff"),
+             "underscores": quote.replace(" ", "_")}[how]
+    r = _ask(api, token, query)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "outbound-held", r.text
+    assert "/kb/private/plans.md" in r.json()["error"]["message"]
+    # the same words with ordinary spaces and an identifier of a public page still pass
+    assert _ask(api, token, "what does snake_case_name mean in the handbook").status_code == 200
+
+
+def test_private_text_in_the_mcp_peer_or_server_field_is_gated_before_any_request(home: Path) -> None:
+    """``search`` with ``peer`` (a post_id) and ``server``: the server URL is fetched before
+    the peer is reached, so 12+ words of a private note put into its path (or into an
+    invitation given as ``peer``) would leave this node ungated and unlogged. The gate reads
+    them: held under ``block``, and the listener at that URL gets no request at all."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Record(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            seen.append(self.path)
+            self.send_error(404)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    listener = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Record)
+    thread = threading.Thread(target=listener.serve_forever, daemon=True)
+    thread.start()
+    words = "-".join(PLANS.split()[:16]).strip(",.")
+    server = f"http://127.0.0.1:{listener.server_address[1]}/{words}"
+    invitation = {"v": 1, "post_id": "ab" * 16, "server": server, "note": PLANS}
+    env = {**os.environ, TOKEN_ENV: agent_token(home, "mcp-url", peers=("all",), outbound="block")}
+    params = StdioServerParameters(command=sys.executable, cwd=str(REPO), env=env,
+                                   args=["-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"])
+
+    async def main():
+        async with stdio_client(params) as (r, w):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                return [await s.call_tool("search", {"query": "hello", "peer": "ab" * 16, "server": server}),
+                        await s.call_tool("search", {"query": "hello", "peer": invitation})]
+
+    try:
+        results = anyio.run(main)
+    finally:
+        listener.shutdown()
+        listener.server_close()
+    for res in results:
+        assert res.is_error and res.content[0].text.startswith("[outbound-held] "), res.content[0].text
+        assert "/kb/private/plans.md" in res.content[0].text
+    assert seen == []
+    assert [r["decision"] for r in outbound.read_log(home, agent="mcp-url")] == ["blocked", "blocked"]
+
+
+def test_a_hold_nobody_approved_in_time_reads_as_denied_in_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ask`` without a person: the held question waits :data:`APPROVAL_TTL_S` for ``kith
+    sent approve``, then it is denied — and ``kith sent`` must say so, not show it waiting
+    forever; one that was approved and retried is not called denied."""
+    h = tmp_path / "h"
+    h.mkdir()
+    secret = {"query": "mail jo.smith@example.org the minutes"}
+    released = {"query": "mail ann.lee@example.org the minutes"}
+    for body in (secret, released):
+        with pytest.raises(EgressRefused):
+            outbound.gate(h, body, ["alice"], actor="bot", rule="ask")
+    qid = outbound.read_log(h)[-1]["id"]
+    outbound.approve(h, qid)
+    assert outbound.gate(h, released, ["alice"], actor="bot", rule="ask").decision == "approved"
+    assert [r["decision"] for r in outbound.read_log(h)] == ["needs-confirmation", "needs-confirmation", "approved"]
+    monkeypatch.setattr(outbound, "APPROVAL_TTL_S", 0)  # the 15 minutes have passed
+    assert [r["decision"] for r in outbound.read_log(h)] == ["denied-timeout", "needs-confirmation", "approved"]
+
+
+@pytest.mark.parametrize("damage", [b"KITHFP2\n{\"generation\": 1, \"count\": 99999}\nxx", b"KITHFP2\nnot json",
+                                    b"KITHFP2\n[1]\n", b""])
+def test_a_damaged_fingerprint_file_is_rewritten_not_an_error_on_every_question(
+        home: Path, api: str, damage: bytes) -> None:
+    """``outbound.fp`` cut short, or not ours (a copied home, a disk error): the check
+    rewrites it from the corpus, as it does an outdated one, and still holds private text —
+    instead of answering every question to a peer with a 500 until the next sync."""
+    token = agent_token(home, "after-damage", peers=("alice",), outbound="block")
+    (home / outbound.FINGERPRINT_FILE).write_bytes(damage)
+    r = _ask(api, token, QUOTE_PRIVATE)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "outbound-held", r.text
+    assert _ask(api, token, "when is the staff meeting").status_code == 200
+
+
+@pytest.mark.parametrize("since", ["2026-13-45", "2026-02-30T25:61:00Z"])
+def test_kith_sent_refuses_a_since_that_is_no_real_date(tmp_path: Path, since: str) -> None:
+    """``--since 2026-13-45`` used to filter by string comparison and print "nothing was
+    sent" — a typo read as an empty log."""
+    out = subprocess.run([*KITH, "--home", str(initialized(tmp_path / "k")), "sent", "--since", since],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--since" in out.stderr and "nothing was sent" not in out.stdout, out

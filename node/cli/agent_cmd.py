@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from node.cli.common import console, emit_json, home_of
+from node.cli.common import console, emit_json, err_console, home_of
 
 agent_app = typer.Typer(
     help=(
@@ -21,7 +21,7 @@ agent_app = typer.Typer(
 )
 
 _JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
-_SOURCES_HELP = "A glob of this node's source ids it may search ('**': every source); repeat for more. None: it searches nothing of this node's own."
+_SOURCES_HELP = "A glob of this node's source ids it may search ('**': every source); repeat for more. None given, or 'none': it searches nothing of this node's own."
 _PEERS_HELP = "A pinned peer it may ask: NAME, @GROUP, all or none; repeat for more. None given: it asks no one."
 _OUTBOUND_HELP = "What the outbound gate does with a question that carries private text, a personal value or a secret: allow (send and log), ask (the owner confirms) or block."
 _UNTIL_HELP = "When the credential ends: a duration (30m, 12h, 7d, 2w), a date (YYYY-MM-DD) or an RFC 3339 UTC time."
@@ -39,6 +39,48 @@ def _print_agent(row: dict, token: str | None = None) -> None:
         console.print("token (shown once; give it to the agent as KITH_AGENT_TOKEN or "
                       "`Authorization: Bearer`):", highlight=False, markup=False)
         console.print(f"  {token}", highlight=False, markup=False)
+
+
+def _warn_unmatched(home: object, row: dict, sources: bool, peers: bool) -> None:
+    """Warn on stderr of a ``--sources`` glob that matches none of the indexed sources (the
+    agent would find nothing there) and of a ``--peers`` name that is not pinned; both are
+    kept: the corpus and the registry may catch up."""
+    from pathlib import Path
+
+    home = Path(str(home))
+    if sources:
+        from node.corpus.search import source_glob
+        from node.policy.coverage import indexed_sources
+
+        ids = indexed_sources(home)
+        for glob in row["sources"]:
+            if ids and glob != "/**" and not any(source_glob(glob).match(s) for s in ids):
+                err_console.print(f"warning: --sources {glob} matches none of the {len(ids)} indexed sources "
+                                  "(`kith index status` lists the roots)", highlight=False, markup=False)
+    if peers:
+        from node.common.errors import KithError
+        from node.trust.peers import PeerRegistry
+
+        try:
+            pinned = set(PeerRegistry.load(home).peers)
+        except KithError:
+            return
+        for name in row["peers"]:
+            if name not in ("all", "none") and not name.startswith("@") and name not in pinned:
+                err_console.print(f"warning: --peers {name} is not a pinned peer (`kith peers list`); "
+                                  "the agent can ask it once it is", highlight=False, markup=False)
+        wanted = [n for n in row["peers"] if n.startswith("@")]
+        if wanted:
+            from node.policy.store import Policy
+
+            try:
+                groups = set(Policy.load(home).groups)
+            except KithError:
+                return
+            for name in wanted:
+                if name[1:] not in groups:
+                    err_console.print(f"warning: --peers {name} is not a group of the policy (`kith peers group`); "
+                                      "the agent can ask its members once it is", highlight=False, markup=False)
 
 
 def _until(value: Optional[str]) -> Optional[str]:
@@ -61,8 +103,10 @@ def add_cmd(
     """Add agent NAME and print its token once."""
     from node.local.agents import add_agent
 
+    sources = [] if sources == ["none"] else sources  # as `kith agent set --sources none`
     agent, token = add_agent(home_of(ctx), name, sources=sources, peers=peers, queue=queue,
                              outbound=outbound, until=_until(until))
+    _warn_unmatched(home_of(ctx), agent.public(), bool(sources), bool(peers))
     if as_json:
         emit_json({**agent.public(), "token": token})
     else:
@@ -124,6 +168,7 @@ def set_cmd(
     if until is not None:
         changes["until"] = None if until == "never" else _until(until)
     row = set_agent(home_of(ctx), name, **changes).public()
+    _warn_unmatched(home_of(ctx), row, "sources" in changes, "peers" in changes)
     if as_json:
         emit_json(row)
     else:

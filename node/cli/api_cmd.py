@@ -46,6 +46,7 @@ def serve_cmd(
     def listening(url: str) -> None:
         err_console.print(f"kith local API listening on {url} (read-only but POST /outbox; Ctrl-C to stop)",
                           highlight=False)
+        err_console.print(_credential_line(home_of(ctx)), highlight=False, markup=False)
         if json_out:
             emit_json({"url": url})
 
@@ -54,6 +55,24 @@ def serve_cmd(
 
     serve(home_of(ctx), host, port, on_listening=listening, access_log=access_log, warn=warn, offline=offline)
     err_console.print("kith local API stopped", highlight=False)
+
+
+def _credential_line(home: object) -> str:
+    """What a client of the API must send: an agent's bearer token, how many agents this
+    home has, and how to get a token (specs/agents.md)."""
+    from node.common.errors import KithError
+    from node.local.agents import load_agents
+
+    try:
+        n = len(load_agents(home))  # type: ignore[arg-type]
+    except KithError as exc:
+        return f"  warning: no request can be authorised: {exc.message}"
+    if n == 0:
+        return ("  warning: no agent can use it (every request but GET /health needs an agent's token): "
+                "`kith agent add NAME` makes one")
+    return (f"  every request but GET /health needs `Authorization: Bearer TOKEN` of one of this home's "
+            f"{n} agent{'s' if n != 1 else ''} (`kith agent list`); `kith agent rotate default` prints a "
+            "token of the default agent, `kith agent add NAME` makes a narrower one")
 
 
 def mcp_cmd(

@@ -32,6 +32,12 @@ def _since(value: Optional[str]) -> Optional[str]:
     if m:
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - int(m.group(1)) * _UNIT_S[m.group(2)]))
     if re.fullmatch(r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}:\d{2}Z)?", value.strip()):
+        from datetime import datetime
+
+        try:  # a real day and time, not only its shape
+            datetime.strptime(value.strip(), "%Y-%m-%dT%H:%M:%SZ" if "T" in value else "%Y-%m-%d")
+        except ValueError:
+            raise UsageError("usage", f"--since {value[:40]!r} is not a real date/time") from None
         return value.strip()
     raise UsageError("usage", f"--since {value[:40]!r} is not a duration (30m, 12h, 7d) or a date/time")
 

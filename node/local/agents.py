@@ -161,6 +161,14 @@ class Scope:
             groups = _groups_of(self.home, peer)
         return any(g in granted for g in groups)
 
+    def may_read(self, record: dict[str, Any]) -> bool:
+        """True when the agent may see the outbox record ``record`` (its ``peers`` rows):
+        it may ask every peer the question was kept for — the questions and answers of
+        other peers are outside its scope even with ``--queue``."""
+        if ALL in self.agent.peers:
+            return True
+        return all(self.may_ask(str(p.get("name"))) for p in record.get("peers") or ())
+
     def peers_for(self, requested: Sequence[str] | str) -> list[str] | str:
         """The peers a request naming ``requested`` (names or ``"all"``) goes to: names
         unchanged (:func:`authorize` checked them); ``"all"`` stays ``"all"`` for an agent
@@ -216,8 +224,11 @@ def authorize(home: Path | str, token: str | None, operation: Operation, *,
     for candidate in _cached_agents(home).values():  # every hash compared: constant time each
         if hmac.compare_digest(presented, candidate.token_hash):
             found = candidate
-    if found is None or (agent is not None and found.name != agent):
+    if found is None:
         raise AgentError("agent-token-invalid", status=401)
+    if agent is not None and found.name != agent:  # a live token, of another agent
+        raise AgentError("agent-token-invalid", f"This token is the agent {found.name!r}'s, not {agent!r}'s.",
+                         hint=f"`kith mcp --agent {found.name}` runs as it", status=401)
     if _expired(found.until, now):
         raise AgentError("agent-expired", f"The agent {found.name!r} expired at {found.until}.", status=401)
     scope = Scope(found, home)
@@ -355,6 +366,13 @@ def load_agents(home: Path | str) -> dict[str, Agent]:
             if (agent.outbound not in OUTBOUND_RULES or not _NAME_RE.fullmatch(agent.name)
                     or not _HASH_RE.fullmatch(agent.token_hash) or agent.name in agents):
                 raise ValueError(agent.name)
+            if agent.until is not None:
+                from node.common.grants import until_time
+
+                try:
+                    until_time(agent.until)  # a time every later check can read
+                except KithError:
+                    raise ValueError(agent.until) from None
             agents[agent.name] = agent
     except (ValueError, KeyError, TypeError, AttributeError):
         raise ConfigError("agents-file-invalid", "agents.json is not a valid agents file") from None
@@ -387,7 +405,7 @@ def _check_owner_only(fd: int) -> None:
     mode = stat.S_IMODE(st.st_mode)
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError("agents-file-invalid", "agents.json is not a regular file")
-    if (hasattr(os, "geteuid") and st.st_uid != os.geteuid()) or mode & 0o022:
+    if (hasattr(os, "geteuid") and st.st_uid not in (os.geteuid(), 0)) or mode & 0o022:  # root may write anything anyway
         raise ConfigError("agents-file-invalid", f"agents.json (mode {mode:04o}) may be written by other "
                           "accounts; it must be 0600 and this account's",
                           hint="check who could change it (it holds only hashes and scopes), then "

@@ -320,23 +320,24 @@ class _Handlers:
                          api_operation(request.method, request.url.path, body))
 
     async def health(self, request: Request) -> JSONResponse:
-        self._authorize(request)
+        scope = self._authorize(request)
         st = await anyio.to_thread.run_sync(lambda: self.holder.get().stats())
         syncing = st["processing"] or st["index_lag"] or (st["last_sync"] is None
                                                           and st["documents"])
         reason = None if st["ready"] else ("index-syncing" if syncing
                                            else "index-unavailable")
-        peers = await anyio.to_thread.run_sync(self._peers_health)
+        peers = await anyio.to_thread.run_sync(lambda: self._peers_health(scope))
         ok = bool(st["ready"]) or peers["available"]
         return JSONResponse({"service": SERVICE, "status": "ok" if ok else "unavailable",
                              "available": bool(st["ready"]), "reason": reason, "peers": peers,
                              "schemaVersion": env_mod.SCHEMA_VERSION, "readOnly": True,
                              "externalAgentContract": env_mod._external_contract()})
 
-    def _peers_health(self) -> dict[str, Any]:
+    def _peers_health(self, scope: AgentScope) -> dict[str, Any]:
         """``{"available", "pinned"}``: can ``POST /search`` with ``peers`` ask anyone —
         peer search is served, this home has an identity, and ``pinned`` (the peers
-        ``"all"`` asks) is not 0. Whether each answers shows in the search's rows."""
+        ``"all"`` asks for this agent: the pinned, unblocked ones it may ask) is not 0.
+        Whether each answers shows in the search's rows."""
         from node.guest.fanout import askable_peers
         from node.trust.identity import key_path
         from node.trust.peers import PeerRegistry
@@ -345,7 +346,7 @@ class _Handlers:
         if self.pools is None or not key_path(home).is_file():
             return {"available": False, "pinned": 0}
         try:
-            n = len(askable_peers(PeerRegistry.load(home)))
+            n = len([p for p in askable_peers(PeerRegistry.load(home)) if scope.may_ask(p)])
         except KithError:  # an unreadable peers.json: nobody can be asked
             n = 0
         return {"available": n > 0, "pinned": n}
@@ -462,7 +463,7 @@ class _Handlers:
         from node.guest.outbox import OUTBOX_FILE, OutboxStore, empty_usage, public_record
 
         home = self.holder.home
-        self._authorize(request)
+        scope = self._authorize(request)
         qid = request.query_params.get("id")
 
         def read() -> dict[str, Any]:
@@ -471,14 +472,16 @@ class _Handlers:
                     raise ConfigError("outbox-not-found", "the outbox is empty", status=404)
                 return {"questions": [], "usage": empty_usage()}
             with OutboxStore(home) as store:
-                if qid is None:
-                    return {"questions": store.list(), "usage": store.usage()}
+                if qid is None:  # only the questions kept for peers the agent may ask
+                    return {"questions": [q for q in store.list() if scope.may_read(q)], "usage": store.usage()}
                 try:
                     found = store.resolve(qid)
                 except ConfigError as exc:
                     raise ConfigError(exc.code, exc.message, status=404) from None
                 record = store.get(found)
                 assert record is not None
+                if not scope.may_read(record):
+                    raise ConfigError("outbox-not-found", f"no kept question {qid[:40]!r}", status=404)
                 return public_record(record)
         return JSONResponse(await anyio.to_thread.run_sync(read))
 
@@ -627,7 +630,11 @@ class _Guard:
             return
         method = scope["method"].upper()
         path = scope["path"]
-        # never a query string or a cookie: the Authorization header alone
+        # never a query string or a cookie: the Authorization header alone, and only one
+        if sum(1 for key, _ in scope.get("headers") or () if key == b"authorization") > 1:
+            await error_response("agent-token-invalid", "The request carries more than one Authorization header.",
+                                 401, _challenge(401))(scope, receive, send)
+            return
         token = bearer_token(_header(scope, b"authorization"))
         if token is None and method in ("GET", "HEAD") and path == "/health":
             await JSONResponse({"service": SERVICE, "status": "up"})(scope, receive, send)

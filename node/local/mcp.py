@@ -363,10 +363,14 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
         from node.policy.outbound import door_gate
 
         sent = {**args, **signed}
-        from node.trust.peers import NAME_RE
+        from node.trust.peers import NAME_RE, PeerRegistry
 
         named = peer if NAME_RE.fullmatch(peer) else None  # an invitation: a peer without a name here
-        ticket = await anyio.to_thread.run_sync(door_gate, home, scope, sent, [named])
+        # what else leaves: a server URL is fetched (its path too) and an invitation is used
+        # before the host is reached; the gate reads them with the question
+        pinned = named is not None and PeerRegistry.load(home).by_name(peer) is not None
+        gated = {**sent, **({} if pinned else {"peer": peer}), **({"server": server} if server else {})}
+        ticket = await anyio.to_thread.run_sync(door_gate, home, scope, gated, [named])
         answer = await peer_search(home, peer, sent, server=server, local=local, pool=pool)
         await anyio.to_thread.run_sync(ticket.done, answer)
     except KithError as exc:
@@ -520,9 +524,11 @@ async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool =
     return _merged_result(merged)
 
 
-def call_outbox(home: Path, arguments: dict[str, Any]) -> Any:
+def call_outbox(home: Path, arguments: dict[str, Any], scope: Any = None) -> Any:
     """Run one ``outbox`` tool call: the list, or one record with its merged answer
-    (:func:`node.guest.outbox.public_record`); reading marks nothing."""
+    (:func:`node.guest.outbox.public_record`); reading marks nothing. ``scope``: the
+    calling agent's — only the questions kept for peers it may ask are listed or shown
+    (:meth:`node.local.agents.Scope.may_read`); None (in-process, the owner): all."""
     from mcp.types import CallToolResult, TextContent
 
     from node.guest.outbox import OUTBOX_FILE, OutboxStore, empty_usage, public_record
@@ -540,10 +546,15 @@ def call_outbox(home: Path, arguments: dict[str, Any]) -> Any:
         else:
             with OutboxStore(home) as store:
                 if qid is None:
-                    doc = {"questions": store.list(), "usage": store.usage()}
+                    doc = {"questions": [q for q in store.list() if scope is None or scope.may_read(q)],
+                           "usage": store.usage()}
                 else:
                     record = store.get(store.resolve(qid))
                     assert record is not None
+                    if scope is not None and not scope.may_read(record):
+                        from node.common.errors import ConfigError
+
+                        raise ConfigError("outbox-not-found", f"no kept question {qid[:40]!r}")
                     doc = public_record(record)
     except KithError as exc:
         return _refusal(exc.code, exc.message)
@@ -657,7 +668,7 @@ def build_server(home: Path | str, *, local: bool = False, agent: str | None = N
                                     scope=CURRENT_SCOPE.get())
 
     def outbox(arguments: dict[str, Any]) -> Any:
-        return call_outbox(home, arguments)
+        return call_outbox(home, arguments, scope=CURRENT_SCOPE.get())
 
     queue_tool = raw_tool(ask_later, "ask_later", ASK_LATER_DESCRIPTION, ask_later_schema(),
                           ToolAnnotations(title="Kith ask later (writes the outbox)", readOnlyHint=False,
@@ -894,6 +905,7 @@ def run_stdio(home: Path | str, *, local: bool = False, agent: str | None = None
     from node.local.agents import TOKEN_ENV, Operation, authorize, load_agents
 
     token = token if token is not None else os.environ.get(TOKEN_ENV)
+    token = token.strip() if token else token  # pasted into a client's config with a newline
     if agent is not None and agent not in load_agents(home):
         raise ConfigError("agent-not-found", f"no agent named {agent!r}")
     authorize(home, token, Operation("connect"), agent=agent)

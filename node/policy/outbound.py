@@ -76,8 +76,17 @@ APPROVAL_TTL_S = 15 * 60
 PROMPT_TIMEOUT_S = 60
 #: The actor recorded for the owner at a terminal.
 OWNER = "owner"
-_MAGIC = b"KITHFP1\n"
-_WORD_RE = re.compile(r"\w+")
+#: The fingerprint file's format (2: words without format characters and underscores).
+_MAGIC = b"KITHFP2\n"
+#: Letters and digits (an underscore, like any punctuation, separates words).
+_WORD_RE = re.compile(r"[^\W_]+")
+#: The invisible format characters (Unicode category Cf: soft hyphen, zero-width space and
+#: joiners, bidi controls, word joiner, BOM, tags…): removed before words are split, so one
+#: inside a word does not split it (a reader never sees it).
+_FORMAT_RE = re.compile("[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e"
+                        "\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"
+                        "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3"
+                        "\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]")
 
 
 @dataclass(frozen=True)
@@ -97,15 +106,16 @@ class Hold:
 # --- normalisation and fingerprints ---------------------------------------------------------
 #: ASCII text's fast path: every character that is not a word character becomes a space,
 #: capitals become small (the same words as ``\w+`` over the case-folded text).
-_ASCII_WORDS = {c: (chr(c).lower() if chr(c).isalnum() or chr(c) == "_" else " ") for c in range(128)}
+_ASCII_WORDS = {c: (chr(c).lower() if chr(c).isalnum() else " ") for c in range(128)}
 
 
 def words(text: str) -> list[str]:
-    """The words of ``text`` after normalisation: NFKC, case folded, every run of
-    punctuation and whitespace (line breaks included) a separator."""
+    """The words of ``text`` after normalisation: invisible format characters removed,
+    NFKC, case folded, every run of punctuation (``_`` included) and whitespace (line
+    breaks included) a separator."""
     if text.isascii():
         return text.translate(_ASCII_WORDS).split()
-    return _WORD_RE.findall(unicodedata.normalize("NFKC", text).casefold())
+    return _WORD_RE.findall(unicodedata.normalize("NFKC", _FORMAT_RE.sub("", text)).casefold())
 
 
 def _shingle_hashes(ws: Sequence[str]) -> list[int]:
@@ -214,14 +224,20 @@ def _read_fingerprints(path: Path) -> _Fingerprints | None:
         return None
     if not raw.startswith(_MAGIC):
         return None
-    end = raw.index(b"\n", len(_MAGIC))
-    meta = json.loads(raw[len(_MAGIC):end])
-    n = int(meta["count"])
-    body = memoryview(raw)[end + 1:]
-    hashes, rowids = array.array("I"), array.array("I")
-    hashes.frombytes(body[:4 * n])
-    rowids.frombytes(body[4 * n:8 * n])
-    return _Fingerprints(int(meta["generation"]), hashes, rowids, _stat(path))
+    try:  # a file cut short or not ours reads as none: the check rewrites it
+        end = raw.index(b"\n", len(_MAGIC))
+        meta = json.loads(raw[len(_MAGIC):end])
+        n = int(meta["count"])
+        generation = int(meta["generation"])
+        body = memoryview(raw)[end + 1:]
+        if n < 0 or len(body) != 8 * n:
+            return None
+        hashes, rowids = array.array("I"), array.array("I")
+        hashes.frombytes(body[:4 * n])
+        rowids.frombytes(body[4 * n:8 * n])
+    except (ValueError, TypeError, KeyError):
+        return None
+    return _Fingerprints(generation, hashes, rowids, _stat(path))
 
 
 def fingerprints(home: Path | str, db: sqlite3.Connection | None = None) -> _Fingerprints | None:
@@ -276,8 +292,14 @@ def private_spans(home: Path | str, text: str, peers: Sequence[str | None]) -> l
     Reads the fingerprints (:func:`fingerprints`), then the stored text of each candidate
     chunk (one query per 500) and the policy (``<home>/policy.toml``).
     """
-    home = Path(home)
-    ws = words(text)
+    holds = _private_spans(Path(home), words(text), peers)
+    if not text.isascii() and _FORMAT_RE.search(text):  # an invisible character between words, too
+        holds += [h for h in _private_spans(Path(home), words(_FORMAT_RE.sub(" ", text)), peers)
+                  if h not in holds]
+    return holds
+
+
+def _private_spans(home: Path, ws: list[str], peers: Sequence[str | None]) -> list[Hold]:
     if len(ws) < MIN_WORDS:
         return []
     db = _connect(home)
@@ -535,6 +557,7 @@ def read_log(home: Path | str, *, agent: str | None = None, peer: str | None = N
     Lines that are not records are skipped."""
     entries: dict[str, dict[str, Any]] = {}
     order: list[dict[str, Any]] = []
+    waiting: dict[str, dict[str, Any]] = {}  # the last hold of each question still waiting for approval
     for path in log_files(home):
         for raw in path.read_text("utf-8", errors="replace").splitlines():
             try:
@@ -547,10 +570,20 @@ def read_log(home: Path | str, *, agent: str | None = None, peer: str | None = N
                 rec = {**rec, "result": None}
                 entries[rec["id"]] = rec
                 order.append(rec)
+                if rec["decision"] != "needs-confirmation":  # a later decision on the same question
+                    waiting.pop(rec["id"], None)
+                else:
+                    waiting[rec["id"]] = rec
             elif "result" in rec and rec["id"] in entries:
                 entries[rec["id"]]["result"] = rec["result"]
             elif "deniedBy" in rec and rec["id"] in entries:  # a person said no, or nobody answered
                 entries[rec["id"]]["decision"] = "denied-timeout" if rec["deniedBy"] == "timeout" else "denied"
+                waiting.pop(rec["id"], None)
+    # a hold that no retry followed within APPROVAL_TTL_S was denied then (nothing was sent)
+    cutoff = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - APPROVAL_TTL_S))
+    for rec in waiting.values():
+        if str(rec.get("at", "")) <= cutoff:
+            rec["decision"] = "denied-timeout"
     return [r for r in order
             if (agent is None or r.get("agent") == agent) and (peer is None or peer in (r.get("peers") or []))
             and (since is None or str(r.get("at", "")) >= since)]
