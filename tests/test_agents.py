@@ -482,7 +482,7 @@ def test_the_outbox_shows_an_agent_only_questions_to_peers_it_may_ask(home: Path
     """``--queue`` lets an agent read the outbox, not the questions (and the answers) of
     peers outside its ``--peers``: a question kept for bob (by the owner or another agent)
     is neither listed nor shown to an agent that may ask only alice, on both doors."""
-    from node.runtime.outbox import OutboxStore
+    from node.guest.outbox import OutboxStore
     from node.trust.peers import PeerRegistry
 
     bob_key = PeerRegistry.load(home).by_name("bob").public_key
