@@ -644,3 +644,35 @@ def test_each_home_file_damaged_in_a_real_process(full_home, tmp_path, target):
     r = run_proc(home, *READERS[target][0])
     check(r, CODES_OF.get(target, set()) | {"io-error", "control-dir-unsafe"}, ok=True)
     assert not _changed(before, _snapshot(home), (target,)), _changed(before, _snapshot(home), (target,))
+
+
+# ------------------------------------------------------------ files only the host writes
+@pytest.mark.iroh
+@pytest.mark.parametrize("damage", [folder, "unreadable"], ids=lambda d: getattr(d, "__name__", d))
+def test_a_bad_audit_key_refuses_the_host_at_start_with_its_way_out(full_home, tmp_path, damage):
+    """``audit.key`` (the key of the audit's query hashes) that cannot be read: `kith host`
+    is refused at start with io-error naming the file and what moving it aside loses. It
+    started, and every guest query ended ``hook-failed`` (the log said only
+    "hook on_message raised IsADirectoryError")."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    key = home / "audit.key"
+    key.write_bytes(os.urandom(32))  # made by the first query a host audits
+    prefix: list[str] = []
+    if damage == "unreadable":
+        if os.geteuid() == 0:
+            if shutil.which("setpriv") is None:
+                pytest.skip("running as root without setpriv (util-linux)")
+            prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+        os.chmod(key, 0)
+    else:
+        damage(key)
+    before = _snapshot(home)
+    r = subprocess.run([*prefix, *KITH, "--home", str(home), "host", "--local", "--invite-file",
+                        str(tmp_path / "inv.json")], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    ran = Ran(r.returncode, r.stdout, r.stderr)
+    check(ran, {"io-error"})
+    assert "audit.key" in r.stderr and "mv " in r.stderr, r.stderr
+    assert not (tmp_path / "inv.json").exists()
+    assert not _changed(before, _snapshot(home), ("run",)), _changed(before, _snapshot(home), ("run",))
+

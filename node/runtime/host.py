@@ -441,6 +441,8 @@ class Host:
                                         enabled=opts.sign_citations)
         self._closers: list[Callable[[], None]] = [self.knowledge.close]
         registry = PeerRegistry.load(self.home)  # a broken registry fails here, before binding
+        audit_log = AuditLog(self.home, audit_queries=opts.audit_queries)
+        audit_log.check_key()  # an unreadable audit.key too (it failed every guest query)
         if opts.presence == "granted":
             from node.runtime.grants import unseen_person_pins
 
@@ -456,7 +458,7 @@ class Host:
             self.ui_bundle = load_bundle(pdir)
         self.seen_nonces = SeenNonces(self.home)
         self._closers.append(self.seen_nonces.close)
-        self.audit = HostAudit(AuditLog(self.home, audit_queries=opts.audit_queries))
+        self.audit = HostAudit(audit_log)
         self._closers.append(self.audit.close)
         self._emit = self.audit.observe(self.on_event)
         self.hooks = self.audit.wrap_hooks(hooks)
