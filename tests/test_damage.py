@@ -676,3 +676,22 @@ def test_a_bad_audit_key_refuses_the_host_at_start_with_its_way_out(full_home, t
     assert not (tmp_path / "inv.json").exists()
     assert not _changed(before, _snapshot(home), ("run",)), _changed(before, _snapshot(home), ("run",))
 
+
+def test_a_folder_in_place_of_a_file_written_whole_is_named_with_its_way_out(full_home, tmp_path):
+    """A file Kith replaces whole (atomic_write: a temp file, then rename) with a folder in
+    its place: io-error names that file, not the temp file beside it, and says to move
+    the folder aside (it named `.card-seq.x1y2.tmp`, with "check that it is writable")."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    from node.common.home import atomic_write
+
+    folder(home / "card-seq")
+    with pytest.raises(OSError) as exc:
+        atomic_write(home / "card-seq", b"1")
+    assert exc.value.filename == str(home / "card-seq"), exc.value.filename
+    from node.cli.main import _as_kith_error
+
+    err = _as_kith_error(exc.value)
+    assert err.code == "io-error" and str(home / "card-seq") in err.message and ".tmp" not in err.message
+    assert "mv " in (err.hint or ""), err.hint
+    assert not [p for p in home.iterdir() if p.name.endswith(".tmp")]
