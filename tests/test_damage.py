@@ -695,3 +695,26 @@ def test_a_folder_in_place_of_a_file_written_whole_is_named_with_its_way_out(ful
     assert err.code == "io-error" and str(home / "card-seq") in err.message and ".tmp" not in err.message
     assert "mv " in (err.hint or ""), err.hint
     assert not [p for p in home.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("part", ["meta.json", "*.store", "*.term"])
+def test_a_damaged_index_file_is_said_with_its_repair_not_ready(base_home, tmp_path, part):
+    """A file of corpus/tantivy that is garbage (its meta.json, a segment's store or term
+    file): search is index-unavailable naming `kith index sync`; `kith index status` and
+    `kith status` say the index cannot be read and name that command (they said "ready
+    yes"); the sync says it rebuilds, and the search answers again."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    garbage(sorted((home / "corpus" / "tantivy").glob(part))[0])
+    check(run_inproc(home, "search", "write-ahead log"), {"index-unavailable"})
+    status = run_inproc(home, "index", "status")
+    check(status, None)
+    assert "ready no" in status.out and "cannot be read: run `kith index sync`" in status.out, status.out
+    overview = run_inproc(home, "status")
+    check(overview, None)
+    assert "index: not ready" in overview.out, overview.out
+    synced = run_inproc(home, "index", "sync")
+    check(synced, None)
+    assert "rebuilding it from the corpus record" in synced.err, synced.err
+    assert json.loads(run_inproc(home, "search", "write-ahead log", "--json").out)["results"]
+    assert "ready yes" in run_inproc(home, "index", "status").out

@@ -327,8 +327,10 @@ def _sync(ctx: typer.Context, mode: SyncMode, json_out: bool) -> None:
     from node.corpus.store import Corpus
 
     with Corpus(home_of(ctx)) as corpus, corpus.record.faults():
-        if corpus.stats()["index_missing"]:  # said on stderr: --json keeps stdout to the report
-            err_console.print("the search index (corpus/tantivy) is missing: rebuilding it from the corpus record",
+        st = corpus.stats()
+        if st["index_missing"]:  # said on stderr: --json keeps stdout to the report
+            what = "cannot be read" if st["index_unreadable"] else "is missing"
+            err_console.print(f"the search index (corpus/tantivy) {what}: rebuilding it from the corpus record",
                               highlight=False, markup=False, soft_wrap=True)
         if json_out or not err_console.is_terminal:
             report = corpus.sync(mode=mode.value)
@@ -408,7 +410,10 @@ def status_cmd(
         console.print("  the corpus record (corpus/corpus.sqlite3) is missing or empty, while an index built from it "
                       "is here: its folders and documents are lost — add the folders again (`kith index add "
                       "FOLDER`), then `kith index sync`", highlight=False, markup=False, soft_wrap=True)
-    if st.get("index_missing"):
+    if st.get("index_unreadable"):
+        console.print("  the search index (corpus/tantivy) cannot be read: run `kith index sync` to rebuild it from "
+                      "the corpus record (nothing is read again)", highlight=False, markup=False, soft_wrap=True)
+    elif st.get("index_missing"):
         console.print("  the search index (corpus/tantivy) is missing: run `kith index sync` to rebuild it from "
                       "the corpus record (nothing is read again)", highlight=False, markup=False, soft_wrap=True)
     if st["interrupted"]:
