@@ -718,3 +718,56 @@ def test_a_damaged_index_file_is_said_with_its_repair_not_ready(base_home, tmp_p
     assert "rebuilding it from the corpus record" in synced.err, synced.err
     assert json.loads(run_inproc(home, "search", "write-ahead log", "--json").out)["results"]
     assert "ready yes" in run_inproc(home, "index", "status").out
+
+
+_FULL_STATE = """
+import resource, sys, os
+sys.path[:0] = {paths!r}
+from pathlib import Path
+from node.common.errors import KithError
+from node.policy.quota import QuotaStore
+from node.trust.seen_nonces import SeenNonces
+home = Path({home!r})
+store = SeenNonces(home) if {which!r} == "nonces" else QuotaStore(home)
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    for i in range(20000):
+        if {which!r} == "nonces":
+            store.record("p" * 32, os.urandom(16).hex() + "n" * 200, 4e9)
+        else:
+            store.save([(os.urandom(16).hex() + "k" * 200, 1.0, 1.0) for _ in range(20)])
+except KithError as exc:
+    print(exc.code, "|", exc.hint)
+except Exception as exc:
+    print("raw", type(exc).__name__, exc)
+else:
+    print("ok")
+"""
+
+
+@pytest.mark.parametrize("which,name", [("nonces", "seen-nonces.sqlite"), ("quota", "quota.sqlite")])
+def test_a_full_disk_on_a_host_state_database_is_disk_full(full_home, tmp_path, which, name):
+    """The seen nonces (written at each handshake) and the quota buckets (at each query)
+    under a real file-size limit: a write that finds it full is disk-full naming the file,
+    never a bare sqlite3 'disk I/O error' (`kith host` logged only "a connection of … failed"
+    and the guest saw remote-error)."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    limit = max([p.stat().st_size for p in home.glob(name + "*")] + [32768]) + 20_000
+    script = _FULL_STATE.format(paths=sys.path, home=str(home), which=which, limit=limit)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("disk-full |"), r.stdout + r.stderr[-2000:]
+
+
+def test_a_connection_ended_by_a_fault_of_the_home_is_told_with_its_code():
+    """What `kith host` logs for a connection that ended with a fault of the home (raised
+    inside the connection's task group): its code and hint, not a bare "failed"."""
+    from node.common.dbfaults import disk_full
+    from node.runtime.host import _refusal_in
+
+    inner = disk_full("seen-nonces.sqlite")
+    found = _refusal_in(ExceptionGroup("unhandled errors in a TaskGroup", [ValueError("x"), inner]))
+    assert found is inner and found.hint
+    assert _refusal_in(ExceptionGroup("g", [OSError(28, "No space left on device", "quota.sqlite")])).code == "disk-full"
+    assert _refusal_in(ValueError("a bug")) is None

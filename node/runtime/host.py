@@ -769,14 +769,24 @@ class Host:
                 self.table.connection_arrived(token, listener.remote_of(conn), evict)
                 tg.start_soon(self._serve_one, Connection(self._wiring(), conn, token, scope))
 
+    #: the last fault of the home a connection ended with (logged once until it changes)
+    _told_fault: tuple[str, str] | None = None
+
     async def _serve_one(self, connection: Connection) -> None:
         """Run one connection; an exception inside it ends that connection only."""
         self._running += 1
         self._all_done = anyio.Event() if self._running == 1 else self._all_done
         try:
             await connection.serve()
-        except Exception:  # noqa: BLE001 - one connection's fault must never reach another
-            log.exception("a connection of %s failed", connection.remote[:16] or "an unknown peer")
+        except Exception as exc:  # noqa: BLE001 - one connection's fault must never reach another
+            who = connection.remote[:16] or "an unknown peer"
+            refusal = _refusal_in(exc)
+            if refusal is None:
+                log.exception("a connection of %s failed", who)
+            elif self._told_fault != (refusal.code, refusal.message):  # a fault of the home: once, until it changes
+                self._told_fault = (refusal.code, refusal.message)
+                log.warning("a connection of %s failed: error [%s]: %s%s (said once; quiet until it changes)", who,
+                            refusal.code, refusal.message, f" — hint: {refusal.hint}" if refusal.hint else "")
             self.listener.close_connection(connection.conn, b"internal-error")
         finally:
             self._running -= 1
@@ -804,6 +814,26 @@ def _reject_frame(code: str, message: str) -> bytes:
     from node.engine.frames import SessionReject
 
     return msgspec.json.encode(SessionReject(code=code, message=message[:500])) + b"\n"
+
+
+def _refusal_in(exc: BaseException) -> "KithError | None":
+    """The refusal a connection ended with: a :class:`KithError` (the first one inside an
+    exception group, as anyio task groups wrap it) or a local I/O failure as ``disk-full`` /
+    ``io-error``; None for anything else (a bug: logged with its traceback)."""
+    if isinstance(exc, KithError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _refusal_in(inner)
+            if found is not None:
+                return found
+        return None
+    if isinstance(exc, OSError):
+        from node.common.dbfaults import DISK_FULL_ERRNOS, disk_full, io_error
+
+        where = str(exc.filename) if getattr(exc, "filename", None) else "the Kith home"
+        return disk_full(where) if exc.errno in DISK_FULL_ERRNOS else io_error(where, exc.strerror or type(exc).__name__)
+    return None
 
 
 __all__ = ["Host", "HostOptions", "Invitation", "Knowledge", "serve_host", "open_knowledge"]
