@@ -771,3 +771,28 @@ def test_a_connection_ended_by_a_fault_of_the_home_is_told_with_its_code():
     assert found is inner and found.hint
     assert _refusal_in(ExceptionGroup("g", [OSError(28, "No space left on device", "quota.sqlite")])).code == "disk-full"
     assert _refusal_in(ValueError("a bug")) is None
+
+
+def _as_a_killed_first_sync_leaves_it(home: Path) -> None:
+    """The record a `kith index sync` killed in its first run leaves: no sync completed
+    (no last_sync), documents still ``processing``."""
+    db = sqlite3.connect(home / CORPUS_DB)
+    db.execute("DELETE FROM meta WHERE key = 'last_sync'")
+    db.execute("UPDATE documents SET status = 'processing'")
+    db.commit()
+    db.close()
+
+
+def test_a_search_after_a_killed_first_sync_names_its_way_out(base_home, tmp_path):
+    """A first sync killed midway: search said "no results (index-syncing)" and exit 0 while
+    no sync ran, with nothing saying what to do; it now says the sync did not finish and
+    names `kith index sync`, which finishes it."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    _as_a_killed_first_sync_leaves_it(home)
+    r = run_inproc(home, "search", "zzzqqq nothing matches this")
+    check(r, None)
+    assert "did not finish" in r.err and "kith index sync" in r.err, (r.out, r.err)
+    check(run_inproc(home, "index", "sync"), None)
+    again = run_inproc(home, "search", "zzzqqq nothing matches this")
+    assert "did not finish" not in again.err, again.err

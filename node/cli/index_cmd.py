@@ -528,15 +528,21 @@ def search_cmd(
             corpus.repair_lag(warn)
         except CorpusError:
             pass  # a corrupt index: the search below answers index-unavailable
+    interrupted = False
     try:
         if corpus is not None:
             with corpus.record.faults():  # a damaged record read mid-search: corpus-corrupt
                 answer = answer_local(corpus, body)
+                if answer["envelope"].get("reason") == "index-syncing" or answer["envelope"].get("indexSyncing"):
+                    interrupted = not corpus.stats().get("sync_running")  # and no sync runs to finish it
         else:
             answer = answer_local(corpus, body)
     finally:
         if corpus is not None:
             corpus.close()
+    if interrupted:  # said on stderr: --json keeps stdout to the envelope
+        err_console.print("note: the last sync did not finish (no sync is running): run `kith index sync` to "
+                          "finish it", highlight=False, markup=False, soft_wrap=True)
     envelope = answer["envelope"]
     status = answer["status"]
     if status == "invalid-request":
