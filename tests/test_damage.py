@@ -796,3 +796,31 @@ def test_a_search_after_a_killed_first_sync_names_its_way_out(base_home, tmp_pat
     check(run_inproc(home, "index", "sync"), None)
     again = run_inproc(home, "search", "zzzqqq nothing matches this")
     assert "did not finish" not in again.err, again.err
+
+
+@pytest.mark.parametrize("how", ["deleted", "garbage"])
+def test_an_index_lost_under_a_running_reader_is_unavailable_then_recovers(base_home, tmp_path, how):
+    """`kith host` (a long-running reader of the corpus) after corpus/tantivy is deleted or
+    its meta.json made garbage under it: the answer is index-unavailable (the guest's
+    envelope says so) and, once `kith index sync` rebuilt it, the same reader answers
+    again. It was a ValueError out of tantivy's reload: every query ended hook-failed,
+    logged as "hook on_message raised ValueError"."""
+    from node.answer.service import answer_local
+    from node.corpus.store import Corpus
+
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    corpus = Corpus(home, readonly=True)
+    try:
+        assert answer_local(corpus, {"query": "write-ahead log", "topK": 1})["status"] == "ok"
+        if how == "deleted":
+            shutil.rmtree(home / "corpus" / "tantivy")
+        else:
+            garbage(home / "corpus" / "tantivy" / "meta.json")
+        lost = answer_local(corpus, {"query": "write-ahead log", "topK": 1})
+        assert lost["status"] == "index-unavailable", lost["status"]
+        check(run_inproc(home, "index", "sync"), None)
+        again = answer_local(corpus, {"query": "write-ahead log", "topK": 1})
+        assert again["status"] == "ok" and again["envelope"]["results"], again["status"]
+    finally:
+        corpus.close()
