@@ -824,3 +824,30 @@ def test_an_index_lost_under_a_running_reader_is_unavailable_then_recovers(base_
         assert again["status"] == "ok" and again["envelope"]["results"], again["status"]
     finally:
         corpus.close()
+
+
+@pytest.mark.parametrize("raised", ["disk-full", "oserror"])
+def test_a_hook_ended_by_a_fault_of_the_home_logs_its_code_and_hint(tmp_path, caplog, raised):
+    """A protocol hook (the host's answer to a query) that meets a fault of the home — a
+    full disk under the quota buckets, a file that cannot be read — is logged with the
+    code and its hint: it was "hook on_message refused: disk-full" with no way out, or
+    "hook on_message raised PermissionError"."""
+    import anyio
+
+    from node.common.dbfaults import disk_full
+    from node.runtime.driver import HookError, _call_hook
+
+    bad = tmp_path / "quota.sqlite"
+
+    def on_message(*_a):
+        if raised == "disk-full":
+            raise disk_full(str(bad))
+        raise PermissionError(13, "Permission denied", str(bad))
+
+    caplog.set_level("WARNING", logger="kith")
+    with pytest.raises(HookError) as exc:
+        anyio.run(_call_hook, on_message, (), 5.0)
+    want = "disk-full" if raised == "disk-full" else "io-error"
+    assert want in exc.value.message
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(f"[{want}]" in line and "hint:" in line and "quota.sqlite" in line for line in lines), lines
