@@ -851,3 +851,19 @@ def test_a_hook_ended_by_a_fault_of_the_home_logs_its_code_and_hint(tmp_path, ca
     assert want in exc.value.message
     lines = [r.getMessage() for r in caplog.records]
     assert any(f"[{want}]" in line and "hint:" in line and "quota.sqlite" in line for line in lines), lines
+
+
+def test_status_says_a_person_record_lost_beside_its_key(base_home, tmp_path):
+    """person.json deleted beside person.key: `kith status` said nothing of the person at
+    all (no line, exit 0), while `kith person show` is refused config-invalid; it now says
+    the person cannot be read, with the code and where the repair is said."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    (home / "person.json").unlink()
+    r = run_inproc(home, "status")
+    check(r, None)
+    assert "person: unreadable [config-invalid] (`kith person show`" in r.out, r.out
+    doc = json.loads(run_inproc(home, "status", "--json").out)
+    assert doc["identity"]["personError"] == "config-invalid"
+    shown = run_inproc(home, "person", "show")
+    check(shown, {"config-invalid"})
