@@ -867,3 +867,40 @@ def test_status_says_a_person_record_lost_beside_its_key(base_home, tmp_path):
     assert doc["identity"]["personError"] == "config-invalid"
     shown = run_inproc(home, "person", "show")
     check(shown, {"config-invalid"})
+
+
+@pytest.mark.parametrize("target", ["identity.key", "config.toml"])
+def test_the_background_runner_of_api_serve_stops_with_a_code_not_a_traceback(full_home, tmp_path, target):
+    """`kith api serve` over an identity.key of random bytes or a config.toml that is a
+    folder: the API serves on, and its background runner (the outbox and copies) stops
+    with one line naming the code and hint — it printed a 20-line traceback."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    if target == "identity.key":
+        garbage(home / target)
+    else:
+        folder(home / target)
+    proc = subprocess.Popen([*KITH, "--home", str(home), "api", "serve", "--port", "0"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "background runner stopped" in line:
+                break
+    finally:
+        proc.terminate()
+        try:
+            rest = proc.communicate(timeout=30)[1]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rest = proc.communicate()[1]
+    err = "".join(lines) + rest
+    assert "Traceback" not in err, err[-3000:]
+    stopped = next(line for line in lines if "background runner stopped" in line)
+    assert "[identity-corrupt]" in stopped or "[transport-mode-invalid]" in stopped, stopped
+    assert "hint:" in stopped, stopped

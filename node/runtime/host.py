@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import anyio
 
+from node.common.dbfaults import refusal_of
 from node.common.errors import ConfigError, KithError, SpecError
 from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
 from node.common.host_events import PostRestored, checked as checked_event
@@ -816,24 +817,6 @@ def _reject_frame(code: str, message: str) -> bytes:
     return msgspec.json.encode(SessionReject(code=code, message=message[:500])) + b"\n"
 
 
-def _refusal_in(exc: BaseException) -> "KithError | None":
-    """The refusal a connection ended with: a :class:`KithError` (the first one inside an
-    exception group, as anyio task groups wrap it) or a local I/O failure as ``disk-full`` /
-    ``io-error``; None for anything else (a bug: logged with its traceback)."""
-    if isinstance(exc, KithError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _refusal_in(inner)
-            if found is not None:
-                return found
-        return None
-    if isinstance(exc, OSError):
-        from node.common.dbfaults import DISK_FULL_ERRNOS, disk_full, io_error
-
-        where = str(exc.filename) if getattr(exc, "filename", None) else "the Kith home"
-        return disk_full(where) if exc.errno in DISK_FULL_ERRNOS else io_error(where, exc.strerror or type(exc).__name__)
-    return None
-
+_refusal_in = refusal_of  # node.common.dbfaults.refusal_of
 
 __all__ = ["Host", "HostOptions", "Invitation", "Knowledge", "serve_host", "open_knowledge"]
