@@ -904,3 +904,37 @@ def test_the_background_runner_of_api_serve_stops_with_a_code_not_a_traceback(fu
     stopped = next(line for line in lines if "background runner stopped" in line)
     assert "[identity-corrupt]" in stopped or "[transport-mode-invalid]" in stopped, stopped
     assert "hint:" in stopped, stopped
+
+
+@pytest.mark.parametrize("cmd", [("index", "status"), ("index", "sync"), ("status",), ("search", "write-ahead log")],
+                         ids=lambda c: "_".join(c))
+def test_an_unreadable_index_folder_is_io_error_not_a_traceback(base_home, tmp_path, cmd):
+    """corpus/tantivy with no permission, in a real process without root's read
+    capabilities: index status, index sync (and kith host) were a ValueError traceback out
+    of tantivy's Index.exists; now io-error naming the folder (status: its index line),
+    search index-unavailable; nothing in the home changes."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv (util-linux): apt-get install util-linux")
+        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    index = home / "corpus" / "tantivy"
+    before = _snapshot(home)
+    os.chmod(index, 0)
+    try:
+        r = subprocess.run([*prefix, *KITH, "--home", str(home), *cmd], capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+    finally:
+        os.chmod(index, 0o700)
+    ran = Ran(r.returncode, r.stdout, r.stderr)
+    if cmd == ("status",):
+        check(ran, None)
+        assert "index: unreadable [io-error]" in r.stdout, r.stdout
+    elif cmd[0] == "search":
+        check(ran, {"index-unavailable", "io-error"})
+    else:
+        check(ran, {"io-error"})
+        assert "corpus/tantivy" in r.stderr, r.stderr
+    assert not _changed(before, _snapshot(home), ()), _changed(before, _snapshot(home), ())

@@ -58,6 +58,23 @@ def _check_chunking(chunker: str, chunk_size: int, chunk_overlap: int) -> None:
 
 
 
+def _index_present(index_dir: Path) -> bool:
+    """True when ``index_dir`` holds a tantivy index (its meta.json). A folder that cannot
+    be read is ``io-error`` naming it — tantivy says so as a ValueError.
+
+    Raises:
+        ConfigError: ``io-error`` (permission denied, or another read failure).
+    """
+    try:
+        return index_dir.is_dir() and tantivy.Index.exists(str(index_dir))
+    except (ValueError, OSError) as exc:
+        from node.common.dbfaults import io_error
+
+        why = "permission denied" if "PermissionDenied" in str(exc) or isinstance(exc, PermissionError) else \
+            "the index folder cannot be read"
+        raise io_error(str(index_dir), why) from None
+
+
 def _index_opens(index_dir: Path) -> bool:
     """True when tantivy opens the index in ``index_dir`` (its meta.json and every segment
     it names are readable); False for a damaged one."""
@@ -634,7 +651,7 @@ class Corpus:
             # the record deleted or emptied while the index built from it is still here: its
             # roots and documents are gone (nothing rebuilds them), said by `kith index status`
             out["record_lost"] = self.record.get_meta("schema_version") is None and \
-                self.index_dir.is_dir() and tantivy.Index.exists(str(self.index_dir))
+                _index_present(self.index_dir)
             if self.record.db is None:
                 return out
             db = self.record.db
@@ -662,7 +679,7 @@ class Corpus:
             except sqlite3.OperationalError:
                 return out
             out["last_sync"] = self.record.get_meta("last_sync")
-            present = self.index_dir.is_dir() and tantivy.Index.exists(str(self.index_dir))
+            present = _index_present(self.index_dir)
             # a file of the index that is garbage (meta.json, a segment): tantivy cannot open
             # it, search is index-unavailable, and the next writer rebuilds it
             out["index_unreadable"] = present and not _index_opens(self.index_dir)
