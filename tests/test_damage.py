@@ -938,3 +938,25 @@ def test_an_unreadable_index_folder_is_io_error_not_a_traceback(base_home, tmp_p
         check(ran, {"io-error"})
         assert "corpus/tantivy" in r.stderr, r.stderr
     assert not _changed(before, _snapshot(home), ()), _changed(before, _snapshot(home), ())
+
+
+def test_a_control_folder_this_user_cannot_reach_is_refused_with_a_hint(full_home, tmp_path):
+    """<home>/run with no permission (as another user would meet it): `kith status` and
+    `kith sessions` were refused control-forbidden with no hint at all."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv (util-linux): apt-get install util-linux")
+        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    (home / "run").mkdir(mode=0o700, exist_ok=True)
+    os.chmod(home / "run", 0)
+    try:
+        for cmd in (("status",), ("sessions",)):
+            r = subprocess.run([*prefix, *KITH, "--home", str(home), *cmd], capture_output=True, text=True,
+                               timeout=120, stdin=subprocess.DEVNULL)
+            check(Ran(r.returncode, r.stdout, r.stderr), {"control-forbidden"})
+            assert "chmod 700" in r.stderr, r.stderr
+    finally:
+        os.chmod(home / "run", 0o700)
