@@ -960,3 +960,20 @@ def test_a_control_folder_this_user_cannot_reach_is_refused_with_a_hint(full_hom
             assert "chmod 700" in r.stderr, r.stderr
     finally:
         os.chmod(home / "run", 0o700)
+
+
+@pytest.mark.iroh
+def test_an_audit_key_of_garbage_is_replaced_and_said(full_home, tmp_path):
+    """audit.key that is not a 32-byte key (random bytes): `kith host` replaces it, as
+    before, and now says so at start — earlier query hashes no longer match new ones (it
+    was replaced without a word)."""
+    from support.hosts import HostProcess
+
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    garbage(home / "audit.key")
+    host = HostProcess(home, "--invite-file", str(tmp_path / "inv.json"))
+    code, _, err = host.stop()
+    assert code == 0 and "Traceback" not in err, err
+    assert "audit.key" in err and "no longer match" in err, err
+    assert len((home / "audit.key").read_bytes()) == 32

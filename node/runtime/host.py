@@ -443,7 +443,9 @@ class Host:
         self._closers: list[Callable[[], None]] = [self.knowledge.close]
         registry = PeerRegistry.load(self.home)  # a broken registry fails here, before binding
         audit_log = AuditLog(self.home, audit_queries=opts.audit_queries)
-        audit_log.check_key()  # an unreadable audit.key too (it failed every guest query)
+        replaced = audit_log.check_key()  # an unreadable audit.key too (it failed every guest query)
+        if replaced:
+            self.warn(replaced)
         if opts.presence == "granted":
             from node.runtime.grants import unseen_person_pins
 

@@ -266,16 +266,23 @@ class AuditLog:
             return {"query": text[:MAX_QUERY_CHARS]}
         return {"query_hmac": hmac.new(self._hmac_key(), text.encode("utf-8"), hashlib.sha256).hexdigest()[:32]}
 
-    def check_key(self) -> None:
+    def check_key(self) -> str | None:
         """Load (or make) the key of the query hashes now — ``kith host`` calls it at start
         when queries are hashed, so a key that cannot be read refuses the start instead of
         failing every guest query.
 
+        Returns:
+            A warning to show when a damaged key (not 32 bytes) was replaced, else None.
+
         Raises:
             ConfigError: ``io-error`` naming ``audit.key`` and the way out.
         """
-        if not self.audit_queries:
-            self._hmac_key()
+        if self.audit_queries:
+            return None
+        self._hmac_key()
+        return self._replaced
+
+    _replaced: str | None = None
 
     def _hmac_key(self) -> bytes:
         if self._key is None:
@@ -295,6 +302,9 @@ class AuditLog:
             if len(key) != 32:
                 from node.common.home import atomic_write
 
+                if key:  # damaged: said once, never replaced without a word
+                    self._replaced = (f"{path} was not a 32-byte key ({len(key)} bytes): a new one is made; query "
+                                      "hashes recorded before it no longer match new ones")
                 key = os.urandom(32)
                 atomic_write(path, key)
             self._key = key
