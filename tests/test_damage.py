@@ -977,3 +977,18 @@ def test_an_audit_key_of_garbage_is_replaced_and_said(full_home, tmp_path):
     assert code == 0 and "Traceback" not in err, err
     assert "audit.key" in err and "no longer match" in err, err
     assert len((home / "audit.key").read_bytes()) == 32
+
+
+def test_ask_later_that_keeps_nothing_makes_no_outbox(base_home, tmp_path):
+    """`kith ask --later` whose every peer is refused (an unknown name) keeps nothing and
+    exits 1: the home is left as it was (its room check made an empty outbox.sqlite)."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    for p in home.glob(OUTBOX + "*"):
+        p.unlink()
+    before = _snapshot(home)
+    r = run_proc(home, "ask", "--peer", "nobody", "when does the staging server restart", "--later")
+    assert r.code == 1 and "peer-not-found" in r.out + r.err, (r.code, r.out, r.err)
+    assert "Traceback" not in r.err
+    assert not (home / OUTBOX).exists()
+    assert not _changed(before, _snapshot(home), ()), _changed(before, _snapshot(home), ())

@@ -152,10 +152,11 @@ def ask_cmd(
     if citations:  # a knowledge-query message field beside the request (node/answer/citation.py)
         request["citations"] = True
     if later:  # a full outbox refuses before anyone is asked (outbox-full)
-        from node.runtime.outbox import OutboxStore
+        from node.runtime.outbox import OUTBOX_FILE, OutboxStore
 
-        with OutboxStore(home) as store:
-            store.check_room(request)
+        if (home / OUTBOX_FILE).exists():  # none yet has room: made only when a question is kept
+            with OutboxStore(home) as store:
+                store.check_room(request)
     identity = load_identity(home)
 
     def show(env: dict[str, Any]) -> None:
