@@ -649,3 +649,351 @@ def test_each_home_file_damaged_in_a_real_process(full_home, tmp_path, target):
     r = run_proc(home, *READERS[target][0])
     check(r, CODES_OF.get(target, set()) | {"io-error", "control-dir-unsafe"}, ok=True)
     assert not _changed(before, _snapshot(home), (target,)), _changed(before, _snapshot(home), (target,))
+
+
+# ------------------------------------------------------------ files only the host writes
+@pytest.mark.iroh
+@pytest.mark.parametrize("damage", [folder, "unreadable"], ids=lambda d: getattr(d, "__name__", d))
+def test_a_bad_audit_key_refuses_the_host_at_start_with_its_way_out(full_home, tmp_path, damage):
+    """``audit.key`` (the key of the audit's query hashes) that cannot be read: `kith host`
+    is refused at start with io-error naming the file and what moving it aside loses. It
+    started, and every guest query ended ``hook-failed`` (the log said only
+    "hook on_message raised IsADirectoryError")."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    key = home / "audit.key"
+    key.write_bytes(os.urandom(32))  # made by the first query a host audits
+    prefix: list[str] = []
+    if damage == "unreadable":
+        if os.geteuid() == 0:
+            if shutil.which("setpriv") is None:
+                pytest.skip("running as root without setpriv (util-linux)")
+            prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+        os.chmod(key, 0)
+    else:
+        damage(key)
+    before = _snapshot(home)
+    r = subprocess.run([*prefix, *KITH, "--home", str(home), "host", "--local", "--invite-file",
+                        str(tmp_path / "inv.json")], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    ran = Ran(r.returncode, r.stdout, r.stderr)
+    check(ran, {"io-error"})
+    assert "audit.key" in r.stderr and "mv " in r.stderr, r.stderr
+    assert not (tmp_path / "inv.json").exists()
+    assert not _changed(before, _snapshot(home), ("run",)), _changed(before, _snapshot(home), ("run",))
+
+
+def test_a_folder_in_place_of_a_file_written_whole_is_named_with_its_way_out(full_home, tmp_path):
+    """A file Kith replaces whole (atomic_write: a temp file, then rename) with a folder in
+    its place: io-error names that file, not the temp file beside it, and says to move
+    the folder aside (it named `.card-seq.x1y2.tmp`, with "check that it is writable")."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    from node.common.home import atomic_write
+
+    folder(home / "card-seq")
+    with pytest.raises(OSError) as exc:
+        atomic_write(home / "card-seq", b"1")
+    assert exc.value.filename == str(home / "card-seq"), exc.value.filename
+    from node.cli.main import _as_kith_error
+
+    err = _as_kith_error(exc.value)
+    assert err.code == "io-error" and str(home / "card-seq") in err.message and ".tmp" not in err.message
+    assert "mv " in (err.hint or ""), err.hint
+    assert not [p for p in home.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("part", ["meta.json", "*.store", "*.term"])
+def test_a_damaged_index_file_is_said_with_its_repair_not_ready(base_home, tmp_path, part):
+    """A file of corpus/tantivy that is garbage (its meta.json, a segment's store or term
+    file): search is index-unavailable naming `kith index sync`; `kith index status` and
+    `kith status` say the index cannot be read and name that command (they said "ready
+    yes"); the sync says it rebuilds, and the search answers again."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    garbage(sorted((home / "corpus" / "tantivy").glob(part))[0])
+    check(run_inproc(home, "search", "write-ahead log"), {"index-unavailable"})
+    status = run_inproc(home, "index", "status")
+    check(status, None)
+    assert "ready no" in status.out and "cannot be read: run `kith index sync`" in status.out, status.out
+    overview = run_inproc(home, "status")
+    check(overview, None)
+    assert "index: not ready" in overview.out, overview.out
+    synced = run_inproc(home, "index", "sync")
+    check(synced, None)
+    assert "rebuilding it from the corpus record" in synced.err, synced.err
+    assert json.loads(run_inproc(home, "search", "write-ahead log", "--json").out)["results"]
+    assert "ready yes" in run_inproc(home, "index", "status").out
+
+
+_FULL_STATE = """
+import resource, sys, os
+sys.path[:0] = {paths!r}
+from pathlib import Path
+from node.common.errors import KithError
+from node.policy.quota import QuotaStore
+from node.trust.seen_nonces import SeenNonces
+home = Path({home!r})
+store = SeenNonces(home) if {which!r} == "nonces" else QuotaStore(home)
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    for i in range(20000):
+        if {which!r} == "nonces":
+            store.record("p" * 32, os.urandom(16).hex() + "n" * 200, 4e9)
+        else:
+            store.save([(os.urandom(16).hex() + "k" * 200, 1.0, 1.0) for _ in range(20)])
+except KithError as exc:
+    print(exc.code, "|", exc.hint)
+except Exception as exc:
+    print("raw", type(exc).__name__, exc)
+else:
+    print("ok")
+"""
+
+
+@pytest.mark.parametrize("which,name", [("nonces", "seen-nonces.sqlite"), ("quota", "quota.sqlite")])
+def test_a_full_disk_on_a_host_state_database_is_disk_full(full_home, tmp_path, which, name):
+    """The seen nonces (written at each handshake) and the quota buckets (at each query)
+    under a real file-size limit: a write that finds it full is disk-full naming the file,
+    never a bare sqlite3 'disk I/O error' (`kith host` logged only "a connection of … failed"
+    and the guest saw remote-error)."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    limit = max([p.stat().st_size for p in home.glob(name + "*")] + [32768]) + 20_000
+    script = _FULL_STATE.format(paths=sys.path, home=str(home), which=which, limit=limit)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("disk-full |"), r.stdout + r.stderr[-2000:]
+
+
+def test_a_connection_ended_by_a_fault_of_the_home_is_told_with_its_code():
+    """What `kith host` logs for a connection that ended with a fault of the home (raised
+    inside the connection's task group): its code and hint, not a bare "failed"."""
+    from node.common.dbfaults import disk_full
+    from node.host.host import _refusal_in
+
+    inner = disk_full("seen-nonces.sqlite")
+    found = _refusal_in(ExceptionGroup("unhandled errors in a TaskGroup", [ValueError("x"), inner]))
+    assert found is inner and found.hint
+    assert _refusal_in(ExceptionGroup("g", [OSError(28, "No space left on device", "quota.sqlite")])).code == "disk-full"
+    assert _refusal_in(ValueError("a bug")) is None
+
+
+def _as_a_killed_first_sync_leaves_it(home: Path) -> None:
+    """The record a `kith index sync` killed in its first run leaves: no sync completed
+    (no last_sync), documents still ``processing``."""
+    db = sqlite3.connect(home / CORPUS_DB)
+    db.execute("DELETE FROM meta WHERE key = 'last_sync'")
+    db.execute("UPDATE documents SET status = 'processing'")
+    db.commit()
+    db.close()
+
+
+def test_a_search_after_a_killed_first_sync_names_its_way_out(base_home, tmp_path):
+    """A first sync killed midway: search said "no results (index-syncing)" and exit 0 while
+    no sync ran, with nothing saying what to do; it now says the sync did not finish and
+    names `kith index sync`, which finishes it."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    _as_a_killed_first_sync_leaves_it(home)
+    r = run_inproc(home, "search", "zzzqqq nothing matches this")
+    check(r, None)
+    assert "did not finish" in r.err and "kith index sync" in r.err, (r.out, r.err)
+    check(run_inproc(home, "index", "sync"), None)
+    again = run_inproc(home, "search", "zzzqqq nothing matches this")
+    assert "did not finish" not in again.err, again.err
+
+
+@pytest.mark.parametrize("how", ["deleted", "garbage"])
+def test_an_index_lost_under_a_running_reader_is_unavailable_then_recovers(base_home, tmp_path, how):
+    """`kith host` (a long-running reader of the corpus) after corpus/tantivy is deleted or
+    its meta.json made garbage under it: the answer is index-unavailable (the guest's
+    envelope says so) and, once `kith index sync` rebuilt it, the same reader answers
+    again. It was a ValueError out of tantivy's reload: every query ended hook-failed,
+    logged as "hook on_message raised ValueError"."""
+    from node.answer.service import answer_local
+    from node.corpus.store import Corpus
+
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    corpus = Corpus(home, readonly=True)
+    try:
+        assert answer_local(corpus, {"query": "write-ahead log", "topK": 1})["status"] == "ok"
+        if how == "deleted":
+            shutil.rmtree(home / "corpus" / "tantivy")
+        else:
+            garbage(home / "corpus" / "tantivy" / "meta.json")
+        lost = answer_local(corpus, {"query": "write-ahead log", "topK": 1})
+        assert lost["status"] == "index-unavailable", lost["status"]
+        check(run_inproc(home, "index", "sync"), None)
+        again = answer_local(corpus, {"query": "write-ahead log", "topK": 1})
+        assert again["status"] == "ok" and again["envelope"]["results"], again["status"]
+    finally:
+        corpus.close()
+
+
+@pytest.mark.parametrize("raised", ["disk-full", "oserror"])
+def test_a_hook_ended_by_a_fault_of_the_home_logs_its_code_and_hint(tmp_path, caplog, raised):
+    """A protocol hook (the host's answer to a query) that meets a fault of the home — a
+    full disk under the quota buckets, a file that cannot be read — is logged with the
+    code and its hint: it was "hook on_message refused: disk-full" with no way out, or
+    "hook on_message raised PermissionError"."""
+    import anyio
+
+    from node.common.dbfaults import disk_full
+    from node.runtime.driver import HookError, _call_hook
+
+    bad = tmp_path / "quota.sqlite"
+
+    def on_message(*_a):
+        if raised == "disk-full":
+            raise disk_full(str(bad))
+        raise PermissionError(13, "Permission denied", str(bad))
+
+    caplog.set_level("WARNING", logger="kith")
+    with pytest.raises(HookError) as exc:
+        anyio.run(_call_hook, on_message, (), 5.0)
+    want = "disk-full" if raised == "disk-full" else "io-error"
+    assert want in exc.value.message
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(f"[{want}]" in line and "hint:" in line and "quota.sqlite" in line for line in lines), lines
+
+
+def test_status_says_a_person_record_lost_beside_its_key(base_home, tmp_path):
+    """person.json deleted beside person.key: `kith status` said nothing of the person at
+    all (no line, exit 0), while `kith person show` is refused config-invalid; it now says
+    the person cannot be read, with the code and where the repair is said."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    (home / "person.json").unlink()
+    r = run_inproc(home, "status")
+    check(r, None)
+    assert "person: unreadable [config-invalid] (`kith person show`" in r.out, r.out
+    doc = json.loads(run_inproc(home, "status", "--json").out)
+    assert doc["identity"]["personError"] == "config-invalid"
+    shown = run_inproc(home, "person", "show")
+    check(shown, {"config-invalid"})
+
+
+@pytest.mark.parametrize("target", ["identity.key", "config.toml"])
+def test_the_background_runner_of_api_serve_stops_with_a_code_not_a_traceback(full_home, tmp_path, target):
+    """`kith api serve` over an identity.key of random bytes or a config.toml that is a
+    folder: the API serves on, and its background runner (the outbox and copies) stops
+    with one line naming the code and hint — it printed a 20-line traceback."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    if target == "identity.key":
+        garbage(home / target)
+    else:
+        folder(home / target)
+    proc = subprocess.Popen([*KITH, "--home", str(home), "api", "serve", "--port", "0"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "background runner stopped" in line:
+                break
+    finally:
+        proc.terminate()
+        try:
+            rest = proc.communicate(timeout=30)[1]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rest = proc.communicate()[1]
+    err = "".join(lines) + rest
+    assert "Traceback" not in err, err[-3000:]
+    stopped = next(line for line in lines if "background runner stopped" in line)
+    assert "[identity-corrupt]" in stopped or "[transport-mode-invalid]" in stopped, stopped
+    assert "hint:" in stopped, stopped
+
+
+@pytest.mark.parametrize("cmd", [("index", "status"), ("index", "sync"), ("status",), ("search", "write-ahead log")],
+                         ids=lambda c: "_".join(c))
+def test_an_unreadable_index_folder_is_io_error_not_a_traceback(base_home, tmp_path, cmd):
+    """corpus/tantivy with no permission, in a real process without root's read
+    capabilities: index status, index sync (and kith host) were a ValueError traceback out
+    of tantivy's Index.exists; now io-error naming the folder (status: its index line),
+    search index-unavailable; nothing in the home changes."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv (util-linux): apt-get install util-linux")
+        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    index = home / "corpus" / "tantivy"
+    before = _snapshot(home)
+    os.chmod(index, 0)
+    try:
+        r = subprocess.run([*prefix, *KITH, "--home", str(home), *cmd], capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+    finally:
+        os.chmod(index, 0o700)
+    ran = Ran(r.returncode, r.stdout, r.stderr)
+    if cmd == ("status",):
+        check(ran, None)
+        assert "index: unreadable [io-error]" in r.stdout, r.stdout
+    elif cmd[0] == "search":
+        check(ran, {"index-unavailable", "io-error"})
+    else:
+        check(ran, {"io-error"})
+        assert "corpus/tantivy" in r.stderr, r.stderr
+    assert not _changed(before, _snapshot(home), ()), _changed(before, _snapshot(home), ())
+
+
+def test_a_control_folder_this_user_cannot_reach_is_refused_with_a_hint(full_home, tmp_path):
+    """<home>/run with no permission (as another user would meet it): `kith status` and
+    `kith sessions` were refused control-forbidden with no hint at all."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv (util-linux): apt-get install util-linux")
+        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    (home / "run").mkdir(mode=0o700, exist_ok=True)
+    os.chmod(home / "run", 0)
+    try:
+        for cmd in (("status",), ("sessions",)):
+            r = subprocess.run([*prefix, *KITH, "--home", str(home), *cmd], capture_output=True, text=True,
+                               timeout=120, stdin=subprocess.DEVNULL)
+            check(Ran(r.returncode, r.stdout, r.stderr), {"control-forbidden"})
+            assert "chmod 700" in r.stderr, r.stderr
+    finally:
+        os.chmod(home / "run", 0o700)
+
+
+@pytest.mark.iroh
+def test_an_audit_key_of_garbage_is_replaced_and_said(full_home, tmp_path):
+    """audit.key that is not a 32-byte key (random bytes): `kith host` replaces it, as
+    before, and now says so at start — earlier query hashes no longer match new ones (it
+    was replaced without a word)."""
+    from support.hosts import HostProcess
+
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    garbage(home / "audit.key")
+    host = HostProcess(home, "--invite-file", str(tmp_path / "inv.json"))
+    code, _, err = host.stop()
+    assert code == 0 and "Traceback" not in err, err
+    assert "audit.key" in err and "no longer match" in err, err
+    assert len((home / "audit.key").read_bytes()) == 32
+
+
+def test_ask_later_that_keeps_nothing_makes_no_outbox(base_home, tmp_path):
+    """`kith ask --later` whose every peer is refused (an unknown name) keeps nothing and
+    exits 1: the home is left as it was (its room check made an empty outbox.sqlite)."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    for p in home.glob(OUTBOX + "*"):
+        p.unlink()
+    before = _snapshot(home)
+    r = run_proc(home, "ask", "--peer", "nobody", "when does the staging server restart", "--later")
+    assert r.code == 1 and "peer-not-found" in r.out + r.err, (r.code, r.out, r.err)
+    assert "Traceback" not in r.err
+    assert not (home / OUTBOX).exists()
+    assert not _changed(before, _snapshot(home), ()), _changed(before, _snapshot(home), ())

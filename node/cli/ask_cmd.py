@@ -153,10 +153,11 @@ def ask_cmd(
     if citations:  # a knowledge-query message field beside the request (node/answer/citation.py)
         request["citations"] = True
     if later:  # a full outbox refuses before anyone is asked (outbox-full)
-        from node.guest.outbox import OutboxStore
+        from node.guest.outbox import OUTBOX_FILE, OutboxStore
 
-        with OutboxStore(home) as store:
-            store.check_room(request)
+        if (home / OUTBOX_FILE).exists():  # none yet has room: made only when a question is kept
+            with OutboxStore(home) as store:
+                store.check_room(request)
     ticket = None
     if names and not copy_only:  # the outbound gate, before anything leaves (specs/agents.md §5)
         from node.cli.common import confirm_outbound

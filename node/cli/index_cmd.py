@@ -327,8 +327,10 @@ def _sync(ctx: typer.Context, mode: SyncMode, json_out: bool) -> None:
     from node.corpus.store import Corpus
 
     with Corpus(home_of(ctx)) as corpus, corpus.record.faults():
-        if corpus.stats()["index_missing"]:  # said on stderr: --json keeps stdout to the report
-            err_console.print("the search index (corpus/tantivy) is missing: rebuilding it from the corpus record",
+        st = corpus.stats()
+        if st["index_missing"]:  # said on stderr: --json keeps stdout to the report
+            what = "cannot be read" if st["index_unreadable"] else "is missing"
+            err_console.print(f"the search index (corpus/tantivy) {what}: rebuilding it from the corpus record",
                               highlight=False, markup=False, soft_wrap=True)
         elif not json_out and corpus.index_outdated():  # one notice; the progress follows
             err_console.print("the index was built by an older Kith (index schema or chunker "
@@ -417,7 +419,10 @@ def status_cmd(
         console.print("  the corpus record (corpus/corpus.sqlite3) is missing or empty, while an index built from it "
                       "is here: its folders and documents are lost — add the folders again (`kith index add "
                       "FOLDER`), then `kith index sync`", highlight=False, markup=False, soft_wrap=True)
-    if st.get("index_missing"):
+    if st.get("index_unreadable"):
+        console.print("  the search index (corpus/tantivy) cannot be read: run `kith index sync` to rebuild it from "
+                      "the corpus record (nothing is read again)", highlight=False, markup=False, soft_wrap=True)
+    elif st.get("index_missing"):
         console.print("  the search index (corpus/tantivy) is missing: run `kith index sync` to rebuild it from "
                       "the corpus record (nothing is read again)", highlight=False, markup=False, soft_wrap=True)
     if st["interrupted"]:
@@ -532,15 +537,21 @@ def search_cmd(
             corpus.repair_lag(warn)
         except CorpusError:
             pass  # a corrupt index: the search below answers index-unavailable
+    interrupted = False
     try:
         if corpus is not None:
             with corpus.record.faults():  # a damaged record read mid-search: corpus-corrupt
                 answer = answer_local(corpus, body)
+                if answer["envelope"].get("reason") == "index-syncing" or answer["envelope"].get("indexSyncing"):
+                    interrupted = not corpus.stats().get("sync_running")  # and no sync runs to finish it
         else:
             answer = answer_local(corpus, body)
     finally:
         if corpus is not None:
             corpus.close()
+    if interrupted:  # said on stderr: --json keeps stdout to the envelope
+        err_console.print("note: the last sync did not finish (no sync is running): run `kith index sync` to "
+                          "finish it", highlight=False, markup=False, soft_wrap=True)
     envelope = answer["envelope"]
     status = answer["status"]
     if status == "invalid-request":

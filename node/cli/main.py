@@ -9,6 +9,8 @@ one, so ``kith --version`` answers at interpreter speed.
 
 from __future__ import annotations
 
+import errno
+
 import json
 import sys
 from typing import TYPE_CHECKING, Any
@@ -63,6 +65,10 @@ def _as_kith_error(exc: BaseException) -> KithError | None:
 
         if exc.errno in DISK_FULL_ERRNOS:  # never "corrupt", never a bare io-error
             return disk_full(str(exc.filename) if getattr(exc, "filename", None) else "the Kith home")
+        if exc.errno == errno.EISDIR and getattr(exc, "filename", None):
+            return ConfigError("io-error", f"a folder is where Kith keeps a file{where}",
+                               hint=f"move the folder aside (`mv {exc.filename} {exc.filename}.bad`) and run "
+                                    "the command again")
         return ConfigError("io-error", f"{exc.strerror or type(exc).__name__}{where}",
                            hint="check that the Kith home and the files named are writable by you")
     import sqlite3

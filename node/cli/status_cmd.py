@@ -33,8 +33,11 @@ def _identity(home: Path) -> dict[str, Any] | None:
     from node.trust.revocation_list import own_devices
 
     person = load_person(home)
+    # person.json lost beside person.key: `kith person show` refuses it config-invalid with
+    # the repair; status names that code instead of leaving the person out without a word
+    person_error = "config-invalid" if person is None and (home / "person.key").exists() else None
     return {"fingerprint": ident.fingerprint, "key": ident.public_key,
-            "person": person.person_key if person is not None else None,
+            "person": person.person_key if person is not None else None, "personError": person_error,
             "devices": [{k: d[k] for k in ("name", "key", "this", "revoked")}
                         for d in (own_devices(home, person, ident.public_key) if person is not None else [])],
             "rotations": len(person.successors) if person is not None else 0}
@@ -196,6 +199,8 @@ def status_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
         devices = ", ".join(d["name"] + device_marks(d).replace("  ", " ") for d in ident["devices"])
         _print(f"person: {ident['person']}  devices: {devices}"
                + (f"  rotated {ident['rotations']} time(s)" if ident["rotations"] else ""))
+    elif ident and ident.get("personError"):
+        _print(f"person: unreadable [{ident['personError']}] (`kith person show` says why and how to repair it)")
     _print(_policy_line(report["policy"], host is not None))
     roots = " ".join(index["roots"]) or "none (`kith index add PATH`)"
     if index.get("error"):  # a damaged or unreadable record: its code, and where the repair is said

@@ -120,4 +120,23 @@ def state_fault(exc: BaseException, path: Path, holds: str) -> KithError | None:
         hint=f"move it aside (mv {path} {path}.bad): {holds}"))
 
 
-__all__ = ["DISK_FULL_ERRNOS", "disk_full", "io_error", "sqlite_fault", "state_fault"]
+def refusal_of(exc: BaseException) -> KithError | None:
+    """The refusal a background piece (a connection of ``kith host``, the home's runner)
+    ended with: a :class:`KithError` (the first one inside an exception group, as anyio
+    task groups wrap it) or a local I/O failure as ``disk-full`` / ``io-error``; None for
+    anything else (a bug: logged with its traceback)."""
+    if isinstance(exc, KithError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = refusal_of(inner)
+            if found is not None:
+                return found
+        return None
+    if isinstance(exc, OSError):
+        where = str(exc.filename) if getattr(exc, "filename", None) else "the Kith home"
+        return disk_full(where) if exc.errno in DISK_FULL_ERRNOS else io_error(where, exc.strerror or type(exc).__name__)
+    return None
+
+
+__all__ = ["DISK_FULL_ERRNOS", "disk_full", "io_error", "refusal_of", "sqlite_fault", "state_fault"]

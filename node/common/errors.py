@@ -73,7 +73,9 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "outbox-corrupt": ("config", "The outbox file is not a readable outbox.", "move <home>/outbox.sqlite aside; nothing else in the home depends on it"),
     "host-not-running": ("config", "No `kith host` is running for this home.", "start one with `kith host`"),
     "control-dir-unsafe": ("config", "The control folder <home>/run is not a 0700 directory of yours."),
-    "control-forbidden": ("config", "The host's control channel refused this client."),
+    "control-forbidden": ("config", "The host's control channel refused this client.",
+                          "run the command as the user who runs `kith host` for this home; its control folder "
+                          "<home>/run must be that user's, mode 0700 (`chmod 700 <home>/run`)"),
     "live-session-not-found": ("config", "No live session of the running host has that id."),
     "live-session-ambiguous": ("config", "Several live sessions start with that id prefix; give more digits."),
     # --- identity / signing ----------------------------------------------------------

@@ -121,7 +121,10 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:  # name the file (a folder in its place), never the temp beside it
+            raise type(exc)(exc.errno, exc.strerror, str(path)) from None
     except BaseException:
         try:
             os.unlink(tmp)

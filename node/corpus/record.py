@@ -444,8 +444,17 @@ class Record:
         except OSError:
             stamp = None
         if self._reader is None or stamp is None or self._reader[0] != stamp:
-            self.index.reload()
-            self._reader = (stamp, self.index.searcher())
+            try:
+                self.index.reload()
+                self._reader = (stamp, self.index.searcher())
+            except ValueError:
+                # the folder deleted or a file of it damaged under a long-running reader
+                # (`kith host`): unavailable until `kith index sync` rebuilds it, then the
+                # next search opens the new index
+                if self.writer is None:
+                    self.index, self._reader = None, None
+                raise CorpusError("index-unavailable",
+                                  "The corpus index is unreadable; run `kith index sync`.") from None
         return self._reader[1]
 
     def main_searcher_for(self, chunks: int) -> Any | None:

@@ -57,6 +57,33 @@ def _check_chunking(chunker: str, chunk_size: int, chunk_overlap: int) -> None:
         raise CorpusError("chunking-invalid", f"Invalid chunking: {exc}.") from None
 
 
+
+def _index_present(index_dir: Path) -> bool:
+    """True when ``index_dir`` holds a tantivy index (its meta.json). A folder that cannot
+    be read is ``io-error`` naming it — tantivy says so as a ValueError.
+
+    Raises:
+        ConfigError: ``io-error`` (permission denied, or another read failure).
+    """
+    try:
+        return index_dir.is_dir() and tantivy.Index.exists(str(index_dir))
+    except (ValueError, OSError) as exc:
+        from node.common.dbfaults import io_error
+
+        why = "permission denied" if "PermissionDenied" in str(exc) or isinstance(exc, PermissionError) else \
+            "the index folder cannot be read"
+        raise io_error(str(index_dir), why) from None
+
+
+def _index_opens(index_dir: Path) -> bool:
+    """True when tantivy opens the index in ``index_dir`` (its meta.json and every segment
+    it names are readable); False for a damaged one."""
+    try:
+        tantivy.Index.open(str(index_dir))
+    except (ValueError, OSError):
+        return False
+    return True
+
 class Corpus:
     """The local corpus: roots, sync and search.
 
@@ -597,7 +624,7 @@ class Corpus:
             ``{"roots", "documents", "done", "chunks", "failed", "empty", "processing",
             "stale": int, "ready": bool, "last_sync": str | None, "index_lag": int,
             "sync_running": bool, "interrupted": bool, "index_missing": bool,
-            "record_lost": bool}``;
+            "index_unreadable": bool, "record_lost": bool}``;
             ``ready`` is True when a sync has completed, the index is present and of
             the current schema, and it holds every change of the record
             (``index_lag`` 0: false while a sync is writing or after a crash left
@@ -608,7 +635,9 @@ class Corpus:
             ever completed — a sync was killed; the next ``kith index sync`` finishes
             it. ``index_missing``: a sync completed but the tantivy folder is gone (or
             holds no index: emptied, recreated by hand) —
-            ``kith index sync`` rebuilds it from the record. ``record_lost``: no record
+            ``kith index sync`` rebuilds it from the record; ``index_unreadable``: the folder
+            holds an index tantivy cannot open (a damaged ``meta.json`` or segment file),
+            ``index_missing`` then too. ``record_lost``: no record
             (``corpus.sqlite3`` deleted or empty) beside an index built from one — its
             folders and documents are lost; they are added again. Never raises for a missing
             corpus (all zero, not ready).
@@ -618,11 +647,11 @@ class Corpus:
                                    "failed": 0, "empty": 0, "processing": 0, "stale": 0,
                                    "ready": False, "last_sync": None, "index_lag": 0,
                                    "sync_running": False, "interrupted": False, "index_missing": False,
-                                   "record_lost": False}
+                                   "index_unreadable": False, "record_lost": False}
             # the record deleted or emptied while the index built from it is still here: its
             # roots and documents are gone (nothing rebuilds them), said by `kith index status`
             out["record_lost"] = self.record.get_meta("schema_version") is None and \
-                self.index_dir.is_dir() and tantivy.Index.exists(str(self.index_dir))
+                _index_present(self.index_dir)
             if self.record.db is None:
                 return out
             db = self.record.db
@@ -650,14 +679,17 @@ class Corpus:
             except sqlite3.OperationalError:
                 return out
             out["last_sync"] = self.record.get_meta("last_sync")
+            present = _index_present(self.index_dir)
+            # a file of the index that is garbage (meta.json, a segment): tantivy cannot open
+            # it, search is index-unavailable, and the next writer rebuilds it
+            out["index_unreadable"] = present and not _index_opens(self.index_dir)
             out["ready"] = bool(
                 out["last_sync"] and not out["index_lag"]
                 and self.record.get_meta("index_schema_version") == str(search.INDEX_SCHEMA_VERSION)
-                and self.index_dir.is_dir() and tantivy.Index.exists(str(self.index_dir)))
-            # a record that was synced but whose tantivy folder is gone: `kith index sync`
-            # rebuilds it from the record (nothing is read from the sources again)
-            out["index_missing"] = bool(out["last_sync"]) and not (
-                self.index_dir.is_dir() and tantivy.Index.exists(str(self.index_dir)))
+                and present and not out["index_unreadable"])
+            # a record that was synced but whose tantivy folder is gone (or cannot be read):
+            # `kith index sync` rebuilds it from the record (nothing is read from the sources again)
+            out["index_missing"] = bool(out["last_sync"]) and not (present and not out["index_unreadable"])
             out["sync_running"] = self.record.writer is not None or lock_active(self.lock_path)
             out["interrupted"] = not out["sync_running"] and bool(
                 out["processing"] or out["index_lag"]

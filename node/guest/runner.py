@@ -282,8 +282,16 @@ async def run_background(home: Path, *, command: str, pool: Callable[[], Awaitab
                     on_event=on_event, clock=clock)
     try:
         await runner.run(task_status=task_status)
-    except Exception:  # noqa: BLE001 - the background work never ends the process it runs in
-        log.warning("the home's background runner stopped", exc_info=True)
+    except Exception as exc:  # noqa: BLE001 - the background work never ends the process it runs in
+        from node.common.dbfaults import refusal_of
+
+        refusal = refusal_of(exc)
+        if refusal is None:
+            log.warning("the home's background runner stopped", exc_info=True)
+        else:  # a fault of the home: one line with its code and way out, never a traceback
+            log.warning("the home's background runner stopped: [%s] %s%s (kept questions and copies wait until "
+                        "this is fixed and the process restarted)", refusal.code, refusal.message,
+                        f" — hint: {refusal.hint}" if refusal.hint else "")
 
 
 __all__ = ["Runner", "RunnerTask", "default_tasks", "run_background", "LOCK_FILE"]

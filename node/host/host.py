@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import anyio
 
+from node.common.dbfaults import refusal_of
 from node.common.errors import ConfigError, KithError, SpecError
 from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
 from node.common.host_events import PostRestored, checked as checked_event
@@ -454,6 +455,10 @@ class Host:
                                         enabled=opts.sign_citations)
         self._closers: list[Callable[[], None]] = [self.knowledge.close]
         registry = PeerRegistry.load(self.home)  # a broken registry fails here, before binding
+        audit_log = AuditLog(self.home, audit_queries=opts.audit_queries)
+        replaced = audit_log.check_key()  # an unreadable audit.key too (it failed every guest query)
+        if replaced:
+            self.warn(replaced)
         if opts.presence == "granted":
             from node.host.grants import unseen_person_pins
 
@@ -469,7 +474,7 @@ class Host:
             self.ui_bundle = load_bundle(pdir)
         self.seen_nonces = SeenNonces(self.home)
         self._closers.append(self.seen_nonces.close)
-        self.audit = HostAudit(AuditLog(self.home, audit_queries=opts.audit_queries))
+        self.audit = HostAudit(audit_log)
         self._closers.append(self.audit.close)
         self._emit = self.audit.observe(self.on_event)
         self.hooks = self.audit.wrap_hooks(hooks)
@@ -789,14 +794,24 @@ class Host:
                 self.table.connection_arrived(token, listener.remote_of(conn), evict)
                 tg.start_soon(self._serve_one, Connection(self._wiring(), conn, token, scope))
 
+    #: the last fault of the home a connection ended with (logged once until it changes)
+    _told_fault: tuple[str, str] | None = None
+
     async def _serve_one(self, connection: Connection) -> None:
         """Run one connection; an exception inside it ends that connection only."""
         self._running += 1
         self._all_done = anyio.Event() if self._running == 1 else self._all_done
         try:
             await connection.serve()
-        except Exception:  # noqa: BLE001 - one connection's fault must never reach another
-            log.exception("a connection of %s failed", connection.remote[:16] or "an unknown peer")
+        except Exception as exc:  # noqa: BLE001 - one connection's fault must never reach another
+            who = connection.remote[:16] or "an unknown peer"
+            refusal = _refusal_in(exc)
+            if refusal is None:
+                log.exception("a connection of %s failed", who)
+            elif self._told_fault != (refusal.code, refusal.message):  # a fault of the home: once, until it changes
+                self._told_fault = (refusal.code, refusal.message)
+                log.warning("a connection of %s failed: error [%s]: %s%s (said once; quiet until it changes)", who,
+                            refusal.code, refusal.message, f" — hint: {refusal.hint}" if refusal.hint else "")
             self.listener.close_connection(connection.conn, b"internal-error")
         finally:
             self._running -= 1
@@ -825,5 +840,7 @@ def _reject_frame(code: str, message: str) -> bytes:
 
     return msgspec.json.encode(SessionReject(code=code, message=message[:500])) + b"\n"
 
+
+_refusal_in = refusal_of  # node.common.dbfaults.refusal_of
 
 __all__ = ["Host", "HostOptions", "Invitation", "Knowledge", "serve_host", "open_knowledge"]

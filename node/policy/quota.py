@@ -81,11 +81,24 @@ class QuotaStore:
         return (float(row[0]), float(row[1])) if row else None
 
     def save(self, rows: list[tuple[str, float, float]]) -> None:
-        """Store ``(key, tokens, stamp)`` rows in one transaction."""
-        with self._db:
-            self._db.execute("BEGIN")
-            self._db.executemany("INSERT INTO bucket (key, tokens, stamp) VALUES (?, ?, ?) ON CONFLICT(key) "
-                                 "DO UPDATE SET tokens = excluded.tokens, stamp = excluded.stamp", rows)
+        """Store ``(key, tokens, stamp)`` rows in one transaction.
+
+        Raises:
+            ConfigError: ``disk-full`` / ``io-error`` naming the file (node.common.dbfaults).
+        """
+        try:
+            with self._db:
+                self._db.execute("BEGIN")
+                self._db.executemany("INSERT INTO bucket (key, tokens, stamp) VALUES (?, ?, ?) ON CONFLICT(key) "
+                                     "DO UPDATE SET tokens = excluded.tokens, stamp = excluded.stamp", rows)
+        except (sqlite3.DatabaseError, OSError) as exc:  # a full disk is disk-full, never a bare sqlite3 error
+            from node.common.dbfaults import state_fault
+
+            refusal = state_fault(exc, self.path, "it holds the peers' quota buckets; a new file starts with "
+                                                  "every bucket full")
+            if refusal is None:
+                raise
+            raise refusal from None
 
     def close(self) -> None:
         """Close the database (idempotent)."""

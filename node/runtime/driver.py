@@ -193,6 +193,13 @@ def _runs_inline(fn: Any, args: tuple[Any, ...]) -> bool | None:
         return False
 
 
+def _log_refusal(fn: Any, exc: KithError) -> None:
+    """A hook ended by a refusal (a fault of the home, most often): its code, message and
+    hint in one line — the owner's way out (the peer is told only ``hook-failed``)."""
+    log.warning("hook %s refused: [%s] %s%s", getattr(fn, "__name__", "hook"), exc.code, exc.message,
+                f" — hint: {exc.hint}" if exc.hint else "")
+
+
 async def _call_hook(fn: Callable[..., Any] | None, args: tuple[Any, ...], timeout_s: float | None) -> HookResult:
     if fn is None:
         return HookResult()
@@ -227,8 +234,15 @@ async def _call_hook(fn: Callable[..., Any] | None, args: tuple[Any, ...], timeo
     except HookError:
         raise
     except KithError as exc:  # e.g. a CorpusError inside a hook: still the hook's failure
-        log.warning("hook %s refused: %s", getattr(fn, "__name__", "hook"), exc.code)
+        _log_refusal(fn, exc)
         raise HookError("hook-failed", f"{getattr(fn, '__name__', 'hook')} failed ({exc.code})") from None
+    except OSError as exc:  # a file of the home: disk-full or io-error, told with its way out
+        from node.common.dbfaults import DISK_FULL_ERRNOS, disk_full, io_error
+
+        where = str(exc.filename) if exc.filename else "the Kith home"
+        refusal = disk_full(where) if exc.errno in DISK_FULL_ERRNOS else io_error(where, exc.strerror or type(exc).__name__)
+        _log_refusal(fn, refusal)
+        raise HookError("hook-failed", f"{getattr(fn, '__name__', 'hook')} failed ({refusal.code})") from None
     except Exception as exc:  # a hook bug must not crash the node
         log.warning("hook %s raised %s", getattr(fn, "__name__", "hook"), type(exc).__name__, exc_info=True)
         raise HookError("hook-failed", f"{getattr(fn, '__name__', 'hook')} raised {type(exc).__name__}") from None

@@ -266,6 +266,24 @@ class AuditLog:
             return {"query": text[:MAX_QUERY_CHARS]}
         return {"query_hmac": hmac.new(self._hmac_key(), text.encode("utf-8"), hashlib.sha256).hexdigest()[:32]}
 
+    def check_key(self) -> str | None:
+        """Load (or make) the key of the query hashes now — ``kith host`` calls it at start
+        when queries are hashed, so a key that cannot be read refuses the start instead of
+        failing every guest query.
+
+        Returns:
+            A warning to show when a damaged key (not 32 bytes) was replaced, else None.
+
+        Raises:
+            ConfigError: ``io-error`` naming ``audit.key`` and the way out.
+        """
+        if self.audit_queries:
+            return None
+        self._hmac_key()
+        return self._replaced
+
+    _replaced: str | None = None
+
     def _hmac_key(self) -> bytes:
         if self._key is None:
             path = self.home / AUDIT_KEY_FILE
@@ -273,9 +291,20 @@ class AuditLog:
                 key = path.read_bytes()
             except FileNotFoundError:
                 key = b""
+            except OSError as exc:
+                from node.common.errors import ConfigError
+
+                raise ConfigError(
+                    "io-error", f"the audit's query key cannot be read: {exc.strerror or type(exc).__name__} ({path})",
+                    hint=f"move it aside (`mv {path} {path}.bad`): a new key is made at the next start; query "
+                         "hashes recorded before it can no longer be matched to new ones (or start with "
+                         "--audit-queries, which records the text instead)") from None
             if len(key) != 32:
                 from node.common.home import atomic_write
 
+                if key:  # damaged: said once, never replaced without a word
+                    self._replaced = (f"{path} was not a 32-byte key ({len(key)} bytes): a new one is made; query "
+                                      "hashes recorded before it no longer match new ones")
                 key = os.urandom(32)
                 atomic_write(path, key)
             self._key = key

@@ -120,8 +120,17 @@ class SeenNonces:
 
     def _insert(self, post_id: str, nonce: str, expires_at: float) -> bool:
         until = min(float(expires_at), self._clock() + MAX_AGE_S)
-        cur = self._db.execute("INSERT OR IGNORE INTO seen_nonce (nonce, post_id, expires_at) VALUES (?, ?, ?)",
-                               (nonce, post_id, until))
+        try:
+            cur = self._db.execute("INSERT OR IGNORE INTO seen_nonce (nonce, post_id, expires_at) VALUES (?, ?, ?)",
+                                   (nonce, post_id, until))
+        except (sqlite3.DatabaseError, OSError) as exc:  # a full disk is disk-full, never a bare sqlite3 error
+            from node.common.dbfaults import state_fault
+
+            refusal = state_fault(exc, self.path, "it holds the handshake nonces already seen (replay "
+                                                  "protection); a new file starts empty")
+            if refusal is None:
+                raise
+            raise refusal from None
         if cur.rowcount != 1:
             return False
         self._rows += 1
