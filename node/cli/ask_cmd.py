@@ -159,11 +159,15 @@ def ask_cmd(
             with OutboxStore(home) as store:
                 store.check_room(request)
     ticket = None
-    if names and not copy_only:  # the outbound gate, before anything leaves (specs/agents.md §5)
+    # the outbound gate, before anything leaves (specs/agents.md §5), for the pinned peers
+    # named: a name pinned to no one is refused peer-not-found in its row and sent nothing,
+    # so it is neither checked nor logged (a command that sends nothing leaves the home as it was)
+    receivers = [n for n in names if registry.by_name(n) is not None]
+    if receivers and not copy_only:
         from node.cli.common import confirm_outbound
         from node.policy.outbound import OWNER, gate
 
-        ticket = gate(home, request, names, actor=OWNER, rule="ask", yes=yes,
+        ticket = gate(home, request, receivers, actor=OWNER, rule="ask", yes=yes,
                       confirm=confirm_outbound if sys.stdin.isatty() and sys.stderr.isatty() else None)
     identity = load_identity(home)
 
