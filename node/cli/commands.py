@@ -113,16 +113,6 @@ def _ticket_text(mode: Any, inv: dict[str, Any]) -> str:
     return f"{name}; " + "; ".join(parts)
 
 
-def _path_text(path: Any) -> str:
-    """A host event's path for people (``direct (ADDR)``, ``relayed via URL``, ``unknown``)."""
-    from node.transport.paths import PathInfo
-
-    if not isinstance(path, dict):
-        return "unknown"
-    return safe_text(PathInfo(str(path.get("kind") or "unknown"), relay_url=path.get("relayUrl"),
-                              remote=path.get("remote")).describe())
-
-
 def host_cmd(
     ctx: typer.Context,
     protocol: str = typer.Option("knowledge-query", "--protocol", help="Protocol to serve."),
@@ -191,7 +181,6 @@ def host_cmd(
     if new_invitation and server:
         raise UsageError("usage", "--new-invitation is for file mode: a server post is withdrawn at every exit")
     opts.new_invitation = new_invitation
-    codes_shown: set[str] = set()  # unknown guests whose pairing code was printed
     opts.anonymous_sessions = anonymous_slots
     opts.evict_idle_after_s = evict_idle_after
     opts.max_failed_handshakes = max_failed_handshakes
@@ -210,91 +199,6 @@ def host_cmd(
                 console.print(f"  invitation file: {invite_file}  (kith join {invite_file}{mode.join_flags()})")
             console.print("  Ctrl-C to stop.")
 
-    def on_event(ev: dict[str, Any]) -> None:
-        if json_out:
-            emit_json(ev)
-        else:
-            if ev["event"] == "republished":
-                console.print(f"  new post_id: [bold]{ev['post_id']}[/bold]  ({ev['previous_post_id']} was {ev['reason']};"
-                              f" expires {ev['expires_at']})")
-            elif ev["event"] == "post-ended":
-                console.print(f"  post {ev['post_id']} {ev['reason']}"
-                              + ("; republishing" if ev["republish"] else "; not republishing"))
-            elif ev["event"] == "post-renewed":
-                console.print(f"  post {ev['post_id']} now expires {ev['expires_at']}")
-            elif ev["event"] == "post-restored":  # a post of an earlier run, honoured again (issue 30)
-                uses = f"{ev['uses']} of {ev['max_sessions']}" if ev["max_sessions"] is not None else str(ev["uses"])
-                console.print(f"  {'this invitation' if ev['current'] else 'earlier invitation ' + ev['post_id']} "
-                              f"is kept from the last run ({uses} session(s) used, expires {ev['expires_at']}): "
-                              "invitations saved from it keep working" + ("" if not ev["current"] else
-                              "; --new-invitation signs a new one"), highlight=False, markup=False)
-            elif ev["event"] == "session-started":
-                who = f"{ev['peer'][:16]}…"
-                if ev.get("via_person"):  # a device holding a person pin's grants (specs/peers.md §10)
-                    who = f"{ev['peer_name']}'s device {safe_text(ev.get('device_name') or '')!r} ({who})"
-                elif ev.get("person"):  # a verified binding chain: the person and this device's name
-                    who += f" (person {ev['person'][:16]}…, device {safe_text(ev.get('device_name') or '')!r})"
-                path = _path_text(ev.get("path"))
-                err_console.print(f"session {ev['session_id']} started with {who}, path {path}",
-                                  highlight=False, markup=False)
-                if ev.get("peer_name") is None and ev.get("pairing_code") and ev["peer"] not in codes_shown:
-                    codes_shown.add(ev["peer"])
-                    err_console.print(f"  unknown guest {ev['peer'][:16]}… pairing code: [bold]{ev['pairing_code']}[/bold]"
-                                      " (compare it with the guest's; `kith peers code KEY`)", highlight=False)
-            elif ev["event"] == "peer-revoked":
-                who = ev.get("peer_name") or ev["peer"][:16] + "…"
-                err_console.print(f"{ev['cause']} {who}: ended {ev['sessions_ended']} session(s), cancelled "
-                                  f"{len(ev['approvals_cancelled'])} pending approval(s)", highlight=False, markup=False)
-            elif ev["event"] == "grant-expired":
-                what = {"pin": "the pin of", "group": f"the membership in @{ev.get('group')} of",
-                        "override": f"the override {safe_text(ev.get('glob') or '')} → {ev.get('tier')} for"}[ev["kind"]]
-                err_console.print(f"{what} {ev['peer_name']} ended at {ev['until']}: ended {ev['sessions_ended']} "
-                                  "session(s)", highlight=False, markup=False)
-            elif ev["event"] == "person-rotated":
-                err_console.print(f"person {ev['old_person'][:16]}… rotated to {ev['person'][:16]}… ({ev['via']} key; "
-                                  f"seen from device {safe_text(ev.get('device_name') or '')!r}): followed, the old key "
-                                  "is retired here", highlight=False, markup=False)
-            elif ev["event"] == "person-device-new":  # a new device of a person pin (specs/peers.md §10)
-                err_console.print(f"{ev['peer_name']}'s new device {safe_text(ev['device_name'])!r} "
-                                  f"({ev['device'][:16]}…)", highlight=False, markup=False)
-            elif ev["event"] == "device-revoked":
-                who = ev.get("peer_name") or f"person {ev['person'][:16]}…"
-                err_console.print(f"{who} revoked {len(ev['devices'])} device(s) (list {ev['seq']}, via {ev['via']}): "
-                                  f"ended {ev['sessions_ended']} session(s)", highlight=False, markup=False)
-            elif ev["event"] == "policy-reloaded":
-                err_console.print("policy.toml changed: " + (f"{ev['rules']} rule(s) in force" if ev["ok"] else
-                                  f"not valid ({ev['code']}); the last good policy stays in force"),
-                                  highlight=False, markup=False)
-            elif ev["event"] == "config-invalid":
-                err_console.print(f"{ev['file']} is not valid; the host keeps the registry it last read",
-                                  highlight=False, markup=False)
-            elif ev["event"] == "session-path-changed":
-                err_console.print(f"session {ev['session_id'][:12]} path changed: {_path_text(ev.get('previous'))}"
-                                  f" -> {_path_text(ev.get('path'))}", highlight=False, markup=False)
-            elif ev["event"] == "session-evicted":
-                err_console.print(f"evicted an idle anonymous session of {ev['peer'][:16]}… for a newcomer")
-            elif ev["event"] == "post-retired":
-                err_console.print(f"post {ev['post_id']} is no longer honoured: {ev['reason']}"
-                                  + (" (a new one replaces it)" if server else ""))
-            elif ev["event"] == "post-expired":
-                err_console.print(f"post {ev['post_id']} expired"
-                                  + ("; republishing" if server else "; no new guest can join (restart kith host)"))
-            elif ev["event"] == "session-refused":
-                why = " (it holds no grant: --presence granted)" if ev.get("reason") == "no-grant" else ""
-                err_console.print(f"refused a session from {(ev.get('peer') or '?')[:16]}…: {ev['code']}{why}",
-                                  highlight=False, markup=False)
-            elif ev["event"] == "index-updated":
-                from node.cli.index_cmd import _stamp
-
-                stamp = _stamp()
-                for change in ev.get("changes") or []:
-                    err_console.print(f"{stamp} index: {change['op']} {safe_text(change['source'])}",
-                                      highlight=False, markup=False)
-                err_console.print(f"{stamp} index: indexed {ev['indexed']}, updated {ev['updated']}, removed "
-                                  f"{ev['removed']}, failed {ev['failed'] + ev['empty']}", highlight=False)
-            else:
-                err_console.print(f"session {(ev.get('session_id') or '-')[:12]} ended: {ev.get('code') or ev['reason']}")
-
     async def main() -> None:
         stop = anyio.Event()
 
@@ -307,6 +211,7 @@ def host_cmd(
                     err_console.print("stopping: ending sessions and closing the endpoint…")
                     stop.set()
 
+        from node.cli.host_render import HostEventPrinter
         from node.cli.outbox_cmd import say_delivery
         from node.guest.runner import run_background
         from node.runtime.clock import SYSTEM_CLOCK
@@ -317,7 +222,8 @@ def host_cmd(
             # the home's background work while it hosts: the outbox's delivery (specs/outbox.md §5)
             tg.start_soon(partial(run_background, home, command="kith host", mode=mode, local=mode.offline,
                                   on_event=say_delivery, clock=clock))
-            await serve_host(home, opts, on_invitation=on_invitation, on_event=on_event, warn=warn, stop=stop,
+            await serve_host(home, opts, on_invitation=on_invitation, warn=warn, stop=stop,
+                             on_event=HostEventPrinter(json_out=json_out, server=server),
                              clock=clock, on_devices_revoked=partial(_end_revoked_copies, home))
             tg.cancel_scope.cancel()
 
