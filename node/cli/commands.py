@@ -12,9 +12,8 @@ from typing import Any, Optional
 import anyio
 import typer
 
-from node.cli.common import (DISCOVERY_HELP, LAN_HELP, LOCAL_DEPRECATED_HELP, OFFLINE_HELP, RELAY_HELP,
-                             RELAY_ONLY_HELP, console, emit_json, err_console, home_if_any, identity_home_of,
-                             new_home_of, safe_text, transport_mode, warn)
+from node.cli.common import (TransportArgs, console, emit_json, err_console, home_if_any, identity_home_of,
+                             new_home_of, safe_text, transport_options, warn)
 from node.cli.render import CONNECTING_NOTICE_S, Waiting, print_answer
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import CODES, InvitationError, KithError, SessionAborted, SpecError, UsageError, error_for
@@ -113,17 +112,13 @@ def _ticket_text(mode: Any, inv: dict[str, Any]) -> str:
     return f"{name}; " + "; ".join(parts)
 
 
+@transport_options(deprecated_local=True)
 def host_cmd(
     ctx: typer.Context,
     protocol: str = typer.Option("knowledge-query", "--protocol", help="Protocol to serve."),
     server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="Community server to publish the invitation to."),
     invite_file: Optional[Path] = typer.Option(None, "--invite-file", metavar="FILE", help="Write the invitation to FILE (paired peers, no server)."),
-    offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help=OFFLINE_HELP),
-    local: bool = typer.Option(False, "--local", help=LOCAL_DEPRECATED_HELP),
-    relay: Optional[str] = typer.Option(None, "--relay", metavar="n0|none|URL[,URL]", help=RELAY_HELP),
-    relay_only: bool = typer.Option(False, "--relay-only", help=RELAY_ONLY_HELP),
-    lan: bool = typer.Option(False, "--lan", help=LAN_HELP),
-    discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
+    transport: TransportArgs = TransportArgs(),
     presence: Optional[str] = typer.Option(None, "--presence", metavar="open|granted", help="Who learns this host is online: open (default; every guest with the invitation) or granted (only peers holding a grant; the rest get the unknown-post refusal). Config: [host] presence."),
     unlisted: bool = typer.Option(False, "--unlisted", help="With --server: the post is reachable by post_id, by its invitation file and by pinned peers (browse --host KEY), but absent from browsing."),
     ttl: int = typer.Option(24 * 3600, "--ttl", min=60, max=30 * 24 * 3600, help="Invitation lifetime in seconds."),
@@ -163,8 +158,7 @@ def host_cmd(
     if invite_file is not None and not invite_file.resolve().parent.is_dir():
         raise UsageError("usage", f"--invite-file: the folder {invite_file.parent} does not exist")
     home = identity_home_of(ctx)
-    mode = transport_mode(home, relay=relay, relay_only=relay_only, lan=lan, discovery=discovery, offline=offline,
-                          local=local, command="host")
+    mode = transport.mode(home, "host")
     from node.host.grants import presence_from
 
     presence = presence_from(presence, home)
@@ -355,17 +349,13 @@ def _exit_now(exc: KithError | None, json_out: bool, status: int | None = None) 
     os._exit(status if status is not None else (exc.exit_code if exc is not None else 0))
 
 
+@transport_options(deprecated_local=True)
 def join_cmd(
     ctx: typer.Context,
     target: Optional[str] = typer.Argument(None, metavar="POST_ID|INVITE_FILE|JSON", help="A post_id (needs --server), an invitation file, or an invitation JSON string (or --peer NAME instead)."),
     peer: Optional[str] = typer.Option(None, "--peer", metavar="NAME", help="Join a pinned peer by its saved invitation (then the newest post of its key on the community server it came from), instead of POST_ID|INVITE_FILE|JSON."),
     server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="Community server to fetch the post_id from and record the session proof."),
-    offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help=OFFLINE_HELP),
-    local: bool = typer.Option(False, "--local", help=LOCAL_DEPRECATED_HELP),
-    relay: Optional[str] = typer.Option(None, "--relay", metavar="n0|none|URL[,URL]", help=RELAY_HELP),
-    relay_only: bool = typer.Option(False, "--relay-only", help=RELAY_ONLY_HELP),
-    lan: bool = typer.Option(False, "--lan", help=LAN_HELP),
-    discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
+    transport: TransportArgs = TransportArgs(),
     trust: bool = typer.Option(False, "--trust", help="Trust an unknown host key without asking."),
     query: list[str] = typer.Option([], "--query", "-q", help="Ask this question (repeatable); without it, an interactive prompt."),
     top_k: int = typer.Option(TOP_K_DEFAULT, "--top-k", min=1, max=20, help="Results per question (1-20)."),
@@ -381,8 +371,7 @@ def join_cmd(
     from node.trust.pairing import pairing_code
 
     home = identity_home_of(ctx)
-    mode = transport_mode(home, relay=relay, relay_only=relay_only, lan=lan, discovery=discovery, offline=offline,
-                          local=local, command="join")
+    mode = transport.mode(home, "join")
     identity = load_identity(home)
     from node.answer import contract
 
