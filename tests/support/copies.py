@@ -108,3 +108,21 @@ def kb_host_and_bea(tmp_path: Path, grant: str | None = "/kb/**") -> tuple[Path,
     if grant is not None:
         assert kith(host, "policy", "copy", grant, "--for", "bea").returncode == 0
     return host, bea
+
+
+def first_copy(home: Path, tmp_path: Path, peer: str = "alice") -> tuple[Path, str]:
+    """A guest home (``guest`` under ``tmp_path``) that synced the copy ``home`` grants bea
+    once, kept as the copy of ``peer``, through :func:`copy_server` and :func:`copy_asker`.
+
+    Returns:
+        (guest home, the host's public key hex).
+    """
+    import anyio
+
+    from node.guest.copies.sync import sync_copy
+
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = copy_server(home)
+    with corpus:
+        anyio.run(lambda: sync_copy(guest, peer, copy_asker(server), key))
+    return guest, key
