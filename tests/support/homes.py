@@ -64,3 +64,23 @@ def public_host_home(tmp: Path, docs: dict[str, str], *, home: str = "host", kb:
     policy.set(f"/{kb}/**", "public")
     policy.save()
     return path
+
+
+def indexed_docs(base: Path, files: dict[str, str]) -> tuple[Path, Path]:
+    """``files`` (path under the folder -> text) written to ``base/docs`` and indexed into
+    the corpus of ``base/home`` (in process; no identity, no policy).
+
+    Returns:
+        (home, docs folder).
+    """
+    from node.corpus.store import Corpus
+
+    docs = base / "docs"
+    for rel, text in files.items():
+        (docs / rel).parent.mkdir(parents=True, exist_ok=True)
+        (docs / rel).write_text(text)
+    home = base / "home"
+    with Corpus(home) as corpus:
+        corpus.add_root(docs)
+        corpus.sync()
+    return home, docs
