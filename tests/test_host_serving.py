@@ -92,10 +92,7 @@ def test_single_use_post_admits_exactly_one_of_concurrent_handshakes(tmp_path):
         host = InProcessHost(_home(tmp_path, "host"), tmp_path, post_max_sessions=1)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(20):
-                await host.ready.wait()
-            inv = parse_invitation(host.invitation)
-            _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+            inv, _pdir, spec = await host.joinable(_home(tmp_path, "guest"))
             # a guest that takes the slot but never sends _session_ready gives it back
             assert await _raw_guest(inv, spec, Identity(os.urandom(32)), hang_up_after_proof=True) \
                 is State.AWAIT_CONFIRM
