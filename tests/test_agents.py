@@ -15,11 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import anyio
 import httpx
 import pytest
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
 
 from node.corpus.store import Corpus
 from node.local.agents import (API_OPERATIONS, TOKEN_ENV, TOOL_OPERATIONS, add_agent, authorize, ensure_default_agent, load_agents,
@@ -27,11 +24,10 @@ from node.local.agents import (API_OPERATIONS, TOKEN_ENV, TOOL_OPERATIONS, add_a
 from node.local.api import create_app, run_api_in_thread
 from node.common.errors import AgentError
 
-from support.agents import bearer
+from support.agents import bearer, mcp_session
 from support.cli import KITH
 from support.homes import initialized, new_identity
 
-REPO = Path(__file__).resolve().parents[1]
 HTTP = httpx.Client(timeout=30)
 NOTE = "The staging server is deleted automatically every night by the cleanup job."
 SECRET = "Payroll numbers for the quarter are kept in the locked cabinet."
@@ -208,17 +204,7 @@ def test_the_one_check_refuses_typed(home: Path) -> None:
 
 # --- kith mcp ----------------------------------------------------------------------------
 def _mcp(home: Path, calls, env: dict[str, str], agent: str | None = None):
-    args = f"run_stdio({str(home)!r}" + (f", agent={agent!r})" if agent else ")")
-    params = StdioServerParameters(command=sys.executable, cwd=str(REPO), env=env,
-                                   args=["-c", f"from node.local.mcp import run_stdio; {args}"])
-
-    async def main():
-        async with stdio_client(params) as (r, w):
-            async with ClientSession(r, w) as s:
-                await s.initialize()
-                return await calls(s)
-
-    return anyio.run(main)
+    return mcp_session(home, calls, env=env, agent=agent)
 
 
 #: one call of every tool, with the arguments that reach each dimension

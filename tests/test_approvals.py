@@ -23,6 +23,8 @@ from node.answer.service import peer_knowledge
 from node.policy.quota import RateLimiter
 from node.policy.store import Policy, Quota
 
+from support.homes import indexed_docs
+
 ALICE, BOB, ANON = "a1" * 32, "b2" * 32, "c3" * 32
 
 FILES = {
@@ -40,16 +42,7 @@ FILES.update({f"public/long/n{i:02d}.md": f"# Platform note {i}\n\n" + " ".join(
 
 @pytest.fixture(scope="module")
 def indexed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    base = tmp_path_factory.mktemp("kq")
-    docs = base / "docs"
-    for rel, text in FILES.items():
-        (docs / rel).parent.mkdir(parents=True, exist_ok=True)
-        (docs / rel).write_text(text)
-    home = base / "home"
-    with Corpus(home) as corpus:
-        corpus.add_root(docs)
-        corpus.sync()
-    return home, docs
+    return indexed_docs(tmp_path_factory.mktemp("kq"), FILES)
 
 
 def _policy() -> Policy:

@@ -19,7 +19,6 @@ import anyio
 import pytest
 
 from node.corpus.store import Corpus
-from node.policy.store import Policy
 from node.guest.fanout import MAX_PEERS, fan_out, local_searcher
 from node.guest.guest import resolve_peer
 from node.guest.pool import SessionPool
@@ -30,7 +29,7 @@ from node.trust.peers import PeerRegistry
 from support.agents import api_headers
 from support.cli import KITH, readline as _readline
 from support.envelopes import valid_ask as valid
-from support.homes import PROTOCOLS, node_home as _home, pin_host as _pin
+from support.homes import PROTOCOLS, node_home as _home, pin_host as _pin, public_host_home
 from support.hosts import ENV, InProcessHost
 
 pytestmark = pytest.mark.iroh
@@ -50,19 +49,7 @@ CORPORA = {
 
 
 def _host_home(tmp: Path, name: str, docs: dict[str, str]) -> Path:
-    kb = tmp / f"kb-{name}"
-    kb.mkdir()
-    for fname, text in docs.items():
-        (kb / fname).write_text(text)
-    home = _home(tmp, f"host-{name}")
-    load_or_init_identity(home)
-    with Corpus(home) as c:
-        c.add_root(kb)
-        c.sync()
-    policy = Policy.load(home)
-    policy.set(f"/kb-{name}/**", "public")
-    policy.save()
-    return home
+    return public_host_home(tmp, docs, home=f"host-{name}", kb=f"kb-{name}")
 
 
 def _run(tmp: Path, scenario, names=("alice", "bob", "carol"), **host_opts):

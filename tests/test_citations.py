@@ -25,7 +25,7 @@ from node.trust.peers import PeerRegistry
 
 from support.agents import api_headers, mcp_env
 from support.cli import KITH
-from support.homes import node_home as _home
+from support.homes import node_home as _home, public_host_home
 from support.hosts import ENV, InProcessHost
 
 CALM = (1.0, 15.0)
@@ -36,18 +36,7 @@ DOCS = {
 
 
 def _host_home(tmp: Path) -> tuple[Path, Path]:
-    kb = tmp / "kb"
-    kb.mkdir()
-    for name, text in DOCS.items():
-        (kb / name).write_text(text)
-    home = _home(tmp, "host")
-    with Corpus(home) as c:
-        c.add_root(kb)
-        c.sync()
-    policy = Policy.load(home)
-    policy.set("/kb/**", "public")
-    policy.save()
-    return home, kb
+    return public_host_home(tmp, DOCS), tmp / "kb"
 
 
 async def _ask(host: InProcessHost, guest_home: Path, questions: list[str], *, citations: bool = True) -> list[dict]:

@@ -19,7 +19,7 @@ import anyio
 import httpx
 import pytest
 
-from support.cli import KITH, kith, readline as _readline
+from support.cli import KITH, kith, kith_init, readline as _readline
 from support.homes import PROTOCOLS
 from support.hosts import ENV, InProcessHost
 
@@ -33,12 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 kith = functools.partial(kith, env=ENV)  # the guest side's fast heartbeat
-
-
-def _init(home: Path) -> str:
-    r = kith(home, "init", "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)["public_key"]
+_init = functools.partial(kith_init, env=ENV)
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from node.guest.copies.sync import sync_copy
 
 from support.agents import api_headers
 from support.cli import invoke
-from support.copies import DOCS, copy_asker, copy_host, copy_server
+from support.copies import DOCS, copy_asker, copy_host, copy_server, first_copy
 from support.homes import node_home
 
 @pytest.fixture()
@@ -345,10 +345,7 @@ def _outside(reply):
                                          (_outside, "copy-outside-grant")])
 def test_a_hostile_document_is_refused_and_the_previous_copy_stays(host, tmp_path, mutate, code):
     home, kb = host
-    guest = node_home(tmp_path, "guest")
-    server, corpus, key = _server(home)
-    with corpus:
-        _sync(guest, _asker(server), key)
+    guest, key = first_copy(home, tmp_path)
     store = CopyStore(guest, "alice")
     before, files = store.load(), _files(store)
     (kb / "sqlite.md").write_text(DOCS["sqlite.md"] + "\nA new line.\n")
@@ -408,10 +405,7 @@ def test_a_grant_narrowed_as_its_budget_shrank_still_deletes_what_it_no_longer_c
     copy-over-budget (nothing fetched), yet what the grant no longer covers is deleted and
     never answered from again; what remains is kept as it was."""
     home, _ = host
-    guest = node_home(tmp_path, "guest")
-    server, corpus, key = _server(home)
-    with corpus:
-        _sync(guest, _asker(server), key)
+    guest, key = first_copy(home, tmp_path)
     assert sorted(CopyStore(guest, "alice").load()["documents"]) == ["/kb/deploy.md", "/kb/sqlite.md"]
     policy = Policy.load(home)
     policy.unset_copy("/kb/**", "bea")
@@ -464,10 +458,7 @@ def test_a_hostile_source_id_never_names_a_file(host, tmp_path):
 
 def test_search_of_a_copy_never_names_a_local_file(host, tmp_path):
     home, _ = host
-    guest = node_home(tmp_path, "guest")
-    server, corpus, key = _server(home)
-    with corpus:
-        _sync(guest, _asker(server), key)
+    guest, key = first_copy(home, tmp_path)
     answer = search_copy(guest, "alice", {"query": "staging server", "topK": 5})
     text = json.dumps(answer)
     assert "/copy/" not in text and str(guest) not in text
@@ -546,10 +537,7 @@ def _copied(host, tmp_path) -> tuple[Path, str]:
     from node.trust.peers import PeerRegistry
 
     home, _ = host
-    guest = node_home(tmp_path, "guest")
-    server, corpus, key = _server(home)
-    with corpus:
-        _sync(guest, _asker(server), key)
+    guest, key = first_copy(home, tmp_path)
     PeerRegistry.load(guest).add("alice", key)
     return guest, key
 
@@ -736,10 +724,7 @@ def test_a_fault_in_a_batch_writes_nothing_of_it_and_keeps_the_index_flag(host, 
     leaves no file of the first; a sync refused before anything changed keeps
     ``indexed: true`` (the next sync re-indexes only what changes)."""
     home, kb = host
-    guest = node_home(tmp_path, "guest")
-    server, corpus, key = _server(home)
-    with corpus:
-        _sync(guest, _asker(server), key)
+    guest, key = first_copy(home, tmp_path)
     store = CopyStore(guest, "alice")
     before = _copy_state(store)
     assert before[0]["indexed"] is True
@@ -823,10 +808,7 @@ def test_a_full_disk_is_copy_disk_full_and_the_previous_copy_stays(host, tmp_pat
     import sys
 
     home, kb = host
-    guest = node_home(tmp_path, "guest")
-    server, corpus, key = _server(home)
-    with corpus:
-        _sync(guest, _asker(server), key)
+    guest, key = first_copy(home, tmp_path)
     store = CopyStore(guest, "alice")
     before = _copy_state(store)
     _changed_host(home, kb, DOCS["sqlite.md"] + "".join(f"\nLine {i} of a long log about checkpoints.\n"

@@ -7,30 +7,19 @@ bea's own node without reaching the host (`copy-expired`)."""
 from __future__ import annotations
 
 import json
-import shutil
 import time
 
 import pytest
 
 from node.common.grants import until_time
 from node.guest.copies.store import CopyStore
-from node.trust.identity import load_identity
-from node.trust.peers import PeerRegistry
 
 from support.cli import kith
-from support.homes import FIXTURE, node_home, pin_host
-from support.hosts import HostProcess, prepare_host
+from support.copies import kb_host_and_bea
+from support.homes import pin_host
+from support.hosts import HostProcess
 
 pytestmark = pytest.mark.iroh
-
-
-def _setup(tmp_path):
-    corpus = tmp_path / "kb"
-    shutil.copytree(FIXTURE, corpus)
-    host = prepare_host(tmp_path, corpus)
-    bea = node_home(tmp_path, "bea")
-    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
-    return host, bea
 
 
 def _listed(bea) -> list:
@@ -38,7 +27,7 @@ def _listed(bea) -> list:
 
 
 def test_an_ordinary_ask_deletes_a_copy_whose_grant_ended_and_peers_remove_deletes_one(tmp_path):
-    host, bea = _setup(tmp_path)
+    host, bea = kb_host_and_bea(tmp_path, grant=None)
     assert kith(host, "policy", "copy", "/kb/**", "--for", "bea").returncode == 0
     h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
     try:
@@ -67,7 +56,7 @@ def test_an_ordinary_ask_deletes_a_copy_whose_grant_ended_and_peers_remove_delet
 
 
 def test_a_copy_past_its_until_is_deleted_without_the_host(tmp_path):
-    host, bea = _setup(tmp_path)
+    host, bea = kb_host_and_bea(tmp_path, grant=None)
     granted = kith(host, "policy", "copy", "/kb/**", "--for", "bea", "--until", "45s")
     assert granted.returncode == 0 and "even if it never reaches this host again" in granted.stderr
     h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))

@@ -8,29 +8,24 @@ deletes the copy at the next sync and says so."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from node.trust.identity import load_identity
-from node.trust.peers import PeerRegistry
 
 from support.agents import api_headers
 from support.cli import kith
+from support.copies import kb_host_and_bea
 from support.envelopes import valid_ask
-from support.homes import FIXTURE, node_home, pin_host
-from support.hosts import HostProcess, prepare_host
+from support.homes import node_home, pin_host
+from support.hosts import HostProcess
 
 pytestmark = pytest.mark.iroh
 
 
 def test_grant_sync_host_stopped_ask_answers_from_the_copy(tmp_path):
-    corpus = tmp_path / "kb"
-    shutil.copytree(FIXTURE, corpus)
-    host = prepare_host(tmp_path, corpus)
+    host, bea = kb_host_and_bea(tmp_path, grant=None)
     assert kith(host, "policy", "set", "/kb/notes/**", "private").returncode == 0
-    bea = node_home(tmp_path, "bea")
-    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
     granted = kith(host, "policy", "copy", "/kb/**", "--for", "bea")
     assert granted.returncode == 0 and "keeps what it copied" in granted.stderr
     h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
@@ -78,12 +73,7 @@ def test_grant_sync_host_stopped_ask_answers_from_the_copy(tmp_path):
 
 
 def test_ending_the_grant_deletes_the_copy_at_the_next_sync(tmp_path):
-    corpus = tmp_path / "kb"
-    shutil.copytree(FIXTURE, corpus)
-    host = prepare_host(tmp_path, corpus)
-    bea = node_home(tmp_path, "bea")
-    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
-    assert kith(host, "policy", "copy", "/kb/**", "--for", "bea").returncode == 0
+    host, bea = kb_host_and_bea(tmp_path)
     h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
     try:
         pin_host(bea, "alice", h.invitation)
@@ -110,12 +100,7 @@ def test_the_home_runner_re_syncs_a_copy_in_the_background(tmp_path):
     from node.guest.runner import Runner, default_tasks
     from support.hosts import STEADY, InProcessHost
 
-    corpus = tmp_path / "kb"
-    shutil.copytree(FIXTURE, corpus)
-    host = prepare_host(tmp_path, corpus)
-    bea = node_home(tmp_path, "bea")
-    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
-    assert kith(host, "policy", "copy", "/kb/sqlite.md", "--for", "bea").returncode == 0
+    host, bea = kb_host_and_bea(tmp_path, "/kb/sqlite.md")
     store = CopyStore(bea, "alice")
     store.commit(store.load())  # bea keeps a copy of alice (nothing in it yet)
     events: list[dict] = []
@@ -166,12 +151,7 @@ def test_kith_verify_accepts_each_result_of_an_answer_from_a_copy_as_the_hosts(t
     from node.local.mcp import call_search, call_verify
     from node.guest.copies.store import CopyStore
 
-    corpus = tmp_path / "kb"
-    shutil.copytree(FIXTURE, corpus)
-    host = prepare_host(tmp_path, corpus)
-    bea = node_home(tmp_path, "bea")
-    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
-    assert kith(host, "policy", "copy", "/kb/**", "--for", "bea").returncode == 0
+    host, bea = kb_host_and_bea(tmp_path)
     h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
     try:
         pin_host(bea, "alice", h.invitation)

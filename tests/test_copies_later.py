@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -20,14 +19,13 @@ import time
 import pytest
 
 from node.guest.outbox import OutboxStore, later_peers
-from node.trust.identity import load_identity
-from node.trust.peers import PeerRegistry
 
 from support.agents import api_headers
 from support.cli import KITH, kith, readline
+from support.copies import kb_host_and_bea
 from support.envelopes import valid_ask
-from support.homes import FIXTURE, node_home, pin_host
-from support.hosts import HostProcess, prepare_host
+from support.homes import pin_host
+from support.hosts import HostProcess
 
 NEW_LINE = "The zebra checkpoint folds the WAL back every thousand pages."
 
@@ -63,12 +61,7 @@ def _bea_queries(host_home):
 
 @pytest.mark.iroh
 def test_later_with_a_copy_answers_now_queues_for_the_live_host_and_re_syncs_when_it_is_back(tmp_path):
-    corpus = tmp_path / "kb"
-    shutil.copytree(FIXTURE, corpus)
-    host = prepare_host(tmp_path, corpus)
-    bea = node_home(tmp_path, "bea")
-    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
-    assert kith(host, "policy", "copy", "/kb/**", "--for", "bea").returncode == 0
+    host, bea = kb_host_and_bea(tmp_path)
     inv = tmp_path / "inv.json"
     h = HostProcess(host, "--invite-file", str(inv))
     runner = None
@@ -90,7 +83,7 @@ def test_later_with_a_copy_answers_now_queues_for_the_live_host_and_re_syncs_whe
         assert (ev["id"], ev["status"]) == (q_only, "ok")
 
         h.stop()  # the host sleeps; its copied file changes meanwhile
-        with (corpus / "sqlite.md").open("a") as f:
+        with (tmp_path / "kb" / "sqlite.md").open("a") as f:
             f.write(f"\n\n## Checkpoints\n\n{NEW_LINE}\n")
         assert kith(host, "index", "sync").returncode == 0
 
@@ -191,12 +184,7 @@ def test_a_host_known_gone_is_answered_from_its_copy_at_once_and_mcp_and_the_api
     from node.local.api import run_api_in_thread
     from node.local.mcp import call_ask_later
 
-    corpus = tmp_path / "kb"
-    shutil.copytree(FIXTURE, corpus)
-    host = prepare_host(tmp_path, corpus)
-    bea = node_home(tmp_path, "bea")
-    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
-    assert kith(host, "policy", "copy", "/kb/**", "--for", "bea").returncode == 0
+    host, bea = kb_host_and_bea(tmp_path)
     h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
     try:
         pin_host(bea, "alice", h.invitation)

@@ -22,7 +22,7 @@ import pytest
 from node.local.dashboard.app import run_dashboard_in_thread
 from node.trust.identity import fingerprint, load_identity
 
-from support.cli import KITH, kith
+from support.cli import KITH, kith, kith_init
 from support.hosts import HostProcess as Host
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -80,10 +80,7 @@ class Guest:
                 self.proc.communicate()
 
 
-def _init(home: Path) -> str:
-    r = kith(home, "init", "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)["public_key"]
+_init = kith_init
 
 
 @pytest.fixture(scope="module")

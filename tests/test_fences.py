@@ -15,7 +15,6 @@ import jsonschema
 import pytest
 
 from node.answer.fence import REASONS, fenced, mark_answer, scan
-from node.corpus.store import Corpus
 from node.policy.store import Policy
 from node.guest.pool import SessionPool
 from node.trust.identity import load_or_init_identity
@@ -23,7 +22,7 @@ from node.trust.identity import load_or_init_identity
 from support.agents import api_headers
 from support.cli import KITH, readline as _readline
 from support.envelopes import valid_ask as valid
-from support.homes import node_home as _home, pin_host as _pin
+from support.homes import node_home as _home, pin_host as _pin, public_host_home
 from support.hosts import ENV, STEADY as CALM, InProcessHost
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,17 +135,8 @@ def test_a_fence_cannot_be_closed_by_the_evidence():
 # --- over iroh ---------------------------------------------------------------------------------
 
 def _scrubbed_host_home(tmp: Path, name: str = "alice") -> Path:
-    kb = tmp / f"kb-{name}"
-    kb.mkdir()
-    for fname, text in DOCS.items():
-        (kb / fname).write_text(text)
-    home = _home(tmp, f"host-{name}")
-    load_or_init_identity(home)
-    with Corpus(home) as c:
-        c.add_root(kb)
-        c.sync()
+    home = public_host_home(tmp, DOCS, home=f"host-{name}", kb=f"kb-{name}")
     policy = Policy.load(home)
-    policy.set(f"/kb-{name}/**", "public")
     policy.set_scrub("public", ["email", "card", "iban"])
     policy.save()
     return home

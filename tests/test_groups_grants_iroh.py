@@ -6,11 +6,10 @@ joins is followed by the host (``person-rotated``) and keeps being served."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from support.cli import json_lines, kith
+from support.cli import json_lines, kith, kith_init
 from support.hosts import HostProcess as Host
 
 pytestmark = [pytest.mark.iroh, pytest.mark.slow]
@@ -18,10 +17,7 @@ pytestmark = [pytest.mark.iroh, pytest.mark.slow]
 TEXT = "the migration plan for the storage cluster and its rollback steps"
 
 
-def _init(home: Path) -> str:
-    r = kith(home, "init", "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)["public_key"]
+_init = kith_init
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from node.corpus.store import Corpus
 from node.local.mcp import call_search
-from node.policy.store import Policy
 from node.guest.guest import GuestOptions, ask, open_target
-from node.trust.identity import Identity, load_or_init_identity
+from node.trust.identity import Identity
 from node.trust.peers import PeerRegistry
 
-from support.homes import node_home as _home
+from support.homes import node_home as _home, public_host_home
 from support.hosts import FAST, InProcessHost
 
 pytestmark = pytest.mark.iroh
@@ -28,19 +26,7 @@ DOCS = {"deploy.md": "# Deploy\n\nThe staging server is deleted automatically ev
 
 
 def _host_home(tmp: Path) -> Path:
-    kb = tmp / "kb"
-    kb.mkdir()
-    for name, text in DOCS.items():
-        (kb / name).write_text(text)
-    home = _home(tmp, "host")
-    load_or_init_identity(home)
-    with Corpus(home) as c:
-        c.add_root(kb)
-        c.sync()
-    policy = Policy.load(home)
-    policy.set("/kb/**", "public")
-    policy.save()
-    return home
+    return public_host_home(tmp, DOCS)
 
 
 def _run_with_host(tmp: Path, scenario):

@@ -57,11 +57,8 @@ def test_silent_connections_do_not_lock_out_a_real_guest(tmp_path):
         host = InProcessHost(_home(tmp_path, "host"), tmp_path)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(20):
-                await host.ready.wait()
-            inv = parse_invitation(host.invitation)
             guest_home = _home(tmp_path, "guest")
-            pdir, spec = check_invitation(inv, guest_home)
+            inv, pdir, spec = await host.joinable(guest_home)
             async with bind_node(os.urandom(32), spec.alpn, local=True) as a, \
                     bind_node(os.urandom(32), spec.alpn, local=True) as b:
                 held = []  # kept alive: a dropped stream is finished, which the host would see
@@ -95,10 +92,7 @@ def test_single_use_post_admits_exactly_one_of_concurrent_handshakes(tmp_path):
         host = InProcessHost(_home(tmp_path, "host"), tmp_path, post_max_sessions=1)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(20):
-                await host.ready.wait()
-            inv = parse_invitation(host.invitation)
-            _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+            inv, _pdir, spec = await host.joinable(_home(tmp_path, "guest"))
             # a guest that takes the slot but never sends _session_ready gives it back
             assert await _raw_guest(inv, spec, Identity(os.urandom(32)), hang_up_after_proof=True) \
                 is State.AWAIT_CONFIRM
@@ -360,11 +354,8 @@ def test_stalled_handshakes_are_evicted_with_host_busy_for_a_real_guest(tmp_path
         told: list[str] = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(20):
-                await host.ready.wait()
-            inv = parse_invitation(host.invitation)
             guest_home = _home(tmp_path, "guest")
-            pdir, spec = check_invitation(inv, guest_home)
+            inv, pdir, spec = await host.joinable(guest_home)
 
             async def stall(node):
                 stream = await node.open_stream(await node.connect(inv.transport_info.ticket))

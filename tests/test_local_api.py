@@ -14,17 +14,13 @@ import json
 import os
 import socket
 import sqlite3
-import sys
 import time
 from pathlib import Path
 
-import anyio
 import httpx
 import iroh
 import jsonschema
 import pytest
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
 
 import node.common.http as httpbounds
 from node.answer.service import answer_local
@@ -39,7 +35,7 @@ try:
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
-from support.agents import api_headers, mcp_env
+from support.agents import api_headers, mcp_session
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "specs" / "search-envelope.schema.json").read_text())
@@ -231,20 +227,7 @@ def test_malformed_or_deep_bodies_are_400_with_the_envelope(served, content: byt
 
 # --- 4. MCP ---------------------------------------------------------------------------
 
-def _mcp(home: Path, calls):
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"],
-        env=mcp_env(home),
-        cwd=str(REPO))
-
-    async def main():
-        async with stdio_client(params) as (r, w):
-            async with ClientSession(r, w) as s:
-                await s.initialize()
-                return await calls(s)
-
-    return anyio.run(main)
+_mcp = mcp_session
 
 
 def _invitation() -> dict:

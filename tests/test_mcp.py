@@ -9,14 +9,13 @@ from pathlib import Path
 import anyio
 import jsonschema
 import pytest
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
+from mcp import StdioServerParameters
 
 from node.corpus.store import Corpus
 
 from support.homes import initialized
 
-from support.agents import api_headers, mcp_env
+from support.agents import api_headers, mcp_env, mcp_session
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "specs" / "search-envelope.schema.json").read_text())
@@ -37,21 +36,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return h
 
 
-def _session(home: Path, calls):
-    """Start `run_stdio(home)` as a child process and run ``calls(session)``."""
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"],
-        env=mcp_env(home),
-        cwd=str(REPO))
-
-    async def main():
-        async with stdio_client(params) as (r, w):
-            async with ClientSession(r, w) as s:
-                await s.initialize()
-                return await calls(s)
-
-    return anyio.run(main)
+_session = mcp_session
 
 
 def _structured(result) -> dict:

@@ -28,7 +28,7 @@ from support.agents import api_headers
 from support.cli import KITH, readline as _readline
 from support.community import NO_LIMITS
 from support.envelopes import valid_ask as valid
-from support.homes import node_home as _home
+from support.homes import node_home as _home, public_host_home
 from support.hosts import ENV
 
 KEY = "ab" * 32
@@ -37,20 +37,7 @@ DEPLOY = "# Deploy\n\nThe staging server is deleted automatically every night.\n
 
 def _host_home(tmp: Path, name: str) -> Path:
     """``name``'s home: one indexed note, shared as ``/kb-<name>/**`` public."""
-    from node.corpus.store import Corpus
-    from node.policy.store import Policy
-
-    kb = tmp / f"kb-{name}"
-    kb.mkdir()
-    (kb / "deploy.md").write_text(DEPLOY)
-    home = _home(tmp, f"host-{name}")
-    with Corpus(home) as c:
-        c.add_root(kb)
-        c.sync()
-    policy = Policy.load(home)
-    policy.set(f"/kb-{name}/**", "public")
-    policy.save()
-    return home
+    return public_host_home(tmp, {"deploy.md": DEPLOY}, home=f"host-{name}", kb=f"kb-{name}")
 REQUEST = {"query": "staging server", "topK": 3}
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from support.cli import invoke
+from support.homes import indexed_docs
 from node.cli.common import _UntrustedConsole
 from node.answer.envelope import empty_envelope
 from node.answer.contract import validate as validate_search_request
@@ -69,16 +70,7 @@ def _write_policy(home: Path, text: str) -> None:
 
 @pytest.fixture(scope="module")
 def indexed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    base = tmp_path_factory.mktemp("rf")
-    docs = base / "docs"
-    for rel, text in DOCS.items():
-        (docs / rel).parent.mkdir(parents=True, exist_ok=True)
-        (docs / rel).write_text(text)
-    home = base / "home"
-    with Corpus(home) as corpus:
-        corpus.add_root(docs)
-        corpus.sync()
-    return home, docs
+    return indexed_docs(tmp_path_factory.mktemp("rf"), DOCS)
 
 
 @pytest.fixture

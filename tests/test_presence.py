@@ -12,10 +12,8 @@ import pytest
 
 from node.engine.session import GuestConfig, SessionEngine
 from node.host.grants import has_grant, presence_from, refusal_code
-from node.guest.targets import check_invitation
 from node.transport.iroh import bind_node
 from node.trust.identity import Identity
-from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
 
 from support.homes import node_home as _home
@@ -58,10 +56,7 @@ def _run(tmp_path, presence: str):
         host = InProcessHost(host_home, tmp_path, presence=presence)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(20):
-                await host.ready.wait()
-            inv = parse_invitation(host.invitation)
-            _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+            inv, _pdir, spec = await host.joinable(_home(tmp_path, "guest"))
             out = {"unknown-post": await _guest(inv, spec, pinned, post_id="0" * 32)}
             for name, who in (("blocked", blocked), ("removed", removed), ("stranger", stranger),
                               ("pinned", pinned)):
@@ -127,10 +122,7 @@ def test_a_blocked_peer_gets_the_unknown_post_bytes_exactly_and_nothing_else(tmp
     async def scenario():
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(20):
-                await host.ready.wait()
-            inv = parse_invitation(host.invitation)
-            _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+            inv, _pdir, spec = await host.joinable(_home(tmp_path, "guest"))
             out = (await _raw(inv, spec, pinned, "0" * 32), await _raw(inv, spec, blocked, inv.post_id),
                    await _raw(inv, spec, Identity(os.urandom(32)), inv.post_id))
             host.stop.set()
@@ -151,10 +143,7 @@ def test_a_blocked_peer_reaching_a_stopping_host_still_gets_the_unknown_post_ref
     async def scenario():
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(20):
-                await host.ready.wait()
-            inv = parse_invitation(host.invitation)
-            _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+            inv, _pdir, spec = await host.joinable(_home(tmp_path, "guest"))
 
             async def stop_host():  # the connection is accepted; the host stops before the stream
                 await anyio.sleep(0.3)

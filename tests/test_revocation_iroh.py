@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from support.cli import KITH, kith, readline as _readline
+from support.cli import KITH, kith, kith_init, readline as _readline
 from support.homes import PROTOCOLS
 from support.hosts import ENV, InProcessHost
 
@@ -29,12 +29,7 @@ DEADLINE_S = 20.0
 
 
 kith = functools.partial(kith, env=ENV)  # the guest side's fast heartbeat
-
-
-def _key(home: Path) -> str:
-    r = kith(home, "init", "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)["public_key"]
+_key = functools.partial(kith_init, env=ENV)
 
 
 @pytest.fixture

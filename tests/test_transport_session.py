@@ -128,11 +128,8 @@ def test_concurrency_bounds_per_peer_and_overall(tmp_path):
         results: dict[str, Any] = {}
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(20):
-                await host.ready.wait()
-            inv = parse_invitation(host.invitation)
             guest_home = _home(tmp_path, "guest")
-            pdir, spec = check_invitation(inv, guest_home)
+            inv, pdir, spec = await host.joinable(guest_home)
             release = anyio.Event()
             same = Identity(os.urandom(32))
 
@@ -225,11 +222,8 @@ def test_hostile_guests_do_not_stall_an_honest_one(tmp_path):
         host = InProcessHost(_home(tmp_path, "host"), tmp_path)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(20):
-                await host.ready.wait()
-            inv = parse_invitation(host.invitation)
             guest_home = _home(tmp_path, "guest")
-            pdir, spec = check_invitation(inv, guest_home)
+            inv, pdir, spec = await host.joinable(guest_home)
 
             async def garbage():
                 async with bind_node(os.urandom(32), spec.alpn, local=True) as node:

@@ -16,8 +16,8 @@ import anyio
 import typer
 
 from node.answer.contract import TOP_K_DEFAULT
-from node.cli.common import (DISCOVERY_HELP, LAN_HELP, OFFLINE_HELP, RELAY_HELP, RELAY_ONLY_HELP, console, emit_json,
-                             err_console, identity_home_of, safe_text, transport_mode)
+from node.cli.common import (TransportArgs, console, emit_json, err_console, identity_home_of, safe_text,
+                             transport_options)
 
 
 def _who_said(r: dict[str, Any]) -> str:
@@ -91,6 +91,7 @@ def render(env: dict[str, Any]) -> None:
     console.print(table)
 
 
+@transport_options()
 def ask_cmd(
     ctx: typer.Context,
     question: str = typer.Argument(..., metavar="QUESTION", help="The question, in plain words."),
@@ -99,11 +100,7 @@ def ask_cmd(
     local_corpus: bool = typer.Option(False, "--local", help="Search this node's own corpus too."),
     top_k: int = typer.Option(TOP_K_DEFAULT, "--top-k", min=1, max=20, help="Merged results to keep (1-20); each peer is asked for as many."),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, max=120.0, metavar="SECONDS", help="One deadline for every peer; the answer comes then with what arrived."),
-    offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help=OFFLINE_HELP),
-    relay: Optional[str] = typer.Option(None, "--relay", metavar="n0|none|URL[,URL]", help=RELAY_HELP),
-    relay_only: bool = typer.Option(False, "--relay-only", help=RELAY_ONLY_HELP),
-    lan: bool = typer.Option(False, "--lan", help=LAN_HELP),
-    discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
+    transport: TransportArgs = TransportArgs(),
     json_out: bool = typer.Option(False, "--json", help="Print the merged envelope (specs/ask.schema.json) as JSON."),
     citations: bool = typer.Option(False, "--citations", help="Ask each peer to sign a citation for its results (hosts with --sign-citations do); save --json and check it with `kith verify`."),
     later: bool = typer.Option(False, "--later", help="Keep the question for every peer that is offline now (or whose answer waits for its owner's approval) in this home's outbox; a running `kith host`, `kith api serve`, `kith mcp` or `kith outbox run` delivers it when the peer is back (`kith outbox list`). A peer answered from its copy (or with --copy) is kept too: the copy answers now, the live host later."),
@@ -120,8 +117,7 @@ def ask_cmd(
     from node.trust.peers import PeerRegistry
 
     home = identity_home_of(ctx)
-    mode = transport_mode(home, relay=relay, relay_only=relay_only, lan=lan, discovery=discovery, offline=offline,
-                          command="ask")
+    mode = transport.mode(home, "ask")
     if all_peers and peer:
         raise UsageError("usage", "give --peer NAME... or --all-peers, not both")
     registry = PeerRegistry.load(home)

@@ -12,9 +12,8 @@ from typing import Any, Optional
 import anyio
 import typer
 
-from node.cli.common import (DISCOVERY_HELP, LAN_HELP, LOCAL_DEPRECATED_HELP, OFFLINE_HELP, RELAY_HELP,
-                             RELAY_ONLY_HELP, console, emit_json, err_console, home_if_any, identity_home_of,
-                             new_home_of, safe_text, transport_mode, warn)
+from node.cli.common import (TransportArgs, console, emit_json, err_console, home_if_any, identity_home_of,
+                             new_home_of, safe_text, transport_options, warn)
 from node.cli.render import CONNECTING_NOTICE_S, Waiting, print_answer
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import CODES, InvitationError, KithError, SessionAborted, SpecError, UsageError, error_for
@@ -113,27 +112,13 @@ def _ticket_text(mode: Any, inv: dict[str, Any]) -> str:
     return f"{name}; " + "; ".join(parts)
 
 
-def _path_text(path: Any) -> str:
-    """A host event's path for people (``direct (ADDR)``, ``relayed via URL``, ``unknown``)."""
-    from node.transport.paths import PathInfo
-
-    if not isinstance(path, dict):
-        return "unknown"
-    return safe_text(PathInfo(str(path.get("kind") or "unknown"), relay_url=path.get("relayUrl"),
-                              remote=path.get("remote")).describe())
-
-
+@transport_options(deprecated_local=True)
 def host_cmd(
     ctx: typer.Context,
     protocol: str = typer.Option("knowledge-query", "--protocol", help="Protocol to serve."),
     server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="Community server to publish the invitation to."),
     invite_file: Optional[Path] = typer.Option(None, "--invite-file", metavar="FILE", help="Write the invitation to FILE (paired peers, no server)."),
-    offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help=OFFLINE_HELP),
-    local: bool = typer.Option(False, "--local", help=LOCAL_DEPRECATED_HELP),
-    relay: Optional[str] = typer.Option(None, "--relay", metavar="n0|none|URL[,URL]", help=RELAY_HELP),
-    relay_only: bool = typer.Option(False, "--relay-only", help=RELAY_ONLY_HELP),
-    lan: bool = typer.Option(False, "--lan", help=LAN_HELP),
-    discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
+    transport: TransportArgs = TransportArgs(),
     presence: Optional[str] = typer.Option(None, "--presence", metavar="open|granted", help="Who learns this host is online: open (default; every guest with the invitation) or granted (only peers holding a grant; the rest get the unknown-post refusal). Config: [host] presence."),
     unlisted: bool = typer.Option(False, "--unlisted", help="With --server: the post is reachable by post_id, by its invitation file and by pinned peers (browse --host KEY), but absent from browsing."),
     ttl: int = typer.Option(24 * 3600, "--ttl", min=60, max=30 * 24 * 3600, help="Invitation lifetime in seconds."),
@@ -174,8 +159,7 @@ def host_cmd(
     if invite_file is not None and not invite_file.resolve().parent.is_dir():
         raise UsageError("usage", f"--invite-file: the folder {invite_file.parent} does not exist")
     home = identity_home_of(ctx)
-    mode = transport_mode(home, relay=relay, relay_only=relay_only, lan=lan, discovery=discovery, offline=offline,
-                          local=local, command="host")
+    mode = transport.mode(home, "host")
     from node.host.grants import presence_from
 
     presence = presence_from(presence, home)
@@ -195,7 +179,6 @@ def host_cmd(
     if new_invitation and server:
         raise UsageError("usage", "--new-invitation is for file mode: a server post is withdrawn at every exit")
     opts.new_invitation = new_invitation
-    codes_shown: set[str] = set()  # unknown guests whose pairing code was printed
     opts.anonymous_sessions = anonymous_slots
     opts.evict_idle_after_s = evict_idle_after
     opts.max_failed_handshakes = max_failed_handshakes
@@ -214,91 +197,6 @@ def host_cmd(
                 console.print(f"  invitation file: {invite_file}  (kith join {invite_file}{mode.join_flags()})")
             console.print("  Ctrl-C to stop.")
 
-    def on_event(ev: dict[str, Any]) -> None:
-        if json_out:
-            emit_json(ev)
-        else:
-            if ev["event"] == "republished":
-                console.print(f"  new post_id: [bold]{ev['post_id']}[/bold]  ({ev['previous_post_id']} was {ev['reason']};"
-                              f" expires {ev['expires_at']})")
-            elif ev["event"] == "post-ended":
-                console.print(f"  post {ev['post_id']} {ev['reason']}"
-                              + ("; republishing" if ev["republish"] else "; not republishing"))
-            elif ev["event"] == "post-renewed":
-                console.print(f"  post {ev['post_id']} now expires {ev['expires_at']}")
-            elif ev["event"] == "post-restored":  # a post of an earlier run, honoured again (issue 30)
-                uses = f"{ev['uses']} of {ev['max_sessions']}" if ev["max_sessions"] is not None else str(ev["uses"])
-                console.print(f"  {'this invitation' if ev['current'] else 'earlier invitation ' + ev['post_id']} "
-                              f"is kept from the last run ({uses} session(s) used, expires {ev['expires_at']}): "
-                              "invitations saved from it keep working" + ("" if not ev["current"] else
-                              "; --new-invitation signs a new one"), highlight=False, markup=False)
-            elif ev["event"] == "session-started":
-                who = f"{ev['peer'][:16]}…"
-                if ev.get("via_person"):  # a device holding a person pin's grants (specs/peers.md §10)
-                    who = f"{ev['peer_name']}'s device {safe_text(ev.get('device_name') or '')!r} ({who})"
-                elif ev.get("person"):  # a verified binding chain: the person and this device's name
-                    who += f" (person {ev['person'][:16]}…, device {safe_text(ev.get('device_name') or '')!r})"
-                path = _path_text(ev.get("path"))
-                err_console.print(f"session {ev['session_id']} started with {who}, path {path}",
-                                  highlight=False, markup=False)
-                if ev.get("peer_name") is None and ev.get("pairing_code") and ev["peer"] not in codes_shown:
-                    codes_shown.add(ev["peer"])
-                    err_console.print(f"  unknown guest {ev['peer'][:16]}… pairing code: [bold]{ev['pairing_code']}[/bold]"
-                                      " (compare it with the guest's; `kith peers code KEY`)", highlight=False)
-            elif ev["event"] == "peer-revoked":
-                who = ev.get("peer_name") or ev["peer"][:16] + "…"
-                err_console.print(f"{ev['cause']} {who}: ended {ev['sessions_ended']} session(s), cancelled "
-                                  f"{len(ev['approvals_cancelled'])} pending approval(s)", highlight=False, markup=False)
-            elif ev["event"] == "grant-expired":
-                what = {"pin": "the pin of", "group": f"the membership in @{ev.get('group')} of",
-                        "override": f"the override {safe_text(ev.get('glob') or '')} → {ev.get('tier')} for"}[ev["kind"]]
-                err_console.print(f"{what} {ev['peer_name']} ended at {ev['until']}: ended {ev['sessions_ended']} "
-                                  "session(s)", highlight=False, markup=False)
-            elif ev["event"] == "person-rotated":
-                err_console.print(f"person {ev['old_person'][:16]}… rotated to {ev['person'][:16]}… ({ev['via']} key; "
-                                  f"seen from device {safe_text(ev.get('device_name') or '')!r}): followed, the old key "
-                                  "is retired here", highlight=False, markup=False)
-            elif ev["event"] == "person-device-new":  # a new device of a person pin (specs/peers.md §10)
-                err_console.print(f"{ev['peer_name']}'s new device {safe_text(ev['device_name'])!r} "
-                                  f"({ev['device'][:16]}…)", highlight=False, markup=False)
-            elif ev["event"] == "device-revoked":
-                who = ev.get("peer_name") or f"person {ev['person'][:16]}…"
-                err_console.print(f"{who} revoked {len(ev['devices'])} device(s) (list {ev['seq']}, via {ev['via']}): "
-                                  f"ended {ev['sessions_ended']} session(s)", highlight=False, markup=False)
-            elif ev["event"] == "policy-reloaded":
-                err_console.print("policy.toml changed: " + (f"{ev['rules']} rule(s) in force" if ev["ok"] else
-                                  f"not valid ({ev['code']}); the last good policy stays in force"),
-                                  highlight=False, markup=False)
-            elif ev["event"] == "config-invalid":
-                err_console.print(f"{ev['file']} is not valid; the host keeps the registry it last read",
-                                  highlight=False, markup=False)
-            elif ev["event"] == "session-path-changed":
-                err_console.print(f"session {ev['session_id'][:12]} path changed: {_path_text(ev.get('previous'))}"
-                                  f" -> {_path_text(ev.get('path'))}", highlight=False, markup=False)
-            elif ev["event"] == "session-evicted":
-                err_console.print(f"evicted an idle anonymous session of {ev['peer'][:16]}… for a newcomer")
-            elif ev["event"] == "post-retired":
-                err_console.print(f"post {ev['post_id']} is no longer honoured: {ev['reason']}"
-                                  + (" (a new one replaces it)" if server else ""))
-            elif ev["event"] == "post-expired":
-                err_console.print(f"post {ev['post_id']} expired"
-                                  + ("; republishing" if server else "; no new guest can join (restart kith host)"))
-            elif ev["event"] == "session-refused":
-                why = " (it holds no grant: --presence granted)" if ev.get("reason") == "no-grant" else ""
-                err_console.print(f"refused a session from {(ev.get('peer') or '?')[:16]}…: {ev['code']}{why}",
-                                  highlight=False, markup=False)
-            elif ev["event"] == "index-updated":
-                from node.cli.index_cmd import _stamp
-
-                stamp = _stamp()
-                for change in ev.get("changes") or []:
-                    err_console.print(f"{stamp} index: {change['op']} {safe_text(change['source'])}",
-                                      highlight=False, markup=False)
-                err_console.print(f"{stamp} index: indexed {ev['indexed']}, updated {ev['updated']}, removed "
-                                  f"{ev['removed']}, failed {ev['failed'] + ev['empty']}", highlight=False)
-            else:
-                err_console.print(f"session {(ev.get('session_id') or '-')[:12]} ended: {ev.get('code') or ev['reason']}")
-
     async def main() -> None:
         stop = anyio.Event()
 
@@ -311,6 +209,7 @@ def host_cmd(
                     err_console.print("stopping: ending sessions and closing the endpoint…")
                     stop.set()
 
+        from node.cli.host_render import HostEventPrinter
         from node.cli.outbox_cmd import say_delivery
         from node.guest.runner import run_background
         from node.runtime.clock import SYSTEM_CLOCK
@@ -321,7 +220,8 @@ def host_cmd(
             # the home's background work while it hosts: the outbox's delivery (specs/outbox.md §5)
             tg.start_soon(partial(run_background, home, command="kith host", mode=mode, local=mode.offline,
                                   on_event=say_delivery, clock=clock))
-            await serve_host(home, opts, on_invitation=on_invitation, on_event=on_event, warn=warn, stop=stop,
+            await serve_host(home, opts, on_invitation=on_invitation, warn=warn, stop=stop,
+                             on_event=HostEventPrinter(json_out=json_out, server=server),
                              clock=clock, on_devices_revoked=partial(_end_revoked_copies, home))
             tg.cancel_scope.cancel()
 
@@ -453,17 +353,13 @@ def _exit_now(exc: KithError | None, json_out: bool, status: int | None = None) 
     os._exit(status if status is not None else (exc.exit_code if exc is not None else 0))
 
 
+@transport_options(deprecated_local=True)
 def join_cmd(
     ctx: typer.Context,
     target: Optional[str] = typer.Argument(None, metavar="POST_ID|INVITE_FILE|JSON", help="A post_id (needs --server), an invitation file, or an invitation JSON string (or --peer NAME instead)."),
     peer: Optional[str] = typer.Option(None, "--peer", metavar="NAME", help="Join a pinned peer by its saved invitation (then the newest post of its key on the community server it came from), instead of POST_ID|INVITE_FILE|JSON."),
     server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="Community server to fetch the post_id from and record the session proof."),
-    offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help=OFFLINE_HELP),
-    local: bool = typer.Option(False, "--local", help=LOCAL_DEPRECATED_HELP),
-    relay: Optional[str] = typer.Option(None, "--relay", metavar="n0|none|URL[,URL]", help=RELAY_HELP),
-    relay_only: bool = typer.Option(False, "--relay-only", help=RELAY_ONLY_HELP),
-    lan: bool = typer.Option(False, "--lan", help=LAN_HELP),
-    discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
+    transport: TransportArgs = TransportArgs(),
     trust: bool = typer.Option(False, "--trust", help="Trust an unknown host key without asking."),
     query: list[str] = typer.Option([], "--query", "-q", help="Ask this question (repeatable); without it, an interactive prompt."),
     top_k: int = typer.Option(TOP_K_DEFAULT, "--top-k", min=1, max=20, help="Results per question (1-20)."),
@@ -474,16 +370,12 @@ def join_cmd(
     yes: bool = typer.Option(False, "--yes", help="Send a question even when the outbound gate holds it (12+ words of a source hidden from this host, a personal value or a secret); without it you are asked at a terminal, and refused (outbound-needs-confirmation) without one."),
 ) -> None:
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
-    from node.guest.guest import GuestOptions, ask, check_pinned_name, open_target, resolve_peer, trust_status
-    from node.trust.identity import fingerprint, load_identity
-    from node.trust.pairing import pairing_code
+    from node.answer import contract
+    from node.trust.identity import load_identity
 
     home = identity_home_of(ctx)
-    mode = transport_mode(home, relay=relay, relay_only=relay_only, lan=lan, discovery=discovery, offline=offline,
-                          local=local, command="join")
+    mode = transport.mode(home, "join")
     identity = load_identity(home)
-    from node.answer import contract
-
     for text in query:  # refused here, with the code every entry point uses, before connecting
         contract.validate({"query": text, "topK": top_k})
 
@@ -491,18 +383,133 @@ def join_cmd(
         raise UsageError("usage", "give POST_ID|INVITE_FILE|JSON, or --peer NAME (a pinned peer), not both")
     if peer is not None and pin is not None:
         raise UsageError("usage", "--peer NAME joins a peer pinned already; --pin is for a new one")
+    Join(home, identity, mode, target=target, peer=peer, server=server, trust=trust, query=query, top_k=top_k,
+         json_out=json_out, citations=citations, pin=pin, accept_host_ui=accept_host_ui, yes=yes).run()
 
-    async def main() -> Any:
-        host = await (open_target(target, home, server_url=server) if target is not None
-                      else resolve_peer(peer, home))
-        joined.append(host)
-        inv, name = host.invitation, host.pinned_name
-        if pin is not None:
+
+class Join:
+    """One ``kith join``: the host it joins, the session with it and what it prints.
+
+    Built by :func:`join_cmd` once the command line is checked; :meth:`run` joins, asks
+    (the ``--query`` questions, or at the ``ask>`` prompt) and raises the refusal the
+    session ends with (:func:`_join_result`). Its state is what the session's callbacks
+    share: the answers so far, the question out, the outbound gate's tickets, whether the
+    prompt waits on a worker thread.
+    """
+
+    def __init__(self, home: Path, identity: Any, mode: Any, *, target: str | None, peer: str | None,
+                 server: str | None, trust: bool, query: list[str], top_k: int, json_out: bool, citations: bool,
+                 pin: str | None, accept_host_ui: bool, yes: bool) -> None:
+        self.home, self.identity, self.mode = home, identity, mode
+        self.target, self.peer, self.server, self.trust = target, peer, server, trust
+        self.query, self.top_k, self.json_out, self.citations = query, top_k, json_out, citations
+        self.pin, self.accept_host_ui, self.yes = pin, accept_host_ui, yes
+        self.interactive = not query
+        #: what the handshake told of the host (its profile)
+        self.host_seen: dict[str, Any] = {}
+        #: the results messages shown, in order
+        self.answered: list[dict[str, Any]] = []
+        #: the Target joined (for the refusal's wording)
+        self.joined: Any = None
+        self.inv: Any = None
+        self.name: str | None = None
+        #: the outbound log's ticket of each question sent
+        self.tickets: list[Any] = []
+        #: (monotonic time asked, question number) of the question out, or None
+        self.outstanding: tuple[float, int] | None = None
+        #: the ask> prompt's input() is waiting on a worker thread
+        self.at_prompt = False
+        self.at_terminal = False
+        self.who = ""
+        self.unresponsive_s = 0.0
+        self.waiting = Waiting(err_console)
+        self.ready: Any = None  # the anyio.Event set when the session is ready (made in the event loop)
+
+    # ------------------------------------------------------------ the command
+    def run(self) -> None:
+        """Join, ask, and end as ``kith join`` does: raise the session's refusal, or in an
+        interactive session whose prompt still waits, report and end the process at once."""
+        if self.interactive:
+            _install_interactive_sigint()
+            try:  # bytes that are not UTF-8 at the prompt become lone surrogates, which the
+                # contract refuses as query-invalid, instead of a UnicodeDecodeError
+                sys.stdin.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
+            except (AttributeError, ValueError):
+                pass  # not a text stream of its own (a test runner's)
+        try:
+            outcome = anyio.run(self.main, backend="asyncio")
+        except (KeyboardInterrupt, KithError) as exc:
+            if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: the session is cleaned up; stop now,
+                _exit_now(None, self.json_out, 130)  # not after the interpreter's ~0.3 s teardown
+            if self.interactive and self.at_prompt:  # the session ended (error) under the prompt
+                _exit_now(exc, self.json_out)
+            raise
+        try:
+            _join_result(outcome, self.query, self.answered, self.interactive, self.joined)
+        except KithError as exc:
+            if self.interactive and self.at_prompt:  # say why now, not after the user's next line
+                _exit_now(exc, self.json_out)
+            raise
+        if self.interactive and self.at_prompt:
+            _exit_now(None, self.json_out)
+
+    async def main(self) -> Any:
+        """The session's outcome, after the host is opened, trusted and asked."""
+        from node.guest.guest import GuestOptions, ask
+        from node.runtime.driver import inflight_heartbeat
+
+        host = await self._open()
+        self.tickets = [await anyio.to_thread.run_sync(self.gated, text) for text in self.query]  # before connecting
+        self.unresponsive_s = inflight_heartbeat()[1]  # the bound while a question is out
+        self.ready = anyio.Event()
+        self.who = safe_text(self.name) if self.name is not None else f"{self.inv.host_public_key[:16]}…"
+        options = GuestOptions(queries=tuple(self.query), on_results=self.on_results, top_k=self.top_k,
+                               next_question=self.next_question if self.interactive else None,
+                               filters={"citations": True} if self.citations else {})
+        if self.interactive:
+            err_console.print("Type a question at each ask> prompt; an empty line or Ctrl-D ends the session.")
+        for attempt in (1, 2):
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self.say_connecting)
+                    tg.start_soon(self.say_waiting)
+                    asked = await ask(self.home, self.identity, host, options, local=self.mode.offline, mode=self.mode,
+                                      server_url=self.server, host_seen=self.host_seen, on_ready=self.on_ready,
+                                      accept_host_ui=self.accept_host_ui, on_path=self.on_path)
+                    tg.cancel_scope.cancel()
+            finally:
+                self.waiting.stop()
+            outcome = asked.outcome
+            newer = (await _newer_post(self.peer, self.home, outcome) if attempt == 1 and self.peer is not None
+                     else None)
+            if newer is None:
+                break
+            host = newer  # --peer: the saved post is gone there; its community server's newest one
+            self.joined, self.inv = host, host.invitation
+        assert outcome is not None  # no timeout_s: the session always ends with an outcome
+        if outcome.code == "peer-unresponsive" and self.outstanding is not None:
+            raise host_gone(self.who, outcome, f"q{self.outstanding[1]}")
+        self._after(outcome)
+        return outcome
+
+    async def _open(self) -> Any:
+        """The host to join (its :class:`node.guest.targets.Target`), checked against the
+        pins and, when it is unknown, trusted (``--trust`` or ``[y/N]``) — or refused."""
+        from node.guest.guest import check_pinned_name, open_target, resolve_peer
+        from node.trust.identity import fingerprint
+        from node.trust.pairing import pairing_code
+
+        home, identity = self.home, self.identity
+        host = await (open_target(self.target, home, server_url=self.server) if self.target is not None
+                      else resolve_peer(self.peer, home))
+        self.joined = host
+        inv, name = self.inv, self.name = host.invitation, host.pinned_name
+        if self.pin is not None:
             from node.trust.peers import NAME_RE
 
-            if not NAME_RE.fullmatch(pin):
+            if not NAME_RE.fullmatch(self.pin):
                 raise UsageError("usage", "--pin NAME: 1-64 of [A-Za-z0-9_.-], starting with a letter or digit")
-            check_pinned_name(pin, inv, home)
+            check_pinned_name(self.pin, inv, home)
         if name is not None:
             check_pinned_name(name, inv, home)
         else:
@@ -514,12 +521,12 @@ def join_cmd(
             err_console.print(f"  pairing code: [bold]{code}[/bold] (the host's owner sees the same words with "
                               f"`kith peers code {identity.public_key}`, and in its log once you connect)",
                               highlight=False)
-            if json_out and not trust:  # before the prompt / the refusal (with --trust: stderr only)
+            if self.json_out and not self.trust:  # before the prompt / the refusal (with --trust: stderr only)
                 from node.common.host_events import HostPairingCode, checked
 
                 emit_json(checked(HostPairingCode(host_public_key=inv.host_public_key, pairing_code=code).to_dict(),
                                   command=True))
-        if name is None and not trust:
+        if name is None and not self.trust:
             if not sys.stdin.isatty():
                 raise InvitationError("host-not-trusted", "unknown host key; pass --trust to connect anyway",
                                       hint=f"check the pairing code '{code}' (fingerprint {fp}) with the host's owner, "
@@ -530,151 +537,134 @@ def join_cmd(
                 answer = ""
             if answer.strip().lower() not in ("y", "yes"):
                 raise InvitationError("host-not-trusted", "you did not trust the host")
+        self.at_terminal = sys.stdin.isatty() and sys.stderr.isatty()
+        return host
 
+    def gated(self, text: str) -> Any:
+        """The outbound gate for one question to this host, before it leaves (specs/agents.md §5)."""
         from node.cli.common import confirm_outbound
         from node.policy.outbound import OWNER, gate
 
-        at_terminal = sys.stdin.isatty() and sys.stderr.isatty()
+        return gate(self.home, {"query": text, "topK": self.top_k}, [self.name], actor=OWNER, rule="ask",
+                    yes=self.yes, confirm=confirm_outbound if self.at_terminal else None)
 
-        def gated(text: str) -> Any:
-            """The outbound gate for one question to this host, before it leaves (specs/agents.md §5)."""
-            return gate(home, {"query": text, "topK": top_k}, [name], actor=OWNER, rule="ask", yes=yes,
-                        confirm=confirm_outbound if at_terminal else None)
+    # ------------------------------------------------------------ the session's callbacks
+    def wait_for_answer(self) -> None:
+        """A question went out: note when, and show the waiting line."""
+        import time
 
-        tickets = [await anyio.to_thread.run_sync(gated, text) for text in query]  # all, before connecting
+        self.outstanding = (time.monotonic(), len(self.answered) + 1)
+        self.waiting.start(f"waiting for the answer to q{len(self.answered) + 1} "
+                           f"(up to {self.unresponsive_s:.0f} s of silence)…")
+
+    async def say_waiting(self) -> None:
+        """One stderr line from WAIT_NOTICE_S on, then every WAIT_REPEAT_S, while a
+        question is out: until its answer, or the heartbeat ends the session."""
         import time
 
         from node.cli.render import WAIT_NOTICE_S, WAIT_REPEAT_S
-        from node.runtime.driver import inflight_heartbeat
-        from node.transport.iroh import CONNECT_TIMEOUT_S
 
-        unresponsive_s = inflight_heartbeat()[1]  # the bound while a question is out
-        shown_results = answered
-        waiting = Waiting(err_console)
-        ready = anyio.Event()
-        who = safe_text(name) if name is not None else f"{inv.host_public_key[:16]}…"
-        outstanding: list[Any] = [None]  # (monotonic time asked, question number) or None
-
-        def wait_for_answer() -> None:
-            outstanding[0] = (time.monotonic(), len(shown_results) + 1)
-            waiting.start(f"waiting for the answer to q{len(shown_results) + 1} "
-                          f"(up to {unresponsive_s:.0f} s of silence)…")
-
-        async def say_waiting() -> None:
-            # one stderr line from WAIT_NOTICE_S on, then every WAIT_REPEAT_S, while a
-            # question is out: until its answer, or the heartbeat ends the session
-            told: tuple[Any, float] | None = None
-            while True:
-                await anyio.sleep(0.1)
-                cur = outstanding[0]
-                if cur is None:
-                    continue
-                waited = time.monotonic() - cur[0]
-                due = WAIT_NOTICE_S if told is None or told[0] is not cur else told[1] + WAIT_REPEAT_S
-                if waited >= due:
-                    told = (cur, due)
-                    err_console.print(f"still waiting for {who} to answer q{cur[1]} ({waited:.0f} s; "
-                                      f"gives up after {unresponsive_s:.0f} s without a word from it)",
-                                      highlight=False, markup=False)
-
-        def on_ready(sid: str) -> None:
-            ready.set()
-            waiting.stop()
-            err_console.print(f"session {sid}", highlight=False)
-            if query:  # the first question goes out now
-                wait_for_answer()
-
-        def on_path(now: Any, previous: Any) -> None:
-            # the path iroh selected, and each change (specs/transport.md §3); stderr only
-            if previous is None:
-                err_console.print(f"path: {safe_text(now.describe())}", highlight=False, markup=False)
-            else:
-                err_console.print(f"path changed: {safe_text(previous.describe())} -> {safe_text(now.describe())}",
+        told: tuple[Any, float] | None = None
+        while True:
+            await anyio.sleep(0.1)
+            cur = self.outstanding
+            if cur is None:
+                continue
+            waited = time.monotonic() - cur[0]
+            due = WAIT_NOTICE_S if told is None or told[0] is not cur else told[1] + WAIT_REPEAT_S
+            if waited >= due:
+                told = (cur, due)
+                err_console.print(f"still waiting for {self.who} to answer q{cur[1]} ({waited:.0f} s; "
+                                  f"gives up after {self.unresponsive_s:.0f} s without a word from it)",
                                   highlight=False, markup=False)
 
-        def on_results(message: dict[str, Any]) -> None:
-            outstanding[0] = None
-            waiting.stop()
-            shown_results.append(message)
-            if len(shown_results) <= len(tickets):  # what came back, in the outbound log
-                tickets[len(shown_results) - 1].done({**(message.get("envelope") or {}), "status": message.get("status")})
-            if json_out:  # which host answered, for `kith verify` (the message does not say)
-                emit_json({**message, "peer": {"key": inv.host_public_key, "name": name}})
-            else:
-                print_answer(message, console)
-            if len(shown_results) < len(query):
-                wait_for_answer()
+    def on_ready(self, sid: str) -> None:
+        self.ready.set()
+        self.waiting.stop()
+        err_console.print(f"session {sid}", highlight=False)
+        if self.query:  # the first question goes out now
+            self.wait_for_answer()
 
-        async def say_connecting() -> None:
-            # a line each second while it keeps trying (a host that is gone is not silence)
-            started = time.monotonic()
-            await anyio.sleep(CONNECTING_NOTICE_S)
-            if not ready.is_set():
-                err_console.print(f"connecting to {inv.host_public_key[:16]}… (gives up after "
-                                  f"{CONNECT_TIMEOUT_S:.0f} s)", highlight=False, markup=False)
-                waiting.start("connecting…")
-            while not ready.is_set():
-                await anyio.sleep(1.0)
-                if not ready.is_set():
-                    err_console.print(f"still connecting to {inv.host_public_key[:16]}… "
-                                      f"({time.monotonic() - started:.0f} s of {CONNECT_TIMEOUT_S:.0f} s)",
-                                      highlight=False, markup=False)
+    def on_path(self, now: Any, previous: Any) -> None:
+        """The path iroh selected, and each change (specs/transport.md §3); stderr only."""
+        if previous is None:
+            err_console.print(f"path: {safe_text(now.describe())}", highlight=False, markup=False)
+        else:
+            err_console.print(f"path changed: {safe_text(previous.describe())} -> {safe_text(now.describe())}",
+                              highlight=False, markup=False)
 
-        def next_question() -> str | None:
-            # a question the contract refuses (too long, NUL, not UTF-8) gets the refusal
-            # --query gives, and the prompt asks again: the session goes on
-            from node.cli.main import print_error
+    def on_results(self, message: dict[str, Any]) -> None:
+        self.outstanding = None
+        self.waiting.stop()
+        self.answered.append(message)
+        if len(self.answered) <= len(self.tickets):  # what came back, in the outbound log
+            self.tickets[len(self.answered) - 1].done({**(message.get("envelope") or {}),
+                                                       "status": message.get("status")})
+        if self.json_out:  # which host answered, for `kith verify` (the message does not say)
+            emit_json({**message, "peer": {"key": self.inv.host_public_key, "name": self.name}})
+        else:
+            print_answer(message, console)
+        if len(self.answered) < len(self.query):
+            self.wait_for_answer()
 
-            while True:
-                try:
-                    sys.stderr.write("ask> ")  # stdout carries only JSON in --json mode (DESIGN §13)
-                    sys.stderr.flush()
-                    at_prompt[0] = True
-                    text = input()
-                except EOFError:
-                    return None
-                finally:
-                    at_prompt[0] = False
-                if not text.strip():
-                    return None
-                try:
-                    contract.validate({"query": text, "topK": top_k})
-                    tickets.append(gated(text.strip()))  # the outbound gate (held, not confirmed: refused)
-                except KithError as exc:
-                    print_error(exc)  # text only: in --json mode stdout carries results only
-                    continue
-                wait_for_answer()
-                return text.strip()
+    async def say_connecting(self) -> None:
+        """A line each second while it keeps trying (a host that is gone is not silence)."""
+        import time
 
-        options = GuestOptions(queries=tuple(query), on_results=on_results, top_k=top_k,
-                               next_question=next_question if interactive else None,
-                               filters={"citations": True} if citations else {})
-        if interactive:
-            err_console.print("Type a question at each ask> prompt; an empty line or Ctrl-D ends the session.")
-        for attempt in (1, 2):
+        from node.transport.iroh import CONNECT_TIMEOUT_S
+
+        started = time.monotonic()
+        await anyio.sleep(CONNECTING_NOTICE_S)
+        if not self.ready.is_set():
+            err_console.print(f"connecting to {self.inv.host_public_key[:16]}… (gives up after "
+                              f"{CONNECT_TIMEOUT_S:.0f} s)", highlight=False, markup=False)
+            self.waiting.start("connecting…")
+        while not self.ready.is_set():
+            await anyio.sleep(1.0)
+            if not self.ready.is_set():
+                err_console.print(f"still connecting to {self.inv.host_public_key[:16]}… "
+                                  f"({time.monotonic() - started:.0f} s of {CONNECT_TIMEOUT_S:.0f} s)",
+                                  highlight=False, markup=False)
+
+    def next_question(self) -> str | None:
+        """The next question typed at ``ask>`` (on a worker thread), or None to end. A
+        question the contract refuses (too long, NUL, not UTF-8) gets the refusal --query
+        gives, and the prompt asks again: the session goes on."""
+        from node.answer import contract
+        from node.cli.main import print_error
+
+        while True:
             try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(say_connecting)
-                    tg.start_soon(say_waiting)
-                    asked = await ask(home, identity, host, options, local=mode.offline, mode=mode,
-                                      server_url=server, host_seen=host_seen, on_ready=on_ready,
-                                      accept_host_ui=accept_host_ui, on_path=on_path)
-                    tg.cancel_scope.cancel()
+                sys.stderr.write("ask> ")  # stdout carries only JSON in --json mode (DESIGN §13)
+                sys.stderr.flush()
+                self.at_prompt = True
+                text = input()
+            except EOFError:
+                return None
             finally:
-                waiting.stop()
-            outcome = asked.outcome
-            newer = await _newer_post(peer, home, outcome) if attempt == 1 and peer is not None else None
-            if newer is None:
-                break
-            host = newer  # --peer: the saved post is gone there; its community server's newest one
-            joined[0], inv = host, host.invitation
-        assert outcome is not None  # no timeout_s: the session always ends with an outcome
-        if outcome.code == "peer-unresponsive" and outstanding[0] is not None:
-            raise host_gone(who, outcome, f"q{outstanding[0][1]}")
+                self.at_prompt = False
+            if not text.strip():
+                return None
+            try:
+                contract.validate({"query": text, "topK": self.top_k})
+                self.tickets.append(self.gated(text.strip()))  # the outbound gate (held, not confirmed: refused)
+            except KithError as exc:
+                print_error(exc)  # text only: in --json mode stdout carries results only
+                continue
+            self.wait_for_answer()
+            return text.strip()
+
+    # ------------------------------------------------------------ afterwards
+    def _after(self, outcome: Any) -> None:
+        """What a session leaves: the host's UI, and for a host answered, its pin offered
+        (unknown) or its invitation kept (pinned)."""
+        from node.guest.guest import trust_status
+
+        inv, name, home = self.inv, self.name, self.home
         if outcome.ui_path is not None:
             from node.runtime.ui_artifacts import write_results_js
 
-            write_results_js(outcome.ui_path.parent, shown_results)
+            write_results_js(outcome.ui_path.parent, self.answered)
             err_console.print(f"host UI installed for this session: {outcome.ui_path.as_uri()}",
                               highlight=False, markup=False)
         for code, side in outcome.ui_refused:
@@ -684,50 +674,21 @@ def join_cmd(
         if person is not None:  # its card in this handshake made it a known device of a person pin
             err_console.print(f"this host is a device of {person!r} (its card is kept): `kith ask --peer {person}` "
                               "asks it, or another awake device of that person", highlight=False, markup=False)
-        elif outcome.ok and name is None and not (interactive and outcome.peer_end is not None):
-            _offer_pin(home, inv.host_public_key, host_seen.get("profile") or {}, pin, inv.to_dict(), server)
+        elif outcome.ok and name is None and not (self.interactive and outcome.peer_end is not None):
+            _offer_pin(home, inv.host_public_key, self.host_seen.get("profile") or {}, self.pin, inv.to_dict(),
+                       self.server)
         elif outcome.ok and name is not None:  # a pinned host: keep its last invitation (`kith ask`)
             from node.trust.peers import PeerRegistry
 
             registry = PeerRegistry.load(home)
             before = registry.by_key(inv.host_public_key)
             was = before.invitation if before is not None else None
-            rec = registry.remember_invitation(inv.host_public_key, inv.to_dict(), server)
+            rec = registry.remember_invitation(inv.host_public_key, inv.to_dict(), self.server)
             if rec is not None and rec.invitation != was:  # re-joining refreshed the pin: say so
                 old = f" (it replaces post {safe_text(was.get('post_id'))[:64]})" if isinstance(was, dict) else ""
                 err_console.print(f"saved this invitation (post {inv.post_id}, expires {inv.expires_at}) for "
                                   f"{rec.name!r}{old}: `kith ask --peer {rec.name}` and `kith join --peer "
                                   f"{rec.name}` use it", highlight=False, markup=False)
-        return outcome
-
-    host_seen: dict[str, Any] = {}
-    answered: list[dict[str, Any]] = []
-    joined: list[Any] = []  # the Target joined (for the refusal's wording)
-    interactive = not query
-    at_prompt = [False]  # the ask> prompt's input() is waiting on a worker thread
-    if interactive:
-        _install_interactive_sigint()
-        try:  # bytes that are not UTF-8 at the prompt become lone surrogates, which the
-            # contract refuses as query-invalid, instead of a UnicodeDecodeError
-            sys.stdin.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
-        except (AttributeError, ValueError):
-            pass  # not a text stream of its own (a test runner's)
-    try:
-        outcome = anyio.run(main, backend="asyncio")
-    except (KeyboardInterrupt, KithError) as exc:
-        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: the session is cleaned up; stop now,
-            _exit_now(None, json_out, 130)      # not after the interpreter's ~0.3 s teardown
-        if interactive and at_prompt[0]:  # the session ended (error) under the prompt
-            _exit_now(exc, json_out)
-        raise
-    try:
-        _join_result(outcome, query, answered, interactive, joined[0] if joined else None)
-    except KithError as exc:
-        if interactive and at_prompt[0]:  # say why now, not after the user's next line
-            _exit_now(exc, json_out)
-        raise
-    if interactive and at_prompt[0]:
-        _exit_now(None, json_out)
 
 
 async def _newer_post(name: str, home: Path, outcome: Any) -> Any:

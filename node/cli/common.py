@@ -7,12 +7,14 @@ Every command gets the node home from :func:`home_of` and prints data with
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, get_type_hints
 
 import typer
 from rich.console import Console, ConsoleDimensions
@@ -234,8 +236,7 @@ def warn(message: str) -> None:
 
 
 # ----------------------------------------------------------------------------- transport
-#: ``--help`` texts of the transport options shared by ``host``, ``join`` and ``ask``
-#: (specs/transport.md §1).
+#: ``--help`` texts of the transport options (:func:`transport_options`; specs/transport.md §1).
 RELAY_HELP = ("Relays: n0 (the public n0 relays and address lookup; default), none (direct only), or "
               "URL[,URL] (only these relays, your own; never a public one). Config: [transport] relay "
               "in <home>/config.toml.")
@@ -266,3 +267,73 @@ def transport_mode(home: Path | None, *, relay: str | None, relay_only: bool, la
         offline = True
     return mode_from(relay=relay, relay_only=relay_only or None, lan=lan or None, discovery=discovery,
                      offline=offline, home=home)
+
+
+@dataclass(frozen=True)
+class TransportArgs:
+    """The transport options of one command line, as given (:func:`transport_options`)."""
+
+    offline: bool = False
+    relay: str | None = None
+    relay_only: bool = False
+    lan: bool = False
+    discovery: str | None = None
+    #: ``--local``, the deprecated spelling of ``--offline`` (``host`` and ``join`` only)
+    local: bool = False
+
+    def mode(self, home: Path | None, command: str) -> Any:
+        """The :class:`node.transport.modes.TransportMode` of these options for ``kith
+        <command>`` (:func:`transport_mode`)."""
+        return transport_mode(home, relay=self.relay, relay_only=self.relay_only, lan=self.lan,
+                              discovery=self.discovery, offline=self.offline, local=self.local, command=command)
+
+
+def _transport_parameters(deprecated_local: bool) -> list[inspect.Parameter]:
+    """The transport options as parameters Typer reads: ``--offline`` (``--local``),
+    ``--relay``, ``--relay-only``, ``--lan``, ``--discovery``, in ``--help`` order."""
+    def option(name: str, annotation: Any, info: Any) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=info, annotation=annotation)
+
+    params = [option("offline", bool, typer.Option(False, "--offline", envvar="KITH_OFFLINE", help=OFFLINE_HELP))]
+    if deprecated_local:
+        params.append(option("local", bool, typer.Option(False, "--local", help=LOCAL_DEPRECATED_HELP)))
+    return params + [
+        option("relay", Optional[str], typer.Option(None, "--relay", metavar="n0|none|URL[,URL]", help=RELAY_HELP)),
+        option("relay_only", bool, typer.Option(False, "--relay-only", help=RELAY_ONLY_HELP)),
+        option("lan", bool, typer.Option(False, "--lan", help=LAN_HELP)),
+        option("discovery", Optional[str], typer.Option(None, "--discovery", metavar="off|on|resolve",
+                                                        help=DISCOVERY_HELP)),
+    ]
+
+
+def transport_options(*, deprecated_local: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The one declaration of the transport options every command that dials takes
+    (``host``, ``join``, ``ask``, ``outbox run``, ``copies sync``).
+
+    A decorator: the command's parameter ``transport: TransportArgs`` stands, in ``--help``
+    and on the command line, for ``--offline``, ``--relay``, ``--relay-only``, ``--lan`` and
+    ``--discovery`` (with ``deprecated_local``, ``--local`` after ``--offline``), in its
+    place among the other options; the command receives them as one :class:`TransportArgs`.
+    """
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        hints = get_type_hints(fn)
+        added = _transport_parameters(deprecated_local)
+        names = [p.name for p in added]
+        own = inspect.signature(fn).parameters
+        if "transport" not in own:
+            raise TypeError(f"{fn.__name__} has no parameter `transport: TransportArgs`")
+        params: list[inspect.Parameter] = []
+        for p in own.values():
+            params.extend(added if p.name == "transport" else [p.replace(annotation=hints.get(p.name, p.annotation))])
+
+        @functools.wraps(fn)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            given = TransportArgs(**{name: kwargs.pop(name) for name in names})
+            return fn(*args, transport=given, **kwargs)
+
+        del command.__wrapped__  # Typer reads the signature below, not fn's
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return wrap

@@ -8,9 +8,8 @@ from typing import Any, Optional
 
 import typer
 
-from node.cli.common import (DISCOVERY_HELP, LAN_HELP, OFFLINE_HELP, RELAY_HELP, RELAY_ONLY_HELP, emit_json,
-                             err_console, home_of, identity_home_of, safe_text, transport_mode,
-                             untrusted_console as console)
+from node.cli.common import (TransportArgs, emit_json, err_console, home_of, identity_home_of, safe_text,
+                             transport_options, untrusted_console as console)
 
 copies_app = typer.Typer(
     help=(
@@ -80,14 +79,11 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
 
 
 @copies_app.command("sync")
+@transport_options()
 def sync_cmd(
     ctx: typer.Context,
     name: Optional[list[str]] = typer.Argument(None, metavar="[NAME]...", help="Pinned peers to sync (default: every copy kept here)."),
-    offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help=OFFLINE_HELP),
-    relay: Optional[str] = typer.Option(None, "--relay", metavar="n0|none|URL[,URL]", help=RELAY_HELP),
-    relay_only: bool = typer.Option(False, "--relay-only", help=RELAY_ONLY_HELP),
-    lan: bool = typer.Option(False, "--lan", help=LAN_HELP),
-    discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
+    transport: TransportArgs = TransportArgs(),
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, max=86400.0, metavar="SECONDS", help="Give up a peer's sync after this long (what was committed is kept)."),
     as_json: bool = _JSON,
 ) -> None:
@@ -105,8 +101,7 @@ def sync_cmd(
     from node.trust.identity import load_identity
 
     home = identity_home_of(ctx)
-    mode = transport_mode(home, relay=relay, relay_only=relay_only, lan=lan, discovery=discovery, offline=offline,
-                          command="copies sync")
+    mode = transport.mode(home, "copies sync")
     names = list(dict.fromkeys(name or [])) or [r["peer"] for r in list_copies(home)]  # each once
     if not names:
         raise UsageError("usage", "name a pinned peer (`kith copies sync NAME`); no copy is kept here yet")

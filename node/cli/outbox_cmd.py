@@ -8,9 +8,8 @@ from typing import Any, Optional
 
 import typer
 
-from node.cli.common import (DISCOVERY_HELP, LAN_HELP, OFFLINE_HELP, RELAY_HELP, RELAY_ONLY_HELP, emit_json,
-                             err_console, home_of, identity_home_of, safe_text, transport_mode,
-                             untrusted_console as console)
+from node.cli.common import (TransportArgs, emit_json, err_console, home_of, identity_home_of, safe_text,
+                             transport_options, untrusted_console as console)
 
 outbox_app = typer.Typer(
     help=(
@@ -159,13 +158,10 @@ def remove_cmd(ctx: typer.Context,
 
 
 @outbox_app.command("run")
+@transport_options()
 def run_cmd(
     ctx: typer.Context,
-    offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help=OFFLINE_HELP),
-    relay: Optional[str] = typer.Option(None, "--relay", metavar="n0|none|URL[,URL]", help=RELAY_HELP),
-    relay_only: bool = typer.Option(False, "--relay-only", help=RELAY_ONLY_HELP),
-    lan: bool = typer.Option(False, "--lan", help=LAN_HELP),
-    discovery: Optional[str] = typer.Option(None, "--discovery", metavar="off|on|resolve", help=DISCOVERY_HELP),
+    transport: TransportArgs = TransportArgs(),
     json_out: bool = typer.Option(False, "--json", help="One JSON object per line: each delivery event."),
 ) -> None:
     """Deliver the kept questions and re-sync this home's copies (`kith copies`: at start,
@@ -176,8 +172,7 @@ def run_cmd(
     from node.guest.runner import Runner, default_tasks
 
     home = identity_home_of(ctx)
-    mode = transport_mode(home, relay=relay, relay_only=relay_only, lan=lan, discovery=discovery, offline=offline,
-                          command="outbox run")
+    mode = transport.mode(home, "outbox run")
 
     def on_event(ev: dict[str, Any]) -> None:
         if json_out:

@@ -12,6 +12,11 @@ import inspect
 from dataclasses import replace
 from typing import Any, Callable
 
+import msgspec
+
+from node.common.host_events import (BY_KIND, DeviceRevoked, EventPath, GrantExpired, HostEvent, PeerRevoked,
+                                     PersonDeviceNew, PersonRotated, PolicyReloaded, Republished, SessionEnded,
+                                     SessionPathChanged, SessionRefused, SessionStarted)
 from node.trust.audit_log import MAX_SOURCES, AuditLog
 
 
@@ -66,13 +71,11 @@ class _SessionTap:
             self.audit.log.record("approval-created", **base, approval_id=approval[:64])
 
 
-def _path_kind(path: Any) -> str | None:
+def _path_kind(path: EventPath) -> str:
     """An event's path as the audit records it: ``direct``, ``relayed <url>`` or
     ``unknown`` (never the peer's IP address: the log is often shown to others)."""
-    if not isinstance(path, dict):
-        return None
-    kind = str(path.get("kind") or "unknown")[:16]
-    return f"{kind} {str(path['relayUrl'])[:200]}" if kind == "relayed" and path.get("relayUrl") else kind
+    kind = (path.kind or "unknown")[:16]
+    return f"{kind} {path.relay_url[:200]}" if kind == "relayed" and path.relay_url else kind
 
 
 class HostAudit:
@@ -106,33 +109,48 @@ class HostAudit:
         return observed
 
     def event(self, ev: dict[str, Any]) -> None:
-        """Record one host event (others than those below are not audited)."""
-        kind = ev.get("event")
-        if kind == "session-started":
-            self._names[ev.get("session_id") or ""] = ev.get("peer_name")
-            self.log.record("session-started", session_id=ev.get("session_id"), peer=ev.get("peer"),
-                            peer_name=ev.get("peer_name"), post_id=ev.get("post_id"),
-                            pairing_code=ev.get("pairing_code"), person=ev.get("person"),
-                            device_name=ev.get("device_name"), path=_path_kind(ev.get("path")),
-                            via_person=ev.get("via_person") or None)
-        elif kind == "session-path-changed":
-            self.log.record("session-path-changed", session_id=ev.get("session_id"), peer=ev.get("peer"),
-                            peer_name=self._names.get(ev.get("session_id") or ""),
-                            path=_path_kind(ev.get("path")), previous=_path_kind(ev.get("previous")))
-        elif kind == "session-ended" and ev.get("reason") == "rejected" and not ev.get("session_id"):
+        """Record one host event: read as its typed event (node/common/host_events.py) and
+        handed to the one function :data:`AUDITED` holds for its type (the other kinds, and
+        a dict the table does not describe, are not audited)."""
+        kind = BY_KIND.get(ev.get("event"))  # type: ignore[arg-type]
+        record = AUDITED.get(kind) if kind is not None else None
+        if record is None:
+            return
+        try:
+            event = msgspec.convert(ev, kind)
+        except (msgspec.ValidationError, TypeError):
+            return
+        record(self, event)
+
+    def _session_started(self, ev: SessionStarted) -> None:
+        self._names[ev.session_id] = ev.peer_name
+        self.log.record("session-started", session_id=ev.session_id, peer=ev.peer, peer_name=ev.peer_name,
+                        post_id=ev.post_id, pairing_code=ev.pairing_code, person=ev.person,
+                        device_name=ev.device_name, path=_path_kind(ev.path), via_person=ev.via_person or None)
+
+    def _session_path_changed(self, ev: SessionPathChanged) -> None:
+        self.log.record("session-path-changed", session_id=ev.session_id, peer=ev.peer,
+                        peer_name=self._names.get(ev.session_id), path=_path_kind(ev.path),
+                        previous=_path_kind(ev.previous))
+
+    def _session_ended(self, ev: SessionEnded) -> None:
+        if ev.reason == "rejected" and not ev.session_id:
             # refused in the handshake (blocked, not admitted, bad proof, ...): no session existed
-            self.log.record("handshake-refused", peer=ev.get("peer") or None, code=ev.get("code"))
-        elif kind == "session-ended":
-            sid = ev.get("session_id") or ""
-            self._taps.pop(sid, None)
-            self.log.record("session-ended", sync=True, session_id=ev.get("session_id"), peer=ev.get("peer"),
-                            peer_name=self._names.pop(sid, None), reason=ev.get("reason"), code=ev.get("code"))
-        elif kind == "session-refused":
-            self.log.record("handshake-refused", peer=ev.get("peer") or None, code=ev.get("code"),
-                            reason=ev.get("reason"))
-        elif kind in ("peer-revoked", "policy-reloaded", "republished", "grant-expired", "person-rotated",
-                      "device-revoked", "person-device-new"):
-            self.log.record(kind, **{k: v for k, v in ev.items() if k != "event"})
+            self.log.record("handshake-refused", peer=ev.peer or None, code=ev.code)
+            return
+        sid = ev.session_id or ""
+        self._taps.pop(sid, None)
+        self.log.record("session-ended", sync=True, session_id=ev.session_id, peer=ev.peer,
+                        peer_name=self._names.pop(sid, None), reason=ev.reason, code=ev.code)
+
+    def _session_refused(self, ev: SessionRefused) -> None:
+        self.log.record("handshake-refused", peer=ev.peer or None, code=ev.code, reason=ev.reason)
+
+    def _as_is(self, ev: HostEvent) -> None:
+        """Kinds recorded under their own name with every field."""
+        fields = msgspec.to_builtins(ev)
+        kind = fields.pop("event")
+        self.log.record(kind, **fields)
 
     def incoming(self, session_id: str, peer: str, message: dict[str, Any]) -> None:
         """A validated business message from the peer: recorded when it has a ``query``
@@ -173,4 +191,13 @@ class HostAudit:
         self.log.close()
 
 
-__all__ = ["HostAudit"]
+#: the table: each audited host event type -> the one method that records it (the other
+#: kinds — posts, evictions, index updates, ... — are not audited)
+AUDITED: dict[type[HostEvent], Callable[[HostAudit, Any], None]] = {
+    SessionStarted: HostAudit._session_started, SessionPathChanged: HostAudit._session_path_changed,
+    SessionEnded: HostAudit._session_ended, SessionRefused: HostAudit._session_refused,
+    **dict.fromkeys((PeerRevoked, PolicyReloaded, Republished, GrantExpired, PersonRotated, DeviceRevoked,
+                     PersonDeviceNew), HostAudit._as_is),
+}
+
+__all__ = ["HostAudit", "AUDITED"]

@@ -42,3 +42,33 @@ def mcp_env(home: Path | str, name: str = TEST_AGENT, base: dict[str, str] | Non
     env = dict(os.environ if base is None else base)
     env[TOKEN_ENV] = agent_token(home, name)
     return env
+
+
+def mcp_session(home: Path, calls, *, env: dict[str, str] | None = None, agent: str | None = None):
+    """``run_stdio(home)`` (``kith mcp``; with ``agent``, ``run_stdio(home, agent=AGENT)``)
+    as a child process over stdio, and ``await calls(session)`` against it once the client
+    session is initialised: its result.
+
+    Args:
+        env: the child's environment (default: :func:`mcp_env` of ``home``).
+    """
+    import sys
+
+    import anyio
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    from support.homes import REPO
+
+    args = f"run_stdio({str(home)!r}" + (f", agent={agent!r})" if agent else ")")
+    params = StdioServerParameters(command=sys.executable, cwd=str(REPO),
+                                   env=env if env is not None else mcp_env(home),
+                                   args=["-c", f"from node.local.mcp import run_stdio; {args}"])
+
+    async def main():
+        async with stdio_client(params) as (r, w):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                return await calls(s)
+
+    return anyio.run(main)

@@ -40,6 +40,13 @@ def kith(home: Path, *args: str, timeout: float = 120, input: str | None = None,
                           input=input, stdin=None if input is not None else subprocess.DEVNULL, env=env, **kw)
 
 
+def kith_init(home: Path, env: dict[str, str] | None = None) -> str:
+    """``kith --home HOME init --json`` as a real process: the new device's public key."""
+    r = kith(home, "init", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["public_key"]
+
+
 def invoke(home: Path, *args: str, env: dict[str, str] | None = None) -> Any:
     """``kith --home HOME ARGS`` in this process through Typer's CliRunner on the real app
     (every command registered); HOME gets an identity first. Returns the

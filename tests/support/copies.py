@@ -81,3 +81,48 @@ def copy_asker(server: CopyServer, peer: str = "bea", tamper: Callable[[dict, di
             reply = {"action": "copy_docs", **server.documents(peer, request["sources"])}
         return tamper(request, reply) if tamper is not None else reply
     return ask
+
+
+def kb_host_and_bea(tmp_path: Path, grant: str | None = "/kb/**") -> tuple[Path, Path]:
+    """Two real homes for the copy tests that run `kith` processes: the host (the fixture
+    corpus copied to ``kb``, indexed, ``/kb/**`` public: :func:`support.hosts.prepare_host`)
+    with bea pinned as ``bea``, and bea's home — and with ``grant``, the host grants bea a
+    copy of it (``kith policy copy GRANT --for bea``).
+
+    Returns:
+        (host home, bea's home).
+    """
+    import shutil
+
+    from node.trust.identity import load_identity
+    from node.trust.peers import PeerRegistry
+    from support.cli import kith
+    from support.homes import FIXTURE
+    from support.hosts import prepare_host
+
+    corpus = tmp_path / "kb"
+    shutil.copytree(FIXTURE, corpus)
+    host = prepare_host(tmp_path, corpus)
+    bea = node_home(tmp_path, "bea")
+    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
+    if grant is not None:
+        assert kith(host, "policy", "copy", grant, "--for", "bea").returncode == 0
+    return host, bea
+
+
+def first_copy(home: Path, tmp_path: Path, peer: str = "alice") -> tuple[Path, str]:
+    """A guest home (``guest`` under ``tmp_path``) that synced the copy ``home`` grants bea
+    once, kept as the copy of ``peer``, through :func:`copy_server` and :func:`copy_asker`.
+
+    Returns:
+        (guest home, the host's public key hex).
+    """
+    import anyio
+
+    from node.guest.copies.sync import sync_copy
+
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = copy_server(home)
+    with corpus:
+        anyio.run(lambda: sync_copy(guest, peer, copy_asker(server), key))
+    return guest, key

@@ -43,3 +43,44 @@ def pin_host(guest_home: Path, name: str, invite: Path | dict, key: str | None =
     peers, with the invitation kept (``key`` instead of the host's key when given)."""
     inv = parse_invitation(invite.read_bytes() if isinstance(invite, Path) else invite)
     PeerRegistry.load(guest_home).add(name, key or inv.host_public_key, invitation=inv.to_dict())
+
+
+def public_host_home(tmp: Path, docs: dict[str, str], *, home: str = "host", kb: str = "kb") -> Path:
+    """A host's home ``tmp/<home>`` (:func:`node_home`) whose folder ``tmp/<kb>`` holds
+    ``docs`` (file name -> text), indexed and shared ``/<kb>/**`` public — in process, no
+    `kith`. Returns the home."""
+    from node.corpus.store import Corpus
+    from node.policy.store import Policy
+
+    folder = tmp / kb
+    folder.mkdir()
+    for name, text in docs.items():
+        (folder / name).write_text(text)
+    path = node_home(tmp, home)
+    with Corpus(path) as c:
+        c.add_root(folder)
+        c.sync()
+    policy = Policy.load(path)
+    policy.set(f"/{kb}/**", "public")
+    policy.save()
+    return path
+
+
+def indexed_docs(base: Path, files: dict[str, str]) -> tuple[Path, Path]:
+    """``files`` (path under the folder -> text) written to ``base/docs`` and indexed into
+    the corpus of ``base/home`` (in process; no identity, no policy).
+
+    Returns:
+        (home, docs folder).
+    """
+    from node.corpus.store import Corpus
+
+    docs = base / "docs"
+    for rel, text in files.items():
+        (docs / rel).parent.mkdir(parents=True, exist_ok=True)
+        (docs / rel).write_text(text)
+    home = base / "home"
+    with Corpus(home) as corpus:
+        corpus.add_root(docs)
+        corpus.sync()
+    return home, docs

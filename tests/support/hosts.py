@@ -61,6 +61,19 @@ class InProcessHost:
                          on_event=self.events.append, warn=lambda _m: None, stop=self.stop, clock=self.clock)
         await self.host.run()
 
+    async def joinable(self, guest_home: Path) -> tuple[Any, Path, Any]:
+        """Once the host is ready (20 s at most), its invitation as the guest at
+        ``guest_home`` reads and checks it: ``(invitation, protocol folder, spec)``, what
+        :func:`node.guest.guest.join_session` takes."""
+        from node.guest.targets import check_invitation
+        from node.trust.invitation import parse_invitation
+
+        with anyio.fail_after(20):
+            await self.ready.wait()
+        inv = parse_invitation(self.invitation)
+        pdir, spec = check_invitation(inv, guest_home)
+        return inv, pdir, spec
+
     def of(self, kind: str) -> list[dict]:
         return [e for e in self.events if e["event"] == kind]
 
