@@ -34,8 +34,7 @@ SEPARATORS = (" ", "  ", "\n", " \n ", ", ", "; ", " - ", ": ", "\t", "... ", " 
 
 @pytest.fixture(scope="module")
 def docs_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from conftest import PYDOCS as pydocs
-
+    pydocs = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "python-docs-3.11"  # conftest's PYDOCS
     if not pydocs.is_dir():
         pytest.skip("../shared/corpora/python-docs-3.11 is not present (only CI and dev machines have ../shared)")
     home = initialized(tmp_path_factory.mktemp("quality") / "home")
