@@ -291,6 +291,41 @@ def test_a_copy_removed_while_its_sync_runs_stays_removed(host, tmp_path):
         assert again["fetched"] == 2
 
 
+def test_a_removal_made_while_an_asleep_device_is_dialled_sticks(host, tmp_path, monkeypatch):
+    """issue 42 item 3: `kith copies remove` of a person's copy while the background sync
+    dials an asleep device was undone by the next device that answered — the removal mark
+    was taken only once a device had answered. It is taken before the first dial now."""
+    from types import SimpleNamespace
+
+    import node.guest.asker as asker_mod
+    from node.guest.copies.sync import sync_with_pool
+    from node.guest.peerview import PeerView
+    from node.trust.peers import PeerRegistry, pin_person
+
+    home, _kb = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)  # the copy of one device of the person
+        assert CopyStore(guest, "alice").exists()
+        pin_person(PeerRegistry.load(guest), "alice", os.urandom(32).hex())
+        served = _asker(server)
+        dials: list[str] = []
+
+        async def ask(self, peer, request):  # the asleep device is dialled; the owner removes meanwhile
+            dials.append(request["action"])
+            if len(dials) == 1:
+                assert CopyStore(guest, "alice").remove() is True
+            return {**await served(request), "device": {"key": key, "name": "desk"}}
+
+        monkeypatch.setattr(asker_mod.Asker, "ask", ask)
+        pool = SimpleNamespace(home=guest, peers=PeerView(guest), copy_states={})
+        with pytest.raises(KithError) as stopped:
+            anyio.run(lambda: sync_with_pool(pool, "alice"))
+    assert stopped.value.code == "copy-removed"
+    assert dials == ["copy_list"] and not CopyStore(guest, "alice").exists()
+
+
 def test_a_removal_that_makes_a_write_of_the_sync_fail_is_copy_removed(host, tmp_path, monkeypatch):
     """The second attacker's finding: a removal landing between a batch's writes made the
     next write fail (`io-error`, the folder gone) and the fault path indexed the removed
