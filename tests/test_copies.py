@@ -1046,3 +1046,42 @@ def test_policy_copy_warns_when_the_grant_copies_nothing(host):
     assert "bea may keep none of the 1 source(s) /kb/notes/** matches" in r.output, r.output
     r = invoke(home, "policy", "copy", "/kb/*.md", "--for", "bea")
     assert "matches no indexed source" not in r.output and "may keep none" not in r.output
+
+
+def test_status_shows_scrub_rules_copy_grants_copies_sent_held_and_the_outbox(host, tmp_path):
+    """issue 42 item 6: neither `kith status` nor the dashboard showed scrub rules, copy
+    grants or which peers hold copies; a guest's status said nothing of its copies or outbox."""
+    from node.guest.outbox import OutboxStore
+    from node.trust.audit_log import AuditLog
+
+    home, _kb = host
+    log = AuditLog(home)
+    log.record("copy-sent", session_id="s1", peer="b" * 64, peer_name="bea", query_id="q1",
+               sources=["/kb/sqlite.md", "/kb/deploy.md"], versions=["0" * 64] * 2, documents=2)
+    log.record("copy-sent", session_id="s1", peer="b" * 64, peer_name="bea", query_id="q2",
+               sources=["/kb/sqlite.md"], versions=["1" * 64], documents=1)
+    log.close()
+    owner = invoke(home, "status", "--json")
+    assert owner.exit_code == 0, owner.output
+    sharing = json.loads(owner.stdout)["sharing"]
+    assert sharing["scrubs"] == [{"for": "bea", "kinds": ["email"], "glob": None}]
+    assert [(c["glob"], c["for"], c["until"]) for c in sharing["copyGrants"]] == [("/kb/**", "bea", None)]
+    assert [(r["peer_name"], r["documents"]) for r in sharing["copiesSent"]] == [("bea", 2)]
+    text = invoke(home, "status").stdout
+    assert "scrub rules: 1\n  email for bea" in text and "copy grants: 1\n  /kb/** for bea" in text
+    assert "copies sent (peers that may hold them): 1\n  bea: 2 document(s)" in text
+
+    guest = node_home(tmp_path, "guest")
+    assert json.loads(invoke(guest, "status", "--json").stdout)["kept"] == {"copies": [], "outbox": None}
+    assert not (guest / "outbox.sqlite").exists()  # a look makes no file
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)
+    with OutboxStore(guest) as box:
+        box.add({"query": "WAL", "topK": 5}, [("alice", key)])
+    kept = json.loads(invoke(guest, "status", "--json").stdout)["kept"]
+    assert [(c["peer"], c["documents"]) for c in kept["copies"]] == [("alice", 2)]
+    assert (kept["outbox"]["questions"], kept["outbox"]["open"]) == (1, 1)
+    text = invoke(guest, "status").stdout
+    assert "copies kept here: 1\n  alice: 2 document(s)" in text
+    assert "outbox: 1 question(s) kept, 1 delivery(ies) waiting" in text

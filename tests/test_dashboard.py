@@ -350,3 +350,25 @@ def test_the_kith_dashboard_command_prints_a_login_url_that_works(home: Path) ->
     assert proc.returncode == 0, err
     assert info["login"] in err  # the URL is on stderr too, whole, on its own line
     assert info["login"] in err.splitlines()
+
+
+def test_overview_shows_scrub_rules_copy_grants_copies_sent_and_what_is_kept_here(home: Path, dash) -> None:
+    """issue 42 item 6: the dashboard showed no scrub rules, copy grants or copies held."""
+    from node.trust.audit_log import AuditLog
+
+    policy = Policy.load(home)
+    policy.set_scrub("bea", ["email"])
+    policy.set_copy("/docs/**", "bea", until="2030-01-01T00:00:00Z")
+    policy.save()
+    log = AuditLog(home)
+    log.record("copy-sent", session_id="s1", peer="b" * 64, peer_name="bea", query_id="q1",
+               sources=["/docs/a.md"], versions=["0" * 64], documents=1)
+    log.close()
+    base, login = dash
+    page = _logged_in(base, login).get("/").text
+    sharing = page[page.index('id="sharing"'):page.index('id="kept"')]
+    assert "<code>email</code> for bea" in sharing
+    assert "<code>/docs/**</code> for bea until 2030-01-01T00:00:00Z" in sharing
+    assert "bea: 1 document(s), last sent" in sharing
+    kept = page[page.index('id="kept"'):]
+    assert "<dt>Copies</dt><dd>none</dd>" in kept and "<dt>Outbox</dt><dd>empty" in kept
