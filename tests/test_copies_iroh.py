@@ -256,3 +256,35 @@ def test_copy_requests_are_charged_to_the_peers_quota_and_each_batch_sent_is_aud
     assert sent["scrubbed"] == {"email": 1}  # deploy.md's address, a count and never the value
     shown = kith(host, "audit", "--peer", "bea")
     assert shown.returncode == 0 and "copy-sent" in shown.stdout and "documents=3" in shown.stdout
+
+
+def test_a_narrowed_grant_told_in_a_one_shot_asks_handshake_is_filtered_from_the_copy_at_once(tmp_path):
+    """issue 42 item 3: narrowing a grant only marked the copy stale at a handshake, so a
+    peer that runs no background node kept answering the withdrawn source from its copy.
+    A `kith ask` whose handshake tells another stamp asks the manifest within its deadline
+    and records what the host no longer lists; the copy never answers it again, and the
+    next sync deletes it."""
+    corpus = tmp_path / "kb"
+    shutil.copytree(FIXTURE, corpus)
+    host = prepare_host(tmp_path, corpus)
+    assert kith(host, "policy", "set", "/kb/notes/**", "private").returncode == 0
+    bea = node_home(tmp_path, "bea")
+    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
+    assert kith(host, "policy", "copy", "/kb/**", "--for", "bea").returncode == 0
+    h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
+    try:
+        pin_host(bea, "alice", h.invitation)
+        assert kith(bea, "copies", "sync", "alice", timeout=180).returncode == 0
+        before = json.loads(kith(bea, "ask", "temporary files", "--peer", "alice", "--copy", "--json").stdout)
+        assert "/kb/tempfiles.md" in {r["source"] for r in before["results"]}
+        assert kith(host, "policy", "copy", "/kb/sqlite.md", "--for", "bea").returncode == 0
+        assert kith(host, "policy", "copy", "/kb/**", "--for", "bea", "--off").returncode == 0  # narrowed
+        live = kith(bea, "ask", "journal mode WAL", "--peer", "alice", "--json", timeout=120)
+        assert live.returncode == 0, live.stderr
+    finally:
+        h.stop()
+    assert json.loads((bea / "copies" / "alice" / "withdrawn.json").read_text()) == {"sources": ["/kb/tempfiles.md"]}
+    after = json.loads(kith(bea, "ask", "temporary files", "--peer", "alice", "--copy", "--json").stdout)
+    assert "/kb/tempfiles.md" not in {r["source"] for r in after["results"]}
+    kept = json.loads(kith(bea, "ask", "journal mode WAL", "--peer", "alice", "--copy", "--json").stdout)
+    assert "/kb/sqlite.md" in {r["source"] for r in kept["results"]}  # what is still granted still answers

@@ -240,6 +240,10 @@ async def _sync_copy(store: CopyStore, ask: Ask, host_key: str, mark: tuple[int,
         state.update(until=said["until"], stamp=said["stamp"])
         store.write_grant(said, now())
     commit(state)
+    from node.guest.copies.lifecycle import WITHDRAWN_FILE
+
+    with contextlib.suppress(OSError):  # what a handshake said was withdrawn is deleted now
+        (store.dir / WITHDRAWN_FILE).unlink()
     summary = store.summary()
     report.update(documents=summary["documents"], bytes=summary["bytes"], syncedAt=state["syncedAt"])
     return report
