@@ -215,7 +215,7 @@ def ask_cmd(
             live = [p["name"] for p in env["peers"] if p.get("status") in ("ok", "no-verified-results")
                     and not p.get("fromCopy") and p.get("name")]
             if live and not copy_only:
-                from node.guest.copies.lifecycle import note_withdrawn
+                from node.guest.copies.sync import note_withdrawn
 
                 with anyio.move_on_after(max(0.0, timeout + 0.3 - (time.monotonic() - started))):
                     await note_withdrawn(pool, live, notify=pool.on_copy_notice)

@@ -194,28 +194,3 @@ def record_withdrawn(store: CopyStore, reply: Any, notify: Notify | None = None)
     if gone or (store.dir / WITHDRAWN_FILE).exists():
         atomic_write(store.dir / WITHDRAWN_FILE, (json.dumps({"sources": gone}) + "\n").encode())
     return gone
-
-
-async def note_withdrawn(pool: Any, names: list[str], notify: Notify | None = None) -> dict[str, list[str]]:
-    """For each name in ``names`` whose copy is stale (:func:`stale`: the handshake of this
-    process told another grant stamp than the copy was synced under), ask its host for the
-    manifest over ``pool`` and record what it no longer lists (:func:`record_withdrawn`), so
-    a one-shot process (``kith ask``) that runs no sync filters it out of searches of the
-    copy at once. The caller bounds the time. ``{name: sources recorded}``."""
-    from node.guest.asker import Asker
-
-    out: dict[str, list[str]] = {}
-    for name in names:
-        try:
-            store = CopyStore(pool.home, name)
-            if not store.exists() or not stale(store):
-                continue
-            host_key = store.load().get("hostKey")
-            reply = await Asker(pool).ask(name, {"action": "copy_list"})
-        except Exception:  # noqa: BLE001 - the host went away: the next sync does it
-            continue
-        device = reply.get("device") if isinstance(reply, dict) else None
-        if isinstance(device, dict) and device.get("key") != host_key:
-            continue  # another device of the person: its manifest is not this copy's
-        out[name] = record_withdrawn(store, reply, notify)
-    return out

@@ -316,3 +316,29 @@ async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int],
 
     return await sync_copy(pool.home, peer, ask_device, device_key, progress=progress, holder=holder,
                            told=pool.copy_states.get, mark=mark)
+
+
+async def note_withdrawn(pool: Any, names: list[str], notify: Any = None) -> dict[str, list[str]]:
+    """For each name in ``names`` whose copy is stale (:func:`node.guest.copies.lifecycle.stale`: the handshake of this
+    process told another grant stamp than the copy was synced under), ask its host for the
+    manifest over ``pool`` and record what it no longer lists (:func:`node.guest.copies.lifecycle.record_withdrawn`), so
+    a one-shot process (``kith ask``) that runs no sync filters it out of searches of the
+    copy at once. The caller bounds the time. ``{name: sources recorded}``."""
+    from node.guest.asker import Asker
+    from node.guest.copies.lifecycle import record_withdrawn, stale
+
+    out: dict[str, list[str]] = {}
+    for name in names:
+        try:
+            store = CopyStore(pool.home, name)
+            if not store.exists() or not stale(store):
+                continue
+            host_key = store.load().get("hostKey")
+            reply = await Asker(pool).ask(name, {"action": "copy_list"})
+        except Exception:  # noqa: BLE001 - the host went away: the next sync does it
+            continue
+        device = reply.get("device") if isinstance(reply, dict) else None
+        if isinstance(device, dict) and device.get("key") != host_key:
+            continue  # another device of the person: its manifest is not this copy's
+        out[name] = record_withdrawn(store, reply, notify)
+    return out
