@@ -288,3 +288,32 @@ def test_a_narrowed_grant_told_in_a_one_shot_asks_handshake_is_filtered_from_the
     assert "/kb/tempfiles.md" not in {r["source"] for r in after["results"]}
     kept = json.loads(kith(bea, "ask", "journal mode WAL", "--peer", "alice", "--copy", "--json").stdout)
     assert "/kb/sqlite.md" in {r["source"] for r in kept["results"]}  # what is still granted still answers
+
+
+def test_a_narrowed_grant_told_in_a_join_is_filtered_from_the_copy_at_once(tmp_path):
+    """The same through `kith join --peer`: after its questions, a session whose handshake
+    told another stamp asks the manifest and records what the host withdrew."""
+    corpus = tmp_path / "kb"
+    shutil.copytree(FIXTURE, corpus)
+    host = prepare_host(tmp_path, corpus)
+    assert kith(host, "policy", "set", "/kb/notes/**", "private").returncode == 0
+    bea = node_home(tmp_path, "bea")
+    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
+    assert kith(host, "policy", "copy", "/kb/**", "--for", "bea").returncode == 0
+    h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
+    try:
+        pin_host(bea, "alice", h.invitation)
+        assert kith(bea, "copies", "sync", "alice", timeout=180).returncode == 0
+        unchanged = kith(bea, "join", "--peer", "alice", "--offline", "--query", "WAL", "--json", timeout=120)
+        assert unchanged.returncode == 0, unchanged.stderr
+        assert not (bea / "copies" / "alice" / "withdrawn.json").exists()  # nothing changed: nothing asked
+        assert kith(host, "policy", "copy", "/kb/sqlite.md", "--for", "bea").returncode == 0
+        assert kith(host, "policy", "copy", "/kb/**", "--for", "bea", "--off").returncode == 0  # narrowed
+        joined = kith(bea, "join", "--peer", "alice", "--offline", "--query", "WAL", "--json", timeout=120)
+    finally:
+        h.stop()
+    assert joined.returncode == 0, joined.stderr
+    assert [json.loads(line)["action"] for line in joined.stdout.splitlines()] == ["results"]  # the manifest is not shown
+    assert json.loads((bea / "copies" / "alice" / "withdrawn.json").read_text()) == {"sources": ["/kb/tempfiles.md"]}
+    after = json.loads(kith(bea, "ask", "temporary files", "--peer", "alice", "--copy", "--json").stdout)
+    assert "/kb/tempfiles.md" not in {r["source"] for r in after["results"]}
