@@ -187,7 +187,8 @@ def _session_lines(sessions: list[dict[str, Any]]) -> list[str]:
 
 def status_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Show this node: identity, roots and index, the running host with its posts, live
-    sessions and pending approvals ("host: not running" when no `kith host` runs)."""
+    sessions and pending approvals ("host: not running" when no `kith host` runs), the
+    scrub rules, copy grants and peers sent copies, and the copies and outbox kept here."""
     report = status_report(home_of(ctx))
     if json_out:
         emit_json(report)
