@@ -326,7 +326,8 @@ class AnswerService:
             return {"documents": [], "refused": wanted, "more": [], "tooLarge": []}
         counts: dict[str, int] = {}
         out = self.copier.documents(view.name, wanted, counts)
-        sent = sum(len(d["text"].encode("utf-8", "surrogatepass")) for d in out["documents"])
+        sent = sum(len(d["text"].encode("utf-8", "surrogatepass")) for d in out.get("documents") or []
+                   if isinstance(d, dict) and isinstance(d.get("text"), str))
         refused = self._charge_copy(view, 1 + sent // COPY_BYTES_PER_QUERY)
         if refused is not None:
             return refused
