@@ -597,3 +597,22 @@ def test_mcp_peer_call_prints_no_httpx_lines(tmp_path: Path) -> None:
     text = errlog.read_text()
     assert "HTTP Request" not in text and "httpx" not in text, text
     assert "Processing request" not in text, text
+
+
+def test_index_add_refuses_a_folder_of_copies_even_with_force(tmp_path: Path, cli) -> None:
+    """issue 42 item 3: a copy of a peer's corpus is never this node's own corpus (it would be
+    shared onward): a folder in <home>/copies/ is refused root-is-copy."""
+    home = tmp_path / "h"
+    ok(cli(home, "init"))
+    copy = home / "copies" / "bea" / "docs"
+    copy.mkdir(parents=True)
+    (copy / "secret.md").write_text("bea's notes\n")
+    for folder in (copy, home / "copies", home / "copies" / "bea"):
+        for extra in ((), ("--force",)):
+            r = cli(home, "index", "add", str(folder), *extra)
+            assert r.returncode == 1 and "[root-is-copy]" in r.stderr, r.stderr
+            assert str(folder.resolve()) in r.stderr
+    assert json.loads(ok(cli(home, "index", "status", "--json")).stdout)["rootList"] == []
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    ok(cli(home, "index", "add", str(mine)))  # a folder beside the home is the owner's own

@@ -292,6 +292,41 @@ def test_a_copy_removed_while_its_sync_runs_stays_removed(host, tmp_path):
         assert again["fetched"] == 2
 
 
+def test_a_removal_made_while_an_asleep_device_is_dialled_sticks(host, tmp_path, monkeypatch):
+    """issue 42 item 3: `kith copies remove` of a person's copy while the background sync
+    dials an asleep device was undone by the next device that answered — the removal mark
+    was taken only once a device had answered. It is taken before the first dial now."""
+    from types import SimpleNamespace
+
+    import node.guest.asker as asker_mod
+    from node.guest.copies.sync import sync_with_pool
+    from node.guest.peerview import PeerView
+    from node.trust.peers import PeerRegistry, pin_person
+
+    home, _kb = host
+    guest = node_home(tmp_path, "guest")
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)  # the copy of one device of the person
+        assert CopyStore(guest, "alice").exists()
+        pin_person(PeerRegistry.load(guest), "alice", os.urandom(32).hex())
+        served = _asker(server)
+        dials: list[str] = []
+
+        async def ask(self, peer, request):  # the asleep device is dialled; the owner removes meanwhile
+            dials.append(request["action"])
+            if len(dials) == 1:
+                assert CopyStore(guest, "alice").remove() is True
+            return {**await served(request), "device": {"key": key, "name": "desk"}}
+
+        monkeypatch.setattr(asker_mod.Asker, "ask", ask)
+        pool = SimpleNamespace(home=guest, peers=PeerView(guest), copy_states={})
+        with pytest.raises(KithError) as stopped:
+            anyio.run(lambda: sync_with_pool(pool, "alice"))
+    assert stopped.value.code == "copy-removed"
+    assert dials == ["copy_list"] and not CopyStore(guest, "alice").exists()
+
+
 def test_a_removal_that_makes_a_write_of_the_sync_fail_is_copy_removed(host, tmp_path, monkeypatch):
     """The second attacker's finding: a removal landing between a batch's writes made the
     next write fail (`io-error`, the folder gone) and the fault path indexed the removed
@@ -994,3 +1029,42 @@ def test_policy_copy_warns_when_the_grant_copies_nothing(host):
     assert "bea may keep none of the 1 source(s) /kb/notes/** matches" in r.output, r.output
     r = invoke(home, "policy", "copy", "/kb/*.md", "--for", "bea")
     assert "matches no indexed source" not in r.output and "may keep none" not in r.output
+
+
+def test_status_shows_scrub_rules_copy_grants_copies_sent_held_and_the_outbox(host, tmp_path):
+    """issue 42 item 6: neither `kith status` nor the dashboard showed scrub rules, copy
+    grants or which peers hold copies; a guest's status said nothing of its copies or outbox."""
+    from node.guest.outbox import OutboxStore
+    from node.trust.audit_log import AuditLog
+
+    home, _kb = host
+    log = AuditLog(home)
+    log.record("copy-sent", session_id="s1", peer="b" * 64, peer_name="bea", query_id="q1",
+               sources=["/kb/sqlite.md", "/kb/deploy.md"], versions=["0" * 64] * 2, documents=2)
+    log.record("copy-sent", session_id="s1", peer="b" * 64, peer_name="bea", query_id="q2",
+               sources=["/kb/sqlite.md"], versions=["1" * 64], documents=1)
+    log.close()
+    owner = invoke(home, "status", "--json")
+    assert owner.exit_code == 0, owner.output
+    sharing = json.loads(owner.stdout)["sharing"]
+    assert sharing["scrubs"] == [{"for": "bea", "kinds": ["email"], "glob": None}]
+    assert [(c["glob"], c["for"], c["until"]) for c in sharing["copyGrants"]] == [("/kb/**", "bea", None)]
+    assert [(r["peer_name"], r["documents"]) for r in sharing["copiesSent"]] == [("bea", 2)]
+    text = invoke(home, "status").stdout
+    assert "scrub rules: 1\n  email for bea" in text and "copy grants: 1\n  /kb/** for bea" in text
+    assert "copies sent (peers that may hold them): 1\n  bea: 2 document(s)" in text
+
+    guest = node_home(tmp_path, "guest")
+    assert json.loads(invoke(guest, "status", "--json").stdout)["kept"] == {"copies": [], "outbox": None}
+    assert not (guest / "outbox.sqlite").exists()  # a look makes no file
+    server, corpus, key = _server(home)
+    with corpus:
+        _sync(guest, _asker(server), key)
+    with OutboxStore(guest) as box:
+        box.add({"query": "WAL", "topK": 5}, [("alice", key)])
+    kept = json.loads(invoke(guest, "status", "--json").stdout)["kept"]
+    assert [(c["peer"], c["documents"]) for c in kept["copies"]] == [("alice", 2)]
+    assert (kept["outbox"]["questions"], kept["outbox"]["open"]) == (1, 1)
+    text = invoke(guest, "status").stdout
+    assert "copies kept here: 1\n  alice: 2 document(s)" in text
+    assert "outbox: 1 question(s) kept, 1 delivery(ies) waiting" in text

@@ -124,6 +124,51 @@ def test_the_state_changes_when_the_grant_or_a_tier_changes(host):
     assert p.copy_state("bea")["granted"] is False
 
 
+def test_the_end_of_a_copy_is_the_earliest_end_of_what_admits_the_peer(host):
+    """issue 42 item 3: an `until` on the group membership that grants the copy, or on a
+    time-limited override that admits the peer, travels with the copy (it said "no end
+    set"); the pin's own end is the host's bound (test below)."""
+    home, _ = host
+    p = Policy.load(home)
+    p.unset_copy("/kb/**", "bea")
+    p.add_members("team", ["bea"], until="2030-06-01T00:00:00Z")
+    p.set_copy("/kb/**", "@team")  # the grant never ends; bea's membership does
+    assert p.copy_state("bea")["until"] == "2030-06-01T00:00:00Z"
+    p.set_copy("/kb/sqlite.md", "@team", until="2030-03-01T00:00:00Z")
+    assert p.copy_state("bea")["until"] == "2030-06-01T00:00:00Z"  # the longest grant, bounded by the membership
+    p.set("/kb/notes/**", "public", for_peer="bea", until="2029-01-01T00:00:00Z")  # an override that admits
+    assert p.copy_state("bea")["until"] == "2029-01-01T00:00:00Z"
+    p.set("/kb/ask.md", "private", for_peer="bea", until="2028-01-01T00:00:00Z")  # one that narrows: no bound
+    assert p.copy_state("bea")["until"] == "2029-01-01T00:00:00Z"
+
+
+def test_the_host_bounds_the_copy_by_the_pin_and_tells_a_removed_pin_it_is_not_granted(host):
+    """The handshake's state for a pinned key ends no later than the pin (`kith peers add
+    --until`); a key no longer pinned that shows a person chain was told nothing — every
+    home has a person key — and kept its copy: it is told `granted: false` unless some
+    person pin here holds a copy grant."""
+    from types import SimpleNamespace
+
+    from node.host.connection import Connection
+
+    home, _ = host
+    p = Policy.load(home)
+
+    def state(pinned, persons=()):
+        registry = SimpleNamespace(peers={r.name: r for r in persons})
+        conn = SimpleNamespace(visit=SimpleNamespace(pinned=pinned, registry=registry),
+                               answering=SimpleNamespace(copy_state=p.copy_state))
+        return Connection.copy_state(conn, person_capable=pinned is None)
+
+    bea = SimpleNamespace(name="bea", until="2027-01-01T00:00:00Z", devices=False)
+    assert state(bea)["until"] == "2027-01-01T00:00:00Z" and state(bea)["granted"] is True
+    assert state(SimpleNamespace(name="bea", until=None, devices=False))["until"] is None
+    removed = state(None)
+    assert removed is not None and removed["granted"] is False  # no person pin holds a grant here
+    assert state(None, [SimpleNamespace(name="cat", devices=True)])["granted"] is False
+    assert state(None, [SimpleNamespace(name="bea", devices=True)]) is None  # bea's person may be it
+
+
 # --- the guest acts on it ----------------------------------------------------------------
 
 def _synced(tmp_path, home, told=None):

@@ -274,8 +274,8 @@ def lax_check(self, msg, *, sender):  # "bypass-manifest": this host's engine se
 
 business.BusinessLoop.check = lax_check
 
-def hostile_documents(self, peer, sources):
-    out = documents(self, peer, sources)
+def hostile_documents(self, peer, sources, scrubbed=None):  # scrubbed: the audit's counts
+    out = documents(self, peer, sources, scrubbed)
     mode = MODE.read_text().strip()
     if not out["documents"]:
         return out

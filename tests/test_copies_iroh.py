@@ -199,3 +199,102 @@ def test_kith_verify_accepts_each_result_of_an_answer_from_a_copy_as_the_hosts(t
     refused = [row for row in report["rows"] if row["source"] == first]
     assert refused and all(row["result"] == "text-changed" for row in refused)
     assert all(row["result"] == "genuine" for row in report["rows"] if row["source"] != first)
+
+
+def test_copy_requests_are_charged_to_the_peers_quota_and_each_batch_sent_is_audited(tmp_path):
+    """issue 42 item 3: a peer whose queries are refused rate-limited still pulled manifests
+    and whole signed documents, and no audit record named what a copy sent. A copy_list is
+    one query of the peer's quota and a copy_fetch one plus one per 256 KiB sent; refused,
+    the session ends copy-rate-limited and nothing is sent. Each copy_docs that leaves is a
+    copy-sent record (source ids, versions, scrub counts), shown by kith audit."""
+    corpus = tmp_path / "kb"
+    shutil.copytree(FIXTURE, corpus)
+    (corpus / "deploy.md").write_text("# Deploy\n\nMail ops@example.com when the nightly rebuild fails.\n")
+    host = prepare_host(tmp_path, corpus)
+    assert kith(host, "policy", "set", "/kb/notes/**", "private").returncode == 0
+    bea = node_home(tmp_path, "bea")
+    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
+    assert kith(host, "policy", "copy", "/kb/**", "--for", "bea").returncode == 0
+    assert kith(host, "policy", "scrub", "email", "--for", "bea", "--yes").returncode == 0
+    assert kith(host, "policy", "quota", "--for", "bea", "--per-hour", "1", "--burst", "2").returncode == 0
+    h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
+    try:
+        pin_host(bea, "alice", h.invitation)
+        first = kith(bea, "copies", "sync", "alice", "--json", timeout=180)  # copy_list + one copy_fetch: 2
+        second = kith(bea, "copies", "sync", "alice", "--json", timeout=180)  # the bucket is empty
+    finally:
+        h.stop()
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["copies"][0]["fetched"] == 3
+    assert second.returncode == 1
+    row = json.loads(second.stdout)["copies"][0]
+    assert (row["status"], row["code"]) == ("refused", "copy-rate-limited"), row
+    records = [json.loads(line) for line in (host / "audit.jsonl").read_text().splitlines()]
+    (sent,) = [r for r in records if r["event"] == "copy-sent"]
+    assert sent["peer_name"] == "bea"
+    assert sorted(sent["sources"]) == ["/kb/deploy.md", "/kb/sqlite.md", "/kb/tempfiles.md"]
+    assert sent["documents"] == 3 and len(sent["versions"]) == 3 and all(len(v) == 64 for v in sent["versions"])
+    assert sent["scrubbed"] == {"email": 1}  # deploy.md's address, a count and never the value
+    shown = kith(host, "audit", "--peer", "bea")
+    assert shown.returncode == 0 and "copy-sent" in shown.stdout and "documents=3" in shown.stdout
+
+
+def test_a_narrowed_grant_told_in_a_one_shot_asks_handshake_is_filtered_from_the_copy_at_once(tmp_path):
+    """issue 42 item 3: narrowing a grant only marked the copy stale at a handshake, so a
+    peer that runs no background node kept answering the withdrawn source from its copy.
+    A `kith ask` whose handshake tells another stamp asks the manifest within its deadline
+    and records what the host no longer lists; the copy never answers it again, and the
+    next sync deletes it."""
+    corpus = tmp_path / "kb"
+    shutil.copytree(FIXTURE, corpus)
+    host = prepare_host(tmp_path, corpus)
+    assert kith(host, "policy", "set", "/kb/notes/**", "private").returncode == 0
+    bea = node_home(tmp_path, "bea")
+    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
+    assert kith(host, "policy", "copy", "/kb/**", "--for", "bea").returncode == 0
+    h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
+    try:
+        pin_host(bea, "alice", h.invitation)
+        assert kith(bea, "copies", "sync", "alice", timeout=180).returncode == 0
+        before = json.loads(kith(bea, "ask", "temporary files", "--peer", "alice", "--copy", "--json").stdout)
+        assert "/kb/tempfiles.md" in {r["source"] for r in before["results"]}
+        assert kith(host, "policy", "copy", "/kb/sqlite.md", "--for", "bea").returncode == 0
+        assert kith(host, "policy", "copy", "/kb/**", "--for", "bea", "--off").returncode == 0  # narrowed
+        live = kith(bea, "ask", "journal mode WAL", "--peer", "alice", "--json", timeout=120)
+        assert live.returncode == 0, live.stderr
+    finally:
+        h.stop()
+    assert json.loads((bea / "copies" / "alice" / "withdrawn.json").read_text()) == {"sources": ["/kb/tempfiles.md"]}
+    after = json.loads(kith(bea, "ask", "temporary files", "--peer", "alice", "--copy", "--json").stdout)
+    assert "/kb/tempfiles.md" not in {r["source"] for r in after["results"]}
+    kept = json.loads(kith(bea, "ask", "journal mode WAL", "--peer", "alice", "--copy", "--json").stdout)
+    assert "/kb/sqlite.md" in {r["source"] for r in kept["results"]}  # what is still granted still answers
+
+
+def test_a_narrowed_grant_told_in_a_join_is_filtered_from_the_copy_at_once(tmp_path):
+    """The same through `kith join --peer`: after its questions, a session whose handshake
+    told another stamp asks the manifest and records what the host withdrew."""
+    corpus = tmp_path / "kb"
+    shutil.copytree(FIXTURE, corpus)
+    host = prepare_host(tmp_path, corpus)
+    assert kith(host, "policy", "set", "/kb/notes/**", "private").returncode == 0
+    bea = node_home(tmp_path, "bea")
+    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
+    assert kith(host, "policy", "copy", "/kb/**", "--for", "bea").returncode == 0
+    h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
+    try:
+        pin_host(bea, "alice", h.invitation)
+        assert kith(bea, "copies", "sync", "alice", timeout=180).returncode == 0
+        unchanged = kith(bea, "join", "--peer", "alice", "--offline", "--query", "WAL", "--json", timeout=120)
+        assert unchanged.returncode == 0, unchanged.stderr
+        assert not (bea / "copies" / "alice" / "withdrawn.json").exists()  # nothing changed: nothing asked
+        assert kith(host, "policy", "copy", "/kb/sqlite.md", "--for", "bea").returncode == 0
+        assert kith(host, "policy", "copy", "/kb/**", "--for", "bea", "--off").returncode == 0  # narrowed
+        joined = kith(bea, "join", "--peer", "alice", "--offline", "--query", "WAL", "--json", timeout=120)
+    finally:
+        h.stop()
+    assert joined.returncode == 0, joined.stderr
+    assert [json.loads(line)["action"] for line in joined.stdout.splitlines()] == ["results"]  # the manifest is not shown
+    assert json.loads((bea / "copies" / "alice" / "withdrawn.json").read_text()) == {"sources": ["/kb/tempfiles.md"]}
+    after = json.loads(kith(bea, "ask", "temporary files", "--peer", "alice", "--copy", "--json").stdout)
+    assert "/kb/tempfiles.md" not in {r["source"] for r in after["results"]}

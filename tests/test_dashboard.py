@@ -375,3 +375,25 @@ def test_agents_page_lists_adds_and_removes_agents_and_the_sent_page_shows_the_l
     gate(home, {"query": "mail jo.smith@example.org <b>now</b>"}, ["alice"], actor=OWNER, rule="allow")
     sent = client.get("/sent").text
     assert "allowed" in sent and "email" in sent and "&lt;b&gt;now" in sent and "<b>now" not in sent
+
+
+def test_overview_shows_scrub_rules_copy_grants_copies_sent_and_what_is_kept_here(home: Path, dash) -> None:
+    """issue 42 item 6: the dashboard showed no scrub rules, copy grants or copies held."""
+    from node.trust.audit_log import AuditLog
+
+    policy = Policy.load(home)
+    policy.set_scrub("bea", ["email"])
+    policy.set_copy("/docs/**", "bea", until="2030-01-01T00:00:00Z")
+    policy.save()
+    log = AuditLog(home)
+    log.record("copy-sent", session_id="s1", peer="b" * 64, peer_name="bea", query_id="q1",
+               sources=["/docs/a.md"], versions=["0" * 64], documents=1)
+    log.close()
+    base, login = dash
+    page = _logged_in(base, login).get("/").text
+    sharing = page[page.index('id="sharing"'):page.index('id="kept"')]
+    assert "<code>email</code> for bea" in sharing
+    assert "<code>/docs/**</code> for bea until 2030-01-01T00:00:00Z" in sharing
+    assert "bea: 1 document(s), last sent" in sharing
+    kept = page[page.index('id="kept"'):]
+    assert "<dt>Copies</dt><dd>none</dd>" in kept and "<dt>Outbox</dt><dd>empty" in kept

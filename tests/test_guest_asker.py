@@ -114,3 +114,80 @@ def test_the_registry_is_read_once_per_change_however_many_questions(tmp_path, r
     PeerRegistry.load(tmp_path).add("bob", os.urandom(32).hex())  # changed meanwhile: read at the next question
     anyio.run(lambda: Asker(pool).ask("alice", {"query": "x"}))
     assert pool.peers.loads == 2
+
+
+class DevicesPool(Pool):
+    """A pool of a person's devices: the ``empty`` ticket answers ``no-verified-results`` at
+    once; the ``holder`` ticket answers ``ok`` only once the empty answer is in (it is the
+    slower one); ``down`` tickets never answer until cancelled."""
+
+    def __init__(self, home) -> None:
+        super().__init__(home)
+        self.empty_in = anyio.Event()
+        self.cleared: list[str] = []
+
+    def clear_down(self, target) -> None:
+        self.cleared.append(target.invitation.transport_info.ticket)
+
+    async def ask(self, target, request, *, renew: bool = True):
+        ticket = target.invitation.transport_info.ticket
+        self.asked.append((ticket, renew))
+        if ticket == "empty":
+            self.empty_in.set()
+            return {"status": "no-verified-results", "envelope": {"results": []}}
+        await self.empty_in.wait()
+        if ticket == "down":
+            await anyio.sleep_forever()
+        return {"status": "ok", "envelope": {"results": [{"title": "x"}]}}
+
+
+def _devices(*tickets: str) -> list:
+    return [({"key": t.ljust(64, "0"), "name": t}, _target(t)) for t in tickets]
+
+
+def test_a_devices_empty_answer_never_cancels_another_devices_ok(tmp_path):
+    """issue 42 item 4: a person's devices hold different corpora; the one that holds nothing
+    answers first — the one holding the answer is not cancelled, its ok wins."""
+    pool = DevicesPool(tmp_path)
+    provisional: list[dict] = []
+    rec = SimpleNamespace(name="alice", public_key=KEY)
+    answer = anyio.run(lambda: Asker(pool, on_provisional=provisional.append).ask_devices(
+        rec, _devices("empty", "holder"), {"query": "x"}))
+    assert answer["status"] == "ok" and answer["device"]["name"] == "holder"
+    assert [p["device"]["name"] for p in provisional] == ["empty"]  # the caller's deadline could settle on it
+
+
+def test_a_devices_empty_answer_stands_when_no_other_device_answers_ok(tmp_path):
+    rec = SimpleNamespace(name="alice", public_key=KEY)
+
+    async def main():
+        return await Asker(pool).ask_devices(rec, _devices("empty", "gone"), {"query": "x"})
+
+    class Failing(DevicesPool):
+        async def ask(self, target, request, *, renew: bool = True):
+            if target.invitation.transport_info.ticket == "gone":
+                await self.empty_in.wait()
+                raise PeerGone(None, None, False)
+            return await super().ask(target, request, renew=renew)
+
+    pool = Failing(tmp_path)
+    answer = anyio.run(main)
+    assert answer["status"] == "no-verified-results" and answer["device"]["name"] == "empty"
+
+
+def test_at_the_deadline_a_persons_empty_answer_is_the_row_not_a_timeout(tmp_path, monkeypatch):
+    """The fan-out's deadline comes while a device that may hold the answer is still out:
+    the row is the empty answer that came in, not ``peer-timeout``."""
+    from node.guest import fanout
+
+    PeerRegistry.load(tmp_path).add("alice", KEY)
+    pool = DevicesPool(tmp_path)
+
+    async def ask(self, name, request):
+        return await self.ask_devices(SimpleNamespace(name=name, public_key=KEY), _devices("empty", "down"), request)
+
+    pool.path_of = lambda key: None
+    monkeypatch.setattr(asker_mod.Asker, "ask", ask)
+    envelope = anyio.run(lambda: fanout.fan_out(pool, {"query": "x", "topK": 5}, ["alice"], timeout_s=0.5))
+    row = envelope["peers"][0]
+    assert row["status"] == "no-verified-results", row

@@ -3,7 +3,8 @@ loopback (iroh, relays off): a restarted or killed-and-restarted host of the sam
 binds the port it had (``<home>/endpoint.json``) and honours its live invitation
 (``<home>/posts.json``) until its own expiry or use count, writing the same signed document
 again, so a pinned guest's saved invitation keeps working (``kith ask --peer``, ``kith
-join --peer``); a taken port is said at start; ``--new-invitation`` withdraws the old ones
+join --peer``); a taken port is tried again, then said at start and used for that run only
+(the kept one stays); ``--new-invitation`` withdraws the old ones
 and their guests get ``invitation-gone`` with what to do; re-joining with the new one
 refreshes the pin and says so."""
 
@@ -88,18 +89,32 @@ def test_a_restarted_host_keeps_its_port_and_its_invitation(tmp_path: Path) -> N
     kept = json.loads((home / "posts.json").read_text())
     assert [p["uses"] for p in kept["posts"]] == [4]  # join --pin, ask, join --peer, ask
 
-    # the kept port is taken by someone else: a new one, said at start; a new invitation
+    # the kept port is taken by someone else for the whole start: another port for this run
+    # only, said at start (and nothing says the old invitations keep working); a new invitation
     port = _port(first.invitation)
     squatter = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     squatter.bind(("127.0.0.1", port))
     try:
         fifth = Host(home, "--invite-file", str(invite), "--max-sessions", "20")
-        _code, _out, err = fifth.stop()
+        _code, out, err = fifth.stop()
     finally:
         squatter.close()
     assert f"UDP port {port}, where this home's host was before, is taken" in err
+    assert f"this run is on port {_port(fifth.invitation)} only, and {port} stays kept for the next start" in err
     assert _port(fifth.invitation) != port and fifth.invitation["post_id"] != first.invitation["post_id"]
-    assert json.loads((home / "endpoint.json").read_text())["port"] == _port(fifth.invitation)
+    assert "post-restored" not in out  # its guests cannot reach this run: not said to keep working
+    assert json.loads((home / "endpoint.json").read_text())["port"] == port  # not replaced
+
+    # the clash is over: the next start is back on the kept port, and the pinned guest's
+    # saved invitation works again (the clash never stranded it)
+    sixth = Host(home, "--invite-file", str(invite), "--max-sessions", "20")
+    try:
+        assert _port(sixth.invitation) == port and sixth.invitation == first.invitation
+        ask = kith(guest, "ask", "staging", "--peer", "h", "--offline", "--json", timeout=90)
+    finally:
+        _events(sixth)
+    assert ask.returncode == 0, ask.stderr
+    assert json.loads(ask.stdout)["peers"][0]["status"] == "ok"
 
 
 def test_new_invitation_withdraws_the_old_one_and_its_guest_is_told_what_to_do(tmp_path: Path) -> None:
@@ -135,6 +150,20 @@ def test_new_invitation_withdraws_the_old_one_and_its_guest_is_told_what_to_do(t
     assert json.loads(after.stdout)["peers"][0]["status"] == "ok"
 
 
+def _back_on_its_port(home: Path, port: int, *args: str, tries: int = 3) -> Host:
+    """Start the host of ``home`` again, on its kept ``port``: a start that found the port
+    taken past its retries (another process's socket; it is not this test's to hold) says so
+    and keeps the port for the next start — which this tries, up to ``tries`` starts."""
+    for _ in range(tries):
+        host = Host(home, *args)
+        if _port(host.invitation) == port:
+            return host
+        _code, _out, err = host.stop()
+        assert f"{port} stays kept for the next start" in err, err
+        assert json.loads((home / "endpoint.json").read_text())["port"] == port
+    raise AssertionError(f"port {port} stayed taken for {tries} starts")
+
+
 def test_join_peer_follows_a_server_hosts_new_post_after_a_restart(tmp_path: Path) -> None:
     """A community-server post is withdrawn at every clean exit; a pin made from it keeps
     working: the restarted host (same port) refuses the old post, and ``kith join --peer``
@@ -152,10 +181,9 @@ def test_join_peer_follows_a_server_hosts_new_post_after_a_restart(tmp_path: Pat
             assert r.returncode == 0, r.stderr
         finally:
             _events(first)
-        second = Host(home, "--server", url)
+        second = _back_on_its_port(home, _port(first.invitation), "--server", url)
         try:
             assert second.invitation["post_id"] != first.invitation["post_id"]
-            assert _port(second.invitation) == _port(first.invitation)  # the same port: the old post is refused
             joined = kith(guest, "join", "--peer", "h", "--offline", "--query", "staging", timeout=90)
         finally:
             _events(second)

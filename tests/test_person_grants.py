@@ -427,3 +427,31 @@ def test_a_person_pins_saved_invitation_may_come_from_a_device_the_pin_has_seen(
 
     assert pin_of_known_device(PeerRegistry.load(tmp_path), tmp_path, desk.public_key).name == "alice"
     assert pin_of_known_device(PeerRegistry.load(tmp_path), tmp_path, os.urandom(32).hex()) is None
+
+
+def test_a_device_its_persons_list_kept_here_revokes_is_never_a_known_device(tmp_path):
+    """issue 42 item 4: a stolen laptop's invitation must not pass as its person's device."""
+    from node.trust.peers import known_device_of, note_device, pin_of_known_device, pin_of_revoked_device
+
+    alice = Person()
+    registry = PeerRegistry.load(tmp_path)
+    rec = pin_person(registry, "alice", alice.key)
+    laptop, _ = alice.device("laptop")
+    desk, _ = alice.device("desk")
+    note_device(registry, rec, laptop.public_key, "laptop")
+    note_device(registry, rec, desk.public_key, "desk")
+    rec = PeerRegistry.load(tmp_path).by_name("alice")
+    assert known_device_of(tmp_path, alice.key, laptop.public_key, rec)
+    RevocationStore.load(tmp_path).offer(check_list(alice.revoke("laptop", seq=1)), via="import", now=WHEN)
+    assert not known_device_of(tmp_path, alice.key, laptop.public_key, rec)
+    assert known_device_of(tmp_path, alice.key, desk.public_key, rec)  # revoking one never revokes the other
+    registry = PeerRegistry.load(tmp_path)
+    assert pin_of_known_device(registry, tmp_path, laptop.public_key) is None
+    found = pin_of_revoked_device(registry, tmp_path, laptop.public_key)
+    assert found is not None and (found[0].name, found[1]) == ("alice", WHEN)
+    assert pin_of_revoked_device(registry, tmp_path, desk.public_key) is None
+    # a list of another person naming alice's desk speaks only for its own person
+    mallory = Person()
+    mallory.devices["desk"] = desk
+    RevocationStore.load(tmp_path).offer(check_list(mallory.revoke("desk", seq=1)), via="import", now=WHEN)
+    assert known_device_of(tmp_path, alice.key, desk.public_key, rec)

@@ -104,3 +104,38 @@ def test_two_homes_of_one_person_are_one_peer_and_revoking_one_ends_it_while_the
     assert kith(other, "peers", "import-revocation", str(newer)).returncode == 0
     r = kith(other, "peers", "import-revocation", str(tmp_path / "revocation.json"), "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["error"]["code"] == "revocation-stale", r.stdout
+
+
+def test_a_revoked_devices_invitation_needs_trust_after_a_warning_that_names_the_revocation(tmp_path: Path):
+    """issue 42 item 4: a device of a pinned person that a revocation list this guest holds
+    revokes is never a known device of the person — a stolen laptop's invitation is what a
+    thief would send. `kith join` of it warns, naming the revocation, and needs --trust."""
+    desk, laptop, guest = tmp_path / "desk", tmp_path / "laptop", tmp_path / "guest"
+    made = json.loads(kith(desk, "init", "--json", "--device-name", "desk").stdout)
+    laptop_key = pair_device(desk, laptop)
+    assert kith(laptop, "index", "add", str(FIXTURE)).returncode == 0
+    assert kith(laptop, "index", "sync", timeout=600).returncode == 0
+    assert kith(laptop, "policy", "set", "/corpus/*.md", "public").returncode == 0
+    assert kith(guest, "init").returncode == 0
+    assert kith(guest, "peers", "add", "alice", made["person_key"], "--devices").returncode == 0
+    r = kith(desk, "device", "revoke", "laptop", "--out", str(tmp_path / "revocation.json"), "--json")
+    assert r.returncode == 0, r.stderr
+    invite = tmp_path / "invite.json"
+    host = Host(laptop, "--invite-file", str(invite))
+    try:
+        first = kith(guest, "join", str(invite), "--offline", "--trust", "--query", QUERY, timeout=90)
+        known = kith(guest, "join", str(invite), "--offline", "--query", QUERY, timeout=90)
+        assert kith(guest, "peers", "import-revocation", str(tmp_path / "revocation.json")).returncode == 0
+        refused = kith(guest, "join", str(invite), "--offline", "--query", QUERY, "--json", timeout=90)
+        trusted = kith(guest, "join", str(invite), "--offline", "--trust", "--query", QUERY, timeout=90)
+    finally:
+        host.stop()
+    assert first.returncode == 0, first.stderr  # its card in that handshake: a known device of alice
+    assert known.returncode == 0 and "Unknown host" not in known.stderr, known.stderr
+    assert refused.returncode == 1
+    assert json.loads(refused.stdout.splitlines()[-1])["error"]["code"] == "host-not-trusted"
+    assert (f"warning: this host {laptop_key[:16]}… is a device of 'alice' that its person revoked (the "
+            "revocation list kept here, of ") in refused.stderr, refused.stderr
+    assert "Unknown host" in refused.stderr  # said as a stranger: fingerprint and pairing code
+    assert trusted.returncode == 0, trusted.stderr
+    assert "that its person revoked" in trusted.stderr  # the warning comes before --trust is taken

@@ -219,3 +219,50 @@ def test_patched_lowering_of_a_frame_is_the_same_buffer_from_one_allocation(monk
         assert got[0][0] == got[1][0] == len(frame).to_bytes(4, "big") + bytes(frame)
         assert got[1][1] == ["ffi_iroh_ffi_rustbuffer_alloc"]  # patched: one allocation, no reserve
         assert len(got[0][1]) > 1 or len(frame) <= 12  # unpatched: grown by reserve past 16 bytes
+
+
+def _held_port() -> "socket.socket":
+    """A loopback UDP socket holding a free port (another process's, as far as a host sees)."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def test_a_kept_port_taken_once_is_tried_again_and_bound():
+    """A one-off clash (specs/transport.md §7): the kept port is taken at the first try and
+    freed before the next one — the node binds it after all and says nothing was taken."""
+    squatter = _held_port()
+    port = squatter.getsockname()[1]
+    tries: list[int] = []
+
+    def freed(taken: int) -> None:  # after the first try found it taken, the holder lets go
+        tries.append(taken)
+        squatter.close()
+
+    async def main() -> tuple[int | None, int | None]:
+        async with bind_node(new_identity().secret, ALPN, local=True, port=port, on_port_taken=freed) as node:
+            return node.bound_port, node.port_taken
+
+    bound, taken = anyio.run(main)
+    assert tries == [port] and (bound, taken) == (port, None)
+
+
+def test_a_kept_port_that_stays_taken_binds_another_and_says_which(monkeypatch):
+    import node.transport.iroh as iroh_mod
+
+    monkeypatch.setattr(iroh_mod, "KEPT_PORT_RETRY_S", 0.3)
+    squatter = _held_port()
+    port = squatter.getsockname()[1]
+    tries: list[int] = []
+
+    async def main() -> tuple[int | None, int | None]:
+        async with bind_node(new_identity().secret, ALPN, local=True, port=port, on_port_taken=tries.append) as node:
+            return node.bound_port, node.port_taken
+
+    try:
+        bound, taken = anyio.run(main)
+    finally:
+        squatter.close()
+    assert taken == port and bound not in (None, port) and len(tries) >= 2

@@ -68,8 +68,9 @@ class CopyServer:
         self._limit = max_message_bytes
         self._key: bytes | None = None
         self._lock = threading.Lock()
-        #: (stored id, content hash, kinds) -> (text, bytes, sha256): the scrubbed text once made
-        self._texts: dict[tuple[str, str, frozenset[str]], tuple[str, int, str]] = {}
+        #: (stored id, content hash, kinds) -> (text, bytes, sha256, {kind: spans scrubbed}):
+        #: the scrubbed text once made
+        self._texts: dict[tuple[str, str, frozenset[str]], tuple[str, int, str, dict[str, int]]] = {}
         #: peer name -> (:meth:`_copyable_key`, what it may keep): decided once per key
         self._copyables: dict[str | None, tuple[tuple[Any, ...], dict[str, tuple[str, str]]]] = {}
 
@@ -117,8 +118,9 @@ class CopyServer:
         return policy, out
 
     def _text(self, policy: Any, peer_name: str | None, canonical: str, stored: str,
-              content_hash: str) -> tuple[str, int, str] | None:
-        """The text the peer may hold of one document, its UTF-8 bytes and SHA-256 hex."""
+              content_hash: str) -> tuple[str, int, str, dict[str, int]] | None:
+        """The text the peer may hold of one document, its UTF-8 bytes, SHA-256 hex and
+        the spans scrubbed from it per kind."""
         from node.common.scrub import scrub
 
         kinds = policy.scrub_kinds(canonical, peer_name)
@@ -128,8 +130,9 @@ class CopyServer:
             found = self._corpus.document_text(stored)
             if found is None or found[0] != content_hash:
                 return None  # re-indexed since the manifest: the next sync sees the new one
-            text = scrub(found[1], kinds) if kinds else found[1]
-            got = (text, len(text.encode("utf-8", "surrogatepass")), text_digest(text))
+            spans: dict[str, int] = {}
+            text = scrub(found[1], kinds, spans) if kinds else found[1]
+            got = (text, len(text.encode("utf-8", "surrogatepass")), text_digest(text), spans)
             if len(self._texts) > 50000:
                 self._texts.clear()
             self._texts[key] = got
@@ -166,11 +169,14 @@ class CopyServer:
         return {"status": status, "maxBytes": budget, "bytes": total,
                 "documents": entries, "truncated": len(docs) > MAX_MANIFEST}
 
-    def documents(self, peer_name: str | None, sources: list[str]) -> dict[str, Any]:
+    def documents(self, peer_name: str | None, sources: list[str],
+                  scrubbed: dict[str, int] | None = None) -> dict[str, Any]:
         """The ``copy_docs`` fields for the sources asked: ``documents`` ``[{source, version,
         text, citation}]`` as many as fit one message (in the order asked), ``refused`` (the
         sources the peer may not keep, or gone), ``more`` (asked, not sent yet: ask again),
-        ``tooLarge`` (a document larger than one message; never sent)."""
+        ``tooLarge`` (a document larger than one message; never sent). ``scrubbed``, when
+        given, is increased by the spans scrubbed per kind from the documents sent (the
+        audit's ``copy-sent`` record; never values)."""
         policy, docs = self._copyable(peer_name)
         key = self._version_key()
         signed_at = self._now()
@@ -185,7 +191,7 @@ class CopyServer:
             if got is None or found is None:
                 out["refused"].append(source)
                 continue
-            text, size, digest = got
+            text, size, digest, spans = got
             cost = 2 * size + 1024  # JSON escaping, the citation
             if cost > self._limit - DOCS_OVERHEAD_BYTES:
                 out["tooLarge"].append(source)
@@ -199,6 +205,9 @@ class CopyServer:
                         "span": {"lines": None, "pages": None, "chars": [0, len(text)]},
                         "textSha256": digest, "signedAt": signed_at}
             citation["signature"] = self._sign(payload_of(citation))
+            if scrubbed is not None:
+                for kind, n in spans.items():
+                    scrubbed[kind] = scrubbed.get(kind, 0) + n
             out["documents"].append({"source": source, "version": citation["version"], "text": text,
                                      "citation": citation})
         return out

@@ -92,9 +92,10 @@ class Handle:
         """:meth:`node.answer.service.AnswerService.copy_manifest` as this peer (specs/copies.md §2)."""
         return self.__service.copy_manifest(self.__view)
 
-    def copy_documents(self, sources: Any) -> dict[str, Any]:
-        """:meth:`node.answer.service.AnswerService.copy_documents` as this peer (specs/copies.md §3)."""
-        return self.__service.copy_documents(sources, self.__view)
+    def copy_documents(self, sources: Any, scrubbed: dict[str, int] | None = None) -> dict[str, Any]:
+        """:meth:`node.answer.service.AnswerService.copy_documents` as this peer (specs/copies.md §3);
+        ``scrubbed`` gets the spans scrubbed per kind from what is sent."""
+        return self.__service.copy_documents(sources, self.__view, scrubbed)
 
 
 __all__ = ["Handle", "Knowledge", "OWNER", "OwnerView", "PeerView", "View"]

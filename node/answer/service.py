@@ -51,6 +51,9 @@ NO_RESULT_FLOOR_S = 0.010
 #: bytes of the ``results`` message outside the envelope (action, query_id ≤ 64, status,
 #: retry/approval fields), counted against ``max_message_bytes``.
 MESSAGE_OVERHEAD_BYTES = 256
+#: A ``copy_fetch`` answer costs one query of the peer's quota plus one per this many
+#: bytes of document text it sends (specs/copies.md §3).
+COPY_BYTES_PER_QUERY = 256 * 1024
 
 
 @dataclass
@@ -294,10 +297,26 @@ class AnswerService:
 
     def copy_manifest(self, view: PeerView) -> dict[str, Any]:
         """What ``view`` may keep a copy of (:meth:`node.answer.copies.CopyServer.manifest`;
-        ``copy-not-granted`` when this node serves no copies). Never raises for peer input."""
+        ``copy-not-granted`` when this node serves no copies). Charged one query to the
+        peer's quota (specs/copies.md §3): refused, it is ``{"refused": "copy-rate-limited",
+        "retry_after_s"}`` (the hooks end the session with that code). Never raises for
+        peer input."""
         if self.copier is None or view.key is None and view.name is None:
             return {"status": "copy-not-granted", "maxBytes": None, "bytes": 0, "documents": [], "truncated": False}
-        return self.copier.manifest(view.name)
+        refused = self._charge_copy(view, 1)
+        return refused if refused is not None else self.copier.manifest(view.name)
+
+    def _charge_copy(self, view: PeerView, cost: int) -> dict[str, Any] | None:
+        """Charge a copy request of ``cost`` queries to ``view``'s quota (:meth:`_charge`'s
+        buckets); the refusal the hooks turn into ``copy-rate-limited``, or None."""
+        if self._limiter is None or view.key is None or self._gate is None:
+            return None
+        policy = self._gate.current_policy()
+        shared = policy.anonymous_quota() if view.name is None else None
+        verdict = self._limiter.take(view.key, policy.quota_for(view.name), shared, cost=cost)
+        if verdict.ok:
+            return None
+        return {"refused": "copy-rate-limited", "retry_after_s": verdict.retry_after_s}
 
     def copy_state(self, peer_name: str | None) -> dict[str, Any] | None:
         """The copy grant state a handshake tells ``peer_name`` (None: anonymous)
@@ -305,13 +324,27 @@ class AnswerService:
         copies (the handshake then says nothing)."""
         return None if self.copier is None else self.copier.state(peer_name)
 
-    def copy_documents(self, sources: Any, view: PeerView) -> dict[str, Any]:
+    def copy_documents(self, sources: Any, view: PeerView,
+                       scrubbed: dict[str, int] | None = None) -> dict[str, Any]:
         """The signed, scrubbed documents ``view`` may keep among ``sources``
-        (:meth:`node.answer.copies.CopyServer.documents`); all ``refused`` without a copier."""
+        (:meth:`node.answer.copies.CopyServer.documents`, ``scrubbed`` its counts); all
+        ``refused`` without a copier. Charged to the peer's quota by bytes: one query, plus
+        one per :data:`COPY_BYTES_PER_QUERY` of text sent (at most the quota's burst);
+        refused, nothing is sent: ``{"refused": "copy-rate-limited", "retry_after_s"}``."""
         wanted = [s for s in sources if isinstance(s, str)] if isinstance(sources, list) else []
         if self.copier is None:
             return {"documents": [], "refused": wanted, "more": [], "tooLarge": []}
-        return self.copier.documents(view.name, wanted)
+        counts: dict[str, int] = {}
+        out = self.copier.documents(view.name, wanted, counts)
+        sent = sum(len(d["text"].encode("utf-8", "surrogatepass")) for d in out.get("documents") or []
+                   if isinstance(d, dict) and isinstance(d.get("text"), str))
+        refused = self._charge_copy(view, 1 + sent // COPY_BYTES_PER_QUERY)
+        if refused is not None:
+            return refused
+        if scrubbed is not None:
+            for kind, n in counts.items():
+                scrubbed[kind] = scrubbed.get(kind, 0) + n
+        return out
 
 
 def peer_knowledge(corpus: Any, gate: Any, peer_name: str | None, *, peer_key: str | None = None,

@@ -189,8 +189,12 @@ def ask_cmd(
                           f"({elapsed_s:.0f} s of {timeout:g} s)…", highlight=False, markup=False)
 
     async def main() -> dict[str, Any]:
+        import time
+
         from node.cli.render import WAIT_NOTICE_S, WAIT_REPEAT_S
         from node.guest.fanout import ASK_END_WAIT_S, dedupe_names
+
+        started = time.monotonic()
 
         dedupe_names(names)  # ask-too-many-peers before binding anything
         async with SessionPool(home, identity, local=mode.offline, mode=mode, end_wait_s=ASK_END_WAIT_S) as pool:
@@ -217,6 +221,15 @@ def ask_cmd(
             # The answer is printed at the deadline, not after the pool has closed its
             # sessions (closing a session to a silent host can take seconds).
             show(env)
+            # a handshake told a copy's grant changed: what its host withdrew is recorded now and
+            # never answered from the copy again (specs/copies.md §5.1), within the deadline's slack
+            live = [p["name"] for p in env["peers"] if p.get("status") in ("ok", "no-verified-results")
+                    and not p.get("fromCopy") and p.get("name")]
+            if live and not copy_only:
+                from node.guest.copies.sync import note_withdrawn
+
+                with anyio.move_on_after(max(0.0, timeout + 0.3 - (time.monotonic() - started))):
+                    await note_withdrawn(pool, live, notify=pool.on_copy_notice)
         return env
 
     env = anyio.run(main, backend="asyncio")

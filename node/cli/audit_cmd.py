@@ -40,7 +40,9 @@ _SHOWN = ("post_id", "reason", "code", "cause", "query_id", "status", "sources",
           "person", "device_name", "old_person", "via", "kind", "group", "glob", "tier", "until", "added", "removed",
           "seq",
           # what the network learns (issue 23): a session's path and the one before a change
-          "path", "previous")
+          "path", "previous",
+          # what a copy sent (issue 42): how many documents, their ids above
+          "documents")
 
 
 def audit_cmd(
@@ -51,7 +53,7 @@ def audit_cmd(
     as_json: bool = typer.Option(False, "--json", help="One JSON object: {records, skipped}."),
 ) -> None:
     """Show the audit log: sessions, queries (keyed hashes unless `kith host --audit-queries`),
-    source ids served, approvals, revocations, blocks, policy reloads, refused handshakes.
+    source ids served, copies sent (copy-sent: source ids, versions, scrub counts), approvals, revocations, blocks, policy reloads, refused handshakes.
     A corrupt or truncated line is reported and skipped."""
     from node.trust.audit_log import AuditProblem, read_audit
     from node.trust.peers import PeerRegistry

@@ -510,9 +510,19 @@ class Join:
             if not NAME_RE.fullmatch(self.pin):
                 raise UsageError("usage", "--pin NAME: 1-64 of [A-Za-z0-9_.-], starting with a letter or digit")
             check_pinned_name(self.pin, inv, home)
+        revoked = None
         if name is not None:
             check_pinned_name(name, inv, home)
         else:
+            from node.trust.peers import PeerRegistry, pin_of_revoked_device
+
+            revoked = pin_of_revoked_device(PeerRegistry.load(home), home, inv.host_public_key)
+            if revoked is not None:  # a stolen laptop's invitation is what a thief would send (specs/peers.md §10)
+                err_console.print(f"warning: this host {inv.host_public_key[:16]}… is a device of "
+                                  f"{safe_text(revoked[0].name)!r} that its person revoked (the revocation list "
+                                  f"kept here, of {revoked[1]}): it is not one of {safe_text(revoked[0].name)!r}'s "
+                                  "devices, only an unknown host; join it only if you trust it anyway (--trust)",
+                                  highlight=False, markup=False)
             fp = fingerprint(inv.host_public_key)
             code = pairing_code(identity.public_key, inv.host_public_key)
             err_console.print(f"Unknown host {inv.host_public_key[:16]}… fingerprint [bold]{fp}[/bold]", highlight=False)
@@ -527,6 +537,12 @@ class Join:
                 emit_json(checked(HostPairingCode(host_public_key=inv.host_public_key, pairing_code=code).to_dict(),
                                   command=True))
         if name is None and not self.trust:
+            if revoked is not None:  # never on a keypress: only --trust, after the warning above
+                raise InvitationError("host-not-trusted", f"this host is a device {safe_text(revoked[0].name)!r}'s "
+                                      "person revoked; pass --trust to connect anyway",
+                                      hint=f"ask {safe_text(revoked[0].name)} whether this device is theirs again "
+                                           "(a revoked device stays revoked: a new one pairs with `kith device "
+                                           "join`); --trust joins it as an unknown host")
             if not sys.stdin.isatty():
                 raise InvitationError("host-not-trusted", "unknown host key; pass --trust to connect anyway",
                                       hint=f"check the pairing code '{code}' (fingerprint {fp}) with the host's owner, "

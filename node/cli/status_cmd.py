@@ -110,13 +110,19 @@ def status_report(home: Path) -> dict[str, Any]:
     ("pin" | "group" | "override"), "peer_name", "group"?, "glob"?, "tier"?, "until",
     "ended"}], "policy": {"ok", "rules", "groups", "code", "message", "inForce"}}``
     (specs/control.md; ``grants``: every grant with an end, soonest first, specs/peers.md
-    §12; ``policy``: :func:`_policy`). Works without a running host (``host`` null)."""
+    §12; ``policy``: :func:`_policy`; ``sharing``: scrub rules, copy grants and who was
+    sent copies, :func:`node.host.grants.sharing_report`; ``kept``: this node's copies of
+    peers and its outbox, :func:`node.guest.kept.kept_report`). Works without a running
+    host (``host`` null)."""
+    from node.guest.kept import kept_report
     from node.host.control import pending_approvals
+    from node.host.grants import sharing_report
 
     host = _host_state(home)
     return {"home": str(home), "identity": _identity(home), "index": _index(home), "host": host,
             "approvals": host["approvals"] if host is not None else pending_approvals(home),
-            "grants": _grants(home), "policy": _policy(home, host)}
+            "grants": _grants(home), "policy": _policy(home, host), "sharing": sharing_report(home),
+            "kept": kept_report(home)}
 
 
 def _grants(home: Path) -> list[dict[str, Any]]:
@@ -184,7 +190,8 @@ def _session_lines(sessions: list[dict[str, Any]]) -> list[str]:
 
 def status_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Show this node: identity, roots and index, the running host with its posts, live
-    sessions and pending approvals ("host: not running" when no `kith host` runs)."""
+    sessions and pending approvals ("host: not running" when no `kith host` runs), the
+    scrub rules, copy grants and peers sent copies, and the copies and outbox kept here."""
     report = status_report(home_of(ctx))
     if json_out:
         emit_json(report)
@@ -237,6 +244,46 @@ def status_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
         _print(f"grants that end: {len(report['grants'])}")
         for g in report["grants"]:
             _print(_grant_line(g))
+    for line in _sharing_lines(report["sharing"]) + _kept_lines(report["kept"]):
+        _print(line)
+
+
+def _sharing_lines(s: dict[str, Any]) -> list[str]:
+    from node.common.grants import until_text
+
+    out = []
+    if s["scrubs"]:
+        out.append(f"scrub rules: {len(s['scrubs'])}")
+        out += [f"  {', '.join(r['kinds'])} for {r['for']}" + (f" in {r['glob']}" if r["glob"] else "")
+                for r in s["scrubs"]]
+    if s["copyGrants"]:
+        out.append(f"copy grants: {len(s['copyGrants'])}")
+        out += [f"  {c['glob']} for {c['for']}" + (f" {until_text(c['until'])}" if c["until"] else "")
+                + (f", at most {c['maxBytes']} bytes" if c["maxBytes"] is not None else "") for c in s["copyGrants"]]
+    if s["copiesSent"]:
+        out.append(f"copies sent (peers that may hold them): {len(s['copiesSent'])}")
+        out += [f"  {r['peer_name'] or str(r['peer'])[:16] + '…'}: {r['documents']} document(s), last sent "
+                f"{r['lastSentAt']}" for r in s["copiesSent"]]
+    return out
+
+
+def _kept_lines(k: dict[str, Any]) -> list[str]:
+    from node.common.grants import until_text
+
+    out = []
+    if k["copies"]:
+        out.append(f"copies kept here: {len(k['copies'])}")
+        for c in k["copies"]:
+            if c.get("error"):
+                out.append(f"  {c.get('peer') or '?'}: unreadable [{c['error']['code']}] (`kith copies list`)")
+            else:
+                out.append(f"  {c['peer']}: {c['documents']} document(s), {c['bytes']} bytes, synced "
+                           f"{c.get('syncedAt') or 'never'}" + (f", {until_text(c['until'])}" if c.get("until") else ""))
+    o = k["outbox"]
+    if o is not None:
+        out.append(f"outbox: unreadable [{o['error']}] (`kith outbox list`)" if "error" in o else
+                   f"outbox: {o['questions']} question(s) kept, {o['open']} delivery(ies) waiting")
+    return out
 
 
 @sessions_app.callback()

@@ -17,6 +17,9 @@ IDENTITY_FILE = "identity.key"
 COMMUNITY_DIR = "community"
 #: The node's settings file, ``<home>/config.toml``.
 CONFIG_FILE = "config.toml"
+#: ``<home>/copies/``: the copies of peers' corpora a guest keeps (node/guest/copies/); never
+#: a source root of this node's own corpus (node/corpus/store.py, specs/copies.md §2).
+COPIES_DIR = "copies"
 #: Its tables and each table's keys (one place: a key or table not named here is a typo,
 #: refused rather than silently ignored — specs/transport.md §1, §4).
 CONFIG_TABLES: dict[str, tuple[str, ...]] = {

@@ -153,7 +153,7 @@ class Corpus:
             CorpusError: ``chunking-invalid`` (checked first, before anything is stored),
                 ``root-not-found`` (missing or not a directory; names the path),
                 ``root-path-invalid`` (its resolved path is not UTF-8),
-                ``root-too-broad`` (without ``force``), ``root-name-invalid``,
+                ``root-is-copy`` (it lies in ``<home>/copies/``, even with ``force``), ``root-too-broad`` (without ``force``), ``root-name-invalid``,
                 ``root-name-taken`` (``name`` in use or used before), ``root-exists`` (same
                 resolved folder already registered), ``corpus-readonly``.
         """
@@ -176,6 +176,12 @@ class Corpus:
             if broad is not None and not force:
                 raise CorpusError("root-too-broad", f"{real} is {broad}: indexing it would read "
                                   "everything below it (virtualenvs, caches, other people's files).")
+            copies = self._copies_dir()
+            if real.is_relative_to(copies):  # a folder holding it holds a Kith home, which a sync skips
+                raise CorpusError("root-is-copy", f"{real} is in {copies}, where this node keeps its copies of peers' corpora: a copy is never "
+                                  "this node's own corpus (it would be shared onward)",
+                                  hint="add the folder your own files are in; a peer's copy is searched with "
+                                       "`kith ask --peer NAME --copy`")
             base = real.name or "root"
             with self.record.tx():
                 if db.execute("SELECT 1 FROM roots WHERE path=?", (str(real),)).fetchone():
@@ -202,6 +208,12 @@ class Corpus:
                     (root.prefix, root.path, root.chunker, root.chunk_size, root.chunk_overlap,
                      ingest.now_rfc3339()))
             return root
+
+    def _copies_dir(self) -> Path:
+        """``<home>/copies/`` resolved (it need not exist): no root lies in it."""
+        from node.common.home import COPIES_DIR
+
+        return (self.home / COPIES_DIR).resolve()
 
     def overlapping(self, path: str | Path) -> list[Root]:
         """The registered roots that contain the folder ``path`` or lie inside it (the

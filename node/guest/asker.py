@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
 
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kith.asker")
 
+#: A device's complete answer that holds nothing: it never wins over another device's ``ok``.
+EMPTY = "no-verified-results"
+
 #: Seconds a person's warm device may take before its other devices are asked too
 #: (:meth:`Asker._ask_warm_device`; specs/peers.md §13).
 WARM_HEDGE_S = 2.0
@@ -38,10 +41,14 @@ WARM_HEDGE_S = 2.0
 
 class Asker:
     """Asks a name over ``pool`` (a :class:`node.guest.pool.SessionPool`); holds nothing
-    but the pool, so one may be made wherever a pool is at hand."""
+    but the pool (and an optional ``on_provisional`` callback), so one may be made wherever
+    a pool is at hand."""
 
-    def __init__(self, pool: "SessionPool") -> None:
+    def __init__(self, pool: "SessionPool", on_provisional: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.pool = pool
+        #: called with a person's device's empty answer (``no-verified-results``) while its
+        #: other devices are still out: the caller's deadline may settle on it (specs/peers.md §13)
+        self.on_provisional = on_provisional
 
     async def ask(self, peer: str | Target, request: dict[str, Any]) -> dict[str, Any]:
         """Ask ``peer`` one flat request (``query``, ``topK``, filters; the one request
@@ -52,7 +59,8 @@ class Asker:
                 the registry on every question: a removed or blocked name is refused even
                 with a warm session) or a verified :class:`Target` (pinned by the caller).
                 A person pin (``--devices``) with device cards is asked on every device at
-                once, the first complete answer winning (:meth:`ask_devices`;
+                once, the first ``ok`` winning (an empty answer never cancels another
+                device's; :meth:`ask_devices`;
                 its pin's server is asked for cards when none is usable or every device
                 failed, and for the person's revocation list beside every ask, at most once
                 a minute: a revoked device's answer is dropped; specs/peers.md §13); the
@@ -153,10 +161,16 @@ class Asker:
         """Ask the person's device with a warm session; when it has not answered within
         :data:`WARM_HEDGE_S` (it may have gone to sleep: a stopped host sends nothing, and
         its session ends only when the keep-alive gives up), ask its other dialable devices
-        too, the warm one still running; the first answer of either wins. None when the
-        warm session ended unanswered first, or every device did (the caller races them all)."""
+        too, the warm one still running; the first ``ok`` of either wins. An empty answer
+        (``no-verified-results``) never cancels the others: the warm one's is handed to
+        ``on_provisional`` and its other devices are asked, and it stands only when none of
+        them answers ``ok``. None when the warm session ended unanswered first, or every
+        device did (the caller races them all)."""
         got: list[dict[str, Any]] = []
+        later: list[dict[str, Any]] = []  # the others' answer that was not ok, while the warm one was out
         warm_done = anyio.Event()
+
+        empty: list[dict[str, Any]] = []
 
         async def ask_warm(tg: Any) -> None:
             try:
@@ -165,27 +179,48 @@ class Asker:
                 warm_done.set()
                 return
             mark_answered(self.pool.home_file(CARDS_FILE, CardStore.load).now(), person, warm[0]["key"])
-            got.append({**message, "device": dict(warm[0])})
+            answer = {**message, "device": dict(warm[0])}
+            if answer.get("status") == EMPTY:  # another device may hold what this one does not
+                empty.append(answer)
+                warm_done.set()
+                return
+            got.append(answer)
             tg.cancel_scope.cancel()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(ask_warm, tg)
             with anyio.move_on_after(WARM_HEDGE_S):
                 await warm_done.wait()
+            others = [(d, t) for d, t in device_targets(self.pool.home, person) if d["key"] != warm[0]["key"]]
+            if empty:  # it holds nothing for this: its other devices are asked before that answer stands
+                if self.on_provisional is not None:
+                    self.on_provisional(empty[0])
+                if not others:
+                    return empty[0]
+                try:
+                    answer = await self.ask_devices(person, others, request)
+                except PeerGone:
+                    return empty[0]
+                return answer if answer.get("status") == "ok" else empty[0]
             if warm_done.is_set():  # its session ended unanswered: the caller races every device, it too
                 return None
-            others = [(d, t) for d, t in device_targets(self.pool.home, person) if d["key"] != warm[0]["key"]]
             if others:
                 log.info("%s: the warm device %s has not answered in %.1f s; asking %d other device(s)",
                          person.name, warm[0]["key"][:16], WARM_HEDGE_S, len(others))
                 try:
-                    got.append(await self.ask_devices(person, others, request))
+                    answer = await self.ask_devices(person, others, request)
                 except PeerGone:
                     pass  # the warm one may still answer
                 else:
-                    tg.cancel_scope.cancel()
+                    if answer.get("status") == "ok":
+                        got.append(answer)
+                        tg.cancel_scope.cancel()
+                    else:  # the others hold nothing (or refused): the warm one may still answer ok
+                        later.append(answer)
             await warm_done.wait()
-        return got[0] if got else None
+        if got:
+            return got[0]
+        return empty[0] if empty else (later[0] if later else None)
 
     async def _ask_person(self, person: Any, name: str, request: dict[str, Any]) -> dict[str, Any] | None:
         """Ask every device of the person pin ``person`` with a usable card at once
@@ -238,19 +273,23 @@ class Asker:
 
     async def ask_devices(self, rec: "PeerRecord", targets: list[tuple[dict[str, str], Any]],
                           request: dict[str, Any]) -> dict[str, Any]:
-        """Ask every device in ``targets`` the same request at once; the first complete answer
-        (``ok`` / ``no-verified-results``) wins and the others are cancelled.
+        """Ask every device in ``targets`` the same request at once; the first ``ok`` wins and
+        the others are cancelled. An empty answer (``no-verified-results``: that device holds
+        nothing for the question, another may) cancels nothing: it is handed to
+        ``on_provisional`` (for a caller whose deadline comes first) and stands only when every
+        other device has ended without an ``ok``.
 
         Returns:
             that answer, with ``device`` ``{"key", "name"}`` set by this guest (never taken from
-            a host). When no device answers completely, the first incomplete answer (pending
-            approval, rate-limited, a refusal) if any.
+            a host). When no device answers ``ok``, the first empty answer; else the first
+            incomplete answer (pending approval, rate-limited, a refusal) if any.
 
         Raises:
             PeerGone: every device's session ended unanswered (the last one's).
         """
         store_marks: list[tuple[str, bool]] = []
         winner: list[dict[str, Any]] = []
+        empty: list[dict[str, Any]] = []
         incomplete: list[dict[str, Any]] = []
         gone: list[BaseException] = []
         pending = {device["key"] for device, _ in targets}
@@ -266,7 +305,11 @@ class Asker:
             pending.discard(device["key"])
             store_marks.append((device["key"], True))
             answer = {**message, "device": dict(device)}
-            if answer.get("status") in COMPLETE:
+            if answer.get("status") == EMPTY:  # it holds nothing for this: another device may
+                if not empty and self.on_provisional is not None and pending:
+                    self.on_provisional(answer)
+                empty.append(answer)
+            elif answer.get("status") in COMPLETE:
                 if not winner:
                     winner.append(answer)
                     # a device that has not even finished its handshake by now is not up: it
@@ -295,6 +338,8 @@ class Asker:
                 store.mark(rec.public_key, key, ok=ok, now=now)
         if winner:
             return winner[0]
+        if empty:
+            return empty[0]
         if incomplete:
             return incomplete[0]
         last = gone[-1] if gone else None

@@ -362,6 +362,7 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
     t0 = time.perf_counter()
 
     copied: dict[int, dict[str, Any]] = {}  # row index -> its copy's answer, ready (copies "fallback")
+    provisional: dict[int, dict[str, Any]] = {}  # row index -> a person's device's empty answer, others still out
 
     async def copy_answer(name: str) -> dict[str, Any] | None:
         from node.guest.copies.search import search_copy
@@ -413,8 +414,8 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
             return
         if copies == "fallback":  # ready before the deadline, used only if the host does not answer
             tg_copies.start_soon(prepare_copy, i, name)
-        try:
-            message = await Asker(pool).ask(name, request)
+        try:  # a person's device that holds nothing: the answer at the deadline, if no device's ok comes
+            message = await Asker(pool, on_provisional=partial(provisional.__setitem__, i)).ask(name, request)
         except PeerGone as gone:
             row.status, row.code = classify_gone(gone)
             heard = getattr(gone.outcome, "last_heard_at", None)
@@ -472,6 +473,12 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
                 await anyio.sleep(0.01)
             notices.cancel()  # every row settled before the deadline
     elapsed = (time.perf_counter() - t0) * 1000
+    for i, row in enumerate(rows):  # a device said it holds nothing, the others gave no ok in time: that stands
+        if row.status == "peer-timeout" and row.latency_ms is None and i in provisional:
+            device = provisional[i].get("device")
+            row.device = device if isinstance(device, dict) else None
+            answers[i] = _row_from_message(row, provisional[i])
+            row.latency_ms = elapsed
     for i, row in enumerate(rows):  # the host did not answer in time: its copy does (specs/copies.md §6)
         if row.status in ("peer-timeout", "unreachable") and i in copied:
             apply_copy(i, row, copied[i])

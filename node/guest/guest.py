@@ -303,15 +303,50 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
 
     result = AskResult(outcome=None)
 
+    manifest_asked = [False]
+
     def on_results(message: dict[str, Any]) -> None:
         from node.answer.fence import mark_answer
 
+        if message.get("action") == "copy_manifest":  # asked below: what the host withdrew from the copy
+            from node.guest.copies.lifecycle import record_withdrawn
+            from node.guest.copies.store import CopyStore
+
+            if target.pinned_name is not None:
+                record_withdrawn(CopyStore(home, target.pinned_name), message)
+            return
         mark_answer(message)  # the guest's own marks: untrusted, suspicious (never the host's)
         result.answers.append(message)
         if options.on_results is not None:
             options.on_results(message)
 
-    hook_options = {**options.hook_options(), "on_results": on_results}
+    def stale_copy() -> bool:
+        """The pinned host's handshake told another grant stamp than its copy here was
+        synced under (specs/copies.md §5.1): ask its manifest once, after the questions."""
+        from node.guest.copies.lifecycle import stale
+        from node.guest.copies.store import CopyStore
+
+        if manifest_asked[0] or target.pinned_name is None:
+            return False
+        manifest_asked[0] = True
+        try:
+            store = CopyStore(home, target.pinned_name)
+            return (store.exists() and store.load().get("hostKey") == target.invitation.host_public_key
+                    and stale(store))
+        except KithError:
+            return False
+
+    first_ask = options.next_question
+    asked_out = [first_ask is None]  # the person ended their questions: never prompted again
+
+    def next_question() -> Any:
+        text = first_ask() if not asked_out[0] and first_ask is not None else None
+        if text:
+            return text
+        asked_out[0] = True
+        return {"action": "copy_list"} if stale_copy() else None
+
+    hook_options = {**options.hook_options(), "on_results": on_results, "ask": next_question}
     with anyio.move_on_after(timeout_s):
         result.outcome = await join_session(
             home, identity, target.invitation, target.protocol_dir, target.spec, local=local, mode=mode,

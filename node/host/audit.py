@@ -55,6 +55,9 @@ class _SessionTap:
                 leave) is the encoding of — nothing is decoded again.
         """
         msg = frame.message
+        if isinstance(msg, dict) and msg.get("action") == "copy_docs":
+            self._copy_sent(msg)
+            return
         if not isinstance(msg, dict) or msg.get("action") != "results":
             return
         env = msg.get("envelope") if isinstance(msg.get("envelope"), dict) else {}
@@ -69,6 +72,22 @@ class _SessionTap:
                               scrubbed=scrubbed)
         if approval is not None and msg.get("status") == "pending-approval":
             self.audit.log.record("approval-created", **base, approval_id=approval[:64])
+
+
+    def _copy_sent(self, msg: dict[str, Any]) -> None:
+        """A ``copy_docs`` frame leaves: ``copy-sent`` with the source ids and versions of
+        the documents it carries (never text), the spans scrubbed per kind and how many
+        asked were refused or too large — what the owner can never take back."""
+        docs = [d for d in msg.get("documents") or [] if isinstance(d, dict)]
+        scrubbed, self._scrubbed = self._scrubbed, None
+        if not docs:
+            return
+        self.audit.log.record("copy-sent", session_id=self.session_id, peer=self.peer, peer_name=self.peer_name,
+                              query_id=str(msg.get("query_id"))[:64],
+                              sources=[str(d.get("source"))[:1024] for d in docs],
+                              versions=[str(d.get("version"))[:64] for d in docs],
+                              documents=len(docs), scrubbed=scrubbed or None,
+                              refused=len(msg.get("refused") or []) + len(msg.get("tooLarge") or []))
 
 
 def _path_kind(path: EventPath) -> str:

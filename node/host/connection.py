@@ -305,16 +305,30 @@ class Connection:
 
     def copy_state(self, person_capable: bool) -> dict[str, Any] | None:
         """The engine's ``HostConfig.copy_state``: what this guest is told of its copy in
-        ``_session_proof`` (specs/copies.md §5). A pinned device key → its name's state; an
-        unpinned key that advertised a person chain → None (its person, and so its grants,
-        is only known at ``_session_ready``: say nothing rather than end a copy it holds);
-        any other key is anonymous (never granted)."""
+        ``_session_proof`` (specs/copies.md §5). A pinned device key → its name's state,
+        its ``until`` bounded by the pin's own end; an unpinned key that advertised a person
+        chain → None while some person pin here holds a copy grant (its person, and so its
+        grants, is only known at ``_session_ready``: say nothing rather than end a copy it
+        holds), else not granted; any other key is anonymous (never granted)."""
         visit = self.visit
         pinned = visit.pinned if visit is not None else None
-        if pinned is None and person_capable:
-            return None
         try:
-            return self.answering.copy_state(pinned.name if pinned is not None else None)
+            if pinned is None and person_capable:
+                # its person may be a person pin with a grant (known only at _session_ready):
+                # say nothing then; when no person pin here holds one, nothing can be granted
+                # to it — a removed pin's copy ends at this handshake (issue 42 item 3)
+                registry = getattr(visit, "registry", None)
+                persons = [r.name for r in registry.peers.values() if r.devices] if registry is not None else None
+                if persons is None or any((self.answering.copy_state(n) or {}).get("granted") for n in persons):
+                    return None
+                return self.answering.copy_state(None)
+            state = self.answering.copy_state(pinned.name if pinned is not None else None)
+            if state is not None and pinned is not None and pinned.until is not None and state.get("granted"):
+                from node.common.grants import until_time  # the pin's own end bounds the copy's
+
+                if state.get("until") is None or until_time(pinned.until) < until_time(state["until"]):
+                    state = {**state, "until": pinned.until}
+            return state
         except Exception:  # noqa: BLE001 - the handshake never fails for it: say nothing
             logging.getLogger("kith.copies").warning("the copy state for a guest could not be decided")
             return None

@@ -412,18 +412,25 @@ class Host:
         return bind_node(secret, alpn, local=self.opts.local, mode=self.opts.transport, port=port)
 
     def _keep_port(self, listener: Any) -> None:
-        """Keep the bound port for the next start in the modes that keep one, and say so
-        when the kept one was taken (node/transport/port.py, specs/transport.md §7)."""
+        """Keep the bound port for the next start in the modes that keep one. When the kept
+        one stayed taken (node/transport/iroh.py tried it again first), the port bound is
+        this run's only: the kept one is not replaced, and the warning says so
+        (node/transport/port.py, specs/transport.md §7)."""
         from node.transport.port import keeps_port, save_port
 
         mode, port = getattr(listener, "mode", None), getattr(listener, "bound_port", None)
         if mode is None or port is None or not keeps_port(mode):
             return
         taken = getattr(listener, "port_taken", None)
-        if taken:
-            self.warn(f"UDP port {taken}, where this home's host was before, is taken: bound {port} instead "
-                      "and kept from now on; invitations written before name the old port, so their guests "
-                      "need the new invitation")
+        if taken:  # a clash may be one-off: the kept port stays, the next start tries it again
+            from node.transport.iroh import KEPT_PORT_RETRY_S
+
+            self.warn(f"UDP port {taken}, where this home's host was before, is taken (tried for "
+                      f"{KEPT_PORT_RETRY_S:g} s): this run is on port {port} only, and {taken} stays kept for the "
+                      "next start; until then invitations of earlier runs do not reach this host (their guests "
+                      "need this run's invitation), and they work again once it is back on its port")
+            self._restored = []  # kept in posts.json for the next start; not said to keep working now
+            return
         save_port(self.home, port)
 
     # ------------------------------------------------------------ building

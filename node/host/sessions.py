@@ -711,6 +711,15 @@ class ActivityTracked:
         finally:
             self._done(status)
 
+    def copy_documents(self, sources: Any) -> dict[str, Any]:
+        """``inner.copy_documents(sources)``; the spans scrubbed from what is sent go to
+        ``answered`` as ``{"scrubbed": {kind: n}}`` (the audit's ``copy-sent`` record)."""
+        scrubbed: dict[str, int] = {}
+        result = self._inner.copy_documents(sources, scrubbed)
+        if self._answered is not None and isinstance(result, dict):
+            self._answered({"scrubbed": scrubbed})
+        return result
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 

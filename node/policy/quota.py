@@ -290,10 +290,12 @@ class RateLimiter:
             return full
         return min(full, bucket.tokens + max(0.0, now - bucket.stamp) * quota.queries_per_hour / 3600.0)
 
-    def take(self, peer_key: str, quota: Quota, shared: Quota | None = None) -> Admission:
-        """Take one token from ``peer_key``'s bucket (and from the shared anonymous bucket
-        when ``shared`` is given, within ``peer_key``'s fair share of it, :class:`_FairShare`);
-        both must have one, else nothing is taken.
+    def take(self, peer_key: str, quota: Quota, shared: Quota | None = None, cost: int = 1) -> Admission:
+        """Take ``cost`` tokens (one query; a copy request may cost more, specs/copies.md §3:
+        never more than the bucket's ``burst``, so it can always be paid in time) from
+        ``peer_key``'s bucket (and from the shared anonymous bucket when ``shared`` is
+        given, within ``peer_key``'s fair share of it, :class:`_FairShare`); both must have
+        them, else nothing is taken.
 
         Returns:
             :class:`Admission`: ``ok``, or ``retry_after_s`` — whole seconds until the
@@ -306,20 +308,22 @@ class RateLimiter:
             own = self._state(peer_key, quota, now)
             pool = self._state(ANONYMOUS, shared, now) if shared is not None else None
             waits = []
-            if own.tokens < 1.0:
-                waits.append(self._wait(own, quota))
+            cost_f = float(max(1, min(int(cost), quota.burst)))
+            if own.tokens < cost_f:
+                waits.append(self._wait(own, quota, cost_f))
             if pool is not None and shared is not None:
                 # the fair share: leave the tokens lighter keys (and a newcomer) are owed
-                need = 1.0 + self._fair.reserve(peer_key, now, shared.burst)
+                cost_f = min(cost_f, float(max(1, shared.burst)))
+                need = cost_f + self._fair.reserve(peer_key, now, shared.burst)
                 if pool.tokens < need:
                     waits.append(self._wait(pool, shared, need))
             if waits:
                 if pool is not None:
                     self._fair.seen(peer_key, now, took=False)
                 return Admission(False, max(waits))
-            own.tokens -= 1.0
+            own.tokens -= cost_f
             if pool is not None:
-                pool.tokens -= 1.0
+                pool.tokens -= cost_f
                 self._fair.seen(peer_key, now, took=True)
             if self._store is not None:  # a restart keeps what was taken
                 self._dirty.add(peer_key)

@@ -1034,15 +1034,37 @@ class Policy:
         return max(c.max_bytes for c in grants if c.max_bytes is not None)
 
     def copy_until(self, peer_name: str | None) -> str | None:
-        """The end of ``peer_name``'s copy (RFC 3339 UTC): the latest ``until`` among its
-        grants in force; None when one of them never ends, or there is none. The peer's
-        node deletes its copy once it passes (specs/copies.md §5)."""
-        from node.common.grants import until_time
+        """The end of ``peer_name``'s copy (RFC 3339 UTC): the earliest end of what admits
+        the peer to it — each grant in force lasts until its own ``until`` or, for a grant
+        to a group, the end of the peer's membership, whichever comes first; the copy lasts
+        as long as the longest of those, and no longer than any time-limited override in
+        force that admits the peer to sources (an allowing tier). None when nothing ends it,
+        or there is no grant. The host bounds it by the pin's own end too
+        (:meth:`node.host.connection.Connection.copy_state`). The peer's node deletes its
+        copy once it passes (specs/copies.md §5)."""
+        from node.common.grants import in_force, until_time
 
         grants = self.copy_grants_for(peer_name)
-        if not grants or any(c.until is None for c in grants):
+        if not grants or peer_name is None:
             return None
-        return max((c.until for c in grants if c.until is not None), key=until_time)
+
+        def earliest(a: str | None, b: str | None) -> str | None:
+            return b if a is None else a if b is None else min(a, b, key=until_time)
+
+        ends: list[str | None] = []
+        for c in grants:
+            end = c.until
+            if c.recipient.startswith(GROUP_PREFIX):
+                group = self.groups.get(c.recipient[len(GROUP_PREFIX):])
+                end = earliest(end, group.members.get(peer_name) if group is not None else None)
+            ends.append(end)
+        out = None if any(e is None for e in ends) else max((e for e in ends if e is not None), key=until_time)
+        names = {peer_name} | self.groups_of(peer_name)
+        now = self.now()
+        for r in self._overrides:
+            if r.peer in names and r.until is not None and in_force(r.until, now) and r.tier in COPY_TIERS:
+                out = earliest(out, r.until)
+        return out
 
     def copy_state(self, peer_name: str | None) -> dict[str, Any]:
         """What a host tells ``peer_name`` of its copy in the handshake (specs/copies.md §5,

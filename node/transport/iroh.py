@@ -12,6 +12,7 @@ this module applies the version-gated send-path patch (:mod:`node.transport.iroh
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
 
@@ -570,9 +571,35 @@ def endpoint_options(mode: TransportMode, secret: bytes, alpn: bytes,
     return iroh.EndpointOptions(**kwargs), relay_mode
 
 
+#: Seconds :func:`bind_node` tries a taken kept port again before binding another one for
+#: this run, and the pause between two tries (specs/transport.md §7).
+KEPT_PORT_RETRY_S = 3.0
+KEPT_PORT_RETRY_EVERY_S = 0.1
+
+
+async def _retry_kept_port(options: Callable[[], Any], port: int,
+                           on_port_taken: Callable[[int], None] | None) -> Any:
+    """Bind ``options()`` (naming the kept ``port``, found taken once) again every
+    :data:`KEPT_PORT_RETRY_EVERY_S` for up to :data:`KEPT_PORT_RETRY_S`; the endpoint, or
+    None when the port stayed taken."""
+    deadline = time.monotonic() + KEPT_PORT_RETRY_S
+    while True:
+        if on_port_taken is not None:
+            on_port_taken(port)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        await anyio.sleep(min(KEPT_PORT_RETRY_EVERY_S, left))
+        try:
+            return await iroh.Endpoint.bind(options())
+        except iroh.IrohError:
+            continue
+
+
 @asynccontextmanager
 async def bind_node(secret: bytes, alpn: bytes, *, local: bool = False, mode: TransportMode | None = None,
-                    close_timeout_s: float = CLOSE_TIMEOUT_S, port: int | None = None) -> AsyncIterator[IrohNode]:
+                    close_timeout_s: float = CLOSE_TIMEOUT_S, port: int | None = None,
+                    on_port_taken: Callable[[int], None] | None = None) -> AsyncIterator[IrohNode]:
     """Bind an iroh endpoint with the 32-byte identity ``secret`` for ``alpn``.
 
     Args:
@@ -583,7 +610,11 @@ async def bind_node(secret: bytes, alpn: bytes, *, local: bool = False, mode: Tr
             (:data:`CLOSE_TIMEOUT_S` for a host; guests pass :data:`GUEST_CLOSE_TIMEOUT_S`).
         port: the UDP port to bind first in a mode that keeps one (a host's kept port,
             node/transport/port.py); when it is taken, any free port is bound instead and
-            the node's :attr:`IrohNode.port_taken` says which one was wanted.
+            the node's :attr:`IrohNode.port_taken` says which one was wanted. A taken port is
+            tried again for :data:`KEPT_PORT_RETRY_S` first (a one-off clash — the last run's
+            socket not yet closed, another process's short-lived socket — passes).
+        on_port_taken: called with ``port`` after each attempt that found it taken (a
+            test frees the port there).
 
     Raises:
         TransportError: ``transport-bind-failed``.
@@ -597,7 +628,9 @@ async def bind_node(secret: bytes, alpn: bytes, *, local: bool = False, mode: Tr
     except iroh.IrohError:
         if not port:
             raise TransportError("transport-bind-failed") from None
-        taken = port  # the kept port is in use: any free one (said at start by the host)
+        endpoint = await _retry_kept_port(lambda: endpoint_options(mode, secret, alpn, port)[0], port, on_port_taken)
+    if endpoint is None:
+        taken = port  # the kept port is still in use: any free one, for this run only (said by the host)
         opts, relay_mode = endpoint_options(mode, secret, alpn)
         try:
             endpoint = await iroh.Endpoint.bind(opts)

@@ -4,8 +4,10 @@ In the modes where a guest can reach a host only at the addresses its ticket nam
 offline (loopback), LAN and ``--relay none`` (direct only, nothing published) — a host
 that came back on another port would break every invitation written before. So
 ``kith host`` binds the port it bound last time (``<home>/endpoint.json``,
-``{"version": 1, "port": N}``, written 0600 tmp+rename) and takes a new one only when that
-one is taken (and says so). The modes with relays or n0's address lookup find a host by
+``{"version": 1, "port": N}``, written 0600 tmp+rename), tried again for a few seconds
+when it is taken, and takes another one only when it stays taken — for that run only: the
+kept port is not replaced, so the next start is back where the invitations say (and it says
+so). The modes with relays or n0's address lookup find a host by
 its endpoint id whatever its port, and keep none. No iroh import here.
 """
 

@@ -599,17 +599,59 @@ def note_device(registry: PeerRegistry, rec: PeerRecord, device_key: str, device
     return known is None
 
 
-def known_device_of(home: Path, person_key: str, device_key: str, rec: PeerRecord | None = None) -> bool:
-    """Does this home know ``device_key`` is ``person_key`` or a device it bound? True for
-    the person key itself, a device of this home's own person (``person.json``), or a
-    device the person pin ``rec`` has seen present a valid chain (``seenDevices``). What
-    ``kith peers add --devices --invite`` and ``kith ask --peer`` accept as a person's host."""
-    if device_key == person_key or (rec is not None and rec.devices and device_key in rec.seen_devices):
+def _bound_device_of(home: Path, person_key: str, device_key: str, rec: PeerRecord | None) -> bool:
+    """Has this home seen ``person_key`` bind ``device_key`` (its own person's binding, or
+    the person pin ``rec``'s ``seenDevices``), whatever revoked it since?"""
+    if rec is not None and rec.devices and device_key in rec.seen_devices:
         return True
     from node.trust.person import load_person
 
     own = load_person(Path(home))
     return own is not None and own.person_key == person_key and own.binding_for(device_key) is not None
+
+
+def revoked_device_of(home: Path, person_key: str, device_key: str, rec: PeerRecord | None = None) -> str | None:
+    """When ``device_key`` is a device this home saw ``person_key`` bind and a revocation
+    list of that person kept here (``revocations.json``) revokes it: when the list kept says
+    so (its ``created`` time), else None. Such a device is never a known device of the
+    person (:func:`known_device_of`; specs/peers.md §10)."""
+    if device_key == person_key or not _bound_device_of(home, person_key, device_key, rec):
+        return None
+    from node.trust.revocation_list import RevocationStore
+
+    store = RevocationStore.load(Path(home))
+    if store.revokes(device_key, [person_key]) is None:
+        return None
+    kept = store.list_for(person_key) or {}
+    return str(kept.get("created") or "an earlier list")
+
+
+def known_device_of(home: Path, person_key: str, device_key: str, rec: PeerRecord | None = None) -> bool:
+    """Does this home know ``device_key`` is ``person_key`` or a device it bound? True for
+    the person key itself, a device of this home's own person (``person.json``), or a
+    device the person pin ``rec`` has seen present a valid chain (``seenDevices``) — never
+    for a device a revocation list of that person kept here revokes
+    (:func:`revoked_device_of`). What ``kith peers add --devices --invite``, ``kith join``
+    and ``kith ask --peer`` accept as a person's host."""
+    if device_key == person_key:
+        return True
+    if not _bound_device_of(home, person_key, device_key, rec):
+        return False
+    from node.trust.revocation_list import RevocationStore
+
+    return RevocationStore.load(Path(home)).revokes(device_key, [person_key]) is None
+
+
+def pin_of_revoked_device(registry: PeerRegistry, home: Path, device_key: str) -> tuple[PeerRecord, str] | None:
+    """The person pin that saw ``device_key`` bound and whose person's list kept here
+    revokes it, with when that list says so (:func:`revoked_device_of`), or None — what
+    ``kith join`` warns of before it treats such a host as unknown."""
+    for rec in registry.peers.values():
+        if rec.devices:
+            when = revoked_device_of(home, rec.public_key, device_key, rec)
+            if when is not None:
+                return rec, when
+    return None
 
 
 def pin_of_known_device(registry: PeerRegistry, home: Path, device_key: str) -> PeerRecord | None:

@@ -9,7 +9,8 @@ signs (node/answer/citation.py). Each ``check`` is answered ``checked`` from
 Copies (specs/copies.md): the Host answers ``copy_list`` with ``copy_manifest`` from
 ``ctx.knowledge.copy_manifest()`` and ``copy_fetch`` with ``copy_docs`` from
 ``ctx.knowledge.copy_documents(sources)`` (only what the peer may keep, scrubbed and
-signed). The Guest sends one when the ``ask`` callback returns ``{"action": "copy_list"}``
+signed); either is charged to the peer's quota, and when the quota cannot pay
+(``{"refused": "copy-rate-limited"}``) nothing is sent and the session ends with that code. The Guest sends one when the ``ask`` callback returns ``{"action": "copy_list"}``
 or ``{"action": "copy_fetch", "sources": [...]}``; the reply goes to ``on_results``.
 
 Guest: asks the questions in ``ctx.options["queries"]`` one at a time, or, when
@@ -46,11 +47,13 @@ def on_message(ctx, message):
         if message["action"] == "check":  # are these cited versions still current?
             checked = ctx.knowledge.check_versions(message["versions"])
             return {"action": "checked", "query_id": message["query_id"], **checked}
-        if message["action"] == "copy_list":  # specs/copies.md §2
-            return {"action": "copy_manifest", "query_id": message["query_id"], **ctx.knowledge.copy_manifest()}
-        if message["action"] == "copy_fetch":  # specs/copies.md §3
-            return {"action": "copy_docs", "query_id": message["query_id"],
-                    **ctx.knowledge.copy_documents(message["sources"])}
+        if message["action"] in ("copy_list", "copy_fetch"):  # specs/copies.md §2, §3
+            got = (ctx.knowledge.copy_manifest() if message["action"] == "copy_list"
+                   else ctx.knowledge.copy_documents(message["sources"]))
+            if "refused" in got and isinstance(got["refused"], str):  # the peer's quota: nothing is sent
+                return HookResult(abort=got["refused"])
+            return {"action": "copy_manifest" if message["action"] == "copy_list" else "copy_docs",
+                    "query_id": message["query_id"], **got}
         if message["action"] != "query":
             return None
         request = {k: v for k, v in message.items() if k not in _MESSAGE_FIELDS}

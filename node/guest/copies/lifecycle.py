@@ -145,3 +145,52 @@ def end_copies(home: Path, *, peer: str | None = None, host_key: str | None = No
     if host_key is not None:
         stores += [s for s in copies_of_key(home, host_key) if s.peer != peer]
     return [n for n in (_ended_copy(s, via, notify) for s in stores) if n is not None]
+
+
+# --- what a handshake said was withdrawn, before the next sync (specs/copies.md §5.1) -----
+
+#: ``<copy>/withdrawn.json``: ``{"sources": [...]}``, the sources the host's manifest no
+#: longer lists, recorded by a process that runs no sync (``kith ask``); a search of the copy
+#: leaves them out at once, and the next sync (which deletes them) removes the file.
+WITHDRAWN_FILE = "withdrawn.json"
+
+
+def withdrawn_sources(store: CopyStore) -> set[str]:
+    """The sources recorded as withdrawn for ``store`` (:data:`WITHDRAWN_FILE`); empty when
+    none, or the file cannot be read (the next sync deletes what the host withdrew anyway)."""
+    import json
+
+    try:
+        data = json.loads((store.dir / WITHDRAWN_FILE).read_text("utf-8"))
+    except (OSError, ValueError):
+        return set()
+    got = data.get("sources") if isinstance(data, dict) else None
+    return {s for s in got if isinstance(s, str)} if isinstance(got, list) else set()
+
+
+def record_withdrawn(store: CopyStore, reply: Any, notify: Notify | None = None) -> list[str]:
+    """Record what ``reply`` (the host's ``copy_manifest``) no longer lists of ``store``'s
+    copy as withdrawn (:data:`WITHDRAWN_FILE`), or end the copy when it says
+    ``copy-not-granted``; the sources recorded. Nothing is deleted from ``docs/`` or the
+    index here: that is the next sync's, under the copy's lock."""
+    import json
+
+    from node.common.home import atomic_write
+    from node.guest.copies.checks import check_manifest
+
+    if not isinstance(reply, dict) or reply.get("action") != "copy_manifest":
+        return []
+    if reply.get("status") == "copy-not-granted":
+        _ended_copy(store, "handshake", notify)
+        return []
+    try:
+        listed = check_manifest(reply, check_budget=False)
+        held = store.load()["documents"]
+    except KithError:
+        return []
+    if reply.get("truncated"):  # a manifest cut at its bound does not say what is gone
+        return []
+    gone = sorted(s for s in held if s not in listed)
+    if gone or (store.dir / WITHDRAWN_FILE).exists():
+        atomic_write(store.dir / WITHDRAWN_FILE, (json.dumps({"sources": gone}) + "\n").encode())
+    return gone

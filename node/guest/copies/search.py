@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from node.common.errors import CorpusError, KithError, PolicyError
-from node.guest.copies.lifecycle import Notify, _ended_copy
+from node.guest.copies.lifecycle import Notify, _ended_copy, withdrawn_sources
 from node.guest.copies.store import CopyStore, OpenCopies, copies_root
 
 def _age(synced_at: str | None, now: float) -> str:
@@ -94,11 +94,12 @@ def _search(store: CopyStore, request: dict[str, Any], notify: Notify | None) ->
             f"the index of {peer}'s copy cannot be read ({exc}); the next search of it, "
             f"`kith copies sync {peer}` or `kith index sync` rebuilds it from the copy's documents") from None
     held = entry.state["documents"]  # the envelope names the host's ids (AnswerService source_names)
+    gone = withdrawn_sources(store)  # told withdrawn by its host since the last sync: never answered
     kept = []
     for r in env.get("results") or []:
         src = r.get("source")
-        d = held.get(src) if isinstance(src, str) else None
-        if d is None:  # a file the manifest does not list (a killed sync's): dropped
+        d = held.get(src) if isinstance(src, str) and src not in gone else None
+        if d is None:  # a file the manifest does not list (a killed sync's), or withdrawn: dropped
             continue
         prov = r.get("provenance")
         if isinstance(prov, dict):

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from node.common.errors import ConfigError, KithError, PolicyError
-from node.common.home import atomic_write
+from node.common.home import COPIES_DIR, atomic_write
 
-#: ``<home>/copies/``: every copy this node keeps, one folder per pinned peer name.
-COPIES_DIR = "copies"
+#: ``<home>/copies/`` (:data:`node.common.home.COPIES_DIR`): every copy this node keeps, one
+#: folder per pinned peer name.
 MANIFEST_FILE = "manifest.json"
 #: The host's last word on the grant (``{"stamp", "until", "seenAt"}``), from a handshake.
 GRANT_FILE = "grant.json"

@@ -24,11 +24,15 @@ def _strings(value: Any) -> list[str]:
 
 Ask = Callable[[dict[str, Any]], Any]  # async (message request) -> the host's reply
 
+#: :func:`sync_copy`'s ``mark`` when the caller took none: taken under the sync lock.
+_NOW = object()
+
 
 async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
                     progress: Callable[[int, int], None] | None = None,
                     now: Callable[[], float] = time.time, holder: str = "kith copies sync",
-                    told: Callable[[str], dict[str, Any] | None] | None = None) -> dict[str, Any]:
+                    told: Callable[[str], dict[str, Any] | None] | None = None,
+                    mark: Any = _NOW) -> dict[str, Any]:
     """Pull ``peer``'s copy over a session (module docstring; specs/copies.md §4), holding
     ``<home>/copies/.<peer>.sync.lock`` (an exclusive ``flock``) throughout: one sync of a
     copy at a time across this home's processes (a `kith copies sync` beside a running
@@ -47,6 +51,9 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
         told: ``told(host_key)`` → the copy grant state the session's handshake told
             (:data:`node.guest.copies.lifecycle.CopyStates`, ``.get`` of the pool's), or
             None: recorded as the copy's ``until`` and ``stamp`` once the sync completes.
+        mark: the removal mark (:meth:`CopyStore.removal_mark`) the caller took before it
+            first dialled the peer (:func:`sync_with_pool`): a removal made while that dial
+            was out stops this sync too. By default it is taken here, under the lock.
 
     Returns:
         ``{"peer", "status": "ok" | "ended", "fetched", "removed", "unchanged",
@@ -75,7 +82,11 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
         raise ConfigError("copy-sync-running", f"another process is syncing {peer}'s copy now "
                           f"({lock_owner(store.sync_lock)})",
                           hint=f"wait for it to end; `kith copies list` then shows {peer}'s copy as it synced")
-    mark = store.removal_mark()  # a removal by anyone else from now on stops this sync
+    if mark is _NOW:
+        mark = store.removal_mark()  # a removal by anyone else from now on stops this sync
+    elif store.removal_mark() != mark:  # removed while the caller dialled: nothing is asked or made
+        release_owner_lock(fd)
+        raise _removed(peer)
     try:
         return await _sync_copy(store, ask, host_key, mark, progress=progress, now=now, told=told)
     except Exception as exc:
@@ -229,6 +240,10 @@ async def _sync_copy(store: CopyStore, ask: Ask, host_key: str, mark: tuple[int,
         state.update(until=said["until"], stamp=said["stamp"])
         store.write_grant(said, now())
     commit(state)
+    from node.guest.copies.lifecycle import WITHDRAWN_FILE
+
+    with contextlib.suppress(OSError):  # what a handshake said was withdrawn is deleted now
+        (store.dir / WITHDRAWN_FILE).unlink()
     summary = store.summary()
     report.update(documents=summary["documents"], bytes=summary["bytes"], syncedAt=state["syncedAt"])
     return report
@@ -237,7 +252,8 @@ async def _sync_copy(store: CopyStore, ask: Ask, host_key: str, mark: tuple[int,
 async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int], None] | None = None,
                          holder: str = "kith copies sync") -> dict[str, Any]:
     """:func:`sync_copy` over ``pool`` (a :class:`node.guest.pool.SessionPool`) to the
-    pinned ``peer``.
+    pinned ``peer``. The copy's removal mark is taken before the first dial, so a removal
+    made while it is out (an asleep device dialled) stops the sync (``copy-removed``).
 
     A person pin (``--devices``, specs/peers.md §13) is asked like any question to it —
     the device whose copy is kept here first, when it is awake — and its device that
@@ -256,12 +272,14 @@ async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int],
     rec = pool.peers.now().by_name(peer)
     if rec is None:
         raise PolicyError("peer-not-found", f"no pinned peer is named {peer!r}")
+    # before the first dial: a removal made while an asleep device is dialled sticks
+    mark = CopyStore(pool.home, peer).removal_mark()
     if not rec.devices:
         async def ask(request: dict[str, Any]) -> Any:
             return await asker.ask(peer, request)
 
         return await sync_copy(pool.home, peer, ask, rec.public_key, progress=progress, holder=holder,
-                               told=pool.copy_states.get)
+                               told=pool.copy_states.get, mark=mark)
 
     first = device_key = None
     try:
@@ -297,4 +315,30 @@ async def sync_with_pool(pool: Any, peer: str, *, progress: Callable[[int, int],
         return reply
 
     return await sync_copy(pool.home, peer, ask_device, device_key, progress=progress, holder=holder,
-                           told=pool.copy_states.get)
+                           told=pool.copy_states.get, mark=mark)
+
+
+async def note_withdrawn(pool: Any, names: list[str], notify: Any = None) -> dict[str, list[str]]:
+    """For each name in ``names`` whose copy is stale (:func:`node.guest.copies.lifecycle.stale`: the handshake of this
+    process told another grant stamp than the copy was synced under), ask its host for the
+    manifest over ``pool`` and record what it no longer lists (:func:`node.guest.copies.lifecycle.record_withdrawn`), so
+    a one-shot process (``kith ask``) that runs no sync filters it out of searches of the
+    copy at once. The caller bounds the time. ``{name: sources recorded}``."""
+    from node.guest.asker import Asker
+    from node.guest.copies.lifecycle import record_withdrawn, stale
+
+    out: dict[str, list[str]] = {}
+    for name in names:
+        try:
+            store = CopyStore(pool.home, name)
+            if not store.exists() or not stale(store):
+                continue
+            host_key = store.load().get("hostKey")
+            reply = await Asker(pool).ask(name, {"action": "copy_list"})
+        except Exception:  # noqa: BLE001 - the host went away: the next sync does it
+            continue
+        device = reply.get("device") if isinstance(reply, dict) else None
+        if isinstance(device, dict) and device.get("key") != host_key:
+            continue  # another device of the person: its manifest is not this copy's
+        out[name] = record_withdrawn(store, reply, notify)
+    return out

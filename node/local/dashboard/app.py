@@ -207,10 +207,14 @@ class _Pages:
             policy = Policy.load(self.home)
             registry = PeerRegistry.load(self.home)
             live, why = live_state(self.home)
+            from node.guest.kept import kept_report
+            from node.host.grants import sharing_report
+
             return {"identity": identity, "stats": stats, "corpus_fault": fault, "rules": len(policy.rules),
                     "overrides": len(policy.overrides), "peers": len(registry.peers),
                     "blocked": len(registry.blocked), "pending": len(Approvals(self.home).pending()),
-                    "live": live, "live_why": why, "home": str(self.home)}
+                    "live": live, "live_why": why, "home": str(self.home),
+                    "sharing": sharing_report(self.home), "kept": kept_report(self.home)}
 
         return self._render("overview.html", request, **await anyio.to_thread.run_sync(gather))
 
