@@ -8,17 +8,19 @@ deletes the copy at the next sync and says so."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
 from node.trust.identity import load_identity
+from node.trust.peers import PeerRegistry
 
 from support.agents import api_headers
 from support.cli import kith
 from support.copies import kb_host_and_bea
 from support.envelopes import valid_ask
-from support.homes import node_home, pin_host
-from support.hosts import HostProcess
+from support.homes import FIXTURE, node_home, pin_host
+from support.hosts import HostProcess, prepare_host
 
 pytestmark = pytest.mark.iroh
 
