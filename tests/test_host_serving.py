@@ -41,7 +41,7 @@ from node.devtools.adversarial import run_adversarial
 from node.protocol.spec import load_spec
 from node.transport.iroh import bind_node
 
-from support.cli import KITH
+from support.cli import KITH, lines_until
 from support.community import NO_LIMITS
 from support.engines import GOOD, frame as _frame, hostile, ui_manifest as _manifest
 from support.homes import PROTOCOLS, initialized, node_home as _home
@@ -278,6 +278,11 @@ def test_interactive_join_reports_the_end_and_exits_while_at_the_prompt(tmp_path
     code = None
     try:
         _read_until(err, b"\nask> ", 30, buf)  # the prompt itself, after "session <id>"
+        # the guest is READY once it sent _session_ready, the host once it read it: a signal
+        # before that is a refusal of the handshake's last step (session-shutdown as a
+        # _session_reject), not the end of a session; so wait for the host's event first
+        seen = lines_until(host, host.stdout, lambda line: '"session-started"' in line, 30)
+        assert seen and '"session-started"' in seen[-1], seen
         if how == "ctrl-c":
             os.write(master, b"\x03")  # the terminal sends SIGINT to kith join
         else:
