@@ -8,19 +8,17 @@ deletes the copy at the next sync and says so."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from node.trust.identity import load_identity
-from node.trust.peers import PeerRegistry
 
 from support.agents import api_headers
 from support.cli import kith
 from support.copies import kb_host_and_bea
 from support.envelopes import valid_ask
-from support.homes import FIXTURE, node_home, pin_host
-from support.hosts import HostProcess, prepare_host
+from support.homes import node_home, pin_host
+from support.hosts import HostProcess
 
 pytestmark = pytest.mark.iroh
 
@@ -209,14 +207,10 @@ def test_copy_requests_are_charged_to_the_peers_quota_and_each_batch_sent_is_aud
     one query of the peer's quota and a copy_fetch one plus one per 256 KiB sent; refused,
     the session ends copy-rate-limited and nothing is sent. Each copy_docs that leaves is a
     copy-sent record (source ids, versions, scrub counts), shown by kith audit."""
-    corpus = tmp_path / "kb"
-    shutil.copytree(FIXTURE, corpus)
-    (corpus / "deploy.md").write_text("# Deploy\n\nMail ops@example.com when the nightly rebuild fails.\n")
-    host = prepare_host(tmp_path, corpus)
+    host, bea = kb_host_and_bea(tmp_path)
+    (tmp_path / "kb" / "deploy.md").write_text("# Deploy\n\nMail ops@example.com when the nightly rebuild fails.\n")
+    assert kith(host, "index", "sync").returncode == 0
     assert kith(host, "policy", "set", "/kb/notes/**", "private").returncode == 0
-    bea = node_home(tmp_path, "bea")
-    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
-    assert kith(host, "policy", "copy", "/kb/**", "--for", "bea").returncode == 0
     assert kith(host, "policy", "scrub", "email", "--for", "bea", "--yes").returncode == 0
     assert kith(host, "policy", "quota", "--for", "bea", "--per-hour", "1", "--burst", "2").returncode == 0
     h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
@@ -247,13 +241,8 @@ def test_a_narrowed_grant_told_in_a_one_shot_asks_handshake_is_filtered_from_the
     A `kith ask` whose handshake tells another stamp asks the manifest within its deadline
     and records what the host no longer lists; the copy never answers it again, and the
     next sync deletes it."""
-    corpus = tmp_path / "kb"
-    shutil.copytree(FIXTURE, corpus)
-    host = prepare_host(tmp_path, corpus)
+    host, bea = kb_host_and_bea(tmp_path)
     assert kith(host, "policy", "set", "/kb/notes/**", "private").returncode == 0
-    bea = node_home(tmp_path, "bea")
-    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
-    assert kith(host, "policy", "copy", "/kb/**", "--for", "bea").returncode == 0
     h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
     try:
         pin_host(bea, "alice", h.invitation)
@@ -276,13 +265,8 @@ def test_a_narrowed_grant_told_in_a_one_shot_asks_handshake_is_filtered_from_the
 def test_a_narrowed_grant_told_in_a_join_is_filtered_from_the_copy_at_once(tmp_path):
     """The same through `kith join --peer`: after its questions, a session whose handshake
     told another stamp asks the manifest and records what the host withdrew."""
-    corpus = tmp_path / "kb"
-    shutil.copytree(FIXTURE, corpus)
-    host = prepare_host(tmp_path, corpus)
+    host, bea = kb_host_and_bea(tmp_path)
     assert kith(host, "policy", "set", "/kb/notes/**", "private").returncode == 0
-    bea = node_home(tmp_path, "bea")
-    PeerRegistry.load(host).add("bea", load_identity(bea).public_key)
-    assert kith(host, "policy", "copy", "/kb/**", "--for", "bea").returncode == 0
     h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
     try:
         pin_host(bea, "alice", h.invitation)
