@@ -24,7 +24,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -768,14 +767,13 @@ def test_a_full_disk_on_a_host_state_database_is_disk_full(full_home, tmp_path, 
 def test_a_connection_ended_by_a_fault_of_the_home_is_told_with_its_code():
     """What `kith host` logs for a connection that ended with a fault of the home (raised
     inside the connection's task group): its code and hint, not a bare "failed"."""
-    from node.common.dbfaults import disk_full
-    from node.host.host import _refusal_in
+    from node.common.dbfaults import disk_full, refusal_of
 
     inner = disk_full("seen-nonces.sqlite")
-    found = _refusal_in(ExceptionGroup("unhandled errors in a TaskGroup", [ValueError("x"), inner]))
+    found = refusal_of(ExceptionGroup("unhandled errors in a TaskGroup", [ValueError("x"), inner]))
     assert found is inner and found.hint
-    assert _refusal_in(ExceptionGroup("g", [OSError(28, "No space left on device", "quota.sqlite")])).code == "disk-full"
-    assert _refusal_in(ValueError("a bug")) is None
+    assert refusal_of(ExceptionGroup("g", [OSError(28, "No space left on device", "quota.sqlite")])).code == "disk-full"
+    assert refusal_of(ValueError("a bug")) is None
 
 
 def _as_a_killed_first_sync_leaves_it(home: Path) -> None:

@@ -812,7 +812,7 @@ class Host:
             await connection.serve()
         except Exception as exc:  # noqa: BLE001 - one connection's fault must never reach another
             who = connection.remote[:16] or "an unknown peer"
-            refusal = _refusal_in(exc)
+            refusal = refusal_of(exc)
             if refusal is None:
                 log.exception("a connection of %s failed", who)
             elif self._told_fault != (refusal.code, refusal.message):  # a fault of the home: once, until it changes
@@ -847,7 +847,5 @@ def _reject_frame(code: str, message: str) -> bytes:
 
     return msgspec.json.encode(SessionReject(code=code, message=message[:500])) + b"\n"
 
-
-_refusal_in = refusal_of  # node.common.dbfaults.refusal_of
 
 __all__ = ["Host", "HostOptions", "Invitation", "Knowledge", "serve_host", "open_knowledge"]
