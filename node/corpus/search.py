@@ -25,8 +25,10 @@ from typing import Any
 
 import tantivy
 
-from node.corpus.globs import source_glob  # noqa: F401  (its old home: the filters below use it)
-from node.corpus.types import MAX_PER_DOCUMENT as _MAX_PER_DOCUMENT
+from node.corpus.globs import source_glob
+# the dedupe cap lives beside the result types, so that the answer contract reads it without
+# importing tantivy; store and retrieval read it here as search.MAX_PER_DOCUMENT
+from node.corpus.types import MAX_PER_DOCUMENT  # noqa: F401
 
 #: Bump when the schema or analyzers change: an index of another version is rebuilt by
 #: the next writer (``kith index sync``, start-up repair) and refused with
@@ -39,9 +41,6 @@ INDEX_SCHEMA_VERSION = 5
 # 5 (issue 40): the ``defines`` field (what a chunk defines: headings, object directives
 # with their module, :func:`definition_terms`).
 RRF_K = 60
-#: Default cap of chunks per document in one result list (document-level dedup); kept in
-#: node.corpus.types so that the answer contract reads it without importing tantivy.
-MAX_PER_DOCUMENT = _MAX_PER_DOCUMENT
 #: Boost of a page-title match (the document's first heading and its file name's words)
 #: relative to body matches, and of a section-heading match (the rest of the heading
 #: path). A release note, tutorial or FAQ *section* titled after a module no longer
