@@ -12,7 +12,6 @@ import hashlib
 import json
 import re
 import resource
-import select
 import signal
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from node.trust.identity import load_identity
 from node.trust.peers import PeerRegistry
 
 import support.hosts as hosts
-from support.cli import kith, kith_argv
+from support.cli import kith, kith_argv, next_line
 from support.homes import node_home, pin_host
 from support.hosts import ENV, HostProcess, prepare_host
 
@@ -101,12 +100,11 @@ def _kill_at_first_progress(proc: subprocess.Popen, victim: subprocess.Popen) ->
     deadline = time.monotonic() + RUN_S
     seen = ""
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stderr], [], [], 1.0)
-        if not ready:
+        line = next_line(proc.stderr, 1.0)
+        if line is None:
             if proc.poll() is not None:
                 break
             continue
-        line = proc.stderr.readline()
         if not line:
             break
         seen += line

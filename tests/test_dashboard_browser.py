@@ -5,14 +5,13 @@ Playwright with ``executable_path``; never ``playwright install``), against a re
 What an owner does: log in with the printed token; approve a waiting request and see the
 guest then receive the evidence; remove a rule and see a peer's view change; end a live
 session. Screenshots go to a tmp folder (and, when ``KITH_DASHBOARD_SHOTS`` names a
-folder, a copy there). Every wait is bounded (Playwright's own timeouts, ``select`` on the
+folder, a copy there). Every wait is bounded (Playwright's own timeouts, a bounded read of the
 guest's stdout); nothing is timed."""
 
 from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 from node.local.dashboard.app import run_dashboard_in_thread
 from node.trust.identity import fingerprint, load_identity
 
-from support.cli import KITH, kith, kith_init
+from support.cli import KITH, kith, kith_init, next_line
 from support.hosts import HostProcess as Host
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -57,9 +56,8 @@ class Guest:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(question + "\n")
         self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        assert ready, f"no answer within {timeout} s"
-        line = self.proc.stdout.readline()
+        line = next_line(self.proc.stdout, timeout)
+        assert line is not None, f"no answer within {timeout} s"
         assert line, f"guest exited: {self.proc.stderr.read() if self.proc.stderr else ''}"
         return json.loads(line)
 

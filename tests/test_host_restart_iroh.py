@@ -27,10 +27,8 @@ pytestmark = [pytest.mark.iroh, pytest.mark.slow]
 
 def _events(host: Host) -> list[dict]:
     """Stop ``host`` (SIGINT) and return the JSON event lines it printed after the invitation
-    (read through the same buffered pipe the invitation line came from)."""
-    host.proc.send_signal(signal.SIGINT)
-    host.proc.wait(timeout=30)  # bounded; its few event lines fit in the pipe meanwhile
-    out = host.proc.stdout.read()
+    (what :meth:`HostProcess.stop` returns after the lines already read)."""
+    _code, out, _err = host.stop()
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 

@@ -15,7 +15,7 @@ import pytest
 from node.answer import contract
 from node.common.errors import CorpusError
 
-from support.cli import KITH, kith
+from support.cli import KITH, kith, next_line
 from support.homes import initialized
 from support.hosts import HostProcess, notes_host
 
@@ -140,7 +140,6 @@ def test_an_mcp_request_holding_a_lone_surrogate_is_answered_query_invalid(tmp_p
     """`kith mcp` over real stdio: the MCP library's parser refuses a JSON ``\\udcff``
     escape and dropped the request (its client waited forever); it is answered with
     [query-invalid], and the next request is served as usual."""
-    import select
     import sys
 
     from support.agents import mcp_env
@@ -160,9 +159,8 @@ def test_an_mcp_request_holding_a_lone_surrogate_is_answered_query_invalid(tmp_p
         proc.stdin.flush()
         answers: dict = {}
         while not {3, 4} <= set(answers):
-            ready, _, _ = select.select([proc.stdout], [], [], 60)
-            assert ready, f"no answer for {({3, 4} - set(answers))}; stderr: {proc.stderr.read1(65536) if proc.stderr else b''}"
-            line = proc.stdout.readline()
+            line = next_line(proc.stdout, 60)
+            assert line is not None, f"no answer for {({3, 4} - set(answers))}; stderr: {proc.stderr.read1(65536) if proc.stderr else b''}"
             assert line, "kith mcp ended"
             msg = json.loads(line)
             answers[msg.get("id")] = msg

@@ -3,11 +3,14 @@ in this process through Typer's CliRunner (:func:`invoke`), and reading what it 
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import select
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -65,11 +68,55 @@ def json_lines(text: str) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
+#: bytes read past the last line :func:`next_line` returned, per stream (weakly keyed)
+_PENDING: "weakref.WeakKeyDictionary[Any, bytearray]" = weakref.WeakKeyDictionary()
+
+
+def next_line(stream: Any, timeout: float) -> str | bytes | None:
+    """The next line of a child's pipe ``stream`` (text or binary, as the stream is), ``""``
+    / ``b""`` at end of file, or None when no whole line comes within ``timeout`` s.
+
+    Reads the pipe's file descriptor itself, keeping what it read past the line for the
+    next call, because ``select`` on a buffered file object only sees the descriptor: a line
+    the object's own buffer already holds would wait forever (a test that waited 60 s for a
+    host event that had arrived with the previous one). Use this, never ``stream.readline``,
+    on a stream read more than once; :func:`pending` gives what it read ahead."""
+    buf = _PENDING.setdefault(stream, bytearray())
+    fd = stream.fileno()
+    deadline = time.monotonic() + timeout
+    while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, 65536)
+        if not chunk:  # end of file: the rest, however short ("" when nothing is left)
+            rest = bytes(buf)
+            buf.clear()
+            return _decoded(stream, rest)
+        buf += chunk
+    end = buf.index(b"\n") + 1
+    line = bytes(buf[:end])
+    del buf[:end]
+    return _decoded(stream, line)
+
+
+def pending(stream: Any) -> str | bytes:
+    """What :func:`next_line` read from ``stream`` past its last line (empty when nothing):
+    prepend it to a later ``communicate()`` / ``read()`` of the same stream."""
+    return _decoded(stream, bytes(_PENDING.pop(stream, b"")))
+
+
+def _decoded(stream: Any, data: bytes) -> str | bytes:
+    if isinstance(stream, io.TextIOBase):
+        return data.decode(stream.encoding or "utf-8", stream.errors or "strict")
+    return data
+
+
 def readline(proc: subprocess.Popen, timeout: float) -> str:
     """The next line of ``proc``'s stdout, failing when none comes within ``timeout`` s."""
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    assert ready, f"no output in {timeout}s"
-    return proc.stdout.readline()
+    line = next_line(proc.stdout, timeout)
+    assert line is not None, f"no output in {timeout}s"
+    return line
 
 
 def lines_until(proc: subprocess.Popen, stream, pred: Callable[[str], Any], timeout: float) -> list[str]:
@@ -77,12 +124,9 @@ def lines_until(proc: subprocess.Popen, stream, pred: Callable[[str], Any], time
     returns the lines read, the matching one last."""
     seen: list[str] = []
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([stream], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
-        line = stream.readline()
-        if not line:
+    while True:
+        line = next_line(stream, max(0.0, deadline - time.monotonic()))
+        if not line:  # None: time is up; "": the stream ended
             break
         seen.append(line)
         if pred(line):

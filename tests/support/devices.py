@@ -5,11 +5,10 @@ loopback (:class:`Offer`, :func:`join_offer`, :func:`pair_device`), and reading 
 from __future__ import annotations
 
 import json
-import select
 import subprocess
 from pathlib import Path
 
-from support.cli import KITH, kith
+from support.cli import KITH, kith, next_line, pending
 
 
 class Offer:
@@ -21,11 +20,11 @@ class Offer:
         self.code = json.loads(self.line(30))["code"]
 
     def line(self, timeout: float) -> str:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
+        line = next_line(self.proc.stdout, timeout)
+        if line is None:
             self.proc.kill()
             raise AssertionError(f"device add printed nothing in {timeout}s: {self.proc.stderr.read()}")
-        return self.proc.stdout.readline()
+        return line
 
     def answer(self, text: str) -> None:
         self.proc.stdin.write(text + "\n")
@@ -37,7 +36,7 @@ class Offer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise AssertionError("device add did not exit")
-        return self.proc.returncode, out, err
+        return self.proc.returncode, pending(self.proc.stdout) + out, err
 
 
 def join_offer(home: Path, code: str, name: str = "laptop") -> subprocess.Popen:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 from pathlib import Path
@@ -24,7 +23,7 @@ from node.host.host import Host, HostOptions
 from node.transport.iroh import bind_node
 from node.trust.identity import Identity, load_identity
 
-from support.cli import KITH, kith
+from support.cli import KITH, kith, next_line, pending
 
 #: heartbeat (ping every 0.2 s, unresponsive after 1 s) for tests about the heartbeat
 FAST = (0.2, 1.0)
@@ -110,23 +109,25 @@ class HostProcess:
         self.invitation = first
 
     def readline(self, timeout: float) -> str:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
+        """The host's next stdout line (kills it and fails when none comes in ``timeout`` s
+        or it exited)."""
+        line = next_line(self.proc.stdout, timeout)
+        if line is None:
             self.proc.kill()
             raise AssertionError(f"host printed nothing in {timeout}s; stderr: {self.proc.stderr.read()}")
-        line = self.proc.stdout.readline()
         assert line, f"host exited: {self.proc.stderr.read()}"
         return line
 
     def stop(self) -> tuple[int, str, str]:
-        """SIGINT, then ``(returncode, stdout, stderr)``; fails when it takes over 20 s."""
+        """SIGINT, then ``(returncode, stdout, stderr)`` (stdout from the first line not yet
+        read by :meth:`readline`); fails when it takes over 20 s."""
         self.proc.send_signal(signal.SIGINT)
         try:
             out, err = self.proc.communicate(timeout=20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise AssertionError("host did not stop within 20 s of SIGINT")
-        return self.proc.returncode, out, err
+        return self.proc.returncode, pending(self.proc.stdout) + out, err
 
 
 def prepare_host(tmp: Path, corpus: Path, glob_tier: tuple[str, str] | None = None) -> Path:
