@@ -170,7 +170,7 @@ def test_a_host_killed_mid_transfer_fails_the_sync_with_a_code_and_the_copy_stay
     try:
         pin_host(bea, "alice", h.invitation)
         rc, first = _sync(bea)
-        assert rc == 0 and first["fetched"] == 320
+        assert (rc, first["fetched"]) == (0, 320), first
         before = _verified(bea, key)
         synced_at = CopyStore(bea, "alice").load()["syncedAt"]
         for i in range(320):  # every page changes: the next sync fetches 5 batches
