@@ -30,9 +30,9 @@ from support.community import (
     fresh_pg_database as _fresh_pg_database,
     invitation,
     post,
-    wait_for,
 )
 from support.homes import new_identity
+from support.waits import wait_for
 
 PASSWORD = "s3cret-pw"
 

@@ -94,7 +94,10 @@ def test_kith_ask_row_is_unreachable_with_last_heard_at_and_no_redial(tmp_path: 
                     got.append(await fan_out(pool, {"query": "staging noon", "topK": 2}, ["h"], timeout_s=60))
 
                 tg.start_soon(second)
-                await anyio.sleep(0.5)
+                session = pool.warm(inv.host_public_key)
+                with anyio.fail_after(30):  # q2 is out: its ask holds the session, its hook took it
+                    while not (session.lock.locked() and session.questions.empty()):
+                        await anyio.sleep(0.01)
                 _freeze_then_kill(host)
             return first, got[0], pool.stats.sessions_opened
 

@@ -139,7 +139,7 @@ def test_sixteen_keys_times_four_sessions_do_not_lock_out_honest_guests(tmp_path
                     attacked.append(await join_session(
                         guest_home, ident, inv, pdir, spec, local=True, server_url=None,
                         options={"queries": [], "ask": flood}, interactive=True, heartbeat=FAST))
-                    await anyio.sleep(0.2)
+                    await anyio.sleep(0.2)  # kept: an attacker's own pace between tries (64 of them), not a wait
 
             async with anyio.create_task_group() as attack_tg:
                 for n, ident in enumerate(attackers):
