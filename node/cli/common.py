@@ -269,6 +269,29 @@ def transport_mode(home: Path | None, *, relay: str | None, relay_only: bool, la
                      offline=offline, home=home)
 
 
+#: ``--server URL`` (or ``$KITH_SERVER``) of the community server's client commands
+SERVER_HELP = "Community server URL (default: $KITH_SERVER)."
+
+
+def server_option(help: str = SERVER_HELP, *, from_env: bool = True) -> Any:
+    """The one declaration of ``--server URL``, the community server a command talks to.
+
+    Use as a parameter default: ``server: Optional[str] = server_option()`` (None when not
+    given). The client commands (``community ...``, ``browse``) also read ``$KITH_SERVER``;
+    the commands where a server is an extra (``host``, ``join``, ``peers add``, ``device
+    revoke``) pass ``from_env=False`` and their own ``help``, so setting the variable never
+    makes them publish to or fetch from a server the command line did not name.
+
+    Args:
+        help: the option's ``--help`` text.
+        from_env: read ``$KITH_SERVER`` when ``--server`` is not given.
+
+    Returns:
+        A ``typer.Option`` declaration (metavar ``URL``).
+    """
+    return typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER" if from_env else None, help=help)
+
+
 @dataclass(frozen=True)
 class TransportArgs:
     """The transport options of one command line, as given (:func:`transport_options`)."""
