@@ -269,6 +269,34 @@ def transport_mode(home: Path | None, *, relay: str | None, relay_only: bool, la
                      offline=offline, home=home)
 
 
+def command_group(help: str) -> typer.Typer:
+    """A ``kith`` command group (``kith peers``, ``kith outbox``, ...): ``help`` is its
+    ``--help`` text, and run with no subcommand it prints that help."""
+    return typer.Typer(help=help, no_args_is_help=True)
+
+
+def json_option(help: str = "Print JSON on stdout.") -> Any:
+    """The one declaration of ``--json``: a flag (default False) whose ``--help`` text is
+    ``help``. Use as a parameter default: ``as_json: bool = json_option()``."""
+    return typer.Option(False, "--json", help=help)
+
+
+#: ``--host``'s help for the owner-only servers (the local API, the dashboard)
+LOOPBACK_HOST_HELP = "Loopback address to listen on (a non-loopback one is refused)."
+
+
+def host_option(help: str = LOOPBACK_HOST_HELP) -> Any:
+    """The one declaration of a server command's ``--host ADDR`` (default 127.0.0.1), as a
+    parameter default: ``host: str = host_option()``."""
+    return typer.Option("127.0.0.1", "--host", metavar="ADDR", help=help)
+
+
+def port_option(default: int) -> Any:
+    """The one declaration of a server command's ``--port`` (``default``; 0 picks a free
+    one), as a parameter default: ``port: int = port_option(8765)``."""
+    return typer.Option(default, "--port", min=0, max=65535, help="TCP port (0 picks a free one).")
+
+
 #: ``--server URL`` (or ``$KITH_SERVER``) of the community server's client commands
 SERVER_HELP = "Community server URL (default: $KITH_SERVER)."
 

@@ -23,7 +23,7 @@ import anyio
 import typer
 
 from node.cli.common import (emit_json, err_console, home_if_any, home_of, identity_home_of, new_home_of,
-                             server_option)
+                             host_option, port_option, server_option)
 from node.cli.common import untrusted_console as console
 from node.common.errors import CommunityError, ConfigError, UsageError
 from node.community.defaults import DEFAULT_LEASE_TTL_S, DEFAULT_POOL_SIZE, DEFAULT_PORT
@@ -123,13 +123,8 @@ def open_store_retrying(database: Path | str, *, wait_s: float, migrate: bool = 
 @community_app.command("serve")
 def serve(
     ctx: typer.Context,
-    host: str = typer.Option(
-        "127.0.0.1", "--host", metavar="ADDR",
-        help="Address to listen on. Loopback only unless --public is given.",
-    ),
-    port: int = typer.Option(
-        DEFAULT_PORT, "--port", min=0, max=65535, help="TCP port (0 picks a free one).",
-    ),
+    host: str = host_option("Address to listen on. Loopback only unless --public is given."),
+    port: int = port_option(DEFAULT_PORT),
     public: bool = typer.Option(
         False, "--public",
         help=(

@@ -7,7 +7,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from node.cli.common import err_console, untrusted_console as console, emit_json, home_of, safe_text, server_option
+from node.cli.common import (err_console, untrusted_console as console, emit_json, home_of, safe_text,
+                             server_option, command_group, json_option)
 from node.trust.peers import PeerRegistry, load_own_profile, save_own_profile, set_pin_until
 
 
@@ -46,16 +47,13 @@ def _audit(home, event: str, **fields) -> None:
     log.record(event, sync=True, **fields)
     log.close()
 
-peers_app = typer.Typer(
-    help=(
-        "Trusted peers: pin a local name to a peer's public key. Hosts name guests by it "
-        "(policy 'peers' rules, `kith host --peers-only`), both sides refuse a pinned name "
-        "with a changed key, and known peers' shared profiles are merged after each session."
-    ),
-    no_args_is_help=True,
+peers_app = command_group(
+    "Trusted peers: pin a local name to a peer's public key. Hosts name guests by it "
+    "(policy 'peers' rules, `kith host --peers-only`), both sides refuse a pinned name "
+    "with a changed key, and known peers' shared profiles are merged after each session."
 )
 
-_JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
+_JSON = json_option()
 
 
 @peers_app.command("add")

@@ -602,6 +602,28 @@ def loopback_refusal(scope: Scope) -> tuple[str, str] | None:
     return None
 
 
+async def loopback_first(app: ASGIApp, scope: Scope, receive: Receive, send: Send,
+                         refuse: Callable[[str, str], ASGIApp]) -> bool:
+    """The opening of every owner-only loopback server's outer layer (the local API, the
+    dashboard): a lifespan scope goes on to ``app``, any other scope that is not HTTP is
+    dropped, and an HTTP request :func:`loopback_refusal` refuses is answered by the ASGI app
+    ``refuse(code, message)`` (``code``: ``loopback-only`` or ``bad-host``, which each server
+    prefixes; status 403 is the caller's).
+
+    Returns:
+        True when the scope was dealt with here; False when the request may go on.
+    """
+    if scope["type"] != "http":
+        if scope["type"] == "lifespan":
+            await app(scope, receive, send)
+        return True
+    refused = loopback_refusal(scope)
+    if refused is not None:
+        await refuse(*refused)(scope, receive, send)
+        return True
+    return False
+
+
 def _json_content_type(scope: Scope) -> bool:
     """True when the request's media type is ``application/json`` (parameters allowed)."""
     value = _header(scope, b"content-type")
@@ -620,13 +642,8 @@ class _Guard:
         self.home = home
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            if scope["type"] == "lifespan":
-                await self.app(scope, receive, send)
-            return
-        refused = loopback_refusal(scope)
-        if refused is not None:
-            await error_response(f"api-{refused[0]}", refused[1], 403)(scope, receive, send)
+        if await loopback_first(self.app, scope, receive, send,
+                                lambda code, message: error_response(f"api-{code}", message, 403)):
             return
         method = scope["method"].upper()
         path = scope["path"]
