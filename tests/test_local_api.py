@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
 from support.agents import api_headers, mcp_session
+from support.homes import indexed_docs
 from support.waits import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,15 +69,7 @@ def _valid(env: dict) -> None:
 
 
 def _make_corpus(base: Path) -> tuple[Path, Path]:
-    root = base / "kb"
-    root.mkdir()
-    for name, text in FILES.items():
-        (root / name).write_text(text)
-    home = base / "home"
-    with Corpus(home) as c:
-        c.add_root(root)
-        c.sync()
-    return home, root
+    return indexed_docs(base, FILES, folder="kb")
 
 
 @pytest.fixture(scope="module")

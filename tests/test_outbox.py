@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -335,6 +336,15 @@ def _event(proc: subprocess.Popen, name: str, timeout: float = 120) -> dict:
     raise AssertionError(f"no {name} event in {timeout} s")
 
 
+def _keep_for_alice(home: Path, request: dict | None = None, **opts: Any) -> str:
+    """Keep ``request`` (default: "staging server deleted", topK 3) in ``home``'s outbox
+    for its pinned peer alice (``opts``: :meth:`OutboxStore.add`'s); returns its id."""
+    alice = PeerRegistry.load(home).by_name("alice")
+    with OutboxStore(home) as store:
+        return store.add(request or {"query": "staging server deleted", "topK": 3}, [("alice", alice.public_key)],
+                         **opts)["id"]
+
+
 def _row(home: Path, qid: str) -> dict:
     """The outbox's record of question ``qid`` at ``home`` now."""
     with OutboxStore(home) as store:
@@ -413,11 +423,9 @@ def test_a_question_queued_while_the_host_is_down_is_answered_after_it_starts(wo
 @pytest.mark.iroh
 def test_an_expired_question_is_not_delivered(world, tmp_path):
     url, host_home, guest_home = world
-    with OutboxStore(guest_home) as store:
-        rec = PeerRegistry.load(guest_home).by_name("alice")
-        qid = store.add(REQUEST, [("alice", rec.public_key)], keep_s=60)["id"]
-        with store._tx() as db:  # its week went by while every process of the home was off
-            db.execute("UPDATE questions SET expires_at = ? WHERE id = ?", (time.time() - 1, qid))
+    qid = _keep_for_alice(guest_home, REQUEST, keep_s=60)
+    with OutboxStore(guest_home) as store, store._tx() as db:  # its week went by while every process of the home was off
+        db.execute("UPDATE questions SET expires_at = ? WHERE id = ?", (time.time() - 1, qid))
     runner = host = None
     try:
         host, _inv = _start_host(host_home, url)
@@ -451,9 +459,7 @@ def test_a_guest_killed_between_delivery_and_storing_loses_nothing_and_stores_on
     host answers that resend as an ordinary query (its audit shows the one id twice); the
     answer is stored once."""
     url, host_home, guest_home = world
-    with OutboxStore(guest_home) as store:
-        rec = PeerRegistry.load(guest_home).by_name("alice")
-        qid = store.add({"query": "staging server deleted", "topK": 3}, [("alice", rec.public_key)])["id"]
+    qid = _keep_for_alice(guest_home)
     host = runner = None
     try:
         host, _inv = _start_host(host_home, url)
@@ -578,9 +584,7 @@ def test_mcp_ask_later_keeps_the_question_and_the_outbox_tool_reads_it(world):
 def test_kith_host_of_the_guest_home_delivers_its_outbox(world, tmp_path):
     """A guest that also hosts: its `kith host` runs the home's runner and delivers."""
     url, host_home, guest_home = world
-    with OutboxStore(guest_home) as store:
-        rec = PeerRegistry.load(guest_home).by_name("alice")
-        qid = store.add({"query": "staging server deleted", "topK": 3}, [("alice", rec.public_key)])["id"]
+    qid = _keep_for_alice(guest_home)
     alice = guest_host = None
     try:
         alice, _inv = _start_host(host_home, url)
@@ -605,9 +609,7 @@ def test_an_ask_tier_answer_waits_pending_and_the_final_answer_arrives_once_appr
     policy = Policy.load(host_home)
     policy.set("/kb-alice/**", "ask")
     policy.save()
-    with OutboxStore(guest_home) as store:
-        rec = PeerRegistry.load(guest_home).by_name("alice")
-        qid = store.add({"query": "staging server deleted", "topK": 3}, [("alice", rec.public_key)])["id"]
+    qid = _keep_for_alice(guest_home)
     host = runner = None
     try:
         host, _inv = _start_host(host_home, url)
