@@ -415,20 +415,16 @@ class _Handlers:
         ``keep_s`` (``POST /outbox``) the question is then kept in the outbox for the peers
         that did not answer (:func:`node.guest.outbox.keep_for_later`). ``scope``: the
         agent's (``"all"`` becomes the peers it may ask: :meth:`node.local.agents.Scope.peers_for`)."""
-        from node.guest.fanout import PEERS_TIMEOUT_S, check_peers_field, peers_search
+        from node.guest.fanout import PEERS_TIMEOUT_S, peers_request_refusal, peers_search
 
         body = dict(body)
         peers = body.pop("peers")
         citations = body.pop("citations", False)  # a peers-only field: ask them to sign
-        bad = check_peers_field(peers)
-        if bad is None and not isinstance(citations, bool):
-            bad = "The field 'citations' must be true or false."
+        if not isinstance(citations, bool):
+            return _invalid("The field 'citations' must be true or false.")
+        bad = peers_request_refusal(peers, body)
         if bad is not None:
             return _invalid(bad)
-        try:
-            contract.validate(body)
-        except CorpusError as exc:
-            return _invalid(exc.message)
         peers = scope.peers_for(peers)
         if citations:
             body["citations"] = True
