@@ -104,6 +104,16 @@ def openapi_document() -> dict[str, Any]:
     unauthorized = {"description": "No agent credential (agent-token-required), a token no current "
                                    "agent has (agent-token-invalid: wrong, rotated or removed) or an "
                                    "expired agent (agent-expired); WWW-Authenticate: Bearer.", **err}
+
+    def ok(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A 200 answer of JSON (``schema``; default: an object)."""
+        return {"description": description, "content": {"application/json": {"schema": schema or {"type": "object"}}}}
+
+    def json_body(name: str) -> dict[str, Any]:
+        """A required JSON request body: ``components/schemas/<name>``."""
+        return {"required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}
+
+    not_json = {"description": "Content-Type is not application/json (api-content-type)", **err}
     doc = {
         "openapi": "3.1.0",
         "info": {"title": "Kith local read-only API", "version": str(env_mod.SCHEMA_VERSION),
@@ -116,28 +126,21 @@ def openapi_document() -> dict[str, Any]:
         "paths": {
             "/health": {"get": {"summary": "Readiness and the usage policy (without a credential: only "
                                            "{service, status: up})", "security": [{}, {"agentToken": []}], "responses": {
-                "200": {"description": "ready or not; see available/reason",
-                        "content": {"application/json": {"schema": {"type": "object"}}}},
+                "200": ok("ready or not; see available/reason"),
                 "403": refused}}},
             "/stats": {"get": {"summary": "Corpus counts (no paths)", "responses": {
-                "200": {"description": "counts",
-                        "content": {"application/json": {"schema": {"type": "object"}}}},
+                "200": ok("counts"),
                 "403": refused}}},
             "/contract": {"get": {"summary": "The read-only search contract", "responses": {
-                "200": {"description": "contract",
-                        "content": {"application/json": {"schema": {"type": "object"}}}},
+                "200": ok("contract"),
                 "403": refused}}},
             "/openapi.json": {"get": {"summary": "This document", "responses": {
-                "200": {"description": "OpenAPI 3.1",
-                        "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+                "200": ok("OpenAPI 3.1")}}},
             SEARCH_PATH: {"post": {
                 "summary": "Search the local corpus; answers the schemaVersion 2 envelope",
-                "requestBody": {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/SearchRequest"}}}},
+                "requestBody": json_body("SearchRequest"),
                 "responses": {
-                    "200": {"description": "an envelope (also when unavailable: "
-                                           "available=false with a reason)",
-                            "content": {"application/json": {"schema": envelope_ref}}},
+                    "200": ok("an envelope (also when unavailable: available=false with a reason)", envelope_ref),
                     "400": {"description": "invalid request, malformed or too deeply "
                                            "nested JSON (query-invalid); the body also "
                                            "carries the invalid-request envelope",
@@ -145,30 +148,24 @@ def openapi_document() -> dict[str, Any]:
                                 "$ref": "#/components/schemas/InvalidRequest"}}}},
                     "403": refused,
                     "413": {"description": "body over the limit (request-too-large)", **err},
-                    "415": {"description": "Content-Type is not application/json "
-                                           "(api-content-type)", **err}}}},
+                    "415": not_json}}},
             VERIFY_PATH: {"post": {
                 "summary": "Check the signed citations of a saved answer (read-only; asks no host)",
-                "requestBody": {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/VerifyRequest"}}}},
+                "requestBody": json_body("VerifyRequest"),
                 "responses": {
-                    "200": {"description": "one row per result (specs/citations.md §3); ok is "
-                                           "true only when every row is genuine",
-                            "content": {"application/json": {"schema": {
-                                "$ref": "#/components/schemas/VerifyReport"}}}},
+                    "200": ok("one row per result (specs/citations.md §3); ok is true only when every row "
+                              "is genuine", {"$ref": "#/components/schemas/VerifyReport"}),
                     "400": {"description": "not a saved answer (answer-invalid)", **err},
                     "403": refused,
                     "413": {"description": "body over 8 MiB (request-too-large)", **err},
-                    "415": {"description": "Content-Type is not application/json "
-                                           "(api-content-type)", **err}}}},
+                    "415": not_json}}},
             OUTBOX_PATH: {
                 "get": {"summary": "The outbox: kept questions (or ?id=PREFIX: one, with its merged answer); "
                                    "reading changes nothing (specs/outbox.md)",
                         "parameters": [{"name": "id", "in": "query", "required": False,
                                         "schema": {"type": "string", "pattern": "^[0-9a-fA-F]{4,32}$"}}],
                         "responses": {
-                            "200": {"description": "{questions, usage}, or one record",
-                                    "content": {"application/json": {"schema": {"type": "object"}}}},
+                            "200": ok("{questions, usage}, or one record"),
                             "403": refused,
                             "404": {"description": "no such question (outbox-not-found, outbox-id-ambiguous)", **err},
                             "500": {"description": "the outbox file is damaged (outbox-corrupt)", **err}}},
@@ -177,15 +174,13 @@ def openapi_document() -> dict[str, Any]:
                                "now and keep the question for those offline, pending approval or "
                                "answered from this node's copy of them; delivered by the home's "
                                "background runner when they are back",
-                    "requestBody": {"required": True, "content": {"application/json": {
-                        "schema": {"$ref": "#/components/schemas/OutboxRequest"}}}},
+                    "requestBody": json_body("OutboxRequest"),
                     "responses": {
-                        "200": {"description": "the merged envelope (specs/ask.schema.json) with outbox "
-                                               "{id, peers, expiresAt} or null",
-                                "content": {"application/json": {"schema": {"type": "object"}}}},
+                        "200": ok("the merged envelope (specs/ask.schema.json) with outbox {id, peers, expiresAt} "
+                                  "or null"),
                         "400": {"description": "invalid request (query-invalid, outbox-keep-invalid)", **err},
                         "403": refused,
-                        "415": {"description": "Content-Type is not application/json (api-content-type)", **err},
+                        "415": not_json,
                         "500": {"description": "the outbox file is damaged (outbox-corrupt); nobody was asked", **err},
                         "507": {"description": "the outbox is full (outbox-full); nothing was kept", **err}}}},
         },
