@@ -65,8 +65,7 @@ def test_a_database_gone_mid_run_answers_503_and_recovers(cluster: PgCluster) ->
         finally:
             cluster.start()
         wait_for("the server serving again", lambda: httpx.get(
-            f"{base}/api/v1/invitations", timeout=30).status_code == 200, timeout_s=60,
-            every_s=0.5)
+            f"{base}/api/v1/invitations", timeout=30).status_code == 200, timeout_s=60)
         assert [p["post_id"] for p in httpx.get(f"{base}/api/v1/invitations").json()[
             "invitations"]] == [post_id]
     store.close()
