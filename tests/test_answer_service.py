@@ -20,7 +20,7 @@ import typer
 from typer.testing import CliRunner
 
 from support.agents import api_headers
-from support.homes import initialized
+from support.homes import indexed_docs, initialized, public_host_home
 from node.answer.service import answer_local
 from node.cli import main as cli_main
 from node.cli.index_cmd import search_cmd
@@ -288,15 +288,9 @@ def test_a_warm_plain_query_is_answered_on_the_event_loop_with_the_same_answer(t
     change or a sync go to the hook threads — and every answer is the same either way."""
     import threading
 
+    home = public_host_home(tmp_path, {"a.md": "# Staging\n\nThe staging server is rebuilt every night.\n"},
+                            home="home")
     root = tmp_path / "kb"
-    root.mkdir()
-    (root / "a.md").write_text("# Staging\n\nThe staging server is rebuilt every night.\n")
-    home = tmp_path / "home"
-    with Corpus(home) as c:
-        c.add_root(root)
-        c.sync()
-    (home / "policy.toml").write_text('[[rule]]\nglob = "/kb/**"\ntier = "public"\n')
-    os.chmod(home / "policy.toml", 0o600)
     spec, hooks = load_spec(KQ), load_hooks(KQ)
     knowledge = open_knowledge(home, lambda _m: None)
     handle = knowledge.handle_for(None, "c" * 64)
@@ -369,13 +363,8 @@ def test_a_grant_that_ends_makes_the_next_query_not_small(tmp_path: Path) -> Non
     from node.policy.gate import EgressGate
     from node.policy.store import Policy
 
-    root = tmp_path / "kb"
-    root.mkdir()
-    (root / "a.md").write_text("# Staging\n\nThe staging server is rebuilt every night.\n")
-    home = tmp_path / "home"
-    with Corpus(home) as c:
-        c.add_root(root)
-        c.sync()
+    home, _kb = indexed_docs(tmp_path, {"a.md": "# Staging\n\nThe staging server is rebuilt every night.\n"},
+                             folder="kb")
     policy = Policy.from_toml('[[override]]\npeer = "alice"\nglob = "/kb/**"\ntier = "public"\n'
                               'until = "2027-01-01T00:00:00Z"\n')
     now = [1798761600.0 - 3600]  # an hour before the override ends

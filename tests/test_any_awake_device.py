@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -20,6 +19,7 @@ from support.cli import KITH, kith
 from support.devices import pair_device
 from support.homes import FIXTURE
 from support.hosts import HostProcess as Host, prepare_host
+from support.waits import wait_for
 
 pytestmark = pytest.mark.iroh
 
@@ -106,12 +106,11 @@ def test_the_cards_on_the_community_server_reach_a_guest_that_never_joined_eithe
     desk, laptop, guest, person, desk_key, laptop_key = _person(tmp_path, "--server", server)
     desk_host, laptop_host = Host(desk, "--server", server), Host(laptop, "--server", server)
     try:
-        for _ in range(150):  # each host posts its card once its post is live (bounded poll)
+        def both_cards():  # each host posts its card once its post is live
             got = httpx.get(f"{server}/api/v1/cards/{person['person_key']}", timeout=10)
-            if got.status_code == 200 and len(got.json()["cards"]) == 2:
-                break
-            time.sleep(0.2)
-        assert {c["device_key"] for c in got.json()["cards"]} == {desk_key, laptop_key}
+            return got.status_code == 200 and len(got.json()["cards"]) == 2 and got.json()["cards"]
+        cards = wait_for("both devices' cards on the server", both_cards, timeout_s=30)
+        assert {c["device_key"] for c in cards} == {desk_key, laptop_key}
         desk_host.stop()  # now the desk sleeps: the guest has never met either device
         env = _ask(guest, "--peer", "bea")
         assert env["peers"][0]["status"] == "ok" and env["peers"][0]["device"]["key"] == laptop_key
@@ -135,10 +134,9 @@ def test_a_device_revoked_on_the_server_while_the_guest_holds_its_card_no_longer
         assert r.returncode in (0, 3), r.stderr
         assert set(json.loads((guest / "cards.json").read_text())["persons"][person["person_key"]]) == {laptop_key}
         assert _ask(guest, "--peer", "bea")["peers"][0]["device"]["key"] == laptop_key
-        for _ in range(150):  # the desk posts its card once its post is live (bounded poll)
-            if httpx.get(f"{server}/api/v1/cards/{person['person_key']}", timeout=10).status_code == 200:
-                break
-            time.sleep(0.2)
+        wait_for("the desk's card on the server",  # posted once its post is live
+                 lambda: httpx.get(f"{server}/api/v1/cards/{person['person_key']}", timeout=10).status_code == 200,
+                 timeout_s=30)
         r = kith(desk, "device", "revoke", "laptop", "--server", server)
         assert r.returncode == 0, r.stderr
         row = _ask(guest, "--peer", "bea")["peers"][0]

@@ -30,9 +30,9 @@ from support.community import (
     fresh_pg_database as _fresh_pg_database,
     invitation,
     post,
-    wait_for,
 )
 from support.homes import new_identity
+from support.waits import wait_for
 
 PASSWORD = "s3cret-pw"
 
@@ -65,8 +65,7 @@ def test_a_database_gone_mid_run_answers_503_and_recovers(cluster: PgCluster) ->
         finally:
             cluster.start()
         wait_for("the server serving again", lambda: httpx.get(
-            f"{base}/api/v1/invitations", timeout=30).status_code == 200, timeout_s=60,
-            every_s=0.5)
+            f"{base}/api/v1/invitations", timeout=30).status_code == 200, timeout_s=60)
         assert [p["post_id"] for p in httpx.get(f"{base}/api/v1/invitations").json()[
             "invitations"]] == [post_id]
     store.close()

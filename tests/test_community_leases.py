@@ -32,9 +32,9 @@ from support.community import (  # noqa: F401
     invitation,
     pg_server,
     post,
-    wait_for,
 )
 from support.homes import initialized, new_identity
+from support.waits import wait_for
 
 SHORT_LEASE_S = 2.0
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import socket
 import stat
 import subprocess
@@ -19,14 +18,13 @@ import anyio
 import httpx
 import pytest
 
-from support.cli import KITH, kith, kith_init, readline as _readline
-from support.homes import PROTOCOLS
-from support.hosts import ENV, InProcessHost
+from support.cli import KITH, kith, kith_init, readline as _readline, wait_exit
+from support.homes import FIXTURE
+from support.hosts import ENV, InProcessHost, prepare_host
 
 from node.common.errors import KithError
 from node.host.control import ControlClient, control_socket_path, resolve_id, short_ids
 
-FIXTURE = PROTOCOLS / "knowledge-query" / "test" / "corpus"
 #: Only a deadline (s) for a change to show; never asserted as a speed.
 DEADLINE_S = 20.0
 REPO = Path(__file__).resolve().parent.parent
@@ -39,13 +37,7 @@ _init = functools.partial(kith_init, env=ENV)
 @pytest.fixture
 def homes(tmp_path):
     """A host sharing the fixture corpus publicly, and an anonymous guest's home."""
-    corpus = tmp_path / "corpus"
-    shutil.copytree(FIXTURE, corpus)
-    host, guest = tmp_path / "host", tmp_path / "guest"
-    _init(host)
-    for args in (("index", "add", str(corpus)), ("index", "sync"), ("policy", "set", "/corpus/**", "public")):
-        r = kith(host, *args, timeout=300)
-        assert r.returncode == 0, (args, r.stderr)
+    host, guest = prepare_host(tmp_path, FIXTURE, name="host"), tmp_path / "guest"
     key = _init(guest)
     person = json.loads(kith(guest, "init", "--json").stdout)["person_key"]
     return {"tmp": tmp_path, "host": host, "guest": guest, "key": key, "person": person}
@@ -59,14 +51,6 @@ async def _poll_state(home: Path, pred, timeout: float = DEADLINE_S) -> dict:
             if pred(state):
                 return state
             await anyio.sleep(0.05)
-
-
-async def _wait_exit(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
-    def wait() -> tuple[int, str, str]:
-        out, err = proc.communicate(timeout=timeout)
-        return proc.returncode, out, err
-
-    return await anyio.to_thread.run_sync(wait)
 
 
 # ------------------------------------------------------------------------ no host
@@ -158,7 +142,7 @@ def test_status_and_sessions_show_a_live_guest_and_sessions_end_tells_the_guest(
                 ended = await anyio.to_thread.run_sync(
                     lambda: kith(homes["host"], "sessions", "end", sid[:8], "--json"))
                 after = await _poll_state(homes["host"], lambda s: not s["sessions"])
-                rc, _out, err = await _wait_exit(proc, DEADLINE_S)
+                rc, _out, err = await wait_exit(proc, DEADLINE_S)
                 event = await host.wait_for(lambda e: e["event"] == "session-ended")
             finally:
                 if proc.poll() is None:

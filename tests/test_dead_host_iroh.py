@@ -40,13 +40,19 @@ def _freeze_then_kill(host: Host) -> None:
     host.proc.wait(timeout=10)
 
 
-def test_kith_join_learns_a_killed_host_is_gone_and_says_who_and_since_when(tmp_path: Path, monkeypatch) -> None:
+def _host_and_guest(tmp_path: Path, monkeypatch) -> tuple[Host, Path, Path]:
+    """A running ``kith host`` of the notes home with the default heartbeat, and a guest's
+    home (``kith init``): ``(host, guest home, invitation file)``."""
     monkeypatch.delenv("KITH_TEST_HEARTBEAT", raising=False)
     home = _host_home(tmp_path)
     guest = tmp_path / "guest"
     assert kith(guest, "init").returncode == 0
     invite = tmp_path / "invite.json"
-    host = Host(home, "--invite-file", str(invite))
+    return Host(home, "--invite-file", str(invite)), guest, invite
+
+
+def test_kith_join_learns_a_killed_host_is_gone_and_says_who_and_since_when(tmp_path: Path, monkeypatch) -> None:
+    host, guest, invite = _host_and_guest(tmp_path, monkeypatch)
     join = subprocess.Popen([*KITH, "--home", str(guest), "join", str(invite), "--offline", "--trust"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
@@ -74,12 +80,7 @@ def test_kith_join_learns_a_killed_host_is_gone_and_says_who_and_since_when(tmp_
 
 
 def test_kith_ask_row_is_unreachable_with_last_heard_at_and_no_redial(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.delenv("KITH_TEST_HEARTBEAT", raising=False)
-    home = _host_home(tmp_path)
-    guest = tmp_path / "guest"
-    assert kith(guest, "init").returncode == 0
-    invite = tmp_path / "invite.json"
-    host = Host(home, "--invite-file", str(invite))
+    host, guest, invite = _host_and_guest(tmp_path, monkeypatch)
     inv = parse_invitation(invite.read_bytes())
     PeerRegistry.load(guest).add("h", inv.host_public_key, invitation=inv.to_dict())
 
@@ -94,7 +95,10 @@ def test_kith_ask_row_is_unreachable_with_last_heard_at_and_no_redial(tmp_path: 
                     got.append(await fan_out(pool, {"query": "staging noon", "topK": 2}, ["h"], timeout_s=60))
 
                 tg.start_soon(second)
-                await anyio.sleep(0.5)
+                session = pool.warm(inv.host_public_key)
+                with anyio.fail_after(30):  # q2 is out: its ask holds the session, its hook took it
+                    while not (session.lock.locked() and session.questions.empty()):
+                        await anyio.sleep(0.01)
                 _freeze_then_kill(host)
             return first, got[0], pool.stats.sessions_opened
 

@@ -6,6 +6,7 @@ filters to the Host. Real iroh on loopback, relay disabled."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import anyio
@@ -67,18 +68,22 @@ def test_ask_carries_typed_options_and_returns_every_answer(tmp_path):
 
 
 def test_ask_past_its_time_bound_has_no_outcome_and_no_answers(tmp_path):
+    typed = threading.Event()
+
     async def scenario(host, guest_home):
         target = await open_target(str(host.invite), guest_home, server_url=None)
 
-        def never_answers() -> str | None:  # a user who never types
-            import time
-            time.sleep(3)
+        def never_answers() -> str | None:  # a user who types nothing until the test is over
+            typed.wait(timeout=30)
             return None
 
         return await ask(guest_home, Identity(os.urandom(32)), target,
                          GuestOptions(next_question=never_answers), local=True, heartbeat=FAST, timeout_s=0.5)
 
-    result = _run_with_host(tmp_path, scenario)
+    try:
+        result = _run_with_host(tmp_path, scenario)
+    finally:
+        typed.set()
     assert result.outcome is None and result.answers == []
 
 

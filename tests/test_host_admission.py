@@ -14,24 +14,16 @@ import time
 import anyio
 import pytest
 
-from node.corpus.store import Corpus
 from node.guest.guest import join_session
-from node.guest.targets import check_invitation
 from node.host.sessions import QUIET_AFTER_S
 from node.trust.identity import Identity
-from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
 
 from support.community import NO_LIMITS
-from support.homes import node_home as _home
+from support.homes import node_home as _home, public_host_home
 from support.hosts import FAST, InProcessHost, raw_guest as _guest
 
 pytestmark = pytest.mark.iroh
-
-
-async def _started(host: InProcessHost) -> None:
-    with anyio.fail_after(20):
-        await host.ready.wait()
 
 
 def test_an_expired_invitation_is_refused_by_the_host(tmp_path):
@@ -43,9 +35,7 @@ def test_an_expired_invitation_is_refused_by_the_host(tmp_path):
         host = InProcessHost(_home(tmp_path, "host"), tmp_path, ttl_s=2)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            await _started(host)
-            inv = parse_invitation(host.invitation)
-            _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+            inv, _pdir, spec = await host.joinable(_home(tmp_path, "guest"))
             before = await _guest(inv, spec, Identity(os.urandom(32)))
             host.clock.advance(2.5)  # past expires_at on the host's clock: no real wait
             expired = await host.wait_for(lambda e: e["event"] == "post-expired")
@@ -70,9 +60,7 @@ def test_failed_handshakes_cool_a_key_down_and_retire_a_file_mode_post(tmp_path)
         host = InProcessHost(_home(tmp_path, "host"), tmp_path, max_failed_handshakes=3, failure_cooldown_s=600)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            await _started(host)
-            inv = parse_invitation(host.invitation)
-            _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+            inv, _pdir, spec = await host.joinable(_home(tmp_path, "guest"))
             attacker, other = Identity(os.urandom(32)), Identity(os.urandom(32))
             unknown = [await _guest(inv, spec, attacker, post_id="0" * 32)]  # not a live post: not counted
             failed = [await _guest(inv, spec, attacker, claimed=other) for _ in range(3)]
@@ -100,14 +88,7 @@ def test_sixteen_keys_times_four_sessions_do_not_lock_out_honest_guests(tmp_path
     the host's 64 slots as long as they can. A pinned guest still finds a slot (the
     anonymous peers share 48), and an anonymous guest gets in by evicting the attacker
     session idle the longest (rate-limited answers are not activity)."""
-    host_home = _home(tmp_path, "host")
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    (docs / "alpha.md").write_text("# Alpha\n\nalpha beta gamma, the shared notes.\n")
-    with Corpus(host_home) as corpus:
-        corpus.add_root(docs)
-        corpus.sync()
-    (host_home / "policy.toml").write_text("[[rule]]\nglob = '/docs/**'\ntier = 'public'\n")
+    host_home = public_host_home(tmp_path, {"alpha.md": "# Alpha\n\nalpha beta gamma, the shared notes.\n"}, kb="docs")
     friend = Identity(os.urandom(32))
     registry = PeerRegistry.load(host_home)
     registry.add("friend", friend.public_key)
@@ -128,10 +109,8 @@ def test_sixteen_keys_times_four_sessions_do_not_lock_out_honest_guests(tmp_path
         attacked: list = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            await _started(host)
-            inv = parse_invitation(host.invitation)
             guest_home = _home(tmp_path, "guest")
-            pdir, spec = check_invitation(inv, guest_home)
+            inv, pdir, spec = await host.joinable(guest_home)
 
             async def attack(i: int, ident: Identity):
                 # an attacker that comes back whenever it is refused or evicted
@@ -139,7 +118,7 @@ def test_sixteen_keys_times_four_sessions_do_not_lock_out_honest_guests(tmp_path
                     attacked.append(await join_session(
                         guest_home, ident, inv, pdir, spec, local=True, server_url=None,
                         options={"queries": [], "ask": flood}, interactive=True, heartbeat=FAST))
-                    await anyio.sleep(0.2)
+                    await anyio.sleep(0.2)  # kept: an attacker's own pace between tries (64 of them), not a wait
 
             async with anyio.create_task_group() as attack_tg:
                 for n, ident in enumerate(attackers):
@@ -223,9 +202,7 @@ def test_the_nonce_table_stays_bounded_under_a_flood_of_abandoned_handshakes(tmp
         host = InProcessHost(host_home, tmp_path, max_failed_handshakes=1000)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            await _started(host)
-            inv = parse_invitation(host.invitation)
-            _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+            inv, _pdir, spec = await host.joinable(_home(tmp_path, "guest"))
             completed = await _guest(inv, spec, Identity(os.urandom(32)))
             states = [await _guest(inv, spec, Identity(os.urandom(32)), hang_up_after_proof=True)
                       for _ in range(30)]
@@ -256,9 +233,7 @@ def test_a_single_use_server_post_with_too_many_failures_is_withdrawn_and_replac
                                  max_failed_handshakes=2)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(host.run)
-                await _started(host)
-                inv = parse_invitation(host.invitation)
-                _pdir, spec = check_invitation(inv, _home(tmp_path, "guest"))
+                inv, _pdir, spec = await host.joinable(_home(tmp_path, "guest"))
                 failed = [await _guest(inv, spec, Identity(os.urandom(32)), claimed=Identity(os.urandom(32)))
                           for _ in range(2)]
                 fresh = await host.wait_for(lambda e: e["event"] == "republished")

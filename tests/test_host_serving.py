@@ -99,8 +99,8 @@ def test_single_use_post_admits_exactly_one_of_concurrent_handshakes(tmp_path):
             await host.until(lambda: host.host.table.connections == 0)  # its reservation is given back
             outs: list = []
 
-            async def slow_proof(_proof):  # every guest holds its proof a while before ready
-                await anyio.sleep(1.0)
+            async def slow_proof(_proof):  # the guest with the proof holds it until the others ended
+                await host.until(lambda: len(outs) >= 2, timeout=30)
 
             async def one():
                 outs.append(await _raw_guest(inv, spec, Identity(os.urandom(32)), on_proof=slow_proof))

@@ -71,7 +71,7 @@ def dripping_answer(h):
         for _ in range(100):
             h.wfile.write(b" ")
             h.wfile.flush()
-            time.sleep(0.2)
+            time.sleep(0.2)  # kept: the drip's pace is the hostile server's behaviour under test, not a wait
     except OSError:
         pass
 

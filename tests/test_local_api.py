@@ -36,6 +36,8 @@ except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
 from support.agents import api_headers, mcp_session
+from support.homes import indexed_docs
+from support.waits import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "specs" / "search-envelope.schema.json").read_text())
@@ -67,15 +69,7 @@ def _valid(env: dict) -> None:
 
 
 def _make_corpus(base: Path) -> tuple[Path, Path]:
-    root = base / "kb"
-    root.mkdir()
-    for name, text in FILES.items():
-        (root / name).write_text(text)
-    home = base / "home"
-    with Corpus(home) as c:
-        c.add_root(root)
-        c.sync()
-    return home, root
+    return indexed_docs(base, FILES, folder="kb")
 
 
 @pytest.fixture(scope="module")
@@ -160,24 +154,41 @@ def _state(sock: socket.socket, wait: float) -> str:
 
 def test_connections_that_never_finish_headers_are_bounded_and_dropped(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(httpbounds, "HEADER_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(httpbounds, "HEADER_TIMEOUT_S", 600.0)  # read at each connection
     monkeypatch.setattr(httpbounds, "MAX_CONNECTIONS", 20)
     HTTP.headers.update(api_headers(tmp_path / "home"))
+
+    def headless(n: int) -> list[socket.socket]:  # clients that never finish their request head
+        out = []
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", _port(url)))
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            out.append(s)
+        return out
+
+    def health() -> bool:
+        try:
+            return HTTP.get(url + "/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
     with run_api_in_thread(tmp_path / "home") as url:
         socks = []
         try:
-            for _ in range(60):  # many clients that never finish their request head
-                s = socket.create_connection(("127.0.0.1", _port(url)))
-                s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-                socks.append(s)
-            time.sleep(0.3)
-            states = [_state(s, 0.02) for s in socks]
-            assert states.count("open") <= 20  # the cap: the rest were closed at once
-            assert states.count("closed") >= 40
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and any(_state(s, 0.02) == "open" for s in socks):
-                time.sleep(0.1)
-            assert all(_state(s, 0.02) == "closed" for s in socks)  # the head deadline
+            socks += headless(60)
+            # the cap: 40 are closed at once, while no head deadline (600 s) can have closed any
+            states = wait_for("the connections beyond the cap closed",
+                              lambda: (got := [_state(s, 0.02) for s in socks]).count("closed") >= 40 and got,
+                              timeout_s=30)
+            assert states.count("open") == 20 and states.count("closed") == 40
+            for s in socks:
+                s.close()
+            monkeypatch.setattr(httpbounds, "HEADER_TIMEOUT_S", 1.0)
+            wait_for("the closed connections leaving the cap", health, timeout_s=30)
+            late = headless(5)
+            socks += late
+            wait_for("the head deadline closing every head-less connection",  # bounded
+                     lambda: all(_state(s, 0.02) == "closed" for s in late), timeout_s=30)
             # dribbling bytes does not extend the deadline
             d = socket.create_connection(("127.0.0.1", _port(url)))
             socks.append(d)

@@ -22,8 +22,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
+from mcp import StdioServerParameters
 
 from node.common.errors import EgressRefused
 from node.corpus.store import Corpus
@@ -31,7 +30,7 @@ from node.local.agents import TOKEN_ENV
 from node.local.api import run_api_in_thread
 from node.policy import outbound
 
-from support.agents import agent_token, bearer
+from support.agents import agent_token, bearer, mcp_session
 from support.cli import KITH
 from support.homes import initialized, new_identity
 
@@ -153,18 +152,13 @@ def test_a_terminal_prompt_that_gets_no_answer_denies(home: Path) -> None:
 
 def test_mcp_tools_pass_the_same_gate(home: Path) -> None:
     env = {**os.environ, TOKEN_ENV: agent_token(home, "mcp-asker", peers=("alice",), queue=True, outbound="ask")}
-    params = StdioServerParameters(command=sys.executable, cwd=str(REPO), env=env,
-                                   args=["-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"])
 
-    async def main():
-        async with stdio_client(params) as (r, w):
-            async with ClientSession(r, w) as s:
-                await s.initialize()
-                return [await s.call_tool("search", {"query": QUOTE_PRIVATE, "peers": ["alice"]}),
-                        await s.call_tool("search", {"query": QUOTE_PRIVATE, "peer": "alice"}),
-                        await s.call_tool("ask_later", {"query": QUOTE_PRIVATE, "peers": ["alice"]})]
+    async def calls(s):
+        return [await s.call_tool("search", {"query": QUOTE_PRIVATE, "peers": ["alice"]}),
+                await s.call_tool("search", {"query": QUOTE_PRIVATE, "peer": "alice"}),
+                await s.call_tool("ask_later", {"query": QUOTE_PRIVATE, "peers": ["alice"]})]
 
-    for res in anyio.run(main):
+    for res in mcp_session(home, calls, env=env):
         assert res.is_error and res.content[0].text.startswith("[outbound-needs-confirmation] ")
     assert [r["decision"] for r in outbound.read_log(home, agent="mcp-asker")] == ["needs-confirmation"] * 3
 
@@ -275,22 +269,12 @@ def test_the_log_rotates_as_the_audit_and_reads_across_its_files(tmp_path: Path,
 def test_kith_join_gates_each_query_before_connecting(home: Path, tmp_path: Path) -> None:
     """``kith join --query``: without a terminal and ``--yes`` a held question is refused
     before anything is sent; with ``--yes`` it is sent and what came back is logged."""
-    from node.policy.store import Policy
-
     from support.cli import readline
-    from support.homes import node_home, pin_host
+    from support.homes import pin_host, public_host_home
     from support.hosts import ENV
 
-    host_home = node_home(tmp_path, "host")
-    kb = tmp_path / "kb-host"
-    kb.mkdir()
-    (kb / "weather.md").write_text("# Weather\n\nIt rains on Tuesdays in the valley.\n")
-    with Corpus(host_home) as c:
-        c.add_root(kb)
-        c.sync()
-    policy = Policy.load(host_home)
-    policy.set("/kb-host/**", "public")
-    policy.save()
+    host_home = public_host_home(tmp_path, {"weather.md": "# Weather\n\nIt rains on Tuesdays in the valley.\n"},
+                                 kb="kb-host")
     invite = tmp_path / "invite.json"
     proc = subprocess.Popen([*KITH, "--home", str(host_home), "host", "--local", "--json", "--invite-file", str(invite)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=ENV)
@@ -361,18 +345,13 @@ def test_private_text_in_the_mcp_peer_or_server_field_is_gated_before_any_reques
     server = f"http://127.0.0.1:{listener.server_address[1]}/{words}"
     invitation = {"v": 1, "post_id": "ab" * 16, "server": server, "note": PLANS}
     env = {**os.environ, TOKEN_ENV: agent_token(home, "mcp-url", peers=("all",), outbound="block")}
-    params = StdioServerParameters(command=sys.executable, cwd=str(REPO), env=env,
-                                   args=["-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"])
 
-    async def main():
-        async with stdio_client(params) as (r, w):
-            async with ClientSession(r, w) as s:
-                await s.initialize()
-                return [await s.call_tool("search", {"query": "hello", "peer": "ab" * 16, "server": server}),
-                        await s.call_tool("search", {"query": "hello", "peer": invitation})]
+    async def calls(s):
+        return [await s.call_tool("search", {"query": "hello", "peer": "ab" * 16, "server": server}),
+                await s.call_tool("search", {"query": "hello", "peer": invitation})]
 
     try:
-        results = anyio.run(main)
+        results = mcp_session(home, calls, env=env)
     finally:
         listener.shutdown()
         listener.server_close()

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,7 @@ from support.community import NO_LIMITS
 from support.envelopes import valid_ask as valid
 from support.homes import node_home as _home, public_host_home
 from support.hosts import ENV
+from support.waits import wait_for
 
 KEY = "ab" * 32
 DEPLOY = "# Deploy\n\nThe staging server is deleted automatically every night.\n"
@@ -334,6 +336,21 @@ def _event(proc: subprocess.Popen, name: str, timeout: float = 120) -> dict:
     raise AssertionError(f"no {name} event in {timeout} s")
 
 
+def _keep_for_alice(home: Path, request: dict | None = None, **opts: Any) -> str:
+    """Keep ``request`` (default: "staging server deleted", topK 3) in ``home``'s outbox
+    for its pinned peer alice (``opts``: :meth:`OutboxStore.add`'s); returns its id."""
+    alice = PeerRegistry.load(home).by_name("alice")
+    with OutboxStore(home) as store:
+        return store.add(request or {"query": "staging server deleted", "topK": 3}, [("alice", alice.public_key)],
+                         **opts)["id"]
+
+
+def _row(home: Path, qid: str) -> dict:
+    """The outbox's record of question ``qid`` at ``home`` now."""
+    with OutboxStore(home) as store:
+        return store.get(qid)
+
+
 def _stop(*procs: subprocess.Popen | None) -> None:
     for p in procs:
         if p is not None and p.poll() is None:
@@ -379,9 +396,7 @@ def test_a_question_queued_while_the_host_is_down_is_answered_after_it_starts(wo
         ev = _event(runner, "outbox-answered")
         assert (ev["id"], ev["peer"], ev["status"]) == (qid, "alice", "ok")
         # the host writes its audit in batches and is SIGKILLed below: wait (bounded) for the record
-        deadline = time.monotonic() + 60
-        while not _answered_in_audit(host_home, qid)[0] and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_for("the host's audit record of the answer", lambda: _answered_in_audit(host_home, qid)[0])
         runner.send_signal(signal.SIGTERM)  # a runner that delivered stops cleanly
         assert runner.wait(timeout=60) == 0, runner.stderr.read()[-3000:]
     finally:
@@ -408,11 +423,9 @@ def test_a_question_queued_while_the_host_is_down_is_answered_after_it_starts(wo
 @pytest.mark.iroh
 def test_an_expired_question_is_not_delivered(world, tmp_path):
     url, host_home, guest_home = world
-    with OutboxStore(guest_home) as store:
-        rec = PeerRegistry.load(guest_home).by_name("alice")
-        qid = store.add(REQUEST, [("alice", rec.public_key)], keep_s=60)["id"]
-        with store._tx() as db:  # its week went by while every process of the home was off
-            db.execute("UPDATE questions SET expires_at = ? WHERE id = ?", (time.time() - 1, qid))
+    qid = _keep_for_alice(guest_home, REQUEST, keep_s=60)
+    with OutboxStore(guest_home) as store, store._tx() as db:  # its week went by while every process of the home was off
+        db.execute("UPDATE questions SET expires_at = ? WHERE id = ?", (time.time() - 1, qid))
     runner = host = None
     try:
         host, _inv = _start_host(host_home, url)
@@ -446,9 +459,7 @@ def test_a_guest_killed_between_delivery_and_storing_loses_nothing_and_stores_on
     host answers that resend as an ordinary query (its audit shows the one id twice); the
     answer is stored once."""
     url, host_home, guest_home = world
-    with OutboxStore(guest_home) as store:
-        rec = PeerRegistry.load(guest_home).by_name("alice")
-        qid = store.add({"query": "staging server deleted", "topK": 3}, [("alice", rec.public_key)])["id"]
+    qid = _keep_for_alice(guest_home)
     host = runner = None
     try:
         host, _inv = _start_host(host_home, url)
@@ -466,9 +477,7 @@ def test_a_guest_killed_between_delivery_and_storing_loses_nothing_and_stores_on
         assert ev["id"] == qid
         # a running host writes its audit in batches (a tick of its event loop, specs/peers.md
         # §7) and is SIGKILLed below: wait (bounded) until the resend's record is written
-        deadline = time.monotonic() + 60
-        while len(_answered_in_audit(host_home, qid)[0]) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_for("the host's audit record of the resend", lambda: len(_answered_in_audit(host_home, qid)[0]) >= 2)
     finally:
         _stop(runner, host)
     with OutboxStore(guest_home) as store:
@@ -523,13 +532,9 @@ def test_the_local_api_queues_by_name_and_its_runner_delivers(world):
             valid(env)
             qid = env["outbox"]["id"]
             host, _inv = _start_host(host_home, url)
-            deadline = time.monotonic() + 120
-            record = None
-            while time.monotonic() < deadline:
-                record = httpx.get(headers=auth, url=api + "/outbox", params={"id": qid[:10]}, timeout=30).json()
-                if record["state"] == "answered":
-                    break
-                time.sleep(0.5)
+            record = wait_for("the kept question answered", lambda: (r := httpx.get(
+                headers=auth, url=api + "/outbox", params={"id": qid[:10]}, timeout=30).json())["state"] == "answered"
+                and r, timeout_s=120, every_s=0.1)
             listing = httpx.get(headers=auth, url=api + "/outbox", timeout=30).json()
             missing = httpx.get(headers=auth, url=api + "/outbox", params={"id": "ffff0000"}, timeout=30)
             put = httpx.put(headers=auth, url=api + "/outbox", json={}, timeout=30)
@@ -579,9 +584,7 @@ def test_mcp_ask_later_keeps_the_question_and_the_outbox_tool_reads_it(world):
 def test_kith_host_of_the_guest_home_delivers_its_outbox(world, tmp_path):
     """A guest that also hosts: its `kith host` runs the home's runner and delivers."""
     url, host_home, guest_home = world
-    with OutboxStore(guest_home) as store:
-        rec = PeerRegistry.load(guest_home).by_name("alice")
-        qid = store.add({"query": "staging server deleted", "topK": 3}, [("alice", rec.public_key)])["id"]
+    qid = _keep_for_alice(guest_home)
     alice = guest_host = None
     try:
         alice, _inv = _start_host(host_home, url)
@@ -590,17 +593,9 @@ def test_kith_host_of_the_guest_home_delivers_its_outbox(world, tmp_path):
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       stdin=subprocess.DEVNULL, env=ENV)
         json.loads(_readline(guest_host, 90))
-        deadline = time.monotonic() + 120
-        state = None
-        while time.monotonic() < deadline:
-            with OutboxStore(guest_home) as store:
-                state = store.get(qid)["state"]
-            if state == "answered":
-                break
-            time.sleep(0.5)
+        wait_for("the kept question answered", lambda: _row(guest_home, qid)["state"] == "answered", timeout_s=120)
     finally:
         _stop(alice, guest_host)
-    assert state == "answered"
 
 
 @pytest.mark.iroh
@@ -614,9 +609,7 @@ def test_an_ask_tier_answer_waits_pending_and_the_final_answer_arrives_once_appr
     policy = Policy.load(host_home)
     policy.set("/kb-alice/**", "ask")
     policy.save()
-    with OutboxStore(guest_home) as store:
-        rec = PeerRegistry.load(guest_home).by_name("alice")
-        qid = store.add({"query": "staging server deleted", "topK": 3}, [("alice", rec.public_key)])["id"]
+    qid = _keep_for_alice(guest_home)
     host = runner = None
     try:
         host, _inv = _start_host(host_home, url)
@@ -655,15 +648,12 @@ def test_a_rate_limited_answer_holds_every_question_for_that_peer_until_the_host
         host, _inv = _start_host(host_home, url)
         runner = _start_runner(guest_home)
         assert _event(runner, "outbox-answered")["id"] == qids[0]
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            with OutboxStore(guest_home) as store:
-                second = store.get(qids[1])["peers"][0]
-            if second["attempts"]:
-                break
-            time.sleep(0.5)
+        second = wait_for("the second question tried", lambda: (p := _row(guest_home, qids[1])["peers"][0])["attempts"]
+                          and p, timeout_s=120)
         assert second["code"] == "rate-limited" and second["state"] == "waiting"
-        time.sleep(3)  # the runner's next steps (every second at most) ask nothing more
+        # kept fixed wait: what is asserted is that nothing happens over the runner's next
+        # steps (every second at most), and the runner reports no step to wait on
+        time.sleep(3)
     finally:
         _stop(runner, host)
     with OutboxStore(guest_home) as store:

@@ -146,7 +146,7 @@ def test_a_blocked_peer_reaching_a_stopping_host_still_gets_the_unknown_post_ref
             inv, _pdir, spec = await host.joinable(_home(tmp_path, "guest"))
 
             async def stop_host():  # the connection is accepted; the host stops before the stream
-                await anyio.sleep(0.3)
+                await host.until(lambda: host.host.table.pending >= 1, timeout=10)
                 host.stop.set()
                 await host.until(lambda: host.host.session_stop.is_set(), timeout=10)
 

@@ -14,6 +14,8 @@ from node.policy.gate import EgressGate
 from node.policy.quota import RateLimiter
 from node.policy.store import Policy
 
+from support.homes import indexed_docs
+
 
 class Clock:
     def __init__(self) -> None:
@@ -106,13 +108,7 @@ def test_one_key_cannot_take_a_lighter_keys_share() -> None:
 
 @pytest.fixture
 def world(tmp_path: Path):
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    (docs / "wal.md").write_text("# WAL\n\nThe write ahead log keeps every change before it is applied.\n")
-    home = tmp_path / "home"
-    with Corpus(home) as corpus:
-        corpus.add_root(docs)
-        corpus.sync()
+    home, _docs = indexed_docs(tmp_path, {"wal.md": "# WAL\n\nThe write ahead log keeps every change before it is applied.\n"})
     corpus = Corpus(home, readonly=True)
     policy = Policy.from_toml("[[rule]]\nglob = '/docs'\ntier = 'public'\n"
                               "[quota]\nburst = 5\nqueries_per_hour = 3600\n"

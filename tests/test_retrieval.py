@@ -18,6 +18,8 @@ from node.answer.contract import validate as validate_search_request
 from node.corpus.store import Corpus
 from node.common.errors import CorpusError
 
+from support.homes import indexed_docs
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 PYDOCS = SHARED / "corpora" / "python-docs-3.11"
@@ -514,13 +516,8 @@ def test_candidate_ids_come_from_fast_fields_and_match_the_stored_ids(tmp_path: 
 
 
 def test_a_reader_rebuilds_an_index_of_an_older_schema_and_says_so_once(tmp_path: Path) -> None:
-    root = tmp_path / "kb"
-    root.mkdir()
-    (root / "a.txt").write_text("The otter swims.\n")
-    home = tmp_path / "home"
+    home, _docs = indexed_docs(tmp_path, {"a.txt": "The otter swims.\n"})
     with Corpus(home) as c:
-        c.add_root(root)
-        c.sync()
         c.record.set_meta("index_schema_version", str(search.INDEX_SCHEMA_VERSION - 1))
     said: list[str] = []
     with Corpus(home, readonly=True) as r:

@@ -24,7 +24,8 @@ from node.community.store import MailboxLimits, open_store
 from node.community.server import run_server_in_thread
 
 from support.cli import kith, kith_argv
-from support.community import NO_LIMITS, wait_for
+from support.community import NO_LIMITS
+from support.waits import wait_for
 from support.hosts import HostProcess, notes_host
 
 QUESTION = "when does the staging server restart"

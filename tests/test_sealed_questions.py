@@ -131,7 +131,7 @@ def test_kith_host_mailbox_answers_what_was_left_while_it_slept(tmp_path: Path, 
     URL --mailbox` starts, takes and answers it; the asker, up again after the host stopped,
     takes the answer. The time from starting `kith host` to the sealed answer stored at the
     holder is printed (issue 43 target: 3 s) — and the card on the server names the mailbox."""
-    from support.community import wait_for
+    from support.waits import wait_for
     from support.hosts import HostProcess
     from node.trust.card import check_card
 

@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -85,19 +86,25 @@ def test_sigkilled_host_is_detected_by_the_guest_and_sigterm_ends_sessions_clean
         inv = parse_invitation(invite.read_text())
         pdir, spec = check_invitation(inv, guest_home)
         asked = []
+        over = threading.Event()
 
         def ask():
             asked.append(1)
             if len(asked) == 1:
                 return "first question"
-            # after the first answer: do something to the host, then wait like a user would
+            # after the first answer: do something to the host, then type nothing more until
+            # the session has ended (bounded), as a user who is thinking would
             host_proc.send_signal(signal.SIGKILL if action == "kill" else signal.SIGTERM)
-            time.sleep(8)
+            over.wait(timeout=30)
             return None
 
         t0 = time.monotonic()
-        out = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True, server_url=None,
-                                 options={"queries": [], "ask": ask}, interactive=True, heartbeat=FAST)
+        try:
+            out = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True,
+                                     server_url=None, options={"queries": [], "ask": ask}, interactive=True,
+                                     heartbeat=FAST)
+        finally:
+            over.set()
         return out, time.monotonic() - t0
 
     proc = start_host()
@@ -225,26 +232,37 @@ def test_hostile_guests_do_not_stall_an_honest_one(tmp_path):
             guest_home = _home(tmp_path, "guest")
             inv, pdir, spec = await host.joinable(guest_home)
 
+            connected: list[str] = []
+            honest_done = anyio.Event()
+
+            async def stay_until_the_honest_guest_is_done(name: str) -> None:
+                connected.append(name)
+                with anyio.move_on_after(30):
+                    await honest_done.wait()
+
             async def garbage():
                 async with bind_node(os.urandom(32), spec.alpn, local=True) as node:
                     stream = await node.open_stream(await node.connect(inv.transport_info.ticket))
                     await stream.send(b"\xff\xfe not json at all\n" + b"A" * 200_000)
-                    await anyio.sleep(3)
+                    await stay_until_the_honest_guest_is_done("garbage")
 
             async def silent():
                 async with bind_node(os.urandom(32), spec.alpn, local=True) as node:
                     await node.open_stream(await node.connect(inv.transport_info.ticket))
-                    await anyio.sleep(3)
+                    await stay_until_the_honest_guest_is_done("silent")
 
             async with anyio.create_task_group() as bad:
                 bad.start_soon(garbage)
                 bad.start_soon(silent)
-                await anyio.sleep(0.2)
+                await host.until(lambda: len(connected) == 2, timeout=30)  # both hostile peers are in
                 got = []
                 t0 = time.monotonic()
-                honest = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True,
-                                            server_url=None, heartbeat=FAST,
-                                            options={"queries": ["one", "two"], "on_results": got.append})
+                try:
+                    honest = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True,
+                                                server_url=None, heartbeat=FAST,
+                                                options={"queries": ["one", "two"], "on_results": got.append})
+                finally:
+                    honest_done.set()
                 took = time.monotonic() - t0
             host.stop.set()
         return honest, got, took, host

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from node.cli.common import console, emit_json, err_console, home_of
+from node.cli.common import console, emit_json, err_console, home_of, json_option
 
 agent_app = typer.Typer(
     help=(
@@ -20,7 +20,7 @@ agent_app = typer.Typer(
     no_args_is_help=True,
 )
 
-_JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
+_JSON = json_option()
 _SOURCES_HELP = "A glob of this node's source ids it may search ('**': every source); repeat for more. None given, or 'none': it searches nothing of this node's own."
 _PEERS_HELP = "A pinned peer it may ask: NAME, @GROUP, all or none; repeat for more. None given: it asks no one."
 _OUTBOUND_HELP = "What the outbound gate does with a question that carries private text, a personal value or a secret: allow (send and log), ask (the owner confirms) or block."

@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from node.cli.common import emit_json, err_console, home_of
+from node.cli.common import emit_json, err_console, home_of, host_option, port_option
 from node.common.errors import CorpusError
 
 api_app = typer.Typer(help="The local read-only API for agents on this machine (loopback only).",
@@ -17,9 +17,8 @@ api_app = typer.Typer(help="The local read-only API for agents on this machine (
 @api_app.command("serve")
 def serve_cmd(
     ctx: typer.Context,
-    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR",
-                             help="Loopback address to listen on (a non-loopback one is refused)."),
-    port: int = typer.Option(8765, "--port", min=0, max=65535, help="TCP port (0 picks a free one)."),
+    host: str = host_option(),
+    port: int = port_option(8765),
     json_out: bool = typer.Option(False, "--json", help='Print {"url": ...} on stdout once listening.'),
     access_log: bool = typer.Option(False, "--access-log", help="Log each request on stderr."),
     offline: bool = typer.Option(False, "--offline", envvar="KITH_OFFLINE", help="iroh local mode for `peers` searches (relay disabled, loopback)."),

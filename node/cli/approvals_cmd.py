@@ -5,19 +5,17 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from node.cli.common import err_console, safe_text, untrusted_console as console, emit_json, home_of
+from node.cli.common import (err_console, safe_text, untrusted_console as console, emit_json, home_of,
+                             command_group, json_option)
 from node.policy.approvals import Approvals, ApprovalRequest
 
-approvals_app = typer.Typer(
-    help=(
-        "When a peer's query is best answered by an 'ask' source, the host answers "
-        "pending-approval and records a request here. Approve it and the same query gets "
-        "the evidence; --remember opens (or closes) those sources for that peer for good."
-    ),
-    no_args_is_help=True,
+approvals_app = command_group(
+    "When a peer's query is best answered by an 'ask' source, the host answers "
+    "pending-approval and records a request here. Approve it and the same query gets "
+    "the evidence; --remember opens (or closes) those sources for that peer for good."
 )
 
-_JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
+_JSON = json_option()
 
 
 def _row(req: ApprovalRequest) -> dict:

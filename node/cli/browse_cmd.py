@@ -7,8 +7,8 @@ from typing import Any, Optional
 
 import typer
 
-from node.cli.common import untrusted_console as console, emit_json, home_of
-from node.cli.community_cmd import SERVER_HELP, run_client, server_url_of
+from node.cli.common import untrusted_console as console, emit_json, home_of, server_option
+from node.cli.community_cmd import run_client, server_url_of
 
 
 def browse_cmd(
@@ -18,7 +18,7 @@ def browse_cmd(
     host: Optional[str] = typer.Option(None, "--host", metavar="KEY", help="Only this host's invitations (64-hex key)."),
     limit: int = typer.Option(20, "--limit", min=1, max=100, help="At most this many (1-100)."),
     cursor: Optional[str] = typer.Option(None, "--cursor", help="Continue from a previous page's next_cursor."),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    server: Optional[str] = server_option(),
     json_out: bool = typer.Option(False, "--json", help='Print {"invitations": [...], "next_cursor": ...} as one JSON document.'),
 ) -> None:
     """List live invitations on the community server, newest first (join one with
@@ -56,7 +56,7 @@ def feedback_cmd(
     session_id: str = typer.Argument(..., metavar="SESSION_ID", help="The session's 64-hex id (printed by join and host)."),
     rating: int = typer.Option(..., "--rating", min=1, max=5, help="1 (bad) to 5 (great)."),
     comment: Optional[str] = typer.Option(None, "--comment", help="At most 1000 characters."),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    server: Optional[str] = server_option(),
     json_out: bool = typer.Option(False, "--json", help="Print the session's ratings as JSON."),
 ) -> None:
     """Rate a session you took part in (once; signed with your key)."""

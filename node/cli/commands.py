@@ -13,7 +13,7 @@ import anyio
 import typer
 
 from node.cli.common import (TransportArgs, console, emit_json, err_console, home_if_any, identity_home_of,
-                             new_home_of, safe_text, transport_options, warn)
+                             new_home_of, safe_text, server_option, transport_options, warn)
 from node.cli.render import CONNECTING_NOTICE_S, Waiting, print_answer
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import CODES, InvitationError, KithError, SessionAborted, SpecError, UsageError, error_for
@@ -116,7 +116,7 @@ def _ticket_text(mode: Any, inv: dict[str, Any]) -> str:
 def host_cmd(
     ctx: typer.Context,
     protocol: str = typer.Option("knowledge-query", "--protocol", help="Protocol to serve."),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="Community server to publish the invitation to."),
+    server: Optional[str] = server_option("Community server to publish the invitation to.", from_env=False),
     invite_file: Optional[Path] = typer.Option(None, "--invite-file", metavar="FILE", help="Write the invitation to FILE (paired peers, no server)."),
     transport: TransportArgs = TransportArgs(),
     presence: Optional[str] = typer.Option(None, "--presence", metavar="open|granted", help="Who learns this host is online: open (default; every guest with the invitation) or granted (only peers holding a grant; the rest get the unknown-post refusal). Config: [host] presence."),
@@ -358,7 +358,7 @@ def join_cmd(
     ctx: typer.Context,
     target: Optional[str] = typer.Argument(None, metavar="POST_ID|INVITE_FILE|JSON", help="A post_id (needs --server), an invitation file, or an invitation JSON string (or --peer NAME instead)."),
     peer: Optional[str] = typer.Option(None, "--peer", metavar="NAME", help="Join a pinned peer by its saved invitation (then the newest post of its key on the community server it came from), instead of POST_ID|INVITE_FILE|JSON."),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="Community server to fetch the post_id from and record the session proof."),
+    server: Optional[str] = server_option("Community server to fetch the post_id from and record the session proof.", from_env=False),
     transport: TransportArgs = TransportArgs(),
     trust: bool = typer.Option(False, "--trust", help="Trust an unknown host key without asking."),
     query: list[str] = typer.Option([], "--query", "-q", help="Ask this question (repeatable); without it, an interactive prompt."),

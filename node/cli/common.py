@@ -269,6 +269,57 @@ def transport_mode(home: Path | None, *, relay: str | None, relay_only: bool, la
                      offline=offline, home=home)
 
 
+def command_group(help: str) -> typer.Typer:
+    """A ``kith`` command group (``kith peers``, ``kith outbox``, ...): ``help`` is its
+    ``--help`` text, and run with no subcommand it prints that help."""
+    return typer.Typer(help=help, no_args_is_help=True)
+
+
+def json_option(help: str = "Print JSON on stdout.") -> Any:
+    """The one declaration of ``--json``: a flag (default False) whose ``--help`` text is
+    ``help``. Use as a parameter default: ``as_json: bool = json_option()``."""
+    return typer.Option(False, "--json", help=help)
+
+
+#: ``--host``'s help for the owner-only servers (the local API, the dashboard)
+LOOPBACK_HOST_HELP = "Loopback address to listen on (a non-loopback one is refused)."
+
+
+def host_option(help: str = LOOPBACK_HOST_HELP) -> Any:
+    """The one declaration of a server command's ``--host ADDR`` (default 127.0.0.1), as a
+    parameter default: ``host: str = host_option()``."""
+    return typer.Option("127.0.0.1", "--host", metavar="ADDR", help=help)
+
+
+def port_option(default: int) -> Any:
+    """The one declaration of a server command's ``--port`` (``default``; 0 picks a free
+    one), as a parameter default: ``port: int = port_option(8765)``."""
+    return typer.Option(default, "--port", min=0, max=65535, help="TCP port (0 picks a free one).")
+
+
+#: ``--server URL`` (or ``$KITH_SERVER``) of the community server's client commands
+SERVER_HELP = "Community server URL (default: $KITH_SERVER)."
+
+
+def server_option(help: str = SERVER_HELP, *, from_env: bool = True) -> Any:
+    """The one declaration of ``--server URL``, the community server a command talks to.
+
+    Use as a parameter default: ``server: Optional[str] = server_option()`` (None when not
+    given). The client commands (``community ...``, ``browse``) also read ``$KITH_SERVER``;
+    the commands where a server is an extra (``host``, ``join``, ``peers add``, ``device
+    revoke``) pass ``from_env=False`` and their own ``help``, so setting the variable never
+    makes them publish to or fetch from a server the command line did not name.
+
+    Args:
+        help: the option's ``--help`` text.
+        from_env: read ``$KITH_SERVER`` when ``--server`` is not given.
+
+    Returns:
+        A ``typer.Option`` declaration (metavar ``URL``).
+    """
+    return typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER" if from_env else None, help=help)
+
+
 @dataclass(frozen=True)
 class TransportArgs:
     """The transport options of one command line, as given (:func:`transport_options`)."""

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Optional, TypeVar
 import anyio
 import typer
 
-from node.cli.common import emit_json, err_console, home_if_any, home_of, identity_home_of, new_home_of
+from node.cli.common import (emit_json, err_console, home_if_any, home_of, identity_home_of, new_home_of,
+                             host_option, port_option, server_option)
 from node.cli.common import untrusted_console as console
 from node.common.errors import CommunityError, ConfigError, UsageError
 from node.community.defaults import DEFAULT_LEASE_TTL_S, DEFAULT_POOL_SIZE, DEFAULT_PORT
@@ -42,10 +43,6 @@ community_app = typer.Typer(
 )
 
 T = TypeVar("T")
-
-#: ``--server URL`` (or ``$KITH_SERVER``) for every client command.
-SERVER_HELP = "Community server URL (default: $KITH_SERVER)."
-
 
 def server_url_of(server: str | None) -> str:
     """The server URL to use, or ConfigError ``no-server`` (DESIGN §5)."""
@@ -126,13 +123,8 @@ def open_store_retrying(database: Path | str, *, wait_s: float, migrate: bool = 
 @community_app.command("serve")
 def serve(
     ctx: typer.Context,
-    host: str = typer.Option(
-        "127.0.0.1", "--host", metavar="ADDR",
-        help="Address to listen on. Loopback only unless --public is given.",
-    ),
-    port: int = typer.Option(
-        DEFAULT_PORT, "--port", min=0, max=65535, help="TCP port (0 picks a free one).",
-    ),
+    host: str = host_option("Address to listen on. Loopback only unless --public is given."),
+    port: int = port_option(DEFAULT_PORT),
     public: bool = typer.Option(
         False, "--public",
         help=(
@@ -280,7 +272,7 @@ def register_cmd(
     ctx: typer.Context,
     name: str = typer.Option(..., "--name", help="Display name shown with your invitations (1-64 characters)."),
     about: str = typer.Option("", "--about", help="A short profile text (at most 500 characters)."),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    server: Optional[str] = server_option(),
     json_out: bool = typer.Option(False, "--json", help="Print the stored identity as JSON."),
 ) -> None:
     """Register this node's key with a profile (the signed request proves you hold the key);
@@ -298,7 +290,7 @@ def register_cmd(
 def identity_cmd(
     ctx: typer.Context,
     public_key: str = typer.Argument(..., metavar="PUBLIC_KEY", help="64-hex public key."),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    server: Optional[str] = server_option(),
     json_out: bool = typer.Option(False, "--json", help="Print the identity as JSON."),
 ) -> None:
     """Show a registered identity: profile and the ratings it received."""
@@ -326,7 +318,7 @@ def _spec_of(target: str, home: Path | None) -> dict[str, Any]:
 def publish_protocol_cmd(
     ctx: typer.Context,
     target: str = typer.Argument(..., metavar="DIR|NAME", help="A protocol folder or an installed protocol name."),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    server: Optional[str] = server_option(),
     json_out: bool = typer.Option(False, "--json", help="Print the published record as JSON."),
 ) -> None:
     """Publish a protocol's spec.json by content; anyone can fetch it by protocol_id."""
@@ -344,7 +336,7 @@ def fetch_protocol_cmd(
     ctx: typer.Context,
     protocol_id: str = typer.Argument(..., metavar="PROTOCOL_ID", help="64-hex protocol_id."),
     out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Write DIR/spec.json (the folder is created)."),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    server: Optional[str] = server_option(),
     json_out: bool = typer.Option(False, "--json", help="Print the record (with the spec) as JSON."),
 ) -> None:
     """Fetch a published spec by protocol_id; its hash is checked before it is shown or written."""
@@ -380,7 +372,7 @@ def _print_post(post: dict[str, Any]) -> None:
 def status_cmd(
     ctx: typer.Context,
     post_id: str = typer.Argument(..., metavar="POST_ID"),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    server: Optional[str] = server_option(),
     json_out: bool = typer.Option(False, "--json", help="Print the post as JSON."),
 ) -> None:
     """Show a post's state (live, expired, withdrawn, consumed) and its session count."""
@@ -393,7 +385,7 @@ def renew_cmd(
     ctx: typer.Context,
     post_id: str = typer.Argument(..., metavar="POST_ID"),
     ttl: int = typer.Option(24 * 3600, "--ttl", min=60, max=30 * 24 * 3600, help="New lifetime from now, in seconds."),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    server: Optional[str] = server_option(),
     json_out: bool = typer.Option(False, "--json", help="Print the renewed invitation as JSON."),
 ) -> None:
     """Extend your post's expiry (re-signs the transport binding; the host key only)."""
@@ -414,7 +406,7 @@ def renew_cmd(
 def withdraw_cmd(
     ctx: typer.Context,
     post_id: str = typer.Argument(..., metavar="POST_ID"),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    server: Optional[str] = server_option(),
     json_out: bool = typer.Option(False, "--json", help="Print the post as JSON."),
 ) -> None:
     """Withdraw your post: it leaves browse and can no longer be joined (recorded sessions
@@ -437,7 +429,7 @@ def _print_session(record: dict[str, Any]) -> None:
 def session_cmd(
     ctx: typer.Context,
     session_id: str = typer.Argument(..., metavar="SESSION_ID"),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    server: Optional[str] = server_option(),
     json_out: bool = typer.Option(False, "--json", help="Print the session record as JSON."),
 ) -> None:
     """Show a recorded session: participants, start, open or closed (and why)."""
@@ -450,7 +442,7 @@ def close_cmd(
     ctx: typer.Context,
     session_id: str = typer.Argument(..., metavar="SESSION_ID"),
     reason: str = typer.Option("closed", "--reason", help="A short code: a-z 0-9 - (e.g. completed)."),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", envvar="KITH_SERVER", help=SERVER_HELP),
+    server: Optional[str] = server_option(),
     json_out: bool = typer.Option(False, "--json", help="Print the session record as JSON."),
 ) -> None:
     """Mark a session you took part in as closed (host and guest do it at the end anyway)."""

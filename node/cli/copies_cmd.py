@@ -9,19 +9,16 @@ from typing import Any, Optional
 import typer
 
 from node.cli.common import (TransportArgs, emit_json, err_console, home_of, identity_home_of, safe_text,
-                             transport_options, untrusted_console as console)
+                             transport_options, untrusted_console as console, command_group, json_option)
 
-copies_app = typer.Typer(
-    help=(
-        "Copies of hosts' sources this node keeps, so it can search them while the host sleeps. "
-        "A host grants one with `kith policy copy GLOB --for NAME`; `kith copies sync NAME` pulls it "
-        "(signed, scrubbed documents; only what changed), `kith ask --peer NAME` answers from it when "
-        "the host is unreachable (or with --copy). A copy is never served on to anyone."
-    ),
-    no_args_is_help=True,
+copies_app = command_group(
+    "Copies of hosts' sources this node keeps, so it can search them while the host sleeps. "
+    "A host grants one with `kith policy copy GLOB --for NAME`; `kith copies sync NAME` pulls it "
+    "(signed, scrubbed documents; only what changed), `kith ask --peer NAME` answers from it when "
+    "the host is unreachable (or with --copy). A copy is never served on to anyone."
 )
 
-_JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
+_JSON = json_option()
 
 
 def _say_report(r: dict[str, Any]) -> None:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import typer
 
-from node.cli.common import console, emit_json, err_console, identity_home_of
+from node.cli.common import console, emit_json, err_console, host_option, identity_home_of, port_option
 
 
 def dashboard_cmd(
     ctx: typer.Context,
-    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR",
-                             help="Loopback address to listen on (a non-loopback one is refused)."),
-    port: int = typer.Option(8766, "--port", min=0, max=65535, help="TCP port (0 picks a free one)."),
+    host: str = host_option(),
+    port: int = port_option(8766),
     open_browser: bool = typer.Option(False, "--open", help="Open the login URL in the default browser."),
     json_out: bool = typer.Option(False, "--json", help='Print {"url", "login"} on stdout once listening.'),
     login_link: bool = typer.Option(False, "--login-link", help="Print a new one-time login URL for the dashboard already running on this home (the old one stops working) and exit."),

@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from node.cli.common import console, emit_json, err_console, home_of, new_home_of, untrusted_console
+from node.cli.common import console, emit_json, err_console, home_of, new_home_of, server_option, untrusted_console
 
 device_app = typer.Typer(help="This person's devices (list, add, join, revoke).", no_args_is_help=True)
 
@@ -142,7 +142,7 @@ def device_revoke_cmd(
     ctx: typer.Context,
     name: str = typer.Argument(..., metavar="NAME|KEY", help="The device's name, or its key (8+ of its first hex characters will do) when another device shares the name (`kith device list`)."),
     out: Optional[str] = typer.Option(None, "--out", metavar="FILE", help="Also write the signed list to FILE, for `kith peers import-revocation FILE` on hosts by hand."),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="Also publish the list on this community server (hosts with --server fetch their pinned persons' lists)."),
+    server: Optional[str] = server_option("Also publish the list on this community server (hosts with --server fetch their pinned persons' lists).", from_env=False),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Revoke a stolen or lost device of yours: the person key signs a revocation list (every

@@ -9,18 +9,15 @@ from typing import Any, Optional
 import typer
 
 from node.cli.common import (TransportArgs, emit_json, err_console, home_of, identity_home_of, safe_text,
-                             transport_options, untrusted_console as console)
+                             transport_options, untrusted_console as console, command_group, json_option)
 
-outbox_app = typer.Typer(
-    help=(
-        "Questions kept for peers that were offline (`kith ask --later`), delivered when the "
-        "peer is back by whichever of `kith host`, `kith api serve`, `kith mcp` or `kith outbox run` "
-        "runs for this home; each answer is kept here until you remove it."
-    ),
-    no_args_is_help=True,
+outbox_app = command_group(
+    "Questions kept for peers that were offline (`kith ask --later`), delivered when the "
+    "peer is back by whichever of `kith host`, `kith api serve`, `kith mcp` or `kith outbox run` "
+    "runs for this home; each answer is kept here until you remove it."
 )
 
-_JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
+_JSON = json_option()
 
 
 def say_delivery(ev: dict[str, Any]) -> None:

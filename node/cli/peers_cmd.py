@@ -7,7 +7,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from node.cli.common import err_console, untrusted_console as console, emit_json, home_of, safe_text
+from node.cli.common import (err_console, untrusted_console as console, emit_json, home_of, safe_text,
+                             server_option, command_group, json_option)
 from node.trust.peers import PeerRegistry, load_own_profile, save_own_profile, set_pin_until
 
 
@@ -46,16 +47,13 @@ def _audit(home, event: str, **fields) -> None:
     log.record(event, sync=True, **fields)
     log.close()
 
-peers_app = typer.Typer(
-    help=(
-        "Trusted peers: pin a local name to a peer's public key. Hosts name guests by it "
-        "(policy 'peers' rules, `kith host --peers-only`), both sides refuse a pinned name "
-        "with a changed key, and known peers' shared profiles are merged after each session."
-    ),
-    no_args_is_help=True,
+peers_app = command_group(
+    "Trusted peers: pin a local name to a peer's public key. Hosts name guests by it "
+    "(policy 'peers' rules, `kith host --peers-only`), both sides refuse a pinned name "
+    "with a changed key, and known peers' shared profiles are merged after each session."
 )
 
-_JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
+_JSON = json_option()
 
 
 @peers_app.command("add")
@@ -65,7 +63,7 @@ def add_cmd(
     key: str = typer.Argument(..., help="The peer's public key (64 lowercase hex; `kith init` prints it)."),
     note: str = typer.Option("", "--note", help="Your own note about this peer (never sent)."),
     invite: Optional[str] = typer.Option(None, "--invite", metavar="FILE|POST_ID", help="Keep this invitation of the peer (verified: its host key must be KEY) so `kith ask --peer NAME` can reach it."),
-    server: Optional[str] = typer.Option(None, "--server", metavar="URL", help="The community server the invitation comes from (fetches a POST_ID; asked for a newer invitation when the saved one no longer works). With --devices: where the person's devices post their cards (every device is asked at once)."),
+    server: Optional[str] = server_option("The community server the invitation comes from (fetches a POST_ID; asked for a newer invitation when the saved one no longer works). With --devices: where the person's devices post their cards (every device is asked at once).", from_env=False),
     until: Optional[str] = typer.Option(None, "--until", metavar="DATE|DURATION", help="The pin ends then (2027-01-31, 2027-01-31T18:00:00Z, 12h, 7d, 2w): a running host ends its sessions and it is a stranger again."),
     devices: bool = typer.Option(False, "--devices", help="KEY is a person key: every device with a valid binding of it is NAME (one set of tiers, approvals and one quota). Without it KEY is one device's key and another device of that person is a stranger."),
     as_json: bool = _JSON,

@@ -19,11 +19,11 @@ from typing import List, Optional
 
 import typer
 
-from node.cli.common import emit_json, err_console, home_of, untrusted_console as console
+from node.cli.common import emit_json, err_console, home_of, untrusted_console as console, json_option
 
 person_app = typer.Typer(help="This home's person key (show, rotate, import).", no_args_is_help=True)
 
-_JSON = typer.Option(False, "--json", help="Print JSON.")
+_JSON = json_option("Print JSON.")
 
 
 def person_words(person_key: str) -> str:

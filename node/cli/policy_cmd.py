@@ -9,7 +9,8 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from node.cli.common import err_console, safe_text, untrusted_console as console, emit_json, home_of
+from node.cli.common import (err_console, safe_text, untrusted_console as console, emit_json, home_of,
+                             command_group, json_option)
 from node.corpus.types import Root
 from node.common.errors import KithError, UsageError
 from node.policy.coverage import (MAX_LISTED, check_policy, indexed_sources, rule_coverage, rule_label,
@@ -30,12 +31,9 @@ def _warn(message: str) -> None:
     """A warning on stderr (plain text, see :func:`_note`)."""
     err_console.print(safe_text(f"warning: {message}"), markup=False, highlight=False)
 
-policy_app = typer.Typer(
-    help=(
-        "Decide what may leave this machine: map source globs (/<root>/..., datasource ids, "
-        "absolute paths) to tiers public, peers, ask, private (the default) or never."
-    ),
-    no_args_is_help=True,
+policy_app = command_group(
+    "Decide what may leave this machine: map source globs (/<root>/..., datasource ids, "
+    "absolute paths) to tiers public, peers, ask, private (the default) or never."
 )
 
 
@@ -49,7 +47,7 @@ class TierChoice(str, Enum):
     never = "never"
 
 
-_JSON = typer.Option(False, "--json", help="Print one JSON object on stdout.")
+_JSON = json_option("Print one JSON object on stdout.")
 _YES = typer.Option(False, "--yes", help="Make the change even if it stops scrubbing indexed sources for some peer (without it, a terminal asks and anything else is refused).")
 
 

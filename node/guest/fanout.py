@@ -146,6 +146,24 @@ def check_peers_field(peers: Any) -> str | None:
     return None
 
 
+def peers_request_refusal(peers: Any, request: dict[str, Any]) -> str | None:
+    """The refusal message for a peers search (the local API's ``POST /search`` and ``POST
+    /outbox``, ``kith mcp``'s ``search`` / ``ask_later``): a bad ``peers``
+    (:func:`check_peers_field`), else ``request`` (the rest, ``peers`` taken off) breaking
+    the one request contract (node/answer/contract.py); None when both are valid."""
+    from node.answer import contract
+    from node.common.errors import CorpusError
+
+    bad = check_peers_field(peers)
+    if bad is not None:
+        return bad
+    try:
+        contract.validate(request)
+    except CorpusError as exc:
+        return exc.message
+    return None
+
+
 def _check_results(envelope: Any) -> list[dict[str, Any]]:
     """The results of a peer's envelope, or ValueError when any is malformed."""
     if not isinstance(envelope, dict) or not isinstance(envelope.get("results"), list):

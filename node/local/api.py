@@ -104,6 +104,16 @@ def openapi_document() -> dict[str, Any]:
     unauthorized = {"description": "No agent credential (agent-token-required), a token no current "
                                    "agent has (agent-token-invalid: wrong, rotated or removed) or an "
                                    "expired agent (agent-expired); WWW-Authenticate: Bearer.", **err}
+
+    def ok(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A 200 answer of JSON (``schema``; default: an object)."""
+        return {"description": description, "content": {"application/json": {"schema": schema or {"type": "object"}}}}
+
+    def json_body(name: str) -> dict[str, Any]:
+        """A required JSON request body: ``components/schemas/<name>``."""
+        return {"required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}
+
+    not_json = {"description": "Content-Type is not application/json (api-content-type)", **err}
     doc = {
         "openapi": "3.1.0",
         "info": {"title": "Kith local read-only API", "version": str(env_mod.SCHEMA_VERSION),
@@ -116,28 +126,21 @@ def openapi_document() -> dict[str, Any]:
         "paths": {
             "/health": {"get": {"summary": "Readiness and the usage policy (without a credential: only "
                                            "{service, status: up})", "security": [{}, {"agentToken": []}], "responses": {
-                "200": {"description": "ready or not; see available/reason",
-                        "content": {"application/json": {"schema": {"type": "object"}}}},
+                "200": ok("ready or not; see available/reason"),
                 "403": refused}}},
             "/stats": {"get": {"summary": "Corpus counts (no paths)", "responses": {
-                "200": {"description": "counts",
-                        "content": {"application/json": {"schema": {"type": "object"}}}},
+                "200": ok("counts"),
                 "403": refused}}},
             "/contract": {"get": {"summary": "The read-only search contract", "responses": {
-                "200": {"description": "contract",
-                        "content": {"application/json": {"schema": {"type": "object"}}}},
+                "200": ok("contract"),
                 "403": refused}}},
             "/openapi.json": {"get": {"summary": "This document", "responses": {
-                "200": {"description": "OpenAPI 3.1",
-                        "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+                "200": ok("OpenAPI 3.1")}}},
             SEARCH_PATH: {"post": {
                 "summary": "Search the local corpus; answers the schemaVersion 2 envelope",
-                "requestBody": {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/SearchRequest"}}}},
+                "requestBody": json_body("SearchRequest"),
                 "responses": {
-                    "200": {"description": "an envelope (also when unavailable: "
-                                           "available=false with a reason)",
-                            "content": {"application/json": {"schema": envelope_ref}}},
+                    "200": ok("an envelope (also when unavailable: available=false with a reason)", envelope_ref),
                     "400": {"description": "invalid request, malformed or too deeply "
                                            "nested JSON (query-invalid); the body also "
                                            "carries the invalid-request envelope",
@@ -145,30 +148,24 @@ def openapi_document() -> dict[str, Any]:
                                 "$ref": "#/components/schemas/InvalidRequest"}}}},
                     "403": refused,
                     "413": {"description": "body over the limit (request-too-large)", **err},
-                    "415": {"description": "Content-Type is not application/json "
-                                           "(api-content-type)", **err}}}},
+                    "415": not_json}}},
             VERIFY_PATH: {"post": {
                 "summary": "Check the signed citations of a saved answer (read-only; asks no host)",
-                "requestBody": {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": "#/components/schemas/VerifyRequest"}}}},
+                "requestBody": json_body("VerifyRequest"),
                 "responses": {
-                    "200": {"description": "one row per result (specs/citations.md §3); ok is "
-                                           "true only when every row is genuine",
-                            "content": {"application/json": {"schema": {
-                                "$ref": "#/components/schemas/VerifyReport"}}}},
+                    "200": ok("one row per result (specs/citations.md §3); ok is true only when every row "
+                              "is genuine", {"$ref": "#/components/schemas/VerifyReport"}),
                     "400": {"description": "not a saved answer (answer-invalid)", **err},
                     "403": refused,
                     "413": {"description": "body over 8 MiB (request-too-large)", **err},
-                    "415": {"description": "Content-Type is not application/json "
-                                           "(api-content-type)", **err}}}},
+                    "415": not_json}}},
             OUTBOX_PATH: {
                 "get": {"summary": "The outbox: kept questions (or ?id=PREFIX: one, with its merged answer); "
                                    "reading changes nothing (specs/outbox.md)",
                         "parameters": [{"name": "id", "in": "query", "required": False,
                                         "schema": {"type": "string", "pattern": "^[0-9a-fA-F]{4,32}$"}}],
                         "responses": {
-                            "200": {"description": "{questions, usage}, or one record",
-                                    "content": {"application/json": {"schema": {"type": "object"}}}},
+                            "200": ok("{questions, usage}, or one record"),
                             "403": refused,
                             "404": {"description": "no such question (outbox-not-found, outbox-id-ambiguous)", **err},
                             "500": {"description": "the outbox file is damaged (outbox-corrupt)", **err}}},
@@ -177,15 +174,13 @@ def openapi_document() -> dict[str, Any]:
                                "now and keep the question for those offline, pending approval or "
                                "answered from this node's copy of them; delivered by the home's "
                                "background runner when they are back",
-                    "requestBody": {"required": True, "content": {"application/json": {
-                        "schema": {"$ref": "#/components/schemas/OutboxRequest"}}}},
+                    "requestBody": json_body("OutboxRequest"),
                     "responses": {
-                        "200": {"description": "the merged envelope (specs/ask.schema.json) with outbox "
-                                               "{id, peers, expiresAt} or null",
-                                "content": {"application/json": {"schema": {"type": "object"}}}},
+                        "200": ok("the merged envelope (specs/ask.schema.json) with outbox {id, peers, expiresAt} "
+                                  "or null"),
                         "400": {"description": "invalid request (query-invalid, outbox-keep-invalid)", **err},
                         "403": refused,
-                        "415": {"description": "Content-Type is not application/json (api-content-type)", **err},
+                        "415": not_json,
                         "500": {"description": "the outbox file is damaged (outbox-corrupt); nobody was asked", **err},
                         "507": {"description": "the outbox is full (outbox-full); nothing was kept", **err}}}},
         },
@@ -415,20 +410,16 @@ class _Handlers:
         ``keep_s`` (``POST /outbox``) the question is then kept in the outbox for the peers
         that did not answer (:func:`node.guest.outbox.keep_for_later`). ``scope``: the
         agent's (``"all"`` becomes the peers it may ask: :meth:`node.local.agents.Scope.peers_for`)."""
-        from node.guest.fanout import PEERS_TIMEOUT_S, check_peers_field, peers_search
+        from node.guest.fanout import PEERS_TIMEOUT_S, peers_request_refusal, peers_search
 
         body = dict(body)
         peers = body.pop("peers")
         citations = body.pop("citations", False)  # a peers-only field: ask them to sign
-        bad = check_peers_field(peers)
-        if bad is None and not isinstance(citations, bool):
-            bad = "The field 'citations' must be true or false."
+        if not isinstance(citations, bool):
+            return _invalid("The field 'citations' must be true or false.")
+        bad = peers_request_refusal(peers, body)
         if bad is not None:
             return _invalid(bad)
-        try:
-            contract.validate(body)
-        except CorpusError as exc:
-            return _invalid(exc.message)
         peers = scope.peers_for(peers)
         if citations:
             body["citations"] = True
@@ -602,6 +593,28 @@ def loopback_refusal(scope: Scope) -> tuple[str, str] | None:
     return None
 
 
+async def loopback_first(app: ASGIApp, scope: Scope, receive: Receive, send: Send,
+                         refuse: Callable[[str, str], ASGIApp]) -> bool:
+    """The opening of every owner-only loopback server's outer layer (the local API, the
+    dashboard): a lifespan scope goes on to ``app``, any other scope that is not HTTP is
+    dropped, and an HTTP request :func:`loopback_refusal` refuses is answered by the ASGI app
+    ``refuse(code, message)`` (``code``: ``loopback-only`` or ``bad-host``, which each server
+    prefixes; status 403 is the caller's).
+
+    Returns:
+        True when the scope was dealt with here; False when the request may go on.
+    """
+    if scope["type"] != "http":
+        if scope["type"] == "lifespan":
+            await app(scope, receive, send)
+        return True
+    refused = loopback_refusal(scope)
+    if refused is not None:
+        await refuse(*refused)(scope, receive, send)
+        return True
+    return False
+
+
 def _json_content_type(scope: Scope) -> bool:
     """True when the request's media type is ``application/json`` (parameters allowed)."""
     value = _header(scope, b"content-type")
@@ -620,13 +633,8 @@ class _Guard:
         self.home = home
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            if scope["type"] == "lifespan":
-                await self.app(scope, receive, send)
-            return
-        refused = loopback_refusal(scope)
-        if refused is not None:
-            await error_response(f"api-{refused[0]}", refused[1], 403)(scope, receive, send)
+        if await loopback_first(self.app, scope, receive, send,
+                                lambda code, message: error_response(f"api-{code}", message, 403)):
             return
         method = scope["method"].upper()
         path = scope["path"]

@@ -311,15 +311,11 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
     if peers is not None:
         if peer is not None or server is not None:
             return _invalid("The field 'peers' is not used with 'peer' or 'server'.")
-        from node.guest.fanout import check_peers_field
+        from node.guest.fanout import peers_request_refusal
 
-        bad = check_peers_field(peers)
+        bad = peers_request_refusal(peers, args)
         if bad is not None:
             return _invalid(bad)
-        try:
-            contract.validate(args)
-        except CorpusError as exc:
-            return _invalid(exc.message)
         try:
             from node.guest.fanout import peers_search
 

@@ -31,18 +31,9 @@ from typing import Any, Awaitable, Callable
 import anyio
 import anyio.lowlevel
 
-from node.engine.session import (
-    Event,
-    MessageReceived,
-    MessageRefused,
-    ProofVerified,
-    RemoteError,
-    SessionClosed,
-    SessionEngine,
-    SessionReady,
-    UiArtifactReceived,
-    UiArtifactRefused,
-)
+from node.engine.events import (Event, MessageReceived, MessageRefused, ProofVerified, RemoteError, SessionClosed,
+                                SessionReady, UiArtifactReceived, UiArtifactRefused)
+from node.engine.session import SessionEngine
 from node.engine.timers import INFLIGHT_PING_S, INFLIGHT_UNRESPONSIVE_S, PING_INTERVAL_S, UNRESPONSIVE_S, Timeouts
 from node.common.errors import CODES, EgressRefused, HookError, KithError, TransportError
 from node.runtime.hooks import HookContext, HookResult, Hooks, normalize_result

@@ -11,6 +11,7 @@ here (and gets fixtures from tests/conftest.py); no test module imports another.
   (:class:`~support.memory.MemoryHost`) and a guest for it.
 - :mod:`support.engines` — two session engines back to back in memory (:class:`~support.engines.EnginePair`).
 - :mod:`support.community` — community-server requests, proofs, and a throwaway PostgreSQL.
+- :mod:`support.waits` — bounded waits on a condition (what a test does instead of a fixed sleep).
 - :mod:`support.devices`, :mod:`support.dashboard`, :mod:`support.fanout` — device pairing,
   a logged-in dashboard client, fan-out peers.
 

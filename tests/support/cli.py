@@ -119,6 +119,18 @@ def readline(proc: subprocess.Popen, timeout: float) -> str:
     return line
 
 
+async def wait_exit(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
+    """From async code: wait (in a worker thread, bounded by ``timeout`` s) for ``proc`` to
+    exit and return ``(returncode, stdout, stderr)``; raises subprocess.TimeoutExpired."""
+    import anyio
+
+    def wait() -> tuple[int, str, str]:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err
+
+    return await anyio.to_thread.run_sync(wait)
+
+
 def lines_until(proc: subprocess.Popen, stream, pred: Callable[[str], Any], timeout: float) -> list[str]:
     """Read lines of ``stream`` until one satisfies ``pred`` (bounded by ``timeout`` s);
     returns the lines read, the matching one last."""

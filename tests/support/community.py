@@ -12,10 +12,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable
 
 import httpx
 import pytest
@@ -73,19 +71,6 @@ def post(base: str, path: str, doc: dict | None, signer: Identity) -> httpx.Resp
     body = b"" if doc is None else json.dumps(doc).encode()
     return httpx.post(base + path, content=body,
                       headers=signed_headers(signer, "POST", path, body), timeout=20)
-
-
-def wait_for(what: str, check: Callable[[], Any], *, timeout_s: float = 60.0,
-             every_s: float = 0.1) -> Any:
-    """Poll ``check`` until it returns something truthy; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s:g} s")
-        time.sleep(every_s)
 
 
 # --- a throwaway PostgreSQL cluster ---------------------------------------------------------------

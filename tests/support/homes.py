@@ -66,16 +66,17 @@ def public_host_home(tmp: Path, docs: dict[str, str], *, home: str = "host", kb:
     return path
 
 
-def indexed_docs(base: Path, files: dict[str, str]) -> tuple[Path, Path]:
-    """``files`` (path under the folder -> text) written to ``base/docs`` and indexed into
-    the corpus of ``base/home`` (in process; no identity, no policy).
+def indexed_docs(base: Path, files: dict[str, str], *, folder: str = "docs") -> tuple[Path, Path]:
+    """``files`` (path under the folder -> text) written to ``base/<folder>`` and indexed
+    into the corpus of ``base/home`` (in process; no identity, no policy): its sources are
+    ``/<folder>/...``.
 
     Returns:
-        (home, docs folder).
+        (home, the folder).
     """
     from node.corpus.store import Corpus
 
-    docs = base / "docs"
+    docs = base / folder
     for rel, text in files.items():
         (docs / rel).parent.mkdir(parents=True, exist_ok=True)
         (docs / rel).write_text(text)

@@ -130,18 +130,18 @@ class HostProcess:
         return self.proc.returncode, pending(self.proc.stdout) + out, err
 
 
-def prepare_host(tmp: Path, corpus: Path, glob_tier: tuple[str, str] | None = None) -> Path:
-    """``tmp/host-home`` initialised, ``corpus`` indexed and synced, and one policy rule
-    (``/<corpus name>/**`` public unless ``glob_tier`` says otherwise), all through `kith`."""
-    home = tmp / "host-home"
+def prepare_host(tmp: Path, corpus: Path, glob_tier: tuple[str, str] | None = None, *, name: str = "host-home",
+                 rules: tuple[tuple[str, ...], ...] = ()) -> Path:
+    """``tmp/<name>`` initialised, ``corpus`` indexed and synced, and one policy rule
+    (``/<corpus name>/**`` public unless ``glob_tier`` says otherwise), then each of
+    ``rules`` (the arguments of one more ``kith policy set``), all through `kith`."""
+    home = tmp / name
     assert kith(home, "init").returncode == 0
-    r = kith(home, "index", "add", str(corpus))
-    assert r.returncode == 0, r.stderr
-    r = kith(home, "index", "sync", timeout=600)
-    assert r.returncode == 0, r.stderr
     glob, tier = glob_tier or (f"/{corpus.name}/**", "public")
-    r = kith(home, "policy", "set", glob, tier)
-    assert r.returncode == 0, r.stderr
+    for args in (("index", "add", str(corpus)), ("index", "sync"), ("policy", "set", glob, tier),
+                 *(("policy", "set", *rule) for rule in rules)):
+        r = kith(home, *args, timeout=600)
+        assert r.returncode == 0, (args, r.stderr)
     return home
 
 

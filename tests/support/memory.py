@@ -13,7 +13,6 @@ from typing import Any
 
 import anyio
 
-from node.corpus.store import Corpus
 from node.engine.session import GuestConfig, SessionEngine, SessionReady
 from node.protocol.spec import load_spec
 from node.runtime.clock import ManualClock
@@ -21,24 +20,15 @@ from node.runtime.driver import run_session
 from node.runtime.hooks import HookContext, PeerInfo, load_hooks
 from node.host.host import Host, HostOptions
 from node.transport.memory import MemoryListener
-from node.trust.identity import Identity, init_identity, load_identity
+from node.trust.identity import Identity, load_identity
 
-from support.homes import KQ
+from support.homes import KQ, public_host_home
 
 
 def memory_host_home(tmp: Path) -> Path:
     """``tmp/host``: an identity, ``tmp/docs/alpha.md`` indexed, and ``/docs/**`` public."""
-    home = tmp / "host"
-    home.mkdir()
-    init_identity(home)
-    docs = tmp / "docs"
-    docs.mkdir()
-    (docs / "alpha.md").write_text("# Alpha\n\nalpha beta gamma, the shared notes about alpha.\n")
-    with Corpus(home) as corpus:
-        corpus.add_root(docs)
-        corpus.sync()
-    (home / "policy.toml").write_text("[[rule]]\nglob = '/docs/**'\ntier = 'public'\n")
-    return home
+    return public_host_home(tmp, {"alpha.md": "# Alpha\n\nalpha beta gamma, the shared notes about alpha.\n"},
+                            kb="docs")
 
 
 class MemoryHost:

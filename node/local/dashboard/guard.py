@@ -33,7 +33,7 @@ from starlette.responses import HTMLResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from node.common.errors import CODES
-from node.local.api import loopback_refusal
+from node.local.api import loopback_first
 
 #: the session cookie's name
 COOKIE = "kith_dashboard"
@@ -152,13 +152,8 @@ class Guard:
         self.door = door
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            if scope["type"] == "lifespan":
-                await self.app(scope, receive, send)
-            return
-        refused = loopback_refusal(scope)
-        if refused is not None:
-            await refusal_page(f"dashboard-{refused[0]}", refused[1], 403)(scope, receive, send)
+        if await loopback_first(self.app, scope, receive, send,
+                                lambda code, message: refusal_page(f"dashboard-{code}", message, 403)):
             return
         path, method = scope["path"], scope["method"].upper()
         if path.startswith("/static/") or path == "/login":

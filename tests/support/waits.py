@@ -1,0 +1,35 @@
+"""Bounded waits on a condition: what a test does instead of a fixed sleep.
+
+A test that needs something to have happened (a card posted, a record written, a socket
+closed) polls for it with :func:`wait_for`, which fails with a sentence naming what did not
+happen once its bound is spent. Async tests of an in-process host use
+:meth:`support.hosts.InProcessHost.until` / :meth:`support.memory.MemoryHost.until`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+
+def wait_for(what: str, check: Callable[[], Any], *, timeout_s: float = 60.0,
+             every_s: float = 0.05) -> Any:
+    """Poll ``check`` until it returns something truthy and return that value.
+
+    Args:
+        what: what is awaited, for the failure message ("the card on the server").
+        check: called with no argument, at once and then every ``every_s`` seconds.
+        timeout_s: the bound, seconds.
+        every_s: the poll interval, seconds.
+
+    Raises:
+        AssertionError: ``check`` stayed falsy for ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout_s:g} s")
+        time.sleep(every_s)
