@@ -15,33 +15,17 @@ third — a community server with `--mailbox` — all real `kith` processes on l
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import time
 from pathlib import Path
 
 from node.community.store import MailboxLimits, open_store
 from node.community.server import run_server_in_thread
 
-from support.cli import kith, kith_argv
+from support.cli import kith, outbox_run_until
 from support.community import NO_LIMITS, wait_for
 from support.hosts import HostProcess, notes_host
 
 QUESTION = "when does the staging server restart"
-
-
-def _outbox_run_until(home: Path, what: str, check, timeout_s: float = 90) -> None:
-    proc = subprocess.Popen(kith_argv(home, "outbox", "run", "--offline"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    try:
-        wait_for(what, check, timeout_s=timeout_s, every_s=0.1)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
 
 
 def test_two_homes_never_up_together_through_a_community_mailbox(tmp_path: Path) -> None:
@@ -70,8 +54,8 @@ def test_two_homes_never_up_together_through_a_community_mailbox(tmp_path: Path)
                      timeout=120)
             assert r.returncode == 0, r.stderr
             qid = json.loads(r.stdout)["outbox"]["id"]
-            _outbox_run_until(guest, "the question at the mailbox", lambda: store.mailbox_usage()["records"] == 1)
-            _outbox_run_until(guest, "the row saying where it waits", lambda: json.loads(kith(
+            outbox_run_until(guest, "the question at the mailbox", lambda: store.mailbox_usage()["records"] == 1)
+            outbox_run_until(guest, "the row saying where it waits", lambda: json.loads(kith(
                 guest, "outbox", "show", qid, "--json").stdout)["peers"][0]["leftWith"] == url)
             listed = kith(guest, "outbox", "list")
             compact = "".join(listed.stdout.split())  # the table wraps its cells
@@ -89,7 +73,7 @@ def test_two_homes_never_up_together_through_a_community_mailbox(tmp_path: Path)
             print(f"answer at the holder {took:.2f} s after `kith host` was started")
             # 4. the guest, alone again: the row is answered
             t0 = time.monotonic()
-            _outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
+            outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
                 guest, "outbox", "show", qid, "--json").stdout)["state"] == "answered")
             print(f"answer in the guest's outbox {time.monotonic() - t0:.2f} s after `kith outbox run` was started")
             raw = b"".join(p.read_bytes() for p in db.parent.iterdir() if p.name.startswith(db.name))
