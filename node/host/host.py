@@ -398,6 +398,7 @@ class Host:
         self._all_done = anyio.Event()
         self._all_done.set()
         self._card: dict[str, Any] | None = None  # this device's card for its newest live post
+        self._card_v1: dict[str, Any] | None = None  # the same card in format 1, for older guests
         self._card_changed = anyio.Event()
 
     def _bind_iroh(self, secret: bytes, alpn: bytes) -> Any:
@@ -558,7 +559,8 @@ class Host:
                              ui_bundle=self.ui_bundle, heartbeat=opts.heartbeat, stop=self.session_stop,
                              hook_options=opts.hook_options, ttl_s=opts.ttl_s,
                              first_stream_timeout_s=self.first_stream_timeout_s, reject_frame=self.reject_frame,
-                             pairing_code=self.pairing_code, card=self.current_card)
+                             pairing_code=self.pairing_code, card=self.current_card,
+                             card_v1=self.current_card_v1)
         service = getattr(self.knowledge, "service", None)
         answering = Answering(tap=self.audit.tap, rewrite=self.citations.rewrite,
                               check=self.knowledge.egress_check, knowledge_for=self.knowledge.handle_for,
@@ -739,13 +741,13 @@ class Host:
         from node.host.card import own_card
 
         try:
-            self._card = own_card(self.home, self.identity, inv.to_dict())
+            self._card = self._card_v1 = own_card(self.home, self.identity, inv.to_dict())
             if self._card is not None and self.mail_urls():
                 from node.host.card import with_mailboxes  # card format 2 (specs/sealed.md §6)
 
                 self._card = with_mailboxes(self.identity, self._card, self.mail_urls())
         except KithError as exc:  # a person record that does not load: no card, the host serves on
-            self._card = None
+            self._card = self._card_v1 = None
             self.warn(f"no device card is published ({exc.code}): guests reach this device only by its invitation")
         if self._card is not None:
             self._card_changed.set()
@@ -761,6 +763,11 @@ class Host:
     def current_card(self) -> dict[str, Any] | None:
         """This device's card for its newest live post, or None (sent in the handshake)."""
         return self._card
+
+    def current_card_v1(self) -> dict[str, Any] | None:
+        """That card in format 1 (no ``mailboxes``, the same ``seq``), or None: sent in the
+        handshake to a guest that reads format 1 only (specs/sealed.md §6)."""
+        return self._card_v1
 
     async def _publish_cards(self) -> None:
         """Post each new card of this device on the community server (``POST
