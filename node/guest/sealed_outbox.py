@@ -2,13 +2,15 @@
 specs/outbox.md §5): a task of the home's runner beside the live delivery.
 
 Each step, for every open outbox row whose peer is a person pin (``--devices``) with a
-kept card of format 2 (``mailboxes``, specs/sealed.md §6):
+kept card of format 2 (``mailboxes``, specs/sealed.md §6), or a device pin whose own card
+(kept from its handshake, :func:`node.guest.cards.accept_card`) is of format 2:
 
 1. once the live delivery tried the row and could not reach its host (``waiting``, an
    attempt made, a code other than ``rate-limited`` / ``pending-approval``: a host that
    answers live is never asked twice), the question is **left** (once: the row records the
    holder, ``leftWith``, which ``kith outbox`` shows) with the first mailbox that person's
-   cards name, sealed to every device of the person this home keeps a card of, with the
+   cards name, sealed to every device of the person this home keeps a card of (a device
+   pin: to that device), with the
    row's question id, request and expiry — it also stays in the outbox and is still
    delivered live when the host comes up: whichever answer comes first closes the row,
    the other changes nothing. Before it is sealed the question passes the one outbound
@@ -19,7 +21,8 @@ kept card of format 2 (``mailboxes``, specs/sealed.md §6):
    pinned person's devices, once), then acked. Questions left for this device (when it
    also hosts with ``--mailbox``) are left at the holder for ``kith host``.
 
-A device pin, or a person with no format-2 card, is delivered live only, as before.
+A peer with no format-2 card kept (a person whose cards name no mailbox, a device pin never
+met live since it named one) is delivered live only, as before.
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ STEP_EVERY_S = 5.0
 
 
 def mailboxes_of(home: Path, person_key: str) -> tuple[list[str], list[str]]:
-    """``(mailbox URLs, device keys)`` of a pinned person from the cards kept here: the
-    URLs named by its format-2 cards (first seen first) and every device with a kept card.
+    """``(mailbox URLs, device keys)`` of a pinned person — or device, by its own kept card —
+    from the cards kept here: the URLs named by its format-2 cards (first seen first) and
+    every device with a kept card.
 
     Raises:
         ConfigError: ``config-invalid`` when ``cards.json`` is not a valid store.
