@@ -6,9 +6,10 @@ One loop per host (started in the host's task group): a step of
 :func:`node.community.inbox.take_step` against each holder it takes from
 (:meth:`node.host.host.Host.mail_urls`: the server's mailbox, a device of its person that
 holds mail, its own held mail), with the host's own
-answer function (:func:`node.answer.sealed_questions.host_answerer`: admission as a
-handshake, the one answer path, the egress gate seam, the audit) run in a worker thread
-like every other answer; repeated at once while the server says more wait, then after
+admission by the host's doorkeeper — the one check a live handshake passes
+(:func:`sealed_on_question`, :meth:`node.host.doorkeeper.Doorkeeper.sealed_name`) — and the
+answer (:func:`node.answer.sealed_questions.host_answerer`: the one answer path, the egress
+gate seam, the audit) run in a worker thread like every other answer; repeated at once while the server says more wait, then after
 :data:`TAKE_EVERY_S`. A failing take is said once on stderr and tried again; the host
 serves on.
 """
@@ -44,18 +45,12 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
             ``mail_urls()``, ``opts.peers_only``, ``knowledge``, ``audit``, ``warn``).
         every_s: seconds between takes.
     """
-    from node.answer.sealed_questions import host_answerer
     from node.community.client import CommunityClient
     from node.community.inbox import take_step
     from node.trust.person import own_chain
     from node.trust.sealed import SeenRecords
 
-    answer = host_answerer(host.home, host.knowledge, peers_only=host.opts.peers_only,
-                           audit=getattr(host.audit, "log", None))
-
-    async def on_question(opened: Any) -> Any:
-        return await anyio.to_thread.run_sync(answer, opened)
-
+    on_question = sealed_on_question(host.door, host.knowledge, audit=getattr(host.audit, "log", None))
     seen = SeenRecords()
     said: set[str] = set()
     while True:
@@ -77,6 +72,32 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
                     host.warn(f"the mailbox at {url} could not be read ({exc.code}); "
                               f"sealed questions wait there until it can")
         await anyio.sleep(every_s)
+
+
+def sealed_on_question(door: Any, knowledge: Any, *, audit: Any = None) -> Any:
+    """The ``on_question`` of :func:`node.community.inbox.take_step` for a host: its asker
+    admitted by ``door`` (:meth:`node.host.doorkeeper.Doorkeeper.sealed_name`, on the event
+    loop, as a handshake is; a refusal raises its handshake code and the question is dropped
+    with it), then answered under that name in a worker thread
+    (:func:`node.answer.sealed_questions.host_answerer`).
+
+    Args:
+        door: the host's :class:`node.host.doorkeeper.Doorkeeper`.
+        knowledge: the host's :class:`node.host.host.Knowledge`.
+        audit: the host's :class:`node.trust.audit_log.AuditLog`, or None.
+
+    Returns:
+        an async ``Opened → results message``.
+    """
+    from node.answer.sealed_questions import host_answerer
+
+    answer = host_answerer(knowledge, audit=audit)
+
+    async def on_question(opened: Any) -> Any:
+        name = door.sealed_name(opened.sender, opened.identity)
+        return await anyio.to_thread.run_sync(answer, opened, name)
+
+    return on_question
 
 
 def person_devices(home: Path) -> frozenset[str]:
@@ -144,4 +165,4 @@ def hold_mail(home: Path, address: str) -> Iterator[str]:
 
 
 __all__ = ["HELD_MAIL_FILE", "TAKE_EVERY_S", "hold_mail", "holds_for", "parse_hold_mail", "person_devices",
-           "take_sealed_questions"]
+           "sealed_on_question", "take_sealed_questions"]
