@@ -16,8 +16,10 @@ kept card of format 2 (``mailboxes``, specs/sealed.md §6), or a device pin whos
    the other changes nothing. Before it is sealed the question passes the one outbound
    gate (:func:`node.policy.outbound.gate`, actor ``outbox``, as the live delivery), which
    logs it in ``kith sent``;
-2. the answers waiting at each such mailbox for this device are **taken** and stored into
-   their rows (:func:`node.guest.sealed_answers.store_sealed_answer`: only from the
+2. the answers waiting at each such mailbox — and at each holder a question still
+   unexpired was left with, even one answered since (a run killed between storing an
+   answer and its ack: the next run acks it, storing nothing twice) — are **taken** and
+   stored into their rows (:func:`node.guest.sealed_answers.store_sealed_answer`: only from the
    pinned person's devices, once), then acked. Questions left for this device (when it
    also hosts with ``--mailbox``) are left at the holder for ``kith host``.
 
@@ -101,7 +103,11 @@ class SealedOutboxTask:
             expiry = {r["id"]: r["expiresAt"] for r in records}
             tried = {(r["id"], p["key"]) for r in records for p in r["peers"] if _unreached(p)}
             left = {(r["id"], p["key"]): p["leftWith"] for r in records for p in r["peers"] if p.get("leftWith")}
-            boxes: set[str] = set()
+            # a holder a question was left with is read until that question expires, answered or
+            # not: an answer stored by a run killed before its ack is acked by the next one
+            # (stored once) instead of waiting at the holder until it expires
+            boxes: set[str] = {url for (qid, _peer), url in left.items()
+                               if (_unix(expiry.get(qid)) or 0) > self.clock.time()}
             known: dict[str, tuple[list[str], list[str]]] = {}
             for row in rows:
                 if row.peer_key not in known:  # cards.json read once per peer per step
