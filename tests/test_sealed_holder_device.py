@@ -34,7 +34,7 @@ from node.host.sealed_host import HELD_MAIL_FILE, hold_mail, person_devices
 from node.trust.identity import Identity
 from node.trust.sealed import seal
 
-from support.cli import kith, outbox_run_until
+from support.cli import ask_later, kith, outbox_run_until
 from support.community import NO_LIMITS, free_port, wait_for
 from support.devices import pair_device
 from support.hosts import HostProcess, notes_host
@@ -87,10 +87,7 @@ def test_two_homes_never_up_together_through_a_device_of_the_hosts_person(tmp_pa
                 # 3. the guest alone (and the always-on device): the question is left with it
                 r = kith(guest, "peers", "add", "bea", person, "--devices", "--server", server)
                 assert r.returncode == 0, r.stderr
-                r = kith(guest, "ask", QUESTION, "--peer", "bea", "--later", "--offline", "--json", "--timeout", "5",
-                         timeout=120)
-                assert r.returncode == 0, r.stderr
-                qid = json.loads(r.stdout)["outbox"]["id"]
+                qid = ask_later(guest, QUESTION, "bea")
                 outbox_run_until(guest, "the row left with the holder", lambda: json.loads(kith(
                     guest, "outbox", "show", qid, "--json").stdout)["peers"][0].get("leftWith") == holder_url)
                 question_ids = _held_ids(always_on)

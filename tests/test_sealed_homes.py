@@ -21,7 +21,7 @@ from pathlib import Path
 from node.community.store import MailboxLimits, open_store
 from node.community.server import run_server_in_thread
 
-from support.cli import kith, outbox_run_until
+from support.cli import ask_later, kith, outbox_run_until
 from support.community import NO_LIMITS, wait_for
 from support.hosts import HostProcess, notes_host
 
@@ -50,10 +50,7 @@ def test_two_homes_never_up_together_through_a_community_mailbox(tmp_path: Path)
             # 2. the guest, alone: asks --later, the runner leaves the question at the mailbox
             r = kith(guest, "peers", "add", "bea", person, "--devices", "--server", url)
             assert r.returncode == 0, r.stderr
-            r = kith(guest, "ask", QUESTION, "--peer", "bea", "--later", "--offline", "--json", "--timeout", "5",
-                     timeout=120)
-            assert r.returncode == 0, r.stderr
-            qid = json.loads(r.stdout)["outbox"]["id"]
+            qid = ask_later(guest, QUESTION, "bea")
             outbox_run_until(guest, "the question at the mailbox", lambda: store.mailbox_usage()["records"] == 1)
             outbox_run_until(guest, "the row saying where it waits", lambda: json.loads(kith(
                 guest, "outbox", "show", qid, "--json").stdout)["peers"][0]["leftWith"] == url)
@@ -117,10 +114,7 @@ def test_a_device_pin_is_reached_through_the_mailbox_its_own_card_names(tmp_path
             cards = json.loads((guest / "cards.json").read_text())
             assert url in json.dumps(cards)  # the format-2 card, kept under the device pin
             # 2. the host sleeps: the question is left with its mailbox, sealed to the device
-            r = kith(guest, "ask", QUESTION, "--peer", "bea", "--later", "--offline", "--json", "--timeout", "5",
-                     timeout=120)
-            assert r.returncode == 0, r.stderr
-            qid = json.loads(r.stdout)["outbox"]["id"]
+            qid = ask_later(guest, QUESTION, "bea")
             outbox_run_until(guest, "the row left with the mailbox", lambda: json.loads(kith(
                 guest, "outbox", "show", qid, "--json").stdout)["peers"][0].get("leftWith") == url)
             assert store.mailbox_usage()["records"] == 1

@@ -26,7 +26,7 @@ from node.community.server import run_server_in_thread
 from node.community.store import MailboxLimits, open_store
 from node.guest.outbox import OutboxStore
 
-from support.cli import kith, kith_argv, outbox_run_until
+from support.cli import ask_later, kith, kith_argv, outbox_run_until
 from support.community import NO_LIMITS, wait_for
 from support.hosts import HostProcess, notes_host
 
@@ -75,9 +75,7 @@ def _kill(proc: subprocess.Popen) -> None:
 def _ask_later(guest: Path, person: str, url: str) -> str:
     r = kith(guest, "peers", "add", "bea", person, "--devices", "--server", url)
     assert r.returncode == 0, r.stderr
-    r = kith(guest, "ask", QUESTION, "--peer", "bea", "--later", "--offline", "--json", "--timeout", "5", timeout=120)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)["outbox"]["id"]
+    return ask_later(guest, QUESTION, "bea")
 
 
 def _homes(tmp_path: Path, url: str) -> tuple[Path, str, str, Path, str]:

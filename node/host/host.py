@@ -399,6 +399,7 @@ class Host:
         self._all_done.set()
         self._card: dict[str, Any] | None = None  # this device's card for its newest live post
         self._card_v1: dict[str, Any] | None = None  # the same card in format 1, for older guests
+        self._held_url: str | None = None  # where this device holds mail (--hold-mail), once served
         self._card_changed = anyio.Event()
 
     def _bind_iroh(self, secret: bytes, alpn: bytes) -> Any:
@@ -756,7 +757,7 @@ class Host:
         """The holders this device takes its sealed questions from, which its card names:
         the mail it holds itself (``--hold-mail``), the ``--holder`` URLs, then the server's
         mailbox (``--mailbox``); distinct, at most 4 (specs/sealed.md §6, §7b)."""
-        urls = [u for u in (getattr(self, "_held_url", None), *self.opts.holders,
+        urls = [u for u in (self._held_url, *self.opts.holders,
                             self.opts.server_url if self.opts.mailbox else None) if u]
         return list(dict.fromkeys(urls))[:4]
 

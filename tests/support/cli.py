@@ -144,6 +144,14 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def ask_later(home: Path, question: str, peer: str) -> str:
+    """`kith ask QUESTION --peer PEER --later --offline --json` for ``home`` (the peer asleep:
+    the question is kept in the outbox); returns the outbox id. Fails when it exits non-zero."""
+    r = kith(home, "ask", question, "--peer", peer, "--later", "--offline", "--json", "--timeout", "5", timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["outbox"]["id"]
+
+
 def outbox_run_until(home: Path, what: str, check: Callable[[], Any], timeout_s: float = 90) -> None:
     """Run `kith outbox run --offline` for ``home`` until ``check()`` is truthy (polled,
     bounded by ``timeout_s``), then stop it with SIGINT; fails when it never is."""
