@@ -138,3 +138,14 @@ def test_a_held_mailbox_refuses_records_of_strangers_and_keeps_its_persons(tmp_p
     with hold_mail(laptop, f"127.0.0.1:{free_port()}") as url:
         asyncio.run(scenario(url))
         assert len(_held_ids(laptop)) == 1
+
+
+def test_hold_mail_and_holder_refuse_what_is_not_an_address(tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    assert kith(home, "init").returncode == 0
+    for args, what in ((["--hold-mail", "nonsense"], "--hold-mail takes HOST:PORT"),
+                       (["--holder", "ftp://x"], "--holder takes a holder's base URL"),
+                       (["--holder", "http://a", "--holder", "http://a"], "--holder: at most 3 distinct")):
+        r = kith(home, "host", "--offline", "--invite-file", str(tmp_path / "inv"), *args)
+        assert r.returncode == 2 and "error [usage]" in r.stderr and what in r.stderr, r.stderr
+    assert not (home / HELD_MAIL_FILE).exists() and not (tmp_path / "inv").exists()
