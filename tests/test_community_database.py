@@ -192,3 +192,43 @@ def test_backup_copies_a_live_sqlite_database(tmp_path: Path) -> None:
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "pg_dump" in json.loads(r.stdout)["error"]["message"]
         assert not (tmp_path / "pg.dump").exists()
+
+
+def test_sqlite_keeps_one_connection_per_thread_and_never_writes_to_a_removed_file(tmp_path: Path) -> None:
+    """The SQLite store keeps each thread's connection (a connection per operation made
+    every signed request pay a WAL checkpoint: scripts/bench_sealed), yet another thread sees
+    what one committed, a write that failed leaves nothing and the next one works, close()
+    lets the store be used again, and a database file removed under it is refused
+    database-unavailable (as before) instead of written to through a kept handle."""
+    import os
+    import threading
+
+    from node.common.errors import CommunityError
+    from node.community.store import open_store
+
+    db = tmp_path / "c.sqlite3"
+    store = open_store(db)
+    try:
+        assert store.remember_nonce("n1", "ab" * 32, 1, now=2, window_s=300)
+        assert not store.remember_nonce("n1", "ab" * 32, 1, now=2, window_s=300)  # a replay, same connection
+        counts: list[int] = []
+        worker = threading.Thread(target=lambda: counts.append(store.nonce_count()))
+        worker.start()
+        worker.join(30)
+        assert counts == [1]  # another thread's connection sees the committed write
+        with pytest.raises(RuntimeError), store._write() as conn:  # a write that fails half-way
+            conn.execute("INSERT INTO request_nonces (nonce, public_key, timestamp, seen_unix) "
+                         "VALUES ('n2', 'k', 1, 2)")
+            raise RuntimeError("boom")
+        assert store.nonce_count() == 1  # rolled back; the kept connection still works
+        store.close()
+        assert store.remember_nonce("n3", "ab" * 32, 1, now=2, window_s=300)  # usable after close
+        assert store.nonce_count() == 2
+        for suffix in ("", "-wal", "-shm"):  # the database removed under the running store
+            if os.path.exists(str(db) + suffix):
+                os.remove(str(db) + suffix)
+        with pytest.raises(CommunityError) as gone:
+            store.remember_nonce("n4", "ab" * 32, 1, now=2, window_s=300)
+        assert gone.value.code == "database-unavailable"
+    finally:
+        store.close()

@@ -15,34 +15,18 @@ third — a community server with `--mailbox` — all real `kith` processes on l
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import time
 from pathlib import Path
 
 from node.community.store import MailboxLimits, open_store
 from node.community.server import run_server_in_thread
 
-from support.cli import kith, kith_argv
+from support.cli import ask_later, kith, outbox_run_until
 from support.community import NO_LIMITS
 from support.waits import wait_for
 from support.hosts import HostProcess, notes_host
 
 QUESTION = "when does the staging server restart"
-
-
-def _outbox_run_until(home: Path, what: str, check, timeout_s: float = 90) -> None:
-    proc = subprocess.Popen(kith_argv(home, "outbox", "run", "--offline"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    try:
-        wait_for(what, check, timeout_s=timeout_s, every_s=0.1)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
 
 
 def test_two_homes_never_up_together_through_a_community_mailbox(tmp_path: Path) -> None:
@@ -67,12 +51,9 @@ def test_two_homes_never_up_together_through_a_community_mailbox(tmp_path: Path)
             # 2. the guest, alone: asks --later, the runner leaves the question at the mailbox
             r = kith(guest, "peers", "add", "bea", person, "--devices", "--server", url)
             assert r.returncode == 0, r.stderr
-            r = kith(guest, "ask", QUESTION, "--peer", "bea", "--later", "--offline", "--json", "--timeout", "5",
-                     timeout=120)
-            assert r.returncode == 0, r.stderr
-            qid = json.loads(r.stdout)["outbox"]["id"]
-            _outbox_run_until(guest, "the question at the mailbox", lambda: store.mailbox_usage()["records"] == 1)
-            _outbox_run_until(guest, "the row saying where it waits", lambda: json.loads(kith(
+            qid = ask_later(guest, QUESTION, "bea")
+            outbox_run_until(guest, "the question at the mailbox", lambda: store.mailbox_usage()["records"] == 1)
+            outbox_run_until(guest, "the row saying where it waits", lambda: json.loads(kith(
                 guest, "outbox", "show", qid, "--json").stdout)["peers"][0]["leftWith"] == url)
             listed = kith(guest, "outbox", "list")
             compact = "".join(listed.stdout.split())  # the table wraps its cells
@@ -90,7 +71,7 @@ def test_two_homes_never_up_together_through_a_community_mailbox(tmp_path: Path)
             print(f"answer at the holder {took:.2f} s after `kith host` was started")
             # 4. the guest, alone again: the row is answered
             t0 = time.monotonic()
-            _outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
+            outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
                 guest, "outbox", "show", qid, "--json").stdout)["state"] == "answered")
             print(f"answer in the guest's outbox {time.monotonic() - t0:.2f} s after `kith outbox run` was started")
             raw = b"".join(p.read_bytes() for p in db.parent.iterdir() if p.name.startswith(db.name))
@@ -105,3 +86,51 @@ def test_two_homes_never_up_together_through_a_community_mailbox(tmp_path: Path)
 def _record_ids(store) -> list[str]:
     with store._read() as conn:
         return [r[0] for r in conn.execute("SELECT record_id FROM mailbox").fetchall()]
+
+
+def test_a_device_pin_is_reached_through_the_mailbox_its_own_card_names(tmp_path: Path) -> None:
+    """A peer pinned by its device key (no `--devices`): the card it sent in a live
+    handshake names its mailbox, so `--later` leaves the question there, sealed to that
+    device, while it sleeps; it answers when it wakes (issue 43: device pins use the holder)."""
+    host_home = notes_host(tmp_path)
+    device = json.loads(kith(host_home, "status", "--json").stdout)["identity"]["key"]
+    guest = tmp_path / "guest"
+    assert kith(guest, "init").returncode == 0
+    db = tmp_path / "server" / "community.sqlite3"
+    db.parent.mkdir()
+    store = open_store(db)
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            # 1. met live once: the device's card (naming the mailbox) is kept for its pin
+            first = HostProcess(host_home, "--server", url, "--mailbox")
+            try:
+                r = kith(guest, "peers", "add", "bea", device, "--invite", first.invitation["post_id"],
+                         "--server", url)
+                assert r.returncode == 0, r.stderr
+                r = kith(guest, "ask", QUESTION, "--peer", "bea", "--offline", "--json", "--timeout", "20",
+                         timeout=120)
+                assert r.returncode == 0, r.stdout + r.stderr
+            finally:
+                first.stop()
+            cards = json.loads((guest / "cards.json").read_text())
+            assert url in json.dumps(cards)  # the format-2 card, kept under the device pin
+            # 2. the host sleeps: the question is left with its mailbox, sealed to the device
+            qid = ask_later(guest, QUESTION, "bea")
+            outbox_run_until(guest, "the row left with the mailbox", lambda: json.loads(kith(
+                guest, "outbox", "show", qid, "--json").stdout)["peers"][0].get("leftWith") == url)
+            assert store.mailbox_usage()["records"] == 1
+            # 3. the host wakes and answers; 4. the guest wakes and takes it
+            question_ids = _record_ids(store)
+            second = HostProcess(host_home, "--server", url, "--mailbox")
+            try:  # the question acked after its answer was left: one record, another id
+                wait_for("the sealed answer", lambda: (ids := _record_ids(store)) and ids != question_ids,
+                         timeout_s=60, every_s=0.05)
+            finally:
+                second.stop()
+            outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
+                guest, "outbox", "show", qid, "--json").stdout)["state"] == "answered")
+    finally:
+        store.close()
+    shown = json.loads(kith(guest, "outbox", "show", qid, "--json").stdout)
+    assert "noon" in shown["answer"]["results"][0]["textPreview"]
+

@@ -1,6 +1,7 @@
 """A host answers a sealed question under its own rules at answer time (issue 43 item 3;
-node/answer/sealed_questions.py): the asker's device and person are judged as in a
-handshake (blocked, revoked, --peers-only), the answer comes from the one answer path (the
+node/answer/sealed_questions.py): the asker's device and person are judged by the host's
+doorkeeper, the one check a handshake passes (blocked, revoked, --peers-only, presence
+granted), the answer comes from the one answer path (the
 policy in force when the host wakes), and the audit records the query and the results. Real
 host home (indexed through `kith`), real community server on loopback."""
 
@@ -18,7 +19,7 @@ from node.community.client import CommunityClient
 from node.community.inbox import leave_question, take_step
 from node.community.server import run_server_in_thread
 from node.community.store import MailboxLimits
-from node.answer.sealed_questions import host_answerer
+from node.host.sealed_host import sealed_on_question
 from node.trust.audit_log import AuditLog
 from node.trust.binding import device_link
 from node.trust.identity import Identity, load_identity
@@ -38,8 +39,19 @@ def host_home(tmp_path_factory) -> Path:
     return notes_host(tmp_path_factory.mktemp("sealed-host"))
 
 
+def home_door(home: Path, *, peers_only: bool = False, presence: str = "open"):
+    """The doorkeeper `kith host` builds for ``home`` (no sessions: a sealed question takes
+    no slot)."""
+    from node.host.doorkeeper import Doorkeeper
+    from node.host.revocation import PeersWatcher
+    from node.trust.rotation import RotationLedger
+
+    return Doorkeeper(table=None, peers=PeersWatcher(home, None, on_event=lambda _ev: None),
+                      rotations=RotationLedger.load(home), presence=presence, peers_only=peers_only)
+
+
 def ask_and_answer(url: str, host_home: Path, asker: Identity, chain: list | None, qid: str, *,
-                   peers_only: bool = False) -> tuple[object, list[dict]]:
+                   peers_only: bool = False, presence: str = "open") -> tuple[object, list[dict]]:
     """The asker leaves a question; the host wakes and takes its mailbox once; the asker
     wakes and takes what came back. Returns the host's report and the answers' results."""
     from node.host.host import open_knowledge
@@ -55,8 +67,8 @@ def ask_and_answer(url: str, host_home: Path, asker: Identity, chain: list | Non
         audit = AuditLog(host_home)
         try:
             async with CommunityClient(url, host) as h:
-                report = await take_step(h, host, None, on_question=host_answerer(
-                    host_home, knowledge, peers_only=peers_only, audit=audit))
+                report = await take_step(h, host, None, on_question=sealed_on_question(
+                    home_door(host_home, peers_only=peers_only, presence=presence), knowledge, audit=audit))
         finally:
             audit.close()
             knowledge.close()
@@ -112,6 +124,18 @@ def test_a_blocked_asker_gets_nothing(url: str, host_home: Path) -> None:
 def test_peers_only_refuses_a_stranger(url: str, host_home: Path) -> None:
     report, got = ask_and_answer(url, host_home, new_identity(), None, "a4" * 16, peers_only=True)
     assert report.refused == {"handshake-not-admitted": 1} and got == []
+
+
+def test_presence_granted_refuses_a_stranger_as_a_handshake_would(url: str, host_home: Path) -> None:
+    """Under `--presence granted` a key holding no grant gets the unknown-post refusal a live
+    guest gets, before anything else (the doorkeeper's step 1; sealed questions skipped it)."""
+    from node.host.doorkeeper import Arrival, Refused
+
+    stranger = new_identity()
+    live = home_door(host_home, presence="granted").admit(Arrival(stranger.public_key, 1, lambda *_: None))
+    assert isinstance(live, Refused)
+    report, got = ask_and_answer(url, host_home, stranger, None, "a6" * 16, presence="granted")
+    assert report.refused == {live.code: 1} and got == []
 
 
 def test_a_revoked_device_gets_nothing(url: str, host_home: Path) -> None:

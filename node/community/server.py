@@ -317,9 +317,11 @@ class _App:
 
     def __init__(self, store: CommunityStore, *, max_body_bytes: int, max_spec_bytes: int,
                  rate_limits: RateLimits, clock: Callable[[], float],
-                 lease_ttl_s: float, mailbox: MailboxLimits | None = None) -> None:
+                 lease_ttl_s: float, mailbox: MailboxLimits | None = None,
+                 mailbox_admits: Callable[[str, tuple[str, ...]], bool] | None = None) -> None:
         self.store = store
         self.mailbox = mailbox
+        self.mailbox_admits = mailbox_admits
         self.max_body_bytes = max_body_bytes
         self.max_spec_bytes = max_spec_bytes
         self.clock = clock
@@ -477,6 +479,9 @@ class _App:
             raise KithError(exc.code, exc.message, status=400) from None
         if env.sender != signed.public_key:
             raise CommunityError("forbidden", "a sealed record is put by its sender's key", status=403)
+        if self.mailbox_admits is not None and not self.mailbox_admits(env.sender, env.recipients):
+            raise CommunityError("mailbox-not-held", "this holder keeps mail only to or from its person's devices",
+                                 status=403)
         outcome = await self._db(self.store.put_sealed, record_id=env.id, sender=env.sender, recipients=env.wrapped,
                                  bucket=env.bucket, box=env.box, created_unix=env.created_unix,
                                  expires_unix=env.expires_unix, limits=limits, now=self.clock())
@@ -1012,7 +1017,8 @@ def create_app(database: Path | str | CommunityStore, *,
                rate_limits: RateLimits | None = None,
                clock: Callable[[], float] = time.time,
                lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
-               mailbox: MailboxLimits | None = None) -> Starlette:
+               mailbox: MailboxLimits | None = None,
+               mailbox_admits: Callable[[str, tuple[str, ...]], bool] | None = None) -> Starlette:
     """Build the community server ASGI app.
 
     Args:
@@ -1028,6 +1034,10 @@ def create_app(database: Path | str | CommunityStore, *,
         mailbox: keep sealed records within these bounds (``kith community serve
             --mailbox``; specs/sealed.md); None (the default): the mailbox routes answer
             404 ``mailbox-off``.
+        mailbox_admits: ``(sender key, recipient keys) → bool``, asked for every record put
+            after its envelope is checked; False refuses it ``403 mailbox-not-held`` (a
+            person's device holding mail, ``kith host --hold-mail``, keeps only records to or
+            from its person's devices: specs/sealed.md §7b). None: every record is admitted.
 
     Returns:
         A Starlette app serving the routes of ``specs/community-api.md``; its store is
@@ -1039,7 +1049,7 @@ def create_app(database: Path | str | CommunityStore, *,
     store = database if isinstance(database, CommunityStore) else open_store(database)
     h = _App(store, max_body_bytes=max_body_bytes, max_spec_bytes=max_spec_bytes,
              rate_limits=rate_limits or RateLimits(), clock=clock, lease_ttl_s=lease_ttl_s,
-             mailbox=mailbox)
+             mailbox=mailbox, mailbox_admits=mailbox_admits)
     p = API_PREFIX
     table: list[tuple[str, Callable[[Request], Awaitable[JSONResponse]], str]] = [
         (f"{p}/health", h.health, "GET"),
@@ -1096,15 +1106,16 @@ def run_server_in_thread(database: Path | str | CommunityStore, host: str = "127
                          lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
                          startup_timeout_s: float = 10.0,
                          trust_proxy: list[str] | None = None,
-                         mailbox: MailboxLimits | None = None) -> Iterator[str]:
+                         mailbox: MailboxLimits | None = None,
+                         mailbox_admits: Callable[[str, tuple[str, ...]], bool] | None = None) -> Iterator[str]:
     """Serve a community app in a daemon thread for the duration of a ``with`` block.
 
     Args:
         database: a SQLite path, a database URL or an open store (see :func:`create_app`;
             a store opened here is closed on exit, a store passed in is left open).
         host, port: where to listen (port 0 = a free port).
-        max_body_bytes, max_spec_bytes, rate_limits, clock, lease_ttl_s, mailbox: passed to
-            :func:`create_app`.
+        max_body_bytes, max_spec_bytes, rate_limits, clock, lease_ttl_s, mailbox,
+            mailbox_admits: passed to :func:`create_app`.
         startup_timeout_s: how long to wait for the server to start, in seconds.
         trust_proxy: reverse proxies (IP/CIDR) whose ``X-Forwarded-For`` is taken as the
             client address; default none (``kith community serve --trust-proxy``).
@@ -1117,7 +1128,8 @@ def run_server_in_thread(database: Path | str | CommunityStore, host: str = "127
             server does not start in time.
     """
     app = create_app(database, max_body_bytes=max_body_bytes, max_spec_bytes=max_spec_bytes,
-                     rate_limits=rate_limits, clock=clock, lease_ttl_s=lease_ttl_s, mailbox=mailbox)
+                     rate_limits=rate_limits, clock=clock, lease_ttl_s=lease_ttl_s, mailbox=mailbox,
+                     mailbox_admits=mailbox_admits)
     owned = not isinstance(database, CommunityStore)
     try:
         sock = bind_socket(host, port)

@@ -30,6 +30,7 @@ import logging
 import os
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -1125,6 +1126,10 @@ class SqliteStore(CommunityStore):
         self.statement_timeout_s = statement_timeout_s
         self.applied: list[int] = []
         self._lock_fd: int | None = None
+        self._local = threading.local()  # this thread's kept connection (see _connect)
+        self._kept: list[sqlite3.Connection] = []
+        self._kept_lock = threading.Lock()
+        self._generation = 0  # close() moves it on: a thread's kept connection of before is not used
         try:
             self.db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             with self._connect(timeout_s=_MAINTENANCE_TIMEOUT_S) as conn:
@@ -1176,9 +1181,17 @@ class SqliteStore(CommunityStore):
         self._lock_fd = fd
 
     def close(self) -> None:
+        """Release the single-writer lock and close the kept connections (a later call opens
+        new ones)."""
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
+        with self._kept_lock:
+            kept, self._kept = self._kept, []
+            self._generation += 1
+        for conn in kept:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
 
     def backup(self, target: Path) -> int:
         """Copy the database to ``target`` with SQLite's online backup API (consistent even
@@ -1236,28 +1249,88 @@ class SqliteStore(CommunityStore):
         conn.execute("UPDATE invitations SET sessions_count = (SELECT count(*) FROM sessions s "
                      "WHERE s.post_id = invitations.post_id)")
 
-    @contextlib.contextmanager
-    def _connect(self, timeout_s: float | None = None) -> Iterator[sqlite3.Connection]:
-        """A short-lived connection whose statements are each interrupted after
-        ``timeout_s`` seconds (default: the store's statement timeout)."""
-        conn = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    def _open_connection(self) -> tuple[sqlite3.Connection, list[float]]:
+        """A new connection whose statements are each interrupted once they run longer than
+        ``limit[0]`` seconds (the returned list: ``[limit, deadline]``)."""
+        conn = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         try:
             conn.execute("PRAGMA synchronous=NORMAL")
-            deadline = [0.0]
+            timing = [self.statement_timeout_s, 0.0]
 
             def over_time() -> int:  # checked every 10,000 VM steps: 1 interrupts
-                return 1 if time.monotonic() > deadline[0] else 0
-
-            limit = timeout_s or self.statement_timeout_s
+                return 1 if time.monotonic() > timing[1] else 0
 
             def statement_starts(_sql: str) -> None:  # each statement gets its own deadline
-                deadline[0] = time.monotonic() + limit
+                timing[1] = time.monotonic() + timing[0]
 
-            statement_starts("")
             conn.set_trace_callback(statement_starts)
             conn.set_progress_handler(over_time, 10_000)
+        except BaseException:
+            conn.close()
+            raise
+        return conn, timing
+
+    @contextlib.contextmanager
+    def _connect(self, timeout_s: float | None = None) -> Iterator[sqlite3.Connection]:
+        """A connection whose statements are each interrupted after ``timeout_s`` seconds
+        (default: the store's statement timeout).
+
+        A route's connection (no ``timeout_s``) is this thread's kept one: opening and
+        closing one per operation made every write cost a WAL checkpoint and the WAL file's
+        re-creation when the last connection closed (~20 ms a signed request at load; issue
+        43's mailbox take target). It is opened again when the file at ``db_path`` is not
+        the one it was opened on (replaced or removed: a damaged home is seen as before),
+        and dropped when an error left it inside a transaction. Maintenance (``timeout_s``
+        given: schema, backup) uses a connection of its own, closed after.
+        """
+        if timeout_s is not None:
+            conn, timing = self._open_connection()
+            try:
+                timing[0] = timeout_s
+                timing[1] = time.monotonic() + timeout_s
+                yield conn
+            finally:
+                conn.close()
+            return
+        conn, timing = self._thread_connection()
+        timing[0] = self.statement_timeout_s
+        timing[1] = time.monotonic() + timing[0]
+        try:
             yield conn
         finally:
+            if conn.in_transaction:  # a failed ROLLBACK: never reuse it
+                self._forget_connection(conn)
+
+    def _thread_connection(self) -> tuple[sqlite3.Connection, list[float]]:
+        """This thread's kept connection, opened again when the database file changed."""
+        try:
+            st = os.stat(self.db_path)
+            stamp: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except OSError:
+            stamp = None
+        kept = getattr(self._local, "conn", None)
+        if kept is not None and stamp is not None and kept[2] == stamp and kept[3] == self._generation:
+            return kept[0], kept[1]
+        if kept is not None:
+            self._forget_connection(kept[0])
+        conn, timing = self._open_connection()
+        if stamp is None:  # connect created the file: stamp what is there now
+            with contextlib.suppress(OSError):
+                st = os.stat(self.db_path)
+                stamp = (st.st_dev, st.st_ino)
+        with self._kept_lock:
+            self._local.conn = (conn, timing, stamp, self._generation)
+            self._kept.append(conn)
+        return conn, timing
+
+    def _forget_connection(self, conn: sqlite3.Connection) -> None:
+        kept = getattr(self._local, "conn", None)
+        if kept is not None and kept[0] is conn:
+            self._local.conn = None
+        with self._kept_lock:
+            if conn in self._kept:
+                self._kept.remove(conn)
+        with contextlib.suppress(sqlite3.Error):
             conn.close()
 
     @contextlib.contextmanager

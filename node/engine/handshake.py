@@ -43,6 +43,10 @@ FRAMES_V2 = 2
 #: The capability a guest that takes device cards advertises; only then does
 #: ``_session_proof`` carry ``device_card`` (specs/session.md §4.2, specs/peers.md §13).
 CARD_CAPABILITY = "device_card_v1"
+#: The capability a guest that reads card format 2 (``mailboxes``, specs/sealed.md §6)
+#: advertises beside :data:`CARD_CAPABILITY`; a guest advertising ``device_card_v1`` alone
+#: (an older one) is sent the host's format-1 card of the same ``seq`` instead.
+CARD_V2_CAPABILITY = "device_card_v2"
 #: The capability a guest that keeps copies advertises; only then does ``_session_proof``
 #: carry ``copy_state`` (specs/session.md §4.2, specs/copies.md §5).
 COPY_CAPABILITY = "copy_state_v1"
@@ -81,7 +85,11 @@ class HostConfig:
             accepted, or None. It raises :class:`HandshakeError` to refuse (e.g.
             ``handshake-device-revoked``, specs/peers.md §10).
         card: ``()`` → this hosting device's card (specs/peers.md §13) or None, sent in
-            ``_session_proof`` to a guest that advertised ``device_card_v1``.
+            ``_session_proof`` to a guest that advertised ``device_card_v1`` and
+            ``device_card_v2``.
+        card_v1: ``()`` → the same card in format 1 (no ``mailboxes``, same ``seq``;
+            specs/sealed.md §6) or None, sent to a guest that advertised ``device_card_v1``
+            only; None (the default): ``card`` is sent to it too.
         copy_state: ``(person_capable)`` → the copy grant state for this guest
             (``{"granted": bool, "stamp": str, "until": str | None}``, specs/copies.md §5) or
             None when the host cannot tell yet (``person_capable``: the guest advertised
@@ -102,6 +110,7 @@ class HostConfig:
     admit_person: Callable[[PersonIdentity | None, RevocationList | None, str | None], None] = \
         lambda person, revocation, deferred: None
     card: Callable[[], dict[str, Any] | None] = lambda: None
+    card_v1: Callable[[], dict[str, Any] | None] | None = None
     copy_state: Callable[[bool], dict[str, Any] | None] = lambda person_capable: None
 
 
@@ -255,7 +264,9 @@ class HostHandshake(_Handshake):
         self.ui.bundle = h.ui_bundle
         offer = self.ui.offer(self.capabilities)
         self.frames_version = FRAMES_V2 if PERSON_CAPABILITY in self.capabilities else None
-        card = h.card() if CARD_CAPABILITY in self.capabilities else None
+        card = None
+        if CARD_CAPABILITY in self.capabilities:  # an older guest reads format 1 only (specs/sealed.md §6)
+            card = h.card() if CARD_V2_CAPABILITY in self.capabilities or h.card_v1 is None else h.card_v1()
         copy_state = (h.copy_state(PERSON_CAPABILITY in self.capabilities)
                       if COPY_CAPABILITY in self.capabilities else None)
         self._queue(F.SessionProof(session_id=self.session_id, host_public_key=self.public_key,
@@ -341,8 +352,8 @@ class GuestHandshake(_Handshake):
         caps = list(g.capabilities)
         if g.binding_chain is not None and PERSON_CAPABILITY not in caps:
             caps.append(PERSON_CAPABILITY)
-        if g.want_card and CARD_CAPABILITY not in caps:
-            caps.append(CARD_CAPABILITY)
+        if g.want_card:
+            caps += [c for c in (CARD_CAPABILITY, CARD_V2_CAPABILITY) if c not in caps]
         if g.want_copy_state and COPY_CAPABILITY not in caps:
             caps.append(COPY_CAPABILITY)
         self._advertised = caps

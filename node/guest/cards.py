@@ -55,9 +55,21 @@ def _pin_for(registry: Any, card: DeviceCard) -> "PeerRecord | None":
     return None
 
 
+def _device_pin_for(registry: Any, card: DeviceCard, via: str, device: str | None) -> "PeerRecord | None":
+    """The device pin (a pin of the card's own device key, not ``--devices``) a card sent in
+    that device's own handshake belongs to, or None. Kept under the device's key so the
+    holders its format-2 card names are known for that pin (specs/sealed.md §10)."""
+    if via != "handshake" or device != card.device:
+        return None
+    rec = registry.by_key(card.device)
+    return rec if rec is not None and not rec.devices else None
+
+
 def accept_card(home: Path, doc: object, *, via: str, device: str | None = None) -> tuple[str, DeviceCard, str]:
     """Check a card (:func:`node.trust.card.check_card`) and keep it for the person pin it
-    belongs to; the device joins the pin's ``seenDevices`` (its chain verified here).
+    belongs to; the device joins the pin's ``seenDevices`` (its chain verified here). A card
+    a device pinned by its own key sends in its handshake is kept under that pin too (so
+    ``--later`` knows the holders it names; nothing else reads a device pin's card to dial).
 
     Args:
         via: ``handshake`` or ``server``. device: the key the card must be of (a card in a
@@ -78,8 +90,11 @@ def accept_card(home: Path, doc: object, *, via: str, device: str | None = None)
     card = check_card(doc, device=device)
     registry = PeerRegistry.load(home)
     rec = _pin_for(registry, card)
-    if rec is None:
+    device_pin = _device_pin_for(registry, card, via, device) if rec is None else None
+    if rec is None and device_pin is None:
         raise KithError("card-wrong-person", "the card's device is bound by a person not pinned here with --devices")
+    if device_pin is not None:
+        rec = device_pin
     if registry.is_blocked(card.device):
         raise KithError("card-device-revoked", "the card's device is blocked here")
     if RevocationStore.load(home).revokes(card.device, [rec.public_key, *card.lineage()]):
@@ -88,7 +103,8 @@ def accept_card(home: Path, doc: object, *, via: str, device: str | None = None)
     outcome = store.offer(rec.public_key, card, via=via, now=_now())
     if via == "handshake":  # it just completed a handshake with this guest: it is up
         store.mark(rec.public_key, card.device, ok=True, now=_mark_now())
-    note_device(registry, rec, card.device, card.device_name)
+    if device_pin is None:
+        note_device(registry, rec, card.device, card.device_name)
     return rec.name, card, outcome
 
 

@@ -440,7 +440,7 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
 
     def make_context(ev: SessionReady) -> HookContext:
         PeerRegistry.load(home).merge_profile(ev.peer_public_key, ev.peer_profile)
-        if ev.peer_card is not None:  # kept only for a person pinned here with --devices (specs/peers.md §13)
+        if ev.peer_card is not None:  # kept for a person pinned with --devices, or this device's own pin (specs/peers.md §13)
             from node.guest.cards import take_card
 
             take_card(home, ev.peer_card, via="handshake", device=ev.peer_public_key)

@@ -2,24 +2,29 @@
 specs/outbox.md §5): a task of the home's runner beside the live delivery.
 
 Each step, for every open outbox row whose peer is a person pin (``--devices``) with a
-kept card of format 2 (``mailboxes``, specs/sealed.md §6):
+kept card of format 2 (``mailboxes``, specs/sealed.md §6), or a device pin whose own card
+(kept from its handshake, :func:`node.guest.cards.accept_card`) is of format 2:
 
 1. once the live delivery tried the row and could not reach its host (``waiting``, an
    attempt made, a code other than ``rate-limited`` / ``pending-approval``: a host that
    answers live is never asked twice), the question is **left** (once: the row records the
    holder, ``leftWith``, which ``kith outbox`` shows) with the first mailbox that person's
-   cards name, sealed to every device of the person this home keeps a card of, with the
+   cards name, sealed to every device of the person this home keeps a card of (a device
+   pin: to that device), with the
    row's question id, request and expiry — it also stays in the outbox and is still
    delivered live when the host comes up: whichever answer comes first closes the row,
    the other changes nothing. Before it is sealed the question passes the one outbound
    gate (:func:`node.policy.outbound.gate`, actor ``outbox``, as the live delivery), which
    logs it in ``kith sent``;
-2. the answers waiting at each such mailbox for this device are **taken** and stored into
-   their rows (:func:`node.guest.sealed_answers.store_sealed_answer`: only from the
+2. the answers waiting at each such mailbox — and at each holder a question still
+   unexpired was left with, even one answered since (a run killed between storing an
+   answer and its ack: the next run acks it, storing nothing twice) — are **taken** and
+   stored into their rows (:func:`node.guest.sealed_answers.store_sealed_answer`: only from the
    pinned person's devices, once), then acked. Questions left for this device (when it
    also hosts with ``--mailbox``) are left at the holder for ``kith host``.
 
-A device pin, or a person with no format-2 card, is delivered live only, as before.
+A peer with no format-2 card kept (a person whose cards name no mailbox, a device pin never
+met live since it named one) is delivered live only, as before.
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ STEP_EVERY_S = 5.0
 
 
 def mailboxes_of(home: Path, person_key: str) -> tuple[list[str], list[str]]:
-    """``(mailbox URLs, device keys)`` of a pinned person from the cards kept here: the
-    URLs named by its format-2 cards (first seen first) and every device with a kept card.
+    """``(mailbox URLs, device keys)`` of a pinned person — or device, by its own kept card —
+    from the cards kept here: the URLs named by its format-2 cards (first seen first) and
+    every device with a kept card.
 
     Raises:
         ConfigError: ``config-invalid`` when ``cards.json`` is not a valid store.
@@ -97,7 +103,11 @@ class SealedOutboxTask:
             expiry = {r["id"]: r["expiresAt"] for r in records}
             tried = {(r["id"], p["key"]) for r in records for p in r["peers"] if _unreached(p)}
             left = {(r["id"], p["key"]): p["leftWith"] for r in records for p in r["peers"] if p.get("leftWith")}
-            boxes: set[str] = set()
+            # a holder a question was left with is read until that question expires, answered or
+            # not: an answer stored by a run killed before its ack is acked by the next one
+            # (stored once) instead of waiting at the holder until it expires
+            boxes: set[str] = {url for (qid, _peer), url in left.items()
+                               if (_unix(expiry.get(qid)) or 0) > self.clock.time()}
             known: dict[str, tuple[list[str], list[str]]] = {}
             for row in rows:
                 if row.peer_key not in known:  # cards.json read once per peer per step

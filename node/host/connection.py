@@ -60,6 +60,8 @@ class SessionSetup:
         pairing_code: ``peer_key`` → the pairing words both sides see.
         card: ``()`` → this hosting device's card for its newest post, or None
             (sent to a guest that asks for it; specs/peers.md §13).
+        card_v1: ``()`` → that card in format 1 (same ``seq``), sent to a guest that reads
+            format 1 only, or None (``card`` is sent; specs/sealed.md §6).
     """
 
     spec: Any
@@ -75,6 +77,7 @@ class SessionSetup:
     reject_frame: Callable[[str, str | None], bytes]
     pairing_code: Callable[[str], str]
     card: Callable[[], dict[str, Any] | None] = lambda: None
+    card_v1: Callable[[], dict[str, Any] | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -196,7 +199,7 @@ class Connection:
             "host", setup.spec, public_key=identity.public_key, sign=identity.sign,
             host=HostConfig(remote_id=self.remote, post_protocol=self.post_protocol, nonce_unseen=self.nonce_unseen,
                             profile=setup.profile, ui_bundle=setup.ui_bundle, named_post=self.named_post,
-                            card=setup.card, copy_state=self.copy_state, **engine_seams(self.door, self.visit)),
+                            card=setup.card, card_v1=setup.card_v1, copy_state=self.copy_state, **engine_seams(self.door, self.visit)),
             egress_check=self.egress)
         with self.session_scope:  # cancelled when ended from outside (evicted, revoked, the owner)
             outcome = await run_session(self.stream, self.engine, setup.hooks, make_context=self.make_context,

@@ -22,6 +22,12 @@ and a ``reason`` for the owner's event):
    its person revoked or a blocked person is refused, a device of a person pin
    (``--devices``) holds that pin's grants (:attr:`Visit.pin`).
 
+A **sealed question** (specs/sealed.md §4, issue 43 item 3) has no connection; its asker
+is judged by the same rules in one request, :class:`Sealed` — the presence rule of step 1
+(no slot is taken: it holds no session), then steps 2–5 with the chain the question carried
+(a chain lets step 2's refusal be deferred, as ``person_chain_v1`` does) and no revocation
+list. So a sealed question is admitted exactly when a live handshake of that device would be.
+
 The engine asks steps 2–5 through its ``HostConfig`` seams (``admit``, ``defer``,
 ``check_person``, ``admit_person``); :func:`engine_seams` builds them from one visit, so the
 translation of a refusal into :class:`HandshakeError` is written once. The doorkeeper does
@@ -151,7 +157,20 @@ class Ready:
     deferred: str | None
 
 
-Request = Union[Arrival, Init, Deferral, Chain, Ready]
+@dataclass(frozen=True)
+class Sealed:
+    """A sealed question's asker, opened and verified (specs/sealed.md §4).
+
+    Attributes:
+        key: the sender's device key (the record's signature verified by it).
+        person: its verified :class:`node.trust.binding.PersonIdentity`, or None (no chain).
+    """
+
+    key: str
+    person: Any
+
+
+Request = Union[Arrival, Init, Deferral, Chain, Ready, Sealed]
 
 
 # ------------------------------------------------------------------ the pure rule of step 2
@@ -262,6 +281,8 @@ class Doorkeeper:
             return self._chain(request)
         if isinstance(request, Ready):
             return self._ready(request)
+        if isinstance(request, Sealed):
+            return self._sealed(request)
         raise TypeError(f"not a door request: {type(request).__name__}")
 
     def _arrival(self, r: Arrival) -> Verdict:
@@ -347,6 +368,43 @@ class Doorkeeper:
         return Admitted(v)
 
 
+    def _sealed(self, r: Sealed) -> Verdict:
+        # the steps a live guest of this device passes, in order, with what the record carried
+        registry = self.peers.current()
+        if self.presence == "granted" and not has_grant(registry, r.key, self.peers.revocations()):
+            return Refused(refusal_code("granted", "handshake-not-admitted", granted=False), reason="no-grant")
+        visit = Visit(r.key, registry, registry.by_key(r.key))
+        deferred = None
+        verdict = self._init(Init(visit, {}))
+        if isinstance(verdict, Refused):
+            if r.person is None or isinstance(self._deferral(Deferral(visit, {}, verdict.code)), Refused):
+                return verdict
+            deferred = verdict.code
+        if r.person is not None:
+            verdict = self._chain(Chain(visit, r.person))
+            if isinstance(verdict, Refused):
+                return verdict
+        return self._ready(Ready(visit, r.person, None, deferred))
+
+    def sealed_name(self, key: str, person: Any) -> str | None:
+        """Who a sealed question's asker is to this host now (:class:`Sealed`): the registry
+        name it is answered under — its device pin's, or the person pin (``--devices``) it
+        is a device of — or None (an anonymous peer).
+
+        Raises:
+            HandshakeError: the refusal a live handshake of that device would get
+                (``handshake-device-revoked``, ``handshake-peer-blocked``,
+                ``handshake-not-admitted``, ``handshake-person-not-pinned``, the unknown-post
+                code under ``presence = granted``, a rotation refusal, ...).
+        """
+        verdict = self.admit(Sealed(key, person))
+        if isinstance(verdict, Refused):
+            raise HandshakeError(verdict.code, verdict.message)
+        visit = verdict.visit
+        rec = (visit.pinned or visit.pin) if visit is not None else None
+        return rec.name if rec is not None else None
+
+
 def engine_seams(door: Doorkeeper, visit: Visit) -> dict[str, Callable[..., Any]]:
     """The engine's ``HostConfig`` admission seams for one visit — ``admit``, ``defer``,
     ``check_person``, ``admit_person`` — each asking ``door`` and raising
@@ -370,4 +428,4 @@ def engine_seams(door: Doorkeeper, visit: Visit) -> dict[str, Callable[..., Any]
 
 
 __all__ = ["Admitted", "Arrival", "Chain", "DEFERRABLE_CODES", "Deferral", "Doorkeeper", "Init", "Ready",
-           "Refused", "Request", "Verdict", "Visit", "admission", "admits", "engine_seams", "judge_init"]
+           "Refused", "Request", "Sealed", "Verdict", "Visit", "admission", "admits", "engine_seams", "judge_init"]

@@ -13,6 +13,7 @@ Every protocol rule lives in the engine, every content rule in the answer servic
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +107,11 @@ class HostOptions:
             sealed answer (``--mailbox``; node/host/sealed_host.py, specs/sealed.md);
             this device's card says so (card format 2, in the handshake and on the server:
             one card per ``seq``, so a guest never holds two that disagree).
+        holders: base URLs of holders a device of this home's person runs (``--holder``,
+            ``kith host --hold-mail`` there): taken from as the server's mailbox is, and
+            named in the card (specs/sealed.md §7b).
+        hold_mail: ``HOST:PORT`` where this device holds mail for its person's devices
+            (``--hold-mail``; :func:`node.host.sealed_host.hold_mail`), or None.
     """
 
     protocol: str = "knowledge-query"
@@ -135,6 +141,8 @@ class HostOptions:
     hook_options: dict[str, Any] = field(default_factory=dict)
     control: bool = True
     mailbox: bool = False
+    holders: list[str] = field(default_factory=list)
+    hold_mail: str | None = None
     sign_citations: bool = False
     new_invitation: bool = False
 
@@ -390,6 +398,8 @@ class Host:
         self._all_done = anyio.Event()
         self._all_done.set()
         self._card: dict[str, Any] | None = None  # this device's card for its newest live post
+        self._card_v1: dict[str, Any] | None = None  # the same card in format 1, for older guests
+        self._held_url: str | None = None  # where this device holds mail (--hold-mail), once served
         self._card_changed = anyio.Event()
 
     def _bind_iroh(self, secret: bytes, alpn: bytes) -> Any:
@@ -550,7 +560,8 @@ class Host:
                              ui_bundle=self.ui_bundle, heartbeat=opts.heartbeat, stop=self.session_stop,
                              hook_options=opts.hook_options, ttl_s=opts.ttl_s,
                              first_stream_timeout_s=self.first_stream_timeout_s, reject_frame=self.reject_frame,
-                             pairing_code=self.pairing_code, card=self.current_card)
+                             pairing_code=self.pairing_code, card=self.current_card,
+                             card_v1=self.current_card_v1)
         service = getattr(self.knowledge, "service", None)
         answering = Answering(tap=self.audit.tap, rewrite=self.citations.rewrite,
                               check=self.knowledge.egress_check, knowledge_for=self.knowledge.handle_for,
@@ -597,6 +608,12 @@ class Host:
         self._batch_audit()
         watcher = None
         try:
+            if self.opts.hold_mail is not None:  # before the card that names it (specs/sealed.md §7b)
+                from node.host.sealed_host import hold_mail
+
+                held = contextlib.ExitStack()
+                self._closers.insert(0, held.close)
+                self._held_url = held.enter_context(hold_mail(self.home, self.opts.hold_mail))
             if self.opts.watch:  # take the index writer before publishing: index-locked fails fast
                 from node.corpus.watch import host_watcher
 
@@ -634,10 +651,10 @@ class Host:
                     if self.opts.server_url:  # the person pins' revocation lists (specs/peers.md §10)
                         tg.start_soon(self.peers_watcher.watch_server, self.opts.server_url, self.identity)
                         tg.start_soon(self._publish_cards)  # this device's card (specs/peers.md §13)
-                        if self.opts.mailbox:  # sealed questions left with the server (specs/sealed.md)
-                            from node.host.sealed_host import take_sealed_questions
+                    if self.mail_urls():  # sealed questions left with a holder (specs/sealed.md)
+                        from node.host.sealed_host import take_sealed_questions
 
-                            tg.start_soon(take_sealed_questions, self)
+                        tg.start_soon(take_sealed_questions, self)
                     async with anyio.create_task_group() as accepting:
                         if self.stop is not None:
                             accepting.start_soon(self._stop_watch, accepting.cancel_scope)
@@ -725,20 +742,33 @@ class Host:
         from node.host.card import own_card
 
         try:
-            self._card = own_card(self.home, self.identity, inv.to_dict())
-            if self._card is not None and self.opts.mailbox and self.opts.server_url:
+            self._card = self._card_v1 = own_card(self.home, self.identity, inv.to_dict())
+            if self._card is not None and self.mail_urls():
                 from node.host.card import with_mailboxes  # card format 2 (specs/sealed.md §6)
 
-                self._card = with_mailboxes(self.identity, self._card, [self.opts.server_url])
+                self._card = with_mailboxes(self.identity, self._card, self.mail_urls())
         except KithError as exc:  # a person record that does not load: no card, the host serves on
-            self._card = None
+            self._card = self._card_v1 = None
             self.warn(f"no device card is published ({exc.code}): guests reach this device only by its invitation")
         if self._card is not None:
             self._card_changed.set()
 
+    def mail_urls(self) -> list[str]:
+        """The holders this device takes its sealed questions from, which its card names:
+        the mail it holds itself (``--hold-mail``), the ``--holder`` URLs, then the server's
+        mailbox (``--mailbox``); distinct, at most 4 (specs/sealed.md §6, §7b)."""
+        urls = [u for u in (self._held_url, *self.opts.holders,
+                            self.opts.server_url if self.opts.mailbox else None) if u]
+        return list(dict.fromkeys(urls))[:4]
+
     def current_card(self) -> dict[str, Any] | None:
         """This device's card for its newest live post, or None (sent in the handshake)."""
         return self._card
+
+    def current_card_v1(self) -> dict[str, Any] | None:
+        """That card in format 1 (no ``mailboxes``, the same ``seq``), or None: sent in the
+        handshake to a guest that reads format 1 only (specs/sealed.md §6)."""
+        return self._card_v1
 
     async def _publish_cards(self) -> None:
         """Post each new card of this device on the community server (``POST

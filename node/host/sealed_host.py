@@ -1,70 +1,168 @@
-"""``kith host --server URL --mailbox``: the host takes the sealed questions left for it when
-it wakes, and every few seconds while it runs (issue 43 items 2a, 3; specs/sealed.md).
+"""``kith host --server URL --mailbox`` / ``--holder URL`` / ``--hold-mail HOST:PORT``: the host
+takes the sealed questions left for it when it wakes, and every few seconds while it runs
+(issue 43 items 2a, 2b, 3; specs/sealed.md §7, §7b).
 
 One loop per host (started in the host's task group): a step of
-:func:`node.community.inbox.take_step` against the server's mailbox, with the host's own
-answer function (:func:`node.answer.sealed_questions.host_answerer`: admission as a
-handshake, the one answer path, the egress gate seam, the audit) run in a worker thread
-like every other answer; repeated at once while the server says more wait, then after
+:func:`node.community.inbox.take_step` against each holder it takes from
+(:meth:`node.host.host.Host.mail_urls`: the server's mailbox, a device of its person that
+holds mail, its own held mail), with the host's own
+admission by the host's doorkeeper — the one check a live handshake passes
+(:func:`sealed_on_question`, :meth:`node.host.doorkeeper.Doorkeeper.sealed_name`) — and the
+answer (:func:`node.answer.sealed_questions.host_answerer`: the one answer path, the egress
+gate seam, the audit) run in a worker thread like every other answer; repeated at once while the server says more wait, then after
 :data:`TAKE_EVERY_S`. A failing take is said once on stderr and tried again; the host
 serves on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
 import anyio
 import anyio.to_thread
 
-from node.common.errors import KithError
+from node.common.errors import KithError, UsageError
 
 log = logging.getLogger("kith.sealed")
+
+#: The file a device that holds mail keeps its sealed records in (``<home>/mailbox.sqlite3``).
+HELD_MAIL_FILE = "mailbox.sqlite3"
 
 #: Seconds between two takes while the host runs (the first is at start).
 TAKE_EVERY_S = 5.0
 
 
 async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> None:
-    """Take and answer this host's sealed questions until cancelled.
+    """Take and answer this host's sealed questions until cancelled, from every holder of
+    ``host.mail_urls()`` in turn (one that cannot be read is said once and tried again; the
+    others are still taken from).
 
     Args:
         host: the running :class:`node.host.host.Host` (its ``home``, ``identity``,
-            ``opts.server_url`` / ``opts.peers_only``, ``knowledge``, ``audit``, ``warn``).
+            ``mail_urls()``, ``opts.peers_only``, ``knowledge``, ``audit``, ``warn``).
         every_s: seconds between takes.
     """
-    from node.answer.sealed_questions import host_answerer
     from node.community.client import CommunityClient
     from node.community.inbox import take_step
     from node.trust.person import own_chain
     from node.trust.sealed import SeenRecords
 
-    answer = host_answerer(host.home, host.knowledge, peers_only=host.opts.peers_only,
-                           audit=getattr(host.audit, "log", None))
-
-    async def on_question(opened: Any) -> Any:
-        return await anyio.to_thread.run_sync(answer, opened)
-
+    on_question = sealed_on_question(host.door, host.knowledge, audit=getattr(host.audit, "log", None))
     seen = SeenRecords()
-    said = False
+    said: set[str] = set()
     while True:
-        try:
-            chain = own_chain(host.home, host.identity.public_key)
-            async with CommunityClient(host.opts.server_url, host.identity) as client:
-                while True:
-                    report = await take_step(client, host.identity, chain, on_question=on_question, seen=seen)
-                    if report.answered or report.refused:
-                        log.info("sealed questions: answered %d, dropped %s", len(report.answered), report.refused)
-                    if not report.more or not (report.answered or report.refused):
-                        break
-            said = False
-        except KithError as exc:
-            if not said:
-                said = True
-                host.warn(f"the community server's mailbox could not be read ({exc.code}); "
-                          f"sealed questions wait there until it can")
+        for url in host.mail_urls():
+            try:
+                chain = own_chain(host.home, host.identity.public_key)
+                async with CommunityClient(url, host.identity) as client:
+                    while True:
+                        report = await take_step(client, host.identity, chain, on_question=on_question, seen=seen)
+                        if report.answered or report.refused:
+                            log.info("sealed questions from %s: answered %d, dropped %s", url,
+                                     len(report.answered), report.refused)
+                        if not report.more or not (report.answered or report.refused):
+                            break
+                said.discard(url)
+            except KithError as exc:
+                if url not in said:
+                    said.add(url)
+                    host.warn(f"the mailbox at {url} could not be read ({exc.code}); "
+                              f"sealed questions wait there until it can")
         await anyio.sleep(every_s)
 
 
-__all__ = ["TAKE_EVERY_S", "take_sealed_questions"]
+def sealed_on_question(door: Any, knowledge: Any, *, audit: Any = None) -> Any:
+    """The ``on_question`` of :func:`node.community.inbox.take_step` for a host: its asker
+    admitted by ``door`` (:meth:`node.host.doorkeeper.Doorkeeper.sealed_name`, on the event
+    loop, as a handshake is; a refusal raises its handshake code and the question is dropped
+    with it), then answered under that name in a worker thread
+    (:func:`node.answer.sealed_questions.host_answerer`).
+
+    Args:
+        door: the host's :class:`node.host.doorkeeper.Doorkeeper`.
+        knowledge: the host's :class:`node.host.host.Knowledge`.
+        audit: the host's :class:`node.trust.audit_log.AuditLog`, or None.
+
+    Returns:
+        an async ``Opened → results message``.
+    """
+    from node.answer.sealed_questions import host_answerer
+
+    answer = host_answerer(knowledge, audit=audit)
+
+    async def on_question(opened: Any) -> Any:
+        name = door.sealed_name(opened.sender, opened.identity)
+        return await anyio.to_thread.run_sync(answer, opened, name)
+
+    return on_question
+
+
+def person_devices(home: Path) -> frozenset[str]:
+    """The device keys this home's person record names (``person.json``'s device links):
+    every device of the person on the device that holds the person key; on a paired device,
+    those bound before it and itself. Empty without a person record."""
+    from node.trust.person import load_person
+
+    try:
+        rec = load_person(home)
+    except KithError:
+        return frozenset()
+    return frozenset(d["device_key"] for d in rec.devices if isinstance(d.get("device_key"), str)) if rec else frozenset()
+
+
+def holds_for(home: Path) -> Any:
+    """The ``mailbox_admits`` of a device that holds mail for its person
+    (:func:`node.community.server.create_app`): a record is kept when its sender or one of
+    its recipients is a device of this home's person (:func:`person_devices`, re-read on
+    each put: a device bound meanwhile counts) — so it is not an open relay for strangers.
+    """
+
+    def admits(sender: str, recipients: tuple[str, ...]) -> bool:
+        mine = person_devices(home)
+        return sender in mine or any(r in mine for r in recipients)
+
+    return admits
+
+
+def parse_hold_mail(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` of ``--hold-mail`` → ``(host, port)`` (port 0: a free one).
+
+    Raises:
+        UsageError: ``usage`` when it is not a host and a port 0-65535.
+    """
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise UsageError("usage", f"--hold-mail takes HOST:PORT (e.g. 127.0.0.1:8740), not {address!r}")
+    return host, int(port)
+
+
+@contextlib.contextmanager
+def hold_mail(home: Path, address: str) -> Iterator[str]:
+    """Hold mail for this home's person while the ``with`` block runs: the mailbox routes of
+    specs/community-api.md ("Mailbox") served on ``address`` (``HOST:PORT``) from
+    ``<home>/mailbox.sqlite3``, with the community server's default bounds and rate limits,
+    keeping only records to or from the person's devices (:func:`holds_for`; others are
+    refused ``mailbox-not-held``). The records survive a restart (they are in the file).
+
+    Yields:
+        the holder's base URL (``http://HOST:PORT``, the real port).
+
+    Raises:
+        UsageError: a malformed ``address``. CommunityError: ``server-start-failed`` (the
+            address cannot be bound).
+    """
+    from node.community.server import run_server_in_thread
+    from node.community.store import MailboxLimits
+
+    host, port = parse_hold_mail(address)
+    with run_server_in_thread(Path(home) / HELD_MAIL_FILE, host, port, mailbox=MailboxLimits(),
+                              mailbox_admits=holds_for(home)) as url:
+        yield url
+
+
+__all__ = ["HELD_MAIL_FILE", "TAKE_EVERY_S", "hold_mail", "holds_for", "parse_hold_mail", "person_devices",
+           "sealed_on_question", "take_sealed_questions"]

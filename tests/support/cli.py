@@ -156,6 +156,34 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def ask_later(home: Path, question: str, peer: str) -> str:
+    """`kith ask QUESTION --peer PEER --later --offline --json` for ``home`` (the peer asleep:
+    the question is kept in the outbox); returns the outbox id. Fails when it exits non-zero."""
+    r = kith(home, "ask", question, "--peer", peer, "--later", "--offline", "--json", "--timeout", "5", timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["outbox"]["id"]
+
+
+def outbox_run_until(home: Path, what: str, check: Callable[[], Any], timeout_s: float = 90) -> None:
+    """Run `kith outbox run --offline` for ``home`` until ``check()`` is truthy (polled,
+    bounded by ``timeout_s``), then stop it with SIGINT; fails when it never is."""
+    import signal
+
+    from support.waits import wait_for
+
+    proc = subprocess.Popen(kith_argv(home, "outbox", "run", "--offline"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        wait_for(what, check, timeout_s=timeout_s, every_s=0.1)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+
+
 def assert_no_real_paths(text: str, *paths: Path) -> None:
     """Fail when ``text`` names any of ``paths`` (as given or resolved)."""
     for p in paths:

@@ -1,0 +1,173 @@
+"""Kill tests with real processes (issue 43 item 4, "exactly once, nothing lost"): the
+question id is the idempotency key end to end, whichever end dies.
+
+- `kith host --mailbox` killed (SIGKILL) after it left its answer but before its ack of
+  the question reached the holder: a new `kith host` takes the question again, answers it
+  again under the same id, and the holder keeps one answer;
+- `kith outbox run` killed (SIGKILL) right after it left the question, and again after it
+  stored the answer but before its ack reached the holder: the next run stores nothing
+  twice — one answer in the row — and the holder is emptied.
+
+The holder is a real community server with `--mailbox` in this process; the "before the
+ack reached it" moment is made by holding the ack request of one key at the holder's store
+(its real `ack_sealed` is never run for it) until the process that sent it was killed.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+from node.common.errors import CommunityError
+from node.community.server import run_server_in_thread
+from node.community.store import MailboxLimits, open_store
+from node.guest.outbox import OutboxStore
+
+from support.cli import ask_later, kith, kith_argv, outbox_run_until
+from support.community import NO_LIMITS
+from support.waits import wait_for
+from support.hosts import HostProcess, notes_host
+
+QUESTION = "when does the staging server restart"
+
+
+class AckGate:
+    """Holds the holder's acks signed by ``key`` until :meth:`refuse` (then they fail with
+    503, as if the sender had died before the holder removed anything); other keys' acks
+    pass. ``hit`` is set once such an ack arrived."""
+
+    def __init__(self, store, key: str) -> None:
+        self.store, self.key = store, key
+        self.hit, self.release = threading.Event(), threading.Event()
+        self.real = store.ack_sealed
+        store.ack_sealed = self.ack
+
+    def ack(self, recipient: str, record_ids: list[str]) -> int:
+        if recipient != self.key:
+            return self.real(recipient, record_ids)
+        self.hit.set()
+        self.release.wait(60)
+        raise CommunityError("database-unavailable", "the ack never reached the holder", status=503)
+
+    def refuse(self) -> None:
+        self.release.set()
+
+    def remove(self) -> None:
+        self.store.ack_sealed = self.real
+
+
+def _senders(store) -> list[str]:
+    with store._read() as conn:
+        return sorted(r[0] for r in conn.execute("SELECT sender_key FROM mailbox").fetchall())
+
+
+def _key(home: Path) -> str:
+    return json.loads(kith(home, "status", "--json").stdout)["identity"]["key"]
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=20)
+
+
+def _ask_later(guest: Path, person: str, url: str) -> str:
+    r = kith(guest, "peers", "add", "bea", person, "--devices", "--server", url)
+    assert r.returncode == 0, r.stderr
+    return ask_later(guest, QUESTION, "bea")
+
+
+def _homes(tmp_path: Path, url: str) -> tuple[Path, str, str, Path, str]:
+    """The host home (its card, naming the mailbox, posted once), its person and device key,
+    and a guest home with its key."""
+    host_home = notes_host(tmp_path)
+    person = json.loads(kith(host_home, "device", "list", "--json").stdout)["person_key"]
+    first = HostProcess(host_home, "--server", url, "--mailbox")
+    try:
+        import httpx
+
+        wait_for("the host's card", lambda: httpx.get(f"{url}/api/v1/cards/{person}", timeout=10)
+                 .status_code == 200, timeout_s=30)
+    finally:
+        first.stop()
+    guest = tmp_path / "guest"
+    assert kith(guest, "init").returncode == 0
+    return host_home, person, _key(host_home), guest, _key(guest)
+
+
+def _answers(guest: Path, qid: str) -> list:
+    with OutboxStore(guest) as outbox:
+        record = outbox.get(qid)
+    assert record["state"] == "answered", record["state"]
+    return record["_answers"]
+
+
+def test_a_host_killed_before_its_ack_answers_again_and_the_asker_keeps_one(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "c.sqlite3")
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            host_home, person, device, guest, asker = _homes(tmp_path, url)
+            qid = _ask_later(guest, person, url)
+            outbox_run_until(guest, "the question at the mailbox", lambda: _senders(store) == [asker])
+            gate = AckGate(store, device)
+            host = HostProcess(host_home, "--server", url, "--mailbox")
+            try:
+                assert gate.hit.wait(60), "the host never acked"
+                assert sorted(_senders(store)) == sorted([asker, device])  # its answer left, the question kept
+                _kill(host.proc)  # killed between leaving the answer and the holder's ack
+            finally:
+                gate.refuse()
+                if host.proc.poll() is None:
+                    host.stop()
+            gate.remove()
+            assert sorted(_senders(store)) == sorted([asker, device])  # nothing lost
+            again = HostProcess(host_home, "--server", url, "--mailbox")
+            try:  # taken again, answered again under the same id: still one answer kept
+                wait_for("the question acked", lambda: _senders(store) == [device], timeout_s=60, every_s=0.05)
+            finally:
+                again.stop()
+            outbox_run_until(guest, "the answer in the outbox", lambda: _senders(store) == [])
+    finally:
+        store.close()
+    answers = _answers(guest, qid)
+    assert len(answers) == 1 and "noon" in answers[0]["envelope"]["results"][0]["textPreview"]
+
+
+def test_an_asker_killed_after_leaving_and_after_storing_stores_one_answer(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "c.sqlite3")
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            host_home, person, device, guest, asker = _homes(tmp_path, url)
+            qid = _ask_later(guest, person, url)
+            # killed as soon as the question is at the holder (before its answer could come)
+            run = subprocess.Popen(kith_argv(guest, "outbox", "run", "--offline"), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+            try:
+                wait_for("the question at the mailbox", lambda: _senders(store) == [asker], timeout_s=90)
+            finally:
+                _kill(run)
+            host = HostProcess(host_home, "--server", url, "--mailbox")
+            try:
+                wait_for("the answer at the holder", lambda: _senders(store) == [device], timeout_s=60, every_s=0.05)
+            finally:
+                host.stop()
+            # killed after it stored the answer, before the holder removed it
+            gate = AckGate(store, asker)
+            run = subprocess.Popen(kith_argv(guest, "outbox", "run", "--offline"), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+            try:
+                assert gate.hit.wait(90), "the asker never acked"
+                _kill(run)
+            finally:
+                gate.refuse()
+                if run.poll() is None:
+                    _kill(run)
+            gate.remove()
+            assert _senders(store) == [device]  # still at the holder
+            outbox_run_until(guest, "the answer taken again and acked", lambda: _senders(store) == [])
+    finally:
+        store.close()
+    answers = _answers(guest, qid)
+    assert len(answers) == 1 and "noon" in answers[0]["envelope"]["results"][0]["textPreview"]
