@@ -170,14 +170,18 @@ def test_dense_pass_fuses_with_bm25_and_is_reported(kb) -> None:
     with Corpus(home) as c:
         c.record.set_meta(dense.META_ENABLED, "1")
     with Corpus(home, readonly=True) as c:
-        extra, entry = dense.auto_pass(c, "automobile upkeep", k=40, embedder=fake)
+        # one word of the question ("night") is in the corpus, on another page: the dense
+        # pass adds the page that shares none of its words
+        q = "automobile upkeep at night"
+        extra, entry = dense.auto_pass(c, q, k=40, embedder=fake)
         assert entry["status"] == "ran" and entry["vectors"] == 3 and entry["chunks"] == 3
-        hits, ctl = retrieval.run_search(c, "automobile upkeep", limit=5, extra_passes=extra)
-        assert [h.source_id for h in hits] == ["/kb/car.md"]
-        assert hits[0].score_components["dense"] > 0 and hits[0].score_components["bm25"] == 0
-        assert {"name": "dense", "status": "ran", "candidates": 1} in [
-            {k: p[k] for k in ("name", "status", "candidates")} for p in ctl["passes"]]
+        hits, ctl = retrieval.run_search(c, q, limit=5, extra_passes=extra)
+        car = next(h for h in hits if h.source_id == "/kb/car.md")
+        assert car.score_components["dense"] > 0 and car.score_components["bm25"] == 0
+        assert {"name": "dense", "status": "ran"} in [
+            {k: p[k] for k in ("name", "status")} for p in ctl["passes"]]
         assert ctl["fusion"]["weights"]["dense"] == retrieval.PASS_WEIGHTS["dense"]
+        extra = dense.auto_pass(c, "automobile upkeep", k=40, embedder=fake)[0]
         # a query both passes answer: fused, the lexical evidence kept
         hits, _ = retrieval.run_search(c, "car oil", limit=5,
                                        extra_passes=dense.auto_pass(c, "car oil", k=40,
@@ -185,8 +189,10 @@ def test_dense_pass_fuses_with_bm25_and_is_reported(kb) -> None:
         assert hits[0].source_id == "/kb/car.md"
         assert hits[0].score_components["bm25"] > 0 and hits[0].score_components["dense"] > 0
         # the envelope reports it and validates
-        req = contract.validate({"query": "automobile upkeep", "topK": 5})
-        hits, ctl = retrieval.run_search(c, req["query"], limit=5, extra_passes=extra)
+        req = contract.validate({"query": "automobile upkeep at night", "topK": 5})
+        hits, ctl = retrieval.run_search(c, req["query"], limit=5,
+                                         extra_passes=dense.auto_pass(c, req["query"], k=40,
+                                                                      embedder=fake)[0])
         env = envelope.build_envelope(req, hits, ctl)
         jsonschema.Draft202012Validator(SCHEMA).validate(env)
         assert {"name": "dense", "status": "ran"} in env["retrievalController"]["passes"]
@@ -195,6 +201,36 @@ def test_dense_pass_fuses_with_bm25_and_is_reported(kb) -> None:
                                        deadline=time.monotonic() - 1)
         assert extra is None and entry["status"] == "skipped"
         assert entry["reason"] == "budget-exhausted"
+
+
+def test_a_question_whose_words_are_nowhere_in_the_corpus_gets_no_results(kb) -> None:
+    """Lexical corroboration (issue 40): "automobile upkeep" shares no word with any
+    indexed page, so the dense pass's nearest page (car.md, by meaning) is a near miss,
+    not an answer — the search returns nothing (``no-verified-results`` for a peer) and
+    the dense entry says why; without the rule car.md would be returned."""
+    home, _root = kb
+    fake = ConceptEmbedder()
+    with Corpus(home) as c:
+        dense.embed_missing(c, fake, enable=True)
+    with Corpus(home, readonly=True) as c:
+        extra, entry = dense.auto_pass(c, "automobile upkeep", k=40, embedder=fake)
+        assert entry["status"] == "ran" and extra["dense"][0][0] in _chunk_ids(c, "car.md")
+        req = contract.validate({"query": "automobile upkeep", "topK": 5})
+        hits, ctl = retrieval.run_search(c, req["query"], limit=5, extra_passes=extra)
+        assert hits == []
+        assert {"name": "dense", "status": "ran", "candidates": 0,
+                "reason": "no-lexical-match"} in [
+            {k: p[k] for k in ("name", "status", "candidates", "reason") if k in p}
+            for p in ctl["passes"]]
+        env = envelope.build_envelope(req, hits, ctl)
+        jsonschema.Draft202012Validator(SCHEMA).validate(env)
+        assert env["results"] == []
+        # one word of it in the corpus ("spring", in car.md): answered as before
+        hits, _ = retrieval.run_search(c, "automobile upkeep in spring", limit=5,
+                                       extra_passes=dense.auto_pass(
+                                           c, "automobile upkeep in spring", k=40,
+                                           embedder=fake)[0])
+        assert hits and hits[0].source_id == "/kb/car.md"
 
 
 def test_on_but_not_runnable_is_skipped_with_a_reason_and_changes_nothing(kb) -> None:
