@@ -359,6 +359,59 @@ def test_real_model_embeds_and_fuses(kb) -> None:
         assert hits[0].source_id == "/kb/car.md" and hits[0].score_components["dense"] > 0
 
 
+@pytest.mark.hybrid
+@pytest.mark.timeout(1200)  # distils the static table: ~1 min of CPU, minutes on shared cores
+def test_a_plain_words_question_finds_a_page_sharing_none_of_its_words(tmp_path: Path) -> None:
+    """The vocabulary bridge (issue 40 item 3): "delay before drawing the windows" and
+    "wait until the keys are pressed" share no word with the page about ``time.sleep``
+    ("suspends execution ... seconds"), and one each with the curses page. The lexical
+    passes find only the curses page; the static tier, reading the question in context
+    (the full model's token outputs projected into the table's space,
+    :meth:`StaticMiniLM.embed_query`), puts the sleep page right after it. (Read word by
+    word from the table, the second question ranked the textwrap page above it.)"""
+    _static_or_skip()
+    root = tmp_path / "kb"
+    root.mkdir()
+    pages = {
+        "textwrap.md": "# textwrap\n\nfill(text, width=70) wraps the single paragraph in text "
+                       "so that every line is at most width characters long, and returns one "
+                       "string holding the wrapped paragraph.\n",
+        "curses.md": "# curses\n\nThe curses library draws windows and menus on terminal "
+                     "screens and reads the keys pressed.\n",
+        "shutil.md": "# shutil\n\nCopy and move files and whole directory trees; remove a "
+                     "tree.\n",
+        "time.md": "# time\n\nsleep(secs) suspends execution of the calling thread for the "
+                   "given number of seconds.\n",
+        "re.md": "# re\n\nRegular expression operations: match a pattern against a string "
+                 "and find every occurrence.\n",
+        "random.md": "# random\n\nshuffle(x) puts the items of a sequence in a random order, "
+                     "in place.\n",
+    }
+    for name, text in pages.items():
+        (root / name).write_text(text)
+    home = tmp_path / "home"
+    questions = ("delay before drawing the windows", "wait until the keys are pressed")
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+        for q in questions:  # without the bridge: the sleep page is not found
+            assert [h.source_id for h in c.search_hits(q, limit=5)[0]] == ["/kb/curses.md"]
+        rep = dense.embed_missing(c, enable=True)  # distils the table and its projection
+        assert rep["embedded"] == 6 and rep["distillSeconds"] > 0
+    emb = dense.static_embedder(home)
+    assert emb.projection_path.is_file() and emb.contextual_queries
+    v = emb.embed_query(questions[0])
+    assert v.shape == (1, dense.STATIC_DIM) and abs(float(np.linalg.norm(v)) - 1.0) < 1e-4
+    with Corpus(home, readonly=True) as c:
+        for q in questions:
+            hits, ctl = c.search_hits(q, limit=5)
+            got = [h.source_id for h in hits]
+            assert got[:2] == ["/kb/curses.md", "/kb/time.md"], (q, got)
+            assert hits[1].score_components["bm25"] == 0 and hits[1].score_components["dense"] > 0
+            entry = next(p for p in ctl["passes"] if p["name"] == "dense")
+            assert entry["status"] == "ran" and entry["tier"] == "static"
+
+
 # -- the static table (issue 10 item 3) -------------------------------------------------------
 def _static_or_skip():
     if not dense.extra_available():
