@@ -331,7 +331,6 @@ class OnnxMiniLM:
                 self._queries[texts[0]] = out.copy()
         return out
 
-
     def token_outputs(self, text: str) -> tuple[list[int], Any]:
         """The model's contextual output for each WordPiece token of ``text`` (cut at
         :data:`MAX_TOKENS`; ``[CLS]``/``[SEP]`` left out): ``(ids, float32 (n, DIM))``,
@@ -466,15 +465,24 @@ def project_static_table(raw: Any) -> Any:
     """
     import numpy as np
 
-    special = _special_ids()
-    keep = np.ones(raw.shape[0], dtype=bool)
-    keep[special] = False
-    centred = raw - raw[keep].mean(axis=0)
-    cov = (centred[keep].T @ centred[keep]).astype(np.float64)
-    _w, vecs = np.linalg.eigh(cov)  # ascending eigenvalues
-    table = centred @ vecs[:, ::-1][:, :STATIC_DIM].astype(np.float32)
-    table[special] = 0.0
+    mean, basis = _principal_axes(raw)
+    table = (raw - mean) @ basis
+    table[_special_ids()] = 0.0
     return table.astype(np.float32)
+
+
+def _principal_axes(raw: Any) -> tuple[Any, Any]:
+    """``(mean (DIM,), basis (DIM, STATIC_DIM))`` of the ordinary tokens' rows of ``raw``:
+    their mean and the first :data:`STATIC_DIM` eigenvectors of their covariance,
+    largest first (float32)."""
+    import numpy as np
+
+    keep = np.ones(raw.shape[0], dtype=bool)
+    keep[_special_ids()] = False
+    mean = raw[keep].mean(axis=0)
+    centred = raw - mean
+    _w, vecs = np.linalg.eigh((centred[keep].T @ centred[keep]).astype(np.float64))  # ascending
+    return mean, vecs[:, ::-1][:, :STATIC_DIM].astype(np.float32)
 
 
 def static_projection(raw: Any) -> Any:
@@ -484,13 +492,7 @@ def static_projection(raw: Any) -> Any:
     table's space (:data:`STATIC_PROJECTION_FILE`)."""
     import numpy as np
 
-    special = _special_ids()
-    keep = np.ones(raw.shape[0], dtype=bool)
-    keep[special] = False
-    mean = raw[keep].mean(axis=0)
-    centred = raw[keep] - mean
-    _w, vecs = np.linalg.eigh((centred.T @ centred).astype(np.float64))
-    basis = vecs[:, ::-1][:, :STATIC_DIM].astype(np.float32)
+    mean, basis = _principal_axes(raw)
     return np.vstack([basis, (mean @ basis)[None, :]]).astype(np.float32)
 
 
