@@ -128,6 +128,15 @@ STATIC_RECIPE = "m2v-tok3-pca256-idf-v2"
 STATIC_DIR = "models"
 STATIC_FILE = "minilm-l6-static-v2.npy"
 STATIC_WEIGHTS_FILE = "minilm-l6-static-v2-idf.npy"
+#: The table's projection (issue 40 item 3): float32 ``(DIM + 1, STATIC_DIM)``, the PCA
+#: basis (rows ``0..DIM-1``) and the projected mean (last row), made with the table. It
+#: lets :meth:`StaticMiniLM.embed_query` put the full model's *contextual* outputs for a
+#: query's tokens in the table's space: passages stay static (cheap at sync), the question
+#: is read in context (one model call per query). Measured on the dev split
+#: (scripts/eval_data/results-issue40-bridge-dev.txt): plain-words questions, static
+#: pass fused at 0.5, 0.503 -> 0.533 nDCG@10 (dense alone 0.329 -> 0.408); python-docs
+#: 0.700 -> 0.710. A table distilled before it has no projection: queries use the table.
+STATIC_PROJECTION_FILE = "minilm-l6-static-v2-projection.npy"
 #: Relative change of the chunk count after which :func:`embed_missing` fits the token
 #: weights again (and so embeds every chunk again; a few seconds for 13 000 chunks).
 STATIC_REFIT_CHANGE = 0.2
@@ -322,6 +331,21 @@ class OnnxMiniLM:
                 self._queries[texts[0]] = out.copy()
         return out
 
+    def token_outputs(self, text: str) -> tuple[list[int], Any]:
+        """The model's contextual output for each WordPiece token of ``text`` (cut at
+        :data:`MAX_TOKENS`; ``[CLS]``/``[SEP]`` left out): ``(ids, float32 (n, DIM))``,
+        not pooled, not normalised. One model call (:meth:`StaticMiniLM.embed_query`)."""
+        import numpy as np
+
+        self._load()
+        seq = self.tokenize([text])[0]
+        ids = np.asarray([seq], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        hidden = self._session.run(None, feeds)[0][0]
+        return list(seq[1:-1]), np.asarray(hidden[1:-1], dtype=np.float32)
+
 
 #: Query vectors the full model keeps (a repeated question costs no model call).
 QUERY_CACHE = 256
@@ -406,6 +430,13 @@ def distill_static_table(model: OnnxMiniLM | None = None, *, batch_size: int = 1
     Raises:
         CorpusError: ``dense-unavailable`` when the model cannot load.
     """
+    return project_static_table(distill_static_outputs(model, batch_size=batch_size))
+
+
+def distill_static_outputs(model: OnnxMiniLM | None = None, *, batch_size: int = 1024) -> Any:
+    """The model's output for every vocabulary id ``t`` alone (``[CLS] t [SEP]``, at
+    ``t``'s own position): float32 ``(vocab size, DIM)``, before
+    :func:`project_static_table`. Raises CorpusError ``dense-unavailable``."""
     import numpy as np
 
     model = model if model is not None else shared_embedder()
@@ -420,7 +451,7 @@ def distill_static_table(model: OnnxMiniLM | None = None, *, batch_size: int = 1
         if "token_type_ids" in model._inputs:
             feeds["token_type_ids"] = np.zeros_like(x)
         raw[start:start + len(ids)] = model._session.run(None, feeds)[0][:, 1]
-    return project_static_table(raw)
+    return raw
 
 
 def project_static_table(raw: Any) -> Any:
@@ -434,15 +465,35 @@ def project_static_table(raw: Any) -> Any:
     """
     import numpy as np
 
-    special = _special_ids()
-    keep = np.ones(raw.shape[0], dtype=bool)
-    keep[special] = False
-    centred = raw - raw[keep].mean(axis=0)
-    cov = (centred[keep].T @ centred[keep]).astype(np.float64)
-    _w, vecs = np.linalg.eigh(cov)  # ascending eigenvalues
-    table = centred @ vecs[:, ::-1][:, :STATIC_DIM].astype(np.float32)
-    table[special] = 0.0
+    mean, basis = _principal_axes(raw)
+    table = (raw - mean) @ basis
+    table[_special_ids()] = 0.0
     return table.astype(np.float32)
+
+
+def _principal_axes(raw: Any) -> tuple[Any, Any]:
+    """``(mean (DIM,), basis (DIM, STATIC_DIM))`` of the ordinary tokens' rows of ``raw``:
+    their mean and the first :data:`STATIC_DIM` eigenvectors of their covariance,
+    largest first (float32)."""
+    import numpy as np
+
+    keep = np.ones(raw.shape[0], dtype=bool)
+    keep[_special_ids()] = False
+    mean = raw[keep].mean(axis=0)
+    centred = raw - mean
+    _w, vecs = np.linalg.eigh((centred[keep].T @ centred[keep]).astype(np.float64))  # ascending
+    return mean, vecs[:, ::-1][:, :STATIC_DIM].astype(np.float32)
+
+
+def static_projection(raw: Any) -> Any:
+    """The projection :func:`project_static_table` applies to ``raw``, as one float32
+    array ``(DIM + 1, STATIC_DIM)``: the basis ``B`` (first ``DIM`` rows) and the mean's
+    image ``m @ B`` (last row), so a model output ``h`` lands at ``h @ B - m @ B``, the
+    table's space (:data:`STATIC_PROJECTION_FILE`)."""
+    import numpy as np
+
+    mean, basis = _principal_axes(raw)
+    return np.vstack([basis, (mean @ basis)[None, :]]).astype(np.float32)
 
 
 _PIECE = re.compile(r"[^\W_]+|[^\w\s]|_")
@@ -493,7 +544,11 @@ class StaticMiniLM:
         folder = Path(home) / STATIC_DIR
         self.path = folder / STATIC_FILE
         self.weights_path = folder / STATIC_WEIGHTS_FILE
+        self.projection_path = folder / STATIC_PROJECTION_FILE
         self._table: Any = None
+        self._weights: Any = None
+        self._projection: Any = None
+        self._queries: dict[str, Any] = {}
         self._tokenizer: Any = None
         self._pieces: dict[str, tuple[int, ...]] = {}
         self._id = ""
@@ -574,7 +629,11 @@ class StaticMiniLM:
         started = time.perf_counter()
         import numpy as np
 
-        self._save(self.path, distill_static_table(model).astype(np.float16))
+        raw = distill_static_outputs(model)
+        table = project_static_table(raw).astype(np.float16)
+        self._save(self.path, table)
+        self._save(self.projection_path, static_projection(raw), tableSha256=hashlib.sha256(
+            self.path.read_bytes()).hexdigest())
         return round(time.perf_counter() - started, 3)
 
     def needs_fit(self, chunks: int) -> bool:
@@ -653,6 +712,15 @@ class StaticMiniLM:
                                   hint="Run `kith index embed` to make them again.")
             self._id = f"{STATIC_MODEL_PREFIX}:{table_sha[:12]}:{weights_sha[:12]}"
             self.fitted_chunks = int(rec.get("chunks") or 0)
+            self._projection = None
+            try:  # optional: a table distilled before it has none (queries use the table)
+                proj, prec, _p = self._read(self.projection_path)
+                if proj.shape == (DIM + 1, STATIC_DIM) and prec.get("tableSha256") == table_sha:
+                    self._projection = proj
+            except CorpusError:
+                pass
+            self._queries = {}
+            self._weights = weights
             self._table = table * weights[:, None]
 
     @property
@@ -676,6 +744,46 @@ class StaticMiniLM:
                 out[i] = table[ids].sum(axis=0)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.clip(norms, 1e-12, None)
+
+    @property
+    def contextual_queries(self) -> bool:
+        """True when :meth:`embed_query` reads queries with the full model (the table's
+        projection is stored and matches the table; the extra is installed)."""
+        self._load()
+        return self._projection is not None and extra_available()
+
+    def embed_query(self, text: str) -> Any:
+        """A query's vector in the table's space, float32 ``(1, STATIC_DIM)``, row
+        L2-normalised: the full model's contextual output for each of the query's tokens
+        (:meth:`OnnxMiniLM.token_outputs`, cut at :data:`MAX_TOKENS`), projected like the
+        table (:data:`STATIC_PROJECTION_FILE`) and summed with the same token weights as
+        a passage — so "make text fit a width" is read as a whole, not word by word.
+        Without a projection, or when the model cannot run, :meth:`embed` of the text.
+        The last :data:`QUERY_CACHE` queries are kept."""
+        import numpy as np
+
+        if not self.contextual_queries:
+            return self.embed([text])
+        with self._lock:
+            hit = self._queries.get(text)
+        if hit is not None:
+            return hit.copy()
+        try:
+            ids, hidden = shared_embedder().token_outputs(text)
+        except CorpusError:
+            return self.embed([text])
+        out = np.zeros((1, STATIC_DIM), dtype=np.float32)
+        if ids:
+            proj = self._projection
+            rows = hidden @ proj[:DIM] - proj[DIM]
+            out[0] = (rows * self._weights[np.asarray(ids, dtype=np.int64)][:, None]).sum(axis=0)
+            norm = float(np.linalg.norm(out[0]))
+            out[0] = out[0] / norm if norm > 1e-12 else 0.0
+        with self._lock:
+            if len(self._queries) >= QUERY_CACHE:
+                self._queries.pop(next(iter(self._queries)))
+            self._queries[text] = out.copy()
+        return out
 
 
 _STATIC: dict[str, StaticMiniLM] = {}
@@ -1090,7 +1198,9 @@ def dense_rank(corpus: Any, query: str, embedder: Embedder, k: int, *,
     m = load_matrix(corpus, embedder.model_id, embedder.dim)
     if not m.ids or not query.strip():
         return []
-    q = np.asarray(embedder.embed([query]), dtype=np.float32).reshape(-1)
+    by_query = getattr(embedder, "embed_query", None)  # the static table's contextual reading
+    q = np.asarray(by_query(query) if by_query is not None else embedder.embed([query]),
+                   dtype=np.float32).reshape(-1)
     if q.shape[0] != m.mat.shape[1]:
         return []
     n = len(m.ids)

@@ -44,7 +44,9 @@ own index (:mod:`node.corpus.views`), so candidates, early stop, fusion and scor
 only on the documents the view may see (specs/policy.md §6.1).
 
 With a dense pass, a chunk only it found never outranks the best chunk holding a rare
-query term (:func:`guard_rare_terms`, issue 40).
+query term (:func:`guard_rare_terms`, issue 40), and when no lexical pass found anything
+(no word of the question is in the searched index) the dense pass's list is dropped
+(its entry says ``reason: no-lexical-match``): the search answers nothing.
 
 The per-pass raw scores of every returned hit are in ``Hit.score_components``
 (``bm25``, ``exact``, ``rewrite``, ``dense``, ``rrf``; 0.0 when a pass ran and did not
@@ -868,13 +870,19 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                 for name in list(ranked):
                     ranked[name] = [(ids.cid(k), sc) for k, sc in ranked[name]]
                 doc_of.update(ids.ids.values())
+                # lexical corroboration (issue 40): when no word of the question is in the
+                # searched index, the dense pass's nearest chunks are near misses, not
+                # answers — the search answers nothing (no-verified-results)
+                unmatched = not any(ranked.values())
                 for name, extra in extra_passes.items():
-                    known = [(c, s) for c, s in extra
-                             if (c in doc_of or _doc_of(corpus, c, doc_of))
-                             and (view is None or doc_of[c] in view.docs)]
+                    known = [] if unmatched else [
+                        (c, s) for c, s in extra
+                        if (c in doc_of or _doc_of(corpus, c, doc_of))
+                        and (view is None or doc_of[c] in view.docs)]
                     ranked[name] = known
                     passes.append({**(dense_entry or {}), "name": name, "status": "ran",
-                                   "candidates": len(known)})
+                                   "candidates": len(known),
+                                   **({"reason": "no-lexical-match"} if unmatched else {})})
                     tier = (dense_entry or {}).get("tier")
                     controller["fusion"] = fusion_report(
                         [*controller["fusion"]["weights"], *extra_passes], tier)
