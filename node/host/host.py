@@ -325,6 +325,11 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     session with ``session-ended-by-owner``): :mod:`node.host.control`, specs/control.md;
     ``on_invitation`` is called once that channel answers.
 
+    A start refused for any reason (``home-in-use``, a damaged file, a port or index
+    refusal) writes none of the host's state files: the seen nonces and quota buckets are
+    only read at start and made at first use, ``audit.key`` just before publishing
+    (specs/session.md §8.1).
+
     Raises:
         KithError: ``home-in-use`` (another process serves this home), ``control-dir-unsafe``
             (``<home>/run`` is not a 0700 folder of this user), protocol not
@@ -463,7 +468,7 @@ class Host:
         self._closers: list[Callable[[], None]] = [self.knowledge.close]
         registry = PeerRegistry.load(self.home)  # a broken registry fails here, before binding
         audit_log = AuditLog(self.home, audit_queries=opts.audit_queries)
-        replaced = audit_log.check_key()  # an unreadable audit.key too (it failed every guest query)
+        replaced = audit_log.check_key()  # an unreadable audit.key too (it failed every guest query); made in run()
         if replaced:
             self.warn(replaced)
         if opts.presence == "granted":
@@ -606,6 +611,9 @@ class Host:
                 self.listener = listener
                 self._keep_port(listener)
                 await self._check_relays(listener)
+                # the host's state files are made only now that no refusal of the start is left
+                # (the seen nonces and quota buckets at first use): a refused start writes nothing
+                self.audit.log.make_key()
                 inv = await self._publish()
                 keeper = self.posts.keep(inv, self._new_invitation)
                 async with anyio.create_task_group() as tg:

@@ -267,46 +267,65 @@ class AuditLog:
         return {"query_hmac": hmac.new(self._hmac_key(), text.encode("utf-8"), hashlib.sha256).hexdigest()[:32]}
 
     def check_key(self) -> str | None:
-        """Load (or make) the key of the query hashes now — ``kith host`` calls it at start
-        when queries are hashed, so a key that cannot be read refuses the start instead of
-        failing every guest query.
+        """Read the key of the query hashes now, writing nothing — ``kith host`` calls it at
+        start when queries are hashed, so a key that cannot be read refuses the start instead
+        of failing every guest query. A missing or damaged key is made when the first query
+        is hashed, so a start refused later leaves the home as it was.
 
         Returns:
-            A warning to show when a damaged key (not 32 bytes) was replaced, else None.
+            A warning to show when the key is damaged (not 32 bytes: a new one will be
+            made), else None.
 
         Raises:
             ConfigError: ``io-error`` naming ``audit.key`` and the way out.
         """
         if self.audit_queries:
             return None
-        self._hmac_key()
-        return self._replaced
+        key = self._read_key()
+        if key and len(key) != 32:  # damaged: said once, never replaced without a word
+            return (f"{self.home / AUDIT_KEY_FILE} was not a 32-byte key ({len(key)} bytes): a new one is made; "
+                    "query hashes recorded before it no longer match new ones")
+        return None
 
-    _replaced: str | None = None
+    def _read_key(self) -> bytes:
+        """The bytes of ``audit.key`` (empty when it does not exist).
+
+        Raises:
+            ConfigError: ``io-error`` when it cannot be read.
+        """
+        path = self.home / AUDIT_KEY_FILE
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return b""
+        except OSError as exc:
+            from node.common.errors import ConfigError
+
+            raise ConfigError(
+                "io-error", f"the audit's query key cannot be read: {exc.strerror or type(exc).__name__} ({path})",
+                hint=f"move it aside (`mv {path} {path}.bad`): a new key is made at the next start; query "
+                     "hashes recorded before it can no longer be matched to new ones (or start with "
+                     "--audit-queries, which records the text instead)") from None
+
+    def make_key(self) -> None:
+        """Make the key of the query hashes now when it is missing or damaged (``kith host``
+        calls it once every refusal of its start is behind it, before it publishes). A no-op
+        when queries are recorded as text.
+
+        Raises:
+            ConfigError: ``io-error`` when it cannot be read; ``OSError`` when it cannot be written.
+        """
+        if not self.audit_queries:
+            self._hmac_key()
 
     def _hmac_key(self) -> bytes:
         if self._key is None:
-            path = self.home / AUDIT_KEY_FILE
-            try:
-                key = path.read_bytes()
-            except FileNotFoundError:
-                key = b""
-            except OSError as exc:
-                from node.common.errors import ConfigError
-
-                raise ConfigError(
-                    "io-error", f"the audit's query key cannot be read: {exc.strerror or type(exc).__name__} ({path})",
-                    hint=f"move it aside (`mv {path} {path}.bad`): a new key is made at the next start; query "
-                         "hashes recorded before it can no longer be matched to new ones (or start with "
-                         "--audit-queries, which records the text instead)") from None
-            if len(key) != 32:
+            key = self._read_key()
+            if len(key) != 32:  # missing, or damaged (check_key said so at the host's start)
                 from node.common.home import atomic_write
 
-                if key:  # damaged: said once, never replaced without a word
-                    self._replaced = (f"{path} was not a 32-byte key ({len(key)} bytes): a new one is made; query "
-                                      "hashes recorded before it no longer match new ones")
                 key = os.urandom(32)
-                atomic_write(path, key)
+                atomic_write(self.home / AUDIT_KEY_FILE, key)
             self._key = key
         return self._key
 
