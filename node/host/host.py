@@ -395,6 +395,7 @@ class Host:
         self._all_done = anyio.Event()
         self._all_done.set()
         self._card: dict[str, Any] | None = None  # this device's card for its newest live post
+        self._seq: int | None = None  # the first card's sequence number, taken before publishing
         self._card_changed = anyio.Event()
 
     def _bind_iroh(self, secret: bytes, alpn: bytes) -> Any:
@@ -609,11 +610,15 @@ class Host:
                 self._closers.insert(0, watcher.close)
             async with self.bind(self.identity.secret, self.spec.alpn) as listener:
                 self.listener = listener
+                # the host's state files are written only now that no refusal of the start is left
+                # (the seen nonces and quota buckets at first use): a refused start writes nothing,
+                # and card-seq is refused before any invitation is written or printed
+                from node.host.card import first_seq
+
+                self._seq = first_seq(self.home, self.identity)
+                self.audit.log.make_key()
                 self._keep_port(listener)
                 await self._check_relays(listener)
-                # the host's state files are made only now that no refusal of the start is left
-                # (the seen nonces and quota buckets at first use): a refused start writes nothing
-                self.audit.log.make_key()
                 inv = await self._publish()
                 keeper = self.posts.keep(inv, self._new_invitation)
                 async with anyio.create_task_group() as tg:
@@ -732,15 +737,17 @@ class Host:
         home's person has not bound this device)."""
         from node.host.card import own_card
 
+        seq, self._seq = self._seq, None  # the number taken before publishing, for the first card
         try:
-            self._card = own_card(self.home, self.identity, inv.to_dict())
+            self._card = own_card(self.home, self.identity, inv.to_dict(), seq)
             if self._card is not None and self.opts.mailbox and self.opts.server_url:
                 from node.host.card import with_mailboxes  # card format 2 (specs/sealed.md §6)
 
                 self._card = with_mailboxes(self.identity, self._card, [self.opts.server_url])
-        except KithError as exc:  # a person record that does not load: no card, the host serves on
+        except (KithError, OSError) as exc:  # a person record that does not load, card-seq unwritable: no card
             self._card = None
-            self.warn(f"no device card is published ({exc.code}): guests reach this device only by its invitation")
+            code = refusal_of(exc).code  # type: ignore[union-attr]  # KithError or OSError: never None
+            self.warn(f"no device card is published ({code}): guests reach this device only by its invitation")
         if self._card is not None:
             self._card_changed.set()
 
