@@ -113,6 +113,9 @@ def test_a_refused_kith_host_start_writes_nothing(served_home: Path, tmp_path: P
     assert proc.returncode == 1, proc.stderr
     code = {"home-in-use": "home-in-use", "posts.json": "config-invalid", "card-seq": "io-error"}[refusal]
     assert f"error [{code}]" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    if refusal == "card-seq":  # told by `kith`'s one mapping (node.common.dbfaults.refusal_of)
+        assert f"a folder is where Kith keeps a file ({home / 'card-seq'})" in proc.stderr, proc.stderr
+        assert f"mv {home / 'card-seq'} {home / 'card-seq'}.bad" in proc.stderr, proc.stderr
     assert [json.loads(line) for line in proc.stdout.splitlines()] == [json.loads(proc.stdout)], proc.stdout
     assert "post_id" not in proc.stdout and json.loads(proc.stdout)["error"]["code"] == code  # no invitation printed
     assert not (tmp_path / "inv.json").exists()
