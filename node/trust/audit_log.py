@@ -424,4 +424,83 @@ def read_audit(home: Path, problems: list[AuditProblem]) -> Iterator[dict[str, A
                 yield rec
 
 
-__all__ = ["AUDIT_FILE", "AuditLog", "AuditProblem", "audit_files", "loop_schedule", "read_audit"]
+#: Bytes read per step when the log is read from its end (:func:`read_audit_tail`).
+TAIL_BLOCK_BYTES = 64 << 10
+
+
+def _record(raw: bytes) -> dict[str, Any] | None:
+    """The record of one line (without its newline), or None when it is not one."""
+    try:
+        rec = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(rec, dict) or not isinstance(rec.get("ts"), str) or not isinstance(rec.get("event"), str):
+        return None
+    return rec
+
+
+def read_audit_tail(home: Path, max_bytes: int, block: int = TAIL_BLOCK_BYTES) -> Iterator[dict[str, Any]]:
+    """Yield the records of the log's last ``max_bytes`` bytes, newest first — what a view
+    of recent activity needs (``kith status``), never the whole log (up to
+    (:data:`AUDIT_KEEP` + 1) × :data:`MAX_AUDIT_BYTES`). Files are read backwards in
+    :data:`TAIL_BLOCK_BYTES` steps, the current file first, then the rotated ones. A line
+    cut by the bound, longer than :data:`MAX_LINE_BYTES`, left without its newline (a
+    crash) or not a record is skipped silently (``kith audit`` reports such lines); an
+    unreadable file ends the read.
+
+    Args:
+        home: the node home. max_bytes: the most bytes read, over every file.
+        block: bytes read per step (:data:`TAIL_BLOCK_BYTES`).
+    """
+    budget = max(0, int(max_bytes))
+    for path in reversed(audit_files(home)):
+        if budget <= 0:
+            return
+        try:
+            fh = path.open("rb")
+        except OSError:
+            return
+        with fh:
+            try:
+                pos = fh.seek(0, os.SEEK_END)
+            except OSError:
+                return
+            carry = b""  # the start of a line whose beginning is not read yet
+            tail = True  # the bytes after the file's last newline: a line cut by a crash
+            while pos > 0 and budget > 0:
+                step = min(block, pos, budget)
+                pos -= step
+                budget -= step
+                fh.seek(pos)
+                lines = (fh.read(step) + carry).split(b"\n")
+                carry = lines.pop(0)  # incomplete until the byte before it is read
+                if len(carry) > MAX_LINE_BYTES:
+                    carry = b"\xff" * (MAX_LINE_BYTES + 1)  # never a record: kept short, skipped at the end
+                if tail:  # what follows the file's last newline (empty when it ends with one): never a record
+                    if not lines:
+                        continue  # no newline in this block yet: all of it is that tail
+                    lines.pop()
+                    tail = False
+                for raw in reversed(lines):
+                    rec = _record(raw) if raw.strip() and len(raw) <= MAX_LINE_BYTES else None
+                    if rec is not None:
+                        yield rec
+            if pos == 0 and not tail and carry.strip() and len(carry) <= MAX_LINE_BYTES:
+                rec = _record(carry)  # the file's first line, whole
+                if rec is not None:
+                    yield rec
+
+
+def audit_size(home: Path) -> int:
+    """Bytes the log holds now, over its files (0 when a file cannot be read)."""
+    total = 0
+    for path in audit_files(home):
+        try:
+            total += path.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+__all__ = ["AUDIT_FILE", "AuditLog", "AuditProblem", "audit_files", "audit_size", "loop_schedule", "read_audit",
+           "read_audit_tail"]
