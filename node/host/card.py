@@ -76,7 +76,8 @@ def next_seq(home: Path) -> int:
     return seq
 
 
-def own_card(home: Path, identity: "Identity", invitation: dict[str, Any], seq: int | None = None) -> dict[str, Any] | None:
+def own_card(home: Path, identity: "Identity", invitation: dict[str, Any],
+             seq: int | None = None) -> dict[str, Any] | None:
     """This hosting device's card for its live ``invitation``, or None when its person has
     not bound it (no person yet: nothing to vouch for it). ``seq``: a number taken
     beforehand with :func:`next_seq` (``kith host`` takes its first one before it publishes

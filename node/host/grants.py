@@ -257,4 +257,5 @@ def sharing_report(home: Path) -> dict[str, Any]:
 
 
 __all__ = ["sharing_report", "SHARING_AUDIT_BYTES", "GRANT_POLL_S", "GrantWatcher", "NO_GRANT_CODES",
-           "PRESENCE_VALUES", "UNIFORM_REFUSAL", "grants_with_ends", "has_grant", "presence_from", "refusal_code", "unseen_person_pins"]
+           "PRESENCE_VALUES", "UNIFORM_REFUSAL", "grants_with_ends", "has_grant", "presence_from", "refusal_code",
+           "unseen_person_pins"]

@@ -45,7 +45,8 @@ class QuotaStore:
 
     Opened late: building it only reads the file (:func:`node.common.home.probe_home_db`: a
     damaged one is refused then); it is made and opened at the first load or save, so a
-    host start refused for any reason writes nothing. Bounded: at open, rows older than :data:`MAX_AGE_S` are deleted and at most
+    host start refused for any reason writes nothing. Bounded: at open, rows older than
+    :data:`MAX_AGE_S` are deleted and at most
     :data:`MAX_ROWS` are kept (the most recently used).
 
     Args:

@@ -13,7 +13,8 @@ Bounded while the host runs (issue 11), by two rules:
   the host's session slots.
 - **Purged by age and count.** A row lives until its invitation expires, at most
   :data:`MAX_AGE_S`; expired rows are purged when the file is first opened (at the first
-  handshake, or the first purge) and every :data:`PURGE_INTERVAL_S` while the host runs (``serve_host``), and beyond :data:`MAX_ROWS` the rows closest to
+  handshake, or the first purge) and every :data:`PURGE_INTERVAL_S` while the host runs
+  (``serve_host``), and beyond :data:`MAX_ROWS` the rows closest to
   expiry are dropped at once. Forgetting an old nonce only lets its own guest (the QUIC key must match)
   re-send that init, which gets a fresh host nonce and so a different session.
 
@@ -56,7 +57,8 @@ class SeenNonces:
         self._max_rows = max_rows
         self._lock = threading.Lock()
         self._reserved: set[str] = set()
-        self._db: sqlite3.Connection | None = None  # opened when first needed (_open): a refused host start writes nothing
+        # opened when first needed (_open): a refused host start writes nothing
+        self._db: sqlite3.Connection | None = None
         self._rows = 0
         try:
             probe_home_db(self.path)  # refuses a damaged file now, writing nothing
