@@ -284,3 +284,52 @@ def test_a_narrowed_grant_told_in_a_join_is_filtered_from_the_copy_at_once(tmp_p
     assert json.loads((bea / "copies" / "alice" / "withdrawn.json").read_text()) == {"sources": ["/kb/tempfiles.md"]}
     after = json.loads(kith(bea, "ask", "temporary files", "--peer", "alice", "--copy", "--json").stdout)
     assert "/kb/tempfiles.md" not in {r["source"] for r in after["results"]}
+
+
+def test_a_copy_request_the_quota_cannot_pay_is_refused_alone_and_the_warm_session_goes_on(tmp_path):
+    """issue 42: a copy request the peer's quota could not pay ended the whole session with
+    copy-rate-limited, so a warm session (`kith api serve`, `kith mcp`, the home runner's
+    pool) lost its questions too. Now that request alone is refused — the sync reports
+    copy-rate-limited and keeps the copy as it was — and the same session answers the
+    next question: one session started, none ended."""
+    import anyio
+
+    from node.common.errors import KithError
+    from node.guest.asker import Asker
+    from node.guest.copies.store import CopyStore
+    from node.guest.copies.sync import sync_with_pool
+    from node.guest.pool import SessionPool
+    from support.hosts import STEADY, InProcessHost
+
+    host, bea = kb_host_and_bea(tmp_path)
+    assert kith(host, "policy", "quota", "--for", "bea", "--per-hour", "1", "--burst", "2").returncode == 0
+    out: dict = {}
+
+    async def main():
+        h = InProcessHost(host, tmp_path, heartbeat=STEADY)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(h.run)
+            with anyio.fail_after(60):
+                await h.ready.wait()
+            pin_host(bea, "alice", h.invite)
+            async with SessionPool(bea, load_identity(bea), local=True) as pool:
+                with anyio.fail_after(120):
+                    out["first"] = await sync_with_pool(pool, "alice")  # copy_list + one copy_fetch: 2
+                    try:
+                        await sync_with_pool(pool, "alice")  # the bucket is empty
+                    except KithError as exc:
+                        out["refused"] = exc.code
+                    out["answer"] = await Asker(pool).ask("alice", {"query": "temporary files", "topK": 3})
+                out["reused"] = pool.stats.reused
+                out["started"] = len(h.of("session-started"))
+                out["ended"] = [e.get("code") or e.get("reason") for e in h.ended()]  # before the pool ends it
+            h.stop.set()
+
+    anyio.run(main)
+    assert out["first"]["fetched"] == 3
+    assert out["refused"] == "copy-rate-limited"
+    assert out["answer"]["action"] == "results" and out["answer"]["status"] == "rate-limited"  # the same session
+    assert out["answer"]["retry_after_s"] >= 1
+    assert out["started"] == 1 and out["reused"] >= 2, out
+    assert out["ended"] == [], out
+    assert len(CopyStore(bea, "alice").load()["documents"]) == 3  # the copy stays as last committed

@@ -693,9 +693,9 @@ def test_a_folder_in_place_of_a_file_written_whole_is_named_with_its_way_out(ful
     with pytest.raises(OSError) as exc:
         atomic_write(home / "card-seq", b"1")
     assert exc.value.filename == str(home / "card-seq"), exc.value.filename
-    from node.cli.main import _as_kith_error
+    from node.common.dbfaults import refusal_of
 
-    err = _as_kith_error(exc.value)
+    err = refusal_of(exc.value)
     assert err.code == "io-error" and str(home / "card-seq") in err.message and ".tmp" not in err.message
     assert "mv " in (err.hint or ""), err.hint
     assert not [p for p in home.iterdir() if p.name.endswith(".tmp")]

@@ -54,7 +54,8 @@ def test_undecodable_bytes_are_query_invalid_in_every_command(tmp_path):
     _refused(_run(home, "search", "--json", BAD), "query-invalid", 1)
     _refused(_run(home, "search", "ok", "--source", b"/x/" + BAD), "query-invalid", 1)
     _refused(_run(home, "ask", "--local", BAD), "query-invalid", 2)
-    _refused(_run(home, "join", str(tmp_path / "invite.json"), "--query", BAD), "query-invalid", 1)
+    # a bad question on the command line is a bad command line: exit 2 in both (specs/cli.md, specs/ask.md §6)
+    _refused(_run(home, "join", str(tmp_path / "invite.json"), "--query", BAD), "query-invalid", 2)
     assert not (home / "outbox.sqlite").exists()
 
 

@@ -69,7 +69,12 @@ def test_an_expired_post_is_not_honoured_after_a_restart(tmp_path):
     again = _posts(tmp_path, clock)
     assert again.restore(SessionTable(clock=clock), ident.public_key) == []
     assert again.protocol_for(inv.post_id) is None
-    assert json.loads((tmp_path / POSTS_FILE).read_text())["posts"] == []
+    kept = json.loads((tmp_path / POSTS_FILE).read_text())["posts"]
+    assert [p["invitation"]["post_id"] for p in kept] == [inv.post_id]  # read only: a refused start writes nothing
+    fresh = _invitation(ident, port=50914)
+    again.add(fresh)  # this run publishes: the expired one is dropped from the file
+    assert [p["invitation"]["post_id"] for p in json.loads((tmp_path / POSTS_FILE).read_text())["posts"]] \
+        == [fresh.post_id]
 
 
 def test_forgetting_the_kept_posts_withdraws_them(tmp_path):
@@ -80,7 +85,10 @@ def test_forgetting_the_kept_posts_withdraws_them(tmp_path):
     again.restore(SessionTable(clock=clock), ident.public_key)
     assert again.forget_kept() == [inv.post_id]
     assert again.protocol_for(inv.post_id) is None  # handshake-unknown-post: the guest says invitation-gone
-    assert json.loads((tmp_path / POSTS_FILE).read_text())["posts"] == []
+    fresh = _invitation(ident, port=50914)
+    again.add(fresh)  # the file is rewritten with the new invitation (a start refused before keeps it)
+    assert [p["invitation"]["post_id"] for p in json.loads((tmp_path / POSTS_FILE).read_text())["posts"]] \
+        == [fresh.post_id]
 
 
 @pytest.mark.parametrize("content", [

@@ -299,7 +299,7 @@ class AnswerService:
         """What ``view`` may keep a copy of (:meth:`node.answer.copies.CopyServer.manifest`;
         ``copy-not-granted`` when this node serves no copies). Charged one query to the
         peer's quota (specs/copies.md §3): refused, it is ``{"refused": "copy-rate-limited",
-        "retry_after_s"}`` (the hooks end the session with that code). Never raises for
+        "retry_after_s"}`` (the hooks answer that request rate-limited; the session goes on). Never raises for
         peer input."""
         if self.copier is None or view.key is None and view.name is None:
             return {"status": "copy-not-granted", "maxBytes": None, "bytes": 0, "documents": [], "truncated": False}

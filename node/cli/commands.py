@@ -394,7 +394,10 @@ def join_cmd(
     mode = transport.mode(home, "join")
     identity = load_identity(home)
     for text in query:  # refused here, with the code every entry point uses, before connecting
-        contract.validate({"query": text, "topK": top_k})
+        try:
+            contract.validate({"query": text, "topK": top_k})
+        except KithError as exc:  # a bad --query is a bad command line: exit 2, as `kith ask` (specs/cli.md)
+            raise error_for(exc.code, exc.message, hint=exc.hint, exit_code=2) from None
 
     if (target is None) == (peer is None):
         raise UsageError("usage", "give POST_ID|INVITE_FILE|JSON, or --peer NAME (a pinned peer), not both")

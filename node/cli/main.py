@@ -9,8 +9,6 @@ one, so ``kith --version`` answers at interpreter speed.
 
 from __future__ import annotations
 
-import errno
-
 import json
 import sys
 from typing import TYPE_CHECKING, Any
@@ -41,46 +39,6 @@ def _register() -> None:
 
 def _wants_json(argv: list[str]) -> bool:
     return "--json" in argv
-
-
-def _as_kith_error(exc: BaseException) -> KithError | None:
-    """The refusal to report for ``exc``: a KithError itself, the first KithError inside an
-    exception group (anyio task groups wrap what a task raised), a full disk (ENOSPC,
-    EDQUOT, EFBIG; SQLite's "database or disk is full") as ``disk-full``, or another local
-    I/O failure (read-only home, permission denied) as ``io-error``. None: not ours —
-    re-raise."""
-    from node.common.errors import ConfigError, KithError
-
-    if isinstance(exc, KithError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _as_kith_error(inner)
-            if found is not None:
-                return found
-        return None
-    if isinstance(exc, OSError):
-        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-        from node.common.dbfaults import DISK_FULL_ERRNOS, disk_full
-
-        if exc.errno in DISK_FULL_ERRNOS:  # never "corrupt", never a bare io-error
-            return disk_full(str(exc.filename) if getattr(exc, "filename", None) else "the Kith home")
-        if exc.errno == errno.EISDIR and getattr(exc, "filename", None):
-            return ConfigError("io-error", f"a folder is where Kith keeps a file{where}",
-                               hint=f"move the folder aside (`mv {exc.filename} {exc.filename}.bad`) and run "
-                                    "the command again")
-        return ConfigError("io-error", f"{exc.strerror or type(exc).__name__}{where}",
-                           hint="check that the Kith home and the files named are writable by you")
-    import sqlite3
-
-    if isinstance(exc, sqlite3.OperationalError) and "database or disk is full" in str(exc):
-        from node.common.dbfaults import disk_full
-
-        return disk_full("a database in the Kith home")
-    if isinstance(exc, sqlite3.OperationalError) and "readonly" in str(exc):
-        return ConfigError("io-error", "the database in the Kith home is read-only",
-                           hint="check that the Kith home is writable by you")
-    return None
 
 
 def print_error(exc: KithError, *, json_out: bool = False) -> None:
@@ -129,7 +87,9 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit:
         raise
     except BaseException as raw:
-        exc = _as_kith_error(raw)
+        from node.common.dbfaults import refusal_of  # the one mapping (also kith host's, the runner's)
+
+        exc = refusal_of(raw)
         if exc is None or debug:
             raise
         print_error(exc, json_out=_wants_json(argv))

@@ -261,7 +261,10 @@ def _sharing_lines(s: dict[str, Any]) -> list[str]:
         out += [f"  {c['glob']} for {c['for']}" + (f" {until_text(c['until'])}" if c["until"] else "")
                 + (f", at most {c['maxBytes']} bytes" if c["maxBytes"] is not None else "") for c in s["copyGrants"]]
     if s["copiesSent"]:
-        out.append(f"copies sent (peers that may hold them): {len(s['copiesSent'])}")
+        seen = s.get("copiesSentFrom") or {}
+        scope = "" if seen.get("whole", True) else \
+            f" (from the audit log's last {seen['bytes'] >> 20} MiB; `kith audit` for all)"
+        out.append(f"copies sent (peers that may hold them){scope}: {len(s['copiesSent'])}")
         out += [f"  {r['peer_name'] or str(r['peer'])[:16] + '…'}: {r['documents']} document(s), last sent "
                 f"{r['lastSentAt']}" for r in s["copiesSent"]]
     return out

@@ -77,37 +77,44 @@ def _looks_full(path: Path) -> bool:
     return False
 
 
-def sqlite_fault(exc: BaseException, path: Path, corrupt: Callable[[], KithError]) -> KithError | None:
+#: what a refusal names when the database that failed is not known
+SOME_DATABASE = "a database in the Kith home"
+
+
+def sqlite_fault(exc: BaseException, path: Path | None, corrupt: Callable[[], KithError]) -> KithError | None:
     """The refusal for ``exc`` raised by SQLite on the database ``path`` (module docstring),
     or None when it is not a fault of the file (busy, locked, a bug).
 
     Args:
         exc: the exception caught (an ``OSError`` of a full disk counts too).
-        path: the database file (named in the message).
+        path: the database file (named in the message), or None when the caller does not
+            know it (:func:`refusal_of`: named :data:`SOME_DATABASE`).
         corrupt: makes the caller's refusal for a file that is not a whole database.
     """
+    where = SOME_DATABASE if path is None else str(path)
     if isinstance(exc, OSError):
-        if exc.errno in DISK_FULL_ERRNOS:
-            return disk_full(str(path))
-        return io_error(str(path), exc.strerror or type(exc).__name__)
+        return os_fault(exc, where)
     if not isinstance(exc, sqlite3.DatabaseError):
         return None
     name = getattr(exc, "sqlite_errorname", "") or ""
     text = str(exc)
     if name == "SQLITE_FULL" or "database or disk is full" in text:
-        return disk_full(str(path))
+        return disk_full(where)
     if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "file is not a database" in text \
             or "malformed" in text:
         return corrupt()
-    if name.startswith("SQLITE_IOERR") and _looks_full(path):
-        return disk_full(str(path))
-    if name.startswith(("SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_AUTH")):
+    if name.startswith("SQLITE_IOERR") and path is not None and _looks_full(path):
+        return disk_full(where)
+    if name.startswith(("SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_AUTH")) \
+            or "readonly database" in text:
         base = "_".join(name.split("_")[:2])  # SQLITE_READONLY_DBMOVED -> SQLITE_READONLY
+        if "readonly database" in text:
+            base = "SQLITE_READONLY"
         why = {"SQLITE_READONLY": "the database is read-only", "SQLITE_CANTOPEN": "the database cannot be opened",
                "SQLITE_PERM": "permission denied"}.get(base, f"the database cannot be read or written: {text[:80]}")
-        return io_error(str(path), why)
-    if os.path.isdir(path):
-        return io_error(str(path), "a folder is in the place of the database file")
+        return io_error(where, why)
+    if path is not None and os.path.isdir(path):
+        return io_error(where, "a folder is in the place of the database file")
     return None
 
 
@@ -120,11 +127,34 @@ def state_fault(exc: BaseException, path: Path, holds: str) -> KithError | None:
         hint=f"move it aside (mv {path} {path}.bad): {holds}"))
 
 
+def os_fault(exc: OSError, where: str | None = None) -> ConfigError:
+    """The refusal for a local I/O failure on ``where`` (default: the file the error names,
+    else "the Kith home"): ``disk-full`` for a full disk, quota or file-size limit (never
+    "corrupt"); ``io-error`` naming a folder in the place of a file, with the ``mv`` that
+    moves it aside; else ``io-error`` with the system's reason (permission denied, a
+    read-only file system, ...)."""
+    named = str(exc.filename) if getattr(exc, "filename", None) else None
+    where = where or named or "the Kith home"
+    if exc.errno in DISK_FULL_ERRNOS:
+        return disk_full(where)
+    if exc.errno == errno.EISDIR and (where != "the Kith home"):
+        return ConfigError("io-error", f"a folder is where Kith keeps a file ({where})",
+                           hint=f"move the folder aside (`mv {where} {where}.bad`) and run the command again")
+    return io_error(where, exc.strerror or type(exc).__name__)
+
+
 def refusal_of(exc: BaseException) -> KithError | None:
-    """The refusal a background piece (a connection of ``kith host``, the home's runner)
-    ended with: a :class:`KithError` (the first one inside an exception group, as anyio
-    task groups wrap it) or a local I/O failure as ``disk-full`` / ``io-error``; None for
-    anything else (a bug: logged with its traceback)."""
+    """The one mapping of what a command or a background piece ended with to the refusal
+    the user is told: a :class:`KithError` itself (the first one inside an exception group,
+    as anyio task groups wrap it), a local I/O failure (:func:`os_fault`), or an SQLite
+    error raised where no caller named its file (:func:`sqlite_fault` for "a database in
+    the Kith home"); None for anything else (a bug: re-raised or logged with its
+    traceback). ``kith`` (node/cli/main.py), the connections of ``kith host`` and the
+    home's runner all report through it.
+
+    Returns:
+        The :class:`KithError` to report, or None.
+    """
     if isinstance(exc, KithError):
         return exc
     if isinstance(exc, BaseExceptionGroup):
@@ -134,9 +164,13 @@ def refusal_of(exc: BaseException) -> KithError | None:
                 return found
         return None
     if isinstance(exc, OSError):
-        where = str(exc.filename) if getattr(exc, "filename", None) else "the Kith home"
-        return disk_full(where) if exc.errno in DISK_FULL_ERRNOS else io_error(where, exc.strerror or type(exc).__name__)
+        return os_fault(exc)
+    if isinstance(exc, sqlite3.DatabaseError):
+        return sqlite_fault(exc, None, lambda: ConfigError(
+            "config-invalid", f"{SOME_DATABASE} is damaged (not a whole SQLite file)",
+            hint="run the command again with --debug to see which one, then move it aside or restore it"))
     return None
 
 
-__all__ = ["DISK_FULL_ERRNOS", "disk_full", "io_error", "refusal_of", "sqlite_fault", "state_fault"]
+__all__ = ["DISK_FULL_ERRNOS", "SOME_DATABASE", "disk_full", "io_error", "os_fault", "refusal_of", "sqlite_fault",
+           "state_fault"]

@@ -283,7 +283,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "sync-mode-invalid": ("corpus", "The sync mode is not one of new_only, update_only, full."),
     "root-unknown": ("corpus", "No source root has that prefix."),
     "copy-rate-limited": ("policy", "The host's quota for this peer is used up: its copy requests (charged like "
-                          "queries, by bytes) are refused and the session ended until it refills.",
+                          "queries, by bytes) are refused until it refills; its session goes on.",
                           "sync again later (`kith copies sync NAME`); the background re-sync retries on its own"),
     "root-is-copy": ("corpus", "That folder is in <home>/copies/, where this node keeps copies of peers' corpora; a copy is "
                      "never this node's own corpus.", "add the folder your own files are in"),

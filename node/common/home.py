@@ -246,6 +246,31 @@ def open_home_db(path: Path) -> Any:
     return db
 
 
+def probe_home_db(path: Path) -> None:
+    """Read a state file :func:`open_home_db` opens, writing nothing: no file is created,
+    no WAL, journal or shared-memory file is made, nothing is purged. ``kith host`` refuses
+    a damaged state file at start this way, and opens it for writing only when it first
+    needs it, so a refused start leaves the home as it was (issue 42).
+
+    A missing file passes (it is made empty when first needed). The read is SQLite's
+    ``immutable`` mode, so what only a crashed process's WAL holds is not looked at.
+
+    Raises:
+        sqlite3.DatabaseError, OSError: as opening the file would (not a database, no
+            permission, a folder in its place); callers map them with
+            :func:`node.common.dbfaults.state_fault`.
+    """
+    import sqlite3
+
+    if not os.path.lexists(path):
+        return
+    db = sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro&immutable=1", uri=True)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    finally:
+        db.close()
+
+
 #: the way out of a bad ``config.toml``: it only holds defaults a command line can give
 _CONFIG_HINT = ("fix <home>/config.toml (UTF-8 TOML: [transport], [host]; specs/transport.md §1), or move it "
                 "aside: every setting then has its default")

@@ -304,11 +304,13 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
     result = AskResult(outcome=None)
 
     manifest_asked = [False]
+    manifest_out = [False]  # the copy_list was sent: the next reply is its, never an answer
 
     def on_results(message: dict[str, Any]) -> None:
         from node.answer.fence import mark_answer
 
-        if message.get("action") == "copy_manifest":  # asked below: what the host withdrew from the copy
+        if manifest_out[0]:  # asked below, after the questions: what the host withdrew from the copy
+            # (a rate-limited `results` when the peer's quota cannot pay it: the next sync asks)
             from node.guest.copies.lifecycle import record_withdrawn
             from node.guest.copies.store import CopyStore
 
@@ -344,7 +346,10 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
         if text:
             return text
         asked_out[0] = True
-        return {"action": "copy_list"} if stale_copy() else None
+        if stale_copy():
+            manifest_out[0] = True
+            return {"action": "copy_list"}
+        return None
 
     hook_options = {**options.hook_options(), "on_results": on_results, "ask": next_question}
     with anyio.move_on_after(timeout_s):

@@ -58,20 +58,34 @@ def public_totals(home: Path) -> tuple[int, int]:
 
 def next_seq(home: Path) -> int:
     """The next card sequence number of this home (``<home>/card-seq``, written before the
-    card is used: a crash never reuses a number)."""
+    card is used: a crash never reuses a number). A missing or unparsable file starts at 0.
+
+    Raises:
+        OSError: the file cannot be read (no permission, a folder in its place) or written
+            (a full disk); never read as "no number yet", which would reuse numbers.
+    """
     path = Path(home) / SEQ_FILE
     try:
         last = int(path.read_text("ascii").strip())
-    except (OSError, ValueError):
+    except FileNotFoundError:
+        last = -1
+    except (UnicodeDecodeError, ValueError):
         last = -1
     seq = max(last + 1, 0)
     atomic_write(path, f"{seq}\n".encode("ascii"))
     return seq
 
 
-def own_card(home: Path, identity: "Identity", invitation: dict[str, Any]) -> dict[str, Any] | None:
-    """This hosting device's card for its live ``invitation`` (a new ``seq``), or None when
-    its person has not bound it (no person yet: nothing to vouch for it)."""
+def own_card(home: Path, identity: "Identity", invitation: dict[str, Any],
+             seq: int | None = None) -> dict[str, Any] | None:
+    """This hosting device's card for its live ``invitation``, or None when its person has
+    not bound it (no person yet: nothing to vouch for it). ``seq``: a number taken
+    beforehand with :func:`next_seq` (``kith host`` takes its first one before it publishes
+    anything), or None to take a new one now.
+
+    Raises:
+        KithError: the person record does not load. OSError: as :func:`next_seq`.
+    """
     from node.trust.person import own_chain
 
     chain = own_chain(home, identity.public_key)
@@ -79,7 +93,26 @@ def own_card(home: Path, identity: "Identity", invitation: dict[str, Any]) -> di
         return None
     documents, chunks = public_totals(home)
     return make_card(identity.secret, chain, invitation, documents=documents, chunks=chunks, created=_now(),
-                     seq=next_seq(home))
+                     seq=next_seq(home) if seq is None else seq)
+
+
+def first_seq(home: Path, identity: "Identity") -> int | None:
+    """The sequence number of the first card of a ``kith host`` start, taken before it
+    prints or publishes an invitation, so that ``card-seq`` that cannot be read or written
+    refuses the start before any promise is made; None when no card will be made (no
+    person binds this device, or its record does not load: said when the card is made).
+
+    Raises:
+        OSError: as :func:`next_seq`.
+    """
+    from node.trust.person import own_chain
+
+    try:
+        if own_chain(home, identity.public_key) is None:
+            return None
+    except KithError:
+        return None
+    return next_seq(home)
 
 
 def with_mailboxes(identity: "Identity", card: dict[str, Any], mailboxes: list[str]) -> dict[str, Any]:

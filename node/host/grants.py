@@ -212,16 +212,24 @@ def presence_from(value: str | None, home: Path | None) -> str:
     return value or configured or "open"
 
 
+#: The most of the audit log (bytes, from its end) :func:`sharing_report` reads: a status
+#: view reads what is recent, never the whole log (up to 32 MiB; ``kith audit`` reads all).
+SHARING_AUDIT_BYTES = 2 << 20
+
+
 def sharing_report(home: Path) -> dict[str, Any]:
     """What this node shares beyond answers (issue 42 item 6): ``{"scrubs": [{"for",
     "kinds", "glob"}], "copyGrants": [{"glob", "for", "until", "maxBytes", "ended"}],
-    "copiesSent": [{"peer", "peer_name", "documents", "lastSentAt"}], "code"}`` —
-    ``copiesSent``: per peer, the distinct documents the audit log says a copy sent it
-    (``copy-sent`` records; what the peer may hold unless it deleted them), newest first;
-    ``code`` when policy.toml does not load (the lists are then empty)."""
+    "copiesSent": [{"peer", "peer_name", "documents", "lastSentAt"}], "copiesSentFrom":
+    {"bytes", "whole"}, "code"}`` — ``copiesSent``: per peer, the distinct documents the
+    audit log's last :data:`SHARING_AUDIT_BYTES` say a copy sent it (``copy-sent``
+    records; what the peer may hold unless it deleted them), newest first;
+    ``copiesSentFrom``: how many bytes of the log that was, and whether it was the whole
+    log (else older sends are only in ``kith audit``); ``code`` when policy.toml does not
+    load (the lists are then empty)."""
     from node.common.grants import ended
     from node.policy.store import Policy
-    from node.trust.audit_log import AuditProblem, read_audit
+    from node.trust.audit_log import audit_size, read_audit_tail
 
     out: dict[str, Any] = {"scrubs": [], "copyGrants": [], "copiesSent": [], "code": None}
     try:
@@ -233,23 +241,21 @@ def sharing_report(home: Path) -> dict[str, Any]:
         out["copyGrants"] = [{"glob": c.glob, "for": c.recipient, "until": c.until, "maxBytes": c.max_bytes,
                               "ended": c.until is not None and ended(c.until)} for c in policy.copy_grants]
     sent: dict[str, dict[str, Any]] = {}
-    problems: list[AuditProblem] = []
-    try:
-        for rec in read_audit(home, problems):
-            if rec.get("event") != "copy-sent" or not isinstance(rec.get("peer"), str):
-                continue
-            row = sent.setdefault(rec["peer"], {"peer": rec["peer"], "peer_name": None, "sources": set(),
-                                                "lastSentAt": None})
-            row["peer_name"] = rec.get("peer_name") or row["peer_name"]
-            row["sources"].update(s for s in rec.get("sources") or [] if isinstance(s, str))
-            row["lastSentAt"] = rec.get("ts")
-    except KithError:  # an unreadable audit log: `kith audit` says why
-        pass
+    size = audit_size(home)
+    out["copiesSentFrom"] = {"bytes": min(size, SHARING_AUDIT_BYTES), "whole": size <= SHARING_AUDIT_BYTES}
+    for rec in read_audit_tail(home, SHARING_AUDIT_BYTES):  # newest first
+        if rec.get("event") != "copy-sent" or not isinstance(rec.get("peer"), str):
+            continue
+        row = sent.setdefault(rec["peer"], {"peer": rec["peer"], "peer_name": rec.get("peer_name"), "sources": set(),
+                                            "lastSentAt": rec.get("ts")})
+        row["peer_name"] = row["peer_name"] or rec.get("peer_name")
+        row["sources"].update(s for s in rec.get("sources") or [] if isinstance(s, str))
     out["copiesSent"] = sorted(({"peer": r["peer"], "peer_name": r["peer_name"], "documents": len(r["sources"]),
                                  "lastSentAt": r["lastSentAt"]} for r in sent.values()),
                                key=lambda r: str(r["lastSentAt"]), reverse=True)
     return out
 
 
-__all__ = ["sharing_report", "GRANT_POLL_S", "GrantWatcher", "NO_GRANT_CODES", "PRESENCE_VALUES", "UNIFORM_REFUSAL",
-           "grants_with_ends", "has_grant", "presence_from", "refusal_code", "unseen_person_pins"]
+__all__ = ["sharing_report", "SHARING_AUDIT_BYTES", "GRANT_POLL_S", "GrantWatcher", "NO_GRANT_CODES",
+           "PRESENCE_VALUES", "UNIFORM_REFUSAL", "grants_with_ends", "has_grant", "presence_from", "refusal_code",
+           "unseen_person_pins"]

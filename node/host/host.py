@@ -333,6 +333,11 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     session with ``session-ended-by-owner``): :mod:`node.host.control`, specs/control.md;
     ``on_invitation`` is called once that channel answers.
 
+    A start refused for any reason (``home-in-use``, a damaged file, a port or index
+    refusal) writes none of the host's state files: the seen nonces and quota buckets are
+    only read at start and made at first use, ``audit.key`` just before publishing
+    (specs/session.md §8.1).
+
     Raises:
         KithError: ``home-in-use`` (another process serves this home), ``control-dir-unsafe``
             (``<home>/run`` is not a 0700 folder of this user), protocol not
@@ -400,6 +405,7 @@ class Host:
         self._card: dict[str, Any] | None = None  # this device's card for its newest live post
         self._card_v1: dict[str, Any] | None = None  # the same card in format 1, for older guests
         self._held_url: str | None = None  # where this device holds mail (--hold-mail), once served
+        self._seq: int | None = None  # the first card's sequence number, taken before publishing
         self._card_changed = anyio.Event()
 
     def _bind_iroh(self, secret: bytes, alpn: bytes) -> Any:
@@ -473,7 +479,7 @@ class Host:
         self._closers: list[Callable[[], None]] = [self.knowledge.close]
         registry = PeerRegistry.load(self.home)  # a broken registry fails here, before binding
         audit_log = AuditLog(self.home, audit_queries=opts.audit_queries)
-        replaced = audit_log.check_key()  # an unreadable audit.key too (it failed every guest query)
+        replaced = audit_log.check_key()  # an unreadable audit.key too (it failed every guest query); made in run()
         if replaced:
             self.warn(replaced)
         if opts.presence == "granted":
@@ -621,6 +627,13 @@ class Host:
                 self._closers.insert(0, watcher.close)
             async with self.bind(self.identity.secret, self.spec.alpn) as listener:
                 self.listener = listener
+                # the host's state files are written only now that no refusal of the start is left
+                # (the seen nonces and quota buckets at first use): a refused start writes nothing,
+                # and card-seq is refused before any invitation is written or printed
+                from node.host.card import first_seq
+
+                self._seq = first_seq(self.home, self.identity)
+                self.audit.log.make_key()
                 self._keep_port(listener)
                 await self._check_relays(listener)
                 inv = await self._publish()
@@ -741,15 +754,17 @@ class Host:
         home's person has not bound this device)."""
         from node.host.card import own_card
 
+        seq, self._seq = self._seq, None  # the number taken before publishing, for the first card
         try:
-            self._card = self._card_v1 = own_card(self.home, self.identity, inv.to_dict())
+            self._card = self._card_v1 = own_card(self.home, self.identity, inv.to_dict(), seq)
             if self._card is not None and self.mail_urls():
                 from node.host.card import with_mailboxes  # card format 2 (specs/sealed.md §6)
 
                 self._card = with_mailboxes(self.identity, self._card, self.mail_urls())
-        except KithError as exc:  # a person record that does not load: no card, the host serves on
+        except (KithError, OSError) as exc:  # a person record that does not load, card-seq unwritable: no card
             self._card = self._card_v1 = None
-            self.warn(f"no device card is published ({exc.code}): guests reach this device only by its invitation")
+            code = refusal_of(exc).code  # type: ignore[union-attr]  # KithError or OSError: never None
+            self.warn(f"no device card is published ({code}): guests reach this device only by its invitation")
         if self._card is not None:
             self._card_changed.set()
 

@@ -133,7 +133,8 @@ class Posts:
             self._docs[inv.post_id], self._uses[inv.post_id] = inv, uses
             table.restore_post(inv.post_id, uses, limit)
             out.append({"post_id": inv.post_id, "uses": uses, "max_sessions": limit, "expires_at": inv.expires_at})
-        self._save()  # drops what expired or was used up meanwhile
+        # read only: what expired or was used up meanwhile is dropped from the file when this
+        # run publishes (add/reuse), so a start refused later leaves it as it was
         return out
 
     def reusable(self, fresh: Invitation) -> Invitation | None:
@@ -166,19 +167,22 @@ class Posts:
 
     def reuse(self, inv: Invitation) -> None:
         """Write the restored ``inv`` again (``--invite-file``): the document as signed; it
-        is the live one now (``on_live``)."""
+        is the live one now (``on_live``); :data:`POSTS_FILE` drops what expired or was used
+        up since the last run."""
         self._write(inv)
+        self._save()
         self.on_live(inv)
 
     def forget_kept(self) -> list[str]:
         """``kith host --new-invitation``: every restored post is no longer honoured (its
-        guests are told ``handshake-unknown-post``). Returns their post ids."""
+        guests are told ``handshake-unknown-post``). Returns their post ids. The file is
+        rewritten when the new invitation is added (:meth:`add`), so a start refused before
+        it keeps them."""
         gone = [p for p in list(self._live) if p in self._docs]
         for post_id in gone:
             self._live.pop(post_id, None)
             self._docs.pop(post_id, None)
             self._uses.pop(post_id, None)
-        self._save()
         return gone
 
     def used(self, post_id: str) -> None:

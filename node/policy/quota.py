@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.common.home import open_home_db
+from node.common.home import open_home_db, probe_home_db
 from node.policy.store import Quota
 
 #: Buckets kept at once; the least recently used is dropped beyond (bounded memory).
@@ -43,7 +43,10 @@ class QuotaStore:
     """Token buckets on disk: ``<home>/quota.sqlite`` (0600), one row per peer key (and one
     for the shared anonymous bucket): ``(key, tokens, stamp)`` with ``stamp`` in Unix seconds.
 
-    Bounded: at open, rows older than :data:`MAX_AGE_S` are deleted and at most
+    Opened late: building it only reads the file (:func:`node.common.home.probe_home_db`: a
+    damaged one is refused then); it is made and opened at the first load or save, so a
+    host start refused for any reason writes nothing. Bounded: at open, rows older than
+    :data:`MAX_AGE_S` are deleted and at most
     :data:`MAX_ROWS` are kept (the most recently used).
 
     Args:
@@ -59,25 +62,40 @@ class QuotaStore:
 
     def __init__(self, home: Path, *, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(home) / self.FILE_NAME
+        self._clock = clock
+        self._db: sqlite3.Connection | None = None  # opened when first needed: a refused start writes nothing
         try:
-            self._db = open_home_db(self.path)  # 0600, WAL
-            self._db.execute("CREATE TABLE IF NOT EXISTS bucket (key TEXT PRIMARY KEY, tokens REAL NOT NULL,"
-                             " stamp REAL NOT NULL)")
-            self._db.execute("DELETE FROM bucket WHERE stamp < ?", (clock() - self.MAX_AGE_S,))
-            self._db.execute("DELETE FROM bucket WHERE key NOT IN (SELECT key FROM bucket ORDER BY stamp DESC "
-                             "LIMIT ?)", (self.MAX_ROWS,))
+            probe_home_db(self.path)  # a damaged file is refused now, writing nothing
         except (sqlite3.DatabaseError, OSError) as exc:
-            from node.common.dbfaults import state_fault
+            raise self._fault(exc) from None
 
-            refusal = state_fault(exc, self.path, "it holds the peers' quota buckets; a new file starts with "
-                                                  "every bucket full")
-            if refusal is None:
-                raise
-            raise refusal from None
+    def _fault(self, exc: BaseException) -> BaseException:
+        """The typed refusal of a failed SQLite call on the file (``disk-full``,
+        ``io-error``, ``config-invalid``), or ``exc`` itself when it is no fault of the file."""
+        from node.common.dbfaults import state_fault
+
+        refusal = state_fault(exc, self.path, "it holds the peers' quota buckets; a new file starts with "
+                                              "every bucket full")
+        return exc if refusal is None else refusal
+
+    def _open(self) -> sqlite3.Connection:
+        """The database, made and trimmed (:data:`MAX_AGE_S`, :data:`MAX_ROWS`) at the first call."""
+        if self._db is None:
+            try:
+                db = open_home_db(self.path)  # 0600, WAL
+                db.execute("CREATE TABLE IF NOT EXISTS bucket (key TEXT PRIMARY KEY, tokens REAL NOT NULL,"
+                           " stamp REAL NOT NULL)")
+                db.execute("DELETE FROM bucket WHERE stamp < ?", (self._clock() - self.MAX_AGE_S,))
+                db.execute("DELETE FROM bucket WHERE key NOT IN (SELECT key FROM bucket ORDER BY stamp DESC "
+                           "LIMIT ?)", (self.MAX_ROWS,))
+            except (sqlite3.DatabaseError, OSError) as exc:
+                raise self._fault(exc) from None
+            self._db = db
+        return self._db
 
     def load(self, key: str) -> tuple[float, float] | None:
         """``(tokens, stamp)`` of ``key``'s bucket, or None when none is stored."""
-        row = self._db.execute("SELECT tokens, stamp FROM bucket WHERE key = ?", (key,)).fetchone()
+        row = self._open().execute("SELECT tokens, stamp FROM bucket WHERE key = ?", (key,)).fetchone()
         return (float(row[0]), float(row[1])) if row else None
 
     def save(self, rows: list[tuple[str, float, float]]) -> None:
@@ -86,23 +104,19 @@ class QuotaStore:
         Raises:
             ConfigError: ``disk-full`` / ``io-error`` naming the file (node.common.dbfaults).
         """
+        db = self._open()
         try:
-            with self._db:
-                self._db.execute("BEGIN")
-                self._db.executemany("INSERT INTO bucket (key, tokens, stamp) VALUES (?, ?, ?) ON CONFLICT(key) "
-                                     "DO UPDATE SET tokens = excluded.tokens, stamp = excluded.stamp", rows)
+            with db:
+                db.execute("BEGIN")
+                db.executemany("INSERT INTO bucket (key, tokens, stamp) VALUES (?, ?, ?) ON CONFLICT(key) "
+                               "DO UPDATE SET tokens = excluded.tokens, stamp = excluded.stamp", rows)
         except (sqlite3.DatabaseError, OSError) as exc:  # a full disk is disk-full, never a bare sqlite3 error
-            from node.common.dbfaults import state_fault
-
-            refusal = state_fault(exc, self.path, "it holds the peers' quota buckets; a new file starts with "
-                                                  "every bucket full")
-            if refusal is None:
-                raise
-            raise refusal from None
+            raise self._fault(exc) from None
 
     def close(self) -> None:
-        """Close the database (idempotent)."""
-        self._db.close()
+        """Close the database, if it was opened (idempotent)."""
+        if self._db is not None:
+            self._db.close()
 
 
 #: Time constant (s) of the anonymous keys' recent use of the shared pool (an

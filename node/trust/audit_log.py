@@ -267,46 +267,65 @@ class AuditLog:
         return {"query_hmac": hmac.new(self._hmac_key(), text.encode("utf-8"), hashlib.sha256).hexdigest()[:32]}
 
     def check_key(self) -> str | None:
-        """Load (or make) the key of the query hashes now — ``kith host`` calls it at start
-        when queries are hashed, so a key that cannot be read refuses the start instead of
-        failing every guest query.
+        """Read the key of the query hashes now, writing nothing — ``kith host`` calls it at
+        start when queries are hashed, so a key that cannot be read refuses the start instead
+        of failing every guest query. A missing or damaged key is made when the first query
+        is hashed, so a start refused later leaves the home as it was.
 
         Returns:
-            A warning to show when a damaged key (not 32 bytes) was replaced, else None.
+            A warning to show when the key is damaged (not 32 bytes: a new one will be
+            made), else None.
 
         Raises:
             ConfigError: ``io-error`` naming ``audit.key`` and the way out.
         """
         if self.audit_queries:
             return None
-        self._hmac_key()
-        return self._replaced
+        key = self._read_key()
+        if key and len(key) != 32:  # damaged: said once, never replaced without a word
+            return (f"{self.home / AUDIT_KEY_FILE} was not a 32-byte key ({len(key)} bytes): a new one is made; "
+                    "query hashes recorded before it no longer match new ones")
+        return None
 
-    _replaced: str | None = None
+    def _read_key(self) -> bytes:
+        """The bytes of ``audit.key`` (empty when it does not exist).
+
+        Raises:
+            ConfigError: ``io-error`` when it cannot be read.
+        """
+        path = self.home / AUDIT_KEY_FILE
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return b""
+        except OSError as exc:
+            from node.common.errors import ConfigError
+
+            raise ConfigError(
+                "io-error", f"the audit's query key cannot be read: {exc.strerror or type(exc).__name__} ({path})",
+                hint=f"move it aside (`mv {path} {path}.bad`): a new key is made at the next start; query "
+                     "hashes recorded before it can no longer be matched to new ones (or start with "
+                     "--audit-queries, which records the text instead)") from None
+
+    def make_key(self) -> None:
+        """Make the key of the query hashes now when it is missing or damaged (``kith host``
+        calls it once every refusal of its start is behind it, before it publishes). A no-op
+        when queries are recorded as text.
+
+        Raises:
+            ConfigError: ``io-error`` when it cannot be read; ``OSError`` when it cannot be written.
+        """
+        if not self.audit_queries:
+            self._hmac_key()
 
     def _hmac_key(self) -> bytes:
         if self._key is None:
-            path = self.home / AUDIT_KEY_FILE
-            try:
-                key = path.read_bytes()
-            except FileNotFoundError:
-                key = b""
-            except OSError as exc:
-                from node.common.errors import ConfigError
-
-                raise ConfigError(
-                    "io-error", f"the audit's query key cannot be read: {exc.strerror or type(exc).__name__} ({path})",
-                    hint=f"move it aside (`mv {path} {path}.bad`): a new key is made at the next start; query "
-                         "hashes recorded before it can no longer be matched to new ones (or start with "
-                         "--audit-queries, which records the text instead)") from None
-            if len(key) != 32:
+            key = self._read_key()
+            if len(key) != 32:  # missing, or damaged (check_key said so at the host's start)
                 from node.common.home import atomic_write
 
-                if key:  # damaged: said once, never replaced without a word
-                    self._replaced = (f"{path} was not a 32-byte key ({len(key)} bytes): a new one is made; query "
-                                      "hashes recorded before it no longer match new ones")
                 key = os.urandom(32)
-                atomic_write(path, key)
+                atomic_write(self.home / AUDIT_KEY_FILE, key)
             self._key = key
         return self._key
 
@@ -405,4 +424,83 @@ def read_audit(home: Path, problems: list[AuditProblem]) -> Iterator[dict[str, A
                 yield rec
 
 
-__all__ = ["AUDIT_FILE", "AuditLog", "AuditProblem", "audit_files", "loop_schedule", "read_audit"]
+#: Bytes read per step when the log is read from its end (:func:`read_audit_tail`).
+TAIL_BLOCK_BYTES = 64 << 10
+
+
+def _record(raw: bytes) -> dict[str, Any] | None:
+    """The record of one line (without its newline), or None when it is not one."""
+    try:
+        rec = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(rec, dict) or not isinstance(rec.get("ts"), str) or not isinstance(rec.get("event"), str):
+        return None
+    return rec
+
+
+def read_audit_tail(home: Path, max_bytes: int, block: int = TAIL_BLOCK_BYTES) -> Iterator[dict[str, Any]]:
+    """Yield the records of the log's last ``max_bytes`` bytes, newest first — what a view
+    of recent activity needs (``kith status``), never the whole log (up to
+    (:data:`AUDIT_KEEP` + 1) × :data:`MAX_AUDIT_BYTES`). Files are read backwards in
+    :data:`TAIL_BLOCK_BYTES` steps, the current file first, then the rotated ones. A line
+    cut by the bound, longer than :data:`MAX_LINE_BYTES`, left without its newline (a
+    crash) or not a record is skipped silently (``kith audit`` reports such lines); an
+    unreadable file ends the read.
+
+    Args:
+        home: the node home. max_bytes: the most bytes read, over every file.
+        block: bytes read per step (:data:`TAIL_BLOCK_BYTES`).
+    """
+    budget = max(0, int(max_bytes))
+    for path in reversed(audit_files(home)):
+        if budget <= 0:
+            return
+        try:
+            fh = path.open("rb")
+        except OSError:
+            return
+        with fh:
+            try:
+                pos = fh.seek(0, os.SEEK_END)
+            except OSError:
+                return
+            carry = b""  # the start of a line whose beginning is not read yet
+            tail = True  # the bytes after the file's last newline: a line cut by a crash
+            while pos > 0 and budget > 0:
+                step = min(block, pos, budget)
+                pos -= step
+                budget -= step
+                fh.seek(pos)
+                lines = (fh.read(step) + carry).split(b"\n")
+                carry = lines.pop(0)  # incomplete until the byte before it is read
+                if len(carry) > MAX_LINE_BYTES:
+                    carry = b"\xff" * (MAX_LINE_BYTES + 1)  # never a record: kept short, skipped at the end
+                if tail:  # what follows the file's last newline (empty when it ends with one): never a record
+                    if not lines:
+                        continue  # no newline in this block yet: all of it is that tail
+                    lines.pop()
+                    tail = False
+                for raw in reversed(lines):
+                    rec = _record(raw) if raw.strip() and len(raw) <= MAX_LINE_BYTES else None
+                    if rec is not None:
+                        yield rec
+            if pos == 0 and not tail and carry.strip() and len(carry) <= MAX_LINE_BYTES:
+                rec = _record(carry)  # the file's first line, whole
+                if rec is not None:
+                    yield rec
+
+
+def audit_size(home: Path) -> int:
+    """Bytes the log holds now, over its files (0 when a file cannot be read)."""
+    total = 0
+    for path in audit_files(home):
+        try:
+            total += path.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+__all__ = ["AUDIT_FILE", "AuditLog", "AuditProblem", "audit_files", "audit_size", "loop_schedule", "read_audit",
+           "read_audit_tail"]

@@ -12,10 +12,15 @@ Bounded while the host runs (issue 11), by two rules:
   of ``_session_init``s that hang up after the proof adds no row; reservations are bounded by
   the host's session slots.
 - **Purged by age and count.** A row lives until its invitation expires, at most
-  :data:`MAX_AGE_S`; expired rows are purged at start and every :data:`PURGE_INTERVAL_S`
-  while the host runs (``serve_host``), and beyond :data:`MAX_ROWS` the rows closest to
+  :data:`MAX_AGE_S`; expired rows are purged when the file is first opened (at the first
+  handshake, or the first purge) and every :data:`PURGE_INTERVAL_S` while the host runs
+  (``serve_host``), and beyond :data:`MAX_ROWS` the rows closest to
   expiry are dropped at once. Forgetting an old nonce only lets its own guest (the QUIC key must match)
   re-send that init, which gets a fresh host nonce and so a different session.
+
+Opened late: building the table only reads the file (:func:`node.common.home.probe_home_db`,
+so a damaged one refuses the host's start), and the file is made, opened and purged when
+first needed, so a ``kith host`` start refused for any reason leaves it as it was.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from node.common.home import open_home_db
+from node.common.home import open_home_db, probe_home_db
 
 FILE_NAME = "seen-nonces.sqlite"
 #: Rows kept at most (about 220 bytes each: ~22 MB); beyond, those closest to expiry go.
@@ -52,35 +57,64 @@ class SeenNonces:
         self._max_rows = max_rows
         self._lock = threading.Lock()
         self._reserved: set[str] = set()
+        # opened when first needed (_open): a refused host start writes nothing
+        self._db: sqlite3.Connection | None = None
+        self._rows = 0
         try:
-            self._db = open_home_db(self.path)  # 0600, WAL
-            self._db.execute("CREATE TABLE IF NOT EXISTS seen_nonce (nonce TEXT PRIMARY KEY, post_id TEXT NOT NULL,"
-                             " expires_at REAL NOT NULL)")
-            self._db.execute("CREATE INDEX IF NOT EXISTS seen_nonce_expiry ON seen_nonce (expires_at)")
-            self._rows = self._db.execute("SELECT count(*) FROM seen_nonce").fetchone()[0]
+            probe_home_db(self.path)  # refuses a damaged file now, writing nothing
         except (sqlite3.DatabaseError, OSError) as exc:
-            from node.common.dbfaults import state_fault
+            raise self._fault(exc) from None
 
-            refusal = state_fault(exc, self.path, "it holds the handshake nonces already seen (replay "
-                                                  "protection); a new file starts empty")
-            if refusal is None:
-                raise
-            raise refusal from None
-        self.purge()
+    def _fault(self, exc: BaseException) -> BaseException:
+        """The typed refusal of a failed SQLite call on the file (``disk-full``,
+        ``io-error``, ``config-invalid``), or ``exc`` itself when it is no fault of the file."""
+        from node.common.dbfaults import state_fault
+
+        refusal = state_fault(exc, self.path, "it holds the handshake nonces already seen (replay "
+                                              "protection); a new file starts empty")
+        return exc if refusal is None else refusal
+
+    def _open(self) -> sqlite3.Connection:
+        """The database, opened (made, then its expired rows purged) at the first call;
+        call with the lock held."""
+        if self._db is None:
+            try:
+                db = open_home_db(self.path)  # 0600, WAL
+                db.execute("CREATE TABLE IF NOT EXISTS seen_nonce (nonce TEXT PRIMARY KEY, post_id TEXT NOT NULL,"
+                           " expires_at REAL NOT NULL)")
+                db.execute("CREATE INDEX IF NOT EXISTS seen_nonce_expiry ON seen_nonce (expires_at)")
+                self._rows = db.execute("SELECT count(*) FROM seen_nonce").fetchone()[0]
+                self._db = db
+                self._purge()
+            except (sqlite3.DatabaseError, OSError) as exc:
+                self._db = None
+                raise self._fault(exc) from None
+        return self._db
 
     def purge(self) -> int:
         """Delete nonces whose invitation expired (or older than :data:`MAX_AGE_S`), and
         the oldest beyond ``max_rows``; returns how many rows were deleted."""
         with self._lock:
-            cur = self._db.execute("DELETE FROM seen_nonce WHERE expires_at < ?", (self._clock(),))
-            self._rows = max(0, self._rows - cur.rowcount)
-            return cur.rowcount + self._trim()
+            if self._db is None:  # opening purges
+                self._open()
+                return self._purged
+            return self._purge()
+
+    _purged = 0
+
+    def _purge(self) -> int:
+        assert self._db is not None
+        cur = self._db.execute("DELETE FROM seen_nonce WHERE expires_at < ?", (self._clock(),))
+        self._rows = max(0, self._rows - cur.rowcount)
+        self._purged = cur.rowcount + self._trim()
+        return self._purged
 
     def _trim(self) -> int:
         if self._rows <= self._max_rows:
             return 0
         # down to 90 % of the bound, so a steady flood trims once per 10 % of it
         drop = self._rows - int(self._max_rows * 0.9)
+        assert self._db is not None
         cur = self._db.execute("DELETE FROM seen_nonce WHERE rowid IN "
                                "(SELECT rowid FROM seen_nonce ORDER BY expires_at, rowid LIMIT ?)", (drop,))
         self._rows -= cur.rowcount
@@ -93,7 +127,7 @@ class SeenNonces:
         with self._lock:
             if nonce in self._reserved:
                 return False
-            if self._db.execute("SELECT 1 FROM seen_nonce WHERE nonce = ?", (nonce,)).fetchone() is not None:
+            if self._open().execute("SELECT 1 FROM seen_nonce WHERE nonce = ?", (nonce,)).fetchone() is not None:
                 return False
             self._reserved.add(nonce)
             return True
@@ -120,17 +154,12 @@ class SeenNonces:
 
     def _insert(self, post_id: str, nonce: str, expires_at: float) -> bool:
         until = min(float(expires_at), self._clock() + MAX_AGE_S)
+        db = self._open()
         try:
-            cur = self._db.execute("INSERT OR IGNORE INTO seen_nonce (nonce, post_id, expires_at) VALUES (?, ?, ?)",
-                                   (nonce, post_id, until))
+            cur = db.execute("INSERT OR IGNORE INTO seen_nonce (nonce, post_id, expires_at) VALUES (?, ?, ?)",
+                             (nonce, post_id, until))
         except (sqlite3.DatabaseError, OSError) as exc:  # a full disk is disk-full, never a bare sqlite3 error
-            from node.common.dbfaults import state_fault
-
-            refusal = state_fault(exc, self.path, "it holds the handshake nonces already seen (replay "
-                                                  "protection); a new file starts empty")
-            if refusal is None:
-                raise
-            raise refusal from None
+            raise self._fault(exc) from None
         if cur.rowcount != 1:
             return False
         self._rows += 1
@@ -140,6 +169,7 @@ class SeenNonces:
     def __len__(self) -> int:
         """Rows recorded now (reservations not counted)."""
         with self._lock:
+            self._open()
             return self._rows
 
     @property
@@ -150,9 +180,10 @@ class SeenNonces:
 
     def __contains__(self, nonce: str) -> bool:
         with self._lock:
-            return self._db.execute("SELECT 1 FROM seen_nonce WHERE nonce = ?", (nonce,)).fetchone() is not None
+            return self._open().execute("SELECT 1 FROM seen_nonce WHERE nonce = ?", (nonce,)).fetchone() is not None
 
     def close(self) -> None:
-        """Close the database (idempotent)."""
+        """Close the database, if it was opened (idempotent)."""
         with self._lock:
-            self._db.close()
+            if self._db is not None:
+                self._db.close()

@@ -10,7 +10,9 @@ Copies (specs/copies.md): the Host answers ``copy_list`` with ``copy_manifest`` 
 ``ctx.knowledge.copy_manifest()`` and ``copy_fetch`` with ``copy_docs`` from
 ``ctx.knowledge.copy_documents(sources)`` (only what the peer may keep, scrubbed and
 signed); either is charged to the peer's quota, and when the quota cannot pay
-(``{"refused": "copy-rate-limited"}``) nothing is sent and the session ends with that code. The Guest sends one when the ``ask`` callback returns ``{"action": "copy_list"}``
+(``{"refused": "copy-rate-limited"}``) nothing of it is sent: that request alone is answered
+``results`` with status ``rate-limited`` and ``retry_after_s`` (the copy messages have no
+such status) and the session goes on. The Guest sends one when the ``ask`` callback returns ``{"action": "copy_list"}``
 or ``{"action": "copy_fetch", "sources": [...]}``; the reply goes to ``on_results``.
 
 Guest: asks the questions in ``ctx.options["queries"]`` one at a time, or, when
@@ -26,6 +28,7 @@ query.
 import itertools
 
 from node.answer.contract import TOP_K_DEFAULT
+from node.answer.render import empty
 from node.runtime.hooks import HookResult
 
 #: The ``query`` message's own fields; everything else in it is the search request
@@ -50,8 +53,11 @@ def on_message(ctx, message):
         if message["action"] in ("copy_list", "copy_fetch"):  # specs/copies.md §2, §3
             got = (ctx.knowledge.copy_manifest() if message["action"] == "copy_list"
                    else ctx.knowledge.copy_documents(message["sources"]))
-            if "refused" in got and isinstance(got["refused"], str):  # the peer's quota: nothing is sent
-                return HookResult(abort=got["refused"])
+            if "refused" in got and isinstance(got["refused"], str):  # the peer's quota: nothing of it is sent
+                # this request alone is refused, as a rate-limited answer; the session goes on
+                return {"action": "results", "query_id": message["query_id"], "status": "rate-limited",
+                        "retry_after_s": min(86_400, max(1, int(got.get("retry_after_s") or 1))),
+                        "envelope": empty("rate-limited", None)["envelope"]}
             return {"action": "copy_manifest" if message["action"] == "copy_list" else "copy_docs",
                     "query_id": message["query_id"], **got}
         if message["action"] != "query":

@@ -28,6 +28,11 @@ GRANT_FILE = "grant.json"
 DOCS_DIR = "docs"
 #: The prefix of the copy's one root in its own index (its local source ids are ``/copy/...``).
 ROOT_NAME = "copy"
+#: The copy's index as searches open it: ``<copy>/corpus``, a symbolic link to the last
+#: whole build (:meth:`CopyStore.swap_index`; a folder in copies an older Kith made).
+INDEX_LINK = "corpus"
+#: Builds of the copy's index live in ``<copy>/.index-<n>/corpus`` (:meth:`CopyStore.build_index`).
+BUILD_PREFIX = ".index-"
 
 #: errno values that mean the disk, the user's quota or the process's file-size limit is
 #: full: a write refused so is ``copy-disk-full``; any other OSError is ``io-error``.
@@ -226,30 +231,100 @@ class CopyStore:
                         gone.append(f.name)
         return gone
 
-    def index(self, changed: list[str] | None = None) -> dict[str, Any]:
-        """Bring the copy's own index in line with ``docs/`` (the owner's corpus code):
-        only the files ``changed`` (names written or deleted) when given and the index
-        exists (:meth:`node.corpus.store.Corpus.sync_paths`), else the whole folder
-        (:meth:`node.corpus.store.Corpus.sync`, which also rebuilds an index of an older
-        schema and re-chunks what an older chunker made); the sync report.
+    def index(self, changed: list[str] | None = None, *, fresh: bool = False) -> dict[str, Any]:
+        """Bring the copy's own index in line with ``docs/`` (the owner's corpus code), aside
+        from the one searches use, then swap it in (:meth:`build_index`,
+        :meth:`swap_index`): a search of the copy answers from the last whole index until
+        the new one is whole, never from one half-written. The sync report.
+
+        Args:
+            changed: the file names written or deleted, when only those need indexing
+                (:meth:`node.corpus.store.Corpus.sync_paths`); None: the whole folder
+                (:meth:`node.corpus.store.Corpus.sync`, which also rebuilds an index of an
+                older schema and re-chunks what an older chunker made).
+            fresh: build from nothing instead of from the live index (a damaged one).
 
         Raises:
-            ConfigError: ``copy-disk-full``, ``io-error`` (as :meth:`commit`): the index
-                may then lag ``docs/`` (the manifest says ``indexed: false``; the next
-                sync indexes the whole folder).
+            ConfigError: ``copy-disk-full``, ``io-error`` (as :meth:`commit`): the live
+                index is then the last whole one (the manifest says ``indexed: false``;
+                the next sync indexes the whole folder).
             CorpusError: ``index-locked`` (another process writes this copy's index).
+        """
+        build, report = self.build_index(changed, fresh=fresh)
+        self.swap_index(build)
+        return report
+
+    def build_index(self, changed: list[str] | None = None, *,
+                    fresh: bool = False) -> tuple[Path, dict[str, Any]]:
+        """Build the copy's next index aside, in ``.index-<n>/corpus`` of the copy's folder: a
+        copy of the live index (unless ``fresh`` or there is none) brought up to date with
+        ``docs/`` as :meth:`index` says. Searches never see it until :meth:`swap_index`.
+        Call with the copy's sync lock held.
+
+        Returns:
+            ``(the built index folder, the sync report)``.
+
+        Raises:
+            As :meth:`index`; a failed build is deleted and the live index is untouched.
         """
         from node.corpus.store import Corpus
 
+        live = self.dir / INDEX_LINK
         with _disk(self.peer, "indexing"):
             self.docs.mkdir(parents=True, exist_ok=True)
-            with Corpus(self.dir) as corpus:
-                if not any(r.prefix == ROOT_NAME for r in corpus.roots()):
-                    corpus.add_root(self.docs, name=ROOT_NAME)
+            build = self.dir / f"{BUILD_PREFIX}{time.time_ns():x}"
+            build.mkdir()
+            try:
+                if not fresh and live.is_dir():  # the last whole index, copied (not the writer's lock)
+                    shutil.copytree(live, build / INDEX_LINK, ignore=shutil.ignore_patterns("writer.lock"))
+                else:
                     changed = None
-                if changed is not None:
-                    return corpus.sync_paths([self.docs / n for n in dict.fromkeys(changed)])
-                return corpus.sync()
+                with Corpus(build) as corpus:
+                    if not any(r.prefix == ROOT_NAME for r in corpus.roots()):
+                        corpus.add_root(self.docs, name=ROOT_NAME)
+                        changed = None
+                    if changed is not None:
+                        report = corpus.sync_paths([self.docs / n for n in dict.fromkeys(changed)])
+                    else:
+                        report = corpus.sync()
+            except BaseException:
+                shutil.rmtree(build, ignore_errors=True)
+                raise
+        return build / INDEX_LINK, report
+
+    def swap_index(self, built: Path) -> None:
+        """Make ``built`` (:meth:`build_index`) the index searches open, atomically: the
+        copy's ``corpus`` is a symbolic link to it, replaced by a rename (a search that
+        opened the index before goes on with it). A ``corpus`` folder of an older Kith is
+        moved aside first. The builds before the one replaced are deleted (that one is
+        kept: a search may be opening it now).
+
+        Raises:
+            ConfigError: ``copy-disk-full``, ``io-error``.
+        """
+        import secrets
+
+        live = self.dir / INDEX_LINK
+        with _disk(self.peer, "switching to the new index"):
+            try:
+                before = live.resolve().parent if live.is_symlink() else None
+            except OSError:
+                before = None
+            if live.is_dir() and not live.is_symlink():  # an older Kith's index folder: moved aside once
+                before = self.dir / f"{BUILD_PREFIX}0-{secrets.token_hex(4)}"
+                before.mkdir()
+                live.rename(before / INDEX_LINK)
+            link = self.dir / f".{INDEX_LINK}-{secrets.token_hex(8)}"
+            os.symlink(os.path.relpath(built, self.dir), link)
+            try:
+                os.replace(link, live)
+            except BaseException:
+                link.unlink(missing_ok=True)
+                raise
+        keep = {built.parent, before}
+        for old in self.dir.glob(BUILD_PREFIX + "*"):
+            if old not in keep:
+                shutil.rmtree(old, ignore_errors=True)
 
     def reindex_if_outdated(self, *, force: bool = False, locked: bool = False) -> bool:
         """Rebuild the copy's index from its ``docs/`` — locally, asking no one — when it
@@ -312,12 +387,9 @@ class CopyStore:
                 return False
         try:
             try:
-                if damaged:
-                    if self.cache is not None:  # a search holding the broken index open lets go of it
-                        self.cache.drop(self.dir)
-                    with _disk(self.peer, "deleting the damaged index"):
-                        shutil.rmtree(index_dir)
-                self.index(None)
+                if damaged and self.cache is not None:  # a search holding the broken index open lets go of it
+                    self.cache.drop(self.dir)
+                self.index(None, fresh=damaged)  # a damaged one is replaced by one built from docs/
             except CorpusError as exc:
                 if exc.code == "index-locked":
                     return False

@@ -109,6 +109,25 @@ def _removed(peer: str) -> ConfigError:
                        "(`kith copies remove`, `kith peers remove`, its grant's end); nothing of it is kept")
 
 
+def _expect(reply: Any, action: str, what: str) -> dict[str, Any]:
+    """``reply`` when it is the host's ``action`` message. A ``results`` message with status
+    ``rate-limited`` answers a copy request the peer's quota could not pay (specs/copies.md
+    §3; the host sent nothing of it and the session goes on).
+
+    Raises:
+        PolicyError: ``copy-rate-limited`` naming when to ask again.
+        ProtocolViolation: ``copy-manifest-invalid`` for any other reply (``what`` says
+            what was expected).
+    """
+    if isinstance(reply, dict) and reply.get("action") == "results" and reply.get("status") == "rate-limited":
+        wait = reply.get("retry_after_s")
+        raise PolicyError("copy-rate-limited", "the host's quota for this peer cannot pay this copy request now"
+                          + (f"; ask again in {wait} s" if isinstance(wait, int) else ""))
+    if not isinstance(reply, dict) or reply.get("action") != action:
+        raise ProtocolViolation("copy-manifest-invalid", f"the host did not answer with {what}")
+    return reply
+
+
 async def _sync_copy(store: CopyStore, ask: Ask, host_key: str, mark: tuple[int, int] | None, *,
                      progress: Callable[[int, int], None] | None, now: Callable[[], float],
                      told: Callable[[str], dict[str, Any] | None] | None) -> dict[str, Any]:
@@ -129,9 +148,7 @@ async def _sync_copy(store: CopyStore, ask: Ask, host_key: str, mark: tuple[int,
         store.remove(mark=False)
         state = CopyStore(home, peer).load()
     store.reindex_if_outdated(locked=True)  # an index of an older schema, lost or damaged: rebuilt from docs/
-    reply = await ask({"action": "copy_list"})
-    if not isinstance(reply, dict) or reply.get("action") != "copy_manifest":
-        raise ProtocolViolation("copy-manifest-invalid", "the host did not answer with a manifest")
+    reply = _expect(await ask({"action": "copy_list"}), "copy_manifest", "a manifest")
     report: dict[str, Any] = {"peer": peer, "status": "ok", "fetched": 0, "removed": replaced, "unchanged": 0,
                               "repaired": 0, "tooLarge": [], "refused": []}
     if reply.get("status") == "copy-not-granted":  # the grant ended: delete what it held
@@ -185,9 +202,7 @@ async def _sync_copy(store: CopyStore, ask: Ask, host_key: str, mark: tuple[int,
     try:
         while queue:
             batch, queue = queue[:FETCH_BATCH], queue[FETCH_BATCH:]
-            reply = await ask({"action": "copy_fetch", "sources": batch})
-            if not isinstance(reply, dict) or reply.get("action") != "copy_docs":
-                raise ProtocolViolation("copy-manifest-invalid", "the host did not answer with documents")
+            reply = _expect(await ask({"action": "copy_fetch", "sources": batch}), "copy_docs", "documents")
             wanted = {s: manifest[s] for s in batch}
             docs = reply.get("documents") or []
             if not isinstance(docs, list):
