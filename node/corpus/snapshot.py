@@ -91,20 +91,36 @@ def location_of(line_start: Any, line_end: Any, heading_path: str, page_start: A
 class ChunkTable:
     """Chunk entries by chunk id, read through from the record on a read-only SQLite
     connection of the reading thread (WAL: never blocked by a writer, never inside a
-    writer's transaction); at most :data:`CHUNKS_KEPT` kept. Thread-safe."""
+    writer's transaction); at most :data:`CHUNKS_KEPT` kept. Thread-safe; :meth:`close`
+    closes every thread's connection."""
 
     def __init__(self, db_path: Any) -> None:
         self.db_path = db_path
         self._kept: dict[str, ChunkEntry] = {}
         self._local = threading.local()
+        self._opened: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=10.0)
+            db = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=10.0,
+                                 check_same_thread=False)  # closed by close(), from any thread
             db.execute("PRAGMA busy_timeout=10000")
             self._local.db = db
+            with self._lock:
+                self._opened.append(db)
         return db
+
+    def close(self) -> None:
+        """Close the connections of every thread and forget the entries (the corpus is
+        closing; a later read opens a connection again). Idempotent."""
+        with self._lock:
+            opened, self._opened = self._opened, []
+            self._local = threading.local()
+        for db in opened:
+            db.close()
+        self._kept = {}
 
     def get_many(self, chunk_ids: Iterable[str]) -> dict[str, ChunkEntry]:
         """``{chunk id: entry}`` for the ids that are in the record (missing ids left
@@ -267,7 +283,7 @@ class Snapshots:
             CorpusError: ``index-unavailable``.
         """
         gen = self.current
-        if gen is not None and (gen.stamp is None or gen.stamp == _stamp(self.record)):
+        if gen is not None and gen.stamp is not None and gen.stamp == _stamp(self.record):
             return gen
         if not self.record.lock.acquire(blocking=gen is None):
             return gen  # type: ignore[return-value]  # a writer of this process is busy

@@ -130,6 +130,7 @@ class Corpus:
             if self.views is not None:
                 self.views.clear()
             self.snapshots.current = None
+            self.snapshots.chunks.close()
             self.record.close()
 
     # -- roots --------------------------------------------------------------------------
