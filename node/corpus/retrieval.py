@@ -1026,13 +1026,7 @@ def _materialize(corpus: Any, gen: Generation, order: Sequence[str], doc_of: dic
     — for a peer, its view's (its lens's) — so a copy outside the view never changes
     what the view receives."""
     docs = gen.docs
-    resolver: sources.SourceNormalizer | None = None
-
-    def origins() -> sources.SourceNormalizer:  # the roots' real folders: once per answer
-        nonlocal resolver
-        if resolver is None:
-            resolver = sources.SourceNormalizer(gen.roots)
-        return resolver
+    origins = gen.origins  # the roots' real folders: resolved once per generation
 
     serve: dict[str, bool] = {}
     origin_of: dict[str, str | None] = {}  # doc_id -> canonical id of its served origin

@@ -206,7 +206,7 @@ class Generation:
     """
 
     __slots__ = ("stamp", "searcher", "schema", "number", "index_lag", "docs", "roots",
-                 "chunks", "views", "lens_ids")
+                 "chunks", "views", "lens_ids", "_origins")
 
     def __init__(self, stamp: Any, searcher: Any, schema: Any, number: int, index_lag: int,
                  docs: dict[str, DocEntry], roots: list[Any], chunks: ChunkTable) -> None:
@@ -215,6 +215,19 @@ class Generation:
         self.chunks = chunks
         self.views: dict[Any, ViewAt] = {}
         self.lens_ids: list[str] | None = None
+        self._origins: Any = None
+
+    def origins(self) -> Any:
+        """The :class:`node.corpus.sources.SourceNormalizer` of the generation's roots,
+        their real folders resolved once per generation (the serve-time origin check
+        joins a document's relative path to its root's real folder as resolved then: a
+        root whose folder was moved, or replaced by a link to another, serves nothing of
+        its old documents until the next generation)."""
+        if self._origins is None:
+            from node.corpus import sources
+
+            self._origins = sources.SourceNormalizer(self.roots)
+        return self._origins
 
 
 def read_docs(db: sqlite3.Connection) -> dict[str, DocEntry]:
