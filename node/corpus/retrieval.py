@@ -914,7 +914,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
         controller["passes"] = passes
         controller["candidates"] = len(order)
         controller.update(counts)
-        controller["indexLag"] = gen.index_lag
+        controller["indexLag"] = gen.chunks.index_lag()  # the record's now, not the generation's
         controller["returned"] = len(hits)
         return hits, controller
 

@@ -112,6 +112,18 @@ class ChunkTable:
                 self._opened.append(db)
         return db
 
+    def index_lag(self) -> int:
+        """Changes the record holds that the tantivy index does not, now (read on this
+        thread's own connection: two key lookups, never under the corpus lock; 0 when
+        unreadable). What marks an answer ``indexSyncing`` while a writer is at work."""
+        try:
+            db = self._db()
+            row = db.execute("SELECT value FROM meta WHERE key = 'index_applied_seq'").fetchone()
+            top = db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
+        except sqlite3.Error:
+            return 0
+        return max(0, int(top) - int(row[0] if row else 0))
+
     def close(self) -> None:
         """Close the connections of every thread and forget the entries (the corpus is
         closing; a later read opens a connection again). Idempotent."""
