@@ -66,7 +66,7 @@ def unavailable_reason(corpus: Any) -> str:
 
 class Syncing:
     """Whether a shown answer is marked ``indexSyncing``: the index lagged its record while
-    searching (``indexLag``, measured under the corpus lock), or no sync has completed
+    searching (``indexLag``, read when the search ended), or no sync has completed
     yet. The latter is asked of the corpus only until it once says settled (``last_sync``,
     once written, is never removed), so afterwards an answer takes the corpus lock once."""
 

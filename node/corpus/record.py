@@ -110,8 +110,10 @@ class Record:
         index: the tantivy ``Index`` once opened (by :meth:`searcher` or the writer).
         writer: the tantivy ``IndexWriter`` while the writer is held, else None.
         held: True while :meth:`hold_writer` keeps the writer between operations.
-        lock: the re-entrant lock every caller that reads or writes holds; SQLite and
-            tantivy handles are shared by the threads of one process under it.
+        lock: the re-entrant lock every writer holds, and a reader only to publish an
+            index generation or resolve a view (searches read a published generation
+            without it, node/corpus/snapshot.py); SQLite and tantivy handles are shared
+            by the threads of one process under it.
     """
 
     def __init__(self, dir: Path, *, readonly: bool = False) -> None:

@@ -55,10 +55,9 @@ find the chunk; absent when the pass did not run).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import json
 import os
-import sqlite3
 import stat
 import threading
 import time
@@ -75,6 +74,7 @@ from node.common.errors import CorpusError
 from node.common.scrub import ScrubFailed, scrub_cached, scrub_fields, scrub_many
 from node.corpus import search, sources, views
 from node.corpus.lens import Lens
+from node.corpus.snapshot import DocEntry, Generation
 from node.corpus.types import Hit
 
 #: RRF weight per pass (a pass's contribution is ``weight / (RRF_K + rank)``). The exact
@@ -657,15 +657,12 @@ def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str], view: Any =
     what the view's index holds — so a scrubbed value never decides the early stop."""
     if not chunk_ids or not stems:
         return False
-    db = corpus.record.db
-    rows = db.execute(
-        "SELECT text, heading_path, doc_id, chunk_id FROM chunks WHERE chunk_id IN "
-        f"({','.join('?' * len(chunk_ids))})", chunk_ids).fetchall()
-    if len(rows) < len(chunk_ids):
+    entries = corpus.snapshots.chunks.get_many(chunk_ids)
+    if len(entries) < len(set(chunk_ids)):
         return False
     want = set(stems)
-    for text, heading, doc_id, cid in rows:
-        headings = json.loads(heading or "[]")
+    for cid, entry in entries.items():
+        text, headings, doc_id = entry.text, entry.headings, entry.doc_id
         kinds = views.scrub_kinds(view.docs.get(doc_id)) if view is not None else frozenset()
         if kinds:
             try:  # the chunk's text was scrubbed (and kept) when the view was built
@@ -736,8 +733,12 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
         lens: the view (:class:`node.corpus.lens.Lens`: the sources it may see or be
             asked about — the ``ask`` tier — and their scrub kinds). None = the owner's
             view (everything, on the whole-corpus index). A view that needs a new index
-            is built before the corpus lock is taken (:meth:`Corpus.prepare_view
-            <node.corpus.store.Corpus.prepare_view>`). With a lens every pass runs on
+            is built outside the corpus lock (:meth:`Corpus.prepare_view
+            <node.corpus.store.Corpus.prepare_view>`) before it is resolved for the
+            search's generation (:meth:`node.corpus.snapshot.Snapshots.view_at`). The
+            search reads one generation (:meth:`Corpus.snapshot
+            <node.corpus.store.Corpus.snapshot>`) and never takes the corpus lock once
+            its view is resolved. With a lens every pass runs on
             the view's own index (:mod:`node.corpus.views`): candidates, early stop,
             fusion, ``Hit.score`` and ``Hit.score_components`` (BM25 with the view's
             statistics, ranks over the view's lists) depend only on documents the view
@@ -771,9 +772,11 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
     def expired() -> bool:
         return deadline is not None and time.monotonic() >= deadline
 
-    if lens is not None and not expired():
+    # one generation, taken now, is all the search reads (node/corpus/snapshot.py): no lock
+    gen = corpus.snapshot()
+    if lens is not None and lens.key not in gen.views and not expired():
         corpus.prepare_view(lens)  # a new view index is built outside the lock
-    with corpus.record.lock:
+    with contextlib.nullcontext(gen):
         if expired():
             controller.update(earlyStop=True, stopReason="budget-exhausted")
             controller["passes"] = [{"name": p, "status": "skipped", "candidates": 0}
@@ -781,12 +784,11 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             return [], controller
         view = None
         if lens is None:
-            searcher = corpus.record.searcher()
+            searcher = gen.searcher
         else:
-            corpus.record.searcher()  # the same availability rules as the owner's search
-            view = corpus.view(lens)
+            gen, view = corpus.snapshots.view_at(gen, lens, corpus)
             searcher = view.searcher()
-        schema = corpus.record.index.schema
+        schema = gen.schema
         bq, field_used = search.baseline_query(schema, query)
         queries: dict[str, Any] = {"baseline-bm25": bq}
         if "exact-entity" in plan.passes:
@@ -810,7 +812,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
         hits: list[Hit] = []
         order: list[str] = []
         counts: dict[str, int] = {}
-        ids = StoredIds(searcher, view if view is not None else corpus.record)
+        ids = StoredIds(searcher, view.index if view is not None else corpus.record)
         while True:
             controller["rounds"] += 1
             doc_of: dict[str, str] = {}
@@ -909,7 +911,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             order = _Order(fused, ids, doc_of, key_of)
             counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
                                      "dedupedPerDocument", "collapsedDuplicates")}
-            hits = _materialize(corpus, order, doc_of, lambda c: fused[key_of[c]], filters,
+            hits = _materialize(corpus, gen, order, doc_of, lambda c: fused[key_of[c]], filters,
                                 limit, max_per_document, counts, view)
             if len(hits) >= limit or not saturated or depth >= MAX_DEPTH or expired():
                 break
@@ -920,7 +922,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
         controller["passes"] = passes
         controller["candidates"] = len(order)
         controller.update(counts)
-        controller["indexLag"] = _index_lag(corpus)
+        controller["indexLag"] = gen.chunks.index_lag()  # the record's now, not the generation's
         controller["returned"] = len(hits)
         return hits, controller
 
@@ -946,42 +948,14 @@ def _components(cid: Any, raw: dict[str, dict[Any, float]], fused: dict[Any, flo
 
 
 def _doc_of(corpus: Any, cid: str, doc_of: dict[str, str]) -> bool:
-    row = corpus.record.db.execute("SELECT doc_id FROM chunks WHERE chunk_id=?", (cid,)).fetchone()
-    if row is None:
+    entry = corpus.snapshots.chunks.get_many([cid]).get(cid)
+    if entry is None:
         return False
-    doc_of[cid] = row[0]
+    doc_of[cid] = entry.doc_id
     return True
 
 
-def _index_lag(corpus: Any) -> int:
-    import sqlite3
-
-    applied = int(corpus.record.get_meta("index_applied_seq") or 0)
-    try:
-        top = corpus.record.db.execute("SELECT COALESCE(MAX(seq), 0) FROM changes").fetchone()[0]
-    except sqlite3.Error:
-        top = applied
-    return max(0, top - applied)
-
-
-def _location(row: sqlite3.Row) -> dict[str, Any]:
-    """Citation location of a chunk row: line range, heading path, and the page range
-    for a PDF (``page``/``pageEnd``, 1-based). A chunk that defines a named object (a
-    reST/Sphinx directive, :attr:`node.corpus.chunking.Chunk.defines`) shows the first
-    one at the end of its heading path (``[..., "textwrap.dedent"]``)."""
-    path = json.loads(row["heading_path"])
-    named = [d for d in json.loads(row["defines"] or "[]") if d not in path]
-    if named:
-        path.append(named[0])
-    loc: dict[str, Any] = {"lineStart": row["line_start"], "lineEnd": row["line_end"],
-                           "headingPath": path}
-    if row["page_start"] is not None:
-        loc["page"] = row["page_start"]
-        loc["pageEnd"] = row["page_end"]
-    return loc
-
-
-def _served(db: Any, row: sqlite3.Row, origins: sources.SourceNormalizer
+def _served(docs: dict[str, DocEntry], doc: DocEntry, origins: sources.SourceNormalizer
             ) -> tuple[bool, str | None]:
     """Serve-time origin check (DESIGN §9, seed ``provider-origins``): ``(served,
     canonical id of the origin)``, the file resolved once
@@ -995,28 +969,25 @@ def _served(db: Any, row: sqlite3.Row, origins: sources.SourceNormalizer
     :class:`node.corpus.sources.SourceNormalizer` gives the document's source (None
     when it has none); a document not served gets ``(False, None)``.
     """
-    origin = row["origin"]
+    origin = doc.origin
     if origin == "record":
-        return True, origins(row["source_id"])
+        return True, origins(doc.source_id)
     if origin == "member":
-        parent = db.execute(
-            "SELECT root_prefix, rel_path, size, mtime_ns, content_hash, origin, source_id "
-            "FROM documents WHERE doc_id=? AND status='done' AND origin='archive'",
-            (row["parent_doc_id"],)).fetchone()
-        if parent is None or not _served(db, parent, origins)[0]:
+        parent = docs.get(doc.parent_doc_id or "")
+        if parent is None or parent.origin != "archive" or not _served(docs, parent, origins)[0]:
             return False, None
-        return True, origins(row["source_id"])
-    found = origins.served_file(row["root_prefix"], row["rel_path"])
+        return True, origins(doc.source_id)
+    found = origins.served_file(doc.root_prefix, doc.rel_path)
     if found is None:
         return False, None
     real, st, canonical = found
-    if not stat.S_ISREG(st.st_mode) or st.st_size != row["size"]:
+    if not stat.S_ISREG(st.st_mode) or st.st_size != doc.size:
         return False, None
-    if st.st_mtime_ns == row["mtime_ns"]:
+    if st.st_mtime_ns == doc.mtime_ns:
         return True, canonical
     try:
         with open(real, "rb") as fh:
-            same = hashlib.file_digest(fh, "sha256").hexdigest() == row["content_hash"]
+            same = hashlib.file_digest(fh, "sha256").hexdigest() == doc.content_hash
     except (OSError, ValueError):
         return False, None
     return (True, canonical) if same else (False, None)
@@ -1038,12 +1009,15 @@ def _filtered_as(view: Any, doc_id: str, source_id: str, metadata: dict[str, Any
     return sid, meta
 
 
-def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
+def _materialize(corpus: Any, gen: Generation, order: Sequence[str], doc_of: dict[str, str],
                  score_of: Callable[[str], float], filters: dict[str, Any], limit: int,
                  max_per_document: int, counts: dict[str, int], view: Any = None) -> list[Hit]:
-    """Turn fused candidates into hits: document checks first (SQLite row, filters,
-    per-document cap, serve-time origin), then chunk rows for the survivors only.
-    A candidate whose document or chunk is not in SQLite is ignored (authoritative).
+    """Turn fused candidates into hits: document checks first (the generation's
+    document entry, filters, per-document cap, serve-time origin), then chunk entries
+    (:class:`node.corpus.snapshot.ChunkTable`) for the survivors only. A candidate whose
+    document is not ``done`` in the generation, or whose chunk is not in the record or
+    was read under another content hash than the generation's, is ignored (the record is
+    authoritative; a hit never mixes two versions of a document).
 
     ``order`` is read front to back (it may resolve chunk ids as it is read, filling
     ``doc_of`` for each id it hands out); ``score_of(chunk_id)`` is the fused score.
@@ -1059,35 +1033,8 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
     Only candidates of this search take part
     — for a peer, its view's (its lens's) — so a copy outside the view never changes
     what the view receives."""
-    db = corpus.record.db
-    assert db is not None
-    docs: dict[str, sqlite3.Row] = {}
-    looked: set[str] = set()
-    window = max(2 * limit, 20)  # document rows are read for this many candidates at a time
-    seen_to = 0
-
-    def load_docs(upto: int) -> None:
-        nonlocal seen_to
-        want = [d for d in dict.fromkeys(doc_of[c] for c in order[seen_to:upto])
-                if d not in looked]
-        seen_to = max(seen_to, upto)
-        looked.update(want)
-        for j in range(0, len(want), 500):
-            part = want[j:j + 500]
-            for r in db.execute(
-                    "SELECT doc_id, source_id, root_prefix, rel_path, size, mtime_ns, "
-                    "content_hash, indexed_at, metadata, origin, parent_doc_id FROM "
-                    "documents WHERE status = 'done' "
-                    f"AND doc_id IN ({','.join('?' * len(part))})", part):
-                docs[r["doc_id"]] = r
-
-    resolver: sources.SourceNormalizer | None = None
-
-    def origins() -> sources.SourceNormalizer:  # the roots' real folders: once per answer
-        nonlocal resolver
-        if resolver is None:
-            resolver = sources.SourceNormalizer(corpus.roots())
-        return resolver
+    docs = gen.docs
+    origins = gen.origins  # the roots' real folders: resolved once per generation
 
     serve: dict[str, bool] = {}
     origin_of: dict[str, str | None] = {}  # doc_id -> canonical id of its served origin
@@ -1101,8 +1048,6 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
     while len(hits) < limit and i < len(order):
         batch: list[str] = []
         while i < len(order) and len(hits) + len(batch) < limit:
-            if i >= seen_to:
-                load_docs(i + window)
             cid = order[i]
             i += 1
             did = doc_of[cid]
@@ -1110,9 +1055,9 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
             if drow is None:
                 counts["orphaned"] += 1
                 continue
-            if did not in meta_of:
-                meta_of[did] = json.loads(drow["metadata"] or "{}")
-            if filters and not search.passes_filters(*_filtered_as(view, did, drow["source_id"], meta_of[did]),
+            if did not in meta_of:  # the hit's own copy: the answer may change it
+                meta_of[did] = dict(drow.metadata)
+            if filters and not search.passes_filters(*_filtered_as(view, did, drow.source_id, meta_of[did]),
                                                      filters):
                 counts["filteredOut"] += 1
                 continue
@@ -1120,7 +1065,7 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
                 counts["dedupedPerDocument"] += 1
                 continue
             if did not in serve:
-                serve[did], origin_of[did] = _served(db, drow, origins())
+                serve[did], origin_of[did] = _served(docs, drow, origins())
                 if not serve[did]:
                     stale.append(did)
             if not serve[did]:
@@ -1130,25 +1075,23 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
             batch.append(cid)
         if not batch:
             break
-        rows = {r["chunk_id"]: r for r in db.execute(
-            "SELECT chunk_id, doc_id, text, line_start, line_end, heading_path, page_start, "
-            "page_end, defines FROM chunks "
-            f"WHERE chunk_id IN ({','.join('?' * len(batch))})", batch)}
+        rows = gen.chunks.get_many(batch)
         for cid in batch:
             row = rows.get(cid)
             did = doc_of[cid]
-            if row is None or row["doc_id"] != did:
+            drow = docs[did]
+            if row is None or row.doc_id != did or row.content_hash != drow.content_hash:
                 counts["orphaned"] += 1
                 per_doc[did] -= 1
                 continue
-            drow = docs[did]
+            loc = row.location
             hit = Hit(
-                chunk_id=cid, source_id=drow["source_id"], text=row["text"],
+                chunk_id=cid, source_id=drow.source_id, text=row.text,
                 score=score_of(cid),
-                location=_location(row),
-                content_hash=drow["content_hash"] or "", indexed_at=drow["indexed_at"] or "",
-                root_prefix=None if drow["origin"] == "record" else drow["root_prefix"],
-                rel_path=None if drow["origin"] == "record" else drow["rel_path"],
+                location={**loc, "headingPath": list(loc["headingPath"])},
+                content_hash=drow.content_hash or "", indexed_at=drow.indexed_at or "",
+                root_prefix=None if drow.origin == "record" else drow.root_prefix,
+                rel_path=None if drow.origin == "record" else drow.rel_path,
                 metadata=meta_of[did], origin_id=origin_of[did],
             )
             same = first_of.get(hit.text)
@@ -1164,5 +1107,9 @@ def _materialize(corpus: Any, order: Sequence[str], doc_of: dict[str, str],
             per_content[content] = per_content.get(content, 0) + 1
             first_of[hit.text] = hit
             hits.append(hit)
-    corpus.record.flag_stale(stale)
+    if stale and corpus.record.lock.acquire(blocking=False):  # best effort: never wait
+        try:
+            corpus.record.flag_stale(stale)
+        finally:
+            corpus.record.lock.release()
     return hits

@@ -22,6 +22,7 @@ import tantivy
 
 from node.corpus import archives, chunking, ingest, search
 from node.corpus.record import Record
+from node.corpus.snapshot import Generation, Snapshots
 from node.corpus.lens import Lens
 from node.corpus.types import Hit, Root
 from node.common.errors import CorpusError
@@ -94,7 +95,8 @@ class Corpus:
         archive_limits: bounds on archives in roots (DESIGN §9; defaults from seed
             ``file-processing``).
 
-    Usable as a context manager; thread-safe (one internal lock).
+    Usable as a context manager; thread-safe (one internal lock, which searches do not
+    take: they read a published generation, :meth:`snapshot`).
     """
 
     def __init__(self, home: Path | str, *, readonly: bool = False,
@@ -113,6 +115,8 @@ class Corpus:
         #: first search
         self.views: Any = None
         self._lens_basis: tuple[int, list[str]] | None = None  # :meth:`lens_basis`, per generation
+        #: the published index generations searches read (:mod:`node.corpus.snapshot`)
+        self.snapshots = Snapshots(self.record)
 
     def __enter__(self) -> Corpus:
         return self
@@ -125,6 +129,8 @@ class Corpus:
         with self.record.lock:
             if self.views is not None:
                 self.views.clear()
+            self.snapshots.current = None
+            self.snapshots.chunks.close()
             self.record.close()
 
     # -- roots --------------------------------------------------------------------------
@@ -269,6 +275,7 @@ class Corpus:
                 self.record.commit_index()
             if self.views is not None:
                 self.views.clear()
+            self._publish()
             return {"prefix": prefix, "path": root.path, "documents": len(rows), "chunks": chunks}
 
     def configure_root(self, prefix: str, *, chunker: str | None = None,
@@ -357,11 +364,13 @@ class Corpus:
         if mode not in ingest.MODES:
             raise CorpusError("sync-mode-invalid",
                               f"The sync mode must be one of {', '.join(ingest.MODES)}.")
-        with self.record.lock, self.record.writing():
-            report = ingest.run_sync(self, progress, mode, self.archive_limits, timings)
-            # what the last sync did not index, and why: `kith index status` lists it
-            skipped = [*report.get("skippedSources", []), *report.get("skippedFolders", [])]
-            self.record.set_meta("last_sync_skipped", json.dumps(skipped[:ingest.MAX_SKIPPED_LISTED]))
+        with self.record.lock:
+            with self.record.writing():
+                report = ingest.run_sync(self, progress, mode, self.archive_limits, timings)
+                # what the last sync did not index, and why: `kith index status` lists it
+                skipped = [*report.get("skippedSources", []), *report.get("skippedFolders", [])]
+                self.record.set_meta("last_sync_skipped", json.dumps(skipped[:ingest.MAX_SKIPPED_LISTED]))
+            self._publish()
             return report
 
     def sync_paths(self, paths: Iterable[str | Path]) -> dict[str, Any]:
@@ -375,8 +384,11 @@ class Corpus:
         Raises:
             CorpusError: ``index-locked``, ``corpus-readonly``.
         """
-        with self.record.lock, self.record.writing():
-            return ingest.Sync(self, None, "new_only", self.archive_limits).run_paths(paths)
+        with self.record.lock:
+            with self.record.writing():
+                report = ingest.Sync(self, None, "new_only", self.archive_limits).run_paths(paths)
+            self._publish()
+            return report
 
     def import_records(self, path: str | Path, *, kind: str, instance: str,
                        replace: bool = False) -> dict[str, Any]:
@@ -393,21 +405,54 @@ class Corpus:
             self.record.require_writable()
             datasource.check_names(kind, instance, {r.prefix for r in self.roots()})
             with self.record.writing():
-                return datasource.import_jsonl(self, Path(path), kind=kind, instance=instance,
-                                               replace=replace)
+                report = datasource.import_jsonl(self, Path(path), kind=kind, instance=instance,
+                                                 replace=replace)
+            self._publish()
+            return report
 
     # -- search -----------------------------------------------------------------------------
+    def _publish(self) -> None:
+        """Publish the generation a write just made, when this handle has searched (a
+        ``kith index sync`` never builds one). Callers hold the lock; a writer that left no
+        readable index leaves none: the next search says ``index-unavailable``."""
+        if self.snapshots.current is None:
+            return
+        try:
+            self.snapshots.publish()
+        except CorpusError:
+            self.snapshots.current = None
+
+    def snapshot(self) -> Generation:
+        """The index generation a search reads (:meth:`node.corpus.snapshot.Snapshots.take`):
+        taken without waiting for a writer of this process, except when there is none yet.
+
+        Raises:
+            CorpusError: ``index-unavailable``.
+        """
+        return self.snapshots.take()
+
     def lens_basis(self) -> tuple[int, list[str]]:
         """What a :class:`node.corpus.lens.Lens` is decided over: ``(generation, source
-        ids)`` of the ``done`` documents holding chunks, at the record's current
-        generation (:func:`node.corpus.views.generation`; kept until it moves, so a lens
-        per peer costs one read of the ids per generation, not one per peer).
+        ids)`` of the ``done`` documents holding chunks, at the published index
+        generation searches read (:meth:`snapshot`; its ids listed once per generation,
+        without the lock), or — when no index can be searched yet — at the record's
+        current generation (:func:`node.corpus.views.generation`, read under the lock;
+        kept until it moves).
 
         Raises:
             CorpusError: ``index-unavailable`` (no record).
         """
         from node.corpus import views
 
+        try:
+            gen = self.snapshot()
+        except CorpusError:
+            gen = None
+        if gen is not None:
+            ids = gen.lens_ids
+            if ids is None:
+                ids = gen.lens_ids = [d.source_id for d in gen.docs.values() if d.chunk_count > 0]
+            return gen.number, ids
         with self.record.lock:
             db = self.record.db
             if db is None:
