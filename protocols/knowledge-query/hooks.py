@@ -28,7 +28,6 @@ query.
 import itertools
 
 from node.answer.contract import TOP_K_DEFAULT
-from node.answer.render import empty
 from node.runtime.hooks import HookResult
 
 #: The ``query`` message's own fields; everything else in it is the search request
@@ -55,6 +54,8 @@ def on_message(ctx, message):
                    else ctx.knowledge.copy_documents(message["sources"]))
             if "refused" in got and isinstance(got["refused"], str):  # the peer's quota: nothing of it is sent
                 # this request alone is refused, as a rate-limited answer; the session goes on
+                from node.answer.render import empty  # the host's side only: a guest never loads it
+
                 return {"action": "results", "query_id": message["query_id"], "status": "rate-limited",
                         "retry_after_s": min(86_400, max(1, int(got.get("retry_after_s") or 1))),
                         "envelope": empty("rate-limited", None)["envelope"]}
