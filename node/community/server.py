@@ -628,6 +628,18 @@ class _App:
                                  status=403)
         return row
 
+    async def _own_invitation_bodiless(self, request: Request, *, what: str) -> InvitationRow:
+        """The invitation of a signed change that carries no body (a lease refresh, a
+        withdrawal): the signature checked, the body empty, the signer its host key.
+
+        Raises:
+            CommunityError: as :meth:`_signed_body`, :func:`decode_json` (naming ``what``) and
+                :meth:`_own_invitation`, in that order.
+        """
+        signed, body = await self._signed_body(request)
+        decode_json(body, EmptyBody, what=what, empty=True)
+        return await self._own_invitation(request, signed)
+
     # POST /api/v1/invitations/{post_id}/renew
     async def renew_invitation(self, request: Request) -> JSONResponse:
         signed, body = await self._signed_body(request)
@@ -653,9 +665,7 @@ class _App:
 
     # POST /api/v1/invitations/{post_id}/lease
     async def refresh_lease(self, request: Request) -> JSONResponse:
-        signed, body = await self._signed_body(request)
-        decode_json(body, EmptyBody, what="lease refresh", empty=True)
-        row = await self._own_invitation(request, signed)
+        row = await self._own_invitation_bodiless(request, what="lease refresh")
         post_id = row.document["post_id"]
         now = self.clock()
         if row.state(now) in ("live", "offline"):  # a host back after a partition revives it
@@ -669,9 +679,7 @@ class _App:
 
     # POST /api/v1/invitations/{post_id}/withdraw
     async def withdraw_invitation(self, request: Request) -> JSONResponse:
-        signed, body = await self._signed_body(request)
-        decode_json(body, EmptyBody, what="withdrawal", empty=True)
-        row = await self._own_invitation(request, signed)
+        row = await self._own_invitation_bodiless(request, what="withdrawal")
         post_id = row.document["post_id"]
         await self._db(self.store.withdraw_invitation, post_id, now=self.clock())
         row = await self._invitation(post_id)
