@@ -712,6 +712,25 @@ def check_host(host: str) -> None:
                           f"refusing to serve the local API on non-loopback address {host}")
 
 
+def _listening(home: Path | str, host: str, port: int, *, warn: Callable[[str], None] | None,
+               offline: bool, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> tuple[Any, Any]:
+    """The API's app, its holder started (a lagging index repaired when the writer lock is
+    free), and a socket bound to ``host:port``, for :func:`serve` and
+    :func:`run_api_in_thread`; the holder is closed again when binding fails.
+
+    Raises:
+        CorpusError: ``api-loopback-only``. CommunityError: ``server-start-failed``.
+    """
+    check_host(host)
+    app = create_app(home, max_body_bytes=max_body_bytes, offline=offline)
+    try:
+        app.holder.start(warn)  # type: ignore[attr-defined]
+        sock = bind_socket(host, port)
+    except BaseException:
+        app.holder.close()  # type: ignore[attr-defined]
+        raise
+    return app, sock
+
 def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
           on_listening: Any = None, access_log: bool = False,
           warn: Callable[[str], None] | None = None, offline: bool = False) -> None:
@@ -730,14 +749,7 @@ def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *
         CorpusError: ``api-loopback-only`` for a non-loopback ``host``.
         CommunityError: ``server-start-failed`` when the address cannot be bound.
     """
-    check_host(host)
-    app = create_app(home, offline=offline)
-    try:
-        app.holder.start(warn)  # type: ignore[attr-defined]
-        sock = bind_socket(host, port)
-    except BaseException:
-        app.holder.close()  # type: ignore[attr-defined]
-        raise
+    app, sock = _listening(home, host, port, warn=warn, offline=offline)
     try:
         if on_listening is not None:
             on_listening(base_url_of(sock))
@@ -775,14 +787,7 @@ def run_api_in_thread(home: Path | str, host: str = "127.0.0.1", port: int = 0, 
     Raises:
         CorpusError: ``api-loopback-only``. CommunityError: ``server-start-failed``.
     """
-    check_host(host)
-    app = create_app(home, max_body_bytes=max_body_bytes, offline=offline)
-    try:
-        app.holder.start(warn)  # type: ignore[attr-defined]
-        sock = bind_socket(host, port)
-    except BaseException:
-        app.holder.close()  # type: ignore[attr-defined]
-        raise
+    app, sock = _listening(home, host, port, warn=warn, offline=offline, max_body_bytes=max_body_bytes)
     try:
         with serve_app_in_thread(app, sock, what="the local API", startup_timeout_s=startup_timeout_s,
                                  on_loop=background_runner(home, offline) if background else None) as url:
