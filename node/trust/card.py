@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from node.common.errors import ConfigError, HandshakeError, InvitationError, KithError, SigningError
-from node.common.home import atomic_write
+from node.common.home import atomic_write, read_json_state
 from node.trust.binding import PersonIdentity, verify_chain
 from node.trust.invitation import Invitation, check_binding, parse_invitation
 from node.trust.signing import PUBLIC_KEY_HEX_LEN, SIGNATURE_HEX_LEN, check_hex, device_card_payload, sign, verify
@@ -306,11 +306,9 @@ class CardStore:
         hint = (f"remove {path} (it only keeps what this home learnt: each device's card comes back "
                 "with its next handshake or from the person's community server)")
         try:
-            raw = json.loads(path.read_text("utf-8"))
+            raw = read_json_state(path, hint=hint)
         except FileNotFoundError:
             return cls(path, {})
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-            raise ConfigError("config-invalid", f"{CARDS_FILE} is not valid JSON", hint=hint) from None
 
         def stamp(value: object, what: str, *, optional: bool) -> Any:
             pattern = _CREATED_RE if what == "receivedAt" else _MARK_RE

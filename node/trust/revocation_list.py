@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from node.common.errors import ConfigError, KithError, SigningError
-from node.common.home import atomic_write
+from node.common.home import atomic_write, read_json_state
 from node.trust.signing import (
     PUBLIC_KEY_HEX_LEN,
     SIGNATURE_HEX_LEN,
@@ -168,11 +168,9 @@ class RevocationStore:
         """
         path = Path(home) / REVOCATIONS_FILE
         try:
-            raw = json.loads(path.read_text("utf-8"))
+            raw = read_json_state(path)
         except FileNotFoundError:
             return cls(path, {})
-        except (OSError, UnicodeDecodeError, ValueError):
-            raise ConfigError("config-invalid", f"{REVOCATIONS_FILE} is not valid JSON") from None
         persons: dict[str, dict[str, Any]] = {}
         try:
             if raw.get("version") != STORE_VERSION:
