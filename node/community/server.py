@@ -244,6 +244,18 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     return error_response("internal-error", "an internal error occurred", 500)
 
 
+def _used_up(state: str, row: InvitationRow, *, consumed_status: int, then: str = "") -> CommunityError | None:
+    """The refusal of an invitation no one may join any more, or None for any other ``state``:
+    ``invitation-withdrawn`` (410), or ``invitation-consumed`` with ``consumed_status`` (410
+    to a reader, 409 to a session proof that came too late) and ``then`` after its message."""
+    if state == "withdrawn":
+        return CommunityError("invitation-withdrawn", "the host withdrew this invitation", status=410)
+    if state == "consumed":
+        return CommunityError("invitation-consumed", f"the invitation allowed {row.max_sessions} session(s) "
+                              f"and they were used{then}", status=consumed_status)
+    return None
+
+
 def _time(unix: float | None) -> str | None:
     return None if unix is None else rfc3339(datetime.fromtimestamp(unix, timezone.utc))
 
@@ -597,13 +609,9 @@ class _App:
     async def get_invitation(self, request: Request) -> JSONResponse:
         row = await self._invitation(request.path_params["post_id"])
         state = row.state(self.clock())
-        if state == "withdrawn":
-            raise CommunityError("invitation-withdrawn", "the host withdrew this invitation",
-                                 status=410)
-        if state == "consumed":
-            raise CommunityError("invitation-consumed",
-                                 f"the invitation allowed {row.max_sessions} session(s) and "
-                                 "they were used; ask the host for a new post_id", status=410)
+        gone = _used_up(state, row, consumed_status=410, then="; ask the host for a new post_id")
+        if gone is not None:
+            raise gone
         if state == "expired":
             raise InvitationError("invitation-expired",
                                   f"the invitation expired at {row.document.get('expires_at')}",
@@ -713,13 +721,9 @@ class _App:
         if outcome == "duplicate":
             raise CommunityError("session-duplicate", "that session proof was already recorded",
                                  status=409)
-        if outcome == "withdrawn":
-            raise CommunityError("invitation-withdrawn", "the host withdrew this invitation",
-                                 status=410)
-        if outcome == "consumed":
-            raise CommunityError("invitation-consumed",
-                                 f"the invitation allowed {row.max_sessions} session(s) and "
-                                 "they were used", status=409)
+        gone = _used_up(outcome, row, consumed_status=409)
+        if gone is not None:
+            raise gone
         if outcome == "no-invitation":  # pragma: no cover - invitations are never deleted
             raise InvitationError("invitation-not-found", "no invitation with that post_id",
                                   status=404)
