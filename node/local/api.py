@@ -593,26 +593,42 @@ def loopback_refusal(scope: Scope) -> tuple[str, str] | None:
     return None
 
 
-async def loopback_first(app: ASGIApp, scope: Scope, receive: Receive, send: Send,
-                         refuse: Callable[[str, str], ASGIApp]) -> bool:
-    """The opening of every owner-only loopback server's outer layer (the local API, the
-    dashboard): a lifespan scope goes on to ``app``, any other scope that is not HTTP is
-    dropped, and an HTTP request :func:`loopback_refusal` refuses is answered by the ASGI app
-    ``refuse(code, message)`` (``code``: ``loopback-only`` or ``bad-host``, which each server
-    prefixes; status 403 is the caller's).
+class LoopbackGuard:
+    """The outer ASGI layer of an owner-only loopback server (the local API, the dashboard):
+    a lifespan scope goes on to ``app``, any other scope that is not HTTP is dropped, an HTTP
+    request :func:`loopback_refusal` refuses is answered 403 by :meth:`refusal` with the
+    code prefixed by :attr:`prefix` (``<prefix>-loopback-only``, ``<prefix>-bad-host``), and
+    any other request goes to :meth:`admit`, the server's own checks.
 
-    Returns:
-        True when the scope was dealt with here; False when the request may go on.
+    Args:
+        app: the server's inner ASGI app.
     """
-    if scope["type"] != "http":
-        if scope["type"] == "lifespan":
-            await app(scope, receive, send)
-        return True
-    refused = loopback_refusal(scope)
-    if refused is not None:
-        await refuse(*refused)(scope, receive, send)
-        return True
-    return False
+
+    #: The prefix of this server's error codes (``api``, ``dashboard``).
+    prefix = ""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    def refusal(self, code: str, message: str, status: int) -> ASGIApp:
+        """The ASGI app answering a refused request with ``code``, ``message`` and ``status``."""
+        raise NotImplementedError
+
+    async def admit(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve an HTTP request from a loopback client with a loopback Host/Origin."""
+        raise NotImplementedError
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await self.app(scope, receive, send)
+            return
+        refused = loopback_refusal(scope)
+        if refused is not None:
+            code, message = refused
+            await self.refusal(f"{self.prefix}-{code}", message, 403)(scope, receive, send)
+            return
+        await self.admit(scope, receive, send)
 
 
 def _json_content_type(scope: Scope) -> bool:
@@ -621,21 +637,23 @@ def _json_content_type(scope: Scope) -> bool:
     return value is not None and value.split(";", 1)[0].strip().lower() == "application/json"
 
 
-class _Guard:
+class _Guard(LoopbackGuard):
     """Outer ASGI layer: loopback clients only, loopback Host/Origin only, an agent's
     credential (``Authorization: Bearer``; only ``GET /health`` answers without one, and
     then only "up"), then read-only routing and the JSON content type — before Starlette
     (so no handler, body read or corpus access happens for a refused request). Each
     handler then checks its own operation with the same :func:`node.local.agents.authorize`."""
 
+    prefix = "api"
+
     def __init__(self, app: ASGIApp, home: Path) -> None:
-        self.app = app
+        super().__init__(app)
         self.home = home
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if await loopback_first(self.app, scope, receive, send,
-                                lambda code, message: error_response(f"api-{code}", message, 403)):
-            return
+    def refusal(self, code: str, message: str, status: int) -> ASGIApp:
+        return error_response(code, message, status)
+
+    async def admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope["method"].upper()
         path = scope["path"]
         # never a query string or a cookie: the Authorization header alone, and only one
@@ -825,5 +843,5 @@ def search_via_api(base_url: str, body: dict[str, Any], budget: env_mod.SearchBu
     return r.json()
 
 
-__all__ = ["DEFAULT_PORT", "check_host", "create_app", "host_refusal", "loopback_refusal", "openapi_document",
-           "run_api_in_thread", "search_via_api", "serve"]
+__all__ = ["DEFAULT_PORT", "LoopbackGuard", "check_host", "create_app", "host_refusal", "loopback_refusal",
+           "openapi_document", "run_api_in_thread", "search_via_api", "serve"]
