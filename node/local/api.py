@@ -596,23 +596,20 @@ def loopback_refusal(scope: Scope) -> tuple[str, str] | None:
 class LoopbackGuard:
     """The outer ASGI layer of an owner-only loopback server (the local API, the dashboard):
     a lifespan scope goes on to ``app``, any other scope that is not HTTP is dropped, an HTTP
-    request :func:`loopback_refusal` refuses is answered 403 by :meth:`refusal` with the
-    code prefixed by :attr:`prefix` (``<prefix>-loopback-only``, ``<prefix>-bad-host``), and
+    request :func:`loopback_refusal` refuses is answered 403 by ``refusal`` with the
+    code prefixed by ``prefix`` (``<prefix>-loopback-only``, ``<prefix>-bad-host``), and
     any other request goes to :meth:`admit`, the server's own checks.
 
     Args:
         app: the server's inner ASGI app.
+        prefix: the prefix of the server's error codes (``api``, ``dashboard``).
+        refusal: ``(code, message, status)`` → the ASGI app answering a refused request.
     """
 
-    #: The prefix of this server's error codes (``api``, ``dashboard``).
-    prefix = ""
-
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, prefix: str, refusal: Callable[[str, str, int], ASGIApp]) -> None:
         self.app = app
-
-    def refusal(self, code: str, message: str, status: int) -> ASGIApp:
-        """The ASGI app answering a refused request with ``code``, ``message`` and ``status``."""
-        raise NotImplementedError
+        self.prefix = prefix
+        self.refusal = refusal
 
     async def admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve an HTTP request from a loopback client with a loopback Host/Origin."""
@@ -644,14 +641,9 @@ class _Guard(LoopbackGuard):
     (so no handler, body read or corpus access happens for a refused request). Each
     handler then checks its own operation with the same :func:`node.local.agents.authorize`."""
 
-    prefix = "api"
-
     def __init__(self, app: ASGIApp, home: Path) -> None:
-        super().__init__(app)
+        super().__init__(app, "api", error_response)
         self.home = home
-
-    def refusal(self, code: str, message: str, status: int) -> ASGIApp:
-        return error_response(code, message, status)
 
     async def admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope["method"].upper()

@@ -147,14 +147,9 @@ def _form_content_type(scope: Scope) -> bool:
 class Guard(LoopbackGuard):
     """Outer ASGI layer of the dashboard (module docstring)."""
 
-    prefix = "dashboard"
-
     def __init__(self, app: ASGIApp, door: Door) -> None:
-        super().__init__(app)
+        super().__init__(app, "dashboard", refusal_page)
         self.door = door
-
-    def refusal(self, code: str, message: str, status: int) -> ASGIApp:
-        return refusal_page(code, message, status)
 
     async def admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"].upper()
