@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from node.common.errors import KithError
-from node.trust.binding import device_link, successor_link
+from node.trust.binding import compact_size, device_link, successor_link
 from node.trust.identity import Identity
 from node.trust.peers import PeerRegistry, pin_person
 from node.trust.revocation_list import (
@@ -27,7 +27,6 @@ from node.trust.revocation_list import (
     REVOCATIONS_FILE,
     RevocationStore,
     check_list,
-    list_size,
     make_list,
 )
 from node.trust.signing import public_key_of
@@ -302,7 +301,7 @@ def test_a_forged_or_foreign_or_oversized_revocation_list_is_refused_in_the_hand
     forged = {**good, "seq": 2}
     foreign = make_list(mallory.secret, [laptop.public_key], 9, WHEN)
     huge = {**good, "revoked": [os.urandom(32).hex() for _ in range(70)]}
-    assert list_size(huge) > MAX_LIST_BYTES
+    assert compact_size(huge) > MAX_LIST_BYTES
 
     async def scenario(tg, host):
         return {name: await _refused(tg, host, desk, chain, doc)

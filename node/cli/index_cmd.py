@@ -15,7 +15,7 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from node.cli.common import console, emit_json, err_console, home_of, safe_text, warn
+from node.cli.common import console, emit_json, err_console, home_of, safe_text, untrusted_console, warn
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import CorpusError
 
@@ -36,6 +36,12 @@ class SyncMode(str, Enum):
 
 
 _CHUNKER_HELP = "Chunker: recursive (default), markdown or fixed."
+
+
+def _say(line: str) -> None:
+    """Print one line that carries the corpus's own text (paths, file names, extraction
+    errors): never markup, never a control character, never wrapped."""
+    untrusted_console.print(line, soft_wrap=True)
 
 
 def _root_json(root: Any) -> dict[str, Any]:
@@ -75,8 +81,7 @@ def add_cmd(
     if json_out:
         emit_json({**_root_json(root), "overlaps": [o.prefix for o in overlaps]})
     else:
-        console.print(f"added root /{root.prefix}/ <- {root.path} (run `kith index sync`)",
-                      highlight=False, markup=False, soft_wrap=True)
+        _say(f"added root /{root.prefix}/ <- {root.path} (run `kith index sync`)")
 
 
 def _rules_naming(home: Path, prefix: str) -> list[str]:
@@ -110,13 +115,13 @@ def remove_cmd(
     if json_out:
         emit_json({**rep, "policyRules": rules})
         return
-    console.print(f"removed root /{rep['prefix']}/ ({rep['path']}): {rep['documents']} document(s), "
-                  f"{rep['chunks']} chunk(s)", highlight=False, markup=False, soft_wrap=True)
+    _say(f"removed root /{rep['prefix']}/ ({rep['path']}): {rep['documents']} document(s), "
+         f"{rep['chunks']} chunk(s)")
     if rules:
-        console.print(f"policy rules naming /{rep['prefix']}/ (they match nothing now; "
-                      "`kith policy unset GLOB` removes one):", highlight=False, markup=False, soft_wrap=True)
+        _say(f"policy rules naming /{rep['prefix']}/ (they match nothing now; "
+             "`kith policy unset GLOB` removes one):")
         for line in rules:
-            console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+            _say(f"  {line}")
 
 
 class DenseSwitch(str, Enum):
@@ -168,7 +173,7 @@ def config_cmd(
         if json_out:
             emit_json({"dense": st})
         else:
-            console.print(_dense_line(st), highlight=False, markup=False, soft_wrap=True)
+            _say(_dense_line(st))
         return
     if dense_switch is not None or dense_model is not None:
         raise typer.BadParameter("--dense and --dense-model take no root prefix (they apply to "
@@ -238,7 +243,7 @@ def embed_cmd(
     if json_out:
         emit_json(rep)
     else:
-        console.print(_embed_summary(rep), highlight=False, markup=False, soft_wrap=True)
+        _say(_embed_summary(rep))
 
 
 #: What each reason a sync skips a file for means, for a person (issue 20).
@@ -375,10 +380,9 @@ def _sync(ctx: typer.Context, mode: SyncMode, json_out: bool) -> None:
     console.print(_summary(report) + f" ({report['files']} files, {report['bytes']:,} bytes read)",
                   highlight=False, soft_wrap=True)
     for peer in report["copiesReindexed"]:
-        console.print(f"re-indexed the copy of {safe_text(peer)} (its index was of an older schema)",
-                      highlight=False, markup=False, soft_wrap=True)
+        _say(f"re-indexed the copy of {safe_text(peer)} (its index was of an older schema)")
     for line in skipped_lines([*report.get("skippedSources", []), *report.get("skippedFolders", [])]):
-        console.print(line, highlight=False, markup=False, soft_wrap=True)
+        _say(line)
     _print_errors(report)
 
 
@@ -400,44 +404,40 @@ def status_cmd(
         return
     for r in st["rootList"]:
         bs = r["byStatus"]
-        console.print(f"/{r['prefix']}/  <- {r['path']}  [{r['chunker']} {r['chunkSize']}/"
-                      f"{r['chunkOverlap']}]  documents {r['documents']} (done {bs['done']}, "
-                      f"failed {r['failed']}, empty {r['empty']}, processing {bs['processing']}, "
-                      f"stale {r['stale']}), "
-                      f"chunks {r['chunks']}", highlight=False, markup=False, soft_wrap=True)
+        _say(f"/{r['prefix']}/  <- {r['path']}  [{r['chunker']} {r['chunkSize']}/"
+             f"{r['chunkOverlap']}]  documents {r['documents']} (done {bs['done']}, "
+             f"failed {r['failed']}, empty {r['empty']}, processing {bs['processing']}, "
+             f"stale {r['stale']}), "
+             f"chunks {r['chunks']}")
     for d in st["datasources"]:
-        console.print(f"/{d['kind']}/{d['instance']}/  records {d['documents']}, chunks {d['chunks']}",
-                      highlight=False, markup=False, soft_wrap=True)
+        _say(f"/{d['kind']}/{d['instance']}/  records {d['documents']}, chunks {d['chunks']}")
     console.print(
         f"documents {st['documents']} (done {st['done']}, failed {st['failed']}, "
         f"empty {st['empty']}, processing {st['processing']}, stale {st['stale']}), "
         f"chunks {st['chunks']}, ready {'yes' if st['ready'] else 'no'}, "
         f"last sync {st['last_sync'] or 'never'}", highlight=False, soft_wrap=True)
     if st["dense"]["enabled"] or st["dense"]["vectors"]:
-        console.print(_dense_line(st["dense"]), highlight=False, markup=False, soft_wrap=True)
+        _say(_dense_line(st["dense"]))
     if st.get("record_lost"):
-        console.print("  the corpus record (corpus/corpus.sqlite3) is missing or empty, while an index built from it "
-                      "is here: its folders and documents are lost — add the folders again (`kith index add "
-                      "FOLDER`), then `kith index sync`", highlight=False, markup=False, soft_wrap=True)
+        _say("  the corpus record (corpus/corpus.sqlite3) is missing or empty, while an index built from it "
+             "is here: its folders and documents are lost — add the folders again (`kith index add "
+             "FOLDER`), then `kith index sync`")
     if st.get("index_unreadable"):
-        console.print("  the search index (corpus/tantivy) cannot be read: run `kith index sync` to rebuild it from "
-                      "the corpus record (nothing is read again)", highlight=False, markup=False, soft_wrap=True)
+        _say("  the search index (corpus/tantivy) cannot be read: run `kith index sync` to rebuild it from "
+             "the corpus record (nothing is read again)")
     elif st.get("index_missing"):
-        console.print("  the search index (corpus/tantivy) is missing: run `kith index sync` to rebuild it from "
-                      "the corpus record (nothing is read again)", highlight=False, markup=False, soft_wrap=True)
+        _say("  the search index (corpus/tantivy) is missing: run `kith index sync` to rebuild it from "
+             "the corpus record (nothing is read again)")
     if st["interrupted"]:
-        console.print("  the last sync did not finish (no sync is running): run `kith index sync`",
-                      highlight=False, markup=False, soft_wrap=True)
+        _say("  the last sync did not finish (no sync is running): run `kith index sync`")
     for f in st["failedDocuments"]:
-        console.print(f"  {f['code']} {f['source']}: {f['message']}", highlight=False, markup=False, soft_wrap=True)
+        _say(f"  {f['code']} {f['source']}: {f['message']}")
     for s in st["staleDocuments"]:
-        console.print(f"  stale {s} (changed since indexing; run `kith index sync`)",
-                      highlight=False, markup=False, soft_wrap=True)
+        _say(f"  stale {s} (changed since indexing; run `kith index sync`)")
     for s in st["processingDocuments"]:
-        console.print(f"  processing {s} (interrupted; the next sync redoes it)",
-                      highlight=False, markup=False, soft_wrap=True)
+        _say(f"  processing {s} (interrupted; the next sync redoes it)")
     for line in skipped_lines(st.get("skippedSources") or []):
-        console.print(line, highlight=False, markup=False, soft_wrap=True)
+        _say(line)
 
 
 @index_app.command("import")
@@ -458,10 +458,10 @@ def import_cmd(
     if json_out:
         emit_json(report)
         return
-    console.print(f"/{kind}/{instance}/: {report['records']} records; indexed {report['indexed']}, "
-                  f"updated {report['updated']}, unchanged {report['skipped']}, removed "
-                  f"{report['removed']}, failed {report['failed']}; {report['chunks']} chunks "
-                  f"in {report['seconds']:.2f} s", highlight=False, markup=False, soft_wrap=True)
+    _say(f"/{kind}/{instance}/: {report['records']} records; indexed {report['indexed']}, "
+         f"updated {report['updated']}, unchanged {report['skipped']}, removed "
+         f"{report['removed']}, failed {report['failed']}; {report['chunks']} chunks "
+         f"in {report['seconds']:.2f} s")
     for err in report["errors"]:
         err_console.print(f"  line {err.get('line')}: {err['code']} - {err['message']}",
                           highlight=False, markup=False, soft_wrap=True)
@@ -483,7 +483,7 @@ def watch_cmd(
             emit_json({"event": "index-updated", **report})
         else:
             for line in watch_lines(report):
-                console.print(line, highlight=False, markup=False, soft_wrap=True)
+                _say(line)
             _print_errors(report)
 
     watcher = CorpusWatcher(home_of(ctx), debounce_ms=debounce_ms, on_report=on_report)

@@ -127,6 +127,28 @@ def state_fault(exc: BaseException, path: Path, holds: str) -> KithError | None:
         hint=f"move it aside (mv {path} {path}.bad): {holds}"))
 
 
+def state_refusal(exc: BaseException, path: Path, holds: str) -> BaseException:
+    """:func:`state_fault` of ``exc`` on the state database ``path``, or ``exc`` itself when
+    it is no fault of the file (what the caller raises either way)."""
+    refusal = state_fault(exc, path, holds)
+    return exc if refusal is None else refusal
+
+
+def probe_state_db(path: Path, holds: str) -> None:
+    """Read the small state database ``path`` writing nothing
+    (:func:`node.common.home.probe_home_db`), so a damaged one is refused at start.
+
+    Raises:
+        KithError: ``config-invalid`` (damaged: the hint names what ``holds`` loses),
+            ``disk-full``, ``io-error``; any other error of the read as it is.
+    """
+    from node.common.home import probe_home_db
+
+    try:
+        probe_home_db(path)
+    except (sqlite3.DatabaseError, OSError) as exc:
+        raise state_refusal(exc, path, holds) from None
+
 def os_fault(exc: OSError, where: str | None = None) -> ConfigError:
     """The refusal for a local I/O failure on ``where`` (default: the file the error names,
     else "the Kith home"): ``disk-full`` for a full disk, quota or file-size limit (never

@@ -110,6 +110,25 @@ def init_hint(home: Path, *, server: bool = False) -> str:
     return f"run `{made_by}` to create one there, or check --home / $KITH_HOME for a typo"
 
 
+def read_json_state(path: Path, *, hint: str | None = None) -> Any:
+    """The JSON value of the state file ``path`` (one :func:`atomic_write` wrote).
+
+    Raises:
+        FileNotFoundError: when there is no file (callers start empty).
+        ConfigError: ``config-invalid`` "<name> is not valid JSON" (with ``hint``) when it
+            cannot be read, is not UTF-8, not JSON, or nested too deep to parse.
+    """
+    import json
+
+    try:
+        return json.loads(Path(path).read_text("utf-8"))
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        from node.common.errors import ConfigError
+
+        raise ConfigError("config-invalid", f"{Path(path).name} is not valid JSON", hint=hint) from None
+
 def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Write ``data`` to ``path`` atomically: a temp file in the same folder, fsync, rename.
 

@@ -56,6 +56,19 @@ def _one_line(text: object) -> str:
     return line[:_MAX_MESSAGE_CHARS]
 
 
+
+def _record_of(data: Any, status: int, field: str, value: str, what: str) -> dict[str, Any]:
+    """``data`` when it is the record asked for (an object whose ``field`` is ``value``).
+
+    Raises:
+        CommunityError: ``server-error`` (with the answer's HTTP ``status``) when the server
+            answered with anything else (``what`` names the record in the message).
+    """
+    if not isinstance(data, dict) or data.get(field) != value:
+        raise CommunityError("server-error", f"the community server answered with another {what}",
+                             status=status)
+    return data
+
 class CommunityClient:
     """A client for one community server.
 
@@ -267,13 +280,7 @@ class CommunityClient:
         """
         _check_session_id(session_id)
         status, data = await self._request("GET", f"/sessions/{session_id}")
-        return self._session_of(data, status, session_id)
-
-    def _session_of(self, data: Any, status: int, session_id: str) -> dict[str, Any]:
-        if not isinstance(data, dict) or data.get("session_id") != session_id:
-            raise CommunityError("server-error", "the community server answered with another "
-                                 "session record", status=status)
-        return data
+        return _record_of(data, status, "session_id", session_id, "session record")
 
     async def close_session(self, session_id: str, reason: str = "closed") -> dict[str, Any]:
         """``POST /api/v1/sessions/{session_id}/close`` (signed by a participant).
@@ -293,7 +300,7 @@ class CommunityClient:
         body = json.dumps({"reason": reason}).encode()
         status, data = await self._request("POST", f"/sessions/{session_id}/close", body=body,
                                            signed=True)
-        return self._session_of(data, status, session_id)
+        return _record_of(data, status, "session_id", session_id, "session record")
 
     async def submit_feedback(self, session_id: str, rating: int,
                               comment: str | None = None) -> dict[str, Any]:
@@ -353,7 +360,7 @@ class CommunityClient:
         body = json.dumps({"display_name": display_name, "about": about}).encode()
         status, data = await self._request("POST", "/identities", body=body, signed=True)
         assert self.identity is not None
-        return self._identity_of(data, status, self.identity.public_key)
+        return _record_of(data, status, "public_key", self.identity.public_key, "identity")
 
     async def get_identity(self, public_key: str) -> dict[str, Any]:
         """``GET /api/v1/identities/{public_key}`` → the profile and ratings received.
@@ -366,13 +373,7 @@ class CommunityClient:
             raise CommunityError("identity-not-found", "a public key is 64 lowercase hex "
                                  "characters", status=404)
         status, data = await self._request("GET", f"/identities/{public_key}")
-        return self._identity_of(data, status, public_key)
-
-    def _identity_of(self, data: Any, status: int, public_key: str) -> dict[str, Any]:
-        if not isinstance(data, dict) or data.get("public_key") != public_key:
-            raise CommunityError("server-error", "the community server answered with another "
-                                 "identity", status=status)
-        return data
+        return _record_of(data, status, "public_key", public_key, "identity")
 
     # --- revocation lists (specs/peers.md §10) --------------------------------------------
     async def publish_revocation(self, doc: dict[str, Any]) -> dict[str, Any]:

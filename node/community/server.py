@@ -244,6 +244,18 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     return error_response("internal-error", "an internal error occurred", 500)
 
 
+def _used_up(state: str, row: InvitationRow, *, consumed_status: int, then: str = "") -> CommunityError | None:
+    """The refusal of an invitation no one may join any more, or None for any other ``state``:
+    ``invitation-withdrawn`` (410), or ``invitation-consumed`` with ``consumed_status`` (410
+    to a reader, 409 to a session proof that came too late) and ``then`` after its message."""
+    if state == "withdrawn":
+        return CommunityError("invitation-withdrawn", "the host withdrew this invitation", status=410)
+    if state == "consumed":
+        return CommunityError("invitation-consumed", f"the invitation allowed {row.max_sessions} session(s) "
+                              f"and they were used{then}", status=consumed_status)
+    return None
+
+
 def _time(unix: float | None) -> str | None:
     return None if unix is None else rfc3339(datetime.fromtimestamp(unix, timezone.utc))
 
@@ -597,13 +609,9 @@ class _App:
     async def get_invitation(self, request: Request) -> JSONResponse:
         row = await self._invitation(request.path_params["post_id"])
         state = row.state(self.clock())
-        if state == "withdrawn":
-            raise CommunityError("invitation-withdrawn", "the host withdrew this invitation",
-                                 status=410)
-        if state == "consumed":
-            raise CommunityError("invitation-consumed",
-                                 f"the invitation allowed {row.max_sessions} session(s) and "
-                                 "they were used; ask the host for a new post_id", status=410)
+        gone = _used_up(state, row, consumed_status=410, then="; ask the host for a new post_id")
+        if gone is not None:
+            raise gone
         if state == "expired":
             raise InvitationError("invitation-expired",
                                   f"the invitation expired at {row.document.get('expires_at')}",
@@ -627,6 +635,18 @@ class _App:
             raise CommunityError("forbidden", "only the invitation's host key may change it",
                                  status=403)
         return row
+
+    async def _own_invitation_bodiless(self, request: Request, *, what: str) -> InvitationRow:
+        """The invitation of a signed change that carries no body (a lease refresh, a
+        withdrawal): the signature checked, the body empty, the signer its host key.
+
+        Raises:
+            CommunityError: as :meth:`_signed_body`, :func:`decode_json` (naming ``what``) and
+                :meth:`_own_invitation`, in that order.
+        """
+        signed, body = await self._signed_body(request)
+        decode_json(body, EmptyBody, what=what, empty=True)
+        return await self._own_invitation(request, signed)
 
     # POST /api/v1/invitations/{post_id}/renew
     async def renew_invitation(self, request: Request) -> JSONResponse:
@@ -653,9 +673,7 @@ class _App:
 
     # POST /api/v1/invitations/{post_id}/lease
     async def refresh_lease(self, request: Request) -> JSONResponse:
-        signed, body = await self._signed_body(request)
-        decode_json(body, EmptyBody, what="lease refresh", empty=True)
-        row = await self._own_invitation(request, signed)
+        row = await self._own_invitation_bodiless(request, what="lease refresh")
         post_id = row.document["post_id"]
         now = self.clock()
         if row.state(now) in ("live", "offline"):  # a host back after a partition revives it
@@ -669,9 +687,7 @@ class _App:
 
     # POST /api/v1/invitations/{post_id}/withdraw
     async def withdraw_invitation(self, request: Request) -> JSONResponse:
-        signed, body = await self._signed_body(request)
-        decode_json(body, EmptyBody, what="withdrawal", empty=True)
-        row = await self._own_invitation(request, signed)
+        row = await self._own_invitation_bodiless(request, what="withdrawal")
         post_id = row.document["post_id"]
         await self._db(self.store.withdraw_invitation, post_id, now=self.clock())
         row = await self._invitation(post_id)
@@ -705,13 +721,9 @@ class _App:
         if outcome == "duplicate":
             raise CommunityError("session-duplicate", "that session proof was already recorded",
                                  status=409)
-        if outcome == "withdrawn":
-            raise CommunityError("invitation-withdrawn", "the host withdrew this invitation",
-                                 status=410)
-        if outcome == "consumed":
-            raise CommunityError("invitation-consumed",
-                                 f"the invitation allowed {row.max_sessions} session(s) and "
-                                 "they were used", status=409)
+        gone = _used_up(outcome, row, consumed_status=409)
+        if gone is not None:
+            raise gone
         if outcome == "no-invitation":  # pragma: no cover - invitations are never deleted
             raise InvitationError("invitation-not-found", "no invitation with that post_id",
                                   status=404)

@@ -499,12 +499,10 @@ class CommunityStore:
         larger than the one kept. Returns ``new``, ``same`` (that seq is kept) or ``stale``
         (a larger seq is kept; nothing changes)."""
         with self._write() as conn:
-            row = conn.execute("SELECT seq FROM revocations WHERE person_key = ?", (person_key,)).fetchone()
-            if row is not None:
-                if seq < row[0]:
-                    return "stale"
-                if seq == row[0]:
-                    return "same"
+            kept = _kept_order(conn, "revocations", "person_key", person_key, seq)
+            if kept in ("stale", "same"):
+                return kept
+            if kept == "older":
                 conn.execute("UPDATE revocations SET seq = ?, list = ?, published_by = ?, updated_unix = ? "
                              "WHERE person_key = ? AND seq < ?",
                              (seq, _dumps(doc), published_by, now, person_key, seq))
@@ -531,12 +529,10 @@ class CommunityStore:
         seq is kept) or ``stale`` (a larger seq is kept; nothing changes). At most
         :attr:`MAX_CARDS_PER_PERSON` devices per person are kept."""
         with self._write() as conn:
-            row = conn.execute("SELECT seq FROM device_cards WHERE device_key = ?", (device_key,)).fetchone()
-            if row is not None:
-                if seq < row[0]:
-                    return "stale"
-                if seq == row[0]:
-                    return "same"
+            kept = _kept_order(conn, "device_cards", "device_key", device_key, seq)
+            if kept in ("stale", "same"):
+                return kept
+            if kept == "older":
                 conn.execute("UPDATE device_cards SET person_key = ?, seq = ?, card = ?, expires_unix = ?, "
                              "updated_unix = ? WHERE device_key = ? AND seq < ?",
                              (person_key, seq, _dumps(doc), expires_unix, now, device_key, seq))
@@ -962,6 +958,16 @@ class CommunityStore:
                                 "ORDER BY created_unix, rater_public_key",
                                 (session_id,)).fetchall()
         return [dict(zip(cols, r)) for r in rows]
+
+
+def _kept_order(conn: sqlite3.Connection, table: str, key_column: str, key: str, seq: int) -> str:
+    """How the row kept under ``key`` in ``table`` (one of this module's seq-numbered tables,
+    never input) orders against a new ``seq``: ``none`` (no row), ``older`` (a smaller seq,
+    to be replaced), ``same`` or ``stale`` (a larger seq: the new one is dropped)."""
+    row = conn.execute(f"SELECT seq FROM {table} WHERE {key_column} = ?", (key,)).fetchone()
+    if row is None:
+        return "none"
+    return "stale" if seq < row[0] else "same" if seq == row[0] else "older"
 
 
 def _dumps(obj: Any) -> str:

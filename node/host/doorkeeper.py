@@ -271,19 +271,10 @@ class Doorkeeper:
         Returns:
             :class:`Admitted` (with the connection's :class:`Visit`) or :class:`Refused`.
         """
-        if isinstance(request, Arrival):
-            return self._arrival(request)
-        if isinstance(request, Init):
-            return self._init(request)
-        if isinstance(request, Deferral):
-            return self._deferral(request)
-        if isinstance(request, Chain):
-            return self._chain(request)
-        if isinstance(request, Ready):
-            return self._ready(request)
-        if isinstance(request, Sealed):
-            return self._sealed(request)
-        raise TypeError(f"not a door request: {type(request).__name__}")
+        step = self._STEPS.get(type(request))
+        if step is None:
+            raise TypeError(f"not a door request: {type(request).__name__}")
+        return step(self, request)
 
     def _arrival(self, r: Arrival) -> Verdict:
         registry = self.peers.current()  # re-read once per connection: `kith peers` may have changed it
@@ -403,6 +394,10 @@ class Doorkeeper:
         visit = verdict.visit
         rec = (visit.pinned or visit.pin) if visit is not None else None
         return rec.name if rec is not None else None
+
+    #: Each step of a guest → the method judging it (:meth:`admit`).
+    _STEPS: dict[type, Callable[["Doorkeeper", Any], Verdict]] = {
+        Arrival: _arrival, Init: _init, Deferral: _deferral, Chain: _chain, Ready: _ready, Sealed: _sealed}
 
 
 def engine_seams(door: Doorkeeper, visit: Visit) -> dict[str, Callable[..., Any]]:

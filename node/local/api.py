@@ -593,26 +593,39 @@ def loopback_refusal(scope: Scope) -> tuple[str, str] | None:
     return None
 
 
-async def loopback_first(app: ASGIApp, scope: Scope, receive: Receive, send: Send,
-                         refuse: Callable[[str, str], ASGIApp]) -> bool:
-    """The opening of every owner-only loopback server's outer layer (the local API, the
-    dashboard): a lifespan scope goes on to ``app``, any other scope that is not HTTP is
-    dropped, and an HTTP request :func:`loopback_refusal` refuses is answered by the ASGI app
-    ``refuse(code, message)`` (``code``: ``loopback-only`` or ``bad-host``, which each server
-    prefixes; status 403 is the caller's).
+class LoopbackGuard:
+    """The outer ASGI layer of an owner-only loopback server (the local API, the dashboard):
+    a lifespan scope goes on to ``app``, any other scope that is not HTTP is dropped, an HTTP
+    request :func:`loopback_refusal` refuses is answered 403 by ``refusal`` with the
+    code prefixed by ``prefix`` (``<prefix>-loopback-only``, ``<prefix>-bad-host``), and
+    any other request goes to :meth:`admit`, the server's own checks.
 
-    Returns:
-        True when the scope was dealt with here; False when the request may go on.
+    Args:
+        app: the server's inner ASGI app.
+        prefix: the prefix of the server's error codes (``api``, ``dashboard``).
+        refusal: ``(code, message, status)`` → the ASGI app answering a refused request.
     """
-    if scope["type"] != "http":
-        if scope["type"] == "lifespan":
-            await app(scope, receive, send)
-        return True
-    refused = loopback_refusal(scope)
-    if refused is not None:
-        await refuse(*refused)(scope, receive, send)
-        return True
-    return False
+
+    def __init__(self, app: ASGIApp, prefix: str, refusal: Callable[[str, str, int], ASGIApp]) -> None:
+        self.app = app
+        self.prefix = prefix
+        self.refusal = refusal
+
+    async def admit(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve an HTTP request from a loopback client with a loopback Host/Origin."""
+        raise NotImplementedError
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await self.app(scope, receive, send)
+            return
+        refused = loopback_refusal(scope)
+        if refused is not None:
+            code, message = refused
+            await self.refusal(f"{self.prefix}-{code}", message, 403)(scope, receive, send)
+            return
+        await self.admit(scope, receive, send)
 
 
 def _json_content_type(scope: Scope) -> bool:
@@ -621,7 +634,7 @@ def _json_content_type(scope: Scope) -> bool:
     return value is not None and value.split(";", 1)[0].strip().lower() == "application/json"
 
 
-class _Guard:
+class _Guard(LoopbackGuard):
     """Outer ASGI layer: loopback clients only, loopback Host/Origin only, an agent's
     credential (``Authorization: Bearer``; only ``GET /health`` answers without one, and
     then only "up"), then read-only routing and the JSON content type — before Starlette
@@ -629,13 +642,10 @@ class _Guard:
     handler then checks its own operation with the same :func:`node.local.agents.authorize`."""
 
     def __init__(self, app: ASGIApp, home: Path) -> None:
-        self.app = app
+        super().__init__(app, "api", error_response)
         self.home = home
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if await loopback_first(self.app, scope, receive, send,
-                                lambda code, message: error_response(f"api-{code}", message, 403)):
-            return
+    async def admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope["method"].upper()
         path = scope["path"]
         # never a query string or a cookie: the Authorization header alone, and only one
@@ -712,6 +722,25 @@ def check_host(host: str) -> None:
                           f"refusing to serve the local API on non-loopback address {host}")
 
 
+def _listening(home: Path | str, host: str, port: int, *, warn: Callable[[str], None] | None,
+               offline: bool, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> tuple[Any, Any]:
+    """The API's app, its holder started (a lagging index repaired when the writer lock is
+    free), and a socket bound to ``host:port``, for :func:`serve` and
+    :func:`run_api_in_thread`; the holder is closed again when binding fails.
+
+    Raises:
+        CorpusError: ``api-loopback-only``. CommunityError: ``server-start-failed``.
+    """
+    check_host(host)
+    app = create_app(home, max_body_bytes=max_body_bytes, offline=offline)
+    try:
+        app.holder.start(warn)  # type: ignore[attr-defined]
+        sock = bind_socket(host, port)
+    except BaseException:
+        app.holder.close()  # type: ignore[attr-defined]
+        raise
+    return app, sock
+
 def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
           on_listening: Any = None, access_log: bool = False,
           warn: Callable[[str], None] | None = None, offline: bool = False) -> None:
@@ -730,14 +759,7 @@ def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *
         CorpusError: ``api-loopback-only`` for a non-loopback ``host``.
         CommunityError: ``server-start-failed`` when the address cannot be bound.
     """
-    check_host(host)
-    app = create_app(home, offline=offline)
-    try:
-        app.holder.start(warn)  # type: ignore[attr-defined]
-        sock = bind_socket(host, port)
-    except BaseException:
-        app.holder.close()  # type: ignore[attr-defined]
-        raise
+    app, sock = _listening(home, host, port, warn=warn, offline=offline)
     try:
         if on_listening is not None:
             on_listening(base_url_of(sock))
@@ -775,14 +797,7 @@ def run_api_in_thread(home: Path | str, host: str = "127.0.0.1", port: int = 0, 
     Raises:
         CorpusError: ``api-loopback-only``. CommunityError: ``server-start-failed``.
     """
-    check_host(host)
-    app = create_app(home, max_body_bytes=max_body_bytes, offline=offline)
-    try:
-        app.holder.start(warn)  # type: ignore[attr-defined]
-        sock = bind_socket(host, port)
-    except BaseException:
-        app.holder.close()  # type: ignore[attr-defined]
-        raise
+    app, sock = _listening(home, host, port, warn=warn, offline=offline, max_body_bytes=max_body_bytes)
     try:
         with serve_app_in_thread(app, sock, what="the local API", startup_timeout_s=startup_timeout_s,
                                  on_loop=background_runner(home, offline) if background else None) as url:
@@ -820,5 +835,5 @@ def search_via_api(base_url: str, body: dict[str, Any], budget: env_mod.SearchBu
     return r.json()
 
 
-__all__ = ["DEFAULT_PORT", "check_host", "create_app", "host_refusal", "loopback_refusal", "openapi_document",
-           "run_api_in_thread", "search_via_api", "serve"]
+__all__ = ["DEFAULT_PORT", "LoopbackGuard", "check_host", "create_app", "host_refusal", "loopback_refusal",
+           "openapi_document", "run_api_in_thread", "search_via_api", "serve"]

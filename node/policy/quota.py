@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.common.home import open_home_db, probe_home_db
+from node.common.home import open_home_db
 from node.policy.store import Quota
 
 #: Buckets kept at once; the least recently used is dropped beyond (bounded memory).
@@ -37,6 +37,10 @@ ANONYMOUS = "\x00anonymous"
 #: Changed buckets are written to the store at most this often (s): one SQLite write per
 #: query would cost about 0.2 ms on the answer path.
 FLUSH_INTERVAL_S = 1.0
+
+
+#: What the quota file holds, named when a damaged one is refused (its hint).
+_HOLDS = "it holds the peers' quota buckets; a new file starts with every bucket full"
 
 
 class QuotaStore:
@@ -64,19 +68,16 @@ class QuotaStore:
         self.path = Path(home) / self.FILE_NAME
         self._clock = clock
         self._db: sqlite3.Connection | None = None  # opened when first needed: a refused start writes nothing
-        try:
-            probe_home_db(self.path)  # a damaged file is refused now, writing nothing
-        except (sqlite3.DatabaseError, OSError) as exc:
-            raise self._fault(exc) from None
+        from node.common.dbfaults import probe_state_db
+
+        probe_state_db(self.path, _HOLDS)  # a damaged file is refused now, writing nothing
 
     def _fault(self, exc: BaseException) -> BaseException:
         """The typed refusal of a failed SQLite call on the file (``disk-full``,
         ``io-error``, ``config-invalid``), or ``exc`` itself when it is no fault of the file."""
-        from node.common.dbfaults import state_fault
+        from node.common.dbfaults import state_refusal
 
-        refusal = state_fault(exc, self.path, "it holds the peers' quota buckets; a new file starts with "
-                                              "every bucket full")
-        return exc if refusal is None else refusal
+        return state_refusal(exc, self.path, _HOLDS)
 
     def _open(self) -> sqlite3.Connection:
         """The database, made and trimmed (:data:`MAX_AGE_S`, :data:`MAX_ROWS`) at the first call."""

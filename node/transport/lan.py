@@ -44,6 +44,19 @@ def _interfaces() -> list[tuple[ipaddress.IPv4Interface, str]]:
     return out
 
 
+def _lan_address(addr: str) -> tuple[ipaddress.IPv4Address, int] | None:
+    """``(ip, port)`` of an ``IP:port`` string whose IPv4 address is private or link-local
+    and not loopback; None for anything else (IPv6, a name, no port)."""
+    host, _, port = str(addr).rpartition(":")
+    try:
+        ip = ipaddress.IPv4Address(host)
+    except ValueError:
+        return None
+    if (ip.is_private or ip.is_link_local) and not ip.is_loopback and port.isdigit():
+        return ip, int(port)
+    return None
+
+
 def on_my_subnets(addresses: Iterable[str]) -> list[str]:
     """The ``IP:port`` addresses whose IPv4 address is private or link-local and on the
     subnet of one of this machine's interfaces (an mDNS answer naming anything else is
@@ -51,12 +64,8 @@ def on_my_subnets(addresses: Iterable[str]) -> list[str]:
     nets = [iface.network for iface, _name in _interfaces()]
     out = []
     for addr in addresses:
-        host, _, port = str(addr).rpartition(":")
-        try:
-            ip = ipaddress.IPv4Address(host)
-        except ValueError:
-            continue
-        if port.isdigit() and (ip.is_private or ip.is_link_local) and any(ip in net for net in nets):
+        lan = _lan_address(addr)
+        if lan is not None and any(lan[0] in net for net in nets):
             out.append(addr)
     return out
 
@@ -65,14 +74,10 @@ def _lan_ipv4(addresses: Iterable[str]) -> tuple[list[str], int | None]:
     """The private/link-local IPv4 addresses of ``IP:port`` strings and their port."""
     ips, port = [], None
     for addr in addresses:
-        host, _, p = str(addr).rpartition(":")
-        try:
-            ip = ipaddress.IPv4Address(host)
-        except ValueError:
-            continue
-        if (ip.is_private or ip.is_link_local) and not ip.is_loopback and p.isdigit():
-            ips.append(str(ip))
-            port = int(p)
+        lan = _lan_address(addr)
+        if lan is not None:
+            ips.append(str(lan[0]))
+            port = lan[1]
     return ips, port
 
 

@@ -26,12 +26,13 @@ Wire shape of one link (exact fields, strict lowercase hex, exact lengths)::
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from node.common.errors import HandshakeError, SigningError
+from node.common.errors import HandshakeError, KithError, SigningError
 from node.trust.signing import (
     PUBLIC_KEY_HEX_LEN,
     SIGNATURE_HEX_LEN,
@@ -282,5 +283,26 @@ def verify_chain(chain: object, device_key: str, *, before_signatures: Callable[
                                           for link in links[:-1]))
 
 
-__all__ = ["MAX_CHAIN_LINKS", "MAX_DEVICE_NAME", "PersonIdentity", "VIA_PERSON", "VIA_RECOVERY", "check_device_name", "check_link",
+
+def compact_size(doc: object) -> int:
+    """Bytes of ``doc`` as compact UTF-8 JSON: what the size bounds of a person's signed
+    documents (a device card, a revocation list) count."""
+    return len(json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+
+
+def check_bounded_object(doc: object, *, code: str, what: str, max_bytes: int) -> dict[str, Any]:
+    """``doc`` when it is a JSON object of at most ``max_bytes`` (:func:`compact_size`):
+    the first check of a signed document another node sent.
+
+    Raises:
+        KithError: ``code``, "<what> is a JSON object" or "<what> is at most N bytes".
+    """
+    if not isinstance(doc, dict):
+        raise KithError(code, f"{what} is a JSON object")
+    if compact_size(doc) > max_bytes:
+        raise KithError(code, f"{what} is at most {max_bytes} bytes")
+    return doc
+
+__all__ = ["MAX_CHAIN_LINKS", "MAX_DEVICE_NAME", "PersonIdentity", "VIA_PERSON", "VIA_RECOVERY", "check_bounded_object",
+           "check_device_name", "check_link", "compact_size",
            "device_link", "link_payload", "recovery_link", "successor_link", "verify_chain", "verify_link"]

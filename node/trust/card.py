@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from node.common.errors import ConfigError, HandshakeError, InvitationError, KithError, SigningError
-from node.common.home import atomic_write
-from node.trust.binding import PersonIdentity, verify_chain
+from node.common.home import atomic_write, read_json_state
+from node.trust.binding import PersonIdentity, check_bounded_object, verify_chain
 from node.trust.invitation import Invitation, check_binding, parse_invitation
 from node.trust.signing import PUBLIC_KEY_HEX_LEN, SIGNATURE_HEX_LEN, check_hex, device_card_payload, sign, verify
 
@@ -93,11 +93,6 @@ class DeviceCard:
     def lineage(self) -> list[str]:
         """The person key and every earlier key the chain descends from."""
         return [self.person, *self.identity.earlier]
-
-
-def card_size(doc: object) -> int:
-    """Bytes of ``doc`` as compact UTF-8 JSON (what :data:`MAX_CARD_BYTES` bounds)."""
-    return len(json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
 
 
 def _payload(doc: dict[str, Any], inv: Invitation) -> bytes:
@@ -180,10 +175,7 @@ def check_card(doc: object, *, device: str | None = None) -> DeviceCard:
     def bad(message: str) -> KithError:
         return KithError("card-malformed", message)
 
-    if not isinstance(doc, dict):
-        raise bad("a device card is a JSON object")
-    if card_size(doc) > MAX_CARD_BYTES:
-        raise bad(f"a device card is at most {MAX_CARD_BYTES} bytes")
+    doc = check_bounded_object(doc, code="card-malformed", what="a device card", max_bytes=MAX_CARD_BYTES)
     if set(doc) not in (_FIELDS, _FIELDS_V2) or doc.get("type") != "device-card":
         raise bad(f"a device card has exactly the fields {sorted(_FIELDS)} (and, format 2, mailboxes) "
                   "and type 'device-card'")
@@ -306,11 +298,9 @@ class CardStore:
         hint = (f"remove {path} (it only keeps what this home learnt: each device's card comes back "
                 "with its next handshake or from the person's community server)")
         try:
-            raw = json.loads(path.read_text("utf-8"))
+            raw = read_json_state(path, hint=hint)
         except FileNotFoundError:
             return cls(path, {})
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-            raise ConfigError("config-invalid", f"{CARDS_FILE} is not valid JSON", hint=hint) from None
 
         def stamp(value: object, what: str, *, optional: bool) -> Any:
             pattern = _CREATED_RE if what == "receivedAt" else _MARK_RE
@@ -407,4 +397,4 @@ class CardStore:
 
 
 __all__ = ["CARDS_FILE", "CardEntry", "CardStore", "DeviceCard", "MAX_CARD_BYTES", "MAX_DEVICES", "MAX_MAILBOXES",
-           "SEQ_FILE", "card_size", "check_card", "check_mailboxes", "make_card"]
+           "SEQ_FILE", "check_card", "check_mailboxes", "make_card"]

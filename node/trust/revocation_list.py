@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from node.common.errors import ConfigError, KithError, SigningError
-from node.common.home import atomic_write
+from node.common.home import atomic_write, read_json_state
+from node.trust.binding import check_bounded_object
 from node.trust.signing import (
     PUBLIC_KEY_HEX_LEN,
     SIGNATURE_HEX_LEN,
@@ -65,11 +66,6 @@ class RevocationList:
     doc: dict[str, Any]
 
 
-def list_size(doc: object) -> int:
-    """Bytes of ``doc`` as compact UTF-8 JSON (what :data:`MAX_LIST_BYTES` bounds)."""
-    return len(json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
-
-
 def check_list(doc: object, *, person: str | None = None) -> RevocationList:
     """Check a revocation list: size, then shape and strict hex, then (if ``person`` is
     given) that it is that person's, then the signature.
@@ -83,10 +79,8 @@ def check_list(doc: object, *, person: str | None = None) -> RevocationList:
     def bad(message: str) -> KithError:
         return KithError("revocation-malformed", message)
 
-    if not isinstance(doc, dict):
-        raise bad("a revocation list is a JSON object")
-    if list_size(doc) > MAX_LIST_BYTES:
-        raise bad(f"a revocation list is at most {MAX_LIST_BYTES} bytes")
+    doc = check_bounded_object(doc, code="revocation-malformed", what="a revocation list",
+                               max_bytes=MAX_LIST_BYTES)
     if set(doc) != _FIELDS or doc.get("type") != "revocation":
         raise bad(f"a revocation list has exactly the fields {sorted(_FIELDS)} and type 'revocation'")
     revoked, seq, created = doc["revoked"], doc["seq"], doc["created"]
@@ -168,11 +162,9 @@ class RevocationStore:
         """
         path = Path(home) / REVOCATIONS_FILE
         try:
-            raw = json.loads(path.read_text("utf-8"))
+            raw = read_json_state(path)
         except FileNotFoundError:
             return cls(path, {})
-        except (OSError, UnicodeDecodeError, ValueError):
-            raise ConfigError("config-invalid", f"{REVOCATIONS_FILE} is not valid JSON") from None
         persons: dict[str, dict[str, Any]] = {}
         try:
             if raw.get("version") != STORE_VERSION:
@@ -286,5 +278,5 @@ def revoked_seen_devices(home: Path, registry: Any) -> dict[str, set[str]]:
 
 
 __all__ = ["MAX_LIST_BYTES", "MAX_PERSONS", "MAX_REVOKED", "Offered", "REVOCATIONS_FILE", "RevocationList",
-           "RevocationStore", "check_list", "device_marks", "list_size", "make_list", "own_devices",
+           "RevocationStore", "check_list", "device_marks", "make_list", "own_devices",
            "revoked_seen_devices"]

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from node.common.errors import ConfigError, HandshakeError, KithError
-from node.common.home import atomic_write
+from node.common.home import atomic_write, read_json_state
 from node.trust.binding import VIA_PERSON, VIA_RECOVERY, PersonIdentity, device_link, recovery_link, successor_link
 from node.trust.person import (
     PERSON_KEY_FILE,
@@ -259,11 +259,9 @@ class RotationLedger:
         """Read ``<home>/rotations.json`` (missing → empty)."""
         path = Path(home) / ROTATIONS_FILE
         try:
-            raw = json.loads(path.read_text("utf-8"))
+            raw = read_json_state(path)
         except FileNotFoundError:
             return cls(path, {})
-        except (OSError, UnicodeDecodeError, ValueError):
-            raise ConfigError("config-invalid", f"{ROTATIONS_FILE} is not valid JSON") from None
         try:
             entries = {str(k): {"successor": v.get("successor"), "via": str(v["via"]), "seenAt": str(v.get("seenAt", ""))}
                        for k, v in raw["rotations"].items()}

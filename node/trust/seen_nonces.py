@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from node.common.home import open_home_db, probe_home_db
+from node.common.home import open_home_db
 
 FILE_NAME = "seen-nonces.sqlite"
 #: Rows kept at most (about 220 bytes each: ~22 MB); beyond, those closest to expiry go.
@@ -39,6 +39,10 @@ MAX_ROWS = 100_000
 MAX_AGE_S = 7 * 24 * 3600.0
 #: How often a running host purges expired rows (s).
 PURGE_INTERVAL_S = 60.0
+
+
+#: What the nonce file holds, named when a damaged one is refused (its hint).
+_HOLDS = "it holds the handshake nonces already seen (replay protection); a new file starts empty"
 
 
 class SeenNonces:
@@ -60,19 +64,16 @@ class SeenNonces:
         # opened when first needed (_open): a refused host start writes nothing
         self._db: sqlite3.Connection | None = None
         self._rows = 0
-        try:
-            probe_home_db(self.path)  # refuses a damaged file now, writing nothing
-        except (sqlite3.DatabaseError, OSError) as exc:
-            raise self._fault(exc) from None
+        from node.common.dbfaults import probe_state_db
+
+        probe_state_db(self.path, _HOLDS)  # a damaged file is refused now, writing nothing
 
     def _fault(self, exc: BaseException) -> BaseException:
         """The typed refusal of a failed SQLite call on the file (``disk-full``,
         ``io-error``, ``config-invalid``), or ``exc`` itself when it is no fault of the file."""
-        from node.common.dbfaults import state_fault
+        from node.common.dbfaults import state_refusal
 
-        refusal = state_fault(exc, self.path, "it holds the handshake nonces already seen (replay "
-                                              "protection); a new file starts empty")
-        return exc if refusal is None else refusal
+        return state_refusal(exc, self.path, _HOLDS)
 
     def _open(self) -> sqlite3.Connection:
         """The database, opened (made, then its expired rows purged) at the first call;

@@ -33,7 +33,7 @@ from starlette.responses import HTMLResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from node.common.errors import CODES
-from node.local.api import loopback_first
+from node.local.api import LoopbackGuard
 
 #: the session cookie's name
 COOKIE = "kith_dashboard"
@@ -144,17 +144,14 @@ def _form_content_type(scope: Scope) -> bool:
     return False
 
 
-class Guard:
+class Guard(LoopbackGuard):
     """Outer ASGI layer of the dashboard (module docstring)."""
 
     def __init__(self, app: ASGIApp, door: Door) -> None:
-        self.app = app
+        super().__init__(app, "dashboard", refusal_page)
         self.door = door
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if await loopback_first(self.app, scope, receive, send,
-                                lambda code, message: refusal_page(f"dashboard-{code}", message, 403)):
-            return
+    async def admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"].upper()
         if path.startswith("/static/") or path == "/login":
             await self.app(scope, receive, send)
