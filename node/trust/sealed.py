@@ -407,9 +407,31 @@ class SeenRecords:
     keeps its own durable record (the outbox's row, the host's answer) and asks that first.
     """
 
-    def __init__(self, max_ids: int = 100_000) -> None:
+    def __init__(self, max_ids: int = 100_000, max_unsent: int = 2_000) -> None:
         self.max_ids = max_ids
+        self.max_unsent = max_unsent
         self._until: dict[str, int] = {}
+        self._unsent: dict[str, tuple[int, dict[str, Any]]] = {}
+
+    def unsent(self, opened: Opened, *, now: float) -> dict[str, Any] | None:
+        """The sealed reply made to ``opened`` that could not be left yet (:meth:`keep_unsent`),
+        or None: a record is acted on once even while its reply waits for room at a holder
+        (specs/sealed.md §5)."""
+        kept = self._unsent.get(opened.id)
+        return kept[1] if kept is not None and kept[0] > now else None
+
+    def keep_unsent(self, opened: Opened, reply: dict[str, Any] | None, *, now: float) -> None:
+        """Keep ``reply`` (a sealed record) for ``opened`` until it is left (``reply`` None
+        forgets it) or ``opened`` expires; at most ``max_unsent`` (the ones closest to expiry
+        go first)."""
+        for key in [k for k, (until, _r) in self._unsent.items() if until <= now]:
+            del self._unsent[key]
+        if reply is None:
+            self._unsent.pop(opened.id, None)
+            return
+        self._unsent[opened.id] = (opened.expires_unix, reply)
+        while len(self._unsent) > self.max_unsent:
+            del self._unsent[min(self._unsent, key=lambda k: self._unsent[k][0])]
 
     def seen(self, opened: Opened, *, now: float) -> bool:
         """True when ``opened``'s id was admitted and has not expired (nothing is recorded)."""

@@ -1,0 +1,83 @@
+"""Sealed questions under attack (issue 43 items 4-5): a host whose answers cannot be left
+at the holder — its per-sender bound filled by one asker's unread answers — answers each
+question once and only retries leaving it, instead of re-running the search, the quota and
+the audit on every take. Real host home, real community server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from node.community.client import CommunityClient
+from node.community.inbox import leave_question, take_step
+from node.community.server import run_server_in_thread
+from node.community.store import MailboxLimits
+from node.host.sealed_host import sealed_on_question
+from node.trust.audit_log import AuditLog
+from node.trust.identity import load_identity
+from node.trust.sealed import SeenRecords
+
+from support.community import NO_LIMITS
+from support.homes import new_identity
+from support.hosts import notes_host
+
+from test_sealed_questions import QUESTION, home_door
+
+
+@pytest.fixture(scope="module")
+def host_home(tmp_path_factory) -> Path:
+    return notes_host(tmp_path_factory.mktemp("sealed-attack-host"))
+
+
+def test_an_answer_that_cannot_be_left_is_answered_once(tmp_path: Path, host_home: Path) -> None:
+    """One asker leaves a question whose answer it never takes: the host's one waiting answer
+    fills its per-sender bound (1 here, 200 by default). A second asker's question is then
+    answered, its answer refused ``mailbox-sender-full`` and kept; three more takes must not
+    query the corpus, charge the quota or write the audit again — and once the bound frees,
+    the very answer computed first is left and taken."""
+    from node.host.host import open_knowledge
+
+    host = load_identity(host_home)
+    hog, asker = new_identity(), new_identity()
+    q_hog, q_asker = "c1" * 16, "c2" * 16
+    got: list[dict] = []
+
+    async def run() -> list:
+        with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS,
+                                  mailbox=MailboxLimits(per_sender=1)) as url:
+            for who, qid in ((hog, q_hog), (asker, q_asker)):
+                async with CommunityClient(url, who) as c:
+                    await leave_question(c, who, None, question_id=qid, request={"query": QUESTION, "topK": 3},
+                                         peer=host.public_key, recipients=[host.public_key],
+                                         expires=time.time() + 3600)
+            knowledge = open_knowledge(host_home, lambda _: None)
+            audit = AuditLog(host_home)
+            seen = SeenRecords()
+            reports = []
+            try:
+                on_q = sealed_on_question(home_door(host_home), knowledge, audit=audit)
+                async with CommunityClient(url, host) as h:
+                    for _ in range(4):
+                        reports.append(await take_step(h, host, None, on_question=on_q, seen=seen))
+                    async with CommunityClient(url, hog) as c:  # the hog takes its answer: room again
+                        await take_step(c, hog, None, on_answer=lambda op: True)
+                    reports.append(await take_step(h, host, None, on_question=on_q, seen=seen))
+            finally:
+                audit.close()
+                knowledge.close()
+            async with CommunityClient(url, asker) as c:
+                await take_step(c, asker, None, on_answer=lambda op: got.append(op.body["results"]) is None)
+            return reports
+
+    reports = asyncio.run(run())
+    assert reports[0].answered == [q_hog] and len(reports[0].kept) == 1
+    assert all(len(r.kept) == 1 and not r.answered for r in reports[1:4])
+    assert reports[4].answered == [q_asker]
+    lines = [json.loads(x) for x in (host_home / "audit.jsonl").read_text().splitlines()]
+    queried = [x for x in lines if x.get("peer") == asker.public_key and x["event"] == "query"]
+    assert len(queried) == 1  # answered once, however often the answer had to wait
+    assert [r["status"] for r in got] == ["ok"] and got[0]["query_id"] == f"outbox:{q_asker}"
