@@ -81,3 +81,17 @@ def test_an_answer_that_cannot_be_left_is_answered_once(tmp_path: Path, host_hom
     queried = [x for x in lines if x.get("peer") == asker.public_key and x["event"] == "query"]
     assert len(queried) == 1  # answered once, however often the answer had to wait
     assert [r["status"] for r in got] == ["ok"] and got[0]["query_id"] == f"outbox:{q_asker}"
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0:0", "[::]:0"])
+def test_hold_mail_refuses_an_address_no_asker_can_dial(tmp_path: Path, address: str) -> None:
+    """`--hold-mail 0.0.0.0:8740` (the natural way to "serve the LAN") would put
+    `http://0.0.0.0:8740` in this device's card: every asker reading it dials its own machine.
+    It is refused before anything starts, saying what to give instead."""
+    from support.cli import kith
+
+    home = tmp_path / "h"
+    assert kith(home, "init").returncode == 0
+    r = kith(home, "host", "--offline", "--invite-file", str(tmp_path / "inv"), "--hold-mail", address, timeout=30)
+    assert r.returncode == 2 and "error [usage]" in r.stderr and "LAN address" in r.stderr, r.stderr
+    assert not (home / "mailbox.sqlite3").exists() and not (tmp_path / "inv").exists()

@@ -130,13 +130,27 @@ def holds_for(home: Path) -> Any:
 def parse_hold_mail(address: str) -> tuple[str, int]:
     """``HOST:PORT`` of ``--hold-mail`` → ``(host, port)`` (port 0: a free one).
 
+    The host is the address the device's card names (specs/sealed.md §7b), so it must be
+    one others can dial: an unspecified address (``0.0.0.0``, ``::``) would be named as is
+    and send every asker to its own machine.
+
     Raises:
-        UsageError: ``usage`` when it is not a host and a port 0-65535.
+        UsageError: ``usage`` when it is not a host and a port 0-65535, or the host is an
+            unspecified address.
     """
+    import ipaddress
+
     host, sep, port = address.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise UsageError("usage", f"--hold-mail takes HOST:PORT (e.g. 127.0.0.1:8740), not {address!r}")
+    try:
+        unspecified = ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        unspecified = False  # a host name
+    if unspecified:
+        raise UsageError("usage", f"--hold-mail names the address this device's card gives askers, not "
+                         f"{host!r} (every address): give this device's LAN address, e.g. 192.168.1.20:8740")
     return host, int(port)
 
 
