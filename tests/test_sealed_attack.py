@@ -95,3 +95,47 @@ def test_hold_mail_refuses_an_address_no_asker_can_dial(tmp_path: Path, address:
     r = kith(home, "host", "--offline", "--invite-file", str(tmp_path / "inv"), "--hold-mail", address, timeout=30)
     assert r.returncode == 2 and "error [usage]" in r.stderr and "LAN address" in r.stderr, r.stderr
     assert not (home / "mailbox.sqlite3").exists() and not (tmp_path / "inv").exists()
+
+
+def test_one_question_for_two_peers_through_one_mailbox_reaches_both(tmp_path: Path, host_home: Path,
+                                                                     tmp_path_factory) -> None:
+    """`kith ask Q --peer bea --peer carl --later`: one outbox question id, kept for two peers
+    (specs/outbox.md §3). When both sleep and both cards name the same mailbox, the question
+    is sealed once to each — and each host gets its own, and answers it; the asker gets both
+    answers. (The outer id was derived from the question id alone: the second record and the
+    second answer were refused `mailbox-conflict`, taken as "kept already", and lost.)"""
+    from node.host.host import open_knowledge
+
+    bea, carl_home = host_home, notes_host(tmp_path_factory.mktemp("sealed-attack-carl"))
+    asker = new_identity()
+    qid = "c3" * 16
+    answers: list = []
+
+    async def run() -> dict:
+        with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            for home in (bea, carl_home):
+                peer = load_identity(home)
+                async with CommunityClient(url, asker) as c:
+                    await leave_question(c, asker, None, question_id=qid, request={"query": QUESTION, "topK": 3},
+                                         peer=peer.public_key, recipients=[peer.public_key],
+                                         expires=time.time() + 3600)
+            reports = {}
+            for home in (bea, carl_home):
+                me = load_identity(home)
+                knowledge = open_knowledge(home, lambda _: None)
+                audit = AuditLog(home)
+                try:
+                    async with CommunityClient(url, me) as h:
+                        reports[me.public_key] = await take_step(h, me, None, on_question=sealed_on_question(
+                            home_door(home), knowledge, audit=audit))
+                finally:
+                    audit.close()
+                    knowledge.close()
+            async with CommunityClient(url, asker) as c:
+                await take_step(c, asker, None, on_answer=lambda op: answers.append(op.sender) is None)
+            return reports
+
+    reports = asyncio.run(run())
+    hosts = sorted(load_identity(h).public_key for h in (bea, carl_home))
+    assert {k: r.answered for k, r in reports.items()} == {k: [qid] for k in hosts}
+    assert sorted(answers) == hosts
