@@ -139,3 +139,49 @@ def test_one_question_for_two_peers_through_one_mailbox_reaches_both(tmp_path: P
     hosts = sorted(load_identity(h).public_key for h in (bea, carl_home))
     assert {k: r.answered for k, r in reports.items()} == {k: [qid] for k in hosts}
     assert sorted(answers) == hosts
+
+
+def _answer_from(sender, chain, asker, qid: str, text: str):
+    from node.guest.outbox import query_id_of
+    from node.trust.sealed import open_sealed, seal
+
+    now = time.time()
+    body = {"action": "results", "query_id": query_id_of(qid), "status": "ok",
+            "envelope": {"results": [{"id": "c1", "source": "/docs/notes.md", "textPreview": text}]}}
+    rec = seal(sender.secret, chain, kind="answer", question_id=qid, body={"results": body},
+               recipients=[asker.public_key], now=now, expires=now + 600)
+    return open_sealed(rec, asker.secret, now=now)
+
+
+def test_a_revoked_or_blocked_device_of_the_person_cannot_answer(tmp_path: Path) -> None:
+    """The live path drops the answer of a device its person revoked (a list kept here) or
+    that this home blocked (`kith peers block KEY`); a sealed answer from it — a stolen
+    laptop still holding its seed and chain — must not be stored as the person's answer
+    either. A device still in good standing answers as before."""
+    import os
+
+    from node.guest.outbox import OutboxStore
+    from node.guest.sealed_answers import store_sealed_answer
+    from node.trust.binding import device_link
+    from node.trust.revocation_list import RevocationStore, check_list, make_list
+    from node.trust.signing import public_key_of
+
+    from support.cli import kith
+
+    home = tmp_path / "ada"
+    assert kith(home, "init").returncode == 0
+    person = os.urandom(32)
+    asker, stolen, blocked, good = new_identity(), new_identity(), new_identity(), new_identity()
+    chain = {d.public_key: [device_link(person, d.public_key, n, "2026-01-01T00:00:00Z", 0)]
+             for d, n in ((stolen, "stolen"), (blocked, "old"), (good, "desk"))}
+    RevocationStore.load(home).offer(check_list(make_list(person, [stolen.public_key], 0, "2026-02-01T00:00:00Z")),
+                                     via="import", now="2026-02-01T00:00:00Z")
+    assert kith(home, "peers", "block", blocked.public_key).returncode == 0
+    with OutboxStore(home) as store:
+        qid = store.add({"query": "when", "topK": 5}, [("bea", public_key_of(person))])["id"]
+        for device in (stolen, blocked):
+            assert not store_sealed_answer(store, _answer_from(device, chain[device.public_key], asker, qid, "forged"))
+            assert store.get(qid)["peers"][0]["state"] == "waiting"
+        assert store_sealed_answer(store, _answer_from(good, chain[good.public_key], asker, qid, "at noon"))
+        record = store.get(qid)
+    assert record["_answers"][0]["envelope"]["results"][0]["textPreview"] == "at noon"

@@ -36,6 +36,22 @@ def sender_is_peer(opened: Opened, peer_key: str) -> bool:
     return who is not None and peer_key in (who.person, *who.earlier)
 
 
+def dropped_sender(home: Any, opened: Opened, peer_key: str) -> bool:
+    """True when this home must not take ``opened`` from the peer pinned as ``peer_key``, as a
+    live answer would be dropped (node/guest/asker.py, node/guest/cards.py): its device is
+    blocked here (``kith peers block KEY``), or a revocation list kept here of the pinned
+    person — or of a person key its verified chain descends from — revokes it (a stolen
+    device still holds its seed and chain: specs/sealed.md §8)."""
+    from node.trust.peers import PeerRegistry
+    from node.trust.revocation_list import RevocationStore
+
+    if PeerRegistry.load(home).is_blocked(opened.sender):
+        return True
+    who = opened.identity
+    persons = [peer_key, *((who.person, *who.earlier) if who is not None else ())]
+    return RevocationStore.load(home).revokes(opened.sender, persons) is not None
+
+
 def store_sealed_answer(store: OutboxStore, opened: Opened) -> bool:
     """Store ``opened`` (kind ``answer``) into the open outbox row it answers.
 
@@ -55,6 +71,8 @@ def store_sealed_answer(store: OutboxStore, opened: Opened) -> bool:
     for row in store.open_deliveries():
         if row.question_id != opened.question_id or not sender_is_peer(opened, row.peer_key):
             continue
+        if dropped_sender(store.home, opened, row.peer_key):
+            return False  # a revoked or blocked device: dropped as a live answer is
         outcome = classify(results, query_id_of(opened.question_id))
         taken = store.record_attempt(row.question_id, row.peer_key, outcome,
                                      message=results if isinstance(results, dict) else None)
@@ -62,4 +80,4 @@ def store_sealed_answer(store: OutboxStore, opened: Opened) -> bool:
     return False
 
 
-__all__ = ["sender_is_peer", "store_sealed_answer"]
+__all__ = ["dropped_sender", "sender_is_peer", "store_sealed_answer"]
