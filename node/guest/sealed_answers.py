@@ -13,7 +13,9 @@ stored only when:
 - it is the answer :func:`node.guest.outbox.classify` accepts for that row (the very
   ``query_id``, a well-formed envelope): a complete answer closes the row, a
   ``pending-approval`` one is stored as the interim answer, anything else is recorded as
-  the row's code and the row stays open.
+  the row's code and the row stays open;
+- its device is neither blocked here nor revoked by a revocation list kept here
+  (:func:`dropped_sender`), as a live answer from it would be dropped.
 
 A second answer to the same question changes nothing (the row is closed): one stored answer
 per question and peer. Nothing here dials anyone.
