@@ -185,3 +185,52 @@ def test_a_revoked_or_blocked_device_of_the_person_cannot_answer(tmp_path: Path)
         assert store_sealed_answer(store, _answer_from(good, chain[good.public_key], asker, qid, "at noon"))
         record = store.get(qid)
     assert record["_answers"][0]["envelope"]["results"][0]["textPreview"] == "at noon"
+
+
+def test_another_senders_record_under_the_answers_id_does_not_swallow_the_answer(tmp_path: Path,
+                                                                                  host_home: Path) -> None:
+    """A peer asked the same question live (`--peer bea --peer carl`) learns its id
+    (`outbox:ID`), so it can compute bea's answer's outer id and put a record of its own under
+    it first. Bea's put must not then count as "kept already": it is refused
+    `mailbox-id-taken`, the question stays at the holder unacked, and it is answered once the
+    squatting record is gone — never silently acked and lost."""
+    from node.host.host import open_knowledge
+    from node.trust.sealed import record_id, seal
+
+    host = load_identity(host_home)
+    asker, carl = new_identity(), new_identity()
+    qid = "c4" * 16
+    got: list = []
+
+    async def run() -> list:
+        with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            async with CommunityClient(url, asker) as c:
+                await leave_question(c, asker, None, question_id=qid, request={"query": QUESTION, "topK": 3},
+                                     peer=host.public_key, recipients=[host.public_key], expires=time.time() + 3600)
+            squat = seal(carl.secret, None, kind="answer", question_id=qid, body={"results": {}},
+                         recipients=[asker.public_key], now=time.time(), expires=time.time() + 3600)
+            squat["id"] = record_id("answer", qid, host.public_key, [asker.public_key])
+            async with CommunityClient(url, carl) as c:
+                await c.put_sealed(squat)
+            knowledge = open_knowledge(host_home, lambda _: None)
+            audit = AuditLog(host_home)
+            seen = SeenRecords()
+            reports = []
+            try:
+                on_q = sealed_on_question(home_door(host_home), knowledge, audit=audit)
+                async with CommunityClient(url, host) as h:
+                    reports.append(await take_step(h, host, None, on_question=on_q, seen=seen))
+                    async with CommunityClient(url, asker) as c:  # the asker drops carl's record
+                        await take_step(c, asker, None, on_answer=lambda op: got.append(op.sender) is None)
+                    reports.append(await take_step(h, host, None, on_question=on_q, seen=seen))
+            finally:
+                audit.close()
+                knowledge.close()
+            async with CommunityClient(url, asker) as c:
+                await take_step(c, asker, None, on_answer=lambda op: got.append(op.sender) is None)
+            return reports
+
+    first, second = asyncio.run(run())
+    assert first.answered == [] and first.acked == 0 and len(first.kept) == 1
+    assert second.answered == [qid]
+    assert got == [host.public_key]
