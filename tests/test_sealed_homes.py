@@ -71,9 +71,10 @@ def test_two_homes_never_up_together_through_a_community_mailbox(tmp_path: Path)
             print(f"answer at the holder {took:.2f} s after `kith host` was started")
             # 4. the guest, alone again: the row is answered
             t0 = time.monotonic()
-            outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
+            said = outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
                 guest, "outbox", "show", qid, "--json").stdout)["state"] == "answered")
             print(f"answer in the guest's outbox {time.monotonic() - t0:.2f} s after `kith outbox run` was started")
+            assert f"outbox {qid[:12]}: bea answered" in said, said  # said as a live answer is
             raw = b"".join(p.read_bytes() for p in db.parent.iterdir() if p.name.startswith(db.name))
     finally:
         store.close()

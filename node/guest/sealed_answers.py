@@ -23,7 +23,7 @@ per question and peer. Nothing here dials anyone.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from node.guest.outbox import OutboxStore, classify, query_id_of
 from node.trust.sealed import Opened
@@ -54,12 +54,17 @@ def dropped_sender(home: Any, opened: Opened, peer_key: str) -> bool:
     return RevocationStore.load(home).revokes(opened.sender, persons) is not None
 
 
-def store_sealed_answer(store: OutboxStore, opened: Opened) -> bool:
+def store_sealed_answer(store: OutboxStore, opened: Opened, *,
+                        on_stored: Callable[[str, str, str, Any], None] | None = None) -> bool:
     """Store ``opened`` (kind ``answer``) into the open outbox row it answers.
 
     Args:
         store: the home's :class:`OutboxStore`.
         opened: a sealed answer that opened and verified.
+        on_stored: called once the row took it, with ``(question id, peer name, state, results
+            message)``
+            (state ``answered`` or ``pending-approval``): the runner reports it as it reports a
+            live answer (``outbox-answered`` / ``outbox-pending``).
 
     Returns:
         True when a row took it as its answer (``answered``, or ``pending-approval``'s
@@ -78,6 +83,8 @@ def store_sealed_answer(store: OutboxStore, opened: Opened) -> bool:
         outcome = classify(results, query_id_of(opened.question_id))
         taken = store.record_attempt(row.question_id, row.peer_key, outcome,
                                      message=results if isinstance(results, dict) else None)
+        if taken and outcome.state is not None and on_stored is not None:
+            on_stored(row.question_id, row.peer_name, outcome.state, results)
         return taken and outcome.state is not None
     return False
 
