@@ -277,12 +277,25 @@ class IndexUpdated(HostEvent, tag="index-updated", kw_only=True):
     """The documents touched (at most 50)."""
 
 
+# ----------------------------------------------------------------------------- sealed questions
+class SealedTaken(HostEvent, tag="sealed-taken", kw_only=True):
+    """A take from a holder (``--mailbox``, ``--holder``, ``--hold-mail``; specs/sealed.md
+    §10) answered or dropped sealed questions: the answers are left there for the askers."""
+
+    holder: str
+    """The holder's base URL."""
+    answered: int
+    """Questions answered, their sealed answers left with the holder."""
+    dropped: dict[str, int]
+    """Refusal code → questions dropped with it (``sealed-*``, a handshake code)."""
+
+
 #: the table: every host event kind (add a new one here and regenerate the schema)
 HOST_EVENT_TYPES: tuple[type[HostEvent], ...] = (
     SessionStarted, SessionEnded, SessionRefused, SessionEvicted, SessionPathChanged,
     PeerRevoked, DeviceRevoked, PersonRotated, PersonDeviceNew, GrantExpired, ConfigInvalid, PolicyReloaded,
     Republished, PostEnded, PostRenewed, PostRetired, PostRestored, PostExpired,
-    IndexUpdated,
+    IndexUpdated, SealedTaken,
 )
 
 AnyHostEvent = Union[HOST_EVENT_TYPES]  # type: ignore[valid-type]

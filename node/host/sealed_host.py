@@ -61,8 +61,10 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
                     while True:
                         report = await take_step(client, host.identity, chain, on_question=on_question, seen=seen)
                         if report.answered or report.refused:
-                            log.info("sealed questions from %s: answered %d, dropped %s", url,
-                                     len(report.answered), report.refused)
+                            from node.common.host_events import SealedTaken
+
+                            host.emit(SealedTaken(holder=url, answered=len(report.answered),
+                                                  dropped=dict(report.refused)).to_dict())
                         if not report.more or not (report.answered or report.refused):
                             break
                 said.discard(url)
