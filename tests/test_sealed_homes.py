@@ -52,9 +52,10 @@ def test_two_homes_never_up_together_through_a_community_mailbox(tmp_path: Path)
             r = kith(guest, "peers", "add", "bea", person, "--devices", "--server", url)
             assert r.returncode == 0, r.stderr
             qid = ask_later(guest, QUESTION, "bea")
-            outbox_run_until(guest, "the question at the mailbox", lambda: store.mailbox_usage()["records"] == 1)
-            outbox_run_until(guest, "the row saying where it waits", lambda: json.loads(kith(
+            said = outbox_run_until(guest, "the row saying where it waits", lambda: json.loads(kith(
                 guest, "outbox", "show", qid, "--json").stdout)["peers"][0]["leftWith"] == url)
+            assert store.mailbox_usage()["records"] == 1
+            assert f"outbox {qid[:12]}: bea unreachable; left sealed with {url}" in said, said
             listed = kith(guest, "outbox", "list")
             compact = "".join(listed.stdout.split())  # the table wraps its cells
             assert f"[leftwith{url}]" in compact, listed.stdout

@@ -141,6 +141,10 @@ class SealedOutboxTask:
                                              expires=_unix(expiry.get(row.question_id)) or self.clock.time() + 3600,
                                              clock=self.clock.time)
                     store.mark_left(row.question_id, row.peer_key, urls[0])
+                    if runner is not None:
+                        from node.common.host_events import OutboxLeft
+
+                        runner.emit(OutboxLeft(id=row.question_id, peer=row.peer_name, holder=urls[0]).to_dict())
                     ticket.done(f"left-with-holder {urls[0]}")
                 except KithError as exc:
                     self._say(urls[0], exc)
