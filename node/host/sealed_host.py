@@ -17,7 +17,6 @@ serves on.
 from __future__ import annotations
 
 import contextlib
-import logging
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,7 +25,6 @@ import anyio.to_thread
 
 from node.common.errors import KithError, UsageError
 
-log = logging.getLogger("kith.sealed")
 
 #: The file a device that holds mail keeps its sealed records in (``<home>/mailbox.sqlite3``).
 HELD_MAIL_FILE = "mailbox.sqlite3"
