@@ -64,7 +64,8 @@ def test_round_trip_with_chain_to_each_recipient() -> None:
         assert opened.body["request"]["query"] == QUESTION
         assert opened.sender == public_key_of(asker[0])
         assert opened.identity is not None and opened.identity.person == public_key_of(person)
-        assert opened.id == record_id("question", QID) != record_id("answer", QID)
+        assert opened.id == record_id("question", QID, opened.sender, opened.recipients) != record_id(
+            "answer", QID, opened.sender, opened.recipients)
 
 
 def test_a_holder_sees_keys_bucket_and_times_only() -> None:

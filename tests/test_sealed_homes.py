@@ -52,9 +52,10 @@ def test_two_homes_never_up_together_through_a_community_mailbox(tmp_path: Path)
             r = kith(guest, "peers", "add", "bea", person, "--devices", "--server", url)
             assert r.returncode == 0, r.stderr
             qid = ask_later(guest, QUESTION, "bea")
-            outbox_run_until(guest, "the question at the mailbox", lambda: store.mailbox_usage()["records"] == 1)
-            outbox_run_until(guest, "the row saying where it waits", lambda: json.loads(kith(
+            said = outbox_run_until(guest, "the row saying where it waits", lambda: json.loads(kith(
                 guest, "outbox", "show", qid, "--json").stdout)["peers"][0]["leftWith"] == url)
+            assert store.mailbox_usage()["records"] == 1
+            assert f"outbox {qid[:12]}: bea unreachable; left sealed with {url}" in said, said
             listed = kith(guest, "outbox", "list")
             compact = "".join(listed.stdout.split())  # the table wraps its cells
             assert f"[leftwith{url}]" in compact, listed.stdout
@@ -71,9 +72,10 @@ def test_two_homes_never_up_together_through_a_community_mailbox(tmp_path: Path)
             print(f"answer at the holder {took:.2f} s after `kith host` was started")
             # 4. the guest, alone again: the row is answered
             t0 = time.monotonic()
-            outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
+            said = outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
                 guest, "outbox", "show", qid, "--json").stdout)["state"] == "answered")
             print(f"answer in the guest's outbox {time.monotonic() - t0:.2f} s after `kith outbox run` was started")
+            assert f"outbox {qid[:12]}: bea answered" in said, said  # said as a live answer is
             raw = b"".join(p.read_bytes() for p in db.parent.iterdir() if p.name.startswith(db.name))
     finally:
         store.close()

@@ -183,6 +183,12 @@ def test_kith_host_mailbox_answers_what_was_left_while_it_slept(tmp_path: Path, 
                          _answer_waiting(url, asker), timeout_s=60, every_s=0.05)
                 took = time.monotonic() - t0
                 cards = wait_for("the card on the server", lambda: _cards(url, host_home), timeout_s=30)
+                for _ in range(100):  # the host says what it took (its --json event; a line in text mode)
+                    event = json.loads(proc.readline(30))
+                    if event.get("event") == "sealed-taken":
+                        break
+                assert (event["event"], event["holder"], event["answered"], event["dropped"]) == (
+                    "sealed-taken", url, 1, {})
             finally:
                 proc.stop()
             print(f"kith host --mailbox: sealed answer at the holder {took:.2f} s after the host was started "

@@ -17,7 +17,7 @@ from node.cli.common import console, emit_json, err_console, safe_text
 from node.common.host_events import (AnyHostEvent, ConfigInvalid, DeviceRevoked, EventPath, GrantExpired,
                                      HostEvent, IndexUpdated, PeerRevoked, PersonDeviceNew, PersonRotated,
                                      PolicyReloaded, PostEnded, PostExpired, PostRenewed, PostRestored,
-                                     PostRetired, Republished, SessionEnded, SessionEvicted,
+                                     PostRetired, Republished, SealedTaken, SessionEnded, SessionEvicted,
                                      SessionPathChanged, SessionRefused, SessionStarted)
 
 
@@ -177,6 +177,12 @@ def _index_updated(p: HostEventPrinter, ev: IndexUpdated) -> None:
                       f"{ev.removed}, failed {ev.failed + ev.empty}", highlight=False)
 
 
+def _sealed_taken(p: HostEventPrinter, ev: SealedTaken) -> None:
+    dropped = ", ".join(f"{n} {code}" for code, n in sorted(ev.dropped.items()))
+    err_console.print(f"sealed questions at {safe_text(ev.holder)}: answered {ev.answered}"
+                      + (f", dropped {dropped}" if dropped else ""), highlight=False, markup=False)
+
+
 #: the table: each host event type -> the one function that prints it
 RENDER: dict[type[HostEvent], Callable[[HostEventPrinter, Any], None]] = {
     Republished: _republished, PostEnded: _post_ended, PostRenewed: _post_renewed, PostRestored: _post_restored,
@@ -185,7 +191,7 @@ RENDER: dict[type[HostEvent], Callable[[HostEventPrinter, Any], None]] = {
     SessionEvicted: _session_evicted, SessionPathChanged: _session_path_changed,
     PeerRevoked: _peer_revoked, GrantExpired: _grant_expired, PersonRotated: _person_rotated,
     PersonDeviceNew: _person_device_new, DeviceRevoked: _device_revoked, PolicyReloaded: _policy_reloaded,
-    ConfigInvalid: _config_invalid, IndexUpdated: _index_updated,
+    ConfigInvalid: _config_invalid, IndexUpdated: _index_updated, SealedTaken: _sealed_taken,
 }
 
 __all__ = ["HostEventPrinter", "RENDER", "path_text"]

@@ -22,7 +22,7 @@ _JSON = json_option()
 
 def say_delivery(ev: dict[str, Any]) -> None:
     """One stderr line for a delivery event of the home's runner (``outbox-answered``,
-    ``outbox-pending``, ``outbox-failed``, ``outbox-expired``; the copies' ``copy-synced``
+    ``outbox-pending``, ``outbox-failed``, ``outbox-left``, ``outbox-expired``; the copies' ``copy-synced``
     and ``copy-ended``): how ``kith outbox run`` and
     ``kith host`` report the outbox's work."""
     what = {"outbox-answered": "answered", "outbox-pending": "waits for its owner's approval",
@@ -30,6 +30,9 @@ def say_delivery(ev: dict[str, Any]) -> None:
     if what is not None:
         err_console.print(f"outbox {ev['id'][:12]}: {safe_text(ev['peer'])} {what}"
                           + (f" ({ev['code']})" if ev.get("code") else ""), highlight=False, markup=False)
+    elif ev.get("event") == "outbox-left":
+        err_console.print(f"outbox {ev['id'][:12]}: {safe_text(ev['peer'])} unreachable; left sealed with "
+                          f"{safe_text(ev['holder'])}", highlight=False, markup=False)
     elif ev.get("event") == "outbox-expired":
         err_console.print(f"outbox: {ev['rows']} question(s) expired unanswered", highlight=False, markup=False)
     elif ev.get("event") == "copy-synced" and (ev.get("fetched") or ev.get("removed")):  # node/guest/copies/task.py

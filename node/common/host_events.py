@@ -277,12 +277,25 @@ class IndexUpdated(HostEvent, tag="index-updated", kw_only=True):
     """The documents touched (at most 50)."""
 
 
+# ----------------------------------------------------------------------------- sealed questions
+class SealedTaken(HostEvent, tag="sealed-taken", kw_only=True):
+    """A take from a holder (``--mailbox``, ``--holder``, ``--hold-mail``; specs/sealed.md
+    §10) answered or dropped sealed questions: the answers are left there for the askers."""
+
+    holder: str
+    """The holder's base URL."""
+    answered: int
+    """Questions answered, their sealed answers left with the holder."""
+    dropped: dict[str, int]
+    """Refusal code → questions dropped with it (``sealed-*``, a handshake code)."""
+
+
 #: the table: every host event kind (add a new one here and regenerate the schema)
 HOST_EVENT_TYPES: tuple[type[HostEvent], ...] = (
     SessionStarted, SessionEnded, SessionRefused, SessionEvicted, SessionPathChanged,
     PeerRevoked, DeviceRevoked, PersonRotated, PersonDeviceNew, GrantExpired, ConfigInvalid, PolicyReloaded,
     Republished, PostEnded, PostRenewed, PostRetired, PostRestored, PostExpired,
-    IndexUpdated,
+    IndexUpdated, SealedTaken,
 )
 
 AnyHostEvent = Union[HOST_EVENT_TYPES]  # type: ignore[valid-type]
@@ -363,6 +376,18 @@ class OutboxAnswered(CommandEvent, tag="outbox-answered", kw_only=True):
     """The answer's ``status`` (``ok``, ``no-results``, ...)."""
 
 
+class OutboxLeft(CommandEvent, tag="outbox-left", kw_only=True):
+    """The home runner (node/guest/sealed_outbox.py): a kept question, its host unreachable,
+    was left sealed with a holder its cards name (specs/sealed.md §10)."""
+
+    id: str
+    """The question's id in the outbox."""
+    peer: str
+    """The peer's pinned name."""
+    holder: str
+    """The holder's base URL."""
+
+
 class OutboxPending(CommandEvent, tag="outbox-pending", kw_only=True):
     """The home runner: the peer's host keeps the question for its owner's approval."""
 
@@ -423,7 +448,7 @@ class CopyFailed(CommandEvent, tag="copy-failed", kw_only=True):
 #: the commands' table (add a new kind here, as for host events)
 COMMAND_EVENT_TYPES: tuple[type[CommandEvent], ...] = (
     HostPairingCode, DeviceCode, DeviceBound, PairingWords, DeviceJoined, DeviceRevokedHere,
-    OutboxRunnerStarted, OutboxAnswered, OutboxPending, OutboxFailed, OutboxExpired,
+    OutboxRunnerStarted, OutboxAnswered, OutboxLeft, OutboxPending, OutboxFailed, OutboxExpired,
     CopySynced, CopyEnded, CopyFailed,
 )
 AnyCommandEvent = Union[COMMAND_EVENT_TYPES]  # type: ignore[valid-type]

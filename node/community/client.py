@@ -452,7 +452,7 @@ class CommunityClient:
 
         Raises:
             CommunityError: ``mailbox-off`` (404), ``sealed-*`` (400), ``forbidden`` (403: not
-                the sender), ``mailbox-conflict`` (409), ``mailbox-sender-full`` (429),
+                the sender), ``mailbox-conflict`` / ``mailbox-id-taken`` (409), ``mailbox-sender-full`` (429),
                 ``mailbox-recipient-full`` / ``mailbox-full`` (507), ``rate-limited``,
                 ``request-*``, ``server-unreachable``, ``server-error`` (also an answer
                 naming another id).

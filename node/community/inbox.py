@@ -17,6 +17,9 @@ hand an answer to the asker's store — then ack. The order makes every crash sa
    outbox stores only into an open row: one stored answer per question);
 5. only then ack. A process killed anywhere before the ack takes the record again and
    answers again with the same id; the asker keeps one answer.
+   An answer the holder has no room for yet (its bounds full) is kept in this process
+   (:meth:`SeenRecords.unsent`) and only left again at the next step: the question is
+   not searched, charged or audited again.
 
 The answer function and the asker's store are given by the caller (the host's
 ``Knowledge`` and admission, the guest's outbox): this module does the mailbox part only.
@@ -142,7 +145,7 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
         try:
             if opened.kind == "question":
                 assert on_question is not None
-                if not await _leave_answer(client, identity, chain, opened, on_question, clock):
+                if not await _leave_answer(client, identity, chain, opened, on_question, clock, seen):
                     report.kept.append(opened.id)
                     continue
                 report.answered.append(opened.question_id)
@@ -163,9 +166,12 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
 
 
 async def _leave_answer(client: CommunityClient, identity: Identity, chain: list[dict[str, Any]] | None,
-                        opened: Opened, on_question: Callable[[Opened], Any], clock: Callable[[], float]) -> bool:
+                        opened: Opened, on_question: Callable[[Opened], Any], clock: Callable[[], float],
+                        seen: SeenRecords) -> bool:
     """Answer ``opened`` and leave the sealed answer with the holder the question came from.
-    True when that holder keeps it; False to try again later.
+    True when that holder keeps it; False to try again later — with the answer already
+    made (``seen``'s unsent replies): a question whose answer waits for room at the holder
+    (its bounds full) is answered once, not searched, charged and audited on every take.
 
     The question's ``reply_to.holders`` is checked but never dialled: a host would otherwise
     POST signed requests to any address an asker names (its own network included). The
@@ -175,14 +181,22 @@ async def _leave_answer(client: CommunityClient, identity: Identity, chain: list
         KithError: ``sealed-malformed`` (no valid ``reply_to``), or what ``on_question`` raised.
     """
     keys, _holders = reply_of(opened)
-    results = await _call(on_question, opened)
-    now = clock()
-    answer = seal(identity.secret, chain, kind="answer", question_id=opened.question_id, body={"results": results},
-                  recipients=keys, now=now, expires=max(opened.expires_unix, int(now) + 60))
+    answer = seen.unsent(opened, now=clock())
+    if answer is None:
+        results = await _call(on_question, opened)
+        now = clock()
+        answer = seal(identity.secret, chain, kind="answer", question_id=opened.question_id,
+                      body={"results": results}, recipients=keys, now=now,
+                      expires=max(opened.expires_unix, int(now) + 60))
     try:
         await client.put_sealed(answer)
     except CommunityError as exc:
-        return exc.code == "mailbox-conflict"  # an answer to this question is kept there already
+        if exc.code == "mailbox-conflict":  # an answer to this question is kept there already
+            seen.keep_unsent(opened, None, now=clock())
+            return True
+        seen.keep_unsent(opened, answer, now=clock())
+        return False
+    seen.keep_unsent(opened, None, now=clock())
     return True
 
 

@@ -610,7 +610,8 @@ class CommunityStore:
             ``new`` (kept) or ``same`` (this very record is kept already: nothing changes).
 
         Raises:
-            CommunityError: ``mailbox-conflict`` (409: another record under that id),
+            CommunityError: ``mailbox-conflict`` (409: another record of this sender under
+                that id), ``mailbox-id-taken`` (409: another sender's record under that id),
                 ``mailbox-sender-full`` (429), ``mailbox-recipient-full`` (507),
                 ``mailbox-full`` (507), ``database-unavailable`` / ``database-timeout`` (503).
         """
@@ -625,6 +626,9 @@ class CommunityStore:
                     (record_id,)).fetchall()}
                 if row[0] == sender and bytes(row[1]) == box and kept == recipients:
                     return "same"
+                if row[0] != sender:  # not "kept already" for this sender: its put must not pass for kept
+                    raise CommunityError("mailbox-id-taken", "another sender's sealed record is kept under that id "
+                                         "until it is taken or expires", status=409)
                 raise CommunityError("mailbox-conflict", "another sealed record with that id is kept here",
                                      status=409)
             waiting = conn.execute("SELECT count(*) FROM mailbox WHERE sender_key = ?", (sender,)).fetchone()[0]

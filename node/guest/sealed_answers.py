@@ -13,7 +13,9 @@ stored only when:
 - it is the answer :func:`node.guest.outbox.classify` accepts for that row (the very
   ``query_id``, a well-formed envelope): a complete answer closes the row, a
   ``pending-approval`` one is stored as the interim answer, anything else is recorded as
-  the row's code and the row stays open.
+  the row's code and the row stays open;
+- its device is neither blocked here nor revoked by a revocation list kept here
+  (:func:`dropped_sender`), as a live answer from it would be dropped.
 
 A second answer to the same question changes nothing (the row is closed): one stored answer
 per question and peer. Nothing here dials anyone.
@@ -21,7 +23,7 @@ per question and peer. Nothing here dials anyone.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from node.guest.outbox import OutboxStore, classify, query_id_of
 from node.trust.sealed import Opened
@@ -36,12 +38,33 @@ def sender_is_peer(opened: Opened, peer_key: str) -> bool:
     return who is not None and peer_key in (who.person, *who.earlier)
 
 
-def store_sealed_answer(store: OutboxStore, opened: Opened) -> bool:
+def dropped_sender(home: Any, opened: Opened, peer_key: str) -> bool:
+    """True when this home must not take ``opened`` from the peer pinned as ``peer_key``, as a
+    live answer would be dropped (node/guest/asker.py, node/guest/cards.py): its device is
+    blocked here (``kith peers block KEY``), or a revocation list kept here of the pinned
+    person — or of a person key its verified chain descends from — revokes it (a stolen
+    device still holds its seed and chain: specs/sealed.md §8)."""
+    from node.trust.peers import PeerRegistry
+    from node.trust.revocation_list import RevocationStore
+
+    if PeerRegistry.load(home).is_blocked(opened.sender):
+        return True
+    who = opened.identity
+    persons = [peer_key, *((who.person, *who.earlier) if who is not None else ())]
+    return RevocationStore.load(home).revokes(opened.sender, persons) is not None
+
+
+def store_sealed_answer(store: OutboxStore, opened: Opened, *,
+                        on_stored: Callable[[str, str, str, Any], None] | None = None) -> bool:
     """Store ``opened`` (kind ``answer``) into the open outbox row it answers.
 
     Args:
         store: the home's :class:`OutboxStore`.
         opened: a sealed answer that opened and verified.
+        on_stored: called once the row took it, with ``(question id, peer name, state, results
+            message)``
+            (state ``answered`` or ``pending-approval``): the runner reports it as it reports a
+            live answer (``outbox-answered`` / ``outbox-pending``).
 
     Returns:
         True when a row took it as its answer (``answered``, or ``pending-approval``'s
@@ -55,11 +78,15 @@ def store_sealed_answer(store: OutboxStore, opened: Opened) -> bool:
     for row in store.open_deliveries():
         if row.question_id != opened.question_id or not sender_is_peer(opened, row.peer_key):
             continue
+        if dropped_sender(store.home, opened, row.peer_key):
+            return False  # a revoked or blocked device: dropped as a live answer is
         outcome = classify(results, query_id_of(opened.question_id))
         taken = store.record_attempt(row.question_id, row.peer_key, outcome,
                                      message=results if isinstance(results, dict) else None)
+        if taken and outcome.state is not None and on_stored is not None:
+            on_stored(row.question_id, row.peer_name, outcome.state, results)
         return taken and outcome.state is not None
     return False
 
 
-__all__ = ["sender_is_peer", "store_sealed_answer"]
+__all__ = ["dropped_sender", "sender_is_peer", "store_sealed_answer"]

@@ -91,6 +91,18 @@ class SealedOutboxTask:
         from node.trust.identity import load_identity
         from node.trust.person import own_chain
 
+        def report(question_id: str, peer: str, state: str, results: Any) -> None:
+            """A sealed answer stored: said as a live one is (``kith outbox run``'s lines, --json)."""
+            from node.common.host_events import OutboxAnswered, OutboxPending
+
+            if runner is None:
+                return
+            if state == "answered":
+                runner.emit(OutboxAnswered(id=question_id, peer=peer, status=results.get("status")).to_dict())
+            else:
+                runner.emit(OutboxPending(id=question_id, peer=peer,
+                                          approval_id=results.get("approval_id")).to_dict())
+
         now = self.clock.monotonic()
         if now - self._last < self.every_s or not (self.home / "outbox.sqlite").exists():
             return max(0.0, self.every_s - (now - self._last))
@@ -129,14 +141,18 @@ class SealedOutboxTask:
                                              expires=_unix(expiry.get(row.question_id)) or self.clock.time() + 3600,
                                              clock=self.clock.time)
                     store.mark_left(row.question_id, row.peer_key, urls[0])
+                    if runner is not None:
+                        from node.common.host_events import OutboxLeft
+
+                        runner.emit(OutboxLeft(id=row.question_id, peer=row.peer_name, holder=urls[0]).to_dict())
                     ticket.done(f"left-with-holder {urls[0]}")
                 except KithError as exc:
                     self._say(urls[0], exc)
             for url in sorted(boxes):
                 try:
                     async with CommunityClient(url, identity) as client:
-                        await take_step(client, identity, chain, on_answer=lambda op: store_sealed_answer(store, op),
-                                        clock=self.clock.time)
+                        await take_step(client, identity, chain, clock=self.clock.time,
+                                        on_answer=lambda op: store_sealed_answer(store, op, on_stored=report))
                 except KithError as exc:
                     self._say(url, exc)
         return self.every_s

@@ -17,7 +17,6 @@ serves on.
 from __future__ import annotations
 
 import contextlib
-import logging
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,7 +25,6 @@ import anyio.to_thread
 
 from node.common.errors import KithError, UsageError
 
-log = logging.getLogger("kith.sealed")
 
 #: The file a device that holds mail keeps its sealed records in (``<home>/mailbox.sqlite3``).
 HELD_MAIL_FILE = "mailbox.sqlite3"
@@ -61,8 +59,10 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
                     while True:
                         report = await take_step(client, host.identity, chain, on_question=on_question, seen=seen)
                         if report.answered or report.refused:
-                            log.info("sealed questions from %s: answered %d, dropped %s", url,
-                                     len(report.answered), report.refused)
+                            from node.common.host_events import SealedTaken
+
+                            host.emit(SealedTaken(holder=url, answered=len(report.answered),
+                                                  dropped=dict(report.refused)).to_dict())
                         if not report.more or not (report.answered or report.refused):
                             break
                 said.discard(url)
@@ -130,13 +130,27 @@ def holds_for(home: Path) -> Any:
 def parse_hold_mail(address: str) -> tuple[str, int]:
     """``HOST:PORT`` of ``--hold-mail`` → ``(host, port)`` (port 0: a free one).
 
+    The host is the address the device's card names (specs/sealed.md §7b), so it must be
+    one others can dial: an unspecified address (``0.0.0.0``, ``::``) would be named as is
+    and send every asker to its own machine.
+
     Raises:
-        UsageError: ``usage`` when it is not a host and a port 0-65535.
+        UsageError: ``usage`` when it is not a host and a port 0-65535, or the host is an
+            unspecified address.
     """
+    import ipaddress
+
     host, sep, port = address.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise UsageError("usage", f"--hold-mail takes HOST:PORT (e.g. 127.0.0.1:8740), not {address!r}")
+    try:
+        unspecified = ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        unspecified = False  # a host name
+    if unspecified:
+        raise UsageError("usage", f"--hold-mail names the address this device's card gives askers, not "
+                         f"{host!r} (every address): give this device's LAN address, e.g. 192.168.1.20:8740")
     return host, int(port)
 
 

@@ -77,14 +77,20 @@ _INNER_FIELDS = frozenset({"kind", "question_id", "sender", "chain", "recipients
 _ID_RE = re.compile(r"[0-9a-f]{32}")
 _TIME_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
 #: Domain of the outer id: the holder's id differs for a question and its answer.
-_ID_DOMAIN = b"kith-sealed-id-v1\n"
+_ID_DOMAIN = b"kith-sealed-id-v2\n"
 
 
-def record_id(kind: str, question_id: str) -> str:
-    """The outer id of the ``kind`` record of question ``question_id``: the first 32 hex of
-    SHA-256(``kith-sealed-id-v1\\n`` kind ``\\n`` question_id). A holder cannot link a
-    question's record to its answer's by id (specs/sealed.md §3)."""
-    return hashlib.sha256(_ID_DOMAIN + kind.encode() + b"\n" + question_id.encode()).hexdigest()[:32]
+def record_id(kind: str, question_id: str, sender: str, recipients: Iterable[str]) -> str:
+    """The outer id of the ``kind`` record of question ``question_id`` from ``sender`` to
+    ``recipients``: the first 32 hex of SHA-256(``kith-sealed-id-v2\n`` kind ``\n``
+    question_id ``\n`` sender ``\n`` the recipient keys ascending, comma-joined).
+
+    The same question asked of two peers (one outbox id, specs/outbox.md §3) gives two
+    records, and their two answers two more, so one holder keeps all four; a host answering
+    again (killed before its ack) makes the same id. A holder cannot link a question's
+    record to its answer's by id (specs/sealed.md §1, §3)."""
+    text = "\n".join((kind, question_id, sender, ",".join(sorted(recipients))))
+    return hashlib.sha256(_ID_DOMAIN + text.encode()).hexdigest()[:32]
 
 
 def sealed_payload(*, kind: str, question_id: str, sender: str, recipients: list[str], created: str,
@@ -200,7 +206,7 @@ def seal(device_secret: bytes, chain: list[dict[str, Any]] | None, *, kind: str,
     padded = _LEN.pack(len(raw)) + raw + bytes(bucket - _LEN.size - len(raw))
     content_key = os.urandom(nacl.secret.SecretBox.KEY_SIZE)
     box = bytes(nacl.secret.SecretBox(content_key).encrypt(padded))
-    return {"type": "sealed", "version": 1, "id": record_id(kind, question_id), "sender": sender,
+    return {"type": "sealed", "version": 1, "id": record_id(kind, question_id, sender, keys), "sender": sender,
             "recipients": [{"key": k, "wrapped": _b64(nacl.public.SealedBox(_x25519_public(k)).encrypt(content_key))}
                            for k in keys],
             "created": created, "expires": until, "bucket": bucket, "box": _b64(box)}
@@ -375,7 +381,7 @@ def open_sealed(doc: object, device_secret: bytes, *, now: float) -> Opened:
         raise KithError("sealed-malformed", exc.message) from None
     if (inner["sender"] != env.sender or inner["recipients"] != list(env.recipients)
             or inner["created"] != doc["created"] or inner["expires"] != doc["expires"]  # type: ignore[index]
-            or record_id(inner["kind"], inner["question_id"]) != env.id):
+            or record_id(inner["kind"], inner["question_id"], env.sender, env.recipients) != env.id):
         raise KithError("sealed-forged", "the sealed record's outer fields differ from what its sender signed")
     identity = None
     if inner["chain"] is not None:
@@ -407,9 +413,31 @@ class SeenRecords:
     keeps its own durable record (the outbox's row, the host's answer) and asks that first.
     """
 
-    def __init__(self, max_ids: int = 100_000) -> None:
+    def __init__(self, max_ids: int = 100_000, max_unsent: int = 2_000) -> None:
         self.max_ids = max_ids
+        self.max_unsent = max_unsent
         self._until: dict[str, int] = {}
+        self._unsent: dict[str, tuple[int, dict[str, Any]]] = {}
+
+    def unsent(self, opened: Opened, *, now: float) -> dict[str, Any] | None:
+        """The sealed reply made to ``opened`` that could not be left yet (:meth:`keep_unsent`),
+        or None: a record is acted on once even while its reply waits for room at a holder
+        (specs/sealed.md §5)."""
+        kept = self._unsent.get(opened.id)
+        return kept[1] if kept is not None and kept[0] > now else None
+
+    def keep_unsent(self, opened: Opened, reply: dict[str, Any] | None, *, now: float) -> None:
+        """Keep ``reply`` (a sealed record) for ``opened`` until it is left (``reply`` None
+        forgets it) or ``opened`` expires; at most ``max_unsent`` (the ones closest to expiry
+        go first)."""
+        for key in [k for k, (until, _r) in self._unsent.items() if until <= now]:
+            del self._unsent[key]
+        if reply is None:
+            self._unsent.pop(opened.id, None)
+            return
+        self._unsent[opened.id] = (opened.expires_unix, reply)
+        while len(self._unsent) > self.max_unsent:
+            del self._unsent[min(self._unsent, key=lambda k: self._unsent[k][0])]
 
     def seen(self, opened: Opened, *, now: float) -> bool:
         """True when ``opened``'s id was admitted and has not expired (nothing is recorded)."""

@@ -164,9 +164,10 @@ def ask_later(home: Path, question: str, peer: str) -> str:
     return json.loads(r.stdout)["outbox"]["id"]
 
 
-def outbox_run_until(home: Path, what: str, check: Callable[[], Any], timeout_s: float = 90) -> None:
+def outbox_run_until(home: Path, what: str, check: Callable[[], Any], timeout_s: float = 90) -> str:
     """Run `kith outbox run --offline` for ``home`` until ``check()`` is truthy (polled,
-    bounded by ``timeout_s``), then stop it with SIGINT; fails when it never is."""
+    bounded by ``timeout_s``), then stop it with SIGINT; fails when it never is. Returns
+    what it wrote on stderr (its delivery lines)."""
     import signal
 
     from support.waits import wait_for
@@ -178,10 +179,11 @@ def outbox_run_until(home: Path, what: str, check: Callable[[], Any], timeout_s:
     finally:
         proc.send_signal(signal.SIGINT)
         try:
-            proc.communicate(timeout=20)
+            _out, err = proc.communicate(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
+    return err
 
 
 def assert_no_real_paths(text: str, *paths: Path) -> None:
