@@ -576,6 +576,22 @@ def test_an_emptied_index_folder_is_said_and_rebuilt_too(base_home, tmp_path):
     assert json.loads(run_inproc(home, "search", "write-ahead log", "--json").out)["results"]
 
 
+@pytest.mark.parametrize("lock", [".tantivy-writer.lock", ".tantivy-meta.lock"])
+def test_a_tantivy_lock_file_replaced_by_a_folder_is_rebuilt_by_sync(base_home, tmp_path, lock):
+    """Attack of issue 42: the index's writer lock file replaced by a folder made `kith
+    index sync` a traceback (tantivy's "Failed to acquire Lockfile"), and the hint `kith
+    index sync` could never work. Sync (holding writer.lock, so no other Kith writes the
+    index) rebuilds the index from the corpus record; search then answers."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    p = home / "corpus" / "tantivy" / lock
+    p.unlink(missing_ok=True)
+    p.mkdir()
+    check(run_inproc(home, "index", "sync"), None)
+    assert json.loads(run_inproc(home, "search", "write-ahead log", "--json").out)["results"]
+    check(run_inproc(home, "index", "sync"), None)
+
+
 @pytest.mark.parametrize("damage", [empty, deleted], ids=lambda d: d.__name__)
 def test_a_lost_corpus_record_is_said_with_the_way_out(base_home, tmp_path, damage):
     """corpus.sqlite3 emptied or deleted beside its index: index status says the folders
