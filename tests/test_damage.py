@@ -103,6 +103,11 @@ def folder(p: Path) -> None:
     (p / "x").write_text("not the file\n")
 
 
+def nested(p: Path) -> None:
+    """200,000 nested arrays: deeper than Python's json reads (RecursionError, not ValueError)."""
+    p.write_bytes(b"[" * 200_000)
+
+
 # ------------------------------------------------------------------------------- running
 @dataclass
 class Ran:
@@ -448,6 +453,8 @@ READERS: dict[str, list[tuple[str, ...]]] = {
     "cards.json": [("status",), ("peers", "list")],
     "approvals": [("status",), ("approvals", "list")],
     "approvals/promoted.json": [("status",), ("approvals", "list")],
+    "agents.json": [("status",), ("agent", "list")],
+    "sent.jsonl": [("sent",)],
 }
 #: what a damaged file may be refused with (anything else fails the test)
 CODES_OF: dict[str, set[str]] = {
@@ -461,8 +468,9 @@ CODES_OF: dict[str, set[str]] = {
     "revocations.json": {"config-invalid"},
     "rotations.json": {"config-invalid"},
     "cards.json": {"config-invalid"},
+    "agents.json": {"agents-file-invalid"},
 }
-DAMAGES = (garbage, truncated, empty, deleted, folder)
+DAMAGES = (garbage, truncated, empty, deleted, folder, nested)
 SWEEP = [(f, d) for f in READERS for d in DAMAGES]
 
 
@@ -1011,3 +1019,26 @@ def test_ask_later_that_keeps_nothing_makes_no_outbox(base_home, tmp_path):
     assert "Traceback" not in r.err
     assert not (home / OUTBOX).exists()
     assert not _changed(before, _snapshot(home), ()), _changed(before, _snapshot(home), ())
+
+
+@pytest.mark.parametrize("target", ["manifest.json", "grant.json"])
+def test_a_copy_file_nested_too_deep_is_a_damaged_copy_not_a_traceback(full_home, tmp_path, target):
+    """Attack of issue 42: a copy's manifest.json or grant.json of 200,000 nested arrays made
+    `kith copies list` and `kith status` a RecursionError traceback (the loaders caught only
+    ValueError). A manifest is then a damaged copy with its way out; a grant is unread."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    copy = home / "copies" / "bob"
+    copy.mkdir(parents=True)
+    (copy / "manifest.json").write_text(json.dumps({"v": 1, "peer": "bob", "hostKey": "ef" * 32, "syncedAt": None,
+                                                    "maxBytes": None, "documents": {}}))
+    nested(copy / target)
+    for cmd in (("copies", "list"), ("status",)):
+        r = run_inproc(home, *cmd)
+        assert "Traceback" not in r.out + r.err, (cmd, r.err[-2000:])
+        assert r.code in (0, 1), (cmd, r.code, r.err)
+    listed = run_inproc(home, "copies", "list")
+    if target == "manifest.json":
+        assert "config-invalid" in listed.out + listed.err and "kith copies remove bob" in listed.out + listed.err
+    else:
+        assert listed.code == 0, listed.err

@@ -171,7 +171,7 @@ class RevocationStore:
             raw = json.loads(path.read_text("utf-8"))
         except FileNotFoundError:
             return cls(path, {})
-        except (OSError, UnicodeDecodeError, ValueError):
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[…"
             raise ConfigError("config-invalid", f"{REVOCATIONS_FILE} is not valid JSON") from None
         persons: dict[str, dict[str, Any]] = {}
         try:

@@ -262,7 +262,7 @@ class RotationLedger:
             raw = json.loads(path.read_text("utf-8"))
         except FileNotFoundError:
             return cls(path, {})
-        except (OSError, UnicodeDecodeError, ValueError):
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[…"
             raise ConfigError("config-invalid", f"{ROTATIONS_FILE} is not valid JSON") from None
         try:
             entries = {str(k): {"successor": v.get("successor"), "via": str(v["via"]), "seenAt": str(v.get("seenAt", ""))}
