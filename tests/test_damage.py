@@ -386,7 +386,7 @@ def _host_refused(home: Path, *args: str) -> Ran:
 
 
 @pytest.mark.iroh
-@pytest.mark.parametrize("damage", [garbage, truncated, empty, folder], ids=lambda d: d.__name__)
+@pytest.mark.parametrize("damage", [garbage, truncated, empty, folder, nested], ids=lambda d: d.__name__)
 def test_damaged_posts_and_port_files_at_host_start(hosted_home, tmp_path, damage):
     """A bad posts.json refuses `kith host` with the way out in the hint; that way out,
     --new-invitation, starts and replaces it. An unreadable endpoint.json while a kept
