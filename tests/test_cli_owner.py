@@ -123,6 +123,10 @@ def test_index_add_refuses_broad_folders_and_names_the_path(tmp_path: Path, cli)
     missing = tmp_path / "no-such-folder"
     r = cli(home, "index", "add", str(missing))
     assert r.returncode == 1 and "[root-not-found]" in r.stderr and str(missing) in r.stderr
+    for blank in ("",):  # attack of issue 42: `kith index add ''` added the working folder
+        r = cli(home, "index", "add", blank)
+        assert r.returncode == 1 and "[root-not-found]" in r.stderr and "empty path" in r.stderr, r.stderr
+    assert json.loads(ok(cli(home, "index", "status", "--json")).stdout)["rootList"] == []
 
 
 def test_index_add_excludes_ignores_names_overlaps_and_remove(tmp_path: Path, tree: Path, cli) -> None:

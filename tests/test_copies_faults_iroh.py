@@ -368,3 +368,28 @@ def test_a_hostile_host_is_refused_with_each_code_and_writes_nothing_outside_the
         assert rc == 0 and last["fetched"] == 3, last
     finally:
         h.stop()
+
+
+def test_a_first_sync_killed_after_a_batch_keeps_the_grants_end(tmp_path):
+    """Attack of issue 42: a first sync SIGKILLed after its first batch left a copy that
+    answers but had no end ("no end set") though the grant has an --until, so the copy
+    outlived the grant on a guest that never reached the host again. The handshake's
+    ``until`` is in ``grant.json`` before the first document lands."""
+    host, _kb, bea = _setup(tmp_path, 320)
+    r = kith(host, "policy", "copy", "/kb/**", "--for", "bea", "--until", "2027-01-31", "--json")
+    assert r.returncode == 0, r.stderr
+    h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
+    try:
+        pin_host(bea, "alice", h.invitation)
+        proc = subprocess.Popen(kith_argv(bea, "copies", "sync", "alice"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=ENV)
+        _kill_at_first_progress(proc, proc)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        h.stop()
+    assert CopyStore(bea, "alice").load()["documents"]  # a committed batch answers a search
+    r = kith(bea, "copies", "list", "--json")
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads(r.stdout)["copies"]
+    assert row["documents"] > 0 and row["syncedAt"] is None
+    assert row["until"] == "2027-01-31T00:00:00Z"

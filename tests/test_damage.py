@@ -103,6 +103,11 @@ def folder(p: Path) -> None:
     (p / "x").write_text("not the file\n")
 
 
+def nested(p: Path) -> None:
+    """200,000 nested arrays: deeper than Python's json reads (RecursionError, not ValueError)."""
+    p.write_bytes(b"[" * 200_000)
+
+
 # ------------------------------------------------------------------------------- running
 @dataclass
 class Ran:
@@ -381,7 +386,7 @@ def _host_refused(home: Path, *args: str) -> Ran:
 
 
 @pytest.mark.iroh
-@pytest.mark.parametrize("damage", [garbage, truncated, empty, folder], ids=lambda d: d.__name__)
+@pytest.mark.parametrize("damage", [garbage, truncated, empty, folder, nested], ids=lambda d: d.__name__)
 def test_damaged_posts_and_port_files_at_host_start(hosted_home, tmp_path, damage):
     """A bad posts.json refuses `kith host` with the way out in the hint; that way out,
     --new-invitation, starts and replaces it. An unreadable endpoint.json while a kept
@@ -448,6 +453,8 @@ READERS: dict[str, list[tuple[str, ...]]] = {
     "cards.json": [("status",), ("peers", "list")],
     "approvals": [("status",), ("approvals", "list")],
     "approvals/promoted.json": [("status",), ("approvals", "list")],
+    "agents.json": [("status",), ("agent", "list")],
+    "sent.jsonl": [("sent",)],
 }
 #: what a damaged file may be refused with (anything else fails the test)
 CODES_OF: dict[str, set[str]] = {
@@ -461,8 +468,9 @@ CODES_OF: dict[str, set[str]] = {
     "revocations.json": {"config-invalid"},
     "rotations.json": {"config-invalid"},
     "cards.json": {"config-invalid"},
+    "agents.json": {"agents-file-invalid"},
 }
-DAMAGES = (garbage, truncated, empty, deleted, folder)
+DAMAGES = (garbage, truncated, empty, deleted, folder, nested)
 SWEEP = [(f, d) for f in READERS for d in DAMAGES]
 
 
@@ -574,6 +582,22 @@ def test_an_emptied_index_folder_is_said_and_rebuilt_too(base_home, tmp_path):
     check(synced, None)
     assert "rebuilding it from the corpus record" in synced.err
     assert json.loads(run_inproc(home, "search", "write-ahead log", "--json").out)["results"]
+
+
+@pytest.mark.parametrize("lock", [".tantivy-writer.lock", ".tantivy-meta.lock"])
+def test_a_tantivy_lock_file_replaced_by_a_folder_is_rebuilt_by_sync(base_home, tmp_path, lock):
+    """Attack of issue 42: the index's writer lock file replaced by a folder made `kith
+    index sync` a traceback (tantivy's "Failed to acquire Lockfile"), and the hint `kith
+    index sync` could never work. Sync (holding writer.lock, so no other Kith writes the
+    index) rebuilds the index from the corpus record; search then answers."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    p = home / "corpus" / "tantivy" / lock
+    p.unlink(missing_ok=True)
+    p.mkdir()
+    check(run_inproc(home, "index", "sync"), None)
+    assert json.loads(run_inproc(home, "search", "write-ahead log", "--json").out)["results"]
+    check(run_inproc(home, "index", "sync"), None)
 
 
 @pytest.mark.parametrize("damage", [empty, deleted], ids=lambda d: d.__name__)
@@ -995,3 +1019,26 @@ def test_ask_later_that_keeps_nothing_makes_no_outbox(base_home, tmp_path):
     assert "Traceback" not in r.err
     assert not (home / OUTBOX).exists()
     assert not _changed(before, _snapshot(home), ()), _changed(before, _snapshot(home), ())
+
+
+@pytest.mark.parametrize("target", ["manifest.json", "grant.json"])
+def test_a_copy_file_nested_too_deep_is_a_damaged_copy_not_a_traceback(full_home, tmp_path, target):
+    """Attack of issue 42: a copy's manifest.json or grant.json of 200,000 nested arrays made
+    `kith copies list` and `kith status` a RecursionError traceback (the loaders caught only
+    ValueError). A manifest is then a damaged copy with its way out; a grant is unread."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    copy = home / "copies" / "bob"
+    copy.mkdir(parents=True)
+    (copy / "manifest.json").write_text(json.dumps({"v": 1, "peer": "bob", "hostKey": "ef" * 32, "syncedAt": None,
+                                                    "maxBytes": None, "documents": {}}))
+    nested(copy / target)
+    for cmd in (("copies", "list"), ("status",)):
+        r = run_inproc(home, *cmd)
+        assert "Traceback" not in r.out + r.err, (cmd, r.err[-2000:])
+        assert r.code in (0, 1), (cmd, r.code, r.err)
+    listed = run_inproc(home, "copies", "list")
+    if target == "manifest.json":
+        assert "config-invalid" in listed.out + listed.err and "kith copies remove bob" in listed.out + listed.err
+    else:
+        assert listed.code == 0, listed.err

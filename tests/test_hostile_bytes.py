@@ -171,3 +171,39 @@ def test_an_mcp_request_holding_a_lone_surrogate_is_answered_query_invalid(tmp_p
     assert answers[3]["error"]["message"].startswith("[query-invalid]"), answers[3]
     assert "result" in answers[4] and answers[4]["result"]["tools"]
     assert b"Traceback" not in proc.stderr.read()
+
+
+def test_an_mcp_line_nested_too_deep_keeps_the_server(tmp_path):
+    """Attack of issue 42: a 60 KB request line of 30,000 nested arrays, which the MCP
+    library's parser refuses, made kith's second reading of it (for a lone surrogate) raise
+    RecursionError: `kith mcp` ended with an ExceptionGroup traceback. The library's refusal
+    stands and the next request is served."""
+    import sys
+
+    from support.agents import mcp_env
+
+    home = initialized(tmp_path / "home")
+    proc = subprocess.Popen([sys.executable, "-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r})"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=mcp_env(home))
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    deep = ('{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"search","arguments":{"query":'
+            + "[" * 30000 + "]" * 30000 + "}}}")
+    good = {"jsonrpc": "2.0", "id": 4, "method": "tools/list"}
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(("\n".join([json.dumps(init), json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+                                      deep, json.dumps(good)]) + "\n").encode())
+        proc.stdin.flush()
+        answers: dict = {}
+        while 4 not in answers:
+            line = next_line(proc.stdout, 60)
+            assert line is not None, "no answer to the request after the deep line"
+            assert line, f"kith mcp ended; stderr: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}"
+            msg = json.loads(line)
+            answers[msg.get("id")] = msg
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    assert "result" in answers[4] and answers[4]["result"]["tools"]
+    assert b"Traceback" not in proc.stderr.read()

@@ -208,7 +208,7 @@ def _lock_info(path: Path) -> dict[str, Any] | None:
 
     try:
         info = json.loads(path.read_text("utf-8") or "{}")
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: "[[[[…"
         return None
     return info if isinstance(info, dict) else None
 

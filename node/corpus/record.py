@@ -287,7 +287,9 @@ class Record:
 
         Raises:
             CorpusError: ``index-locked`` (another process holds ``writer.lock`` or the
-                tantivy writer; the message names the owner).
+                tantivy writer; the message names the owner), ``io-error`` (an index folder
+                tantivy cannot write even once rebuilt). A writer tantivy refuses otherwise
+                (its lock file damaged) rebuilds the index from the sources.
         """
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = acquire_owner_lock(self.lock_path, " ".join(["kith", *sys.argv[1:3]]))
@@ -303,24 +305,41 @@ class Record:
                 except ValueError:
                     rebuild = True
             if index is None:
-                if self.index_dir.exists():
-                    shutil.rmtree(self.index_dir)
-                self.index_dir.mkdir(parents=True)
-                index = tantivy.Index(search.build_schema(), path=str(self.index_dir))
-                rebuild = True
+                index, rebuild = self._new_index(), True
             search.register_analyzers(index)
             try:
                 self.writer = index.writer(_WRITER_HEAP, _WRITER_THREADS)
             except ValueError as exc:
                 if "LockBusy" in str(exc):
                     raise self._locked() from None
-                raise
+                # this process holds writer.lock, so no other Kith writes this index: a
+                # writer tantivy cannot take (its lock file replaced by a folder, say) is a
+                # damaged index, rebuilt from the sources as a missing one is
+                index, rebuild = self._new_index(), True
+                search.register_analyzers(index)
+                try:
+                    self.writer = index.writer(_WRITER_HEAP, _WRITER_THREADS)
+                except ValueError as again:
+                    raise CorpusError("io-error", f"the corpus index ({self.index_dir}) cannot be "
+                                      f"written: {again}",
+                                      hint=f"check that {self.index_dir} is a folder this user can write, "
+                                           "then run `kith index sync`") from None
             self.index = index
             self._reader = None
             self._repair(full=rebuild, progress=progress)
         except BaseException:
             self.release_writer()
             raise
+
+    def _new_index(self) -> Any:
+        """An empty index in :attr:`index_dir`, whatever was there deleted first (callers
+        hold ``writer.lock`` and rebuild it from the sources)."""
+        if self.index_dir.is_symlink() or self.index_dir.is_file():
+            self.index_dir.unlink()
+        elif self.index_dir.exists():
+            shutil.rmtree(self.index_dir)
+        self.index_dir.mkdir(parents=True)
+        return tantivy.Index(search.build_schema(), path=str(self.index_dir))
 
     def release_writer(self) -> None:
         """Drop the tantivy writer (rolling back what it did not commit) and release

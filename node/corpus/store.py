@@ -157,7 +157,7 @@ class Corpus:
 
         Raises:
             CorpusError: ``chunking-invalid`` (checked first, before anything is stored),
-                ``root-not-found`` (missing or not a directory; names the path),
+                ``root-not-found`` (missing, not a directory, or an empty ``path``; names the path),
                 ``root-path-invalid`` (its resolved path is not UTF-8),
                 ``root-is-copy`` (it lies in ``<home>/copies/``, even with ``force``), ``root-too-broad`` (without ``force``), ``root-name-invalid``,
                 ``root-name-taken`` (``name`` in use or used before), ``root-exists`` (same
@@ -170,6 +170,9 @@ class Corpus:
                               "letter or digit.")
         with self.record.lock:
             db = self.record.require_writable()
+            if str(path) == "":  # Path("") is ".": an empty argument must not add the working folder
+                raise CorpusError("root-not-found", "an empty path names no folder.",
+                                  hint="give the folder to index, e.g. `kith index add ~/notes`")
             p = Path(path).expanduser()
             if not p.is_dir():
                 raise CorpusError("root-not-found",

@@ -367,7 +367,7 @@ def _load_kept(home: Path, host_key: str) -> list[tuple[Invitation, int]]:
         if path.stat().st_size > MAX_POSTS_FILE_BYTES:
             raise bad("larger than a host ever writes")
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: "[[[[…"
         raise bad("not readable JSON") from None
     if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(data.get("posts"), list) \
             or set(data) != {"version", "posts"} or len(data["posts"]) > MAX_KEPT_POSTS:

@@ -374,7 +374,7 @@ def load_agents(home: Path | str) -> dict[str, Agent]:
                 except KithError:
                     raise ValueError(agent.until) from None
             agents[agent.name] = agent
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # RecursionError: "[[[[…"
         raise ConfigError("agents-file-invalid", "agents.json is not a valid agents file") from None
     return agents
 

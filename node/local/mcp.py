@@ -937,8 +937,8 @@ def unreadable_text_reply(item: Any) -> Any | None:
         first = errors()[0]
         raw = first.get("input") if first.get("type") == "json_invalid" else None
         request = json.loads(raw) if isinstance(raw, (str, bytes)) else None
-    except (ValueError, TypeError, IndexError, AttributeError):
-        return None
+    except (ValueError, TypeError, IndexError, AttributeError, RecursionError):
+        return None  # RecursionError: a line nested deeper than Python's json reads (the library's refusal stands)
     if not isinstance(request, dict) or not isinstance(request.get("method"), str):
         return None
     rid = request.get("id")

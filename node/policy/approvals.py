@@ -180,7 +180,7 @@ class Approvals:
             if len(data) > MAX_FILE_BYTES:
                 return None
             return json.loads(data.decode("utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError):
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[…"
             return None
 
     def _load_dir(self, folder: Path) -> dict[str, ApprovalRequest]:

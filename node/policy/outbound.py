@@ -562,7 +562,7 @@ def read_log(home: Path | str, *, agent: str | None = None, peer: str | None = N
         for raw in path.read_text("utf-8", errors="replace").splitlines():
             try:
                 rec = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: "[[[[…"
                 continue
             if not isinstance(rec, dict) or "id" not in rec:
                 continue

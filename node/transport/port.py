@@ -35,7 +35,7 @@ def load_port(home: Path) -> int | None:
     next bind — it holds nothing that could not be chosen again)."""
     try:
         data = json.loads((Path(home) / PORT_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: "[[[[…"
         return None
     port = data.get("port") if isinstance(data, dict) and data.get("version") == 1 else None
     return port if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 else None

@@ -192,7 +192,7 @@ class PeerRegistry:
             from node.common.dbfaults import io_error
 
             raise io_error(str(path), exc.strerror or type(exc).__name__) from None
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):  # RecursionError: "[[[[…"
             raise ConfigError("config-invalid", f"{PEERS_FILE} is not valid JSON",
                               hint=f"fix it, or move it aside (mv {PEERS_FILE} {PEERS_FILE}.bad): this home then "
                                    "pins no peer, and `kith peers add NAME KEY` pins each again") from None

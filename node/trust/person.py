@@ -230,7 +230,7 @@ def load_person(home: Path) -> PersonRecord | None:
         from node.common.dbfaults import io_error
 
         raise io_error(str(path), exc.strerror or type(exc).__name__) from None
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[…"
         raise ConfigError("config-invalid", f"{PERSON_FILE} is not valid JSON",
                           hint=f"restore {PERSON_FILE} (the signed person record) from a backup") from None
     return person_from_json(raw)

@@ -120,7 +120,7 @@ class CopyStore:
                     "documents": {}}
         try:
             state = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # RecursionError: "[[[[…"
             raise ConfigError("config-invalid", f"copies/{self.peer}/{MANIFEST_FILE} cannot be read",
                               hint=self._remake_hint) from None
         if not isinstance(state, dict) or not isinstance(state.get("documents"), dict):
@@ -481,7 +481,7 @@ class CopyStore:
             if seen is not None and seen[0] == key:
                 return dict(seen[1]) if seen[1] is not None else None
             got = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # RecursionError: "[[[[…"
             return None
         got = got if isinstance(got, dict) else None
         if len(grants) >= 256:

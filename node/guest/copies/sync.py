@@ -50,7 +50,9 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
         holder: what this process is, for a second sync refused while this one runs.
         told: ``told(host_key)`` → the copy grant state the session's handshake told
             (:data:`node.guest.copies.lifecycle.CopyStates`, ``.get`` of the pool's), or
-            None: recorded as the copy's ``until`` and ``stamp`` once the sync completes.
+            None: written to ``grant.json`` (the copy's end) once the manifest is accepted,
+            before any document is fetched, and recorded as the manifest's ``until`` and
+            ``stamp`` once the sync completes.
         mark: the removal mark (:meth:`CopyStore.removal_mark`) the caller took before it
             first dialled the peer (:func:`sync_with_pool`): a removal made while that dial
             was out stops this sync too. By default it is taken here, under the lock.
@@ -179,6 +181,9 @@ async def _sync_copy(store: CopyStore, ask: Ask, host_key: str, mark: tuple[int,
             commit(state)
         raise over
     manifest = check_manifest(reply)
+    said = told(host_key) if told is not None else None  # what this session's handshake said of the grant
+    if said is not None:  # the end is known before the first document lands: a sync killed or
+        store.write_grant(said, now())  # failed after a batch leaves a copy that still ends then
     gone = [s for s in held if s not in manifest]
     for s in gone:  # no longer granted: deleted now, before anything new is fetched
         del held[s]
@@ -250,10 +255,8 @@ async def _sync_copy(store: CopyStore, ask: Ask, host_key: str, mark: tuple[int,
         store.index(changed if complete else None)  # after a killed sync: the whole folder
         state["indexed"] = True
     state["syncedAt"] = _rfc3339(now())  # only a sync that completed, its index included
-    said = told(host_key) if told is not None else None  # what this session's handshake said of the grant
     if said is not None:
         state.update(until=said["until"], stamp=said["stamp"])
-        store.write_grant(said, now())
     commit(state)
     from node.guest.copies.lifecycle import WITHDRAWN_FILE
 
