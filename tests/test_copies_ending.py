@@ -212,6 +212,31 @@ def test_a_changed_stamp_makes_the_copy_stale_until_synced(host, tmp_path):
     assert not stale(store) and store.load()["stamp"] == "cd" * 16
 
 
+def test_a_sync_over_an_older_session_keeps_the_newer_grant_another_process_was_told(host, tmp_path):
+    """A sync records what its own session's handshake said of the grant; when another
+    process's handshake told a newer stamp meanwhile (the owner narrowed the grant), that
+    stamp stays in grant.json, so the copy is still stale and is synced again under it."""
+    home, _ = host
+    guest, key = _synced(tmp_path, home, told=STATE)
+    store = CopyStore(guest, "alice")
+    states: dict = {}  # the pool's session: its handshake a minute ago told the old stamp
+    take_copy_state(guest, key, STATE, states=states, now=lambda: time.time() - 60)
+    newer = {**STATE, "stamp": "cd" * 16}
+    take_copy_state(guest, key, newer)  # another process's handshake, just now
+    assert stale(store)
+    server, corpus, _ = _server(home)
+    anyio.run(lambda: sync_copy(guest, "alice", _asker(server), key, told=states.get))
+    corpus.close()
+    assert store.grant()["stamp"] == "cd" * 16  # the newer word is kept
+    assert store.load()["stamp"] == STATE["stamp"] and stale(store)  # so the next step syncs it again
+    # the next sync over a session told the newer stamp settles it
+    take_copy_state(guest, key, newer, states=states)
+    server, corpus, _ = _server(home)
+    anyio.run(lambda: sync_copy(guest, "alice", _asker(server), key, told=states.get))
+    corpus.close()
+    assert not stale(store) and store.grant()["stamp"] == "cd" * 16
+
+
 @pytest.mark.parametrize("bad", [None, [], {"granted": "yes", "stamp": "ab" * 16, "until": None},
                                  {"granted": True, "stamp": "AB" * 16, "until": None},
                                  {"granted": True, "stamp": "ab" * 16, "until": "tomorrow"},

@@ -48,9 +48,11 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
         host_key: the peer's pinned key: every document must be signed by it.
         progress: ``(documents done, documents to fetch)`` after each batch.
         holder: what this process is, for a second sync refused while this one runs.
-        told: ``told(host_key)`` → the copy grant state the session's handshake told
-            (:data:`node.guest.copies.lifecycle.CopyStates`, ``.get`` of the pool's), or
-            None: recorded as the copy's ``until`` and ``stamp`` once the sync completes.
+        told: ``told(host_key)`` → the copy grant state the session's handshake told and
+            when (``seenAt``, epoch seconds; :data:`node.guest.copies.lifecycle.CopyStates`,
+            ``.get`` of the pool's), or None: recorded as the copy's ``until`` and ``stamp``
+            once the sync completes, and in ``grant.json`` unless that holds a handshake's
+            word told since (:meth:`CopyStore.grant_newer_than`: never replaced by an older one).
         mark: the removal mark (:meth:`CopyStore.removal_mark`) the caller took before it
             first dialled the peer (:func:`sync_with_pool`): a removal made while that dial
             was out stops this sync too. By default it is taken here, under the lock.
@@ -253,7 +255,12 @@ async def _sync_copy(store: CopyStore, ask: Ask, host_key: str, mark: tuple[int,
     said = told(host_key) if told is not None else None  # what this session's handshake said of the grant
     if said is not None:
         state.update(until=said["until"], stamp=said["stamp"])
-        store.write_grant(said, now())
+        told_at = said.get("seenAt")
+        told_at = told_at if isinstance(told_at, (int, float)) else now()
+        # a newer handshake (another process's) is kept: its stamp, when another, leaves the
+        # copy stale, so it is synced again under it
+        if not store.grant_newer_than(told_at):
+            store.write_grant(said, told_at)
     commit(state)
     from node.guest.copies.lifecycle import WITHDRAWN_FILE
 
