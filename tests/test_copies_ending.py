@@ -296,6 +296,40 @@ def test_the_runner_ends_an_expired_copy_and_syncs_a_stale_one(host, tmp_path):
         ("copy-ended", "alice", 2, "expired")]
 
 
+class _AwayRunner(_Runner):
+    """A runner whose pool cannot reach the host (it is away)."""
+
+    async def pool(self):
+        from node.common.errors import TransportError
+
+        raise TransportError("transport-connect-failed", "the host is not running")
+
+
+def test_a_changed_grant_told_at_a_handshake_syncs_a_copy_whose_host_is_being_retried(host, tmp_path):
+    """A copy whose last sync failed waits out a backoff (up to 10 minutes) before it is
+    tried again; a handshake that tells a changed grant (the owner withdrew a source) syncs
+    it at the runner's next step all the same, so the withdrawn source is not answered from
+    the copy until then. Another failure under that grant waits again (no busy retry)."""
+    home, _ = host
+    guest, key = _synced(tmp_path, home, told=STATE)
+    task = CopiesTask(guest, clock=ManualClock())
+    away = _AwayRunner()
+    anyio.run(task.step, away)  # its first step syncs it: the host is away
+    assert away.spawned == ["alice"]
+    anyio.run(task._sync, away, "alice")
+    assert [e["event"] for e in away.events] == ["copy-failed"] and "alice" in task._backoff
+    anyio.run(task.step, away)
+    assert away.spawned == ["alice"]  # retried after its backoff, not at once
+    told: list = []
+    take_copy_state(guest, key, {**STATE, "stamp": "cd" * 16}, notify=told.append)  # another process's ask
+    assert told == [{"peer": "alice", "kind": "changed"}]
+    anyio.run(task.step, away)
+    assert away.spawned == ["alice", "alice"]  # synced at once despite the backoff
+    anyio.run(task._sync, away, "alice")  # the host went away again: wait out the backoff
+    anyio.run(task.step, away)
+    assert away.spawned == ["alice", "alice"]
+
+
 def test_peers_remove_deletes_the_copy_and_says_so(host, tmp_path):
     home, _ = host
     guest, key = _synced(tmp_path, home)
