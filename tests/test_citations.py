@@ -531,13 +531,14 @@ def test_check_versions_of_a_scrubbed_source_id_is_current_and_no_oracle_for_the
     assert indexed is not None
     # the version a scrubbed peer is given is over the text it receives (§2), not the content hash
     true = C.scrubbed_version(vkey, C.text_digest(indexed[1]))
+    saved = C.keyed_version(vkey, hashlib.sha256(text.encode()).hexdigest())  # a citation saved before: stale
     knowledge = open_knowledge(host_home, lambda _m: None, version_key=vkey)
     try:
         shown = knowledge.handle_for(None, "b" * 64).search(
             {"query": "staging notes team", "topK": 5})["envelope"]["results"]
         answer = knowledge.handle_for(None, "b" * 64).check_versions([
             {"source": "/kb/[email]/notes.md", "version": true},
-            {"source": "/kb/[email]/notes.md", "version": C.keyed_version(vkey, hashlib.sha256(text.encode()).hexdigest())},
+            {"source": "/kb/[email]/notes.md", "version": saved},
             {"source": "/kb/alice.smith@example.org/notes.md", "version": "0" * 64},
             {"source": "/kb/bob@example.org/notes.md", "version": "0" * 64},
             {"source": "/kb/deploy.md", "version": "0" * 64}])

@@ -911,5 +911,6 @@ def summary(rows: Iterable[Row]) -> dict[str, int]:
 __all__ = ["CITATION_VERSION", "CitationSigner", "Evidence", "KEY_FILE", "MAX_ANSWER_BYTES",
            "RESULTS", "Row", "SIGNED", "SIGNING_OFF", "VERIFIED", "CopyText", "char_range", "keyed_version", "known_keys",
            "load_version_key", "parse_answer", "payload_of", "PeerVersions", "read_answer", "report",
-           "scrubbed_version", "shown_in", "span_of", "span_text", "summary", "text_digest", "verify_answer", "verify_citation", "verify_copy_result",
+           "scrubbed_version", "shown_in", "span_of", "span_text", "summary", "text_digest", "verify_answer",
+           "verify_citation", "verify_copy_result",
            "verify_request"]
