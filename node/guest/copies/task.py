@@ -44,6 +44,10 @@ class CopiesTask:
         self._due: dict[str, float] = {}
         self._backoff: dict[str, float] = {}
         self._running: set[str] = set()
+        #: peers whose host came back (``peer_back``) while their sync was running: that
+        #: sync may be a retry still dialling the host while it was away, so one more is due
+        #: when it ends (the signal is not lost)
+        self._back_while_running: set[str] = set()
         #: peer -> the grant stamp its handshakes had told (``grant.json``) when its last
         #: sync started: a stale copy whose host is being retried waits only while it is that
         self._tried: dict[str, Any] = {}
@@ -72,9 +76,14 @@ class CopiesTask:
 
     def on_peer_back(self, runner: Any, key: str) -> None:
         """:meth:`node.guest.runner.Runner.peer_back`: every copy of the host ``key``
-        (its pinned key, the manifest's ``hostKey``) not syncing now is due now."""
+        (its pinned key, the manifest's ``hostKey``) is due now; one syncing now is due
+        again at once if that sync fails (it may have been dialling the host while away)."""
         for row in list_copies(self.home):
-            if row.get("hostKey") == key and row["peer"] not in self._running:
+            if row.get("hostKey") != key:
+                continue
+            if row["peer"] in self._running:
+                self._back_while_running.add(row["peer"])
+            else:
                 self._due[row["peer"]] = 0.0
 
     @staticmethod
@@ -134,5 +143,10 @@ class CopiesTask:
                 key = CopyStore(self.home, peer).load().get("hostKey")
                 if isinstance(key, str):
                     runner.peer_back(key)
+            self._back_while_running.discard(peer)  # it reached the host: a peer-back meanwhile is met
         finally:
             self._running.discard(peer)
+            if peer in self._back_while_running:  # failed, and its host came back meanwhile: once more, now
+                self._back_while_running.discard(peer)
+                self._due[peer] = 0.0
+                runner.wake()
