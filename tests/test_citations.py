@@ -526,14 +526,19 @@ def test_check_versions_of_a_scrubbed_source_id_is_current_and_no_oracle_for_the
     policy.set_scrub("public", ["email"])
     policy.save()
     vkey = C.load_version_key(host_home, create=True)
-    true = C.keyed_version(vkey, hashlib.sha256(text.encode()).hexdigest())
+    with Corpus(host_home, readonly=True) as c:
+        indexed = c.document_text("/kb/alice.smith@example.org/notes.md")
+    assert indexed is not None
+    # the version a scrubbed peer is given is over the text it receives (§2), not the content hash
+    true = C.scrubbed_version(vkey, C.text_digest(indexed[1]))
+    saved = C.keyed_version(vkey, hashlib.sha256(text.encode()).hexdigest())  # a citation saved before: stale
     knowledge = open_knowledge(host_home, lambda _m: None, version_key=vkey)
     try:
         shown = knowledge.handle_for(None, "b" * 64).search(
             {"query": "staging notes team", "topK": 5})["envelope"]["results"]
         answer = knowledge.handle_for(None, "b" * 64).check_versions([
             {"source": "/kb/[email]/notes.md", "version": true},
-            {"source": "/kb/[email]/notes.md", "version": "0" * 64},
+            {"source": "/kb/[email]/notes.md", "version": saved},
             {"source": "/kb/alice.smith@example.org/notes.md", "version": "0" * 64},
             {"source": "/kb/bob@example.org/notes.md", "version": "0" * 64},
             {"source": "/kb/deploy.md", "version": "0" * 64}])
@@ -573,3 +578,54 @@ def test_mcp_search_of_a_peer_with_citations_gives_an_answer_verify_accepts(tmp_
     assert report["ok"] and set(report["counts"]) == {"genuine"}
     assert own.is_error and own.content[0].text.startswith("[query-invalid] ")
     assert bad.is_error and "citations" in bad.content[0].text
+
+
+def test_a_scrubbed_peers_citation_keeps_its_version_when_only_a_scrubbed_value_is_edited(tmp_path):
+    """Over a real host (iroh, loopback): a pinned peer whose lens scrubs e-mail addresses is
+    cited with the version of the text it receives (specs/citations.md §2), so an edit of
+    the address alone gives the same version again, and an edit of text it sees another."""
+    docs = {"mail.md": "# Mail\n\nWhen the staging server fails, mail ops@example.com at once.\n"}
+    host_home = public_host_home(tmp_path, docs)
+    kb = tmp_path / "kb"
+    guest_home = _home(tmp_path, "guest")
+    PeerRegistry.load(host_home).add("bea", load_identity(guest_home).public_key)  # scrubbed for bea by name
+    policy = Policy.load(host_home)
+    policy.set_scrub("bea", ["email"])
+    policy.save()
+
+    async def edit(old: str, new: str) -> None:
+        path = kb / "mail.md"
+        path.write_text(path.read_text().replace(old, new))
+        await anyio.to_thread.run_sync(lambda: Corpus(host_home).sync())
+
+    async def cited() -> dict:
+        (message,) = await _ask(host, guest_home, ["when the staging server fails"])
+        (result,) = [r for r in message["envelope"]["results"] if r["source"] == "/kb/mail.md"]
+        assert "@example" not in result["textPreview"]
+        return result["citation"]
+
+    async def scenario():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            with anyio.fail_after(30):
+                await host.ready.wait()
+            first = await cited()
+            await edit("ops@example.com", "night-desk@example.org")
+            same = await cited()
+            await edit("at once", "within the hour")
+            other = await cited()
+            host.stop.set()
+        return first, same, other
+
+    host = InProcessHost(host_home, tmp_path, sign_citations=True, heartbeat=CALM)
+    first, same, other = anyio.run(scenario, backend="asyncio")
+    vkey = C.load_version_key(host_home, create=False)
+    assert vkey is not None
+    with Corpus(host_home, readonly=True) as c:
+        indexed = c.document_text("/kb/mail.md")
+    assert indexed is not None
+    from node.common.scrub import scrub
+    assert other["version"] == C.scrubbed_version(vkey, C.text_digest(scrub(indexed[1], ["email"])))
+    assert first["version"] == same["version"] != other["version"]
+    raw = hashlib.sha256((kb / "mail.md").read_bytes()).hexdigest()
+    assert other["version"] != C.keyed_version(vkey, raw)

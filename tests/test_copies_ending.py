@@ -212,6 +212,31 @@ def test_a_changed_stamp_makes_the_copy_stale_until_synced(host, tmp_path):
     assert not stale(store) and store.load()["stamp"] == "cd" * 16
 
 
+def test_a_sync_over_an_older_session_keeps_the_newer_grant_another_process_was_told(host, tmp_path):
+    """A sync records what its own session's handshake said of the grant; when another
+    process's handshake told a newer stamp meanwhile (the owner narrowed the grant), that
+    stamp stays in grant.json, so the copy is still stale and is synced again under it."""
+    home, _ = host
+    guest, key = _synced(tmp_path, home, told=STATE)
+    store = CopyStore(guest, "alice")
+    states: dict = {}  # the pool's session: its handshake a minute ago told the old stamp
+    take_copy_state(guest, key, STATE, states=states, now=lambda: time.time() - 60)
+    newer = {**STATE, "stamp": "cd" * 16}
+    take_copy_state(guest, key, newer)  # another process's handshake, just now
+    assert stale(store)
+    server, corpus, _ = _server(home)
+    anyio.run(lambda: sync_copy(guest, "alice", _asker(server), key, told=states.get))
+    corpus.close()
+    assert store.grant()["stamp"] == "cd" * 16  # the newer word is kept
+    assert store.load()["stamp"] == STATE["stamp"] and stale(store)  # so the next step syncs it again
+    # the next sync over a session told the newer stamp settles it
+    take_copy_state(guest, key, newer, states=states)
+    server, corpus, _ = _server(home)
+    anyio.run(lambda: sync_copy(guest, "alice", _asker(server), key, told=states.get))
+    corpus.close()
+    assert not stale(store) and store.grant()["stamp"] == "cd" * 16
+
+
 @pytest.mark.parametrize("bad", [None, [], {"granted": "yes", "stamp": "ab" * 16, "until": None},
                                  {"granted": True, "stamp": "AB" * 16, "until": None},
                                  {"granted": True, "stamp": "ab" * 16, "until": "tomorrow"},
@@ -269,6 +294,40 @@ def test_the_runner_ends_an_expired_copy_and_syncs_a_stale_one(host, tmp_path):
     assert not CopyStore(guest, "alice").dir.exists()
     assert [(e["event"], e["peer"], e["removed"], e["via"]) for e in runner.events] == [
         ("copy-ended", "alice", 2, "expired")]
+
+
+class _AwayRunner(_Runner):
+    """A runner whose pool cannot reach the host (it is away)."""
+
+    async def pool(self):
+        from node.common.errors import TransportError
+
+        raise TransportError("transport-connect-failed", "the host is not running")
+
+
+def test_a_changed_grant_told_at_a_handshake_syncs_a_copy_whose_host_is_being_retried(host, tmp_path):
+    """A copy whose last sync failed waits out a backoff (up to 10 minutes) before it is
+    tried again; a handshake that tells a changed grant (the owner withdrew a source) syncs
+    it at the runner's next step all the same, so the withdrawn source is not answered from
+    the copy until then. Another failure under that grant waits again (no busy retry)."""
+    home, _ = host
+    guest, key = _synced(tmp_path, home, told=STATE)
+    task = CopiesTask(guest, clock=ManualClock())
+    away = _AwayRunner()
+    anyio.run(task.step, away)  # its first step syncs it: the host is away
+    assert away.spawned == ["alice"]
+    anyio.run(task._sync, away, "alice")
+    assert [e["event"] for e in away.events] == ["copy-failed"] and "alice" in task._backoff
+    anyio.run(task.step, away)
+    assert away.spawned == ["alice"]  # retried after its backoff, not at once
+    told: list = []
+    take_copy_state(guest, key, {**STATE, "stamp": "cd" * 16}, notify=told.append)  # another process's ask
+    assert told == [{"peer": "alice", "kind": "changed"}]
+    anyio.run(task.step, away)
+    assert away.spawned == ["alice", "alice"]  # synced at once despite the backoff
+    anyio.run(task._sync, away, "alice")  # the host went away again: wait out the backoff
+    anyio.run(task.step, away)
+    assert away.spawned == ["alice", "alice"]
 
 
 def test_peers_remove_deletes_the_copy_and_says_so(host, tmp_path):

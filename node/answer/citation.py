@@ -14,7 +14,10 @@ The document version is never the document's hash: it is ``HMAC-SHA256(host secr
 content hash)`` (:func:`keyed_version`) under a 32-byte secret kept in
 ``<home>/citation.key`` (mode 0600, :func:`load_version_key`), so a guest can neither
 confirm a guess of a whole document nor watch its edits; only the host can say whether a
-version is still current (:meth:`node.answer.service.AnswerService.check_versions`).
+version is still current (:meth:`node.answer.service.AnswerService.check_versions`). A
+peer whose lens scrubs something from a document is given a version over the text it
+receives instead (:func:`scrubbed_version`, :class:`PeerVersions`), so an edit of a value
+scrubbed for it changes no version it sees.
 
 Verifier side — :func:`verify_citation` judges one citation against the result that carries
 it; :func:`verify_answer` walks a saved answer (``kith join --json`` lines, ``kith ask``,
@@ -32,6 +35,7 @@ import hmac
 import json
 import re
 import secrets
+import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
@@ -48,6 +52,8 @@ CITATION_VERSION = TAG_CITATION
 KEY_FILE = "citation.key"
 #: The HMAC input's own prefix, so the keyed version of a hash is never another HMAC's.
 _VERSION_DOMAIN = b"kith-document-version-v1\n"
+#: The HMAC input's prefix of a version over a scrubbed text (:func:`scrubbed_version`).
+_SCRUBBED_VERSION_DOMAIN = b"kith-scrubbed-version-v1\n"
 #: The ``results`` message field telling the guest what became of ``citations: true``.
 SIGNED, SIGNING_OFF = "signed", "signing-off"
 #: Largest answer file ``kith verify`` reads (bytes), and citations it judges in one file.
@@ -113,10 +119,71 @@ def load_version_key(home: Path, *, create: bool) -> bytes | None:
 
 
 def keyed_version(key: bytes, content_hash: str) -> str:
-    """The document version a citation names: HMAC-SHA256 of the document's content hash
-    (as indexed) under the host secret ``key``, 64 lowercase hex."""
+    """The document version a citation names for a peer whose lens scrubs nothing from
+    the document: HMAC-SHA256 of the document's content hash (as indexed) under the host
+    secret ``key``, 64 lowercase hex (specs/citations.md §2)."""
     return hmac.new(key, _VERSION_DOMAIN + content_hash.encode("ascii", "replace"),
                     hashlib.sha256).hexdigest()
+
+
+def scrubbed_version(key: bytes, scrubbed_sha256: str) -> str:
+    """The document version a citation names for a peer whose lens scrubs some kind from
+    the document: HMAC-SHA256 of the SHA-256 hex of the whole document text *as scrubbed
+    for that peer* (:func:`text_digest`) under ``key``, 64 lowercase hex — so an edit of
+    a value the peer never sees changes no version it is given (specs/citations.md §2)."""
+    return hmac.new(key, _SCRUBBED_VERSION_DOMAIN + scrubbed_sha256.encode("ascii", "replace"),
+                    hashlib.sha256).hexdigest()
+
+
+class PeerVersions:
+    """The document versions each peer is given (specs/citations.md §2): :func:`keyed_version`
+    of the content hash when the peer's lens scrubs nothing from the document, else
+    :func:`scrubbed_version` of its whole text scrubbed of those kinds — the text a copy of
+    it holds (node/answer/copies.py), so a signed search result, a copy's manifest and a
+    ``check`` name one version per peer and document. Thread-safe.
+
+    Args:
+        key: the host's document-version secret (:func:`load_version_key`).
+        text_of: ``stored source id -> (content hash, text) | None``, the document as
+            indexed (:meth:`node.corpus.store.Corpus.document_text`).
+        max_kept: scrubbed digests kept (by stored id, content hash and kinds; all are
+            dropped when full).
+    """
+
+    def __init__(self, key: bytes, text_of: Callable[[str], tuple[str, str] | None], *,
+                 max_kept: int = 20000) -> None:
+        self.key = key
+        self._text_of = text_of
+        self._max = max_kept
+        self._digests: dict[tuple[str, str, frozenset[str]], str] = {}
+        self._lock = threading.Lock()
+
+    def version(self, stored: str, content_hash: str, kinds: frozenset[str]) -> str | None:
+        """The version a peer scrubbed of ``kinds`` (empty: none) is given of the document
+        stored as ``stored`` at ``content_hash``; None when it cannot be said — the
+        document is gone or re-indexed since (its text has another hash), or a detector
+        failed on it (fail closed: no version, so no citation and a ``check`` says
+        ``unknown``)."""
+        from node.common.scrub import ScrubFailed, scrub
+
+        if not kinds:
+            return keyed_version(self.key, content_hash)
+        at = (stored, content_hash, kinds)
+        with self._lock:
+            digest = self._digests.get(at)
+        if digest is None:
+            found = self._text_of(stored)
+            if found is None or found[0] != content_hash:
+                return None
+            try:
+                digest = text_digest(scrub(found[1], kinds))
+            except ScrubFailed:
+                return None
+            with self._lock:
+                if len(self._digests) >= self._max:
+                    self._digests.clear()
+                self._digests[at] = digest
+        return scrubbed_version(self.key, digest)
 
 
 # --- spans ------------------------------------------------------------------------------
@@ -194,12 +261,15 @@ def payload_of(citation: dict[str, Any], *, tag: str = TAG_CITATION) -> bytes:
 # --- the host side ----------------------------------------------------------------------
 
 class Evidence(NamedTuple):
-    """What the host's record says of a served chunk: its document's content hash and the
-    chunk's character offsets in the normalised text (None when not recorded)."""
+    """What the host's record says of a served chunk: its document's content hash, the
+    chunk's character offsets in the normalised text (None when not recorded) and its
+    document's source id as stored (None when not said: only its :func:`keyed_version`
+    can be given)."""
 
     content_hash: str
     char_start: int | None
     char_end: int | None
+    source_id: str | None = None
 
 
 class CitationSigner:
@@ -208,32 +278,44 @@ class CitationSigner:
     Args:
         secret: the host identity's 32-byte Ed25519 seed (signs).
         version_key: the document-version secret (:func:`load_version_key`).
-        evidence: ``[chunk ids] → {chunk id: (content hash, char_start, char_end)}``
-            (:class:`Evidence` or a plain tuple) from the host's corpus
-            (:meth:`node.corpus.store.Corpus.chunk_evidence`); ids it does not return get
-            no citation.
+        evidence: ``[chunk ids] → {chunk id: (content hash, char_start, char_end,
+            stored source id)}`` (:class:`Evidence` or a plain tuple) from the host's
+            corpus (:meth:`node.corpus.store.Corpus.chunk_evidence`); ids it does not
+            return get no citation.
         now: ``() → RFC 3339 UTC`` (the host's clock).
         enabled: False — the owner did not pass ``--sign-citations``: asked-for citations
             are answered ``signing-off`` and nothing is signed.
+        versions_for: ``peer name | None → version | None``, where ``version`` is
+            ``(stored source id | None, content hash) → the version that peer is given |
+            None`` (:meth:`node.answer.service.AnswerService.versions_for`: the per-peer
+            version of :class:`PeerVersions`); the outer None, or no ``versions_for``,
+            means :func:`keyed_version` of the content hash. A result whose version is
+            None is sent without a citation.
     """
 
     def __init__(self, secret: bytes | None, version_key: bytes | None,
                  evidence: Callable[[list[str]], dict[str, Any]], now: Callable[[], str],
-                 *, enabled: bool = True) -> None:
+                 *, enabled: bool = True,
+                 versions_for: Callable[[str | None], Callable[[str | None, str], str | None] | None] | None = None,
+                 ) -> None:
         self.enabled = bool(enabled and secret is not None and version_key is not None)
         self._sign = signing.signer_of(secret) if self.enabled and secret is not None else None
         self.host_key = signing.public_key_of(secret) if secret is not None else ""
         self._version_key = version_key
         self._evidence = evidence
         self._now = now
+        self._versions_for = versions_for
 
-    def rewrite(self, message: dict[str, Any], replying_to: dict[str, Any] | None) -> dict[str, Any] | None:
+    def rewrite(self, message: dict[str, Any], replying_to: dict[str, Any] | None,
+                peer_name: str | None = None) -> dict[str, Any] | None:
         """The ``results`` message with citations (or the ``signing-off`` marker) when the
         query it answers asked ``citations: true``; None when there is nothing to change.
-        ``message`` is not modified (a new message, envelope and result objects). A result
-        that cannot be cited (its chunk is gone from the record, or its source id holds a
-        line break, which no payload line may) is sent without a citation; this never
-        raises for the content of a result."""
+        ``message`` is not modified (a new message, envelope and result objects).
+        ``peer_name`` is the pinned name of the peer it goes to (None: anonymous): each
+        version is the one that peer is given (``versions_for``). A result that cannot be
+        cited (its chunk is gone from the record, its version cannot be said, or its source
+        id holds a line break, which no payload line may) is sent without a citation; this
+        never raises for the content of a result."""
         if (message.get("action") != "results" or not isinstance(replying_to, dict)
                 or replying_to.get("citations") is not True):
             return None
@@ -244,19 +326,30 @@ class CitationSigner:
         if not results:
             return {**message, "citations": SIGNED}
         found = self._evidence([r["id"] for r in results if isinstance(r.get("id"), str)])
+        version_of = self._versions_for(peer_name) if self._versions_for is not None else None
         at = self._now()
         cited = []
         for r in results:
             ev = found.get(r.get("id")) if isinstance(r.get("id"), str) else None
             try:
-                cited.append({**r, "citation": self.cite(r, Evidence(*ev), at)} if ev is not None else r)
+                if ev is None:
+                    cited.append(r)
+                    continue
+                ev = Evidence(*ev)
+                version = version_of(ev.source_id, ev.content_hash) if version_of is not None else None
+                if version_of is not None and version is None:
+                    cited.append(r)  # no version can be said of it for this peer: uncited
+                    continue
+                cited.append({**r, "citation": self.cite(r, ev, at, version)})
             except (SigningError, KeyError, TypeError):  # e.g. a source id with a line break:
                 cited.append(r)  # that result goes uncited, the answer still leaves
         return {**message, "citations": SIGNED, "envelope": {**envelope, "results": cited}}
 
-    def cite(self, result: dict[str, Any], ev: Evidence, signed_at: str) -> dict[str, Any]:
+    def cite(self, result: dict[str, Any], ev: Evidence, signed_at: str,
+             version: str | None = None) -> dict[str, Any]:
         """The citation object of one result (specs/citations.md §1): the text signed is
-        the result's ``textPreview`` exactly as sent.
+        the result's ``textPreview`` exactly as sent; ``version`` the document version the
+        peer is given (default :func:`keyed_version` of ``ev.content_hash``).
 
         Raises:
             SigningError: from :func:`node.trust.signing.citation_payload` (a source id
@@ -267,7 +360,7 @@ class CitationSigner:
         span = span_of(prov.get("location") if isinstance(prov, dict) else None,
                        (ev.char_start, ev.char_end))
         citation = {"v": CITATION_VERSION, "hostKey": self.host_key, "source": result["source"],
-                    "version": keyed_version(self._version_key, ev.content_hash), "span": span,
+                    "version": version or keyed_version(self._version_key, ev.content_hash), "span": span,
                     "textSha256": text_digest(result.get("textPreview") or ""), "signedAt": signed_at}
         citation["signature"] = self._sign(payload_of(citation))
         return citation
@@ -817,6 +910,7 @@ def summary(rows: Iterable[Row]) -> dict[str, int]:
 
 __all__ = ["CITATION_VERSION", "CitationSigner", "Evidence", "KEY_FILE", "MAX_ANSWER_BYTES",
            "RESULTS", "Row", "SIGNED", "SIGNING_OFF", "VERIFIED", "CopyText", "char_range", "keyed_version", "known_keys",
-           "load_version_key", "parse_answer", "payload_of", "read_answer", "report", "shown_in", "span_of",
-           "span_text", "summary", "text_digest", "verify_answer", "verify_citation", "verify_copy_result",
+           "load_version_key", "parse_answer", "payload_of", "PeerVersions", "read_answer", "report",
+           "scrubbed_version", "shown_in", "span_of", "span_text", "summary", "text_digest", "verify_answer",
+           "verify_citation", "verify_copy_result",
            "verify_request"]

@@ -14,7 +14,10 @@ that changed, a batch at a time. :class:`CopyServer` answers both for one peer v
   holds what the peer could be served, never more;
 - each document carries a ``kith-citation-v1`` citation (the same object and payload a
   signed search result carries, node/answer/citation.py) over the whole text: span
-  ``chars=[0, len]``, ``version`` the keyed document version (:func:`keyed_version`),
+  ``chars=[0, len]``, ``version`` the document version this peer is given (the keyed
+  version of the content hash, or for a document its lens scrubs something from, the
+  keyed version of the scrubbed text: :func:`node.answer.citation.scrubbed_version`, so an
+  edit of a value scrubbed for the peer changes nothing it holds or is told),
   ``textSha256`` of the text sent — so :func:`node.answer.citation.verify_citation` is the
   peer's check, and ``kith verify --against-host`` can ask whether a version is current;
 - the manifest says the grant's byte budget; a copy over it is ``copy-over-budget``
@@ -30,7 +33,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from node.answer.citation import CITATION_VERSION, keyed_version, load_version_key, payload_of, text_digest
+from node.answer.citation import (CITATION_VERSION, keyed_version, load_version_key, payload_of, scrubbed_version,
+                                   text_digest)
 from node.trust import signing
 
 #: Most documents one ``copy_fetch`` may name (spec.json bounds it the same).
@@ -68,9 +72,9 @@ class CopyServer:
         self._limit = max_message_bytes
         self._key: bytes | None = None
         self._lock = threading.Lock()
-        #: (stored id, content hash, kinds) -> (text, bytes, sha256, {kind: spans scrubbed}):
-        #: the scrubbed text once made
-        self._texts: dict[tuple[str, str, frozenset[str]], tuple[str, int, str, dict[str, int]]] = {}
+        #: (stored id, content hash, kinds) -> (text, bytes, sha256, {kind: spans scrubbed},
+        #: version): the scrubbed text once made
+        self._texts: dict[tuple[str, str, frozenset[str]], tuple[str, int, str, dict[str, int], str]] = {}
         #: peer name -> (:meth:`_copyable_key`, what it may keep): decided once per key
         self._copyables: dict[str | None, tuple[tuple[Any, ...], dict[str, tuple[str, str]]]] = {}
 
@@ -118,9 +122,13 @@ class CopyServer:
         return policy, out
 
     def _text(self, policy: Any, peer_name: str | None, canonical: str, stored: str,
-              content_hash: str) -> tuple[str, int, str, dict[str, int]] | None:
-        """The text the peer may hold of one document, its UTF-8 bytes, SHA-256 hex and
-        the spans scrubbed from it per kind."""
+              content_hash: str) -> tuple[str, int, str, dict[str, int], str] | None:
+        """The text the peer may hold of one document, its UTF-8 bytes, SHA-256 hex, the
+        spans scrubbed from it per kind and the version the peer is given of it
+        (:func:`node.answer.citation.keyed_version` of the content hash when nothing is
+        scrubbed from it for the peer, else :func:`node.answer.citation.scrubbed_version`
+        of the scrubbed text: the version a signed search result and a ``check`` name too,
+        :class:`node.answer.citation.PeerVersions`)."""
         from node.common.scrub import scrub
 
         kinds = policy.scrub_kinds(canonical, peer_name)
@@ -132,7 +140,10 @@ class CopyServer:
                 return None  # re-indexed since the manifest: the next sync sees the new one
             spans: dict[str, int] = {}
             text = scrub(found[1], kinds, spans) if kinds else found[1]
-            got = (text, len(text.encode("utf-8", "surrogatepass")), text_digest(text), spans)
+            digest = text_digest(text)
+            version_key = self._version_key()
+            version = scrubbed_version(version_key, digest) if kinds else keyed_version(version_key, content_hash)
+            got = (text, len(text.encode("utf-8", "surrogatepass")), digest, spans, version)
             if len(self._texts) > 50000:
                 self._texts.clear()
             self._texts[key] = got
@@ -153,7 +164,6 @@ class CopyServer:
         budget = policy.copy_budget(peer_name)
         if not policy.copy_grants_for(peer_name):
             return {"status": "copy-not-granted", "maxBytes": None, "bytes": 0, "documents": [], "truncated": False}
-        key = self._version_key()
         entries, total = [], 0
         for canonical in sorted(docs)[:MAX_MANIFEST]:
             stored, content_hash = docs[canonical]
@@ -161,8 +171,7 @@ class CopyServer:
             if got is None:
                 continue
             total += got[1]
-            entries.append({"source": canonical, "version": keyed_version(key, content_hash),
-                            "bytes": got[1], "textSha256": got[2]})
+            entries.append({"source": canonical, "version": got[4], "bytes": got[1], "textSha256": got[2]})
         status = "ok" if budget is None or total <= budget else "copy-over-budget"
         # over budget the entries are still listed (nothing will be fetched), so the peer
         # can delete what it may no longer hold (specs/copies.md §2)
@@ -178,7 +187,6 @@ class CopyServer:
         given, is increased by the spans scrubbed per kind from the documents sent (the
         audit's ``copy-sent`` record; never values)."""
         policy, docs = self._copyable(peer_name)
-        key = self._version_key()
         signed_at = self._now()
         out: dict[str, Any] = {"documents": [], "refused": [], "more": [], "tooLarge": []}
         room = self._limit - DOCS_OVERHEAD_BYTES
@@ -191,7 +199,7 @@ class CopyServer:
             if got is None or found is None:
                 out["refused"].append(source)
                 continue
-            text, size, digest, spans = got
+            text, size, digest, spans, version = got
             cost = 2 * size + 1024  # JSON escaping, the citation
             if cost > self._limit - DOCS_OVERHEAD_BYTES:
                 out["tooLarge"].append(source)
@@ -201,7 +209,7 @@ class CopyServer:
                 continue
             room -= cost
             citation = {"v": CITATION_VERSION, "hostKey": self.host_key, "source": source,
-                        "version": keyed_version(key, found[1]),
+                        "version": version,
                         "span": {"lines": None, "pages": None, "chars": [0, len(text)]},
                         "textSha256": digest, "signedAt": signed_at}
             citation["signature"] = self._sign(payload_of(citation))

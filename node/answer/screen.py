@@ -344,8 +344,7 @@ def shown_sources(lens: Lens, asked: Iterable[str], memo: dict[str, Any]) -> dic
     return out
 
 
-def check_versions(items: Any, corpus: Any, version_key: bytes | None,
-                   lens: Lens | None) -> dict[str, Any]:
+def check_versions(items: Any, corpus: Any, versions: Any, lens: Lens | None) -> dict[str, Any]:
     """Are these cited document versions still current? (``kith verify --against-host``,
     the knowledge-query ``check`` message; specs/citations.md §5.)
 
@@ -353,7 +352,9 @@ def check_versions(items: Any, corpus: Any, version_key: bytes | None,
         items: ``[{"source": str, "version": 64 hex}]`` (at most
             :data:`node.answer.contract.MAX_CHECK_ITEMS`; malformed items are ``unknown``).
         corpus: the corpus (its content hashes).
-        version_key: the host's document-version secret; None → ``unavailable``.
+        versions: the host's :class:`node.answer.citation.PeerVersions` (the version this
+            peer is given of each document: over the text scrubbed for it when its lens
+            scrubs some kind from it); None (no version secret) → ``unavailable``.
         lens: the asking peer's lens (None → ``unavailable``): a source it does not see
             is ``unknown``, exactly as one that does not exist (no oracle; :func:`shown_sources`,
             its memo kept per lens key, at most :data:`MAX_MEMOS`).
@@ -363,13 +364,12 @@ def check_versions(items: Any, corpus: Any, version_key: bytes | None,
         "current" | "stale" | "unknown"}]}`` in the order asked (every state ``unknown``
         when ``unavailable``).
     """
-    from node.answer.citation import keyed_version
     from node.answer.contract import MAX_CHECK_ITEMS
 
     asked = [i for i in items if isinstance(i, dict)][:MAX_CHECK_ITEMS] if isinstance(items, list) else []
     pairs = [(i.get("source") if isinstance(i.get("source"), str) else "",
               i.get("version") if isinstance(i.get("version"), str) else "") for i in asked]
-    if version_key is None or corpus is None or lens is None:
+    if versions is None or corpus is None or lens is None:
         return {"status": "unavailable",
                 "versions": [{"source": s, "version": v, "state": "unknown"} for s, v in pairs]}
     with _memos_lock:
@@ -381,7 +381,8 @@ def check_versions(items: Any, corpus: Any, version_key: bytes | None,
     hashes = corpus.content_hashes(sorted({r for ids in shown.values() for r in ids}))
     out = []
     for source, version in pairs:
-        keyed = {keyed_version(version_key, hashes[r]) for r in shown.get(source, ()) if r in hashes}
+        keyed = {versions.version(r, hashes[r], lens.kinds(r)) for r in shown.get(source, ()) if r in hashes}
+        keyed.discard(None)  # a version that cannot be said is not current
         state = "unknown" if not keyed else "current" if version in keyed else "stale"
         out.append({"source": source, "version": version, "state": state})
     return {"status": "ok", "versions": out}

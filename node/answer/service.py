@@ -33,9 +33,10 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from node.answer import contract, render, screen
+from node.answer.citation import PeerVersions
 from node.answer.inline import InlineCosts
 from node.answer.knowledge import OWNER, Handle, Knowledge, OwnerView, PeerView, View
 from node.common.errors import CorpusError
@@ -106,6 +107,9 @@ class AnswerService:
         self._gate = gate
         self._limiter = limiter
         self._version_key = version_key
+        #: the versions each peer is given (node/answer/citation.py), or None without a key or corpus
+        self.versions = (PeerVersions(version_key, self._document_text)
+                         if version_key is not None and corpus is not None else None)
         self._normalize: Any = None
         self._syncing = render.Syncing(corpus)  # marks shown answers ``indexSyncing``
         self.inline = InlineCosts(corpus, gate)  # which answers are small (node/answer/inline.py)
@@ -287,12 +291,46 @@ class AnswerService:
         (:func:`node.answer.screen.check_versions`: ``unavailable`` without a version
         secret, a corpus or a gate.)"""
         lens = None
-        if self._version_key is not None and self._corpus is not None and self._gate is not None:
+        if self.versions is not None and self._gate is not None:
             try:
                 lens = self.lens_for(view)
             except CorpusError:
                 pass
-        return screen.check_versions(items, self._corpus, self._version_key, lens)
+        return screen.check_versions(items, self._corpus, self.versions, lens)
+
+    def _document_text(self, source_id: str) -> tuple[str, str] | None:
+        """:meth:`node.corpus.store.Corpus.document_text` of a stored id, or of its NFD form
+        (a canonical id differs from the stored one only in Unicode normalisation)."""
+        import unicodedata
+
+        found = self._corpus.document_text(source_id)
+        nfd = unicodedata.normalize("NFD", source_id)
+        return found if found is not None or nfd == source_id else self._corpus.document_text(nfd)
+
+    def versions_for(self, peer_name: str | None) -> Callable[[str | None, str], str | None] | None:
+        """How the versions ``peer_name`` (None: anonymous) is given are made, for its signed
+        citations (:class:`node.answer.citation.CitationSigner`; specs/citations.md §2):
+        None when the current policy scrubs nothing for it (every version is
+        :func:`node.answer.citation.keyed_version` of the content hash), else ``(stored
+        source id | None, content hash) → version | None`` — :class:`PeerVersions` under
+        the kinds its lens scrubs from that document; None for a document its lens does
+        not hold, and for every document when there is no version key, corpus or record
+        (no citation then: fail closed)."""
+        if self._gate is None or not self._gate.current_policy().scrubs_for(peer_name):
+            return None
+        versions = self.versions
+        try:
+            lens = self.lens_for(PeerView(peer_name)) if versions is not None else None
+        except CorpusError:
+            lens = None
+        if versions is None or lens is None:
+            return lambda stored, content_hash: None
+
+        def version(stored: str | None, content_hash: str) -> str | None:
+            if stored is None or not lens.sees(stored):
+                return None
+            return versions.version(stored, content_hash, lens.kinds(stored))
+        return version
 
 
     def copy_manifest(self, view: PeerView) -> dict[str, Any]:

@@ -547,9 +547,10 @@ class Corpus:
 
     def chunk_evidence(self, chunk_ids: list[str]) -> dict[str, Any]:
         """What a signed citation needs of served chunks (node/answer/citation.py):
-        ``{chunk id: (content hash of its document as indexed, char_start, char_end)}``
-        for the ids of ``done`` documents (offsets None on a record indexed before they
-        were kept). Missing ids are left out; ``{}`` without a record. At most 100 ids."""
+        ``{chunk id: (content hash of its document as indexed, char_start, char_end,
+        its document's source id as stored)}`` for the ids of ``done`` documents (offsets
+        None on a record indexed before they were kept). Missing ids are left out; ``{}``
+        without a record. At most 100 ids."""
         ids = [c for c in dict.fromkeys(chunk_ids) if isinstance(c, str)][:100]
         if not ids:
             return {}
@@ -559,15 +560,15 @@ class Corpus:
                 return {}
             try:
                 rows = self.record.db.execute(
-                    "SELECT c.chunk_id, c.char_start, c.char_end, d.content_hash FROM chunks c "
+                    "SELECT c.chunk_id, c.char_start, c.char_end, d.content_hash, d.source_id FROM chunks c "
                     f"JOIN documents d ON d.doc_id = c.doc_id WHERE c.chunk_id IN ({marks}) "
                     "AND d.status = 'done'", ids).fetchall()
             except sqlite3.OperationalError:  # an older record without the offset columns
-                rows = [(r[0], None, None, r[1]) for r in self.record.db.execute(
-                    "SELECT c.chunk_id, d.content_hash FROM chunks c JOIN documents d "
+                rows = [(r[0], None, None, r[1], r[2]) for r in self.record.db.execute(
+                    "SELECT c.chunk_id, d.content_hash, d.source_id FROM chunks c JOIN documents d "
                     f"ON d.doc_id = c.doc_id WHERE c.chunk_id IN ({marks}) AND d.status = 'done'",
                     ids)]
-        return {r[0]: (r[3], r[1], r[2]) for r in rows if r[3]}
+        return {r[0]: (r[3], r[1], r[2], r[4]) for r in rows if r[3]}
 
     def done_documents(self) -> list[tuple[str, str]]:
         """``(source id as stored, content hash)`` of every ``done`` document holding

@@ -86,8 +86,9 @@ class Answering:
 
     Attributes:
         tap: ``peer_key`` → the audit tap of one session (:meth:`node.host.audit.HostAudit.tap`).
-        rewrite: ``(message, replying_to)`` → the message with its signed citations, or
-            None (:meth:`node.answer.citation.CitationSigner.rewrite`).
+        rewrite: ``(message, replying_to, peer_name | None)`` → the message with its signed
+            citations (each version the one that peer is given), or None
+            (:meth:`node.answer.citation.CitationSigner.rewrite`).
         check: the egress gate's check of one outgoing frame (raises ``EgressRefused``), or None.
         knowledge_for: ``(peer_name | None, grant_key)`` → the peer's knowledge handle.
         copy_state: ``peer_name | None`` → the copy grant state the handshake tells that
@@ -95,7 +96,7 @@ class Answering:
     """
 
     tap: Callable[[str], Any]
-    rewrite: Callable[[Any, Any], Any]
+    rewrite: Callable[[Any, Any, str | None], Any]
     check: Callable[[Any], None] | None
     knowledge_for: Callable[[str | None, str | None], Any]
     copy_state: Callable[[str | None], Any] = lambda name: None
@@ -160,6 +161,7 @@ class Connection:
         self.visit: Visit | None = None  # what the doorkeeper knows of this guest, once admitted at the door
         self.path: Any = None  # the stream's node.transport.paths.PathInfo, once it opened
         self.session_id: str | None = None
+        self.peer_name: str | None = None  # the pinned name it answers as, once ready (None: anonymous)
 
     # ------------------------------------------------------------ the whole life
     async def serve(self) -> None:
@@ -297,7 +299,7 @@ class Connection:
         exactly as it leaves; then the gate scans the final bytes (raises
         ``EgressRefused``), and the audit tap records the final message as queued to send
         (nothing is decoded again). Returns the rewritten frame, or None when unchanged."""
-        rewritten = self.answering.rewrite(frame.message, frame.replying_to)
+        rewritten = self.answering.rewrite(frame.message, frame.replying_to, self.peer_name)
         if rewritten is not None:
             frame = OutgoingFrame(rewritten, encode_frame(rewritten), frame.replying_to)
         check = self.answering.check
@@ -363,6 +365,7 @@ class Connection:
             keeper.record_proof(ev.proof, used_up=used_up)
         self.tap.ready(ev.session_id, name)
         self.session_id = ev.session_id
+        self.peer_name = name
         if pin is not None and pid is not None and note_device(registry, pin, pid.device, pid.device_name):
             self.emit(PersonDeviceNew(peer_name=pin.name, person=pin.public_key, device=pid.device,
                                       device_name=pid.device_name).to_dict())

@@ -165,7 +165,7 @@ class Knowledge:
             (nothing is taken; specs/control.md).
         index: ``()`` → ``{"ready", "warmed", "roots", "documents", "chunks"}`` (reads the
             corpus; call it from a worker thread).
-        evidence: ``[chunk ids] → {chunk id: (content hash, char_start, char_end)}`` — what
+        evidence: ``[chunk ids] → {chunk id: (content hash, char_start, char_end, stored id)}`` — what
             a signed citation needs of served chunks (:meth:`node.corpus.store.Corpus.chunk_evidence`).
         warmer: the :class:`node.host.warm.ViewWarmer` a running host starts (its
             ``pinned`` set by the host), or None without a corpus.
@@ -475,7 +475,8 @@ class Host:
                                         copy_secret=self.identity.secret)
         self.citations = CitationSigner(self.identity.secret if opts.sign_citations else None, version_key,
                                         self.knowledge.evidence, lambda: rfc3339(self.clock.time()),
-                                        enabled=opts.sign_citations)
+                                        enabled=opts.sign_citations,
+                                        versions_for=getattr(self.knowledge.service, "versions_for", None))
         self._closers: list[Callable[[], None]] = [self.knowledge.close]
         registry = PeerRegistry.load(self.home)  # a broken registry fails here, before binding
         audit_log = AuditLog(self.home, audit_queries=opts.audit_queries)

@@ -14,8 +14,9 @@ from node.guest.copies.store import CopyStore, list_copies
 #: The most hosts a :data:`CopyStates` remembers (cleared when full).
 STATES_MAX = 1024
 #: What the handshakes of one session pool last told of each host's copy grant: host key →
-#: the checked state (:attr:`node.guest.pool.SessionPool.copy_states`, its owner). A first
-#: sync's handshake comes before its copy folder exists, so the sync reads it here.
+#: the checked state and ``seenAt``, the time (epoch seconds) that handshake told it
+#: (:attr:`node.guest.pool.SessionPool.copy_states`, its owner). A first sync's handshake
+#: comes before its copy folder exists, so the sync reads it here.
 CopyStates = dict[str, dict[str, Any]]
 
 
@@ -93,7 +94,7 @@ def take_copy_state(home: Path, host_key: str, raw: Any, *, now: Callable[[], fl
     if states is not None:
         if len(states) >= STATES_MAX and host_key not in states:
             states.clear()
-        states[host_key] = state
+        states[host_key] = {**state, "seenAt": now()}
     notices = []
     for store in copies_of_key(home, host_key):
         if not state["granted"]:

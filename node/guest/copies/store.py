@@ -490,10 +490,24 @@ class CopyStore:
         return dict(got) if got is not None else None
 
     def write_grant(self, state: dict[str, Any], now: float) -> None:
-        """Record a checked copy grant state (:func:`check_copy_state`) as ``grant.json``."""
+        """Record a checked copy grant state (:func:`check_copy_state`) as ``grant.json``,
+        told at ``now`` (epoch seconds)."""
         atomic_write(self.dir / GRANT_FILE, json.dumps(
             {"stamp": state["stamp"], "until": state["until"], "seenAt": _rfc3339(now)},
             sort_keys=True).encode("utf-8"))
+
+    def grant_newer_than(self, told_at: float) -> bool:
+        """True when ``grant.json`` records a handshake's word told at or after ``told_at``
+        (epoch seconds; ``seenAt`` is kept to the second, so one of the same second counts
+        as newer): a sync over an older session must not replace it (specs/copies.md §5.1).
+        False when there is none or it cannot be read."""
+        from node.common.grants import until_time
+
+        seen = (self.grant() or {}).get("seenAt")
+        try:
+            return isinstance(seen, str) and until_time(seen) >= int(told_at)
+        except KithError:
+            return False
 
     def until(self, state: dict[str, Any] | None = None) -> str | None:
         """When this copy ends (RFC 3339 UTC) or None (never said): the host's last

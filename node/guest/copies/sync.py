@@ -48,11 +48,13 @@ async def sync_copy(home: Path, peer: str, ask: Ask, host_key: str, *,
         host_key: the peer's pinned key: every document must be signed by it.
         progress: ``(documents done, documents to fetch)`` after each batch.
         holder: what this process is, for a second sync refused while this one runs.
-        told: ``told(host_key)`` → the copy grant state the session's handshake told
-            (:data:`node.guest.copies.lifecycle.CopyStates`, ``.get`` of the pool's), or
-            None: written to ``grant.json`` (the copy's end) once the manifest is accepted,
-            before any document is fetched, and recorded as the manifest's ``until`` and
-            ``stamp`` once the sync completes.
+        told: ``told(host_key)`` → the copy grant state the session's handshake told and
+            when (``seenAt``, epoch seconds; :data:`node.guest.copies.lifecycle.CopyStates`,
+            ``.get`` of the pool's), or None: written to ``grant.json`` (the copy's end) once
+            the manifest is accepted, before any document is fetched, unless that holds a
+            handshake's word told since (:meth:`CopyStore.grant_newer_than`: never replaced by
+            an older one); recorded as the manifest's ``until`` and ``stamp`` once the sync
+            completes.
         mark: the removal mark (:meth:`CopyStore.removal_mark`) the caller took before it
             first dialled the peer (:func:`sync_with_pool`): a removal made while that dial
             was out stops this sync too. By default it is taken here, under the lock.
@@ -182,8 +184,10 @@ async def _sync_copy(store: CopyStore, ask: Ask, host_key: str, mark: tuple[int,
         raise over
     manifest = check_manifest(reply)
     said = told(host_key) if told is not None else None  # what this session's handshake said of the grant
-    if said is not None:  # the end is known before the first document lands: a sync killed or
-        store.write_grant(said, now())  # failed after a batch leaves a copy that still ends then
+    told_at = said.get("seenAt") if said is not None else None
+    told_at = told_at if isinstance(told_at, (int, float)) else now()
+    if said is not None and not store.grant_newer_than(told_at):  # the end is known before the first
+        store.write_grant(said, told_at)  # document lands: a sync killed after a batch still ends then
     gone = [s for s in held if s not in manifest]
     for s in gone:  # no longer granted: deleted now, before anything new is fetched
         del held[s]
@@ -257,6 +261,8 @@ async def _sync_copy(store: CopyStore, ask: Ask, host_key: str, mark: tuple[int,
     state["syncedAt"] = _rfc3339(now())  # only a sync that completed, its index included
     if said is not None:
         state.update(until=said["until"], stamp=said["stamp"])
+        if not store.grant_newer_than(told_at):  # a newer handshake's (another process's) is kept:
+            store.write_grant(said, told_at)  # its stamp, when another, leaves the copy stale
     commit(state)
     from node.guest.copies.lifecycle import WITHDRAWN_FILE
 

@@ -24,7 +24,10 @@ class CopiesTask:
     copy is synced once when the runner starts, then every :data:`RESYNC_S`; a host that
     cannot be reached is tried again after a backoff (from :data:`RETRY_FIRST_S`), and a
     host the runner reaches again (:meth:`node.guest.runner.Runner.peer_back`: the
-    outbox delivered it a question) is re-synced at once. One sync at a time per copy;
+    outbox delivered it a question) is re-synced at once, and so is a copy a handshake (of
+    any process of the home) found :func:`stale` under a grant stamp it was not last tried
+    under — even while its host is retried after a failure, so a withdrawn source is not
+    answered from the copy for the rest of a backoff. One sync at a time per copy;
     each reports a ``copy-synced`` / ``copy-ended`` / ``copy-failed`` event; a sync that
     succeeds after a failed one sends ``peer_back`` itself (the outbox delivers at once).
 
@@ -41,29 +44,46 @@ class CopiesTask:
         self._due: dict[str, float] = {}
         self._backoff: dict[str, float] = {}
         self._running: set[str] = set()
+        #: peers whose host came back (``peer_back``) while their sync was running: that
+        #: sync may be a retry still dialling the host while it was away, so one more is due
+        #: when it ends (the signal is not lost)
+        self._back_while_running: set[str] = set()
+        #: peer -> the grant stamp its handshakes had told (``grant.json``) when its last
+        #: sync started: a stale copy whose host is being retried waits only while it is that
+        self._tried: dict[str, Any] = {}
 
     async def step(self, runner: Any) -> float:
         """Delete the copies past their end (:func:`expire_copies`, a ``copy-ended`` event
         each), then start the syncs that are due — and those a handshake found
-        :func:`stale` — (:meth:`node.guest.runner.Runner.spawn`); the seconds until the
-        next is."""
+        :func:`stale`, unless their host is being retried and no handshake told another
+        grant since that try — (:meth:`node.guest.runner.Runner.spawn`); the seconds until
+        the next is."""
         expire_copies(self.home, notify=self.listener(runner))
         now = self.clock.monotonic()
         for row in list_copies(self.home):
             peer = row["peer"]
             if peer in self._running or "error" in row:
                 continue  # a damaged copy waits for `kith copies remove` (its row says so)
-            if self._due.get(peer, 0.0) > now and (peer in self._backoff or not stale(CopyStore(self.home, peer))):
-                continue  # a stale copy is synced now, unless its host is being retried
+            store = CopyStore(self.home, peer)
+            told = (store.grant() or {}).get("stamp")
+            if self._due.get(peer, 0.0) > now and (
+                    not stale(store) or peer in self._backoff and self._tried.get(peer) == told):
+                continue  # a stale copy is synced now, unless its host is retried under that grant
+            self._tried[peer] = told
             self._running.add(peer)
             runner.spawn(self._sync, runner, peer)
         return min([d - now for d in self._due.values() if d > now], default=RESYNC_S)
 
     def on_peer_back(self, runner: Any, key: str) -> None:
         """:meth:`node.guest.runner.Runner.peer_back`: every copy of the host ``key``
-        (its pinned key, the manifest's ``hostKey``) not syncing now is due now."""
+        (its pinned key, the manifest's ``hostKey``) is due now; one syncing now is due
+        again at once if that sync fails (it may have been dialling the host while away)."""
         for row in list_copies(self.home):
-            if row.get("hostKey") == key and row["peer"] not in self._running:
+            if row.get("hostKey") != key:
+                continue
+            if row["peer"] in self._running:
+                self._back_while_running.add(row["peer"])
+            else:
                 self._due[row["peer"]] = 0.0
 
     @staticmethod
@@ -123,5 +143,10 @@ class CopiesTask:
                 key = CopyStore(self.home, peer).load().get("hostKey")
                 if isinstance(key, str):
                     runner.peer_back(key)
+            self._back_while_running.discard(peer)  # it reached the host: a peer-back meanwhile is met
         finally:
             self._running.discard(peer)
+            if peer in self._back_while_running:  # failed, and its host came back meanwhile: once more, now
+                self._back_while_running.discard(peer)
+                self._due[peer] = 0.0
+                runner.wake()
