@@ -1042,3 +1042,23 @@ def test_a_copy_file_nested_too_deep_is_a_damaged_copy_not_a_traceback(full_home
         assert "config-invalid" in listed.out + listed.err and "kith copies remove bob" in listed.out + listed.err
     else:
         assert listed.code == 0, listed.err
+
+
+@pytest.mark.parametrize("damage", [b"[[[[", b"\xff\xfe not json"])
+def test_a_damaged_person_record_fails_ask_and_join_with_its_hint_not_as_the_peers_refusal(tmp_path, damage):
+    """Found by the attack pass of issue 42: `kith ask` showed a damaged own person.json as
+    the peer's row ("refused config-invalid", exit 1) with no hint naming the file; ask and
+    join now fail before dialling, with the record's own code and way out."""
+    from support.homes import initialized
+
+    home = initialized(tmp_path / "g")
+    other = initialized(tmp_path / "other")
+    key = json.loads(kith(other, "status", "--json").stdout)["identity"]["key"]
+    assert kith(home, "peers", "add", "alice", key).returncode == 0
+    (home / "person.json").write_bytes(damage)
+    for args in (("ask", "hello there", "--peer", "alice", "--offline", "--timeout", "3"),
+                 ("join", str(tmp_path / "missing-invite.json"), "--offline", "--trust")):
+        r = kith(home, *args, timeout=60)
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        assert "error [config-invalid]: person.json" in r.stderr and "hint:" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and "alice" not in r.stdout

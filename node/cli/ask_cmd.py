@@ -166,6 +166,10 @@ def ask_cmd(
         ticket = gate(home, request, receivers, actor=OWNER, rule="ask", yes=yes,
                       confirm=confirm_outbound if sys.stdin.isatty() and sys.stderr.isatty() else None)
     identity = load_identity(home)
+    if not copy_only:  # a damaged person record fails here, with its own hint, not as each peer's refusal
+        from node.trust.person import own_chain
+
+        own_chain(home, identity.public_key)
 
     def show(env: dict[str, Any]) -> None:
         if json_out:

@@ -389,10 +389,12 @@ def join_cmd(
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
     from node.answer import contract
     from node.trust.identity import load_identity
+    from node.trust.person import own_chain
 
     home = identity_home_of(ctx)
     mode = transport.mode(home, "join")
     identity = load_identity(home)
+    own_chain(home, identity.public_key)  # a damaged person record fails here, with its hint, not as the host's refusal
     for text in query:  # refused here, with the code every entry point uses, before connecting
         try:
             contract.validate({"query": text, "topK": top_k})
