@@ -1062,3 +1062,22 @@ def test_a_damaged_person_record_fails_ask_and_join_with_its_hint_not_as_the_pee
         assert r.returncode == 1, (args, r.stdout, r.stderr)
         assert "error [config-invalid]: person.json" in r.stderr and "hint:" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr and "alice" not in r.stdout
+
+
+def test_a_file_where_the_copies_folder_goes_is_refused_with_the_mv_that_moves_it(tmp_path):
+    """Found by the attack pass of issue 42: `kith copies sync` over a home whose copies/
+    folder is a file said "io-error ... File exists" with no way out."""
+    from support.homes import initialized
+
+    home = initialized(tmp_path / "g")
+    other = initialized(tmp_path / "other")
+    key = json.loads(kith(other, "status", "--json").stdout)["identity"]["key"]
+    assert kith(home, "peers", "add", "alice", key).returncode == 0
+    (home / "copies").write_text("not a folder\n")
+    r = kith(home, "copies", "sync", "alice", "--offline", timeout=60)
+    assert r.returncode == 1 and "io-error" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    hint = f"`mv {home / 'copies'} {home / 'copies'}.bad`"
+    assert hint in r.stderr, r.stderr
+    shutil.move(str(home / "copies"), str(home / "copies.bad"))  # the way out works
+    r = kith(home, "copies", "sync", "alice", "--offline", "--timeout", "3", timeout=60)
+    assert "File exists" not in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -162,7 +162,25 @@ def os_fault(exc: OSError, where: str | None = None) -> ConfigError:
     if exc.errno == errno.EISDIR and (where != "the Kith home"):
         return ConfigError("io-error", f"a folder is where Kith keeps a file ({where})",
                            hint=f"move the folder aside (`mv {where} {where}.bad`) and run the command again")
-    return io_error(where, exc.strerror or type(exc).__name__)
+    refusal = io_error(where, exc.strerror or type(exc).__name__)
+    return ConfigError(refusal.code, refusal.message, hint=folder_blocked_hint(exc) or refusal.hint)
+
+
+def folder_blocked_hint(exc: OSError) -> str | None:
+    """The way out when a file stands where Kith keeps a folder (``ENOTDIR`` / ``EEXIST``
+    on a path under it): ``mv`` of that file aside, found by walking up from the path the
+    error names; None for any other error, or when no such file is found."""
+    if exc.errno not in (errno.ENOTDIR, errno.EEXIST) or not getattr(exc, "filename", None):
+        return None
+    from pathlib import Path
+
+    path = Path(str(exc.filename))
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            return f"a file is where Kith keeps a folder: move it aside (`mv {p} {p}.bad`) and run the command again"
+        if p.is_dir():
+            return None
+    return None
 
 
 def refusal_of(exc: BaseException) -> KithError | None:

@@ -52,7 +52,9 @@ def _disk(peer: str, what: str) -> Iterator[None]:
         reason = exc.strerror or type(exc).__name__
         if exc.errno in _DISK_FULL:
             raise ConfigError("copy-disk-full", f"copies/{peer}: {what}: {reason}") from None
-        raise ConfigError("io-error", f"copies/{peer}: {what}: {reason}") from None
+        from node.common.dbfaults import folder_blocked_hint
+
+        raise ConfigError("io-error", f"copies/{peer}: {what}: {reason}", hint=folder_blocked_hint(exc)) from None
     except (sqlite3.Error, ValueError, RuntimeError) as exc:  # SQLite's and tantivy's own
         text = str(exc)
         if any(t in text for t in _DISK_FULL_TEXT):
