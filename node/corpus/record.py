@@ -38,7 +38,7 @@ import tantivy
 
 from node.corpus import search
 from node.corpus.types import Root
-from node.common.errors import CorpusError
+from node.common.errors import ConfigError, CorpusError
 from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
 
 SCHEMA_VERSION = 2
@@ -320,7 +320,7 @@ class Record:
                 try:
                     self.writer = index.writer(_WRITER_HEAP, _WRITER_THREADS)
                 except ValueError as again:
-                    raise CorpusError("io-error", f"the corpus index ({self.index_dir}) cannot be "
+                    raise ConfigError("io-error", f"the corpus index ({self.index_dir}) cannot be "
                                       f"written: {again}",
                                       hint=f"check that {self.index_dir} is a folder this user can write, "
                                            "then run `kith index sync`") from None
