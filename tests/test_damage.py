@@ -1081,3 +1081,28 @@ def test_a_file_where_the_copies_folder_goes_is_refused_with_the_mv_that_moves_i
     shutil.move(str(home / "copies"), str(home / "copies.bad"))  # the way out works
     r = kith(home, "copies", "sync", "alice", "--offline", "--timeout", "3", timeout=60)
     assert "File exists" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.iroh
+@pytest.mark.parametrize("damage", ["garbage", "folder"])
+def test_damaged_held_mail_refuses_the_holders_start_with_the_mv_that_moves_it(tmp_path, damage):
+    """Issue 42's matrix covers the sealed mail this round adds: a device's held mail
+    (``kith host --hold-mail``, ``<home>/mailbox.sqlite3``) that cannot be opened refuses the
+    start with its code, its file and the way out, no traceback; following it, the host starts."""
+    from support.homes import initialized
+    from support.hosts import HostProcess
+
+    home = initialized(tmp_path / "h")
+    held = home / "mailbox.sqlite3"
+    if damage == "folder":
+        held.mkdir()
+    else:
+        held.write_bytes(os.urandom(5000))
+    args = ("host", "--offline", "--hold-mail", "127.0.0.1:0", "--invite-file", str(tmp_path / "inv.json"))
+    r = kith(home, *args, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "error [database-unavailable]" in r.stderr and f"`mv {held} {held}.bad`" in r.stderr, r.stderr
+    shutil.move(str(held), str(held) + ".bad")
+    h = HostProcess(home, "--hold-mail", "127.0.0.1:0", "--invite-file", str(tmp_path / "inv.json"))
+    code, _out, err = h.stop()
+    assert code == 0 and "Traceback" not in err, err

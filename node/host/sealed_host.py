@@ -167,14 +167,26 @@ def hold_mail(home: Path, address: str) -> Iterator[str]:
 
     Raises:
         UsageError: a malformed ``address``. CommunityError: ``server-start-failed`` (the
-            address cannot be bound).
+            address cannot be bound); ``database-unavailable`` naming ``mailbox.sqlite3``
+            with the ``mv`` that moves it aside (damaged, not SQLite, a folder).
     """
     from node.community.server import run_server_in_thread
     from node.community.store import MailboxLimits
 
+    from node.common.errors import CommunityError
+
     host, port = parse_hold_mail(address)
-    with run_server_in_thread(Path(home) / HELD_MAIL_FILE, host, port, mailbox=MailboxLimits(),
-                              mailbox_admits=holds_for(home)) as url:
+    path = Path(home) / HELD_MAIL_FILE
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(run_server_in_thread(path, host, port, mailbox=MailboxLimits(),
+                                                           mailbox_admits=holds_for(home)))
+        except CommunityError as exc:  # the held mail cannot be opened: its file and the way out
+            if exc.code != "database-unavailable":
+                raise
+            raise CommunityError(exc.code, f"the mail this device holds cannot be opened ({path}): {exc.message}",
+                                 hint=f"move it aside (`mv {path} {path}.bad`) and start again; the sealed "
+                                      "records it held are then not served") from None
         yield url
 
 
