@@ -23,9 +23,7 @@ from node.trust.sealed import SeenRecords
 
 from support.community import NO_LIMITS
 from support.homes import new_identity
-from support.hosts import notes_host
-
-from test_sealed_questions import QUESTION, home_door
+from support.hosts import NOTES_QUESTION as QUESTION, home_door, notes_host
 
 
 @pytest.fixture(scope="module")

@@ -29,25 +29,14 @@ from node.trust.signing import public_key_of
 from support.cli import kith
 from support.community import NO_LIMITS
 from support.homes import new_identity
-from support.hosts import notes_host
+from support.hosts import NOTES_QUESTION, home_door, notes_host
 
-QUESTION = "when does the staging server restart"
+QUESTION = NOTES_QUESTION
 
 
 @pytest.fixture(scope="module")
 def host_home(tmp_path_factory) -> Path:
     return notes_host(tmp_path_factory.mktemp("sealed-host"))
-
-
-def home_door(home: Path, *, peers_only: bool = False, presence: str = "open"):
-    """The doorkeeper `kith host` builds for ``home`` (no sessions: a sealed question takes
-    no slot)."""
-    from node.host.doorkeeper import Doorkeeper
-    from node.host.revocation import PeersWatcher
-    from node.trust.rotation import RotationLedger
-
-    return Doorkeeper(table=None, peers=PeersWatcher(home, None, on_event=lambda _ev: None),
-                      rotations=RotationLedger.load(home), presence=presence, peers_only=peers_only)
 
 
 def ask_and_answer(url: str, host_home: Path, asker: Identity, chain: list | None, qid: str, *,

@@ -145,6 +145,10 @@ def prepare_host(tmp: Path, corpus: Path, glob_tier: tuple[str, str] | None = No
     return home
 
 
+#: a question :func:`notes_host` answers with its one result
+NOTES_QUESTION = "when does the staging server restart"
+
+
 def notes_host(tmp: Path) -> Path:
     """:func:`prepare_host` with a one-file corpus (``/docs/notes.md``: "The staging server
     restarts at noon."), shared public: a host whose every answer is one known result."""
@@ -152,6 +156,17 @@ def notes_host(tmp: Path) -> Path:
     docs.mkdir()
     (docs / "notes.md").write_text("# Notes\n\nThe staging server restarts at noon.\n")
     return prepare_host(tmp, docs)
+
+
+def home_door(home: Path, *, peers_only: bool = False, presence: str = "open") -> Any:
+    """The :class:`node.host.doorkeeper.Doorkeeper` `kith host` builds for ``home`` (no
+    sessions: a sealed question takes no slot), as the sealed tests admit askers with."""
+    from node.host.doorkeeper import Doorkeeper
+    from node.host.revocation import PeersWatcher
+    from node.trust.rotation import RotationLedger
+
+    return Doorkeeper(table=None, peers=PeersWatcher(home, None, on_event=lambda _ev: None),
+                      rotations=RotationLedger.load(home), presence=presence, peers_only=peers_only)
 
 
 async def raw_guest(inv, spec, ident: Identity, *, claimed: Identity | None = None, post_id: str | None = None,
