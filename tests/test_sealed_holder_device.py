@@ -36,7 +36,7 @@ from node.trust.sealed import seal
 
 from support.cli import ask_later, kith, outbox_run_until
 from support.community import NO_LIMITS, free_port
-from support.waits import wait_for
+from support.waits import answered_and_acked, wait_for
 from support.devices import pair_device
 from support.hosts import HostProcess, notes_host
 
@@ -98,7 +98,7 @@ def test_two_homes_never_up_together_through_a_device_of_the_hosts_person(tmp_pa
                 second = HostProcess(laptop, "--server", server, "--holder", holder_url)
                 try:
                     wait_for("the sealed answer at the holder",
-                             lambda: (ids := _held_ids(always_on)) and ids != question_ids, timeout_s=60, every_s=0.05)
+                             answered_and_acked(lambda: _held_ids(always_on), question_ids), timeout_s=60, every_s=0.05)
                     took = time.monotonic() - t0
                 finally:
                     second.stop()

@@ -23,7 +23,7 @@ from node.community.server import run_server_in_thread
 
 from support.cli import ask_later, kith, outbox_run_until
 from support.community import NO_LIMITS
-from support.waits import wait_for
+from support.waits import answered_and_acked, wait_for
 from support.hosts import HostProcess, notes_host
 
 QUESTION = "when does the staging server restart"
@@ -64,7 +64,7 @@ def test_two_homes_never_up_together_through_a_community_mailbox(tmp_path: Path)
             t0 = time.monotonic()
             second = HostProcess(host_home, "--server", url, "--mailbox")
             try:  # the question acked after its answer was left: one record, another id
-                wait_for("the sealed answer", lambda: (ids := _record_ids(store)) and ids != question_ids,
+                wait_for("the sealed answer", answered_and_acked(lambda: _record_ids(store), question_ids),
                          timeout_s=60, every_s=0.05)
                 took = time.monotonic() - t0
             finally:
@@ -125,7 +125,7 @@ def test_a_device_pin_is_reached_through_the_mailbox_its_own_card_names(tmp_path
             question_ids = _record_ids(store)
             second = HostProcess(host_home, "--server", url, "--mailbox")
             try:  # the question acked after its answer was left: one record, another id
-                wait_for("the sealed answer", lambda: (ids := _record_ids(store)) and ids != question_ids,
+                wait_for("the sealed answer", answered_and_acked(lambda: _record_ids(store), question_ids),
                          timeout_s=60, every_s=0.05)
             finally:
                 second.stop()

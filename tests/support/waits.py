@@ -33,3 +33,25 @@ def wait_for(what: str, check: Callable[[], Any], *, timeout_s: float = 60.0,
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not happen within {timeout_s:g} s")
         time.sleep(every_s)
+
+
+def answered_and_acked(held: Callable[[], list[str]], question_ids: list[str]) -> Callable[[], bool]:
+    """The check of :func:`wait_for` for a host that took sealed questions from a holder:
+    the holder keeps something (the sealed answer) and none of ``question_ids`` any more.
+
+    A host leaves each answer first and acks the questions it answered after, in one call
+    (:func:`node.community.inbox.take_step`); a test that stopped the host on the first new
+    record could stop it between the two and find the question still held.
+
+    Args:
+        held: returns the record ids the holder keeps now.
+        question_ids: the record ids it kept before the host took them.
+
+    Returns:
+        a ``() -> bool``.
+    """
+    def check() -> bool:
+        ids = held()
+        return bool(ids) and not set(ids) & set(question_ids)
+
+    return check
