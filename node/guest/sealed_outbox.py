@@ -3,7 +3,10 @@ specs/outbox.md §5): a task of the home's runner beside the live delivery.
 
 Each step, for every open outbox row whose peer is a person pin (``--devices``) with a
 kept card of format 2 (``mailboxes``, specs/sealed.md §6), or a device pin whose own card
-(kept from its handshake, :func:`node.guest.cards.accept_card`) is of format 2:
+(kept from its handshake, :func:`node.guest.cards.accept_card`) is of format 2, the answers
+waiting are taken first (2.), then the rows still open are left (1.): a run killed between
+leaving a question and recording where it left it finds the answer, if one came, instead
+of leaving an answered question again.
 
 1. once the live delivery tried the row and could not reach its host (``waiting``, an
    attempt made, a code other than ``rate-limited`` / ``pending-approval``: a host that
@@ -124,10 +127,21 @@ class SealedOutboxTask:
             for row in rows:
                 if row.peer_key not in known:  # cards.json read once per peer per step
                     known[row.peer_key] = mailboxes_of(self.home, row.peer_key)
-                urls, devices = known[row.peer_key]
+                boxes.update(known[row.peer_key][0])
+            # taken before anything is left: a run killed between leaving a question and
+            # recording where (``leftWith``) finds its answer first, if one came, and does not
+            # leave an answered question again
+            for url in sorted(boxes):
+                try:
+                    async with CommunityClient(url, identity) as client:
+                        await take_step(client, identity, chain, clock=self.clock.time,
+                                        on_answer=lambda op: store_sealed_answer(store, op, on_stored=report))
+                except KithError as exc:
+                    self._say(url, exc)
+            for row in store.open_deliveries():  # the rows a take just answered are closed
+                urls, devices = known.get(row.peer_key) or mailboxes_of(self.home, row.peer_key)  # a row queued meanwhile
                 if not urls or not devices:
                     continue
-                boxes.update(urls)
                 if (left.get((row.question_id, row.peer_key)) == urls[0]
                         or (row.question_id, row.peer_key) not in tried):
                     continue
@@ -148,13 +162,6 @@ class SealedOutboxTask:
                     ticket.done(f"left-with-holder {urls[0]}")
                 except KithError as exc:
                     self._say(urls[0], exc)
-            for url in sorted(boxes):
-                try:
-                    async with CommunityClient(url, identity) as client:
-                        await take_step(client, identity, chain, clock=self.clock.time,
-                                        on_answer=lambda op: store_sealed_answer(store, op, on_stored=report))
-                except KithError as exc:
-                    self._say(url, exc)
         return self.every_s
 
     def _say(self, url: str, exc: KithError) -> None:
