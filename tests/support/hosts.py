@@ -24,6 +24,7 @@ from node.transport.iroh import bind_node
 from node.trust.identity import Identity, load_identity
 
 from support.cli import KITH, kith, next_line, pending
+from support.waits import until
 
 #: heartbeat (ping every 0.2 s, unresponsive after 1 s) for tests about the heartbeat
 FAST = (0.2, 1.0)
@@ -79,11 +80,12 @@ class InProcessHost:
     def ended(self) -> list[dict]:
         return self.of("session-ended")
 
-    async def until(self, cond, timeout: float = 15.0) -> None:
-        """Wait (polling, bounded) until ``cond()`` holds: a condition, not a fixed sleep."""
-        with anyio.fail_after(timeout):
-            while not cond():
-                await anyio.sleep(0.01)
+    async def until(self, cond, timeout: float = 15.0, *, tick_s: float | None = None) -> None:
+        """Wait (polling, bounded) until ``cond()`` holds: a condition, not a fixed sleep.
+        With ``tick_s``, the host's ManualClock is advanced by that much at each poll, so
+        the host's background machines (peers watcher, view warmer, …) run again
+        (:func:`support.waits.until`)."""
+        await until(cond, timeout, clock=self.clock, tick_s=tick_s, every_s=0.01)
 
     async def wait_for(self, pred, timeout: float = 15.0) -> dict:
         with anyio.fail_after(timeout):
