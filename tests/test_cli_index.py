@@ -252,13 +252,14 @@ def test_status_per_root_and_totals_use_the_same_labels(tmp_path: Path) -> None:
 
 
 _KILLED_SYNC = """
-import os, signal, sys, time
+import os, signal, sys
 sys.path.insert(0, sys.argv[3])
+import node.corpus.ingest
 from node.corpus.store import Corpus
 
+node.corpus.ingest.BATCH_SECONDS = 0  # each file is committed as it is done: the kill finds them recorded
+
 def progress(done, total, source, *_):
-    if done == 5:
-        time.sleep(0.4)  # past the batch's 0.25 s: the first files are committed
     if done == int(sys.argv[2]):
         os.kill(os.getpid(), signal.SIGKILL)
 

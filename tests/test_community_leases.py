@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from node.community.client import CommunityClient
-from node.community.keeper import PostKeeper
+from node.community.keeper import MIN_REFRESH_S, PostKeeper
 from node.community.ratelimit import RateLimit, RateLimits
 from node.community.server import run_server_in_thread
 from node.trust.identity import Identity
@@ -214,6 +214,39 @@ def test_the_keeper_keeps_the_post_live_and_follows_a_renewal_and_a_withdrawal(
             assert run.republished == []
         finally:
             run.stop()
+
+
+def test_the_keeper_waits_between_checks_on_the_clock_it_is_given(tmp_path: Path) -> None:
+    """A host hands its keeper its clock (issue 39 item 5): after the check at start the
+    keeper is asleep on that clock, and each time the clock has moved the refresh interval
+    the server asked for, it refreshes the lease again."""
+    from node.runtime.clock import ManualClock
+
+    host = new_identity()
+    with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS, lease_ttl_s=3.0) as base:
+        inv = publish(base, host)
+
+        def lease() -> str:
+            return httpx.get(f"{base}/api/v1/invitations/{inv.post_id}/status").json()["lease_expires_at"]
+
+        clock = ManualClock()
+
+        async def main() -> None:
+            keeper = PostKeeper(base, host, inv, make_invitation=lambda: invitation(host),
+                                on_republished=lambda *_: None, poll_s=30, clock=clock.time, sleep=clock.sleep)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(keeper.run)
+                with anyio.fail_after(30):  # the check at start, then asleep on the clock
+                    while clock.sleepers() == 0:
+                        await anyio.sleep(0.01)
+                first = await anyio.to_thread.run_sync(lease)
+                with anyio.fail_after(30):  # each period on the clock, a check: a later lease (a stamp in s)
+                    while await anyio.to_thread.run_sync(lease) <= first:
+                        clock.advance(max(MIN_REFRESH_S, keeper.refresh_s))
+                        await anyio.sleep(0.05)
+                keeper.stop()
+
+        anyio.run(main, backend="asyncio")
 
 
 def test_the_keeper_republishes_a_post_the_server_lost(tmp_path: Path) -> None:

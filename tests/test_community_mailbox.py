@@ -30,6 +30,7 @@ from support.community import (  # noqa: F401 (pg_server: a fixture)
     NO_LIMITS,
     error_of,
     fresh_pg_database as _fresh_pg_database,
+    mailbox_server,
     pg_server,
 )
 from support.homes import new_identity
@@ -79,12 +80,8 @@ def ack(http: httpx.Client, ids: list[str], signer: Identity) -> httpx.Response:
 
 @pytest.fixture
 def served(database) -> Iterator[tuple[str, object]]:
-    store = open_store(database)
-    try:
-        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
-            yield url, store
-    finally:
-        store.close()
+    with mailbox_server(database) as (store, url):
+        yield url, store
 
 
 def test_the_mailbox_is_off_by_default(tmp_path: Path) -> None:

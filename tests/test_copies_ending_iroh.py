@@ -69,6 +69,8 @@ def test_a_copy_past_its_until_is_deleted_without_the_host(tmp_path):
     assert row["documents"] == 3 and row["until"]
     wait = until_time(row["until"]) - time.time() + 1
     assert 0 < wait < 60
+    # kept: until the copy's `until` (the grant's 45 s) has passed on
+    # the wall clock the next `kith` process reads; no clock of this test reaches it
     time.sleep(wait)
     r = kith(bea, "ask", "journal mode WAL", "--peer", "alice", "--copy", "--json", timeout=120)
     assert r.returncode == 1

@@ -15,7 +15,7 @@ from node.trust.identity import load_identity
 
 from support.agents import api_headers
 from support.cli import kith
-from support.copies import kb_host_and_bea
+from support.copies import alice_for_bea, events_of, kb_host_and_bea, runner_in
 from support.envelopes import valid_ask
 from support.homes import node_home, pin_host
 from support.hosts import HostProcess
@@ -96,9 +96,7 @@ def test_the_home_runner_re_syncs_a_copy_in_the_background(tmp_path):
     import anyio
 
     from node.guest.copies.store import CopyStore
-    from node.guest.pool import SessionPool
     from node.guest.runner import Runner, default_tasks
-    from support.hosts import STEADY, InProcessHost
 
     host, bea = kb_host_and_bea(tmp_path, "/kb/sqlite.md")
     store = CopyStore(bea, "alice")
@@ -106,31 +104,17 @@ def test_the_home_runner_re_syncs_a_copy_in_the_background(tmp_path):
     events: list[dict] = []
 
     async def main():
-        h = InProcessHost(host, tmp_path, heartbeat=STEADY)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(h.run)
-            with anyio.fail_after(60):
-                await h.ready.wait()
-            pin_host(bea, "alice", h.invite)
-            # the process's own pool (as `kith api serve` / `kith mcp` pass theirs), bound here:
-            # a pool bound inside a runner job cannot be exited by the runner (see the report)
-            async with SessionPool(bea, load_identity(bea), local=True) as pool:
-                await pool._ensure_node()
+        # the process's own pool (as `kith api serve` / `kith mcp` pass theirs), bound here:
+        # a pool bound inside a runner job cannot be exited by the runner (see the report)
+        async with alice_for_bea(host, bea, tmp_path) as (_h, pool), anyio.create_task_group() as tg:
+            await pool._ensure_node()
 
-                async def own_pool():
-                    return pool
-                runner = Runner(bea, default_tasks(bea), pool=own_pool, command="test", on_event=events.append)
-                stop_runner = anyio.CancelScope()
-
-                async def run_runner():
-                    with stop_runner:
-                        await runner.run()
-                tg.start_soon(run_runner)
-                with anyio.fail_after(120):
-                    while not any(e["event"] == "copy-synced" for e in events):
-                        await anyio.sleep(0.05)
-                stop_runner.cancel()
-            h.stop.set()
+            async def own_pool():
+                return pool
+            stop_runner = runner_in(tg, Runner(bea, default_tasks(bea), pool=own_pool, command="test",
+                                               on_event=events.append))
+            await events_of(events, "copy-synced")
+            stop_runner.cancel()
 
     anyio.run(main)
     synced = next(e for e in events if e["event"] == "copy-synced")
@@ -298,32 +282,23 @@ def test_a_copy_request_the_quota_cannot_pay_is_refused_alone_and_the_warm_sessi
     from node.guest.asker import Asker
     from node.guest.copies.store import CopyStore
     from node.guest.copies.sync import sync_with_pool
-    from node.guest.pool import SessionPool
-    from support.hosts import STEADY, InProcessHost
 
     host, bea = kb_host_and_bea(tmp_path)
     assert kith(host, "policy", "quota", "--for", "bea", "--per-hour", "1", "--burst", "2").returncode == 0
     out: dict = {}
 
     async def main():
-        h = InProcessHost(host, tmp_path, heartbeat=STEADY)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(h.run)
-            with anyio.fail_after(60):
-                await h.ready.wait()
-            pin_host(bea, "alice", h.invite)
-            async with SessionPool(bea, load_identity(bea), local=True) as pool:
-                with anyio.fail_after(120):
-                    out["first"] = await sync_with_pool(pool, "alice")  # copy_list + one copy_fetch: 2
-                    try:
-                        await sync_with_pool(pool, "alice")  # the bucket is empty
-                    except KithError as exc:
-                        out["refused"] = exc.code
-                    out["answer"] = await Asker(pool).ask("alice", {"query": "temporary files", "topK": 3})
-                out["reused"] = pool.stats.reused
-                out["started"] = len(h.of("session-started"))
-                out["ended"] = [e.get("code") or e.get("reason") for e in h.ended()]  # before the pool ends it
-            h.stop.set()
+        async with alice_for_bea(host, bea, tmp_path) as (h, pool):
+            with anyio.fail_after(120):
+                out["first"] = await sync_with_pool(pool, "alice")  # copy_list + one copy_fetch: 2
+                try:
+                    await sync_with_pool(pool, "alice")  # the bucket is empty
+                except KithError as exc:
+                    out["refused"] = exc.code
+                out["answer"] = await Asker(pool).ask("alice", {"query": "temporary files", "topK": 3})
+            out["reused"] = pool.stats.reused
+            out["started"] = len(h.of("session-started"))
+            out["ended"] = [e.get("code") or e.get("reason") for e in h.ended()]  # before the pool ends it
 
     anyio.run(main)
     assert out["first"]["fetched"] == 3

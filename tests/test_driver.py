@@ -432,3 +432,42 @@ def test_the_engine_reads_no_environment_variable():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         reads = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in ("environ", "getenv")]
         assert reads == [], f"{path.name} reads the environment at lines {reads}"
+
+
+def test_the_ticker_waits_on_the_clock_the_engine_reads():
+    """``run_session(clock=)``: the ticker sleeps on the session's clock (issue 39 item 5),
+    so a guest whose engine reads a ManualClock, facing a host that never answers its
+    ``_session_init``, ends with ``handshake-timeout`` once that clock has moved past the
+    step bound — asleep on it until then."""
+    import os
+
+    from node.engine.session import GuestConfig, SessionEngine
+    from node.runtime.clock import ManualClock
+    from node.trust.identity import Identity
+
+    spec = load_spec(ECHO)
+    host_id, guest_id = Identity(os.urandom(32)), Identity(os.urandom(32))
+    clock = ManualClock()
+    engine = SessionEngine("guest", spec, public_key=guest_id.public_key, sign=guest_id.sign,
+                           guest=GuestConfig(remote_id=host_id.public_key, post_id="ab" * 16,
+                                             host_public_key=host_id.public_key), clock=clock.monotonic)
+    g_stream, _silent_host = memory_pipe(guest_id.public_key, host_id.public_key)
+    out = {}
+
+    async def main():
+        async def guest():
+            out["guest"] = await run_session(g_stream, engine, load_hooks(ECHO), make_context=ctx_factory("guest"),
+                                             handshake_timeout_s=10, heartbeat=None, clock=clock)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(guest)
+            with anyio.fail_after(30):  # the init sent, the ticker asleep on the clock
+                while clock.sleepers() == 0:
+                    await anyio.sleep(0.005)
+            assert "guest" not in out
+            clock.advance(10.5)
+            with anyio.fail_after(30):
+                while "guest" not in out:
+                    await anyio.sleep(0.005)
+
+    anyio.run(main, backend="asyncio")
+    assert out["guest"].code == "handshake-timeout", (out["guest"].reason, out["guest"].code)

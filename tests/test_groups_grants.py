@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import anyio
 import pytest
@@ -187,25 +188,20 @@ def _ended_codes(guest) -> list[str]:
     return [c for c, _m in guest.outcome.remote_errors] if guest.outcome else []
 
 
-def test_a_pin_that_ends_mid_session_ends_the_session_and_the_peer_returns_a_stranger(tmp_path):
-    home = _host_home(tmp_path)
-    (home / "policy.toml").write_text('[[rule]]\nglob = "/docs/**"\ntier = "private"\n'
-                                      '[[override]]\npeer = "alice"\nglob = "/docs/**"\ntier = "public"\n')
-    alice = Identity(os.urandom(32))
-    reg = PeerRegistry.load(home)
-    reg.add("alice", alice.public_key)
-
+def _across_the_end(home: Path, alice: Identity, prepare, advance_s: float) -> tuple:
+    """A MemoryHost for ``home`` (``prepare(host)`` sets the grant's end on its clock before it
+    runs): alice connects and asks "alpha", the clock moves ``advance_s`` past the end, her
+    session ends; she connects again and asks again. Returns ``(host, first, again)``."""
     async def scenario():
         host = MemoryHost(home)
-        set_pin_until(PeerRegistry.load(home), "alice", time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                       time.gmtime(host.clock.time() + 60)))
+        prepare(host)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.host.run)
             await host.ready.wait()
             first = await _connect(tg, host, alice)
             first.ask("alpha")
             await first.answered(1)
-            host.clock.advance(61)
+            host.clock.advance(advance_s)
             await host.until(lambda: first.outcome is not None)
             again = await _connect(tg, host, alice)
             again.ask("alpha")
@@ -214,7 +210,22 @@ def test_a_pin_that_ends_mid_session_ends_the_session_and_the_peer_returns_a_str
             host.stop.set()
         return host, first, again
 
-    host, first, again = anyio.run(scenario, backend="asyncio")
+    return anyio.run(scenario, backend="asyncio")
+
+
+def test_a_pin_that_ends_mid_session_ends_the_session_and_the_peer_returns_a_stranger(tmp_path):
+    home = _host_home(tmp_path)
+    (home / "policy.toml").write_text('[[rule]]\nglob = "/docs/**"\ntier = "private"\n'
+                                      '[[override]]\npeer = "alice"\nglob = "/docs/**"\ntier = "public"\n')
+    alice = Identity(os.urandom(32))
+    reg = PeerRegistry.load(home)
+    reg.add("alice", alice.public_key)
+
+    def prepare(host: MemoryHost) -> None:
+        set_pin_until(PeerRegistry.load(home), "alice", time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                       time.gmtime(host.clock.time() + 60)))
+
+    host, first, again = _across_the_end(home, alice, prepare, 61)
     assert _hits(first.results[0]) and "session-grant-expired" in _ended_codes(first)
     [ev] = host.of("grant-expired")
     assert (ev["kind"], ev["peer_name"], ev["sessions_ended"]) == ("pin", "alice", 1)
@@ -233,8 +244,7 @@ def test_a_group_grant_that_ends_mid_session_is_taken_away(tmp_path, ends):
     alice = Identity(os.urandom(32))
     PeerRegistry.load(home).add("alice", alice.public_key)
 
-    async def scenario():
-        host = MemoryHost(home)
+    def prepare(host: MemoryHost) -> None:
         end = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(host.clock.time() + 30))
         member_end = f'until = {{ alice = "{end}" }}\n' if ends == "membership" else ""
         override_end = f'until = "{end}"\n' if ends == "override" else ""
@@ -242,22 +252,8 @@ def test_a_group_grant_that_ends_mid_session_is_taken_away(tmp_path, ends):
             '[[rule]]\nglob = "/docs/**"\ntier = "private"\n'
             f'[[override]]\npeer = "@team"\nglob = "/docs/**"\ntier = "public"\n{override_end}'
             f'[group.team]\nmembers = ["alice"]\n{member_end}')
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(host.host.run)
-            await host.ready.wait()
-            first = await _connect(tg, host, alice)
-            first.ask("alpha")
-            await first.answered(1)
-            host.clock.advance(31)
-            await host.until(lambda: first.outcome is not None)
-            again = await _connect(tg, host, alice)
-            again.ask("alpha")
-            await again.answered(1)
-            again.ask(None)
-            host.stop.set()
-        return host, first, again
 
-    host, first, again = anyio.run(scenario, backend="asyncio")
+    host, first, again = _across_the_end(home, alice, prepare, 31)
     assert _hits(first.results[0]) and "session-grant-expired" in _ended_codes(first)
     [ev] = host.of("grant-expired")
     if ends == "membership":

@@ -51,7 +51,7 @@ class Door:
         self.events: list[dict] = []
         self.closing = False
         self.table = SessionTable(AdmissionLimits(**limits), on_event=self.events.append, clock=self.clock)
-        self.watcher = PeersWatcher(home, self.table, on_event=self.events.append, now=self.clock.time)
+        self.watcher = PeersWatcher(home, self.table, on_event=self.events.append, clock=self.clock)
         self.door = Doorkeeper(table=self.table, peers=self.watcher, rotations=RotationLedger.load(home),
                                presence=presence, peers_only=peers_only, closing=lambda: self.closing,
                                emit=self.events.append)

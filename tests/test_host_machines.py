@@ -289,3 +289,38 @@ def test_the_host_sees_the_person_and_device_of_a_guest_with_a_chain_and_serves_
     assert not bad.results
     assert bad.ident.public_key not in started
     assert host.host.table._failures[bad.ident.public_key][0] == 1  # counted like any failed verification
+
+
+def test_the_peers_watcher_polls_only_when_the_hosts_clock_reaches_its_period(tmp_path):
+    """The peers watcher sleeps on the host's clock (issue 39 item 5): a pin removed while it
+    sleeps is seen at its next poll — once the clock has moved a period, never before —
+    and a sleep cancelled before its time is no longer counted as a sleeper."""
+    from node.host.revocation import POLL_INTERVAL_S, PeersWatcher
+    from node.host.sessions import SessionTable
+    from node.runtime.clock import ManualClock
+
+    key = Identity(os.urandom(32)).public_key
+    PeerRegistry.load(tmp_path).add("alice", key)
+    clock, events = ManualClock(), []
+    watcher = PeersWatcher(tmp_path, SessionTable(), on_event=events.append, clock=clock)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watcher.run)
+            with anyio.fail_after(10):
+                while clock.sleepers() == 0:
+                    await anyio.sleep(0.005)
+            PeerRegistry.load(tmp_path).remove("alice")
+            clock.advance(POLL_INTERVAL_S / 2)
+            for _ in range(20):  # the watcher can only wake from the clock: nothing yet
+                await anyio.lowlevel.checkpoint()
+            assert events == []
+            clock.advance(POLL_INTERVAL_S / 2)
+            with anyio.fail_after(10):
+                while not events:
+                    await anyio.sleep(0.005)
+            tg.cancel_scope.cancel()
+        assert clock.sleepers() == 0  # the watcher's sleep, cancelled with it
+
+    anyio.run(main, backend="asyncio")
+    assert [(e["event"], e["peer"], e["cause"]) for e in events] == [("peer-revoked", key, "removed")]

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import select
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -46,6 +44,7 @@ from support.community import NO_LIMITS
 from support.engines import GOOD, frame as _frame, hostile, ui_manifest as _manifest
 from support.homes import PROTOCOLS, initialized, node_home as _home
 from support.hosts import ENV, FAST, STEADY, InProcessHost, raw_guest as _raw_guest
+from support.terminal import drain, end_pty_join, join_on_pty, read_until
 
 # ------------------------------------------------------------------------------------ 1
 @pytest.mark.iroh
@@ -232,30 +231,6 @@ def _start_host(home: Path, invite: Path) -> subprocess.Popen:
     return proc
 
 
-def _interactive_join(home: Path, invite: Path) -> tuple[int, int, int]:
-    """``kith join`` on a pty (stdin and stdout a terminal); stderr goes to a pipe.
-    Returns ``(pid, pty master fd, stderr read fd)``."""
-    err_r, err_w = os.pipe()
-    pid, master = pty.fork()
-    if pid == 0:  # child
-        os.dup2(err_w, 2)
-        os.execvpe(sys.executable, [*KITH, "--home", str(home), "join", str(invite), "--local", "--trust"], ENV)
-    os.close(err_w)
-    return pid, master, err_r
-
-
-def _read_until(fd: int, needle: bytes, timeout: float, buf: bytearray) -> None:
-    deadline = time.monotonic() + timeout
-    while needle not in buf:
-        left = deadline - time.monotonic()
-        assert left > 0, f"{needle!r} not seen; got {bytes(buf)!r}"
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready:
-            chunk = os.read(fd, 65536)
-            assert chunk, f"EOF before {needle!r}; got {bytes(buf)!r}"
-            buf += chunk
-
-
 def _wait_exit(pid: int, timeout: float) -> int | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -273,11 +248,11 @@ def _wait_exit(pid: int, timeout: float) -> int | None:
 def test_interactive_join_reports_the_end_and_exits_while_at_the_prompt(tmp_path, how, expect):
     host_home, invite = _home(tmp_path, "host"), tmp_path / "invite.json"
     host = _start_host(host_home, invite)
-    pid, master, err = _interactive_join(_home(tmp_path, "guest"), invite)
+    pid, master, err = join_on_pty(_home(tmp_path, "guest"), invite, "--local", env=ENV)
     buf = bytearray()
     code = None
     try:
-        _read_until(err, b"\nask> ", 30, buf)  # the prompt itself, after "session <id>"
+        read_until(err, b"\nask> ", 30, buf)  # the prompt itself, after "session <id>"
         # the guest is READY once it sent _session_ready, the host once it read it: a signal
         # before that is a refusal of the handshake's last step (session-shutdown as a
         # _session_reject), not the end of a session; so wait for the host's event first
@@ -290,17 +265,9 @@ def test_interactive_join_reports_the_end_and_exits_while_at_the_prompt(tmp_path
         t0 = time.monotonic()
         code = _wait_exit(pid, 8)
         took = time.monotonic() - t0
-        while select.select([err], [], [], 0.2)[0]:
-            chunk = os.read(err, 65536)
-            if not chunk:
-                break
-            buf += chunk
+        drain(err, buf)
     finally:
-        if code is None:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        os.close(master)
-        os.close(err)
+        end_pty_join(pid, code, master, err)
         host.kill()
         host.wait()
     assert code is not None, f"kith join still running 8 s after the host went away; stderr: {bytes(buf)!r}"

@@ -11,7 +11,7 @@ import anyio
 from node.answer.service import PeerView
 from node.corpus.store import Corpus
 from node.policy.store import Policy
-from node.host.warm import ViewWarmer
+from node.host.warm import WARM_POLL_S, ViewWarmer
 from node.trust.peers import PeerRegistry
 from support.homes import node_home
 from support.memory import MemoryHost
@@ -59,7 +59,7 @@ def test_a_host_warms_a_pinned_peers_view_at_start_and_after_a_policy_change(tmp
             policy = Policy.load(home)  # the owner hides one of alice's documents
             policy.set("/notes/team/c.md", "private")
             policy.save()
-            await host.until(lambda: warmer.rounds > 1, timeout=60)
+            await host.until(lambda: warmer.rounds > 1, timeout=60, tick_s=WARM_POLL_S)  # its period, on the clock
             lens = service.lens_for(PeerView("alice", ALICE_KEY))
             assert "/notes/team/c.md" not in lens.visible
             # built before any question: alice's first question after the change builds nothing

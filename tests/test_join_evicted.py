@@ -5,33 +5,19 @@ exits 1 at once — never a bare `peer-disconnected` (issue 42)."""
 from __future__ import annotations
 
 import os
-import pty
 import select
-import signal
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from support.cli import KITH, kith, kith_init, lines_until
+from support.cli import kith, kith_init, lines_until
 from support.hosts import HostProcess
+from support.terminal import drain, end_pty_join, join_on_pty, read_until
 
 pytestmark = pytest.mark.iroh
 
 ENV = {**os.environ, "KITH_OFFLINE": "1"}
-
-
-def _read_until(fd: int, needle: bytes, timeout: float, buf: bytearray) -> None:
-    """Read the raw pipe ``fd`` (unbuffered: select on it is sound) until ``needle``."""
-    deadline = time.monotonic() + timeout
-    while needle not in buf:
-        left = deadline - time.monotonic()
-        assert left > 0, f"{needle!r} not seen; got {bytes(buf)!r}"
-        if select.select([fd], [], [], left)[0]:
-            chunk = os.read(fd, 65536)
-            assert chunk, f"EOF before {needle!r}; got {bytes(buf)!r}"
-            buf += chunk
 
 
 def test_an_evicted_interactive_join_says_session_evicted(tmp_path: Path) -> None:
@@ -40,16 +26,11 @@ def test_an_evicted_interactive_join_says_session_evicted(tmp_path: Path) -> Non
         kith_init(home)
     invite = tmp_path / "invite.json"
     host = HostProcess(host_home, "--invite-file", str(invite), "--anonymous-slots", "1")
-    err_r, err_w = os.pipe()
-    pid, master = pty.fork()  # alice's join on a terminal: the ask> prompt
-    if pid == 0:
-        os.dup2(err_w, 2)
-        os.execvpe(sys.executable, [*KITH, "--home", str(alice), "join", str(invite), "--offline", "--trust"], ENV)
-    os.close(err_w)
+    pid, master, err_r = join_on_pty(alice, invite, "--offline", env=ENV)  # alice's join: the ask> prompt
     buf = bytearray()
     code = None
     try:
-        _read_until(err_r, b"\nask> ", 60, buf)
+        read_until(err_r, b"\nask> ", 60, buf)
         seen = lines_until(host.proc, host.proc.stdout, lambda line: '"session-started"' in line, 30)
         assert seen and '"session-started"' in seen[-1], seen
         # bob holds no session: once alice's has been quiet for 2 s it is evicted for him;
@@ -68,17 +49,9 @@ def test_an_evicted_interactive_join_says_session_evicted(tmp_path: Path) -> Non
             elif select.select([err_r], [], [], 0.1)[0]:
                 chunk = os.read(err_r, 65536)
                 buf += chunk
-        while select.select([err_r], [], [], 0.2)[0]:
-            chunk = os.read(err_r, 65536)
-            if not chunk:
-                break
-            buf += chunk
+        drain(err_r, buf)
     finally:
-        if code is None:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        os.close(master)
-        os.close(err_r)
+        end_pty_join(pid, code, master, err_r)
         host.stop()
     text = bytes(buf).decode("utf-8", "replace")
     assert code == 1, (code, text)

@@ -17,6 +17,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from node.host.revocation import POLL_INTERVAL_S
+
 from support.cli import KITH, kith, kith_init, readline as _readline, wait_exit
 from support.homes import FIXTURE, PROTOCOLS
 from support.hosts import ENV, InProcessHost, prepare_host
@@ -61,7 +63,8 @@ def _audit(home: Path, *args: str) -> list[dict]:
 
 async def _revoke(host: InProcessHost, homes: dict, proc: subprocess.Popen, *command: str) -> tuple:
     """``kith <command>`` at the host while ``proc`` (alice's join) is in a session, then
-    wait (bounded) for the host to end that session and for ``proc`` to exit.
+    wait (bounded) for the host to end that session — driving its peers watcher's polls on
+    the host's ManualClock — and for ``proc`` to exit.
 
     Returns:
         (peers.json's mtime after the command, the host's ``session-ended`` event, seconds
@@ -72,7 +75,8 @@ async def _revoke(host: InProcessHost, homes: dict, proc: subprocess.Popen, *com
     r = await anyio.to_thread.run_sync(lambda: kith(homes["host"], *command))
     assert r.returncode == 0, r.stderr
     written = (homes["host"] / "peers.json").stat().st_mtime
-    ended = await host.wait_for(lambda e: e["event"] == "session-ended", timeout=DEADLINE_S)
+    await host.until(host.ended, DEADLINE_S, tick_s=POLL_INTERVAL_S)  # the watcher's next poll
+    ended = host.ended()[0]
     host_s = time.monotonic() - t0
     exited = await wait_exit(proc, DEADLINE_S)
     return written, ended, host_s, exited, time.monotonic() - t0

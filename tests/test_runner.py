@@ -13,6 +13,8 @@ from node.guest.runner import LOCK_RETRY_S, Runner
 from node.runtime.clock import ManualClock
 from node.trust.identity import load_or_init_identity
 
+from support.copies import runner_in
+
 
 class Counting:
     """A task that counts its steps and sets ``stepped`` at each."""
@@ -49,12 +51,7 @@ def test_one_runner_per_home_drives_the_tasks_and_the_next_takes_over(tmp_path: 
         r1 = Runner(tmp_path, [first], command="one")
         r2 = Runner(tmp_path, [second], command="two", clock=waiting)
         async with anyio.create_task_group() as tg:
-            scope1 = anyio.CancelScope()
-
-            async def run1():
-                with scope1:
-                    await r1.run()
-            tg.start_soon(run1)
+            scope1 = runner_in(tg, r1)
             with anyio.fail_after(30):
                 await r1.holding.wait()
             tg.start_soon(r2.run)

@@ -16,14 +16,12 @@ from node.community.client import CommunityClient
 from node.community.inbox import leave_question, take_step
 from node.community.server import run_server_in_thread
 from node.community.store import MailboxLimits
-from node.host.sealed_host import sealed_on_question
-from node.trust.audit_log import AuditLog
 from node.trust.identity import load_identity
 from node.trust.sealed import SeenRecords
 
 from support.community import NO_LIMITS
 from support.homes import new_identity
-from support.hosts import NOTES_QUESTION as QUESTION, home_door, notes_host
+from support.hosts import NOTES_QUESTION as QUESTION, notes_host, sealed_answerer
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +35,6 @@ def test_an_answer_that_cannot_be_left_is_answered_once(tmp_path: Path, host_hom
     answered, its answer refused ``mailbox-sender-full`` and kept; three more takes must not
     query the corpus, charge the quota or write the audit again — and once the bound frees,
     the very answer computed first is left and taken."""
-    from node.host.host import open_knowledge
-
     host = load_identity(host_home)
     hog, asker = new_identity(), new_identity()
     q_hog, q_asker = "c1" * 16, "c2" * 16
@@ -52,21 +48,15 @@ def test_an_answer_that_cannot_be_left_is_answered_once(tmp_path: Path, host_hom
                     await leave_question(c, who, None, question_id=qid, request={"query": QUESTION, "topK": 3},
                                          peer=host.public_key, recipients=[host.public_key],
                                          expires=time.time() + 3600)
-            knowledge = open_knowledge(host_home, lambda _: None)
-            audit = AuditLog(host_home)
             seen = SeenRecords()
             reports = []
-            try:
-                on_q = sealed_on_question(home_door(host_home), knowledge, audit=audit)
+            with sealed_answerer(host_home) as on_q:
                 async with CommunityClient(url, host) as h:
                     for _ in range(4):
                         reports.append(await take_step(h, host, None, on_question=on_q, seen=seen))
                     async with CommunityClient(url, hog) as c:  # the hog takes its answer: room again
                         await take_step(c, hog, None, on_answer=lambda op: True)
                     reports.append(await take_step(h, host, None, on_question=on_q, seen=seen))
-            finally:
-                audit.close()
-                knowledge.close()
             async with CommunityClient(url, asker) as c:
                 await take_step(c, asker, None, on_answer=lambda op: got.append(op.body["results"]) is None)
             return reports
@@ -102,8 +92,6 @@ def test_one_question_for_two_peers_through_one_mailbox_reaches_both(tmp_path: P
     is sealed once to each — and each host gets its own, and answers it; the asker gets both
     answers. (The outer id was derived from the question id alone: the second record and the
     second answer were refused `mailbox-conflict`, taken as "kept already", and lost.)"""
-    from node.host.host import open_knowledge
-
     bea, carl_home = host_home, notes_host(tmp_path_factory.mktemp("sealed-attack-carl"))
     asker = new_identity()
     qid = "c3" * 16
@@ -120,15 +108,9 @@ def test_one_question_for_two_peers_through_one_mailbox_reaches_both(tmp_path: P
             reports = {}
             for home in (bea, carl_home):
                 me = load_identity(home)
-                knowledge = open_knowledge(home, lambda _: None)
-                audit = AuditLog(home)
-                try:
+                with sealed_answerer(home) as on_q:
                     async with CommunityClient(url, me) as h:
-                        reports[me.public_key] = await take_step(h, me, None, on_question=sealed_on_question(
-                            home_door(home), knowledge, audit=audit))
-                finally:
-                    audit.close()
-                    knowledge.close()
+                        reports[me.public_key] = await take_step(h, me, None, on_question=on_q)
             async with CommunityClient(url, asker) as c:
                 await take_step(c, asker, None, on_answer=lambda op: answers.append(op.sender) is None)
             return reports
@@ -192,7 +174,6 @@ def test_another_senders_record_under_the_answers_id_does_not_swallow_the_answer
     it first. Bea's put must not then count as "kept already": it is refused
     `mailbox-id-taken`, the question stays at the holder unacked, and it is answered once the
     squatting record is gone — never silently acked and lost."""
-    from node.host.host import open_knowledge
     from node.trust.sealed import record_id, seal
 
     host = load_identity(host_home)
@@ -210,20 +191,14 @@ def test_another_senders_record_under_the_answers_id_does_not_swallow_the_answer
             squat["id"] = record_id("answer", qid, host.public_key, [asker.public_key])
             async with CommunityClient(url, carl) as c:
                 await c.put_sealed(squat)
-            knowledge = open_knowledge(host_home, lambda _: None)
-            audit = AuditLog(host_home)
             seen = SeenRecords()
             reports = []
-            try:
-                on_q = sealed_on_question(home_door(host_home), knowledge, audit=audit)
+            with sealed_answerer(host_home) as on_q:
                 async with CommunityClient(url, host) as h:
                     reports.append(await take_step(h, host, None, on_question=on_q, seen=seen))
                     async with CommunityClient(url, asker) as c:  # the asker drops carl's record
                         await take_step(c, asker, None, on_answer=lambda op: got.append(op.sender) is None)
                     reports.append(await take_step(h, host, None, on_question=on_q, seen=seen))
-            finally:
-                audit.close()
-                knowledge.close()
             async with CommunityClient(url, asker) as c:
                 await take_step(c, asker, None, on_answer=lambda op: got.append(op.sender) is None)
             return reports

@@ -18,76 +18,47 @@ import json
 import time
 from pathlib import Path
 
-from node.community.store import MailboxLimits, open_store
-from node.community.server import run_server_in_thread
 
 from support.cli import ask_later, kith, outbox_run_until
-from support.community import NO_LIMITS
-from support.waits import answered_and_acked, wait_for
-from support.hosts import HostProcess, notes_host
+from support.community import mailbox_server, record_ids
+from support.hosts import HostProcess, card_posted, notes_host, woken_to_answer
 
 QUESTION = "when does the staging server restart"
 
 
 def test_two_homes_never_up_together_through_a_community_mailbox(tmp_path: Path) -> None:
     host_home = notes_host(tmp_path)
-    person = json.loads(kith(host_home, "device", "list", "--json").stdout)["person_key"]
     guest = tmp_path / "guest"
     assert kith(guest, "init").returncode == 0
     db = tmp_path / "server" / "community.sqlite3"
-    db.parent.mkdir()
-    store = open_store(db)
-    try:
-        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
-            # 1. the host is up once: its card (naming the mailbox) is on the server
-            first = HostProcess(host_home, "--server", url, "--mailbox")
-            try:
-                import httpx
-
-                wait_for("the host's card", lambda: httpx.get(f"{url}/api/v1/cards/{person}", timeout=10)
-                         .status_code == 200, timeout_s=30)
-            finally:
-                first.stop()
-            # 2. the guest, alone: asks --later, the runner leaves the question at the mailbox
-            r = kith(guest, "peers", "add", "bea", person, "--devices", "--server", url)
-            assert r.returncode == 0, r.stderr
-            qid = ask_later(guest, QUESTION, "bea")
-            said = outbox_run_until(guest, "the row saying where it waits", lambda: json.loads(kith(
-                guest, "outbox", "show", qid, "--json").stdout)["peers"][0]["leftWith"] == url)
-            assert store.mailbox_usage()["records"] == 1
-            assert f"outbox {qid[:12]}: bea unreachable; left sealed with {url}" in said, said
-            listed = kith(guest, "outbox", "list")
-            compact = "".join(listed.stdout.split())  # the table wraps its cells
-            assert f"[leftwith{url}]" in compact, listed.stdout
-            # 3. the host, alone: takes, answers, acks
-            question_ids = _record_ids(store)
-            t0 = time.monotonic()
-            second = HostProcess(host_home, "--server", url, "--mailbox")
-            try:  # the question acked after its answer was left: one record, another id
-                wait_for("the sealed answer", answered_and_acked(lambda: _record_ids(store), question_ids),
-                         timeout_s=60, every_s=0.05)
-                took = time.monotonic() - t0
-            finally:
-                second.stop()
-            print(f"answer at the holder {took:.2f} s after `kith host` was started")
-            # 4. the guest, alone again: the row is answered
-            t0 = time.monotonic()
-            said = outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
-                guest, "outbox", "show", qid, "--json").stdout)["state"] == "answered")
-            print(f"answer in the guest's outbox {time.monotonic() - t0:.2f} s after `kith outbox run` was started")
-            assert f"outbox {qid[:12]}: bea answered" in said, said  # said as a live answer is
-            raw = b"".join(p.read_bytes() for p in db.parent.iterdir() if p.name.startswith(db.name))
-    finally:
-        store.close()
+    with mailbox_server(db) as (store, url):
+        # 1. the host is up once: its card (naming the mailbox) is on the server
+        person = card_posted(host_home, url)
+        # 2. the guest, alone: asks --later, the runner leaves the question at the mailbox
+        r = kith(guest, "peers", "add", "bea", person, "--devices", "--server", url)
+        assert r.returncode == 0, r.stderr
+        qid = ask_later(guest, QUESTION, "bea")
+        said = outbox_run_until(guest, "the row saying where it waits", lambda: json.loads(kith(
+            guest, "outbox", "show", qid, "--json").stdout)["peers"][0]["leftWith"] == url)
+        assert store.mailbox_usage()["records"] == 1
+        assert f"outbox {qid[:12]}: bea unreachable; left sealed with {url}" in said, said
+        listed = kith(guest, "outbox", "list")
+        compact = "".join(listed.stdout.split())  # the table wraps its cells
+        assert f"[leftwith{url}]" in compact, listed.stdout
+        # 3. the host, alone: takes, answers, acks
+        took = woken_to_answer(host_home, url, lambda: record_ids(store))
+        print(f"answer at the holder {took:.2f} s after `kith host` was started")
+        # 4. the guest, alone again: the row is answered
+        t0 = time.monotonic()
+        said = outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
+            guest, "outbox", "show", qid, "--json").stdout)["state"] == "answered")
+        print(f"answer in the guest's outbox {time.monotonic() - t0:.2f} s after `kith outbox run` was started")
+        assert f"outbox {qid[:12]}: bea answered" in said, said  # said as a live answer is
+        raw = b"".join(p.read_bytes() for p in db.parent.iterdir() if p.name.startswith(db.name))
     shown = json.loads(kith(guest, "outbox", "show", qid, "--json").stdout)
     assert shown["answer"]["results"] and "noon" in shown["answer"]["results"][0]["textPreview"]
     for plain in (QUESTION, "staging server", "noon"):
         assert plain.encode() not in raw, plain
-
-
-def _record_ids(store) -> list[str]:
-    with store._read() as conn:
-        return [r[0] for r in conn.execute("SELECT record_id FROM mailbox").fetchall()]
 
 
 def test_a_device_pin_is_reached_through_the_mailbox_its_own_card_names(tmp_path: Path) -> None:
@@ -98,41 +69,29 @@ def test_a_device_pin_is_reached_through_the_mailbox_its_own_card_names(tmp_path
     device = json.loads(kith(host_home, "status", "--json").stdout)["identity"]["key"]
     guest = tmp_path / "guest"
     assert kith(guest, "init").returncode == 0
-    db = tmp_path / "server" / "community.sqlite3"
-    db.parent.mkdir()
-    store = open_store(db)
-    try:
-        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
-            # 1. met live once: the device's card (naming the mailbox) is kept for its pin
-            first = HostProcess(host_home, "--server", url, "--mailbox")
-            try:
-                r = kith(guest, "peers", "add", "bea", device, "--invite", first.invitation["post_id"],
-                         "--server", url)
-                assert r.returncode == 0, r.stderr
-                r = kith(guest, "ask", QUESTION, "--peer", "bea", "--offline", "--json", "--timeout", "20",
-                         timeout=120)
-                assert r.returncode == 0, r.stdout + r.stderr
-            finally:
-                first.stop()
-            cards = json.loads((guest / "cards.json").read_text())
-            assert url in json.dumps(cards)  # the format-2 card, kept under the device pin
-            # 2. the host sleeps: the question is left with its mailbox, sealed to the device
-            qid = ask_later(guest, QUESTION, "bea")
-            outbox_run_until(guest, "the row left with the mailbox", lambda: json.loads(kith(
-                guest, "outbox", "show", qid, "--json").stdout)["peers"][0].get("leftWith") == url)
-            assert store.mailbox_usage()["records"] == 1
-            # 3. the host wakes and answers; 4. the guest wakes and takes it
-            question_ids = _record_ids(store)
-            second = HostProcess(host_home, "--server", url, "--mailbox")
-            try:  # the question acked after its answer was left: one record, another id
-                wait_for("the sealed answer", answered_and_acked(lambda: _record_ids(store), question_ids),
-                         timeout_s=60, every_s=0.05)
-            finally:
-                second.stop()
-            outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
-                guest, "outbox", "show", qid, "--json").stdout)["state"] == "answered")
-    finally:
-        store.close()
+    with mailbox_server(tmp_path / "server" / "community.sqlite3") as (store, url):
+        # 1. met live once: the device's card (naming the mailbox) is kept for its pin
+        first = HostProcess(host_home, "--server", url, "--mailbox")
+        try:
+            r = kith(guest, "peers", "add", "bea", device, "--invite", first.invitation["post_id"],
+                     "--server", url)
+            assert r.returncode == 0, r.stderr
+            r = kith(guest, "ask", QUESTION, "--peer", "bea", "--offline", "--json", "--timeout", "20",
+                     timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
+        finally:
+            first.stop()
+        cards = json.loads((guest / "cards.json").read_text())
+        assert url in json.dumps(cards)  # the format-2 card, kept under the device pin
+        # 2. the host sleeps: the question is left with its mailbox, sealed to the device
+        qid = ask_later(guest, QUESTION, "bea")
+        outbox_run_until(guest, "the row left with the mailbox", lambda: json.loads(kith(
+            guest, "outbox", "show", qid, "--json").stdout)["peers"][0].get("leftWith") == url)
+        assert store.mailbox_usage()["records"] == 1
+        # 3. the host wakes and answers; 4. the guest wakes and takes it
+        woken_to_answer(host_home, url, lambda: record_ids(store))
+        outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
+            guest, "outbox", "show", qid, "--json").stdout)["state"] == "answered")
     shown = json.loads(kith(guest, "outbox", "show", qid, "--json").stdout)
     assert "noon" in shown["answer"]["results"][0]["textPreview"]
 

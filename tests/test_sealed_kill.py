@@ -22,14 +22,12 @@ import threading
 from pathlib import Path
 
 from node.common.errors import CommunityError
-from node.community.server import run_server_in_thread
-from node.community.store import MailboxLimits, open_store
 from node.guest.outbox import OutboxStore
 
 from support.cli import ask_later, kith, kith_argv, outbox_run_until
-from support.community import NO_LIMITS
+from support.community import mailbox_server
 from support.waits import wait_for
-from support.hosts import HostProcess, notes_host
+from support.hosts import HostProcess, card_posted, notes_host
 
 QUESTION = "when does the staging server restart"
 
@@ -83,15 +81,7 @@ def _homes(tmp_path: Path, url: str) -> tuple[Path, str, str, Path, str]:
     """The host home (its card, naming the mailbox, posted once), its person and device key,
     and a guest home with its key."""
     host_home = notes_host(tmp_path)
-    person = json.loads(kith(host_home, "device", "list", "--json").stdout)["person_key"]
-    first = HostProcess(host_home, "--server", url, "--mailbox")
-    try:
-        import httpx
-
-        wait_for("the host's card", lambda: httpx.get(f"{url}/api/v1/cards/{person}", timeout=10)
-                 .status_code == 200, timeout_s=30)
-    finally:
-        first.stop()
+    person = card_posted(host_home, url)
     guest = tmp_path / "guest"
     assert kith(guest, "init").returncode == 0
     return host_home, person, _key(host_home), guest, _key(guest)
@@ -105,69 +95,61 @@ def _answers(guest: Path, qid: str) -> list:
 
 
 def test_a_host_killed_before_its_ack_answers_again_and_the_asker_keeps_one(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "c.sqlite3")
-    try:
-        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
-            host_home, person, device, guest, asker = _homes(tmp_path, url)
-            qid = _ask_later(guest, person, url)
-            outbox_run_until(guest, "the question at the mailbox", lambda: _senders(store) == [asker])
-            gate = AckGate(store, device)
-            host = HostProcess(host_home, "--server", url, "--mailbox")
-            try:
-                assert gate.hit.wait(60), "the host never acked"
-                assert sorted(_senders(store)) == sorted([asker, device])  # its answer left, the question kept
-                _kill(host.proc)  # killed between leaving the answer and the holder's ack
-            finally:
-                gate.refuse()
-                if host.proc.poll() is None:
-                    host.stop()
-            gate.remove()
-            assert sorted(_senders(store)) == sorted([asker, device])  # nothing lost
-            again = HostProcess(host_home, "--server", url, "--mailbox")
-            try:  # taken again, answered again under the same id: still one answer kept
-                wait_for("the question acked", lambda: _senders(store) == [device], timeout_s=60, every_s=0.05)
-            finally:
-                again.stop()
-            outbox_run_until(guest, "the answer in the outbox", lambda: _senders(store) == [])
-    finally:
-        store.close()
+    with mailbox_server(tmp_path / "c.sqlite3") as (store, url):
+        host_home, person, device, guest, asker = _homes(tmp_path, url)
+        qid = _ask_later(guest, person, url)
+        outbox_run_until(guest, "the question at the mailbox", lambda: _senders(store) == [asker])
+        gate = AckGate(store, device)
+        host = HostProcess(host_home, "--server", url, "--mailbox")
+        try:
+            assert gate.hit.wait(60), "the host never acked"
+            assert sorted(_senders(store)) == sorted([asker, device])  # its answer left, the question kept
+            _kill(host.proc)  # killed between leaving the answer and the holder's ack
+        finally:
+            gate.refuse()
+            if host.proc.poll() is None:
+                host.stop()
+        gate.remove()
+        assert sorted(_senders(store)) == sorted([asker, device])  # nothing lost
+        again = HostProcess(host_home, "--server", url, "--mailbox")
+        try:  # taken again, answered again under the same id: still one answer kept
+            wait_for("the question acked", lambda: _senders(store) == [device], timeout_s=60, every_s=0.05)
+        finally:
+            again.stop()
+        outbox_run_until(guest, "the answer in the outbox", lambda: _senders(store) == [])
     answers = _answers(guest, qid)
     assert len(answers) == 1 and "noon" in answers[0]["envelope"]["results"][0]["textPreview"]
 
 
 def test_an_asker_killed_after_leaving_and_after_storing_stores_one_answer(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "c.sqlite3")
-    try:
-        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
-            host_home, person, device, guest, asker = _homes(tmp_path, url)
-            qid = _ask_later(guest, person, url)
-            # killed as soon as the question is at the holder (before its answer could come)
-            run = subprocess.Popen(kith_argv(guest, "outbox", "run", "--offline"), stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-            try:
-                wait_for("the question at the mailbox", lambda: _senders(store) == [asker], timeout_s=90)
-            finally:
+    with mailbox_server(tmp_path / "c.sqlite3") as (store, url):
+        host_home, person, device, guest, asker = _homes(tmp_path, url)
+        qid = _ask_later(guest, person, url)
+        # killed as soon as the question is at the holder (before its answer could come)
+        run = subprocess.Popen(kith_argv(guest, "outbox", "run", "--offline"), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        try:
+            wait_for("the question at the mailbox", lambda: _senders(store) == [asker], timeout_s=90)
+        finally:
+            _kill(run)
+        host = HostProcess(host_home, "--server", url, "--mailbox")
+        try:
+            wait_for("the answer at the holder", lambda: _senders(store) == [device], timeout_s=60, every_s=0.05)
+        finally:
+            host.stop()
+        # killed after it stored the answer, before the holder removed it
+        gate = AckGate(store, asker)
+        run = subprocess.Popen(kith_argv(guest, "outbox", "run", "--offline"), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        try:
+            assert gate.hit.wait(90), "the asker never acked"
+            _kill(run)
+        finally:
+            gate.refuse()
+            if run.poll() is None:
                 _kill(run)
-            host = HostProcess(host_home, "--server", url, "--mailbox")
-            try:
-                wait_for("the answer at the holder", lambda: _senders(store) == [device], timeout_s=60, every_s=0.05)
-            finally:
-                host.stop()
-            # killed after it stored the answer, before the holder removed it
-            gate = AckGate(store, asker)
-            run = subprocess.Popen(kith_argv(guest, "outbox", "run", "--offline"), stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-            try:
-                assert gate.hit.wait(90), "the asker never acked"
-                _kill(run)
-            finally:
-                gate.refuse()
-                if run.poll() is None:
-                    _kill(run)
-            gate.remove()
-            assert _senders(store) == [device]  # still at the holder
-            outbox_run_until(guest, "the answer taken again and acked", lambda: _senders(store) == [])
-    finally:
-        store.close()
+        gate.remove()
+        assert _senders(store) == [device]  # still at the holder
+        outbox_run_until(guest, "the answer taken again and acked", lambda: _senders(store) == [])
     answers = _answers(guest, qid)
     assert len(answers) == 1 and "noon" in answers[0]["envelope"]["results"][0]["textPreview"]

@@ -19,8 +19,6 @@ from node.community.client import CommunityClient
 from node.community.inbox import leave_question, take_step
 from node.community.server import run_server_in_thread
 from node.community.store import MailboxLimits
-from node.host.sealed_host import sealed_on_question
-from node.trust.audit_log import AuditLog
 from node.trust.binding import device_link
 from node.trust.identity import Identity, load_identity
 from node.trust.revocation_list import RevocationStore, check_list, make_list
@@ -29,7 +27,7 @@ from node.trust.signing import public_key_of
 from support.cli import kith
 from support.community import NO_LIMITS
 from support.homes import new_identity
-from support.hosts import NOTES_QUESTION, home_door, notes_host
+from support.hosts import NOTES_QUESTION, home_door, notes_host, sealed_answerer
 
 QUESTION = NOTES_QUESTION
 
@@ -43,8 +41,6 @@ def ask_and_answer(url: str, host_home: Path, asker: Identity, chain: list | Non
                    peers_only: bool = False, presence: str = "open") -> tuple[object, list[dict]]:
     """The asker leaves a question; the host wakes and takes its mailbox once; the asker
     wakes and takes what came back. Returns the host's report and the answers' results."""
-    from node.host.host import open_knowledge
-
     host = load_identity(host_home)
     got: list[dict] = []
 
@@ -52,15 +48,9 @@ def ask_and_answer(url: str, host_home: Path, asker: Identity, chain: list | Non
         async with CommunityClient(url, asker) as a:
             await leave_question(a, asker, chain, question_id=qid, request={"query": QUESTION, "topK": 3},
                                  peer=host.public_key, recipients=[host.public_key], expires=time.time() + 3600)
-        knowledge = open_knowledge(host_home, lambda _: None)
-        audit = AuditLog(host_home)
-        try:
+        with sealed_answerer(host_home, peers_only=peers_only, presence=presence) as on_q:
             async with CommunityClient(url, host) as h:
-                report = await take_step(h, host, None, on_question=sealed_on_question(
-                    home_door(host_home, peers_only=peers_only, presence=presence), knowledge, audit=audit))
-        finally:
-            audit.close()
-            knowledge.close()
+                report = await take_step(h, host, None, on_question=on_q)
         async with CommunityClient(url, asker) as a:
             await take_step(a, asker, None, on_answer=lambda op: got.append(op.body["results"]) is None)
         return report

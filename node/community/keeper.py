@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -74,7 +74,11 @@ class PostKeeper:
             "expires_at"}`` when its expiry moved (the Host's own expiry check follows).
         poll_s: longest wait between checks when nothing nudges (default 60; the server's
             lease refresh interval when shorter).
-        clock: Unix seconds (tests inject one).
+        clock: Unix seconds (the host's ``Clock.time``; tests inject one).
+        sleep: waits the given seconds — every wait between checks and after a failed
+            refresh goes through it (the host's ``Clock.sleep``,
+            :mod:`node.runtime.clock`, so a test's ManualClock drives the checks; this
+            package sits below ``runtime`` and takes the two readings, not the object).
 
     Run :meth:`run` in a task group for the Host's lifetime; feed it session events with
     :meth:`observe` (it never blocks the caller).
@@ -85,7 +89,8 @@ class PostKeeper:
                  on_republished: Callable[[str, str, Invitation], None],
                  on_notice: Callable[[dict[str, Any]], None] = lambda _ev: None,
                  poll_s: float = DEFAULT_POLL_S,
-                 clock: Callable[[], float] = time.time, unlisted: bool = False) -> None:
+                 clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], Awaitable[None]] = anyio.sleep, unlisted: bool = False) -> None:
         self.server_url = server_url
         self.unlisted = unlisted  # republished posts stay unlisted (absent from browse)
         self.identity = identity
@@ -96,6 +101,7 @@ class PostKeeper:
         self.poll_s = poll_s
         self.refresh_s = DEFAULT_REFRESH_S
         self.clock = clock
+        self.sleep = sleep
         self.stopped_reason: str | None = None
         self._replace: dict[str, str] = {}  # post_id -> why the host gave it up (consumed, too-many-failures)
         self._announced: set[str] = set()  # post ids whose post-ended was emitted
@@ -180,9 +186,7 @@ class PostKeeper:
                 return
             while True:
                 timeout = min(self.poll_s, self.refresh_s, self._seconds_to_expiry() + 0.5)
-                item: tuple[str, Any] = ("check", None)
-                with anyio.move_on_after(max(MIN_REFRESH_S, timeout)):
-                    item = await self._receive.receive()
+                item = await self._next(max(MIN_REFRESH_S, timeout))
                 if item[0] == "close":
                     await self._close(client, *item[1])
                     continue
@@ -191,6 +195,20 @@ class PostKeeper:
                     continue
                 if not await self._check(client):
                     return
+
+    async def _next(self, timeout_s: float) -> tuple[str, Any]:
+        """The next queued item, or ``("check", None)`` once ``timeout_s`` has passed on
+        :attr:`sleep`'s clock with none."""
+        item: tuple[str, Any] = ("check", None)
+        async with anyio.create_task_group() as tg:
+            async def timer() -> None:
+                await self.sleep(timeout_s)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(timer)
+            item = await self._receive.receive()
+            tg.cancel_scope.cancel()
+        return item
 
     async def _close(self, client: CommunityClient, session_id: str, reason: str) -> None:
         reason = "".join(c if c.isalnum() or c == "-" else "-" for c in reason.lower())[:64]
@@ -227,7 +245,7 @@ class PostKeeper:
         except KithError as exc:
             if exc.code != "invitation-not-found":
                 log.warning("could not refresh post %s on the server: %s", post_id, exc.message)
-                await anyio.sleep(min(5.0, self.poll_s, self.refresh_s))
+                await self.sleep(min(5.0, self.poll_s, self.refresh_s))
                 return True
             state = "lost"  # the server no longer knows it (a restored or reset database)
         else:
@@ -255,7 +273,7 @@ class PostKeeper:
             fresh = await client.publish_invitation(self.make_invitation(), unlisted=self.unlisted)
         except KithError as exc:
             log.warning("could not republish post %s: %s", post_id, exc.message)
-            await anyio.sleep(min(5.0, self.poll_s, self.refresh_s))
+            await self.sleep(min(5.0, self.poll_s, self.refresh_s))
             return True
         if self._retiring:  # the Host stopped while this was being published
             await withdraw_posts(self.server_url, self.identity, [fresh.post_id])

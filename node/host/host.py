@@ -540,7 +540,7 @@ class Host:
         from node.trust.person import load_person
 
         person = load_person(self.home)
-        self.peers_watcher = PeersWatcher(self.home, self.table, on_event=self.emit, now=self.clock.time,
+        self.peers_watcher = PeersWatcher(self.home, self.table, on_event=self.emit, clock=self.clock,
                                           own_person=person.person_key if person else None,
                                           on_devices_revoked=self.on_devices_revoked)
         from node.host.grants import GrantWatcher
@@ -661,7 +661,7 @@ class Host:
                     tg.start_soon(self.peers_watcher.run)  # peers.json / policy.toml by stat
                     tg.start_soon(self.grant_watcher.run)  # grants whose `until` passes end their sessions
                     if self.knowledge.warmer is not None:  # views built before the first question
-                        tg.start_soon(self.knowledge.warmer.run)
+                        tg.start_soon(self.knowledge.warmer.run, self.clock)
                     if self.opts.server_url:  # the person pins' revocation lists (specs/peers.md §10)
                         tg.start_soon(self.peers_watcher.watch_server, self.opts.server_url, self.identity)
                         tg.start_soon(self._publish_cards)  # this device's card (specs/peers.md §13)

@@ -220,7 +220,8 @@ class Posts:
         from node.community.keeper import PostKeeper
 
         self.keeper = PostKeeper(self.server_url, self.identity, current, make_invitation=make_invitation,
-                                 on_republished=self._republished, on_notice=self._noticed, unlisted=self.unlisted)
+                                 on_republished=self._republished, on_notice=self._noticed, unlisted=self.unlisted,
+                                 clock=self.clock.time, sleep=self.clock.sleep)
         return self.keeper
 
     def _write(self, inv: Invitation) -> None:

@@ -24,12 +24,10 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-import anyio
-
 from node.common.errors import ConfigError, KithError, PolicyError
 from node.common.host_events import ConfigInvalid, DeviceRevoked, PeerRevoked, PolicyReloaded
 from node.policy.store import file_stamp
-from node.runtime.clock import rfc3339
+from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
 from node.trust.peers import PEERS_FILE, PeerRegistry, person_pin
 from node.trust.revocation_list import REVOCATIONS_FILE, RevocationList, RevocationStore
 
@@ -72,8 +70,10 @@ class PeersWatcher:
             ``config-invalid`` {``file``} (the last good registry or store stays in force)
             and ``device-revoked`` {``person``, ``peer_name``, ``devices``, ``seq``,
             ``via``, ``code``, ``sessions_ended``}.
-        interval_s: poll period (s).
-        now: Unix time (s) pins' ``until`` is compared with (the host's clock).
+        interval_s: poll period (s), waited on ``clock``.
+        clock: the host's :class:`node.runtime.clock.Clock`: its Unix time is what pins'
+            ``until`` is compared with, and :meth:`run` and :meth:`watch_server` sleep on it
+            (a test's :class:`~node.runtime.clock.ManualClock` drives the polls).
         own_person: this home's person key (its own list is kept from any device), or None.
         on_devices_revoked: told the keys of newly revoked devices after their sessions
             ended (the command that runs both roles wires the guest's copy ending here:
@@ -81,13 +81,12 @@ class PeersWatcher:
     """
 
     def __init__(self, home: Path, sessions: Any, *, on_event: Callable[[dict[str, Any]], None],
-                 interval_s: float = POLL_INTERVAL_S, now: Callable[[], float] | None = None,
+                 interval_s: float = POLL_INTERVAL_S, clock: Clock = SYSTEM_CLOCK,
                  own_person: str | None = None,
                  on_devices_revoked: Callable[[list[str]], None] | None = None) -> None:
-        import time
-
         self.home = Path(home)
-        self.now = now or time.time
+        self.clock = clock
+        self.now = clock.time
         self.sessions = sessions
         self.on_event = on_event
         self.on_devices_revoked = on_devices_revoked
@@ -139,7 +138,7 @@ class PeersWatcher:
         return self._devices_revoked(checked.person, offered.newly_revoked, checked.seq, via, registry, pin, lineage)
 
     async def watch_server(self, server_url: str, identity: Any, interval_s: float = SERVER_FETCH_S) -> None:
-        """With ``kith host --server``: at start and every ``interval_s``, fetch the newest
+        """With ``kith host --server``: at start and every ``interval_s`` on the clock, fetch the newest
         revocation list of each person pinned with ``--devices`` — of its pinned key and of
         every key this host followed it rotating to — from the community server
         and take it like one carried in a handshake (``via="server"``; checked here, an older
@@ -171,7 +170,7 @@ class PeersWatcher:
                                 self.apply_list(checked, via="server", lineage=lineage)
                 except KithError as exc:
                     log.info("could not fetch revocation lists: %s", exc.code)
-            await anyio.sleep(interval_s)
+            await self.clock.sleep(interval_s)
 
     def _devices_revoked(self, person: str, devices: list[str], seq: int, via: str,
                          registry: PeerRegistry, pin: Any = None, lineage: list[str] | None = None
@@ -239,9 +238,10 @@ class PeersWatcher:
         return pins_in_force(self._registry, self.now())
 
     async def run(self) -> None:
-        """Poll until cancelled; never raises for a bad file."""
+        """Poll every :attr:`interval_s` on the clock until cancelled; never raises for a
+        bad file."""
         while True:
-            await anyio.sleep(self.interval_s)
+            await self.clock.sleep(self.interval_s)
             try:
                 self.poll()
             except KithError as exc:  # e.g. approvals unreadable: keep serving

@@ -40,8 +40,10 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
 
     Args:
         host: the running :class:`node.host.host.Host` (its ``home``, ``identity``,
-            ``mail_urls()``, ``opts.peers_only``, ``knowledge``, ``audit``, ``warn``).
-        every_s: seconds between takes.
+            ``mail_urls()``, ``opts.peers_only``, ``knowledge``, ``audit``, ``warn``,
+            ``clock``).
+        every_s: seconds between takes, waited on the host's
+            :class:`node.runtime.clock.Clock` (a test's ManualClock starts the next take).
     """
     from node.community.client import CommunityClient
     from node.community.inbox import take_step
@@ -71,7 +73,7 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
                     said.add(url)
                     host.warn(f"the mailbox at {url} could not be read ({exc.code}); "
                               f"sealed questions wait there until it can")
-        await anyio.sleep(every_s)
+        await host.clock.sleep(every_s)
 
 
 def sealed_on_question(door: Any, knowledge: Any, *, audit: Any = None) -> Any:

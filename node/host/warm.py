@@ -29,6 +29,8 @@ from typing import Any
 
 import anyio
 
+from node.runtime.clock import SYSTEM_CLOCK, Clock
+
 log = logging.getLogger("kith.host")
 
 #: seconds between two checks of the warmed lenses (one ``stat`` of policy.toml and one
@@ -128,16 +130,22 @@ class ViewWarmer:
         self.on_round(report)
         return report
 
-    async def run(self) -> None:
+    async def run(self, clock: Clock = SYSTEM_CLOCK) -> None:
         """Warm at start, then after every change, until cancelled; a failure (no index
-        yet, the corpus closed by a quick stop) is logged and tried again next period."""
+        yet, the corpus closed by a quick stop) is logged and tried again next period.
+
+        Args:
+            clock: the host's :class:`node.runtime.clock.Clock`; the period
+                (:attr:`interval_s`) is waited on it, so a test's
+                :class:`~node.runtime.clock.ManualClock` starts the next round.
+        """
         while True:
             try:
                 # abandoned on cancel: a stopping host does not wait for a build
                 await anyio.to_thread.run_sync(self.warm_once, abandon_on_cancel=True)
             except Exception as exc:  # noqa: BLE001 - warming is an optimisation only
                 log.debug("could not warm the views: %s", type(exc).__name__)
-            await anyio.sleep(self.interval_s)
+            await clock.sleep(self.interval_s)
 
 
 def _log_round(report: dict[str, Any]) -> None:

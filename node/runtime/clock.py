@@ -79,12 +79,17 @@ class ManualClock:
             await anyio.lowlevel.checkpoint()
             return
         woken = anyio.Event()
-        self._sleepers.append((self._mono + seconds if math.isfinite(seconds) else math.inf, woken))
-        await woken.wait()
+        entry = (self._mono + seconds if math.isfinite(seconds) else math.inf, woken)
+        self._sleepers.append(entry)
+        try:
+            await woken.wait()
+        finally:  # a sleep cancelled before its time (a timer raced with a queue) waits no more
+            if entry in self._sleepers:
+                self._sleepers.remove(entry)
 
     def sleepers(self) -> int:
-        """How many :meth:`sleep` calls wait now (a test waits for a machine to be asleep
-        on this clock before it advances it)."""
+        """How many :meth:`sleep` calls wait now, a cancelled one no more (a test waits for
+        a machine to be asleep on this clock before it advances it)."""
         return len(self._sleepers)
 
     def advance(self, seconds: float) -> None:

@@ -37,6 +37,7 @@ from node.engine.session import SessionEngine
 from node.engine.timers import INFLIGHT_PING_S, INFLIGHT_UNRESPONSIVE_S, PING_INTERVAL_S, UNRESPONSIVE_S, Timeouts
 from node.common.errors import CODES, EgressRefused, HookError, KithError, TransportError
 from node.runtime.hooks import HookContext, HookResult, Hooks, normalize_result
+from node.runtime.clock import SYSTEM_CLOCK, Clock
 from node.transport.base import ByteStream
 
 log = logging.getLogger("kith.session")
@@ -255,6 +256,7 @@ async def run_session(
     send_timeout_s: float | None | str = "default",
     stop: anyio.Event | None = None,
     on_refused: Callable[[str, str], None] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> SessionOutcome:
     """Run one session to its end over ``stream`` and return how it ended.
 
@@ -282,6 +284,13 @@ async def run_session(
         on_refused: called (on the event loop) with ``(code, message)`` of each message
             of the peer this engine refused (``message-schema-invalid``, …; the engine has
             answered it with ``_error`` and counts it against ``max_invalid``).
+        clock: the :class:`node.runtime.clock.Clock` the ticker waits on until the engine's
+            next deadline; the engine must read the same clock
+            (``SessionEngine(clock=clock.monotonic)``), so a test that builds both on a
+            :class:`~node.runtime.clock.ManualClock` drives heartbeats and timeouts by
+            advancing it. A host's sessions run on the real clock: their timers measure a
+            live peer over a real transport (the host's own clock drives admission,
+            eviction and expiry, :mod:`node.host.host`).
 
     Never raises for peer behaviour; transport failures end the session as
     ``peer-disconnected``. The stream is closed on return; ``on_end`` gets the reason
@@ -458,11 +467,11 @@ async def run_session(
                 await anyio.sleep(0.005)
 
     async def ticker(scope: anyio.CancelScope) -> None:
-        clock = engine.clock
+        now = engine.clock
         while not engine.closed:
             deadline = engine.next_deadline()
-            delay = tick_cap if deadline is None else min(max(deadline - clock(), 0.0), tick_cap)
-            await anyio.sleep(delay)
+            delay = tick_cap if deadline is None else min(max(deadline - now(), 0.0), tick_cap)
+            await clock.sleep(delay)
             events = engine.tick()
             await flush()
             emit(events)

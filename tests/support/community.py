@@ -1,5 +1,6 @@
 """Community-server test support: unlimited rate limits, invitations and session proofs
-signed with real keys, request helpers, and a throwaway PostgreSQL cluster
+signed with real keys, request helpers, a server with a sealed mailbox in this process
+(:func:`mailbox_server`, :func:`record_ids`), and a throwaway PostgreSQL cluster
 (:class:`PgCluster`, the session fixture :func:`pg_server`, :func:`fresh_pg_database`)."""
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -34,6 +37,35 @@ def invitation(host: Identity, **kw) -> Invitation:
     """An invitation signed by ``host`` for a fake ticket (``kw``: create_invitation options)."""
     return create_invitation(host, protocol_name="knowledge-query", protocol_version="1",
                              protocol_id=PROTOCOL_ID, ticket="endpointfaketicket", **kw)
+
+
+@contextmanager
+def mailbox_server(db: Path | str) -> Iterator[tuple[Any, str]]:
+    """A community server with ``--mailbox`` (default :class:`MailboxLimits`, no rate limits)
+    over the store ``db`` names — a SQLite file (its folder made) or a PostgreSQL URL —
+    run in a thread of this process.
+
+    Yields:
+        (the store, to look into the held records; the server's URL). The store is closed
+        after the server stopped.
+    """
+    from node.community.server import run_server_in_thread
+    from node.community.store import MailboxLimits, open_store
+
+    if isinstance(db, Path):
+        db.parent.mkdir(parents=True, exist_ok=True)
+    store = open_store(db)
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            yield store, url
+    finally:
+        store.close()
+
+
+def record_ids(store: Any) -> list[str]:
+    """The ids of the sealed records ``store``'s mailbox holds now."""
+    with store._read() as conn:
+        return [r[0] for r in conn.execute("SELECT record_id FROM mailbox").fetchall()]
 
 
 def error_of(response: httpx.Response) -> str:

@@ -1,12 +1,17 @@
 """A copy-granting host home and an in-memory link to its copy server, shared by the
 copy tests (specs/copies.md): the real :class:`node.answer.copies.CopyServer` over a real
-corpus, policy and key, asked without a transport."""
+corpus, policy and key, asked without a transport; and for the tests over iroh, that host
+served in process to bea's pool (:func:`alice_for_bea`) with bea's home runner
+(:func:`runner_in`, :func:`events_of`)."""
 
 from __future__ import annotations
 
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import anyio
 
 from node.answer.copies import CopyServer
 from node.corpus.store import Corpus
@@ -126,3 +131,55 @@ def first_copy(home: Path, tmp_path: Path, peer: str = "alice") -> tuple[Path, s
     with corpus:
         anyio.run(lambda: sync_copy(guest, peer, copy_asker(server), key))
     return guest, key
+
+
+@asynccontextmanager
+async def alice_for_bea(host: Path, bea: Path, tmp_path: Path, **opts: Any) -> AsyncIterator[tuple[Any, Any]]:
+    """``host`` served in this event loop (:class:`support.hosts.InProcessHost` with the
+    ``STEADY`` heartbeat and ``opts``, up within 60 s), pinned in bea's home as ``alice``,
+    and bea's :class:`node.guest.pool.SessionPool` open on it; the pool is closed and the
+    host stopped at exit.
+
+    Yields:
+        (the InProcessHost, bea's pool).
+    """
+    from node.guest.pool import SessionPool
+    from node.trust.identity import load_identity
+    from support.homes import pin_host
+    from support.hosts import STEADY, InProcessHost
+
+    h = InProcessHost(host, tmp_path, **{"heartbeat": STEADY, **opts})
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(h.run)
+        with anyio.fail_after(60):
+            await h.ready.wait()
+        pin_host(bea, "alice", h.invite)
+        async with SessionPool(bea, load_identity(bea), local=True) as pool:
+            yield h, pool
+        h.stop.set()
+
+
+def runner_in(tg: Any, runner: Any) -> anyio.CancelScope:
+    """Start ``runner.run()`` (a :class:`node.guest.runner.Runner`, the home runner that
+    syncs the copies) in the task group ``tg``; returns the scope whose ``cancel()`` stops
+    that runner alone (a process that stops: its lock is released)."""
+    scope = anyio.CancelScope()
+
+    async def run() -> None:
+        with scope:
+            await runner.run()
+
+    tg.start_soon(run)
+    return scope
+
+
+async def events_of(events: list[dict[str, Any]], kind: str, more_than: int = 0, timeout: float = 120.0) -> int:
+    """Wait (polling, ``timeout`` s at most) until ``events`` holds more than ``more_than``
+    events of ``kind`` (``copy-synced``, …); returns how many it holds."""
+    def count() -> int:
+        return sum(e["event"] == kind for e in events)
+
+    with anyio.fail_after(timeout):
+        while count() <= more_than:
+            await anyio.sleep(0.05)
+    return count()

@@ -6,12 +6,13 @@ another post, hangs up after the proof)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import anyio
 
@@ -24,6 +25,7 @@ from node.transport.iroh import bind_node
 from node.trust.identity import Identity, load_identity
 
 from support.cli import KITH, kith, next_line, pending
+from support.waits import answered_and_acked, until, wait_for
 
 #: heartbeat (ping every 0.2 s, unresponsive after 1 s) for tests about the heartbeat
 FAST = (0.2, 1.0)
@@ -79,11 +81,12 @@ class InProcessHost:
     def ended(self) -> list[dict]:
         return self.of("session-ended")
 
-    async def until(self, cond, timeout: float = 15.0) -> None:
-        """Wait (polling, bounded) until ``cond()`` holds: a condition, not a fixed sleep."""
-        with anyio.fail_after(timeout):
-            while not cond():
-                await anyio.sleep(0.01)
+    async def until(self, cond, timeout: float = 15.0, *, tick_s: float | None = None) -> None:
+        """Wait (polling, bounded) until ``cond()`` holds: a condition, not a fixed sleep.
+        With ``tick_s``, the host's ManualClock is advanced by that much at each poll, so
+        the host's background machines (peers watcher, view warmer, …) run again
+        (:func:`support.waits.until`)."""
+        await until(cond, timeout, clock=self.clock, tick_s=tick_s, every_s=0.01)
 
     async def wait_for(self, pred, timeout: float = 15.0) -> dict:
         with anyio.fail_after(timeout):
@@ -156,6 +159,64 @@ def notes_host(tmp: Path) -> Path:
     docs.mkdir()
     (docs / "notes.md").write_text("# Notes\n\nThe staging server restarts at noon.\n")
     return prepare_host(tmp, docs)
+
+
+def card_posted(home: Path, url: str) -> str:
+    """``kith host --server URL --mailbox`` for ``home``, run until its person's card (naming
+    the mailbox) is on the server at ``url`` (30 s at most), then stopped: a host that was up
+    once. Returns the person key."""
+    import httpx
+
+    person = json.loads(kith(home, "device", "list", "--json").stdout)["person_key"]
+    first = HostProcess(home, "--server", url, "--mailbox")
+    try:
+        wait_for("the host's card", lambda: httpx.get(f"{url}/api/v1/cards/{person}", timeout=10)
+                 .status_code == 200, timeout_s=30)
+    finally:
+        first.stop()
+    return person
+
+
+def woken_to_answer(home: Path, url: str, held: Any) -> float:
+    """``kith host --server URL --mailbox`` for ``home``, run until it answered and acked the
+    questions the holder at ``url`` keeps now (:func:`support.waits.answered_and_acked`: an
+    answer kept, none of those ids left; 60 s at most), then stopped.
+
+    Args:
+        held: ``() -> [record id]`` the holder keeps (:func:`support.community.record_ids`).
+
+    Returns:
+        seconds from the host's start to its answer at the holder.
+    """
+    import time
+
+    question_ids = held()
+    t0 = time.monotonic()
+    host = HostProcess(home, "--server", url, "--mailbox")
+    try:  # the question acked after its answer was left: one record, another id
+        wait_for("the sealed answer", answered_and_acked(held, question_ids), timeout_s=60, every_s=0.05)
+        return time.monotonic() - t0
+    finally:
+        host.stop()
+
+
+@contextlib.contextmanager
+def sealed_answerer(home: Path, **door: Any) -> Iterator[Any]:
+    """The ``on_question`` a host at ``home`` takes sealed questions with
+    (:func:`node.host.sealed_host.sealed_on_question`: admitted by :func:`home_door` with
+    ``door``'s options, answered from its knowledge, written to its audit log), both opened
+    here and closed at exit."""
+    from node.host.host import open_knowledge
+    from node.host.sealed_host import sealed_on_question
+    from node.trust.audit_log import AuditLog
+
+    knowledge = open_knowledge(home, lambda _: None)
+    audit = AuditLog(home)
+    try:
+        yield sealed_on_question(home_door(home, **door), knowledge, audit=audit)
+    finally:
+        audit.close()
+        knowledge.close()
 
 
 def home_door(home: Path, *, peers_only: bool = False, presence: str = "open") -> Any:

@@ -23,6 +23,7 @@ from node.transport.memory import MemoryListener
 from node.trust.identity import Identity, load_identity
 
 from support.homes import KQ, public_host_home
+from support.waits import until
 
 
 def memory_host_home(tmp: Path) -> Path:
@@ -64,11 +65,10 @@ class MemoryHost:
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["event"] == kind]
 
-    async def until(self, cond, timeout: float = 10.0) -> None:
-        """Wait (polling, bounded) until ``cond()`` holds."""
-        with anyio.fail_after(timeout):
-            while not cond():
-                await anyio.sleep(0.005)
+    async def until(self, cond, timeout: float = 10.0, *, tick_s: float | None = None) -> None:
+        """Wait (polling, bounded) until ``cond()`` holds; with ``tick_s``, advance the
+        host's clock by that much at each poll (:func:`support.waits.until`)."""
+        await until(cond, timeout, clock=self.clock, tick_s=tick_s)
 
 
 class MemoryGuest:

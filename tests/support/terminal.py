@@ -1,6 +1,7 @@
 """Running `kith` where a person would see it: on a pseudo-terminal (:func:`in_pty`, with
-replies typed at prompts) and reading a child's pipe line by line with arrival times
-(:class:`Lines`)."""
+replies typed at prompts; :func:`join_on_pty`, an interactive `kith join` the test steers
+with :func:`read_until`, :func:`drain` and :func:`end_pty_join`) and reading a child's pipe
+line by line with arrival times (:class:`Lines`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import fcntl
 import os
 import pty
 import select
+import signal
 import struct
 import subprocess
+import sys
 import termios
 import time
 from collections.abc import Callable
@@ -53,6 +56,57 @@ def in_pty(argv: list[str], *, columns: int, env: dict[str, str] | None = None, 
             proc.kill()
             proc.wait()
         os.close(master)
+
+
+def join_on_pty(home, invite, *flags: str, env: dict[str, str]) -> tuple[int, int, int]:
+    """``kith --home HOME join INVITE --trust FLAGS`` with stdin and stdout on a
+    pseudo-terminal (the ``ask>`` prompt) and stderr on a pipe, in environment ``env``.
+
+    Returns:
+        ``(pid, pty master fd, stderr read fd)``; :func:`end_pty_join` closes them.
+    """
+    from support.cli import KITH
+
+    err_r, err_w = os.pipe()
+    pid, master = pty.fork()
+    if pid == 0:  # the child
+        os.dup2(err_w, 2)
+        os.execvpe(sys.executable, [*KITH, "--home", str(home), "join", str(invite), *flags, "--trust"], env)
+    os.close(err_w)
+    return pid, master, err_r
+
+
+def read_until(fd: int, needle: bytes, timeout: float, buf: bytearray) -> None:
+    """Read the raw pipe ``fd`` (unbuffered: select on it is sound) into ``buf`` until
+    ``needle`` is in it; fails after ``timeout`` s or at EOF."""
+    deadline = time.monotonic() + timeout
+    while needle not in buf:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{needle!r} not seen; got {bytes(buf)!r}"
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 65536)
+            assert chunk, f"EOF before {needle!r}; got {bytes(buf)!r}"
+            buf += chunk
+
+
+def drain(fd: int, buf: bytearray) -> None:
+    """Read what is left on the pipe ``fd`` into ``buf``: until EOF (the child exited) or
+    until nothing came for 0.2 s (a child still running)."""
+    while select.select([fd], [], [], 0.2)[0]:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        buf += chunk
+
+
+def end_pty_join(pid: int, code: int | None, master: int, err: int) -> None:
+    """The end of a :func:`join_on_pty` child: killed and reaped unless it exited (``code``
+    is its exit code, None while it runs), and both fds closed."""
+    if code is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    os.close(master)
+    os.close(err)
 
 
 class Lines:

@@ -2,14 +2,19 @@
 
 A test that needs something to have happened (a card posted, a record written, a socket
 closed) polls for it with :func:`wait_for`, which fails with a sentence naming what did not
-happen once its bound is spent. Async tests of an in-process host use
-:meth:`support.hosts.InProcessHost.until` / :meth:`support.memory.MemoryHost.until`.
+happen once its bound is spent. Async tests of an in-process host use :func:`until`
+(:meth:`support.hosts.InProcessHost.until` / :meth:`support.memory.MemoryHost.until`);
+given the host's ManualClock and a ``tick_s`` it also drives the host's background
+machines (the peers watcher, the view warmer, the sealed take loop, the post keeper), which
+sleep on that clock and wake only when it is advanced.
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any, Callable
+
+import anyio
 
 
 def wait_for(what: str, check: Callable[[], Any], *, timeout_s: float = 60.0,
@@ -55,3 +60,26 @@ def answered_and_acked(held: Callable[[], list[str]], question_ids: list[str]) -
         return bool(ids) and not set(ids) & set(question_ids)
 
     return check
+
+
+async def until(cond: Callable[[], Any], timeout: float, *, clock: Any = None, tick_s: float | None = None,
+                every_s: float = 0.005) -> None:
+    """Poll ``cond`` on the event loop until it is truthy (an async test's :func:`wait_for`).
+
+    Args:
+        cond: called with no argument, at once and then every ``every_s`` seconds.
+        timeout: the bound, seconds of real time.
+        clock: the host's :class:`node.runtime.clock.ManualClock`, or None.
+        tick_s: with ``clock``: advance it by this many seconds before each poll, so a
+            machine that sleeps on it (a poll period, a retry) runs again; the period of
+            the machine a test waits on (e.g. ``node.host.revocation.POLL_INTERVAL_S``).
+        every_s: the poll interval, seconds of real time.
+
+    Raises:
+        TimeoutError: ``cond`` stayed falsy for ``timeout`` seconds.
+    """
+    with anyio.fail_after(timeout):
+        while not cond():
+            if tick_s is not None:
+                clock.advance(tick_s)
+            await anyio.sleep(every_s)
