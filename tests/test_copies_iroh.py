@@ -97,6 +97,7 @@ def test_the_home_runner_re_syncs_a_copy_in_the_background(tmp_path):
 
     from node.guest.copies.store import CopyStore
     from node.guest.pool import SessionPool
+    from node.guest.owner import Guest
     from node.guest.runner import Runner, default_tasks
     from support.hosts import STEADY, InProcessHost
 
@@ -119,7 +120,7 @@ def test_the_home_runner_re_syncs_a_copy_in_the_background(tmp_path):
 
                 async def own_pool():
                     return pool
-                runner = Runner(bea, default_tasks(bea), pool=own_pool, command="test", on_event=events.append)
+                runner = Runner(Guest(bea), default_tasks(bea), pool=own_pool, command="test", on_event=events.append)
                 stop_runner = anyio.CancelScope()
 
                 async def run_runner():

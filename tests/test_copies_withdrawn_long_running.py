@@ -24,6 +24,7 @@ def test_a_grant_narrowed_while_a_node_runs_is_applied_by_its_runner_without_a_w
     from node.guest.copies.lifecycle import stale
     from node.guest.copies.store import CopyStore
     from node.guest.pool import SessionPool
+    from node.guest.owner import Guest
     from node.guest.runner import Runner, default_tasks
     from node.runtime.clock import SYSTEM_CLOCK
     from support.hosts import STEADY, InProcessHost
@@ -44,7 +45,7 @@ def test_a_grant_narrowed_while_a_node_runs_is_applied_by_its_runner_without_a_w
             async with SessionPool(bea, load_identity(bea), local=True) as pool:
                 async def own_pool():
                     return pool
-                runner = Runner(bea, default_tasks(bea), pool=own_pool, command="test", on_event=events.append)
+                runner = Runner(Guest(bea), default_tasks(bea), pool=own_pool, command="test", on_event=events.append)
                 stop_runner = anyio.CancelScope()
 
                 async def run_runner():

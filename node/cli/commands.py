@@ -228,15 +228,15 @@ def host_cmd(
 
         from node.cli.host_render import HostEventPrinter
         from node.cli.outbox_cmd import say_delivery
-        from node.guest.runner import run_background
+        from node.guest.owner import Guest
         from node.runtime.clock import SYSTEM_CLOCK
 
         clock = SYSTEM_CLOCK  # one clock for the host and the home's background work beside it
+        guest = Guest(home, mode=mode, local=mode.offline, clock=clock)  # the asking side of this process
         async with anyio.create_task_group() as tg:
             tg.start_soon(until_signal)
             # the home's background work while it hosts: the outbox's delivery (specs/outbox.md §5)
-            tg.start_soon(partial(run_background, home, command="kith host", mode=mode, local=mode.offline,
-                                  on_event=say_delivery, clock=clock))
+            tg.start_soon(partial(guest.run_background, command="kith host", on_event=say_delivery))
             await serve_host(home, opts, on_invitation=on_invitation, warn=warn, stop=stop,
                              on_event=HostEventPrinter(json_out=json_out, server=server),
                              clock=clock, on_devices_revoked=partial(_end_revoked_copies, home))
