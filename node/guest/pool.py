@@ -143,7 +143,8 @@ class PeerSession:
                     interactive=True, on_ready=self._on_ready, heartbeat=self.pool.heartbeat,
                     node=self.pool.node, connect_timeout_s=self.pool.connect_timeout_s,
                     on_path=self._on_path, on_refused=self._on_refused,
-                    on_copy_notice=self.pool.on_copy_notice, copy_states=self.pool.copy_states)
+                    on_copy_notice=self.pool.on_copy_notice, copy_states=self.pool.copy_states,
+                    peers=self.pool.peers)
         except KithError as exc:
             self.error = exc
             if isinstance(exc, TransportError) and self.session_id is None:
