@@ -4,7 +4,7 @@ and their answers (specs/outbox.md)."""
 from __future__ import annotations
 
 import signal
-from typing import Any, Optional
+from typing import Any
 
 import typer
 

@@ -20,7 +20,6 @@ from node.runtime.clock import unix_of
 from node.trust.card import CardStore, DeviceCard, check_card
 
 if TYPE_CHECKING:
-    from node.trust.identity import Identity
     from node.trust.peers import PeerRecord
 
 log = logging.getLogger("kith.cards")

@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable
 from node.guest.peerview import FileView, PeerView
 from node.runtime.clock import SYSTEM_CLOCK, Clock
 
-log = logging.getLogger("kith.runner")
+log = logging.getLogger("kith.runner")  # the runner's own logger: its failures read as the runner's
 
 
 class Guest:
