@@ -109,7 +109,7 @@ def _local(home: Path, body: dict[str, Any], holder: Any = None,
 
 async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
                       server: str | None = None, local: bool = False,
-                      timeout_s: float = PEER_TIMEOUT_S, pool: Any = None) -> dict[str, Any]:
+                      timeout_s: float = PEER_TIMEOUT_S, pool: Any = None, guest: Any = None) -> dict[str, Any]:
     """Ask a joined peer one question over a knowledge-query session.
 
     Args:
@@ -117,8 +117,9 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
             invitation file / JSON / ``post_id``. body: the validated flat request.
             server: community server URL (needed for a ``post_id``). local: iroh local
             mode (tests, offline). pool: the warm :class:`~node.guest.pool.SessionPool`
-            of the server's :class:`node.guest.owner.Guest` (None: a guest and pool for
-            this call).
+            of the server's :class:`node.guest.owner.Guest` (None: a pool for this call).
+        guest: the :class:`node.guest.owner.Guest` of this call (None:
+            :meth:`node.guest.owner.Guest.of` ``pool``).
         timeout_s: end-to-end limit in seconds (connect, handshake, answer). The request's
             ``remainingBudgetMs`` is sent to the host and bounds its search, exactly as for
             any other entry point (0 → ``budget-exhausted``); it does not shorten the
@@ -139,7 +140,7 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
 
     import anyio
 
-    guest = Guest.of(home, local=local, pool=pool)
+    guest = Guest.of(home, local=local, pool=pool) if guest is None else guest
     guest.identity  # noqa: B018 - no identity is refused here, before anything is resolved
     if guest.peers.now().by_name(peer) is not None:
         target: Any = peer  # a pinned name: resolved by the asker (saved invitation, then server)
@@ -360,15 +361,17 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
         from node.policy.outbound import door_gate
 
         sent = {**args, **signed}
-        from node.trust.peers import NAME_RE, PeerRegistry
+        from node.guest.owner import Guest
+        from node.trust.peers import NAME_RE
 
+        guest = Guest.of(home, local=local, pool=pool)  # the server's, or one for this call
         named = peer if NAME_RE.fullmatch(peer) else None  # an invitation: a peer without a name here
         # what else leaves: a server URL is fetched (its path too) and an invitation is used
         # before the host is reached; the gate reads them with the question
-        pinned = named is not None and PeerRegistry.load(home).by_name(peer) is not None
+        pinned = named is not None and guest.peers.now().by_name(peer) is not None
         gated = {**sent, **({} if pinned else {"peer": peer}), **({"server": server} if server else {})}
         ticket = await anyio.to_thread.run_sync(door_gate, home, scope, gated, [named])
-        answer = await peer_search(home, peer, sent, server=server, local=local, pool=pool)
+        answer = await peer_search(home, peer, sent, server=server, local=local, pool=pool, guest=guest)
         await anyio.to_thread.run_sync(ticket.done, answer)
     except KithError as exc:
         return _refusal(exc.code, exc.message)
