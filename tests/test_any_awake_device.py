@@ -87,8 +87,9 @@ def test_a_person_with_two_devices_one_asleep_answers_from_the_awake_one(tmp_pat
         import anyio
 
         from node.guest.fanout import peers_search
+        from node.guest.owner import Guest
 
-        merged = anyio.run(lambda: peers_search(guest, ["bea"], {"query": "sqlite write-ahead log"}, local=True,
+        merged = anyio.run(lambda: peers_search(Guest(guest, local=True), ["bea"], {"query": "sqlite write-ahead log"},
                                                 timeout_s=60), backend="asyncio")
         assert merged["peers"][0]["status"] == "ok" and merged["peers"][0]["device"]["key"] == desk_key
 

@@ -96,6 +96,7 @@ def test_the_home_runner_re_syncs_a_copy_in_the_background(tmp_path):
     import anyio
 
     from node.guest.copies.store import CopyStore
+    from node.guest.owner import Guest
     from node.guest.runner import Runner, default_tasks
 
     host, bea = kb_host_and_bea(tmp_path, "/kb/sqlite.md")
@@ -111,7 +112,7 @@ def test_the_home_runner_re_syncs_a_copy_in_the_background(tmp_path):
 
             async def own_pool():
                 return pool
-            stop_runner = runner_in(tg, Runner(bea, default_tasks(bea), pool=own_pool, command="test",
+            stop_runner = runner_in(tg, Runner(Guest(bea), default_tasks(bea), pool=own_pool, command="test",
                                                on_event=events.append))
             await events_of(events, "copy-synced")
             stop_runner.cancel()

@@ -23,6 +23,7 @@ def test_a_grant_narrowed_while_a_node_runs_is_applied_by_its_runner_without_a_w
     from node.guest.copies.lifecycle import stale
     from node.guest.copies.store import CopyStore
     from node.guest.pool import SessionPool
+    from node.guest.owner import Guest
     from node.guest.runner import Runner, default_tasks
     from node.runtime.clock import SYSTEM_CLOCK
 
@@ -37,7 +38,7 @@ def test_a_grant_narrowed_while_a_node_runs_is_applied_by_its_runner_without_a_w
                 anyio.create_task_group() as tg:
             async def own_pool():
                 return pool
-            stop_runner = runner_in(tg, Runner(bea, default_tasks(bea), pool=own_pool, command="test",
+            stop_runner = runner_in(tg, Runner(Guest(bea), default_tasks(bea), pool=own_pool, command="test",
                                                on_event=events.append))
             await events_of(events, "copy-synced")
             assert "/kb/tempfiles.md" in store.load()["documents"]

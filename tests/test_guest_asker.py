@@ -54,7 +54,7 @@ class Pool:
 def resolved(monkeypatch):
     calls: list[bool] = []
 
-    async def resolve_peer(name, home, *, skip_saved=False):
+    async def resolve_peer(name, home, *, skip_saved=False, registry=None):
         calls.append(skip_saved)
         return _target("server" if skip_saved else "saved")
     monkeypatch.setattr(asker_mod, "resolve_peer", resolve_peer)

@@ -95,6 +95,7 @@ def test_the_runners_outbox_events_are_in_the_table(tmp_path, monkeypatch):
     """The home runner's delivery events (`kith outbox run --json` lines, specs/outbox.md §5)
     are the table's: each kind in $defs.CommandEvent and documented, and the runner refuses
     one the table does not describe in strict mode (tests), as a host does."""
+    from node.guest.owner import Guest
     from node.guest.runner import Runner
 
     schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
@@ -102,7 +103,7 @@ def test_the_runners_outbox_events_are_in_the_table(tmp_path, monkeypatch):
     assert OUTBOX_KINDS <= set(commands)
     validator = jsonschema.Draft202012Validator({"$defs": schema["$defs"], "$ref": "#/$defs/CommandEvent"})
     seen: list[dict] = []
-    runner = Runner(tmp_path, [], on_event=seen.append)
+    runner = Runner(Guest(tmp_path), [], on_event=seen.append)
     good = [{"event": "outbox-answered", "id": "q1", "peer": "alice", "status": "ok"},
             {"event": "outbox-pending", "id": "q1", "peer": "alice", "approval_id": "ap1"},
             {"event": "outbox-failed", "id": "q1", "peer": "alice", "code": "peer-not-found"},

@@ -272,6 +272,7 @@ def test_a_question_for_a_peer_blocked_or_removed_since_fails_with_an_event(tmp_
     import anyio
 
     from node.guest.outbox_task import OutboxTask
+    from node.guest.owner import Guest
     from node.guest.runner import Runner
 
     home = _home(tmp_path, "guest")
@@ -289,7 +290,7 @@ def test_a_question_for_a_peer_blocked_or_removed_since_fails_with_an_event(tmp_
     seen: list[dict] = []
 
     async def main():
-        runner = Runner(home, [OutboxTask(home)], on_event=seen.append, command="test")
+        runner = Runner(Guest(home), [OutboxTask(home)], on_event=seen.append, command="test")
         async with anyio.create_task_group() as tg:
             tg.start_soon(runner.run)
             with anyio.fail_after(60):

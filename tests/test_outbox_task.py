@@ -15,6 +15,7 @@ import anyio
 
 from node.guest.outbox import OutboxStore
 from node.guest.outbox_task import OutboxTask
+from node.guest.owner import Guest
 from node.guest.runner import Runner
 from node.trust.identity import load_or_init_identity
 from node.trust.peers import PeerRegistry
@@ -42,7 +43,7 @@ def test_a_question_for_a_peer_removed_repinned_or_blocked_is_failed_and_reporte
     events: list[dict] = []
 
     async def main() -> None:
-        runner = Runner(tmp_path, [OutboxTask(tmp_path)], pool=_never_pool, on_event=events.append)
+        runner = Runner(Guest(tmp_path), [OutboxTask(tmp_path)], pool=_never_pool, on_event=events.append)
         async with anyio.create_task_group() as tg:
             tg.start_soon(runner.run)
             with anyio.fail_after(60):

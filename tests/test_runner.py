@@ -9,6 +9,7 @@ from pathlib import Path
 
 import anyio
 
+from node.guest.owner import Guest
 from node.guest.runner import LOCK_RETRY_S, Runner
 from node.runtime.clock import ManualClock
 from node.trust.identity import load_or_init_identity
@@ -48,8 +49,8 @@ def test_one_runner_per_home_drives_the_tasks_and_the_next_takes_over(tmp_path: 
     async def main():
         first, second = Counting("a"), Counting("b")
         waiting = ManualClock()
-        r1 = Runner(tmp_path, [first], command="one")
-        r2 = Runner(tmp_path, [second], command="two", clock=waiting)
+        r1 = Runner(Guest(tmp_path), [first], command="one")
+        r2 = Runner(Guest(tmp_path, clock=waiting), [second], command="two")
         async with anyio.create_task_group() as tg:
             scope1 = runner_in(tg, r1)
             with anyio.fail_after(30):
@@ -81,7 +82,7 @@ def test_a_task_is_stepped_again_when_the_runners_clock_reaches_its_wait(tmp_pat
     async def main():
         clock = ManualClock()
         task = Counting("t", wait=0.5)
-        runner = Runner(tmp_path, [task], pool=_no_pool, clock=clock)
+        runner = Runner(Guest(tmp_path, clock=clock), [task], pool=_no_pool)
         async with anyio.create_task_group() as tg:
             tg.start_soon(runner.run)
             with anyio.fail_after(30):
@@ -109,7 +110,7 @@ def test_a_failing_task_or_job_never_stops_the_others_and_wake_steps_at_once(tmp
 
     async def main():
         bad, good = Counting("bad", fail=True), Counting("good", wait=600.0)
-        runner = Runner(tmp_path, [bad, good])
+        runner = Runner(Guest(tmp_path), [bad, good])
         async with anyio.create_task_group() as tg:
             tg.start_soon(runner.run)
             with anyio.fail_after(30):

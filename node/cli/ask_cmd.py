@@ -112,15 +112,14 @@ def ask_cmd(
     from node.answer import contract
     from node.common.errors import KithError, UsageError, error_for
     from node.guest.fanout import fan_out, local_searcher
-    from node.guest.pool import SessionPool
-    from node.trust.identity import load_identity
-    from node.trust.peers import PeerRegistry
+    from node.guest.owner import Guest
 
     home = identity_home_of(ctx)
     mode = transport.mode(home, "ask")
     if all_peers and peer:
         raise UsageError("usage", "give --peer NAME... or --all-peers, not both")
-    registry = PeerRegistry.load(home)
+    guest = Guest(home, mode=mode, local=mode.offline)  # the asking side of this process
+    registry = guest.peers.now()  # peers.json, read once (again only if it changes meanwhile)
     from node.guest.fanout import askable_peers
 
     names = askable_peers(registry) if all_peers else list(peer)
@@ -165,7 +164,7 @@ def ask_cmd(
 
         ticket = gate(home, request, receivers, actor=OWNER, rule="ask", yes=yes,
                       confirm=confirm_outbound if sys.stdin.isatty() and sys.stderr.isatty() else None)
-    identity = load_identity(home)
+    identity = guest.identity
     if not copy_only:  # a damaged person record fails here, with its own hint, not as each peer's refusal
         from node.trust.person import own_chain
 
@@ -201,7 +200,7 @@ def ask_cmd(
         started = time.monotonic()
 
         dedupe_names(names)  # ask-too-many-peers before binding anything
-        async with SessionPool(home, identity, local=mode.offline, mode=mode, end_wait_s=ASK_END_WAIT_S) as pool:
+        async with guest.session_pool(end_wait_s=ASK_END_WAIT_S) as pool:
             env = await fan_out(pool, request, names, timeout_s=timeout,
                                 local=local_searcher(home) if local_corpus else None, own_key=identity.public_key,
                                 on_waiting=(WAIT_NOTICE_S, WAIT_REPEAT_S, say_waiting),

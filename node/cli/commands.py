@@ -228,15 +228,15 @@ def host_cmd(
 
         from node.cli.host_render import HostEventPrinter
         from node.cli.outbox_cmd import say_delivery
-        from node.guest.runner import run_background
+        from node.guest.owner import Guest
         from node.runtime.clock import SYSTEM_CLOCK
 
         clock = SYSTEM_CLOCK  # one clock for the host and the home's background work beside it
+        guest = Guest(home, mode=mode, local=mode.offline, clock=clock)  # the asking side of this process
         async with anyio.create_task_group() as tg:
             tg.start_soon(until_signal)
             # the home's background work while it hosts: the outbox's delivery (specs/outbox.md §5)
-            tg.start_soon(partial(run_background, home, command="kith host", mode=mode, local=mode.offline,
-                                  on_event=say_delivery, clock=clock))
+            tg.start_soon(partial(guest.run_background, command="kith host", on_event=say_delivery))
             await serve_host(home, opts, on_invitation=on_invitation, warn=warn, stop=stop,
                              on_event=HostEventPrinter(json_out=json_out, server=server),
                              clock=clock, on_devices_revoked=partial(_end_revoked_copies, home))
@@ -277,11 +277,11 @@ def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None,
 
     from node.trust.peers import NAME_RE, PeerRegistry
 
-    registry = PeerRegistry.load(home)
+    if pin is None and not sys.stdin.isatty():
+        err_console.print(f"to pin this host: kith peers add NAME {key}", highlight=False)
+        return
+    registry = PeerRegistry.load(home)  # read here: a pin is written to the file as it is now
     if pin is None:
-        if not sys.stdin.isatty():
-            err_console.print(f"to pin this host: kith peers add NAME {key}", highlight=False)
-            return
         suggested = re.sub(r"[^A-Za-z0-9_.-]+", "-", profile.get("displayName", "")).strip("-._")[:64]
         suggested = suggested if NAME_RE.fullmatch(suggested or "-") and suggested not in registry.peers else ""
         shown = f" (it calls itself {suggested!r})" if suggested else ""
@@ -388,12 +388,13 @@ def join_cmd(
 ) -> None:
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
     from node.answer import contract
-    from node.trust.identity import load_identity
+    from node.guest.owner import Guest
     from node.trust.person import own_chain
 
     home = identity_home_of(ctx)
     mode = transport.mode(home, "join")
-    identity = load_identity(home)
+    guest = Guest(home, mode=mode, local=mode.offline)  # the asking side of this process
+    identity = guest.identity
     own_chain(home, identity.public_key)  # a damaged person record fails here, with its hint, not as the host's refusal
     for text in query:  # refused here, with the code every entry point uses, before connecting
         try:
@@ -405,24 +406,27 @@ def join_cmd(
         raise UsageError("usage", "give POST_ID|INVITE_FILE|JSON, or --peer NAME (a pinned peer), not both")
     if peer is not None and pin is not None:
         raise UsageError("usage", "--peer NAME joins a peer pinned already; --pin is for a new one")
-    Join(home, identity, mode, target=target, peer=peer, server=server, trust=trust, query=query, top_k=top_k,
+    Join(guest, target=target, peer=peer, server=server, trust=trust, query=query, top_k=top_k,
          json_out=json_out, citations=citations, pin=pin, accept_host_ui=accept_host_ui, yes=yes).run()
 
 
 class Join:
     """One ``kith join``: the host it joins, the session with it and what it prints.
 
-    Built by :func:`join_cmd` once the command line is checked; :meth:`run` joins, asks
-    (the ``--query`` questions, or at the ``ask>`` prompt) and raises the refusal the
-    session ends with (:func:`_join_result`). Its state is what the session's callbacks
-    share: the answers so far, the question out, the outbound gate's tickets, whether the
-    prompt waits on a worker thread.
+    Built by :func:`join_cmd` once the command line is checked, with the process's
+    :class:`node.guest.owner.Guest` (its identity, transport and view of ``peers.json``:
+    the registry is read once, and again only when a write of the session changed it);
+    :meth:`run` joins, asks (the ``--query`` questions, or at the ``ask>`` prompt) and
+    raises the refusal the session ends with (:func:`_join_result`). Its state is what the
+    session's callbacks share: the answers so far, the question out, the outbound gate's
+    tickets, whether the prompt waits on a worker thread.
     """
 
-    def __init__(self, home: Path, identity: Any, mode: Any, *, target: str | None, peer: str | None,
+    def __init__(self, guest: Any, *, target: str | None, peer: str | None,
                  server: str | None, trust: bool, query: list[str], top_k: int, json_out: bool, citations: bool,
                  pin: str | None, accept_host_ui: bool, yes: bool) -> None:
-        self.home, self.identity, self.mode = home, identity, mode
+        self.guest = guest
+        self.home, self.identity, self.mode = guest.home, guest.identity, guest.mode
         self.target, self.peer, self.server, self.trust = target, peer, server, trust
         self.query, self.top_k, self.json_out, self.citations = query, top_k, json_out, citations
         self.pin, self.accept_host_ui, self.yes = pin, accept_host_ui, yes
@@ -497,12 +501,12 @@ class Join:
                     tg.start_soon(self.say_waiting)
                     asked = await ask(self.home, self.identity, host, options, local=self.mode.offline, mode=self.mode,
                                       server_url=self.server, host_seen=self.host_seen, on_ready=self.on_ready,
-                                      accept_host_ui=self.accept_host_ui, on_path=self.on_path)
+                                      accept_host_ui=self.accept_host_ui, on_path=self.on_path, peers=self.guest.peers)
                     tg.cancel_scope.cancel()
             finally:
                 self.waiting.stop()
             outcome = asked.outcome
-            newer = (await _newer_post(self.peer, self.home, outcome) if attempt == 1 and self.peer is not None
+            newer = (await _newer_post(self.peer, self.guest, outcome) if attempt == 1 and self.peer is not None
                      else None)
             if newer is None:
                 break
@@ -521,9 +525,9 @@ class Join:
         from node.trust.identity import fingerprint
         from node.trust.pairing import pairing_code
 
-        home, identity = self.home, self.identity
-        host = await (open_target(self.target, home, server_url=self.server) if self.target is not None
-                      else resolve_peer(self.peer, home))
+        home, identity, peers = self.home, self.identity, self.guest.peers
+        host = await (open_target(self.target, home, server_url=self.server, registry=peers.now())
+                      if self.target is not None else resolve_peer(self.peer, home, registry=peers.now()))
         self.joined = host
         inv, name = self.inv, self.name = host.invitation, host.pinned_name
         if self.pin is not None:
@@ -531,14 +535,14 @@ class Join:
 
             if not NAME_RE.fullmatch(self.pin):
                 raise UsageError("usage", "--pin NAME: 1-64 of [A-Za-z0-9_.-], starting with a letter or digit")
-            check_pinned_name(self.pin, inv, home)
+            check_pinned_name(self.pin, inv, home, registry=peers.now())
         revoked = None
         if name is not None:
-            check_pinned_name(name, inv, home)
+            check_pinned_name(name, inv, home, registry=peers.now())
         else:
-            from node.trust.peers import PeerRegistry, pin_of_revoked_device
+            from node.trust.peers import pin_of_revoked_device
 
-            revoked = pin_of_revoked_device(PeerRegistry.load(home), home, inv.host_public_key)
+            revoked = pin_of_revoked_device(peers.now(), home, inv.host_public_key)
             if revoked is not None:  # a stolen laptop's invitation is what a thief would send (specs/peers.md §10)
                 err_console.print(f"warning: this host {inv.host_public_key[:16]}… is a device of "
                                   f"{safe_text(revoked[0].name)!r} that its person revoked (the revocation list "
@@ -708,7 +712,7 @@ class Join:
         for code, side in outcome.ui_refused:
             err_console.print(f"host UI not installed: {safe_text(code)[:64]} (refused by the {safe_text(side)[:16]})",
                               highlight=False, markup=False)
-        person = trust_status(inv, home) if outcome.ok and name is None else None
+        person = trust_status(inv, home, registry=self.guest.peers.now()) if outcome.ok and name is None else None
         if person is not None:  # its card in this handshake made it a known device of a person pin
             err_console.print(f"this host is a device of {person!r} (its card is kept): `kith ask --peer {person}` "
                               "asks it, or another awake device of that person", highlight=False, markup=False)
@@ -718,10 +722,11 @@ class Join:
         elif outcome.ok and name is not None:  # a pinned host: keep its last invitation (`kith ask`)
             from node.trust.peers import PeerRegistry
 
-            registry = PeerRegistry.load(home)
-            before = registry.by_key(inv.host_public_key)
+            before = self.guest.peers.now().by_key(inv.host_public_key)
             was = before.invitation if before is not None else None
-            rec = registry.remember_invitation(inv.host_public_key, inv.to_dict(), self.server)
+            if before is None or (was == inv.to_dict() and (self.server is None or before.server == self.server)):
+                return  # nothing to keep: the file is not read again
+            rec = PeerRegistry.load(home).remember_invitation(inv.host_public_key, inv.to_dict(), self.server)
             if rec is not None and rec.invitation != was:  # re-joining refreshed the pin: say so
                 old = f" (it replaces post {safe_text(was.get('post_id'))[:64]})" if isinstance(was, dict) else ""
                 err_console.print(f"saved this invitation (post {inv.post_id}, expires {inv.expires_at}) for "
@@ -729,22 +734,22 @@ class Join:
                                   f"{rec.name}` use it", highlight=False, markup=False)
 
 
-async def _newer_post(name: str, home: Path, outcome: Any) -> Any:
+async def _newer_post(name: str, guest: Any, outcome: Any) -> Any:
     """``kith join --peer NAME`` whose saved invitation the host refused as gone
     (:data:`node.guest.targets.GONE_CODES`): the newest live post of the peer's key on the
     community server the pin came from (``resolve_peer(skip_saved=True)``), said on
-    stderr, or None (another outcome, no server, or nothing newer there)."""
+    stderr, or None (another outcome, no server, or nothing newer there). ``guest``: the
+    process's :class:`node.guest.owner.Guest` (its view of ``peers.json``)."""
     from node.guest.guest import resolve_peer
     from node.guest.targets import GONE_CODES
-    from node.trust.peers import PeerRegistry
 
     if outcome is None or outcome.reason != "rejected" or outcome.code not in GONE_CODES:
         return None
-    rec = PeerRegistry.load(home).by_name(name)
+    rec = guest.peers.now().by_name(name)
     if rec is None or not rec.server:
         return None
     try:
-        target = await resolve_peer(name, home, skip_saved=True)
+        target = await resolve_peer(name, guest.home, skip_saved=True, registry=guest.peers.now())
     except KithError:
         return None
     if rec.invitation is not None and target.invitation.post_id == rec.invitation.get("post_id"):

@@ -93,16 +93,16 @@ def sync_cmd(
     from node.common.errors import CODES, KithError, UsageError
     from node.guest.copies.store import CopyStore, list_copies
     from node.guest.copies.sync import sync_with_pool
-    from node.guest.pool import SessionPool
+    from node.guest.owner import Guest
     from node.guest.targets import PeerGone, classify_gone
-    from node.trust.identity import load_identity
 
     home = identity_home_of(ctx)
     mode = transport.mode(home, "copies sync")
     names = list(dict.fromkeys(name or [])) or [r["peer"] for r in list_copies(home)]  # each once
     if not names:
         raise UsageError("usage", "name a pinned peer (`kith copies sync NAME`); no copy is kept here yet")
-    identity = load_identity(home)
+    guest = Guest(home, mode=mode, local=mode.offline)  # the asking side of this process
+    guest.identity  # noqa: B018 - a home without an identity is refused before any peer is asked
     reports: list[dict[str, Any]] = []
     failed = 0
 
@@ -114,7 +114,7 @@ def sync_cmd(
 
     async def main() -> None:
         nonlocal failed
-        async with SessionPool(home, identity, local=mode.offline, mode=mode) as pool:
+        async with guest.session_pool() as pool:
             for n in names:
                 def progress(done: int, total: int, n: str = n) -> None:
                     if total:

@@ -4,7 +4,7 @@ and their answers (specs/outbox.md)."""
 from __future__ import annotations
 
 import signal
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -169,7 +169,7 @@ def run_cmd(
     `kith api serve` or `kith mcp`). Only one process of a home delivers at a time."""
     import anyio
 
-    from node.guest.runner import Runner, default_tasks
+    from node.guest.owner import Guest
 
     home = identity_home_of(ctx)
     mode = transport.mode(home, "outbox run")
@@ -181,8 +181,8 @@ def run_cmd(
             say_delivery(ev)
 
     async def main() -> None:
-        runner = Runner(home, default_tasks(home), mode=mode, local=mode.offline, command="kith outbox run",
-                        on_event=on_event)
+        guest = Guest(home, mode=mode, local=mode.offline)  # the asking side of this process
+        runner = guest.runner(command="kith outbox run", on_event=on_event)
         async with anyio.create_task_group() as tg:
             async def until_signal() -> None:
                 with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

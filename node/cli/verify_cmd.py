@@ -30,8 +30,10 @@ def verify_cmd(
     rows = verify_answer(read_answer(answer), known=known_keys(home), copies=copy_texts(home))
     if against_host:
         from node.guest.citecheck import against_hosts
+        from node.guest.owner import Guest
 
-        rows = anyio.run(lambda: against_hosts(home, rows, local=local))
+        guest = Guest(home, local=local)  # the asking side of this process
+        rows = anyio.run(lambda: against_hosts(guest, rows))
     doc = report(rows)
     ok = doc["ok"]
     if json_out:

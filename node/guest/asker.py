@@ -102,12 +102,12 @@ class Asker:
                     target = warm.target
                 elif skip_saved:
                     try:
-                        target = await resolve_peer(name, home, skip_saved=True)
+                        target = await resolve_peer(name, home, skip_saved=True, registry=peers.now())
                     except KithError:  # the server has nothing newer: the host is unreachable
                         assert last_gone is not None
                         raise last_gone from None
                 else:
-                    target = await resolve_peer(name, home)
+                    target = await resolve_peer(name, home, registry=registry)
                 live = self.pool.warm(target.invitation.host_public_key)
                 warm_before = live is not None and live.answered > 0
                 return await self.pool.ask(target, request, renew=False)
@@ -191,7 +191,7 @@ class Asker:
             tg.start_soon(ask_warm, tg)
             with anyio.move_on_after(WARM_HEDGE_S):
                 await warm_done.wait()
-            others = [(d, t) for d, t in device_targets(self.pool.home, person) if d["key"] != warm[0]["key"]]
+            others = [(d, t) for d, t in device_targets(self.pool.home, person, registry=self.pool.peers.now()) if d["key"] != warm[0]["key"]]
             if empty:  # it holds nothing for this: its other devices are asked before that answer stands
                 if self.on_provisional is not None:
                     self.on_provisional(empty[0])
@@ -232,11 +232,11 @@ class Asker:
             answer = await self._ask_warm_device(person, warm, request)
             if answer is not None:
                 return answer
-        targets = device_targets(self.pool.home, person)
+        targets = device_targets(self.pool.home, person, registry=self.pool.peers.now())
         if not targets and person.server:
-            await fetch_cards(self.pool.home, person, notify=self.pool.on_copy_notice)
+            await fetch_cards(self.pool.home, person, notify=self.pool.on_copy_notice, peers=self.pool.peers)
             person = self.pool.peers.now().by_name(name) or person  # its new seenDevices
-            targets = device_targets(self.pool.home, person)
+            targets = device_targets(self.pool.home, person, registry=self.pool.peers.now())
         if targets:
             try:
                 return await self.ask_devices(person, targets, request)
@@ -245,9 +245,9 @@ class Asker:
                     raise
                 # every device it knew is down: the server may hold newer cards
                 before = {t.invitation.transport_info.ticket for _, t in targets}
-                await fetch_cards(self.pool.home, person, notify=self.pool.on_copy_notice)
+                await fetch_cards(self.pool.home, person, notify=self.pool.on_copy_notice, peers=self.pool.peers)
                 person = self.pool.peers.now().by_name(name) or person
-                targets = [(d, t) for d, t in device_targets(self.pool.home, person)
+                targets = [(d, t) for d, t in device_targets(self.pool.home, person, registry=self.pool.peers.now())
                            if t.invitation.transport_info.ticket not in before]
                 if not targets:
                     raise

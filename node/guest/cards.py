@@ -20,7 +20,6 @@ from node.runtime.clock import unix_of
 from node.trust.card import CardStore, DeviceCard, check_card
 
 if TYPE_CHECKING:
-    from node.trust.identity import Identity
     from node.trust.peers import PeerRecord
 
 log = logging.getLogger("kith.cards")
@@ -65,7 +64,8 @@ def _device_pin_for(registry: Any, card: DeviceCard, via: str, device: str | Non
     return rec if rec is not None and not rec.devices else None
 
 
-def accept_card(home: Path, doc: object, *, via: str, device: str | None = None) -> tuple[str, DeviceCard, str]:
+def accept_card(home: Path, doc: object, *, via: str, device: str | None = None,
+                registry: Any = None) -> tuple[str, DeviceCard, str]:
     """Check a card (:func:`node.trust.card.check_card`) and keep it for the person pin it
     belongs to; the device joins the pin's ``seenDevices`` (its chain verified here). A card
     a device pinned by its own key sends in its handshake is kept under that pin too (so
@@ -74,6 +74,9 @@ def accept_card(home: Path, doc: object, *, via: str, device: str | None = None)
     Args:
         via: ``handshake`` or ``server``. device: the key the card must be of (a card in a
             handshake: the host's QUIC-authenticated key), or None.
+        registry: the registry as ``peers.json`` says now (the process's view,
+            :attr:`node.guest.owner.Guest.peers`), read and never changed here; a device
+            new to its pin is written to the file as read again then. None: read here.
 
     Returns:
         ``(pin name, card, "new" | "same")``.
@@ -88,7 +91,8 @@ def accept_card(home: Path, doc: object, *, via: str, device: str | None = None)
     from node.trust.revocation_list import RevocationStore
 
     card = check_card(doc, device=device)
-    registry = PeerRegistry.load(home)
+    shared = registry is not None  # the process's view: never changed in place
+    registry = PeerRegistry.load(home) if registry is None else registry
     rec = _pin_for(registry, card)
     device_pin = _device_pin_for(registry, card, via, device) if rec is None else None
     if rec is None and device_pin is None:
@@ -103,7 +107,11 @@ def accept_card(home: Path, doc: object, *, via: str, device: str | None = None)
     outcome = store.offer(rec.public_key, card, via=via, now=_now())
     if via == "handshake":  # it just completed a handshake with this guest: it is up
         store.mark(rec.public_key, card.device, ok=True, now=_mark_now())
-    if device_pin is None:
+    seen = rec.seen_devices.get(card.device)
+    if device_pin is None and (seen is None or seen["name"] != card.device_name):
+        if shared:  # a write: on the file as it is now
+            registry = PeerRegistry.load(home)
+            rec = registry.by_name(rec.name) or rec
         note_device(registry, rec, card.device, card.device_name)
     return rec.name, card, outcome
 
@@ -113,11 +121,11 @@ def accept_card(home: Path, doc: object, *, via: str, device: str | None = None)
 HOSTILE_CODES = ("card-malformed", "card-forged", "card-wrong-device")
 
 
-def take_card(home: Path, doc: object, *, via: str, device: str | None = None) -> str | None:
+def take_card(home: Path, doc: object, *, via: str, device: str | None = None, registry: Any = None) -> str | None:
     """:func:`accept_card`, a refusal logged and swallowed (a bad card from a host never
     ends a session; it is simply never kept nor dialled). Returns the refusal code or None."""
     try:
-        accept_card(home, doc, via=via, device=device)
+        accept_card(home, doc, via=via, device=device, registry=registry)
     except KithError as exc:
         (log.warning if exc.code in HOSTILE_CODES else log.info)(
             "the host's device card was refused and will not be dialled (%s): %s", exc.code, exc.message)
@@ -125,12 +133,14 @@ def take_card(home: Path, doc: object, *, via: str, device: str | None = None) -
     return None
 
 
-async def fetch_cards(home: Path, rec: "PeerRecord", *, notify: Any = None) -> list[str]:
+async def fetch_cards(home: Path, rec: "PeerRecord", *, notify: Any = None, peers: Any = None) -> list[str]:
     """Ask the pin's community server for its person's revocation list and cards: the list
     first (kept when it verifies and is newer, specs/peers.md §10), so a revoked device's
     card is refused; then each card that passes (:func:`accept_card`, ``via="server"``).
     Returns the refusal codes of the cards that did not (a server that is down or keeps
-    none gives ``[]``)."""
+    none gives ``[]``). ``peers``: the process's view of ``peers.json``
+    (:attr:`node.guest.owner.Guest.peers`) the cards are checked against, or None: the
+    file read for each card."""
     from node.community.client import CommunityClient
 
     if not rec.server:
@@ -145,7 +155,7 @@ async def fetch_cards(home: Path, rec: "PeerRecord", *, notify: Any = None) -> l
     codes = []
     for doc in docs:
         try:
-            accept_card(home, doc, via="server")
+            accept_card(home, doc, via="server", registry=None if peers is None else peers.now())
         except KithError as exc:
             codes.append(exc.code)
     return codes
@@ -217,12 +227,13 @@ def is_revoked(home: Path, rec: "PeerRecord", device: str) -> bool:
     return RevocationStore.load(home).revokes(device, [rec.public_key])
 
 
-def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], Any]]:
+def device_targets(home: Path, rec: "PeerRecord", *, registry: Any = None) -> list[tuple[dict[str, str], Any]]:
     """Every device of the person pin ``rec`` this home can dial now: ``({"key", "name"},
     Target)`` from each kept card whose device is neither revoked nor blocked here (``kith
     peers block KEY``) and whose invitation verifies (expiry, protocol, binding;
     :func:`node.guest.targets.pinned_target`), plus the pin's saved invitation when no card
-    is of its device (and it is not blocked). Most recently answering first."""
+    is of its device (and it is not blocked). Most recently answering first. ``registry``:
+    the registry as ``peers.json`` says now (the process's view), or None: read here."""
     from node.common.errors import InvitationError
     from node.guest.targets import pinned_target, protocol_cache
     from node.trust.invitation import parse_invitation
@@ -232,7 +243,7 @@ def device_targets(home: Path, rec: "PeerRecord") -> list[tuple[dict[str, str], 
     protocols = protocol_cache()  # every device of a person names the same protocol: load it once
     store = CardStore.load(home)
     revocations = RevocationStore.load(home)
-    registry = PeerRegistry.load(home)
+    registry = PeerRegistry.load(home) if registry is None else registry
     out: list[tuple[dict[str, str], Any]] = []
     entries = sorted(store.devices_of(rec.public_key).items(),
                      key=lambda kv: (unix_of(kv[1].last_seen or ""), kv[1].received_at), reverse=True)

@@ -2,14 +2,14 @@
 still current (specs/citations.md §5), over a knowledge-query session like ``kith ask``'s.
 
 One ``check`` message per host (at most :data:`node.answer.contract.MAX_CHECK_ITEMS`
-versions each, more in further messages of the same session) through a
-:class:`node.guest.pool.SessionPool`; only hosts pinned in this home's registry are
+versions each, more in further messages of the same session) through a pool of the
+process's :class:`node.guest.owner.Guest`; only hosts pinned in this home's registry are
 asked (a key nobody pinned has no invitation to join).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -23,19 +23,18 @@ CHECKABLE = frozenset({"genuine", "unpinned-key"})
 CHECK_TIMEOUT_S = 30.0
 
 
-async def against_hosts(home: Path, rows: list[Row], *, local: bool = False,
-                        timeout_s: float = CHECK_TIMEOUT_S) -> list[Row]:
+async def against_hosts(guest: Any, rows: list[Row], *, timeout_s: float = CHECK_TIMEOUT_S) -> list[Row]:
     """``rows`` with each verified one judged by its host: ``stale`` when the host says
     the version is no longer current (or it no longer serves the source to this peer),
     ``unchecked`` when the host is not pinned, not reached or keeps no versions; a current
     one keeps its result with ``, current on the host`` in its detail. Never raises for a
-    host that fails; the order of ``rows`` is kept."""
-    from node.guest.asker import Asker
-    from node.guest.pool import SessionPool
-    from node.trust.identity import load_identity
-    from node.trust.peers import PeerRegistry
+    host that fails; the order of ``rows`` is kept.
 
-    registry = PeerRegistry.load(home)
+    Args:
+        guest: the process's :class:`node.guest.owner.Guest` (its registry view, identity
+            and transport). timeout_s: bound on one host's checks, seconds.
+    """
+    registry = guest.peers.now()
     by_host: dict[str, list[int]] = {}
     out = list(rows)
     for i, r in enumerate(rows):
@@ -43,7 +42,7 @@ async def against_hosts(home: Path, rows: list[Row], *, local: bool = False,
             by_host.setdefault(r.host_key, []).append(i)
     if not by_host:
         return out
-    async with SessionPool(home, load_identity(home), local=local) as pool:
+    async with guest.session_pool() as pool:
         for key, idxs in by_host.items():
             rec = registry.by_key(key)
             if rec is None or registry.is_blocked(key):
@@ -58,7 +57,7 @@ async def against_hosts(home: Path, rows: list[Row], *, local: bool = False,
                 with anyio.fail_after(timeout_s):
                     for start in range(0, len(asked), MAX_CHECK_ITEMS):
                         part = asked[start:start + MAX_CHECK_ITEMS]
-                        reply = await Asker(pool).ask(rec.name, {"action": "check", "versions": [
+                        reply = await guest.asker(pool).ask(rec.name, {"action": "check", "versions": [
                             {"source": s, "version": v} for s, v in part]})
                         if reply.get("action") != "checked" or reply.get("status") != "ok":
                             failed = "the host keeps no document versions to check against"

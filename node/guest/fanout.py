@@ -554,11 +554,17 @@ def askable_peers(registry: Any) -> list[str]:
     return sorted(n for n, r in registry.peers.items() if not registry.is_blocked(r.public_key))
 
 
-async def peers_search(home: Path, peers: list[str] | str, body: dict[str, Any], *, local: bool = False,
+async def peers_search(guest: Any, peers: list[str] | str, body: dict[str, Any], *,
                        timeout_s: float = PEERS_TIMEOUT_S, pool: Any = None) -> dict[str, Any]:
     """Ask several pinned peers (names, or ``"all"``: every pinned, unblocked one) one
     question at once (:func:`fan_out`; an unreachable peer is answered from its copy when
     one is kept, specs/copies.md §6).
+
+    Args:
+        guest: the process's :class:`node.guest.owner.Guest` (its view of ``peers.json``
+            resolves ``"all"``).
+        pool: the server's warm pool (one of ``guest``'s), or None: a pool of ``guest``
+            for this call.
 
     Returns:
         The merged envelope (``specs/ask.schema.json``).
@@ -566,18 +572,11 @@ async def peers_search(home: Path, peers: list[str] | str, body: dict[str, Any],
     Raises:
         UsageError: ``ask-too-many-peers``.
     """
-    from node.guest.pool import SessionPool
-    from node.trust.identity import load_identity
-    from node.trust.peers import PeerRegistry
-
-    if peers == "all":
-        names = askable_peers(PeerRegistry.load(home))
-    else:
-        names = list(peers)
+    names = askable_peers(guest.peers.now()) if peers == "all" else list(peers)
     request = {**body, "topK": body.get("topK", TOP_K_DEFAULT)}
     if pool is not None:
         return await fan_out(pool, request, names, timeout_s=timeout_s, copies="fallback")
-    async with SessionPool(home, load_identity(home), local=local) as own:
+    async with guest.session_pool() as own:
         return await fan_out(own, request, names, timeout_s=timeout_s, copies="fallback")
 
 

@@ -121,9 +121,13 @@ async def resolve_invitation(arg: str, *, server_url: str | None) -> Invitation:
         return await client.get_invitation(arg)
 
 
-def trust_status(inv: Invitation, home: Path) -> str | None:
+def trust_status(inv: Invitation, home: Path, *, registry: PeerRegistry | None = None) -> str | None:
     """The registry name pinned to the host key (or the person pin of a host device this
     home knows that person bound, specs/peers.md §10), or None for an unknown host.
+
+    Args:
+        registry: the registry as ``peers.json`` says now (the process's view,
+            :attr:`node.guest.owner.Guest.peers`), or None: read here.
 
     Raises:
         HandshakeError: ``host-key-changed`` is raised by the pinned-name check in
@@ -131,12 +135,12 @@ def trust_status(inv: Invitation, home: Path) -> str | None:
     """
     from node.trust.peers import pin_of_known_device
 
-    registry = PeerRegistry.load(home)
+    registry = PeerRegistry.load(home) if registry is None else registry
     rec = registry.by_key(inv.host_public_key) or pin_of_known_device(registry, home, inv.host_public_key)
     return rec.name if rec else None
 
 
-def check_pinned_name(name: str, inv: Invitation, home: Path) -> None:
+def check_pinned_name(name: str, inv: Invitation, home: Path, *, registry: PeerRegistry | None = None) -> None:
     """Refuse when ``name`` is pinned in the registry to a different key (DESIGN §5). A
     person pin (``--devices``) is pinned to every device this home knows it bound
     (:func:`node.trust.peers.known_device_of`: a card or chain seen here), so joining one
@@ -145,7 +149,7 @@ def check_pinned_name(name: str, inv: Invitation, home: Path) -> None:
     ``kith join --pin NAME`` calls it before connecting: a name already pinned to another
     key is never silently re-pinned. That is a name the user chose that is taken, not a
     host whose key changed (``host-key-changed`` is for an invitation that names another
-    key than a pin's, :func:`_pinned_target`).
+    key than a pin's, :func:`_pinned_target`). ``registry``: as :func:`trust_status`.
 
     Raises:
         UsageError: ``pin-name-taken``.
@@ -153,7 +157,7 @@ def check_pinned_name(name: str, inv: Invitation, home: Path) -> None:
     from node.common.errors import UsageError
     from node.trust.peers import known_device_of
 
-    rec = PeerRegistry.load(home).by_name(name)
+    rec = (PeerRegistry.load(home) if registry is None else registry).by_name(name)
     if rec is not None and rec.public_key != inv.host_public_key and not (
             rec.devices and known_device_of(home, rec.public_key, inv.host_public_key, rec)):
         raise UsageError("pin-name-taken",
@@ -180,9 +184,11 @@ def invitation_gone(code: str, inv: Invitation, pinned_name: str | None) -> Invi
                                               f"({why}; the host said {code})", hint=hint)
 
 
-async def open_target(arg: str, home: Path, *, server_url: str | None) -> Target:
+async def open_target(arg: str, home: Path, *, server_url: str | None,
+                      registry: PeerRegistry | None = None) -> Target:
     """Resolve ``arg`` (:func:`resolve_invitation`), verify it against the local protocol
-    (:func:`check_invitation`) and look up the host's pinned name (:func:`trust_status`).
+    (:func:`check_invitation`) and look up the host's pinned name (:func:`trust_status`,
+    in ``registry`` when given).
 
     Raises:
         InvitationError: any ``invitation-*`` code, or ``host-key-changed``.
@@ -191,7 +197,7 @@ async def open_target(arg: str, home: Path, *, server_url: str | None) -> Target
     """
     inv = await resolve_invitation(arg, server_url=server_url)
     pdir, spec = check_invitation(inv, home)
-    return Target(inv, pdir, spec, trust_status(inv, home))
+    return Target(inv, pdir, spec, trust_status(inv, home, registry=registry))
 
 
 def _pinned_record(name: str, registry: PeerRegistry) -> Any:
@@ -207,7 +213,8 @@ def _pinned_record(name: str, registry: PeerRegistry) -> Any:
     return rec
 
 
-async def resolve_peer(name: str, home: Path, *, skip_saved: bool = False) -> Target:
+async def resolve_peer(name: str, home: Path, *, skip_saved: bool = False,
+                       registry: PeerRegistry | None = None) -> Target:
     """A pinned peer's current invitation, verified: the saved one first, then the newest
     live post of its key on the community server it came from (``browse --host KEY``),
     in that order (issue 13; specs/peers.md §1, specs/ask.md §2). For a person pin
@@ -220,6 +227,8 @@ async def resolve_peer(name: str, home: Path, *, skip_saved: bool = False) -> Ta
         name: a registry name. home: this node's home.
         skip_saved: go to the server at once (the saved invitation verified but its host
             could not be reached: it restarted with a new address).
+        registry: the registry as ``peers.json`` says now (the process's view), or None:
+            read here. A server invitation is saved to the file as read again then.
 
     Returns:
         A :class:`Target` whose ``pinned_name`` is ``name``.
@@ -232,7 +241,7 @@ async def resolve_peer(name: str, home: Path, *, skip_saved: bool = False) -> Ta
             (``invitation-*``), ``invitation-not-found`` (neither works).
         CommunityError: the server could not be asked and nothing was saved.
     """
-    registry = PeerRegistry.load(home)
+    registry = PeerRegistry.load(home) if registry is None else registry
     rec = _pinned_record(name, registry)
     first: Exception | None = None
     if rec.invitation is not None and not skip_saved:
@@ -245,7 +254,7 @@ async def resolve_peer(name: str, home: Path, *, skip_saved: bool = False) -> Ta
     if rec.devices and not skip_saved:  # a person pin: the device that answered here last (specs/peers.md §13)
         from node.guest.cards import device_targets
 
-        for _device, target in device_targets(home, rec):
+        for _device, target in device_targets(home, rec, registry=registry):
             return target
     if not rec.server:
         if first is not None:
@@ -275,7 +284,8 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
               on_ready: Callable[[str], None] | None = None,
               host_seen: dict[str, Any] | None = None,
               accept_host_ui: bool = False,
-              heartbeat: Any = "default", on_path: Callable[[Any, Any], None] | None = None) -> AskResult:
+              heartbeat: Any = "default", on_path: Callable[[Any, Any], None] | None = None,
+              peers: Any = None) -> AskResult:
     """Ask ``target`` the questions of ``options`` in one session; the one guest API of
     ``kith join`` and of the MCP server's peer search.
 
@@ -289,7 +299,7 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
         server_url: community server that records the session proof, or None.
         timeout_s: end-to-end bound in seconds (connect, handshake, every answer); on
             expiry the session is cancelled and ``outcome`` is None. None: no bound.
-        on_ready, host_seen, accept_host_ui, heartbeat, on_path: as :func:`join_session`.
+        on_ready, host_seen, accept_host_ui, heartbeat, on_path, peers: as :func:`join_session`.
 
     Returns:
         :class:`AskResult` with the session outcome and every ``results`` message, each
@@ -357,7 +367,7 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
             home, identity, target.invitation, target.protocol_dir, target.spec, local=local, mode=mode,
             server_url=server_url, options=hook_options, interactive=options.interactive,
             on_ready=on_ready, host_seen=host_seen, accept_host_ui=accept_host_ui, heartbeat=heartbeat,
-            on_path=on_path)
+            on_path=on_path, peers=peers)
     return result
 
 
@@ -372,7 +382,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
                        on_path: Callable[[Any, Any], None] | None = None,
                        on_refused: Callable[[str, str], None] | None = None,
                        on_copy_notice: Callable[[dict[str, Any]], None] | None = None,
-                       copy_states: dict[str, dict[str, Any]] | None = None) -> SessionOutcome:
+                       copy_states: dict[str, dict[str, Any]] | None = None,
+                       peers: Any = None) -> SessionOutcome:
     """Connect to the host of ``inv`` and run one session with the protocol's guest hooks.
 
     Args:
@@ -403,6 +414,10 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             (:data:`node.guest.copies.lifecycle.Notify`), or None: stderr.
         copy_states: where the host's word on the copy grant is remembered for a sync
             (:data:`node.guest.copies.lifecycle.CopyStates`, the session pool's), or None.
+        peers: the process's view of ``peers.json`` (:class:`node.guest.peerview.PeerView`;
+            :attr:`node.guest.owner.Guest.peers`) the session reads the registry through,
+            or None: a view of its own. Writes (the host's shared profile merged, a device
+            seen) load and save the file themselves, only when they change it.
 
     The guest asks for the host's copy grant state (``copy_state_v1``) and acts on it
     (:func:`node.guest.copies.lifecycle.take_copy_state`: a copy no longer granted is deleted now,
@@ -422,7 +437,11 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
     from node.runtime.ui_artifacts import install_bundle, local_ui_dir
 
     hooks = load_hooks(pdir)
-    name = trust_status(inv, home)
+    if peers is None:
+        from node.guest.peerview import PeerView
+
+        peers = PeerView(home)
+    name = trust_status(inv, home, registry=peers.now())
 
     recorded: list[str] = []  # session ids whose proof the server recorded
 
@@ -437,18 +456,19 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
     def admit_host(key: str, profile: dict[str, Any]) -> bool:
         from node.trust.peers import known_device_of
 
-        claimed = PeerRegistry.load(home).claimed_by_other(key, profile)
+        claimed = peers.now().claimed_by_other(key, profile)
         if claimed is not None and not (claimed.devices and known_device_of(home, claimed.public_key, key, claimed)):
             raise HandshakeError("host-key-changed",
                                  f"the host calls itself {claimed.name!r}, which is pinned to a different key")
         return True
 
     def make_context(ev: SessionReady) -> HookContext:
-        PeerRegistry.load(home).merge_profile(ev.peer_public_key, ev.peer_profile)
+        if clean_profile(ev.peer_profile) and peers.now().by_key(ev.peer_public_key) is not None:
+            PeerRegistry.load(home).merge_profile(ev.peer_public_key, ev.peer_profile)  # a write: the file as it is
         if ev.peer_card is not None:  # kept for a person pinned with --devices, or this device's own pin (specs/peers.md §13)
             from node.guest.cards import take_card
 
-            take_card(home, ev.peer_card, via="handshake", device=ev.peer_public_key)
+            take_card(home, ev.peer_card, via="handshake", device=ev.peer_public_key, registry=peers.now())
         if ev.peer_copy_state is not None:  # the host's word on our copy of it (specs/copies.md §5)
             from node.guest.copies.lifecycle import take_copy_state
 

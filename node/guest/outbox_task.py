@@ -75,7 +75,6 @@ class OutboxTask:
         self._away: set[str] = set()  # peer keys whose last attempt could not reach them
         self._row_due: dict[tuple[str, str], float] = {}  # (question id, peer key) → due again
         self._row_tries: dict[tuple[str, str], int] = {}  # answers that were not complete, per row
-        self._peers: Any = None  # the registry as peers.json says now (node/guest/peerview.py)
 
     def _open_store(self) -> OutboxStore:
         if self.store is None:
@@ -120,15 +119,13 @@ class OutboxTask:
         """Ask one peer its open questions in order; stop at the first that cannot reach it."""
         from node.guest.asker import Asker
         from node.guest.targets import PeerGone, classify_gone
-        from node.guest.peerview import PeerView
 
-        if self._peers is None:
-            self._peers = PeerView(self.home)
+        peers = runner.guest.peers  # the process's view of peers.json (node/guest/owner.py)
         store = self.store
         assert store is not None
         try:
             for item in items:
-                registry = self._peers.now()  # read again only when peers.json changed
+                registry = peers.now()  # read again only when peers.json changed
                 rec = registry.by_name(item.peer_name)
                 if rec is None or rec.public_key != item.peer_key:
                     code = "peer-not-found" if rec is None else "outbox-peer-changed"

@@ -1,10 +1,12 @@
 """One view per process of each home file the asking side reads on every question:
 ``peers.json``, and the kept device cards and revocation lists. A file is read again only
 when it changed (its inode, modification time or size: every write is a temp file renamed
-into place), so a warm question reads nothing. The owner is the process's session pool
-(:attr:`node.guest.pool.SessionPool.peers`, :meth:`node.guest.pool.SessionPool.home_file`);
-the asker, the fan-out and the copies' sync read through it. Writers load and save the file
-themselves; a view sees their write at its next read.
+into place), so a warm question reads nothing. The owner is the process's
+:class:`node.guest.owner.Guest` (:attr:`~node.guest.owner.Guest.peers`,
+:meth:`~node.guest.owner.Guest.home_file`), and every pool it makes reads through its views
+(:attr:`node.guest.pool.SessionPool.peers`); the asker, the sessions, the fan-out, the
+outbox's delivery and the copies' sync read through them. Writers load and save the file
+themselves, only when they change it; a view sees their write at its next read.
 """
 
 from __future__ import annotations

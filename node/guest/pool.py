@@ -143,7 +143,8 @@ class PeerSession:
                     interactive=True, on_ready=self._on_ready, heartbeat=self.pool.heartbeat,
                     node=self.pool.node, connect_timeout_s=self.pool.connect_timeout_s,
                     on_path=self._on_path, on_refused=self._on_refused,
-                    on_copy_notice=self.pool.on_copy_notice, copy_states=self.pool.copy_states)
+                    on_copy_notice=self.pool.on_copy_notice, copy_states=self.pool.copy_states,
+                    peers=self.pool.peers)
         except KithError as exc:
             self.error = exc
             if isinstance(exc, TransportError) and self.session_id is None:
@@ -226,6 +227,10 @@ class SessionPool:
         on_copy_notice: told of each copy this pool's sessions end or find changed
             (:data:`node.guest.copies.lifecycle.Notify`; the home runner's), or None:
             stderr.
+        owner: the process's :class:`node.guest.owner.Guest` that made the pool
+            (:meth:`~node.guest.owner.Guest.session_pool`): its registry views are the
+            pool's, so every pool of a process reads ``peers.json`` through one view. None
+            (a pool built alone, tests and benchmarks): views of its own.
     """
 
     home: Path
@@ -239,6 +244,7 @@ class SessionPool:
     end_wait_s: float = END_WAIT_S
     down_s: float = DOWN_S
     on_copy_notice: Any = None
+    owner: Any = None
     stats: PoolStats = field(default_factory=PoolStats)
 
     def __post_init__(self) -> None:
@@ -260,8 +266,10 @@ class SessionPool:
 
     @property
     def peers(self) -> Any:
-        """This process's view of ``peers.json`` (:class:`node.guest.peerview.PeerView`, made
-        on first use): read again only when the file changed."""
+        """This process's view of ``peers.json`` (:class:`node.guest.peerview.PeerView`: the
+        owner's, or one made on first use): read again only when the file changed."""
+        if self.owner is not None:
+            return self.owner.peers
         if self._peers is None:
             from node.guest.peerview import PeerView
 
@@ -271,7 +279,10 @@ class SessionPool:
     def home_file(self, name: str, load: Any) -> Any:
         """This process's view of ``<home>/name`` loaded with ``load``
         (:class:`node.guest.peerview.FileView`, made on first use): read again only when the
-        file changed (the kept cards and revocation lists the asker reads at each question)."""
+        file changed (the kept cards and revocation lists the asker reads at each question).
+        The owner's view when the pool has one."""
+        if self.owner is not None:
+            return self.owner.home_file(name, load)
         view = self._files.get(name)
         if view is None:
             from node.guest.peerview import FileView

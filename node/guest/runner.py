@@ -55,35 +55,32 @@ class RunnerTask(Protocol):
 
 
 class Runner:
-    """Drive ``tasks`` for ``home`` while this process holds the home's runner lock.
+    """Drive ``tasks`` for the guest's home while this process holds the home's runner lock.
+
+    Made once per process by :meth:`node.guest.owner.Guest.runner`.
 
     Args:
-        home: the node home.
+        guest: the process's :class:`node.guest.owner.Guest`: its home, its clock (the
+            host's when it runs beside one; what the runner reads and sleeps on), and the
+            pool the runner opens when none is handed in.
         tasks: the task list (:func:`default_tasks`).
         pool: an async callable returning the process's warm
             :class:`~node.guest.pool.SessionPool` (the local API's and MCP's own), or
             None: the runner opens one itself on first use (``kith host``, ``kith outbox
-            run``) with ``mode``/``local``.
-        mode, local: the transport of the runner's own pool (see
-            :class:`~node.guest.pool.SessionPool`).
+            run``): :meth:`node.guest.owner.Guest.session_pool` with ``down_s=0``.
         command: what the process is, written into the lock file (``kith host``).
         on_event: called with one dict per event a task reports (``outbox-answered``, …).
-        clock: the :class:`node.runtime.clock.Clock` it reads and sleeps on (the host's
-            when it runs beside one).
     """
 
-    def __init__(self, home: Path, tasks: list[Any], *, pool: Callable[[], Awaitable[Any]] | None = None,
-                 mode: Any = None, local: bool = False, command: str = "kith",
-                 on_event: Callable[[dict[str, Any]], None] | None = None,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
-        self.home = Path(home)
+    def __init__(self, guest: Any, tasks: list[Any], *, pool: Callable[[], Awaitable[Any]] | None = None,
+                 command: str = "kith", on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.guest = guest
+        self.home = Path(guest.home)
         self.tasks = list(tasks)
         self._pool_getter = pool
-        self.mode = mode
-        self.local = local
         self.command = command
         self.on_event = on_event
-        self.clock = clock
+        self.clock: Clock = guest.clock
         self.holding = anyio.Event()  # set once this process holds the lock
         self._wake = anyio.Event()
         self._own_pool: Any = None
@@ -179,13 +176,9 @@ class Runner:
             self.holding.set()
             async with AsyncExitStack() as stack:
                 if self._pool_getter is None:  # entered here, in the runner's own task; it binds on first use
-                    from node.guest.pool import SessionPool
-                    from node.trust.identity import load_identity
-
                     # a session of its pool that learns a copy ended tells the runner (copy-ended)
                     self._own_pool = await stack.enter_async_context(
-                        SessionPool(self.home, load_identity(self.home), local=self.local, mode=self.mode,
-                                    down_s=0.0, on_copy_notice=self.copy_notice))
+                        self.guest.session_pool(down_s=0.0, on_copy_notice=self.copy_notice))
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
                     await self._loop()
@@ -264,34 +257,4 @@ def default_tasks(home: Path, clock: Clock = SYSTEM_CLOCK) -> list[Any]:
     return [OutboxTask(home), CopiesTask(home, clock=clock), SealedOutboxTask(home, clock=clock)]
 
 
-async def run_background(home: Path, *, command: str, pool: Callable[[], Awaitable[Any]] | None = None,
-                         mode: Any = None, local: bool = False,
-                         on_event: Callable[[dict[str, Any]], None] | None = None, clock: Clock = SYSTEM_CLOCK,
-                         task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-    """Run the home's :class:`Runner` with :func:`default_tasks` until cancelled (the
-    entry point ``kith host``, ``kith api serve`` and ``kith mcp`` call on their event
-    loop). A home without an identity runs nothing; a runner that fails is logged and
-    ends, never the process around it (``kith host`` keeps serving). ``clock``: the
-    host's when it runs beside one."""
-    from node.trust.identity import key_path
-
-    if not key_path(Path(home)).is_file():  # no identity: nothing can have been queued here
-        task_status.started()
-        return
-    runner = Runner(home, default_tasks(home, clock), pool=pool, mode=mode, local=local, command=command,
-                    on_event=on_event, clock=clock)
-    try:
-        await runner.run(task_status=task_status)
-    except Exception as exc:  # noqa: BLE001 - the background work never ends the process it runs in
-        from node.common.dbfaults import refusal_of
-
-        refusal = refusal_of(exc)
-        if refusal is None:
-            log.warning("the home's background runner stopped", exc_info=True)
-        else:  # a fault of the home: one line with its code and way out, never a traceback
-            log.warning("the home's background runner stopped: [%s] %s%s (kept questions and copies wait until "
-                        "this is fixed and the process restarted)", refusal.code, refusal.message,
-                        f" — hint: {refusal.hint}" if refusal.hint else "")
-
-
-__all__ = ["Runner", "RunnerTask", "default_tasks", "run_background", "LOCK_FILE"]
+__all__ = ["Runner", "RunnerTask", "default_tasks", "LOCK_FILE"]

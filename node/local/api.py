@@ -257,11 +257,12 @@ def _contract() -> dict[str, Any]:
 class _PoolKeeper:
     """The API's one warm session pool for ``peers`` searches (node/guest/pool.py),
     started on the server's event loop by the first such request and kept by a
-    background task until the server stops (the loop's end cancels it)."""
+    background task until the server stops (the loop's end cancels it). It is made by
+    ``guest``, the server process's :class:`node.guest.owner.Guest` (whose runner runs
+    beside it: :func:`background_runner`)."""
 
-    def __init__(self, home: Path, offline: bool) -> None:
-        self.home = Path(home)
-        self.offline = offline
+    def __init__(self, guest: Any) -> None:
+        self.guest = guest
         self.pool: Any = None
         self._lock: Any = None
         self._error: BaseException | None = None
@@ -282,11 +283,8 @@ class _PoolKeeper:
         return self.pool
 
     async def _keep(self, ready: Any) -> None:
-        from node.guest.pool import SessionPool
-        from node.trust.identity import load_identity
-
         try:
-            async with SessionPool(self.home, load_identity(self.home), local=self.offline) as pool:
+            async with self.guest.session_pool() as pool:
                 self.pool = pool
                 ready.set()
                 await anyio.sleep_forever()
@@ -335,13 +333,12 @@ class _Handlers:
         Whether each answers shows in the search's rows."""
         from node.guest.fanout import askable_peers
         from node.trust.identity import key_path
-        from node.trust.peers import PeerRegistry
 
         home = self.holder.home
         if self.pools is None or not key_path(home).is_file():
             return {"available": False, "pinned": 0}
         try:
-            n = len([p for p in askable_peers(PeerRegistry.load(home)) if scope.may_ask(p)])
+            n = len([p for p in askable_peers(self.pools.guest.peers.now()) if scope.may_ask(p)])
         except KithError:  # an unreadable peers.json: nobody can be asked
             n = 0
         return {"available": n > 0, "pinned": n}
@@ -438,7 +435,7 @@ class _Handlers:
         # the outbound gate, before the first byte leaves (outbound-held / -needs-confirmation: 403)
         ticket = await anyio.to_thread.run_sync(lambda: door_gate(home, scope, body, peers))
         pool = await self.pools.get()
-        merged = await peers_search(home, peers, body, pool=pool, timeout_s=PEERS_TIMEOUT_S)
+        merged = await peers_search(self.pools.guest, peers, body, pool=pool, timeout_s=PEERS_TIMEOUT_S)
         await anyio.to_thread.run_sync(lambda: ticket.done(merged))
         if keep_s is not None:
             from node.guest.outbox import keep_for_later
@@ -693,7 +690,10 @@ def create_app(home: Path | str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     Returns:
         An ASGI app (the loopback/read-only guard around a Starlette app).
     """
-    h = _Handlers(CorpusHolder(Path(home)), max_body_bytes, _PoolKeeper(Path(home), offline))
+    from node.guest.owner import Guest
+
+    guest = Guest(Path(home), local=offline)  # the asking side of this server's process
+    h = _Handlers(CorpusHolder(Path(home)), max_body_bytes, _PoolKeeper(guest))
     routes = [
         Route("/health", h.health, methods=["GET"]),
         Route("/stats", h.stats, methods=["GET"]),
@@ -708,6 +708,7 @@ def create_app(home: Path | str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
         KithError: _on_kith_error, Exception: _on_unexpected})
     guard = _Guard(inner, Path(home))
     guard.holder = h.holder  # type: ignore[attr-defined]
+    guard.guest = guest  # type: ignore[attr-defined]
     return guard
 
 
@@ -764,19 +765,19 @@ def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *
         if on_listening is not None:
             on_listening(base_url_of(sock))
         serve_forever(app, sock, access_log=access_log,  # type: ignore[arg-type]
-                      on_loop=background_runner(home, offline))
+                      on_loop=background_runner(app.guest))  # type: ignore[attr-defined]
     finally:
         sock.close()
         app.holder.close()  # type: ignore[attr-defined]
 
 
-def background_runner(home: Path | str, offline: bool) -> Callable[[], Any]:
+def background_runner(guest: Any) -> Callable[[], Any]:
     """The async callable the API's server runs on its loop while it serves: the home's
-    background runner (node/guest/runner.py; the outbox's delivery, specs/outbox.md §5)."""
-    from node.guest.runner import run_background
+    background runner of the app's :class:`node.guest.owner.Guest` (``app.guest``;
+    node/guest/runner.py; the outbox's delivery, specs/outbox.md §5)."""
 
     async def run() -> None:
-        await run_background(Path(home), command="kith api serve", local=offline)
+        await guest.run_background(command="kith api serve")
     return run
 
 
@@ -800,7 +801,7 @@ def run_api_in_thread(home: Path | str, host: str = "127.0.0.1", port: int = 0, 
     app, sock = _listening(home, host, port, warn=warn, offline=offline, max_body_bytes=max_body_bytes)
     try:
         with serve_app_in_thread(app, sock, what="the local API", startup_timeout_s=startup_timeout_s,
-                                 on_loop=background_runner(home, offline) if background else None) as url:
+                                 on_loop=background_runner(app.guest) if background else None) as url:
             yield url
     finally:
         app.holder.close()  # type: ignore[attr-defined]

@@ -109,7 +109,7 @@ def _local(home: Path, body: dict[str, Any], holder: Any = None,
 
 async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
                       server: str | None = None, local: bool = False,
-                      timeout_s: float = PEER_TIMEOUT_S, pool: Any = None) -> dict[str, Any]:
+                      timeout_s: float = PEER_TIMEOUT_S, pool: Any = None, guest: Any = None) -> dict[str, Any]:
     """Ask a joined peer one question over a knowledge-query session.
 
     Args:
@@ -117,7 +117,9 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
             invitation file / JSON / ``post_id``. body: the validated flat request.
             server: community server URL (needed for a ``post_id``). local: iroh local
             mode (tests, offline). pool: the warm :class:`~node.guest.pool.SessionPool`
-            (None: one for this call).
+            of the server's :class:`node.guest.owner.Guest` (None: a pool for this call).
+        guest: the :class:`node.guest.owner.Guest` of this call (None:
+            :meth:`node.guest.owner.Guest.of` ``pool``).
         timeout_s: end-to-end limit in seconds (connect, handshake, answer). The request's
             ``remainingBudgetMs`` is sent to the host and bounds its search, exactly as for
             any other entry point (0 → ``budget-exhausted``); it does not shorten the
@@ -132,17 +134,15 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
             ``peer-search-failed`` (no answer in time / session failed).
     """
     from node.common.errors import InvitationError
-    from node.guest.asker import Asker
     from node.guest.guest import open_target
-    from node.guest.pool import SessionPool
+    from node.guest.owner import Guest
     from node.guest.targets import PeerGone, classify_gone
-    from node.trust.identity import load_identity
-    from node.trust.peers import PeerRegistry
 
     import anyio
 
-    identity = load_identity(home)
-    if PeerRegistry.load(home).by_name(peer) is not None:
+    guest = Guest.of(home, local=local, pool=pool) if guest is None else guest
+    guest.identity  # noqa: B018 - no identity is refused here, before anything is resolved
+    if guest.peers.now().by_name(peer) is not None:
         target: Any = peer  # a pinned name: resolved by the asker (saved invitation, then server)
     else:
         try:
@@ -161,7 +161,7 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
             raise InvitationError("host-not-trusted",
                                   "that host is not a pinned peer; join it with `kith join "
                                   "--pin NAME` first")
-        if PeerRegistry.load(home).is_blocked(target.invitation.host_public_key):
+        if guest.peers.now().is_blocked(target.invitation.host_public_key):
             from node.common.errors import HandshakeError
 
             raise HandshakeError("ask-peer-blocked", f"{target.pinned_name!r} is blocked")
@@ -171,14 +171,14 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
 
     async def run(p: Any) -> Any:
         with anyio.move_on_after(timeout_s):
-            return await Asker(p).ask(target, request)
+            return await guest.asker(p).ask(target, request)
         return None
 
     try:
         if pool is not None:
             msg = await run(pool)
         else:
-            async with SessionPool(home, identity, local=local) as own:
+            async with guest.session_pool() as own:
                 msg = await run(own)
     except PeerGone as gone:
         _status, code = classify_gone(gone)
@@ -325,7 +325,9 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
                 peers = scope.peers_for(peers)
             sent = {**args, **signed}
             ticket = await anyio.to_thread.run_sync(door_gate, home, scope, sent, peers)
-            merged = await peers_search(home, peers, sent, local=local, pool=pool)
+            from node.guest.owner import Guest
+
+            merged = await peers_search(Guest.of(home, local=local, pool=pool), peers, sent, pool=pool)
             await anyio.to_thread.run_sync(ticket.done, merged)
         except KithError as exc:
             return _refusal(exc.code, exc.message)
@@ -359,15 +361,17 @@ async def call_search(home: Path, arguments: dict[str, Any], *, local: bool = Fa
         from node.policy.outbound import door_gate
 
         sent = {**args, **signed}
-        from node.trust.peers import NAME_RE, PeerRegistry
+        from node.guest.owner import Guest
+        from node.trust.peers import NAME_RE
 
+        guest = Guest.of(home, local=local, pool=pool)  # the server's, or one for this call
         named = peer if NAME_RE.fullmatch(peer) else None  # an invitation: a peer without a name here
         # what else leaves: a server URL is fetched (its path too) and an invitation is used
         # before the host is reached; the gate reads them with the question
-        pinned = named is not None and PeerRegistry.load(home).by_name(peer) is not None
+        pinned = named is not None and guest.peers.now().by_name(peer) is not None
         gated = {**sent, **({} if pinned else {"peer": peer}), **({"server": server} if server else {})}
         ticket = await anyio.to_thread.run_sync(door_gate, home, scope, gated, [named])
-        answer = await peer_search(home, peer, sent, server=server, local=local, pool=pool)
+        answer = await peer_search(home, peer, sent, server=server, local=local, pool=pool, guest=guest)
         await anyio.to_thread.run_sync(ticket.done, answer)
     except KithError as exc:
         return _refusal(exc.code, exc.message)
@@ -512,7 +516,9 @@ async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool =
         if scope is not None:
             peers = scope.peers_for(peers)
         ticket = await anyio.to_thread.run_sync(door_gate, home, scope, body, peers)
-        merged = await peers_search(home, peers, body, local=local, pool=pool)
+        from node.guest.owner import Guest
+
+        merged = await peers_search(Guest.of(home, local=local, pool=pool), peers, body, pool=pool)
         await anyio.to_thread.run_sync(ticket.done, merged)
         await anyio.to_thread.run_sync(lambda: keep_for_later(home, request, merged, keep_s=keep_s))
     except KithError as exc:
@@ -614,23 +620,22 @@ def build_server(home: Path | str, *, local: bool = False, agent: str | None = N
 
     @asynccontextmanager
     async def lifespan(_server: Any):
-        from node.guest.pool import SessionPool
-        from node.trust.identity import key_path, load_identity
+        from node.guest.owner import Guest
+        from node.trust.identity import key_path
 
         try:
             if not key_path(home).is_file():  # no identity yet: nothing is created at start-up
                 yield {}
                 return
-            async with SessionPool(home, load_identity(home), local=local) as pool:
+            guest = Guest(home, local=local)  # the asking side of this server's process
+            async with guest.session_pool() as pool:
                 pools.append(pool)
                 import anyio
-
-                from node.guest.runner import run_background
 
                 try:
                     async with anyio.create_task_group() as tg:
                         # the home's background runner while the server runs (specs/outbox.md §5)
-                        tg.start_soon(partial(run_background, home, command="kith mcp", local=local))
+                        tg.start_soon(partial(guest.run_background, command="kith mcp"))
                         try:
                             yield {}
                         finally:
