@@ -45,9 +45,9 @@ class AckGate:
         self.real = store.ack_sealed
         store.ack_sealed = self.ack
 
-    def ack(self, recipient: str, record_ids: list[str]) -> int:
+    def ack(self, recipient: str, records: list[tuple[str, str]]) -> int:
         if recipient != self.key:
-            return self.real(recipient, record_ids)
+            return self.real(recipient, records)
         self.hit.set()
         self.release.wait(60)
         raise CommunityError("database-unavailable", "the ack never reached the holder", status=503)

@@ -266,7 +266,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "mailbox-sender-full": ("community", "This sender has as many sealed records waiting in the mailbox as it may."),
     "mailbox-recipient-full": ("community", "A recipient has as many sealed records waiting in the mailbox as it may."),
     "mailbox-conflict": ("community", "A different sealed record with that id is kept already."),
-    "mailbox-id-taken": ("community", "Another sender's sealed record is kept under that id; try again once it is gone."),
+    "mailbox-not-accepted": ("community", "The host's card kept by this server does not say it takes sealed questions."),
     "mailbox-not-held": ("community", "This holder keeps mail only to or from its own person's devices."),
     # --- corpus ---------------------------------------------------------------------------
     "root-not-found": ("corpus", "The folder to index does not exist or is not a directory."),

@@ -124,20 +124,21 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
     seen = seen if seen is not None else SeenRecords()
     report = InboxReport()
     records, report.more = await client.take_sealed(TAKE_LIMIT)
-    done: list[str] = []
+    done: list[tuple[str, str]] = []  # (sender, id): the holder keeps records by both
     for record in records:
         rid = record.get("id") if isinstance(record.get("id"), str) else None
+        sender = record.get("sender") if isinstance(record.get("sender"), str) else None
         try:
             opened = open_sealed(record, identity.secret, now=clock())
             seen_before = seen.seen(opened, now=clock())
         except KithError as exc:
             report.refuse(exc.code)
-            if rid is not None:
-                done.append(rid)
+            if rid is not None and sender is not None:
+                done.append((sender, rid))
             continue
         if seen_before:
             report.refuse("sealed-replayed")
-            done.append(opened.id)
+            done.append((opened.sender, opened.id))
             continue
         if (on_question if opened.kind == "question" else on_answer) is None:
             report.kept.append(opened.id)  # another part of this device takes that kind
@@ -156,7 +157,7 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
         except KithError as exc:
             report.refuse(exc.code)
         seen.admit(opened, now=clock())
-        done.append(opened.id)
+        done.append((opened.sender, opened.id))
     if done:
         try:
             report.acked = await client.ack_sealed(done)
