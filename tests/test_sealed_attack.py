@@ -239,3 +239,68 @@ def test_another_senders_record_under_the_answers_id_neither_swallows_nor_delays
     assert first.answered == [qid] and first.kept == [] and first.acked == 1
     assert got == [host.public_key] and took.refused == {"sealed-forged": 1} and took.acked == 2
     assert left == []
+
+
+def test_an_answer_is_sealed_only_to_keys_tied_to_the_asker(tmp_path: Path, host_home: Path) -> None:
+    """A sealed question names the keys its answer is sealed to (`reply_to.keys`). The host
+    answers only when each is the asker's own device key or a device its person bound by a
+    chain the question carries: mallory cannot get an answer sealed to ada's key (the holder
+    would hand it to ada's key, and mallory learns what the host answers ada's questions
+    from), nor name a device of another person — refused `sealed-reply-foreign`, not searched,
+    nothing left. A device of the asker's own person with its chain is answered."""
+    import os
+
+    from node.host.host import open_knowledge
+    from node.trust.binding import device_link
+    from node.trust.sealed import open_sealed, seal
+
+    host = load_identity(host_home)
+    mallory, ada, phone, strangers_device = new_identity(), new_identity(), new_identity(), new_identity()
+    person, stranger = os.urandom(32), os.urandom(32)
+
+    def link(secret: bytes, device, name: str) -> list:
+        return [device_link(secret, device.public_key, name, "2026-01-01T00:00:00Z", 0)]
+
+    def question(sender, chain, qid: str, keys: list[str], chains: dict | None = None) -> dict:
+        reply = {"keys": keys, "holders": [], **({"chains": chains} if chains is not None else {})}
+        return seal(sender.secret, chain, kind="question", question_id=qid,
+                    body={"request": {"query": QUESTION, "topK": 3}, "peer": host.public_key, "reply_to": reply},
+                    recipients=[host.public_key], now=time.time(), expires=time.time() + 3600)
+
+    asks = [
+        (mallory, question(mallory, None, "d1" * 16, [ada.public_key])),  # another's key
+        (mallory, question(mallory, None, "d2" * 16, [mallory.public_key, ada.public_key])),
+        (mallory, question(mallory, link(person, mallory, "m"), "d3" * 16, [strangers_device.public_key],
+                           {strangers_device.public_key: link(stranger, strangers_device, "s")})),  # another person's
+        (ada, question(ada, link(person, ada, "laptop"), "d4" * 16, [ada.public_key, phone.public_key],
+                       {phone.public_key: link(person, phone, "phone")})),  # her own person's phone
+    ]
+
+    async def run() -> tuple:
+        with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            for who, record in asks:
+                async with CommunityClient(url, who) as c:
+                    await c.put_sealed(record)
+            knowledge = open_knowledge(host_home, lambda _: None)
+            audit = AuditLog(host_home)
+            try:
+                on_q = sealed_on_question(home_door(host_home), knowledge, audit=audit)
+                async with CommunityClient(url, host) as h:
+                    report = await take_step(h, host, None, on_question=on_q, seen=SeenRecords())
+            finally:
+                audit.close()
+                knowledge.close()
+            left = {}
+            for who in (ada, phone, mallory, strangers_device):
+                async with CommunityClient(url, who) as c:
+                    left[who.public_key] = (await c.take_sealed())[0]
+            return report, left
+
+    report, left = asyncio.run(run())
+    assert report.refused == {"sealed-reply-foreign": 3} and report.answered == ["d4" * 16] and report.acked == 4
+    assert left[mallory.public_key] == [] and left[strangers_device.public_key] == []
+    assert left[ada.public_key] == left[phone.public_key] and len(left[ada.public_key]) == 1
+    opened = open_sealed(left[phone.public_key][0], phone.secret, now=time.time())
+    assert opened.kind == "answer" and opened.question_id == "d4" * 16
+    lines = [json.loads(x) for x in (host_home / "audit.jsonl").read_text().splitlines()]
+    assert not [x for x in lines if x.get("peer") == mallory.public_key and x["event"] == "query"]

@@ -118,6 +118,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "sealed-not-for-me": ("identity", "The sealed record is not sealed to this device's key."),
     "sealed-forged": ("identity", "The sealed record does not open, or its signature, binding chain or outer fields do not verify."),
     "sealed-replayed": ("identity", "This sealed record was delivered here before."),
+    "sealed-reply-foreign": ("identity", "The sealed question asks for its answer to be sealed to a key that is not the asker's device, nor a device its chain's person bound."),
     "bad-hex": ("signing", "A key, signature or nonce is not strict lowercase hex of the exact length."),
     "bad-signature": ("signing", "A signature does not verify."),
     "bad-payload-value": ("signing", "A signed payload value contains a newline or is malformed."),

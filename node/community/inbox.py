@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from node.common.errors import CommunityError, KithError
 from node.community.client import CommunityClient
+from node.trust.binding import verify_chain
 from node.trust.identity import Identity
 from node.trust.sealed import MAX_RECIPIENTS, Opened, SeenRecords, open_sealed, seal
 
@@ -78,20 +79,44 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
 
 def reply_of(opened: Opened) -> tuple[list[str], list[str]]:
     """A question's ``reply_to``: ``(keys, holders)`` — the asker's device keys (1-16, hex)
-    and the holders' URLs (0-4, http(s)).
+    and the holders' URLs (0-4, http(s)) — once every key is tied to the asker
+    (specs/sealed.md §4, step 11): the question's sender itself, or a device bound to the
+    sender's person by a binding chain the question carries in ``reply_to.chains``
+    (``{device key: chain}``, verified by :func:`node.trust.binding.verify_chain`; only for a
+    sender whose own chain proved its person). So no one gets an answer sealed to someone
+    else's keys, nor to its own keys for a question another signed.
 
     Raises:
-        KithError: ``sealed-malformed`` when the question does not say where its answer goes.
+        KithError: ``sealed-malformed`` when the question does not say where its answer goes;
+            ``sealed-reply-foreign`` when a key is not tied to the asker.
     """
     reply = opened.body.get("reply_to")
     keys = reply.get("keys") if isinstance(reply, dict) else None
     holders = reply.get("holders", []) if isinstance(reply, dict) else None
+    chains = reply.get("chains", {}) if isinstance(reply, dict) else None
     if (not isinstance(keys, list) or not 1 <= len(keys) <= MAX_RECIPIENTS
             or any(not isinstance(k, str) or _HEX64.fullmatch(k) is None for k in keys)
+            or len(set(keys)) != len(keys)
             or not isinstance(holders, list) or len(holders) > 4
-            or any(not isinstance(h, str) or len(h) > 200 or _URL.fullmatch(h) is None for h in holders)):
-        raise KithError("sealed-malformed", "the question's reply_to is not 1-16 device keys and 0-4 holder URLs")
+            or any(not isinstance(h, str) or len(h) > 200 or _URL.fullmatch(h) is None for h in holders)
+            or not isinstance(chains, dict) or set(reply) - {"keys", "holders", "chains"}):
+        raise KithError("sealed-malformed", "the question's reply_to is not 1-16 distinct device keys, 0-4 holder "
+                        "URLs and their chains")
+    for key in keys:
+        if key != opened.sender and not _bound_to_asker(opened, key, chains.get(key)):
+            raise KithError("sealed-reply-foreign", "the question asks for its answer to be sealed to a key that "
+                            "is not the asker's device nor bound to the asker's person by a chain it carries")
     return list(keys), list(holders)
+
+
+def _bound_to_asker(opened: Opened, key: str, chain: object) -> bool:
+    """True when ``chain`` binds ``key`` to the person the question's own chain proved."""
+    if opened.identity is None or chain is None:
+        return False
+    try:
+        return verify_chain(chain, key).person == opened.identity.person
+    except KithError:
+        return False
 
 
 async def take_step(client: CommunityClient, identity: Identity, chain: list[dict[str, Any]] | None, *,
@@ -179,7 +204,8 @@ async def _leave_answer(client: CommunityClient, identity: Identity, chain: list
     asker left the question here, so it takes its answer here.
 
     Raises:
-        KithError: ``sealed-malformed`` (no valid ``reply_to``), or what ``on_question`` raised.
+        KithError: ``sealed-malformed`` (no valid ``reply_to``), ``sealed-reply-foreign`` (a
+            key not tied to the asker), or what ``on_question`` raised.
     """
     keys, _holders = reply_of(opened)
     answer = seen.unsent(opened, now=clock())
