@@ -7,19 +7,23 @@ hand an answer to the asker's store — then ack. The order makes every crash sa
 1. take (nothing changes at the holder);
 2. open (:func:`node.trust.sealed.open_sealed`); a record that does not open or verify is
    acked and counted under its code — it never will, and nothing of it is kept;
-3. a record this process already acted on (:class:`node.trust.sealed.SeenRecords`) is acked
-   again, never answered twice (a holder that hands out a question twice gets one answer);
-4. a question: ``on_question(opened)`` → the ``results`` message (the one answer path, as
-   for a live question) → sealed to the asker's ``reply_to.keys`` with the same question id
-   → put with the holder the question came from (``mailbox-conflict`` there means that
-   answer is kept already; the asker's ``reply_to.holders`` is never dialled: a host never
-   requests an address an asker chose); an answer: ``on_answer(opened)`` stores it (the
-   outbox stores only into an open row: one stored answer per question);
-5. only then ack. A process killed anywhere before the ack takes the record again and
-   answers again with the same id; the asker keeps one answer.
-   An answer the holder has no room for yet (its bounds full) is kept in this process
-   (:meth:`SeenRecords.unsent`) and only left again at the next step: the question is
-   not searched, charged or audited again.
+3. a record already acted on (:class:`node.trust.sealed.SeenRecords`, keyed by kind, sender
+   and question id; a host's is durable, :class:`node.trust.sealed_seen.DurableSeen`) is
+   acked again, never answered twice (a holder that hands out a question twice, or a host
+   restarted before its ack, gives one answer);
+4. a question: ``reply_to`` checked (:func:`reply_of`) → ``on_question(opened)`` → the
+   ``results`` message (the one answer path, as for a live question) → sealed to the
+   asker's ``reply_to.keys`` with the same question id and kept in ``seen``
+   (:meth:`SeenRecords.keep_unsent`) → put with the holder the question came from
+   (``mailbox-conflict`` there means that answer is kept already; the asker's
+   ``reply_to.holders`` is never dialled: a host never requests an address an asker
+   chose); an answer: ``on_answer(opened)`` stores it (the outbox stores only into an open
+   row: one stored answer per question);
+5. then the record is admitted to ``seen`` (which forgets the kept answer in the same
+   write), and only then acked. A process killed before its answer was kept answers again
+   with the same id (the asker keeps one answer); killed after, it leaves the very answer
+   it kept — not searched, charged or audited again — as does a step whose answer the
+   holder had no room for yet (its bounds full).
 
 The answer function and the asker's store are given by the caller (the host's
 ``Knowledge`` and admission, the guest's outbox): this module does the mailbox part only.
@@ -215,15 +219,13 @@ async def _leave_answer(client: CommunityClient, identity: Identity, chain: list
         answer = seal(identity.secret, chain, kind="answer", question_id=opened.question_id,
                       body={"results": results}, recipients=keys, now=now,
                       expires=max(opened.expires_unix, int(now) + 60))
+        seen.keep_unsent(opened, answer, now=clock())  # before the put: a kill then leaves this very answer
     try:
         await client.put_sealed(answer)
     except CommunityError as exc:
-        if exc.code == "mailbox-conflict":  # an answer to this question is kept there already
-            seen.keep_unsent(opened, None, now=clock())
-            return True
-        seen.keep_unsent(opened, answer, now=clock())
-        return False
-    seen.keep_unsent(opened, None, now=clock())
+        # mailbox-conflict: an answer to this question is kept there already; the caller's
+        # admit forgets the kept answer in the same write that records the question done
+        return exc.code == "mailbox-conflict"
     return True
 
 
