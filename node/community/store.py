@@ -1162,7 +1162,7 @@ ALTER TABLE mailbox_recipients_v8 RENAME TO mailbox_recipients;
 CREATE INDEX mailbox_sender ON mailbox (sender_key, owed_to);
 CREATE INDEX mailbox_owed ON mailbox (owed_to, sender_key);
 CREATE INDEX mailbox_expires ON mailbox (expires_unix);
-CREATE INDEX mailbox_recipients_record ON mailbox_recipients (sender_key, record_id);
+CREATE INDEX mailbox_recipients_record ON mailbox_recipients (record_id, sender_key);
 CREATE INDEX mailbox_recipients_order ON mailbox_recipients (recipient_key, stored_unix)
 """
 
