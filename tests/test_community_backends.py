@@ -114,9 +114,9 @@ def test_racing_proofs_on_each_store(base_url: str) -> None:
 #: The mailbox's columns and what each may hold (specs/sealed.md §3): keys (text), numbers
 #: and times, and exactly two binary columns — the ciphertext and the wrapped content keys.
 MAILBOX_COLUMNS = {
-    "mailbox": {"record_id": "key", "sender_key": "key", "bucket": "number", "sealed_box": "sealed",
+    "mailbox": {"record_id": "key", "sender_key": "key", "owed_to": "key", "bucket": "number", "sealed_box": "sealed",
                 "created_unix": "number", "expires_unix": "number", "stored_unix": "number"},
-    "mailbox_recipients": {"recipient_key": "key", "record_id": "key", "wrapped_key": "sealed",
+    "mailbox_recipients": {"recipient_key": "key", "sender_key": "key", "record_id": "key", "wrapped_key": "sealed",
                            "stored_unix": "number"},
 }
 _KINDS = {"key": {"text"}, "number": {"integer", "bigint", "real", "double precision"},
@@ -220,7 +220,7 @@ def test_first_cut_sqlite_database_is_migrated(tmp_path: Path) -> None:
         open_store(db)
     assert err.value.code == "database-schema-old" and "kith community migrate" in err.value.message
     store = open_store(db, migrate=True)  # ...`kith community migrate` brings it forward
-    assert store.applied == [2, 3, 4, 5, 6, 7] and store.schema_version() == 7
+    assert store.applied == [2, 3, 4, 5, 6, 7, 8] and store.schema_version() == 8
     row = store.get_invitation(inv.post_id)
     assert row is not None and row.sessions_count == 1 and row.document["post_id"] == inv.post_id
     assert store.get_session(proof["session_id"])["closed_unix"] is None

@@ -72,8 +72,8 @@ def take(http: httpx.Client, signer: Identity, limit: int = 20, clock: float | N
                      headers=signed_headers(signer, "POST", "/api/v1/mailbox/take", body, now=clock))
 
 
-def ack(http: httpx.Client, ids: list[str], signer: Identity) -> httpx.Response:
-    body = json.dumps({"ids": ids}).encode()
+def ack(http: httpx.Client, records: list[dict], signer: Identity) -> httpx.Response:
+    body = json.dumps({"records": [{"sender": r["sender"], "id": r["id"]} for r in records]}).encode()
     return http.post("/api/v1/mailbox/ack", content=body,
                      headers=signed_headers(signer, "POST", "/api/v1/mailbox/ack", body))
 
@@ -88,7 +88,8 @@ def test_the_mailbox_is_off_by_default(tmp_path: Path) -> None:
     asker, host = new_identity(), new_identity()
     with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS) as url, \
             httpx.Client(base_url=url, timeout=20) as http:
-        for response in (put(http, question(asker, host), asker), take(http, host), ack(http, ["ab" * 16], host)):
+        for response in (put(http, question(asker, host), asker), take(http, host), 
+                         ack(http, [{"sender": "cd" * 32, "id": "ab" * 16}], host)):
             assert response.status_code == 404 and error_of(response) == "mailbox-off"
 
 
@@ -112,10 +113,10 @@ def test_a_question_and_its_answer_through_the_mailbox_on_each_store(served) -> 
                 assert records[0] == rec  # handed out exactly as put
                 opened = open_sealed(records[0], me.secret, now=time.time())
                 assert opened.body["request"]["query"] == QUESTION
-            assert await s.ack_sealed([rec["id"]]) == 0  # not its record: nothing happens
-            assert await h2.ack_sealed([rec["id"]]) == 1  # one device acks for both
+            assert await s.ack_sealed([(rec["sender"], rec["id"])]) == 0  # not its record: nothing happens
+            assert await h2.ack_sealed([(rec["sender"], rec["id"])]) == 1  # one device acks for both
             assert await h1.take_sealed() == ([], False)
-            assert await h1.ack_sealed([rec["id"]]) == 0  # acked again: harmless
+            assert await h1.ack_sealed([(rec["sender"], rec["id"])]) == 0  # acked again: harmless
             answer = seal(laptop.secret, chain_of(laptop), kind="answer", question_id=opened.question_id,
                           body={"results": {"action": "results", "status": "ok", "text": ANSWER_TEXT}},
                           recipients=opened.body["reply_to"]["keys"], now=time.time(), expires=time.time() + 600)
@@ -123,7 +124,7 @@ def test_a_question_and_its_answer_through_the_mailbox_on_each_store(served) -> 
             records, _ = await a.take_sealed()
             got = open_sealed(records[0], asker.secret, now=time.time())
             assert got.kind == "answer" and got.question_id == QID and got.body["results"]["text"] == ANSWER_TEXT
-            assert await a.ack_sealed([records[0]["id"]]) == 1
+            assert await a.ack_sealed([(records[0]["sender"], records[0]["id"])]) == 1
             assert store.mailbox_usage() == {"records": 0, "bytes": 0} == store.mailbox_totals()
 
     asyncio.run(scenario())
@@ -154,7 +155,9 @@ def test_refusals_store_nothing_on_each_store(served) -> None:
         assert r.status_code == 409 and error_of(r) == "mailbox-conflict"
         records = take(http, host).json()["records"]
         assert records == [rec]
-        for bad in ({"ids": []}, {"ids": ["X" * 32]}, {"ids": "ab"}, {"limit": 5}):
+        for bad in ({"records": []}, {"records": [{"sender": asker.public_key, "id": "X" * 32}]},
+                    {"records": [{"sender": "ab", "id": rec["id"]}]}, {"records": [{"id": rec["id"]}]},
+                    {"ids": [rec["id"]]}, {"records": "ab"}, {"limit": 5}):
             body = json.dumps(bad).encode()
             r = http.post("/api/v1/mailbox/ack", content=body,
                           headers=signed_headers(host, "POST", "/api/v1/mailbox/ack", body))
@@ -187,8 +190,8 @@ def test_bounds_per_sender_per_recipient_and_in_total_on_each_store(database) ->
         r = put(http, question(others[5], others[4], qid=qid(8)), others[5])  # 5 in total
         assert r.status_code == 507 and error_of(r) == "mailbox-full"
         # an ack frees room at once
-        ids = [rec["id"] for rec in take(http, host).json()["records"]]
-        assert len(ids) == 3 and ack(http, ids[:1], host).json() == {"removed": 1}
+        kept = take(http, host).json()["records"]
+        assert len(kept) == 3 and ack(http, kept[:1], host).json() == {"removed": 1}
         assert put(http, question(others[5], others[4], qid=qid(8)), others[5]).status_code == 201
     store = open_store(database)
     try:  # the totals the bounds read are the tables' own
@@ -234,12 +237,12 @@ def test_take_pages_and_reports_more(tmp_path: Path) -> None:
             sender = new_identity()
             rec = question(sender, host, qid=f"{i + 1:032x}")
             assert put(http, rec, sender).status_code == 201
-            sent.append(rec["id"])
+            sent.append(rec)
         first = take(http, host, limit=3).json()
-        assert [r["id"] for r in first["records"]] == sent[:3] and first["more"] is True
+        assert first["records"] == sent[:3] and first["more"] is True
         ack(http, sent[:3], host)
         rest = take(http, host, limit=3).json()
-        assert [r["id"] for r in rest["records"]] == sent[3:] and rest["more"] is False
+        assert rest["records"] == sent[3:] and rest["more"] is False
 
 
 def test_the_key_rate_limit_applies_to_the_mailbox(tmp_path: Path) -> None:
@@ -313,3 +316,65 @@ def test_a_holder_cannot_make_a_record_open(served) -> None:
     with pytest.raises(KithError) as err:
         open_sealed({**got, "box": base64.b64encode(bytes(box)).decode()}, host.secret, now=time.time())
     assert err.value.code == "sealed-forged"
+
+
+def answer_to(host: Identity, asker: Identity, qid: str) -> dict:
+    now = time.time()
+    return seal(host.secret, chain_of(host), kind="answer", question_id=qid,
+                body={"results": {"action": "results", "status": "ok", "text": ANSWER_TEXT}},
+                recipients=[asker.public_key], now=now, expires=now + 600)
+
+
+def test_one_askers_questions_cannot_crowd_out_the_answers_owed_to_others_on_each_store(database) -> None:
+    """A host's answer is put while the question it answers waits (the host acks after), so
+    the holder counts it against the bound of the asker it goes to: an asker that fills its
+    own bound with questions fills the host's answers to *it*, never the answers owed to
+    another asker, nor the host's own questions."""
+    limits = MailboxLimits(per_sender=2)
+    flooder, other, host, third = new_identity(), new_identity(), new_identity(), new_identity()
+    with run_server_in_thread(database, rate_limits=NO_LIMITS, mailbox=limits) as url, \
+            httpx.Client(base_url=url, timeout=20) as http:
+        def qid(i: int) -> str:
+            return f"{i:032x}"
+        for i in (1, 2):
+            assert put(http, question(flooder, host, qid=qid(i)), flooder).status_code == 201
+        for i in (1, 2):  # both answered; the questions acked once the answers are kept
+            assert put(http, answer_to(host, flooder, qid(i)), host).status_code == 201
+        assert ack(http, take(http, host).json()["records"], host).json() == {"removed": 2}
+        assert put(http, question(flooder, host, qid=qid(3)), flooder).status_code == 201
+        r = put(http, answer_to(host, flooder, qid(3)), host)  # 2 answers wait for the flooder
+        assert r.status_code == 429 and error_of(r) == "mailbox-sender-full"
+        assert put(http, question(other, host, qid=qid(4)), other).status_code == 201
+        assert put(http, answer_to(host, other, qid(4)), host).status_code == 201  # owed to another asker
+        assert put(http, question(host, third, qid=qid(5)), host).status_code == 201  # the host's own question
+        assert put(http, question(host, third, qid=qid(6)), host).status_code == 201
+        r = put(http, question(host, third, qid=qid(7)), host)  # its own questions keep their bound
+        assert r.status_code == 429 and error_of(r) == "mailbox-sender-full"
+
+
+def test_a_question_to_a_host_whose_card_does_not_opt_in_is_refused_on_each_store(served) -> None:
+    """The server keeps hosts' cards: a record to a device whose kept card names no
+    mailboxes (card format 1) and to no device whose card does is refused
+    `403 mailbox-not-accepted` and nothing is kept; a device with a format-2 card, or one the
+    server keeps no card of, is not refused, nor is the answer to an asker that asked here."""
+    url, store = served
+    asker, plain, opted, unknown = new_identity(), new_identity(), new_identity(), new_identity()
+    person = new_identity().public_key
+    for device, doc in ((plain, {"seq": 1}), (opted, {"seq": 1, "mailboxes": [url]})):
+        assert store.put_card(device.public_key, person, 1, doc, expires_unix=time.time() + 3600,
+                              now=time.time()) == "new"
+    with httpx.Client(base_url=url, timeout=20) as http:
+        r = put(http, question(asker, plain, qid="1" * 32), asker)
+        assert r.status_code == 403 and error_of(r) == "mailbox-not-accepted"
+        r = put(http, question(asker, plain, unknown, qid="1" * 32), asker)  # an unknown key does not open it
+        assert r.status_code == 403 and error_of(r) == "mailbox-not-accepted"
+        assert store.mailbox_usage()["records"] == 0
+        assert put(http, question(asker, plain, opted, qid="2" * 32), asker).status_code == 201
+        assert put(http, question(asker, unknown, qid="3" * 32), asker).status_code == 201
+        # the asker's own card does not opt in: a host's answer to its question waiting here is kept
+        assert store.put_card(asker.public_key, person, 1, {"seq": 1}, expires_unix=time.time() + 3600,
+                              now=time.time()) == "new"
+        assert put(http, answer_to(unknown, asker, "3" * 32), unknown).status_code == 201
+        stranger = new_identity()
+        r = put(http, question(stranger, asker, qid="5" * 32), stranger)  # but not another's question to it
+        assert r.status_code == 403 and error_of(r) == "mailbox-not-accepted"

@@ -82,7 +82,7 @@ def test_an_old_schema_is_refused_then_migrated_keeping_its_rows(target: str,
                             "--database-url", target), capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {"applied": [3, 4, 5, 6, 7], "schema_version": SCHEMA_VERSION}
+    assert json.loads(r.stdout) == {"applied": [3, 4, 5, 6, 7, 8], "schema_version": SCHEMA_VERSION}
     r = subprocess.run(kith(tmp_path / "h", "community", "migrate", "--json",
                             "--database-url", target), capture_output=True, text=True,
                        timeout=60)
@@ -117,7 +117,7 @@ def test_a_newer_schema_is_refused_with_the_version_it_needs(target: str) -> Non
 def test_an_empty_database_starts_at_the_current_version(target: str) -> None:
     store = open_store(target)
     try:
-        assert store.schema_version() == SCHEMA_VERSION and store.applied == [2, 3, 4, 5, 6, 7]
+        assert store.schema_version() == SCHEMA_VERSION and store.applied == [2, 3, 4, 5, 6, 7, 8]
     finally:
         store.close()
     again = open_store(target)
@@ -125,3 +125,38 @@ def test_an_empty_database_starts_at_the_current_version(target: str) -> None:
         assert again.applied == []
     finally:
         again.close()
+
+
+def test_a_v7_mailbox_is_keyed_by_sender_and_id_after_migrating(target: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Version 8 keys the mailbox by (sender, record id): a record kept by a version-7
+    database is still handed out and acked after `kith community migrate`, and another
+    sender's record under its id is then a record of its own."""
+    with monkeypatch.context() as m:  # a database exactly as version 7 made it
+        m.setattr(store_mod, "SCHEMA_VERSION", 7)
+        m.setattr(store_mod, "MIGRATIONS", store_mod.MIGRATIONS[:-1])
+        open_store(target).close()
+    sender, other, host = new_identity(), new_identity(), new_identity()
+    rid = "ab" * 16
+    _execute_all(target, [
+        ("INSERT INTO mailbox (record_id, sender_key, bucket, sealed_box, created_unix, expires_unix, stored_unix) "
+         "VALUES (?, ?, ?, ?, ?, ?, ?)", (rid, sender.public_key, 1024, b"\0" * 1064, 1.0, 4e9, 1.0)),
+        ("INSERT INTO mailbox_recipients (recipient_key, record_id, wrapped_key, stored_unix) VALUES (?, ?, ?, ?)",
+         (host.public_key, rid, b"\1" * 80, 1.0)),
+    ])
+    store = open_store(target, migrate=True)
+    try:
+        assert store.applied == [8] and store.schema_version() == SCHEMA_VERSION
+        limits = store_mod.MailboxLimits()
+        assert store.put_sealed(record_id=rid, sender=other.public_key, recipients={host.public_key: b"\2" * 80},
+                                bucket=1024, box=b"\3" * 1064, created_unix=2.0, expires_unix=4e9, limits=limits,
+                                now=3.0) == "new"
+        records, _ = store.take_sealed(host.public_key, limit=10, max_bytes=1 << 20, now=3.0)
+        assert [(r["sender"], r["id"], r["recipients"]) for r in records] == [
+            (sender.public_key, rid, {host.public_key: b"\1" * 80}), (other.public_key, rid, {host.public_key: b"\2" * 80})]
+        assert store.ack_sealed(host.public_key, [(other.public_key, rid)]) == 1  # only that sender's
+        records, _ = store.take_sealed(host.public_key, limit=10, max_bytes=1 << 20, now=3.0)
+        assert [r["sender"] for r in records] == [sender.public_key]
+        assert store.mailbox_totals() == store.mailbox_usage() == {"records": 1, "bytes": 1024}
+    finally:
+        store.close()

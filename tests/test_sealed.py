@@ -234,3 +234,35 @@ def _rechain(rec: dict, recipient: bytes, chain: list) -> dict:
     inner = _inner(rec, recipient)
     inner["chain"] = chain
     return _reseal(rec, inner, [public_key_of(recipient)])
+
+
+def test_a_hosts_seen_set_outlives_a_restart(tmp_path) -> None:
+    """`DurableSeen` (<home>/sealed-seen.sqlite): a question acted on is `sealed-replayed`
+    after a restart — also sealed again to another set of the host's devices (its key is the
+    kind, sender and question id, not the outer id); an answer kept unsent survives and is
+    the one left; rows go when their record expires; a damaged file refuses to open."""
+    from node.trust.sealed_seen import FILE_NAME, DurableSeen
+
+    asker, host, other_device = device(), os.urandom(32), os.urandom(32)
+    first, pending = question(asker, host), question(asker, host, question_id="ee" * 16)
+    seen = DurableSeen(tmp_path)
+    seen.admit(open_sealed(first, host, now=NOW), now=NOW)
+    seen.keep_unsent(open_sealed(pending, host, now=NOW), {"id": "the sealed answer"}, now=NOW)
+    seen.close()
+    again = DurableSeen(tmp_path)  # the host restarted
+    resealed = question(asker, host, other_device)
+    assert resealed["id"] != first["id"]
+    assert code_of(again.admit, open_sealed(resealed, host, now=NOW + 5), now=NOW + 5) == "sealed-replayed"
+    assert again.unsent(open_sealed(pending, host, now=NOW + 5), now=NOW + 5) == {"id": "the sealed answer"}
+    again.admit(open_sealed(pending, host, now=NOW + 5), now=NOW + 5)  # left: done, the kept answer forgotten
+    assert again.unsent(open_sealed(pending, host, now=NOW + 5), now=NOW + 5) is None
+    assert again.seen_question("question", public_key_of(asker[0]), "ee" * 16, now=NOW + 5)
+    again.close()
+    later = DurableSeen(tmp_path, clock=lambda: NOW + 4000)  # both records expired at NOW + 3600
+    later.admit(open_sealed(question(asker, host, now=NOW + 4000), host, now=NOW + 4000), now=NOW + 4000)
+    later.close()
+    (tmp_path / FILE_NAME).unlink()
+    (tmp_path / FILE_NAME).write_bytes(b"not a database" * 100)
+    with pytest.raises(KithError) as err:
+        DurableSeen(tmp_path)
+    assert err.value.code == "config-invalid" and FILE_NAME in err.value.message

@@ -30,45 +30,55 @@ def host_home(tmp_path_factory) -> Path:
 
 
 def test_an_answer_that_cannot_be_left_is_answered_once(tmp_path: Path, host_home: Path) -> None:
-    """One asker leaves a question whose answer it never takes: the host's one waiting answer
-    fills its per-sender bound (1 here, 200 by default). A second asker's question is then
-    answered, its answer refused ``mailbox-sender-full`` and kept; three more takes must not
-    query the corpus, charge the quota or write the audit again — and once the bound frees,
-    the very answer computed first is left and taken."""
+    """An asker that never takes its answers fills the host's answers owed to it (1 here,
+    200 by default): its next question is answered, that answer refused
+    ``mailbox-sender-full`` and kept; three more takes must not query the corpus, charge the
+    quota or write the audit again — and once the asker takes, the very answer computed
+    first is left. Meanwhile another asker's question is answered at once: the hog fills
+    only the answers owed to it (specs/sealed.md §5b)."""
     host = load_identity(host_home)
     hog, asker = new_identity(), new_identity()
-    q_hog, q_asker = "c1" * 16, "c2" * 16
-    got: list[dict] = []
+    q_first, q_hog, q_asker = "c0" * 16, "c1" * 16, "c2" * 16
+    got: dict[str, list] = {hog.public_key: [], asker.public_key: []}
+
+    async def ask(url: str, who, qid: str) -> None:
+        async with CommunityClient(url, who) as c:
+            await leave_question(c, who, None, question_id=qid, request={"query": QUESTION, "topK": 3},
+                                 peer=host.public_key, recipients=[host.public_key], expires=time.time() + 3600)
+
+    async def take_answers(url: str, who) -> None:
+        async with CommunityClient(url, who) as c:
+            await take_step(c, who, None, on_answer=lambda op: got[who.public_key].append(op.body["results"]) is None)
 
     async def run() -> list:
         with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS,
                                   mailbox=MailboxLimits(per_sender=1)) as url:
-            for who, qid in ((hog, q_hog), (asker, q_asker)):
-                async with CommunityClient(url, who) as c:
-                    await leave_question(c, who, None, question_id=qid, request={"query": QUESTION, "topK": 3},
-                                         peer=host.public_key, recipients=[host.public_key],
-                                         expires=time.time() + 3600)
             seen = SeenRecords()
             reports = []
             with sealed_answerer(host_home) as on_q:
                 async with CommunityClient(url, host) as h:
+                    await ask(url, hog, q_first)
+                    reports.append(await take_step(h, host, None, on_question=on_q, seen=seen))
+                    await ask(url, hog, q_hog)  # its first answer still waits at the holder
+                    await ask(url, asker, q_asker)
                     for _ in range(4):
                         reports.append(await take_step(h, host, None, on_question=on_q, seen=seen))
-                    async with CommunityClient(url, hog) as c:  # the hog takes its answer: room again
-                        await take_step(c, hog, None, on_answer=lambda op: True)
+                    await take_answers(url, hog)  # the hog takes its first answer: room again
                     reports.append(await take_step(h, host, None, on_question=on_q, seen=seen))
-            async with CommunityClient(url, asker) as c:
-                await take_step(c, asker, None, on_answer=lambda op: got.append(op.body["results"]) is None)
+            await take_answers(url, hog)
+            await take_answers(url, asker)
             return reports
 
     reports = asyncio.run(run())
-    assert reports[0].answered == [q_hog] and len(reports[0].kept) == 1
-    assert all(len(r.kept) == 1 and not r.answered for r in reports[1:4])
-    assert reports[4].answered == [q_asker]
+    assert reports[0].answered == [q_first]
+    assert reports[1].answered == [q_asker] and len(reports[1].kept) == 1  # the other asker is not held up
+    assert all(len(r.kept) == 1 and not r.answered for r in reports[2:5])
+    assert reports[5].answered == [q_hog]
     lines = [json.loads(x) for x in (host_home / "audit.jsonl").read_text().splitlines()]
-    queried = [x for x in lines if x.get("peer") == asker.public_key and x["event"] == "query"]
-    assert len(queried) == 1  # answered once, however often the answer had to wait
-    assert [r["status"] for r in got] == ["ok"] and got[0]["query_id"] == f"outbox:{q_asker}"
+    queried = [x for x in lines if x.get("peer") == hog.public_key and x["event"] == "query"]
+    assert len(queried) == 2  # each question answered once, however often its answer had to wait
+    assert [r["query_id"] for r in got[hog.public_key]] == [f"outbox:{q_first}", f"outbox:{q_hog}"]
+    assert [r["query_id"] for r in got[asker.public_key]] == [f"outbox:{q_asker}"]
 
 
 @pytest.mark.parametrize("address", ["0.0.0.0:0", "[::]:0"])
@@ -167,13 +177,14 @@ def test_a_revoked_or_blocked_device_of_the_person_cannot_answer(tmp_path: Path)
     assert record["_answers"][0]["envelope"]["results"][0]["textPreview"] == "at noon"
 
 
-def test_another_senders_record_under_the_answers_id_does_not_swallow_the_answer(tmp_path: Path,
-                                                                                  host_home: Path) -> None:
+def test_another_senders_record_under_the_answers_id_neither_swallows_nor_delays_the_answer(
+        tmp_path: Path, host_home: Path) -> None:
     """A peer asked the same question live (`--peer bea --peer carl`) learns its id
     (`outbox:ID`), so it can compute bea's answer's outer id and put a record of its own under
-    it first. Bea's put must not then count as "kept already": it is refused
-    `mailbox-id-taken`, the question stays at the holder unacked, and it is answered once the
-    squatting record is gone — never silently acked and lost."""
+    it first. The holder keeps records by (sender, id): the squat fills only carl's own
+    space, bea's answer is kept at the first take (not refused, not taken for "kept
+    already"), the asker stores bea's answer and drops carl's record (its id is not carl's:
+    `sealed-forged`), and acking it leaves bea's record alone."""
     from node.trust.sealed import record_id, seal
 
     host = load_identity(host_home)
@@ -181,7 +192,7 @@ def test_another_senders_record_under_the_answers_id_does_not_swallow_the_answer
     qid = "c4" * 16
     got: list = []
 
-    async def run() -> list:
+    async def run() -> tuple:
         with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
             async with CommunityClient(url, asker) as c:
                 await leave_question(c, asker, None, question_id=qid, request={"query": QUESTION, "topK": 3},
@@ -191,19 +202,73 @@ def test_another_senders_record_under_the_answers_id_does_not_swallow_the_answer
             squat["id"] = record_id("answer", qid, host.public_key, [asker.public_key])
             async with CommunityClient(url, carl) as c:
                 await c.put_sealed(squat)
-            seen = SeenRecords()
-            reports = []
             with sealed_answerer(host_home) as on_q:
                 async with CommunityClient(url, host) as h:
-                    reports.append(await take_step(h, host, None, on_question=on_q, seen=seen))
-                    async with CommunityClient(url, asker) as c:  # the asker drops carl's record
-                        await take_step(c, asker, None, on_answer=lambda op: got.append(op.sender) is None)
-                    reports.append(await take_step(h, host, None, on_question=on_q, seen=seen))
+                    first = await take_step(h, host, None, on_question=on_q, seen=SeenRecords())
             async with CommunityClient(url, asker) as c:
-                await take_step(c, asker, None, on_answer=lambda op: got.append(op.sender) is None)
-            return reports
+                took = await take_step(c, asker, None, on_answer=lambda op: got.append(op.sender) is None)
+                left, _ = await c.take_sealed()
+            return first, took, left
 
-    first, second = asyncio.run(run())
-    assert first.answered == [] and first.acked == 0 and len(first.kept) == 1
-    assert second.answered == [qid]
-    assert got == [host.public_key]
+    first, took, left = asyncio.run(run())
+    assert first.answered == [qid] and first.kept == [] and first.acked == 1
+    assert got == [host.public_key] and took.refused == {"sealed-forged": 1} and took.acked == 2
+    assert left == []
+
+
+def test_an_answer_is_sealed_only_to_keys_tied_to_the_asker(tmp_path: Path, host_home: Path) -> None:
+    """A sealed question names the keys its answer is sealed to (`reply_to.keys`). The host
+    answers only when each is the asker's own device key or a device its person bound by a
+    chain the question carries: mallory cannot get an answer sealed to ada's key (the holder
+    would hand it to ada's key, and mallory learns what the host answers ada's questions
+    from), nor name a device of another person — refused `sealed-reply-foreign`, not searched,
+    nothing left. A device of the asker's own person with its chain is answered."""
+    import os
+
+    from node.trust.binding import device_link
+    from node.trust.sealed import open_sealed, seal
+
+    host = load_identity(host_home)
+    mallory, ada, phone, strangers_device = new_identity(), new_identity(), new_identity(), new_identity()
+    person, stranger = os.urandom(32), os.urandom(32)
+
+    def link(secret: bytes, device, name: str) -> list:
+        return [device_link(secret, device.public_key, name, "2026-01-01T00:00:00Z", 0)]
+
+    def question(sender, chain, qid: str, keys: list[str], chains: dict | None = None) -> dict:
+        reply = {"keys": keys, "holders": [], **({"chains": chains} if chains is not None else {})}
+        return seal(sender.secret, chain, kind="question", question_id=qid,
+                    body={"request": {"query": QUESTION, "topK": 3}, "peer": host.public_key, "reply_to": reply},
+                    recipients=[host.public_key], now=time.time(), expires=time.time() + 3600)
+
+    asks = [
+        (mallory, question(mallory, None, "d1" * 16, [ada.public_key])),  # another's key
+        (mallory, question(mallory, None, "d2" * 16, [mallory.public_key, ada.public_key])),
+        (mallory, question(mallory, link(person, mallory, "m"), "d3" * 16, [strangers_device.public_key],
+                           {strangers_device.public_key: link(stranger, strangers_device, "s")})),  # another person's
+        (ada, question(ada, link(person, ada, "laptop"), "d4" * 16, [ada.public_key, phone.public_key],
+                       {phone.public_key: link(person, phone, "phone")})),  # her own person's phone
+    ]
+
+    async def run() -> tuple:
+        with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            for who, record in asks:
+                async with CommunityClient(url, who) as c:
+                    await c.put_sealed(record)
+            with sealed_answerer(host_home) as on_q:
+                async with CommunityClient(url, host) as h:
+                    report = await take_step(h, host, None, on_question=on_q, seen=SeenRecords())
+            left = {}
+            for who in (ada, phone, mallory, strangers_device):
+                async with CommunityClient(url, who) as c:
+                    left[who.public_key] = (await c.take_sealed())[0]
+            return report, left
+
+    report, left = asyncio.run(run())
+    assert report.refused == {"sealed-reply-foreign": 3} and report.answered == ["d4" * 16] and report.acked == 4
+    assert left[mallory.public_key] == [] and left[strangers_device.public_key] == []
+    assert left[ada.public_key] == left[phone.public_key] and len(left[ada.public_key]) == 1
+    opened = open_sealed(left[phone.public_key][0], phone.secret, now=time.time())
+    assert opened.kind == "answer" and opened.question_id == "d4" * 16
+    lines = [json.loads(x) for x in (host_home / "audit.jsonl").read_text().splitlines()]
+    assert not [x for x in lines if x.get("peer") == mallory.public_key and x["event"] == "query"]

@@ -2,8 +2,10 @@
 question id is the idempotency key end to end, whichever end dies.
 
 - `kith host --mailbox` killed (SIGKILL) after it left its answer but before its ack of
-  the question reached the holder: a new `kith host` takes the question again, answers it
-  again under the same id, and the holder keeps one answer;
+  the question reached the holder: a new `kith host` takes the question again and, from its
+  durable record of the questions it answered (`<home>/sealed-seen.sqlite`), does not
+  answer it again — it acks it (`sealed-replayed`); the audit has one query, the holder one
+  answer;
 - `kith outbox run` killed (SIGKILL) right after it left the question, and again after it
   stored the answer but before its ack reached the holder: the next run stores nothing
   twice — one answer in the row — and the holder is emptied.
@@ -43,9 +45,9 @@ class AckGate:
         self.real = store.ack_sealed
         store.ack_sealed = self.ack
 
-    def ack(self, recipient: str, record_ids: list[str]) -> int:
+    def ack(self, recipient: str, records: list[tuple[str, str]]) -> int:
         if recipient != self.key:
-            return self.real(recipient, record_ids)
+            return self.real(recipient, records)
         self.hit.set()
         self.release.wait(60)
         raise CommunityError("database-unavailable", "the ack never reached the holder", status=503)
@@ -94,7 +96,12 @@ def _answers(guest: Path, qid: str) -> list:
     return record["_answers"]
 
 
-def test_a_host_killed_before_its_ack_answers_again_and_the_asker_keeps_one(tmp_path: Path) -> None:
+def _queries(host_home: Path, qid: str) -> list:
+    lines = [json.loads(x) for x in (host_home / "audit.jsonl").read_text().splitlines()]
+    return [x for x in lines if x["event"] == "query" and x.get("query_id") == f"outbox:{qid}"]
+
+
+def test_a_host_killed_before_its_ack_answers_once_and_the_asker_keeps_one(tmp_path: Path) -> None:
     with mailbox_server(tmp_path / "c.sqlite3") as (store, url):
         host_home, person, device, guest, asker = _homes(tmp_path, url)
         qid = _ask_later(guest, person, url)
@@ -112,10 +119,15 @@ def test_a_host_killed_before_its_ack_answers_again_and_the_asker_keeps_one(tmp_
         gate.remove()
         assert sorted(_senders(store)) == sorted([asker, device])  # nothing lost
         again = HostProcess(host_home, "--server", url, "--mailbox")
-        try:  # taken again, answered again under the same id: still one answer kept
+        try:  # taken again, acked as answered already: one answer kept
             wait_for("the question acked", lambda: _senders(store) == [device], timeout_s=60, every_s=0.05)
         finally:
-            again.stop()
+            _rc, out, _err = again.stop()
+        taken = [e for e in map(json.loads, out.splitlines()) if e.get("event") == "sealed-taken"]
+        # not searched, charged or audited again: dropped as answered before (the killed
+        # host's own audit line may not have reached the disk before SIGKILL)
+        assert taken == [{"event": "sealed-taken", "holder": url, "answered": 0,
+                          "dropped": {"sealed-replayed": 1}}]
         outbox_run_until(guest, "the answer in the outbox", lambda: _senders(store) == [])
     answers = _answers(guest, qid)
     assert len(answers) == 1 and "noon" in answers[0]["envelope"]["results"][0]["textPreview"]
@@ -153,3 +165,53 @@ def test_an_asker_killed_after_leaving_and_after_storing_stores_one_answer(tmp_p
         outbox_run_until(guest, "the answer taken again and acked", lambda: _senders(store) == [])
     answers = _answers(guest, qid)
     assert len(answers) == 1 and "noon" in answers[0]["envelope"]["results"][0]["textPreview"]
+
+
+def test_a_question_answered_live_is_not_answered_again_when_also_left_sealed(tmp_path: Path) -> None:
+    """The asker's outbox reaches `kith host --mailbox` live and is answered; the same
+    question (same id, same device key) is also left sealed at the mailbox. The host takes
+    it, knows it answered it (`<home>/sealed-seen.sqlite`, marked as the live answer left)
+    and acks it without a second answer: one query in the audit, nothing left for the
+    asker at the holder."""
+    import asyncio
+    import time
+
+    import httpx
+
+    from node.community.client import CommunityClient
+    from node.community.inbox import leave_question
+    from node.trust.identity import load_identity
+
+    with mailbox_server(tmp_path / "c.sqlite3") as (store, url):
+        host_home, person, device, guest, asker = _homes(tmp_path, url)
+        host = HostProcess(host_home, "--server", url, "--mailbox")
+        try:
+            post = host.invitation["post_id"]
+            wait_for("this run's card on the server", lambda: post in json.dumps(
+                httpx.get(f"{url}/api/v1/cards/{person}", timeout=10).json()), timeout_s=30)
+            r = kith(guest, "peers", "add", "bea", person, "--devices", "--server", url)
+            assert r.returncode == 0, r.stderr
+            with OutboxStore(guest) as outbox:  # kept for bea (as `ask --later` keeps it), then run
+                qid = outbox.add({"query": QUESTION, "topK": 5}, [("bea", person)])["id"]
+
+            def answered() -> bool:
+                with OutboxStore(guest) as outbox:
+                    return outbox.get(qid)["state"] == "answered"
+            outbox_run_until(guest, "the question answered live", answered)
+            assert _senders(store) == []  # live: nothing was left at the holder
+
+            async def leave() -> None:
+                me = load_identity(guest)
+                async with CommunityClient(url, me) as client:
+                    await leave_question(client, me, None, question_id=qid,
+                                         request={"query": QUESTION, "topK": 5}, peer=device,
+                                         recipients=[device], expires=time.time() + 3600)
+            asyncio.run(leave())
+            assert _senders(store) == [asker]
+            wait_for("the sealed twin acked unanswered", lambda: _senders(store) == [], timeout_s=60,
+                     every_s=0.05)
+        finally:
+            _rc, out, _err = host.stop()
+    assert [q.get("via") for q in _queries(host_home, qid)] == [None]  # one query, the live one
+    taken = [e for e in map(json.loads, out.splitlines()) if e.get("event") == "sealed-taken"]
+    assert [(e["answered"], e["dropped"]) for e in taken] == [(0, {"sealed-replayed": 1})]

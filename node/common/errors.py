@@ -118,6 +118,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "sealed-not-for-me": ("identity", "The sealed record is not sealed to this device's key."),
     "sealed-forged": ("identity", "The sealed record does not open, or its signature, binding chain or outer fields do not verify."),
     "sealed-replayed": ("identity", "This sealed record was delivered here before."),
+    "sealed-reply-foreign": ("identity", "The sealed question asks for its answer to be sealed to a key that is not the asker's device, nor a device its chain's person bound."),
     "bad-hex": ("signing", "A key, signature or nonce is not strict lowercase hex of the exact length."),
     "bad-signature": ("signing", "A signature does not verify."),
     "bad-payload-value": ("signing", "A signed payload value contains a newline or is malformed."),
@@ -266,7 +267,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "mailbox-sender-full": ("community", "This sender has as many sealed records waiting in the mailbox as it may."),
     "mailbox-recipient-full": ("community", "A recipient has as many sealed records waiting in the mailbox as it may."),
     "mailbox-conflict": ("community", "A different sealed record with that id is kept already."),
-    "mailbox-id-taken": ("community", "Another sender's sealed record is kept under that id; try again once it is gone."),
+    "mailbox-not-accepted": ("community", "The host's card kept by this server does not say it takes sealed questions."),
     "mailbox-not-held": ("community", "This holder keeps mail only to or from its own person's devices."),
     # --- corpus ---------------------------------------------------------------------------
     "root-not-found": ("corpus", "The folder to index does not exist or is not a directory."),

@@ -452,7 +452,8 @@ class CommunityClient:
 
         Raises:
             CommunityError: ``mailbox-off`` (404), ``sealed-*`` (400), ``forbidden`` (403: not
-                the sender), ``mailbox-conflict`` / ``mailbox-id-taken`` (409), ``mailbox-sender-full`` (429),
+                the sender), ``mailbox-not-accepted`` (403: the host's card here does not opt in),
+                ``mailbox-conflict`` (409), ``mailbox-sender-full`` (429),
                 ``mailbox-recipient-full`` / ``mailbox-full`` (507), ``rate-limited``,
                 ``request-*``, ``server-unreachable``, ``server-error`` (also an answer
                 naming another id).
@@ -487,18 +488,20 @@ class CommunityClient:
                                  "mailbox take without records", status=status)
         return [r for r in records if isinstance(r, dict)], data.get("more") is True
 
-    async def ack_sealed(self, ids: list[str]) -> int:
-        """``POST /api/v1/mailbox/ack``: remove records this identity took and dealt with (an
-        id not kept, or not sealed to this key, is ignored).
+    async def ack_sealed(self, records: list[tuple[str, str]]) -> int:
+        """``POST /api/v1/mailbox/ack``: remove records this identity took and dealt with,
+        each named by ``(sender key, record id)`` — a holder keys records by both, so an ack
+        never removes another sender's record under the same id (a record not kept, or not
+        sealed to this key, is ignored).
 
         Returns:
             how many records the server removed.
 
         Raises:
-            CommunityError: ``mailbox-off``, ``request-invalid`` (not 1-100 record ids),
+            CommunityError: ``mailbox-off``, ``request-invalid`` (not 1-100 records),
                 ``rate-limited``, ``request-*``, ``server-unreachable``, ``server-error``.
         """
-        body = json.dumps({"ids": list(ids)}).encode()
+        body = json.dumps({"records": [{"sender": s, "id": i} for s, i in records]}).encode()
         _status, data = await self._request("POST", "/mailbox/ack", body=body, signed=True)
         removed = data.get("removed") if isinstance(data, dict) else None
         return removed if isinstance(removed, int) and not isinstance(removed, bool) else 0

@@ -7,19 +7,23 @@ hand an answer to the asker's store — then ack. The order makes every crash sa
 1. take (nothing changes at the holder);
 2. open (:func:`node.trust.sealed.open_sealed`); a record that does not open or verify is
    acked and counted under its code — it never will, and nothing of it is kept;
-3. a record this process already acted on (:class:`node.trust.sealed.SeenRecords`) is acked
-   again, never answered twice (a holder that hands out a question twice gets one answer);
-4. a question: ``on_question(opened)`` → the ``results`` message (the one answer path, as
-   for a live question) → sealed to the asker's ``reply_to.keys`` with the same question id
-   → put with the holder the question came from (``mailbox-conflict`` there means that
-   answer is kept already; the asker's ``reply_to.holders`` is never dialled: a host never
-   requests an address an asker chose); an answer: ``on_answer(opened)`` stores it (the
-   outbox stores only into an open row: one stored answer per question);
-5. only then ack. A process killed anywhere before the ack takes the record again and
-   answers again with the same id; the asker keeps one answer.
-   An answer the holder has no room for yet (its bounds full) is kept in this process
-   (:meth:`SeenRecords.unsent`) and only left again at the next step: the question is
-   not searched, charged or audited again.
+3. a record already acted on (:class:`node.trust.sealed.SeenRecords`, keyed by kind, sender
+   and question id; a host's is durable, :class:`node.trust.sealed_seen.DurableSeen`) is
+   acked again, never answered twice (a holder that hands out a question twice, or a host
+   restarted before its ack, gives one answer);
+4. a question: ``reply_to`` checked (:func:`reply_of`) → ``on_question(opened)`` → the
+   ``results`` message (the one answer path, as for a live question) → sealed to the
+   asker's ``reply_to.keys`` with the same question id and kept in ``seen``
+   (:meth:`SeenRecords.keep_unsent`) → put with the holder the question came from
+   (``mailbox-conflict`` there means that answer is kept already; the asker's
+   ``reply_to.holders`` is never dialled: a host never requests an address an asker
+   chose); an answer: ``on_answer(opened)`` stores it (the outbox stores only into an open
+   row: one stored answer per question);
+5. then the record is admitted to ``seen`` (which forgets the kept answer in the same
+   write), and only then acked. A process killed before its answer was kept answers again
+   with the same id (the asker keeps one answer); killed after, it leaves the very answer
+   it kept — not searched, charged or audited again — as does a step whose answer the
+   holder had no room for yet (its bounds full).
 
 The answer function and the asker's store are given by the caller (the host's
 ``Knowledge`` and admission, the guest's outbox): this module does the mailbox part only.
@@ -35,6 +39,7 @@ from typing import Any, Callable
 
 from node.common.errors import CommunityError, KithError
 from node.community.client import CommunityClient
+from node.trust.binding import verify_chain
 from node.trust.identity import Identity
 from node.trust.sealed import MAX_RECIPIENTS, Opened, SeenRecords, open_sealed, seal
 
@@ -78,20 +83,44 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
 
 def reply_of(opened: Opened) -> tuple[list[str], list[str]]:
     """A question's ``reply_to``: ``(keys, holders)`` — the asker's device keys (1-16, hex)
-    and the holders' URLs (0-4, http(s)).
+    and the holders' URLs (0-4, http(s)) — once every key is tied to the asker
+    (specs/sealed.md §4, step 11): the question's sender itself, or a device bound to the
+    sender's person by a binding chain the question carries in ``reply_to.chains``
+    (``{device key: chain}``, verified by :func:`node.trust.binding.verify_chain`; only for a
+    sender whose own chain proved its person). So no one gets an answer sealed to someone
+    else's keys, nor to its own keys for a question another signed.
 
     Raises:
-        KithError: ``sealed-malformed`` when the question does not say where its answer goes.
+        KithError: ``sealed-malformed`` when the question does not say where its answer goes;
+            ``sealed-reply-foreign`` when a key is not tied to the asker.
     """
     reply = opened.body.get("reply_to")
     keys = reply.get("keys") if isinstance(reply, dict) else None
     holders = reply.get("holders", []) if isinstance(reply, dict) else None
+    chains = reply.get("chains", {}) if isinstance(reply, dict) else None
     if (not isinstance(keys, list) or not 1 <= len(keys) <= MAX_RECIPIENTS
             or any(not isinstance(k, str) or _HEX64.fullmatch(k) is None for k in keys)
+            or len(set(keys)) != len(keys)
             or not isinstance(holders, list) or len(holders) > 4
-            or any(not isinstance(h, str) or len(h) > 200 or _URL.fullmatch(h) is None for h in holders)):
-        raise KithError("sealed-malformed", "the question's reply_to is not 1-16 device keys and 0-4 holder URLs")
+            or any(not isinstance(h, str) or len(h) > 200 or _URL.fullmatch(h) is None for h in holders)
+            or not isinstance(chains, dict) or set(reply) - {"keys", "holders", "chains"}):
+        raise KithError("sealed-malformed", "the question's reply_to is not 1-16 distinct device keys, 0-4 holder "
+                        "URLs and their chains")
+    for key in keys:
+        if key != opened.sender and not _bound_to_asker(opened, key, chains.get(key)):
+            raise KithError("sealed-reply-foreign", "the question asks for its answer to be sealed to a key that "
+                            "is not the asker's device nor bound to the asker's person by a chain it carries")
     return list(keys), list(holders)
+
+
+def _bound_to_asker(opened: Opened, key: str, chain: object) -> bool:
+    """True when ``chain`` binds ``key`` to the person the question's own chain proved."""
+    if opened.identity is None or chain is None:
+        return False
+    try:
+        return verify_chain(chain, key).person == opened.identity.person
+    except KithError:
+        return False
 
 
 async def take_step(client: CommunityClient, identity: Identity, chain: list[dict[str, Any]] | None, *,
@@ -124,20 +153,21 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
     seen = seen if seen is not None else SeenRecords()
     report = InboxReport()
     records, report.more = await client.take_sealed(TAKE_LIMIT)
-    done: list[str] = []
+    done: list[tuple[str, str]] = []  # (sender, id): the holder keeps records by both
     for record in records:
         rid = record.get("id") if isinstance(record.get("id"), str) else None
+        sender = record.get("sender") if isinstance(record.get("sender"), str) else None
         try:
             opened = open_sealed(record, identity.secret, now=clock())
             seen_before = seen.seen(opened, now=clock())
         except KithError as exc:
             report.refuse(exc.code)
-            if rid is not None:
-                done.append(rid)
+            if rid is not None and sender is not None:
+                done.append((sender, rid))
             continue
         if seen_before:
             report.refuse("sealed-replayed")
-            done.append(opened.id)
+            done.append((opened.sender, opened.id))
             continue
         if (on_question if opened.kind == "question" else on_answer) is None:
             report.kept.append(opened.id)  # another part of this device takes that kind
@@ -156,7 +186,7 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
         except KithError as exc:
             report.refuse(exc.code)
         seen.admit(opened, now=clock())
-        done.append(opened.id)
+        done.append((opened.sender, opened.id))
     if done:
         try:
             report.acked = await client.ack_sealed(done)
@@ -178,7 +208,8 @@ async def _leave_answer(client: CommunityClient, identity: Identity, chain: list
     asker left the question here, so it takes its answer here.
 
     Raises:
-        KithError: ``sealed-malformed`` (no valid ``reply_to``), or what ``on_question`` raised.
+        KithError: ``sealed-malformed`` (no valid ``reply_to``), ``sealed-reply-foreign`` (a
+            key not tied to the asker), or what ``on_question`` raised.
     """
     keys, _holders = reply_of(opened)
     answer = seen.unsent(opened, now=clock())
@@ -188,15 +219,13 @@ async def _leave_answer(client: CommunityClient, identity: Identity, chain: list
         answer = seal(identity.secret, chain, kind="answer", question_id=opened.question_id,
                       body={"results": results}, recipients=keys, now=now,
                       expires=max(opened.expires_unix, int(now) + 60))
+        seen.keep_unsent(opened, answer, now=clock())  # before the put: a kill then leaves this very answer
     try:
         await client.put_sealed(answer)
     except CommunityError as exc:
-        if exc.code == "mailbox-conflict":  # an answer to this question is kept there already
-            seen.keep_unsent(opened, None, now=clock())
-            return True
-        seen.keep_unsent(opened, answer, now=clock())
-        return False
-    seen.keep_unsent(opened, None, now=clock())
+        # mailbox-conflict: an answer to this question is kept there already; the caller's
+        # admit forgets the kept answer in the same write that records the question done
+        return exc.code == "mailbox-conflict"
     return True
 
 

@@ -137,6 +137,7 @@ MAX_TAKE = 100
 #: the client's 1 MiB cap once base64-encoded.
 MAX_TAKE_BYTES = 512 * 1024
 _RECORD_ID_RE = re.compile(r"[0-9a-f]{32}")
+_SENDER_KEY_RE = re.compile(r"[0-9a-f]{64}")
 #: ``Retry-After`` of a 503 (the database is unavailable or a statement timed out), seconds.
 RETRY_AFTER_UNAVAILABLE_S = 2
 
@@ -187,10 +188,17 @@ class TakeBody(msgspec.Struct, forbid_unknown_fields=True):
     limit: int = 20
 
 
-class AckBody(msgspec.Struct, forbid_unknown_fields=True):
-    """Body of ``POST /api/v1/mailbox/ack``: the ids of records taken and dealt with."""
+class AckRecord(msgspec.Struct, forbid_unknown_fields=True):
+    """One record of an ack: its sender key and its id (records are kept by both)."""
 
-    ids: list[str]
+    sender: str
+    id: str
+
+
+class AckBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of ``POST /api/v1/mailbox/ack``: the records taken and dealt with."""
+
+    records: list[AckRecord]
 
 
 class FeedbackBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -520,10 +528,12 @@ class _App:
         self._mailbox_limits()
         signed, body = await self._signed_body(request)
         ack = decode_json(body, AckBody, what="ack")
-        if not 1 <= len(ack.ids) <= MAX_TAKE or any(_RECORD_ID_RE.fullmatch(i) is None for i in ack.ids):
-            raise CommunityError("request-invalid", f"ids is 1 to {MAX_TAKE} record ids (32 lowercase hex)",
-                                 status=400)
-        removed = await self._db(self.store.ack_sealed, signed.public_key, ack.ids)
+        if not 1 <= len(ack.records) <= MAX_TAKE or any(
+                _RECORD_ID_RE.fullmatch(r.id) is None or _SENDER_KEY_RE.fullmatch(r.sender) is None
+                for r in ack.records):
+            raise CommunityError("request-invalid", f"records is 1 to {MAX_TAKE} records, each a sender key "
+                                 "(64 lowercase hex) and a record id (32 lowercase hex)", status=400)
+        removed = await self._db(self.store.ack_sealed, signed.public_key, [(r.sender, r.id) for r in ack.records])
         return JSONResponse({"removed": removed})
 
     # --- protocols -------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from node.common.errors import CommunityError, UsageError
 from node.community.defaults import DEFAULT_POOL_SIZE  # there, so --help shows it without this module
 
 #: The schema this code reads and writes; :data:`MIGRATIONS` lead up to it.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 DB_DIR = "community"
 DB_FILE = "community.sqlite3"
 #: How long a connection waits for another writer (SQLite) or for a pooled connection
@@ -576,31 +576,64 @@ class CommunityStore:
             conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) "
                          "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, str(value)))
 
-    def _remove_sealed(self, conn: _Conn, record_id: str) -> int:
+    def _remove_sealed(self, conn: _Conn, sender: str, record_id: str) -> int:
         """Delete one record and its recipients, keeping the totals; returns 1 or 0."""
-        row = conn.execute("SELECT bucket FROM mailbox WHERE record_id = ?", (record_id,)).fetchone()
-        conn.execute("DELETE FROM mailbox_recipients WHERE record_id = ?", (record_id,))
+        key = (sender, record_id)
+        row = conn.execute("SELECT bucket FROM mailbox WHERE sender_key = ? AND record_id = ?", key).fetchone()
+        conn.execute("DELETE FROM mailbox_recipients WHERE sender_key = ? AND record_id = ?", key)
         if row is None:
             return 0
-        conn.execute("DELETE FROM mailbox WHERE record_id = ?", (record_id,))
+        conn.execute("DELETE FROM mailbox WHERE sender_key = ? AND record_id = ?", key)
         count, total = self._mailbox_totals(conn)
         self._set_mailbox_totals(conn, max(0, count - 1), max(0, total - int(row[0])))
         return 1
 
     def _prune_mailbox(self, conn: _Conn, now: float) -> int:
-        gone = conn.execute("SELECT record_id FROM mailbox WHERE expires_unix <= ? LIMIT 1000", (now,)).fetchall()
-        for (record_id,) in gone:
-            self._remove_sealed(conn, record_id)
+        gone = conn.execute("SELECT sender_key, record_id FROM mailbox WHERE expires_unix <= ? LIMIT 1000",
+                            (now,)).fetchall()
+        for sender, record_id in gone:
+            self._remove_sealed(conn, sender, record_id)
         return len(gone)
+
+    @staticmethod
+    def _owed_to(conn: _Conn, sender: str, recipients: list[str]) -> str | None:
+        """The asker a record from ``sender`` replies to: the lowest recipient key that has a
+        record waiting here for ``sender`` (a host leaves its answer before it acks the
+        question), else None."""
+        marks = ", ".join("?" for _ in recipients)
+        row = conn.execute(f"SELECT sender_key FROM mailbox_recipients WHERE recipient_key = ? "
+                           f"AND sender_key IN ({marks}) ORDER BY sender_key LIMIT 1",
+                           (sender, *recipients)).fetchone()
+        return None if row is None else str(row[0])
+
+    @staticmethod
+    def _refuses_sealed(conn: _Conn, recipients: list[str], now: float) -> bool:
+        """True when this server keeps a live card of at least one recipient and none of the
+        recipients' kept cards names a mailbox (card format 2, specs/sealed.md §6): the host
+        did not opt in to sealed questions. Recipients without a card here are not judged."""
+        marks = ", ".join("?" for _ in recipients)
+        rows = conn.execute(f"SELECT card FROM device_cards WHERE device_key IN ({marks}) AND expires_unix > ?",
+                            (*recipients, now)).fetchall()
+        if not rows:
+            return False
+        return not any(isinstance(json.loads(r[0]).get("mailboxes"), list) for r in rows)
 
     def put_sealed(self, *, record_id: str, sender: str, recipients: dict[str, bytes], bucket: int, box: bytes,
                    created_unix: float, expires_unix: float, limits: "MailboxLimits", now: float) -> str:
         """Keep one sealed record (already shape-checked by
-        :func:`node.trust.sealed.check_envelope`), once per ``record_id``.
+        :func:`node.trust.sealed.check_envelope`), once per ``(sender, record_id)``: a record
+        of another sender under the same id is another record (a squat fills only its
+        sender's own space, issue 43).
 
-        Expired records are removed first (at most 1000 per call). The bounds are checked in
-        this order under one lock: the sender's waiting records, each recipient's, the total
-        count and bytes.
+        Expired records are removed first (at most 1000 per call). Then, under one lock: a
+        record is a **reply** when one of its recipients has a record waiting here for its
+        sender (the question a host answers stays until the host acks it, after the answer
+        is left); a reply counts against the bound of the asker it goes to — ``per_sender``
+        records from this sender owed to that asker — so one asker's many questions cannot
+        crowd out the answers owed to others; any other record counts against its sender's
+        ``per_sender`` and is refused when this server keeps a card of a recipient and no
+        recipient's card opts in (``mailboxes``, specs/sealed.md §6). Then each recipient's
+        bound, the total count and bytes.
 
         Args:
             recipients: recipient key → its wrapped content key (80 bytes).
@@ -611,31 +644,39 @@ class CommunityStore:
 
         Raises:
             CommunityError: ``mailbox-conflict`` (409: another record of this sender under
-                that id), ``mailbox-id-taken`` (409: another sender's record under that id),
+                that id), ``mailbox-not-accepted`` (403: no recipient's card here opts in),
                 ``mailbox-sender-full`` (429), ``mailbox-recipient-full`` (507),
                 ``mailbox-full`` (507), ``database-unavailable`` / ``database-timeout`` (503).
         """
+        keys = sorted(recipients)
         with self._write() as conn:
             self._mailbox_lock(conn)
             self._prune_mailbox(conn, now)
-            row = conn.execute("SELECT sender_key, sealed_box FROM mailbox WHERE record_id = ?",
-                               (record_id,)).fetchone()
+            row = conn.execute("SELECT sealed_box FROM mailbox WHERE sender_key = ? AND record_id = ?",
+                               (sender, record_id)).fetchone()
             if row is not None:
                 kept = {r[0]: bytes(r[1]) for r in conn.execute(
-                    "SELECT recipient_key, wrapped_key FROM mailbox_recipients WHERE record_id = ?",
-                    (record_id,)).fetchall()}
-                if row[0] == sender and bytes(row[1]) == box and kept == recipients:
+                    "SELECT recipient_key, wrapped_key FROM mailbox_recipients WHERE sender_key = ? "
+                    "AND record_id = ?", (sender, record_id)).fetchall()}
+                if bytes(row[0]) == box and kept == recipients:
                     return "same"
-                if row[0] != sender:  # not "kept already" for this sender: its put must not pass for kept
-                    raise CommunityError("mailbox-id-taken", "another sender's sealed record is kept under that id "
-                                         "until it is taken or expires", status=409)
-                raise CommunityError("mailbox-conflict", "another sealed record with that id is kept here",
-                                     status=409)
-            waiting = conn.execute("SELECT count(*) FROM mailbox WHERE sender_key = ?", (sender,)).fetchone()[0]
+                raise CommunityError("mailbox-conflict", "another sealed record of this sender with that id is "
+                                     "kept here", status=409)
+            owed_to = self._owed_to(conn, sender, keys)
+            if owed_to is None:
+                if self._refuses_sealed(conn, keys, now):
+                    raise CommunityError("mailbox-not-accepted", "no recipient's card here says it takes sealed "
+                                         "questions (its card names no mailboxes)", status=403)
+                waiting = conn.execute("SELECT count(*) FROM mailbox WHERE sender_key = ? AND owed_to IS NULL",
+                                       (sender,)).fetchone()[0]
+            else:
+                waiting = conn.execute("SELECT count(*) FROM mailbox WHERE owed_to = ? AND sender_key = ?",
+                                       (owed_to, sender)).fetchone()[0]
             if waiting >= limits.per_sender:
-                raise CommunityError("mailbox-sender-full", f"this sender has {limits.per_sender} sealed records "
+                whose = "this sender has" if owed_to is None else "this sender's replies to that asker are"
+                raise CommunityError("mailbox-sender-full", f"{whose} {limits.per_sender} sealed records "
                                      "waiting here; wait until they are taken or expire", status=429)
-            for key in recipients:
+            for key in keys:
                 waiting = conn.execute("SELECT count(*) FROM mailbox_recipients WHERE recipient_key = ?",
                                        (key,)).fetchone()[0]
                 if waiting >= limits.per_recipient:
@@ -644,12 +685,12 @@ class CommunityStore:
             count, total = self._mailbox_totals(conn)
             if count >= limits.max_records or total + bucket > limits.max_bytes:
                 raise CommunityError("mailbox-full", "the mailbox is full", status=507)
-            conn.execute("INSERT INTO mailbox (record_id, sender_key, bucket, sealed_box, created_unix, expires_unix, "
-                         "stored_unix) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                         (record_id, sender, bucket, box, created_unix, expires_unix, now))
-            for key, wrapped in recipients.items():
-                conn.execute("INSERT INTO mailbox_recipients (recipient_key, record_id, wrapped_key, stored_unix) "
-                             "VALUES (?, ?, ?, ?)", (key, record_id, wrapped, now))
+            conn.execute("INSERT INTO mailbox (sender_key, record_id, owed_to, bucket, sealed_box, created_unix, "
+                         "expires_unix, stored_unix) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                         (sender, record_id, owed_to, bucket, box, created_unix, expires_unix, now))
+            for key in keys:
+                conn.execute("INSERT INTO mailbox_recipients (recipient_key, sender_key, record_id, wrapped_key, "
+                             "stored_unix) VALUES (?, ?, ?, ?, ?)", (key, sender, record_id, recipients[key], now))
             self._set_mailbox_totals(conn, count + 1, total + bucket)
             return "new"
 
@@ -669,8 +710,9 @@ class CommunityStore:
         with self._read() as conn:
             rows = conn.execute(
                 "SELECT m.record_id, m.sender_key, m.bucket, m.sealed_box, m.created_unix, m.expires_unix "
-                "FROM mailbox_recipients r JOIN mailbox m ON m.record_id = r.record_id "
-                "WHERE r.recipient_key = ? AND m.expires_unix > ? ORDER BY r.stored_unix, r.record_id LIMIT ?",
+                "FROM mailbox_recipients r JOIN mailbox m ON m.sender_key = r.sender_key "
+                "AND m.record_id = r.record_id WHERE r.recipient_key = ? AND m.expires_unix > ? "
+                "ORDER BY r.stored_unix, r.sender_key, r.record_id LIMIT ?",
                 (recipient, now, limit + 1)).fetchall()
             out: list[dict[str, Any]] = []
             used = 0
@@ -683,18 +725,20 @@ class CommunityStore:
                 out.append({"id": row[0], "sender": row[1], "bucket": int(row[2]), "box": bytes(row[3]),
                             "created_unix": float(row[4]), "expires_unix": float(row[5]), "recipients": {}})
             if out:  # every recipient of the records taken, in one statement
-                by_id = {r["id"]: r for r in out}
-                marks = ", ".join("?" for _ in by_id)
-                for record_id, key, wrapped in conn.execute(
-                        "SELECT record_id, recipient_key, wrapped_key FROM mailbox_recipients "
-                        f"WHERE record_id IN ({marks}) ORDER BY recipient_key", tuple(by_id)).fetchall():
-                    by_id[record_id]["recipients"][key] = bytes(wrapped)
+                by_key = {(r["sender"], r["id"]): r for r in out}
+                ids = sorted({i for _, i in by_key})
+                marks = ", ".join("?" for _ in ids)
+                for sender, record_id, key, wrapped in conn.execute(
+                        "SELECT sender_key, record_id, recipient_key, wrapped_key FROM mailbox_recipients "
+                        f"WHERE record_id IN ({marks}) ORDER BY recipient_key", tuple(ids)).fetchall():
+                    if (sender, record_id) in by_key:
+                        by_key[(sender, record_id)]["recipients"][key] = bytes(wrapped)
         return out, more
 
-    def ack_sealed(self, recipient: str, record_ids: list[str]) -> int:
-        """Remove the records among ``record_ids`` that ``recipient`` is a recipient of (for
-        every recipient: one device of a person answering is enough). Unknown ids, or
-        records of others, are left alone.
+    def ack_sealed(self, recipient: str, records: list[tuple[str, str]]) -> int:
+        """Remove the records among ``records`` (``(sender key, record id)`` pairs) that
+        ``recipient`` is a recipient of (for every recipient: one device of a person
+        answering is enough). Unknown records, or records of others, are left alone.
 
         Returns:
             how many records were removed.
@@ -702,12 +746,12 @@ class CommunityStore:
         removed = 0
         with self._write() as conn:
             self._mailbox_lock(conn)
-            for record_id in dict.fromkeys(record_ids):
-                mine = conn.execute("SELECT 1 FROM mailbox_recipients WHERE recipient_key = ? AND record_id = ?",
-                                    (recipient, record_id)).fetchone()
+            for sender, record_id in dict.fromkeys(records):
+                mine = conn.execute("SELECT 1 FROM mailbox_recipients WHERE recipient_key = ? AND sender_key = ? "
+                                    "AND record_id = ?", (recipient, sender, record_id)).fetchone()
                 if mine is None:
                     continue
-                removed += self._remove_sealed(conn, record_id)
+                removed += self._remove_sealed(conn, sender, record_id)
         return removed
 
     def mailbox_usage(self) -> dict[str, int]:
@@ -1080,6 +1124,54 @@ def _to_v7(store: CommunityStore, conn: _Conn, from_version: int) -> None:
     store._run_script(conn, _MIGRATION_7)
 
 
+# Version 8: the mailbox keyed by (sender, record id) (issue 43: a squat only squats its own
+# space: another sender's record under an id never blocks the record its sender makes), and
+# each record says whose bound it counts against: ``owed_to`` is the asker a reply goes to
+# (a record put while a record from one of its recipients to its sender waits here), NULL
+# for a record counted against its sender.
+_MIGRATION_8 = """
+CREATE TABLE mailbox_v8 (
+    sender_key   TEXT NOT NULL,
+    record_id    TEXT NOT NULL,          -- the outer id (32 hex, a hash: not the question id)
+    owed_to      TEXT,                   -- a reply: the asker key whose bound it counts against
+    bucket       INTEGER NOT NULL,       -- the padded size (bytes)
+    sealed_box   {BLOB} NOT NULL,        -- ciphertext only (XSalsa20-Poly1305)
+    created_unix {REAL} NOT NULL,
+    expires_unix {REAL} NOT NULL,
+    stored_unix  {REAL} NOT NULL,
+    PRIMARY KEY (sender_key, record_id)
+);
+INSERT INTO mailbox_v8 (sender_key, record_id, owed_to, bucket, sealed_box, created_unix, expires_unix,
+                        stored_unix)
+    SELECT sender_key, record_id, NULL, bucket, sealed_box, created_unix, expires_unix, stored_unix FROM mailbox;
+CREATE TABLE mailbox_recipients_v8 (
+    recipient_key TEXT NOT NULL,
+    sender_key    TEXT NOT NULL,
+    record_id     TEXT NOT NULL,
+    wrapped_key   {BLOB} NOT NULL,       -- the record's content key sealed to this recipient
+    stored_unix   {REAL} NOT NULL,
+    PRIMARY KEY (recipient_key, sender_key, record_id)
+);
+INSERT INTO mailbox_recipients_v8 (recipient_key, sender_key, record_id, wrapped_key, stored_unix)
+    SELECT r.recipient_key, m.sender_key, r.record_id, r.wrapped_key, r.stored_unix
+    FROM mailbox_recipients r JOIN mailbox m ON m.record_id = r.record_id;
+DROP TABLE mailbox_recipients;
+DROP TABLE mailbox;
+ALTER TABLE mailbox_v8 RENAME TO mailbox;
+ALTER TABLE mailbox_recipients_v8 RENAME TO mailbox_recipients;
+CREATE INDEX mailbox_sender ON mailbox (sender_key, owed_to);
+CREATE INDEX mailbox_owed ON mailbox (owed_to, sender_key);
+CREATE INDEX mailbox_expires ON mailbox (expires_unix);
+CREATE INDEX mailbox_recipients_record ON mailbox_recipients (record_id, sender_key);
+CREATE INDEX mailbox_recipients_order ON mailbox_recipients (recipient_key, stored_unix)
+"""
+
+
+def _to_v8(store: CommunityStore, conn: _Conn, from_version: int) -> None:
+    """The mailbox keyed by (sender, record id), with the asker a reply is owed to."""
+    store._run_script(conn, _MIGRATION_8)
+
+
 def _to_v4(store: CommunityStore, conn: _Conn, from_version: int) -> None:
     """Persons' revocation lists (one row per person key)."""
     store._run_script(conn, _MIGRATION_4)
@@ -1094,6 +1186,7 @@ MIGRATIONS: tuple[tuple[int, str, Callable[[CommunityStore, _Conn, int], None]],
     (5, "unlisted posts", _to_v5),
     (6, "hosting devices' cards", _to_v6),
     (7, "the mailbox of sealed records", _to_v7),
+    (8, "the mailbox keyed by (sender, record id); replies counted against their asker", _to_v8),
 )
 
 

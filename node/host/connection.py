@@ -93,6 +93,9 @@ class Answering:
         knowledge_for: ``(peer_name | None, grant_key)`` → the peer's knowledge handle.
         copy_state: ``peer_name | None`` → the copy grant state the handshake tells that
             peer (:meth:`node.answer.service.AnswerService.copy_state`), or None (say nothing).
+        answered: ``(peer_key, message)`` for every outgoing message queued to send, after
+            the gate and the audit (:meth:`node.host.host.Host.answered_live`: a question
+            answered live is not answered again when it is also taken sealed).
     """
 
     tap: Callable[[str], Any]
@@ -100,6 +103,7 @@ class Answering:
     check: Callable[[Any], None] | None
     knowledge_for: Callable[[str | None, str | None], Any]
     copy_state: Callable[[str | None], Any] = lambda name: None
+    answered: Callable[[str, Any], None] = lambda peer, message: None
 
 
 @dataclass(frozen=True)
@@ -306,6 +310,7 @@ class Connection:
         if check is not None:
             check(frame)  # EgressGate.check_frame
         self.tap.outgoing(frame)
+        self.answering.answered(self.remote, frame.message)
         return frame if rewritten is not None else None
 
     def copy_state(self, person_capable: bool) -> dict[str, Any] | None:

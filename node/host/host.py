@@ -405,6 +405,7 @@ class Host:
         self._card: dict[str, Any] | None = None  # this device's card for its newest live post
         self._card_v1: dict[str, Any] | None = None  # the same card in format 1, for older guests
         self._held_url: str | None = None  # where this device holds mail (--hold-mail), once served
+        self._sealed_seen: Any = None  # DurableSeen, opened when first needed (sealed_seen)
         self._seq: int | None = None  # the first card's sequence number, taken before publishing
         self._card_changed = anyio.Event()
 
@@ -497,6 +498,11 @@ class Host:
 
             self.ui_bundle = load_bundle(pdir)
         self.seen_nonces = SeenNonces(self.home)
+        if self.opts.mailbox or self.opts.holders or self.opts.hold_mail is not None:
+            from node.trust.sealed_seen import DurableSeen
+
+            self._sealed_seen = DurableSeen(self.home)  # probed now: a damaged file refuses the start
+            self._closers.append(self._sealed_seen.close)
         self._closers.append(self.seen_nonces.close)
         self.audit = HostAudit(audit_log)
         self._closers.append(self.audit.close)
@@ -572,7 +578,8 @@ class Host:
         service = getattr(self.knowledge, "service", None)
         answering = Answering(tap=self.audit.tap, rewrite=self.citations.rewrite,
                               check=self.knowledge.egress_check, knowledge_for=self.knowledge.handle_for,
-                              copy_state=getattr(service, "copy_state", None) or (lambda _name: None))
+                              copy_state=getattr(service, "copy_state", None) or (lambda _name: None),
+                              answered=self.answered_live)
         return Wiring(door=self.door, table=self.table, posts=self.posts, nonces=self.seen_nonces,
                       listener=self.listener, emit=self.emit, clock=self.clock, setup=setup, answering=answering)
 
@@ -768,6 +775,38 @@ class Host:
             self.warn(f"no device card is published ({code}): guests reach this device only by its invitation")
         if self._card is not None:
             self._card_changed.set()
+
+    def sealed_seen(self) -> Any:
+        """The sealed questions this host acted on, kept in ``<home>/sealed-seen.sqlite``
+        (:class:`node.trust.sealed_seen.DurableSeen`: probed when the host is built with a
+        mailbox, ``--holder`` or ``--hold-mail``; opened at the first use)."""
+        if self._sealed_seen is None:
+            from node.trust.sealed_seen import DurableSeen
+
+            self._sealed_seen = DurableSeen(self.home)
+        return self._sealed_seen
+
+    def answered_live(self, peer: str, message: Any) -> None:
+        """A live ``results`` frame to an outbox question (``query_id`` ``outbox:<id>``)
+        that answers it (status ``ok`` or ``no-verified-results``: what closes the asker's
+        row, specs/outbox.md §3) is queued to ``peer``: when this host takes sealed
+        questions, the same question from that device key is not answered again sealed
+        (specs/sealed.md §5). Nothing happens for other frames or a host without a mailbox."""
+        from node.guest.outbox import QUERY_ID_PREFIX
+        from node.trust.sealed import MAX_LIFETIME_S
+
+        if (not isinstance(message, dict) or message.get("action") != "results"
+                or message.get("status") not in ("ok", "no-verified-results") or not self.mail_urls()):
+            return
+        query_id = message.get("query_id")
+        if not isinstance(query_id, str) or not query_id.startswith(QUERY_ID_PREFIX):
+            return
+        now = self.clock.time()
+        try:
+            self.sealed_seen().mark("question", peer, query_id[len(QUERY_ID_PREFIX):], until=now + MAX_LIFETIME_S,
+                                    now=now)
+        except KithError:
+            pass  # marked already (sealed-replayed), or the file failed: the live answer goes out regardless
 
     def mail_urls(self) -> list[str]:
         """The holders this device takes its sealed questions from, which its card names:

@@ -48,10 +48,8 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
     from node.community.client import CommunityClient
     from node.community.inbox import take_step
     from node.trust.person import own_chain
-    from node.trust.sealed import SeenRecords
-
     on_question = sealed_on_question(host.door, host.knowledge, audit=getattr(host.audit, "log", None))
-    seen = SeenRecords()
+    seen = host.sealed_seen()  # durable: a question is answered once across restarts (specs/sealed.md §5)
     said: set[str] = set()
     while True:
         for url in host.mail_urls():

@@ -33,6 +33,7 @@ import json
 import os
 import re
 import struct
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable
@@ -406,59 +407,124 @@ def open_sealed(doc: object, device_secret: bytes, *, now: float) -> Opened:
                   env.created_unix, env.expires_unix, body)
 
 
+def seen_key(kind: str, sender: str, question_id: str) -> str:
+    """The key a record is acted on once under (specs/sealed.md §5): its kind, its sender's
+    device key and its question id — not the outer id, so a fresh sealing of the same
+    question to another set of recipients (a person's new device) is the same question, and
+    a question answered live (the knowledge-query ``query_id`` ``outbox:<question id>`` from
+    that device key) is the same question too. Keyed by sender, so a peer that learnt a
+    question id cannot use it up for the asker."""
+    return f"{kind}:{sender}:{question_id}"
+
+
 class SeenRecords:
-    """The ids of records this node acted on, each until its record expires: a second
-    delivery of one is ``sealed-replayed`` (specs/sealed.md §5). In memory, bounded by
-    ``max_ids`` (the ids closest to expiry go first); a node that must survive restarts
-    keeps its own durable record (the outbox's row, the host's answer) and asks that first.
+    """What this node acted on, each until its record expires: a second delivery of one is
+    ``sealed-replayed`` (specs/sealed.md §5), keyed by :func:`seen_key`. In memory, bounded
+    by ``max_ids`` (the ones closest to expiry go first); :class:`node.trust.sealed_seen.DurableSeen`
+    keeps the same in a file so a host restarting answers a question once.
+
+    Each key is ``[until, reply, done]``: ``reply`` a sealed reply made but not yet left
+    (:meth:`keep_unsent`), ``done`` once acted on (:meth:`admit`, which also forgets the
+    reply in the same write).
     """
 
     def __init__(self, max_ids: int = 100_000, max_unsent: int = 2_000) -> None:
         self.max_ids = max_ids
         self.max_unsent = max_unsent
-        self._until: dict[str, int] = {}
-        self._unsent: dict[str, tuple[int, dict[str, Any]]] = {}
+        self._rows: dict[str, tuple[int, dict[str, Any] | None, bool]] = {}
+        self._lock = threading.RLock()  # a host's take loop and its live sessions share one
 
+    # --- storage hooks (a durable subclass writes through) -------------------------------
+    def _ready(self) -> None:
+        """Called under the lock before each use (a durable subclass opens its file here)."""
+
+    def _put(self, key: str, row: tuple[int, dict[str, Any] | None, bool]) -> None:
+        self._rows[key] = row
+
+    def _drop(self, keys: list[str]) -> None:
+        for key in keys:
+            self._rows.pop(key, None)
+
+    def _expire(self, now: float) -> None:
+        gone = [k for k, (until, _r, _d) in self._rows.items() if until <= now]
+        if gone:
+            self._drop(gone)
+
+    def _bound(self) -> None:
+        if len(self._rows) > self.max_ids:
+            order = sorted(self._rows, key=lambda k: self._rows[k][0])
+            self._drop(order[:len(self._rows) - self.max_ids])
+        unsent = [k for k, (_u, r, _d) in self._rows.items() if r is not None]
+        if len(unsent) > self.max_unsent:
+            unsent.sort(key=lambda k: self._rows[k][0])
+            self._drop(unsent[:len(unsent) - self.max_unsent])
+
+    # --- the record's view ---------------------------------------------------------------
     def unsent(self, opened: Opened, *, now: float) -> dict[str, Any] | None:
-        """The sealed reply made to ``opened`` that could not be left yet (:meth:`keep_unsent`),
-        or None: a record is acted on once even while its reply waits for room at a holder
-        (specs/sealed.md §5)."""
-        kept = self._unsent.get(opened.id)
-        return kept[1] if kept is not None and kept[0] > now else None
+        """The sealed reply made to ``opened`` that was not left yet (:meth:`keep_unsent`),
+        or None: a record is acted on once even while its reply waits for room at a holder,
+        or when the process was killed before it was left (specs/sealed.md §5)."""
+        with self._lock:
+            self._ready()
+            row = self._rows.get(seen_key(opened.kind, opened.sender, opened.question_id))
+        return row[1] if row is not None and row[0] > now and not row[2] else None
 
     def keep_unsent(self, opened: Opened, reply: dict[str, Any] | None, *, now: float) -> None:
-        """Keep ``reply`` (a sealed record) for ``opened`` until it is left (``reply`` None
-        forgets it) or ``opened`` expires; at most ``max_unsent`` (the ones closest to expiry
-        go first)."""
-        for key in [k for k, (until, _r) in self._unsent.items() if until <= now]:
-            del self._unsent[key]
-        if reply is None:
-            self._unsent.pop(opened.id, None)
-            return
-        self._unsent[opened.id] = (opened.expires_unix, reply)
-        while len(self._unsent) > self.max_unsent:
-            del self._unsent[min(self._unsent, key=lambda k: self._unsent[k][0])]
+        """Keep ``reply`` (a sealed record) for ``opened`` until it is acted on or expires
+        (``reply`` None forgets it); at most ``max_unsent`` (the ones closest to expiry go
+        first)."""
+        with self._lock:
+            self._ready()
+            self._expire(now)
+            key = seen_key(opened.kind, opened.sender, opened.question_id)
+            row = self._rows.get(key)
+            if row is not None and row[2]:
+                return
+            if reply is None:
+                if row is not None:
+                    self._drop([key])
+                return
+            self._put(key, (opened.expires_unix, reply, False))
+            self._bound()
 
     def seen(self, opened: Opened, *, now: float) -> bool:
-        """True when ``opened``'s id was admitted and has not expired (nothing is recorded)."""
-        until = self._until.get(opened.id)
-        return until is not None and until > now
+        """True when ``opened`` was acted on and has not expired (nothing is recorded)."""
+        return self.seen_question(opened.kind, opened.sender, opened.question_id, now=now)
+
+    def seen_question(self, kind: str, sender: str, question_id: str, *, now: float) -> bool:
+        """True when the record ``(kind, sender, question_id)`` was acted on and has not expired."""
+        with self._lock:
+            self._ready()
+            row = self._rows.get(seen_key(kind, sender, question_id))
+        return row is not None and row[0] > now and row[2]
 
     def admit(self, opened: Opened, *, now: float) -> None:
-        """Record ``opened``'s id, or refuse a record acted on before.
+        """Record ``opened`` as acted on (forgetting its unsent reply), or refuse a record
+        acted on before.
 
         Raises:
-            KithError: ``sealed-replayed`` when the id was admitted and has not expired.
+            KithError: ``sealed-replayed`` when it was acted on and has not expired.
         """
-        for key in [k for k, until in self._until.items() if until <= now]:
-            del self._until[key]
-        if opened.id in self._until:
-            raise KithError("sealed-replayed", "this sealed record was delivered here before")
-        self._until[opened.id] = opened.expires_unix
-        while len(self._until) > self.max_ids:
-            del self._until[min(self._until, key=self._until.__getitem__)]
+        self.mark(opened.kind, opened.sender, opened.question_id, until=opened.expires_unix, now=now)
+
+    def mark(self, kind: str, sender: str, question_id: str, *, until: float, now: float) -> None:
+        """Record ``(kind, sender, question_id)`` as acted on until ``until`` (Unix seconds):
+        :meth:`admit`, or a question a host answered live (specs/sealed.md §5).
+
+        Raises:
+            KithError: ``sealed-replayed`` when it was acted on and has not expired.
+        """
+        with self._lock:
+            self._ready()
+            self._expire(now)
+            key = seen_key(kind, sender, question_id)
+            row = self._rows.get(key)
+            if row is not None and row[2]:
+                raise KithError("sealed-replayed", "this sealed record was delivered here before")
+            self._put(key, (int(until), None, True))
+            self._bound()
 
 
 __all__ = ["BUCKETS", "BOX_OVERHEAD", "CLOCK_SKEW_S", "Envelope", "KINDS", "MAX_LIFETIME_S", "MAX_RECIPIENTS",
            "Opened", "SeenRecords", "WRAPPED_BYTES", "bucket_for", "check_envelope", "open_sealed", "record_id",
-           "seal", "sealed_payload"]
+           "seal", "sealed_payload", "seen_key"]
