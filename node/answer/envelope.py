@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from bisect import bisect_right
 from functools import lru_cache
 from typing import Any
 
@@ -411,8 +412,9 @@ def _analyze_hit(parts: ChunkParts, keys: list[tuple[str, set[str]]],
     [(sentence, covered key terms, 0 under 20 characters)])``.
 
     The key matcher's answers (:func:`_key_matcher`: a word counts when it starts with
-    one of the query's stem ``prefixes``; its stems through the analyzer), read from the
-    chunk's parts instead of matching its text again: for ASCII text and heading,
+    one of the query's stem ``prefixes``; its stems through the analyzer). Once a chunk's
+    parts have been analyzed for :data:`STEMS_AFTER` answers they are read from its
+    parts instead of matching its text again: for ASCII text and heading,
     :attr:`ChunkParts.stems` maps each stem of each sentence to the words that carry it
     (the words the matcher can find: runs of letters and digits starting at a word
     boundary), so a query looks up only its own key stems (``key_union``) and credits
@@ -422,9 +424,16 @@ def _analyze_hit(parts: ChunkParts, keys: list[tuple[str, set[str]]],
     zeros = parts.zeros
     if matcher is None:
         return [], list(zeros)
+    if not parts.ascii:
+        return _analyze_general(parts.text, parts.heading, parts.sentences, keys, matcher)
     stems = parts.stems
     if stems is None:
-        return _analyze_general(parts.text, parts.heading, parts.sentences, keys, matcher)
+        parts.shown += 1
+        if parts.shown < STEMS_AFTER:
+            return _analyze_matched(parts, keys, matcher, prefixes)
+        parts.make_stems()
+        stems = parts.stems
+        assert stems is not None
     whole = _credited(parts.all_stems, key_union, prefixes)
     if not whole:
         return [], list(zeros)
@@ -439,6 +448,36 @@ def _analyze_hit(parts: ChunkParts, keys: list[tuple[str, set[str]]],
             if found:
                 analyzed[i] = (x, len(_coverage(keys, found)))
     return _coverage(keys, whole), analyzed
+
+
+def _analyze_matched(parts: ChunkParts, keys: list[tuple[str, set[str]]],
+                     matcher: re.Pattern[str], prefixes: tuple[str, ...],
+                     ) -> tuple[list[str], list[tuple[str, int]]]:
+    """:func:`_analyze_hit` by running the key matcher once over the joined sentences
+    (ASCII text and heading; a chunk whose stems are not made yet): the whole text's
+    words are exactly its sentences' words (sentences split only at whitespace and at
+    adornment lines, which hold no word character), so the whole coverage is the union
+    of the sentences' stems; each match is credited to the sentence it falls in."""
+    low, starts, sentences = parts.low, parts.starts, parts.sentences
+    head = parts.heading.lower()
+    if not any(p in low for p in prefixes) and not any(p in head for p in prefixes):
+        return [], list(parts.zeros)
+    words: dict[int, set[str]] = {}
+    for m in matcher.finditer(low):
+        words.setdefault(bisect_right(starts, m.start()) - 1, set()).add(m.group())
+    union: set[str] = set()
+    analyzed = list(parts.zeros)  # a sentence without a key word covers nothing
+    for i, found in words.items():
+        stems: set[str] = set()
+        for w in found:
+            stems.update(_word_stems(w))
+        union |= stems
+        x = sentences[i]
+        if len(x) >= 20:
+            analyzed[i] = (x, len(_coverage(keys, stems)))
+    for w in set(matcher.findall(head)):
+        union.update(_word_stems(w))
+    return _coverage(keys, union), analyzed
 
 
 def _credited(words_of: dict[str, tuple[str, ...]], key_union: frozenset[str],
@@ -466,8 +505,14 @@ def _analyze_general(text: str, heading: str, sentences: tuple[str, ...],
     return _text_coverage(text + " " + heading, keys, matcher), analyzed
 
 
-#: Chunk parts kept (:func:`chunk_parts`; about 2-5 KB each); the table is emptied when full.
-PARTS_KEPT = 8192
+#: Chunk parts kept (:func:`chunk_parts`); the table is emptied when full. Measured on
+#: python-docs chunks (812 characters on average): about 15 KB each with their stems,
+#: so at most about 30 MB.
+PARTS_KEPT = 2048
+#: A chunk's word stems (:attr:`ChunkParts.stems`) are made when its parts are analyzed
+#: for this many answers: making them costs about what the key matcher costs over the
+#: text for two queries, so a chunk shown once never pays for them.
+STEMS_AFTER = 2
 
 
 class ChunkParts:
@@ -484,25 +529,31 @@ class ChunkParts:
     text and heading, and the owner's parts of the same chunk are another entry. Treat
     as read-only."""
 
-    __slots__ = ("text", "heading", "sentences", "zeros", "heading_only", "stems", "all_stems",
-                 "dedupe_key", "_cuts")
+    __slots__ = ("text", "heading", "sentences", "low", "starts", "zeros", "heading_only", "ascii",
+                 "shown", "stems", "all_stems", "dedupe_key", "_cuts")
 
     def __init__(self, raw: str, heading: str) -> None:
         self.text = text = readable.clean(raw)
         self.heading = heading
-        self.sentences, _low, _starts, self.zeros = _split_text(text)
+        self.sentences, self.low, self.starts, self.zeros = _split_text(text)
         words = frozenset(_HEAD_WORD.findall(heading.lower()))
         self.heading_only = tuple(_heading_only(x, words) for x in self.sentences)
+        self.ascii = text.isascii() and heading.isascii()
+        #: answers that analyzed the chunk before its stems were made (:data:`STEMS_AFTER`)
+        self.shown = 0
         #: per sentence, ``{stem: the words carrying it}`` of the words a key matcher can
-        #: find (ASCII text and heading; else None); ``all_stems`` the same for the whole
-        #: text and the heading
+        #: find (ASCII text and heading), made by :meth:`make_stems`; None until then.
+        #: ``all_stems``: the same for the whole text and the heading.
         self.stems: tuple[dict[str, tuple[str, ...]], ...] | None = None
         self.all_stems: dict[str, tuple[str, ...]] = {}
-        if text.isascii() and heading.isascii():
-            self.stems = tuple(_words_by_stem(x.lower()) for x in self.sentences)
-            self.all_stems = _words_by_stem("\n".join((*self.sentences, heading)).lower())
         self.dedupe_key = hashlib.sha256(_squash(raw).encode()).hexdigest()[:16]
         self._cuts: dict[int, tuple[str, str]] = {}
+
+    def make_stems(self) -> None:
+        """Make :attr:`stems` (ASCII text and heading only; :attr:`all_stems` first, so a
+        reader that sees :attr:`stems` set sees both)."""
+        self.all_stems = _words_by_stem("\n".join((*self.sentences, self.heading)).lower())
+        self.stems = tuple(_words_by_stem(x.lower()) for x in self.sentences)
 
     def previews(self, analyzed: list[tuple[str, int]]) -> tuple[str, str]:
         """``(textPreview, excerpt)`` for this query's ``analyzed`` sentences (the
