@@ -123,3 +123,29 @@ def test_a_reader_handle_never_mixes_versions_while_another_handle_syncs(notes, 
                 assert _consistent(final) == {_hash(_text("keep", v)), _hash(_text("moving", v))}
     finally:
         reader.close()
+
+
+def test_the_generation_is_read_without_the_writers_lock(notes):
+    """``Corpus.generation()`` (what the lens keys of the gate, the warm views, the inline
+    answer costs and the copy decisions are keyed on) is the published generation's
+    number: read while a writer of this process holds the lock, even by an event loop
+    that never waits (``wait=False``), and it moves only when the sync publishes."""
+    home, root = notes
+    with Corpus(home) as c:
+        c.search_hits("zebra crossing", limit=5)
+        number = c.generation(wait=False)
+        assert number == c.snapshot().number and number > 0
+        (root / "moving.md").write_text(_text("moving", 1))
+        seen: list = []
+
+        def progress(done: int, total: int, *_rest: object) -> None:
+            assert c.record.lock._is_owned()
+            t = threading.Thread(target=lambda: seen.append((c.generation(wait=False),
+                                                             c.generation())), daemon=True)
+            t.start()
+            t.join(60)
+            assert not t.is_alive(), "the generation waited for the writer's lock"
+
+        c.sync(progress=progress)
+        assert seen and all(pair == (number, number) for pair in seen)
+        assert c.generation(wait=False) == c.snapshot().number > number

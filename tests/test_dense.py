@@ -255,6 +255,26 @@ def test_on_but_not_runnable_is_skipped_with_a_reason_and_changes_nothing(kb) ->
             "name": "dense", "status": "skipped", "reason": want}
 
 
+def test_the_switch_reaches_a_running_readers_next_search(kb) -> None:
+    """A search reads the dense switch from its generation, not SQLite
+    (``Generation.dense_on``); turning the pass on or off in another handle (``kith index
+    embed`` / ``kith index config --dense`` beside a running host) still applies from the
+    reader's next search."""
+    home, _root = kb
+    with Corpus(home, readonly=True) as reader:  # a running host's handle
+        _hits, ctl = reader.search_hits("car oil", limit=3)
+        assert "dense" not in [p["name"] for p in ctl["passes"]]
+        with Corpus(home) as writer:
+            dense.embed_missing(writer, ConceptEmbedder(), enable=True)
+        _hits, ctl = reader.search_hits("car oil", limit=3)
+        entry = next(p for p in ctl["passes"] if p["name"] == "dense")
+        assert entry["status"] == "skipped"  # on: the real model or its vectors missing here
+        with Corpus(home) as writer:
+            dense.set_enabled(writer, False)
+        _hits, ctl = reader.search_hits("car oil", limit=3)
+        assert "dense" not in [p["name"] for p in ctl["passes"]]
+
+
 def test_off_by_default_imports_nothing_heavy(kb) -> None:
     home, _root = kb
     code = ("import sys; from node.corpus.store import Corpus; import node.cli.main\n"

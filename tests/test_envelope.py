@@ -195,3 +195,36 @@ def test_sentences_split_at_blank_lines_adornments_and_sentence_ends() -> None:
         "Use e.g. the os module.", "By Fred L. Drake.", "See foo. bar too."]
     assert _sentences("a\r\n\r\nb") == ["a b"]  # CR is not a blank line (chunks are LF)
     assert _sentences("") == [] and _sentences("===\n \n") == []
+
+
+def test_an_envelope_from_kept_parts_is_the_envelope_made_afresh(tmp_path: Path) -> None:
+    """Envelopes from parts (issue 44 item 4): a chunk's first answers match its text
+    with the key matcher; from the STEMS_AFTER-th on they read the word stems kept in its
+    parts. Both give the same envelope, byte for byte, for queries whose key stems do and
+    do not start their words ("try" -> "tri"), with underscores, code and headings."""
+    from node.answer import envelope as env_mod
+
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "errors.md").write_text(
+        "# Handling errors\n\nWrap the call in a try block. Trying twice is fine; tries cost "
+        "little.\n\n## The row_factory hook\n\nSet conn.row_factory to sqlite3.Row for rows by "
+        "name. The factories in the sqlite3 module.\n\n```\ntry:\n    conn.execute(sql)\nexcept "
+        "sqlite3.Error:\n    pass\n```\n")
+    (root / "files.md").write_text("# Temporary files\n\nUse tempfile.mkstemp to make a "
+                                   "temporary file; delete it when done. Files are closed.\n")
+    with Corpus(tmp_path / "home") as corpus:
+        corpus.add_root(root, chunk_size=200, chunk_overlap=0)
+        corpus.sync()
+        queries = ["try block errors", "row factory sqlite3 rows", "delete a temporary file",
+                   "\"row_factory\" hook", "tries trying", "what is it"]
+        for q in queries:
+            req = validate_search_request({"query": q, "topK": 5})
+            hits, ctl = corpus.search_hits(q, limit=5)
+            env_mod._PARTS.clear()
+            made = [env_mod._encode(build_envelope(req, hits, ctl))
+                    for _ in range(env_mod.STEMS_AFTER + 1)]
+            if req["query"] != "what is it":  # stop words only: no key terms to look up
+                assert all(env_mod.chunk_parts(h.text, " ".join(h.location["headingPath"])).stems
+                           is not None for h in hits)  # the last envelopes read the kept stems
+            assert made[0] == made[1] == made[-1], q

@@ -4,6 +4,8 @@ answered. Never timing assertions: the ratios are for a human to read."""
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import json
 import subprocess
 import sys
@@ -18,8 +20,8 @@ pytestmark = [pytest.mark.iroh, pytest.mark.slow]
 
 def test_load_script_reports_every_section_and_the_killed_guest():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "load"), "--guests", "3", "--queries", "4",
-                           "--joins", "1", "--ui-runs", "1", "--heartbeat", "0.3,1.2", "--timeout", "100", "--json"],
-                          capture_output=True, text=True, timeout=110, cwd=ROOT)
+                           "--joins", "1", "--ui-runs", "1", "--heartbeat", "0.3,1.2", "--timeout", "150", "--json"],
+                          capture_output=True, text=True, timeout=160, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout)
     assert r["kith"]["count"] == 12 and r["raw"]["count"] == 12 and r["http"]["count"] == 12
@@ -29,3 +31,19 @@ def test_load_script_reports_every_section_and_the_killed_guest():
     assert r["killed"]["answers_to_others_meanwhile"] >= 1
     assert r["garbage"]["connections_refused"] >= 1
     assert r["ui"]["bundle_bytes"] > 10_000_000 and r["join"]["ours_ms"] > 0
+    # the run where every guest asks different questions, beside the HTTP service's
+    d = r["distinct"]
+    assert d["kith"]["count"] == 12 and d["kith"]["outcomes"] == {"completed": 3}
+    assert d["http"]["count"] == 12 and d["http"]["server_cpu_ms_per_request"] > 0
+
+
+def test_every_guest_of_the_distinct_run_asks_questions_no_one_else_asks():
+    loader = importlib.machinery.SourceFileLoader("kith_scripts_load", str(ROOT / "scripts" / "load"))
+    load = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(load)
+    a = load.parse_args(["--guests", "16", "--queries", "100"])
+    a.distinct = True
+    asked = [load.question(a, i, n) for i in range(16) for n in range(100)]
+    assert len(set(asked)) == len(asked) == 1600
+    a.distinct = False
+    assert len({load.question(a, i, n) for i in range(16) for n in range(100)}) == len(load.QUERIES)

@@ -426,3 +426,37 @@ def test_a_card_after_another_number_is_still_found(before):
 ])
 def test_a_value_right_before_or_after_another_candidate_is_found(text, want):
     assert scrub(text, KINDS) == want
+
+
+def test_no_scrubbed_value_survives_in_the_parts_an_envelope_is_assembled_from(corpus_home):
+    """Envelopes are assembled from per-chunk parts made once and kept (issue 44 item 4,
+    node.answer.envelope.ChunkParts): the owner's and an unscrubbed peer's answers make the
+    parts of billing.md's stored text first; the same question from a peer whose lens
+    scrubs email (alice) then gets parts of the scrubbed text only — nothing of the value
+    in its encoded envelope, a dedupe key of the scrubbed text (the stored text's would let
+    a guess of the value be confirmed), and the kept parts of the stored text unchanged."""
+    from node.answer import envelope as env_mod
+    from node.answer.service import answer_local
+
+    query = "walrus invoice"
+    with Corpus(corpus_home, readonly=True) as corpus:
+        gate = _gate(corpus, corpus_home, ("alice", ["email"]))
+        own = answer_local(corpus, {"query": query, "topK": 5})["envelope"]
+        anon = _answer(corpus, gate, None, query)["envelope"]
+        for envelope in (own, anon):  # the stored text's parts are made and kept
+            assert EMAIL in env_mod._encode(envelope).decode()
+        alice = _answer(corpus, gate, "alice", query)
+        wire = env_mod._encode(alice["envelope"]).decode()
+        assert alice["scrubbed"] == {"email": 1} and "[email]" in wire
+        for value in (EMAIL, "otterby", "walter."):
+            assert value not in wire
+        billing = [next(r for r in e["results"] if r["source"] == "/notes/pub/billing.md")
+                   for e in (own, anon, alice["envelope"])]
+        keys = [r["provenance"]["dedupeKey"] for r in billing]
+        assert keys[0] == keys[1] != keys[2]
+        assert "[email]" in billing[2]["textPreview"] and EMAIL in billing[0]["textPreview"]
+        # the same question again, in the other order: each receiver keeps its own parts
+        again = _answer(corpus, gate, "alice", query)["envelope"]
+        assert env_mod._encode(again).decode() == wire
+        assert EMAIL in env_mod._encode(_answer(corpus, gate, None, query)["envelope"]).decode()
+        assert {p.dedupe_key for p in env_mod._PARTS.values()} >= set(keys)

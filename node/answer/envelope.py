@@ -121,6 +121,7 @@ class SearchBudget:
 
 # --- envelope parts ------------------------------------------------------------------
 
+@lru_cache(maxsize=16384)
 def _citation_id(chunk_id: str) -> str:
     return "kc-" + hashlib.sha256(f"cite\0{chunk_id}".encode()).hexdigest()[:12]
 
@@ -310,21 +311,36 @@ def _previews(analyzed: list[tuple[str, int]], limits: tuple[int, ...], heading:
     line (the ellipsis then on a line of its own)."""
     if not analyzed:
         return ["" for _ in limits]
+    words = frozenset(_HEAD_WORD.findall(heading.lower()))
+    flags = tuple(_heading_only(x, words) for x, _ in analyzed)
+    return _cut_from([x for x, _ in analyzed], flags, _start(analyzed, flags), limits)
+
+
+def _start(analyzed: list[tuple[str, int]], heading_only: tuple[bool, ...]) -> int:
+    """Where a preview starts (:func:`_previews`): the first sentence covering the most
+    key terms, past the heading lines there (``heading_only``: one flag per sentence,
+    :func:`_heading_only`). ``analyzed`` is non-empty."""
     best = 0
     for i in range(1, len(analyzed)):  # first sentence with the most covered key terms
         if analyzed[i][1] > analyzed[best][1]:
             best = i
-    words = frozenset(_HEAD_WORD.findall(heading.lower()))
-    while best + 1 < len(analyzed) and _heading_only(analyzed[best][0], words):
+    while best + 1 < len(analyzed) and heading_only[best]:
         best += 1
+    return best
+
+
+def _cut_from(sentences: Any, heading_only: tuple[bool, ...], best: int,
+              limits: tuple[int, ...]) -> list[str]:
+    """The previews of ``sentences`` shown from sentence ``best`` on, one per limit
+    (:func:`_previews`; query-independent: a chunk's previews from each start are parts
+    of it, :class:`ChunkParts`)."""
     # text left out before the start, or a chunk that starts mid-sentence (its first
     # piece begins with a lower-case letter): the reader is told with a leading ellipsis
-    cut_before = (any(not _heading_only(x, words) for x, _ in analyzed[:best])
-                  or (best == 0 and analyzed[0][0][:1].islower()))
-    tail = analyzed[best:]
+    cut_before = (not all(heading_only[:best])
+                  or (best == 0 and sentences[0][:1].islower()))
     size = max(limits) + 1
     parts: list[str] = []
-    for x, _ in tail:  # only what the longest cut can show (+1: cut sees the overflow)
+    for x in sentences[best:]:  # only what the longest cut can show (+1: cut sees the overflow)
         parts.append(x)
         size -= len(x) + 3
         if size < 0:
@@ -389,32 +405,68 @@ def _split_text(text: str) -> tuple[tuple[str, ...], str, tuple[int, ...],
             tuple((x, 0) for x in sentences))
 
 
-def _analyze_hit(text: str, heading: str, keys: list[tuple[str, set[str]]],
+def _analyze_hit(parts: ChunkParts, keys: list[tuple[str, set[str]]],
                  matcher: re.Pattern[str] | None, prefixes: tuple[str, ...],
-                 ) -> tuple[list[str], list[tuple[str, int]]]:
-    """Analyze one result text ONCE: ``(key terms covered by text + heading,
+                 key_union: frozenset[str]) -> tuple[list[str], list[tuple[str, int]]]:
+    """Analyze one result for a query: ``(key terms covered by text + heading,
     [(sentence, covered key terms, 0 under 20 characters)])``.
 
-    Same answers as :func:`_text_coverage` on the whole text and on each sentence: for
-    ASCII text the whole text's words are exactly its sentences' words (sentences split
-    only at whitespace and at adornment lines, which hold no word character), so the
-    whole coverage is the union of the sentences' stems; the key matcher runs once over
-    the joined sentences (:func:`_split_text`) and each match is credited to the
-    sentence it falls in. Non-ASCII text takes the general path, unchanged.
+    The key matcher's answers (:func:`_key_matcher`: a word counts when it starts with
+    one of the query's stem ``prefixes``; its stems through the analyzer). Once a chunk's
+    parts have been analyzed for :data:`STEMS_AFTER` answers they are read from its
+    parts instead of matching its text again: for ASCII text and heading,
+    :attr:`ChunkParts.stems` maps each stem of each sentence to the words that carry it
+    (the words the matcher can find: runs of letters and digits starting at a word
+    boundary), so a query looks up only its own key stems (``key_union``) and credits
+    one when a word carrying it starts with a prefix — the stems the matcher's words
+    give, key stems among them. Non-ASCII text takes the general path, unchanged.
     """
-    sentences, low, starts, zeros = _split_text(text)
+    zeros = parts.zeros
     if matcher is None:
         return [], list(zeros)
-    if not (text.isascii() and heading.isascii()):
-        return _analyze_general(text, heading, sentences, keys, matcher)
-    head = heading.lower()
-    if not any(p in low for p in prefixes) and not any(p in head for p in prefixes):
+    if not parts.ascii:
+        return _analyze_general(parts.text, parts.heading, parts.sentences, keys, matcher)
+    stems = parts.stems
+    if stems is None:
+        parts.shown += 1
+        if parts.shown < STEMS_AFTER:
+            return _analyze_matched(parts, keys, matcher, prefixes)
+        parts.make_stems()
+        stems = parts.stems
+        assert stems is not None
+    whole = _credited(parts.all_stems, key_union, prefixes)
+    if not whole:
         return [], list(zeros)
+    analyzed = list(zeros)  # a sentence without a key word covers nothing
+    sentences = parts.sentences
+    for i, own in enumerate(stems):
+        if whole.isdisjoint(own):  # most sentences: no credited key stem at all
+            continue
+        x = sentences[i]
+        if len(x) >= 20:
+            found = _credited(own, whole, prefixes)
+            if found:
+                analyzed[i] = (x, len(_coverage(keys, found)))
+    return _coverage(keys, whole), analyzed
+
+
+def _analyze_matched(parts: ChunkParts, keys: list[tuple[str, set[str]]],
+                     matcher: re.Pattern[str], prefixes: tuple[str, ...],
+                     ) -> tuple[list[str], list[tuple[str, int]]]:
+    """:func:`_analyze_hit` by running the key matcher once over the joined sentences
+    (ASCII text and heading; a chunk whose stems are not made yet): the whole text's
+    words are exactly its sentences' words (sentences split only at whitespace and at
+    adornment lines, which hold no word character), so the whole coverage is the union
+    of the sentences' stems; each match is credited to the sentence it falls in."""
+    low, starts, sentences = parts.low, parts.starts, parts.sentences
+    head = parts.heading.lower()
+    if not any(p in low for p in prefixes) and not any(p in head for p in prefixes):
+        return [], list(parts.zeros)
     words: dict[int, set[str]] = {}
     for m in matcher.finditer(low):
         words.setdefault(bisect_right(starts, m.start()) - 1, set()).add(m.group())
     union: set[str] = set()
-    analyzed = list(zeros)  # a sentence without a key word covers nothing
+    analyzed = list(parts.zeros)  # a sentence without a key word covers nothing
     for i, found in words.items():
         stems: set[str] = set()
         for w in found:
@@ -426,6 +478,14 @@ def _analyze_hit(text: str, heading: str, keys: list[tuple[str, set[str]]],
     for w in set(matcher.findall(head)):
         union.update(_word_stems(w))
     return _coverage(keys, union), analyzed
+
+
+def _credited(words_of: dict[str, tuple[str, ...]], key_union: frozenset[str],
+              prefixes: tuple[str, ...]) -> set[str]:
+    """The key stems of ``key_union`` that a word of ``words_of`` (stem -> words carrying
+    it) starting with one of ``prefixes`` carries."""
+    return {st for st in key_union
+            if st in words_of and any(w.startswith(prefixes) for w in words_of[st])}
 
 
 def _analyze_general(text: str, heading: str, sentences: tuple[str, ...],
@@ -443,6 +503,102 @@ def _analyze_general(text: str, heading: str, sentences: tuple[str, ...],
             stems = _stems(x)
         analyzed.append((x, len(_coverage(keys, stems)) if len(x) >= 20 else 0))
     return _text_coverage(text + " " + heading, keys, matcher), analyzed
+
+
+#: Chunk parts kept (:func:`chunk_parts`); the table is emptied when full. Measured on
+#: python-docs chunks (812 characters on average): about 15 KB each with their stems,
+#: so at most about 30 MB.
+PARTS_KEPT = 2048
+#: A chunk's word stems (:attr:`ChunkParts.stems`) are made when its parts are analyzed
+#: for this many answers: making them costs about what the key matcher costs over the
+#: text for two queries, so a chunk shown once never pays for them.
+STEMS_AFTER = 2
+
+
+class ChunkParts:
+    """What a result needs of its chunk that no query changes, made once per chunk and
+    reused by every envelope that shows it (issue 44 item 4; specs/corpus.md "Envelopes
+    from parts"): the readable text, its sentences (:func:`_split_text`), which of them
+    are heading lines, the ``dedupeKey``, and the preview and excerpt from each start
+    sentence once one was shown (:meth:`previews`). The per-query numbers — key-term
+    coverage, which sentence a preview starts at, scores — are not parts.
+
+    Parts are keyed by the very values they are made of (:func:`chunk_parts`: the text
+    and the heading path as the envelope receives them, after the lens's scrub), never
+    by a chunk id alone: a peer whose lens scrubs a value gets the parts of the scrubbed
+    text and heading, and the owner's parts of the same chunk are another entry. Treat
+    as read-only."""
+
+    __slots__ = ("text", "heading", "sentences", "low", "starts", "zeros", "heading_only", "ascii",
+                 "shown", "stems", "all_stems", "dedupe_key", "_cuts")
+
+    def __init__(self, raw: str, heading: str) -> None:
+        self.text = text = readable.clean(raw)
+        self.heading = heading
+        self.sentences, self.low, self.starts, self.zeros = _split_text(text)
+        words = frozenset(_HEAD_WORD.findall(heading.lower()))
+        self.heading_only = tuple(_heading_only(x, words) for x in self.sentences)
+        self.ascii = text.isascii() and heading.isascii()
+        #: answers that analyzed the chunk before its stems were made (:data:`STEMS_AFTER`)
+        self.shown = 0
+        #: per sentence, ``{stem: the words carrying it}`` of the words a key matcher can
+        #: find (ASCII text and heading), made by :meth:`make_stems`; None until then.
+        #: ``all_stems``: the same for the whole text and the heading.
+        self.stems: tuple[dict[str, tuple[str, ...]], ...] | None = None
+        self.all_stems: dict[str, tuple[str, ...]] = {}
+        self.dedupe_key = hashlib.sha256(_squash(raw).encode()).hexdigest()[:16]
+        self._cuts: dict[int, tuple[str, str]] = {}
+
+    def make_stems(self) -> None:
+        """Make :attr:`stems` (ASCII text and heading only; :attr:`all_stems` first, so a
+        reader that sees :attr:`stems` set sees both)."""
+        self.all_stems = _words_by_stem("\n".join((*self.sentences, self.heading)).lower())
+        self.stems = tuple(_words_by_stem(x.lower()) for x in self.sentences)
+
+    def previews(self, analyzed: list[tuple[str, int]]) -> tuple[str, str]:
+        """``(textPreview, excerpt)`` for this query's ``analyzed`` sentences (the
+        chunk's own, with the key terms each covers: :func:`_analyze_hit`): cut once per
+        start sentence, the same strings :func:`_previews` makes."""
+        if not analyzed:
+            return "", ""
+        best = _start(analyzed, self.heading_only)
+        cut = self._cuts.get(best)
+        if cut is None:
+            preview, excerpt = _cut_from(self.sentences, self.heading_only, best,
+                                         (PREVIEW_CHARS, EXCERPT_CHARS))
+            cut = self._cuts[best] = (preview, excerpt)
+        return cut
+
+
+_PARTS: dict[tuple[str, str], ChunkParts] = {}
+#: The words a key matcher (:func:`_key_matcher`) can find: a run of letters and digits
+#: starting at a word boundary (after ``_`` there is none).
+_MATCHABLE = re.compile(r"\b[^\W_]+")
+
+
+def _words_by_stem(low: str) -> dict[str, tuple[str, ...]]:
+    """``{stem: words}`` of the words of ``low`` (lower-cased ASCII) a key matcher can
+    find, each through the analyzer (:func:`_word_stems`)."""
+    out: dict[str, list[str]] = {}
+    for w in set(_MATCHABLE.findall(low)):
+        for st in _word_stems(w):
+            out.setdefault(st, []).append(w)
+    return {st: tuple(ws) for st, ws in out.items()}
+
+
+def chunk_parts(text: str, heading: str) -> ChunkParts:
+    """The :class:`ChunkParts` of a result whose chunk text is ``text`` (as stored, or as
+    scrubbed for the receiver) under the joined heading path ``heading`` (likewise):
+    made on first use, then kept (at most :data:`PARTS_KEPT`; thread-safe: two threads
+    may make the same parts, either is kept)."""
+    key = (text, heading)
+    parts = _PARTS.get(key)
+    if parts is None:
+        parts = ChunkParts(text, heading)
+        if len(_PARTS) >= PARTS_KEPT:
+            _PARTS.clear()
+        _PARTS[key] = parts
+    return parts
 
 
 def _plan(request: dict[str, Any], plan: Any = None) -> Any:
@@ -724,6 +880,9 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
         The envelope (keys :data:`ENVELOPE_KEYS`). With no hits it is exactly
         ``empty_envelope("no-verified-results", request)`` whatever the controller says.
 
+    Each result is assembled from its chunk's :class:`ChunkParts` (made once per chunk
+    text and heading as given here, so after the lens's scrub) plus the query's numbers.
+
     Quality gate (``quality``): ``strong`` only when the query has key terms, at least
     75 % of them are covered by the results and half by the top result, and — when the
     query names an exact unit (quoted phrase, identifier, date, number) — the exact pass
@@ -736,6 +895,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
         return empty_envelope("no-verified-results", request, plan=plan)
     plan = _plan(request, plan)
     keys, matcher, prefixes = _query_keys(tuple(plan.key_terms))  # the plan's: never re-derived
+    key_union = frozenset().union(*(st for _, st in keys))
     key_names = [t for t, _ in keys]
     results: list[dict[str, Any]] = []
     citations: list[dict[str, Any]] = []
@@ -748,10 +908,10 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     for rank, hit in enumerate(hits):
         cid = _citation_id(hit.chunk_id)
         meta = hit.metadata or {}
-        heading = " ".join(hit.location.get("headingPath") or [])
+        parts = chunk_parts(hit.text, " ".join(hit.location.get("headingPath") or []))
         # what is read (previews, excerpts, synthesis, coverage) is the text without
         # markup; the dedupe key and the location stay those of the stored chunk
-        cov, analyzed = _analyze_hit(readable.clean(hit.text), heading, keys, matcher, prefixes)
+        cov, analyzed = _analyze_hit(parts, keys, matcher, prefixes, key_union)
         covered_all.update(cov)
         whole = whole or (bool(keys) and len(cov) == len(keys))
         if str(meta.get("lifecycle")) in AUTHORITATIVE_LIFECYCLES:
@@ -766,11 +926,11 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
             "location": dict(hit.location),
             "contentHash": hit.content_hash,
             "indexedAt": hit.indexed_at,
-            "dedupeKey": hashlib.sha256(_squash(hit.text).encode()).hexdigest()[:16],
+            "dedupeKey": parts.dedupe_key,
             "citationId": cid,
         }
         tags = meta.get("tags") or []
-        preview, excerpt = _previews(analyzed, (PREVIEW_CHARS, EXCERPT_CHARS), heading)
+        preview, excerpt = parts.previews(analyzed)
         results.append({
             "id": hit.chunk_id,
             "score": round(float(hit.score), 6),

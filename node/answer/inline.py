@@ -47,8 +47,10 @@ class InlineCosts:
 
     def state(self, view: PeerView, wait: bool = False) -> Hashable | None:
         """What ``view``'s answer cost depends on besides the request: its lens key now
-        (the generation alone without a gate). None when the corpus lock is busy and
-        ``wait`` is False (an event loop never waits for it) or the corpus is broken."""
+        (the generation alone without a gate; :meth:`node.corpus.store.Corpus.generation`,
+        the published generation's, read without the corpus lock). None when no
+        generation is published yet and the lock is busy while ``wait`` is False (an
+        event loop never waits for it), or the corpus is broken."""
         try:
             generation = self._corpus.generation(wait) if self._corpus is not None else None
             if generation is None and self._corpus is not None:
@@ -76,8 +78,8 @@ class InlineCosts:
 
     def answered(self, view: PeerView, cpu_s: float) -> None:
         """Keep ``cpu_s``, the CPU seconds of ``view``'s last answer, with the state it
-        was made in (a worker thread waits for the corpus lock; the event loop does not,
-        and forgets the view when the lock is busy)."""
+        was made in (before any generation is published, a worker thread waits for the
+        corpus lock; the event loop does not, and forgets the view when it is busy)."""
         try:
             asyncio.get_running_loop()
             on_loop = True

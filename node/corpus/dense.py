@@ -888,8 +888,23 @@ def _chunk_rows(db: sqlite3.Connection, model_id: str) -> list[tuple[str, str, s
 
 def enabled(corpus: Any) -> bool:
     """True when the owner turned the dense pass on for this corpus (meta
-    ``dense_enabled``). Cheap: one SQLite read; False for a missing corpus."""
-    return corpus.record.get_meta(META_ENABLED) == "1"
+    ``dense_enabled``). One SQLite read (:func:`enabled_in`); False for a missing corpus.
+    A search reads the switch from its generation instead
+    (:attr:`node.corpus.snapshot.Generation.dense_on`)."""
+    return enabled_in(corpus.record)
+
+
+def enabled_in(record: Any) -> bool:
+    """:func:`enabled` of a :class:`node.corpus.record.Record` (what a generation reads
+    when it is published)."""
+    return record.get_meta(META_ENABLED) == "1"
+
+
+def _switched(corpus: Any, on: bool) -> None:
+    """Record the dense switch and make every process's searches see it from their next
+    search (:meth:`node.corpus.record.Record.settings_changed`)."""
+    corpus.record.set_meta(META_ENABLED, "1" if on else "0")
+    corpus.record.settings_changed()
 
 
 def set_enabled(corpus: Any, on: bool) -> dict[str, Any]:
@@ -908,7 +923,7 @@ def set_enabled(corpus: Any, on: bool) -> dict[str, Any]:
     if on and not extra_available():
         raise unavailable_error()
     ensure_schema(db)
-    corpus.record.set_meta(META_ENABLED, "1" if on else "0")
+    _switched(corpus, on)
     return status(corpus)
 
 
@@ -1052,7 +1067,7 @@ def embed_missing(corpus: Any, embedder: Embedder | None = None, *,
             progress(done, len(todo))
     embed_seconds = time.perf_counter() - embed_started
     if enable:
-        corpus.record.set_meta(META_ENABLED, "1")
+        _switched(corpus, True)
     corpus.record.set_meta(META_MODEL, model.model_id)
     if own_tier is not None:
         corpus.record.set_meta(META_TIER_MODEL + own_tier, model.model_id)
@@ -1253,7 +1268,7 @@ def _view_mask(corpus: Any, view: Any, m: Any) -> Any:
 
 
 def auto_pass(corpus: Any, query: str, *, k: int, deadline: float | None = None,
-              embedder: Embedder | None = None, view: Any = None,
+              embedder: Embedder | None = None, view: Any = None, gen: Any = None,
               ) -> tuple[dict[str, list[tuple[str, float]]] | None, dict[str, Any] | None]:
     """The dense pass as :func:`node.corpus.retrieval.run_search` runs it on its own.
 
@@ -1265,6 +1280,9 @@ def auto_pass(corpus: Any, query: str, *, k: int, deadline: float | None = None,
         embedder: the model (default: the real one when installed).
         view: a :class:`node.corpus.views.ViewIndex`: only its chunks compete for the
             ``k`` places (hidden chunks never take a visible one's place); None = all.
+        gen: the search's :class:`node.corpus.snapshot.Generation`: the switch is its
+            :attr:`~node.corpus.snapshot.Generation.dense_on` (no SQLite read); None =
+            read the switch now (:func:`enabled`).
 
     Returns:
         ``(extra_passes, entry)``: ``(None, None)`` when the owner has not turned the
@@ -1274,7 +1292,7 @@ def auto_pass(corpus: Any, query: str, *, k: int, deadline: float | None = None,
         "ms"})`` when it ran. Never raises.
     """
     try:
-        if corpus.record.db is None or not enabled(corpus):
+        if corpus.record.db is None or not (gen.dense_on if gen is not None else enabled(corpus)):
             return None, None
     except sqlite3.Error:
         return None, None

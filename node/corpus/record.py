@@ -30,6 +30,7 @@ import shutil
 import sqlite3
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
@@ -434,6 +435,18 @@ class Record:
             if not self.held:
                 self.acquire_writer()
                 self.held = True
+
+    def settings_changed(self) -> None:
+        """Make every reader's published generation out of date, so the next search of
+        each process (a running ``kith host``, ``api serve``, ``mcp``) publishes a new one
+        and reads the corpus's search settings again (the dense switch,
+        :attr:`node.corpus.snapshot.Generation.dense_on`): tantivy's ``meta.json`` — the
+        one file every search ``stat``s — gets a new mtime, its content unchanged. Nothing
+        without an index (no generation is published before one exists); never raises."""
+        path = self.index_dir / "meta.json"
+        with contextlib.suppress(OSError):
+            st = os.stat(path)  # a new mtime even within the clock's tick
+            os.utime(path, ns=(st.st_atime_ns, max(time.time_ns(), st.st_mtime_ns + 1)))
 
     # -- search -----------------------------------------------------------------------------
     def searcher(self) -> Any:

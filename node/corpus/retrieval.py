@@ -803,12 +803,13 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             if view is not None and view.scrubbed:
                 # vectors are of the stored text: a scrubbed view never ranks by them
                 extra_passes = None
-                if dense.enabled(corpus):
+                if gen.dense_on:
                     dense_entry = {"name": dense.PASS_NAME, "status": "skipped", "candidates": 0,
                                    "reason": "scrubbed-view"}
             else:
                 extra_passes, dense_entry = dense.auto_pass(corpus, query, k=depth,
-                                                            deadline=deadline, view=view)
+                                                            deadline=deadline, view=view,
+                                                            gen=gen)
         hits: list[Hit] = []
         order: list[str] = []
         counts: dict[str, int] = {}

@@ -213,18 +213,22 @@ class Generation:
         roots: the registered roots (:class:`node.corpus.types.Root`).
         chunks: the corpus's :class:`ChunkTable` (shared by its generations).
         views: ``{lens key: ViewAt}`` resolved for this generation.
+        dense_on: the owner's ``dense_enabled`` switch when it was published
+            (:func:`node.corpus.dense.enabled`; a switch by any process makes the next
+            search publish a new generation: :meth:`node.corpus.record.Record.settings_changed`).
         lens_ids: the source ids of its ``done`` documents holding chunks, once asked
             (:meth:`node.corpus.store.Corpus.lens_basis`).
     """
 
     __slots__ = ("stamp", "searcher", "schema", "number", "index_lag", "docs", "roots",
-                 "chunks", "views", "lens_ids", "_origins")
+                 "chunks", "views", "dense_on", "lens_ids", "_origins")
 
     def __init__(self, stamp: Any, searcher: Any, schema: Any, number: int, index_lag: int,
-                 docs: dict[str, DocEntry], roots: list[Any], chunks: ChunkTable) -> None:
+                 docs: dict[str, DocEntry], roots: list[Any], chunks: ChunkTable,
+                 dense_on: bool = False) -> None:
         self.stamp, self.searcher, self.schema = stamp, searcher, schema
         self.number, self.index_lag, self.docs, self.roots = number, index_lag, docs, roots
-        self.chunks = chunks
+        self.chunks, self.dense_on = chunks, dense_on
         self.views: dict[Any, ViewAt] = {}
         self.lens_ids: list[str] | None = None
         self._origins: Any = None
@@ -254,9 +258,11 @@ def read_docs(db: sqlite3.Connection) -> dict[str, DocEntry]:
     return out
 
 
-def _stamp(record: Any) -> tuple[int, ...] | None:
+def _stamp(record: Any, path: str | None = None) -> tuple[int, ...] | None:
+    """tantivy's ``meta.json`` ``(inode, size, mtime_ns)`` (``path``: its path when the
+    caller has it as a string, saving the join), or None when it cannot be read."""
     try:
-        st = os.stat(record.index_dir / "meta.json")
+        st = os.stat(path or (record.index_dir / "meta.json"))
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -270,6 +276,7 @@ class Snapshots:
         self.record = record
         self.chunks = ChunkTable(record.db_path)
         self.current: Generation | None = None
+        self._meta = os.fspath(record.index_dir / "meta.json")  # stat'ed by every search
 
     def publish(self) -> Generation:
         """Build the generation of the record and index as they are now and make it the
@@ -279,7 +286,7 @@ class Snapshots:
             CorpusError: ``index-unavailable`` (:meth:`Record.searcher
                 <node.corpus.record.Record.searcher>`'s rules).
         """
-        from node.corpus import views
+        from node.corpus import dense, views
 
         record = self.record
         searcher = record.searcher()  # the index first: the record holds at least its chunks
@@ -291,27 +298,31 @@ class Snapshots:
             number = views.generation(db)
             lag = record.index_lag()
             roots = record.roots()
+            dense_on = dense.enabled_in(record)
         finally:
             db.execute("COMMIT")
         stamp = record._reader[0] if record._reader is not None else None
-        gen = Generation(stamp, searcher, record.index.schema, number, lag, docs, roots, self.chunks)
+        gen = Generation(stamp, searcher, record.index.schema, number, lag, docs, roots,
+                         self.chunks, dense_on)
         self.current = gen
         return gen
 
-    def take(self) -> Generation:
+    def take(self, wait: bool = True) -> Generation | None:
         """The generation a search starts from: the current one, or a new one when the
         index was committed since (by another process) and no writer of this process
         holds the lock (while one does, the current one is kept: the writer publishes when
-        it is done). Waits for the lock only when there is no generation yet.
+        it is done). Waits for the lock only when there is no generation yet, and then
+        only with ``wait`` (without it: None while a writer of this process is busy).
 
         Raises:
             CorpusError: ``index-unavailable``.
         """
         gen = self.current
-        if gen is not None and gen.stamp is not None and gen.stamp == _stamp(self.record):
+        if gen is not None and gen.stamp is not None \
+                and gen.stamp == _stamp(self.record, self._meta):
             return gen
-        if not self.record.lock.acquire(blocking=gen is None):
-            return gen  # type: ignore[return-value]  # a writer of this process is busy
+        if not self.record.lock.acquire(blocking=gen is None and wait):
+            return gen  # a writer of this process is busy (None: none published yet)
         try:
             if self.current is not gen and self.current is not None:
                 return self.current  # published meanwhile
@@ -333,7 +344,8 @@ class Snapshots:
             return gen, view
         with self.record.lock:
             current = self.current
-            if current is None or current.stamp is None or current.stamp != _stamp(self.record) \
+            if current is None or current.stamp is None \
+                    or current.stamp != _stamp(self.record, self._meta) \
                     or current.index_lag != self.record.index_lag():
                 current = self.publish()
             view = current.views.get(lens.key)

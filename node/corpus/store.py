@@ -432,7 +432,9 @@ class Corpus:
         Raises:
             CorpusError: ``index-unavailable``.
         """
-        return self.snapshots.take()
+        gen = self.snapshots.take()
+        assert gen is not None  # taken with wait: a generation, or CorpusError
+        return gen
 
     def lens_basis(self) -> tuple[int, list[str]]:
         """What a :class:`node.corpus.lens.Lens` is decided over: ``(generation, source
@@ -469,11 +471,23 @@ class Corpus:
             return kept
 
     def generation(self, wait: bool = True) -> int | None:
-        """The record's current generation (:func:`node.corpus.views.generation`; 0 without
-        one). With ``wait`` False the corpus lock is only tried (an event loop never waits
-        for a search or a sync holding it): None when it is busy."""
+        """The generation searches read now: the number of the published index generation
+        (:attr:`node.corpus.snapshot.Generation.number`, taken like a search takes it,
+        without the corpus lock once one is published), or — when no index can be searched
+        yet — the record's current generation (:func:`node.corpus.views.generation`, read
+        under the lock; 0 without a record). With ``wait`` False the lock is only tried
+        (an event loop never waits for a sync holding it): None when it is busy."""
         from node.corpus import views
 
+        try:
+            gen = self.snapshots.take(wait)
+        except CorpusError:
+            gen = None
+        else:
+            if gen is None:
+                return None  # none published yet, and a writer of this process is busy
+        if gen is not None:
+            return gen.number
         if not self.record.lock.acquire(blocking=wait):
             return None
         try:
