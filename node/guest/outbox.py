@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from node.common.errors import ConfigError, KithError, UsageError
+from node.trust.sealed import QUERY_ID_PREFIX  # the wire's prefix, shared with the host
 
 #: The file in the home.
 OUTBOX_FILE = "outbox.sqlite"
@@ -66,8 +67,6 @@ MIN_KEEP_S = 60
 #: ``failed``: can never be delivered (the peer was removed, blocked or re-pinned).
 STATES = ("waiting", "pending-approval", "answered", "expired", "failed")
 OPEN_STATES = ("waiting", "pending-approval")
-#: The prefix of an outbox question's ``query_id`` on the wire.
-QUERY_ID_PREFIX = "outbox:"
 ID_RE = re.compile(r"^[0-9a-f]{32}$")
 PREFIX_RE = re.compile(r"^[0-9a-fA-F]{4,32}$")
 

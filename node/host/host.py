@@ -792,8 +792,7 @@ class Host:
         row, specs/outbox.md §3) is queued to ``peer``: when this host takes sealed
         questions, the same question from that device key is not answered again sealed
         (specs/sealed.md §5). Nothing happens for other frames or a host without a mailbox."""
-        from node.guest.outbox import QUERY_ID_PREFIX
-        from node.trust.sealed import MAX_LIFETIME_S
+        from node.trust.sealed import MAX_LIFETIME_S, QUERY_ID_PREFIX
 
         if (not isinstance(message, dict) or message.get("action") != "results"
                 or message.get("status") not in ("ok", "no-verified-results") or not self.mail_urls()):

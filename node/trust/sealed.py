@@ -67,6 +67,9 @@ MAX_RECIPIENTS = 16
 #: Longest a record may be kept, from ``created`` to ``expires`` (seconds): 30 days, as
 #: the outbox's longest ``--keep`` (specs/outbox.md §1).
 MAX_LIFETIME_S = 30 * 24 * 3600
+#: The prefix of an outbox question's ``query_id`` on the wire (live and sealed alike): the
+#: host knows an outbox question by it (specs/outbox.md §3, specs/sealed.md §5).
+QUERY_ID_PREFIX = "outbox:"
 #: How far ``created`` may be ahead of the opener's clock (seconds), as signed requests.
 CLOCK_SKEW_S = 300
 #: The 4-byte length prefix inside the padding.
