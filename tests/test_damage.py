@@ -21,13 +21,12 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from support.cli import KITH, kith
+from support.cli import KITH, kith, lines_until, pending
 from support.homes import FIXTURE
 
 
@@ -909,16 +908,8 @@ def test_the_background_runner_of_api_serve_stops_with_a_code_not_a_traceback(fu
         folder(home / target)
     proc = subprocess.Popen([*KITH, "--home", str(home), "api", "serve", "--port", "0"], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "background runner stopped" in line:
-                break
+        lines = lines_until(proc, proc.stderr, lambda line: "background runner stopped" in line, 60)
     finally:
         proc.terminate()
         try:
@@ -926,7 +917,7 @@ def test_the_background_runner_of_api_serve_stops_with_a_code_not_a_traceback(fu
         except subprocess.TimeoutExpired:
             proc.kill()
             rest = proc.communicate()[1]
-    err = "".join(lines) + rest
+    err = "".join(lines) + pending(proc.stderr) + rest
     assert "Traceback" not in err, err[-3000:]
     stopped = next(line for line in lines if "background runner stopped" in line)
     assert "[identity-corrupt]" in stopped or "[transport-mode-invalid]" in stopped, stopped
