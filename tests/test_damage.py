@@ -454,6 +454,9 @@ READERS: dict[str, list[tuple[str, ...]]] = {
     "approvals/promoted.json": [("status",), ("approvals", "list")],
     "agents.json": [("status",), ("agent", "list")],
     "sent.jsonl": [("sent",)],
+    # read outside home.read_json_state until issue 42's review: nested JSON was a traceback
+    "profile.json": [("peers", "profile")],
+    "dashboard.login": [("dashboard", "--login-link")],
 }
 #: what a damaged file may be refused with (anything else fails the test)
 CODES_OF: dict[str, set[str]] = {
@@ -468,6 +471,7 @@ CODES_OF: dict[str, set[str]] = {
     "rotations.json": {"config-invalid"},
     "cards.json": {"config-invalid"},
     "agents.json": {"agents-file-invalid"},
+    "dashboard.login": {"dashboard-not-running"},
 }
 DAMAGES = (garbage, truncated, empty, deleted, folder, nested)
 SWEEP = [(f, d) for f in READERS for d in DAMAGES]

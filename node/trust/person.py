@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from node.common.errors import ConfigError, KithError, SigningError
-from node.common.home import atomic_write
+from node.common.home import atomic_write, read_json_state
 from node.trust.binding import MAX_CHAIN_LINKS, check_device_name, device_link, verify_chain
 from node.trust.identity import Identity
 from node.trust.invitation import rfc3339
@@ -222,17 +222,11 @@ def load_person(home: Path) -> PersonRecord | None:
         ConfigError: ``config-invalid`` when the file is not a valid person record.
     """
     path = home / PERSON_FILE
-    try:
-        raw = json.loads(path.read_text("utf-8"))
+    try:  # unreadable is not invalid: io-error
+        raw = read_json_state(path, hint=f"restore {PERSON_FILE} (the signed person record) from a backup",
+                              unreadable_is_io_error=True)
     except FileNotFoundError:
         return None
-    except OSError as exc:  # unreadable is not invalid
-        from node.common.dbfaults import io_error
-
-        raise io_error(str(path), exc.strerror or type(exc).__name__) from None
-    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[…"
-        raise ConfigError("config-invalid", f"{PERSON_FILE} is not valid JSON",
-                          hint=f"restore {PERSON_FILE} (the signed person record) from a backup") from None
     return person_from_json(raw)
 
 

@@ -159,11 +159,12 @@ WITHDRAWN_FILE = "withdrawn.json"
 def withdrawn_sources(store: CopyStore) -> set[str]:
     """The sources recorded as withdrawn for ``store`` (:data:`WITHDRAWN_FILE`); empty when
     none, or the file cannot be read (the next sync deletes what the host withdrew anyway)."""
-    import json
+    from node.common.errors import ConfigError
+    from node.common.home import read_json_state
 
     try:
-        data = json.loads((store.dir / WITHDRAWN_FILE).read_text("utf-8"))
-    except (OSError, ValueError):
+        data = read_json_state(store.dir / WITHDRAWN_FILE)
+    except (OSError, ConfigError):
         return set()
     got = data.get("sources") if isinstance(data, dict) else None
     return {s for s in got if isinstance(s, str)} if isinstance(got, list) else set()

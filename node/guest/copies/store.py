@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from node.common.errors import ConfigError, KithError, PolicyError
-from node.common.home import COPIES_DIR, atomic_write
+from node.common.home import COPIES_DIR, atomic_write, read_json_state
 
 #: ``<home>/copies/`` (:data:`node.common.home.COPIES_DIR`): every copy this node keeps, one
 #: folder per pinned peer name.
@@ -121,8 +121,8 @@ class CopyStore:
             return {"v": 1, "peer": self.peer, "hostKey": None, "syncedAt": None, "maxBytes": None,
                     "documents": {}}
         try:
-            state = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):  # RecursionError: "[[[[…"
+            state = read_json_state(self.path)
+        except (OSError, ConfigError):
             raise ConfigError("config-invalid", f"copies/{self.peer}/{MANIFEST_FILE} cannot be read",
                               hint=self._remake_hint) from None
         if not isinstance(state, dict) or not isinstance(state.get("documents"), dict):
@@ -482,8 +482,8 @@ class CopyStore:
             seen = grants.get(path)
             if seen is not None and seen[0] == key:
                 return dict(seen[1]) if seen[1] is not None else None
-            got = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):  # RecursionError: "[[[[…"
+            got = read_json_state(path)
+        except (OSError, ConfigError):
             return None
         got = got if isinstance(got, dict) else None
         if len(grants) >= 256:
