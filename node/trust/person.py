@@ -344,9 +344,14 @@ def own_chain(home: Path, device_key: str) -> list[dict[str, Any]] | None:
 def own_revocation(home: Path) -> dict[str, Any] | None:
     """The newest revocation list of this home's person kept in ``revocations.json``
     (wire shape; specs/peers.md §10), which this device carries beside its chain, or None."""
+    return revocation_of(home, load_person(home))
+
+
+def revocation_of(home: Path, rec: PersonRecord | None) -> dict[str, Any] | None:
+    """:func:`own_revocation` for a person record read already (``rec``; None: no person,
+    no list): a caller that holds the record reads ``person.json`` once."""
     from node.trust.revocation_list import RevocationStore
 
-    rec = load_person(home)
     return None if rec is None else RevocationStore.load(home).list_for(rec.person_key)
 
 
@@ -426,5 +431,5 @@ def _revoke_device(home: Path, device_name: str, device_key: str | None) -> tupl
 
 
 __all__ = ["PERSON_FILE", "PERSON_KEY_FILE", "PersonRecord", "bind_device", "default_device_name", "device_keys_named", "init_person",
-           "load_person", "load_person_secret", "own_chain", "person_lock", "own_revocation", "revoke_device", "person_from_json", "recovery_secret_of", "recovery_seed",
+           "load_person", "load_person_secret", "own_chain", "person_lock", "own_revocation", "revocation_of", "revoke_device", "person_from_json", "recovery_secret_of", "recovery_seed",
            "recovery_words", "save_person"]
