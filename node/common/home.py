@@ -110,8 +110,7 @@ def init_hint(home: Path, *, server: bool = False) -> str:
     return f"run `{made_by}` to create one there, or check --home / $KITH_HOME for a typo"
 
 
-def read_json_state(path: Path, *, hint: str | None = None, data: bytes | str | None = None,
-                    unreadable_is_io_error: bool = False) -> Any:
+def read_json_state(path: Path, *, hint: str | None = None, data: bytes | str | None = None) -> Any:
     """The JSON value of the state file ``path`` (one :func:`atomic_write` wrote): the one
     reader of a home's JSON files, so every way one can be damaged (not UTF-8, not JSON,
     nested deeper than Python's json reads — ``[[[[…``, a RecursionError) is the same typed
@@ -121,17 +120,13 @@ def read_json_state(path: Path, *, hint: str | None = None, data: bytes | str | 
         path: the file; its name is the one the refusal says.
         hint: the way out the refusal gives.
         data: the file's bytes or text when the caller read them itself (a size bound, an
-            owner check): only decoded here.
-        unreadable_is_io_error: an OSError other than FileNotFoundError (no permission, a
-            folder in the file's place) is ``io-error`` naming the path (unreadable is not
-            invalid: never suggest moving it aside) instead of ``config-invalid``.
+            owner check, or an unreadable file said as ``io-error``, not invalid): only
+            decoded here.
 
     Raises:
         FileNotFoundError: when there is no file (callers start empty).
         ConfigError: ``config-invalid`` "<name> is not valid JSON" (with ``hint``) when it
             cannot be read, is not UTF-8, not JSON, or nested too deep to parse.
-        KithError: ``io-error`` (:func:`node.common.dbfaults.io_error`) when it cannot be
-            read and ``unreadable_is_io_error``.
     """
     import json
 
@@ -143,13 +138,7 @@ def read_json_state(path: Path, *, hint: str | None = None, data: bytes | str | 
         return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
     except FileNotFoundError:
         raise
-    except OSError as exc:
-        if unreadable_is_io_error:
-            from node.common.dbfaults import io_error
-
-            raise io_error(str(path), exc.strerror or type(exc).__name__) from None
-        raise ConfigError("config-invalid", f"{Path(path).name} is not valid JSON", hint=hint) from None
-    except (UnicodeDecodeError, ValueError, RecursionError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         raise ConfigError("config-invalid", f"{Path(path).name} is not valid JSON", hint=hint) from None
 
 

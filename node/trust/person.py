@@ -222,11 +222,15 @@ def load_person(home: Path) -> PersonRecord | None:
         ConfigError: ``config-invalid`` when the file is not a valid person record.
     """
     path = home / PERSON_FILE
-    try:  # unreadable is not invalid: io-error
-        raw = read_json_state(path, hint=f"restore {PERSON_FILE} (the signed person record) from a backup",
-                              unreadable_is_io_error=True)
+    try:
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as exc:  # unreadable is not invalid
+        from node.common.dbfaults import io_error
+
+        raise io_error(str(path), exc.strerror or type(exc).__name__) from None
+    raw = read_json_state(path, data=data, hint=f"restore {PERSON_FILE} (the signed person record) from a backup")
     return person_from_json(raw)
 
 
