@@ -43,7 +43,7 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """List the copies kept here: peer, documents, bytes, when last synced, when the grant
     ends. A copy past its end is deleted first (and said so on stderr). A damaged copy is
     listed with its code and the way out, the others as usual, and said on stderr as every
-    refusal is (``error [code]: message``, ``hint:``); the exit status is then 1."""
+    refusal is (error [code]: message, then its hint); the exit status is then 1."""
     from node.guest.copies.lifecycle import expire_copies
     from node.guest.copies.search import copy_age_text
     from node.guest.copies.store import list_copies
