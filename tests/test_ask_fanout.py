@@ -27,7 +27,7 @@ from node.trust.invitation import parse_invitation
 from node.trust.peers import PeerRegistry
 
 from support.agents import api_headers
-from support.cli import KITH, readline as _readline
+from support.cli import KITH, pending, readline as _readline
 from support.envelopes import valid_ask as valid
 from support.homes import PROTOCOLS, node_home as _home, pin_host as _pin, public_host_home
 from support.hosts import ENV, InProcessHost
@@ -479,7 +479,7 @@ def test_a_restarted_host_is_re_resolved_from_the_community_server_never_resumed
                 h1, h1_done = InProcessHost(home, tmp_path, server_url=url), anyio.Event()
                 h1.opts.heartbeat = CALM
                 tg.start_soon(serve, h1, h1_done)
-                with anyio.fail_after(30):
+                with anyio.fail_after(60):
                     await h1.ready.wait()
                 inv1 = parse_invitation(h1.invite.read_bytes())
                 PeerRegistry.load(guest_home).add("alice", inv1.host_public_key, invitation=inv1.to_dict(),
@@ -493,7 +493,7 @@ def test_a_restarted_host_is_re_resolved_from_the_community_server_never_resumed
                     h2, h2_done = InProcessHost(home, tmp_path, server_url=url), anyio.Event()
                     h2.opts.heartbeat = CALM
                     tg.start_soon(serve, h2, h2_done)
-                    with anyio.fail_after(30):
+                    with anyio.fail_after(60):
                         await h2.ready.wait()
                     up = await fan_out(pool, request, ["alice"], timeout_s=20)
                     h2.stop.set()
@@ -619,9 +619,9 @@ def test_kith_ask_with_a_killed_host_says_it_waits_and_ends_on_time(tmp_path):
                                 "--peer", "bob", "--offline", "--json", "--timeout", "3"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
         try:
-            line = ask.stdout.readline()
+            line = _readline(ask, 60)
             printed = time.monotonic()
-            rest = ask.stdout.read()
+            rest = pending(ask.stdout) + ask.stdout.read()
             ask.wait(timeout=30)
             ended = time.monotonic()
             err = ask.stderr.read()

@@ -70,7 +70,7 @@ def test_saved_answer_is_judged_genuine_edited_and_stale_in_another_home(tmp_pat
         host = InProcessHost(host_home, tmp_path, sign_citations=True, heartbeat=CALM)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             messages = await _ask(host, guest_home, ["when is the staging server deleted", "staging backup"])
             # the checker pins the host (and keeps its invitation, as `kith join --pin` does)
@@ -127,7 +127,7 @@ def test_a_host_without_sign_citations_answers_signing_off(tmp_path):
         host = InProcessHost(host_home, tmp_path, heartbeat=CALM)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             asked = await _ask(host, guest_home, ["staging server"])
             plain = await _ask(host, guest_home, ["staging server"], citations=False)
@@ -428,7 +428,7 @@ def test_kith_ask_keeps_each_peers_citation_for_verify(tmp_path):
         host = InProcessHost(host_home, tmp_path, sign_citations=True, heartbeat=CALM)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             inv = parse_invitation(host.invite.read_bytes())
             PeerRegistry.load(guest).add("docs", inv.host_public_key, invitation=inv.to_dict())
@@ -452,7 +452,7 @@ def test_kith_join_json_lines_are_a_saved_answer_kith_verify_reads(tmp_path):
         host = InProcessHost(host_home, tmp_path, sign_citations=True, heartbeat=CALM)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             proc = await anyio.to_thread.run_sync(lambda: subprocess.run(
                 [*KITH, "--home", str(guest), "join", str(host.invite), "--local", "--trust", "--json",
@@ -558,7 +558,7 @@ def test_mcp_search_of_a_peer_with_citations_gives_an_answer_verify_accepts(tmp_
         host = InProcessHost(host_home, tmp_path, sign_citations=True, heartbeat=CALM)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             inv = parse_invitation(host.invite.read_bytes())
             PeerRegistry.load(guest).add("docs", inv.host_public_key, invitation=inv.to_dict())
@@ -607,7 +607,7 @@ def test_a_scrubbed_peers_citation_keeps_its_version_when_only_a_scrubbed_value_
     async def scenario():
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             first = await cited()
             await edit("ops@example.com", "night-desk@example.org")

@@ -16,7 +16,7 @@ def test_serve_prints_its_url_serves_and_stops_cleanly(tmp_path: Path, sig: int)
     proc = subprocess.Popen(kith(tmp_path, "community", "serve", "--port", "0", "--json"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        line = proc.stdout.readline()
+        line = readline(proc, 60)
         url = json.loads(line)["url"]
         assert url.startswith("http://127.0.0.1:")
         response = httpx.get(f"{url}/api/v1/health", timeout=10)
@@ -73,7 +73,7 @@ from node.community.server import run_server_in_thread  # noqa: E402
 from node.trust.identity import load_or_init_identity  # noqa: E402
 from node.protocol.spec import load_spec, protocol_id_of  # noqa: E402
 
-from support.cli import kith_argv as kith  # noqa: E402
+from support.cli import kith_argv as kith, readline  # noqa: E402
 from support.community import (  # noqa: E402,F401
     NO_LIMITS,
     fresh_pg_database as _fresh_pg_database,
@@ -198,7 +198,7 @@ def test_serve_on_postgresql(tmp_path: Path, pg_server: str) -> None:
                                  "--database-url", url),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        first = json.loads(proc.stdout.readline())
+        first = json.loads(readline(proc, 60))
         assert first["database"] == "postgresql"
         assert httpx.get(f"{first['url']}/api/v1/health", timeout=10).status_code == 200
         proc.send_signal(signal.SIGTERM)

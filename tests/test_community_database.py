@@ -21,7 +21,7 @@ from node.community.server import run_server_in_thread
 from node.community.store import SCHEMA_VERSION, PostgresStore, SqliteStore
 from node.common.errors import CommunityError
 
-from support.cli import kith_argv as kith
+from support.cli import kith_argv as kith, next_line, readline
 from support.community import (
     NO_LIMITS,
     PgCluster,
@@ -79,10 +79,10 @@ def test_serve_waits_for_a_database_that_is_down_at_start(cluster: PgCluster,
                                  "--database-url", url, "--database-wait", "120"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        line = wait_for("a retry line", lambda: proc.stderr.readline(), timeout_s=60)
-        assert "retrying in" in line and "Traceback" not in line
+        line = next_line(proc.stderr, 60)
+        assert line and "retrying in" in line and "Traceback" not in line, line
         cluster.start()
-        ready = json.loads(proc.stdout.readline())  # it comes up once the database is back
+        ready = json.loads(readline(proc, 60))  # it comes up once the database is back
         assert ready["database"] == "postgresql"
         assert httpx.get(f"{ready['url']}/api/v1/invitations", timeout=30).status_code == 200
     finally:

@@ -22,6 +22,7 @@ from node.community.requests import signed_headers
 from node.community.server import run_server_in_thread
 from node.trust.identity import Identity
 
+from support.cli import readline
 from support.community import (  # noqa: F401
     NO_LIMITS,
     error_of,
@@ -157,7 +158,7 @@ def test_sqlite_refuses_a_second_server_process(tmp_path: Path) -> None:
 
     first = serve()
     try:
-        assert json.loads(first.stdout.readline())["database"] == "sqlite"
+        assert json.loads(readline(first, 60))["database"] == "sqlite"
         second = serve()
         out, err = second.communicate(timeout=60)
         assert second.returncode == 1 and "Traceback" not in err

@@ -24,7 +24,7 @@ from node.community.ratelimit import RateLimit, RateLimits
 from node.community.server import run_server_in_thread
 from node.trust.identity import Identity
 
-from support.cli import kith_argv as kith
+from support.cli import kith_argv as kith, readline
 from support.community import (  # noqa: F401
     NO_LIMITS,
     error_of,
@@ -278,7 +278,7 @@ def test_a_killed_host_leaves_browse(tmp_path: Path) -> None:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 stdin=subprocess.DEVNULL)
         try:
-            first = json.loads(proc.stdout.readline())
+            first = json.loads(readline(proc, 60))
             post_id = first["post_id"]
             assert listed(base, tag="killed") == [post_id]
             status_url = f"{base}/api/v1/invitations/{post_id}/status"

@@ -85,7 +85,7 @@ def test_status_without_a_host_says_not_running_and_sessions_refuses(tmp_path):
         host = InProcessHost(home, tmp_path)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             state = await _poll_state(home, lambda s: True)
             host.stop.set()
@@ -121,7 +121,7 @@ def test_status_and_sessions_show_a_live_guest_and_sessions_end_tells_the_guest(
         host = InProcessHost(homes["host"], homes["tmp"])
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             # the host's state before any guest: its post, its index, no session
             before = await _poll_state(homes["host"], lambda s: s["index"]["ready"])
@@ -234,7 +234,7 @@ def test_control_channel_refuses_a_foreign_host_header_an_origin_and_another_use
         host = InProcessHost(home, tmp_path)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             mode_dir = stat.S_IMODE(os.stat(path.parent).st_mode)
             mode_sock = stat.S_IMODE(os.stat(path).st_mode)

@@ -976,7 +976,12 @@ def test_a_damaged_manifest_is_refused_with_the_way_out(host, tmp_path):
     assert listed.exit_code == 1
     assert f"alice: damaged — config-invalid: copies/alice/manifest.json cannot be read ({way_out})" in listed.stdout
     assert "carl: 2 document(s)" in listed.stdout
-    rows = {r["peer"]: r for r in json.loads(invoke(guest, "copies", "list", "--json").stdout)["copies"]}
+    # said on stderr as every refusal of kith is (it exited 1 with nothing there)
+    said = "error [config-invalid]: copies/alice/manifest.json cannot be read\n  hint: " + way_out
+    assert said in listed.stderr, listed.stderr
+    as_json = invoke(guest, "copies", "list", "--json")
+    assert as_json.exit_code == 1 and said in as_json.stderr, as_json.stderr
+    rows = {r["peer"]: r for r in json.loads(as_json.stdout)["copies"]}
     assert rows["alice"]["error"] == {"code": "config-invalid", "message": "copies/alice/manifest.json cannot be read",
                                       "hint": way_out}
     assert rows["carl"]["documents"] == 2 and "error" not in rows["carl"]

@@ -296,6 +296,29 @@ def test_the_runner_ends_an_expired_copy_and_syncs_a_stale_one(host, tmp_path):
         ("copy-ended", "alice", 2, "expired")]
 
 
+def test_the_runner_reads_a_copy_s_grant_again_only_when_it_changed(host, tmp_path):
+    """Issue 42 review: each step of the home's runner (one a second) read every copy's
+    grant.json (twice: for the stamp, and to see whether the copy is stale). Now it is read
+    once, and again when a handshake rewrote it — and the changed grant still syncs the copy."""
+    from support.opens import counting
+
+    home, _ = host
+    guest, key = _synced(tmp_path, home, told=STATE)
+    task = CopiesTask(guest, clock=ManualClock())
+    task._due["alice"] = 10_000.0  # synced a moment ago: not due
+    runner = _Runner()
+    with counting("grant.json") as opened:
+        for _ in range(5):
+            anyio.run(task.step, runner)
+        assert opened["grant.json"] == 1 and runner.spawned == []
+        take_copy_state(guest, key, {**STATE, "stamp": "ef" * 16})  # a handshake told another grant
+        before = opened["grant.json"]
+        for _ in range(5):
+            anyio.run(task.step, runner)
+        assert opened["grant.json"] == before + 1  # read again once: the file changed
+    assert runner.spawned == ["alice"]  # and the copy made stale by it is synced
+
+
 class _AwayRunner(_Runner):
     """A runner whose pool cannot reach the host (it is away)."""
 

@@ -21,13 +21,12 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from support.cli import KITH, kith
+from support.cli import KITH, kith, lines_until, pending
 from support.homes import FIXTURE
 
 
@@ -455,6 +454,9 @@ READERS: dict[str, list[tuple[str, ...]]] = {
     "approvals/promoted.json": [("status",), ("approvals", "list")],
     "agents.json": [("status",), ("agent", "list")],
     "sent.jsonl": [("sent",)],
+    # read outside home.read_json_state until issue 42's review: nested JSON was a traceback
+    "profile.json": [("peers", "profile")],
+    "dashboard.login": [("dashboard", "--login-link")],
 }
 #: what a damaged file may be refused with (anything else fails the test)
 CODES_OF: dict[str, set[str]] = {
@@ -469,6 +471,7 @@ CODES_OF: dict[str, set[str]] = {
     "rotations.json": {"config-invalid"},
     "cards.json": {"config-invalid"},
     "agents.json": {"agents-file-invalid"},
+    "dashboard.login": {"dashboard-not-running"},
 }
 DAMAGES = (garbage, truncated, empty, deleted, folder, nested)
 SWEEP = [(f, d) for f in READERS for d in DAMAGES]
@@ -909,16 +912,8 @@ def test_the_background_runner_of_api_serve_stops_with_a_code_not_a_traceback(fu
         folder(home / target)
     proc = subprocess.Popen([*KITH, "--home", str(home), "api", "serve", "--port", "0"], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "background runner stopped" in line:
-                break
+        lines = lines_until(proc, proc.stderr, lambda line: "background runner stopped" in line, 60)
     finally:
         proc.terminate()
         try:
@@ -926,7 +921,7 @@ def test_the_background_runner_of_api_serve_stops_with_a_code_not_a_traceback(fu
         except subprocess.TimeoutExpired:
             proc.kill()
             rest = proc.communicate()[1]
-    err = "".join(lines) + rest
+    err = "".join(lines) + pending(proc.stderr) + rest
     assert "Traceback" not in err, err[-3000:]
     stopped = next(line for line in lines if "background runner stopped" in line)
     assert "[identity-corrupt]" in stopped or "[transport-mode-invalid]" in stopped, stopped
@@ -1039,7 +1034,8 @@ def test_a_copy_file_nested_too_deep_is_a_damaged_copy_not_a_traceback(full_home
         assert r.code in (0, 1), (cmd, r.code, r.err)
     listed = run_inproc(home, "copies", "list")
     if target == "manifest.json":
-        assert "config-invalid" in listed.out + listed.err and "kith copies remove bob" in listed.out + listed.err
+        check(listed, {"config-invalid"})  # error [config-invalid] and its hint on stderr
+        assert "kith copies remove bob" in listed.err
     else:
         assert listed.code == 0, listed.err
 

@@ -16,7 +16,7 @@ from node.corpus.store import Corpus
 from node.local.dashboard.app import run_dashboard_in_thread
 from node.policy.approvals import Approvals
 from node.policy.store import Policy
-from support.cli import KITH, kith
+from support.cli import KITH, kith, readline
 from support.dashboard import logged_in as _logged_in
 
 DOCS = {
@@ -331,15 +331,12 @@ def test_remove_root_drops_archive_members_and_retires_the_prefix(tmp_path: Path
 
 
 def test_the_kith_dashboard_command_prints_a_login_url_that_works(home: Path) -> None:
-    import select
     import signal
 
     proc = subprocess.Popen([*KITH, "--home", str(home), "dashboard", "--port", "0", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], 60)
-        assert ready, "kith dashboard printed nothing in 60 s"
-        info = json.loads(proc.stdout.readline())
+        info = json.loads(readline(proc, 60))
         assert info["login"].startswith(info["url"] + "/login?token=") and info["url"].startswith("http://127.0.0.1:")
         with httpx.Client(timeout=30) as client:
             r = client.get(info["login"], follow_redirects=True)

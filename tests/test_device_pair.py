@@ -14,7 +14,7 @@ import pytest
 from node.common.errors import UsageError
 from node.trust.device_pairing import MAX_TRIES, SECRET_BYTES, TTL_S, PairingOffer, make_code, new_secret, parse_code
 
-from support.cli import kith
+from support.cli import kith, readline
 from support.devices import Offer, join_offer as _join
 from support.homes import FIXTURE
 from support.hosts import HostProcess as Host, prepare_host
@@ -50,7 +50,7 @@ def test_two_devices_pair_and_a_host_sees_one_person(tmp_path: Path):
     made = json.loads(kith(desk, "init", "--json", "--device-name", "desk").stdout)
     offer = Offer(desk)
     joiner = _join(laptop, offer.code)
-    words = json.loads(joiner.stdout.readline())  # shown once the secret was accepted
+    words = json.loads(readline(joiner, 60))  # shown once the secret was accepted
     assert words["event"] == "pairing-words" and len(words["words"].split()) == 5
     offer.answer("yes")  # the owner saw the same words on both
     out, err = joiner.communicate(timeout=30)
@@ -118,7 +118,7 @@ def test_words_not_confirmed_bind_nothing(tmp_path: Path):
     kith(desk, "init")
     offer = Offer(desk)
     joiner = _join(laptop, offer.code)
-    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
+    assert json.loads(readline(joiner, 60))["event"] == "pairing-words"
     offer.answer("no")
     _out, err = joiner.communicate(timeout=30)
     rc, _o, err_offer = offer.finish()
@@ -177,7 +177,7 @@ def test_a_new_device_killed_before_its_binding_arrived_pairs_again_with_a_new_c
     made = json.loads(kith(desk, "init", "--json", "--device-name", "desk").stdout)
     offer = Offer(desk)
     joiner = _join(laptop, offer.code)
-    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
+    assert json.loads(readline(joiner, 60))["event"] == "pairing-words"
     joiner.kill()
     joiner.wait(timeout=30)
     offer.answer("yes")
@@ -188,7 +188,7 @@ def test_a_new_device_killed_before_its_binding_arrived_pairs_again_with_a_new_c
 
     offer = Offer(desk)
     joiner = _join(laptop, offer.code)
-    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
+    assert json.loads(readline(joiner, 60))["event"] == "pairing-words"
     offer.answer("yes")
     out, err = joiner.communicate(timeout=30)
     assert joiner.returncode == 0, err

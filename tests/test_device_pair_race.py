@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cli import kith
+from support.cli import kith, readline
 from support.devices import Offer, join_offer as _join
 
 pytestmark = [pytest.mark.iroh]
@@ -23,7 +23,7 @@ def test_a_rotation_while_a_pairing_waits_is_kept_and_the_pairing_refused(tmp_pa
     assert kith(desk, "init", "--device-name", "desk").returncode == 0
     offer = Offer(desk)
     joiner = _join(laptop, offer.code)
-    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
+    assert json.loads(readline(joiner, 60))["event"] == "pairing-words"
     r = kith(desk, "person", "rotate", "--json")  # while `device add` waits for the owner's yes
     assert r.returncode == 0, r.stderr
     rotated = json.loads(r.stdout)["person_key"]
@@ -38,7 +38,7 @@ def test_a_rotation_while_a_pairing_waits_is_kept_and_the_pairing_refused(tmp_pa
     # the home still works: a new pairing binds under the rotated key
     offer = Offer(desk)
     joiner = _join(laptop, offer.code)
-    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
+    assert json.loads(readline(joiner, 60))["event"] == "pairing-words"
     offer.answer("yes")
     _out, err = joiner.communicate(timeout=30)
     assert joiner.returncode == 0, err

@@ -162,7 +162,7 @@ def test_mcp_answers_fence_and_mark_peer_evidence_and_scrubbed_values_never_leav
         guest_home = _home(tmp_path, "guest")
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             _pin(guest_home, "alice", host.invite)
             try:

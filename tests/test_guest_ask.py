@@ -36,7 +36,7 @@ def _run_with_host(tmp: Path, scenario):
         host = InProcessHost(_host_home(tmp), tmp)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             try:
                 with anyio.fail_after(60):

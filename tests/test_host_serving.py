@@ -39,7 +39,7 @@ from node.devtools.adversarial import run_adversarial
 from node.protocol.spec import load_spec
 from node.transport.iroh import bind_node
 
-from support.cli import KITH, lines_until
+from support.cli import KITH, lines_until, readline
 from support.community import NO_LIMITS
 from support.engines import GOOD, frame as _frame, hostile, ui_manifest as _manifest
 from support.homes import PROTOCOLS, initialized, node_home as _home
@@ -131,7 +131,7 @@ def test_host_records_the_proof_and_republishes_when_the_guest_joined_by_file(tm
                              heartbeat=STEADY)  # not a heartbeat test
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(20):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             inv = parse_invitation(host.invite.read_text())  # joined by file, no --server
             guest_home = _home(tmp_path, "guest")
@@ -201,9 +201,7 @@ def test_sigint_withdraws_the_hosts_post(tmp_path, server_url):
     proc = subprocess.Popen([*KITH, "--home", str(home), "host", "--local", "--json", "--server", server_url],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], 60)
-        assert ready, "host printed no invitation"
-        post_id = json.loads(proc.stdout.readline())["post_id"]
+        post_id = json.loads(readline(proc, 60))["post_id"]
         status = f"{server_url}/api/v1/invitations/{post_id}/status"
         assert httpx.get(status).json()["state"] == "live"
         proc.send_signal(signal.SIGINT)
@@ -213,10 +211,11 @@ def test_sigint_withdraws_the_hosts_post(tmp_path, server_url):
             proc.kill()
             proc.wait()
     assert httpx.get(status).json()["state"] == "withdrawn"
-    t0 = time.monotonic()
     r = subprocess.run([*KITH, "--home", str(initialized(tmp_path / "g")), "join", post_id, "--server", server_url, "--local",
                         "--trust", "--query", "x", "--json"], capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and time.monotonic() - t0 < 10  # refused by the server, no 15 s wait
+    # refused by the server (its code), not a dial that timed out: the code says which, where
+    # a time bound (< 10 s) said the same and failed on a loaded machine
+    assert r.returncode != 0
     assert json.loads(r.stdout.splitlines()[-1])["error"]["code"] == "invitation-withdrawn"
 
 
@@ -225,9 +224,7 @@ def _start_host(home: Path, invite: Path) -> subprocess.Popen:
     proc = subprocess.Popen([*KITH, "--home", str(home), "host", "--local", "--json", "--invite-file", str(invite)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
                             env=ENV)
-    ready, _, _ = select.select([proc.stdout], [], [], 60)
-    assert ready, "host printed no invitation"
-    json.loads(proc.stdout.readline())
+    json.loads(readline(proc, 60))
     return proc
 
 

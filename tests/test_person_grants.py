@@ -82,7 +82,7 @@ def _sources(guest: Guest) -> set[str]:
 async def _open(tg, host: MemoryHost, ident: Identity, chain=None, revocation=None, profile=None) -> Guest:
     guest = Guest(host, ident, chain, revocation, profile)
     tg.start_soon(guest.run)
-    with anyio.fail_after(10):
+    with anyio.fail_after(60):
         await guest.ready.wait()
     return guest
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from support.cli import kith
-from support.homes import FIXTURE
+from support.homes import FIXTURE, pin_host
 from support.hosts import HostProcess as Host, prepare_host
 
 pytestmark = pytest.mark.iroh
@@ -67,3 +68,52 @@ def test_the_host_sees_person_and_device_of_real_guests_and_an_old_home_joins_as
                        (old_key, migrated["person_key"], "old box")]
     status = json.loads(kith(old_home, "status", "--json").stdout)
     assert status["identity"] == {**status["identity"], "key": old_key, "person": migrated["person_key"]}
+
+
+#: a `kith` process that says on stderr each time it opens person.json (a Python audit
+#: hook: the real process, nothing replaced; written at once, as `kith join` may end with
+#: os._exit, which runs no atexit)
+_COUNTING = """
+import os, sys
+def hook(event, args):
+    if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)) and os.fsdecode(args[0]).endswith("person.json"):
+        os.write(2, b"\\n[test] person.json opened\\n")
+sys.addaudithook(hook)
+from node.cli.main import main
+main(sys.argv[1:])
+"""
+
+
+def _opens_of_person(home: Path, *args: str) -> tuple[subprocess.CompletedProcess, int]:
+    """``kith --home HOME ARGS`` as :data:`_COUNTING`: its result and how many times it
+    opened person.json."""
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _COUNTING, "--home", str(home), *args], capture_output=True, text=True,
+                       timeout=120, stdin=subprocess.DEVNULL)
+    return r, r.stderr.count("[test] person.json opened")
+
+
+def test_ask_and_join_read_the_person_record_once(tmp_path: Path):
+    """Issue 42 review: `kith ask` and `kith join` read person.json to fail early on a
+    damaged one, then again for each session's handshake (its chain, then its revocation
+    list): three opens for one peer. Now the record read first is the one the handshake
+    carries (`kith ask`: the session pool's view of the file)."""
+    home = prepare_host(tmp_path, FIXTURE)
+    invite = tmp_path / "invite.json"
+    guest = tmp_path / "guest"
+    made = json.loads(kith(guest, "init", "--json").stdout)
+    host = Host(home, "--invite-file", str(invite))
+    try:
+        pin_host(guest, "kb", invite)
+        r, opens = _opens_of_person(guest, "join", str(invite), "--local", "--trust", "--query", "installing")
+        assert r.returncode in (0, 3), r.stderr  # answered (3: no results is fine too)
+        assert _started(host, made["public_key"])["person"] == made["person_key"]  # the chain was carried
+        assert opens == 1
+        r, opens = _opens_of_person(guest, "ask", "installing", "--peer", "kb", "--offline", "--json")
+        row = json.loads(r.stdout)["peers"][0]
+        assert row["status"] in ("ok", "no-verified-results"), r.stdout  # answered (no result is fine too)
+        assert _started(host, made["public_key"])["person"] == made["person_key"]
+        assert opens == 1
+    finally:
+        host.stop()

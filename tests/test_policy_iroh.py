@@ -18,7 +18,7 @@ from node.answer.envelope import empty_envelope
 from node.answer.contract import validate as validate_search_request
 from node.common.errors import KithError
 
-from support.cli import KITH, assert_no_real_paths, json_lines, kith
+from support.cli import KITH, assert_no_real_paths, json_lines, kith, readline
 from support.hosts import HostProcess as Host
 
 pytestmark = [pytest.mark.iroh, pytest.mark.slow]
@@ -152,12 +152,12 @@ def test_ask_approved_within_the_same_session(world) -> None:
     try:
         proc.stdin.write(q + "\n")
         proc.stdin.flush()
-        first = json.loads(proc.stdout.readline())
+        first = json.loads(readline(proc, 60))
         assert first["status"] == "pending-approval"
         assert kith(world["home"], "approvals", "approve", first["approval_id"]).returncode == 0
         proc.stdin.write(q + "\n")
         proc.stdin.flush()
-        second = json.loads(proc.stdout.readline())
+        second = json.loads(readline(proc, 60))
         assert second["status"] == "ok"
         assert second["envelope"]["results"][0]["source"] == "/docs/ask/salary.md"
         out, err = proc.communicate("\n", timeout=30)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cli import invoke
+from support.cli import invoke, readline
 from support.homes import indexed_docs
 from node.cli.common import _UntrustedConsole
 from node.answer.envelope import empty_envelope
@@ -176,14 +176,14 @@ def test_running_host_applies_policy_set_never_to_same_and_new_sessions(tmp_path
     try:
         proc.stdin.write(Q + "\n")
         proc.stdin.flush()
-        first = json.loads(proc.stdout.readline())
+        first = json.loads(readline(proc, 60))
         assert first["status"] == "ok" and first["envelope"]["results"][0]["source"] == "/docs/public/intro.md"
         set_never = kith(home, "policy", "set", "/docs/public/intro.md", "never")
         assert set_never.returncode == 0, set_never.stderr
         # the same session, right away
         proc.stdin.write(Q + "\n")
         proc.stdin.flush()
-        second = json.loads(proc.stdout.readline())
+        second = json.loads(readline(proc, 60))
         assert second["status"] == "no-verified-results"
         assert second["envelope"] == json.loads(json.dumps(_expected("no-verified-results")))
         out, err = proc.communicate("\n", timeout=30)

@@ -87,7 +87,7 @@ def test_peers_remove_ends_the_live_session_and_the_peer_rejoins_as_anonymous(ho
         host = InProcessHost(homes["host"], homes["tmp"])
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             proc = _interactive_join(homes["guest"], host.invite)
             try:
@@ -182,7 +182,7 @@ def test_peers_block_cuts_a_query_in_flight_and_refuses_new_handshakes_until_unb
         host = InProcessHost(homes["host"], homes["tmp"])
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             proc = subprocess.Popen([*KITH, "--home", str(homes["guest"]), "join", str(host.invite), "--local",
                                      "--trust", "--json", "--query", "SLOW salary bands bonus pool"],
@@ -244,7 +244,7 @@ def test_pairing_code_is_equal_on_both_sides_and_differs_for_a_swapped_invitatio
         async with anyio.create_task_group() as tg:
             tg.start_soon(real.run)
             tg.start_soon(swapped.run)
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 await real.ready.wait()
                 await swapped.ready.wait()
             untrusted = [await anyio.to_thread.run_sync(lambda inv=inv: kith(

@@ -56,6 +56,21 @@ def _held_ids(home: Path) -> list[str]:
         conn.close()
 
 
+def _holding_mail(home: Path, *args: str) -> tuple[HostProcess, str]:
+    """`kith host ARGS --hold-mail 127.0.0.1:PORT` on a free port, and its holder URL. The
+    laptop's --holder must name the port before the holder runs, so the port is picked
+    first (:func:`support.community.free_port`) and bound later by the host: another process
+    may take it between the two, so a start refused ``server-start-failed`` tries another."""
+    for _ in range(5):
+        url = f"http://127.0.0.1:{free_port()}"
+        try:
+            return HostProcess(home, *args, "--hold-mail", url.removeprefix("http://")), url
+        except AssertionError as exc:
+            if "server-start-failed" not in str(exc):
+                raise
+    raise AssertionError("five free ports were all taken before kith host bound them")
+
+
 def test_two_homes_never_up_together_through_a_device_of_the_hosts_person(tmp_path: Path) -> None:
     (tmp_path / "l").mkdir()
     laptop = notes_host(tmp_path / "l")
@@ -66,11 +81,9 @@ def test_two_homes_never_up_together_through_a_device_of_the_hosts_person(tmp_pa
     guest = tmp_path / "guest"
     assert kith(guest, "init").returncode == 0
     store = open_store(tmp_path / "server.sqlite3")
-    holder_url = f"http://127.0.0.1:{free_port()}"
     try:
         with run_server_in_thread(store, rate_limits=NO_LIMITS) as server:  # no --mailbox: finding only
-            holder = HostProcess(always_on, "--invite-file", str(tmp_path / "always-on.inv"),
-                                 "--hold-mail", holder_url.removeprefix("http://"))
+            holder, holder_url = _holding_mail(always_on, "--invite-file", str(tmp_path / "always-on.inv"))
             try:
                 # 2. the laptop is up once: its card names the holder
                 first = HostProcess(laptop, "--server", server, "--holder", holder_url)
@@ -136,7 +149,7 @@ def test_a_held_mailbox_refuses_records_of_strangers_and_keeps_its_persons(tmp_p
             assert refused.value.code == "mailbox-not-held"
             await client.put_sealed(record(stranger, laptop_key, "2" * 32))  # to the person's device: kept
 
-    with hold_mail(laptop, f"127.0.0.1:{free_port()}") as url:
+    with hold_mail(laptop, "127.0.0.1:0") as url:  # port 0: bound at once, never a port another took
         asyncio.run(scenario(url))
         assert len(_held_ids(laptop)) == 1
 

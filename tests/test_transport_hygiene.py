@@ -64,7 +64,7 @@ def test_a_host_publishing_to_a_server_warns_about_private_addresses_in_its_tick
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(run)
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             host.stop.set()
 

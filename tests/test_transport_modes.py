@@ -249,7 +249,7 @@ async def main():
     host = InProcessHost(host_home, tmp)
     async with anyio.create_task_group() as tg:
         tg.start_soon(host.run)
-        with anyio.fail_after(20):
+        with anyio.fail_after(60):
             await host.ready.wait()
         inv = parse_invitation(host.invitation)
         PeerRegistry.load(guest_home).add("hosty", inv.host_public_key, invitation=inv.to_dict())

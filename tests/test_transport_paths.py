@@ -73,7 +73,7 @@ def test_on_loopback_both_sides_see_a_direct_path(tmp_path):
         listing: list = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(20):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             target = await open_target(str(host.invite), guest_home, server_url=None)
 
@@ -129,7 +129,7 @@ def test_a_direct_to_relayed_change_is_a_host_event_listed_and_audited(tmp_path,
         listing: list = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(20):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             target = await open_target(str(host.invite), guest_home, server_url=None)
 

@@ -39,7 +39,7 @@ def test_sigkilled_join_is_detected_by_the_host_heartbeat(tmp_path):
         host = InProcessHost(_home(tmp_path, "host"), tmp_path)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(20):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             guest_home = _home(tmp_path, "guest")
             proc = subprocess.Popen([*KITH, "--home", str(guest_home), "join", str(host.invite), "--local", "--trust",
@@ -62,9 +62,12 @@ def test_sigkilled_join_is_detected_by_the_host_heartbeat(tmp_path):
         return started, ended, detect
 
     started, ended, detect = anyio.run(scenario, backend="asyncio")
+    print(f"the host's heartbeat ended the killed guest's session {detect:.2f} s after SIGKILL")
     assert ended["session_id"] == started["session_id"]
+    # peer-unresponsive is the heartbeat's own code (the engine's timers): QUIC's ≈35 s idle
+    # timeout would end it as a transport failure, so the code says who found it — a time
+    # bound said the same and failed on a loaded machine
     assert (ended["reason"], ended["code"]) == ("aborted", "peer-unresponsive")
-    assert detect < 10  # far below QUIC's ≈35 s idle timeout: the heartbeat found it
 
 
 def test_sigkilled_host_is_detected_by_the_guest_and_sigterm_ends_sessions_cleanly(tmp_path):
@@ -113,8 +116,8 @@ def test_sigkilled_host_is_detected_by_the_guest_and_sigterm_ends_sessions_clean
     finally:
         proc.kill()
         proc.wait()
-    assert (out.reason, out.code) == ("aborted", "peer-unresponsive")
-    assert took < 8
+    print(f"the guest's heartbeat found the SIGKILLed host in {took:.2f} s")
+    assert (out.reason, out.code) == ("aborted", "peer-unresponsive")  # the heartbeat's code, not QUIC's
 
     proc = start_host()
     try:
@@ -123,9 +126,10 @@ def test_sigkilled_host_is_detected_by_the_guest_and_sigterm_ends_sessions_clean
     finally:
         proc.kill()
         proc.wait()
+    print(f"SIGTERM on the host ended the guest's session in {took:.2f} s")
     assert out.ok, (out.reason, out.code)  # the guest received `end`, not a hang-up
+    assert out.peer_end is not None and out.peer_end.get("action") == "end", out.peer_end
     assert rc == 0
-    assert took < 8
 
 
 def test_concurrency_bounds_per_peer_and_overall(tmp_path):
@@ -202,7 +206,7 @@ def test_replayed_session_init_is_refused_even_after_a_host_restart(tmp_path):
         host = InProcessHost(host_home, tmp_path)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(20):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             out = await fn(host)
             host.stop.set()
@@ -261,15 +265,23 @@ def test_hostile_guests_do_not_stall_an_honest_one(tmp_path):
                     honest = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True,
                                                 server_url=None, heartbeat=FAST,
                                                 options={"queries": ["one", "two"], "on_results": got.append})
+                    # what the host had ended when the honest guest was done: a time bound
+                    # said "not stalled" and failed on a loaded machine; this says it
+                    ended_then = [e.get("code") for e in host.ended()]
                 finally:
                     honest_done.set()
                 took = time.monotonic() - t0
             host.stop.set()
-        return honest, got, took, host
+        return honest, got, took, host, ended_then
 
-    honest, got, took, host = anyio.run(scenario, backend="asyncio")
+    honest, got, took, host, ended_then = anyio.run(scenario, backend="asyncio")
+    print(f"the honest guest was served in {took:.2f} s beside the hostile ones")
     assert honest.ok and len(got) == 2
-    assert took < 3  # answered while the hostile ones were still connected
+    # not stalled behind the silent peer: when the honest guest was done, the host had not
+    # timed that peer's handshake out (the timer runs on the host's ManualClock, which nobody
+    # advances) — the honest guest waited out no timer; a time bound said so and failed on
+    # a loaded machine
+    assert "handshake-timeout" not in ended_then, ended_then
     codes = {e.get("code") for e in host.ended()}
     assert "frame-invalid-utf8" in codes or "handshake-malformed" in codes or "handshake-first-frame" in codes
 
@@ -279,7 +291,7 @@ def test_host_ui_reaches_a_guest_without_a_local_ui(tmp_path):
         host = InProcessHost(_home(tmp_path, "host"), tmp_path, share_ui=True)
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
-            with anyio.fail_after(20):
+            with anyio.fail_after(60):
                 await host.ready.wait()
             inv = parse_invitation(host.invitation)
             # the guest installed the protocol from its spec only (no ui/): same protocol_id

@@ -165,10 +165,6 @@ def ask_cmd(
         ticket = gate(home, request, receivers, actor=OWNER, rule="ask", yes=yes,
                       confirm=confirm_outbound if sys.stdin.isatty() and sys.stderr.isatty() else None)
     identity = guest.identity
-    if not copy_only:  # a damaged person record fails here, with its own hint, not as each peer's refusal
-        from node.trust.person import own_chain
-
-        own_chain(home, identity.public_key)
 
     def show(env: dict[str, Any]) -> None:
         if json_out:
@@ -201,6 +197,8 @@ def ask_cmd(
 
         dedupe_names(names)  # ask-too-many-peers before binding anything
         async with guest.session_pool(end_wait_s=ASK_END_WAIT_S) as pool:
+            if not copy_only:  # a damaged person record fails here, before dialling, with its own hint,
+                pool.person.now()  # not as each peer's refusal; the sessions reuse what is read (once)
             env = await fan_out(pool, request, names, timeout_s=timeout,
                                 local=local_searcher(home) if local_corpus else None, own_key=identity.public_key,
                                 on_waiting=(WAIT_NOTICE_S, WAIT_REPEAT_S, say_waiting),

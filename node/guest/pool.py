@@ -144,7 +144,7 @@ class PeerSession:
                     node=self.pool.node, connect_timeout_s=self.pool.connect_timeout_s,
                     on_path=self._on_path, on_refused=self._on_refused,
                     on_copy_notice=self.pool.on_copy_notice, copy_states=self.pool.copy_states,
-                    peers=self.pool.peers)
+                    peers=self.pool.peers, person=self.pool.person.now)
         except KithError as exc:
             self.error = exc
             if isinstance(exc, TransportError) and self.session_id is None:
@@ -275,6 +275,15 @@ class SessionPool:
 
             self._peers = PeerView(self.home)
         return self._peers
+
+    @property
+    def person(self) -> Any:
+        """This process's view of ``person.json`` (:meth:`home_file`, loaded with
+        :func:`node.trust.person.load_person`): each session's handshake carries the chain
+        and revocation list of the record read last, read again only when the file changed."""
+        from node.trust.person import PERSON_FILE, load_person
+
+        return self.home_file(PERSON_FILE, load_person)
 
     def home_file(self, name: str, load: Any) -> Any:
         """This process's view of ``<home>/name`` loaded with ``load``

@@ -846,10 +846,17 @@ class Host:
                               "guests reach this device only by its invitation")
 
     def _new_invitation(self) -> Invitation:
+        """A new signed invitation for this endpoint, created and expiring on the host's own
+        clock — the one its expiry watch (:meth:`node.host.posts.Posts.watch_expiry`) and
+        handshakes read; on the system clock, a host on a test's clock saw its post expire
+        late by however long it took to start."""
+        from datetime import datetime, timezone
+
         opts = self.opts
         return create_invitation(self.identity, protocol_name=self.spec.name, protocol_version=self.spec.version,
                                  protocol_id=self.spec.protocol_id, ticket=self.listener.ticket(), ttl_s=opts.ttl_s,
-                                 message=opts.message, tags=opts.tags, max_sessions=opts.post_max_sessions)
+                                 message=opts.message, tags=opts.tags, max_sessions=opts.post_max_sessions,
+                                 now=datetime.fromtimestamp(self.clock.time(), timezone.utc))
 
     async def _publish(self) -> Invitation:
         """The invitation this run writes or publishes. File mode: the posts of earlier

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from node.common.errors import HandshakeError
-from node.common.home import atomic_write
+from node.common.home import atomic_write, read_json_state
 from node.common.host_events import PostExpired, PostRetired, Republished
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339, unix_of
 from node.host.sessions import MAX_FAILED_HANDSHAKES, is_failure
@@ -365,11 +365,12 @@ def _load_kept(home: Path, host_key: str) -> list[tuple[Invitation, int]]:
                            hint="start `kith host --new-invitation`: it replaces the file and signs a new "
                                 "invitation (the old ones are no longer honoured)")
     try:
-        if path.stat().st_size > MAX_POSTS_FILE_BYTES:
-            raise bad("larger than a host ever writes")
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # RecursionError: "[[[[…"
+        too_large = path.stat().st_size > MAX_POSTS_FILE_BYTES
+        data = None if too_large else read_json_state(path)
+    except (OSError, ConfigError):
         raise bad("not readable JSON") from None
+    if too_large:
+        raise bad("larger than a host ever writes")
     if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(data.get("posts"), list) \
             or set(data) != {"version", "posts"} or len(data["posts"]) > MAX_KEPT_POSTS:
         raise bad('not {"version": 1, "posts": [...]}')

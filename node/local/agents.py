@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from node.common.errors import AgentError, ConfigError, KithError, UsageError
+from node.common.home import read_json_state
 
 #: The agents file in a home.
 AGENTS_FILE = "agents.json"
@@ -350,7 +351,10 @@ def load_agents(home: Path | str) -> dict[str, Agent]:
     finally:
         os.close(fd)
     try:
-        doc = json.loads(raw)
+        doc = read_json_state(path, data=raw)
+    except ConfigError:
+        raise ConfigError("agents-file-invalid", "agents.json is not a valid agents file") from None
+    try:
         rows = doc["agents"]
         if not isinstance(rows, list):
             raise TypeError("agents")
@@ -374,7 +378,7 @@ def load_agents(home: Path | str) -> dict[str, Agent]:
                 except KithError:
                     raise ValueError(agent.until) from None
             agents[agent.name] = agent
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # RecursionError: "[[[[…"
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise ConfigError("agents-file-invalid", "agents.json is not a valid agents file") from None
     return agents
 

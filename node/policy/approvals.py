@@ -31,8 +31,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from node.common.errors import PolicyError
-from node.common.home import atomic_write
+from node.common.errors import ConfigError, PolicyError
+from node.common.home import atomic_write, read_json_state
 
 APPROVALS_DIR = "approvals"
 PROMOTED_FILE = "promoted.json"
@@ -179,8 +179,8 @@ class Approvals:
                 data = fh.read(MAX_FILE_BYTES + 1)
             if len(data) > MAX_FILE_BYTES:
                 return None
-            return json.loads(data.decode("utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[…"
+            return read_json_state(path, data=data)
+        except (OSError, ConfigError):
             return None
 
     def _load_dir(self, folder: Path) -> dict[str, ApprovalRequest]:

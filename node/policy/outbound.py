@@ -591,11 +591,14 @@ def read_log(home: Path | str, *, agent: str | None = None, peer: str | None = N
 
 # --- approvals ---------------------------------------------------------------------------------
 def _approvals(home: Path) -> dict[str, Any]:
+    from node.common.errors import ConfigError
+    from node.common.home import read_json_state
+
     try:
-        doc = json.loads((home / APPROVALS_FILE).read_text())
-        return doc if isinstance(doc, dict) else {}
-    except (FileNotFoundError, ValueError):
+        doc = read_json_state(home / APPROVALS_FILE)
+    except (OSError, ConfigError):
         return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def _save_approvals(home: Path, doc: dict[str, Any]) -> None:

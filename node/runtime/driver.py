@@ -111,7 +111,8 @@ class SessionOutcome:
             host on SIGTERM: ``{"action": "end", "reason": "shutdown"}``), else None —
             recorded as it arrives, even while a hook is still running.
         ended_at: Unix time (s) when the engine ended the session — before the stream is
-            flushed and closed, which may take up to a few seconds with a dead peer.
+            flushed and closed, which may take up to a few seconds with a dead peer; always
+            set once :func:`run_session` returned (the host's ``session-ended`` carries it).
         last_heard_at: Unix time (s) of the peer's last complete frame when the session
             ended (for ``peer-unresponsive``: since when the peer has been silent), or None
             before the handshake.
@@ -500,8 +501,10 @@ async def run_session(
             if engine.close_event is not None and outcome.reason == "aborted" and outcome.code is None:
                 ev = engine.close_event
                 outcome.reason, outcome.code, outcome.message = ev.reason, ev.code, ev.message
+            if outcome.ended_at is None:  # the processor was cancelled before it took the close event
+                outcome.ended_at = time.time()  # (a receiver seeing EOF cancels at once): the end is now
             if outcome.last_heard_at is None and engine.session_id is not None:
-                outcome.last_heard_at = time.time() - engine.timers.silence(engine.clock())
+                outcome.last_heard_at = outcome.ended_at - engine.timers.silence(engine.clock())
             try:
                 with anyio.move_on_after(2):
                     await flush()

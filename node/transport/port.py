@@ -33,9 +33,12 @@ def load_port(home: Path) -> int | None:
     """The port this home's host bound last, or None (no file, or one that is not a
     ``{"version": 1, "port": 1-65535}`` object: a bad file is ignored and rewritten at the
     next bind — it holds nothing that could not be chosen again)."""
+    from node.common.errors import ConfigError
+    from node.common.home import read_json_state
+
     try:
-        data = json.loads((Path(home) / PORT_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # RecursionError: "[[[[…"
+        data = read_json_state(Path(home) / PORT_FILE)
+    except (OSError, ConfigError):
         return None
     port = data.get("port") if isinstance(data, dict) and data.get("version") == 1 else None
     return port if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 else None

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from node.common.errors import ConfigError, PolicyError
-from node.common.home import atomic_write
+from node.common.home import atomic_write, read_json_state
 from node.common.names import name_skeleton, name_skeletons  # noqa: F401 - re-exported
 from node.trust.signing import PUBLIC_KEY_HEX_LEN, check_hex
 
@@ -86,8 +86,8 @@ def clean_profile(raw: Any) -> dict[str, str]:
 def load_own_profile(home: Path) -> dict[str, str]:
     """This node's shared profile (``<home>/profile.json``; missing or invalid → ``{}``)."""
     try:
-        raw = json.loads((Path(home) / PROFILE_FILE).read_text("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        raw = read_json_state(Path(home) / PROFILE_FILE)
+    except (OSError, ConfigError):
         return {}
     return clean_profile(raw)
 
@@ -185,17 +185,15 @@ class PeerRegistry:
             data = path.read_bytes()
             if len(data) > MAX_REGISTRY_BYTES:
                 raise ConfigError("config-invalid", f"{PEERS_FILE} is larger than {MAX_REGISTRY_BYTES} bytes")
-            raw = json.loads(data.decode("utf-8"))
         except FileNotFoundError:
             return cls(path, {})
         except OSError as exc:  # unreadable is not invalid: never suggest moving it aside
             from node.common.dbfaults import io_error
 
             raise io_error(str(path), exc.strerror or type(exc).__name__) from None
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):  # RecursionError: "[[[[…"
-            raise ConfigError("config-invalid", f"{PEERS_FILE} is not valid JSON",
+        raw = read_json_state(path, data=data,
                               hint=f"fix it, or move it aside (mv {PEERS_FILE} {PEERS_FILE}.bad): this home then "
-                                   "pins no peer, and `kith peers add NAME KEY` pins each again") from None
+                                   "pins no peer, and `kith peers add NAME KEY` pins each again")
         peers: dict[str, PeerRecord] = {}
         blocked: dict[str, BlockRecord] = {}
         try:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from node.common.errors import ConfigError, KithError, SigningError
-from node.common.home import atomic_write
+from node.common.home import atomic_write, read_json_state
 from node.trust.binding import MAX_CHAIN_LINKS, check_device_name, device_link, verify_chain
 from node.trust.identity import Identity
 from node.trust.invitation import rfc3339
@@ -223,16 +223,14 @@ def load_person(home: Path) -> PersonRecord | None:
     """
     path = home / PERSON_FILE
     try:
-        raw = json.loads(path.read_text("utf-8"))
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
     except OSError as exc:  # unreadable is not invalid
         from node.common.dbfaults import io_error
 
         raise io_error(str(path), exc.strerror or type(exc).__name__) from None
-    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[…"
-        raise ConfigError("config-invalid", f"{PERSON_FILE} is not valid JSON",
-                          hint=f"restore {PERSON_FILE} (the signed person record) from a backup") from None
+    raw = read_json_state(path, data=data, hint=f"restore {PERSON_FILE} (the signed person record) from a backup")
     return person_from_json(raw)
 
 
@@ -350,9 +348,14 @@ def own_chain(home: Path, device_key: str) -> list[dict[str, Any]] | None:
 def own_revocation(home: Path) -> dict[str, Any] | None:
     """The newest revocation list of this home's person kept in ``revocations.json``
     (wire shape; specs/peers.md §10), which this device carries beside its chain, or None."""
+    return revocation_of(home, load_person(home))
+
+
+def revocation_of(home: Path, rec: PersonRecord | None) -> dict[str, Any] | None:
+    """:func:`own_revocation` for a person record read already (``rec``; None: no person,
+    no list): a caller that holds the record reads ``person.json`` once."""
     from node.trust.revocation_list import RevocationStore
 
-    rec = load_person(home)
     return None if rec is None else RevocationStore.load(home).list_for(rec.person_key)
 
 
@@ -432,5 +435,5 @@ def _revoke_device(home: Path, device_name: str, device_key: str | None) -> tupl
 
 
 __all__ = ["PERSON_FILE", "PERSON_KEY_FILE", "PersonRecord", "bind_device", "default_device_name", "device_keys_named", "init_person",
-           "load_person", "load_person_secret", "own_chain", "person_lock", "own_revocation", "revoke_device", "person_from_json", "recovery_secret_of", "recovery_seed",
+           "load_person", "load_person_secret", "own_chain", "person_lock", "own_revocation", "revocation_of", "revoke_device", "person_from_json", "recovery_secret_of", "recovery_seed",
            "recovery_words", "save_person"]

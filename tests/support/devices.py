@@ -8,7 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from support.cli import KITH, kith, next_line, pending
+from support.cli import KITH, kith, next_line, pending, readline
 
 
 class Offer:
@@ -52,7 +52,7 @@ def pair_device(holder: Path, new_home: Path, name: str = "laptop") -> str:
     device's key."""
     offer = Offer(holder)
     joiner = join_offer(new_home, offer.code, name=name)
-    assert json.loads(joiner.stdout.readline())["event"] == "pairing-words"
+    assert json.loads(readline(joiner, 60))["event"] == "pairing-words"
     offer.answer("yes")
     _out, err = joiner.communicate(timeout=30)
     assert joiner.returncode == 0, err

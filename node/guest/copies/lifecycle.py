@@ -123,13 +123,16 @@ def stale(store: CopyStore) -> bool:
     return grant.get("stamp") != synced
 
 
-def expire_copies(home: Path, now: float | None = None, *, notify: Notify | None = None) -> list[dict[str, Any]]:
+def expire_copies(home: Path, now: float | None = None, *, notify: Notify | None = None,
+                  cache: Any = None) -> list[dict[str, Any]]:
     """Delete every copy of ``home`` whose end (:meth:`CopyStore.until`) has passed, without
-    asking its host (specs/copies.md §5: this relies on this node doing so); the notices."""
+    asking its host (specs/copies.md §5: this relies on this node doing so); the notices.
+    ``cache``: the caller's :class:`node.guest.copies.store.OpenCopies` (what it last read
+    of each copy: the runner's steps read a grant.json again only when it changed), or None."""
     t = time.time() if now is None else now
     out = []
-    for row in list_copies(home):
-        store = CopyStore(home, row["peer"])
+    for row in list_copies(home, cache=cache):
+        store = CopyStore(home, row["peer"], cache=cache)
         if "error" not in row and store.expired(t):
             got = _ended_copy(store, "expired", notify)
             if got is not None:
@@ -159,11 +162,12 @@ WITHDRAWN_FILE = "withdrawn.json"
 def withdrawn_sources(store: CopyStore) -> set[str]:
     """The sources recorded as withdrawn for ``store`` (:data:`WITHDRAWN_FILE`); empty when
     none, or the file cannot be read (the next sync deletes what the host withdrew anyway)."""
-    import json
+    from node.common.errors import ConfigError
+    from node.common.home import read_json_state
 
     try:
-        data = json.loads((store.dir / WITHDRAWN_FILE).read_text("utf-8"))
-    except (OSError, ValueError):
+        data = read_json_state(store.dir / WITHDRAWN_FILE)
+    except (OSError, ConfigError):
         return set()
     got = data.get("sources") if isinstance(data, dict) else None
     return {s for s in got if isinstance(s, str)} if isinstance(got, list) else set()

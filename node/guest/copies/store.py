@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from node.common.errors import ConfigError, KithError, PolicyError
-from node.common.home import COPIES_DIR, atomic_write
+from node.common.home import COPIES_DIR, atomic_write, read_json_state
 
 #: ``<home>/copies/`` (:data:`node.common.home.COPIES_DIR`): every copy this node keeps, one
 #: folder per pinned peer name.
@@ -121,8 +121,8 @@ class CopyStore:
             return {"v": 1, "peer": self.peer, "hostKey": None, "syncedAt": None, "maxBytes": None,
                     "documents": {}}
         try:
-            state = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):  # RecursionError: "[[[[…"
+            state = read_json_state(self.path)
+        except (OSError, ConfigError):
             raise ConfigError("config-invalid", f"copies/{self.peer}/{MANIFEST_FILE} cannot be read",
                               hint=self._remake_hint) from None
         if not isinstance(state, dict) or not isinstance(state.get("documents"), dict):
@@ -473,22 +473,21 @@ class CopyStore:
         """``grant.json``: the copy grant state the host's last handshake told this node
         (``{"stamp", "until", "seenAt"}``), or None (never told, or unreadable). Read again
         only when the file's inode, modification time or size changed (every search of a
-        copy asks for its end; :class:`OpenCopies` keeps what was read)."""
-        path = self.dir / GRANT_FILE
-        grants = self.cache.grants if self.cache is not None else {}
-        try:
-            st = path.stat()
-            key = (st.st_ino, st.st_mtime_ns, st.st_size)
-            seen = grants.get(path)
-            if seen is not None and seen[0] == key:
-                return dict(seen[1]) if seen[1] is not None else None
-            got = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):  # RecursionError: "[[[[…"
-            return None
-        got = got if isinstance(got, dict) else None
-        if len(grants) >= 256:
-            grants.clear()
-        grants[path] = (key, got)
+        copy asks for its end, the runner's every step; :class:`OpenCopies` keeps the
+        :class:`node.guest.peerview.FileView` of each copy's file)."""
+        if self.cache is None:
+            got = _read_grant(self.dir)
+        else:
+            grants = self.cache.grants
+            path = self.dir / GRANT_FILE
+            view = grants.get(path)
+            if view is None:
+                from node.guest.peerview import FileView
+
+                if len(grants) >= 256:
+                    grants.clear()
+                view = grants[path] = FileView(self.dir, GRANT_FILE, _read_grant)
+            got = view.now()
         return dict(got) if got is not None else None
 
     def write_grant(self, state: dict[str, Any], now: float) -> None:
@@ -545,15 +544,16 @@ def reindex_copies(home: Path) -> list[str]:
             if "error" not in row and CopyStore(home, row["peer"]).reindex_if_outdated(force=True)]
 
 
-def list_copies(home: Path) -> list[dict[str, Any]]:
+def list_copies(home: Path, *, cache: "OpenCopies | None" = None) -> list[dict[str, Any]]:
     """Every copy of ``home`` (:meth:`CopyStore.summary`), by peer name; a damaged one is a
-    row with ``error`` that the background tasks (expiry, re-sync, re-index) leave alone."""
+    row with ``error`` that the background tasks (expiry, re-sync, re-index) leave alone.
+    ``cache``: as :class:`CopyStore`'s (the runner's: each grant.json read once until it changes)."""
     from node.trust.peers import NAME_RE
 
     root = copies_root(home)
     if not root.is_dir():
         return []
-    return [CopyStore(home, d.name).summary() for d in sorted(root.iterdir())
+    return [CopyStore(home, d.name, cache=cache).summary() for d in sorted(root.iterdir())
             if d.is_dir() and NAME_RE.fullmatch(d.name) and (d / MANIFEST_FILE).is_file()]
 
 
@@ -583,6 +583,15 @@ class _OpenCopy:
         self.retired = False
 
 
+def _read_grant(folder: Path) -> dict[str, Any] | None:
+    """What ``folder``'s ``grant.json`` holds, or None (none, or unreadable)."""
+    try:
+        got = read_json_state(folder / GRANT_FILE)
+    except (OSError, ConfigError):
+        return None
+    return got if isinstance(got, dict) else None
+
+
 class OpenCopies:
     """What one process keeps of the copies it searches: the copies held open (their index,
     manifest and id maps; at most ``max_open``, least recently used closed first), when each
@@ -597,8 +606,9 @@ class OpenCopies:
         #: copy folder → the manifest's mtime_ns when its index was last found current
         #: (:meth:`CopyStore.reindex_if_outdated`; the code's schema cannot change within a process)
         self.current: dict[Path, int] = {}
-        #: grant.json path → ((inode, mtime_ns, size), what it held) (:meth:`CopyStore.grant`)
-        self.grants: dict[Path, tuple[tuple[int, int, int], dict[str, Any] | None]] = {}
+        #: grant.json path → its view, read again only when the file changed
+        #: (:class:`node.guest.peerview.FileView`; :meth:`CopyStore.grant`)
+        self.grants: dict[Path, Any] = {}
 
     def held(self, folder: Path) -> "_OpenCopy | None":
         """The copy held open for ``folder``, or None."""

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from node.common.errors import ConfigError, KithError
 from node.guest.copies.lifecycle import expire_copies, stale
-from node.guest.copies.store import CopyStore, list_copies
+from node.guest.copies.store import CopyStore, OpenCopies, list_copies
 from node.guest.copies.sync import sync_with_pool
 from node.runtime.clock import SYSTEM_CLOCK, Clock
 
@@ -51,6 +51,9 @@ class CopiesTask:
         #: peer -> the grant stamp its handshakes had told (``grant.json``) when its last
         #: sync started: a stale copy whose host is being retried waits only while it is that
         self._tried: dict[str, Any] = {}
+        #: what the steps last read of each copy's grant.json (:attr:`OpenCopies.grants`):
+        #: read again only when the file changed, not at every step for every copy
+        self._read = OpenCopies()
 
     async def step(self, runner: Any) -> float:
         """Delete the copies past their end (:func:`expire_copies`, a ``copy-ended`` event
@@ -58,13 +61,13 @@ class CopiesTask:
         :func:`stale`, unless their host is being retried and no handshake told another
         grant since that try — (:meth:`node.guest.runner.Runner.spawn`); the seconds until
         the next is."""
-        expire_copies(self.home, notify=self.listener(runner))
+        expire_copies(self.home, notify=self.listener(runner), cache=self._read)
         now = self.clock.monotonic()
-        for row in list_copies(self.home):
+        for row in list_copies(self.home, cache=self._read):
             peer = row["peer"]
             if peer in self._running or "error" in row:
                 continue  # a damaged copy waits for `kith copies remove` (its row says so)
-            store = CopyStore(self.home, peer)
+            store = CopyStore(self.home, peer, cache=self._read)
             told = (store.grant() or {}).get("stamp")
             if self._due.get(peer, 0.0) > now and (
                     not stale(store) or peer in self._backoff and self._tried.get(peer) == told):

@@ -47,10 +47,11 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from node.answer import readable
-from node.common.errors import CorpusError, KithError
+from node.common.errors import ConfigError, CorpusError, KithError
 from node.common.http import base_url_of, bind_socket, is_loopback, read_body, serve_app_in_thread, serve_forever
 from node.answer import contract
 from node.common.grants import until_text
+from node.common.home import read_json_state
 from node.answer.holder import CorpusHolder
 from node.local.dashboard.guard import COOKIE, SECURITY_HEADERS, Door, Guard, refusal_page, session_cookie
 
@@ -637,7 +638,6 @@ def new_login_link(home: Path | str, *, timeout_s: float = 5.0) -> str:
         CorpusError: ``dashboard-not-running`` when no dashboard of this home runs (no
             file, or its pid is gone) or it did not answer within ``timeout_s``.
     """
-    import json
     import os
     import signal
     import time
@@ -645,16 +645,16 @@ def new_login_link(home: Path | str, *, timeout_s: float = 5.0) -> str:
     path = Path(home) / LOGIN_FILE
     hint = "start one with `kith dashboard`"
     try:
-        before = json.loads(path.read_text("utf-8"))
+        before = read_json_state(path)
         pid = int(before["pid"])
         os.kill(pid, signal.SIGUSR1)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ConfigError, ValueError, KeyError, TypeError):
         raise CorpusError("dashboard-not-running", f"No `kith dashboard` is running for {home}.", hint=hint) from None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            now = json.loads(path.read_text("utf-8"))
-        except (OSError, ValueError):
+            now = read_json_state(path)
+        except (OSError, ConfigError):
             now = before
         if now.get("login") != before.get("login"):
             return str(now["login"])
