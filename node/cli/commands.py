@@ -394,7 +394,7 @@ def join_cmd(
     home = identity_home_of(ctx)
     mode = transport.mode(home, "join")
     guest = Guest(home, mode=mode, local=mode.offline)  # the asking side of this process
-    identity = guest.identity
+    guest.identity  # loaded (a damaged identity refused) before anything else
     person = load_person(home)  # a damaged record fails here, with its hint, not as the host's refusal; read once
     for text in query:  # refused here, with the code every entry point uses, before connecting
         try:
