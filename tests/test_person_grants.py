@@ -296,6 +296,44 @@ def test_a_list_landing_in_the_home_ends_a_live_session_through_the_watcher(tmp_
     assert [(e["via"], e["sessions_ended"]) for e in host.of("device-revoked")] == [("import", 1)]
 
 
+def test_a_list_the_host_takes_between_the_ready_verdict_and_the_session_start_ends_the_session(tmp_path):
+    """The window between the door's verdict at ``_session_ready`` and the session being
+    recorded ready (the engine's event waits its turn on the driver's queue, where the
+    watcher's poll may run): a list the watcher takes there, revoking a device no pin has seen yet, still ends that session
+    with ``session-device-revoked`` — its person is known to the table from the verdict on
+    (specs/peers.md §5). The watcher's poll is run exactly inside the window, just before
+    the table records the session ready."""
+    home = _home(tmp_path)
+    alice = Person()
+    pin_person(PeerRegistry.load(home), "alice", alice.key)
+    laptop, chain = alice.device("laptop")  # its first handshake here: no pin has seen it
+    stolen = check_list(alice.revoke("laptop", seq=0))
+
+    async def scenario(tg, host):
+        table, watcher = host.host.table, host.host.peers_watcher
+        record_ready = table.session_ready
+        taken: list[list[dict]] = []
+
+        def session_ready(token, *args, **kw):  # the door admitted it; it is not recorded ready yet
+            if not taken:
+                RevocationStore.load(home).offer(stolen, via="import", now=WHEN)
+                watcher.poll()  # the watcher's tick, exactly inside the window
+                taken.append(host.of("device-revoked"))
+            return record_ready(token, *args, **kw)
+
+        table.session_ready = session_ready
+        g = await _open(tg, host, laptop, chain)
+        await host.until(lambda: g.outcome is not None and host.of("session-ended"))
+        return g, taken
+
+    host, (g, taken) = _run(home, scenario)
+    assert [(e["via"], e["sessions_ended"]) for e in taken[0]] == [("import", 1)]
+    ended = [e for e in host.of("session-ended") if e["peer"] == laptop.public_key]
+    assert [e["code"] for e in ended] == ["session-device-revoked"] and not g.results
+    assert ("session-device-revoked" in [c for c, _ in g.outcome.remote_errors]
+            or g.outcome.code == "session-device-revoked")
+
+
 def test_a_forged_or_foreign_or_oversized_revocation_list_is_refused_in_the_handshake(tmp_path):
     home = _home(tmp_path)
     alice, mallory = Person(), Person()

@@ -205,7 +205,7 @@ class Connection:
             "host", setup.spec, public_key=identity.public_key, sign=identity.sign,
             host=HostConfig(remote_id=self.remote, post_protocol=self.post_protocol, nonce_unseen=self.nonce_unseen,
                             profile=setup.profile, ui_bundle=setup.ui_bundle, named_post=self.named_post,
-                            card=setup.card, card_v1=setup.card_v1, copy_state=self.copy_state, **engine_seams(self.door, self.visit)),
+                            card=setup.card, card_v1=setup.card_v1, copy_state=self.copy_state, **self._seams()),
             egress_check=self.egress)
         with self.session_scope:  # cancelled when ended from outside (evicted, revoked, the owner)
             outcome = await run_session(self.stream, self.engine, setup.hooks, make_context=self.make_context,
@@ -227,6 +227,23 @@ class Connection:
             self.posts.record_failure(self.named, outcome.code or "")
         self.emit(self._ended(outcome.session_id, outcome.reason, outcome.code, outcome.ended_at,
                               refused=list(outcome.refused)[:32]))
+
+    def _seams(self) -> dict[str, Any]:
+        """The doorkeeper's admission seams for this visit, its ``admit_person`` telling the
+        table the admitted person in the same step as the verdict (no await between them:
+        a revocation the host takes before :meth:`make_context` still finds the session,
+        specs/peers.md §5)."""
+        seams = engine_seams(self.door, self.visit)
+        judge = seams["admit_person"]
+
+        def admit_person(person: Any, revocation: Any, deferred: str | None) -> None:
+            judge(person, revocation, deferred)  # raises HandshakeError for a refusal
+            pin = self.visit.pin if self.visit is not None else None
+            self.table.session_admitted(self.token, _person_record(person),
+                                        via_person=(pin.name, pin.public_key) if pin else None)
+
+        seams["admit_person"] = admit_person
+        return seams
 
     def _ended(self, session_id: str | None, reason: str, code: str | None, at: float, *,
                refused: list[str] | None = None) -> dict[str, Any]:
@@ -355,10 +372,7 @@ class Connection:
         name = rec.name if rec else None
         code = self.setup.pairing_code(ev.peer_public_key)
         pid = ev.peer_person  # the verified binding chain's PersonIdentity, or None (v1 guest)
-        person = None if pid is None else {"key": pid.person, "deviceName": pid.device_name,
-                                           "earlier": list(pid.earlier)}
-        used_up = self.table.session_ready(self.token, ev.session_id, code, person,
-                                           via_person=(pin.name, pin.public_key) if pin else None)
+        used_up = self.table.session_ready(self.token, ev.session_id, code)  # its person: at admit_person
         self.table.succeeded(self.remote)
         post = ev.proof.get("post_id", "")
         self.posts.used(post)  # kept at once: a restart goes on counting (file mode)
@@ -389,6 +403,12 @@ class Connection:
                                                      lambda status: table.activity(token, status),
                                                      self.tap.answered),
                            logger=logging.getLogger("kith.hooks." + self.setup.spec.name))
+
+
+def _person_record(pid: Any) -> dict[str, Any] | None:
+    """The session table's record of a verified ``PersonIdentity`` (``{"key", "deviceName",
+    "earlier"}``), or None for a guest without a chain."""
+    return None if pid is None else {"key": pid.person, "deviceName": pid.device_name, "earlier": list(pid.earlier)}
 
 
 __all__ = ["Answering", "Connection", "FIRST_STREAM_TIMEOUT_S", "SessionSetup", "Wiring"]

@@ -108,8 +108,10 @@ class _Session:
         busy: queries being answered right now (a session answering is never evicted).
         ready / session_id / since / pairing_code: set once the handshake completed
             (``since`` in Unix s).
+        admitted: the door admitted it at ``_session_ready`` (:meth:`SessionTable.session_admitted`):
+            its handshake is over on the engine's side, though not yet recorded as ready.
         person: the guest's verified person identity (``{"key", "deviceName", "earlier"}``)
-            once ready, or None (device-key-only identity).
+            once admitted, or None (device-key-only identity).
         via_person: the person key of the person pin (``kith peers add --devices``) whose
             grants this device holds, or None (it holds its own, or none).
         post: the post whose use count this session reserved, or None.
@@ -127,6 +129,7 @@ class _Session:
     last_active: float
     busy: int = 0
     ready: bool = False
+    admitted: bool = False
     session_id: str | None = None
     since: float | None = None
     pairing_code: str | None = None
@@ -393,18 +396,36 @@ class SessionTable:
         return False
 
     # ------------------------------------------------------------ life of a session
-    def session_ready(self, token: int, session_id: str | None = None, pairing_code: str | None = None,
-                      person: dict[str, Any] | None = None, via_person: tuple[str, str] | None = None) -> bool:
-        """The session completed its handshake: its post reservation is kept for good.
+    def session_admitted(self, token: int, person: dict[str, Any] | None = None,
+                         via_person: tuple[str, str] | None = None) -> None:
+        """The door admitted session ``token`` at ``_session_ready``: from now on a
+        revocation list, block or removal naming its verified person or its person pin ends
+        it (:meth:`end_sessions`, with the ready session's code: the engine's handshake is
+        over). Called in the same step as the verdict, before :meth:`session_ready`, so no
+        list the host takes in between goes unmatched (specs/peers.md §5).
 
         Args:
-            session_id: its id (64 hex); pairing_code: the words both sides can compare
-                (:func:`node.trust.pairing.pairing_code`); person: the guest's verified
-                person (``{"key", "deviceName", "earlier"}``) or None.
+            person: the guest's verified person (``{"key", "deviceName", "earlier"}``) or None.
             via_person: ``(pin name, person key)`` when the device holds a person pin's
                 grants (specs/peers.md §10): the session is listed under that name, a
                 removal or block of the person ends it, and from now on it is a pinned
                 peer's session — out of the anonymous share and never evicted.
+        """
+        s = self._sessions.get(token)
+        if s is None:
+            return
+        s.admitted, s.person = True, person
+        if via_person is not None:
+            s.name, s.via_person = via_person
+            s.anonymous = False  # it came in on an anonymous slot (its device key is not pinned)
+
+    def session_ready(self, token: int, session_id: str | None = None, pairing_code: str | None = None) -> bool:
+        """The session completed its handshake: its post reservation is kept for good
+        (its person was recorded by :meth:`session_admitted`).
+
+        Args:
+            session_id: its id (64 hex); pairing_code: the words both sides can compare
+                (:func:`node.trust.pairing.pairing_code`).
 
         Returns:
             True when its post is now used up here (``post_max_sessions`` reached).
@@ -412,12 +433,9 @@ class SessionTable:
         s = self._sessions.get(token)
         if s is None:
             return False
-        s.ready = True
+        s.ready = s.admitted = True
         s.last_active = self.clock.monotonic()
-        s.session_id, s.since, s.pairing_code, s.person = session_id, self.clock.time(), pairing_code, person
-        if via_person is not None:
-            s.name, s.via_person = via_person
-            s.anonymous = False  # it came in on an anonymous slot (its device key is not pinned)
+        s.session_id, s.since, s.pairing_code = session_id, self.clock.time(), pairing_code
         limit = self.post_limit(s.post) if s.post is not None else None
         return s.post is not None and limit is not None and self._claimed.get(s.post, 0) >= limit
 
@@ -491,7 +509,8 @@ class SessionTable:
                      of_persons: Collection[str] | None = None) -> int:
         """End every live session of ``peer`` now (specs/peers.md §5).
 
-        A ready session is told ``_error code``; one still in its handshake gets
+        A ready (or admitted, :meth:`session_admitted`) session is told ``_error code``;
+        one still in its handshake gets
         ``_session_reject handshake_code`` (default: ``code``). ``peer`` is a device key or
         a person key (then every device whose verified chain names it, and every device
         holding that person pin's grants).
@@ -517,7 +536,7 @@ class SessionTable:
             if of_persons is not None and not {s.via_person, (s.person or {}).get("key"),
                                                *(s.person or {}).get("earlier", ())} & set(of_persons):
                 continue
-            sent = code if s.ready else (handshake_code or code)
+            sent = code if s.admitted else (handshake_code or code)
             n += self.end(token, sent, message, cause="revoked")
         return n
 
