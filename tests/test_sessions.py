@@ -145,6 +145,21 @@ def test_end_sessions_ends_every_session_of_a_key_and_frees_the_slots():
     assert b1 not in s.ended
 
 
+def test_a_list_of_its_person_ends_a_session_admitted_but_not_yet_ready_with_the_ready_code():
+    """From the door's verdict at ``_session_ready`` on (:meth:`SessionTable.session_admitted`)
+    a revocation list of the session's verified person finds it, before the host records it
+    ready; one still in its handshake, whose person is not known yet, is not a list's to end
+    (specs/peers.md §5, §10)."""
+    adm, s, _ = make(max_sessions=4, max_sessions_per_peer=4)
+    admitted, _ = s.open(A)
+    shaking, _ = s.open(A)
+    adm.session_admitted(admitted, {"key": C, "deviceName": "laptop", "earlier": []})
+    assert adm.end_sessions(A, "session-device-revoked", handshake_code="handshake-device-revoked",
+                            of_persons=[C]) == 1
+    assert s.ended == {admitted: "session-device-revoked"}
+    assert shaking not in s.ended and adm.sessions_of(A) == 1
+
+
 def test_admission_predicate(tmp_path):
     reg = PeerRegistry.load(tmp_path)
     reg.add("alice", A)
@@ -431,7 +446,8 @@ def test_a_device_holding_a_person_pins_grants_is_a_pinned_session_never_evicted
     adm, s, events = make(max_sessions=4, anonymous_sessions=1, evict_idle_after_s=30.0)
     laptop, refused = s.open(A, anonymous=True)
     assert refused is None
-    adm.session_ready(laptop, "1" * 64, via_person=("alice", "d" * 64))
+    adm.session_admitted(laptop, via_person=("alice", "d" * 64))  # the door's verdict at _session_ready
+    adm.session_ready(laptop, "1" * 64)
     adm.clock.advance(QUIET_AFTER_S + 60.0)  # quiet, and idle past --evict-idle-after
     stranger, refused = s.open(B, anonymous=True)
     assert refused is None and s.ended == {}  # the stranger took the free anonymous slot
