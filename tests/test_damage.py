@@ -1106,3 +1106,43 @@ def test_damaged_held_mail_refuses_the_holders_start_with_the_mv_that_moves_it(t
     h = HostProcess(home, "--hold-mail", "127.0.0.1:0", "--invite-file", str(tmp_path / "inv.json"))
     code, _out, err = h.stop()
     assert code == 0 and "Traceback" not in err, err
+
+
+def _seen_rows(path: Path) -> None:
+    """``path`` as a host's sealed seen set with rows in it (pages enough that a truncated
+    copy loses some)."""
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE sealed_seen (key TEXT PRIMARY KEY, until INTEGER NOT NULL, reply TEXT, "
+               "done INTEGER NOT NULL)")
+    db.executemany("INSERT INTO sealed_seen VALUES (?, ?, NULL, 1)",
+                   [(f"question:{i:064x}:{i:032x}", 4_000_000_000) for i in range(2000)])
+    db.commit()
+    db.close()
+
+
+@pytest.mark.iroh
+@pytest.mark.parametrize("damage", [garbage, truncated, folder], ids=lambda d: d.__name__)
+def test_a_damaged_sealed_seen_set_refuses_the_mailbox_hosts_start_with_its_way_out(tmp_path, damage):
+    """``<home>/sealed-seen.sqlite`` (the sealed questions a host answered, specs/sealed.md
+    §5) that cannot be read refuses ``kith host`` with a mailbox at start: its code, a hint
+    with the ``mv`` that moves it aside, no traceback, the file left as it was; following the
+    hint, the host starts (a folder in its place said "disk I/O error" with no way out)."""
+    from support.homes import initialized
+    from support.hosts import HostProcess
+
+    home = initialized(tmp_path / "h")
+    seen = home / "sealed-seen.sqlite"
+    _seen_rows(seen)
+    damage(seen)
+    before = _snapshot(home)
+    args = ("host", "--offline", "--hold-mail", "127.0.0.1:0", "--invite-file", str(tmp_path / "inv.json"))
+    r = kith(home, *args, timeout=60)
+    check(Ran(r.returncode, r.stdout, r.stderr), {"config-invalid"} if damage is not folder else {"io-error"})
+    assert f"mv {seen} {seen}.bad" in r.stderr, r.stderr
+    after = _snapshot(home)
+    assert {k: v for k, v in after.items() if k.startswith("sealed-seen")} == \
+        {k: v for k, v in before.items() if k.startswith("sealed-seen")}
+    shutil.move(str(seen), str(seen) + ".bad")
+    h = HostProcess(home, "--hold-mail", "127.0.0.1:0", "--invite-file", str(tmp_path / "inv.json"))
+    code, _out, err = h.stop()
+    assert code == 0 and "Traceback" not in err, err
