@@ -363,6 +363,32 @@ def test_a_background_fault_is_logged_once_until_it_changes(base_home, tmp_path,
     assert len(lines) == 2 and "[io-error]" in lines[1], lines
 
 
+def test_a_damaged_peers_json_under_outbox_run_is_told_once_not_a_traceback_per_step(base_home, tmp_path):
+    """`kith outbox run` with a question waiting and a ``peers.json`` that does not load:
+    one line with its code and hint (the runner's step fault, backed off), not a delivery
+    job failing with a traceback every 50 ms (each job died before backing the peer off, so
+    the step spawned it again at once)."""
+    import signal
+
+    from support.cli import kith_argv, lines_until
+
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    garbage(home / "peers.json")
+    proc = subprocess.Popen(kith_argv(home, "outbox", "run", "--offline"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        seen = lines_until(proc, proc.stderr, lambda line: "Traceback" in line or "[config-invalid]" in line,
+                           timeout=60)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _out, rest = proc.communicate(timeout=20)
+    err = "".join(seen) + rest
+    assert "Traceback" not in err, err[:3000]
+    told = [line for line in err.splitlines() if "[config-invalid]" in line]
+    assert len(told) == 1 and "peers.json" in told[0] and "hint: " in told[0], err
+
+
 # ---------------------------------------------------------- the host's posts and its port
 @pytest.fixture(scope="module")
 def hosted_home(base_home, tmp_path_factory) -> Path:
