@@ -114,6 +114,33 @@ def test_a_newer_schema_is_refused_with_the_version_it_needs(target: str) -> Non
         assert f"this server's {SCHEMA_VERSION}" in err.value.message
 
 
+def test_another_applications_database_is_refused_and_left_as_it_was(target: str, tmp_path: Path) -> None:
+    """A database with tables but no Kith schema version (another application's) is not
+    taken for an empty one: ``serve`` and ``migrate`` refuse it ``database-foreign`` with a
+    hint, and create nothing in it (they made the whole community schema beside its
+    tables)."""
+    _execute_all(target, [("CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT)", ()),
+                          ("INSERT INTO orders (id, item) VALUES (?, ?)", (1, "valve"))])
+    for migrate in (False, True):
+        with pytest.raises(CommunityError) as err:
+            open_store(target, migrate=migrate)
+        assert err.value.code == "database-foreign" and err.value.hint
+    r = subprocess.run(kith(tmp_path / "h", "community", "migrate", "--database-url", target),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "error [database-foreign]" in r.stderr and "hint:" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    if target.startswith("sqlite:"):
+        with sqlite3.connect(target[len("sqlite://"):]) as conn:
+            tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    else:
+        import psycopg
+
+        with psycopg.connect(target) as conn:
+            tables = [row[0] for row in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")]
+    assert tables == ["orders"]
+
+
 def test_an_empty_database_starts_at_the_current_version(target: str) -> None:
     store = open_store(target)
     try:

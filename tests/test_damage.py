@@ -362,6 +362,32 @@ def test_a_background_fault_is_logged_once_until_it_changes(base_home, tmp_path,
     assert len(lines) == 2 and "[io-error]" in lines[1], lines
 
 
+def test_a_damaged_peers_json_under_outbox_run_is_told_once_not_a_traceback_per_step(base_home, tmp_path):
+    """`kith outbox run` with a question waiting and a ``peers.json`` that does not load:
+    one line with its code and hint (the runner's step fault, backed off), not a delivery
+    job failing with a traceback every 50 ms (each job died before backing the peer off, so
+    the step spawned it again at once)."""
+    import signal
+
+    from support.cli import kith_argv, lines_until
+
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    garbage(home / "peers.json")
+    proc = subprocess.Popen(kith_argv(home, "outbox", "run", "--offline"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        seen = lines_until(proc, proc.stderr, lambda line: "Traceback" in line or "[config-invalid]" in line,
+                           timeout=60)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _out, rest = proc.communicate(timeout=20)
+    err = "".join(seen) + rest
+    assert "Traceback" not in err, err[:3000]
+    told = [line for line in err.splitlines() if "[config-invalid]" in line]
+    assert len(told) == 1 and "peers.json" in told[0] and "hint: " in told[0], err
+
+
 # ---------------------------------------------------------- the host's posts and its port
 @pytest.fixture(scope="module")
 def hosted_home(base_home, tmp_path_factory) -> Path:
@@ -1099,6 +1125,46 @@ def test_damaged_held_mail_refuses_the_holders_start_with_the_mv_that_moves_it(t
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "error [database-unavailable]" in r.stderr and f"`mv {held} {held}.bad`" in r.stderr, r.stderr
     shutil.move(str(held), str(held) + ".bad")
+    h = HostProcess(home, "--hold-mail", "127.0.0.1:0", "--invite-file", str(tmp_path / "inv.json"))
+    code, _out, err = h.stop()
+    assert code == 0 and "Traceback" not in err, err
+
+
+def _seen_rows(path: Path) -> None:
+    """``path`` as a host's sealed seen set with rows in it (pages enough that a truncated
+    copy loses some)."""
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE sealed_seen (key TEXT PRIMARY KEY, until INTEGER NOT NULL, reply TEXT, "
+               "done INTEGER NOT NULL)")
+    db.executemany("INSERT INTO sealed_seen VALUES (?, ?, NULL, 1)",
+                   [(f"question:{i:064x}:{i:032x}", 4_000_000_000) for i in range(2000)])
+    db.commit()
+    db.close()
+
+
+@pytest.mark.iroh
+@pytest.mark.parametrize("damage", [garbage, truncated, folder], ids=lambda d: d.__name__)
+def test_a_damaged_sealed_seen_set_refuses_the_mailbox_hosts_start_with_its_way_out(tmp_path, damage):
+    """``<home>/sealed-seen.sqlite`` (the sealed questions a host answered, specs/sealed.md
+    §5) that cannot be read refuses ``kith host`` with a mailbox at start: its code, a hint
+    with the ``mv`` that moves it aside, no traceback, the file left as it was; following the
+    hint, the host starts (a folder in its place said "disk I/O error" with no way out)."""
+    from support.homes import initialized
+    from support.hosts import HostProcess
+
+    home = initialized(tmp_path / "h")
+    seen = home / "sealed-seen.sqlite"
+    _seen_rows(seen)
+    damage(seen)
+    before = _snapshot(home)
+    args = ("host", "--offline", "--hold-mail", "127.0.0.1:0", "--invite-file", str(tmp_path / "inv.json"))
+    r = kith(home, *args, timeout=60)
+    check(Ran(r.returncode, r.stdout, r.stderr), {"config-invalid"} if damage is not folder else {"io-error"})
+    assert f"mv {seen} {seen}.bad" in r.stderr, r.stderr
+    after = _snapshot(home)
+    assert {k: v for k, v in after.items() if k.startswith("sealed-seen")} == \
+        {k: v for k, v in before.items() if k.startswith("sealed-seen")}
+    shutil.move(str(seen), str(seen) + ".bad")
     h = HostProcess(home, "--hold-mail", "127.0.0.1:0", "--invite-file", str(tmp_path / "inv.json"))
     code, _out, err = h.stop()
     assert code == 0 and "Traceback" not in err, err

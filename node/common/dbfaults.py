@@ -8,9 +8,11 @@ SQLite reports the cause in ``sqlite_errorname`` (Python 3.11+):
   partway) → ``disk-full``: never "corrupt", the file is intact; so is an ``SQLITE_IOERR``
   when the disk has less than 1 MiB free or the file reached ``RLIMIT_FSIZE`` (a write
   that failed at once: SQLite then reports an I/O error, not a full disk);
+- a folder in the place of the file (SQLite says only "disk I/O error" or "unable to open")
+  → ``io-error`` whose hint is the ``mv`` that moves the folder aside (:func:`os_fault`);
 - ``SQLITE_IOERR*``, ``SQLITE_READONLY*``, ``SQLITE_CANTOPEN*``, ``SQLITE_PERM``,
-  ``SQLITE_AUTH`` — the file cannot be read or written (no permission, a folder in its
-  place, a failing disk, a write past a file-size limit) → ``io-error``;
+  ``SQLITE_AUTH`` — the file cannot be read or written (no permission, a failing disk, a
+  write past a file-size limit) → ``io-error``;
 - ``SQLITE_CORRUPT*``, ``SQLITE_NOTADB`` — the bytes are not a (whole) database → the
   caller's own "corrupt" refusal, which names its repair;
 - anything else (``SQLITE_BUSY``, ``SQLITE_LOCKED``, a programming error) → None: not a
@@ -103,6 +105,8 @@ def sqlite_fault(exc: BaseException, path: Path | None, corrupt: Callable[[], Ki
     if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "file is not a database" in text \
             or "malformed" in text:
         return corrupt()
+    if path is not None and os.path.isdir(path):  # SQLite says only "disk I/O error" / "unable to open"
+        return os_fault(IsADirectoryError(errno.EISDIR, "Is a directory"), where)
     if name.startswith("SQLITE_IOERR") and path is not None and _looks_full(path):
         return disk_full(where)
     if name.startswith(("SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_AUTH")) \
@@ -113,8 +117,6 @@ def sqlite_fault(exc: BaseException, path: Path | None, corrupt: Callable[[], Ki
         why = {"SQLITE_READONLY": "the database is read-only", "SQLITE_CANTOPEN": "the database cannot be opened",
                "SQLITE_PERM": "permission denied"}.get(base, f"the database cannot be read or written: {text[:80]}")
         return io_error(where, why)
-    if path is not None and os.path.isdir(path):
-        return io_error(where, "a folder is in the place of the database file")
     return None
 
 

@@ -258,6 +258,9 @@ _ROWS: dict[str, tuple[str, ...]] = {
                                 "from the kith checkout: scripts/setup --postgres, or pip install '.[postgres]'"),
     "database-schema-old": ("community", "The community database's schema is older than this server's; run kith community migrate."),
     "database-schema-newer": ("community", "The community database's schema is newer than this server's; upgrade kith-node."),
+    "database-foreign": ("community", "The database holds tables but is not a Kith community database.",
+                         "give --database-url an empty database or one a Kith community server made; "
+                         "Kith never creates its tables among another application's"),
     "database-in-use": ("community", "Another server process is using this SQLite database."),
     "database-timeout": ("community", "A database statement took too long and was cancelled."),
     "invitation-host-offline": ("community", "The host of this invitation is not refreshing its lease (offline)."),

@@ -294,6 +294,10 @@ class CommunityStore:
     def _has_column(self, conn: _Conn, table: str, column: str) -> bool:
         raise NotImplementedError
 
+    def _has_any_table(self, conn: _Conn) -> bool:
+        """Whether the database (PostgreSQL: its current schema) holds any table."""
+        raise NotImplementedError
+
     def _run_script(self, conn: _Conn, template: str) -> None:
         for statement in self._sql(template).split(";"):
             if statement.strip():
@@ -341,12 +345,21 @@ class CommunityStore:
 
     def _open_schema(self, conn: _Conn, *, migrate: bool) -> list[int]:
         """At open: create an empty database at :data:`SCHEMA_VERSION`; with ``migrate``
-        bring an older one forward; otherwise refuse an older or a newer one."""
+        bring an older one forward; otherwise refuse an older or a newer one.
+
+        Raises:
+            CommunityError: ``database-schema-newer``, ``database-schema-old`` (without
+                ``migrate``), ``database-foreign`` (tables but no Kith schema version:
+                another application's database, never written into).
+        """
         version = self._version(conn)
         if version == SCHEMA_VERSION:
             return []
         if version > SCHEMA_VERSION:
             raise _schema_newer(version)
+        if version == 0 and self._has_any_table(conn):
+            raise CommunityError("database-foreign", f"{self.describe()} holds tables but no Kith community "
+                                 "schema version: not a Kith community database", status=0)
         if version == 0 or migrate:
             return self._migrate(conn, now=time.time())
         raise CommunityError(
@@ -1260,6 +1273,10 @@ class SqliteStore(CommunityStore):
         return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                             (name,)).fetchone() is not None
 
+    def _has_any_table(self, conn: _Conn) -> bool:
+        return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite!_%' "
+                            "ESCAPE '!' LIMIT 1").fetchone() is not None
+
     def _has_column(self, conn: _Conn, table: str, column: str) -> bool:
         return column in [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
 
@@ -1587,6 +1604,10 @@ class PostgresStore(CommunityStore):
     def _has_table(self, conn: _Conn, name: str) -> bool:
         return conn.execute("SELECT 1 FROM information_schema.tables WHERE table_schema = "
                             "current_schema() AND table_name = ?", (name,)).fetchone() is not None
+
+    def _has_any_table(self, conn: _Conn) -> bool:
+        return conn.execute("SELECT 1 FROM information_schema.tables WHERE table_schema = "
+                            "current_schema() LIMIT 1").fetchone() is not None
 
     def _has_column(self, conn: _Conn, table: str, column: str) -> bool:
         return conn.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = "

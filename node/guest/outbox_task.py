@@ -83,7 +83,12 @@ class OutboxTask:
 
     async def step(self, runner: Any) -> float:
         """Expire, then start a delivery job for every due peer; returns the seconds until
-        the next peer or row is due (at most the runner's poll)."""
+        the next peer or row is due (at most the runner's poll).
+
+        Raises:
+            KithError: the outbox or, while a question waits, ``peers.json`` does not load
+                (``config-invalid``, ``io-error``, ...): the runner tells it once and backs off.
+        """
         from node.guest.outbox import OUTBOX_FILE
 
         if self.store is None and not (self.home / OUTBOX_FILE).exists():
@@ -93,6 +98,8 @@ class OutboxTask:
         if expired:
             runner.emit(OutboxExpired(rows=expired).to_dict())
         peers = await anyio.to_thread.run_sync(store.open_peers)
+        if peers:  # a peers.json that does not load is this step's fault, told once by the runner
+            runner.guest.peers.now()
         now = runner.now()
         nxt = 1.0
         for key in peers:
@@ -125,7 +132,10 @@ class OutboxTask:
         assert store is not None
         try:
             for item in items:
-                registry = peers.now()  # read again only when peers.json changed
+                try:
+                    registry = peers.now()  # read again only when peers.json changed
+                except KithError:
+                    return  # damaged since the step read it: the next step says so (not a traceback per job)
                 rec = registry.by_name(item.peer_name)
                 if rec is None or rec.public_key != item.peer_key:
                     code = "peer-not-found" if rec is None else "outbox-peer-changed"
