@@ -130,3 +130,26 @@ def test_a_failing_task_or_job_never_stops_the_others_and_wake_steps_at_once(tmp
             tg.cancel_scope.cancel()
 
     anyio.run(main, backend="asyncio")
+
+
+def test_an_idle_home_runner_waits_between_steps_instead_of_spinning(tmp_path: Path) -> None:
+    """A home with nothing queued (no outbox, no copies): every task of the runner that
+    `kith host`, `api serve` and `mcp` start asks for a wait before its next step. A task
+    that answered 0 there made the runner step it again at once, for ever — an idle
+    `kith host --server` burned a whole core (the sealed outbox's step, before its file
+    existed)."""
+    from node.guest.runner import default_tasks
+
+    home = tmp_path / "home"
+    load_or_init_identity(home)
+    clock = ManualClock()
+    tasks = default_tasks(home, clock)
+    runner = Runner(Guest(home, clock=clock), tasks)
+
+    async def waits() -> dict[str, float]:
+        return {task.name: await task.step(runner) for task in tasks}
+
+    first = anyio.run(waits)
+    again = anyio.run(waits)  # and on the next step too (nothing was done in between)
+    assert all(w >= 1.0 for w in first.values()), first
+    assert all(w >= 1.0 for w in again.values()), again

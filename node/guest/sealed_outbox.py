@@ -107,8 +107,10 @@ class SealedOutboxTask:
                                           approval_id=results.get("approval_id")).to_dict())
 
         now = self.clock.monotonic()
-        if now - self._last < self.every_s or not (self.home / "outbox.sqlite").exists():
-            return max(0.0, self.every_s - (now - self._last))
+        if not (self.home / "outbox.sqlite").exists():
+            return self.every_s  # nothing was ever queued here: look again a step later, not at once
+        if now - self._last < self.every_s:
+            return self.every_s - (now - self._last)
         self._last = now
         identity = load_identity(self.home)
         chain = own_chain(self.home, identity.public_key)
