@@ -133,11 +133,25 @@ class SealedOutboxTask:
             # taken before anything is left: a run killed between leaving a question and
             # recording where (``leftWith``) finds its answer first, if one came, and does not
             # leave an answered question again
+            open_rows: dict[str, list[Any]] = {}
+            for row in rows:
+                open_rows.setdefault(row.question_id, []).append(row)
+
+            def on_answer(opened: Any, url: str) -> bool:
+                # the holder an answer came from is recorded on its row before it is stored:
+                # a run killed after storing it but before its ack (or one that left the
+                # question without recording where) reads that holder again next time, and
+                # acks the answer there instead of leaving it until it expires
+                for row in open_rows.get(opened.question_id, ()):
+                    if (row.question_id, row.peer_key) not in left and url in known[row.peer_key][0]:
+                        store.mark_left(row.question_id, row.peer_key, url)
+                return store_sealed_answer(store, opened, on_stored=report)
+
             for url in sorted(boxes):
                 try:
                     async with CommunityClient(url, identity) as client:
                         await take_step(client, identity, chain, clock=self.clock.time,
-                                        on_answer=lambda op: store_sealed_answer(store, op, on_stored=report))
+                                        on_answer=lambda op, url=url: on_answer(op, url))
                 except KithError as exc:
                     self._say(url, exc)
             for row in store.open_deliveries():  # the rows a take just answered are closed
