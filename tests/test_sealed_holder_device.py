@@ -149,8 +149,8 @@ def test_a_held_mailbox_refuses_records_of_strangers_and_keeps_its_persons(tmp_p
             assert refused.value.code == "mailbox-not-held"
             await client.put_sealed(record(stranger, laptop_key, "2" * 32))  # to the person's device: kept
 
-    with hold_mail(laptop, "127.0.0.1:0") as url:  # port 0: bound at once, never a port another took
-        asyncio.run(scenario(url))
+    with hold_mail(laptop, "127.0.0.1:0") as held:  # port 0: bound at once, never a port another took
+        asyncio.run(scenario(held.url))
         assert len(_held_ids(laptop)) == 1
 
 

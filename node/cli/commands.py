@@ -127,8 +127,8 @@ def host_cmd(
     json_out: bool = typer.Option(False, "--json", help="Invitation as JSON on the first stdout line, then one event object per line."),
     peers_only: bool = typer.Option(False, "--peers-only", help="Admit only guests pinned in the peer registry (kith peers add), or devices of a person pinned with --devices."),
     mailbox: bool = typer.Option(False, "--mailbox", help="With --server: take the sealed questions left for this device in the server's mailbox (at start, then every 5 s), answer each under this host's rules now, and leave the sealed answer there; this device's card names the mailbox (card format 2: older guests ignore it)."),
-    holder: list[str] = typer.Option([], "--holder", metavar="URL", help="Take sealed questions also from this holder, a device of your person running --hold-mail (repeatable, at most 3); this device's card names it, so askers leave questions there while this device sleeps."),
-    hold_mail: Optional[str] = typer.Option(None, "--hold-mail", metavar="HOST:PORT", help="Hold mail for your person's devices while this device is up: serve a mailbox on HOST:PORT (plain HTTP: loopback or LAN, or behind TLS) kept in <home>/mailbox.sqlite3, taking only sealed records to or from your person's devices (it opens only those sealed to this device too); this device's card names it (specs/sealed.md §7b)."),
+    holder: list[str] = typer.Option([], "--holder", metavar="URL", help="Take sealed questions also from this holder, a device of your person running --hold-mail: http://HOST:PORT, or iroh:TICKET for one reached over iroh (the ticket of its invitation, which its `kith host` prints) (repeatable, at most 3); this device's card names it, so askers leave questions there while this device sleeps."),
+    hold_mail: Optional[str] = typer.Option(None, "--hold-mail", metavar="HOST:PORT|iroh", help="Hold mail for your person's devices while this device is up, kept in <home>/mailbox.sqlite3, taking only sealed records to or from your person's devices (it opens only those sealed to this device too). HOST:PORT: served there over plain HTTP (loopback or LAN, or behind TLS) and over this host's iroh endpoint; iroh: over the iroh endpoint only (no HTTP listener). This device's card names it: http://HOST:PORT, or iroh:TICKET (specs/sealed.md §7b)."),
     share_ui: bool = typer.Option(False, "--share-ui", help="Offer the protocol's ui/ bundle to guests that join with --accept-host-ui."),
     max_sessions: Optional[int] = typer.Option(None, "--max-sessions", min=1, max=1_000_000, help="Sessions one post_id allows (1 = single-use); with --server a used-up or expired post is republished under a new post_id."),
     watch: bool = typer.Option(False, "--watch", help="Re-index added, changed and deleted files live (holds the index writer lock while hosting)."),
@@ -186,7 +186,8 @@ def host_cmd(
         try:
             check_mailboxes(list(holder))
         except KithError:
-            raise UsageError("usage", "--holder takes a holder's base URL: http(s)://HOST[:PORT][/path]") from None
+            raise UsageError("usage", "--holder takes a holder's base URL, http(s)://HOST[:PORT][/path], or "
+                                      "iroh:TICKET") from None
     opts.holders = list(holder)
     if hold_mail is not None:
         from node.host.sealed_host import parse_hold_mail

@@ -77,6 +77,9 @@ class CommunityClient:
             prefix (the API lives under ``<base_url>/api/v1``).
         identity: the identity that signs mutations; None for a read-only client.
         timeout_s: per-request timeout (connect, read, write, pool), in seconds.
+        transport: the httpx transport requests go through (None: HTTP); a holder over iroh
+            (:func:`node.community.iroh_mail.mail_client`) or this device's own held mail
+            (in-process ASGI) gives its own.
 
     Raises:
         UsageError: ``usage`` if ``base_url`` is not an http(s) URL with a host.
@@ -86,7 +89,7 @@ class CommunityClient:
     """
 
     def __init__(self, base_url: str, identity: Identity | None = None, *,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
         try:
             parts = urlsplit(base_url)
             valid = parts.scheme in ("http", "https") and bool(parts.hostname)
@@ -101,7 +104,7 @@ class CommunityClient:
         self._path_prefix = urlsplit(self.base_url).path.rstrip("/")
         self.identity = identity
         self.timeout_s = timeout_s
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s,
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, transport=transport,
                                        follow_redirects=False, trust_env=False)
 
     async def __aenter__(self) -> CommunityClient:

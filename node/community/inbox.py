@@ -261,7 +261,9 @@ async def leave_question(client: CommunityClient, identity: Identity, chain: lis
     Args:
         question_id: the outbox id (32 hex; the idempotency key). request: the flat request.
         peer: the host key asked. recipients: the host's device keys (its cards').
-        holders: where the answer should go (default: this holder). expires: Unix seconds.
+        holders: where the answer should go (default: this holder); only http(s) URLs are
+            carried (``reply_to.holders``, never dialled: a holder over iroh is left out).
+            expires: Unix seconds.
 
     Returns:
         the sealed record left (its ``id`` is what the holder keeps).
@@ -272,7 +274,8 @@ async def leave_question(client: CommunityClient, identity: Identity, chain: lis
     """
     record = seal(identity.secret, chain, kind="question", question_id=question_id,
                   body={"request": request, "peer": peer,
-                        "reply_to": {"keys": [identity.public_key], "holders": list(holders or [client.base_url])}},
+                        "reply_to": {"keys": [identity.public_key],
+                                     "holders": [h for h in (holders or [client.base_url]) if _URL.fullmatch(h)]}},
                   recipients=recipients, now=clock(), expires=expires)
     try:
         await client.put_sealed(record)

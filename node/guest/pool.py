@@ -345,6 +345,13 @@ class SessionPool:
                               close_timeout_s=GUEST_CLOSE_TIMEOUT_S))
                 self.stats.endpoints += 1
 
+    async def endpoint(self) -> Any:
+        """The pool's one iroh endpoint (:class:`node.transport.iroh.IrohNode`), bound on
+        first use: a holder over iroh (``iroh:<ticket>``, specs/sealed.md §7b) is dialled
+        from it with the mailbox ALPN, beside the pool's knowledge-query sessions."""
+        await self._ensure_node()
+        return self.node
+
     async def __aexit__(self, *exc: Any) -> None:
         # Also when the owner was cancelled (the home's runner stopped by SIGTERM): the wait
         # for clean ends is shielded and bounded (end_wait_s), and the task group and the

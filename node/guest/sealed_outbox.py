@@ -86,8 +86,8 @@ class SealedOutboxTask:
     async def step(self, runner: Any = None) -> float:
         """Leave the open rows' questions with their peers' mailboxes and take the answers
         waiting there (module docstring). Returns the seconds until the next step."""
-        from node.community.client import CommunityClient
         from node.community.inbox import leave_question, take_step
+        from node.community.iroh_mail import mail_client
         from node.guest.outbox import OutboxStore
         from node.guest.sealed_answers import store_sealed_answer
         from node.policy.outbound import gate
@@ -113,6 +113,16 @@ class SealedOutboxTask:
             return self.every_s - (now - self._last)
         self._last = now
         identity = load_identity(self.home)
+
+        async def endpoint() -> Any:
+            """The runner's pool endpoint: a holder over iroh (``iroh:<ticket>``) is dialled
+            from it (specs/sealed.md §7b)."""
+            if runner is None:
+                from node.common.errors import UsageError
+
+                raise UsageError("usage", "a holder over iroh is reached from the runner's session pool")
+            return await (await runner.pool()).endpoint()
+
         chain = own_chain(self.home, identity.public_key)
         with OutboxStore(self.home, clock=self.clock.time) as store:
             rows = store.open_deliveries()
@@ -149,7 +159,7 @@ class SealedOutboxTask:
 
             for url in sorted(boxes):
                 try:
-                    async with CommunityClient(url, identity) as client:
+                    async with mail_client(url, identity, endpoint=endpoint) as client:
                         await take_step(client, identity, chain, clock=self.clock.time,
                                         on_answer=lambda op, url=url: on_answer(op, url))
                 except KithError as exc:
@@ -165,7 +175,7 @@ class SealedOutboxTask:
                     # the one outbound gate before the question is sealed (specs/agents.md), logged
                     # as the live delivery's is (the agent's rule decided when it was kept)
                     ticket = gate(self.home, row.request, [row.peer_name], actor="outbox", rule="allow")
-                    async with CommunityClient(urls[0], identity) as client:
+                    async with mail_client(urls[0], identity, endpoint=endpoint) as client:
                         await leave_question(client, identity, chain, question_id=row.question_id,
                                              request=row.request, peer=row.peer_key, recipients=devices,
                                              expires=_unix(expiry.get(row.question_id)) or self.clock.time() + 3600,

@@ -405,6 +405,9 @@ class Host:
         self._card: dict[str, Any] | None = None  # this device's card for its newest live post
         self._card_v1: dict[str, Any] | None = None  # the same card in format 1, for older guests
         self._held_url: str | None = None  # where this device holds mail (--hold-mail), once served
+        #: the mail this device holds (--hold-mail; node.host.sealed_host.HeldMail), once served
+        self.held_mail: Any = None
+        self._mail_conns = 0  # mailbox connections served now (node/community/iroh_mail.py)
         self._sealed_seen: Any = None  # DurableSeen, opened when first needed (sealed_seen)
         self._seq: int | None = None  # the first card's sequence number, taken before publishing
         self._card_changed = anyio.Event()
@@ -627,7 +630,8 @@ class Host:
 
                 held = contextlib.ExitStack()
                 self._closers.insert(0, held.close)
-                self._held_url = held.enter_context(hold_mail(self.home, self.opts.hold_mail))
+                self.held_mail = held.enter_context(hold_mail(self.home, self.opts.hold_mail))
+                self._held_url = self.held_mail.url  # None: over iroh only, named once the endpoint is bound
             if self.opts.watch:  # take the index writer before publishing: index-locked fails fast
                 from node.corpus.watch import host_watcher
 
@@ -635,6 +639,12 @@ class Host:
                 self._closers.insert(0, watcher.close)
             async with self.bind(self.identity.secret, self.spec.alpn) as listener:
                 self.listener = listener
+                if self.held_mail is not None and hasattr(listener, "accept_alpns"):
+                    from node.community.iroh_mail import MAILBOX_ALPN, SCHEME
+
+                    listener.accept_alpns(MAILBOX_ALPN)  # the mailbox beside knowledge-query (specs/sealed.md §7b)
+                    if self._held_url is None:
+                        self._held_url = SCHEME + listener.ticket()
                 # the host's state files are written only now that no refusal of the start is left
                 # (the seen nonces and quota buckets at first use): a refused start writes nothing,
                 # and card-seq is refused before any invitation is written or printed
@@ -882,6 +892,8 @@ class Host:
         listener = self.listener
         async with listener.connections() as incoming:  # QUIC handshakes complete concurrently
             async for conn in incoming:
+                if self.held_mail is not None and self._mail_connection(tg, conn):
+                    continue
                 token += 1
                 scope = anyio.CancelScope()
 
@@ -891,6 +903,40 @@ class Host:
 
                 self.table.connection_arrived(token, listener.remote_of(conn), evict)
                 tg.start_soon(self._serve_one, Connection(self._wiring(), conn, token, scope))
+
+    def _mail_connection(self, tg: Any, conn: Any) -> bool:
+        """Serve ``conn`` as a mailbox connection when it came with the mailbox ALPN (a
+        device that holds mail: specs/sealed.md §7b) — no session slot, at most
+        :data:`node.community.iroh_mail.MAX_CONNECTIONS` at once (more are closed
+        ``mail-busy``). False for any other connection."""
+        from node.community.iroh_mail import MAILBOX_ALPN, MAX_CONNECTIONS, serve_mail_connection
+
+        listener = self.listener
+        alpn_of = getattr(listener, "alpn_of", None)
+        if alpn_of is None or alpn_of(conn) != MAILBOX_ALPN:
+            return False
+        if self._mail_conns >= MAX_CONNECTIONS:
+            listener.close_connection(conn, b"mail-busy")
+            return True
+
+        async def serve() -> None:
+            self._mail_conns += 1
+            try:
+                await serve_mail_connection(listener, conn, self.held_mail.app)
+            except Exception:  # noqa: BLE001 - one mailbox connection's fault never ends the host
+                log.exception("a mailbox connection failed")
+                listener.close_connection(conn, b"internal-error")
+            finally:
+                self._mail_conns -= 1
+
+        tg.start_soon(serve)
+        return True
+
+    @property
+    def held_url(self) -> str | None:
+        """Where this device holds mail (``--hold-mail``): ``http://HOST:PORT`` or
+        ``iroh:<ticket>``; None without ``--hold-mail`` or before it is served."""
+        return self._held_url
 
     #: the last fault of the home a connection ended with (logged once until it changes)
     _told_fault: tuple[str, str] | None = None

@@ -17,6 +17,7 @@ serves on.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -40,22 +41,31 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
 
     Args:
         host: the running :class:`node.host.host.Host` (its ``home``, ``identity``,
-            ``mail_urls()``, ``opts.peers_only``, ``knowledge``, ``audit``, ``warn``,
+            ``mail_urls()``, ``held_mail`` / ``held_url`` (its own, taken in-process),
+            ``listener`` (the endpoint a holder over iroh is dialled from), ``opts.peers_only``, ``knowledge``, ``audit``, ``warn``,
             ``clock``).
         every_s: seconds between takes, waited on the host's
             :class:`node.runtime.clock.Clock` (a test's ManualClock starts the next take).
     """
-    from node.community.client import CommunityClient
     from node.community.inbox import take_step
+    from node.community.iroh_mail import mail_client
     from node.trust.person import own_chain
     on_question = sealed_on_question(host.door, host.knowledge, audit=getattr(host.audit, "log", None))
+    async def endpoint() -> Any:  # a holder over iroh is dialled from this host's own endpoint
+        return host.listener
+
+    def client_of(url: str) -> Any:
+        held = host.held_mail
+        own = held.app if held is not None and url == host.held_url else None  # its own held mail: in-process
+        return mail_client(url, host.identity, endpoint=endpoint, local_app=own)
+
     seen = host.sealed_seen()  # durable: a question is answered once across restarts (specs/sealed.md §5)
     said: set[str] = set()
     while True:
         for url in host.mail_urls():
             try:
                 chain = own_chain(host.home, host.identity.public_key)
-                async with CommunityClient(url, host.identity) as client:
+                async with client_of(url) as client:
                     while True:
                         report = await take_step(client, host.identity, chain, on_question=on_question, seen=seen)
                         if report.answered or report.refused:
@@ -127,23 +137,30 @@ def holds_for(home: Path) -> Any:
     return admits
 
 
-def parse_hold_mail(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` of ``--hold-mail`` → ``(host, port)`` (port 0: a free one).
+#: ``--hold-mail iroh``: hold mail over iroh only (no HTTP listener; specs/sealed.md §7b).
+IROH_ONLY = "iroh"
+
+
+def parse_hold_mail(address: str) -> tuple[str, int] | None:
+    """``--hold-mail``'s value → ``(host, port)`` (port 0: a free one), or None for
+    :data:`IROH_ONLY` (``iroh``: the mail is served over iroh only).
 
     The host is the address the device's card names (specs/sealed.md §7b), so it must be
     one others can dial: an unspecified address (``0.0.0.0``, ``::``) would be named as is
     and send every asker to its own machine.
 
     Raises:
-        UsageError: ``usage`` when it is not a host and a port 0-65535, or the host is an
-            unspecified address.
+        UsageError: ``usage`` when it is not ``iroh`` nor a host and a port 0-65535, or the
+            host is an unspecified address.
     """
     import ipaddress
 
+    if address == IROH_ONLY:
+        return None
     host, sep, port = address.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise UsageError("usage", f"--hold-mail takes HOST:PORT (e.g. 127.0.0.1:8740), not {address!r}")
+        raise UsageError("usage", f"--hold-mail takes HOST:PORT (e.g. 127.0.0.1:8740) or iroh, not {address!r}")
     try:
         unspecified = ipaddress.ip_address(host).is_unspecified
     except ValueError:
@@ -154,41 +171,66 @@ def parse_hold_mail(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+@dataclass
+class HeldMail:
+    """The mail a device holds for its person, while :func:`hold_mail`'s block runs.
+
+    Attributes:
+        app: the mailbox's ASGI app (:func:`node.community.server.create_app` of
+            ``<home>/mailbox.sqlite3``): the one verifier, store, bounds, rate limits and
+            ``mailbox-not-held`` rule, called in-process for the mailbox over iroh
+            (:func:`node.community.iroh_mail.serve_mail_connection`) and for this device's
+            own takes.
+        url: ``http://HOST:PORT`` (the real port) when served over HTTP too, else None.
+    """
+
+    app: Any
+    url: str | None
+
+
 @contextlib.contextmanager
-def hold_mail(home: Path, address: str) -> Iterator[str]:
+def hold_mail(home: Path, address: str) -> Iterator[HeldMail]:
     """Hold mail for this home's person while the ``with`` block runs: the mailbox routes of
-    specs/community-api.md ("Mailbox") served on ``address`` (``HOST:PORT``) from
-    ``<home>/mailbox.sqlite3``, with the community server's default bounds and rate limits,
-    keeping only records to or from the person's devices (:func:`holds_for`; others are
-    refused ``mailbox-not-held``). The records survive a restart (they are in the file).
+    specs/community-api.md ("Mailbox") from ``<home>/mailbox.sqlite3``, with the community
+    server's default bounds and rate limits, keeping only records to or from the person's
+    devices (:func:`holds_for`; others are refused ``mailbox-not-held``) — served on
+    ``address`` (``HOST:PORT``) over HTTP, or by nothing but the returned app (``iroh``: the
+    host serves it on its iroh endpoint, specs/sealed.md §7b). The records survive a
+    restart (they are in the file).
 
     Yields:
-        the holder's base URL (``http://HOST:PORT``, the real port).
+        the :class:`HeldMail`.
 
     Raises:
         UsageError: a malformed ``address``. CommunityError: ``server-start-failed`` (the
             address cannot be bound); ``database-unavailable`` naming ``mailbox.sqlite3``
             with the ``mv`` that moves it aside (damaged, not SQLite, a folder).
     """
-    from node.community.server import run_server_in_thread
+    from node.common.errors import CommunityError
+    from node.common.http import bind_socket, serve_app_in_thread
+    from node.community.server import create_app
     from node.community.store import MailboxLimits
 
-    from node.common.errors import CommunityError
-
-    host, port = parse_hold_mail(address)
+    where = parse_hold_mail(address)
     path = Path(home) / HELD_MAIL_FILE
-    with contextlib.ExitStack() as stack:
-        try:
-            url = stack.enter_context(run_server_in_thread(path, host, port, mailbox=MailboxLimits(),
-                                                           mailbox_admits=holds_for(home)))
-        except CommunityError as exc:  # the held mail cannot be opened: its file and the way out
-            if exc.code != "database-unavailable":
-                raise
-            raise CommunityError(exc.code, f"the mail this device holds cannot be opened ({path}): {exc.message}",
-                                 hint=f"move it aside (`mv {path} {path}.bad`) and start again; the sealed "
-                                      "records it held are then not served") from None
-        yield url
+    try:
+        app = create_app(path, mailbox=MailboxLimits(), mailbox_admits=holds_for(home))
+    except CommunityError as exc:  # the held mail cannot be opened: its file and the way out
+        if exc.code != "database-unavailable":
+            raise
+        raise CommunityError(exc.code, f"the mail this device holds cannot be opened ({path}): {exc.message}",
+                             hint=f"move it aside (`mv {path} {path}.bad`) and start again; the sealed "
+                                  "records it held are then not served") from None
+    try:
+        if where is None:
+            yield HeldMail(app, None)
+        else:
+            sock = bind_socket(*where)
+            with serve_app_in_thread(app, sock, what="the mail this device holds") as url:
+                yield HeldMail(app, url)
+    finally:
+        app.state.store.close()
 
 
-__all__ = ["HELD_MAIL_FILE", "TAKE_EVERY_S", "hold_mail", "holds_for", "parse_hold_mail", "person_devices",
+__all__ = ["HELD_MAIL_FILE", "HeldMail", "IROH_ONLY", "TAKE_EVERY_S", "hold_mail", "holds_for", "parse_hold_mail", "person_devices",
            "sealed_on_question", "take_sealed_questions"]

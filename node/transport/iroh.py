@@ -361,8 +361,11 @@ class IrohNode:
             return True
         return False
 
-    async def connect(self, ticket: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> iroh.Connection:
-        """Connect to the endpoint in ``ticket``.
+    async def connect(self, ticket: str, *, timeout_s: float = CONNECT_TIMEOUT_S,
+                      alpn: bytes | None = None) -> iroh.Connection:
+        """Connect to the endpoint in ``ticket`` with ``alpn`` (default: the endpoint's own,
+        knowledge-query's; a holder's mailbox is dialled with
+        :data:`node.community.iroh_mail.MAILBOX_ALPN`).
 
         Raises:
             TransportError: ``transport-connect-failed`` (unreachable, refused, timeout).
@@ -396,7 +399,7 @@ class IrohNode:
                 tg.start_soon(watch)
             try:
                 with dial, anyio.fail_after(timeout_s):
-                    conn = await self.endpoint.connect(addr, self.alpn)
+                    conn = await self.endpoint.connect(addr, alpn or self.alpn)
             except (TimeoutError, iroh.IrohError) as exc:
                 failure = exc
             finally:
@@ -526,6 +529,23 @@ class IrohNode:
             conn.close(1, reason)
         except Exception:  # noqa: BLE001 - iroh error on an already-closed connection
             pass
+
+    def accept_alpns(self, *extra: bytes) -> None:
+        """Accept connections for ``extra`` ALPNs too, beside the endpoint's own (a device that
+        holds mail: :data:`node.community.iroh_mail.MAILBOX_ALPN`). Raises TransportError
+        ``transport-bind-failed`` when the endpoint refuses the set."""
+        try:
+            self.endpoint.set_alpns([self.alpn, *(a for a in extra if a != self.alpn)])
+        except Exception:  # noqa: BLE001 - iroh error on a closed endpoint
+            raise TransportError("transport-bind-failed", "the endpoint did not take the mailbox ALPN") from None
+
+    @staticmethod
+    def alpn_of(conn: iroh.Connection) -> bytes:
+        """The ALPN ``conn`` was opened with (b"" once it closed)."""
+        try:
+            return bytes(conn.alpn() or b"")
+        except Exception:  # noqa: BLE001 - iroh error on a closed connection
+            return b""
 
     @staticmethod
     def remote_of(conn: iroh.Connection) -> str:

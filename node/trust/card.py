@@ -56,6 +56,10 @@ _FIELDS_V2 = _FIELDS | {"mailboxes"}
 MAX_MAILBOXES = 4
 MAX_MAILBOX_URL = 200
 _MAILBOX_RE = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/\-]*)?")
+#: A holder reached over iroh (specs/sealed.md §7b): ``iroh:`` + its iroh EndpointTicket
+#: (lowercase base32), at most :data:`MAX_IROH_MAILBOX` characters.
+MAX_IROH_MAILBOX = 600
+IROH_MAILBOX_RE = re.compile(r"iroh:endpoint[a-z2-7]{40,587}")
 _CREATED_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
 #: A kept ``lastSeen`` / ``lastFailed``: RFC 3339 UTC, milliseconds allowed.
 _MARK_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z")
@@ -103,18 +107,27 @@ def _payload(doc: dict[str, Any], inv: Invitation) -> bytes:
                                mailboxes=doc.get("mailboxes"))
 
 
+def is_mailbox(url: object) -> bool:
+    """True when ``url`` is one entry of a card's ``mailboxes``: a community server's (or a
+    holder's) base URL — ``http``/``https``, a host, an optional plain path, at most
+    :data:`MAX_MAILBOX_URL` characters, no query, user or space — or a holder over iroh,
+    ``iroh:<ticket>`` (:data:`IROH_MAILBOX_RE`; specs/sealed.md §6, §7b)."""
+    return isinstance(url, str) and (
+        (len(url) <= MAX_MAILBOX_URL and _MAILBOX_RE.fullmatch(url) is not None)
+        or (len(url) <= MAX_IROH_MAILBOX and IROH_MAILBOX_RE.fullmatch(url) is not None))
+
+
 def check_mailboxes(urls: object) -> list[str]:
     """Return ``urls`` if it is a card's ``mailboxes``: 1 to :data:`MAX_MAILBOXES` distinct
-    community-server base URLs (``http``/``https``, a host, an optional plain path, at most
-    :data:`MAX_MAILBOX_URL` characters; no query, user or space).
+    entries, each :func:`is_mailbox`.
 
     Raises:
         KithError: ``card-malformed``.
     """
     if (not isinstance(urls, list) or not 1 <= len(urls) <= MAX_MAILBOXES or len(set(map(str, urls))) != len(urls)
-            or any(not isinstance(u, str) or len(u) > MAX_MAILBOX_URL or _MAILBOX_RE.fullmatch(u) is None
-                   for u in urls)):
-        raise KithError("card-malformed", f"mailboxes is 1 to {MAX_MAILBOXES} distinct http(s) base URLs")
+            or not all(is_mailbox(u) for u in urls)):
+        raise KithError("card-malformed", f"mailboxes is 1 to {MAX_MAILBOXES} distinct http(s) base URLs or "
+                        "iroh:<ticket> holders")
     return list(urls)
 
 
@@ -397,4 +410,5 @@ class CardStore:
 
 
 __all__ = ["CARDS_FILE", "CardEntry", "CardStore", "DeviceCard", "MAX_CARD_BYTES", "MAX_DEVICES", "MAX_MAILBOXES",
-           "SEQ_FILE", "check_card", "check_mailboxes", "make_card"]
+           "IROH_MAILBOX_RE", "MAX_IROH_MAILBOX", "SEQ_FILE", "check_card", "check_mailboxes", "is_mailbox",
+           "make_card"]

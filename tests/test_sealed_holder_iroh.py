@@ -1,0 +1,190 @@
+"""A device of the host's person holds mail over iroh (issue 43 item 2b; specs/sealed.md §7b):
+`kith host --hold-mail iroh` serves the mailbox on its own ALPN beside knowledge-query, on the
+endpoint it already runs — no HTTP listener. Real `kith` processes and real iroh endpoints on
+loopback with relays disabled (`--offline`).
+
+1. two homes never up at the same time complete a question and an answer through the
+   always-on device: the laptop takes from it with `--holder iroh:TICKET` (from its own host
+   endpoint), the guest's runner leaves the question and takes the answer from its session
+   pool's endpoint;
+2. a peer that opens the mailbox ALPN with junk gets one typed refusal frame
+   (`mail-frame-invalid`) and its connection is closed with that code; the holder serves on;
+3. a record neither from nor to the person's devices is refused `mailbox-not-held` over
+   iroh, through the one rule of the HTTP routes, and nothing of it is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from node.common.errors import CommunityError
+from node.community.iroh_mail import MAILBOX_ALPN, mail_client
+from node.community.server import run_server_in_thread
+from node.community.store import open_store
+from node.host.sealed_host import HELD_MAIL_FILE
+from node.transport.iroh import bind_node
+from node.trust.identity import Identity
+from node.trust.sealed import seal
+
+from support.cli import ask_later, kith, outbox_run_until
+from support.community import NO_LIMITS
+from support.devices import pair_device
+from support.hosts import HostProcess, notes_host
+from support.waits import answered_and_acked, wait_for
+
+QUESTION = "when does the staging server restart"
+
+
+def _held_ids(home: Path) -> list[str]:
+    path = home / HELD_MAIL_FILE
+    if not path.exists():
+        return []
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    try:
+        return [r[0] for r in conn.execute("SELECT record_id FROM mailbox").fetchall()]
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        conn.close()
+
+
+def _holder(home: Path, tmp: Path) -> tuple[HostProcess, str]:
+    """`kith host --hold-mail iroh` for ``home`` and the holder's ``iroh:<ticket>`` (its
+    invitation's ticket: the endpoint the mailbox ALPN is served on)."""
+    proc = HostProcess(home, "--invite-file", str(tmp / f"{home.name}.inv"), "--hold-mail", "iroh")
+    return proc, "iroh:" + proc.invitation["transport_info"]["ticket"]
+
+
+def test_two_homes_never_up_together_through_a_device_holding_mail_over_iroh(tmp_path: Path) -> None:
+    (tmp_path / "l").mkdir()
+    laptop = notes_host(tmp_path / "l")
+    person = json.loads(kith(laptop, "device", "list", "--json").stdout)["person_key"]
+    always_on = tmp_path / "always-on"
+    pair_device(laptop, always_on, name="always-on")
+    guest = tmp_path / "guest"
+    assert kith(guest, "init").returncode == 0
+    store = open_store(tmp_path / "server.sqlite3")
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS) as server:  # no --mailbox: finding only
+            holder, holder_url = _holder(always_on, tmp_path)
+            try:
+                # the laptop is up once: its card names the holder over iroh
+                first = HostProcess(laptop, "--server", server, "--holder", holder_url)
+                try:
+                    def card_names_holder() -> bool:
+                        r = httpx.get(f"{server}/api/v1/cards/{person}", timeout=10)
+                        return r.status_code == 200 and any(c.get("mailboxes") == [holder_url]
+                                                            for c in r.json()["cards"])
+
+                    wait_for("the laptop's card naming the holder over iroh", card_names_holder, timeout_s=30)
+                finally:
+                    first.stop()
+                # the guest alone (and the always-on device): the question is left over iroh
+                r = kith(guest, "peers", "add", "bea", person, "--devices", "--server", server)
+                assert r.returncode == 0, r.stderr
+                qid = ask_later(guest, QUESTION, "bea")
+                outbox_run_until(guest, "the row left with the holder over iroh", lambda: json.loads(kith(
+                    guest, "outbox", "show", qid, "--json").stdout)["peers"][0].get("leftWith") == holder_url)
+                question_ids = _held_ids(always_on)
+                assert len(question_ids) == 1
+                # the laptop wakes: takes over iroh, answers, leaves the answer at the holder
+                second = HostProcess(laptop, "--server", server, "--holder", holder_url)
+                try:
+                    wait_for("the sealed answer at the holder",
+                             answered_and_acked(lambda: _held_ids(always_on), question_ids), timeout_s=60, every_s=0.05)
+                finally:
+                    second.stop()
+                # the guest wakes: the answer comes over iroh into its row
+                outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
+                    guest, "outbox", "show", qid, "--json").stdout)["state"] == "answered")
+                wait_for("the answer acked at the holder", lambda: _held_ids(always_on) == [], timeout_s=30)
+            finally:
+                code, _out, err = holder.stop()
+            assert code == 0, err
+    finally:
+        store.close()
+    shown = json.loads(kith(guest, "outbox", "show", qid, "--json").stdout)
+    assert "noon" in shown["answer"]["results"][0]["textPreview"]
+    raw = b"".join(p.read_bytes() for p in always_on.iterdir() if p.name.startswith(HELD_MAIL_FILE))
+    for plain in (QUESTION, "staging server", "noon"):
+        assert plain.encode() not in raw, plain
+
+
+async def _junk_then_close(ticket: str) -> tuple[dict, str]:
+    """Open the mailbox ALPN at ``ticket``, send a junk line; the response frame and the
+    reason the holder closed the connection with."""
+    async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as node:
+        conn = await node.connect(ticket, alpn=MAILBOX_ALPN)
+        stream = await node.open_stream(conn)
+        await stream.send(b"GET / HTTP/1.1 not a frame\n")
+        raw = b""
+        while not raw.endswith(b"\n"):
+            data = await stream.receive()
+            assert data, f"the holder ended the stream without a response frame: {raw!r}"
+            raw += data
+        with pytest.raises(Exception) as closed:  # iroh raises its own error type on a closed connection
+            await stream.receive()
+            await conn.closed()
+            raise AssertionError("the connection stayed open")
+        return json.loads(raw), f"{closed.value!r} {conn.close_reason()!r}"
+
+
+def test_junk_on_the_mailbox_alpn_gets_a_typed_refusal_and_a_closed_connection(tmp_path: Path) -> None:
+    (tmp_path / "l").mkdir()
+    laptop = notes_host(tmp_path / "l")
+    holder, url = _holder(laptop, tmp_path)
+    try:
+        answer, reason = asyncio.run(_junk_then_close(url.removeprefix("iroh:")))
+        assert answer["status"] == 400 and answer["body"]["error"]["code"] == "mail-frame-invalid", answer
+        assert "mail-frame-invalid" in reason, reason
+        assert _held_ids(laptop) == []
+
+        async def still_serves() -> tuple[list, bool]:  # the holder serves on: a signed take is answered
+            async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as node:
+                async def endpoint():
+                    return node
+                async with mail_client(url, Identity(os.urandom(32)), endpoint=endpoint) as client:
+                    return await client.take_sealed(5)
+
+        assert asyncio.run(still_serves()) == ([], False)
+    finally:
+        code, _out, err = holder.stop()
+    assert code == 0, err
+    assert "Traceback" not in err, err
+
+
+def test_a_record_of_strangers_is_refused_mailbox_not_held_over_iroh(tmp_path: Path) -> None:
+    (tmp_path / "l").mkdir()
+    laptop = notes_host(tmp_path / "l")
+    laptop_key = json.loads(kith(laptop, "status", "--json").stdout)["identity"]["key"]
+    stranger, other = Identity(os.urandom(32)), Identity(os.urandom(32))
+
+    def record(to: str, qid: str) -> dict:
+        return seal(stranger.secret, None, kind="question", question_id=qid, body={"request": {"query": "q"}},
+                    recipients=[to], now=time.time(), expires=time.time() + 600)
+
+    async def scenario(url: str) -> None:
+        async with bind_node(stranger.secret, MAILBOX_ALPN, local=True) as node:
+            async def endpoint():
+                return node
+            async with mail_client(url, stranger, endpoint=endpoint) as client:
+                with pytest.raises(CommunityError) as refused:  # a stranger to a stranger: no relay
+                    await client.put_sealed(record(other.public_key, "1" * 32))
+                assert refused.value.code == "mailbox-not-held" and refused.value.status == 403
+                assert (await client.put_sealed(record(laptop_key, "2" * 32)))["stored"] is True  # to the person
+
+    holder, url = _holder(laptop, tmp_path)
+    try:
+        asyncio.run(scenario(url))
+        assert len(_held_ids(laptop)) == 1
+    finally:
+        code, _out, err = holder.stop()
+    assert code == 0, err
