@@ -213,6 +213,9 @@ def host_cmd(
                 console.print(f"  join with: kith join {inv['post_id']} --server {server}" + mode.join_flags())
             if invite_file is not None:
                 console.print(f"  invitation file: {invite_file}  (kith join {invite_file}{mode.join_flags()})")
+            if hold_mail == "iroh":  # what the person's other devices give --holder (specs/sealed.md §7b)
+                console.print(f"  holds mail over iroh: iroh:{inv['transport_info']['ticket']}  (your other devices: "
+                              "--holder with it)", highlight=False, markup=False)
             console.print("  Ctrl-C to stop.")
 
     async def main() -> None:
