@@ -118,13 +118,13 @@ def test_two_homes_never_up_together_through_a_device_holding_mail_over_iroh(tmp
         assert plain.encode() not in raw, plain
 
 
-async def _junk_then_close(ticket: str) -> tuple[dict, str]:
-    """Open the mailbox ALPN at ``ticket``, send a junk line; the response frame and the
+async def _junk_then_close(ticket: str, junk: bytes) -> tuple[dict, str]:
+    """Open the mailbox ALPN at ``ticket``, send ``junk``; the response frame and the
     reason the holder closed the connection with."""
     async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as node:
         conn = await node.connect(ticket, alpn=MAILBOX_ALPN)
         stream = await node.open_stream(conn)
-        await stream.send(b"GET / HTTP/1.1 not a frame\n")
+        await stream.send(junk)
         raw = b""
         while not raw.endswith(b"\n"):
             data = await stream.receive()
@@ -142,9 +142,12 @@ def test_junk_on_the_mailbox_alpn_gets_a_typed_refusal_and_a_closed_connection(t
     laptop = notes_host(tmp_path / "l")
     holder, url = _holder(laptop, tmp_path)
     try:
-        answer, reason = asyncio.run(_junk_then_close(url.removeprefix("iroh:")))
-        assert answer["status"] == 400 and answer["body"]["error"]["code"] == "mail-frame-invalid", answer
-        assert "mail-frame-invalid" in reason, reason
+        for junk in (b"GET / HTTP/1.1 not a frame\n",  # not JSON
+                     b'{"op": "put", "headers": {}, "body": "not base64!"}\n',  # a frame's shape, a bad body
+                     b"x" * (300 * 1024)):  # over the request frame's bound, no end of line
+            answer, reason = asyncio.run(_junk_then_close(url.removeprefix("iroh:"), junk))
+            assert answer["status"] == 400 and answer["body"]["error"]["code"] == "mail-frame-invalid", answer
+            assert "mail-frame-invalid" in reason, reason
         assert _held_ids(laptop) == []
 
         async def still_serves() -> tuple[list, bool]:  # the holder serves on: a signed take is answered

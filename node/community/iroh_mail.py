@@ -162,8 +162,8 @@ async def serve_mail_stream(stream: Any, app: Any, remote: str, *, idle_s: float
             closes the connection with that code.
     """
     lines = _Lines(stream)
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=(f"iroh:{remote[:16]}", 0)),
-                               base_url="http://holder")
+    asgi = httpx.ASGITransport(app=app, client=(f"iroh:{remote[:16]}", 0), raise_app_exceptions=False)
+    client = httpx.AsyncClient(transport=asgi, base_url="http://holder")
 
     async def refuse(exc: MailFrameInvalid) -> None:
         await stream.send(_frame({"status": 400, "body": {"error": {"code": "mail-frame-invalid",
@@ -208,10 +208,8 @@ async def serve_mail_connection(listener: Any, conn: Any, app: Any) -> None:
         return
     try:
         await serve_mail_stream(stream, app, listener.remote_of(conn))
-    except MailFrameInvalid:
-        with anyio.move_on_after(2):
-            await stream.send_eof()
-        listener.close_connection(conn, b"mail-frame-invalid")
+    except MailFrameInvalid:  # the refusal frame acknowledged first (bounded), then closed with its code
+        await stream.aclose(reason=b"mail-frame-invalid")
         return
     except TransportError:
         listener.close_connection(conn, b"transport-io")
@@ -306,7 +304,8 @@ def mail_client(url: str, identity: Any, *, endpoint: Callable[[], Awaitable[Any
     from node.community.client import CommunityClient
 
     if local_app is not None:
-        client = CommunityClient("http://holder", identity, transport=httpx.ASGITransport(app=local_app))
+        asgi = httpx.ASGITransport(app=local_app, raise_app_exceptions=False)  # a 500, not a raise
+        client = CommunityClient("http://holder", identity, transport=asgi)
     elif url.startswith(SCHEME):
         if endpoint is None or not is_iroh_mailbox(url):
             raise UsageError("usage", "a holder over iroh (iroh:<ticket>) is dialled from an iroh endpoint")
@@ -318,5 +317,5 @@ def mail_client(url: str, identity: Any, *, endpoint: Callable[[], Awaitable[Any
     return client
 
 
-__all__ = ["IrohMailTransport", "MAILBOX_ALPN", "MAX_CONNECTIONS", "MAX_REQUEST_FRAME", "MAX_RESPONSE_FRAME", "MailFrameInvalid", "OPS", "SCHEME", "holder_key",
-           "is_iroh_mailbox", "mail_client", "parse_request", "serve_mail_connection", "serve_mail_stream"]
+__all__ = ["IrohMailTransport", "MAILBOX_ALPN", "MAX_CONNECTIONS", "MAX_REQUEST_FRAME", "MAX_RESPONSE_FRAME",
+           "MailFrameInvalid", "OPS", "SCHEME", "holder_key", "is_iroh_mailbox", "mail_client", "parse_request", "serve_mail_connection", "serve_mail_stream"]

@@ -42,8 +42,8 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
     Args:
         host: the running :class:`node.host.host.Host` (its ``home``, ``identity``,
             ``mail_urls()``, ``held_mail`` / ``held_url`` (its own, taken in-process),
-            ``listener`` (the endpoint a holder over iroh is dialled from), ``opts.peers_only``, ``knowledge``, ``audit``, ``warn``,
-            ``clock``).
+            ``listener`` (the endpoint a holder over iroh is dialled from), ``opts.peers_only``,
+            ``knowledge``, ``audit``, ``warn``, ``clock``).
         every_s: seconds between takes, waited on the host's
             :class:`node.runtime.clock.Clock` (a test's ManualClock starts the next take).
     """
@@ -232,5 +232,5 @@ def hold_mail(home: Path, address: str) -> Iterator[HeldMail]:
         app.state.store.close()
 
 
-__all__ = ["HELD_MAIL_FILE", "HeldMail", "IROH_ONLY", "TAKE_EVERY_S", "hold_mail", "holds_for", "parse_hold_mail", "person_devices",
-           "sealed_on_question", "take_sealed_questions"]
+__all__ = ["HELD_MAIL_FILE", "HeldMail", "IROH_ONLY", "TAKE_EVERY_S", "hold_mail", "holds_for", "parse_hold_mail",
+           "person_devices", "sealed_on_question", "take_sealed_questions"]

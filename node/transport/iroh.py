@@ -241,12 +241,14 @@ class IrohStream(ByteStream):
         except iroh.IrohError:
             pass
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, reason: bytes | None = None) -> None:
         """Finish sending and close the connection (the peer sees EOF, then close).
 
         The connection is closed only once the peer acknowledged every byte sent (QUIC's
         ``stopped()``: all data acknowledged, or the peer stopped the stream), or after
-        :attr:`drain_timeout_s` — so the last frame is not lost to a close under load."""
+        :attr:`drain_timeout_s` — so the last frame is not lost to a close under load.
+        ``reason``: close with QUIC application code 1 and this stable code (a refusal, such
+        as ``b"mail-frame-invalid"``) instead of code 0 ``done``."""
         await self.send_eof()
         watch, self._watch = self._watch, None
         if watch is not None:
@@ -260,7 +262,7 @@ class IrohStream(ByteStream):
         except iroh.IrohError:
             pass
         try:
-            self._conn.close(0, b"done")
+            self._conn.close(0, b"done") if reason is None else self._conn.close(1, reason)
         except iroh.IrohError:
             pass
 
