@@ -96,12 +96,15 @@ def test_two_homes_never_up_together_through_a_device_holding_mail_over_iroh(tmp
                 question_ids = _held_ids(always_on)
                 assert len(question_ids) == 1
                 # the laptop wakes: takes over iroh, answers, leaves the answer at the holder
+                t0 = time.monotonic()
                 second = HostProcess(laptop, "--server", server, "--holder", holder_url)
                 try:
                     wait_for("the sealed answer at the holder",
                              answered_and_acked(lambda: _held_ids(always_on), question_ids), timeout_s=60, every_s=0.05)
+                    took = time.monotonic() - t0
                 finally:
                     second.stop()
+                print(f"answer at the always-on device over iroh {took:.2f} s after the laptop's `kith host` started")
                 # the guest wakes: the answer comes over iroh into its row
                 outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
                     guest, "outbox", "show", qid, "--json").stdout)["state"] == "answered")

@@ -283,7 +283,8 @@ class SealedTaken(HostEvent, tag="sealed-taken", kw_only=True):
     §10) answered or dropped sealed questions: the answers are left there for the askers."""
 
     holder: str
-    """The holder's base URL."""
+    """The holder: its base URL, or ``iroh:<ticket>`` for a device holding mail over iroh
+    (specs/sealed.md §7b)."""
     answered: int
     """Questions answered, their sealed answers left with the holder."""
     dropped: dict[str, int]
