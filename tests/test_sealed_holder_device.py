@@ -159,7 +159,9 @@ def test_hold_mail_and_holder_refuse_what_is_not_an_address(tmp_path: Path) -> N
     assert kith(home, "init").returncode == 0
     for args, what in ((["--hold-mail", "nonsense"], "--hold-mail takes HOST:PORT"),
                        (["--holder", "ftp://x"], "--holder takes a holder's base URL"),
-                       (["--holder", "http://a", "--holder", "http://a"], "--holder: at most 3 distinct")):
+                       (["--holder", "http://a", "--holder", "http://a"], "--holder: at most 3 distinct"),
+                       (["--hold-mail", "iroh:x"], "--hold-mail takes HOST:PORT (e.g. 127.0.0.1:8740) or iroh"),
+                       (["--holder", "iroh:endpoint" + "b" * 60], "not an iroh ticket")):
         r = kith(home, "host", "--offline", "--invite-file", str(tmp_path / "inv"), *args)
         assert r.returncode == 2 and "error [usage]" in r.stderr and what in r.stderr, r.stderr
     assert not (home / HELD_MAIL_FILE).exists() and not (tmp_path / "inv").exists()

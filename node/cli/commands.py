@@ -188,6 +188,12 @@ def host_cmd(
         except KithError:
             raise UsageError("usage", "--holder takes a holder's base URL, http(s)://HOST[:PORT][/path], or "
                                       "iroh:TICKET") from None
+        from node.community.iroh_mail import SCHEME, holder_key
+
+        for url in holder:
+            if url.startswith(SCHEME) and holder_key(url) is None:
+                raise UsageError("usage", f"--holder {url[:40]}…: not an iroh ticket (the one `kith host --hold-mail "
+                                 "iroh` prints)")
     opts.holders = list(holder)
     if hold_mail is not None:
         from node.host.sealed_host import parse_hold_mail
