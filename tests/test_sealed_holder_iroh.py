@@ -56,10 +56,11 @@ def _held_ids(home: Path) -> list[str]:
         conn.close()
 
 
-def _holder(home: Path, tmp: Path) -> tuple[HostProcess, str]:
-    """`kith host --hold-mail iroh` for ``home`` and the holder's ``iroh:<ticket>`` (its
-    invitation's ticket: the endpoint the mailbox ALPN is served on)."""
-    proc = HostProcess(home, "--invite-file", str(tmp / f"{home.name}.inv"), "--hold-mail", "iroh")
+def _holder(home: Path, tmp: Path, how: str = "iroh") -> tuple[HostProcess, str]:
+    """`kith host --hold-mail HOW` for ``home`` and the holder's ``iroh:<ticket>`` (its
+    invitation's ticket: the endpoint the mailbox ALPN is served on, with ``iroh`` and with
+    ``HOST:PORT`` alike)."""
+    proc = HostProcess(home, "--invite-file", str(tmp / f"{home.name}.inv"), "--hold-mail", how)
     return proc, "iroh:" + proc.invitation["transport_info"]["ticket"]
 
 
@@ -167,7 +168,8 @@ def test_junk_on_the_mailbox_alpn_gets_a_typed_refusal_and_a_closed_connection(t
     assert "Traceback" not in err, err
 
 
-def test_a_record_of_strangers_is_refused_mailbox_not_held_over_iroh(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["iroh", "127.0.0.1:0"])  # iroh only; HTTP and iroh
+def test_a_record_of_strangers_is_refused_mailbox_not_held_over_iroh(tmp_path: Path, how: str) -> None:
     (tmp_path / "l").mkdir()
     laptop = notes_host(tmp_path / "l")
     laptop_key = json.loads(kith(laptop, "status", "--json").stdout)["identity"]["key"]
@@ -187,7 +189,7 @@ def test_a_record_of_strangers_is_refused_mailbox_not_held_over_iroh(tmp_path: P
                 assert refused.value.code == "mailbox-not-held" and refused.value.status == 403
                 assert (await client.put_sealed(record(laptop_key, "2" * 32)))["stored"] is True  # to the person
 
-    holder, url = _holder(laptop, tmp_path)
+    holder, url = _holder(laptop, tmp_path, how)
     try:
         asyncio.run(scenario(url))
         assert len(_held_ids(laptop)) == 1
