@@ -389,13 +389,12 @@ def join_cmd(
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
     from node.answer import contract
     from node.guest.owner import Guest
-    from node.trust.person import load_person
 
     home = identity_home_of(ctx)
     mode = transport.mode(home, "join")
     guest = Guest(home, mode=mode, local=mode.offline)  # the asking side of this process
     guest.identity  # loaded (a damaged identity refused) before anything else
-    person = load_person(home)  # a damaged record fails here, with its hint, not as the host's refusal; read once
+    guest.person.now()  # a damaged record fails here, with its hint, not as the host's refusal; read once
     for text in query:  # refused here, with the code every entry point uses, before connecting
         try:
             contract.validate({"query": text, "topK": top_k})
@@ -407,16 +406,15 @@ def join_cmd(
     if peer is not None and pin is not None:
         raise UsageError("usage", "--peer NAME joins a peer pinned already; --pin is for a new one")
     Join(guest, target=target, peer=peer, server=server, trust=trust, query=query, top_k=top_k,
-         json_out=json_out, citations=citations, pin=pin, accept_host_ui=accept_host_ui, yes=yes,
-         person=person).run()
+         json_out=json_out, citations=citations, pin=pin, accept_host_ui=accept_host_ui, yes=yes).run()
 
 
 class Join:
     """One ``kith join``: the host it joins, the session with it and what it prints.
 
     Built by :func:`join_cmd` once the command line is checked, with the process's
-    :class:`node.guest.owner.Guest` (its identity, transport and view of ``peers.json``:
-    the registry is read once, and again only when a write of the session changed it);
+    :class:`node.guest.owner.Guest` (its identity, transport and views of ``peers.json``
+    and ``person.json``: each is read once, and again only when a write changed it);
     :meth:`run` joins, asks (the ``--query`` questions, or at the ``ask>`` prompt) and
     raises the refusal the session ends with (:func:`_join_result`). Its state is what the
     session's callbacks share: the answers so far, the question out, the outbound gate's
@@ -425,11 +423,9 @@ class Join:
 
     def __init__(self, guest: Any, *, target: str | None, peer: str | None,
                  server: str | None, trust: bool, query: list[str], top_k: int, json_out: bool, citations: bool,
-                 pin: str | None, accept_host_ui: bool, yes: bool, person: Any = None) -> None:
+                 pin: str | None, accept_host_ui: bool, yes: bool) -> None:
         self.guest = guest
         self.home, self.identity, self.mode = guest.home, guest.identity, guest.mode
-        #: this home's person record, read once by the command (None: no person)
-        self.person = person
         self.target, self.peer, self.server, self.trust = target, peer, server, trust
         self.query, self.top_k, self.json_out, self.citations = query, top_k, json_out, citations
         self.pin, self.accept_host_ui, self.yes = pin, accept_host_ui, yes
@@ -505,7 +501,7 @@ class Join:
                     asked = await ask(self.home, self.identity, host, options, local=self.mode.offline, mode=self.mode,
                                       server_url=self.server, host_seen=self.host_seen, on_ready=self.on_ready,
                                       accept_host_ui=self.accept_host_ui, on_path=self.on_path, peers=self.guest.peers,
-                                      person=lambda: self.person)
+                                      person=self.guest.person.now)
                     tg.cancel_scope.cancel()
             finally:
                 self.waiting.stop()

@@ -278,9 +278,12 @@ class SessionPool:
 
     @property
     def person(self) -> Any:
-        """This process's view of ``person.json`` (:meth:`home_file`, loaded with
-        :func:`node.trust.person.load_person`): each session's handshake carries the chain
+        """This process's view of ``person.json``: the owner's (:attr:`node.guest.owner.Guest.person`),
+        or for a pool built alone one of its own (:meth:`home_file`, loaded with
+        :func:`node.trust.person.load_person`). Each session's handshake carries the chain
         and revocation list of the record read last, read again only when the file changed."""
+        if self.owner is not None:
+            return self.owner.person
         from node.trust.person import PERSON_FILE, load_person
 
         return self.home_file(PERSON_FILE, load_person)
