@@ -117,10 +117,11 @@ def test_kith_join_and_every_pool_read_the_person_record_through_the_guests_one_
 def test_the_identity_is_loaded_once_and_a_home_without_one_is_refused_when_asked_for(tmp_path):
     home = initialized(tmp_path / "home")
     guest = Guest(home)
-    assert guest.identity is guest.identity
+    assert guest.load() is guest.identity is guest.identity
     bare = Guest(tmp_path / "none")  # building it reads nothing
-    with pytest.raises(KithError):
-        bare.identity
+    with pytest.raises(KithError) as err:
+        bare.load()
+    assert err.value.code == "home-not-initialized"
 
 
 def test_one_runner_per_guest_and_none_runs_in_a_home_without_an_identity(tmp_path):

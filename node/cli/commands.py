@@ -393,7 +393,7 @@ def join_cmd(
     home = identity_home_of(ctx)
     mode = transport.mode(home, "join")
     guest = Guest(home, mode=mode, local=mode.offline)  # the asking side of this process
-    guest.identity  # loaded (a damaged identity refused) before anything else
+    guest.load()  # a home without an identity, or a damaged one, is refused before anything else
     guest.person.now()  # a damaged record fails here, with its hint, not as the host's refusal; read once
     for text in query:  # refused here, with the code every entry point uses, before connecting
         try:

@@ -83,6 +83,20 @@ class Guest:
             self._identity = load_identity(self.home)
         return self._identity
 
+    def load(self) -> Any:
+        """Load this home's identity now (once: later calls and :attr:`identity` return it),
+        so a command refuses a home without one, or with a damaged key, before it resolves,
+        gates or dials anything.
+
+        Returns:
+            The :class:`node.trust.identity.Identity`.
+
+        Raises:
+            KithError: as :func:`node.trust.identity.load_identity` (``home-not-initialized``,
+                ``identity-corrupt``, ``io-error``).
+        """
+        return self.identity
+
     @property
     def person(self) -> FileView:
         """This process's one view of ``person.json`` (:meth:`home_file`, loaded with

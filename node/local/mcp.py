@@ -141,7 +141,7 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
     import anyio
 
     guest = Guest.of(home, local=local, pool=pool) if guest is None else guest
-    guest.identity  # noqa: B018 - no identity is refused here, before anything is resolved
+    guest.load()  # no identity is refused here, before anything is resolved
     if guest.peers.now().by_name(peer) is not None:
         target: Any = peer  # a pinned name: resolved by the asker (saved invitation, then server)
     else:
