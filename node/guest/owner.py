@@ -176,7 +176,9 @@ class Guest:
         clock) until cancelled: what ``kith host``, ``kith api serve`` and ``kith mcp`` run
         on their event loop beside their work (specs/outbox.md §5). A home without an
         identity runs nothing; a runner that fails is logged and ends, never the process
-        around it (``kith host`` keeps serving).
+        around it (``kith host`` keeps serving). A ``pool`` handed in is started first, so
+        a home it cannot start in stops the runner at once with the pool's refusal, as
+        the runner's own pool does when it enters it.
 
         Args:
             command, pool, on_event: as :meth:`runner`.
@@ -192,6 +194,8 @@ class Guest:
             return
         runner = self.runner(command=command, pool=pool, on_event=on_event)
         try:
+            if pool is not None:  # the process's pool, started now: a home it cannot start in (a damaged
+                await pool()  # key, a bad [transport] table) stops the runner here, as its own pool does
             await runner.run(task_status=status)
         except Exception as exc:  # noqa: BLE001 - the background work never ends the process it runs in
             from node.common.dbfaults import refusal_of

@@ -632,10 +632,14 @@ def build_server(home: Path | str, *, local: bool = False, agent: str | None = N
                 pools.append(pool)
                 import anyio
 
+                async def this_pool() -> Any:
+                    return pool
+
                 try:
                     async with anyio.create_task_group() as tg:
-                        # the home's background runner while the server runs (specs/outbox.md §5)
-                        tg.start_soon(partial(guest.run_background, command="kith mcp"))
+                        # the home's background runner while the server runs (specs/outbox.md §5),
+                        # asking through this one pool: one pool, one iroh endpoint per process
+                        tg.start_soon(partial(guest.run_background, command="kith mcp", pool=this_pool))
                         try:
                             yield {}
                         finally:
