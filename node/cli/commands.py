@@ -12,8 +12,8 @@ from typing import Any, Optional
 import anyio
 import typer
 
-from node.cli.common import (TransportArgs, console, emit_json, err_console, home_if_any, identity_home_of,
-                             new_home_of, safe_text, server_option, transport_options, warn)
+from node.cli.common import (TransportArgs, console, default_agent, emit_json, err_console, home_if_any,
+                             identity_home_of, new_home_of, safe_text, server_option, transport_options, warn)
 from node.cli.render import CONNECTING_NOTICE_S, Waiting, print_answer
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import CODES, InvitationError, KithError, SessionAborted, SpecError, UsageError, error_for
@@ -160,7 +160,9 @@ def host_cmd(
         raise UsageError("usage", "give --server URL (publish) or --invite-file FILE (paired peers, no server)")
     if invite_file is not None and not invite_file.resolve().parent.is_dir():
         raise UsageError("usage", f"--invite-file: the folder {invite_file.parent} does not exist")
-    home = identity_home_of(ctx)
+    # a refused start leaves the home as it was: an older home's agent `default` is made, and
+    # the runner (its lock, its pool) started, only once the host is up (on_invitation below)
+    home = identity_home_of(ctx, agent=False)
     mode = transport.mode(home, "host")
     from node.host.grants import presence_from
 
@@ -201,7 +203,11 @@ def host_cmd(
     opts.max_failed_handshakes = max_failed_handshakes
     opts.failure_cooldown_s = failure_cooldown
 
+    up = None  # the anyio.Event set by the first invitation: the host started (made in main)
+
     def on_invitation(inv: dict[str, Any]) -> None:
+        if up is not None and not up.is_set():
+            up.set()
         if json_out:
             emit_json(inv)
         else:
@@ -215,7 +221,9 @@ def host_cmd(
             console.print("  Ctrl-C to stop.")
 
     async def main() -> None:
+        nonlocal up
         stop = anyio.Event()
+        up = anyio.Event()
 
         async def until_signal() -> None:  # 1st signal: end sessions cleanly; 2nd: stop now
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -233,10 +241,19 @@ def host_cmd(
 
         clock = SYSTEM_CLOCK  # one clock for the host and the home's background work beside it
         guest = Guest(home, mode=mode, local=mode.offline, clock=clock)  # the asking side of this process
+
+        async def background_once_up() -> None:
+            await up.wait()
+            try:
+                default_agent(home)  # a home made before agents (node/cli/common.py)
+            except KithError as exc:  # a full disk, say: the host serves on; the next command makes it
+                warn(f"the agent 'default' could not be created now [{exc.code}]: {exc.message}")
+            # the home's background work while it hosts: the outbox's delivery (specs/outbox.md §5)
+            await guest.run_background(command="kith host", on_event=say_delivery)
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(until_signal)
-            # the home's background work while it hosts: the outbox's delivery (specs/outbox.md §5)
-            tg.start_soon(partial(guest.run_background, command="kith host", on_event=say_delivery))
+            tg.start_soon(background_once_up)
             await serve_host(home, opts, on_invitation=on_invitation, warn=warn, stop=stop,
                              on_event=HostEventPrinter(json_out=json_out, server=server),
                              clock=clock, on_devices_revoked=partial(_end_revoked_copies, home))
