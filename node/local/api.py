@@ -334,21 +334,26 @@ class _Handlers:
                              "externalAgentContract": env_mod._external_contract()})
 
     def _peers_health(self, scope: AgentScope) -> dict[str, Any]:
-        """``{"available", "pinned"}``: can ``POST /search`` with ``peers`` ask anyone —
-        peer search is served, this home has an identity, and ``pinned`` (the peers
+        """``{"available", "pinned", "error"}``: can ``POST /search`` with ``peers`` ask
+        anyone — peer search is served, this home has an identity, and ``pinned`` (the peers
         ``"all"`` asks for this agent: the pinned, unblocked ones it may ask) is not 0.
-        Whether each answers shows in the search's rows."""
+        Whether each answers shows in the search's rows. ``error`` is null, or when
+        ``peers.json`` cannot be read (nobody can be asked) ``{"file": "peers.json",
+        "code", "message", "hint"}`` — the code the CLI refuses it with (``config-invalid``,
+        ``io-error``; :func:`node.common.home.read_json_state`)."""
         from node.guest.fanout import askable_peers
         from node.trust.identity import key_path
+        from node.trust.peers import PEERS_FILE
 
         home = self.holder.home
         if self.pools is None or not key_path(home).is_file():
-            return {"available": False, "pinned": 0}
+            return {"available": False, "pinned": 0, "error": None}
         try:
             n = len([p for p in askable_peers(self.pools.guest.peers.now()) if scope.may_ask(p)])
-        except KithError:  # an unreadable peers.json: nobody can be asked
-            n = 0
-        return {"available": n > 0, "pinned": n}
+        except KithError as exc:  # an unreadable peers.json: nobody can be asked, and it says why
+            return {"available": False, "pinned": 0,
+                    "error": {"file": PEERS_FILE, "code": exc.code, "message": exc.message, "hint": exc.hint}}
+        return {"available": n > 0, "pinned": n, "error": None}
 
     async def stats(self, request: Request) -> JSONResponse:
         self._authorize(request)
