@@ -534,5 +534,6 @@ def test_health_counts_only_the_peers_the_agent_may_ask(home: Path, api: str) ->
         r = HTTP.get(api + "/health", headers=bearer(_token(home, name, peers=peers)))
         assert r.status_code == 200, r.text
         counts[name] = r.json()["peers"]
-    assert counts == {"h-none": {"available": False, "pinned": 0}, "h-alice": {"available": True, "pinned": 1},
-                      "h-all": {"available": True, "pinned": 2}}
+    assert counts == {"h-none": {"available": False, "pinned": 0, "error": None},
+                      "h-alice": {"available": True, "pinned": 1, "error": None},
+                      "h-all": {"available": True, "pinned": 2, "error": None}}

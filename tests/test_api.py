@@ -190,11 +190,33 @@ def test_api_without_a_corpus_is_unavailable_not_an_error(tmp_path: Path) -> Non
     with run_api_in_thread(tmp_path / "fresh-home") as url:
         h = API.get(url + "/health").json()
         assert h["available"] is False and h["status"] == "unavailable"
-        assert h["peers"] == {"available": False, "pinned": 0}  # no identity, nobody pinned
+        assert h["peers"] == {"available": False, "pinned": 0, "error": None}  # no identity, nobody pinned
         env = API.post(url + "/search", json={"query": "anything"}).json()
         _valid(env)
         assert env["available"] is False and env["reason"] == "index-unavailable"
     assert not (tmp_path / "fresh-home" / "corpus").exists()  # the API created nothing
+
+
+def test_health_names_a_damaged_peers_json_and_its_code(tmp_path: Path) -> None:
+    """A peers.json that does not read: /health said only ``pinned: 0``, as if nobody were
+    pinned; it names the file and the code `kith peers list` refuses it with, and says
+    it again once the file is fixed."""
+    from node.trust.identity import load_or_init_identity
+    from node.trust.peers import PeerRegistry
+
+    home = tmp_path / "home"
+    load_or_init_identity(home)
+    API.headers.update(api_headers(home))
+    (home / "peers.json").write_text("{not json")
+    with run_api_in_thread(home) as url:
+        broken = API.get(url + "/health").json()["peers"]
+        (home / "peers.json").unlink()
+        PeerRegistry.load(home).add("alice", "ab" * 32)
+        fixed = API.get(url + "/health").json()["peers"]
+    assert broken["available"] is False and broken["pinned"] == 0
+    assert broken["error"]["file"] == "peers.json" and broken["error"]["code"] == "config-invalid", broken
+    assert "peers.json" in broken["error"]["message"] and broken["error"]["hint"], broken
+    assert fixed == {"available": True, "pinned": 1, "error": None}
 
 
 def test_client_budget_spans_retries(served) -> None:

@@ -450,7 +450,7 @@ def test_local_api_search_takes_peers_and_stays_read_only(tmp_path):
     assert put.status_code == 403
     # a guest home (no corpus of its own) whose peer search works is not "unavailable"
     # (issue 32): status ok, its own index unavailable, its peers askable
-    assert health["status"] == "ok" and health["peers"] == {"available": True, "pinned": 2}, health
+    assert health["status"] == "ok" and health["peers"] == {"available": True, "pinned": 2, "error": None}, health
     assert health["available"] is False and health["reason"] == "index-unavailable"
 
 

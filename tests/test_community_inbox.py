@@ -234,3 +234,60 @@ def test_the_asker_killed_before_its_ack_keeps_one_answer(tmp_path: Path) -> Non
     with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
         asyncio.run(scenario(url))
     store.close()
+
+
+def test_a_seen_file_that_goes_bad_while_the_host_runs_is_named_and_the_question_stays(tmp_path: Path) -> None:
+    """``<home>/sealed-seen.sqlite`` read fine at start and damaged after: the take loop said
+    "the mailbox at URL could not be read", blaming the holder, and the question was dropped
+    (acked) as if it were at fault. It names the local file and its code, and the question
+    stays at the holder for the take after the file is fixed."""
+    import anyio
+
+    from node.host.sealed_host import take_sealed_questions
+    from node.runtime.clock import ManualClock
+    from node.trust.identity import init_identity
+    from node.trust.sealed_seen import FILE_NAME, DurableSeen
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    host, asker = init_identity(home)[0], new_identity()
+    seen = DurableSeen(home)  # probed at start: no file yet, fine
+    (home / FILE_NAME).write_bytes(os.urandom(4096))  # then it goes bad
+    store = open_store(tmp_path / "c.sqlite3")
+    said: list[str] = []
+
+    class RunningHost:  # the parts of node.host.host.Host the take loop reads
+        def __init__(self, url: str) -> None:
+            self.home, self.identity, self.clock = home, host, ManualClock()
+            self.door = self.knowledge = self.audit = None
+            self.url = url
+
+        def mail_urls(self) -> list[str]:
+            return [self.url]
+
+        def sealed_seen(self) -> DurableSeen:
+            return seen
+
+        def warn(self, line: str) -> None:
+            said.append(line)
+
+        def emit(self, ev: dict) -> None:
+            raise AssertionError(f"nothing is taken while the file is bad: {ev}")
+
+    async def scenario(url: str) -> None:
+        async with CommunityClient(url, asker) as a:
+            await leave_question(a, asker, None, question_id=QID, request={"query": QUESTION}, peer=host.public_key,
+                                 recipients=[host.public_key], expires=time.time() + 3600)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take_sealed_questions, RunningHost(url))
+            with anyio.fail_after(30):
+                while not said:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+
+    with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+        asyncio.run(scenario(url))
+        assert store.mailbox_usage()["records"] == 1  # the question is still there, not acked
+    store.close()
+    assert len(said) == 1 and "could not be read" not in said[0], said
+    assert f"[config-invalid] {FILE_NAME} is not a readable database" in said[0] and f"mv {home / FILE_NAME}" in said[0]

@@ -319,6 +319,33 @@ def test_the_runner_reads_a_copy_s_grant_again_only_when_it_changed(host, tmp_pa
     assert runner.spawned == ["alice"]  # and the copy made stale by it is synced
 
 
+def test_the_runner_reads_a_copy_s_manifest_again_only_when_it_changed(host, tmp_path):
+    """Review: each step of the home's runner (one a second) read every copy's manifest.json
+    three times (its end, its row, whether it is stale) — a copy of thousands of documents
+    parsed each second. Now once, and again when a sync committed a new one; the copy's
+    state as the steps see it follows the commit."""
+    from support.opens import counting
+
+    home, _ = host
+    guest, key = _synced(tmp_path, home, told=STATE)
+    task = CopiesTask(guest, clock=ManualClock())
+    task._due["alice"] = 10_000.0  # synced a moment ago: not due
+    runner = _Runner()
+    with counting("manifest.json") as opened:
+        for _ in range(5):
+            anyio.run(task.step, runner)
+        assert opened["manifest.json"] == 1 and runner.spawned == []
+        store = CopyStore(guest, "alice")
+        state = store.load()
+        state["stamp"] = "0" * 32  # another process committed the copy under another grant stamp
+        store.commit(state)
+        before = opened["manifest.json"]
+        for _ in range(5):
+            anyio.run(task.step, runner)
+        assert opened["manifest.json"] == before + 1  # read again once: the file changed
+    assert runner.spawned == ["alice"]  # and the steps saw it: stale under the grant told, synced
+
+
 class _AwayRunner(_Runner):
     """A runner whose pool cannot reach the host (it is away)."""
 

@@ -290,7 +290,7 @@ def test_off_by_default_imports_nothing_heavy(kb) -> None:
         assert dense.status(c) == {"enabled": False, "installed": dense.extra_available(),
                                    "tier": "static", "model": dense.STATIC_MODEL_PREFIX,
                                    "vectors": 0,
-                                   "chunks": 3, "missing": 3}
+                                   "chunks": 3, "missing": 3, "staticQueries": None}
 
 
 def test_embed_refuses_bad_input_and_readonly(kb) -> None:
@@ -348,6 +348,39 @@ def test_cli_config_dense_and_status(kb) -> None:
         assert r.exit_code == 1 and getattr(r.exception, "code", None) == "dense-unavailable"
     with Corpus(home, readonly=True) as c:
         assert not dense.enabled(c)
+
+
+def test_index_status_says_whether_the_static_table_reads_questions_in_context(kb) -> None:
+    """A table distilled before its projection existed reads a question word by word; one
+    with its projection reads it in context (issue 40 item 3). `kith index status` did not
+    say which; its --json says ``staticQueries`` and its dense line says it in words. (No
+    model is run: the files are written with their records as the distillation does.)"""
+    from node.cli.index_cmd import _dense_line
+
+    home, _root = kb
+    run = _cli(home)
+
+    def reading() -> dict:
+        r = run("index", "status", "--json")
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["dense"]
+
+    assert reading()["staticQueries"] is None  # no table distilled here
+    emb = dense.StaticMiniLM(home)
+    emb.path.parent.mkdir(parents=True, exist_ok=True)
+    emb._save(emb.path, np.zeros((8, dense.STATIC_DIM), dtype=np.float16))  # an older table: no projection
+    older = reading()
+    assert older["staticQueries"] == "words"
+    assert "questions read word by word" in _dense_line(older) and "kith index embed" in _dense_line(older)
+    projection = np.zeros((dense.DIM + 1, dense.STATIC_DIM), dtype=np.float32)
+    emb._save(emb.projection_path, projection, tableSha256="0" * 64)  # names another table
+    assert reading()["staticQueries"] == "words"
+    emb._save(emb.projection_path, projection, tableSha256=hashlib.sha256(emb.path.read_bytes()).hexdigest())
+    now = reading()
+    assert now["staticQueries"] == "context"
+    assert "questions read in context" in _dense_line(now) and "word by word" not in _dense_line(now)
+    emb.projection_path.write_bytes(b"damaged")  # fails its check: the table alone reads it
+    assert reading()["staticQueries"] == "words"
 
 
 # -- the real model (optional extra) ----------------------------------------------------------

@@ -92,13 +92,36 @@ def test_every_pool_of_a_guest_reads_the_registry_through_its_one_view(tmp_path)
     assert first.peers.now().by_name("bob") is not None and guest.peers.loads == 2
 
 
+def test_kith_join_and_every_pool_read_the_person_record_through_the_guests_one_view(tmp_path):
+    """``kith join`` reads ``guest.person`` before dialling and each pool's sessions read
+    ``pool.person``: one view, so one read of ``person.json`` per change in the process."""
+    from node.trust.person import PERSON_FILE, init_person, save_person
+
+    home = initialized(tmp_path / "home")
+    guest = Guest(home, local=True)
+    assert guest.person.now() is None  # no person yet: nothing to carry
+    rec, _words = init_person(home, guest.identity, "desk")
+    first, second = guest.session_pool(), guest.session_pool()
+    assert first.person is guest.person and second.person is guest.person
+    assert first.person.now().person_key == rec.person_key == second.person.now().person_key
+    assert guest.person.loads == 2  # once before, once after the record was made; three readers
+    save_person(home, rec)  # rewritten (another process bound a device): read again, once
+    assert guest.person.now().person_key == rec.person_key and first.person.now() is guest.person.now()
+    assert guest.person.loads == 3
+    (home / PERSON_FILE).write_text("{not json")
+    with pytest.raises(KithError) as err:  # a damaged record refuses with its code, each time asked
+        second.person.now()
+    assert err.value.code == "config-invalid"
+
+
 def test_the_identity_is_loaded_once_and_a_home_without_one_is_refused_when_asked_for(tmp_path):
     home = initialized(tmp_path / "home")
     guest = Guest(home)
-    assert guest.identity is guest.identity
+    assert guest.load() is guest.identity is guest.identity
     bare = Guest(tmp_path / "none")  # building it reads nothing
-    with pytest.raises(KithError):
-        bare.identity
+    with pytest.raises(KithError) as err:
+        bare.load()
+    assert err.value.code == "home-not-initialized"
 
 
 def test_one_runner_per_guest_and_none_runs_in_a_home_without_an_identity(tmp_path):

@@ -122,3 +122,49 @@ def test_a_refused_kith_host_start_writes_nothing(served_home: Path, tmp_path: P
     after = _files(home)
     assert sorted(after) == sorted(before), sorted(set(after) ^ set(before))
     assert [n for n in before if after[n] != before[n]] == []
+
+
+def _entries(home: Path) -> list[str]:
+    """Every file and folder of ``home``, lock files included."""
+    return sorted(p.relative_to(home).as_posix() for p in home.rglob("*"))
+
+
+@pytest.mark.parametrize("refusal", ["policy.toml", "--presence", "card-seq"])
+def test_a_refused_first_kith_host_start_leaves_the_home_file_list_unchanged(tmp_path: Path, refusal: str) -> None:
+    """A home that never served, made before agents (no agents.json): a start refused by a
+    damaged policy.toml, a bad flag value or a folder where card-seq should be (refused
+    once the endpoint is bound) made the agent ``default``, ``run/``, ``host.lock`` and
+    ``runner.lock`` (the runner started beside the host before it was refused); it now
+    leaves the file list as it was. The start that serves makes them."""
+    home = tmp_path / "home"
+    env = {**os.environ, "KITH_OFFLINE": "1"}
+    kith = [sys.executable, "-m", "node.cli.main", "--home", str(home)]
+    subprocess.run([*kith, "init"], check=True, capture_output=True, env=env, timeout=60, cwd=REPO)
+    (home / "agents.json").unlink()  # an older home: the first command makes it
+    args = ["host", "--offline", "--invite-file", str(tmp_path / "inv.json")]
+    if refusal == "policy.toml":
+        (home / "policy.toml").write_text("not toml at all\n")
+    elif refusal == "card-seq":
+        (home / "card-seq").mkdir()
+    else:
+        args += ["--presence", "sometimes"]
+    before = _entries(home)
+    proc = subprocess.run([*kith, *args], capture_output=True, text=True, env=env, timeout=60, cwd=REPO,
+                          stdin=subprocess.DEVNULL)
+    code = {"policy.toml": "policy-invalid", "--presence": "presence-invalid", "card-seq": "io-error"}[refusal]
+    assert proc.returncode in (1, 2) and f"error [{code}]" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "inv.json").exists(), proc.stderr
+    assert _entries(home) == before, sorted(set(_entries(home)) ^ set(before))
+
+
+def test_a_lock_file_removed_by_its_holder_is_taken_again_on_the_new_file(tmp_path: Path) -> None:
+    from node.common.home import remove_owner_lock
+
+    path = tmp_path / "host.lock"
+    fd = acquire_owner_lock(path, "kith host")
+    remove_owner_lock(path, fd)
+    assert not path.exists()
+    again = acquire_owner_lock(path, "kith host")
+    assert again is not None and path.exists() and lock_owner(path).startswith(f"pid {os.getpid()}")
+    assert os.fstat(again).st_ino == path.stat().st_ino
+    release_owner_lock(again)

@@ -513,7 +513,9 @@ def _json_lines(text: str) -> list[dict]:
 def test_the_local_api_queues_by_name_and_its_runner_delivers(world):
     """``POST /outbox`` (the API's one write) asks now and keeps the question for the peer
     that is down; the API's own runner delivers it once the host is up; ``GET /outbox``
-    reads it and changes nothing."""
+    reads it and changes nothing. The runner asks through the API's one pool: an agent's
+    next question to that peer goes over the session the delivery opened (the host sees
+    one session; it saw two when the runner kept a pool of its own)."""
     import httpx
 
     from node.local.api import run_api_in_thread
@@ -539,8 +541,15 @@ def test_the_local_api_queues_by_name_and_its_runner_delivers(world):
             listing = httpx.get(headers=auth, url=api + "/outbox", timeout=30).json()
             missing = httpx.get(headers=auth, url=api + "/outbox", params={"id": "ffff0000"}, timeout=30)
             put = httpx.put(headers=auth, url=api + "/outbox", json={}, timeout=30)
+            warm = httpx.post(headers=auth, url=api + "/search", json={"query": "staging server", "peers": ["alice"]},
+                              timeout=120)
     finally:
         _stop(host)
+    assert warm.status_code == 200 and warm.json()["answered"] == 1, warm.text
+    audit = _kith(host_home, "audit", "--json")
+    assert audit.returncode == 0, audit.stderr
+    answered = [r for r in _json_lines(audit.stdout) if r.get("event") == "results"]
+    assert len(answered) == 2 and len({r["session_id"] for r in answered}) == 1, answered
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "outbox-keep-invalid"
     assert no_peers.status_code == 400 and no_peers.json()["error"]["code"] == "query-invalid"
     assert record is not None and record["state"] == "answered", record

@@ -24,8 +24,7 @@ from typing import Any
 import msgspec
 
 from node.answer import readable
-from node.answer.contract import (  # noqa: F401 - the request contract, re-exported
-    DEDUPE_LEVELS, MAX_QUERY_CHARS, MAX_SERVER_BUDGET_MS, TOP_K_DEFAULT, TOP_K_MAX, server_deadline)
+from node.answer.contract import DEDUPE_LEVELS, MAX_SERVER_BUDGET_MS
 from node.corpus import search
 from node.corpus.types import Hit
 from node.common.errors import CorpusError

@@ -12,8 +12,8 @@ from typing import Any, Optional
 import anyio
 import typer
 
-from node.cli.common import (TransportArgs, console, emit_json, err_console, home_if_any, identity_home_of,
-                             new_home_of, safe_text, server_option, transport_options, warn)
+from node.cli.common import (TransportArgs, console, default_agent, emit_json, err_console, home_if_any,
+                             identity_home_of, new_home_of, safe_text, server_option, transport_options, warn)
 from node.cli.render import CONNECTING_NOTICE_S, Waiting, print_answer
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import CODES, InvitationError, KithError, SessionAborted, SpecError, UsageError, error_for
@@ -160,7 +160,9 @@ def host_cmd(
         raise UsageError("usage", "give --server URL (publish) or --invite-file FILE (paired peers, no server)")
     if invite_file is not None and not invite_file.resolve().parent.is_dir():
         raise UsageError("usage", f"--invite-file: the folder {invite_file.parent} does not exist")
-    home = identity_home_of(ctx)
+    # a refused start leaves the home as it was: an older home's agent `default` is made, and
+    # the runner (its lock, its pool) started, only once the host is up (on_invitation below)
+    home = identity_home_of(ctx, agent=False)
     mode = transport.mode(home, "host")
     from node.host.grants import presence_from
 
@@ -208,7 +210,11 @@ def host_cmd(
     opts.max_failed_handshakes = max_failed_handshakes
     opts.failure_cooldown_s = failure_cooldown
 
+    up = None  # the anyio.Event set by the first invitation: the host started (made in main)
+
     def on_invitation(inv: dict[str, Any]) -> None:
+        if up is not None and not up.is_set():
+            up.set()
         if json_out:
             emit_json(inv)
         else:
@@ -225,7 +231,9 @@ def host_cmd(
             console.print("  Ctrl-C to stop.")
 
     async def main() -> None:
+        nonlocal up
         stop = anyio.Event()
+        up = anyio.Event()
 
         async def until_signal() -> None:  # 1st signal: end sessions cleanly; 2nd: stop now
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -243,10 +251,19 @@ def host_cmd(
 
         clock = SYSTEM_CLOCK  # one clock for the host and the home's background work beside it
         guest = Guest(home, mode=mode, local=mode.offline, clock=clock)  # the asking side of this process
+
+        async def background_once_up() -> None:
+            await up.wait()
+            try:
+                default_agent(home)  # a home made before agents (node/cli/common.py)
+            except KithError as exc:  # a full disk, say: the host serves on; the next command makes it
+                warn(f"the agent 'default' could not be created now [{exc.code}]: {exc.message}")
+            # the home's background work while it hosts: the outbox's delivery (specs/outbox.md §5)
+            await guest.run_background(command="kith host", on_event=say_delivery)
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(until_signal)
-            # the home's background work while it hosts: the outbox's delivery (specs/outbox.md §5)
-            tg.start_soon(partial(guest.run_background, command="kith host", on_event=say_delivery))
+            tg.start_soon(background_once_up)
             await serve_host(home, opts, on_invitation=on_invitation, warn=warn, stop=stop,
                              on_event=HostEventPrinter(json_out=json_out, server=server),
                              clock=clock, on_devices_revoked=partial(_end_revoked_copies, home))
@@ -399,13 +416,12 @@ def join_cmd(
     """Join a Host's invitation, verify it, connect directly over iroh and ask questions."""
     from node.answer import contract
     from node.guest.owner import Guest
-    from node.trust.person import load_person
 
     home = identity_home_of(ctx)
     mode = transport.mode(home, "join")
     guest = Guest(home, mode=mode, local=mode.offline)  # the asking side of this process
-    guest.identity  # loaded (a damaged identity refused) before anything else
-    person = load_person(home)  # a damaged record fails here, with its hint, not as the host's refusal; read once
+    guest.load()  # a home without an identity, or a damaged one, is refused before anything else
+    guest.person.now()  # a damaged record fails here, with its hint, not as the host's refusal; read once
     for text in query:  # refused here, with the code every entry point uses, before connecting
         try:
             contract.validate({"query": text, "topK": top_k})
@@ -417,16 +433,15 @@ def join_cmd(
     if peer is not None and pin is not None:
         raise UsageError("usage", "--peer NAME joins a peer pinned already; --pin is for a new one")
     Join(guest, target=target, peer=peer, server=server, trust=trust, query=query, top_k=top_k,
-         json_out=json_out, citations=citations, pin=pin, accept_host_ui=accept_host_ui, yes=yes,
-         person=person).run()
+         json_out=json_out, citations=citations, pin=pin, accept_host_ui=accept_host_ui, yes=yes).run()
 
 
 class Join:
     """One ``kith join``: the host it joins, the session with it and what it prints.
 
     Built by :func:`join_cmd` once the command line is checked, with the process's
-    :class:`node.guest.owner.Guest` (its identity, transport and view of ``peers.json``:
-    the registry is read once, and again only when a write of the session changed it);
+    :class:`node.guest.owner.Guest` (its identity, transport and views of ``peers.json``
+    and ``person.json``: each is read once, and again only when a write changed it);
     :meth:`run` joins, asks (the ``--query`` questions, or at the ``ask>`` prompt) and
     raises the refusal the session ends with (:func:`_join_result`). Its state is what the
     session's callbacks share: the answers so far, the question out, the outbound gate's
@@ -435,11 +450,9 @@ class Join:
 
     def __init__(self, guest: Any, *, target: str | None, peer: str | None,
                  server: str | None, trust: bool, query: list[str], top_k: int, json_out: bool, citations: bool,
-                 pin: str | None, accept_host_ui: bool, yes: bool, person: Any = None) -> None:
+                 pin: str | None, accept_host_ui: bool, yes: bool) -> None:
         self.guest = guest
         self.home, self.identity, self.mode = guest.home, guest.identity, guest.mode
-        #: this home's person record, read once by the command (None: no person)
-        self.person = person
         self.target, self.peer, self.server, self.trust = target, peer, server, trust
         self.query, self.top_k, self.json_out, self.citations = query, top_k, json_out, citations
         self.pin, self.accept_host_ui, self.yes = pin, accept_host_ui, yes
@@ -515,7 +528,7 @@ class Join:
                     asked = await ask(self.home, self.identity, host, options, local=self.mode.offline, mode=self.mode,
                                       server_url=self.server, host_seen=self.host_seen, on_ready=self.on_ready,
                                       accept_host_ui=self.accept_host_ui, on_path=self.on_path, peers=self.guest.peers,
-                                      person=lambda: self.person)
+                                      person=self.guest.person.now)
                     tg.cancel_scope.cancel()
             finally:
                 self.waiting.stop()

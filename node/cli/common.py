@@ -143,7 +143,7 @@ def state_of(ctx: typer.Context) -> CliState:
     return root.obj
 
 
-def home_of(ctx: typer.Context, *, server: bool = False) -> Path:
+def home_of(ctx: typer.Context, *, server: bool = False, agent: bool = True) -> Path:
     """The node home of this invocation (``--home``, ``$KITH_HOME`` or the default), which
     must be an initialised home: the one check every command but ``init`` and ``community
     serve`` (:func:`new_home_of`) passes. Nothing is created, so a typo in ``--home``
@@ -152,20 +152,24 @@ def home_of(ctx: typer.Context, *, server: bool = False) -> Path:
     Args:
         server: accept a home ``kith community serve`` made (``community migrate``,
             ``backup``) as well as one ``kith init`` made.
+        agent: a home made before agents gets its agent ``default`` now
+            (:func:`default_agent`); False: the command makes it itself once nothing can
+            refuse it (``kith host``: a refused start leaves the home as it was).
 
     Raises:
         ConfigError: ``home-not-a-folder`` (the path is a file), ``home-not-initialized``
             (no such home yet; the ``kith --home DIR init`` hint).
     """
     home = require_home(state_of(ctx).home_path, server=server)
-    if (home / IDENTITY_FILE).is_file():  # not a community server's home
-        _default_agent(home)
+    if agent and (home / IDENTITY_FILE).is_file():  # not a community server's home
+        default_agent(home)
     return home
 
 
-def _default_agent(home: Path) -> None:
+def default_agent(home: Path) -> None:
     """The first command in a home made before agents creates the agent ``default``
-    (node/local/agents.py) and says how to get its token (it is never printed here)."""
+    (node/local/agents.py) and says how to get its token (it is never printed here);
+    nothing when ``<home>/agents.json`` exists."""
     from node.local.agents import AGENTS_FILE, ensure_default_agent
 
     if (home / AGENTS_FILE).exists():

@@ -116,7 +116,7 @@ def sync_cmd(
     if not names:
         raise UsageError("usage", "name a pinned peer (`kith copies sync NAME`); no copy is kept here yet")
     guest = Guest(home, mode=mode, local=mode.offline)  # the asking side of this process
-    guest.identity  # noqa: B018 - a home without an identity is refused before any peer is asked
+    guest.load()  # a home without an identity is refused before any peer is asked
     reports: list[dict[str, Any]] = []
     failed = 0
 

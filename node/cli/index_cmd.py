@@ -192,8 +192,12 @@ def _dense_line(st: dict[str, Any]) -> str:
     state = "on" if st["enabled"] else "off"
     extra = "" if st["installed"] else " (the hybrid extra is not installed: the pass is skipped; scripts/setup --hybrid)"
     todo = f"; run `kith index embed` for {st['missing']} chunk(s)" if st["enabled"] and st["missing"] else ""
+    reads = {"context": "; questions read in context (the table's projection)",
+             "words": "; questions read word by word (a table distilled before its projection existed: move "
+                      "<home>/models/minilm-l6-static-v2*.npy aside and run `kith index embed` to distil it "
+                      "with one)"}.get(st.get("staticQueries") or "", "") if st.get("tier", "static") == "static" else ""
     return (f"dense pass {state}{extra}, model {st.get('tier', 'static')}: {st['vectors']}/"
-            f"{st['chunks']} chunks embedded ({st['model']}){todo}")
+            f"{st['chunks']} chunks embedded ({st['model']}){reads}{todo}")
 
 
 def _embed(corpus: Any, *, json_out: bool, batch_size: int, enable: bool) -> dict[str, Any]:

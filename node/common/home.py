@@ -182,6 +182,10 @@ def acquire_owner_lock(path: Path, command: str) -> int | None:
     Returns:
         The descriptor holding the lock, or None when another process holds it. On a
         platform without ``fcntl`` no lock is taken and ``-1`` is returned.
+
+    A lock taken on a file its holder removed meanwhile (:func:`remove_owner_lock`) is
+    dropped and the lock taken again on the file now at ``path``, so two processes never
+    both hold "the" lock.
     """
     import json
     import time
@@ -191,12 +195,21 @@ def acquire_owner_lock(path: Path, command: str) -> int | None:
     except ImportError:  # pragma: no cover - Windows
         return -1
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        held = os.fstat(fd)
+        try:
+            now = os.stat(path)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            break
+        os.close(fd)  # its holder removed that file before we locked it: lock the one there now
     os.ftruncate(fd, 0)
     since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     os.write(fd, json.dumps({"pid": os.getpid(), "command": command[:200], "since": since}).encode())
@@ -212,6 +225,20 @@ def release_owner_lock(fd: int | None) -> None:
     except OSError:
         pass
     os.close(fd)  # closing releases the flock
+
+
+def remove_owner_lock(path: Path, fd: int | None) -> None:
+    """Remove the lock file ``path`` while still holding it, then release ``fd``: for a
+    command refused before it started, that created the file (a refused ``kith host``
+    start leaves the home's file list as it was). A process that opened the file before
+    it went takes the lock again on a new one (:func:`acquire_owner_lock`)."""
+    if fd is None or fd < 0:
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    release_owner_lock(fd)
 
 
 def _lock_info(path: Path) -> dict[str, Any] | None:

@@ -149,6 +149,9 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
     Raises:
         CommunityError: from the take itself (``mailbox-off``, ``server-unreachable``, …);
             a failing put or ack leaves its record for a later step instead.
+        KithError: a fault of ``seen``'s file (:class:`node.trust.sealed_seen.DurableSeen`:
+            ``config-invalid``, ``io-error``, ``disk-full``): the record is left at the holder,
+            never dropped as if it were at fault.
     """
     seen = seen if seen is not None else SeenRecords()
     report = InboxReport()
@@ -159,12 +162,12 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
         sender = record.get("sender") if isinstance(record.get("sender"), str) else None
         try:
             opened = open_sealed(record, identity.secret, now=clock())
-            seen_before = seen.seen(opened, now=clock())
         except KithError as exc:
             report.refuse(exc.code)
             if rid is not None and sender is not None:
                 done.append((sender, rid))
             continue
+        seen_before = seen.seen(opened, now=clock())  # a fault of the local file is raised: the record stays
         if seen_before:
             report.refuse("sealed-replayed")
             done.append((opened.sender, opened.id))

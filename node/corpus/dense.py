@@ -579,13 +579,9 @@ class StaticMiniLM:
         with self._lock:
             self._table = None
 
-    def _read(self, path: Path) -> tuple[Any, dict[str, Any], str]:
-        """``(array, record, sha256)`` of a checked file; CorpusError when it does not
-        match its record."""
-        import io
-
-        import numpy as np
-
+    def _checked(self, path: Path) -> tuple[bytes, dict[str, Any], str]:
+        """``(bytes, record, sha256)`` of a file that matches its record (no numpy needed);
+        CorpusError ``dense-unavailable`` when it does not."""
         bad = CorpusError("dense-unavailable", "The static dense table is missing or does "
                                                "not match its recorded checksum.",
                           hint="Run `kith index embed` to make it again.")
@@ -600,6 +596,19 @@ class StaticMiniLM:
                 or rec.get("sourceModelSha256") != MODEL_SHA256
                 or rec.get("tokenizerSha256") != TOKENIZER_SHA256):
             raise bad
+        return data, rec, digest
+
+    def _read(self, path: Path) -> tuple[Any, dict[str, Any], str]:
+        """``(array, record, sha256)`` of a checked file (:meth:`_checked`); CorpusError
+        when it does not match its record."""
+        import io
+
+        import numpy as np
+
+        data, rec, digest = self._checked(path)
+        bad = CorpusError("dense-unavailable", "The static dense table is missing or does "
+                                               "not match its recorded checksum.",
+                          hint="Run `kith index embed` to make it again.")
         try:
             array = np.load(io.BytesIO(data), allow_pickle=False).astype(np.float32)
         except ValueError:
@@ -611,6 +620,27 @@ class StaticMiniLM:
     def has_table(self) -> bool:
         """True when the distilled table's file is present (not checked)."""
         return self.path.is_file()
+
+    def query_reading(self) -> str | None:
+        """How this home's table reads a question, as its files and their records say (the
+        394 KB projection is checked; the table only by its record, nothing is loaded):
+        ``"context"`` — its projection (:data:`STATIC_PROJECTION_FILE`) is stored, passes
+        its check and names this table, so :meth:`embed_query` reads the question with the
+        full model, in context, when the model can run; ``"words"`` — a table distilled
+        before the projection existed (or one whose projection fails its check or names
+        another table): the question is embedded from the table, word by word; None — no
+        table is distilled here (specs/corpus.md, `kith index status`)."""
+        try:
+            table = read_json_state(self._record(self.path))
+        except (OSError, ConfigError):
+            return None
+        if not isinstance(table, dict) or not self.path.is_file():
+            return None
+        try:
+            _data, rec, _digest = self._checked(self.projection_path)
+        except CorpusError:
+            return "words"
+        return "context" if rec.get("tableSha256") == table.get("sha256") else "words"
 
     def ensure(self, model: OnnxMiniLM | None = None) -> float:
         """Distil and store the table when it is missing or fails its check; returns the
@@ -935,12 +965,14 @@ def status(corpus: Any) -> dict[str, Any]:
         ``{"enabled": bool, "installed": bool, "tier": "static" | "minilm", "model": str
         (the tier's model id), "vectors": int (rows of
         the current model whose chunk is in a done document), "chunks": int (chunks of
-        done documents), "missing": int}``. Counts are rows, not checked against
-        ``text_hash`` (:func:`embed_missing` does that). Never raises for a missing
-        corpus.
+        done documents), "missing": int, "staticQueries": "context" | "words" | None (how
+        the home's static table reads a question: :meth:`StaticMiniLM.query_reading`)}``.
+        Counts are rows, not checked against ``text_hash`` (:func:`embed_missing` does
+        that). Never raises for a missing corpus.
     """
     out: dict[str, Any] = {"enabled": False, "installed": extra_available(), "tier": DEFAULT_TIER,
-                           "model": STATIC_MODEL_PREFIX, "vectors": 0, "chunks": 0, "missing": 0}
+                           "model": STATIC_MODEL_PREFIX, "vectors": 0, "chunks": 0, "missing": 0,
+                           "staticQueries": StaticMiniLM(corpus.home).query_reading()}
     db = corpus.record.db
     if db is None:
         return out

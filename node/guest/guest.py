@@ -419,9 +419,9 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             or None: a view of its own. Writes (the host's shared profile merged, a device
             seen) load and save the file themselves, only when they change it.
         person: returns this home's person record (:class:`node.trust.person.PersonRecord`
-            or None) as the caller read it — the command that checked it before dialling,
-            or a pool's view of ``person.json`` read again only when it changed — so a run
-            reads the file once; None: read it here. The binding chain and revocation list
+            or None): the ``now`` of the process's view of ``person.json``
+            (:attr:`node.guest.owner.Guest.person`, read again only when it changed), so a
+            run reads the file once; None: read it here. The binding chain and revocation list
             the handshake carries come from it.
 
     The guest asks for the host's copy grant state (``copy_state_v1``) and acts on it

@@ -7,9 +7,10 @@ mcp``, ``kith api serve`` and the home's background runner beside ``kith host`` 
 the only place they take the asking side's parts from:
 
 - the identity, loaded on first use and kept;
-- one view of the peer registry (:class:`node.guest.peerview.PeerView`) and of each home
-  file read on every question (:meth:`Guest.home_file`): ``peers.json`` is read once per
-  process per change, whichever pool, asker, session or task reads it;
+- one view of the peer registry (:class:`node.guest.peerview.PeerView`), of the person
+  record (:attr:`Guest.person`) and of each home file read on every question
+  (:meth:`Guest.home_file`): ``peers.json`` and ``person.json`` are read once per process
+  per change, whichever command, pool, asker, session or task reads them;
 - the session pools (:meth:`Guest.session_pool`), wired to that identity and those views;
 - the asker over a pool (:meth:`Guest.asker`);
 - the home's runner (:meth:`Guest.runner`, :meth:`Guest.run_background`; one per home
@@ -82,6 +83,37 @@ class Guest:
             self._identity = load_identity(self.home)
         return self._identity
 
+    def load(self) -> Any:
+        """Load this home's identity now (once: later calls and :attr:`identity` return it),
+        so a command refuses a home without one, or with a damaged key, before it resolves,
+        gates or dials anything.
+
+        Returns:
+            The :class:`node.trust.identity.Identity`.
+
+        Raises:
+            KithError: as :func:`node.trust.identity.load_identity` (``home-not-initialized``,
+                ``identity-corrupt``, ``io-error``).
+        """
+        return self.identity
+
+    @property
+    def person(self) -> FileView:
+        """This process's one view of ``person.json`` (:meth:`home_file`, loaded with
+        :func:`node.trust.person.load_person`): ``now()`` is this home's
+        :class:`node.trust.person.PersonRecord`, or None when the home has no person, read
+        again only when the file changed. ``kith join`` and every pool's sessions
+        (:attr:`node.guest.pool.SessionPool.person`) read it here, so a run reads the file
+        once and each handshake carries the chain and revocation list of the record read
+        last.
+
+        ``now()`` raises as :func:`~node.trust.person.load_person` does (``config-invalid``
+        for a damaged record), each time it is asked, until the file is fixed.
+        """
+        from node.trust.person import PERSON_FILE, load_person
+
+        return self.home_file(PERSON_FILE, load_person)
+
     def home_file(self, name: str, load: Callable[[Path], Any]) -> FileView:
         """This process's view of ``<home>/name`` loaded with ``load`` (made on first use):
         read again only when the file changed (the kept cards and revocation lists the
@@ -144,7 +176,9 @@ class Guest:
         clock) until cancelled: what ``kith host``, ``kith api serve`` and ``kith mcp`` run
         on their event loop beside their work (specs/outbox.md §5). A home without an
         identity runs nothing; a runner that fails is logged and ends, never the process
-        around it (``kith host`` keeps serving).
+        around it (``kith host`` keeps serving). A ``pool`` handed in is started first, so
+        a home it cannot start in stops the runner at once with the pool's refusal, as
+        the runner's own pool does when it enters it.
 
         Args:
             command, pool, on_event: as :meth:`runner`.
@@ -160,6 +194,8 @@ class Guest:
             return
         runner = self.runner(command=command, pool=pool, on_event=on_event)
         try:
+            if pool is not None:  # the process's pool, started now: a home it cannot start in (a damaged
+                await pool()  # key, a bad [transport] table) stops the runner here, as its own pool does
             await runner.run(task_status=status)
         except Exception as exc:  # noqa: BLE001 - the background work never ends the process it runs in
             from node.common.dbfaults import refusal_of

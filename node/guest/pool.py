@@ -30,6 +30,7 @@ import logging
 import queue
 import time
 from contextlib import AsyncExitStack
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,12 @@ END_WAIT_S = 3.0
 #: Seconds an address whose new session never came up is not tried again (its peer is
 #: ``unreachable`` at once meanwhile, instead of costing every ask its whole deadline).
 DOWN_S = 15.0
+#: True in the home runner's tasks (:meth:`node.guest.runner.Runner.run` sets it for its
+#: task group): they keep their own backoff per peer (node/guest/outbox_task.py), so an
+#: address marked down (:data:`DOWN_S`) is dialled for them anyway. The runner of ``kith
+#: api serve`` and ``kith mcp`` asks through the server's one pool, whose mark still spares
+#: the agents' questions; a failed dial of the runner's marks the address for them too.
+OWN_BACKOFF: ContextVar[bool] = ContextVar("kith_pool_own_backoff", default=False)
 
 
 @dataclass
@@ -278,9 +285,12 @@ class SessionPool:
 
     @property
     def person(self) -> Any:
-        """This process's view of ``person.json`` (:meth:`home_file`, loaded with
-        :func:`node.trust.person.load_person`): each session's handshake carries the chain
+        """This process's view of ``person.json``: the owner's (:attr:`node.guest.owner.Guest.person`),
+        or for a pool built alone one of its own (:meth:`home_file`, loaded with
+        :func:`node.trust.person.load_person`). Each session's handshake carries the chain
         and revocation list of the record read last, read again only when the file changed."""
+        if self.owner is not None:
+            return self.owner.person
         from node.trust.person import PERSON_FILE, load_person
 
         return self.home_file(PERSON_FILE, load_person)
@@ -395,13 +405,14 @@ class SessionPool:
 
         Raises:
             PeerGone: the host's address did not answer a new session within the last
-                :data:`DOWN_S` seconds (``transport-connect-failed``; no new attempt yet).
+                :data:`DOWN_S` seconds (``transport-connect-failed``; no new attempt yet),
+                unless the caller keeps its own backoff (:data:`OWN_BACKOFF`).
         """
         key = target.invitation.host_public_key
         session = self.sessions.get(key)
         if session is None or session.closed.is_set():
             until = self._down.get((key, target.invitation.transport_info.ticket))
-            if until is not None and time.monotonic() < until:
+            if until is not None and not OWN_BACKOFF.get() and time.monotonic() < until:
                 self.stats.down_skips += 1
                 raise PeerGone(None, TransportError("transport-connect-failed",
                                                     "the host did not answer a new session moments ago"), False)

@@ -65,9 +65,12 @@ class Runner:
             pool the runner opens when none is handed in.
         tasks: the task list (:func:`default_tasks`).
         pool: an async callable returning the process's warm
-            :class:`~node.guest.pool.SessionPool` (the local API's and MCP's own), or
-            None: the runner opens one itself on first use (``kith host``, ``kith outbox
-            run``): :meth:`node.guest.owner.Guest.session_pool` with ``down_s=0``.
+            :class:`~node.guest.pool.SessionPool` (``kith api serve`` and ``kith mcp``
+            hand theirs in: one pool, one iroh endpoint per process), or None: the runner
+            opens one itself on first use (``kith host``, ``kith outbox run``):
+            :meth:`node.guest.owner.Guest.session_pool` with ``down_s=0``. Either way its
+            tasks dial an address the pool marked down (:data:`node.guest.pool.OWN_BACKOFF`):
+            they keep their own backoff.
         command: what the process is, written into the lock file (``kith host``).
         on_event: called with one dict per event a task reports (``outbox-answered``, …).
     """
@@ -165,7 +168,9 @@ class Runner:
         from contextlib import AsyncExitStack
 
         from node.common.home import acquire_owner_lock, release_owner_lock
+        from node.guest.pool import OWN_BACKOFF
 
+        own_backoff = OWN_BACKOFF.set(True)  # this task's context, copied into every task and job below
         task_status.started()
         fd = None
         try:
@@ -186,6 +191,7 @@ class Runner:
             self._own_pool = None
             self._tg = None
             release_owner_lock(fd)
+            OWN_BACKOFF.reset(own_backoff)
 
     async def _loop(self) -> None:
         due = {id(t): 0.0 for t in self.tasks}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +24,7 @@ import anyio
 
 from node.common.dbfaults import refusal_of
 from node.common.errors import ConfigError, KithError, SpecError
-from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
+from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock, remove_owner_lock
 from node.common.host_events import PostRestored, checked as checked_event
 from node.engine.session import HostConfig, SessionEngine
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
@@ -335,8 +336,9 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
 
     A start refused for any reason (``home-in-use``, a damaged file, a port or index
     refusal) writes none of the host's state files: the seen nonces and quota buckets are
-    only read at start and made at first use, ``audit.key`` just before publishing
-    (specs/session.md §8.1).
+    only read at start and made at first use, ``audit.key`` and the control folder
+    ``<home>/run`` just before publishing (specs/session.md §8.1), and a ``host.lock`` this
+    start made is removed again.
 
     Raises:
         KithError: ``home-in-use`` (another process serves this home), ``control-dir-unsafe``
@@ -344,15 +346,25 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
             found/invalid, bind failure, server refusal.
     """
     identity = load_identity(home)  # never created here: a typo in --home is refused
-    host_lock = acquire_owner_lock(home / HOST_LOCK_FILE, "kith host")
+    lock_path = home / HOST_LOCK_FILE
+    lock_was_there = lock_path.exists()
+    host_lock = acquire_owner_lock(lock_path, "kith host")
     if host_lock is None:
-        raise ConfigError("home-in-use", f"Another `kith host` is serving this home ({lock_owner(home / HOST_LOCK_FILE)}).",
+        raise ConfigError("home-in-use", f"Another `kith host` is serving this home ({lock_owner(lock_path)}).",
                           hint="Stop it first, or host from another home (--home DIR).")
+    started = []
+
+    def invitation(inv: dict[str, Any]) -> None:
+        started.append(True)
+        on_invitation(inv)
     try:
-        await Host(home, opts, identity, on_invitation=on_invitation, on_event=on_event, warn=warn,
+        await Host(home, opts, identity, on_invitation=invitation, on_event=on_event, warn=warn,
                    stop=stop, clock=clock, on_devices_revoked=on_devices_revoked).run()
     finally:
-        release_owner_lock(host_lock)
+        if started or lock_was_there:
+            release_owner_lock(host_lock)
+        else:  # a refused start leaves no lock file it made
+            remove_owner_lock(lock_path, host_lock)
 
 
 class Host:
@@ -619,8 +631,9 @@ class Host:
         from node.host.control import check_run_dir, control_socket_path
 
         started_at = self.clock.time()
-        if self.opts.control:
-            check_run_dir(control_socket_path(self.home).parent, create=True)  # control-dir-unsafe before publishing
+        run_dir = control_socket_path(self.home).parent
+        if self.opts.control and os.path.lexists(run_dir):  # control-dir-unsafe before anything is written
+            check_run_dir(run_dir, create=False)
         self._build()
         self._batch_audit()
         watcher = None
@@ -651,6 +664,8 @@ class Host:
                 from node.host.card import first_seq
 
                 self._seq = first_seq(self.home, self.identity)
+                if self.opts.control:  # made (0700) only now, still before publishing
+                    check_run_dir(run_dir, create=True)
                 self.audit.log.make_key()
                 self._keep_port(listener)
                 await self._check_relays(listener)

@@ -79,8 +79,12 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
             except KithError as exc:
                 if url not in said:
                     said.add(url)
-                    host.warn(f"the mailbox at {url} could not be read ({exc.code}); "
-                              f"sealed questions wait there until it can")
+                    if exc.category == "config":  # a file of this home (sealed-seen.sqlite, ...): not the mailbox
+                        host.warn(f"sealed questions at {url} wait until a file of this home is fixed: "
+                                  f"[{exc.code}] {exc.message}" + (f" — hint: {exc.hint}" if exc.hint else ""))
+                    else:
+                        host.warn(f"the mailbox at {url} could not be read ({exc.code}); "
+                                  f"sealed questions wait there until it can")
         await host.clock.sleep(every_s)
 
 

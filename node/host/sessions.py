@@ -22,7 +22,7 @@ from typing import Any, Callable, Collection
 
 from node.common.host_events import SessionEvicted, SessionRefused
 from node.runtime.clock import SYSTEM_CLOCK, Clock, rfc3339
-from node.host.doorkeeper import DEFERRABLE_CODES, admission, admits  # noqa: F401  (their old home)
+from node.host.doorkeeper import admission, admits  # their old home: `admission` is still imported from here
 
 #: Live sessions a host serves at once (``HostOptions.max_sessions``).
 MAX_CONCURRENT_SESSIONS = 64

@@ -255,11 +255,12 @@ def _contract() -> dict[str, Any]:
 
 
 class _PoolKeeper:
-    """The API's one warm session pool for ``peers`` searches (node/guest/pool.py),
-    started on the server's event loop by the first such request and kept by a
-    background task until the server stops (the loop's end cancels it). It is made by
-    ``guest``, the server process's :class:`node.guest.owner.Guest` (whose runner runs
-    beside it: :func:`background_runner`)."""
+    """The API's one warm session pool for ``peers`` searches and its background runner
+    (node/guest/pool.py), started on the server's event loop by the first that needs it
+    (the runner, as it starts: :func:`background_runner`) and kept by a background task
+    until the server stops (the loop's end cancels it). It is made by ``guest``, the
+    server process's :class:`node.guest.owner.Guest`. A pool that cannot start (a damaged
+    key, a bad ``[transport]`` table) raises its refusal to each caller of :meth:`get`."""
 
     def __init__(self, guest: Any) -> None:
         self.guest = guest
@@ -268,6 +269,13 @@ class _PoolKeeper:
         self._error: BaseException | None = None
 
     async def get(self) -> Any:
+        """The running :class:`node.guest.pool.SessionPool`, started on the running loop by
+        the first call.
+
+        Raises:
+            KithError: the pool's refusal when it cannot start (``transport-mode-invalid``,
+                ``identity-corrupt``, ...), to each call until it starts.
+        """
         import asyncio
 
         if self._lock is None:
@@ -288,9 +296,8 @@ class _PoolKeeper:
                 self.pool = pool
                 ready.set()
                 await anyio.sleep_forever()
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting request
+        except Exception as exc:  # noqa: BLE001 - handed to the waiting caller, who raises it
             self._error = exc
-            raise
         finally:
             self.pool = None
             ready.set()
@@ -327,21 +334,26 @@ class _Handlers:
                              "externalAgentContract": env_mod._external_contract()})
 
     def _peers_health(self, scope: AgentScope) -> dict[str, Any]:
-        """``{"available", "pinned"}``: can ``POST /search`` with ``peers`` ask anyone —
-        peer search is served, this home has an identity, and ``pinned`` (the peers
+        """``{"available", "pinned", "error"}``: can ``POST /search`` with ``peers`` ask
+        anyone — peer search is served, this home has an identity, and ``pinned`` (the peers
         ``"all"`` asks for this agent: the pinned, unblocked ones it may ask) is not 0.
-        Whether each answers shows in the search's rows."""
+        Whether each answers shows in the search's rows. ``error`` is null, or when
+        ``peers.json`` cannot be read (nobody can be asked) ``{"file": "peers.json",
+        "code", "message", "hint"}`` — the code the CLI refuses it with (``config-invalid``,
+        ``io-error``; :func:`node.common.home.read_json_state`)."""
         from node.guest.fanout import askable_peers
         from node.trust.identity import key_path
+        from node.trust.peers import PEERS_FILE
 
         home = self.holder.home
         if self.pools is None or not key_path(home).is_file():
-            return {"available": False, "pinned": 0}
+            return {"available": False, "pinned": 0, "error": None}
         try:
             n = len([p for p in askable_peers(self.pools.guest.peers.now()) if scope.may_ask(p)])
-        except KithError:  # an unreadable peers.json: nobody can be asked
-            n = 0
-        return {"available": n > 0, "pinned": n}
+        except KithError as exc:  # an unreadable peers.json: nobody can be asked, and it says why
+            return {"available": False, "pinned": 0,
+                    "error": {"file": PEERS_FILE, "code": exc.code, "message": exc.message, "hint": exc.hint}}
+        return {"available": n > 0, "pinned": n, "error": None}
 
     async def stats(self, request: Request) -> JSONResponse:
         self._authorize(request)
@@ -709,6 +721,7 @@ def create_app(home: Path | str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     guard = _Guard(inner, Path(home))
     guard.holder = h.holder  # type: ignore[attr-defined]
     guard.guest = guest  # type: ignore[attr-defined]
+    guard.pools = h.pools  # type: ignore[attr-defined]
     return guard
 
 
@@ -765,19 +778,25 @@ def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *
         if on_listening is not None:
             on_listening(base_url_of(sock))
         serve_forever(app, sock, access_log=access_log,  # type: ignore[arg-type]
-                      on_loop=background_runner(app.guest))  # type: ignore[attr-defined]
+                      on_loop=background_runner(app))
     finally:
         sock.close()
         app.holder.close()  # type: ignore[attr-defined]
 
 
-def background_runner(guest: Any) -> Callable[[], Any]:
+def background_runner(app: Any) -> Callable[[], Any]:
     """The async callable the API's server runs on its loop while it serves: the home's
     background runner of the app's :class:`node.guest.owner.Guest` (``app.guest``;
-    node/guest/runner.py; the outbox's delivery, specs/outbox.md §5)."""
+    node/guest/runner.py; the outbox's delivery, specs/outbox.md §5), asking peers through
+    the API's one warm pool (``app.pools``, started by whichever needs it first): one pool
+    and one iroh endpoint per process (specs/ask.md §4).
+
+    Args:
+        app: an app of :func:`create_app`.
+    """
 
     async def run() -> None:
-        await guest.run_background(command="kith api serve")
+        await app.guest.run_background(command="kith api serve", pool=app.pools.get)
     return run
 
 
@@ -801,7 +820,7 @@ def run_api_in_thread(home: Path | str, host: str = "127.0.0.1", port: int = 0, 
     app, sock = _listening(home, host, port, warn=warn, offline=offline, max_body_bytes=max_body_bytes)
     try:
         with serve_app_in_thread(app, sock, what="the local API", startup_timeout_s=startup_timeout_s,
-                                 on_loop=background_runner(app.guest) if background else None) as url:
+                                 on_loop=background_runner(app) if background else None) as url:
             yield url
     finally:
         app.holder.close()  # type: ignore[attr-defined]

@@ -141,7 +141,7 @@ async def peer_search(home: Path, peer: str, body: dict[str, Any], *,
     import anyio
 
     guest = Guest.of(home, local=local, pool=pool) if guest is None else guest
-    guest.identity  # noqa: B018 - no identity is refused here, before anything is resolved
+    guest.load()  # no identity is refused here, before anything is resolved
     if guest.peers.now().by_name(peer) is not None:
         target: Any = peer  # a pinned name: resolved by the asker (saved invitation, then server)
     else:
@@ -632,10 +632,14 @@ def build_server(home: Path | str, *, local: bool = False, agent: str | None = N
                 pools.append(pool)
                 import anyio
 
+                async def this_pool() -> Any:
+                    return pool
+
                 try:
                     async with anyio.create_task_group() as tg:
-                        # the home's background runner while the server runs (specs/outbox.md §5)
-                        tg.start_soon(partial(guest.run_background, command="kith mcp"))
+                        # the home's background runner while the server runs (specs/outbox.md §5),
+                        # asking through this one pool: one pool, one iroh endpoint per process
+                        tg.start_soon(partial(guest.run_background, command="kith mcp", pool=this_pool))
                         try:
                             yield {}
                         finally:

@@ -30,7 +30,7 @@ from typing import Any
 
 from node.common.errors import ConfigError, PolicyError
 from node.common.home import atomic_write, read_json_state
-from node.common.names import name_skeleton, name_skeletons  # noqa: F401 - re-exported
+from node.common.names import name_skeletons
 from node.trust.signing import PUBLIC_KEY_HEX_LEN, check_hex
 
 PEERS_FILE = "peers.json"

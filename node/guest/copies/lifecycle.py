@@ -117,7 +117,7 @@ def stale(store: CopyStore) -> bool:
     if grant is None:
         return False
     try:
-        synced = store.load().get("stamp")
+        synced = store.committed().get("stamp")
     except KithError:
         return True
     return grant.get("stamp") != synced

@@ -117,6 +117,32 @@ class CopyStore:
         Raises:
             ConfigError: ``config-invalid`` when ``manifest.json`` cannot be read.
         """
+        return self._read_manifest()
+
+    def committed(self) -> dict[str, Any]:
+        """:meth:`load` for a reader that changes nothing (the runner's steps: each copy's
+        end, whether it is stale, its row): with a ``cache``, the manifest is read again only
+        when the file's inode, modification time or size changed (every commit renames a
+        new file into place; :class:`OpenCopies` keeps the
+        :class:`node.guest.peerview.FileView` of each copy's manifest), so the caller must
+        not change the state returned; without one, :meth:`load`.
+
+        Raises:
+            ConfigError: ``config-invalid`` as :meth:`load` (each time asked, until fixed).
+        """
+        if self.cache is None:
+            return self.load()
+        views = self.cache.manifests
+        view = views.get(self.path)
+        if view is None:
+            from node.guest.peerview import FileView
+
+            if len(views) >= 256:
+                views.clear()
+            view = views[self.path] = FileView(self.dir, MANIFEST_FILE, lambda _folder, read=self._read_manifest: read())
+        return view.now()
+
+    def _read_manifest(self) -> dict[str, Any]:
         if not self.path.is_file():
             return {"v": 1, "peer": self.peer, "hostKey": None, "syncedAt": None, "maxBytes": None,
                     "documents": {}}
@@ -455,9 +481,10 @@ class CopyStore:
         """``{"peer", "hostKey", "syncedAt", "documents", "bytes", "maxBytes", "until"}`` of
         the committed copy (``kith copies list``; ``until``: :meth:`until`). A copy whose
         manifest cannot be read is one row of its own: the same keys empty, and ``error``
-        ``{"code", "message", "hint"}`` (one damaged copy never hides the others)."""
+        ``{"code", "message", "hint"}`` (one damaged copy never hides the others). Read
+        through :meth:`committed`."""
         try:
-            state = self.load()
+            state = self.committed()
             docs = state["documents"]
             return {"peer": self.peer, "hostKey": state.get("hostKey"), "syncedAt": state.get("syncedAt"),
                     "documents": len(docs), "bytes": sum(int(d.get("bytes") or 0) for d in docs.values()
@@ -517,7 +544,7 @@ class CopyStore:
         grant = self.grant()
         if grant is not None:
             return grant.get("until")
-        return (state if state is not None else self.load()).get("until")
+        return (state if state is not None else self.committed()).get("until")
 
     def expired(self, now: float) -> bool:
         """True once :meth:`until` has passed (an ill-formed one counts as passed)."""
@@ -609,6 +636,9 @@ class OpenCopies:
         #: grant.json path → its view, read again only when the file changed
         #: (:class:`node.guest.peerview.FileView`; :meth:`CopyStore.grant`)
         self.grants: dict[Path, Any] = {}
+        #: manifest.json path → its view, read again only when the file changed
+        #: (:meth:`CopyStore.committed`: the runner's steps, which change nothing)
+        self.manifests: dict[Path, Any] = {}
 
     def held(self, folder: Path) -> "_OpenCopy | None":
         """The copy held open for ``folder``, or None."""
