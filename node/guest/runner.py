@@ -246,15 +246,21 @@ class Runner:
 
 
 def default_tasks(home: Path, clock: Clock = SYSTEM_CLOCK) -> list[Any]:
-    """The task list every long-running process of a home drives: the outbox's delivery,
-    the re-sync of the copies it keeps (node/guest/copies/task.py, specs/copies.md §7) and
-    the outbox's questions left with a holder (node/guest/sealed_outbox.py, specs/sealed.md),
-    on ``clock``."""
+    """The task list every long-running process of a home drives, in the order each loop
+    steps them: the outbox's questions left with a holder (node/guest/sealed_outbox.py,
+    specs/sealed.md), the outbox's delivery, and the re-sync of the copies it keeps
+    (node/guest/copies/task.py, specs/copies.md §7), on ``clock``.
+
+    The holder's task steps first: its step awaits its takes, so an answer waiting at a
+    holder closes its row before the delivery's first step looks for open rows — a run that
+    only has answers to take never binds an iroh endpoint nor dials the sleeping host
+    (issue 43's asker CPU). The delivery's first ask waits for those takes (one HTTP
+    request per holder)."""
     from node.guest.copies.task import CopiesTask
     from node.guest.outbox_task import OutboxTask
     from node.guest.sealed_outbox import SealedOutboxTask  # questions left with a holder (specs/sealed.md)
 
-    return [OutboxTask(home), CopiesTask(home, clock=clock), SealedOutboxTask(home, clock=clock)]
+    return [SealedOutboxTask(home, clock=clock), OutboxTask(home), CopiesTask(home, clock=clock)]
 
 
 __all__ = ["Runner", "RunnerTask", "default_tasks", "LOCK_FILE"]

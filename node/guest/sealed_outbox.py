@@ -89,7 +89,7 @@ class SealedOutboxTask:
         from node.community.inbox import leave_question, take_step
         from node.community.iroh_mail import mail_client
         from node.guest.outbox import OutboxStore
-        from node.guest.sealed_answers import store_sealed_answer
+        from node.guest.sealed_answers import TrustView, store_sealed_answer
         from node.policy.outbound import gate
         from node.trust.identity import load_identity
         from node.trust.person import own_chain
@@ -147,6 +147,8 @@ class SealedOutboxTask:
             for row in rows:
                 open_rows.setdefault(row.question_id, []).append(row)
 
+            view = TrustView(self.home)  # peers.json and revocation lists: read once per step, not per answer
+
             def on_answer(opened: Any, url: str) -> bool:
                 # the holder an answer came from is recorded on its row before it is stored:
                 # a run killed after storing it but before its ack (or one that left the
@@ -155,7 +157,7 @@ class SealedOutboxTask:
                 for row in open_rows.get(opened.question_id, ()):
                     if (row.question_id, row.peer_key) not in left and url in known[row.peer_key][0]:
                         store.mark_left(row.question_id, row.peer_key, url)
-                return store_sealed_answer(store, opened, on_stored=report)
+                return store_sealed_answer(store, opened, on_stored=report, view=view)
 
             for url in sorted(boxes):
                 try:
