@@ -53,13 +53,23 @@ def _display_url(base_url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-@functools.lru_cache(maxsize=1)
-def tls_context() -> ssl.SSLContext:
-    """The process's one client TLS context (certifi's CA bundle, hostname checked — what
-    httpx builds by default with ``trust_env=False``), made on first use and shared by every
-    :class:`CommunityClient`: loading the CA bundle costs ~50 ms of CPU, which a client per
-    request (the outbox's takes, card fetches) paid every time (issue 43's asker CPU)."""
-    return httpx.create_ssl_context(verify=True, trust_env=False)
+@functools.lru_cache(maxsize=2)
+def tls_context(scheme: str = "https") -> ssl.SSLContext:
+    """The process's one client TLS context per URL scheme, made on first use and shared by
+    every :class:`CommunityClient`: loading certifi's CA bundle costs ~50 ms of CPU, which a
+    client per request (the outbox's takes, card fetches) paid every time (issue 43's asker
+    CPU).
+
+    Args:
+        scheme: ``https``: certifi's CA bundle, hostname checked (what httpx builds by
+            default with ``trust_env=False``). ``http``: no request of such a client ever
+            uses TLS (its requests go to its base URL; redirects are not followed), so no
+            bundle is loaded: the context still requires a certificate and checks the
+            hostname, and so fails closed if one ever did.
+    """
+    if scheme == "https":
+        return httpx.create_ssl_context(verify=True, trust_env=False)
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies, with no CA: trusts nothing
 
 
 def _one_line(text: object) -> str:
@@ -116,7 +126,7 @@ class CommunityClient:
         self.identity = identity
         self.timeout_s = timeout_s
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, transport=transport,
-                                       verify=tls_context(),
+                                       verify=tls_context(parts.scheme),
                                        follow_redirects=False, trust_env=False)
 
     async def __aenter__(self) -> CommunityClient:
