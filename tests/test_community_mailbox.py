@@ -378,3 +378,38 @@ def test_a_question_to_a_host_whose_card_does_not_opt_in_is_refused_on_each_stor
         stranger = new_identity()
         r = put(http, question(stranger, asker, qid="5" * 32), stranger)  # but not another's question to it
         assert r.status_code == 403 and error_of(r) == "mailbox-not-accepted"
+
+
+def test_a_client_that_hangs_up_mid_body_is_a_quiet_close(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                           capfd: pytest.CaptureFixture[str]) -> None:
+    """A client that sends a mailbox request's head and part of its body, then closes its
+    socket (a `kith outbox run` stopped mid-ack): the server drops that request quietly — no
+    `ClientDisconnect` traceback on stderr or in the log — keeps nothing, and goes on
+    serving. The server is stopped before the check: uvicorn's shutdown waits for the
+    hung-up request's handler, so it has run to its end."""
+    import logging
+    import socket
+    from urllib.parse import urlsplit
+
+    caplog.set_level(logging.WARNING)
+    asker, host = new_identity(), new_identity()
+    record = seal(asker.secret, None, kind="question", question_id=QID, body={"q": QUESTION},
+                  recipients=[host.public_key], now=time.time(), expires=time.time() + 600)
+    body = json.dumps(record).encode()
+    with mailbox_server(tmp_path / "c.sqlite3") as (store, url):
+        where = urlsplit(url)
+        for path in ("/api/v1/mailbox", "/api/v1/mailbox/ack"):
+            headers = signed_headers(asker, "POST", path, body)
+            head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
+                sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {where.netloc}\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(body)}\r\n{head}\r\n".encode() + body[: len(body) // 2])
+            # a socket closed mid-body: the server may still be reading it; the next client is served
+            with httpx.Client(base_url=url, trust_env=False) as http:
+                assert http.get("/api/v1/health").status_code == 200
+        with store._read() as conn:
+            assert conn.execute("SELECT count(*) FROM mailbox").fetchone()[0] == 0
+    # the server stopped: every handler (the hung-up ones too) ran to its end
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "ClientDisconnect" not in err, err

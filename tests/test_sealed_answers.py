@@ -9,6 +9,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from node.community.client import CommunityClient
 from node.community.inbox import leave_question, take_step
 from node.community.server import run_server_in_thread
@@ -90,3 +92,66 @@ def test_an_outbox_question_answered_through_the_mailbox(tmp_path: Path) -> None
 
     with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
         asyncio.run(scenario(url))
+
+
+@pytest.mark.parametrize("first", ["asker", "host"])
+def test_a_device_both_asker_and_host_leaves_each_kind_to_its_own_part(tmp_path: Path, first: str) -> None:
+    """specs/sealed.md §3/§5b: the holder cannot tell a question from an answer, so a device
+    that both asks and hosts is handed both kinds on every take. Here `dev` asked `ada` (its
+    outbox row, id Q) and `bea` asked `dev` a question under the very same id Q: the asker's
+    part (its runner's on_answer) stores ada's answer and leaves bea's question at the holder
+    (``kept``, not acked, not stored as an answer); the host's part answers bea's question
+    and leaves ada's answer there — whichever part wakes first. Nothing is lost or refused."""
+    from node.community.store import open_store
+
+    from support.community import record_ids
+
+    dev, ada, bea = new_identity(), new_identity(), new_identity()
+    home = tmp_path / "dev"
+    home.mkdir()
+    store = open_store(tmp_path / "c.sqlite3")
+
+    async def scenario(url: str) -> None:
+        with OutboxStore(home) as outbox:
+            qid = outbox.add({"query": "when does it restart", "topK": 3}, [("ada", ada.public_key)])["id"]
+        async with CommunityClient(url, dev) as d:
+            await leave_question(d, dev, None, question_id=qid, request={"query": "when does it restart"},
+                                 peer=ada.public_key, recipients=[ada.public_key], expires=time.time() + 3600)
+        async with CommunityClient(url, bea) as b:  # a question where dev expects an answer: the same id
+            question = await leave_question(b, bea, None, question_id=qid, request={"query": "where is the key"},
+                                            peer=dev.public_key, recipients=[dev.public_key],
+                                            expires=time.time() + 3600)
+        async with CommunityClient(url, ada) as a:  # ada wakes and answers dev
+            assert (await take_step(a, ada, None, on_question=lambda op: results(op.question_id))).answered == [qid]
+        ada_answer = [r for r in record_ids(store) if r != question["id"]]
+        assert len(ada_answer) == 1  # at the holder for dev: bea's question and ada's answer
+
+        async def asker_part() -> None:
+            with OutboxStore(home) as outbox:
+                async with CommunityClient(url, dev) as d:
+                    got = await take_step(d, dev, None, on_answer=lambda op: store_sealed_answer(outbox, op))
+                row = outbox.get(qid)
+            assert got.stored == [qid] and got.refused == {} and got.acked == 1
+            assert got.kept == ([question["id"]] if first == "asker" else [])  # left for the host part
+            assert row["state"] == "answered" and len(row["_answers"]) == 1
+            assert row["_answers"][0]["envelope"]["results"][0]["textPreview"] == "at noon"
+
+        async def host_part() -> None:
+            async with CommunityClient(url, dev) as d:
+                got = await take_step(d, dev, None, on_question=lambda op: results(op.question_id, text="under the pot"))
+            assert got.answered == [qid] and got.refused == {} and got.acked == 1
+            assert got.kept == (ada_answer if first == "host" else [])  # left for the asker part
+
+        for part in ((asker_part, host_part) if first == "asker" else (host_part, asker_part)):
+            await part()
+        async with CommunityClient(url, bea) as b:  # bea's answer came from dev's host part, once
+            answers: list[dict] = []
+            got = await take_step(b, bea, None, on_answer=lambda op: answers.append(op.body["results"]) is None)
+        assert got.stored == [qid] and answers[0]["envelope"]["results"][0]["textPreview"] == "under the pot"
+        assert record_ids(store) == []
+
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            asyncio.run(scenario(url))
+    finally:
+        store.close()

@@ -4,8 +4,8 @@ question id is the idempotency key end to end, whichever end dies.
 - `kith host --mailbox` killed (SIGKILL) after it left its answer but before its ack of
   the question reached the holder: a new `kith host` takes the question again and, from its
   durable record of the questions it answered (`<home>/sealed-seen.sqlite`), does not
-  answer it again — it acks it (`sealed-replayed`); the audit has one query, the holder one
-  answer;
+  answer it again — it acks it (`sealed-replayed`); the audit has one query and one results
+  record, on disk before the killed host's ack left; the holder one answer;
 - `kith outbox run` killed (SIGKILL) right after it left the question, and again after it
   stored the answer but before its ack reached the holder: the next run stores nothing
   twice — one answer in the row — and the holder is emptied.
@@ -117,6 +117,11 @@ def test_a_host_killed_before_its_ack_answers_once_and_the_asker_keeps_one(tmp_p
             if host.proc.poll() is None:
                 host.stop()
         gate.remove()
+        # its ack had left: the audit of what it sent was on its disk before, not in the batch
+        # the SIGKILL threw away
+        audited = [x for x in map(json.loads, (host_home / "audit.jsonl").read_text().splitlines())
+                   if x.get("query_id") == f"outbox:{qid}"]
+        assert [(x["event"], x["via"]) for x in audited] == [("query", "sealed"), ("results", "sealed")]
         assert sorted(_senders(store)) == sorted([asker, device])  # nothing lost
         again = HostProcess(host_home, "--server", url, "--mailbox")
         try:  # taken again, acked as answered already: one answer kept
@@ -124,8 +129,8 @@ def test_a_host_killed_before_its_ack_answers_once_and_the_asker_keeps_one(tmp_p
         finally:
             _rc, out, _err = again.stop()
         taken = [e for e in map(json.loads, out.splitlines()) if e.get("event") == "sealed-taken"]
-        # not searched, charged or audited again: dropped as answered before (the killed
-        # host's own audit line may not have reached the disk before SIGKILL)
+        # not searched, charged or audited again: dropped as answered before
+        assert _queries(host_home, qid) == audited[:1]
         assert taken == [{"event": "sealed-taken", "holder": url, "answered": 0,
                           "dropped": {"sealed-replayed": 1}}]
         outbox_run_until(guest, "the answer in the outbox", lambda: _senders(store) == [])

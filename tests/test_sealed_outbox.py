@@ -98,3 +98,111 @@ def test_a_peer_without_a_mailbox_card_is_left_nowhere(tmp_path: Path) -> None:
         outbox.add({"query": "q"}, [("ada", host.public_key)])
     assert mailboxes_of(asker_home, host.public_key) == ([], [])
     assert asyncio.run(SealedOutboxTask(asker_home).step(None)) > 0  # nothing dialled, nothing raised
+
+
+def _bea_with_a_mailbox(asker_home: Path, url: str) -> tuple[Identity, list, str]:
+    """bea (a person pin of ``asker_home``) whose laptop's kept card names the mailbox at
+    ``url``: (the laptop, its chain, bea's person key)."""
+    person = os.urandom(32)
+    laptop = Identity(os.urandom(32))
+    chain = [device_link(person, laptop.public_key, "laptop", "2026-01-01T00:00:00Z", 0)]
+    pin_person(PeerRegistry.load(asker_home), "bea", public_key_of(person))
+    inv = create_invitation(laptop, protocol_name="knowledge-query", protocol_version="1",
+                            protocol_id="a" * 64, ticket="endpointticket")
+    accept_card(asker_home, make_card(laptop.secret, chain, inv.to_dict(), documents=1, chunks=1,
+                                      created="2026-12-01T00:00:00Z", seq=1, mailboxes=[url]), via="server")
+    return laptop, chain, public_key_of(person)
+
+
+def test_a_question_is_left_at_the_step_after_its_live_try_failed_not_at_the_next_take(tmp_path: Path) -> None:
+    """Takes are every 5 s (on the runner's clock); a question whose live try failed is left
+    at the very next step — the runner steps every task when a delivery job ends — not up to
+    5 s later (a `kith outbox run` waited out those seconds, an endpoint bound, before it
+    left anything), and that step takes nothing."""
+    from node.runtime.clock import ManualClock
+
+    asker_home = node_home(tmp_path, "asker")
+    store = open_store(tmp_path / "c.sqlite3")
+    clock = ManualClock()
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            _laptop, _chain, bea = _bea_with_a_mailbox(asker_home, url)
+            with OutboxStore(asker_home) as outbox:
+                qid = outbox.add({"query": "where is the key", "topK": 3}, [("bea", bea)])["id"]
+            task = SealedOutboxTask(asker_home, clock=clock)
+
+            async def scenario() -> None:
+                assert await task.step(None) == 5.0  # a take (nothing waits); not tried live: nothing left
+                assert store.mailbox_usage()["records"] == 0 and store.nonce_count() == 1
+                with OutboxStore(asker_home) as outbox:  # the live delivery could not reach bea
+                    outbox.record_attempt(qid, bea, None, code="transport-connect-failed")
+                assert await task.step(None) == 5.0  # the same instant: left, not taken again
+                assert store.mailbox_usage()["records"] == 1 and store.nonce_count() == 2
+                with OutboxStore(asker_home) as outbox:
+                    assert outbox.get(qid)["peers"][0]["leftWith"] == url
+                clock.advance(1.0)
+                assert await task.step(None) == 4.0  # nothing untried any more: a step does nothing
+                assert store.nonce_count() == 2
+
+            asyncio.run(scenario())
+    finally:
+        store.close()
+
+
+def test_a_runner_with_only_answers_to_take_never_opens_its_pool(tmp_path: Path) -> None:
+    """The runner a `kith outbox run` drives, on a home whose one open question has its
+    answer waiting at the holder: the sealed task steps first and takes it, the row is
+    answered, and the live delivery finds nothing open — the runner never opens its session
+    pool (no iroh endpoint bound, no host dialled)."""
+    import anyio
+
+    from node.guest.owner import Guest
+    from node.guest.runner import Runner, default_tasks
+
+    asker_home = node_home(tmp_path, "asker")
+    store = open_store(tmp_path / "c.sqlite3")
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            laptop, chain, bea = _bea_with_a_mailbox(asker_home, url)
+            with OutboxStore(asker_home) as outbox:
+                qid = outbox.add({"query": "where is the key", "topK": 3}, [("bea", bea)])["id"]
+                outbox.record_attempt(qid, bea, None, code="transport-connect-failed")
+
+            async def scenario() -> None:
+                await SealedOutboxTask(asker_home, every_s=0).step(None)  # left by an earlier run
+                async with CommunityClient(url, laptop) as h:  # bea's laptop wakes alone and answers
+                    done = await take_step(h, laptop, chain, on_question=lambda op: {
+                        "action": "results", "query_id": query_id_of(op.question_id), "status": "ok",
+                        "envelope": {"results": [{"id": "c1", "source": "/home/keys.md",
+                                                  "textPreview": "under the blue pot"}]}})
+                assert done.answered == [qid]
+                guest = Guest(asker_home)
+                opened: list[object] = []
+                real = guest.session_pool
+                guest.session_pool = lambda **kw: opened.append(kw) or real(**kw)  # type: ignore[method-assign]
+                answered, looked = anyio.Event(), anyio.Event()
+                tasks = default_tasks(asker_home)
+                delivery = next(t for t in tasks if t.name == "outbox")
+                delivery_step = delivery.step
+
+                async def step(runner: Runner) -> float:  # the delivery's step, seen once after the answer
+                    wait = await delivery_step(runner)
+                    if answered.is_set():
+                        looked.set()
+                    return wait
+
+                delivery.step = step  # type: ignore[method-assign]
+                runner = Runner(guest, tasks, command="test", on_event=lambda e: answered.set()
+                                if e.get("event") == "outbox-answered" else None)
+                async with anyio.create_task_group() as tg:
+                    await tg.start(runner.run)
+                    with anyio.fail_after(30):
+                        await looked.wait()  # answered, and the delivery looked for open rows after
+                    tg.cancel_scope.cancel()
+                assert opened == []
+
+            asyncio.run(scenario())
+    finally:
+        store.close()
+    with OutboxStore(asker_home) as outbox:
+        assert outbox.get(qid)["state"] == "answered"

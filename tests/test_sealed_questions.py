@@ -199,3 +199,50 @@ def _cards(url: str, home: Path) -> list:
     person = load_person(home).person_key
     r = httpx.get(f"{url}/api/v1/cards/{person}", timeout=10)
     return r.json()["cards"] if r.status_code == 200 else []
+
+
+def test_the_audit_of_a_sealed_answer_is_on_disk_before_the_holder_gets_the_ack(tmp_path: Path,
+                                                                                 host_home: Path) -> None:
+    """A running host batches its audit: a record waits up to 50 ms in memory, and a host
+    killed (SIGKILL) meanwhile loses it. The `results` record of a sealed answer is written
+    (with the fsync) before the answer leaves and the question is acked, so a host killed
+    after its ack never lost the audit of what it sent. Here the batch's timer never fires —
+    a host killed before it would — and the audit file is read as the ack reaches the holder."""
+    from node.community.store import open_store
+    from node.host.host import open_knowledge
+    from node.host.sealed_host import sealed_on_question
+    from node.trust.audit_log import AuditLog
+
+    asker, host, qid = new_identity(), load_identity(host_home), "a7" * 16
+    store = open_store(tmp_path / "c.sqlite3")
+    at_ack: list[list[tuple[str, str]]] = []
+    real_ack = store.ack_sealed
+
+    def ack(recipient: str, records: list[tuple[str, str]]) -> int:
+        if recipient == host.public_key:  # the host's ack of the question: what is on its disk now
+            lines = [json.loads(x) for x in (host_home / "audit.jsonl").read_text().splitlines()]
+            at_ack.append([(x["event"], x.get("via", "")) for x in lines if x.get("query_id") == f"outbox:{qid}"])
+        return real_ack(recipient, records)
+
+    store.ack_sealed = ack
+    knowledge = open_knowledge(host_home, lambda _: None)
+    audit = AuditLog(host_home)
+    audit.start_batching(lambda flush: None)  # the batch is never flushed by its timer
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            async def run() -> object:
+                async with CommunityClient(url, asker) as a:
+                    await leave_question(a, asker, None, question_id=qid, request={"query": QUESTION, "topK": 3},
+                                         peer=host.public_key, recipients=[host.public_key],
+                                         expires=time.time() + 3600)
+                async with CommunityClient(url, host) as h:
+                    return await take_step(h, host, None,
+                                           on_question=sealed_on_question(home_door(host_home), knowledge, audit=audit))
+
+            report = asyncio.run(run())
+    finally:
+        audit.close()
+        knowledge.close()
+        store.close()
+    assert report.answered == [qid] and report.acked == 1
+    assert at_ack == [[("query", "sealed"), ("results", "sealed")]]

@@ -13,7 +13,10 @@ may not import; node/host/sealed_host.py joins the two) — it:
 2. passes the ``results`` message through the **egress gate seam** (``egress_check``), with
    the question as the message it answers, exactly as the engine does for a live frame;
 3. records ``query`` and ``results`` in the **audit log** (keyed hash of the question by
-   default), with ``via: "sealed"`` and no session id.
+   default), with ``via: "sealed"`` and no session id — the ``results`` record written at
+   once with the fsync (``sync=True``, not left in the running host's 50 ms batch), before
+   the answer is sealed, left with the holder and the question acked: a host killed
+   (SIGKILL) after its ack never lost the audit of what it sent (specs/sealed.md §5).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def host_answerer(knowledge: Any, *, audit: Any = None) -> Callable[[Opened, str
                        if isinstance(r, dict) and isinstance(r.get("source"), str)][:50]
             audit.record("results", peer=opened.sender, peer_name=name, query_id=query_id,
                          status=results["status"], sources=sources, approval_id=results.get("approval_id"),
-                         via="sealed")
+                         via="sealed", sync=True)  # durable before the answer leaves and the question is acked
         return results
 
     return answer

@@ -33,7 +33,7 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -107,7 +107,10 @@ async def read_body(request: Request, cap: int) -> bytes:
 
     Raises:
         CommunityError: ``request-too-large`` (413) beyond ``cap``, ``request-invalid``
-            (400) for a Content-Length that is not a number.
+            (400) for a Content-Length that is not a number, or when the client hung up
+            before its body ended (Starlette's ``ClientDisconnect``: the server's error
+            answer then goes nowhere — uvicorn drops a response to a closed connection —
+            so a hang-up mid-request is a quiet close, not a logged traceback).
     """
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -118,12 +121,16 @@ async def read_body(request: Request, cap: int) -> bytes:
                                  status=413)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise CommunityError("request-too-large", f"the body is larger than {cap} bytes",
-                                 status=413)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cap:
+                raise CommunityError("request-too-large", f"the body is larger than {cap} bytes",
+                                     status=413)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise CommunityError("request-invalid", "the client hung up before its request body ended",
+                             status=400) from None
     return b"".join(chunks)
 
 

@@ -15,9 +15,11 @@ Mutations are signed with the client's identity (:func:`node.community.requests.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
+import ssl
 from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Any
@@ -49,6 +51,25 @@ def _display_url(base_url: str) -> str:
     if parts.port is not None:
         netloc = f"{netloc}:{parts.port}"
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+@functools.lru_cache(maxsize=2)
+def tls_context(scheme: str = "https") -> ssl.SSLContext:
+    """The process's one client TLS context per URL scheme, made on first use and shared by
+    every :class:`CommunityClient`: loading certifi's CA bundle costs ~50 ms of CPU, which a
+    client per request (the outbox's takes, card fetches) paid every time (issue 43's asker
+    CPU).
+
+    Args:
+        scheme: ``https``: certifi's CA bundle, hostname checked (what httpx builds by
+            default with ``trust_env=False``). ``http``: no request of such a client ever
+            uses TLS (its requests go to its base URL; redirects are not followed), so no
+            bundle is loaded: the context still requires a certificate and checks the
+            hostname, and so fails closed if one ever did.
+    """
+    if scheme == "https":
+        return httpx.create_ssl_context(verify=True, trust_env=False)
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies, with no CA: trusts nothing
 
 
 def _one_line(text: object) -> str:
@@ -105,6 +126,7 @@ class CommunityClient:
         self.identity = identity
         self.timeout_s = timeout_s
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, transport=transport,
+                                       verify=tls_context(parts.scheme),
                                        follow_redirects=False, trust_env=False)
 
     async def __aenter__(self) -> CommunityClient:

@@ -30,16 +30,21 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
 
 from node.answer import fence
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import KithError, UsageError
-from node.guest.asker import Asker
-from node.guest.pool import SessionPool
-from node.guest.targets import PeerGone, classify_gone
+# the bounds a peer's result must respect to be merged (else ``peer-answer-invalid``) and
+# their check, shared with the outbox's classify (which needs them without the pool)
+from node.guest.peer_results import MAX_SOURCE_CHARS
+from node.guest.peer_results import check_results as _check_results
+
+if TYPE_CHECKING:  # imported where a peer is asked: a process that only checks envelopes
+    # (the outbox's classify, taking sealed answers) never imports the pool, iroh and the asker
+    from node.guest.pool import SessionPool
 
 #: Most distinct peers one ask may name (``ask-too-many-peers`` beyond).
 MAX_PEERS = 16
@@ -57,10 +62,6 @@ STATUSES = ("ok", "no-verified-results", "pending-approval", "rate-limited", "pe
 #: The statuses of a row that gave its whole answer: ``complete`` is true only when every
 #: row has one (specs/ask.md §3). A refusal, a pending approval or a quota is not an answer.
 COMPLETE_STATUSES = ("ok", "no-verified-results")
-#: Bounds a peer's result must respect to be merged (else ``peer-answer-invalid``).
-MAX_SOURCE_CHARS = 1024
-MAX_PREVIEW_CHARS = 8000
-MAX_ID_CHARS = 256
 #: ``kith ask``'s bound (seconds) on its pool's exit waiting for the sessions that answered
 #: to end cleanly: the process exits within its deadline + 0.5 s (specs/ask.md §6).
 ASK_END_WAIT_S = 0.2
@@ -162,25 +163,6 @@ def peers_request_refusal(peers: Any, request: dict[str, Any]) -> str | None:
     except CorpusError as exc:
         return exc.message
     return None
-
-
-def _check_results(envelope: Any) -> list[dict[str, Any]]:
-    """The results of a peer's envelope, or ValueError when any is malformed."""
-    if not isinstance(envelope, dict) or not isinstance(envelope.get("results"), list):
-        raise ValueError("no results list")
-    out = []
-    for r in envelope["results"]:
-        if not isinstance(r, dict):
-            raise ValueError("a result is not an object")
-        src, rid, text = r.get("source"), r.get("id"), r.get("textPreview")
-        if not (isinstance(src, str) and 0 < len(src) <= MAX_SOURCE_CHARS):
-            raise ValueError("bad source")
-        if not (isinstance(rid, str) and 0 < len(rid) <= MAX_ID_CHARS):
-            raise ValueError("bad id")
-        if not (isinstance(text, str) and len(text) <= MAX_PREVIEW_CHARS):
-            raise ValueError("bad textPreview")
-        out.append(r)
-    return out
 
 
 def _row_from_message(row: PeerRow, message: dict[str, Any]) -> list[dict[str, Any]]:
@@ -370,6 +352,8 @@ async def fan_out(pool: SessionPool, request: dict[str, Any], peers: list[str], 
     Raises:
         UsageError: ``ask-too-many-peers``.
     """
+    from node.guest.asker import Asker
+    from node.guest.targets import PeerGone, classify_gone
     from node.trust.peers import PeerRegistry
 
     names = dedupe_names(list(peers))

@@ -11,9 +11,11 @@ The runner drives a task list. A task is any object with a ``name`` and
 ``async step(runner) -> float`` (:class:`RunnerTask`): ``step`` does the work that is due
 and returns the seconds until it wants to be stepped again (it is stepped sooner when
 :meth:`Runner.wake` is called). Tasks share the runner's warm session pool
-(:meth:`Runner.pool`) and start long work with :meth:`Runner.spawn`. The outbox's
-delivery (:class:`node.guest.outbox_task.OutboxTask`) is the first task, the copies'
-re-sync (:class:`node.guest.copies.task.CopiesTask`) the second.
+(:meth:`Runner.pool`, opened on first use) and start long work with :meth:`Runner.spawn`.
+The tasks (:func:`default_tasks`): the outbox's questions left with a holder
+(:class:`node.guest.sealed_outbox.SealedOutboxTask`) first, then the outbox's delivery
+(:class:`node.guest.outbox_task.OutboxTask`) and the copies' re-sync
+(:class:`node.guest.copies.task.CopiesTask`).
 
 Time here is the runner's :class:`node.runtime.clock.Clock` (its monotonic reading, and its
 sleep): a wall-clock jump never makes a task run sooner or later, and a test drives the
@@ -68,9 +70,9 @@ class Runner:
             :class:`~node.guest.pool.SessionPool` (``kith api serve`` and ``kith mcp``
             hand theirs in: one pool, one iroh endpoint per process), or None: the runner
             opens one itself on first use (``kith host``, ``kith outbox run``):
-            :meth:`node.guest.owner.Guest.session_pool` with ``down_s=0``. Either way its
-            tasks dial an address the pool marked down (:data:`node.guest.pool.OWN_BACKOFF`):
-            they keep their own backoff.
+            :meth:`node.guest.owner.Guest.session_pool` with ``down_s=0`` (:meth:`pool`).
+            Either way its tasks dial an address the pool marked down
+            (:data:`node.guest.pool.OWN_BACKOFF`): they keep their own backoff.
         command: what the process is, written into the lock file (``kith host``).
         on_event: called with one dict per event a task reports (``outbox-answered``, …).
     """
@@ -87,6 +89,10 @@ class Runner:
         self.holding = anyio.Event()  # set once this process holds the lock
         self._wake = anyio.Event()
         self._own_pool: Any = None
+        self._pool_ready: anyio.Event | None = None  # set once the own pool is entered (or failed)
+        self._pool_error: BaseException | None = None
+        self._pool_release = anyio.Event()  # set once every job is done: the own pool may close
+        self._keep_tg: Any = None  # the task group of the own pool's keeper (outlives the jobs)
         self._tg: Any = None
 
     def now(self) -> float:
@@ -154,19 +160,60 @@ class Runner:
 
     async def pool(self) -> Any:
         """The warm session pool the tasks ask peers through (a pool handed in that tells
-        no one of the copies its sessions end tells this runner)."""
+        no one of the copies its sessions end tells this runner).
+
+        The runner's own pool (none handed in) is opened on the first call — a run that
+        never asks a peer (one that only takes sealed answers) never imports the pool nor
+        binds an endpoint — by a keeper task that enters it and closes it once every job of
+        the runner is done.
+
+        Raises:
+            KithError: the pool could not be opened (``invitation-unknown-protocol``, ...);
+                the next call tries again.
+        """
         if self._pool_getter is not None:
             pool = await self._pool_getter()
             if getattr(pool, "on_copy_notice", None) is None:
                 pool.on_copy_notice = self.copy_notice
             return pool
-        assert self._own_pool is not None, "the runner is not running"
+        assert self._keep_tg is not None, "the runner is not running"
+        if self._own_pool is None:
+            if self._pool_ready is None:
+                self._pool_ready = anyio.Event()
+                self._pool_error = None
+                self._keep_tg.start_soon(self._keep_pool, self._pool_ready)
+            ready = self._pool_ready
+            await ready.wait()
+            if self._own_pool is None:
+                error = self._pool_error
+                if self._pool_ready is ready:
+                    self._pool_ready = None  # the next call tries again
+                if error is None:  # closed as it opened: the runner is stopping
+                    await anyio.lowlevel.checkpoint()
+                    from node.common.errors import TransportError
+
+                    raise TransportError("transport-bind-failed", "the runner stopped before its endpoint was bound")
+                raise error
         return self._own_pool
+
+    async def _keep_pool(self, ready: anyio.Event) -> None:
+        """Enter the runner's own pool (:meth:`node.guest.owner.Guest.session_pool` with
+        ``down_s=0``; a session of it that learns a copy ended tells the runner), hand it
+        out, and close it in this task once the runner's jobs are done."""
+        try:
+            async with self.guest.session_pool(down_s=0.0, on_copy_notice=self.copy_notice) as pool:
+                self._own_pool = pool
+                ready.set()
+                with anyio.CancelScope(shield=True):  # closed after the jobs, not beside them
+                    await self._pool_release.wait()
+        except Exception as exc:  # noqa: BLE001 - told to the callers of pool(), not the task group
+            self._pool_error = exc
+        finally:
+            self._own_pool = None
+            ready.set()
 
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled: wait for the lock, then step the tasks."""
-        from contextlib import AsyncExitStack
-
         from node.common.home import acquire_owner_lock, release_owner_lock
         from node.guest.pool import OWN_BACKOFF
 
@@ -179,16 +226,19 @@ class Runner:
                 if fd is None:
                     await self.clock.sleep(LOCK_RETRY_S)
             self.holding.set()
-            async with AsyncExitStack() as stack:
-                if self._pool_getter is None:  # entered here, in the runner's own task; it binds on first use
-                    # a session of its pool that learns a copy ended tells the runner (copy-ended)
-                    self._own_pool = await stack.enter_async_context(
-                        self.guest.session_pool(down_s=0.0, on_copy_notice=self.copy_notice))
-                async with anyio.create_task_group() as tg:
-                    self._tg = tg
-                    await self._loop()
+            self._pool_release = anyio.Event()
+            async with anyio.create_task_group() as keep:  # the own pool's keeper, opened on first use
+                self._keep_tg = keep
+                try:
+                    async with anyio.create_task_group() as tg:
+                        self._tg = tg
+                        await self._loop()
+                finally:
+                    self._pool_release.set()  # every job is done: the pool closes
         finally:
             self._own_pool = None
+            self._pool_ready = None
+            self._keep_tg = None
             self._tg = None
             release_owner_lock(fd)
             OWN_BACKOFF.reset(own_backoff)
@@ -252,15 +302,21 @@ class Runner:
 
 
 def default_tasks(home: Path, clock: Clock = SYSTEM_CLOCK) -> list[Any]:
-    """The task list every long-running process of a home drives: the outbox's delivery,
-    the re-sync of the copies it keeps (node/guest/copies/task.py, specs/copies.md §7) and
-    the outbox's questions left with a holder (node/guest/sealed_outbox.py, specs/sealed.md),
-    on ``clock``."""
+    """The task list every long-running process of a home drives, in the order each loop
+    steps them: the outbox's questions left with a holder (node/guest/sealed_outbox.py,
+    specs/sealed.md), the outbox's delivery, and the re-sync of the copies it keeps
+    (node/guest/copies/task.py, specs/copies.md §7), on ``clock``.
+
+    The holder's task steps first: its step awaits its takes, so an answer waiting at a
+    holder closes its row before the delivery's first step looks for open rows — a run that
+    only has answers to take never binds an iroh endpoint nor dials the sleeping host
+    (issue 43's asker CPU). The delivery's first ask waits for those takes (one HTTP
+    request per holder)."""
     from node.guest.copies.task import CopiesTask
     from node.guest.outbox_task import OutboxTask
     from node.guest.sealed_outbox import SealedOutboxTask  # questions left with a holder (specs/sealed.md)
 
-    return [OutboxTask(home), CopiesTask(home, clock=clock), SealedOutboxTask(home, clock=clock)]
+    return [SealedOutboxTask(home, clock=clock), OutboxTask(home), CopiesTask(home, clock=clock)]
 
 
 __all__ = ["Runner", "RunnerTask", "default_tasks", "LOCK_FILE"]

@@ -38,24 +38,64 @@ def sender_is_peer(opened: Opened, peer_key: str) -> bool:
     return who is not None and peer_key in (who.person, *who.earlier)
 
 
-def dropped_sender(home: Any, opened: Opened, peer_key: str) -> bool:
+class TrustView:
+    """A home's ``peers.json`` and revocation lists, each read at most once: one
+    :class:`~node.trust.peers.PeerRegistry` and one
+    :class:`~node.trust.revocation_list.RevocationStore` for every answer of one take step
+    (not a read of both files per answer).
+
+    Args:
+        home: the asking home.
+
+    Raises (on first use of a property):
+        ConfigError: ``config-invalid`` when the file does not load.
+    """
+
+    def __init__(self, home: Any) -> None:
+        self.home = home
+        self._peers: Any = None
+        self._revocations: Any = None
+
+    @property
+    def peers(self) -> Any:
+        """The home's :class:`~node.trust.peers.PeerRegistry` (read on first use)."""
+        if self._peers is None:
+            from node.trust.peers import PeerRegistry
+
+            self._peers = PeerRegistry.load(self.home)
+        return self._peers
+
+    @property
+    def revocations(self) -> Any:
+        """The home's :class:`~node.trust.revocation_list.RevocationStore` (read on first use)."""
+        if self._revocations is None:
+            from node.trust.revocation_list import RevocationStore
+
+            self._revocations = RevocationStore.load(self.home)
+        return self._revocations
+
+
+def dropped_sender(home: Any, opened: Opened, peer_key: str, *, view: TrustView | None = None) -> bool:
     """True when this home must not take ``opened`` from the peer pinned as ``peer_key``, as a
     live answer would be dropped (node/guest/asker.py, node/guest/cards.py): its device is
     blocked here (``kith peers block KEY``), or a revocation list kept here of the pinned
     person — or of a person key its verified chain descends from — revokes it (a stolen
-    device still holds its seed and chain: specs/sealed.md §8)."""
-    from node.trust.peers import PeerRegistry
-    from node.trust.revocation_list import RevocationStore
+    device still holds its seed and chain: specs/sealed.md §8).
 
-    if PeerRegistry.load(home).is_blocked(opened.sender):
+    Args:
+        view: the home's files already read this step (:class:`TrustView`); None: read now.
+    """
+    view = view if view is not None else TrustView(home)
+    if view.peers.is_blocked(opened.sender):
         return True
     who = opened.identity
     persons = [peer_key, *((who.person, *who.earlier) if who is not None else ())]
-    return RevocationStore.load(home).revokes(opened.sender, persons) is not None
+    return view.revocations.revokes(opened.sender, persons) is not None
 
 
 def store_sealed_answer(store: OutboxStore, opened: Opened, *,
-                        on_stored: Callable[[str, str, str, Any], None] | None = None) -> bool:
+                        on_stored: Callable[[str, str, str, Any], None] | None = None,
+                        view: TrustView | None = None) -> bool:
     """Store ``opened`` (kind ``answer``) into the open outbox row it answers.
 
     Args:
@@ -65,6 +105,8 @@ def store_sealed_answer(store: OutboxStore, opened: Opened, *,
             message)``
             (state ``answered`` or ``pending-approval``): the runner reports it as it reports a
             live answer (``outbox-answered`` / ``outbox-pending``).
+        view: ``peers.json`` and the revocation lists as read once for the whole take step
+            (:class:`TrustView`); None: read for this answer.
 
     Returns:
         True when a row took it as its answer (``answered``, or ``pending-approval``'s
@@ -78,7 +120,7 @@ def store_sealed_answer(store: OutboxStore, opened: Opened, *,
     for row in store.open_deliveries():
         if row.question_id != opened.question_id or not sender_is_peer(opened, row.peer_key):
             continue
-        if dropped_sender(store.home, opened, row.peer_key):
+        if dropped_sender(store.home, opened, row.peer_key, view=view):
             return False  # a revoked or blocked device: dropped as a live answer is
         outcome = classify(results, query_id_of(opened.question_id))
         taken = store.record_attempt(row.question_id, row.peer_key, outcome,
@@ -89,4 +131,4 @@ def store_sealed_answer(store: OutboxStore, opened: Opened, *,
     return False
 
 
-__all__ = ["dropped_sender", "sender_is_peer", "store_sealed_answer"]
+__all__ = ["TrustView", "dropped_sender", "sender_is_peer", "store_sealed_answer"]

@@ -81,15 +81,24 @@ class SealedOutboxTask:
         self.clock = clock if clock is not None else SYSTEM_CLOCK
         self.every_s = every_s
         self._said: set[str] = set()
-        self._last = float("-inf")  # monotonic time of the last step that did work
+        self._last = float("-inf")  # monotonic time of the last step that took
+        #: an open row with a mailbox was neither left nor tried live at the last step: the
+        #: next step (the runner's wake when a delivery job ends) leaves it once the live
+        #: delivery could not reach its host, without waiting for the next take
+        self._untried = False
 
     async def step(self, runner: Any = None) -> float:
         """Leave the open rows' questions with their peers' mailboxes and take the answers
-        waiting there (module docstring). Returns the seconds until the next step."""
+        waiting there (module docstring). Returns the seconds until the next step.
+
+        Takes happen at most every ``every_s``; a step in between (the runner steps every
+        task when a delivery job ends) only leaves, and only while a row with a mailbox
+        waited for its live try at the last step: a question is left as soon as the live
+        delivery could not reach its host, not up to ``every_s`` later."""
         from node.community.inbox import leave_question, take_step
         from node.community.iroh_mail import mail_client
         from node.guest.outbox import OutboxStore
-        from node.guest.sealed_answers import store_sealed_answer
+        from node.guest.sealed_answers import TrustView, store_sealed_answer
         from node.policy.outbound import gate
         from node.trust.identity import load_identity
         from node.trust.person import own_chain
@@ -109,9 +118,11 @@ class SealedOutboxTask:
         now = self.clock.monotonic()
         if not (self.home / "outbox.sqlite").exists():
             return self.every_s  # nothing was ever queued here: look again a step later, not at once
-        if now - self._last < self.every_s:
+        gated = now - self._last < self.every_s  # took less than every_s ago: only leave what is due
+        if gated and not self._untried:
             return self.every_s - (now - self._last)
-        self._last = now
+        if not gated:
+            self._last = now
         identity = load_identity(self.home)
 
         async def endpoint() -> Any:
@@ -147,6 +158,8 @@ class SealedOutboxTask:
             for row in rows:
                 open_rows.setdefault(row.question_id, []).append(row)
 
+            view = TrustView(self.home)  # peers.json and revocation lists: read once per step, not per answer
+
             def on_answer(opened: Any, url: str) -> bool:
                 # the holder an answer came from is recorded on its row before it is stored:
                 # a run killed after storing it but before its ack (or one that left the
@@ -155,21 +168,24 @@ class SealedOutboxTask:
                 for row in open_rows.get(opened.question_id, ()):
                     if (row.question_id, row.peer_key) not in left and url in known[row.peer_key][0]:
                         store.mark_left(row.question_id, row.peer_key, url)
-                return store_sealed_answer(store, opened, on_stored=report)
+                return store_sealed_answer(store, opened, on_stored=report, view=view)
 
-            for url in sorted(boxes):
+            for url in (sorted(boxes) if not gated else ()):
                 try:
                     async with mail_client(url, identity, endpoint=endpoint) as client:
                         await take_step(client, identity, chain, clock=self.clock.time,
                                         on_answer=lambda op, url=url: on_answer(op, url))
                 except KithError as exc:
                     self._say(url, exc)
+            untried = False
             for row in store.open_deliveries():  # the rows a take just answered are closed
                 urls, devices = known.get(row.peer_key) or mailboxes_of(self.home, row.peer_key)  # a row queued meanwhile
                 if not urls or not devices:
                     continue
-                if (left.get((row.question_id, row.peer_key)) == urls[0]
-                        or (row.question_id, row.peer_key) not in tried):
+                if left.get((row.question_id, row.peer_key)) == urls[0]:
+                    continue
+                if (row.question_id, row.peer_key) not in tried:
+                    untried = True  # left at the step after the live delivery could not reach its host
                     continue
                 try:
                     # the one outbound gate before the question is sealed (specs/agents.md), logged
@@ -188,7 +204,8 @@ class SealedOutboxTask:
                     ticket.done(f"left-with-holder {urls[0]}")
                 except KithError as exc:
                     self._say(urls[0], exc)
-        return self.every_s
+            self._untried = untried
+        return self.every_s - (self.clock.monotonic() - self._last) if gated else self.every_s
 
     def _say(self, url: str, exc: KithError) -> None:
         if url not in self._said:

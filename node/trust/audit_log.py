@@ -14,7 +14,8 @@ The owner's commands write each record at once. A running host *batches*
 one lock and one ``write`` per batch — at most :data:`BATCH_S` after the first of them, or
 as soon as :data:`BATCH_RECORDS` records / :data:`BATCH_BYTES` bytes are waiting, when a
 session ends (with the fsync) and when the host exits; a crash of the host loses at most
-the batch not yet written (specs/peers.md §7).
+the batch not yet written (specs/peers.md §7). A record written with ``sync=True`` (a
+session's end, a sealed answer's ``results``) writes the batch at once with the fsync.
 
 Queries are recorded as a keyed hash by default (HMAC-SHA-256 with ``<home>/audit.key``,
 32 random bytes, 0600, made on first use, first 32 hex kept): equal queries of a peer are
