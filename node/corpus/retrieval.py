@@ -98,15 +98,27 @@ PASS_WEIGHTS = {"baseline-bm25": 1.0, "exact-entity": 0.3, "rewrite-expanded": 0
 #: 0.716 (0.722 with its knobs re-tuned); + static: rrf 0.730, weighted sum <= 0.725 (max,
 #: min-max, mean normalisations, ranx's optimum, an rrf + score blend 0.730); + minilm:
 #: rrf 0.783 (dense weight 3.0), weighted sum 0.790 (max-normalised, dense 2.5).
+#: Issue 40 (dense-led fusion of the full model, dev split python-docs / python-plain /
+#: python-plain-2, kith+minilm nDCG@10, scripts/eval_data/results-issue40-fusion-dev.txt):
+#: the dense pass min-max normalised (:data:`NORMALISATION`) at weight 4 and a page's
+#: further chunks supporting it whatever their BM25 (:data:`DENSE_SUPPORT_POWER`) —
+#: 0.749 / 0.595 / 0.518 → 0.772 / 0.636 / 0.688 (MiniLM cosine alone 0.712 / 0.522 /
+#: 0.624, the flat RRF hybrid 0.763 / 0.556 / 0.525).
 FUSION = {"": "rrf", "static": "rrf", "minilm": "weighted-sum"}
-#: Per-pass normalisation of the weighted sum: every pass by its own list's best score
-#: (BM25's least possible score is 0; min-max of the cosines was 0.789 vs 0.790).
+#: Per-pass normalisation of the weighted sum: the BM25 passes by their own list's best
+#: score (BM25's least possible score is 0), the dense pass min-max over its list (its
+#: cosines sit in a narrow band well above 0, so by the best alone its 100th candidate
+#: scored nearly as its first; issue 40 dev, with :data:`DENSE_SUPPORT_POWER`: max
+#: 0.788 / 0.618 / 0.625, min-max 0.772 / 0.636 / 0.688 — python-docs / python-plain /
+#: python-plain-2; issue 21's pooled dev, before: min-max 0.789 vs max 0.790).
 NORMALISATION = {"baseline-bm25": "max", "exact-entity": "max", "rewrite-expanded": "max",
-                 "dense": "max"}
+                 "dense": "minmax"}
 #: The dense pass's weight per tier (``kith index config --dense-model``), chosen on the
-#: dev split with that tier's method: static 0.5 in RRF (0.3-0.6 within 0.001), minilm 2.5
-#: in the weighted sum (2.0 0.787, 3.0 0.788, 1.0 0.755).
-DENSE_WEIGHTS = {"static": 0.5, "minilm": 2.5}
+#: dev split with that tier's method: static 0.5 in RRF (0.3-0.6 within 0.001), minilm 4
+#: in the weighted sum, min-max normalised (issue 40 dev, python-docs / python-plain /
+#: python-plain-2: 2.5 0.779 / 0.638 / 0.654, 4 0.772 / 0.636 / 0.688, 6 0.776 / 0.626
+#: / 0.680, 10 0.766 / 0.622 / 0.691; issue 21's max-normalised 2.5 before).
+DENSE_WEIGHTS = {"static": 0.5, "minilm": 4.0}
 
 
 def fusion_method(tier: str | None) -> str:
@@ -163,6 +175,21 @@ DOC_SUPPORT = 1.0
 DOC_SUPPORT_CHUNKS = 2
 AGGREGATE_WINDOW = 8
 SUPPORT_POWER = 3.0
+#: The support power per dense tier where it differs from :data:`SUPPORT_POWER`: with the
+#: full model a page's further chunks support it by their fused score whatever their
+#: BM25 (power 0: a chunk only the dense pass found counts too), so a page the model
+#: finds in several places beats one lexical mention (issue 40 dev, kith+minilm,
+#: python-docs / python-plain / python-plain-2: power 3 0.761 / 0.570 / 0.599, 1 0.753 /
+#: 0.568 / 0.584, 0.25 0.745 / 0.571 / 0.583, 0 0.772 / 0.636 / 0.688). The static
+#: tier keeps power 3 (0: 0.710 / 0.533 / 0.317 → 0.703 / 0.511 / 0.435).
+DENSE_SUPPORT_POWER = {"minilm": 0.0}
+
+
+def support_power(tier: str | None) -> float:
+    """The document-support power (:func:`aggregate_documents`) of a search whose dense
+    pass ran with ``tier`` (None: none ran): :data:`DENSE_SUPPORT_POWER` or
+    :data:`SUPPORT_POWER`."""
+    return DENSE_SUPPORT_POWER.get(tier or "", SUPPORT_POWER)
 #: (Pseudo-relevance feedback — the best 5 idf-weighted stems of the baseline's top 5
 #: chunks added at 0.3 to the baseline query, fused as a pass at 0.5 — was measured and
 #: left out: dev nDCG@10 0.703 / 0.681 / 0.934 → 0.710 / 0.668 / 0.949, 18 questions
@@ -581,7 +608,7 @@ def aggregate_documents(fused: dict[Any, float], doc_key: Callable[[Any], str | 
     a place above another page's best chunk when it is clearly stronger. ``doc_key(key)``
     names a candidate's document (None: unknown, left alone); ``strength(key)`` in 0..1
     (None: 1) — :func:`run_search` passes (baseline BM25 / best baseline BM25) **
-    :data:`SUPPORT_POWER`. Returns a new dict; cost: ``doc_key`` once per candidate in
+    :data:`SUPPORT_POWER` (:func:`support_power`; with power 0 it passes None). Returns a new dict; cost: ``doc_key`` once per candidate in
     the window (in :func:`run_search` a stored-document read the first time the searcher
     meets that candidate, :class:`StoredIds`).
     """
@@ -920,15 +947,18 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             base = ranked.get("baseline-bm25") or []
             top_bm25 = base[0][1] if base else 0.0
             bm25_of = dict(base)
+            power = support_power((dense_entry or {}).get("tier") if ranked.get("dense")
+                                  else None)
 
             def strength(k: Any) -> float:  # 0 when the baseline did not find the chunk
                 if top_bm25 <= 0:
                     return 0.0
-                return (bm25_of.get(k, 0.0) / top_bm25) ** SUPPORT_POWER
+                return (bm25_of.get(k, 0.0) / top_bm25) ** power
 
             fused = aggregate_documents(
                 fused, lambda k: (ids(k)[1] if not isinstance(k, str)
-                                  else doc_of.get(k)), AGGREGATE_WINDOW * limit, strength)
+                                  else doc_of.get(k)), AGGREGATE_WINDOW * limit,
+                strength if power else None)
             key_of: dict[str, Any] = {}
             order = _Order(fused, ids, doc_of, key_of)
             counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
