@@ -942,8 +942,6 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             if stop is not None:
                 controller.update(earlyStop=True, stopReason=stop)
             fused = fuse(ranked, controller["fusion"]["weights"], controller["fusion"]["method"])
-            if ranked.get("dense") and RARE_TERM_GUARD:
-                fused = guard_rare_terms(fused, ranked, searcher, schema, plan, ids)
             base = ranked.get("baseline-bm25") or []
             top_bm25 = base[0][1] if base else 0.0
             bm25_of = dict(base)
@@ -959,6 +957,8 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                 fused, lambda k: (ids(k)[1] if not isinstance(k, str)
                                   else doc_of.get(k)), AGGREGATE_WINDOW * limit,
                 strength if power else None)
+            if ranked.get("dense") and RARE_TERM_GUARD:  # after the support: none lifts past it
+                fused = guard_rare_terms(fused, ranked, searcher, schema, plan, ids)
             key_of: dict[str, Any] = {}
             order = _Order(fused, ids, doc_of, key_of)
             counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
