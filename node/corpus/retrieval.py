@@ -22,10 +22,12 @@ what it did in the ``retrievalController`` report:
 
 Fusion (:data:`FUSION`, per dense tier, chosen on the dev split) is weighted RRF for the
 lexical passes alone and with the static dense pass, and the weighted sum of per-query
-max-normalised scores with the full model's (:func:`weighted_sum`). RRF weights
+normalised scores with the full model's (:func:`weighted_sum`; BM25 passes by their best
+score, the dense pass min-max, at weight 4: dense-led, issue 40). RRF weights
 (:data:`PASS_WEIGHTS`: the baseline at 1.0, the two near-identical
 keyword passes at 0.3), then document-level aggregation of chunk scores
-(:func:`aggregate_documents`). The baseline also matches whole identifiers
+(:func:`aggregate_documents`; with the full model a page's further chunks support it
+whatever their BM25, :data:`DENSE_SUPPORT_POWER`). The baseline also matches whole identifiers
 (``os.path.join``, ``__init__``, ``max_connections``, ``3.11``) on the ``ident`` field
 (:func:`node.corpus.search.identifiers`); a page title (``title``) counts, a section
 heading (``section``) only in the rewrite pass.
@@ -44,7 +46,8 @@ own index (:mod:`node.corpus.views`), so candidates, early stop, fusion and scor
 only on the documents the view may see (specs/policy.md §6.1).
 
 With a dense pass, a chunk only it found never outranks the best chunk holding a rare
-query term (:func:`guard_rare_terms`, issue 40), and when no lexical pass found anything
+query word the model cannot read whole (:func:`guard_rare_terms`, applied after document
+support, issue 40), and when no lexical pass found anything
 (no word of the question is in the searched index) the dense pass's list is dropped
 (its entry says ``reason: no-lexical-match``): the search answers nothing.
 
