@@ -727,7 +727,7 @@ def test_full_model_tier_is_fused_by_normalised_weighted_sum(kb, monkeypatch) ->
         assert hits[0].source_id == "/kb/car.md" and hits[0].score_components["dense"] > 0
         assert ctl["fusion"]["method"] == retrieval.fusion_method("minilm") == "weighted-sum"
         assert ctl["fusion"]["weights"]["dense"] == retrieval.DENSE_WEIGHTS["minilm"]
-        assert ctl["fusion"]["normalisation"]["dense"] == "max"
+        assert ctl["fusion"]["normalisation"]["dense"] == "minmax"
         req = contract.validate({"query": "car oil", "topK": 3})
         hits, ctl = c.search_hits(req["query"], limit=3)
         env = envelope.build_envelope(req, hits, ctl)
@@ -764,3 +764,75 @@ def test_a_rare_exact_term_beats_a_dense_near_miss(tmp_path: Path, monkeypatch) 
         monkeypatch.setattr(retrieval, "RARE_TERM_GUARD", False)
         hits, _ = c.search_hits("feline zorblax", limit=3)
         assert hits[0].source_id == "/kb/cats.md"  # what the guard prevents
+
+
+def test_a_page_the_model_finds_in_several_sections_beats_one_mention(tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    """Dense-led fusion of the full model (issue 40): a page whose every section is about
+    the question (no word of it shared) outranks a one-line note that holds the question's
+    everyday word, because a page's further chunks support it by their fused score
+    whatever their BM25 (``retrieval.DENSE_SUPPORT_POWER``; with the lexical tiers'
+    power 3 the note came first). The rare-term guard still has the last word: for a
+    word the model cannot read whole (``upkeep``) the note stays first, support or not."""
+    assert "care" in dense.model_words() and "upkeep" not in dense.model_words()
+    root = tmp_path / "kb"
+    root.mkdir()
+
+    def section(title: str) -> str:
+        return f"## {title}\n\n" + "A kitten needs servicing. " * 60 + "\n\n"
+
+    (root / "kittens.md").write_text("# Kittens\n\n" + section("Brushing") + section("Claws")
+                                     + section("Teeth"))
+    (root / "notes.md").write_text("# Notes\n\nThe upkeep of a cat needs care.\n")
+    for i in range(3):
+        (root / f"n{i}.md").write_text(f"# Note {i}\n\nThe staging server restarts.\n")
+    home = tmp_path / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+        dense.embed_missing(c, MINILM)
+        c.record.set_meta(dense.META_TIER, "minilm")
+        c.record.set_meta(dense.META_ENABLED, "1")
+    monkeypatch.setattr(dense, "corpus_embedder", lambda _c: MINILM)
+    monkeypatch.setattr(dense, "missing_modules", lambda: ())
+    with Corpus(home, readonly=True) as c:
+        assert c.record.db.execute("SELECT COUNT(*) FROM chunks c JOIN documents d ON "
+                                   "d.doc_id = c.doc_id WHERE d.rel_path = 'kittens.md'"
+                                   ).fetchone()[0] >= 3
+        hits, _ = c.search_hits("feline care", limit=3)
+        assert [h.source_id for h in hits][:2] == ["/kb/kittens.md", "/kb/notes.md"]
+        hits, _ = c.search_hits("feline upkeep", limit=3)
+        assert hits[0].source_id == "/kb/notes.md", [h.source_id for h in hits]
+        monkeypatch.setitem(retrieval.DENSE_SUPPORT_POWER, "minilm", retrieval.SUPPORT_POWER)
+        hits, _ = c.search_hits("feline care", limit=3)
+        assert hits[0].source_id == "/kb/notes.md"  # what the support power changes
+
+
+def test_a_rare_everyday_word_does_not_bury_the_meaning_match(tmp_path: Path, monkeypatch) -> None:
+    """The guard covers only words the model cannot read whole (issue 40): ``pretend`` is
+    one WordPiece token, so a page that merely holds it does not cap the page the dense
+    pass finds by meaning (the guard on every rare word put it first); ``zorblax`` (the
+    test above) is fragments to the model and stays guarded."""
+    assert "pretend" in dense.model_words() and "zorblax" not in dense.model_words()
+    root = tmp_path / "kb"
+    root.mkdir()
+    (root / "cats.md").write_text("# Cat\n\nA cat. A kitten. A cat and a kitten.\n")
+    (root / "ops.md").write_text("# Operations\n\nThe pretend daemon restarts the staging "
+                                 "server every night and mails a report to the team.\n")
+    for i in range(3):
+        (root / f"n{i}.md").write_text(f"# Note {i}\n\nThe staging server restarts.\n")
+    home = tmp_path / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+        dense.embed_missing(c, MINILM)
+        c.record.set_meta(dense.META_TIER, "minilm")
+        c.record.set_meta(dense.META_ENABLED, "1")
+    monkeypatch.setattr(dense, "corpus_embedder", lambda _c: MINILM)
+    monkeypatch.setattr(dense, "missing_modules", lambda: ())
+    with Corpus(home, readonly=True) as c:
+        hits, _ = c.search_hits("feline pretend", limit=3)
+        assert hits[0].source_id == "/kb/cats.md", [h.source_id for h in hits]
+        monkeypatch.setattr(retrieval, "RARE_UNREAD_ONLY", False)  # every rare word guarded
+        hits, _ = c.search_hits("feline pretend", limit=3)
+        assert hits[0].source_id == "/kb/ops.md"

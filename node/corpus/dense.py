@@ -404,6 +404,22 @@ def shared_embedder() -> OnnxMiniLM:
         return _SHARED
 
 
+@lru_cache(maxsize=1)
+def model_words() -> frozenset[str]:
+    """The words the model reads whole: the WordPiece vocabulary's entries that are not
+    word pieces (``##…``) or special tokens, from the tokenizer Kith ships
+    (:data:`TOKENIZER_PATH`, standard library only; read once, about 20 ms). A query word
+    outside it reaches the model as fragments (``zorblax`` → ``zo ##rb ##la ##x``), so
+    the dense pass cannot stand for it: only such a word's exact match is guarded
+    against dense near misses (:func:`node.corpus.retrieval.guard_rare_terms`, issue 40).
+    Empty when the file cannot be read (then no word is guarded)."""
+    try:
+        vocab = json.loads(TOKENIZER_PATH.read_text(encoding="utf-8"))["model"]["vocab"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return frozenset()
+    return frozenset(w for w in vocab if not w.startswith("##") and not w.startswith("["))
+
+
 def _special_ids() -> list[int]:
     """Ids of the vocabulary's special tokens ([PAD], [unusedN], [UNK], [CLS], [SEP],
     [MASK]): their table rows are zero (they carry no meaning)."""

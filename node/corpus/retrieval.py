@@ -22,10 +22,12 @@ what it did in the ``retrievalController`` report:
 
 Fusion (:data:`FUSION`, per dense tier, chosen on the dev split) is weighted RRF for the
 lexical passes alone and with the static dense pass, and the weighted sum of per-query
-max-normalised scores with the full model's (:func:`weighted_sum`). RRF weights
+normalised scores with the full model's (:func:`weighted_sum`; BM25 passes by their best
+score, the dense pass min-max, at weight 4: dense-led, issue 40). RRF weights
 (:data:`PASS_WEIGHTS`: the baseline at 1.0, the two near-identical
 keyword passes at 0.3), then document-level aggregation of chunk scores
-(:func:`aggregate_documents`). The baseline also matches whole identifiers
+(:func:`aggregate_documents`; with the full model a page's further chunks support it
+whatever their BM25, :data:`DENSE_SUPPORT_POWER`). The baseline also matches whole identifiers
 (``os.path.join``, ``__init__``, ``max_connections``, ``3.11``) on the ``ident`` field
 (:func:`node.corpus.search.identifiers`); a page title (``title``) counts, a section
 heading (``section``) only in the rewrite pass.
@@ -44,7 +46,8 @@ own index (:mod:`node.corpus.views`), so candidates, early stop, fusion and scor
 only on the documents the view may see (specs/policy.md §6.1).
 
 With a dense pass, a chunk only it found never outranks the best chunk holding a rare
-query term (:func:`guard_rare_terms`, issue 40), and when no lexical pass found anything
+query word the model cannot read whole (:func:`guard_rare_terms`, applied after document
+support, issue 40), and when no lexical pass found anything
 (no word of the question is in the searched index) the dense pass's list is dropped
 (its entry says ``reason: no-lexical-match``): the search answers nothing.
 
@@ -98,15 +101,27 @@ PASS_WEIGHTS = {"baseline-bm25": 1.0, "exact-entity": 0.3, "rewrite-expanded": 0
 #: 0.716 (0.722 with its knobs re-tuned); + static: rrf 0.730, weighted sum <= 0.725 (max,
 #: min-max, mean normalisations, ranx's optimum, an rrf + score blend 0.730); + minilm:
 #: rrf 0.783 (dense weight 3.0), weighted sum 0.790 (max-normalised, dense 2.5).
+#: Issue 40 (dense-led fusion of the full model, dev split python-docs / python-plain /
+#: python-plain-2, kith+minilm nDCG@10, scripts/eval_data/results-issue40-fusion-dev.txt):
+#: the dense pass min-max normalised (:data:`NORMALISATION`) at weight 4 and a page's
+#: further chunks supporting it whatever their BM25 (:data:`DENSE_SUPPORT_POWER`) —
+#: 0.749 / 0.595 / 0.518 → 0.772 / 0.636 / 0.688 (MiniLM cosine alone 0.712 / 0.522 /
+#: 0.624, the flat RRF hybrid 0.763 / 0.556 / 0.525).
 FUSION = {"": "rrf", "static": "rrf", "minilm": "weighted-sum"}
-#: Per-pass normalisation of the weighted sum: every pass by its own list's best score
-#: (BM25's least possible score is 0; min-max of the cosines was 0.789 vs 0.790).
+#: Per-pass normalisation of the weighted sum: the BM25 passes by their own list's best
+#: score (BM25's least possible score is 0), the dense pass min-max over its list (its
+#: cosines sit in a narrow band well above 0, so by the best alone its 100th candidate
+#: scored nearly as its first; issue 40 dev, with :data:`DENSE_SUPPORT_POWER`: max
+#: 0.788 / 0.618 / 0.625, min-max 0.772 / 0.636 / 0.688 — python-docs / python-plain /
+#: python-plain-2; issue 21's pooled dev, before: min-max 0.789 vs max 0.790).
 NORMALISATION = {"baseline-bm25": "max", "exact-entity": "max", "rewrite-expanded": "max",
-                 "dense": "max"}
+                 "dense": "minmax"}
 #: The dense pass's weight per tier (``kith index config --dense-model``), chosen on the
-#: dev split with that tier's method: static 0.5 in RRF (0.3-0.6 within 0.001), minilm 2.5
-#: in the weighted sum (2.0 0.787, 3.0 0.788, 1.0 0.755).
-DENSE_WEIGHTS = {"static": 0.5, "minilm": 2.5}
+#: dev split with that tier's method: static 0.5 in RRF (0.3-0.6 within 0.001), minilm 4
+#: in the weighted sum, min-max normalised (issue 40 dev, python-docs / python-plain /
+#: python-plain-2: 2.5 0.779 / 0.638 / 0.654, 4 0.772 / 0.636 / 0.688, 6 0.776 / 0.626
+#: / 0.680, 10 0.766 / 0.622 / 0.691; issue 21's max-normalised 2.5 before).
+DENSE_WEIGHTS = {"static": 0.5, "minilm": 4.0}
 
 
 def fusion_method(tier: str | None) -> str:
@@ -163,6 +178,21 @@ DOC_SUPPORT = 1.0
 DOC_SUPPORT_CHUNKS = 2
 AGGREGATE_WINDOW = 8
 SUPPORT_POWER = 3.0
+#: The support power per dense tier where it differs from :data:`SUPPORT_POWER`: with the
+#: full model a page's further chunks support it by their fused score whatever their
+#: BM25 (power 0: a chunk only the dense pass found counts too), so a page the model
+#: finds in several places beats one lexical mention (issue 40 dev, kith+minilm,
+#: python-docs / python-plain / python-plain-2: power 3 0.761 / 0.570 / 0.599, 1 0.753 /
+#: 0.568 / 0.584, 0.25 0.745 / 0.571 / 0.583, 0 0.772 / 0.636 / 0.688). The static
+#: tier keeps power 3 (0: 0.710 / 0.533 / 0.317 → 0.703 / 0.511 / 0.435).
+DENSE_SUPPORT_POWER = {"minilm": 0.0}
+
+
+def support_power(tier: str | None) -> float:
+    """The document-support power (:func:`aggregate_documents`) of a search whose dense
+    pass ran with ``tier`` (None: none ran): :data:`DENSE_SUPPORT_POWER` or
+    :data:`SUPPORT_POWER`."""
+    return DENSE_SUPPORT_POWER.get(tier or "", SUPPORT_POWER)
 #: (Pseudo-relevance feedback — the best 5 idf-weighted stems of the baseline's top 5
 #: chunks added at 0.3 to the baseline query, fused as a pass at 0.5 — was measured and
 #: left out: dev nDCG@10 0.703 / 0.681 / 0.934 → 0.710 / 0.668 / 0.949, 18 questions
@@ -581,7 +611,7 @@ def aggregate_documents(fused: dict[Any, float], doc_key: Callable[[Any], str | 
     a place above another page's best chunk when it is clearly stronger. ``doc_key(key)``
     names a candidate's document (None: unknown, left alone); ``strength(key)`` in 0..1
     (None: 1) — :func:`run_search` passes (baseline BM25 / best baseline BM25) **
-    :data:`SUPPORT_POWER`. Returns a new dict; cost: ``doc_key`` once per candidate in
+    :data:`SUPPORT_POWER` (:func:`support_power`; with power 0 it passes None). Returns a new dict; cost: ``doc_key`` once per candidate in
     the window (in :func:`run_search` a stored-document read the first time the searcher
     meets that candidate, :class:`StoredIds`).
     """
@@ -614,19 +644,40 @@ RARE_TERM_GUARD = True
 #: (and at least one does); never fewer than :data:`RARE_MIN_DF` chunks.
 RARE_SHARE = 0.001
 RARE_MIN_DF = 1
+#: Guard only the rare words the model cannot read whole (:func:`unread_stems`): an
+#: everyday word (``pretend``, ``tucking``) is one WordPiece token, which the dense pass
+#: understands, and a chunk that merely holds it is no stronger evidence than the meaning
+#: match; a word outside the vocabulary (``zorblax``, ``E1234``, ``zoneinfo``) reaches the
+#: model as fragments, so only its exact match can stand for it. Dev split, kith+minilm
+#: nDCG@10 python-docs / python-plain / python-plain-2: every rare stem guarded 0.749 /
+#: 0.595 / 0.482, only the unread ones 0.749 / 0.595 / 0.518 (no guard at all: the same).
+RARE_UNREAD_ONLY = True
+
+
+def unread_stems(plan: Plan) -> set[str]:
+    """The stems of the query's key words the dense model cannot read whole (each word
+    outside :func:`node.corpus.dense.model_words`; the standard library reads the
+    tokenizer Kith ships once)."""
+    from node.corpus import dense
+
+    known = dense.model_words()
+    return {t for w in plan.key_terms if w not in known for t in search.query_terms(w)}
 
 
 def guard_rare_terms(fused: dict[Any, float], ranked: dict[str, list[tuple[Any, float]]],
                      searcher: Any, schema: Any, plan: Plan, ids: StoredIds,
                      ) -> dict[Any, float]:
     """Cap the chunks only the dense pass found below the best fused chunk that holds a
-    rare query term (:data:`RARE_SHARE`): a near miss by meaning never outranks an exact
-    match on a rare word (an error code, a product name). Their order among themselves is
+    rare query term (:data:`RARE_SHARE`) that the model cannot read whole
+    (:data:`RARE_UNREAD_ONLY`, :func:`unread_stems`): a near miss by meaning never
+    outranks an exact match on a rare word (an error code, a product name). Their order among themselves is
     kept; nothing changes when the query has no rare term in the index. Keys are chunk
     ids (with a dense pass every list names chunks); one extra term query of the rare
     stems, only when the dense pass ran and the query has one."""
     limit = max(RARE_MIN_DF, RARE_SHARE * searcher.num_docs)
-    rare = [t for t in plan.stems if 0 < searcher.doc_freq("body", t) <= limit]
+    guarded = unread_stems(plan) if RARE_UNREAD_ONLY else set(plan.stems)
+    rare = [t for t in plan.stems
+            if t in guarded and 0 < searcher.doc_freq("body", t) <= limit]
     if not rare:
         return fused
     lexical = {k for name, hits in ranked.items() if name != "dense" for k, _s in hits}
@@ -894,20 +945,23 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             if stop is not None:
                 controller.update(earlyStop=True, stopReason=stop)
             fused = fuse(ranked, controller["fusion"]["weights"], controller["fusion"]["method"])
-            if ranked.get("dense") and RARE_TERM_GUARD:
-                fused = guard_rare_terms(fused, ranked, searcher, schema, plan, ids)
             base = ranked.get("baseline-bm25") or []
             top_bm25 = base[0][1] if base else 0.0
             bm25_of = dict(base)
+            power = support_power((dense_entry or {}).get("tier") if ranked.get("dense")
+                                  else None)
 
             def strength(k: Any) -> float:  # 0 when the baseline did not find the chunk
                 if top_bm25 <= 0:
                     return 0.0
-                return (bm25_of.get(k, 0.0) / top_bm25) ** SUPPORT_POWER
+                return (bm25_of.get(k, 0.0) / top_bm25) ** power
 
             fused = aggregate_documents(
                 fused, lambda k: (ids(k)[1] if not isinstance(k, str)
-                                  else doc_of.get(k)), AGGREGATE_WINDOW * limit, strength)
+                                  else doc_of.get(k)), AGGREGATE_WINDOW * limit,
+                strength if power else None)
+            if ranked.get("dense") and RARE_TERM_GUARD:  # after the support: none lifts past it
+                fused = guard_rare_terms(fused, ranked, searcher, schema, plan, ids)
             key_of: dict[str, Any] = {}
             order = _Order(fused, ids, doc_of, key_of)
             counts = {k: 0 for k in ("orphaned", "filteredOut", "withheldStale",
