@@ -30,13 +30,9 @@ from support.agents import api_headers
 from support.cli import KITH, pending, readline as _readline
 from support.envelopes import valid_ask as valid
 from support.homes import PROTOCOLS, node_home as _home, pin_host as _pin, public_host_home
-from support.hosts import ENV, InProcessHost
+from support.hosts import ENV, STEADY as CALM, InProcessHost  # CALM: every side runs in one loop here
 
 pytestmark = pytest.mark.iroh
-
-#: Heartbeat of the pools and in-process hosts here: every side runs in one loop on a
-#: shared 2-core machine, where FAST's 1 s would call a busy peer unresponsive.
-CALM = (1.0, 15.0)
 
 SHARED = "# Shared\n\nThe release train leaves every second Tuesday from the staging branch.\n"
 CORPORA = {

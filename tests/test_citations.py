@@ -26,9 +26,7 @@ from node.trust.peers import PeerRegistry
 from support.agents import api_headers, mcp_env
 from support.cli import KITH
 from support.homes import node_home as _home, public_host_home
-from support.hosts import ENV, InProcessHost
-
-CALM = (1.0, 15.0)
+from support.hosts import ENV, STEADY as CALM, InProcessHost
 DOCS = {
     "deploy.md": "# Deploy\n\nThe staging server is deleted automatically every night at two.\n",
     "backup.md": "# Backup\n\nThe staging database keeps a nightly backup for a week.\n",
