@@ -24,7 +24,6 @@ import pytest
 import node.common.http as httpbounds
 from node.answer.service import answer_local
 from node.local.api import run_api_in_thread
-from node.corpus import retrieval
 from node.answer.envelope import ENVELOPE_KEYS, build_envelope, empty_envelope
 from node.answer.contract import validate as validate_search_request
 from node.corpus.store import Corpus
