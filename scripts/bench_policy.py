@@ -3,7 +3,12 @@
 
 Prints per-query milliseconds for: corpus search alone, search + gate.screen (no approvals), and
 search + the full knowledge handle (quota, screen with approvals, envelope, leak scan),
-plus the approvals lookup with many decided requests on disk. Run:
+plus the approvals lookup with many decided requests on disk, the leak scan of one 64 KiB
+answer (``EgressGate.check_outgoing``, target < 20 ms) and the policy's glob matcher on
+pathological globs (``**`` and ``*`` runs a backtracking regex takes minutes on; target
+< 500 ms each: the matcher is O(len(id) * len(glob))). The last two were timed assertions in
+tests/test_policy_gate.py and tests/test_policy.py, which failed at random on a loaded
+machine. Run:
     .venv/bin/python scripts/bench_policy.py
 
 ``--scrub`` instead measures the scrubbing gate (issue 24 item 3): the host CPU
@@ -33,6 +38,7 @@ the guest's fence scan (node/answer/fence.py) would flag ``suspicious``::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -98,7 +104,28 @@ def main() -> None:
     print(f"{'knowledge handle (full answer)':32s} {full:7.2f} ms  {full / search:.2f}x")
     print(f"{'screen 100 hits (w/ approvals)':32s} {screen:7.2f} ms")
     print(f"{'approvals.verdicts, ~500 on disk':32s} {verdicts:7.2f} ms")
+    chunk = json.dumps({"source": "/docs/a.md", "textPreview": "lorem ipsum /usr/share/doc " * 8})
+    payload = (chunk * (65536 // len(chunk) + 1))[:65536].encode()
+    scan = timed(lambda: gate.check_outgoing(payload), n=50)
+    print(f"{'leak scan, one 64 KiB answer':32s} {scan:7.2f} ms  (target < 20 ms)")
+    def first_decision(glob: str, source: str) -> None:  # a new policy each time: nothing cached
+        one = Policy()
+        one.set(glob, "public")
+        one.decide(source, None)
+
+    for glob, source in PATHOLOGICAL:
+        decide = timed(lambda: first_decision(glob, source), n=5)
+        print(f"{'glob ' + glob[:24] + '...':32s} {decide:7.2f} ms  (target < 500 ms; id of {len(source)} chars)")
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     corpus.close()
+
+
+#: (glob, source id) pairs a backtracking regex takes minutes on; none of the ids matches
+PATHOLOGICAL = (
+    ("/" + "/".join(["**", "a"] * 8) + "/b", "/" + "/".join(["a"] * 1500)),
+    ("/" + "/".join(["**", "a"] * 7) + "/**", "/" + "/".join(["a"] * 6 + ["b"] * 1500)),
+    ("/x/" + "*a" * 60 + "*b", "/x/" + "a" * 3000),
+)
 
 
 SHARED_DOCS = Path(__file__).resolve().parents[1].parent / "shared" / "corpora" / "python-docs-3.11"

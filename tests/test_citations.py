@@ -26,9 +26,7 @@ from node.trust.peers import PeerRegistry
 from support.agents import api_headers, mcp_env
 from support.cli import KITH
 from support.homes import node_home as _home, public_host_home
-from support.hosts import ENV, InProcessHost
-
-CALM = (1.0, 15.0)
+from support.hosts import STEADY as CALM, InProcessHost
 DOCS = {
     "deploy.md": "# Deploy\n\nThe staging server is deleted automatically every night at two.\n",
     "backup.md": "# Backup\n\nThe staging database keeps a nightly backup for a week.\n",
@@ -52,7 +50,7 @@ async def _ask(host: InProcessHost, guest_home: Path, questions: list[str], *, c
 
 def _verify(home: Path, answer: Path, *extra: str) -> tuple[int, dict]:
     proc = subprocess.run([*KITH, "--home", str(home), "verify", str(answer), "--json", *extra],
-                          capture_output=True, text=True, env=ENV, timeout=120)
+                          capture_output=True, text=True, timeout=120)
     return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip() else {"stderr": proc.stderr})
 
 
@@ -329,7 +327,7 @@ def test_malformed_answer_files_exit_1_with_a_clear_error(tmp_path, content):
     answer = tmp_path / "a.json"
     answer.write_bytes(content)
     proc = subprocess.run([*KITH, "--home", str(home), "verify", str(answer)], capture_output=True,
-                          text=True, env=ENV, timeout=60)
+                          text=True, timeout=60)
     assert proc.returncode == 1, proc.stderr
     assert "answer-invalid" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -340,7 +338,7 @@ def test_oversized_and_missing_files_exit_1_and_usage_exits_2(tmp_path):
     with open(big, "wb") as fh:
         fh.truncate(C.MAX_ANSWER_BYTES + 1)
     run = lambda *a: subprocess.run([*KITH, "--home", str(home), "verify", *a], capture_output=True,  # noqa: E731
-                                    text=True, env=ENV, timeout=60)
+                                    text=True, timeout=60)
     proc = run(str(big))
     assert proc.returncode == 1 and "answer-invalid" in proc.stderr and "8 MiB" in proc.stderr
     proc = run(str(tmp_path / "nope.json"))
@@ -457,7 +455,7 @@ def test_kith_join_json_lines_are_a_saved_answer_kith_verify_reads(tmp_path):
             proc = await anyio.to_thread.run_sync(lambda: subprocess.run(
                 [*KITH, "--home", str(guest), "join", str(host.invite), "--local", "--trust", "--json",
                  "--citations", "--pin", "docs", "-q", "staging server deleted", "-q", "nightly backup"],
-                capture_output=True, text=True, env=ENV, timeout=120))
+                capture_output=True, text=True, timeout=120))
             host.stop.set()
         return proc
 

@@ -150,7 +150,7 @@ def test_a_statement_over_the_timeout_is_cancelled_with_a_code(cluster: PgCluste
                                                               tmp_path: Path) -> None:
     stores = [PostgresStore(_fresh_pg_database(cluster.url), statement_timeout_s=0.2),
               SqliteStore(tmp_path / "t.sqlite3", statement_timeout_s=0.2)]
-    slow = {"postgresql": "SELECT pg_sleep(3)",
+    slow = {"postgresql": "SELECT pg_sleep(3)",  # kept: a statement past the 0.2 s timeout is the subject
             "sqlite": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) "
                       "SELECT count(*) FROM n"}
     try:

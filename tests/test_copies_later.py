@@ -38,17 +38,17 @@ def _runner(home):
 
 
 def _until(proc, pred, timeout):
-    """The runner's events until one ``pred`` accepts (returned with the time it took);
-    AssertionError after ``timeout`` s."""
+    """The runner's events until one ``pred`` accepts (returned); AssertionError after
+    ``timeout`` s."""
     seen = []
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        line = readline(proc, max(0.5, timeout - (time.monotonic() - t0)))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = readline(proc, max(0.5, deadline - time.monotonic()))
         assert line, f"the runner ended: {proc.stderr.read() if proc.poll() is not None else ''}"
         ev = json.loads(line)
         seen.append(ev)
         if pred(ev):
-            return ev, time.monotonic() - t0
+            return ev
     raise AssertionError(f"no such event in {timeout} s: {seen}")
 
 
@@ -79,7 +79,7 @@ def test_later_with_a_copy_answers_now_queues_for_the_live_host_and_re_syncs_whe
         assert env["peers"][0]["fromCopy"] is True and env["outbox"]["peers"] == ["alice"]
         assert "answered from the copy of alice now" in only.stderr
         q_only = env["outbox"]["id"]
-        ev, _ = _until(runner, lambda e: e["event"] == "outbox-answered", 60)  # the runner delivers it
+        ev = _until(runner, lambda e: e["event"] == "outbox-answered", 60)  # the runner delivers it
         assert (ev["id"], ev["status"]) == (q_only, "ok")
 
         h.stop()  # the host sleeps; its copied file changes meanwhile
@@ -104,12 +104,11 @@ def test_later_with_a_copy_answers_now_queues_for_the_live_host_and_re_syncs_whe
                          kith(bea, "outbox", "list", env=wide).stdout)
 
         h = HostProcess(host, "--invite-file", str(inv))  # back (the same port: offline mode keeps it)
-        t0 = time.monotonic()
-        ev, _ = _until(runner, lambda e: e["event"] == "outbox-answered" and e["id"] == q_later, 60)
-        synced, _ = _until(runner, lambda e: e["event"] == "copy-synced" and e["fetched"], 60)
-        resynced_s = time.monotonic() - t0
+        _until(runner, lambda e: e["event"] == "outbox-answered" and e["id"] == q_later, 60)
+        # the bounds are a failure's time only, far below the 600 s interval: the outbox's
+        # "peer is back" woke the copy's sync
+        synced = _until(runner, lambda e: e["event"] == "copy-synced" and e["fetched"], 60)
         assert synced["fetched"] == 1, synced
-        assert resynced_s < 60  # not the 600 s interval: the outbox's "peer is back" woke it
         runner.send_signal(signal.SIGTERM)
         assert runner.wait(timeout=60) == 0
     finally:
@@ -175,9 +174,11 @@ INSERT INTO deliveries(question_id, peer_name, peer_key, state) VALUES
 
 @pytest.mark.iroh
 def test_a_host_known_gone_is_answered_from_its_copy_at_once_and_mcp_and_the_api_keep_it_for_later(tmp_path):
-    """The host is killed: its port refuses the dial, so the copy answers at once (before:
-    at the 5 s connection timeout) — `kith ask`, MCP `ask_later` and `POST /outbox`, the
-    last two also keeping the question for the live host with the copy's mark."""
+    """The host is killed: its port refuses the dial, so the copy answers — `kith ask`, MCP
+    `ask_later` and `POST /outbox`, the last two also keeping the question for the live host
+    with the copy's mark. That it answers at once (before: at the 5 s connection timeout) is
+    measured by scripts/bench_copies (its `gone` phase), not asserted here: a bound in
+    seconds fails at random on a loaded machine."""
     import anyio
     import httpx
 
@@ -192,14 +193,14 @@ def test_a_host_known_gone_is_answered_from_its_copy_at_once_and_mcp_and_the_api
     finally:
         h.proc.kill()  # gone without a word: its port is closed
         h.proc.wait(timeout=30)
-    t0 = time.monotonic()
     r = kith(bea, "ask", "journal mode WAL", "--peer", "alice", "--json", "--offline", "--timeout", "10")
-    wall = time.monotonic() - t0
     assert r.returncode == 0, r.stderr
     env = json.loads(r.stdout)
+    valid_ask(env)
     assert env["peers"][0]["fromCopy"] is True and env["results"][0]["source"] == "/kb/sqlite.md"
-    assert env["elapsedMs"] < 2500, env["elapsedMs"]  # not the 5 s connection timeout, nor the deadline
-    assert wall < 6
+    assert env["complete"] is True and env["missing"] == []  # the copy's answer stands for the host's
+    # the duration the user sees: a number of milliseconds, never a bound asserted here
+    assert isinstance(env["elapsedMs"], (int, float)) and env["elapsedMs"] >= 0, env["elapsedMs"]
 
     async def mcp():
         return await call_ask_later(bea, {"query": "journal mode WAL", "peers": ["alice"]}, local=True)

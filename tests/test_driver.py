@@ -82,20 +82,50 @@ def test_dropped_connection_ends_with_peer_disconnected(host_id, guest_id):
     assert result["host"].ended_at is not None
 
 
+async def advance_until(clock, ended, step_s: float, limit_s: float) -> float:
+    """Advance the session's ManualClock ``clock`` by ``step_s`` whenever its ticker is
+    asleep on it, until ``ended()``; the seconds the clock moved. Real time bounds only a
+    failure (60 s); the session's clock bounds the behaviour: AssertionError once it moved
+    ``limit_s`` without ``ended()``."""
+    # a step a float holds exactly (1/16 s): a reading that lands on a deadline the engine
+    # computed as a sum can fall short of it by rounding, and the ticker then spins on
+    # sleep(0) at that reading instead of sleeping on the clock
+    assert (step_s * 1024).is_integer(), step_s
+    start = clock.monotonic()
+    with anyio.fail_after(60):
+        while not ended():
+            if clock.sleepers():
+                assert clock.monotonic() - start < limit_s, f"not ended after {limit_s} s of the session's clock"
+                clock.advance(step_s)
+            await anyio.sleep(0.001)
+    return clock.monotonic() - start
+
+
 def test_silent_guest_hits_the_handshake_timeout(host_id, guest_id):
+    """A guest that connects and says nothing is ended by the handshake step's bound: at
+    0.3 s of the session's clock, not before and not never (a ManualClock the test moves)."""
+    from node.runtime.clock import ManualClock
+
     spec = load_spec(ECHO)
+    clock = ManualClock()
 
     async def scenario():
-        h_eng, _ = engines(spec, host_id, guest_id)
+        h_eng, _ = engines(spec, host_id, guest_id, clock=clock)
         _g, h_stream = memory_pipe(guest_id.public_key, host_id.public_key)
-        t0 = time.monotonic()
-        out = await run_session(h_stream, h_eng, load_hooks(ECHO), make_context=ctx_factory("host"),
-                                handshake_timeout_s=0.3)
-        return out, time.monotonic() - t0
+        out = {}
 
-    out, elapsed = anyio.run(scenario)
+        async def host():
+            out["host"] = await run_session(h_stream, h_eng, load_hooks(ECHO), make_context=ctx_factory("host"),
+                                            handshake_timeout_s=0.3, clock=clock)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host)
+            moved = await advance_until(clock, lambda: h_eng.closed, 1 / 16, 5.0)
+        return out["host"], moved
+
+    out, moved = anyio.run(scenario)
     assert (out.reason, out.code) == ("rejected", "handshake-timeout")
-    assert elapsed < 5
+    assert 0.3 - 1e-6 <= moved < 1.0, moved
 
 
 def test_slow_hook_is_aborted_with_hook_timeout(host_id, guest_id):
@@ -142,34 +172,51 @@ def test_invalid_hook_output_is_refused_before_sending(host_id, guest_id):
 
 
 def test_trickling_bytes_do_not_extend_the_handshake_step(host_id, guest_id):
+    """A guest that sends one byte every 0.125 s of the session's clock, never a whole
+    frame: the step's bound (0.5 s) ends it with `handshake-timeout` long before the trickle
+    (6 s) would end — each byte does not start the step again."""
+    from node.runtime.clock import ManualClock
+
     spec = load_spec(ECHO)
+    clock = ManualClock()
 
     async def scenario():
-        h_eng, _ = engines(spec, host_id, guest_id)
+        h_eng, _ = engines(spec, host_id, guest_id, clock=clock)
         g_stream, h_stream = memory_pipe(guest_id.public_key, host_id.public_key)
         result = {}
+        sent = [0]
 
         async def host():
             result["out"] = await run_session(h_stream, h_eng, load_hooks(ECHO), make_context=ctx_factory("host"),
-                                              handshake_timeout_s=0.5)
+                                              handshake_timeout_s=0.5, clock=clock)
 
-        async def trickle():
-            for _ in range(60):  # one byte every 0.1 s for 6 s, never a whole frame
+        async def trickle():  # one byte every 0.125 s of the session's clock, 48 of them (6 s)
+            for _ in range(48):
                 try:
                     await g_stream.send(b" ")
                 except Exception:
                     return
-                await anyio.sleep(0.1)
+                sent[0] += 1
+                await clock.sleep(0.125)
 
-        t0 = time.monotonic()
         async with anyio.create_task_group() as tg:
             tg.start_soon(host)
             tg.start_soon(trickle)
-        return result["out"], time.monotonic() - t0
+            # the clock moves only while the ticker and the trickle are both asleep on it
+            with anyio.fail_after(60):
+                while not h_eng.closed:
+                    if clock.sleepers() >= 2:
+                        assert sent[0] < 48, "the trickle ended before the handshake step did"
+                        clock.advance(0.125)
+                    await anyio.sleep(0.001)
+                while "out" not in result:
+                    await anyio.sleep(0.001)
+            tg.cancel_scope.cancel()  # the trickle, asleep on a clock that moves no more
+        return result["out"], sent[0]
 
-    out, elapsed = anyio.run(scenario)
-    assert out.code == "handshake-timeout"
-    assert elapsed < 4  # the step deadline (0.5 s) fired long before the trickle (6 s) ended
+    out, sent = anyio.run(scenario)
+    assert out.code == "handshake-timeout", (out.reason, out.code)
+    assert sent <= 5, f"{sent} bytes (0.125 s apart) went in before the 0.5 s step ended"
 
 
 def test_hook_abort_with_an_unregistered_code_becomes_hook_failed(host_id, guest_id):
@@ -202,27 +249,43 @@ async def zombie_guest(g_eng, g_stream, after_ready):
 
 
 def test_frozen_peer_is_detected_by_heartbeat_and_on_end_gets_the_reason(host_id, guest_id):
+    """A guest that goes silent after the handshake without closing: the host's heartbeat
+    ends the session `peer-unresponsive` once 0.4 s of the session's clock passed without a
+    word (a ManualClock the test moves; pings every 0.05 s), and `on_end` gets the reason."""
+    from node.engine.session import State
+    from node.runtime.clock import ManualClock
+
     spec = load_spec(ECHO)
     ended = []
+    clock = ManualClock()
 
     async def scenario():
-        h_eng, g_eng = engines(spec, host_id, guest_id)
+        h_eng, g_eng = engines(spec, host_id, guest_id, clock=clock)
         g_stream, h_stream = memory_pipe(guest_id.public_key, host_id.public_key)
-        async with anyio.create_task_group() as tg:
-            tg.cancel_scope.deadline = anyio.current_time() + 10
-            tg.start_soon(zombie_guest, g_eng, g_stream, anyio.lowlevel.checkpoint)
-            t0 = time.monotonic()
-            out = await run_session(h_stream, h_eng, recording(load_hooks(ECHO), ended),
-                                    make_context=ctx_factory("host"), heartbeat=FAST)
-            elapsed = time.monotonic() - t0
-            tg.cancel_scope.cancel()
-        return out, elapsed
+        out = {}
 
-    out, elapsed = anyio.run(scenario)
+        async def host():
+            out["host"] = await run_session(h_stream, h_eng, recording(load_hooks(ECHO), ended),
+                                            make_context=ctx_factory("host"), heartbeat=FAST, clock=clock)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(zombie_guest, g_eng, g_stream, anyio.lowlevel.checkpoint)
+            tg.start_soon(host)
+            with anyio.fail_after(60):  # the handshake done (the clock has not moved yet)
+                while h_eng.state is not State.READY and not h_eng.closed:
+                    await anyio.sleep(0.001)
+            moved = await advance_until(clock, lambda: h_eng.closed, 1 / 16, 5.0)
+            with anyio.fail_after(60):
+                while "host" not in out:
+                    await anyio.sleep(0.001)
+            tg.cancel_scope.cancel()
+        return out["host"], moved
+
+    out, moved = anyio.run(scenario)
     assert (out.reason, out.code) == ("aborted", "peer-unresponsive")
     assert ended == ["peer-unresponsive"]
     assert out.session_id is not None  # the session existed: its id stays usable for feedback
-    assert elapsed < 5
+    assert 0.4 - 1e-6 <= moved < 1.0, moved  # the unresponsive bound on the session's clock
 
 
 def test_pings_are_answered_while_a_slow_hook_runs(host_id, guest_id):
@@ -327,7 +390,7 @@ def _echo_with_threads(inline=None, delay_s=0.0):
             running[1] = max(running[1], running[0])
         try:
             if delay_s:
-                time.sleep(delay_s)
+                time.sleep(delay_s)  # kept: a hook that takes time, so calls that overlap are seen overlapping
             seen.append((message.get("text", ""), threading.current_thread() is threading.main_thread()))
             return base.on_message(ctx, message)
         finally:

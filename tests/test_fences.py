@@ -23,7 +23,7 @@ from support.agents import api_headers
 from support.cli import KITH, readline as _readline
 from support.envelopes import valid_ask as valid
 from support.homes import node_home as _home, pin_host as _pin, public_host_home
-from support.hosts import ENV, STEADY as CALM, InProcessHost
+from support.hosts import STEADY as CALM, InProcessHost
 
 REPO = Path(__file__).resolve().parents[1]
 ENVELOPE = jsonschema.Draft202012Validator(json.loads((REPO / "specs" / "search-envelope.schema.json").read_text()))
@@ -233,8 +233,7 @@ def test_local_api_peer_answers_are_fenced_and_marked(tmp_path):
     home = _scrubbed_host_home(tmp_path)
     invite = tmp_path / "alice-invite.json"
     proc = subprocess.Popen([*KITH, "--home", str(home), "host", "--local", "--json", "--invite-file", str(invite)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-                            env=ENV)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     try:
         json.loads(_readline(proc, 60))
         guest_home = _home(tmp_path, "guest")

@@ -18,7 +18,7 @@ from node.trust.identity import Identity
 from node.trust.peers import PeerRegistry
 
 from support.homes import node_home as _home, public_host_home
-from support.hosts import FAST, InProcessHost
+from support.hosts import STEADY, InProcessHost
 
 pytestmark = pytest.mark.iroh
 
@@ -55,7 +55,7 @@ def test_ask_carries_typed_options_and_returns_every_answer(tmp_path):
         assert target.pinned_name is None and target.spec.name == "knowledge-query"
         options = GuestOptions(queries=("staging server deleted", "nightly backup"), top_k=1,
                                filters={"sources": ["/kb/notes.md"]}, on_results=seen.append)
-        return await ask(guest_home, Identity(os.urandom(32)), target, options, local=True, heartbeat=FAST)
+        return await ask(guest_home, Identity(os.urandom(32)), target, options, local=True, heartbeat=STEADY)
 
     result = _run_with_host(tmp_path, scenario)
     assert result.outcome is not None and result.outcome.ok
@@ -78,7 +78,7 @@ def test_ask_past_its_time_bound_has_no_outcome_and_no_answers(tmp_path):
             return None
 
         return await ask(guest_home, Identity(os.urandom(32)), target,
-                         GuestOptions(next_question=never_answers), local=True, heartbeat=FAST, timeout_s=0.5)
+                         GuestOptions(next_question=never_answers), local=True, heartbeat=STEADY, timeout_s=0.5)
 
     try:
         result = _run_with_host(tmp_path, scenario)

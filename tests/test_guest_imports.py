@@ -17,7 +17,7 @@ import pytest
 
 from support.cli import kith
 from support.homes import node_home, pin_host
-from support.hosts import ENV, HostProcess, prepare_host
+from support.hosts import HostProcess, prepare_host
 
 pytestmark = pytest.mark.iroh
 
@@ -30,7 +30,7 @@ PURE_CORPUS = {"node.corpus", "node.corpus.globs", "node.corpus.sources", "node.
 def _imported(home: Path, *args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
     """Run ``kith --home HOME ARGS`` under ``-X importtime``: (the process, the modules it imported)."""
     r = subprocess.run([sys.executable, "-X", "importtime", "-m", "node.cli.main", "--home", str(home), *args],
-                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=ENV)
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     modules = {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
     assert "node.cli.main" in modules, r.stderr[-2000:]  # the report was read
     return r, modules

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -43,7 +42,7 @@ from support.cli import KITH, lines_until, readline
 from support.community import NO_LIMITS
 from support.engines import GOOD, frame as _frame, hostile, ui_manifest as _manifest
 from support.homes import PROTOCOLS, initialized, node_home as _home
-from support.hosts import ENV, FAST, STEADY, InProcessHost, raw_guest as _raw_guest
+from support.hosts import ENV, STEADY, InProcessHost, raw_guest as _raw_guest
 from support.terminal import drain, end_pty_join, join_on_pty, read_until
 
 # ------------------------------------------------------------------------------------ 1
@@ -68,17 +67,20 @@ def test_silent_connections_do_not_lock_out_a_real_guest(tmp_path):
                 await host.until(lambda: len([e for e in host.of("session-refused")
                                               if e.get("reason") == "evicted"]) >= 70 - 64)
                 got: list = []
-                t0 = time.monotonic()
                 honest = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True,
-                                            server_url=None, heartbeat=FAST,
+                                            server_url=None, heartbeat=STEADY,
                                             options={"queries": ["one"], "on_results": got.append})
-                took = time.monotonic() - t0
+                ended_then = [e.get("code") for e in host.ended()]
             host.stop.set()
-        return honest, got, took, host
+        return honest, got, ended_then, host
 
-    honest, got, took, host = anyio.run(scenario, backend="asyncio")
+    honest, got, ended_then, host = anyio.run(scenario, backend="asyncio")
     assert honest.ok, (honest.reason, honest.code)
-    assert len(got) == 1 and took < 3
+    assert len(got) == 1
+    # not locked out behind the silent connections: served before the host timed any of
+    # them out (its handshake timer runs on the host's ManualClock, which nobody advances
+    # here) — a time bound (< 3 s) said so and failed at random on a loaded machine
+    assert "handshake-timeout" not in ended_then, ended_then
     evicted = [e for e in host.of("session-refused") if e.get("reason") == "evicted"]
     assert len(evicted) >= 70 - 64
     assert {e["code"] for e in evicted} == {"handshake-host-busy"}
@@ -259,16 +261,14 @@ def test_interactive_join_reports_the_end_and_exits_while_at_the_prompt(tmp_path
             os.write(master, b"\x03")  # the terminal sends SIGINT to kith join
         else:
             host.send_signal(how)
-        t0 = time.monotonic()
-        code = _wait_exit(pid, 8)
-        took = time.monotonic() - t0
+        code = _wait_exit(pid, 60)  # a failure's bound only: it exits at the prompt, no answer typed
         drain(err, buf)
     finally:
         end_pty_join(pid, code, master, err)
         host.kill()
         host.wait()
-    assert code is not None, f"kith join still running 8 s after the host went away; stderr: {bytes(buf)!r}"
-    assert code == (130 if how == "ctrl-c" else 1) and took < 5, (code, took)
+    assert code is not None, f"kith join still running 60 s after the host went away; stderr: {bytes(buf)!r}"
+    assert code == (130 if how == "ctrl-c" else 1), code
     assert expect in bytes(buf), bytes(buf)
 
 
@@ -345,7 +345,7 @@ def test_stalled_handshakes_are_evicted_with_host_busy_for_a_real_guest(tmp_path
                     await host.until(lambda n=n: host.host.table.sessions == n + 1)
                 host.clock.advance(HANDSHAKE_GRACE_S)  # older than the grace: stalled handshakes, evictable
                 honest = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True,
-                                            server_url=None, heartbeat=FAST, options={"queries": ["one"]})
+                                            server_url=None, heartbeat=STEADY, options={"queries": ["one"]})
                 await host.until(lambda: told)
                 stallers.cancel_scope.cancel()
             host.stop.set()

@@ -23,7 +23,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +32,7 @@ from typer.testing import CliRunner
 from support.cli import invoke
 from support.terminal import Lines as _Lines, in_pty as _in_pty
 from support.homes import initialized
+from support.waits import wait_for
 from node.cli import main as cli_main
 from node.cli.render import ANSWERED_STATUSES, Waiting, answer_lines, format_lines, print_answer
 from node.common.errors import KithError
@@ -145,9 +145,8 @@ def test_spinner_only_on_a_terminal() -> None:
     for buf, terminal in ((off, False), (on, True)):
         waiting = Waiting(Console(file=buf, force_terminal=terminal, width=80))
         waiting.start("waiting for the answer to q1")
-        deadline = time.monotonic() + 10
-        while terminal and "waiting for the answer" not in buf.getvalue() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        if terminal:
+            wait_for("the spinner's line on the terminal", lambda: "waiting for the answer" in buf.getvalue())
         waiting.stop()
         waiting.stop()  # idempotent
     assert off.getvalue() == ""
@@ -397,9 +396,7 @@ def test_a_host_that_dies_is_never_a_silent_wait(tmp_path: Path) -> None:
     finally:
         host.proc.kill()
         host.proc.wait(timeout=10)
-    t0 = time.monotonic()
     refused = kith(guest, "join", str(invite), "--local", "--trust", "--query", "cleanup", timeout=120)
-    refused_s = time.monotonic() - t0
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", master_out)
     assert killed and code == 1, text
     assert "[q1] ok: 1 result(s)" in text
@@ -409,9 +406,11 @@ def test_a_host_that_dies_is_never_a_silent_wait(tmp_path: Path) -> None:
     assert "connecting to " in r.stderr and "(gives up after 15 s)" in r.stderr
     assert "error [transport-connect-failed]" in r.stderr
     assert r.stdout == ""
-    # killed: its port refuses the dial, so the join fails at once (not at the 15 s bound)
+    # killed: its port refuses the dial, so the join fails on the refusal (not at the 15 s
+    # bound, which says "no answer from the host within 15 s")
     assert refused.returncode == 1 and "error [transport-connect-failed]" in refused.stderr
-    assert "nothing listens there" in refused.stderr and refused_s < 10, (refused_s, refused.stderr)
+    assert "nothing listens there" in refused.stderr, refused.stderr
+    assert "no answer from the host within" not in refused.stderr, refused.stderr
 
 
 
@@ -421,10 +420,15 @@ def test_join_says_whom_it_waits_for_and_stops_on_time(tmp_path: Path) -> None:
     """Issue 20, over real processes (off a terminal, so no spinner: plain stderr lines).
     A question outstanding for 2 s to a host that stopped (SIGSTOP: asleep, its port still
     bound — a killed one is refused at once): "still waiting for … to answer q2"
-    from 2 s on, again every few seconds, until the heartbeat's dead-peer bound ends it
-    (shortened to 6 s through its test-only variable). Joining the killed host again: a
-    line each second while it keeps trying, and the error at the connect bound (not ~3 s
-    later). Ctrl-C while connecting: the process is gone at once."""
+    from 2 s on, again every 3 s, until the heartbeat's dead-peer bound ends it
+    (shortened to 9 s through its test-only variable). Joining the stopped host again: a
+    line each second while it keeps trying, then the error of the connect bound. Ctrl-C
+    while connecting: the process ends on the interrupt (130), not on the bound (1).
+
+    The seconds asserted are the ones the process prints (its own clock: "from 2 s on" is
+    a lower bound no load can break), never when the lines arrived here; how soon the
+    error follows the bound and the process follows Ctrl-C are not asserted (a bound in
+    seconds fails at random on a loaded machine)."""
     import signal as _signal
 
     KITH, Host, kith = _kith()
@@ -437,7 +441,7 @@ def test_join_says_whom_it_waits_for_and_stops_on_time(tmp_path: Path) -> None:
     assert kith(guest, "init").returncode == 0
     invite = tmp_path / "invite.json"
     host = Host(home, "--invite-file", str(invite))
-    env = {**os.environ, "KITH_TEST_HEARTBEAT": "0.5,6"}
+    env = {**os.environ, "KITH_TEST_HEARTBEAT": "0.5,9"}  # two notices (2 s, 5 s) with 4 s to spare
     base = [*KITH, "--home", str(guest), "join", str(invite), "--local", "--trust"]
     procs: list[subprocess.Popen] = []
 
@@ -453,28 +457,23 @@ def test_join_says_whom_it_waits_for_and_stops_on_time(tmp_path: Path) -> None:
         j.stdin.flush()
         out.wait_for("[q1] ok", 90)
         host.proc.send_signal(_signal.SIGSTOP)
-        sent = time.monotonic()
         j.stdin.write("cleanup\n")
         j.stdin.flush()
         assert j.wait(timeout=60) == 1
-        ended = time.monotonic()
-        waited = [(t - sent, line) for t, line in err.lines if "still waiting for" in line]
         text = err.text()
         # the host is gone: a new join says each second that it is still trying
         g, _, gerr = start("--query", "cleanup")
         assert g.wait(timeout=60) == 1
         gone = gerr.text()
-        connecting_at = gerr.wait_for("connecting to ", 1)
-        failed_at = gerr.wait_for("error [transport-connect-failed]", 1)
-        # Ctrl-C while connecting, with questions given or at the interactive prompt: gone at once
-        stopped = []
+        # Ctrl-C while connecting, with questions given or at the interactive prompt: it ends
+        # on the interrupt (130), not at the connect bound (1, "no answer from the host")
+        interrupted = []
         for extra in (("--query", "cleanup"), ()):
             c, _, cerr = start(*extra)
             cerr.wait_for("still connecting to ", 60)
             c.send_signal(_signal.SIGINT)
-            interrupted = time.monotonic()
-            assert c.wait(timeout=30) == 130
-            stopped.append(time.monotonic() - interrupted)
+            assert c.wait(timeout=60) == 130
+            interrupted.append(cerr.text())
     finally:
         for p in procs:
             if p.poll() is None:
@@ -484,13 +483,19 @@ def test_join_says_whom_it_waits_for_and_stops_on_time(tmp_path: Path) -> None:
         host.proc.wait(timeout=10)
     key = json.loads(invite.read_text())["host_public_key"][:16]
     assert "error [peer-unresponsive]" in text, text
+    lines = text.splitlines()
+    waited = [i for i, line in enumerate(lines) if "still waiting for" in line]
     assert len(waited) >= 2, text
-    first_s, first = waited[0]
-    assert re.search(rf"still waiting for {key}… to answer q2 \(2 s; gives up after 6 s without a word from it\)",
-                     first), first
-    assert 1.8 <= first_s < 4.0 and waited[1][0] - first_s >= 2.5, waited
-    assert all(t <= ended - sent for t, _ in waited)
+    assert re.search(rf"still waiting for {key}… to answer q2 \(\d+ s; gives up after 9 s without a word from it\)",
+                     lines[waited[0]]), lines[waited[0]]
+    said = [int(re.search(r"\((\d+) s;", lines[i]).group(1)) for i in waited]
+    # the n-th notice is due at 2 + 3n s of waiting: it never says less (later under load)
+    assert all(s >= 2 + 3 * n for n, s in enumerate(said)), said
+    ended = next(i for i, line in enumerate(lines) if "error [peer-unresponsive]" in line)
+    assert waited[-1] < ended, text
     seconds = [int(m) for m in re.findall(rf"still connecting to {key}… \((\d+) s of 15 s\)", gone)]
-    assert len(seconds) >= 12 and seconds == sorted(seconds), gone
-    assert failed_at - connecting_at < 15.0, f"gave up {failed_at - connecting_at:.1f} s after 'connecting to'"
-    assert max(stopped) < 0.5, f"exited {stopped} s after Ctrl-C"
+    assert len(seconds) >= 2 and seconds == sorted(set(seconds)), gone
+    assert gone.index("connecting to ") < gone.index("error [transport-connect-failed]"), gone
+    assert "no answer from the host within 15 s" in gone, gone  # it ended at the connect bound
+    for said_then in interrupted:
+        assert "error [transport-connect-failed]" not in said_then, said_then

@@ -271,23 +271,22 @@ def test_kith_join_gates_each_query_before_connecting(home: Path, tmp_path: Path
     before anything is sent; with ``--yes`` it is sent and what came back is logged."""
     from support.cli import readline
     from support.homes import pin_host, public_host_home
-    from support.hosts import ENV
 
     host_home = public_host_home(tmp_path, {"weather.md": "# Weather\n\nIt rains on Tuesdays in the valley.\n"},
                                  kb="kb-host")
     invite = tmp_path / "invite.json"
     proc = subprocess.Popen([*KITH, "--home", str(host_home), "host", "--local", "--json", "--invite-file", str(invite)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, env=ENV)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     try:
         json.loads(readline(proc, 60))
         pin_host(home, "valley", invite)
         argv = [*KITH, "--home", str(home), "join", "--peer", "valley", "--query", QUOTE_PRIVATE + " (join)", "--offline"]
-        held = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=ENV)
+        held = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         assert held.returncode == 1 and "outbound-needs-confirmation" in held.stderr, held.stderr
         row = _last(home, outbound.OWNER)
         assert row["decision"] == "needs-confirmation" and row["peers"] == ["valley"] and row["result"] is None
         sent = subprocess.run([*argv, "--yes"], capture_output=True, text=True, timeout=120,
-                              stdin=subprocess.DEVNULL, env=ENV)
+                              stdin=subprocess.DEVNULL)
         assert sent.returncode == 0, sent.stderr
         row = _last(home, outbound.OWNER)
         assert row["decision"] == "confirmed" and row["result"]["status"] in ("ok", "no-verified-results"), row

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import unicodedata
 from pathlib import Path
 
@@ -210,17 +209,16 @@ def test_wire_ids_and_ordinary_text_pass(setup) -> None:
     assert not _leaks(gate, b"")
 
 
-def test_check_outgoing_is_fast_on_64_kib(setup) -> None:
-    gate, _, _ = setup
+def test_check_outgoing_passes_a_clean_64_kib_answer_and_finds_a_path_at_its_end(setup) -> None:
+    """A 64 KiB answer of wire ids and ordinary paths passes the leak scan whole; the same
+    answer with the real folder in its last bytes is refused. The scan's cost on 64 KiB is
+    measured by scripts/bench_policy.py (target < 20 ms), not asserted here: a bound in
+    seconds fails at random on a loaded machine."""
+    gate, docs, _ = setup
     chunk = json.dumps({"source": "/docs/a.md", "textPreview": "lorem ipsum /usr/share/doc " * 8})
     payload = (chunk * (65536 // len(chunk) + 1))[:65536].encode()
-    gate.check_outgoing(payload)
-    runs = 50
-    start = time.perf_counter()
-    for _ in range(runs):
-        gate.check_outgoing(payload)
-    per_call = (time.perf_counter() - start) / runs
-    assert per_call < 0.02, f"{per_call * 1000:.2f} ms per 64 KiB"
+    assert not _leaks(gate, payload)
+    assert _leaks(gate, payload[:-200] + f" {docs}/team/x.md ".encode())
 
 
 # --- issue 5: a peer's own words echoed back are not an oracle on the real path ----------------

@@ -183,20 +183,16 @@ def test_an_answer_seals_back_to_the_asker() -> None:
     assert code_of(open_sealed, answer, host[0], now=NOW + 6) == "sealed-not-for-me"
 
 
-def test_seal_and_open_2kb_cost() -> None:
-    """Printed, not asserted beyond a loose ceiling: the target is ≤ 1 ms each (issue 43)."""
+def test_a_2kb_question_seals_and_opens_whole() -> None:
+    """A question whose request is 2 KB seals and opens to the same body. Its cost (target
+    ≤ 1 ms each, issue 43) is measured by scripts/bench_sealed beside a plain sign/verify,
+    not asserted here: a bound in seconds fails at random on a loaded machine."""
     asker, host = device(os.urandom(32)), os.urandom(32)
     body = {"request": {"query": "q" * 2000}, "peer": "ab" * 32, "reply_to": {"keys": [], "holders": []}}
-    n = 50
-    t0 = time.perf_counter()
-    recs = [seal(asker[0], asker[1], kind="question", question_id=QID, body=body,
-                 recipients=[public_key_of(host)], now=NOW, expires=NOW + 60) for _ in range(n)]
-    t1 = time.perf_counter()
-    for r in recs:
-        open_sealed(r, host, now=NOW)
-    t2 = time.perf_counter()
-    print(f"seal {1e3 * (t1 - t0) / n:.3f} ms, open {1e3 * (t2 - t1) / n:.3f} ms (2 KB question, chain of 1)")
-    assert (t1 - t0) / n < 0.05 and (t2 - t1) / n < 0.05
+    rec = seal(asker[0], asker[1], kind="question", question_id=QID, body=body,
+               recipients=[public_key_of(host)], now=NOW, expires=NOW + 60)
+    opened = open_sealed(rec, host, now=NOW)
+    assert (opened.kind, opened.question_id, opened.body) == ("question", QID, body)
 
 
 def _stamp(unix: float) -> str:

@@ -29,14 +29,14 @@ from node.trust.invitation import parse_invitation
 
 from support.cli import KITH, readline as _readline
 from support.homes import PROTOCOLS, node_home as _home
-from support.hosts import ENV, FAST, InProcessHost
+from support.hosts import ENV, FAST, STEADY, InProcessHost
 
 pytestmark = pytest.mark.iroh
 
 
 def test_sigkilled_join_is_detected_by_the_host_heartbeat(tmp_path):
     async def scenario():
-        host = InProcessHost(_home(tmp_path, "host"), tmp_path)
+        host = InProcessHost(_home(tmp_path, "host"), tmp_path, heartbeat=FAST)  # the subject: the host's heartbeat
         async with anyio.create_task_group() as tg:
             tg.start_soon(host.run)
             with anyio.fail_after(60):
@@ -151,7 +151,7 @@ def test_concurrency_bounds_per_peer_and_overall(tmp_path):
 
                 results[name] = await join_session(guest_home, ident, inv, pdir, spec, local=True, server_url=None,
                                                    options={"queries": [], "ask": ask}, interactive=True,
-                                                   heartbeat=FAST)
+                                                   heartbeat=STEADY)
 
             async with anyio.create_task_group() as guests:
                 guests.start_soon(hold, "a1", same)
@@ -161,7 +161,7 @@ def test_concurrency_bounds_per_peer_and_overall(tmp_path):
                 # a third session of the same key: its least recently answered idle
                 # session (a1, both waiting on their user) makes room at once
                 results["a3"] = await join_session(guest_home, same, inv, pdir, spec, local=True, server_url=None,
-                                                   options={"queries": []}, heartbeat=FAST)
+                                                   options={"queries": []}, heartbeat=STEADY)
                 guests.start_soon(hold, "b1", Identity(os.urandom(32)))
                 guests.start_soon(hold, "d1", Identity(os.urandom(32)))
                 await host.wait_for(lambda e: len(host.of("session-started")) == 5)
@@ -200,7 +200,7 @@ def test_replayed_session_init_is_refused_even_after_a_host_restart(tmp_path):
                                      make_context=lambda ev: __import__("node.runtime.hooks").runtime.hooks.HookContext(
                                          role="guest", session_id=ev.session_id,
                                          peer=__import__("node.runtime.hooks").runtime.hooks.PeerInfo(ev.peer_public_key)),
-                                     heartbeat=FAST)
+                                     heartbeat=STEADY)
 
     async def run_host_and(fn):
         host = InProcessHost(host_home, tmp_path)
@@ -263,7 +263,7 @@ def test_hostile_guests_do_not_stall_an_honest_one(tmp_path):
                 t0 = time.monotonic()
                 try:
                     honest = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True,
-                                                server_url=None, heartbeat=FAST,
+                                                server_url=None, heartbeat=STEADY,
                                                 options={"queries": ["one", "two"], "on_results": got.append})
                     # what the host had ended when the honest guest was done: a time bound
                     # said "not stalled" and failed on a loaded machine; this says it
@@ -304,13 +304,13 @@ def test_host_ui_reaches_a_guest_without_a_local_ui(tmp_path):
             assert pdir == mine
             with_ui = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True,
                                          server_url=None, options={"queries": ["x"]}, accept_host_ui=True,
-                                         heartbeat=FAST)
+                                         heartbeat=STEADY)
             without_flag = await join_session(guest_home, Identity(os.urandom(32)), inv, pdir, spec, local=True,
-                                              server_url=None, options={"queries": ["x"]}, heartbeat=FAST)
+                                              server_url=None, options={"queries": ["x"]}, heartbeat=STEADY)
             shipped = PROTOCOLS / "knowledge-query"
             with_local_ui = await join_session(guest_home, Identity(os.urandom(32)), inv, shipped, spec,
                                                local=True, server_url=None, options={"queries": ["x"]},
-                                               accept_host_ui=True, heartbeat=FAST)
+                                               accept_host_ui=True, heartbeat=STEADY)
             host.stop.set()
         return with_ui, without_flag, with_local_ui, guest_home, host
 

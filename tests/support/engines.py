@@ -166,8 +166,13 @@ def hostile(echo, host_id, guest_id, frames: list[bytes]):
 GOOD = {"index.html": b"<p>ok</p>"}
 
 
-def engines(spec, host_id, guest_id):
-    """A host and a guest :class:`SessionEngine` for ``spec`` that expect each other (POST_ID)."""
+def engines(spec, host_id, guest_id, *, clock=None):
+    """A host and a guest :class:`SessionEngine` for ``spec`` that expect each other (POST_ID).
+
+    ``clock``: a :class:`node.runtime.clock.ManualClock` both engines read (pass the same
+    one to :func:`node.runtime.driver.run_session` so its ticker sleeps on it and the test
+    drives timeouts and heartbeats by advancing it); None: the real monotonic clock."""
+    timed = {} if clock is None else {"clock": clock.monotonic}
     seen: set[str] = set()
 
     def unseen(n: str) -> bool:
@@ -177,10 +182,10 @@ def engines(spec, host_id, guest_id):
 
     host = SessionEngine("host", spec, public_key=host_id.public_key, sign=host_id.sign,
                          host=HostConfig(remote_id=guest_id.public_key, post_protocol={POST_ID: spec.protocol_id}.get,
-                                         nonce_unseen=unseen))
+                                         nonce_unseen=unseen), **timed)
     guest = SessionEngine("guest", spec, public_key=guest_id.public_key, sign=guest_id.sign,
                           guest=GuestConfig(remote_id=host_id.public_key, post_id=POST_ID,
-                                            host_public_key=host_id.public_key))
+                                            host_public_key=host_id.public_key), **timed)
     return host, guest
 
 

@@ -44,13 +44,15 @@ class InProcessHost:
     """The real :class:`node.host.host.Host` in this event loop, over iroh on loopback,
     with a :class:`node.runtime.clock.ManualClock` the test advances (``clock``; pass
     ``clock=SYSTEM_CLOCK`` for real time); ``events`` collects what it reports and
-    ``host`` is the running Host (its session table, posts)."""
+    ``host`` is the running Host (its session table, posts). Its sessions' heartbeat is
+    :data:`STEADY` (they run on the real clock); a test about the heartbeat passes
+    ``heartbeat=FAST``."""
 
     def __init__(self, home: Path, tmp: Path, clock: Any = None, **opts: Any) -> None:
         self.home = home
         self.clock = clock if clock is not None else ManualClock()
         self.invite = tmp / f"invite-{os.urandom(3).hex()}.json"
-        self.opts = HostOptions(**{"local": True, "invite_file": self.invite, "heartbeat": FAST,
+        self.opts = HostOptions(**{"local": True, "invite_file": self.invite, "heartbeat": STEADY,
                                    **opts})
         self.events: list[dict] = []
         self.stop = anyio.Event()
@@ -266,4 +268,4 @@ async def raw_guest(inv, spec, ident: Identity, *, claimed: Identity | None = No
         return await run_session(stream, engine, Hooks(on_start=lambda ctx: {"action": "end"}),
                                  make_context=lambda ev: HookContext(role="guest", session_id=ev.session_id,
                                                                      peer=PeerInfo(ev.peer_public_key)),
-                                 on_proof=on_proof, heartbeat=FAST)
+                                 on_proof=on_proof, heartbeat=STEADY)
