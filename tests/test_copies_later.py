@@ -104,11 +104,22 @@ def test_later_with_a_copy_answers_now_queues_for_the_live_host_and_re_syncs_whe
                          kith(bea, "outbox", "list", env=wide).stdout)
 
         h = HostProcess(host, "--invite-file", str(inv))  # back (the same port: offline mode keeps it)
-        _until(runner, lambda e: e["event"] == "outbox-answered" and e["id"] == q_later, 60)
-        # the bounds are a failure's time only, far below the 600 s interval: the outbox's
+        # the outbox signals "peer is back" before it stores the answer, so the woken copy
+        # sync may report before the delivery does: both are awaited, in either order (a
+        # wait for one then the other dropped a copy-synced that came first)
+        wanted: dict[str, dict] = {}
+
+        def both(e):
+            if e["event"] == "outbox-answered" and e["id"] == q_later:
+                wanted["answered"] = e
+            elif e["event"] == "copy-synced" and e["fetched"]:
+                wanted["synced"] = e
+            return len(wanted) == 2
+
+        # the bound is a failure's time only, far below the 600 s interval: the outbox's
         # "peer is back" woke the copy's sync
-        synced = _until(runner, lambda e: e["event"] == "copy-synced" and e["fetched"], 60)
-        assert synced["fetched"] == 1, synced
+        _until(runner, both, 60)
+        assert wanted["synced"]["fetched"] == 1, wanted["synced"]
         runner.send_signal(signal.SIGTERM)
         assert runner.wait(timeout=60) == 0
     finally:
