@@ -465,6 +465,25 @@ def test_timers_pure_decisions():
     assert SessionTimers(Timeouts(None, None, None, None), 0.0).next_deadline() is None
 
 
+def test_a_clock_read_exactly_at_the_next_deadline_finds_it_due():
+    """A driver sleeps until ``next_deadline()`` and asks ``due()`` then: at that very
+    instant something is due, whatever the floats round to (1000.05 - 1000.0 < 0.05 made
+    the driver find nothing due and sleep 0 s again, for ever on a manual clock)."""
+    quick = Timeouts(handshake_step_s=0.05, ping_interval_s=0.05, unresponsive_s=0.15, idle_s=0.35)
+    for start in (1000.0, 0.1, 1e6 + 0.3, 12345.678):
+        t = SessionTimers(quick, now=start)
+        assert t.due(t.next_deadline()) == "handshake-timeout"
+        t.session_ready(start)
+        assert t.due(t.next_deadline()) == PING
+        t.ping_sent(t.next_deadline())
+        t.frame_received(t.last_ping_out)
+        while (at := t.next_deadline()) is not None and t.due(at) == PING:
+            t.ping_sent(at)
+            if at - t.last_frame_in > 1:
+                break
+        assert t.due(t.next_deadline()) in ("peer-unresponsive", "idle-timeout")
+
+
 def test_ping_every_interval_and_pong_answers(echo, host_id, guest_id):
     clock = Clock()
     host, guest = pair(echo, host_id, guest_id, clock)

@@ -121,21 +121,26 @@ class SessionTimers:
     def due(self, now: float) -> str | None:
         """What must happen at ``now``.
 
+        Each bound is tested as ``now >= start + bound``, the very sum
+        :meth:`next_deadline` returns, so a clock read exactly at a deadline finds it
+        due (``now - start >= bound`` can round the other way: a driver woken at the
+        deadline then found nothing due and slept 0 s again, spinning).
+
         Returns:
             None (nothing), :data:`PING`, or an abort code: ``handshake-timeout``,
             ``peer-unresponsive`` or ``idle-timeout``.
         """
         t = self.timeouts
         if not self.ready:
-            if t.handshake_step_s is not None and now - self.step_started >= t.handshake_step_s:
+            if t.handshake_step_s is not None and now >= self.step_started + t.handshake_step_s:
                 return "handshake-timeout"
             return None
         ping, dead, heard = self._bounds()
-        if dead is not None and now - heard >= dead:
+        if dead is not None and now >= heard + dead:
             return "peer-unresponsive"
-        if t.idle_s is not None and now - self.last_business >= t.idle_s:
+        if t.idle_s is not None and now >= self.last_business + t.idle_s:
             return "idle-timeout"
-        if ping is not None and now - self.last_ping_out >= ping:
+        if ping is not None and now >= self.last_ping_out + ping:
             return PING
         return None
 
