@@ -141,7 +141,7 @@ PAIR_SLOP = 2
 #: ``scripts/bench_search --sequential`` measures without it.
 #:
 #: ``"auto"`` (the default): concurrently only while the process runs no other search and
-#: the machine has an idle core (:func:`_run_beside`). A pass handed to a thread costs
+#: the machine has an idle core now (:func:`_run_beside`, :func:`_idle_core`). A pass handed to a thread costs
 #: CPU — the hand-off and the two threads taking turns at the GIL: about 0.15-0.3 ms more
 #: process CPU per search than the same passes one after another (scripts/bench_search's
 #: corpus, 97.6k chunks) — which buys a shorter wait only when a core is free for it. A
@@ -720,15 +720,22 @@ def _counted() -> Iterator[None]:
 
 
 def _idle_core() -> bool:
-    """True when the machine's 1-minute load average is below its core count minus one (a
-    core is left for a pass thread beside this search), read at most once a second; True
-    where the load average cannot be read."""
+    """True when a core is left for a pass thread beside this search: the threads running
+    on the machine now, this one among them (``/proc/loadavg``'s fourth field), are fewer
+    than its cores; where that cannot be read, the 1-minute load average is below the core
+    count minus one (it lags: a machine busy a minute ago reads busy); True where neither
+    can be read. Read at most once a second."""
     now = time.monotonic()
     if now - _idle_read[0] >= 1.0:
+        cores = os.cpu_count() or 1
         try:
-            idle = os.getloadavg()[0] < (os.cpu_count() or 1) - 1
-        except OSError:
-            idle = True
+            with open("/proc/loadavg", "rb") as fh:
+                idle = int(fh.read().split()[3].split(b"/")[0]) < cores
+        except (OSError, ValueError, IndexError):
+            try:
+                idle = os.getloadavg()[0] < cores - 1
+            except OSError:
+                idle = True
         _idle_read[0], _idle_read[1] = now, idle
     return bool(_idle_read[1])
 
