@@ -414,6 +414,25 @@ def test_concurrent_passes_give_the_same_envelope_as_sequential(corpus, query: s
     assert one["status"] == "ok" and json.dumps(one) == json.dumps(two)
 
 
+def test_auto_runs_passes_side_by_side_only_for_a_lone_search_with_a_core_idle(
+        corpus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default ("auto") hands passes to threads only when no other search of the
+    process is running and the machine has a core idle (the load average cannot be set
+    here: its reading is replaced); its answer is the sequential one either way."""
+    query = 'temporary folder "removed automatically"'
+    monkeypatch.setattr(retrieval, "PARALLEL_PASSES", False)
+    alone = answer_local(corpus, {"query": query, "topK": 10})
+    monkeypatch.setattr(retrieval, "PARALLEL_PASSES", "auto")
+    for idle in (True, False):
+        monkeypatch.setattr(retrieval, "_idle_core", lambda idle=idle: idle)
+        with retrieval._counted():  # this search only
+            assert retrieval._run_beside() is idle
+        with retrieval._counted(), retrieval._counted():  # another one runs beside it
+            assert retrieval._run_beside() is False
+        assert json.dumps(answer_local(corpus, {"query": query, "topK": 10})) == json.dumps(alone)
+    assert retrieval._in_flight == [0]
+
+
 @pytest.mark.parametrize("query", ["walrus swims", "staging server nightly"])
 def test_a_pass_started_beside_the_baseline_is_dropped_when_the_early_stop_fires(
         corpus, query: str) -> None:

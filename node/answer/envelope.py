@@ -482,9 +482,18 @@ def _analyze_matched(parts: ChunkParts, keys: list[tuple[str, set[str]]],
 def _credited(words_of: dict[str, tuple[str, ...]], key_union: frozenset[str],
               prefixes: tuple[str, ...]) -> set[str]:
     """The key stems of ``key_union`` that a word of ``words_of`` (stem -> words carrying
-    it) starting with one of ``prefixes`` carries."""
-    return {st for st in key_union
-            if st in words_of and any(w.startswith(prefixes) for w in words_of[st])}
+    it) starting with one of ``prefixes`` carries. Plain loops, no generator: called for
+    every sentence of every result holding a key stem (~55 times an answer), the
+    comprehension with ``any()`` cost ~0.2 ms an answer, this ~0.1 ms."""
+    out: set[str] = set()
+    for st in key_union:
+        words = words_of.get(st)
+        if words is not None:
+            for w in words:
+                if w.startswith(prefixes):
+                    out.add(st)
+                    break
+    return out
 
 
 def _analyze_general(text: str, heading: str, sentences: tuple[str, ...],
@@ -529,7 +538,7 @@ class ChunkParts:
     as read-only."""
 
     __slots__ = ("text", "heading", "sentences", "low", "starts", "zeros", "heading_only", "ascii",
-                 "shown", "stems", "all_stems", "dedupe_key", "_cuts")
+                 "shown", "stems", "all_stems", "dedupe_key", "whole", "_cuts")
 
     def __init__(self, raw: str, heading: str) -> None:
         self.text = text = readable.clean(raw)
@@ -537,6 +546,9 @@ class ChunkParts:
         self.sentences, self.low, self.starts, self.zeros = _split_text(text)
         words = frozenset(_HEAD_WORD.findall(heading.lower()))
         self.heading_only = tuple(_heading_only(x, words) for x in self.sentences)
+        #: per sentence, whether it is a whole sentence (:func:`_whole_sentence`: the
+        #: synthesis prefers those)
+        self.whole = tuple(_whole_sentence(x) for x in self.sentences)
         self.ascii = text.isascii() and heading.isascii()
         #: answers that analyzed the chunk before its stems were made (:data:`STEMS_AFTER`)
         self.shown = 0
@@ -902,6 +914,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     top_ratio = 0.0
     exact_matched = False
     candidates: list[tuple[int, int, int, str, str, str]] = []
+    whole_of: list[tuple[bool, ...]] = []  # per result, its parts' whole-sentence flags
     whole = False  # some result covers every key term (never true without key terms)
     authoritative = False
     for rank, hit in enumerate(hits):
@@ -911,6 +924,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
         # what is read (previews, excerpts, synthesis, coverage) is the text without
         # markup; the dedupe key and the location stay those of the stored chunk
         cov, analyzed = _analyze_hit(parts, keys, matcher, prefixes, key_union)
+        whole_of.append(parts.whole)
         covered_all.update(cov)
         whole = whole or (bool(keys) and len(cov) == len(keys))
         if str(meta.get("lifecycle")) in AUTHORITATIVE_LIFECYCLES:
@@ -959,7 +973,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
                 candidates.append((n, rank, pos, sent, cid, hit.source_id))
     # extractive synthesis: best-covering sentences, at most 2 per result; among equal
     # coverage a whole sentence (ends with an end mark, fits SYNTHESIS_CHARS) goes first
-    candidates.sort(key=lambda c: (-c[0], not _whole_sentence(c[3]), c[1], c[2]))
+    candidates.sort(key=lambda c: (-c[0], not whole_of[c[1]][c[2]], c[1], c[2]))
     # only sentences with the question's key terms, never a repeat (readable.quotes)
     sentences = [{"text": readable.cut(readable.item_body(sent), SYNTHESIS_CHARS),
                   "citationId": cid,

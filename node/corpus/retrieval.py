@@ -65,7 +65,7 @@ import stat
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -154,7 +154,16 @@ PAIR_SLOP = 2
 #: query, most of the dropped ones on such queries). The same passes, results and report
 #: either way. Uses at most :data:`PASS_WORKERS` extra threads per process.
 #: ``scripts/bench_search --sequential`` measures without it.
-PARALLEL_PASSES = True
+#:
+#: ``"auto"`` (the default): concurrently only while the process runs no other search and
+#: the machine has an idle core now (:func:`_run_beside`, :func:`_idle_core`). A pass handed to a thread costs
+#: CPU — the hand-off and the two threads taking turns at the GIL: about 0.15-0.3 ms more
+#: process CPU per search than the same passes one after another (scripts/bench_search's
+#: corpus, 97.6k chunks) — which buys a shorter wait only when a core is free for it. A
+#: host answering many guests, or any search on a busy machine, runs them one after
+#: another (same passes, results and report). True: always concurrently (what the
+#: equivalence tests pin), False: never.
+PARALLEL_PASSES: bool | str = "auto"
 PASS_WORKERS = 2
 #: Document-level aggregation (:func:`aggregate_documents`): a document's further chunks
 #: are scored at SECOND_CHUNK_FACTOR × their fused score (a page's second chunk no longer
@@ -743,6 +752,52 @@ def baseline_strong(corpus: Any, plan: Plan, ranked: list[tuple[str, float]],
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+#: Searches of this process running their passes, and the machine's idle-core reading
+#: ``[monotonic second it was read, idle]`` (:func:`_run_beside`).
+_in_flight = [0]
+_idle_read: list[Any] = [-1.0, False]
+
+
+@contextlib.contextmanager
+def _counted() -> Iterator[None]:
+    """Count a search in :data:`_in_flight` while it runs."""
+    with _pool_lock:
+        _in_flight[0] += 1
+    try:
+        yield
+    finally:
+        with _pool_lock:
+            _in_flight[0] -= 1
+
+
+def _idle_core() -> bool:
+    """True when a core is left for a pass thread beside this search: the threads running
+    on the machine now, this one among them (``/proc/loadavg``'s fourth field), are fewer
+    than its cores; where that cannot be read, the 1-minute load average is below the core
+    count minus one (it lags: a machine busy a minute ago reads busy); True where neither
+    can be read. Read at most once a second."""
+    now = time.monotonic()
+    if now - _idle_read[0] >= 1.0:
+        cores = os.cpu_count() or 1
+        try:
+            with open("/proc/loadavg", "rb") as fh:
+                idle = int(fh.read().split()[3].split(b"/")[0]) < cores
+        except (OSError, ValueError, IndexError):
+            try:
+                idle = os.getloadavg()[0] < cores - 1
+            except OSError:
+                idle = True
+        _idle_read[0], _idle_read[1] = now, idle
+    return bool(_idle_read[1])
+
+
+def _run_beside() -> bool:
+    """Whether a search's passes may run concurrently (:data:`PARALLEL_PASSES`): its value
+    when True or False; with ``"auto"`` only when no other search of this process is in
+    flight (the caller counted) and the machine has an idle core (:func:`_idle_core`)."""
+    if PARALLEL_PASSES == "auto":
+        return _in_flight[0] <= 1 and _idle_core()
+    return bool(PARALLEL_PASSES)
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -827,7 +882,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
     gen = corpus.snapshot()
     if lens is not None and lens.key not in gen.views and not expired():
         corpus.prepare_view(lens)  # a new view index is built outside the lock
-    with contextlib.nullcontext(gen):
+    with _counted():  # other searches of this process see this one (_run_beside)
         if expired():
             controller.update(earlyStop=True, stopReason="budget-exhausted")
             controller["passes"] = [{"name": p, "status": "skipped", "candidates": 0}
@@ -873,7 +928,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             saturated = False
             stop: str | None = None
             ahead: dict[str, Future[tuple[list[tuple[Any, float]], bool]]] = {}
-            if PARALLEL_PASSES and not (controller["rounds"] == 1 and may_stop_early(plan)):
+            if not (controller["rounds"] == 1 and may_stop_early(plan)) and _run_beside():
                 # start the other passes now, beside the baseline: the early stop cannot
                 # fire (only in round 1, for a plan that may stop), so every one will run
                 for name in plan.passes[1:]:

@@ -459,7 +459,7 @@ def baseline_query(schema: Any, query: str) -> tuple[Any | None, str]:
     (:func:`definition_query_terms`, :data:`DEFINES_BOOST`). A query of stopwords only
     falls back to the ``exact`` field.
     """
-    terms = query_terms(query)
+    terms, idents, keys, named, fallback = _baseline_terms(query)
     Q = tantivy.Query
     if terms:
         subs = []
@@ -470,22 +470,35 @@ def baseline_query(schema: Any, query: str) -> tuple[Any | None, str]:
             if SECTION_BOOST:
                 subs.append((tantivy.Occur.Should,
                              Q.boost_query(Q.term_query(schema, "section", t), SECTION_BOOST)))
-        for t in _unique(identifiers(query)):  # the whole name on top of its parts
+        for t in idents:  # the whole name on top of its parts
             subs.append((tantivy.Occur.Should,
                          Q.boost_query(Q.term_query(schema, "ident", t), IDENT_BOOST)))
-        for t in key_terms(query):  # the user's exact word form scores on top of its stem
+        for t in keys:  # the user's exact word form scores on top of its stem
             subs.append((tantivy.Occur.Should,
                          Q.boost_query(Q.term_query(schema, "exact", t), EXACT_FORM_BOOST)))
         if DEFINES_BOOST:  # the chunk that defines a name above those that mention it
-            for t in definition_query_terms(query):
+            for t in named:
                 subs.append((tantivy.Occur.Should,
                              Q.boost_query(Q.term_query(schema, "defines", t), DEFINES_BOOST)))
         return Q.boolean_query(subs), "body"
-    fallback = _unique(exact_terms(query))
     if not fallback:
         return None, "none"
     return Q.boolean_query([(tantivy.Occur.Should, Q.term_query(schema, "exact", t))
                             for t in fallback]), "exact"
+
+
+@lru_cache(maxsize=512)
+def _baseline_terms(query: str) -> tuple[tuple[str, ...], ...]:
+    """The terms :func:`baseline_query` builds its clauses from, made once per query text
+    (pure: the analyzers are fixed; cached like :func:`node.corpus.retrieval.make_plan`,
+    since a host is asked the same questions again): ``(stems, whole identifiers, key
+    words, defines terms, exact fallback terms)``; the fallback is only made when there
+    are no stems."""
+    terms = query_terms(query)
+    if not terms:
+        return (), (), (), (), tuple(_unique(exact_terms(query)))
+    return (tuple(terms), tuple(_unique(identifiers(query))), tuple(key_terms(query)),
+            tuple(definition_query_terms(query)), ())
 
 
 def exact_query(schema: Any, query: str) -> Any | None:

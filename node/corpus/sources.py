@@ -263,11 +263,17 @@ def detect_case_insensitive(folder: str) -> bool:
         return False
 
 
+#: Canonical ids of real paths a :class:`SourceNormalizer` keeps (case-sensitive file
+#: systems only; ~200 bytes each).
+VIRTUAL_KEPT = 65_536
+
+
 class SourceNormalizer:
     """:func:`normalize_source` / :func:`resolve_source_id` with the roots prepared once.
 
     The roots' real paths (symlinks resolved) are computed at construction; build a new
-    normalizer when the roots change. Instances are immutable and thread-safe.
+    normalizer when the roots change. Instances are immutable (but for a cache of the
+    canonical ids they computed, a pure function of the roots) and thread-safe.
 
     Args:
         roots: the registered source roots (prefix + real absolute folder).
@@ -302,6 +308,11 @@ class SourceNormalizer:
         self.case_insensitive = case_insensitive
         self._listdir = listdir
         self._contains = _inside_folded if case_insensitive else inside
+        #: ``{real path: canonical id}`` given by :meth:`_virtual_of` on a case-sensitive
+        #: file system, where it is a pure function of the path and the roots (no disk
+        #: access): the serve-time origin check (:meth:`served_file`) asks it for every
+        #: hit of every answer. At most :data:`VIRTUAL_KEPT` kept (emptied when full).
+        self._virtual_kept: dict[str, str | None] = {}
 
     def _on_disk(self, folder: str, rel: str) -> str | None:
         """``rel`` (inside ``folder``) with each existing segment in its on-disk case.
@@ -335,6 +346,18 @@ class SourceNormalizer:
         return os.sep.join(out)
 
     def _virtual_of(self, real: str, depth: int = 0) -> str | None:
+        if self.case_insensitive:  # reads the disk (on-disk case): never kept
+            return self._virtual_of_disk(real, depth)
+        kept = self._virtual_kept
+        if real in kept:
+            return kept[real]
+        found = self._virtual_of_disk(real, depth)
+        if len(kept) >= VIRTUAL_KEPT:
+            kept.clear()
+        kept[real] = found
+        return found
+
+    def _virtual_of_disk(self, real: str, depth: int = 0) -> str | None:
         for folder, root in self._real:
             rel = self._contains(real, folder)
             if rel is None:
