@@ -260,6 +260,7 @@ def test_a_seen_file_that_goes_bad_while_the_host_runs_is_named_and_the_question
         def __init__(self, url: str) -> None:
             self.home, self.identity, self.clock = home, host, ManualClock()
             self.door = self.knowledge = self.audit = None
+            self.held_mail = self.held_url = self.listener = None  # no mail held, no iroh holder
             self.url = url
 
         def mail_urls(self) -> list[str]:
