@@ -51,7 +51,7 @@ MAX_REQUEST_FRAME = 272 * 1024
 MAX_RESPONSE_FRAME = (1 << 20) + 16 * 1024
 #: Seconds a holder waits for the next request on an open connection before closing it.
 IDLE_S = 30.0
-#: Mailbox connections a holder serves at once; more are closed ``mail-busy``.
+#: Mailbox connections a holder serves at once; beyond, the one waiting longest is closed ``mail-busy`` (specs/sealed.md §7c).
 MAX_CONNECTIONS = 32
 #: op → the route it is (under /api/v1).
 OPS = {"put": "/mailbox", "take": "/mailbox/take", "ack": "/mailbox/ack"}
