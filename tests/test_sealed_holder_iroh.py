@@ -242,3 +242,34 @@ def test_a_peer_holding_every_mailbox_slot_idle_does_not_lock_the_person_out(tmp
         code, _out, err = holder.stop()
     assert code == 0, err
     assert "Traceback" not in err, err
+
+
+def test_a_holder_back_on_its_kept_port_keeps_its_ticket_and_a_clash_is_said(tmp_path: Path) -> None:
+    """`kith host --hold-mail iroh` killed (kill -9) and started again names the same
+    iroh: ticket (its port kept), so the other devices' --holder stays right. When the kept
+    port is taken for a run, the start says the held mail is at another ticket for this run
+    only — it said only that invitations of earlier runs do not reach the host."""
+    import signal
+    import socket
+
+    (tmp_path / "l").mkdir()
+    laptop = notes_host(tmp_path / "l")
+    first, url = _holder(laptop, tmp_path)
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(timeout=30)
+    again, url_again = _holder(laptop, tmp_path)
+    code, _out, err = again.stop()
+    assert code == 0, err
+    assert url_again == url
+    assert "another iroh: ticket" not in err, err
+    port = json.loads((laptop / "endpoint.json").read_text())["port"]
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    squatter.bind(("127.0.0.1", port))
+    try:
+        clash, url_clash = _holder(laptop, tmp_path)
+        code, _out, err = clash.stop()
+    finally:
+        squatter.close()
+    assert code == 0, err
+    assert url_clash != url
+    assert "the mail this device holds (--hold-mail iroh) is at another iroh: ticket for this run only" in err, err

@@ -477,6 +477,10 @@ class Host:
                       f"{KEPT_PORT_RETRY_S:g} s): this run is on port {port} only, and {taken} stays kept for the "
                       "next start; until then invitations of earlier runs do not reach this host (their guests "
                       "need this run's invitation), and they work again once it is back on its port")
+            if (self._held_url or "").startswith("iroh:"):  # --hold-mail iroh: its ticket names the port too
+                self.warn("the mail this device holds (--hold-mail iroh) is at another iroh: ticket for this run "
+                          "only: the other devices' --holder iroh:... of earlier runs do not reach it until it is "
+                          "back on its port (keep their --holder as it is; give this run's only to reach it now)")
             self._restored = []  # kept in posts.json for the next start; not said to keep working now
             return
         save_port(self.home, port)
