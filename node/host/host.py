@@ -351,8 +351,8 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     A start refused for any reason (``home-in-use``, a damaged file, a port or index
     refusal) writes none of the host's state files: the seen nonces and quota buckets are
     only read at start and made at first use, ``audit.key`` and the control folder
-    ``<home>/run`` just before publishing (specs/session.md §8.1), and a ``host.lock`` this
-    start made is removed again.
+    ``<home>/run`` just before publishing (specs/session.md §8.1), and a ``host.lock`` and a
+    held mail's ``mailbox.sqlite3`` (``--hold-mail``) this start made are removed again.
 
     Raises:
         KithError: ``home-in-use`` (another process serves this home), ``control-dir-unsafe``
@@ -362,6 +362,9 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     identity = load_identity(home)  # never created here: a typo in --home is refused
     lock_path = home / HOST_LOCK_FILE
     lock_was_there = lock_path.exists()
+    from node.host.sealed_host import HELD_MAIL_FILE, forget_unserved_mail
+
+    mail_was_there = os.path.lexists(home / HELD_MAIL_FILE)
     host_lock = acquire_owner_lock(lock_path, "kith host")
     if host_lock is None:
         raise ConfigError("home-in-use", f"Another `kith host` is serving this home ({lock_owner(lock_path)}).",
@@ -379,6 +382,8 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
             release_owner_lock(host_lock)
         else:  # a refused start leaves no lock file it made
             remove_owner_lock(lock_path, host_lock)
+        if not started and not mail_was_there and opts.hold_mail is not None:
+            forget_unserved_mail(home)  # nor the held mail's file (--hold-mail), made empty before the refusal
 
 
 class Host:
