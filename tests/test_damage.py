@@ -388,6 +388,18 @@ def test_a_damaged_peers_json_under_outbox_run_is_told_once_not_a_traceback_per_
     assert len(told) == 1 and "peers.json" in told[0] and "hint: " in told[0], err
 
 
+@pytest.mark.parametrize("damage", [garbage, empty], ids=lambda d: d.__name__)
+def test_outbox_run_on_a_damaged_identity_key_is_refused_at_start(base_home, tmp_path, damage):
+    """`kith outbox run` over an identity.key that does not load: refused identity-corrupt
+    with its hint, as `kith api serve`'s runner and `kith mcp` are. Since the runner opens
+    its pool only when a question needs it, it said "delivering the outbox" and ran on,
+    the damage unsaid until a delivery tried."""
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    damage(home / "identity.key")
+    check(run_proc(home, "outbox", "run", "--offline"), {"identity-corrupt"})
+
+
 # ---------------------------------------------------------- the host's posts and its port
 @pytest.fixture(scope="module")
 def hosted_home(base_home, tmp_path_factory) -> Path:

@@ -129,13 +129,17 @@ def _entries(home: Path) -> list[str]:
     return sorted(p.relative_to(home).as_posix() for p in home.rglob("*"))
 
 
-@pytest.mark.parametrize("refusal", ["policy.toml", "--presence", "card-seq"])
+@pytest.mark.parametrize("refusal", ["policy.toml", "--presence", "card-seq", "held-mail card-seq", "held-mail port"])
 def test_a_refused_first_kith_host_start_leaves_the_home_file_list_unchanged(tmp_path: Path, refusal: str) -> None:
     """A home that never served, made before agents (no agents.json): a start refused by a
     damaged policy.toml, a bad flag value or a folder where card-seq should be (refused
     once the endpoint is bound) made the agent ``default``, ``run/``, ``host.lock`` and
     ``runner.lock`` (the runner started beside the host before it was refused); it now
-    leaves the file list as it was. The start that serves makes them."""
+    leaves the file list as it was. The start that serves makes them. With --hold-mail
+    (iroh, refused at card-seq; HOST:PORT on a port in use) it left the empty held mail's
+    mailbox.sqlite3 too."""
+    import socket
+
     home = tmp_path / "home"
     env = {**os.environ, "KITH_OFFLINE": "1"}
     kith = [sys.executable, "-m", "node.cli.main", "--home", str(home)]
@@ -144,14 +148,25 @@ def test_a_refused_first_kith_host_start_leaves_the_home_file_list_unchanged(tmp
     args = ["host", "--offline", "--invite-file", str(tmp_path / "inv.json")]
     if refusal == "policy.toml":
         (home / "policy.toml").write_text("not toml at all\n")
-    elif refusal == "card-seq":
+    elif refusal in ("card-seq", "held-mail card-seq"):
         (home / "card-seq").mkdir()
-    else:
+    elif refusal == "--presence":
         args += ["--presence", "sometimes"]
+    squatter = socket.socket()  # a port in use for --hold-mail HOST:PORT
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    if refusal == "held-mail card-seq":
+        args += ["--hold-mail", "iroh"]
+    elif refusal == "held-mail port":
+        args += ["--hold-mail", f"127.0.0.1:{squatter.getsockname()[1]}"]
     before = _entries(home)
-    proc = subprocess.run([*kith, *args], capture_output=True, text=True, env=env, timeout=60, cwd=REPO,
-                          stdin=subprocess.DEVNULL)
-    code = {"policy.toml": "policy-invalid", "--presence": "presence-invalid", "card-seq": "io-error"}[refusal]
+    try:
+        proc = subprocess.run([*kith, *args], capture_output=True, text=True, env=env, timeout=60, cwd=REPO,
+                              stdin=subprocess.DEVNULL)
+    finally:
+        squatter.close()
+    code = {"policy.toml": "policy-invalid", "--presence": "presence-invalid", "card-seq": "io-error",
+            "held-mail card-seq": "io-error", "held-mail port": "server-start-failed"}[refusal]
     assert proc.returncode in (1, 2) and f"error [{code}]" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "inv.json").exists(), proc.stderr
     assert _entries(home) == before, sorted(set(_entries(home)) ^ set(before))

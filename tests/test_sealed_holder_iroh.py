@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from node.common.errors import CommunityError
-from node.community.iroh_mail import MAILBOX_ALPN, mail_client
+from node.community.iroh_mail import MAILBOX_ALPN, MAX_CONNECTIONS, mail_client
 from node.community.server import run_server_in_thread
 from node.community.store import open_store
 from node.host.sealed_host import HELD_MAIL_FILE
@@ -196,3 +196,80 @@ def test_a_record_of_strangers_is_refused_mailbox_not_held_over_iroh(tmp_path: P
     finally:
         code, _out, err = holder.stop()
     assert code == 0, err
+
+
+def test_a_peer_holding_every_mailbox_slot_idle_does_not_lock_the_person_out(tmp_path: Path) -> None:
+    """A stranger fills all 32 mailbox slots with connections that sent one frame and then
+    half of the next (a slow-loris): a device's take is still answered — the connection that
+    waited longest is closed mail-busy to make room (specs/sealed.md §7c). It was refused
+    mail-busy (server-unreachable) until the stranger's connections idled out."""
+    (tmp_path / "l").mkdir()
+    laptop = notes_host(tmp_path / "l")
+    holder, url = _holder(laptop, tmp_path)
+    ticket = url.removeprefix("iroh:")
+    frame = b'{"op":"take","headers":{},"body":""}\n'
+
+    async def scenario() -> tuple[list, str]:
+        async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as flood:
+            held = []
+            for _ in range(MAX_CONNECTIONS):  # each answered once (so served), then left half-sent
+                conn = await flood.connect(ticket, alpn=MAILBOX_ALPN)
+                stream = await flood.open_stream(conn)
+                await stream.send(frame)
+                raw = b""
+                while not raw.endswith(b"\n"):
+                    data = await stream.receive()
+                    assert data, "the holder ended a flood connection before answering its frame"
+                    raw += data
+                await stream.send(frame[:12])
+                held.append((conn, stream))
+            async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as node:
+                async def endpoint():
+                    return node
+                async with mail_client(url, Identity(os.urandom(32)), endpoint=endpoint) as client:
+                    taken = await client.take_sealed(5)
+            oldest_conn, oldest = held[0]
+            with pytest.raises(Exception):  # iroh's own error type on a closed connection
+                await oldest.receive()
+                await oldest_conn.closed()
+            return taken, repr(oldest_conn.close_reason())
+
+    try:
+        taken, reason = asyncio.run(scenario())
+        assert taken == ([], False)
+        assert "mail-busy" in reason, reason
+    finally:
+        code, _out, err = holder.stop()
+    assert code == 0, err
+    assert "Traceback" not in err, err
+
+
+def test_a_holder_back_on_its_kept_port_keeps_its_ticket_and_a_clash_is_said(tmp_path: Path) -> None:
+    """`kith host --hold-mail iroh` killed (kill -9) and started again names the same
+    iroh: ticket (its port kept), so the other devices' --holder stays right. When the kept
+    port is taken for a run, the start says the held mail is at another ticket for this run
+    only — it said only that invitations of earlier runs do not reach the host."""
+    import signal
+    import socket
+
+    (tmp_path / "l").mkdir()
+    laptop = notes_host(tmp_path / "l")
+    first, url = _holder(laptop, tmp_path)
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(timeout=30)
+    again, url_again = _holder(laptop, tmp_path)
+    code, _out, err = again.stop()
+    assert code == 0, err
+    assert url_again == url
+    assert "another iroh: ticket" not in err, err
+    port = json.loads((laptop / "endpoint.json").read_text())["port"]
+    squatter = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    squatter.bind(("127.0.0.1", port))
+    try:
+        clash, url_clash = _holder(laptop, tmp_path)
+        code, _out, err = clash.stop()
+    finally:
+        squatter.close()
+    assert code == 0, err
+    assert url_clash != url
+    assert "the mail this device holds (--hold-mail iroh) is at another iroh: ticket for this run only" in err, err

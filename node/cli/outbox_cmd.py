@@ -182,6 +182,9 @@ def run_cmd(
 
     async def main() -> None:
         guest = Guest(home, mode=mode, local=mode.offline)  # the asking side of this process
+        # refused at start (identity-corrupt, io-error), as `kith api serve`'s runner and `kith mcp`
+        # are: the runner's pool opens only when a question needs it, which may be never
+        guest.load()
         runner = guest.runner(command="kith outbox run", on_event=on_event)
         async with anyio.create_task_group() as tg:
             async def until_signal() -> None:

@@ -51,7 +51,7 @@ MAX_REQUEST_FRAME = 272 * 1024
 MAX_RESPONSE_FRAME = (1 << 20) + 16 * 1024
 #: Seconds a holder waits for the next request on an open connection before closing it.
 IDLE_S = 30.0
-#: Mailbox connections a holder serves at once; more are closed ``mail-busy``.
+#: Mailbox connections a holder serves at once; beyond, the one waiting longest is closed ``mail-busy`` (specs/sealed.md §7c).
 MAX_CONNECTIONS = 32
 #: op → the route it is (under /api/v1).
 OPS = {"put": "/mailbox", "take": "/mailbox/take", "ack": "/mailbox/ack"}
@@ -147,7 +147,8 @@ def parse_request(line: bytes) -> tuple[str, dict[str, str], bytes]:
     return OPS[op], dict(headers), raw
 
 
-async def serve_mail_stream(stream: Any, app: Any, remote: str, *, idle_s: float = IDLE_S) -> None:
+async def serve_mail_stream(stream: Any, app: Any, remote: str, *, idle_s: float = IDLE_S,
+                            waiting: Callable[[bool], None] | None = None) -> None:
     """Answer the request frames of one mailbox connection's stream with ``app`` until the
     peer ends the stream or is idle ``idle_s`` seconds.
 
@@ -156,6 +157,9 @@ async def serve_mail_stream(stream: Any, app: Any, remote: str, *, idle_s: float
         app: the holder's mailbox ASGI app (:func:`node.community.server.create_app`).
         remote: the peer's QUIC-authenticated key (64 hex): its requests count against the
             per-address bucket ``iroh:<first 16 hex>``.
+        waiting: called with True while the connection waits for a whole request frame (idle,
+            or a frame only partly sent) and False while one is answered: the holder closes
+            the connection waiting longest when a new one finds every slot taken (§7c).
 
     Raises:
         MailFrameInvalid: after the ``400 mail-frame-invalid`` response was sent; the caller
@@ -172,6 +176,8 @@ async def serve_mail_stream(stream: Any, app: Any, remote: str, *, idle_s: float
     try:
         while True:
             line: bytes | None = None
+            if waiting is not None:
+                waiting(True)
             with anyio.move_on_after(idle_s) as idle:
                 try:
                     line = await lines.line(MAX_REQUEST_FRAME)
@@ -180,6 +186,8 @@ async def serve_mail_stream(stream: Any, app: Any, remote: str, *, idle_s: float
                     raise
             if idle.cancelled_caught or line is None:
                 return
+            if waiting is not None:
+                waiting(False)
             try:
                 path, headers, body = parse_request(line)
             except MailFrameInvalid as exc:
@@ -196,18 +204,22 @@ async def serve_mail_stream(stream: Any, app: Any, remote: str, *, idle_s: float
         await client.aclose()
 
 
-async def serve_mail_connection(listener: Any, conn: Any, app: Any) -> None:
+async def serve_mail_connection(listener: Any, conn: Any, app: Any,
+                                waiting: Callable[[bool], None] | None = None) -> None:
     """Serve one incoming mailbox connection (the holder's accept loop, ALPN
     :data:`MAILBOX_ALPN`): accept its stream, answer its frames, close it — ``done`` after a
     clean end, ``mail-frame-invalid`` after a frame that is not a request. Never raises for
-    what the peer sends or how its connection fails."""
+    what the peer sends or how its connection fails. ``waiting``: as for
+    :func:`serve_mail_stream` (True until the stream is accepted)."""
+    if waiting is not None:
+        waiting(True)
     try:
         stream = await listener.accept_stream(conn)
     except TransportError:
         listener.close_connection(conn, b"mail-no-stream")
         return
     try:
-        await serve_mail_stream(stream, app, listener.remote_of(conn))
+        await serve_mail_stream(stream, app, listener.remote_of(conn), waiting=waiting)
     except MailFrameInvalid:  # the refusal frame acknowledged first (bounded), then closed with its code
         await stream.aclose(reason=b"mail-frame-invalid")
         return

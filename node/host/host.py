@@ -14,6 +14,7 @@ Every protocol rule lives in the engine, every content rule in the answer servic
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -40,6 +41,19 @@ from node.trust.peers import PeerRegistry, load_own_profile
 from node.protocol.spec import find_protocol_dir, load_spec
 
 log = logging.getLogger("kith.host")
+
+
+class _MailSlot:
+    """One mailbox connection served now (:meth:`Host._mail_connection`): its connection,
+    the cancel scope that ends its task, and since when it waits for a whole request frame
+    (an ordering tick; None while a frame is answered)."""
+
+    __slots__ = ("conn", "scope", "waiting_since")
+
+    def __init__(self, conn: Any, scope: anyio.CancelScope) -> None:
+        self.conn = conn
+        self.scope = scope
+        self.waiting_since: int | None = None
 
 SHUTDOWN_GRACE_S = 10.0
 #: The lock a serving ``kith host`` holds in its home (a second one gets ``home-in-use``).
@@ -337,8 +351,8 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     A start refused for any reason (``home-in-use``, a damaged file, a port or index
     refusal) writes none of the host's state files: the seen nonces and quota buckets are
     only read at start and made at first use, ``audit.key`` and the control folder
-    ``<home>/run`` just before publishing (specs/session.md §8.1), and a ``host.lock`` this
-    start made is removed again.
+    ``<home>/run`` just before publishing (specs/session.md §8.1), and a ``host.lock`` and a
+    held mail's ``mailbox.sqlite3`` (``--hold-mail``) this start made are removed again.
 
     Raises:
         KithError: ``home-in-use`` (another process serves this home), ``control-dir-unsafe``
@@ -348,6 +362,9 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
     identity = load_identity(home)  # never created here: a typo in --home is refused
     lock_path = home / HOST_LOCK_FILE
     lock_was_there = lock_path.exists()
+    from node.host.sealed_host import HELD_MAIL_FILE, forget_unserved_mail
+
+    mail_was_there = os.path.lexists(home / HELD_MAIL_FILE)
     host_lock = acquire_owner_lock(lock_path, "kith host")
     if host_lock is None:
         raise ConfigError("home-in-use", f"Another `kith host` is serving this home ({lock_owner(lock_path)}).",
@@ -365,6 +382,8 @@ async def serve_host(home: Path, opts: HostOptions, *, on_invitation: Callable[[
             release_owner_lock(host_lock)
         else:  # a refused start leaves no lock file it made
             remove_owner_lock(lock_path, host_lock)
+        if not started and not mail_was_there and opts.hold_mail is not None:
+            forget_unserved_mail(home)  # nor the held mail's file (--hold-mail), made empty before the refusal
 
 
 class Host:
@@ -419,7 +438,9 @@ class Host:
         self._held_url: str | None = None  # where this device holds mail (--hold-mail), once served
         #: the mail this device holds (--hold-mail; node.host.sealed_host.HeldMail), once served
         self.held_mail: Any = None
-        self._mail_conns = 0  # mailbox connections served now (node/community/iroh_mail.py)
+        #: mailbox connections served now (node/community/iroh_mail.py): id → _MailSlot
+        self._mail_conns: dict[int, _MailSlot] = {}
+        self._mail_ticks = itertools.count()  # orders the slots by when they began to wait
         self._sealed_seen: Any = None  # DurableSeen, opened when first needed (sealed_seen)
         self._seq: int | None = None  # the first card's sequence number, taken before publishing
         self._card_changed = anyio.Event()
@@ -461,6 +482,10 @@ class Host:
                       f"{KEPT_PORT_RETRY_S:g} s): this run is on port {port} only, and {taken} stays kept for the "
                       "next start; until then invitations of earlier runs do not reach this host (their guests "
                       "need this run's invitation), and they work again once it is back on its port")
+            if (self._held_url or "").startswith("iroh:"):  # --hold-mail iroh: its ticket names the port too
+                self.warn("the mail this device holds (--hold-mail iroh) is at another iroh: ticket for this run "
+                          "only: the other devices' --holder iroh:... of earlier runs do not reach it until it is "
+                          "back on its port (keep their --holder as it is; give this run's only to reach it now)")
             self._restored = []  # kept in posts.json for the next start; not said to keep working now
             return
         save_port(self.home, port)
@@ -921,28 +946,42 @@ class Host:
 
     def _mail_connection(self, tg: Any, conn: Any) -> bool:
         """Serve ``conn`` as a mailbox connection when it came with the mailbox ALPN (a
-        device that holds mail: specs/sealed.md §7b) — no session slot, at most
-        :data:`node.community.iroh_mail.MAX_CONNECTIONS` at once (more are closed
-        ``mail-busy``). False for any other connection."""
+        device that holds mail: specs/sealed.md §7c) — no session slot, at most
+        :data:`node.community.iroh_mail.MAX_CONNECTIONS` at once. When every slot is taken the
+        connection that has waited longest for a whole request frame is closed ``mail-busy``
+        to make room (a peer holding idle or half-sent connections cannot lock the person's
+        devices out); with every slot answering a frame the new one is closed ``mail-busy``.
+        False for any other connection."""
         from node.community.iroh_mail import MAILBOX_ALPN, MAX_CONNECTIONS, serve_mail_connection
 
         listener = self.listener
         alpn_of = getattr(listener, "alpn_of", None)
         if alpn_of is None or alpn_of(conn) != MAILBOX_ALPN:
             return False
-        if self._mail_conns >= MAX_CONNECTIONS:
-            listener.close_connection(conn, b"mail-busy")
-            return True
+        if len(self._mail_conns) >= MAX_CONNECTIONS:
+            waiting = [s for s in self._mail_conns.values() if s.waiting_since is not None]
+            if not waiting:
+                listener.close_connection(conn, b"mail-busy")
+                return True
+            oldest = min(waiting, key=lambda s: s.waiting_since)
+            del self._mail_conns[id(oldest)]  # counted free now: the next arrival cannot take it twice
+            oldest.scope.cancel()
+            listener.close_connection(oldest.conn, b"mail-busy")
+        slot = _MailSlot(conn, anyio.CancelScope())
+        self._mail_conns[id(slot)] = slot  # counted before it runs: a burst cannot pass the cap
+
+        def waiting_now(waits: bool) -> None:
+            slot.waiting_since = next(self._mail_ticks) if waits else None
 
         async def serve() -> None:
-            self._mail_conns += 1
             try:
-                await serve_mail_connection(listener, conn, self.held_mail.app)
+                with slot.scope:
+                    await serve_mail_connection(listener, conn, self.held_mail.app, waiting_now)
             except Exception:  # noqa: BLE001 - one mailbox connection's fault never ends the host
                 log.exception("a mailbox connection failed")
                 listener.close_connection(conn, b"internal-error")
             finally:
-                self._mail_conns -= 1
+                self._mail_conns.pop(id(slot), None)
 
         tg.start_soon(serve)
         return True

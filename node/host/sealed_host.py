@@ -192,6 +192,16 @@ class HeldMail:
     url: str | None
 
 
+def forget_unserved_mail(home: Path) -> None:
+    """Remove ``<home>/mailbox.sqlite3`` and its SQLite side files after a ``kith host``
+    start that made the file and was then refused (a port in use, a damaged file met later):
+    nothing was ever held in it, and a refused start leaves the home as it was. The caller
+    checks that the file did not exist before the start; a file already gone is no fault."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            (Path(home) / (HELD_MAIL_FILE + suffix)).unlink()
+
+
 @contextlib.contextmanager
 def hold_mail(home: Path, address: str) -> Iterator[HeldMail]:
     """Hold mail for this home's person while the ``with`` block runs: the mailbox routes of
@@ -236,5 +246,5 @@ def hold_mail(home: Path, address: str) -> Iterator[HeldMail]:
         app.state.store.close()
 
 
-__all__ = ["HELD_MAIL_FILE", "HeldMail", "IROH_ONLY", "TAKE_EVERY_S", "hold_mail", "holds_for", "parse_hold_mail",
+__all__ = ["HELD_MAIL_FILE", "HeldMail", "IROH_ONLY", "TAKE_EVERY_S", "forget_unserved_mail", "hold_mail", "holds_for", "parse_hold_mail",
            "person_devices", "sealed_on_question", "take_sealed_questions"]
