@@ -5,7 +5,9 @@ real `kith host` on loopback, and every module they imported is read from that r
 
 Allowed from the corpus package: its pure modules (``globs``: the glob language a request's
 ``sources`` filter and an agent's scope are checked in; ``sources``; ``types``). The outbound
-gate (node.policy.outbound) reads its small fingerprint file, never the corpus package."""
+gate (node.policy.outbound) reads its small fingerprint file, never the corpus package.
+Nor does it load the agents module (node.local.agents) when the home's agents.json exists:
+only the first command of a home made before agents creates the agent ``default``."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from node.local.agents import ensure_default_agent
 from support.cli import kith
 from support.homes import node_home, pin_host
 from support.hosts import HostProcess, prepare_host
@@ -39,12 +42,14 @@ def _imported(home: Path, *args: str) -> tuple[subprocess.CompletedProcess, set[
 def _forbidden(modules: set[str]) -> list[str]:
     return sorted(m for m in modules
                   if m == "tantivy" or m.startswith("tantivy.") or m.startswith("node.host")
+                  or m == "node.local.agents"
                   or (m.startswith("node.corpus") and m not in PURE_CORPUS))
 
 
 def test_join_ask_and_verify_of_a_live_peer_load_no_tantivy_corpus_or_host_module(tmp_path):
     host = prepare_host(tmp_path, SAMPLE)
     guest = node_home(tmp_path, "guest")
+    ensure_default_agent(guest)  # as `kith init` does: the home has its agents.json
     h = HostProcess(host, "--invite-file", str(tmp_path / "inv.json"))
     try:
         r, modules = _imported(guest, "join", str(tmp_path / "inv.json"), "--local", "--trust", "--query",

@@ -21,7 +21,7 @@ from rich.console import Console, ConsoleDimensions
 from rich.segment import Segment
 from rich.text import Text
 
-from node.common.home import IDENTITY_FILE, create_home, home_initialized, require_home, resolve_home
+from node.common.home import AGENTS_FILE, IDENTITY_FILE, create_home, home_initialized, require_home, resolve_home
 
 #: Width a console lays out to when its stream is not a terminal: long lines (a `kith
 #: join ...` command to copy, a table row) must not be cut at 80 columns in a pipe or file.
@@ -169,11 +169,12 @@ def home_of(ctx: typer.Context, *, server: bool = False, agent: bool = True) -> 
 def default_agent(home: Path) -> None:
     """The first command in a home made before agents creates the agent ``default``
     (node/local/agents.py) and says how to get its token (it is never printed here);
-    nothing when ``<home>/agents.json`` exists."""
-    from node.local.agents import AGENTS_FILE, ensure_default_agent
-
+    nothing when ``<home>/agents.json`` exists (then the agents module is not imported:
+    every command of a home runs this)."""
     if (home / AGENTS_FILE).exists():
         return
+    from node.local.agents import ensure_default_agent
+
     if ensure_default_agent(home) is not None:
         warn("created the agent 'default' (every source, every pinned peer, the outbox; outbound: ask) "
              "for `kith mcp` and the local API; `kith agent rotate default` prints its token")

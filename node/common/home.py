@@ -17,6 +17,9 @@ IDENTITY_FILE = "identity.key"
 COMMUNITY_DIR = "community"
 #: The node's settings file, ``<home>/config.toml``.
 CONFIG_FILE = "config.toml"
+#: The agents file in a home (node/local/agents.py, specs/agents.md); here so a command can
+#: see it exists without importing the agents module.
+AGENTS_FILE = "agents.json"
 #: ``<home>/copies/``: the copies of peers' corpora a guest keeps (node/guest/copies/); never
 #: a source root of this node's own corpus (node/corpus/store.py, specs/copies.md §2).
 COPIES_DIR = "copies"

@@ -42,10 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from node.common.errors import AgentError, ConfigError, KithError, UsageError
-from node.common.home import read_json_state
+from node.common.home import AGENTS_FILE, read_json_state
 
-#: The agents file in a home.
-AGENTS_FILE = "agents.json"
 #: The environment variable ``kith mcp`` reads its token from (MCP stdio servers take
 #: credentials from their environment).
 TOKEN_ENV = "KITH_AGENT_TOKEN"
