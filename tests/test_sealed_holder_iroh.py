@@ -273,3 +273,24 @@ def test_a_holder_back_on_its_kept_port_keeps_its_ticket_and_a_clash_is_said(tmp
     assert code == 0, err
     assert url_clash != url
     assert "the mail this device holds (--hold-mail iroh) is at another iroh: ticket for this run only" in err, err
+
+
+def test_a_holder_over_iroh_that_cannot_be_reached_is_named_a_device_holding_mail() -> None:
+    """A `--holder iroh:…` whose endpoint is gone is `server-unreachable` (the code callers
+    map), said as what it is: a device holding mail, not a community server."""
+    async def scenario() -> CommunityError:
+        async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as gone:
+            url = "iroh:" + gone.ticket()
+        async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as node:
+            async def endpoint():
+                return node
+            async with mail_client(url, Identity(os.urandom(32)), endpoint=endpoint) as client:
+                with pytest.raises(CommunityError) as refused:
+                    await client.take_sealed(5)
+        return refused.value
+
+    refused = asyncio.run(scenario())
+    assert refused.code == "server-unreachable" and refused.status == 0
+    # "cannot reach …" or "… did not answer within 10 s": the dial fails or times out
+    assert "the device holding mail at iroh:" in str(refused.message), refused.message
+    assert "community server" not in str(refused.message)

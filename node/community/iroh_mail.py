@@ -326,6 +326,7 @@ def mail_client(url: str, identity: Any, *, endpoint: Callable[[], Awaitable[Any
         return CommunityClient(url, identity)
     client.base_url = url
     client.display_url = url[:len(SCHEME) + 24] + "…" if url.startswith(SCHEME) else url
+    client.party = "the device holding mail"  # not a community server: the person's own device
     return client
 
 
