@@ -294,3 +294,51 @@ def test_a_holder_over_iroh_that_cannot_be_reached_is_named_a_device_holding_mai
     # "cannot reach …" or "… did not answer within 10 s": the dial fails or times out
     assert "the device holding mail at iroh:" in str(refused.message), refused.message
     assert "community server" not in str(refused.message)
+
+
+def test_the_take_cursor_pages_over_iroh_frames(tmp_path: Path) -> None:
+    """The take's cursor (specs/community-api.md "Mailbox") works over `kith-mailbox/1`
+    unchanged: the frame carries the very signed body, so `after` and `next` pass through
+    the holder's one mailbox app (specs/sealed.md §7c)."""
+    from node.community.iroh_mail import serve_mail_connection
+    from node.community.server import create_app
+    from node.community.store import MailboxLimits
+
+    me, sender = Identity(os.urandom(32)), Identity(os.urandom(32))
+    store = open_store(tmp_path / "held.sqlite3")
+    app = create_app(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits())
+    sent = [seal(sender.secret, None, kind="question", question_id=f"{i + 1:032x}", body={"request": {"query": "q"}},
+                 recipients=[me.public_key], now=time.time(), expires=time.time() + 600) for i in range(5)]
+
+    async def scenario() -> list[list[str]]:
+        async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as holder, \
+                bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as node:
+            async def serve() -> None:
+                while (conn := await holder.accept()) is not None:
+                    await serve_mail_connection(holder, conn, app)
+
+            async def endpoint():
+                return node
+
+            task = asyncio.create_task(serve())
+            try:
+                url = "iroh:" + holder.ticket()
+                async with mail_client(url, sender, endpoint=endpoint) as put_client:
+                    for rec in sent:
+                        assert (await put_client.put_sealed(rec))["stored"] is True
+                pages, after = [], None
+                async with mail_client(url, me, endpoint=endpoint) as client:
+                    while True:
+                        records, more, after = await client.take_sealed_page(2, after)
+                        pages.append([r["id"] for r in records])
+                        if not more:
+                            return pages
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    try:
+        pages = asyncio.run(scenario())
+    finally:
+        store.close()
+    assert pages == [[sent[0]["id"], sent[1]["id"]], [sent[2]["id"], sent[3]["id"]], [sent[4]["id"]]]
