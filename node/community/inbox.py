@@ -135,10 +135,11 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
     """Take the records waiting at ``client``'s holder for ``identity`` and act on each once.
 
     A step takes a page of :data:`TAKE_LIMIT` records; while a page held records it left
-    (``kept``: the other part's kind, or an answer the asker's holder had no room for) and
-    more wait, it takes the page after it (the take's cursor), up to :data:`TAKE_PAGES`
-    pages — so a part's own records are not stuck behind the other part's. A holder that
-    gives no cursor (an older one) gets one take per step, as before.
+    for the other part of this device (a kind it does not take) and more wait, it takes the
+    page after it (the take's cursor), up to :data:`TAKE_PAGES` pages — so a part's own
+    records are not stuck behind the other part's. A page where an answer could not be left
+    (the holder full or unreachable) ends the step: the next pages would fail alike. A
+    holder that gives no cursor (an older one) gets one take per step, as before.
 
     Args:
         client: a :class:`CommunityClient` of the holder, signing as ``identity``.
@@ -168,9 +169,9 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
     after: str | None = None
     for _ in range(TAKE_PAGES):
         records, report.more, after = await client.take_sealed_page(TAKE_LIMIT, after)
-        kept = len(report.kept)
-        await _act_on_page(client, identity, chain, records, report, on_question, on_answer, seen, clock)
-        if not (report.more and after is not None and len(report.kept) > kept):
+        left_for_other, unsent = await _act_on_page(client, identity, chain, records, report, on_question, on_answer,
+                                                    seen, clock)
+        if not (report.more and after is not None and left_for_other and not unsent):
             break
     return report
 
@@ -178,10 +179,16 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
 async def _act_on_page(client: CommunityClient, identity: Identity, chain: list[dict[str, Any]] | None,
                        records: list[dict[str, Any]], report: InboxReport, on_question: Callable[[Opened], Any] | None,
                        on_answer: Callable[[Opened], Any] | None, seen: SeenRecords,
-                       clock: Callable[[], float]) -> None:
+                       clock: Callable[[], float]) -> tuple[int, int]:
     """Act once on one taken page of ``records`` (:func:`take_step`'s steps 2-5), adding to
-    ``report``, then ack the records dealt with."""
+    ``report``, then ack the records dealt with.
+
+    Returns:
+        ``(left for the other part, answers not left)``: records of a kind this step does
+        not take, and questions whose answer the holder did not keep (both in ``kept``).
+    """
     done: list[tuple[str, str]] = []  # (sender, id): the holder keeps records by both
+    left_for_other = unsent = 0
     for record in records:
         rid = record.get("id") if isinstance(record.get("id"), str) else None
         sender = record.get("sender") if isinstance(record.get("sender"), str) else None
@@ -199,12 +206,14 @@ async def _act_on_page(client: CommunityClient, identity: Identity, chain: list[
             continue
         if (on_question if opened.kind == "question" else on_answer) is None:
             report.kept.append(opened.id)  # another part of this device takes that kind
+            left_for_other += 1
             continue
         try:
             if opened.kind == "question":
                 assert on_question is not None
                 if not await _leave_answer(client, identity, chain, opened, on_question, clock, seen):
                     report.kept.append(opened.id)
+                    unsent += 1
                     continue
                 report.answered.append(opened.question_id)
             else:
@@ -220,6 +229,7 @@ async def _act_on_page(client: CommunityClient, identity: Identity, chain: list[
             report.acked += await client.ack_sealed(done)
         except CommunityError:
             pass  # taken again next step: the seen ids (or the asker's one row) keep it once
+    return left_for_other, unsent
 
 
 async def _leave_answer(client: CommunityClient, identity: Identity, chain: list[dict[str, Any]] | None,
