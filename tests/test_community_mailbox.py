@@ -66,8 +66,9 @@ def put(http: httpx.Client, record: dict, signer: Identity, clock: float | None 
                      headers=signed_headers(signer, "POST", "/api/v1/mailbox", body, now=clock))
 
 
-def take(http: httpx.Client, signer: Identity, limit: int = 20, clock: float | None = None) -> httpx.Response:
-    body = json.dumps({"limit": limit}).encode()
+def take(http: httpx.Client, signer: Identity, limit: int = 20, clock: float | None = None,
+         **extra: object) -> httpx.Response:
+    body = json.dumps({"limit": limit, **extra}).encode()
     return http.post("/api/v1/mailbox/take", content=body,
                      headers=signed_headers(signer, "POST", "/api/v1/mailbox/take", body, now=clock))
 
@@ -243,6 +244,41 @@ def test_take_pages_and_reports_more(tmp_path: Path) -> None:
         ack(http, sent[:3], host)
         rest = take(http, host, limit=3).json()
         assert rest["records"] == sent[3:] and rest["more"] is False
+
+
+def test_a_take_pages_on_from_its_cursor_on_each_store(served) -> None:
+    """The take's cursor (specs/community-api.md "Mailbox"): a recipient that leaves records
+    at the holder pages past them with ``after`` = the last take's ``next``, over the same
+    records in the same order, none skipped or given twice; a cursor a take did not give is
+    ``400 request-invalid``; a take without one starts from the oldest, as before."""
+    url, store = served
+    host = new_identity()
+    with httpx.Client(base_url=url, timeout=20) as http:
+        sent = []
+        for i in range(7):
+            sender = new_identity()
+            rec = question(sender, host, qid=f"{i + 1:032x}")
+            assert put(http, rec, sender).status_code == 201
+            sent.append(rec)
+        pages, after = [], None
+        while True:
+            page = take(http, host, limit=3, **({} if after is None else {"after": after})).json()
+            pages.append(page["records"])
+            after = page["next"]
+            if not page["more"]:
+                break
+        assert pages == [sent[0:3], sent[3:6], sent[6:7]]  # nothing acked: paged past, in order
+        assert take(http, host, limit=3, after=after).json() == {"records": [], "more": False}  # no next
+        assert take(http, host, limit=3).json()["records"] == sent[:3]  # no cursor: from the oldest
+        first = take(http, host, limit=2).json()["next"]
+        ack(http, sent[:3], host)  # acked meanwhile: the cursor still pages on
+        assert take(http, host, limit=2, after=first).json()["records"] == sent[3:5]
+        stored, sender_key, record_id = first.rsplit(".", 2)
+        for bad in ("", "x", 5, ["a"], first + "0", first.upper(), f"inf.{sender_key}.{record_id}",
+                    f"{stored}.{sender_key[:-1]}.{record_id}", f"1.5.{sender_key}.{record_id}", "0x1.0p+0." * 30):
+            response = take(http, host, after=bad)
+            assert response.status_code == 400 and error_of(response) == "request-invalid", bad
+        assert store.mailbox_usage()["records"] == 4  # a take, with or without a cursor, removes nothing
 
 
 def test_the_key_rate_limit_applies_to_the_mailbox(tmp_path: Path) -> None:

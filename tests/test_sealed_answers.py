@@ -94,6 +94,53 @@ def test_an_outbox_question_answered_through_the_mailbox(tmp_path: Path) -> None
         asyncio.run(scenario(url))
 
 
+def test_the_host_part_pages_past_the_answers_it_leaves_for_the_asker_part(tmp_path: Path) -> None:
+    """specs/sealed.md §11, the take's cursor: 25 answers for `dev`'s asker part (more than a
+    take's 20) wait ahead of one question for its host part, and only the host part runs. Its
+    step takes the first page (all answers: left), pages on past them, answers the question
+    and acks it alone; the 25 answers stay for the asker part, which takes them all later."""
+    from node.community.store import open_store
+
+    from support.community import record_ids
+
+    dev, ada, bea = new_identity(), new_identity(), new_identity()
+    store = open_store(tmp_path / "c.sqlite3")
+
+    async def scenario(url: str) -> None:
+        async with CommunityClient(url, ada) as a:
+            for i in range(25):
+                rec = seal(ada.secret, None, kind="answer", question_id=f"{i + 1:032x}",
+                           body={"results": results(f"{i + 1:032x}")}, recipients=[dev.public_key],
+                           now=time.time(), expires=time.time() + 600)
+                assert (await a.put_sealed(rec))["stored"] is True
+        async with CommunityClient(url, bea) as b:
+            question = await leave_question(b, bea, None, question_id="b" * 32, request={"query": "where is the key"},
+                                            peer=dev.public_key, recipients=[dev.public_key],
+                                            expires=time.time() + 3600)
+        answers = [r for r in record_ids(store) if r != question["id"]]
+        async with CommunityClient(url, dev) as d:
+            got = await take_step(d, dev, None, on_question=lambda op: results(op.question_id, text="under the pot"))
+        assert got.answered == ["b" * 32] and got.acked == 1 and got.refused == {} and not got.more
+        assert sorted(got.kept) == sorted(answers)  # the asker part's, left at the holder
+        assert set(answers) <= set(record_ids(store)) and question["id"] not in record_ids(store)
+        async with CommunityClient(url, bea) as b:  # bea's answer is there
+            taken: list[dict] = []
+            done = await take_step(b, bea, None, on_answer=lambda op: taken.append(op.body["results"]) is None)
+        assert done.stored == ["b" * 32] and taken[0]["envelope"]["results"][0]["textPreview"] == "under the pot"
+        async with CommunityClient(url, dev) as d:  # the asker part, later: every answer, none lost
+            stored: list[str] = []
+            got = await take_step(d, dev, None, on_answer=lambda op: stored.append(op.question_id) is None)
+            got2 = await take_step(d, dev, None, on_answer=lambda op: stored.append(op.question_id) is None)
+        assert sorted(stored) == [f"{i + 1:032x}" for i in range(25)] and got.acked + got2.acked == 25
+        assert record_ids(store) == []
+
+    try:
+        with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            asyncio.run(scenario(url))
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("first", ["asker", "host"])
 def test_a_device_both_asker_and_host_leaves_each_kind_to_its_own_part(tmp_path: Path, first: str) -> None:
     """specs/sealed.md §3/§5b: the holder cannot tell a question from an answer, so a device

@@ -10,7 +10,9 @@ loopback with relays disabled (`--offline`).
 2. a peer that opens the mailbox ALPN with junk gets one typed refusal frame
    (`mail-frame-invalid`) and its connection is closed with that code; the holder serves on;
 3. a record neither from nor to the person's devices is refused `mailbox-not-held` over
-   iroh, through the one rule of the HTTP routes, and nothing of it is kept.
+   iroh, through the one rule of the HTTP routes, and nothing of it is kept;
+4. a holder over iroh that cannot be reached is named a device holding mail;
+5. the take's cursor pages over the frames unchanged.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import httpx
 import pytest
 
 from node.common.errors import CommunityError
+from node.common.names import holder_text
 from node.community.iroh_mail import MAILBOX_ALPN, MAX_CONNECTIONS, mail_client
 from node.community.server import run_server_in_thread
 from node.community.store import open_store
@@ -96,6 +99,10 @@ def test_two_homes_never_up_together_through_a_device_holding_mail_over_iroh(tmp
                     guest, "outbox", "show", qid, "--json").stdout)["peers"][0].get("leftWith") == holder_url)
                 question_ids = _held_ids(always_on)
                 assert len(question_ids) == 1
+                listed = kith(guest, "outbox", "list").stdout  # text shows the ticket cut; --json keeps it whole
+                assert holder_url not in listed and "…]" in listed, listed  # (the table folds the cell)
+                shown_left = kith(guest, "outbox", "show", qid).stdout
+                assert f"left sealed with {holder_text(holder_url)}:" in shown_left, shown_left
                 # the laptop wakes: takes over iroh, answers, leaves the answer at the holder
                 t0 = time.monotonic()
                 second = HostProcess(laptop, "--server", server, "--holder", holder_url)
@@ -104,7 +111,9 @@ def test_two_homes_never_up_together_through_a_device_holding_mail_over_iroh(tmp
                              answered_and_acked(lambda: _held_ids(always_on), question_ids), timeout_s=60, every_s=0.05)
                     took = time.monotonic() - t0
                 finally:
-                    second.stop()
+                    _code, second_out, _err = second.stop()
+                taken = [json.loads(line) for line in second_out.splitlines() if '"sealed-taken"' in line]
+                assert taken and taken[0]["holder"] == holder_url, second_out  # --json: the whole ticket
                 print(f"answer at the always-on device over iroh {took:.2f} s after the laptop's `kith host` started")
                 # the guest wakes: the answer comes over iroh into its row
                 outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
@@ -273,3 +282,86 @@ def test_a_holder_back_on_its_kept_port_keeps_its_ticket_and_a_clash_is_said(tmp
     assert code == 0, err
     assert url_clash != url
     assert "the mail this device holds (--hold-mail iroh) is at another iroh: ticket for this run only" in err, err
+
+
+def test_a_holder_over_iroh_that_cannot_be_reached_is_named_a_device_holding_mail() -> None:
+    """A `--holder iroh:…` whose endpoint is gone is `server-unreachable` (the code callers
+    map), said as what it is: a device holding mail, not a community server."""
+    async def scenario() -> CommunityError:
+        async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as gone:
+            url = "iroh:" + gone.ticket()
+        async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as node:
+            async def endpoint():
+                return node
+            async with mail_client(url, Identity(os.urandom(32)), endpoint=endpoint) as client:
+                with pytest.raises(CommunityError) as refused:
+                    await client.take_sealed(5)
+        return refused.value
+
+    refused = asyncio.run(scenario())
+    assert refused.code == "server-unreachable" and refused.status == 0
+    # "cannot reach …" or "… did not answer within 10 s": the dial fails or times out
+    assert "the device holding mail at iroh:" in str(refused.message), refused.message
+    assert "community server" not in str(refused.message)
+
+
+def test_the_take_cursor_pages_over_iroh_frames(tmp_path: Path) -> None:
+    """The take's cursor (specs/community-api.md "Mailbox") works over `kith-mailbox/1`
+    unchanged: the frame carries the very signed body, so `after` and `next` pass through
+    the holder's one mailbox app (specs/sealed.md §7c)."""
+    from node.community.iroh_mail import serve_mail_connection
+    from node.community.server import create_app
+    from node.community.store import MailboxLimits
+
+    me, sender = Identity(os.urandom(32)), Identity(os.urandom(32))
+    store = open_store(tmp_path / "held.sqlite3")
+    app = create_app(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits())
+    sent = [seal(sender.secret, None, kind="question", question_id=f"{i + 1:032x}", body={"request": {"query": "q"}},
+                 recipients=[me.public_key], now=time.time(), expires=time.time() + 600) for i in range(5)]
+
+    async def scenario() -> list[list[str]]:
+        async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as holder, \
+                bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as node:
+            async def serve() -> None:
+                while (conn := await holder.accept()) is not None:
+                    await serve_mail_connection(holder, conn, app)
+
+            async def endpoint():
+                return node
+
+            task = asyncio.create_task(serve())
+            try:
+                url = "iroh:" + holder.ticket()
+                async with mail_client(url, sender, endpoint=endpoint) as put_client:
+                    for rec in sent:
+                        assert (await put_client.put_sealed(rec))["stored"] is True
+                pages, after = [], None
+                async with mail_client(url, me, endpoint=endpoint) as client:
+                    while True:
+                        records, more, after = await client.take_sealed_page(2, after)
+                        pages.append([r["id"] for r in records])
+                        if not more:
+                            return pages
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    try:
+        pages = asyncio.run(scenario())
+    finally:
+        store.close()
+    assert pages == [[sent[0]["id"], sent[1]["id"]], [sent[2]["id"], sent[3]["id"]], [sent[4]["id"]]]
+
+
+def test_the_hosts_sealed_line_shows_an_iroh_holder_cut(capsys: pytest.CaptureFixture[str]) -> None:
+    """`kith host`'s text line for a take (not `--json`) shows `iroh:` and the ticket's first
+    24 characters, not the whole ~90 (node.common.names.holder_text)."""
+    from node.cli.host_render import HostEventPrinter
+    from node.common.host_events import SealedTaken
+
+    url = "iroh:endpoint" + "a" * 80
+    HostEventPrinter(json_out=False, server=None)(SealedTaken(holder=url, answered=2, dropped={}).to_dict())
+    said = capsys.readouterr().err
+    assert f"sealed questions at iroh:endpoint{'a' * 16}…: answered 2" in said and url not in said, said
+    HostEventPrinter(json_out=True, server=None)(SealedTaken(holder=url, answered=2, dropped={}).to_dict())
+    assert json.loads(capsys.readouterr().out)["holder"] == url

@@ -179,7 +179,9 @@ def _index_updated(p: HostEventPrinter, ev: IndexUpdated) -> None:
 
 def _sealed_taken(p: HostEventPrinter, ev: SealedTaken) -> None:
     dropped = ", ".join(f"{n} {code}" for code, n in sorted(ev.dropped.items()))
-    err_console.print(f"sealed questions at {safe_text(ev.holder)}: answered {ev.answered}"
+    from node.common.names import holder_text
+
+    err_console.print(f"sealed questions at {safe_text(holder_text(ev.holder))}: answered {ev.answered}"
                       + (f", dropped {dropped}" if dropped else ""), highlight=False, markup=False)
 
 

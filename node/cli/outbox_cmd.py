@@ -10,6 +10,7 @@ import typer
 
 from node.cli.common import (TransportArgs, emit_json, err_console, home_of, identity_home_of, safe_text,
                              transport_options, untrusted_console as console, command_group, json_option)
+from node.common.names import holder_text
 
 outbox_app = command_group(
     "Questions kept for peers that were offline (`kith ask --later`), delivered when the "
@@ -32,7 +33,7 @@ def say_delivery(ev: dict[str, Any]) -> None:
                           + (f" ({ev['code']})" if ev.get("code") else ""), highlight=False, markup=False)
     elif ev.get("event") == "outbox-left":
         err_console.print(f"outbox {ev['id'][:12]}: {safe_text(ev['peer'])} unreachable; left sealed with "
-                          f"{safe_text(ev['holder'])}", highlight=False, markup=False)
+                          f"{safe_text(holder_text(ev['holder']))}", highlight=False, markup=False)
     elif ev.get("event") == "outbox-expired":
         err_console.print(f"outbox: {ev['rows']} question(s) expired unanswered", highlight=False, markup=False)
     elif ev.get("event") == "copy-synced" and (ev.get("fetched") or ev.get("removed")):  # node/guest/copies/task.py
@@ -84,7 +85,7 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         peers = ", ".join(f"{safe_text(p['name'])} {p['state']}" + (f" ({p['code']})" if p["code"] and
                                                                         p["state"] != "answered" else "")
                           + (" [copy answered meanwhile]" if p.get("fromCopy") else "")
-                          + (f" [left with {safe_text(p['leftWith'])}]" if p.get("leftWith") and
+                          + (f" [left with {safe_text(holder_text(p['leftWith']))}]" if p.get("leftWith") and
                              p["state"] != "answered" else "")
                           for p in r["peers"])
         state = r["state"] + (" *new*" if r["unread"] else "")
@@ -120,7 +121,7 @@ def show_cmd(ctx: typer.Context, question_id: str = typer.Argument(..., metavar=
         console.print(f"  {safe_text(p['name'])}: {p['state']}{code}{extra}, {p['attempts']} attempt(s)"
                       + (f", answered {p['answeredAt']}" if p["answeredAt"] else ""), highlight=False)
         if p.get("leftWith") and p["state"] != "answered":  # specs/sealed.md §10
-            console.print(f"    left sealed with {safe_text(p['leftWith'])}: its host takes it when it wakes",
+            console.print(f"    left sealed with {safe_text(holder_text(p['leftWith']))}: its host takes it when it wakes",
                           highlight=False, markup=False)
         if p.get("fromCopy"):  # specs/copies.md §6: the copy answered when it was asked
             live = "the live answer is below" if p["state"] == "answered" else "the live host's answer is awaited"

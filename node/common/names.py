@@ -52,3 +52,15 @@ def name_skeletons(text: str) -> frozenset[str]:
     """Both :func:`name_skeleton` forms of ``text`` (capital I read as ``i`` and as ``l``);
     two names look alike when their sets intersect. Empty forms are left out."""
     return frozenset(f for f in (name_skeleton(text), name_skeleton(text, capital_i_as_l=True)) if f)
+
+
+#: Characters of an ``iroh:<ticket>`` holder kept when it is shown to a person (the scheme
+#: and the ticket's first 24: ``endpoint`` and 16 of the key's base32).
+HOLDER_SHOWN_CHARS = len("iroh:") + 24
+
+
+def holder_text(url: str) -> str:
+    """How a mailbox holder is shown in text output and messages: an ``iroh:<ticket>`` (~90
+    characters, specs/sealed.md §7b) cut to :data:`HOLDER_SHOWN_CHARS` and ``…``; an
+    ``http(s)://`` URL as it is. JSON output keeps the whole value."""
+    return url[:HOLDER_SHOWN_CHARS] + "…" if url.startswith("iroh:") and len(url) > HOLDER_SHOWN_CHARS else url

@@ -122,6 +122,9 @@ class CommunityClient:
                                       "with a host, e.g. http://127.0.0.1:8787")
         self.base_url = base_url.rstrip("/")
         self.display_url = _display_url(self.base_url)
+        #: What messages call the other end: a device holding mail names itself
+        #: (:func:`node.community.iroh_mail.mail_client`); codes stay the same.
+        self.party = "the community server"
         self._path_prefix = urlsplit(self.base_url).path.rstrip("/")
         self.identity = identity
         self.timeout_s = timeout_s
@@ -164,16 +167,16 @@ class CommunityClient:
                         raw += chunk
                         if len(raw) > MAX_RESPONSE_BYTES:
                             raise CommunityError("server-error",
-                                                 f"the community server at {self.display_url} sent "
+                                                 f"{self.party} at {self.display_url} sent "
                                                  "an oversize answer", status=response.status_code)
                     status = response.status_code
         except (httpx.TimeoutException, TimeoutError):
             raise CommunityError("server-unreachable",
-                                 f"the community server at {self.display_url} did not answer "
+                                 f"{self.party} at {self.display_url} did not answer "
                                  f"within {self.timeout_s:g} s", status=0) from None
         except httpx.HTTPError:
             raise CommunityError("server-unreachable",
-                                 f"cannot reach the community server at {self.display_url}",
+                                 f"cannot reach {self.party} at {self.display_url}",
                                  status=0) from None
         try:
             data = json.loads(bytes(raw))
@@ -181,7 +184,7 @@ class CommunityClient:
             data = None
         if 200 <= status < 300:
             if data is None:
-                raise CommunityError("server-error", f"the community server at "
+                raise CommunityError("server-error", f"{self.party} at "
                                      f"{self.display_url} sent an answer that is not JSON",
                                      status=status)
             return status, data
@@ -194,7 +197,7 @@ class CommunityClient:
             message = err.get("message")
             text = _one_line(message) if isinstance(message, str) and message.strip() else None
             return error_for(code, text, status=status)
-        return CommunityError("server-error", f"the community server at {self.display_url} "
+        return CommunityError("server-error", f"{self.party} at {self.display_url} "
                               f"answered HTTP {status}", status=status)
 
     def _invitation_of(self, data: Any, status: int) -> Invitation:
@@ -486,7 +489,7 @@ class CommunityClient:
         body = json.dumps(record, separators=(",", ":")).encode()
         status, data = await self._request("POST", "/mailbox", body=body, signed=True)
         if not isinstance(data, dict) or data.get("id") != record.get("id") or not isinstance(data.get("stored"), bool):
-            raise CommunityError("server-error", f"the community server at {self.display_url} answered a "
+            raise CommunityError("server-error", f"{self.party} at {self.display_url} answered a "
                                  "mailbox put with another record", status=status)
         return data
 
@@ -505,13 +508,33 @@ class CommunityClient:
             CommunityError: ``mailbox-off``, ``rate-limited``, ``request-*``,
                 ``server-unreachable``, ``server-error``.
         """
-        body = json.dumps({"limit": limit}).encode()
+        records, more, _ = await self.take_sealed_page(limit)
+        return records, more
+
+    async def take_sealed_page(self, limit: int = 20, after: str | None = None
+                               ) -> tuple[list[dict[str, Any]], bool, str | None]:
+        """:meth:`take_sealed` from a cursor: the records after the page whose ``next`` is
+        ``after`` (None: from the oldest), so a caller pages past records it leaves there
+        (specs/community-api.md, "Mailbox").
+
+        Returns:
+            ``(records, more, next)``: ``next`` is the opaque cursor to pass as ``after`` for
+            the following page (None when the page is empty or the holder gave none: an
+            older holder, which takes no cursor).
+
+        Raises:
+            CommunityError: as :meth:`take_sealed`; ``request-invalid`` for a cursor the
+                holder did not give.
+        """
+        body = json.dumps({"limit": limit} if after is None else {"limit": limit, "after": after}).encode()
         status, data = await self._request("POST", "/mailbox/take", body=body, signed=True)
         records = data.get("records") if isinstance(data, dict) else None
         if not isinstance(records, list):
-            raise CommunityError("server-error", f"the community server at {self.display_url} answered a "
+            raise CommunityError("server-error", f"{self.party} at {self.display_url} answered a "
                                  "mailbox take without records", status=status)
-        return [r for r in records if isinstance(r, dict)], data.get("more") is True
+        cursor = data.get("next")
+        return ([r for r in records if isinstance(r, dict)], data.get("more") is True,
+                cursor if isinstance(cursor, str) and records else None)
 
     async def ack_sealed(self, records: list[tuple[str, str]]) -> int:
         """``POST /api/v1/mailbox/ack``: remove records this identity took and dealt with,

@@ -43,8 +43,11 @@ from node.trust.binding import verify_chain
 from node.trust.identity import Identity
 from node.trust.sealed import MAX_RECIPIENTS, Opened, SeenRecords, open_sealed, seal
 
-#: Most records one step takes.
+#: Most records one take (a page) gives.
 TAKE_LIMIT = 20
+#: Most pages one step takes: it pages on past a page holding records it leaves for the
+#: other part of this device (2000 records: a holder's bound per recipient).
+TAKE_PAGES = 100
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _URL = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~/\-]*)?")
 
@@ -61,7 +64,8 @@ class InboxReport:
         kept: record ids left at the holder: the answer could not be left (the asker's
             holder unreachable or full: a later step tries again), or a kind this step
             does not take (a host's step leaves answers, an asker's leaves questions).
-        acked: how many records the holder removed. more: others wait.
+        acked: how many records the holder removed. more: others wait after the last page
+            taken.
     """
 
     answered: list[str] = field(default_factory=list)
@@ -130,6 +134,13 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
                     clock: Callable[[], float] = time.time) -> InboxReport:
     """Take the records waiting at ``client``'s holder for ``identity`` and act on each once.
 
+    A step takes a page of :data:`TAKE_LIMIT` records; while a page held records it left
+    for the other part of this device (a kind it does not take) and more wait, it takes the
+    page after it (the take's cursor), up to :data:`TAKE_PAGES` pages — so a part's own
+    records are not stuck behind the other part's. A page where an answer could not be left
+    (the holder full or unreachable) ends the step: the next pages would fail alike. A
+    holder that gives no cursor (an older one) gets one take per step, as before.
+
     Args:
         client: a :class:`CommunityClient` of the holder, signing as ``identity``.
         identity: this device (its key opens the records; it signs the answers).
@@ -155,8 +166,29 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
     """
     seen = seen if seen is not None else SeenRecords()
     report = InboxReport()
-    records, report.more = await client.take_sealed(TAKE_LIMIT)
+    after: str | None = None
+    for _ in range(TAKE_PAGES):
+        records, report.more, after = await client.take_sealed_page(TAKE_LIMIT, after)
+        left_for_other, unsent = await _act_on_page(client, identity, chain, records, report, on_question, on_answer,
+                                                    seen, clock)
+        if not (report.more and after is not None and left_for_other and not unsent):
+            break
+    return report
+
+
+async def _act_on_page(client: CommunityClient, identity: Identity, chain: list[dict[str, Any]] | None,
+                       records: list[dict[str, Any]], report: InboxReport, on_question: Callable[[Opened], Any] | None,
+                       on_answer: Callable[[Opened], Any] | None, seen: SeenRecords,
+                       clock: Callable[[], float]) -> tuple[int, int]:
+    """Act once on one taken page of ``records`` (:func:`take_step`'s steps 2-5), adding to
+    ``report``, then ack the records dealt with.
+
+    Returns:
+        ``(left for the other part, answers not left)``: records of a kind this step does
+        not take, and questions whose answer the holder did not keep (both in ``kept``).
+    """
     done: list[tuple[str, str]] = []  # (sender, id): the holder keeps records by both
+    left_for_other = unsent = 0
     for record in records:
         rid = record.get("id") if isinstance(record.get("id"), str) else None
         sender = record.get("sender") if isinstance(record.get("sender"), str) else None
@@ -174,12 +206,14 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
             continue
         if (on_question if opened.kind == "question" else on_answer) is None:
             report.kept.append(opened.id)  # another part of this device takes that kind
+            left_for_other += 1
             continue
         try:
             if opened.kind == "question":
                 assert on_question is not None
                 if not await _leave_answer(client, identity, chain, opened, on_question, clock, seen):
                     report.kept.append(opened.id)
+                    unsent += 1
                     continue
                 report.answered.append(opened.question_id)
             else:
@@ -192,10 +226,10 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
         done.append((opened.sender, opened.id))
     if done:
         try:
-            report.acked = await client.ack_sealed(done)
+            report.acked += await client.ack_sealed(done)
         except CommunityError:
             pass  # taken again next step: the seen ids (or the asker's one row) keep it once
-    return report
+    return left_for_other, unsent
 
 
 async def _leave_answer(client: CommunityClient, identity: Identity, chain: list[dict[str, Any]] | None,
@@ -288,4 +322,4 @@ async def leave_question(client: CommunityClient, identity: Identity, chain: lis
     return record
 
 
-__all__ = ["InboxReport", "TAKE_LIMIT", "leave_question", "reply_of", "results_for", "take_step"]
+__all__ = ["InboxReport", "TAKE_LIMIT", "TAKE_PAGES", "leave_question", "reply_of", "results_for", "take_step"]

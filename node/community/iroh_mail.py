@@ -313,6 +313,7 @@ def mail_client(url: str, identity: Any, *, endpoint: Callable[[], Awaitable[Any
         UsageError: ``usage`` for an ``iroh:`` form without an endpoint to dial from, or a
             URL of neither form.
     """
+    from node.common.names import holder_text
     from node.community.client import CommunityClient
 
     if local_app is not None:
@@ -325,7 +326,8 @@ def mail_client(url: str, identity: Any, *, endpoint: Callable[[], Awaitable[Any
     else:
         return CommunityClient(url, identity)
     client.base_url = url
-    client.display_url = url[:len(SCHEME) + 24] + "…" if url.startswith(SCHEME) else url
+    client.display_url = holder_text(url)
+    client.party = "the device holding mail"  # not a community server: the person's own device
     return client
 
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import re
 import secrets
 import time
@@ -183,9 +184,36 @@ class CloseBody(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class TakeBody(msgspec.Struct, forbid_unknown_fields=True):
-    """Body of ``POST /api/v1/mailbox/take``: how many records at most (empty: 20)."""
+    """Body of ``POST /api/v1/mailbox/take``: how many records at most (empty: 20), and
+    optionally the cursor ``after`` (a take's ``next``: only records after the last it gave)."""
 
     limit: int = 20
+    after: str | None = None
+
+
+#: A take's cursor: the last record's stored time (``float.hex``), sender key and record id.
+_CURSOR_RE = re.compile(r"(-?0x[01]\.[0-9a-f]{1,13}p[+-][0-9]{1,4})\.([0-9a-f]{64})\.([0-9a-f]{32})")
+
+
+def take_cursor(position: tuple[float, str, str]) -> str:
+    """The opaque cursor a take answers as ``next`` for a record's ``(stored_unix, sender,
+    id)`` position (:meth:`CommunityStore.take_sealed`): ``<float.hex>.<sender>.<id>``, exact
+    (a float's hex form round-trips), so no record is skipped or taken twice by it."""
+    return f"{float(position[0]).hex()}.{position[1]}.{position[2]}"
+
+
+def parse_take_cursor(cursor: object) -> tuple[float, str, str]:
+    """The ``(stored_unix, sender, id)`` position of a take's ``after`` (:func:`take_cursor`).
+
+    Raises:
+        CommunityError: ``request-invalid`` (400) for anything a take did not answer as
+            ``next`` (not a string, another shape, a time that is not finite).
+    """
+    match = _CURSOR_RE.fullmatch(cursor) if isinstance(cursor, str) and len(cursor) <= 128 else None
+    stored = float.fromhex(match.group(1)) if match is not None else float("nan")
+    if match is None or not math.isfinite(stored):
+        raise CommunityError("request-invalid", "after is the next cursor a take answered", status=400)
+    return stored, match.group(2), match.group(3)
 
 
 class AckRecord(msgspec.Struct, forbid_unknown_fields=True):
@@ -517,11 +545,15 @@ class _App:
         take = decode_json(body, TakeBody, what="take", empty=True)
         if isinstance(take.limit, bool) or not 1 <= take.limit <= MAX_TAKE:
             raise CommunityError("request-invalid", f"limit is 1 to {MAX_TAKE}", status=400)
+        after = parse_take_cursor(take.after) if take.after is not None else None
         rows, more = await self._db(self.store.take_sealed, signed.public_key, limit=take.limit,
-                                    max_bytes=MAX_TAKE_BYTES, now=self.clock())
+                                    max_bytes=MAX_TAKE_BYTES, now=self.clock(), after=after)
         records = [Envelope(r["id"], r["sender"], tuple(r["recipients"]), r["recipients"], int(r["created_unix"]),
                             int(r["expires_unix"]), r["bucket"], r["box"]).as_json() for r in rows]
-        return JSONResponse({"records": records, "more": more})
+        answer: dict[str, Any] = {"records": records, "more": more}
+        if rows:
+            answer["next"] = take_cursor(rows[-1]["position"])
+        return JSONResponse(answer)
 
     # POST /api/v1/mailbox/ack
     async def ack_sealed(self, request: Request) -> JSONResponse:

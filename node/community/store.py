@@ -707,26 +707,33 @@ class CommunityStore:
             self._set_mailbox_totals(conn, count + 1, total + bucket)
             return "new"
 
-    def take_sealed(self, recipient: str, *, limit: int, max_bytes: int, now: float) -> tuple[list[dict[str, Any]], bool]:
+    def take_sealed(self, recipient: str, *, limit: int, max_bytes: int, now: float,
+                    after: tuple[float, str, str] | None = None) -> tuple[list[dict[str, Any]], bool]:
         """The records waiting for ``recipient`` that have not expired, oldest first (they
-        stay until acked).
+        stay until acked), in the order ``(stored_unix, sender, id)`` of this recipient's row.
 
         Args:
             limit: most records. max_bytes: stop before the buckets pass this (at least one
-                record is returned). now: Unix seconds.
+                record is returned). now: Unix seconds. after: a record's
+                ``(stored_unix, sender, id)`` (its ``"position"``): only records after it
+                (the take's cursor, specs/community-api.md "Mailbox"); None: from the oldest.
 
         Returns:
             ``(records, more)``: each record ``{"id", "sender", "recipients": {key: wrapped},
-            "bucket", "box", "created_unix", "expires_unix"}``; ``more`` when records were
-            left for a next take.
+            "bucket", "box", "created_unix", "expires_unix", "position"}``; ``more`` when
+            records were left for a next take.
         """
+        where, args = "", ()
+        if after is not None:
+            where = " AND (r.stored_unix, r.sender_key, r.record_id) > (?, ?, ?)"
+            args = (float(after[0]), after[1], after[2])
         with self._read() as conn:
             rows = conn.execute(
-                "SELECT m.record_id, m.sender_key, m.bucket, m.sealed_box, m.created_unix, m.expires_unix "
-                "FROM mailbox_recipients r JOIN mailbox m ON m.sender_key = r.sender_key "
-                "AND m.record_id = r.record_id WHERE r.recipient_key = ? AND m.expires_unix > ? "
-                "ORDER BY r.stored_unix, r.sender_key, r.record_id LIMIT ?",
-                (recipient, now, limit + 1)).fetchall()
+                "SELECT m.record_id, m.sender_key, m.bucket, m.sealed_box, m.created_unix, m.expires_unix, "
+                "r.stored_unix FROM mailbox_recipients r JOIN mailbox m ON m.sender_key = r.sender_key "
+                "AND m.record_id = r.record_id WHERE r.recipient_key = ? AND m.expires_unix > ?" + where +
+                " ORDER BY r.stored_unix, r.sender_key, r.record_id LIMIT ?",
+                (recipient, now, *args, limit + 1)).fetchall()
             out: list[dict[str, Any]] = []
             used = 0
             more = len(rows) > limit
@@ -736,7 +743,8 @@ class CommunityStore:
                     break
                 used += row[2]
                 out.append({"id": row[0], "sender": row[1], "bucket": int(row[2]), "box": bytes(row[3]),
-                            "created_unix": float(row[4]), "expires_unix": float(row[5]), "recipients": {}})
+                            "created_unix": float(row[4]), "expires_unix": float(row[5]), "recipients": {},
+                            "position": (float(row[6]), row[1], row[0])})
             if out:  # every recipient of the records taken, in one statement
                 by_key = {(r["sender"], r["id"]): r for r in out}
                 ids = sorted({i for _, i in by_key})
