@@ -460,3 +460,72 @@ def test_no_scrubbed_value_survives_in_the_parts_an_envelope_is_assembled_from(c
         assert env_mod._encode(again).decode() == wire
         assert EMAIL in env_mod._encode(_answer(corpus, gate, None, query)["envelope"]).decode()
         assert {p.dedupe_key for p in env_mod._PARTS.values()} >= set(keys)
+
+
+def test_a_value_scrubbed_for_one_peer_never_leaves_in_parts_another_peer_made_first(tmp_path):
+    """Envelopes are assembled from per-chunk parts kept across answers (issue 44 item 4;
+    specs/corpus.md "Envelopes from parts"). On a real host over the memory pipe, alice —
+    not scrubbed — asks first, three times, so the parts of the stored text are made, cut
+    and given their stems (every kind of kept part); then bob, whose lens scrubs email,
+    asks the same question three times. No byte the host sends bob holds the address or a
+    piece of it — not in a preview, an excerpt, a synthesis sentence, a heading path or a
+    dedupe key (his is of the scrubbed text) — while alice, asking again, still gets it."""
+    import os
+
+    import anyio
+
+    from node.trust.identity import Identity
+    from node.trust.peers import PeerRegistry
+    from support.homes import public_host_home
+    from support.memory import MemoryHost, connect_guest
+
+    home = public_host_home(tmp_path, {"billing.md": (
+        "# Walrus billing\n\n## Invoices for " + EMAIL + "\n\nThe walrus invoice goes to " + EMAIL
+        + " every month. Each walrus invoice lists the fee, and " + EMAIL + " answers questions "
+        "about the walrus invoice.\n")}, kb="docs")
+    policy = Policy.load(home)
+    policy.set_scrub("bob", ["email"])
+    policy.save()
+    alice, bob = Identity(os.urandom(32)), Identity(os.urandom(32))
+    registry = PeerRegistry.load(home)
+    registry.add("alice", alice.public_key)
+    registry.add("bob", bob.public_key)
+    query = "walrus invoice"
+
+    async def scenario():
+        host = MemoryHost(home)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.host.run)
+            await host.ready.wait()
+            first = await connect_guest(tg, host, alice)
+            for n in range(1, 4):
+                first.ask(query)
+                await first.answered(n)
+            second = await connect_guest(tg, host, bob)
+            for n in range(1, 4):
+                second.ask(query)
+                await second.answered(n)
+            first.ask(query)
+            await first.answered(4)
+            first.ask(None)
+            second.ask(None)
+            host.stop.set()
+        return first, second
+
+    first, second = anyio.run(scenario, backend="asyncio")
+    for answer in first.results + second.results:
+        assert answer["status"] == "ok" and answer["envelope"]["results"], answer
+    assert EMAIL.encode() in bytes(first.wire)  # alice is served the stored text's parts
+    assert all(EMAIL in a["envelope"]["results"][0]["textPreview"] for a in first.results)
+    wire = bytes(second.wire)
+    assert b"[email]" in wire
+    for piece in (EMAIL, "otterby", "walter.", "example.org"):
+        assert piece.encode() not in wire, piece
+    for answer in second.results:
+        top = answer["envelope"]["results"][0]
+        assert "[email]" in top["textPreview"]
+        assert top["provenance"]["location"]["headingPath"][-1] == "Invoices for [email]"
+        assert answer["envelope"]["answerSynthesis"]["sentences"]
+    keys = {a["envelope"]["results"][0]["provenance"]["dedupeKey"] for a in first.results}
+    scrubbed_keys = {a["envelope"]["results"][0]["provenance"]["dedupeKey"] for a in second.results}
+    assert len(keys) == len(scrubbed_keys) == 1 and keys != scrubbed_keys

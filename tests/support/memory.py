@@ -71,9 +71,27 @@ class MemoryHost:
         await until(cond, timeout, clock=self.clock, tick_s=tick_s)
 
 
+class WireTap:
+    """A stream end that keeps every byte it receives in :attr:`wire` (what the other end
+    sent, exactly as it crossed the pipe); everything else is the wrapped stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.wire = bytearray()
+
+    async def receive(self, max_bytes: int | None = None) -> bytes:
+        data = await self._stream.receive(max_bytes)
+        self.wire += data
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 class MemoryGuest:
     """A knowledge-query guest on the real engine and hooks that asks what it is given
-    (:meth:`ask`) and stays connected, quiet, in between."""
+    (:meth:`ask`) and stays connected, quiet, in between. :attr:`wire` holds every byte
+    the host sent it (:class:`WireTap`)."""
 
     def __init__(self, host: MemoryHost, ident: Identity | None = None, chain: list | None = None,
                  revocation: dict | None = None, profile: dict | None = None) -> None:
@@ -86,6 +104,7 @@ class MemoryGuest:
         self.results: list[dict[str, Any]] = []
         self.outcome: Any = None
         self.ready = anyio.Event()
+        self.wire = bytearray()
 
     def ask(self, text: str | None) -> None:
         """Queue a question (None: end the session)."""
@@ -93,7 +112,8 @@ class MemoryGuest:
 
     async def run(self) -> None:
         inv = self.host.invitation
-        stream = await self.host.listener.connect(self.ident.public_key)
+        stream = WireTap(await self.host.listener.connect(self.ident.public_key))
+        self.wire = stream.wire
         engine = SessionEngine("guest", self.host.spec, public_key=self.ident.public_key, sign=self.ident.sign,
                                guest=GuestConfig(remote_id=inv["host_public_key"], post_id=inv["post_id"],
                                                  host_public_key=inv["host_public_key"], binding_chain=self.chain,
