@@ -365,3 +365,55 @@ def test_the_hosts_sealed_line_shows_an_iroh_holder_cut(capsys: pytest.CaptureFi
     assert f"sealed questions at iroh:endpoint{'a' * 16}…: answered 2" in said and url not in said, said
     HostEventPrinter(json_out=True, server=None)(SealedTaken(holder=url, answered=2, dropped={}).to_dict())
     assert json.loads(capsys.readouterr().out)["holder"] == url
+
+
+def test_the_hosts_warning_for_an_unreachable_iroh_holder_shows_the_ticket_cut(tmp_path: Path) -> None:
+    """The host's take loop says once that a holder over iroh cannot be read, naming it as
+    text output does (node.common.names.holder_text): `iroh:` and the ticket's first 24
+    characters, never the whole ticket."""
+    import anyio
+
+    from node.host.sealed_host import take_sealed_questions
+    from node.runtime.clock import ManualClock
+    from node.trust.identity import init_identity
+    from node.trust.sealed_seen import DurableSeen
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    identity = init_identity(home)[0]
+    said: list[str] = []
+
+    class RunningHost:  # the parts of node.host.host.Host the take loop reads
+        def __init__(self, url: str, listener) -> None:
+            self.home, self.identity, self.clock, self.listener = home, identity, ManualClock(), listener
+            self.door = self.knowledge = self.audit = None
+            self.held_mail = self.held_url = None
+            self.url = url
+
+        def mail_urls(self) -> list[str]:
+            return [self.url]
+
+        def sealed_seen(self) -> DurableSeen:
+            return DurableSeen(home)
+
+        def warn(self, line: str) -> None:
+            said.append(line)
+
+        def emit(self, ev: dict) -> None:
+            raise AssertionError(f"nothing is taken from a holder that is gone: {ev}")
+
+    async def scenario() -> str:
+        async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as gone:
+            url = "iroh:" + gone.ticket()
+        async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as node:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(take_sealed_questions, RunningHost(url, node))
+                with anyio.fail_after(60):
+                    while not said:
+                        await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()
+        return url
+
+    url = asyncio.run(scenario())
+    assert len(said) == 1 and f"the mailbox at {holder_text(url)} could not be read (server-unreachable)" in said[0], said
+    assert url not in said[0], said

@@ -29,6 +29,7 @@ import anyio
 import httpx
 import msgspec
 
+from node.common.names import holder_text
 from node.community.requests import signed_headers
 from node.common.errors import CODES, CommunityError, InvitationError, KithError, UsageError, error_for
 from node.trust.identity import Identity
@@ -43,7 +44,12 @@ _MAX_MESSAGE_CHARS = 300
 
 
 def _display_url(base_url: str) -> str:
-    """The base URL without any ``user:password@`` part (safe to print)."""
+    """How a server or holder URL is shown in text output and messages: an ``http(s)://``
+    base URL without any ``user:password@`` part (safe to print); an ``iroh:<ticket>`` holder
+    cut by :func:`node.common.names.holder_text` (never the whole ticket). JSON output keeps
+    the whole value."""
+    if base_url.startswith("iroh:"):
+        return holder_text(base_url)
     parts = urlsplit(base_url)
     netloc = parts.hostname or ""
     if ":" in netloc:
