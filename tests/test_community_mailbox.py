@@ -107,22 +107,22 @@ def test_a_question_and_its_answer_through_the_mailbox_on_each_store(served) -> 
             assert (await a.put_sealed(rec))["stored"] is True
             assert (await a.put_sealed(rec))["stored"] is False  # given twice: stored once
             assert store.mailbox_usage()["records"] == 1
-            assert await s.take_sealed() == ([], False)
+            assert await s.take_sealed_page() == ([], False, None)
             for client, me in ((h1, laptop), (h2, desktop)):
-                records, more = await client.take_sealed()
+                records, more, _next = await client.take_sealed_page()
                 assert [r["id"] for r in records] == [rec["id"]] and not more
                 assert records[0] == rec  # handed out exactly as put
                 opened = open_sealed(records[0], me.secret, now=time.time())
                 assert opened.body["request"]["query"] == QUESTION
             assert await s.ack_sealed([(rec["sender"], rec["id"])]) == 0  # not its record: nothing happens
             assert await h2.ack_sealed([(rec["sender"], rec["id"])]) == 1  # one device acks for both
-            assert await h1.take_sealed() == ([], False)
+            assert await h1.take_sealed_page() == ([], False, None)
             assert await h1.ack_sealed([(rec["sender"], rec["id"])]) == 0  # acked again: harmless
             answer = seal(laptop.secret, chain_of(laptop), kind="answer", question_id=opened.question_id,
                           body={"results": {"action": "results", "status": "ok", "text": ANSWER_TEXT}},
                           recipients=opened.body["reply_to"]["keys"], now=time.time(), expires=time.time() + 600)
             assert (await h1.put_sealed(answer))["stored"] is True
-            records, _ = await a.take_sealed()
+            records, _more, _next = await a.take_sealed_page()
             got = open_sealed(records[0], asker.secret, now=time.time())
             assert got.kind == "answer" and got.question_id == QID and got.body["results"]["text"] == ANSWER_TEXT
             assert await a.ack_sealed([(records[0]["sender"], records[0]["id"])]) == 1

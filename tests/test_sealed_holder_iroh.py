@@ -163,14 +163,14 @@ def test_junk_on_the_mailbox_alpn_gets_a_typed_refusal_and_a_closed_connection(t
             assert "mail-frame-invalid" in reason, reason
         assert _held_ids(laptop) == []
 
-        async def still_serves() -> tuple[list, bool]:  # the holder serves on: a signed take is answered
+        async def still_serves() -> tuple[list, bool, str | None]:  # the holder serves on: a signed take is answered
             async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as node:
                 async def endpoint():
                     return node
                 async with mail_client(url, Identity(os.urandom(32)), endpoint=endpoint) as client:
-                    return await client.take_sealed(5)
+                    return await client.take_sealed_page(5)
 
-        assert asyncio.run(still_serves()) == ([], False)
+        assert asyncio.run(still_serves()) == ([], False, None)
     finally:
         code, _out, err = holder.stop()
     assert code == 0, err
@@ -236,7 +236,7 @@ def test_a_peer_holding_every_mailbox_slot_idle_does_not_lock_the_person_out(tmp
                 async def endpoint():
                     return node
                 async with mail_client(url, Identity(os.urandom(32)), endpoint=endpoint) as client:
-                    taken = await client.take_sealed(5)
+                    taken = await client.take_sealed_page(5)
             oldest_conn, oldest = held[0]
             with pytest.raises(Exception):  # iroh's own error type on a closed connection
                 await oldest.receive()
@@ -245,7 +245,7 @@ def test_a_peer_holding_every_mailbox_slot_idle_does_not_lock_the_person_out(tmp
 
     try:
         taken, reason = asyncio.run(scenario())
-        assert taken == ([], False)
+        assert taken == ([], False, None)
         assert "mail-busy" in reason, reason
     finally:
         code, _out, err = holder.stop()
@@ -295,7 +295,7 @@ def test_a_holder_over_iroh_that_cannot_be_reached_is_named_a_device_holding_mai
                 return node
             async with mail_client(url, Identity(os.urandom(32)), endpoint=endpoint) as client:
                 with pytest.raises(CommunityError) as refused:
-                    await client.take_sealed(5)
+                    await client.take_sealed_page(5)
         return refused.value
 
     refused = asyncio.run(scenario())

@@ -499,29 +499,17 @@ class CommunityClient:
                                  "mailbox put with another record", status=status)
         return data
 
-    async def take_sealed(self, limit: int = 20) -> tuple[list[dict[str, Any]], bool]:
+    async def take_sealed_page(self, limit: int = 20, after: str | None = None
+                               ) -> tuple[list[dict[str, Any]], bool, str | None]:
         """``POST /api/v1/mailbox/take``: the sealed records waiting for this identity's key,
-        oldest first. They stay at the server until :meth:`ack_sealed`; each is unchecked
-        here — the caller opens it with :func:`node.trust.sealed.open_sealed`.
+        oldest first, after the page whose ``next`` is ``after`` (None: from the oldest), so a
+        caller pages past records it leaves there (specs/community-api.md, "Mailbox"). They
+        stay at the server until :meth:`ack_sealed`; each is unchecked here — the caller
+        opens it with :func:`node.trust.sealed.open_sealed`.
 
         Args:
             limit: most records (1-100).
-
-        Returns:
-            ``(records, more)``: ``more`` when others wait for a next take.
-
-        Raises:
-            CommunityError: ``mailbox-off``, ``rate-limited``, ``request-*``,
-                ``server-unreachable``, ``server-error``.
-        """
-        records, more, _ = await self.take_sealed_page(limit)
-        return records, more
-
-    async def take_sealed_page(self, limit: int = 20, after: str | None = None
-                               ) -> tuple[list[dict[str, Any]], bool, str | None]:
-        """:meth:`take_sealed` from a cursor: the records after the page whose ``next`` is
-        ``after`` (None: from the oldest), so a caller pages past records it leaves there
-        (specs/community-api.md, "Mailbox").
+            after: the ``next`` of the page before, or None.
 
         Returns:
             ``(records, more, next)``: ``next`` is the opaque cursor to pass as ``after`` for
@@ -529,7 +517,8 @@ class CommunityClient:
             older holder, which takes no cursor).
 
         Raises:
-            CommunityError: as :meth:`take_sealed`; ``request-invalid`` for a cursor the
+            CommunityError: ``mailbox-off``, ``rate-limited``, ``request-*``,
+                ``server-unreachable``, ``server-error``; ``request-invalid`` for a cursor the
                 holder did not give.
         """
         body = json.dumps({"limit": limit} if after is None else {"limit": limit, "after": after}).encode()
