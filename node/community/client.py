@@ -518,8 +518,8 @@ class CommunityClient:
 
         Raises:
             CommunityError: ``mailbox-off``, ``rate-limited``, ``request-*``,
-                ``server-unreachable``, ``server-error``; ``request-invalid`` for a cursor the
-                holder did not give.
+                ``server-unreachable``, ``server-error``; ``take-cursor-invalid`` for a cursor
+                the holder did not give.
         """
         body = json.dumps({"limit": limit} if after is None else {"limit": limit, "after": after}).encode()
         status, data = await self._request("POST", "/mailbox/take", body=body, signed=True)
