@@ -37,7 +37,9 @@ TAKE_EVERY_S = 5.0
 async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> None:
     """Take and answer this host's sealed questions until cancelled, from every holder of
     ``host.mail_urls()`` in turn (one that cannot be read is said once and tried again; the
-    others are still taken from).
+    others are still taken from). Each holder's take cursor is kept from step to step for the
+    run (:attr:`node.community.inbox.InboxReport.next`): the answers waiting there for the
+    asking part of this device are read once, not again every round.
 
     Args:
         host: the running :class:`node.host.host.Host` (its ``home``, ``identity``,
@@ -62,13 +64,16 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
 
     seen = host.sealed_seen()  # durable: a question is answered once across restarts (specs/sealed.md §5)
     said: set[str] = set()
+    cursors: dict[str, str | None] = {}  # holder → take cursor: records passed over are not read again this run
     while True:
         for url in host.mail_urls():
             try:
                 chain = own_chain(host.home, host.identity.public_key)
                 async with client_of(url) as client:
                     while True:
-                        report = await take_step(client, host.identity, chain, on_question=on_question, seen=seen)
+                        report = await take_step(client, host.identity, chain, on_question=on_question, seen=seen,
+                                                 after=cursors.get(url))
+                        cursors[url] = report.next
                         if report.answered or report.refused:
                             from node.common.host_events import SealedTaken
 
