@@ -142,7 +142,7 @@ def test_a_question_handed_out_twice_is_answered_once(tmp_path: Path) -> None:
                 report = await take_step(h, host, None, on_question=answer, seen=seen)
             assert report.refused == {"sealed-replayed": 1} and report.acked == 1
             assert answered == [QID]
-            records, _ = await a.take_sealed()
+            records, _more, _next = await a.take_sealed_page()
             assert len(records) == 1
 
     with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
@@ -187,7 +187,7 @@ def test_the_host_never_dials_a_holder_the_asker_names(tmp_path: Path) -> None:
                                  recipients=[host.public_key], holders=[elsewhere], expires=time.time() + 3600)
             report = await take_step(h, host, None, on_question=fixed_answer("here"))
             assert report.answered == [QID]
-            records, _ = await a.take_sealed()
+            records, _more, _next = await a.take_sealed_page()
             assert len(records) == 1
 
     try:

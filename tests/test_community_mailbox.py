@@ -21,7 +21,7 @@ from node.community.ratelimit import RateLimit, RateLimits
 from node.community.requests import signed_headers
 from node.community.server import run_server_in_thread
 from node.community.store import MailboxLimits, open_store
-from node.common.errors import KithError
+from node.common.errors import CommunityError, KithError
 from node.trust.binding import device_link
 from node.trust.identity import Identity
 from node.trust.sealed import open_sealed, seal
@@ -107,22 +107,22 @@ def test_a_question_and_its_answer_through_the_mailbox_on_each_store(served) -> 
             assert (await a.put_sealed(rec))["stored"] is True
             assert (await a.put_sealed(rec))["stored"] is False  # given twice: stored once
             assert store.mailbox_usage()["records"] == 1
-            assert await s.take_sealed() == ([], False)
+            assert await s.take_sealed_page() == ([], False, None)
             for client, me in ((h1, laptop), (h2, desktop)):
-                records, more = await client.take_sealed()
+                records, more, _next = await client.take_sealed_page()
                 assert [r["id"] for r in records] == [rec["id"]] and not more
                 assert records[0] == rec  # handed out exactly as put
                 opened = open_sealed(records[0], me.secret, now=time.time())
                 assert opened.body["request"]["query"] == QUESTION
             assert await s.ack_sealed([(rec["sender"], rec["id"])]) == 0  # not its record: nothing happens
             assert await h2.ack_sealed([(rec["sender"], rec["id"])]) == 1  # one device acks for both
-            assert await h1.take_sealed() == ([], False)
+            assert await h1.take_sealed_page() == ([], False, None)
             assert await h1.ack_sealed([(rec["sender"], rec["id"])]) == 0  # acked again: harmless
             answer = seal(laptop.secret, chain_of(laptop), kind="answer", question_id=opened.question_id,
                           body={"results": {"action": "results", "status": "ok", "text": ANSWER_TEXT}},
                           recipients=opened.body["reply_to"]["keys"], now=time.time(), expires=time.time() + 600)
             assert (await h1.put_sealed(answer))["stored"] is True
-            records, _ = await a.take_sealed()
+            records, _more, _next = await a.take_sealed_page()
             got = open_sealed(records[0], asker.secret, now=time.time())
             assert got.kind == "answer" and got.question_id == QID and got.body["results"]["text"] == ANSWER_TEXT
             assert await a.ack_sealed([(records[0]["sender"], records[0]["id"])]) == 1
@@ -250,7 +250,8 @@ def test_a_take_pages_on_from_its_cursor_on_each_store(served) -> None:
     """The take's cursor (specs/community-api.md "Mailbox"): a recipient that leaves records
     at the holder pages past them with ``after`` = the last take's ``next``, over the same
     records in the same order, none skipped or given twice; a cursor a take did not give is
-    ``400 request-invalid``; a take without one starts from the oldest, as before."""
+    ``400 take-cursor-invalid`` (a bad limit stays ``request-invalid``) and the client raises
+    that code; a take without one starts from the oldest, as before."""
     url, store = served
     host = new_identity()
     with httpx.Client(base_url=url, timeout=20) as http:
@@ -277,8 +278,19 @@ def test_a_take_pages_on_from_its_cursor_on_each_store(served) -> None:
         for bad in ("", "x", 5, ["a"], first + "0", first.upper(), f"inf.{sender_key}.{record_id}",
                     f"{stored}.{sender_key[:-1]}.{record_id}", f"1.5.{sender_key}.{record_id}", "0x1.0p+0." * 30):
             response = take(http, host, after=bad)
-            assert response.status_code == 400 and error_of(response) == "request-invalid", bad
+            assert response.status_code == 400 and error_of(response) == "take-cursor-invalid", bad
+        response = take(http, host, limit=0, after=first)
+        assert response.status_code == 400 and error_of(response) == "request-invalid"
         assert store.mailbox_usage()["records"] == 4  # a take, with or without a cursor, removes nothing
+
+    async def client_take(after: str) -> CommunityError:
+        async with CommunityClient(url, host) as client:
+            with pytest.raises(CommunityError) as refused:
+                await client.take_sealed_page(3, after)
+        return refused.value
+
+    refused = asyncio.run(client_take(first + "0"))  # what a caller of the client sees
+    assert refused.code == "take-cursor-invalid" and refused.status == 400, refused
 
 
 def test_the_key_rate_limit_applies_to_the_mailbox(tmp_path: Path) -> None:

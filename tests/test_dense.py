@@ -711,17 +711,41 @@ def test_full_model_batches_match_one_text_at_a_time() -> None:
         assert np.allclose(batched[i], alone, atol=1e-5)
 
 
-def test_full_model_tier_is_fused_by_normalised_weighted_sum(kb, monkeypatch) -> None:
-    """The minilm tier's dense pass is fused by the weighted sum of per-query
-    max-normalised scores with its own weight (retrieval.FUSION); the envelope says so
-    and validates."""
-    home, _root = kb
+def _read_with_minilm(home: Path, monkeypatch) -> None:
+    """Embed ``home``'s corpus with the full model's tier and switch it on, the fake
+    :data:`MINILM` standing in for the model and its extra (so no download runs here)."""
     with Corpus(home) as c:
         dense.embed_missing(c, MINILM)
         c.record.set_meta(dense.META_TIER, "minilm")
         c.record.set_meta(dense.META_ENABLED, "1")
     monkeypatch.setattr(dense, "corpus_embedder", lambda _c: MINILM)
     monkeypatch.setattr(dense, "missing_modules", lambda: ())  # the fake model stands in for the extra
+
+
+def _minilm_kb(tmp_path: Path, monkeypatch, docs: dict[str, str]) -> Path:
+    """A home whose root ``kb`` holds ``docs`` (file name → text) and three notes about the
+    staging server (so no word is rare by accident), synced and read with the full model's
+    tier (:func:`_read_with_minilm`). Returns the home."""
+    root = tmp_path / "kb"
+    root.mkdir()
+    for name, text in docs.items():
+        (root / name).write_text(text)
+    for i in range(3):
+        (root / f"n{i}.md").write_text(f"# Note {i}\n\nThe staging server restarts.\n")
+    home = tmp_path / "home"
+    with Corpus(home) as c:
+        c.add_root(root)
+        c.sync()
+    _read_with_minilm(home, monkeypatch)
+    return home
+
+
+def test_full_model_tier_is_fused_by_normalised_weighted_sum(kb, monkeypatch) -> None:
+    """The minilm tier's dense pass is fused by the weighted sum of per-query
+    max-normalised scores with its own weight (retrieval.FUSION); the envelope says so
+    and validates."""
+    home, _root = kb
+    _read_with_minilm(home, monkeypatch)
     with Corpus(home, readonly=True) as c:
         hits, ctl = c.search_hits("car oil", limit=3)
         assert hits[0].source_id == "/kb/car.md" and hits[0].score_components["dense"] > 0
@@ -736,34 +760,34 @@ def test_full_model_tier_is_fused_by_normalised_weighted_sum(kb, monkeypatch) ->
     assert env["retrievalController"]["fusion"]["weights"]["dense"] == retrieval.DENSE_WEIGHTS["minilm"]
 
 
-def test_a_rare_exact_term_beats_a_dense_near_miss(tmp_path: Path, monkeypatch) -> None:
-    """Lexical corroboration (issue 40): with the full model's tier, a page only the
-    dense pass finds (all about cats) never outranks the one page that holds the
-    question's rare word (``zorblax``), however close the meaning; without the guard
-    the dense page would come first."""
-    root = tmp_path / "kb"
-    root.mkdir()
-    (root / "cats.md").write_text("# Cat\n\nA cat. A kitten. A cat and a kitten.\n")
-    (root / "ops.md").write_text("# Operations\n\nThe zorblax daemon restarts the staging "
-                                 "server every night and mails a report to the team.\n")
-    for i in range(3):
-        (root / f"n{i}.md").write_text(f"# Note {i}\n\nThe staging server restarts.\n")
-    home = tmp_path / "home"
-    with Corpus(home) as c:
-        c.add_root(root)
-        c.sync()
-        dense.embed_missing(c, MINILM)
-        c.record.set_meta(dense.META_TIER, "minilm")
-        c.record.set_meta(dense.META_ENABLED, "1")
-    monkeypatch.setattr(dense, "corpus_embedder", lambda _c: MINILM)
-    monkeypatch.setattr(dense, "missing_modules", lambda: ())
+@pytest.mark.parametrize("word,read_whole,guarded,switch,unguarded", [
+    # issue 40: a page only the dense pass finds (all about cats) never outranks the one
+    # page holding the question's rare word, however close the meaning; without the
+    # guard the dense page comes first
+    ("zorblax", False, ["/kb/ops.md", "/kb/cats.md"], "RARE_TERM_GUARD", "/kb/cats.md"),
+    # the guard covers only words the model cannot read whole: `pretend` is one WordPiece
+    # token, so a page that merely holds it does not cap the page found by meaning (the
+    # guard on every rare word put it first)
+    ("pretend", True, ["/kb/cats.md"], "RARE_UNREAD_ONLY", "/kb/ops.md"),
+])
+def test_the_rare_term_guard_holds_only_for_words_the_model_cannot_read(
+        tmp_path: Path, monkeypatch, word: str, read_whole: bool, guarded: list[str], switch: str,
+        unguarded: str) -> None:
+    """Lexical corroboration with the full model's tier (issue 40): a page about cats
+    (found by meaning only) against the one page holding the question's rare ``word``.
+    ``guarded``: the first results as shipped; with ``switch`` turned off,
+    ``unguarded`` comes first (what the rule changes)."""
+    assert (word in dense.model_words()) is read_whole
+    home = _minilm_kb(tmp_path, monkeypatch, {
+        "cats.md": "# Cat\n\nA cat. A kitten. A cat and a kitten.\n",
+        "ops.md": f"# Operations\n\nThe {word} daemon restarts the staging "
+                  "server every night and mails a report to the team.\n"})
     with Corpus(home, readonly=True) as c:
-        hits, _ = c.search_hits("feline zorblax", limit=3)
-        assert hits[0].source_id == "/kb/ops.md", [h.source_id for h in hits]
-        assert [h.source_id for h in hits][:2] == ["/kb/ops.md", "/kb/cats.md"]
-        monkeypatch.setattr(retrieval, "RARE_TERM_GUARD", False)
-        hits, _ = c.search_hits("feline zorblax", limit=3)
-        assert hits[0].source_id == "/kb/cats.md"  # what the guard prevents
+        hits, _ = c.search_hits(f"feline {word}", limit=3)
+        assert [h.source_id for h in hits][:len(guarded)] == guarded, [h.source_id for h in hits]
+        monkeypatch.setattr(retrieval, switch, False)
+        hits, _ = c.search_hits(f"feline {word}", limit=3)
+        assert hits[0].source_id == unguarded  # what the rule prevents
 
 
 def test_a_page_the_model_finds_in_several_sections_beats_one_mention(tmp_path: Path,
@@ -775,26 +799,13 @@ def test_a_page_the_model_finds_in_several_sections_beats_one_mention(tmp_path: 
     power 3 the note came first). The rare-term guard still has the last word: for a
     word the model cannot read whole (``upkeep``) the note stays first, support or not."""
     assert "care" in dense.model_words() and "upkeep" not in dense.model_words()
-    root = tmp_path / "kb"
-    root.mkdir()
 
     def section(title: str) -> str:
         return f"## {title}\n\n" + "A kitten needs servicing. " * 60 + "\n\n"
 
-    (root / "kittens.md").write_text("# Kittens\n\n" + section("Brushing") + section("Claws")
-                                     + section("Teeth"))
-    (root / "notes.md").write_text("# Notes\n\nThe upkeep of a cat needs care.\n")
-    for i in range(3):
-        (root / f"n{i}.md").write_text(f"# Note {i}\n\nThe staging server restarts.\n")
-    home = tmp_path / "home"
-    with Corpus(home) as c:
-        c.add_root(root)
-        c.sync()
-        dense.embed_missing(c, MINILM)
-        c.record.set_meta(dense.META_TIER, "minilm")
-        c.record.set_meta(dense.META_ENABLED, "1")
-    monkeypatch.setattr(dense, "corpus_embedder", lambda _c: MINILM)
-    monkeypatch.setattr(dense, "missing_modules", lambda: ())
+    home = _minilm_kb(tmp_path, monkeypatch, {
+        "kittens.md": "# Kittens\n\n" + section("Brushing") + section("Claws") + section("Teeth"),
+        "notes.md": "# Notes\n\nThe upkeep of a cat needs care.\n"})
     with Corpus(home, readonly=True) as c:
         assert c.record.db.execute("SELECT COUNT(*) FROM chunks c JOIN documents d ON "
                                    "d.doc_id = c.doc_id WHERE d.rel_path = 'kittens.md'"
@@ -806,33 +817,3 @@ def test_a_page_the_model_finds_in_several_sections_beats_one_mention(tmp_path: 
         monkeypatch.setitem(retrieval.DENSE_SUPPORT_POWER, "minilm", retrieval.SUPPORT_POWER)
         hits, _ = c.search_hits("feline care", limit=3)
         assert hits[0].source_id == "/kb/notes.md"  # what the support power changes
-
-
-def test_a_rare_everyday_word_does_not_bury_the_meaning_match(tmp_path: Path, monkeypatch) -> None:
-    """The guard covers only words the model cannot read whole (issue 40): ``pretend`` is
-    one WordPiece token, so a page that merely holds it does not cap the page the dense
-    pass finds by meaning (the guard on every rare word put it first); ``zorblax`` (the
-    test above) is fragments to the model and stays guarded."""
-    assert "pretend" in dense.model_words() and "zorblax" not in dense.model_words()
-    root = tmp_path / "kb"
-    root.mkdir()
-    (root / "cats.md").write_text("# Cat\n\nA cat. A kitten. A cat and a kitten.\n")
-    (root / "ops.md").write_text("# Operations\n\nThe pretend daemon restarts the staging "
-                                 "server every night and mails a report to the team.\n")
-    for i in range(3):
-        (root / f"n{i}.md").write_text(f"# Note {i}\n\nThe staging server restarts.\n")
-    home = tmp_path / "home"
-    with Corpus(home) as c:
-        c.add_root(root)
-        c.sync()
-        dense.embed_missing(c, MINILM)
-        c.record.set_meta(dense.META_TIER, "minilm")
-        c.record.set_meta(dense.META_ENABLED, "1")
-    monkeypatch.setattr(dense, "corpus_embedder", lambda _c: MINILM)
-    monkeypatch.setattr(dense, "missing_modules", lambda: ())
-    with Corpus(home, readonly=True) as c:
-        hits, _ = c.search_hits("feline pretend", limit=3)
-        assert hits[0].source_id == "/kb/cats.md", [h.source_id for h in hits]
-        monkeypatch.setattr(retrieval, "RARE_UNREAD_ONLY", False)  # every rare word guarded
-        hits, _ = c.search_hits("feline pretend", limit=3)
-        assert hits[0].source_id == "/kb/ops.md"

@@ -430,7 +430,7 @@ def test_auto_runs_passes_side_by_side_only_for_a_lone_search_with_a_core_idle(
         with retrieval._counted(), retrieval._counted():  # another one runs beside it
             assert retrieval._run_beside() is False
         assert json.dumps(answer_local(corpus, {"query": query, "topK": 10})) == json.dumps(alone)
-    assert retrieval._in_flight == [0]
+    assert retrieval._load.in_flight == 0
 
 
 @pytest.mark.parametrize("query", ["walrus swims", "staging server nightly"])

@@ -141,6 +141,79 @@ def test_the_host_part_pages_past_the_answers_it_leaves_for_the_asker_part(tmp_p
         store.close()
 
 
+def test_the_hosts_loop_keeps_its_cursor_and_reads_the_asker_parts_answers_once(tmp_path: Path) -> None:
+    """specs/sealed.md §11: a `kith host --mailbox` whose holder keeps 25 answers for this
+    device's asker part (more than a take's 20) passes over them once; a question left
+    after that is taken by a later round of its loop from the cursor it kept — the server
+    hands out each of the 25 once in the whole run (it handed all 25 out again every 5 s)."""
+    from node.trust.identity import load_identity
+
+    from support.community import mailbox_server, record_ids
+    from support.hosts import HostProcess, notes_host
+    from support.waits import answered_and_acked, wait_for
+
+    host_home = notes_host(tmp_path)
+    dev, ada, bea = load_identity(host_home), new_identity(), new_identity()
+    with mailbox_server(tmp_path / "server" / "c.sqlite3") as (store, url):
+        given: list[str] = []  # every record id the server handed out to the host's takes
+        take = store.take_sealed
+
+        def counted_take(recipient: str, **kw):
+            rows, more = take(recipient, **kw)
+            if recipient == dev.public_key:
+                given.extend(r["id"] for r in rows)
+            return rows, more
+
+        store.take_sealed = counted_take  # the server's own store, counting what it hands out
+
+        async def leave_answers() -> list[str]:
+            async with CommunityClient(url, ada) as a:
+                return [(await a.put_sealed(seal(ada.secret, None, kind="answer", question_id=f"{i + 1:032x}",
+                                                 body={"results": results(f"{i + 1:032x}")},
+                                                 recipients=[dev.public_key], now=time.time(),
+                                                 expires=time.time() + 600)))["id"] for i in range(25)]
+
+        async def leave_one_question() -> None:
+            async with CommunityClient(url, bea) as b:
+                await leave_question(b, bea, None, question_id="b" * 32, request={"query": "staging server"},
+                                     peer=dev.public_key, recipients=[dev.public_key], expires=time.time() + 3600)
+
+        answers = asyncio.run(leave_answers())
+        host = HostProcess(host_home, "--server", url, "--mailbox")
+        try:
+            wait_for("the host's first round over the 25 answers", lambda: set(answers) <= set(given), timeout_s=60)
+            asyncio.run(leave_one_question())
+            question_ids = [r for r in record_ids(store) if r not in answers]
+            wait_for("the question answered and acked", answered_and_acked(lambda: record_ids(store), question_ids),
+                     timeout_s=60, every_s=0.05)
+        finally:
+            code, _out, err = host.stop()
+        assert code == 0, err
+        assert set(answers) <= set(record_ids(store))  # still there for the asker part
+    assert len(question_ids) == 1 and question_ids[0] in given
+    assert sorted(given.count(a) for a in answers) == [1] * 25, given  # passed over once, never again
+
+
+def test_a_step_from_a_cursor_the_holder_refuses_takes_from_the_oldest(tmp_path: Path) -> None:
+    """A kept cursor the holder refuses (``take-cursor-invalid``: another holder, its file
+    replaced) is dropped: the step takes from the oldest and answers what waits; its report's
+    ``next`` is the new holder's cursor, and a step from it reads nothing again."""
+    dev, bea = new_identity(), new_identity()
+
+    async def scenario(url: str) -> None:
+        async with CommunityClient(url, bea) as b:
+            await leave_question(b, bea, None, question_id="b" * 32, request={"query": "where is the key"},
+                                 peer=dev.public_key, recipients=[dev.public_key], expires=time.time() + 3600)
+        async with CommunityClient(url, dev) as d:
+            got = await take_step(d, dev, None, on_question=lambda op: results(op.question_id), after="not-a-cursor")
+            assert got.answered == ["b" * 32] and got.acked == 1 and got.next not in (None, "not-a-cursor")
+            again = await take_step(d, dev, None, on_question=lambda op: results(op.question_id), after=got.next)
+            assert again.answered == [] and again.kept == [] and again.next == got.next  # an empty page keeps it
+
+    with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+        asyncio.run(scenario(url))
+
+
 @pytest.mark.parametrize("first", ["asker", "host"])
 def test_a_device_both_asker_and_host_leaves_each_kind_to_its_own_part(tmp_path: Path, first: str) -> None:
     """specs/sealed.md §3/§5b: the holder cannot tell a question from an answer, so a device

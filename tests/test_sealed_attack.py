@@ -207,7 +207,7 @@ def test_another_senders_record_under_the_answers_id_neither_swallows_nor_delays
                     first = await take_step(h, host, None, on_question=on_q, seen=SeenRecords())
             async with CommunityClient(url, asker) as c:
                 took = await take_step(c, asker, None, on_answer=lambda op: got.append(op.sender) is None)
-                left, _ = await c.take_sealed()
+                left, _more, _next = await c.take_sealed_page()
             return first, took, left
 
     first, took, left = asyncio.run(run())
@@ -261,7 +261,7 @@ def test_an_answer_is_sealed_only_to_keys_tied_to_the_asker(tmp_path: Path, host
             left = {}
             for who in (ada, phone, mallory, strangers_device):
                 async with CommunityClient(url, who) as c:
-                    left[who.public_key] = (await c.take_sealed())[0]
+                    left[who.public_key] = (await c.take_sealed_page())[0]
             return report, left
 
     report, left = asyncio.run(run())

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sqlite3
 import time
 from pathlib import Path
 
@@ -28,32 +27,14 @@ import pytest
 
 from node.common.errors import CommunityError
 from node.community.client import CommunityClient
-from node.community.server import run_server_in_thread
-from node.community.store import open_store
-from node.host.sealed_host import HELD_MAIL_FILE, hold_mail, person_devices
+from node.host.sealed_host import HELD_MAIL_FILE, hold_mail
 from node.trust.identity import Identity
 from node.trust.sealed import seal
 
-from support.cli import ask_later, kith, outbox_run_until
-from support.community import NO_LIMITS, free_port
-from support.waits import answered_and_acked, wait_for
-from support.devices import pair_device
+from support.cli import kith
+from support.community import free_port
+from support.held_mail import held_ids, never_up_together_through_a_holder
 from support.hosts import HostProcess, notes_host
-
-QUESTION = "when does the staging server restart"
-
-
-def _held_ids(home: Path) -> list[str]:
-    path = home / HELD_MAIL_FILE
-    if not path.exists():
-        return []
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-    try:
-        return [r[0] for r in conn.execute("SELECT record_id FROM mailbox").fetchall()]
-    except sqlite3.OperationalError:
-        return []
-    finally:
-        conn.close()
 
 
 def _holding_mail(home: Path, *args: str) -> tuple[HostProcess, str]:
@@ -72,64 +53,9 @@ def _holding_mail(home: Path, *args: str) -> tuple[HostProcess, str]:
 
 
 def test_two_homes_never_up_together_through_a_device_of_the_hosts_person(tmp_path: Path) -> None:
-    (tmp_path / "l").mkdir()
-    laptop = notes_host(tmp_path / "l")
-    person = json.loads(kith(laptop, "device", "list", "--json").stdout)["person_key"]
-    always_on = tmp_path / "always-on"
-    always_on_key = pair_device(laptop, always_on, name="always-on")
-    assert person_devices(always_on) >= {always_on_key}
-    guest = tmp_path / "guest"
-    assert kith(guest, "init").returncode == 0
-    store = open_store(tmp_path / "server.sqlite3")
-    try:
-        with run_server_in_thread(store, rate_limits=NO_LIMITS) as server:  # no --mailbox: finding only
-            holder, holder_url = _holding_mail(always_on, "--invite-file", str(tmp_path / "always-on.inv"))
-            try:
-                # 2. the laptop is up once: its card names the holder
-                first = HostProcess(laptop, "--server", server, "--holder", holder_url)
-                try:
-                    import httpx
-
-                    def card_names_holder() -> bool:
-                        r = httpx.get(f"{server}/api/v1/cards/{person}", timeout=10)
-                        return r.status_code == 200 and any(c.get("mailboxes") == [holder_url]
-                                                            for c in r.json()["cards"])
-
-                    wait_for("the laptop's card naming the holder", card_names_holder, timeout_s=30)
-                finally:
-                    first.stop()
-                # 3. the guest alone (and the always-on device): the question is left with it
-                r = kith(guest, "peers", "add", "bea", person, "--devices", "--server", server)
-                assert r.returncode == 0, r.stderr
-                qid = ask_later(guest, QUESTION, "bea")
-                outbox_run_until(guest, "the row left with the holder", lambda: json.loads(kith(
-                    guest, "outbox", "show", qid, "--json").stdout)["peers"][0].get("leftWith") == holder_url)
-                question_ids = _held_ids(always_on)
-                assert len(question_ids) == 1
-                # 4. the laptop wakes: takes, answers, leaves the answer at the holder
-                t0 = time.monotonic()
-                second = HostProcess(laptop, "--server", server, "--holder", holder_url)
-                try:
-                    wait_for("the sealed answer at the holder",
-                             answered_and_acked(lambda: _held_ids(always_on), question_ids), timeout_s=60, every_s=0.05)
-                    took = time.monotonic() - t0
-                finally:
-                    second.stop()
-                print(f"answer at the always-on device {took:.2f} s after the laptop's `kith host` was started")
-                # 5. the guest wakes: the row is answered
-                outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
-                    guest, "outbox", "show", qid, "--json").stdout)["state"] == "answered")
-                assert _held_ids(always_on) == []  # taken and acked: the holder keeps nothing
-            finally:
-                code, _out, err = holder.stop()
-            assert code == 0, err
-    finally:
-        store.close()
-    shown = json.loads(kith(guest, "outbox", "show", qid, "--json").stdout)
-    assert "noon" in shown["answer"]["results"][0]["textPreview"]
-    raw = b"".join(p.read_bytes() for p in always_on.iterdir() if p.name.startswith(HELD_MAIL_FILE))
-    for plain in (QUESTION, "staging server", "noon"):
-        assert plain.encode() not in raw, plain
+    trip = never_up_together_through_a_holder(tmp_path, lambda always_on: _holding_mail(
+        always_on, "--invite-file", str(tmp_path / "always-on.inv")))
+    print(f"answer at the always-on device {trip.took_s:.2f} s after the laptop's `kith host` was started")
 
 
 def test_a_held_mailbox_refuses_records_of_strangers_and_keeps_its_persons(tmp_path: Path) -> None:
@@ -151,7 +77,7 @@ def test_a_held_mailbox_refuses_records_of_strangers_and_keeps_its_persons(tmp_p
 
     with hold_mail(laptop, "127.0.0.1:0") as held:  # port 0: bound at once, never a port another took
         asyncio.run(scenario(held.url))
-        assert len(_held_ids(laptop)) == 1
+        assert len(held_ids(laptop)) == 1
 
 
 def test_hold_mail_and_holder_refuse_what_is_not_an_address(tmp_path: Path) -> None:

@@ -20,43 +20,23 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sqlite3
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from node.common.errors import CommunityError
 from node.common.names import holder_text
 from node.community.iroh_mail import MAILBOX_ALPN, MAX_CONNECTIONS, mail_client
-from node.community.server import run_server_in_thread
 from node.community.store import open_store
-from node.host.sealed_host import HELD_MAIL_FILE
 from node.transport.iroh import bind_node
 from node.trust.identity import Identity
 from node.trust.sealed import seal
 
-from support.cli import ask_later, kith, outbox_run_until
+from support.cli import kith
 from support.community import NO_LIMITS
-from support.devices import pair_device
+from support.held_mail import held_ids, never_up_together_through_a_holder
 from support.hosts import HostProcess, notes_host
-from support.waits import answered_and_acked, wait_for
-
-QUESTION = "when does the staging server restart"
-
-
-def _held_ids(home: Path) -> list[str]:
-    path = home / HELD_MAIL_FILE
-    if not path.exists():
-        return []
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-    try:
-        return [r[0] for r in conn.execute("SELECT record_id FROM mailbox").fetchall()]
-    except sqlite3.OperationalError:
-        return []
-    finally:
-        conn.close()
 
 
 def _holder(home: Path, tmp: Path, how: str = "iroh") -> tuple[HostProcess, str]:
@@ -68,67 +48,17 @@ def _holder(home: Path, tmp: Path, how: str = "iroh") -> tuple[HostProcess, str]
 
 
 def test_two_homes_never_up_together_through_a_device_holding_mail_over_iroh(tmp_path: Path) -> None:
-    (tmp_path / "l").mkdir()
-    laptop = notes_host(tmp_path / "l")
-    person = json.loads(kith(laptop, "device", "list", "--json").stdout)["person_key"]
-    always_on = tmp_path / "always-on"
-    pair_device(laptop, always_on, name="always-on")
-    guest = tmp_path / "guest"
-    assert kith(guest, "init").returncode == 0
-    store = open_store(tmp_path / "server.sqlite3")
-    try:
-        with run_server_in_thread(store, rate_limits=NO_LIMITS) as server:  # no --mailbox: finding only
-            holder, holder_url = _holder(always_on, tmp_path)
-            try:
-                # the laptop is up once: its card names the holder over iroh
-                first = HostProcess(laptop, "--server", server, "--holder", holder_url)
-                try:
-                    def card_names_holder() -> bool:
-                        r = httpx.get(f"{server}/api/v1/cards/{person}", timeout=10)
-                        return r.status_code == 200 and any(c.get("mailboxes") == [holder_url]
-                                                            for c in r.json()["cards"])
+    def text_cuts_the_ticket(guest: Path, qid: str, holder_url: str) -> None:
+        listed = kith(guest, "outbox", "list").stdout  # text shows the ticket cut; --json keeps it whole
+        assert holder_url not in listed and "…]" in listed, listed  # (the table folds the cell)
+        shown_left = kith(guest, "outbox", "show", qid).stdout
+        assert f"left sealed with {holder_text(holder_url)}:" in shown_left, shown_left
 
-                    wait_for("the laptop's card naming the holder over iroh", card_names_holder, timeout_s=30)
-                finally:
-                    first.stop()
-                # the guest alone (and the always-on device): the question is left over iroh
-                r = kith(guest, "peers", "add", "bea", person, "--devices", "--server", server)
-                assert r.returncode == 0, r.stderr
-                qid = ask_later(guest, QUESTION, "bea")
-                outbox_run_until(guest, "the row left with the holder over iroh", lambda: json.loads(kith(
-                    guest, "outbox", "show", qid, "--json").stdout)["peers"][0].get("leftWith") == holder_url)
-                question_ids = _held_ids(always_on)
-                assert len(question_ids) == 1
-                listed = kith(guest, "outbox", "list").stdout  # text shows the ticket cut; --json keeps it whole
-                assert holder_url not in listed and "…]" in listed, listed  # (the table folds the cell)
-                shown_left = kith(guest, "outbox", "show", qid).stdout
-                assert f"left sealed with {holder_text(holder_url)}:" in shown_left, shown_left
-                # the laptop wakes: takes over iroh, answers, leaves the answer at the holder
-                t0 = time.monotonic()
-                second = HostProcess(laptop, "--server", server, "--holder", holder_url)
-                try:
-                    wait_for("the sealed answer at the holder",
-                             answered_and_acked(lambda: _held_ids(always_on), question_ids), timeout_s=60, every_s=0.05)
-                    took = time.monotonic() - t0
-                finally:
-                    _code, second_out, _err = second.stop()
-                taken = [json.loads(line) for line in second_out.splitlines() if '"sealed-taken"' in line]
-                assert taken and taken[0]["holder"] == holder_url, second_out  # --json: the whole ticket
-                print(f"answer at the always-on device over iroh {took:.2f} s after the laptop's `kith host` started")
-                # the guest wakes: the answer comes over iroh into its row
-                outbox_run_until(guest, "the answer in the outbox", lambda: json.loads(kith(
-                    guest, "outbox", "show", qid, "--json").stdout)["state"] == "answered")
-                wait_for("the answer acked at the holder", lambda: _held_ids(always_on) == [], timeout_s=30)
-            finally:
-                code, _out, err = holder.stop()
-            assert code == 0, err
-    finally:
-        store.close()
-    shown = json.loads(kith(guest, "outbox", "show", qid, "--json").stdout)
-    assert "noon" in shown["answer"]["results"][0]["textPreview"]
-    raw = b"".join(p.read_bytes() for p in always_on.iterdir() if p.name.startswith(HELD_MAIL_FILE))
-    for plain in (QUESTION, "staging server", "noon"):
-        assert plain.encode() not in raw, plain
+    trip = never_up_together_through_a_holder(tmp_path, lambda always_on: _holder(always_on, tmp_path),
+                                              on_left=text_cuts_the_ticket)
+    taken = [json.loads(line) for line in trip.woken_out.splitlines() if '"sealed-taken"' in line]
+    assert taken and taken[0]["holder"] == trip.holder_url, trip.woken_out  # --json: the whole ticket
+    print(f"answer at the always-on device over iroh {trip.took_s:.2f} s after the laptop's `kith host` started")
 
 
 async def _junk_then_close(ticket: str, junk: bytes) -> tuple[dict, str]:
@@ -161,16 +91,16 @@ def test_junk_on_the_mailbox_alpn_gets_a_typed_refusal_and_a_closed_connection(t
             answer, reason = asyncio.run(_junk_then_close(url.removeprefix("iroh:"), junk))
             assert answer["status"] == 400 and answer["body"]["error"]["code"] == "mail-frame-invalid", answer
             assert "mail-frame-invalid" in reason, reason
-        assert _held_ids(laptop) == []
+        assert held_ids(laptop) == []
 
-        async def still_serves() -> tuple[list, bool]:  # the holder serves on: a signed take is answered
+        async def still_serves() -> tuple[list, bool, str | None]:  # the holder serves on: a signed take is answered
             async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as node:
                 async def endpoint():
                     return node
                 async with mail_client(url, Identity(os.urandom(32)), endpoint=endpoint) as client:
-                    return await client.take_sealed(5)
+                    return await client.take_sealed_page(5)
 
-        assert asyncio.run(still_serves()) == ([], False)
+        assert asyncio.run(still_serves()) == ([], False, None)
     finally:
         code, _out, err = holder.stop()
     assert code == 0, err
@@ -201,7 +131,7 @@ def test_a_record_of_strangers_is_refused_mailbox_not_held_over_iroh(tmp_path: P
     holder, url = _holder(laptop, tmp_path, how)
     try:
         asyncio.run(scenario(url))
-        assert len(_held_ids(laptop)) == 1
+        assert len(held_ids(laptop)) == 1
     finally:
         code, _out, err = holder.stop()
     assert code == 0, err
@@ -236,7 +166,7 @@ def test_a_peer_holding_every_mailbox_slot_idle_does_not_lock_the_person_out(tmp
                 async def endpoint():
                     return node
                 async with mail_client(url, Identity(os.urandom(32)), endpoint=endpoint) as client:
-                    taken = await client.take_sealed(5)
+                    taken = await client.take_sealed_page(5)
             oldest_conn, oldest = held[0]
             with pytest.raises(Exception):  # iroh's own error type on a closed connection
                 await oldest.receive()
@@ -245,7 +175,7 @@ def test_a_peer_holding_every_mailbox_slot_idle_does_not_lock_the_person_out(tmp
 
     try:
         taken, reason = asyncio.run(scenario())
-        assert taken == ([], False)
+        assert taken == ([], False, None)
         assert "mail-busy" in reason, reason
     finally:
         code, _out, err = holder.stop()
@@ -295,7 +225,7 @@ def test_a_holder_over_iroh_that_cannot_be_reached_is_named_a_device_holding_mai
                 return node
             async with mail_client(url, Identity(os.urandom(32)), endpoint=endpoint) as client:
                 with pytest.raises(CommunityError) as refused:
-                    await client.take_sealed(5)
+                    await client.take_sealed_page(5)
         return refused.value
 
     refused = asyncio.run(scenario())
@@ -365,3 +295,55 @@ def test_the_hosts_sealed_line_shows_an_iroh_holder_cut(capsys: pytest.CaptureFi
     assert f"sealed questions at iroh:endpoint{'a' * 16}…: answered 2" in said and url not in said, said
     HostEventPrinter(json_out=True, server=None)(SealedTaken(holder=url, answered=2, dropped={}).to_dict())
     assert json.loads(capsys.readouterr().out)["holder"] == url
+
+
+def test_the_hosts_warning_for_an_unreachable_iroh_holder_shows_the_ticket_cut(tmp_path: Path) -> None:
+    """The host's take loop says once that a holder over iroh cannot be read, naming it as
+    text output does (node.common.names.holder_text): `iroh:` and the ticket's first 24
+    characters, never the whole ticket."""
+    import anyio
+
+    from node.host.sealed_host import take_sealed_questions
+    from node.runtime.clock import ManualClock
+    from node.trust.identity import init_identity
+    from node.trust.sealed_seen import DurableSeen
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    identity = init_identity(home)[0]
+    said: list[str] = []
+
+    class RunningHost:  # the parts of node.host.host.Host the take loop reads
+        def __init__(self, url: str, listener) -> None:
+            self.home, self.identity, self.clock, self.listener = home, identity, ManualClock(), listener
+            self.door = self.knowledge = self.audit = None
+            self.held_mail = self.held_url = None
+            self.url = url
+
+        def mail_urls(self) -> list[str]:
+            return [self.url]
+
+        def sealed_seen(self) -> DurableSeen:
+            return DurableSeen(home)
+
+        def warn(self, line: str) -> None:
+            said.append(line)
+
+        def emit(self, ev: dict) -> None:
+            raise AssertionError(f"nothing is taken from a holder that is gone: {ev}")
+
+    async def scenario() -> str:
+        async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as gone:
+            url = "iroh:" + gone.ticket()
+        async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as node:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(take_sealed_questions, RunningHost(url, node))
+                with anyio.fail_after(60):
+                    while not said:
+                        await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()
+        return url
+
+    url = asyncio.run(scenario())
+    assert len(said) == 1 and f"the mailbox at {holder_text(url)} could not be read (server-unreachable)" in said[0], said
+    assert url not in said[0], said

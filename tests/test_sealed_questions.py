@@ -186,7 +186,7 @@ def test_kith_host_mailbox_answers_what_was_left_while_it_slept(tmp_path: Path, 
 def _answer_waiting(url: str, asker: Identity) -> bool:
     async def peek() -> bool:
         async with CommunityClient(url, asker) as a:
-            records, _ = await a.take_sealed()
+            records, _more, _next = await a.take_sealed_page()
         return bool(records)
     return asyncio.run(peek())
 

@@ -105,6 +105,29 @@ def test_a_config_typo_is_refused_not_left_at_the_default(tmp_path, text):
     assert "-invalid]" in r.stderr and "unknown" in r.stderr and "Hosting" not in r.stdout
 
 
+@pytest.mark.parametrize("damage", ["value", "folder"])
+def test_api_serve_and_mcp_refuse_a_bad_transport_table_alike(tmp_path, damage):
+    """A bad ``[transport]`` value in config.toml (or a config.toml that is a folder):
+    `kith api serve` served and only its background runner stopped, while `kith mcp`
+    refused. Both now refuse it before serving anything, with the same line
+    (``transport-mode-invalid``), exit 2 and no traceback."""
+    from support.agents import TEST_AGENT, mcp_env
+
+    home = _home(tmp_path, "node")
+    env = mcp_env(home, base=ENV)
+    if damage == "value":
+        (home / "config.toml").write_text('[transport]\nrelay = 5\n')
+    else:
+        (home / "config.toml").mkdir()
+    said = {}
+    for name, argv in (("api", ["api", "serve", "--port", "0"]), ("mcp", ["mcp", "--agent", TEST_AGENT])):
+        r = subprocess.run([*KITH, "--home", str(home), *argv], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, timeout=60, stdin=subprocess.DEVNULL)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "listening" not in r.stderr, (name, r.stderr)
+        said[name] = r.stderr.splitlines()[0]
+    assert said["api"] == said["mcp"] and said["api"].startswith("error [transport-mode-invalid]: config.toml"), said
+
+
 @pytest.mark.parametrize("argv", [
     ["host", "--relay", "bogus", "--invite-file", "inv.json"],
     ["host", "--lan", "--discovery", "shout", "--invite-file", "inv.json"],

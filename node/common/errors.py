@@ -272,6 +272,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "mailbox-conflict": ("community", "A different sealed record with that id is kept already."),
     "mailbox-not-accepted": ("community", "The host's card kept by this server does not say it takes sealed questions."),
     "mailbox-not-held": ("community", "This holder keeps mail only to or from its own person's devices."),
+    "take-cursor-invalid": ("community", "The take's after is not a next cursor a take of this holder answered."),
     "mail-frame-invalid": ("community", "A frame on the mailbox's iroh protocol is not a put, take or ack request."),
     # --- corpus ---------------------------------------------------------------------------
     "root-not-found": ("corpus", "The folder to index does not exist or is not a directory."),

@@ -29,6 +29,7 @@ import anyio
 import httpx
 import msgspec
 
+from node.common.names import holder_text
 from node.community.requests import signed_headers
 from node.common.errors import CODES, CommunityError, InvitationError, KithError, UsageError, error_for
 from node.trust.identity import Identity
@@ -43,7 +44,12 @@ _MAX_MESSAGE_CHARS = 300
 
 
 def _display_url(base_url: str) -> str:
-    """The base URL without any ``user:password@`` part (safe to print)."""
+    """How a server or holder URL is shown in text output and messages: an ``http(s)://``
+    base URL without any ``user:password@`` part (safe to print); an ``iroh:<ticket>`` holder
+    cut by :func:`node.common.names.holder_text` (never the whole ticket). JSON output keeps
+    the whole value."""
+    if base_url.startswith("iroh:"):
+        return holder_text(base_url)
     parts = urlsplit(base_url)
     netloc = parts.hostname or ""
     if ":" in netloc:
@@ -493,29 +499,17 @@ class CommunityClient:
                                  "mailbox put with another record", status=status)
         return data
 
-    async def take_sealed(self, limit: int = 20) -> tuple[list[dict[str, Any]], bool]:
+    async def take_sealed_page(self, limit: int = 20, after: str | None = None
+                               ) -> tuple[list[dict[str, Any]], bool, str | None]:
         """``POST /api/v1/mailbox/take``: the sealed records waiting for this identity's key,
-        oldest first. They stay at the server until :meth:`ack_sealed`; each is unchecked
-        here — the caller opens it with :func:`node.trust.sealed.open_sealed`.
+        oldest first, after the page whose ``next`` is ``after`` (None: from the oldest), so a
+        caller pages past records it leaves there (specs/community-api.md, "Mailbox"). They
+        stay at the server until :meth:`ack_sealed`; each is unchecked here — the caller
+        opens it with :func:`node.trust.sealed.open_sealed`.
 
         Args:
             limit: most records (1-100).
-
-        Returns:
-            ``(records, more)``: ``more`` when others wait for a next take.
-
-        Raises:
-            CommunityError: ``mailbox-off``, ``rate-limited``, ``request-*``,
-                ``server-unreachable``, ``server-error``.
-        """
-        records, more, _ = await self.take_sealed_page(limit)
-        return records, more
-
-    async def take_sealed_page(self, limit: int = 20, after: str | None = None
-                               ) -> tuple[list[dict[str, Any]], bool, str | None]:
-        """:meth:`take_sealed` from a cursor: the records after the page whose ``next`` is
-        ``after`` (None: from the oldest), so a caller pages past records it leaves there
-        (specs/community-api.md, "Mailbox").
+            after: the ``next`` of the page before, or None.
 
         Returns:
             ``(records, more, next)``: ``next`` is the opaque cursor to pass as ``after`` for
@@ -523,8 +517,9 @@ class CommunityClient:
             older holder, which takes no cursor).
 
         Raises:
-            CommunityError: as :meth:`take_sealed`; ``request-invalid`` for a cursor the
-                holder did not give.
+            CommunityError: ``mailbox-off``, ``rate-limited``, ``request-*``,
+                ``server-unreachable``, ``server-error``; ``take-cursor-invalid`` for a cursor
+                the holder did not give.
         """
         body = json.dumps({"limit": limit} if after is None else {"limit": limit, "after": after}).encode()
         status, data = await self._request("POST", "/mailbox/take", body=body, signed=True)

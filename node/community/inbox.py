@@ -66,6 +66,11 @@ class InboxReport:
             does not take (a host's step leaves answers, an asker's leaves questions).
         acked: how many records the holder removed. more: others wait after the last page
             taken.
+        next: the take cursor to start the following step from (its ``after``): past every
+            page this step dealt with whole — each record acked, or left for the other part
+            of this device — and never past a page holding an answer not left or an ack that
+            failed (those records are taken again); the ``after`` the step was given when it
+            settled no page with a cursor; None: from the oldest.
     """
 
     answered: list[str] = field(default_factory=list)
@@ -74,6 +79,7 @@ class InboxReport:
     kept: list[str] = field(default_factory=list)
     acked: int = 0
     more: bool = False
+    next: str | None = None
 
     def refuse(self, code: str) -> None:
         """Count one dropped record under ``code``."""
@@ -131,7 +137,8 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
                     on_question: Callable[[Opened], Any] | None = None,
                     on_answer: Callable[[Opened], Any] | None = None,
                     seen: SeenRecords | None = None,
-                    clock: Callable[[], float] = time.time) -> InboxReport:
+                    clock: Callable[[], float] = time.time,
+                    after: str | None = None) -> InboxReport:
     """Take the records waiting at ``client``'s holder for ``identity`` and act on each once.
 
     A step takes a page of :data:`TAKE_LIMIT` records; while a page held records it left
@@ -140,6 +147,13 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
     records are not stuck behind the other part's. A page where an answer could not be left
     (the holder full or unreachable) ends the step: the next pages would fail alike. A
     holder that gives no cursor (an older one) gets one take per step, as before.
+
+    A caller that steps again and again (the host's loop,
+    :func:`node.host.sealed_host.take_sealed_questions`) passes the last report's ``next``
+    as ``after``, so it does not read again the records it left for the other part: a record
+    put later is stored later, after the cursor. A cursor the holder refuses
+    (``take-cursor-invalid``: another holder, its file replaced) is dropped and the step
+    takes from the oldest.
 
     Args:
         client: a :class:`CommunityClient` of the holder, signing as ``identity``.
@@ -153,6 +167,8 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
             nothing was open for it); None: answers are left at the holder (``kept``).
         seen: the records this process acted on (:class:`SeenRecords`; a new one when None).
         clock: Unix seconds.
+        after: the take cursor to start from (a previous step's ``InboxReport.next`` at the
+            same holder); None: from the oldest.
 
     Returns:
         the :class:`InboxReport`.
@@ -165,12 +181,22 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
             never dropped as if it were at fault.
     """
     seen = seen if seen is not None else SeenRecords()
-    report = InboxReport()
-    after: str | None = None
+    report = InboxReport(next=after)
+    settled = True  # every page so far dealt with whole: the kept cursor may move on
     for _ in range(TAKE_PAGES):
-        records, report.more, after = await client.take_sealed_page(TAKE_LIMIT, after)
-        left_for_other, unsent = await _act_on_page(client, identity, chain, records, report, on_question, on_answer,
-                                                    seen, clock)
+        try:
+            records, report.more, cursor = await client.take_sealed_page(TAKE_LIMIT, after)
+        except CommunityError as exc:
+            if exc.code != "take-cursor-invalid" or after is None:
+                raise
+            after = report.next = None  # a cursor this holder did not give: from the oldest
+            records, report.more, cursor = await client.take_sealed_page(TAKE_LIMIT, after)
+        left_for_other, unsent, acked_all = await _act_on_page(client, identity, chain, records, report, on_question,
+                                                               on_answer, seen, clock)
+        settled = settled and not unsent and acked_all
+        if settled and cursor is not None:
+            report.next = cursor
+        after = cursor
         if not (report.more and after is not None and left_for_other and not unsent):
             break
     return report
@@ -179,13 +205,14 @@ async def take_step(client: CommunityClient, identity: Identity, chain: list[dic
 async def _act_on_page(client: CommunityClient, identity: Identity, chain: list[dict[str, Any]] | None,
                        records: list[dict[str, Any]], report: InboxReport, on_question: Callable[[Opened], Any] | None,
                        on_answer: Callable[[Opened], Any] | None, seen: SeenRecords,
-                       clock: Callable[[], float]) -> tuple[int, int]:
+                       clock: Callable[[], float]) -> tuple[int, int, bool]:
     """Act once on one taken page of ``records`` (:func:`take_step`'s steps 2-5), adding to
     ``report``, then ack the records dealt with.
 
     Returns:
-        ``(left for the other part, answers not left)``: records of a kind this step does
-        not take, and questions whose answer the holder did not keep (both in ``kept``).
+        ``(left for the other part, answers not left, acked)``: records of a kind this step
+        does not take, questions whose answer the holder did not keep (both in ``kept``),
+        and False when the ack of the records dealt with failed (they are taken again).
     """
     done: list[tuple[str, str]] = []  # (sender, id): the holder keeps records by both
     left_for_other = unsent = 0
@@ -228,8 +255,8 @@ async def _act_on_page(client: CommunityClient, identity: Identity, chain: list[
         try:
             report.acked += await client.ack_sealed(done)
         except CommunityError:
-            pass  # taken again next step: the seen ids (or the asker's one row) keep it once
-    return left_for_other, unsent
+            return left_for_other, unsent, False  # taken again: the seen ids (or the asker's one row) keep it once
+    return left_for_other, unsent, True
 
 
 async def _leave_answer(client: CommunityClient, identity: Identity, chain: list[dict[str, Any]] | None,

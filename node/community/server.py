@@ -185,10 +185,11 @@ class CloseBody(msgspec.Struct, forbid_unknown_fields=True):
 
 class TakeBody(msgspec.Struct, forbid_unknown_fields=True):
     """Body of ``POST /api/v1/mailbox/take``: how many records at most (empty: 20), and
-    optionally the cursor ``after`` (a take's ``next``: only records after the last it gave)."""
+    optionally the cursor ``after`` (a take's ``next``: only records after the last it gave;
+    any JSON value here, so that every bad cursor is refused alike by :func:`parse_take_cursor`)."""
 
     limit: int = 20
-    after: str | None = None
+    after: Any = None
 
 
 #: A take's cursor: the last record's stored time (``float.hex``), sender key and record id.
@@ -206,13 +207,13 @@ def parse_take_cursor(cursor: object) -> tuple[float, str, str]:
     """The ``(stored_unix, sender, id)`` position of a take's ``after`` (:func:`take_cursor`).
 
     Raises:
-        CommunityError: ``request-invalid`` (400) for anything a take did not answer as
+        CommunityError: ``take-cursor-invalid`` (400) for anything a take did not answer as
             ``next`` (not a string, another shape, a time that is not finite).
     """
     match = _CURSOR_RE.fullmatch(cursor) if isinstance(cursor, str) and len(cursor) <= 128 else None
     stored = float.fromhex(match.group(1)) if match is not None else float("nan")
     if match is None or not math.isfinite(stored):
-        raise CommunityError("request-invalid", "after is the next cursor a take answered", status=400)
+        raise CommunityError("take-cursor-invalid", "after is the next cursor a take answered", status=400)
     return stored, match.group(2), match.group(3)
 
 

@@ -752,22 +752,41 @@ def baseline_strong(corpus: Any, plan: Plan, ranked: list[tuple[str, float]],
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
-#: Searches of this process running their passes, and the machine's idle-core reading
-#: ``[monotonic second it was read, idle]`` (:func:`_run_beside`).
-_in_flight = [0]
-_idle_read: list[Any] = [-1.0, False]
+class _PassLoad:
+    """What :func:`_run_beside` reads to decide whether a search's passes may run side by
+    side: how many searches of this process are running their passes (counted by
+    :func:`_counted`, under ``_pool_lock``), and the machine's last idle-core reading
+    (:func:`_idle_core`, taken at most once a second).
+
+    Attributes:
+        in_flight: searches of this process running their passes now (0 when none).
+        read_at: the :func:`time.monotonic` second of the last idle-core reading (-1.0:
+            never read).
+        idle: that reading (True: a core was idle).
+    """
+
+    __slots__ = ("in_flight", "read_at", "idle")
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.read_at = -1.0
+        self.idle = False
+
+
+#: The process's one :class:`_PassLoad`.
+_load = _PassLoad()
 
 
 @contextlib.contextmanager
 def _counted() -> Iterator[None]:
-    """Count a search in :data:`_in_flight` while it runs."""
+    """Count a search in :attr:`_PassLoad.in_flight` while it runs."""
     with _pool_lock:
-        _in_flight[0] += 1
+        _load.in_flight += 1
     try:
         yield
     finally:
         with _pool_lock:
-            _in_flight[0] -= 1
+            _load.in_flight -= 1
 
 
 def _idle_core() -> bool:
@@ -775,9 +794,9 @@ def _idle_core() -> bool:
     on the machine now, this one among them (``/proc/loadavg``'s fourth field), are fewer
     than its cores; where that cannot be read, the 1-minute load average is below the core
     count minus one (it lags: a machine busy a minute ago reads busy); True where neither
-    can be read. Read at most once a second."""
+    can be read. Read at most once a second (kept in :data:`_load`)."""
     now = time.monotonic()
-    if now - _idle_read[0] >= 1.0:
+    if now - _load.read_at >= 1.0:
         cores = os.cpu_count() or 1
         try:
             with open("/proc/loadavg", "rb") as fh:
@@ -787,8 +806,8 @@ def _idle_core() -> bool:
                 idle = os.getloadavg()[0] < cores - 1
             except OSError:
                 idle = True
-        _idle_read[0], _idle_read[1] = now, idle
-    return bool(_idle_read[1])
+        _load.read_at, _load.idle = now, idle
+    return _load.idle
 
 
 def _run_beside() -> bool:
@@ -796,7 +815,7 @@ def _run_beside() -> bool:
     when True or False; with ``"auto"`` only when no other search of this process is in
     flight (the caller counted) and the machine has an idle core (:func:`_idle_core`)."""
     if PARALLEL_PASSES == "auto":
-        return _in_flight[0] <= 1 and _idle_core()
+        return _load.in_flight <= 1 and _idle_core()
     return bool(PARALLEL_PASSES)
 
 

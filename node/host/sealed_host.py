@@ -37,7 +37,9 @@ TAKE_EVERY_S = 5.0
 async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> None:
     """Take and answer this host's sealed questions until cancelled, from every holder of
     ``host.mail_urls()`` in turn (one that cannot be read is said once and tried again; the
-    others are still taken from).
+    others are still taken from). Each holder's take cursor is kept from step to step for the
+    run (:attr:`node.community.inbox.InboxReport.next`): the answers waiting there for the
+    asking part of this device are read once, not again every round.
 
     Args:
         host: the running :class:`node.host.host.Host` (its ``home``, ``identity``,
@@ -47,6 +49,7 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
         every_s: seconds between takes, waited on the host's
             :class:`node.runtime.clock.Clock` (a test's ManualClock starts the next take).
     """
+    from node.community.client import _display_url
     from node.community.inbox import take_step
     from node.community.iroh_mail import mail_client
     from node.trust.person import own_chain
@@ -61,13 +64,16 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
 
     seen = host.sealed_seen()  # durable: a question is answered once across restarts (specs/sealed.md §5)
     said: set[str] = set()
+    cursors: dict[str, str | None] = {}  # holder → take cursor: records passed over are not read again this run
     while True:
         for url in host.mail_urls():
             try:
                 chain = own_chain(host.home, host.identity.public_key)
                 async with client_of(url) as client:
                     while True:
-                        report = await take_step(client, host.identity, chain, on_question=on_question, seen=seen)
+                        report = await take_step(client, host.identity, chain, on_question=on_question, seen=seen,
+                                                 after=cursors.get(url))
+                        cursors[url] = report.next
                         if report.answered or report.refused:
                             from node.common.host_events import SealedTaken
 
@@ -80,10 +86,10 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
                 if url not in said:
                     said.add(url)
                     if exc.category == "config":  # a file of this home (sealed-seen.sqlite, ...): not the mailbox
-                        host.warn(f"sealed questions at {url} wait until a file of this home is fixed: "
+                        host.warn(f"sealed questions at {_display_url(url)} wait until a file of this home is fixed: "
                                   f"[{exc.code}] {exc.message}" + (f" — hint: {exc.hint}" if exc.hint else ""))
                     else:
-                        host.warn(f"the mailbox at {url} could not be read ({exc.code}); "
+                        host.warn(f"the mailbox at {_display_url(url)} could not be read ({exc.code}); "
                                   f"sealed questions wait there until it can")
         await host.clock.sleep(every_s)
 

@@ -744,8 +744,14 @@ def _listening(home: Path | str, host: str, port: int, *, warn: Callable[[str], 
 
     Raises:
         CorpusError: ``api-loopback-only``. CommunityError: ``server-start-failed``.
+        UsageError: ``transport-mode-invalid`` (exit 2) for a bad ``[transport]`` table in
+            the home's ``config.toml``, before anything is served — as ``kith mcp`` refuses
+            it (:func:`node.local.mcp.run_stdio`) and ``kith ask`` does.
     """
+    from node.transport.modes import mode_from
+
     check_host(host)
+    mode_from(offline=offline, home=Path(home))  # the mode the pool reads later: a bad table refused now
     app = create_app(home, max_body_bytes=max_body_bytes, offline=offline)
     try:
         app.holder.start(warn)  # type: ignore[attr-defined]
@@ -772,6 +778,8 @@ def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *
     Raises:
         CorpusError: ``api-loopback-only`` for a non-loopback ``host``.
         CommunityError: ``server-start-failed`` when the address cannot be bound.
+        UsageError: ``transport-mode-invalid`` for a bad ``[transport]`` table in the
+            home's ``config.toml`` (nothing is served).
     """
     app, sock = _listening(home, host, port, warn=warn, offline=offline)
     try:
@@ -816,6 +824,7 @@ def run_api_in_thread(home: Path | str, host: str = "127.0.0.1", port: int = 0, 
 
     Raises:
         CorpusError: ``api-loopback-only``. CommunityError: ``server-start-failed``.
+        UsageError: ``transport-mode-invalid`` for a bad ``[transport]`` table.
     """
     app, sock = _listening(home, host, port, warn=warn, offline=offline, max_body_bytes=max_body_bytes)
     try:

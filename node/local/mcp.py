@@ -898,7 +898,9 @@ def run_stdio(home: Path | str, *, local: bool = False, agent: str | None = None
     Raises:
         AgentError: ``agent-token-required``, ``agent-token-invalid``, ``agent-expired``
             before anything is served. ConfigError: ``agent-not-found`` for an ``agent``
-            that does not exist.
+            that does not exist. UsageError: ``transport-mode-invalid`` (exit 2) for a bad
+            ``[transport]`` table in the home's ``config.toml``, before anything is served
+            (as ``kith api serve`` refuses it).
     """
     import os
     import sys
@@ -914,6 +916,9 @@ def run_stdio(home: Path | str, *, local: bool = False, agent: str | None = None
     if agent is not None and agent not in load_agents(home):
         raise ConfigError("agent-not-found", f"no agent named {agent!r}")
     authorize(home, token, Operation("connect"), agent=agent)
+    from node.transport.modes import mode_from
+
+    mode_from(offline=local, home=Path(home))  # the mode the pool reads later: a bad table refused now
     startup_repair(home, lambda line: print(line, file=sys.stderr))
     server = build_server(home, local=local, agent=agent, token=token)
 
