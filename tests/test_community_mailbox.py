@@ -246,6 +246,32 @@ def test_take_pages_and_reports_more(tmp_path: Path) -> None:
         assert rest["records"] == sent[3:] and rest["more"] is False
 
 
+def test_a_record_put_after_a_take_is_after_its_cursor_when_the_clock_steps_back(database) -> None:
+    """A holder pages on with the take's ``next``; a record put after that take is handed
+    out by the next take from that cursor even when the server's clock stepped back between
+    the two puts (stored times only grow: specs/community-api.md "Mailbox"), on each store."""
+    now = [time.time()]
+    host, early, late = new_identity(), new_identity(), new_identity()
+    if isinstance(database, Path):
+        database.parent.mkdir(parents=True, exist_ok=True)
+    store = open_store(database)
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits(),
+                                  clock=lambda: now[0]) as url, httpx.Client(base_url=url, timeout=20) as http:
+            first = question(early, host, now=now[0])
+            assert put(http, first, early, clock=now[0]).status_code == 201
+            page = take(http, host, limit=1, clock=now[0]).json()
+            assert page["records"] == [first] and page["more"] is False
+            now[0] -= 30  # the server's clock steps back (an NTP step, a VM restored)
+            second = question(late, host, qid="5" * 32, now=now[0])
+            assert put(http, second, late, clock=now[0]).status_code == 201
+            after = take(http, host, limit=5, clock=now[0], after=page["next"]).json()
+            assert after["records"] == [second]  # not passed over by the kept cursor
+            assert take(http, host, limit=5, clock=now[0]).json()["records"] == [first, second]
+    finally:
+        store.close()
+
+
 def test_a_take_pages_on_from_its_cursor_on_each_store(served) -> None:
     """The take's cursor (specs/community-api.md "Mailbox"): a recipient that leaves records
     at the holder pages past them with ``after`` = the last take's ``next``, over the same

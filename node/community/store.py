@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import logging
 import os
 import re
@@ -589,6 +590,25 @@ class CommunityStore:
             conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) "
                          "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, str(value)))
 
+    @staticmethod
+    def _next_stored(conn: _Conn, now: float) -> float:
+        """The ``stored_unix`` of a record put now: ``now``, or just after the last record's
+        when that is later (the server's clock stepped back, or two puts in one tick), kept in
+        the ``meta`` row ``mailbox_last_stored`` under the mailbox lock.
+
+        Stored times only grow, so a record put after a take is always after that take's
+        cursor (``(stored_unix, sender, id)``, :meth:`take_sealed`): a holder that pages on
+        with ``after`` never passes over a newer record. Called only under the mailbox lock.
+        """
+        row = conn.execute("SELECT value FROM meta WHERE key = 'mailbox_last_stored'").fetchone()
+        if row is None:  # a store from before this row: the newest record kept, once
+            row = conn.execute("SELECT max(stored_unix) FROM mailbox").fetchone()
+        last = float(row[0]) if row is not None and row[0] is not None else float("-inf")
+        stored = float(now) if now > last else math.nextafter(last, math.inf)
+        conn.execute("INSERT INTO meta (key, value) VALUES ('mailbox_last_stored', ?) "
+                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (repr(stored),))
+        return stored
+
     def _remove_sealed(self, conn: _Conn, sender: str, record_id: str) -> int:
         """Delete one record and its recipients, keeping the totals; returns 1 or 0."""
         key = (sender, record_id)
@@ -698,12 +718,13 @@ class CommunityStore:
             count, total = self._mailbox_totals(conn)
             if count >= limits.max_records or total + bucket > limits.max_bytes:
                 raise CommunityError("mailbox-full", "the mailbox is full", status=507)
+            stored = self._next_stored(conn, now)
             conn.execute("INSERT INTO mailbox (sender_key, record_id, owed_to, bucket, sealed_box, created_unix, "
                          "expires_unix, stored_unix) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                         (sender, record_id, owed_to, bucket, box, created_unix, expires_unix, now))
+                         (sender, record_id, owed_to, bucket, box, created_unix, expires_unix, stored))
             for key in keys:
                 conn.execute("INSERT INTO mailbox_recipients (recipient_key, sender_key, record_id, wrapped_key, "
-                             "stored_unix) VALUES (?, ?, ?, ?, ?)", (key, sender, record_id, recipients[key], now))
+                             "stored_unix) VALUES (?, ?, ?, ?, ?)", (key, sender, record_id, recipients[key], stored))
             self._set_mailbox_totals(conn, count + 1, total + bucket)
             return "new"
 
