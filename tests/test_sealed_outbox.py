@@ -206,3 +206,18 @@ def test_a_runner_with_only_answers_to_take_never_opens_its_pool(tmp_path: Path)
         store.close()
     with OutboxStore(asker_home) as outbox:
         assert outbox.get(qid)["state"] == "answered"
+
+
+def test_a_holder_is_shown_without_its_password_or_whole_ticket() -> None:
+    """Every text line naming a holder (outbox list/show/run, the host's sealed lines, the
+    client's messages) goes through one display form: a URL's ``user:password@``, query and
+    fragment never print, an ``iroh:`` ticket is cut; ``--json`` keeps the stored value."""
+    from node.common.names import HOLDER_SHOWN_CHARS, holder_text
+    from node.community.client import _display_url
+
+    for shown in (holder_text, _display_url):
+        assert shown("http://bea:s3cret@127.0.0.1:8080/base?token=s3cret#x") == "http://127.0.0.1:8080/base"
+        assert shown("https://[::1]:8443/") == "https://[::1]:8443/"
+        ticket = "iroh:" + "a" * 200
+        assert shown(ticket) == ticket[:HOLDER_SHOWN_CHARS] + "…"
+        assert "s3cret" not in shown("http://s3cret@127.0.0.1:1/")

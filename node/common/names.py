@@ -60,7 +60,22 @@ HOLDER_SHOWN_CHARS = len("iroh:") + 24
 
 
 def holder_text(url: str) -> str:
-    """How a mailbox holder is shown in text output and messages: an ``iroh:<ticket>`` (~90
-    characters, specs/sealed.md §7b) cut to :data:`HOLDER_SHOWN_CHARS` and ``…``; an
-    ``http(s)://`` URL as it is. JSON output keeps the whole value."""
-    return url[:HOLDER_SHOWN_CHARS] + "…" if url.startswith("iroh:") and len(url) > HOLDER_SHOWN_CHARS else url
+    """How a community server or mailbox holder is shown in text output and messages: an
+    ``iroh:<ticket>`` (~90 characters, specs/sealed.md §7b) cut to
+    :data:`HOLDER_SHOWN_CHARS` and ``…``; an ``http(s)://`` URL without any
+    ``user:password@`` part, query or fragment (safe to print). JSON output keeps the whole
+    value."""
+    if url.startswith("iroh:"):
+        return url[:HOLDER_SHOWN_CHARS] + "…" if len(url) > HOLDER_SHOWN_CHARS else url
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        netloc = parts.hostname or ""
+        if ":" in netloc:
+            netloc = f"[{netloc}]"
+        if parts.port is not None:
+            netloc = f"{netloc}:{parts.port}"
+    except ValueError:  # a port out of range, a bad IPv6 literal: show no part of it
+        return "(an address that does not parse)"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))

@@ -23,7 +23,7 @@ import ssl
 from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit
 
 import anyio
 import httpx
@@ -44,19 +44,8 @@ _MAX_MESSAGE_CHARS = 300
 
 
 def _display_url(base_url: str) -> str:
-    """How a server or holder URL is shown in text output and messages: an ``http(s)://``
-    base URL without any ``user:password@`` part (safe to print); an ``iroh:<ticket>`` holder
-    cut by :func:`node.common.names.holder_text` (never the whole ticket). JSON output keeps
-    the whole value."""
-    if base_url.startswith("iroh:"):
-        return holder_text(base_url)
-    parts = urlsplit(base_url)
-    netloc = parts.hostname or ""
-    if ":" in netloc:
-        netloc = f"[{netloc}]"
-    if parts.port is not None:
-        netloc = f"{netloc}:{parts.port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    """How a server or holder URL is shown: :func:`node.common.names.holder_text`."""
+    return holder_text(base_url)
 
 
 @functools.lru_cache(maxsize=2)
