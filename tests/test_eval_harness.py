@@ -122,6 +122,14 @@ def test_the_tuned_on_legacy_set_is_never_in_dev_or_test() -> None:
     assert not {q.id for q in legacy} & (split["dev"] | split["test"])
 
 
+def test_the_loaders_take_a_str_path_as_a_path() -> None:
+    """A caller may name the split and a question set by a str (it raised AttributeError)."""
+    split = H.load_split(str(DATA / "split.json"))
+    assert split == H.load_split(DATA / "split.json") and split["dev"]
+    path = REPO / "scripts" / "eval_queries.json"
+    assert H.load_questions(str(path), legacy=True) == H.load_questions(path, legacy=True)
+
+
 def test_every_judgment_has_a_reason_and_every_question_an_answer() -> None:
     for corpus, qs in _all_questions().items():
         for q in qs:
