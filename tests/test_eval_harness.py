@@ -161,6 +161,32 @@ def test_write_split_refuses_to_overwrite(tmp_path: Path) -> None:
         H.write_split(DATA, out)
 
 
+def test_the_index_key_counts_every_file_of_the_indexing_code(tmp_path: Path) -> None:
+    """scripts/eval reuses a cached index only for the same code and data: a change to
+    any file under the code folder (a data file the indexer reads, not only .py/.json/.txt)
+    gives a new key; a query-only module or a bytecode cache does not."""
+    loader = importlib.machinery.SourceFileLoader("kith_scripts_eval_key",
+                                                  str(REPO / "scripts" / "eval"))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    code, root = tmp_path / "corpus", tmp_path / "kb"
+    (code / "data").mkdir(parents=True)
+    root.mkdir()
+    (code / "chunking.py").write_text("X = 1\n")
+    (code / "data" / "stoplist.bin").write_bytes(b"a")
+    key = mod.index_key(root, code)
+    (code / "data" / "stoplist.bin").write_bytes(b"b")
+    assert mod.index_key(root, code) != key
+    key = mod.index_key(root, code)
+    (code / "retrieval.py").write_text("Y = 2\n")
+    (code / "__pycache__").mkdir()
+    (code / "__pycache__" / "chunking.cpython-311.pyc").write_bytes(b"\0")
+    assert mod.index_key(root, code) == key
+    assert mod.index_key(tmp_path, code) != key
+
+
 # --- the generated PDF/DOCX corpus ------------------------------------------------------------
 def test_generated_documents_are_written_and_hold_their_text(tmp_path: Path) -> None:
     pytest.importorskip("fpdf")
