@@ -55,11 +55,12 @@ class Question:
     reasons: dict[str, str] = field(default_factory=dict)
 
 
-def load_questions(path: Path, *, legacy: bool = False) -> list[Question]:
+def load_questions(path: str | Path, *, legacy: bool = False) -> list[Question]:
     """Read one question-set file.
 
     Args:
-        path: a JSON file as in the module docstring (or the legacy format).
+        path: a JSON file as in the module docstring (or the legacy format); a str or a
+            Path.
         legacy: mark every question as tuned-on (split ``legacy``).
 
     Returns:
@@ -69,6 +70,7 @@ def load_questions(path: Path, *, legacy: bool = False) -> list[Question]:
         ValueError: a question without judgments, a judgment without a reason (new
             format), a grade outside 0..max, or a duplicate id.
     """
+    path = Path(path)
     spec = json.loads(path.read_text(encoding="utf-8"))
     corpus = spec.get("corpus", "python-docs")
     if corpus == "python-docs-3.11":
@@ -126,12 +128,17 @@ def make_split(ids_by_corpus: dict[str, list[str]], seed: int = SPLIT_SEED,
     return {"dev": sorted(dev), "test": sorted(test)}
 
 
-def load_split(path: Path) -> dict[str, set[str]]:
-    """Read ``split.json``: ``{"seed", "corpora": {name: [ids]}, "dev": [...], "test": [...]}``.
+def load_split(path: str | Path) -> dict[str, set[str]]:
+    """Read ``split.json`` (``path``: a str or a Path): ``{"seed", "corpora": {name: [ids]},
+    "dev": [...], "test": [...]}``.
+
+    Returns:
+        ``{"dev": set of ids, "test": set of ids}``.
 
     Raises:
         ValueError: the two parts overlap.
     """
+    path = Path(path)
     spec = json.loads(path.read_text(encoding="utf-8"))
     dev, test = set(spec["dev"]), set(spec["test"])
     if dev & test:

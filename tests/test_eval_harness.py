@@ -122,6 +122,14 @@ def test_the_tuned_on_legacy_set_is_never_in_dev_or_test() -> None:
     assert not {q.id for q in legacy} & (split["dev"] | split["test"])
 
 
+def test_the_loaders_take_a_str_path_as_a_path() -> None:
+    """A caller may name the split and a question set by a str (it raised AttributeError)."""
+    split = H.load_split(str(DATA / "split.json"))
+    assert split == H.load_split(DATA / "split.json") and split["dev"]
+    path = REPO / "scripts" / "eval_queries.json"
+    assert H.load_questions(str(path), legacy=True) == H.load_questions(path, legacy=True)
+
+
 def test_every_judgment_has_a_reason_and_every_question_an_answer() -> None:
     for corpus, qs in _all_questions().items():
         for q in qs:
@@ -151,6 +159,32 @@ def test_write_split_refuses_to_overwrite(tmp_path: Path) -> None:
     out.write_text("{}")
     with pytest.raises(FileExistsError):
         H.write_split(DATA, out)
+
+
+def test_the_index_key_counts_every_file_of_the_indexing_code(tmp_path: Path) -> None:
+    """scripts/eval reuses a cached index only for the same code and data: a change to
+    any file under the code folder (a data file the indexer reads, not only .py/.json/.txt)
+    gives a new key; a query-only module or a bytecode cache does not."""
+    loader = importlib.machinery.SourceFileLoader("kith_scripts_eval_key",
+                                                  str(REPO / "scripts" / "eval"))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    code, root = tmp_path / "corpus", tmp_path / "kb"
+    (code / "data").mkdir(parents=True)
+    root.mkdir()
+    (code / "chunking.py").write_text("X = 1\n")
+    (code / "data" / "stoplist.bin").write_bytes(b"a")
+    key = mod.index_key(root, code)
+    (code / "data" / "stoplist.bin").write_bytes(b"b")
+    assert mod.index_key(root, code) != key
+    key = mod.index_key(root, code)
+    (code / "retrieval.py").write_text("Y = 2\n")
+    (code / "__pycache__").mkdir()
+    (code / "__pycache__" / "chunking.cpython-311.pyc").write_bytes(b"\0")
+    assert mod.index_key(root, code) == key
+    assert mod.index_key(tmp_path, code) != key
 
 
 # --- the generated PDF/DOCX corpus ------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The bounded multi-pass retrieval controller (DESIGN §9 "Search", issue 4).
 
-One search runs at most three passes over the tantivy index, fuses them with weighted
+One search runs at most four passes over the tantivy index, fuses them with weighted
 reciprocal-rank fusion (RRF), dedupes by chunk and caps chunks per document (copies of
 one text in several documents collapse into one hit, ``Hit.duplicates``), and reports
 what it did in the ``retrievalController`` report:
@@ -19,13 +19,19 @@ what it did in the ``retrievalController`` report:
    words), each searched in ``body`` and with a stronger boost in ``title``. (Adjacent
    key-term pairs as sloppy phrases were tried and are off — :data:`PROXIMITY_PAIRS`:
    on ``scripts/eval`` they cost nDCG@10/MRR@10 and took half of the pass's time.)
+4. ``expansion`` — the :data:`LEXICON` expansions of the query words the searched index
+   hardly uses (:data:`EXPANSION_SHARE`, :func:`scarce_expansions`) in a pass of their
+   own, beside the query's own stems and at their weight, fused at
+   ``PASS_WEIGHTS["expansion"]``: a bridge the rewrite pass's low weight could not carry
+   to the top (issue 40). Skipped (``no-scarce-word``) when every expanded word is
+   common there.
 
 Fusion (:data:`FUSION`, per dense tier, chosen on the dev split) is weighted RRF for the
 lexical passes alone and with the static dense pass, and the weighted sum of per-query
 normalised scores with the full model's (:func:`weighted_sum`; BM25 passes by their best
 score, the dense pass min-max, at weight 4: dense-led, issue 40). RRF weights
 (:data:`PASS_WEIGHTS`: the baseline at 1.0, the two near-identical
-keyword passes at 0.3), then document-level aggregation of chunk scores
+keyword passes at 0.3, the expansion pass at 0.8), then document-level aggregation of chunk scores
 (:func:`aggregate_documents`; with the full model a page's further chunks support it
 whatever their BM25, :data:`DENSE_SUPPORT_POWER`). The baseline also matches whole identifiers
 (``os.path.join``, ``__init__``, ``max_connections``, ``3.11``) on the ``ident`` field
@@ -52,7 +58,7 @@ support, issue 40), and when no lexical pass found anything
 (its entry says ``reason: no-lexical-match``): the search answers nothing.
 
 The per-pass raw scores of every returned hit are in ``Hit.score_components``
-(``bm25``, ``exact``, ``rewrite``, ``dense``, ``rrf``; 0.0 when a pass ran and did not
+(``bm25``, ``exact``, ``rewrite``, ``expansion``, ``dense``, ``rrf``; 0.0 when a pass ran and did not
 find the chunk; absent when the pass did not run).
 """
 
@@ -91,7 +97,7 @@ from node.corpus.types import Hit
 #: questions are plain language; w 0 / 0.15 / 0.3 score the same, 0.5 +0.005 on
 #: postgresql) and stays for what only it does: quoted phrases in order.
 PASS_WEIGHTS = {"baseline-bm25": 1.0, "exact-entity": 0.3, "rewrite-expanded": 0.3,
-                "dense": 0.5}  # dense: dev split, python-docs + postgresql (specs/corpus.md)
+                "expansion": 0.8, "dense": 0.5}  # dense: dev split, python-docs + postgresql (specs/corpus.md)
 #: How passes are fused, per dense tier (issue 21 item 1; "" = no dense pass ran), each
 #: the best on the dev split (scripts/tune_fusion, pooled dev nDCG@10 over python-docs,
 #: postgresql, generated; specs/corpus.md): ``weighted-sum`` — each pass's scores
@@ -115,7 +121,7 @@ FUSION = {"": "rrf", "static": "rrf", "minilm": "weighted-sum"}
 #: 0.788 / 0.618 / 0.625, min-max 0.772 / 0.636 / 0.688 — python-docs / python-plain /
 #: python-plain-2; issue 21's pooled dev, before: min-max 0.789 vs max 0.790).
 NORMALISATION = {"baseline-bm25": "max", "exact-entity": "max", "rewrite-expanded": "max",
-                 "dense": "minmax"}
+                 "expansion": "max", "dense": "minmax"}
 #: The dense pass's weight per tier (``kith index config --dense-model``), chosen on the
 #: dev split with that tier's method: static 0.5 in RRF (0.3-0.6 within 0.001), minilm 4
 #: in the weighted sum, min-max normalised (issue 40 dev, python-docs / python-plain /
@@ -132,7 +138,23 @@ def fusion_method(tier: str | None) -> str:
 
 #: Score-component key per pass.
 COMPONENT = {"baseline-bm25": "bm25", "exact-entity": "exact", "rewrite-expanded": "rewrite",
-             "dense": "dense"}
+             "expansion": "expansion", "dense": "dense"}
+#: The ``expansion`` pass (issue 40): a query word's :data:`LEXICON` expansions searched in
+#: a pass of their own, beside the query's own stems, at :data:`EXPANSION_BOOST` × the
+#: user's words' weight — only for a word the searched index hardly uses (at most
+#: EXPANSION_SHARE of its chunks hold it, none included: a word the corpus uses freely
+#: needs no bridge, and expanding it on questions worded like the docs was the loss
+#: measured). Fused at ``PASS_WEIGHTS["expansion"]`` (0.8), max-normalised in the
+#: weighted sum. Dev split nDCG@10, python-docs / python-plain / python-plain-2 /
+#: postgresql / postgresql-plain, against 0.706 / 0.493 / 0.318 / 0.688 / 0.188 (the
+#: expansions only in the rewrite pass): this setting 0.707 / 0.513 / 0.326 / 0.695 /
+#: 0.199; boost 1.5 0.707 / 0.507 / 0.339 / 0.696 / 0.207, 2 0.693 / 0.519 / 0.339 /
+#: 0.693 / 0.206; every word expanded (weight 0.3) 0.681 / 0.494 / 0.310 / 0.684 / 0.201;
+#: share 0.05 or 0.1, weight 0.45 or 1.0, the expansions out of the rewrite pass, or the
+#: pass without the query's own stems: lower on python-docs
+#: (scripts/eval_data/results-issue40-lexpass-dev.txt).
+EXPANSION_SHARE = 0.02
+EXPANSION_BOOST = 1.0
 #: Boost of an expansion term relative to the user's own term.
 EXPANSION_WEIGHT = 0.7
 #: Boost of a page-title (first heading / file name) match and of a section-heading match
@@ -278,16 +300,26 @@ def _lexicon_stems() -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
-def expansions(query: str) -> list[str]:
-    """Expansion stems for ``query`` (not already among its own stems), in query order."""
+def expansion_sources(query: str) -> list[tuple[str, tuple[str, ...]]]:
+    """``[(the query word's stem, its expansion stems)]`` for each word of ``query`` that
+    :data:`LEXICON` expands, in query order; an expansion already among the query's own
+    stems is left out (pure: no index access)."""
     own = search.query_terms(query)
     lex = _lexicon_stems()
-    out: list[str] = []
+    out: list[tuple[str, tuple[str, ...]]] = []
     for raw in search.exact_terms(query):
-        for stem in lex.get(raw, ()) + lex.get(next(iter(search.query_terms(raw)), ""), ()):
-            if stem not in own and stem not in out:
-                out.append(stem)
+        stem = next(iter(search.query_terms(raw)), "")
+        targets = tuple(dict.fromkeys(t for t in lex.get(raw, ()) + lex.get(stem, ())
+                                      if t not in own))
+        if targets:
+            out.append((stem or raw, targets))
     return out
+
+
+def expansions(query: str) -> list[str]:
+    """Expansion stems for ``query`` (not already among its own stems), in query order
+    (:func:`expansion_sources`, flattened, each once)."""
+    return list(dict.fromkeys(t for _src, targets in expansion_sources(query) for t in targets))
 
 
 @dataclass
@@ -298,7 +330,9 @@ class Plan:
         query: the user text. stems: its analyzed terms (``kith_en``). key_terms: folded
         unstemmed key words. exact_units: exact-pass phrases. expansions: rewrite stems.
         pairs: adjacent key-term pairs (exact terms) for proximity phrases (empty
-        unless :data:`PROXIMITY_PAIRS`).
+        unless :data:`PROXIMITY_PAIRS`). sources: the expanded words and their
+        expansions (:func:`expansion_sources`), which the ``expansion`` pass keeps only
+        for words the searched index hardly uses (:func:`scarce_expansions`).
     """
 
     query: str
@@ -307,6 +341,7 @@ class Plan:
     exact_units: list[list[str]]
     expansions: list[str]
     pairs: list[list[str]] = field(default_factory=list)
+    sources: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
 
     @property
     def passes(self) -> list[str]:
@@ -316,6 +351,8 @@ class Plan:
             out.append("exact-entity")
         if self.stems and (self.expansions or self.pairs or len(self.stems) > 1):
             out.append("rewrite-expanded")
+        if self.stems and self.expansions:
+            out.append("expansion")
         return out
 
     def subqueries(self) -> list[dict[str, Any]]:
@@ -330,6 +367,9 @@ class Plan:
                          "expansions": list(self.expansions),
                          "proximityPairs": [" ".join(p) for p in self.pairs],
                          "fields": ["body", "title", "exact"]})
+        if "expansion" in self.passes:
+            subs.append({"pass": "expansion", "terms": list(self.stems),
+                         "expansions": list(self.expansions), "fields": ["body", "title"]})
         return subs
 
 
@@ -342,7 +382,7 @@ def make_plan(query: str) -> Plan:
     pairs = [[a, b] for a, b in zip(words, words[1:])] if PROXIMITY_PAIRS else []
     return Plan(query=query, stems=search.query_terms(query), key_terms=keys,
                 exact_units=search.exact_units(query), expansions=expansions(query),
-                pairs=pairs)
+                pairs=pairs, sources=expansion_sources(query))
 
 
 def _should(subs: Iterable[Any]) -> Any:
@@ -375,6 +415,35 @@ def rewrite_query(schema: Any, plan: Plan) -> Any | None:
         for t in search.definition_query_terms(plan.query):
             subs.append(Q.boost_query(Q.term_query(schema, "defines", t), search.DEFINES_BOOST))
     return _should(subs) if subs else None
+
+
+def scarce_expansions(searcher: Any, plan: Plan) -> list[str]:
+    """The expansion stems the ``expansion`` pass searches in ``searcher``'s index: those
+    of the query words at most :data:`EXPANSION_SHARE` of its chunks hold (a word absent
+    from it included), each once. One ``doc_freq`` per expanded word."""
+    limit = EXPANSION_SHARE * searcher.num_docs
+    out: dict[str, None] = {}
+    for src, targets in plan.sources:
+        if searcher.doc_freq("body", src) <= limit:
+            out.update(dict.fromkeys(targets))
+    return list(out)
+
+
+def expansion_query(schema: Any, plan: Plan, kept: Sequence[str]) -> Any | None:
+    """The ``expansion`` query: the query's own stems (body + title at
+    :data:`REWRITE_TITLE_BOOST`) and the ``kept`` expansion stems
+    (:func:`scarce_expansions`) the same way, at the same weight; None when none is kept
+    (the pass is skipped)."""
+    if not kept:
+        return None
+    Q = tantivy.Query
+    subs = []
+    for t, boost in [*((t, 1.0) for t in plan.stems), *((t, EXPANSION_BOOST) for t in kept)]:
+        subs.append(Q.boost_query(Q.term_query(schema, "body", t), boost))
+        if not t.isdigit():
+            subs.append(Q.boost_query(Q.term_query(schema, "title", t),
+                                      boost * REWRITE_TITLE_BOOST))
+    return _should(subs)
 
 
 #: Addresses whose ids :class:`StoredIds` keeps per searcher across requests (about
@@ -920,6 +989,8 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             queries["exact-entity"] = search.exact_query(schema, query)
         if "rewrite-expanded" in plan.passes:
             queries["rewrite-expanded"] = rewrite_query(schema, plan)
+        if "expansion" in plan.passes:
+            queries["expansion"] = expansion_query(schema, plan, scarce_expansions(searcher, plan))
         depth = max(limit * 4, 40)
         dense_entry: dict[str, Any] | None = None
         if extra_passes is None:  # the optional dense pass (only when the owner turned it on)
@@ -968,6 +1039,10 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
                                    "reason": stop})
                     continue
                 q = queries.get(name)
+                if q is None and name == "expansion":  # every expanded word is common there
+                    passes.append({"name": name, "status": "skipped", "candidates": 0,
+                                   "reason": "no-scarce-word"})
+                    continue
                 if q is None:  # nothing searchable (e.g. only punctuation): ran, found nothing
                     passes.append({"name": name, "status": "ran", "candidates": 0})
                     continue
