@@ -20,10 +20,9 @@ from typing import Any, Optional, get_type_hints
 
 import typer
 
+from node.cli.safe import safe_text
 from node.common.home import AGENTS_FILE, IDENTITY_FILE, create_home, home_initialized, require_home, resolve_home
 
-_CONTROL = dict.fromkeys([*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0),
-                          0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)], "\ufffd")
 #: a C0 control character other than newline: rich's text strips some and expands tabs
 _RICH_CONTROL = re.compile("[\x00-\x09\x0b-\x1f]")
 #: rich's emoji code (``:name:``, rich/_emoji_replace.py): a string with none prints as written
@@ -182,13 +181,6 @@ def __getattr__(name: str) -> Any:
 console = LazyConsole(_stdout_console)
 #: stderr; soft_wrap so a one-line error stays one line when stderr is a file or pipe
 err_console = LazyConsole(_stderr_console, stderr=True)
-
-
-def safe_text(text: object) -> str:
-    """``text`` with control characters (C0 except tab/newline, DEL, C1) and bidirectional
-    overrides replaced by U+FFFD, for printing text that came from a peer, a server or a
-    file: terminal escape sequences never reach the terminal."""
-    return str(text).translate(_CONTROL)
 
 
 #: stdout for data shown to a person that includes peer/server-supplied text

@@ -3,7 +3,7 @@ importing rich costs about 20 ms, which a guest printing plain lines never pays;
 
 :class:`_KithConsole` prints text as written off a terminal (no colour, no wrapping, no
 80-column layout; issue 12); :class:`_UntrustedConsole` also makes every string safe
-(:func:`node.cli.common.safe_text`) and never parses markup or emoji codes.
+(:func:`node.cli.safe.safe_text`) and never parses markup or emoji codes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from rich.console import Console, ConsoleDimensions
 from rich.segment import Segment
 from rich.text import Text
 
-from node.cli.common import safe_text
+from node.cli.safe import safe_text
 
 #: Width a console lays out to when its stream is not a terminal: long lines (a `kith
 #: join ...` command to copy, a table row) must not be cut at 80 columns in a pipe or file.
