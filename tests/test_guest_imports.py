@@ -3,9 +3,11 @@ the host's modules (issue 44, "a guest that starts fast"): `kith join --query`, 
 --peer` and `kith verify` are real processes here, run with ``python -X importtime`` against a
 real `kith host` on loopback, and every module they imported is read from that report.
 
-Allowed from the corpus package: its pure modules (``globs``: the glob language a request's
-``sources`` filter and an agent's scope are checked in; ``sources``; ``types``). The outbound
-gate (node.policy.outbound) reads its small fingerprint file, never the corpus package.
+Allowed from the corpus package: the package itself (the two bounds the answer contract
+states, node/corpus/__init__.py) — not even its pure modules (``globs``, loaded only to check
+a request's ``sources`` filter; ``sources``; ``types``). The outbound gate
+(node.policy.outbound) reads its small fingerprint file, never the corpus package. Nor
+platformdirs (the home is given) nor tomllib (the home has no config.toml).
 Nor does it load the agents module (node.local.agents) when the home's agents.json exists:
 only the first command of a home made before agents creates the agent ``default``.
 
@@ -30,8 +32,11 @@ pytestmark = pytest.mark.iroh
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "demo" / "corpus" / "python-docs-sample"
-#: corpus modules a guest may load: pure, no tantivy, no SQLite
-PURE_CORPUS = {"node.corpus", "node.corpus.globs", "node.corpus.sources", "node.corpus.types"}
+#: corpus modules a guest may load: the package (its two bounds), nothing else
+PURE_CORPUS = {"node.corpus"}
+#: loaded only when needed: the default home's folder (``--home`` given), the TOML parser
+#: (a home with a config.toml)
+UNNEEDED = {"platformdirs", "tomllib"}
 
 
 def _imported(home: Path, *args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
@@ -51,7 +56,7 @@ def _rich(modules: set[str]) -> list[str]:
 def _forbidden(modules: set[str]) -> list[str]:
     return sorted(m for m in modules
                   if m == "tantivy" or m.startswith("tantivy.") or m.startswith("node.host")
-                  or m == "node.local.agents"
+                  or m == "node.local.agents" or m in UNNEEDED
                   or (m.startswith("node.corpus") and m not in PURE_CORPUS))
 
 
