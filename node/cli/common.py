@@ -13,6 +13,7 @@ import json
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,8 @@ _RICH_CONTROL = re.compile("[\x00-\x09\x0b-\x1f]")
 _EMOJI_CODE = re.compile(r":\S*?:")
 #: ``print`` keywords the plain path honours; any other one goes to rich
 _PLAIN_KEYWORDS = frozenset({"sep", "end", "markup", "emoji", "highlight", "soft_wrap"})
+#: held while a :class:`LazyConsole` builds its console
+_BUILD_LOCK = threading.Lock()
 
 
 def _terminal_by_rich_rule(stream: Any) -> bool | None:
@@ -85,9 +88,12 @@ class LazyConsole:
             object.__setattr__(self, name, value)
 
     def real(self) -> Any:
-        """The rich console, built now if it was not yet (imports rich)."""
+        """The rich console, built now if it was not yet (imports rich); built once, also
+        when two threads (the join's prompt worker and its event loop) ask at once."""
         if self._real is None:
-            object.__setattr__(self, "_real", self._build())
+            with _BUILD_LOCK:
+                if self._real is None:
+                    object.__setattr__(self, "_real", self._build())
         return self._real
 
     def __getattr__(self, name: str) -> Any:
