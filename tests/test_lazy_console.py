@@ -73,7 +73,7 @@ PLAIN = CALLS[0:2] + CALLS[3:4] + CALLS[12:15] + CALLS[16:18]
 
 @pytest.mark.parametrize("env,expected", [({}, False), ({"FORCE_COLOR": "1"}, True), ({"FORCE_COLOR": ""}, False),
                                           ({"TTY_COMPATIBLE": "1"}, True), ({"TTY_COMPATIBLE": "0", "FORCE_COLOR": "1"}, False)])
-def test_the_terminal_rule_is_riches(env, expected, monkeypatch):
+def test_the_terminal_rule_is_the_one_rich_uses(env, expected, monkeypatch):
     from rich.console import Console
 
     for var in ("FORCE_COLOR", "TTY_COMPATIBLE"):
