@@ -3,11 +3,17 @@ the host's modules (issue 44, "a guest that starts fast"): `kith join --query`, 
 --peer` and `kith verify` are real processes here, run with ``python -X importtime`` against a
 real `kith host` on loopback, and every module they imported is read from that report.
 
-Allowed from the corpus package: its pure modules (``globs``: the glob language a request's
-``sources`` filter and an agent's scope are checked in; ``sources``; ``types``). The outbound
-gate (node.policy.outbound) reads its small fingerprint file, never the corpus package.
+Allowed from the corpus package: the package itself (the two bounds the answer contract
+states, node/corpus/__init__.py) — not even its pure modules (``globs``, loaded only to check
+a request's ``sources`` filter; ``sources``; ``types``). The outbound gate
+(node.policy.outbound) reads its small fingerprint file, never the corpus package. Nor
+platformdirs (the home is given) nor tomllib (the home has no config.toml).
 Nor does it load the agents module (node.local.agents) when the home's agents.json exists:
-only the first command of a home made before agents creates the agent ``default``."""
+only the first command of a home made before agents creates the agent ``default``.
+
+Nor rich where nothing is rendered with it (node/cli/common.py's consoles are built on first
+use): `kith join` of a paired host printing its answer to a pipe, `kith ask --json`, `kith verify --json`. A
+table (`kith verify` as text) does load it, which shows the check can fail."""
 
 from __future__ import annotations
 
@@ -26,8 +32,11 @@ pytestmark = pytest.mark.iroh
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "demo" / "corpus" / "python-docs-sample"
-#: corpus modules a guest may load: pure, no tantivy, no SQLite
-PURE_CORPUS = {"node.corpus", "node.corpus.globs", "node.corpus.sources", "node.corpus.types"}
+#: corpus modules a guest may load: the package (its two bounds), nothing else
+PURE_CORPUS = {"node.corpus"}
+#: loaded only when needed: the default home's folder (``--home`` given), the TOML parser
+#: (a home with a config.toml)
+UNNEEDED = {"platformdirs", "tomllib"}
 
 
 def _imported(home: Path, *args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
@@ -39,10 +48,15 @@ def _imported(home: Path, *args: str) -> tuple[subprocess.CompletedProcess, set[
     return r, modules
 
 
+def _rich(modules: set[str]) -> list[str]:
+    """The rich modules among ``modules``."""
+    return sorted(m for m in modules if m == "rich" or m.startswith("rich."))
+
+
 def _forbidden(modules: set[str]) -> list[str]:
     return sorted(m for m in modules
                   if m == "tantivy" or m.startswith("tantivy.") or m.startswith("node.host")
-                  or m == "node.local.agents"
+                  or m == "node.local.agents" or m in UNNEEDED
                   or (m.startswith("node.corpus") and m not in PURE_CORPUS))
 
 
@@ -59,18 +73,32 @@ def test_join_ask_and_verify_of_a_live_peer_load_no_tantivy_corpus_or_host_modul
         assert _forbidden(modules) == []
 
         pin_host(guest, "alice", h.invitation)
+        r, modules = _imported(guest, "join", "--peer", "alice", "--local", "--query",
+                               "run a command and capture its output")  # a paired host, its answer to a pipe
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "subprocess" in r.stdout
+        assert "path: direct" in r.stderr and "session " in r.stderr  # its lines on stderr, written plain
+        assert _forbidden(modules) == []
+        assert _rich(modules) == []
         r, modules = _imported(guest, "ask", "run a command and capture its output", "--peer", "alice",
                                "--json", "--citations")
         assert r.returncode == 0, r.stderr[-2000:]
         assert "/python-docs-sample/subprocess.rst.txt" in r.stdout
         assert _forbidden(modules) == []
+        assert _rich(modules) == []
         (tmp_path / "answer.json").write_text(r.stdout)
     finally:
         h.stop()
-    r, modules = _imported(guest, "verify", str(tmp_path / "answer.json"))
+    r, modules = _imported(guest, "verify", str(tmp_path / "answer.json"), "--json")
     assert r.returncode in (0, 1), r.stderr[-2000:]  # a verdict, whatever it is, without the corpus
-    assert "result" in r.stdout
+    assert "counts" in r.stdout
     assert _forbidden(modules) == []
+    assert _rich(modules) == []
+    r, modules = _imported(guest, "verify", str(tmp_path / "answer.json"))
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    assert "result" in r.stdout  # the table's header: rendered by rich
+    assert _forbidden(modules) == []
+    assert "rich.table" in _rich(modules)  # the check can see rich
 
 
 def test_the_check_sees_a_forbidden_module(tmp_path):

@@ -29,8 +29,7 @@ from functools import lru_cache
 from typing import Any
 
 from node.common.errors import CorpusError, KithError
-from node.corpus import globs
-from node.corpus.types import MAX_PER_DOCUMENT
+from node.corpus import MAX_GLOB_CHARS as _GLOB_CHARS, MAX_PER_DOCUMENT
 
 #: ``query``: characters, counted before surrounding whitespace is stripped.
 MAX_QUERY_CHARS = 2000
@@ -41,7 +40,7 @@ MAX_FILTER_VALUES = 32
 #: Characters of one filter value (``sources`` globs: :data:`MAX_GLOB_CHARS`).
 MAX_FILTER_VALUE_CHARS = 256
 #: Characters of one ``sources`` glob: the glob language's own bound (one number).
-MAX_GLOB_CHARS = globs.MAX_GLOB_CHARS
+MAX_GLOB_CHARS = _GLOB_CHARS
 #: Largest ``remainingBudgetMs`` a request may state (ms); the server then clamps its
 #: own search time to :data:`MAX_SERVER_BUDGET_MS`.
 MAX_REQUEST_BUDGET_MS = 600_000
@@ -286,6 +285,8 @@ def validate(body: Any) -> dict[str, Any]:
         elif key == "sources":
             found = _string_list(key, v, max_chars=MAX_GLOB_CHARS, pattern=_GLOB_RE,
                                  rule="globs must start with '/' (they match source ids)")
+            from node.corpus import globs  # here: a request without sources never loads it
+
             for g in found:
                 try:
                     globs.source_glob(g)  # the policy's glob language and linear matcher

@@ -10,115 +10,187 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
+import re
 import sys
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, get_type_hints
 
 import typer
-from rich.console import Console, ConsoleDimensions
-from rich.segment import Segment
-from rich.text import Text
 
+from node.cli.safe import safe_text
 from node.common.home import AGENTS_FILE, IDENTITY_FILE, create_home, home_initialized, require_home, resolve_home
 
-#: Width a console lays out to when its stream is not a terminal: long lines (a `kith
-#: join ...` command to copy, a table row) must not be cut at 80 columns in a pipe or file.
-PIPE_WIDTH = 4096
+#: a C0 control character other than newline: rich's text strips some and expands tabs
+_RICH_CONTROL = re.compile("[\x00-\x09\x0b-\x1f]")
+#: rich's emoji code (``:name:``, rich/_emoji_replace.py): a string with none prints as written
+_EMOJI_CODE = re.compile(r":\S*?:")
+#: ``print`` keywords the plain path honours; any other one goes to rich
+_PLAIN_KEYWORDS = frozenset({"sep", "end", "markup", "emoji", "highlight", "soft_wrap"})
+#: held while a :class:`LazyConsole` builds its console
+_BUILD_LOCK = threading.Lock()
 
 
-class _KithConsole(Console):
-    """A console that never decorates what it prints: no highlighter (rich's colours
-    random digits and ids), and off a terminal no colour (rich's own rule, also for
-    ``TERM=dumb``), no soft wrapping and no 80-column layout — what lands in a pipe or a
-    file is the text as written (issue 12). On a terminal lines wrap as usual."""
+def _terminal_by_rich_rule(stream: Any) -> bool | None:
+    """Whether rich would call ``stream`` a terminal (``rich.console.Console.is_terminal``,
+    for a console without ``force_terminal``), decided without importing rich; None when
+    only rich can tell (a Jupyter kernel)."""
+    import builtins
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("highlight", False)
-        self._wrap_on_tty = kwargs.pop("soft_wrap", False)
-        super().__init__(*args, soft_wrap=self._wrap_on_tty, **kwargs)
+    if getattr(sys.stdin, "__module__", "").startswith("idlelib"):
+        return False
+    if hasattr(builtins, "get_ipython"):
+        return None
+    tty_compatible = os.environ.get("TTY_COMPATIBLE", "")
+    if tty_compatible in ("0", "1"):
+        return tty_compatible == "1"
+    force_color = os.environ.get("FORCE_COLOR")
+    if force_color is not None:
+        return force_color != ""
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return False if isatty is None else bool(isatty())
+    except ValueError:
+        return False
 
-    @property  # type: ignore[override]
-    def soft_wrap(self) -> bool:
-        return self._wrap_on_tty or not self.is_terminal
 
-    @soft_wrap.setter
-    def soft_wrap(self, value: bool) -> None:
-        self._wrap_on_tty = value
+class LazyConsole:
+    """stdout's or stderr's console (:mod:`node.cli.consoles`), built on first use: rich is
+    imported only when output is rendered with it (issue 44: a guest that starts fast).
+
+    Off a terminal, before the console is built, :meth:`print` of plain strings writes them
+    itself, exactly as the console would (the joined text and ``end``, flushed): a
+    ``kith join --json`` or a piped ``kith join`` never imports rich. Anything rich would
+    change — a terminal, markup (a ``[`` with markup on), an emoji code (``:name:`` with
+    emoji on), a control character but newline (rich strips some and expands tabs), a
+    renderable, ``soft_wrap=False``, a keyword the plain path does not know — builds the
+    console and hands it the call. Every other attribute is the built console's (reading
+    or setting one builds it); once built, every call goes to it.
+
+    Args:
+        build: returns the console (called once).
+        stderr: the console writes to ``sys.stderr`` (else ``sys.stdout``), the stream of
+            the moment as rich's own ``file`` is.
+        markup, emoji: the console's defaults (``print(markup=None)`` means these).
+        untrusted: every string passes :func:`safe_text` and markup and emoji codes are
+            never parsed (:class:`node.cli.consoles._UntrustedConsole`).
+    """
+
+    __slots__ = ("_build", "_real", "_stderr", "_markup", "_emoji", "_untrusted")
+
+    def __init__(self, build: Callable[[], Any], *, stderr: bool = False, markup: bool = True,
+                 emoji: bool = True, untrusted: bool = False) -> None:
+        for name, value in (("_build", build), ("_real", None), ("_stderr", stderr), ("_markup", markup),
+                            ("_emoji", emoji), ("_untrusted", untrusted)):
+            object.__setattr__(self, name, value)
+
+    def real(self) -> Any:
+        """The rich console, built now if it was not yet (imports rich); built once, also
+        when two threads (the join's prompt worker and its event loop) ask at once."""
+        if self._real is None:
+            with _BUILD_LOCK:
+                if self._real is None:
+                    object.__setattr__(self, "_real", self._build())
+        return self._real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.real(), name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self.real(), name)
 
     @property
-    def width(self) -> int:  # type: ignore[override]
-        if self._width is None and not self.is_terminal:
-            return PIPE_WIDTH
-        return super().width
+    def file(self) -> Any:
+        """The stream printed to (rich's ``Console.file``)."""
+        if self._real is not None:
+            return self._real.file
+        stream = sys.stderr if self._stderr else sys.stdout
+        stream = getattr(stream, "rich_proxied_file", stream)
+        return stream if stream is not None else self.real().file
 
-    @width.setter
-    def width(self, value: int) -> None:
-        self._width = value
+    @property
+    def is_terminal(self) -> bool:
+        """rich's ``Console.is_terminal`` (without importing rich when the rule can tell)."""
+        if self._real is None:
+            verdict = _terminal_by_rich_rule(self.file)
+            if verdict is not None:
+                return verdict
+        return bool(self.real().is_terminal)
 
-    @property  # type: ignore[override]
-    def size(self) -> ConsoleDimensions:
-        # rich lays out renderables (tables) to ``options.max_width``, which it takes from
-        # ``size``, not ``width``: without this a table in a pipe still wraps at 80 columns
-        dims = super().size
-        if self._width is None and not self.is_terminal:
-            return ConsoleDimensions(PIPE_WIDTH, dims.height)
-        return dims
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """rich's ``Console.print``; plain strings off a terminal are written directly."""
+        text = self._plain(objects, kwargs) if self._real is None else None
+        if text is None:
+            self.real().print(*objects, **kwargs)
+            return
+        stream = self.file
+        stream.write(text)
+        stream.flush()
 
-    @size.setter
-    def size(self, new_size: tuple[int, int]) -> None:
-        self._width, self._height = new_size
+    def _plain(self, objects: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """What the console would write for this call when it is plain text off a terminal,
+        else None (rich must render it)."""
+        if not kwargs.keys() <= _PLAIN_KEYWORDS or kwargs.get("soft_wrap") is False or kwargs.get("highlight"):
+            return None
+        sep, end = kwargs.get("sep", " "), kwargs.get("end", "\n")
+        if not objects or not all(type(o) is str for o in (*objects, sep, end)):
+            return None
+        if self._untrusted:  # as _UntrustedConsole: every piece it writes is made safe
+            objects, sep, end = tuple(safe_text(o) for o in objects), safe_text(sep), safe_text(end)
+        text = sep.join(objects)
+        markup = False if self._untrusted else kwargs.get("markup")
+        emoji = False if self._untrusted else kwargs.get("emoji")
+        if ((self._markup if markup is None else markup) and "[" in text
+                or (self._emoji if emoji is None else emoji) and _EMOJI_CODE.search(text)
+                or _RICH_CONTROL.search(text + end)):
+            return None
+        if self.is_terminal:
+            return None
+        return text + end
 
 
-console = _KithConsole()
+def _stdout_console() -> Any:
+    from node.cli.consoles import _KithConsole
+
+    return _KithConsole()
+
+
+def _stderr_console() -> Any:
+    from node.cli.consoles import _KithConsole
+
+    return _KithConsole(stderr=True, soft_wrap=True)
+
+
+def _untrusted_console() -> Any:
+    from node.cli.consoles import _UntrustedConsole
+
+    return _UntrustedConsole()
+
+
+def __getattr__(name: str) -> Any:
+    """The console classes and :data:`PIPE_WIDTH` live in :mod:`node.cli.consoles` (they
+    import rich), loaded on first use."""
+    if name in ("_KithConsole", "_UntrustedConsole", "PIPE_WIDTH"):
+        from node.cli import consoles
+
+        return getattr(consoles, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: stdout
+console = LazyConsole(_stdout_console)
 #: stderr; soft_wrap so a one-line error stays one line when stderr is a file or pipe
-err_console = _KithConsole(stderr=True, soft_wrap=True)
-
-_CONTROL = dict.fromkeys([*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0),
-                          0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)], "\ufffd")
-
-
-class _UntrustedConsole(_KithConsole):
-    """A console for text that came from a peer, a server or a file: every string is
-    passed through :func:`safe_text` and rich markup and emoji codes are never parsed —
-    also the strings inside renderables (table cells, headers, titles), which rich turns
-    into text through :meth:`render_str`, and :class:`rich.text.Text` objects printed
-    directly."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("markup", False)
-        kwargs.setdefault("emoji", False)
-        kwargs.setdefault("highlight", False)
-        super().__init__(*args, **kwargs)
-
-    def render_str(self, text: str, **kwargs: Any) -> Text:  # type: ignore[override]
-        kwargs["markup"] = False
-        kwargs["emoji"] = False
-        return super().render_str(safe_text(text), **kwargs)
-
-    def render(self, renderable: Any, options: Any = None) -> Iterable[Segment]:  # type: ignore[override]
-        # every piece of text of every renderable (incl. Text objects in table cells) is
-        # sanitized at the segment level; rich's own control segments are kept
-        for seg in super().render(renderable, options):
-            yield seg if seg.control else Segment(safe_text(seg.text), seg.style, seg.control)
-
-    def print(self, *objects: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        kwargs["markup"] = False
-        kwargs["emoji"] = False
-        kwargs.setdefault("highlight", False)
-        super().print(*(safe_text(o) if isinstance(o, str) else o for o in objects), **kwargs)
-
-
-def safe_text(text: object) -> str:
-    """``text`` with control characters (C0 except tab/newline, DEL, C1) and bidirectional
-    overrides replaced by U+FFFD, for printing text that came from a peer, a server or a
-    file: terminal escape sequences never reach the terminal."""
-    return str(text).translate(_CONTROL)
+err_console = LazyConsole(_stderr_console, stderr=True)
 
 
 #: stdout for data shown to a person that includes peer/server-supplied text
-untrusted_console = _UntrustedConsole()
+untrusted_console = LazyConsole(_untrusted_console, markup=False, emoji=False, untrusted=True)
 
 
 @dataclass

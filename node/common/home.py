@@ -7,8 +7,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
 
 #: The file ``kith init`` writes: a folder holding it is an initialised node home.
 IDENTITY_FILE = "identity.key"
@@ -36,9 +34,14 @@ def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
     (see :func:`require_home` and :func:`create_home`).
 
     Order: ``explicit`` (the ``--home`` option), then ``$KITH_HOME``, then
-    ``platformdirs.user_data_dir("kith")``.
+    ``platformdirs.user_data_dir("kith")`` (platformdirs is imported only then: a command
+    given its home never loads it, issue 44).
     """
-    raw = explicit or os.environ.get("KITH_HOME") or platformdirs.user_data_dir("kith")
+    raw = explicit or os.environ.get("KITH_HOME")
+    if not raw:
+        import platformdirs
+
+        raw = platformdirs.user_data_dir("kith")
     return Path(raw).expanduser().resolve()
 
 
@@ -352,17 +355,21 @@ def config_table(home: Path | None, table: str, code: str) -> dict[str, Any]:
             ``presense`` must not leave a privacy setting at its default), or ``table`` is
             not a table.
     """
-    import tomllib
-
     from node.common.errors import UsageError
 
     if home is None:
         return {}
     try:
-        data = tomllib.loads((Path(home) / CONFIG_FILE).read_text(encoding="utf-8"))
+        text = (Path(home) / CONFIG_FILE).read_text(encoding="utf-8")
     except FileNotFoundError:
         return {}
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(code, f"{CONFIG_FILE} cannot be read ({type(exc).__name__})", hint=_CONFIG_HINT) from None
+    import tomllib  # only for a home that has the file
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise UsageError(code, f"{CONFIG_FILE} cannot be read ({type(exc).__name__})", hint=_CONFIG_HINT) from None
     unknown = sorted(set(data) - set(CONFIG_TABLES))
     if unknown:

@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Default cap of chunks per document in one result list (document-level dedup; the
-#: contract's ``dedupe: chunk``). Here, beside the result types, so that the answer contract
-#: reads it without importing tantivy.
-MAX_PER_DOCUMENT = 2
+#: Default cap of chunks per document in one result list (stated at the package's root,
+#: node/corpus/__init__.py, so that the answer contract reads it without loading this module).
+from node.corpus import MAX_PER_DOCUMENT as _MAX_PER_DOCUMENT
+
+MAX_PER_DOCUMENT = _MAX_PER_DOCUMENT
 
 
 @dataclass(frozen=True)
