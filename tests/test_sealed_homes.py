@@ -95,3 +95,26 @@ def test_a_device_pin_is_reached_through_the_mailbox_its_own_card_names(tmp_path
     shown = json.loads(kith(guest, "outbox", "show", qid, "--json").stdout)
     assert "noon" in shown["answer"]["results"][0]["textPreview"]
 
+
+
+def test_a_host_pinned_by_join_pin_is_reached_through_the_mailbox_its_card_names(tmp_path: Path) -> None:
+    """`kith join POST --pin bea` pins the host after the session that met it live: the card
+    that host sent in that very handshake names its mailbox and must be kept for the new pin,
+    so a `--later` question for bea is left there while bea sleeps (README "Device pins
+    too": a device pin uses the holder "once this home has met it live")."""
+    host_home = notes_host(tmp_path)
+    guest = tmp_path / "guest"
+    assert kith(guest, "init").returncode == 0
+    with mailbox_server(tmp_path / "server" / "community.sqlite3") as (store, url):
+        first = HostProcess(host_home, "--server", url, "--mailbox")
+        try:
+            r = kith(guest, "join", first.invitation["post_id"], "--server", url, "--offline", "--trust",
+                     "--pin", "bea", "--query", QUESTION, timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert "pinned the host as 'bea'" in r.stderr
+        finally:
+            first.stop()
+        qid = ask_later(guest, QUESTION, "bea")
+        outbox_run_until(guest, "the row left with the mailbox", lambda: json.loads(kith(
+            guest, "outbox", "show", qid, "--json").stdout)["peers"][0].get("leftWith") == url, timeout_s=30)
+        assert store.mailbox_usage()["records"] == 1
