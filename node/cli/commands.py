@@ -297,9 +297,16 @@ def _prompt(text: str) -> str:
 
 
 def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None,
-               invitation: dict[str, Any] | None = None, server: str | None = None) -> None:
+               invitation: dict[str, Any] | None = None, server: str | None = None,
+               card: object = None) -> None:
     """After a successful session with an unpinned host: pin it as ``pin``, or (on a TTY)
-    ask for a name; otherwise say how to pin it later. Messages go to stderr."""
+    ask for a name; otherwise say how to pin it later. Messages go to stderr.
+
+    ``card``: the device card the host sent in that session's handshake (or None). It is
+    kept for the new pin as a card of a pinned device's own handshake is
+    (:func:`node.guest.cards.take_card`), so the holders it names are known to ``--later``
+    at once (specs/sealed.md §10: a device pin uses the mailbox its card names once this
+    home met it live — and the pinning session was that meeting)."""
     import re
 
     from node.trust.peers import NAME_RE, PeerRegistry
@@ -318,6 +325,10 @@ def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None,
             return
     rec = registry.add(pin, key, profile=profile, invitation=invitation, server=server)
     err_console.print(f"pinned the host as {rec.name!r}", highlight=False, markup=False)
+    if card is not None:  # the session's card, refused before the pin existed (card-wrong-person)
+        from node.guest.cards import take_card
+
+        take_card(home, card, via="handshake", device=key)
 
 
 #: Answers of the ``[y/N]`` trust question that are never taken as a peer name (issue 30).
@@ -745,7 +756,7 @@ class Join:
                               "asks it, or another awake device of that person", highlight=False, markup=False)
         elif outcome.ok and name is None and not (self.interactive and outcome.peer_end is not None):
             _offer_pin(home, inv.host_public_key, self.host_seen.get("profile") or {}, self.pin, inv.to_dict(),
-                       self.server)
+                       self.server, card=self.host_seen.get("card"))
         elif outcome.ok and name is not None:  # a pinned host: keep its last invitation (`kith ask`)
             from node.trust.peers import PeerRegistry
 
