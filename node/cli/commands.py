@@ -180,8 +180,11 @@ def host_cmd(
     if mailbox and not server:
         raise UsageError("usage", "--mailbox takes sealed questions from a community server: give --server URL")
     opts.mailbox = mailbox
-    if len(holder) > 3 or len(set(holder)) != len(holder):
-        raise UsageError("usage", "--holder: at most 3 distinct URLs")
+    if len(holder) > 3:
+        raise UsageError("usage", "--holder: at most 3 (repeatable up to three times)")
+    for i, url in enumerate(holder):
+        if url in holder[:i]:
+            raise UsageError("usage", f"--holder {url[:60]} is given twice")
     if holder:
         from node.trust.card import check_mailboxes
 
@@ -197,6 +200,11 @@ def host_cmd(
                 raise UsageError("usage", f"--holder {url[:40]}…: not an iroh ticket (the one `kith host --hold-mail "
                                  "iroh` prints)")
     opts.holders = list(holder)
+    named = {*holder, *([server] if mailbox else []), *([f"http://{hold_mail}" if hold_mail != "iroh" else "iroh"]
+                                                           if hold_mail is not None else [])}
+    if len(named) > 4:  # a card names at most 4 (node.trust.card.MAX_MAILBOXES, specs/sealed.md §6): none dropped
+        raise UsageError("usage", f"a card names at most 4 holders: --hold-mail, --holder and --mailbox make "
+                                  f"{len(named)}; leave one out")
     if hold_mail is not None:
         from node.host.sealed_host import parse_hold_mail
 
