@@ -171,10 +171,8 @@ class OutboxTask:
 
                     code = exc.code
                     refused = not isinstance(exc, (TransportError, CommunityError))
-                    if isinstance(exc, ConfigError):  # a fault of this home (sent.jsonl, ...): told once
-                        from node.guest.runner import Runner
-
-                        Runner._tell(self.name, exc, self._told, 0)
+                    if isinstance(exc, ConfigError):  # a fault of this home (sent.jsonl, ...): told once,
+                        runner._tell(self.name, exc, self._told, 0)  # as the runner tells a step's fault
                 if message is None:  # not answered: back off this peer, keep the row as it is
                     await anyio.to_thread.run_sync(lambda: store.record_attempt(item.question_id, key, None, code=code))
                     self._back_off(runner, key, refused=refused)
