@@ -185,3 +185,28 @@ def test_more_holders_than_a_card_names_are_refused_not_one_dropped_silently(tmp
     r = kith(home, "host", "--offline", "--invite-file", str(tmp_path / "inv"), "--holder", "http://a",
              "--holder", "http://a")
     assert r.returncode == 2 and "--holder http://a is given twice" in r.stderr, r.stderr
+
+
+def test_a_host_taking_from_a_server_that_keeps_no_mailbox_says_so(tmp_path: Path) -> None:
+    """`kith host --server URL --mailbox` against a community server run without
+    `--mailbox`: the warning says that server keeps no mailbox and how to turn it on — not
+    that sealed questions "wait there", which none can (every put is refused mailbox-off)."""
+    (tmp_path / "h").mkdir()
+    home = notes_host(tmp_path / "h")
+    store = open_store(tmp_path / "server" / "community.sqlite3")
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS) as url:  # no mailbox
+            from support.cli import lines_until
+
+            host = HostProcess(home, "--server", url, "--mailbox")
+            try:
+                seen = lines_until(host.proc, host.proc.stderr, lambda line: "mailbox at" in line, timeout=30)
+            finally:
+                code, _out, rest = host.stop()
+    finally:
+        store.close()
+    err = "".join(seen) + rest
+    assert code == 0, err
+    assert "Traceback" not in err, err
+    assert "wait there" not in err, err
+    assert "keeps no mailbox" in err and "kith community serve --mailbox" in err, err
