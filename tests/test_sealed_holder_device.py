@@ -200,7 +200,8 @@ def test_a_host_taking_from_a_server_that_keeps_no_mailbox_says_so(tmp_path: Pat
 
             host = HostProcess(home, "--server", url, "--mailbox")
             try:
-                seen = lines_until(host.proc, host.proc.stderr, lambda line: "mailbox at" in line, timeout=30)
+                seen = lines_until(host.proc, host.proc.stderr,
+                                   lambda line: line.startswith("warning:") and "mailbox" in line, timeout=30)
             finally:
                 code, _out, rest = host.stop()
     finally:
