@@ -30,7 +30,7 @@ def test_a_deeply_nested_file_is_refused_with_a_code(tmp_path: Path, args: tuple
     assert r.returncode == 1 and json.loads(r.stdout)["error"]["code"] == code, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("content", ["", "not json", DEEP], ids=["empty", "text", "deep"])
+@pytest.mark.parametrize("content", ["", "not json", DEEP, "{}", "[]"], ids=["empty", "text", "deep", "object", "list"])
 def test_a_person_file_that_is_not_json_names_the_file_to_give_not_a_home_repair(tmp_path: Path, content: str):
     """`kith person import FILE` with a file that is not a person record: the hint says which
     file to give (the `kith person show --json` of the device that rotated), not the repair of
