@@ -42,6 +42,19 @@ def test_serve_refuses_a_public_address_without_public(tmp_path: Path) -> None:
     assert not (tmp_path / "community").exists()
 
 
+@pytest.mark.parametrize("bound", ["--mailbox-per-sender", "--mailbox-per-recipient", "--mailbox-max-records",
+                                   "--mailbox-max-mb"])
+def test_serve_refuses_a_mailbox_bound_without_the_mailbox(tmp_path: Path, bound: str) -> None:
+    """A mailbox bound without `--mailbox` would be a server with no mailbox that looks set
+    up for one (the bound silently unused): refused `usage` before anything is created, as
+    `kith host --mailbox` without `--server` is."""
+    result = subprocess.run(kith(tmp_path, "community", "serve", "--port", "0", bound, "5"),
+                            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2, result.stderr
+    assert "error [usage]" in result.stderr and bound in result.stderr and "--mailbox" in result.stderr
+    assert not (tmp_path / "community").exists()
+
+
 def test_serve_reports_a_busy_port(tmp_path: Path) -> None:
     import socket
 

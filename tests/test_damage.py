@@ -388,6 +388,48 @@ def test_a_damaged_peers_json_under_outbox_run_is_told_once_not_a_traceback_per_
     assert len(told) == 1 and "peers.json" in told[0] and "hint: " in told[0], err
 
 
+@pytest.mark.parametrize("damage", [folder, "unreadable"], ids=lambda d: getattr(d, "__name__", d))
+def test_an_outbound_log_that_cannot_be_written_under_outbox_run_is_told_once_not_a_traceback(
+        base_home, tmp_path, damage):
+    """`kith outbox run` with a question waiting for a pinned peer and a ``sent.jsonl`` it
+    cannot append to (a folder in its place, or a file this user may not write): the outbound
+    gate's log write is a typed ``io-error`` naming the file — one line with its hint, the row
+    keeps its question and says the code — not a delivery job failing with a traceback at
+    every step."""
+    import signal
+
+    from support.cli import kith_argv, lines_until
+
+    home = tmp_path / "home"
+    shutil.copytree(base_home, home, symlinks=True)
+    check(run_inproc(home, "peers", "add", "alice", "ab" * 32), None)
+    log = home / "sent.jsonl"
+    if damage == "unreadable":
+        if os.geteuid() == 0:
+            pytest.skip("root writes a file whatever its mode")
+        log.write_text("")
+        log.chmod(0)
+    else:
+        damage(log) if log.exists() else log.mkdir()
+    proc = subprocess.Popen(kith_argv(home, "outbox", "run", "--offline"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        seen = lines_until(proc, proc.stderr, lambda line: "Traceback" in line or "[io-error]" in line,
+                           timeout=60)
+        from support.waits import wait_for
+
+        wait_for("the row to record the io-error", lambda: "io-error" in kith(home, "outbox", "list").stdout,
+                 timeout_s=30)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _out, rest = proc.communicate(timeout=20)
+    err = "".join(seen) + rest
+    assert "Traceback" not in err, err[:3000]
+    told = [line for line in err.splitlines() if "[io-error]" in line]
+    assert len(told) == 1 and "sent.jsonl" in told[0] and "hint: " in told[0], err
+    assert len(json.loads(kith(home, "outbox", "list", "--json").stdout)["questions"]) == 1
+
+
 @pytest.mark.parametrize("damage", [garbage, empty], ids=lambda d: d.__name__)
 def test_outbox_run_on_a_damaged_identity_key_is_refused_at_start(base_home, tmp_path, damage):
     """`kith outbox run` over an identity.key that does not load: refused identity-corrupt

@@ -85,9 +85,55 @@ def test_hold_mail_and_holder_refuse_what_is_not_an_address(tmp_path: Path) -> N
     assert kith(home, "init").returncode == 0
     for args, what in ((["--hold-mail", "nonsense"], "--hold-mail takes HOST:PORT"),
                        (["--holder", "ftp://x"], "--holder takes a holder's base URL"),
-                       (["--holder", "http://a", "--holder", "http://a"], "--holder: at most 3 distinct"),
+                       (["--holder", "http://a", "--holder", "http://b", "--holder", "http://c", "--holder",
+                         "http://d"], "--holder: at most 3"),
                        (["--hold-mail", "iroh:x"], "--hold-mail takes HOST:PORT (e.g. 127.0.0.1:8740) or iroh"),
                        (["--holder", "iroh:endpoint" + "b" * 60], "not an iroh ticket")):
         r = kith(home, "host", "--offline", "--invite-file", str(tmp_path / "inv"), *args)
         assert r.returncode == 2 and "error [usage]" in r.stderr and what in r.stderr, r.stderr
     assert not (home / HELD_MAIL_FILE).exists() and not (tmp_path / "inv").exists()
+
+
+def test_more_holders_than_a_card_names_are_refused_not_one_dropped_silently(tmp_path: Path) -> None:
+    """A card names at most 4 holders (specs/sealed.md §6). `--hold-mail`, three `--holder`
+    and `--mailbox` make 5: the start is refused `usage`, naming the bound — never a host that
+    silently drops the server's mailbox from its card and its takes (asked for with
+    `--mailbox`, so askers' questions left there would wait for nothing)."""
+    home = tmp_path / "h"
+    assert kith(home, "init").returncode == 0
+    holders = [a for i in range(3) for a in ("--holder", f"http://127.0.0.1:{18861 + i}")]
+    r = kith(home, "host", "--offline", "--server", "http://127.0.0.1:9", "--mailbox", *holders,
+             "--hold-mail", "127.0.0.1:18851")
+    assert r.returncode == 2 and "error [usage]" in r.stderr, r.stderr
+    assert "at most 4" in r.stderr and "--mailbox" in r.stderr, r.stderr
+    assert not (home / HELD_MAIL_FILE).exists()
+    # the same URL twice is said as such, not as a count
+    r = kith(home, "host", "--offline", "--invite-file", str(tmp_path / "inv"), "--holder", "http://a",
+             "--holder", "http://a")
+    assert r.returncode == 2 and "--holder http://a is given twice" in r.stderr, r.stderr
+
+
+def test_a_host_taking_from_a_server_that_keeps_no_mailbox_says_so(tmp_path: Path) -> None:
+    """`kith host --server URL --mailbox` against a community server run without
+    `--mailbox`: the warning says that server keeps no mailbox and how to turn it on — not
+    that sealed questions "wait there", which none can (every put is refused mailbox-off)."""
+    (tmp_path / "h").mkdir()
+    home = notes_host(tmp_path / "h")
+    store = open_store(tmp_path / "server" / "community.sqlite3")
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS) as url:  # no mailbox
+            from support.cli import lines_until
+
+            host = HostProcess(home, "--server", url, "--mailbox")
+            try:
+                seen = lines_until(host.proc, host.proc.stderr,
+                                   lambda line: line.startswith("warning:") and "mailbox" in line, timeout=30)
+            finally:
+                code, _out, rest = host.stop()
+    finally:
+        store.close()
+    err = "".join(seen) + rest
+    assert code == 0, err
+    assert "Traceback" not in err, err
+    assert "wait there" not in err, err
+    assert "keeps no mailbox" in err and "kith community serve --mailbox" in err, err

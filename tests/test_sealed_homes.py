@@ -95,3 +95,54 @@ def test_a_device_pin_is_reached_through_the_mailbox_its_own_card_names(tmp_path
     shown = json.loads(kith(guest, "outbox", "show", qid, "--json").stdout)
     assert "noon" in shown["answer"]["results"][0]["textPreview"]
 
+
+
+def test_a_host_pinned_by_join_pin_is_reached_through_the_mailbox_its_card_names(tmp_path: Path) -> None:
+    """`kith join POST --pin bea` pins the host after the session that met it live: the card
+    that host sent in that very handshake names its mailbox and must be kept for the new pin,
+    so a `--later` question for bea is left there while bea sleeps (README "Device pins
+    too": a device pin uses the holder "once this home has met it live")."""
+    host_home = notes_host(tmp_path)
+    guest = tmp_path / "guest"
+    assert kith(guest, "init").returncode == 0
+    with mailbox_server(tmp_path / "server" / "community.sqlite3") as (store, url):
+        first = HostProcess(host_home, "--server", url, "--mailbox")
+        try:
+            r = kith(guest, "join", first.invitation["post_id"], "--server", url, "--offline", "--trust",
+                     "--pin", "bea", "--query", QUESTION, timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert "pinned the host as 'bea'" in r.stderr
+        finally:
+            first.stop()
+        qid = ask_later(guest, QUESTION, "bea")
+        outbox_run_until(guest, "the row left with the mailbox", lambda: json.loads(kith(
+            guest, "outbox", "show", qid, "--json").stdout)["peers"][0].get("leftWith") == url, timeout_s=30)
+        assert store.mailbox_usage()["records"] == 1
+
+
+def test_every_question_for_a_sleeping_peer_is_left_with_its_mailbox_not_only_the_oldest(tmp_path: Path) -> None:
+    """Two `--later` questions for the same sleeping peer: the runner leaves both with the
+    mailbox its card names. The live delivery tries a peer that cannot be reached on its
+    oldest open question only (it stops at the first that cannot reach it), so a newer
+    question that was never tried itself must count as tried once a try of that peer failed
+    after it was kept — else it waits for a live delivery only (README "Questions between
+    homes that are never up together")."""
+    host_home = notes_host(tmp_path)
+    guest = tmp_path / "guest"
+    assert kith(guest, "init").returncode == 0
+    with mailbox_server(tmp_path / "server" / "community.sqlite3") as (store, url):
+        first = HostProcess(host_home, "--server", url, "--mailbox")
+        try:
+            r = kith(guest, "join", first.invitation["post_id"], "--server", url, "--offline", "--trust",
+                     "--pin", "bea", "--query", QUESTION, timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
+        finally:
+            first.stop()
+        qids = [ask_later(guest, QUESTION, "bea"), ask_later(guest, "who restarts the staging server", "bea")]
+
+        def left() -> list:
+            return [json.loads(kith(guest, "outbox", "show", q, "--json").stdout)["peers"][0].get("leftWith")
+                    for q in qids]
+
+        outbox_run_until(guest, "both rows left with the mailbox", lambda: left() == [url, url], timeout_s=45)
+        assert store.mailbox_usage()["records"] == 2

@@ -180,8 +180,11 @@ def host_cmd(
     if mailbox and not server:
         raise UsageError("usage", "--mailbox takes sealed questions from a community server: give --server URL")
     opts.mailbox = mailbox
-    if len(holder) > 3 or len(set(holder)) != len(holder):
-        raise UsageError("usage", "--holder: at most 3 distinct URLs")
+    if len(holder) > 3:
+        raise UsageError("usage", "--holder: at most 3 (repeatable up to three times)")
+    for i, url in enumerate(holder):
+        if url in holder[:i]:
+            raise UsageError("usage", f"--holder {url[:60]} is given twice")
     if holder:
         from node.trust.card import check_mailboxes
 
@@ -197,6 +200,11 @@ def host_cmd(
                 raise UsageError("usage", f"--holder {url[:40]}…: not an iroh ticket (the one `kith host --hold-mail "
                                  "iroh` prints)")
     opts.holders = list(holder)
+    named = {*holder, *([server] if mailbox else []), *([f"http://{hold_mail}" if hold_mail != "iroh" else "iroh"]
+                                                           if hold_mail is not None else [])}
+    if len(named) > 4:  # a card names at most 4 (node.trust.card.MAX_MAILBOXES, specs/sealed.md §6): none dropped
+        raise UsageError("usage", f"a card names at most 4 holders: --hold-mail, --holder and --mailbox make "
+                                  f"{len(named)}; leave one out")
     if hold_mail is not None:
         from node.host.sealed_host import parse_hold_mail
 
@@ -297,9 +305,16 @@ def _prompt(text: str) -> str:
 
 
 def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None,
-               invitation: dict[str, Any] | None = None, server: str | None = None) -> None:
+               invitation: dict[str, Any] | None = None, server: str | None = None,
+               card: object = None) -> None:
     """After a successful session with an unpinned host: pin it as ``pin``, or (on a TTY)
-    ask for a name; otherwise say how to pin it later. Messages go to stderr."""
+    ask for a name; otherwise say how to pin it later. Messages go to stderr.
+
+    ``card``: the device card the host sent in that session's handshake (or None). It is
+    kept for the new pin as a card of a pinned device's own handshake is
+    (:func:`node.guest.cards.take_card`), so the holders it names are known to ``--later``
+    at once (specs/sealed.md §10: a device pin uses the mailbox its card names once this
+    home met it live — and the pinning session was that meeting)."""
     import re
 
     from node.trust.peers import NAME_RE, PeerRegistry
@@ -318,6 +333,10 @@ def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None,
             return
     rec = registry.add(pin, key, profile=profile, invitation=invitation, server=server)
     err_console.print(f"pinned the host as {rec.name!r}", highlight=False, markup=False)
+    if card is not None:  # the session's card, refused before the pin existed (card-wrong-person)
+        from node.guest.cards import take_card
+
+        take_card(home, card, via="handshake", device=key)
 
 
 #: Answers of the ``[y/N]`` trust question that are never taken as a peer name (issue 30).
@@ -745,7 +764,7 @@ class Join:
                               "asks it, or another awake device of that person", highlight=False, markup=False)
         elif outcome.ok and name is None and not (self.interactive and outcome.peer_end is not None):
             _offer_pin(home, inv.host_public_key, self.host_seen.get("profile") or {}, self.pin, inv.to_dict(),
-                       self.server)
+                       self.server, card=self.host_seen.get("card"))
         elif outcome.ok and name is not None:  # a pinned host: keep its last invitation (`kith ask`)
             from node.trust.peers import PeerRegistry
 

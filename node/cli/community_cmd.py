@@ -176,6 +176,13 @@ def serve(
         raise CommunityError("server-not-public",
                              f"refusing to listen on non-loopback address {host} without --public",
                              exit_code=2, hint="pass --public to serve beyond this machine (behind TLS)")
+    if not mailbox:  # a bound of a mailbox that is off would look set up and do nothing
+        for name, flag in (("mailbox_per_sender", "--mailbox-per-sender"),
+                           ("mailbox_per_recipient", "--mailbox-per-recipient"),
+                           ("mailbox_max_records", "--mailbox-max-records"), ("mailbox_max_mb", "--mailbox-max-mb")):
+            source = ctx.get_parameter_source(name)  # the CLI library's enum: compared by name
+            if source is not None and source.name != "DEFAULT":
+                raise UsageError("usage", f"{flag} bounds the mailbox, which is off: add --mailbox")
     proxies = parse_trust_proxy(trust_proxy)
     if access_log:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")

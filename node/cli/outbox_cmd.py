@@ -165,9 +165,11 @@ def run_cmd(
     transport: TransportArgs = TransportArgs(),
     json_out: bool = typer.Option(False, "--json", help="One JSON object per line: each delivery event."),
 ) -> None:
-    """Deliver the kept questions and re-sync this home's copies (`kith copies`: at start,
-    then every 10 min) until Ctrl-C/SIGTERM (for a home that runs no `kith host`,
-    `kith api serve` or `kith mcp`). Only one process of a home delivers at a time."""
+    """Deliver the kept questions — live, or left sealed with the mailbox a sleeping peer's
+    card names, whose sealed answers it takes (specs/sealed.md) — and re-sync this home's
+    copies (`kith copies`: at start, then every 10 min) until Ctrl-C/SIGTERM (for a home that
+    runs no `kith host`, `kith api serve` or `kith mcp`). Only one process of a home delivers
+    at a time."""
     import anyio
 
     from node.guest.owner import Guest

@@ -135,6 +135,10 @@ def _this_key(home: Path) -> str:
     return load_identity(home).public_key
 
 
+#: The way out of a ``kith person import FILE`` whose FILE is not a person record.
+_IMPORT_HINT = "give the file `kith person show --json` wrote on the device that rotated the person key"
+
+
 @person_app.command("import")
 def import_cmd(
     ctx: typer.Context,
@@ -152,10 +156,15 @@ def import_cmd(
     except FileNotFoundError:
         raise ConfigError("file-not-found", f"{file} does not exist") from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: "[[[[…"
-        raise ConfigError("config-invalid", f"{file} is not a JSON person record") from None
+        raise ConfigError("config-invalid", f"{file} is not a JSON person record", hint=_IMPORT_HINT) from None
     if isinstance(raw, dict) and isinstance(raw.get("record"), dict):
         raw = raw["record"]
-    rec = adopt_person(home, raw)
+    try:
+        rec = adopt_person(home, raw)
+    except ConfigError as exc:  # the file given is at fault, not a file of the home: say which file to give
+        if exc.code == "config-invalid" and exc.message.startswith("the imported person record"):
+            raise ConfigError(exc.code, exc.message, hint=_IMPORT_HINT) from None
+        raise
     if json_out:
         emit_json({"person_key": rec.person_key, "words": person_words(rec.person_key), "rotations": _history(rec)})
         return

@@ -394,8 +394,9 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             knowledge-query, :meth:`GuestOptions.hook_options`; echo: ``texts``).
         interactive: no hook timeout (the hook waits on its user).
         on_ready: called with the session id once the handshake completed.
-        host_seen: when given, filled with ``{"public_key", "profile"}`` of the host once
-            the handshake completed (``kith join`` offers to pin the host with it).
+        host_seen: when given, filled with ``{"public_key", "profile", "card"}`` of the host
+            once the handshake completed (``card``: the device card it sent, or None; ``kith
+            join`` offers to pin the host with them and keeps the card for the new pin).
         accept_host_ui: advertise ``p2p_ui_v1`` (``--accept-host-ui``); the host's UI is
             requested only when the protocol has no local ``ui/`` (DESIGN §6), verified by
             the engine, and installed under ``<home>/ui/sessions/<session_id>/``
@@ -485,7 +486,8 @@ async def join_session(home: Path, identity: Identity, inv: Invitation, pdir: Pa
             except OSError as exc:  # the copy could not be deleted now: its next sync does; the session goes on
                 logging.getLogger("kith.copies").warning("a copy could not be deleted: %s", type(exc).__name__)
         if host_seen is not None:
-            host_seen.update({"public_key": ev.peer_public_key, "profile": clean_profile(ev.peer_profile)})
+            host_seen.update({"public_key": ev.peer_public_key, "profile": clean_profile(ev.peer_profile),
+                              "card": ev.peer_card})
         if on_ready is not None:
             on_ready(ev.session_id)
         return HookContext(role="guest", session_id=ev.session_id,

@@ -75,6 +75,7 @@ class OutboxTask:
         self._away: set[str] = set()  # peer keys whose last attempt could not reach them
         self._row_due: dict[tuple[str, str], float] = {}  # (question id, peer key) → due again
         self._row_tries: dict[tuple[str, str], int] = {}  # answers that were not complete, per row
+        self._told: dict[int, tuple[str, str]] = {}  # the home fault a delivery last told (Runner._tell)
 
     def _open_store(self) -> OutboxStore:
         if self.store is None:
@@ -166,16 +167,19 @@ class OutboxTask:
                     code = code or "peer-disconnected"
                     refused = status == "refused"
                 except KithError as exc:
-                    from node.common.errors import CommunityError, TransportError
+                    from node.common.errors import CommunityError, ConfigError, TransportError
 
                     code = exc.code
                     refused = not isinstance(exc, (TransportError, CommunityError))
+                    if isinstance(exc, ConfigError):  # a fault of this home (sent.jsonl, ...): told once,
+                        runner._tell(self.name, exc, self._told, 0)  # as the runner tells a step's fault
                 if message is None:  # not answered: back off this peer, keep the row as it is
                     await anyio.to_thread.run_sync(lambda: store.record_attempt(item.question_id, key, None, code=code))
                     self._back_off(runner, key, refused=refused)
                     return
                 if os.environ.get(KILL_BEFORE_STORE_ENV):  # tests: killed between delivery and storing
                     os.kill(os.getpid(), signal.SIGKILL)
+                self._told.clear()  # a later fault of the home is told again
                 was_away = key in self._away
                 self._failures.pop(key, None)
                 self._away.discard(key)

@@ -139,7 +139,7 @@ class SealedOutboxTask:
             rows = store.open_deliveries()
             records = store.records()
             expiry = {r["id"]: r["expiresAt"] for r in records}
-            tried = {(r["id"], p["key"]) for r in records for p in r["peers"] if _unreached(p)}
+            tried = _tried(records)
             left = {(r["id"], p["key"]): p["leftWith"] for r in records for p in r["peers"] if p.get("leftWith")}
             # a holder a question was left with is read until that question expires, answered or
             # not: an answer stored by a run killed before its ack is acked by the next one
@@ -215,6 +215,34 @@ class SealedOutboxTask:
 
 #: Row codes that say the host was reached (it answers live; nothing is left with a holder).
 REACHED_CODES = frozenset({"rate-limited", "pending-approval"})
+
+
+def _tried(records: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """The ``(question id, peer key)`` rows the live delivery tried and could not get an
+    answer for: a row :func:`_unreached` itself, or an open ``waiting`` row of a peer whose
+    last failed try (on any of its rows) came at or after the row was kept. The delivery tries
+    a peer that cannot be reached on its oldest open question only (it stops at the first
+    that cannot reach it), so a newer question of a sleeping peer is never tried by itself.
+
+    Args:
+        records: :meth:`node.guest.outbox.OutboxStore.records` (``createdAt`` and
+            ``lastAttemptAt`` are RFC 3339 UTC seconds, so they compare as text).
+    """
+    last_failed: dict[str, str] = {}  # peer key -> its latest failed try, on any row
+    out: set[tuple[str, str]] = set()
+    for r in records:
+        for p in r["peers"]:
+            if _unreached(p):
+                out.add((r["id"], p["key"]))
+                if isinstance(p.get("lastAttemptAt"), str):
+                    last_failed[p["key"]] = max(last_failed.get(p["key"], ""), p["lastAttemptAt"])
+    for r in records:
+        for p in r["peers"]:
+            failed = last_failed.get(p["key"])
+            if (p.get("state") == "waiting" and failed is not None and isinstance(r.get("createdAt"), str)
+                    and failed >= r["createdAt"]):
+                out.add((r["id"], p["key"]))
+    return out
 
 
 def _unreached(peer: dict[str, Any]) -> bool:

@@ -88,6 +88,10 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
                     if exc.category == "config":  # a file of this home (sealed-seen.sqlite, ...): not the mailbox
                         host.warn(f"sealed questions at {_display_url(url)} wait until a file of this home is fixed: "
                                   f"[{exc.code}] {exc.message}" + (f" — hint: {exc.hint}" if exc.hint else ""))
+                    elif exc.code == "mailbox-off":  # no question can wait there: say how to turn it on
+                        host.warn(f"the community server at {url} keeps no mailbox: no asker can leave a sealed "
+                                  "question there (mailbox-off) — run it with `kith community serve --mailbox`, "
+                                  "or host without --mailbox")
                     else:
                         host.warn(f"the mailbox at {_display_url(url)} could not be read ({exc.code}); "
                                   f"sealed questions wait there until it can")

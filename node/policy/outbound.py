@@ -522,7 +522,24 @@ def _flocked(home: Path, name: str) -> Iterator[None]:
 
 def _append(home: Path, record: dict[str, Any]) -> None:
     """Append one record (a whole line, 0600), rotating first when the file would pass
-    :data:`MAX_LOG_BYTES`."""
+    :data:`MAX_LOG_BYTES`.
+
+    Raises:
+        KithError: ``io-error`` (a folder in the place of ``sent.jsonl``, a file this user
+            may not write, ...) or ``disk-full``, naming the file
+            (:func:`node.common.dbfaults.os_fault`): every caller — ``kith ask``, the
+            runner's delivery, the local API, ``kith mcp`` — reports it as a refusal.
+    """
+    from node.common.dbfaults import os_fault
+
+    try:
+        _append_line(home, record)
+    except OSError as exc:
+        raise os_fault(exc, None if exc.filename else str(home / LOG_FILE)) from None
+
+
+def _append_line(home: Path, record: dict[str, Any]) -> None:
+    """:func:`_append` itself, its I/O failures raised as they are."""
     line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
     path = home / LOG_FILE
     with _log_lock, _flocked(home, LOG_FILE):
