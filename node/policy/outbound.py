@@ -213,7 +213,7 @@ def write_fingerprints(home: Path | str) -> dict[str, int]:
                 out.write(halves[hi::2].tobytes())
                 rowids.write(halves[1 - hi::2].tobytes())
             rowids.seek(0)
-            shutil.copyfileobj(rowids, out, 1 << 20)
+            shutil.copyfileobj(rowids, out, 1 << 16)
     with _fp_lock:
         _fp_cache.pop(home, None)
     return {"generation": generation, "chunks": chunks, "fingerprints": count,
@@ -237,7 +237,7 @@ def _merge_runs(fd: int, runs: list[tuple[int, int]]) -> Iterator[list[int]]:
     Each round takes the smallest last key of the runs' current blocks as a bound: every
     key up to it that is still to come lies in those blocks, so they are cut there,
     sorted together and yielded, and each block used up is replaced by its run's next."""
-    per_run = max(1024, SORT_RUN // max(1, len(runs)))  # keys read ahead per run
+    per_run = max(1, SORT_RUN // max(1, len(runs)))  # keys read ahead per run
     left = [n for _, n in runs]
     at = [offset for offset, _ in runs]
 
