@@ -162,8 +162,8 @@ def write_fingerprints(home: Path | str) -> dict[str, int]:
     older than the corpus generation.
 
     Memory stays bounded whatever the corpus's size: the kept hashes are sorted
-    :data:`SORT_RUN` at a time into runs in one unnamed temporary file in ``home`` (gone
-    with the process, even a killed one), then merged in blocks (:func:`_merge_runs`)
+    :data:`SORT_RUN` at a time into runs in one temporary file in ``home`` (unnamed on
+    POSIX: gone with the process, even a killed one), then merged in blocks (:func:`_merge_runs`)
     straight into the file — the same bytes as sorting them all at once (at 1M chunks that
     was ~27 M Python pairs, 3.4 GB of RSS in ``kith index sync``).
 
@@ -207,7 +207,7 @@ def write_fingerprints(home: Path | str) -> dict[str, int]:
         with atomic_writer(home / FINGERPRINT_FILE, 0o600) as out, \
                 tempfile.TemporaryFile(dir=home) as rowids:
             out.write(header)  # then every hash in order, then every row id in the same order
-            for block in _merge_runs(scratch.fileno(), runs):
+            for block in _merge_runs(scratch, runs):
                 halves = array.array("I")
                 halves.frombytes(array.array("Q", block).tobytes())
                 out.write(halves[hi::2].tobytes())
@@ -230,9 +230,10 @@ def _spill(scratch: Any, keys: list[int]) -> tuple[int, int]:
     return offset, len(keys)
 
 
-def _merge_runs(fd: int, runs: list[tuple[int, int]]) -> Iterator[list[int]]:
-    """The keys of the sorted ``runs`` (``(byte offset, keys)`` in the file ``fd``) in
-    order, as sorted blocks; at most :data:`SORT_RUN` keys of all runs are read at once.
+def _merge_runs(scratch: Any, runs: list[tuple[int, int]]) -> Iterator[list[int]]:
+    """The keys of the sorted ``runs`` (``(byte offset, keys)`` in the binary file
+    ``scratch``, :func:`_spill`'s) in order, as sorted blocks; at most :data:`SORT_RUN`
+    keys of all runs are read at once.
 
     Each round takes the smallest last key of the runs' current blocks as a bound: every
     key up to it that is still to come lies in those blocks, so they are cut there,
@@ -245,7 +246,8 @@ def _merge_runs(fd: int, runs: list[tuple[int, int]]) -> Iterator[list[int]]:
         n = min(per_run, left[i])
         block = array.array("Q")
         if n:
-            block.frombytes(os.pread(fd, 8 * n, at[i]))
+            scratch.seek(at[i])
+            block.frombytes(scratch.read(8 * n))
             at[i] += 8 * n
             left[i] -= n
         return block
