@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
 #: The file ``kith init`` writes: a folder holding it is an initialised node home.
@@ -154,12 +156,27 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
     The file gets ``mode`` (default 0600) before it becomes visible, so a crash leaves
     either the old file or the new one, never a half-written or world-readable one.
     """
+    with atomic_writer(path, mode) as fh:
+        fh.write(data)
+
+
+@contextlib.contextmanager
+def atomic_writer(path: Path, mode: int = 0o600) -> Iterator[BinaryIO]:
+    """:func:`atomic_write` for a file written in parts: yields the temp file (binary,
+    open for writing) and, when the ``with`` block ends without an exception, fsyncs it
+    and renames it to ``path``; an exception removes the temp file and leaves ``path`` as
+    it was (the old file or none).
+
+    Raises:
+        OSError: the folder cannot be written, or ``path`` cannot be replaced (the error
+            names ``path``, never the temp file beside it).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         try:

@@ -45,7 +45,10 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import sqlite3
+import sys
+import tempfile
 import threading
 import time
 import unicodedata
@@ -65,6 +68,11 @@ SHINGLE, WINDOW = 6, 7
 #: Value kinds of the scrub that hold a question (``secret`` included).
 VALUE_KINDS = ("email", "phone", "card", "iban", "secret")
 FINGERPRINT_FILE = "outbound.fp"
+#: Kept hashes :func:`write_fingerprints` sorts in memory at once (about 50 bytes each
+#: while sorted, ~26 MB); the rest wait in sorted runs on disk. Writing the fingerprints
+#: of any corpus holds at most about this many, not one per kept hash of the corpus.
+SORT_RUN = 1 << 19
+_U32 = 0xFFFFFFFF
 LOG_FILE = "sent.jsonl"
 APPROVALS_FILE = "sent-approvals.json"
 #: Size (bytes) past which the log is rotated, and rotated files kept (as the audit).
@@ -153,36 +161,115 @@ def write_fingerprints(home: Path | str) -> dict[str, int]:
     chunks), atomically (0600). Called after a sync and whenever a check finds the file
     older than the corpus generation.
 
+    Memory stays bounded whatever the corpus's size: the kept hashes are sorted
+    :data:`SORT_RUN` at a time into runs in one temporary file in ``home`` (unnamed on
+    POSIX: gone with the process, even a killed one), then merged in blocks (:func:`_merge_runs`)
+    straight into the file — the same bytes as sorting them all at once (at 1M chunks that
+    was ~27 M Python pairs, 3.4 GB of RSS in ``kith index sync``).
+
     Returns:
         ``{"generation", "chunks", "fingerprints", "bytes"}``.
+
+    Raises:
+        OSError: ``home`` cannot be written (the temporary runs or the file itself).
+        OverflowError: a chunk's row id does not fit the file's 32 bits.
     """
-    from node.common.home import atomic_write
+    from node.common.home import atomic_writer
 
     home = Path(home)
     db = _connect(home)
     if db is None:
         return {"generation": 0, "chunks": 0, "fingerprints": 0, "bytes": 0}
-    pairs: list[tuple[int, int]] = []
     chunks = 0
-    try:
-        generation = _generation(db)
-        rows = db.execute("SELECT c.rowid, c.text FROM chunks c JOIN documents d ON d.doc_id = c.doc_id "
-                          "WHERE d.status = 'done'")
-        for rowid, text in rows:
-            chunks += 1
-            for h in _winnow(_shingle_hashes(words(text))):
-                pairs.append((h, rowid))
-    finally:
-        db.close()
-    pairs.sort()
-    hashes = array.array("I", (h for h, _ in pairs))
-    rowids = array.array("I", (r for _, r in pairs))
-    header = _MAGIC + json.dumps({"generation": generation, "count": len(pairs)}).encode() + b"\n"
-    data = header + hashes.tobytes() + rowids.tobytes()
-    atomic_write(home / FINGERPRINT_FILE, data, 0o600)
+    with tempfile.TemporaryFile(dir=home) as scratch:
+        runs: list[tuple[int, int]] = []  # (byte offset in scratch, keys) of each sorted run
+        keys: list[int] = []  # (hash << 32) | row id: sorting them sorts by (hash, row id)
+        try:
+            generation = _generation(db)
+            rows = db.execute("SELECT c.rowid, c.text FROM chunks c JOIN documents d ON d.doc_id = c.doc_id "
+                              "WHERE d.status = 'done'")
+            for rowid, text in rows:
+                chunks += 1
+                if not 0 <= rowid <= _U32:
+                    raise OverflowError(f"chunk row id {rowid} does not fit outbound.fp's 32 bits")
+                keys.extend([(h << 32) | rowid for h in _winnow(_shingle_hashes(words(text)))])
+                if len(keys) >= SORT_RUN:
+                    runs.append(_spill(scratch, keys))
+                    keys = []
+        finally:
+            db.close()
+        if keys or not runs:
+            runs.append(_spill(scratch, keys))
+            keys = []
+        count = sum(n for _, n in runs)
+        header = _MAGIC + json.dumps({"generation": generation, "count": count}).encode() + b"\n"
+        hi = 1 if sys.byteorder == "little" else 0  # the hash's half of a key's 8 bytes
+        with atomic_writer(home / FINGERPRINT_FILE, 0o600) as out, \
+                tempfile.TemporaryFile(dir=home) as rowids:
+            out.write(header)  # then every hash in order, then every row id in the same order
+            for block in _merge_runs(scratch, runs):
+                halves = array.array("I")
+                halves.frombytes(array.array("Q", block).tobytes())
+                out.write(halves[hi::2].tobytes())
+                rowids.write(halves[1 - hi::2].tobytes())
+            rowids.seek(0)
+            shutil.copyfileobj(rowids, out, 1 << 16)
     with _fp_lock:
         _fp_cache.pop(home, None)
-    return {"generation": generation, "chunks": chunks, "fingerprints": len(pairs), "bytes": len(data)}
+    return {"generation": generation, "chunks": chunks, "fingerprints": count,
+            "bytes": len(header) + 8 * count}
+
+
+def _spill(scratch: Any, keys: list[int]) -> tuple[int, int]:
+    """Sort ``keys`` and append them to ``scratch`` (8 bytes each, native order): returns
+    the run's ``(byte offset, keys)``."""
+    keys.sort()
+    offset = scratch.seek(0, os.SEEK_END)
+    scratch.write(array.array("Q", keys).tobytes())
+    scratch.flush()
+    return offset, len(keys)
+
+
+def _merge_runs(scratch: Any, runs: list[tuple[int, int]]) -> Iterator[list[int]]:
+    """The keys of the sorted ``runs`` (``(byte offset, keys)`` in the binary file
+    ``scratch``, :func:`_spill`'s) in order, as sorted blocks; at most :data:`SORT_RUN`
+    keys of all runs are read at once.
+
+    Each round takes the smallest last key of the runs' current blocks as a bound: every
+    key up to it that is still to come lies in those blocks, so they are cut there,
+    sorted together and yielded, and each block used up is replaced by its run's next."""
+    per_run = max(1, SORT_RUN // max(1, len(runs)))  # keys read ahead per run
+    left = [n for _, n in runs]
+    at = [offset for offset, _ in runs]
+
+    def read(i: int) -> array.array:  # type: ignore[type-arg]
+        n = min(per_run, left[i])
+        block = array.array("Q")
+        if n:
+            scratch.seek(at[i])
+            block.frombytes(scratch.read(8 * n))
+            at[i] += 8 * n
+            left[i] -= n
+        return block
+
+    blocks = [read(i) for i in range(len(runs))]
+    pos = [0] * len(runs)
+    while True:
+        live = [i for i, b in enumerate(blocks) if pos[i] < len(b)]
+        if not live:
+            return
+        bound = min(blocks[i][-1] for i in live)
+        out: list[int] = []
+        for i in live:
+            block = blocks[i]
+            cut = bisect.bisect_right(block, bound, pos[i])
+            out.extend(block[pos[i]:cut])
+            if cut == len(block):
+                blocks[i], pos[i] = read(i), 0
+            else:
+                pos[i] = cut
+        out.sort()
+        yield out
 
 
 @dataclass
