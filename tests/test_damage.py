@@ -1219,3 +1219,23 @@ def test_a_damaged_sealed_seen_set_refuses_the_mailbox_hosts_start_with_its_way_
     h = HostProcess(home, "--hold-mail", "127.0.0.1:0", "--invite-file", str(tmp_path / "inv.json"))
     code, _out, err = h.stop()
     assert code == 0 and "Traceback" not in err, err
+
+
+def test_a_folder_in_a_files_place_under_the_runner_is_told_with_the_mv_that_moves_it(tmp_path, caplog):
+    """A runner task whose step meets a folder where a file of the home goes (a real
+    ``IsADirectoryError``): the one line it is told with names the folder and the ``mv``
+    that moves it aside, as every other command says it (node/common/dbfaults.py::os_fault)."""
+    from node.guest.runner import Runner
+
+    spot = tmp_path / "sent.jsonl"
+    spot.mkdir()
+    caplog.set_level("WARNING", logger="kith.runner")
+    told: dict = {}
+    for _ in range(3):
+        try:
+            spot.open("a").close()
+        except OSError as exc:
+            Runner._tell("outbox", exc, told, 1)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "[io-error]" in lines[0], lines
+    assert f"`mv {spot} {spot}.bad`" in lines[0], lines

@@ -278,18 +278,14 @@ class Runner:
 
     @staticmethod
     def _tell(name: str, exc: Exception, told: dict[int, tuple[str, str]], key: int) -> None:
-        """Log a task's fault once — a refusal (``KithError``, or a local I/O failure as
-        ``io-error``) as one line with its code and hint, anything else with its traceback
-        — then stay quiet while the same fault repeats, until it changes or the task works
+        """Log a task's fault once — a refusal (:func:`node.common.dbfaults.refusal_of`: a
+        ``KithError``, or a local I/O failure as :func:`~node.common.dbfaults.os_fault`
+        maps it, with its ``mv`` hint for a folder in a file's place) as one line with its
+        code and hint, anything else with its traceback — then stay quiet while the same fault repeats, until it changes or the task works
         again (issue 42: a damaged outbox was a traceback every second)."""
-        from node.common.dbfaults import DISK_FULL_ERRNOS, disk_full, io_error
-        from node.common.errors import KithError
+        from node.common.dbfaults import refusal_of
 
-        refusal: KithError | None = exc if isinstance(exc, KithError) else None
-        if isinstance(exc, OSError):
-            where = str(exc.filename) if exc.filename else "the Kith home"
-            refusal = disk_full(where) if exc.errno in DISK_FULL_ERRNOS else \
-                io_error(where, exc.strerror or type(exc).__name__)
+        refusal = refusal_of(exc)  # the one mapping (a folder in a file's place gets its `mv`)
         fault = (refusal.code, refusal.message) if refusal is not None else (type(exc).__name__, str(exc))
         if told.get(key) == fault:
             return
