@@ -1239,3 +1239,55 @@ def test_a_folder_in_a_files_place_under_the_runner_is_told_with_the_mv_that_mov
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "[io-error]" in lines[0], lines
     assert f"`mv {spot} {spot}.bad`" in lines[0], lines
+
+
+def test_a_spawned_job_failing_at_every_step_is_told_once_and_its_recovery_said(tmp_path, caplog):
+    """A job the runner spawns at every step that fails each time (a bug: the first with
+    its traceback; then a typed refusal: one line with its code) is told once per fault,
+    not once per step, and ``works again`` is said once it ends well."""
+    import anyio
+
+    from node.common.errors import ConfigError
+    from node.guest.owner import Guest
+    from node.guest.runner import Runner
+
+    faults = [RuntimeError("boom")] * 4 + [ConfigError("io-error", "sent.jsonl cannot be written", hint="fix it")] * 3
+    done = anyio.Event()
+    busy: set[str] = set()
+
+    async def deliver(_runner, peer: str) -> None:
+        try:
+            if faults:
+                raise faults.pop(0)
+            done.set()
+        finally:
+            busy.discard(peer)
+
+    class Flaky:
+        name = "flaky"
+
+        async def step(self, runner) -> float:
+            if "alice" not in busy and not done.is_set():
+                busy.add("alice")
+                runner.spawn(deliver, runner, "alice")
+            return 0.01
+
+    caplog.set_level("WARNING", logger="kith.runner")
+
+    async def main() -> None:
+        runner = Runner(Guest(tmp_path), [Flaky()], command="test")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner.run)
+            with anyio.fail_after(60):  # a hang guard, not a timing
+                await done.wait()
+                while not any("works again" in r.getMessage() for r in caplog.records):
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    records = [r for r in caplog.records if "deliver" in r.getMessage()]
+    lines = [r.getMessage() for r in records]
+    assert len(lines) == 3, lines
+    assert "runner job deliver failed" in lines[0] and records[0].exc_info, lines
+    assert "[io-error]" in lines[1] and "hint: fix it" in lines[1] and not records[1].exc_info, lines
+    assert lines[2] == "runner job deliver works again", lines
