@@ -1291,3 +1291,32 @@ def test_a_spawned_job_failing_at_every_step_is_told_once_and_its_recovery_said(
     assert "runner job deliver failed" in lines[0] and records[0].exc_info, lines
     assert "[io-error]" in lines[1] and "hint: fix it" in lines[1] and not records[1].exc_info, lines
     assert lines[2] == "runner job deliver works again", lines
+
+
+@pytest.mark.parametrize("damage", [garbage, truncated, folder], ids=lambda d: d.__name__)
+def test_status_names_a_damaged_sealed_seen_set_the_mailbox_host_would_refuse(tmp_path, damage):
+    """``kith status`` over a ``sealed-seen.sqlite`` that ``kith host --mailbox`` refuses to
+    start on: one ``host file:`` line with its code and the ``mv`` that moves it aside (and
+    ``hostFiles`` in ``--json``), exit 0, the home left as it was; once moved aside, status
+    says nothing of it."""
+    from support.homes import initialized
+
+    home = initialized(tmp_path / "h")
+    seen = home / "sealed-seen.sqlite"
+    _seen_rows(seen)
+    damage(seen)
+    before = _snapshot(home)
+    r = kith(home, "status", timeout=60)
+    code = "io-error" if damage is folder else "config-invalid"
+    check(Ran(r.returncode, r.stdout, r.stderr), None)
+    told = [line for line in r.stdout.splitlines() if line.startswith("host file:")]
+    assert len(told) == 1 and "sealed-seen.sqlite" in told[0] and f"[{code}]" in told[0], r.stdout
+    assert f"mv {seen} {seen}.bad" in told[0], told
+    as_json = json.loads(kith(home, "status", "--json", timeout=60).stdout)["hostFiles"]
+    assert [(f["file"], f["code"]) for f in as_json] == [("sealed-seen.sqlite", code)]
+    after = _snapshot(home)  # the first command makes agents.json: only the seen set is compared
+    assert {k: v for k, v in after.items() if k.startswith("sealed-seen")} == \
+        {k: v for k, v in before.items() if k.startswith("sealed-seen")}
+    shutil.move(str(seen), str(seen) + ".bad")
+    r = kith(home, "status", timeout=60)
+    assert r.returncode == 0 and "host file:" not in r.stdout, r.stdout
