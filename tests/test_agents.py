@@ -238,11 +238,35 @@ def test_mcp_holds_every_tool_to_the_scope_and_sees_a_rotation_at_once(home: Pat
         return tools, results, after
 
     tools, results, after = _mcp(home, calls, env)
-    assert {name for name, _ in TOOL_CALLS} == set(tools) == set(TOOL_OPERATIONS)
+    assert {name for name, _ in TOOL_CALLS} == set(TOOL_OPERATIONS)
+    assert tools == []  # nothing is offered that it may not use (each call below stays refused)
     for (name, args), res in zip(TOOL_CALLS, results):
         assert res.is_error, (name, args)
         assert res.content[0].text.startswith("[agent-scope] "), (name, args, res.content[0].text)
     assert after.is_error and after.content[0].text.startswith("[agent-token-invalid] ")
+
+
+def test_mcp_lists_only_the_tools_the_grant_allows_and_a_changed_grant_at_the_next_list(home: Path) -> None:
+    """``tools/list`` over the real stdio server offers what the agent may call: its own
+    sources only → ``search``; with peers → ``verify`` too; with ``--queue`` → ``ask_later``
+    and ``outbox``. A tool it does not list stays refused, and a grant changed while the
+    server runs shows at the next list."""
+    env = {**os.environ, TOKEN_ENV: _token(home, "mcp-lister", sources=["/kb/public/**"])}
+
+    async def calls(s):
+        first = [t.name for t in (await s.list_tools()).tools]
+        unlisted = await s.call_tool("outbox", {})
+        set_agent(home, "mcp-lister", peers=["bob"])
+        second = [t.name for t in (await s.list_tools()).tools]
+        set_agent(home, "mcp-lister", queue=True)
+        third = [t.name for t in (await s.list_tools()).tools]
+        return first, unlisted, second, third
+
+    first, unlisted, second, third = _mcp(home, calls, env, agent="mcp-lister")
+    assert first == ["search"], first
+    assert unlisted.is_error and unlisted.content[0].text.startswith("[agent-scope] "), unlisted.content
+    assert second == ["search", "verify"], second
+    assert third == ["search", "verify", "ask_later", "outbox"], third
 
 
 def test_mcp_narrows_a_search_to_the_agent_s_sources(home: Path) -> None:

@@ -1219,3 +1219,104 @@ def test_a_damaged_sealed_seen_set_refuses_the_mailbox_hosts_start_with_its_way_
     h = HostProcess(home, "--hold-mail", "127.0.0.1:0", "--invite-file", str(tmp_path / "inv.json"))
     code, _out, err = h.stop()
     assert code == 0 and "Traceback" not in err, err
+
+
+def test_a_folder_in_a_files_place_under_the_runner_is_told_with_the_mv_that_moves_it(tmp_path, caplog):
+    """A runner task whose step meets a folder where a file of the home goes (a real
+    ``IsADirectoryError``): the one line it is told with names the folder and the ``mv``
+    that moves it aside, as every other command says it (node/common/dbfaults.py::os_fault)."""
+    from node.guest.runner import Runner
+
+    spot = tmp_path / "sent.jsonl"
+    spot.mkdir()
+    caplog.set_level("WARNING", logger="kith.runner")
+    told: dict = {}
+    for _ in range(3):
+        try:
+            spot.open("a").close()
+        except OSError as exc:
+            Runner._tell("outbox", exc, told, 1)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "[io-error]" in lines[0], lines
+    assert f"`mv {spot} {spot}.bad`" in lines[0], lines
+
+
+def test_a_spawned_job_failing_at_every_step_is_told_once_and_its_recovery_said(tmp_path, caplog):
+    """A job the runner spawns at every step that fails each time (a bug: the first with
+    its traceback; then a typed refusal: one line with its code) is told once per fault,
+    not once per step, and ``works again`` is said once it ends well."""
+    import anyio
+
+    from node.common.errors import ConfigError
+    from node.guest.owner import Guest
+    from node.guest.runner import Runner
+
+    faults = [RuntimeError("boom")] * 4 + [ConfigError("io-error", "sent.jsonl cannot be written", hint="fix it")] * 3
+    done = anyio.Event()
+    busy: set[str] = set()
+
+    async def deliver(_runner, peer: str) -> None:
+        try:
+            if faults:
+                raise faults.pop(0)
+            done.set()
+        finally:
+            busy.discard(peer)
+
+    class Flaky:
+        name = "flaky"
+
+        async def step(self, runner) -> float:
+            if "alice" not in busy and not done.is_set():
+                busy.add("alice")
+                runner.spawn(deliver, runner, "alice")
+            return 0.01
+
+    caplog.set_level("WARNING", logger="kith.runner")
+
+    async def main() -> None:
+        runner = Runner(Guest(tmp_path), [Flaky()], command="test")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner.run)
+            with anyio.fail_after(60):  # a hang guard, not a timing
+                await done.wait()
+                while not any("works again" in r.getMessage() for r in caplog.records):
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    records = [r for r in caplog.records if "deliver" in r.getMessage()]
+    lines = [r.getMessage() for r in records]
+    assert len(lines) == 3, lines
+    assert "runner job deliver failed" in lines[0] and records[0].exc_info, lines
+    assert "[io-error]" in lines[1] and "hint: fix it" in lines[1] and not records[1].exc_info, lines
+    assert lines[2] == "runner job deliver works again", lines
+
+
+@pytest.mark.parametrize("damage", [garbage, truncated, folder], ids=lambda d: d.__name__)
+def test_status_names_a_damaged_sealed_seen_set_the_mailbox_host_would_refuse(tmp_path, damage):
+    """``kith status`` over a ``sealed-seen.sqlite`` that ``kith host --mailbox`` refuses to
+    start on: one ``host file:`` line with its code and the ``mv`` that moves it aside (and
+    ``hostFiles`` in ``--json``), exit 0, the home left as it was; once moved aside, status
+    says nothing of it."""
+    from support.homes import initialized
+
+    home = initialized(tmp_path / "h")
+    seen = home / "sealed-seen.sqlite"
+    _seen_rows(seen)
+    damage(seen)
+    before = _snapshot(home)
+    r = kith(home, "status", timeout=60)
+    code = "io-error" if damage is folder else "config-invalid"
+    check(Ran(r.returncode, r.stdout, r.stderr), None)
+    told = [line for line in r.stdout.splitlines() if line.startswith("host file:")]
+    assert len(told) == 1 and "sealed-seen.sqlite" in told[0] and f"[{code}]" in told[0], r.stdout
+    assert f"mv {seen} {seen}.bad" in told[0], told
+    as_json = json.loads(kith(home, "status", "--json", timeout=60).stdout)["hostFiles"]
+    assert [(f["file"], f["code"]) for f in as_json] == [("sealed-seen.sqlite", code)]
+    after = _snapshot(home)  # the first command makes agents.json: only the seen set is compared
+    assert {k: v for k, v in after.items() if k.startswith("sealed-seen")} == \
+        {k: v for k, v in before.items() if k.startswith("sealed-seen")}
+    shutil.move(str(seen), str(seen) + ".bad")
+    r = kith(home, "status", timeout=60)
+    assert r.returncode == 0 and "host file:" not in r.stdout, r.stdout

@@ -124,5 +124,5 @@ def test_the_server_says_who_it_is_and_only_what_it_has_in_both_eras(home: Path,
     assert refused == [-32601, -32601]  # method not found: nothing behind what is not advertised
     assert [t.name for t in listed.tools] == ["search", "verify", "ask_later", "outbox"]
     if era == "2026-07-28":
-        assert listed.ttl_ms >= 60_000 and listed.cache_scope == "public"
+        assert listed.ttl_ms >= 60_000 and listed.cache_scope == "private"  # it lists what the agent may use
     assert _structured(found)["results"][0]["source"] == "/kb/deploy.md"

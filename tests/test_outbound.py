@@ -457,3 +457,42 @@ def test_fingerprints_of_a_corpus_four_times_larger_take_no_more_memory_and_hold
     text = (tmp_path / "kb" / "b" / "n59.txt").read_text().splitlines()[-1]
     holds = outbound.check(h, text, [None])
     assert [(x.kind, x.source) for x in holds] == [("private-text", "/kb/b/n59.txt")]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "not-an-object", "folder", "unreadable"])
+def test_approve_on_a_damaged_approvals_file_names_the_damage_and_its_way_out(tmp_path: Path, damage: str) -> None:
+    """`kith sent approve ID` over a ``sent-approvals.json`` that does not read is refused
+    with the damage named (``config-invalid``, or ``io-error`` for a folder in its place or
+    a file it may not read) and the ``mv`` that moves it aside — never "no held question is
+    waiting" — and the file is left as it was; once moved aside, approve answers as usual."""
+    home = initialized(tmp_path / "home")
+    path = home / outbound.APPROVALS_FILE
+    whole = json.dumps({"ab" * 8: {"agent": "asker", "peers": ["alice"], "holds": [], "approved": False,
+                                   "expires": 4102444800}}).encode()
+    if damage == "garbage":
+        path.write_bytes(bytes((i * 97 + 13) % 256 for i in range(500)))
+    elif damage == "truncated":
+        path.write_bytes(whole[: len(whole) // 2])
+    elif damage == "not-an-object":
+        path.write_text('["ab", 1]\n')
+    elif damage == "folder":
+        path.mkdir()
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root reads a file whatever its mode")
+        path.write_bytes(whole)
+        path.chmod(0)
+    before = path.read_bytes() if path.is_file() and damage != "unreadable" else None
+    r = subprocess.run([*KITH, "--home", str(home), "sent", "approve", "ab" * 8], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "outbound-not-pending" not in r.stderr, r.stderr
+    code = "io-error" if damage in ("folder", "unreadable") else "config-invalid"
+    assert f"error [{code}]" in r.stderr and "sent-approvals.json" in r.stderr, r.stderr
+    if damage != "unreadable":  # unreadable is not damaged: never moved aside
+        assert f"`mv {path} {path}.bad`" in r.stderr, r.stderr
+        assert before is None or path.read_bytes() == before
+        path.rename(path.with_name(path.name + ".bad"))
+        r = subprocess.run([*KITH, "--home", str(home), "sent", "approve", "ab" * 8], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 1 and "error [outbound-not-pending]" in r.stderr, r.stderr

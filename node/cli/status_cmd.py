@@ -59,6 +59,29 @@ def _index(home: Path) -> dict[str, Any]:
             "chunks": stats.get("chunks", 0), "failed": stats.get("failed", 0), "lastSync": stats.get("last_sync")}
 
 
+def _host_files(home: Path) -> list[dict[str, Any]]:
+    """The host's state databases of this home that do not read (``quota.sqlite``,
+    ``seen-nonces.sqlite``, ``sealed-seen.sqlite``: what ``kith host`` refuses to start
+    on, specs/error-codes.md ``config-invalid``), probed as the host probes them — read
+    only, writing nothing (:func:`node.common.dbfaults.probe_state_db`).
+
+    Returns:
+        ``[{"file", "code", "message", "hint"}]``, one per damaged file; [] when all read
+        (a missing file reads: it is made empty when first needed).
+    """
+    from node.policy.quota import QuotaStore
+    from node.trust import sealed_seen, seen_nonces
+
+    out = []
+    for kind, name in ((QuotaStore, QuotaStore.FILE_NAME), (seen_nonces.SeenNonces, seen_nonces.FILE_NAME),
+                       (sealed_seen.DurableSeen, sealed_seen.FILE_NAME)):
+        try:
+            kind(home)  # its constructor only probes the file: nothing is opened for writing
+        except KithError as exc:
+            out.append({"file": name, "code": exc.code, "message": exc.message, "hint": exc.hint})
+    return out
+
+
 def _policy(home: Path, host: dict[str, Any] | None) -> dict[str, Any]:
     """``{"ok", "rules", "groups", "code", "message", "inForce"}``: policy.toml as it reads
     now, and ``inForce`` — the running host's ``{"rules", "groups"}`` (its last good
@@ -112,8 +135,9 @@ def status_report(home: Path) -> dict[str, Any]:
     (specs/control.md; ``grants``: every grant with an end, soonest first, specs/peers.md
     §12; ``policy``: :func:`_policy`; ``sharing``: scrub rules, copy grants and who was
     sent copies, :func:`node.host.grants.sharing_report`; ``kept``: this node's copies of
-    peers and its outbox, :func:`node.guest.kept.kept_report`). Works without a running
-    host (``host`` null)."""
+    peers and its outbox, :func:`node.guest.kept.kept_report`; ``hostFiles``: the host's
+    state databases that do not read, :func:`_host_files`). Works without a running host
+    (``host`` null)."""
     from node.guest.kept import kept_report
     from node.host.control import pending_approvals
     from node.host.grants import sharing_report
@@ -121,8 +145,8 @@ def status_report(home: Path) -> dict[str, Any]:
     host = _host_state(home)
     return {"home": str(home), "identity": _identity(home), "index": _index(home), "host": host,
             "approvals": host["approvals"] if host is not None else pending_approvals(home),
-            "grants": _grants(home), "policy": _policy(home, host), "sharing": sharing_report(home),
-            "kept": kept_report(home)}
+            "grants": _grants(home), "policy": _policy(home, host), "hostFiles": _host_files(home),
+            "sharing": sharing_report(home), "kept": kept_report(home)}
 
 
 def _grants(home: Path) -> list[dict[str, Any]]:
@@ -209,6 +233,9 @@ def status_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json"
     elif ident and ident.get("personError"):
         _print(f"person: unreadable [{ident['personError']}] (`kith person show` says why and how to repair it)")
     _print(_policy_line(report["policy"], host is not None))
+    for f in report["hostFiles"]:  # what `kith host` refuses to start on, said before it is started
+        _print(f"host file: {f['message']} [{f['code']}], `kith host` refuses to start on it"
+               + (f" — hint: {f['hint']}" if f["hint"] else ""))
     roots = " ".join(index["roots"]) or "none (`kith index add PATH`)"
     if index.get("error"):  # a damaged or unreadable record: its code, and where the repair is said
         _print(f"index: unreadable [{index['error']}] (`kith index status` says why and how to repair it)")

@@ -94,6 +94,7 @@ class Runner:
         self._pool_release = anyio.Event()  # set once every job is done: the own pool may close
         self._keep_tg: Any = None  # the task group of the own pool's keeper (outlives the jobs)
         self._tg: Any = None
+        self._job_told: dict[int, tuple[str, str]] = {}  # a spawned job → the fault last logged for it
 
     def now(self) -> float:
         """Monotonic seconds on the runner's clock (what tasks schedule by)."""
@@ -139,14 +140,24 @@ class Runner:
                 log.warning("runner event handler failed", exc_info=True)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        """Run ``fn(*args)`` in the runner's task group (cancelled when the runner stops)."""
+        """Run ``fn(*args)`` in the runner's task group (cancelled when the runner stops).
+
+        A job that fails is told as a task's step fault is (:meth:`_tell`): once — a
+        refusal as one line with its code and hint, anything else with its traceback —
+        then quiet while the same job (``fn`` and its string arguments: the peer it works
+        for) fails the same way, and ``runner job NAME works again`` once it ends well."""
         assert self._tg is not None, "the runner is not running"
+        name = getattr(fn, "__name__", "?")
+        key = hash((name, *(a for a in args if isinstance(a, str))))
 
         async def guarded() -> None:
             try:
                 await fn(*args)
-            except Exception:  # noqa: BLE001 - one job's failure never ends the runner
-                log.warning("runner job %s failed", getattr(fn, "__name__", "?"), exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - one job's failure never ends the runner
+                self._tell(name, exc, self._job_told, key, kind="job")
+            else:
+                if self._job_told.pop(key, None) is not None:
+                    log.warning("runner job %s works again", name)
         self._tg.start_soon(guarded)
 
     def copy_notice(self, notice: dict[str, Any]) -> None:
@@ -277,28 +288,26 @@ class Runner:
             tg.cancel_scope.cancel()
 
     @staticmethod
-    def _tell(name: str, exc: Exception, told: dict[int, tuple[str, str]], key: int) -> None:
-        """Log a task's fault once — a refusal (``KithError``, or a local I/O failure as
-        ``io-error``) as one line with its code and hint, anything else with its traceback
-        — then stay quiet while the same fault repeats, until it changes or the task works
-        again (issue 42: a damaged outbox was a traceback every second)."""
-        from node.common.dbfaults import DISK_FULL_ERRNOS, disk_full, io_error
-        from node.common.errors import KithError
+    def _tell(name: str, exc: Exception, told: dict[int, tuple[str, str]], key: int, *,
+              kind: str = "task") -> None:
+        """Log a task's fault once — a refusal (:func:`node.common.dbfaults.refusal_of`: a
+        ``KithError``, or a local I/O failure as :func:`~node.common.dbfaults.os_fault`
+        maps it, with its ``mv`` hint for a folder in a file's place) as one line with its
+        code and hint, anything else with its traceback — then stay quiet while the same fault repeats, until it changes or the task works
+        again (issue 42: a damaged outbox was a traceback every second). ``kind`` is what
+        failed: a ``task``'s step or a spawned ``job`` (:meth:`spawn`)."""
+        from node.common.dbfaults import refusal_of
 
-        refusal: KithError | None = exc if isinstance(exc, KithError) else None
-        if isinstance(exc, OSError):
-            where = str(exc.filename) if exc.filename else "the Kith home"
-            refusal = disk_full(where) if exc.errno in DISK_FULL_ERRNOS else \
-                io_error(where, exc.strerror or type(exc).__name__)
+        refusal = refusal_of(exc)  # the one mapping (a folder in a file's place gets its `mv`)
         fault = (refusal.code, refusal.message) if refusal is not None else (type(exc).__name__, str(exc))
         if told.get(key) == fault:
             return
         told[key] = fault
         if refusal is not None:
-            log.warning("runner task %s failed: [%s] %s%s (said once; quiet until it changes)", name, refusal.code,
+            log.warning("runner %s %s failed: [%s] %s%s (said once; quiet until it changes)", kind, name, refusal.code,
                         refusal.message, f" — hint: {refusal.hint}" if refusal.hint else "")
         else:
-            log.warning("runner task %s failed (said once; quiet until it changes)", name, exc_info=exc)
+            log.warning("runner %s %s failed (said once; quiet until it changes)", kind, name, exc_info=exc)
 
 
 def default_tasks(home: Path, clock: Clock = SYSTEM_CLOCK) -> list[Any]:

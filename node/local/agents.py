@@ -269,6 +269,25 @@ def api_operation(method: str, path: str, body: Any = None) -> Operation:
     return _with_peers(kind, body)
 
 
+#: The calls that show a ``kith mcp`` tool is within a scope's reach: a tool is listed when
+#: one of them passes the agent check (``search`` of this node's sources, or of its peers).
+TOOL_REACH: dict[str, tuple[dict[str, Any], ...]] = {"search": ({}, {"peers": ALL}), "verify": ({},),
+                                                     "outbox": ({},), "ask_later": ({"peers": ALL},)}
+
+
+def tool_allowed(scope: Scope, tool: str) -> bool:
+    """True when the agent of ``scope`` may call ``tool`` with some arguments: what
+    ``tools/list`` offers it (specs/agents.md §4). The rule is :func:`_check`'s, on the calls
+    of :data:`TOOL_REACH`; a tool not named there is not offered."""
+    for arguments in TOOL_REACH.get(tool, ()):
+        try:
+            _check(scope, tool_operation(tool, arguments))
+        except AgentError:
+            continue
+        return True
+    return False
+
+
 def tool_operation(tool: str, arguments: Any) -> Operation:
     """The :class:`Operation` of a ``kith mcp`` tool call (``search`` with ``peer`` or
     ``peers`` is ``ask``). An unknown tool is ``connect`` (the SDK refuses it after)."""
@@ -654,7 +673,7 @@ def bearer_token(header: str | None) -> str | None:
 
 
 __all__ = ["AGENTS_FILE", "API_OPERATIONS", "Agent", "AgentError", "DEFAULT_AGENT", "OPERATIONS",
-           "OUTBOUND_RULES", "Operation", "Scope", "TOKEN_ENV", "TOOL_OPERATIONS", "add_agent",
+           "OUTBOUND_RULES", "Operation", "Scope", "TOKEN_ENV", "TOOL_OPERATIONS", "TOOL_REACH", "add_agent",
            "agents_path", "api_operation", "authorize", "bearer_token", "check_scope_values",
            "ensure_default_agent", "get_agent", "load_agents", "remove_agent", "rotate_agent",
-           "set_agent", "tool_operation"]
+           "set_agent", "tool_allowed", "tool_operation"]

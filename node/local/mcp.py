@@ -699,20 +699,30 @@ def build_server(home: Path | str, *, local: bool = False, agent: str | None = N
     import logging
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from node.local.agents import authorize, tool_operation
+    from node.common.errors import KithError
+    from node.local.agents import Operation, authorize, tool_allowed, tool_operation
 
     def check_call(name: str, arguments: Any) -> Any:
         return authorize(home, token, tool_operation(name, arguments), agent=agent)
-    return _wire_server(tools, lifespan, check_call, home)
+
+    def listed(names: list[str]) -> set[str]:
+        try:
+            scope = authorize(home, token, Operation("connect"), agent=agent)
+        except KithError:  # no live credential: every tool is listed, and each call says why
+            return set(names)
+        return {n for n in names if tool_allowed(scope, n)}
+    return _wire_server(tools, lifespan, check_call, home, listed)
 
 
 #: How long (ms) a client may cache ``tools/list`` and ``server/discover``: the tools are
-#: fixed for the server's lifetime (``listChanged`` false), so an hour; ``public``: the
-#: same for every caller (MCP 2026-07-28 caching hints).
+#: fixed for the server's lifetime (``listChanged`` false), so an hour; ``server/discover``
+#: is ``public`` (the same for every caller), ``tools/list`` ``private``: it lists the tools
+#: the agent's grant allows (MCP 2026-07-28 caching hints).
 LIST_TTL_MS = 3_600_000
 
 
-def _wire_server(tools: Any, lifespan: Any, check_call: Any, home: Path | None = None) -> Any:
+def _wire_server(tools: Any, lifespan: Any, check_call: Any, home: Path | None = None,
+                 listed: Any = None) -> Any:
     """The MCP server a client talks to (``mcp.server.Server``), for the 2025-11-25
     ``initialize`` handshake and the 2026-07-28 ``server/discover`` alike: it names
     itself ``kith`` with Kith's version, advertises the ``tools`` capability only (no
@@ -722,7 +732,10 @@ def _wire_server(tools: Any, lifespan: Any, check_call: Any, home: Path | None =
     the scope, set as :data:`CURRENT_SCOPE` while the tool runs, or raises a KithError
     answered as a tool error). A call the outbound gate held for confirmation
     (``outbound-needs-confirmation``) is put to the person through the client when it
-    supports elicitation (:func:`_ask_the_person`); ``home``: the node home (None: never)."""
+    supports elicitation (:func:`_ask_the_person`); ``home``: the node home (None: never);
+    ``listed(names)``: the names of the tools ``tools/list`` offers — those the agent's
+    grant allows (:func:`node.local.agents.tool_allowed`), read at each list so a changed
+    grant shows at the next one; None: every tool."""
     from mcp.server import Server
     from mcp.server.caching import CacheHint
     from mcp.shared.exceptions import MCPError
@@ -731,7 +744,9 @@ def _wire_server(tools: Any, lifespan: Any, check_call: Any, home: Path | None =
     from node import __version__
 
     async def list_tools(_ctx: Any, _params: Any) -> Any:
-        return ListToolsResult(tools=await tools.list_tools())
+        every = await tools.list_tools()
+        keep = listed([t.name for t in every]) if listed is not None else {t.name for t in every}
+        return ListToolsResult(tools=[t for t in every if t.name in keep])
 
     async def call_tool(_ctx: Any, params: Any) -> Any:
         from mcp.server.mcpserver.exceptions import ToolError
@@ -763,8 +778,9 @@ def _wire_server(tools: Any, lifespan: Any, check_call: Any, home: Path | None =
             CURRENT_SCOPE.reset(reset)
 
     hint = CacheHint(ttl_ms=LIST_TTL_MS, scope="public")
+    per_agent = CacheHint(ttl_ms=LIST_TTL_MS, scope="private")  # the list depends on the agent's grant
     return Server("kith", version=__version__, title="Kith", instructions=env_mod.USAGE_PROMPT,
-                  lifespan=lifespan, cache_hints={"tools/list": hint, "server/discover": hint},
+                  lifespan=lifespan, cache_hints={"tools/list": per_agent, "server/discover": hint},
                   on_list_tools=list_tools, on_call_tool=call_tool)
 
 

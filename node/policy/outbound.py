@@ -710,15 +710,43 @@ def read_log(home: Path | str, *, agent: str | None = None, peer: str | None = N
 
 
 # --- approvals ---------------------------------------------------------------------------------
-def _approvals(home: Path) -> dict[str, Any]:
+def _approvals(home: Path, *, strict: bool = False) -> dict[str, Any]:
+    """The held questions of ``sent-approvals.json`` (id → entry); {} when there is none.
+
+    A damaged file reads as {} (a new hold then replaces it) unless ``strict``
+    (``kith sent approve``): then it is refused, so "no held question is waiting" is never
+    said of a file that could not be read.
+
+    Raises:
+        ConfigError: with ``strict`` only: ``config-invalid`` naming the file when it is not
+            an approvals file (garbage, truncated, not an object of entries), with the ``mv``
+            that moves it aside; a local I/O failure (unreadable, a folder in its place) as
+            :func:`node.common.dbfaults.os_fault` says it.
+    """
+    from node.common.dbfaults import os_fault
     from node.common.errors import ConfigError
     from node.common.home import read_json_state
 
+    path = home / APPROVALS_FILE
+    hint = (f"move it aside (`mv {path} {path}.bad`): the questions it held are no longer waiting; "
+            "the agent asks again and is held again")
     try:
-        doc = read_json_state(home / APPROVALS_FILE)
-    except (OSError, ConfigError):
+        doc = read_json_state(path, hint=hint, data=path.read_bytes())
+    except FileNotFoundError:
         return {}
-    return doc if isinstance(doc, dict) else {}
+    except OSError as exc:
+        if strict:
+            raise os_fault(exc, str(path)) from None
+        return {}
+    except ConfigError:
+        if strict:
+            raise
+        return {}
+    if isinstance(doc, dict) and all(isinstance(v, dict) for v in doc.values()):
+        return doc
+    if strict:
+        raise ConfigError("config-invalid", f"{APPROVALS_FILE} is not a file of held questions", hint=hint)
+    return {}
 
 
 def _save_approvals(home: Path, doc: dict[str, Any]) -> None:
@@ -776,10 +804,12 @@ def approve(home: Path | str, qid: str, *, agent: str | None = None) -> dict[str
     Raises:
         EgressRefused: ``outbound-not-pending`` when no held question has that id (of
             ``agent``), or its time ran out (it was denied).
+        ConfigError: ``config-invalid`` (with the ``mv`` that moves it aside) or
+            ``io-error`` when ``sent-approvals.json`` is damaged or cannot be read.
     """
     home = Path(home)
     with _flocked(home, APPROVALS_FILE):
-        doc = _approvals(home)
+        doc = _approvals(home, strict=True)
         entry = doc.get(qid)
         if not entry or entry.get("expires", 0) <= time.time() or (agent is not None and entry.get("agent") != agent):
             raise EgressRefused("outbound-not-pending", f"no held question {qid[:32]!r} is waiting")
