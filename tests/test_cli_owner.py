@@ -157,8 +157,10 @@ def test_index_add_excludes_ignores_names_overlaps_and_remove(tmp_path: Path, tr
     again.mkdir()
     r = ok(cli(home, "index", "add", str(again), "--json"))
     assert json.loads(r.stdout)["prefix"] == "kb-2"
-    r = cli(home, "index", "remove", "nope")
-    assert r.returncode == 1 and "[root-unknown]" in r.stderr
+    for args in (("remove", "nope"), ("config", "nope", "--chunk-size", "900")):  # both say where roots are listed
+        r = cli(home, "index", *args)
+        assert r.returncode == 1 and "[root-unknown]" in r.stderr and "/nope/" in r.stderr, r.stderr
+        assert "kith index status" in r.stderr, r.stderr
     r = cli(home, "index", "add", str(tree), "--name", "bad/name")
     assert r.returncode == 1 and "[root-name-invalid]" in r.stderr
 

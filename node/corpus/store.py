@@ -295,7 +295,8 @@ class Corpus:
             db = self.record.require_writable()
             current = next((r for r in self.roots() if r.prefix == prefix), None)
             if current is None:
-                raise CorpusError("root-unknown", "No source root has that prefix.")
+                raise CorpusError("root-unknown", f"No source root has the prefix /{prefix}/.",
+                                  hint="`kith index status` lists the roots")
             new = Root(prefix=current.prefix, path=current.path,
                        chunker=current.chunker if chunker is None else chunker,
                        chunk_size=current.chunk_size if chunk_size is None else chunk_size,
