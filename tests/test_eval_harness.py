@@ -12,6 +12,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,16 +162,21 @@ def test_write_split_refuses_to_overwrite(tmp_path: Path) -> None:
         H.write_split(DATA, out)
 
 
-def test_the_index_key_counts_every_file_of_the_indexing_code(tmp_path: Path) -> None:
-    """scripts/eval reuses a cached index only for the same code and data: a change to
-    any file under the code folder (a data file the indexer reads, not only .py/.json/.txt)
-    gives a new key; a query-only module or a bytecode cache does not."""
-    loader = importlib.machinery.SourceFileLoader("kith_scripts_eval_key",
-                                                  str(REPO / "scripts" / "eval"))
+def _eval_script(name: str) -> Any:
+    """``scripts/eval`` loaded as the module ``name`` (it has no ``.py`` suffix)."""
+    loader = importlib.machinery.SourceFileLoader(name, str(REPO / "scripts" / "eval"))
     spec = importlib.util.spec_from_loader(loader.name, loader)
     assert spec is not None
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
+    return mod
+
+
+def test_the_index_key_counts_every_file_of_the_indexing_code(tmp_path: Path) -> None:
+    """scripts/eval reuses a cached index only for the same code and data: a change to
+    any file under the code folder (a data file the indexer reads, not only .py/.json/.txt)
+    gives a new key; a query-only module or a bytecode cache does not."""
+    mod = _eval_script("kith_scripts_eval_key")
     code, root = tmp_path / "corpus", tmp_path / "kb"
     (code / "data").mkdir(parents=True)
     root.mkdir()
@@ -193,12 +199,7 @@ def test_generated_documents_are_written_and_hold_their_text(tmp_path: Path) -> 
     from docx import Document
     from pypdf import PdfReader
 
-    loader = importlib.machinery.SourceFileLoader("kith_scripts_eval",
-                                                  str(REPO / "scripts" / "eval"))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
+    mod = _eval_script("kith_scripts_eval")
     out = tmp_path / "gen"
     mod.generate_documents(DATA / "generated_docs.json", out)
     docs = json.loads((DATA / "generated_docs.json").read_text())["documents"]

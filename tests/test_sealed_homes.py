@@ -96,6 +96,18 @@ def test_a_device_pin_is_reached_through_the_mailbox_its_own_card_names(tmp_path
     assert "noon" in shown["answer"]["results"][0]["textPreview"]
 
 
+def _met_live_and_pinned(host_home: Path, guest: Path, url: str) -> str:
+    """The guest meets the host live once (`kith join POST --pin bea --query ...` through the
+    server at ``url``), then the host stops: it sleeps from here on. Returns the join's stderr."""
+    first = HostProcess(host_home, "--server", url, "--mailbox")
+    try:
+        r = kith(guest, "join", first.invitation["post_id"], "--server", url, "--offline", "--trust",
+                 "--pin", "bea", "--query", QUESTION, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        first.stop()
+    return r.stderr
+
 
 def test_a_host_pinned_by_join_pin_is_reached_through_the_mailbox_its_card_names(tmp_path: Path) -> None:
     """`kith join POST --pin bea` pins the host after the session that met it live: the card
@@ -106,14 +118,7 @@ def test_a_host_pinned_by_join_pin_is_reached_through_the_mailbox_its_card_names
     guest = tmp_path / "guest"
     assert kith(guest, "init").returncode == 0
     with mailbox_server(tmp_path / "server" / "community.sqlite3") as (store, url):
-        first = HostProcess(host_home, "--server", url, "--mailbox")
-        try:
-            r = kith(guest, "join", first.invitation["post_id"], "--server", url, "--offline", "--trust",
-                     "--pin", "bea", "--query", QUESTION, timeout=120)
-            assert r.returncode == 0, r.stdout + r.stderr
-            assert "pinned the host as 'bea'" in r.stderr
-        finally:
-            first.stop()
+        assert "pinned the host as 'bea'" in _met_live_and_pinned(host_home, guest, url)
         qid = ask_later(guest, QUESTION, "bea")
         outbox_run_until(guest, "the row left with the mailbox", lambda: json.loads(kith(
             guest, "outbox", "show", qid, "--json").stdout)["peers"][0].get("leftWith") == url, timeout_s=30)
@@ -131,13 +136,7 @@ def test_every_question_for_a_sleeping_peer_is_left_with_its_mailbox_not_only_th
     guest = tmp_path / "guest"
     assert kith(guest, "init").returncode == 0
     with mailbox_server(tmp_path / "server" / "community.sqlite3") as (store, url):
-        first = HostProcess(host_home, "--server", url, "--mailbox")
-        try:
-            r = kith(guest, "join", first.invitation["post_id"], "--server", url, "--offline", "--trust",
-                     "--pin", "bea", "--query", QUESTION, timeout=120)
-            assert r.returncode == 0, r.stdout + r.stderr
-        finally:
-            first.stop()
+        _met_live_and_pinned(host_home, guest, url)
         qids = [ask_later(guest, QUESTION, "bea"), ask_later(guest, "who restarts the staging server", "bea")]
 
         def left() -> list:
