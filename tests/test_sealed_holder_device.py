@@ -27,12 +27,14 @@ import pytest
 
 from node.common.errors import CommunityError
 from node.community.client import CommunityClient
+from node.community.server import run_server_in_thread
+from node.community.store import open_store
 from node.host.sealed_host import HELD_MAIL_FILE, hold_mail
 from node.trust.identity import Identity
 from node.trust.sealed import seal
 
 from support.cli import kith
-from support.community import free_port
+from support.community import NO_LIMITS, free_port
 from support.held_mail import held_ids, never_up_together_through_a_holder
 from support.hosts import HostProcess, notes_host
 
