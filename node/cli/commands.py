@@ -89,9 +89,9 @@ def _redacted_log_handler(home: Path, server: str | None = None) -> None:
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING)
-    from node.community.client import _display_url  # the URL as the client prints it
+    from node.common.names import holder_text  # the URL as the client prints it
 
-    handler.addFilter(RedactingFilter([str(home)], keep=[_display_url(server.rstrip("/"))] if server else []))
+    handler.addFilter(RedactingFilter([str(home)], keep=[holder_text(server.rstrip("/"))] if server else []))
     logging.getLogger("kith").addHandler(handler)
 
 

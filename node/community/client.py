@@ -43,11 +43,6 @@ MAX_RESPONSE_BYTES = 1024 * 1024
 _MAX_MESSAGE_CHARS = 300
 
 
-def _display_url(base_url: str) -> str:
-    """How a server or holder URL is shown: :func:`node.common.names.holder_text`."""
-    return holder_text(base_url)
-
-
 @functools.lru_cache(maxsize=2)
 def tls_context(scheme: str = "https") -> ssl.SSLContext:
     """The process's one client TLS context per URL scheme, made on first use and shared by
@@ -116,7 +111,7 @@ class CommunityClient:
             raise UsageError("usage", "the community server URL must be http:// or https:// "
                                       "with a host, e.g. http://127.0.0.1:8787")
         self.base_url = base_url.rstrip("/")
-        self.display_url = _display_url(self.base_url)
+        self.display_url = holder_text(self.base_url)
         #: What messages call the other end: a device holding mail names itself
         #: (:func:`node.community.iroh_mail.mail_client`); codes stay the same.
         self.party = "the community server"

@@ -313,7 +313,8 @@ def mail_client(url: str, identity: Any, *, endpoint: Callable[[], Awaitable[Any
         UsageError: ``usage`` for an ``iroh:`` form without an endpoint to dial from, or a
             URL of neither form.
     """
-    from node.community.client import CommunityClient, _display_url
+    from node.common.names import holder_text
+    from node.community.client import CommunityClient
 
     if local_app is not None:
         asgi = httpx.ASGITransport(app=local_app, raise_app_exceptions=False)  # a 500, not a raise
@@ -325,7 +326,7 @@ def mail_client(url: str, identity: Any, *, endpoint: Callable[[], Awaitable[Any
     else:
         return CommunityClient(url, identity)
     client.base_url = url
-    client.display_url = _display_url(url)
+    client.display_url = holder_text(url)
     client.party = "the device holding mail"  # not a community server: the person's own device
     return client
 

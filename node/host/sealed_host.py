@@ -49,7 +49,7 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
         every_s: seconds between takes, waited on the host's
             :class:`node.runtime.clock.Clock` (a test's ManualClock starts the next take).
     """
-    from node.community.client import _display_url
+    from node.common.names import holder_text
     from node.community.inbox import take_step
     from node.community.iroh_mail import mail_client
     from node.trust.person import own_chain
@@ -86,14 +86,14 @@ async def take_sealed_questions(host: Any, *, every_s: float = TAKE_EVERY_S) -> 
                 if url not in said:
                     said.add(url)
                     if exc.category == "config":  # a file of this home (sealed-seen.sqlite, ...): not the mailbox
-                        host.warn(f"sealed questions at {_display_url(url)} wait until a file of this home is fixed: "
+                        host.warn(f"sealed questions at {holder_text(url)} wait until a file of this home is fixed: "
                                   f"[{exc.code}] {exc.message}" + (f" — hint: {exc.hint}" if exc.hint else ""))
                     elif exc.code == "mailbox-off":  # no question can wait there: say how to turn it on
-                        host.warn(f"the community server at {url} keeps no mailbox: no asker can leave a sealed "
+                        host.warn(f"the community server at {holder_text(url)} keeps no mailbox: no asker can leave a sealed "
                                   "question there (mailbox-off) — run it with `kith community serve --mailbox`, "
                                   "or host without --mailbox")
                     else:
-                        host.warn(f"the mailbox at {_display_url(url)} could not be read ({exc.code}); "
+                        host.warn(f"the mailbox at {holder_text(url)} could not be read ({exc.code}); "
                                   f"sealed questions wait there until it can")
         await host.clock.sleep(every_s)
 
