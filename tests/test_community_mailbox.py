@@ -73,6 +73,18 @@ def take(http: httpx.Client, signer: Identity, limit: int = 20, clock: float | N
                      headers=signed_headers(signer, "POST", "/api/v1/mailbox/take", body, now=clock))
 
 
+def put_questions(http: httpx.Client, host: Identity, n: int) -> list[dict]:
+    """``n`` questions for ``host``, each from a new asker (ids 1..n), put in order: the
+    records as put, oldest first."""
+    sent = []
+    for i in range(n):
+        sender = new_identity()
+        rec = question(sender, host, qid=f"{i + 1:032x}")
+        assert put(http, rec, sender).status_code == 201
+        sent.append(rec)
+    return sent
+
+
 def ack(http: httpx.Client, records: list[dict], signer: Identity) -> httpx.Response:
     body = json.dumps({"records": [{"sender": r["sender"], "id": r["id"]} for r in records]}).encode()
     return http.post("/api/v1/mailbox/ack", content=body,
@@ -233,12 +245,7 @@ def test_take_pages_and_reports_more(tmp_path: Path) -> None:
     host = new_identity()
     with run_server_in_thread(tmp_path / "c.sqlite3", rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url, \
             httpx.Client(base_url=url, timeout=20) as http:
-        sent = []
-        for i in range(5):
-            sender = new_identity()
-            rec = question(sender, host, qid=f"{i + 1:032x}")
-            assert put(http, rec, sender).status_code == 201
-            sent.append(rec)
+        sent = put_questions(http, host, 5)
         first = take(http, host, limit=3).json()
         assert first["records"] == sent[:3] and first["more"] is True
         ack(http, sent[:3], host)
@@ -281,12 +288,7 @@ def test_a_take_pages_on_from_its_cursor_on_each_store(served) -> None:
     url, store = served
     host = new_identity()
     with httpx.Client(base_url=url, timeout=20) as http:
-        sent = []
-        for i in range(7):
-            sender = new_identity()
-            rec = question(sender, host, qid=f"{i + 1:032x}")
-            assert put(http, rec, sender).status_code == 201
-            sent.append(rec)
+        sent = put_questions(http, host, 7)
         pages, after = [], None
         while True:
             page = take(http, host, limit=3, **({} if after is None else {"after": after})).json()

@@ -26,8 +26,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import math
 import logging
+import math
 import os
 import re
 import sqlite3

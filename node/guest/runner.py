@@ -293,9 +293,10 @@ class Runner:
         """Log a task's fault once — a refusal (:func:`node.common.dbfaults.refusal_of`: a
         ``KithError``, or a local I/O failure as :func:`~node.common.dbfaults.os_fault`
         maps it, with its ``mv`` hint for a folder in a file's place) as one line with its
-        code and hint, anything else with its traceback — then stay quiet while the same fault repeats, until it changes or the task works
-        again (issue 42: a damaged outbox was a traceback every second). ``kind`` is what
-        failed: a ``task``'s step or a spawned ``job`` (:meth:`spawn`)."""
+        code and hint, anything else with its traceback — then stay quiet while the same
+        fault repeats, until it changes or the task works again (issue 42: a damaged outbox
+        was a traceback every second). ``kind`` is what failed: a ``task``'s step or a
+        spawned ``job`` (:meth:`spawn`)."""
         from node.common.dbfaults import refusal_of
 
         refusal = refusal_of(exc)  # the one mapping (a folder in a file's place gets its `mv`)
