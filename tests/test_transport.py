@@ -221,6 +221,59 @@ def test_patched_lowering_of_a_frame_is_the_same_buffer_from_one_allocation(monk
         assert len(got[0][1]) > 1 or len(frame) <= 12  # unpatched: grown by reserve past 16 bytes
 
 
+def test_async_calls_resolved_on_the_loop_thread_carry_the_same_bytes_with_fewer_wakeups():
+    """The continuation part of the patch: over real iroh, round trips give the same bytes
+    with uniffi's own continuation callback and with the patched one — reads that wait for
+    the peer (woken from iroh's threads) and reads of bytes already there (resolved on the
+    loop's thread) — and the patched one hands fewer callbacks to the loop through
+    ``call_soon_threadsafe`` (a wake-up pipe write and a loop turn each)."""
+    from iroh import iroh_ffi
+
+    async def main() -> dict[bool, tuple[list[bytes], int]]:
+        out: dict[bool, tuple[list[bytes], int]] = {}
+        async with iroh_pair() as (client, server, _a, _b):
+            loop = asyncio.get_running_loop()
+            real = loop.call_soon_threadsafe
+            for patched in (False, True):
+                iroh_patch.apply()
+                if not patched:  # uniffi's own callback, the send path still patched
+                    iroh_ffi._uniffi_continuation_callback = iroh_patch._state["continuation"]
+                wakeups = [0]
+
+                def counted(*a, **kw):
+                    wakeups[0] += 1
+                    return real(*a, **kw)
+
+                loop.call_soon_threadsafe = counted
+                try:
+                    got = []
+                    for i in range(40):
+                        question = f"question {i}\n".encode() * (i + 1)
+                        await client.send(question)
+                        heard = b""
+                        while len(heard) < len(question):
+                            heard += await server.receive()
+                        await server.send(heard[::-1])
+                        back = b""
+                        while len(back) < len(question):
+                            back += await client.receive()
+                        got.append(back[::-1])
+                        assert heard == question
+                finally:
+                    del loop.call_soon_threadsafe
+                    iroh_patch.revert()
+                    iroh_patch.apply()
+                out[patched] = (got, wakeups[0])
+        return out
+
+    import asyncio
+
+    out = anyio.run(main)
+    assert out[False][0] == out[True][0] == [f"question {i}\n".encode() * (i + 1) for i in range(40)]
+    assert out[True][1] < out[False][1], out
+    assert iroh_patch.is_applied()
+
+
 def _held_port() -> "socket.socket":
     """A loopback UDP socket holding a free port (another process's, as far as a host sees)."""
     import socket

@@ -1,4 +1,4 @@
-"""Version-gated work-around for the iroh 1.2.0 wheel's slow send path (DESIGN §3).
+"""Version-gated work-arounds for the iroh 1.2.0 wheel's slow send path and async calls (DESIGN §3).
 
 The generated uniffi binding copies every outgoing byte into the Rust buffer in a Python
 loop (``_UniffiRustBufferBuilder.write``; iroh-ffi issue #229, fixed upstream by uniffi-rs
@@ -13,6 +13,17 @@ buffer allocated once at its final size — the length prefix and the bytes each
 (``rustbuffer_reserve``) after the prefix is packed byte by byte: one crossing less per
 frame sent, and no copy of a ``bytes`` frame on the Python side.
 
+A third part resolves an async call's continuation on the event loop's own thread at
+once. uniffi's ``_uniffi_continuation_callback`` always hands the poll result to the loop
+with ``call_soon_threadsafe`` — a write to the loop's wake-up pipe, an epoll wake-up and
+one more loop turn — although two of every three callbacks of a request/response round
+trip arrive synchronously, inside the ``ffi_poll`` the loop's own thread is making (a
+read whose bytes are buffered, a write the stream has room for). There the future is
+resolved directly: ``await`` then returns without yielding. A callback from any other
+thread (iroh's runtime waking a pending read) still goes through
+``call_soon_threadsafe``. Measured in process, two endpoints on loopback, 80 B request →
+5.5 KB answer: 525 → 459 µs of CPU per round trip, both ends together.
+
 Measured with ``scripts/bench`` (``send throughput`` rows, patched vs. unpatched; the
 ``frames`` rows: time and FFI calls per frame).
 """
@@ -21,12 +32,14 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import threading
 from pathlib import Path
 
 #: iroh versions whose generated binding was read and found to have the copy loop.
 VERIFIED_VERSIONS = frozenset({"1.2.0"})
 
-_state = {"applied": False, "original": None, "lower": None}
+_state = {"applied": False, "original": None, "lower": None, "continuation": None}
+_continuation: list = []  # the ctypes callback object of :func:`_make_continuation` (kept alive)
 
 
 def iroh_version() -> str | None:
@@ -70,8 +83,29 @@ def _fast_lower_bytes(value):  # type: ignore[no-untyped-def]
     return rbuf
 
 
+def _make_continuation(iroh_ffi):  # type: ignore[no-untyped-def]
+    """A continuation callback of uniffi's own C type that resolves the future at once
+    when it runs on the future's event loop thread (module docstring), and hands it over
+    with ``call_soon_threadsafe`` otherwise — uniffi's behaviour."""
+    handles = iroh_ffi._UniffiContinuationHandleMap
+    set_result = iroh_ffi._uniffi_set_future_result
+    get_ident = threading.get_ident
+
+    @iroh_ffi._UNIFFI_RUST_FUTURE_CONTINUATION_CALLBACK
+    def continuation(future_ptr, poll_code):  # type: ignore[no-untyped-def]
+        eventloop, future = handles.remove(future_ptr)
+        if getattr(eventloop, "_thread_id", None) == get_ident():
+            if not future.cancelled():
+                future.set_result(poll_code)
+        else:
+            eventloop.call_soon_threadsafe(set_result, future, poll_code)
+
+    return continuation
+
+
 def apply() -> bool:
-    """Patch the send path if the installed iroh version is verified; idempotent.
+    """Patch the send path and the async continuation (module docstring) if the installed
+    iroh version is verified; idempotent.
 
     Returns:
         True if the patch is active after the call, False if this version is not verified
@@ -92,6 +126,12 @@ def apply() -> bool:
     if conv is not None and hasattr(iroh_ffi, "_UniffiRustBuffer"):
         _state["lower"] = conv.__dict__.get("lower")  # None: inherited from the base class
         conv.lower = staticmethod(_fast_lower_bytes)
+    if all(hasattr(iroh_ffi, n) for n in ("_uniffi_continuation_callback", "_UniffiContinuationHandleMap",
+                                          "_uniffi_set_future_result", "_UNIFFI_RUST_FUTURE_CONTINUATION_CALLBACK")):
+        if not _continuation:
+            _continuation.append(_make_continuation(iroh_ffi))
+        _state["continuation"] = iroh_ffi._uniffi_continuation_callback
+        iroh_ffi._uniffi_continuation_callback = _continuation[0]
     _state["applied"] = True
     return True
 
@@ -109,6 +149,9 @@ def revert() -> None:
             del conv.lower
     else:
         conv.lower = _state["lower"]
+    if _state["continuation"] is not None:
+        iroh_ffi._uniffi_continuation_callback = _state["continuation"]
+        _state["continuation"] = None
     _state["applied"] = False
 
 
