@@ -137,13 +137,16 @@ def show_cmd(ctx: typer.Context, question_id: str = typer.Argument(..., metavar=
 def remove_cmd(ctx: typer.Context,
                question_ids: list[str] = typer.Argument(None, metavar="ID...", help="Ids or unique prefixes."),
                done: bool = typer.Option(False, "--done", help="Remove every question no peer is still due to answer "
-                                                               "(answered, expired or failed)."),
+                                                               "(answered, expired or failed); not with ID..."),
                as_json: bool = _JSON) -> None:
-    """Remove kept questions and their answers (an open one is no longer delivered)."""
+    """Remove kept questions and their answers (an open one is no longer delivered): the
+    ones named (ID...), or with --done every one no peer is still due to answer — one or
+    the other (specs/outbox.md)."""
     from node.common.errors import UsageError
 
-    if not question_ids and not done:
-        raise UsageError("usage", "name the question(s) to remove (ID...) or give --done")
+    if bool(question_ids) == done:  # neither, or both: which is meant is not guessed
+        raise UsageError("usage", "give either the question(s) to remove (ID...) or --done, not "
+                         + ("both" if done else "neither"))
     removed: list[str] = []
     with _store(ctx) as store:
         ids = [store.resolve(q) for q in question_ids or []]
