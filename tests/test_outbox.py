@@ -416,7 +416,7 @@ def test_a_question_queued_while_the_host_is_down_is_answered_after_it_starts(wo
     assert text.returncode == 0 and "deploy.md" in text.stdout
     assert json.loads(_kith(guest_home, "outbox", "list", "--json").stdout)["questions"][0]["unread"] is False
     gone = _kith(guest_home, "outbox", "remove", qid, "--json")
-    assert json.loads(gone.stdout) == {"removed": [qid]}
+    assert json.loads(gone.stdout) == {"removed": [qid], "withdrawals": []}
     missing = _kith(guest_home, "outbox", "show", qid, "--json")
     assert missing.returncode == 1 and "outbox-not-found" in missing.stdout
 

@@ -141,13 +141,15 @@ def remove_cmd(ctx: typer.Context,
                as_json: bool = _JSON) -> None:
     """Remove kept questions and their answers (an open one is no longer delivered): the
     ones named (ID...), or with --done every one no peer is still due to answer — one or
-    the other (specs/outbox.md)."""
+    the other (specs/outbox.md). A question left sealed with a holder is withdrawn there
+    (specs/sealed.md §10)."""
     from node.common.errors import UsageError
 
     if bool(question_ids) == done:  # neither, or both: which is meant is not guessed
         raise UsageError("usage", "give either the question(s) to remove (ID...) or --done, not "
                          + ("both" if done else "neither"))
     removed: list[str] = []
+    withdrawals: list[dict[str, Any]] = []
     with _store(ctx) as store:
         ids = [store.resolve(q) for q in question_ids or []]
         for qid in ids:
@@ -155,10 +157,43 @@ def remove_cmd(ctx: typer.Context,
                 removed.append(qid)
         if done:
             removed.extend(store.remove_done())
+        if store.withdrawals():  # sealed copies left with holders: withdrawn there now (specs/sealed.md §10)
+            withdrawals = _withdraw(ctx, store)
     if as_json:
-        emit_json({"removed": removed})
+        emit_json({"removed": removed, "withdrawals": withdrawals})
         return
     console.print(f"removed {len(removed)} question(s)", highlight=False)
+    for w in withdrawals:
+        console.print(_withdrawal_line(w), highlight=False, markup=False)
+
+
+def _withdraw(ctx: typer.Context, store: Any) -> list[dict[str, Any]]:
+    """Withdraw the removed questions' sealed copies at their ``http(s)`` holders now
+    (:func:`node.guest.sealed_outbox.withdraw_left`); an ``iroh:`` holder, or one that
+    fails, is left to the home's runner."""
+    import anyio
+
+    from node.guest.sealed_outbox import withdraw_left
+    from node.trust.identity import load_identity
+
+    home = identity_home_of(ctx)
+    identity = load_identity(home)
+    return anyio.run(lambda: withdraw_left(home, identity, store), backend="asyncio")
+
+
+def _withdrawal_line(w: dict[str, Any]) -> str:
+    """One line per sealed copy of a removed question: what became of it at its holder."""
+    where = safe_text(holder_text(w["holder"]))
+    if w["state"] == "withdrawn":
+        return f"outbox {w['id'][:12]}: withdrawn from {where}; its host will not see it"
+    if w["state"] == "gone":
+        return (f"outbox {w['id'][:12]}: no longer at {where} (its host took it already, or the holder "
+                "takes no withdrawals); "
+                "an answer it sends is not stored")
+    why = f"cannot reach it now ({w['code']})" if w["code"] else "it is reached over iroh"
+    return (f"outbox {w['id'][:12]}: still at {where}, {why}: this home's runner withdraws it (`kith outbox run`, or "
+            "a running `kith host`, `kith api serve`, `kith mcp`); until then its host may answer it, and the "
+            "answer is not stored")
 
 
 @outbox_app.command("run")
