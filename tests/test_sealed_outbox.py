@@ -308,3 +308,25 @@ def test_a_withdrawal_the_holder_cannot_take_now_is_said_and_done_by_the_runner_
         store.close()
     with OutboxStore(asker_home) as outbox:
         assert outbox.withdrawals() == []
+
+
+def test_a_question_left_before_its_record_id_was_kept_is_withdrawn_by_the_id_its_cards_give(tmp_path: Path) -> None:
+    """A row an older version left (``left_with`` set, no ``left_record``): the withdrawal
+    names the id the kept cards give now (the devices it was sealed to), and the holder
+    removes it."""
+    from support.cli import kith
+
+    asker_home = node_home(tmp_path, "asker")
+    store = open_store(tmp_path / "c.sqlite3")
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            laptop, chain, bea = _bea_with_a_mailbox(asker_home, url)
+            qid = _left_with(asker_home, bea, url, "where is the key")
+            with OutboxStore(asker_home) as outbox, outbox._tx() as db:  # as an older version left it
+                db.execute("UPDATE deliveries SET left_record = NULL")
+            r = kith(asker_home, "outbox", "remove", qid, "--json", timeout=120)
+            assert json.loads(r.stdout)["withdrawals"] == [{"id": qid, "holder": url, "state": "withdrawn",
+                                                            "code": None}], r.stdout + r.stderr
+            assert store.mailbox_usage()["records"] == 0 and _answers(url, laptop, chain) == []
+    finally:
+        store.close()

@@ -99,9 +99,9 @@ async def withdraw_left(home: Path, identity: Any, store: Any, *, endpoint: Any 
             out.append({"id": qid, "holder": holder, "state": "pending", "code": None})
             continue
         rid = w["recordId"]
-        if rid is None:  # left before its id was recorded: the id the kept cards give now
-            rid = record_id("question", qid, identity.public_key, mailboxes_of(home, w["peerKey"])[1])
         try:
+            if rid is None:  # left before its id was recorded: the id the kept cards give now
+                rid = record_id("question", qid, identity.public_key, mailboxes_of(home, w["peerKey"])[1])
             async with mail_client(holder, identity, endpoint=endpoint) as client:
                 removed = await client.ack_sealed([(identity.public_key, rid)])
         except KithError as exc:
