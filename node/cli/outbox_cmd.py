@@ -146,8 +146,8 @@ def remove_cmd(ctx: typer.Context,
     from node.common.errors import UsageError
 
     if bool(question_ids) == done:  # neither, or both: which is meant is not guessed
-        raise UsageError("usage", "give either the question(s) to remove (ID...) or --done, not "
-                         + ("both" if done else "neither"))
+        raise UsageError("usage", "give either the question(s) to remove (ID...) or --done, not both" if done
+                         else "name the question(s) to remove (ID...) or give --done")
     removed: list[str] = []
     withdrawals: list[dict[str, Any]] = []
     with _store(ctx) as store:
