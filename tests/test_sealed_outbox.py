@@ -330,3 +330,33 @@ def test_a_question_left_before_its_record_id_was_kept_is_withdrawn_by_the_id_it
             assert store.mailbox_usage()["records"] == 0 and _answers(url, laptop, chain) == []
     finally:
         store.close()
+
+
+def test_a_question_removed_while_the_runner_leaves_it_is_withdrawn_all_the_same(tmp_path: Path) -> None:
+    """``kith outbox remove`` lands while the runner's step is putting the question at the
+    holder (here: during the put, from the holder's admission hook): the removal found no
+    copy recorded yet, so the step, finding the question gone when it records the copy,
+    keeps its withdrawal and withdraws it in the same step — the host never sees it."""
+    asker_home = node_home(tmp_path, "asker")
+    store = open_store(tmp_path / "c.sqlite3")
+    removed: list[bool] = []
+
+    def admits(_sender: str, _recipients: tuple[str, ...]) -> bool:
+        with OutboxStore(asker_home) as outbox:  # the user's removal, mid-put
+            removed.append(outbox.remove(qid))
+        return True
+
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits(),
+                                  mailbox_admits=admits) as url:
+            laptop, chain, bea = _bea_with_a_mailbox(asker_home, url)
+            with OutboxStore(asker_home) as outbox:
+                qid = outbox.add({"query": "where is the key", "topK": 3}, [("bea", bea)])["id"]
+                outbox.record_attempt(qid, bea, None, code="transport-connect-failed")
+            asyncio.run(SealedOutboxTask(asker_home, every_s=0).step(None))
+            assert removed == [True]
+            assert store.mailbox_usage()["records"] == 0 and _answers(url, laptop, chain) == []
+    finally:
+        store.close()
+    with OutboxStore(asker_home) as outbox:
+        assert outbox.withdrawals() == [] and outbox.list() == []

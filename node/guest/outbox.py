@@ -370,12 +370,20 @@ class OutboxStore:
         community server's URL or ``iroh:<ticket>``; specs/sealed.md §10): ``kith outbox``
         shows it, it is not left again, and removing the question withdraws it there.
         ``record_id``: the sealed record's outer id (what the withdrawal names); None keeps
-        the one recorded for that holder, if any. A closed row is not changed."""
+        the one recorded for that holder, if any. A closed row is not changed; a question
+        removed meanwhile (``kith outbox remove`` while the copy was being left) with a
+        ``record_id`` gets a withdrawal of that copy instead (:meth:`withdrawals`; kept at most
+        :data:`MAX_KEEP_S`, the question's own expiry having gone with it)."""
         with self._tx() as db:
             db.execute("UPDATE deliveries SET left_record = CASE WHEN ? IS NOT NULL THEN ? "
                        "WHEN left_with = ? THEN left_record END, left_with=? WHERE question_id=? AND peer_key=? "
                        "AND state IN ('waiting','pending-approval')",
                        (record_id, record_id, holder, holder, question_id, peer_key))
+            gone = db.execute("SELECT 1 FROM questions WHERE id=?", (question_id,)).fetchone() is None
+            if gone and record_id is not None:  # removed while it was being left: withdrawn all the same
+                db.execute("INSERT OR REPLACE INTO withdrawals (holder, question_id, peer_key, record_id, expires_at) "
+                           "VALUES (?, ?, ?, ?, ?)", (holder, question_id, peer_key, record_id,
+                                                      float(self.clock()) + MAX_KEEP_S))
 
     def fail(self, question_id: str, peer_key: str, code: str) -> None:
         """Close an open row as ``failed`` with ``code`` (it can never be delivered)."""
