@@ -269,6 +269,39 @@ def test_mcp_lists_only_the_tools_the_grant_allows_and_a_changed_grant_at_the_ne
     assert third == ["search", "verify", "ask_later", "outbox"], third
 
 
+def test_a_caching_mcp_client_sees_a_narrowed_grant_at_its_next_list(home: Path) -> None:
+    """The SDK's own ``Client`` in the 2026-07-28 era honours a ``tools/list`` result's
+    ``ttlMs`` (it keeps the list that long and does not ask again). Kith's list depends on
+    the agent's grant, read at each list, and no ``list_changed`` notification is sent
+    (``listChanged: false``), so the hint is ``ttlMs: 0``: a grant narrowed while the
+    session runs shows at the client's next list. With the hour it had, the client kept
+    offering ``verify`` and ``ask_later`` after the grant took the peers and the queue
+    away (each call refused ``agent-scope``)."""
+    import anyio
+    from mcp import StdioServerParameters
+    from mcp.client.client import Client
+
+    from support.homes import REPO
+
+    env = {**os.environ, TOKEN_ENV: _token(home, "mcp-cached", sources=["/kb/public/**"], peers=["bob"],
+                                           queue=True)}
+    params = StdioServerParameters(command=sys.executable, env=env, cwd=str(REPO), args=[
+        "-c", f"from node.local.mcp import run_stdio; run_stdio({str(home)!r}, agent='mcp-cached')"])
+
+    async def main():
+        async with Client(params, mode="auto") as c:
+            first = await c.list_tools()
+            set_agent(home, "mcp-cached", peers=[], queue=False)
+            second = await c.list_tools()
+            return c.protocol_version, first, second
+
+    era, first, second = anyio.run(main)
+    assert era == "2026-07-28"
+    assert [t.name for t in first.tools] == ["search", "verify", "ask_later", "outbox"]
+    assert [t.name for t in second.tools] == ["search"], [t.name for t in second.tools]
+    assert (first.ttl_ms, first.cache_scope) == (0, "private")
+
+
 def test_mcp_narrows_a_search_to_the_agent_s_sources(home: Path) -> None:
     env = {**os.environ, TOKEN_ENV: _token(home, "mcp-public", sources=["/kb/public/**"], peers=["bob"])}
 

@@ -106,6 +106,35 @@ def test_the_mailbox_is_off_by_default(tmp_path: Path) -> None:
             assert response.status_code == 404 and error_of(response) == "mailbox-off"
 
 
+def test_the_sender_withdraws_its_own_record_and_nobody_else_s_on_each_store(served) -> None:
+    """An ack signed by a record's sender withdraws it (``kith outbox remove`` of a question
+    left here, specs/sealed.md §10): the host's take no longer hands it out and the totals
+    drop. A stranger's ack of it, or the sender's ack of another sender's record under the
+    same id, removes nothing (on main the sender's ack was ignored: removed 0, the question
+    stayed for the host to answer)."""
+    url, store = served
+    asker, squatter, host, stranger = new_identity(), new_identity(), new_identity(), new_identity()
+
+    async def scenario() -> None:
+        async with CommunityClient(url, asker) as a, CommunityClient(url, squatter) as q, \
+                CommunityClient(url, host) as h, CommunityClient(url, stranger) as s:
+            rec = question(asker, host)
+            squat = question(squatter, host)
+            squat["id"] = rec["id"]  # the same outer id, another sender: a record of its own
+            await a.put_sealed(rec)
+            await q.put_sealed(squat)  # the holder cannot check an id: kept as the squatter's own
+            assert await s.ack_sealed([(rec["sender"], rec["id"])]) == 0  # not its record
+            assert await q.ack_sealed([(rec["sender"], rec["id"])]) == 0  # nor the squatter's
+            assert await a.ack_sealed([(squat["sender"], squat["id"])]) == 0  # nor the asker's, the squat
+            assert store.mailbox_usage()["records"] == 2
+            assert await a.ack_sealed([(rec["sender"], rec["id"])]) == 1  # withdrawn by its sender
+            assert [r["sender"] for r in (await h.take_sealed_page())[0]] == [squatter.public_key]
+            assert store.mailbox_usage() == store.mailbox_totals() == {"records": 1, "bytes": squat["bucket"]}
+            assert await a.ack_sealed([(rec["sender"], rec["id"])]) == 0  # withdrawn again: harmless
+
+    asyncio.run(scenario())
+
+
 def test_a_question_and_its_answer_through_the_mailbox_on_each_store(served) -> None:
     """The asker leaves a question sealed to two devices of the host; the host takes it,
     opens it, acks it (once for both devices), and leaves its answer; the asker takes that."""

@@ -23,6 +23,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -1181,16 +1182,49 @@ def test_damaged_held_mail_refuses_the_holders_start_with_the_mv_that_moves_it(t
     assert code == 0 and "Traceback" not in err, err
 
 
-def _seen_rows(path: Path) -> None:
-    """``path`` as a host's sealed seen set with rows in it (pages enough that a truncated
-    copy loses some)."""
+#: the host's state databases ``kith status`` probes (``hostFiles``, node/cli/status_cmd.py::_host_files):
+#: file name -> (its table as the host makes it, one row of it from a number)
+STATE_DBS: dict[str, tuple[str, Callable[[int], tuple]]] = {
+    "sealed-seen.sqlite": ("CREATE TABLE sealed_seen (key TEXT PRIMARY KEY, until INTEGER NOT NULL, reply TEXT, "
+                           "done INTEGER NOT NULL)",
+                           lambda i: (f"question:{i:064x}:{i:032x}", 4_000_000_000, None, 1)),
+    "quota.sqlite": ("CREATE TABLE bucket (key TEXT PRIMARY KEY, tokens REAL NOT NULL, stamp REAL NOT NULL)",
+                     lambda i: (f"peer:{i:064x}", 10.0, 4_000_000_000.0)),
+    "seen-nonces.sqlite": ("CREATE TABLE seen_nonce (nonce TEXT PRIMARY KEY, post_id TEXT NOT NULL, "
+                           "expires_at REAL NOT NULL)",
+                           lambda i: (f"{i:064x}", f"post-{i}", 4_000_000_000.0)),
+}
+
+
+def _state_rows(path: Path) -> None:
+    """``path`` as the host's state database of its name (:data:`STATE_DBS`) with rows in
+    it (pages enough that a truncated copy loses some)."""
+    table, row = STATE_DBS[path.name]
     db = sqlite3.connect(path)
-    db.execute("CREATE TABLE sealed_seen (key TEXT PRIMARY KEY, until INTEGER NOT NULL, reply TEXT, "
-               "done INTEGER NOT NULL)")
-    db.executemany("INSERT INTO sealed_seen VALUES (?, ?, NULL, 1)",
-                   [(f"question:{i:064x}:{i:032x}", 4_000_000_000) for i in range(2000)])
+    db.execute(table)
+    rows = [row(i) for i in range(2000)]
+    db.executemany(f"INSERT INTO {table.split()[2]} VALUES ({', '.join('?' * len(rows[0]))})", rows)
     db.commit()
     db.close()
+
+
+def _damaged_state_db(tmp_path: Path, name: str, damage: Callable[[Path], None]) -> tuple[Path, Path, dict[str, str]]:
+    """A fresh home whose state database ``name`` holds rows and is then put through
+    ``damage``: ``(home, the file, the home's snapshot after the damage)``."""
+    from support.homes import initialized
+
+    home = initialized(tmp_path / "h")
+    path = home / name
+    _state_rows(path)
+    damage(path)
+    return home, path, _snapshot(home)
+
+
+def _same_file(home: Path, before: dict[str, str], name: str) -> bool:
+    """Whether ``name`` (with its -wal/-shm) is as ``before`` had it: other files may
+    change (the first command makes agents.json)."""
+    return ({k: v for k, v in _snapshot(home).items() if k.startswith(name)}
+            == {k: v for k, v in before.items() if k.startswith(name)})
 
 
 @pytest.mark.iroh
@@ -1200,21 +1234,14 @@ def test_a_damaged_sealed_seen_set_refuses_the_mailbox_hosts_start_with_its_way_
     §5) that cannot be read refuses ``kith host`` with a mailbox at start: its code, a hint
     with the ``mv`` that moves it aside, no traceback, the file left as it was; following the
     hint, the host starts (a folder in its place said "disk I/O error" with no way out)."""
-    from support.homes import initialized
     from support.hosts import HostProcess
 
-    home = initialized(tmp_path / "h")
-    seen = home / "sealed-seen.sqlite"
-    _seen_rows(seen)
-    damage(seen)
-    before = _snapshot(home)
+    home, seen, before = _damaged_state_db(tmp_path, "sealed-seen.sqlite", damage)
     args = ("host", "--offline", "--hold-mail", "127.0.0.1:0", "--invite-file", str(tmp_path / "inv.json"))
     r = kith(home, *args, timeout=60)
     check(Ran(r.returncode, r.stdout, r.stderr), {"config-invalid"} if damage is not folder else {"io-error"})
     assert f"mv {seen} {seen}.bad" in r.stderr, r.stderr
-    after = _snapshot(home)
-    assert {k: v for k, v in after.items() if k.startswith("sealed-seen")} == \
-        {k: v for k, v in before.items() if k.startswith("sealed-seen")}
+    assert _same_file(home, before, seen.name)
     shutil.move(str(seen), str(seen) + ".bad")
     h = HostProcess(home, "--hold-mail", "127.0.0.1:0", "--invite-file", str(tmp_path / "inv.json"))
     code, _out, err = h.stop()
@@ -1293,30 +1320,23 @@ def test_a_spawned_job_failing_at_every_step_is_told_once_and_its_recovery_said(
     assert lines[2] == "runner job deliver works again", lines
 
 
+@pytest.mark.parametrize("name", list(STATE_DBS))
 @pytest.mark.parametrize("damage", [garbage, truncated, folder], ids=lambda d: d.__name__)
-def test_status_names_a_damaged_sealed_seen_set_the_mailbox_host_would_refuse(tmp_path, damage):
-    """``kith status`` over a ``sealed-seen.sqlite`` that ``kith host --mailbox`` refuses to
-    start on: one ``host file:`` line with its code and the ``mv`` that moves it aside (and
-    ``hostFiles`` in ``--json``), exit 0, the home left as it was; once moved aside, status
-    says nothing of it."""
-    from support.homes import initialized
-
-    home = initialized(tmp_path / "h")
-    seen = home / "sealed-seen.sqlite"
-    _seen_rows(seen)
-    damage(seen)
-    before = _snapshot(home)
+def test_status_names_a_damaged_host_state_db_the_host_would_refuse(tmp_path, name, damage):
+    """``kith status`` over a host state database (``sealed-seen.sqlite``, ``quota.sqlite``,
+    ``seen-nonces.sqlite``) that ``kith host`` refuses to start on: one ``host file:`` line
+    with its code and the ``mv`` that moves it aside (and ``hostFiles`` in ``--json``),
+    exit 0, the file left as it was; once moved aside, status says nothing of it."""
+    home, path, before = _damaged_state_db(tmp_path, name, damage)
     r = kith(home, "status", timeout=60)
     code = "io-error" if damage is folder else "config-invalid"
     check(Ran(r.returncode, r.stdout, r.stderr), None)
     told = [line for line in r.stdout.splitlines() if line.startswith("host file:")]
-    assert len(told) == 1 and "sealed-seen.sqlite" in told[0] and f"[{code}]" in told[0], r.stdout
-    assert f"mv {seen} {seen}.bad" in told[0], told
+    assert len(told) == 1 and name in told[0] and f"[{code}]" in told[0], r.stdout
+    assert f"mv {path} {path}.bad" in told[0], told
     as_json = json.loads(kith(home, "status", "--json", timeout=60).stdout)["hostFiles"]
-    assert [(f["file"], f["code"]) for f in as_json] == [("sealed-seen.sqlite", code)]
-    after = _snapshot(home)  # the first command makes agents.json: only the seen set is compared
-    assert {k: v for k, v in after.items() if k.startswith("sealed-seen")} == \
-        {k: v for k, v in before.items() if k.startswith("sealed-seen")}
-    shutil.move(str(seen), str(seen) + ".bad")
+    assert [(f["file"], f["code"]) for f in as_json] == [(name, code)]
+    assert _same_file(home, before, name)
+    shutil.move(str(path), str(path) + ".bad")
     r = kith(home, "status", timeout=60)
     assert r.returncode == 0 and "host file:" not in r.stdout, r.stdout

@@ -15,7 +15,7 @@ from node.corpus.store import Corpus
 
 from support.homes import initialized
 
-from support.agents import api_headers, mcp_env, mcp_session
+from support.agents import mcp_env, mcp_session
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "specs" / "search-envelope.schema.json").read_text())
@@ -92,7 +92,8 @@ def test_the_server_says_who_it_is_and_only_what_it_has_in_both_eras(home: Path,
     2026-07-28 ``server/discover`` era, sees Kith's version (it was empty), the ``tools``
     capability alone (prompts and resources were advertised but none exist, and
     list-changed notifications none are sent), and — where the revision has caching
-    hints — a tool list it may cache (it was ``ttlMs: 0``)."""
+    hints — a tool list it may not cache (``ttlMs: 0``:
+    the list follows the agent's grant, test_agents' caching-client test)."""
     from mcp.client.client import Client
     from mcp.shared.exceptions import MCPError
 
@@ -124,5 +125,5 @@ def test_the_server_says_who_it_is_and_only_what_it_has_in_both_eras(home: Path,
     assert refused == [-32601, -32601]  # method not found: nothing behind what is not advertised
     assert [t.name for t in listed.tools] == ["search", "verify", "ask_later", "outbox"]
     if era == "2026-07-28":
-        assert listed.ttl_ms >= 60_000 and listed.cache_scope == "private"  # it lists what the agent may use
+        assert listed.ttl_ms == 0 and listed.cache_scope == "private"  # it lists what the agent may use, now
     assert _structured(found)["results"][0]["source"] == "/kb/deploy.md"

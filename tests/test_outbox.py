@@ -416,7 +416,7 @@ def test_a_question_queued_while_the_host_is_down_is_answered_after_it_starts(wo
     assert text.returncode == 0 and "deploy.md" in text.stdout
     assert json.loads(_kith(guest_home, "outbox", "list", "--json").stdout)["questions"][0]["unread"] is False
     gone = _kith(guest_home, "outbox", "remove", qid, "--json")
-    assert json.loads(gone.stdout) == {"removed": [qid]}
+    assert json.loads(gone.stdout) == {"removed": [qid], "withdrawals": []}
     missing = _kith(guest_home, "outbox", "show", qid, "--json")
     assert missing.returncode == 1 and "outbox-not-found" in missing.stdout
 
@@ -669,3 +669,22 @@ def test_a_rate_limited_answer_holds_every_question_for_that_peer_until_the_host
     with OutboxStore(guest_home) as store:
         attempts = [store.get(q)["peers"][0]["attempts"] for q in qids]
     assert attempts == [1, 1, 0, 0]
+
+
+def test_remove_with_both_ids_and_done_is_a_usage_error_that_removes_nothing(tmp_path):
+    """``kith outbox remove --done ID`` is refused (exit 2, one line saying to give one or
+    the other), and removes nothing: it used to remove ID (an open question too) and every
+    done one, said only as ``removed N question(s)``."""
+    home = _home(tmp_path, "both")
+    with OutboxStore(home) as store:
+        done = store.add(REQUEST, [("alice", KEY)])["id"]
+        store.fail(done, KEY, "peer-not-found")
+        still_open = store.add(REQUEST, [("alice", KEY)])["id"]
+    for args in (("--done", still_open[:8]), (still_open[:8], "--done", "--json"), ()):
+        r = _kith(home, "outbox", "remove", *args)
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        told = [line for line in r.stderr.splitlines() if line.startswith("error [usage]")]
+        assert len(told) == 1 and "ID..." in told[0] and "--done" in told[0], r.stderr
+        assert "Traceback" not in r.stderr
+        listed = json.loads(_kith(home, "outbox", "list", "--json").stdout)["questions"]
+        assert sorted(q["id"] for q in listed) == sorted([done, still_open])

@@ -188,8 +188,46 @@ def test_the_expansion_pass_brings_a_plain_words_question_to_its_page(tmp_path: 
         assert {"name": "expansion", "status": "skipped", "candidates": 0,
                 "reason": "no-scarce-word"} in ctl["passes"]
         monkeypatch.setattr(retrieval, "EXPANSION_SHARE", -1.0)  # no word is scarce: no pass
+        monkeypatch.setattr(retrieval, "EXPANSION_FLOOR", -1)
         hits, _ = c.search_hits("fake the clock in a test", limit=10)
         assert "/kb/mock.md" not in [h.source_id for h in hits]  # what the pass changes
+
+
+def test_the_expansion_pass_fires_in_a_small_home_for_a_word_one_page_holds(tmp_path: Path,
+                                                                            monkeypatch) -> None:
+    """A home of 15 one-chunk pages, where "fake" is on one page that does not answer (fake
+    plants) and the page that answers "fake a test" says "mock" (LEXICON fake -> mock):
+    one chunk of 15 is the fewest a word can be held by, so the word is scarce and expanded
+    (:data:`retrieval.EXPANSION_FLOOR`: at most max(1, EXPANSION_SHARE x chunks)) and the
+    page comes into the first five. Without the floor the limit was 0.3 chunk here: the word
+    counted as common, the pass never ran in any home under 50 chunks, and the page was
+    seventh, below every page that says "test"."""
+    root = tmp_path / "kb"
+    root.mkdir()
+    (root / "mock.md").write_text("# Mock objects\n\nA mock stands in for a part of the "
+                                  "system while a test runs, and records how it was called.\n")
+    (root / "plants.md").write_text("# Plants\n\nA fake plant in the hall needs no water.\n")
+    for i in range(6):
+        (root / f"clock{i}.md").write_text(f"# Clock {i}\n\nThe clock of machine {i} is read "
+                                           "at start-up and kept in sync by the time service.\n")
+        (root / f"tests{i}.md").write_text(f"# Test runs {i}\n\nEach test runs in a fresh "
+                                           "process of its own; a failed test prints its log.\n")
+    (root / "garden.md").write_text("# Garden\n\nNotes about gardens and weather.\n")
+    with Corpus(tmp_path / "home") as c:
+        c.add_root(root)
+        c.sync()
+        assert c.stats()["chunks"] == 15
+        hits, ctl = c.search_hits("fake a test", limit=10)
+        got = [h.source_id for h in hits]
+        assert "/kb/mock.md" in got[:5], got
+        entry = next(p for p in ctl["passes"] if p["name"] == "expansion")
+        assert entry["status"] == "ran" and entry["candidates"] > 0, ctl["passes"]
+        assert hits[got.index("/kb/mock.md")].score_components["expansion"] > 0
+        monkeypatch.setattr(retrieval, "EXPANSION_FLOOR", 0)  # as before the floor
+        hits, ctl = c.search_hits("fake a test", limit=10)
+        assert {"name": "expansion", "status": "skipped", "candidates": 0,
+                "reason": "no-scarce-word"} in ctl["passes"]
+        assert "/kb/mock.md" not in [h.source_id for h in hits][:5]  # what the floor changes
 
 
 def test_weighted_rrf_sums_reciprocal_ranks() -> None:

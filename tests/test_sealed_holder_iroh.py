@@ -347,3 +347,66 @@ def test_the_hosts_warning_for_an_unreachable_iroh_holder_shows_the_ticket_cut(t
     url = asyncio.run(scenario())
     assert len(said) == 1 and f"the mailbox at {holder_text(url)} could not be read (server-unreachable)" in said[0], said
     assert url not in said[0], said
+
+
+def test_a_question_left_over_iroh_is_withdrawn_by_the_runner_not_by_the_command(tmp_path: Path) -> None:
+    """``kith outbox remove`` of a question left with a holder over iroh (``iroh:<ticket>``)
+    says it is still there and that the home's runner withdraws it (the command binds no
+    endpoint); the withdrawal from an endpoint (the runner's pool's) is the same signed ack
+    as over HTTP, through the holder's one mailbox app (specs/sealed.md §7c, §10)."""
+    from node.community.inbox import leave_question
+    from node.community.iroh_mail import serve_mail_connection
+    from node.community.server import create_app
+    from node.community.store import MailboxLimits
+    from node.guest.outbox import OutboxStore
+    from node.guest.sealed_outbox import withdraw_left
+    from node.trust.identity import load_identity
+
+    from support.homes import node_home
+
+    asker_home = node_home(tmp_path, "asker")
+    asker = load_identity(asker_home)
+    host = Identity(os.urandom(32))
+    store = open_store(tmp_path / "held.sqlite3")
+    app = create_app(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits())
+
+    async def scenario() -> tuple[list, list, str]:
+        async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as holder, \
+                bind_node(asker.secret, MAILBOX_ALPN, local=True) as node:
+            async def serve() -> None:
+                while (conn := await holder.accept()) is not None:
+                    await serve_mail_connection(holder, conn, app)
+
+            async def endpoint():
+                return node
+
+            task = asyncio.create_task(serve())
+            try:
+                url = "iroh:" + holder.ticket()
+                with OutboxStore(asker_home) as outbox:
+                    qid = outbox.add({"query": "where is the key", "topK": 3}, [("bea", host.public_key)])["id"]
+                    async with mail_client(url, asker, endpoint=endpoint) as client:
+                        record = await leave_question(client, asker, None, question_id=qid,
+                                                      request={"query": "where is the key", "topK": 3},
+                                                      peer=host.public_key, recipients=[host.public_key],
+                                                      expires=time.time() + 600)
+                    outbox.mark_left(qid, host.public_key, url, record["id"])
+                r = await asyncio.to_thread(kith, asker_home, "outbox", "remove", qid[:8], timeout=120)
+                assert r.returncode == 0, r.stderr
+                assert f"outbox {qid[:12]}: still at {holder_text(url)}, it is reached over iroh: this home's " \
+                       "runner withdraws it" in r.stdout, r.stdout
+                assert store.mailbox_usage()["records"] == 1
+                with OutboxStore(asker_home) as outbox:
+                    done = await withdraw_left(asker_home, asker, outbox, endpoint=endpoint)
+                    after = outbox.withdrawals()
+                return done, after, url
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    try:
+        done, after, url = asyncio.run(scenario())
+        assert store.mailbox_usage()["records"] == 0
+    finally:
+        store.close()
+    assert [(w["holder"], w["state"]) for w in done] == [(url, "withdrawn")] and after == []

@@ -222,3 +222,141 @@ def test_a_holder_is_shown_without_its_password_or_whole_ticket() -> None:
     assert "s3cret" not in holder_text("http://s3cret@127.0.0.1:1/")
     client = CommunityClient("http://bea:s3cret@127.0.0.1:8080/base", new_identity())
     assert client.display_url == "http://127.0.0.1:8080/base"  # the client's messages use the same form
+
+
+def _left_with(asker_home: Path, bea: str, url: str, query: str) -> str:
+    """A question for bea (:func:`_bea_with_a_mailbox`) whose live try failed, left sealed at
+    ``url`` by the asker's runner task: its id."""
+    with OutboxStore(asker_home) as outbox:
+        qid = outbox.add({"query": query, "topK": 3}, [("bea", bea)])["id"]
+        outbox.record_attempt(qid, bea, None, code="transport-connect-failed")
+    asyncio.run(SealedOutboxTask(asker_home, every_s=0).step(None))
+    with OutboxStore(asker_home) as outbox:
+        assert outbox.get(qid)["peers"][0]["leftWith"] == url
+    return qid
+
+
+def _answers(url: str, laptop: Identity, chain: list) -> list[str]:
+    """bea's laptop wakes alone and takes its questions at ``url``: the ids it answered."""
+    async def wake() -> list[str]:
+        async with CommunityClient(url, laptop) as h:
+            done = await take_step(h, laptop, chain, on_question=lambda op: {
+                "action": "results", "query_id": query_id_of(op.question_id), "status": "ok",
+                "envelope": {"results": [{"id": "c1", "source": "/home/keys.md", "textPreview": "under the pot"}]}})
+        return list(done.answered)
+
+    return asyncio.run(wake())
+
+
+def test_kith_outbox_remove_withdraws_a_question_left_at_a_holder(tmp_path: Path) -> None:
+    """``kith outbox remove ID`` (a real process) of a question left sealed at bea's mailbox
+    withdraws it there (an ack signed by its sender, specs/sealed.md §10): the holder keeps
+    nothing, bea's laptop waking later has nothing to answer, and the command says so
+    (``withdrawn``, in text and ``--json``). On main the row went and the question stayed:
+    bea's laptop answered it, and the answer waited at the holder until it expired."""
+    from support.cli import kith
+
+    asker_home = node_home(tmp_path, "asker")
+    store = open_store(tmp_path / "c.sqlite3")
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            laptop, chain, bea = _bea_with_a_mailbox(asker_home, url)
+            qid = _left_with(asker_home, bea, url, "where is the key")
+            assert store.mailbox_usage()["records"] == 1
+            r = kith(asker_home, "outbox", "remove", qid[:8], "--json", timeout=120)
+            assert r.returncode == 0, r.stderr
+            assert json.loads(r.stdout) == {"removed": [qid], "withdrawals": [
+                {"id": qid, "holder": url, "state": "withdrawn", "code": None}]}
+            assert store.mailbox_usage()["records"] == 0
+            assert _answers(url, laptop, chain) == []  # the host never sees it
+            again = _left_with(asker_home, bea, url, "where is the spare key")
+            r = kith(asker_home, "outbox", "remove", again[:8], timeout=120)
+            assert r.returncode == 0, r.stderr
+            assert r.stdout.splitlines()[1:] == [f"outbox {again[:12]}: withdrawn from {url}; its host will not see it"]
+            assert store.mailbox_usage()["records"] == 0
+    finally:
+        store.close()
+    with OutboxStore(asker_home) as outbox:
+        assert outbox.withdrawals() == [] and outbox.list() == []
+
+
+def test_a_withdrawal_the_holder_cannot_take_now_is_said_and_done_by_the_runner_later(tmp_path: Path) -> None:
+    """The holder is down when the question is removed: ``kith outbox remove`` says the
+    question is still there, why, and who withdraws it (``pending``, its code); once the
+    holder is back, the runner's next step withdraws it and forgets the withdrawal."""
+    from support.cli import kith
+
+    asker_home = node_home(tmp_path, "asker")
+    store = open_store(tmp_path / "c.sqlite3")
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            laptop, chain, bea = _bea_with_a_mailbox(asker_home, url)
+            qid = _left_with(asker_home, bea, url, "where is the key")
+        r = kith(asker_home, "outbox", "remove", qid, "--json", timeout=120)  # the holder is down
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == {"removed": [qid], "withdrawals": [
+            {"id": qid, "holder": url, "state": "pending", "code": "server-unreachable"}]}
+        text = kith(asker_home, "outbox", "remove", "--done", timeout=120).stdout  # said again, still pending
+        assert f"outbox {qid[:12]}: still at {url}, cannot reach it now (server-unreachable)" in text, text
+        port = int(url.rsplit(":", 1)[1])
+        with run_server_in_thread(store, port=port, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as back:
+            assert back == url and store.mailbox_usage()["records"] == 1
+            asyncio.run(SealedOutboxTask(asker_home, every_s=0).step(None))  # the home's runner
+            assert store.mailbox_usage()["records"] == 0
+            assert _answers(url, laptop, chain) == []
+    finally:
+        store.close()
+    with OutboxStore(asker_home) as outbox:
+        assert outbox.withdrawals() == []
+
+
+def test_a_question_left_before_its_record_id_was_kept_is_withdrawn_by_the_id_its_cards_give(tmp_path: Path) -> None:
+    """A row an older version left (``left_with`` set, no ``left_record``): the withdrawal
+    names the id the kept cards give now (the devices it was sealed to), and the holder
+    removes it."""
+    from support.cli import kith
+
+    asker_home = node_home(tmp_path, "asker")
+    store = open_store(tmp_path / "c.sqlite3")
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+            laptop, chain, bea = _bea_with_a_mailbox(asker_home, url)
+            qid = _left_with(asker_home, bea, url, "where is the key")
+            with OutboxStore(asker_home) as outbox, outbox._tx() as db:  # as an older version left it
+                db.execute("UPDATE deliveries SET left_record = NULL")
+            r = kith(asker_home, "outbox", "remove", qid, "--json", timeout=120)
+            assert json.loads(r.stdout)["withdrawals"] == [{"id": qid, "holder": url, "state": "withdrawn",
+                                                            "code": None}], r.stdout + r.stderr
+            assert store.mailbox_usage()["records"] == 0 and _answers(url, laptop, chain) == []
+    finally:
+        store.close()
+
+
+def test_a_question_removed_while_the_runner_leaves_it_is_withdrawn_all_the_same(tmp_path: Path) -> None:
+    """``kith outbox remove`` lands while the runner's step is putting the question at the
+    holder (here: during the put, from the holder's admission hook): the removal found no
+    copy recorded yet, so the step, finding the question gone when it records the copy,
+    keeps its withdrawal and withdraws it in the same step — the host never sees it."""
+    asker_home = node_home(tmp_path, "asker")
+    store = open_store(tmp_path / "c.sqlite3")
+    removed: list[bool] = []
+
+    def admits(_sender: str, _recipients: tuple[str, ...]) -> bool:
+        with OutboxStore(asker_home) as outbox:  # the user's removal, mid-put
+            removed.append(outbox.remove(qid))
+        return True
+
+    try:
+        with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits(),
+                                  mailbox_admits=admits) as url:
+            laptop, chain, bea = _bea_with_a_mailbox(asker_home, url)
+            with OutboxStore(asker_home) as outbox:
+                qid = outbox.add({"query": "where is the key", "topK": 3}, [("bea", bea)])["id"]
+                outbox.record_attempt(qid, bea, None, code="transport-connect-failed")
+            asyncio.run(SealedOutboxTask(asker_home, every_s=0).step(None))
+            assert removed == [True]
+            assert store.mailbox_usage()["records"] == 0 and _answers(url, laptop, chain) == []
+    finally:
+        store.close()
+    with OutboxStore(asker_home) as outbox:
+        assert outbox.withdrawals() == [] and outbox.list() == []

@@ -137,14 +137,19 @@ def show_cmd(ctx: typer.Context, question_id: str = typer.Argument(..., metavar=
 def remove_cmd(ctx: typer.Context,
                question_ids: list[str] = typer.Argument(None, metavar="ID...", help="Ids or unique prefixes."),
                done: bool = typer.Option(False, "--done", help="Remove every question no peer is still due to answer "
-                                                               "(answered, expired or failed)."),
+                                                               "(answered, expired or failed); not with ID..."),
                as_json: bool = _JSON) -> None:
-    """Remove kept questions and their answers (an open one is no longer delivered)."""
+    """Remove kept questions and their answers (an open one is no longer delivered): the
+    ones named (ID...), or with --done every one no peer is still due to answer — one or
+    the other (specs/outbox.md). A question left sealed with a holder is withdrawn there
+    (specs/sealed.md §10)."""
     from node.common.errors import UsageError
 
-    if not question_ids and not done:
-        raise UsageError("usage", "name the question(s) to remove (ID...) or give --done")
+    if bool(question_ids) == done:  # neither, or both: which is meant is not guessed
+        raise UsageError("usage", "give either the question(s) to remove (ID...) or --done, not both" if done
+                         else "name the question(s) to remove (ID...) or give --done")
     removed: list[str] = []
+    withdrawals: list[dict[str, Any]] = []
     with _store(ctx) as store:
         ids = [store.resolve(q) for q in question_ids or []]
         for qid in ids:
@@ -152,10 +157,43 @@ def remove_cmd(ctx: typer.Context,
                 removed.append(qid)
         if done:
             removed.extend(store.remove_done())
+        if store.withdrawals():  # sealed copies left with holders: withdrawn there now (specs/sealed.md §10)
+            withdrawals = _withdraw(ctx, store)
     if as_json:
-        emit_json({"removed": removed})
+        emit_json({"removed": removed, "withdrawals": withdrawals})
         return
     console.print(f"removed {len(removed)} question(s)", highlight=False)
+    for w in withdrawals:
+        console.print(_withdrawal_line(w), highlight=False, markup=False)
+
+
+def _withdraw(ctx: typer.Context, store: Any) -> list[dict[str, Any]]:
+    """Withdraw the removed questions' sealed copies at their ``http(s)`` holders now
+    (:func:`node.guest.sealed_outbox.withdraw_left`); an ``iroh:`` holder, or one that
+    fails, is left to the home's runner."""
+    import anyio
+
+    from node.guest.sealed_outbox import withdraw_left
+    from node.trust.identity import load_identity
+
+    home = identity_home_of(ctx)
+    identity = load_identity(home)
+    return anyio.run(lambda: withdraw_left(home, identity, store), backend="asyncio")
+
+
+def _withdrawal_line(w: dict[str, Any]) -> str:
+    """One line per sealed copy of a removed question: what became of it at its holder."""
+    where = safe_text(holder_text(w["holder"]))
+    if w["state"] == "withdrawn":
+        return f"outbox {w['id'][:12]}: withdrawn from {where}; its host will not see it"
+    if w["state"] == "gone":
+        return (f"outbox {w['id'][:12]}: no longer at {where} (its host took it already, or the holder "
+                "takes no withdrawals); "
+                "an answer it sends is not stored")
+    why = f"cannot reach it now ({w['code']})" if w["code"] else "it is reached over iroh"
+    return (f"outbox {w['id'][:12]}: still at {where}, {why}: this home's runner withdraws it (`kith outbox run`, or "
+            "a running `kith host`, `kith api serve`, `kith mcp`); until then its host may answer it, and the "
+            "answer is not stored")
 
 
 @outbox_app.command("run")

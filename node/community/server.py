@@ -225,7 +225,8 @@ class AckRecord(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class AckBody(msgspec.Struct, forbid_unknown_fields=True):
-    """Body of ``POST /api/v1/mailbox/ack``: the records taken and dealt with."""
+    """Body of ``POST /api/v1/mailbox/ack``: the records taken and dealt with (a recipient),
+    or withdrawn (their sender)."""
 
     records: list[AckRecord]
 

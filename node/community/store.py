@@ -777,10 +777,12 @@ class CommunityStore:
                         by_key[(sender, record_id)]["recipients"][key] = bytes(wrapped)
         return out, more
 
-    def ack_sealed(self, recipient: str, records: list[tuple[str, str]]) -> int:
+    def ack_sealed(self, signer: str, records: list[tuple[str, str]]) -> int:
         """Remove the records among ``records`` (``(sender key, record id)`` pairs) that
-        ``recipient`` is a recipient of (for every recipient: one device of a person
-        answering is enough). Unknown records, or records of others, are left alone.
+        ``signer`` is a recipient of (for every recipient: one device of a person answering
+        is enough) or the sender of (a withdrawal: ``kith outbox remove`` of a question
+        left here, specs/sealed.md §10). Unknown records, or records of others, are left
+        alone.
 
         Returns:
             how many records were removed.
@@ -789,9 +791,10 @@ class CommunityStore:
         with self._write() as conn:
             self._mailbox_lock(conn)
             for sender, record_id in dict.fromkeys(records):
-                mine = conn.execute("SELECT 1 FROM mailbox_recipients WHERE recipient_key = ? AND sender_key = ? "
-                                    "AND record_id = ?", (recipient, sender, record_id)).fetchone()
-                if mine is None:
+                mine = sender == signer or conn.execute(
+                    "SELECT 1 FROM mailbox_recipients WHERE recipient_key = ? AND sender_key = ? AND record_id = ?",
+                    (signer, sender, record_id)).fetchone() is not None
+                if not mine:
                     continue
                 removed += self._remove_sealed(conn, sender, record_id)
         return removed

@@ -154,6 +154,10 @@ COMPONENT = {"baseline-bm25": "bm25", "exact-entity": "exact", "rewrite-expanded
 #: pass without the query's own stems: lower on python-docs
 #: (scripts/eval_data/results-issue40-lexpass-dev.txt).
 EXPANSION_SHARE = 0.02
+#: The fewest chunks the limit above allows, whatever the index's size: a word one chunk
+#: holds is scarce in a home under 50 chunks too, where 2 % is less than one chunk and the
+#: pass never ran. Indexes of 50 chunks or more are unaffected.
+EXPANSION_FLOOR = 1
 EXPANSION_BOOST = 1.0
 #: Boost of an expansion term relative to the user's own term.
 EXPANSION_WEIGHT = 0.7
@@ -419,9 +423,10 @@ def rewrite_query(schema: Any, plan: Plan) -> Any | None:
 
 def scarce_expansions(searcher: Any, plan: Plan) -> list[str]:
     """The expansion stems the ``expansion`` pass searches in ``searcher``'s index: those
-    of the query words at most :data:`EXPANSION_SHARE` of its chunks hold (a word absent
-    from it included), each once. One ``doc_freq`` per expanded word."""
-    limit = EXPANSION_SHARE * searcher.num_docs
+    of the query words held by at most max(:data:`EXPANSION_FLOOR`, :data:`EXPANSION_SHARE`
+    × its chunks) chunks (a word absent from it included), each once. One ``doc_freq`` per
+    expanded word (specs/corpus.md, the ``expansion`` pass)."""
+    limit = max(EXPANSION_FLOOR, EXPANSION_SHARE * searcher.num_docs)
     out: dict[str, None] = {}
     for src, targets in plan.sources:
         if searcher.doc_freq("body", src) <= limit:

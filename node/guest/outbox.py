@@ -95,6 +95,13 @@ CREATE TABLE IF NOT EXISTS deliveries(
   PRIMARY KEY(question_id, peer_key));
 CREATE INDEX IF NOT EXISTS deliveries_state ON deliveries(state, peer_key);
 CREATE INDEX IF NOT EXISTS questions_expiry ON questions(expires_at);
+CREATE TABLE IF NOT EXISTS withdrawals(
+  holder TEXT NOT NULL,
+  question_id TEXT NOT NULL,
+  peer_key TEXT NOT NULL,
+  record_id TEXT,
+  expires_at REAL NOT NULL,
+  PRIMARY KEY(holder, question_id, peer_key));
 """
 
 
@@ -358,13 +365,25 @@ class OutboxStore:
                            ((outcome.code if outcome is not None else code), now, question_id, peer_key))
             return True
 
-    def mark_left(self, question_id: str, peer_key: str, holder: str) -> None:
+    def mark_left(self, question_id: str, peer_key: str, holder: str, record_id: str | None = None) -> None:
         """Record that a sealed copy of this open row's question was left with ``holder`` (a
-        community server's URL; specs/sealed.md §10): ``kith outbox`` shows it, and it is
-        not left again. A closed row is not changed."""
+        community server's URL or ``iroh:<ticket>``; specs/sealed.md §10): ``kith outbox``
+        shows it, it is not left again, and removing the question withdraws it there.
+        ``record_id``: the sealed record's outer id (what the withdrawal names); None keeps
+        the one recorded for that holder, if any. A closed row is not changed; a question
+        removed meanwhile (``kith outbox remove`` while the copy was being left) with a
+        ``record_id`` gets a withdrawal of that copy instead (:meth:`withdrawals`; kept at most
+        :data:`MAX_KEEP_S`, the question's own expiry having gone with it)."""
         with self._tx() as db:
-            db.execute("UPDATE deliveries SET left_with=? WHERE question_id=? AND peer_key=? "
-                       "AND state IN ('waiting','pending-approval')", (holder, question_id, peer_key))
+            db.execute("UPDATE deliveries SET left_record = CASE WHEN ? IS NOT NULL THEN ? "
+                       "WHEN left_with = ? THEN left_record END, left_with=? WHERE question_id=? AND peer_key=? "
+                       "AND state IN ('waiting','pending-approval')",
+                       (record_id, record_id, holder, holder, question_id, peer_key))
+            gone = db.execute("SELECT 1 FROM questions WHERE id=?", (question_id,)).fetchone() is None
+            if gone and record_id is not None:  # removed while it was being left: withdrawn all the same
+                db.execute("INSERT OR REPLACE INTO withdrawals (holder, question_id, peer_key, record_id, expires_at) "
+                           "VALUES (?, ?, ?, ?, ?)", (holder, question_id, peer_key, record_id,
+                                                      float(self.clock()) + MAX_KEEP_S))
 
     def fail(self, question_id: str, peer_key: str, code: str) -> None:
         """Close an open row as ``failed`` with ``code`` (it can never be delivered)."""
@@ -373,18 +392,55 @@ class OutboxStore:
                        "AND state IN ('waiting','pending-approval')", (code, question_id, peer_key))
 
     def remove(self, question_id: str) -> bool:
-        """Delete a question and its rows (answers included). Returns True when it existed."""
+        """Delete a question and its rows (answers included); each sealed copy of it left
+        with a holder and not expired is kept to be withdrawn there (:meth:`withdrawals`),
+        in the same transaction. Returns True when it existed."""
         with self._tx() as db:
+            self._keep_withdrawals(db, [question_id])
             db.execute("DELETE FROM deliveries WHERE question_id=?", (question_id,))
             return db.execute("DELETE FROM questions WHERE id=?", (question_id,)).rowcount > 0
 
+    def _keep_withdrawals(self, db: Any, ids: list[str]) -> None:
+        """Keep a withdrawal for every unexpired sealed copy the questions ``ids`` left with
+        a holder (any row state: a question answered live may still wait sealed there)."""
+        db.executemany("INSERT OR REPLACE INTO withdrawals (holder, question_id, peer_key, record_id, expires_at) "
+                       "SELECT d.left_with, d.question_id, d.peer_key, d.left_record, q.expires_at "
+                       "FROM deliveries d JOIN questions q ON q.id = d.question_id "
+                       "WHERE d.question_id = ? AND d.left_with IS NOT NULL AND q.expires_at > ?",
+                       [(i, float(self.clock())) for i in ids])
+
+    def withdrawals(self) -> list[dict[str, Any]]:
+        """The sealed copies of removed questions still to withdraw at their holders
+        (specs/sealed.md §10), oldest expiry first; expired ones are forgotten first (the
+        holder drops those itself).
+
+        Returns:
+            ``[{"holder", "questionId", "peerKey", "recordId", "expiresAt"}]``; ``recordId``
+            None for a copy left before its id was recorded (the withdrawing side computes
+            it from the kept cards).
+        """
+        with self._tx() as db:
+            db.execute("DELETE FROM withdrawals WHERE expires_at <= ?", (float(self.clock()),))
+            rows = db.execute("SELECT holder, question_id, peer_key, record_id, expires_at FROM withdrawals "
+                              "ORDER BY expires_at, holder, question_id, peer_key").fetchall()
+        return [{"holder": h, "questionId": q, "peerKey": p, "recordId": r, "expiresAt": _iso(e)}
+                for h, q, p, r, e in rows]
+
+    def withdrawn(self, holder: str, question_id: str, peer_key: str) -> None:
+        """Forget one withdrawal: done at its holder (or nothing there to withdraw)."""
+        with self._tx() as db:
+            db.execute("DELETE FROM withdrawals WHERE holder=? AND question_id=? AND peer_key=?",
+                       (holder, question_id, peer_key))
+
     def remove_done(self) -> list[str]:
-        """Delete every question none of whose rows is open (answered, expired, failed).
-        Returns their ids."""
+        """Delete every question none of whose rows is open (answered, expired, failed);
+        their sealed copies are kept to be withdrawn as :meth:`remove` does. Returns their
+        ids."""
         with self._tx() as db:
             ids = [r[0] for r in db.execute(
                 "SELECT id FROM questions WHERE id NOT IN (SELECT question_id FROM deliveries "
                 "WHERE state IN ('waiting','pending-approval'))")]
+            self._keep_withdrawals(db, ids)
             db.executemany("DELETE FROM deliveries WHERE question_id=?", [(i,) for i in ids])
             db.executemany("DELETE FROM questions WHERE id=?", [(i,) for i in ids])
             return ids
@@ -516,7 +572,8 @@ def _add_copy_columns(db: Any) -> None:
     harmless: the loser finds them there)."""
     have = {r[1] for r in db.execute("PRAGMA table_info(deliveries)")}
     for column, kind in (("from_copy", "INTEGER NOT NULL DEFAULT 0"), ("copy_as_of", "TEXT"),
-                         ("left_with", "TEXT")):  # the holder a sealed copy was left with (specs/sealed.md)
+                         ("left_with", "TEXT"),  # the holder a sealed copy was left with (specs/sealed.md)
+                         ("left_record", "TEXT")):  # that copy's record id: what a withdrawal names
         if column not in have:
             try:
                 db.execute(f"ALTER TABLE deliveries ADD COLUMN {column} {kind}")

@@ -66,6 +66,54 @@ def mailboxes_of(home: Path, person_key: str) -> tuple[list[str], list[str]]:
     return urls, devices
 
 
+async def withdraw_left(home: Path, identity: Any, store: Any, *, endpoint: Any = None,
+                        say: Any = None) -> list[dict[str, Any]]:
+    """Withdraw at their holders the sealed copies of removed questions
+    (:meth:`node.guest.outbox.OutboxStore.withdrawals`; specs/sealed.md §10): an ack signed
+    by this device, the records' sender, which the holder takes as a withdrawal
+    (specs/community-api.md, ``/mailbox/ack``). Each one done — withdrawn, or no longer
+    there — is forgotten; one that fails stays for a later try (the home's runner tries at
+    each take, every 5 s) until its question would have expired.
+
+    Args:
+        identity: this device's :class:`~node.trust.identity.Identity` (the sender).
+        store: the home's open :class:`~node.guest.outbox.OutboxStore`.
+        endpoint: ``async () -> endpoint`` an ``iroh:`` holder is dialled from (the runner's
+            session pool); None: such a holder is left for the runner (``pending``, no code).
+        say: ``(holder, KithError) -> None`` for a holder that fails; None: nothing said.
+
+    Returns:
+        ``[{"id", "holder", "state", "code"}]`` per copy: ``state`` ``withdrawn`` (the holder
+        removed it: its host never takes it), ``gone`` (the holder no longer had it: its
+        host took it already, or the holder predates withdrawals — an answer that comes is
+        not stored, no row is open for it) or ``pending`` (``code`` the failure's, or None
+        for an ``iroh:`` holder without an endpoint).
+    """
+    from node.community.iroh_mail import SCHEME, mail_client
+    from node.trust.sealed import record_id
+
+    out: list[dict[str, Any]] = []
+    for w in store.withdrawals():
+        holder, qid = w["holder"], w["questionId"]
+        if holder.startswith(SCHEME) and endpoint is None:
+            out.append({"id": qid, "holder": holder, "state": "pending", "code": None})
+            continue
+        rid = w["recordId"]
+        try:
+            if rid is None:  # left before its id was recorded: the id the kept cards give now
+                rid = record_id("question", qid, identity.public_key, mailboxes_of(home, w["peerKey"])[1])
+            async with mail_client(holder, identity, endpoint=endpoint) as client:
+                removed = await client.ack_sealed([(identity.public_key, rid)])
+        except KithError as exc:
+            if say is not None:
+                say(holder, exc)
+            out.append({"id": qid, "holder": holder, "state": "pending", "code": exc.code})
+            continue
+        store.withdrawn(holder, qid, w["peerKey"])
+        out.append({"id": qid, "holder": holder, "state": "withdrawn" if removed else "gone", "code": None})
+    return out
+
+
 class SealedOutboxTask:
     """The runner task (``name`` ``sealed-outbox``; :func:`node.guest.runner.default_tasks`)."""
 
@@ -192,11 +240,11 @@ class SealedOutboxTask:
                     # as the live delivery's is (the agent's rule decided when it was kept)
                     ticket = gate(self.home, row.request, [row.peer_name], actor="outbox", rule="allow")
                     async with mail_client(urls[0], identity, endpoint=endpoint) as client:
-                        await leave_question(client, identity, chain, question_id=row.question_id,
-                                             request=row.request, peer=row.peer_key, recipients=devices,
-                                             expires=_unix(expiry.get(row.question_id)) or self.clock.time() + 3600,
-                                             clock=self.clock.time)
-                    store.mark_left(row.question_id, row.peer_key, urls[0])
+                        record = await leave_question(client, identity, chain, question_id=row.question_id,
+                                                      request=row.request, peer=row.peer_key, recipients=devices,
+                                                      expires=_unix(expiry.get(row.question_id))
+                                                      or self.clock.time() + 3600, clock=self.clock.time)
+                    store.mark_left(row.question_id, row.peer_key, urls[0], record["id"])
                     if runner is not None:
                         from node.common.host_events import OutboxLeft
 
@@ -205,6 +253,8 @@ class SealedOutboxTask:
                 except KithError as exc:
                     self._say(urls[0], exc)
             self._untried = untried
+            if not gated:  # the copies of questions removed since (kith outbox remove): withdrawn
+                await withdraw_left(self.home, identity, store, endpoint=endpoint, say=self._say)
         return self.every_s - (self.clock.monotonic() - self._last) if gated else self.every_s
 
     def _say(self, url: str, exc: KithError) -> None:
@@ -261,4 +311,4 @@ def _unix(stamp: Any) -> float | None:
         return None
 
 
-__all__ = ["STEP_EVERY_S", "SealedOutboxTask", "mailboxes_of"]
+__all__ = ["STEP_EVERY_S", "SealedOutboxTask", "mailboxes_of", "withdraw_left"]

@@ -714,11 +714,16 @@ def build_server(home: Path | str, *, local: bool = False, agent: str | None = N
     return _wire_server(tools, lifespan, check_call, home, listed)
 
 
-#: How long (ms) a client may cache ``tools/list`` and ``server/discover``: the tools are
-#: fixed for the server's lifetime (``listChanged`` false), so an hour; ``server/discover``
-#: is ``public`` (the same for every caller), ``tools/list`` ``private``: it lists the tools
-#: the agent's grant allows (MCP 2026-07-28 caching hints).
-LIST_TTL_MS = 3_600_000
+#: How long (ms) a client may cache ``server/discover`` (MCP 2026-07-28 caching hints):
+#: its name, version and capabilities are fixed for the server's lifetime, the same for
+#: every caller (``public``), so an hour.
+DISCOVER_TTL_MS = 3_600_000
+#: How long (ms) a client may cache ``tools/list``: 0, immediately stale (``private``). The
+#: list is the tools the agent's grant allows, read at each list, and a grant can change
+#: while the server runs (``kith agent set``); no ``notifications/tools/list_changed`` is
+#: sent (``listChanged`` false), so a client that honours the hint asks again each time —
+#: with an hour, the SDK's ``Client`` kept offering tools a narrowed grant had taken away.
+TOOLS_TTL_MS = 0
 
 
 def _wire_server(tools: Any, lifespan: Any, check_call: Any, home: Path | None = None,
@@ -726,8 +731,9 @@ def _wire_server(tools: Any, lifespan: Any, check_call: Any, home: Path | None =
     """The MCP server a client talks to (``mcp.server.Server``), for the 2025-11-25
     ``initialize`` handshake and the 2026-07-28 ``server/discover`` alike: it names
     itself ``kith`` with Kith's version, advertises the ``tools`` capability only (no
-    prompts, resources or subscriptions: it has none), and lets clients cache its tool
-    list for :data:`LIST_TTL_MS`. ``tools`` is the MCPServer holding the tools;
+    prompts, resources or subscriptions: it has none), and lets clients cache
+    ``server/discover`` for :data:`DISCOVER_TTL_MS` and its tool list for :data:`TOOLS_TTL_MS`
+    (none: it follows the agent's grant). ``tools`` is the MCPServer holding the tools;
     ``check_call(name, arguments)`` is the agent check every call passes first (it returns
     the scope, set as :data:`CURRENT_SCOPE` while the tool runs, or raises a KithError
     answered as a tool error). A call the outbound gate held for confirmation
@@ -777,8 +783,8 @@ def _wire_server(tools: Any, lifespan: Any, check_call: Any, home: Path | None =
         finally:
             CURRENT_SCOPE.reset(reset)
 
-    hint = CacheHint(ttl_ms=LIST_TTL_MS, scope="public")
-    per_agent = CacheHint(ttl_ms=LIST_TTL_MS, scope="private")  # the list depends on the agent's grant
+    hint = CacheHint(ttl_ms=DISCOVER_TTL_MS, scope="public")
+    per_agent = CacheHint(ttl_ms=TOOLS_TTL_MS, scope="private")  # the list follows the agent's grant
     return Server("kith", version=__version__, title="Kith", instructions=env_mod.USAGE_PROMPT,
                   lifespan=lifespan, cache_hints={"tools/list": per_agent, "server/discover": hint},
                   on_list_tools=list_tools, on_call_tool=call_tool)
