@@ -124,6 +124,42 @@ def test_killed_before_the_ack_answers_again_and_the_asker_keeps_one(tmp_path: P
     store.close()
 
 
+def test_an_answer_to_a_question_withdrawn_while_it_was_answered_is_dropped_not_retried(tmp_path: Path) -> None:
+    """The asker withdraws its question (``kith outbox remove``: an ack signed by the
+    sender) while the host is answering it. The holder no longer counts the answer a reply,
+    and the asker's card there takes no sealed records, so the put is refused
+    ``mailbox-not-accepted`` — for good. The host records the question done and drops the
+    answer with that code; its next take neither answers it again nor keeps trying."""
+    host, asker = new_identity(), new_identity()
+    store = open_store(tmp_path / "c.sqlite3")
+    store.put_card(asker.public_key, asker.public_key, 1, {"device": asker.public_key},  # no "mailboxes"
+                   expires_unix=time.time() + 3600, now=time.time())
+    answered: list[str] = []
+
+    async def scenario(url: str) -> None:
+        async with CommunityClient(url, asker) as a, CommunityClient(url, host) as h:
+            await leave_question(a, asker, None, question_id=QID, request={"query": QUESTION}, peer=host.public_key,
+                                 recipients=[host.public_key], expires=time.time() + 3600)
+            records, _more, _next = await h.take_sealed_page()
+            record_id = records[0]["id"]
+
+            async def withdraw_then_answer(opened) -> dict:
+                assert await a.ack_sealed([(asker.public_key, record_id)]) == 1  # the withdrawal
+                answered.append(opened.question_id)
+                return fixed_answer("late")(opened)
+
+            seen = SeenRecords()
+            report = await take_step(h, host, None, on_question=withdraw_then_answer, seen=seen)
+            assert report.refused == {"mailbox-not-accepted": 1} and not report.answered and not report.kept
+            again = await take_step(h, host, None, on_question=withdraw_then_answer, seen=seen)
+            assert not again.kept and not again.answered and answered == [QID]
+            assert store.mailbox_usage()["records"] == 0  # nothing waits at the holder
+
+    with run_server_in_thread(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits()) as url:
+        asyncio.run(scenario(url))
+    store.close()
+
+
 def test_a_question_handed_out_twice_is_answered_once(tmp_path: Path) -> None:
     host, asker = new_identity(), new_identity()
     store = open_store(tmp_path / "c.sqlite3")

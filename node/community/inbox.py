@@ -273,7 +273,9 @@ async def _leave_answer(client: CommunityClient, identity: Identity, chain: list
 
     Raises:
         KithError: ``sealed-malformed`` (no valid ``reply_to``), ``sealed-reply-foreign`` (a
-            key not tied to the asker), or what ``on_question`` raised.
+            key not tied to the asker), ``mailbox-not-accepted`` (the question was withdrawn
+            meanwhile and the holder keeps nothing more for the asker: never kept on a later
+            try), or what ``on_question`` raised.
     """
     keys, _holders = reply_of(opened)
     answer = seen.unsent(opened, now=clock())
@@ -287,6 +289,12 @@ async def _leave_answer(client: CommunityClient, identity: Identity, chain: list
     try:
         await client.put_sealed(answer)
     except CommunityError as exc:
+        if exc.code == "mailbox-not-accepted":
+            # the holder no longer counts it a reply — the asker withdrew the question
+            # (``kith outbox remove``, specs/sealed.md §10) after this host took it — and
+            # the asker's card there takes no sealed records: no later try can be kept, so
+            # the answer is dropped with that code (the caller records the question done)
+            raise
         # mailbox-conflict: an answer to this question is kept there already; the caller's
         # admit forgets the kept answer in the same write that records the question done
         return exc.code == "mailbox-conflict"
