@@ -397,15 +397,28 @@ def text_stems(text: str) -> set[str]:
     return set(analyzers()[0].analyze(cjk_bigrams(text)))
 
 
+#: Distinct strings whose analysis :func:`key_terms`, :func:`query_terms` and
+#: :func:`exact_terms` each keep (least recently used dropped). One search analyses its
+#: question, and each of its words, about 80 times across its plan and passes
+#: (``scripts/bench_search``); the analysis is a pure function of the string.
+TERMS_CACHE = 4096
+
+
 def key_terms(query: str) -> list[str]:
     """The user's key terms, for display and coverage: folded words that survive both the
-    analyzer's stopword filter and :data:`QUERY_STOPWORDS`, in query order (unstemmed)."""
+    analyzer's stopword filter and :data:`QUERY_STOPWORDS`, in query order (unstemmed).
+    A new list each call (the analysis is kept, :data:`TERMS_CACHE`)."""
+    return list(_key_terms(query))
+
+
+@lru_cache(maxsize=TERMS_CACHE)
+def _key_terms(query: str) -> tuple[str, ...]:
     en, exact = analyzers()
     out = []
     for word in exact.analyze(cjk_bigrams(query)):
         if word not in QUERY_STOPWORDS and en.analyze(word):
             out.append(word)
-    return _unique(out)
+    return tuple(_unique(out))
 
 
 #: An English contraction or possessive ending after a word (``user's``, ``don't``,
@@ -419,14 +432,26 @@ def query_terms(query: str) -> list[str]:
     Contraction and possessive endings are not terms (:data:`_CONTRACTION`): ``the
     current user's home directory`` searches *current, user, home, directori*, not also
     ``s``, a stem of a quarter of the Python docs' chunks and of every "What's New" page
-    title. The user's word forms (:func:`key_terms`, the ``exact`` clauses) keep them."""
+    title. The user's word forms (:func:`key_terms`, the ``exact`` clauses) keep them.
+    A new list each call (the analysis is kept, :data:`TERMS_CACHE`)."""
+    return list(_query_terms(query))
+
+
+@lru_cache(maxsize=TERMS_CACHE)
+def _query_terms(query: str) -> tuple[str, ...]:
     en = analyzers()[0]
-    return _unique(t for w in key_terms(_CONTRACTION.sub("", query)) for t in en.analyze(w))
+    return tuple(_unique(t for w in _key_terms(_CONTRACTION.sub("", query)) for t in en.analyze(w)))
 
 
 def exact_terms(text: str) -> list[str]:
-    """Folded terms without stemming or stopword removal (positions kept, not dedup)."""
-    return list(analyzers()[1].analyze(cjk_bigrams(text)))
+    """Folded terms without stemming or stopword removal (positions kept, not dedup). A
+    new list each call (the analysis is kept, :data:`TERMS_CACHE`)."""
+    return list(_exact_terms(text))
+
+
+@lru_cache(maxsize=TERMS_CACHE)
+def _exact_terms(text: str) -> tuple[str, ...]:
+    return tuple(analyzers()[1].analyze(cjk_bigrams(text)))
 
 
 def exact_units(query: str) -> list[list[str]]:
