@@ -1320,3 +1320,39 @@ def test_status_names_a_damaged_sealed_seen_set_the_mailbox_host_would_refuse(tm
     shutil.move(str(seen), str(seen) + ".bad")
     r = kith(home, "status", timeout=60)
     assert r.returncode == 0 and "host file:" not in r.stdout, r.stdout
+
+
+# ---------------------------------------------------------- a FIFO where a file should be
+def fifo(p: Path) -> None:
+    """A named pipe in the file's place: opening it to read blocks until a writer comes,
+    which never does — a command must say the file is not a regular one, never hang."""
+    if p.exists():
+        deleted(p)
+    os.mkfifo(p)
+
+
+#: the readers of each file that opened it with a blocking open (hung on a FIFO)
+FIFO_READERS = [(target, cmd) for target in ("agents.json", "peers.json", "person.json", "person.key", "policy.toml",
+                                             "config.toml", "revocations.json", "profile.json", "corpus/tantivy/meta.json")
+                for cmd in READERS.get(target, [("status",), ("index", "status"), ("search", "sqlite")])]
+
+
+@pytest.mark.parametrize("target,cmd", FIFO_READERS, ids=[f"{t}-{'_'.join(c)}" for t, c in FIFO_READERS])
+def test_a_fifo_in_place_of_a_home_file_never_hangs_a_command(full_home, tmp_path, target, cmd):
+    """A real process (a hang in this one would hang the suite): it ends within its
+    timeout with exit 0 (the file is not needed) or a typed refusal naming the file, and
+    the FIFO is left as it is."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    fifo(home / target)
+    before = _snapshot(home)
+    try:
+        r = subprocess.run([*KITH, "--home", str(home), *cmd], capture_output=True, text=True, timeout=30,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"kith {' '.join(cmd)} hung on a FIFO at {target}")
+    ran = Ran(r.returncode, r.stdout, r.stderr)
+    check(ran, CODES_OF.get(target, set()) | {"io-error", "index-unavailable"}, ok=True)
+    if ran.code:
+        assert Path(target).name in r.stderr or "index" in r.stderr, r.stderr
+    assert not _changed(before, _snapshot(home), ()), _changed(before, _snapshot(home), ())
