@@ -21,7 +21,7 @@ from typing import Any, Callable
 import tantivy
 
 from node.corpus import archives, chunking, ingest, search
-from node.corpus.record import Record
+from node.corpus.record import Record, index_meta_readable
 from node.corpus.snapshot import Generation, Snapshots
 from node.corpus.lens import Lens
 from node.corpus.types import Hit, Root
@@ -79,6 +79,8 @@ def _index_present(index_dir: Path) -> bool:
 def _index_opens(index_dir: Path) -> bool:
     """True when tantivy opens the index in ``index_dir`` (its meta.json and every segment
     it names are readable); False for a damaged one."""
+    if not index_meta_readable(index_dir):
+        return False
     try:
         tantivy.Index.open(str(index_dir))
     except (ValueError, OSError):

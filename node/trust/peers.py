@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from node.common.errors import ConfigError, PolicyError
-from node.common.home import atomic_write, read_json_state
+from node.common.home import atomic_write, read_json_state, read_regular
 from node.common.names import name_skeletons
 from node.trust.signing import PUBLIC_KEY_HEX_LEN, check_hex
 
@@ -182,7 +182,7 @@ class PeerRegistry:
         """
         path = Path(home) / PEERS_FILE
         try:
-            data = path.read_bytes()
+            data = read_regular(path, MAX_REGISTRY_BYTES + 1)
             if len(data) > MAX_REGISTRY_BYTES:
                 raise ConfigError("config-invalid", f"{PEERS_FILE} is larger than {MAX_REGISTRY_BYTES} bytes")
         except FileNotFoundError:
