@@ -1356,3 +1356,36 @@ def test_a_fifo_in_place_of_a_home_file_never_hangs_a_command(full_home, tmp_pat
     if ran.code:
         assert Path(target).name in r.stderr or "index" in r.stderr, r.stderr
     assert not _changed(before, _snapshot(home), ()), _changed(before, _snapshot(home), ())
+
+
+def test_an_index_folder_it_may_read_but_not_write_is_an_io_error_not_a_rebuild(full_home, tmp_path):
+    """tantivy takes its lock file (``.tantivy-meta.lock``) even to read: a home whose
+    index folder this user may read but not write (a read-only copy, a chmod) cannot be
+    searched. It is said as the permission it is — never "unreadable, run `kith index
+    sync`", a repair that fails the same way."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv (util-linux): apt-get install util-linux")
+        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    index = home / "corpus" / "tantivy"
+    for p in index.iterdir():
+        p.chmod(0o444)
+    index.chmod(0o555)
+    try:
+        for cmd, codes in ((("index", "status"), {"io-error"}), (("status",), None),
+                           (("search", "staging"), {"index-unavailable"})):
+            r = subprocess.run([*prefix, *KITH, "--home", str(home), *cmd], capture_output=True, text=True,
+                               timeout=120, stdin=subprocess.DEVNULL)
+            ran = Ran(r.returncode, r.stdout, r.stderr)
+            check(ran, codes)
+            said = r.stdout + r.stderr
+            if cmd == ("status",):  # one line; `kith index status` says why
+                assert "index: unreadable [io-error]" in said, said
+            else:
+                assert "permission denied" in said.lower() and "tantivy" in said, (cmd, said)
+            assert "rebuild" not in said and "run `kith index sync`" not in said, (cmd, said)
+    finally:
+        index.chmod(0o755)
