@@ -346,7 +346,8 @@ class PeerRegistry:
             if blk.name == key_or_name:
                 return blk.public_key, blk.name
         raise PolicyError("peer-not-found", f"no peer named {key_or_name[:70]!r}",
-                          hint="give the peer's 64-hex public key to block a key that is not pinned")
+                          hint="`kith peers list` shows the pinned names; a peer that is not pinned is "
+                               "named by its 64-hex public key")
 
     def is_blocked(self, public_key: str) -> bool:
         """True when ``public_key`` is blocked (``kith peers block``)."""
