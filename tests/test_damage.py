@@ -1333,7 +1333,8 @@ def fifo(p: Path) -> None:
 
 #: the readers of each file that opened it with a blocking open (hung on a FIFO)
 FIFO_READERS = [(target, cmd) for target in ("agents.json", "peers.json", "person.json", "person.key", "policy.toml",
-                                             "config.toml", "revocations.json", "profile.json", "corpus/tantivy/meta.json")
+                                             "config.toml", "revocations.json", "profile.json", "corpus/tantivy/meta.json",
+                                             "audit.jsonl", "quota.sqlite", "seen-nonces.sqlite")
                 for cmd in READERS.get(target, [("status",), ("index", "status"), ("search", "sqlite")])]
 
 
