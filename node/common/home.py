@@ -399,6 +399,12 @@ def probe_home_db(path: Path) -> None:
 
     if not os.path.lexists(path):
         return
+    import errno
+    import stat
+
+    mode = os.stat(path).st_mode  # a symlink loop: OSError
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO would block SQLite's open
+        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
     db = sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro&immutable=1", uri=True)
     try:
         db.execute("SELECT count(*) FROM sqlite_master").fetchone()

@@ -31,17 +31,21 @@ approvals``) write through :class:`AuditLog` directly.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import hmac
 import json
 import logging
 import os
+import stat
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+from node.common.home import open_regular, read_regular
 
 log = logging.getLogger("kith.audit")
 
@@ -221,7 +225,12 @@ class AuditLog:
                 return self._fd
             os.close(self._fd)
             self._fd = None
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        # non-blocking: a FIFO in its place is refused (ENXIO, or not a regular file below),
+        # never a host that hangs at its first audit line
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o600)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file", str(self.path))
         os.fchmod(fd, 0o600)
         size = os.fstat(fd).st_size
         if size:
@@ -296,7 +305,7 @@ class AuditLog:
         """
         path = self.home / AUDIT_KEY_FILE
         try:
-            return path.read_bytes()
+            return read_regular(path)
         except FileNotFoundError:
             return b""
         except OSError as exc:
@@ -392,7 +401,7 @@ def read_audit(home: Path, problems: list[AuditProblem]) -> Iterator[dict[str, A
     """
     for path in audit_files(home):
         try:
-            fh = path.open("rb")
+            fh = os.fdopen(open_regular(path), "rb")
         except OSError as exc:
             problems.append(AuditProblem(path.name, 0, f"cannot be read ({exc.strerror})"))
             continue
@@ -458,7 +467,7 @@ def read_audit_tail(home: Path, max_bytes: int, block: int = TAIL_BLOCK_BYTES) -
         if budget <= 0:
             return
         try:
-            fh = path.open("rb")
+            fh = os.fdopen(open_regular(path), "rb")
         except OSError:
             return
         with fh:
