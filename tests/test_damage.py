@@ -19,6 +19,7 @@ import os
 import resource
 import shutil
 import sqlite3
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -1390,3 +1391,24 @@ def test_an_index_folder_it_may_read_but_not_write_is_an_io_error_not_a_rebuild(
             assert "rebuild" not in said and "run `kith index sync`" not in said, (cmd, said)
     finally:
         index.chmod(0o755)
+
+
+@pytest.mark.parametrize("target", ["sent.jsonl", "outbound.fp"])
+def test_a_fifo_in_place_of_the_outbound_log_or_fingerprints_never_hangs_kith_ask(full_home, tmp_path, target):
+    """`kith ask` logs every question to sent.jsonl (opened to append) after the outbound
+    gate read outbound.fp: a FIFO in either place ends the command within its timeout —
+    a typed refusal naming the file, or the ask as usual — never a command blocked in
+    open() until a reader or writer comes."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    fifo(home / target)
+    try:
+        r = subprocess.run([*KITH, "--home", str(home), "ask", "when does the staging server restart", "--peer", "bob"],
+                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"kith ask hung on a FIFO at {target}")
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    if target == "sent.jsonl":
+        assert "error [io-error]" in r.stderr and "sent.jsonl" in r.stderr, r.stderr
+    assert stat.S_ISFIFO(os.lstat(home / target).st_mode) or target == "outbound.fp"
