@@ -151,6 +151,32 @@ def open_regular(path: str | os.PathLike[str]) -> int:
     return fd
 
 
+def open_append(path: str | os.PathLike[str], mode: int = 0o600) -> int:
+    """Open the home log ``path`` to append (created ``mode`` when missing), without
+    blocking: a FIFO in its place would block ``open()`` until a reader came.
+
+    Returns:
+        A write-only, append, close-on-exec file descriptor of a regular file.
+
+    Raises:
+        OSError: ``EINVAL`` "not a regular file" (a FIFO, a socket, a device),
+            ``EISDIR``, or any other failure to open it.
+    """
+    import errno
+    import stat
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0), mode)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO no one reads: said as what it is
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+    return fd
+
+
 def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> bytes:
     """The bytes of the home file ``path``, read as :func:`open_regular` opens it (never
     blocks on a FIFO): the one way a home file is read whole.

@@ -645,6 +645,8 @@ def _append_line(home: Path, record: dict[str, Any]) -> None:
     """:func:`_append` itself, its I/O failures raised as they are."""
     line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
     path = home / LOG_FILE
+    from node.common.home import open_append
+
     with _log_lock, _flocked(home, LOG_FILE):
         try:
             size = path.stat().st_size
@@ -655,7 +657,7 @@ def _append_line(home: Path, record: dict[str, Any]) -> None:
                 src = path if i == 1 else path.with_name(f"{LOG_FILE}.{i - 1}")
                 with contextlib.suppress(FileNotFoundError):
                     os.replace(src, path.with_name(f"{LOG_FILE}.{i}"))
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = open_append(path)  # a FIFO in its place: refused, never a command hung in open()
         try:
             os.fchmod(fd, 0o600)
             os.write(fd, line)

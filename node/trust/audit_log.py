@@ -31,21 +31,19 @@ approvals``) write through :class:`AuditLog` directly.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import hmac
 import json
 import logging
 import os
-import stat
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from node.common.home import open_regular, read_regular
+from node.common.home import open_append, open_regular, read_regular
 
 log = logging.getLogger("kith.audit")
 
@@ -225,12 +223,7 @@ class AuditLog:
                 return self._fd
             os.close(self._fd)
             self._fd = None
-        # non-blocking: a FIFO in its place is refused (ENXIO, or not a regular file below),
-        # never a host that hangs at its first audit line
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o600)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise OSError(errno.EINVAL, "not a regular file", str(self.path))
+        fd = open_append(self.path)  # a FIFO in its place: refused, never a host hung at its first line
         os.fchmod(fd, 0o600)
         size = os.fstat(fd).st_size
         if size:
