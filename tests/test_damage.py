@@ -1337,6 +1337,7 @@ FIFO_READERS = [(target, cmd) for target in ("agents.json", "peers.json", "perso
                                              "config.toml", "revocations.json", "profile.json", "corpus/tantivy/meta.json",
                                              "audit.jsonl", "quota.sqlite", "seen-nonces.sqlite")
                 for cmd in READERS.get(target, [("status",), ("index", "status"), ("search", "sqlite")])]
+FIFO_READERS.append(("sent-approvals.json", ("sent", "approve", "0123456789abcdef")))
 
 
 @pytest.mark.parametrize("target,cmd", FIFO_READERS, ids=[f"{t}-{'_'.join(c)}" for t, c in FIFO_READERS])
