@@ -727,13 +727,13 @@ def _approvals(home: Path, *, strict: bool = False) -> dict[str, Any]:
     """
     from node.common.dbfaults import os_fault
     from node.common.errors import ConfigError
-    from node.common.home import read_json_state
+    from node.common.home import read_json_state, read_regular
 
     path = home / APPROVALS_FILE
     hint = (f"move it aside (`mv {path} {path}.bad`): the questions it held are no longer waiting; "
             "the agent asks again and is held again")
     try:
-        doc = read_json_state(path, hint=hint, data=path.read_bytes())
+        doc = read_json_state(path, hint=hint, data=read_regular(path))
     except FileNotFoundError:
         return {}
     except OSError as exc:
