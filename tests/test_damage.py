@@ -1396,15 +1396,18 @@ def test_an_index_folder_it_may_read_but_not_write_is_an_io_error_not_a_rebuild(
 
 @pytest.mark.parametrize("target", ["sent.jsonl", "outbound.fp"])
 def test_a_fifo_in_place_of_the_outbound_log_or_fingerprints_never_hangs_kith_ask(full_home, tmp_path, target):
-    """`kith ask` logs every question to sent.jsonl (opened to append) after the outbound
-    gate read outbound.fp: a FIFO in either place ends the command within its timeout —
-    a typed refusal naming the file, or the ask as usual — never a command blocked in
-    open() until a reader or writer comes."""
+    """`kith ask` checks a question against outbound.fp (the private text's fingerprints)
+    and logs it to sent.jsonl (opened to append): a FIFO in either place ends the command
+    within its timeout — never a command blocked in open() until a reader or writer comes.
+    A FIFO log is a typed refusal naming it; FIFO fingerprints are rewritten, and the gate
+    still holds a question carrying private text."""
     home = tmp_path / "home"
     shutil.copytree(full_home, home, symlinks=True)
+    check(run_inproc(home, "policy", "set", "/corpus/notes/**", "private"), None)
     fifo(home / target)
+    private = "The salary bands for next year are confidential. Bonus pool: see the spreadsheet."
     try:
-        r = subprocess.run([*KITH, "--home", str(home), "ask", "when does the staging server restart", "--peer", "bob"],
+        r = subprocess.run([*KITH, "--home", str(home), "ask", private, "--peer", "bob"],
                            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         pytest.fail(f"kith ask hung on a FIFO at {target}")
@@ -1412,4 +1415,7 @@ def test_a_fifo_in_place_of_the_outbound_log_or_fingerprints_never_hangs_kith_as
     assert r.returncode == 1, (r.returncode, r.stderr)
     if target == "sent.jsonl":
         assert "error [io-error]" in r.stderr and "sent.jsonl" in r.stderr, r.stderr
-    assert stat.S_ISFIFO(os.lstat(home / target).st_mode) or target == "outbound.fp"
+        assert stat.S_ISFIFO(os.lstat(home / target).st_mode)
+    else:
+        assert "error [outbound-needs-confirmation]" in r.stderr and "private-text" in r.stderr, r.stderr
+        assert (home / target).is_file()
