@@ -118,6 +118,13 @@ def init_hint(home: Path, *, server: bool = False) -> str:
     return f"run `{made_by}` to create one there, or check --home / $KITH_HOME for a typo"
 
 
+class NotRegularFile(OSError):
+    """A FIFO, socket or device where a home file should be (``errno`` EINVAL, ``strerror``
+    "not a regular file"): raised by :func:`open_regular`, :func:`open_append` and
+    :func:`probe_home_db` instead of blocking in ``open()``; an :class:`OSError`, so a
+    caller that says unreadable files as ``io-error`` says it so too."""
+
+
 def open_regular(path: str | os.PathLike[str]) -> int:
     """Open the home file ``path`` to read, without blocking: a FIFO, socket or device in
     its place (a damaged or tampered home) is refused at once instead of hanging the
@@ -132,8 +139,8 @@ def open_regular(path: str | os.PathLike[str]) -> int:
     Raises:
         FileNotFoundError: there is no file.
         IsADirectoryError: a folder is in its place (as ``Path.read_bytes`` says it).
-        OSError: ``EINVAL`` with ``strerror`` "not a regular file" for a FIFO, socket or
-            device; any other failure to open it (permission denied, a symlink loop).
+        NotRegularFile: a FIFO, socket or device in its place.
+        OSError: any other failure to open it (permission denied, a symlink loop).
     """
     import errno
     import stat
@@ -144,7 +151,7 @@ def open_regular(path: str | os.PathLike[str]) -> int:
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
         if not stat.S_ISREG(mode):
-            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+            raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path))
     except BaseException:
         os.close(fd)
         raise
@@ -159,8 +166,8 @@ def open_append(path: str | os.PathLike[str], mode: int = 0o600) -> int:
         A write-only, append, close-on-exec file descriptor of a regular file.
 
     Raises:
-        OSError: ``EINVAL`` "not a regular file" (a FIFO, a socket, a device),
-            ``EISDIR``, or any other failure to open it.
+        NotRegularFile: a FIFO, socket or device in its place.
+        OSError: ``EISDIR``, or any other failure to open it.
     """
     import errno
     import stat
@@ -169,11 +176,11 @@ def open_append(path: str | os.PathLike[str], mode: int = 0o600) -> int:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0), mode)
     except OSError as exc:
         if exc.errno == errno.ENXIO:  # a FIFO no one reads: said as what it is
-            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path)) from None
+            raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path)) from None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path))
     return fd
 
 
@@ -418,7 +425,8 @@ def probe_home_db(path: Path) -> None:
 
     Raises:
         sqlite3.DatabaseError, OSError: as opening the file would (not a database, no
-            permission, a folder in its place); callers map them with
+            permission, a folder in its place; :class:`NotRegularFile` for a FIFO, socket
+            or device, which SQLite's open would block on); callers map them with
             :func:`node.common.dbfaults.state_fault`.
     """
     import sqlite3
@@ -430,7 +438,7 @@ def probe_home_db(path: Path) -> None:
 
     mode = os.stat(path).st_mode  # a symlink loop: OSError
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO would block SQLite's open
-        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path))
     db = sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro&immutable=1", uri=True)
     try:
         db.execute("SELECT count(*) FROM sqlite_master").fetchone()

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from node.common.errors import AgentError, ConfigError, KithError, UsageError
-from node.common.home import AGENTS_FILE, open_regular, read_json_state
+from node.common.home import AGENTS_FILE, NotRegularFile, open_regular, read_json_state
 
 #: The environment variable ``kith mcp`` reads its token from (MCP stdio servers take
 #: credentials from their environment).
@@ -357,9 +357,9 @@ def load_agents(home: Path | str) -> dict[str, Agent]:
         fd = open_regular(path)
     except FileNotFoundError:
         return {}
-    except OSError as exc:
-        if exc.strerror == "not a regular file":
-            raise ConfigError("agents-file-invalid", "agents.json is not a regular file") from None
+    except NotRegularFile:
+        raise ConfigError("agents-file-invalid", "agents.json is not a regular file") from None
+    except OSError:
         raise ConfigError("agents-file-invalid", "agents.json cannot be read") from None
     try:
         _check_owner_only(fd)

@@ -313,14 +313,18 @@ def _read_fingerprints(path: Path) -> _Fingerprints | None:
     """The fingerprint file at ``path`` mapped read-only (:class:`_Fingerprints`); None when
     it is absent, empty, cut short or not ours (the check then rewrites it). The map stays
     valid when the file is replaced (the old inode lives while mapped)."""
+    from node.common.home import NotRegularFile, open_regular
+
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:  # a FIFO: refused below, never a hang
             size = os.fstat(f.fileno()).st_size
             if size <= len(_MAGIC):
                 return None
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError:
         return None
+    except NotRegularFile:
+        return None  # a FIFO, socket or device in its place: not ours, the check rewrites it
     if mapped[:len(_MAGIC)] != _MAGIC:
         return None
     try:  # a file cut short or not ours reads as none: the check rewrites it
