@@ -232,3 +232,27 @@ def test_sqlite_keeps_one_connection_per_thread_and_never_writes_to_a_removed_fi
         assert gone.value.code == "database-unavailable"
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("cmd", ["migrate", "backup"])
+def test_migrate_and_backup_of_a_database_that_does_not_exist_are_refused_and_make_none(
+        tmp_path: Path, cmd: str) -> None:
+    """A typo in --database-url, or --home naming a node's home (not a server's), names a
+    SQLite file that is not there: migrate and backup refuse it (database-unavailable,
+    naming the file) instead of creating an empty database at the typo and saying it was
+    migrated (or backed up) while the real one stays as it was."""
+    node_home = tmp_path / "node"
+    assert subprocess.run(kith(node_home, "init"), capture_output=True, timeout=120).returncode == 0
+    typo = tmp_path / "typo" / "comunity.sqlite3"
+    extra = [str(tmp_path / "backup.sqlite3")] if cmd == "backup" else []
+    for home, url in ((node_home, None), (tmp_path / "server", f"sqlite:///{typo}")):
+        args = ["community", cmd, *extra, "--json", *(["--database-url", url] if url else [])]
+        r = subprocess.run(kith(home, *args), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1, (args, r.returncode, r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr
+        error = json.loads(r.stdout)["error"]
+        assert error["code"] == "database-unavailable", error
+        assert "comunity.sqlite3" in error["message"] if url else "community.sqlite3" in error["message"]
+    assert not (node_home / "community").exists()
+    assert not typo.exists() and not typo.parent.exists()
+    assert not (tmp_path / "backup.sqlite3").exists()

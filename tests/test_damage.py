@@ -19,6 +19,7 @@ import os
 import resource
 import shutil
 import sqlite3
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -1340,3 +1341,101 @@ def test_status_names_a_damaged_host_state_db_the_host_would_refuse(tmp_path, na
     shutil.move(str(path), str(path) + ".bad")
     r = kith(home, "status", timeout=60)
     assert r.returncode == 0 and "host file:" not in r.stdout, r.stdout
+
+
+# ---------------------------------------------------------- a FIFO where a file should be
+def fifo(p: Path) -> None:
+    """A named pipe in the file's place: opening it to read blocks until a writer comes,
+    which never does — a command must say the file is not a regular one, never hang."""
+    if p.exists():
+        deleted(p)
+    os.mkfifo(p)
+
+
+#: the readers of each file that opened it with a blocking open (hung on a FIFO)
+FIFO_READERS = [(target, cmd) for target in ("agents.json", "peers.json", "person.json", "person.key", "policy.toml",
+                                             "config.toml", "revocations.json", "profile.json", "corpus/tantivy/meta.json",
+                                             "audit.jsonl", "quota.sqlite", "seen-nonces.sqlite")
+                for cmd in READERS.get(target, [("status",), ("index", "status"), ("search", "sqlite")])]
+FIFO_READERS.append(("sent-approvals.json", ("sent", "approve", "0123456789abcdef")))
+
+
+@pytest.mark.parametrize("target,cmd", FIFO_READERS, ids=[f"{t}-{'_'.join(c)}" for t, c in FIFO_READERS])
+def test_a_fifo_in_place_of_a_home_file_never_hangs_a_command(full_home, tmp_path, target, cmd):
+    """A real process (a hang in this one would hang the suite): it ends within its
+    timeout with exit 0 (the file is not needed) or a typed refusal naming the file, and
+    the FIFO is left as it is."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    fifo(home / target)
+    before = _snapshot(home)
+    try:
+        r = subprocess.run([*KITH, "--home", str(home), *cmd], capture_output=True, text=True, timeout=30,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"kith {' '.join(cmd)} hung on a FIFO at {target}")
+    ran = Ran(r.returncode, r.stdout, r.stderr)
+    check(ran, CODES_OF.get(target, set()) | {"io-error", "index-unavailable"}, ok=True)
+    if ran.code:
+        assert Path(target).name in r.stderr or "index" in r.stderr, r.stderr
+    assert not _changed(before, _snapshot(home), ()), _changed(before, _snapshot(home), ())
+
+
+def test_an_index_folder_it_may_read_but_not_write_is_an_io_error_not_a_rebuild(full_home, tmp_path):
+    """tantivy takes its lock file (``.tantivy-meta.lock``) even to read: a home whose
+    index folder this user may read but not write (a read-only copy, a chmod) cannot be
+    searched. It is said as the permission it is — never "unreadable, run `kith index
+    sync`", a repair that fails the same way."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv (util-linux): apt-get install util-linux")
+        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    index = home / "corpus" / "tantivy"
+    for p in index.iterdir():
+        p.chmod(0o444)
+    index.chmod(0o555)
+    try:
+        for cmd, codes in ((("index", "status"), {"io-error"}), (("status",), None),
+                           (("search", "staging"), {"index-unavailable"})):
+            r = subprocess.run([*prefix, *KITH, "--home", str(home), *cmd], capture_output=True, text=True,
+                               timeout=120, stdin=subprocess.DEVNULL)
+            ran = Ran(r.returncode, r.stdout, r.stderr)
+            check(ran, codes)
+            said = r.stdout + r.stderr
+            if cmd == ("status",):  # one line; `kith index status` says why
+                assert "index: unreadable [io-error]" in said, said
+            else:
+                assert "permission denied" in said.lower() and "tantivy" in said, (cmd, said)
+            assert "rebuild" not in said and "run `kith index sync`" not in said, (cmd, said)
+    finally:
+        index.chmod(0o755)
+
+
+@pytest.mark.parametrize("target", ["sent.jsonl", "outbound.fp"])
+def test_a_fifo_in_place_of_the_outbound_log_or_fingerprints_never_hangs_kith_ask(full_home, tmp_path, target):
+    """`kith ask` checks a question against outbound.fp (the private text's fingerprints)
+    and logs it to sent.jsonl (opened to append): a FIFO in either place ends the command
+    within its timeout — never a command blocked in open() until a reader or writer comes.
+    A FIFO log is a typed refusal naming it; FIFO fingerprints are rewritten, and the gate
+    still holds a question carrying private text."""
+    home = tmp_path / "home"
+    shutil.copytree(full_home, home, symlinks=True)
+    check(run_inproc(home, "policy", "set", "/corpus/notes/**", "private"), None)
+    fifo(home / target)
+    private = "The salary bands for next year are confidential. Bonus pool: see the spreadsheet."
+    try:
+        r = subprocess.run([*KITH, "--home", str(home), "ask", private, "--peer", "bob"],
+                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"kith ask hung on a FIFO at {target}")
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    if target == "sent.jsonl":
+        assert "error [io-error]" in r.stderr and "sent.jsonl" in r.stderr, r.stderr
+        assert stat.S_ISFIFO(os.lstat(home / target).st_mode)
+    else:
+        assert "error [outbound-needs-confirmation]" in r.stderr and "private-text" in r.stderr, r.stderr
+        assert (home / target).is_file()

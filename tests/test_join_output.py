@@ -242,6 +242,37 @@ def test_join_with_a_missing_file_says_no_such_file(tmp_path: Path) -> None:
     assert "error [invitation-malformed]" in r.stderr, r.stderr
 
 
+def test_join_reads_an_invitation_from_a_pipe_as_process_substitution_gives(tmp_path: Path) -> None:
+    """`kith join <(cat invite.json)` hands kith a pipe (/dev/fd/N), not a regular file: it
+    is read as the invitation it carries (here one that is not an invitation:
+    invitation-malformed), never refused as "is a folder, not an invitation file"."""
+    import threading
+
+    from support.cli import kith
+
+    home = initialized(tmp_path / "guest")
+    pipe = tmp_path / "invite.json"
+    os.mkfifo(pipe)
+
+    def write() -> None:
+        try:
+            with open(pipe, "w") as fh:  # blocks until kith opens it to read
+                fh.write('{"not": "an invitation"}')
+        except BrokenPipeError:  # the reader below that only unblocks it
+            pass
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    r = kith(home, "join", str(pipe), timeout=60)
+    if writer.is_alive():  # kith never opened it: let the writer go
+        with open(pipe, "rb"):
+            pass
+    writer.join(timeout=30)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "is a folder" not in r.stderr, r.stderr
+    assert "error [invitation-malformed]" in r.stderr, r.stderr
+
+
 # --- over iroh: a real host and guests --------------------------------------------------------------
 
 

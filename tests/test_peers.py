@@ -291,3 +291,17 @@ def test_peers_code_of_a_person_pin_gives_each_devices_words(tmp_path: Path) -> 
     assert got["devices"] == [{"key": laptop, "name": "laptop", "pairing_code": pairing_code(own, laptop)}]
     text = kith("peers", "code", "alice").stdout
     assert f"laptop ({laptop[:16]}…): {pairing_code(own, laptop)}" in text, text
+
+
+@pytest.mark.parametrize("cmd", ["code", "block", "unblock"])
+def test_an_unknown_peer_name_hints_at_the_names_and_keys_of_that_command(tmp_path: Path, cmd: str) -> None:
+    """`kith peers code|block|unblock NAME` of a name that is not pinned (a real process):
+    the hint names where the pinned names are and that a key is taken too — never "to
+    block a key" for a command that does not block."""
+    from support.cli import kith as run_kith
+
+    r = run_kith(tmp_path / "home", "peers", cmd, "zz", init=True)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "error [peer-not-found]" in r.stderr and "kith peers list" in r.stderr, r.stderr
+    if cmd != "block":
+        assert "to block" not in r.stderr, r.stderr

@@ -92,10 +92,11 @@ def _database_of(ctx: typer.Context, database_url: str | None, *, create: bool =
 
 
 def open_store_retrying(database: Path | str, *, wait_s: float, migrate: bool = False,
-                        pool_size: int = DEFAULT_POOL_SIZE) -> CommunityStore:
+                        pool_size: int = DEFAULT_POOL_SIZE, existing: bool = False) -> CommunityStore:
     """Open the store; a PostgreSQL database that cannot be reached is retried with
     exponential backoff (0.5 s doubling to 8 s) for up to ``wait_s`` seconds, one line on
-    stderr per attempt (never the URL's password), then refused.
+    stderr per attempt (never the URL's password), then refused. ``existing``: a SQLite
+    file that is not there is refused, not created (:func:`node.community.store.open_store`).
 
     Raises:
         CommunityError: ``database-unavailable`` after ``wait_s``; any other refusal of
@@ -109,7 +110,7 @@ def open_store_retrying(database: Path | str, *, wait_s: float, migrate: bool = 
         remaining = deadline - time.monotonic()
         try:
             return open_store(database, migrate=migrate, pool_size=pool_size,
-                              connect_timeout_s=max(1.0, min(5.0, remaining)))
+                              connect_timeout_s=max(1.0, min(5.0, remaining)), existing=existing)
         except CommunityError as exc:
             retry = isinstance(database, str) and not database.startswith("sqlite:")
             if exc.code != "database-unavailable" or not retry or remaining <= delay:
@@ -227,8 +228,9 @@ def migrate_cmd(
 ) -> None:
     """Bring the community database's schema forward (ordered migrations, in one
     transaction). Stop the servers and back the database up first; `serve` refuses an
-    older schema with this command."""
-    store = open_store_retrying(_database_of(ctx, database_url), wait_s=0, migrate=True)
+    older schema with this command. A SQLite file that is not there is refused, never
+    created."""
+    store = open_store_retrying(_database_of(ctx, database_url), wait_s=0, migrate=True, existing=True)
     try:
         applied, version = list(getattr(store, "applied", [])), store.schema_version()
     finally:
@@ -261,7 +263,7 @@ def backup_cmd(
                                   "PostgreSQL with pg_dump")
     from node.community.store import SqliteStore, open_store
 
-    store = open_store(database)
+    store = open_store(database, existing=True)
     try:
         assert isinstance(store, SqliteStore)
         size = store.backup(path)

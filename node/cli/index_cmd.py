@@ -524,7 +524,7 @@ def search_cmd(
     like `kith join` prints a host's answer; --json prints the envelope instead.
     """
     from node.answer.service import answer_local
-    from node.corpus.store import Corpus
+    from node.corpus.store import Corpus, index_denied
 
     body: dict[str, Any] = {"query": query, "topK": top_k, "dedupe": dedupe}
     if budget_ms is not None:
@@ -563,6 +563,9 @@ def search_cmd(
         raise CorpusError(err["code"], err["message"])
     if status == "index-unavailable":
         exc = opened or CorpusError("index-unavailable")
+        denied = None if corpus is None else index_denied(corpus.index_dir)
+        if denied is not None:  # a permission: `kith index sync` would fail the same way
+            exc = CorpusError("index-unavailable", denied.message, hint=denied.hint)
         if not json_out:
             raise exc
         emit_json(envelope)

@@ -118,6 +118,92 @@ def init_hint(home: Path, *, server: bool = False) -> str:
     return f"run `{made_by}` to create one there, or check --home / $KITH_HOME for a typo"
 
 
+class NotRegularFile(OSError):
+    """A FIFO, socket or device where a home file should be (``errno`` EINVAL, ``strerror``
+    "not a regular file"): raised by :func:`open_regular`, :func:`open_append` and
+    :func:`probe_home_db` instead of blocking in ``open()``; an :class:`OSError`, so a
+    caller that says unreadable files as ``io-error`` says it so too."""
+
+
+def open_regular(path: str | os.PathLike[str]) -> int:
+    """Open the home file ``path`` to read, without blocking: a FIFO, socket or device in
+    its place (a damaged or tampered home) is refused at once instead of hanging the
+    command in ``open()`` until a writer comes, which never does.
+
+    Args:
+        path: the file (a symlink to a regular file is followed).
+
+    Returns:
+        A read-only file descriptor (close-on-exec) of a regular file; the caller closes it.
+
+    Raises:
+        FileNotFoundError: there is no file.
+        IsADirectoryError: a folder is in its place (as ``Path.read_bytes`` says it).
+        NotRegularFile: a FIFO, socket or device in its place.
+        OSError: any other failure to open it (permission denied, a symlink loop).
+    """
+    import errno
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_append(path: str | os.PathLike[str], mode: int = 0o600) -> int:
+    """Open the home log ``path`` to append (created ``mode`` when missing), without
+    blocking: a FIFO in its place would block ``open()`` until a reader came.
+
+    Returns:
+        A write-only, append, close-on-exec file descriptor of a regular file.
+
+    Raises:
+        NotRegularFile: a FIFO, socket or device in its place.
+        OSError: ``EISDIR``, or any other failure to open it.
+    """
+    import errno
+    import stat
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0), mode)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO no one reads: said as what it is
+            raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path))
+    return fd
+
+
+def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> bytes:
+    """The bytes of the home file ``path``, read as :func:`open_regular` opens it (never
+    blocks on a FIFO): the one way a home file is read whole.
+
+    Args:
+        path: the file.
+        limit: read at most this many bytes (callers pass their bound + 1 to tell a file
+            over it); None reads it all.
+
+    Returns:
+        The file's bytes.
+
+    Raises:
+        FileNotFoundError, IsADirectoryError, OSError: as :func:`open_regular`, or a read
+            that fails.
+    """
+    with os.fdopen(open_regular(path), "rb") as fh:
+        return fh.read() if limit is None else fh.read(limit)
+
+
 def read_json_state(path: Path, *, hint: str | None = None, data: bytes | str | None = None) -> Any:
     """The JSON value of the state file ``path`` (one :func:`atomic_write` wrote): the one
     reader of a home's JSON files, so every way one can be damaged (not UTF-8, not JSON,
@@ -142,7 +228,7 @@ def read_json_state(path: Path, *, hint: str | None = None, data: bytes | str | 
 
     try:
         if data is None:
-            data = Path(path).read_bytes()
+            data = read_regular(path)
         return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
     except FileNotFoundError:
         raise
@@ -270,7 +356,7 @@ def _lock_info(path: Path) -> dict[str, Any] | None:
     from node.common.errors import ConfigError
 
     try:
-        info = read_json_state(path, data=path.read_bytes() or b"{}")
+        info = read_json_state(path, data=read_regular(path) or b"{}")
     except (OSError, ConfigError):
         return None
     return info if isinstance(info, dict) else None
@@ -339,13 +425,20 @@ def probe_home_db(path: Path) -> None:
 
     Raises:
         sqlite3.DatabaseError, OSError: as opening the file would (not a database, no
-            permission, a folder in its place); callers map them with
+            permission, a folder in its place; :class:`NotRegularFile` for a FIFO, socket
+            or device, which SQLite's open would block on); callers map them with
             :func:`node.common.dbfaults.state_fault`.
     """
     import sqlite3
 
     if not os.path.lexists(path):
         return
+    import errno
+    import stat
+
+    mode = os.stat(path).st_mode  # a symlink loop: OSError
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO would block SQLite's open
+        raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path))
     db = sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro&immutable=1", uri=True)
     try:
         db.execute("SELECT count(*) FROM sqlite_master").fetchone()
@@ -377,7 +470,7 @@ def config_table(home: Path | None, table: str, code: str) -> dict[str, Any]:
     if home is None:
         return {}
     try:
-        text = (Path(home) / CONFIG_FILE).read_text(encoding="utf-8")
+        text = read_regular(Path(home) / CONFIG_FILE).decode("utf-8")
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError) as exc:

@@ -1711,7 +1711,8 @@ def display_database_url(url: str) -> str:
 def open_store(target: Path | str, *, migrate: bool = False,
                pool_size: int = DEFAULT_POOL_SIZE,
                connect_timeout_s: float = BUSY_TIMEOUT_S,
-               statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> CommunityStore:
+               statement_timeout_s: float = STATEMENT_TIMEOUT_S,
+               existing: bool = False) -> CommunityStore:
     """Open the store named by a path or a database URL.
 
     Args:
@@ -1721,16 +1722,20 @@ def open_store(target: Path | str, *, migrate: bool = False,
             database always gets the current schema).
         pool_size, connect_timeout_s: PostgreSQL only (see :class:`PostgresStore`).
         statement_timeout_s: longest statement, in seconds.
+        existing: open only a SQLite database that is there (``kith community migrate``
+            and ``backup``): a missing file — a typo in the URL, a node's home — is
+            refused, never created empty and reported migrated or backed up.
 
     Raises:
         UsageError: ``database-url-invalid`` for any other URL scheme, an empty path or a
             URL libpq cannot parse.
         ConfigError: ``database-driver-missing`` (PostgreSQL without psycopg).
-        CommunityError: ``database-unavailable``, ``database-schema-old``,
-            ``database-schema-newer``.
+        CommunityError: ``database-unavailable`` (also a missing SQLite file with
+            ``existing``), ``database-schema-old``, ``database-schema-newer``.
     """
     if isinstance(target, Path):
-        return SqliteStore(target, migrate=migrate, statement_timeout_s=statement_timeout_s)
+        return _sqlite_store(target, migrate=migrate, statement_timeout_s=statement_timeout_s,
+                             existing=existing)
     scheme = target.split(":", 1)[0].lower() if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:",
                                                           target) else ""
     if scheme in _PG_SCHEMES:
@@ -1742,7 +1747,18 @@ def open_store(target: Path | str, *, migrate: bool = False,
         if not path.startswith("/") or path == "/":
             raise CommunityError("database-url-invalid",
                                  "a SQLite database URL is sqlite:///ABSOLUTE/PATH", exit_code=2)
-        return SqliteStore(Path(path), migrate=migrate, statement_timeout_s=statement_timeout_s)
+        return _sqlite_store(Path(path), migrate=migrate, statement_timeout_s=statement_timeout_s,
+                             existing=existing)
     raise CommunityError("database-url-invalid",
                          "the database URL must start with postgresql://, postgres:// or sqlite:///",
                          exit_code=2)
+
+
+def _sqlite_store(path: Path, *, migrate: bool, statement_timeout_s: float, existing: bool) -> SqliteStore:
+    """:class:`SqliteStore` on ``path``; with ``existing``, ``database-unavailable`` when
+    there is no file there (see :func:`open_store`)."""
+    if existing and not path.exists():
+        raise CommunityError("database-unavailable", f"there is no community database at {path}",
+                             hint="check --home / --database-url for a typo: `kith community serve` creates "
+                                  "the database; migrate and backup never do")
+    return SqliteStore(path, migrate=migrate, statement_timeout_s=statement_timeout_s)

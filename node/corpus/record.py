@@ -40,7 +40,22 @@ import tantivy
 from node.corpus import search
 from node.corpus.types import Root
 from node.common.errors import ConfigError, CorpusError
-from node.common.home import acquire_owner_lock, lock_owner, release_owner_lock
+from node.common.home import acquire_owner_lock, lock_owner, read_regular, release_owner_lock
+
+
+def index_meta_readable(index_dir: Path) -> bool:
+    """False when tantivy's ``meta.json`` in ``index_dir`` is there but is not a regular
+    file (a FIFO, socket, device or symlink loop): tantivy would block for ever opening a
+    FIFO, so its index is damaged before tantivy is asked. True otherwise (missing is for
+    tantivy to say)."""
+    import stat
+
+    try:
+        return stat.S_ISREG(os.stat(index_dir / "meta.json").st_mode)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
 
 SCHEMA_VERSION = 2
 #: Chunks between two progress reports of a rebuild (:meth:`Record.acquire_writer`).
@@ -300,6 +315,8 @@ class Record:
         try:
             rebuild = self.get_meta("index_schema_version") != str(search.INDEX_SCHEMA_VERSION)
             index = None
+            if not rebuild and not index_meta_readable(self.index_dir):
+                rebuild = True
             if not rebuild and self.index_dir.is_dir() and tantivy.Index.exists(str(self.index_dir)):
                 try:
                     index = tantivy.Index.open(str(self.index_dir))
@@ -463,6 +480,8 @@ class Record:
                               "The corpus index is missing or out of date; run `kith index sync`.")
         if self.index is None:
             try:
+                if not index_meta_readable(self.index_dir):
+                    raise ValueError("meta.json is not a regular file")
                 index = tantivy.Index.open(str(self.index_dir))
             except ValueError:
                 raise CorpusError("index-unavailable",
@@ -504,7 +523,7 @@ class Record:
             return None
         if self._segments is None or self._segments[0] != stamp:
             try:
-                meta = json.loads((self.index_dir / "meta.json").read_text("utf-8"))
+                meta = json.loads(read_regular(self.index_dir / "meta.json"))
                 segs = meta.get("segments", [])
                 live = sum(int(sg.get("max_doc", 0)) for sg in segs)
                 deleted = sum(int((sg.get("deletes") or {}).get("num_deleted_docs", 0))

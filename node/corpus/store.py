@@ -21,11 +21,11 @@ from typing import Any, Callable
 import tantivy
 
 from node.corpus import archives, chunking, ingest, search
-from node.corpus.record import Record
+from node.corpus.record import Record, index_meta_readable
 from node.corpus.snapshot import Generation, Snapshots
 from node.corpus.lens import Lens
 from node.corpus.types import Hit, Root
-from node.common.errors import CorpusError
+from node.common.errors import ConfigError, CorpusError
 from node.common.home import lock_active
 
 
@@ -76,14 +76,43 @@ def _index_present(index_dir: Path) -> bool:
         raise io_error(str(index_dir), why) from None
 
 
+def _denied(index_dir: Path) -> ConfigError:
+    """``io-error`` naming ``index_dir`` when the OS refused tantivy a file of it."""
+    from node.common.dbfaults import io_error
+
+    return io_error(str(index_dir), "permission denied: tantivy writes its lock file (.tantivy-meta.lock) "
+                                    "in the index folder even to read")
+
+
 def _index_opens(index_dir: Path) -> bool:
     """True when tantivy opens the index in ``index_dir`` (its meta.json and every segment
-    it names are readable); False for a damaged one."""
+    it names are readable); False for a damaged one.
+
+    Raises:
+        ConfigError: ``io-error`` naming the folder when the OS refused tantivy a file (its
+            lock file, taken even to read, in a folder this user may read but not write):
+            a permission, not a damage a rebuild repairs.
+    """
+    if not index_meta_readable(index_dir):
+        return False
     try:
         tantivy.Index.open(str(index_dir))
-    except (ValueError, OSError):
+    except (ValueError, OSError) as exc:
+        if "PermissionDenied" in str(exc) or isinstance(exc, PermissionError):
+            raise _denied(index_dir) from None
         return False
     return True
+
+
+def index_denied(index_dir: Path) -> ConfigError | None:
+    """Why the index in ``index_dir`` cannot be searched when it is a permission (the
+    ``io-error`` of :func:`_index_opens`), else None (missing, damaged or fine: a search
+    says ``index-unavailable`` and ``kith index sync`` rebuilds it)."""
+    try:
+        _index_opens(index_dir)
+    except ConfigError as exc:
+        return exc
+    return None
 
 class Corpus:
     """The local corpus: roots, sync and search.

@@ -23,7 +23,7 @@ from node.engine.session import GuestConfig, SessionEngine, SessionReady
 from node.common.errors import ConfigError, HandshakeError, InvitationError, KithError
 from node.runtime.hooks import HookContext, PeerInfo, load_hooks
 from node.trust.identity import Identity
-from node.trust.invitation import POST_ID_RE, Invitation, parse_invitation
+from node.trust.invitation import MAX_INVITATION_BYTES, POST_ID_RE, Invitation, parse_invitation
 from node.trust.peers import PeerRegistry, clean_profile, load_own_profile
 from node.trust.person import load_person, revocation_of
 from node.protocol.spec import ProtocolSpec
@@ -93,15 +93,17 @@ async def resolve_invitation(arg: str, *, server_url: str | None) -> Invitation:
         InvitationError: ``invitation-malformed`` / ``invitation-not-found``.
         ConfigError: ``no-server`` when ARG is a post_id and no server is given;
             ``file-not-found`` when ARG looks like a path (holds ``/`` or ``\\``, or ends in
-            ``.json``) and names no file, or a file that cannot be read.
+            ``.json``) and names no file, or a file that cannot be read. A pipe (``kith join
+            <(cat inv.json)``) is read as a file is, at most one byte over the 64 KiB bound.
         CommunityError: the server is unreachable or refuses.
     """
     path = Path(arg)
     if arg.lstrip().startswith("{"):
         return parse_invitation(arg)
-    if path.is_file():
+    if path.is_file() or (path.exists() and not path.is_dir()):  # a pipe too: `kith join <(cat inv.json)`
         try:
-            data = path.read_bytes()
+            with path.open("rb") as fh:
+                data = fh.read(MAX_INVITATION_BYTES + 1)  # parse_invitation refuses more
         except OSError:
             raise ConfigError("file-not-found", f"cannot read invitation file {arg}") from None
         return parse_invitation(data)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from node.common.errors import KithError
-from node.common.home import atomic_write
+from node.common.home import atomic_write, read_regular
 from node.trust.card import SEQ_FILE, make_card
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def next_seq(home: Path) -> int:
     """
     path = Path(home) / SEQ_FILE
     try:
-        last = int(path.read_text("ascii").strip())
+        last = int(read_regular(path).decode("ascii").strip())
     except FileNotFoundError:
         last = -1
     except (UnicodeDecodeError, ValueError):

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from node.common.errors import AgentError, ConfigError, KithError, UsageError
-from node.common.home import AGENTS_FILE, read_json_state
+from node.common.home import AGENTS_FILE, NotRegularFile, open_regular, read_json_state
 
 #: The environment variable ``kith mcp`` reads its token from (MCP stdio servers take
 #: credentials from their environment).
@@ -354,9 +354,11 @@ def load_agents(home: Path | str) -> dict[str, Agent]:
     """
     path = agents_path(home)
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_regular(path)
     except FileNotFoundError:
         return {}
+    except NotRegularFile:
+        raise ConfigError("agents-file-invalid", "agents.json is not a regular file") from None
     except OSError:
         raise ConfigError("agents-file-invalid", "agents.json cannot be read") from None
     try:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from node.common.errors import ConfigError, PolicyError
-from node.common.home import atomic_write, read_json_state
+from node.common.home import atomic_write, read_json_state, read_regular
 
 APPROVALS_DIR = "approvals"
 PROMOTED_FILE = "promoted.json"
@@ -175,8 +175,7 @@ class Approvals:
     @staticmethod
     def _read_json(path: Path) -> Any:
         try:
-            with path.open("rb") as fh:
-                data = fh.read(MAX_FILE_BYTES + 1)
+            data = read_regular(path, MAX_FILE_BYTES + 1)
             if len(data) > MAX_FILE_BYTES:
                 return None
             return read_json_state(path, data=data)

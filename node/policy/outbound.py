@@ -313,14 +313,18 @@ def _read_fingerprints(path: Path) -> _Fingerprints | None:
     """The fingerprint file at ``path`` mapped read-only (:class:`_Fingerprints`); None when
     it is absent, empty, cut short or not ours (the check then rewrites it). The map stays
     valid when the file is replaced (the old inode lives while mapped)."""
+    from node.common.home import NotRegularFile, open_regular
+
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:  # a FIFO: refused below, never a hang
             size = os.fstat(f.fileno()).st_size
             if size <= len(_MAGIC):
                 return None
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError:
         return None
+    except NotRegularFile:
+        return None  # a FIFO, socket or device in its place: not ours, the check rewrites it
     if mapped[:len(_MAGIC)] != _MAGIC:
         return None
     try:  # a file cut short or not ours reads as none: the check rewrites it
@@ -645,6 +649,8 @@ def _append_line(home: Path, record: dict[str, Any]) -> None:
     """:func:`_append` itself, its I/O failures raised as they are."""
     line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
     path = home / LOG_FILE
+    from node.common.home import open_append
+
     with _log_lock, _flocked(home, LOG_FILE):
         try:
             size = path.stat().st_size
@@ -655,7 +661,7 @@ def _append_line(home: Path, record: dict[str, Any]) -> None:
                 src = path if i == 1 else path.with_name(f"{LOG_FILE}.{i - 1}")
                 with contextlib.suppress(FileNotFoundError):
                     os.replace(src, path.with_name(f"{LOG_FILE}.{i}"))
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = open_append(path)  # a FIFO in its place: refused, never a command hung in open()
         try:
             os.fchmod(fd, 0o600)
             os.write(fd, line)
@@ -725,13 +731,13 @@ def _approvals(home: Path, *, strict: bool = False) -> dict[str, Any]:
     """
     from node.common.dbfaults import os_fault
     from node.common.errors import ConfigError
-    from node.common.home import read_json_state
+    from node.common.home import read_json_state, read_regular
 
     path = home / APPROVALS_FILE
     hint = (f"move it aside (`mv {path} {path}.bad`): the questions it held are no longer waiting; "
             "the agent asks again and is held again")
     try:
-        doc = read_json_state(path, hint=hint, data=path.read_bytes())
+        doc = read_json_state(path, hint=hint, data=read_regular(path))
     except FileNotFoundError:
         return {}
     except OSError as exc:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node.common.home import atomic_write
+from node.common.home import atomic_write, read_regular
 from node.corpus.globs import GlobMatcher
 from node.policy.store import EVERY_PEER, GROUP_PREFIX, Policy
 
@@ -99,8 +99,7 @@ class ScrubRecord:
         """Read the record of ``home`` (empty when there is none or it is unusable)."""
         path = Path(home) / RECORD_FILE
         try:
-            with path.open("rb") as fh:
-                raw = fh.read(MAX_RECORD_BYTES + 1)
+            raw = read_regular(path, MAX_RECORD_BYTES + 1)
             doc = json.loads(raw) if len(raw) <= MAX_RECORD_BYTES else None
         except FileNotFoundError:
             return cls()

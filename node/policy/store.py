@@ -51,7 +51,7 @@ from node.corpus.globs import (  # noqa: F401 - re-exported: the policy speaks t
 from node.corpus.sources import normalize_source
 from node.corpus.types import Root
 from node.common.errors import KithError, PolicyError
-from node.common.home import atomic_write
+from node.common.home import atomic_write, read_regular
 
 POLICY_FILE = "policy.toml"
 
@@ -557,8 +557,7 @@ class Policy:
         path = Path(home) / POLICY_FILE
         stamp = file_stamp(path)  # before reading: a change after this is seen as a change
         try:
-            with path.open("rb") as fh:
-                raw = fh.read(MAX_POLICY_BYTES + 1)
+            raw = read_regular(path, MAX_POLICY_BYTES + 1)
         except FileNotFoundError:
             empty = cls(path=path)
             empty.source_stamp = stamp

@@ -43,6 +43,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from node.common.home import open_append, open_regular, read_regular
+
 log = logging.getLogger("kith.audit")
 
 AUDIT_FILE = "audit.jsonl"
@@ -221,7 +223,7 @@ class AuditLog:
                 return self._fd
             os.close(self._fd)
             self._fd = None
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = open_append(self.path)  # a FIFO in its place: refused, never a host hung at its first line
         os.fchmod(fd, 0o600)
         size = os.fstat(fd).st_size
         if size:
@@ -296,7 +298,7 @@ class AuditLog:
         """
         path = self.home / AUDIT_KEY_FILE
         try:
-            return path.read_bytes()
+            return read_regular(path)
         except FileNotFoundError:
             return b""
         except OSError as exc:
@@ -392,7 +394,7 @@ def read_audit(home: Path, problems: list[AuditProblem]) -> Iterator[dict[str, A
     """
     for path in audit_files(home):
         try:
-            fh = path.open("rb")
+            fh = os.fdopen(open_regular(path), "rb")
         except OSError as exc:
             problems.append(AuditProblem(path.name, 0, f"cannot be read ({exc.strerror})"))
             continue
@@ -458,7 +460,7 @@ def read_audit_tail(home: Path, max_bytes: int, block: int = TAIL_BLOCK_BYTES) -
         if budget <= 0:
             return
         try:
-            fh = path.open("rb")
+            fh = os.fdopen(open_regular(path), "rb")
         except OSError:
             return
         with fh:

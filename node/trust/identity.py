@@ -16,7 +16,7 @@ from pathlib import Path
 import nacl.signing
 
 from node.common.errors import ConfigError, KithError
-from node.common.home import IDENTITY_FILE, atomic_write, init_hint
+from node.common.home import IDENTITY_FILE, atomic_write, init_hint, read_regular
 from node.trust.signing import sign
 
 KEY_FILE = IDENTITY_FILE
@@ -74,7 +74,7 @@ def load_identity(home: Path) -> Identity:
     """
     path = key_path(home)
     try:
-        text = path.read_text("ascii").strip()
+        text = read_regular(path).decode("ascii").strip()
     except FileNotFoundError:
         raise ConfigError("home-not-initialized", f"The Kith home {home} has no identity yet.",
                           hint=init_hint(home)) from None

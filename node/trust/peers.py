@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from node.common.errors import ConfigError, PolicyError
-from node.common.home import atomic_write, read_json_state
+from node.common.home import atomic_write, read_json_state, read_regular
 from node.common.names import name_skeletons
 from node.trust.signing import PUBLIC_KEY_HEX_LEN, check_hex
 
@@ -182,7 +182,7 @@ class PeerRegistry:
         """
         path = Path(home) / PEERS_FILE
         try:
-            data = path.read_bytes()
+            data = read_regular(path, MAX_REGISTRY_BYTES + 1)
             if len(data) > MAX_REGISTRY_BYTES:
                 raise ConfigError("config-invalid", f"{PEERS_FILE} is larger than {MAX_REGISTRY_BYTES} bytes")
         except FileNotFoundError:
@@ -346,7 +346,8 @@ class PeerRegistry:
             if blk.name == key_or_name:
                 return blk.public_key, blk.name
         raise PolicyError("peer-not-found", f"no peer named {key_or_name[:70]!r}",
-                          hint="give the peer's 64-hex public key to block a key that is not pinned")
+                          hint="`kith peers list` shows the pinned names; a peer that is not pinned is "
+                               "named by its 64-hex public key")
 
     def is_blocked(self, public_key: str) -> bool:
         """True when ``public_key`` is blocked (``kith peers block``)."""

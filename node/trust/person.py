@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from node.common.errors import ConfigError, KithError, SigningError
-from node.common.home import atomic_write, read_json_state
+from node.common.home import atomic_write, read_json_state, read_regular
 from node.trust.binding import MAX_CHAIN_LINKS, check_device_name, device_link, verify_chain
 from node.trust.identity import Identity
 from node.trust.invitation import rfc3339
@@ -149,7 +149,7 @@ def recovery_secret_of(words: str) -> bytes:
 
 def _load_seed(path: Path) -> bytes | None:
     try:
-        text = path.read_text("ascii").strip()
+        text = read_regular(path).decode("ascii").strip()
     except FileNotFoundError:
         return None
     except OSError as exc:  # unreadable is not corrupt: never suggest replacing the key
@@ -223,7 +223,7 @@ def load_person(home: Path) -> PersonRecord | None:
     """
     path = home / PERSON_FILE
     try:
-        data = path.read_bytes()
+        data = read_regular(path)
     except FileNotFoundError:
         return None
     except OSError as exc:  # unreadable is not invalid

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from node.common.errors import ConfigError, HandshakeError, KithError
-from node.common.home import atomic_write, read_json_state
+from node.common.home import atomic_write, read_json_state, read_regular
 from node.trust.binding import VIA_PERSON, VIA_RECOVERY, PersonIdentity, device_link, recovery_link, successor_link
 from node.trust.person import (
     PERSON_KEY_FILE,
@@ -100,7 +100,7 @@ def finish_pending_key(home: Path) -> None:
         return
     rec = load_person(home)
     try:
-        seed = bytes.fromhex(pending.read_text("ascii").strip())
+        seed = bytes.fromhex(read_regular(pending).decode("ascii").strip())
         matches = rec is not None and len(seed) == 32 and public_key_of(seed) == rec.person_key
     except (OSError, ValueError, UnicodeDecodeError):
         matches = False
