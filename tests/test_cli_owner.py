@@ -20,7 +20,7 @@ import pytest
 
 from node.community.server import run_server_in_thread
 
-from support.cli import KITH, kith
+from support.cli import KITH, kith, without_root_reads
 from support.homes import initialized
 
 REPO = Path(__file__).resolve().parents[1]
@@ -411,13 +411,7 @@ def test_sync_reports_an_unreadable_folder_with_the_reason() -> None:
         os.chmod(docs / "locked", 0)
         home = base / "home"
         ok(kith(home, "index", "add", str(docs)))
-        prefix: list[str] = []
-        if os.geteuid() == 0:  # root reads every folder: run kith without that capability
-            import shutil
-
-            if shutil.which("setpriv") is None:
-                pytest.skip("running as root without setpriv (util-linux): apt-get install util-linux")
-            prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+        prefix = without_root_reads()  # root reads every folder: run kith without that capability
 
         def sync(*extra: str) -> subprocess.CompletedProcess:
             return ok(subprocess.run([*prefix, *KITH, "--home", str(home), "index", "sync", *extra],

@@ -28,7 +28,7 @@ from typing import Callable
 
 import pytest
 
-from support.cli import KITH, kith, lines_until, pending
+from support.cli import KITH, kith, lines_until, pending, without_root_reads
 from support.homes import FIXTURE
 
 
@@ -640,11 +640,7 @@ def test_a_full_disk_on_write_is_disk_full_and_changes_nothing(full_home, tmp_pa
 def test_an_unreadable_file_is_an_io_error_never_corrupt(full_home, tmp_path, target, cmd, codes):
     """No permission, in a real process: as root it runs without the capabilities that
     read every file (setpriv), as tests/test_cli_owner.py does."""
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv (util-linux): apt-get install util-linux")
-        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    prefix = without_root_reads()
     home = tmp_path / "home"
     shutil.copytree(full_home, home, symlinks=True)
     os.chmod(home / target, 0)
@@ -773,10 +769,7 @@ def test_a_bad_audit_key_refuses_the_host_at_start_with_its_way_out(full_home, t
     key.write_bytes(os.urandom(32))  # made by the first query a host audits
     prefix: list[str] = []
     if damage == "unreadable":
-        if os.geteuid() == 0:
-            if shutil.which("setpriv") is None:
-                pytest.skip("running as root without setpriv (util-linux)")
-            prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+        prefix = without_root_reads()
         os.chmod(key, 0)
     else:
         damage(key)
@@ -1014,11 +1007,7 @@ def test_an_unreadable_index_folder_is_io_error_not_a_traceback(base_home, tmp_p
     capabilities: index status, index sync (and kith host) were a ValueError traceback out
     of tantivy's Index.exists; now io-error naming the folder (status: its index line),
     search index-unavailable; nothing in the home changes."""
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv (util-linux): apt-get install util-linux")
-        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    prefix = without_root_reads()
     home = tmp_path / "home"
     shutil.copytree(base_home, home, symlinks=True)
     index = home / "corpus" / "tantivy"
@@ -1044,11 +1033,7 @@ def test_an_unreadable_index_folder_is_io_error_not_a_traceback(base_home, tmp_p
 def test_a_control_folder_this_user_cannot_reach_is_refused_with_a_hint(full_home, tmp_path):
     """<home>/run with no permission (as another user would meet it): `kith status` and
     `kith sessions` were refused control-forbidden with no hint at all."""
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv (util-linux): apt-get install util-linux")
-        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    prefix = without_root_reads()
     home = tmp_path / "home"
     shutil.copytree(full_home, home, symlinks=True)
     (home / "run").mkdir(mode=0o700, exist_ok=True)
@@ -1386,11 +1371,7 @@ def test_an_index_folder_it_may_read_but_not_write_is_an_io_error_not_a_rebuild(
     index folder this user may read but not write (a read-only copy, a chmod) cannot be
     searched. It is said as the permission it is — never "unreadable, run `kith index
     sync`", a repair that fails the same way."""
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv (util-linux): apt-get install util-linux")
-        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    prefix = without_root_reads()
     home = tmp_path / "home"
     shutil.copytree(full_home, home, symlinks=True)
     index = home / "corpus" / "tantivy"

@@ -20,6 +20,21 @@ from support.homes import initialized
 KITH = [sys.executable, "-m", "node.cli.main"]
 
 
+def without_root_reads() -> list[str]:
+    """An argv prefix that runs a command without the capabilities that let root read and
+    search every file (``setpriv``), so a file mode means what it means for a user; ``[]``
+    when not root. Skips the test when root has no ``setpriv`` (util-linux)."""
+    if os.geteuid() != 0:
+        return []
+    import shutil
+
+    if shutil.which("setpriv") is None:
+        import pytest
+
+        pytest.skip("running as root without setpriv (util-linux): apt-get install util-linux")
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+
+
 def kith_argv(home: Path, *args: str) -> list[str]:
     """``kith --home HOME ARGS`` as an argv list (for :class:`subprocess.Popen`)."""
     return [*KITH, "--home", str(home), *args]
