@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,31 @@ def _holder(home: Path, tmp: Path, how: str = "iroh") -> tuple[HostProcess, str]
     ``HOST:PORT`` alike)."""
     proc = HostProcess(home, "--invite-file", str(tmp / f"{home.name}.inv"), "--hold-mail", how)
     return proc, "iroh:" + proc.invitation["transport_info"]["ticket"]
+
+
+@asynccontextmanager
+async def app_held_over_iroh(app, secret: bytes):
+    """The mailbox ``app`` served over iroh on loopback by a holder endpoint of its own,
+    and a node endpoint of ``secret`` to dial it from: yields ``(url, endpoint)`` — the
+    holder's ``iroh:`` URL and the ``async () -> node`` that ``mail_client`` dials from.
+    The holder stops serving on exit."""
+    from node.community.iroh_mail import serve_mail_connection
+
+    async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as holder, \
+            bind_node(secret, MAILBOX_ALPN, local=True) as node:
+        async def serve() -> None:
+            while (conn := await holder.accept()) is not None:
+                await serve_mail_connection(holder, conn, app)
+
+        async def endpoint():
+            return node
+
+        task = asyncio.create_task(serve())
+        try:
+            yield "iroh:" + holder.ticket(), endpoint
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 def test_two_homes_never_up_together_through_a_device_holding_mail_over_iroh(tmp_path: Path) -> None:
@@ -239,7 +265,6 @@ def test_the_take_cursor_pages_over_iroh_frames(tmp_path: Path) -> None:
     """The take's cursor (specs/community-api.md "Mailbox") works over `kith-mailbox/1`
     unchanged: the frame carries the very signed body, so `after` and `next` pass through
     the holder's one mailbox app (specs/sealed.md §7c)."""
-    from node.community.iroh_mail import serve_mail_connection
     from node.community.server import create_app
     from node.community.store import MailboxLimits
 
@@ -250,31 +275,17 @@ def test_the_take_cursor_pages_over_iroh_frames(tmp_path: Path) -> None:
                  recipients=[me.public_key], now=time.time(), expires=time.time() + 600) for i in range(5)]
 
     async def scenario() -> list[list[str]]:
-        async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as holder, \
-                bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as node:
-            async def serve() -> None:
-                while (conn := await holder.accept()) is not None:
-                    await serve_mail_connection(holder, conn, app)
-
-            async def endpoint():
-                return node
-
-            task = asyncio.create_task(serve())
-            try:
-                url = "iroh:" + holder.ticket()
-                async with mail_client(url, sender, endpoint=endpoint) as put_client:
-                    for rec in sent:
-                        assert (await put_client.put_sealed(rec))["stored"] is True
-                pages, after = [], None
-                async with mail_client(url, me, endpoint=endpoint) as client:
-                    while True:
-                        records, more, after = await client.take_sealed_page(2, after)
-                        pages.append([r["id"] for r in records])
-                        if not more:
-                            return pages
-            finally:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        async with app_held_over_iroh(app, os.urandom(32)) as (url, endpoint):
+            async with mail_client(url, sender, endpoint=endpoint) as put_client:
+                for rec in sent:
+                    assert (await put_client.put_sealed(rec))["stored"] is True
+            pages, after = [], None
+            async with mail_client(url, me, endpoint=endpoint) as client:
+                while True:
+                    records, more, after = await client.take_sealed_page(2, after)
+                    pages.append([r["id"] for r in records])
+                    if not more:
+                        return pages
 
     try:
         pages = asyncio.run(scenario())
@@ -355,7 +366,6 @@ def test_a_question_left_over_iroh_is_withdrawn_by_the_runner_not_by_the_command
     endpoint); the withdrawal from an endpoint (the runner's pool's) is the same signed ack
     as over HTTP, through the holder's one mailbox app (specs/sealed.md §7c, §10)."""
     from node.community.inbox import leave_question
-    from node.community.iroh_mail import serve_mail_connection
     from node.community.server import create_app
     from node.community.store import MailboxLimits
     from node.guest.outbox import OutboxStore
@@ -371,38 +381,24 @@ def test_a_question_left_over_iroh_is_withdrawn_by_the_runner_not_by_the_command
     app = create_app(store, rate_limits=NO_LIMITS, mailbox=MailboxLimits())
 
     async def scenario() -> tuple[list, list, str]:
-        async with bind_node(os.urandom(32), MAILBOX_ALPN, local=True) as holder, \
-                bind_node(asker.secret, MAILBOX_ALPN, local=True) as node:
-            async def serve() -> None:
-                while (conn := await holder.accept()) is not None:
-                    await serve_mail_connection(holder, conn, app)
-
-            async def endpoint():
-                return node
-
-            task = asyncio.create_task(serve())
-            try:
-                url = "iroh:" + holder.ticket()
-                with OutboxStore(asker_home) as outbox:
-                    qid = outbox.add({"query": "where is the key", "topK": 3}, [("bea", host.public_key)])["id"]
-                    async with mail_client(url, asker, endpoint=endpoint) as client:
-                        record = await leave_question(client, asker, None, question_id=qid,
-                                                      request={"query": "where is the key", "topK": 3},
-                                                      peer=host.public_key, recipients=[host.public_key],
-                                                      expires=time.time() + 600)
-                    outbox.mark_left(qid, host.public_key, url, record["id"])
-                r = await asyncio.to_thread(kith, asker_home, "outbox", "remove", qid[:8], timeout=120)
-                assert r.returncode == 0, r.stderr
-                assert f"outbox {qid[:12]}: still at {holder_text(url)}, it is reached over iroh: this home's " \
-                       "runner withdraws it" in r.stdout, r.stdout
-                assert store.mailbox_usage()["records"] == 1
-                with OutboxStore(asker_home) as outbox:
-                    done = await withdraw_left(asker_home, asker, outbox, endpoint=endpoint)
-                    after = outbox.withdrawals()
-                return done, after, url
-            finally:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        async with app_held_over_iroh(app, asker.secret) as (url, endpoint):
+            with OutboxStore(asker_home) as outbox:
+                qid = outbox.add({"query": "where is the key", "topK": 3}, [("bea", host.public_key)])["id"]
+                async with mail_client(url, asker, endpoint=endpoint) as client:
+                    record = await leave_question(client, asker, None, question_id=qid,
+                                                  request={"query": "where is the key", "topK": 3},
+                                                  peer=host.public_key, recipients=[host.public_key],
+                                                  expires=time.time() + 600)
+                outbox.mark_left(qid, host.public_key, url, record["id"])
+            r = await asyncio.to_thread(kith, asker_home, "outbox", "remove", qid[:8], timeout=120)
+            assert r.returncode == 0, r.stderr
+            assert f"outbox {qid[:12]}: still at {holder_text(url)}, it is reached over iroh: this home's " \
+                   "runner withdraws it" in r.stdout, r.stdout
+            assert store.mailbox_usage()["records"] == 1
+            with OutboxStore(asker_home) as outbox:
+                done = await withdraw_left(asker_home, asker, outbox, endpoint=endpoint)
+                after = outbox.withdrawals()
+            return done, after, url
 
     try:
         done, after, url = asyncio.run(scenario())
