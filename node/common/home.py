@@ -124,6 +124,13 @@ class NotRegularFile(OSError):
     :func:`probe_home_db` instead of blocking in ``open()``; an :class:`OSError`, so a
     caller that says unreadable files as ``io-error`` says it so too."""
 
+    @classmethod
+    def at(cls, path: str | os.PathLike[str]) -> "NotRegularFile":
+        """The error for ``path`` (its ``filename``)."""
+        import errno
+
+        return cls(errno.EINVAL, "not a regular file", os.fspath(path))
+
 
 def open_regular(path: str | os.PathLike[str]) -> int:
     """Open the home file ``path`` to read, without blocking: a FIFO, socket or device in
@@ -151,7 +158,7 @@ def open_regular(path: str | os.PathLike[str]) -> int:
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
         if not stat.S_ISREG(mode):
-            raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path))
+            raise NotRegularFile.at(path)
     except BaseException:
         os.close(fd)
         raise
@@ -176,11 +183,11 @@ def open_append(path: str | os.PathLike[str], mode: int = 0o600) -> int:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0), mode)
     except OSError as exc:
         if exc.errno == errno.ENXIO:  # a FIFO no one reads: said as what it is
-            raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path)) from None
+            raise NotRegularFile.at(path) from None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path))
+        raise NotRegularFile.at(path)
     return fd
 
 
@@ -433,12 +440,11 @@ def probe_home_db(path: Path) -> None:
 
     if not os.path.lexists(path):
         return
-    import errno
     import stat
 
     mode = os.stat(path).st_mode  # a symlink loop: OSError
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO would block SQLite's open
-        raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path))
+        raise NotRegularFile.at(path)
     db = sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro&immutable=1", uri=True)
     try:
         db.execute("SELECT count(*) FROM sqlite_master").fetchone()
