@@ -240,7 +240,8 @@ def _query_keys(key_terms: tuple[str, ...]) -> tuple[list[tuple[str, set[str]]],
     mutate it): ``(key stems, key matcher, matcher prefixes)``, the key stems being
     ``(key term, its stems)`` pairs for the coverage checks."""
     keys = [(t, _stems(t)) for t in key_terms]
-    return keys, _key_matcher(keys), _key_prefixes(keys)
+    matcher = _key_matcher(keys)
+    return keys, matcher, matcher.prefixes if matcher is not None else ()
 
 
 def _key_prefixes(keys: list[tuple[str, set[str]]]) -> tuple[str, ...]:

@@ -38,8 +38,9 @@ from pathlib import Path
 #: iroh versions whose generated binding was read and found to have the copy loop.
 VERIFIED_VERSIONS = frozenset({"1.2.0"})
 
-_state = {"applied": False, "original": None, "lower": None, "continuation": None}
-_continuation: list = []  # the ctypes callback object of :func:`_make_continuation` (kept alive)
+#: ``continuation``: uniffi's own callback while ours is installed; ``fast``: ours, made
+#: once and kept here (a ctypes callback object must outlive every call into Rust).
+_state = {"applied": False, "original": None, "lower": None, "continuation": None, "fast": None}
 
 
 def iroh_version() -> str | None:
@@ -128,10 +129,10 @@ def apply() -> bool:
         conv.lower = staticmethod(_fast_lower_bytes)
     if all(hasattr(iroh_ffi, n) for n in ("_uniffi_continuation_callback", "_UniffiContinuationHandleMap",
                                           "_uniffi_set_future_result", "_UNIFFI_RUST_FUTURE_CONTINUATION_CALLBACK")):
-        if not _continuation:
-            _continuation.append(_make_continuation(iroh_ffi))
+        if _state["fast"] is None:
+            _state["fast"] = _make_continuation(iroh_ffi)
         _state["continuation"] = iroh_ffi._uniffi_continuation_callback
-        iroh_ffi._uniffi_continuation_callback = _continuation[0]
+        iroh_ffi._uniffi_continuation_callback = _state["fast"]
     _state["applied"] = True
     return True
 
