@@ -13,8 +13,7 @@ A sync hook may say, per call, whether its work is small: a function attribute
 ``inline`` — ``hook.inline = predicate`` with ``predicate(ctx, *args) -> bool``, called
 on the event loop, cheap, never blocking. True: the hook runs on the event loop, without
 the worker-thread hop (``hook_timeout_s`` cannot interrupt it there, so only for bounded
-work) — unless another hook call of the loop is running in a thread right then: it then
-takes a thread as well, so the loop stays free to serve that one; False: it runs in a
+work), even while other hook calls run in threads; False: it runs in a
 small pool of hook threads
 (:data:`node.runtime.driver.HOOK_THREADS` per event loop); None: no word on this call. A
 hook without ``inline`` — every hook written before it — runs in a worker thread exactly
