@@ -32,16 +32,17 @@ approvals``) write through :class:`AuditLog` directly.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import hmac
 import json
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+import msgspec
 
 from node.common.home import open_append, open_regular, read_regular
 
@@ -66,9 +67,32 @@ BATCH_RECORDS = 64
 BATCH_BYTES = 64 << 10
 
 
+#: The last whole second :func:`now_stamp` formatted and its text up to the seconds (one
+#: tuple, replaced whole: a thread reads a matching pair; a race formats a second twice).
+_second: tuple[int, str] = (-1, "")
+
+
 def now_stamp() -> str:
-    """RFC 3339 UTC with milliseconds, e.g. ``2026-12-01T09:00:00.123Z``."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    """RFC 3339 UTC with milliseconds, truncated (not rounded), e.g.
+    ``2026-12-01T09:00:00.123Z``. The date and time up to the second are formatted once per
+    second (two records per answer made them ~5 µs each, specs/peers.md §7)."""
+    global _second
+    now = time.time()
+    sec = int(now)
+    last = _second
+    if last[0] != sec:
+        last = _second = (sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)))
+    return f"{last[1]}.{int((now - sec) * 1000):03d}Z"
+
+
+#: One record's JSON: compact, UTF-8 (not ``\\u`` escapes), a value JSON has no type for
+#: written as its ``str()`` (a path, an id object).
+_encoder = msgspec.json.Encoder(enc_hook=str)
+
+
+def _encode_line(rec: dict[str, Any]) -> bytes:
+    """``rec`` as one audit line: compact JSON and a newline (UTF-8 bytes)."""
+    return _encoder.encode(rec) + b"\n"
 
 
 class AuditLog:
@@ -132,11 +156,11 @@ class AuditLog:
             sync: fsync after the write (session end).
         """
         rec = {"ts": now_stamp(), "event": event, **{k: v for k, v in fields.items() if v is not None}}
-        line = (json.dumps(rec, ensure_ascii=False, separators=(",", ":"), default=str) + "\n").encode("utf-8")
+        line = _encode_line(rec)
         if len(line) > MAX_LINE_BYTES:  # never write a line the reader would refuse
             rec = {"ts": rec["ts"], "event": event, "truncated": True,
                    **{k: rec[k] for k in ("session_id", "peer", "peer_name") if k in rec}}
-            line = (json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+            line = _encode_line(rec)
         arm = None
         with self._lock:
             self._pending.append(line)
@@ -267,7 +291,7 @@ class AuditLog:
         """``{"query": text}`` with ``audit_queries``, else ``{"query_hmac": <32 hex>}``."""
         if self.audit_queries:
             return {"query": text[:MAX_QUERY_CHARS]}
-        return {"query_hmac": hmac.new(self._hmac_key(), text.encode("utf-8"), hashlib.sha256).hexdigest()[:32]}
+        return {"query_hmac": hmac.digest(self._hmac_key(), text.encode("utf-8"), "sha256").hex()[:32]}
 
     def check_key(self) -> str | None:
         """Read the key of the query hashes now, writing nothing — ``kith host`` calls it at
