@@ -321,12 +321,15 @@ async def run_session(
             if not data or write_dead:
                 return
             try:
-                with anyio.fail_after(send_t):
+                if send_t is None:
                     await stream.send(data)
-            except TimeoutError:
-                write_dead = True
-                emit(engine.abort("peer-unresponsive", "the peer stopped reading"))
-                engine.data_to_send()
+                else:  # a bare scope: fail_after's generator wrapper cost ~4 µs a send
+                    with anyio.CancelScope(deadline=anyio.current_time() + send_t) as scope:
+                        await stream.send(data)
+                    if scope.cancelled_caught:
+                        write_dead = True
+                        emit(engine.abort("peer-unresponsive", "the peer stopped reading"))
+                        engine.data_to_send()
             except TransportError:
                 # the peer may have closed after sending its last frame (a _session_reject
                 # at _session_ready): the receiver reads what arrived first, and the session
