@@ -378,14 +378,15 @@ class EgressGate:
             ``peers`` without this peer, ``ask`` the owner denied, invalid) is absent.
         """
         verdicts = None
-        if self.approvals is not None and peer_key is not None:
-            verdicts = self.approvals.verdicts(peer_key, query)
+        read = self.approvals is None or peer_key is None  # read at the first ask hit, if any
         out: list[tuple[Hit, str]] = []
         policy = policy or self.current_policy()
         for hit, decision in self.decide_hits(hits, peer_name, policy=policy):
             if decision.allowed:
                 out.append((hit, VISIBLE))
             elif decision.tier == "ask" and decision.canonical is not None:
+                if not read:  # the approvals' files are read only for an answer with ask hits
+                    verdicts, read = self.approvals.verdicts(peer_key, query), True
                 if verdicts is not None and decision.canonical in verdicts.deny:
                     continue
                 if verdicts is not None and decision.canonical in verdicts.allow:
