@@ -192,6 +192,26 @@ def test_leak_scan_catches_unicode_spellings(tmp_path: Path) -> None:
         assert _leaks(gate, text), text
 
 
+def test_the_leak_prefilter_never_hides_a_spelling(tmp_path: Path) -> None:
+    """The scan looks for each needle's longest unchanged piece before it runs its regex
+    (``leak_pieces``): every spelling of a root or the home — in either ASCII case, amid
+    other text — is still refused, for roots with spaces, accents, dots and short names."""
+    import random
+
+    from node.policy.gate import leak_needles
+
+    rng = random.Random(7)
+    for name in ("My Docs", "caf\u00e9 notes", "a.b", "x", "kith-load-3f9", "\u00fcn\u00ef"):
+        docs = tmp_path / name
+        docs.mkdir()
+        home = tmp_path / f"home-{rng.randrange(1000)}"
+        gate = EgressGate([Root("r", str(docs))], Policy(), home)
+        for needle in leak_needles([str(docs), str(home)]):
+            for spelled in (needle, needle.upper(), needle.lower()):
+                text = b"lorem ipsum " * rng.randrange(1, 50) + spelled + b" dolor"
+                assert _leaks(gate, text), (name, spelled)
+
+
 def test_symlinked_root_is_caught_in_both_forms(tmp_path: Path) -> None:
     real = tmp_path / "real-notes"
     real.mkdir()
