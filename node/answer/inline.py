@@ -76,16 +76,22 @@ class InlineCosts:
         except Exception:  # noqa: BLE001 - only where the answer runs depends on it
             return False
 
-    def answered(self, view: PeerView, cpu_s: float) -> None:
+    def answered(self, view: PeerView, cpu_s: float, made_under: Hashable | None = None) -> None:
         """Keep ``cpu_s``, the CPU seconds of ``view``'s last answer, with the state it
-        was made in (before any generation is published, a worker thread waits for the
-        corpus lock; the event loop does not, and forgets the view when it is busy)."""
-        try:
-            asyncio.get_running_loop()
-            on_loop = True
-        except RuntimeError:
-            on_loop = False
-        state = self.state(view, wait=not on_loop)
+        was made in: ``made_under``, the lens key the answer searched through (a gate's
+        :meth:`~node.policy.gate.EgressGate.lens_key`, what :meth:`state` computes), or,
+        when None, the state read now (before any generation is published, a worker
+        thread waits for the corpus lock; the event loop does not, and forgets the view
+        when it is busy)."""
+        if made_under is not None and self._gate is not None:
+            state: Hashable | None = made_under
+        else:
+            try:
+                asyncio.get_running_loop()
+                on_loop = True
+            except RuntimeError:
+                on_loop = False
+            state = self.state(view, wait=not on_loop)
         with self._lock:
             if state is None:
                 self._costs.pop(view, None)

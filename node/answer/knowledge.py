@@ -4,7 +4,6 @@ handle a Host's hooks get for one peer (DESIGN §10; :mod:`node.answer.service` 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -74,11 +73,9 @@ class Handle:
         return self.__view.key
 
     def search(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """:meth:`Knowledge.search` as this peer (its CPU time is kept for :meth:`small`)."""
-        cpu = time.thread_time()
-        answer = self.__service.answer(request, self.__view)
-        self.__service.inline.answered(self.__view, time.thread_time() - cpu)
-        return answer
+        """:meth:`Knowledge.search` as this peer (the service keeps its CPU time for
+        :meth:`small`)."""
+        return self.__service.answer(request, self.__view)
 
     def small(self, request: Mapping[str, Any]) -> bool:
         """:meth:`Knowledge.small` as this peer."""

@@ -158,22 +158,38 @@ class AnswerService:
             ``{"status": str, "envelope": dict}`` plus ``error`` / ``approval_id`` /
             ``retry_after_s`` / ``scrubbed`` by status (module docstring). Never raises
             for bad input; never carries a path or exception text.
+
+        A peer view's answer also keeps its CPU time, with the lens key it was made under,
+        in :attr:`inline` (what :meth:`node.answer.knowledge.Handle.small` reads).
         """
+        if not isinstance(view, PeerView):
+            return self._answer(body, view, timings, scope_sources)[1]
+        cpu = time.thread_time()
+        q, out = self._answer(body, view, timings, scope_sources)
+        # the lens the answer searched through is keyed by what its cost depends on
+        # (policy stamp, grants, peer, generation): no second read of the policy and index
+        made_under = q.lens.key if q is not None and q.lens is not None else None
+        self.inline.answered(view, time.thread_time() - cpu, made_under)
+        return out
+
+    def _answer(self, body: Any, view: View, timings: dict[str, float] | None,
+                scope_sources: tuple[str, ...] | None) -> tuple[_Query | None, dict[str, Any]]:
+        """:meth:`answer`'s stages: ``(the query once admitted or None, the answer)``."""
         q = self._admit(body, view, timings)
         if isinstance(q, dict):
-            return q
+            return None, q
         q.scope_sources = scope_sources
         found = self._search(q, q.req["topK"])
         if isinstance(found, dict):
-            return found
+            return q, found
         hits, controller = found
         if not hits and controller.get("stopReason") == "budget-exhausted" and not any(
                 p.get("status") == "ran" for p in controller.get("passes", [])):
-            return render.empty("budget-exhausted", q.req, q.plan)  # not one pass could run
+            return q, render.empty("budget-exhausted", q.req, q.plan)  # not one pass could run
         shown = self._screen(q, hits, controller)
         if isinstance(shown, dict):
-            return shown
-        return self._render(q, shown)
+            return q, shown
+        return q, self._render(q, shown)
 
     def _admit(self, body: Any, view: View, timings: dict[str, float] | None
                ) -> _Query | dict[str, Any]:
