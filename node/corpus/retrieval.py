@@ -911,6 +911,42 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
+#: Built pass queries kept per generation (and per view of one), by question text.
+QUERIES_KEPT = 256
+
+
+def pass_queries(holder: Any, searcher: Any, schema: Any, query: str, plan: Plan
+                 ) -> tuple[dict[str, Any], str]:
+    """``({pass name: tantivy query}, baseline field)`` of ``query`` on ``searcher``: built
+    once per question and kept on ``holder`` (the :class:`~node.corpus.snapshot.Generation`
+    searched, or the :class:`~node.corpus.snapshot.ViewAt` of a peer's view: the
+    expansion's scarce words are counted in that index), at most :data:`QUERIES_KEPT`
+    (then emptied). What a pass query is depends only on the question and the index
+    it searches, both fixed for ``holder``; tantivy queries are immutable, so a kept one
+    searches exactly as a new one. The tunables the builders read (boosts, the
+    expansion's share and floor) are part of the key, so a tuning run that changes one
+    between searches gets queries built with it. Callers must not mutate the dict."""
+    key = (query, EXPANSION_SHARE, EXPANSION_FLOOR, EXPANSION_WEIGHT, EXPANSION_BOOST, PAIR_BOOST,
+           PAIR_SLOP, REWRITE_SECTION_BOOST, REWRITE_TITLE_BOOST, IDS_KEPT, search.TITLE_BOOST,
+           search.SECTION_BOOST, search.IDENT_BOOST, search.EXACT_FORM_BOOST, search.DEFINES_BOOST)
+    kept = holder.queries.get(key)
+    if kept is not None:
+        return kept
+    bq, field_used = search.baseline_query(schema, query)
+    queries: dict[str, Any] = {"baseline-bm25": bq}
+    if "exact-entity" in plan.passes:
+        queries["exact-entity"] = search.exact_query(schema, query)
+    if "rewrite-expanded" in plan.passes:
+        queries["rewrite-expanded"] = rewrite_query(schema, plan)
+    if "expansion" in plan.passes:
+        queries["expansion"] = expansion_query(schema, plan, scarce_expansions(searcher, plan))
+    table = holder.queries
+    if len(table) >= QUERIES_KEPT:  # full: start over (no iteration another thread could upset)
+        table.clear()
+    table[key] = (queries, field_used)
+    return queries, field_used
+
+
 def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] | None = None,
                deadline: float | None = None,
                max_per_document: int = search.MAX_PER_DOCUMENT,
@@ -988,14 +1024,7 @@ def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] |
             gen, view = corpus.snapshots.view_at(gen, lens, corpus)
             searcher = view.searcher()
         schema = gen.schema
-        bq, field_used = search.baseline_query(schema, query)
-        queries: dict[str, Any] = {"baseline-bm25": bq}
-        if "exact-entity" in plan.passes:
-            queries["exact-entity"] = search.exact_query(schema, query)
-        if "rewrite-expanded" in plan.passes:
-            queries["rewrite-expanded"] = rewrite_query(schema, plan)
-        if "expansion" in plan.passes:
-            queries["expansion"] = expansion_query(schema, plan, scarce_expansions(searcher, plan))
+        queries, field_used = pass_queries(view if view is not None else gen, searcher, schema, query, plan)
         depth = max(limit * 4, 40)
         dense_entry: dict[str, Any] | None = None
         if extra_passes is None:  # the optional dense pass (only when the owner turned it on)

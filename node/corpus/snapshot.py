@@ -179,13 +179,15 @@ class ViewAt:
     documents captured when it was resolved (``index``: the
     :class:`node.corpus.views.ViewIndex`; the dense pass's mask cache is its)."""
 
-    __slots__ = ("index", "docs", "scrubbed", "_searcher")
+    __slots__ = ("index", "docs", "scrubbed", "_searcher", "queries")
 
     def __init__(self, index: Any) -> None:
         self.index = index
         self.docs = index.docs
         self.scrubbed = index.scrubbed
         self._searcher = index.searcher()
+        #: pass queries built for this view's searcher (:func:`node.corpus.retrieval.pass_queries`)
+        self.queries: dict[str, Any] = {}
 
     def searcher(self) -> Any:
         """The view's searcher at this generation."""
@@ -226,10 +228,12 @@ class Generation:
             search publish a new generation: :meth:`node.corpus.record.Record.settings_changed`).
         lens_ids: the source ids of its ``done`` documents holding chunks, once asked
             (:meth:`node.corpus.store.Corpus.lens_basis`).
+        queries: the pass queries built for its searcher, by question
+            (:func:`node.corpus.retrieval.pass_queries`).
     """
 
     __slots__ = ("stamp", "searcher", "schema", "number", "index_lag", "docs", "roots",
-                 "chunks", "views", "dense_on", "lens_ids", "_origins")
+                 "chunks", "views", "dense_on", "lens_ids", "_origins", "queries")
 
     def __init__(self, stamp: Any, searcher: Any, schema: Any, number: int, index_lag: int,
                  docs: dict[str, DocEntry], roots: list[Any], chunks: ChunkTable,
@@ -240,6 +244,7 @@ class Generation:
         self.views: dict[Any, ViewAt] = {}
         self.lens_ids: list[str] | None = None
         self._origins: Any = None
+        self.queries: dict[str, Any] = {}
 
     def origins(self) -> Any:
         """The :class:`node.corpus.sources.SourceNormalizer` of the generation's roots,
