@@ -785,6 +785,12 @@ def guard_rare_terms(fused: dict[Any, float], ranked: dict[str, list[tuple[Any, 
     return out
 
 
+#: Chunks whose stems :func:`_covers_all` keeps (then emptied): a chunk id names one text
+#: and heading path for as long as it exists (specs/corpus.md, "Generations").
+STEMS_KEPT = 8192
+_stems_kept: dict[tuple[str, frozenset[str]], set[str]] = {}
+
+
 def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str], view: Any = None) -> bool:
     """True when every chunk in ``chunk_ids`` contains every stem (body or heading); for a
     document a scrubbed ``view`` scrubs (:mod:`node.corpus.views`), in its scrubbed text —
@@ -798,13 +804,18 @@ def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str], view: Any =
     for cid, entry in entries.items():
         text, headings, doc_id = entry.text, entry.headings, entry.doc_id
         kinds = views.scrub_kinds(view.docs.get(doc_id)) if view is not None else frozenset()
-        if kinds:
-            try:  # the chunk's text was scrubbed (and kept) when the view was built
-                text = scrub_cached(cid, text, kinds)
-                headings = scrub_many([h for h in headings if isinstance(h, str)], kinds)
-            except ScrubFailed:
-                return False  # not strong: the other passes run (their index is scrubbed)
-        have = search.text_stems(text + " " + " ".join(headings))
+        have = _stems_kept.get((cid, kinds))
+        if have is None:
+            if kinds:
+                try:  # the chunk's text was scrubbed (and kept) when the view was built
+                    text = scrub_cached(cid, text, kinds)
+                    headings = scrub_many([h for h in headings if isinstance(h, str)], kinds)
+                except ScrubFailed:
+                    return False  # not strong: the other passes run (their index is scrubbed)
+            have = search.text_stems(text + " " + " ".join(headings))
+            if len(_stems_kept) >= STEMS_KEPT:
+                _stems_kept.clear()
+            _stems_kept[(cid, kinds)] = have
         if not want <= have:
             return False
     return True
