@@ -747,3 +747,33 @@ def test_list_and_show_read_a_home_this_user_may_read_but_not_write(tmp_path, he
                 os.chmod(p, mode)
         if owner is not None:
             owner.close()
+
+
+def test_remove_reads_the_withdrawals_once(tmp_path, monkeypatch):
+    """`kith outbox remove ID` withdraws the sealed copy the question left with a holder,
+    reading the withdrawals to make once (each read is a write transaction, and the home's
+    runner reads them every 5 s too): it read them twice. An ``iroh:`` holder is left to the
+    runner (``pending``, no code), so nothing is dialled here."""
+    from support.cli import invoke
+
+    home = _home(tmp_path, "withdraw")
+    holder = "iroh:" + "a" * 52
+    with OutboxStore(home) as store:
+        qid = store.add(REQUEST, [("alice", KEY)])["id"]
+        store.mark_left(qid, KEY, holder, "r" * 32)
+    reads = []
+    real = OutboxStore.withdrawals
+
+    def counted(self):
+        reads.append(1)
+        return real(self)
+
+    monkeypatch.setattr(OutboxStore, "withdrawals", counted)
+    r = invoke(home, "outbox", "remove", qid[:8], "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {"removed": [qid], "withdrawals": [
+        {"id": qid, "holder": holder, "state": "pending", "code": None}]}
+    assert len(reads) == 1
+    monkeypatch.undo()
+    with OutboxStore(home) as store:  # still kept for the runner to withdraw
+        assert [(w["holder"], w["questionId"]) for w in store.withdrawals()] == [(holder, qid)]

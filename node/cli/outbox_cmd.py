@@ -160,8 +160,9 @@ def remove_cmd(ctx: typer.Context,
                 removed.append(qid)
         if done:
             removed.extend(store.remove_done())
-        if store.withdrawals():  # sealed copies left with holders: withdrawn there now (specs/sealed.md §10)
-            withdrawals = _withdraw(ctx, store)
+        pending = store.withdrawals()  # read once: each read is a write transaction
+        if pending:  # sealed copies left with holders: withdrawn there now (specs/sealed.md §10)
+            withdrawals = _withdraw(ctx, store, pending)
     if as_json:
         emit_json({"removed": removed, "withdrawals": withdrawals})
         return
@@ -170,10 +171,10 @@ def remove_cmd(ctx: typer.Context,
         console.print(_withdrawal_line(w), highlight=False, markup=False)
 
 
-def _withdraw(ctx: typer.Context, store: Any) -> list[dict[str, Any]]:
-    """Withdraw the removed questions' sealed copies at their ``http(s)`` holders now
-    (:func:`node.guest.sealed_outbox.withdraw_left`); an ``iroh:`` holder, or one that
-    fails, is left to the home's runner."""
+def _withdraw(ctx: typer.Context, store: Any, pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Withdraw the removed questions' sealed copies ``pending`` (``store.withdrawals()``)
+    at their ``http(s)`` holders now (:func:`node.guest.sealed_outbox.withdraw_left`); an
+    ``iroh:`` holder, or one that fails, is left to the home's runner."""
     import anyio
 
     from node.guest.sealed_outbox import withdraw_left
@@ -181,7 +182,7 @@ def _withdraw(ctx: typer.Context, store: Any) -> list[dict[str, Any]]:
 
     home = identity_home_of(ctx)
     identity = load_identity(home)
-    return anyio.run(lambda: withdraw_left(home, identity, store), backend="asyncio")
+    return anyio.run(lambda: withdraw_left(home, identity, store, pending=pending), backend="asyncio")
 
 
 def _withdrawal_line(w: dict[str, Any]) -> str:
