@@ -11,10 +11,10 @@ command is ever skipped.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, MutableMapping
 from typing import Any, NamedTuple, Optional
 
-import sys
 import typer
 from typer.core import TyperGroup
 
@@ -119,11 +119,14 @@ _NO_ARGS = getattr(_LIBRARY, "NoArgsIsHelpError", ())
 
 def usage_refusal(exc: Any) -> UsageError:
     """The ``usage`` refusal (exit 2) for a command-line error the CLI library found (a
-    missing argument, an unknown option, a bad choice or value; the library's
-    ``UsageError``): its message, and a hint
-    naming the command's ``--help``. What ``kith … --json`` reports instead of the
+    missing argument, an unknown option, a bad choice or value): the library's message, and
+    a hint naming the command's ``--help``. What ``kith … --json`` reports instead of the
     library's text (specs/error-codes.md), through the dispatcher's one error printer
-    (:func:`node.cli.main.print_error`)."""
+    (:func:`node.cli.main.print_error`).
+
+    Args:
+        exc: the library's ``UsageError`` (``format_message()``, ``ctx``).
+    """
     path = exc.ctx.command_path if exc.ctx is not None else "kith"
     return UsageError("usage", exc.format_message(), hint=f"`{path} --help` shows its arguments and options")
 

@@ -43,7 +43,6 @@ def wants_json(argv: list[str]) -> bool:
     return "--json" in argv
 
 
-
 def print_error(exc: KithError, *, json_out: bool = False) -> None:
     """The one error printer of ``kith``: ``error [code]: message`` (then ``  hint: ...``
     when the error has one) on stderr, text made safe (:func:`node.cli.common.safe_text`);

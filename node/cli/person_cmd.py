@@ -19,7 +19,8 @@ from typing import List, Optional
 
 import typer
 
-from node.cli.common import confirm_or_refuse, emit_json, err_console, home_of, untrusted_console as console, json_option
+from node.cli.common import (confirm_or_refuse, emit_json, err_console, home_of, untrusted_console as console,
+                             json_option)
 
 person_app = typer.Typer(help="This home's person key (show, rotate, import).", no_args_is_help=True)
 
