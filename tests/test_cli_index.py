@@ -113,6 +113,29 @@ def test_search_before_any_sync(env) -> None:
     assert r.exit_code == 1 and getattr(r.exception, "code", None) == "index-unavailable"
 
 
+@pytest.mark.parametrize("damage", ["never synced", "index folder deleted"])
+def test_search_json_without_an_index_prints_the_error_object(tmp_path: Path, damage: str) -> None:
+    """`kith search --json` on a home whose index cannot answer: the envelope, then the
+    `{"error": ...}` line every failing `--json` command prints (specs/error-codes.md), exit 1."""
+    import shutil
+
+    from support.cli import json_lines, kith
+    from support.homes import indexed_docs
+
+    if damage == "never synced":
+        home = initialized(tmp_path / "home")
+    else:
+        home, _ = indexed_docs(tmp_path, {"deploy.md": "# Deploy\n\nThe staging server is deleted.\n"})
+        initialized(home)
+        shutil.rmtree(home / "corpus" / "tantivy")
+    r = kith(home, "search", "staging", "--json")
+    assert r.returncode == 1, r.stderr
+    envelope, error = json_lines(r.stdout)
+    assert envelope["available"] is False and envelope["reason"] == "index-unavailable"
+    assert error["error"]["code"] == "index-unavailable" and "kith index sync" in error["error"]["hint"]
+    assert "error [index-unavailable]" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_invalid_top_k_is_refused(env) -> None:
     run, _ = env
     r = run("search", "staging", "--top-k", "0")

@@ -24,7 +24,7 @@ def test_a_rotation_while_a_pairing_waits_is_kept_and_the_pairing_refused(tmp_pa
     offer = Offer(desk)
     joiner = _join(laptop, offer.code)
     assert json.loads(readline(joiner, 60))["event"] == "pairing-words"
-    r = kith(desk, "person", "rotate", "--json")  # while `device add` waits for the owner's yes
+    r = kith(desk, "person", "rotate", "--yes", "--json")  # while `device add` waits for the owner's yes
     assert r.returncode == 0, r.stderr
     rotated = json.loads(r.stdout)["person_key"]
     offer.answer("yes")

@@ -52,9 +52,9 @@ def test_a_rotation_leaves_out_a_device_sharing_this_devices_name_by_its_key(tmp
     assert kith(first, "init", "--device-name", "box").returncode == 0
     other = pair_device(first, second, name="box")
 
-    r = kith(first, "person", "rotate", "--without", "box")
+    r = kith(first, "person", "rotate", "--yes", "--without", "box")
     assert r.returncode == 1 and "error [person-last-device]" in r.stderr and "by its key" in r.stderr, r.stderr
-    r = kith(first, "person", "rotate", "--without", other[:10], "--json")
+    r = kith(first, "person", "rotate", "--yes", "--without", other[:10], "--json")
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert (got["devices"], got["dropped"]) == (["box"], ["box"])

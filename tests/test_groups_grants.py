@@ -299,7 +299,7 @@ def test_status_shows_this_homes_person_its_devices_and_rotations(kith, tmp_path
 
     home = initialized(tmp_path)
     rec, _ = init_person(home, load_identity(home), "laptop")
-    assert kith(home, "person", "rotate").exit_code == 0
+    assert kith(home, "person", "rotate", "--yes").exit_code == 0
     ident = _json(kith(home, "status", "--json"))["identity"]
     assert ident["person"] != rec.person_key and ident["rotations"] == 1
     assert ident["devices"] == [{"name": "laptop", "key": load_identity(home).public_key, "this": True,
@@ -323,7 +323,7 @@ def test_kith_person_rotate_show_and_import_through_the_cli(kith, tmp_path):
     save_person(home, rec)
     save_person(tmp_path / "desk", load_person(home))
     before = _json(kith(home, "person", "show", "--json"))
-    got = _json(kith(home, "person", "rotate", "--json"))
+    got = _json(kith(home, "person", "rotate", "--yes", "--json"))
     assert got["old_person_key"] == before["person_key"] and got["words"] != got["old_words"]
     assert sorted(got["devices"]) == sorted(d["name"] for d in before["devices"]) and got["via"] == "person"
     shown = kith(home, "person", "show", "--json")
@@ -334,7 +334,7 @@ def test_kith_person_rotate_show_and_import_through_the_cli(kith, tmp_path):
     assert imported["person_key"] == got["person_key"]
     again = kith(tmp_path / "desk", "person", "import", str(tmp_path / "rotated.json"))
     assert again.exception.code == "person-not-successor"
-    lost = kith(tmp_path / "desk", "person", "rotate")  # the desk never held the person key
+    lost = kith(tmp_path / "desk", "person", "rotate", "--yes")  # the desk never held the person key
     assert lost.exception.code == "device-no-person-key"
 
 

@@ -75,7 +75,7 @@ def test_a_group_grant_reaches_its_member_only(world) -> None:
 
 def test_a_rotated_person_is_followed_and_still_served(world) -> None:
     before = json.loads(kith(world["tmp"] / "alice", "person", "show", "--json").stdout)["person_key"]
-    r = kith(world["tmp"] / "alice", "person", "rotate", "--json")
+    r = kith(world["tmp"] / "alice", "person", "rotate", "--yes", "--json")
     assert r.returncode == 0, r.stderr
     after = json.loads(r.stdout)["person_key"]
     msg = _ask(world, "alice")

@@ -207,6 +207,51 @@ def test_connections_that_never_finish_headers_are_bounded_and_dropped(
                 s.close()
 
 
+def test_a_request_whose_body_never_comes_is_closed_at_the_body_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Headers with a Content-Length, then nothing (or a byte now and then): the body
+    deadline (BODY_TIMEOUT_S, read when the head has come; 1 s here) closes the connection
+    — it stayed open for good once its head had come. The head deadline is set far out so
+    only the body's can close it; a request whose body follows its head is still answered."""
+    monkeypatch.setattr(httpbounds, "HEADER_TIMEOUT_S", 600.0)
+    monkeypatch.setattr(httpbounds, "BODY_TIMEOUT_S", 1.0)
+    auth = api_headers(tmp_path / "home")["Authorization"]
+    with run_api_in_thread(tmp_path / "home") as url:
+        head = (f"POST /search HTTP/1.1\r\nHost: 127.0.0.1:{_port(url)}\r\nContent-Type: application/json\r\n"
+                f"Authorization: {auth}\r\nContent-Length: {{n}}\r\n\r\n")
+        socks = []
+        try:
+            silent = socket.create_connection(("127.0.0.1", _port(url)))
+            socks.append(silent)
+            silent.sendall(head.format(n=1000).encode())
+            wait_for("the body deadline closing a connection whose body never comes",
+                     lambda: _state(silent, 0.05) == "closed", timeout_s=30)
+            dribbling = socket.create_connection(("127.0.0.1", _port(url)))
+            socks.append(dribbling)
+            dribbling.sendall(head.format(n=1000).encode())
+            closed = False
+            for _ in range(300):  # a byte every 0.2 s at most (~60 s): a failure's bound, the deadline is 1 s
+                try:
+                    dribbling.sendall(b" ")
+                except OSError:
+                    closed = True
+                    break
+                closed = _state(dribbling, 0.2) == "closed"
+                if closed:
+                    break
+            assert closed
+            body = json.dumps({"query": "staging server"}).encode()
+            whole = socket.create_connection(("127.0.0.1", _port(url)))
+            socks.append(whole)
+            whole.sendall(head.format(n=len(body)).encode())
+            whole.sendall(body)  # its own segment, after the head
+            whole.settimeout(30)
+            assert whole.recv(1024).startswith(b"HTTP/1.1 200 ")
+        finally:
+            for s in socks:
+                s.close()
+
+
 def test_both_servers_run_with_the_bounds() -> None:
     from starlette.applications import Starlette
 

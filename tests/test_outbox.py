@@ -688,3 +688,92 @@ def test_remove_with_both_ids_and_done_is_a_usage_error_that_removes_nothing(tmp
         assert "Traceback" not in r.stderr
         listed = json.loads(_kith(home, "outbox", "list", "--json").stdout)["questions"]
         assert sorted(q["id"] for q in listed) == sorted([done, still_open])
+
+
+@pytest.mark.parametrize("held_open", [False, True], ids=["closed", "held-open-by-a-writer"])
+def test_list_and_show_read_a_home_this_user_may_read_but_not_write(tmp_path, held_open):
+    """A home folder the user may read but not write (a read-only copy, a chmod): `kith
+    outbox list` and `show` read it — `show` without marking the answer read — and only a
+    writing command (`remove`) refuses, with `io-error`; nothing in the home changes.
+    ``held-open-by-a-writer``: the owner's process has the file open meanwhile (its
+    ``-wal``/``-shm`` beside it); ``closed``: no one has (SQLite would need to make them)."""
+    import contextlib
+    import os
+    import stat
+
+    from node.local.agents import ensure_default_agent
+    from support.cli import without_root_reads
+
+    prefix = without_root_reads()
+    home = _home(tmp_path, "ro")
+    ensure_default_agent(home)  # as `kith init` leaves it: nothing for a first command to make
+    with OutboxStore(home) as store:
+        answered = store.add(REQUEST, [("alice", KEY)])["id"]
+        message = _answer(answered)
+        assert store.record_attempt(answered, KEY, classify(message, query_id_of(answered)), message=message)
+        waiting = store.add({"query": "where is the walrus", "topK": 3}, [("alice", KEY)])["id"]
+    owner = OutboxStore(home) if held_open else None  # leaves -wal and -shm beside the file
+    modes = {p: p.stat().st_mode for p in [home, *home.iterdir()]}
+
+    def snapshot() -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted(home.iterdir())}
+
+    def kith_ro(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*prefix, *KITH, "--home", str(home), *args], capture_output=True, text=True,
+                              env=ENV, timeout=120, stdin=subprocess.DEVNULL)
+
+    try:
+        for p in modes:
+            p.chmod(stat.S_IMODE(modes[p]) & ~0o222)
+        before = snapshot()
+        r = kith_ro("outbox", "list", "--json")
+        assert r.returncode == 0, r.stderr
+        listed = {q["id"]: q for q in json.loads(r.stdout)["questions"]}
+        assert set(listed) == {answered, waiting} and listed[answered]["unread"] is True
+        r = kith_ro("outbox", "list")
+        assert r.returncode == 0 and "where is the walrus" in r.stdout, r.stderr
+        r = kith_ro("outbox", "show", answered[:8], "--json")
+        assert r.returncode == 0, r.stderr
+        shown = json.loads(r.stdout)
+        assert shown["id"] == answered and shown["answer"]["results"][0]["textPreview"].startswith("The staging")
+        again = json.loads(kith_ro("outbox", "list", "--json").stdout)["questions"]
+        assert [q["unread"] for q in again if q["id"] == answered] == [True]  # not marked: nothing written
+        r = kith_ro("outbox", "remove", waiting[:8], "--json")
+        assert r.returncode == 1 and json.loads(r.stdout)["error"]["code"] == "io-error", (r.stdout, r.stderr)
+        assert snapshot() == before
+    finally:
+        for p, mode in modes.items():
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(p, mode)
+        if owner is not None:
+            owner.close()
+
+
+def test_remove_reads_the_withdrawals_once(tmp_path, monkeypatch):
+    """`kith outbox remove ID` withdraws the sealed copy the question left with a holder,
+    reading the withdrawals to make once (each read is a write transaction, and the home's
+    runner reads them every 5 s too): it read them twice. An ``iroh:`` holder is left to the
+    runner (``pending``, no code), so nothing is dialled here."""
+    from support.cli import invoke
+
+    home = _home(tmp_path, "withdraw")
+    holder = "iroh:" + "a" * 52
+    with OutboxStore(home) as store:
+        qid = store.add(REQUEST, [("alice", KEY)])["id"]
+        store.mark_left(qid, KEY, holder, "r" * 32)
+    reads = []
+    real = OutboxStore.withdrawals
+
+    def counted(self):
+        reads.append(1)
+        return real(self)
+
+    monkeypatch.setattr(OutboxStore, "withdrawals", counted)
+    r = invoke(home, "outbox", "remove", qid[:8], "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {"removed": [qid], "withdrawals": [
+        {"id": qid, "holder": holder, "state": "pending", "code": None}]}
+    assert len(reads) == 1
+    monkeypatch.undo()
+    with OutboxStore(home) as store:  # still kept for the runner to withdraw
+        assert [(w["holder"], w["questionId"]) for w in store.withdrawals()] == [(holder, qid)]

@@ -97,7 +97,7 @@ def test_a_host_pinned_on_an_earlier_person_key_fetches_the_list_its_successor_p
     stolen = os.urandom(32).hex()
     bind_device(rec, bytes.fromhex((desk / "person.key").read_text().strip()), stolen, "laptop")
     save_person(desk, rec)
-    r = kith(desk, "person", "rotate", "--json")
+    r = kith(desk, "person", "rotate", "--yes", "--json")
     assert r.returncode == 0, r.stderr
     new_key = json.loads(r.stdout)["person_key"]
     r = kith(desk, "device", "revoke", "laptop", "--server", server, "--json")

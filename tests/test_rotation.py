@@ -79,6 +79,50 @@ def test_the_recovery_words_sign_a_rotation_on_a_device_without_the_person_key(t
     assert exc.value.code == "person-recovery-wrong"
 
 
+def _person_files(home) -> dict[str, bytes]:
+    """The bytes of every file a rotation writes (the record, the key, a pending key)."""
+    return {p.name: p.read_bytes() for p in sorted(home.iterdir()) if p.name.startswith("person")}
+
+
+def test_kith_person_rotate_off_a_terminal_needs_yes_and_changes_nothing_without_it(tmp_path):
+    """A rotation cannot be undone: off a terminal (stdin not a TTY) without --yes it is
+    refused with person-rotate-unconfirmed, its hint naming --yes, and nothing is written —
+    also with --recovery, whose words come on stdin; --yes rotates (specs/peers.md §11)."""
+    from support.cli import json_lines, kith
+
+    device, rec, words = _person_home(tmp_path / "h")
+    before = _person_files(tmp_path / "h")
+    for args, stdin in ((("--json",), None), (("--recovery", "--json"), words + "\n")):
+        r = kith(tmp_path / "h", "person", "rotate", *args, input=stdin)
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        [line] = json_lines(r.stdout)
+        assert line["error"]["code"] == "person-rotate-unconfirmed" and "--yes" in line["error"]["hint"]
+        assert "error [person-rotate-unconfirmed]" in r.stderr and "--yes" in r.stderr
+        assert _person_files(tmp_path / "h") == before
+    r = kith(tmp_path / "h", "person", "rotate", "--yes", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["old_person_key"] == rec.person_key
+    assert load_person(tmp_path / "h").person_key == json.loads(r.stdout)["person_key"] != rec.person_key
+
+
+@pytest.mark.parametrize("answer, rotated", [("n", False), ("y", True)])
+def test_kith_person_rotate_at_a_terminal_asks_first(tmp_path, answer, rotated):
+    from support.cli import kith_argv
+    from support.terminal import in_pty
+
+    device, rec, _ = _person_home(tmp_path / "h")
+    before = _person_files(tmp_path / "h")
+    out, code = in_pty(kith_argv(tmp_path / "h", "person", "rotate"), columns=200,
+                       replies=[("[y/N]", answer + "\n")])
+    assert f"rotate the person key {rec.person_key[:16]}" in out and "cannot be undone" in out
+    if rotated:
+        assert code == 0 and "rotated person" in out, out
+        assert load_person(tmp_path / "h").person_key != rec.person_key
+    else:
+        assert code == 1 and "[person-rotate-unconfirmed]: not rotated (not confirmed)" in out, out  # "error" in red
+        assert _person_files(tmp_path / "h") == before
+
+
 def test_without_leaves_a_lost_device_out_and_never_this_one(tmp_path):
     device, rec, _ = _person_home(tmp_path / "h")
     from node.trust.person import bind_device, load_person_secret, save_person

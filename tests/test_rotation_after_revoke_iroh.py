@@ -31,11 +31,11 @@ def test_a_rotation_leaves_a_revoked_device_out_and_its_revocation_keeps_travell
 
     r = kith(desk, "device", "revoke", "laptop", "--json")
     assert r.returncode == 0, r.stderr
-    r = kith(desk, "person", "rotate", "--json")
+    r = kith(desk, "person", "rotate", "--yes", "--json")
     assert r.returncode == 0, r.stderr
     rotated = json.loads(r.stdout)
     assert (rotated["devices"], rotated["dropped"]) == (["desk"], ["laptop"])
-    r = kith(desk, "person", "rotate")  # a second rotation: the laptop stays out, and is not named
+    r = kith(desk, "person", "rotate", "--yes")  # a second rotation: the laptop stays out, and is not named
     assert r.returncode == 0, r.stderr
     assert "laptop" not in r.stdout, r.stdout
     listed = json.loads(kith(desk, "device", "list", "--json").stdout)["devices"]

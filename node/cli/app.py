@@ -11,6 +11,7 @@ command is ever skipped.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, MutableMapping
 from typing import Any, NamedTuple, Optional
 
@@ -18,6 +19,7 @@ import typer
 from typer.core import TyperGroup
 
 from node.cli.common import state_of
+from node.common.errors import UsageError
 
 
 class Entry(NamedTuple):
@@ -106,13 +108,64 @@ class _Table(MutableMapping):
         return len(self._entries)
 
 
+#: ``ctx.meta`` key: the command line asks for ``--json`` (set by :meth:`TableGroup.make_context`)
+_JSON_META = "kith.json"
+#: the exceptions module of the click Typer runs on (Typer's own copy in recent versions,
+#: else click itself): its ``UsageError`` is what a refused command line raises
+_LIBRARY = sys.modules[typer.BadParameter.__module__]
+#: what the library raises for a group run without a sub-command (its help is printed)
+_NO_ARGS = getattr(_LIBRARY, "NoArgsIsHelpError", ())
+
+
+def usage_refusal(exc: Any) -> UsageError:
+    """The ``usage`` refusal (exit 2) for a command-line error the CLI library found (a
+    missing argument, an unknown option, a bad choice or value): the library's message, and
+    a hint naming the command's ``--help``. What ``kith … --json`` reports instead of the
+    library's text (specs/error-codes.md), through the dispatcher's one error printer
+    (:func:`node.cli.main.print_error`).
+
+    Args:
+        exc: the library's ``UsageError`` (``format_message()``, ``ctx``).
+    """
+    path = exc.ctx.command_path if exc.ctx is not None else "kith"
+    return UsageError("usage", exc.format_message(), hint=f"`{path} --help` shows its arguments and options")
+
+
 class TableGroup(TyperGroup):
     """The root ``kith`` group: its commands come from :data:`COMMANDS`, each loaded on
-    first use."""
+    first use. A command line with ``--json`` whose options or arguments the CLI library
+    refuses raises :func:`usage_refusal` (exit 2, printed as ``{"error": {"code": "usage",
+    ...}}`` like every usage error); without ``--json`` the library prints its own usage
+    text, as before."""
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
         self.commands = _Table()
+
+    def make_context(self, info_name: Optional[str], args: list[str], parent: Any = None, **extra: Any) -> Any:
+        from node.cli.main import wants_json
+
+        json_out = wants_json(args)
+        try:
+            ctx = super().make_context(info_name, args, parent=parent, **extra)
+        except _NO_ARGS:
+            raise  # `kith` alone prints its help
+        except _LIBRARY.UsageError as exc:
+            if not json_out:
+                raise
+            raise usage_refusal(exc) from None
+        ctx.meta[_JSON_META] = json_out
+        return ctx
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _NO_ARGS:
+            raise  # a group given no sub-command prints its help
+        except _LIBRARY.UsageError as exc:  # a sub-command's arguments, or a value a command refused
+            if not ctx.meta.get(_JSON_META):
+                raise
+            raise usage_refusal(exc) from None
 
     def list_commands(self, ctx: Any) -> list[str]:
         return list(self.commands)  # the names only: listing loads nothing

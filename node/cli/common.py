@@ -280,6 +280,29 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
+def confirm_or_refuse(question: str, *, yes: bool, off_terminal: Exception, declined: Exception) -> None:
+    """The one confirmation of a change the owner must agree to (``kith policy`` and
+    ``kith peers`` changes that stop scrubbing, ``kith person rotate``): nothing with
+    ``yes`` (``--yes``); at a terminal ``question`` and ``[y/N]`` on stderr, and one line of
+    stdin read; off a terminal (stdin not a TTY: a script, a pipe) a refusal — nobody is
+    there to ask, so nothing is changed unasked.
+
+    Args:
+        question: what is asked (one line, plain text; ``[y/N]`` is added).
+        yes: the owner confirmed on the command line.
+        off_terminal: raised when stdin is not a terminal and ``yes`` is not given (a
+            :class:`node.common.errors.KithError` whose hint names ``--yes``).
+        declined: raised when the answer read is not ``y`` or ``yes``.
+    """
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise off_terminal
+    err_console.print(f"{question} [y/N] ", end="", markup=False, highlight=False)
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        raise declined
+
+
 def confirm_outbound(holds: list[Any]) -> bool | None:
     """Ask the owner at a terminal whether to send a question the outbound gate held
     (node/policy/outbound.py): the kinds and source ids (never the text), then ``[y/N]``

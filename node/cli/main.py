@@ -37,7 +37,9 @@ def _register() -> None:
     load_all()
 
 
-def _wants_json(argv: list[str]) -> bool:
+def wants_json(argv: list[str]) -> bool:
+    """Whether the command line ``argv`` asks for ``--json`` output: then a refusal is
+    also printed as ``{"error": ...}`` on stdout (:func:`print_error`)."""
     return "--json" in argv
 
 
@@ -68,7 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the CLI and exit with its status.
 
     ``kith --version`` alone is answered before the CLI framework is imported. Usage
-    errors and ``--help`` are handled by the CLI library (exit 2 / 0); a
+    errors and ``--help`` are handled by the CLI library (exit 2 / 0), but under ``--json``
+    a usage error it finds is raised as the ``usage`` refusal
+    (:func:`node.cli.app.usage_refusal`) and printed here like any other; a
     :class:`KithError` (also when raised inside a task group, or a local I/O failure mapped
     to ``io-error``) is reported by :func:`print_error` and exits with its exit code.
     """
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         exc = refusal_of(raw)
         if exc is None or debug:
             raise
-        print_error(exc, json_out=_wants_json(argv))
+        print_error(exc, json_out=wants_json(argv))
         sys.exit(exc.exit_code)
 
 

@@ -44,9 +44,11 @@ def say_delivery(ev: dict[str, Any]) -> None:
                           f"{ev['removed']} document(s)", highlight=False, markup=False)
 
 
-def _store(ctx: typer.Context) -> Any:
+def _store(ctx: typer.Context, *, reading: bool = False) -> Any:
     """The home's outbox; a home where nothing was ever kept has none, and reading it
-    creates none (``outbox-not-found`` for an id)."""
+    creates none (``outbox-not-found`` for an id). ``reading``: only read (``list``,
+    ``show``), so a home this process may not write is opened read-only
+    (:meth:`node.guest.outbox.OutboxStore.for_reading`) instead of refused."""
     from node.common.errors import ConfigError
     from node.guest.outbox import OUTBOX_FILE, OutboxStore
 
@@ -54,7 +56,7 @@ def _store(ctx: typer.Context) -> Any:
     if not (home / OUTBOX_FILE).exists():
         raise ConfigError("outbox-not-found", "nothing was ever kept in this home's outbox",
                           hint="`kith ask QUESTION --peer NAME --later` keeps a question")
-    return OutboxStore(home)
+    return OutboxStore.for_reading(home) if reading else OutboxStore(home)
 
 
 @outbox_app.command("list")
@@ -68,7 +70,7 @@ def list_cmd(ctx: typer.Context, as_json: bool = _JSON) -> None:
         records: list[dict[str, Any]] = []
         usage = empty_usage()
     else:
-        with _store(ctx) as store:
+        with _store(ctx, reading=True) as store:
             records = store.list()
             usage = store.usage()
     if as_json:
@@ -100,14 +102,15 @@ def show_cmd(ctx: typer.Context, question_id: str = typer.Argument(..., metavar=
                                                                   help="The id or a unique prefix (4+ hex)."),
              as_json: bool = _JSON) -> None:
     """Show one kept question and the merged answer of the peers that answered (marks the
-    answers read)."""
+    answers read; on a home you may read but not write, shows them without marking)."""
     from node.guest.outbox import public_record
 
-    with _store(ctx) as store:
+    with _store(ctx, reading=True) as store:
         qid = store.resolve(question_id)
         record = store.get(qid)
         assert record is not None
-        store.mark_read(qid)
+        if not store.readonly:
+            store.mark_read(qid)
     out = public_record(record)
     if as_json:
         emit_json(out)
@@ -157,8 +160,9 @@ def remove_cmd(ctx: typer.Context,
                 removed.append(qid)
         if done:
             removed.extend(store.remove_done())
-        if store.withdrawals():  # sealed copies left with holders: withdrawn there now (specs/sealed.md §10)
-            withdrawals = _withdraw(ctx, store)
+        pending = store.withdrawals()  # read once: each read is a write transaction
+        if pending:  # sealed copies left with holders: withdrawn there now (specs/sealed.md §10)
+            withdrawals = _withdraw(ctx, store, pending)
     if as_json:
         emit_json({"removed": removed, "withdrawals": withdrawals})
         return
@@ -167,10 +171,10 @@ def remove_cmd(ctx: typer.Context,
         console.print(_withdrawal_line(w), highlight=False, markup=False)
 
 
-def _withdraw(ctx: typer.Context, store: Any) -> list[dict[str, Any]]:
-    """Withdraw the removed questions' sealed copies at their ``http(s)`` holders now
-    (:func:`node.guest.sealed_outbox.withdraw_left`); an ``iroh:`` holder, or one that
-    fails, is left to the home's runner."""
+def _withdraw(ctx: typer.Context, store: Any, pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Withdraw the removed questions' sealed copies ``pending`` (``store.withdrawals()``)
+    at their ``http(s)`` holders now (:func:`node.guest.sealed_outbox.withdraw_left`); an
+    ``iroh:`` holder, or one that fails, is left to the home's runner."""
     import anyio
 
     from node.guest.sealed_outbox import withdraw_left
@@ -178,7 +182,7 @@ def _withdraw(ctx: typer.Context, store: Any) -> list[dict[str, Any]]:
 
     home = identity_home_of(ctx)
     identity = load_identity(home)
-    return anyio.run(lambda: withdraw_left(home, identity, store), backend="asyncio")
+    return anyio.run(lambda: withdraw_left(home, identity, store, pending=pending), backend="asyncio")
 
 
 def _withdrawal_line(w: dict[str, Any]) -> str:

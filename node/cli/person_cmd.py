@@ -19,7 +19,8 @@ from typing import List, Optional
 
 import typer
 
-from node.cli.common import emit_json, err_console, home_of, untrusted_console as console, json_option
+from node.cli.common import (confirm_or_refuse, emit_json, err_console, home_of, untrusted_console as console,
+                             json_option)
 
 person_app = typer.Typer(help="This home's person key (show, rotate, import).", no_args_is_help=True)
 
@@ -90,15 +91,24 @@ def rotate_cmd(
     ctx: typer.Context,
     recovery: bool = typer.Option(False, "--recovery", help="Sign the rotation with the 24 recovery words (read from stdin) — when the device holding the person key is lost."),
     without: Optional[List[str]] = typer.Option(None, "--without", metavar="DEVICE", help="Do not re-bind this device (lost or stolen; repeatable): its name, or its key (8+ of its first hex characters) when another device shares the name."),
+    yes: bool = typer.Option(False, "--yes", help="Rotate without being asked (without it, a terminal asks and anything else is refused: person-rotate-unconfirmed)."),
     json_out: bool = _JSON,
 ) -> None:
     """Replace the person key by a new one, cross-signed by the old one (or by the recovery
     words). Hosts that pinned the person follow on the next handshake of any re-bound
-    device; the person's words change."""
+    device; the person's words change. It cannot be undone, so it is confirmed first: at a
+    terminal you are asked; elsewhere (a script, a pipe) only --yes rotates."""
+    from node.common.errors import ConfigError
     from node.trust.rotation import rotate_person
 
     home = home_of(ctx)
     rec = _record(home)
+    confirm_or_refuse(
+        f"rotate the person key {rec.person_key[:16]}…? Its words change and hosts follow the new key on your "
+        "next handshake; it cannot be undone", yes=yes,
+        off_terminal=ConfigError("person-rotate-unconfirmed", "not rotated: nobody is at a terminal to confirm a "
+                                 "rotation of the person key (it cannot be undone)"),
+        declined=ConfigError("person-rotate-unconfirmed", "not rotated (not confirmed)"))
     words = None
     if recovery:
         if sys.stdin.isatty():

@@ -9,8 +9,8 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from node.cli.common import (err_console, safe_text, untrusted_console as console, emit_json, home_of,
-                             command_group, json_option)
+from node.cli.common import (confirm_or_refuse, err_console, safe_text, untrusted_console as console, emit_json,
+                             home_of, command_group, json_option)
 from node.corpus.types import Root
 from node.common.errors import KithError, UsageError
 from node.policy.coverage import (MAX_LISTED, check_policy, indexed_sources, rule_coverage, rule_label,
@@ -73,8 +73,6 @@ def guarded_write(home: Path, before: Policy, after: Policy, write, *, yes: bool
         PolicyError: ``scrub-would-lapse`` (not a terminal and no ``yes``, or not
             answered yes); nothing is written then.
     """
-    import sys
-
     from node.common.errors import PolicyError
     from node.policy.scrub_coverage import change_unscrubs, commit_change
 
@@ -87,13 +85,10 @@ def guarded_write(home: Path, before: Policy, after: Policy, write, *, yes: bool
         err_console.print(safe_text("this change stops scrubbing indexed sources (specs/policy.md §9):\n"
                                     + "\n".join(f"  {u.line()}" for u in lapsed)),
                           markup=False, highlight=False, soft_wrap=True)
-        if not yes:
-            if not sys.stdin.isatty():
-                raise PolicyError("scrub-would-lapse", "not changed: it would serve these sources unscrubbed; "
-                                  "run it again with --yes to confirm")
-            err_console.print("stop scrubbing them? [y/N] ", end="", markup=False, highlight=False)
-            if sys.stdin.readline().strip().lower() not in ("y", "yes"):
-                raise PolicyError("scrub-would-lapse", "not changed (not confirmed)")
+        confirm_or_refuse("stop scrubbing them?", yes=yes,
+                          off_terminal=PolicyError("scrub-would-lapse", "not changed: it would serve these sources "
+                                                   "unscrubbed; run it again with --yes to confirm"),
+                          declined=PolicyError("scrub-would-lapse", "not changed (not confirmed)"))
     commit_change(home, record, before, after, write)
     return lapsed
 

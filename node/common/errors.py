@@ -95,6 +95,8 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "pairing-person-rotated": ("identity", "The person key was rotated while this pairing waited; nothing was bound. Run `kith device add` again."),
     "pairing-failed": ("identity", "Device pairing failed: the other device answered nothing usable."),
     "person-recovery-wrong": ("config", "These recovery words are not this person's recovery secret."),
+    "person-rotate-unconfirmed": ("config", "The person key was not rotated: nobody confirmed it (at a terminal, or with --yes).",
+                                  "run it again with --yes to rotate without being asked (`kith person rotate --yes`)"),
     "person-last-device": ("config", "A rotation must keep this device bound (--without names it, or every device)."),
     "person-not-successor": ("config", "That person record does not descend from this home's person key by a rotation (or is not newer)."),
     "person-device-unbound": ("config", "That person record does not bind this device."),

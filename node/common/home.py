@@ -452,6 +452,57 @@ def probe_home_db(path: Path) -> None:
         db.close()
 
 
+def may_write(path: Path) -> bool:
+    """Whether this process may write the state file ``path`` of the home and make the
+    SQLite files beside it (``-wal``, ``-shm``, ``-journal``): the file and its folder are
+    both writable for it (``os.access``: the user's permissions and capabilities, a
+    read-only mount). False for a home the user may read but not write."""
+    return os.access(path, os.W_OK) and os.access(Path(path).parent, os.W_OK)
+
+
+def open_home_db_readonly(path: Path) -> Any:
+    """Open a state file :func:`open_home_db` made, to read only, writing nothing: for a
+    home this process may read but not write (:func:`may_write`). Reading a WAL database
+    needs its ``-shm`` file, which SQLite makes beside it; in a folder it may not write,
+    with no ``-shm`` (no process has the file open) and no ``-wal`` holding transactions,
+    the file is read as it is on disk (SQLite's ``immutable`` mode) — never when a
+    ``-wal`` holds some: then what SQLite said is raised.
+
+    Returns:
+        A read-only :class:`sqlite3.Connection` (autocommit, usable from any thread).
+
+    Raises:
+        sqlite3.DatabaseError, OSError: as opening the file would (not a database, no
+            permission; :class:`NotRegularFile` for a FIFO, socket or device, which SQLite's
+            open would block on); callers map them with
+            :func:`node.common.dbfaults.sqlite_fault`.
+    """
+    import sqlite3
+    import stat
+
+    mode = os.stat(path).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO would block SQLite's open
+        raise NotRegularFile.at(path)
+    uri = Path(path).absolute().as_uri()
+    db = sqlite3.connect(f"{uri}?mode=ro", uri=True, check_same_thread=False, isolation_level=None)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return db
+    except sqlite3.OperationalError as exc:
+        db.close()
+        wal = f"{path}-wal"
+        if not (getattr(exc, "sqlite_errorname", "") or "").startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")) \
+                or os.path.lexists(f"{path}-shm") or (os.path.lexists(wal) and os.stat(wal).st_size > 0):
+            raise
+    db = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, check_same_thread=False, isolation_level=None)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # not a database: raised here
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
 #: the way out of a bad ``config.toml``: it only holds defaults a command line can give
 _CONFIG_HINT = ("fix <home>/config.toml (UTF-8 TOML: [transport], [host]; specs/transport.md §1), or move it "
                 "aside: every setting then has its default")

@@ -2,13 +2,18 @@
 local read-only API, DESIGN §11/§12): a slow or idle client cannot pin the process.
 
 uvicorn bounds *requests* (``limit_concurrency`` answers 503 beyond it) and idle
-keep-alive connections (``timeout_keep_alive``), but a connection that never finishes its
-request head (slowloris) stays open forever and counts against ``limit_concurrency``. The
-protocol here adds two rules to uvicorn's h11 protocol:
+keep-alive connections (``timeout_keep_alive``), but has no option bounding how long a
+request may take to *arrive*: a connection that never finishes its request head
+(slowloris), or whose head announces a body that never comes, stays open forever and
+counts against ``limit_concurrency``. The protocol here adds three rules to uvicorn's h11
+protocol:
 
 - **head deadline**: a connection must deliver a complete request head within
   :data:`HEADER_TIMEOUT_S` seconds of opening (and of the previous response on a
   keep-alive connection), else it is closed — dribbling bytes does not extend it;
+- **body deadline**: once the head has come, the whole body it announces must arrive
+  within :data:`BODY_TIMEOUT_S` seconds, else the connection is closed (the handler
+  reading it sees the client gone: a quiet close) — dribbling does not extend it either;
 - **connection cap**: beyond :data:`MAX_CONNECTIONS` open connections a new one is closed
   at once (before it can use memory), so the file descriptors the process holds stay
   bounded.
@@ -44,6 +49,9 @@ MAX_JSON_DEPTH = 32
 
 #: Seconds a connection may take to send a complete request head.
 HEADER_TIMEOUT_S = 10.0
+#: Seconds a request's body may take to arrive whole once its head has come (the largest
+#: body a server takes, 8 MiB for the local API's POST /verify, in 30 s is ~280 KB/s).
+BODY_TIMEOUT_S = 30.0
 #: Open connections beyond which a new connection is closed immediately.
 MAX_CONNECTIONS = 512
 #: Requests (and connections) in flight beyond which uvicorn answers 503.
@@ -53,8 +61,10 @@ KEEP_ALIVE_S = 5
 
 
 class BoundedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a request-head deadline and a connection cap (reads
-    :data:`HEADER_TIMEOUT_S` and :data:`MAX_CONNECTIONS` at each connection)."""
+    """uvicorn's h11 protocol with a request-head deadline, a request-body deadline and a
+    connection cap (reads :data:`HEADER_TIMEOUT_S`, :data:`BODY_TIMEOUT_S` and
+    :data:`MAX_CONNECTIONS` when it arms a deadline or takes a connection). One timer at a
+    time: the head's until a head has come, then the body's until the body has ended."""
 
     _head_timer: asyncio.TimerHandle | None = None
 
@@ -72,19 +82,31 @@ class BoundedH11Protocol(H11Protocol):
     def handle_events(self) -> None:
         before = self.cycle
         super().handle_events()
-        if self.cycle is not before:  # a complete request head arrived
-            self._disarm()
+        cycle = self.cycle
+        if cycle is None:
+            return
+        if cycle is not before and cycle.more_body:  # a complete request head: now its body, in time
+            self._arm(BODY_TIMEOUT_S)
+        elif cycle is not before or (self._awaiting_body and not cycle.more_body):
+            self._disarm()  # a request without a body, or the body ended
 
     def on_response_complete(self) -> None:
         if not self.transport.is_closing():
             self._arm()  # the next request's head must come in time too
         super().on_response_complete()
 
-    def _arm(self) -> None:
+    _awaiting_body = False
+
+    def _arm(self, seconds: float | None = None) -> None:
+        """Close the connection unless disarmed within ``seconds`` (None: the head deadline,
+        :data:`HEADER_TIMEOUT_S`; else a body's)."""
         self._disarm()
-        self._head_timer = self.loop.call_later(HEADER_TIMEOUT_S, self._head_timeout)
+        self._awaiting_body = seconds is not None
+        self._head_timer = self.loop.call_later(HEADER_TIMEOUT_S if seconds is None else seconds,
+                                                self._head_timeout)
 
     def _disarm(self) -> None:
+        self._awaiting_body = False
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
@@ -320,7 +342,7 @@ def serve_app_in_thread(app: Any, sock: socket.socket, *, what: str,
         sock.close()
 
 
-__all__ = ["BoundedH11Protocol", "HEADER_TIMEOUT_S", "KEEP_ALIVE_S", "LIMIT_CONCURRENCY",
+__all__ = ["BODY_TIMEOUT_S", "BoundedH11Protocol", "HEADER_TIMEOUT_S", "KEEP_ALIVE_S", "LIMIT_CONCURRENCY",
            "MAX_CONNECTIONS", "MAX_JSON_DEPTH", "UVICORN_LIMITS", "base_url_of", "bind_socket",
            "error_response", "is_loopback", "parse_trust_proxy", "read_body", "serve_app_in_thread", "serve_forever",
            "too_deep"]

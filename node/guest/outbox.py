@@ -206,25 +206,40 @@ class OutboxStore:
 
     Args:
         home: the node home. clock: wall-clock seconds (tests pass their own).
+        readonly: open the existing file to read only, writing nothing
+            (:func:`node.common.home.open_home_db_readonly`; :meth:`for_reading` picks it
+            for a home this process may not write): no table is made or updated, and
+            every writing method raises ``io-error`` (the database is read-only).
 
     Raises:
         ConfigError: ``outbox-corrupt`` when the file is not a SQLite database or its
-            tables are not the outbox's.
+            tables are not the outbox's; ``io-error`` / ``disk-full`` when it cannot be
+            opened, read or made (:func:`_fault`), and read-only for a file an older Kith
+            made (its newer columns only a writer adds).
     """
 
-    def __init__(self, home: Path, *, clock: Any = time.time) -> None:
+    def __init__(self, home: Path, *, clock: Any = time.time, readonly: bool = False) -> None:
         self.home = Path(home)
         self.path = self.home / OUTBOX_FILE
         self.clock = clock
+        self.readonly = readonly
         self._lock = threading.Lock()
-        self.db = open_home_db_checked(self.path)
+        self.db = _open_readonly(self.path) if readonly else open_home_db_checked(self.path)
         try:
-            self.db.execute("PRAGMA synchronous=FULL")
             self.db.execute("PRAGMA busy_timeout=10000")
-            self.db.execute("PRAGMA foreign_keys=ON")
+            if not readonly:
+                self.db.execute("PRAGMA synchronous=FULL")
+                self.db.execute("PRAGMA foreign_keys=ON")
             with self._lock:
-                self.db.executescript(_SCHEMA)
-                _add_copy_columns(self.db)
+                if not readonly:
+                    self.db.executescript(_SCHEMA)
+                    _add_copy_columns(self.db)
+                elif _missing_columns(self.db):  # only a writer can bring an older file up to date
+                    from node.common.dbfaults import io_error
+
+                    self.db.close()
+                    raise io_error(str(self.path), "an older Kith made this outbox, and reading it needs it "
+                                                   "updated, which needs it writable")
                 # a file of another schema (a hand-made or foreign table of that name)
                 self.db.execute("SELECT id, request, created_at, expires_at, bytes FROM questions LIMIT 0")
                 self.db.execute("SELECT question_id, peer_name, peer_key, state, attempts, code, last_attempt_at, "
@@ -233,6 +248,20 @@ class OutboxStore:
         except sqlite3.DatabaseError as exc:
             self.db.close()
             raise _fault(self.path, exc) from None
+
+    @classmethod
+    def for_reading(cls, home: Path, *, clock: Any = time.time) -> "OutboxStore":
+        """The home's outbox opened to be read (``kith outbox list``, ``show``): as usual
+        where this process may write the file (:func:`node.common.home.may_write`), else
+        read-only (``readonly``; a home the user may read but not write) — reading never
+        needs to write.
+
+        Raises:
+            as the constructor.
+        """
+        from node.common.home import may_write
+
+        return cls(home, clock=clock, readonly=not may_write(Path(home) / OUTBOX_FILE))
 
     def close(self) -> None:
         """Close the connection."""
@@ -566,20 +595,29 @@ def _shaped(qs: list[Any], ds: dict[str, Any]) -> Iterator[dict[str, Any]]:
                "peers": peers, "_answers": answers}
 
 
-def _add_copy_columns(db: Any) -> None:
-    """Give a file made before copies (specs/copies.md §6) its ``from_copy`` and
-    ``copy_as_of`` columns (an ``ALTER TABLE``; two processes racing to add them is
-    harmless: the loser finds them there)."""
+#: the ``deliveries`` columns added after the first outbox files (column -> its type)
+_ADDED_COLUMNS = {"from_copy": "INTEGER NOT NULL DEFAULT 0", "copy_as_of": "TEXT",
+                  "left_with": "TEXT",  # the holder a sealed copy was left with (specs/sealed.md)
+                  "left_record": "TEXT"}  # that copy's record id: what a withdrawal names
+
+
+def _missing_columns(db: Any) -> list[str]:
+    """The :data:`_ADDED_COLUMNS` the file's ``deliveries`` table lacks (a file an older
+    Kith made; none when the table itself is missing: the schema check refuses that)."""
     have = {r[1] for r in db.execute("PRAGMA table_info(deliveries)")}
-    for column, kind in (("from_copy", "INTEGER NOT NULL DEFAULT 0"), ("copy_as_of", "TEXT"),
-                         ("left_with", "TEXT"),  # the holder a sealed copy was left with (specs/sealed.md)
-                         ("left_record", "TEXT")):  # that copy's record id: what a withdrawal names
-        if column not in have:
-            try:
-                db.execute(f"ALTER TABLE deliveries ADD COLUMN {column} {kind}")
-            except sqlite3.OperationalError as exc:
-                if "duplicate column" not in str(exc):
-                    raise
+    return [c for c in _ADDED_COLUMNS if have and c not in have]
+
+
+def _add_copy_columns(db: Any) -> None:
+    """Give a file made before copies (specs/copies.md §6) and sealed copies
+    (specs/sealed.md) their :data:`_ADDED_COLUMNS` (an ``ALTER TABLE``; two processes racing
+    to add them is harmless: the loser finds them there)."""
+    for column in _missing_columns(db):
+        try:
+            db.execute(f"ALTER TABLE deliveries ADD COLUMN {column} {_ADDED_COLUMNS[column]}")
+        except sqlite3.OperationalError as exc:
+            if "duplicate column" not in str(exc):
+                raise
 
 
 def open_home_db_checked(path: Path) -> Any:
@@ -595,6 +633,23 @@ def open_home_db_checked(path: Path) -> Any:
         return open_home_db(path)
     except sqlite3.DatabaseError as exc:
         raise _fault(path, exc) from None
+
+
+def _open_readonly(path: Path) -> Any:
+    """:func:`node.common.home.open_home_db_readonly` for the outbox.
+
+    Raises:
+        KithError: ``outbox-corrupt``, ``io-error`` (:func:`_fault`).
+    """
+    from node.common.dbfaults import os_fault
+    from node.common.home import open_home_db_readonly
+
+    try:
+        return open_home_db_readonly(path)
+    except sqlite3.DatabaseError as exc:
+        raise _fault(path, exc) from None
+    except OSError as exc:
+        raise os_fault(exc, str(path)) from None
 
 
 def _fault(path: Path, exc: sqlite3.DatabaseError) -> KithError:

@@ -67,7 +67,7 @@ def mailboxes_of(home: Path, person_key: str) -> tuple[list[str], list[str]]:
 
 
 async def withdraw_left(home: Path, identity: Any, store: Any, *, endpoint: Any = None,
-                        say: Any = None) -> list[dict[str, Any]]:
+                        say: Any = None, pending: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Withdraw at their holders the sealed copies of removed questions
     (:meth:`node.guest.outbox.OutboxStore.withdrawals`; specs/sealed.md §10): an ack signed
     by this device, the records' sender, which the holder takes as a withdrawal
@@ -81,6 +81,9 @@ async def withdraw_left(home: Path, identity: Any, store: Any, *, endpoint: Any 
         endpoint: ``async () -> endpoint`` an ``iroh:`` holder is dialled from (the runner's
             session pool); None: such a holder is left for the runner (``pending``, no code).
         say: ``(holder, KithError) -> None`` for a holder that fails; None: nothing said.
+        pending: the withdrawals to make, as ``store.withdrawals()`` just returned them (a
+            caller that read them already; each read is a write transaction); None: read
+            here.
 
     Returns:
         ``[{"id", "holder", "state", "code"}]`` per copy: ``state`` ``withdrawn`` (the holder
@@ -93,7 +96,7 @@ async def withdraw_left(home: Path, identity: Any, store: Any, *, endpoint: Any 
     from node.trust.sealed import record_id
 
     out: list[dict[str, Any]] = []
-    for w in store.withdrawals():
+    for w in store.withdrawals() if pending is None else pending:
         holder, qid = w["holder"], w["questionId"]
         if holder.startswith(SCHEME) and endpoint is None:
             out.append({"id": qid, "holder": holder, "state": "pending", "code": None})

@@ -1,0 +1,45 @@
+"""Under ``--json`` a command line the CLI library refuses (a missing argument, an unknown
+option, a bad choice or value) is the ``usage`` refusal every usage error is: one
+``{"error": {"code": "usage", ...}}`` object on stdout, exit 2 (specs/error-codes.md).
+Without ``--json`` the library's own usage text stays. Real ``kith`` processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from support.cli import json_lines, kith
+
+REFUSED = [
+    (("search", "--json"), "Missing argument"),
+    (("search", "staging", "--json", "--no-such-option"), "No such option: --no-such-option"),
+    (("search", "staging", "--json", "--top-k", "many"), "'many' is not a valid int"),
+    (("policy", "set", "/docs/**", "secret", "--json"), "'secret' is not one of"),
+    (("outbox", "list", "--json", "extra"), "unexpected extra argument"),
+    (("--no-such-option", "status", "--json"), "No such option: --no-such-option"),
+]
+
+
+@pytest.mark.parametrize("args, said", REFUSED, ids=[" ".join(a) for a, _ in REFUSED])
+def test_a_command_line_the_library_refuses_is_the_usage_object_under_json(
+        tmp_path: Path, args: tuple[str, ...], said: str) -> None:
+    r = kith(tmp_path / "home", *args, init=True)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    [line] = json_lines(r.stdout)
+    error = line["error"]
+    assert error["code"] == "usage" and said in error["message"], error
+    assert "--help" in error["hint"], error
+    assert f"error [usage]: {error['message']}" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "home" / "policy.toml").exists()  # nothing was done
+
+
+def test_without_json_the_library_prints_its_own_usage_text(tmp_path: Path) -> None:
+    r = kith(tmp_path / "home", "search", "staging", "--no-such-option", init=True)
+    assert r.returncode == 2 and r.stdout == ""
+    assert "Usage: kith search" in r.stderr and "No such option: --no-such-option" in r.stderr
+
+
+def test_a_group_without_its_sub_command_still_prints_its_help(tmp_path: Path) -> None:
+    r = kith(tmp_path / "home", "outbox", init=True)
+    assert r.returncode == 2 and "Usage: kith outbox" in r.stdout + r.stderr and "list" in r.stdout + r.stderr
