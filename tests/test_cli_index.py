@@ -105,21 +105,19 @@ def test_a_home_indexed_by_an_older_kith_is_indexed_again_with_one_notice(env, t
 
 def test_search_before_any_sync(env) -> None:
     run, _ = env
-    r = run("search", "staging", "--json")
-    assert r.exit_code == 1
-    envl = json.loads(r.stdout)
-    assert envl["available"] is False and envl["reason"] == "index-unavailable"
+    r = run("search", "staging", "--json")  # the {"error"} object: the real process's test below
+    assert r.exit_code == 1 and getattr(r.exception, "code", None) == "index-unavailable"
     r = run("search", "staging")
     assert r.exit_code == 1 and getattr(r.exception, "code", None) == "index-unavailable"
 
 
 @pytest.mark.parametrize("damage", ["never synced", "index folder deleted"])
 def test_search_json_without_an_index_prints_the_error_object(tmp_path: Path, damage: str) -> None:
-    """`kith search --json` on a home whose index cannot answer: the envelope, then the
-    `{"error": ...}` line every failing `--json` command prints (specs/error-codes.md), exit 1."""
+    """`kith search --json` on a home whose index cannot answer: stdout is the one
+    `{"error": ...}` object every failing `--json` command prints (specs/error-codes.md), exit 1."""
     import shutil
 
-    from support.cli import json_lines, kith
+    from support.cli import kith
     from support.homes import indexed_docs
 
     if damage == "never synced":
@@ -130,8 +128,7 @@ def test_search_json_without_an_index_prints_the_error_object(tmp_path: Path, da
         shutil.rmtree(home / "corpus" / "tantivy")
     r = kith(home, "search", "staging", "--json")
     assert r.returncode == 1, r.stderr
-    envelope, error = json_lines(r.stdout)
-    assert envelope["available"] is False and envelope["reason"] == "index-unavailable"
+    error = json.loads(r.stdout)  # one document: a caller parses stdout whole
     assert error["error"]["code"] == "index-unavailable" and "kith index sync" in error["error"]["hint"]
     assert "error [index-unavailable]" in r.stderr and "Traceback" not in r.stderr
 

@@ -512,7 +512,7 @@ def search_cmd(
     ctx: typer.Context,
     query: str = typer.Argument(..., help="What to look for."),
     top_k: int = typer.Option(TOP_K_DEFAULT, "--top-k", help="Number of results (1-20)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the bare envelope as one JSON document (when the index cannot answer, exit 1, a line {\"error\": ...} follows it)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the bare envelope as one JSON document (when the index cannot answer: the {\"error\": ...} object instead, exit 1)."),
     dedupe: str = typer.Option("chunk", "--dedupe", help="'chunk' (at most 2 per document) or 'document' (one)."),
     budget_ms: Optional[int] = typer.Option(None, "--budget-ms", help="remainingBudgetMs: search time allowed (ms; 0 = none)."),
     sources: Optional[list[str]] = typer.Option(None, "--source", help="Only sources matching this glob (repeatable)."),
@@ -522,8 +522,8 @@ def search_cmd(
     Answered by the one answer service as the owner, with the same statuses, budgets,
     dedupe and index-syncing rules as the local API's POST /search. Results are printed
     like `kith join` prints a host's answer; --json prints the envelope instead. When the
-    index cannot answer (index-unavailable, exit 1), --json prints the envelope, then the
-    {"error": {"code", "message", "hint"}} line every failing --json command prints.
+    index cannot answer (index-unavailable, exit 1), --json prints the one
+    {"error": {"code", "message", "hint"}} object every failing --json command prints.
     """
     from node.answer.service import answer_local
     from node.corpus.store import Corpus, index_denied
@@ -568,9 +568,7 @@ def search_cmd(
         denied = None if corpus is None else index_denied(corpus.index_dir)
         if denied is not None:  # a permission: `kith index sync` would fail the same way
             exc = CorpusError("index-unavailable", denied.message, hint=denied.hint)
-        if json_out:  # the envelope first; the dispatcher's {"error": ...} line follows it
-            emit_json(envelope)
-        raise exc
+        raise exc  # under --json the dispatcher prints the one {"error": ...} object
     if json_out:
         emit_json(envelope)
         return
