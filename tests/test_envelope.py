@@ -197,11 +197,12 @@ def test_sentences_split_at_blank_lines_adornments_and_sentence_ends() -> None:
     assert _sentences("") == [] and _sentences("===\n \n") == []
 
 
-def test_an_envelope_from_kept_parts_is_the_envelope_made_afresh(tmp_path: Path) -> None:
+def test_an_envelope_from_kept_parts_is_the_envelope_made_afresh(tmp_path: Path, monkeypatch) -> None:
     """Envelopes from parts (issue 44 item 4): a chunk's first answers match its text
     with the key matcher; from the STEMS_AFTER-th on they read the word stems kept in its
-    parts. Both give the same envelope, byte for byte, for queries whose key stems do and
-    do not start their words ("try" -> "tri"), with underscores, code and headings."""
+    parts; a query asked again reads the analysis its parts kept (ANALYSES_KEPT). All give
+    the same envelope, byte for byte, for queries whose key stems do and do not start
+    their words ("try" -> "tri"), with underscores, code and headings."""
     from node.answer import envelope as env_mod
 
     root = tmp_path / "notes"
@@ -222,9 +223,13 @@ def test_an_envelope_from_kept_parts_is_the_envelope_made_afresh(tmp_path: Path)
             req = validate_search_request({"query": q, "topK": 5})
             hits, ctl = corpus.search_hits(q, limit=5)
             env_mod._PARTS.clear()
+            monkeypatch.setattr(env_mod, "ANALYSES_KEPT", 0)  # every answer analyses again
             made = [env_mod._encode(build_envelope(req, hits, ctl))
                     for _ in range(env_mod.STEMS_AFTER + 1)]
             if req["query"] != "what is it":  # stop words only: no key terms to look up
                 assert all(env_mod.chunk_parts(h.text, " ".join(h.location["headingPath"])).stems
                            is not None for h in hits)  # the last envelopes read the kept stems
-            assert made[0] == made[1] == made[-1], q
+            monkeypatch.undo()
+            env_mod._PARTS.clear()
+            kept = [env_mod._encode(build_envelope(req, hits, ctl)) for _ in range(2)]
+            assert made[0] == made[1] == made[-1] == kept[0] == kept[1], q

@@ -568,7 +568,7 @@ class ChunkParts:
     as read-only."""
 
     __slots__ = ("text", "heading", "sentences", "low", "starts", "zeros", "heading_only", "ascii",
-                 "shown", "stems", "all_stems", "dedupe_key", "whole", "_cuts")
+                 "shown", "stems", "all_stems", "dedupe_key", "whole", "_cuts", "analyses")
 
     def __init__(self, raw: str, heading: str) -> None:
         self.text = text = readable.clean(raw)
@@ -589,6 +589,9 @@ class ChunkParts:
         self.all_stems: dict[str, tuple[str, ...]] = {}
         self.dedupe_key = hashlib.sha256(_squash(raw).encode()).hexdigest()[:16]
         self._cuts: dict[int, tuple[str, str]] = {}
+        #: :func:`_analyze_hit`'s answer per query's key terms (at most
+        #: :data:`ANALYSES_KEPT`, then emptied): a pure function of the parts and the keys
+        self.analyses: dict[tuple[str, ...], tuple[list[str], list[tuple[str, int]]]] = {}
 
     def make_stems(self) -> None:
         """Make :attr:`stems` (ASCII text and heading only; :attr:`all_stems` first, so a
@@ -612,6 +615,8 @@ class ChunkParts:
 
 
 _PARTS: dict[tuple[str, str], ChunkParts] = {}
+#: Queries (by key terms) whose analysis of one chunk its parts keep (0: none).
+ANALYSES_KEPT = 16
 #: The words a key matcher (:func:`_key_matcher`) can find: a run of letters and digits
 #: starting at a word boundary (after ``_`` there is none).
 _MATCHABLE = re.compile(r"\b[^\W_]+")
@@ -935,7 +940,8 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
     if not hits:
         return empty_envelope("no-verified-results", request, plan=plan)
     plan = _plan(request, plan)
-    keys, matcher, prefixes = _query_keys(tuple(plan.key_terms))  # the plan's: never re-derived
+    key_terms = tuple(plan.key_terms)
+    keys, matcher, prefixes = _query_keys(key_terms)  # the plan's: never re-derived
     key_union = frozenset().union(*(st for _, st in keys))
     key_names = [t for t, _ in keys]
     results: list[dict[str, Any]] = []
@@ -953,7 +959,14 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
         parts = chunk_parts(hit.text, " ".join(hit.location.get("headingPath") or []))
         # what is read (previews, excerpts, synthesis, coverage) is the text without
         # markup; the dedupe key and the location stay those of the stored chunk
-        cov, analyzed = _analyze_hit(parts, keys, matcher, prefixes, key_union)
+        kept = parts.analyses.get(key_terms)  # the same keys ask the same of the same parts
+        if kept is None:
+            kept = _analyze_hit(parts, keys, matcher, prefixes, key_union)
+            if ANALYSES_KEPT:
+                if len(parts.analyses) >= ANALYSES_KEPT:
+                    parts.analyses.clear()
+                parts.analyses[key_terms] = kept
+        cov, analyzed = kept
         whole_of.append(parts.whole)
         covered_all.update(cov)
         whole = whole or (bool(keys) and len(cov) == len(keys))
