@@ -844,11 +844,11 @@ class Host:
         (specs/sealed.md §5). Nothing happens for other frames or a host without a mailbox."""
         from node.trust.sealed import MAX_LIFETIME_S, QUERY_ID_PREFIX
 
-        if (not isinstance(message, dict) or message.get("action") != "results"
-                or message.get("status") not in ("ok", "no-verified-results") or not self.mail_urls()):
+        if not isinstance(message, dict) or message.get("action") != "results":
             return
-        query_id = message.get("query_id")
-        if not isinstance(query_id, str) or not query_id.startswith(QUERY_ID_PREFIX):
+        query_id = message.get("query_id")  # the cheap tests first: most answers are not an outbox's
+        if not isinstance(query_id, str) or not query_id.startswith(QUERY_ID_PREFIX) \
+                or message.get("status") not in ("ok", "no-verified-results") or not self.mail_urls():
             return
         now = self.clock.time()
         try:
