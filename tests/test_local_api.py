@@ -190,21 +190,24 @@ def test_connections_that_never_finish_headers_are_bounded_and_dropped(
             # dribbling bytes does not extend the deadline
             d = socket.create_connection(("127.0.0.1", _port(url)))
             socks.append(d)
-            closed = False
-            for _ in range(300):  # a byte every 0.2 s at most (~60 s): a failure's bound, the deadline is 1 s
-                try:
-                    d.sendall(b"X")
-                except OSError:
-                    closed = True
-                    break
-                closed = _state(d, 0.2) == "closed"
-                if closed:
-                    break
-            assert closed
+            assert _closed_while_dribbling(d, b"X")
             assert HTTP.get(url + "/health").status_code == 200  # still serving
         finally:
             for s in socks:
                 s.close()
+
+
+def _closed_while_dribbling(sock: socket.socket, byte: bytes) -> bool:
+    """Send ``byte`` at most every 0.2 s until the server closes ``sock``: True once it
+    did, False after 300 bytes (~60 s: a failure's bound; the deadlines tested are 1 s)."""
+    for _ in range(300):
+        try:
+            sock.sendall(byte)
+        except OSError:
+            return True
+        if _state(sock, 0.2) == "closed":
+            return True
+    return False
 
 
 def test_a_request_whose_body_never_comes_is_closed_at_the_body_deadline(
@@ -229,17 +232,7 @@ def test_a_request_whose_body_never_comes_is_closed_at_the_body_deadline(
             dribbling = socket.create_connection(("127.0.0.1", _port(url)))
             socks.append(dribbling)
             dribbling.sendall(head.format(n=1000).encode())
-            closed = False
-            for _ in range(300):  # a byte every 0.2 s at most (~60 s): a failure's bound, the deadline is 1 s
-                try:
-                    dribbling.sendall(b" ")
-                except OSError:
-                    closed = True
-                    break
-                closed = _state(dribbling, 0.2) == "closed"
-                if closed:
-                    break
-            assert closed
+            assert _closed_while_dribbling(dribbling, b" ")
             body = json.dumps({"query": "staging server"}).encode()
             whole = socket.create_connection(("127.0.0.1", _port(url)))
             socks.append(whole)
