@@ -206,7 +206,6 @@ def test_search_prints_what_join_prints(tmp_path: Path) -> None:
     source, page and line range, heading path, a preview that does not repeat the heading,
     and the answer's sentences; --json is the envelope, rendered to the same lines."""
     from fpdf import FPDF
-    from rich.console import Console
 
     from node.cli.render import answer_lines, format_lines
 
