@@ -357,6 +357,41 @@ def test_the_first_command_in_an_older_home_creates_the_default_agent(tmp_path: 
     assert _kith(h, "agent", "list", "--json").stderr == ""  # once
 
 
+def test_an_older_home_the_user_may_read_but_not_write_is_read_without_its_default_agent(tmp_path: Path) -> None:
+    """A home made before agents (no ``agents.json``) that the user may read but not write
+    (a chmod; real processes without root's DAC capabilities): every command refused
+    ``io-error`` before doing anything, its home lookup making the agent ``default``. The
+    reading commands now run and leave the home as it is; a command that writes the agents
+    refuses ``io-error`` with its hint."""
+    from node.trust.identity import load_or_init_identity
+    from support.cli import without_root_reads
+    from support.homes import files_of, read_only
+
+    prefix = without_root_reads()
+    h = initialized(tmp_path / "older")
+
+    def kith_ro(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*prefix, *KITH, "--home", str(h), *args], capture_output=True, text=True,
+                              timeout=120, stdin=subprocess.DEVNULL)
+
+    with read_only(h) as before:
+        status = kith_ro("status", "--json")
+        peers = kith_ro("peers", "list", "--json")
+        outbox = kith_ro("outbox", "list", "--json")
+        agents = kith_ro("agent", "list", "--json")
+        rotate = kith_ro("agent", "rotate", "default", "--json")
+        after = files_of(h)
+    for r in (status, peers, outbox, agents):
+        assert r.returncode == 0 and r.stderr == "", (r.args, r.stdout, r.stderr)
+    assert json.loads(status.stdout)["identity"]["key"] == load_or_init_identity(h).public_key
+    assert json.loads(peers.stdout) == {"peers": [], "blocked": []}
+    assert json.loads(outbox.stdout)["questions"] == [] and json.loads(agents.stdout)["agents"] == []
+    assert rotate.returncode == 1, (rotate.stdout, rotate.stderr)
+    error = json.loads(rotate.stdout)["error"]
+    assert error["code"] == "io-error" and error["hint"] and "Traceback" not in rotate.stderr, error
+    assert after == before and not (h / "agents.json").exists()
+
+
 def test_mcp_holds_each_dimension_of_a_scope(home: Path) -> None:
     """Peers without the outbox: the outbox tools are refused, verify runs; then the same
     server refuses the agent once it has expired."""

@@ -380,3 +380,33 @@ def test_a_grant_that_ends_makes_the_next_query_not_small(tmp_path: Path) -> Non
         now[0] += 7200  # the override has ended: a new lens
         assert not handle.small(request)
         assert handle.search(request)["status"] != "ok"  # alice sees nothing now
+
+
+def test_a_peers_failing_search_is_logged_and_the_owners_is_not(tmp_path: Path, caplog) -> None:
+    """An index that cannot answer: a peer's search is logged (``search failed:
+    index-unavailable`` on ``kith.answer``; the host's owner hears of it only there), the
+    owner's own is not — ``kith search``, the API and MCP say its reason to their caller,
+    once."""
+    import logging
+    import shutil
+
+    from node.answer.service import OWNER, AnswerService, PeerView
+    from node.policy.gate import EgressGate
+    from node.policy.store import Policy
+
+    home, _kb = indexed_docs(tmp_path, {"a.md": "# Staging\n\nThe staging server is rebuilt every night.\n"},
+                             folder="kb")
+    policy = Policy.from_toml('[[rule]]\nglob = "/kb/**"\ntier = "public"\n')
+    request = {"query": "staging server", "topK": 3}
+    with Corpus(home, readonly=True) as corpus:
+        shutil.rmtree(home / "corpus" / "tantivy")
+        service = AnswerService(corpus, EgressGate(corpus.roots(), policy, home))
+        with caplog.at_level(logging.WARNING, logger="kith.answer"):
+            owner = service.answer(request, OWNER)
+            owners_lines = [r.getMessage() for r in caplog.records]
+            caplog.clear()
+            peer = service.answer(request, PeerView("alice"))
+            peers_lines = [r.getMessage() for r in caplog.records]
+    assert owner["status"] == peer["status"] == "index-unavailable"
+    assert owners_lines == []
+    assert peers_lines == ["search failed: index-unavailable"]

@@ -262,3 +262,39 @@ def test_api_holds_no_writer_lock(served) -> None:
         rep = c.sync()
     assert rep["failed"] == 0
     assert os.path.exists(home / "corpus" / "corpus.sqlite3")
+
+
+def test_get_outbox_reads_a_home_this_user_may_read_but_not_write(tmp_path: Path) -> None:
+    """`kith api serve` on a home the user may read but not write (a chmod; a real process
+    without root's DAC capabilities): ``GET /outbox`` lists the kept question and ``?id=``
+    shows it — both refused ``io-error``, the outbox being opened for writing — and
+    nothing in the home changes (specs/outbox.md §2)."""
+    import signal
+    import subprocess
+
+    from node.guest.outbox import OutboxStore
+    from support.cli import KITH, readline, without_root_reads
+    from support.homes import files_of, node_home, read_only
+
+    prefix = without_root_reads()
+    home = node_home(tmp_path, "ro")
+    headers = api_headers(home)
+    with OutboxStore(home) as store:
+        qid = store.add({"query": "where is the walrus", "topK": 3}, [("alice", "ab" * 32)])["id"]
+    with read_only(home) as before:
+        proc = subprocess.Popen([*prefix, *KITH, "--home", str(home), "api", "serve", "--port", "0", "--json",
+                                 "--offline"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            url = json.loads(readline(proc, 60))["url"]
+            listed = httpx.get(url + "/outbox", headers=headers, timeout=30)
+            shown = httpx.get(url + "/outbox", params={"id": qid[:8]}, headers=headers, timeout=30)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            err = proc.communicate(timeout=30)[1]
+        after = files_of(home)
+    assert listed.status_code == 200, listed.text
+    assert [q["id"] for q in listed.json()["questions"]] == [qid]
+    assert shown.status_code == 200 and shown.json()["query"] == "where is the walrus", shown.text
+    assert after == before
+    assert "Traceback" not in err, err[-3000:]

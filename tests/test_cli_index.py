@@ -114,7 +114,9 @@ def test_search_before_any_sync(env) -> None:
 @pytest.mark.parametrize("damage", ["never synced", "index folder deleted"])
 def test_search_json_without_an_index_prints_the_error_object(tmp_path: Path, damage: str) -> None:
     """`kith search --json` on a home whose index cannot answer: stdout is the one
-    `{"error": ...}` object every failing `--json` command prints (specs/error-codes.md), exit 1."""
+    `{"error": ...}` object every failing `--json` command prints (specs/error-codes.md), exit 1.
+    With and without --json the refusal is said once on stderr: no `search failed:` log
+    line beside it (the answer service logs only a peer's failing search)."""
     import shutil
 
     from support.cli import kith
@@ -130,7 +132,11 @@ def test_search_json_without_an_index_prints_the_error_object(tmp_path: Path, da
     assert r.returncode == 1, r.stderr
     error = json.loads(r.stdout)  # one document: a caller parses stdout whole
     assert error["error"]["code"] == "index-unavailable" and "kith index sync" in error["error"]["hint"]
-    assert "error [index-unavailable]" in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.count("error [index-unavailable]") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "search failed" not in r.stderr, r.stderr
+    r = kith(home, "search", "staging")
+    assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr)
+    assert r.stderr.count("error [index-unavailable]") == 1 and "search failed" not in r.stderr, r.stderr
 
 
 def test_invalid_top_k_is_refused(env) -> None:
@@ -200,7 +206,6 @@ def test_search_prints_what_join_prints(tmp_path: Path) -> None:
     source, page and line range, heading path, a preview that does not repeat the heading,
     and the answer's sentences; --json is the envelope, rendered to the same lines."""
     from fpdf import FPDF
-    from rich.console import Console
 
     from node.cli.render import answer_lines, format_lines
 

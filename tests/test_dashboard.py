@@ -394,3 +394,35 @@ def test_overview_shows_scrub_rules_copy_grants_copies_sent_and_what_is_kept_her
     assert "bea: 1 document(s), last sent" in sharing
     kept = page[page.index('id="kept"'):]
     assert "<dt>Copies</dt><dd>none</dd>" in kept and "<dt>Outbox</dt><dd>empty" in kept
+
+
+def test_outbox_page_reads_a_home_this_user_may_read_but_not_write(home: Path) -> None:
+    """`kith dashboard` (a real process without root's DAC capabilities) whose home is
+    made one the user may read but not write while it serves (a chmod): the outbox page
+    lists the kept question — it said ``io-error``, the outbox being opened for writing —
+    and nothing in the home changes (specs/dashboard.md)."""
+    import signal
+
+    from node.guest.outbox import OutboxStore
+    from support.cli import without_root_reads
+    from support.homes import files_of, read_only
+
+    prefix = without_root_reads()
+    with OutboxStore(home) as store:
+        qid = store.add({"query": "where is the walrus", "topK": 3}, [("alice", PEER_KEY)])["id"]
+    proc = subprocess.Popen([*prefix, *KITH, "--home", str(home), "dashboard", "--port", "0", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        info = json.loads(readline(proc, 60))
+        client = _logged_in(info["url"], info["login"])
+        with read_only(home) as before:  # the dashboard writes its login file as it starts
+            page = client.get("/outbox")
+            after = files_of(home)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=30)[1]
+    assert page.status_code == 200
+    assert f'data-id="{qid}"' in page.text and "where is the walrus" in page.text
+    assert 'id="outbox-error"' not in page.text, page.text
+    assert after == before
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]

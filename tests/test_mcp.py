@@ -127,3 +127,30 @@ def test_the_server_says_who_it_is_and_only_what_it_has_in_both_eras(home: Path,
     if era == "2026-07-28":
         assert listed.ttl_ms == 0 and listed.cache_scope == "private"  # it lists what the agent may use, now
     assert _structured(found)["results"][0]["source"] == "/kb/deploy.md"
+
+
+def test_the_outbox_tool_reads_a_home_this_user_may_read_but_not_write(tmp_path: Path) -> None:
+    """`kith mcp` (the stdio server, a real process without root's DAC capabilities) on a
+    home the user may read but not write (a chmod): the ``outbox`` tool lists the kept
+    question and shows it by id — it refused ``io-error``, the outbox being opened for
+    writing — and nothing in the home changes (specs/outbox.md §2)."""
+    from node.guest.outbox import OutboxStore
+    from support.agents import mcp_env
+    from support.cli import without_root_reads
+    from support.homes import files_of, read_only
+
+    prefix = without_root_reads()
+    home = initialized(tmp_path / "ro")
+    env = mcp_env(home)
+    with OutboxStore(home) as store:
+        qid = store.add({"query": "where is the walrus", "topK": 3}, [("alice", "ab" * 32)])["id"]
+
+    async def calls(s):
+        return await s.call_tool("outbox", {}), await s.call_tool("outbox", {"id": qid[:8]})
+
+    with read_only(home) as before:
+        listed, shown = _session(home, calls, env=env, prefix=prefix)
+        after = files_of(home)
+    assert [q["id"] for q in _structured(listed)["questions"]] == [qid]
+    assert _structured(shown)["query"] == "where is the walrus"
+    assert after == before

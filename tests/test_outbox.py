@@ -697,12 +697,9 @@ def test_list_and_show_read_a_home_this_user_may_read_but_not_write(tmp_path, he
     writing command (`remove`) refuses, with `io-error`; nothing in the home changes.
     ``held-open-by-a-writer``: the owner's process has the file open meanwhile (its
     ``-wal``/``-shm`` beside it); ``closed``: no one has (SQLite would need to make them)."""
-    import contextlib
-    import os
-    import stat
-
     from node.local.agents import ensure_default_agent
     from support.cli import without_root_reads
+    from support.homes import files_of, read_only
 
     prefix = without_root_reads()
     home = _home(tmp_path, "ro")
@@ -713,38 +710,29 @@ def test_list_and_show_read_a_home_this_user_may_read_but_not_write(tmp_path, he
         assert store.record_attempt(answered, KEY, classify(message, query_id_of(answered)), message=message)
         waiting = store.add({"query": "where is the walrus", "topK": 3}, [("alice", KEY)])["id"]
     owner = OutboxStore(home) if held_open else None  # leaves -wal and -shm beside the file
-    modes = {p: p.stat().st_mode for p in [home, *home.iterdir()]}
-
-    def snapshot() -> dict[str, bytes]:
-        return {p.name: p.read_bytes() for p in sorted(home.iterdir())}
 
     def kith_ro(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([*prefix, *KITH, "--home", str(home), *args], capture_output=True, text=True,
                               env=ENV, timeout=120, stdin=subprocess.DEVNULL)
 
     try:
-        for p in modes:
-            p.chmod(stat.S_IMODE(modes[p]) & ~0o222)
-        before = snapshot()
-        r = kith_ro("outbox", "list", "--json")
-        assert r.returncode == 0, r.stderr
-        listed = {q["id"]: q for q in json.loads(r.stdout)["questions"]}
-        assert set(listed) == {answered, waiting} and listed[answered]["unread"] is True
-        r = kith_ro("outbox", "list")
-        assert r.returncode == 0 and "where is the walrus" in r.stdout, r.stderr
-        r = kith_ro("outbox", "show", answered[:8], "--json")
-        assert r.returncode == 0, r.stderr
-        shown = json.loads(r.stdout)
-        assert shown["id"] == answered and shown["answer"]["results"][0]["textPreview"].startswith("The staging")
-        again = json.loads(kith_ro("outbox", "list", "--json").stdout)["questions"]
-        assert [q["unread"] for q in again if q["id"] == answered] == [True]  # not marked: nothing written
-        r = kith_ro("outbox", "remove", waiting[:8], "--json")
-        assert r.returncode == 1 and json.loads(r.stdout)["error"]["code"] == "io-error", (r.stdout, r.stderr)
-        assert snapshot() == before
+        with read_only(home) as before:
+            r = kith_ro("outbox", "list", "--json")
+            assert r.returncode == 0, r.stderr
+            listed = {q["id"]: q for q in json.loads(r.stdout)["questions"]}
+            assert set(listed) == {answered, waiting} and listed[answered]["unread"] is True
+            r = kith_ro("outbox", "list")
+            assert r.returncode == 0 and "where is the walrus" in r.stdout, r.stderr
+            r = kith_ro("outbox", "show", answered[:8], "--json")
+            assert r.returncode == 0, r.stderr
+            shown = json.loads(r.stdout)
+            assert shown["id"] == answered and shown["answer"]["results"][0]["textPreview"].startswith("The staging")
+            again = json.loads(kith_ro("outbox", "list", "--json").stdout)["questions"]
+            assert [q["unread"] for q in again if q["id"] == answered] == [True]  # not marked: nothing written
+            r = kith_ro("outbox", "remove", waiting[:8], "--json")
+            assert r.returncode == 1 and json.loads(r.stdout)["error"]["code"] == "io-error", (r.stdout, r.stderr)
+            assert files_of(home) == before
     finally:
-        for p, mode in modes.items():
-            with contextlib.suppress(FileNotFoundError):
-                os.chmod(p, mode)
         if owner is not None:
             owner.close()
 

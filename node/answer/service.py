@@ -224,7 +224,10 @@ class AnswerService:
     def _search(self, q: _Query, limit: int) -> tuple[list[Any], dict[str, Any]] | dict[str, Any]:
         """Stage 2: ``Corpus.search_hits`` for ``limit`` hits through the peer's lens;
         ``(hits, controller)``, or the answer (``invalid-request``, ``index-unavailable``,
-        ``index-syncing``)."""
+        ``index-syncing``). A peer's search that fails is logged (``kith.answer``): its
+        reason goes to the peer, and the log is how the host's owner hears of it; the
+        owner's own (``kith search``, the local API, MCP) is not — its caller says the reason
+        once (``error [index-unavailable]``)."""
         q.marks.setdefault("search", time.perf_counter())
         req = q.req
         try:
@@ -239,7 +242,8 @@ class AnswerService:
         except CorpusError as exc:
             if exc.code == "query-invalid":  # e.g. a query of stop words only
                 return render.invalid(exc, req)
-            log.warning("search failed: %s", exc.code)
+            if q.peer is not None:
+                log.warning("search failed: %s", exc.code)
             return self._nothing(render.unavailable_reason(self._corpus), q)
         return hits, controller
 

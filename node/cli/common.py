@@ -242,7 +242,8 @@ def default_agent(home: Path) -> None:
     """The first command in a home made before agents creates the agent ``default``
     (node/local/agents.py) and says how to get its token (it is never printed here);
     nothing when ``<home>/agents.json`` exists (then the agents module is not imported:
-    every command of a home runs this)."""
+    every command of a home runs this), nor in a home this process may not write
+    (:func:`node.local.agents.ensure_default_agent` leaves it as it is)."""
     if (home / AGENTS_FILE).exists():
         return
     from node.local.agents import ensure_default_agent

@@ -453,11 +453,13 @@ def probe_home_db(path: Path) -> None:
 
 
 def may_write(path: Path) -> bool:
-    """Whether this process may write the state file ``path`` of the home and make the
-    SQLite files beside it (``-wal``, ``-shm``, ``-journal``): the file and its folder are
-    both writable for it (``os.access``: the user's permissions and capabilities, a
-    read-only mount). False for a home the user may read but not write."""
-    return os.access(path, os.W_OK) and os.access(Path(path).parent, os.W_OK)
+    """Whether this process may write the state file ``path`` of the home — or make it,
+    when there is none yet — and make the files beside it (SQLite's ``-wal``, ``-shm``,
+    ``-journal``; :func:`atomic_write`'s temporary file): the file, when there is one, and
+    its folder are writable for it (``os.access``: the user's permissions and
+    capabilities, a read-only mount). False for a home the user may read but not write."""
+    path = Path(path)
+    return (os.access(path, os.W_OK) or not os.path.lexists(path)) and os.access(path.parent, os.W_OK)
 
 
 def open_home_db_readonly(path: Path) -> Any:

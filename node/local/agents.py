@@ -622,13 +622,19 @@ def _get(agents: dict[str, Agent], name: str) -> Agent:
 def ensure_default_agent(home: Path | str) -> str | None:
     """Create the agent ``default`` (``--sources '**' --peers all --queue --outbound
     ask``) in a home that has no ``agents.json`` yet: ``kith init`` and the first command
-    run in an older home.
+    run in an older home. A home this process may read but not write
+    (:func:`node.common.home.may_write`: a read-only copy, a chmod, a read-only mount)
+    gets none and is left as it is: the commands that only read run without it, and one
+    that writes the agents (``kith agent add|set|rotate|remove``) refuses ``io-error`` when
+    it tries (specs/agents.md §2).
 
     Returns:
         The new token when the agent was created now (shown once), else None.
     """
+    from node.common.home import may_write
+
     home = Path(home)
-    if agents_path(home).exists():
+    if agents_path(home).exists() or not may_write(agents_path(home)):
         return None
     with _locked(home) as agents:
         if agents or agents_path(home).exists():

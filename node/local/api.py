@@ -459,7 +459,8 @@ class _Handlers:
 
     async def outbox_read(self, request: Request) -> JSONResponse:
         """``GET /outbox``: every kept question (``{"questions", "usage"}``); ``?id=PREFIX``:
-        one record with its merged answer (specs/outbox.md §2). Reading marks nothing."""
+        one record with its merged answer (specs/outbox.md §2). Reading marks nothing, and a
+        home this process may not write is read read-only (:meth:`OutboxStore.for_reading`)."""
         from node.guest.outbox import OUTBOX_FILE, OutboxStore, empty_usage, public_record
 
         home = self.holder.home
@@ -471,7 +472,7 @@ class _Handlers:
                 if qid is not None:
                     raise ConfigError("outbox-not-found", "the outbox is empty", status=404)
                 return {"questions": [], "usage": empty_usage()}
-            with OutboxStore(home) as store:
+            with OutboxStore.for_reading(home) as store:
                 if qid is None:  # only the questions kept for peers the agent may ask
                     return {"questions": [q for q in store.list() if scope.may_read(q)], "usage": store.usage()}
                 try:

@@ -528,9 +528,11 @@ async def call_ask_later(home: Path, arguments: dict[str, Any], *, local: bool =
 
 def call_outbox(home: Path, arguments: dict[str, Any], scope: Any = None) -> Any:
     """Run one ``outbox`` tool call: the list, or one record with its merged answer
-    (:func:`node.guest.outbox.public_record`); reading marks nothing. ``scope``: the
-    calling agent's — only the questions kept for peers it may ask are listed or shown
-    (:meth:`node.local.agents.Scope.may_read`); None (in-process, the owner): all."""
+    (:func:`node.guest.outbox.public_record`); reading marks nothing, and a home this
+    process may not write is read read-only (:meth:`node.guest.outbox.OutboxStore.for_reading`).
+    ``scope``: the calling agent's — only the questions kept for peers it may ask are
+    listed or shown (:meth:`node.local.agents.Scope.may_read`); None (in-process, the
+    owner): all."""
     from mcp.types import CallToolResult, TextContent
 
     from node.guest.outbox import OUTBOX_FILE, OutboxStore, empty_usage, public_record
@@ -546,7 +548,7 @@ def call_outbox(home: Path, arguments: dict[str, Any], scope: Any = None) -> Any
                 raise ConfigError("outbox-not-found", "the outbox is empty")
             doc: dict[str, Any] = {"questions": [], "usage": empty_usage()}
         else:
-            with OutboxStore(home) as store:
+            with OutboxStore.for_reading(home) as store:
                 if qid is None:
                     doc = {"questions": [q for q in store.list() if scope is None or scope.may_read(q)],
                            "usage": store.usage()}

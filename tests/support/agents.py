@@ -44,13 +44,15 @@ def mcp_env(home: Path | str, name: str = TEST_AGENT, base: dict[str, str] | Non
     return env
 
 
-def mcp_session(home: Path, calls, *, env: dict[str, str] | None = None, agent: str | None = None):
+def mcp_session(home: Path, calls, *, env: dict[str, str] | None = None, agent: str | None = None,
+                prefix: tuple[str, ...] | list[str] = ()):
     """``run_stdio(home)`` (``kith mcp``; with ``agent``, ``run_stdio(home, agent=AGENT)``)
     as a child process over stdio, and ``await calls(session)`` against it once the client
     session is initialised: its result.
 
     Args:
         env: the child's environment (default: :func:`mcp_env` of ``home``).
+        prefix: an argv prefix the child runs under (:func:`support.cli.without_root_reads`).
     """
     import sys
 
@@ -61,9 +63,9 @@ def mcp_session(home: Path, calls, *, env: dict[str, str] | None = None, agent: 
     from support.homes import REPO
 
     args = f"run_stdio({str(home)!r}" + (f", agent={agent!r})" if agent else ")")
-    params = StdioServerParameters(command=sys.executable, cwd=str(REPO),
-                                   env=env if env is not None else mcp_env(home),
-                                   args=["-c", f"from node.local.mcp import run_stdio; {args}"])
+    argv = [*prefix, sys.executable, "-c", f"from node.local.mcp import run_stdio; {args}"]
+    params = StdioServerParameters(command=argv[0], args=argv[1:], cwd=str(REPO),
+                                   env=env if env is not None else mcp_env(home))
 
     async def main():
         async with stdio_client(params) as (r, w):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from node.trust.identity import Identity, init_identity, load_or_init_identity
@@ -85,3 +88,31 @@ def indexed_docs(base: Path, files: dict[str, str], *, folder: str = "docs") -> 
         corpus.add_root(docs)
         corpus.sync()
     return home, docs
+
+
+@contextlib.contextmanager
+def read_only(home: Path) -> Iterator[dict[str, bytes]]:
+    """``home`` and everything under it made unwritable (``chmod a-w``) for the block — a
+    home the user may read but not write — and their modes put back after. A process run
+    as root writes anyway unless started with :func:`support.cli.without_root_reads`.
+
+    Yields:
+        Every regular file under ``home`` (path relative to it -> its bytes) as the block
+        began: compare with :func:`files_of` to show nothing changed.
+    """
+    home = Path(home)
+    modes = {p: p.lstat().st_mode for p in [home, *home.rglob("*")] if not p.is_symlink()}
+    try:
+        for p, mode in modes.items():
+            p.chmod(stat.S_IMODE(mode) & ~0o222)
+        yield files_of(home)
+    finally:
+        for p, mode in modes.items():
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(p, stat.S_IMODE(mode))
+
+
+def files_of(home: Path) -> dict[str, bytes]:
+    """Every regular file under ``home``: its path relative to ``home`` -> its bytes."""
+    return {str(p.relative_to(home)): p.read_bytes() for p in sorted(Path(home).rglob("*"))
+            if p.is_file() and not p.is_symlink()}

@@ -422,14 +422,15 @@ class _Pages:
     # --- outbox ---------------------------------------------------------------------------
     async def outbox(self, request: Request) -> HTMLResponse:
         """The kept questions, newest first, each with its rows and — once answered — its
-        merged answer (:func:`node.guest.outbox.public_record`); viewing marks nothing."""
+        merged answer (:func:`node.guest.outbox.public_record`); viewing marks nothing, and a
+        home this process may not write is read read-only (:meth:`OutboxStore.for_reading`)."""
         def gather() -> dict[str, Any]:
             from node.guest.outbox import OUTBOX_FILE, OutboxStore, public_record
 
             if not (self.home / OUTBOX_FILE).exists():
                 return {"questions": [], "usage": None, "outbox_error": None}
             try:
-                with OutboxStore(self.home) as store:
+                with OutboxStore.for_reading(self.home) as store:
                     records = [public_record(r) for r in store.records(limit=100)]
                     return {"questions": records, "usage": store.usage(), "outbox_error": None}
             except KithError as exc:  # outbox-corrupt: said on the page, as `kith outbox list` says it
