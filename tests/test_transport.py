@@ -4,6 +4,7 @@ send-path patch is correct and version-gated."""
 from __future__ import annotations
 
 import os
+import socket
 from contextlib import asynccontextmanager
 
 import anyio
@@ -274,10 +275,8 @@ def test_async_calls_resolved_on_the_loop_thread_carry_the_same_bytes_with_fewer
     assert iroh_patch.is_applied()
 
 
-def _held_port() -> "socket.socket":
+def _held_port() -> socket.socket:
     """A loopback UDP socket holding a free port (another process's, as far as a host sees)."""
-    import socket
-
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
     return sock
