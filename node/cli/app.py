@@ -117,6 +117,12 @@ _LIBRARY = sys.modules[typer.BadParameter.__module__]
 _NO_ARGS = getattr(_LIBRARY, "NoArgsIsHelpError", ())
 
 
+def wants_json(argv: list[str]) -> bool:
+    """Whether the command line ``argv`` asks for ``--json`` output: then a refusal is
+    also printed as ``{"error": ...}`` on stdout (:func:`node.cli.main.print_error`)."""
+    return "--json" in argv
+
+
 def usage_refusal(exc: Any) -> UsageError:
     """The ``usage`` refusal (exit 2) for a command-line error the CLI library found (a
     missing argument, an unknown option, a bad choice or value): the library's message, and
@@ -143,8 +149,6 @@ class TableGroup(TyperGroup):
         self.commands = _Table()
 
     def make_context(self, info_name: Optional[str], args: list[str], parent: Any = None, **extra: Any) -> Any:
-        from node.cli.main import wants_json
-
         json_out = wants_json(args)
         try:
             ctx = super().make_context(info_name, args, parent=parent, **extra)

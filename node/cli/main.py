@@ -37,12 +37,6 @@ def _register() -> None:
     load_all()
 
 
-def wants_json(argv: list[str]) -> bool:
-    """Whether the command line ``argv`` asks for ``--json`` output: then a refusal is
-    also printed as ``{"error": ...}`` on stdout (:func:`print_error`)."""
-    return "--json" in argv
-
-
 def print_error(exc: KithError, *, json_out: bool = False) -> None:
     """The one error printer of ``kith``: ``error [code]: message`` (then ``  hint: ...``
     when the error has one) on stderr, text made safe (:func:`node.cli.common.safe_text`);
@@ -96,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         exc = refusal_of(raw)
         if exc is None or debug:
             raise
+        from node.cli.app import wants_json
+
         print_error(exc, json_out=wants_json(argv))
         sys.exit(exc.exit_code)
 
