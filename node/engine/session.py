@@ -254,6 +254,11 @@ class SessionEngine:
         assert isinstance(self._hs, GuestHandshake)
         self._hs.initiate()
 
+    @property
+    def has_data_to_send(self) -> bool:
+        """True while bytes for the peer are queued (:meth:`data_to_send` would return some)."""
+        return bool(self._out)
+
     def data_to_send(self) -> bytes:
         """Return and clear the bytes queued for the peer."""
         out = self._out

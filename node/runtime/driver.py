@@ -316,6 +316,8 @@ async def run_session(
 
     async def flush() -> None:
         nonlocal write_dead
+        if not engine.has_data_to_send:  # most flushes after a receive: nothing to send, no lock
+            return
         async with send_lock:
             data = engine.data_to_send()
             if not data or write_dead:
