@@ -382,6 +382,35 @@ def test_a_grant_that_ends_makes_the_next_query_not_small(tmp_path: Path) -> Non
         assert handle.search(request)["status"] != "ok"  # alice sees nothing now
 
 
+def test_a_long_query_is_never_small_after_a_short_one(tmp_path: Path) -> None:
+    """A peer that warms its view with a short question may not then have a long query
+    answered on the host's event loop (attack49: a 2,000-character query of many words cost
+    16-23 ms of CPU over the Python docs, run on the loop that serves every other guest):
+    a query over INLINE_QUERY_CHARS is not small, whatever the view's last answer cost."""
+    from node.answer.inline import INLINE_QUERY_CHARS
+    from node.answer.service import AnswerService, PeerView
+    from node.policy.gate import EgressGate
+    from node.policy.store import Policy
+
+    home, _kb = indexed_docs(tmp_path, {"a.md": "# Staging\n\nThe staging server is rebuilt every night.\n"},
+                             folder="kb")
+    policy = Policy.from_toml('[[rule]]\nglob = "/kb/**"\ntier = "public"\n')
+    with Corpus(home, readonly=True) as corpus:
+        handle = AnswerService(corpus, EgressGate(corpus.roots(), policy, home)).knowledge_for(
+            PeerView("alice"))
+        short = {"query": "staging server", "topK": 3}
+        for _ in range(3):  # warm
+            assert handle.search(short)["status"] == "ok"
+        assert handle.small(short)
+        at_bound = {"query": ("staging server " * 40)[:INLINE_QUERY_CHARS]}
+        over = {"query": ("staging server " * 200)[:INLINE_QUERY_CHARS + 1]}
+        assert handle.small(at_bound)
+        assert not handle.small(over)
+        assert not handle.small({"query": ("word " * 400)[:2000], "topK": 3})
+        assert handle.search(over)["status"] == "ok"  # where it runs, never what it says
+        assert handle.small(short)
+
+
 def test_a_peers_failing_search_is_logged_and_the_owners_is_not(tmp_path: Path, caplog) -> None:
     """An index that cannot answer: a peer's search is logged (``search failed:
     index-unavailable`` on ``kith.answer``; the host's owner hears of it only there), the

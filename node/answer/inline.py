@@ -3,8 +3,10 @@ specs/protocols.md §2 ``inline``).
 
 The ``knowledge-query`` host's ``on_message.inline`` asks ``ctx.knowledge.small(request)``
 (:meth:`node.answer.knowledge.Handle.small`). A request is small when it is plain
-(``query`` and ``topK`` only: a filtered search may go several rounds deeper) and the
-view's last answer cost at most :data:`INLINE_CPU_S` of CPU under the same lens key
+(``query`` and ``topK`` only: a filtered search may go several rounds deeper), its query
+is at most :data:`INLINE_QUERY_CHARS` long (the last answer's cost says nothing about a
+longer one: a peer could warm its view with a short question and then have 2,000
+characters searched on the loop) and the view's last answer cost at most :data:`INLINE_CPU_S` of CPU under the same lens key
 (:meth:`node.policy.gate.EgressGate.lens_key`: policy stamp, grants in force, peer,
 corpus generation) — so the view's index is built and current; a first answer, a sync,
 a policy change or a grant that ended since is not small. Only *where* an answer runs
@@ -24,6 +26,11 @@ from node.answer.knowledge import PeerView
 #: The most CPU time (s) the last answer of a peer view may have cost for the next one
 #: of the same shape to count as small.
 INLINE_CPU_S = 0.010
+#: The longest query (characters) a small request may have. Search CPU grows with the
+#: query's terms: over the Python docs a plain question costs ~1 ms, a 2,000-character
+#: query of many words 16-23 ms, one of 256 characters at most ~10 ms (as much as a
+#: 14-character query of unknown words, whose every pass runs).
+INLINE_QUERY_CHARS = 256
 #: Request fields a small answer may have: no filters, no budget or dedupe changes.
 INLINE_FIELDS = frozenset({"query", "topK"})
 #: Peer views whose last answer's cost is kept (oldest dropped).
@@ -67,6 +74,9 @@ class InlineCosts:
         try:
             if not isinstance(body, Mapping) or not INLINE_FIELDS.issuperset(body):
                 return False
+            query = body.get("query")
+            if not isinstance(query, str) or len(query) > INLINE_QUERY_CHARS:
+                return False
             with self._lock:
                 last = self._costs.get(view)
             if last is None or last[1] > INLINE_CPU_S:
@@ -102,4 +112,4 @@ class InlineCosts:
                 self._costs.popitem(last=False)
 
 
-__all__ = ["INLINE_CPU_S", "INLINE_FIELDS", "InlineCosts", "MAX_WARM_VIEWS"]
+__all__ = ["INLINE_CPU_S", "INLINE_FIELDS", "INLINE_QUERY_CHARS", "InlineCosts", "MAX_WARM_VIEWS"]
