@@ -262,3 +262,37 @@ def test_a_hosts_seen_set_outlives_a_restart(tmp_path) -> None:
     with pytest.raises(KithError) as err:
         DurableSeen(tmp_path)
     assert err.value.code == "config-invalid" and FILE_NAME in err.value.message
+
+
+def _with_body(rec: dict, sender: bytes, recipient: bytes, body_text: str) -> dict:
+    """``rec`` with its body text replaced by ``body_text``, signed by ``sender`` as a real
+    sender signs (a record its sender built by hand)."""
+    import hashlib
+
+    from node.trust.sealed import sealed_payload
+
+    inner = _inner(rec, recipient)
+    inner["body"] = body_text
+    digest = hashlib.sha256(body_text.encode("utf-8", "surrogatepass")).hexdigest()
+    payload = sealed_payload(kind=inner["kind"], question_id=inner["question_id"], sender=inner["sender"],
+                             recipients=inner["recipients"], created=inner["created"],
+                             expires=inner["expires"], body_sha256=digest)
+    inner["signature"] = nacl.signing.SigningKey(sender).sign(payload).signature.hex()
+    return _reseal(rec, inner, [public_key_of(recipient)])
+
+
+@pytest.mark.parametrize("body_text", [
+    # a lone surrogate in the body text itself (escaped in the opened record's JSON)
+    '{"request":{"query":"a\ud800b","topK":5}}',
+    # a body whose own JSON escapes one: signed as sent, a lone surrogate once read
+    '{"request":{"query":"a\\ud800b","topK":5},"peer":"x\\udfff"}',
+])
+def test_a_lone_surrogate_in_the_body_is_malformed(body_text: str) -> None:
+    """A body holding text that is not UTF-8 (a lone surrogate, which JSON's ``\\u`` escapes
+    can spell) is ``sealed-malformed``: it raised UnicodeEncodeError from open_sealed (the
+    body's hash) or later from the host's answer (the audit log's query hash, the answer's
+    encoding) — neither a refusal, so an inbox took the record again on every poll and
+    never acked the rest of its page (attack49)."""
+    asker, host = device(), device()
+    rec = _with_body(question(asker, host[0]), asker[0], host[0], body_text)
+    assert code_of(open_sealed, rec, host[0], now=NOW) == "sealed-malformed"

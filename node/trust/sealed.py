@@ -379,6 +379,10 @@ def open_sealed(doc: object, device_secret: bytes, *, now: float) -> Opened:
     if (inner["kind"] not in KINDS or not isinstance(inner["question_id"], str)
             or _ID_RE.fullmatch(inner["question_id"]) is None or not isinstance(inner["body"], str)):
         raise KithError("sealed-malformed", "the opened record's kind, question_id or body is not valid")
+    try:  # JSON's \u escapes spell lone surrogates, which are not UTF-8 text
+        body_bytes = inner["body"].encode("utf-8")
+    except UnicodeEncodeError:
+        raise KithError("sealed-malformed", "the opened record's body is not UTF-8 text") from None
     try:
         check_hex(inner["signature"], SIGNATURE_HEX_LEN, "signature")
     except SigningError as exc:
@@ -395,7 +399,7 @@ def open_sealed(doc: object, device_secret: bytes, *, now: float) -> Opened:
             raise KithError("sealed-forged", f"the sender's binding chain does not verify ({exc.code})") from None
     payload = sealed_payload(kind=inner["kind"], question_id=inner["question_id"], sender=env.sender,
                              recipients=list(env.recipients), created=inner["created"], expires=inner["expires"],
-                             body_sha256=sha256_hex(inner["body"].encode("utf-8")))
+                             body_sha256=sha256_hex(body_bytes))
     try:
         verify(env.sender, payload, inner["signature"], field="sealed record signature")
     except SigningError:
@@ -406,6 +410,11 @@ def open_sealed(doc: object, device_secret: bytes, *, now: float) -> Opened:
         raise KithError("sealed-malformed", "the opened record's body is not JSON") from None
     if not isinstance(body, dict):
         raise KithError("sealed-malformed", "the opened record's body is a JSON object")
+    try:  # a string in it that is not UTF-8 text (a lone surrogate) could not be hashed,
+        # logged or answered (the audit log's query hash, the answer's encoding raised)
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise KithError("sealed-malformed", "the opened record's body holds text that is not UTF-8") from None
     return Opened(inner["kind"], inner["question_id"], env.id, env.sender, identity, env.recipients,
                   env.created_unix, env.expires_unix, body)
 
