@@ -68,3 +68,33 @@ def test_the_tail_reader_yields_what_the_whole_reader_does_newest_first(tmp_path
         assert [r["i"] for r in read_audit_tail(tmp_path, 1 << 30, block)] == whole[::-1]
         recent = [r["i"] for r in read_audit_tail(tmp_path, 10 * len(lines[299]), block)]
         assert recent == list(range(299, 299 - len(recent), -1)) and 8 <= len(recent) <= 10
+
+
+def test_odd_values_are_written_and_kith_audit_reads_every_line_back(tmp_path: Path) -> None:
+    """attack49: a lone surrogate in a query (hashed, or its text with --audit-queries),
+    NaN, a huge string, an int past 64 bits — the writer never raises, and a real ``kith
+    audit`` (text and --json) reads every line; so does an older writer's ``NaN`` line. A
+    lone surrogate's line printed a traceback (UnicodeEncodeError), NaN was not JSON."""
+    import math
+
+    from node.trust.audit_log import AuditLog
+
+    home = tmp_path / "home"
+    kith_init(home)
+    for text_kept in (False, True):
+        log = AuditLog(home, audit_queries=text_kept)
+        log.record("query", peer="ab" * 32, **log.query_fields("a\ud800b"), score=math.nan)
+        log.record("query", peer="ab" * 32, **log.query_fields("x" * 70_000), big=2 ** 80)
+        log.close()
+    with (home / "audit.jsonl").open("a") as fh:  # an older writer's line (json.dumps wrote NaN)
+        fh.write('{"ts":"2026-12-01T09:00:00.000Z","event":"query","score":NaN,"q":"\\udfff"}\n')
+    out = kith(home, "audit", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)  # one document, valid JSON (no NaN)
+    assert doc["skipped"] == [] and len(doc["records"]) == 5
+    assert [r.get("score") for r in doc["records"] if "score" in r] == [None, None, None]
+    assert doc["records"][2]["query"] == "a\ufffdb"  # the text kept, its lone surrogate shown as U+FFFD
+    assert doc["records"][0]["query_hmac"] != AuditLog(home).query_fields("ab")["query_hmac"]
+    text = kith(home, "audit")
+    assert text.returncode == 0 and "Traceback" not in text.stderr, text.stderr
+    assert len(text.stdout.splitlines()) >= 5

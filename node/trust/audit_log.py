@@ -35,6 +35,7 @@ import fcntl
 import hmac
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -91,8 +92,27 @@ _encoder = msgspec.json.Encoder(enc_hook=str)
 
 
 def _encode_line(rec: dict[str, Any]) -> bytes:
-    """``rec`` as one audit line: compact JSON and a newline (UTF-8 bytes)."""
-    return _encoder.encode(rec) + b"\n"
+    """``rec`` as one audit line: compact JSON and a newline (UTF-8 bytes). A string that
+    is not UTF-8 text (a lone surrogate) cannot be written raw: then the whole line is
+    written with ``\\u`` escapes (valid JSON, read back as it was), never an error."""
+    try:
+        return _encoder.encode(rec) + b"\n"
+    except UnicodeEncodeError:
+        return (json.dumps(_finite(rec), separators=(",", ":"), default=str, allow_nan=False)
+                + "\n").encode("ascii")
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with each float that is not finite as None (what the msgspec encoder
+    writes; ``json.dumps`` would write ``NaN``, which is not JSON) and each mapping's keys as
+    strings, for :func:`_encode_line`'s escaped line."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_finite(v) for v in value]
+    return value
 
 
 class AuditLog:
@@ -291,7 +311,9 @@ class AuditLog:
         """``{"query": text}`` with ``audit_queries``, else ``{"query_hmac": <32 hex>}``."""
         if self.audit_queries:
             return {"query": text[:MAX_QUERY_CHARS]}
-        return {"query_hmac": hmac.digest(self._hmac_key(), text.encode("utf-8"), "sha256").hex()[:32]}
+        # surrogatepass: a lone surrogate is hashed, not raised (the same bytes for UTF-8 text)
+        return {"query_hmac": hmac.digest(self._hmac_key(), text.encode("utf-8", "surrogatepass"),
+                                          "sha256").hex()[:32]}
 
     def check_key(self) -> str | None:
         """Read the key of the query hashes now, writing nothing — ``kith host`` calls it at
@@ -440,7 +462,7 @@ def read_audit(home: Path, problems: list[AuditProblem]) -> Iterator[dict[str, A
                 if raw.strip() == b"":
                     continue
                 try:
-                    rec = json.loads(raw.decode("utf-8"))
+                    rec = _loads(raw)
                 except (UnicodeDecodeError, ValueError):
                     problems.append(AuditProblem(path.name, n, "not valid JSON"))
                     continue
@@ -455,10 +477,33 @@ def read_audit(home: Path, problems: list[AuditProblem]) -> Iterator[dict[str, A
 TAIL_BLOCK_BYTES = 64 << 10
 
 
+def _loads(raw: bytes) -> Any:
+    """One line's JSON as values every reader can print: ``NaN``/``Infinity`` (an older
+    writer's, not JSON) read as None, and a lone surrogate that a ``\\u`` escape spells
+    (:func:`_encode_line`'s escaped line) as U+FFFD — printing it raised UnicodeEncodeError.
+
+    Raises:
+        UnicodeDecodeError, ValueError: the line is not UTF-8 JSON.
+    """
+    value = json.loads(raw.decode("utf-8"), parse_constant=lambda _name: None)
+    return _text_only(value) if b"\\u" in raw else value
+
+
+def _text_only(value: Any) -> Any:
+    """``value`` with each string's lone surrogates replaced by U+FFFD (pairs are kept)."""
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, dict):
+        return {_text_only(k): _text_only(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_text_only(v) for v in value]
+    return value
+
+
 def _record(raw: bytes) -> dict[str, Any] | None:
     """The record of one line (without its newline), or None when it is not one."""
     try:
-        rec = json.loads(raw.decode("utf-8"))
+        rec = _loads(raw)
     except (UnicodeDecodeError, ValueError):
         return None
     if not isinstance(rec, dict) or not isinstance(rec.get("ts"), str) or not isinstance(rec.get("event"), str):
