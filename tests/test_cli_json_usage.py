@@ -43,3 +43,14 @@ def test_without_json_the_library_prints_its_own_usage_text(tmp_path: Path) -> N
 def test_a_group_without_its_sub_command_still_prints_its_help(tmp_path: Path) -> None:
     r = kith(tmp_path / "home", "outbox", init=True)
     assert r.returncode == 2 and "Usage: kith outbox" in r.stdout + r.stderr and "list" in r.stdout + r.stderr
+
+
+def test_json_after_the_end_of_options_is_a_query_not_the_option(tmp_path: Path) -> None:
+    """``kith search -- --json`` searches for the word ``--json``: its refusal (a home
+    never synced) is the text one on stderr — it printed the ``{"error": ...}`` object on
+    stdout as if ``--json`` were given (attack49)."""
+    r = kith(tmp_path / "home", "search", "--", "--json", init=True)
+    assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr)
+    assert "error [index-unavailable]" in r.stderr
+    r = kith(tmp_path / "home", "search", "--json", "--", "--json", init=True)
+    assert r.returncode == 1 and json_lines(r.stdout)[0]["error"]["code"] == "index-unavailable"

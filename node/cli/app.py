@@ -119,8 +119,11 @@ _NO_ARGS = getattr(_LIBRARY, "NoArgsIsHelpError", ())
 
 def wants_json(argv: list[str]) -> bool:
     """Whether the command line ``argv`` asks for ``--json`` output: then a refusal is
-    also printed as ``{"error": ...}`` on stdout (:func:`node.cli.main.print_error`)."""
-    return "--json" in argv
+    also printed as ``{"error": ...}`` on stdout (:func:`node.cli.main.print_error`). A
+    ``--json`` after ``--`` is an argument (``kith search -- --json`` looks for the word),
+    not the option."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    return "--json" in argv[:end]
 
 
 def usage_refusal(exc: Any) -> UsageError:
