@@ -105,6 +105,29 @@ def test_kith_person_rotate_off_a_terminal_needs_yes_and_changes_nothing_without
     assert load_person(tmp_path / "h").person_key == json.loads(r.stdout)["person_key"] != rec.person_key
 
 
+def test_kith_person_rotate_with_stdin_closed_refuses_and_changes_nothing(tmp_path):
+    """``kith person rotate <&-`` (stdin closed: Python's ``sys.stdin`` is None) is off a
+    terminal too: person-rotate-unconfirmed, nothing written — it printed a traceback
+    (AttributeError on ``sys.stdin.isatty``; attack49); with --recovery --yes the words
+    that never came are refused, not a traceback."""
+    import subprocess
+
+    from support.cli import json_lines, kith_argv
+
+    device, rec, words = _person_home(tmp_path / "h")
+    before = _person_files(tmp_path / "h")
+    for args, code in ((("--json",), "person-rotate-unconfirmed"),
+                       (("--recovery", "--yes", "--json"), "config-invalid")):
+        r = subprocess.run(["sh", "-c", 'exec "$@" <&-', "sh", *kith_argv(tmp_path / "h", "person", "rotate", *args)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, (r.stdout, r.stderr)
+        [line] = json_lines(r.stdout)
+        assert line["error"]["code"] == code, line
+        after = _person_files(tmp_path / "h")
+        after.pop("person.lock", None)  # the rotation's lock, taken before the words are read
+        assert after == before
+
+
 @pytest.mark.parametrize("answer, rotated", [("n", False), ("y", True)])
 def test_kith_person_rotate_at_a_terminal_asks_first(tmp_path, answer, rotated):
     from support.cli import kith_argv

@@ -17,7 +17,7 @@ import typer
 
 from node.answer.contract import TOP_K_DEFAULT
 from node.cli.common import (TransportArgs, console, emit_json, err_console, identity_home_of, safe_text,
-                             transport_options)
+                             stdin_is_terminal, transport_options)
 
 
 def _who_said(r: dict[str, Any]) -> str:
@@ -163,7 +163,7 @@ def ask_cmd(
         from node.policy.outbound import OWNER, gate
 
         ticket = gate(home, request, receivers, actor=OWNER, rule="ask", yes=yes,
-                      confirm=confirm_outbound if sys.stdin.isatty() and sys.stderr.isatty() else None)
+                      confirm=confirm_outbound if stdin_is_terminal() and sys.stderr.isatty() else None)
     identity = guest.identity
 
     def show(env: dict[str, Any]) -> None:

@@ -13,7 +13,8 @@ import anyio
 import typer
 
 from node.cli.common import (TransportArgs, console, default_agent, emit_json, err_console, home_if_any,
-                             identity_home_of, new_home_of, safe_text, server_option, transport_options, warn)
+                             identity_home_of, new_home_of, safe_text, server_option, stdin_is_terminal, stdin_line,
+                             transport_options, warn)
 from node.cli.render import CONNECTING_NOTICE_S, Waiting, print_answer
 from node.answer.contract import TOP_K_DEFAULT
 from node.common.errors import CODES, InvitationError, KithError, SessionAborted, SpecError, UsageError, error_for
@@ -298,7 +299,7 @@ def _prompt(text: str) -> str:
     """
     sys.stderr.write(text)
     sys.stderr.flush()
-    line = sys.stdin.readline()
+    line = stdin_line()
     if not line:
         raise EOFError
     return line.rstrip("\n")
@@ -319,7 +320,7 @@ def _offer_pin(home: Path, key: str, profile: dict[str, Any], pin: str | None,
 
     from node.trust.peers import NAME_RE, PeerRegistry
 
-    if pin is None and not sys.stdin.isatty():
+    if pin is None and not stdin_is_terminal():
         err_console.print(f"to pin this host: kith peers add NAME {key}", highlight=False)
         return
     registry = PeerRegistry.load(home)  # read here: a pin is written to the file as it is now
@@ -615,7 +616,7 @@ class Join:
                                       hint=f"ask {safe_text(revoked[0].name)} whether this device is theirs again "
                                            "(a revoked device stays revoked: a new one pairs with `kith device "
                                            "join`); --trust joins it as an unknown host")
-            if not sys.stdin.isatty():
+            if not stdin_is_terminal():
                 raise InvitationError("host-not-trusted", "unknown host key; pass --trust to connect anyway",
                                       hint=f"check the pairing code '{code}' (fingerprint {fp}) with the host's owner, "
                                            f"who runs `kith peers code {identity.public_key}`")
@@ -625,7 +626,7 @@ class Join:
                 answer = ""
             if answer.strip().lower() not in ("y", "yes"):
                 raise InvitationError("host-not-trusted", "you did not trust the host")
-        self.at_terminal = sys.stdin.isatty() and sys.stderr.isatty()
+        self.at_terminal = stdin_is_terminal() and sys.stderr.isatty()
         return host
 
     def gated(self, text: str) -> Any:

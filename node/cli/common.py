@@ -281,6 +281,17 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
+def stdin_is_terminal() -> bool:
+    """True when stdin is a terminal someone types at; False for a pipe or a file, and for
+    a closed stdin (``kith … <&-``: ``sys.stdin`` is None, whose ``isatty`` raised)."""
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
+def stdin_line() -> str:
+    """One line of stdin, or ``""`` when stdin is closed (``sys.stdin`` is None)."""
+    return sys.stdin.readline() if sys.stdin is not None else ""
+
+
 def confirm_or_refuse(question: str, *, yes: bool, off_terminal: Exception, declined: Exception) -> None:
     """The one confirmation of a change the owner must agree to (``kith policy`` and
     ``kith peers`` changes that stop scrubbing, ``kith person rotate``): nothing with
@@ -297,10 +308,10 @@ def confirm_or_refuse(question: str, *, yes: bool, off_terminal: Exception, decl
     """
     if yes:
         return
-    if not sys.stdin.isatty():
+    if not stdin_is_terminal():
         raise off_terminal
     err_console.print(f"{question} [y/N] ", end="", markup=False, highlight=False)
-    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+    if stdin_line().strip().lower() not in ("y", "yes"):
         raise declined
 
 

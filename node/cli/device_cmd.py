@@ -15,7 +15,8 @@ from typing import Optional
 
 import typer
 
-from node.cli.common import console, emit_json, err_console, home_of, new_home_of, server_option, untrusted_console
+from node.cli.common import (console, emit_json, err_console, home_of, new_home_of, server_option, stdin_line,
+                             untrusted_console)
 
 device_app = typer.Typer(help="This person's devices (list, add, join, revoke).", no_args_is_help=True)
 
@@ -79,7 +80,7 @@ def device_add_cmd(
                           highlight=False, markup=False)
         if not yes_words:
             err_console.print("Does the new device show the same words? [y/N] ", end="", highlight=False, markup=False)
-        answer = sys.stdin.readline().strip().lower()
+        answer = stdin_line().strip().lower()
         return answer in ("y", "yes")
 
     link = anyio.run(lambda: offer_device(home, ident, local=local, on_code=on_code, confirm=confirm),

@@ -13,14 +13,13 @@ key as the community server knows it.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from node.cli.common import (confirm_or_refuse, emit_json, err_console, home_of, untrusted_console as console,
-                             json_option)
+from node.cli.common import (confirm_or_refuse, emit_json, err_console, home_of, stdin_is_terminal, stdin_line,
+                             untrusted_console as console, json_option)
 
 person_app = typer.Typer(help="This home's person key (show, rotate, import).", no_args_is_help=True)
 
@@ -111,9 +110,9 @@ def rotate_cmd(
         declined=ConfigError("person-rotate-unconfirmed", "not rotated (not confirmed)"))
     words = None
     if recovery:
-        if sys.stdin.isatty():
+        if stdin_is_terminal():
             err_console.print("Type the 24 recovery words, then Enter:", highlight=False, markup=False)
-        words = sys.stdin.readline()
+        words = stdin_line()
     got = rotate_person(home, words=words, without=tuple(without or ()))
     out = {"old_person_key": got.old_key, "person_key": got.new_key, "via": got.via,
            "old_words": person_words(got.old_key), "words": person_words(got.new_key),
