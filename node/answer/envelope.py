@@ -248,9 +248,14 @@ def _key_prefixes(keys: list[tuple[str, set[str]]]) -> tuple[str, ...]:
     return tuple(sorted({st[:max(3, len(st) - 1)] for _, ss in keys for st in ss}))
 
 
+#: The words a key matcher (:func:`_key_matcher`) can find: a run of letters and digits
+#: starting at a word boundary (after ``_`` there is none).
+_MATCHABLE = re.compile(r"\b[^\W_]+")
+
+
 class KeyMatcher:
     """Finds, in lower-cased ASCII text, the words that may carry a key stem: each run of
-    letters and digits that starts at a word boundary (``\\b[^\\W_]+``: not after an
+    letters and digits that starts at a word boundary (:data:`_MATCHABLE`: not after an
     underscore) and starts with one of the query's stem ``prefixes``. Each found word is
     then checked with the analyzer, so the matcher only saves time, never changes results.
 
@@ -263,7 +268,6 @@ class KeyMatcher:
     """
 
     __slots__ = ("prefixes",)
-    _WORDS = re.compile(r"\b[^\W_]+")
 
     def __init__(self, prefixes: tuple[str, ...]) -> None:
         self.prefixes = prefixes
@@ -271,12 +275,12 @@ class KeyMatcher:
     def findall(self, text: str) -> list[str]:
         """The words of ``text`` that start with a prefix, in order (repeats kept)."""
         prefixes = self.prefixes
-        return [w for w in self._WORDS.findall(text) if w.startswith(prefixes)]
+        return [w for w in _MATCHABLE.findall(text) if w.startswith(prefixes)]
 
     def finditer(self, text: str) -> Iterator[re.Match[str]]:
         """Their matches (``start()``, ``group()``), in order."""
         prefixes = self.prefixes
-        return (m for m in self._WORDS.finditer(text) if m.group().startswith(prefixes))
+        return (m for m in _MATCHABLE.finditer(text) if m.group().startswith(prefixes))
 
 
 def _key_matcher(keys: list[tuple[str, set[str]]]) -> KeyMatcher | None:
@@ -617,9 +621,6 @@ class ChunkParts:
 _PARTS: dict[tuple[str, str], ChunkParts] = {}
 #: Queries (by key terms) whose analysis of one chunk its parts keep (0: none).
 ANALYSES_KEPT = 16
-#: The words a key matcher (:func:`_key_matcher`) can find: a run of letters and digits
-#: starting at a word boundary (after ``_`` there is none).
-_MATCHABLE = re.compile(r"\b[^\W_]+")
 
 
 def _words_by_stem(low: str) -> dict[str, tuple[str, ...]]:

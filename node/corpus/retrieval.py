@@ -922,7 +922,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
-#: Built pass queries kept per generation (and per view of one), by question text.
+#: Built pass queries kept per generation (and per view of one), by question and tunables.
 QUERIES_KEPT = 256
 
 

@@ -187,7 +187,7 @@ class ViewAt:
         self.scrubbed = index.scrubbed
         self._searcher = index.searcher()
         #: pass queries built for this view's searcher (:func:`node.corpus.retrieval.pass_queries`)
-        self.queries: dict[str, Any] = {}
+        self.queries: dict[tuple[Any, ...], Any] = {}
 
     def searcher(self) -> Any:
         """The view's searcher at this generation."""
@@ -228,7 +228,7 @@ class Generation:
             search publish a new generation: :meth:`node.corpus.record.Record.settings_changed`).
         lens_ids: the source ids of its ``done`` documents holding chunks, once asked
             (:meth:`node.corpus.store.Corpus.lens_basis`).
-        queries: the pass queries built for its searcher, by question
+        queries: the pass queries built for its searcher, by question and tunables
             (:func:`node.corpus.retrieval.pass_queries`).
     """
 
@@ -244,7 +244,7 @@ class Generation:
         self.views: dict[Any, ViewAt] = {}
         self.lens_ids: list[str] | None = None
         self._origins: Any = None
-        self.queries: dict[str, Any] = {}
+        self.queries: dict[tuple[Any, ...], Any] = {}
 
     def origins(self) -> Any:
         """The :class:`node.corpus.sources.SourceNormalizer` of the generation's roots,

@@ -105,8 +105,8 @@ def leak_pieces(needles: Iterable[bytes]) -> tuple[bytes, ...] | None:
     """The prefilter of the leak scan: for each needle its longest :data:`_PIECE`,
     lowercased (the scan ignores ASCII case), minus those holding another — a message
     whose lowercased bytes contain none of them contains no needle, so the regex need not
-    run (a 5.5 KB answer under a root and a home: ~7 µs instead of ~21 µs). None when some needle has no piece of
-    :data:`MIN_PIECE_BYTES` (then the regex always runs)."""
+    run (a 5.5 KB answer under a root and a home: ~7 µs instead of ~21 µs). None when
+    some needle has no piece of :data:`MIN_PIECE_BYTES` (then the regex always runs)."""
     pieces: set[bytes] = set()
     for needle in needles:
         piece = max(_PIECE.findall(needle), key=len, default=b"")
@@ -447,7 +447,6 @@ class EgressGate:
             data = data.replace(echo, b"\x00")
         if self._leak.search(data) is not None:
             raise EgressRefused("egress-leak")
-
 
     def _may_leak(self, data: bytes) -> bool:
         """True when ``data`` contains a needle (:attr:`_leak`, which must be set), its
