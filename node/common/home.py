@@ -421,6 +421,17 @@ def open_home_db(path: Path) -> Any:
     return db
 
 
+def _sqlite_may_open(path: Path) -> None:
+    """Refuse, before SQLite opens ``path``, what its open would block on: a FIFO, socket
+    or device (:class:`NotRegularFile`). A file or a folder passes (SQLite says what is
+    wrong with a folder). Raises OSError when ``path`` cannot be stat'ed (a symlink loop)."""
+    import stat
+
+    mode = os.stat(path).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise NotRegularFile.at(path)
+
+
 def probe_home_db(path: Path) -> None:
     """Read a state file :func:`open_home_db` opens, writing nothing: no file is created,
     no WAL, journal or shared-memory file is made, nothing is purged. ``kith host`` refuses
@@ -440,11 +451,7 @@ def probe_home_db(path: Path) -> None:
 
     if not os.path.lexists(path):
         return
-    import stat
-
-    mode = os.stat(path).st_mode  # a symlink loop: OSError
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO would block SQLite's open
-        raise NotRegularFile.at(path)
+    _sqlite_may_open(path)
     db = sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro&immutable=1", uri=True)
     try:
         db.execute("SELECT count(*) FROM sqlite_master").fetchone()
@@ -480,11 +487,8 @@ def open_home_db_readonly(path: Path) -> Any:
             :func:`node.common.dbfaults.sqlite_fault`.
     """
     import sqlite3
-    import stat
 
-    mode = os.stat(path).st_mode
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a FIFO would block SQLite's open
-        raise NotRegularFile.at(path)
+    _sqlite_may_open(path)
     uri = Path(path).absolute().as_uri()
     db = sqlite3.connect(f"{uri}?mode=ro", uri=True, check_same_thread=False, isolation_level=None)
     try:
