@@ -76,18 +76,66 @@ REASONS: tuple[str, ...] = tuple(_PATTERNS)
 _INVISIBLE = re.compile("[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff]")
 
 
+#: reason -> the words one of which a text must hold, per group, for the reason's pattern
+#: to match it: every group has a word in the text :func:`_folded` (each pattern's
+#: literal words; ``\s+`` between words is one space there). A text without them is
+#: not searched. They make the guest's marks of an answer 3x cheaper (``mark_answer``:
+#: 0.87 -> 0.28 ms CPU per 15.5 KB python-docs answer) and never change what the scan
+#: finds: each pattern's every alternative needs a word of each group
+#: (``tests/test_fences.py``).
+_NEEDLES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "ignore-instructions": (("ignore", "disregard", "forget"),),
+    "reveal-instructions": (("reveal", "print", "show", "repeat", "output", "leak", "disclose", "dump", "tell me",
+                             "send"),
+                            ("prompt", "instruction", "rules", "key", "password", "credential", "secret", "token")),
+    "role-tag": (("<|", "<im_", "<endoftext", "<eot_id", "<<", "inst]", "<system", "</system", "<assistant",
+                  "</assistant", "system:", "assistant:", "developer:"),),
+    "tool-call": (("tool_", "function_call", "invoke", '"name"'),),
+    "addresses-agent": (("you are now", "from now on", "new instructions", "dear", "attention", "note to",
+                         "as an ai", "as a ai", "as an llm", "as a llm"),),
+}
+
+#: the characters other than A-Z that ``re.IGNORECASE`` matches to an ASCII letter
+#: (after NFKC, which already folds the long s and the Kelvin sign): dotted and dotless i
+_FOLD_TO_ASCII = {0x130: "i", 0x131: "i", 0x17F: "s", 0x212A: "k"}
+
+
+def _folded(text: str) -> str:
+    """``text`` as the needles are looked up in: lowercased (with the letters
+    :data:`_FOLD_TO_ASCII` names, so a word the patterns match case-insensitively is
+    always found), every run of whitespace one space."""
+    if not text.isascii():
+        text = text.translate(_FOLD_TO_ASCII)
+    return " ".join(text.lower().split())
+
+
+def _may_match(folded: str, groups: tuple[tuple[str, ...], ...]) -> bool:
+    """Whether every group of ``groups`` has a word in ``folded``."""
+    for group in groups:
+        for word in group:
+            if word in folded:
+                break
+        else:
+            return False
+    return True
+
+
 def scan(*texts: Any) -> list[str]:
     """The reasons (:data:`REASONS`, in that order) some of ``texts`` addresses an agent;
     empty when none does. Non-strings are ignored. The patterns read the text as an agent
     does: NFKC-folded (fullwidth letters are letters) and without invisible format
-    characters (:data:`_INVISIBLE`), so neither hides an instruction. Deterministic, no
-    model."""
+    characters (:data:`_INVISIBLE`), so neither hides an instruction. A pattern runs
+    only when the text holds its words (:data:`_NEEDLES`). Deterministic, no model."""
     text = "\n".join(t for t in texts if isinstance(t, str))
     if not text:
         return []
     if not text.isascii():
-        text = _INVISIBLE.sub("", unicodedata.normalize("NFKC", text))
-    return [reason for reason, pattern in _PATTERNS.items() if pattern.search(text)]
+        if not unicodedata.is_normalized("NFKC", text):
+            text = unicodedata.normalize("NFKC", text)
+        text = _INVISIBLE.sub("", text)
+    folded = _folded(text)
+    return [reason for reason, pattern in _PATTERNS.items()
+            if _may_match(folded, _NEEDLES[reason]) and pattern.search(text)]
 
 
 def _mark(item: dict[str, Any], *texts: Any) -> None:
