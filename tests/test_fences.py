@@ -303,6 +303,73 @@ def test_mcp_answers_fence_and_mark_peer_evidence_and_scrubbed_values_never_leav
 
 
 @pytest.mark.iroh
+def test_a_pooled_guest_takes_its_answers_on_its_event_loop_and_still_marks_them(tmp_path, monkeypatch):
+    """The warm pool's ``ask`` waits for the next question without a thread and its
+    ``on_results`` never blocks, so an answer of bounded size is taken on the pool's
+    event loop (protocols/knowledge-query/hooks.py, ``inline``): three questions in one
+    session are each answered, marked by this guest (the injection flagged) and marked
+    on the loop's thread — no worker thread's hop per answer."""
+    import threading
+
+    from node.answer import fence
+    from node.guest.targets import Target
+
+    marked_on_loop: list[bool] = []
+    real_mark = fence.mark_answer
+
+    def mark(message):
+        marked_on_loop.append(threading.current_thread() is threading.main_thread())
+        return real_mark(message)
+
+    monkeypatch.setattr(fence, "mark_answer", mark)
+
+    async def main():
+        host = InProcessHost(public_host_home(tmp_path, DOCS), tmp_path)
+        guest_home = _home(tmp_path, "guest")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host.run)
+            target = Target(*await host.joinable(guest_home), "alice")
+            try:
+                with anyio.fail_after(90):
+                    async with SessionPool(guest_home, load_or_init_identity(guest_home), local=True,
+                                           heartbeat=CALM) as pool:
+                        answers = [await pool.ask(target, {"query": q, "topK": 3})
+                                   for q in ("walrus clams", "walrus weight ton", "walrus clams again")]
+                        return answers, pool.stats.sessions_opened
+            finally:
+                host.stop.set()
+
+    answers, opened = anyio.run(main, backend="asyncio")
+    assert opened == 1 and [a["status"] for a in answers] == ["ok", "ok", "ok"]
+    assert all(r["untrusted"] is True for a in answers for r in a["envelope"]["results"])
+    assert any(r["suspicious"] for r in answers[0]["envelope"]["results"])  # the injection, flagged
+    assert marked_on_loop == [True, True, True]
+
+
+def test_a_guest_takes_a_long_answer_in_a_thread_and_only_when_its_caller_says_inline():
+    """The guest's ``inline`` word (protocols/knowledge-query/hooks.py, ``_small``): None —
+    a worker thread — unless the options say ``inline`` and the answer's text is at most
+    ``INLINE_ANSWER_CHARS``."""
+    from types import SimpleNamespace
+
+    from node.runtime.hooks import load_hooks
+
+    hooks = load_hooks(REPO / "protocols" / "knowledge-query")
+    limit = hooks.module.INLINE_ANSWER_CHARS
+
+    def answer(chars):
+        return {"action": "results", "query_id": "q1", "status": "ok",
+                "envelope": {"results": [{"textPreview": "w" * chars, "source": "/kb/a.md"}]}}
+
+    small = hooks.on_message.inline
+    inline, plain = SimpleNamespace(role="guest", options={"inline": True}), SimpleNamespace(role="guest", options={})
+    assert small(inline, answer(100)) is True
+    assert small(inline, answer(limit)) is None  # the source's characters count too
+    assert small(inline, answer(limit * 4)) is None
+    assert small(plain, answer(100)) is None  # `kith join`: its callbacks may print or prompt
+
+
+@pytest.mark.iroh
 def test_local_api_peer_answers_are_fenced_and_marked(tmp_path):
     import httpx
 

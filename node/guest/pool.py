@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import time
 from contextlib import AsyncExitStack
 from contextvars import ContextVar
@@ -90,7 +89,7 @@ class PeerSession:
         self.pool = pool
         self.key = key
         self.target = target
-        self.questions: "queue.Queue[dict[str, Any] | None]" = queue.Queue()
+        self.questions: "asyncio.Queue[dict[str, Any] | None]" = asyncio.Queue()
         self.lock = anyio.Lock()
         self.ready = anyio.Event()
         self.closed = anyio.Event()
@@ -104,8 +103,10 @@ class PeerSession:
         self._scope: anyio.CancelScope | None = None
         self._loop = asyncio.get_running_loop()
 
-    # --- hook side (worker threads) ---------------------------------------------------
-    def _next_question(self) -> dict[str, Any] | None:
+    # --- hook side (on the event loop; a worker thread when the hook is not inline) ----
+    def _next_question(self) -> Any:
+        """The hooks' ``ask``: an awaitable of the next question (None ends the session),
+        so the hook waits for it without holding a thread (protocols/knowledge-query)."""
         return self.questions.get()
 
     def _on_results(self, message: dict[str, Any]) -> None:
@@ -116,7 +117,14 @@ class PeerSession:
         def deliver() -> None:
             if self._waiter is not None and not self._waiter.done():
                 self._waiter.set_result(message)
-        self._loop.call_soon_threadsafe(deliver)
+        try:
+            on_loop = asyncio.get_running_loop() is self._loop
+        except RuntimeError:  # a worker thread (a long answer, or inline hooks off)
+            on_loop = False
+        if on_loop:
+            deliver()
+        else:
+            self._loop.call_soon_threadsafe(deliver)
 
     def _on_refused(self, code: str, message: str) -> None:
         """The host sent a message this guest's engine refused (``message-schema-invalid``,
@@ -139,8 +147,10 @@ class PeerSession:
     # --- event loop side --------------------------------------------------------------
     async def run(self) -> None:
         """The session task: join, serve questions from :attr:`questions`, then mark closed."""
+        # inline: ask and on_results never block, so an answer of bounded size is taken on
+        # the event loop, without a worker thread's hop (protocols/knowledge-query/hooks.py)
         options = {"queries": [], "topK": TOP_K_DEFAULT, "filters": {}, "ask": self._next_question,
-                   "on_results": self._on_results}
+                   "on_results": self._on_results, "inline": True}
         try:
             with anyio.CancelScope() as scope:
                 self._scope = scope
@@ -162,7 +172,7 @@ class PeerSession:
         finally:
             self.closed.set()
             self.ready.set()
-            self.questions.put(None)  # release a hook thread still waiting for a question
+            self.questions.put_nowait(None)  # release a hook still waiting for a question
             if self._waiter is not None and not self._waiter.done():
                 self._waiter.set_exception(PeerGone(self.outcome, self.error, self.session_id is not None))
             self.pool._forget(self)
@@ -170,11 +180,11 @@ class PeerSession:
     def close(self, *, clean: bool) -> None:
         """End the session: ``clean`` sends ``end`` (the hook gets None), otherwise cancel."""
         if clean and not self.lock.locked():
-            self.questions.put(None)
+            self.questions.put_nowait(None)
         elif self._scope is not None:
             self._scope.cancel()
         else:
-            self.questions.put(None)
+            self.questions.put_nowait(None)
 
     async def ask(self, request: dict[str, Any]) -> dict[str, Any]:
         """Send one flat request and wait for its ``results`` message (the caller bounds
@@ -189,7 +199,7 @@ class PeerSession:
             self._waiter = self._loop.create_future()
             if self.answered:
                 self.pool.stats.reused += 1
-            self.questions.put(dict(request))
+            self.questions.put_nowait(dict(request))
             try:
                 message = await self._waiter
             except PeerGone:

@@ -19,12 +19,15 @@ Guest: asks the questions in ``ctx.options["queries"]`` one at a time, or, when
 ``ctx.options["ask"]`` is given, calls it for the next question (None ends; a dict is a
 whole flat request: ``query``, ``topK`` and filters for that question alone, or
 ``{"action": "check", "versions": [...]}`` for a ``check``; a ``query_id`` in the dict is
-sent as the question's id — the outbox's idempotency key); every ``results`` (and
-``checked``) message goes to ``ctx.options["on_results"]`` when given. It ends with ``end``.
+sent as the question's id — the outbox's idempotency key; an awaitable of any of these
+is awaited first); every ``results`` (and ``checked``) message goes to
+``ctx.options["on_results"]`` when given. It ends with ``end``. ``ctx.options["inline"]``
+says ``ask`` and ``on_results`` never block (``_small``).
 Options ``topK`` (1-20) and ``filters`` (a dict of the flat filter fields) apply to every
 query.
 """
 
+import inspect
 import itertools
 
 from node.answer.contract import TOP_K_DEFAULT
@@ -34,6 +37,11 @@ from node.runtime.hooks import HookResult
 #: (``node.answer.contract``; the engine already checked it against spec.json).
 #: ``citations`` is read at the host's egress seam (node/answer/citation.py), not here.
 _MESSAGE_FIELDS = ("action", "query_id", "citations")
+
+#: A guest whose options say ``inline`` takes an answer with at most this many characters
+#: of text on the event loop (the fence's marks of it then cost about a millisecond of CPU
+#: at most; a 5-result python-docs answer has about 4,000); a longer one in a worker thread.
+INLINE_ANSWER_CHARS = 16_384
 
 
 def on_start(ctx):
@@ -87,14 +95,38 @@ def _small(ctx, message):
     """``on_message.inline`` (node/runtime/hooks.py): on the host, a ``query`` the
     knowledge handle says it answers from warm state with a bounded candidate count
     (``ctx.knowledge.small``) is answered on the event loop, any other in the host's
-    bounded hook threads; the guest's calls (its ``ask`` may be a prompt) keep their
-    worker thread."""
+    bounded hook threads. On the guest, an answer of at most :data:`INLINE_ANSWER_CHARS`
+    of text is taken on the event loop when ``ctx.options["inline"]`` says the caller's
+    ``ask`` and ``on_results`` never block (the warm pool, node/guest/pool.py: its ``ask``
+    returns an awaitable); any other guest call keeps its worker thread (``ask`` may be a
+    prompt)."""
     if ctx.role != "host":
-        return None
+        if not ctx.options.get("inline") or message.get("action") not in ("results", "checked"):
+            return None
+        return _answer_chars(message) <= INLINE_ANSWER_CHARS or None
     small = getattr(ctx.knowledge, "small", None)
     if message.get("action") != "query" or small is None:
         return False
     return bool(small({k: v for k, v in message.items() if k not in _MESSAGE_FIELDS}))
+
+
+def _answer_chars(message):
+    """The characters of text in a ``results`` message's envelope the guest's fence scans
+    (node/answer/fence.py, ``mark_envelope``): each result's ``textPreview`` and
+    ``source``, each citation's ``excerpt``, each synthesis sentence's ``text``."""
+    envelope = message.get("envelope")
+    if not isinstance(envelope, dict):
+        return 0
+    pack = envelope.get("citationPack")
+    synthesis = envelope.get("answerSynthesis")
+    items = [(r, ("textPreview", "source")) for r in envelope.get("results") or ()]
+    items += [(c, ("excerpt",)) for c in (pack.get("citations") or () if isinstance(pack, dict) else ())]
+    items += [(t, ("text",)) for t in (synthesis.get("sentences") or () if isinstance(synthesis, dict) else ())]
+    total = 0
+    for item, fields in items:
+        if isinstance(item, dict):
+            total += sum(len(item[f]) for f in fields if isinstance(item.get(f), str))
+    return total
 
 
 on_message.inline = _small
@@ -110,8 +142,22 @@ def _next_query(ctx):
         text = queue.pop(0)
     elif ctx.options.get("ask") is not None:
         text = ctx.options["ask"]()
+        if inspect.isawaitable(text):  # the warm pool: the next question when it comes
+            return _query_later(ctx, text)
     else:
         text = None
+    return _query_message(ctx, text)
+
+
+async def _query_later(ctx, text):
+    """The message for the question ``text`` (an awaitable) resolves to; awaited on the
+    event loop by the driver (node/runtime/driver.py, ``_call_hook``)."""
+    return _query_message(ctx, await text)
+
+
+def _query_message(ctx, text):
+    """The message that asks ``text`` (a question, a whole request dict, a ``check`` or a
+    copy request; None or ``""`` ends the session with ``end``)."""
     if not text:
         return {"action": "end"}
     query_id = f"q{next(ctx.state['ids'])}"
