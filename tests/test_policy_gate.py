@@ -320,3 +320,36 @@ def test_decide_many_gives_what_decide_gives(tmp_path: Path) -> None:
                 sees = d.allowed or (d.tier == "ask" and d.canonical is not None)
                 assert lens.sees(s) == sees, (trial, peer, s)
                 assert lens.kinds(s) == (policy.scrub_kinds(d.canonical, peer) if sees else frozenset())
+
+
+def test_a_kept_decision_never_outlives_the_policy_group_or_override_it_was_made_under(tmp_path: Path) -> None:
+    """The gate keeps the decisions of served hits' ids per peer (``_kept_decisions``),
+    keyed by what a decision is a function of: a membership whose ``until`` passes, an
+    override that ends, and a policy file rewritten each change the next screen."""
+    docs, home = tmp_path / "docs", tmp_path / "home"
+    (docs / "team").mkdir(parents=True)
+    home.mkdir()
+    policy = Policy.load(home)
+    policy.set("/docs/**", "private")
+    policy.set("/docs/team/**", "peers", ["@team"])
+    policy.add_members("team", ["bob"], until="2030-01-01T00:00:00Z")
+    policy.set("/docs/team/**", "private", for_peer="carol", until="2030-01-01T00:00:00Z")
+    policy.add_members("team", ["carol"])
+    policy.save()
+    clock = [1_800_000_000.0]  # 2027-01-15, before every `until`
+    gate = EgressGate([Root("docs", str(docs))], Policy.load(home), home)
+    gate.policy.now = lambda: clock[0]
+    hit = _hit("/docs/team/plan.md", 0, origin_id="/docs/team/plan.md")
+
+    def seen(peer: str) -> bool:
+        return bool(visible(gate, [hit], peer))
+
+    for _ in range(2):  # the second screen reads the kept decisions
+        assert (seen("bob"), seen("carol"), seen("dave")) == (True, False, False)
+    clock[0] = 1_900_000_000.0  # 2030-03-17: bob's membership and carol's override ended
+    for _ in range(2):
+        assert (seen("bob"), seen("carol"), seen("dave")) == (False, True, False)
+    fresh = Policy.load(home)
+    fresh.set("/docs/team/**", "private")
+    fresh.save()
+    assert seen("carol") is False  # the file rewritten: re-read at the next screen

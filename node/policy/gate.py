@@ -53,6 +53,9 @@ _GATE_TOKENS = itertools.count(1)
 MAX_LENSES = 64
 _lenses: OrderedDict[Any, Lens] = OrderedDict()
 _lenses_lock = threading.Lock()
+#: At most this many decisions kept per lens key (:meth:`EgressGate.decide_hits`); the
+#: kept set is emptied when full.
+MAX_DECIDED = 4096
 
 
 def _path_spellings(path: str) -> set[str]:
@@ -176,6 +179,8 @@ class EgressGate:
         self._leak: re.Pattern[bytes] | None = (
             re.compile(_trie_pattern(needles), re.IGNORECASE) if needles else None)
         self._leak_pieces = leak_pieces(needles)
+        #: decisions of canonical ids per lens key, generation left out (:meth:`_kept_decisions`)
+        self._decided: OrderedDict[Any, dict[str, Decision]] = OrderedDict()
 
     # --- the current policy ---------------------------------------------------------------
     def current_policy(self) -> Policy:
@@ -268,9 +273,7 @@ class EgressGate:
         changes the key, specs/policy.md §8). Cheap: no decision is made."""
         stamp: Any = policy.source_stamp
         if stamp is None:
-            stamp = self._policy_tokens.get(policy)
-            if stamp is None:
-                stamp = self._policy_tokens[policy] = next(_GATE_TOKENS)
+            stamp = self._token_of(policy)
         grants: tuple[Any, ...] = ()
         if peer_name is not None:
             groups = policy.groups_of(peer_name)
@@ -280,6 +283,13 @@ class EgressGate:
                       tuple(i for i, r in enumerate(policy.overrides)
                             if r.peer in names and in_force(r.until, now)))
         return (self.token, stamp, grants, peer_name, generation)
+
+    def _token_of(self, policy: Policy) -> int:
+        """A number for the ``policy`` object, the same for its lifetime, never another's."""
+        token = self._policy_tokens.get(policy)
+        if token is None:
+            token = self._policy_tokens[policy] = next(_GATE_TOKENS)
+        return token
 
     def lens(self, policy: Policy, peer_name: str | None, generation: int,
              sources: Sequence[str]) -> Lens:
@@ -359,12 +369,14 @@ class EgressGate:
         policy = policy or self.policy
         out: list[tuple[Hit, Decision]] = []
         decided: dict[str, Decision] = {}  # chunks of one source: one decision per call
-        by_id: dict[str, Decision] = {}  # the same for carried canonical ids
+        by_id = self._kept_decisions(policy, peer_name)  # the same for carried canonical ids
         for hit in hits:
             carried = carried_id(hit)
             if carried is not None:
                 decision = by_id.get(carried)
                 if decision is None:
+                    if len(by_id) >= MAX_DECIDED:
+                        by_id.clear()
                     decision = by_id[carried] = policy.decide(carried, peer_name)
                 if decision.canonical is not None and decision.canonical != hit.source_id:
                     hit = dataclasses.replace(hit, source_id=decision.canonical)
@@ -381,6 +393,29 @@ class EgressGate:
                 hit = dataclasses.replace(hit, source_id=decision.canonical)
             out.append((hit, decision))
         return out
+
+    def _kept_decisions(self, policy: Policy, peer_name: str | None) -> dict[str, Decision]:
+        """The decisions of carried canonical ids kept for ``peer_name`` under ``policy``:
+        keyed by what a decision is a function of — :meth:`lens_key` without the
+        generation (gate, policy file stamp, the peer's groups and overrides in force now,
+        peer) and the policy object — so a re-read policy, a group joined or left, or an
+        override's ``until`` passing starts afresh. Only for a policy read from its file
+        and as the file says (its :meth:`current_policy` object, never changed in place);
+        an in-memory or changed policy, which its owner may change again, gets a fresh
+        dict per call (nothing kept). At most :data:`MAX_LENSES` keys,
+        :data:`MAX_DECIDED` decisions each."""
+        if policy.source_stamp is None or policy is not self.policy:
+            return {}
+        key = (self.lens_key(policy, peer_name, None), self._token_of(policy))
+        with self._reload_lock:
+            kept = self._decided.get(key)
+            if kept is None:
+                kept = self._decided[key] = {}
+                while len(self._decided) > MAX_LENSES:
+                    self._decided.popitem(last=False)
+            else:
+                self._decided.move_to_end(key)
+        return kept
 
     def screen(self, hits: Sequence[Hit], peer_name: str | None, peer_key: str | None,
                query: str, *, policy: Policy | None = None) -> list[tuple[Hit, str]]:
