@@ -626,3 +626,19 @@ def test_a_reader_rebuilds_an_index_of_an_older_schema_and_says_so_once(tmp_path
         assert r.repair_lag(said.append) == "current"  # said once: nothing left to rebuild
     assert len(said) == 2 and "older Kith (index schema" in said[0]
     assert said[1] == "rebuilding the corpus index: 1/1 chunks"
+
+
+def test_a_kept_pass_query_is_never_one_built_under_another_proximity_setting(corpus, monkeypatch) -> None:
+    """The pass queries kept per generation (``retrieval.pass_queries``) are keyed by
+    :data:`~node.corpus.retrieval.PROXIMITY_PAIRS` too: a tuning run that turns the
+    key-term pairs on after a search without them gets the scores a fresh index gives."""
+    query = "temporary directory removed automatically"  # two pairs stand in tempfile.txt
+    monkeypatch.setattr(retrieval, "PROXIMITY_PAIRS", False)
+    corpus.search_hits(query, limit=5)
+    monkeypatch.setattr(retrieval, "PROXIMITY_PAIRS", True)
+    assert retrieval.make_plan(query).pairs  # the plan, cached per query, follows the switch too
+    kept, _ = corpus.search_hits(query, limit=5)
+    with Corpus(corpus.home) as fresh:
+        built, _ = fresh.search_hits(query, limit=5)
+    assert kept[0].source_id == "/kb/tempfile.txt"
+    assert [(h.chunk_id, h.score_components) for h in kept] == [(h.chunk_id, h.score_components) for h in built]

@@ -377,13 +377,18 @@ class Plan:
         return subs
 
 
-@lru_cache(maxsize=512)
 def make_plan(query: str) -> Plan:
-    """Analyze ``query`` into a :class:`Plan` (pure: no index access; cached — callers
-    must not mutate the returned plan)."""
+    """Analyze ``query`` into a :class:`Plan` (pure: no index access; cached per query
+    and :data:`PROXIMITY_PAIRS` — callers must not mutate the returned plan)."""
+    return _make_plan(query, PROXIMITY_PAIRS)
+
+
+@lru_cache(maxsize=512)
+def _make_plan(query: str, proximity_pairs: bool) -> Plan:
+    """:func:`make_plan` with the switch it reads as an argument (the cache's key)."""
     keys = search.key_terms(query)
     words = [k for k in keys if not k.isdigit()]
-    pairs = [[a, b] for a, b in zip(words, words[1:])] if PROXIMITY_PAIRS else []
+    pairs = [[a, b] for a, b in zip(words, words[1:])] if proximity_pairs else []
     return Plan(query=query, stems=search.query_terms(query), key_terms=keys,
                 exact_units=search.exact_units(query), expansions=expansions(query),
                 pairs=pairs, sources=expansion_sources(query))
@@ -934,11 +939,12 @@ def pass_queries(holder: Any, searcher: Any, schema: Any, query: str, plan: Plan
     expansion's scarce words are counted in that index), at most :data:`QUERIES_KEPT`
     (then emptied). What a pass query is depends only on the question and the index
     it searches, both fixed for ``holder``; tantivy queries are immutable, so a kept one
-    searches exactly as a new one. The tunables the builders read (boosts, the
-    expansion's share and floor) are part of the key, so a tuning run that changes one
-    between searches gets queries built with it. Callers must not mutate the dict."""
-    key = (query, EXPANSION_SHARE, EXPANSION_FLOOR, EXPANSION_WEIGHT, EXPANSION_BOOST, PAIR_BOOST,
-           PAIR_SLOP, REWRITE_SECTION_BOOST, REWRITE_TITLE_BOOST, IDS_KEPT, search.TITLE_BOOST,
+    searches exactly as a new one. The plan's passes and key-term pairs
+    (:data:`PROXIMITY_PAIRS`) and the tunables the builders read (boosts, the
+    expansion's share and floor) are part of the key, so a tuning run that changes one between searches gets queries built with it.
+    Callers must not mutate the dict."""
+    key = (query, tuple(plan.passes), tuple(map(tuple, plan.pairs)), EXPANSION_SHARE, EXPANSION_FLOOR, EXPANSION_WEIGHT,
+           EXPANSION_BOOST, PAIR_BOOST, PAIR_SLOP, REWRITE_SECTION_BOOST, REWRITE_TITLE_BOOST, IDS_KEPT, search.TITLE_BOOST,
            search.SECTION_BOOST, search.IDENT_BOOST, search.EXACT_FORM_BOOST, search.DEFINES_BOOST)
     kept = holder.queries.get(key)
     if kept is not None:
