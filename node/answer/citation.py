@@ -45,6 +45,7 @@ from node.common.errors import ConfigError, SigningError
 from node.common.home import atomic_write
 from node.trust import signing
 from node.trust.signing import PUBLIC_KEY_HEX_LEN, SHA256_HEX_LEN, SIGNATURE_HEX_LEN, TAG_CITATION
+from node.common.kept import keep
 
 #: The citation object's ``v`` (= its payload's domain tag).
 CITATION_VERSION = TAG_CITATION
@@ -180,9 +181,7 @@ class PeerVersions:
             except ScrubFailed:
                 return None
             with self._lock:
-                if len(self._digests) >= self._max:
-                    self._digests.clear()
-                self._digests[at] = digest
+                keep(self._digests, at, digest, self._max)
         return scrubbed_version(self.key, digest)
 
 

@@ -36,6 +36,7 @@ from typing import Any, Callable
 from node.answer.citation import (CITATION_VERSION, keyed_version, load_version_key, payload_of, scrubbed_version,
                                    text_digest)
 from node.trust import signing
+from node.common.kept import keep
 
 #: Most documents one ``copy_fetch`` may name (spec.json bounds it the same).
 MAX_FETCH = 64
@@ -116,9 +117,7 @@ class CopyServer:
             if canonical is not None and policy.copy_allowed(canonical, peer_name) is not None:
                 out[canonical] = (stored, content_hash)
         with self._lock:
-            if len(self._copyables) >= MAX_KEPT_PEERS and peer_name not in self._copyables:
-                self._copyables.clear()
-            self._copyables[peer_name] = (key, out)
+            keep(self._copyables, peer_name, (key, out), MAX_KEPT_PEERS)
         return policy, out
 
     def _text(self, policy: Any, peer_name: str | None, canonical: str, stored: str,
@@ -144,9 +143,7 @@ class CopyServer:
             version_key = self._version_key()
             version = scrubbed_version(version_key, digest) if kinds else keyed_version(version_key, content_hash)
             got = (text, len(text.encode("utf-8", "surrogatepass")), digest, spans, version)
-            if len(self._texts) > 50000:
-                self._texts.clear()
-            self._texts[key] = got
+            keep(self._texts, key, got, 50000)
         return got
 
     def state(self, peer_name: str | None) -> dict[str, Any]:

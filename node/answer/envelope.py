@@ -29,6 +29,7 @@ from node.answer.contract import DEDUPE_LEVELS, MAX_SERVER_BUDGET_MS
 from node.corpus import search
 from node.corpus.types import Hit
 from node.common.errors import CorpusError
+from node.common.kept import keep
 
 SCHEMA_VERSION = 2
 #: Longest ``textPreview`` / citation ``excerpt`` / synthesis sentence, in characters
@@ -641,10 +642,7 @@ def chunk_parts(text: str, heading: str) -> ChunkParts:
     key = (text, heading)
     parts = _PARTS.get(key)
     if parts is None:
-        parts = ChunkParts(text, heading)
-        if len(_PARTS) >= PARTS_KEPT:
-            _PARTS.clear()
-        _PARTS[key] = parts
+        parts = keep(_PARTS, key, ChunkParts(text, heading), PARTS_KEPT)
     return parts
 
 
@@ -964,9 +962,7 @@ def build_envelope(request: dict[str, Any], hits: list[Hit],
         if kept is None:
             kept = _analyze_hit(parts, keys, matcher, prefixes, key_union)
             if ANALYSES_KEPT:
-                if len(parts.analyses) >= ANALYSES_KEPT:
-                    parts.analyses.clear()
-                parts.analyses[key_terms] = kept
+                keep(parts.analyses, key_terms, kept, ANALYSES_KEPT)
         cov, analyzed = kept
         whole_of.append(parts.whole)
         covered_all.update(cov)

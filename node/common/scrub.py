@@ -51,6 +51,7 @@ from functools import lru_cache
 from typing import Any
 
 from node.common.errors import PolicyError
+from node.common.kept import keep
 
 #: The kinds `kith policy scrub` accepts, in display order.
 KINDS: tuple[str, ...] = ("email", "phone", "card", "iban", "secret")
@@ -478,9 +479,7 @@ def scrub_cached(key: Any, text: str, kinds: frozenset[str], counts: dict[str, i
     if got is None:
         found: dict[str, int] = {}
         out = scrub(text, kinds, found)
-        if len(_cache) >= CACHE_ENTRIES:
-            _cache.clear()
-        got = _cache[entry] = (None if out == text else out, tuple(found.items()))
+        got = keep(_cache, entry, (None if out == text else out, tuple(found.items())), CACHE_ENTRIES)
     if counts is not None:
         for kind, n in got[1]:
             counts[kind] = counts.get(kind, 0) + n

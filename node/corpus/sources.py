@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from node.corpus.types import Hit, Root
+from node.common.kept import keep
 
 #: Longest accepted source (characters, after NFC); longer input normalizes to ``None``.
 MAX_SOURCE_CHARS = 4096
@@ -352,10 +353,7 @@ class SourceNormalizer:
         if real in kept:
             return kept[real]
         found = self._virtual_of_disk(real, depth)
-        if len(kept) >= VIRTUAL_KEPT:
-            kept.clear()
-        kept[real] = found
-        return found
+        return keep(kept, real, found, VIRTUAL_KEPT)
 
     def _virtual_of_disk(self, real: str, depth: int = 0) -> str | None:
         for folder, root in self._real:

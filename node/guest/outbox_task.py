@@ -28,6 +28,7 @@ import anyio
 from node.common.errors import KithError
 from node.common.host_events import OutboxAnswered, OutboxExpired, OutboxFailed, OutboxPending
 from node.guest.outbox import OpenDelivery, OutboxStore, classify
+from node.common.kept import keep
 
 log = logging.getLogger("kith.outbox")
 
@@ -227,9 +228,7 @@ class OutboxTask:
         4 × :data:`STEP_ROWS` rows remembered)."""
         k = (item.question_id, key)
         n = self._row_tries.get(k, 0)
-        if len(self._row_tries) > 4 * STEP_ROWS:
-            self._row_tries.clear()
-        self._row_tries[k] = n + 1
+        keep(self._row_tries, k, n + 1, 4 * STEP_ROWS)
         return min(cap, first * (2 ** min(n, 20)))
 
     def on_peer_back(self, runner: Any, key: str) -> None:

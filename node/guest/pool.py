@@ -41,6 +41,7 @@ from node.common.errors import InvitationError, KithError, SessionAborted, Trans
 from node.guest.guest import join_session
 from node.guest.targets import PeerGone, Target
 from node.trust.identity import Identity
+from node.common.kept import keep
 
 log = logging.getLogger("kith.pool")
 
@@ -438,10 +439,9 @@ class SessionPool:
     def mark_down(self, s: PeerSession) -> None:
         """Remember that ``s`` never came up (connect failed, or no handshake by its
         question's deadline): the same address is not tried again for :data:`DOWN_S` s."""
-        if len(self._down) > 4 * self.max_sessions:
-            self._down.clear()
         if self.down_s > 0:
-            self._down[(s.key, s.target.invitation.transport_info.ticket)] = time.monotonic() + self.down_s
+            keep(self._down, (s.key, s.target.invitation.transport_info.ticket), time.monotonic() + self.down_s,
+                 4 * self.max_sessions)
 
     def _open(self, key: str, target: Target) -> PeerSession:
         if target.spec.name != PROTOCOL or target.spec.alpn != self.spec.alpn:

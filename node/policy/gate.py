@@ -40,6 +40,7 @@ from node.corpus.sources import SourceNormalizer, carried_id, folders_resolved_o
 from node.corpus.types import Hit, Root
 from node.common.grants import in_force
 from node.policy.store import DEFAULT_TIER, Decision, Policy, file_stamp
+from node.common.kept import keep
 
 log = logging.getLogger("kith.policy")
 
@@ -375,9 +376,7 @@ class EgressGate:
             if carried is not None:
                 decision = by_id.get(carried)
                 if decision is None:
-                    if len(by_id) >= MAX_DECIDED:
-                        by_id.clear()
-                    decision = by_id[carried] = policy.decide(carried, peer_name)
+                    decision = keep(by_id, carried, policy.decide(carried, peer_name), MAX_DECIDED)
                 if decision.canonical is not None and decision.canonical != hit.source_id:
                     hit = dataclasses.replace(hit, source_id=decision.canonical)
                 out.append((hit, decision))

@@ -10,6 +10,7 @@ from typing import Any, Callable
 from node.common.errors import KithError
 from node.guest.copies.checks import check_copy_state
 from node.guest.copies.store import CopyStore, list_copies
+from node.common.kept import keep
 
 #: The most hosts a :data:`CopyStates` remembers (cleared when full).
 STATES_MAX = 1024
@@ -92,9 +93,7 @@ def take_copy_state(home: Path, host_key: str, raw: Any, *, now: Callable[[], fl
     """
     state = check_copy_state(raw)
     if states is not None:
-        if len(states) >= STATES_MAX and host_key not in states:
-            states.clear()
-        states[host_key] = {**state, "seenAt": now()}
+        keep(states, host_key, {**state, "seenAt": now()}, STATES_MAX)
     notices = []
     for store in copies_of_key(home, host_key):
         if not state["granted"]:

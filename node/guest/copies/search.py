@@ -12,6 +12,7 @@ from typing import Any, Callable
 from node.common.errors import CorpusError, KithError, PolicyError
 from node.guest.copies.lifecycle import Notify, _ended_copy, withdrawn_sources
 from node.guest.copies.store import CopyStore, OpenCopies, copies_root
+from node.common.kept import keep
 
 def _age(synced_at: str | None, now: float) -> str:
     from node.common.grants import until_time
@@ -131,9 +132,7 @@ def copy_texts(home: Path) -> Callable[[str, str], tuple[str, str] | None]:
 
     def lookup(host_key: str, source: str) -> tuple[str, str] | None:
         if (host_key, source) not in read:
-            if len(read) >= 32:
-                read.clear()
-            read[(host_key, source)] = _read(host_key, source)
+            keep(read, (host_key, source), _read(host_key, source), 32)
         return read[(host_key, source)]
 
     def _read(host_key: str, source: str) -> tuple[str, str] | None:

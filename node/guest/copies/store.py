@@ -19,6 +19,7 @@ from typing import Any
 
 from node.common.errors import ConfigError, KithError, PolicyError
 from node.common.home import COPIES_DIR, atomic_write, read_json_state
+from node.common.kept import keep
 
 #: ``<home>/copies/`` (:data:`node.common.home.COPIES_DIR`): every copy this node keeps, one
 #: folder per pinned peer name.
@@ -137,9 +138,8 @@ class CopyStore:
         if view is None:
             from node.guest.peerview import FileView
 
-            if len(views) >= 256:
-                views.clear()
-            view = views[self.path] = FileView(self.dir, MANIFEST_FILE, lambda _folder, read=self._read_manifest: read())
+            view = keep(views, self.path,
+                        FileView(self.dir, MANIFEST_FILE, lambda _folder, read=self._read_manifest: read()), 256)
         return view.now()
 
     def _read_manifest(self) -> dict[str, Any]:
@@ -511,9 +511,7 @@ class CopyStore:
             if view is None:
                 from node.guest.peerview import FileView
 
-                if len(grants) >= 256:
-                    grants.clear()
-                view = grants[path] = FileView(self.dir, GRANT_FILE, _read_grant)
+                view = keep(grants, path, FileView(self.dir, GRANT_FILE, _read_grant), 256)
             got = view.now()
         return dict(got) if got is not None else None
 
