@@ -203,7 +203,7 @@ def _envelope_items(envelope: dict[str, Any]) -> Iterator[tuple[Any, Iterable[An
 #: what :func:`marks_size` counts for each item of an envelope and for each text beside its
 #: characters: the CPU of marking an empty citation is that of scanning about 40 characters
 #: of ASCII text, of one more (empty) tag about 4
-ITEM_CHARS = 64
+ITEM_CHARS = 40
 TEXT_CHARS = 4
 
 
