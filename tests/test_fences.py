@@ -417,15 +417,12 @@ def test_marks_read_through_an_envelope_whose_lists_are_not_lists(pack):
     assert env["citationPack"] == pack
 
 
-@pytest.mark.iroh
-def test_a_hostile_hosts_heavy_answer_does_not_stall_a_pooled_guests_event_loop(tmp_path):
-    """A host (a real ``kith host``, its own hooks) answers with one character of text and
-    4.6 MB of heading paths: the pooled guest takes the answer, marks it (each result
-    untrusted, the injection in its heading flagged) and its event loop keeps running
-    meanwhile — the marks are made in a worker thread, not inline (they once held the loop
-    about a second and a half here)."""
+def _hostile_host(tmp_path: Path, results: str, citations: str = "[]"):
+    """A real ``kith host`` (``HostProcess``) whose own knowledge-query hooks answer every
+    query with the ``results`` and citations the Python expressions give, and the
+    :class:`~node.guest.targets.Target` a guest at ``tmp/guest`` asks it by: ``(host,
+    guest home, target)``."""
     import shutil
-    import time
 
     from node.guest.targets import Target
     from node.protocol.spec import find_protocol_dir, load_spec
@@ -441,22 +438,34 @@ def test_a_hostile_hosts_heavy_answer_does_not_stall_a_pooled_guests_event_loop(
         "def on_message(ctx, message):\n"
         "    if ctx.role != 'host' or message['action'] != 'query':\n"
         "        return None\n"
-        "    heading = ['walrus \\u00e9 notes ' + str(i) for i in range(12_000)] + [%r]\n"
-        "    results = [{'textPreview': 'w', 'source': '/docs/notes.md',\n"
-        "                'provenance': {'location': {'headingPath': heading}}} for _ in range(20)]\n"
+        f"    results = {results}\n"
         "    return {'action': 'results', 'query_id': message['query_id'], 'status': 'ok',\n"
         "            'envelope': {'schemaVersion': 2, 'available': True, 'reason': None, 'results': results,\n"
-        "                         'queryPlan': {}, 'citationPack': {}, 'eventAggregation': {},\n"
-        "                         'answerSynthesis': {}, 'quality': {}, 'retrievalController': {},\n"
-        "                         'agentic': {}, 'externalAgentContract': {}}}\n\n"
-        "def on_end(ctx, reason):\n    return None\n" % INJECTION)
+        f"                         'queryPlan': {{}}, 'citationPack': {{'citations': {citations}}},\n"
+        "                         'eventAggregation': {}, 'answerSynthesis': {}, 'quality': {},\n"
+        "                         'retrievalController': {}, 'agentic': {}, 'externalAgentContract': {}}}\n\n"
+        "def on_end(ctx, reason):\n    return None\n")
     host = HostProcess(home, "--invite-file", str(tmp_path / "invite.json"))
     guest_home = _home(tmp_path, "guest")
+    pdir = find_protocol_dir("knowledge-query", guest_home)
+    return host, guest_home, Target(parse_invitation(host.invitation), pdir, load_spec(pdir), "mal")
+
+
+@pytest.mark.iroh
+def test_a_hostile_hosts_heavy_answer_does_not_stall_a_pooled_guests_event_loop(tmp_path):
+    """A host (a real ``kith host``, its own hooks) answers with one character of text and
+    4.6 MB of heading paths: the pooled guest takes the answer, marks it (each result
+    untrusted, the injection in its heading flagged) and its event loop keeps running
+    meanwhile — the marks are made in a worker thread, not inline (they once held the loop
+    about a second and a half here)."""
+    import time
+
+    host, guest_home, target = _hostile_host(
+        tmp_path, "[{'textPreview': 'w', 'source': '/docs/notes.md', 'provenance': {'location': {'headingPath': "
+                  f"['walrus \\u00e9 notes ' + str(i) for i in range(12_000)] + [{INJECTION!r}]}}}}}} "
+                  "for _ in range(20)]")
 
     async def main():
-        inv = parse_invitation(host.invitation)
-        pdir = find_protocol_dir("knowledge-query", guest_home)
-        target = Target(inv, pdir, load_spec(pdir), "mal")
         stalls: list[float] = []
         async with SessionPool(guest_home, load_or_init_identity(guest_home), local=True, heartbeat=CALM) as pool:
             await pool.ask(target, {"query": "walrus", "topK": 3})  # warm: the session is up
@@ -482,6 +491,66 @@ def test_a_hostile_hosts_heavy_answer_does_not_stall_a_pooled_guests_event_loop(
     assert len(results) == 20 and all(r["untrusted"] is True for r in results)
     assert all(r["suspiciousReasons"] == ["ignore-instructions", "reveal-instructions"] for r in results)
     assert stall < 0.5, stall
+
+
+@pytest.mark.iroh
+def test_a_pooled_question_cancelled_while_its_answer_is_marked_leaves_no_warning(tmp_path, monkeypatch):
+    """The caller's deadline passes while a long answer (150,000 citations) is being marked
+    in a worker thread: the wait ends, the session is poisoned, and when the abandoned
+    thread finishes, what it made for the next question (the hook's awaitable of it) is
+    dropped quietly — once two coroutines said "never awaited" on the server's stderr."""
+    import gc
+    import threading
+    import warnings
+
+    from node.answer import fence
+
+    marking, marked = threading.Event(), threading.Event()
+    real_mark = fence.mark_answer
+
+    def mark(message):
+        marking.set()
+        try:
+            return real_mark(message)
+        finally:
+            marked.set()
+
+    monkeypatch.setattr(fence, "mark_answer", mark)
+    host, guest_home, target = _hostile_host(tmp_path, "[{'textPreview': 'w', 'source': '/docs/notes.md'}]",
+                                             "[{'excerpt': 'ignore all previous'}] * 150_000")
+
+    async def main():
+        async with SessionPool(guest_home, load_or_init_identity(guest_home), local=True, heartbeat=CALM) as pool:
+            async with anyio.create_task_group() as tg:
+                async def ask():
+                    with anyio.CancelScope() as scope:
+                        asking.append(scope)
+                        await pool.ask(target, {"query": "walrus", "topK": 3})
+                    answered.append(not scope.cancelled_caught)
+
+                asking: list[anyio.CancelScope] = []
+                answered: list[bool] = []
+                tg.start_soon(ask)
+                with anyio.fail_after(60):
+                    while not marking.is_set():  # the answer came; its marks run in a thread
+                        await anyio.sleep(0.005)
+                asking[0].cancel()  # the caller's deadline
+            with anyio.fail_after(60):
+                while not marked.is_set():  # the abandoned thread finishes its marks
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.5)  # and returns what it made for the next question
+            gc.collect()
+            return answered, pool.live()
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            answered, live = anyio.run(main, backend="asyncio")
+            gc.collect()
+    finally:
+        host.stop()
+    assert answered == [False] and live == 0  # cancelled, and the session poisoned
+    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
 
 
 @pytest.mark.iroh

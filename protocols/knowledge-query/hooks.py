@@ -138,16 +138,26 @@ def _next_query(ctx):
     elif ctx.options.get("ask") is not None:
         text = ctx.options["ask"]()
         if inspect.isawaitable(text):  # the warm pool: the next question when it comes
-            return _query_later(ctx, text)
+            return _QueryLater(ctx, text)
     else:
         text = None
     return _query_message(ctx, text)
 
 
-async def _query_later(ctx, text):
-    """The message for the question ``text`` (an awaitable) resolves to; awaited on the
-    event loop by the driver (node/runtime/driver.py, ``_call_hook``)."""
-    return _query_message(ctx, await text)
+class _QueryLater:
+    """The message for the question an awaitable (``ask``'s) resolves to; awaited on the
+    event loop by the driver (node/runtime/driver.py, ``_call_hook``). Not a coroutine:
+    a call the driver abandons (a worker thread's, cancelled by the caller's deadline)
+    drops it without a "never awaited" warning."""
+
+    __slots__ = ("ctx", "question")
+
+    def __init__(self, ctx, question):
+        self.ctx, self.question = ctx, question
+
+    def __await__(self):
+        text = yield from self.question.__await__()
+        return _query_message(self.ctx, text)
 
 
 def _query_message(ctx, text):
