@@ -14,7 +14,7 @@ import anyio
 import jsonschema
 import pytest
 
-from node.answer.fence import REASONS, fenced, mark_answer, scan
+from node.answer.fence import REASONS, fenced, mark_answer, mark_envelope, scan
 from node.policy.store import Policy
 from node.guest.pool import SessionPool
 from node.trust.identity import load_or_init_identity
@@ -367,6 +367,190 @@ def test_a_guest_takes_a_long_answer_in_a_thread_and_only_when_its_caller_says_i
     assert small(inline, answer(limit)) is None  # the source's characters count too
     assert small(inline, answer(limit * 4)) is None
     assert small(plain, answer(100)) is None  # `kith join`: its callbacks may print or prompt
+
+
+def _heavy_beside_its_text(kind):
+    """A peer's ``results`` message with a few characters of text and a great deal of what
+    the fence reads beside it (``kind``), as a hostile host may send within the schema."""
+    padding = ["walrus \u00e9 notes"] * 20_000
+    results = [{"textPreview": "w", "source": "/kb/a.md"} for _ in range(20)]
+    envelope = {"schemaVersion": 2, "results": results}
+    if kind == "heading":
+        for r in results:
+            r["provenance"] = {"location": {"headingPath": padding}}
+    elif kind in ("tags", "alsoIn"):
+        for r in results:
+            r[kind] = padding if kind == "tags" else [{"source": p} for p in padding]
+    elif kind == "project":
+        for r in results:
+            r["project"] = " ".join(padding)
+    elif kind == "citations":
+        envelope["citationPack"] = {"citations": [{"excerpt": ""}] * 100_000}
+    else:
+        envelope["answerSynthesis"] = {"sentences": [{}] * 100_000}
+    return {"action": "results", "query_id": "q1", "status": "ok", "envelope": envelope}
+
+
+@pytest.mark.parametrize("kind", ["heading", "tags", "alsoIn", "project", "citations", "sentences"])
+def test_a_guest_takes_an_answer_heavy_beside_its_text_in_a_thread(kind):
+    """What decides ``inline`` is all the fence marks: a heading path, metadata, ``alsoIn``
+    sources, a hundred thousand empty citations — each of which once passed for an answer
+    of one character and was marked on the event loop, for up to seconds. The count
+    itself stops early (it runs on the loop, whatever the host sent)."""
+    from types import SimpleNamespace
+
+    from node.runtime.hooks import load_hooks
+
+    hooks = load_hooks(REPO / "protocols" / "knowledge-query")
+    inline = SimpleNamespace(role="guest", options={"inline": True})
+    assert hooks.on_message.inline(inline, _heavy_beside_its_text(kind)) is None
+
+
+@pytest.mark.parametrize("pack", [{"citations": 5}, {"citations": "x" * 1000}, {"citations": {"excerpt": "x"}}])
+def test_marks_read_through_an_envelope_whose_lists_are_not_lists(pack):
+    """A host's ``citationPack.citations`` (or ``answerSynthesis.sentences``) of another
+    kind holds no citation: the results are still marked, nothing raises (it once ended
+    the pooled session with a TypeError: ``hook-failed``)."""
+    env = mark_envelope({"results": [{"textPreview": INJECTION}], "citationPack": pack,
+                         "answerSynthesis": {"sentences": 7}})
+    assert env["untrusted"] is True and env["results"][0]["suspicious"] is True
+    assert env["citationPack"] == pack
+
+
+def _hostile_host(tmp_path: Path, results: str, citations: str = "[]"):
+    """A real ``kith host`` (``HostProcess``) whose own knowledge-query hooks answer every
+    query with the ``results`` and citations the Python expressions give, and the
+    :class:`~node.guest.targets.Target` a guest at ``tmp/guest`` asks it by: ``(host,
+    guest home, target)``."""
+    import shutil
+
+    from node.guest.targets import Target
+    from node.protocol.spec import find_protocol_dir, load_spec
+    from node.trust.invitation import parse_invitation
+
+    from support.hosts import HostProcess, notes_host
+
+    home = notes_host(tmp_path)
+    proto = home / "protocols" / "knowledge-query"
+    shutil.copytree(REPO / "protocols" / "knowledge-query", proto)
+    (proto / "hooks.py").write_text(
+        "def on_start(ctx):\n    return None\n\n"
+        "def on_message(ctx, message):\n"
+        "    if ctx.role != 'host' or message['action'] != 'query':\n"
+        "        return None\n"
+        f"    results = {results}\n"
+        "    return {'action': 'results', 'query_id': message['query_id'], 'status': 'ok',\n"
+        "            'envelope': {'schemaVersion': 2, 'available': True, 'reason': None, 'results': results,\n"
+        f"                         'queryPlan': {{}}, 'citationPack': {{'citations': {citations}}},\n"
+        "                         'eventAggregation': {}, 'answerSynthesis': {}, 'quality': {},\n"
+        "                         'retrievalController': {}, 'agentic': {}, 'externalAgentContract': {}}}\n\n"
+        "def on_end(ctx, reason):\n    return None\n")
+    host = HostProcess(home, "--invite-file", str(tmp_path / "invite.json"))
+    guest_home = _home(tmp_path, "guest")
+    pdir = find_protocol_dir("knowledge-query", guest_home)
+    return host, guest_home, Target(parse_invitation(host.invitation), pdir, load_spec(pdir), "mal")
+
+
+@pytest.mark.iroh
+def test_a_hostile_hosts_heavy_answer_does_not_stall_a_pooled_guests_event_loop(tmp_path):
+    """A host (a real ``kith host``, its own hooks) answers with one character of text and
+    4.6 MB of heading paths: the pooled guest takes the answer, marks it (each result
+    untrusted, the injection in its heading flagged) and its event loop keeps running
+    meanwhile — the marks are made in a worker thread, not inline (they once held the loop
+    about a second and a half here)."""
+    import time
+
+    host, guest_home, target = _hostile_host(
+        tmp_path, "[{'textPreview': 'w', 'source': '/docs/notes.md', 'provenance': {'location': {'headingPath': "
+                  f"['walrus \\u00e9 notes ' + str(i) for i in range(12_000)] + [{INJECTION!r}]}}}}}} "
+                  "for _ in range(20)]")
+
+    async def main():
+        stalls: list[float] = []
+        async with SessionPool(guest_home, load_or_init_identity(guest_home), local=True, heartbeat=CALM) as pool:
+            await pool.ask(target, {"query": "walrus", "topK": 3})  # warm: the session is up
+
+            async def tick():
+                while True:
+                    before = time.perf_counter()
+                    await anyio.sleep(0.002)
+                    stalls.append(time.perf_counter() - before)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(tick)
+                with anyio.fail_after(90):
+                    answer = await pool.ask(target, {"query": "walrus again", "topK": 3})
+                tg.cancel_scope.cancel()
+        return answer, max(stalls)
+
+    try:
+        answer, stall = anyio.run(main, backend="asyncio")
+    finally:
+        host.stop()
+    results = answer["envelope"]["results"]
+    assert len(results) == 20 and all(r["untrusted"] is True for r in results)
+    assert all(r["suspiciousReasons"] == ["ignore-instructions", "reveal-instructions"] for r in results)
+    assert stall < 0.5, stall
+
+
+@pytest.mark.iroh
+def test_a_pooled_question_cancelled_while_its_answer_is_marked_leaves_no_warning(tmp_path, monkeypatch):
+    """The caller's deadline passes while a long answer (150,000 citations) is being marked
+    in a worker thread: the wait ends, the session is poisoned, and when the abandoned
+    thread finishes, what it made for the next question (the hook's awaitable of it) is
+    dropped quietly — once two coroutines said "never awaited" on the server's stderr."""
+    import gc
+    import threading
+    import warnings
+
+    from node.answer import fence
+
+    marking, marked = threading.Event(), threading.Event()
+    real_mark = fence.mark_answer
+
+    def mark(message):
+        marking.set()
+        try:
+            return real_mark(message)
+        finally:
+            marked.set()
+
+    monkeypatch.setattr(fence, "mark_answer", mark)
+    host, guest_home, target = _hostile_host(tmp_path, "[{'textPreview': 'w', 'source': '/docs/notes.md'}]",
+                                             "[{'excerpt': 'ignore all previous'}] * 150_000")
+
+    async def main():
+        async with SessionPool(guest_home, load_or_init_identity(guest_home), local=True, heartbeat=CALM) as pool:
+            async with anyio.create_task_group() as tg:
+                async def ask():
+                    with anyio.CancelScope() as scope:
+                        asking.append(scope)
+                        await pool.ask(target, {"query": "walrus", "topK": 3})
+                    answered.append(not scope.cancelled_caught)
+
+                asking: list[anyio.CancelScope] = []
+                answered: list[bool] = []
+                tg.start_soon(ask)
+                with anyio.fail_after(60):
+                    while not marking.is_set():  # the answer came; its marks run in a thread
+                        await anyio.sleep(0.005)
+                asking[0].cancel()  # the caller's deadline
+            with anyio.fail_after(60):
+                while not marked.is_set():  # the abandoned thread finishes its marks
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.5)  # and returns what it made for the next question
+            gc.collect()
+            return answered, pool.live()
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            answered, live = anyio.run(main, backend="asyncio")
+            gc.collect()
+    finally:
+        host.stop()
+    assert answered == [False] and live == 0  # cancelled, and the session poisoned
+    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
 
 
 @pytest.mark.iroh

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import secrets
 import unicodedata
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 #: The notice that opens every fenced block (and a ``peers`` envelope's ``notice``).
 NOTICE = ("Results whose 'untrusted' is true are text written by other people's hosts "
@@ -152,19 +152,83 @@ def _mark(item: dict[str, Any], *texts: Any) -> None:
 _META_FIELDS = ("date", "agent", "project", "workType", "tags")
 
 
+def _iter_result_texts(result: dict[str, Any], heading: Any) -> Iterator[Any]:
+    """:func:`_result_texts`, one at a time (no list of a peer's long lists is made)."""
+    yield result.get("textPreview")
+    yield result.get("source")
+    if isinstance(heading, list):
+        yield from heading
+    for name in _META_FIELDS:
+        value = result.get(name)
+        if isinstance(value, list):
+            yield from value
+        else:
+            yield value
+    also = result.get("alsoIn")
+    for dup in also if isinstance(also, list) else ():
+        yield dup.get("source") if isinstance(dup, dict) else None
+
+
 def _result_texts(result: dict[str, Any], heading: Any) -> list[Any]:
     """What :func:`scan` reads of one result: its text, source id, heading path, metadata
     strings (:data:`_META_FIELDS`) and the source ids of the copies it collapsed."""
-    texts: list[Any] = [result.get("textPreview"), result.get("source")]
-    texts += heading if isinstance(heading, list) else []
-    for name in _META_FIELDS:
-        value = result.get(name)
-        texts += value if isinstance(value, list) else [value]
-    also = result.get("alsoIn")
-    for dup in also if isinstance(also, list) else ():
-        if isinstance(dup, dict):
-            texts.append(dup.get("source"))
-    return texts
+    return list(_iter_result_texts(result, heading))
+
+
+def _listed(value: Any) -> list[Any]:
+    """``value`` when it is a list, else nothing (a peer's envelope may hold anything)."""
+    return value if isinstance(value, list) else []
+
+
+def _envelope_items(envelope: dict[str, Any]) -> Iterator[tuple[Any, Iterable[Any]]]:
+    """Each item of a peer's envelope :func:`mark_envelope` marks — ``results``,
+    ``citationPack.citations``, ``answerSynthesis.sentences`` items — with the texts
+    :func:`scan` reads of it (lazily). An item that is not a dict comes with none (it is
+    not marked); a list field that is not a list holds no items."""
+    for result in _listed(envelope.get("results")):
+        if not isinstance(result, dict):
+            yield result, ()
+            continue
+        provenance = result.get("provenance")
+        loc = provenance.get("location") if isinstance(provenance, dict) else None
+        yield result, _iter_result_texts(result, loc.get("headingPath") if isinstance(loc, dict) else None)
+    pack = envelope.get("citationPack")
+    for citation in _listed(pack.get("citations")) if isinstance(pack, dict) else ():
+        yield citation, ((citation.get("excerpt"),) if isinstance(citation, dict) else ())
+    synthesis = envelope.get("answerSynthesis")
+    for sentence in _listed(synthesis.get("sentences")) if isinstance(synthesis, dict) else ():
+        yield sentence, ((sentence.get("text"),) if isinstance(sentence, dict) else ())
+
+
+#: what :func:`marks_size` counts for each item of an envelope and for each text beside its
+#: characters: the CPU of marking an empty citation is that of scanning about 40 characters
+#: of ASCII text, of one more (empty) tag about 4
+ITEM_CHARS = 40
+TEXT_CHARS = 4
+
+
+def marks_size(envelope: Any, limit: int) -> int:
+    """How much work :func:`mark_envelope` does on ``envelope``, in characters of text:
+    each text :func:`scan` would read counts its length plus :data:`TEXT_CHARS`, each item
+    marked (or skipped: not a dict) :data:`ITEM_CHARS`. The count stops once it passes
+    ``limit``, so this costs about ``limit`` steps at most, however large the envelope
+    (a peer's answer may hold 8 MB of tags, or a million empty citations).
+
+    Returns:
+        The size, or a number above ``limit`` when it is larger; 0 for a non-dict.
+    """
+    if not isinstance(envelope, dict):
+        return 0
+    total = 0
+    for _item, texts in _envelope_items(envelope):
+        total += ITEM_CHARS
+        if total > limit:
+            return total
+        for text in texts:
+            total += TEXT_CHARS + (len(text) if isinstance(text, str) else 0)
+            if total > limit:
+                return total
+    return total
 
 
 def mark_envelope(envelope: Any) -> Any:
@@ -175,7 +239,8 @@ def mark_envelope(envelope: Any) -> Any:
     sentence (its ``text``) gets ``untrusted`` true and ``suspicious``; an envelope with
     results gets ``untrusted`` true (an empty one — nothing matched, withheld, refused —
     is left exactly as sent: it holds no peer evidence). Anything that is not an
-    envelope is returned unchanged.
+    envelope is returned unchanged, and so is a field of it that is not of its kind (a
+    ``citations`` that is not a list holds no citation).
 
     Returns:
         ``envelope``.
@@ -184,19 +249,9 @@ def mark_envelope(envelope: Any) -> Any:
         return envelope
     if envelope.get("results"):  # an envelope with no evidence stays as the host sent it
         envelope["untrusted"] = True
-    for result in envelope.get("results") or []:
-        if isinstance(result, dict):
-            loc = (result.get("provenance") or {}).get("location") if isinstance(result.get("provenance"), dict) else None
-            heading = loc.get("headingPath") if isinstance(loc, dict) else None
-            _mark(result, *_result_texts(result, heading))
-    pack = envelope.get("citationPack")
-    for citation in (pack.get("citations") or []) if isinstance(pack, dict) else []:
-        if isinstance(citation, dict):
-            _mark(citation, citation.get("excerpt"))
-    synthesis = envelope.get("answerSynthesis")
-    for sentence in (synthesis.get("sentences") or []) if isinstance(synthesis, dict) else []:
-        if isinstance(sentence, dict):
-            _mark(sentence, sentence.get("text"))
+    for item, texts in _envelope_items(envelope):
+        if isinstance(item, dict):
+            _mark(item, *texts)
     return envelope
 
 
@@ -301,5 +356,5 @@ def merged_fence_holds(fence: Any, results: Any) -> bool:
     return fence == _merged_block(body, m.group(1), fence.get("notice"))
 
 
-__all__ = ["BEGIN", "END", "NOTICE", "TEXT_NOTICE", "REASONS", "fenced", "unfenced", "mark_answer", "mark_envelope", "mark_merged",
+__all__ = ["BEGIN", "END", "NOTICE", "TEXT_NOTICE", "REASONS", "fenced", "unfenced", "mark_answer", "mark_envelope", "mark_merged", "marks_size",
            "merged_fence", "merged_fence_holds", "scan"]

@@ -83,6 +83,18 @@ class PoolStats:
     down_skips: int = 0
 
 
+class _NextQuestion:
+    """The next question of a session's queue, taken only when awaited."""
+
+    __slots__ = ("queue",)
+
+    def __init__(self, queue: "asyncio.Queue[dict[str, Any] | None]") -> None:
+        self.queue = queue
+
+    def __await__(self) -> Any:
+        return self.queue.get().__await__()
+
+
 class PeerSession:
     """One live knowledge-query session of the pool (internal; use :meth:`SessionPool.ask`)."""
 
@@ -107,8 +119,10 @@ class PeerSession:
     # --- hook side (on the event loop; a worker thread when the hook is not inline) ----
     def _next_question(self) -> Any:
         """The hooks' ``ask``: an awaitable of the next question (None ends the session),
-        so the hook waits for it without holding a thread (protocols/knowledge-query)."""
-        return self.questions.get()
+        so the hook waits for it without holding a thread (protocols/knowledge-query).
+        Not a coroutine: one a worker thread made and the driver then abandoned (the
+        caller's deadline) is dropped without a "never awaited" warning."""
+        return _NextQuestion(self.questions)
 
     def _on_results(self, message: dict[str, Any]) -> None:
         from node.answer.fence import mark_answer

@@ -38,9 +38,11 @@ from node.runtime.hooks import HookResult
 #: ``citations`` is read at the host's egress seam (node/answer/citation.py), not here.
 _MESSAGE_FIELDS = ("action", "query_id", "citations")
 
-#: A guest whose options say ``inline`` takes an answer with at most this many characters
-#: of text on the event loop (the fence's marks of it then cost about a millisecond of CPU
-#: at most; a 5-result python-docs answer has about 4,000); a longer one in a worker thread.
+#: A guest whose options say ``inline`` takes an answer whose marks read at most this many
+#: characters of text (``_answer_chars``) on the event loop; a larger one in a worker thread.
+#: The marks of such an answer cost at most about a millisecond of CPU for documentation
+#: (a 5-result python-docs answer reads about 4,000), and up to about 30 ms for text made
+#: to make the fence's patterns backtrack (``ignore all `` repeated).
 INLINE_ANSWER_CHARS = 16_384
 
 
@@ -111,22 +113,15 @@ def _small(ctx, message):
 
 
 def _answer_chars(message):
-    """The characters of text in a ``results`` message's envelope the guest's fence scans
-    (node/answer/fence.py, ``mark_envelope``): each result's ``textPreview`` and
-    ``source``, each citation's ``excerpt``, each synthesis sentence's ``text``."""
-    envelope = message.get("envelope")
-    if not isinstance(envelope, dict):
-        return 0
-    pack = envelope.get("citationPack")
-    synthesis = envelope.get("answerSynthesis")
-    items = [(r, ("textPreview", "source")) for r in envelope.get("results") or ()]
-    items += [(c, ("excerpt",)) for c in (pack.get("citations") or () if isinstance(pack, dict) else ())]
-    items += [(t, ("text",)) for t in (synthesis.get("sentences") or () if isinstance(synthesis, dict) else ())]
-    total = 0
-    for item, fields in items:
-        if isinstance(item, dict):
-            total += sum(len(item[f]) for f in fields if isinstance(item.get(f), str))
-    return total
+    """The work the guest's fence does to mark a ``results`` message's envelope, in
+    characters of text (node/answer/fence.py, ``marks_size``: every text it scans — each
+    result's text, source, heading path, metadata and ``alsoIn`` sources, each citation's
+    excerpt, each synthesis sentence — and each item it marks), counted no further than
+    just past :data:`INLINE_ANSWER_CHARS`: this runs on the event loop, whatever the host
+    sent."""
+    from node.answer.fence import marks_size  # the guest's side only
+
+    return marks_size(message.get("envelope"), INLINE_ANSWER_CHARS)
 
 
 on_message.inline = _small
@@ -143,16 +138,26 @@ def _next_query(ctx):
     elif ctx.options.get("ask") is not None:
         text = ctx.options["ask"]()
         if inspect.isawaitable(text):  # the warm pool: the next question when it comes
-            return _query_later(ctx, text)
+            return _QueryLater(ctx, text)
     else:
         text = None
     return _query_message(ctx, text)
 
 
-async def _query_later(ctx, text):
-    """The message for the question ``text`` (an awaitable) resolves to; awaited on the
-    event loop by the driver (node/runtime/driver.py, ``_call_hook``)."""
-    return _query_message(ctx, await text)
+class _QueryLater:
+    """The message for the question an awaitable (``ask``'s) resolves to; awaited on the
+    event loop by the driver (node/runtime/driver.py, ``_call_hook``). Not a coroutine:
+    a call the driver abandons (a worker thread's, cancelled by the caller's deadline)
+    drops it without a "never awaited" warning."""
+
+    __slots__ = ("ctx", "question")
+
+    def __init__(self, ctx, question):
+        self.ctx, self.question = ctx, question
+
+    def __await__(self):
+        text = yield from self.question.__await__()
+        return _query_message(self.ctx, text)
 
 
 def _query_message(ctx, text):
