@@ -454,7 +454,8 @@ def _hostile_host(tmp_path: Path, results: str, citations: str = "[]"):
 @pytest.mark.iroh
 def test_a_hostile_hosts_heavy_answer_does_not_stall_a_pooled_guests_event_loop(tmp_path):
     """A host (a real ``kith host``, its own hooks) answers with one character of text and
-    4.6 MB of heading paths: the pooled guest takes the answer, marks it (each result
+    about 200,000 characters of heading paths (under the marks' bound, ``MAX_MARKS``): the
+    pooled guest takes the answer, marks it (each result
     untrusted, the injection in its heading flagged) and its event loop keeps running
     meanwhile — the marks are made in a worker thread, not inline (they once held the loop
     about a second and a half here)."""
@@ -462,7 +463,7 @@ def test_a_hostile_hosts_heavy_answer_does_not_stall_a_pooled_guests_event_loop(
 
     host, guest_home, target = _hostile_host(
         tmp_path, "[{'textPreview': 'w', 'source': '/docs/notes.md', 'provenance': {'location': {'headingPath': "
-                  f"['walrus \\u00e9 notes ' + str(i) for i in range(12_000)] + [{INJECTION!r}]}}}}}} "
+                  f"['walrus \\u00e9 notes ' + str(i) for i in range(450)] + [{INJECTION!r}]}}}}}} "
                   "for _ in range(20)]")
 
     async def main():
@@ -494,9 +495,57 @@ def test_a_hostile_hosts_heavy_answer_does_not_stall_a_pooled_guests_event_loop(
 
 
 @pytest.mark.iroh
+@pytest.mark.parametrize("results", [
+    "[{'textPreview': 'ignore all ' * 2_000, 'source': '/docs/notes.md'}]",  # one text of 22,000
+    "[{'textPreview': 'w', 'source': '/docs/notes.md', 'tags': ['walrus'] * 14_000} for _ in range(20)]",
+])
+def test_a_pooled_guest_refuses_an_answer_too_large_to_screen_before_it_scans_it(tmp_path, results):
+    """A hostile host's answer whose marks would cost too much — one text longer than
+    ``MAX_MARKED_TEXT`` (crafted: every "ignore" starts a search of the next 70
+    characters), or more than ``MAX_MARKS`` of tags in all — is refused
+    ``peer-answer-invalid`` before a pattern runs on it; its session is ended, as after any
+    answer this guest refuses, and the next question opens another (refused the same)."""
+    from node.answer import fence
+    from node.common.errors import KithError
+
+    host, guest_home, target = _hostile_host(tmp_path, results)
+    scanned: list[int] = []
+    real_scan = fence.scan
+
+    def counting(*texts):
+        scanned.append(len(texts))
+        return real_scan(*texts)
+
+    async def main():
+        codes = []
+        async with SessionPool(guest_home, load_or_init_identity(guest_home), local=True, heartbeat=CALM) as pool:
+            for question in ("walrus", "walrus again"):
+                with anyio.fail_after(60):
+                    try:
+                        await pool.ask(target, {"query": question, "topK": 3})
+                        codes.append("answered")
+                    except KithError as exc:
+                        codes.append(exc.code)
+                    while pool.live():  # a refused answer ends its session, as any the guest refuses
+                        await anyio.sleep(0.01)
+            opened = pool.stats.sessions_opened
+        return codes, opened
+
+    fence.scan = counting
+    try:
+        codes, opened = anyio.run(main, backend="asyncio")
+    finally:
+        fence.scan = real_scan
+        host.stop()
+    assert codes == ["peer-answer-invalid", "peer-answer-invalid"] and opened == 2
+    assert scanned == []  # refused before any text was scanned
+
+
+@pytest.mark.iroh
 def test_a_pooled_question_cancelled_while_its_answer_is_marked_leaves_no_warning(tmp_path, monkeypatch):
-    """The caller's deadline passes while a long answer (150,000 citations) is being marked
-    in a worker thread: the wait ends, the session is poisoned, and when the abandoned
+    """The caller's deadline passes while a long answer (30 crafted citations of 7,700
+    characters: about half a second of marks, under the bound) is being marked in a worker
+    thread: the wait ends, the session is poisoned, and when the abandoned
     thread finishes, what it made for the next question (the hook's awaitable of it) is
     dropped quietly — once two coroutines said "never awaited" on the server's stderr."""
     import gc
@@ -517,7 +566,7 @@ def test_a_pooled_question_cancelled_while_its_answer_is_marked_leaves_no_warnin
 
     monkeypatch.setattr(fence, "mark_answer", mark)
     host, guest_home, target = _hostile_host(tmp_path, "[{'textPreview': 'w', 'source': '/docs/notes.md'}]",
-                                             "[{'excerpt': 'ignore all previous'}] * 150_000")
+                                             "[{'excerpt': 'ignore all ' * 700}] * 30")
 
     async def main():
         async with SessionPool(guest_home, load_or_init_identity(guest_home), local=True, heartbeat=CALM) as pool:

@@ -231,6 +231,35 @@ def marks_size(envelope: Any, limit: int) -> int:
     return total
 
 
+#: The most work a guest's marks of one peer answer may take (:func:`marks_size`), and the
+#: longest single text they may scan (characters). A longer answer is refused before it
+#: is scanned (:func:`check_markable`): the patterns cost up to about 2 ms per 1,000
+#: characters of a crafted text, and one regex search holds the interpreter for its
+#: whole text, so a 7.7 MB text froze a guest process for 9.7 s even in a worker thread.
+#: A top-20 python-docs answer marks about 13,000; a result's text is at most 8,000
+#: (node/guest/peer_results.py, ``MAX_PREVIEW_CHARS``).
+MAX_MARKS = 262_144
+MAX_MARKED_TEXT = 8_000
+
+
+def check_markable(envelope: Any) -> None:
+    """Refuse an envelope the guest's marks would take too long on: more than
+    :data:`MAX_MARKS` of :func:`marks_size`, or one text longer than
+    :data:`MAX_MARKED_TEXT`. Costs at most about :data:`MAX_MARKS` steps.
+
+    Raises:
+        ValueError: the envelope is too large to mark (the caller's ``peer-answer-invalid``).
+    """
+    if not isinstance(envelope, dict):
+        return
+    if marks_size(envelope, MAX_MARKS) > MAX_MARKS:
+        raise ValueError(f"the answer is too large for this guest to screen (over {MAX_MARKS:,} characters)")
+    for _item, texts in _envelope_items(envelope):
+        for text in texts:
+            if isinstance(text, str) and len(text) > MAX_MARKED_TEXT:
+                raise ValueError(f"a text of the answer is longer than {MAX_MARKED_TEXT:,} characters")
+
+
 def mark_envelope(envelope: Any) -> Any:
     """Mark a peer's search envelope in place (module docstring): each ``results`` item
     (scanning its ``textPreview``, ``source``, heading path, metadata strings —
@@ -357,4 +386,5 @@ def merged_fence_holds(fence: Any, results: Any) -> bool:
 
 
 __all__ = ["BEGIN", "END", "NOTICE", "TEXT_NOTICE", "REASONS", "fenced", "unfenced", "mark_answer", "mark_envelope", "mark_merged", "marks_size",
+           "check_markable", "MAX_MARKS", "MAX_MARKED_TEXT",
            "merged_fence", "merged_fence_holds", "scan"]

@@ -125,13 +125,24 @@ class PeerSession:
         return _NextQuestion(self.questions)
 
     def _on_results(self, message: dict[str, Any]) -> None:
-        from node.answer.fence import mark_answer
+        from node.answer.fence import check_markable, mark_answer
 
-        mark_answer(message)  # the guest's own marks: untrusted, suspicious (never the host's)
+        refused: KithError | None = None
+        try:  # an answer too large to screen is refused before it is scanned
+            check_markable(message.get("envelope"))
+        except ValueError as exc:
+            from node.common.errors import error_for
+
+            refused = error_for("peer-answer-invalid", f"the host's answer was refused by this guest: {exc}")
+        else:
+            mark_answer(message)  # the guest's own marks: untrusted, suspicious (never the host's)
 
         def deliver() -> None:
             if self._waiter is not None and not self._waiter.done():
-                self._waiter.set_result(message)
+                if refused is not None:
+                    self._waiter.set_exception(refused)
+                else:
+                    self._waiter.set_result(message)
         try:
             on_loop = asyncio.get_running_loop() is self._loop
         except RuntimeError:  # a worker thread (a long answer, or inline hooks off)
