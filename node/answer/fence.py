@@ -252,12 +252,18 @@ def check_markable(envelope: Any) -> None:
     """
     if not isinstance(envelope, dict):
         return
-    if marks_size(envelope, MAX_MARKS) > MAX_MARKS:
-        raise ValueError(f"the answer is too large for this guest to screen (over {MAX_MARKS:,} characters)")
+    total = 0  # marks_size's count, and each text's length, in one walk
     for _item, texts in _envelope_items(envelope):
+        total += ITEM_CHARS
         for text in texts:
-            if isinstance(text, str) and len(text) > MAX_MARKED_TEXT:
+            size = len(text) if isinstance(text, str) else 0
+            if size > MAX_MARKED_TEXT:
                 raise ValueError(f"a text of the answer is longer than {MAX_MARKED_TEXT:,} characters")
+            total += TEXT_CHARS + size
+            if total > MAX_MARKS:
+                break
+        if total > MAX_MARKS:
+            raise ValueError(f"the answer is too large for this guest to screen (over {MAX_MARKS:,} characters)")
 
 
 def mark_envelope(envelope: Any) -> Any:
