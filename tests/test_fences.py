@@ -406,6 +406,44 @@ def test_a_guest_takes_an_answer_heavy_beside_its_text_in_a_thread(kind):
     assert hooks.on_message.inline(inline, _heavy_beside_its_text(kind)) is None
 
 
+def _one_long_result(texts: int, chars: int = 8_000) -> dict:
+    """A ``results`` message of one well-formed result whose heading path holds ``texts``
+    crafted texts of ``chars`` characters each (every "ignore" starts a search)."""
+    crafted = ("ignore all " * (chars // 11 + 1))[:chars]
+    result = {"id": "r1", "source": "/docs/notes.md", "textPreview": "walrus",
+              "provenance": {"location": {"headingPath": [crafted] * texts}}}
+    return {"action": "results", "query_id": "q1", "status": "ok", "envelope": {"results": [result]}}
+
+
+def test_an_items_texts_count_together_for_the_longest_text_the_scan_may_read():
+    """The scan reads an item's texts as one (joined by newlines), so the bound on what
+    one search may read counts a result's texts together: three heading texts of 6,000
+    characters — each short enough alone — are refused, one of 6,000 is not; a host's
+    real answer (a 280-character preview, a long source id, a heading path) is far under
+    it."""
+    from node.answer.fence import MAX_MARKED_TEXT, check_markable
+
+    with pytest.raises(ValueError, match="characters of text"):
+        check_markable(_one_long_result(3, 6_000)["envelope"])
+    check_markable(_one_long_result(1, 6_000)["envelope"])
+    real = {"results": [{"textPreview": "w" * 280, "source": "/" + "s" * 1023,
+                         "provenance": {"location": {"headingPath": ["a heading " * 12] * 6}}}],
+            "citationPack": {"citations": [{"excerpt": "x" * 600}]}}
+    check_markable(real)
+    assert MAX_MARKED_TEXT >= 8_000 + 1024  # the longest textPreview and source a guest accepts
+
+
+def test_the_outbox_refuses_an_answer_too_large_to_screen():
+    """An outbox question's answer (live or sealed) whose marks would cost too much — one
+    result's texts together over ``MAX_MARKED_TEXT`` — does not close its row: it is
+    ``peer-answer-invalid`` (it was once ``answered``, and its text scanned when shown)."""
+    from node.guest.outbox import classify
+
+    assert classify(_one_long_result(1, 600), "q1").state == "answered"
+    refused = classify(_one_long_result(32), "q1")
+    assert (refused.state, refused.code) == (None, "peer-answer-invalid")
+
+
 @pytest.mark.parametrize("pack", [{"citations": 5}, {"citations": "x" * 1000}, {"citations": {"excerpt": "x"}}])
 def test_marks_read_through_an_envelope_whose_lists_are_not_lists(pack):
     """A host's ``citationPack.citations`` (or ``answerSynthesis.sentences``) of another
@@ -498,11 +536,16 @@ def test_a_hostile_hosts_heavy_answer_does_not_stall_a_pooled_guests_event_loop(
 @pytest.mark.parametrize("results", [
     "[{'textPreview': 'ignore all ' * 2_000, 'source': '/docs/notes.md'}]",  # one text of 22,000
     "[{'textPreview': 'w', 'source': '/docs/notes.md', 'tags': ['walrus'] * 14_000} for _ in range(20)]",
+    # one result whose texts are each short enough but together one search of 256,000
+    # crafted characters (it once stalled the guest's event loop 448 ms, in a thread too)
+    "[{'textPreview': 'w', 'source': '/docs/notes.md', 'provenance': {'location': "
+    "{'headingPath': [('ignore all ' * 728)[:8_000]] * 32}}}]",
 ])
 def test_a_pooled_guest_refuses_an_answer_too_large_to_screen_before_it_scans_it(tmp_path, results):
     """A hostile host's answer whose marks would cost too much — one text longer than
     ``MAX_MARKED_TEXT`` (crafted: every "ignore" starts a search of the next 70
-    characters), or more than ``MAX_MARKS`` of tags in all — is refused
+    characters), one result whose texts are longer than that together (the scan reads
+    them as one text), or more than ``MAX_MARKS`` of tags in all — is refused
     ``peer-answer-invalid`` before a pattern runs on it; its session is ended, as after any
     answer this guest refuses, and the next question opens another (refused the same)."""
     from node.answer import fence
@@ -538,6 +581,51 @@ def test_a_pooled_guest_refuses_an_answer_too_large_to_screen_before_it_scans_it
         fence.scan = real_scan
         host.stop()
     assert codes == ["peer-answer-invalid", "peer-answer-invalid"] and opened == 2
+    assert scanned == []  # refused before any text was scanned
+
+
+@pytest.mark.iroh
+def test_kith_join_refuses_an_answer_too_large_to_screen_unread(tmp_path):
+    """``kith join`` (and :func:`node.guest.guest.ask`, which it and MCP use) takes a hostile
+    host's answer whose one result holds 32 heading texts of 8,000 crafted characters —
+    each short enough alone, 256,000 for one search of the scan together (about half a
+    second holding the interpreter) — as ``peer-answer-invalid``: it says so for that
+    question, exits 1 (``questions-unanswered``) without a traceback, shows none of the
+    host's text and never scans it. It once printed ``[q1] ok: 1 result(s)`` after the scan."""
+    from node.answer import fence
+    from node.guest.guest import GuestOptions, ask
+
+    from support.cli import kith
+
+    host, guest_home, target = _hostile_host(
+        tmp_path, "[{'id': 'r1', 'textPreview': 'walrus', 'source': '/docs/notes.md', 'provenance': {'location': "
+                  "{'headingPath': [('ignore all ' * 728)[:8_000]] * 32}}}]")
+    scanned: list[int] = []
+    real_scan = fence.scan
+
+    def counting(*texts):
+        scanned.append(len(texts))
+        return real_scan(*texts)
+
+    async def main():
+        with anyio.fail_after(60):
+            return await ask(guest_home, load_or_init_identity(guest_home), target,
+                             GuestOptions(queries=("walrus",)), local=True)
+
+    try:
+        r = kith(guest_home, "join", str(tmp_path / "invite.json"), "--local", "--trust", "--query", "walrus")
+        fence.scan = counting
+        try:
+            got = anyio.run(main, backend="asyncio")
+        finally:
+            fence.scan = real_scan
+    finally:
+        host.stop()
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "[q1] peer-answer-invalid: this guest refused the host's answer unread" in r.stdout
+    assert "error [questions-unanswered]: 1 of 1 question(s) not answered: q1 peer-answer-invalid" in r.stderr
+    assert "Traceback" not in r.stdout + r.stderr and "ignore all" not in r.stdout
+    assert [m["status"] for m in got.answers] == ["peer-answer-invalid"] and got.answers[0]["envelope"] == {}
     assert scanned == []  # refused before any text was scanned
 
 

@@ -232,38 +232,45 @@ def marks_size(envelope: Any, limit: int) -> int:
 
 
 #: The most work a guest's marks of one peer answer may take (:func:`marks_size`), and the
-#: longest single text they may scan (characters). A longer answer is refused before it
-#: is scanned (:func:`check_markable`): the patterns cost up to about 2 ms per 1,000
-#: characters of a crafted text, and one regex search holds the interpreter for its
-#: whole text, so a 7.7 MB text froze a guest process for 9.7 s even in a worker thread.
-#: A top-20 python-docs answer marks about 13,000; a result's text is at most 8,000
-#: (node/guest/peer_results.py, ``MAX_PREVIEW_CHARS``).
+#: longest text one search of the patterns may read (characters): an item's texts as
+#: :func:`scan` joins them — a result's text, source, heading path, metadata and
+#: ``alsoIn`` sources together, or a citation's excerpt. A larger answer is refused before
+#: it is scanned (:func:`check_markable`): the patterns cost up to about 2 ms per 1,000
+#: characters of a crafted text, and one regex search holds the interpreter for its whole
+#: text, so a 7.7 MB text froze a guest process for 9.7 s even in a worker thread, and
+#: one result whose heading path held 31 texts of 8,000 crafted characters (each short
+#: enough alone) stalled a pooled guest's event loop 448 ms. A top-20 python-docs answer
+#: marks at most about 21,000, and its longest item reads 600 (a host's ``textPreview``
+#: is at most 280 characters, a citation's excerpt 600: node/answer/envelope.py).
 MAX_MARKS = 262_144
-MAX_MARKED_TEXT = 8_000
+MAX_MARKED_TEXT = 16_384
 
 
 def check_markable(envelope: Any) -> None:
     """Refuse an envelope the guest's marks would take too long on: more than
-    :data:`MAX_MARKS` of :func:`marks_size`, or one text longer than
-    :data:`MAX_MARKED_TEXT`. Costs at most about :data:`MAX_MARKS` steps.
+    :data:`MAX_MARKS` of :func:`marks_size`, or one item whose texts, joined as
+    :func:`scan` reads them, are longer than :data:`MAX_MARKED_TEXT`. Costs at most about
+    :data:`MAX_MARKS` steps.
 
     Raises:
         ValueError: the envelope is too large to mark (the caller's ``peer-answer-invalid``).
     """
     if not isinstance(envelope, dict):
         return
-    total = 0  # marks_size's count, and each text's length, in one walk
+    total = 0  # marks_size's count, and each item's joined texts, in one walk
     for _item, texts in _envelope_items(envelope):
         total += ITEM_CHARS
+        read = -1  # scan joins an item's texts with one newline between them
         for text in texts:
             size = len(text) if isinstance(text, str) else 0
-            if size > MAX_MARKED_TEXT:
-                raise ValueError(f"a text of the answer is longer than {MAX_MARKED_TEXT:,} characters")
+            read += size + 1 if isinstance(text, str) else 0
             total += TEXT_CHARS + size
             if total > MAX_MARKS:
                 break
         if total > MAX_MARKS:
             raise ValueError(f"the answer is too large for this guest to screen (over {MAX_MARKS:,} characters)")
+        if read > MAX_MARKED_TEXT:
+            raise ValueError(f"one result or citation of the answer holds more than {MAX_MARKED_TEXT:,} characters of text")
 
 
 def mark_envelope(envelope: Any) -> Any:

@@ -148,6 +148,8 @@ def status_line(message: Mapping[str, Any], shown: int) -> str:
         return f"[{qid}] policy-denied: the host does not answer this node's questions"
     if status == "no-verified-results":
         return f"[{qid}] no-verified-results: nothing the host may show matched"
+    if status == "peer-answer-invalid":  # node/guest/guest.py, refused_answer
+        return f"[{qid}] peer-answer-invalid: {_clean(message.get('error'), 200) or 'this guest refused the host answer'}"
     return f"[{qid}] {status}: {shown} result(s)"
 
 

@@ -86,6 +86,19 @@ class AskResult:
     answers: list[dict[str, Any]] = field(default_factory=list)
 
 
+def refused_answer(message: dict[str, Any], reason: str) -> dict[str, Any]:
+    """What this guest keeps of a host's ``results`` message it refused unread (too large
+    for its fence to screen): the same ``action`` and ``query_id``, status
+    ``peer-answer-invalid``, ``error`` saying why (``reason``) and an empty envelope —
+    none of the host's text.
+
+    Returns:
+        A new message; ``message`` is left as it was.
+    """
+    return {"action": message.get("action"), "query_id": message.get("query_id"), "status": "peer-answer-invalid",
+            "error": f"this guest refused the host's answer unread: {reason}", "envelope": {}}
+
+
 async def resolve_invitation(arg: str, *, server_url: str | None) -> Invitation:
     """Turn ``kith join``'s argument into a parsed (not yet verified) invitation.
 
@@ -306,7 +319,9 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
     Returns:
         :class:`AskResult` with the session outcome and every ``results`` message, each
         marked as peer evidence on arrival (:func:`node.answer.fence.mark_answer`:
-        ``untrusted`` and ``suspicious`` on every result and citation).
+        ``untrusted`` and ``suspicious`` on every result and citation) — or, for an answer
+        too large for the fence to screen (:func:`node.answer.fence.check_markable`), never
+        scanned: :func:`refused_answer` in its place, status ``peer-answer-invalid``.
 
     Raises:
         TransportError: bind/connect failures (``transport-*``).
@@ -319,7 +334,7 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
     manifest_out = [False]  # the copy_list was sent: the next reply is its, never an answer
 
     def on_results(message: dict[str, Any]) -> None:
-        from node.answer.fence import mark_answer
+        from node.answer.fence import check_markable, mark_answer
 
         if manifest_out[0]:  # asked below, after the questions: what the host withdrew from the copy
             # (a rate-limited `results` when the peer's quota cannot pay it: the next sync asks)
@@ -329,7 +344,12 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
             if target.pinned_name is not None:
                 record_withdrawn(CopyStore(home, target.pinned_name), message)
             return
-        mark_answer(message)  # the guest's own marks: untrusted, suspicious (never the host's)
+        try:  # an answer too large to screen is refused before it is scanned
+            check_markable(message.get("envelope"))
+        except ValueError as exc:
+            message = refused_answer(message, str(exc))
+        else:
+            mark_answer(message)  # the guest's own marks: untrusted, suspicious (never the host's)
         result.answers.append(message)
         if options.on_results is not None:
             options.on_results(message)

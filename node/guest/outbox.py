@@ -155,12 +155,14 @@ def classify(message: Any, query_id: str) -> Outcome:
     """Judge a host's ``results`` message to an outbox question (specs/outbox.md §3).
 
     Only a complete answer closes the row: status ``ok`` or ``no-verified-results`` with a
-    well-formed envelope (:func:`node.guest.peer_results.check_results`) for this very
+    well-formed envelope (:func:`node.guest.peer_results.check_results`) small enough for
+    the fence to screen (:func:`node.answer.fence.check_markable`) for this very
     ``query_id``. ``pending-approval`` (with its envelope) keeps the row open as
     ``pending-approval``. Anything else — ``rate-limited``, a refusal, a malformed
     envelope, an answer to another ``query_id``, a status claiming it answered before —
     changes nothing but the recorded code: the question is asked again.
     """
+    from node.answer.fence import check_markable
     from node.guest.peer_results import check_results
 
     if not isinstance(message, dict):
@@ -174,6 +176,7 @@ def classify(message: Any, query_id: str) -> Outcome:
         return Outcome(None, "rate-limited", float(ra) if ok else None)
     try:
         check_results(message.get("envelope"))
+        check_markable(message.get("envelope"))  # too large to screen: refused unread
     except ValueError:
         return Outcome(None, "peer-answer-invalid")
     if status in ("ok", "no-verified-results"):
