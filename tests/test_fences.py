@@ -455,6 +455,22 @@ def test_marks_read_through_an_envelope_whose_lists_are_not_lists(pack):
     assert env["citationPack"] == pack
 
 
+@pytest.fixture()
+def scanned(monkeypatch):
+    """The fence's scans made while the test runs (how many texts each got)."""
+    from node.answer import fence
+
+    calls: list[int] = []
+    real_scan = fence.scan
+
+    def counting(*texts):
+        calls.append(len(texts))
+        return real_scan(*texts)
+
+    monkeypatch.setattr(fence, "scan", counting)
+    return calls
+
+
 def _hostile_host(tmp_path: Path, results: str, citations: str = "[]"):
     """A real ``kith host`` (``HostProcess``) whose own knowledge-query hooks answer every
     query with the ``results`` and citations the Python expressions give, and the
@@ -541,23 +557,16 @@ def test_a_hostile_hosts_heavy_answer_does_not_stall_a_pooled_guests_event_loop(
     "[{'textPreview': 'w', 'source': '/docs/notes.md', 'provenance': {'location': "
     "{'headingPath': [('ignore all ' * 728)[:8_000]] * 32}}}]",
 ])
-def test_a_pooled_guest_refuses_an_answer_too_large_to_screen_before_it_scans_it(tmp_path, results):
+def test_a_pooled_guest_refuses_an_answer_too_large_to_screen_before_it_scans_it(tmp_path, results, scanned):
     """A hostile host's answer whose marks would cost too much — one text longer than
     ``MAX_MARKED_TEXT`` (crafted: every "ignore" starts a search of the next 70
     characters), one result whose texts are longer than that together (the scan reads
     them as one text), or more than ``MAX_MARKS`` of tags in all — is refused
     ``peer-answer-invalid`` before a pattern runs on it; its session is ended, as after any
     answer this guest refuses, and the next question opens another (refused the same)."""
-    from node.answer import fence
     from node.common.errors import KithError
 
     host, guest_home, target = _hostile_host(tmp_path, results)
-    scanned: list[int] = []
-    real_scan = fence.scan
-
-    def counting(*texts):
-        scanned.append(len(texts))
-        return real_scan(*texts)
 
     async def main():
         codes = []
@@ -574,25 +583,22 @@ def test_a_pooled_guest_refuses_an_answer_too_large_to_screen_before_it_scans_it
             opened = pool.stats.sessions_opened
         return codes, opened
 
-    fence.scan = counting
     try:
         codes, opened = anyio.run(main, backend="asyncio")
     finally:
-        fence.scan = real_scan
         host.stop()
     assert codes == ["peer-answer-invalid", "peer-answer-invalid"] and opened == 2
     assert scanned == []  # refused before any text was scanned
 
 
 @pytest.mark.iroh
-def test_kith_join_refuses_an_answer_too_large_to_screen_unread(tmp_path):
+def test_kith_join_refuses_an_answer_too_large_to_screen_unread(tmp_path, scanned):
     """``kith join`` (and :func:`node.guest.guest.ask`, which it and MCP use) takes a hostile
     host's answer whose one result holds 32 heading texts of 8,000 crafted characters —
     each short enough alone, 256,000 for one search of the scan together (about half a
     second holding the interpreter) — as ``peer-answer-invalid``: it says so for that
     question, exits 1 (``questions-unanswered``) without a traceback, shows none of the
     host's text and never scans it. It once printed ``[q1] ok: 1 result(s)`` after the scan."""
-    from node.answer import fence
     from node.guest.guest import GuestOptions, ask
 
     from support.cli import kith
@@ -600,13 +606,6 @@ def test_kith_join_refuses_an_answer_too_large_to_screen_unread(tmp_path):
     host, guest_home, target = _hostile_host(
         tmp_path, "[{'id': 'r1', 'textPreview': 'walrus', 'source': '/docs/notes.md', 'provenance': {'location': "
                   "{'headingPath': [('ignore all ' * 728)[:8_000]] * 32}}}]")
-    scanned: list[int] = []
-    real_scan = fence.scan
-
-    def counting(*texts):
-        scanned.append(len(texts))
-        return real_scan(*texts)
-
     async def main():
         with anyio.fail_after(60):
             return await ask(guest_home, load_or_init_identity(guest_home), target,
@@ -614,11 +613,7 @@ def test_kith_join_refuses_an_answer_too_large_to_screen_unread(tmp_path):
 
     try:
         r = kith(guest_home, "join", str(tmp_path / "invite.json"), "--local", "--trust", "--query", "walrus")
-        fence.scan = counting
-        try:
-            got = anyio.run(main, backend="asyncio")
-        finally:
-            fence.scan = real_scan
+        got = anyio.run(main, backend="asyncio")
     finally:
         host.stop()
     assert r.returncode == 1, (r.stdout, r.stderr)
