@@ -207,6 +207,28 @@ ITEM_CHARS = 40
 TEXT_CHARS = 4
 
 
+def _measure(envelope: dict[str, Any], limit: int) -> tuple[int, int]:
+    """``(size, longest)``: :func:`marks_size`'s count, and the longest item's texts as
+    :func:`scan` joins them (one newline between two), in one walk that stops once the
+    size passes ``limit``."""
+    total = longest = 0
+    for _item, texts in _envelope_items(envelope):
+        total += ITEM_CHARS
+        if total > limit:
+            break
+        read = -1
+        for text in texts:
+            size = len(text) if isinstance(text, str) else 0
+            read += size + 1 if isinstance(text, str) else 0
+            total += TEXT_CHARS + size
+            if total > limit:
+                break
+        longest = max(longest, read)
+        if total > limit:
+            break
+    return total, longest
+
+
 def marks_size(envelope: Any, limit: int) -> int:
     """How much work :func:`mark_envelope` does on ``envelope``, in characters of text:
     each text :func:`scan` would read counts its length plus :data:`TEXT_CHARS`, each item
@@ -217,18 +239,7 @@ def marks_size(envelope: Any, limit: int) -> int:
     Returns:
         The size, or a number above ``limit`` when it is larger; 0 for a non-dict.
     """
-    if not isinstance(envelope, dict):
-        return 0
-    total = 0
-    for _item, texts in _envelope_items(envelope):
-        total += ITEM_CHARS
-        if total > limit:
-            return total
-        for text in texts:
-            total += TEXT_CHARS + (len(text) if isinstance(text, str) else 0)
-            if total > limit:
-                return total
-    return total
+    return _measure(envelope, limit)[0] if isinstance(envelope, dict) else 0
 
 
 #: The most work a guest's marks of one peer answer may take (:func:`marks_size`), and the
@@ -257,20 +268,25 @@ def check_markable(envelope: Any) -> None:
     """
     if not isinstance(envelope, dict):
         return
-    total = 0  # marks_size's count, and each item's joined texts, in one walk
-    for _item, texts in _envelope_items(envelope):
-        total += ITEM_CHARS
-        read = -1  # scan joins an item's texts with one newline between them
-        for text in texts:
-            size = len(text) if isinstance(text, str) else 0
-            read += size + 1 if isinstance(text, str) else 0
-            total += TEXT_CHARS + size
-            if total > MAX_MARKS:
-                break
-        if total > MAX_MARKS:
-            raise ValueError(f"the answer is too large for this guest to screen (over {MAX_MARKS:,} characters)")
-        if read > MAX_MARKED_TEXT:
-            raise ValueError(f"one result or citation of the answer holds more than {MAX_MARKED_TEXT:,} characters of text")
+    size, longest = _measure(envelope, MAX_MARKS)
+    if size > MAX_MARKS:
+        raise ValueError(f"the answer is too large for this guest to screen (over {MAX_MARKS:,} characters)")
+    if longest > MAX_MARKED_TEXT:
+        raise ValueError(f"one result or citation of the answer holds more than {MAX_MARKED_TEXT:,} characters of text")
+
+
+def screen_answer(message: Any) -> Any:
+    """:func:`check_markable` of a peer's ``results`` message's envelope, then
+    :func:`mark_answer`: what every guest does with an answer as it arrives (the warm
+    pool, ``kith join``). Returns ``message``, marked in place.
+
+    Raises:
+        ValueError: too large to screen; nothing of it was scanned or marked (the
+            caller's ``peer-answer-invalid``).
+    """
+    if isinstance(message, dict):
+        check_markable(message.get("envelope"))
+    return mark_answer(message)
 
 
 def mark_envelope(envelope: Any) -> Any:
@@ -399,5 +415,5 @@ def merged_fence_holds(fence: Any, results: Any) -> bool:
 
 
 __all__ = ["BEGIN", "END", "NOTICE", "TEXT_NOTICE", "REASONS", "fenced", "unfenced", "mark_answer", "mark_envelope", "mark_merged", "marks_size",
-           "check_markable", "MAX_MARKS", "MAX_MARKED_TEXT",
+           "check_markable", "screen_answer", "MAX_MARKS", "MAX_MARKED_TEXT",
            "merged_fence", "merged_fence_holds", "scan"]

@@ -6,7 +6,8 @@ The ``knowledge-query`` host's ``on_message.inline`` asks ``ctx.knowledge.small(
 (``query`` and ``topK`` only: a filtered search may go several rounds deeper), its query
 is at most :data:`INLINE_QUERY_CHARS` long (the last answer's cost says nothing about a
 longer one: a peer could warm its view with a short question and then have 2,000
-characters searched on the loop) and the view's last answer cost at most :data:`INLINE_CPU_S` of CPU under the same lens key
+characters searched on the loop) and the view's last answer cost at most
+:data:`INLINE_CPU_S` of CPU under the same lens key
 (:meth:`node.policy.gate.EgressGate.lens_key`: policy stamp, grants in force, peer,
 corpus generation) — so the view's index is built and current; a first answer, a sync,
 a policy change or a grant that ended since is not small. Only *where* an answer runs

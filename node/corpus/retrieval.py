@@ -939,11 +939,12 @@ def pass_queries(holder: Any, searcher: Any, schema: Any, query: str, plan: Plan
     it searches, both fixed for ``holder``; tantivy queries are immutable, so a kept one
     searches exactly as a new one. The plan's passes and key-term pairs
     (:data:`PROXIMITY_PAIRS`) and the tunables the builders read (boosts, the
-    expansion's share and floor) are part of the key, so a tuning run that changes one between searches gets queries built with it.
-    Callers must not mutate the dict."""
-    key = (query, tuple(plan.passes), tuple(map(tuple, plan.pairs)), EXPANSION_SHARE, EXPANSION_FLOOR, EXPANSION_WEIGHT,
-           EXPANSION_BOOST, PAIR_BOOST, PAIR_SLOP, REWRITE_SECTION_BOOST, REWRITE_TITLE_BOOST, IDS_KEPT, search.TITLE_BOOST,
-           search.SECTION_BOOST, search.IDENT_BOOST, search.EXACT_FORM_BOOST, search.DEFINES_BOOST)
+    expansion's share and floor) are part of the key, so a tuning run that changes one
+    between searches gets queries built with it. Callers must not mutate the dict."""
+    key = (query, tuple(plan.passes), tuple(map(tuple, plan.pairs)), EXPANSION_SHARE, EXPANSION_FLOOR,
+           EXPANSION_WEIGHT, EXPANSION_BOOST, PAIR_BOOST, PAIR_SLOP, REWRITE_SECTION_BOOST, REWRITE_TITLE_BOOST,
+           IDS_KEPT, search.TITLE_BOOST, search.SECTION_BOOST, search.IDENT_BOOST, search.EXACT_FORM_BOOST,
+           search.DEFINES_BOOST)
     kept = holder.queries.get(key)
     if kept is not None:
         return kept

@@ -334,7 +334,7 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
     manifest_out = [False]  # the copy_list was sent: the next reply is its, never an answer
 
     def on_results(message: dict[str, Any]) -> None:
-        from node.answer.fence import check_markable, mark_answer
+        from node.answer.fence import screen_answer
 
         if manifest_out[0]:  # asked below, after the questions: what the host withdrew from the copy
             # (a rate-limited `results` when the peer's quota cannot pay it: the next sync asks)
@@ -344,12 +344,10 @@ async def ask(home: Path, identity: Identity, target: Target, options: GuestOpti
             if target.pinned_name is not None:
                 record_withdrawn(CopyStore(home, target.pinned_name), message)
             return
-        try:  # an answer too large to screen is refused before it is scanned
-            check_markable(message.get("envelope"))
+        try:  # the guest's own marks (never the host's); too large to screen: refused unread
+            screen_answer(message)
         except ValueError as exc:
             message = refused_answer(message, str(exc))
-        else:
-            mark_answer(message)  # the guest's own marks: untrusted, suspicious (never the host's)
         result.answers.append(message)
         if options.on_results is not None:
             options.on_results(message)

@@ -125,17 +125,15 @@ class PeerSession:
         return _NextQuestion(self.questions)
 
     def _on_results(self, message: dict[str, Any]) -> None:
-        from node.answer.fence import check_markable, mark_answer
+        from node.answer.fence import screen_answer
 
         refused: KithError | None = None
-        try:  # an answer too large to screen is refused before it is scanned
-            check_markable(message.get("envelope"))
+        try:  # the guest's own marks (never the host's); too large to screen: refused unread
+            screen_answer(message)
         except ValueError as exc:
             from node.common.errors import error_for
 
             refused = error_for("peer-answer-invalid", f"the host's answer was refused by this guest: {exc}")
-        else:
-            mark_answer(message)  # the guest's own marks: untrusted, suspicious (never the host's)
 
         def deliver() -> None:
             if self._waiter is not None and not self._waiter.done():
