@@ -218,12 +218,15 @@ def _measure(envelope: dict[str, Any], limit: int) -> tuple[int, int]:
             break
         read = -1
         for text in texts:
-            size = len(text) if isinstance(text, str) else 0
-            read += size + 1 if isinstance(text, str) else 0
-            total += TEXT_CHARS + size
+            if isinstance(text, str):
+                read += len(text) + 1
+                total += TEXT_CHARS + len(text)
+            else:
+                total += TEXT_CHARS
             if total > limit:
                 break
-        longest = max(longest, read)
+        if read > longest:
+            longest = read
         if total > limit:
             break
     return total, longest
