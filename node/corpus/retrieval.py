@@ -324,7 +324,12 @@ def expansion_sources(query: str) -> list[tuple[str, tuple[str, ...]]]:
 def expansions(query: str) -> list[str]:
     """Expansion stems for ``query`` (not already among its own stems), in query order
     (:func:`expansion_sources`, flattened, each once)."""
-    return list(dict.fromkeys(t for _src, targets in expansion_sources(query) for t in targets))
+    return _flattened(expansion_sources(query))
+
+
+def _flattened(sources: list[tuple[str, tuple[str, ...]]]) -> list[str]:
+    """The expansion stems of :func:`expansion_sources`' ``sources``, each once, in order."""
+    return list(dict.fromkeys(t for _src, targets in sources for t in targets))
 
 
 @dataclass
@@ -390,9 +395,10 @@ def _make_plan(query: str, proximity_pairs: bool) -> Plan:
     keys = search.key_terms(query)
     words = [k for k in keys if not k.isdigit()]
     pairs = [[a, b] for a, b in zip(words, words[1:])] if proximity_pairs else []
+    sources = expansion_sources(query)  # once: the expansions are its flattening
     return Plan(query=query, stems=search.query_terms(query), key_terms=keys,
-                exact_units=search.exact_units(query), expansions=expansions(query),
-                pairs=pairs, sources=expansion_sources(query))
+                exact_units=search.exact_units(query), expansions=_flattened(sources),
+                pairs=pairs, sources=sources)
 
 
 def _should(subs: Iterable[Any]) -> Any:
