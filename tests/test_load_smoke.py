@@ -31,10 +31,16 @@ def test_load_script_reports_every_section_and_the_killed_guest():
     assert r["killed"]["answers_to_others_meanwhile"] >= 1
     assert r["garbage"]["connections_refused"] >= 1
     assert r["ui"]["bundle_bytes"] > 10_000_000 and r["join"]["ours_ms"] > 0
-    # the run where every guest asks different questions, beside the HTTP service's
-    d = r["distinct"]
-    assert d["kith"]["count"] == 12 and d["kith"]["outcomes"] == {"completed": 3}
-    assert d["http"]["count"] == 12 and d["http"]["server_cpu_ms_per_request"] > 0
+    # the run where every guest asks different questions, alternated with the HTTP service's
+    runs = r["distinct"]["runs"]
+    assert len(runs) == 2
+    for d in runs:
+        assert d["kith"]["count"] == 12 and d["kith"]["outcomes"] == {"completed": 3}
+        assert d["http"]["count"] == 12 and d["http"]["server_cpu_ms_per_request"] > 0
+    # the inline / thread rounds alternated with the HTTP service's
+    hop = r["hop"]
+    assert len(hop["inline"]["rps_runs"]) == len(hop["thread"]["rps_runs"]) == len(hop["http"]["rps_runs"]) == 2
+    assert all(c > 0 for c in hop["http"]["cpu_ms_runs"])
 
 
 def test_every_guest_of_the_distinct_run_asks_questions_no_one_else_asks():
