@@ -166,12 +166,20 @@ class _Pages:
 
     async def _act(self, request: Request, where: str,
                    action: Callable[[dict[str, str]], str]) -> Response:
-        """Run one change (in a worker thread) and redirect to ``where`` with its notice."""
+        """Run one change (in a worker thread) and redirect to ``where`` with its notice: a
+        refusal's code and message, a local I/O failure's too (``io-error``, ``disk-full``:
+        :func:`node.common.dbfaults.refusal_of` — a home the dashboard may read but not
+        write refuses every change so)."""
+        from node.common.dbfaults import refusal_of
+
         form = await self._form(request)
         try:
             text = await anyio.to_thread.run_sync(action, form)
-        except KithError as exc:
-            return self._done(where, "error", f"{exc.code}: {exc.message}")
+        except Exception as exc:  # noqa: BLE001 - re-raised unless it is a refusal
+            refusal = refusal_of(exc)
+            if refusal is None:
+                raise
+            return self._done(where, "error", f"{refusal.code}: {refusal.message}")
         return self._done(where, "ok", text)
 
     def _corpus(self) -> Any:
