@@ -392,6 +392,46 @@ def test_an_older_home_the_user_may_read_but_not_write_is_read_without_its_defau
     assert after == before and not (h / "agents.json").exists()
 
 
+def test_an_older_home_the_user_may_read_but_not_write_says_why_no_token_works(tmp_path: Path) -> None:
+    """A home made before agents (no ``agents.json``) that the user may read but not write
+    (a chmod; real processes without root's DAC capabilities) has no agent and cannot get
+    one: `kith mcp` refused ``agent-not-found`` (hint `kith agent list`, which lists none)
+    and the local API every token ``agent-token-invalid``, its start-up line saying `kith
+    agent add NAME` makes one — ways out that fail there. Both now refuse
+    ``agents-read-only``, whose hint is a home the user may write; that hint works: once
+    writable, `kith agent rotate default` prints a token the doors accept."""
+    import signal
+
+    from support.cli import readline, without_root_reads
+    from support.homes import files_of, read_only
+
+    prefix = without_root_reads()
+    h = initialized(tmp_path / "older")
+    env = {**os.environ, TOKEN_ENV: "kith_agent_" + "x" * 43}
+    with read_only(h) as before:
+        mcp = subprocess.run([*prefix, *KITH, "--home", str(h), "mcp"], capture_output=True, text=True,
+                             timeout=120, stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen([*prefix, *KITH, "--home", str(h), "api", "serve", "--port", "0", "--json",
+                                 "--offline"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            url = json.loads(readline(proc, 60))["url"]
+            refused = httpx.post(url + "/search", json={"query": "x"}, headers=bearer(env[TOKEN_ENV]), timeout=30)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            err = proc.communicate(timeout=30)[1]
+        after = files_of(h)
+    assert mcp.returncode == 1 and "error [agents-read-only]" in mcp.stderr, mcp.stderr
+    assert "chmod -R u+w" in mcp.stderr and "Traceback" not in mcp.stderr, mcp.stderr
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "agents-read-only", refused.text
+    assert "read-only for you" in err and "chmod -R u+w" in err and "kith agent add NAME" not in err, err
+    assert after == before and not (h / "agents.json").exists()
+    rotated = _kith(h, "agent", "rotate", "default", "--json")  # the hint, followed: the home writable again
+    assert rotated.returncode == 0, rotated.stderr
+    assert authorize(h, json.loads(rotated.stdout)["token"], Operation("connect"), agent="default").agent.name == \
+        "default"
+
+
 def test_mcp_holds_each_dimension_of_a_scope(home: Path) -> None:
     """Peers without the outbox: the outbox tools are refused, verify runs; then the same
     server refuses the agent once it has expired."""

@@ -298,3 +298,42 @@ def test_get_outbox_reads_a_home_this_user_may_read_but_not_write(tmp_path: Path
     assert shown.status_code == 200 and shown.json()["query"] == "where is the walrus", shown.text
     assert after == before
     assert "Traceback" not in err, err[-3000:]
+
+
+def test_api_serve_searches_a_home_this_user_may_read_but_not_write(tmp_path: Path) -> None:
+    """`kith api serve` (a real process without root's DAC capabilities) on an indexed home
+    the user may read but not write (a chmod): ``POST /search`` answered ``available:
+    false`` (tantivy's lock file) and the home's background runner stopped with an
+    ``[io-error]`` line (its ``runner.lock``). The search answers; one line says the runner
+    does not run on a read-only home; nothing in the home changes."""
+    import signal
+    import subprocess
+
+    from support.cli import KITH, readline, without_root_reads
+    from support.homes import files_of, node_home, read_only
+
+    prefix = without_root_reads()
+    home = node_home(tmp_path, "ro")
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    (kb / "deploy.md").write_text("# Deploy\n\nThe staging server is deleted automatically every night.\n")
+    with Corpus(home) as c:
+        c.add_root(kb)
+        c.sync()
+    headers = api_headers(home)
+    with read_only(home) as before:
+        proc = subprocess.Popen([*prefix, *KITH, "--home", str(home), "api", "serve", "--port", "0", "--json",
+                                 "--offline"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            url = json.loads(readline(proc, 60))["url"]
+            found = httpx.post(url + "/search", json={"query": "staging server"}, headers=headers, timeout=30)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            err = proc.communicate(timeout=30)[1]
+        after = files_of(home)
+    assert found.status_code == 200, found.text
+    assert found.json()["available"] is True and found.json()["results"][0]["source"] == "/kb/deploy.md", found.text
+    assert "[io-error]" not in err and "runner stopped" not in err and "Traceback" not in err, err[-3000:]
+    assert "read-only for you: its background runner does not run" in err, err
+    assert after == before

@@ -154,3 +154,37 @@ def test_the_outbox_tool_reads_a_home_this_user_may_read_but_not_write(tmp_path:
     assert [q["id"] for q in _structured(listed)["questions"]] == [qid]
     assert _structured(shown)["query"] == "where is the walrus"
     assert after == before
+
+
+def test_the_search_tool_answers_on_a_home_this_user_may_read_but_not_write(tmp_path: Path) -> None:
+    """`kith mcp` (the stdio server, a real process without root's DAC capabilities) on an
+    indexed home the user may read but not write (a chmod): the ``search`` tool answered
+    ``available: false`` (tantivy's lock file) and the home's background runner stopped
+    with an ``[io-error]`` line (its ``runner.lock``). The search answers; one line says
+    the runner does not run on a read-only home; nothing in the home changes."""
+    from support.cli import without_root_reads
+    from support.homes import files_of, read_only
+
+    prefix = without_root_reads()
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    (kb / "deploy.md").write_text("# Deploy\n\nThe staging server is deleted automatically every night.\n")
+    home = initialized(tmp_path / "ro")
+    with Corpus(home) as c:
+        c.add_root(kb)
+        c.sync()
+    env = mcp_env(home)
+
+    async def calls(s):
+        return await s.call_tool("search", {"query": "staging server"})
+
+    with read_only(home) as before, (tmp_path / "stderr.txt").open("w") as errlog:
+        found = _session(home, calls, env=env, prefix=prefix, errlog=errlog)
+        after = files_of(home)
+    err = (tmp_path / "stderr.txt").read_text()
+    env_out = _structured(found)
+    assert env_out["available"] is True and env_out["results"][0]["source"] == "/kb/deploy.md", env_out
+    assert "[io-error]" not in err and "runner stopped" not in err and "Traceback" not in err, err[-3000:]
+    said = " ".join(err.split())  # the log line is wrapped
+    assert "read-only for you" in said and "runner does not run" in said, err
+    assert after == before

@@ -67,6 +67,11 @@ def _credential_line(home: object) -> str:
     except KithError as exc:
         return f"  warning: no request can be authorised: {exc.message}"
     if n == 0:
+        from node.local.agents import agentless_read_only
+
+        refusal = agentless_read_only(home)  # type: ignore[arg-type]
+        if refusal is not None:
+            return f"  warning: no agent can use it. {refusal.message}\n  hint: {refusal.hint}"
         return ("  warning: no agent can use it (every request but GET /health needs an agent's token): "
                 "`kith agent add NAME` makes one")
     return (f"  every request but GET /health needs `Authorization: Bearer TOKEN` of one of this home's "

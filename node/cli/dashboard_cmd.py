@@ -19,7 +19,7 @@ def dashboard_cmd(
     live sessions, approvals and a search "as a peer sees it". Prints a login URL that
     works once (it sets a session cookie); every form carries a CSRF token; a foreign
     Host or Origin is refused."""
-    from node.local.dashboard.app import check_host, serve
+    from node.local.dashboard.app import check_host, keeps_login_file, serve
 
     check_host(host)
     # a typo in --home must not serve (and create) an empty node (issue 12, item 7)
@@ -41,6 +41,11 @@ def dashboard_cmd(
                           highlight=False, markup=False)
         # the URL alone on its own line, never wrapped, so it can be copied off a terminal
         err_console.print(login, highlight=False, markup=False, soft_wrap=True)
+        if not keeps_login_file(home):
+            err_console.print("note: this home is read-only for you: the login URL is kept in memory only (no "
+                              "dashboard.login), so `kith dashboard --login-link` cannot make a new one — restart "
+                              "the dashboard for a new one; changes made on its pages are refused",
+                              highlight=False, markup=False, soft_wrap=True)
         if json_out:
             emit_json({"url": base, "login": login})
         if open_browser:

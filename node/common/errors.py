@@ -358,6 +358,7 @@ _ROWS: dict[str, tuple[str, ...]] = {
     "agent-invalid": ("usage", "An agent name or scope value is not valid."),
     "agent-exists": ("config", "An agent of that name exists already.", "`kith agent rotate NAME` gives it a new token; `kith agent set NAME` changes its scope"),
     "agent-not-found": ("config", "No agent has that name.", "`kith agent list` shows the agents"),
+    "agents-read-only": ("agent", "This home has no agents (it was made before them) and is read-only for you: no agent can be made in it, so no token is accepted.", "make the home writable for you (`chmod -R u+w HOME`, or work on a copy you own); the next kith command then creates the agent 'default', and `kith agent rotate default` prints its token"),
     "agents-file-invalid": ("config", "<home>/agents.json is not a readable agents file.", "restore it from a backup, or move it aside: the next command creates the `default` agent again"),
     # --- generic ----------------------------------------------------------------------------
     "internal-error": ("internal", "An internal error occurred."),

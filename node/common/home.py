@@ -486,27 +486,41 @@ def open_home_db_readonly(path: Path) -> Any:
             open would block on); callers map them with
             :func:`node.common.dbfaults.sqlite_fault`.
     """
+    return open_home_db_readonly_uri(path)[0]
+
+
+def open_home_db_readonly_uri(path: Path) -> tuple[Any, str]:
+    """:func:`open_home_db_readonly`, with the URI it opened the file by: more read-only
+    connections to the file (other threads) open the same way.
+
+    Returns:
+        (the connection, its ``file:`` URI: ``?mode=ro``, or ``?mode=ro&immutable=1``).
+
+    Raises:
+        sqlite3.DatabaseError, OSError: as :func:`open_home_db_readonly`.
+    """
     import sqlite3
 
     _sqlite_may_open(path)
-    uri = Path(path).absolute().as_uri()
-    db = sqlite3.connect(f"{uri}?mode=ro", uri=True, check_same_thread=False, isolation_level=None)
+    uri = f"{Path(path).absolute().as_uri()}?mode=ro"
+    db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
     try:
         db.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        return db
+        return db, uri
     except sqlite3.OperationalError as exc:
         db.close()
         wal = f"{path}-wal"
         if not (getattr(exc, "sqlite_errorname", "") or "").startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")) \
                 or os.path.lexists(f"{path}-shm") or (os.path.lexists(wal) and os.stat(wal).st_size > 0):
             raise
-    db = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, check_same_thread=False, isolation_level=None)
+    uri += "&immutable=1"
+    db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
     try:
         db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # not a database: raised here
     except BaseException:
         db.close()
         raise
-    return db
+    return db, uri
 
 
 #: the way out of a bad ``config.toml``: it only holds defaults a command line can give

@@ -29,8 +29,10 @@ import os
 import shutil
 import sqlite3
 import sys
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
@@ -40,7 +42,8 @@ import tantivy
 from node.corpus import search
 from node.corpus.types import Root
 from node.common.errors import ConfigError, CorpusError
-from node.common.home import acquire_owner_lock, lock_owner, read_regular, release_owner_lock
+from node.common.home import (acquire_owner_lock, lock_owner, may_write, open_home_db_readonly_uri, read_regular,
+                              release_owner_lock)
 
 
 def index_meta_readable(index_dir: Path) -> bool:
@@ -56,6 +59,95 @@ def index_meta_readable(index_dir: Path) -> bool:
         return True
     except OSError:
         return False
+
+#: tantivy's lock files: never linked into a :class:`ReadingFolder` (tantivy makes its own there).
+_TANTIVY_LOCKS = frozenset({".tantivy-meta.lock", ".tantivy-writer.lock"})
+
+
+def _permission_denied(exc: BaseException) -> bool:
+    """True when tantivy's error (or an OSError) is the OS refusing a permission."""
+    return isinstance(exc, PermissionError) or "PermissionDenied" in str(exc)
+
+
+class ReadingFolder:
+    """A private temporary folder of symbolic links to the files of a tantivy index folder
+    the user may read but not write (a read-only copy, a chmod, a read-only mount).
+
+    tantivy creates and locks ``.tantivy-meta.lock`` in the folder it opens, even only to
+    read; opened here instead, it makes that file in this folder (which the user owns) and
+    reads every index file through its link. Used only when opening the index folder
+    itself was refused a permission: the writable path never makes one.
+
+    Args:
+        index_dir: the index folder (``<home>/corpus/tantivy``).
+
+    Raises:
+        OSError: the index folder cannot be listed, or the temporary folder not made.
+    """
+
+    def __init__(self, index_dir: Path) -> None:
+        self.index_dir = Path(index_dir)
+        #: the temporary folder (``$TMPDIR/kith-index-*``), removed by :meth:`remove`,
+        #: when the object is collected, or at exit
+        self.path = Path(tempfile.mkdtemp(prefix="kith-index-"))
+        self._remove = weakref.finalize(self, shutil.rmtree, str(self.path), True)
+        try:
+            self.refresh()
+        except BaseException:
+            self.remove()
+            raise
+
+    def refresh(self) -> None:
+        """Link the index folder's files that appeared since (a commit by a writer that
+        may write it) and drop the links of those gone. ``meta.json`` is linked by name,
+        so a new one renamed into place is read through the same link.
+
+        Raises:
+            OSError: the index folder cannot be listed.
+        """
+        names = set(os.listdir(self.index_dir)) - _TANTIVY_LOCKS
+        have = set(os.listdir(self.path)) - _TANTIVY_LOCKS
+        for name in names - have:
+            os.symlink(self.index_dir / name, self.path / name)
+        for name in have - names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path / name)
+
+    def remove(self) -> None:
+        """Delete the temporary folder (idempotent)."""
+        self._remove()
+
+
+def open_index_for_reading(index_dir: Path) -> tuple[Any, ReadingFolder | None]:
+    """Open the tantivy index in ``index_dir`` to search it: the folder itself, or — when
+    the OS refused that a permission (tantivy's lock file, written even to read, in a
+    folder this user may read but not write) — through a :class:`ReadingFolder`.
+
+    Returns:
+        (the tantivy ``Index``, the reading folder it was opened through or None). The
+        caller removes the reading folder once it drops the index.
+
+    Raises:
+        ValueError: tantivy's refusal (a damaged or missing index); a permission the
+            reading folder does not get round (an unreadable file) is still tantivy's
+            ``PermissionDenied``.
+    """
+    try:
+        return tantivy.Index.open(str(index_dir)), None
+    except ValueError as exc:
+        if not _permission_denied(exc):
+            raise
+        first = exc
+    try:
+        folder = ReadingFolder(index_dir)
+    except OSError:
+        raise first from None
+    try:
+        return tantivy.Index.open(str(folder.path)), folder
+    except BaseException:
+        folder.remove()
+        raise
+
 
 SCHEMA_VERSION = 2
 #: Chunks between two progress reports of a rebuild (:meth:`Record.acquire_writer`).
@@ -144,7 +236,14 @@ class Record:
         self.index: Any = None
         self.writer: Any = None
         self._wlock_fd: int | None = None
+        #: the ``file:`` URI the record's other read-only connections open (the reading
+        #: threads', views'): ``?mode=ro``, in a home the user may not write maybe
+        #: ``&immutable=1`` (:func:`node.common.home.open_home_db_readonly_uri`)
+        self.reading_uri = f"file:{self.db_path}?mode=ro"
         self._reader: tuple[Any, Any] | None = None  # (meta.json stamp, searcher)
+        #: the private folder :attr:`index` was opened through (a folder the user may read
+        #: but not write, :func:`open_index_for_reading`), else None
+        self._reading: ReadingFolder | None = None
         self._segments: tuple[Any, int, int] | None = None  # (stamp, max_doc sum, deleted)
         if readonly and not self.db_path.exists():
             return
@@ -154,8 +253,13 @@ class Record:
             self._open(readonly)
 
     def _open(self, readonly: bool) -> None:
-        self.db = sqlite3.connect(self.db_path, timeout=10.0, isolation_level=None,
-                                  check_same_thread=False)
+        if readonly and not may_write(self.db_path):
+            # a home this user may read but not write: read without making the -shm file
+            # SQLite would make beside a WAL record (open_home_db_readonly_uri)
+            self.db, self.reading_uri = open_home_db_readonly_uri(self.db_path)
+        else:
+            self.db = sqlite3.connect(self.db_path, timeout=10.0, isolation_level=None,
+                                      check_same_thread=False)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA busy_timeout=10000")
         # the header and the schema are read now: a file that is not a database, or
@@ -219,10 +323,18 @@ class Record:
         """Release the writer (if held) and close SQLite. Idempotent."""
         with self.lock:
             self.release_writer()
-            self.index = None
+            self._drop_index()
             if self.db is not None:
                 self.db.close()
                 self.db = None
+
+    def _drop_index(self) -> None:
+        """Forget the opened index (and its searcher), removing the reading folder it was
+        opened through, if any."""
+        self.index, self._reader = None, None
+        if self._reading is not None:
+            reading, self._reading = self._reading, None
+            reading.remove()
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
@@ -342,8 +454,8 @@ class Record:
                                       f"written: {again}",
                                       hint=f"check that {self.index_dir} is a folder this user can write, "
                                            "then run `kith index sync`") from None
+            self._drop_index()
             self.index = index
-            self._reader = None
             self._repair(full=rebuild, progress=progress)
         except BaseException:
             self.release_writer()
@@ -466,7 +578,7 @@ class Record:
             os.utime(path, ns=(st.st_atime_ns, max(time.time_ns(), st.st_mtime_ns + 1)))
 
     # -- search -----------------------------------------------------------------------------
-    def searcher(self) -> Any:
+    def searcher(self, *, _again: bool = False) -> Any:
         """The main index's searcher, reloaded only when tantivy's ``meta.json`` changed
         (a commit by any process). Callers hold :attr:`lock`.
 
@@ -482,13 +594,13 @@ class Record:
             try:
                 if not index_meta_readable(self.index_dir):
                     raise ValueError("meta.json is not a regular file")
-                index = tantivy.Index.open(str(self.index_dir))
+                index, reading = open_index_for_reading(self.index_dir)
             except ValueError:
                 raise CorpusError("index-unavailable",
                                   "The corpus index is unreadable; run `kith index sync`.") from None
             search.register_analyzers(index)
-            self.index = index
-            self._reader = None
+            self._drop_index()
+            self.index, self._reading = index, reading
         # tantivy rewrites meta.json (a new file, renamed into place) at every commit: the
         # reader is reloaded only when it changed (one stat instead of a reload per search)
         try:
@@ -498,14 +610,20 @@ class Record:
             stamp = None
         if self._reader is None or stamp is None or self._reader[0] != stamp:
             try:
+                if self._reading is not None:
+                    self._reading.refresh()  # the segment files a commit added
                 self.index.reload()
                 self._reader = (stamp, self.index.searcher())
-            except ValueError:
+            except (ValueError, OSError) as exc:
                 # the folder deleted or a file of it damaged under a long-running reader
                 # (`kith host`): unavailable until `kith index sync` rebuilds it, then the
-                # next search opens the new index
+                # next search opens the new index; made one the user may not write (a chmod
+                # under a running server): the next search opens it through a reading folder
                 if self.writer is None:
-                    self.index, self._reader = None, None
+                    through_folder = self._reading is not None
+                    self._drop_index()
+                    if _permission_denied(exc) and not through_folder and not _again:
+                        return self.searcher(_again=True)
                 raise CorpusError("index-unavailable",
                                   "The corpus index is unreadable; run `kith index sync`.") from None
         return self._reader[1]

@@ -95,8 +95,8 @@ class ChunkTable:
     writer's transaction); at most :data:`CHUNKS_KEPT` kept. Thread-safe; :meth:`close`
     closes every thread's connection."""
 
-    def __init__(self, db_path: Any) -> None:
-        self.db_path = db_path
+    def __init__(self, uri: str) -> None:
+        self.uri = uri  # the record's reading_uri
         self._kept: dict[str, ChunkEntry] = {}
         self._local = threading.local()
         self._opened: list[sqlite3.Connection] = []
@@ -105,7 +105,7 @@ class ChunkTable:
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=10.0,
+            db = sqlite3.connect(self.uri, uri=True, timeout=10.0,
                                  check_same_thread=False)  # closed by close(), from any thread
             db.execute("PRAGMA busy_timeout=10000")
             self._local.db = db
@@ -287,7 +287,7 @@ class Snapshots:
 
     def __init__(self, record: Any) -> None:
         self.record = record
-        self.chunks = ChunkTable(record.db_path)
+        self.chunks = ChunkTable(record.reading_uri)
         self.current: Generation | None = None
         self._meta = os.fspath(record.index_dir / "meta.json")  # stat'ed by every search
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import tantivy
 
 from node.corpus import archives, chunking, ingest, search
-from node.corpus.record import Record, index_meta_readable
+from node.corpus.record import Record, index_meta_readable, open_index_for_reading
 from node.corpus.snapshot import Generation, Snapshots
 from node.corpus.lens import Lens
 from node.corpus.types import Hit, Root
@@ -80,23 +80,26 @@ def _denied(index_dir: Path) -> ConfigError:
     """``io-error`` naming ``index_dir`` when the OS refused tantivy a file of it."""
     from node.common.dbfaults import io_error
 
-    return io_error(str(index_dir), "permission denied: tantivy writes its lock file (.tantivy-meta.lock) "
-                                    "in the index folder even to read")
+    return io_error(str(index_dir), "permission denied: a file of the index cannot be read")
 
 
 def _index_opens(index_dir: Path) -> bool:
     """True when tantivy opens the index in ``index_dir`` (its meta.json and every segment
-    it names are readable); False for a damaged one.
+    it names are readable) — in a folder this user may read but not write, through a
+    private reading folder (:func:`node.corpus.record.open_index_for_reading`); False for
+    a damaged one.
 
     Raises:
-        ConfigError: ``io-error`` naming the folder when the OS refused tantivy a file (its
-            lock file, taken even to read, in a folder this user may read but not write):
+        ConfigError: ``io-error`` naming the folder when the OS refused tantivy a file:
             a permission, not a damage a rebuild repairs.
     """
     if not index_meta_readable(index_dir):
         return False
     try:
-        tantivy.Index.open(str(index_dir))
+        index, reading = open_index_for_reading(index_dir)  # tantivy opens every segment
+        del index
+        if reading is not None:
+            reading.remove()
     except (ValueError, OSError) as exc:
         if "PermissionDenied" in str(exc) or isinstance(exc, PermissionError):
             raise _denied(index_dir) from None

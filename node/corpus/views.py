@@ -259,7 +259,7 @@ class Views:
             docs = needs_build()  # another thread may have built it meanwhile
             if docs is None:
                 return False
-            db = sqlite3.connect(f"file:{record.db_path}?mode=ro", uri=True, timeout=10.0,
+            db = sqlite3.connect(record.reading_uri, uri=True, timeout=10.0,
                                  check_same_thread=False)
             try:
                 db.execute("PRAGMA busy_timeout=10000")

@@ -175,8 +175,10 @@ class Guest:
         """Run :meth:`runner` (:func:`node.guest.runner.default_tasks` on this guest's
         clock) until cancelled: what ``kith host``, ``kith api serve`` and ``kith mcp`` run
         on their event loop beside their work (specs/outbox.md §5). A home without an
-        identity runs nothing; a runner that fails is logged and ends, never the process
-        around it (``kith host`` keeps serving). A ``pool`` handed in is started first, so
+        identity runs nothing, nor does a home this user may read but not write (one
+        warning says so: the runner's lock, the outbox and the copies are all writes); a
+        runner that fails is logged and ends, never the process around it (``kith host``
+        keeps serving). A ``pool`` handed in is started first, so
         a home it cannot start in stops the runner at once with the pool's refusal, as
         the runner's own pool does when it enters it.
 
@@ -190,6 +192,15 @@ class Guest:
 
         status = anyio.TASK_STATUS_IGNORED if task_status is None else task_status
         if not key_path(self.home).is_file():  # no identity: nothing can have been queued here
+            status.started()
+            return
+        from node.common.home import may_write
+        from node.guest.runner import LOCK_FILE
+
+        if not may_write(self.home / LOCK_FILE):  # its lock, the outbox, the copies: it only writes
+            log.warning("this home is read-only for you: its background runner does not run in this process "
+                        "(kept questions are not sent and copies not re-synced from here; a kith process that may "
+                        "write the home does that)")
             status.started()
             return
         runner = self.runner(command=command, pool=pool, on_event=on_event)

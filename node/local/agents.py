@@ -209,22 +209,25 @@ def authorize(home: Path | str, token: str | None, operation: Operation, *,
         The agent's :class:`Scope`.
 
     Raises:
-        AgentError: ``agent-token-required`` (401: no token), ``agent-token-invalid`` (401:
+        AgentError: ``agents-read-only`` (401: a home made before agents that this user
+            may not write, :func:`agentless_read_only`: no token can be one of its agents),
+            ``agent-token-required`` (401: no token), ``agent-token-invalid`` (401:
             not a token of a current agent — wrong, rotated or removed — or another agent's
             than ``agent``), ``agent-expired`` (401: past its ``until``), ``agent-scope``
             (403: the operation is outside the scope; the message names the dimension).
         ConfigError: ``agents-file-invalid`` when ``agents.json`` cannot be read.
     """
-    if not token:
-        raise AgentError("agent-token-required", status=401)
     home = Path(home)
+    if not token:
+        raise agentless_read_only(home) or AgentError("agent-token-required", status=401)
     presented = _hash(token)
     found: Agent | None = None
-    for candidate in _cached_agents(home).values():  # every hash compared: constant time each
+    agents = _cached_agents(home)
+    for candidate in agents.values():  # every hash compared: constant time each
         if hmac.compare_digest(presented, candidate.token_hash):
             found = candidate
     if found is None:
-        raise AgentError("agent-token-invalid", status=401)
+        raise (not agents and agentless_read_only(home)) or AgentError("agent-token-invalid", status=401)
     if agent is not None and found.name != agent:  # a live token, of another agent
         raise AgentError("agent-token-invalid", f"This token is the agent {found.name!r}'s, not {agent!r}'s.",
                          hint=f"`kith mcp --agent {found.name}` runs as it", status=401)
@@ -617,6 +620,20 @@ def _get(agents: dict[str, Agent], name: str) -> Agent:
     if name not in agents:
         raise ConfigError("agent-not-found", f"no agent named {name[:64]!r}")
     return agents[name]
+
+
+def agentless_read_only(home: Path | str) -> AgentError | None:
+    """``agents-read-only`` (HTTP 401) when ``home`` has no ``agents.json`` (made before
+    agents) and this user may not write it (:func:`node.common.home.may_write`: a read-only
+    copy, a chmod, a read-only mount): no agent can be made there, so no token is
+    accepted, and the way out is a home the user may write, not ``kith agent rotate``.
+    None otherwise."""
+    from node.common.home import may_write
+
+    home = Path(home)
+    if agents_path(home).exists() or may_write(agents_path(home)):
+        return None
+    return AgentError("agents-read-only", status=401)
 
 
 def ensure_default_agent(home: Path | str) -> str | None:

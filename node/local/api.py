@@ -102,8 +102,10 @@ def openapi_document() -> dict[str, Any]:
                               "an operation outside the agent's scope (agent-scope).",
                **err}
     unauthorized = {"description": "No agent credential (agent-token-required), a token no current "
-                                   "agent has (agent-token-invalid: wrong, rotated or removed) or an "
-                                   "expired agent (agent-expired); WWW-Authenticate: Bearer.", **err}
+                                   "agent has (agent-token-invalid: wrong, rotated or removed), an "
+                                   "expired agent (agent-expired), or a home made before agents that "
+                                   "this user may not write (agents-read-only); WWW-Authenticate: Bearer.",
+                    **err}
 
     def ok(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
         """A 200 answer of JSON (``schema``; default: an object)."""

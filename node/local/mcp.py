@@ -920,7 +920,8 @@ def run_stdio(home: Path | str, *, local: bool = False, agent: str | None = None
     the protocol.
 
     Raises:
-        AgentError: ``agent-token-required``, ``agent-token-invalid``, ``agent-expired``
+        AgentError: ``agents-read-only`` (a home made before agents this user may not
+            write), ``agent-token-required``, ``agent-token-invalid``, ``agent-expired``
             before anything is served. ConfigError: ``agent-not-found`` for an ``agent``
             that does not exist. UsageError: ``transport-mode-invalid`` (exit 2) for a bad
             ``[transport]`` table in the home's ``config.toml``, before anything is served
@@ -933,12 +934,12 @@ def run_stdio(home: Path | str, *, local: bool = False, agent: str | None = None
     from mcp.server.stdio import stdio_server
 
     from node.common.errors import ConfigError
-    from node.local.agents import TOKEN_ENV, Operation, authorize, load_agents
+    from node.local.agents import TOKEN_ENV, Operation, agentless_read_only, authorize, load_agents
 
     token = token if token is not None else os.environ.get(TOKEN_ENV)
     token = token.strip() if token else token  # pasted into a client's config with a newline
     if agent is not None and agent not in load_agents(home):
-        raise ConfigError("agent-not-found", f"no agent named {agent!r}")
+        raise agentless_read_only(home) or ConfigError("agent-not-found", f"no agent named {agent!r}")
     authorize(home, token, Operation("connect"), agent=agent)
     from node.transport.modes import mode_from
 

@@ -4,6 +4,7 @@ and ``kith mcp`` refuse every request without one."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from node.local.agents import TOKEN_ENV, add_agent, load_agents, rotate_agent
 
@@ -45,7 +46,7 @@ def mcp_env(home: Path | str, name: str = TEST_AGENT, base: dict[str, str] | Non
 
 
 def mcp_session(home: Path, calls, *, env: dict[str, str] | None = None, agent: str | None = None,
-                prefix: tuple[str, ...] | list[str] = ()):
+                prefix: tuple[str, ...] | list[str] = (), errlog: Any = None):
     """``run_stdio(home)`` (``kith mcp``; with ``agent``, ``run_stdio(home, agent=AGENT)``)
     as a child process over stdio, and ``await calls(session)`` against it once the client
     session is initialised: its result.
@@ -53,6 +54,7 @@ def mcp_session(home: Path, calls, *, env: dict[str, str] | None = None, agent: 
     Args:
         env: the child's environment (default: :func:`mcp_env` of ``home``).
         prefix: an argv prefix the child runs under (:func:`support.cli.without_root_reads`).
+        errlog: a file the child's stderr goes to (default: this process's stderr).
     """
     import sys
 
@@ -68,7 +70,7 @@ def mcp_session(home: Path, calls, *, env: dict[str, str] | None = None, agent: 
                                    env=env if env is not None else mcp_env(home))
 
     async def main():
-        async with stdio_client(params) as (r, w):
+        async with stdio_client(params, **({} if errlog is None else {"errlog": errlog})) as (r, w):
             async with ClientSession(r, w) as s:
                 await s.initialize()
                 return await calls(s)

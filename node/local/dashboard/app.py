@@ -166,12 +166,20 @@ class _Pages:
 
     async def _act(self, request: Request, where: str,
                    action: Callable[[dict[str, str]], str]) -> Response:
-        """Run one change (in a worker thread) and redirect to ``where`` with its notice."""
+        """Run one change (in a worker thread) and redirect to ``where`` with its notice: a
+        refusal's code and message, a local I/O failure's too (``io-error``, ``disk-full``:
+        :func:`node.common.dbfaults.refusal_of` — a home the dashboard may read but not
+        write refuses every change so)."""
+        from node.common.dbfaults import refusal_of
+
         form = await self._form(request)
         try:
             text = await anyio.to_thread.run_sync(action, form)
-        except KithError as exc:
-            return self._done(where, "error", f"{exc.code}: {exc.message}")
+        except Exception as exc:  # noqa: BLE001 - re-raised unless it is a refusal
+            refusal = refusal_of(exc)
+            if refusal is None:
+                raise
+            return self._done(where, "error", f"{refusal.code}: {refusal.message}")
         return self._done(where, "ok", text)
 
     def _corpus(self) -> Any:
@@ -620,6 +628,16 @@ def login_url(base_url: str, app: Guard) -> str:
 LOGIN_FILE = "dashboard.login"
 
 
+def keeps_login_file(home: Path | str) -> bool:
+    """Whether a dashboard of ``home`` keeps ``<home>/dashboard.login``: False on a home
+    this user may read but not write (a read-only copy, a chmod, a read-only mount), where
+    the dashboard keeps its login link in memory only and ``kith dashboard --login-link``
+    cannot reach it (:func:`node.common.home.may_write`)."""
+    from node.common.home import may_write
+
+    return may_write(Path(home) / LOGIN_FILE)
+
+
 def _write_login(home: Path, base: str, app: Guard) -> None:
     import json
     import os
@@ -650,6 +668,12 @@ def new_login_link(home: Path | str, *, timeout_s: float = 5.0) -> str:
         pid = int(before["pid"])
         os.kill(pid, signal.SIGUSR1)
     except (OSError, ConfigError, ValueError, KeyError, TypeError):
+        if not path.exists() and not keeps_login_file(home):
+            raise CorpusError(
+                "dashboard-not-running", f"No `kith dashboard` of {home} can be asked for a new login URL: this "
+                "home is read-only for you, so a dashboard serving it keeps its login URL in memory only.",
+                hint="use the login URL the dashboard printed when it started, or stop it and start it again "
+                     "(`kith dashboard`) for a new one") from None
         raise CorpusError("dashboard-not-running", f"No `kith dashboard` is running for {home}.", hint=hint) from None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -668,7 +692,9 @@ def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *
           on_listening: Callable[[str, str], None] | None = None) -> None:
     """Serve the dashboard in this (main) thread until SIGINT/SIGTERM. While it runs,
     ``<home>/dashboard.login`` holds its current login URL, and SIGUSR1 makes a new one
-    (:func:`new_login_link`); the file is removed at the end.
+    (:func:`new_login_link`); the file is removed at the end. On a home this user may read
+    but not write (:func:`keeps_login_file` False) no file is written: the login URL
+    ``on_listening`` gets is the only one.
 
     Args:
         home: the node home. host: a loopback address. port: TCP port (0 = a free one).
@@ -680,26 +706,29 @@ def serve(home: Path | str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *
     """
     check_host(host)
     app = create_app(home)
+    keep = keeps_login_file(home)
     try:
         sock = bind_socket(host, port)
         try:
             import signal
 
             base = base_url_of(sock)
-            _write_login(Path(home), base, app)
+            if keep:
+                _write_login(Path(home), base, app)
 
             def rotate(_signum: int, _frame: Any) -> None:
                 app.door.rotate()
                 _write_login(Path(home), base, app)
 
-            if hasattr(signal, "SIGUSR1"):
+            if keep and hasattr(signal, "SIGUSR1"):
                 signal.signal(signal.SIGUSR1, rotate)
             if on_listening is not None:
                 on_listening(base, login_url(base, app))
             serve_forever(app, sock)  # type: ignore[arg-type]
         finally:
             sock.close()
-            (Path(home) / LOGIN_FILE).unlink(missing_ok=True)
+            if keep:
+                (Path(home) / LOGIN_FILE).unlink(missing_ok=True)
     finally:
         close_app(app)
 
