@@ -34,6 +34,31 @@ def test_a_command_line_the_library_refuses_is_the_usage_object_under_json(
     assert not (tmp_path / "home" / "policy.toml").exists()  # nothing was done
 
 
+@pytest.mark.parametrize("args, path", [(("search", "--json=1", "staging"), "kith search"),
+                                        (("search", "staging", "--json=true"), "kith search"),
+                                        (("policy", "set", "/docs/**", "open", "--json=yes"), "kith policy set"),
+                                        (("sent", "--json=1"), "kith sent")])
+def test_json_given_a_value_is_refused_as_the_usage_object_naming_the_command(
+        tmp_path: Path, args: tuple[str, ...], path: str) -> None:
+    """``--json`` is a flag: ``--json=1`` is refused (usage, exit 2), and since it asks for
+    JSON the refusal is the one JSON object, its hint naming the command's ``--help`` —
+    it printed the library's plain text (``Error: Option '--json' does not take a
+    value.``), which a ``--json`` caller cannot read."""
+    r = kith(tmp_path / "home", *args, init=True)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    [line] = json_lines(r.stdout)
+    assert line["error"]["code"] == "usage" and "'--json' does not take a value" in line["error"]["message"]
+    assert f"`{path} --help`" in line["error"]["hint"], line
+    assert "Traceback" not in r.stderr and not (tmp_path / "home" / "policy.toml").exists()
+
+
+def test_json_given_a_value_that_says_no_is_refused_in_text(tmp_path: Path) -> None:
+    """``--json=false`` asks for no JSON: the library's usage text, naming the command."""
+    r = kith(tmp_path / "home", "search", "staging", "--json=false", init=True)
+    assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr)
+    assert "Usage: kith search" in r.stderr and "'--json' does not take a value" in r.stderr
+
+
 def test_without_json_the_library_prints_its_own_usage_text(tmp_path: Path) -> None:
     r = kith(tmp_path / "home", "search", "staging", "--no-such-option", init=True)
     assert r.returncode == 2 and r.stdout == ""

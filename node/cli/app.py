@@ -110,6 +110,8 @@ class _Table(MutableMapping):
 
 #: ``ctx.meta`` key: the command line asks for ``--json`` (set by :meth:`TableGroup.make_context`)
 _JSON_META = "kith.json"
+#: ``ctx.meta`` key: the context of the command the command line names (:func:`named_command`)
+_COMMAND_META = "kith.command"
 #: the exceptions module of the click Typer runs on (Typer's own copy in recent versions,
 #: else click itself): its ``UsageError`` is what a refused command line raises
 _LIBRARY = sys.modules[typer.BadParameter.__module__]
@@ -117,13 +119,68 @@ _LIBRARY = sys.modules[typer.BadParameter.__module__]
 _NO_ARGS = getattr(_LIBRARY, "NoArgsIsHelpError", ())
 
 
+#: ``--json=VALUE`` values that ask for text, not JSON (the library refuses every value)
+_NOT_JSON = frozenset({"0", "false", "no", "off"})
+
+
 def wants_json(argv: list[str]) -> bool:
     """Whether the command line ``argv`` asks for ``--json`` output: then a refusal is
     also printed as ``{"error": ...}`` on stdout (:func:`node.cli.main.print_error`). A
     ``--json`` after ``--`` is an argument (``kith search -- --json`` looks for the word),
-    not the option."""
+    not the option. ``--json`` is a flag that takes no value: ``--json=1`` is refused
+    (``usage``), but it asked for JSON, so the refusal is the JSON object too — unless its
+    value says no (``--json=0``, ``false``, ``no``, ``off``)."""
     end = argv.index("--") if "--" in argv else len(argv)
-    return "--json" in argv[:end]
+    return any(arg == "--json" or (arg.startswith("--json=") and arg[7:].strip().lower() not in _NOT_JSON)
+               for arg in argv[:end])
+
+
+def _is_option(arg: str) -> bool:
+    return arg[:1] == "-" and len(arg) > 1  # what the library's parser takes for an option ("-" is not)
+
+
+def own_tokens(command: Any, ctx: Any, args: list[str]) -> int:
+    """How many of ``args`` (what follows ``command``'s name on the command line) are
+    ``command``'s own: its options with their values — for a group, the ones before its
+    sub-command's name (the library parses a group's options only there), for a command all
+    of them, up to ``--``.
+
+    Args:
+        command: a command or group of the CLI library. ctx: its context (not parsed).
+        args: the command line after the command's name.
+    """
+    names = {name: p for p in command.get_params(ctx) if p.param_type_name == "option"
+             for name in (*p.opts, *p.secondary_opts)}
+    i = 0
+    while i < len(args) and args[i] != "--":
+        option = names.get(args[i])
+        if option is None:
+            if not ctx.allow_interspersed_args and not _is_option(args[i]):
+                break  # a group's sub-command: the rest is its own
+            i += 1
+            continue
+        i += 1 + (0 if option.is_flag or option.count else option.nargs)
+    return i
+
+
+def named_command(root: Any, ctx: Any, args: list[str]) -> Any:
+    """The context of the command ``args`` names (``kith policy set …`` → ``policy set``),
+    unparsed: its ``command_path`` and usage line. The root's ``ctx`` when ``args`` names
+    no command (``kith --home``, ``kith nope``).
+
+    Args:
+        root: the root group. ctx: its context. args: the whole command line.
+    """
+    i = own_tokens(root, ctx, args)
+    command = root
+    while i < len(args) and hasattr(command, "get_command"):
+        sub = command.get_command(ctx, args[i])
+        if sub is None:
+            break
+        ctx = sub.context_class(sub, info_name=args[i], parent=ctx)
+        command, i = sub, i + 1
+        i += own_tokens(command, ctx, args[i:])
+    return ctx
 
 
 def usage_refusal(exc: Any) -> UsageError:
@@ -164,12 +221,18 @@ class TableGroup(TyperGroup):
         ctx.meta[_JSON_META] = json_out
         return ctx
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta[_COMMAND_META] = named_command(self, ctx, args)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except _NO_ARGS:
             raise  # a group given no sub-command prints its help
         except _LIBRARY.UsageError as exc:  # a sub-command's arguments, or a value a command refused
+            if exc.ctx is None:  # the library's parser raises some without it (`--json=1`):
+                exc.ctx = ctx.meta.get(_COMMAND_META)  # name the command, its usage and --help
             if not ctx.meta.get(_JSON_META):
                 raise
             raise usage_refusal(exc) from None
