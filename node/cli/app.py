@@ -139,27 +139,48 @@ def _is_option(arg: str) -> bool:
     return arg[:1] == "-" and len(arg) > 1  # what the library's parser takes for an option ("-" is not)
 
 
+def _is_long_option(arg: str) -> bool:
+    return arg[:2] == "--" and arg[2:3].isalpha()  # --json, --top-k=3 (not "---", "--1")
+
+
 def own_tokens(command: Any, ctx: Any, args: list[str]) -> int:
     """How many of ``args`` (what follows ``command``'s name on the command line) are
     ``command``'s own: its options with their values — for a group, the ones before its
     sub-command's name (the library parses a group's options only there), for a command all
     of them, up to ``--``.
 
+    An option that takes a value is refused when the next word is ``--``, a long option
+    (``--`` and a letter: ``kith search --top-k --json q``, ``kith --home --json status``)
+    or one of the command's short ones (``-h``): the library would take that word as the
+    value (``'--json' is not a valid int``, or ``--source --json`` searching for the glob
+    ``--json`` with no JSON printed). Such a value is given as ``--source=--json``.
+
     Args:
         command: a command or group of the CLI library. ctx: its context (not parsed).
         args: the command line after the command's name.
+
+    Raises:
+        the library's ``BadOptionUsage`` (a usage error, exit 2), naming the option.
     """
     names = {name: p for p in command.get_params(ctx) if p.param_type_name == "option"
              for name in (*p.opts, *p.secondary_opts)}
     i = 0
     while i < len(args) and args[i] != "--":
-        option = names.get(args[i])
+        opt = args[i]
+        option = names.get(opt)
         if option is None:
-            if not ctx.allow_interspersed_args and not _is_option(args[i]):
+            if not ctx.allow_interspersed_args and not _is_option(opt):
                 break  # a group's sub-command: the rest is its own
             i += 1
             continue
-        i += 1 + (0 if option.is_flag or option.count else option.nargs)
+        takes = 0 if option.is_flag or option.count else option.nargs
+        for word in args[i + 1:i + 1 + takes]:
+            if word == "--" or _is_long_option(word) or word.split("=", 1)[0] in names:
+                given = f"{opt}={word}" if opt.startswith("--") else f"{opt}{word}"
+                what = "ends the options" if word == "--" else "is taken for an option, not its value"
+                raise _LIBRARY.BadOptionUsage(opt, f"Option {opt!r} requires an argument: {word!r} after it {what} "
+                                                   f"(to give it as the value, write {given}).", ctx=ctx)
+        i += 1 + takes
     return i
 
 
