@@ -110,6 +110,22 @@ def test_an_option_value_that_starts_with_dashes_is_given_with_equals(tmp_path: 
     assert r.returncode == 1 and json_lines(r.stdout)[0]["error"]["code"] == "query-invalid", (r.stdout, r.stderr)
 
 
+@pytest.mark.parametrize("args", [("sent", "--json", "approve", "ab12"), ("sessions", "--json", "end", "abcd"),
+                                  ("sent", "--agent", "bob", "approve", "ab12", "--json")])
+def test_a_list_groups_options_before_a_sub_command_are_refused(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """``kith sent`` and ``kith sessions`` list when run alone; their options shape that
+    list. Before a sub-command they were ignored — ``kith sent --json approve ID`` printed
+    the sub-command's text on success (the JSON object only on failure), ``--agent``
+    filtered nothing. Now the usage refusal naming them."""
+    r = kith(tmp_path / "home", *args, init=True)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    [line] = json_lines(r.stdout)
+    error = line["error"]
+    assert error["code"] == "usage" and f"of `kith {args[0]}` shape its list" in error["message"], error
+    assert args[1] in error["message"] and f"`kith {args[0]} " in error["hint"] and "--help" in error["hint"]
+    assert "Traceback" not in r.stderr
+
+
 def test_without_json_the_library_prints_its_own_usage_text(tmp_path: Path) -> None:
     r = kith(tmp_path / "home", "search", "staging", "--no-such-option", init=True)
     assert r.returncode == 2 and r.stdout == ""
