@@ -126,6 +126,21 @@ def test_a_list_groups_options_before_a_sub_command_are_refused(tmp_path: Path, 
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("args, path", [(("--json", "status"), "kith status"),
+                                        (("policy", "--json", "list"), "kith policy list"),
+                                        (("peers", "--json", "group", "list"), "kith peers group list")])
+def test_a_commands_option_before_the_command_says_where_it_goes(
+        tmp_path: Path, args: tuple[str, ...], path: str) -> None:
+    """``kith --json status``: the library said ``No such option: --json (Possible
+    options: --version)``; the refusal now says ``--json`` is the command's and goes after it."""
+    r = kith(tmp_path / "home", *args, init=True)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    [line] = json_lines(r.stdout)
+    error = line["error"]
+    assert error["code"] == "usage" and f"it is an option of `{path}`: give it after the command" in error["message"]
+    assert f"`{path} --help`" in error["hint"], error
+
+
 def test_without_json_the_library_prints_its_own_usage_text(tmp_path: Path) -> None:
     r = kith(tmp_path / "home", "search", "staging", "--no-such-option", init=True)
     assert r.returncode == 2 and r.stdout == ""

@@ -143,6 +143,13 @@ def _is_long_option(arg: str) -> bool:
     return arg[:2] == "--" and arg[2:3].isalpha()  # --json, --top-k=3 (not "---", "--1")
 
 
+def options_of(command: Any, ctx: Any) -> dict[str, Any]:
+    """Every option name of ``command`` (``--top-k``, ``-p``, ``--local``, ``-h``) → its
+    option (the library's parameter). ``ctx``: the command's context."""
+    return {name: p for p in command.get_params(ctx) if p.param_type_name == "option"
+            for name in (*p.opts, *p.secondary_opts)}
+
+
 def own_tokens(command: Any, ctx: Any, args: list[str]) -> int:
     """How many of ``args`` (what follows ``command``'s name on the command line) are
     ``command``'s own: its options with their values — for a group, the ones before its
@@ -162,8 +169,7 @@ def own_tokens(command: Any, ctx: Any, args: list[str]) -> int:
     Raises:
         the library's ``BadOptionUsage`` (a usage error, exit 2), naming the option.
     """
-    names = {name: p for p in command.get_params(ctx) if p.param_type_name == "option"
-             for name in (*p.opts, *p.secondary_opts)}
+    names = options_of(command, ctx)
     i = 0
     while i < len(args) and args[i] != "--":
         opt = args[i]
@@ -191,16 +197,32 @@ def named_command(root: Any, ctx: Any, args: list[str]) -> Any:
 
     Args:
         root: the root group. ctx: its context. args: the whole command line.
+
+    Raises:
+        what :func:`own_tokens` raises; and the library's ``BadOptionUsage`` for an option
+        of the command given before it, to a group that has no such option (``kith --json
+        status``: the library said ``No such option: --json (Possible options:
+        --version)``).
     """
-    i = own_tokens(root, ctx, args)
-    command = root
+    groups = [(ctx, args[:own_tokens(root, ctx, args)])]  # each group's context and its own words
+    i, command = len(groups[0][1]), root
     while i < len(args) and hasattr(command, "get_command"):
         sub = command.get_command(ctx, args[i])
         if sub is None:
             break
         ctx = sub.context_class(sub, info_name=args[i], parent=ctx)
         command, i = sub, i + 1
-        i += own_tokens(command, ctx, args[i:])
+        mine = own_tokens(command, ctx, args[i:])
+        groups.append((ctx, args[i:i + mine]))
+        i += mine
+    theirs = options_of(command, ctx)
+    for group, words in groups[:-1]:
+        known = options_of(group.command, group)
+        for opt in (w.split("=", 1)[0] for w in words if _is_option(w)):
+            if opt not in known and opt in theirs:
+                path = ctx.command_path
+                raise _LIBRARY.BadOptionUsage(opt, f"No such option: {opt} (it is an option of `{path}`: give it "
+                                                   f"after the command, `{path} … {opt}`)", ctx=ctx)
     return ctx
 
 
