@@ -146,6 +146,44 @@ def test_kith_person_rotate_at_a_terminal_asks_first(tmp_path, answer, rotated):
         assert _person_files(tmp_path / "h") == before
 
 
+@pytest.mark.parametrize("case", ["unknown device", "this device", "no person key", "wrong words"])
+def test_kith_person_rotate_at_a_terminal_refuses_before_it_asks(tmp_path, case):
+    """Every check that can refuse a rotation comes before its ``[y/N]``: it asked first,
+    so the owner answered ``y`` and was then refused (``device-not-found`` for a
+    ``--without`` name, ``person-last-device``, ``device-no-person-key``,
+    ``person-recovery-wrong`` for the words typed)."""
+    from support.cli import kith_argv
+    from support.terminal import in_pty
+
+    other_words = _person_home(tmp_path / "other")[2]  # another person's recovery words
+    device, rec, _ = _person_home(tmp_path / "h")
+    args, replies, code = {
+        "unknown device": (("--without", "nope"), [], "device-not-found"),
+        "this device": (("--without", "laptop"), [], "person-last-device"),
+        "no person key": ((), [], "device-no-person-key"),
+        "wrong words": (("--recovery",), [("recovery words", other_words + "\n")], "person-recovery-wrong"),
+    }[case]
+    if case == "no person key":  # the person key is on another device
+        (tmp_path / "h" / PERSON_KEY_FILE).unlink()
+    before = _person_files(tmp_path / "h")
+    out, exit_code = in_pty(kith_argv(tmp_path / "h", "person", "rotate", *args), columns=200,
+                            replies=[*replies, ("[y/N]", "y\n")])
+    assert exit_code == 1 and f"[{code}]" in out, out
+    assert "[y/N]" not in out, out
+    assert _person_files(tmp_path / "h") == before
+
+
+def test_kith_person_rotate_recovery_at_a_terminal_reads_the_words_then_asks(tmp_path):
+    from support.cli import kith_argv
+    from support.terminal import in_pty
+
+    device, rec, words = _person_home(tmp_path / "h")
+    out, code = in_pty(kith_argv(tmp_path / "h", "person", "rotate", "--recovery"), columns=200,
+                       replies=[("recovery words", words + "\n"), ("[y/N]", "y\n")])
+    assert code == 0 and out.index("recovery words") < out.index("[y/N]") < out.index("rotated person"), out
+    assert load_person(tmp_path / "h").person_key != rec.person_key
+
+
 def test_without_leaves_a_lost_device_out_and_never_this_one(tmp_path):
     device, rec, _ = _person_home(tmp_path / "h")
     from node.trust.person import bind_device, load_person_secret, save_person

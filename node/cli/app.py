@@ -110,6 +110,8 @@ class _Table(MutableMapping):
 
 #: ``ctx.meta`` key: the command line asks for ``--json`` (set by :meth:`TableGroup.make_context`)
 _JSON_META = "kith.json"
+#: ``ctx.meta`` key: the context of the command the command line names (:func:`named_command`)
+_COMMAND_META = "kith.command"
 #: the exceptions module of the click Typer runs on (Typer's own copy in recent versions,
 #: else click itself): its ``UsageError`` is what a refused command line raises
 _LIBRARY = sys.modules[typer.BadParameter.__module__]
@@ -117,13 +119,111 @@ _LIBRARY = sys.modules[typer.BadParameter.__module__]
 _NO_ARGS = getattr(_LIBRARY, "NoArgsIsHelpError", ())
 
 
+#: ``--json=VALUE`` values that ask for text, not JSON (the library refuses every value)
+_NOT_JSON = frozenset({"0", "false", "no", "off"})
+
+
 def wants_json(argv: list[str]) -> bool:
     """Whether the command line ``argv`` asks for ``--json`` output: then a refusal is
     also printed as ``{"error": ...}`` on stdout (:func:`node.cli.main.print_error`). A
     ``--json`` after ``--`` is an argument (``kith search -- --json`` looks for the word),
-    not the option."""
+    not the option. ``--json`` is a flag that takes no value: ``--json=1`` is refused
+    (``usage``), but it asked for JSON, so the refusal is the JSON object too — unless its
+    value says no (``--json=0``, ``false``, ``no``, ``off``)."""
     end = argv.index("--") if "--" in argv else len(argv)
-    return "--json" in argv[:end]
+    return any(arg == "--json" or (arg.startswith("--json=") and arg[7:].strip().lower() not in _NOT_JSON)
+               for arg in argv[:end])
+
+
+def _is_option(arg: str) -> bool:
+    return arg[:1] == "-" and len(arg) > 1  # what the library's parser takes for an option ("-" is not)
+
+
+def _is_long_option(arg: str) -> bool:
+    return arg[:2] == "--" and arg[2:3].isalpha()  # --json, --top-k=3 (not "---", "--1")
+
+
+def options_of(command: Any, ctx: Any) -> dict[str, Any]:
+    """Every option name of ``command`` (``--top-k``, ``-p``, ``--local``, ``-h``) → its
+    option (the library's parameter). ``ctx``: the command's context."""
+    return {name: p for p in command.get_params(ctx) if p.param_type_name == "option"
+            for name in (*p.opts, *p.secondary_opts)}
+
+
+def own_tokens(command: Any, ctx: Any, args: list[str]) -> int:
+    """How many of ``args`` (what follows ``command``'s name on the command line) are
+    ``command``'s own: its options with their values — for a group, the ones before its
+    sub-command's name (the library parses a group's options only there), for a command all
+    of them, up to ``--``.
+
+    An option that takes a value is refused when the next word is ``--``, a long option
+    (``--`` and a letter: ``kith search --top-k --json q``, ``kith --home --json status``)
+    or one of the command's short ones (``-h``): the library would take that word as the
+    value (``'--json' is not a valid int``, or ``--source --json`` searching for the glob
+    ``--json`` with no JSON printed). Such a value is given as ``--source=--json``.
+
+    Args:
+        command: a command or group of the CLI library. ctx: its context (not parsed).
+        args: the command line after the command's name.
+
+    Raises:
+        the library's ``BadOptionUsage`` (a usage error, exit 2), naming the option.
+    """
+    names = options_of(command, ctx)
+    i = 0
+    while i < len(args) and args[i] != "--":
+        opt = args[i]
+        option = names.get(opt)
+        if option is None:
+            if not ctx.allow_interspersed_args and not _is_option(opt):
+                break  # a group's sub-command: the rest is its own
+            i += 1
+            continue
+        takes = 0 if option.is_flag or option.count else option.nargs
+        for word in args[i + 1:i + 1 + takes]:
+            if word == "--" or _is_long_option(word) or word.split("=", 1)[0] in names:
+                given = f"{opt}={word}" if opt.startswith("--") else f"{opt}{word}"
+                what = "ends the options" if word == "--" else "is taken for an option, not its value"
+                raise _LIBRARY.BadOptionUsage(opt, f"Option {opt!r} requires an argument: {word!r} after it {what} "
+                                                   f"(to give it as the value, write {given}).", ctx=ctx)
+        i += 1 + takes
+    return i
+
+
+def named_command(root: Any, ctx: Any, args: list[str]) -> Any:
+    """The context of the command ``args`` names (``kith policy set …`` → ``policy set``),
+    unparsed: its ``command_path`` and usage line. The root's ``ctx`` when ``args`` names
+    no command (``kith --home``, ``kith nope``).
+
+    Args:
+        root: the root group. ctx: its context. args: the whole command line.
+
+    Raises:
+        what :func:`own_tokens` raises; and the library's ``BadOptionUsage`` for an option
+        of the command given before it, to a group that has no such option (``kith --json
+        status``: the library said ``No such option: --json (Possible options:
+        --version)``).
+    """
+    groups = [(ctx, args[:own_tokens(root, ctx, args)])]  # each group's context and its own words
+    i, command = len(groups[0][1]), root
+    while i < len(args) and hasattr(command, "get_command"):
+        sub = command.get_command(ctx, args[i])
+        if sub is None:
+            break
+        ctx = sub.context_class(sub, info_name=args[i], parent=ctx)
+        command, i = sub, i + 1
+        mine = own_tokens(command, ctx, args[i:])
+        groups.append((ctx, args[i:i + mine]))
+        i += mine
+    theirs = options_of(command, ctx)
+    for group, words in groups[:-1]:
+        known = options_of(group.command, group)
+        for opt in (w.split("=", 1)[0] for w in words if _is_option(w)):
+            if opt not in known and opt in theirs:
+                path = ctx.command_path
+                raise _LIBRARY.BadOptionUsage(opt, f"No such option: {opt} (it is an option of `{path}`: give it "
+                                                   f"after the command, `{path} … {opt}`)", ctx=ctx)
+    return ctx
 
 
 def usage_refusal(exc: Any) -> UsageError:
@@ -164,12 +264,18 @@ class TableGroup(TyperGroup):
         ctx.meta[_JSON_META] = json_out
         return ctx
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta[_COMMAND_META] = named_command(self, ctx, args)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except _NO_ARGS:
             raise  # a group given no sub-command prints its help
         except _LIBRARY.UsageError as exc:  # a sub-command's arguments, or a value a command refused
+            if exc.ctx is None:  # the library's parser raises some without it (`--json=1`):
+                exc.ctx = ctx.meta.get(_COMMAND_META)  # name the command, its usage and --help
             if not ctx.meta.get(_JSON_META):
                 raise
             raise usage_refusal(exc) from None

@@ -292,6 +292,30 @@ def stdin_line() -> str:
     return sys.stdin.readline() if sys.stdin is not None else ""
 
 
+def list_options_only(ctx: typer.Context) -> None:
+    """A group that lists when run alone (``kith sent``, ``kith sessions``) and has
+    sub-commands: its own options shape that list, so given before a sub-command (``kith
+    sent --json approve ID``) they are refused — they were ignored, and ``--json`` there
+    printed the sub-command's text on success (and the JSON object on failure).
+
+    Args:
+        ctx: the group's context, a sub-command named (``ctx.invoked_subcommand``).
+
+    Raises:
+        UsageError: ``usage`` naming the options given (exit 2; the ``{"error": ...}``
+            object under ``--json``).
+    """
+    from node.common.errors import UsageError
+
+    given = [p.opts[0] for p in ctx.command.params if p.param_type_name == "option"
+             and getattr(ctx.get_parameter_source(p.name), "name", "DEFAULT") != "DEFAULT"]
+    if given:
+        sub = ctx.invoked_subcommand
+        raise UsageError("usage", f"{', '.join(given)} before `{sub}`: the options of `{ctx.command_path}` shape "
+                                  f"its list and do not apply to `{sub}`",
+                         hint=f"give `{sub}` its own options after it (`{ctx.command_path} {sub} --help`)")
+
+
 def confirm_or_refuse(question: str, *, yes: bool, off_terminal: Exception, declined: Exception) -> None:
     """The one confirmation of a change the owner must agree to (``kith policy`` and
     ``kith peers`` changes that stop scrubbing, ``kith person rotate``): nothing with

@@ -96,24 +96,27 @@ def rotate_cmd(
     """Replace the person key by a new one, cross-signed by the old one (or by the recovery
     words). Hosts that pinned the person follow on the next handshake of any re-bound
     device; the person's words change. It cannot be undone, so it is confirmed first: at a
-    terminal you are asked; elsewhere (a script, a pipe) only --yes rotates."""
+    terminal you are asked; elsewhere (a script, a pipe) only --yes rotates. Every check
+    (--without's devices, the key or the recovery words) comes before that question."""
     from node.common.errors import ConfigError
-    from node.trust.rotation import rotate_person
+    from node.trust.rotation import check_rotation, rotate_person
 
     home = home_of(ctx)
     rec = _record(home)
+    words = None
+    if recovery:
+        if stdin_is_terminal():
+            err_console.print("Type the 24 recovery words, then Enter:", highlight=False, markup=False)
+        words = stdin_line()
+    without = tuple(without or ())
+    check_rotation(home, words=words, without=without)  # a refusal comes before the question, not after a "y"
     confirm_or_refuse(
         f"rotate the person key {rec.person_key[:16]}…? Its words change and hosts follow the new key on your "
         "next handshake; it cannot be undone", yes=yes,
         off_terminal=ConfigError("person-rotate-unconfirmed", "not rotated: nobody is at a terminal to confirm a "
                                  "rotation of the person key (it cannot be undone)"),
         declined=ConfigError("person-rotate-unconfirmed", "not rotated (not confirmed)"))
-    words = None
-    if recovery:
-        if stdin_is_terminal():
-            err_console.print("Type the 24 recovery words, then Enter:", highlight=False, markup=False)
-        words = stdin_line()
-    got = rotate_person(home, words=words, without=tuple(without or ()))
+    got = rotate_person(home, words=words, without=without)
     out = {"old_person_key": got.old_key, "person_key": got.new_key, "via": got.via,
            "old_words": person_words(got.old_key), "words": person_words(got.new_key),
            "devices": list(got.devices), "dropped": list(got.dropped),

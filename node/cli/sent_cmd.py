@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from node.cli.common import emit_json, home_of, untrusted_console as console
+from node.cli.common import emit_json, home_of, list_options_only, untrusted_console as console
 from node.common.errors import UsageError
 
 sent_app = typer.Typer(
@@ -52,6 +52,7 @@ def sent_cmd(
 ) -> None:
     """List the outbound log, oldest first."""
     if ctx.invoked_subcommand is not None:
+        list_options_only(ctx)
         return
     from node.policy.outbound import read_log
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from node.cli.common import emit_json, home_of, untrusted_console
+from node.cli.common import emit_json, home_of, list_options_only, untrusted_console
 from node.common.errors import KithError
 
 sessions_app = typer.Typer(help="Live sessions of the running `kith host` (list; `end ID`).",
@@ -320,6 +320,7 @@ def _kept_lines(k: dict[str, Any]) -> list[str]:
 def sessions_cmd(ctx: typer.Context, json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """List the running host's live sessions (ids, peer, since, queries, statuses, quota left)."""
     if ctx.invoked_subcommand is not None:
+        list_options_only(ctx)
         return
     from node.host.control import ControlClient
 

@@ -138,7 +138,43 @@ def rotate_person(home: Path, *, words: str | None = None, without: tuple[str, .
         return _rotate_person(home, words, without)
 
 
-def _rotate_person(home: Path, words: str | None, without: tuple[str, ...]) -> RotationResult:
+def check_rotation(home: Path, *, words: str | None = None, without: tuple[str, ...] = ()) -> None:
+    """Refuse now what :func:`rotate_person` with the same arguments would refuse, writing
+    nothing (a rotation a crash interrupted is finished, as every read of the record does):
+    ``kith person rotate`` runs it before it asks the owner to confirm, so a rotation that
+    would be refused is refused before the question, never after a ``y``. It reads without
+    the person lock (it is never held across the owner's answer); :func:`rotate_person`
+    checks again under it.
+
+    Args:
+        home: the node home. words: the 24 recovery words, or None (the person key signs).
+        without: the devices not to re-bind (by name, or key / 8+ hex prefix).
+
+    Raises:
+        ConfigError: the codes :func:`rotate_person` lists (``device-not-found``,
+            ``person-last-device``, ``device-no-person-key``, ``config-invalid``,
+            ``person-recovery-wrong``, ``home-not-initialized``).
+    """
+    _plan(Path(home), words, without)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a rotation checked and will sign with (:func:`_plan`)."""
+
+    rec: PersonRecord
+    newest: dict[str, Any]  # device key -> its newest binding link (None: none)
+    keep: list[dict[str, Any]]  # the links of the devices the new key re-binds
+    store: Any  # the home's RevocationStore
+    own_lists: list[dict[str, Any]]  # this person's revocation lists (any of its keys)
+    revoked: list[str]  # the device keys they revoke
+    old_secret: bytes | None  # the person key's seed (None: the recovery seed signs)
+    seed: bytes | None  # the recovery key's seed (words given)
+
+
+def _plan(home: Path, words: str | None, without: tuple[str, ...]) -> _Plan:
+    """Every check of a rotation (the refusals :func:`rotate_person` documents), nothing
+    written but a crashed rotation finished (:func:`finish_pending_key`)."""
     finish_pending_key(home)
     rec = load_person(home)
     if rec is None:
@@ -153,7 +189,7 @@ def _rotate_person(home: Path, words: str | None, without: tuple[str, ...]) -> R
     from node.trust.identity import load_identity
 
     me = load_identity(home).public_key
-    from node.trust.revocation_list import RevocationStore, check_list, make_list
+    from node.trust.revocation_list import RevocationStore
 
     store = RevocationStore.load(home)
     own_lists = [doc for doc in map(store.list_for, rec.all_keys()) if doc is not None]
@@ -165,25 +201,36 @@ def _rotate_person(home: Path, words: str | None, without: tuple[str, ...]) -> R
         raise ConfigError("person-last-device", "a rotation must keep this device bound",
                           hint="a device that shares this device's name is named by its key (8+ hex characters, "
                                "`kith device list`)" if me in dropped_keys else None)
-    created = now_rfc3339()
-    new_secret = os.urandom(32)
-    new_key = public_key_of(new_secret)
-    seq = _next_seq(rec)
-    fresh_words = None
-    recovery_key = rec.recovery_key
+    old_secret = seed = None
     if words is None:
         old_secret = load_person_secret(home)
         if old_secret is None:
             raise ConfigError("device-no-person-key", "This device does not hold the person key.",
                               hint="on the device that holds it, run `kith person rotate`; if it is lost, "
                                    "rotate here with `kith person rotate --recovery`")
-        link = successor_link(old_secret, new_key, created, seq)
-        via = VIA_PERSON
     else:
         seed = recovery_seed(recovery_secret_of(words))
         if public_key_of(seed) != rec.recovery_key:
             raise ConfigError("person-recovery-wrong")
-        link = recovery_link(seed, rec.person_key, rec.created, rec.recovery_signature, new_key, created, seq)
+    return _Plan(rec, newest, keep, store, own_lists, revoked, old_secret, seed)
+
+
+def _rotate_person(home: Path, words: str | None, without: tuple[str, ...]) -> RotationResult:
+    from node.trust.revocation_list import check_list, make_list
+
+    plan = _plan(home, words, without)
+    rec, newest, keep, own_lists, revoked = plan.rec, plan.newest, plan.keep, plan.own_lists, plan.revoked
+    created = now_rfc3339()
+    new_secret = os.urandom(32)
+    new_key = public_key_of(new_secret)
+    seq = _next_seq(rec)
+    fresh_words = None
+    recovery_key = rec.recovery_key
+    if plan.seed is None:
+        link = successor_link(plan.old_secret, new_key, created, seq)
+        via = VIA_PERSON
+    else:
+        link = recovery_link(plan.seed, rec.person_key, rec.created, rec.recovery_signature, new_key, created, seq)
         via = VIA_RECOVERY
         fresh = os.urandom(32)
         recovery_key, fresh_words = public_key_of(recovery_seed(fresh)), recovery_words(fresh)
@@ -199,7 +246,7 @@ def _rotate_person(home: Path, words: str | None, without: tuple[str, ...]) -> R
     os.replace(home / PENDING_KEY_FILE, home / PERSON_KEY_FILE)
     if revoked:  # the revocation keeps travelling: the new key signs the same list, next seq
         doc = make_list(new_secret, revoked, max(d["seq"] for d in own_lists) + 1, created)
-        store.offer(check_list(doc), via="own", now=created)
+        plan.store.offer(check_list(doc), via="own", now=created)
     return RotationResult(rec.person_key, new_key, via, link, tuple(d["device_name"] for d in devices),
                           tuple(sorted(link["device_name"] for link in newest.values()
                                        if link and link["device_key"] not in {d["device_key"] for d in devices})),
@@ -376,4 +423,4 @@ def pinned_in_lineage(registry: Any, ledger: RotationLedger, pid: PersonIdentity
 
 
 __all__ = ["PENDING_KEY_FILE", "ROTATIONS_FILE", "RotationLedger", "RotationResult", "adopt_person",
-           "finish_pending_key", "pinned_in_lineage", "rotate_person"]
+           "check_rotation", "finish_pending_key", "pinned_in_lineage", "rotate_person"]
