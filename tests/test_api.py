@@ -269,11 +269,8 @@ def test_get_outbox_reads_a_home_this_user_may_read_but_not_write(tmp_path: Path
     without root's DAC capabilities): ``GET /outbox`` lists the kept question and ``?id=``
     shows it — both refused ``io-error``, the outbox being opened for writing — and
     nothing in the home changes (specs/outbox.md §2)."""
-    import signal
-    import subprocess
-
     from node.guest.outbox import OutboxStore
-    from support.cli import KITH, readline, without_root_reads
+    from support.cli import KITH, serving, without_root_reads
     from support.homes import files_of, node_home, read_only
 
     prefix = without_root_reads()
@@ -282,16 +279,11 @@ def test_get_outbox_reads_a_home_this_user_may_read_but_not_write(tmp_path: Path
     with OutboxStore(home) as store:
         qid = store.add({"query": "where is the walrus", "topK": 3}, [("alice", "ab" * 32)])["id"]
     with read_only(home) as before:
-        proc = subprocess.Popen([*prefix, *KITH, "--home", str(home), "api", "serve", "--port", "0", "--json",
-                                 "--offline"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        try:
-            url = json.loads(readline(proc, 60))["url"]
-            listed = httpx.get(url + "/outbox", headers=headers, timeout=30)
-            shown = httpx.get(url + "/outbox", params={"id": qid[:8]}, headers=headers, timeout=30)
-        finally:
-            proc.send_signal(signal.SIGINT)
-            err = proc.communicate(timeout=30)[1]
+        with serving([*prefix, *KITH, "--home", str(home), "api", "serve", "--port", "0", "--json",
+                      "--offline"]) as (info, ended):
+            listed = httpx.get(info["url"] + "/outbox", headers=headers, timeout=30)
+            shown = httpx.get(info["url"] + "/outbox", params={"id": qid[:8]}, headers=headers, timeout=30)
+        err = ended["stderr"]
         after = files_of(home)
     assert listed.status_code == 200, listed.text
     assert [q["id"] for q in listed.json()["questions"]] == [qid]
@@ -306,10 +298,7 @@ def test_api_serve_searches_a_home_this_user_may_read_but_not_write(tmp_path: Pa
     false`` (tantivy's lock file) and the home's background runner stopped with an
     ``[io-error]`` line (its ``runner.lock``). The search answers; one line says the runner
     does not run on a read-only home; nothing in the home changes."""
-    import signal
-    import subprocess
-
-    from support.cli import KITH, readline, without_root_reads
+    from support.cli import KITH, serving, without_root_reads
     from support.homes import files_of, node_home, read_only
 
     prefix = without_root_reads()
@@ -322,15 +311,11 @@ def test_api_serve_searches_a_home_this_user_may_read_but_not_write(tmp_path: Pa
         c.sync()
     headers = api_headers(home)
     with read_only(home) as before:
-        proc = subprocess.Popen([*prefix, *KITH, "--home", str(home), "api", "serve", "--port", "0", "--json",
-                                 "--offline"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        try:
-            url = json.loads(readline(proc, 60))["url"]
-            found = httpx.post(url + "/search", json={"query": "staging server"}, headers=headers, timeout=30)
-        finally:
-            proc.send_signal(signal.SIGINT)
-            err = proc.communicate(timeout=30)[1]
+        with serving([*prefix, *KITH, "--home", str(home), "api", "serve", "--port", "0", "--json",
+                      "--offline"]) as (info, ended):
+            found = httpx.post(info["url"] + "/search", json={"query": "staging server"}, headers=headers,
+                               timeout=30)
+        err = ended["stderr"]
         after = files_of(home)
     assert found.status_code == 200, found.text
     assert found.json()["available"] is True and found.json()["results"][0]["source"] == "/kb/deploy.md", found.text

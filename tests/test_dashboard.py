@@ -434,27 +434,20 @@ def test_kith_dashboard_starts_on_a_home_this_user_may_read_but_not_write(home: 
     it wrote ``dashboard.login`` first. It now starts with its login URL in memory only and
     says so; the owner's search answers; ``--login-link`` says why it cannot make a new
     URL and what to do; nothing in the home changes (specs/dashboard.md §2)."""
-    import signal
-
-    from support.cli import without_root_reads
+    from support.cli import serving, without_root_reads
     from support.homes import files_of, read_only
 
     prefix = without_root_reads()
     with read_only(home) as before:
-        proc = subprocess.Popen([*prefix, *KITH, "--home", str(home), "dashboard", "--port", "0", "--json"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-        try:
-            info = json.loads(readline(proc, 60))
+        with serving([*prefix, *KITH, "--home", str(home), "dashboard", "--port", "0", "--json"]) as (info, ended):
             client = _logged_in(info["url"], info["login"])
             page = client.get("/search", params={"q": "okapi sweeper", "as": "owner"})
             link = subprocess.run([*prefix, *KITH, "--home", str(home), "dashboard", "--login-link", "--json"],
                                   capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-        finally:
-            proc.send_signal(signal.SIGINT)
-            err = proc.communicate(timeout=30)[1]
+        err = ended["stderr"]
         after = files_of(home)
     assert page.status_code == 200 and "/docs/public/cleanup.md" in page.text, page.text
-    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert ended["returncode"] == 0 and "Traceback" not in err, err[-3000:]
     assert "read-only for you" in err and "kept in memory only" in err, err
     assert link.returncode == 1, (link.stdout, link.stderr)
     error = json.loads(link.stdout)["error"]
@@ -468,24 +461,17 @@ def test_a_change_the_home_cannot_take_is_a_notice_not_a_server_error(home: Path
     user may read but not write: a change (a policy rule removed) answered HTTP 500 and
     printed a traceback (PermissionError on ``policy.toml.lock``). It is the page's notice
     with the write's code (``io-error``), and nothing changes."""
-    import signal
-
-    from support.cli import without_root_reads
+    from support.cli import serving, without_root_reads
     from support.homes import files_of, read_only
 
     prefix = without_root_reads()
     with read_only(home) as before:
-        proc = subprocess.Popen([*prefix, *KITH, "--home", str(home), "dashboard", "--port", "0", "--json"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-        try:
-            info = json.loads(readline(proc, 60))
+        with serving([*prefix, *KITH, "--home", str(home), "dashboard", "--port", "0", "--json"]) as (info, ended):
             client = _logged_in(info["url"], info["login"])
             csrf = _csrf(client.get("/policy").text)
             posted = client.post("/policy/unset", data={"csrf": csrf, "glob": "/docs/secret/**"})
             page = client.get("/policy").text
-        finally:
-            proc.send_signal(signal.SIGINT)
-            err = proc.communicate(timeout=30)[1]
+        err = ended["stderr"]
         after = files_of(home)
     assert posted.status_code == 303, (posted.status_code, posted.text[:500])
     assert "io-error" in page and "Permission denied" in page, page

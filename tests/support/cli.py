@@ -3,16 +3,18 @@ in this process through Typer's CliRunner (:func:`invoke`), and reading what it 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from support.homes import initialized
 
@@ -159,6 +161,23 @@ def lines_until(proc: subprocess.Popen, stream, pred: Callable[[str], Any], time
         if pred(line):
             return seen
     raise AssertionError(f"no matching line within {timeout} s; saw {seen!r}")
+
+
+@contextlib.contextmanager
+def serving(argv: list[str], timeout: float = 60) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """A real server process (``kith api serve``, ``kith dashboard`` … with ``--json``) that
+    prints one JSON line once it serves: yields ``(that line, parsed; ended)``; when the
+    block ends it gets SIGINT, and ``ended`` is filled with its ``stderr`` and
+    ``returncode`` once it has exited (within 30 s)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    ended: dict[str, Any] = {}
+    try:
+        yield json.loads(readline(proc, timeout)), ended
+    finally:
+        proc.send_signal(signal.SIGINT)
+        ended["stderr"] = proc.communicate(timeout=30)[1]
+        ended["returncode"] = proc.returncode
 
 
 def stop(proc: subprocess.Popen) -> None:
